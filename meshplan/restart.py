@@ -33,9 +33,13 @@ mesh; "Global semantics": hold the global batch fixed):
   ``micro_batch x dp`` below it the schedule accepts), said as ``field old -> new``.
 - Ranking: meshes that keep the global batch first, then planned throughput (tokens/s of
   :func:`meshplan.schedule.steptime.step_time` on the new mesh's plan, memory checked);
-  without an evaluator (the arithmetic alone), GPUs used. The first is the proposal, the
-  second the runner-up; the largest mesh that changes the global batch is kept as the
-  alternative when it uses more GPUs than the proposal.
+  without an evaluator (the arithmetic alone), GPUs used. The largest mesh that changes the
+  global batch is kept when it uses more GPUs than those. Then the job's kind first
+  (:func:`~meshplan.restart_rank.kind_ranked`: the same axes, pp unchanged; its largest mesh
+  keeping the global batch and its largest changing it are always planned) unless another
+  plans more than MODEL_ACCURACY (5%) more tokens/s. The first is the proposal; one
+  alternative is shown: the best keeping the global batch when the proposal changes it, else
+  the larger mesh changing it, else the runner-up.
 
 >>> from meshplan.mesh.resolve import resolve_mesh
 >>> from meshplan.spec.mesh import MeshSpec
@@ -56,8 +60,8 @@ from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.spec import wording
 # PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
-                                   axes_at, changer_refusal, degree_rule, engine_rules, pipeline_rule, pipelines, plan_evaluator, rank,
-                                   splits)
+                                   axes_at, changer_refusal, degree_rule, engine_rules, kind_ranked, pipeline_rule,
+                                   pipelines, plan_evaluator, rank, same_kind, splits)
 from meshplan.restart_text import batch_notes, checkpoint_engine, pipeline_note, result_notes, state_notes  # noqa: F401
 from meshplan.spec.mesh import MeshSpec
 
@@ -252,11 +256,14 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     if not any(a in names for a in ("dp_replicate", "dp_shard", "dp")):
         return bad("the mesh has no data-parallel axis to shrink")
     where = _Where(mesh, left, global_batch, micro_batch, micro_batch_reasons, sharding, getattr(evaluate, "screen", None))
-    keepers, changer, refused, screened = _candidates(where, pipeline, pairs)
+    keepers, changer, refused, screened, kind = _candidates(where, pipeline, pairs)
     planned: dict[tuple, list[Proposal]] = {}
     ranked, unplanned = rank(keepers, changer, evaluate, pairs[0], planned)
+    ranked = kind_ranked(ranked, kind, evaluate, mesh)
     unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
+    top_why = (_why_not_kept(global_batch, micro_batch, ranked[0], micro_batch_reasons)  # the kind's (kind_ranked)
+               if ranked and not ranked[0].keeps_global_batch else as_configured)
     if changer:
         refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
@@ -271,7 +278,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                                         changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None,
                           old_infeasible)
-             + batch_notes(top, as_configured)
+             + batch_notes(top, top_why, any(p.keeps_global_batch for p in ranked))
              + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
@@ -296,26 +303,32 @@ class _Where:
 
 
 def _candidates(w: _Where, pipeline: Optional[PipelineRule] = None,
-                pairs: tuple[tuple[int, int], ...] = ()) -> tuple[list, Optional[Proposal], list, list]:
+                pairs: tuple[tuple[int, int], ...] = ()) -> tuple[list, Optional[Proposal], list, list, list]:
     """(meshes keeping the global batch: up to :data:`KEEPERS` per (tp, cp, pp), largest first,
     at most :data:`TRIED` (:func:`bounded`); the largest mesh changing it when larger than
     those; refused meshes as (text, GPUs); those of them the screen refused), for data-parallel
     degrees from the most the GPUs left hold down to 1, at each (tp, cp) of ``pairs`` (the
-    mesh's own by default) and each pipeline degree of :func:`pipelines`."""
+    mesh's own by default) and each pipeline degree of :func:`pipelines`; last, the job's kind
+    (:func:`~meshplan.restart_rank.same_kind`: the configured tp, cp, pp and split): its largest
+    mesh keeping the global batch and its largest changing it where larger (all GPUs but a few)."""
     keepers: list[Proposal] = []
     changers: list[Proposal] = []
     refused: list[tuple[str, int]] = []
+    kind: list[Proposal] = []
     pairs = pairs or ((w.mesh.degree("tp"), w.mesh.degree("cp")),)
     for tp, cp in pairs:
         for pp, split in pipelines(w.mesh, w.left, pipeline, tp * cp):
             k, c, r = _at(w, {"tp": tp, "cp": cp, "pp": pp}, split)
+            if not kind and not keepers + changers and pp == w.mesh.degree("pp"):  # the configured tp, cp, pp first
+                kind = k[:1] + ([c] if c and (not k or c.gpus > k[0].gpus) else [])
             keepers += k
             changers += [c] if c else []
             refused += r
     tried, screened = bounded(keepers, pairs, w.screen)
     top = max((p.gpus for p in keepers), default=0)
     changer = max((c for c in changers if c.gpus > top), key=lambda c: c.gpus, default=None)
-    return tried, changer, refused, screened
+    return tried, changer, refused, screened, [p for p in kind if same_kind(p, w.mesh)]
+
 
 
 def _at(w: _Where, inner: dict[str, int], split):

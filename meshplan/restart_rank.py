@@ -18,7 +18,7 @@ from meshplan.mesh.layers import ends_short_split, restart_splits, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, check_deepspeed_zero3, build_plan
-from meshplan.restart_text import checkpoint_engine
+from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
 from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
@@ -251,6 +251,10 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
     changer is evaluated last)."""
     why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
+    ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
+    if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
+        return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
+                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
     if any(not p.keeps_global_batch for p in ranked):
         return why + " (the alternative below changes the global batch)", changer.gpus
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
@@ -286,6 +290,58 @@ def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optiona
     out.sort(key=lambda p: (not p.keeps_global_batch,
                             -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus), -p.ideal))
     return out, unplanned
+
+
+def same_kind(p: Proposal, mesh) -> bool:
+    """Whether ``p`` keeps the job's kind: the same pp as ``mesh`` and the same axes of degree > 1
+    (an FSDP job ``dp_shard 32 x cp 2 x tp 2`` restarted as ``dp_shard 30 x cp 2 x tp 2``, not as
+    ``pp 28 x cp 2 x tp 2``)."""
+    axes = lambda names, shape: {n for n, x in zip(names, shape) if x > 1}
+    return p.pp == mesh.degree("pp") and axes(p.names, p.shape) == axes(mesh.layout.names, mesh.layout.shape)
+
+
+def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
+    """``ranked`` (:func:`rank`'s order) with the plan keeping the job's kind (:func:`same_kind`)
+    first unless another plans more than :data:`~meshplan.restart_text.MODEL_ACCURACY` (5%,
+    issue 11's step-time goal) more tokens/s: a faster plan within the model's accuracy is not
+    shown to be faster. Of the kind's plans, the one keeping the global batch unless one changing
+    it is faster by more than that. Unchanged without tokens/s (no evaluator) or a plan of the kind.
+
+    >>> from types import SimpleNamespace as N
+    >>> m = N(degree=lambda a: 1, layout=N(names=("dp_shard", "tp"), shape=(16, 8)))
+    >>> P = lambda shape, tps, gb=True: N(names=("pp", "dp_shard", "tp"), shape=shape, pp=shape[0],
+    ...                                   tokens_per_s=tps, keeps_global_batch=gb)
+    >>> ranked = [P((7, 2, 8), 100.0), P((1, 8, 8), 60.0), P((1, 14, 8), 96.0, False)]
+    >>> [p.shape for p in kind_first(ranked, m)]  # 100 / 96 - 1 = 4.2% <= 5%: the kind's 14 x 8 first
+    [(1, 14, 8), (7, 2, 8), (1, 8, 8)]
+    >>> [p.shape for p in kind_first([P((7, 2, 8), 100.0), P((1, 14, 8), 95.0, False)], m)]  # 5.3% > 5%
+    [(7, 2, 8), (1, 14, 8)]
+    """
+    kind = [p for p in ranked if same_kind(p, mesh) and p.tokens_per_s is not None]
+    if not kind:
+        return ranked
+    fastest = max(kind, key=lambda p: p.tokens_per_s or 0.0)
+    kept = [p for p in kind if p.keeps_global_batch and (p.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
+            >= (fastest.tokens_per_s or 0.0)]
+    top = max(kept, key=lambda p: p.tokens_per_s or 0.0) if kept else fastest
+    if any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY) for p in ranked):
+        return ranked
+    return [top] + [p for p in ranked if p is not top]
+
+
+def kind_ranked(ranked: list[Proposal], kind: list[Proposal], evaluate: Optional[Evaluator],
+                mesh) -> list[Proposal]:
+    """``ranked`` with the job's kind's meshes (``kind``: :func:`meshplan.restart._candidates`)
+    planned where :data:`PLANNED` left them out, in :func:`rank`'s order, then :func:`kind_first`'s."""
+    if evaluate is None:
+        return ranked
+    seen = {(p.names, p.shape, p.contract) for p in ranked}
+    for p in kind:
+        got = evaluate(p) if (p.names, p.shape, p.contract) not in seen else p
+        if not isinstance(got, str) and got is not p:
+            ranked = ranked + [got]
+    ranked.sort(key=lambda p: (not p.keeps_global_batch, -(p.tokens_per_s or 0.0), -p.ideal))  # rank's order
+    return kind_first(ranked, mesh)
 
 
 class PlanEvaluator:

@@ -37,8 +37,9 @@ MODEL_ACCURACY = 0.05
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
                  gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False,
                  old_infeasible: str = "") -> list[str]:
-    """Planned step and throughput lost, idle GPUs, runner-up (or why none: ``smaller``, the
-    smaller meshes the evaluator refused; ``varied``: pp was varied too) and alternative.
+    """Planned step and throughput lost, idle GPUs and one other mesh: the best keeping the global
+    batch when the proposal changes it, else the larger mesh changing it, else the runner-up (or
+    why none: ``smaller``, the smaller meshes the evaluator refused; ``varied``: pp was varied too).
     ``old_infeasible``: why the plan before the loss does not run (its ``infeasible:`` reason);
     then no throughput is lost against it, and the line says so instead of a percentage."""
     notes = []
@@ -61,7 +62,11 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
         if top.keeps_global_batch and alt and alt[0].gpus > top.gpus:
             notes.append(contract_cap_text(top))
     others = [p for p in ranked[1:] if p.keeps_global_batch]
-    if others:
+    if not top.keeps_global_batch and others:  # one alternative at most: the other contract first
+        notes.append(f"alternative keeping the global batch: {others[0].summary()}")
+    elif alt and alt[0].gpus > top.gpus:
+        notes.append(f"with a different global batch (changes the optimisation): {alt[0].summary()}")
+    elif others:
         notes.append(f"runner-up: {others[0].summary()}")
     elif smaller:
         notes.append(f"runner-up: none (the next, {smaller[0]})")
@@ -69,8 +74,6 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
         what = "mesh" if varied else "data-parallel degree"
         notes.append(f"runner-up: none (no other {what} keeps the global batch"
                      + (f" and ep {mesh.ep} x etp {mesh.etp} valid)" if mesh.ep * mesh.etp > 1 else ")"))
-    if alt:
-        notes.append(f"with a different global batch (changes the optimisation): {alt[0].summary()}")
     return notes
 
 
@@ -138,14 +141,17 @@ def idle_text(used: int, left: int, gpus_per_node: int) -> str:
             f"{' and '.join(took)} of the {nodes} nodes left (node-major); idle: {' and '.join(idle)}")
 
 
-def batch_notes(top: Proposal, as_configured: str) -> list[str]:
+def batch_notes(top: Proposal, as_configured: str, others_keep: bool = False) -> list[str]:
     """The proposal's batch arithmetic and what its contract change means (``as_configured``:
-    why its data-parallel degree breaks the contract as configured)."""
+    why its data-parallel degree breaks the contract as configured; ``others_keep``: a mesh of
+    another kind or fewer GPUs keeps the global batch, :func:`~meshplan.restart_rank.kind_first`)."""
     line = (f"global batch {top.global_batch} = micro_batch {top.micro_batch} x dp {top.dp} x "
             f"{counted(top.micro_batches, 'micro-batch')}")
     if top.contract.startswith("global_batch"):
-        line += (f" ({top.contract}: as configured, {as_configured}; no mesh of these GPUs keeps the global batch, "
-                 "a different one changes the optimisation)")
+        which = ((f"the meshes that keep it change the job's kind or plan over {MODEL_ACCURACY:.0%} fewer tokens/s "
+                  "(the alternative)")
+                 if others_keep else "no mesh of these GPUs keeps the global batch")
+        line += f" ({top.contract}: as configured, {as_configured}; {which}, a different one changes the optimisation)"
     elif top.contract:
         line += f" ({top.contract}: the global batch is kept)"
     return [line]

@@ -119,7 +119,7 @@ def test_restart_seed_mesh_loses_a_node():
     text = "\n".join(r.lines())
     assert r.lines()[0] == ("restart: world 64 -> 32 (56 GPUs left); mesh dp_shard 8 x tp 8 -> dp_shard 4 x tp 8 "
                             "(changed: dp_shard); not " + r.refused[0])
-    assert "- runner-up: dp_shard 2 x tp 8 on 16 GPUs, contract kept" in text
+    assert "runner-up" not in text  # one alternative at most (rs8): the larger mesh at another global batch
     assert ("- with a different global batch (changes the optimisation): dp_shard 7 x tp 8 on 56 GPUs, global_batch "
             "512 -> 511") in text
     assert ("- 24 of the 56 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-3 of the 7 nodes "
@@ -471,7 +471,8 @@ def test_restart_names_the_data_axis_by_the_sharding():
     z1 = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1, sharding="zero1")
     assert z1.lines()[0].startswith("restart: world 64 -> 32 (56 GPUs left); mesh dp 8 x tp 8 -> dp 4 x tp 8 "
                                     "(changed: dp); not dp 7 x tp 8 (56 GPUs): global_batch 512")
-    assert "runner-up: dp 2 x tp 8 on 16 GPUs, contract kept" in z1.notes
+    assert any(n.startswith("with a different global batch (changes the optimisation): dp 7 x tp 8 on 56 GPUs")
+               for n in z1.notes)
     assert any(n.startswith("checkpoint: resharded on load (dp changed)") for n in z1.notes)
     z3 = restart_on_fewer_nodes(_mesh(["dp", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512, micro_batch=1,
                                 sharding="zero3")
@@ -544,19 +545,23 @@ def test_restart_dense_seed_varies_pp():
     assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3 (the configured schedule)" in r.notes
 
 
-def test_restart_seed_planned_prefers_the_global_batch_over_throughput():
-    """Seed on 7 nodes, planned: dp_shard 7 (global batch 511) plans more tokens/s than
-    dp_shard 4 (512 kept) and still ranks below it; dp_shard 2 and 1 exceed the usable memory
-    (their peaks are printed), so the runner-up line says why there is none."""
+def test_restart_seed_planned_keeps_the_kind_at_another_global_batch():
+    """Seed on 7 nodes, planned: dp_shard 7 (global batch 511) plans 11,291 tokens/s, dp_shard 4
+    (512 kept, 24 GPUs idle) 7,383: both keep the job's kind (dp_shard x tp, pp 1), and 11,291 /
+    7,383 = 1.53 > 1 + MODEL_ACCURACY, so dp_shard 7 is proposed (rs8; it ranked below dp_shard 4
+    before), dp_shard 4 the one alternative, keeping the global batch; dp_shard 2 and 1 exceed the
+    usable memory."""
     from meshplan.restart import plan_evaluator
     plan = _example_plan("seed-64gpu.toml")
     r = restart_on_fewer_nodes(plan.mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
                                evaluate=plan_evaluator(plan, 7))
-    assert [(p.dp, p.global_batch) for p in r.proposals] == [(4, 512), (7, 511)]
-    four, seven = r.proposals
-    assert seven.tokens_per_s > four.tokens_per_s and r.shape == (4, 8)
-    assert [line for line in r.lines() if "runner-up" in line][0].startswith(
-        "- runner-up: none (the next, dp_shard 2 x tp 8 (16 GPUs): peak ")
+    assert [(p.dp, p.global_batch) for p in r.proposals] == [(7, 511), (4, 512)]
+    seven, four = r.proposals
+    assert seven.tokens_per_s > four.tokens_per_s * 1.05 and r.shape == (7, 8) and r.contract == "global_batch 512 -> 511"
+    assert (round(seven.tokens_per_s), round(four.tokens_per_s)) == (11291, 7383)
+    assert "- alternative keeping the global batch: dp_shard 4 x tp 8 on 32 GPUs, contract kept: step 568.11 s, 7,383 " \
+           "tokens/s" in r.lines()
+    assert not [line for line in r.lines() if "runner-up" in line]
 
 
 def test_restart_pp_values_keep_vpp():
@@ -571,7 +576,8 @@ def test_restart_pp_values_keep_vpp():
     r = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1, pipeline=rule)
     assert [(p.pp, p.dp, p.gpus, p.contract) for p in r.proposals] == [
         (2, 2, 32, ""), (4, 1, 32, ""), (2, 1, 16, ""), (2, 3, 48, "global_batch 64 -> 63")]
-    assert "- runner-up: pp 4 x tp 8 on 32 GPUs, contract kept" in r.lines()
+    assert "- with a different global batch (changes the optimisation): pp 2 x dp_shard 3 x tp 8 on 48 GPUs, " \
+           "global_batch 64 -> 63" in r.lines()
 
 
 def test_restart_names_the_checkpoint_engines_path():

@@ -1,0 +1,129 @@
+"""A restart keeps the job's kind (rs8, newcomer trial 8): the same axes, pp unchanged, first
+unless another mesh plans more than MODEL_ACCURACY (5%) more tokens/s; the kind is also tried at
+another global batch (all GPUs) and on fewer GPUs; one alternative shown at most."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.restart import PipelineRule, restart_on_fewer_nodes
+from meshplan.restart_text import MODEL_ACCURACY
+from meshplan.spec.mesh import MeshSpec
+
+
+def _restart(pp_gain: float):
+    """The seed's mesh dp_shard 8 x tp 8 (global batch 512, micro_batch 1, 80 layers, pp varied)
+    loses a node: 56 GPUs. A stand-in evaluator plans 1000 tokens/s per ideal GPU (GPUs less the
+    1F1B bubble, Proposal.ideal), times ``pp_gain`` at pp > 1."""
+    def evaluate(p):
+        return replace(p, step_s=1.0, tokens_per_s=1000 * p.ideal * (pp_gain if p.pp > 1 else 1.0), peak_bytes=0.0)
+    m = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), world=64)
+    return restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                                  pipeline=PipelineRule(80, 1), evaluate=evaluate)
+
+
+def test_kind_at_another_global_batch_by_hand():
+    """tp 8, pp x dp <= 7. The kind (pp 1): dp 7 cannot divide 512 -> global batch 73 x 7 = 511,
+    56 GPUs, 56,000 tokens/s; dp 4 keeps 512 on 32 GPUs, 32,000 (24 idle). Other kinds keeping 512:
+    pp 7 x dp 1 on 56 GPUs, m = 512: 56 x 512 / 518 = 55,351.4; pp 3 x dp 2: 48 x 256 / 258 =
+    47,627.9; pp 6 x dp 1: 48 x 512 / 517 = 47,535.8; pp 5 x dp 1: 40 x 512 / 516 = 39,689.9; pp 2 x
+    dp 2: 32 x 256 / 257 = 31,875.5; pp 4 x dp 1: 32 x 512 / 515 = 31,813.6; pp 3 x dp 1: 24 x 512 /
+    514 = 23,906.6. The kind's dp 4 is 1.75x slower than its dp 7 (> 5%): the kind's plan is dp 7 at
+    511, and nothing plans more than 5% over 56,000 (pp 7: 1.2% less): dp 7 first, pp 7 the one
+    alternative, keeping the global batch."""
+    r = _restart(1.0)
+    assert [(p.pp, p.dp, p.gpus, p.contract, round(p.tokens_per_s, 1)) for p in r.proposals] == [
+        (1, 7, 56, "global_batch 512 -> 511", 56000.0), (7, 1, 56, "", 55351.4), (3, 2, 48, "", 47627.9),
+        (6, 1, 48, "", 47535.8), (5, 1, 40, "", 39689.9), (1, 4, 32, "", 32000.0), (2, 2, 32, "", 31875.5),
+        (4, 1, 32, "", 31813.6), (3, 1, 24, "", 23906.6)]
+    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> dp_shard 7 x tp 8 (changed: dp_shard)"
+    assert r.contract == "global_batch 512 -> 511" and r.micro_batches == (64, 73)
+    shown = _shown(r)
+    assert shown == ["alternative keeping the global batch: pp 7 x tp 8 on 56 GPUs, contract kept: step 1.00 s, "
+                     "55,351 tokens/s"]
+    assert any("the meshes that keep it change the job's kind or plan over 5% fewer tokens/s" in n for n in r.notes)
+
+
+def _shown(r) -> list[str]:
+    """The notes naming another mesh than the proposal."""
+    return [n for n in r.notes if n.startswith(("runner-up", "alternative", "with a different global batch"))]
+
+
+@pytest.mark.parametrize("gain, top", [(1.04, (1, 7)), (1.08, (7, 1))])
+def test_kind_first_within_the_model_accuracy(gain, top):
+    """pp > 1 planned ``gain`` x faster: pp 7 x dp 1 at 55,351.4 x 1.04 = 57,565.4, 2.8% over the
+    kind's 56,000 (within MODEL_ACCURACY = 5%): dp 7 stays first; x 1.08 = 59,779.5, 6.7% over: pp 7
+    first (it keeps the global batch too), and the kind is not."""
+    assert MODEL_ACCURACY == 0.05
+    r = _restart(gain)
+    assert (r.proposals[0].pp, r.proposals[0].dp) == top
+    assert round(max(p.tokens_per_s for p in r.proposals if p.pp == 7), 1) == round(55351.35 * gain, 1)
+    assert len(_shown(r)) == 1
+
+
+Q1TOP = """[model]
+catalog = "llama3-70b"
+[cluster]
+system = "dgx-h100"
+nodes = 16
+[training]
+global_batch = 512
+seq_len = 8192
+param_dtype = "fp32"
+recompute = "none"
+vocab_pad_divisor = 1
+[mesh]
+names = ["dp_shard", "cp", "tp"]
+shape = [32, 2, 2]
+sequence_parallel = true
+pp_schedule = "1f1b"
+"""
+
+
+@pytest.mark.heavy
+def test_q1top_restarts_as_fsdp(tmp_path):
+    """Trial 8's q1top (Llama-3-70B, seq 8192, dp_shard 32 x cp 2 x tp 2 on 16 dgx-h100, global
+    batch 512) loses a node: 120 GPUs. It proposed pp 28 x dp_shard 1 x cp 2 x tp 2 (121,380
+    tokens/s, global batch kept, 8 GPUs idle): dp_shard x cp 2 x tp 2 keeps 512 only at dp 16
+    (64 GPUs: 72.2 GiB > 67.1 usable). Now the kind at another global batch: dp_shard 30 x cp 2 x
+    tp 2, 512 -> 510 (17 micro-batches), 135,840 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
+    one alternative."""
+    from typer.testing import CliRunner
+    from meshplan import cli
+    cfg = tmp_path / "q1top.toml"
+    cfg.write_text(Q1TOP)
+    out = CliRunner().invoke(cli.app, ["reliability", str(cfg), "--write-gbps", "100", "--read-gbps", "200",
+                                       "--restart-overhead-s", "300"], env={"COLUMNS": "200"}).output
+    lines = out.splitlines()
+    assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (changed: "
+            "dp_shard)") in lines
+    assert "- planned step 30.76 s, 135,840 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
+           "128-GPU plan: step 28.94 s, 144,930 tokens/s)" in lines
+    assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step 34.56 s, " \
+           "121,380 tokens/s" in lines
+    assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
+
+
+def test_larger_changer_within_the_accuracy_is_named_with_its_tokens_per_s():
+    """dp_shard 4 x cp 2 x tp 8 (global batch 512) loses a node: 56 GPUs, pp 1, (tp, cp) in (8, 2)
+    and (8, 1). The kind (cp 2): dp 3 on 48 GPUs at 512 // 3 x 3 = 510, dp 2 keeps 512 on 32. cp 1:
+    dp 7 on 56 at 511 (the largest mesh, other kind), dp 4 keeps 512 on 32. Stand-in tokens/s: 1000
+    a GPU, x 1.12 at cp 2: dp 3 53,760, dp 7 56,000 (4.2% more, within 5%): dp 3 x cp 2 proposed,
+    dp 7 refused in the head line with its tokens/s; the alternative keeps 512: dp 2 x cp 2 at 32 x
+    1000 x 1.12 = 35,840 (dp 4 x cp 1: 32,000)."""
+    from meshplan.restart import DegreeRule
+
+    def evaluate(p):
+        return replace(p, step_s=1.0, tokens_per_s=1000.0 * p.gpus * (1.12 if p.tp_cp[1] == 2 else 1.0),
+                       peak_bytes=0.0)
+    m = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[4, 2, 8]), world=64)
+    r = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               degrees=DegreeRule(((8, 2), (8, 1))), evaluate=evaluate)
+    assert (r.shape, r.contract, round(r.proposals[0].tokens_per_s)) == ((3, 2, 8), "global_batch 512 -> 510", 53760)
+    assert r.lines()[0] == (
+        "restart: world 64 -> 48 (56 GPUs left); mesh dp_shard 4 x cp 2 x tp 8 -> dp_shard 3 x cp 2 x tp 8 (changed: "
+        "dp_shard); not dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 = 7; "
+        "with global_batch 512 -> 511: 56,000 tokens/s, not over 5% more than the job's kind")
+    assert _shown(r) == ["alternative keeping the global batch: dp_shard 2 x cp 2 x tp 8 on 32 GPUs, contract kept: "
+                         "step 1.00 s, 35,840 tokens/s"]
