@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_flags import DROPOUT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
+from meshplan.interop.megatron_flags import DROPOUT, FSDP_CKPT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
 from meshplan.interop.tomlout import mesh_spec, resolved
@@ -75,11 +75,13 @@ def write(cfg: Config) -> list[str]:
 
 def _write_sharding(sharding: str) -> list[str]:
     """Megatron-LM's flags of ``training.sharding``; zero2 and zero3 with the overlap flags the
-    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway."""
+    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway, and the
+    checkpoint format it requires (:data:`FSDP_CKPT`)."""
     if sharding in ("none", "zero1"):
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy]]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy],
+            f"--ckpt-format {FSDP_CKPT}"]
 
 
 def write_notes(cfg: Config) -> list[str]:
