@@ -52,13 +52,14 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
+from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import (UserFile, export, import_text, load_any, search_export_refusal,
                                       search_row_refusal, user_source)
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
-from meshplan.placement.bindings import bindings, write_bindings
+from meshplan.placement.bindings import LAUNCH_VISIBLE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
 from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
 from meshplan.placement.topology import (
@@ -886,7 +887,22 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([file] if file else [])), force)
 
 
-@app.command("export")
+#: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
+_EXPORT_HELP = (
+    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML, "
+    f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
+    "express is listed (re-imported and compared), with the step before and after when it differs, and "
+    "what the framework's runtime is known to run differently as warning lines; a mesh the target cannot "
+    "run is refused with the reason. From a torchtitan job TOML, a torchtitan file carries the settings "
+    "meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, "
+    "from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, "
+    "scheduler, ...), and from Megatron-LM arguments a Megatron-LM file its flags meshplan does not read "
+    "(--lr, --train-iters, ...); every key of that file written with another value or dropped is listed; "
+    "another target lists them as not carried."
+)
+
+
+@app.command("export", help=_EXPORT_HELP)
 def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HELP),
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
@@ -899,16 +915,6 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                gpu: GpuOpt = None,
                model: ModelOpt = None,
                seq_len: SeqLenOpt = None):
-    """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
-    Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared), with the step before and after when it differs, and what the
-    framework's runtime is known to run differently as warning lines; a mesh the target cannot run is refused
-    with the reason. From a torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan
-    ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, from a DeepSpeed JSON a
-    DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, scheduler, ...), and from
-    Megatron-LM arguments a Megatron-LM file its flags meshplan does not read (--lr, --train-iters, ...); every
-    key of that file written with another value or dropped is listed; another target lists them as not
-    carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -1039,10 +1045,11 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
-              visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
-                                                                   "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
-                                                                   "order, for cuda:{LOCAL_RANK} scripts such as "
-                                                                   "torchtitan's train.py; `meshplan launch` does this)"),
+              visible: str = typer.Option(LAUNCH_VISIBLE, "--visible", help="CUDA_VISIBLE_DEVICES per rank, printed "
+                                                                   "and in --bindings: all (default, as `meshplan launch`: "
+                                                                   "the node's GPUs in LOCAL_RANK order, device "
+                                                                   "cuda:{LOCAL_RANK}, as torchtitan's and Megatron-LM's "
+                                                                   "scripts use) or one (its own GPU alone, cuda:0)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
               json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
@@ -1068,11 +1075,11 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                          schedule=p.spec.pp_schedule, vpp=p.vpp)
-    for line in place_lines(c, shown):
+    for line in place_lines(c, shown, visible=visible):
         _echo(line)
     if bindings_path:
         _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
-    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r) for r in shown]), force)
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r, visible=visible) for r in shown]), force)
     _verdict_exit(p)
 
 

@@ -207,5 +207,5 @@ def test_search_export_of_a_tp_row_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "row.json").exists()
     assert err.startswith(f"error: --export: row {n} cannot be written --to deepspeed: a DeepSpeed config applies to "
-                          f"ZeRO over one data axis without TP/PP/CP/EP; this mesh has tp 2 (")
+                          f"ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this mesh has tp 2 (")
     assert f"row {first} is the first row it takes (--export {first})" in err

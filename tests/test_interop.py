@@ -526,7 +526,7 @@ def test_cli_export_writes_and_refuses(tmp_path):
     assert "--tensor-model-parallel-size 8" in out.read_text().splitlines()
     r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "deepspeed", "-o", str(tmp_path / "ds.json"))
     assert r.returncode == 2 and r.stderr.startswith("error: --to: a DeepSpeed config applies to ZeRO over one data "
-                                                     "axis without TP/PP/CP/EP; this mesh has tp 8")
+                                                     "axis, without TP/PP/CP/EP or HSDP; this mesh has tp 8")
     assert r.stderr.count("\n") == 1 and not (tmp_path / "ds.json").exists()
     r = _cli("place", str(TT))  # place reads meshplan TOML only (its --format is the bindings')
     assert r.returncode == 2 and r.stderr.startswith(f"error: config: {TT} is a torchtitan config; this command "
