@@ -241,6 +241,13 @@ class CollectiveRow:
         return self.size_bytes * busbw_factor(self.op, self.group_size)
 
     @property
+    def algorithm_shown(self) -> str:
+        """The algorithm column of the printed tables: ``p2p`` for a send/recv, which NCCL runs as one
+        point-to-point transfer (no ring or tree; its time is still :func:`path_time`'s, whose
+        ``algorithm`` names the curve family it was timed on), else :attr:`algorithm`."""
+        return "p2p" if self.op == "send/recv" else self.algorithm
+
+    @property
     def sent_bytes_per_step(self) -> float:
         """Bytes one rank sends per step on this row: :attr:`sent_bytes` x ``per_step``. The
         one traffic unit of every report (printed in GB, 1e9 B)."""
