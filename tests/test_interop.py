@@ -412,8 +412,8 @@ def test_export_lists_what_the_target_does_not_express():
 
 def test_export_refuses_what_the_target_cannot_run():
     cfg = load_config(EX / "seed-64gpu.toml")
-    with pytest.raises(ConfigError, match=r"^--to: a DeepSpeed config applies to ZeRO over one data axis without "
-                                          r"TP/PP/CP/EP; this mesh has tp 8"):
+    with pytest.raises(ConfigError, match=r"^--to: a DeepSpeed config applies to ZeRO over one data axis, without "
+                                          r"TP/PP/CP/EP or HSDP; this mesh has tp 8"):
         export(cfg, "deepspeed", "seed")
     mg = load_any(MG, opts=ImportOptions(cluster="dgx-h100", nodes=2))
     with pytest.raises(ConfigError, match=r"^--to: torchtitan shards with FSDP2 \(zero3, hsdp\) or replicates"):
