@@ -422,10 +422,7 @@ def config_differences(a: Config, b: Config) -> Differences:
     """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
     work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
     work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
-    ta, tb = a.training.model_dump(), b.training.model_dump()
-    # the gradients' reduce dtype as it acts: unset is a default of the knobs (framework, param_dtype),
-    # so unset on a torch plan and "fp32" on the same plan exported to Megatron-LM and imported back agree
-    ta["grad_reduce_dtype"], tb["grad_reduce_dtype"] = a.training.gradient_reduce_dtype, b.training.gradient_reduce_dtype
+    ta, tb = _training_as_it_acts(a.training), _training_as_it_acts(b.training)
     work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
     # a knob as it acts, and only where it applies to both sides (TrainingSpec.knob_acts: a DeepSpeed
     # ZeRO-2 plan's zero3_engine default is no difference from a ZeRO-3 plan's engine)
@@ -441,6 +438,27 @@ def config_differences(a: Config, b: Config) -> Differences:
     macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
     knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
     return Differences(tuple(work), tuple(knobs))
+
+
+def _training_as_it_acts(t: Any) -> dict[str, Any]:
+    """``[training]`` dumped with the defaults that resolve from other fields filled in, so that
+    an unset field and its explicit default agree: the gradients' reduce dtype (unset: a default of
+    framework and param_dtype, so unset on a torch plan and "fp32" on the same plan exported to
+    Megatron-LM and imported back agree) and the MoE routing (:attr:`TrainingSpec.moe_routing
+    <meshplan.spec.training.TrainingSpec.moe_routing>`: unset is dropless, as Megatron-LM's and
+    torchtitan's defaults, so unset and ``moe_dropless = true`` agree; a dropless plan has no
+    capacity factor).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> d = _training_as_it_acts(TrainingSpec(global_batch=8, seq_len=4096))
+    >>> d["moe_dropless"], d["moe_capacity_factor"]
+    (True, None)
+    """
+    d = t.model_dump()
+    d["grad_reduce_dtype"] = t.gradient_reduce_dtype
+    factor, dropless = t.moe_routing
+    d["moe_dropless"], d["moe_capacity_factor"] = dropless, None if dropless else factor
+    return d
 
 
 def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:

@@ -179,8 +179,8 @@ def test_a_tp_row_under_deepspeeds_engine_names_the_first_row_deepspeed_takes():
     rows = [_tp_config(2), _tp_config(4), _tp_config(1), _tp_config(1, "zero2")]
     assert search_row_refusal(3, rows, "deepspeed", _refused) is None
     assert search_row_refusal(1, rows, "deepspeed", _refused) == (
-        "row 1 cannot be written --to deepspeed: a DeepSpeed config applies to ZeRO over one data axis without "
-        "TP/PP/CP/EP; this mesh has tp 2 (zero1); row 3 is the first row it takes (--export 3) (--to megatron would "
+        "row 1 cannot be written --to deepspeed: a DeepSpeed config applies to ZeRO over one data axis, without "
+        "TP/PP/CP/EP or HSDP; this mesh has tp 2 (zero1); row 3 is the first row it takes (--export 3) (--to megatron would "
         "write row 1 without its ZeRO engine, DeepSpeed's ZeRO-1: meshplan writes no Megatron-DeepSpeed arguments)")
     assert search_row_refusal(1, rows[:2], "deepspeed", _refused).split("; ")[2].startswith(
         "none of the 2 rows shown exports --to deepspeed (--to megatron would write row 1 without")
@@ -207,5 +207,5 @@ def test_search_export_of_a_tp_row_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert done.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "row.json").exists()
     assert err.startswith(f"error: --export: row {n} cannot be written --to deepspeed: a DeepSpeed config applies to "
-                          f"ZeRO over one data axis without TP/PP/CP/EP; this mesh has tp 2 (")
+                          f"ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this mesh has tp 2 (")
     assert f"row {first} is the first row it takes (--export {first})" in err

@@ -412,8 +412,8 @@ def test_export_lists_what_the_target_does_not_express():
 
 def test_export_refuses_what_the_target_cannot_run():
     cfg = load_config(EX / "seed-64gpu.toml")
-    with pytest.raises(ConfigError, match=r"^--to: a DeepSpeed config applies to ZeRO over one data axis without "
-                                          r"TP/PP/CP/EP; this mesh has tp 8"):
+    with pytest.raises(ConfigError, match=r"^--to: a DeepSpeed config applies to ZeRO over one data axis, without "
+                                          r"TP/PP/CP/EP or HSDP; this mesh has tp 8"):
         export(cfg, "deepspeed", "seed")
     mg = load_any(MG, opts=ImportOptions(cluster="dgx-h100", nodes=2))
     with pytest.raises(ConfigError, match=r"^--to: torchtitan shards with FSDP2 \(zero3, hsdp\) or replicates"):
@@ -526,7 +526,7 @@ def test_cli_export_writes_and_refuses(tmp_path):
     assert "--tensor-model-parallel-size 8" in out.read_text().splitlines()
     r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "deepspeed", "-o", str(tmp_path / "ds.json"))
     assert r.returncode == 2 and r.stderr.startswith("error: --to: a DeepSpeed config applies to ZeRO over one data "
-                                                     "axis without TP/PP/CP/EP; this mesh has tp 8")
+                                                     "axis, without TP/PP/CP/EP or HSDP; this mesh has tp 8")
     assert r.stderr.count("\n") == 1 and not (tmp_path / "ds.json").exists()
     r = _cli("place", str(TT))  # place reads meshplan TOML only (its --format is the bindings')
     assert r.returncode == 2 and r.stderr.startswith(f"error: config: {TT} is a torchtitan config; this command "

@@ -115,7 +115,7 @@ def test_export_refusal_suggests_a_target_that_accepts_it():
     cfg = load_any(MG, opts=H100x2)
     with pytest.raises(ConfigError) as e:
         export(cfg, "deepspeed", "m")
-    assert str(e.value) == ("--to: a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
+    assert str(e.value) == ("--to: a DeepSpeed config applies to ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this "
                             "mesh has pp 2, tp 2 (zero1); export --to megatron instead")
     with pytest.raises(ConfigError, match=r"sharding zero1 has no torchtitan key; export --to megatron instead$"):
         export(cfg, "torchtitan", "m")
@@ -157,7 +157,7 @@ def test_export_refused_by_every_format_says_so():
                                      "sequence_parallel": True}})
     why = {"torchtitan": "torchtitan knows models by flavor (llama3 8B, 70B, 405B); model 'mixtral-8x7b' has none",
            "megatron": "Megatron-LM has one data-parallel axis; the mesh has ['dp_replicate', 'dp_shard'] (hsdp)",
-           "deepspeed": "a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this mesh has "
+           "deepspeed": "a DeepSpeed config applies to ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this mesh has "
                         "tp 2 (hsdp)"}
     for to, reason in why.items():
         with pytest.raises(ConfigError) as e:

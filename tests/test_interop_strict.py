@@ -101,7 +101,7 @@ def test_megatron_real_flags_are_listed_not_refused(tmp_path):
     cfg = load_any(_write(tmp_path, "m.args", MG.read_text() + flags + "\n"), opts=H100x2)
     assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --lr, --train-iters, "
                              "--tokenizer-type, --save, --load, --data-path, --vocab-file, --merge-file, --split, "
-                             "--ckpt-format, --eval-iters")  # --clip-grad is read: training.grad_clip
+                             "--eval-iters")  # --clip-grad is read: training.grad_clip, --ckpt-format checked
 
 
 @pytest.mark.parametrize("edit,error", [

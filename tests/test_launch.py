@@ -359,7 +359,8 @@ def test_help_documents_the_launch_and_multi_host_options():
 @pytest.mark.slow
 def test_place_bindings_visible_all_orders_the_node_gpus(tmp_path):
     """``place --bindings --format sh --visible all``: every rank of the 2-GPU testbed node sees
-    both GPUs in LOCAL_RANK order ("0,1"), instead of its own alone (the default "one")."""
+    both GPUs in LOCAL_RANK order ("0,1"), the default as launch's, instead of its own alone
+    (``--visible one``)."""
     run = lambda *a: subprocess.run([sys.executable, "-m", "meshplan.cli", "place", str(CFG), *a],  # noqa: E731
                                     capture_output=True, text=True, env=ENV, timeout=120)
     r = run("--bindings", str(tmp_path / "all.json"), "--visible", "all")
@@ -367,7 +368,9 @@ def test_place_bindings_visible_all_orders_the_node_gpus(tmp_path):
     rows = json.loads((tmp_path / "all.json").read_text())
     assert [b["env"]["CUDA_VISIBLE_DEVICES"] for b in rows] == ["0,1"] * 4
     assert [b["device"] for b in rows] == ["cuda:0", "cuda:1"] * 2
-    r = run("--bindings", str(tmp_path / "one.json"))
+    r = run("--bindings", str(tmp_path / "default.json"))
+    assert json.loads((tmp_path / "default.json").read_text()) == rows
+    r = run("--bindings", str(tmp_path / "one.json"), "--visible", "one")
     assert [b["env"]["CUDA_VISIBLE_DEVICES"] for b in json.loads((tmp_path / "one.json").read_text())] == \
         ["0", "1", "0", "1"]
     r = run("--bindings", str(tmp_path / "x.json"), "--visible", "some")

@@ -366,7 +366,7 @@ def test_cli_place_choose_and_bindings(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "chosen rank_to_gpu: [0, 8, 16, 24, 32, 40, 48, 56, 1, 9," in r.stdout
     assert "weak-path bytes per step: config" in r.stdout and "tp 8 fits the 8-GPU NVLink domain" in r.stdout
-    assert 'rank 1: node 1 LOCAL_RANK 0 RANK 8 GPU 0 (cuda:0) socket 0 NIC nic0: CUDA_VISIBLE_DEVICES="0" ' \
+    assert 'rank 1: node 1 LOCAL_RANK 0 RANK 8 GPU 0 (cuda:0) socket 0 NIC nic0: CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7" ' \
            'NCCL_IB_HCA="=nic0:1" numactl --physcpubind=0-13 --membind=0' in r.stdout
     assert out.read_text().startswith("#!/bin/sh\n# meshplan bindings: 64 ranks on 8 node(s) x 8 GPUs")
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -32,6 +32,7 @@ from meshplan.cli.loading import _notes
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
+from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
 from meshplan.plan import Infeasible, build_plan, config_warnings, export_refusals
 from meshplan.report.json_docs import export_doc, import_doc
@@ -116,16 +117,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None,
                micro_batch: MicroBatchOpt = None,
                grad_accum: GradAccumOpt = None):
-    """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
-    Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared), with the step before and after when it differs, and what the
-    framework's runtime is known to run differently as warning lines; a mesh the target cannot run is refused
-    with the reason. From a torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan
-    ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, from a DeepSpeed JSON a
-    DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, scheduler, ...), and from
-    Megatron-LM arguments a Megatron-LM file its flags meshplan does not read (--lr, --train-iters, ...); every
-    key of that file written with another value or dropped is listed; another target lists them as not
-    carried."""
+    # help: _EXPORT_HELP (set below: the DeepSpeed scope is the one string its refusal and search use)
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -136,3 +128,19 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
+
+
+#: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
+_EXPORT_HELP = (
+    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML, "
+    f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
+    "express is listed (re-imported and compared), with the step before and after when it differs, and "
+    "what the framework's runtime is known to run differently as warning lines; a mesh the target cannot "
+    "run is refused with the reason. From a torchtitan job TOML, a torchtitan file carries the settings "
+    "meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, "
+    "from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, "
+    "scheduler, ...), and from Megatron-LM arguments a Megatron-LM file its flags meshplan does not read "
+    "(--lr, --train-iters, ...); every key of that file written with another value or dropped is listed; "
+    "another target lists them as not carried."
+)
+export_cmd.__doc__ = _EXPORT_HELP

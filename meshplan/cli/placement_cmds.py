@@ -26,7 +26,7 @@ from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.placement.assign import rank_row
-from meshplan.placement.bindings import bindings, write_bindings
+from meshplan.placement.bindings import LAUNCH_VISIBLE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
 from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
 from meshplan.plan import Plan
@@ -68,10 +68,11 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
-              visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
-                                                                   "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
-                                                                   "order, for cuda:{LOCAL_RANK} scripts such as "
-                                                                   "torchtitan's train.py; `meshplan launch` does this)"),
+              visible: str = typer.Option(LAUNCH_VISIBLE, "--visible", help="CUDA_VISIBLE_DEVICES per rank, printed "
+                                                                   "and in --bindings: all (default, as `meshplan launch`: "
+                                                                   "the node's GPUs in LOCAL_RANK order, device "
+                                                                   "cuda:{LOCAL_RANK}, as torchtitan's and Megatron-LM's "
+                                                                   "scripts use) or one (its own GPU alone, cuda:0)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
               json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
@@ -97,11 +98,11 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                          schedule=p.spec.pp_schedule, vpp=p.vpp)
-    for line in place_lines(c, shown):
+    for line in place_lines(c, shown, visible=visible):
         _echo(line)
     if bindings_path:
         _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
-    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r) for r in shown]), force)
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r, visible=visible) for r in shown]), force)
     _verdict_exit(p)
 
 

@@ -73,6 +73,12 @@ class CollectiveRow:
     copy_s: float = 0.0
 
     @property
+    def algorithm_shown(self) -> str:
+        """The algorithm column of the printed tables: ``p2p`` for a send/recv, which NCCL runs as one
+        point-to-point transfer (no ring or tree; its time is still :func:`path_time`'s, whose
+        ``algorithm`` names the curve family it was timed on), else :attr:`algorithm`."""
+        return "p2p" if self.op == "send/recv" else self.algorithm
+    @property
     def algbw_bytes_per_s(self) -> float:
         return self.size_bytes / self.time_s if self.time_s else 0.0
 

@@ -129,6 +129,9 @@ from meshplan.spec.training_fields import deepspeed_grad_dtype
 from meshplan.spec.wording import data_axis
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
+#: What a DeepSpeed config (this reader and writer) expresses: one home for ``export --help``, its refusal
+#: and ``search``'s rows refused (DeepSpeed's own TP/PP/Ulysses/MoE groups are not read or written).
+DS_SCOPE = "ZeRO over one data axis, without TP/PP/CP/EP or HSDP"
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "zero_optimization.stage", "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "gradient_clipping"}
 #: DeepSpeed's own keys (deepspeedai/DeepSpeed at edaa722): the top-level ones its
@@ -586,8 +589,8 @@ def write(cfg: Config) -> dict[str, Any]:
     data = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
             if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
     if other or len(data) > 1 or t.sharding == "hsdp":
-        raise ConfigError("--to", f"a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
-                          f"mesh has {', '.join(other or data)} ({t.sharding})")
+        raise ConfigError("--to", f"a DeepSpeed config applies to {DS_SCOPE}; this mesh has "
+                          f"{', '.join(other or data)} ({t.sharding})")
     if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
         raise ConfigError("--to", f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master "
                           f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")

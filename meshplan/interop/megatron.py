@@ -77,6 +77,8 @@ Megatron-LM                              meshplan
   (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
                                            embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
+--ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
+                                           (a mismatch on import is a note)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
@@ -124,10 +126,10 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size"}
+    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format"}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
-NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
+NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels"}
 
 
 def parse_args(text: str) -> dict[str, Any]:
@@ -194,6 +196,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     flags.comm_types(args, deg, model_is_moe(model), notes)
+    flags.ckpt_format(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     if dtype != "fp32" and not args.get("--use-flash-attn"):

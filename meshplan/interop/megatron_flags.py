@@ -35,6 +35,11 @@ DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
 #: and its name before af28b5a (2025-08-21, "Decouple Custom FSDP"), which renamed ``--use-custom-fsdp``;
 #: d98e8a6 keeps ``use_custom_fsdp`` only as a deprecated DistributedDataParallelConfig field it sets itself.
 FSDP_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp")
+#: The checkpoint format Megatron FSDP requires: arguments.py at NVIDIA/Megatron-LM d98e8a6, lines
+#: 1169-1170, ``assert args.ckpt_format == "fsdp_dtensor"`` ("Megatron-FSDP requires the `fsdp_dtensor`
+#: checkpointing format") under ``--use-megatron-fsdp``; lines 1675-1676 assert the converse. The default
+#: is ``torch_dist`` (training_config.py:486), which ``--use-torch-fsdp2`` accepts (arguments.py:1042).
+FSDP_CKPT = "fsdp_dtensor"
 #: ``--data-parallel-sharding-strategy`` (Megatron FSDP) as ``training.sharding``.
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
@@ -231,6 +236,24 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
                      f"it (one bucket, reduced after the backward)")
         return {}
     return {"grad_bucket_elements": size}
+
+
+def ckpt_format(args: dict, notes: list[str]) -> None:
+    """``--ckpt-format`` (default torch_dist): it does not change the plan, but Megatron-LM
+    refuses to start when it does not match the sharding (:data:`FSDP_CKPT`), so a mismatch is a
+    note naming the fix.
+
+    >>> notes = []; ckpt_format({"--use-megatron-fsdp": True}, notes); notes[0][:58]
+    '--ckpt-format torch_dist with --use-megatron-fsdp: Megatro'
+    """
+    fmt = str(args.get("--ckpt-format", "torch_dist"))
+    fsdp = next((f for f in FSDP_FLAGS if args.get(f)), None)
+    if fsdp and fmt != FSDP_CKPT:
+        notes.append(f"--ckpt-format {fmt} with {fsdp}: Megatron-LM (d98e8a6) asserts --ckpt-format {FSDP_CKPT} under Megatron "
+                     f"FSDP (arguments.py); planned all the same, add --ckpt-format {FSDP_CKPT} to run it")
+    elif not fsdp and fmt == FSDP_CKPT:
+        notes.append(f"--ckpt-format {FSDP_CKPT} without --use-megatron-fsdp: Megatron-LM (d98e8a6) asserts Megatron FSDP "
+                     f"for it (arguments.py); planned all the same, drop it or add --use-megatron-fsdp")
 
 
 def sharding(args: dict) -> str:

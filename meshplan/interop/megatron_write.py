@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_flags import DROPOUT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
+from meshplan.interop.megatron_flags import DROPOUT, FSDP_CKPT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
 from meshplan.interop.tomlout import mesh_spec, resolved
@@ -77,15 +77,17 @@ def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
     """Megatron-LM's flags of ``training.sharding``: Megatron FSDP's ``--data-parallel-sharding-strategy``
     for zero2 and zero3, and for none and zero1 under ``training.megatron_fsdp`` (else DDP, and the
     distributed optimizer for zero1); zero2 and zero3 with the overlap flags the plan assumes
-    (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway.
+    (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway; every Megatron FSDP strategy
+    with the checkpoint format it requires (:data:`FSDP_CKPT`).
 
     >>> _write_sharding("zero1"), _write_sharding("zero1", fsdp=True)
-    (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--data-parallel-sharding-strategy optim'])
+    (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--data-parallel-sharding-strategy optim', '--ckpt-format fsdp_dtensor'])
     """
     if sharding in ("none", "zero1") and not fsdp:
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP.get(strategy, [])]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP.get(strategy, []),
+            f"--ckpt-format {FSDP_CKPT}"]
 
 
 def write_notes(cfg: Config) -> list[str]:

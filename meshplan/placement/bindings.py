@@ -54,6 +54,10 @@ from meshplan.placement.assign import Placement
 from meshplan.spec.cluster import NICSpec
 
 _CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
+#: What ``launch`` binds and ``place`` prints unless ``--visible`` says otherwise: every GPU of the node
+#: visible, the process on ``cuda:{LOCAL_RANK}``, as torchtitan's and Megatron-LM's training scripts
+#: expect (``torch.cuda.set_device(LOCAL_RANK)``; :mod:`meshplan.placement.launch`).
+LAUNCH_VISIBLE = "all"
 _SAFE = re.compile(r"[A-Za-z0-9_.:=,+@%/-]*")
 
 

@@ -64,7 +64,7 @@ from typing import Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
-from meshplan.placement.bindings import all_bindings, launch_mode
+from meshplan.placement.bindings import LAUNCH_VISIBLE, all_bindings, launch_mode
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -157,7 +157,7 @@ def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
     node's GPUs visible in LOCAL_RANK order), its ``env`` completed as the module docstring
     says, and ``cpu``: the argv prefix that binds its cores (empty with ``cpu_bind="none"``)."""
     check_options(placement, opts)
-    rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible="all",
+    rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible=LAUNCH_VISIBLE,
                         socket_ifname=opts.socket_ifname)
     rails = {n.rail for n in placement.cluster.node.nics}
     for b in rows:

@@ -113,7 +113,7 @@ def _collectives(plan: Plan) -> str:
         body += table(["axis", "phase", "op", "n", "size (B)", "dtype", "per step", "path", "alg", "time (us)",
                        "algbw (GB/s)", "busbw (GB/s)", "sent per rank per step (GB)"],
                       [(shown.get(r.axis, r.axis), r.phase, r.op, r.group_size, f"{r.size_bytes:,.0f}", r.dtype, r.per_step, r.path.kind,
-                        r.algorithm, f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}",
+                        r.algorithm_shown, f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}",
                         f"{r.busbw_bytes_per_s / GB:.1f}", f"{r.sent_bytes_per_step / GB:,.2f}") for r in rows],
                       caption=f"collectives, {stage} (nccl-tests columns)")
     return section("Collectives", body)

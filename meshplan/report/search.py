@@ -22,17 +22,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from meshplan import __version__
+from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
+from meshplan.search.explain import relative
 from meshplan.search.rank import RULE_LINE, top_heading
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
 from meshplan.search.space import overlap_searched
+from meshplan.memory.constraints import usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
+from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, mesh_text, zero_runtime
 from meshplan.units import GiB
@@ -158,14 +162,15 @@ def print_search(r: SearchResult, console: Console) -> None:
     if r.proven:
         lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                      "one shown")
-    for line in lines + export_lines(r) + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
+    for line in lines + headroom_lines(r) + export_lines(r) + rejected_lines(r) + count_lines(r) + [
+            f"note: {n}" for n in r.notes]:
         console.print(line, highlight=False, markup=False)
 
 
 #: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file
 #: refuses, and why a field its export drops is dropped (the field's ``table.key``).
 _REFUSED = {
-    DEEPSPEED: "a DeepSpeed config runs ZeRO over one data axis, without TP/PP/CP/EP or HSDP",
+    DEEPSPEED: f"a DeepSpeed config runs {DS_SCOPE}",
     "megatron": "Megatron-LM's arguments cannot hold them: one data-parallel axis, 1F1B or interleaved 1F1B, "
                 "first and last stage apart from an even split; search --export N --to megatron names the reason"}
 _DROPPED = {
@@ -305,9 +310,29 @@ def rejected_lines(r: SearchResult) -> list[str]:
         f"local GEMM efficiency {r.est.gemm[b.index]:.1%} < threshold {r.config.search.min_gemm_efficiency:.0%}")
     out = [f"best rejected: {r.candidates.label(b.index)}: {why}"]
     if b.step_s is not None and r.top and r.top[0].step_s:
-        out.append(f"  it would take {b.step_s:.3f} s per step ({(b.step_s / r.top[0].step_s - 1):+.1%} against "
-                   f"the top) if it were accepted; peak {b.peak_bytes / GiB:.1f} GiB")
+        out.append(f"  it would take {b.step_s:.3f} s per step ({relative(b.step_s / r.top[0].step_s - 1, 'the top')}) "
+                   f"if it were accepted; peak {b.peak_bytes / GiB:.1f} GiB")
     return out
+
+
+def headroom_lines(r: SearchResult) -> list[str]:
+    """A warning naming the rows shown whose headroom (usable memory less the planned peak) is
+    under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
+    plan's ``[memory] fragmentation_fraction`` is below it: they fit only if the allocator fragments
+    less than PyTorch's caching allocator was measured to; none otherwise."""
+    o, usable = r.config.memory, usable_bytes(r.config.cluster, r.config.training)
+    frac = ALLOCATOR_FRAGMENTATION
+    tight = [(k, e) for k, e in enumerate(r.top, 1) if e.complete and usable - e.peak_bytes < frac * usable]
+    if o.fragmentation_fraction >= frac or not tight:
+        return []
+    k, e = tight[0]
+    rows = f"row {k}" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)}"
+    return [f"warning: {rows} keep less than {frac:.0%} of the usable memory free (#{k} "
+            f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
+            f"{1 - e.peak_bytes / usable:.1%} free) at [memory] fragmentation_fraction "
+            f"{o.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose about {frac:.0%} to "
+            f"fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
+            f"to plan with it"]
 
 
 def count_lines(r: SearchResult) -> list[str]:

@@ -285,7 +285,7 @@ def _collectives(plan: Plan, con: Console) -> None:
             tab.add_column(col, justify="right")
         for r in rows:
             tab.add_row(shown.get(r.axis, r.axis), r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
-                        *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm,
+                        *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm_shown,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
 

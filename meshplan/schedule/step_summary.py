@@ -263,12 +263,15 @@ class StepTime:
             + ", ".join(f"{self.named(k)} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
         sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
+        # pp 1 has no pipeline: no bubble line (its idle/ideal would print 0.0000 for a schedule that is not run)
+        bubble = [] if p.spec.p == 1 else [
+            f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
+            f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
+            f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
+            f"{self._closed_form_bubble()}"]
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
-                f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else ""),
-                f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
-                f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
-                f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
+                f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
+            bubble + self._fsdp_wait_line() + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "

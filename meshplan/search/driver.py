@@ -66,7 +66,7 @@ from meshplan.memory.constraints import usable_bytes
 from meshplan.pipeline.registry import check_searched
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner, Pool, merge
-from meshplan.search.explain import Explanation, explain
+from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
 from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import decide, needed, ranked, simplicity
@@ -521,7 +521,8 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes,
-               stage_flops=e.stage_flops, copies_s=e.copies_s,
+               stage_flops=e.stage_flops, compute_split=e.compute_split,
+               copies_s=(e.compute_split or {}).get(SPLIT_PARTS[2]),
                streams=stream_words(candidate_config(cfg, c, i).training, cfg.origin))  # the stream names, by engine
     return out
 

@@ -32,16 +32,42 @@ def stage_flops(st: StepTime) -> float:
     """FLOP one GPU of ``st``'s critical stage executes per step (hardware FLOP: recompute
     included), what its ``compute`` part is spent on: the micro-batches x its chunks' layers,
     embedding and head."""
-    return st.pipeline.spec.m * sum(x.flops("hardware") for ch in st.units.chunks[st.critical_stage]
+    return st.pipeline.spec.m * st.runs * sum(x.flops("hardware") for ch in st.units.chunks[st.critical_stage]
                                     for x in (*ch.layers, ch.embed, ch.head) if x is not None)
 
 
 def compute_stream_copies_s(plan: Plan, st: StepTime) -> float:
     """Seconds per step ``st``'s critical stage spends on its compute stream in its collectives'
-    host work (``CollectiveRow.host_s``: FSDP2's copy-out and copy-in, DeepSpeed ZeRO-3 2021's
-    list copies issued), part of its ``compute`` without being FLOP."""
+    copies and host work, part of its ``compute`` without being FLOP: FSDP2's copy-out after each
+    all-gather and copy-in before each reduce-scatter (``CollectiveRow.copy_s``, what ``step``'s
+    "FSDP2 copies on the compute stream" note sums) and DeepSpeed ZeRO-3 2021's list copies issued
+    (``CollectiveRow.host_s``)."""
     rows = plan.collectives[table_key(table_stage(st.critical_stage, len(plan.stages)))]
-    return float(sum(r.host_s * r.per_step for r in rows if r.host_s))
+    return float(sum((r.copy_s + r.host_s) * r.per_step for r in rows))
+
+
+#: The parts :func:`compute_split` splits a step's ``compute`` into, as the explanation names them.
+SPLIT_PARTS = ("GEMMs", "attention", "copies on the compute stream", "other (memory-bound ops, optimizer step)")
+
+
+def compute_split(plan: Plan, st: StepTime) -> dict[str, float]:
+    """``st``'s ``compute`` part (:func:`step_breakdown`) split by kernel kind, seconds per step on
+    its critical stage: the GEMMs' and the attention core's ops (``Op.kind`` "gemm", "attention";
+    recompute included) of its chunks x micro-batches x schedule runs, the collectives' copies on
+    the compute stream (:func:`compute_stream_copies_s`), and the rest (norms, residual adds,
+    activations, casts, issue overheads, the optimizer step), so that the four add up to
+    ``compute``. Keys: :data:`SPLIT_PARTS`."""
+    kinds = {"gemm": 0.0, "attention": 0.0}
+    for ch in st.units.chunks[st.critical_stage]:
+        for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
+            for o in cost.ops if cost is not None else ():
+                if o.kind in kinds:
+                    kinds[o.kind] += o.seconds
+    passes = st.pipeline.spec.m * st.runs
+    gemm, attention = passes * kinds["gemm"], passes * kinds["attention"]
+    copies = compute_stream_copies_s(plan, st)
+    rest = st.parts_s().get("compute", 0.0) - gemm - attention - copies
+    return dict(zip(SPLIT_PARTS, (gemm, attention, copies, rest)))
 
 
 def layer_passes(st: StepTime) -> int:
@@ -83,14 +109,14 @@ def _faster_words(rel: float, top_s: float, runner_s: float) -> str:
     return f"as fast as #2 ({both}, within 0.001%)"
 
 
-def _relative(rel: float, than: str) -> str:
+def relative(rel: float, than: str) -> str:
     """``|rel|`` as a percentage, ``longer`` or ``shorter`` (rel < 0) ``than``: two decimals
     from 0.1%, two significant digits below (``0.0042% longer``), and ``equal to ... within
     0.001%`` where the two agree that closely (never a "0.00% longer").
 
-    >>> _relative(0.0123, "the top's"), _relative(-4.2e-5, "the top's")
+    >>> relative(0.0123, "the top's"), relative(-4.2e-5, "the top's")
     ("1.23% longer than the top's", "0.0042% shorter than the top's")
-    >>> _relative(3e-6, "the top's")
+    >>> relative(3e-6, "the top's")
     "equal to the top's within 0.001%"
     """
     a = abs(rel)
@@ -150,19 +176,19 @@ class Explanation:
         """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
         is the fastest; else ``top's step 12.337 s is 0.089% longer than the fastest's (#4,
         12.326 s), within 1%: ...; against #2 (12.348 s, 0.089% longer than the top's): ...``
-        (:func:`_relative`: never a "0.00%")."""
+        (:func:`relative`: never a "0.00%")."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
         if not self.tie_listed_first:
             return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
-        longer = _relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
+        longer = relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
         why = (f": {self.tie_criterion}" if self.tie_criterion
                else " (fewer axes / lower degrees / lower peak memory)")
         head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s), within 1%: "
                 f"listed first by the tie rule{why}")
         if self.fastest_row == 2:
             return f"{head}; parts against #2: {parts}"
-        runner = f"{self.runner_step_s:.3f} s, " + _relative(self.faster, "the top's")
+        runner = f"{self.runner_step_s:.3f} s, " + relative(self.faster, "the top's")
         return f"{head}; against #2 ({runner}): {parts}"
 
     def to_dict(self) -> dict:
@@ -238,7 +264,8 @@ RECOMPUTE_ORDER = ("none", "selective", "op", "layer", "full")
 
 def _compute_causes(a: dict, b: dict) -> list[str]:
     """What explains the compute part's direction (top ``a``, runner-up ``b``, each with its
-    ``compute`` seconds): a higher GEMM efficiency, fewer executed FLOP per GPU, less recompute,
+    ``compute`` seconds): first, with both ``compute_split`` (:func:`compute_split`), the part
+    whose seconds differ most (:func:`_largest_split`); then a higher GEMM efficiency, fewer executed FLOP per GPU, less recompute,
     less time in collectives' copies on the compute stream (``copies_s``: FSDP2's) on the side
     with less compute; a cause pointing the other way is not named. Micro-batch and tp follow
     as plain differences (they move compute either way).
@@ -253,7 +280,8 @@ def _compute_causes(a: dict, b: dict) -> list[str]:
     ['copies on the compute stream 0 ms vs 433 ms']
     """
     less = b.get("compute", 0.0) - a.get("compute", 0.0)  # > 0: the top computes less
-    out = []
+    out = [_largest_split(a, b)] if "compute_split" in a and "compute_split" in b else []
+    out = [t for t in out if t]
     if "gemm_efficiency" in a and "gemm_efficiency" in b and (a["gemm_efficiency"] - b["gemm_efficiency"]) * less > 0:
         out.append(_vs(a, b, "gemm_efficiency", "{:.1%}"))
     if a.get("stage_flops") and b.get("stage_flops") and (b["stage_flops"] - a["stage_flops"]) * less > 0:
@@ -261,9 +289,29 @@ def _compute_causes(a: dict, b: dict) -> list[str]:
     ra, rb = (RECOMPUTE_ORDER.index(x["recompute"]) if x.get("recompute") in RECOMPUTE_ORDER else None for x in (a, b))
     if ra is not None and rb is not None and (rb - ra) * less > 0:
         out.append(_vs(a, b, "recompute"))
-    if a.get("copies_s") is not None and b.get("copies_s") is not None and (b["copies_s"] - a["copies_s"]) * less > 0:
+    named = bool(out) and out[0].startswith(f"largest: {SPLIT_PARTS[2]}")
+    if a.get("copies_s") is not None and b.get("copies_s") is not None and (b["copies_s"] - a["copies_s"]) * less > 0 \
+            and not named:
         out.append(f"{LABELS['copies_s']} {_pair(a['copies_s'], b['copies_s'])}")
     return out + [t for t in (_vs(a, b, "micro_batch"), _vs(a, b, "tp")) if t]
+
+
+def _largest_split(a: dict, b: dict) -> str:
+    """The part of :func:`compute_split` (``compute_split`` of each description) whose seconds
+    differ most between the top ``a`` and the runner-up ``b``, with its share of the compute
+    difference; "" when compute is equal.
+
+    >>> a = {"compute": 27.66, "compute_split": {"GEMMs": 20.0, "copies on the compute stream": 2.649}}
+    >>> _largest_split(a, {"compute": 26.07, "compute_split": {"GEMMs": 19.74, "copies on the compute stream": 1.325}})
+    'largest: copies on the compute stream 2.65 s vs 1.32 s = 83% of the gap'
+    """
+    gap = a.get("compute", 0.0) - b.get("compute", 0.0)
+    sa, sb = a["compute_split"], b["compute_split"]
+    if not gap or not sa:
+        return ""
+    part = max(sa, key=lambda k: abs(sa[k] - sb.get(k, 0.0)))
+    share = (sa[part] - sb.get(part, 0.0)) / gap
+    return f"largest: {part} {_pair(sa[part], sb.get(part, 0.0))} = {share:.0%} of the gap"
 
 
 def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:

@@ -253,8 +253,9 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
     with ep/etp among them); ``ep``, ``etp``: the expert degrees when not among ``names``;
     ``sharding``: ``training.sharding``. The axes of degree > 1 (and those in ``keep``) in one
     fixed order, the known axes' (:data:`meshplan.spec.axes.KNOWN_AXES`: pp, dp_replicate, dp,
-    dp_shard, cp, tp, ep, etp; a user-named axis after tp); a mesh with none: its data axis (else
-    its first axis) at 1. The one data axis (``dp`` or ``dp_shard``) is named by the sharding
+    dp_shard, cp, tp, ep, etp), or with a user-named axis among them the order given (a resolved
+    layout's, outermost first, as ``groups`` and ``plan`` print it); a mesh with none: its data
+    axis (else its first axis) at 1. The one data axis (``dp`` or ``dp_shard``) is named by the sharding
     (:func:`data_axis`): ``dp_shard`` when the parameters are sharded over it (zero3, hsdp's
     shard axis), ``dp`` when only the optimizer state and gradients are (zero1, zero2) or nothing
     is; ``sharding`` "" keeps the names given (restart's proposals carry no training spec).
@@ -265,12 +266,16 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
     ('dp_shard 16', 'dp 4 x tp 8 x ep 2')
     >>> mesh_text(("dp_replicate", "dp_shard", "cp"), (2, 1, 1), "hsdp", keep=("dp_shard",))
     'dp_replicate 2 x dp_shard 1'
+    >>> mesh_text(("dp", "cfg", "pp", "sp", "tp"), (2, 2, 2, 2, 1))  # xDiT's tp-sp-pp-cfg-dp, outermost first
+    'dp 2 x cfg 2 x pp 2 x sp 2'
     """
     axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
     data = [n for n, _ in axes if n in DATA_SPELLINGS]
     name = shown_names(names, sharding)
-    place = {n: k + (k >= KNOWN_AXES.index("ep")) for k, n in enumerate(KNOWN_AXES)}  # a user-named axis after tp
-    shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place.get(x[0], KNOWN_AXES.index("ep")))
+    place = {n: k for k, n in enumerate(KNOWN_AXES)}
+    if any(n not in place for n, _ in axes):  # a user-named axis: the order given (the layout's, outermost first)
+        place = {n: k for k, (n, _) in enumerate(axes)}
+    shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place[x[0]])
     if not shown:
         shown = [(next((n for n, _ in axes if n in data), axes[0][0] if axes else "dp_shard"), 1)]
     return " x ".join(f"{name.get(n, n)} {d}" for n, d in shown)

@@ -45,18 +45,30 @@ ALIASES = {"fsdp": ("dp_shard", "mesh axis 'fsdp' is planned as 'dp_shard' (torc
                                 "dp_shard x cp, and cp stays an axis of its own here)")}
 
 
-def close_axis(name: str) -> list[str]:
-    """Known axes that ``name`` is probably a slip for (the same name in another case, or a
-    difflib close match); empty for a known or a clearly different name.
+#: Names other frameworks give an axis meshplan calls otherwise, suggested first (not renamed: the name
+#: may be a custom axis of the same spelling): ``sp`` is xDiT's sequence-parallel group, Ulysses x ring
+#: attention over the sequence (xdit-project/xDiT 47f2071, xfuser/core/distributed/parallel_state.py,
+#: ``initialize_model_parallel``: ``ulysses_degree`` x ``ring_degree``, order "tp-sp-pp-cfg-dp"), and
+#: DeepSpeed-Ulysses's ``sequence_parallel_size``: meshplan's context parallelism (Megatron-LM's sequence
+#: parallelism, with tp, is ``[mesh] sequence_parallel`` instead).
+KNOWN_MEANINGS = {"sp": "cp"}
 
-    >>> close_axis("tq"), close_axis("TP"), close_axis("cfg"), close_axis("tp")
-    (['tp'], ['tp'], [], [])
+
+def close_axis(name: str) -> list[str]:
+    """Known axes that ``name`` is probably a slip for (the same name in another case,
+    :data:`KNOWN_MEANINGS` first, then difflib close matches); empty for a known or a clearly
+    different name.
+
+    >>> close_axis("tq"), close_axis("TP"), close_axis("cfg"), close_axis("tp"), close_axis("sp")
+    (['tp'], ['tp'], [], [], ['cp', 'tp', 'pp', 'ep'])
     """
     if name in KNOWN_AXES or name in ALIASES:
         return []
     if name.lower() in KNOWN_AXES:
         return [name.lower()]
-    return difflib.get_close_matches(name.lower(), KNOWN_AXES, n=3, cutoff=0.5)
+    meant = [KNOWN_MEANINGS[name.lower()]] if name.lower() in KNOWN_MEANINGS else []
+    close = difflib.get_close_matches(name.lower(), KNOWN_AXES, n=3, cutoff=0.5)
+    return meant + [c for c in close if c not in meant]
 
 
 def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -85,7 +97,10 @@ def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[
         if close and n not in custom:
             quoted = [repr(c) for c in close]
             alts = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-            raise ConfigError(field, f"{n!r} is not a standard axis; did you mean {alts}? If it is an axis of your "
-                              f"own (rank math only, no model semantics), list it in mesh.custom_axes = [{n!r}]")
+            why = (f" ({n!r} in xDiT and DeepSpeed-Ulysses splits the sequence: meshplan's {close[0]!r}, context "
+                   f"parallelism; Megatron-LM's sequence parallelism is [mesh] sequence_parallel = true)"
+                   if n.lower() in KNOWN_MEANINGS else "")
+            raise ConfigError(field, f"{n!r} is not a standard axis; did you mean {alts}?{why} If it is an axis of "
+                              f"your own (rank math only, no model semantics), list it in mesh.custom_axes = [{n!r}]")
         out.append(n)
     return tuple(out), tuple(notes)
