@@ -23,8 +23,8 @@ max(K, min K))`` over the points, interpolated there, and scaled by the shape mo
 (:func:`meshplan.compute.gemm.compute_efficiency`: tile and wave quantization, on the GPU the
 points were measured on); the roofline then comes once, at measured bandwidth
 (:func:`gemm_seconds`), not twice. Why this and not ``min(table, model)``: the model leaves out
-split-K and stream-K kernels, so on few-tile, long-K shapes it is far below what is measured
-(H100 256x2048x4096: 288.3 TFLOP/s measured, S4; the model 96.3), and the min would throw the
+split-K and stream-K kernels, so on few-tile, long-K shapes it is below what is measured
+(H100 512x256x4096: 92.2 TFLOP/s measured, S4; the model 48.2), and the min would throw the
 measurement away just where the model is weakest; the ratio keeps the measured level at the
 edge and takes from the model only how that level falls as the shape shrinks, which is what it
 does model. Why the edge of the box and not the nearest measured point: which point is nearest
