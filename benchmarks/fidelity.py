@@ -109,7 +109,8 @@ def sources(gpu: str) -> list[str]:
     if d is None:
         return [f"{gpu}: no catalog measurements (shape model, datasheet bandwidth)"]
     return [f"GEMM: catalog kernels.toml {gpu} points ({', '.join(sorted(d.gemm))}), Shepard interpolation in "
-            f"log2 (M, N, K), memory roofline at Triad",
+            f"log2 (M, N, K) (below the points in M, N or K: the edge's rate x the shape model's tile/wave "
+            f"efficiency ratio, capped at 1), memory roofline at Triad",
             "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points (A100: the 'D S7a' "
             "points, S7a's PyTorch standard attention less its softmax and copies, one rate for all six products; dV "
             "looked up as dK, (s_kv, d, s_q)); fused softmax and dropout over the "

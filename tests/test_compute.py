@@ -13,7 +13,7 @@ from meshplan.compute.flops import korthikanti_model_flops, sequence_model_flops
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import Workload
 from meshplan.errors import ConfigError
-from meshplan.compute.gemm import gemm_efficiency, gemm_model, gemm_time, load_gemm_table
+from meshplan.compute.gemm import compute_efficiency, gemm_efficiency, gemm_model, gemm_time, load_gemm_table
 
 H100 = catalog.gpu("h100-sxm5-80gb")
 A100 = catalog.gpu("a100-sxm-80gb")
@@ -287,22 +287,24 @@ def test_catalog_gemm_interpolation_by_hand():
     from meshplan.compute.measured import gemm_seconds, gemm_tflops, kernel_data
 
     d = kernel_data("a100-sxm-80gb")
+    eff = lambda m, n, k: compute_efficiency(A100, m, n, k)  # noqa: E731 (below the points only)
     q = (13, log2(3072), log2(6144))
     pts = [(4096, 4096, 4096, 228.0), (8192, 8192, 8192, 253.7), (2048, 2048, 2048, 221.8),
            (6144, 12288, 12288, 250.8), (16384, 16384, 16384, 256.5),
-           (1024, 2145, 1024, 132.8), (1024, 1024, 1024, 119.4), (802816, 192, 768, 157.8)]
+           (1024, 2145, 1024, 132.8), (1024, 1024, 1024, 119.4), (802816, 192, 768, 157.8),
+           (896, 896, 896, 73.94), (768, 768, 768, 58.98)]
     dist = sorted((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p[3]) for p in pts)[:4]
     want = sum(v / x ** 2 for x, v in dist) / sum(1 / x ** 2 for x, _ in dist)
-    assert gemm_tflops(d, 8192, 3072, 6144, "bf16")[0] == pytest.approx(want)
+    assert gemm_tflops(d, 8192, 3072, 6144, "bf16", eff)[0] == pytest.approx(want)
     assert 228.0 < want < 253.7  # between the 4096^3 and 8192^3 cubes it lies between
     # the MAMF maximum (S1, 1024x10240x5120 271.2) is the ceiling, not a node (kernels.toml header):
     # the 22B-at-tp-8 shape nearest it in log2 reads the S3 points only
     assert all(p[4] != "S1" for pts in d.gemm.values() for p in pts)
-    assert gemm_tflops(d, 1024, 10240, 5120, "bf16")[0] < 256.5
+    assert gemm_tflops(d, 1024, 10240, 5120, "bf16", eff)[0] < 256.5
     # a measured shape returns its value; fp16 uses the bf16 points (one tensor-core peak)
-    assert gemm_tflops(d, 802816, 192, 768, "fp16")[0] == 157.8
+    assert gemm_tflops(d, 802816, 192, 768, "fp16", eff)[0] == 157.8
     # memory roofline: (8192, 8192, 16): 2 (M K + K N + M N) B at 1.70 TB/s beats any FLOP rate
-    t, how = gemm_seconds(d, 8192, 8192, 16, "bf16")
+    t, how = gemm_seconds(d, 8192, 8192, 16, "bf16", 1, eff)
     assert t == pytest.approx(2 * (8192 * 16 * 2 + 8192 * 8192) / 1.70e12) and "memory-bound" in how
 
 

@@ -112,15 +112,16 @@ def test_bf16_gemms_from_the_500w_measurements_by_hand():
     ratios 0.8149, 0.8082, 0.7666, mean 0.7966 -> 0.797, the part's scale on every bf16 point."""
     from meshplan.compute.measured import gemm_tflops
     sxm, part = kernel_data("h100-sxm5-80gb"), kernel_data(PART)
+    eff = lambda m, n, k: 1.0  # noqa: E731: every shape here is inside the measured points (no model)
     measured = {(8192, 8192, 8192): 585.23, (65536, 8192, 7168): 575.12, (65536, 3584, 8192): 546.31}
-    table = [gemm_tflops(sxm, *s, "bf16")[0] for s in measured]
+    table = [gemm_tflops(sxm, *s, "bf16", eff)[0] for s in measured]
     assert table == pytest.approx([718.15, 711.62, 712.60], abs=0.01)
     ratios = [v / t for v, t in zip(measured.values(), table)]
     assert sum(ratios) / 3 == pytest.approx(0.797, abs=0.0005)
     assert part.gemm["bf16"] == tuple((m, n, k, r * 0.797, f"{key} x0.797") for m, n, k, r, key in sxm.gemm["bf16"])
     assert part.gemm["fp8"] == sxm.gemm["fp8"]  # not measured at 500 W: the SXM5's, an upper bound
     for s, v in measured.items():  # the part's table within 4% of each measurement
-        assert gemm_tflops(part, *s, "bf16")[0] == pytest.approx(v, rel=0.04)
+        assert gemm_tflops(part, *s, "bf16", eff)[0] == pytest.approx(v, rel=0.04)
 
 
 def test_the_benchmark_prints_its_sources(capsys):

@@ -53,6 +53,7 @@ from math import ceil, isfinite
 from pathlib import Path
 from typing import Optional
 
+from meshplan import catalog
 from meshplan.compute.measured import gemm_seconds, kernel_data
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
@@ -76,12 +77,32 @@ class GemmEstimate:
     explanation: str
 
 
-def _tile_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], dtype: str, count: int):
+def _compute_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], dtype: str, count: int):
+    """(seconds, tiles, waves) of the tiles' waves at the ceiling, no memory roofline."""
     tm, tn = tile
     tiles = ceil(m / tm) * ceil(n / tn) * count
     waves = ceil(tiles / gpu.sms)
     per_sm = gpu.peak_flops(dtype) * gpu.max_gemm_fraction / gpu.sms
-    t_compute = waves * 2.0 * tm * tn * k / per_sm
+    return waves * 2.0 * tm * tn * k / per_sm, tiles, waves
+
+
+def compute_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16") -> float:
+    """The shape model's efficiency of one GEMM (M, N, K) without its memory roofline: tile and
+    wave quantization at the ceiling, best of :data:`TILES` (the catalog's measured points are
+    scaled by its ratio below their smallest shapes, :func:`meshplan.compute.measured.gemm_tflops`,
+    and meet the roofline at measured bandwidth there).
+
+    >>> from meshplan import catalog
+    >>> a100 = catalog.gpu("a100-sxm-80gb")   # 128 or 256 rows, N 1024: 8 or 16 tiles of 128x128, one wave
+    >>> compute_efficiency(a100, 128, 1024, 8192) / compute_efficiency(a100, 256, 1024, 8192)
+    0.5
+    """
+    t = min(_compute_time(gpu, m, n, k, tile, dtype, 1)[0] for tile in TILES)
+    return 2.0 * m * n * k / t / gpu.peak_flops(dtype)
+
+
+def _tile_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], dtype: str, count: int):
+    t_compute, tiles, waves = _compute_time(gpu, m, n, k, tile, dtype, count)
     nbytes = dtype_bytes(dtype) * (m * k + k * n + m * n) * count
     t_memory = nbytes / gpu.hbm_bandwidth_bytes_per_s
     return max(t_compute, t_memory), tiles, waves, nbytes, t_compute >= t_memory
@@ -313,7 +334,8 @@ def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: 
 def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int, k: int, dtype: str,
                   count: int) -> GemmEstimate:
     """:func:`gemm_time` from the catalog's points of ``gpu_name``
-    (:func:`meshplan.compute.measured.gemm_seconds`), efficiency against ``peak_flops``;
+    (:func:`meshplan.compute.measured.gemm_seconds`; below the measured points, scaled by
+    :func:`compute_efficiency` of the catalog GPU ``gpu_name``), efficiency against ``peak_flops``;
     memoised on everything it reads (the catalog entry by GPU and source): the search times the
     same shapes for every recompute policy and across thousands of meshes. The flow's one GEMM
     memo (every catalog lookup of the flow comes through here; the interpolation below it is
@@ -321,7 +343,9 @@ def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int,
     data = kernel_data(gpu_name)
     if data is None:  # gemm_time asks only for a GPU with catalog points
         raise KeyError(f"{gpu_name}: no catalog kernel data")
-    t, how = gemm_seconds(data, m, n, k, dtype, count)
+    measured_on = catalog.gpu(gpu_name)  # below the points: the shape model of the GPU they were measured on
+    t, how = gemm_seconds(data, m, n, k, dtype, count,
+                          lambda mm, nn, kk: compute_efficiency(measured_on, mm, nn, kk, dtype))
     eff = 2.0 * m * n * k * count / t / peak_flops
     shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
     return GemmEstimate(t, eff, "catalog", f"{shape} {dtype}: {how} -> {eff:.1%} of peak")

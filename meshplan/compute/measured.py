@@ -3,7 +3,8 @@ GEMM throughput over (M, N, K), fused attention throughput, achievable HBM bandw
 fixed overheads of one GPU, each point with its source.
 
 **GEMM** (:func:`gemm_tflops`). The catalog holds measured TFLOP/s at scattered shapes
-(A100: Azure cuBLASLt fp16, and the non-flash attention's batched GEMMs derived from
+(A100: Azure cuBLASLt fp16, small cubes 256^3 .. 896^3 of torch.matmul in Triton's matmul
+tutorial, kernels.toml "TT", and the non-flash attention's batched GEMMs derived from
 FlashAttention-2's PyTorch-attention benchmark, kernels.toml "D S7a"; H100: XLA's measured
 sm_90 table; H200: H100's bf16 points; Meta's 500 W HBM2e H100: H100's bf16 points x 0.797, the
 ratio of torch.matmul measured on it to that table, ``gemm_scale``; fp8: Azure cuBLASLt). The ml-engineering MAMF values are not nodes: each is the maximum over a
@@ -11,15 +12,39 @@ sweep of shapes in short runs, the GPU's ceiling (``gpus.toml`` ``max_gemm_fract
 node it would lend its neighbours the best shape's speed. A shape between them is interpolated by
 inverse-distance weighting (Shepard's method) in log2 space of (M, N, K): the 4 nearest points,
 weight ``1 / d^2``; a measured shape returns its own value; the result stays within the range of
-those 4 points (never extrapolated beyond the measured maximum). A grouped call of ``count``
+those 4 points (never extrapolated beyond the measured maximum).
+
+Below the measured points (:func:`gemm_tflops`): a query smaller than every point of its dtype in
+M, N or K is not read flat off its neighbours (the interpolation never goes below them, and
+small, narrow shapes run far below larger ones: tile and wave quantization, the memory
+roofline). It is taken to the edge of the measured box, ``e = (max(M, min M), max(N, min N),
+max(K, min K))`` over the points, interpolated there, and scaled by the shape model's ratio
+``min(1, eff(query) / eff(e))``, ``eff`` its efficiency without the memory roofline
+(:func:`meshplan.compute.gemm.compute_efficiency`: tile and wave quantization, on the GPU the
+points were measured on); the roofline then comes once, at measured bandwidth
+(:func:`gemm_seconds`), not twice. Why this and not ``min(table, model)``: the model leaves out
+split-K and stream-K kernels, so on few-tile, long-K shapes it is below what is measured
+(H100 512x256x4096: 92.2 TFLOP/s measured, S4; the model 48.2), and the min would throw the
+measurement away just where the model is weakest; the ratio keeps the measured level at the
+edge and takes from the model only how that level falls as the shape shrinks, which is what it
+does model. Why the edge of the box and not the nearest measured point: which point is nearest
+changes as the query moves, and the rate would jump there; at the edge the rule meets the
+table (ratio 1), and below it the rate falls as the model's efficiency does. Capped at 1:
+never above what was measured at the edge. A K below the points scales by 1 (the tiles' waves
+do not depend on K): such a GEMM is bound by its bytes, which the roofline times.
+
+A grouped call of ``count``
 GEMMs is looked up as one GEMM of ``(count M, N, K)`` (the same tiles in more waves). The time
 is ``max(2 M N K count / rate, bytes / achievable bandwidth)`` with ``bytes = dtype (M K + K N
 + M N) count``: interpolating between compute-bound points must not beat the memory roofline.
 
+>>> from meshplan import catalog
+>>> from meshplan.compute.gemm import compute_efficiency
 >>> d = kernel_data("a100-sxm-80gb")
->>> gemm_tflops(d, 4096, 4096, 4096, "bf16")[0]   # a measured shape (S3)
+>>> eff = lambda m, n, k: compute_efficiency(catalog.gpu("a100-sxm-80gb"), m, n, k)
+>>> gemm_tflops(d, 4096, 4096, 4096, "bf16", eff)[0]   # a measured shape (S3)
 228.0
->>> round(gemm_tflops(d, 8192, 3072, 6144, "bf16")[0], 1)  # 22B fc1 at tp 8, b 4: between the cubes
+>>> round(gemm_tflops(d, 8192, 3072, 6144, "bf16", eff)[0], 1)  # 22B fc1 at tp 8, b 4: between the cubes
 238.5
 
 **Attention** (:func:`attention_seconds`): the FlashAttention benchmark's rates by pass, mask,
@@ -56,7 +81,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import log2
-from typing import Optional
+from typing import Callable, Optional
 
 from meshplan import catalog
 from meshplan.compute.shapes import Attention
@@ -129,12 +154,24 @@ def fit_norm(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
     return my - slope * mx, 1.0 / slope
 
 
-def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
-    """(TFLOP/s, how) of one (M, N, K) GEMM interpolated from ``data``'s points for ``dtype``
-    (module docstring). Raises KeyError when there are no points for ``dtype``. Not memoised
+def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str,
+                model: Callable[[int, int, int], float]) -> tuple[float, str]:
+    """(TFLOP/s, how) of one (M, N, K) GEMM from ``data``'s points for ``dtype``: interpolated
+    inside the measured box, and below it (smaller than every point in M, N or K) the box edge's
+    rate x ``min(1, model(M, N, K) / model(edge))``, ``model`` the shape model's efficiency
+    without its memory roofline (:func:`meshplan.compute.gemm.compute_efficiency`; module
+    docstring). Raises KeyError when there are no points for ``dtype``. Not memoised
     here: its one caller in the flow, :func:`meshplan.compute.gemm.gemm_time`, memoises the
     whole estimate above it (``_catalog_time``)."""
-    return _interpolate(data.gemm[dtype], m, n, k)
+    pts = data.gemm[dtype]
+    edge = tuple(max(q, min(p[i] for p in pts)) for i, q in enumerate((m, n, k)))
+    rate, how = _interpolate(pts, *edge)
+    if edge == (m, n, k):
+        return rate, how
+    ratio = min(1.0, model(m, n, k) / model(*edge))
+    below = "/".join(a for a, q, e in zip("MNK", (m, n, k), edge) if q < e)
+    return rate * ratio, (f"{rate * ratio:.1f} TFLOP/s: {m}x{n}x{k} is below the measured {below}; "
+                          f"x{ratio:.3f} (shape model, capped at 1) of {edge[0]}x{edge[1]}x{edge[2]}: {how}")
 
 
 def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
@@ -151,10 +188,12 @@ def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
     return rate, f"{rate:.1f} TFLOP/s interpolated (Shepard, log2 M,N,K) from {near}"
 
 
-def gemm_seconds(data: KernelData, m: int, n: int, k: int, dtype: str, count: int = 1) -> tuple[float, str]:
-    """Seconds of ``count`` (M, N, K) GEMMs: interpolated rate at ``(count M, N, K)``, no
-    faster than the memory roofline at Triad bandwidth."""
-    rate, how = gemm_tflops(data, m * count, n, k, dtype)
+def gemm_seconds(data: KernelData, m: int, n: int, k: int, dtype: str, count: int,
+                 model: Callable[[int, int, int], float]) -> tuple[float, str]:
+    """Seconds of ``count`` (M, N, K) GEMMs: :func:`gemm_tflops` at ``(count M, N, K)``
+    (``model``: the shape model's efficiency of one such GEMM), no faster than the memory
+    roofline at Triad bandwidth."""
+    rate, how = gemm_tflops(data, m * count, n, k, dtype, model)
     t_compute = 2.0 * m * n * k * count / (rate * TFLOPS)
     t_memory = dtype_bytes(dtype) * (m * k + k * n + m * n) * count / data.stream_bytes_per_s
     if t_memory > t_compute:
