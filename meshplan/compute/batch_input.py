@@ -50,7 +50,11 @@ def host_copy_seconds(nbytes: float, host: LinkSpec) -> float:
 
 def torch_batch_copy(w: Workload, host: LinkSpec, issue_s: float) -> Op:
     """torchtitan's two blocking ``.to(device)`` copies of a micro-batch (module docstring):
-    ``2 x host_copy_seconds(8 b s) + issue_s`` (the GPU idles until the host issues again).
+    ``2 x host_copy_seconds(8 b s) + issue_s`` (the GPU idles until the host issues again),
+    charged once per micro-batch in the first stage's embedding forward. Under pp torchtitan
+    copies the whole local batch once per step (the pipeline schedule splits it): the same bytes,
+    but the two latencies and the issue floor counted once per micro-batch here, an overcount of
+    at most ``(micro-batches - 1) x (2 x latency + issue_s)`` per step (16.1 us each on PCIe 5.0).
 
     Llama 3 8B micro-batch 1 x 8192 over PCIe 5.0 x16 (63 GB/s, 5.7 us), 4.7 us floor: each copy
     65,536 B, 1.040 + 5.7 us; 2 x 6.740 + 4.7 = 18.18 us:
