@@ -66,7 +66,7 @@ PCIE, PCIE_LAT = 63e9, 5.7e-6   # dgx-h100 pcie: PCIe 5.0 x16 B/s per direction,
 
 # NCCL latencies (comm/alphabeta.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
 BASE_US, NVL_STEP_US, NET_STEP_US = (6.6, 14.0, 8.4), (0.6, 1.9, 3.4), (2.7, 4.0, 14.0)
-NVLS_LAT = (8.4 + 2 * 3.4) * 1e-6   # alphabeta.NVLS: Simple base + NVLS_STEPS 2 NVLink steps
+NVLS_LAT = 25e-6                    # alphabeta.NVLS: NCCL tuning.cc hwLat NVLink NVLS/Simple, no base, one step
 
 # Measured nccl-tests all-reduce rows (catalog/nccl.toml), (size B, busbw GB/s); time = 1.75 S / busbw
 # for 8 ranks (busbw factor 2(n-1)/n), 1.875 S / busbw for 16.
