@@ -118,9 +118,9 @@ def sources(gpu: str) -> list[str]:
             f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms "
             f"{d.norm_fixed_s * 1e6:.1f} us + bytes / {d.norm_bytes_per_s / 1e12:.2f} TB/s, least squares over "
             f"the Liger RMSNorm times (S11)",
-            f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22), micro-batch "
-            f"{d.microbatch_overhead_s * 1e6:.1f} us (2 tp broadcasts at S18's 1 KB latency); optimizer from its bytes "
-            f"at Triad",
+            f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22); per micro-batch the "
+            f"batch's copy to the GPU over the node's PCIe link and, at tp > 1, get_batch's 2 tp broadcasts timed on "
+            f"the tp path (compute/batch_input.py); optimizer from its bytes at Triad",
             "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's); "
             "pp send/recv across nodes on the single-NIC pair curve (S18 2 x 1 A100 HDR alltoall 15.48 GB/s busbw, "
             "catalog nccl.toml ib-hdr-200-1nic-pair)",
@@ -130,7 +130,8 @@ def sources(gpu: str) -> list[str]:
             "receives through the rank's one NIC; interleaved steady-state "
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; the "
             "embedding all-reduced under SP (mpu/layers.py VocabParallelEmbedding); get_batch in every chunk's "
-            "forward on every stage (2 tp broadcasts and their sizes copied to the GPU and back, causal mask rebuilt: "
+            "forward on every stage (rank 0's copy of the batch, 2 tp broadcasts and their sizes copied to the GPU "
+            "and back, causal mask rebuilt: "
             "ones/tril/< 0.5) and the timers' "
             "cuda.synchronize (4 per forward, 2 per backward, one issue floor each); fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "

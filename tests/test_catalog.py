@@ -52,7 +52,12 @@ def test_gpu_numbers_match_public_facts():
     # max_gemm_fraction reproduces the measured best GEMM (stas00/ml-engineering)
     assert h100.max_gemm_fraction * 989.4 == pytest.approx(794.5, abs=0.1)
     assert a100.max_gemm_fraction * 312 == pytest.approx(271.2, abs=0.1)
-    assert h200.max_gemm_fraction == h100.max_gemm_fraction
+    assert h200.max_gemm_fraction * 989.0 == pytest.approx(794.5, abs=0.1)  # S1: 'H200 is the same'
+    # S1 @744d01e MAMF BF16 table: B200 SXM 1745.0 / 2250, GB200 SXM 1822.0 / 2500, MI300X 668.4
+    b200, gb200, mi300x = (catalog.gpu(n) for n in ("b200-sxm-180gb", "b200-gb200-186gb", "mi300x-oam-192gb"))
+    assert b200.max_gemm_fraction * 2250 == pytest.approx(1745.0, abs=0.2)
+    assert gb200.max_gemm_fraction * 2500 == pytest.approx(1822.0, abs=0.2)
+    assert mi300x.max_gemm_fraction * 1307.4 == pytest.approx(668.4, abs=0.2)
     assert "H100" in catalog.entry("gpu", "h200-sxm-141gb")["source"]
 
 

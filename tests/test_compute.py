@@ -14,6 +14,7 @@ from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import Workload
 from meshplan.errors import ConfigError
 from meshplan.compute.gemm import compute_efficiency, gemm_efficiency, gemm_model, gemm_time, load_gemm_table
+from meshplan.spec.cluster import LinkSpec
 
 H100 = catalog.gpu("h100-sxm5-80gb")
 A100 = catalog.gpu("a100-sxm-80gb")
@@ -335,9 +336,12 @@ def test_overheads_and_optimizer_from_the_catalog():
     from meshplan.compute.kernel_time import optimizer_bandwidth
 
     w = Workload(seq_len=S, micro_batch=B, tp=8, sp=True, flash=False)
-    emb = embedding_cost(GPT22B, A100, w)
-    over = [o for o in emb.ops if o.kind == "overhead"]
-    assert len(over) == 1 and over[0].seconds == pytest.approx(2 * 16.96e-6)  # 2 broadcasts at S18's 1 KB latency
+    assert not [o for o in embedding_cost(GPT22B, A100, w).ops if o.kind == "overhead"]  # no host link given
+    pcie4 = LinkSpec(name="pcie-gen4-x16", bandwidth_gb_per_s=31.5, latency_us=5.7)
+    over = [o for o in embedding_cost(GPT22B, A100, w, pcie4).ops if o.kind == "overhead"]
+    # torch: inputs and labels (4 x 2048 int64 = 65,536 B each) copied to the GPU, then one issue floor
+    assert [o.name for o in over] == ["batch to device"]
+    assert over[0].seconds == pytest.approx(2 * (5.7e-6 + 65_536 / 31.5e9) + 4.7e-6, rel=1e-12)
     assert optimizer_bandwidth(A100) == 1.70e12  # BabelStream Triad, not the 2.039 TB/s datasheet
     assert optimizer_bandwidth(H100) == 2.97e12
 

@@ -17,8 +17,10 @@ time to 1e-6 relative:
 - torch plans run uncompiled (``training.torch_compile`` off): SwiGLU, RoPE and the fp32 cross
   entropy kernel by kernel (compute/torch_eager.py); FSDP2's copy-out after each all-gather and
   copy-in before each reduce-scatter on the compute stream (comm/fsdp2.py);
-- every kernel at least the host's issue floor (4.7 us), and one per-micro-batch overhead in
-  the embedding's forward (kernels.toml ``microbatch_overhead_s``);
+- every kernel at least the host's issue floor (4.7 us), and per micro-batch the batch's
+  blocking copies to the GPU over the node's PCIe link (torch: inputs and labels in the
+  embedding's forward; Megatron-LM: rank 0's copy and, at tp > 1, get_batch's two tp
+  broadcasts on the NVLink curve; compute/batch_input.py);
 - each collective from the measured nccl-tests curves of catalog/nccl.toml
   (comm/alphabeta.measured_time: NCCL's latency for the group, plus the curve's bandwidth term
   at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
@@ -60,11 +62,11 @@ EFF_GEMM, EFF_ATTN = 0.60, 0.40
 TRIAD = 2.97e12            # stream_tb_per_s: BabelStream Triad, every elementwise kernel and the optimizer
 NORM_POINTS = (4096, (1024, 4096, 16384), (0.0122, 0.0292, 0.095))  # norm_rows / norm_hidden / norm_ms (Liger RMSNorm)
 ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/kernel_time.issue_floor)
-MB_OVERHEAD = 52e-6        # microbatch_overhead_s: the batch broadcast, once per micro-batch (ops.embedding_cost)
+PCIE, PCIE_LAT = 63e9, 5.7e-6   # dgx-h100 pcie: PCIe 5.0 x16 B/s per direction, latency (catalog/nodes.toml)
 
 # NCCL latencies (comm/alphabeta.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
 BASE_US, NVL_STEP_US, NET_STEP_US = (6.6, 14.0, 8.4), (0.6, 1.9, 3.4), (2.7, 4.0, 14.0)
-NVLS_LAT = (8.4 + 2 * 3.4) * 1e-6   # alphabeta.NVLS: Simple base + NVLS_STEPS 2 NVLink steps
+NVLS_LAT = 25e-6                    # alphabeta.NVLS: NCCL tuning.cc hwLat NVLink NVLS/Simple, no base, one step
 
 # Measured nccl-tests all-reduce rows (catalog/nccl.toml), (size B, busbw GB/s); time = 1.75 S / busbw
 # for 8 ranks (busbw factor 2(n-1)/n), 1.875 S / busbw for 16.
@@ -207,9 +209,22 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
             "col_w_attn": wgrad("attn", False) + hook + delay, "col_w_mlp": wgrad("mlp", False) + hook + delay}
 
 
+def h2d(nbytes: float) -> float:
+    """One blocking host-to-device copy over the node's PCIe link (compute/batch_input.host_copy_seconds)."""
+    return PCIE_LAT + nbytes / PCIE
+
+
+def get_batch_broadcasts(tp: int) -> float:
+    """Megatron-LM's two get_batch broadcasts over the tp group (compute/batch_input.py): the
+    sizes (5 int64, 40 B), then the batch (S + 1 int64 tokens), each on the NVLink ring curve
+    (nvlink_ring_s, broadcast: n - 1 steps, S bytes sent); none at tp 1."""
+    return 0.0 if tp == 1 else nvlink_ring_s("broadcast", tp, 40) + nvlink_ring_s("broadcast", tp, 8 * (S + 1))
+
+
 def head_terms(tp: int, megatron: bool = False) -> dict:
     """Embedding (first stage) and head (last stage) seconds: lookup read + write S x h at
-    TRIAD, plus the per-micro-batch overhead in the embedding's forward; its weight gradient
+    TRIAD, plus (torch) torchtitan's two blocking copies of the micro-batch's int64 inputs and
+    labels to the GPU and one issue floor after them in the embedding's forward; its weight gradient
     torch's dense one: the zero-filled V/tp x h bf16 table and the S rows scattered (read +
     write S x h), one kernel here; final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel
     cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
@@ -221,7 +236,8 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per
     logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
     upcast's backward 4 + 2). Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
-    (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
+    (compute/megatron.batch_bytes): rank 0's copy of the S + 1 tokens to the GPU and the two tp
+    broadcasts (get_batch_broadcasts; then no copy in the embedding), the
     causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 2 small kernels (loss mask,
     position ids: at the floor; micro-batch 1: the labels' and tokens' slices are contiguous, no
     copies), and its timers' syncs, one floor each:
@@ -238,8 +254,8 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     ce_f = kernel(38 * logits / TRIAD) if megatron else kernel((B + 4) * logits / TRIAD) + kernel(8 * logits / TRIAD)
     ce_b = kernel(14 * logits / TRIAD) if megatron else \
         kernel(4 * logits / TRIAD) + kernel(12 * logits / TRIAD) + kernel((4 + B) * logits / TRIAD)
-    emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
-    batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
+    emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else 2 * h2d(8 * S) + ISSUE)
+    batch_f = (h2d(8 * (S + 1)) + get_batch_broadcasts(tp) + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
                + 2 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
     batch_b = 2 * ISSUE if megatron else 0.0
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
@@ -315,13 +331,16 @@ def on_curve(size: float, sent: float, lat: float, lat_ref: float, factor: float
 
 def nvlink_ring_s(op: str, n: int, size: float) -> float:
     """Ring on NVLink from h100-nvlink4-ring (8 ranks, all-reduce, line 450 = NVLINK): latency for
-    this op's steps, reference latency for the curve's 14 steps. Below 64 KiB between the 1K and
-    64K rows; above 1 MiB between the 1M row (raised to the 64K row's larger time: a larger buffer
-    is never faster) and the 8G row."""
+    this op's steps, reference latency for the curve's 14 steps. Below 1 KiB between (0, that
+    reference latency) and the 1K row; below 64 KiB between the 1K and 64K rows; above 1 MiB
+    between the 1M row (raised to the 64K row's larger time: a larger buffer is never faster)
+    and the 8G row. A broadcast sends its whole buffer (busbw factor 1)."""
     k = {"all-reduce": 2 * (n - 1), "send/recv": 1}.get(op, n - 1)
-    sent = {"all-reduce": 2 * (n - 1) / n, "send/recv": 1.0}.get(op, (n - 1) / n) * size
+    sent = {"all-reduce": 2 * (n - 1) / n, "send/recv": 1.0, "broadcast": 1.0}.get(op, (n - 1) / n) * size
     t = {key: row_time(r, 1.75) for key, r in RING_NVL.items()}
-    if size <= RING_NVL["64K"][0]:
+    if size < RING_NVL["1K"][0]:
+        p0, p1 = (0.0, latency(14)), (RING_NVL["1K"][0], t["1K"])
+    elif size <= RING_NVL["64K"][0]:
         p0, p1 = (RING_NVL["1K"][0], t["1K"]), (RING_NVL["64K"][0], t["64K"])
     else:
         assert RING_NVL["1M"][0] <= size <= RING_NVL["8G"][0]
@@ -367,7 +386,8 @@ def test_inputs_are_the_catalog_values():
     assert c.node.fabric.latency_us == 3.4 and c.network[0].latency_us == 14.0    # = the Simple per-step values
     assert [n.bandwidth_bytes_per_s for n in c.node.nics] == [NIC] * NODE_GPUS
     k = kernel_data(c.gpu.name)
-    assert (k.stream_bytes_per_s, k.kernel_issue_s, k.microbatch_overhead_s) == (TRIAD, ISSUE, MB_OVERHEAD)
+    assert (k.stream_bytes_per_s, k.kernel_issue_s) == (TRIAD, ISSUE)
+    assert (c.node.pcie.bandwidth_bytes_per_s, c.node.pcie.latency_s) == (PCIE, pytest.approx(PCIE_LAT, rel=1e-12))
     assert (k.norm_fixed_s, k.norm_bytes_per_s) == (pytest.approx(NORM_T0, rel=1e-12), pytest.approx(NORM_BW, rel=1e-12))
     assert (round(NORM_T0 * 1e6, 2), round(NORM_BW / 1e12, 3)) == (6.9, 3.045)
     ring, nvls, nic = (c.node.busbw[kind] for kind in ("nvlink", "nvls", "nic"))
@@ -489,7 +509,7 @@ def test_fsdp16_two_nodes():
 def test_pp2_1f1b():
     """pp 2 on two GPUs of one node (mesh.world 2), 1F1B, 4 micro-batches, one layer a stage.
 
-    Stage 0 runs the embedding (with the per-micro-batch overhead) and layer 0, stage 1 layer 1
+    Stage 0 runs the embedding (with the batch's copies to the GPU) and layer 0, stage 1 layer 1
     and the head (much longer: the 32768-wide output layer). Each forward and backward crosses
     stages as one (S, h) bf16 send/recv. Stage 1 never waits after its first forward: stage 0's
     forward of micro-batch k + 2 arrives (two sends, a backward and a forward of stage 0 after

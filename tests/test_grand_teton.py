@@ -128,4 +128,4 @@ def test_the_benchmark_prints_its_sources(capsys):
     assert _bench().main(["--only", "T1 FSDP+compile+fp8"]) == 0
     out = capsys.readouterr().out
     assert f"planned on catalog {NODE} ({PART})" in out and "memory-bound at 2.117 TB/s" in out
-    assert "S12 pytorch/pytorch PR #119842" in out and "| T1 FSDP+compile+fp8 | 8,532.0 | 10,599.8 | +24.2%" in out
+    assert "S12 pytorch/pytorch PR #119842" in out and "| T1 FSDP+compile+fp8 | 8,532.0 | 10,600.0 | +24.2%" in out

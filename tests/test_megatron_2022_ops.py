@@ -190,14 +190,14 @@ def test_get_batch_and_timers_in_every_chunk_on_every_stage():
     every stage (data iterators on every tp rank 0, broadcast_data over tp), rebuilding the causal
     mask: fp32 ones(1, s, s) 4 s^2 B, tril 8 s^2, < 0.5 5 s^2; at s 2048: 16,777,216 + 33,554,432 +
     20,971,520 B at Triad (9.87 + 19.74 + 12.34 us); 4 small kernels and 4 timer syncs at the issue
-    floor, the 2 broadcasts (33.92 us) and broadcast_data's sizes copied to the GPU and back
-    (torch.cuda.LongTensor(sizes), sizes_cuda.cpu(): 2 floors): 122.9 us per chunk forward, 2
-    syncs (9.4 us) per backward.
+    floor, and broadcast_data's sizes copied to the GPU and back (torch.cuda.LongTensor(sizes),
+    sizes_cuda.cpu(): 2 floors): 88.9 us per chunk forward without the batch's transfers
+    (test_get_batch_transfers_on_the_plan's links), 2 syncs (9.4 us) per backward.
     D4's 175B (pp 8 x vpp 3, micro-batch 1): the same on each of the 24 chunks; torch: none."""
     s = 2048
     c = ops_of(megatron_batch_cost(A100, Workload(**MEGATRON)))
     assert [c[n].size_bytes for n in ("mask ones", "mask tril", "mask < 0.5")] == [4 * s * s, 8 * s * s, 5 * s * s]
-    want = 33.92e-6 + (17 * s * s) / TRIAD + 10 * ISSUE
+    want = (17 * s * s) / TRIAD + 10 * ISSUE
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("forward") == pytest.approx(want, rel=1e-12)
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("backward_input") == pytest.approx(2 * ISSUE)
     one = megatron_batch_cost(A100, Workload(**{**MEGATRON, "micro_batch": 1}))   # [1, s] slices: contiguous
@@ -206,6 +206,48 @@ def test_get_batch_and_timers_in_every_chunk_on_every_stage():
         plan = plan_of(True, framework)
         chunks = [ch for stage in chunk_costs(plan, workload_of(plan)) for ch in stage]
         assert len(chunks) == 24 and all((ch.batch is not None) == has for ch in chunks)
+
+
+def test_get_batch_transfers_on_the_plan():
+    """Megatron-LM 2755bcb get_batch -> mpu/data.py broadcast_data on D4's 175B plan (tp 8 on
+    one DGX A100's NVLink, micro-batch 1, seq 2048), every chunk's forward: tp rank 0 copies the
+    2,049 int64 tokens to the GPU, 16,392 B over PCIe 4.0 x16 (31.5 GB/s, 5.7 us: 6.220 us), then
+    two broadcasts over the 8 ranks on the a100-nvlink3-ring curve (all-reduce, 8 ranks, busbw
+    factor f 1.75, line 300 GB/s = the path's): below its first row (32 KiB, 1.31 GB/s: t =
+    1.75 x 32768 / 1.31e9 = 43.773 us) the curve's time runs from NCCL's 14-step latency (LL:
+    6.6 + 14 x 0.6 = 15.0 us) at 0 to it; a broadcast sends its S bytes in 7 steps (LL 6.6 + 7 x
+    0.6 = 10.8 us) plus the curve's bandwidth term x S / (f S): 40 B (the 5 int64 sizes) 10.820
+    us, 16,392 B 19.025 us. At tp 1 the rank is its own group: the copy alone."""
+    plan = plan_of(True, "megatron")
+    batch = ops_of(chunk_costs(plan, workload_of(plan))[0][0].batch)
+    assert batch["get_batch copy to device"].size_bytes == 8 * 2049 == 16_392
+    assert batch["get_batch copy to device"].seconds == pytest.approx(5.7e-6 + 16_392 / 31.5e9, rel=1e-12)
+    t32k = 1.75 * 32768 / 1.31e9
+    bcast = [10.8e-6 + (t32k - 15.0e-6) * n / 32768 / 1.75 for n in (40, 16_392)]
+    assert [round(t * 1e6, 3) for t in bcast] == [10.82, 19.025]
+    assert batch["get_batch broadcasts"].seconds == pytest.approx(sum(bcast), rel=1e-9)
+    one = megatron_batch_cost(A100, Workload(**{**MEGATRON, "tp": 1}), plan.config.cluster.node.pcie, 0.0)
+    assert [o.name for o in one.ops if "get_batch" in o.name] == ["get_batch copy to device"]
+
+
+def test_torch_batch_copy_in_the_embedding():
+    """torchtitan (train.py batch_generator at 42b0beb): the micro-batch's int64 inputs and
+    labels each copied to the GPU with a blocking .to(device), then the host issues again: on the
+    175B plan's DGX A100 (PCIe 4.0 x16, 31.5 GB/s, 5.7 us; micro-batch 1 x 2048) 2 x (5.7 +
+    16,384 / 31.5e9 s = 0.520 us) + 4.7 us issue floor = 17.140 us, once per micro-batch in the
+    first stage's embedding forward, whatever tp (no broadcast: every rank reads its own batch).
+    Megatron-LM's embedding has none (its get_batch: test_get_batch_transfers_on_the_plan)."""
+    for framework in ("torch", "megatron"):
+        plan = plan_of(True, framework)
+        emb = ops_of(chunk_costs(plan, workload_of(plan))[0][0].embed)
+        assert ("batch to device" in emb) == (framework == "torch") and "micro-batch overhead" not in emb
+    assert emb_copy(plan_of(True, "torch")) == pytest.approx(2 * (5.7e-6 + 8 * 2048 / 31.5e9) + 4.7e-6, rel=1e-12)
+    assert round(emb_copy(plan_of(True, "torch")) * 1e6, 3) == 17.14
+
+
+def emb_copy(plan) -> float:
+    """Seconds of the torch batch copy in the first chunk's embedding forward."""
+    return ops_of(chunk_costs(plan, workload_of(plan))[0][0].embed)["batch to device"].seconds
 
 
 def test_comm_delay_kernel_after_each_async_collective_launch():

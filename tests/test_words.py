@@ -72,36 +72,36 @@ def test_full_recompute_in_the_runtimes_own_words(tmp_path, mine, extra, words):
 
 def test_overlap_tp_that_saves_nothing_names_the_stream_the_step_waits_on():
     """Finding 2: the seed's 64-GPU mesh (tp 4, FSDP over the network) is bound by fsdp: the
-    ideal TP overlap hides 14028.31 - 3637.83 ms of tp and the step stays 331381.95 ms."""
+    ideal TP overlap hides 14028.32 - 3637.84 ms of tp and the step stays 331379.79 ms."""
     r = _cli("step", EXAMPLES / "seed-64gpu.toml", "--overlap-tp")
     line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
-    assert line.endswith("exposed tp 3637.83 ms (blocking: 14028.31 ms), compute 55370.43 ms (blocking: 55370.43 ms), "
-                         "step 331381.95 ms (blocking: 331381.95 ms): saves 0.00 ms per step: the step is bound by the "
+    assert line.endswith("exposed tp 3637.84 ms (blocking: 14028.32 ms), compute 55368.26 ms (blocking: 55368.26 ms), "
+                         "step 331379.79 ms (blocking: 331379.79 ms): saves 0.00 ms per step: the step is bound by the "
                          "fsdp stream (exposed fsdp 272373.69 ms on stage 0), which the compute stream waits for "
                          "either way: the tp time hidden becomes fsdp wait")
-    assert "exposed communication on stage 0: fsdp 272373.69 ms, tp 3637.83 ms" in r.output
+    assert "exposed communication on stage 0: fsdp 272373.69 ms, tp 3637.84 ms" in r.output
 
 
 def test_overlap_tp_that_saves_time_gives_no_reason():
     r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--overlap-tp")
     line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
-    assert line.endswith("step 7128.72 ms (blocking: 7381.98 ms): saves 253.26 ms per step")
+    assert line.endswith("step 7128.18 ms (blocking: 7381.43 ms): saves 253.25 ms per step")
 
 
 def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle():
     """Finding 3: DeepSeek-V3 (pp 16, 1F1B, m 120): 0.1217 idle/ideal is the schedule's bubble on
-    the busiest stage (stages 1-14 tie within float noise: 5 is listed); stage 0, where the step ends, is idle
-    33045.12 of 46277.09 ms: 0.7141 of the step, 33045.12 / (46277.09 - 33045.12) = 2.4974 as
+    the busiest stage (stages 1-14 tie within float noise: 10 is listed); stage 0, where the step ends, is idle
+    33044.48 of 46270.96 ms: 0.7142 of the step, 33044.48 / (46270.96 - 33044.48) = 2.4984 as
     idle/ideal, printed beside it. (Dropless routing with its count all-gathers timed, issue 11
     moemore: before, capacity factor 1 and no count exchange, 32991.72 of 46223.70 ms.)"""
     r = _cli("step", EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     head = next(x for x in r.output.splitlines() if x.startswith("bubble "))
     assert head.startswith("bubble 0.1217 as idle/ideal, 0.1085 as idle/total (the schedule's bubble fraction, on the "
-                           "busiest stage 5, pipeline only; the step's parts below are on stage 0, where the step "
-                           "ends: bubble 33045.12 ms is its idle, 0.7141 of the step (2.4974 as idle/ideal))")
-    assert "step on stage 0 = compute 13019.40 + bubble 33045.12 + exposed dp 43.00 + exposed pp 169.57 = 46277.09 ms" \
+                           "busiest stage 10, pipeline only; the step's parts below are on stage 0, where the step "
+                           "ends: bubble 33044.48 ms is its idle, 0.7142 of the step (2.4984 as idle/ideal))")
+    assert "step on stage 0 = compute 13013.91 + bubble 33044.48 + exposed dp 43.00 + exposed pp 169.57 = 46270.96 ms" \
         in r.output
-    assert round(33045.12 / 46277.09, 4) == 0.7141 and round(33045.12 / (46277.09 - 33045.12), 4) == 2.4974
+    assert round(33044.48 / 46270.96, 4) == 0.7142 and round(33044.48 / (46270.96 - 33044.48), 4) == 2.4984
 
 
 def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path):
@@ -134,7 +134,7 @@ def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     # step s of the zero2 row as before the rename; the zero3 row above it is DeepSpeed's ZeRO-3, without
     # FSDP2's compute-stream copies (zero3_engine "deepspeed"), copying out only its prefetched part
     # (5.768 s when it copied out every gathered byte)
-    assert [x.split("│")[9].strip() for x in lines[:2]] == ["5.753", "5.798"]
+    assert [x.split("│")[9].strip() for x in lines[:2]] == ["5.752", "5.798"]
     by_sharding = {(mesh.strip(), sharding.strip()) for _, mesh, _, _, _, sharding in rows}
     assert by_sharding == {("dp 16", "zero1"), ("dp 16", "zero2"), ("dp_shard 16", "zero3")}
     assert rows[1][1].strip() == "dp 16" and rows[1][5].strip() == "zero2"
@@ -179,7 +179,7 @@ def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
     assert r.exit_code == 0, r.output
     notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
     assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
-    first = "step 7381.98 ms (no pipeline, m 16); critical stage 0; mesh dp_shard 4 x tp 2"
+    first = "step 7381.43 ms (no pipeline, m 16); critical stage 0; mesh dp_shard 4 x tp 2"
     assert r.output.splitlines()[0] == plain.output.splitlines()[0] == first
 
 

@@ -106,16 +106,22 @@ NO_LATENCY = (Protocol("ideal", 0.0, 0.0, 0.0, 1.0),)
 #: (the per-step values are :data:`REFERENCE_STEP_S`, which ``latency_scale`` is taken against,
 #: so the scaled step equals the link's ``latency_us``), no base, full bandwidth.
 GLOO_RING = (Protocol("gloo", 0.0, REFERENCE_STEP_S["nvlink"], REFERENCE_STEP_S["network"], 1.0),)
-#: NVLS all-reduce latency, an assumption (NCCL's NVLS latency is not in public-facts.md): the
-#: Simple ring base plus one NVLink step up to the switch and one down (:data:`NVLS_STEPS`).
 #: A link class calibrated by the user's nccl-tests fit (``meshplan calibrate``, ``bench comm``):
 #: ``t = steps(op, n) * alpha_step + bytes_sent / beta``, one protocol with no base and full
 #: bandwidth, ``alpha_step`` the link's ``latency_us`` (the fitted per-call alpha / the steps of
 #: the measured op over the measured ranks, :class:`meshplan.comm.calibration.CalibratedLink`), so
 #: at the measured op and rank count it is the fit itself; other rank counts scale alpha per step.
 CALIBRATED = (Protocol("calibrated", 0.0, REFERENCE_STEP_S["nvlink"], REFERENCE_STEP_S["network"], 1.0),)
-NVLS = (Protocol("NVLS", NCCL_RING[2].base_s, NCCL_RING[2].step_nvlink_s, NCCL_RING[2].step_network_s, 1.0),)
-NVLS_STEPS = 2
+#: NVLS all-reduce latency, NCCL's own model (NVIDIA/nccl src/graph/tuning.cc, v2.30.7 @5067397;
+#: public-microbenchmarks.md 4e [S20]): hwLat of NVLS / Simple is 25 us on NVLink (18 us on the
+#: network), its baseLat 0, and ``ncclTopoTuneModel`` sets an NVLS collective's latency to that one
+#: intra-node hwLat (``latencies[coll][NVLS][p] = intraLat``, plus one network hwLat across nodes):
+#: one step of 25 us whatever the rank count (:data:`NVLS_STEPS`), scaled like the other per-step
+#: latencies by the link's ``latency_scale``. No published 8-GPU NVLS small-message time was found
+#: to take instead (NVIDIA/nccl issue #1259: about 6 us on 2 H100 with NCCL_ALGO=NVLSTree under
+#: CUDA graphs, NCCL 2.20.5; at 1 KiB NCCL picks the LL ring anyway, S16).
+NVLS = (Protocol("NVLS", 0.0, 25e-6, 18e-6, 1.0),)
+NVLS_STEPS = 1
 
 
 def steps(op: str, n: int) -> int:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Optional
 
 from meshplan.compute import float8
+from meshplan.compute.batch_input import torch_batch_copy
 from meshplan.compute.elementwise import norm_finalize_ops, norm_spec
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op
@@ -19,12 +20,12 @@ from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.compute.shapes import Gemm
 from meshplan.compute.torch_eager import cross_entropy_bytes as torch_cross_entropy_bytes
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.cluster import GPUSpec, LinkSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.units import dtype_bytes
 
 
-def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
+def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = None) -> Cost:
     """Input embedding on the first stage: lookup (read + write ``tokens x h``), with learned
     positions their own lookup (read + write) and the add, and in backward the dense weight
     gradient torch's ``embedding_dense_backward`` builds for each table: a zero-filled
@@ -32,7 +33,10 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
     ``max_position`` for learned positions) into which the token rows are scattered (read +
     write ``tokens x h`` per table).
     Memory-bound. With ``w.megatron_ops`` also Megatron-LM's passes around it
-    (:func:`meshplan.compute.megatron.embedding_bytes`).
+    (:func:`meshplan.compute.megatron.embedding_bytes`); without, on a GPU with catalog data and
+    given the node's ``host`` link, torchtitan's blocking copy of the micro-batch to the GPU
+    (:func:`meshplan.compute.batch_input.torch_batch_copy`; Megatron-LM's ``get_batch`` is
+    :func:`meshplan.compute.megatron_cost.megatron_batch_cost`'s).
 
     >>> from meshplan import catalog
     >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
@@ -56,9 +60,8 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
                 for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout,
                                                        lookups, w.micro_batch > 1)]
     data = kernel_data(gpu.name)
-    if data is not None and not w.megatron_ops:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
-        ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
-                      note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)"))
+    if data is not None and host is not None and not w.megatron_ops:  # Megatron's: megatron_batch_cost
+        ops.append(torch_batch_copy(w, host, data.kernel_issue_s))
     return Cost(tuple(ops))
 
 

@@ -73,7 +73,8 @@ and FSDP2's copies share): :func:`memory_seconds`, never below the issue floor; 
 HBM bandwidth for a GPU without catalog data.
 
 **Overheads**: ``kernel_issue_s`` is the host's issue floor per eager kernel (a kernel shorter
-than it runs at the host's rate); ``microbatch_overhead_s`` the per-micro-batch batch broadcast.
+than it runs at the host's rate). A micro-batch's own transfers (the batch's copy to the GPU,
+Megatron-LM's tp broadcasts) are timed from the node's links: :mod:`meshplan.compute.batch_input`.
 """
 
 from __future__ import annotations
@@ -116,7 +117,6 @@ class KernelData:
     stream_bytes_per_s: float
     norm_fixed_s: float
     norm_bytes_per_s: float
-    microbatch_overhead_s: float
     kernel_issue_s: float
     source: str
 
@@ -136,7 +136,7 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
     fixed, bw = fit_norm([2 * raw["norm_rows"] * h * 2 for h in raw["norm_hidden"]],
                          [ms * 1e-3 for ms in raw["norm_ms"]])
     return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, fixed,
-                      bw * raw.get("norm_bandwidth_scale", 1.0), raw["microbatch_overhead_s"],
+                      bw * raw.get("norm_bandwidth_scale", 1.0),
                       raw["host"]["kernel_issue_s"], raw["source"])
 
 

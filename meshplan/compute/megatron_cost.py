@@ -8,13 +8,16 @@ flatten and copies, the timers and the loss (:func:`megatron_step_cost`,
 
 from __future__ import annotations
 
+from typing import Optional
+
+from meshplan.compute.batch_input import megatron_batch_transfers
 from meshplan.compute.kernel_time import issue_floor, memory_op
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, batch_bytes,
                                        comm_delay_kernels, hook_params, stage_param_tensors)
 from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.cluster import GPUSpec, LinkSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.units import dtype_bytes
 
@@ -57,29 +60,35 @@ def comm_delay_ops(gpu: GPUSpec, w: Workload, blocks: tuple[str, ...]) -> list[O
             for block in blocks for phase, n in comm_delay_kernels(w.tp, w.sp).items() for _ in range(n)]
 
 
-def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
+def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = None, broadcast_s: float = 0.0) -> Cost:
     """Megatron-LM 2022's per-chunk batch and timer costs (:func:`meshplan.compute.megatron.batch_bytes`,
     :data:`~meshplan.compute.megatron.TIMER_SYNCS`), in every chunk's forward (and the timers'
-    syncs in its backward) on every stage: the 2 tp broadcasts at the catalog's
-    ``microbatch_overhead_s``, each ``get_batch`` kernel as a memory-bound pass (never below the
-    issue floor), and per ``torch.cuda.synchronize`` one issue floor (the GPU drained, the next
-    kernel waits at least one launch: a lower bound). Empty for a GPU without catalog data.
+    syncs in its backward) on every stage: with the node's ``host`` link the batch's copy to the
+    GPU and, at tp > 1, the two tp broadcasts of ``broadcast_s`` seconds together
+    (:func:`meshplan.compute.batch_input.megatron_batch_transfers`), each ``get_batch`` kernel as
+    a memory-bound pass (never below the issue floor), and per ``torch.cuda.synchronize`` one
+    issue floor (the GPU drained, the next kernel waits at least one launch: a lower bound).
+    Empty for a GPU without catalog data.
 
     22B, micro-batch 4, seq 2048 on A100: the mask passes 16.8 + 33.6 + 21.0 MB at Triad 1.70 TB/s
-    (9.87 + 19.74 + 12.34 us), 4 small kernels at the 4.7 us floor (18.8), 33.92 us of broadcasts, 4 syncs
-    (18.8), the broadcast sizes' two copies (:data:`~meshplan.compute.megatron.BATCH_SYNCS`, 9.4):
-    122.9 us in forward; 2 syncs (9.4 us) in backward:
+    (9.87 + 19.74 + 12.34 us), 4 small kernels at the 4.7 us floor (18.8), 4 syncs (18.8), the
+    broadcast sizes' two copies (:data:`~meshplan.compute.megatron.BATCH_SYNCS`, 9.4): 88.94 us in
+    forward; with PCIe 4.0 x16 (31.5 GB/s, 5.7 us) the batch's 65,568 B copy adds 2.08 + 5.7 us and
+    at tp 8 the broadcasts their given 20 us: 116.72 us; 2 syncs (9.4 us) in backward:
 
     >>> from meshplan import catalog
-    >>> c = megatron_batch_cost(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, micro_batch=4, megatron_ops=True))
-    >>> round(c.seconds("forward") * 1e6, 1), round(c.seconds("backward_input") * 1e6, 1)
-    (122.9, 9.4)
+    >>> from meshplan.spec.cluster import LinkSpec
+    >>> a100, w = catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, micro_batch=4, tp=8, megatron_ops=True)
+    >>> round(megatron_batch_cost(a100, w).seconds("forward") * 1e6, 2)
+    88.94
+    >>> c = megatron_batch_cost(a100, w, LinkSpec(name="pcie", bandwidth_gb_per_s=31.5, latency_us=5.7), 20e-6)
+    >>> round(c.seconds("forward") * 1e6, 2), round(c.seconds("backward_input") * 1e6, 1)
+    (116.72, 9.4)
     """
     data = kernel_data(gpu.name)
     if data is None:
         return Cost(())
-    ops = [Op("get_batch broadcasts", "embed", "forward", "overhead", data.microbatch_overhead_s,
-              note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)")]
+    ops = megatron_batch_transfers(w, host, broadcast_s) if host is not None else []
     ops += [memory_op(gpu, name, "embed", "forward", nb) for name, nb in batch_bytes(w.micro_batch, w.seq_len)]
     ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
                note=f"{n} torch.cuda.synchronize, one issue floor each") for phase, n in TIMER_SYNCS.items()]

@@ -35,7 +35,7 @@ Conventions (named so a number lines up with another tool's):
   (MFU and HFU count matrix products only, as Korthikanti et al. 2022 appendix A does).
   With sequence parallelism the norms and residual adds see ``tokens / tp`` rows.
 - **Overheads** (GPUs with catalog data): every kernel takes at least the host's issue floor
-  (:func:`~meshplan.compute.kernel_time.issue_floor`); the embedding carries one per-micro-batch overhead; the optimizer step
+  (:func:`~meshplan.compute.kernel_time.issue_floor`); the batch's transfers to the GPU per micro-batch (:mod:`~meshplan.compute.batch_input`); the optimizer step
   streams its bytes at Triad (:func:`~meshplan.compute.kernel_time.optimizer_bandwidth`).
 - **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
   et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in

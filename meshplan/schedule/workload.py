@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.comm.collectives import axis_path, path_time
+from meshplan.compute.batch_input import megatron_broadcast_bytes
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost
@@ -52,9 +54,24 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
 
     position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
     v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
-    batch = megatron_batch_cost(gpu, w) if w.megatron_ops else None  # every chunk, every stage (2755bcb)
+    host = plan.config.cluster.node.pcie
+    # Megatron-LM's get_batch in every chunk's forward on every stage (2755bcb)
+    batch = megatron_batch_cost(gpu, w, host, get_batch_broadcast_s(plan, w)) if w.megatron_ops else None
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
-                        embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
+                        embed=embedding_cost(model, gpu, w, host) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
                         batch=batch)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
+
+
+def get_batch_broadcast_s(plan, w: Workload) -> float:
+    """Seconds of Megatron-LM 2022's two ``get_batch`` broadcasts over the tp group
+    (:func:`meshplan.compute.batch_input.megatron_broadcast_bytes`: the sizes, then the data),
+    each timed as a collective-table row on the tp axis's path
+    (:func:`meshplan.comm.collectives.path_time`); 0 at tp 1 (no broadcast: the group is the rank alone)."""
+    if w.tp <= 1:
+        return 0.0
+    cluster = plan.config.cluster
+    path = axis_path(plan.mesh, plan.placement, cluster, "tp")
+    return sum(path_time("broadcast", w.tp, nb, path, cluster)[1]
+               for nb in megatron_broadcast_bytes(w.micro_batch, w.seq_len))

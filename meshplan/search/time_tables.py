@@ -58,7 +58,7 @@ class TimeTables:
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                      **float8_gemms(m, t))
         costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
-        emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
+        emb, head = embedding_cost(m, gpu, w, cfg.cluster.node.pcie), head_cost(m, gpu, w)
         out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)
         # a policy only adds recompute ops: every policy's GEMMs are these, in this order
