@@ -316,3 +316,32 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})
+
+
+def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:
+    """The note step prints when a link class its collectives can run on has neither a
+    measured busbw curve in the catalog (``nvlink`` for several GPUs per node, ``nic`` for
+    several nodes) nor a ``--calibration`` fit: such a link is timed at its line rate, an
+    upper bound (on 8x A100 S15's busbw tops out at 234.9 of 300 GB/s, 78%). None when every
+    used class is measured, and for gloo (the testbed, timed on its own latency figures).
+
+    >>> from meshplan.catalog import system
+    >>> uncalibrated_note(system("dgx-a100", nodes=2)) is None
+    True
+    >>> uncalibrated_note(system("mi300x-azure-nd-v5", nodes=2))  # doctest: +ELLIPSIS
+    'note: links uncalibrated: mi300x-azure-nd-v5 infinity-fabric-mesh (448 GB/s) and NIC (400 Gb/s) ... (meshplan calibrate)'
+    """
+    node = cluster.node
+    if cluster.collective_library == "gloo":
+        return None
+    missing = []
+    if node.gpus > 1 and not node.fabric.calibrated and "nvlink" not in node.busbw:
+        missing.append(f"{node.fabric.name} ({node.fabric.bandwidth_gb_per_s:g} GB/s)")
+    if cluster.nodes > 1 and node.nics and "nic" not in node.busbw and not (cluster.network and cluster.network[0].calibrated):
+        missing.append(f"NIC ({node.nics[0].rate_gbit_per_s:g} Gb/s)")
+    if not missing:
+        return None
+    verb = "has" if len(missing) == 1 else "have"
+    return (f"note: links uncalibrated: {node.name} {' and '.join(missing)} {verb} no measured busbw curve in the "
+            "catalog (catalog/nccl.toml), so collectives on them run at line rate, an upper bound; measure them with "
+            "nccl-tests and pass --calibration (meshplan calibrate)")
