@@ -43,6 +43,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pydantic import ValidationError
+
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -111,8 +113,12 @@ def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, sourc
     sizes = sorted(s for s, b in slowest.items() if s > 0 and b > 0)
     if not sizes:
         return None
-    return BusbwCurve(op=rows[0].op, ranks=rows[0].n_ranks, nodes=max(nodes, 1), line_gb_per_s=line_gb_per_s,
-                      sizes_bytes=sizes, busbw_gb_per_s=[round(slowest[s], 6) for s in sizes], source=source)
+    fields = {"op": rows[0].op, "ranks": rows[0].n_ranks, "nodes": max(nodes, 1), "line_gb_per_s": line_gb_per_s,
+              "sizes_bytes": sizes, "busbw_gb_per_s": [round(slowest[s], 6) for s in sizes], "source": source}
+    try:
+        return BusbwCurve.model_validate(fields)
+    except ValidationError as err:
+        raise ConfigError(source, f"its busbw curve is out of bounds ({err.errors()[0]['msg']}); check the rows") from None
 
 
 def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
