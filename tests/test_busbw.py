@@ -100,6 +100,22 @@ def test_h100_ring_and_nvls_at_their_rows():
     assert alg == "NVLS" and 1.75 * 8 * GiB / t == pytest.approx(478.87e9, rel=1e-12)
 
 
+@pytest.mark.parametrize("size, s16_gb_per_s", [(GiB, 723.34), (16 * GiB, 845.67)])
+def test_b200_all_reduce_is_the_s16_row(size, s16_gb_per_s):
+    # S16 (4a), 8x B200 p6-b200, torch all_reduce_bench, NCCL 2.27.7 default (NVLS): 1G 723.34,
+    # 16G 845.67 GB/s busbw; the curve's own rows, on dgx-b200's 900 GB/s NVLink5 (before: no
+    # curve, NVLS at 480/450 x 900 = 960 GB/s, 13.5% above the 16G row)
+    alg, t = collective_time("all-reduce", 8, size, 900e9, "nvlink", nvls=True, curves=node("dgx-b200").busbw)
+    assert alg == "NVLS" and 1.75 * size / t == pytest.approx(s16_gb_per_s * 1e9, rel=1e-12)
+
+
+def test_b200_nvls_over_4_gpus_is_the_s16_rank_row():
+    # S16: all_reduce 8 GiB over 4 B200 673.2 GB/s against 838.0 over 8: the 16G row 845.67
+    # scaled by 673.2 / 838.0 (the 4-rank all-reduce keeps NVLS's latency, a few us of ~36 ms)
+    alg, t = collective_time("all-reduce", 4, 16 * GiB, 900e9, "nvlink", nvls=True, curves=node("dgx-b200").busbw)
+    assert 1.5 * 16 * GiB / t == pytest.approx(845.67e9 * 673.2 / 838.0, rel=1e-3)
+
+
 def test_inter_node_all_reduce_is_the_s18_row():
     # S18: 2 nodes x 8 A100, 8 HDR NICs per node: all_reduce 1G at 183.82 GB/s busbw. The path
     # of one 16-rank group over two dgx-a100 nodes is min(300, 8 x 25 GB/s) = 200 GB/s per rank.

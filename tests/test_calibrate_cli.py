@@ -61,12 +61,41 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     c = apply_calibration(system("dgx-a100", nodes=2), calib)
     assert c.node.fabric.bandwidth_gb_per_s == pytest.approx(nv.bandwidth_gb_per_s)
     assert c.node.nics[0].rate_gbit_per_s == pytest.approx(8 * calib["nic"].bandwidth_gb_per_s)
-    assert c.node.busbw == {}
+    # the catalog's curves dropped; each class's own logged curve in their place (issue 11 item 2)
+    assert set(c.node.busbw) == {"nvlink", "nic"}
+    assert c.node.busbw["nvlink"].busbw_gb_per_s == [1.31, 18.0, 72.3, 109.9, 138.5, 176.9, 222.7, 229.0, 234.9]
+    assert (c.node.busbw["nic"].ranks, c.node.busbw["nic"].nodes) == (8, 8)
+
     # the file is not replaced without --force
     rc, _, err = run(["calibrate", str(exact), "--out", str(out)], capsys)
     assert rc == 2 and err.strip().startswith("error: --out:") and "--force" in err and err.count("\n") == 1
     rc, _, err = run(["calibrate", str(exact), "--out", str(out), "--force"], capsys)
     assert rc == 0 and set(load_calibration(out)) == {"nic"}
+
+
+def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
+    """The busbw the step model gives the calibrated 8-GPU all-reduce at a logged size is the
+    logged one (S15, by hand from the file's busbw column: 8M 109.90, 128M 176.90, 16G 234.90
+    GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. Outside the logged sizes the
+    fit times it: at 32 GiB busbw = 1.75 S / (alpha + 1.75 S / beta)."""
+    from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+    out = tmp_path / "c.toml"
+    assert run(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0
+    calib = load_calibration(out)
+    c = apply_calibration(system("dgx-a100", nodes=1), calib)
+    fabric = c.node.fabric
+    scale = fabric.latency_s / REFERENCE_STEP_S["nvlink"]
+
+    def bus(size):
+        t = collective_time("all-reduce", 8, size, fabric.bandwidth_bytes_per_s, "nvlink", latency_scale=scale,
+                            curves=c.node.busbw, calibrated=True)[1]
+        return busbw_factor("all-reduce", 8) * size / t / 1e9
+
+    for size, logged in ((8 * 2**20, 109.90), (128 * 2**20, 176.90), (16 * 2**30, 234.90)):
+        assert bus(size) == pytest.approx(logged, rel=1e-9)
+    nv = calib["nvlink"]
+    beyond = 1.75 * 2**35 / (nv.latency_us * 1e-6 + 1.75 * 2**35 / (nv.bandwidth_gb_per_s * 1e9)) / 1e9
+    assert bus(2**35) == pytest.approx(beyond, rel=1e-9) and beyond < 234.9
 
 
 def test_two_gpu_models_are_refused(tmp_path, capsys):

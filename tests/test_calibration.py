@@ -276,3 +276,22 @@ def test_no_banner_the_rows_tell_the_collective_or_say_what_is_missing():
     ar = nccl_tests_text("all_reduce_perf", hosts, sizes, 20e-6, 40e9)
     rows = parse_nccl_tests_text(ar.replace("# Collective test starting: all_reduce_perf\n", ""))
     assert rows == parse_nccl_tests_text(ar) and {r.op for r in rows} == {"all-reduce"}
+
+
+def test_step_says_which_links_are_uncalibrated(capsys):
+    """Issue 11 item 2: mi300x-azure-nd-v5 has no published rccl-tests curve, so step says its
+    Infinity Fabric (448 GB/s) and NICs (400 Gb/s) run at line rate; dgx-b200 now has S16's
+    NVLink5 curves and only its NICs are named; dgx-a100 (S15, S18 curves) has no note."""
+    from meshplan.catalog import system
+    from meshplan.cli import main
+    from meshplan.comm.calibration import uncalibrated_note
+    assert uncalibrated_note(system("dgx-a100", nodes=2)) is None
+    assert uncalibrated_note(system("dgx-b200", nodes=1)) is None
+    assert uncalibrated_note(system("dgx-b200", nodes=2)).startswith("note: links uncalibrated: dgx-b200 NIC "
+                                                                      "(400 Gb/s) has no measured busbw curve")
+    with pytest.raises(SystemExit) as done:
+        main(["step", "examples/torchtitan_llama3-8b_8xh100.toml", "--cluster", "mi300x-azure-nd-v5", "--nodes", "1"])
+    out = capsys.readouterr().out
+    assert (done.value.code or 0) == 0
+    assert ("note: links uncalibrated: mi300x-azure-nd-v5 infinity-fabric-mesh (448 GB/s) has no measured busbw "
+            "curve in the catalog") in out

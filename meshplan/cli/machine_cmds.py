@@ -22,7 +22,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.loading import _load
-from meshplan.comm.calibrate import calibrate
+from meshplan.comm.calibrate import calibrate_curves
 from meshplan.comm.calibration import calibration_toml
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination, write_output
@@ -72,11 +72,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
 
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    fits, notes, sources = calibrate(logs, link)
+    fits, notes, sources, curves = calibrate_curves(logs, link)
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
-    _wrote(write_output(out, calibration_toml(fits, sources), force=force))
+    _wrote(write_output(out, calibration_toml(fits, sources, curves=curves), force=force))
     _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 

@@ -30,6 +30,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.loading import _calibrated, _calibration, _load
 from meshplan.compute.gemm import load_gemm_table
+from meshplan.comm.calibration import uncalibrated_note
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
@@ -102,6 +103,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
+    if uncalibrated_note(p.config.cluster):
+        _echo(uncalibrated_note(p.config.cluster))
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it

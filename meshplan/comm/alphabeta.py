@@ -302,8 +302,11 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     measured collective, beta its bus bandwidth): the ring alone, timed with :data:`CALIBRATED`
     (no NCCL base latency, no protocol choice), and neither NVLS nor tree, whose gain the fit
     already holds (nccl-tests ran whatever NCCL picked): a calibrated class is never predicted
-    faster than its own measurements. The hierarchical algorithm across nodes stays (its
-    network part on the calibrated link at 1/g of the buffer and bandwidth).
+    faster than its own measurements; the ring is read on the user's own curve of the link
+    (``meshplan calibrate`` writes it, :func:`meshplan.comm.calibration.apply_calibration`
+    puts it in ``curves``) between its smallest and largest logged size, and on the fit
+    outside them (:func:`_inside`). The hierarchical algorithm across nodes stays (its
+    network part on the calibrated link at 1/g of the buffer and bandwidth, on the fit).
 
     ``library`` other than "nccl" or "rccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
     (per step exactly the link's latency, full bandwidth); a reduce-scatter costs an all-reduce
@@ -331,7 +334,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                                            CALIBRATED if calibrated else NCCL_RING)
     proto = CALIBRATED if calibrated else NCCL_RING
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
-                              None if calibrated else link))
+                              _inside(link, size_bytes) if calibrated else link))
     if n <= 1:
         return best
     options = []
@@ -356,6 +359,20 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
         if t < best[1]:
             best = (name, t)
     return best
+
+
+def _inside(curve: Optional[BusbwCurve], size_bytes: float) -> Optional[BusbwCurve]:
+    """``curve`` when ``size_bytes`` lies between its smallest and largest size, else None: a
+    calibrated link's own curve is read where it was logged, its alpha-beta fit elsewhere.
+
+    >>> from meshplan.catalog import busbw_curve
+    >>> c = busbw_curve("a100-nvlink3-ring")
+    >>> _inside(c, 2**34) is c, _inside(c, 2**35), _inside(c, 1024)
+    (True, None, None)
+    """
+    if curve is None or not curve.sizes_bytes[0] <= size_bytes <= curve.sizes_bytes[-1]:
+        return None
+    return curve
 
 
 def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,

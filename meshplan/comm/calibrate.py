@@ -23,6 +23,10 @@ Per link class, one alpha-beta fit (:func:`~meshplan.comm.linkfit.fit_alpha_beta
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
 several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC);
 its ``source`` names that file, and a note names each dropped file with its fit and why.
+Each file also gives its measured curve (:func:`measured_curve`: busbw at every logged size,
+per op, rank count and node count), written beside the fit as ``[[link.<class>.curve]]``
+(:mod:`meshplan.comm.calibration`), so ``--calibration`` reads the logged sizes off the
+curve and the fit only outside them.
 ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
@@ -39,9 +43,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
+from pydantic import ValidationError
+
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
+from meshplan.spec.cluster import BusbwCurve
+from meshplan.units import GB
+
+#: The ops a measured curve can be (:class:`~meshplan.spec.cluster.BusbwCurve`'s ``op``).
+CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
 
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
@@ -82,14 +93,51 @@ def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> st
             f"file {path.name}")
 
 
+def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, source: str) -> Optional[BusbwCurve]:
+    """The busbw curve of one nccl-tests run ``rows`` over ``nodes`` hosts, read against
+    ``line_gb_per_s`` (its class's fitted bandwidth): at each logged size the slower of the
+    out-of-place and in-place busbw (GB/s, as printed); None for an op a curve cannot be
+    (send/recv, broadcast) or a run of fewer than 2 ranks.
+
+    >>> r = [BenchRow("all-reduce", 8, s, 1e-4, 0.0, b * 1e9, p) for s, b, p in
+    ...      [(1024, 0.05, False), (1024, 0.04, True), (2048, 0.1, False)]]
+    >>> c = measured_curve(r, 1, 200.0, "x")
+    >>> c.sizes_bytes, c.busbw_gb_per_s, c.nodes
+    ([1024, 2048], [0.04, 0.1], 1)
+    """
+    if rows[0].op not in CURVE_OPS or rows[0].n_ranks < 2:
+        return None
+    slowest: dict[int, float] = {}
+    for r in rows:
+        slowest[r.size_bytes] = min(slowest.get(r.size_bytes, float("inf")), r.busbw_bytes_per_s / GB)
+    sizes = sorted(s for s, b in slowest.items() if s > 0 and b > 0)
+    if not sizes:
+        return None
+    fields = {"op": rows[0].op, "ranks": rows[0].n_ranks, "nodes": max(nodes, 1), "line_gb_per_s": line_gb_per_s,
+              "sizes_bytes": sizes, "busbw_gb_per_s": [round(slowest[s], 6) for s in sizes], "source": source}
+    try:
+        return BusbwCurve.model_validate(fields)
+    except ValidationError as err:
+        raise ConfigError(source, f"its busbw curve is out of bounds ({err.errors()[0]['msg']}); check the rows") from None
+
+
 def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
     """(one fit per link class, a note per file and per class that had several, each class's
-    ``source``: the measurement of the file it kept) from nccl-tests outputs ``paths``. Raises
-    ConfigError naming the file for unreadable or unusable input."""
+    ``source``: the measurement of the file it kept) from nccl-tests outputs ``paths``
+    (:func:`calibrate_curves` without the curves)."""
+    return calibrate_curves(paths, link)[:3]
+
+
+def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
+                     ) -> tuple[list[LinkFit], list[str], dict[str, str], dict[str, list[BusbwCurve]]]:
+    """:func:`calibrate`'s fits, notes and sources, and per link class each file's measured
+    curve (:func:`measured_curve`, read against the class's kept fit). Raises ConfigError
+    naming the file for unreadable or unusable input."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
     by_link: dict[str, list[tuple[LinkFit, str, str]]] = {}
     notes: list[str] = []
+    runs: dict[str, list[tuple[list[BenchRow], int, str]]] = {}
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     for path in map(Path, paths):
         text = read_nccl_tests_text(path)
@@ -105,10 +153,11 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
         else:
             fit = replace(fit, gpu=_one_gpu(path.name, gpus_of(text), models))
         by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
+        runs.setdefault(cls, []).append((rows, len(set(hosts)), _source(path, text, rows, hosts)))
         notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                      f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                      f"{fit.rms_residual:.2f} ({fit.points} rows)")
-    fits, sources = [], {}
+    fits, sources, curves = [], {}, {}
     for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
         pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
         fit, source, name = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
@@ -116,7 +165,9 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
         sources[cls] = source
         if len(candidates) > 1:
             notes.append(_kept_note(cls, (fit, name), candidates, pool))
-    return fits, notes, sources
+        kept = [measured_curve(r, k, fit.bandwidth_bytes_per_s / GB, text) for r, k, text in runs[cls]]
+        curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
+    return fits, notes, sources, curves
 
 
 def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str]:

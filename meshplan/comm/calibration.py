@@ -15,6 +15,15 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     gpu = "NVIDIA H100 80GB HBM3"  # optional: the GPU model the ranks ran on, as nccl-tests names it
     backend = "gloo"             # optional: what measured it when not NCCL (bench comm on a CPU host)
 
+    [[link.nic.curve]]           # optional, one per nccl-tests run: its busbw at every logged size
+    op = "all-reduce"            # the keys of a catalog curve (catalog/nccl.toml, BusbwCurve)
+    ranks = 8
+    nodes = 8
+    line_gb_per_s = 40.0         # the class's bandwidth_gb_per_s, the rate the curve is read against
+    sizes_bytes = [1024, 2048]
+    busbw_gb_per_s = [0.05, 0.1]
+    source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
+
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
 :func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
 output that does not name one, have none and read as "GPU not recorded". A link's NVLink
@@ -39,6 +48,15 @@ NCCL base latency or protocol choice and no NVLS or tree (the fit holds whatever
 NCCL ran), so the measured op over the measured ranks is predicted at the fit itself
 (``latency_us`` per call, never less) and no algorithm beats the fitted bus bandwidth; other
 ops and rank counts scale alpha per algorithm step.
+
+``curve`` (``meshplan calibrate`` writes one per file: the logged busbw at every size, the
+slower of out-of-place and in-place): :func:`apply_calibration` puts the class's curve of the
+fitted op and rank count into the node's ``busbw`` (``nvlink`` or ``nic``), and a calibrated
+class is then read on it exactly as a catalog curve (:func:`meshplan.comm.alphabeta.measured_time`)
+between its smallest and largest size, so the fitted op over the fitted ranks is predicted at
+the logged busbw at each logged size (S15 on A100: the alpha-beta line alone is 12.5% slow at
+16 GiB); outside the logged sizes the alpha-beta fit times it
+(:func:`meshplan.comm.alphabeta.collective_time`).
 """
 
 from __future__ import annotations
@@ -57,7 +75,7 @@ from meshplan.config import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_STRING, MAX_WORLD, bound_message
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import GB, US
 
 
@@ -74,6 +92,12 @@ class CalibratedLink(BaseModel):
     source: str = Field(max_length=MAX_STRING)
     gpu: Optional[str] = Field(default=None, min_length=1, max_length=128)
     backend: Optional[Literal["nccl", "rccl", "gloo"]] = None
+    curve: list[BusbwCurve] = Field(default_factory=list, max_length=256)
+
+    def fitted_curve(self) -> Optional[BusbwCurve]:
+        """The first ``curve`` of the fitted ``op`` over the fitted ``ranks`` (the run the fit
+        came from), None when there is none."""
+        return next((c for c in self.curve if c.op == self.op and c.ranks == self.ranks), None)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -102,11 +126,13 @@ def measured_over(link: str, backend: Optional[str]) -> str:
     return f"{link} (gloo: {GLOO_MEDIUM.get(link, 'TCP')}, not {hardware})"
 
 
-def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backend: Optional[str] = None) -> str:
+def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backend: Optional[str] = None,
+                     curves: Optional[Mapping[str, list[BusbwCurve]]] = None) -> str:
     """The calibration file for ``fits`` (one table per link class), ``source`` naming the
     measurement (tool, date, machines), one for all or per link class (``meshplan calibrate``:
     each class's own file), and each fit's GPU model when known; ``backend`` "gloo" when gloo
-    measured it (written, and said in a comment: such a file calibrates only a gloo cluster)."""
+    measured it (written, and said in a comment: such a file calibrates only a gloo cluster);
+    ``curves``: per link class the measured busbw curves, each a ``[[link.<class>.curve]]``."""
     out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
     if backend == "gloo" or any(f.backend == "gloo" for f in fits):
         out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
@@ -118,6 +144,11 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
                 f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"]
         out += [f"gpu = {json.dumps(f.gpu)}"] if f.gpu else []
         out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
+        for c in (curves or {}).get(f.link, []):
+            out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
+                    f"line_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f"sizes_bytes = {c.sizes_bytes}",
+                    "busbw_gb_per_s = [" + ", ".join(f"{b:.6g}" for b in c.busbw_gb_per_s) + "]",
+                    f"source = {json.dumps(c.source)}"]
     return "\n".join(out) + "\n"
 
 
@@ -249,8 +280,9 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
     the "nic" curve and the single-NIC curves "p2p" (cross-node send/recv pair) and "nic1" (one
     rank per node), which run over one NIC):
-    the user's own fit replaces them. A gloo measurement (``backend = "gloo"``) on a cluster whose
-    library is not gloo is a ConfigError naming the table. Each calibrated class is marked ``calibrated`` (timed on
+    the user's own fit replaces them, and the user's own curve of the fitted run
+    (:meth:`CalibratedLink.fitted_curve`) becomes the "nvlink" or "nic" curve. A gloo
+    measurement (``backend = "gloo"``) on a cluster whose library is not gloo is a ConfigError naming the table. Each calibrated class is marked ``calibrated`` (timed on
     the fit alone: module docstring). Other fields are kept."""
     for name, c in calib.items():
         if c.backend == "gloo" and cluster.collective_library != "gloo":
@@ -263,6 +295,10 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
     gone = {c for name in calib for c in dropped.get(name, ())}
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
+    for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
+        curve = c.fitted_curve() if name in dropped else None
+        if curve is not None:
+            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s})
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]
@@ -280,3 +316,32 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})
+
+
+def uncalibrated_note(cluster: ClusterSpec) -> Optional[str]:
+    """The note step prints when a link class its collectives can run on has neither a
+    measured busbw curve in the catalog (``nvlink`` for several GPUs per node, ``nic`` for
+    several nodes) nor a ``--calibration`` fit: such a link is timed at its line rate, an
+    upper bound (on 8x A100 S15's busbw tops out at 234.9 of 300 GB/s, 78%). None when every
+    used class is measured, and for gloo (the testbed, timed on its own latency figures).
+
+    >>> from meshplan.catalog import system
+    >>> uncalibrated_note(system("dgx-a100", nodes=2)) is None
+    True
+    >>> uncalibrated_note(system("mi300x-azure-nd-v5", nodes=2))  # doctest: +ELLIPSIS
+    'note: links uncalibrated: mi300x-azure-nd-v5 infinity-fabric-mesh (448 GB/s) and NIC (400 Gb/s) ... (meshplan calibrate)'
+    """
+    node = cluster.node
+    if cluster.collective_library == "gloo":
+        return None
+    missing = []
+    if node.gpus > 1 and not node.fabric.calibrated and "nvlink" not in node.busbw:
+        missing.append(f"{node.fabric.name} ({node.fabric.bandwidth_gb_per_s:g} GB/s)")
+    if cluster.nodes > 1 and node.nics and "nic" not in node.busbw and not (cluster.network and cluster.network[0].calibrated):
+        missing.append(f"NIC ({node.nics[0].rate_gbit_per_s:g} Gb/s)")
+    if not missing:
+        return None
+    verb = "has" if len(missing) == 1 else "have"
+    return (f"note: links uncalibrated: {node.name} {' and '.join(missing)} {verb} no measured busbw curve in the "
+            "catalog (catalog/nccl.toml), so collectives on them run at line rate, an upper bound; measure them with "
+            "nccl-tests and pass --calibration (meshplan calibrate)")
