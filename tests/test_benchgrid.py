@@ -100,6 +100,9 @@ def test_cli_bench_gemm_grid_on_cpu(tmp_path):
     frag = load_fragment(out)
     assert frag.gpu == "h100-sxm5-80gb" and [p[:3] for p in frag.gemm["fp32"]] == CPU_GEMM
     assert "on cpu" in frag.source
+    res = CliRunner().invoke(app, ["bench", "gemm", str(cfg), "--grid", "--max-elements", "64", "--out",
+                                   str(tmp_path / "g2.toml"), "--device", "cpu"])
+    assert isinstance(res.exception, ConfigError) and res.exception.field == "--max-elements"  # main prints one line
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: times the catalog's grid on it")

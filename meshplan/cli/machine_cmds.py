@@ -174,6 +174,8 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
 
     if max_elements is not None:
         check_number("--max-elements", max_elements, 1, 1 << 40)
+        if grid:
+            raise ConfigError("--max-elements", "the --grid points run at their own size; drop one of the two")
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     p, device, dt = _bench_target(config, device, dtype, json_path, force,
