@@ -137,6 +137,24 @@ def cpu_headline(dtype: str) -> str:
             f"the plan's GPU, and --gemm-table with it predicts this CPU's compute")
 
 
+GRID_HELP = ("sweep the catalog's grid for the plan's GPU (a default grid without catalog data; a tiny one on "
+             "the CPU) and write a kernels.toml fragment (default --out out/bench/<gemm|attention>.toml)")
+
+
+def _grid_out(out: Path, kind: str, p: Plan, device: str, dtype: str, force: bool, repeats: int = 5) -> Path:
+    """Run a ``--grid`` sweep (:func:`meshplan.runtime.bench.grid.run_grid`); the file written."""
+    from meshplan.runtime.bench.grid import run_grid
+
+    if out in (Path("out/bench/gemm.csv"), Path("out/bench/attention.json")):  # the default --out
+        out = out.with_suffix(".toml")
+    check_destination(out, "--out", force)
+    path, lines = run_grid(kind, p.config.cluster.gpu.name, dtype, device, out, force=force, repeats=repeats)
+    for line in lines:
+        _echo(line)
+    _wrote(path)
+    return path
+
+
 def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local GEMM shapes are timed"),
                out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
                                         "(default under out/, which git ignores)"),
@@ -146,18 +164,26 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
                max_elements: Optional[int] = typer.Option(None, "--max-elements",
                                                           help="scale M down so an operand has at most this many "
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
+               grid: bool = typer.Option(False, "--grid", help=GRID_HELP),
                json_path: Optional[Path] = _json_option("bench-gemm"),
                force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
-    """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
+    """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table
+    (--grid: the catalog's (M, N, K) points for the plan's GPU, written in kernels.toml form)."""
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
 
     if max_elements is not None:
         check_number("--max-elements", max_elements, 1, 1 << 40)
+        if grid:
+            raise ConfigError("--max-elements", "the --grid points run at their own size; drop one of the two")
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     p, device, dt = _bench_target(config, device, dtype, json_path, force,
                                   lambda p: bench_gemm_doc(p, [], device, dtype or "", []))
+    if grid:
+        out = _grid_out(out, "gemm", p, device, dt, force)
+        _write_doc(json_path, bench_gemm_doc(p, [], device, dt, _written([out])), force)
+        return
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
     _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
@@ -178,9 +204,11 @@ def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; 
                     with_gemm: Optional[Path] = typer.Option(None, "--with-gemm", help="a `bench gemm` table whose "
                                                              "rows are written into --out too (one file for step)"),
                     repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
+                    grid: bool = typer.Option(False, "--grid", help=GRID_HELP),
                     json_path: Optional[Path] = _json_option("bench-attention"),
                     force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
-    """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
+    """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads
+    (--grid: the catalog's head dims and lengths for the plan's GPU, causal and not, in kernels.toml form)."""
     _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
@@ -189,6 +217,10 @@ def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; 
     _refuse_existing(json_path, force, "--json")
     p, device, dt = _bench_target(config, device, dtype, json_path, force,
                                   lambda p: bench_attention_doc(p, None, []))
+    if grid:
+        out = _grid_out(out, "attention", p, device, dt, force, repeats)
+        _write_doc(json_path, bench_attention_doc(p, None, _written([out])), force)
+        return
     r = bench_plan(p, dt, device, repeats=repeats)
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
     _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "

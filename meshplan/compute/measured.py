@@ -104,6 +104,7 @@ class AttentionRow:
     seq: tuple[int, ...]
     tflops: tuple[float, ...]
     source: str
+    dtype: str = "bf16"  # the row's input dtype; absent in a row = bf16 (backwards compatible)
 
 
 @dataclass(frozen=True)
@@ -130,14 +131,27 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
     g = raw.get("gemm", {})  # a string value names another dtype's points (fp16 = "bf16")
     gemm = {dt: tuple(tuple(p) for p in (g[v] if isinstance(v, str) else v)) for dt, v in g.items()}
     att = raw.get("attention", {})
-    rows = tuple(AttentionRow(r["kernel"], r["pass"], r["mask"], int(r["head_dim"]), tuple(r["seq"]),
-                              tuple(float(x) for x in r["tflops"]), r["source"]) for r in att.get("rows", []))
+    rows = tuple(attention_row(r) for r in att.get("rows", []))
     prefer = tuple(att.get("prefer", sorted({r.kernel for r in rows})))
     fixed, bw = fit_norm([2 * raw["norm_rows"] * h * 2 for h in raw["norm_hidden"]],
                          [ms * 1e-3 for ms in raw["norm_ms"]])
     return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, fixed,
                       bw * raw.get("norm_bandwidth_scale", 1.0),
                       raw["host"]["kernel_issue_s"], raw["source"])
+
+
+ATTENTION_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+
+
+def attention_row(r: dict) -> AttentionRow:
+    """One ``attention.rows`` entry of kernels.toml (or of a ``bench --grid`` fragment) as an
+    :class:`AttentionRow`; ``dtype`` is optional (bf16 when absent) and one of
+    :data:`ATTENTION_DTYPES`."""
+    dtype = r.get("dtype", "bf16")
+    if dtype not in ATTENTION_DTYPES:
+        raise ValueError(f"attention row dtype {dtype!r}; use one of {', '.join(ATTENTION_DTYPES)}")
+    return AttentionRow(r["kernel"], r["pass"], r["mask"], int(r["head_dim"]), tuple(int(x) for x in r["seq"]),
+                        tuple(float(x) for x in r["tflops"]), r["source"], dtype)
 
 
 def fit_norm(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
@@ -215,20 +229,24 @@ def _interp_log(xs, ys, x: float) -> float:
 
 
 def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int,
-                   prefer: tuple[str, ...] = ()) -> Optional[AttentionRow]:
+                   prefer: tuple[str, ...] = (), dtype: str = "bf16") -> Optional[AttentionRow]:
+    """The row for ``pass_``: kernels in preference order, rows of ``dtype`` (else bf16's, the
+    rows without a dtype), the mask itself before "any", the nearest head dim (log2)."""
     for kernel in dict.fromkeys(prefer + data.prefer):
-        for masks in ((mask,), ("any",)):
-            rows = [r for r in data.attention if r.kernel == kernel and r.pass_ == pass_ and r.mask in masks]
+        for dt, masks in ((dtype, (mask,)), (dtype, ("any",)), ("bf16", (mask,)), ("bf16", ("any",))):
+            rows = [r for r in data.attention
+                    if r.kernel == kernel and r.pass_ == pass_ and r.mask in masks and r.dtype == dt]
             if rows:
                 return min(rows, key=lambda r: (abs(log2(r.head_dim) - log2(head_dim)), -r.head_dim))
     return None
 
 
 def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
-                      prefer: tuple[str, ...] = ()) -> tuple[float, float, str]:
+                      prefer: tuple[str, ...] = (), dtype: str = "bf16") -> tuple[float, float, str]:
     """(forward s, backward s, how) of one fused attention call ``att`` (module docstring);
     ``prefer``: kernels tried before the GPU's ``prefer`` list (the framework's, e.g. torch's
-    SDPA runs FA2). Raises KeyError when ``data`` has no attention rows for the mask.
+    SDPA runs FA2); ``dtype``: rows of that dtype first, else the bf16 rows. Raises KeyError
+    when ``data`` has no attention rows for the mask.
 
     >>> from meshplan.compute.shapes import Attention
     >>> d = kernel_data("h100-sxm5-80gb")
@@ -242,14 +260,15 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
     fwd_flops = att.flops(causal_half=causal)
     out, how = [], []
     for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
-        row = _attention_row(data, pass_, mask, att.head_dim, prefer)
+        row = _attention_row(data, pass_, mask, att.head_dim, prefer, dtype)
         if row is None:
-            row = _attention_row(data, "fwd+bwd", mask, att.head_dim, prefer)
+            row = _attention_row(data, "fwd+bwd", mask, att.head_dim, prefer, dtype)
         if row is None:
             raise KeyError(f"{data.gpu}: no attention rows for a {mask} mask")
         rate = _interp_log(row.seq, row.tflops, att.seq_kv)
         out.append(factor * fwd_flops / (rate * TFLOPS))
-        how.append(f"{pass_} {row.kernel} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {att.seq_kv} "
+        dt = "" if row.dtype == "bf16" else f" {row.dtype}"
+        how.append(f"{pass_} {row.kernel}{dt} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {att.seq_kv} "
                    f"[{row.source}]")
     return out[0], out[1], "; ".join(how)
 

@@ -51,15 +51,16 @@ def _timed(fn, device: str) -> float:
 
 
 def time_attention(att: Attention, dtype: str = "fp32", device: str = "cpu", warmup: int = 1, repeats: int = 5,
-                   mask: Optional[torch.Tensor] = None) -> tuple[float, float]:
-    """Median (forward s, backward s) of one causal SDPA call of shape ``att`` (module docstring)."""
+                   mask: Optional[torch.Tensor] = None, causal: bool = True) -> tuple[float, float]:
+    """Median (forward s, backward s) of one SDPA call of shape ``att`` (module docstring),
+    causal unless ``causal`` is False (``mask``, when given, replaces both)."""
     dt = DTYPES[dtype]
     shape = (att.batch, att.q_heads)
     q = torch.randn(*shape, att.seq_q, att.head_dim, dtype=dt, device=device, requires_grad=True)
     k = torch.randn(*shape, att.seq_kv, att.head_dim, dtype=dt, device=device, requires_grad=True)
     v = torch.randn(*shape, att.seq_kv, att.d_v, dtype=dt, device=device, requires_grad=True)  # MLA: v_head_dim
     grad = torch.randn(*shape, att.seq_q, att.d_v, dtype=dt, device=device)
-    kw = dict(is_causal=True) if mask is None else dict(attn_mask=mask)
+    kw = dict(is_causal=causal) if mask is None else dict(attn_mask=mask)
     fwd, bwd = [], []
     for i in range(warmup + repeats):
         out = []
