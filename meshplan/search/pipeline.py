@@ -84,16 +84,21 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: n
 
     The longest paths run unit-major, ``end`` of shape (units + 1, candidates): a level's
     predecessors are whole contiguous rows (candidate-major columns took 2.4x the CPU at pp 16 x
-    64 micro-batches x 800 candidates, 6.8x at pp 32 x 128 x 400: strided gathers), and row ``units`` stays 0, so a unit
-    without a previous unit or dependency (index -1) reads 0 without a mask. Same floating-point
+    64 micro-batches x 800 candidates, 6.8x at pp 32 x 128 x 400: strided gathers), and row
+    ``units`` stays 0, so a unit without a previous unit or dependency (index -1) reads 0. Same floating-point
     operations as the level-by-level recurrence (``max(prev end, dep end + p2p x cross) +
     duration``; ``+ 0.0`` where there is none), so the same ends to the bit."""
+    return _unit_major_ends(dag, f, b, p2p, None if extra is None else extra.T)
+
+
+def _unit_major_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
+    """:func:`stage_ends` with ``extra`` unit-major, (units, candidates)."""
     n_units = dag.stage.size
     end = np.zeros((n_units + 1, f.shape[0]))
     back = (dag.backward > 0)[:, None]
     dur = np.where(back, b[:, dag.stage, dag.chunk].T, f[:, dag.stage, dag.chunk].T)
     if extra is not None:
-        dur = dur + extra.T
+        dur = dur + extra
     p2p_row = np.asarray(p2p, dtype=float).reshape(1, -1)
     for idx, prev, dep, cross in dag.steps:
         ready = end[dep]
@@ -156,28 +161,28 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     f[:, :, v - 1] += u["head_f"]
     b[:, :, v - 1] += u["head_b"]
     dag = build_dag(candidate_schedule(v), p, m, v)
-    extra = None
+    st = dag.stage
+    extra = None  # unit-major, (units, candidates), as _unit_major_ends walks it
     if reshard is not None and p > 1 and "f_extra" in u:
         g = gathering_units(candidate_schedule(v), p, m, v, reshard)
         # the last chunk's backwards take the head's backward off their first gather (the head
         # stage's ``b_extra_head``); an end chunk without layers (``empty_end``: stage 0's first,
         # the last stage's last) gathers none
         last = dag.chunk == v - 1
-        back = np.where(last[None, :], u.get("b_extra_head", u["b_extra"])[:, dag.stage], u["b_extra"][:, dag.stage])
-        extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * back
+        back = np.where(last[:, None], u.get("b_extra_head", u["b_extra"]).T[st], u["b_extra"].T[st])
+        extra = g[0][:, None] * u["f_extra"].T[st] + g[1][:, None] * back
         if "empty_end" in u:
-            end = ((dag.stage == 0) & (dag.chunk == 0)) | ((dag.stage == p - 1) & last)
-            extra = np.where(end[None, :] & u["empty_end"][:, dag.stage], 0.0, extra)
+            end = ((st == 0) & (dag.chunk == 0)) | ((st == p - 1) & last)
+            extra = np.where(end[:, None] & u["empty_end"].T[st], 0.0, extra)
     if "b_red" in u:
         # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
         # order holds the compute stream for its FSDP2 copy-ins and its reductions
         # (grad_reduce._perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
         # length. The unit that ends the stage's order copies in and reduces after its end (its
         # send has left): nothing added to it, or its send would reach the next stage too late
-        waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][dag.stage])
-        hi = long[:, dag.stage, dag.chunk] if "n_long" in u and np.any(u["n_long"]) else np.zeros((1, dag.stage.size), bool)
+        waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][st])
+        hi = long[:, st, dag.chunk].T if "n_long" in u and np.any(u["n_long"]) else np.zeros((st.size, 1), bool)
         w_lo, w_hi = u.get("b_wait", u["b_red"]), u.get("b_wait_hi", u.get("b_wait", u["b_red"]))
-        red = waits[None, :] * np.where(hi, np.maximum(u["b_red"], w_hi)[:, dag.stage],
-                                        np.maximum(u["b_red"], w_lo)[:, dag.stage])
+        red = waits[:, None] * np.where(hi, np.maximum(u["b_red"], w_hi).T[st], np.maximum(u["b_red"], w_lo).T[st])
         extra = red if extra is None else extra + red
-    return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)
+    return (_unit_major_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)
