@@ -12,7 +12,7 @@ Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-max N] [--profile 
 405B example and the seed example; workers = CPUs this process may use). ``--profile N`` runs
 each search under cProfile (use ``--workers 1``: the forked workers' time is not seen) and prints
 its N functions of largest cumulative and own time; the wall times then include the profiler's
-overhead.
+overhead. ``cpu``: user + sys seconds of the search, workers included.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import cProfile
 import io
 import os
 import pstats
+import resource
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -34,18 +35,25 @@ CONFIGS = [ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", ROO
 GOAL_S = 10.0
 
 
+def cpu_s() -> float:
+    """CPU seconds (user + sys) of this process and of its finished children (the search's
+    forked workers, joined when it returns)."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0) -> None:
     cfg = load_config(path, require_mesh=False)
     if settle_max is not None:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_max": settle_max}))
     prof = cProfile.Profile() if profile else None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s()
     if prof:
         prof.enable()
     r = search(cfg, workers=workers)
     if prof:
         prof.disable()
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, cpu_s() - c0
     n, counts = len(r.candidates), r.counts()
     valid = n - sum(v for k, v in counts.items() if k not in ("feasible", "undecided", "memory", "gemm"))
     vector = r.timings.get("enumerate", 0) + r.timings.get("estimate", 0)
@@ -55,6 +63,8 @@ def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0) ->
         print(f"  {phase:16s} {t:8.2f} s")
     print(f"  {'total':16s} {wall:8.2f} s   candidates/s {n / wall:,.0f} (vectorised phase: {n / vector:,.0f}/s)   "
           f"goal {GOAL_S:g} s / wall = {GOAL_S / wall:.2f}")
+    print(f"  {'cpu':16s} {cpu:8.2f} s   (user + sys, this process and its workers: less sensitive than wall "
+          f"to other work on a shared machine)")
     for k, e in enumerate(r.top[:3], 1):
         print(f"  #{k} {r.candidates.label(e.index)}: step {e.step_s:.3f} s, MFU {e.mfu:.1%}, "
               f"peak {e.peak_bytes / 2**30:.1f} GiB")
