@@ -5,6 +5,8 @@ from dataclasses import replace
 
 import pytest
 
+from meshplan import catalog
+from meshplan.compute.gemm import compute_efficiency
 from meshplan.compute.kernel_fragment import load_fragment, parse_fragment, with_fragment
 from meshplan.compute.measured import attention_row, attention_seconds, gemm_tflops, kernel_data
 from meshplan.compute.shapes import Attention
@@ -67,7 +69,8 @@ def test_cpu_grid_round_trips_through_the_loader(tmp_path):
     frag = load_fragment(path)
     assert frag.gpu == "h200-sxm-141gb" and frag.source == src and frag.prefer == ("SDPA",)
     d = with_fragment(kernel_data("h200-sxm-141gb"), frag)
-    rate, how = gemm_tflops(d, 128, 64, 32, "fp32")
+    gpu = catalog.gpu("h200-sxm-141gb")
+    rate, how = gemm_tflops(d, 128, 64, 32, "fp32", lambda m, n, k: compute_efficiency(gpu, m, n, k))
     assert rate == pts[1][3] and how.startswith("measured")
     assert d.gemm["fp8"] == kernel_data("h200-sxm-141gb").gemm["fp8"]  # other dtypes kept
     assert [(r.pass_, r.mask, r.dtype) for r in frag.attention] == [

@@ -304,6 +304,9 @@ def _largest_split(a: dict, b: dict) -> str:
     >>> a = {"compute": 27.66, "compute_split": {"GEMMs": 20.0, "copies on the compute stream": 2.649}}
     >>> _largest_split(a, {"compute": 26.07, "compute_split": {"GEMMs": 19.74, "copies on the compute stream": 1.325}})
     'largest: copies on the compute stream 2.65 s vs 1.32 s = 83% of the gap'
+    >>> _largest_split({"compute": 6.84, "compute_split": {"GEMMs": 5.0, "other": 0.864}},
+    ...                {"compute": 6.93, "compute_split": {"GEMMs": 4.9, "other": 1.02}})
+    'largest: other 864 ms vs 1.02 s, the other parts differing the other way'
     """
     gap = a.get("compute", 0.0) - b.get("compute", 0.0)
     sa, sb = a["compute_split"], b["compute_split"]
@@ -311,7 +314,10 @@ def _largest_split(a: dict, b: dict) -> str:
         return ""
     part = max(sa, key=lambda k: abs(sa[k] - sb.get(k, 0.0)))
     share = (sa[part] - sb.get(part, 0.0)) / gap
-    return f"largest: {part} {_pair(sa[part], sb.get(part, 0.0))} = {share:.0%} of the gap"
+    text = f"largest: {part} {_pair(sa[part], sb.get(part, 0.0))}"
+    if 0 < share <= 1:  # a share over 100% or of the other sign: the other parts move the other way
+        return f"{text} = {share:.0%} of the gap"
+    return f"{text}, the other parts differing the other way"
 
 
 def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
