@@ -259,15 +259,19 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     log: list = []
     again = like.rounds if like is not None and same else None
     start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again)
-    prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    wait = np.empty(n)  # stream free at start: after the previous unit's call, then start - that
+    wait[1:] = free[:-1]
+    wait[:1] = 0.0
     if length:
-        prev[::length] = lead_free  # (a stage's first unit: after the call before it)
+        wait[::length] = lead_free  # (a stage's first unit: after the call before it)
+    np.subtract(start, wait, out=wait)  # (in place: 10^6 units)
     if pairs is None:
         def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # for the units asked for only
             idx = np.arange(n) if idx is None else idx
             d = f.dep[idx]
             ready = np.where(d < n, end[np.minimum(d, n - 1)] + add[idx], 0.0)
-            via = (d < n) & (ready > prev[idx])
+            prev = np.where(idx % length > 0, free[idx - 1], lead_free[idx // length])  # as ``wait`` reads it
+            via = (d < n) & (ready > prev)
             return via, np.where(via, d, np.where(idx % length > 0, idx - 1, -1))
     else:
         def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
@@ -281,7 +285,7 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     last = free[length - 1::length] if length else lead_free
     same_free = pairs is None and bool(np.isfinite(end).all())  # asynchronous: free is end, x - x = 0.0
     hold = np.zeros(n) if same_free else free - end
-    return ArrayResult(spec, f, start, end, start - prev, links, float(last.max()), busy, hold, pairs,
+    return ArrayResult(spec, f, start, end, wait, links, float(last.max()), busy, hold, pairs,
                        log[0] if log else again)
 
 

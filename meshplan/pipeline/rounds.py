@@ -105,8 +105,8 @@ class Rounds(NamedTuple):
     """The rounds of one asynchronous run of :func:`_rounds_async`, to run the same units again
     with other durations (:func:`replay`): ``order``, the unit slots in the order they were
     computed (round by round; within a round by stage); ``bounds``, where each round starts in
-    ``order`` (and ``len(order)``); ``dep`` and ``add``, per slot, the slot each waits for (its
-    stage's leading slot when none) and the seconds added to its end. Which stages run a unit
+    ``order`` (and ``len(order)``); ``dep`` and ``add``, per slot, the slot each waits for (the
+    last slot, which ends at 0, when none) and the seconds added to its end. Which stages run a unit
     in a round depends only on which dependencies are done (NaN ends), never on the times, so
     any finite, non-negative durations run in the same rounds."""
 
@@ -127,7 +127,7 @@ def replay(r: Rounds, d_dur: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, n
     first unit slot."""
     o, b, dep, add = r.order, r.bounds, r.dep, r.add
     end = np.full(len(d_dur), np.nan)
-    end[cur - 1] = 0.0
+    end[cur - 1], end[-1] = 0.0, 0.0  # as _rounds_async
     start = np.zeros(len(d_dur))
     for a, z in zip(b[:-1], b[1:]):
         at = o[a:z]
@@ -148,7 +148,7 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot;
     ``log``, when given, receives the run's :class:`Rounds`."""
     end = np.full(len(dep), np.nan)
-    end[cur - 1] = 0.0
+    end[cur - 1], end[-1] = 0.0, 0.0  # the leading slots and the last (``dep`` of a unit without one)
     free = np.zeros(len(cur))  # end of each stage's previous unit (kept: cheaper than a gather)
 
     def starts(at: np.ndarray) -> np.ndarray:
@@ -254,7 +254,6 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     is replayed with ``dur`` (:func:`replay`) instead of running the rounds."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
-    pos = np.arange(n)
     pad = p * width + 1  # the padding peer of a call (p * width: a slot that never runs)
     cur = np.arange(p) * width + 1
 
@@ -272,15 +271,18 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
         end = units(end)
         return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None and finite and np.isfinite(add).all():
-        d = f.dep  # its slot, or the unit's stage's leading slot when it has none
-        dep = slots(np.where(d < n, d + 2 * (d // length) + 1, pos - pos % length + 2 * (pos // length)), pad - 1)
-        start, end = _rounds_async(dep, slots(add, 0.0), slots(dur, 0.0), cur, length, log)
+        d = f.dep // length  # its slot d + 2 (d // L) + 1; none (d = n): pad, an end of 0 (in place: 10^6 units)
+        d *= 2
+        d += f.dep
+        d += 1
+        start, end = _rounds_async(slots(d, pad - 1), slots(add, 0.0), slots(dur, 0.0), cur, length, log)
         end = units(end)
         return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s)
     waits, loads, has = _call_table(pairs, width, pad)
     p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads), 0 without transfers
+    pos = np.arange(n)
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
         return run_rounds_general(f, dur, add, pairs, p2p_s)
