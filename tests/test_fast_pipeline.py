@@ -173,3 +173,22 @@ def test_lean_rounds_equal_the_general_loop(sch, p, m, v, blocking):
     assert lean[4].all().tolist() == bind.tolist()
     some = rng.permutation(len(dur))[:5]
     assert lean[4].at(some).tolist() == bind[some].tolist()
+
+
+@pytest.mark.parametrize("sch,p,m,v", [c for c in CASES if c[1] > 1][::3])
+def test_rounds_replayed_equal_a_new_simulation(sch, p, m, v):
+    """``simulate_arrays(..., like=r)`` (r's units and, with asynchronous sends, r's rounds
+    replayed: meshplan.pipeline.rounds.replay) gives every time, wait, busy sum and critical
+    path of a new simulation to the bit, with other durations (r's less random waits, as
+    pipeline_exposure.pipeline_without runs it)."""
+    rng = np.random.default_rng(11 * p + m)
+    spec = PipelineSpec(sch, p, m, v, p2p_s=0.1)
+    r = simulate_arrays(spec, lambda f: rng.uniform(0.5, 2.0, len(f.kind)).round(3))
+    assert r.rounds is not None and len(r.rounds.order) == len(r.end)
+    dur = (r.end - r.start) - rng.uniform(0.0, 0.4, len(r.end))
+    again, new = simulate_arrays(spec, lambda f: dur, like=r), simulate_arrays(spec, lambda f: dur)
+    assert again.flat is r.flat and again.step_s == new.step_s and again.busy_s == new.busy_s
+    for a, b in ((again.start, new.start), (again.end, new.end), (again.wait, new.wait), (again.via_p2p, new.via_p2p),
+                 (again.critical_units, new.critical_units)):
+        assert a.tolist() == b.tolist()
+    assert new.step_s != r.step_s  # the durations changed the step: a replay of r's times would fail above

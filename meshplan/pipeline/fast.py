@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from meshplan.pipeline.orders import KINDS, Flat, flat_units, order_arrays, stage_orders
-from meshplan.pipeline.rounds import run_rounds
+from meshplan.pipeline.rounds import Rounds, run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
@@ -48,7 +48,8 @@ __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "Array
 
 #: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
 #: asks for at once: the path runs backwards along a stage (pred = the unit before) until a
-#: transfer takes it to another one (GPT-1T pp 128, blocking: 8,446 units, 254 changes of stage).
+#: transfer takes it to another one (GPT-1T pp 128, blocking: 8,446 units, 254 changes of stage;
+#: asynchronous sends likewise: no predecessor table of all 10^6 units for one path).
 WALK_WINDOW = 256
 
 
@@ -57,11 +58,12 @@ class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
     stage-major): ``start``, ``end``, ``wait`` (start - stream free); ``links(idx)``: for the flat
     units ``idx`` (None: all), whether each waited on a p2p transfer and its critical predecessor
-    (flat index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; the
-    blocking simulation finds them per unit asked for, :class:`~meshplan.pipeline.rounds.Binding`);
+    (flat index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; both
+    simulations find them per unit asked for, the blocking one by :class:`~meshplan.pipeline.rounds.Binding`);
     ``hold`` (seconds, the blocking call after each unit holds its stream: 0 with asynchronous
-    sends); ``transfers`` (blocking only: :class:`Transfers`, whence :attr:`xfer`); ``events``
-    and ``critical_path`` are built on demand."""
+    sends); ``transfers`` (blocking only: :class:`Transfers`, whence :attr:`xfer`); ``rounds``
+    (asynchronous sends: the simulation's rounds, :class:`~meshplan.pipeline.rounds.Rounds`, replayed
+    by :func:`simulate_arrays` ``like`` this result); ``events`` and ``critical_path`` are built on demand."""
 
     spec: PipelineSpec
     flat: Flat
@@ -73,6 +75,7 @@ class ArrayResult(BubbleStats):
     busy_s: tuple[float, ...]
     hold: Optional[np.ndarray] = None
     transfers: Optional["Transfers"] = None
+    rounds: Optional[Rounds] = None
 
     @cached_property
     def _all_links(self) -> tuple[np.ndarray, np.ndarray]:
@@ -201,12 +204,6 @@ class ArrayResult(BubbleStats):
         """Flat indices of the units of :attr:`critical_path`, first to last."""
         last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
         i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        if self.transfers is None:  # asynchronous sends: every unit's predecessor is at hand
-            path, pred = [], self.pred
-            while i >= 0:
-                path.append(i)
-                i = int(pred[i])
-            return np.array(path[::-1], dtype=np.int64)
         length, path, lo, hi = self.flat.length, [], 0, 0
         block: list[int] = []
         windows: dict[int, tuple[int, list[int]]] = {}  # per stage, the last window asked for
@@ -232,38 +229,50 @@ class ArrayResult(BubbleStats):
         return tuple(evs)
 
 
-def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.ndarray]] = None) -> ArrayResult:
+def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.ndarray]] = None,
+                    like: Optional[ArrayResult] = None) -> ArrayResult:
     """:func:`~meshplan.pipeline.simulate.simulate` of ``spec`` on arrays. ``durations(flat)``:
     seconds of every flat unit (default: the spec's own
     :meth:`~meshplan.pipeline.simulate.PipelineSpec.unit_s`, :func:`spec_durations`). Start,
     end, wait, critical path and busy time equal the reference's (module docstring).
     ``blocking_p2p``: Megatron-LM 2022's rendezvous calls (:func:`rendezvous`, kept as
     ``transfers``); ``hold`` is then the seconds each unit's call holds its stream after it
-    (``free - end``).
+    (``free - end``). ``like``: a result of the same spec (schedule, p, m, v, blocking sends),
+    whose flat units and calls are reused instead of built again (the pipeline simulated again
+    with other durations, :func:`~meshplan.schedule.pipeline_exposure.pipeline_without`: at pp 128
+    x 4,096 micro-batches under ZB-H1, 1.5 million units, ``flat_units`` is 0.08 s), and with
+    asynchronous sends its rounds replayed (:func:`~meshplan.pipeline.rounds.replay`): bitwise the
+    times of a new simulation.
 
     >>> r = simulate_arrays(PipelineSpec("1f1b", p=4, m=8))
     >>> r.step_s, round(r.bubble, 4), [e.name for e in r.critical_path][:5]
     (33.0, 0.375, ['F0', 'F0', 'F0', 'F0', 'B0'])
     """
-    p, f = spec.p, flat_units(spec.schedule, spec.p, spec.m, spec.v)
+    same = like is not None and (like.spec.schedule, like.spec.p, like.spec.m, like.spec.v, like.spec.blocking_p2p,
+                                 like.spec.p2p_s) == (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.p2p_s)
+    p, f = spec.p, like.flat if like is not None and same else flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
-    pairs = rendezvous(spec, f) if spec.blocking_p2p else None
+    pairs = (like.transfers if like is not None and same else rendezvous(spec, f)) if spec.blocking_p2p else None
     add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
-    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
-    prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    log: list = []
+    again = like.rounds if like is not None and same else None
+    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again)
+    wait = np.empty(n)  # stream free at start: after the previous unit's call, then start - that
+    wait[1:] = free[:-1]
+    wait[:1] = 0.0
     if length:
-        prev[::length] = lead_free  # (a stage's first unit: after the call before it)
+        wait[::length] = lead_free  # (a stage's first unit: after the call before it)
+    np.subtract(start, wait, out=wait)  # (in place: 10^6 units)
     if pairs is None:
-        before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
-        before[::max(length, 1)] = -1
-        ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
-        via = (f.dep < n) & (ready > prev)
-        pred = np.where(via, f.dep, before)
-
-        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-            return (via, pred) if idx is None else (via[idx], pred[idx])
+        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # for the units asked for only
+            idx = np.arange(n) if idx is None else idx
+            d = f.dep[idx]
+            ready = np.where(d < n, end[np.minimum(d, n - 1)] + add[idx], 0.0)
+            prev = np.where(idx % length > 0, free[idx - 1], lead_free[idx // length])  # as ``wait`` reads it
+            via = (d < n) & (ready > prev)
+            return via, np.where(via, d, np.where(idx % length > 0, idx - 1, -1))
     else:
         def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
             idx = np.arange(n) if idx is None else idx
@@ -271,9 +280,13 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
             return b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
     # each stage's busy time, its units' durations added one after another (Python's sum of
     # floats before 3.12, the reference's: a running sum along each row)
-    busy = tuple(np.cumsum((end - start).reshape(p, length), axis=1)[:, -1].tolist()) if length else (0.0,) * p
+    took = (end - start).reshape(p, length)
+    busy = tuple(np.cumsum(took, axis=1, out=took)[:, -1].tolist()) if length else (0.0,) * p  # (in place)
     last = free[length - 1::length] if length else lead_free
-    return ArrayResult(spec, f, start, end, start - prev, links, float(last.max()), busy, free - end, pairs)
+    same_free = pairs is None and bool(np.isfinite(end).all())  # asynchronous: free is end, x - x = 0.0
+    hold = np.zeros(n) if same_free else free - end
+    return ArrayResult(spec, f, start, end, wait, links, float(last.max()), busy, hold, pairs,
+                       log[0] if log else again)
 
 
 def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:

@@ -151,13 +151,28 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
     # flat unit of (kind, virtual stage, mb), flattened: a stage's units of one kind and chunk
     # fill consecutive entries (micro-batches in order), so the scatter and the gather below
     # stay near in memory (the (kind, mb, virtual stage) order cost twice as much at 10^6 units)
+    # (each index below computed in place: at 10^6 units every array of them costs ms to fill)
     where = np.full(3 * m * pv, n, dtype=np.int64)
-    where[(kind * pv + j) * m + mb] = np.arange(n)
-    last_b = (kind == 1) & (j == pv - 1)  # B of the last virtual stage waits for its own F
-    dj = np.minimum(j + np.array([-1, 1, 0])[kind], pv - 1)  # F: j - 1, B: j + 1, W: j
-    dkind = np.where(last_b, 0, np.array([0, 1, 1])[kind])  # F: F, B: B, W: its B
-    dep = where[(dkind * pv + np.maximum(dj, 0)) * m + mb]
+    at = kind * pv  # (kind pv + j) m + mb
+    at += j
+    at *= m
+    at += mb
+    where[at] = np.arange(n)
+    dj = np.array([-1, 1, 0])[kind]  # F: j - 1, B: j + 1, W: j
+    dj += j
+    np.minimum(dj, pv - 1, out=dj)
+    np.maximum(dj, 0, out=dj)
+    dkind = np.array([0, 1, 1])[kind]  # F: F, B: B, W: its B
+    dkind[(kind == 1) & (j == pv - 1)] = 0  # B of the last virtual stage waits for its own F
+    dkind *= pv  # (dkind pv + dj) m + mb
+    dkind += dj
+    dkind *= m
+    dkind += mb
+    dep = where[dkind]
     dep[(kind == 0) & (j == 0)] = n
-    first = stage * length  # the stage's first flat unit
-    cross = (dep < n) & ((dep < first) | (dep >= first + length))
+    stage *= length  # the stage's first flat unit
+    outside = dep < stage
+    stage += length
+    outside |= dep >= stage
+    cross = (dep < n) & outside
     return Flat(p, length, kind, mb, chunk, dep, cross)

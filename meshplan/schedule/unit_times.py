@@ -94,7 +94,10 @@ class UnitTimes:
                 lay[c, int(kind != "F"), mb], root[c, int(kind != "F"), mb] = g, r
             sl = slice(s * f.length, (s + 1) * f.length)
             gl[sl], gr[sl] = lay[f.chunk[sl], fb[sl], f.mb[sl]], root[f.chunk[sl], fb[sl], f.mb[sl]]
-        code = ((((f.stage * sp.v + f.chunk) * len(KINDS) + f.kind) * 2 + last) * 2 + gl) * 4 + gr * 2 + red
+        code = f.stage  # ((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red, in place (10^6 units)
+        for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red)):
+            code *= mul
+            code += x
         uniq, inv = _unique_small(code)
         keys = []
         for c in uniq.tolist():
