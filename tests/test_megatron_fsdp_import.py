@@ -5,6 +5,7 @@
 from pathlib import Path
 
 import pytest
+from cli_run import run_main as _main, plan_file as _plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -24,19 +25,6 @@ names = ["dp", "tp", "ep"{etp_name}]
 shape = [16, 2, 8{etp}]
 sequence_parallel = true
 """
-
-
-def _main(*argv) -> int:
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    return done.value.code or 0
-
-
-def _plan(path):
-    from meshplan.config import load_config
-    from meshplan.plan import build_plan
-    return build_plan(load_config(path))
 
 
 @pytest.mark.parametrize("framework, etp_name, etp, want", [

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_main as _main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -24,13 +25,6 @@ def test_closed_stdout_exits_141_quietly_not_as_a_verdict(args, tmp_path):
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (141, "")
-
-
-def _main(*argv) -> int:
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    return done.value.code or 0
 
 
 @pytest.fixture(scope="module")

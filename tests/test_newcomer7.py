@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_run import run_main as _main, plan_file as _plan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -37,19 +38,6 @@ sequence_parallel = {sp}
 """
 SP_REASON = ("framework megatron: MoE with tp 2 (ep 8) needs sequence parallelism (Megatron-LM's MoELayer raises "
              "ValueError in training without it); fix: set [mesh] sequence_parallel = true (--sequence-parallel)")
-
-
-def _main(*argv) -> int:
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    return done.value.code or 0
-
-
-def _plan(path):
-    from meshplan.config import load_config
-    from meshplan.plan import build_plan
-    return build_plan(load_config(path))
 
 
 def test_megatron_moe_with_tp_needs_sequence_parallel(tmp_path):

@@ -11,6 +11,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.megatron import read, write
+from cli_run import run_main as _main
 
 #: Llama 3 70B at 8k tokens on 16 DGX H100 (the trial's q1.toml), the two meshes its search lists first:
 #: #1 dp_shard 32 x cp 2 x tp 2 and #2 dp_shard 32 x tp 4, both zero3 (FSDP2), no recompute, mb 1.
@@ -39,13 +40,6 @@ FSDP_ARGS = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-
 --bf16 --use-flash-attn --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
 --overlap-grad-reduce --overlap-param-gather
 """
-
-
-def _main(*argv) -> int:
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    return done.value.code or 0
 
 
 def _cfg(training: dict, mesh: dict, model: str = "llama3-8b", nodes: int = 1):

@@ -1,0 +1,20 @@
+"""Helpers the CLI tests share: run ``meshplan`` in-process and plan a config file."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def run_main(*argv) -> int:
+    """Exit code of ``meshplan ARGV...`` run in-process (0 when it returns without exiting)."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    return done.value.code or 0
+
+
+def plan_file(path):
+    """The plan of the config at ``path`` (:func:`meshplan.plan.build_plan`)."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    return build_plan(load_config(path))
