@@ -116,3 +116,20 @@ def test_cli_flags_and_one_line_error(tmp_path, capsys):
     out = capsys.readouterr().out
     assert (done.value.code or 0) == 0 and "global_batch = 256" in (tmp_path / "hf.toml").read_text()
     assert 'note: deepspeed: DeepSpeed "auto" read as the HF Trainer fills it (h = 4096' in out
+
+
+@pytest.mark.parametrize("name, fmt, flag, field", [
+    ("torchtitan_llama3-8b_8xh100.toml", "torchtitan", "micro_batch", "training.local_batch_size"),
+    ("megatron_llama3-8b_16xh100_tp2-pp2.args", "megatron", "grad_accum", "--micro-batch-size")])
+def test_batch_flags_refused_where_the_file_states_its_batch(name, fmt, flag, field):
+    """Newcomer trial 9: ``--micro-batch 3`` on a torchtitan TOML planned micro-batch 1 without a
+    word. The flags fill DeepSpeed's "auto" only; a torchtitan or Megatron-LM file states its own
+    batch, so either flag there is a one-line error naming the file's field."""
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "examples" / name
+    opts = ImportOptions(cluster="dgx-h100", nodes=2, **{flag: 3})
+    with pytest.raises(ConfigError) as e:
+        load_any(path, opts=opts)
+    text = str(e.value)
+    assert text.startswith(f"--{flag.replace('_', '-')}: only for a DeepSpeed JSON's \"auto\" batch sizes; a {fmt} ")
+    assert field in text and name in text

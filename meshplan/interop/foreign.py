@@ -61,8 +61,20 @@ def detect(path: Path, text: str) -> str:
     raise ConfigError("--format", f"{path}: cannot tell the format; pass --format {' or '.join(FORMATS)}")
 
 
+#: Where a torchtitan job TOML and Megatron-LM arguments state the micro-batch and the global batch.
+BATCH_FIELDS = {"torchtitan": "training.local_batch_size (and training.global_batch_size)",
+                "megatron": "--micro-batch-size (and --global-batch-size)"}
+
+
 def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
-    """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables."""
+    """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables.
+    ``--micro-batch`` / ``--grad-accum`` fill a DeepSpeed JSON's "auto" batch sizes only: a
+    torchtitan or Megatron-LM file states its own (:data:`BATCH_FIELDS`), so either flag there is
+    an error naming that field rather than a flag silently ignored."""
+    given = [f for f, v in (("--micro-batch", opts.micro_batch), ("--grad-accum", opts.grad_accum)) if v is not None]
+    if given and fmt in BATCH_FIELDS:
+        raise ConfigError(given[0], f"only for a DeepSpeed JSON's \"auto\" batch sizes; a {fmt} config states its "
+                          f"own: set {BATCH_FIELDS[fmt]} in {path.name}")
     text = _text(path)
     if fmt == "torchtitan":
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
