@@ -193,7 +193,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
     verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
     ranked = section("No feasible mesh", lines([verdict["line"]]) + table(
         ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
-        if verdict else section(top_heading(len(top)).capitalize(),
+        if verdict else section(top_heading(len(top), left_out=r.counts()["feasible"] > len(top)).capitalize(),
                                 table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s",
                                        "MFU", "tokens/s", "goodput", "GEMM eff"], top)
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])

@@ -142,7 +142,7 @@ def print_search(r: SearchResult, console: Console) -> None:
             console.print(line, highlight=False, markup=False)
         return
     shown = r.top
-    tab = Table(title=top_heading(len(shown)), title_justify="left")
+    tab = Table(title=top_heading(len(shown), left_out=r.counts()["feasible"] > len(shown)), title_justify="left")
     for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
                 "goodput", "GEMM eff"):
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")

@@ -47,7 +47,7 @@ RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the
 
 
 
-def top_heading(n: int) -> str:
+def top_heading(n: int, left_out: bool = True) -> str:
     """The title of the search's top table (text and HTML): what the order is, and what the
     rule guarantees of the meshes left out. Each pick of :func:`tie_order` is within ``1 + TIE``
     of the fastest candidate not yet placed, and a candidate left out was not placed at any
@@ -57,9 +57,14 @@ def top_heading(n: int) -> str:
     >>> top_heading(3)  # doctest: +NORMALIZE_WHITESPACE
     'top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none left
     out is more than 1% faster than a row shown)'
+
+    ``left_out`` False (every feasible candidate is a row): the guarantee is moot and not said.
+
+    >>> top_heading(19, left_out=False)
+    'top 19: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees'
     """
-    return (f"top {n}: by predicted step time; meshes within {TIE:.0%} ordered toward fewer axes and lower degrees "
-            f"(none left out is more than {TIE:.0%} faster than a row shown)")
+    head = f"top {n}: by predicted step time; meshes within {TIE:.0%} ordered toward fewer axes and lower degrees"
+    return f"{head} (none left out is more than {TIE:.0%} faster than a row shown)" if left_out else head
 
 
 #: What each position of a simplicity key (:func:`simplicity_of`) is called in the criterion
