@@ -87,7 +87,7 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     batch 512) loses a node: 120 GPUs. It proposed pp 28 x dp_shard 1 x cp 2 x tp 2 (121,380
     tokens/s, global batch kept, 8 GPUs idle): dp_shard x cp 2 x tp 2 keeps 512 only at dp 16
     (64 GPUs: 72.2 GiB > 67.1 usable). Now the kind at another global batch: dp_shard 30 x cp 2 x
-    tp 2, 512 -> 510 (17 micro-batches), 135,840 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
+    tp 2, 512 -> 510 (17 micro-batches), 135,843 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
     one alternative."""
     from typer.testing import CliRunner
     from meshplan import cli
@@ -98,8 +98,8 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     lines = out.splitlines()
     assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (changed: "
             "dp_shard)") in lines
-    assert "- planned step 30.76 s, 135,840 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
-           "128-GPU plan: step 28.94 s, 144,930 tokens/s)" in lines
+    assert "- planned step 30.76 s, 135,843 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
+           "128-GPU plan: step 28.94 s, 144,933 tokens/s)" in lines
     assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step 34.56 s, " \
            "121,380 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
