@@ -70,6 +70,9 @@ bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Measu
 
 #: Every command as (its typer app, its name, the function), in the order ``--help`` lists them;
 #: a new command is a function in its group's module and one line here.
+#: Help texts built from shared strings rather than a docstring, by command name.
+HELP = {"export": interop_cmds.EXPORT_HELP}
+
 COMMANDS = (
     (app, "plan", plan_cmds.plan),
     (app, "report", plan_cmds.report),
@@ -99,7 +102,7 @@ COMMANDS = (
 def _register() -> None:
     """Each of :data:`COMMANDS` on its app, in order, then the two groups on ``app``."""
     for parent, name, command in COMMANDS:
-        parent.command(name)(command)
+        parent.command(name, help=HELP.get(name))(command)
     app.add_typer(testbed_app, name="testbed")
     app.add_typer(bench_app, name="bench")
 

@@ -117,7 +117,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None,
                micro_batch: MicroBatchOpt = None,
                grad_accum: GradAccumOpt = None):
-    # help: _EXPORT_HELP (set below: the DeepSpeed scope is the one string its refusal and search use)
+    # --help: EXPORT_HELP, given at registration (meshplan.cli.HELP)
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -131,7 +131,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
 
 
 #: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
-_EXPORT_HELP = (
+EXPORT_HELP = (
     "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML, "
     f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
     "express is listed (re-imported and compared), with the step before and after when it differs, and "
@@ -143,4 +143,3 @@ _EXPORT_HELP = (
     "(--lr, --train-iters, ...); every key of that file written with another value or dropped is listed; "
     "another target lists them as not carried."
 )
-export_cmd.__doc__ = _EXPORT_HELP
