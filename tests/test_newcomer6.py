@@ -106,10 +106,10 @@ def test_minus_one_error_reads_as_a_sentence():
 
 def test_flags_export_help_names_are_in_the_readme_export_row():
     import re
-    from meshplan.cli.interop_cmds import export_cmd
+    from meshplan.cli import HELP
     readme = (EXAMPLES.parent / "README.md").read_text()
     row = next(x for x in readme.splitlines() if x.startswith("| `export CONFIG"))
-    flags = set(re.findall(r"--[a-z][a-z-]+", export_cmd.__doc__ or "")) - {"--to", "--json", "--force"}
+    flags = set(re.findall(r"--[a-z][a-z-]+", HELP["export"])) - {"--to", "--json", "--force"}
     assert {"--lr", "--train-iters"} <= flags and all(f"`{f}`" in row for f in flags)
 
 
