@@ -20,7 +20,7 @@ def test_help_lists_the_commands_in_registry_order():
     group = typer.main.get_command(cli.app)
     assert list(group.commands) == HELP_ORDER
     assert list(group.commands["testbed"].commands) == ["up", "down"]
-    assert list(group.commands["bench"].commands) == ["comm", "gemm", "attention"]
+    assert list(group.commands["bench"].commands) == ["comm", "gemm", "attention", "rank"]
 
 
 def _is_command(fn) -> bool:
@@ -32,7 +32,7 @@ def test_every_command_function_is_registered_once():
     """A command written in its group's module but missing from COMMANDS would be absent from
     the CLI without an error; one registered twice would shadow another."""
     registered = [fn for _, _, fn in cli.COMMANDS]
-    assert len(registered) == len(set(registered)) == 22
+    assert len(registered) == len(set(registered)) == 23
     found = []
     for info in pkgutil.iter_modules(cli.__path__):
         mod = importlib.import_module(f"meshplan.cli.{info.name}")

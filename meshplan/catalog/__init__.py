@@ -57,14 +57,16 @@ def _kernels() -> dict[str, Any]:
 def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     """Measured kernel data of GPU ``gpu_name`` from ``kernels.toml`` (a deep copy), with
     ``gemm_from`` / ``attention_from`` / ``norm_from`` resolved (that GPU's GEMM points per
-    dtype, unless given here, its attention rows, or its norm times), ``gemm_scale`` applied
+    dtype, unless given here, its attention rows with this GPU's own rows added, or its norm times), ``gemm_scale`` applied
     (per dtype, a factor on those GEMM rates, the point's source key marked) and the ``host``
     table added; ``None`` when the catalog has no measurements for that GPU (e.g. a
     user-described GPU or the CPU testbed).
 
     >>> d = kernel_data("h200-sxm-141gb")
     >>> d["gemm"]["bf16"][0], d["gemm"]["fp8"][0][3], d["host"]["kernel_issue_s"]
-    ([1024, 256, 256, 24.0, 'S4'], 290.8, 4.7e-06)
+    ([1024, 256, 256, 30.067, 'M1'], 290.8, 4.7e-06)
+    >>> sorted({r["kernel"] for r in d["attention"]["rows"]}), d["attention"]["prefer"]
+    (['FA2', 'FA3', 'SDPA'], ['FA3', 'FA2'])
     >>> kernel_data("h100-hbm2e-96gb-500w")["gemm"]["bf16"][0]   # H100 SXM5's S4 point x 0.797
     [1024, 256, 256, 19.128, 'S4 x0.797']
     >>> kernel_data("cpu-core-fp32") is None
@@ -81,8 +83,10 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     for dt, f in out.pop("gemm_scale", {}).items():  # another GPU's points x a measured ratio (D)
         out["gemm"][dt] = [[m, n, k, rate * f, f"{key} x{f:g}"] for m, n, k, rate, key in out["gemm"][dt]]
     src = out.pop("attention_from", None)
-    if src is not None:
-        out["attention"] = copy.deepcopy(data["gpu"][src]["attention"])
+    if src is not None:  # that GPU's rows, then this one's own (measured here), this one's prefer first
+        base, own = copy.deepcopy(data["gpu"][src]["attention"]), out.get("attention", {})
+        out["attention"] = {"prefer": own.get("prefer", base.get("prefer", [])),
+                            "rows": base.get("rows", []) + own.get("rows", [])}
     src = out.pop("norm_from", None)
     if src is not None:
         out.update({k: copy.deepcopy(data["gpu"][src][k]) for k in ("norm_rows", "norm_hidden", "norm_ms")})

@@ -42,6 +42,7 @@ from meshplan.cli import (
     machine_cmds,
     placement_cmds,
     plan_cmds,
+    rank_cmd,
     reliability_cmd,
     search_cmds,
     step_cmd,
@@ -96,6 +97,7 @@ COMMANDS = (
     (bench_app, "comm", machine_cmds.bench_comm_cmd),
     (bench_app, "gemm", machine_cmds.bench_gemm),
     (bench_app, "attention", machine_cmds.bench_attention),
+    (bench_app, "rank", rank_cmd.bench_rank),
 )
 
 

@@ -232,7 +232,8 @@ def framework_kernels(training) -> dict:
     default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
     (``megatron_ops``, :mod:`meshplan.compute.megatron`). The fused attention is the
     framework's too (``attention_kernels``, :data:`SDPA_KERNELS`): torch runs
-    ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2 (PyTorch 2.2
+    ``F.scaled_dot_product_attention`` (measured as such where the catalog has "SDPA" rows), whose
+    flash backend is FlashAttention-2 (PyTorch 2.2
     release notes: "FlashAttention-2 support in scaled_dot_product_attention"; torchtitan's
     ``ScaledDotProductAttention`` orders the backends FLASH, EFFICIENT, MATH and puts cuDNN first
     only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
@@ -252,7 +253,7 @@ def framework_kernels(training) -> dict:
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
-    ('FA2',)
+    ('SDPA', 'FA2')
     """
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
@@ -287,5 +288,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
 
 
 #: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
-#: before compute capability 10.0 (its flash backend: FlashAttention-2; :func:`framework_kernels`).
-SDPA_KERNELS = ("FA2",)
+#: before compute capability 10.0: rows measured of SDPA itself where the catalog has them
+#: (``meshplan bench attention --grid``: kernel "SDPA"; H200, M1), else its flash backend's
+#: published rates, FlashAttention-2 (:func:`framework_kernels`).
+SDPA_KERNELS = ("SDPA", "FA2")

@@ -30,7 +30,7 @@ from meshplan.schedule.waits import BubbleWait
 #: ``<group>-<command>``: ``bench-gemm``, ``testbed-up``).
 COMMANDS = ("plan", "search", "groups", "memory", "step", "reliability", "compare", "place", "nccl-check", "catalog",
             "calibrate", "report", "validate", "validate-slice", "testbed-up", "testbed-down", "bench-gemm",
-            "bench-attention", "bench-comm", "import", "export", "launch")
+            "bench-attention", "bench-comm", "bench-rank", "import", "export", "launch")
 
 
 def schema_name(command: str) -> str:
@@ -257,6 +257,12 @@ def bench_attention_doc(plan: Plan | Infeasible, row: Optional[dict],
     """``bench attention``: the local attention's shape and its forward and backward seconds
     (null for a mesh that does not resolve)."""
     return envelope("bench-attention", plan, attention=None if row is None else dict(row), files=files_doc(files))
+
+
+def bench_rank_doc(evidence: dict, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``bench rank``: one rank of the mesh run on this device, its per-layer times and peak
+    memory against the plan's (:func:`meshplan.runtime.validation.one_rank.run`'s evidence)."""
+    return envelope("bench-rank", config=evidence.get("config"), evidence=evidence, files=files_doc(files))
 
 
 def bench_comm_doc(nproc: int, sizes: Sequence[int], testbed: Optional[str], fits,

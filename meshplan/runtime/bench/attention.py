@@ -51,9 +51,12 @@ def _timed(fn, device: str) -> float:
 
 
 def time_attention(att: Attention, dtype: str = "fp32", device: str = "cpu", warmup: int = 1, repeats: int = 5,
-                   mask: Optional[torch.Tensor] = None, causal: bool = True) -> tuple[float, float]:
+                   mask: Optional[torch.Tensor] = None, causal: bool = True, calls: int = 1) -> tuple[float, float]:
     """Median (forward s, backward s) of one SDPA call of shape ``att`` (module docstring),
-    causal unless ``causal`` is False (``mask``, when given, replaces both)."""
+    causal unless ``causal`` is False (``mask``, when given, replaces both). ``calls`` > 1: each
+    repeat times that many calls back to back and divides (the GPU's queue stays full, so the
+    host's launch latency is not in the figure: ``bench attention --grid`` on a GPU); backward is
+    then the time of ``calls`` forward+backward pairs less that of ``calls`` forwards."""
     dt = DTYPES[dtype]
     shape = (att.batch, att.q_heads)
     q = torch.randn(*shape, att.seq_q, att.head_dim, dtype=dt, device=device, requires_grad=True)
@@ -62,6 +65,24 @@ def time_attention(att: Attention, dtype: str = "fp32", device: str = "cpu", war
     grad = torch.randn(*shape, att.seq_q, att.d_v, dtype=dt, device=device)
     kw = dict(is_causal=causal) if mask is None else dict(attn_mask=mask)
     fwd, bwd = [], []
+    if calls > 1:
+        def forwards():
+            with torch.no_grad():
+                for _ in range(calls):
+                    F.scaled_dot_product_attention(q, k, v, **kw)
+
+        def pairs():
+            for _ in range(calls):
+                F.scaled_dot_product_attention(q, k, v, **kw).backward(grad)
+            q.grad = k.grad = v.grad = None
+
+        for i in range(warmup + repeats):
+            tf, tfb = _timed(forwards, device) / calls, _timed(pairs, device) / calls
+            if i >= warmup:
+                fwd.append(tf)
+                bwd.append(tfb - tf)
+        _sync(device)
+        return statistics.median(fwd), statistics.median(bwd)
     for i in range(warmup + repeats):
         out = []
         tf = _timed(lambda: out.append(F.scaled_dot_product_attention(q, k, v, **kw)), device)

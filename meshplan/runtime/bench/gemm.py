@@ -62,29 +62,65 @@ def device_name(device: str) -> str:
     return f"cpu ({counted(torch.get_num_threads(), 'thread')})"
 
 
+#: CUDA: seconds of back-to-back GEMMs in one timing window (:func:`time_gemm`).
+WINDOW_S = 2e-3
+#: CUDA: most GEMMs captured in one graph.
+MAX_CAPTURED = 1000
+
+
 def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", warmup: int = 2,
               repeats: int = 5) -> float:
-    """Median seconds of one (M, N, K) matmul on ``device``."""
+    """Median seconds of one (M, N, K) matmul on ``device``.
+
+    CUDA: the kernel's own time, as the step-time model uses it (the host's issue of each kernel
+    is a separate term, kernels.toml ``[host] kernel_issue_s``): ``c = a @ b`` captured ``r`` times
+    back to back in one CUDA graph (``r`` from one event-timed call, so that a replay lasts about
+    :data:`WINDOW_S`; at most :data:`MAX_CAPTURED`), each of ``repeats`` replays timed with CUDA
+    events and divided by ``r``. One eager call between events would add the launch latency (some
+    microseconds: half the time of a 1024 x 256 x 256 GEMM on an H200, measured 2026-12-04).
+    CPU: ``time.perf_counter`` around one synchronous call."""
     dt = DTYPES[dtype]
     a = torch.randn(m, k, dtype=dt, device=device)
     b = torch.randn(k, n, dtype=dt, device=device)
-    cuda = device.startswith("cuda")
+    if device.startswith("cuda"):
+        return _time_captured(lambda out: torch.matmul(a, b, out=out), torch.empty(m, n, dtype=dt, device=device),
+                              warmup, repeats)
     for _ in range(warmup):
         torch.matmul(a, b)
     times = []
     for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.matmul(a, b)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            torch.matmul(a, b)
-            times.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _event_s(fn) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def _time_captured(call, out, warmup: int, repeats: int) -> float:
+    """Seconds of one ``call(out)`` from CUDA-graph replays (:func:`time_gemm`)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on a side stream, as graph capture asks
+        for _ in range(max(1, warmup)):
+            call(out)
+    torch.cuda.current_stream().wait_stream(stream)
+    one = _event_s(lambda: call(out))
+    r = max(1, min(MAX_CAPTURED, int(WINDOW_S / max(one, 1e-7))))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(r):
+            call(out)
+    graph.replay()
+    torch.cuda.synchronize()
+    return statistics.median(_event_s(graph.replay) / r for _ in range(repeats))
 
 
 def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_elements: Optional[int] = None,

@@ -10,8 +10,10 @@ attention rows, each timed causal and unmasked; a GPU without catalog data gets
 :data:`CPU_ATTENTION` (small enough for two cores; the file then says it describes the CPU).
 
 **Timing**: GEMM as :func:`meshplan.runtime.bench.gemm.time_gemm` (``torch.matmul``, median of
-``repeats``), TFLOP/s = 2 M N K / s. Attention as
-:func:`meshplan.runtime.bench.attention.time_attention` (torch SDPA forward, then backward) at
+``repeats``; on a GPU replays of a CUDA graph of back-to-back GEMMs: the kernel's time without
+the host's launch), TFLOP/s = 2 M N K / s. Attention as
+:func:`meshplan.runtime.bench.attention.time_attention` (torch SDPA forward, then backward; on a
+GPU :data:`CUDA_CALLS` calls back to back per repeat) at
 the shape of flash-attention's ``benchmarks/benchmark_flash_attention.py``
 (Dao-AILab/flash-attention @0251105: batch x seq = 16,384 tokens, model dim 2,048, so heads =
 2048 / head dim), rates in its FLOP convention: forward ``4 B S^2 H d`` halved when causal,
@@ -41,6 +43,8 @@ DEFAULT_ATTENTION: dict[int, list[int]] = {64: [512, 1024, 2048, 4096, 8192, 163
 CPU_GEMM: list[Point] = [(64, 64, 64), (128, 128, 128), (256, 256, 256)]
 CPU_ATTENTION: dict[int, list[int]] = {32: [64, 128]}
 TOKENS, MODEL_DIM = 16384, 2048  # flash-attention benchmark_flash_attention.py shape
+#: Attention calls timed back to back per repeat on a GPU (time_attention ``calls``).
+CUDA_CALLS = 10
 KEY = "bench"  # source key of every point this writes (the file's `source` says what it is)
 
 
@@ -90,7 +94,8 @@ def sweep_attention(grid: dict[int, list[int]], dtype: str, device: str, warmup:
             fwd, bwd = [], []
             for s in seqs:
                 att = Attention(batch=max(1, tokens // s), q_heads=heads, kv_heads=heads, seq_q=s, seq_kv=s, head_dim=d)
-                f, b = time_attention(att, dtype, device, warmup, repeats, causal=causal)
+                f, b = time_attention(att, dtype, device, warmup, repeats, causal=causal,
+                                      calls=1 if device == "cpu" else CUDA_CALLS)
                 flops = att.flops(causal_half=causal)
                 fwd.append(_sig(flops / f / 1e12))
                 bwd.append(_sig(2.5 * flops / b / 1e12))

@@ -1,0 +1,67 @@
+"""bench rank: one rank of a planned mesh on this machine's device (real kernels and memory for
+its local shapes, torch's fake process group for the collectives, a few layers), its per-layer
+times and peak memory against the plan's (:mod:`meshplan.runtime.validation.one_rank`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import TOML_ONLY_HELP, _echo, _json_option, _refuse_existing, _require_torch, _write_doc, _written, _wrote
+from meshplan.cli.loading import _load
+from meshplan.config import parse_toml
+from meshplan.errors import check_number
+from meshplan.fileio import check_destination, read_text_limited, write_output
+from meshplan.limits import FILE_BYTES
+from meshplan.report.json_docs import bench_rank_doc
+
+
+def bench_rank(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; one rank of its mesh is run"),
+               layers: int = typer.Option(2, "--layers", help="transformer layers run (the model's first N)"),
+               rank: int = typer.Option(0, "--rank", help="the rank run (its local shapes; ranks of one mesh "
+                                                          "have the same shapes unless pp splits layers unevenly)"),
+               device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
+               system: Optional[str] = typer.Option(None, "--system", help="catalog node type the prediction uses "
+                                                    "(default: the local GPU's, e.g. dgx-h200 on an H200; on the "
+                                                    "CPU or an unknown GPU, the config's)"),
+               steps: int = typer.Option(3, "--steps", help="timed steps (median), after --warmup untimed ones"),
+               warmup: int = typer.Option(2, "--warmup", help="untimed steps first"),
+               out: Path = typer.Option(Path("out/bench/rank.json"), "--out", help="evidence JSON (default under "
+                                        "out/, which git ignores)"),
+               json_path: Optional[Path] = _json_option("bench-rank"),
+               force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
+    """Run one rank of the mesh on this device (the other ranks stood in for by torch's fake process group: no
+    communication) for a few layers, and set its per-layer forward and backward times and peak memory beside
+    the plan's. The pipeline axis is dropped (a stage's local shapes do not depend on pp) and the step is one
+    micro-batch. Exit 0 when it ran (the errors are reported, not gated)."""
+    _require_torch("bench rank")
+    from meshplan.runtime.bench.gemm import resolve_device
+    from meshplan.runtime.validation.one_rank import local_system, reduced_data, run, summary
+
+    for name, v, lo, hi in (("--layers", layers, 1, 1024), ("--steps", steps, 1, 1000), ("--warmup", warmup, 0, 1000)):
+        check_number(name, v, lo, hi)
+    _load(config)  # the config's own errors first, as plan reports them
+    check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
+    dev = resolve_device(device)
+    data = parse_toml(read_text_limited(config, "config", FILE_BYTES["config"], "give a TOML config"), str(config))
+    target = system or local_system(dev)
+    reduced = reduced_data(data, layers, target)
+    world = math.prod(reduced["mesh"]["shape"])
+    check_number("--rank", rank, 0, world - 1)
+    if dev == "cpu":
+        _echo("no GPU: the run's times are this CPU's, set beside the plan's GPU; memory is not measured")
+    if any(n == "pp" for n in data.get("mesh", {}).get("names", [])):
+        _echo("note: pp dropped for the run: a stage's local shapes do not depend on pp")
+    ev = run(data, layers=layers, rank=rank, device=dev, system=target, warmup=warmup, steps=steps)
+    ev["config"] = str(config)
+    _echo(summary(ev))
+    _wrote(write_output(out, json.dumps(ev, indent=1) + "\n", force=force, field="--out"))
+    _write_doc(json_path, bench_rank_doc(ev, _written([out])), force)
+
+
+__all__ = ["bench_rank"]

@@ -1,0 +1,379 @@
+"""One rank of a planned mesh on the local device (issue 11 item 8): the rank's real kernels and
+memory for its local shapes, the other ranks stood in for by torch's fake process group, a few
+layers; per-layer forward and backward time and the peak memory against the plan's.
+
+**The reduced plan** (:func:`reduced_data`): the config with ``model.layers`` set to ``layers``,
+the pipeline axis removed (a stage's local GEMM, attention and norm shapes depend on tp, cp, ep,
+the micro-batch and the sequence, not on pp; the ``pp`` entry of ``mesh.shape`` is dropped and
+``pp_layer_split``, ``virtual_stages`` and ``pp_schedule`` with it), one micro-batch (``global_batch``
+= micro-batch x the data-parallel degree), and, with ``system``, the cluster's node type replaced
+by the local machine's (``dgx-h200`` for an H200) with as many nodes as the remaining mesh needs.
+The prediction is :func:`meshplan.plan.build_plan` of that config: per layer the ops of
+:func:`meshplan.compute.layer.layer_cost` (``forward``: the forward ops; ``backward``: the input
+and weight gradients with the recompute replay), and the stage's memory timeline peak without the
+kinds this run cannot hold (NCCL buffers: the fake group allocates none; fragmentation: the
+allocator's reserved-but-unused bytes, compared against ``max_memory_reserved`` instead). The
+``[memory]`` table states what the runtime model does (:data:`RUN_MEMORY`).
+
+**The run** (:func:`run`): fake process group of the reduced mesh's world seen from ``rank``,
+DeviceMesh, the runtime model (:class:`meshplan.runtime.execution.model.Transformer`) built on the
+meta device, split by :func:`meshplan.runtime.execution.parallelize.parallelize` with FSDP2 mixed
+precision, materialised on ``device``, parameters drawn Normal(0, 0.02) locally (norm weights 1;
+no full tensors: a 405B layer's would not fit the host quickly), AdamW. ``warmup`` untimed steps,
+then ``steps`` timed ones; the medians are reported. Collectives on the fake group return at once
+with garbage values (FSDP2's copy-in and copy-out kernels around them still run): the measured
+times are the rank's compute with no communication, set against the prediction's compute.
+
+Per layer, CUDA events (``time.perf_counter`` after a synchronise on the CPU): forward from the
+block's forward pre-hook to its forward hook (a call during backward is the recompute replay, kept
+apart); backward from the gradient of the block's output (a hook on that tensor) to the gradient of
+its input, which includes the replay. Peak memory: ``torch.cuda.max_memory_allocated`` and
+``max_memory_reserved`` over the last timed step (reset before it); not measured on the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from meshplan.compute.layer import layer_cost
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.memory.timeline import UNTRACKED_KINDS
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.plan import Infeasible, build_plan
+from meshplan.schedule.workload import workload_of
+
+#: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
+#: fragmentation in ``max_memory_allocated``, one micro-batch; the runtime model's own layout:
+#: K/V repeated to the query heads before SDPA, torch's cross entropy, DTensor's all-gathered
+#: sequence-parallel inputs kept for backward.
+RUN_MEMORY = dict(nccl_buffsize_bytes=0, fragmentation_fraction=0.0, cross_entropy="torch",
+                  sp_gathered_input=True, kv_expanded=True, dropout=False)
+#: Node type per local device name (``torch.cuda.get_device_name``), for ``system="auto"``.
+SYSTEMS = {"H200": "dgx-h200", "H100": "dgx-h100", "A100": "dgx-a100"}
+#: Mesh axes that split the batch (``fsdp`` is ``dp_shard``'s other name).
+DATA_AXES = ("dp", "dp_replicate", "dp_shard", "fsdp")
+
+
+def reduced_data(data: dict, layers: int, system: Optional[str] = None) -> dict:
+    """The config mapping of the one-rank run (module docstring); ``data`` is not changed.
+
+    >>> d = {"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 2048},
+    ...      "training": {"global_batch": 2048, "micro_batch": 1, "seq_len": 8192},
+    ...      "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 128, 8], "pp_layer_split": [8] * 16}}
+    >>> r = reduced_data(d, 2, "dgx-h200")
+    >>> r["mesh"], r["model"]["layers"], r["training"]["global_batch"], r["cluster"]
+    ({'names': ['dp_shard', 'tp'], 'shape': [128, 8]}, 2, 128, {'system': 'dgx-h200', 'nodes': 128})
+    """
+    if layers < 1:
+        raise ConfigError("--layers", f"{layers}; give 1 or more layers")
+    out = copy.deepcopy(data)
+    mesh = out.setdefault("mesh", {})
+    names, shape = list(mesh.get("names", [])), list(mesh.get("shape", []))
+    if "pp" in names:
+        i = names.index("pp")
+        del names[i], shape[i]
+    if any(int(s) < 1 for s in shape):
+        raise ConfigError("mesh.shape", "the one-rank run needs every degree given (no -1); write the degrees out")
+    mesh["names"], mesh["shape"] = names, shape
+    for key in ("pp_layer_split", "virtual_stages", "pp_schedule"):
+        mesh.pop(key, None)
+        out.get("training", {}).pop(key, None)
+    out["model"]["layers"] = layers
+    if out["model"].get("dense_layers", 0) >= layers:
+        out["model"]["dense_layers"] = layers - 1 if layers > 1 else 0
+    dp = math.prod(s for n, s in zip(names, shape) if n in DATA_AXES)
+    out["training"]["global_batch"] = out["training"].get("micro_batch", 1) * dp
+    out["training"].pop("grad_accum", None)
+    world = math.prod(shape)
+    if system is not None:
+        out["cluster"] = {"system": system}
+    gpus = _gpus_per_node(out["cluster"])
+    out["cluster"]["nodes"] = max(1, math.ceil(world / gpus))
+    if world % gpus:  # fewer GPUs than whole nodes: the mesh uses `world` of them
+        mesh["world"] = world
+    else:
+        mesh.pop("world", None)
+    out.setdefault("memory", {}).update(RUN_MEMORY)
+    return out
+
+
+def _gpus_per_node(cluster: dict) -> int:
+    from meshplan import catalog
+
+    return int(cluster.get("gpus_per_node") or catalog.node(cluster["system"]).gpus)
+
+
+def local_system(device: str) -> Optional[str]:
+    """The catalog node type of the local CUDA device (:data:`SYSTEMS`), None on the CPU or an unknown GPU."""
+    if not device.startswith("cuda"):
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    return next((s for k, s in SYSTEMS.items() if k in name), None)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The reduced plan's figures for one rank: seconds per layer and bytes."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_where: str
+    gpu: str
+    peak_by_kind: dict = field(default_factory=dict)
+
+
+def predict(cfg) -> tuple[object, Predicted]:
+    """(plan, :class:`Predicted`) of the reduced config ``cfg``; ConfigError when infeasible."""
+    plan = build_plan(cfg)
+    if isinstance(plan, Infeasible):
+        raise ConfigError("mesh", "the reduced plan is infeasible: " + "; ".join(plan.reasons))
+    cost = layer_cost(cfg.model, cfg.cluster.gpu, workload_of(plan))
+    peak = plan.timelines[0].peak
+    untracked = sum(peak.by_kind.get(k, 0) for k in UNTRACKED_KINDS)
+    frag = peak.by_kind.get("fragmentation", 0)
+    back = cost.seconds("backward_input") + cost.seconds("backward_weight")
+    return plan, Predicted(forward_s=cost.seconds("forward"), backward_s=back, recompute_s=cost.seconds(recompute=True),
+                           peak_allocated_bytes=peak.total_bytes - untracked,
+                           peak_reserved_bytes=peak.total_bytes - untracked + frag, peak_where=peak.where(),
+                           gpu=cfg.cluster.gpu.name, peak_by_kind=dict(peak.by_kind))
+
+
+@dataclass
+class LayerClock:
+    """Event pairs of each block per step: ``forward``, ``recompute`` and ``backward`` lists of
+    (start, end) per block index, read after a synchronise by :meth:`seconds`."""
+
+    device: str
+    phase: str = "forward"
+    marks: dict = field(default_factory=dict)
+    host: dict = field(default_factory=dict)  # host seconds to issue forward / backward
+    memory: dict = field(default_factory=dict)  # bytes: at the step's start, peak by the forward's end
+
+    def stamp(self):
+        if self.device.startswith("cuda"):
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def add(self, kind: str, i: int, which: int, stamp) -> None:
+        self.marks.setdefault((kind, i), [None, None])[which] = stamp
+
+    def seconds(self) -> dict:
+        """kind -> per block seconds (blocks with both ends only)."""
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        out: dict = {}
+        for (kind, i), (a, b) in sorted(self.marks.items(), key=lambda x: x[0][1]):
+            if a is None or b is None:
+                continue
+            s = a.elapsed_time(b) / 1e3 if self.device.startswith("cuda") else b - a
+            out.setdefault(kind, []).append(s)
+        return out
+
+
+def _hook_blocks(model, clock: LayerClock) -> list:
+    """Forward pre/post hooks on every block; tensor hooks for backward (module docstring)."""
+    handles = []
+    for i, block in enumerate(model.layers.values()):
+        def pre(mod, args, i=i):
+            kind = "recompute" if clock.phase == "backward" else "forward"
+            clock.add(kind, i, 0, clock.stamp())
+            x = args[0] if args else None
+            if kind == "forward" and isinstance(x, torch.Tensor) and x.requires_grad:
+                x.register_hook(lambda g, i=i: clock.add("backward", i, 1, clock.stamp()))
+
+        def post(mod, args, out, i=i):
+            kind = "recompute" if clock.phase == "backward" else "forward"
+            clock.add(kind, i, 1, clock.stamp())
+            if kind == "forward" and isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda g, i=i: clock.add("backward", i, 0, clock.stamp()))
+
+        handles += [block.register_forward_pre_hook(pre), block.register_forward_hook(post)]
+    return handles
+
+
+@torch.no_grad()
+def _fill(model) -> None:
+    """Parameters Normal(0, 0.02) on each rank's local shard; norm weights 1 (not zeros: MET-
+    HOD.md, zeros run faster than real data)."""
+    gen = None
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if "norm" in name:
+            local.fill_(1.0)
+        else:
+            local.normal_(0.0, 0.02, generator=gen)
+
+
+@dataclass
+class Measured:
+    """Median seconds per layer over the timed steps and blocks; bytes of the last timed step."""
+
+    forward_s: Optional[float]
+    backward_s: Optional[float]
+    recompute_s: Optional[float]
+    step_s: float
+    peak_allocated_bytes: Optional[int]  # None: not measured (CPU; recompute: non-reentrant
+    # checkpoint stops its replay early, so the block's forward hook does not fire: inside backward)
+    peak_reserved_bytes: Optional[int]
+    per_step: list = field(default_factory=list)
+
+
+def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, steps: int = 3) -> Measured:
+    """Run the reduced config's rank ``rank`` (module docstring) and time it."""
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+    from meshplan.runtime.validation.dryrun import fake_process_group
+
+    mesh, t = plan.mesh, cfg.training
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
+    v = padded_vocab(cfg.model.vocab, t.vocab_pad_divisor, tp)
+    cuda = device.startswith("cuda")
+    with fake_process_group(mesh.world, rank):
+        dm = init_mesh(mesh, "cuda" if cuda else "cpu")
+        with torch.device("meta"):
+            model = Transformer(cfg.model, vocab=v, tp=tp, recompute=t.layer_recomputed)
+        parallelize(model, dm, mesh, t, loss_parallel=tp > 1, mixed_precision=cuda)
+        model.to_empty(device=device)
+        _fill(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        clock = LayerClock(device)
+        handles = _hook_blocks(model, clock)
+        b, s = t.micro_batch, t.seq_len // cp
+        gen = torch.Generator(device=device).manual_seed(rank)
+        tokens = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
+        labels = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
+        per_step, mem = [], (None, None)
+        try:
+            for k in range(warmup + steps):
+                if cuda and k == warmup + steps - 1:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                clock.marks.clear()
+                t0 = clock.stamp()
+                _train_step(model, opt, tokens, labels, tp > 1, clock)
+                t1 = clock.stamp()
+                secs = clock.seconds()
+                step = t0.elapsed_time(t1) / 1e3 if cuda else t1 - t0
+                if k >= warmup:
+                    per_step.append(dict(step_s=step, host_forward_s=clock.host["forward"],
+                                         host_backward_s=clock.host["backward"], **{kind: v for kind, v in secs.items()},
+                                         **{f"memory_{x}_bytes": v for x, v in clock.memory.items()}))
+            if cuda:
+                mem = (int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()))
+        finally:
+            for h in handles:
+                h.remove()
+
+    def med(kind: str) -> Optional[float]:
+        vals = [x for st in per_step for x in st.get(kind, [])]
+        return statistics.median(vals) if vals else None
+
+    return Measured(forward_s=med("forward"), backward_s=med("backward"), recompute_s=med("recompute"),
+                    step_s=statistics.median(st["step_s"] for st in per_step), peak_allocated_bytes=mem[0],
+                    peak_reserved_bytes=mem[1], per_step=per_step)
+
+
+def _train_step(model, opt, tokens, labels, loss_parallel: bool, clock: LayerClock) -> None:
+    """Forward, cross entropy (loss-parallel at tp > 1), backward, AdamW step, zero_grad."""
+    lp = contextlib.nullcontext()
+    if loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as _lp
+
+        lp = _lp()
+    clock.phase = "forward"
+    cuda = clock.device.startswith("cuda")
+    if cuda:
+        clock.memory["start"] = torch.cuda.memory_allocated()
+    with lp:
+        h0 = time.perf_counter()
+        loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten())  # torchtitan: fp32 loss
+        h1 = time.perf_counter()
+        if cuda:
+            torch.cuda.synchronize()
+            clock.memory["forward_peak"] = torch.cuda.max_memory_allocated()
+        clock.phase = "backward"
+        h2 = time.perf_counter()
+        loss.backward()
+        clock.host.update(forward=h1 - h0, backward=time.perf_counter() - h2)
+    clock.phase = "step"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def run(data: dict, layers: int = 2, rank: int = 0, device: str = "cuda", system: Optional[str] = "auto",
+        warmup: int = 2, steps: int = 3) -> dict:
+    """Reduce ``data`` (a parsed config), predict, measure; the evidence as a JSON-able dict with
+    ``error`` = measured / predicted - 1 per figure."""
+    sysname = local_system(device) if system == "auto" else system
+    cfg = config_from_dict(reduced_data(data, layers, sysname))
+    plan, p = predict(cfg)
+    m = measure(cfg, plan, rank, device, warmup, steps)
+    rows = {}
+    for key in ("forward_s", "backward_s", "recompute_s", "peak_allocated_bytes", "peak_reserved_bytes"):
+        pv, mv = getattr(p, key), getattr(m, key)
+        rows[key] = dict(predicted=pv, measured=mv, error=(mv / pv - 1) if (mv is not None and pv) else None)
+    return dict(device=_device_name(device), torch=torch.__version__, gpu_catalog=p.gpu, layers=layers, rank=rank,
+                mesh=dict(names=list(plan.mesh.layout.names), shape=list(plan.mesh.layout.shape)),
+                micro_batch=cfg.training.micro_batch, seq_len=cfg.training.seq_len, peak_where=p.peak_where,
+                rows=rows, step_s=m.step_s, per_step=m.per_step, memory=RUN_MEMORY,
+                predicted_peak_by_kind=p.peak_by_kind, host=_host_lines(m.per_step))
+
+
+def _host_lines(per_step: list) -> dict:
+    """Median host seconds to issue the forward and the backward, beside the device's seconds of
+    all blocks' forward and backward: a host that issues slower than the device runs leaves the
+    device waiting (the measured times are then the host's)."""
+    def med(key):
+        vals = [st[key] for st in per_step if key in st]
+        return statistics.median(vals) if vals else None
+
+    def total(kind):
+        vals = [sum(st.get(kind, [])) for st in per_step if st.get(kind)]
+        return statistics.median(vals) if vals else None
+
+    return dict(forward_issue_s=med("host_forward_s"), backward_issue_s=med("host_backward_s"),
+                blocks_forward_s=total("forward"), blocks_backward_s=total("backward"))
+
+
+def _device_name(device: str) -> str:
+    from meshplan.runtime.bench.gemm import device_name
+
+    return device_name(device)
+
+
+def summary(ev: dict) -> str:
+    """The evidence as lines for a person: predicted, measured, error per figure."""
+    mesh = " x ".join(f"{n} {s}" for n, s in zip(ev["mesh"]["names"], ev["mesh"]["shape"]))
+    lines = [f"one rank ({ev['rank']}) of {mesh}, {ev['layers']} layers, micro-batch {ev['micro_batch']} x "
+             f"seq {ev['seq_len']} on {ev['device']} (torch {ev['torch']}; predicted for {ev['gpu_catalog']})",
+             f"{'figure':<24} {'predicted':>12} {'measured':>12} {'error':>8}"]
+    for key, r in ev["rows"].items():
+        unit, scale = ("ms", 1e3) if key.endswith("_s") else ("GiB", 1 / 2**30)
+        fmt = (lambda x: "-" if x is None else f"{x * scale:.3f}")
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(f"{key.replace('_s', ' / layer').replace('_bytes', ''):<24} {fmt(r['predicted']):>9} {unit} "
+                     f"{fmt(r['measured']):>9} {unit} {err:>8}")
+    h = ev.get("host") or {}
+    if h.get("forward_issue_s") is not None and h.get("blocks_forward_s"):
+        lines.append(f"host issue: forward {h['forward_issue_s'] * 1e3:.2f} ms (blocks on the device "
+                     f"{h['blocks_forward_s'] * 1e3:.2f} ms), backward {h['backward_issue_s'] * 1e3:.2f} ms (blocks "
+                     f"{(h['blocks_backward_s'] or 0) * 1e3:.2f} ms)")
+    return "\n".join(lines)
+
+
+__all__ = ["reduced_data", "predict", "measure", "run", "summary", "asdict"]

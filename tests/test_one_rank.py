@@ -1,0 +1,112 @@
+"""One rank of a planned mesh on the local device (meshplan.runtime.validation.one_rank, `bench rank`):
+the reduced config derived by hand, the prediction's wiring, a CPU run's shape, and the H200 evidence
+(benchmarks/gpu_h200/run2, measured 2026-12-04) against today's prediction."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from meshplan.compute.layer import layer_cost  # noqa: E402
+from meshplan.config import config_from_dict  # noqa: E402
+from meshplan.runtime.validation.one_rank import RUN_MEMORY, predict, reduced_data  # noqa: E402
+from meshplan.schedule.workload import workload_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EVIDENCE = ROOT / "benchmarks" / "gpu_h200" / "run2" / "one_rank.json"
+
+
+def _example(name: str) -> dict:
+    return tomllib.loads((ROOT / "examples" / name).read_text())
+
+
+def test_405b_reduces_to_one_stage_of_the_same_local_shapes():
+    data = _example("llama3-405b_16384xh100_tp8-pp16-dp128.toml")
+    r = reduced_data(data, 2, "dgx-h200")
+    # pp 16 dropped: dp_shard 128 x tp 8 = 1,024 ranks on 128 eight-GPU nodes; one micro-batch of 1 per dp rank
+    assert r["mesh"]["names"] == ["dp_shard", "tp"] and r["mesh"]["shape"] == [128, 8]
+    assert "pp_layer_split" not in r["mesh"] and r["model"]["layers"] == 2
+    assert r["training"]["global_batch"] == 128 and r["cluster"] == {"system": "dgx-h200", "nodes": 128}
+    assert {k: r["memory"][k] for k in RUN_MEMORY} == RUN_MEMORY
+    assert data["mesh"]["shape"] == [16, 128, 8]  # the caller's mapping is left as it was
+
+
+def test_a_mesh_smaller_than_a_node_uses_part_of_it():
+    data = _example("mini_2x4_tp2-dp4.toml")
+    data["mesh"] = {"names": ["pp", "dp_shard", "tp"], "shape": [2, 2, 2]}
+    r = reduced_data(data, 1)
+    assert r["mesh"]["world"] == 4 and r["cluster"]["nodes"] == 1  # 4 of dgx-h100's 8 GPUs
+
+
+def test_prediction_is_the_layer_cost_and_the_tracked_peak():
+    cfg = config_from_dict(reduced_data(_example("seed-64gpu.toml"), 4, "dgx-h200"))
+    plan, p = predict(cfg)
+    cost = layer_cost(cfg.model, cfg.cluster.gpu, workload_of(plan))
+    assert p.forward_s == cost.seconds("forward")
+    assert p.backward_s == cost.seconds("backward_input") + cost.seconds("backward_weight")
+    peak = plan.timelines[0].peak
+    # the fake process group has no NCCL buffers and max_memory_allocated no fragmentation
+    assert p.peak_allocated_bytes == peak.total_bytes - peak.by_kind.get("comm_buffers", 0) \
+        - peak.by_kind.get("fragmentation", 0)
+    assert p.gpu == "h200-sxm-141gb"
+
+
+def test_bench_rank_refuses_a_rank_outside_the_reduced_mesh(tmp_path, capsys):
+    from tests.cli_run import run_main
+
+    code = run_main("bench", "rank", ROOT / "examples" / "mini_2x4_tp2-dp4.toml", "--rank", "8",
+                    "--out", tmp_path / "r.json")
+    assert code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == "error: --rank: 8 is outside 0..7"
+    assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow
+def test_cpu_run_times_every_block(tmp_path):
+    from meshplan.runtime.validation.one_rank import run
+
+    data = _example("mini_2x4_tp2-dp4.toml")
+    data["model"] = {"name": "tiny", "layers": 4, "hidden": 128, "ffn": 256, "q_heads": 4, "kv_heads": 2, "vocab": 512}
+    data["training"]["seq_len"] = 128
+    ev = run(data, layers=3, device="cpu", system=None, warmup=1, steps=2)
+    assert len(ev["per_step"]) == 2
+    for step in ev["per_step"]:
+        assert len(step["forward"]) == 3 and len(step["backward"]) == 3  # one span per block
+        assert step["step_s"] > sum(step["forward"]) + sum(step["backward"])
+    assert ev["rows"]["peak_allocated_bytes"]["measured"] is None  # not measured on the CPU
+
+
+def test_h200_evidence_against_todays_prediction():
+    """The H200 run's FSDP-only Llama 3 8B (dp_shard 8, 4 layers, seq 8192): the device's
+    per-layer forward and backward (host-issue time well under the device's, so the kernels'
+    own) within 5% of today's prediction from the catalog's H200 tables (M1)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_measure import RUNS, merge
+
+    runs = {name: (path, over, layers) for name, path, over, layers in RUNS}
+    ev = next(e for e in json.loads(EVIDENCE.read_text()) if e["name"] == "llama3-8b dp_shard8, no recompute")
+    path, over, layers = runs[ev["name"]]
+    assert ev["host"]["forward_issue_s"] < 0.5 * ev["host"]["blocks_forward_s"]
+    cfg = config_from_dict(reduced_data(merge(tomllib.loads((ROOT / path).read_text()), over), layers, "dgx-h200"))
+    _, p = predict(cfg)
+    f, b = ev["rows"]["forward_s"]["measured"], ev["rows"]["backward_s"]["measured"]
+    assert math.isclose(f, p.forward_s, rel_tol=0.05) and math.isclose(b, p.backward_s, rel_tol=0.05)
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU (CI has none)")
+def test_gpu_rank_runs_and_measures_memory():
+    from meshplan.runtime.validation.one_rank import run
+
+    data = _example("seed-64gpu.toml")
+    data["model"] = {"catalog": "llama3-8b"}
+    data["mesh"] = {"names": ["dp_shard"], "shape": [8]}
+    data["training"]["recompute"] = "none"
+    ev = run(data, layers=2, device="cuda", system="auto", warmup=1, steps=2)
+    assert ev["rows"]["peak_allocated_bytes"]["measured"] > 0
+    assert abs(ev["rows"]["forward_s"]["error"]) < 0.25
