@@ -46,6 +46,8 @@ CPU_EXTRA = [(96, 64, 64)]
 RUNS = [
     ("llama3-405b tp8 x dp_shard128 (examples/, pp dropped), full recompute",
      "examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml", {}, 2),
+    ("llama3-405b tp8 x dp_shard128 (examples/, pp dropped), no recompute",
+     "examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml", {"training": {"recompute": "none"}}, 2),
     ("llama3-70b tp8 x dp_shard8 (seed), no recompute",
      "examples/seed-64gpu.toml", {"training": {"recompute": "none"}}, 4),
     ("llama3-8b dp_shard8, no recompute", "examples/seed-64gpu.toml",
@@ -152,10 +154,15 @@ def one_rank(out: Path, device: str) -> None:
             data["mesh"] = {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}
         t0 = time.perf_counter()
         try:
-            ev = run(data, layers=layers, device=device, system="auto" if device != "cpu" else None)
+            ev = run(data, layers=layers, device=device, system="auto" if device != "cpu" else None, profile=True)
             ev["name"], ev["wall_s"] = name, time.perf_counter() - t0
             results.append(ev)
             log(out, f"\n{name}\n{summary(ev)}")
+            log(out, f"held between steps: {ev.get('held')}")
+            for kind, v in (ev.get("profile") or {}).get("kinds", {}).items():
+                log(out, f"  profiled step {kind}: {v['seconds'] * 1e3:.2f} ms in {v['kernels']} kernels")
+            for t in (ev.get("profile") or {}).get("top", [])[:12]:
+                log(out, f"    {t['seconds'] * 1e3:8.3f} ms {t['calls']:5d}x {t['name']}")
         except Exception:
             log(out, f"\n{name}: FAILED\n{traceback.format_exc()}")
             results.append(dict(name=name, error=traceback.format_exc()[-2000:]))
