@@ -210,7 +210,8 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words:
 def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     """What a restart at another pp runs: the layers per stage before and after (``rule``: the
     :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
-    the schedule and vpp kept; at pp 1, no pipeline. ``splits``: the mesh's planned splits,
+    the schedule and vpp kept (from pp 1, which ran no schedule, no schedule named); at pp 1, no
+    pipeline. ``splits``: the mesh's planned splits,
     fastest first (:func:`~meshplan.restart_rank.rank`), each named with its tokens/s where
     more than one was planned.
 
@@ -219,7 +220,7 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     >>> pipeline_note(rule, N(pp=8, pp_layer_split=(7, 8, 8, 8, 8, 8, 8, 6)))
     ['pipeline: pp 16 -> 8, layers per stage 3, 4 x 14, 2 -> 7, 8 x 6, 6 (the schedule kept)']
     >>> pipeline_note(N(layers=32, pp=1, split=None, vpp=1), N(pp=4, pp_layer_split=None))
-    ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
+    ['pipeline: pp 1 -> 4, layers per stage 8 x 4']
     >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
     ['pipeline: pp 2 -> 1: no pipeline']
     >>> two = [N(pp_layer_split=(7, 9, 9, 7), tokens_per_s=2e5), N(pp_layer_split=None, tokens_per_s=1.9e5)]
@@ -235,7 +236,7 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
     new = words(top.pp_layer_split, top.pp)
     kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
-    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)" if rule.pp == 1 else
+    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new}" if rule.pp == 1 else  # pp 1 ran no schedule
             f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)")
     if len(splits) > 1:
         each = [f"{words(g.pp_layer_split, top.pp)} at {g.tokens_per_s:,.0f}" for g in splits]

@@ -330,7 +330,7 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     assert lines[head + 2].startswith("- runner-up: pp 3 x dp_shard 8 x ep 8 on 24 GPUs, contract kept")
     assert lines[head + 3:head + 5] == [
         "- global batch 256 = micro_batch 1 x dp 4 x 64 micro-batches",
-        "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10 (the configured schedule)"]
+        "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10"]  # pp 1 ran no schedule: none named
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
     assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 4, 2], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
@@ -542,7 +542,7 @@ def test_restart_dense_seed_varies_pp():
     assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:3]) == [(48, 3, 2), (48, 6, 1)]
     assert r.lines()[0] == ("restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: "
                             "pp, dp_shard)")
-    assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3 (the configured schedule)" in r.notes
+    assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3" in r.notes  # pp 1 ran no schedule to keep
 
 
 def test_restart_seed_planned_keeps_the_kind_at_another_global_batch():
