@@ -77,6 +77,62 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
     return notes
 
 
+#: What a refusal of the job's kind (:func:`kind_refusal`) starts with: the restart's refused list
+#: holds these after the larger meshes refused, and the head line names the first larger one only.
+KIND_REFUSED = "the job's kind "
+
+
+def kind_refusal(p: Proposal, why: str) -> str:
+    """A mesh of the job's kind whose plan failed, with the contract it was planned at and why
+    (one line of the refused list).
+
+    >>> from types import SimpleNamespace as N
+    >>> kind_refusal(N(mesh_text=lambda: "dp_shard 24 x ep 8", gpus=24, contract="global_batch 256 -> 240"),
+    ...              "expert_ffn must divide by efsdp 3")
+    "the job's kind dp_shard 24 x ep 8 (24 GPUs, global_batch 256 -> 240): expert_ffn must divide by efsdp 3"
+    """
+    return f"{KIND_REFUSED}{p.mesh_text()} ({p.gpus} GPUs{', ' + p.contract if p.contract else ''}): {why}"
+
+
+def kind_passed_text(kind: Proposal, faster: Proposal) -> str:
+    """Why the job's kind is not proposed: ``faster`` plans more than :data:`MODEL_ACCURACY` more
+    tokens/s than ``kind``'s plan (:func:`~meshplan.restart_rank.kind_passed`).
+
+    >>> from types import SimpleNamespace as N
+    >>> kind_passed_text(N(mesh_text=lambda: "pp 2 x dp 2 x tp 2", gpus=8, tokens_per_s=77847.7),
+    ...                  N(mesh_text=lambda: "pp 1 x dp 4 x tp 2", gpus=8, tokens_per_s=84260.3))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    "the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on 8 GPUs
+    plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy"
+    """
+    k, f = kind.tokens_per_s or 0.0, faster.tokens_per_s or 0.0
+    return (f"{KIND_REFUSED}{kind.mesh_text()} on {kind.gpus} GPUs plans {k:,.0f} tokens/s, passed over: "
+            f"{faster.mesh_text()} on {faster.gpus} GPUs plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the "
+            f"step-time model's {MODEL_ACCURACY:.0%} accuracy")
+
+
+def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
+    """Why the largest mesh does not keep the contract (``as_configured``), and whether it runs
+    with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
+    changer is evaluated last)."""
+    why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
+    ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
+    if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
+        return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
+                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
+    if any(not p.keeps_global_batch for p in ranked):
+        return why + " (the alternative below changes the global batch)", changer.gpus
+    return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
+
+
+
+def kind_notes(passed: Optional[tuple[Proposal, Proposal]], refused: list[tuple[str, int]]) -> list[str]:
+    """A line where the 5% rule passed over the job's kind (``passed``: its plan and the faster
+    one, :func:`kind_passed_text`) and one per plan of the kind that failed (``refused``, from
+    :func:`kind_refusal`)."""
+    return ([kind_passed_text(*passed)] if passed else []) + [f"refused: {r}" for r, _ in refused]
+
+
 def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:
     """Why a restart on fewer GPUs plans more tokens/s than the full-size plan: the original mesh
     plans slowly (its step against the restart mesh's), not that losing a node helps; said only
