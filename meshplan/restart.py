@@ -37,7 +37,8 @@ mesh; "Global semantics": hold the global batch fixed):
   global batch is kept when it uses more GPUs than those. Then the job's kind first
   (:func:`~meshplan.restart_rank.kind_ranked`: the same axes, pp unchanged; its largest mesh
   keeping the global batch and its largest changing it are always planned) unless another
-  plans more than MODEL_ACCURACY (5%) more tokens/s. The first is the proposal; one
+  plans more than MODEL_ACCURACY (5%) more tokens/s (then a note names the two and their tokens/s;
+  a plan of the kind that fails is refused, a note each). The first is the proposal; one
   alternative is shown: the best keeping the global batch when the proposal changes it, else
   the larger mesh changing it, else the runner-up.
 
@@ -60,9 +61,10 @@ from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.spec import wording
 # PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
-                                   axes_at, changer_refusal, degree_rule, engine_rules, kind_ranked, pipeline_rule,
+                                   axes_at, degree_rule, engine_rules, kind_passed, kind_ranked, pipeline_rule,
                                    pipelines, plan_evaluator, rank, same_kind, splits)
-from meshplan.restart_text import batch_notes, checkpoint_engine, pipeline_note, result_notes, state_notes  # noqa: F401
+from meshplan.restart_text import (KIND_REFUSED, batch_notes, changer_refusal, checkpoint_engine,  # noqa: F401
+                                   kind_notes, pipeline_note, result_notes, state_notes)
 from meshplan.spec.mesh import MeshSpec
 
 #: Meshes that keep the global batch evaluated at most per pipeline degree (largest first), and larger
@@ -135,7 +137,8 @@ class Restart:
     spares); ``new_world``, ``names``/``shape``, ``changed``, ``micro_batches`` (old, new):
     the proposed mesh (``proposals[0]``); ``batch_contract``: it keeps the contract as
     configured; ``contract``: else the field it changes; ``proposals``: ranked (module
-    docstring); ``refused``: larger meshes not proposed, each with why; ``old_step_s``,
+    docstring); ``refused``: larger meshes not proposed, each with why, then the job's kind's
+    meshes whose plan failed (:func:`~meshplan.restart_text.kind_refusal`); ``old_step_s``,
     ``old_tokens_per_s``: the plan before the loss; ``reasons``: why no mesh exists (empty when
     feasible); ``notes``: what the restart implies."""
 
@@ -186,7 +189,7 @@ class Restart:
         left = f" ({self.gpus_left} GPUs left)" if self.gpus_left != self.new_world else ""
         head = (f"restart: world {self.old_world} -> {self.new_world}{left}; mesh {old} -> {new}"
                 + (f" (changed: {self.changed_words()})" if self.changed else " (unchanged)"))
-        if self.refused:
+        if self.refused and not self.refused[0].startswith(KIND_REFUSED):  # the kind's: a note of its own
             head += f"; not {self.refused[0]}"
         return [head] + [f"- {n}" for n in self.notes]
 
@@ -259,7 +262,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     keepers, changer, refused, screened, kind = _candidates(where, pipeline, pairs)
     planned: dict[tuple, list[Proposal]] = {}
     ranked, unplanned = rank(keepers, changer, evaluate, pairs[0], planned)
-    ranked = kind_ranked(ranked, kind, evaluate, mesh)
+    ranked, kind_refused = kind_ranked(ranked, kind, evaluate, mesh)  # the kind's failed plans: refused too
     unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     top_why = (_why_not_kept(global_batch, micro_batch, ranked[0], micro_batch_reasons)  # the kind's (kind_ranked)
@@ -268,7 +271,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
     if not ranked:
-        return bad(*([r for r, _ in refused[:REFUSED_SHOWN]] or ["no data-parallel degree keeps the contract"]))
+        return bad(*([r for r, _ in refused[:REFUSED_SHOWN] + kind_refused]
+                     or ["no data-parallel degree keeps the contract"]))
     top = ranked[0]
     larger = tuple(r for r, gpus in refused if gpus > top.gpus)
     smaller = [r for r, gpus in sorted(unplanned, key=lambda r: -r[1]) if gpus < top.gpus]
@@ -277,12 +281,13 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state,
                                         changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None,
-                          old_infeasible)
+                          old_infeasible) + kind_notes(kind_passed(ranked, mesh), kind_refused)
              + batch_notes(top, top_why, any(p.keeps_global_batch for p in ranked))
              + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
-                   contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN],
+                   contract=top.contract, proposals=tuple(ranked),
+                   refused=larger[:REFUSED_SHOWN] + tuple(r for r, _ in kind_refused),
                    **{**base, "new_names": top.names})
 
 

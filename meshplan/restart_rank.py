@@ -18,7 +18,7 @@ from meshplan.mesh.layers import ends_short_split, restart_splits, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, check_deepspeed_zero3, build_plan
-from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine
+from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine, kind_refusal
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
 from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
@@ -246,20 +246,6 @@ def variants(meshes: list[Proposal]) -> list[list[Proposal]]:
     return list(groups.values())
 
 
-def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
-    """Why the largest mesh does not keep the contract (``as_configured``), and whether it runs
-    with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
-    changer is evaluated last)."""
-    why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
-    ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
-    if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
-        return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
-                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
-    if any(not p.keeps_global_batch for p in ranked):
-        return why + " (the alternative below changes the global batch)", changer.gpus
-    return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
-
-
 def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator],
          pair: Optional[tuple[int, int]] = None, planned: Optional[dict[tuple, list[Proposal]]] = None):
     """(proposals ranked: keeping the global batch first, then throughput, else GPUs and the
@@ -300,12 +286,24 @@ def same_kind(p: Proposal, mesh) -> bool:
     return p.pp == mesh.degree("pp") and axes(p.names, p.shape) == axes(mesh.layout.names, mesh.layout.shape)
 
 
+def kind_pick(ranked: list[Proposal], mesh) -> Optional[Proposal]:
+    """The plan of the job's kind (:func:`same_kind`) that :func:`kind_first` puts first: the one
+    keeping the global batch unless one changing it plans more than
+    :data:`~meshplan.restart_text.MODEL_ACCURACY` more tokens/s; None without a planned one."""
+    kind = [p for p in ranked if same_kind(p, mesh) and p.tokens_per_s is not None]
+    if not kind:
+        return None
+    fastest = max(kind, key=lambda p: p.tokens_per_s or 0.0)
+    kept = [p for p in kind if p.keeps_global_batch and (p.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
+            >= (fastest.tokens_per_s or 0.0)]
+    return max(kept, key=lambda p: p.tokens_per_s or 0.0) if kept else fastest
+
+
 def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
-    """``ranked`` (:func:`rank`'s order) with the plan keeping the job's kind (:func:`same_kind`)
+    """``ranked`` (:func:`rank`'s order) with the plan keeping the job's kind (:func:`kind_pick`)
     first unless another plans more than :data:`~meshplan.restart_text.MODEL_ACCURACY` (5%,
     issue 11's step-time goal) more tokens/s: a faster plan within the model's accuracy is not
-    shown to be faster. Of the kind's plans, the one keeping the global batch unless one changing
-    it is faster by more than that. Unchanged without tokens/s (no evaluator) or a plan of the kind.
+    shown to be faster. Unchanged without tokens/s (no evaluator) or a plan of the kind.
 
     >>> from types import SimpleNamespace as N
     >>> m = N(degree=lambda a: 1, layout=N(names=("dp_shard", "tp"), shape=(16, 8)))
@@ -317,31 +315,40 @@ def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
     >>> [p.shape for p in kind_first([P((7, 2, 8), 100.0), P((1, 14, 8), 95.0, False)], m)]  # 5.3% > 5%
     [(7, 2, 8), (1, 14, 8)]
     """
-    kind = [p for p in ranked if same_kind(p, mesh) and p.tokens_per_s is not None]
-    if not kind:
-        return ranked
-    fastest = max(kind, key=lambda p: p.tokens_per_s or 0.0)
-    kept = [p for p in kind if p.keeps_global_batch and (p.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
-            >= (fastest.tokens_per_s or 0.0)]
-    top = max(kept, key=lambda p: p.tokens_per_s or 0.0) if kept else fastest
-    if any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY) for p in ranked):
+    top = kind_pick(ranked, mesh)
+    if top is None or any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY) for p in ranked):
         return ranked
     return [top] + [p for p in ranked if p is not top]
 
 
+def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal]]:
+    """(the job's kind's plan, a plan over MODEL_ACCURACY faster) where :func:`kind_first` passed
+    over the kind (``ranked``: its order, so its first is not of the kind only then): the faster
+    is the proposal where it is over 5% faster, else the fastest plan; None otherwise."""
+    pick = kind_pick(ranked, mesh)
+    if pick is None or same_kind(ranked[0], mesh):
+        return None
+    over = lambda p: (p.tokens_per_s or 0.0) > (pick.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
+    return pick, ranked[0] if over(ranked[0]) else max(ranked, key=lambda p: p.tokens_per_s or 0.0)
+
+
 def kind_ranked(ranked: list[Proposal], kind: list[Proposal], evaluate: Optional[Evaluator],
-                mesh) -> list[Proposal]:
-    """``ranked`` with the job's kind's meshes (``kind``: :func:`meshplan.restart._candidates`)
-    planned where :data:`PLANNED` left them out, in :func:`rank`'s order, then :func:`kind_first`'s."""
+                mesh) -> tuple[list[Proposal], list[tuple[str, int]]]:
+    """(``ranked`` with the job's kind's meshes (``kind``: :func:`meshplan.restart._candidates`)
+    planned where :data:`PLANNED` left them out, in :func:`rank`'s order, then :func:`kind_first`'s;
+    the kind's meshes whose plan failed, as (text, GPUs): :func:`~meshplan.restart_text.kind_refusal`)."""
     if evaluate is None:
-        return ranked
+        return ranked, []
     seen = {(p.names, p.shape, p.contract) for p in ranked}
+    refused = []
     for p in kind:
         got = evaluate(p) if (p.names, p.shape, p.contract) not in seen else p
-        if not isinstance(got, str) and got is not p:
+        if isinstance(got, str):
+            refused.append((kind_refusal(p, got), p.gpus))
+        elif got is not p:
             ranked = ranked + [got]
     ranked.sort(key=lambda p: (not p.keeps_global_batch, -(p.tokens_per_s or 0.0), -p.ideal))  # rank's order
-    return kind_first(ranked, mesh)
+    return kind_first(ranked, mesh), refused
 
 
 class PlanEvaluator:

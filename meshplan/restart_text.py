@@ -77,6 +77,62 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
     return notes
 
 
+#: What a refusal of the job's kind (:func:`kind_refusal`) starts with: the restart's refused list
+#: holds these after the larger meshes refused, and the head line names the first larger one only.
+KIND_REFUSED = "the job's kind "
+
+
+def kind_refusal(p: Proposal, why: str) -> str:
+    """A mesh of the job's kind whose plan failed, with the contract it was planned at and why
+    (one line of the refused list).
+
+    >>> from types import SimpleNamespace as N
+    >>> kind_refusal(N(mesh_text=lambda: "dp_shard 24 x ep 8", gpus=24, contract="global_batch 256 -> 240"),
+    ...              "expert_ffn must divide by efsdp 3")
+    "the job's kind dp_shard 24 x ep 8 (24 GPUs, global_batch 256 -> 240): expert_ffn must divide by efsdp 3"
+    """
+    return f"{KIND_REFUSED}{p.mesh_text()} ({p.gpus} GPUs{', ' + p.contract if p.contract else ''}): {why}"
+
+
+def kind_passed_text(kind: Proposal, faster: Proposal) -> str:
+    """Why the job's kind is not proposed: ``faster`` plans more than :data:`MODEL_ACCURACY` more
+    tokens/s than ``kind``'s plan (:func:`~meshplan.restart_rank.kind_passed`).
+
+    >>> from types import SimpleNamespace as N
+    >>> kind_passed_text(N(mesh_text=lambda: "pp 2 x dp 2 x tp 2", gpus=8, tokens_per_s=77847.7),
+    ...                  N(mesh_text=lambda: "pp 1 x dp 4 x tp 2", gpus=8, tokens_per_s=84260.3))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    "the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on 8 GPUs
+    plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy"
+    """
+    k, f = kind.tokens_per_s or 0.0, faster.tokens_per_s or 0.0
+    return (f"{KIND_REFUSED}{kind.mesh_text()} on {kind.gpus} GPUs plans {k:,.0f} tokens/s, passed over: "
+            f"{faster.mesh_text()} on {faster.gpus} GPUs plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the "
+            f"step-time model's {MODEL_ACCURACY:.0%} accuracy")
+
+
+def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
+    """Why the largest mesh does not keep the contract (``as_configured``), and whether it runs
+    with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
+    changer is evaluated last)."""
+    why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
+    ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
+    if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
+        return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
+                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
+    if any(not p.keeps_global_batch for p in ranked):
+        return why + " (the alternative below changes the global batch)", changer.gpus
+    return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
+
+
+
+def kind_notes(passed: Optional[tuple[Proposal, Proposal]], refused: list[tuple[str, int]]) -> list[str]:
+    """A line where the 5% rule passed over the job's kind (``passed``: its plan and the faster
+    one, :func:`kind_passed_text`) and one per plan of the kind that failed (``refused``, from
+    :func:`kind_refusal`)."""
+    return ([kind_passed_text(*passed)] if passed else []) + [f"refused: {r}" for r, _ in refused]
+
+
 def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:
     """Why a restart on fewer GPUs plans more tokens/s than the full-size plan: the original mesh
     plans slowly (its step against the restart mesh's), not that losing a node helps; said only
@@ -210,7 +266,8 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words:
 def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     """What a restart at another pp runs: the layers per stage before and after (``rule``: the
     :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
-    the schedule and vpp kept; at pp 1, no pipeline. ``splits``: the mesh's planned splits,
+    the schedule and vpp kept (from pp 1, which ran no schedule, no schedule named); at pp 1, no
+    pipeline. ``splits``: the mesh's planned splits,
     fastest first (:func:`~meshplan.restart_rank.rank`), each named with its tokens/s where
     more than one was planned.
 
@@ -219,7 +276,7 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     >>> pipeline_note(rule, N(pp=8, pp_layer_split=(7, 8, 8, 8, 8, 8, 8, 6)))
     ['pipeline: pp 16 -> 8, layers per stage 3, 4 x 14, 2 -> 7, 8 x 6, 6 (the schedule kept)']
     >>> pipeline_note(N(layers=32, pp=1, split=None, vpp=1), N(pp=4, pp_layer_split=None))
-    ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
+    ['pipeline: pp 1 -> 4, layers per stage 8 x 4']
     >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
     ['pipeline: pp 2 -> 1: no pipeline']
     >>> two = [N(pp_layer_split=(7, 9, 9, 7), tokens_per_s=2e5), N(pp_layer_split=None, tokens_per_s=1.9e5)]
@@ -235,7 +292,7 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
     new = words(top.pp_layer_split, top.pp)
     kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
-    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)" if rule.pp == 1 else
+    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new}" if rule.pp == 1 else  # pp 1 ran no schedule
             f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)")
     if len(splits) > 1:
         each = [f"{words(g.pp_layer_split, top.pp)} at {g.tokens_per_s:,.0f}" for g in splits]

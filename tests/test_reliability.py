@@ -328,10 +328,24 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
                                f"{1 - new.tokens_per_s / old.tokens_per_s:.1%} of the throughput lost (the 32-GPU "
                                f"plan: step {old.step_s:.2f} s, {old.tokens_per_s:,.0f} tokens/s)")
     assert lines[head + 2].startswith("- runner-up: pp 3 x dp_shard 8 x ep 8 on 24 GPUs, contract kept")
-    assert lines[head + 3:head + 5] == [
+    # the job's kind (dp_shard x ep 8, pp 1): dp_shard 16 keeps 256 (the 9th proposal, passed over by the 5% rule);
+    # dp_shard 24 on all 24 GPUs needs global batch 256 // 24 x 24 = 240 and its experts efsdp 24 / 8 = 3, which
+    # divides neither expert_ffn 14336 (3 x 4778 + 2) nor hidden 4096 (3 x 1365 + 1): refused, on a line of its own
+    assert lines[head + 3].startswith("- the job's kind dp_shard 16 x ep 8 on 16 GPUs plans ")
+    assert lines[head + 4] == (
+        "- refused: the job's kind dp_shard 24 x ep 8 (24 GPUs, global_batch 256 -> 240): routed experts sharded on "
+        "dim 1 (efsdp 3 x ep 8 > experts 8, torchtitan's shard_placement_fn): expert_ffn 14336 / etp 1 and hidden "
+        "4096 must both divide by efsdp 3; FSDP2 refuses uneven sharding on dim 1 (torch NotImplementedError)")
+    assert lines[head + 5:head + 7] == [
         "- global batch 256 = micro_batch 1 x dp 4 x 64 micro-batches",
-        "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10 (the configured schedule)"]
+        "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10"]  # pp 1 ran no schedule: none named
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
+    assert doc["refused"] == [lines[head + 4][len("- refused: "):]]
+    kind16 = next(p for p in doc["proposals"] if (p["names"], p["shape"]) == (["dp_shard"], [16]))
+    assert lines[head + 3] == (f"- the job's kind dp_shard 16 x ep 8 on 16 GPUs plans {kind16['tokens_per_s']:,.0f} "
+                               f"tokens/s, passed over: pp 3 x dp_shard 4 x cp 2 x ep 8 on 24 GPUs plans "
+                               f"{new.tokens_per_s:,.0f} tokens/s, {new.tokens_per_s / kind16['tokens_per_s'] - 1:.1%}"
+                               " more, over the step-time model's 5% accuracy")
     assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 4, 2], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
 
@@ -542,7 +556,7 @@ def test_restart_dense_seed_varies_pp():
     assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:3]) == [(48, 3, 2), (48, 6, 1)]
     assert r.lines()[0] == ("restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: "
                             "pp, dp_shard)")
-    assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3 (the configured schedule)" in r.notes
+    assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3" in r.notes  # pp 1 ran no schedule to keep
 
 
 def test_restart_seed_planned_keeps_the_kind_at_another_global_batch():

@@ -1,0 +1,97 @@
+"""What a restart says about the job's kind (issue 11 follow-ups, newcomer trial): each plan of
+the kind that fails is refused with its reason, one line each (and in ``Restart.refused``); a
+line names the kind and both throughputs where the 5% rule (MODEL_ACCURACY) passes over it; no
+schedule is named for a pipeline added to a pp 1 job, which ran none."""
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.restart import PipelineRule, restart_on_fewer_nodes
+from meshplan.restart_text import pipeline_note
+from meshplan.spec.mesh import MeshSpec
+
+SEED = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), world=64)
+OOM = "peak 90.0 GiB > 67.1 GiB usable"
+
+
+def _restart(evaluate):
+    """The seed's dp_shard 8 x tp 8 (global batch 512, micro_batch 1, 80 layers, pp varied) loses a
+    node: 56 GPUs, tp 8, pp x dp <= 7 (tests/test_restart_kind.py derives every mesh)."""
+    return restart_on_fewer_nodes(SEED, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                                  pipeline=PipelineRule(80, 1), evaluate=evaluate)
+
+
+def _ideal(p, gain=1.0):
+    """Stand-in plan: 1000 tokens/s per ideal GPU (GPUs x m / (m + pp - 1)), x ``gain`` at pp > 1."""
+    return replace(p, step_s=1.0, tokens_per_s=1000 * p.ideal * (gain if p.pp > 1 else 1.0), peak_bytes=0.0)
+
+
+def test_each_failed_plan_of_the_kind_is_refused_with_its_reason():
+    """Every pp 1 plan fails (memory, stand-in). The kind (dp_shard x tp 8, pp 1) is tried at its
+    largest mesh keeping 512, dp 4 on 32 GPUs, and at all 56 GPUs, dp 7 with 512 // 7 x 7 = 511:
+    both were dropped silently; now each is refused on a line of its own, with its contract, after
+    the larger meshes refused (none: pp 7 x dp 1 uses all 56), and the head line names none."""
+    r = _restart(lambda p: OOM if p.pp == 1 else _ideal(p))
+    assert all(p.pp > 1 for p in r.proposals)
+    assert r.refused == (f"the job's kind dp_shard 4 x tp 8 (32 GPUs): {OOM}",
+                         f"the job's kind dp_shard 7 x tp 8 (56 GPUs, global_batch 512 -> 511): {OOM}")
+    assert [n for n in r.notes if n.startswith("refused: ")] == [f"refused: {x}" for x in r.refused]
+    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: " \
+                           "pp, dp_shard)"
+    assert not [n for n in r.notes if "passed over" in n]  # no plan of the kind to pass over
+
+
+def test_only_the_failed_plan_of_the_kind_is_refused():
+    """dp 7 (511, 56 GPUs) fails, dp 4 (32 GPUs, 32,000 tokens/s) plans: one refusal line; and
+    pp 7 x dp 1 (55,351) passes over dp 4 (73.0% more), said in its line."""
+    r = _restart(lambda p: OOM if (p.pp, p.dp) == (1, 7) else _ideal(p))
+    assert r.refused == (f"the job's kind dp_shard 7 x tp 8 (56 GPUs, global_batch 512 -> 511): {OOM}",)
+    assert [(p.pp, p.dp) for p in r.proposals if p.pp == 1] == [(1, 4)]
+    assert ("the job's kind dp_shard 4 x tp 8 on 32 GPUs plans 32,000 tokens/s, passed over: pp 7 x tp 8 on 56 GPUs "
+            "plans 55,351 tokens/s, 73.0% more, over the step-time model's 5% accuracy") in r.notes
+
+
+@pytest.mark.parametrize("gain, passed", [(1.04, False), (1.08, True)])
+def test_a_line_names_the_kind_the_5pct_rule_passes_over(gain, passed):
+    """The kind's plan: dp 7 at 511, 56 x 1000 = 56,000 tokens/s (dp 4, 32,000, is over 5% slower).
+    pp 7 x dp 1 keeps 512 at 56 x 512 / 518 x 1000 x gain: x 1.04 = 57,565 (2.8% more, within 5%:
+    the kind stays first, no line); x 1.08 = 59,779 (6.7% more: pp 7 proposed, and a line names
+    the kind passed over with both throughputs)."""
+    r = _restart(lambda p: _ideal(p, gain))
+    lines = [n for n in r.notes if "passed over" in n]
+    assert (r.proposals[0].pp == 7) == passed
+    assert lines == (["the job's kind dp_shard 7 x tp 8 on 56 GPUs plans 56,000 tokens/s, passed over: pp 7 x tp 8 on "
+                      "56 GPUs plans 59,779 tokens/s, 6.7% more, over the step-time model's 5% accuracy"]
+                     if passed else [])
+    assert not r.refused  # every plan of the kind ran
+
+
+def test_no_schedule_named_for_a_pipeline_added_to_a_pp1_job():
+    """pp 1 -> 7 (80 layers, balanced 11, 12 x 3, 11 x 3): the job ran no pipeline schedule, so the
+    line names none ('(the configured schedule)' before); pp 2 -> 4 keeps the schedule it ran."""
+    from types import SimpleNamespace as N
+    top = N(pp=7, pp_layer_split=(11, 12, 12, 12, 11, 11, 11))
+    assert pipeline_note(N(layers=80, pp=1, split=None, vpp=1), top) == [
+        "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3"]
+    assert pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=4, pp_layer_split=None)) == [
+        "pipeline: pp 2 -> 4, layers per stage 16 x 2 -> 8 x 4 (the schedule kept)"]
+
+
+@pytest.mark.heavy
+def test_megatron_example_names_the_kind_passed_over(capsys):
+    """The Megatron example (Llama-3-8B pp 2 x dp 4 x tp 2 on 2 dgx-h100, global batch 128) loses a
+    node: 8 GPUs. The kind, pp 2 x dp 2 x tp 2, plans 77,848 tokens/s; pp 1 x dp 4 x tp 2 plans
+    84,260, 84,260 / 77,848 - 1 = 8.2% more (over 5%): proposed, and the line says so (planned by
+    this planner, the newcomer trial's numbers)."""
+    from pathlib import Path
+    from meshplan.cli import main
+    ex = Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+    with pytest.raises(SystemExit):
+        main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "100",
+              "--read-gbps", "200", "--restart-overhead-s", "300"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 1 x dp 4 x tp 2 (changed: pp)" in lines
+    assert ("- the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on "
+            "8 GPUs plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy") in lines
