@@ -32,3 +32,20 @@ def test_largest_compute_part_of_the_mini_search():
     line = search(load_config(ROOT / "examples" / "mini_2x4_tp2-dp4.toml"), workers=1).explanation.line()
     assert ("compute 6.96 s vs 6.97 s (largest: other (memory-bound ops, optimizer step) 954 ms vs 963 ms = "
             "9.76 ms of the 9.76 ms gap (100%), micro-batch 1 vs 2)") in line
+
+
+def test_megatron_fsdp_without_ckpt_format_says_unset():
+    """Finding 3: a Megatron FSDP import without --ckpt-format noted ``--ckpt-format torch_dist``,
+    a value the file does not give: it says the format is unset (Megatron-LM's default applies);
+    a format given is still named."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.megatron import read
+    args = ((ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
+            .replace("--use-distributed-optimizer", "--use-megatron-fsdp").replace("--pipeline-model-parallel-size 2", ""))
+    opts = ImportOptions(cluster="dgx-h100", nodes=2)
+    (note,) = [n for n in read(args, opts).notes if "--ckpt-format" in n]
+    assert note == ("--ckpt-format unset (Megatron-LM's default applies) with --use-megatron-fsdp: Megatron-LM (d98e8a6) "
+                    "asserts --ckpt-format fsdp_dtensor under Megatron FSDP (arguments.py); planned all the same, add "
+                    "--ckpt-format fsdp_dtensor to run it")
+    (note,) = [n for n in read(args + "--ckpt-format torch\n", opts).notes if "--ckpt-format" in n]
+    assert note.startswith("--ckpt-format torch with --use-megatron-fsdp: ")
