@@ -49,3 +49,18 @@ def test_megatron_fsdp_without_ckpt_format_says_unset():
                     "--ckpt-format fsdp_dtensor to run it")
     (note,) = [n for n in read(args + "--ckpt-format torch\n", opts).notes if "--ckpt-format" in n]
     assert note.startswith("--ckpt-format torch with --use-megatron-fsdp: ")
+
+
+def test_megatron_export_says_recompute_activations_is_expressed(tmp_path, capsys):
+    """Finding 4: ``export --to megatron`` of the example arguments listed ``--recompute-activations
+    (switch) -> dropped`` while it wrote ``--recompute-granularity selective``, which is what
+    Megatron-LM makes of the switch (arguments.py ``validate_args``)."""
+    from cli_run import run_main
+    out = tmp_path / "again.args"
+    code = run_main("export", ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args", "--cluster",
+                    "dgx-h100", "--nodes", "2", "--to", "megatron", "-o", out)
+    text = out.read_text()
+    assert code == 0 and "\n--recompute-granularity selective\n" in text and "\n--recompute-activations" not in text
+    (line,) = [h for h in text.splitlines() if h.startswith("# written otherwise")]
+    assert line.endswith("(the plan's value or spelling): --recompute-activations (switch) -> expressed as "
+                         "--recompute-granularity selective")

@@ -361,7 +361,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         body = "\n".join(args) + "\n"
-        head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.show)
+        head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.rewritten_args)
         head += megatron.write_notes(cfg)
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
@@ -399,13 +399,13 @@ def _step_line(cfg: Config, back: Config, to: str, step_of: StepOf) -> list[str]
 
 
 def _rewritten(user: UserFile | None, to: str, source: str, written: dict,
-               show: Callable[[Any], str] | None = None) -> list[str]:
+               listed: Callable[[dict, dict], list[str]] = rewritten) -> list[str]:
     """The header line naming every key of the user's ``to`` file that the export writes with
-    another value or drops (:func:`~meshplan.interop.common.rewritten`, values by ``show``);
-    none without one."""
+    another value or drops (``listed``: :func:`~meshplan.interop.common.rewritten`, or the
+    format's own, :func:`meshplan.interop.megatron_carry.rewritten_args`); none without one."""
     if user is None or user.fmt != to:
         return []
-    lost = rewritten(user.doc, written, show) if show is not None else rewritten(user.doc, written)
+    lost = listed(user.doc, written)
     return [f"written otherwise than {source} (the plan's value or spelling): {', '.join(lost)}"] if lost else []
 
 
