@@ -64,3 +64,33 @@ def test_megatron_export_says_recompute_activations_is_expressed(tmp_path, capsy
     (line,) = [h for h in text.splitlines() if h.startswith("# written otherwise")]
     assert line.endswith("(the plan's value or spelling): --recompute-activations (switch) -> expressed as "
                          "--recompute-granularity selective")
+
+
+S3 = ROOT / "tests" / "data" / "nccl" / "all_reduce_perf_8xh200_s3.txt"
+
+
+def test_calibrate_one_size_log_counts_sizes(tmp_path, capsys):
+    """Finding 5: an nccl-tests log of one size (S3's 1 MiB row alone) said ``2 usable rows``
+    (its out-of-place and in-place columns): it counts the sizes a fit needs, 1 of 2."""
+    from cli_run import run_main
+    lines = S3.read_text().splitlines()
+    one = tmp_path / "one.txt"
+    one.write_text("\n".join(ln for ln in lines if ln.startswith("#") or ln.split()[0] == "1048576") + "\n")
+    code = run_main("calibrate", one, "--out", tmp_path / "c.toml")
+    assert (code, capsys.readouterr().err) == (2, "error: one.txt: 1 usable size (1048576 B); measure at least two "
+                                                  "sizes (nccl-tests -b 8 -e 1G -f 2)\n")
+
+
+def test_calibrate_reports_a_missing_input_before_an_existing_out(tmp_path, capsys):
+    """Finding 7: with --out an existing file and the log missing, calibrate said ``--out ... exists``
+    first; the input is checked first (and --out is still refused, unchanged, for a good input)."""
+    from cli_run import run_main
+    out = tmp_path / "c.toml"
+    out.write_text("mine\n")
+    code = run_main("calibrate", tmp_path / "missing.txt", "--out", out)
+    assert (code, capsys.readouterr().err) == (2, f"error: NCCL_TESTS_OUTPUT: no such file "
+                                                  f"'{tmp_path / 'missing.txt'}'; pass nccl-tests output (stdout text "
+                                                  "or -J JSON)\n")
+    code = run_main("calibrate", S3, "--out", out)
+    assert code == 2 and capsys.readouterr().err.startswith(f"error: --out: {out} exists; ")
+    assert out.read_text() == "mine\n"

@@ -70,9 +70,9 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
     runs name (runs on two GPU models are refused: one calibration file per model)."""
 
+    fits, notes, sources, curves = calibrate_curves(logs, link)  # the inputs' errors before --out's
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    fits, notes, sources, curves = calibrate_curves(logs, link)
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
