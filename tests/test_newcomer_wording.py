@@ -94,3 +94,38 @@ def test_calibrate_reports_a_missing_input_before_an_existing_out(tmp_path, caps
     code = run_main("calibrate", S3, "--out", out)
     assert code == 2 and capsys.readouterr().err.startswith(f"error: --out: {out} exists; ")
     assert out.read_text() == "mine\n"
+
+
+def _without(path: Path, prefix: str, tmp_path: Path, extra: str = "") -> Path:
+    out = tmp_path / path.name
+    out.write_text("".join(ln for ln in path.read_text().splitlines(True) if not ln.startswith(prefix)) + extra)
+    return out
+
+
+def test_seq_len_notes_are_the_same_for_torchtitan_and_megatron(tmp_path):
+    """Finding 6: --seq-len says the same on a torchtitan and a Megatron-LM import: it replaces the
+    file's value (both examples hold 8192), or stands where the file has none. Without either,
+    torchtitan's own default (job_config.py ``Training.seq_len = 2048``) is planned and said so,
+    while Megatron-LM has none: a one-line error naming --seq-length and --seq-len."""
+    from meshplan.errors import ConfigError
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    tt = ROOT / "examples" / "torchtitan_llama3-8b_8xh100.toml"
+    mg = ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+    opts = lambda nodes, seq=None: ImportOptions(cluster="dgx-h100", nodes=nodes, seq_len=seq)
+    seq_notes = lambda cfg: [n for n in cfg.notes if "seq" in n.split(":", 1)[1].split(";")[0]]
+    assert seq_notes(load_any(tt, opts=opts(1, 4096))) == ["torchtitan: --seq-len 4096 replaces training.seq_len 8192"]
+    assert seq_notes(load_any(mg, opts=opts(2, 4096))) == ["megatron: --seq-len 4096 replaces --seq-length 8192"]
+    tt0 = _without(tt, "seq_len", tmp_path)
+    mg0 = _without(mg, "--micro-batch-size", tmp_path, "--micro-batch-size 1 --global-batch-size 128\n")
+    cfg = load_any(tt0, opts=opts(1, 4096))
+    assert cfg.training.seq_len == 4096 and seq_notes(cfg) == [
+        "torchtitan: --seq-len 4096: training.seq_len not in the job TOML"]
+    cfg = load_any(mg0, opts=opts(2, 4096))
+    assert cfg.training.seq_len == 4096 and seq_notes(cfg) == ["megatron: --seq-len 4096: --seq-length not in the arguments"]
+    cfg = load_any(tt0, opts=opts(1))
+    assert cfg.training.seq_len == 2048 and seq_notes(cfg) == [
+        "torchtitan: training.seq_len not in the job TOML: torchtitan's default 2048 planned; give --seq-len N for another"]
+    with pytest.raises(ConfigError) as e:
+        load_any(mg0, opts=opts(2))
+    assert str(e.value) == "--seq-length: not in the arguments; add it or give --seq-len"
