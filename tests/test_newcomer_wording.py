@@ -129,3 +129,16 @@ def test_seq_len_notes_are_the_same_for_torchtitan_and_megatron(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_any(mg0, opts=opts(2))
     assert str(e.value) == "--seq-length: not in the arguments; add it or give --seq-len"
+
+
+@pytest.mark.parametrize("cmd, table, toml", [("gemm", "CSV table for --gemm-table", "out/bench/gemm.toml"),
+                                              ("attention", "JSON table for --gemm-table", "out/bench/attention.toml")])
+def test_bench_out_help_names_the_grid_fragment(cmd, table, toml):
+    """Finding 8: ``bench gemm --help`` said --out is a CSV table, but with --grid it is the kernels.toml
+    fragment (``_grid_out``: the default path with .toml); ``bench attention`` said JSON alike."""
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+    text = " ".join(CliRunner().invoke(app, ["bench", cmd, "--help"], env={"COLUMNS": "400"}).output.split())
+    assert (f"--out <path> {table}, or with --grid a kernels.toml fragment (default with --grid {toml}; both under "
+            f"out/, which git ignores) [default: {toml[:-5]}.{'csv' if cmd == 'gemm' else 'json'}]") in text

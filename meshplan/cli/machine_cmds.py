@@ -156,8 +156,9 @@ def _grid_out(out: Path, kind: str, p: Plan, device: str, dtype: str, force: boo
 
 
 def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local GEMM shapes are timed"),
-               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
-                                        "(default under out/, which git ignores)"),
+               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table, or "
+                                        "with --grid a kernels.toml fragment (default with --grid out/bench/gemm.toml; "
+                                        "both under out/, which git ignores)"),
                device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute dtype "
                                                    "on a GPU, fp32 on the CPU)"),
@@ -197,7 +198,8 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
 
 def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local attention is timed"),
                     out: Path = typer.Option(Path("out/bench/attention.json"), "--out", help="JSON table for "
-                                             "--gemm-table (default under out/, which git ignores)"),
+                                             "--gemm-table, or with --grid a kernels.toml fragment (default with "
+                                             "--grid out/bench/attention.toml; both under out/, which git ignores)"),
                     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute "
                                                         "dtype on a GPU, fp32 on the CPU)"),
