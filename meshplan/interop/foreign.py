@@ -479,15 +479,18 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` or ``zero3_engine = "deepspeed-2021"``
-    DeepSpeed's (default 5e8); otherwise zero3 and hsdp use no gradient bucket (``[memory]
+    under ``training.zero12_engine = "deepspeed"``, ``zero3_engine = "deepspeed-2021"`` or
+    DeepSpeed's ZeRO-3 DeepSpeed's (default 5e8; a deepspeed-2021 plan re-imported as ZeRO-3
+    keeps its bucket); otherwise zero3 and hsdp use no gradient bucket (``[memory]
     grad_bucket_elements``: the non-FSDP shardings'), so theirs is no difference (a ZeRO-3 row
     of a DeepSpeed ZeRO-2 config's search); likewise ZeRO-3's prefetch and live-parameter sizes
     where DeepSpeed's ZeRO-3 does not run (:meth:`~meshplan.spec.memory.MemoryOptions.knob_acts`:
     a ZeRO-2 row of a ZeRO-3 config's search)."""
     unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements")
               if getattr(cfg.memory, k) is not None and not cfg.memory.knob_acts(k, cfg.training)[0]}  # ZeRO-3's
-    if cfg.training.zero12_engine == "deepspeed" or cfg.training.zero3_engine == "deepspeed-2021":
+    t = cfg.training
+    if t.zero12_engine == "deepspeed" or t.zero3_engine == "deepspeed-2021" or (
+            t.sharding == "zero3" and t.zero3_engine == "deepspeed"):  # DeepSpeed's bucket (grad_bucket_acts)
         return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()} | unused)
     if unused:
         return _memory(replace(cfg, memory=cfg.memory.model_copy(update=unused)))
