@@ -156,7 +156,8 @@ def test_a_dropped_all_gather_fit_is_named(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, words", [
     (["all_reduce_perf_2x8a100_s18.txt"], "all_reduce_perf_2x8a100_s18.txt: 16 ranks on 2 hosts, up to 8 per host"),
-    (["all_reduce_perf_2x1a100_s18.txt"], "all_reduce_perf_2x1a100_s18.txt: 2 usable rows; measure at least two sizes"),
+    (["all_reduce_perf_2x1a100_s18.txt"], "all_reduce_perf_2x1a100_s18.txt: 1 usable size (1073741824 B); measure at "
+     "least two sizes"),
     (["all_reduce_perf_8xa100_s15.txt", "--link", "ib"], "--link: unknown link class 'ib'"),
     (["all_reduce_perf_2x8a100_s18.txt", "--link", "nvlink"], "--link: nvlink is a link inside one node, but "
      "all_reduce_perf_2x8a100_s18.txt ran 16 ranks on 2 hosts (its busbw crosses the network); pass --link nic, or "

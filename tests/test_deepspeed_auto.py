@@ -133,3 +133,41 @@ def test_batch_flags_refused_where_the_file_states_its_batch(name, fmt, flag, fi
     text = str(e.value)
     assert text.startswith(f"--{flag.replace('_', '-')}: only for a DeepSpeed JSON's \"auto\" batch sizes; a {fmt} ")
     assert field in text and name in text
+
+
+def test_zero2_row_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
+    """Newcomer trial (issue 11 follow-up, finding 1): ``search --export N --to deepspeed`` of a
+    ZeRO-2 row of the HF ZeRO-3 file kept ``stage3_param_persistence_threshold`` in the JSON and
+    said ``not expressed in deepspeed: memory: {'grad_bucket_elements': 16777216,
+    'deepspeed_prefetch_elements': 15099494} -> defaults``. ZeRO-2 reads no stage3_ key
+    (DeepSpeed's ZeRO-3 coordinator alone does), so both are dropped, named in the header; the
+    bucket, h^2 = 16,777,216, is written back as "auto" and reads back as the same number: the
+    [memory] table round-trips and no line says otherwise."""
+    from meshplan.cli import main
+    out = tmp_path / "row7.json"
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(_write(tmp_path, HF)), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
+              "--seq-len", "4096", "--micro-batch", "1", "--grad-accum", "16", "--export", "7", "--to", "deepspeed",
+              "-o", str(out)])
+    assert done.value.code == 0
+    head = capsys.readouterr().out.splitlines()
+    assert [h.split("│")[6].strip() for h in head if h.startswith("│  7 ")] == ["zero2"]
+    assert json.loads(out.read_text())["zero_optimization"] == {"stage": 2, "reduce_bucket_size": "auto"}
+    assert [h for h in head if h.startswith("not expressed")] == []
+    assert "rows 3, 7 not expressed: memory" not in "\n".join(head)
+    rewritten = [h for h in head if h.startswith("written otherwise")]
+    assert rewritten[0].endswith('zero_optimization.stage 3 -> 2, zero_optimization.stage3_prefetch_bucket_size '
+                                 '"auto" -> dropped, zero_optimization.stage3_param_persistence_threshold "auto" '
+                                 "-> dropped")
+
+
+def test_memory_not_expressed_is_listed_as_name_value_items(tmp_path):
+    """The [memory] fields a DeepSpeed JSON does not give back are listed as ``name = A -> B``
+    items (TOML's spelling, ``default`` for a field left at it), only those that differ: the
+    bucket, which round-trips, is not named."""
+    cfg = load_any(_write(tmp_path, HF), opts=OPTS)
+    mem = dataclasses.replace(cfg, memory=cfg.memory.model_copy(update={"dropout": True,
+                                                                        "fragmentation_fraction": 0.15}))
+    _, head = export(mem, "deepspeed", "hf.json", UserFile("deepspeed", HF))
+    assert [h for h in head if h.startswith("not expressed")] == [
+        "not expressed in deepspeed: memory: fragmentation_fraction = 0.15 -> default, dropout = true -> default"]

@@ -218,7 +218,8 @@ def test_megatron_export_carries_the_users_other_flags(tmp_path):
     assert text.splitlines()[-3:] == ["--lr 3e-4", "--train-iters 1000", "--tokenizer-type HuggingFaceTokenizer"]
     assert f"carried unchanged from {src}: --lr, --train-iters, --tokenizer-type" in header
     assert [h for h in header if h.startswith(("written otherwise", "not expressed"))] == [
-        f"written otherwise than {src} (the plan's value or spelling): --recompute-activations (switch) -> dropped"]
+        f"written otherwise than {src} (the plan's value or spelling): --recompute-activations (switch) -> expressed "
+        "as --recompute-granularity selective"]
     out = tmp_path / "again.args"
     out.write_text(text)
     again = load_any(out, opts=opts)

@@ -70,9 +70,9 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
     runs name (runs on two GPU models are refused: one calibration file per model)."""
 
+    fits, notes, sources, curves = calibrate_curves(logs, link)  # the inputs' errors before --out's
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    fits, notes, sources, curves = calibrate_curves(logs, link)
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
@@ -156,8 +156,9 @@ def _grid_out(out: Path, kind: str, p: Plan, device: str, dtype: str, force: boo
 
 
 def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local GEMM shapes are timed"),
-               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
-                                        "(default under out/, which git ignores)"),
+               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table, or "
+                                        "with --grid a kernels.toml fragment (default with --grid out/bench/gemm.toml; "
+                                        "both under out/, which git ignores)"),
                device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute dtype "
                                                    "on a GPU, fp32 on the CPU)"),
@@ -197,7 +198,8 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
 
 def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local attention is timed"),
                     out: Path = typer.Option(Path("out/bench/attention.json"), "--out", help="JSON table for "
-                                             "--gemm-table (default under out/, which git ignores)"),
+                                             "--gemm-table, or with --grid a kernels.toml fragment (default with "
+                                             "--grid out/bench/attention.toml; both under out/, which git ignores)"),
                     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute "
                                                         "dtype on a GPU, fp32 on the CPU)"),

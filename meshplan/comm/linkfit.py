@@ -68,8 +68,10 @@ def fit_alpha_beta(rows: list[BenchRow], link: str, min_size_bytes: int = 1,
     op, n = kinds.pop()
     use = [r for r in rows if r.size_bytes >= min_size_bytes and r.time_s > 0
            and (max_size_bytes is None or r.size_bytes <= max_size_bytes)]
-    if len({r.size_bytes for r in use}) < 2:
-        raise ConfigError("rows", f"{len(use)} usable rows; measure at least two sizes (nccl-tests -b 8 -e 1G -f 2)")
+    sizes = sorted({r.size_bytes for r in use})
+    if len(sizes) < 2:  # counted as sizes: nccl-tests gives each size an out-of-place and an in-place row
+        found = f"1 usable size ({sizes[0]} B)" if sizes else "no usable size"
+        raise ConfigError("rows", f"{found}; measure at least two sizes (nccl-tests -b 8 -e 1G -f 2)")
     t = np.array([r.time_s for r in use])
     sent = busbw_factor(op, n) * np.array([r.size_bytes for r in use], dtype=float)
     a = np.column_stack([np.ones_like(t), sent]) / t[:, None]

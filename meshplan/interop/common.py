@@ -186,6 +186,36 @@ def catalog_model_name(model) -> Optional[str]:
     return None
 
 
+def seq_len_of(given: Optional[int], in_file: Any, key: str, where: str, notes: list[str],
+               default: Optional[tuple[int, str]] = None) -> Any:
+    """The sequence length an import plans, with the same notes from every format: ``--seq-len``
+    (``given``) replaces the file's ``key`` (``in_file``, None when absent from ``where``), or
+    stands where the file has none; without either, the framework's default (``default``: value,
+    whose), said in a note, or, where the framework has none, a ConfigError naming ``key`` and
+    ``--seq-len``.
+
+    >>> notes = []; seq_len_of(4096, "8192", "--seq-length", "the arguments", notes), notes
+    (4096, ['--seq-len 4096 replaces --seq-length 8192'])
+    >>> notes = []; seq_len_of(4096, None, "--seq-length", "the arguments", notes), notes
+    (4096, ['--seq-len 4096: --seq-length not in the arguments'])
+    >>> notes = []; seq_len_of(None, None, "training.seq_len", "the job TOML", notes, (2048, "torchtitan's")), notes
+    (2048, ["training.seq_len not in the job TOML: torchtitan's default 2048 planned; give --seq-len N for another"])
+    >>> seq_len_of(None, None, "--seq-length", "the arguments", [])
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: --seq-length: not in the arguments; add it or give --seq-len
+    """
+    if given:
+        notes.append(f"--seq-len {given} replaces {key} {in_file}" if in_file is not None else
+                     f"--seq-len {given}: {key} not in {where}")
+        return given
+    if in_file is not None:
+        return in_file
+    if default is None:
+        raise ConfigError(key, f"not in {where}; add it or give --seq-len")
+    notes.append(f"{key} not in {where}: {default[1]} default {default[0]} planned; give --seq-len N for another")
+    return default[0]
+
+
 def positive_int(value: Any, field: str) -> int:
     """``value`` as an int >= 1, or a ConfigError naming ``field``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -295,6 +295,10 @@ ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous
 #: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
 #: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
 PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
+#: The ``zero_optimization`` keys only ZeRO-3 reads: the ``stage3_`` names and the fields they alias
+#: (``DeepSpeedZeroConfig``, zero/config.py at edaa722); an export at stage 0-2 carries none of them.
+ZERO3_ONLY = frozenset(k for k in DEEPSPEED_KEYS if k.startswith("zero_optimization.") and (
+    k.startswith("zero_optimization.stage3_") or k.replace(".", ".stage3_", 1) in DEEPSPEED_KEYS))
 
 
 def _prefetch(zero: dict) -> dict[str, int]:
@@ -570,9 +574,17 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     ['steps_per_print', 'zero_optimization.round_robin_gradients']
     >>> carried(user, {"activation_checkpointing": {}})[1]
     ['steps_per_print', 'zero_optimization.round_robin_gradients', 'activation_checkpointing.partition_activations']
+
+    ZeRO-3's own keys (:data:`ZERO3_ONLY`) go only into a stage-3 config:
+
+    >>> carried({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}},
+    ...         {"zero_optimization": {"stage": 2}})
+    ({'zero_optimization': {'stage': 2}}, [])
     """
+    zero = written.get("zero_optimization")
     drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
-        set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")})
+        set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")}) | (
+        set() if isinstance(zero, dict) and zero.get("stage") == 3 else ZERO3_ONLY)
     keep = strip_keys(strip_keys(user, drop), set(flatten(written)))
     return merge_tables(written, keep), list(flatten(keep))
 

@@ -361,7 +361,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         body = "\n".join(args) + "\n"
-        head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.show)
+        head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.rewritten_args)
         head += megatron.write_notes(cfg)
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
@@ -399,13 +399,13 @@ def _step_line(cfg: Config, back: Config, to: str, step_of: StepOf) -> list[str]
 
 
 def _rewritten(user: UserFile | None, to: str, source: str, written: dict,
-               show: Callable[[Any], str] | None = None) -> list[str]:
+               listed: Callable[[dict, dict], list[str]] = rewritten) -> list[str]:
     """The header line naming every key of the user's ``to`` file that the export writes with
-    another value or drops (:func:`~meshplan.interop.common.rewritten`, values by ``show``);
-    none without one."""
+    another value or drops (``listed``: :func:`~meshplan.interop.common.rewritten`, or the
+    format's own, :func:`meshplan.interop.megatron_carry.rewritten_args`); none without one."""
     if user is None or user.fmt != to:
         return []
-    lost = rewritten(user.doc, written, show) if show is not None else rewritten(user.doc, written)
+    lost = listed(user.doc, written)
     return [f"written otherwise than {source} (the plan's value or spelling): {', '.join(lost)}"] if lost else []
 
 
@@ -423,9 +423,22 @@ def differences(a: Config, b: Config) -> list[str]:
                    f"{b.training.gradient_reduce_dtype!r}")
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
-    if _memory(a) != _memory(b):
-        out.append(f"memory: {a.memory.model_dump(exclude_defaults=True)} -> defaults")
-    return out
+    moved = _memory_moved(_memory(a), _memory(b))
+    return out + ([f"memory: {', '.join(moved)}"] if moved else [])
+
+
+def _memory_moved(a, b) -> list[str]:
+    """``name = A -> B`` for each [memory] field of ``a`` that ``b`` does not give back (a value
+    left at its default: ``default``), in TOML's spelling.
+
+    >>> from meshplan.spec.memory import MemoryOptions
+    >>> _memory_moved(MemoryOptions(grad_bucket_elements=16777216, dropout=True), MemoryOptions())
+    ['grad_bucket_elements = 16777216 -> default', 'dropout = true -> default']
+    """
+    fields = type(a).model_fields
+    show = lambda k, v: "default" if v == fields[k].default else json.dumps(v)
+    da, db = a.model_dump(), b.model_dump()
+    return [f"{k} = {show(k, da[k])} -> {show(k, db[k])}" for k in da if da[k] != db[k]]
 
 
 def _routed(training, moe: bool) -> dict[str, Any]:
@@ -466,12 +479,21 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` or ``zero3_engine = "deepspeed-2021"``
-    DeepSpeed's (default 5e8); otherwise zero3 and hsdp use no gradient bucket (``[memory]
+    under ``training.zero12_engine = "deepspeed"``, ``zero3_engine = "deepspeed-2021"`` or
+    DeepSpeed's ZeRO-3 DeepSpeed's (default 5e8; a deepspeed-2021 plan re-imported as ZeRO-3
+    keeps its bucket); otherwise zero3 and hsdp use no gradient bucket (``[memory]
     grad_bucket_elements``: the non-FSDP shardings'), so theirs is no difference (a ZeRO-3 row
-    of a DeepSpeed ZeRO-2 config's search)."""
-    if cfg.training.zero12_engine == "deepspeed" or cfg.training.zero3_engine == "deepspeed-2021":
-        return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
+    of a DeepSpeed ZeRO-2 config's search); likewise ZeRO-3's prefetch and live-parameter sizes
+    where DeepSpeed's ZeRO-3 does not run (:meth:`~meshplan.spec.memory.MemoryOptions.knob_acts`:
+    a ZeRO-2 row of a ZeRO-3 config's search)."""
+    unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements")
+              if getattr(cfg.memory, k) is not None and not cfg.memory.knob_acts(k, cfg.training)[0]}  # ZeRO-3's
+    t = cfg.training
+    if t.zero12_engine == "deepspeed" or t.zero3_engine == "deepspeed-2021" or (
+            t.sharding == "zero3" and t.zero3_engine == "deepspeed"):  # DeepSpeed's bucket (grad_bucket_acts)
+        return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()} | unused)
+    if unused:
+        return _memory(replace(cfg, memory=cfg.memory.model_copy(update=unused)))
     if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
         return cfg.memory.model_copy(update={"grad_bucket_elements": None})
     if cfg.training.sharding != "zero2":

@@ -93,7 +93,8 @@ from typing import Any, Optional
 
 from meshplan.errors import ConfigError
 from meshplan.interop import megatron_flags as flags
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss
+from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
+                                     seq_len_of)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
@@ -174,11 +175,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= read_pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)
-    seq = opts.seq_len or _int(args, "--seq-length")
-    if seq is None:
-        raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
-    if opts.seq_len and "--seq-length" in args:
-        notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
+    seq = seq_len_of(opts.seq_len, args.get("--seq-length") if opts.seq_len else _int(args, "--seq-length"),
+                     "--seq-length", "the arguments", notes)
     if args.get("--bf16") and args.get("--fp16"):  # arguments.py: assert not args.bf16 (and the reverse)
         raise ConfigError("--fp16", "given with --bf16; Megatron-LM refuses both (arguments.py asserts one dtype): "
                           "keep one")

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import shlex
 
+from meshplan.interop.common import rewritten
 from meshplan.interop.megatron import USED
+
+#: Megatron-LM switches that only set another flag -> that flag and its value
+#: (megatron/training/arguments.py ``validate_args``: ``if args.recompute_activations:
+#: args.recompute_granularity = 'selective'``, then ``del args.recompute_activations``).
+ALIASES = {"--recompute-activations": ("--recompute-granularity", "selective")}
 
 
 def not_planned(user: dict) -> list[str]:
@@ -40,3 +46,21 @@ def show(value) -> str:
     """A flag's value as :func:`~meshplan.interop.common.rewritten` lists it: ``(switch)`` for
     a switch, else as given."""
     return "(switch)" if value is True else str(value)
+
+
+def rewritten_args(user: dict, written: dict) -> list[str]:
+    """:func:`~meshplan.interop.common.rewritten` of the user's parsed arguments against the
+    written ones (values by :func:`show`), a switch of :data:`ALIASES` whose flag the export
+    writes with its value said to be expressed so, not dropped.
+
+    >>> rewritten_args({"--recompute-activations": True, "--lr": "1"}, {"--recompute-granularity": "selective"})
+    ['--recompute-activations (switch) -> expressed as --recompute-granularity selective', '--lr 1 -> dropped']
+    """
+    out = []
+    for flag, value in user.items():
+        alias = ALIASES.get(flag)
+        if alias and value is True and flag not in written and str(written.get(alias[0])) == alias[1]:
+            out.append(f"{flag} {show(value)} -> expressed as {' '.join(alias)}")
+        else:
+            out += rewritten({flag: value}, written, show)
+    return out

@@ -239,17 +239,21 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
 
 
 def ckpt_format(args: dict, notes: list[str]) -> None:
-    """``--ckpt-format`` (default torch_dist): it does not change the plan, but Megatron-LM
-    refuses to start when it does not match the sharding (:data:`FSDP_CKPT`), so a mismatch is a
-    note naming the fix.
+    """``--ckpt-format`` (Megatron-LM's default when not given): it does not change the plan, but
+    Megatron-LM refuses to start when it does not match the sharding (:data:`FSDP_CKPT`), so a
+    mismatch is a note naming the fix; a format not given is said to be unset, not named (the
+    default is Megatron-LM's to choose, and may change).
 
-    >>> notes = []; ckpt_format({"--use-megatron-fsdp": True}, notes); notes[0][:58]
-    '--ckpt-format torch_dist with --use-megatron-fsdp: Megatro'
+    >>> notes = []; ckpt_format({"--use-megatron-fsdp": True}, notes); notes[0][:103]
+    "--ckpt-format unset (Megatron-LM's default applies) with --use-megatron-fsdp: Megatron-LM (d98e8a6) ass"
+    >>> notes = []; ckpt_format({"--use-megatron-fsdp": True, "--ckpt-format": "torch"}, notes); notes[0][:46]
+    '--ckpt-format torch with --use-megatron-fsdp: '
     """
-    fmt = str(args.get("--ckpt-format", "torch_dist"))
+    fmt = args.get("--ckpt-format")
     fsdp = next((f for f in FSDP_FLAGS if args.get(f)), None)
     if fsdp and fmt != FSDP_CKPT:
-        notes.append(f"--ckpt-format {fmt} with {fsdp}: Megatron-LM (d98e8a6) asserts --ckpt-format {FSDP_CKPT} under Megatron "
+        given = f"--ckpt-format {fmt}" if fmt is not None else "--ckpt-format unset (Megatron-LM's default applies)"
+        notes.append(f"{given} with {fsdp}: Megatron-LM (d98e8a6) asserts --ckpt-format {FSDP_CKPT} under Megatron "
                      f"FSDP (arguments.py); planned all the same, add --ckpt-format {FSDP_CKPT} to run it")
     elif not fsdp and fmt == FSDP_CKPT:
         notes.append(f"--ckpt-format {FSDP_CKPT} without --use-megatron-fsdp: Megatron-LM (d98e8a6) asserts Megatron FSDP "

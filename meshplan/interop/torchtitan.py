@@ -90,6 +90,7 @@ from meshplan.interop.common import (
     model_layers,
     model_option,
     positive_int,
+    seq_len_of,
     strip_keys,
     table_model,
 )
@@ -122,6 +123,9 @@ DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "
            "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
            "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "expert_tensor_parallel_degree": "etp"}
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+#: torchtitan's ``training.seq_len`` when the job TOML has none (torchtitan/config/job_config.py,
+#: ``class Training``: ``seq_len: int = 2048``), and whose it is, as the import's note says.
+SEQ_LEN_DEFAULT = (2048, "torchtitan's")
 #: Keys the reader uses (everything else is listed as unused).
 USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_size",
         "training.global_batch_size", "training.seq_len", "training.dtype", "training.mixed_precision_param",
@@ -241,9 +245,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     dtype = DTYPES.get(tr.get("dtype", "float32"))
     if dtype is None:
         raise ConfigError("training.dtype", f"{tr.get('dtype')!r}; use float32 or bfloat16")
-    if opts.seq_len and "seq_len" in tr:
-        notes.append(f"--seq-len {opts.seq_len} replaces training.seq_len {tr['seq_len']}")
-    training = {"global_batch": global_batch, "seq_len": opts.seq_len or tr.get("seq_len", 2048),
+    seq = seq_len_of(opts.seq_len, tr.get("seq_len"), "training.seq_len", "the job TOML", notes, SEQ_LEN_DEFAULT)
+    training = {"global_batch": global_batch, "seq_len": seq,
                 "micro_batch": micro, "param_dtype": dtype,
                 "sharding": ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none",
                 "compute_dtype": _dtype(tr, "mixed_precision_param", "bfloat16"),

@@ -1,0 +1,144 @@
+"""Issue 11 follow-ups of a newcomer trial: the wording of search, export, import, calibrate and
+bench (one test per finding, asserting the text a user reads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.search.explain import _largest_split
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_largest_compute_part_share_is_of_the_unrounded_gap():
+    """Finding 2: a part 1 ms of a 1.22 ms compute gap read ``= 100% of the gap``. Here GEMMs
+    30 vs 31 ms (1 ms) of compute 50 vs 51.22 ms: 1 / 1.22 = 0.8197, printed 82%, with both
+    differences printed so that the share can be checked."""
+    a = {"compute": 0.05, "compute_split": {"GEMMs": 0.03, "other": 0.02}}
+    b = {"compute": 0.05122, "compute_split": {"GEMMs": 0.031, "other": 0.02022}}
+    assert _largest_split(a, b) == "largest: GEMMs 30 ms vs 31 ms = 1 ms of the 1.22 ms gap (82%)"
+
+
+@pytest.mark.slow
+def test_largest_compute_part_of_the_mini_search():
+    """examples/mini_2x4_tp2-dp4.toml: #2 (micro-batch 2) differs from the top only in the memory-bound
+    ops (GEMMs 4.1849 s, attention 1.5291 s, copies 0.2972 s on both), 953.74 vs 963.50 ms, so that
+    part is the whole 9.76 ms compute gap: 100%, where the rounded pairs (6.96 vs 6.97 s, 954 vs
+    963 ms) alone suggested 9 of 10 ms."""
+    from meshplan.config import load_config
+    from meshplan.search.driver import search
+    line = search(load_config(ROOT / "examples" / "mini_2x4_tp2-dp4.toml"), workers=1).explanation.line()
+    assert ("compute 6.96 s vs 6.97 s (largest: other (memory-bound ops, optimizer step) 954 ms vs 963 ms = "
+            "9.76 ms of the 9.76 ms gap (100%), micro-batch 1 vs 2)") in line
+
+
+def test_megatron_fsdp_without_ckpt_format_says_unset():
+    """Finding 3: a Megatron FSDP import without --ckpt-format noted ``--ckpt-format torch_dist``,
+    a value the file does not give: it says the format is unset (Megatron-LM's default applies);
+    a format given is still named."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.megatron import read
+    args = ((ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
+            .replace("--use-distributed-optimizer", "--use-megatron-fsdp").replace("--pipeline-model-parallel-size 2", ""))
+    opts = ImportOptions(cluster="dgx-h100", nodes=2)
+    (note,) = [n for n in read(args, opts).notes if "--ckpt-format" in n]
+    assert note == ("--ckpt-format unset (Megatron-LM's default applies) with --use-megatron-fsdp: Megatron-LM (d98e8a6) "
+                    "asserts --ckpt-format fsdp_dtensor under Megatron FSDP (arguments.py); planned all the same, add "
+                    "--ckpt-format fsdp_dtensor to run it")
+    (note,) = [n for n in read(args + "--ckpt-format torch\n", opts).notes if "--ckpt-format" in n]
+    assert note.startswith("--ckpt-format torch with --use-megatron-fsdp: ")
+
+
+def test_megatron_export_says_recompute_activations_is_expressed(tmp_path, capsys):
+    """Finding 4: ``export --to megatron`` of the example arguments listed ``--recompute-activations
+    (switch) -> dropped`` while it wrote ``--recompute-granularity selective``, which is what
+    Megatron-LM makes of the switch (arguments.py ``validate_args``)."""
+    from cli_run import run_main
+    out = tmp_path / "again.args"
+    code = run_main("export", ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args", "--cluster",
+                    "dgx-h100", "--nodes", "2", "--to", "megatron", "-o", out)
+    text = out.read_text()
+    assert code == 0 and "\n--recompute-granularity selective\n" in text and "\n--recompute-activations" not in text
+    (line,) = [h for h in text.splitlines() if h.startswith("# written otherwise")]
+    assert line.endswith("(the plan's value or spelling): --recompute-activations (switch) -> expressed as "
+                         "--recompute-granularity selective")
+
+
+S3 = ROOT / "tests" / "data" / "nccl" / "all_reduce_perf_8xh200_s3.txt"
+
+
+def test_calibrate_one_size_log_counts_sizes(tmp_path, capsys):
+    """Finding 5: an nccl-tests log of one size (S3's 1 MiB row alone) said ``2 usable rows``
+    (its out-of-place and in-place columns): it counts the sizes a fit needs, 1 of 2."""
+    from cli_run import run_main
+    lines = S3.read_text().splitlines()
+    one = tmp_path / "one.txt"
+    one.write_text("\n".join(ln for ln in lines if ln.startswith("#") or ln.split()[0] == "1048576") + "\n")
+    code = run_main("calibrate", one, "--out", tmp_path / "c.toml")
+    assert (code, capsys.readouterr().err) == (2, "error: one.txt: 1 usable size (1048576 B); measure at least two "
+                                                  "sizes (nccl-tests -b 8 -e 1G -f 2)\n")
+
+
+def test_calibrate_reports_a_missing_input_before_an_existing_out(tmp_path, capsys):
+    """Finding 7: with --out an existing file and the log missing, calibrate said ``--out ... exists``
+    first; the input is checked first (and --out is still refused, unchanged, for a good input)."""
+    from cli_run import run_main
+    out = tmp_path / "c.toml"
+    out.write_text("mine\n")
+    code = run_main("calibrate", tmp_path / "missing.txt", "--out", out)
+    assert (code, capsys.readouterr().err) == (2, f"error: NCCL_TESTS_OUTPUT: no such file "
+                                                  f"'{tmp_path / 'missing.txt'}'; pass nccl-tests output (stdout text "
+                                                  "or -J JSON)\n")
+    code = run_main("calibrate", S3, "--out", out)
+    assert code == 2 and capsys.readouterr().err.startswith(f"error: --out: {out} exists; ")
+    assert out.read_text() == "mine\n"
+
+
+def _without(path: Path, prefix: str, tmp_path: Path, extra: str = "") -> Path:
+    out = tmp_path / path.name
+    out.write_text("".join(ln for ln in path.read_text().splitlines(True) if not ln.startswith(prefix)) + extra)
+    return out
+
+
+def test_seq_len_notes_are_the_same_for_torchtitan_and_megatron(tmp_path):
+    """Finding 6: --seq-len says the same on a torchtitan and a Megatron-LM import: it replaces the
+    file's value (both examples hold 8192), or stands where the file has none. Without either,
+    torchtitan's own default (job_config.py ``Training.seq_len = 2048``) is planned and said so,
+    while Megatron-LM has none: a one-line error naming --seq-length and --seq-len."""
+    from meshplan.errors import ConfigError
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    tt = ROOT / "examples" / "torchtitan_llama3-8b_8xh100.toml"
+    mg = ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+    opts = lambda nodes, seq=None: ImportOptions(cluster="dgx-h100", nodes=nodes, seq_len=seq)
+    seq_notes = lambda cfg: [n for n in cfg.notes if "seq" in n.split(":", 1)[1].split(";")[0]]
+    assert seq_notes(load_any(tt, opts=opts(1, 4096))) == ["torchtitan: --seq-len 4096 replaces training.seq_len 8192"]
+    assert seq_notes(load_any(mg, opts=opts(2, 4096))) == ["megatron: --seq-len 4096 replaces --seq-length 8192"]
+    tt0 = _without(tt, "seq_len", tmp_path)
+    mg0 = _without(mg, "--micro-batch-size", tmp_path, "--micro-batch-size 1 --global-batch-size 128\n")
+    cfg = load_any(tt0, opts=opts(1, 4096))
+    assert cfg.training.seq_len == 4096 and seq_notes(cfg) == [
+        "torchtitan: --seq-len 4096: training.seq_len not in the job TOML"]
+    cfg = load_any(mg0, opts=opts(2, 4096))
+    assert cfg.training.seq_len == 4096 and seq_notes(cfg) == ["megatron: --seq-len 4096: --seq-length not in the arguments"]
+    cfg = load_any(tt0, opts=opts(1))
+    assert cfg.training.seq_len == 2048 and seq_notes(cfg) == [
+        "torchtitan: training.seq_len not in the job TOML: torchtitan's default 2048 planned; give --seq-len N for another"]
+    with pytest.raises(ConfigError) as e:
+        load_any(mg0, opts=opts(2))
+    assert str(e.value) == "--seq-length: not in the arguments; add it or give --seq-len"
+
+
+@pytest.mark.parametrize("cmd, table, toml", [("gemm", "CSV table for --gemm-table", "out/bench/gemm.toml"),
+                                              ("attention", "JSON table for --gemm-table", "out/bench/attention.toml")])
+def test_bench_out_help_names_the_grid_fragment(cmd, table, toml):
+    """Finding 8: ``bench gemm --help`` said --out is a CSV table, but with --grid it is the kernels.toml
+    fragment (``_grid_out``: the default path with .toml); ``bench attention`` said JSON alike."""
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+    text = " ".join(CliRunner().invoke(app, ["bench", cmd, "--help"], env={"COLUMNS": "400"}).output.split())
+    assert (f"--out <path> {table}, or with --grid a kernels.toml fragment (default with --grid {toml}; both under "
+            f"out/, which git ignores) [default: {toml[:-5]}.{'csv' if cmd == 'gemm' else 'json'}]") in text
