@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
-from meshplan.fileio import parse_json, read_text_limited
+from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, deepspeed_auto, megatron, megatron_carry, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten

@@ -53,8 +53,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from meshplan.atomic_write import write_json_atomic
 from meshplan.errors import CheckpointError, ConfigError
-from meshplan.fileio import write_json_atomic
 from meshplan.mesh.resolve import Mesh
 from meshplan.runtime.execution.kvsync import dedup_kv_state
 from meshplan.spec.wording import mesh_text
