@@ -35,7 +35,7 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import schedule_words
+from meshplan.spec.mesh_words import schedule_words
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):

@@ -65,7 +65,7 @@ from meshplan.interop.deepspeed_zero import (
     zero3_training,
     zero12_training,
 )
-from meshplan.spec.wording import data_axis
+from meshplan.spec.mesh_words import data_axis
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 #: What a DeepSpeed config (this reader and writer) expresses: one home for ``export --help``, its refusal
