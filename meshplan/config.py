@@ -34,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError
 from meshplan.spec.axes import canonical_names
-from meshplan.fileio import read_text_limited
+from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config

@@ -23,24 +23,12 @@ before the work starts, and leaving nothing behind when interrupted.
   a destination whose digest matches its record (:func:`owned`) is replaced as with ``force``.
   A file meshplan did not write there, or one changed since, is refused as anywhere else, and
   nothing outside ``out/`` (a path the user named) is ever replaced without ``force``.
-- :func:`terminate_raises`: while a temporary file or folder exists, SIGTERM raises
-  :class:`Terminated` (exit status 143 = 128 + SIGTERM, as the default action reports) so the
-  cleanup runs as it does for SIGINT's KeyboardInterrupt.
+- Interrupted: the temporary file or folder is removed on any error, Ctrl-C or SIGTERM
+  (:func:`meshplan.atomic_write.terminate_raises`).
 
 Every OSError of a write becomes a one-line :class:`~meshplan.errors.ConfigError` naming the
-option.
-
-Reading: :func:`read_text_limited` and :func:`read_bytes_limited`: bounded reads of input
-files (regular files only, a size limit, UTF-8), the one way every reader opens its input.
-
->>> import tempfile, pathlib
->>> d = pathlib.Path(tempfile.mkdtemp())
->>> write_text_atomic(d / "a.txt", "hello\\n").read_text()
-'hello\\n'
->>> sorted(p.name for p in d.iterdir())
-['a.txt']
->>> oct((d / "a.txt").stat().st_mode & 0o777)
-'0o644'
+option. Atomic writes of meshplan's own files are :mod:`meshplan.atomic_write`'s; reading
+input is :mod:`meshplan.fileread`'s.
 """
 
 from __future__ import annotations
@@ -49,17 +37,14 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import shutil
-import signal
-import threading
 from contextlib import contextmanager
-import stat
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
+from meshplan.atomic_write import FILE_MODE, temp_name, terminate_raises, write_json_atomic
 from meshplan.errors import ConfigError
-from meshplan.limits import FileLimit
+from meshplan.fileread import read_bytes_limited
 
 #: The relative folder under which missing folders are created (the commands' default outputs).
 OUTPUT_ROOT = "out"
@@ -67,36 +52,6 @@ OUTPUT_ROOT = "out"
 #: The ledger of what meshplan wrote under :data:`OUTPUT_ROOT` (``out/.meshplan-written.json``):
 #: ``{path below out/: "sha256:<hex>"}``; a hidden name, so no command's output lists it.
 LEDGER = ".meshplan-written.json"
-
-#: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
-FILE_MODE = 0o644
-
-
-class Terminated(SystemExit):
-    """SIGTERM arrived while a temporary output existed; exit status 143 (128 + 15)."""
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-
-def _raise_terminated(signum, frame) -> None:
-    raise Terminated()
-
-
-@contextmanager
-def terminate_raises() -> Iterator[None]:
-    """Inside the block, SIGTERM raises :class:`Terminated` (so ``finally`` and ``except``
-    clauses clean up, as for Ctrl-C); the previous handler comes back afterwards. A no-op off
-    the main thread (Python runs signal handlers there only), when SIGTERM is ignored, or when
-    another Python handler is installed (an outer block already raises)."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def taken(dest: Path, field: str) -> ConfigError:
@@ -256,32 +211,6 @@ def _oserror(dest: Path, field: str, err: OSError) -> ConfigError:
     return ConfigError(field, f"cannot write {dest}: {why}; choose another path")
 
 
-def write_text_atomic(path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then
-    ``os.replace`` (atomic on POSIX; replaces an existing file: for files of the program's own
-    evidence folders). The folder must exist. The temporary file is removed on any error,
-    Ctrl-C or SIGTERM. The file is 0644 (:data:`FILE_MODE`). Returns the path."""
-    p = Path(path)
-    with terminate_raises():
-        tmp = _temp_name(p, ".tmp")
-        try:
-            with open(tmp, "x", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fchmod(f.fileno(), FILE_MODE)  # whatever the umask: reports and evidence readable by all
-                os.fsync(f.fileno())
-            os.replace(tmp, p)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    return p
-
-
-def write_json_atomic(path, doc: Any) -> Path:
-    """``doc`` as indented, key-sorted JSON, written with :func:`write_text_atomic`."""
-    return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
-
-
 def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE,
                  create_folders: bool = False) -> Path:
     """Write a user-facing output file (text or bytes): refuse (ConfigError naming ``field``)
@@ -314,7 +243,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     except OSError as err:
         raise _oserror(dest, field, err) from None
     with terminate_raises():
-        tmp = _temp_name(dest, ".tmp")  # named before it exists: a signal at any point finds it
+        tmp = temp_name(dest, ".tmp")  # named before it exists: a signal at any point finds it
         try:
             with open(tmp, "xb") as f:
                 f.write(raw)
@@ -331,12 +260,6 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
             tmp.unlink(missing_ok=True)
     remember(dest)
     return dest
-
-
-def _temp_name(dest: Path, suffix: str) -> Path:
-    """A fresh hidden name beside ``dest``: ``.<name>.<12 random hex digits><suffix>`` (48
-    random bits; created exclusively by the caller)."""
-    return dest.parent / f".{dest.name}.{secrets.token_hex(6)}{suffix}"
 
 
 def _link_new(tmp: Path, dest: Path, field: str, raw: bytes, mode: int) -> None:
@@ -393,7 +316,7 @@ def staged_folder(out, field: str = "--out", force: bool = False, create_folders
     except OSError as err:
         raise _oserror(dest, field, err) from None
     with terminate_raises():
-        tmp = _temp_name(dest, ".partial")
+        tmp = temp_name(dest, ".partial")
         try:
             os.mkdir(tmp, 0o755)
             yield tmp
@@ -411,7 +334,7 @@ def _install(tmp: Path, dest: Path, field: str, force: bool) -> None:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         if not force:
             raise taken(dest, field)
-        old = _temp_name(dest, ".old")
+        old = temp_name(dest, ".old")
         os.mkdir(old, 0o700)
         os.replace(dest, old / dest.name)
     try:
@@ -423,160 +346,3 @@ def _install(tmp: Path, dest: Path, field: str, force: bool) -> None:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-
-
-# --------------------------------------------------------------------------- reading input
-
-_BOMS = ((b"\xef\xbb\xbf", None), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
-
-
-def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path") -> bytes:
-    """The bytes of the regular file ``path``, at most ``max_bytes`` of them. Anything else is
-    a one-line ConfigError naming ``field`` and the path: no such file, a directory, a FIFO,
-    device or socket (never opened for reading, so a FIFO cannot block and ``/dev/zero``
-    cannot fill memory), a symlink loop, a path with a NUL or too long, a file over
-    ``limit`` bytes (:data:`meshplan.limits.FILE_BYTES` gives each reader's limit and reason).
-    ``hint`` ends the message of a path that cannot be read.
-
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> read_bytes_limited(d, "config", 100)
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: config: '...' is a directory, not a file; check the path
-    >>> read_bytes_limited("/dev/zero", "config", 100)
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: config: '/dev/zero' is not a regular file (a device, FIFO or socket); give a file
-    """
-    name = os.fspath(path)
-    max_bytes, why = (limit.value, limit.reason) if isinstance(limit, FileLimit) else (limit, "")
-    if "\0" in name:
-        raise ConfigError(field, f"{name!r}: a path cannot contain a NUL character; {hint}")
-    if len(name) > 4096:
-        raise ConfigError(field, f"a path of {len(name)} characters is over Linux's PATH_MAX (4096); {hint}")
-    try:
-        st = os.stat(name)
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(field, f"{name!r} is a directory, not a file; {hint}")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(field, f"{name!r} is not a regular file (a device, FIFO or socket); give a file")
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
-                raise ConfigError(field, f"{name!r} is not a regular file; give a file")
-            chunks, left = [], max_bytes + 1
-            while left > 0:
-                chunk = os.read(fd, min(left, 1 << 20))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                left -= len(chunk)
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        raise ConfigError(field, f"no such file {name!r}; {hint}") from None
-    except OSError as err:
-        why = {errno.ELOOP: "a symlink loop", errno.ENAMETOOLONG: "a name too long",
-               errno.ENOTDIR: "a path through a file"}.get(err.errno or 0, err.strerror or "unreadable")
-        raise ConfigError(field, f"cannot read {name!r} ({why}); {hint}") from None
-    data = b"".join(chunks)
-    if len(data) > max_bytes:
-        raise ConfigError(field, f"{name!r} is larger than {max_bytes} bytes, the limit for this input"
-                                 f"{f' ({why})' if why else ''}; give the file the tool wrote")
-    return data
-
-
-def decode_text(data: bytes, field: str, name: str, errors: str = "strict") -> str:
-    """``data`` as UTF-8 (a UTF-8 byte-order mark dropped); UTF-16/32 or any other bytes are a
-    one-line ConfigError naming the offset and asking for UTF-8. ``errors="replace"`` (logs,
-    where other programs' bytes may mix in) keeps only the UTF-16/32 check.
-
-    >>> decode_text("[a]".encode("utf-16"), "config", "c.toml")
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: config: 'c.toml' is UTF-16 text (byte-order mark); save it as UTF-8
-    """
-    for bom, enc in _BOMS:
-        if data.startswith(bom):
-            if enc:
-                raise ConfigError(field, f"{name!r} is {enc} text (byte-order mark); save it as UTF-8")
-            data = data[len(bom):]
-            break
-    try:
-        return data.decode("utf-8", errors=errors)
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise ConfigError(field, f"{name!r} is not UTF-8 text (byte {data[err.start]:#04x} at line {line}, "
-                                 f"offset {err.start}); save it as UTF-8") from None
-
-
-def read_text_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path",
-                      errors: str = "strict") -> str:
-    """:func:`read_bytes_limited` then :func:`decode_text`: the one way every reader opens its
-    input (configs, HF config.json, topologies, NCCL logs, calibration, nccl-tests output,
-    GEMM and attention tables)."""
-    return decode_text(read_bytes_limited(path, field, limit, hint), field, os.fspath(path), errors)
-
-
-def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = False) -> Any:
-    """``json.loads(text)`` with every failure one ConfigError naming ``field``, the file
-    ``name`` and its line, and ending with ``hint``: syntax, NaN and Infinity (not JSON
-    numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
-    recursion limit. ``unique_keys`` (a config a person edits): a key given twice in one
-    object is a ConfigError naming its dotted path (``json`` keeps the last one silently).
-
-    >>> parse_json('{"a": NaN}', "t", "t.json", "fix it")
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: t: t.json: NaN is not a JSON number; fix it
-    >>> parse_json('{"z": {"stage": 1, "stage": 3}}', "t", "t.json", "fix it", unique_keys=True)
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: z.stage: given twice in t.json (JSON readers keep the last one silently); keep one
-    """
-
-    def constant(word: str):
-        raise ValueError(f"{word} is not a JSON number")
-
-    try:
-        doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
-    except json.JSONDecodeError as err:
-        raise ConfigError(field, f"{name}:{err.lineno}: invalid JSON ({err.msg}); {hint}") from None
-    except RecursionError:
-        raise ConfigError(field, f"{name}: nested too deeply to read; {hint}") from None
-    except ValueError as err:
-        raise ConfigError(field, f"{name}: {str(err).splitlines()[0][:120]}; {hint}") from None
-    twice = _given_twice(doc, "") if unique_keys else None
-    if twice is not None:
-        raise ConfigError(twice, f"given twice in {name} (JSON readers keep the last one silently); keep one")
-    return doc
-
-
-class _KeyCheck(dict):
-    """A JSON object as ``json``'s ``object_pairs_hook`` builds it, remembering the first key
-    given twice in it (``twice``, None when every key is given once)."""
-
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
-        super().__init__(pairs)
-        self.twice: str | None = None
-        seen: set[str] = set()
-        for k, _ in pairs if len(self) < len(pairs) else ():
-            if k in seen:
-                self.twice = k
-                break
-            seen.add(k)
-
-
-def _given_twice(doc: Any, path: str) -> str | None:
-    """The dotted path (``[i]`` for list items) of the first key given twice in ``doc``
-    (objects built by :class:`_KeyCheck`), in document order; None when there is none."""
-    if isinstance(doc, _KeyCheck) and doc.twice is not None:
-        return f"{path}.{doc.twice}" if path else doc.twice
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    for k, v in items:
-        hit = _given_twice(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
-        if hit is not None:
-            return hit
-    return None

@@ -58,7 +58,7 @@ from math import prod
 from typing import Any, Callable, Optional, Union
 
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
-from meshplan.spec import wording
+from meshplan.spec import mesh_words
 # PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
                                    axes_at, degree_rule, engine_rules, kind_passed, kind_ranked, pipeline_rule,
@@ -79,7 +79,7 @@ class Proposal:
     changed field, ``"micro_batch 4 -> 2"`` (global batch kept) or ``"global_batch 512 -> 511"``;
     ``step_s``, ``tokens_per_s``, ``peak_bytes`` (most loaded stage): from its plan, None
     without an evaluator; ``sharding``: ``training.sharding``, which names the data axis in its
-    text (:func:`meshplan.spec.wording.mesh_text`; "" keeps the names)."""
+    text (:func:`meshplan.spec.mesh_words.mesh_text`; "" keeps the names)."""
 
     names: tuple[str, ...]
     shape: tuple[int, ...]
@@ -119,8 +119,8 @@ class Proposal:
     def mesh_text(self) -> str:
         """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``), and pp 1 where
         pp is an axis (a restart that removed the pipeline says so)."""
-        return wording.mesh_text(self.names, self.shape, self.sharding, self.ep, self.etp,
-                                 ("pp",) if "pp" in self.names else ())
+        return mesh_words.mesh_text(self.names, self.shape, self.sharding, self.ep, self.etp,
+                                    ("pp",) if "pp" in self.names else ())
 
     def summary(self) -> str:
         """Mesh, GPUs, contract and (when planned) step and throughput, one line."""
@@ -184,8 +184,8 @@ class Restart:
             what = "no GPU left to restart on" if self.gpus_left <= 0 else "no mesh to restart on"
             return [f"restart: world {self.old_world} -> {self.gpus_left}: {what} ({'; '.join(self.reasons)})"]
         keep = tuple(self.changed)
-        old = wording.mesh_text(self.names, self.old_shape, self.sharding, self.ep, self.etp, keep)
-        new = wording.mesh_text(self.new_names or self.names, self.shape, self.sharding, self.ep, self.etp, keep)
+        old = mesh_words.mesh_text(self.names, self.old_shape, self.sharding, self.ep, self.etp, keep)
+        new = mesh_words.mesh_text(self.new_names or self.names, self.shape, self.sharding, self.ep, self.etp, keep)
         left = f" ({self.gpus_left} GPUs left)" if self.gpus_left != self.new_world else ""
         head = (f"restart: world {self.old_world} -> {self.new_world}{left}; mesh {old} -> {new}"
                 + (f" (changed: {self.changed_words()})" if self.changed else " (unchanged)"))
@@ -196,12 +196,12 @@ class Restart:
 
 def changed_words(changed, names, sharding: str) -> str:
     """``pp, dp``: the changed axes, the data axis named by ``sharding``
-    (:func:`meshplan.spec.wording.shown_names`).
+    (:func:`meshplan.spec.mesh_words.shown_names`).
 
     >>> changed_words(("pp", "dp_shard"), ("pp", "dp_shard"), "zero1")
     'pp, dp'
     """
-    printed = wording.shown_names(names, sharding)
+    printed = mesh_words.shown_names(names, sharding)
     return ", ".join(printed.get(n, n) for n in changed)
 
 
@@ -365,7 +365,7 @@ def _at(w: _Where, inner: dict[str, int], split):
                             shape=list(shape) + [x for x in (ep, etp) if x > 1])
             resolved = resolve_mesh(spec, gpus)
             keep = ("pp",) if "pp" in names else ()
-            text = f"{wording.mesh_text(names, shape, w.sharding, ep, etp, keep)} ({gpus} GPUs)"
+            text = f"{mesh_words.mesh_text(names, shape, w.sharding, ep, etp, keep)} ({gpus} GPUs)"
             if isinstance(resolved, NoMesh):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue

@@ -23,8 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
+from meshplan.atomic_write import write_json_atomic  # noqa: E402
 from meshplan.errors import CheckpointError, ConfigError  # noqa: E402
-from meshplan.fileio import write_json_atomic  # noqa: E402
 from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
 from meshplan.runtime.execution import checkpoint as C  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402

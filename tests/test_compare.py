@@ -448,7 +448,7 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     again = load_any(tmp_path / "mini.args", "megatron", reimport_options(cfg, "megatron"))
     assert (cfg.training.grad_reduce_dtype, again.training.grad_reduce_dtype) == (None, "fp32")
     c = compare(build_plan(cfg), build_plan(again), names=("torch", "megatron"))
-    # the config's dp_shard and Megatron-LM's dp, both zero3: one name (wording.mesh_text's rule)
+    # the config's dp_shard and Megatron-LM's dp, both zero3: one name (mesh_words.mesh_text's rule)
     # (the import names Megatron FSDP's sharded data axis dp_shard itself since issue 11)
     assert (c.a.plan.mesh.layout.names, c.b.plan.mesh.layout.names) == (("dp_shard", "tp"), ("dp_shard", "tp"))
     assert (c.a.mesh_text, c.b.mesh_text) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2")

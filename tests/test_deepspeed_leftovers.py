@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from meshplan.interop.deepspeed import not_planned
+from meshplan.interop.deepspeed_carry import not_planned
 from meshplan.interop.foreign import export
 from meshplan.plan import build_plan
 

@@ -14,7 +14,8 @@ import pytest
 
 from meshplan.config import config_differences
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.deepspeed import not_planned, search_table
+from meshplan.interop.deepspeed import search_table
+from meshplan.interop.deepspeed_carry import not_planned
 from meshplan.interop.foreign import export, load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time

@@ -268,7 +268,7 @@ def test_special_files(tmp_path):
         line = error_line(tmp_path, ["plan", target])
         assert line.startswith("error: config: "), line
     from meshplan.errors import ConfigError
-    from meshplan.fileio import read_text_limited
+    from meshplan.fileread import read_text_limited
     with pytest.raises(ConfigError, match="a path cannot contain a NUL character"):
         read_text_limited("a\0b", "f", 10)
     big = tmp_path / "big.toml"

@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "meshplan"
 
 LAYERS = [
-    ["meshplan", "meshplan.errors", "meshplan.units", "meshplan.limits", "meshplan.fileio"],
+    ["meshplan", "meshplan.errors", "meshplan.units", "meshplan.limits", "meshplan.fileread", "meshplan.atomic_write",
+     "meshplan.fileio"],
     ["meshplan.spec"],
     ["meshplan.catalog"],
     ["meshplan.config"],

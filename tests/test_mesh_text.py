@@ -1,5 +1,5 @@
 """One mesh-as-text, one name per data axis (issue 11, review leftovers and newcomer trial 5 item
-7; :func:`meshplan.spec.wording.mesh_text`): a DeepSpeed ZeRO-3 mesh was ``dp 16`` in ``plan``
+7; :func:`meshplan.spec.mesh_words.mesh_text`): a DeepSpeed ZeRO-3 mesh was ``dp 16`` in ``plan``
 and ``memory`` but ``dp_shard 16`` in ``search``, its stream ``ZeRO data-parallel`` in ``step``
 but ``exposed fsdp`` in ``compare``; a ZeRO-1 search's top-vs-#2 reason named the data axis
 ``dp_shard`` and ``search --json`` keyed it so. The rule: ``dp_shard`` where the parameters are
@@ -14,7 +14,7 @@ import re
 import pytest
 
 from meshplan.cli import main
-from meshplan.spec.wording import mesh_text, renamed_words
+from meshplan.spec.mesh_words import mesh_text, renamed_words
 
 DS_OPTS = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096"]
 

@@ -147,6 +147,7 @@ def test_read_only_folder_is_refused(tmp_path):
 
 _SLOW_WRITE = """
 import os, sys, time
+import meshplan.atomic_write as a
 import meshplan.fileio as f
 real = os.fsync
 def slow(fd):
@@ -156,11 +157,11 @@ os.fsync = slow
 if sys.argv[1] == "file":
     f.write_output(sys.argv[2], "x" * 100000)
 elif sys.argv[1] == "atomic":
-    f.write_text_atomic(sys.argv[2], "x" * 100000)
+    a.write_text_atomic(sys.argv[2], "x" * 100000)
 else:
     with f.staged_folder(sys.argv[2]) as tmp:
         (tmp / "a.txt").write_text("partial")
-        f.write_text_atomic(tmp / "b.txt", "y")
+        a.write_text_atomic(tmp / "b.txt", "y")
 """
 
 

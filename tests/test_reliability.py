@@ -478,7 +478,7 @@ def test_restart_changes_tp_where_the_old_one_leaves_gpus_idle():
 
 
 def test_restart_names_the_data_axis_by_the_sharding():
-    """The restart's mesh text is wording.mesh_text's: under zero1 the data axis is dp (no
+    """The restart's mesh text is mesh_words.mesh_text's: under zero1 the data axis is dp (no
     parameter sharded over it), under zero3 dp_shard, whatever the config calls it; the changed
     axes and the checkpoint note say so too."""
     m = _mesh(["dp_shard", "tp"], [8, 8])
@@ -523,7 +523,7 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
     assert f"{gain:.1%} more throughput (the 2048-GPU plan" in lines[head + 1]
-    # zero1: the data axis printed dp (wording.mesh_text), as plan prints it
+    # zero1: the data axis printed dp (mesh_words.mesh_text), as plan prints it
     assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
                                   f"-> pp 31 x dp 32 x cp 2 x ep 64 (changed: pp, dp, cp)")
     assert 0 < gain <= 0.05 and lines[head + 2] == (  # uxsmall: 1.5% is within the model's 5%, not a verdict

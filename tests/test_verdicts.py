@@ -21,7 +21,7 @@ from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
-from meshplan.spec.wording import schedule_words
+from meshplan.spec.mesh_words import schedule_words
 from tests.conftest import EXAMPLES
 
 TP4 = EXAMPLES / "seed-64gpu-tp4.toml"

@@ -9,8 +9,9 @@ per group of commands, registered here in the order ``--help`` lists them (:data
 - :mod:`~meshplan.cli.placement_cmds`: nccl-check, place, launch
 - :mod:`~meshplan.cli.validate_cmds`: validate, validate-slice, testbed up/down
 - :mod:`~meshplan.cli.machine_cmds`: catalog, calibrate, bench comm/gemm/attention
-- :mod:`~meshplan.cli.common` (options, printing, verdicts, outputs), :mod:`~meshplan.cli.loading`
-  (config to plan), :mod:`~meshplan.cli.exits` (usage errors, a closed stdout): what they share.
+- :mod:`~meshplan.cli.common` (options, printing, verdicts, outputs), :mod:`~meshplan.cli.foreign_opts`
+  (the foreign-config options), :mod:`~meshplan.cli.loading` (config to plan),
+  :mod:`~meshplan.cli.exits` (usage errors, a closed stdout): what they share.
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
 status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`);

@@ -1,9 +1,9 @@
-"""What every command shares: the help texts and the typed options (the foreign-config options,
-``--calibration``, ``--json``, ``--html``), printing (input made printable, the ``wrote PATH``
-line, a console wide enough for the collective tables), the verdict lines and exits of
-:data:`meshplan.cli.EXIT_CODES`, and outputs: refused before the work when they exist, written
-at the end, ``--json -`` (and ``-o -`` of import, export, search --export) on stdout with
-everything else moved to stderr (:func:`_json_to_stdout`).
+"""What every command shares: the help texts and the typed options (``--calibration``, ``--json``,
+``--html``; the foreign-config options are :mod:`meshplan.cli.foreign_opts`), printing (input
+made printable, the ``wrote PATH`` line, a console wide enough for the collective tables), the
+verdict lines and exits of :data:`meshplan.cli.EXIT_CODES`, and outputs: refused before the work
+when they exist, written at the end, ``--json -`` (and ``-o -`` of import, export, search
+--export) on stdout with everything else moved to stderr (:func:`_json_to_stdout`).
 
 The names with a leading underscore are the CLI package's own helpers, shared by its command
 modules (``meshplan.cli.*_cmd(s)``); nothing outside ``meshplan.cli`` imports them.
@@ -24,7 +24,6 @@ from rich.console import Console
 
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import check_destination, write_output
-from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_docs import to_json
 
@@ -38,49 +37,6 @@ CONFIG_HELP = ("meshplan TOML config ([model], [cluster], [training], [mesh]), o
 TOML_ONLY_HELP = "meshplan TOML config (a torchtitan, Megatron-LM or DeepSpeed file: meshplan import it first)"
 
 
-FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
-               "arguments or a DeepSpeed JSON is read directly)")
-
-
-CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
-
-
-NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nnodes)"
-
-
-GPU_HELP = "foreign configs: catalog GPU replacing the node's"
-
-
-MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
-
-
-SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
-
-
-# The foreign-config options, defined once and shared by plan, step, search, export (and, without
-# --format, import): what a torchtitan, Megatron-LM or DeepSpeed file does not say.
-FormatOpt = Annotated[Optional[str], typer.Option("--format", help=FORMAT_HELP)]
-
-
-ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help=CLUSTER_HELP)]
-
-
-NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]
-
-
-GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
-
-
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
-
-
-SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
-MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", help=(
-    "a DeepSpeed JSON's \"auto\" train_micro_batch_size_per_gpu: the HF Trainer's --per_device_train_batch_size"))]
-GradAccumOpt = Annotated[Optional[int], typer.Option("--grad-accum", help=(
-    "a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's --gradient_accumulation_steps"))]
-
-
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
                     "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
                     "and a warning line a GPU that is not the cluster's")
@@ -88,11 +44,6 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
-
-
-def _opts(cluster, nodes, gpu, model, seq_len, micro_batch=None, grad_accum=None) -> ImportOptions:
-    return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len,
-                         micro_batch=micro_batch, grad_accum=grad_accum)
 
 
 def _echo(text, err: bool = False) -> None:

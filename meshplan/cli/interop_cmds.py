@@ -12,22 +12,14 @@ import typer
 
 from meshplan.cli.common import (
     CONFIG_HELP,
-    ClusterOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    NodesOpt,
-    SeqLenOpt,
-    MicroBatchOpt,
-    GradAccumOpt,
     _Stdout,
     _json_option,
-    _opts,
     _refuse_existing,
     _write_doc,
     _written,
     _wrote,
 )
+from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _notes
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
@@ -66,6 +58,7 @@ def _step_s(cfg) -> Optional[float]:
         return None
 
 
+@foreign_options(with_format=False)
 def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan, megatron or deepspeed (auto: "
                                          "detect)"),
                source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
@@ -73,13 +66,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                                                   "or -: print it to stdout)"),
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("import"),
-               cluster: ClusterOpt = None,
-               nodes: NodesOpt = None,
-               gpu: GpuOpt = None,
-               model: ModelOpt = None,
-               seq_len: SeqLenOpt = None,
-               micro_batch: MicroBatchOpt = None,
-               grad_accum: GradAccumOpt = None):
+               foreign: Foreign = Foreign()):
     """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
     meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
     the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
@@ -90,7 +77,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
     _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
-    text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    text, imp = import_text(source, None if fmt == "auto" else fmt, foreign.options())
     if isinstance(out, _Stdout):
         out.stream.write(text)
         out.stream.flush()
@@ -103,29 +90,23 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([file] if file else [])), force)
 
 
+@foreign_options()
 def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HELP),
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
                                                                    "stderr)"),
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("export"),
-               fmt: FormatOpt = None,
-               cluster: ClusterOpt = None,
-               nodes: NodesOpt = None,
-               gpu: GpuOpt = None,
-               model: ModelOpt = None,
-               seq_len: SeqLenOpt = None,
-               micro_batch: MicroBatchOpt = None,
-               grad_accum: GradAccumOpt = None):
+               foreign: Foreign = Foreign()):
     # --help: EXPORT_HELP, given at registration (meshplan.cli.HELP)
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     _refuse_existing(out, force, "-o")
     _refuse_existing(json_path, force, "--json")
-    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    cfg = load_any(config, foreign.fmt, foreign.options())
     _notes(cfg)
-    header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
+    header = _write_export(cfg, to, out, str(config), force, user_source(config, foreign.fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
 

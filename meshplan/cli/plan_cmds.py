@@ -13,20 +13,11 @@ import typer
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
-    ClusterOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    NodesOpt,
-    SeqLenOpt,
-    MicroBatchOpt,
-    GradAccumOpt,
     _check_rank,
     _console,
     _exit_infeasible,
     _html_option,
     _json_option,
-    _opts,
     _refuse_existing,
     _verdict_exit,
     _write_doc,
@@ -34,6 +25,7 @@ from meshplan.cli.common import (
     _written,
     _wrote,
 )
+from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load
 from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.tpsplit import model_groups
@@ -54,6 +46,7 @@ def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, f
     _wrote(write_output(path, plan_page(p, st, name, note), force, field))
 
 
+@foreign_options()
 def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
                                                   "to PATH, or with - to stdout (the rest of the output then on "
@@ -63,20 +56,13 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: CalibrationOpt = None,
-         fmt: FormatOpt = None,
-         cluster: ClusterOpt = None,
-         nodes: NodesOpt = None,
-         gpu: GpuOpt = None,
-         model: ModelOpt = None,
-         seq_len: SeqLenOpt = None,
-         micro_batch: MicroBatchOpt = None,
-         grad_accum: GradAccumOpt = None):
+         foreign: Foreign = Foreign()):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
-    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, topology, calibration, foreign.fmt, foreign.options())
     if p.mesh is not None:
         _check_rank(p, rank)
     cal = _calibration(calibration, p.config.cluster)
@@ -87,20 +73,14 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _verdict_exit(p)
 
 
+@foreign_options()
 def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
            out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: out/report/ and CONFIG's "
                                                                   "name with .html; an existing file is refused "
                                                                   "unless --force or meshplan's own under out/)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
-           fmt: FormatOpt = None,
-           cluster: ClusterOpt = None,
-           nodes: NodesOpt = None,
-           gpu: GpuOpt = None,
-           model: ModelOpt = None,
-           seq_len: SeqLenOpt = None,
-           micro_batch: MicroBatchOpt = None,
-           grad_accum: GradAccumOpt = None):
+           foreign: Foreign = Foreign()):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
@@ -108,30 +88,24 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
     _write_plan_html(p, path, config.name, force, "--out")
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 
 
+@foreign_options()
 def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
            json_path: Optional[Path] = _json_option("groups"),
            force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
-           fmt: FormatOpt = None,
-           cluster: ClusterOpt = None,
-           nodes: NodesOpt = None,
-           gpu: GpuOpt = None,
-           model: ModelOpt = None,
-           seq_len: SeqLenOpt = None,
-           micro_batch: MicroBatchOpt = None,
-           grad_accum: GradAccumOpt = None):
+           foreign: Foreign = Foreign()):
     """Print what RANK would print at start-up: its coordinates and every group's ranks, the data axis named as
     the plan's mesh line names it (dp, or dp_shard where the parameters are sharded over it; --json keeps the
     config's names). A mesh that does not fit is still printed, then exits 1 with its reasons."""
 
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
     if p.mesh is None:
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
@@ -142,27 +116,21 @@ def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _verdict_exit(p)
 
 
+@foreign_options()
 def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [memory] table sets the timeline parameters"),
            out: Path = typer.Option(Path("out/memory"), "--out",
                                     help="folder for the PNG plot(s) (created; out/ is git-ignored)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            json_path: Optional[Path] = _json_option("memory"),
            force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files"),
-           fmt: FormatOpt = None,
-           cluster: ClusterOpt = None,
-           nodes: NodesOpt = None,
-           gpu: GpuOpt = None,
-           model: ModelOpt = None,
-           seq_len: SeqLenOpt = None,
-           micro_batch: MicroBatchOpt = None,
-           grad_accum: GradAccumOpt = None):
+           foreign: Foreign = Foreign()):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     for old in _memory_plots(out, config.stem):  # before the work: which stage is plotted is known after it
         check_destination(old, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
         _exit_infeasible(p)

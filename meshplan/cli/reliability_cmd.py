@@ -10,23 +10,15 @@ import typer
 
 from meshplan.cli.common import (
     CONFIG_HELP,
-    ClusterOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    NodesOpt,
-    SeqLenOpt,
-    MicroBatchOpt,
-    GradAccumOpt,
     _echo,
     _exit_infeasible,
     _infeasible,
     _json_option,
-    _opts,
     _refuse_existing,
     _verdict_exit,
     _write_doc,
 )
+from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible, run_reasons
@@ -37,6 +29,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 
 
+@foreign_options()
 def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
@@ -51,14 +44,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
                 json_path: Optional[Path] = _json_option("reliability"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
-                fmt: FormatOpt = None,
-                cluster: ClusterOpt = None,
-                nodes: NodesOpt = None,
-                gpu: GpuOpt = None,
-                model: ModelOpt = None,
-                seq_len: SeqLenOpt = None,
-                micro_batch: MicroBatchOpt = None,
-                grad_accum: GradAccumOpt = None):
+                foreign: Foreign = Foreign()):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
@@ -71,7 +57,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)

@@ -15,27 +15,19 @@ from rich.table import Table
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
-    ClusterOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    NodesOpt,
-    SeqLenOpt,
-    MicroBatchOpt,
-    GradAccumOpt,
     TOML_ONLY_HELP,
     _console,
     _echo,
     _html_option,
     _infeasible,
     _json_option,
-    _opts,
     _refuse_existing,
     _write_doc,
     _write_text,
     _wrote,
 )
 from meshplan.cli.interop_cmds import _write_export
+from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load, _measured_cluster, _notes
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.errors import ConfigError, check_number, printable
@@ -101,6 +93,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         raise typer.Exit(1)
 
 
+@foreign_options()
 def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [search] "
                                                       "table sets the search, its [mesh] table is ignored"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
@@ -115,14 +108,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to "
                                                   "(-: stdout, the rest of the output then on stderr)"),
                calibration: CalibrationOpt = None,
-               fmt: FormatOpt = None,
-               cluster: ClusterOpt = None,
-               nodes: NodesOpt = None,
-               gpu: GpuOpt = None,
-               model: ModelOpt = None,
-               seq_len: SeqLenOpt = None,
-               micro_batch: MicroBatchOpt = None,
-               grad_accum: GradAccumOpt = None):
+               foreign: Foreign = Foreign()):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
     most candidates, their counts, and a fix).
@@ -161,7 +147,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         if to not in FORMATS:
             raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
         _refuse_existing(out, force, "-o")
-    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum), require_mesh=False)
+    cfg = load_any(config, foreign.fmt, foreign.options(), require_mesh=False)
     _notes(cfg)
     cfg = _measured_cluster(cfg, calibration=calibration)
     if top is not None:
@@ -187,7 +173,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         if refusal is not None:  # one line naming the first row the target takes
             raise ConfigError("--export", refusal)
         _write_export(rows[export_rank - 1], to, out, f"search {config} row {export_rank}", force,
-                      user_source(config, fmt))
+                      user_source(config, foreign.fmt))
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal)), force,

@@ -11,23 +11,15 @@ import typer
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
-    ClusterOpt,
-    FormatOpt,
-    GpuOpt,
-    ModelOpt,
-    NodesOpt,
-    SeqLenOpt,
-    MicroBatchOpt,
-    GradAccumOpt,
     _echo,
     _exit_infeasible,
     _json_option,
-    _opts,
     _refuse_existing,
     _verdict_exit,
     _write_doc,
     _wrote,
 )
+from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _load
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.comm.calibration import uncalibrated_note
@@ -43,13 +35,14 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import schedule_words
+from meshplan.spec.mesh_words import schedule_words
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
     return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
 
 
+@foreign_options()
 def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
@@ -64,14 +57,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
-         fmt: FormatOpt = None,
-         cluster: ClusterOpt = None,
-         nodes: NodesOpt = None,
-         gpu: GpuOpt = None,
-         model: ModelOpt = None,
-         seq_len: SeqLenOpt = None,
-         micro_batch: MicroBatchOpt = None,
-         grad_accum: GradAccumOpt = None):
+         foreign: Foreign = Foreign()):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
@@ -84,7 +70,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options())
     cal = _calibration(calibration, p.config.cluster)
     if isinstance(p, Infeasible):
         _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)

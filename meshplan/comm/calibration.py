@@ -73,7 +73,7 @@ from meshplan.comm.alphabeta import OPS, steps
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config import parse_toml
 from meshplan.errors import ConfigError
-from meshplan.fileio import read_text_limited
+from meshplan.fileread import read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_STRING, MAX_WORLD, bound_message
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import GB, US

@@ -54,7 +54,7 @@ from typing import Optional, Sequence
 
 from meshplan.comm.nccl_records import Communicator, Connection, NcclLogReport, RankInfo, UnreadInit
 from meshplan.errors import ConfigError, printable
-from meshplan.fileio import read_text_limited
+from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, over
 
 # Every regex is linear in the line (no lazy scan before an optional tail, no nested

@@ -34,7 +34,7 @@ from typing import Optional
 
 from meshplan.comm.alphabeta import OPS, busbw_factor
 from meshplan.errors import ConfigError
-from meshplan.fileio import parse_json, read_text_limited
+from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_LINE_CHARS, MAX_WORLD, over
 from meshplan.units import GB, US
 

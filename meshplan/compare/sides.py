@@ -20,7 +20,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.search.rank import simplicity_of
-from meshplan.spec.wording import mesh_text
+from meshplan.spec.mesh_words import mesh_text
 from meshplan.units import GB
 
 
@@ -57,7 +57,7 @@ class Side:
 
     @property
     def mesh_text(self) -> str:
-        """The mesh as every output names it (:func:`meshplan.spec.wording.mesh_text`: the axes of
+        """The mesh as every output names it (:func:`meshplan.spec.mesh_words.mesh_text`: the axes of
         degree > 1, ep and etp among them, the data axis named by the sharding): a plan spelled
         ``dp_shard 4 x tp 2`` and its Megatron-LM export imported back (``dp 4 x tp 2``) print the
         same words; "unresolved" without a mesh."""

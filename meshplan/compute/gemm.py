@@ -56,7 +56,7 @@ from typing import Optional
 from meshplan import catalog
 from meshplan.compute.measured import gemm_seconds, kernel_data
 from meshplan.errors import ConfigError
-from meshplan.fileio import parse_json, read_text_limited
+from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, MAX_STRING
 from meshplan.spec.cluster import GPUSpec
 from meshplan.units import TFLOPS, dtype_bytes

@@ -5,7 +5,9 @@ arguments (:mod:`~meshplan.interop.megatron`, its flags in
 :mod:`~meshplan.interop.megatron_pipeline`, model flags in
 :mod:`~meshplan.interop.megatron_model`, writer in :mod:`~meshplan.interop.megatron_write`,
 carried user flags in :mod:`~meshplan.interop.megatron_carry`) and DeepSpeed JSON
-(:mod:`~meshplan.interop.deepspeed`, the HF Trainer's ``"auto"`` values in
+(:mod:`~meshplan.interop.deepspeed`, its ZeRO knobs in :mod:`~meshplan.interop.deepspeed_zero`,
+writer in :mod:`~meshplan.interop.deepspeed_write`, carried user keys in
+:mod:`~meshplan.interop.deepspeed_carry`, the HF Trainer's ``"auto"`` values in
 :mod:`~meshplan.interop.deepspeed_auto`) read into meshplan's tables and written from a
 :class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
@@ -19,5 +21,6 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "deepspeed_auto", "foreign", "launch", "megatron", "megatron_carry", "megatron_flags",
-           "megatron_model", "megatron_pipeline", "megatron_write", "tomlout", "torchtitan"]
+__all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "foreign",
+           "launch", "megatron", "megatron_carry", "megatron_flags", "megatron_model", "megatron_pipeline",
+           "megatron_write", "tomlout", "torchtitan"]

@@ -23,68 +23,6 @@ which model code calls on whole blocks: recompute ``full`` (a note); without one
 says so); export writes an empty section for ``full``. ``bf16`` and ``fp16`` both enabled is
 refused, as DeepSpeed refuses it (:func:`model_dtype`).
 
-ZeRO stages 1 and 2 run DeepSpeed's own engine (``training.zero12_engine = "deepspeed"``,
-:mod:`meshplan.comm.deepspeed_zero12`: one all-reduce per bucket of whole parameters, stage 2
-every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_size`` (DeepSpeed's
-default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
-(when given; default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
-(fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
-DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
-``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
-path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
-engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
-are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
-``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
-model's (``overlap_comm`` when set). Other stages list these keys as unused.
-
-The gradients these stages keep (``training.grad_dtype``) are in the model's dtype, not fp32
-(``stage_1_and_2.py`` at edaa722): stage 2 copies each reduced gradient into its partition,
-``grads_in_partition``, allocated in ``self.dtype`` (the parameters' dtype) whatever
-``data_types.grad_accum_dtype`` says; stage 1 keeps ``param.grad`` (the model's dtype) until the
-step, or, when ``grad_accum_dtype`` differs from the model's dtype, accumulates each micro-batch's
-``param.grad`` into ``param.grad_accum`` in that dtype (``_fill_param_grad_accum_attribute``) and
-frees ``param.grad``: ``grad_dtype`` is then ``grad_accum_dtype`` (fp32 with fp16, the one mix its
-ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, one parameter group
-at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training_fields.deepspeed_grad_dtype`,
-which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
-so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
-when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
-
-ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
-model's dtype, and reduce-scatters in ``communication_data_type``, unset the model's dtype
-(DeepSpeed at edaa722: ``runtime/zero/stage3.py:742-744`` allocates ``grad_partitions_flat_buffer``
-in ``gradient_accumulation_dtype``, which ``runtime/engine.py:1485-1496`` ``get_data_types`` sets
-to ``grad_accum_dtype`` or the model's dtype; ``stage3.py:1798-1799`` casts the gradients to
-``communication_data_type`` before ``reduce_scatter_coalesced``, whose unset value
-``engine.py:1405-1417`` makes fp16 / bf16 when enabled, else fp32): read into
-``training.grad_dtype`` and ``training.grad_reduce_dtype`` (not FSDP2's fp32 defaults) and written
-back when they differ from the model's dtype. Each rank converts its partition to fp32 only inside
-``step``, one ``sub_group_size`` group at a time (``_prepare_fp32_grad_for_sub_group``): a transient
-meshplan's memory timeline does not hold.
-At stage 3, ``zero_optimization.contiguous_gradients`` is read into ``training.contiguous_gradients``
-and ``reduce_bucket_size`` into ``[memory] grad_bucket_elements`` when given: they choose the
-gradient path and bucket of ``training.zero3_engine = "deepspeed-2021"``
-(:mod:`meshplan.comm.deepspeed`; absent, v0.3.13's false and DeepSpeed's 5e8), and change
-nothing under ``deepspeed``, the engine an import plans (DeepSpeed >= v0.5.5: FSDP2's per-layer
-calls without FSDP2's copies on the compute stream, :func:`meshplan.comm.fsdp2.compute_stream_copies`).
-Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradients`` always:
-DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
-Under ``deepspeed`` ``contiguous_gradients`` (unset: true, DeepSpeed's default at edaa722,
-``zero/config.py:102``) keeps the ipg buffer of ``reduce_bucket_size`` elements in
-``communication_data_type`` from init (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`, in
-the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too, when given, into
-``training.overlap_comm`` (absent: DeepSpeed's stage-3 default, true, ``zero/config.py:382-386``
-``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters
-run on side streams and overlap the compute; off, both run on the default stream and block it
-(``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
-:func:`meshplan.schedule.overlap_policy.config_overlap`). Export writes it when the plan gives it
-(unset, DeepSpeed's default for the stage applies, as it did on import).
-``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
-``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
-``deepspeed_max_live_elements``: how many parameters the memory timeline gathers ahead of the one
-computed (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), and written back when set;
-``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
-
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
 1; no HSDP; sharding zero1, zero2 and zero3 from a config of any stage, each row under the
@@ -92,12 +30,10 @@ engine DeepSpeed runs at that stage: :func:`search_table`), the rows ``export --
 deepspeed`` can write; a note says so, and widening ``[search]`` in an imported TOML searches
 beyond it.
 
-Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
-``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
-their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
-them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
-and planning the state as GPU-resident would report a fitting config infeasible: the error names
-the key; removing it plans the GPU-resident equivalent.
+The ZeRO knobs of stages 1, 2 and 3 (buckets, streams, gradient dtypes, ZeRO-3's prefetch) and
+the refused offload are read by :mod:`meshplan.interop.deepspeed_zero`; the writer (``export
+--to deepspeed``) is :mod:`meshplan.interop.deepspeed_write`, and what it carries of the user's
+own file :mod:`meshplan.interop.deepspeed_carry`.
 
 A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
 the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
@@ -109,7 +45,6 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import (
     Imported,
@@ -117,16 +52,20 @@ from meshplan.interop.common import (
     cluster_table,
     flatten,
     loose_near_miss,
-    merge_tables,
     misspelt,
     model_option,
-    strip_keys,
 )
 from meshplan.interop.deepspeed_auto import fill_batch, fill_hidden, hidden_auto, hidden_of
-from meshplan.interop.tomlout import resolved
-from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-from meshplan.spec.training_fields import deepspeed_grad_dtype
-from meshplan.spec.wording import data_axis
+from meshplan.interop.deepspeed_zero import (
+    ZERO3_USED,
+    ZERO12_USED,
+    bucket_elements,
+    prefetch_memory,
+    refuse_offload,
+    zero3_training,
+    zero12_training,
+)
+from meshplan.spec.mesh_words import data_axis
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 #: What a DeepSpeed config (this reader and writer) expresses: one home for ``export --help``, its refusal
@@ -219,7 +158,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if typo:
         raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
                           f"misspelt, the setting would stay at its default)")
-    _refuse_offload(d.get("zero_optimization", {}))
+    refuse_offload(d.get("zero_optimization", {}))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")
@@ -236,9 +175,9 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
         training["zero0_engine"] = "deepspeed"
     if stage in (1, 2):
-        training |= _zero12(d, dtype)
+        training |= zero12_training(d, dtype)
     if stage == 3:
-        training |= _zero3(d, dtype) | {"zero3_engine": "deepspeed"}
+        training |= zero3_training(d, dtype) | {"zero3_engine": "deepspeed"}
         notes.append("ZeRO stage 3 planned as DeepSpeed >= v0.5.5 runs it (training.zero3_engine = \"deepspeed\": "
                      "per-layer coalesced gathers, PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather per parameter tensor; its gradient path follows "
@@ -251,9 +190,9 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
-        tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
-    if stage == 3 and _prefetch(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.passes)
-        tables["memory"] = tables.get("memory", {}) | _prefetch(d["zero_optimization"])
+        tables["memory"] = {"grad_bucket_elements": bucket_elements(d["zero_optimization"])}
+    if stage == 3 and prefetch_memory(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.passes)
+        tables["memory"] = tables.get("memory", {}) | prefetch_memory(d["zero_optimization"])
     tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
                  + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
@@ -282,184 +221,6 @@ def search_table(stage: int) -> dict[str, list[Any]]:
     (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'])
     """
     return {k: list(v) for k, v in SEARCH.items()}
-
-#: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
-ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
-                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
-                         "zero_optimization.contiguous_gradients"})
-#: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
-ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
-                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
-    f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
-                                       "stage3_max_live_parameters", "max_live_parameters")}
-#: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
-#: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
-PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
-#: The ``zero_optimization`` keys only ZeRO-3 reads: the ``stage3_`` names and the fields they alias
-#: (``DeepSpeedZeroConfig``, zero/config.py at edaa722); an export at stage 0-2 carries none of them.
-ZERO3_ONLY = frozenset(k for k in DEEPSPEED_KEYS if k.startswith("zero_optimization.") and (
-    k.startswith("zero_optimization.stage3_") or k.replace(".", ".stage3_", 1) in DEEPSPEED_KEYS))
-
-
-def _prefetch(zero: dict) -> dict[str, int]:
-    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``
-    (or their names without ``stage3_``) when given (absent or "auto": DeepSpeed's 5e7 and 1e9);
-    ConfigError for a value that is not a whole number >= 0.
-
-    >>> _prefetch({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), _prefetch({})
-    ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})
-    """
-    out = {}
-    for key, field in PREFETCH_KEYS.items():
-        name = next((k for k in (f"stage3_{key}", key) if k in zero), None)
-        v = zero.get(name) if name else None
-        if v is None or v == "auto":
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-            raise ConfigError(f"zero_optimization.{name}", f"must be a whole number of elements >= 0 or \"auto\"; "
-                              f"got {v!r}")
-        out[field] = int(v)
-    return out
-#: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
-COMM_DTYPES = ("fp32", "bf16", "fp16")
-
-
-def _zero12(d: dict, dtype: str) -> dict[str, Any]:
-    """The ``[training]`` keys of DeepSpeed's ZeRO-1/2 engine (module docstring); ConfigError
-    for what it does not model or a malformed value.
-
-    >>> _zero12({"zero_optimization": {"stage": 2, "overlap_comm": True}, "communication_data_type": "FP32"}, "bf16")
-    {'zero12_engine': 'deepspeed', 'grad_dtype': 'bf16', 'overlap_comm': True, 'grad_reduce_dtype': 'fp32'}
-    >>> _zero12({"zero_optimization": {"stage": 1, "use_multi_rank_bucket_allreduce": False}}, "bf16")
-    Traceback (most recent call last):
-    meshplan.errors.ConfigError: zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed's older reduce path (one dist.reduce per destination rank, before PR #4695), which meshplan does not model; remove it (default true: one all-reduce per bucket)
-    """
-    zero = d.get("zero_optimization", {})
-    if zero.get("use_multi_rank_bucket_allreduce", True) is not True:
-        raise ConfigError("zero_optimization.use_multi_rank_bucket_allreduce", "false is DeepSpeed's older reduce path "
-                          "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
-                          "remove it (default true: one all-reduce per bucket)")
-    accum = _accum_dtype(d)
-    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
-        raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
-                          "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
-    out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
-                                                                                            dtype, accum)}
-    out |= _overlap(zero) | _contiguous(zero)
-    comm = d.get("communication_data_type")
-    if comm is not None:
-        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
-            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-        out["grad_reduce_dtype"] = comm.lower()
-    return out
-
-
-def _zero3(d: dict, dtype: str) -> dict[str, Any]:
-    """The gradient dtypes of DeepSpeed's ZeRO stage 3 (module docstring): the partition in
-    ``data_types.grad_accum_dtype`` or the model's dtype, the reduce-scatter in
-    ``communication_data_type`` or the model's dtype; ``zero_optimization.contiguous_gradients``
-    when given (``training.contiguous_gradients``).
-
-    >>> _zero3({}, "bf16"), _zero3({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}, "bf16")
-    ({'grad_dtype': 'bf16', 'grad_reduce_dtype': 'bf16'}, {'grad_dtype': 'fp32', 'grad_reduce_dtype': 'fp32'})
-    >>> _zero3({"zero_optimization": {"contiguous_gradients": True}}, "fp16")["contiguous_gradients"]
-    True
-    """
-    comm = d.get("communication_data_type")
-    if comm is not None and (not isinstance(comm, str) or comm.lower() not in COMM_DTYPES):
-        raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-    out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
-                           "grad_reduce_dtype": comm.lower() if comm else dtype}
-    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
-
-
-def _contiguous(zero: dict) -> dict[str, Any]:
-    """``{"contiguous_gradients": value}`` when the ``zero_optimization`` table ``zero`` gives it
-    (else empty: the engine's default, :attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`);
-    ConfigError when it is not a boolean.
-
-    >>> _contiguous({"contiguous_gradients": False}), _contiguous({})
-    ({'contiguous_gradients': False}, {})
-    """
-    v = zero.get("contiguous_gradients")
-    if v is None:
-        return {}
-    if not isinstance(v, bool):
-        raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {v!r}")
-    return {"contiguous_gradients": v}
-
-
-def _overlap(zero: dict) -> dict[str, Any]:
-    """``{"overlap_comm": value}`` when the ``zero_optimization`` table ``zero`` gives it (else
-    empty: the stage's default, :attr:`~meshplan.spec.training.TrainingSpec.overlaps_comm`, false
-    at stages 1 and 2, true at 3); ConfigError when it is not a boolean.
-
-    >>> _overlap({"overlap_comm": False}), _overlap({"overlap_comm": "auto"}), _overlap({})
-    ({'overlap_comm': False}, {}, {})
-    """
-    v = zero.get("overlap_comm")
-    if v is None or v == "auto":  # "auto": the HF Trainer's placeholder, DeepSpeed's default then
-        return {}
-    if not isinstance(v, bool):
-        raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {v!r}")
-    return {"overlap_comm": v}
-
-
-#: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
-ACCUM_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "bf16": "bf16",
-                "bfloat16": "bf16", "bfloat": "bf16", "torch.bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
-                "half": "fp16", "torch.float16": "fp16"}
-
-
-def _accum_dtype(d: dict) -> Optional[str]:
-    """meshplan's name of ``data_types.grad_accum_dtype`` (None when absent); ConfigError for
-    a value DeepSpeed's ``DtypeEnum`` does not take.
-
-    >>> _accum_dtype({"data_types": {"grad_accum_dtype": "float32"}}), _accum_dtype({})
-    ('fp32', None)
-    """
-    table = d.get("data_types")
-    v = table.get("grad_accum_dtype") if isinstance(table, dict) else None
-    if v is None:
-        return None
-    if not isinstance(v, str) or v.lower() not in ACCUM_DTYPES:
-        raise ConfigError("data_types.grad_accum_dtype", f"{v!r}; use fp32, bf16 or fp16")
-    return ACCUM_DTYPES[v.lower()]
-
-
-def _bucket(zero: dict) -> int:
-    """ZeRO-1/2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
-    "auto": DeepSpeed's default 5e8)."""
-    v = zero.get("reduce_bucket_size")
-    if v is None or v == "auto":
-        return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
-        raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
-                          f"\"auto\"; got {v!r}")
-    return int(v)
-
-
-def _refuse_offload(zero: Any) -> None:
-    """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
-    that moves state off the GPU (module docstring).
-
-    >>> _refuse_offload({"offload_param": {"device": "none"}, "offload_optimizer": {}, "cpu_offload": False})
-    >>> _refuse_offload({"cpu_offload": True})
-    Traceback (most recent call last):
-    meshplan.errors.ConfigError: zero_optimization.cpu_offload: meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it (or set false) to plan the GPU-resident equivalent
-    """
-    if not isinstance(zero, dict):
-        return
-    fix = "meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it"
-    for key in ("offload_optimizer", "offload_param"):
-        table = zero.get(key)
-        device = table.get("device", "none") if isinstance(table, dict) else table
-        if device is not None and device != "none":
-            raise ConfigError(f"zero_optimization.{key}", f"device {device!r}: {fix} (or set its device to "
-                              f"\"none\") to plan the GPU-resident equivalent")
-    for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
-        if zero.get(key):
-            raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
 
 
 def model_dtype(d: dict) -> str:
@@ -526,116 +287,3 @@ def _clip(d: dict, notes: list[str]) -> bool:
 
 
 CHECKPOINTING = "activation_checkpointing"
-
-
-def read_keys(doc: dict) -> set[str]:
-    """The keys :func:`read` reads in a DeepSpeed config of ``doc``'s ZeRO stage (an
-    ``activation_checkpointing`` section is read by its presence: :func:`carried`).
-
-    >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
-    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
-    """
-    zero = doc.get("zero_optimization")
-    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
-    return set(USED) | (set(ZERO12_USED) if stage in (1, 2) else set()) | (
-        {"data_types.grad_accum_dtype"} if stage == 1 else set()) | (
-        {k for k in ZERO3_USED if k.startswith("zero_optimization.")} if stage == 3 else set())
-
-
-def not_planned(user: dict) -> list[str]:
-    """The dotted keys of the user's DeepSpeed config ``user`` that meshplan does not plan:
-    every key :func:`read` does not read at its stage (:func:`read_keys`; an
-    ``activation_checkpointing`` section's own keys, though the section itself is read as
-    recompute ``full``).
-
-    >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
-    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_max_reuse_distance": 5e7}})
-    ['steps_per_print', 'zero_optimization.stage3_max_reuse_distance']
-    """
-    return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
-
-
-def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
-    """(config, what was carried) of ``written`` (:func:`write`) with the keys of the user's
-    DeepSpeed config ``user`` that meshplan does not plan (:func:`not_planned`:
-    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's persistence sizes,
-    ...) carried through unchanged, as a torchtitan export keeps the job's other sections; every
-    key :func:`read` reads at the user's stage or the written one is what ``written`` says. The keys of an ``activation_checkpointing``
-    section go with it only where ``written`` has one (the plan checkpoints: recompute
-    ``full``; another plan's section would read back as ``full``). What was carried: dotted keys,
-    the user's order.
-
-    >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
-    ...         "overlap_comm": True, "round_robin_gradients": True}, "activation_checkpointing": {"partition_activations": True}}
-    >>> doc, names = carried(user, {"train_batch_size": 32, "zero_optimization": {"stage": 1}})
-    >>> doc
-    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'round_robin_gradients': True}, 'steps_per_print': 10}
-    >>> names
-    ['steps_per_print', 'zero_optimization.round_robin_gradients']
-    >>> carried(user, {"activation_checkpointing": {}})[1]
-    ['steps_per_print', 'zero_optimization.round_robin_gradients', 'activation_checkpointing.partition_activations']
-
-    ZeRO-3's own keys (:data:`ZERO3_ONLY`) go only into a stage-3 config:
-
-    >>> carried({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}},
-    ...         {"zero_optimization": {"stage": 2}})
-    ({'zero_optimization': {'stage': 2}}, [])
-    """
-    zero = written.get("zero_optimization")
-    drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
-        set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")}) | (
-        set() if isinstance(zero, dict) and zero.get("stage") == 3 else ZERO3_ONLY)
-    keep = strip_keys(strip_keys(user, drop), set(flatten(written)))
-    return merge_tables(written, keep), list(flatten(keep))
-
-
-def write(cfg: Config) -> dict[str, Any]:
-    """DeepSpeed config of ``cfg``: only for ZeRO data parallelism (every axis a data axis
-    of degree > 1 at most one, no tp/pp/cp/ep); ConfigError saying why otherwise."""
-    mesh = resolved(cfg)
-    t = cfg.training
-    other = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
-             if a not in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
-    if mesh.ep > 1:
-        other.append(f"ep {mesh.ep}")
-    data = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
-            if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
-    if other or len(data) > 1 or t.sharding == "hsdp":
-        raise ConfigError("--to", f"a DeepSpeed config applies to {DS_SCOPE}; this mesh has "
-                          f"{', '.join(other or data)} ({t.sharding})")
-    if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
-        raise ConfigError("--to", f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master "
-                          f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")
-    dp = mesh.degree("dp")
-    accumulate = t.global_batch // (t.micro_batch * dp)
-    stage = {v: k for k, v in STAGES.items()}[t.sharding]
-    zero: dict[str, Any] = {"stage": stage}
-    comm: dict[str, Any] = {}
-    if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
-        zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
-            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {}) | (  # unset: the stage's default
-            {"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {})
-    elif stage == 2:  # the plan's bucket (meshplan.comm.dp_rows._zero2_rows)
-        zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
-    elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both
-        # written: DeepSpeed's contiguous_gradients default changed in v0.4.3
-        zero |= {"contiguous_gradients": t.contiguous_grads,
-                 "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
-    elif stage == 3:  # deepspeed (or fsdp2): what an import read, back; deepspeed's stream choice
-        zero |= {f"stage3_{k}": getattr(cfg.memory, f) for k, f in PREFETCH_KEYS.items()
-                 if getattr(cfg.memory, f) is not None}
-        zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
-            {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
-            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})
-    if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
-                                                               and t.gradient_reduce_dtype != t.param_dtype):
-        comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype
-    if (stage == 1 and t.grad_dtype != t.param_dtype and not (t.param_dtype == "bf16" and t.grad_dtype == "fp32")) \
-            or (stage == 3 and t.grad_dtype != t.param_dtype):
-        # ZeRO-1's param.grad_accum, ZeRO-3's gradient partition (module docstring)
-        comm["data_types"] = {"grad_accum_dtype": t.grad_dtype}
-    return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-            "gradient_accumulation_steps": accumulate, "zero_optimization": zero} | comm | {
-            "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
-            "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
-        {"activation_checkpointing": {}} if t.recompute == "full" else {})

@@ -25,9 +25,17 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
-from meshplan.fileio import parse_json, read_text_limited
+from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
-from meshplan.interop import deepspeed, deepspeed_auto, megatron, megatron_carry, torchtitan
+from meshplan.interop import (
+    deepspeed,
+    deepspeed_auto,
+    deepspeed_carry,
+    deepspeed_write,
+    megatron,
+    megatron_carry,
+    torchtitan,
+)
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
 from meshplan.spec.wording import deepspeed_recompute_fix
@@ -167,7 +175,7 @@ class UserFile(NamedTuple):
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
 #: and its name in the header.
 CARRIERS = {"torchtitan": (torchtitan.carried, lambda d: torchtitan.carried(d, {})[1], "torchtitan"),
-            "deepspeed": (deepspeed.carried, deepspeed.not_planned, "DeepSpeed"),
+            "deepspeed": (deepspeed_carry.carried, deepspeed_carry.not_planned, "DeepSpeed"),
             "megatron": (megatron_carry.carried, megatron_carry.not_planned, "Megatron-LM")}
 
 
@@ -201,7 +209,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     ``user``: the torchtitan job TOML or DeepSpeed JSON ``cfg`` was read from
     (:func:`user_source`): a file of the same format carries its settings meshplan does not
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
-    (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed.carried`),
+    (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
     the header names them; another target lists them, in one line, as not carried. ``refused``: per target, what its
     runtime refuses in ``cfg`` (:func:`meshplan.plan.export_refusals`: its pipeline schedule, a MoE mesh): that target
     is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
@@ -228,7 +236,7 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     :func:`export` with :func:`meshplan.plan.export_refusals`). torchtitan: a model without a
     torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
     DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
-    dtypes its config has no key for (:func:`meshplan.interop.deepspeed.write`).
+    dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
 
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
     ...     "training": {"global_batch": 8, "seq_len": 1024}, "search": {"sharding": ["zero1"], "tp": [2, 4]}},
@@ -366,8 +374,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
-        doc, kept = deepspeed.carried(user.doc, deepspeed.write(cfg)) if user is not None and user.fmt == to else \
-            (deepspeed.write(cfg), [])
+        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_write.write(cfg)) if user is not None and \
+            user.fmt == to else (deepspeed_write.write(cfg), [])
         if user is not None and user.fmt == to:  # the HF Trainer's "auto" kept where the plan's value is its fill
             doc = deepspeed_auto.keep_auto(user.doc, doc, cfg.model.hidden)
         if kept:

@@ -99,7 +99,7 @@ from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
-from meshplan.spec.wording import data_axis
+from meshplan.spec.mesh_words import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
 __all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "write", "write_notes"]

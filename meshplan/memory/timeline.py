@@ -44,7 +44,7 @@ from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stat
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
-from meshplan.spec.wording import mesh_text, schedule_words
+from meshplan.spec.mesh_words import mesh_text, schedule_words
 
 _K = {k: i for i, k in enumerate(KINDS)}
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
@@ -138,7 +138,7 @@ class Timeline:
     title: str = ""
     notes: tuple[str, ...] = field(default=())
     #: ``schedule`` as the output prints it: ``no pipeline`` at pp 1
-    #: (:func:`meshplan.spec.wording.schedule_words`)
+    #: (:func:`meshplan.spec.mesh_words.schedule_words`)
     pipeline: str = ""
 
     @property

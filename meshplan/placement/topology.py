@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from meshplan.placement.cpus import cpu_affinity, parse_cpu_list, physical_cores
 from meshplan.errors import ConfigError
-from meshplan.fileio import read_text_limited
+from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_GPUS_PER_NODE, MAX_LINE_CHARS, MAX_XML_DEPTH, bound_message, over
 from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
 

@@ -38,7 +38,8 @@ from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE, top_heading
-from meshplan.spec.wording import axis_labels, mesh_text, sharding_words
+from meshplan.spec.mesh_words import axis_labels, mesh_text
+from meshplan.spec.wording import sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 

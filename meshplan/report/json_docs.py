@@ -119,7 +119,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
 
 def _schedule(st) -> Optional[str]:
     """The pipeline schedule's name, None at pp 1 (no pipeline to schedule: the text says
-    ``no pipeline``, :func:`meshplan.spec.wording.schedule_words`)."""
+    ``no pipeline``, :func:`meshplan.spec.mesh_words.schedule_words`)."""
     spec = st.pipeline.spec
     return None if spec.p == 1 else str(spec.schedule)
 

@@ -14,7 +14,8 @@ from rich.table import Table
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
-from meshplan.spec.wording import kind_words, recompute_words, reduce_words, runtime, schedule_words
+from meshplan.spec.mesh_words import schedule_words
+from meshplan.spec.wording import kind_words, recompute_words, reduce_words, runtime
 from meshplan.units import GiB, MiB, counted, dtype_bytes
 
 KIND_NOTES = {

@@ -38,7 +38,8 @@ from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import DEEPSPEED, mesh_text, zero_runtime
+from meshplan.spec.mesh_words import mesh_text
+from meshplan.spec.wording import DEEPSPEED, zero_runtime
 from meshplan.units import GiB
 
 SCHEMA = "meshplan.search.driver/v1"
@@ -64,7 +65,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
 
 
 def row_mesh(d: dict[str, Any]) -> str:
-    """A :func:`row`'s mesh as every output prints it (:func:`meshplan.spec.wording.mesh_text`)."""
+    """A :func:`row`'s mesh as every output prints it (:func:`meshplan.spec.mesh_words.mesh_text`)."""
     return mesh_text(tuple(d["mesh"]), tuple(d["mesh"].values()), d["sharding"])
 
 

@@ -17,8 +17,8 @@ from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
-from meshplan.spec.wording import (axis_labels, gathered_words, mesh_text, recompute_words, renamed_words, runtime,
-                                    shown_names, sharding_words, state_cell, state_title)
+from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, shown_names
+from meshplan.spec.wording import gathered_words, recompute_words, runtime, sharding_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -144,7 +144,7 @@ def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict 
     """What ``rank`` would print at start-up: coordinates and every group's ranks; ``extra``:
     groups that depend on the model (:func:`meshplan.mesh.tpsplit.model_groups`: kv_replica),
     one row each after the axes'. Axes are named as the mesh line names them
-    (:func:`meshplan.spec.wording.shown_names` of ``sharding``, ``training.sharding``: ``dp`` vs
+    (:func:`meshplan.spec.mesh_words.shown_names` of ``sharding``, ``training.sharding``: ``dp`` vs
     ``dp_shard`` by whether the parameters are sharded over it), with a line saying so when a
     name differs from the config's; ``training`` (a TrainingSpec, its sharding used when given)
     names the derived groups in the runtime's words (:func:`meshplan.spec.wording.group_words`:
@@ -276,7 +276,7 @@ def _per_columns(row) -> tuple[str, str]:
 
 def _collectives(plan: Plan, con: Console) -> None:
     """The collective tables, one per stage; the data axis named as the mesh line names it
-    (:func:`meshplan.spec.wording.axis_labels`: ``dp_shard`` where zero3 shards the parameters)."""
+    (:func:`meshplan.spec.mesh_words.axis_labels`: ``dp_shard`` where zero3 shards the parameters)."""
     shown = axis_labels(plan.mesh, plan.config.training, plan.config.origin)
     for stage, rows in plan.collectives.items():
         tab = Table(title=f"Collectives, {stage} (alpha-beta time of the fastest NCCL algorithm on the path; what waits on each row: --json)", title_justify="left")

@@ -18,7 +18,8 @@ from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.unit_times import UnitTimes
-from meshplan.spec.wording import fold_streams, schedule_words
+from meshplan.spec.mesh_words import schedule_words
+from meshplan.spec.wording import fold_streams
 from meshplan.units import counted
 
 
@@ -45,7 +46,7 @@ class StepTime:
     flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
     runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
     stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
-    mesh_text: str = ""  # the mesh as every output prints it (wording.mesh_text), on the first line
+    mesh_text: str = ""  # the mesh as every output prints it (mesh_words.mesh_text), on the first line
 
     def named(self, stream: str) -> str:
         """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""

@@ -53,7 +53,8 @@ from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import mesh_text, recompute_words, runtime, stream_words
+from meshplan.spec.mesh_words import mesh_text
+from meshplan.spec.wording import recompute_words, runtime, stream_words
 from meshplan.units import counted
 
 

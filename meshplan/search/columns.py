@@ -17,7 +17,7 @@ import numpy as np
 from meshplan.pipeline.registry import get
 from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import data_axis, mesh_text
+from meshplan.spec.mesh_words import data_axis, mesh_text
 
 RECOMPUTE = ("none", "selective", "full", "op")
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
@@ -106,7 +106,7 @@ class Candidates:
 
     def label(self, i: int) -> str:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
-        :func:`meshplan.spec.wording.mesh_text` prints it), then ``, keep gathered``
+        :func:`meshplan.spec.mesh_words.mesh_text` prints it), then ``, keep gathered``
         (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply."""
         names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
         mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
@@ -119,9 +119,9 @@ class Candidates:
 
 def axis_shown(name, sharding: str) -> str:
     """A search axis's name in a candidate's mesh: the data axis ``dp_shard`` is ``dp`` under
-    ZeRO-1/2 (:func:`meshplan.spec.wording.data_axis`), as ``plan`` prints the mesh a Megatron-LM
+    ZeRO-1/2 (:func:`meshplan.spec.mesh_words.data_axis`), as ``plan`` prints the mesh a Megatron-LM
     or DeepSpeed config imports to (the search columns keep ``dp_shard``; ``--json``'s ``mesh``
-    keys and the text follow this rule, :func:`meshplan.spec.wording.mesh_text`).
+    keys and the text follow this rule, :func:`meshplan.spec.mesh_words.mesh_text`).
 
     >>> axis_shown("dp_shard", "zero2"), axis_shown("dp_shard", "zero3"), axis_shown("tp", "zero1")
     ('dp', 'dp_shard', 'tp')

@@ -19,7 +19,8 @@ from typing import Optional
 from meshplan.plan import Plan, table_key, table_stage
 from meshplan.search.rank import TIE
 from meshplan.schedule.step_summary import StepTime
-from meshplan.spec.wording import data_axis, fold_streams
+from meshplan.spec.mesh_words import data_axis
+from meshplan.spec.wording import fold_streams
 
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
@@ -240,7 +241,7 @@ def _shown(part: str, a: dict, b: dict) -> str:
 
 
 def _data_vs(a: dict, b: dict) -> str:
-    """The data axis's degrees, each named by its row's sharding (:func:`meshplan.spec.wording.data_axis`:
+    """The data axis's degrees, each named by its row's sharding (:func:`meshplan.spec.mesh_words.data_axis`:
     ``dp`` on zero1/zero2 rows, ``dp_shard`` on zero3/hsdp ones), as the rows' meshes print it.
 
     >>> _data_vs({"dp_shard": 8, "sharding": "zero1"}, {"dp_shard": 4, "sharding": "zero1"})

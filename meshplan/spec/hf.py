@@ -60,7 +60,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from meshplan.errors import ConfigError, printable
-from meshplan.fileio import parse_json, read_text_limited
+from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LAYERS, MAX_STRING, bound_message, over
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.names import safe_name
@@ -292,7 +292,7 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
 def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
     """The parsed config and its file (None for a dict); a directory means its config.json.
-    Read with :func:`meshplan.fileio.read_text_limited` (a regular file, at most
+    Read with :func:`meshplan.fileread.read_text_limited` (a regular file, at most
     ``FILE_BYTES["hf_config"]``); NaN, Infinity, integers past Python's digit limit and
     nesting deeper than the interpreter reads are one-line errors."""
     if isinstance(config, dict):

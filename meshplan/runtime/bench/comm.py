@@ -49,12 +49,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
+from meshplan.atomic_write import write_json_atomic, write_text_atomic
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.comm.calibration import calibration_toml, measured_over
 from meshplan.comm.linkfit import LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, float_str, gpus_of, parse_nccl_tests_text
 from meshplan.errors import ConfigError
-from meshplan.fileio import staged_folder, write_json_atomic, write_text_atomic
+from meshplan.fileio import staged_folder
 from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
 from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.runtime.testbed.nics import bind_shim, node_env

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from meshplan.fileio import write_json_atomic
+from meshplan.atomic_write import write_json_atomic
 from meshplan.runtime.bench.comm import BENCH_OPS, bench_groups, chunked
 from meshplan.runtime.testbed.nics import apply_local_nic
 

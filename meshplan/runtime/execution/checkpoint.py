@@ -53,11 +53,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.tensor import DTensor
 
+from meshplan.atomic_write import write_json_atomic
 from meshplan.errors import CheckpointError, ConfigError
-from meshplan.fileio import write_json_atomic
 from meshplan.mesh.resolve import Mesh
 from meshplan.runtime.execution.kvsync import dedup_kv_state
-from meshplan.spec.wording import mesh_text
+from meshplan.spec.mesh_words import mesh_text
 
 META_NAME = "meshplan.json"
 DCP_DIR = "dcp"
@@ -112,7 +112,7 @@ class CheckpointMeta:
 
     @property
     def mesh_text(self) -> str:
-        """``dp_shard 2 x tp 2``: every saved axis, named as saved (:func:`meshplan.spec.wording.mesh_text`)."""
+        """``dp_shard 2 x tp 2``: every saved axis, named as saved (:func:`meshplan.spec.mesh_words.mesh_text`)."""
         return mesh_text(self.mesh_names, self.mesh_shape, keep=tuple(self.mesh_names))
 
     @classmethod

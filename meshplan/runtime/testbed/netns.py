@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from meshplan.atomic_write import write_text_atomic
 from meshplan.errors import ConfigError
-from meshplan.fileio import write_text_atomic
 from meshplan.runtime.testbed.routes import add_spine
 
 CMD_TIMEOUT_S = 20.0

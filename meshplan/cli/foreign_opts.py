@@ -1,0 +1,88 @@
+"""The foreign-config options, in one place: ``--format --cluster --nodes --gpu --model --seq-len
+--micro-batch --grad-accum``, what a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
+JSON does not say. A command that reads foreign configs (plan, report, groups, memory, step,
+reliability, search, export; import without ``--format``, its FORMAT being an argument) takes
+one parameter ``foreign: Foreign`` and is decorated with :func:`foreign_options`, which puts the
+eight options at the end of its ``--help`` and hands them to it as one :class:`Foreign`.
+
+Example: ``meshplan plan ds.json --cluster dgx-h100 --nodes 2 --model llama3-8b --seq-len 4096``
+calls ``plan(config=Path("ds.json"), ..., foreign=Foreign(None, {"cluster": "dgx-h100", "nodes": 2,
+"gpu": None, "model": "llama3-8b", "seq_len": 4096, "micro_batch": None, "grad_accum": None}))``,
+and ``foreign.options()`` is the :class:`~meshplan.interop.common.ImportOptions` the loader
+takes. The parameter names of :data:`OPTIONS` but ``fmt`` are ImportOptions' fields.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from meshplan.interop.common import FORMATS, ImportOptions
+
+FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
+               "arguments or a DeepSpeed JSON is read directly)")
+CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
+NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nnodes)"
+GPU_HELP = "foreign configs: catalog GPU replacing the node's"
+MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
+SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
+MICRO_BATCH_HELP = ("a DeepSpeed JSON's \"auto\" train_micro_batch_size_per_gpu: the HF Trainer's "
+                    "--per_device_train_batch_size")
+GRAD_ACCUM_HELP = ("a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's "
+                   "--gradient_accumulation_steps")
+
+#: Each option as (parameter name, typer annotation), in the order ``--help`` lists them.
+OPTIONS = (
+    ("fmt", Annotated[Optional[str], typer.Option("--format", help=FORMAT_HELP)]),
+    ("cluster", Annotated[Optional[str], typer.Option("--cluster", help=CLUSTER_HELP)]),
+    ("nodes", Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]),
+    ("gpu", Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]),
+    ("model", Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]),
+    ("seq_len", Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]),
+    ("micro_batch", Annotated[Optional[int], typer.Option("--micro-batch", help=MICRO_BATCH_HELP)]),
+    ("grad_accum", Annotated[Optional[int], typer.Option("--grad-accum", help=GRAD_ACCUM_HELP)]),
+)
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """The foreign-config options as given on the command line: ``fmt`` is ``--format`` (None:
+    detected), ``given`` the others by :class:`ImportOptions` field name (None: not given).
+    They are checked only when :meth:`options` builds the ImportOptions, where each command
+    loads its config, so an output refused before the work is still refused first."""
+
+    fmt: Optional[str] = None
+    given: dict = field(default_factory=dict)
+
+    def options(self) -> ImportOptions:
+        """What the loader takes (:func:`meshplan.interop.foreign.load_any`); a ConfigError
+        naming the option when a number is not a whole number >= 1."""
+        return ImportOptions(**self.given)
+
+
+def foreign_options(*, with_format: bool = True) -> Callable[[Callable], Callable]:
+    """Decorator: the command's ``foreign`` parameter becomes the options of :data:`OPTIONS`
+    (without ``--format`` when ``with_format`` is false), last in its signature as typer reads
+    it; called, the command gets them as one ``foreign=Foreign(...)``."""
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+             for name, ann in OPTIONS if with_format or name != "fmt"]
+
+    def decorate(command: Callable) -> Callable:
+        sig = inspect.signature(command, eval_str=True)
+        kept = [p for name, p in sig.parameters.items() if name != "foreign"]
+
+        @functools.wraps(command)
+        def run(*args, **kwargs):
+            fmt = kwargs.pop("fmt", None) if with_format else None
+            given = {p.name: kwargs.pop(p.name, None) for p in added if p.name != "fmt"}
+            return command(*args, foreign=Foreign(fmt, given), **kwargs)
+
+        # what typer reads (inspect.signature stops at __signature__; get_type_hints reads __annotations__)
+        setattr(run, "__signature__", sig.replace(parameters=kept + added))
+        run.__annotations__ = {p.name: p.annotation for p in kept + added}
+        return run
+    return decorate

@@ -1,0 +1,170 @@
+"""Reading input: bounded reads of input files (regular files only, a size limit, UTF-8) and
+JSON parsed with every failure one line. :func:`read_text_limited` (or
+:func:`read_bytes_limited`) is the one way every reader opens its input; :func:`parse_json` the
+one way a JSON input is parsed. Every failure is a one-line
+:class:`~meshplan.errors.ConfigError` naming the field and the file."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from typing import Any
+
+from meshplan.errors import ConfigError
+from meshplan.limits import FileLimit
+
+_BOMS = ((b"\xef\xbb\xbf", None), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+         (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path") -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes`` of them. Anything else is
+    a one-line ConfigError naming ``field`` and the path: no such file, a directory, a FIFO,
+    device or socket (never opened for reading, so a FIFO cannot block and ``/dev/zero``
+    cannot fill memory), a symlink loop, a path with a NUL or too long, a file over
+    ``limit`` bytes (:data:`meshplan.limits.FILE_BYTES` gives each reader's limit and reason).
+    ``hint`` ends the message of a path that cannot be read.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> read_bytes_limited(d, "config", 100)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: config: '...' is a directory, not a file; check the path
+    >>> read_bytes_limited("/dev/zero", "config", 100)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: config: '/dev/zero' is not a regular file (a device, FIFO or socket); give a file
+    """
+    name = os.fspath(path)
+    max_bytes, why = (limit.value, limit.reason) if isinstance(limit, FileLimit) else (limit, "")
+    if "\0" in name:
+        raise ConfigError(field, f"{name!r}: a path cannot contain a NUL character; {hint}")
+    if len(name) > 4096:
+        raise ConfigError(field, f"a path of {len(name)} characters is over Linux's PATH_MAX (4096); {hint}")
+    try:
+        st = os.stat(name)
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(field, f"{name!r} is a directory, not a file; {hint}")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(field, f"{name!r} is not a regular file (a device, FIFO or socket); give a file")
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the stat and the open
+                raise ConfigError(field, f"{name!r} is not a regular file; give a file")
+            chunks, left = [], max_bytes + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        raise ConfigError(field, f"no such file {name!r}; {hint}") from None
+    except OSError as err:
+        why = {errno.ELOOP: "a symlink loop", errno.ENAMETOOLONG: "a name too long",
+               errno.ENOTDIR: "a path through a file"}.get(err.errno or 0, err.strerror or "unreadable")
+        raise ConfigError(field, f"cannot read {name!r} ({why}); {hint}") from None
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise ConfigError(field, f"{name!r} is larger than {max_bytes} bytes, the limit for this input"
+                                 f"{f' ({why})' if why else ''}; give the file the tool wrote")
+    return data
+
+
+def decode_text(data: bytes, field: str, name: str, errors: str = "strict") -> str:
+    """``data`` as UTF-8 (a UTF-8 byte-order mark dropped); UTF-16/32 or any other bytes are a
+    one-line ConfigError naming the offset and asking for UTF-8. ``errors="replace"`` (logs,
+    where other programs' bytes may mix in) keeps only the UTF-16/32 check.
+
+    >>> decode_text("[a]".encode("utf-16"), "config", "c.toml")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: config: 'c.toml' is UTF-16 text (byte-order mark); save it as UTF-8
+    """
+    for bom, enc in _BOMS:
+        if data.startswith(bom):
+            if enc:
+                raise ConfigError(field, f"{name!r} is {enc} text (byte-order mark); save it as UTF-8")
+            data = data[len(bom):]
+            break
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise ConfigError(field, f"{name!r} is not UTF-8 text (byte {data[err.start]:#04x} at line {line}, "
+                                 f"offset {err.start}); save it as UTF-8") from None
+
+
+def read_text_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path",
+                      errors: str = "strict") -> str:
+    """:func:`read_bytes_limited` then :func:`decode_text`: the one way every reader opens its
+    input (configs, HF config.json, topologies, NCCL logs, calibration, nccl-tests output,
+    GEMM and attention tables)."""
+    return decode_text(read_bytes_limited(path, field, limit, hint), field, os.fspath(path), errors)
+
+
+def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = False) -> Any:
+    """``json.loads(text)`` with every failure one ConfigError naming ``field``, the file
+    ``name`` and its line, and ending with ``hint``: syntax, NaN and Infinity (not JSON
+    numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
+    recursion limit. ``unique_keys`` (a config a person edits): a key given twice in one
+    object is a ConfigError naming its dotted path (``json`` keeps the last one silently).
+
+    >>> parse_json('{"a": NaN}', "t", "t.json", "fix it")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: t: t.json: NaN is not a JSON number; fix it
+    >>> parse_json('{"z": {"stage": 1, "stage": 3}}', "t", "t.json", "fix it", unique_keys=True)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: z.stage: given twice in t.json (JSON readers keep the last one silently); keep one
+    """
+
+    def constant(word: str):
+        raise ValueError(f"{word} is not a JSON number")
+
+    try:
+        doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
+    except json.JSONDecodeError as err:
+        raise ConfigError(field, f"{name}:{err.lineno}: invalid JSON ({err.msg}); {hint}") from None
+    except RecursionError:
+        raise ConfigError(field, f"{name}: nested too deeply to read; {hint}") from None
+    except ValueError as err:
+        raise ConfigError(field, f"{name}: {str(err).splitlines()[0][:120]}; {hint}") from None
+    twice = _given_twice(doc, "") if unique_keys else None
+    if twice is not None:
+        raise ConfigError(twice, f"given twice in {name} (JSON readers keep the last one silently); keep one")
+    return doc
+
+
+class _KeyCheck(dict):
+    """A JSON object as ``json``'s ``object_pairs_hook`` builds it, remembering the first key
+    given twice in it (``twice``, None when every key is given once)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.twice: str | None = None
+        seen: set[str] = set()
+        for k, _ in pairs if len(self) < len(pairs) else ():
+            if k in seen:
+                self.twice = k
+                break
+            seen.add(k)
+
+
+def _given_twice(doc: Any, path: str) -> str | None:
+    """The dotted path (``[i]`` for list items) of the first key given twice in ``doc``
+    (objects built by :class:`_KeyCheck`), in document order; None when there is none."""
+    if isinstance(doc, _KeyCheck) and doc.twice is not None:
+        return f"{path}.{doc.twice}" if path else doc.twice
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        hit = _given_twice(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
+        if hit is not None:
+            return hit
+    return None

@@ -1,0 +1,79 @@
+"""What an export of a DeepSpeed config keeps of the user's own (``meshplan export ds.json --to
+deepspeed``): every key meshplan does not plan (``steps_per_print``, ``optimizer``,
+``scheduler``, ZeRO-3's persistence sizes ...) carried unchanged beside the written ones, as
+torchtitan's and Megatron-LM's exports carry their files' other settings
+(:func:`meshplan.interop.torchtitan.carried`, :mod:`meshplan.interop.megatron_carry`).
+"""
+
+from __future__ import annotations
+
+from meshplan.interop.common import flatten, merge_tables, strip_keys
+from meshplan.interop.deepspeed import CHECKPOINTING, DEEPSPEED_KEYS, USED
+from meshplan.interop.deepspeed_zero import ZERO3_USED, ZERO12_USED
+
+
+def read_keys(doc: dict) -> set[str]:
+    """The keys :func:`meshplan.interop.deepspeed.read` reads in a DeepSpeed config of ``doc``'s
+    ZeRO stage (an ``activation_checkpointing`` section is read by its presence: :func:`carried`).
+
+    >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
+    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
+    """
+    zero = doc.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return set(USED) | (set(ZERO12_USED) if stage in (1, 2) else set()) | (
+        {"data_types.grad_accum_dtype"} if stage == 1 else set()) | (
+        {k for k in ZERO3_USED if k.startswith("zero_optimization.")} if stage == 3 else set())
+
+
+def not_planned(user: dict) -> list[str]:
+    """The dotted keys of the user's DeepSpeed config ``user`` that meshplan does not plan:
+    every key the reader does not read at its stage (:func:`read_keys`; an
+    ``activation_checkpointing`` section's own keys, though the section itself is read as
+    recompute ``full``).
+
+    >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
+    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_max_reuse_distance": 5e7}})
+    ['steps_per_print', 'zero_optimization.stage3_max_reuse_distance']
+    """
+    return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
+
+
+#: The ``zero_optimization`` keys only ZeRO-3 reads: the ``stage3_`` names and the fields they alias
+#: (``DeepSpeedZeroConfig``, zero/config.py at edaa722); an export at stage 0-2 carries none of them.
+ZERO3_ONLY = frozenset(k for k in DEEPSPEED_KEYS if k.startswith("zero_optimization.") and (
+    k.startswith("zero_optimization.stage3_") or k.replace(".", ".stage3_", 1) in DEEPSPEED_KEYS))
+
+
+def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
+    """(config, what was carried) of ``written`` (:func:`meshplan.interop.deepspeed_write.write`)
+    with the keys of the user's DeepSpeed config ``user`` that meshplan does not plan
+    (:func:`not_planned`: ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's persistence
+    sizes, ...) carried through unchanged, as a torchtitan export keeps the job's other sections;
+    every key the reader reads at the user's stage or the written one is what ``written`` says.
+    The keys of an ``activation_checkpointing`` section go with it only where ``written`` has
+    one (the plan checkpoints: recompute ``full``; another plan's section would read back as
+    ``full``). What was carried: dotted keys, the user's order.
+
+    >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
+    ...         "overlap_comm": True, "round_robin_gradients": True}, "activation_checkpointing": {"partition_activations": True}}
+    >>> doc, names = carried(user, {"train_batch_size": 32, "zero_optimization": {"stage": 1}})
+    >>> doc
+    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'round_robin_gradients': True}, 'steps_per_print': 10}
+    >>> names
+    ['steps_per_print', 'zero_optimization.round_robin_gradients']
+    >>> carried(user, {"activation_checkpointing": {}})[1]
+    ['steps_per_print', 'zero_optimization.round_robin_gradients', 'activation_checkpointing.partition_activations']
+
+    ZeRO-3's own keys (:data:`ZERO3_ONLY`) go only into a stage-3 config:
+
+    >>> carried({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": "auto"}},
+    ...         {"zero_optimization": {"stage": 2}})
+    ({'zero_optimization': {'stage': 2}}, [])
+    """
+    zero = written.get("zero_optimization")
+    drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
+        set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")}) | (
+        set() if isinstance(zero, dict) and zero.get("stage") == 3 else ZERO3_ONLY)
+    keep = strip_keys(strip_keys(user, drop), set(flatten(written)))
+    return merge_tables(written, keep), list(flatten(keep))

@@ -1,0 +1,257 @@
+"""DeepSpeed's ZeRO knobs of a DeepSpeed JSON config (:mod:`meshplan.interop.deepspeed` reads
+the rest): the keys each ZeRO stage reads into ``[training]`` and ``[memory]``, and the offload
+it refuses. Written back by :func:`meshplan.interop.deepspeed_write.write`.
+
+ZeRO stages 1 and 2 run DeepSpeed's own engine (``training.zero12_engine = "deepspeed"``,
+:mod:`meshplan.comm.deepspeed_zero12`: one all-reduce per bucket of whole parameters, stage 2
+every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_size`` (DeepSpeed's
+default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
+(when given; default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
+(fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
+DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
+``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
+path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
+engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
+are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
+``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
+model's (``overlap_comm`` when set). Other stages list these keys as unused.
+
+The gradients these stages keep (``training.grad_dtype``) are in the model's dtype, not fp32
+(``stage_1_and_2.py`` at edaa722): stage 2 copies each reduced gradient into its partition,
+``grads_in_partition``, allocated in ``self.dtype`` (the parameters' dtype) whatever
+``data_types.grad_accum_dtype`` says; stage 1 keeps ``param.grad`` (the model's dtype) until the
+step, or, when ``grad_accum_dtype`` differs from the model's dtype, accumulates each micro-batch's
+``param.grad`` into ``param.grad_accum`` in that dtype (``_fill_param_grad_accum_attribute``) and
+frees ``param.grad``: ``grad_dtype`` is then ``grad_accum_dtype`` (fp32 with fp16, the one mix its
+ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, one parameter group
+at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training_fields.deepspeed_grad_dtype`,
+which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
+so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
+when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
+
+ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
+model's dtype, and reduce-scatters in ``communication_data_type``, unset the model's dtype
+(DeepSpeed at edaa722: ``runtime/zero/stage3.py:742-744`` allocates ``grad_partitions_flat_buffer``
+in ``gradient_accumulation_dtype``, which ``runtime/engine.py:1485-1496`` ``get_data_types`` sets
+to ``grad_accum_dtype`` or the model's dtype; ``stage3.py:1798-1799`` casts the gradients to
+``communication_data_type`` before ``reduce_scatter_coalesced``, whose unset value
+``engine.py:1405-1417`` makes fp16 / bf16 when enabled, else fp32): read into
+``training.grad_dtype`` and ``training.grad_reduce_dtype`` (not FSDP2's fp32 defaults) and written
+back when they differ from the model's dtype. Each rank converts its partition to fp32 only inside
+``step``, one ``sub_group_size`` group at a time (``_prepare_fp32_grad_for_sub_group``): a transient
+meshplan's memory timeline does not hold.
+At stage 3, ``zero_optimization.contiguous_gradients`` is read into ``training.contiguous_gradients``
+and ``reduce_bucket_size`` into ``[memory] grad_bucket_elements`` when given: they choose the
+gradient path and bucket of ``training.zero3_engine = "deepspeed-2021"``
+(:mod:`meshplan.comm.deepspeed`; absent, v0.3.13's false and DeepSpeed's 5e8), and change
+nothing under ``deepspeed``, the engine an import plans (DeepSpeed >= v0.5.5: FSDP2's per-layer
+calls without FSDP2's copies on the compute stream, :func:`meshplan.comm.fsdp2.compute_stream_copies`).
+Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradients`` always:
+DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
+Under ``deepspeed`` ``contiguous_gradients`` (unset: true, DeepSpeed's default at edaa722,
+``zero/config.py:102``) keeps the ipg buffer of ``reduce_bucket_size`` elements in
+``communication_data_type`` from init (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`, in
+the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too, when given, into
+``training.overlap_comm`` (absent: DeepSpeed's stage-3 default, true, ``zero/config.py:382-386``
+``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters
+run on side streams and overlap the compute; off, both run on the default stream and block it
+(``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
+:func:`meshplan.schedule.overlap_policy.config_overlap`). Export writes it when the plan gives it
+(unset, DeepSpeed's default for the stage applies, as it did on import).
+``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
+``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
+``deepspeed_max_live_elements``: how many parameters the memory timeline gathers ahead of the one
+computed (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), and written back when set;
+``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
+
+Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
+``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
+their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
+them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
+and planning the state as GPU-resident would report a fitting config infeasible: the error names
+the key; removing it plans the GPU-resident equivalent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from meshplan.errors import ConfigError
+from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from meshplan.spec.training_fields import deepspeed_grad_dtype
+
+#: The keys ZeRO stages 1 and 2 read besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
+ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
+                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
+                         "zero_optimization.contiguous_gradients"})
+#: The keys ZeRO stage 3 reads besides :data:`meshplan.interop.deepspeed.USED` (module docstring).
+ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
+                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
+    f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                                       "stage3_max_live_parameters", "max_live_parameters")}
+#: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
+#: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
+PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
+
+
+def prefetch_memory(zero: dict) -> dict[str, int]:
+    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``
+    (or their names without ``stage3_``) when given (absent or "auto": DeepSpeed's 5e7 and 1e9);
+    ConfigError for a value that is not a whole number >= 0.
+
+    >>> prefetch_memory({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), prefetch_memory({})
+    ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})
+    """
+    out = {}
+    for key, field in PREFETCH_KEYS.items():
+        name = next((k for k in (f"stage3_{key}", key) if k in zero), None)
+        v = zero.get(name) if name else None
+        if v is None or v == "auto":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+            raise ConfigError(f"zero_optimization.{name}", f"must be a whole number of elements >= 0 or \"auto\"; "
+                              f"got {v!r}")
+        out[field] = int(v)
+    return out
+
+
+#: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
+COMM_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def zero12_training(d: dict, dtype: str) -> dict[str, Any]:
+    """The ``[training]`` keys of DeepSpeed's ZeRO-1/2 engine (module docstring); ConfigError
+    for what it does not model or a malformed value.
+
+    >>> zero12_training({"zero_optimization": {"stage": 2, "overlap_comm": True}, "communication_data_type": "FP32"}, "bf16")
+    {'zero12_engine': 'deepspeed', 'grad_dtype': 'bf16', 'overlap_comm': True, 'grad_reduce_dtype': 'fp32'}
+    >>> zero12_training({"zero_optimization": {"stage": 1, "use_multi_rank_bucket_allreduce": False}}, "bf16")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed's older reduce path (one dist.reduce per destination rank, before PR #4695), which meshplan does not model; remove it (default true: one all-reduce per bucket)
+    """
+    zero = d.get("zero_optimization", {})
+    if zero.get("use_multi_rank_bucket_allreduce", True) is not True:
+        raise ConfigError("zero_optimization.use_multi_rank_bucket_allreduce", "false is DeepSpeed's older reduce path "
+                          "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
+                          "remove it (default true: one all-reduce per bucket)")
+    accum = _accum_dtype(d)
+    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
+        raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
+                          "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
+    out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
+                                                                                            dtype, accum)}
+    out |= _overlap(zero) | _contiguous(zero)
+    comm = d.get("communication_data_type")
+    if comm is not None:
+        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
+            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+        out["grad_reduce_dtype"] = comm.lower()
+    return out
+
+
+def zero3_training(d: dict, dtype: str) -> dict[str, Any]:
+    """The gradient dtypes of DeepSpeed's ZeRO stage 3 (module docstring): the partition in
+    ``data_types.grad_accum_dtype`` or the model's dtype, the reduce-scatter in
+    ``communication_data_type`` or the model's dtype; ``zero_optimization.contiguous_gradients``
+    when given (``training.contiguous_gradients``).
+
+    >>> zero3_training({}, "bf16"), zero3_training({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}, "bf16")
+    ({'grad_dtype': 'bf16', 'grad_reduce_dtype': 'bf16'}, {'grad_dtype': 'fp32', 'grad_reduce_dtype': 'fp32'})
+    >>> zero3_training({"zero_optimization": {"contiguous_gradients": True}}, "fp16")["contiguous_gradients"]
+    True
+    """
+    comm = d.get("communication_data_type")
+    if comm is not None and (not isinstance(comm, str) or comm.lower() not in COMM_DTYPES):
+        raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+    out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
+                           "grad_reduce_dtype": comm.lower() if comm else dtype}
+    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
+
+
+def _contiguous(zero: dict) -> dict[str, Any]:
+    """``{"contiguous_gradients": value}`` when the ``zero_optimization`` table ``zero`` gives it
+    (else empty: the engine's default, :attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`);
+    ConfigError when it is not a boolean.
+
+    >>> _contiguous({"contiguous_gradients": False}), _contiguous({})
+    ({'contiguous_gradients': False}, {})
+    """
+    v = zero.get("contiguous_gradients")
+    if v is None:
+        return {}
+    if not isinstance(v, bool):
+        raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {v!r}")
+    return {"contiguous_gradients": v}
+
+
+def _overlap(zero: dict) -> dict[str, Any]:
+    """``{"overlap_comm": value}`` when the ``zero_optimization`` table ``zero`` gives it (else
+    empty: the stage's default, :attr:`~meshplan.spec.training.TrainingSpec.overlaps_comm`, false
+    at stages 1 and 2, true at 3); ConfigError when it is not a boolean.
+
+    >>> _overlap({"overlap_comm": False}), _overlap({"overlap_comm": "auto"}), _overlap({})
+    ({'overlap_comm': False}, {}, {})
+    """
+    v = zero.get("overlap_comm")
+    if v is None or v == "auto":  # "auto": the HF Trainer's placeholder, DeepSpeed's default then
+        return {}
+    if not isinstance(v, bool):
+        raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {v!r}")
+    return {"overlap_comm": v}
+
+
+#: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
+ACCUM_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "bf16": "bf16",
+                "bfloat16": "bf16", "bfloat": "bf16", "torch.bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
+                "half": "fp16", "torch.float16": "fp16"}
+
+
+def _accum_dtype(d: dict) -> Optional[str]:
+    """meshplan's name of ``data_types.grad_accum_dtype`` (None when absent); ConfigError for
+    a value DeepSpeed's ``DtypeEnum`` does not take.
+
+    >>> _accum_dtype({"data_types": {"grad_accum_dtype": "float32"}}), _accum_dtype({})
+    ('fp32', None)
+    """
+    table = d.get("data_types")
+    v = table.get("grad_accum_dtype") if isinstance(table, dict) else None
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.lower() not in ACCUM_DTYPES:
+        raise ConfigError("data_types.grad_accum_dtype", f"{v!r}; use fp32, bf16 or fp16")
+    return ACCUM_DTYPES[v.lower()]
+
+
+def bucket_elements(zero: dict) -> int:
+    """ZeRO-1/2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
+    "auto": DeepSpeed's default 5e8)."""
+    v = zero.get("reduce_bucket_size")
+    if v is None or v == "auto":
+        return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
+        raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
+                          f"\"auto\"; got {v!r}")
+    return int(v)
+
+
+def refuse_offload(zero: Any) -> None:
+    """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
+    that moves state off the GPU (module docstring).
+
+    >>> refuse_offload({"offload_param": {"device": "none"}, "offload_optimizer": {}, "cpu_offload": False})
+    >>> refuse_offload({"cpu_offload": True})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.cpu_offload: meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it (or set false) to plan the GPU-resident equivalent
+    """
+    if not isinstance(zero, dict):
+        return
+    fix = "meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it"
+    for key in ("offload_optimizer", "offload_param"):
+        table = zero.get(key)
+        device = table.get("device", "none") if isinstance(table, dict) else table
+        if device is not None and device != "none":
+            raise ConfigError(f"zero_optimization.{key}", f"device {device!r}: {fix} (or set its device to "
+                              f"\"none\") to plan the GPU-resident equivalent")
+    for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
+        if zero.get(key):
+            raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")

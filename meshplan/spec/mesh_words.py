@@ -1,0 +1,129 @@
+"""One source of how the output names a mesh: the mesh line (``pp 16 x dp_shard 64 x ep 64``,
+:func:`mesh_text`), the one data axis named by the sharding (``dp`` where the parameters are
+replicated, ``dp_shard`` where they are sharded: :func:`data_axis`, :func:`shown_names`,
+:func:`renamed_words`), the axes and derived groups of the groups and collective tables
+(:func:`axis_labels`, the derived groups in the runtime's words of
+:func:`meshplan.spec.wording.group_words`) and the pipeline schedule (:func:`schedule_words`).
+The plan, groups, memory, step, search, compare and restart text and the importers (which
+write the data axis so) all read them here.
+"""
+
+from __future__ import annotations
+
+from meshplan.spec.axes import KNOWN_AXES  # the axis vocabulary
+from meshplan.spec.wording import group_words
+
+#: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
+#: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
+#: (torchtitan's ``dp_shard``).
+REPLICATED = ("none", "zero1", "zero2")
+
+
+def data_axis(sharding: str) -> str:
+    """The name of the data axis a ``sharding`` runs over, as the plan of such a mesh prints
+    it (its importers write it so: Megatron-LM and DeepSpeed ``dp``, torchtitan ``dp_shard``):
+    ``dp`` for replicas (DDP, ZeRO-1/2), ``dp_shard`` for FSDP/ZeRO-3 shards.
+
+    >>> data_axis("zero2"), data_axis("zero3")
+    ('dp', 'dp_shard')
+    """
+    return "dp" if sharding in REPLICATED else "dp_shard"
+
+
+#: Spellings of the one data axis that :func:`mesh_text` names by the rule of :func:`data_axis`
+#: (``fsdp`` is read as ``dp_shard``, :func:`meshplan.spec.axes.canonical_names`).
+DATA_SPELLINGS = ("dp", "dp_shard")
+
+
+def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep: tuple[str, ...] = ()) -> str:
+    """A mesh as every output prints it: ``pp 16 x dp_shard 64 x ep 64``. ``names``/``shape``:
+    the axes and their degrees in any order (a resolved mesh's ``layout``, the search's columns
+    with ep/etp among them); ``ep``, ``etp``: the expert degrees when not among ``names``;
+    ``sharding``: ``training.sharding``. The axes of degree > 1 (and those in ``keep``) in one
+    fixed order, the known axes' (:data:`meshplan.spec.axes.KNOWN_AXES`: pp, dp_replicate, dp,
+    dp_shard, cp, tp, ep, etp), or with a user-named axis among them the order given (a resolved
+    layout's, outermost first, as ``groups`` and ``plan`` print it); a mesh with none: its data
+    axis (else its first axis) at 1. The one data axis (``dp`` or ``dp_shard``) is named by the sharding
+    (:func:`data_axis`): ``dp_shard`` when the parameters are sharded over it (zero3, hsdp's
+    shard axis), ``dp`` when only the optimizer state and gradients are (zero1, zero2) or nothing
+    is; ``sharding`` "" keeps the names given (restart's proposals carry no training spec).
+
+    >>> mesh_text(("pp", "dp_shard"), (16, 64), ep=64), mesh_text(("dp_shard",), (1,))
+    ('pp 16 x dp_shard 64 x ep 64', 'dp_shard 1')
+    >>> mesh_text(("dp", "tp"), (16, 1), "zero3"), mesh_text(("tp", "dp_shard", "ep"), (8, 4, 2), "zero1")
+    ('dp_shard 16', 'dp 4 x tp 8 x ep 2')
+    >>> mesh_text(("dp_replicate", "dp_shard", "cp"), (2, 1, 1), "hsdp", keep=("dp_shard",))
+    'dp_replicate 2 x dp_shard 1'
+    >>> mesh_text(("dp", "cfg", "pp", "sp", "tp"), (2, 2, 2, 2, 1))  # xDiT's tp-sp-pp-cfg-dp, outermost first
+    'dp 2 x cfg 2 x pp 2 x sp 2'
+    """
+    axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
+    data = [n for n, _ in axes if n in DATA_SPELLINGS]
+    name = shown_names(names, sharding)
+    place = {n: k for k, n in enumerate(KNOWN_AXES)}
+    if any(n not in place for n, _ in axes):  # a user-named axis: the order given (the layout's, outermost first)
+        place = {n: k for k, (n, _) in enumerate(axes)}
+    shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place[x[0]])
+    if not shown:
+        shown = [(next((n for n, _ in axes if n in data), axes[0][0] if axes else "dp_shard"), 1)]
+    return " x ".join(f"{name.get(n, n)} {d}" for n, d in shown)
+
+
+def shown_names(names, sharding: str, taken=()) -> dict[str, str]:
+    """The config's axis names that the output prints otherwise, as {name: printed}: the one
+    data axis (``dp`` or ``dp_shard``) by :func:`data_axis`, as :func:`mesh_text` names it (the
+    plan's groups table too); {} when the names are kept, when ``sharding`` is "", and when the
+    printed name is in ``taken`` (other axes listed beside, e.g. a derived ``dp``).
+
+    >>> shown_names(("dp", "tp"), "zero3"), shown_names(("dp_shard", "tp"), "zero1"), shown_names(("dp",), "zero1")
+    ({'dp': 'dp_shard'}, {'dp_shard': 'dp'}, {})
+    >>> shown_names(("dp_replicate", "dp_shard"), "zero1", taken=("dp_replicate", "dp_shard", "dp"))
+    {}
+    """
+    data = [str(n) for n in names if n in DATA_SPELLINGS]
+    if not sharding or len(data) != 1 or data[0] == data_axis(sharding) or data_axis(sharding) in taken:
+        return {}
+    return {data[0]: data_axis(sharding)}
+
+
+def axis_labels(mesh, training, origin: str = "") -> dict[str, str]:
+    """The axes and derived groups of a resolved ``mesh`` that the groups and collective tables
+    (text and HTML) print otherwise, as {name: printed}: the data axis by :func:`shown_names`
+    (derived groups' names taken) and the derived groups by :func:`group_words`.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> m = resolve_mesh(MeshSpec(names=["dp", "cp"], shape=[2, 2]), 4)
+    >>> axis_labels(m, TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))
+    {'dp': 'dp_shard', 'fsdp': 'dp x cp (Megatron FSDP)'}
+    """
+    axes = mesh.all_axes()
+    shown = shown_names(mesh.layout.names, training.sharding, taken=[a for a in axes if a not in mesh.layout.names])
+    return shown | {a: w for a, w in group_words(training, origin).items() if a in axes}
+
+
+def renamed_words(names, sharding: str) -> str:
+    """Why :func:`mesh_text` prints the config's data axis under another name (the plan's mesh
+    line, beside the config's names); "" when it keeps the name.
+
+    >>> renamed_words(("dp",), "zero3"), renamed_words(("dp_shard", "tp"), "zero1"), renamed_words(("dp",), "zero1")
+    ('dp printed dp_shard: zero3 shards the parameters over it', 'dp_shard printed dp: zero1 shards no parameter over it', '')
+    """
+    data = [str(n) for n in names if n in DATA_SPELLINGS]
+    if len(data) != 1 or data[0] == data_axis(sharding):
+        return ""
+    how = "shards the parameters" if data_axis(sharding) == "dp_shard" else "shards no parameter"
+    return f"{data[0]} printed {data_axis(sharding)}: {sharding} {how} over it"
+
+
+def schedule_words(schedule, pp: int) -> str:
+    """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
+    scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's
+    engine does without a ``PipelineModule`` and torchtitan or Megatron-LM at pipeline size 1),
+    else the schedule's name (``mesh.pp_schedule``).
+
+    >>> schedule_words("1f1b", 1), schedule_words("interleaved_1f1b", 4)
+    ('no pipeline', 'interleaved_1f1b')
+    """
+    return "no pipeline" if pp == 1 else str(schedule)
