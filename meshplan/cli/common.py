@@ -90,6 +90,16 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
 
+KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench gemm --grid` / `bench attention --grid` "
+                "write it) for the config's GPU, laid over the catalog's for this run: its GEMM points replace the "
+                "catalog's for each dtype it has, its attention rows come first; repeatable (later files over "
+                "earlier ones), after a config's [kernels] files; a line 'kernels: FILE (source)' names what was used")
+
+
+# Shared by plan, report, step, compare (both configs) and search: the measured kernels they time with.
+KernelsOpt = Annotated[Optional[list[Path]], typer.Option("--kernels", help=KERNELS_HELP)]
+
+
 def _opts(cluster, nodes, gpu, model, seq_len, micro_batch=None, grad_accum=None) -> ImportOptions:
     return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len,
                          micro_batch=micro_batch, grad_accum=grad_accum)

@@ -16,16 +16,33 @@ Schema (the catalog's own; ``<gpu>`` a catalog GPU id)::
 field); :func:`with_fragment` lays it over a GPU's :class:`~meshplan.compute.measured.KernelData`:
 its GEMM dtypes replace the catalog's points of those dtypes, its attention rows go first (its
 ``prefer`` list before the catalog's).
+
+**For one run** (``--kernels FILE`` on plan, report, step, compare, search; a config's
+``[kernels] files``): :func:`read_kernel_file` checks a file against the config's GPU and
+:func:`with_kernel_files` puts it on the :class:`~meshplan.spec.cluster.GPUSpec`
+(``kernels``); :func:`kernel_data` is the compute model's one way to a GPU's kernel data: the
+catalog's (:func:`meshplan.compute.measured.kernel_data`) with the GPU's files laid over it in
+order (a later file's dtypes and attention rows over an earlier one's). :func:`kernels_line`
+says which data a run used: ``kernels: catalog`` or ``kernels: FILE (source line)``.
 """
 
 from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
+from meshplan.compute import measured
 from meshplan.compute.measured import AttentionRow, KernelData, attention_row
 from meshplan.errors import ConfigError
+from meshplan.fileio import read_text_limited
+from meshplan.limits import FILE_BYTES
+from meshplan.spec.cluster import GPUSpec, KernelFile
+
+#: The fix every --kernels error ends with.
+KERNELS_FIX = "give a kernels TOML written by `meshplan bench gemm --grid` or `bench attention --grid`"
 
 
 @dataclass(frozen=True)
@@ -83,13 +100,15 @@ def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
 
 def load_fragment(path: str | Path) -> KernelFragment:
     """Read a kernels.toml-form file (module docstring)."""
+    return _parse_text(read_text_limited(path, str(path), FILE_BYTES["kernels"], KERNELS_FIX), str(path))
+
+
+def _parse_text(text: str, where: str) -> KernelFragment:
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(str(path), f"cannot read ({e.strerror}); give a kernels TOML file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(str(path), f"not TOML ({e}); give a file written by `meshplan bench --grid`") from None
-    return parse_fragment(doc, str(path))
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(where, f"not TOML ({e}); give a file written by `meshplan bench --grid`") from None
+    return parse_fragment(doc, where)
 
 
 def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
@@ -98,3 +117,67 @@ def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     return replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
                    prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
                    source=f"{data.source}; overlaid by {frag.source}")
+
+
+def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -> tuple[KernelFile, list[str]]:
+    """``path`` read and checked for a run on ``gpu``: (the file, warning lines). Errors, one
+    line naming ``field``: no such file, malformed, a fragment for another GPU (naming both),
+    a GPU without catalog kernel data to lay it over. A fragment measured on the CPU (its
+    ``source`` says "CPU", :func:`meshplan.runtime.bench.grid.source_line`) is a warning: its
+    rates describe that CPU, not ``gpu``."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(field, f"no file {str(path)!r}; {KERNELS_FIX}")
+    text = read_text_limited(p, field, FILE_BYTES["kernels"], KERNELS_FIX)
+    try:
+        frag = _parse_text(text, str(path))
+    except ConfigError as e:
+        raise ConfigError(field, f"{e}") from None
+    if frag.gpu != gpu.name:
+        raise ConfigError(field, f"{path} describes GPU {frag.gpu}, but the config uses {gpu.name}; give a "
+                                 f"file measured on {gpu.name} (meshplan bench gemm CONFIG --grid on one), or plan "
+                                 f"{frag.gpu} ([cluster] gpu = \"{frag.gpu}\")")
+    if measured.kernel_data(gpu.name) is None:
+        raise ConfigError(field, f"{path}: {gpu.name} has no catalog kernel data (memory bandwidths, norm times) "
+                                 f"to lay the file over; add a [gpu.{gpu.name}] entry to meshplan/catalog/kernels.toml")
+    warn = [f"{field} {path} was measured on the CPU ({frag.source}): its rates describe that CPU, not a "
+            f"{gpu.name}; the times below use them as given"] if "CPU" in frag.source else []
+    return KernelFile(path=str(path), source=frag.source, text=text), warn
+
+
+def with_kernel_files(gpu: GPUSpec, paths, field: str = "--kernels") -> tuple[GPUSpec, list[str]]:
+    """``gpu`` with the files of ``paths`` (:func:`read_kernel_file`) after the ones it carries;
+    (the GPU, warning lines)."""
+    files, warns = list(gpu.kernels), []
+    for path in paths:
+        f, w = read_kernel_file(path, gpu, field)
+        files.append(f)
+        warns += w
+    return gpu.model_copy(update={"kernels": tuple(files)}), warns
+
+
+def kernel_data(gpu: GPUSpec | str) -> Optional[KernelData]:
+    """The kernel data a run times ``gpu`` with: the catalog's, with the GPU's ``kernels`` files
+    laid over it in order (module docstring); a GPU name: the catalog's alone."""
+    if isinstance(gpu, str) or not gpu.kernels:
+        return measured.kernel_data(gpu if isinstance(gpu, str) else gpu.name)
+    return overlaid(gpu.name, gpu.kernels)
+
+
+@lru_cache(maxsize=64)
+def overlaid(gpu_name: str, files: tuple[KernelFile, ...]) -> Optional[KernelData]:
+    """The catalog's kernel data of ``gpu_name`` with ``files`` laid over it in order; a pure
+    function of the texts (memoised: every kernel lookup of a run asks for it)."""
+    data = measured.kernel_data(gpu_name)
+    for f in files:
+        if data is not None:
+            data = with_fragment(data, _parse_text(f.text, f.path))
+    return data
+
+
+def kernels_line(gpu: GPUSpec) -> str:
+    """Which kernel data a run uses: ``kernels: catalog`` (meshplan/catalog/kernels.toml), or
+    each laid-over file with its source line, ``kernels: my.toml (meshplan bench gemm on ...)``."""
+    if not gpu.kernels:
+        return "kernels: catalog"
+    return "kernels: " + "; ".join(f"{f.path} ({f.source})" for f in gpu.kernels)
