@@ -88,9 +88,11 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     return doc
 
 
-def _cal_note(cal: Optional[dict]) -> str:
-    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings."""
-    return "; ".join([cal["line"], *(f"warning: {w}" for w in cal["warnings"])]) if cal else ""
+def _cal_note(cal: Optional[dict], kernels: str = "") -> str:
+    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings; then
+    the ``kernels`` line (:func:`_kernels_note`) when given."""
+    parts = [cal["line"], *(f"warning: {w}" for w in cal["warnings"])] if cal else []
+    return "; ".join(parts + ([kernels] if kernels else []))
 
 
 def _calibrated(doc: dict, cal: Optional[dict]) -> dict:
@@ -109,3 +111,13 @@ def _kernels(cluster) -> dict:
     ``kernels: FILE (source line)``,
     :func:`~meshplan.compute.kernel_fragment.kernels_line`) and ``files`` (path, source)."""
     return {"line": kernels_line(cluster.gpu), "files": [{"path": f.path, "source": f.source} for f in cluster.gpu.kernels]}
+
+
+def _kernels_note(cluster) -> str:
+    """Print and return the kernels' line when the run lays measured files over the catalog
+    (plan, report, compare, search; step always prints it); "" with the catalog alone."""
+    if not cluster.gpu.kernels:
+        return ""
+    line = kernels_line(cluster.gpu)
+    _echo(line)
+    return line

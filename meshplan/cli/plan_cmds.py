@@ -21,6 +21,7 @@ from meshplan.cli.common import (
     SeqLenOpt,
     MicroBatchOpt,
     GradAccumOpt,
+    KernelsOpt,
     _check_rank,
     _console,
     _exit_infeasible,
@@ -34,7 +35,7 @@ from meshplan.cli.common import (
     _written,
     _wrote,
 )
-from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load
+from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load
 from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
@@ -63,6 +64,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: CalibrationOpt = None,
+         kernels: KernelsOpt = None,
          fmt: FormatOpt = None,
          cluster: ClusterOpt = None,
          nodes: NodesOpt = None,
@@ -76,14 +78,16 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
-    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum),
+              kernels=kernels)
     if p.mesh is not None:
         _check_rank(p, rank)
     cal = _calibration(calibration, p.config.cluster)
+    kern = _kernels_note(p.config.cluster)
     print_plan(p, rank=rank, console=_console())
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
-        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal))
+        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
     _verdict_exit(p)
 
 
@@ -93,6 +97,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                   "unless --force or meshplan's own under out/)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
+           kernels: KernelsOpt = None,
            fmt: FormatOpt = None,
            cluster: ClusterOpt = None,
            nodes: NodesOpt = None,
@@ -108,8 +113,8 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
-    _write_plan_html(p, path, config.name, force, "--out")
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum), kernels=kernels)
+    _write_plan_html(p, path, config.name, force, "--out", note=_kernels_note(p.config.cluster))
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 

@@ -140,8 +140,9 @@ def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -
     if measured.kernel_data(gpu.name) is None:
         raise ConfigError(field, f"{path}: {gpu.name} has no catalog kernel data (memory bandwidths, norm times) "
                                  f"to lay the file over; add a [gpu.{gpu.name}] entry to meshplan/catalog/kernels.toml")
-    warn = [f"{field} {path} was measured on the CPU ({frag.source}): its rates describe that CPU, not a "
-            f"{gpu.name}; the times below use them as given"] if "CPU" in frag.source else []
+    warn = [f"{field} {path} was measured on the CPU ({frag.source}): its rates describe that CPU, not the "
+            f"config's GPU {gpu.name}, and the times below use them as given; measure on a {gpu.name} "
+            f"(meshplan bench gemm CONFIG --grid there)"] if "CPU" in frag.source else []
     return KernelFile(path=str(path), source=frag.source, text=text), warn
 
 
