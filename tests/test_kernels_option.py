@@ -145,3 +145,23 @@ def test_compare_refuses_configs_with_different_kernel_files(tmp_path, capsys):
     shutil.copy(CONFIG, b)
     err = _error(capsys, "compare", a, b, "--out", tmp_path / "cmp")
     assert err.startswith("error: kernels.files:") and "same [kernels] files" in err
+
+
+def test_search_times_its_candidates_with_the_config_kernels(tmp_path):
+    """The search plans with the [kernels] files: its top row's step is what `step` predicts for
+    that row exported (the export keeps the [kernels] files, absolute, and the catalog node by
+    name), and it is not the catalog's."""
+    _fragment(tmp_path)
+    cfg = tmp_path / "cfg.toml"
+    cfg.write_text(CONFIG.read_text() + '\n[kernels]\nfiles = ["half.toml"]\n')
+    row, doc = tmp_path / "row1.toml", tmp_path / "search.json"
+    assert run_main("search", cfg, "--top", 1, "--export", 1, "--to", "meshplan", "-o", row, "--json", doc) == 0
+    text = row.read_text()
+    assert 'system = "dgx-h100"' in text and f'[kernels]\nfiles = ["{(tmp_path / "half.toml").resolve()}"]' in text
+    top = json.loads(doc.read_text())["top"][0]["step_s"]
+    out = tmp_path / "row1.json"
+    assert run_main("step", row, "--json", out) == 0
+    assert json.loads(out.read_text())["step_s"] == pytest.approx(top, rel=1e-12)
+    catalog_doc = tmp_path / "catalog.json"
+    assert run_main("search", CONFIG, "--top", 1, "--json", catalog_doc) == 0
+    assert json.loads(catalog_doc.read_text())["top"][0]["step_s"] < top
