@@ -165,3 +165,27 @@ def test_search_times_its_candidates_with_the_config_kernels(tmp_path):
     catalog_doc = tmp_path / "catalog.json"
     assert run_main("search", CONFIG, "--top", 1, "--json", catalog_doc) == 0
     assert json.loads(catalog_doc.read_text())["top"][0]["step_s"] < top
+
+
+def test_fragment_attention_rows_go_before_the_frameworks_kernels(tmp_path):
+    """A `bench attention --grid` fragment's SDPA rows are what torch runs on the user's GPU: they
+    take precedence over the catalog's FA2 rows torch's SDPA is otherwise timed with (its
+    `prefer` first), at the flash-attention FLOP convention (forward 4 B S^2 H d / 2 causal,
+    backward 2.5x); a GEMM-only fragment leaves the attention rows as they were."""
+    from meshplan.compute.measured import attention_seconds
+    from meshplan.compute.ops import SDPA_KERNELS
+    from meshplan.compute.shapes import Attention
+
+    rows = [dict(kernel="SDPA", pass_=p, mask="causal", head_dim=128, dtype="bf16", seq=[4096, 16384],
+                 tflops=[r, r], source="bench") for p, r in (("fwd", 300.0), ("bwd", 200.0))]
+    frag = tmp_path / "att.toml"
+    frag.write_text(grid.fragment_toml(GPU, "meshplan bench attention on test GPU", attention=rows))
+    over, _ = with_kernel_files(catalog.gpu(GPU), [frag])
+    a = Attention(batch=1, q_heads=16, kv_heads=4, seq_q=8192, seq_kv=8192, head_dim=128)
+    flops = 4 * 8192 * 8192 * 16 * 128 / 2
+    f, b, how = attention_seconds(kernel_data(over), a, prefer=SDPA_KERNELS)
+    assert f == pytest.approx(flops / 300e12) and b == pytest.approx(2.5 * flops / 200e12) and "SDPA" in how
+    _, _, before = attention_seconds(catalog_kernel_data(GPU), a, prefer=SDPA_KERNELS)
+    assert "FA2" in before and "SDPA" not in before
+    gemm_only, _ = with_kernel_files(catalog.gpu(GPU), [_fragment(tmp_path)])
+    assert attention_seconds(kernel_data(gemm_only), a, prefer=SDPA_KERNELS)[2] == before

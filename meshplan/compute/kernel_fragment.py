@@ -113,9 +113,12 @@ def _parse_text(text: str, where: str) -> KernelFragment:
 
 def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     """``data`` with ``frag`` laid over it: the fragment's GEMM dtypes replace those dtypes'
-    points; its attention rows come before the catalog's, its ``prefer`` first."""
+    points; its attention rows come before the catalog's, its ``prefer`` first, before the
+    framework's kernels too (``KernelData.first``: measured on the run's GPU)."""
+    mine = frag.prefer if frag.attention else ()
     return replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
                    prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
+                   first=tuple(dict.fromkeys(mine + data.first)),
                    source=f"{data.source}; overlaid by {frag.source}")
 
 
