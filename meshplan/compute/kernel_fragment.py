@@ -28,6 +28,7 @@ says which data a run used: ``kernels: catalog`` or ``kernels: FILE (source line
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -57,11 +58,37 @@ class KernelFragment:
     source: str
 
 
+def _positive(x, kind) -> bool:
+    """``x`` a finite number of ``kind`` above 0 (TOML has inf and nan; a bool is no number)."""
+    return isinstance(x, kind) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _attention(field: str, r) -> AttentionRow:
+    """One attention row (:func:`~meshplan.compute.measured.attention_row`), checked: rates and
+    lengths positive and finite, one rate per length, lengths increasing."""
+    fix = "give kernel, pass (fwd, bwd or fwd+bwd), mask (none, causal or any), head_dim, seq, tflops, source (dtype " \
+          "optional, bf16)"
+    if not isinstance(r, dict):
+        raise ConfigError(field, f"{r!r}; {fix}")
+    try:
+        row = attention_row(r)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(field, f"{e}; {fix}") from None
+    if row.pass_ not in ("fwd", "bwd", "fwd+bwd") or row.mask not in ("none", "causal", "any"):
+        raise ConfigError(field, f"pass {row.pass_!r}, mask {row.mask!r}; {fix}")
+    if not row.seq or len(row.seq) != len(row.tflops):
+        raise ConfigError(field, "seq and tflops differ in length; one rate per length")
+    if not (all(_positive(x, int) for x in (row.head_dim,) + row.seq) and all(_positive(x, float) for x in row.tflops)
+            and list(row.seq) == sorted(set(row.seq))):
+        raise ConfigError(field, "head_dim, seq and tflops must be positive and finite, seq increasing")
+    return row
+
+
 def _gemm_points(field: str, pts) -> tuple[tuple, ...]:
     out = []
     for i, p in enumerate(pts if isinstance(pts, list) else [None]):
-        ok = (isinstance(p, list) and len(p) == 5 and all(isinstance(x, int) and x > 0 for x in p[:3])
-              and isinstance(p[3], (int, float)) and p[3] > 0 and isinstance(p[4], str))
+        ok = (isinstance(p, list) and len(p) == 5 and all(_positive(x, int) for x in p[:3])
+              and _positive(p[3], (int, float)) and isinstance(p[4], str))
         if not ok:
             raise ConfigError(f"{field}[{i}]", f"{p!r}; write [M, N, K, TFLOP/s, \"source key\"] with positive numbers")
         out.append((p[0], p[1], p[2], float(p[3]), p[4]))
@@ -79,22 +106,21 @@ def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
     base = f"gpu.{gpu}"
     if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
         raise ConfigError(f"{base}.source", "missing; say where the numbers were measured")
-    gemm_raw = raw.get("gemm", {})
+    gemm_raw, att = raw.get("gemm", {}), raw.get("attention", {})
+    for key, value, kind in (("gemm", gemm_raw, "dtype = [[M, N, K, TFLOP/s, \"key\"], ...]"),
+                             ("attention", att, "rows = [...] and prefer = [...]")):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{base}.{key}", f"must be a table [{base}.{key}] of {kind}")
     gemm = {dt: _gemm_points(f"{base}.gemm.{dt}", v) for dt, v in gemm_raw.items()}
-    att = raw.get("attention", {})
-    rows = []
-    for i, r in enumerate(att.get("rows", [])):
-        try:
-            row = attention_row(r)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"{base}.attention.rows[{i}]", f"{e}; give kernel, pass, mask, head_dim, seq, tflops, "
-                                                            "source (dtype optional, bf16)") from None
-        if len(row.seq) != len(row.tflops) or not row.seq:
-            raise ConfigError(f"{base}.attention.rows[{i}]", "seq and tflops differ in length; one rate per length")
-        rows.append(row)
+    if not isinstance(att.get("rows", []), list):
+        raise ConfigError(f"{base}.attention.rows", "must be a list of row tables")
+    rows = [_attention(f"{base}.attention.rows[{i}]", r) for i, r in enumerate(att.get("rows", []))]
     if not gemm and not rows:
         raise ConfigError(base, "neither gemm points nor attention rows; nothing to read")
-    prefer = tuple(att.get("prefer", sorted({r.kernel for r in rows})))
+    prefer = att.get("prefer", sorted({r.kernel for r in rows}))
+    if not isinstance(prefer, list) or not all(isinstance(k, str) for k in prefer):
+        raise ConfigError(f"{base}.attention.prefer", "must be a list of kernel names, e.g. [\"SDPA\"]")
+    prefer = tuple(prefer)
     return KernelFragment(gpu, gemm, tuple(rows), prefer, raw["source"])
 
 
@@ -128,10 +154,9 @@ def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -
     a GPU without catalog kernel data to lay it over. A fragment measured on the CPU (its
     ``source`` says "CPU", :func:`meshplan.runtime.bench.grid.source_line`) is a warning: its
     rates describe that CPU, not ``gpu``."""
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).exists():
         raise ConfigError(field, f"no file {str(path)!r}; {KERNELS_FIX}")
-    text = read_text_limited(p, field, FILE_BYTES["kernels"], KERNELS_FIX)
+    text = read_text_limited(path, field, FILE_BYTES["kernels"], KERNELS_FIX)
     try:
         frag = _parse_text(text, str(path))
     except ConfigError as e:
