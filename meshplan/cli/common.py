@@ -97,7 +97,7 @@ KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench ge
 
 
 # Shared by plan, report, step, compare (both configs) and search: the measured kernels they time with.
-KernelsOpt = Annotated[Optional[list[Path]], typer.Option("--kernels", help=KERNELS_HELP)]
+KernelsOpt = Annotated[Optional[list[Path]], typer.Option("--kernels", metavar="FILE", help=KERNELS_HELP)]
 
 
 def _opts(cluster, nodes, gpu, model, seq_len, micro_batch=None, grad_accum=None) -> ImportOptions:
