@@ -80,6 +80,10 @@ def test_step_text_names_the_kernel_data(tmp_path, capsys):
     frag = _fragment(tmp_path)
     assert run_main("step", CONFIG, "--kernels", frag) == 0
     assert f"\nkernels: {frag} (meshplan bench gemm on test GPU" in capsys.readouterr().out
+    assert run_main("plan", CONFIG, "--kernels", frag) == 0  # plan (report, compare, search): only with a file
+    assert capsys.readouterr().out.startswith(f"kernels: {frag} (meshplan bench gemm on test GPU")
+    assert run_main("plan", CONFIG) == 0
+    assert "kernels:" not in capsys.readouterr().out
 
 
 def test_config_kernels_files_are_relative_to_the_config(tmp_path):
