@@ -96,7 +96,7 @@ KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench ge
                 "earlier ones), after a config's [kernels] files; a line 'kernels: FILE (source)' names what was used")
 
 
-# Shared by plan, report, step, compare (both configs) and search: the measured kernels they time with.
+# Shared by plan, report, step, reliability, compare (both configs) and search: the measured kernels they time with.
 KernelsOpt = Annotated[Optional[list[Path]], typer.Option("--kernels", metavar="FILE", help=KERNELS_HELP)]
 
 

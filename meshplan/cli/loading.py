@@ -54,7 +54,7 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
     kernel data laid over by the config's [kernels] files, then ``kernels`` (``--kernels``,
     :func:`~meshplan.compute.kernel_fragment.with_kernel_files`; a warning line for a file
     measured on the CPU); ``cfg`` itself when none is given. The one place plan, report, step,
-    compare and search apply them."""
+    reliability, compare and search apply them."""
     if not (topology or calibration or kernels or cfg.kernel_files):
         return cfg
     cluster = cfg.cluster
@@ -115,7 +115,7 @@ def _kernels(cluster) -> dict:
 
 def _kernels_note(cluster) -> str:
     """Print and return the kernels' line when the run lays measured files over the catalog
-    (plan, report, compare, search; step always prints it); "" with the catalog alone."""
+    (plan, report, reliability, compare, search; step always prints it); "" with the catalog alone."""
     if not cluster.gpu.kernels:
         return ""
     line = kernels_line(cluster.gpu)
