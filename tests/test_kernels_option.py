@@ -69,6 +69,11 @@ def test_half_rate_fragment_adds_the_catalog_gemm_time_to_the_step(tmp_path):
     assert half["step_parts_s"]["compute"] - base["step_parts_s"]["compute"] == pytest.approx(gemm_s, rel=1e-9)
     assert half["exposed_s"] == pytest.approx(base["exposed_s"], rel=1e-9)
     assert base["kernels"] == {"line": "kernels: catalog", "files": []}
+    import jsonschema
+    from meshplan.report.json_docs import schema_of
+
+    for doc in (base, half):  # the kernels entry is in step's schema
+        jsonschema.Draft202012Validator(schema_of("step")).validate(doc)
     frag = tmp_path / "half.toml"
     assert half["kernels"]["files"] == [{"path": str(frag), "source": "meshplan bench gemm on test GPU, torch x, 2026-12-04"}]
     assert half["kernels"]["line"] == f"kernels: {frag} (meshplan bench gemm on test GPU, torch x, 2026-12-04)"
