@@ -17,7 +17,7 @@ field); :func:`with_fragment` lays it over a GPU's :class:`~meshplan.compute.mea
 its GEMM dtypes replace the catalog's points of those dtypes, its attention rows go first (its
 ``prefer`` list before the catalog's).
 
-**For one run** (``--kernels FILE`` on plan, report, step, compare, search; a config's
+**For one run** (``--kernels FILE`` on plan, report, step, reliability, compare, search; a config's
 ``[kernels] files``): :func:`read_kernel_file` checks a file against the config's GPU and
 :func:`with_kernel_files` puts it on the :class:`~meshplan.spec.cluster.GPUSpec`
 (``kernels``); :func:`kernel_data` is the compute model's one way to a GPU's kernel data: the
