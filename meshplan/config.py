@@ -13,6 +13,9 @@ one-line :class:`~meshplan.errors.ConfigError`.
           parameters: prefetch, buckets, NCCL buffers, workspace, fragmentation).
 [search]  optional: fields of :class:`~meshplan.spec.search.SearchOptions` (what
           ``meshplan search`` enumerates); ignored by every other command.
+[kernels] optional: ``files = ["my-h100.toml"]``, measured kernel tables in kernels.toml form
+          (``meshplan bench gemm --grid``; paths relative to the TOML file) laid over the
+          catalog's for the config's GPU (as ``--kernels`` does; :mod:`meshplan.compute.kernel_fragment`).
 
 ``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
 command needs it.
@@ -46,7 +49,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.training_engines import PLAN_KNOBS
 
 TABLES = ("model", "cluster", "training", "mesh")
-OPTIONAL_TABLES = ("memory", "search")
+OPTIONAL_TABLES = ("memory", "search", "kernels")
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,9 @@ class Config:
     ``notes``: what the reader decided for the user (an alias renamed, a foreign file's
     fields left unused), printed by the CLI as ``note: ...`` lines; ``origin``: the foreign
     format it was read from (``deepspeed``, ``torchtitan``, ``megatron``; "" for a meshplan
-    TOML), whose words the text uses (:mod:`meshplan.spec.wording`)."""
+    TOML), whose words the text uses (:mod:`meshplan.spec.wording`); ``kernel_files``: the
+    [kernels] table's files, resolved against the TOML's folder (the CLI lays them over the
+    catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`)."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -69,6 +74,7 @@ class Config:
     search: SearchOptions = field(default_factory=SearchOptions)
     notes: tuple[str, ...] = ()
     origin: str = ""
+    kernel_files: tuple[str, ...] = ()
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:
@@ -198,7 +204,19 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         raise ConfigError("search.recompute", f"'op' is torchtitan's op-level selective AC, which {what} does not "
                           "have: remove it from the list")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
-                  memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes)
+                  memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
+                  kernel_files=_kernel_files(data.get("kernels", {}), base))
+
+
+def _kernel_files(t: dict, base: Path | None) -> tuple[str, ...]:
+    """The [kernels] table's ``files``, each relative to the TOML file's folder (``base``)."""
+    if set(t) - {"files"}:
+        raise ConfigError(f"kernels.{sorted(set(t) - {'files'})[0]}", "unknown key in [kernels]; allowed keys: files")
+    files = t.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+        raise ConfigError("kernels.files", "give a list of paths of kernels TOML files (meshplan bench gemm --grid), "
+                                           "relative to this config")
+    return tuple(str(Path(f) if Path(f).is_absolute() or base is None else base / f) for f in files)
 
 
 def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
@@ -346,6 +364,9 @@ def _model(t: dict, base: Path | None) -> ModelSpec:
 
 def _cluster(t: dict) -> ClusterSpec:
     t = dict(t)
+    if isinstance(t.get("gpu"), dict) and "kernels" in t["gpu"]:  # GPUSpec.kernels: set by the run, not written
+        raise ConfigError("cluster.gpu.kernels", "not a key of a GPU table; list measured kernel tables in "
+                                                 "[kernels] files = [...] (or pass --kernels FILE)")
     if "system" in t:
         name = t.pop("system")
         if "nodes" not in t:

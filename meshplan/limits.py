@@ -132,6 +132,7 @@ FILE_BYTES: dict[str, FileLimit] = {
     "calibration": FileLimit(1 * MiB, "a calibration file holds three small tables"),
     "nccl_tests": FileLimit(64 * MiB, "an nccl-tests run prints a few KB per size"),
     "gemm_table": FileLimit(64 * MiB, "a measured table holds a few hundred rows"),
+    "kernels": FileLimit(8 * MiB, "a measured kernels.toml grid holds a few hundred points"),
     "nccl_log": FileLimit(256 * MiB, "an NCCL_DEBUG=INFO log of a few thousand ranks' init"),
 }
 

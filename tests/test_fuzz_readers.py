@@ -345,7 +345,7 @@ def _reader(tmp_path: Path, reader: str, data: bytes, name: str = "in.dat") -> t
     (tmp_path / "n16.toml").write_text(NCCL16)
     argv = {"topology": ["plan", SEED, "--topology", name], "calibration": ["plan", SEED, "--calibration", name],
             "nccl-log": ["nccl-check", "n16.toml", name], "nccl-tests": ["calibrate", name, "--out", "o.toml"],
-            "gemm-table": ["step", SEED, "--gemm-table", name]}[reader]
+            "gemm-table": ["step", SEED, "--gemm-table", name], "kernels": ["plan", SEED, "--kernels", name]}[reader]
     return run(argv, tmp_path)
 
 
@@ -357,6 +357,14 @@ ranks = 8
 source = "fuzz"
 """
 GEMM_CSV = b"m,n,k,dtype,seconds,tflops,device,torch\n8192,1024,8192,bf16,0.0002,,cpu,2.13\n1024,8192,1024,fp32,,12.5,cpu,2.13\n"
+KERNELS = b"""[gpu.h100-sxm5-80gb]
+source = "meshplan bench gemm on fuzz"
+[gpu.h100-sxm5-80gb.gemm]
+bf16 = [[4096, 4096, 4096, 600.0, "bench"], [1024, 1024, 1024, 200.0, "bench"]]
+[gpu.h100-sxm5-80gb.attention]
+prefer = ["SDPA"]
+rows = [{ kernel = "SDPA", pass = "fwd", mask = "causal", head_dim = 128, seq = [1024, 4096], tflops = [300.0, 400.0], source = "bench" }]
+"""
 INPUTS = {
     "topology": [(DATA / "topo" / "seed-8gpu-2nic_topo-m.txt").read_bytes(), (DATA / "topo" / "dgx-h100-like_topo.xml").read_bytes()],
     "calibration": [CALIBRATION],
@@ -364,6 +372,7 @@ INPUTS = {
     "nccl-tests": [(DATA / "nccl" / "all_reduce_perf_8nodes-x1gpu.txt").read_bytes(),
                    (DATA / "nccl" / "all_reduce_perf_8nodes-x1gpu.json").read_bytes()],
     "gemm-table": [GEMM_CSV],
+    "kernels": [KERNELS],
 }
 
 
@@ -402,6 +411,13 @@ def test_other_readers_fuzzed(tmp_path, data, reader):
      "results[0].out_of_place: needs numeric size, time, alg_bw and bus_bw"),
     ("nccl-tests", b'{"results": [], "args": "all_reduce_perf", "config": 3}', "'config' must be an object"),
     ("nccl-tests", b"null", "no '# Collective test starting' line"),
+    ("kernels", KERNELS.replace(b"600.0", b"inf"), "--kernels: gpu.h100-sxm5-80gb.gemm.bf16[0]: [4096, 4096, 4096, inf"),
+    ("kernels", KERNELS.replace(b"[300.0, 400.0]", b"[300.0, nan]"), "head_dim, seq and tflops must be positive and finite"),
+    ("kernels", KERNELS.replace(b"rows = [{", b"rows = 3\nx = [{"), "attention.rows: must be a list of row tables"),
+    ("kernels", KERNELS.replace(b"bf16 = [[", b"bf16 = 1\nx = [["), "gemm.bf16[0]: None; write [M, N, K"),
+    ("kernels", KERNELS.replace(b"h100-sxm5-80gb", b"a100-sxm-80gb"), "describes GPU a100-sxm-80gb, but the config uses "
+     "h100-sxm5-80gb"),
+    ("kernels", KERNELS + b"\xff", "is not UTF-8 text"),
     ("nccl-log", b"h:1:1 [0] NCCL INFO " + b" " * 60000 + b"x\n", "no communicator reached 'Init COMPLETE'"),
     ("nccl-log", b"h:1:1 [0] NCCL INFO " + b" " * 200000 + b"x\n", "in.dat:1: a line of 200022 characters"),
 ])
@@ -433,7 +449,8 @@ def test_reader_special_files(tmp_path):
                     "calibration": ["plan", SEED, "--calibration", target],
                     "nccl-log": ["nccl-check", "n16.toml", target],
                     "nccl-tests": ["calibrate", target, "--out", "o.toml"],
-                    "gemm-table": ["step", SEED, "--gemm-table", target]}[reader]
+                    "gemm-table": ["step", SEED, "--gemm-table", target],
+                    "kernels": ["plan", SEED, "--kernels", target]}[reader]
             code, out, err = run(argv, tmp_path)
             check_contract(code, out, err)
             assert code == 2 and ("not a regular file" in err or "is a directory" in err), (reader, target, err)

@@ -46,6 +46,16 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
 
+KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench gemm --grid` / `bench attention --grid` "
+                "write it) for the config's GPU, laid over the catalog's for this run: its GEMM points replace the "
+                "catalog's for each dtype it has, its attention rows come first; repeatable (later files over "
+                "earlier ones), after a config's [kernels] files; a line 'kernels: FILE (source)' names what was used")
+
+
+# Shared by plan, report, step, reliability, compare (both configs) and search: the measured kernels they time with.
+KernelsOpt = Annotated[Optional[list[Path]], typer.Option("--kernels", metavar="FILE", help=KERNELS_HELP)]
+
+
 def _echo(text, err: bool = False) -> None:
     """``typer.echo`` with whatever came from input made printable (control characters and
     escape sequences escaped, :func:`meshplan.errors.printable`); newlines of multi-line text

@@ -1,7 +1,8 @@
 """A config to a plan, for every command that resolves a mesh: :func:`_load` (a meshplan TOML,
 or a foreign config with the options that fill what it does not say; malformed input a
-ConfigError, exit 2), the measured cluster (``--topology``, ``--calibration``) and the
-calibration's header line and JSON entry (plan, step, search, compare)."""
+ConfigError, exit 2), the measured cluster (``--topology``, ``--calibration``, ``--kernels`` and
+a config's ``[kernels] files``) and the calibration's header line and JSON entry (plan, step,
+search, compare), the kernels' line and entry (:func:`_kernels`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import typer
 
 from meshplan.cli.common import _echo
 from meshplan.comm.calibration import apply_calibration, calibration_doc, load_calibration
+from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.mesh.resolve import world_error
@@ -23,11 +25,12 @@ from meshplan.plan import Infeasible, Plan, build_plan
 
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
-          unresolved: bool = False) -> Plan | Infeasible:
+          unresolved: bool = False, kernels: Optional[list[Path]] = None) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
     or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
     or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
-    (meshplan calibration TOML) the link bandwidths and latencies. Malformed input is a
+    (meshplan calibration TOML) the link bandwidths and latencies, ``kernels`` (and the
+    config's [kernels] files) the GPU's kernel data. Malformed input is a
     ConfigError (exit 2, one line): degrees that cannot make the world
     (:func:`~meshplan.mesh.resolve.world_error`; with ``unresolved``, as ``compare`` plans two
     configs, such a plan is returned, infeasible) and counts that disagree
@@ -35,7 +38,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)
-    plan = build_plan(_measured_cluster(cfg, topology, calibration))
+    plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
             None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
@@ -44,13 +47,22 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     return plan
 
 
-def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None,
+                      kernels: Optional[list[Path]] = None):
     """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
-    NCCL topology XML) and its links by ``calibration`` (:func:`apply_calibration`); ``cfg``
-    itself when neither is given. The one place plan, step, compare and search apply them."""
-    if not (topology or calibration):
+    NCCL topology XML), its links by ``calibration`` (:func:`apply_calibration`) and its GPU's
+    kernel data laid over by the config's [kernels] files, then ``kernels`` (``--kernels``,
+    :func:`~meshplan.compute.kernel_fragment.with_kernel_files`; a warning line for a file
+    measured on the CPU); ``cfg`` itself when none is given. The one place plan, report, step,
+    reliability, compare and search apply them."""
+    if not (topology or calibration or kernels or cfg.kernel_files):
         return cfg
     cluster = cfg.cluster
+    for paths, field in ((cfg.kernel_files, "kernels.files"), (kernels or [], "--kernels")):
+        gpu, warns = with_kernel_files(cluster.gpu, paths, field)
+        for w in warns:
+            _echo(f"warning: {w}", err=True)
+        cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
         node = node_from_topology(load_topology(topology), cluster.node)
         for w in check_identity_nic_map(node):
@@ -76,9 +88,11 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     return doc
 
 
-def _cal_note(cal: Optional[dict]) -> str:
-    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings."""
-    return "; ".join([cal["line"], *(f"warning: {w}" for w in cal["warnings"])]) if cal else ""
+def _cal_note(cal: Optional[dict], kernels: str = "") -> str:
+    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings; then
+    the ``kernels`` line (:func:`_kernels_note`) when given."""
+    parts = [cal["line"], *(f"warning: {w}" for w in cal["warnings"])] if cal else []
+    return "; ".join(parts + ([kernels] if kernels else []))
 
 
 def _calibrated(doc: dict, cal: Optional[dict]) -> dict:
@@ -90,3 +104,20 @@ def _notes(cfg) -> None:
     """The reader's notes (an axis alias renamed, a foreign file's unused fields) on stderr."""
     for n in cfg.notes:
         typer.echo(f"note: {n}", err=True)
+
+
+def _kernels(cluster) -> dict:
+    """The kernels' entry of the --json documents: ``line`` (``kernels: catalog``, or
+    ``kernels: FILE (source line)``,
+    :func:`~meshplan.compute.kernel_fragment.kernels_line`) and ``files`` (path, source)."""
+    return {"line": kernels_line(cluster.gpu), "files": [{"path": f.path, "source": f.source} for f in cluster.gpu.kernels]}
+
+
+def _kernels_note(cluster) -> str:
+    """Print and return the kernels' line when the run lays measured files over the catalog
+    (plan, report, reliability, compare, search; step always prints it); "" with the catalog alone."""
+    if not cluster.gpu.kernels:
+        return ""
+    line = kernels_line(cluster.gpu)
+    _echo(line)
+    return line

@@ -13,6 +13,7 @@ import typer
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
+    KernelsOpt,
     _check_rank,
     _console,
     _exit_infeasible,
@@ -26,7 +27,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load
+from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load
 from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
@@ -56,20 +57,23 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: CalibrationOpt = None,
+         kernels: KernelsOpt = None,
          foreign: Foreign = Foreign()):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
-    p = _load(config, topology, calibration, foreign.fmt, foreign.options())
+    p = _load(config, topology, calibration, foreign.fmt, foreign.options(),
+              kernels=kernels)
     if p.mesh is not None:
         _check_rank(p, rank)
     cal = _calibration(calibration, p.config.cluster)
+    kern = _kernels_note(p.config.cluster)
     print_plan(p, rank=rank, console=_console())
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
-        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal))
+        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
     _verdict_exit(p)
 
 
@@ -80,6 +84,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                   "unless --force or meshplan's own under out/)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
+           kernels: KernelsOpt = None,
            foreign: Foreign = Foreign()):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
@@ -88,8 +93,8 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
-    _write_plan_html(p, path, config.name, force, "--out")
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels)
+    _write_plan_html(p, path, config.name, force, "--out", note=_kernels_note(p.config.cluster))
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 

@@ -10,6 +10,7 @@ import typer
 
 from meshplan.cli.common import (
     CONFIG_HELP,
+    KernelsOpt,
     _echo,
     _exit_infeasible,
     _infeasible,
@@ -19,7 +20,7 @@ from meshplan.cli.common import (
     _write_doc,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _load
+from meshplan.cli.loading import _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible, run_reasons
 from meshplan.reliability import reliability as rel
@@ -44,6 +45,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
                 json_path: Optional[Path] = _json_option("reliability"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+                kernels: KernelsOpt = None,
                 foreign: Foreign = Foreign()):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
@@ -57,7 +59,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=foreign.fmt, opts=foreign.options())
+    p = _load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels)
+    _kernels_note(p.config.cluster)  # the restart meshes' tokens/s are timed with them
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)

@@ -15,6 +15,7 @@ from rich.table import Table
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
+    KernelsOpt,
     TOML_ONLY_HELP,
     _console,
     _echo,
@@ -28,7 +29,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.interop_cmds import _write_export
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load, _measured_cluster, _notes
+from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
@@ -49,7 +50,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
                 json_path: Optional[Path] = _json_option("compare"),
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
                                                                   "--json files"),
-                calibration: CalibrationOpt = None):
+                calibration: CalibrationOpt = None,
+                kernels: KernelsOpt = None):
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
@@ -59,13 +61,17 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
-    a, b = (_load(c, calibration=calibration, unresolved=True) for c in (config_a, config_b))
+    a, b = (_load(c, calibration=calibration, unresolved=True, kernels=kernels) for c in (config_a, config_b))
+    if [f.text for f in a.config.cluster.gpu.kernels] != [f.text for f in b.config.cluster.gpu.kernels]:
+        raise ConfigError("kernels.files", f"{config_a} and {config_b} lay different measured kernel tables over the "
+                          f"catalog; give both configs the same [kernels] files (or pass them once as --kernels)")
     names = (config_a.stem, config_b.stem)
     if names[0] == names[1] and config_a.resolve() != config_b.resolve():
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
     c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
     evidence_folder(c, out, force)  # refuse an existing folder before printing the report
     cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
+    kern = _kernels_note(a.config.cluster)
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(shown(col))
@@ -84,7 +90,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for path in write_evidence(c, out, force=force, calibration=cal):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if html_path:
-        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal)), force, '--html')))}",
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal, kern)), force, '--html')))}",
                   highlight=False, markup=False)
     _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
     if c.none_fit:
@@ -108,6 +114,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to "
                                                   "(-: stdout, the rest of the output then on stderr)"),
                calibration: CalibrationOpt = None,
+               kernels: KernelsOpt = None,
                foreign: Foreign = Foreign()):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
@@ -149,7 +156,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         _refuse_existing(out, force, "-o")
     cfg = load_any(config, foreign.fmt, foreign.options(), require_mesh=False)
     _notes(cfg)
-    cfg = _measured_cluster(cfg, calibration=calibration)
+    cfg = _measured_cluster(cfg, calibration=calibration, kernels=kernels)
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
@@ -161,6 +168,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     cal = _calibration(calibration, cfg.cluster)  # the header line, after the refusals
+    kern = _kernels_note(cfg.cluster)
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
@@ -176,7 +184,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                       user_source(config, foreign.fmt))
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
-        _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal)), force,
+        _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
                             '--html'))
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)

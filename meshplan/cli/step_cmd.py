@@ -11,6 +11,7 @@ import typer
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
+    KernelsOpt,
     _echo,
     _exit_infeasible,
     _json_option,
@@ -20,7 +21,7 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
-from meshplan.cli.loading import _calibrated, _calibration, _load
+from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.comm.calibration import uncalibrated_note
 from meshplan.errors import ConfigError
@@ -57,23 +58,27 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
+         kernels: KernelsOpt = None,
          foreign: Foreign = Foreign()):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause. A mesh that does not fit exits 1 with its reasons after one
-    line 'step would be X s ... if it fit'."""
+    line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
+    (the catalog's, or --kernels files laid over it)."""
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options())
+    p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
+              kernels=kernels)
     cal = _calibration(calibration, p.config.cluster)
+    kd = _kernels(p.config.cluster)
     if isinstance(p, Infeasible):
-        _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)
+        _write_doc(json_path, {**_calibrated(envelope("step", p, step_s=None), cal), "kernels": kd}, force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
@@ -84,13 +89,14 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
         _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
-        _write_doc(json_path, _calibrated(step_infeasible_doc(p, st), cal), force)
+        _write_doc(json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
     _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
+    _echo(kd["line"])
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
@@ -104,7 +110,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _print_links(p, st)
     if trace:
         _wrote(st.write_trace(trace, force=force))
-    _write_doc(json_path, _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal), force)
+    doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
+    _write_doc(json_path, {**doc, "kernels": kd}, force)
 
 
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],

@@ -34,7 +34,7 @@ from meshplan.comm.pp_rows import pp_rows
 from meshplan.comm.row import CollectiveRow, Path, axis_path, groups_path, path_time
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_rows import tp_rows
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.registry import AXES, Axis
 from meshplan.spec.cluster import ClusterSpec
@@ -111,7 +111,7 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
         host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
-            data = kernel_data(cluster.gpu.name)
+            data = kernel_data(cluster.gpu)
             t += deepspeed.list_copy_seconds(n, size, data)
             host = deepspeed.host_seconds(n, data)
         t += ds_gpu_s

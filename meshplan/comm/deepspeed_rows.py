@@ -11,7 +11,7 @@ from collections import Counter
 
 from meshplan.comm import deepspeed
 from meshplan.comm.stage_context import StageContext, model_code_params
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.spec.memory import MemoryOptions
 from meshplan.units import dtype_bytes
 
@@ -26,7 +26,7 @@ def zero3_2021_rows(add, c: StageContext) -> None:
     reuses the embedding's weight (one more forward gather at the logits, kept for their
     backward). Once per step the optimizer step gathers the persistent parameters again."""
     t, mesh = c.training, c.mesh
-    n, data = mesh.degree("fsdp"), kernel_data(c.gpu.name)
+    n, data = mesh.degree("fsdp"), kernel_data(c.gpu)
     later = 0
     calls: Counter = Counter()
     for k, i in reversed(list(enumerate(c.layers))):

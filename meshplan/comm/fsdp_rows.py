@@ -34,7 +34,7 @@ from typing import Callable, Optional
 from meshplan.comm import fsdp2
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.memory import deepspeed_copied_bytes
@@ -80,7 +80,7 @@ def _copy_seconds(c: StageContext) -> Callable[[int, int], tuple[float, float]]:
     DeepSpeed's ZeRO-3 copies the gradient into its bucket in the reduce dtype, on its reduce
     stream (its copy-out: :func:`_deepspeed_copied`)."""
     t, ds = c.training, _deepspeed_engine(c)
-    data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
+    data, hbm = kernel_data(c.gpu), c.gpu.hbm_bandwidth_bytes_per_s
     grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
     if ds:  # the gradient into DeepSpeed's bucket, in the reduce dtype
         grad_b, red_b = dtype_bytes(t.compute_dtype), dtype_bytes(t.gradient_reduce_dtype)
@@ -113,7 +113,7 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
     out_s, in_s = copies(gbytes, numel)
     on_compute = (0.0, 0.0) if ds else (out_s, in_s)  # copy_s: the compute stream's
     on_stream = (0.0, in_s) if ds else (0.0, 0.0)  # ds_gpu_s: added to the collective's time
-    data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
+    data, hbm = kernel_data(c.gpu), c.gpu.hbm_bandwidth_bytes_per_s
     ds_out = [fsdp2.copy_out_seconds(b, data, hbm) for b in _deepspeed_copied(c, units, label, gbytes)] \
         if ds else [0.0, 0.0]  # (forward, backward)
     add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
@@ -157,7 +157,7 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
-    data, pb = kernel_data(c.gpu.name), dtype_bytes(t.param_dtype)
+    data, pb = kernel_data(c.gpu), dtype_bytes(t.param_dtype)
 
     def numel(x, axis):
         return fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) if pad else local_numel(x, m, tp, ep, etp)

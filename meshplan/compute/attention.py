@@ -10,7 +10,8 @@ from dataclasses import replace
 from math import ceil
 
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
-from meshplan.compute.measured import attention_seconds, kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.measured import attention_seconds
 from meshplan.compute.megatron import attention_copy_bytes, softmax_bytes
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.shapes import Attention, Gemm
@@ -28,7 +29,7 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
                                                           note=note)  # floored like a measured GEMM (gemm_ops)
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     if data is not None and data.attention:  # published FlashAttention rates (catalog)
         f_s, b_s, how = attention_seconds(data, att, causal=True, prefer=w.attention_kernels)
         fwd = att.flops(causal_half=True)

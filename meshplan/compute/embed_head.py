@@ -13,7 +13,7 @@ from meshplan.compute.batch_input import torch_batch_copy
 from meshplan.compute.elementwise import norm_finalize_ops, norm_spec
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.megatron import cross_entropy_bytes, embedding_bytes, loss_kernels
 from meshplan.compute.megatron_cost import comm_delay_ops
 from meshplan.compute.ops import Cost, Op, Workload
@@ -59,7 +59,7 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, host: Optional[L
         ops += [memory_op(gpu, name, "embed", phase, nb)
                 for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout,
                                                        lookups, w.micro_batch > 1)]
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     if data is not None and host is not None and not w.megatron_ops:  # Megatron's: megatron_batch_cost
         ops.append(torch_batch_copy(w, host, data.kernel_issue_s))
     return Cost(tuple(ops))
@@ -93,7 +93,7 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
         ops += [memory_op(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
         ops += comm_delay_ops(gpu, w, ("head",))  # parallel_lm_logits: the same autograd function
-        data = kernel_data(gpu.name)
+        data = kernel_data(gpu)
         if data is not None:  # the loss's tiny kernels (compute.megatron.loss_kernels), one issue floor each
             ops += [Op("loss tiny kernels", "head", phase, "overhead", n * data.kernel_issue_s,
                        note=f"{n} kernels of a few elements per token, one issue floor each")

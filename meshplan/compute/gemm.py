@@ -54,7 +54,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan import catalog
-from meshplan.compute.measured import gemm_seconds, kernel_data
+from meshplan.compute.kernel_fragment import kernel_data, overlaid
+from meshplan.compute.measured import gemm_seconds
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, MAX_STRING
@@ -320,10 +321,10 @@ def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: 
     (:func:`meshplan.compute.measured.gemm_seconds`, source "catalog"); :func:`gemm_model`."""
     hit = table.lookup(m, n, k, dtype) if table is not None else None
     if hit is None:
-        data = kernel_data(gpu.name)
+        data = kernel_data(gpu)
         if data is None or dtype not in data.gemm or min(m, n, k, count) <= 0:
             return gemm_model(gpu, m, n, k, dtype, count)
-        return _catalog_time(data.gpu, data.source, gpu.peak_flops(dtype), m, n, k, dtype, count)
+        return _catalog_time(data.gpu, gpu.kernels, gpu.peak_flops(dtype), m, n, k, dtype, count)
     eff = 2.0 * m * n * k / hit.seconds / gpu.peak_flops(dtype)
     why = (f"{m}x{n}x{k} {dtype}: measured {hit.seconds * 1e6:.1f} us on {hit.device} (torch {hit.torch}) "
            f"-> {eff:.1%} of {gpu.name} peak")
@@ -331,16 +332,17 @@ def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: 
 
 
 @lru_cache(maxsize=1 << 16)
-def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int, k: int, dtype: str,
+def _catalog_time(gpu_name: str, kernels: tuple, peak_flops: float, m: int, n: int, k: int, dtype: str,
                   count: int) -> GemmEstimate:
-    """:func:`gemm_time` from the catalog's points of ``gpu_name``
-    (:func:`meshplan.compute.measured.gemm_seconds`; below the measured points, scaled by
+    """:func:`gemm_time` from the catalog's points of ``gpu_name`` with the run's measured
+    ``kernels`` files laid over them (:func:`meshplan.compute.kernel_fragment.overlaid`;
+    :func:`meshplan.compute.measured.gemm_seconds`; below the measured points, scaled by
     :func:`compute_efficiency` of the catalog GPU ``gpu_name``), efficiency against ``peak_flops``;
-    memoised on everything it reads (the catalog entry by GPU and source): the search times the
+    memoised on everything it reads (the catalog entry by GPU, the files by text): the search times the
     same shapes for every recompute policy and across thousands of meshes. The flow's one GEMM
     memo (every catalog lookup of the flow comes through here; the interpolation below it is
     not memoised). A pure function's results: a cache, not state."""
-    data = kernel_data(gpu_name)
+    data = overlaid(gpu_name, kernels)
     if data is None:  # gemm_time asks only for a GPU with catalog points
         raise KeyError(f"{gpu_name}: no catalog kernel data")
     measured_on = catalog.gpu(gpu_name)  # below the points: the shape model of the GPU they were measured on

@@ -16,16 +16,34 @@ Schema (the catalog's own; ``<gpu>`` a catalog GPU id)::
 field); :func:`with_fragment` lays it over a GPU's :class:`~meshplan.compute.measured.KernelData`:
 its GEMM dtypes replace the catalog's points of those dtypes, its attention rows go first (its
 ``prefer`` list before the catalog's).
+
+**For one run** (``--kernels FILE`` on plan, report, step, reliability, compare, search; a config's
+``[kernels] files``): :func:`read_kernel_file` checks a file against the config's GPU and
+:func:`with_kernel_files` puts it on the :class:`~meshplan.spec.cluster.GPUSpec`
+(``kernels``); :func:`kernel_data` is the compute model's one way to a GPU's kernel data: the
+catalog's (:func:`meshplan.compute.measured.kernel_data`) with the GPU's files laid over it in
+order (a later file's dtypes and attention rows over an earlier one's). :func:`kernels_line`
+says which data a run used: ``kernels: catalog`` or ``kernels: FILE (source line)``.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
+from meshplan.compute import measured
 from meshplan.compute.measured import AttentionRow, KernelData, attention_row
 from meshplan.errors import ConfigError
+from meshplan.fileio import read_text_limited
+from meshplan.limits import FILE_BYTES
+from meshplan.spec.cluster import GPUSpec, KernelFile
+
+#: The fix every --kernels error ends with.
+KERNELS_FIX = "give a kernels TOML written by `meshplan bench gemm --grid` or `bench attention --grid`"
 
 
 @dataclass(frozen=True)
@@ -40,11 +58,37 @@ class KernelFragment:
     source: str
 
 
+def _positive(x, kind) -> bool:
+    """``x`` a finite number of ``kind`` above 0 (TOML has inf and nan; a bool is no number)."""
+    return isinstance(x, kind) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _attention(field: str, r) -> AttentionRow:
+    """One attention row (:func:`~meshplan.compute.measured.attention_row`), checked: rates and
+    lengths positive and finite, one rate per length, lengths increasing."""
+    fix = "give kernel, pass (fwd, bwd or fwd+bwd), mask (none, causal or any), head_dim, seq, tflops, source (dtype " \
+          "optional, bf16)"
+    if not isinstance(r, dict):
+        raise ConfigError(field, f"{r!r}; {fix}")
+    try:
+        row = attention_row(r)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(field, f"{e}; {fix}") from None
+    if row.pass_ not in ("fwd", "bwd", "fwd+bwd") or row.mask not in ("none", "causal", "any"):
+        raise ConfigError(field, f"pass {row.pass_!r}, mask {row.mask!r}; {fix}")
+    if not row.seq or len(row.seq) != len(row.tflops):
+        raise ConfigError(field, "seq and tflops differ in length; one rate per length")
+    if not (all(_positive(x, int) for x in (row.head_dim,) + row.seq) and all(_positive(x, float) for x in row.tflops)
+            and list(row.seq) == sorted(set(row.seq))):
+        raise ConfigError(field, "head_dim, seq and tflops must be positive and finite, seq increasing")
+    return row
+
+
 def _gemm_points(field: str, pts) -> tuple[tuple, ...]:
     out = []
     for i, p in enumerate(pts if isinstance(pts, list) else [None]):
-        ok = (isinstance(p, list) and len(p) == 5 and all(isinstance(x, int) and x > 0 for x in p[:3])
-              and isinstance(p[3], (int, float)) and p[3] > 0 and isinstance(p[4], str))
+        ok = (isinstance(p, list) and len(p) == 5 and all(_positive(x, int) for x in p[:3])
+              and _positive(p[3], (int, float)) and isinstance(p[4], str))
         if not ok:
             raise ConfigError(f"{field}[{i}]", f"{p!r}; write [M, N, K, TFLOP/s, \"source key\"] with positive numbers")
         out.append((p[0], p[1], p[2], float(p[3]), p[4]))
@@ -62,39 +106,107 @@ def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
     base = f"gpu.{gpu}"
     if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
         raise ConfigError(f"{base}.source", "missing; say where the numbers were measured")
-    gemm_raw = raw.get("gemm", {})
+    gemm_raw, att = raw.get("gemm", {}), raw.get("attention", {})
+    for key, value, kind in (("gemm", gemm_raw, "dtype = [[M, N, K, TFLOP/s, \"key\"], ...]"),
+                             ("attention", att, "rows = [...] and prefer = [...]")):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{base}.{key}", f"must be a table [{base}.{key}] of {kind}")
     gemm = {dt: _gemm_points(f"{base}.gemm.{dt}", v) for dt, v in gemm_raw.items()}
-    att = raw.get("attention", {})
-    rows = []
-    for i, r in enumerate(att.get("rows", [])):
-        try:
-            row = attention_row(r)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"{base}.attention.rows[{i}]", f"{e}; give kernel, pass, mask, head_dim, seq, tflops, "
-                                                            "source (dtype optional, bf16)") from None
-        if len(row.seq) != len(row.tflops) or not row.seq:
-            raise ConfigError(f"{base}.attention.rows[{i}]", "seq and tflops differ in length; one rate per length")
-        rows.append(row)
+    if not isinstance(att.get("rows", []), list):
+        raise ConfigError(f"{base}.attention.rows", "must be a list of row tables")
+    rows = [_attention(f"{base}.attention.rows[{i}]", r) for i, r in enumerate(att.get("rows", []))]
     if not gemm and not rows:
         raise ConfigError(base, "neither gemm points nor attention rows; nothing to read")
-    prefer = tuple(att.get("prefer", sorted({r.kernel for r in rows})))
+    prefer = att.get("prefer", sorted({r.kernel for r in rows}))
+    if not isinstance(prefer, list) or not all(isinstance(k, str) for k in prefer):
+        raise ConfigError(f"{base}.attention.prefer", "must be a list of kernel names, e.g. [\"SDPA\"]")
+    prefer = tuple(prefer)
     return KernelFragment(gpu, gemm, tuple(rows), prefer, raw["source"])
 
 
 def load_fragment(path: str | Path) -> KernelFragment:
     """Read a kernels.toml-form file (module docstring)."""
+    return _parse_text(read_text_limited(path, str(path), FILE_BYTES["kernels"], KERNELS_FIX), str(path))
+
+
+def _parse_text(text: str, where: str) -> KernelFragment:
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(str(path), f"cannot read ({e.strerror}); give a kernels TOML file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(str(path), f"not TOML ({e}); give a file written by `meshplan bench --grid`") from None
-    return parse_fragment(doc, str(path))
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(where, f"not TOML ({e}); give a file written by `meshplan bench --grid`") from None
+    return parse_fragment(doc, where)
 
 
 def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     """``data`` with ``frag`` laid over it: the fragment's GEMM dtypes replace those dtypes'
-    points; its attention rows come before the catalog's, its ``prefer`` first."""
+    points; its attention rows come before the catalog's, its ``prefer`` first, before the
+    framework's kernels too (``KernelData.first``: measured on the run's GPU)."""
+    mine = frag.prefer if frag.attention else ()
     return replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
                    prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
+                   first=tuple(dict.fromkeys(mine + data.first)),
                    source=f"{data.source}; overlaid by {frag.source}")
+
+
+def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -> tuple[KernelFile, list[str]]:
+    """``path`` read and checked for a run on ``gpu``: (the file, warning lines). Errors, one
+    line naming ``field``: no such file, malformed, a fragment for another GPU (naming both),
+    a GPU without catalog kernel data to lay it over. A fragment measured on the CPU (its
+    ``source`` says "CPU", :func:`meshplan.runtime.bench.grid.source_line`) is a warning: its
+    rates describe that CPU, not ``gpu``."""
+    if not Path(path).exists():
+        raise ConfigError(field, f"no file {str(path)!r}; {KERNELS_FIX}")
+    text = read_text_limited(path, field, FILE_BYTES["kernels"], KERNELS_FIX)
+    try:
+        frag = _parse_text(text, str(path))
+    except ConfigError as e:
+        raise ConfigError(field, f"{e}") from None
+    if frag.gpu != gpu.name:
+        raise ConfigError(field, f"{path} describes GPU {frag.gpu}, but the config uses {gpu.name}; give a "
+                                 f"file measured on {gpu.name} (meshplan bench gemm CONFIG --grid on one), or plan "
+                                 f"{frag.gpu} ([cluster] gpu = \"{frag.gpu}\")")
+    if measured.kernel_data(gpu.name) is None:
+        raise ConfigError(field, f"{path}: {gpu.name} has no catalog kernel data (memory bandwidths, norm times) "
+                                 f"to lay the file over; add a [gpu.{gpu.name}] entry to meshplan/catalog/kernels.toml")
+    warn = [f"{field} {path} was measured on the CPU ({frag.source}): its rates describe that CPU, not the "
+            f"config's GPU {gpu.name}, and the times below use them as given; measure on a {gpu.name} "
+            f"(meshplan bench gemm CONFIG --grid there)"] if "CPU" in frag.source else []
+    return KernelFile(path=str(path), source=frag.source, text=text), warn
+
+
+def with_kernel_files(gpu: GPUSpec, paths, field: str = "--kernels") -> tuple[GPUSpec, list[str]]:
+    """``gpu`` with the files of ``paths`` (:func:`read_kernel_file`) after the ones it carries;
+    (the GPU, warning lines)."""
+    files, warns = list(gpu.kernels), []
+    for path in paths:
+        f, w = read_kernel_file(path, gpu, field)
+        files.append(f)
+        warns += w
+    return gpu.model_copy(update={"kernels": tuple(files)}), warns
+
+
+def kernel_data(gpu: GPUSpec | str) -> Optional[KernelData]:
+    """The kernel data a run times ``gpu`` with: the catalog's, with the GPU's ``kernels`` files
+    laid over it in order (module docstring); a GPU name: the catalog's alone."""
+    if isinstance(gpu, str) or not gpu.kernels:
+        return measured.kernel_data(gpu if isinstance(gpu, str) else gpu.name)
+    return overlaid(gpu.name, gpu.kernels)
+
+
+@lru_cache(maxsize=64)
+def overlaid(gpu_name: str, files: tuple[KernelFile, ...]) -> Optional[KernelData]:
+    """The catalog's kernel data of ``gpu_name`` with ``files`` laid over it in order; a pure
+    function of the texts (memoised: every kernel lookup of a run asks for it)."""
+    data = measured.kernel_data(gpu_name)
+    for f in files:
+        if data is not None:
+            data = with_fragment(data, _parse_text(f.text, f.path))
+    return data
+
+
+def kernels_line(gpu: GPUSpec) -> str:
+    """Which kernel data a run uses: ``kernels: catalog`` (meshplan/catalog/kernels.toml), or
+    each laid-over file with its source line, ``kernels: my.toml (meshplan bench gemm on ...)``."""
+    if not gpu.kernels:
+        return "kernels: catalog"
+    return "kernels: " + "; ".join(f"{f.path} ({f.source})" for f in gpu.kernels)

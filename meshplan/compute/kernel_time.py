@@ -11,7 +11,8 @@ from typing import Optional
 
 from meshplan.compute import asynctp
 from meshplan.compute.gemm import gemm_time
-from meshplan.compute.measured import bandwidth, kernel_data, memory_kernel_seconds
+from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.measured import bandwidth, memory_kernel_seconds
 from meshplan.compute.ops import Op, PHASES, Workload
 from meshplan.compute.shapes import Gemm, backward_gemms
 from meshplan.spec.cluster import GPUSpec
@@ -22,7 +23,7 @@ def issue_floor(gpu: GPUSpec, seconds: float) -> float:
     """A kernel's time on the step: ``max(kernel seconds, host issue floor)`` (catalog
     ``host.kernel_issue_s``, :mod:`meshplan.compute.measured`); unchanged for a GPU without
     catalog measurements."""
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     return seconds if data is None else max(seconds, data.kernel_issue_s)
 
 
@@ -31,7 +32,7 @@ def memory_op(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, re
     """A memory-bound kernel: :func:`meshplan.compute.measured.memory_kernel_seconds` of its
     bytes for ``kind`` (a norm's fitted fixed time + bytes at its fitted bandwidth, else Triad,
     never below the issue floor), or the datasheet bandwidth for a GPU without catalog data."""
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     t = memory_kernel_seconds(data, nbytes, gpu.hbm_bandwidth_bytes_per_s, kind)
     if data is None:
         bw, what = gpu.hbm_bandwidth_bytes_per_s, "datasheet"
@@ -52,7 +53,7 @@ def optimizer_bandwidth(gpu: GPUSpec) -> float:
     >>> optimizer_bandwidth(catalog.gpu("a100-sxm-80gb")) / 1e12  # not the 2.039 TB/s datasheet
     1.7
     """
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     return gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s
 
 

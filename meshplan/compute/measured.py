@@ -109,7 +109,10 @@ class AttentionRow:
 
 @dataclass(frozen=True)
 class KernelData:
-    """One GPU's measured kernel data (see the module docstring); bandwidths in B/s."""
+    """One GPU's measured kernel data (see the module docstring); bandwidths in B/s. ``first``:
+    kernels whose rows were measured on the user's GPU for this run (``--kernels``,
+    :func:`meshplan.compute.kernel_fragment.with_fragment`), tried before any other, the
+    framework's choice included: torch's SDPA timed on the GPU is what the framework runs there."""
 
     gpu: str
     gemm: dict
@@ -120,6 +123,7 @@ class KernelData:
     norm_bytes_per_s: float
     kernel_issue_s: float
     source: str
+    first: tuple[str, ...] = ()
 
 
 @lru_cache(maxsize=None)
@@ -230,9 +234,10 @@ def _interp_log(xs, ys, x: float) -> float:
 
 def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int,
                    prefer: tuple[str, ...] = (), dtype: str = "bf16") -> Optional[AttentionRow]:
-    """The row for ``pass_``: kernels in preference order, rows of ``dtype`` (else bf16's, the
-    rows without a dtype), the mask itself before "any", the nearest head dim (log2)."""
-    for kernel in dict.fromkeys(prefer + data.prefer):
+    """The row for ``pass_``: kernels in preference order (``data.first``, ``prefer``, then
+    ``data.prefer``), rows of ``dtype`` (else bf16's, the rows without a dtype), the mask itself
+    before "any", the nearest head dim (log2)."""
+    for kernel in dict.fromkeys(data.first + prefer + data.prefer):
         for dt, masks in ((dtype, (mask,)), (dtype, ("any",)), ("bf16", (mask,)), ("bf16", ("any",))):
             rows = [r for r in data.attention
                     if r.kernel == kernel and r.pass_ == pass_ and r.mask in masks and r.dtype == dt]

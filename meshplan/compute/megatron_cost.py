@@ -12,7 +12,7 @@ from typing import Optional
 
 from meshplan.compute.batch_input import megatron_batch_transfers
 from meshplan.compute.kernel_time import issue_floor, memory_op
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, batch_bytes,
                                        comm_delay_kernels, hook_params, stage_param_tensors)
 from meshplan.compute.ops import Cost, Op, Workload
@@ -85,7 +85,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = No
     >>> round(c.seconds("forward") * 1e6, 2), round(c.seconds("backward_input") * 1e6, 1)
     (116.72, 9.4)
     """
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     if data is None:
         return Cost(())
     ops = megatron_batch_transfers(w, host, broadcast_s) if host is not None else []
@@ -137,7 +137,7 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
     ...                                         + 6 * 4.7e-6 + 23 * 4.7e-6) * 1e6, 3)
     True
     """
-    data = kernel_data(gpu.name)
+    data = kernel_data(gpu)
     if data is None:
         return Cost(())
     floor, bw = data.kernel_issue_s, data.stream_bytes_per_s

@@ -5,7 +5,8 @@ meshplan's specs hold. :func:`meshplan_tables` turns a :class:`~meshplan.config.
 the tables :func:`meshplan.config.config_from_dict` reads back to an equal config: a catalog
 model or node by name when the config holds that entry unchanged, every field otherwise; the
 mesh with the layer split the plan uses (``pp_layer_split`` per stage, or per virtual stage
-with vpp > 1), so an uneven split (126 layers on pp 16) plans as printed.
+with vpp > 1), so an uneven split (126 layers on pp 16) plans as printed; a config's
+``[kernels] files`` as absolute paths (the run's ``--kernels`` files are not the config's).
 
 >>> print(dumps({"model": {"catalog": "llama3-8b"}, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}), end="")
 [model]
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any, Optional
 
 from meshplan import catalog
@@ -127,7 +129,8 @@ def model_table(cfg: Config) -> dict:
 def cluster_table(cfg: Config) -> dict:
     """[cluster]: ``system``/``nodes`` (and ``gpu``) when the cluster is a catalog node
     unchanged, else every field."""
-    c = cfg.cluster
+    c = cfg.cluster  # without the run's measured kernel files (a [kernels] table of their own)
+    c = c.model_copy(update={"gpu": c.gpu.model_copy(update={"kernels": ()})}) if c.gpu.kernels else c
     if c.node.name in catalog.names("node"):
         base = catalog.system(c.node.name, c.nodes)
         if base == c:
@@ -154,4 +157,5 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
                   "global_batch": cfg.training.global_batch, "seq_len": cfg.training.seq_len},
               "mesh": spec}
     memory = cfg.memory.model_dump(mode="json", exclude_defaults=True)
-    return tables | ({"memory": memory} if memory else {})
+    kernels = {"files": [str(Path(f).resolve()) for f in cfg.kernel_files]} if cfg.kernel_files else {}
+    return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {})

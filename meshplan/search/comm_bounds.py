@@ -12,7 +12,7 @@ from meshplan.comm import fsdp2
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
-from meshplan.compute.measured import kernel_data
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.ops import float8_gemms
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.config import Config
@@ -134,7 +134,7 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
      'head_out': 707.5, 'head_in': 1061.3, 'e_out': 0.0, 'e_in': 0.0}
     """
     m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
-    data, hbm = kernel_data(gpu.name), gpu.hbm_bandwidth_bytes_per_s
+    data, hbm = kernel_data(gpu), gpu.hbm_bandwidth_bytes_per_s
     grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
     kinds = [1] if m.is_moe and m.dense_layers == 0 else [0, 1] if m.is_moe else [0]
 

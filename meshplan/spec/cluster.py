@@ -24,10 +24,25 @@ def _le(name: str):
     return BOUNDS[name].value
 
 
+class KernelFile(BaseModel):
+    """A measured kernel table in kernels.toml form (``meshplan bench gemm/attention --grid``)
+    laid over the catalog's data of its GPU for one run: ``path`` as the user gave it, its
+    ``source`` line and its whole ``text`` (read once, at load; the compute model parses it,
+    :func:`meshplan.compute.kernel_fragment.kernel_data`). Strings only, so that a GPU carrying
+    it stays a pure value: the same text, the same kernel times."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    path: str
+    source: str
+    text: str
+
+
 class GPUSpec(BaseModel):
     """One accelerator. ``peak_tflops``: dense peak per dtype (no sparsity);
     ``max_gemm_fraction``: best measured GEMM throughput / peak (bf16), the ceiling of the
-    compute model."""
+    compute model. ``kernels``: the user's measured kernel tables laid over the catalog's, in
+    order (``--kernels``, a config's ``[kernels] files``; not a key of a GPU table, and left
+    out of the dumped spec: the commands report it as their ``kernels`` entry)."""
 
     model_config = _STRICT
     name: Name
@@ -37,6 +52,7 @@ class GPUSpec(BaseModel):
     sms: int = Field(gt=0, le=_le("sms"))
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
     source: Text
+    kernels: tuple[KernelFile, ...] = Field(default=(), exclude=True)
 
     @model_validator(mode="after")
     def _peaks(self):
