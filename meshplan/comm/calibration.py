@@ -19,7 +19,8 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     op = "all-reduce"            # the keys of a catalog curve (catalog/nccl.toml, BusbwCurve)
     ranks = 8
     nodes = 8
-    line_gb_per_s = 40.0         # the class's bandwidth_gb_per_s, the rate the curve is read against
+    line_gb_per_s = 40.0         # the rate the curve is read against: the class's bandwidth_gb_per_s,
+                                 # x ranks / nodes for nic (a node's NICs, one per rank)
     sizes_bytes = [1024, 2048]
     busbw_gb_per_s = [0.05, 0.1]
     source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
@@ -146,7 +147,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
         out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
         for c in (curves or {}).get(f.link, []):
             out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
-                    f"line_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f"sizes_bytes = {c.sizes_bytes}",
+                    f"line_gb_per_s = {c.line_gb_per_s:.4g}", f"sizes_bytes = {c.sizes_bytes}",
                     "busbw_gb_per_s = [" + ", ".join(f"{b:.6g}" for b in c.busbw_gb_per_s) + "]",
                     f"source = {json.dumps(c.source)}"]
     return "\n".join(out) + "\n"
@@ -270,7 +271,26 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     return {"file": str(path), "line": calibration_line(path, calib),
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
-            "warnings": gpu_warnings(path, calib, cluster) if cluster is not None else []}
+            "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)
+            if cluster is not None else []}
+
+
+def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
+    """One line when ``calib``'s ``nic`` bandwidth (per NIC) is above the line rate of the
+    catalog NICs of ``cluster``'s node (its catalog entry by name; none for a node not in the
+    catalog): a NIC carries at most its line rate, so the fit holds several NICs' traffic
+    (a file of ``meshplan calibrate --link nic`` from before it split a multi-GPU node's busbw
+    over its NICs)."""
+    c = calib.get("nic")
+    if c is None or c.backend == "gloo" or cluster.node.name not in catalog.names("node"):
+        return []
+    rates = [n["rate_gbit_per_s"] for n in catalog.entry("node", cluster.node.name).get("nics", [])]
+    if not rates or c.bandwidth_gb_per_s * 8 <= max(rates):
+        return []
+    return [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is {c.bandwidth_gb_per_s * 8 / max(rates):.1f}x "
+            f"the {max(rates):g} Gb/s line rate of {cluster.node.name}'s NICs: it holds several NICs' traffic; "
+            "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
+            "ranks' NICs)"]
 
 
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
@@ -297,8 +317,9 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
-        if curve is not None:
-            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s})
+        if curve is not None:  # a nic curve of k ranks per node ran on k NICs of a node (meshplan.comm.calibrate)
+            per = curve.ranks // curve.nodes if name == "nic" else 1
+            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per})
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]
