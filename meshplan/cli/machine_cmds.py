@@ -64,7 +64,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
-                                                     "(default: from the ranks' hosts)"),
+                                                     "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC)"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
