@@ -55,10 +55,11 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
     for n in check.unchecked:
         _echo(f"note: {n}", err=True)
     diffs = list(check.differences)
-    for d in diffs:
+    for d in [*check.cannot_check, *diffs]:
         _echo(d)
-    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
-    _write_doc(json_path, nccl_check_doc(p, str(log), diffs), force)
+    cannot = f"; {len(check.cannot_check)} communicator(s) cannot be checked" if check.cannot_check else ""
+    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement{cannot}")
+    _write_doc(json_path, nccl_check_doc(p, str(log), diffs, check.cannot_check), force)
     _verdict_exit(p)
     raise typer.Exit(1 if diffs else 0)
 
