@@ -41,7 +41,8 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Check that each communicator used the NICs and intra-node links the placement meant. Global ranks come from
     the log's communicator of every rank; a log without one cannot be checked (exit 2). A mesh that does not fit is
-    still checked when it can be placed, then exits 1 with its reasons."""
+    still checked when it can be placed, then exits 1 with its reasons. A communicator whose channel lines fit another
+    of their process alike (no Init START or comm lines to bracket them) is said 'cannot check', not differed."""
 
     _refuse_existing(json_path, force, "--json")
     p = _load(config)
