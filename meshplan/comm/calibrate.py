@@ -59,6 +59,7 @@ from typing import Optional, Sequence
 from pydantic import ValidationError
 
 from meshplan import catalog
+from meshplan.comm.calibration import same_gpu
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -129,8 +130,6 @@ def catalog_nic_gb_per_s(gpu: Optional[str]) -> tuple[float, str]:
     >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3"), catalog_nic_gb_per_s("NVIDIA A100-SXM4-80GB")
     ((50.0, 'dgx-h100'), (25.0, 'dgx-a100'))
     """
-    from meshplan.comm.calibration import same_gpu
-
     nodes = [(n, catalog.entry("node", n)) for n in catalog.names("node")]
     mine = [(n, e) for n, e in nodes if gpu and same_gpu(gpu, e["gpu"])] or nodes
     return max(((nic["rate_gbit_per_s"] / 8, n) for n, e in mine for nic in e.get("nics", [])),
