@@ -32,16 +32,13 @@ transport/net_ib.cc), each after the prefix ``host:pid:tid [cudaDev] NCCL INFO``
 - ``ncclCommInitRankConfig comm 0x.. rank r nranks n cudaDev d ... - Init START`` (2.21+):
   opens the communicator's init in its process, as its ``comm .. nRanks`` line does.
 
-Lines are attributed per process (host:pid). A ring or tree line goes to its most recent
-communicator whose rank matches the line. A channel line goes to the one communicator whose
-init is open in that process (between its ``Init START`` or ``comm .. nRanks`` line and its
-``Init COMPLETE``) and whose rank and size fit the line; outside such a bracket (no INIT
-lines, or NCCL_RUNTIME_CONNECT connecting at a communicator's first collective) to the one
-communicator of the process whose ranks' devices are the line's ``rank[nvmlDev]`` pairs
-(a dp line ``0[5] -> 1[5]`` is not the tp communicator's, whose rank 1 is GPU 1), read once
-every process's ``Init COMPLETE`` is in. When that still leaves several, the line is not
-attributed and each of them is marked (:attr:`Communicator.unattributed`): nccl-check says
-it cannot check them rather than guess. Other lines are ignored.
+Lines are attributed per process (host:pid): a ring or tree line to its most recent
+communicator whose rank fits; a channel line to the one whose init is open (from its ``Init
+START`` or ``comm .. nRanks`` line to its ``Init COMPLETE``) and fits, else (no INIT lines,
+or NCCL_RUNTIME_CONNECT) to the one whose ranks' devices, known once every ``Init COMPLETE``
+is read, are the line's ``rank[nvmlDev]`` pairs (dp's ``0[5] -> 1[5]`` is not tp's, whose
+rank 1 is GPU 1). A line that still fits several is not attributed and marks each of them
+(:attr:`Communicator.unattributed`: nccl-check cannot check them). Other lines are ignored.
 
 >>> from meshplan.comm.nccl_check import check_against_placement
 >>> log = '''h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ; OOB eth0:10.0.0.1<0>
@@ -126,7 +123,8 @@ class _Pending:
     devs: tuple  # (src device, dst device) as printed in brackets
     fits: list  # records of its process that fit it when read
     after: int  # how many records its process had when read (later unbracketed ones may own it)
-    where: str  # "log:line: 'the line'"
+    where: str  # "log:line"
+    msg: str
     note_at: tuple[int, int]  # (how many notes there were when read: its note, if any, goes there; its line)
 
 
@@ -268,7 +266,7 @@ def _on_conn(proc: _Proc, msg: str, where: str, note_at: tuple[int, int]) -> Non
     if len(opened) == 1:
         opened[0].conns.append(conn)
     else:
-        proc.pending.append(_Pending(conn, (m[4], m[6]), opened or fits, len(proc.recs), where, note_at))
+        proc.pending.append(_Pending(conn, (m[4], m[6]), opened or fits, len(proc.recs), where, msg, note_at))
 
 
 def _device_fits(done: Optional[tuple], dev: str) -> bool:
@@ -297,16 +295,15 @@ def _resolve(procs: dict, notes: list) -> None:
             c = p.conn
             later = [r for r in proc.recs[p.after:] if not r.bracketed and r.rank == c.reporter
                      and max(c.src, c.dst) < r.n_ranks]
-            ranks = devices.get
             fits = [r for r in p.fits + later if r.done is not None
-                    and _device_fits(ranks(r.done[3], {}).get(c.src), p.devs[0])
-                    and _device_fits(ranks(r.done[3], {}).get(c.dst), p.devs[1])]
+                    and _device_fits(devices[r.done[3]].get(c.src), p.devs[0])
+                    and _device_fits(devices[r.done[3]].get(c.dst), p.devs[1])]
             if len(fits) == 1:
                 fits[0].conns.append(c)
             elif not fits:
-                lost.append((p.note_at, f"{p.where} fits no communicator of this process"))
+                lost.append((p.note_at, printable(f"{p.where}: '{p.msg}' fits no communicator of this process")))
             for r in fits if len(fits) > 1 else ():
-                r.ambiguous.append(f"{p.where.split(': ')[0]} (comm {' or '.join(x.done[3] for x in fits)})")
+                r.ambiguous.append(f"{p.where} (comm {' or '.join(x.done[3] for x in fits)})")
     for (at, _), note in sorted(lost, reverse=True):  # the last line first: each goes before those after it
         notes.insert(at, note)
 
@@ -350,7 +347,7 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
             network = used[1]
             continue
         if _CONN.match(msg):
-            _on_conn(proc, msg, printable(f"{source}:{ln}: '{msg}'"), (len(notes), ln))
+            _on_conn(proc, msg, printable(f"{source}:{ln}"), (len(notes), ln))
             continue
         note = _on_graph(proc, msg)
         if note:
