@@ -40,8 +40,10 @@ over TCP (loopback inside a host, the testbed's veth links between its nodes), n
 NIC: :func:`apply_calibration` refuses them for a cluster whose collectives run on NCCL or RCCL
 and applies them to a gloo cluster (the CPU testbed's) only.
 
-``nic`` is meant for runs with one GPU per node, so that each rank's traffic crosses one
-NIC. Applying a calibration writes the bandwidth, the per-step latency
+``nic`` is per NIC: a run with one GPU per node, each rank's traffic crossing one NIC, or a
+run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs
+(:mod:`meshplan.comm.calibrate`); a figure above the cluster's catalog NIC line rate is warned
+(:func:`nic_rate_warnings`). Applying a calibration writes the bandwidth, the per-step latency
 ``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`) and marks the
 class ``calibrated``: :func:`meshplan.comm.alphabeta.collective_time` then times it as
 ``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
