@@ -12,6 +12,7 @@ from meshplan.catalog import system
 from meshplan.cli import main
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from nccl_published import DATA, PUBLISHED, published_text
+from tests.test_cli_json import H100X2
 
 EXACT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
 S15 = DATA / "all_reduce_perf_8xa100_s15.txt"
@@ -234,10 +235,17 @@ def test_a_multi_gpu_node_run_is_split_over_its_nics(tmp_path, capsys):
     cluster = apply_calibration(system("dgx-h100", nodes=2), load_calibration(out))
     assert [n.rate_gbit_per_s for n in cluster.node.nics] == [pytest.approx(360.0, rel=1e-3)] * 8
     assert cluster.node.busbw["nic"].line_gb_per_s == pytest.approx(360.0, rel=1e-3)
-    # step: no line-rate warning (it said 332 GB/s per NIC)
+    # step on 2 DGX H100 (8 NICs per node): no warning (it said 332 GB/s per NIC)
+    cfg = tmp_path / "h100x2.toml"
+    cfg.write_text(H100X2)
+    rc, text, err = run(["step", str(cfg), "--calibration", str(out)], capsys)
+    assert rc == 0 and text.splitlines()[0].endswith("nic 45 GB/s") and "warning" not in text
+    # on seed-8x8-2nic (2 NICs per node) the split over 8 NICs is not that node's: said
     seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
     rc, text, err = run(["step", str(seed), "--calibration", str(out)], capsys)
-    assert rc == 0 and text.splitlines()[0].endswith("nic 45 GB/s") and "warning" not in text
+    assert rc == 0 and text.splitlines()[1] == (
+        f"warning: --calibration {out}: nic was split over 8 NICs per node (one per rank of its 8-GPU-per-node run), "
+        "but seed-8x8-2nic has 2: its per-NIC figure is not this node's")
 
 
 def test_a_nic_fit_above_line_rate_is_warned(tmp_path, capsys):

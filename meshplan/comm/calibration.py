@@ -282,14 +282,20 @@ def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSp
     catalog NICs of ``cluster``'s node (its catalog entry by name; none for a node not in the
     catalog): a NIC carries at most its line rate, so the fit holds several NICs' traffic
     (a file of ``meshplan calibrate --link nic`` from before it split a multi-GPU node's busbw
-    over its NICs)."""
+    over its NICs); and one when its curve's run had k > 1 ranks per node, split over k NICs, but
+    the cluster's node has another number of NICs."""
     c = calib.get("nic")
+    curve = c.fitted_curve() if c is not None else None
+    per = curve.ranks // curve.nodes if curve is not None else 1
+    split = [f"--calibration {path}: nic was split over {per} NICs per node (one per rank of its {per}-GPU-per-node "
+             f"run), but {cluster.node.name} has {len(cluster.node.nics)}: its per-NIC figure is not this node's"
+             ] if per > 1 and per != len(cluster.node.nics) else []
     if c is None or c.backend == "gloo" or cluster.node.name not in catalog.names("node"):
-        return []
+        return split
     rates = [n["rate_gbit_per_s"] for n in catalog.entry("node", cluster.node.name).get("nics", [])]
     if not rates or c.bandwidth_gb_per_s * 8 <= max(rates):
-        return []
-    return [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is {c.bandwidth_gb_per_s * 8 / max(rates):.1f}x "
+        return split
+    return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is {c.bandwidth_gb_per_s * 8 / max(rates):.1f}x "
             f"the {max(rates):g} Gb/s line rate of {cluster.node.name}'s NICs: it holds several NICs' traffic; "
             "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
             "ranks' NICs)"]
