@@ -101,8 +101,12 @@ def test_cli_bench_gemm_grid_on_cpu(tmp_path):
     res = CliRunner().invoke(app, ["bench", "gemm", str(cfg), "--grid", "--out", str(out), "--device", "cpu"])
     assert res.exit_code == 0, res.output
     frag = load_fragment(out)
-    assert frag.gpu == "h100-sxm5-80gb" and [p[:3] for p in frag.gemm["fp32"]] == CPU_GEMM
+    # CPU rates keyed as the CPU, not as the config's h100-sxm5-80gb (issue 11)
+    assert frag.gpu == "cpu" and [p[:3] for p in frag.gemm["fp32"]] == CPU_GEMM
+    assert out.read_text().splitlines()[1] == "[gpu.cpu]" and "h100" not in out.read_text()
     assert "on cpu" in frag.source
+    assert res.output.splitlines()[1].startswith("the CPU grid, keyed [gpu.cpu], not h100-sxm5-80gb (meshplan bench "
+                                                 "gemm on cpu")
     res = CliRunner().invoke(app, ["bench", "gemm", str(cfg), "--grid", "--max-elements", "64", "--out",
                                    str(tmp_path / "g2.toml"), "--device", "cpu"])
     assert isinstance(res.exception, ConfigError) and res.exception.field == "--max-elements"  # main prints one line
@@ -116,3 +120,24 @@ def test_gpu_grid_is_the_catalogs_points(tmp_path):
     assert grid == [tuple(p[:3]) for p in kernel_data("h200-sxm-141gb").gemm["bf16"]]
     pts = sweep_gemm(grid[-3:], "bf16", "cuda", repeats=10)
     assert all(0 < p[3] < 989.4 for p in pts)  # below the H100/H200 dense bf16 datasheet peak
+
+
+@pytest.mark.parametrize("kind", ["gemm", "attention"])
+def test_grid_without_a_gpu_needs_device_cpu(tmp_path, monkeypatch, capsys, kind):
+    """--device auto without a GPU resolves to the CPU: --grid is refused in one line naming
+    --device cpu, and nothing is written (it wrote CPU rates under [gpu.h100-sxm5-80gb])."""
+    from meshplan.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text('[model]\nlayers = 2\nhidden = 64\nffn = 128\nq_heads = 4\nkv_heads = 2\nhead_dim = 16\n'
+                   'vocab = 256\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                   '[training]\nglobal_batch = 8\nseq_len = 64\nmicro_batch = 2\n'
+                   '[mesh]\nnames = ["dp_shard", "tp"]\nshape = [4, 2]\n')
+    with pytest.raises(SystemExit) as done:
+        main(["bench", kind, str(cfg), "--grid", "--out", str(tmp_path / "k.toml")])
+    out = capsys.readouterr()
+    assert (done.value.code, out.out) == (2, "")
+    assert out.err == ("error: --grid: no GPU here, so the sweep would time the CPU, not the plan's GPU; run it on "
+                       "the GPU, or pass --device cpu for a CPU table keyed [gpu.cpu]\n")
+    assert not (tmp_path / "k.toml").exists()

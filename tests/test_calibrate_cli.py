@@ -12,6 +12,7 @@ from meshplan.catalog import system
 from meshplan.cli import main
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from nccl_published import DATA, PUBLISHED, published_text
+from tests.test_cli_json import H100X2
 
 EXACT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
 S15 = DATA / "all_reduce_perf_8xa100_s15.txt"
@@ -200,15 +201,87 @@ def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
 
 def test_mixed_run_recorded_as_asked(tmp_path, capsys):
     # --link nic records the S18 2 x 8 run: alpha-beta through its three rows (1 KB 35.85 us,
-    # 1G 183.82 and 4G 188.18 GB/s busbw); the 4G row's time is within 2% of the fitted line
+    # 1G 183.82 and 4G 188.18 GB/s busbw); the 4G row's time is within 2% of the fitted line,
+    # whose bus bandwidth is the node's: 8 ranks per host, one HDR NIC each, so per NIC / 8
     out = tmp_path / "c.toml"
     rc, _, err = run(["calibrate", str(DATA / "all_reduce_perf_2x8a100_s18.txt"), "--link", "nic", "--out", str(out)],
                      capsys)
     assert rc == 0, err
     nic = load_calibration(out)["nic"]
     assert nic.ranks == 16
-    t4g = nic.latency_us * 1e-6 + 1.875 * 4 * 2**30 / (nic.bandwidth_gb_per_s * 1e9)
+    t4g = nic.latency_us * 1e-6 + 1.875 * 4 * 2**30 / (8 * nic.bandwidth_gb_per_s * 1e9)
     assert t4g == pytest.approx(1.875 * 4 * 2**30 / 188.18e9, rel=0.02)
+    assert nic.bandwidth_gb_per_s < 25.0  # under an HDR 200 Gb/s NIC's line rate: no warning
+    assert "warning" not in err
+
+
+H100X16 = DATA / "all_reduce_perf_2x8h100.txt"  # 2 hosts x 8 H100, t = 30 us + 1.875 S / 360 GB/s
+
+
+def test_a_multi_gpu_node_run_is_split_over_its_nics(tmp_path, capsys):
+    """Issue 11: 16 ranks on 2 hosts (all-reduce busbw 360 GB/s) wrote 353.3 GB/s for ONE NIC,
+    7x a 400G NIC. A node's ring traffic leaves it over its 8 ranks' 8 NICs: 360 / 8 = 45 GB/s
+    per NIC (90% of 50 GB/s); the curve keeps the logged busbw, read against the node's 8 x 45."""
+    out = tmp_path / "c.toml"
+    rc, text, err = run(["calibrate", str(H100X16), "--link", "nic", "--out", str(out)], capsys)
+    assert rc == 0, err
+    assert ("all_reduce_perf_2x8h100.txt: 8 ranks per host, each on its own NIC: nic all-reduce 45.00 GB/s per NIC "
+            "= 360.00 / 8") in text.splitlines() and "warning" not in text
+    nic = load_calibration(out)["nic"]
+    assert nic.bandwidth_gb_per_s == pytest.approx(45.0, rel=1e-3) and nic.latency_us == pytest.approx(30.0, rel=1e-2)
+    curve = nic.fitted_curve()
+    assert (curve.ranks, curve.nodes, curve.line_gb_per_s) == (16, 2, pytest.approx(360.0, rel=1e-3))
+    assert curve.busbw_gb_per_s[-1] == 359.76  # the 8 GiB row as logged
+    # applied to 2 DGX H100: NICs at 45 x 8 = 360 Gb/s, the curve read against the node's 8 NICs
+    cluster = apply_calibration(system("dgx-h100", nodes=2), load_calibration(out))
+    assert [n.rate_gbit_per_s for n in cluster.node.nics] == [pytest.approx(360.0, rel=1e-3)] * 8
+    assert cluster.node.busbw["nic"].line_gb_per_s == pytest.approx(360.0, rel=1e-3)
+    # step on 2 DGX H100 (8 NICs per node): no warning (it said 332 GB/s per NIC)
+    cfg = tmp_path / "h100x2.toml"
+    cfg.write_text(H100X2)
+    rc, text, err = run(["step", str(cfg), "--calibration", str(out)], capsys)
+    assert rc == 0 and text.splitlines()[0].endswith("nic 45 GB/s") and "warning" not in text
+    # on seed-8x8-2nic (2 NICs per node) the split over 8 NICs is not that node's: said
+    seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
+    rc, text, err = run(["step", str(seed), "--calibration", str(out)], capsys)
+    assert rc == 0 and text.splitlines()[1] == (
+        f"warning: --calibration {out}: nic was split over 8 NICs per node (one per rank of its 8-GPU-per-node run), "
+        "but seed-8x8-2nic has 2: its per-NIC figure is not this node's")
+
+
+def test_a_nic_fit_above_line_rate_is_warned(tmp_path, capsys):
+    """One rank per host at 40 GB/s on A100 nodes, whose catalog NICs (dgx-a100) are HDR 200 Gb/s
+    = 25 GB/s: written, with a warning line; a calibration file with one node's 353.3 GB/s on
+    its NIC (written before the split) is warned at step against seed-8x8-2nic's 400 Gb/s NICs:
+    353.3 x 8 / 400 = 7.1x."""
+    a100 = tmp_path / "a100x8.txt"
+    a100.write_text(EXACT.read_text().replace("NVIDIA H100 80GB HBM3", A100))
+    rc, text, err = run(["calibrate", str(a100), "--out", str(tmp_path / "a.toml")], capsys)
+    assert rc == 0, err
+    assert ("warning: a100x8.txt: nic 40.00 GB/s per NIC is above the 25 GB/s line rate of dgx-a100's NICs (200 "
+            "Gb/s), the fastest catalog NIC for NVIDIA A100-SXM4-80GB: a NIC carries at most its line rate, so each "
+            "rank drove several NICs or the nodes' NICs are faster than the catalog's; check the hosts of its "
+            "'#  Rank' lines") in text.splitlines()
+    old = tmp_path / "old.toml"
+    old.write_text('[link.nic]\nlatency_us = 30\nbandwidth_gb_per_s = 353.3\nop = "all-reduce"\nranks = 16\n'
+                   'source = "x"\n')
+    seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
+    rc, text, err = run(["step", str(seed), "--calibration", str(old)], capsys)
+    assert rc == 0 and (f"warning: --calibration {old}: nic 353.3 GB/s per NIC is 7.1x the 400 Gb/s line rate of "
+                        "seed-8x8-2nic's NICs: it holds several NICs' traffic; calibrate the run again with its "
+                        "'#  Rank' lines (meshplan calibrate splits a node's busbw over its ranks' NICs)"
+                        ) in text.splitlines()
+
+
+def test_unequal_ranks_per_host_are_refused_for_nic(tmp_path, capsys):
+    """16 ranks, 12 on dgx-a and 4 on dgx-b: no one split over a node's NICs fits both."""
+    text = "\n".join(ln.replace("dgx-b", "dgx-a") if any(ln.startswith(f"#  Rank {r:2d} ") for r in range(12, 16))
+                     else ln for ln in H100X16.read_text().splitlines())
+    (tmp_path / "uneven.txt").write_text(text)
+    rc, _, err = run(["calibrate", str(tmp_path / "uneven.txt"), "--link", "nic", "--out", str(tmp_path / "c.toml")],
+                     capsys)
+    assert (rc, err) == (2, "error: uneven.txt: 16 ranks on 2 hosts, 4 to 12 per host: its busbw cannot be split over "
+                            "the NICs of one node; give a run with the same number of ranks on every host\n")
 
 
 def test_json_output_reads_the_hosts(tmp_path, capsys):

@@ -138,6 +138,7 @@ def test_nccl_check_json_lists_the_difference(tmp_path, capsys):
     assert rc == 1 and validate("nccl-check", doc) == [] and doc["matched"] is False
     assert doc["differences"] == ["comm 0x1b5e90c2d4f75855 (2 ranks): rank 5 used mlx5_0 but the placement meant "
                                   "mlx5_9"]
+    assert doc["cannot_check"] == []  # every channel line of the log is inside its communicator's init
 
 
 @pytest.mark.parametrize("shape", [8, 3], ids=["over-memory", "unresolved"])

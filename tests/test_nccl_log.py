@@ -350,3 +350,53 @@ def test_cli_prints_the_difference_and_the_notes(tmp_path, capsys):
     assert (code, out) == (0, "0 difference(s) between the NCCL log and the placement\n")
     assert err.splitlines()[0] == ("note: run.log:38: comm id '0xzz' is not hexadecimal (0x...); line skipped, so "
                                    "this process's rank is missing from that communicator")
+
+
+# ---------------------------------------------------------------- world + tp + dp, no comm lines
+TP_DP = DATA / "dgx-h100x2_world16_tp8_dp2_no-comm-lines_rank5-wrong-nic.log"  # tests/nccl_tp_dp_log.py
+TP_A, DP5 = "0x5a3e11c07b2d4f0a", "0x1b5e90c2d4f75855"
+
+
+def test_the_tp_dp_fixture_is_what_its_script_writes():
+    from tests.nccl_tp_dp_log import log_text
+
+    assert TP_DP.read_text() == log_text()
+
+
+def test_init_start_brackets_attribute_the_dp_lines(tmp_path, capsys):
+    """Issue 11: three communicators per process (world, tp, dp) and no 'comm .. nRanks' lines.
+    dgx-a GPU 0's dp lines '0[0] -> 1[0] via NET/IB/0' were pinned on its tp communicator, where
+    it is rank 0 too (tp ranks 0 and 1 'connected via NET, not P2P', 4 such lines), and rank 5's
+    dp lines fitted nothing (its tp and world rank is 5, its dp rank 0), so its wrong NIC was
+    missed. Between Init START and Init COMPLETE they are the dp communicator's: one difference,
+    rank 5 (dgx-a GPU 5) on mlx5_0 where the placement has GPU 5's mlx5_9."""
+    assert _cli(tmp_path, capsys, TP_DP.read_text()) == (
+        1, f"comm {DP5} (2 ranks): rank 5 used mlx5_0 but the placement meant mlx5_9\n"
+           "1 difference(s) between the NCCL log and the placement\n", "")
+    rep = read_nccl_log(TP_DP)
+    tp_a = next(c for c in rep.communicators if c.comm_id == TP_A)
+    assert {c.transport for c in tp_a.connections} == {"P2P"} and len(tp_a.connections) == 8
+    assert rep.notes == ()
+    # the same run with rank 5 on its own NIC: nothing to say
+    ok = "\n".join(ln.replace("via NET/IB/0/", "via NET/IB/5/") if ln.startswith("dgx-a:52495:") else ln
+                   for ln in TP_DP.read_text().splitlines())
+    assert _cli(tmp_path, capsys, ok) == (0, "0 difference(s) between the NCCL log and the placement\n", "")
+
+
+def test_without_init_start_the_devices_attribute_or_it_cannot_check(tmp_path, capsys):
+    """No Init START lines either: each channel line is told by its 'rank[nvmlDev]' pairs. A dp
+    line '0[5] -> 1[5]' fits only the dp communicator (in world and tp, rank 1 is GPU 1), so rank
+    5's wrong NIC is still found; on dgx-a a process is rank g of both the world and the tp
+    communicator, whose rank g + 1 is GPU g + 1 in both, so its 7 world P2P lines (GPU 7's goes
+    to dgx-b) and 8 tp lines fit both alike: 15 lines, world and dgx-a's tp cannot be checked
+    (dgx-b's tp ranks 0..7 are world ranks 8..15, so its lines fit only tp)."""
+    text = "\n".join(ln for ln in TP_DP.read_text().splitlines() if not ln.endswith("Init START"))
+    first = next(i for i, ln in enumerate(text.splitlines(), 1) if "Channel" in ln)  # dgx-a GPU 0: 0[0] -> 1[1]
+    why = (f"cannot check: 15 channel line(s) fit it and another communicator of their process alike (first "
+           f"run.log:{first} (comm {WORLD} or {TP_A})): the log has no 'Init START' or 'comm 0x.. rank .. nRanks' "
+           "line opening each communicator's init; log with NCCL_DEBUG_SUBSYS including INIT and "
+           "NCCL_RUNTIME_CONNECT=0")
+    assert _cli(tmp_path, capsys, text) == (
+        1, f"comm {WORLD} (16 ranks): {why}\ncomm {TP_A} (8 ranks): {why}\n"
+           f"comm {DP5} (2 ranks): rank 5 used mlx5_0 but the placement meant mlx5_9\n"
+           "1 difference(s) between the NCCL log and the placement; 2 communicator(s) cannot be checked\n", "")

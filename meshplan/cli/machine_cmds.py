@@ -64,7 +64,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
-                                                     "(default: from the ranks' hosts)"),
+                                                     "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC)"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
@@ -137,8 +137,20 @@ def cpu_headline(dtype: str) -> str:
             f"the plan's GPU, and --gemm-table with it predicts this CPU's compute")
 
 
-GRID_HELP = ("sweep the catalog's grid for the plan's GPU (a default grid without catalog data; a tiny one on "
-             "the CPU) and write a kernels.toml fragment (default --out out/bench/<gemm|attention>.toml)")
+GRID_HELP = ("sweep the catalog's grid for the plan's GPU (a default grid without catalog data) and write a "
+             "kernels.toml fragment (default --out out/bench/<gemm|attention>.toml); on the CPU only with --device "
+             "cpu: a tiny grid keyed [gpu.cpu]")
+
+
+def _check_grid_device(grid: bool, device: str) -> None:
+    """``--grid`` without a GPU (``--device auto`` resolving to the CPU) is a ConfigError: its
+    sweep would time the CPU, which only ``--device cpu`` asks for (then keyed ``[gpu.cpu]``,
+    :func:`meshplan.runtime.bench.grid.run_grid`)."""
+    from meshplan.runtime.bench.gemm import resolve_device
+
+    if grid and device == "auto" and resolve_device(device) == "cpu":
+        raise ConfigError("--grid", "no GPU here, so the sweep would time the CPU, not the plan's GPU; run it on the "
+                                    "GPU, or pass --device cpu for a CPU table keyed [gpu.cpu]")
 
 
 def _grid_out(out: Path, kind: str, p: Plan, device: str, dtype: str, force: bool, repeats: int = 5) -> Path:
@@ -179,6 +191,7 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
             raise ConfigError("--max-elements", "the --grid points run at their own size; drop one of the two")
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
+    _check_grid_device(grid, device)
     p, device, dt = _bench_target(config, device, dtype, json_path, force,
                                   lambda p: bench_gemm_doc(p, [], device, dtype or "", []))
     if grid:
@@ -217,6 +230,7 @@ def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; 
     check_number("--repeats", repeats, 1, 10_000)
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
+    _check_grid_device(grid, device)
     p, device, dt = _bench_target(config, device, dtype, json_path, force,
                                   lambda p: bench_attention_doc(p, None, []))
     if grid:

@@ -41,7 +41,8 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Check that each communicator used the NICs and intra-node links the placement meant. Global ranks come from
     the log's communicator of every rank; a log without one cannot be checked (exit 2). A mesh that does not fit is
-    still checked when it can be placed, then exits 1 with its reasons."""
+    still checked when it can be placed, then exits 1 with its reasons. A communicator whose channel lines fit another
+    of their process alike (no Init START or comm lines to bracket them) is said 'cannot check', not differed."""
 
     _refuse_existing(json_path, force, "--json")
     p = _load(config)
@@ -55,10 +56,11 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
     for n in check.unchecked:
         _echo(f"note: {n}", err=True)
     diffs = list(check.differences)
-    for d in diffs:
+    for d in [*check.cannot_check, *diffs]:
         _echo(d)
-    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
-    _write_doc(json_path, nccl_check_doc(p, str(log), diffs), force)
+    cannot = f"; {len(check.cannot_check)} communicator(s) cannot be checked" if check.cannot_check else ""
+    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement{cannot}")
+    _write_doc(json_path, nccl_check_doc(p, str(log), diffs, check.cannot_check), force)
     _verdict_exit(p)
     raise typer.Exit(1 if diffs else 0)
 

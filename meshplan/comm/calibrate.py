@@ -8,8 +8,21 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
 - all ranks on one host: ``nvlink`` (the node's fabric);
 - one rank per host: ``nic`` (each rank's traffic crosses one NIC: ``mpirun -N 1 ... -g 1``);
 - several hosts with several ranks each: refused, since such a run mixes NVLink and NIC
-  hops and its busbw is neither link's (measure the two separately), unless ``link`` says
-  which class to record it as.
+  hops (measure the two separately), unless ``link`` says which class to record it as.
+  Recorded as ``nic`` (:func:`ranks_per_node`), its busbw is split over the NICs the ranks
+  of a node use, one per rank (a rail-optimized node: DGX H100 has one 400G NIC per GPU):
+  an all-reduce ring leaves each node once per channel and the channels spread over the
+  node's NICs, so a node sends busbw bytes/s in all (NCCL's busbw is each rank's send rate
+  on the ring's slowest hop), busbw / k per NIC for k ranks per host. [S18] 2 x 8 A100
+  (8 HDR 200 Gb/s NICs per node): 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC.
+  Its curve keeps the measured busbw, read against the node's rate (``line_gb_per_s`` =
+  k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
+  A run with an unequal number of ranks per host is refused.
+
+A ``nic`` fit above the line rate of every NIC of the catalog nodes of its GPU model (of
+every catalog node when the model is not known) gets a ``warning:`` line (:func:`nic_warning`):
+a NIC carries at most its line rate, so each rank drove several NICs (hosts missing from
+its ``#  Rank`` lines) or the measured nodes' NICs are faster than the catalog's.
 
 Each file's GPU model is what nccl-tests prints after the PCI address of its ``#  Rank``
 lines (``device_info`` in JSON; :func:`~meshplan.comm.nccl_tests.gpus_of`). Files whose
@@ -45,6 +58,8 @@ from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
+from meshplan import catalog
+from meshplan.comm.calibration import same_gpu
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -83,7 +98,55 @@ def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> 
         return "nic"
     raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {max(per_host.values())} per "
                              "host: the run mixes NVLink and NIC hops; measure one node (nvlink) and one GPU "
-                             "per node (nic) separately, or pass --link")
+                             "per node (nic) separately, or pass --link nic to split its busbw over one NIC per "
+                             "rank of a host")
+
+
+def ranks_per_node(hosts: Sequence[str], where: str) -> int:
+    """Ranks per host of a run recorded as ``nic`` (each rank driving its own NIC, module
+    docstring): 1 when the ``#  Rank`` lines name no hosts; a ConfigError naming ``where``
+    when hosts run unequal numbers of ranks.
+
+    >>> ranks_per_node(["a"] * 8 + ["b"] * 8, "x.txt"), ranks_per_node([], "x.txt")
+    (8, 1)
+    >>> ranks_per_node(["a"] * 8 + ["b"] * 4, "x.txt")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: x.txt: 12 ranks on 2 hosts, 4 to 8 per host: its busbw cannot be split over the NICs of one node; give a run with the same number of ranks on every host
+    """
+    counts = Counter(h for h in hosts if h).values()
+    if len(set(counts)) > 1:
+        raise ConfigError(where, f"{len(hosts)} ranks on {len(counts)} hosts, {min(counts)} to {max(counts)} per "
+                                 "host: its busbw cannot be split over the NICs of one node; give a run with the "
+                                 "same number of ranks on every host")
+    return next(iter(counts), 1)
+
+
+def catalog_nic_gb_per_s(gpu: Optional[str]) -> tuple[float, str]:
+    """(GB/s, catalog node) of the fastest NIC (line rate / 8) of the catalog nodes whose GPU
+    is ``gpu`` (:func:`~meshplan.comm.calibration.same_gpu`), of every catalog node when none
+    is or ``gpu`` is None.
+
+    >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3"), catalog_nic_gb_per_s("NVIDIA A100-SXM4-80GB")
+    ((50.0, 'dgx-h100'), (25.0, 'dgx-a100'))
+    """
+    nodes = [(n, catalog.entry("node", n)) for n in catalog.names("node")]
+    mine = [(n, e) for n, e in nodes if gpu and same_gpu(gpu, e["gpu"])] or nodes
+    return max(((nic["rate_gbit_per_s"] / 8, n) for n, e in mine for nic in e.get("nics", [])),
+               key=lambda x: x[0], default=(float("inf"), ""))
+
+
+def nic_warning(fit: LinkFit, name: str) -> Optional[str]:
+    """A ``warning:`` line when ``nic`` fit ``fit`` of file ``name`` is above the fastest
+    catalog NIC of its GPU model (:func:`catalog_nic_gb_per_s`), else None."""
+    line, node = catalog_nic_gb_per_s(fit.gpu)
+    beta = fit.bandwidth_bytes_per_s / GB
+    if fit.link != "nic" or fit.backend == "gloo" or beta <= line:
+        return None
+    return (f"warning: {name}: nic {beta:.2f} GB/s per NIC is above the {line:g} GB/s line rate of {node}'s NICs "
+            f"({line * 8:g} Gb/s), the fastest catalog NIC{' for ' + fit.gpu if fit.gpu else ''}: a NIC carries at "
+            "most its line rate, so each rank drove several NICs or the nodes' NICs are faster than the catalog's; "
+            "check the hosts of its '#  Rank' lines")
 
 
 def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> str:
@@ -144,6 +207,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
         rows = parse_nccl_tests(text, path.name)
         hosts = hosts_of(text)
         cls = link_class(hosts, path.name, link)
+        per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
         try:
             fit = fit_alpha_beta(rows, cls)
         except ConfigError as err:
@@ -152,11 +216,15 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
             fit = replace(fit, backend="gloo")
         else:
             fit = replace(fit, gpu=_one_gpu(path.name, gpus_of(text), models))
-        by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
-        runs.setdefault(cls, []).append((rows, len(set(hosts)), _source(path, text, rows, hosts)))
         notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                      f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                      f"{fit.rms_residual:.2f} ({fit.points} rows)")
+        if per_node > 1:
+            fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / per_node)
+            notes.append(f"{path.name}: {per_node} ranks per host, each on its own NIC: nic {_gbs(fit)} per NIC "
+                         f"= {fit.bandwidth_bytes_per_s * per_node / 1e9:.2f} / {per_node}")
+        by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
+        runs.setdefault(cls, []).append((rows, len(set(hosts)), per_node, _source(path, text, rows, hosts)))
     fits, sources, curves = [], {}, {}
     for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
         pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
@@ -165,7 +233,8 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
         sources[cls] = source
         if len(candidates) > 1:
             notes.append(_kept_note(cls, (fit, name), candidates, pool))
-        kept = [measured_curve(r, k, fit.bandwidth_bytes_per_s / GB, text) for r, k, text in runs[cls]]
+        notes += [w for w in [nic_warning(fit, name)] if w]
+        kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
     return fits, notes, sources, curves
 

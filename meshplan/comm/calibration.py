@@ -19,7 +19,8 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     op = "all-reduce"            # the keys of a catalog curve (catalog/nccl.toml, BusbwCurve)
     ranks = 8
     nodes = 8
-    line_gb_per_s = 40.0         # the class's bandwidth_gb_per_s, the rate the curve is read against
+    line_gb_per_s = 40.0         # the rate the curve is read against: the class's bandwidth_gb_per_s,
+                                 # x ranks / nodes for nic (a node's NICs, one per rank)
     sizes_bytes = [1024, 2048]
     busbw_gb_per_s = [0.05, 0.1]
     source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
@@ -39,8 +40,10 @@ over TCP (loopback inside a host, the testbed's veth links between its nodes), n
 NIC: :func:`apply_calibration` refuses them for a cluster whose collectives run on NCCL or RCCL
 and applies them to a gloo cluster (the CPU testbed's) only.
 
-``nic`` is meant for runs with one GPU per node, so that each rank's traffic crosses one
-NIC. Applying a calibration writes the bandwidth, the per-step latency
+``nic`` is per NIC: a run with one GPU per node, each rank's traffic crossing one NIC, or a
+run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs
+(:mod:`meshplan.comm.calibrate`); a figure above the cluster's catalog NIC line rate is warned
+(:func:`nic_rate_warnings`). Applying a calibration writes the bandwidth, the per-step latency
 ``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`) and marks the
 class ``calibrated``: :func:`meshplan.comm.alphabeta.collective_time` then times it as
 ``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
@@ -146,7 +149,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
         out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
         for c in (curves or {}).get(f.link, []):
             out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
-                    f"line_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f"sizes_bytes = {c.sizes_bytes}",
+                    f"line_gb_per_s = {c.line_gb_per_s:.4g}", f"sizes_bytes = {c.sizes_bytes}",
                     "busbw_gb_per_s = [" + ", ".join(f"{b:.6g}" for b in c.busbw_gb_per_s) + "]",
                     f"source = {json.dumps(c.source)}"]
     return "\n".join(out) + "\n"
@@ -270,7 +273,32 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     return {"file": str(path), "line": calibration_line(path, calib),
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
-            "warnings": gpu_warnings(path, calib, cluster) if cluster is not None else []}
+            "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)
+            if cluster is not None else []}
+
+
+def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
+    """One line when ``calib``'s ``nic`` bandwidth (per NIC) is above the line rate of the
+    catalog NICs of ``cluster``'s node (its catalog entry by name; none for a node not in the
+    catalog): a NIC carries at most its line rate, so the fit holds several NICs' traffic
+    (a file of ``meshplan calibrate --link nic`` from before it split a multi-GPU node's busbw
+    over its NICs); and one when its curve's run had k > 1 ranks per node, split over k NICs, but
+    the cluster's node has another number of NICs."""
+    c = calib.get("nic")
+    curve = c.fitted_curve() if c is not None else None
+    per = curve.ranks // curve.nodes if curve is not None else 1
+    split = [f"--calibration {path}: nic was split over {per} NICs per node (one per rank of its {per}-GPU-per-node "
+             f"run), but {cluster.node.name} has {len(cluster.node.nics)}: its per-NIC figure is not this node's"
+             ] if per > 1 and per != len(cluster.node.nics) else []
+    if c is None or c.backend == "gloo" or cluster.node.name not in catalog.names("node"):
+        return split
+    rates = [n["rate_gbit_per_s"] for n in catalog.entry("node", cluster.node.name).get("nics", [])]
+    if not rates or c.bandwidth_gb_per_s * 8 <= max(rates):
+        return split
+    return split + [f"--calibration {path}: nic {c.bandwidth_gb_per_s:.4g} GB/s per NIC is {c.bandwidth_gb_per_s * 8 / max(rates):.1f}x "
+            f"the {max(rates):g} Gb/s line rate of {cluster.node.name}'s NICs: it holds several NICs' traffic; "
+            "calibrate the run again with its '#  Rank' lines (meshplan calibrate splits a node's busbw over its "
+            "ranks' NICs)"]
 
 
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
@@ -297,8 +325,9 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
-        if curve is not None:
-            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s})
+        if curve is not None:  # a nic curve of k ranks per node ran on k NICs of a node (meshplan.comm.calibrate)
+            per = curve.ranks // curve.nodes if name == "nic" else 1
+            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per})
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]

@@ -125,12 +125,16 @@ def check_against_placement(report: NcclLogReport, expected: dict[int, str],
 
 @dataclass(frozen=True)
 class NcclCheck:
-    """What :func:`check_log` finds: ``differences`` (:func:`check_against_placement`) and
+    """What :func:`check_log` finds: ``differences`` (:func:`check_against_placement`),
     ``unchecked``: one note per communicator rank whose process is no rank of the log's world
-    communicator (part of the output is missing), so its lines were not checked."""
+    communicator (part of the output is missing), so its lines were not checked, and
+    ``cannot_check``: one line per communicator some of whose channel lines fit another
+    communicator of the same process alike (:attr:`Communicator.unattributed`), so its
+    connections are not known and none of its differences is said."""
 
     differences: tuple[str, ...]
     unchecked: tuple[str, ...]
+    cannot_check: tuple[str, ...] = ()
 
 
 def check_log(report: NcclLogReport, expected: dict[int, str],
@@ -141,8 +145,11 @@ def check_log(report: NcclLogReport, expected: dict[int, str],
     accepted = (expected_intra,) if isinstance(expected_intra, str) else tuple(expected_intra)
     to_global_key = world_ranks(report, len(expected))
     out: list[str] = []
+    cannot = [_cannot_check(c) for c in report.communicators if c.unattributed]
     for comm in report.communicators:
         label = f"comm {comm.comm_id} ({comm.n_ranks} ranks)"
+        if comm.unattributed:
+            continue
 
         def to_global(rank, comm=comm):
             info = comm.ranks.get(rank)
@@ -150,4 +157,13 @@ def check_log(report: NcclLogReport, expected: dict[int, str],
 
         out += _nic_lines(comm, label, to_global, expected)
         out += _intra_lines(comm, label, to_global, accepted)
-    return NcclCheck(tuple(out), tuple(_unchecked(report, to_global_key, len(expected))))
+    return NcclCheck(tuple(out), tuple(_unchecked(report, to_global_key, len(expected))), tuple(cannot))
+
+
+def _cannot_check(comm: Communicator) -> str:
+    """``comm 0x.. (16 ranks): cannot check: 4 channel line(s) fit it and another communicator
+    of their process alike (first x.log:12 (comm 0x.. or 0x..)); ...``."""
+    return (f"comm {comm.comm_id} ({comm.n_ranks} ranks): cannot check: {len(comm.unattributed)} channel line(s) fit "
+            f"it and another communicator of their process alike (first {comm.unattributed[0]}): the log has no "
+            "'Init START' or 'comm 0x.. rank .. nRanks' line opening each communicator's init; log with "
+            "NCCL_DEBUG_SUBSYS including INIT and NCCL_RUNTIME_CONNECT=0")

@@ -29,10 +29,16 @@ transport/net_ib.cc), each after the prefix ``host:pid:tid [cudaDev] NCCL INFO``
 - ``NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ... ; OOB ibp26s0:10.1.0.1<0>`` (one per
   process: index -> device), ``Using network IB``.
 
-Lines are attributed per process (host:pid) to its most recent communicator whose rank
-matches the line (with NCCL_RUNTIME_CONNECT, connections are made at a communicator's first
-collective; run with NCCL_RUNTIME_CONNECT=0 to keep each communicator's lines inside its
-init). Other lines are ignored.
+- ``ncclCommInitRankConfig comm 0x.. rank r nranks n cudaDev d ... - Init START`` (2.21+):
+  opens the communicator's init in its process, as its ``comm .. nRanks`` line does.
+
+Lines are attributed per process (host:pid): a ring or tree line to its most recent
+communicator whose rank fits; a channel line to the one whose init is open (from its ``Init
+START`` or ``comm .. nRanks`` line to its ``Init COMPLETE``) and fits, else (no INIT lines,
+or NCCL_RUNTIME_CONNECT) to the one whose ranks' devices, known once every ``Init COMPLETE``
+is read, are the line's ``rank[nvmlDev]`` pairs (dp's ``0[5] -> 1[5]`` is not tp's, whose
+rank 1 is GPU 1). A line that still fits several is not attributed and marks each of them
+(:attr:`Communicator.unattributed`: nccl-check cannot check them). Other lines are ignored.
 
 >>> from meshplan.comm.nccl_check import check_against_placement
 >>> log = '''h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ; OOB eth0:10.0.0.1<0>
@@ -69,8 +75,9 @@ _DONE = re.compile(rf"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank ({_N}) nranks ({_N}) 
 _RING_LIST = re.compile(rf"^(?:Channel|Ring) ({_N})(?:/{_N})? :((?: +{_N})+)$")
 _RING = re.compile(rf"^Ring ({_N}) : (-?{_N}) -> ({_N}) -> (-?{_N})$")
 _TREE = re.compile(rf"\[({_N})\] (-?{_N})/(-?{_N})/(-?{_N})->({_N})->(-?{_N})")
-_CONN = re.compile(rf"^Channel ({_N})(?:/({_N}))? : ({_N})\[\w+\] -> ({_N})\[\w+\](?: \[(send|receive)\])? via "
+_CONN = re.compile(rf"^Channel ({_N})(?:/({_N}))? : ({_N})\[(\w+)\] -> ({_N})\[(\w+)\](?: \[(send|receive)\])? via "
                    r"([\x20-\x7e]+)$")
+_START = re.compile(rf"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank ({_N}) nranks ({_N}) cudaDev ({_N}) .*- Init START$")
 _NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*)$")
 _NET_ITEM = re.compile(rf"\[({_N})\]([^\s:\[<\x00-\x1f\x7f]+)")
 _NET_VIA = re.compile(rf"^NET/(\w+)/({_N})(?:\(({_N})\))?")
@@ -92,6 +99,9 @@ class _Rec:
     n_nodes: Optional[int] = None
     done: Optional[tuple] = None  # (cuda_dev, nvml_dev, bus_id, comm_id)
     unread: bool = False  # its Init COMPLETE line was seen but names no known communicator
+    open: bool = False  # between its Init START (or comm .. nRanks) line and its Init COMPLETE
+    bracketed: bool = False  # an Init START or comm .. nRanks line was seen
+    ambiguous: list = field(default_factory=list)  # "log:line" of channel lines that fit it and others alike
     rings: dict = field(default_factory=dict)
     links: list = field(default_factory=list)
     trees: list = field(default_factory=list)
@@ -102,6 +112,20 @@ class _Rec:
 class _Proc:
     recs: list = field(default_factory=list)
     nets: tuple = ()
+    pending: list = field(default_factory=list)  # channel lines outside one open init: (_Pending)
+
+
+@dataclass
+class _Pending:
+    """A channel line no single open init owns, resolved by devices once all is read."""
+
+    conn: Connection
+    devs: tuple  # (src device, dst device) as printed in brackets
+    fits: list  # records of its process that fit it when read
+    after: int  # how many records its process had when read (later unbracketed ones may own it)
+    where: str  # "log:line"
+    msg: str
+    note_at: tuple[int, int]  # (how many notes there were when read: its note, if any, goes there; its line)
 
 
 def _find(proc: _Proc, rank: int, peers: Sequence[int] = (), listed: Optional[int] = None) -> Optional[_Rec]:
@@ -147,16 +171,27 @@ def _record(proc: _Proc, ptr: str, rank: int, n_ranks: int) -> _Rec:
 
 
 def _on_comm(proc: _Proc, msg: str) -> tuple[bool, str, int]:
-    """(whether ``msg`` is a comm or Init COMPLETE line, why its communicator is unknown or
-    "", the line's nranks)."""
+    """(whether ``msg`` is a comm, Init START or Init COMPLETE line, why its communicator is
+    unknown or "", the line's nranks)."""
+    m = _START.match(msg)
+    if m:
+        old = next((r for r in proc.recs if r.ptr == m[1]), None)
+        if old is not None and (old.done is not None or old.unread):  # a pointer reused by a new communicator
+            old.ptr = f"{old.ptr} (closed)"
+        rec = _record(proc, m[1], int(m[2]), int(m[3]))
+        rec.open = rec.bracketed = True
+        return True, "", int(m[3])
     m = _COMM.match(msg)
     if m:
-        _record(proc, m[1], int(m[2]), int(m[3])).n_nodes = int(m[4])
+        rec = _record(proc, m[1], int(m[2]), int(m[3]))
+        rec.n_nodes, rec.bracketed = int(m[4]), True
+        rec.open = rec.done is None and not rec.unread
         return True, "", int(m[3])
     m = _DONE.match(msg)
     if not m:
         return False, "", 0
     rec = _record(proc, m[1], int(m[2]), int(m[3]))
+    rec.open = False
     comm_id, why = _split_id(proc, m)
     if comm_id is None:
         rec.unread = True
@@ -212,22 +247,65 @@ def _on_graph(proc: _Proc, msg: str) -> Optional[str]:
     return None
 
 
-def _on_conn(proc: _Proc, msg: str) -> Optional[str]:
+def _on_conn(proc: _Proc, msg: str, where: str, note_at: tuple[int, int]) -> None:
+    """A channel line: to the one open init it fits (module docstring), else kept in
+    ``proc.pending`` for :func:`_resolve`."""
     m = _CONN.match(msg)
     if not m:
-        return None
-    channel, src, dst, direction, via = int(m[1]), int(m[3]), int(m[4]), m[5] or "", m[6]
+        return
+    channel, src, dst, direction, via = int(m[1]), int(m[3]), int(m[5]), m[7] or "", m[8]
     reporter = dst if direction == "receive" else src
-    rec = _find(proc, reporter, (src, dst))
-    if rec is None:
-        return f"'{msg}' fits no communicator of this process"
     nic = net_dev = proxy = None
     net = _NET_VIA.match(via)
     if net:
         net_dev, proxy = int(net[2]), None if net[3] is None else int(net[3])
         nic = proc.nets[net_dev] if net_dev < len(proc.nets) else None  # see Communicator.unlisted_net_devs
-    rec.conns.append(Connection(channel, src, dst, direction, via, reporter, nic, net_dev, proxy))
-    return None
+    conn = Connection(channel, src, dst, direction, via, reporter, nic, net_dev, proxy)
+    fits = [r for r in proc.recs if r.rank == reporter and max(src, dst) < r.n_ranks]
+    opened = [r for r in fits if r.open]
+    if len(opened) == 1:
+        opened[0].conns.append(conn)
+    else:
+        proc.pending.append(_Pending(conn, (m[4], m[6]), opened or fits, len(proc.recs), where, msg, note_at))
+
+
+def _device_fits(done: Optional[tuple], dev: str) -> bool:
+    """Whether a rank whose Init COMPLETE gave ``done`` (cuda, nvml, bus id, id) is the device
+    ``dev`` a channel line prints in brackets (nvmlDev; busId before NCCL 2.18.3); True
+    when that rank's Init COMPLETE is not in the log (nothing to tell it by)."""
+    if done is None:
+        return True
+    cuda, nvml, bus, _ = done
+    return dev == str(nvml if nvml is not None else cuda) or dev.lower() == bus.lower()
+
+
+def _resolve(procs: dict, notes: list) -> None:
+    """Attribute each pending channel line (:func:`_on_conn`) by its devices: among the records
+    of its process that fit it (those read before it, and unbracketed ones after), those whose
+    communicator has its two ranks on its two bracketed devices. One: attributed; none: a
+    note, in line order among the others; several: each is marked ambiguous."""
+    devices: dict[str, dict[int, tuple]] = {}
+    for proc in procs.values():
+        for rec in proc.recs:
+            if rec.done is not None:
+                devices.setdefault(rec.done[3], {})[rec.rank] = rec.done
+    lost = []
+    for proc in procs.values():
+        for p in proc.pending:
+            c = p.conn
+            later = [r for r in proc.recs[p.after:] if not r.bracketed and r.rank == c.reporter
+                     and max(c.src, c.dst) < r.n_ranks]
+            fits = [r for r in p.fits + later if r.done is not None
+                    and _device_fits(devices[r.done[3]].get(c.src), p.devs[0])
+                    and _device_fits(devices[r.done[3]].get(c.dst), p.devs[1])]
+            if len(fits) == 1:
+                fits[0].conns.append(c)
+            elif not fits:
+                lost.append((p.note_at, printable(f"{p.where}: '{p.msg}' fits no communicator of this process")))
+            for r in fits if len(fits) > 1 else ():
+                r.ambiguous.append(f"{p.where} (comm {' or '.join(x.done[3] for x in fits)})")
+    for (at, _), note in sorted(lost, reverse=True):  # the last line first: each goes before those after it
+        notes.insert(at, note)
 
 
 def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
@@ -268,10 +346,14 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
         if used:
             network = used[1]
             continue
-        note = _on_conn(proc, msg) if _CONN.match(msg) else _on_graph(proc, msg)
+        if _CONN.match(msg):
+            _on_conn(proc, msg, printable(f"{source}:{ln}"), (len(notes), ln))
+            continue
+        note = _on_graph(proc, msg)
         if note:
             notes.append(printable(f"{source}:{ln}: {note}"))
     notes += _unread_notes(unmatched)
+    _resolve(procs, notes)
     comms = _assemble(procs, notes)
     if not comms:
         first = f" (first {unread[0].where}: {unread[0].why})" if unread else ""
@@ -294,6 +376,7 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
     for comm_id, members in groups.items():
         ranks, links, trees, rings = {}, {}, {}, {}
         conns: dict = {}
+        ambiguous = [w for *_, rec in members for w in rec.ambiguous]
         for host, pid, proc, rec in members:
             cuda, nvml, bus, _ = rec.done
             ranks[rec.rank] = RankInfo(rec.rank, host, pid, cuda, nvml, bus, proc.nets)
@@ -303,7 +386,8 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
                 conns.setdefault((c.channel, c.src, c.dst, c.direction, c.via, c.reporter), c)
         first = members[0][3]
         out.append(Communicator(comm_id, first.n_ranks, first.n_nodes, dict(sorted(ranks.items())),
-                                tuple(rings[c] for c in sorted(rings)), links, trees, tuple(conns.values())))
+                                tuple(rings[c] for c in sorted(rings)), links, trees, tuple(conns.values()),
+                                tuple(ambiguous)))
     return out
 
 

@@ -51,7 +51,9 @@ class RankInfo:
 class Communicator:
     """One NCCL communicator (all ranks sharing ``comm_id``). ``rings``: rank 0's ring per
     channel; ``ring_links[rank]``: (channel, prev, next); ``trees[rank]``: (channel, down,
-    up); ``connections``: distinct connection lines."""
+    up); ``connections``: distinct connection lines; ``unattributed``: ``log:line (comm A or
+    B)`` of each channel line that fits this and another communicator of its process alike
+    (:mod:`meshplan.comm.nccl_log`), so its connections are not all known."""
 
     comm_id: str
     n_ranks: int
@@ -61,6 +63,7 @@ class Communicator:
     ring_links: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
     trees: dict[int, tuple[tuple[int, tuple[int, ...], int], ...]] = field(default_factory=dict)
     connections: tuple[Connection, ...] = ()
+    unattributed: tuple[str, ...] = ()
 
     def transports(self, rank: int) -> dict[int, set[str]]:
         """Peer -> transports ``rank`` used with it (both directions)."""

@@ -295,16 +295,32 @@ def _devices(text: str) -> Optional[list]:
 
 def hosts_of(text: str) -> list[str]:
     """Host of each rank, in rank order: the ``on <host>`` field of nccl-tests' ``#  Rank``
-    lines, or ``hostname`` of each ``config.devices`` entry of ``-J`` JSON; [] when absent.
+    lines, or ``hostname`` of each ``config.devices`` entry of ``-J`` JSON, once per rank of
+    that process (``nthreads x ngpus``: ``-g 8`` runs 8 ranks per process); [] when absent.
 
     >>> hosts_of("#  Rank  0 Group  0 Pid   7 on     node01 device  0 [0000:18:00] NVIDIA A100\\n"
     ...          "#  Rank  1 Group  0 Pid   8 on     node01 device  1 [0000:1a:00] NVIDIA A100\\n")
     ['node01', 'node01']
+    >>> hosts_of('{"config": {"ngpus": 2, "devices": [{"hostname": "a"}, {"hostname": "b"}]}}')  # -g 2
+    ['a', 'a', 'b', 'b']
     """
     devices = _devices(text)
     if devices is not None:
-        return [str(d.get("hostname", ""))[:256] for d in devices]
+        per = _ranks_per_entry(text)
+        return [str(d.get("hostname", ""))[:256] for d in devices for _ in range(per)]
     return [m[2] for m in sorted(_RANK_LINE.finditer(text), key=lambda m: int(m[1]))]
+
+
+def _ranks_per_entry(text: str) -> int:
+    """Ranks per ``config.devices`` entry of ``-J`` JSON: ``nthreads x ngpus`` (one entry per
+    process, as :func:`parse_nccl_tests_json` counts the ranks), 1 when either is not a whole
+    number 1..1024."""
+    try:
+        cfg = json.loads(text).get("config", {})
+        per = cfg.get("nthreads", 1) * cfg.get("ngpus", 1)
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return 1
+    return per if isinstance(per, int) and not isinstance(per, bool) and 1 <= per <= 1024 else 1
 
 
 def gpus_of(text: str) -> list[str]:

@@ -172,8 +172,12 @@ def choice_fields(c) -> dict[str, Any]:
                 step_after_s=c.step_after_s, decisions=list(c.decisions), warnings=list(c.warnings))
 
 
-def nccl_check_doc(plan: Plan | Infeasible, log: str, differences: Sequence[str]) -> dict[str, Any]:
-    return envelope("nccl-check", plan, log=log, differences=list(differences), matched=not differences)
+def nccl_check_doc(plan: Plan | Infeasible, log: str, differences: Sequence[str],
+                   cannot_check: Sequence[str] = ()) -> dict[str, Any]:
+    """``cannot_check``: one line per communicator whose lines could not be attributed to it
+    (:class:`meshplan.comm.nccl_check.NcclCheck`); ``matched`` is false when there is one."""
+    return envelope("nccl-check", plan, log=log, differences=list(differences), cannot_check=list(cannot_check),
+                    matched=not differences and not cannot_check)
 
 
 def catalog_doc(kind: str, entries: dict[str, dict]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ pasted into the catalog, not transcribed.
 holds for that GPU and dtype (after ``gemm_from``), and the head dims and sequence lengths of its
 attention rows, each timed causal and unmasked; a GPU without catalog data gets
 :data:`DEFAULT_GEMM` / :data:`DEFAULT_ATTENTION`. On the CPU the grid is :data:`CPU_GEMM` /
-:data:`CPU_ATTENTION` (small enough for two cores; the file then says it describes the CPU).
+:data:`CPU_ATTENTION` (small enough for two cores), and the file is keyed ``[gpu.cpu]``
+(:data:`CPU_KEY`) with a source that says it describes the CPU: CPU rates filed under the
+plan's GPU id would read as that GPU's measured kernels.
 
 **Timing**: GEMM as :func:`meshplan.runtime.bench.gemm.time_gemm` (``torch.matmul``, median of
 ``repeats``; on a GPU replays of a CUDA graph of back-to-back GEMMs: the kernel's time without
@@ -46,6 +48,7 @@ TOKENS, MODEL_DIM = 16384, 2048  # flash-attention benchmark_flash_attention.py 
 #: Attention calls timed back to back per repeat on a GPU (time_attention ``calls``).
 CUDA_CALLS = 10
 KEY = "bench"  # source key of every point this writes (the file's `source` says what it is)
+CPU_KEY = "cpu"  # the [gpu.<id>] key of a sweep timed on the CPU: no GPU's id
 
 
 def gemm_grid(gpu: str, dtype: str, device: str) -> list[Point]:
@@ -143,15 +146,18 @@ def write_fragment(text: str, path: str | Path, force: bool = False) -> Path:
 def run_grid(kind: str, gpu: str, dtype: str, device: str, out: Path, force: bool = False,
              repeats: int = 5) -> tuple[Path, list[str]]:
     """``bench gemm --grid`` (``kind`` "gemm") or ``bench attention --grid`` ("attention"):
-    sweep the grid, write the kernels.toml-form file to ``out``; (path, printed lines)."""
+    sweep the grid of ``gpu``, write the kernels.toml-form file to ``out`` keyed by ``gpu``
+    (by :data:`CPU_KEY` when ``device`` is the CPU); (path, printed lines)."""
     source = source_line(kind, device)
+    key = CPU_KEY if device == "cpu" else gpu
     if kind == "gemm":
         pts = sweep_gemm(gemm_grid(gpu, dtype, device), dtype, device, repeats=repeats)
         lines = [f"{m:7d} {n:7d} {k:7d} {dtype:>5} {r:9.2f} TFLOP/s" for m, n, k, r, _ in pts]
-        text = fragment_toml(gpu, source, gemm={dtype: pts})
+        text = fragment_toml(key, source, gemm={dtype: pts})
     else:
         rows = sweep_attention(attention_grid(gpu, device), dtype, device, repeats=repeats)
         lines = [f"SDPA {r['pass_']:>3} {r['mask']:>6} d{r['head_dim']} {dtype}: S {r['seq']} TFLOP/s {r['tflops']}"
                  for r in rows]
-        text = fragment_toml(gpu, source, attention=rows)
-    return write_fragment(text, out, force=force), [f"grid of {gpu} ({source})"] + lines
+        text = fragment_toml(key, source, attention=rows)
+    said = f"the CPU grid, keyed [gpu.{CPU_KEY}], not {gpu}" if key == CPU_KEY else f"grid of {gpu}"
+    return write_fragment(text, out, force=force), [f"{said} ({source})"] + lines
