@@ -15,7 +15,8 @@ from meshplan.cli.common import TOML_ONLY_HELP, _echo, _json_option, _refuse_exi
 from meshplan.cli.loading import _load
 from meshplan.config import parse_toml
 from meshplan.errors import check_number
-from meshplan.fileio import check_destination, read_text_limited, write_output
+from meshplan.fileio import check_destination, write_output
+from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.report.json_docs import bench_rank_doc
 

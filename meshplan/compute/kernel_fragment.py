@@ -38,7 +38,7 @@ from typing import Optional
 from meshplan.compute import measured
 from meshplan.compute.measured import AttentionRow, KernelData, attention_row
 from meshplan.errors import ConfigError
-from meshplan.fileio import read_text_limited
+from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.spec.cluster import GPUSpec, KernelFile
 
