@@ -44,6 +44,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from meshplan import catalog
 from meshplan.compute.layer import layer_cost
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
@@ -108,8 +109,6 @@ def reduced_data(data: dict, layers: int, system: Optional[str] = None) -> dict:
 
 
 def _gpus_per_node(cluster: dict) -> int:
-    from meshplan import catalog
-
     return int(cluster.get("gpus_per_node") or catalog.node(cluster["system"]).gpus)
 
 
