@@ -289,6 +289,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
 
 #: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
 #: before compute capability 10.0: rows measured of SDPA itself where the catalog has them
-#: (``meshplan bench attention --grid``: kernel "SDPA"; H200, M1), else its flash backend's
-#: published rates, FlashAttention-2 (:func:`framework_kernels`).
+#: (``meshplan bench attention --grid``: kernel "SDPA"; H200, M1, where torch 2.11 ran cuDNN's
+#: fused attention), else its flash backend's published rates, FlashAttention-2
+#: (:func:`framework_kernels`).
 SDPA_KERNELS = ("SDPA", "FA2")
