@@ -148,7 +148,8 @@ def test_step_cli_prints_verdict():
     out = r.stdout.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
     t = next(k for k, line in enumerate(out) if line.startswith("tokens/s"))
-    assert t < i and all(line.startswith("note: ") for line in out[t + 1:i])   # the summary, its notes, the verdict
+    # the summary, its notes, the kernel data's line, the verdict
+    assert t < i and all(line.startswith(("note: ", "kernels: ")) for line in out[t + 1:i])
     assert out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
 
 

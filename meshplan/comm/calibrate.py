@@ -200,7 +200,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
     by_link: dict[str, list[tuple[LinkFit, str, str]]] = {}
     notes: list[str] = []
-    runs: dict[str, list[tuple[list[BenchRow], int, str]]] = {}
+    runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, ranks per host, source
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     for path in map(Path, paths):
         text = read_nccl_tests_text(path)

@@ -50,7 +50,7 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.memory.timeline import UNTRACKED_KINDS
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.plan import Infeasible, build_plan
+from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.workload import workload_of
 
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
@@ -134,7 +134,7 @@ class Predicted:
     peak_by_kind: dict = field(default_factory=dict)
 
 
-def predict(cfg) -> tuple[object, Predicted]:
+def predict(cfg) -> tuple[Plan, Predicted]:
     """(plan, :class:`Predicted`) of the reduced config ``cfg``; ConfigError when infeasible."""
     plan = build_plan(cfg)
     if isinstance(plan, Infeasible):
@@ -260,7 +260,10 @@ def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, ste
         gen = torch.Generator(device=device).manual_seed(rank)
         tokens = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
         labels = torch.randint(0, cfg.model.vocab, (b, s), device=device, generator=gen)
-        per_step, mem, held, extra = [], (None, None), {}, {}
+        per_step: list = []
+        mem: tuple[Optional[int], Optional[int]] = (None, None)
+        held: dict = {}
+        extra: dict = {}
         try:
             for k in range(warmup + steps):
                 if cuda and k == warmup + steps - 1:
@@ -348,7 +351,7 @@ def _profiled(step, cuda: bool) -> dict:
 
 def _train_step(model, opt, tokens, labels, loss_parallel: bool, clock: LayerClock) -> None:
     """Forward, cross entropy (loss-parallel at tp > 1), backward, AdamW step, zero_grad."""
-    lp = contextlib.nullcontext()
+    lp: contextlib.AbstractContextManager = contextlib.nullcontext()
     if loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as _lp
 
