@@ -89,8 +89,14 @@ def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.
     elif schedule == "interleaved_1f1b":  # rounds of g micro-batches per chunk (g = p when p divides m)
         total, g, sched = m * v, int(per_round(p, m)), get(schedule)
         kind, fk = _pairs(sched.warmup(p, m, v, s), total)
-        chunk = (fk % (g * v)) // g
-        out = kind, (fk // (g * v)) * g + fk % g, np.where(kind == 0, chunk, v - 1 - chunk)
+        chunk = fk % (g * v)  # (in place below, as _pairs: no fresh array of 10^6 units)
+        chunk //= g
+        np.subtract(v - 1, chunk, out=chunk, where=kind != 0)  # backwards walk the chunks down
+        within = fk % g
+        np.floor_divide(fk, g * v, out=fk)  # fk becomes the micro-batch: (fk // (g v)) g + fk % g
+        fk *= g
+        fk += within
+        out = kind, fk, chunk
     else:  # the others (ZB-V, DualPipeV): from the unit lists (as many units on every stage)
         rows = [_listed(schedule, p, m, v, st) for st in range(p)]
         out = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]), np.stack([r[2] for r in rows])
