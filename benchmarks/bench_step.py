@@ -16,7 +16,8 @@ process (user + sys, ``time.process_time``: less sensitive to other work on a sh
 the last line names the config with the most CPU seconds of the command. Best of ``--repeat``
 runs (default 1) per cell; no timed tests: times depend on the machine. The first run of a
 process pays for its first touch of fresh memory (in a VM: 3-40 ms per 12 MB array of 1.5 M
-units), as the command does.
+units), as the command does; numpy arrays in small pages, as the command allocates them
+(:func:`meshplan.cli.small_pages`).
 
     PYTHONPATH=. python benchmarks/bench_step.py [--repeat N] [CONFIG ...]
 """
@@ -27,6 +28,7 @@ import argparse
 import time
 from pathlib import Path
 
+from meshplan.cli import small_pages
 from meshplan.config import load_config
 from meshplan.memory.timeline import memory_timelines
 from meshplan.plan import build_plan
@@ -73,6 +75,7 @@ def main() -> None:
     ap.add_argument("configs", nargs="*", type=Path)
     ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
+    small_pages()  # as the command (meshplan.cli.main)
     paths = a.configs or sorted((ROOT / "configs").glob("*.toml"))
     cols = ("build_plan", "memory", "step_time", "verdict", "critical path", "links", "command")
     print(f"{'config':46s} {'units':>9s} " + " ".join(f"{c:>13s}" for c in cols) + f" {'step (s)':>10s}")

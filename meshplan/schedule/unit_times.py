@@ -79,14 +79,10 @@ class UnitTimes:
     def of_event(self, e: Event) -> UnitSim:
         return self.get(e.stage, e.args["chunk"], e.args["kind"], e.args["mb"])
 
-    def index(self, f: Flat) -> tuple[list[tuple], np.ndarray]:
-        """(the distinct keys of the flat units, the index into them of every flat unit): the
-        key :meth:`key` gives each unit, on arrays."""
-        sp = self.spec
-        last = (f.kind == KINDS.index(_grad_kind(sp))) & (f.mb == sp.m - 1)
-        n = len(f.kind)
-        gl, gr = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
-        red = last.astype(np.int64) if self.flags else np.ones(n, dtype=np.int64)
+    def _flag_arrays(self, f: Flat, last: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(gl, gr, red) of every flat unit from the FSDP flags (:meth:`index`)."""
+        sp, n = self.spec, len(f.kind)
+        gl, gr, red = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64), last.astype(np.int64)
         fb = np.where(f.kind == KINDS.index("F"), 0, 1)  # W follows its B's flags
         for s, fl in self.flags.items():
             lay, root = np.zeros((sp.v, 2, sp.m), dtype=np.int64), np.zeros((sp.v, 2, sp.m), dtype=np.int64)
@@ -94,6 +90,20 @@ class UnitTimes:
                 lay[c, int(kind != "F"), mb], root[c, int(kind != "F"), mb] = g, r
             sl = slice(s * f.length, (s + 1) * f.length)
             gl[sl], gr[sl] = lay[f.chunk[sl], fb[sl], f.mb[sl]], root[f.chunk[sl], fb[sl], f.mb[sl]]
+        return gl, gr, red
+
+    def index(self, f: Flat) -> tuple[list[tuple], np.ndarray]:
+        """(the distinct keys of the flat units, the index into them of every flat unit): the
+        key :meth:`key` gives each unit, on arrays."""
+        sp = self.spec
+        last = (f.kind == KINDS.index(_grad_kind(sp))) & (f.mb == sp.m - 1)
+        # without FSDP flags every unit's gl, gr and red are 1: added as a number, not as three
+        # arrays of 10^6 ones (each costs ms of page faults in the command's cold run)
+        gl: "int | np.ndarray" = 1
+        gr: "int | np.ndarray" = 1
+        red: "int | np.ndarray" = 1
+        if self.flags:
+            gl, gr, red = self._flag_arrays(f, last)
         code = f.stage  # ((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red, in place (10^6 units)
         for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red)):
             code *= mul
