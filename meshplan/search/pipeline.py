@@ -38,8 +38,10 @@ class Dag:
     """Units of one schedule in a topological order: ``stage``, ``chunk``, ``mb``, ``backward``
     (0/1), ``prev`` (previous unit on the stage, or -1), ``dep`` (unit it waits for, or
     -1), ``cross`` (1 when ``dep`` is on another stage), ``levels`` (unit indices by
-    depth), ``last`` (each stage's last unit) and ``steps`` (the levels as :func:`stage_ends`
-    walks them, :func:`_level_steps`)."""
+    depth), ``last`` (each stage's last unit), ``order`` (the units level by level: row
+    ``j`` of :func:`stage_ends`'s array holds unit ``order[j]``), ``steps`` (the levels as
+    :func:`stage_ends` walks them, :func:`_level_steps`), ``cross_rows`` (units, 1) by row: 1.0
+    where the unit waits for a send from another stage, and ``last_row`` the rows of ``last``."""
 
     stage: np.ndarray
     chunk: np.ndarray
@@ -50,7 +52,10 @@ class Dag:
     cross: np.ndarray
     levels: tuple
     last: np.ndarray
-    steps: tuple = ()
+    order: np.ndarray
+    steps: tuple
+    cross_rows: np.ndarray
+    last_row: np.ndarray
 
 
 @lru_cache(maxsize=64)
@@ -74,7 +79,11 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
     last = np.arange(p) * f.length + f.length - 1
     cross = f.cross.astype(np.int64)
-    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, cross, levels, last, _level_steps(levels, prev, dep, cross))
+    row = np.empty(n, np.int64)
+    row[order] = np.arange(n)
+    sends = (cross * (dep >= 0)).astype(float)[order][:, None]
+    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, cross, levels, last, order,
+               _level_steps(levels, order, prev, dep, cross), sends, row[last])
 
 
 def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
@@ -92,32 +101,40 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: n
 
 
 def _unit_major_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
-    """:func:`stage_ends` with ``extra`` unit-major, (units, candidates)."""
-    n_units = dag.stage.size
+    """:func:`stage_ends` with ``extra`` unit-major, (units, candidates). The rows are the
+    units level by level (``dag.order``), so a level writes, and reads its durations and
+    sends from, one contiguous slice; only its predecessors are gathered."""
+    n_units, o = dag.stage.size, dag.order
     end = np.zeros((n_units + 1, f.shape[0]))
-    back = (dag.backward > 0)[:, None]
-    dur = np.where(back, b[:, dag.stage, dag.chunk].T, f[:, dag.stage, dag.chunk].T)
+    back = (dag.backward[o] > 0)[:, None]
+    st, ch = dag.stage[o], dag.chunk[o]
+    dur = np.where(back, b[:, st, ch].T, f[:, st, ch].T)
     if extra is not None:
-        dur = dur + extra
-    p2p_row = np.asarray(p2p, dtype=float).reshape(1, -1)
-    for idx, prev, dep, cross in dag.steps:
+        dur = dur + extra[o]
+    sends = np.asarray(p2p, dtype=float).reshape(1, -1) * dag.cross_rows  # p2p x cross, 0.0 without a send
+    for lo, hi, prev, dep, cross in dag.steps:
         ready = end[dep]
-        if cross is not None:
-            ready += p2p_row * cross
+        if cross:
+            ready += sends[lo:hi]
         np.maximum(end[prev], ready, out=ready)
-        ready += dur[idx]
-        end[idx] = ready
-    return np.ascontiguousarray(end[dag.last].T)
+        np.add(ready, dur[lo:hi], out=end[lo:hi])
+    return np.ascontiguousarray(end[dag.last_row].T)
 
 
-def _level_steps(levels: tuple, prev: np.ndarray, dep: np.ndarray, cross: np.ndarray) -> tuple:
-    """Per depth level: (unit indices, previous units, dependencies, cross-stage flags of shape
-    (units, 1) as floats, or None where no unit of the level has a cross-stage dependency); -1
-    where a unit has no previous unit or dependency (:func:`stage_ends` reads its zero row)."""
-    steps = []
+def _level_steps(levels: tuple, order: np.ndarray, prev: np.ndarray, dep: np.ndarray, cross: np.ndarray) -> tuple:
+    """Per depth level: (first row, end row, previous units' rows, dependencies' rows, whether
+    a unit of the level has a cross-stage dependency), rows of :func:`stage_ends`'s
+    level-ordered array (``order``); row ``units`` (the zero row) where a unit has no
+    previous unit or dependency."""
+    n = order.size
+    row = np.empty(n + 1, np.int64)
+    row[order], row[n] = np.arange(n), n  # index -1 (none) reads row n
+    steps, lo = [], 0
     for idx in levels:
-        c = (cross[idx] * (dep[idx] >= 0)).astype(float)[:, None]
-        steps.append((idx, prev[idx], dep[idx], c if c.any() else None))
+        hi = lo + idx.size
+        c = cross[idx] * (dep[idx] >= 0)
+        steps.append((lo, hi, row[prev[idx]], row[dep[idx]], bool(c.any())))
+        lo = hi
     return tuple(steps)
 
 
