@@ -493,7 +493,8 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
     """Tables of the stages :func:`table_stage` names: the first, one middle stage (pp > 2)
     and the last (middle stages hold no embedding or head and talk to two neighbours)."""
     pp, vpp = len(stages), len(stages[0])
-    out = {}
+    out: dict[str, list[CollectiveRow]] = {}
+    paths: dict = {}  # each axis's path, found once for all the stages' tables (same mesh and placement)
     for k in sorted({table_stage(s, pp) for s in range(pp)}):
         layers = [i for chunk in stages[k] for i in chunk]
         out[table_key(k)] = collective_table(config.model, config.training, mesh, config.cluster, placement,
@@ -501,7 +502,8 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
                                              loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
                                              schedule=spec.pp_schedule, chunks=stages[k],
                                              grad_bucket_elements=config.memory.grad_bucket_elements,
-                                             deepspeed_prefetch=config.memory.deepspeed_prefetch_bytes(config.training))
+                                             deepspeed_prefetch=config.memory.deepspeed_prefetch_bytes(config.training),
+                                             paths=paths)
     return out
 
 

@@ -31,7 +31,7 @@ from meshplan.comm import deepspeed
 from meshplan.comm.dp_rows import dp_rows
 from meshplan.comm.ep_rows import ep_rows
 from meshplan.comm.pp_rows import pp_rows
-from meshplan.comm.row import CollectiveRow, Path, axis_path, groups_path, path_time
+from meshplan.comm.row import CollectiveRow, axis_path, groups_path, path_time
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_rows import tp_rows
 from meshplan.compute.kernel_fragment import kernel_data
@@ -61,15 +61,20 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      schedule: Schedule = Schedule.ONE_F_ONE_B,
                      chunks: Optional[list[list[int]]] = None,
                      grad_bucket_elements: Optional[int] = None,
-                     deepspeed_prefetch: Optional[tuple[int, int]] = None) -> list[CollectiveRow]:
+                     deepspeed_prefetch: Optional[tuple[int, int]] = None,
+                     paths: Optional[dict] = None) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
     run under ``schedule`` with ``micro_batches`` micro-batches; ``grad_bucket_elements``: DDP's
     bucket cap (``[memory] grad_bucket_elements``; None: torch's default, :func:`meshplan.comm.dp_rows._ddp_rows`);
     ``deepspeed_prefetch``: DeepSpeed ZeRO-3's (prefetch, max live) bytes
-    (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`; None: DeepSpeed's defaults)."""
+    (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`; None: DeepSpeed's defaults);
+    ``paths``: the axes' paths (:func:`~meshplan.comm.row.axis_path`) found so far for this
+    ``mesh``, ``placement`` and ``cluster``, filled in place (the tables of one plan's stages
+    share them; default: a new dict)."""
     rows: list[CollectiveRow] = []
-    add = _row_adder(rows, mesh, placement, cluster, micro_batches, max(len(stage_layers), 1))
+    add = _row_adder(rows, mesh, placement, cluster, micro_batches, max(len(stage_layers), 1),
+                     {} if paths is None else paths)
     if chunks is None:
         per = max(len(stage_layers) // vpp, 1)
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
@@ -87,14 +92,14 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
 
 
 def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: ClusterSpec, micro_batches: int,
-               layers: int) -> Callable[..., None]:
+               layers: int, paths: dict) -> Callable[..., None]:
     """``add``, the row builders' one way to append a row to ``rows`` (its arguments:
     :data:`~meshplan.spec.axes.base.RowBuilder`): timed on the axis's path (:func:`~meshplan.comm.row.axis_path`,
     one per axis, or for a set of ``groups`` that is no mesh axis, :func:`~meshplan.comm.row.groups_path`)
     with NCCL of 2021 for DeepSpeed ZeRO-3 of 2021's list-based calls (``list_copies``, their
     ``n`` copies and host time, :mod:`meshplan.comm.deepspeed`) or its other calls
-    (``ds_host_s``); ``per_layer`` is the per-micro-batch count over the stage's ``layers``."""
-    paths: dict[str, Path] = {}
+    (``ds_host_s``); ``per_layer`` is the per-micro-batch count over the stage's ``layers``;
+    ``paths``: the paths found so far by axis (or axis and rank 0's group), filled in place."""
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
             list_copies=False, groups=None, copy_s=0.0, ds_gpu_s=0.0, ds_host_s=None):
@@ -104,9 +109,11 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
         n = mesh.degree(axis) if ranks is None else len(ranks)
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
-        path = paths.setdefault(axis if groups is None else (axis, tuple(ranks)),
-                                axis_path(mesh, placement, cluster, axis) if groups is None
-                                else groups_path(groups, placement, cluster))
+        key = axis if groups is None else (axis, tuple(ranks))
+        if key not in paths:  # once per axis (or set of groups) and table: a path reads every group's ranks
+            paths[key] = (axis_path(mesh, placement, cluster, axis) if groups is None
+                          else groups_path(groups, placement, cluster))
+        path = paths[key]
         ds = list_copies or ds_host_s is not None
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
         host = 0.0

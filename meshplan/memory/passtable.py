@@ -17,8 +17,11 @@ states (sets of unsharded units) are closed over from the empty set under the st
 distinct tokens (a handful: two phases x chunks x the first/last flags); each pass is then
 a map state -> state, and the state before pass i is the composition of the maps of passes
 0 .. i-1 applied to the empty set: a prefix scan, done by doubling (``log2 n`` numpy
-gathers of n x states). Templates are numbered as the reference numbers them, by first
-use (init 0, then the passes', then the step's).
+gathers of n x states). A pass of one chunk reads and changes only that chunk's units, so
+the automaton runs per chunk over the chunk's own ops (:func:`_keys_by_chunk`): v automata
+of a few states, not one over their product (2^v states with interleaving and resharding).
+Templates are numbered as the reference numbers them, by first use (init 0, then the
+passes', then the step's).
 
 **The peak.** With ``cur_n`` the bytes per kind before pass n (an exclusive cumulative sum
 of the templates' net change per kind), the peak is the first pass maximising ``sum(cur_n)
@@ -151,15 +154,19 @@ def first_use_order(values: np.ndarray) -> np.ndarray:
     return used[np.argsort(first)]
 
 
-def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = None,
+               passes: Optional[list] = None, chunk: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
     """States closed over from the empty set: ``(next state, key index)``, each (states,
     tokens), and the built passes ``(key, template)`` by key index. A token is (phase 0/1,
-    chunk, first, last) as one row of ``tokens``."""
+    chunk, first, last) as one row of ``tokens``. ``built`` and ``passes``: the passes built
+    so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
+    tokens are that chunk's alone, and :class:`_Entangled` is raised if a pass leaves a unit
+    of another chunk unsharded (its states would then not be the chunk's own)."""
     units = {c: frozenset(sizes.chunk_units(c)) for c in {int(t[1]) for t in tokens}}
     states: list[frozenset] = [frozenset()]
     index = {states[0]: 0}
-    built: dict[tuple, tuple[int, frozenset]] = {}
-    passes: list[tuple] = []
+    built = {} if built is None else built
+    passes = [] if passes is None else passes
     nxt, kid = [], []
     s = 0
     while s < len(states):
@@ -171,6 +178,8 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.nd
                 passes.append((key, b.build()))
                 built[key] = (len(passes) - 1, frozenset(b.gathered))
             k, g_out = built[key]
+            if chunk is not None and not g_out <= units[c]:
+                raise _Entangled
             after = (states[s] - units[c]) | g_out
             if after not in index:
                 index[after] = len(states)
@@ -181,6 +190,43 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.nd
         kid.append(row_k)
         s += 1
     return np.array(nxt, dtype=np.int64), np.array(kid, dtype=np.int64), passes
+
+
+class _Entangled(Exception):
+    """A pass of one chunk left a unit of another chunk unsharded (:func:`_keys_by_chunk`)."""
+
+
+def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+    """(key index of each op, the built passes): one automaton per chunk over that chunk's
+    ops alone. A pass of chunk c reads and changes only the units of c (its key holds
+    ``state & units of c``, and it leaves unsharded units of c only, checked), so the state a
+    pass finds is the union of each chunk's own: with v chunks of two states each, v automata
+    of two states instead of one of 2^v (256 at vpp 8), and the same keys. Falls back to
+    :func:`_automaton` over all chunks where a unit is in two chunks or a pass crosses them."""
+    built: dict = {}
+    passes: list = []
+    key = np.empty(len(tok), dtype=np.int64)
+    tchunk = tokens[:, 1]
+    op_chunk = tchunk[tok]
+    chunks = present(op_chunk).tolist()
+    every = [u for c in chunks for u in sizes.chunk_units(c)]
+    try:
+        if len(set(every)) < len(every):  # a unit in two chunks: the states do not split
+            raise _Entangled
+        for c in chunks:
+            rows = np.flatnonzero(tchunk == c)
+            ops = np.flatnonzero(op_chunk == c)
+            local = np.zeros(len(tokens), dtype=np.int64)
+            local[rows] = np.arange(len(rows))
+            nxt, kid, _ = _automaton(sizes, tokens[rows], built, passes, chunk=c)
+            t = local[tok[ops]]
+            state = states_before(nxt[:, t].T) if len(nxt) > 1 else np.zeros(len(t), np.int64)
+            key[ops] = kid[state, t]
+    except _Entangled:
+        nxt, kid, passes = _automaton(sizes, tokens)
+        state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
+        key = kid[state, tok]
+    return key, passes
 
 
 def states_before(maps: np.ndarray) -> np.ndarray:
@@ -209,9 +255,7 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     lut[codes] = np.arange(len(codes))
     tok = lut[code]
     tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
-    nxt, kid, built = _automaton(sizes, tokens)
-    state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
-    key = kid[state, tok]
+    key, built = _keys_by_chunk(sizes, tokens, tok)
     order = first_use_order(key)
     rank = np.zeros(len(built), np.int64)
     rank[order] = np.arange(1, len(order) + 1)

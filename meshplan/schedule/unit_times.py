@@ -6,6 +6,8 @@ unit of the simulated pipeline into them (:meth:`UnitTimes.index`, on arrays).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
@@ -43,16 +45,17 @@ class UnitTimes:
         if fsdp and (spec.p > 1 or accumulation != "sync"):
             rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
-                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard, rab)
-                # the root units: kept gathered unless resharded as the layers (reshard_root:
-                # training.reshard_head_after_forward, torchtitan's "always")
-                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard and reshard_root, rab)
-                self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
+                self.flags[s] = _flag_arrays(spec.schedule, spec.p, spec.m, spec.v, s, bool(reshard),
+                                             bool(reshard_root), rab)
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
         last = kind == _grad_kind(self.spec) and mb == self.spec.m - 1
-        gather = self.flags[s].get((chunk, "B" if kind == "W" else kind, mb), (False, False)) \
-            if s in self.flags else (True, True)
+        if s in self.flags:
+            lay, root = self.flags[s]
+            at = (chunk, int(kind != "F"), mb)  # W follows its B's flags
+            gather = (bool(lay[at]), bool(root[at]))
+        else:
+            gather = (True, True)
         return (s, chunk, kind, last, gather, last or not self.flags)
 
     def by_key(self, k: tuple) -> UnitSim:
@@ -84,10 +87,7 @@ class UnitTimes:
         sp, n = self.spec, len(f.kind)
         gl, gr, red = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64), last.astype(np.int64)
         fb = np.where(f.kind == KINDS.index("F"), 0, 1)  # W follows its B's flags
-        for s, fl in self.flags.items():
-            lay, root = np.zeros((sp.v, 2, sp.m), dtype=np.int64), np.zeros((sp.v, 2, sp.m), dtype=np.int64)
-            for (c, kind, mb), (g, r) in fl.items():
-                lay[c, int(kind != "F"), mb], root[c, int(kind != "F"), mb] = g, r
+        for s, (lay, root) in self.flags.items():
             sl = slice(s * f.length, (s + 1) * f.length)
             gl[sl], gr[sl] = lay[f.chunk[sl], fb[sl], f.mb[sl]], root[f.chunk[sl], fb[sl], f.mb[sl]]
         return gl, gr, red
@@ -135,3 +135,21 @@ def _unique_small(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     uniq = np.flatnonzero(present)
     rank = np.cumsum(present) - 1
     return uniq, rank[code]
+
+
+@lru_cache(maxsize=256)
+def _flag_arrays(schedule, p: int, m: int, v: int, stage: int, reshard: bool, reshard_root: bool,
+                 reshard_after_backward: bool) -> tuple[np.ndarray, np.ndarray]:
+    """FSDP gather flags of ``stage``'s passes (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`)
+    as two read-only int arrays (v, 2, m), indexed [chunk, 0 forward / 1 backward, micro-batch]:
+    the layers' units and the root units (kept gathered unless resharded as the layers:
+    ``reshard_root``, training.reshard_head_after_forward, torchtitan's "always"); 0 where the
+    stage's order has no such pass. One Python pass over the order per distinct stage, shared
+    by the plans of a search (the middle stages' orders repeat)."""
+    lay = fsdp_gather_flags(schedule, p, m, v, stage, reshard, reshard_after_backward)
+    root = fsdp_gather_flags(schedule, p, m, v, stage, reshard and reshard_root, reshard_after_backward)
+    out = np.zeros((2, v, 2, m), dtype=np.int64)
+    for (c, kind, mb), g in lay.items():
+        out[:, c, int(kind != "F"), mb] = g, root[(c, kind, mb)]
+    out.flags.writeable = False
+    return out[0], out[1]

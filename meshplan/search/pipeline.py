@@ -38,8 +38,10 @@ class Dag:
     """Units of one schedule in a topological order: ``stage``, ``chunk``, ``mb``, ``backward``
     (0/1), ``prev`` (previous unit on the stage, or -1), ``dep`` (unit it waits for, or
     -1), ``cross`` (1 when ``dep`` is on another stage), ``levels`` (unit indices by
-    depth), ``last`` (each stage's last unit) and ``steps`` (the levels as :func:`stage_ends`
-    walks them, :func:`_level_steps`)."""
+    depth), ``last`` (each stage's last unit), ``order`` (the units level by level: row
+    ``j`` of :func:`stage_ends`'s array holds unit ``order[j]``), ``steps`` (the levels as
+    :func:`stage_ends` walks them, :func:`_level_steps`), ``cross_rows`` (units, 1) by row: 1.0
+    where the unit waits for a send from another stage, and ``last_row`` the rows of ``last``."""
 
     stage: np.ndarray
     chunk: np.ndarray
@@ -50,7 +52,10 @@ class Dag:
     cross: np.ndarray
     levels: tuple
     last: np.ndarray
-    steps: tuple = ()
+    order: np.ndarray
+    steps: tuple
+    cross_rows: np.ndarray
+    last_row: np.ndarray
 
 
 @lru_cache(maxsize=64)
@@ -74,7 +79,11 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
     last = np.arange(p) * f.length + f.length - 1
     cross = f.cross.astype(np.int64)
-    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, cross, levels, last, _level_steps(levels, prev, dep, cross))
+    row = np.empty(n, np.int64)
+    row[order] = np.arange(n)
+    sends = (cross * (dep >= 0)).astype(float)[order][:, None]
+    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, cross, levels, last, order,
+               _level_steps(levels, order, prev, dep, cross), sends, row[last])
 
 
 def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
@@ -93,31 +102,49 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: n
 
 def _unit_major_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None) -> np.ndarray:
     """:func:`stage_ends` with ``extra`` unit-major, (units, candidates)."""
-    n_units = dag.stage.size
-    end = np.zeros((n_units + 1, f.shape[0]))
-    back = (dag.backward > 0)[:, None]
-    dur = np.where(back, b[:, dag.stage, dag.chunk].T, f[:, dag.stage, dag.chunk].T)
-    if extra is not None:
-        dur = dur + extra
-    p2p_row = np.asarray(p2p, dtype=float).reshape(1, -1)
-    for idx, prev, dep, cross in dag.steps:
+    o = dag.order
+    return _walk(dag, _durations(dag, f, b, None if extra is None else extra[o], o), p2p)
+
+
+def _durations(dag: Dag, f: np.ndarray, b: np.ndarray, extra: np.ndarray | None, units: np.ndarray) -> np.ndarray:
+    """Durations (len(units), candidates) of the DAG's ``units``: F or B of its stage and
+    chunk, plus ``extra`` (rows aligned with ``units``) where given."""
+    back = (dag.backward[units] > 0)[:, None]
+    st, ch = dag.stage[units], dag.chunk[units]
+    dur = np.where(back, b[:, st, ch].T, f[:, st, ch].T)
+    return dur if extra is None else dur + extra
+
+
+def _walk(dag: Dag, dur: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+    """Stage ends (candidates, p) from the units' durations ``dur`` (units, candidates) by
+    row, :func:`stage_ends`'s longest paths. The rows are the units level by level
+    (``dag.order``), so a level writes, and reads its durations and sends from, one
+    contiguous slice; only its predecessors are gathered."""
+    end = np.zeros((dag.stage.size + 1, dur.shape[1]))
+    sends = np.asarray(p2p, dtype=float).reshape(1, -1) * dag.cross_rows  # p2p x cross, 0.0 without a send
+    for lo, hi, prev, dep, cross in dag.steps:
         ready = end[dep]
-        if cross is not None:
-            ready += p2p_row * cross
+        if cross:
+            ready += sends[lo:hi]
         np.maximum(end[prev], ready, out=ready)
-        ready += dur[idx]
-        end[idx] = ready
-    return np.ascontiguousarray(end[dag.last].T)
+        np.add(ready, dur[lo:hi], out=end[lo:hi])
+    return np.ascontiguousarray(end[dag.last_row].T)
 
 
-def _level_steps(levels: tuple, prev: np.ndarray, dep: np.ndarray, cross: np.ndarray) -> tuple:
-    """Per depth level: (unit indices, previous units, dependencies, cross-stage flags of shape
-    (units, 1) as floats, or None where no unit of the level has a cross-stage dependency); -1
-    where a unit has no previous unit or dependency (:func:`stage_ends` reads its zero row)."""
-    steps = []
+def _level_steps(levels: tuple, order: np.ndarray, prev: np.ndarray, dep: np.ndarray, cross: np.ndarray) -> tuple:
+    """Per depth level: (first row, end row, previous units' rows, dependencies' rows, whether
+    a unit of the level has a cross-stage dependency), rows of :func:`stage_ends`'s
+    level-ordered array (``order``); row ``units`` (the zero row) where a unit has no
+    previous unit or dependency."""
+    n = order.size
+    row = np.empty(n + 1, np.int64)
+    row[order], row[n] = np.arange(n), n  # index -1 (none) reads row n
+    steps, lo = [], 0
     for idx in levels:
-        c = (cross[idx] * (dep[idx] >= 0)).astype(float)[:, None]
-        steps.append((idx, prev[idx], dep[idx], c if c.any() else None))
+        hi = lo + idx.size
+        c = cross[idx] * (dep[idx] >= 0)
+        steps.append((lo, hi, row[prev[idx]], row[dep[idx]], bool(c.any())))
+        lo = hi
     return tuple(steps)
 
 
@@ -161,18 +188,22 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     f[:, :, v - 1] += u["head_f"]
     b[:, :, v - 1] += u["head_b"]
     dag = build_dag(candidate_schedule(v), p, m, v)
-    st = dag.stage
-    extra = None  # unit-major, (units, candidates), as _unit_major_ends walks it
+    # every per-unit term below reads the unit's stage, chunk, kind, gather flags and whether it
+    # is micro-batch m-1's: computed once per class of units alike in those (``rep``: one unit
+    # each), then gathered to the units by row, the same operations on the same operands
+    rep, row_class = unit_classes(candidate_schedule(v), p, m, v, reshard if p > 1 and "f_extra" in u else None)
+    st, chunk, bwd, mb = dag.stage[rep], dag.chunk[rep], dag.backward[rep], dag.mb[rep]
+    extra = None  # (classes, candidates)
     if reshard is not None and p > 1 and "f_extra" in u:
-        g = gathering_units(candidate_schedule(v), p, m, v, reshard)
+        g = gathering_units(candidate_schedule(v), p, m, v, reshard)[:, rep]
         # the last chunk's backwards take the head's backward off their first gather (the head
         # stage's ``b_extra_head``); an end chunk without layers (``empty_end``: stage 0's first,
         # the last stage's last) gathers none
-        last = dag.chunk == v - 1
+        last = chunk == v - 1
         back = np.where(last[:, None], u.get("b_extra_head", u["b_extra"]).T[st], u["b_extra"].T[st])
         extra = g[0][:, None] * u["f_extra"].T[st] + g[1][:, None] * back
         if "empty_end" in u:
-            end = ((st == 0) & (dag.chunk == 0)) | ((st == p - 1) & last)
+            end = ((st == 0) & (chunk == 0)) | ((st == p - 1) & last)
             extra = np.where(end[:, None] & u["empty_end"].T[st], 0.0, extra)
     if "b_red" in u:
         # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
@@ -180,9 +211,28 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
         # (grad_reduce.perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
         # length. The unit that ends the stage's order copies in and reduces after its end (its
         # send has left): nothing added to it, or its send would reach the next stage too late
-        waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][st])
-        hi = long[:, st, dag.chunk].T if "n_long" in u and np.any(u["n_long"]) else np.zeros((st.size, 1), bool)
+        waits = (bwd == 1) & (mb == m - 1) & (chunk != dag.chunk[dag.last][st])
+        hi = long[:, st, chunk].T if "n_long" in u and np.any(u["n_long"]) else np.zeros((st.size, 1), bool)
         w_lo, w_hi = u.get("b_wait", u["b_red"]), u.get("b_wait_hi", u.get("b_wait", u["b_red"]))
         red = waits[:, None] * np.where(hi, np.maximum(u["b_red"], w_hi).T[st], np.maximum(u["b_red"], w_lo).T[st])
         extra = red if extra is None else extra + red
-    return (_unit_major_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)
+    dur = _durations(dag, f, b, extra, rep)[row_class]
+    return (_walk(dag, dur, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
+
+
+@lru_cache(maxsize=64)
+def unit_classes(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool | None) -> tuple[np.ndarray, np.ndarray]:
+    """(one unit of each class, the class of each row of :func:`stage_ends`'s level-ordered
+    array) of :func:`build_dag`'s units, a class being the units alike in what
+    :func:`pipeline_bound` reads of a unit: stage, chunk, kind, micro-batch m-1 or not, and
+    (``reshard`` not None) the forward and backward gather flags of :func:`gathering_units`.
+
+    >>> rep, cls = unit_classes("1f1b", 2, 4, 1, None)  # per stage: F and B, those of micro-batch 3 apart
+    >>> len(rep), cls.size
+    (8, 16)
+    """
+    dag = build_dag(schedule, p, m, v)
+    g = gathering_units(schedule, p, m, v, reshard) if reshard is not None else np.zeros((2, dag.stage.size))
+    key = ((((dag.stage * v + dag.chunk) * 2 + dag.backward) * 2 + (dag.mb == m - 1)) * 2 + g[0]) * 2 + g[1]
+    _, rep, inverse = np.unique(key.astype(np.int64)[dag.order], return_index=True, return_inverse=True)
+    return dag.order[rep], inverse.reshape(-1)
