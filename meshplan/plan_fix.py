@@ -158,19 +158,22 @@ def memory_fix(plan: Plan) -> Optional[str]:
             continue
         fits |= p.feasible
         parts.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" + (" (fits)" if p.feasible else ""))
-    line = f"fix: {'; '.join(parts)} (usable {usable / GiB:.1f} GiB)" if parts else "fix:"
+    usable_words = f" (usable {usable / GiB:.1f} GiB)"
     if fits:
-        return line
+        return f"fix: {'; '.join(parts)}{usable_words}"
     words, cfg = _together(plan, variants)
     both = _peak(cfg) if " + " in words else None  # one knob alone is printed already
-    if both is not None and both.feasible:
-        return f"{line}; all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB (fits)"
-    together = f"; all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB" if both is not None else ""
+    if both is not None:
+        parts.append(f"all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB"
+                     + (" (fits)" if both.feasible else ""))
+        if both.feasible:
+            return f"fix: {'; '.join(parts)}{usable_words}"
     n, p, last = _nodes(plan, cfg)
+    saving = "at the most memory-saving settings" if words else "as configured"
     if n is None or p is None:
-        return (f"{line}{together}; does not fit even at the most memory-saving settings on up to "
-                f"{counted(last, 'node')} (data axis grown with the nodes)")
-    return (f"{line}{together}; does not fit even at the most memory-saving settings on "
-            f"{counted(plan.config.cluster.nodes, 'node')}: {n} nodes would ({words or 'as configured'}, "
-            f"{' x '.join(f'{k} {d}' for k, d in _degrees(p).items() if d > 1)}: peak "
-            f"{p.timeline.peak.total_bytes / GiB:.1f} GiB)")
+        parts.append(f"does not fit {saving} on up to {counted(last, 'node')} either (data axis grown with the nodes)")
+    else:
+        mesh = " x ".join(f"{k} {d}" for k, d in _degrees(p).items() if d > 1)
+        parts.append(f"does not fit even {saving} on {counted(plan.config.cluster.nodes, 'node')}: {n} nodes would "
+                     f"({words + ', ' if words else ''}{mesh}: peak {p.timeline.peak.total_bytes / GiB:.1f} GiB)")
+    return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"

@@ -21,9 +21,10 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.mesh.resolve import Infeasible as Unresolved, resolve_mesh
+from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates
+from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.reasons import CODE, OK, REASONS, reason_texts
 from meshplan.spec.mesh import MeshSpec
@@ -70,9 +71,16 @@ class Configured:
         return f"your mesh ({self.mesh}): {step}, rank {rank} of {self.feasible:,} feasible by step time{why}"
 
 
-def _mesh_words(spec: MeshSpec) -> str:
-    """The config's mesh as written, in its order (``tp 4 x dp_shard 2``; Megatron's degrees as given)."""
-    pairs = zip(spec.names, spec.shape or []) if spec.names is not None else (spec.degrees or {}).items()
+def _mesh_words(spec: MeshSpec, world: int) -> str:
+    """The config's mesh in its order (``tp 4 x dp_shard 2``; Megatron's degrees as given), a -1
+    resolved where the mesh resolves."""
+    pairs = list(zip(spec.names, spec.shape or []) if spec.names is not None else (spec.degrees or {}).items())
+    try:
+        mesh = resolve_mesh(spec, spec.world or world)
+    except ConfigError:
+        mesh = None
+    if isinstance(mesh, Mesh):
+        pairs = [(n, mesh.ep if n == "ep" else mesh.etp if n == "etp" else mesh.degree(n)) for n, _ in pairs]
     return " x ".join(f"{n} {d}" for n, d in pairs)
 
 
@@ -165,7 +173,7 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     the search's verdicts, step-time lower bounds, exact evaluations and ranked top."""
     if cfg.mesh is None:
         raise ValueError("configured: the config has no [mesh]")
-    words = _mesh_words(cfg.mesh)
+    words = _mesh_words(cfg.mesh, cfg.cluster.world)
     i = find(cfg, cfg.mesh, c)
     if isinstance(i, str):
         return Configured(words, "absent", i)
@@ -184,10 +192,11 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
                           "min_gemm_efficiency)", e.step_s, e.tokens_per_s, index=i)
     feasible = int((code == OK).sum()) + (k in (UNDECIDED, CODE["memory"]))
     row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
+    versus = [relative(e.step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
     if row is not None:
-        return Configured(words, "ranked", None, e.step_s, e.tokens_per_s, row, row, feasible, i)
+        return Configured(words, "ranked", "; ".join(versus) or None, e.step_s, e.tokens_per_s, row, row, feasible, i)
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
-    notes = ([] if k == OK else ["near the memory limit, planned here: it fits"]) + (
+    notes = versus + ([] if k == OK else ["near the memory limit, planned here: it fits"]) + (
         [] if lo == hi else [f"{hi - lo:,} feasible candidates with a step-time lower bound below its step left "
                              f"unplanned: {RANK_MAX} are planned for the rank"])
     note = "; ".join(notes) or None
