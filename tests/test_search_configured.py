@@ -112,3 +112,13 @@ def test_json_holds_configured(tmp_path, capsys):
     toml.write_text(text.split("[mesh]")[0] + "[search]\ntp = [2]\npp = [1]\ncp = [1]\nmicro_batch = [1]\n")
     assert run_main("search", toml, "--json", out, "--force") == 0
     assert "configured" not in json.loads(out.read_text())
+
+
+def test_mesh_with_a_schedule_the_search_does_not_run_is_not_a_candidate():
+    """pp 2 under GPipe: the search runs pp 2 with 1F1B, another run."""
+    cfg = _cfg("mini_2x4_tp2-dp4.toml", narrow={"tp": [2], "pp": [2], "cp": [1], "micro_batch": [1],
+                                               "recompute": ["none"]})
+    mesh = cfg.mesh.model_copy(update={"names": ["pp", "dp_shard", "tp"], "shape": [2, 2, 2], "pp_schedule": "gpipe"})
+    r = search(replace(cfg, mesh=mesh), workers=1)
+    assert r.configured.line() == ("your mesh (pp 2 x dp_shard 2 x tp 2) is not among the candidates: mesh.pp_schedule "
+                                   "gpipe: the search runs this mesh with 1f1b")

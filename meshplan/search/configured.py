@@ -58,7 +58,13 @@ class Configured:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     def line(self) -> str:
-        """``your mesh (dp_shard 8 x tp 8): 65.432 s, 64,123 tokens/s, rank #212 of 1,118 feasible``."""
+        """The line printed after the top table.
+
+        >>> Configured("dp_shard 4 x tp 2", "ranked", "5.47% longer than the top's", 7.381, 71028.4, 40, 40, 717).line()
+        "your mesh (dp_shard 4 x tp 2): 7.381 s, 71,028 tokens/s, rank #40 of 717 feasible by step time (5.47% longer than the top's)"
+        >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118).line()
+        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time'
+        """
         if self.status == "absent":
             return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
         if self.status == "infeasible":
@@ -98,13 +104,15 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         return f"mesh.world {spec.world} < the cluster's {cfg.cluster.world} GPUs: the search uses them all"
     if t.sharding not in SHARDING:
         return f"training.sharding {t.sharding!r}: the search shards ({', '.join(SHARDING)})"
+    if t.recompute not in RECOMPUTE:
+        return f"training.recompute {t.recompute!r}: the search tries {', '.join(RECOMPUTE)}"
     dps = mesh.degree("dp") // mesh.degree("dp_replicate")
     want = {"pp": mesh.degree("pp"), "dpr": mesh.degree("dp_replicate"), "dps": dps, "cp": mesh.degree("cp"),
             "tp": mesh.degree("tp"), "ep": mesh.ep, "etp": mesh.etp}
     want = {col.column: want.get(col.column, mesh.degree(str(n))) for n, col in search_axes()}
     words = {col.column: str(n) for n, col in search_axes()}
     fsdp = t.sharding in ("zero3", "hsdp")
-    want |= {"mb": t.micro_batch, "rc": RECOMPUTE.index(t.recompute) if t.recompute in RECOMPUTE else -1,
+    want |= {"mb": t.micro_batch, "rc": RECOMPUTE.index(t.recompute),
              "vpp": spec.virtual_stages, "sh": SHARDING.index(t.sharding), "ov": int(t.tp_comm_overlap),
              "ps": PIPELINE.index(str(spec.pp_schedule)) if str(spec.pp_schedule) in PIPELINE[1:] else 0}
     words |= {"mb": "micro_batch", "rc": "recompute", "vpp": "virtual_stages", "sh": "sharding",
@@ -150,6 +158,8 @@ def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
                 "tp innermost")
     if (a.pp_layer_split or None) != (b.pp_layer_split or None) and len(set(a.pp_layer_split or [0])) > 1:
         return f"mesh.pp_layer_split {a.pp_layer_split}: the search splits evenly or as Llama 3 (lighter ends)"
+    if a.pp_schedule != b.pp_schedule:
+        return f"mesh.pp_schedule {a.pp_schedule}: the search runs this mesh with {b.pp_schedule}"
     if a.loss_parallel != b.loss_parallel:
         return "mesh.loss_parallel false: the search plans loss parallel"
     ta, tb = cfg.training.model_dump(), row.training.model_dump()
