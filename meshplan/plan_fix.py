@@ -8,7 +8,8 @@ scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer stat
 the data axis) or, already sharded, ``reshard_after_forward = true``, twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node). Each is planned
 by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan, and its peak (the
-most loaded stage's) is printed. When none fits alone, the knobs together (not the mesh),
+most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
+keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
 axis grown with the nodes (at most :data:`MAX_NODE_PLANS` node counts tried upwards).
 The search's own fix for its no-feasible-mesh verdict names the same knobs
@@ -152,9 +153,10 @@ def memory_fix(plan: Plan) -> Optional[str]:
     usable = plan.timeline.usable_bytes
     parts, fits = [], False
     variants = _variants(plan)
+    now = plan.timeline.peak.total_bytes
     for words, cfg in variants:
         p = _peak(cfg)
-        if p is None:
+        if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         fits |= p.feasible
         parts.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" + (" (fits)" if p.feasible else ""))
