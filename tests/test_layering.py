@@ -32,7 +32,7 @@ LAYERS = [
     ["meshplan.comm"],
     ["meshplan.plan"],
     ["meshplan.schedule"],
-    ["meshplan.reliability", "meshplan.restart", "meshplan.restart_rank", "meshplan.restart_text"],
+    ["meshplan.reliability", "meshplan.restart", "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix"],
     ["meshplan.search"],
     ["meshplan.report"],
     ["meshplan.compare"],

@@ -16,7 +16,9 @@ from meshplan.cli.common import (
     KernelsOpt,
     _check_rank,
     _console,
+    _echo,
     _exit_infeasible,
+    _infeasible,
     _html_option,
     _json_option,
     _refuse_existing,
@@ -31,6 +33,7 @@ from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_
 from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
+from meshplan.plan_fix import memory_fix
 from meshplan.report.html_pages import plan_page
 from meshplan.report.json_docs import envelope, groups_doc, memory_doc, report_doc
 from meshplan.report.json_out import plan_to_dict
@@ -74,6 +77,10 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
+    if not p.feasible and isinstance(p, Plan):  # over memory: the knobs that would bring the peak under it
+        _infeasible(p)
+        _echo(memory_fix(p), err=True)
+        raise typer.Exit(1)
     _verdict_exit(p)
 
 

@@ -101,7 +101,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
 
 @foreign_options()
 def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [search] "
-                                                      "table sets the search, its [mesh] table is ignored"),
+                                                      "table sets the search, its [mesh] table is ignored by the search and "
+                                                      "ranked after it"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
@@ -126,7 +127,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
     bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
-    faster candidate, how much longer its step is than the fastest's, naming it. The same input gives the
+    faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
+    line after the table says where it ranks among the feasible candidates by step time (the search's exact
+    model), why it is infeasible, or why no candidate is that mesh. The same input gives the
     same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation

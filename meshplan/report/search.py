@@ -84,7 +84,8 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
             "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
-            "no_feasible_mesh": infeasible_verdict(r)}
+            "no_feasible_mesh": infeasible_verdict(r)} | (
+        {"configured": r.configured.to_dict()} if r.configured else {})  # the config's [mesh], where it has one
 
 
 def header_lines(r: SearchResult) -> list[str]:
@@ -137,9 +138,10 @@ def print_search(r: SearchResult, console: Console) -> None:
     the top against #2 may name any of them)."""
     for line in header_lines(r):
         console.print(line, highlight=False, markup=False)
+    mine = [r.configured.line()] if r.configured else []  # where the config's own [mesh] stands
     if not r.top:  # no table, order rule, goodput or exactness line: they are about rows
         best = rejected_lines(r) if r.best_rejected else []
-        for line in [infeasible_line(r)] + best + count_lines(r) + [f"note: {n}" for n in r.notes]:
+        for line in [infeasible_line(r)] + mine + best + count_lines(r) + [f"note: {n}" for n in r.notes]:
             console.print(line, highlight=False, markup=False)
         return
     shown = r.top
@@ -154,6 +156,8 @@ def print_search(r: SearchResult, console: Console) -> None:
                     f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",
                     f"{d['gemm_efficiency']:.1%}")
     console.print(tab)
+    for line in mine:
+        console.print(line, highlight=False, markup=False)
     console.print(RULE_LINE, highlight=False, markup=False)
     if r.explanation is not None:
         console.print(r.explanation.line(), highlight=False, markup=False)

@@ -39,6 +39,9 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
 7. **Settle the rest near the memory limit**: the first ``settle_max`` of them by step-time
    bound, then index, are planned (their verdict only changes the counts); any left are
    counted as undecided, never as feasible or rejected.
+8. **The config's own mesh** (where it has a ``[mesh]``): the candidate that is the same run,
+   evaluated by the same exact model and ranked among the feasible ones
+   (:mod:`meshplan.search.configured`), or why no candidate is; it changes none of the above.
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
@@ -71,6 +74,7 @@ from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import decide, needed, ranked, simplicity
 from meshplan.search.candidate import accumulates, candidate_config
+from meshplan.search.configured import Configured, configured
 from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates
 from meshplan.search.reasons import CODE, OK, REASONS, first_reason, zero1_refused
 from meshplan.search.space import enumerate_candidates
@@ -129,6 +133,7 @@ class SearchResult:
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     explanation: Optional[Explanation] = None
+    configured: Optional[Configured] = None
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
@@ -256,8 +261,10 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     if not apply and top:  # with no candidate feasible at all, GEMM width is not the cause
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
+    wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
+    mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top, fastest))
+                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest), mine)
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:

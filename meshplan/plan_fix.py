@@ -1,0 +1,181 @@
+"""What would bring a plan that does not fit under usable memory (issue 11 follow-up: ``meshplan
+plan`` of an infeasible mesh ends with a ``fix:`` line).
+
+:func:`memory_fix` re-plans a few variants of the config, each one knob of the memory model
+changed (at most :data:`MAX_VARIANTS`, in this order): ``recompute = "full"`` (activations
+of a layer freed after its forward, only its input kept), half the micro-batch (activations
+scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
+the data axis) or, already sharded, ``reshard_after_forward = true``, twice the tp degree and
+twice the pp degree (each taken from the data axis; tp only inside a node). Each is planned
+by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan, and its peak (the
+most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
+keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). When none fits alone, the knobs together (not the mesh),
+and when that does not fit either, the fewest nodes that would, the same mesh with its data
+axis grown with the nodes (at most :data:`MAX_NODE_PLANS` node counts tried upwards).
+The search's own fix for its no-feasible-mesh verdict names the same knobs
+(:data:`meshplan.report.search._FIXES` ``memory``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.plan import Plan, build_plan
+from meshplan.units import GiB, counted
+
+#: Variants planned at most (each a whole build_plan: about 0.1-1 s).
+MAX_VARIANTS = 5
+#: Node counts tried at most when nothing fits on the configured nodes.
+MAX_NODE_PLANS = 8
+_DATA = ("dp_shard", "dp")
+
+
+def _degrees(plan: Plan) -> dict[str, int]:
+    """The config's mesh axes (its names, in its order) with their resolved degrees."""
+    spec, mesh = plan.spec, plan.mesh
+    names = spec.names if spec.names is not None else list((spec.degrees or {}))
+    return {n: (mesh.ep if n == "ep" else mesh.etp if n == "etp" else mesh.degree(n)) for n in names}
+
+
+def _mesh(plan: Plan, degrees: dict[str, int]):
+    """The config's mesh spec with ``degrees`` (axes added where absent: pp outermost, tp
+    innermost, SP on with tp > 1)."""
+    spec = plan.spec
+    sp = spec.sequence_parallel or degrees.get("tp", 1) > 1
+    if spec.names is not None:
+        return spec.model_copy(update={"names": list(degrees), "shape": list(degrees.values()),
+                                       "sequence_parallel": sp})
+    order = spec.order or ""  # Megatron's order, fastest first: a new tp first, a new pp last
+    if not set(degrees) <= set(spec.degrees or {}):
+        order = "-".join(["tp"] * ("tp" not in order) + [order] + ["pp"] * ("pp" not in order))
+    return spec.model_copy(update={"degrees": dict(degrees), "sequence_parallel": sp, "order": order})
+
+
+def _moved(plan: Plan, axis: str) -> Optional[dict[str, int]]:
+    """The mesh with ``axis`` twice as large and the data axis half (None where it cannot)."""
+    deg = _degrees(plan)
+    data = next((n for n in _DATA if deg.get(n, 1) > 1 and deg[n] % 2 == 0), None)
+    if data is None or plan.spec.rank_to_gpu is not None:
+        return None
+    if axis == "tp" and deg.get("tp", 1) * 2 > plan.config.cluster.node.gpus:
+        return None
+    if axis == "pp" and plan.spec.pp_layer_split is not None:
+        return None
+    out = dict(deg)
+    out[data] //= 2
+    if axis not in out:
+        out = {axis: 1, **out} if axis == "pp" else {**out, axis: 1}
+    out[axis] *= 2
+    return out
+
+
+def _variants(plan: Plan) -> list[tuple[str, Config]]:
+    """(words, config) of each single-knob variant, in the module docstring's order."""
+    cfg, t = plan.config, plan.config.training
+    out: list[tuple[str, Config]] = []
+    if t.recompute != "full":
+        out.append(("recompute full", replace(cfg, training=t.model_copy(update={"recompute": "full"}))))
+    if t.micro_batch > 1:
+        mb = t.micro_batch // 2 if t.micro_batch % 2 == 0 else 1
+        out.append((f"micro_batch {mb}", replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
+    if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
+        deg = {("dp_shard" if n == "dp" else n): d for n, d in _degrees(plan).items()}
+        out.append(("sharding zero3", replace(cfg, mesh=_mesh(plan, deg),
+                                              training=t.model_copy(update={"sharding": "zero3"}))))
+    elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward:
+        out.append(("reshard_after_forward true",
+                    replace(cfg, training=t.model_copy(update={"reshard_after_forward": True}))))
+    for axis in ("tp", "pp"):
+        moved = _moved(plan, axis)
+        if moved is not None:
+            words = " x ".join(f"{n} {d}" for n, d in moved.items() if d > 1)
+            out.append((f"{axis} x2 ({words})", replace(cfg, mesh=_mesh(plan, moved))))
+    return out[:MAX_VARIANTS]
+
+
+def _peak(cfg: Config) -> Optional[Plan]:
+    """The plan of ``cfg`` (None where it does not resolve or is refused)."""
+    try:
+        p = build_plan(cfg, reports=False)
+    except (ConfigError, ValueError):
+        return None
+    return p if isinstance(p, Plan) else None
+
+
+def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
+    """The knob variants (not the mesh ones) applied at once."""
+    cfg = plan.config
+    update: dict = {}
+    mesh, words = cfg.mesh, []
+    for w, v in variants:
+        if w.startswith(("tp x2", "pp x2")):
+            continue
+        words.append(w)
+        update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
+        mesh = v.mesh if v.mesh != cfg.mesh else mesh
+    return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update))
+
+
+def _nodes(plan: Plan, cfg: Config) -> tuple[Optional[int], Optional[Plan], int]:
+    """The fewest nodes (above the configured) on which ``cfg``'s mesh, its data axis grown with
+    the nodes, fits: (nodes, its plan, the last node count tried)."""
+    p0 = _peak(cfg)
+    if p0 is None:
+        return None, None, plan.config.cluster.nodes
+    deg = _degrees(p0)
+    data = next((n for n in _DATA if n in deg), None)
+    nodes, tried, last = cfg.cluster.nodes, 0, cfg.cluster.nodes
+    n = nodes
+    while data is not None and tried < MAX_NODE_PLANS and n < nodes * 1024:
+        n += 1
+        if (deg[data] * n) % nodes:
+            continue
+        grown = dict(deg) | {data: deg[data] * n // nodes}
+        try:
+            c = replace(cfg, cluster=cfg.cluster.model_copy(update={"nodes": n}), mesh=_mesh(p0, grown))
+        except (ConfigError, ValueError):
+            break
+        tried, last = tried + 1, n
+        p = _peak(c)
+        if p is not None and p.feasible:
+            return n, p, last
+    return None, None, last
+
+
+def memory_fix(plan: Plan) -> Optional[str]:
+    """The ``fix:`` line of a plan whose memory timeline does not fit (None when it fits):
+    each variant with its planned peak, or the knobs together and the fewest nodes."""
+    if plan.feasible:
+        return None
+    usable = plan.timeline.usable_bytes
+    parts, fits = [], False
+    variants = _variants(plan)
+    now = plan.timeline.peak.total_bytes
+    for words, cfg in variants:
+        p = _peak(cfg)
+        if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
+            continue
+        fits |= p.feasible
+        parts.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" + (" (fits)" if p.feasible else ""))
+    usable_words = f" (usable {usable / GiB:.1f} GiB)"
+    if fits:
+        return f"fix: {'; '.join(parts)}{usable_words}"
+    words, cfg = _together(plan, variants)
+    both = _peak(cfg) if " + " in words else None  # one knob alone is printed already
+    if both is not None:
+        parts.append(f"all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB"
+                     + (" (fits)" if both.feasible else ""))
+        if both.feasible:
+            return f"fix: {'; '.join(parts)}{usable_words}"
+    n, p, last = _nodes(plan, cfg)
+    saving = "at the most memory-saving settings" if words else "as configured"
+    if n is None or p is None:
+        parts.append(f"does not fit {saving} on up to {counted(last, 'node')} either (data axis grown with the nodes)")
+    else:
+        mesh = " x ".join(f"{k} {d}" for k, d in _degrees(p).items() if d > 1)
+        parts.append(f"does not fit even {saving} on {counted(plan.config.cluster.nodes, 'node')}: {n} nodes would "
+                     f"({words + ', ' if words else ''}{mesh}: peak {p.timeline.peak.total_bytes / GiB:.1f} GiB)")
+    return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"

@@ -1,0 +1,234 @@
+"""Where the config's own ``[mesh]`` ranks among the search's candidates (issue 11 follow-up:
+``meshplan search`` ignores the mesh for the search, then says where it stands).
+
+:func:`find` maps the config's mesh and training knobs to the candidate that is the same run
+(its columns, then :func:`~meshplan.search.candidate.candidate_config` of that row compared
+with the config), or says why no candidate is. :func:`configured` evaluates that candidate
+with the search's own exact model (:class:`~meshplan.search.exact.Planner`, ``SIMULATE``:
+``build_plan`` + ``step_time(plan, Overlap())``) and ranks it: #N = 1 + the feasible candidates
+whose exact step is shorter, the top's own row where it is listed. Feasible candidates whose
+step-time lower bound is below its step and that the search did not plan are planned here
+(step only), at most :data:`RANK_MAX` of them; beyond that the rank is a range. None of it
+changes the search's result (its own planner and pool).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
+from meshplan.search.candidate import candidate_config
+from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates
+from meshplan.search.explain import relative
+from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
+from meshplan.search.reasons import CODE, OK, REASONS, reason_texts
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.axes.registry import search_axes
+
+#: Feasible candidates the rank plans at most (step only, 0.1-0.3 s each on 2 cores): beyond
+#: it the rank is printed as the range the step-time lower bounds leave.
+RANK_MAX = 64
+#: The search's code of an unsettled candidate (:data:`meshplan.search.driver.UNDECIDED`).
+UNDECIDED = -2
+
+
+@dataclass(frozen=True)
+class Configured:
+    """The config's mesh among the candidates: ``mesh`` as printed (``dp_shard 8 x tp 8``);
+    ``status`` ``ranked`` (``step_s``, ``tokens_per_s``, ``rank`` .. ``rank_hi`` of ``feasible``),
+    ``infeasible`` or ``not_ranked`` (``reason``; a step where planned) or ``absent``
+    (``reason``: why no candidate is this run)."""
+
+    mesh: str
+    status: str
+    reason: Optional[str] = None
+    step_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    rank: Optional[int] = None
+    rank_hi: Optional[int] = None
+    feasible: Optional[int] = None
+    index: Optional[int] = None
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def line(self) -> str:
+        """The line printed after the top table.
+
+        >>> Configured("dp_shard 4 x tp 2", "ranked", "5.47% longer than the top's", 7.381, 71028.4, 40, 40, 717).line()
+        "your mesh (dp_shard 4 x tp 2): 7.381 s, 71,028 tokens/s, rank #40 of 717 feasible by step time (5.47% longer than the top's)"
+        >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118).line()
+        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time'
+        """
+        if self.status == "absent":
+            return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
+        if self.status == "infeasible":
+            return f"your mesh ({self.mesh}): infeasible: {self.reason}"
+        step = f"{self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s"
+        if self.status == "not_ranked":
+            return f"your mesh ({self.mesh}): {step}, not ranked: {self.reason}"
+        rank = f"#{self.rank:,}" if self.rank == self.rank_hi else f"#{self.rank:,}-#{self.rank_hi:,}"
+        why = "" if self.reason is None else f" ({self.reason})"
+        return f"your mesh ({self.mesh}): {step}, rank {rank} of {self.feasible:,} feasible by step time{why}"
+
+
+def _mesh_words(spec: MeshSpec, world: int) -> str:
+    """The config's mesh in its order (``tp 4 x dp_shard 2``; Megatron's degrees as given), a -1
+    resolved where the mesh resolves."""
+    pairs = list(zip(spec.names, spec.shape or []) if spec.names is not None else (spec.degrees or {}).items())
+    try:
+        mesh = resolve_mesh(spec, spec.world or world)
+    except ConfigError:
+        mesh = None
+    if isinstance(mesh, Mesh):
+        pairs = [(n, mesh.ep if n == "ep" else mesh.etp if n == "etp" else mesh.degree(n)) for n, _ in pairs]
+    return " x ".join(f"{n} {d}" for n, d in pairs)
+
+
+def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
+    """The index of the candidate that runs ``cfg``'s mesh ``spec`` and knobs as the config does,
+    or why none does (one clause naming the field)."""
+    t = cfg.training
+    try:
+        mesh = resolve_mesh(spec, spec.world or cfg.cluster.world, gpus_per_node=cfg.cluster.node.gpus)
+    except ConfigError as e:
+        return str(e)
+    if isinstance(mesh, Unresolved):
+        return "; ".join(mesh.reasons)
+    if (spec.world or cfg.cluster.world) != cfg.cluster.world:
+        return f"mesh.world {spec.world} < the cluster's {cfg.cluster.world} GPUs: the search uses them all"
+    if t.sharding not in SHARDING:
+        return f"training.sharding {t.sharding!r}: the search shards ({', '.join(SHARDING)})"
+    if t.recompute not in RECOMPUTE:
+        return f"training.recompute {t.recompute!r}: the search tries {', '.join(RECOMPUTE)}"
+    dps = mesh.degree("dp") // mesh.degree("dp_replicate")
+    want = {"pp": mesh.degree("pp"), "dpr": mesh.degree("dp_replicate"), "dps": dps, "cp": mesh.degree("cp"),
+            "tp": mesh.degree("tp"), "ep": mesh.ep, "etp": mesh.etp}
+    want = {col.column: want.get(col.column, mesh.degree(str(n))) for n, col in search_axes()}
+    words = {col.column: str(n) for n, col in search_axes()}
+    fsdp = t.sharding in ("zero3", "hsdp")
+    want |= {"mb": t.micro_batch, "rc": RECOMPUTE.index(t.recompute),
+             "vpp": spec.virtual_stages, "sh": SHARDING.index(t.sharding), "ov": int(t.tp_comm_overlap),
+             "ps": PIPELINE.index(str(spec.pp_schedule)) if str(spec.pp_schedule) in PIPELINE[1:] else 0}
+    words |= {"mb": "micro_batch", "rc": "recompute", "vpp": "virtual_stages", "sh": "sharding",
+              "ov": "tp_comm_overlap", "ps": "pp_schedule", "rf": "reshard_after_forward", "us": "pp_layer_split"}
+    sel = np.ones(len(c), bool)
+    for key, value in want.items():
+        col = c.degree(key) if key in c.more else getattr(c, key)
+        now = sel & (col == value)
+        if not now.any():
+            return _absent(words[key], key, value, np.unique(col[sel]))
+        sel = now
+    rf = np.where(fsdp, int(t.reshard_after_forward), c.rf)
+    why: Optional[str] = f"reshard_after_forward {str(t.reshard_after_forward).lower()} is not searched with this mesh"
+    for i in np.flatnonzero(sel & (c.rf == rf)):
+        why = _differs(cfg, spec, candidate_config(cfg, c, int(i)))
+        if why is None:
+            return int(i)
+    return why or ""
+
+
+def _absent(word: str, key: str, value: int, searched) -> str:
+    """Why no candidate has column ``key`` at ``value`` (``searched``: the values there are)."""
+    name = {"rc": RECOMPUTE, "sh": SHARDING, "ps": PIPELINE}.get(key)
+    show = (lambda v: name[v] if 0 <= v < len(name) else "?") if name else str
+    table = {"mb": "micro_batch", "rc": "recompute", "sh": "sharding", "vpp": "vpp"}.get(key, word)
+    return (f"{word} {show(int(value))} is not searched (searched with the rest of the mesh: "
+            f"{'/'.join(show(int(v)) for v in searched)}; widen [search] {table})")
+
+
+def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
+    """The first field where the candidate's plan input ``row`` runs otherwise than ``cfg`` (mesh ``a``)."""
+    b = row.mesh
+    if b is None:
+        return "no mesh"
+    if a.rank_to_gpu is not None:
+        return "mesh.rank_to_gpu is set: the search places ranks node-major"
+    if a.sequence_parallel != b.sequence_parallel:
+        return (f"mesh.sequence_parallel {str(a.sequence_parallel).lower()}: the search runs SP exactly when "
+                "tp > 1")
+    mine, theirs = (_order(s, cfg.cluster.world) for s in (a, b))
+    if mine != theirs:  # the data axis by either name (dp under ZeRO-1/2); degree-1 axes left out
+        return (f"axis order ({', '.join(mine)}): the search orders (pp, dp_replicate, dp_shard, cp, tp), "
+                "tp innermost")
+    if (a.pp_layer_split or None) != (b.pp_layer_split or None) and len(set(a.pp_layer_split or [0])) > 1:
+        return f"mesh.pp_layer_split {a.pp_layer_split}: the search splits evenly or as Llama 3 (lighter ends)"
+    if a.pp_schedule != b.pp_schedule:
+        return f"mesh.pp_schedule {a.pp_schedule}: the search runs this mesh with {b.pp_schedule}"
+    if a.loss_parallel != b.loss_parallel:
+        return "mesh.loss_parallel false: the search plans loss parallel"
+    ta, tb = cfg.training.model_dump(), row.training.model_dump()
+    diff = [k for k in ta if ta[k] != tb.get(k)]
+    if diff:
+        return f"training.{diff[0]} {ta[diff[0]]!r}: the search plans this mesh with {tb.get(diff[0])!r}"
+    return None
+
+
+def _order(spec: MeshSpec, world: int) -> tuple[str, ...]:
+    """The axes of degree > 1 of ``spec`` in its order, the data axis by one name (dp_shard)."""
+    mesh = resolve_mesh(spec, world)
+    if isinstance(mesh, Unresolved):
+        return ()
+    return tuple("dp_shard" if n == "dp" else n for n in mesh.layout.names if mesh.degree(n) > 1)
+
+
+def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
+               top: list[Exact], workers: int = 1) -> Configured:
+    """Where ``cfg``'s mesh ranks (module docstring): ``code``, ``step_lo``, ``exact``, ``top``
+    the search's verdicts, step-time lower bounds, exact evaluations and ranked top."""
+    if cfg.mesh is None:
+        raise ValueError("configured: the config has no [mesh]")
+    words = _mesh_words(cfg.mesh, cfg.cluster.world)
+    i = find(cfg, cfg.mesh, c)
+    if isinstance(i, str):
+        return Configured(words, "absent", i)
+    texts = reason_texts(cfg.training)
+    k = int(code[i])
+    if k >= 0 and REASONS[k][0] not in ("memory", "gemm"):
+        return Configured(words, "infeasible", f"rule '{REASONS[k][0]}': {texts[REASONS[k][0]]}", index=i)
+    planner = Planner(cfg, c)
+    e = exact.get(i)
+    if e is None or not e.complete or e.step_s is None:
+        e = planner((i, SIMULATE))
+    if not e.feasible or e.step_s is None:
+        return Configured(words, "infeasible", "; ".join(e.reasons), index=i)
+    if k == CODE["gemm"]:
+        return Configured(words, "not_ranked", "local GEMM efficiency below the threshold ([search] "
+                          "min_gemm_efficiency)", e.step_s, e.tokens_per_s, index=i)
+    feasible = int((code == OK).sum()) + (k in (UNDECIDED, CODE["memory"]))
+    row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
+    versus = [relative(e.step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
+    if row is not None:
+        return Configured(words, "ranked", "; ".join(versus) or None, e.step_s, e.tokens_per_s, row, row, feasible, i)
+    lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
+    notes = versus + ([] if k == OK else ["near the memory limit, planned here: it fits"]) + (
+        [] if lo == hi else [f"{hi - lo:,} feasible candidates with a step-time lower bound below its step left "
+                             f"unplanned: {RANK_MAX} are planned for the rank"])
+    note = "; ".join(notes) or None
+    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i)
+
+
+def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], step_s: float, i: int,
+          planner: Planner, workers: int) -> tuple[int, int]:
+    """(lowest, highest) rank of a step of ``step_s``: 1 + the feasible candidates with a shorter
+    exact step; those unplanned whose lower bound is below it planned (step only) up to
+    :data:`RANK_MAX`, the rest left as the range."""
+    feasible = np.flatnonzero(code == OK)
+    steps = {j: exact[j].step_s for j in feasible.tolist() if j in exact and exact[j].step_s is not None}
+    open_ = [j for j in feasible.tolist() if j not in steps and j != i and step_lo[j] < step_s]
+    open_.sort(key=lambda j: (step_lo[j], j))
+    todo, left = open_[:RANK_MAX], len(open_) - min(len(open_), RANK_MAX)
+    pool = Pool(planner, workers)
+    try:
+        for r in pool.map([(j, STEP_ONLY) for j in todo]):
+            if r.step_s is not None:
+                steps[r.index] = r.step_s
+    finally:
+        pool.close()
+    faster = sum(1 for j, s in steps.items() if j != i and s is not None and s < step_s)
+    return faster + 1, faster + 1 + left

@@ -1,0 +1,124 @@
+"""``meshplan search`` says where the config's own [mesh] ranks (issue 11 follow-up): the
+candidate that is the same run, planned by the search's exact model, or why none is."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.report.json_docs import schema_of
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.search.candidate import candidate_config
+from meshplan.search.driver import search
+from tests.cli_run import run_main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _cfg(name: str, training: dict | None = None, narrow: dict | None = None):
+    cfg = load_config(EXAMPLES / name)
+    return replace(cfg, training=cfg.training.model_copy(update=training or {}),
+                   search=cfg.search.model_copy(update=narrow or {}))
+
+
+@pytest.fixture(scope="module")
+def mini():
+    """The 8-GPU example (llama3-8b, dp_shard 4 x tp 2, mb 1, recompute none, zero3), searched whole."""
+    return search(_cfg("mini_2x4_tp2-dp4.toml"), workers=1)
+
+
+def test_configured_step_is_the_plan_and_step_commands_own(mini):
+    """Its step is what ``meshplan step`` predicts for the config (build_plan + step_time with the
+    default Overlap), to the bit: the search's exact model, not an estimate."""
+    cfg = _cfg("mini_2x4_tp2-dp4.toml")
+    st = step_time(build_plan(cfg), Overlap())
+    mine = mini.configured
+    assert mine.status == "ranked"
+    assert mine.step_s == st.step_s and mine.tokens_per_s == st.tokens_per_s
+    row = candidate_config(mini.config, mini.candidates, mine.index)
+    assert (row.mesh.names, row.mesh.shape, row.training.micro_batch, row.training.recompute) == \
+        (["dp_shard", "tp"], [4, 2], 1, "none")
+
+
+def test_configured_rank_counts_the_faster_feasible(mini):
+    """Rank #40 of the 717 feasible (a real run): exact, every feasible candidate with a lower bound
+    below its step planned; the 39 faster include every planned feasible one with a shorter step,
+    and it is slower than the top's last row."""
+    mine = mini.configured
+    assert (mine.rank, mine.rank_hi, mine.feasible) == (40, 40, mini.counts()["feasible"]) == (40, 40, 717)
+    faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
+    assert 0 < len(faster) <= 39 and mine.step_s > mini.top[-1].step_s
+    # 7.381 s against the top's 6.998 s (dp_shard 8): 7.381 / 6.998 - 1 = 5.47%
+    assert round(mini.top[0].step_s, 3) == 6.998
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.381 s, 71,028 tokens/s, rank #40 of 717 feasible by "
+                           "step time (5.47% longer than the top's)")
+
+
+def test_mesh_in_another_axis_order_is_not_a_candidate():
+    """tp outermost (tp across the ranks' slowest stride) is not the searched order."""
+    r = search(_cfg("mini_2x4_tp4-across-nodes.toml", narrow={"tp": [4], "pp": [1], "cp": [1], "micro_batch": [1]}),
+               workers=1)
+    assert r.configured.status == "absent"
+    assert r.configured.line() == ("your mesh (tp 4 x dp_shard 2) is not among the candidates: axis order (tp, "
+                                   "dp_shard): the search orders (pp, dp_replicate, dp_shard, cp, tp), tp innermost")
+
+
+def test_mesh_outside_the_search_table_names_the_field():
+    """[search] micro_batch 2 leaves out the config's micro-batch 1."""
+    r = search(_cfg("mini_2x4_tp2-dp4.toml", narrow={"tp": [2], "pp": [1], "cp": [1], "micro_batch": [2]}), workers=1)
+    assert r.configured.status == "absent"
+    assert r.configured.reason == ("micro_batch 1 is not searched (searched with the rest of the mesh: 2; widen "
+                                   "[search] micro_batch)")
+
+
+def test_mesh_a_rule_rejects_is_infeasible_with_the_rule():
+    """zero1 under framework torch: the search's rule 'framework' (plan only warns)."""
+    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"sharding": "zero1"},
+                    narrow={"tp": [2], "pp": [1], "cp": [1], "micro_batch": [1], "recompute": ["none"]}), workers=1)
+    assert r.configured.status == "infeasible"
+    assert r.configured.line().startswith("your mesh (dp_shard 4 x tp 2): infeasible: rule 'framework': zero1 under "
+                                          "framework torch")
+
+
+def test_mesh_over_memory_is_infeasible_with_the_plans_reason():
+    """micro_batch 8, recompute none: the planned peak's own reason, as ``plan`` prints it."""
+    cfg = _cfg("mini_2x4_tp2-dp4.toml", training={"micro_batch": 8},
+               narrow={"tp": [2], "pp": [1], "cp": [1], "micro_batch": [8], "recompute": ["none"]})
+    r = search(cfg, workers=1)
+    p = build_plan(cfg)
+    assert not p.feasible and r.configured.status == "infeasible"
+    assert r.configured.reason == "; ".join(p.reasons)
+
+
+def test_json_holds_configured(tmp_path, capsys):
+    """``--json`` holds the same fields as ``configured``; none without a [mesh]."""
+    out = tmp_path / "s.json"
+    toml = tmp_path / "c.toml"
+    text = (EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text()
+    toml.write_text(text + "\n[search]\ntp = [2]\npp = [1]\ncp = [1]\nmicro_batch = [1]\n")
+    assert run_main("search", toml, "--json", out) == 0
+    doc = json.loads(out.read_text())
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
+    d = doc["configured"]
+    assert (d["mesh"], d["status"], d["rank"], d["rank_hi"]) == ("dp_shard 4 x tp 2", "ranked", d["rank"], d["rank"])
+    assert f"your mesh (dp_shard 4 x tp 2): {d['step_s']:.3f} s" in capsys.readouterr().out
+    toml.write_text(text.split("[mesh]")[0] + "[search]\ntp = [2]\npp = [1]\ncp = [1]\nmicro_batch = [1]\n")
+    assert run_main("search", toml, "--json", out, "--force") == 0
+    assert "configured" not in json.loads(out.read_text())
+
+
+def test_mesh_with_a_schedule_the_search_does_not_run_is_not_a_candidate():
+    """pp 2 under GPipe: the search runs pp 2 with 1F1B, another run."""
+    cfg = _cfg("mini_2x4_tp2-dp4.toml", narrow={"tp": [2], "pp": [2], "cp": [1], "micro_batch": [1],
+                                               "recompute": ["none"]})
+    mesh = cfg.mesh.model_copy(update={"names": ["pp", "dp_shard", "tp"], "shape": [2, 2, 2], "pp_schedule": "gpipe"})
+    r = search(replace(cfg, mesh=mesh), workers=1)
+    assert r.configured.line() == ("your mesh (pp 2 x dp_shard 2 x tp 2) is not among the candidates: mesh.pp_schedule "
+                                   "gpipe: the search runs this mesh with 1f1b")
