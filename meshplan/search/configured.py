@@ -32,7 +32,7 @@ from meshplan.spec.axes.registry import search_axes
 
 #: Feasible candidates the rank plans at most (step only, 0.1-0.3 s each on 2 cores): beyond
 #: it the rank is printed as the range the step-time lower bounds leave.
-RANK_MAX = 64
+RANK_MAX = 32
 #: The search's code of an unsettled candidate (:data:`meshplan.search.driver.UNDECIDED`).
 UNDECIDED = -2
 
