@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.shapes import Attention, attention_shape
 from meshplan.fileio import write_output
-from meshplan.runtime.bench.gemm import DTYPES, device_name
+from meshplan.runtime.bench.gemm import DTYPES, device_name, event_seconds
 
 
 def _sync(device: str) -> None:
@@ -38,13 +38,10 @@ def _sync(device: str) -> None:
 
 
 def _timed(fn, device: str) -> float:
+    """Seconds of ``fn()``: CUDA events on a GPU (:func:`~meshplan.runtime.bench.gemm.event_seconds`),
+    ``time.perf_counter`` on the CPU."""
     if device.startswith("cuda"):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / 1e3
+        return event_seconds(fn)
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0

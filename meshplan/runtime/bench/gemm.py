@@ -95,7 +95,8 @@ def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", 
     return statistics.median(times)
 
 
-def _event_s(fn) -> float:
+def event_seconds(fn) -> float:
+    """Seconds of ``fn()`` on the current CUDA stream, between two CUDA events (synchronised)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -112,7 +113,7 @@ def _time_captured(call, out, warmup: int, repeats: int) -> float:
         for _ in range(max(1, warmup)):
             call(out)
     torch.cuda.current_stream().wait_stream(stream)
-    one = _event_s(lambda: call(out))
+    one = event_seconds(lambda: call(out))
     r = max(1, min(MAX_CAPTURED, int(WINDOW_S / max(one, 1e-7))))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -120,7 +121,7 @@ def _time_captured(call, out, warmup: int, repeats: int) -> float:
             call(out)
     graph.replay()
     torch.cuda.synchronize()
-    return statistics.median(_event_s(graph.replay) / r for _ in range(repeats))
+    return statistics.median(event_seconds(graph.replay) / r for _ in range(repeats))
 
 
 def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_elements: Optional[int] = None,
