@@ -82,8 +82,8 @@ Megatron-LM                              meshplan
 --ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
                                            (a mismatch on import is a note)
 CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's header (a comment line) says to
-                                           unset it, as Megatron-LM asserts it is not 1 there (:data:`~meshplan.
-                                           interop.megatron_flags.FSDP_ENV`)
+                                           unset it, as Megatron-LM asserts it is not 1 there
+                                           (:data:`~meshplan.interop.megatron_flags.FSDP_ENV`)
 --no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
                                            default): a note; not written, carried from the user's arguments
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
