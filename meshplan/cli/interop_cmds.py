@@ -122,5 +122,6 @@ EXPORT_HELP = (
     "from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, "
     "scheduler, ...), and from Megatron-LM arguments a Megatron-LM file its flags meshplan does not read "
     "(--lr, --train-iters, ...); every key of that file written with another value or dropped is listed; "
-    "another target lists them as not carried."
+    "another target lists them as not carried. A torchtitan file's older float8 names (converter \"float8\", "
+    "[float8]) are kept, with a header note; a Megatron FSDP export says to unset CUDA_DEVICE_MAX_CONNECTIONS."
 )

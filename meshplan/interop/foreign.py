@@ -38,6 +38,7 @@ from meshplan.interop import (
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
+from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.spec.wording import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
@@ -166,10 +167,13 @@ StepOf = Callable[[Config], "float | None"]
 
 class UserFile(NamedTuple):
     """The foreign config a plan was read from, parsed (``fmt``: torchtitan, deepspeed or
-    megatron, the formats whose export carries the user's other settings: :func:`export`)."""
+    megatron, the formats whose export carries the user's other settings: :func:`export`);
+    of a torchtitan job TOML also how it names float8 (``doc`` holds the current names), which
+    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_tables.spelt`)."""
 
     fmt: str
     doc: dict
+    float8: Float8Spelling = Float8Spelling.CURRENT
 
 
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
@@ -180,14 +184,16 @@ CARRIERS = {"torchtitan": (torchtitan.carried, lambda d: torchtitan.carried(d, {
 
 
 def user_source(path, fmt: str | None = None) -> UserFile | None:
-    """The config at ``path`` parsed, when it is a torchtitan job TOML (its pre-2025 ``[float8]``
-    read as ``[quantize.linear.float8]``), a DeepSpeed JSON or Megatron-LM arguments (their
+    """The config at ``path`` parsed, when it is a torchtitan job TOML (its older ``[float8]``
+    read as ``[quantize.linear.float8]``, the names it used kept in
+    :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), a DeepSpeed JSON or Megatron-LM arguments (their
     flags, :func:`meshplan.interop.megatron.parse_args`) (``fmt`` or detected), else None:
     what :func:`export` carries into a file of the same format."""
     p = Path(path)
     fmt = fmt or detect(p, _text(p))
     if fmt == "torchtitan":
-        return UserFile(fmt, torchtitan.current_layout(parse_toml(_text(p), str(p))))
+        raw = parse_toml(_text(p), str(p))
+        return UserFile(fmt, torchtitan.current_layout(raw), float8_spelling(raw))
     if fmt == "deepspeed":
         return UserFile(fmt, parse_json(_text(p), "config", str(p), "give a DeepSpeed JSON config", unique_keys=True))
     if fmt == "megatron":
@@ -210,7 +216,9 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     (:func:`user_source`): a file of the same format carries its settings meshplan does not
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
     (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
-    the header names them; another target lists them, in one line, as not carried. ``refused``: per target, what its
+    the header names them; another target lists them, in one line, as not carried. A torchtitan
+    file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
+    :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
     runtime refuses in ``cfg`` (:func:`meshplan.plan.export_refusals`: its pipeline schedule, a MoE mesh): that target
     is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
     when it does not resolve; the caller's, as this layer plans nothing): when fields are not
@@ -357,11 +365,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     if to == "torchtitan":
         tables, kept = torchtitan.carried(user.doc, torchtitan.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan.write(cfg), [])
+        spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
+        written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
         if kept:
-            head.append(f"carried unchanged from {source}: {', '.join(kept)}")
-        head += _rewritten(user, to, source, tables)
+            head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
+        head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
         head += torchtitan.write_notes(cfg)
-        body = dumps(tables)
+        head += spelling_note(spelling, source) if written is not tables else []
+        body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":
         args, kept = megatron_carry.carried(user.doc, megatron.write(cfg)) if user is not None and user.fmt == to \

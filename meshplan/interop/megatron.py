@@ -38,7 +38,9 @@ Megatron-LM                              meshplan
                                            optim zero1, optim_grads zero2, optim_grads_params
                                            zero3; default optim_grads_params); no_shard and
                                            optim with training.megatron_fsdp (Megatron FSDP,
-                                           not DDP and the distributed optimizer)
+                                           not DDP and the distributed optimizer); Megatron FSDP
+                                           written with --use-distributed-optimizer (its optimizer:
+                                           :data:`~meshplan.interop.megatron_flags.FSDP_OPTIMIZER`)
 --recompute-activations,                 recompute selective / full (--recompute-method and
 --recompute-granularity                    --recompute-num-layers: partial full recompute is
                                            planned as full, with a note)
@@ -79,6 +81,11 @@ Megatron-LM                              meshplan
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 --ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
                                            (a mismatch on import is a note)
+CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's header (a comment line) says to
+                                           unset it, as Megatron-LM asserts it is not 1 there
+                                           (:data:`~meshplan.interop.megatron_flags.FSDP_ENV`)
+--no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
+                                           default): a note; not written, carried from the user's arguments
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
@@ -112,7 +119,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
-            "--moe-pad-expert-input-to-capacity", "--use-rope-scaling"}
+            "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
@@ -195,6 +202,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         training |= flags.routing(args, notes)
     flags.comm_types(args, deg, model_is_moe(model), notes)
     flags.ckpt_format(args, notes)
+    flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     if dtype != "fp32" and not args.get("--use-flash-attn"):

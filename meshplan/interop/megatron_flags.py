@@ -40,6 +40,25 @@ FSDP_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp")
 #: checkpointing format") under ``--use-megatron-fsdp``; lines 1675-1676 assert the converse. The default
 #: is ``torch_dist`` (training_config.py:486), which ``--use-torch-fsdp2`` accepts (arguments.py:1042).
 FSDP_CKPT = "fsdp_dtensor"
+#: The optimizer flag a Megatron FSDP export writes beside ``--use-megatron-fsdp``: at d98e8a6
+#: arguments.py:1124-1135 turns it on itself for Megatron-FSDP v1 (``--megatron-fsdp-version``,
+#: default 1, arguments.py:3158; "Megatron-FSDP v1 is only compatible with --use-distributed-optimizer",
+#: since NVIDIA/Megatron-LM ab43d43, 2026-04-10) and asserts it off for v2, which the export never
+#: names; from af28b5a (2025-08-21, the flag's name) to ab43d43 nothing set it, and the guide of
+#: af28b5a (docs/source/api-guide/custom_fsdp.md) lists it among the flags that enable Megatron FSDP.
+#: ``--no-gradient-accumulation-fusion``, listed there too, is not written: Megatron-LM asserted it
+#: only under ``--use-custom-fsdp`` (d165a85, 2025-02-26, zero2/zero3) and af28b5a made that a
+#: warning; at d98e8a6 docs/user-guide/features/megatron_fsdp.md calls the fusion "used by default"
+#: with Megatron FSDP, and the plan times it fused (:func:`accumulation_fusion`).
+FSDP_OPTIMIZER = "--use-distributed-optimizer"
+#: The environment variable Megatron FSDP needs unset (or above 1): arguments.py:1166-1167 at d98e8a6
+#: (``assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != "1"`` under ``--use-megatron-fsdp``,
+#: whatever tp and cp; since af28b5a), while Megatron-LM's launch scripts (examples/gpt3/
+#: train_gpt3_175b_distributed.sh) export it as 1 and its Megatron FSDP ones
+#: (examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh) unset it. With tp or cp > 1 before
+#: Blackwell arguments.py:1453-1465 warns that tp and cp prefer 1 (docs/user-guide/features/
+#: megatron_fsdp.md: "May slightly affect TP and CP performance").
+FSDP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 #: ``--data-parallel-sharding-strategy`` (Megatron FSDP) as ``training.sharding``.
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
@@ -236,6 +255,22 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
                      f"it (one bucket, reduced after the backward)")
         return {}
     return {"grad_bucket_elements": size}
+
+
+def accumulation_fusion(args: dict, notes: list[str]) -> None:
+    """``--no-gradient-accumulation-fusion`` (arguments.py:2944 at d98e8a6; the fusion is on by
+    default): a note that the plan times Megatron-LM's fused accumulation, each linear's weight
+    gradient GEMM adding into its main gradient (:func:`meshplan.compute.kernel_time.wgrad_accumulate_s`),
+    not the unfused run's gradient in the compute dtype added by a kernel of its own. The flag
+    stays unread (an export to Megatron-LM carries it from the user's arguments).
+
+    >>> notes = []; accumulation_fusion({"--no-gradient-accumulation-fusion": True}, notes); notes[0][:58]
+    '--no-gradient-accumulation-fusion: planned with Megatron-L'
+    """
+    if args.get("--no-gradient-accumulation-fusion"):
+        notes.append("--no-gradient-accumulation-fusion: planned with Megatron-LM's default fused accumulation "
+                     "(each weight gradient GEMM adds into the main gradient); unfused, each linear's weight "
+                     "gradient is written in the compute dtype and added by a kernel of its own, not planned")
 
 
 def ckpt_format(args: dict, notes: list[str]) -> None:

@@ -9,7 +9,8 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_flags import DROPOUT, FSDP_CKPT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
+from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP, PLANNED_CP,
+                                             PLANNED_DISPATCHER, SHARDING)
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
 from meshplan.interop.tomlout import mesh_spec, resolved
@@ -78,30 +79,57 @@ def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
     for zero2 and zero3, and for none and zero1 under ``training.megatron_fsdp`` (else DDP, and the
     distributed optimizer for zero1); zero2 and zero3 with the overlap flags the plan assumes
     (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway; every Megatron FSDP strategy
-    with the checkpoint format it requires (:data:`FSDP_CKPT`).
+    with the distributed optimizer it runs (:data:`FSDP_OPTIMIZER`, which Megatron-LM sets itself at
+    d98e8a6 and needed given before ab43d43) and the checkpoint format it requires (:data:`FSDP_CKPT`).
 
-    >>> _write_sharding("zero1"), _write_sharding("zero1", fsdp=True)
-    (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--data-parallel-sharding-strategy optim', '--ckpt-format fsdp_dtensor'])
+    >>> _write_sharding("zero1"), _write_sharding("zero1", fsdp=True)[:3]
+    (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--use-distributed-optimizer', '--data-parallel-sharding-strategy optim'])
     """
     if sharding in ("none", "zero1") and not fsdp:
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP.get(strategy, []),
-            f"--ckpt-format {FSDP_CKPT}"]
+    return ["--use-megatron-fsdp", FSDP_OPTIMIZER, f"--data-parallel-sharding-strategy {strategy}",
+            *FSDP_OVERLAP.get(strategy, []), f"--ckpt-format {FSDP_CKPT}"]
 
 
 def write_notes(cfg: Config) -> list[str]:
-    """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
-    sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
-    model's ``max_position`` is shorter. (An MoE plan's routing needs none: unset it is
-    dropless, Megatron-LM's own default, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`,
-    and :func:`write` writes the capacity factor of a plan that drops tokens.)"""
+    """Header lines of a Megatron-LM export (comment lines of the file): ``--max-position-embeddings``
+    raised to the sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``)
+    when the model's ``max_position`` is shorter; under Megatron FSDP the environment it needs
+    (:func:`fsdp_env_note`). (An MoE plan's routing needs none: unset it is dropless,
+    Megatron-LM's own default, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`, and
+    :func:`write` writes the capacity factor of a plan that drops tokens.)"""
     m, seq = cfg.model, cfg.training.seq_len
     out = []
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out
+    return out + fsdp_env_note(cfg)
+
+
+def fsdp_env_note(cfg: Config) -> list[str]:
+    """The header line of a Megatron FSDP export (sharding zero2 or zero3, or
+    ``training.megatron_fsdp``: what :func:`_write_sharding` writes ``--use-megatron-fsdp`` for)
+    on :data:`FSDP_ENV`, which Megatron-LM asserts is not 1 there; with tp or cp > 1 the clause
+    that Megatron-LM warns before Blackwell (arguments.py:1453-1465 at d98e8a6). Nothing otherwise.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = lambda sharding: config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100",
+    ...     "nodes": 1}, "training": {"global_batch": 8, "seq_len": 4096, "sharding": sharding},
+    ...     "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    >>> note = fsdp_env_note(cfg("zero3"))[0]; note[:84], "; with tp 2 it warns" in note, fsdp_env_note(cfg("zero1"))
+    ('environment: unset CUDA_DEVICE_MAX_CONNECTIONS (or set it above 1) before launching:', True, [])
+    """
+    t = cfg.training
+    if t.sharding in ("none", "zero1") and not t.megatron_fsdp:
+        return []
+    mesh = resolved(cfg)
+    tp_cp = {a: mesh.layout.degree(a) for a in ("tp", "cp") if a in mesh.layout.names and mesh.layout.degree(a) > 1}
+    return [f"environment: unset {FSDP_ENV} (or set it above 1) before launching: Megatron-LM asserts it is not 1 "
+            f"under --use-megatron-fsdp (arguments.py validate_args at d98e8a6), though its other launch scripts "
+            f"export it as 1"
+            + (f"; with {' and '.join(f'{a} {d}' for a, d in tp_cp.items())} it warns before Blackwell GPUs that "
+               f"tp and cp prefer 1 (speed only)" if tp_cp else "")]
 
 
 def exported_model(cfg: Config) -> Config:

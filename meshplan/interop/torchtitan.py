@@ -302,7 +302,8 @@ def _dtype(tr: dict, key: str, default: str) -> str:
 
 
 def _old_float8(d: dict) -> tuple[dict, list[str]]:
-    """``d`` in the current layout when it has torchtitan's pre-2025 float8 settings, with a
+    """``d`` in the current layout when it has torchtitan's older float8 settings (before
+    5b5d468, 2025-09-26: :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), with a
     note: the ``[float8]`` table read as ``[quantize.linear.float8]`` (same keys), its
     ``enable_float8_linear = true`` (2024) as the float8 converter, and ``model.converters``
     given as a comma-separated string (``converters = "float8"``, its old string-list form)

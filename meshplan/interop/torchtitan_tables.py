@@ -19,6 +19,7 @@ The norm of torchtitan before 2025 (``model.norm_type``, removed by torchtitan #
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from meshplan.errors import ConfigError
@@ -203,6 +204,117 @@ def write_float8(t) -> tuple[list[str], dict[str, Any]]:
         "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
         "filter_fqns": [] if t.fp8_output_layer else ["output"],
         **({"recipe_name": "rowwise"} if t.fp8_recipe == "rowwise" else {})}}}}
+
+
+class Float8Spelling(Enum):
+    """How a torchtitan job TOML names the float8 Linear converter and its table, by the
+    torchtitan that reads it (pytorch/torchtitan history):
+
+    - ``CURRENT``: ``"quantize.linear.float8"`` and ``[quantize.linear.float8]``, registered by
+      8a2686c (2025-09-30, #1763; 5b5d468, 2025-09-26, #1701, had ``quantize.dense.float8`` for
+      four days) up to e347b1e, where ``register_model_converter`` knows no ``"float8"``;
+    - ``CONVERTER``: ``"float8"`` and ``[float8]`` (job_config.py ``class Float8``), from
+      57387af (2025-02-15, #823, the ``ModelConverter`` interface) up to 5b5d468, which does not
+      read the current names;
+    - ``SWITCH``: the same ``[float8]`` with ``enable_float8_linear = true``, torchtitan's switch
+      before 57387af, whose argparse-era loader ignores the keys it does not know.
+    """
+
+    CURRENT = "quantize.linear.float8"
+    CONVERTER = "float8"
+    SWITCH = "enable_float8_linear"
+
+
+def float8_spelling(raw: dict) -> Float8Spelling:
+    """The :class:`Float8Spelling` of a parsed torchtitan job TOML as the user wrote it (before
+    :func:`meshplan.interop.torchtitan.current_layout`): ``CURRENT`` when it names the current
+    converter or table anywhere, or no float8 at all; else ``SWITCH`` for a ``[float8]`` table
+    with ``enable_float8_linear``, ``CONVERTER`` for another ``[float8]`` table or the converter
+    ``"float8"`` (a list entry, or in the old comma-separated string).
+
+    >>> float8_spelling({"model": {"converters": "float8"}}), float8_spelling({"float8": {"enable_float8_linear": True}})
+    (<Float8Spelling.CONVERTER: 'float8'>, <Float8Spelling.SWITCH: 'enable_float8_linear'>)
+    >>> float8_spelling({"model": {"converters": ["float8"]}, "quantize": {"linear": {"float8": {}}}})
+    <Float8Spelling.CURRENT: 'quantize.linear.float8'>
+    """
+    model, old = raw.get("model", {}), raw.get("float8")
+    converters = model.get("converters", []) if isinstance(model, dict) else []
+    names = [c.strip() for c in converters.split(",")] if isinstance(converters, str) else \
+        [c for c in converters if isinstance(c, str)] if isinstance(converters, list) else []
+    linear = raw.get("quantize", {}).get("linear", {}) if isinstance(raw.get("quantize"), dict) else {}
+    if LINEAR_CONVERTERS[1] in names or (isinstance(linear, dict) and "float8" in linear):
+        return Float8Spelling.CURRENT
+    if isinstance(old, dict) and "enable_float8_linear" in old:
+        return Float8Spelling.SWITCH
+    return Float8Spelling.CONVERTER if isinstance(old, dict) or LINEAR_CONVERTERS[0] in names else \
+        Float8Spelling.CURRENT
+
+
+def converter_named(d: dict, name: str) -> dict:
+    """``d`` (job tables) with its float8 Linear converter in ``model.converters`` spelt ``name``
+    (one of :data:`LINEAR_CONVERTERS`), the rest as it is.
+
+    >>> converter_named({"model": {"name": "llama3", "converters": ["float8", "x"]}}, "quantize.linear.float8")
+    {'model': {'name': 'llama3', 'converters': ['quantize.linear.float8', 'x']}}
+    """
+    model = d.get("model", {})
+    if not isinstance(model, dict) or not isinstance(model.get("converters"), list):
+        return d
+    return d | {"model": model | {"converters": [name if c in LINEAR_CONVERTERS else c for c in model["converters"]]}}
+
+
+def spelt(tables: dict, spelling: Float8Spelling) -> dict:
+    """Written torchtitan tables (current names) in ``spelling``: under ``CONVERTER`` and
+    ``SWITCH`` the converter ``"float8"`` and ``[quantize.linear.float8]`` as ``[float8]``, in
+    the place of ``[quantize]`` (which stays after it with its other tables, if any); under
+    ``SWITCH`` that table opens with ``enable_float8_linear = true``. Tables without float8 as
+    they are.
+
+    >>> t = {"model": {"converters": ["quantize.linear.float8"]}, "quantize": {"linear": {"float8": {"filter_fqns": []}}},
+    ...      "training": {}}
+    >>> spelt(t, Float8Spelling.SWITCH)
+    {'model': {'converters': ['float8']}, 'float8': {'enable_float8_linear': True, 'filter_fqns': []}, 'training': {}}
+    """
+    quantize = tables.get("quantize", {})
+    linear = quantize.get("linear", {}) if isinstance(quantize, dict) else {}
+    if spelling is Float8Spelling.CURRENT or not isinstance(linear, dict) or "float8" not in linear:
+        return tables
+    switch = {"enable_float8_linear": True} if spelling is Float8Spelling.SWITCH else {}
+    rest = {k: v for k, v in linear.items() if k != "float8"}
+    quantize = {k: v for k, v in quantize.items() if k != "linear"} | ({"linear": rest} if rest else {})
+    out: dict[str, Any] = {}
+    for key, value in converter_named(tables, LINEAR_CONVERTERS[0]).items():
+        if key != "quantize":
+            out[key] = value
+            continue
+        out["float8"] = switch | linear["float8"]
+        out |= {"quantize": quantize} if quantize else {}
+    return out
+
+
+def spelt_key(key: str, spelling: Float8Spelling) -> str:
+    """A dotted key of the current [quantize.linear.float8] as :func:`spelt` writes it.
+
+    >>> spelt_key("quantize.linear.float8.filter_fqns", Float8Spelling.CONVERTER)
+    'float8.filter_fqns'
+    """
+    old = "quantize.linear.float8."
+    return "float8." + key[len(old):] if spelling is not Float8Spelling.CURRENT and key.startswith(old) else key
+
+
+def spelling_note(spelling: Float8Spelling, source: str) -> list[str]:
+    """The header line of an export written in ``source``'s older float8 names (:func:`spelt`);
+    none for the current ones. Under ``SWITCH`` it adds that torchtitan's typed config (c1c2f55,
+    2025-04-18, ``ConfigManager._dict_to_dataclass``: "Invalid field names") refuses
+    ``enable_float8_linear``, which only the argparse-era loader before it ignores."""
+    if spelling is Float8Spelling.CURRENT:
+        return []
+    names = 'model.converters "float8" and [float8] (torchtitan 57387af to 5b5d468, 2025-02-15 to 2025-09-26)'
+    if spelling is Float8Spelling.SWITCH:
+        names += (", [float8] opening with enable_float8_linear = true (torchtitan before 57387af; from c1c2f55, "
+                  "2025-04-18, torchtitan refuses the key: drop it there)")
+    return [f"note: float8 written as {source} names it: {names}; torchtitan since 8a2686c (2025-09-30) reads only "
+            f"\"quantize.linear.float8\" and [quantize.linear.float8]: rename both to run this file there"]
 
 
 #: torchtitan's pre-2025 ``model.norm_type`` -> ``training.torch_norm`` (9dec370 ``build_norm``).
