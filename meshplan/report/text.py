@@ -274,9 +274,35 @@ def _per_columns(row) -> tuple[str, str]:
     return f"{row.per_layer:.2f}", str(row.per_microbatch)
 
 
+def _per_layer_words(row) -> str:
+    """Why a "per layer" cell is not whole: `` (per layer 2.14 = 15 calls / 7 layers: 2 per layer
+    + 1 outside them)``, the calls per micro-batch over the stage's layers (``per_microbatch / per_layer``) and
+    those left over, issued outside the layer loop (e.g. by the embedding or the head); for a row
+    under one per layer, `` (per layer 0.14 = 1 call / 7 layers: not per layer)``; "" for a whole
+    figure or a row not issued per micro-batch."""
+    if not row.per_microbatch or not row.per_layer or float(row.per_layer).is_integer():
+        return ""
+    layers = round(row.per_microbatch / row.per_layer)
+    each, left = divmod(row.per_microbatch, layers)
+    calls = f"{row.per_microbatch} call{'s' if row.per_microbatch > 1 else ''} / {layers} layers"
+    how = f"{each} per layer + {left} outside them" if each else "not per layer"
+    return f" (per layer {row.per_layer:.2f} = {calls}: {how})"
+
+
+def _cadence_lines(rows, shown: dict) -> list[str]:
+    """Lines under a collective table: each cadence (the JSON's ``cadence``) and the rows issued
+    at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``."""
+    by: dict[str, list[str]] = {}
+    for r in rows:
+        by.setdefault(r.cadence, []).append(f"{shown.get(r.axis, r.axis)} {r.phase} {r.op} {r.size_bytes:,.0f} B"
+                                            f"{_per_layer_words(r)}")
+    return [f"  {c}: {', '.join(items)}" for c, items in by.items()]
+
+
 def _collectives(plan: Plan, con: Console) -> None:
     """The collective tables, one per stage; the data axis named as the mesh line names it
-    (:func:`meshplan.spec.mesh_words.axis_labels`: ``dp_shard`` where zero3 shards the parameters)."""
+    (:func:`meshplan.spec.mesh_words.axis_labels`: ``dp_shard`` where zero3 shards the parameters).
+    Under each, when each row is issued (:func:`_cadence_lines`)."""
     shown = axis_labels(plan.mesh, plan.config.training, plan.config.origin)
     for stage, rows in plan.collectives.items():
         tab = Table(title=f"Collectives, {stage} (alpha-beta time of the fastest NCCL algorithm on the path; what waits on each row: --json)", title_justify="left")
@@ -288,6 +314,9 @@ def _collectives(plan: Plan, con: Console) -> None:
                         *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm_shown,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
+        con.print("when each row is issued:", highlight=False)
+        for line in _cadence_lines(rows, shown):
+            con.print(line, markup=False, highlight=False)
 
 
 def _verdict(plan: Plan | Infeasible, con: Console) -> None:
