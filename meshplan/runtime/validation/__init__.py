@@ -1,7 +1,9 @@
 """Validation: ``meshplan validate`` (:mod:`.validate`), the comparison of recorded collectives
 with the plan (:mod:`.compare`), evidence (:mod:`.evidence`), the in-run probe (:mod:`.probe`),
 step parts (:mod:`.breakdown`), the measured slice (:mod:`.slice`), fake-process-group checks
-(:mod:`.dryrun`, :mod:`.memcheck`) and kernel timing (:mod:`.kerneltimes`).
+(:mod:`.dryrun`, :mod:`.memcheck`), kernel timing (:mod:`.kerneltimes`) and one rank of a mesh on the
+device against the plan (``bench rank``: :mod:`.one_rank`, :mod:`.rank_profile`).
 """
 
-__all__ = ["breakdown", "compare", "dryrun", "evidence", "kerneltimes", "memcheck", "probe", "slice", "validate"]
+__all__ = ["breakdown", "compare", "dryrun", "evidence", "kerneltimes", "memcheck", "one_rank", "probe", "rank_profile", "slice",
+           "validate"]

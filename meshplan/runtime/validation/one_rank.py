@@ -52,6 +52,7 @@ from meshplan.errors import ConfigError
 from meshplan.memory.timeline import UNTRACKED_KINDS
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.runtime.validation.rank_profile import held_bytes, profiled
 from meshplan.schedule.workload import workload_of
 
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
@@ -238,7 +239,7 @@ class Measured:
 def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, steps: int = 3,
             profile: bool = False) -> Measured:
     """Run the reduced config's rank ``rank`` (module docstring) and time it; ``profile``: one more
-    step under torch.profiler, its kernels summed by kind (:func:`kernel_kinds`)."""
+    step under torch.profiler, its kernels summed by kind (:func:`~meshplan.runtime.validation.rank_profile.kernel_kind`)."""
     from meshplan.runtime.execution.model import Transformer
     from meshplan.runtime.execution.parallelize import init_mesh, parallelize
     from meshplan.runtime.validation.dryrun import fake_process_group
@@ -287,7 +288,7 @@ def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, ste
                 mem = (int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()))
                 held = held_bytes(model, opt)
             if profile:
-                extra = _profiled(lambda: _train_step(model, opt, tokens, labels, tp > 1, clock), cuda)
+                extra = profiled(lambda: _train_step(model, opt, tokens, labels, tp > 1, clock), cuda)
                 extra["host_forward_s"], extra["host_backward_s"] = clock.host["forward"], clock.host["backward"]
         finally:
             for h in handles:
@@ -300,57 +301,6 @@ def measure(cfg, plan, rank: int = 0, device: str = "cuda", warmup: int = 2, ste
     return Measured(forward_s=med("forward"), backward_s=med("backward"), recompute_s=med("recompute"),
                     step_s=statistics.median(st["step_s"] for st in per_step), peak_allocated_bytes=mem[0],
                     peak_reserved_bytes=mem[1], per_step=per_step, held=held, profile=extra)
-
-
-def held_bytes(model, opt) -> dict:
-    """Bytes the rank holds between steps, by what holds them: its parameter shards, the
-    optimizer's state, and the rest of ``torch.cuda.memory_allocated()``."""
-    params = sum((p.to_local() if hasattr(p, "to_local") else p).untyped_storage().nbytes() for p in model.parameters())
-    state = sum((v.to_local() if hasattr(v, "to_local") else v).untyped_storage().nbytes()
-                for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
-    total = torch.cuda.memory_allocated()
-    return dict(params_bytes=params, optimizer_bytes=state, other_bytes=total - params - state, allocated_bytes=total)
-
-
-def kernel_kind(name: str) -> str:
-    """``gemm``, ``attention`` or ``other`` from a CUDA kernel's name (cuBLAS/CUTLASS GEMMs:
-    gemm, nvjet, xmma, cutlass; flash/fmha/attention kernels).
-
-    >>> [kernel_kind(x) for x in ("nvjet_tst_128x256_64x4", "flash_fwd_kernel", "vectorized_elementwise_kernel")]
-    ['gemm', 'attention', 'other']
-    """
-    low = name.lower()
-    if any(k in low for k in ("flash", "fmha", "attention", "attn")):
-        return "attention"
-    if any(k in low for k in ("gemm", "nvjet", "xmma", "cutlass")):
-        return "gemm"
-    return "other"
-
-
-def _profiled(step, cuda: bool) -> dict:
-    """One ``step`` under torch.profiler: device seconds and kernel counts by :func:`kernel_kind`,
-    and the 25 kernels of most device time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=acts) as prof:
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-    kinds: dict = {}
-    names: dict = {}
-    for e in prof.events():
-        if str(getattr(e, "device_type", "")).endswith("CUDA"):
-            us = getattr(e, "device_time", None) or getattr(e, "cuda_time", 0) or 0
-            k = kinds.setdefault(kernel_kind(e.name), [0.0, 0])
-            k[0] += us * 1e-6
-            k[1] += 1
-            n = names.setdefault(e.name[:90], [0.0, 0])
-            n[0] += us * 1e-6
-            n[1] += 1
-    top = sorted(names.items(), key=lambda x: -x[1][0])[:25]
-    return dict(kinds={k: dict(seconds=v[0], kernels=v[1]) for k, v in kinds.items()},
-                top=[dict(name=n, seconds=v[0], calls=v[1]) for n, v in top])
 
 
 def _train_step(model, opt, tokens, labels, loss_parallel: bool, clock: LayerClock) -> None:
