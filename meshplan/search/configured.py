@@ -26,15 +26,13 @@ from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
-from meshplan.search.reasons import CODE, OK, REASONS, reason_texts
+from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.axes.registry import search_axes
 
 #: Feasible candidates the rank plans at most (step only, 0.1-0.3 s each on 2 cores): beyond
 #: it the rank is printed as the range the step-time lower bounds leave.
 RANK_MAX = 32
-#: The search's code of an unsettled candidate (:data:`meshplan.search.driver.UNDECIDED`).
-UNDECIDED = -2
 
 
 @dataclass(frozen=True)

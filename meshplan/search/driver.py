@@ -76,7 +76,7 @@ from meshplan.search.rank import decide, needed, ranked, simplicity
 from meshplan.search.candidate import accumulates, candidate_config
 from meshplan.search.configured import Configured, configured
 from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates
-from meshplan.search.reasons import CODE, OK, REASONS, first_reason, zero1_refused
+from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, first_reason, zero1_refused
 from meshplan.search.space import enumerate_candidates
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
@@ -196,8 +196,6 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
 
 Progress = Callable[[str, int, int], None]
 RULE, BOUND, PLAN = 1, 2, 3
-#: Code of a candidate near the memory limit left unplanned (beyond ``settle_max``).
-UNDECIDED = -2
 MEMORY, GEMM = CODE["memory"], CODE["gemm"]
 
 

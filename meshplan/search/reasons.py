@@ -93,6 +93,8 @@ def engine_texts(training) -> dict[str, str]:
 #: :func:`reason_table` of the registered axes.
 REASONS = reason_table()
 OK = -1
+#: Code of a candidate near the memory limit left unplanned (beyond ``[search] settle_max``).
+UNDECIDED = -2
 CODE = {key: i for i, (key, _) in enumerate(REASONS)}
 
 
