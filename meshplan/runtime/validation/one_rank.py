@@ -39,7 +39,7 @@ import math
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -209,15 +209,14 @@ def _hook_blocks(model, clock: LayerClock) -> list:
 
 @torch.no_grad()
 def _fill(model) -> None:
-    """Parameters Normal(0, 0.02) on each rank's local shard; norm weights 1 (not zeros: MET-
-    HOD.md, zeros run faster than real data)."""
-    gen = None
+    """Parameters Normal(0, 0.02) on each rank's local shard, norm weights 1: random values, not
+    zeros, which ran a bf16 GEMM 13% faster on an H200 (the device notes' METHOD.md, 2026-10-28)."""
     for name, p in model.named_parameters():
         local = p.to_local() if hasattr(p, "to_local") else p
         if "norm" in name:
             local.fill_(1.0)
         else:
-            local.normal_(0.0, 0.02, generator=gen)
+            local.normal_(0.0, 0.02)
 
 
 @dataclass
@@ -392,4 +391,4 @@ def summary(ev: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["reduced_data", "predict", "measure", "run", "summary", "asdict"]
+__all__ = ["reduced_data", "predict", "measure", "run", "summary"]
