@@ -396,13 +396,6 @@ def test_inputs_are_the_catalog_values():
     assert list(zip(nic.sizes_bytes, nic.busbw_gb_per_s)) == [NIC_8G] and (nic.ranks, nic.line_gb_per_s) == (16, 400.0)
 
 
-@pytest.fixture
-def no_host_pace(monkeypatch):
-    """The kernels' and collectives' composition alone: eager DTensor TP's host pace per block
-    (kernels.toml [host], M1) set to none (its own golden: :func:`test_tp8_host_pace`)."""
-    monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s", lambda plan, tp: (0.0, 0.0))
-
-
 @pytest.mark.parametrize("framework", ["torch", "megatron"])
 def test_tp8_one_node(framework, no_host_pace):
     """tp 8 (no SP) on one DGX H100, zero1 over dp 1, one micro-batch.
