@@ -7,6 +7,14 @@ EXAMPLES = ROOT / "examples"
 
 
 @pytest.fixture
+def no_host_pace(monkeypatch):
+    """The kernels' and collectives' composition alone: eager DTensor TP's host pace per block
+    (kernels.toml [host] dtensor_tp_block_*, M1) set to none, for tests of what the device runs
+    (the pace's own golden: tests/test_golden_steptime.py::test_tp8_host_pace)."""
+    monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s", lambda plan, tp: (0.0, 0.0))
+
+
+@pytest.fixture
 def seed_path():
     return EXAMPLES / "seed-64gpu.toml"
 

@@ -466,22 +466,25 @@ TOP1 = TOP.replace('names = ["pp", "dp_shard", "cp", "tp"]\nshape = [4, 2, 2, 4]
 
 
 def test_compare_decides_as_the_search_orders(tmp_path, capsys):
-    """Issue 11 (newcomer trial 4): ``search examples/seed-64gpu.toml --top 6`` lists pp 8 x cp 4
+    """Issue 11 (newcomer trial 4): ``search examples/seed-64gpu.toml --top 6`` listed pp 8 x cp 4
     x tp 2 (59.638 s, 64.4 GiB) as #1 and pp 4 x dp_shard 2 x cp 2 x tp 4 (TOP: 60.084 s, 64.1
     GiB) as #4; ``compare top1.toml row4.toml`` of the two exported rows said ``verdict: row4``
-    (within its own 2%, the lower peak). One rule now: within 1% (60.084 / 59.638 - 1 = 0.75%)
-    the mesh with fewer axes of degree > 1 (3 against 4) comes first, as in the search, and the
-    output names the criterion in the search's words."""
+    (within its own 2%, the lower peak). One rule now: within 1% the mesh with fewer axes of
+    degree > 1 (3 against 4) comes first, as in the search, and the output names the criterion
+    in the search's words. Both under torch.compile here (58.301 and 58.605 s: 0.52% apart):
+    eager, the host's pace under DTensor TP (kernels.toml [host]) holds pp 8 x cp 4 x tp 2's
+    smaller blocks more (66.287 against 64.648 s), and the rule is not reached."""
+    compiled = lambda text: text.replace('recompute = "none"', 'recompute = "none"\ntorch_compile = true')
     top1, row4 = tmp_path / "top1.toml", tmp_path / "row4.toml"
-    top1.write_text(TOP1)
-    row4.write_text(TOP)
+    top1.write_text(compiled(TOP1))
+    row4.write_text(compiled(TOP))
     rc, out, err = _run(["compare", top1, row4, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == ("top1", "row4", "fewer axes of degree > 1 (3 vs 4)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (59.638, 60.084)
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (58.301, 58.605)
     assert "verdict: top1 (rejected: row4)\ndecided by: fewer axes of degree > 1 (3 vs 4)\n" in out
-    assert doc["reasons"][0] == ("step times within 1% (top1 59.638 s, row4 60.084 s): top1 is listed first by the "
+    assert doc["reasons"][0] == ("step times within 1% (top1 58.301 s, row4 58.605 s): top1 is listed first by the "
                                  "search's tie rule: fewer axes of degree > 1 (3 vs 4)")
     # the other order of the files gives the same verdict
     rc, out, err = _run(["compare", row4, top1, "--out", tmp_path / "cmp2"], capsys)

@@ -397,7 +397,7 @@ def test_inputs_are_the_catalog_values():
 
 
 @pytest.mark.parametrize("framework", ["torch", "megatron"])
-def test_tp8_one_node(framework):
+def test_tp8_one_node(framework, no_host_pace):
     """tp 8 (no SP) on one DGX H100, zero1 over dp 1, one micro-batch.
 
     Forward unit: embedding + its vocab-parallel all-reduce, per layer the attention and MLP
@@ -438,6 +438,27 @@ def test_tp8_one_node(framework):
     plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", framework))
     got = step_time(plan, Overlap(), table=gemm_table(tp)).step_s
     assert got == pytest.approx(step, rel=1e-6)
+
+
+def test_tp8_host_pace():
+    """The same tp 8 step under torch's eager DTensor TP with the host's measured pace per
+    block (kernels.toml ``[host]``: 4.65 ms forward, 5.37 ms backward, M1), hundreds of times
+    the layer's microsecond kernels: each layer ends when the host has issued it. Forward: the
+    embedding runs while the host issues layer 0, so the layers end at L x 4.65 ms, then the
+    head and the loss's three all-reduces. Backward: the head's gradient and its all-reduce run
+    while the host issues layer L-1, so the layers end at L x 5.37 ms, then the batch's and the
+    embedding's gradients. Then the optimizer step."""
+    tp, hf, hb = 8, 4.65e-3, 5.37e-3
+    ht = head_terms(tp, False)
+    ar_loss = nvlink_ring_s("all-reduce", tp, 4 * S)
+    forward = L * hf + ht["head_f"] + 3 * ar_loss
+    backward = L * hb + ht["batch_b"] + ht["emb_w"]
+    params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H
+    step = forward + backward + optimizer_s(params, megatron=False)
+    plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", "torch"))
+    st = step_time(plan, Overlap(), table=gemm_table(tp))
+    assert st.step_s == pytest.approx(step, rel=1e-6)
+    assert st.units.w.dtensor_host_s == (hf, hb)
 
 
 def test_fsdp16_two_nodes():

@@ -51,11 +51,12 @@ def test_half_rates_double_a_measured_gemm(tmp_path):
     assert kernel_data(over).attention == catalog_kernel_data(GPU).attention
 
 
-def test_half_rate_fragment_adds_the_catalog_gemm_time_to_the_step(tmp_path):
+def test_half_rate_fragment_adds_the_catalog_gemm_time_to_the_step(tmp_path, no_host_pace):
     """Every bf16 GEMM of the step is compute-bound, so at half the rates each takes twice its
     catalog time, and the step's compute grows by the catalog time of its GEMMs: per micro-batch
     the stage's 32 layers' and the output layer's GEMM ops (forward, dgrad, wgrad), times the 16
-    micro-batches (global batch 64 / dp 4 / micro-batch 1); nothing else moves."""
+    micro-batches (global batch 64 / dp 4 / micro-batch 1); nothing else moves. (Without the eager
+    DTensor TP host's pace, whose waits the slower GEMMs would partly fill.)"""
     from meshplan.schedule.workload import chunk_costs, workload_of
 
     p = plan_file(CONFIG)

@@ -119,7 +119,7 @@ def test_replicated_weight_gradients_do_not_take_the_blocking_tp_slot():
     assert CommTimes.from_rows(rows, layers=m.layers).get("tp", "backward", "all-reduce") == act[0].time_s
 
 
-def test_the_step_counts_the_mla_gradient_all_reduces():
+def test_the_step_counts_the_mla_gradient_all_reduces(no_host_pace):
     """The step model of a DeepSeek-V2-Lite plan (tp 2 + SP x dp_shard 4, 2 micro-batches)
     against the same plan without the MLA rows: the all-reduces run on the tp stream right
     after each layer's backward, beside FSDP2's copy-in of that layer's reduce-scatter on the

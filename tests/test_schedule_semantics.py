@@ -395,7 +395,7 @@ def test_megatron_sp_gathers_the_input_again_for_the_weight_gradient(framework, 
     assert _tp_calls(st, "forward") == fwd
 
 
-def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_the_wgrad():
+def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_the_wgrad(no_host_pace):
     """tp 8 without SP, one layer: torch's backward of each block is B, W, then the all-reduce
     the next block waits for; Megatron's runs the all-reduce during W. So torch's backward
     exposes both all-reduces in full and Megatron's at most the part W does not cover."""

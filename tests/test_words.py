@@ -85,7 +85,9 @@ def test_overlap_tp_that_saves_nothing_names_the_stream_the_step_waits_on():
 def test_overlap_tp_that_saves_time_gives_no_reason():
     r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--overlap-tp")
     line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
-    assert line.endswith("step 7128.18 ms (blocking: 7381.43 ms): saves 253.25 ms per step")
+    # eager DTensor TP's host pace (kernels.toml [host]) takes part of what the overlap hides: before it,
+    # step 7128.18 ms (blocking: 7381.43 ms): saves 253.25 ms
+    assert line.endswith("step 7336.75 ms (blocking: 7424.41 ms): saves 87.66 ms per step")
 
 
 def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle():
@@ -179,7 +181,7 @@ def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
     assert r.exit_code == 0, r.output
     notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
     assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
-    first = "step 7381.43 ms (no pipeline, m 16); critical stage 0; mesh dp_shard 4 x tp 2"
+    first = "step 7424.41 ms (no pipeline, m 16); critical stage 0; mesh dp_shard 4 x tp 2"
     assert r.output.splitlines()[0] == plain.output.splitlines()[0] == first
 
 

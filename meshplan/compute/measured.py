@@ -73,7 +73,9 @@ and FSDP2's copies share): :func:`memory_seconds`, never below the issue floor; 
 HBM bandwidth for a GPU without catalog data.
 
 **Overheads**: ``kernel_issue_s`` is the host's issue floor per eager kernel (a kernel shorter
-than it runs at the host's rate). A micro-batch's own transfers (the batch's copy to the GPU,
+than it runs at the host's rate); ``dtensor_tp_block_s``: the host's (forward, backward) pace of
+one transformer block under eager DTensor tensor parallelism (kernels.toml ``[host]``, M1), which
+the unit timelines hold the device to (:class:`meshplan.schedule.unit_sim.StreamSim`). A micro-batch's own transfers (the batch's copy to the GPU,
 Megatron-LM's tp broadcasts) are timed from the node's links: :mod:`meshplan.compute.batch_input`.
 """
 
@@ -124,6 +126,7 @@ class KernelData:
     kernel_issue_s: float
     source: str
     first: tuple[str, ...] = ()
+    dtensor_tp_block_s: tuple[float, float] = (0.0, 0.0)
 
 
 @lru_cache(maxsize=None)
@@ -141,7 +144,9 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
                          [ms * 1e-3 for ms in raw["norm_ms"]])
     return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, fixed,
                       bw * raw.get("norm_bandwidth_scale", 1.0),
-                      raw["host"]["kernel_issue_s"], raw["source"])
+                      raw["host"]["kernel_issue_s"], raw["source"],
+                      dtensor_tp_block_s=(raw["host"].get("dtensor_tp_block_forward_s", 0.0),
+                                          raw["host"].get("dtensor_tp_block_backward_s", 0.0)))
 
 
 ATTENTION_DTYPES = ("bf16", "fp16", "fp8", "fp32")

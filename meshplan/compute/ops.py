@@ -87,7 +87,10 @@ class Workload:
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
     (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
-    (:mod:`meshplan.compute.torch_eager`); ``decomposed_norm``: with it, each RMSNorm as
+    (:mod:`meshplan.compute.torch_eager`); ``dtensor_host_s``: the host's (forward, backward)
+    seconds to issue one transformer block under eager DTensor TP (torch, tp > 1, no
+    torch.compile: :func:`meshplan.schedule.workload.workload_of`), zero otherwise; the device
+    cannot run a block faster (:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`); ``decomposed_norm``: with it, each RMSNorm as
     torchtitan's pre-2025 module's kernels (:func:`~meshplan.compute.torch_eager.rmsnorm_bytes`);
     ``sp_layout_copies``: torch's sequence-parallel
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
@@ -114,6 +117,7 @@ class Workload:
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
+    dtensor_host_s: tuple[float, float] = (0.0, 0.0)
     decomposed_norm: bool = False
     eager_loss: bool = False
     decomposed_head_norm: bool = False

@@ -112,7 +112,7 @@ from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
 from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
 from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
-from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, backward_layer, forward_layer, tp_collectives
+from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
 
 
@@ -146,6 +146,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
             ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
         forward_layer(s, c, moe)
+        s.host_pace(f"L{i}", w.dtensor_host_s[0])
     if chunk.head is not None:
         pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
         if head_g == "root_head":
@@ -179,6 +180,16 @@ def _head_backward(s: StreamSim, head: Cost) -> None:
     s.compute("head W", part("backward_weight", lambda name: not is_norm(name)), [ag], [post] if s.ov.tp else [])
     s.compute("head tp wait", 0.0, [post])
     s.compute("final norm grad", norm)
+
+
+def block_backward_issue_s(w: Workload, c: Cost) -> float:
+    """The host's seconds to issue one block's backward under eager DTensor TP
+    (:attr:`~meshplan.compute.ops.Workload.dtensor_host_s`): its backward's, plus its forward's
+    when the block replays its forward first (checkpointed: full, per-layer or op-level AC).
+    A zero-bubble input-gradient pass ("Bx") is charged the whole backward's (the measurement's
+    backward held both; an upper bound), its weight-gradient pass ("W") nothing."""
+    fwd, bwd = w.dtensor_host_s
+    return bwd + (fwd if w.recompute in ("full", "layer", "op") and any_recompute(c) else 0.0)
 
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
@@ -251,6 +262,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         elif with_b:
             backward_layer(s, c, moe, with_w)
             s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
+            s.host_pace(f"L{i}", block_backward_issue_s(w, c))
         else:
             s.compute(f"L{i} W", c.seconds("backward_weight"))
         if with_w and not ds:

@@ -177,6 +177,27 @@ class StepTime:
         terms = " + ".join(f"{self.part_named(k)} {v}" for k, v in shown.items() if k != "step")
         return f"step on stage {self.critical_stage} = {terms} = {shown['step']} ms"
 
+    def host_wait_s(self) -> float:
+        """Seconds per step the critical stage's compute stream waits for the host to issue
+        its blocks (eager DTensor TP: :meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`),
+        every schedule run; :meth:`parts_s`'s ``compute`` holds them."""
+        res, s = self.pipeline, self.critical_stage
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        waits = np.array([self.units.by_key(k).host_wait_s for k in keys])[idx[res.stage_slice(s)]]
+        return self.runs * float(waits.sum())
+
+    def host_line(self) -> list[str]:
+        """``host: ...`` when the device waits for the host's issue (:meth:`host_wait_s`), naming
+        the per-block pace and its source; none otherwise."""
+        wait = self.host_wait_s()
+        if round(wait * 1e5) <= 0:
+            return []
+        f, b = self.units.w.dtensor_host_s
+        return [f"host: compute on stage {self.critical_stage} includes {wait * 1e3:.2f} ms per step waiting for the host "
+                f"to issue its blocks: eager DTensor TP issues a block in {f * 1e3:.2f} ms forward, {b * 1e3:.2f} ms "
+                f"backward (measured on the H200 machine's host, torch 2.11: kernels.toml [host], M1), longer than "
+                f"its kernels and collectives take; training.torch_compile = true traces DTensor away"]
+
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
         """The pipeline simulated again with every unit shortened by the time its compute
         stream waits inside it for FSDP (:data:`FSDP_STREAMS`: an all-gather not hidden, and
@@ -273,7 +294,7 @@ class StepTime:
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
             bubble + self._fsdp_wait_line() + [
-                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
+                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "

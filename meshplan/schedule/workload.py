@@ -13,6 +13,7 @@ from meshplan.compute.batch_input import megatron_broadcast_bytes
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.megatron_cost import megatron_batch_cost
 from meshplan.compute.ops import Cost, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
@@ -38,7 +39,21 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
-                    **float8_gemms(plan.config.model, t), async_tp=async_tp)
+                    **float8_gemms(plan.config.model, t), async_tp=async_tp,
+                    dtensor_host_s=dtensor_host_s(plan, split[Dim.HEADS]))
+
+
+def dtensor_host_s(plan, tp: int) -> tuple[float, float]:
+    """The host's (forward, backward) seconds to issue one transformer block under eager DTensor
+    tensor parallelism: torch (``training.framework``) without ``training.torch_compile`` at
+    tp > 1 issues every op of a block through DTensor's Python dispatch; measured per block on
+    the H200 machine's host (kernels.toml ``[host] dtensor_tp_block_*``, M1). (0, 0) for
+    Megatron-LM (plain tensors), compiled blocks, tp 1 or a GPU without catalog kernel data."""
+    t = plan.config.training
+    data = kernel_data(plan.config.cluster.gpu)
+    if tp <= 1 or t.framework != "torch" or t.torch_compile or data is None:
+        return (0.0, 0.0)
+    return data.dtensor_tp_block_s
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:

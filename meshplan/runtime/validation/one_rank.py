@@ -53,6 +53,7 @@ from meshplan.memory.timeline import UNTRACKED_KINDS
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.runtime.validation.rank_profile import held_bytes, profiled
+from meshplan.schedule.rank_timeline import block_backward_issue_s
 from meshplan.schedule.workload import workload_of
 
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
@@ -137,16 +138,21 @@ class Predicted:
 
 
 def predict(cfg) -> tuple[Plan, Predicted]:
-    """(plan, :class:`Predicted`) of the reduced config ``cfg``; ConfigError when infeasible."""
+    """(plan, :class:`Predicted`) of the reduced config ``cfg``; ConfigError when infeasible.
+    A layer's time is its kernels' (the fake process group's collectives take none), or the
+    host's pace of issuing it where that is longer (eager DTensor TP:
+    :func:`~meshplan.schedule.workload.dtensor_host_s`, as the step's unit timelines hold it)."""
     plan = build_plan(cfg)
     if isinstance(plan, Infeasible):
         raise ConfigError("mesh", "the reduced plan is infeasible: " + "; ".join(plan.reasons))
-    cost = layer_cost(cfg.model, cfg.cluster.gpu, workload_of(plan))
+    w = workload_of(plan)
+    cost = layer_cost(cfg.model, cfg.cluster.gpu, w)
     peak = plan.timelines[0].peak
     untracked = sum(peak.by_kind.get(k, 0) for k in UNTRACKED_KINDS)
     frag = peak.by_kind.get("fragmentation", 0)
-    back = cost.seconds("backward_input") + cost.seconds("backward_weight")
-    return plan, Predicted(forward_s=cost.seconds("forward"), backward_s=back, recompute_s=cost.seconds(recompute=True),
+    back = max(cost.seconds("backward_input") + cost.seconds("backward_weight"), block_backward_issue_s(w, cost))
+    fwd = max(cost.seconds("forward"), w.dtensor_host_s[0])  # the host's pace under eager DTensor TP
+    return plan, Predicted(forward_s=fwd, backward_s=back, recompute_s=cost.seconds(recompute=True),
                            peak_allocated_bytes=peak.total_bytes - untracked,
                            peak_reserved_bytes=peak.total_bytes - untracked + frag, peak_where=peak.where(),
                            gpu=cfg.cluster.gpu.name, peak_by_kind=dict(peak.by_kind))
