@@ -64,19 +64,26 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
-                                                     "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC)"),
+                                                     "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
+                                                     "or / --nics-per-host)"),
+                  nics_per_host: Optional[int] = typer.Option(None, "--nics-per-host", help="NICs each host's ranks "
+                                                              "drive in the log; default: one per rank"),
+                  system: Optional[str] = typer.Option(None, "--system", help="catalog node the runs ran on (e.g. "
+                                                       "dgx-h100): without --nics-per-host its NIC count (at most "
+                                                       "one per rank) splits a nic run's busbw, and the line-rate "
+                                                       "warning compares its NICs"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
     runs name (runs on two GPU models are refused: one calibration file per model)."""
 
-    fits, notes, sources, curves = calibrate_curves(logs, link)  # the inputs' errors before --out's
+    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
-    _wrote(write_output(out, calibration_toml(fits, sources, curves=curves), force=force))
+    _wrote(write_output(out, calibration_toml(fits, sources, curves=curves, nics_per_node=nics), force=force))
     _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 

@@ -18,11 +18,20 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   Its curve keeps the measured busbw, read against the node's rate (``line_gb_per_s`` =
   k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
   A run with an unequal number of ranks per host is refused.
+  Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
+  their count: ``nics_per_host`` (``--nics-per-host N``, 1 to k) or, without it, the catalog
+  node ``system`` names (``--system NODE``: the length of nodes.toml's ``nics``, at most k:
+  a rank drives one NIC). The per-NIC fit is then busbw / N (:func:`nic_split`; 2 x 8 ranks at
+  160 GB/s busbw over 4 NICs per host: 40 GB/s per NIC), the curve read against N x it, and
+  the file records ``nics_per_node = N`` where N is not k, so that ``--calibration`` reads the
+  curve against the node's N NICs (:mod:`meshplan.comm.calibration`).
 
-A ``nic`` fit above the line rate of every NIC of the catalog nodes of its GPU model (of
-every catalog node when the model is not known) gets a ``warning:`` line (:func:`nic_warning`):
-a NIC carries at most its line rate, so each rank drove several NICs (hosts missing from
-its ``#  Rank`` lines) or the measured nodes' NICs are faster than the catalog's.
+A ``nic`` fit (per NIC, after the split) above the line rate of every NIC of the catalog nodes
+of its GPU model (of every catalog node when the model is not known; of the node ``system``
+names when given) gets a ``warning:`` line (:func:`nic_warning`): a NIC carries at most its
+line rate, so each rank drove several NICs (hosts missing from its ``#  Rank`` lines, or fewer
+NICs per host given than the ranks drove) or the measured nodes' NICs are faster than the
+catalog's.
 
 Each file's GPU model is what nccl-tests prints after the PCI address of its ``#  Rank``
 lines (``device_info`` in JSON; :func:`~meshplan.comm.nccl_tests.gpus_of`). Files whose
@@ -122,31 +131,112 @@ def ranks_per_node(hosts: Sequence[str], where: str) -> int:
     return next(iter(counts), 1)
 
 
-def catalog_nic_gb_per_s(gpu: Optional[str]) -> tuple[float, str]:
+def catalog_nic_gb_per_s(gpu: Optional[str], node: Optional[str] = None) -> tuple[float, str]:
     """(GB/s, catalog node) of the fastest NIC (line rate / 8) of the catalog nodes whose GPU
     is ``gpu`` (:func:`~meshplan.comm.calibration.same_gpu`), of every catalog node when none
-    is or ``gpu`` is None.
+    is or ``gpu`` is None; of catalog node ``node`` alone when given (``--system``).
 
     >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3"), catalog_nic_gb_per_s("NVIDIA A100-SXM4-80GB")
     ((50.0, 'dgx-h100'), (25.0, 'dgx-a100'))
+    >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3", "seed-8x8-2nic")
+    (50.0, 'seed-8x8-2nic')
     """
-    nodes = [(n, catalog.entry("node", n)) for n in catalog.names("node")]
-    mine = [(n, e) for n, e in nodes if gpu and same_gpu(gpu, e["gpu"])] or nodes
+    nodes = [(n, catalog_node(n)) for n in ([node] if node else catalog.names("node"))]
+    mine = [(n, e) for n, e in nodes if gpu and not node and same_gpu(gpu, e["gpu"])] or nodes
     return max(((nic["rate_gbit_per_s"] / 8, n) for n, e in mine for nic in e.get("nics", [])),
                key=lambda x: x[0], default=(float("inf"), ""))
 
 
-def nic_warning(fit: LinkFit, name: str) -> Optional[str]:
-    """A ``warning:`` line when ``nic`` fit ``fit`` of file ``name`` is above the fastest
-    catalog NIC of its GPU model (:func:`catalog_nic_gb_per_s`), else None."""
-    line, node = catalog_nic_gb_per_s(fit.gpu)
+def nic_warning(fit: LinkFit, name: str, system: Optional[str] = None,
+                split: Optional[tuple[int, int]] = None) -> Optional[str]:
+    """A ``warning:`` line when ``nic`` fit ``fit`` of file ``name`` (per NIC) is above the
+    fastest catalog NIC of its GPU model, or of catalog node ``system`` when given
+    (:func:`catalog_nic_gb_per_s`), else None. ``split``: (ranks per host k, NICs per host N)
+    when the NICs were given (``--nics-per-host`` or ``--system``, :func:`nic_split`)."""
+    line, node = catalog_nic_gb_per_s(fit.gpu, system)
     beta = fit.bandwidth_bytes_per_s / GB
     if fit.link != "nic" or fit.backend == "gloo" or beta <= line:
         return None
+    which = "the node --system names" if system else f"the fastest catalog NIC{' for ' + fit.gpu if fit.gpu else ''}"
+    why, check = "each rank drove several NICs", "the hosts of its '#  Rank' lines"
+    if split is not None:
+        why = f"each host's {split[0]} ranks drove more than {split[1]} NIC{'s' * (split[1] > 1)}"
+        check = "--nics-per-host and " + check
     return (f"warning: {name}: nic {beta:.2f} GB/s per NIC is above the {line:g} GB/s line rate of {node}'s NICs "
-            f"({line * 8:g} Gb/s), the fastest catalog NIC{' for ' + fit.gpu if fit.gpu else ''}: a NIC carries at "
-            "most its line rate, so each rank drove several NICs or the nodes' NICs are faster than the catalog's; "
-            "check the hosts of its '#  Rank' lines")
+            f"({line * 8:g} Gb/s), {which}: a NIC carries at most its line rate, so {why} or the nodes' NICs are "
+            f"faster than the catalog's; check {check}")
+
+
+def catalog_node(name: str) -> dict:
+    """Catalog node ``name``'s entry (nodes.toml); a ConfigError naming ``--system`` when
+    there is none."""
+    try:
+        return catalog.entry("node", name)
+    except ConfigError as err:
+        raise ConfigError("--system", err.message) from None
+
+
+def asked_nics(nics_per_host: Optional[int], system: Optional[str]) -> Optional[tuple[int, str]]:
+    """(NICs per host, the option that said it) that a ``nic`` run's busbw is split over:
+    ``nics_per_host`` (``--nics-per-host``), else the length of catalog node ``system``'s
+    ``nics`` (``--system``); None without either (one NIC per rank). A ConfigError naming the
+    option for fewer than 1 NIC or a node without NICs.
+
+    >>> asked_nics(None, None), asked_nics(4, "dgx-h100"), asked_nics(None, "seed-8x8-2nic")
+    (None, (4, '--nics-per-host'), (2, '--system'))
+    >>> asked_nics(0, None)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --nics-per-host: 0 NICs per host; give the NICs each host's ranks drove, from 1 to its ranks per host, or leave it out for one NIC per rank
+    """
+    if nics_per_host is not None:
+        if isinstance(nics_per_host, bool) or not isinstance(nics_per_host, int) or nics_per_host < 1:
+            raise ConfigError("--nics-per-host", f"{nics_per_host} NICs per host; give the NICs each host's ranks "
+                                                 "drove, from 1 to its ranks per host, or leave it out for one NIC "
+                                                 "per rank")
+        return nics_per_host, "--nics-per-host"
+    if system is None:
+        return None
+    nics = len(catalog_node(system).get("nics", []))
+    if not nics:
+        raise ConfigError("--system", f"{system} has no NIC in the catalog (nodes.toml nics); pass --nics-per-host N")
+    return nics, "--system"
+
+
+def nic_split(per_node: int, where: str, asked: Optional[tuple[int, str]] = None) -> int:
+    """NICs per host N that file ``where``'s busbw (a ``nic`` run of ``per_node`` ranks per
+    host) is split over: ``per_node`` (one NIC per rank) without ``asked``
+    (:func:`asked_nics`); ``--nics-per-host``'s N, from 1 to ``per_node`` (a ConfigError
+    naming it otherwise); a ``--system`` node's NICs, at most ``per_node`` (a rank drives one).
+
+    >>> nic_split(8, "x.txt"), nic_split(8, "x.txt", (4, "--nics-per-host")), nic_split(4, "x.txt", (8, "--system"))
+    (8, 4, 4)
+    >>> nic_split(4, "x.txt", (8, "--nics-per-host"))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --nics-per-host: 8 NICs per host, but x.txt ran 4 ranks per host and a rank drives one NIC; give 1 to 4, or leave it out for one NIC per rank
+    """
+    if asked is None:
+        return per_node
+    nics, by = asked
+    if by == "--nics-per-host" and nics > per_node:
+        span = "1" if per_node == 1 else f"1 to {per_node}"
+        raise ConfigError(by, f"{nics} NICs per host, but {where} ran {per_node} rank{'s' * (per_node > 1)} per host "
+                              f"and a rank drives one NIC; give {span}, or leave it out for one NIC per rank")
+    return min(nics, per_node)
+
+
+def _split_note(name: str, fit: LinkFit, per_node: int, nics: int, asked: Optional[tuple[int, str]],
+                system: Optional[str]) -> str:
+    """The note of a ``nic`` run of ``per_node`` > 1 ranks per host split over ``nics`` NICs
+    (``fit`` already per NIC): ``x.txt: 8 ranks per host over 4 NICs (--nics-per-host): nic
+    all-reduce 40.00 GB/s per NIC = 160.00 / 4``; one NIC per rank as it always said."""
+    total = f"{fit.bandwidth_bytes_per_s * nics / 1e9:.2f} / {nics}"
+    if asked is None:
+        return f"{name}: {per_node} ranks per host, each on its own NIC: nic {_gbs(fit)} per NIC = {total}"
+    by = ("--nics-per-host" if asked[1] == "--nics-per-host" else f"{system}'s, --system" if nics == asked[0]
+          else f"{nics} of {system}'s {asked[0]}, --system: a rank drives one")
+    return f"{name}: {per_node} ranks per host over {nics} NICs ({by}): nic {_gbs(fit)} per NIC = {total}"
 
 
 def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> str:
@@ -184,59 +274,80 @@ def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, sourc
         raise ConfigError(source, f"its busbw curve is out of bounds ({err.errors()[0]['msg']}); check the rows") from None
 
 
-def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
+def calibrate(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
+              system: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
     """(one fit per link class, a note per file and per class that had several, each class's
     ``source``: the measurement of the file it kept) from nccl-tests outputs ``paths``
-    (:func:`calibrate_curves` without the curves)."""
-    return calibrate_curves(paths, link)[:3]
+    (:func:`calibrate_curves` without the curves and NIC counts)."""
+    return calibrate_curves(paths, link, nics_per_host, system)[:3]
 
 
-def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None
-                     ) -> tuple[list[LinkFit], list[str], dict[str, str], dict[str, list[BusbwCurve]]]:
-    """:func:`calibrate`'s fits, notes and sources, and per link class each file's measured
-    curve (:func:`measured_curve`, read against the class's kept fit). Raises ConfigError
-    naming the file for unreadable or unusable input."""
+def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
+                     system: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
+                                                           dict[str, list[BusbwCurve]], dict[str, int]]:
+    """:func:`calibrate`'s fits, notes and sources, per link class each file's measured curve
+    (:func:`measured_curve`, read against the class's kept fit x the NICs of its run's host),
+    and ``{"nic": N}`` when the kept ``nic`` run's busbw was split over N NICs per host other
+    than its ranks per host (``nics_per_host`` or ``system``'s, :func:`nic_split`; the
+    calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
+    or unusable input, or the option for a bad NIC count."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
-    by_link: dict[str, list[tuple[LinkFit, str, str]]] = {}
+    asked = asked_nics(nics_per_host, system)
+    by_link: dict[str, list[tuple[LinkFit, str, str, int, int]]] = {}  # fit, source, file, ranks, NICs per host
     notes: list[str] = []
-    runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, ranks per host, source
+    runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, NICs per host, source
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     for path in map(Path, paths):
-        text = read_nccl_tests_text(path)
-        rows = parse_nccl_tests(text, path.name)
-        hosts = hosts_of(text)
-        cls = link_class(hosts, path.name, link)
-        per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
-        try:
-            fit = fit_alpha_beta(rows, cls)
-        except ConfigError as err:
-            raise ConfigError(path.name, err.message) from None
-        if re.search(r"^# meshplan bench comm \(gloo,", text, flags=re.M):  # bench comm without a GPU
-            fit = replace(fit, backend="gloo")
-        else:
-            fit = replace(fit, gpu=_one_gpu(path.name, gpus_of(text), models))
-        notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
-                     f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
-                     f"{fit.rms_residual:.2f} ({fit.points} rows)")
-        if per_node > 1:
-            fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / per_node)
-            notes.append(f"{path.name}: {per_node} ranks per host, each on its own NIC: nic {_gbs(fit)} per NIC "
-                         f"= {fit.bandwidth_bytes_per_s * per_node / 1e9:.2f} / {per_node}")
-        by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
-        runs.setdefault(cls, []).append((rows, len(set(hosts)), per_node, _source(path, text, rows, hosts)))
-    fits, sources, curves = [], {}, {}
+        cls, fit, rows, hosts, per_node, nics, source = _read_run(path, link, asked, system, models, notes)
+        by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
+        runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
+    if nics_per_host is not None and "nic" not in by_link:
+        raise ConfigError("--nics-per-host", "no file is recorded as nic (a run over several hosts, or --link "
+                                             "nic); drop it, or pass --link nic")
+    fits, sources, curves, split = [], {}, {}, {}
     for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
         pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
-        fit, source, name = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
+        fit, source, name, per_node, nics = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
         sources[cls] = source
         if len(candidates) > 1:
             notes.append(_kept_note(cls, (fit, name), candidates, pool))
-        notes += [w for w in [nic_warning(fit, name)] if w]
+        given = (per_node, nics) if asked is not None and per_node > 1 else None
+        notes += [w for w in [nic_warning(fit, name, system, given)] if w]
+        split.update({cls: nics} if cls == "nic" and nics != per_node else {})
         kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
-    return fits, notes, sources, curves
+    return fits, notes, sources, curves, split
+
+
+def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]], system: Optional[str],
+              models: dict[str, str], notes: list[str]
+              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str]:
+    """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
+    per host), rows, hosts, ranks per host, NICs per host, source); its notes appended to
+    ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`)."""
+    text = read_nccl_tests_text(path)
+    rows = parse_nccl_tests(text, path.name)
+    hosts = hosts_of(text)
+    cls = link_class(hosts, path.name, link)
+    per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
+    nics = nic_split(per_node, path.name, asked) if cls == "nic" else 1
+    try:
+        fit = fit_alpha_beta(rows, cls)
+    except ConfigError as err:
+        raise ConfigError(path.name, err.message) from None
+    if re.search(r"^# meshplan bench comm \(gloo,", text, flags=re.M):  # bench comm without a GPU
+        fit = replace(fit, backend="gloo")
+    else:
+        fit = replace(fit, gpu=_one_gpu(path.name, gpus_of(text), models))
+    notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
+                 f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
+                 f"{fit.rms_residual:.2f} ({fit.points} rows)")
+    if per_node > 1:
+        fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / nics)
+        notes.append(_split_note(path.name, fit, per_node, nics, asked, system))
+    return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts)
 
 
 def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str]:
@@ -275,7 +386,7 @@ def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list
     all-reduce fit is kept where there is one, as bench comm does), c.txt (all-reduce 190.00
     GB/s: faster than the kept one; a collective over every link waits for the slowest)``."""
     dropped = []
-    for fit, _, name in candidates:
+    for fit, _, name, *_ in candidates:
         if name == kept[1] and fit is kept[0]:
             continue
         why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op

@@ -14,13 +14,16 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     source = "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"
     gpu = "NVIDIA H100 80GB HBM3"  # optional: the GPU model the ranks ran on, as nccl-tests names it
     backend = "gloo"             # optional: what measured it when not NCCL (bench comm on a CPU host)
+    nics_per_node = 4            # optional, nic: the NICs per node its busbw was split over when
+                                 # not one per rank (meshplan calibrate --nics-per-host or --system)
 
     [[link.nic.curve]]           # optional, one per nccl-tests run: its busbw at every logged size
     op = "all-reduce"            # the keys of a catalog curve (catalog/nccl.toml, BusbwCurve)
     ranks = 8
     nodes = 8
     line_gb_per_s = 40.0         # the rate the curve is read against: the class's bandwidth_gb_per_s,
-                                 # x ranks / nodes for nic (a node's NICs, one per rank)
+                                 # x ranks / nodes for nic (a node's NICs, one per rank),
+                                 # x nics_per_node where the file gives it
     sizes_bytes = [1024, 2048]
     busbw_gb_per_s = [0.05, 0.1]
     source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
@@ -41,11 +44,12 @@ NIC: :func:`apply_calibration` refuses them for a cluster whose collectives run 
 and applies them to a gloo cluster (the CPU testbed's) only.
 
 ``nic`` is per NIC: a run with one GPU per node, each rank's traffic crossing one NIC, or a
-run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs
-(:mod:`meshplan.comm.calibrate`); a figure above the cluster's catalog NIC line rate is warned
-(:func:`nic_rate_warnings`). Applying a calibration writes the bandwidth, the per-step latency
-``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`) and marks the
-class ``calibrated``: :func:`meshplan.comm.alphabeta.collective_time` then times it as
+run of k GPUs per node whose busbw ``meshplan calibrate --link nic`` split over their k NICs,
+or over the N NICs ``nics_per_node`` records (:mod:`meshplan.comm.calibrate`); a figure above
+the cluster's catalog NIC line rate is warned (:func:`nic_rate_warnings`). Applying a
+calibration writes the bandwidth, the per-step latency ``latency_us / steps(op, ranks)`` (the
+meaning of :class:`LinkSpec.latency_us`) and marks the class ``calibrated``:
+:func:`meshplan.comm.alphabeta.collective_time` then times it as
 ``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
 NCCL base latency or protocol choice and no NVLS or tree (the fit holds whatever algorithm
 NCCL ran), so the measured op over the measured ranks is predicted at the fit itself
@@ -96,11 +100,17 @@ class CalibratedLink(BaseModel):
     gpu: Optional[str] = Field(default=None, min_length=1, max_length=128)
     backend: Optional[Literal["nccl", "rccl", "gloo"]] = None
     curve: list[BusbwCurve] = Field(default_factory=list, max_length=256)
+    nics_per_node: Optional[int] = Field(default=None, ge=1, le=MAX_WORLD)
 
     def fitted_curve(self) -> Optional[BusbwCurve]:
         """The first ``curve`` of the fitted ``op`` over the fitted ``ranks`` (the run the fit
         came from), None when there is none."""
         return next((c for c in self.curve if c.op == self.op and c.ranks == self.ranks), None)
+
+    def split_nics(self, curve: Optional[BusbwCurve]) -> int:
+        """The NICs per node a ``nic`` fit's busbw was split over: ``nics_per_node`` when
+        given, else one per rank of ``curve``'s run (ranks / nodes; 1 without a curve)."""
+        return self.nics_per_node or (curve.ranks // curve.nodes if curve is not None else 1)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -130,12 +140,15 @@ def measured_over(link: str, backend: Optional[str]) -> str:
 
 
 def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backend: Optional[str] = None,
-                     curves: Optional[Mapping[str, list[BusbwCurve]]] = None) -> str:
+                     curves: Optional[Mapping[str, list[BusbwCurve]]] = None,
+                     nics_per_node: Optional[Mapping[str, int]] = None) -> str:
     """The calibration file for ``fits`` (one table per link class), ``source`` naming the
     measurement (tool, date, machines), one for all or per link class (``meshplan calibrate``:
     each class's own file), and each fit's GPU model when known; ``backend`` "gloo" when gloo
     measured it (written, and said in a comment: such a file calibrates only a gloo cluster);
-    ``curves``: per link class the measured busbw curves, each a ``[[link.<class>.curve]]``."""
+    ``curves``: per link class the measured busbw curves, each a ``[[link.<class>.curve]]``;
+    ``nics_per_node``: per link class the NICs per node a split busbw was divided by, where
+    not one per rank (``meshplan calibrate --nics-per-host``)."""
     out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
     if backend == "gloo" or any(f.backend == "gloo" for f in fits):
         out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
@@ -147,6 +160,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
                 f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"]
         out += [f"gpu = {json.dumps(f.gpu)}"] if f.gpu else []
         out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
+        out += [f"nics_per_node = {nics_per_node[f.link]}"] if f.link in (nics_per_node or {}) else []
         for c in (curves or {}).get(f.link, []):
             out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
                     f"line_gb_per_s = {c.line_gb_per_s:.4g}", f"sizes_bytes = {c.sizes_bytes}",
@@ -282,14 +296,17 @@ def nic_rate_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSp
     catalog NICs of ``cluster``'s node (its catalog entry by name; none for a node not in the
     catalog): a NIC carries at most its line rate, so the fit holds several NICs' traffic
     (a file of ``meshplan calibrate --link nic`` from before it split a multi-GPU node's busbw
-    over its NICs); and one when its curve's run had k > 1 ranks per node, split over k NICs, but
-    the cluster's node has another number of NICs."""
+    over its NICs); and one when its curve's run had k > 1 ranks per node, split over k NICs
+    (or the ``nics_per_node`` it gives), but the cluster's node has another number of NICs."""
     c = calib.get("nic")
     curve = c.fitted_curve() if c is not None else None
-    per = curve.ranks // curve.nodes if curve is not None else 1
-    split = [f"--calibration {path}: nic was split over {per} NICs per node (one per rank of its {per}-GPU-per-node "
-             f"run), but {cluster.node.name} has {len(cluster.node.nics)}: its per-NIC figure is not this node's"
-             ] if per > 1 and per != len(cluster.node.nics) else []
+    ranks = curve.ranks // curve.nodes if curve is not None else 1
+    per = c.split_nics(curve) if c is not None else 1
+    how = (f"one per rank of its {per}-GPU-per-node run" if per == ranks
+           else f"nics_per_node, of its {ranks}-GPU-per-node run")
+    split = [f"--calibration {path}: nic was split over {per} NICs per node ({how}), but {cluster.node.name} has "
+             f"{len(cluster.node.nics)}: its per-NIC figure is not this node's"
+             ] if ranks > 1 and per != len(cluster.node.nics) else []
     if c is None or c.backend == "gloo" or cluster.node.name not in catalog.names("node"):
         return split
     rates = [n["rate_gbit_per_s"] for n in catalog.entry("node", cluster.node.name).get("nics", [])]
@@ -325,8 +342,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
-        if curve is not None:  # a nic curve of k ranks per node ran on k NICs of a node (meshplan.comm.calibrate)
-            per = curve.ranks // curve.nodes if name == "nic" else 1
+        if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
+            per = c.split_nics(curve) if name == "nic" else 1
             upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per})
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
