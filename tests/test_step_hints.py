@@ -11,20 +11,17 @@ from dataclasses import replace
 
 import pytest
 
-from meshplan.config import config_from_dict
+from meshplan.config import config_from_dict, load_config
 from meshplan.plan import build_plan
 from meshplan.schedule import verdict
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import Replanned, network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
 from meshplan.units import GiB
+from tests.conftest import EXAMPLES
 
-#: The trial's job as a meshplan TOML would give it (torchtitan's defaults: FSDP2, bf16 compute).
-LLAMA70B = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
-            "training": {"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
-                         "reshard_after_forward": True, "param_dtype": "fp32", "compute_dtype": "bf16",
-                         "reduce_dtype": "fp32", "recompute": "selective", "memory_reserve": 0.10},
-            "mesh": {"names": ["dp_shard", "tp"], "shape": [32, 8], "sequence_parallel": True}}
+#: The trial's job (torchtitan's defaults: FSDP2, bf16 compute) as a meshplan TOML.
+LLAMA70B = EXAMPLES / "llama3-70b_256xh100_dp32-tp8.toml"
 
 KNOBS = [('training.grad_accumulation = "no_sync"', {"grad_accumulation": "no_sync"}),
          ('training.grad_accumulation = "no_sync_unsharded"', {"grad_accumulation": "no_sync_unsharded"}),
@@ -34,7 +31,7 @@ KNOBS = [('training.grad_accumulation = "no_sync"', {"grad_accumulation": "no_sy
 
 @pytest.fixture(scope="module")
 def llama70b():
-    plan = build_plan(config_from_dict(LLAMA70B))
+    plan = build_plan(load_config(LLAMA70B))
     return plan, step_time(plan)
 
 
@@ -106,12 +103,10 @@ def test_step_prints_the_hint_in_text_and_json(tmp_path, capsys, llama70b):
     import json
 
     from meshplan.cli import main
-    from meshplan.interop.tomlout import dumps
     plan, st = llama70b
-    cfg, out = tmp_path / "llama3-70b_256xh100_dp32-tp8.toml", tmp_path / "step.json"
-    cfg.write_text(dumps(LLAMA70B))
+    out = tmp_path / "step.json"
     with pytest.raises(SystemExit) as done:
-        main(["step", str(cfg), "--json", str(out)])
+        main(["step", str(LLAMA70B), "--json", str(out)])
     assert not done.value.code
     printed = capsys.readouterr().out.splitlines()
     hint = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))

@@ -183,8 +183,8 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     :data:`HINT_SHARE` of the step or more on an FSDP stream with knobs (:func:`fsdp_knobs`):
     each knob re-planned by ``alternatives``, those that fit with a shorter step listed with
     their step, its change against this one and their peak (none: the line says so); no line
-    without ``alternatives``. Llama-3-70B at dp_shard 32 x tp 8, 16 micro-batches: fsdp 26.1%
-    of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py)."""
+    without ``alternatives``. examples/llama3-70b_256xh100_dp32-tp8.toml (dp_shard 32 x tp 8, 16
+    micro-batches): fsdp 26.1% of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py)."""
     shares = {k: v / st.step_s for k, v in st.exposed_s.items() if k in ("fsdp", "efsdp")}
     stream = max(shares, key=lambda k: shares[k], default="")
     found = fsdp_knobs(plan, stream) if stream and shares[stream] >= HINT_SHARE else None
