@@ -64,7 +64,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
-    verdict naming the communication and its cause. A mesh that does not fit exits 1 with its reasons after one
+    verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
+    more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a shorter step. Where the pipeline's
+    idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
+    forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
+    end stage. A mesh that does not fit exits 1 with its reasons after one
     line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
     (the catalog's, or --kernels files laid over it)."""
 

@@ -17,6 +17,7 @@ import numpy as np
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
+from meshplan.schedule.stage_balance import closed_form, imbalance_clause
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.spec.mesh_words import schedule_words
 from meshplan.spec.wording import fold_streams
@@ -265,14 +266,14 @@ class StepTime:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
         simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
         idle/total); only where it does not depend on the F, B, W unit times (schedules that
-        do not split the backward), else empty."""
-        spec = self.pipeline.spec
-        if spec.p == 1 or spec.sched.splits_backward:
+        do not split the backward), else empty (:func:`~meshplan.schedule.stage_balance.closed_form`);
+        then, where the measured idle exceeds it by more than twice, the longest stage
+        (:func:`~meshplan.schedule.stage_balance.imbalance_clause`)."""
+        x = closed_form(self.pipeline.spec)
+        if x is None:
             return ""
-        x = spec.sched.bubble(spec.p, spec.m, spec.v)
-        if x != x:  # NaN: no closed form for this m (interleaved 1F1B with torch's other rounds)
-            return ""
-        return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total"
+        return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total" + \
+            imbalance_clause(self)
 
     def lines(self) -> list[str]:
         """Printable summary with the definitions named."""

@@ -23,6 +23,7 @@ import numpy as np
 
 from meshplan.schedule.pipeline_exposure import last_tail_s, pipeline_without, run_shift, stage_bubble
 from meshplan.schedule.step_summary import StepTime
+from meshplan.spec.mesh_words import stage_list
 
 
 class BubbleWait(NamedTuple):
@@ -65,22 +66,6 @@ def bubble_wait(st: StepTime) -> Optional[BubbleWait]:
     return BubbleWait(stream, most[0], streams[stream], st.parts_s()["bubble"],
                       stage_bubble(bare, s, last_tail_s(bare, s, st.units), *later),
                       tuple([most[0]] + [k for k in alike if k != most[0]]))
-
-
-def stage_list(stages) -> str:
-    """``stage 3`` or ``stages 1-14`` or ``stages 1-3, 5``: stage numbers, consecutive ones as ranges.
-
-    >>> stage_list([1]), stage_list([3, 1, 2, 5, 7, 8])
-    ('stage 1', 'stages 1-3, 5, 7-8')
-    """
-    ks = sorted(stages)
-    out: list[list[int]] = []  # [first, last] of each run of consecutive stages
-    for k in ks:
-        if out and out[-1][1] == k - 1:
-            out[-1][1] = k
-        else:
-            out.append([k, k])
-    return ("stage " if len(ks) == 1 else "stages ") + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
 
 def bubble_wait_line(st: StepTime, bw: BubbleWait) -> str:

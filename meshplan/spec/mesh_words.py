@@ -3,9 +3,9 @@
 replicated, ``dp_shard`` where they are sharded: :func:`data_axis`, :func:`shown_names`,
 :func:`renamed_words`), the axes and derived groups of the groups and collective tables
 (:func:`axis_labels`, the derived groups in the runtime's words of
-:func:`meshplan.spec.wording.group_words`) and the pipeline schedule (:func:`schedule_words`).
-The plan, groups, memory, step, search, compare and restart text and the importers (which
-write the data axis so) all read them here.
+:func:`meshplan.spec.wording.group_words`), the pipeline schedule (:func:`schedule_words`) and a set
+of pipeline stages (:func:`stage_list`). The plan, groups, memory, step, search, compare and
+restart text and the importers (which write the data axis so) all read them here.
 """
 
 from __future__ import annotations
@@ -127,3 +127,19 @@ def schedule_words(schedule, pp: int) -> str:
     ('no pipeline', 'interleaved_1f1b')
     """
     return "no pipeline" if pp == 1 else str(schedule)
+
+
+def stage_list(stages) -> str:
+    """``stage 3`` or ``stages 1-14`` or ``stages 1-3, 5``: stage numbers, consecutive ones as ranges.
+
+    >>> stage_list([1]), stage_list([3, 1, 2, 5, 7, 8])
+    ('stage 1', 'stages 1-3, 5, 7-8')
+    """
+    ks = sorted(stages)
+    out: list[list[int]] = []  # [first, last] of each run of consecutive stages
+    for k in ks:
+        if out and out[-1][1] == k - 1:
+            out[-1][1] = k
+        else:
+            out.append([k, k])
+    return ("stage " if len(ks) == 1 else "stages ") + ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)

@@ -1,0 +1,114 @@
+"""Issue 11 follow-up (a newcomer's trial of ``meshplan step``): a step whose exposed FSDP time
+is large but under the network-bound half printed no advice. Llama-3-70B, dp_shard 32 x tp 8 on
+32 dgx-h100 (one dp rank per node), micro_batch 1, reshard_after_forward true: 16 micro-batches
+(512 / (1 x 32)), fsdp 26.1% of the step. The ``hint:`` line re-plans the verdict's knobs and
+lists those that fit with a shorter step (:func:`meshplan.schedule.verdict.exposed_hint`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.config import config_from_dict, load_config
+from meshplan.plan import build_plan
+from meshplan.schedule import verdict
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import Replanned, network_verdict, rebuilt_step
+from meshplan.schedule.waits import bubble_wait
+from meshplan.units import GiB
+from tests.conftest import EXAMPLES
+
+#: The trial's job (torchtitan's defaults: FSDP2, bf16 compute) as a meshplan TOML.
+LLAMA70B = EXAMPLES / "llama3-70b_256xh100_dp32-tp8.toml"
+
+KNOBS = [('training.grad_accumulation = "no_sync"', {"grad_accumulation": "no_sync"}),
+         ('training.grad_accumulation = "no_sync_unsharded"', {"grad_accumulation": "no_sync_unsharded"}),
+         ("training.reshard_after_forward = false", {"reshard_after_forward": False}),
+         ("training.micro_batch = 2", {"micro_batch": 2})]
+
+
+@pytest.fixture(scope="module")
+def llama70b():
+    plan = build_plan(load_config(LLAMA70B))
+    return plan, step_time(plan)
+
+
+def _replanned(plan, update):
+    alt = build_plan(replace(plan.config, training=plan.config.training.model_copy(update=update)))
+    return alt, step_time(alt).step_s
+
+
+def test_hint_lists_the_knobs_that_shorten_a_large_fsdp_share(llama70b):
+    plan, st = llama70b
+    assert plan.micro_batches == 512 // (1 * 32) == 16
+    share = st.exposed_s["fsdp"] / st.step_s
+    assert verdict.HINT_SHARE <= share < verdict.NETWORK_BOUND_SHARE  # the case: no verdict, a hint
+    assert sum(st.exposed_s.values()) < verdict.NETWORK_BOUND_SHARE * st.step_s
+    lines = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))
+    assert len(lines) == 1
+    assert lines[0].startswith(f"hint: exposed fsdp is {share:.1%} of the step ({st.exposed_s['fsdp']:.1f} s of "
+                               f"{st.step_s:.1f} s; 16 micro-batches per step): shorter with ")
+    assert f"{share:.1%}" == "26.1%"
+    for words, update in KNOBS:  # every knob the verdict tries, re-planned here on its own
+        alt, alt_s = _replanned(plan, update)
+        assert alt.feasible and alt_s < st.step_s
+        peak = alt.timeline.peak.total_bytes / GiB
+        assert f"{words} (step {alt_s:.1f} s, {alt_s / st.step_s - 1:+.1%}, peak {peak:.1f} GiB fits)" in lines[0]
+    no_sync = _replanned(plan, {"grad_accumulation": "no_sync"})[1]
+    # one reduce-scatter per step instead of 16: most of the exposed fsdp goes (the trial's ~-25%)
+    assert st.step_s - st.exposed_s["fsdp"] < no_sync < st.step_s - 0.5 * st.exposed_s["fsdp"]
+
+
+def test_hint_leaves_out_knobs_that_do_not_fit_or_are_not_faster(llama70b):
+    """The filter on its own, with re-plans given: a knob that does not fit, one infeasible and
+    one no faster are left out; with none left the line says so and names the knobs tried."""
+    plan, st = llama70b
+    given = {"no_sync": Replanned("step", st.step_s * 0.75, 60 * GiB),
+             "no_sync_unsharded": Replanned("does not fit (...)", None, 90 * GiB),
+             False: Replanned("step", st.step_s, 40 * GiB), 2: Replanned("infeasible (...)")}
+    line = verdict.exposed_hint(plan, st, lambda u: given[next(iter(u.values()))])[0]
+    assert line.endswith(f': shorter with training.grad_accumulation = "no_sync" (step {0.75 * st.step_s:.1f} s, '
+                         f'-25.0%, peak 60.0 GiB fits)')
+    slower = {k: Replanned("step", st.step_s * 1.01, GiB) for k in given}
+    line = verdict.exposed_hint(plan, st, lambda u: slower[next(iter(u.values()))])[0]
+    assert line.endswith(": none of its knobs re-planned fits with a shorter step (" +
+                         ", ".join(w for w, _ in KNOBS) + ")")
+
+
+def test_hint_threshold_is_the_named_share(llama70b, monkeypatch):
+    plan, st = llama70b
+    share = st.exposed_s["fsdp"] / st.step_s
+    fast = lambda u: Replanned("step", 1.0, GiB)  # noqa: E731
+    monkeypatch.setattr(verdict, "HINT_SHARE", share)
+    assert len(verdict.exposed_hint(plan, st, fast)) == 1
+    monkeypatch.setattr(verdict, "HINT_SHARE", share * (1 + 1e-9))
+    assert verdict.exposed_hint(plan, st, fast) == []
+
+
+def test_no_hint_for_a_small_share():
+    """Llama-3-8B on one node (dp_shard 4 x tp 2): fsdp exposes a small part of the step, so no
+    line and nothing re-planned."""
+    plan = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                        "training": {"global_batch": 8, "seq_len": 1024},
+                                        "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+    st = step_time(plan)
+    assert st.exposed_s.get("fsdp", 0.0) < verdict.HINT_SHARE * st.step_s
+    asked = []
+    assert network_verdict(plan, st, lambda u: asked.append(u), bw=bubble_wait(st)) == [] and asked == []
+
+
+def test_step_prints_the_hint_in_text_and_json(tmp_path, capsys, llama70b):
+    import json
+
+    from meshplan.cli import main
+    plan, st = llama70b
+    out = tmp_path / "step.json"
+    with pytest.raises(SystemExit) as done:
+        main(["step", str(LLAMA70B), "--json", str(out)])
+    assert not done.value.code
+    printed = capsys.readouterr().out.splitlines()
+    hint = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))
+    i = printed.index(hint[0])
+    assert printed[i - 1] == "kernels: catalog" and json.loads(out.read_text())["verdict"] == hint
