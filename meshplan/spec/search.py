@@ -18,6 +18,7 @@ from typing import ClassVar, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.limits import BOUNDS
+from meshplan.spec.mesh import Schedule, parse_schedule
 
 Recompute = Literal["none", "selective", "full", "op"]
 Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
@@ -152,6 +153,25 @@ class SearchOptions(BaseModel):
             if len(v) > 64 or max(v) > BOUNDS["world"].value:
                 raise ValueError(f"at most 64 values, each at most {BOUNDS['world'].value} ({BOUNDS['world'].reason})")
         return v
+
+    @field_validator("pp_schedules", mode="before")
+    @classmethod
+    def _schedule_spellings(cls, v):
+        """Each name as ``mesh.pp_schedule`` spells it (:func:`~meshplan.spec.mesh.parse_schedule`:
+        ``"1F1B"``, ``"ZBVZeroBubble"``); a schedule the search does not plan is named with the
+        ones it does (interleaved 1F1B is ``1f1b`` at vpp > 1)."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for name in v:
+            sched = parse_schedule(name)
+            if sched is Schedule.INTERLEAVED_1F1B:
+                raise ValueError(f"{name!r}: the search plans interleaved 1F1B as 1f1b on candidates with vpp > 1 "
+                                 f"([search] vpp); write \"1f1b\"")
+            if sched not in (Schedule.ONE_F_ONE_B, Schedule.ZBV, Schedule.DUALPIPEV):
+                raise ValueError(f"{name!r} ({sched}) is not searched; the search plans 1f1b, zbv and dualpipev")
+            out.append(str(sched))
+        return out
 
     @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages",
                      "pp_schedules")
