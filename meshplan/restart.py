@@ -399,13 +399,15 @@ def _contract(p: Proposal, reasons_of) -> Union[Proposal, str]:
     """``p`` with the contract it runs: as configured; else the largest smaller micro_batch
     that keeps the global batch; else the largest global batch below the configured one that
     is a whole number of micro-batches the schedule accepts (at least one per rank). A string:
-    why none works."""
+    why none works (the schedule's reasons at the most micro-batches the global batch allows)."""
     gb, mb, dp = p.global_batch, p.micro_batch, p.dp
     for b in range(mb, 0, -1):
         if gb % (b * dp) == 0 and not reasons_of(gb // (b * dp)):
             return replace(p, micro_batch=b, micro_batches=gb // (b * dp),
                            contract="" if b == mb else f"micro_batch {mb} -> {b}")
-    for m in range(max(1, gb // (mb * dp)), 0, -1):
+    most = max(1, gb // (mb * dp))
+    for m in range(most, 0, -1):
         if not reasons_of(m):
             return replace(p, micro_batches=m, global_batch=m * mb * dp, contract=f"global_batch {gb} -> {m * mb * dp}")
-    return "; ".join(reasons_of(1)) or "no micro-batch count runs"
+    return (f"none of 1-{most} micro-batches a step runs ({most} = global_batch {gb} // (micro_batch {mb} x dp {dp})); "
+            f"at {most}: " + "; ".join(reasons_of(most)))
