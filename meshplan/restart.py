@@ -63,7 +63,7 @@ from meshplan.spec import mesh_words
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
                                    axes_at, degree_rule, engine_rules, kind_passed, kind_ranked, pipeline_rule,
                                    pipelines, plan_evaluator, rank, same_kind, splits)
-from meshplan.restart_text import (KIND_REFUSED, batch_notes, changer_refusal, checkpoint_engine,  # noqa: F401
+from meshplan.restart_text import (KIND_REFUSED, axis_moves, batch_notes, changer_refusal, checkpoint_engine,  # noqa: F401
                                    kind_notes, pipeline_note, result_notes, state_notes)
 from meshplan.spec.mesh import MeshSpec
 
@@ -166,9 +166,13 @@ class Restart:
     new_names: tuple[str, ...] = ()
     sharding: str = ""
 
-    def changed_words(self) -> str:
-        """The changed axes as the mesh text names them (``training.sharding``'s data axis)."""
-        return changed_words(self.changed, self.new_names or self.names, self.sharding)
+    def moves(self) -> str:
+        """Each changed axis with its degrees before and after, and the axes kept
+        (:func:`~meshplan.restart_text.axis_moves`): ``shrunk: dp_shard 8 -> 7; kept: tp 8``."""
+        names = self.new_names or self.names
+        experts = tuple((a, d) for a, d in (("ep", self.ep), ("etp", self.etp)) if a not in names)
+        return axis_moves(dict(zip(self.names, self.old_shape)), dict(zip(names, self.shape)), self.changed,
+                          mesh_words.shown_names(names, self.sharding), experts)
 
     def lines(self) -> list[str]:
         """What ``meshplan reliability`` prints; an infeasible restart is one line naming why
@@ -188,7 +192,7 @@ class Restart:
         new = mesh_words.mesh_text(self.new_names or self.names, self.shape, self.sharding, self.ep, self.etp, keep)
         left = f" ({self.gpus_left} GPUs left)" if self.gpus_left != self.new_world else ""
         head = (f"restart: world {self.old_world} -> {self.new_world}{left}; mesh {old} -> {new}"
-                + (f" (changed: {self.changed_words()})" if self.changed else " (unchanged)"))
+                + (f" ({self.moves()})" if self.changed else " (unchanged)"))
         if self.refused and not self.refused[0].startswith(KIND_REFUSED):  # the kind's: a note of its own
             head += f"; not {self.refused[0]}"
         return [head] + [f"- {n}" for n in self.notes]
@@ -395,13 +399,15 @@ def _contract(p: Proposal, reasons_of) -> Union[Proposal, str]:
     """``p`` with the contract it runs: as configured; else the largest smaller micro_batch
     that keeps the global batch; else the largest global batch below the configured one that
     is a whole number of micro-batches the schedule accepts (at least one per rank). A string:
-    why none works."""
+    why none works (the schedule's reasons at the most micro-batches the global batch allows)."""
     gb, mb, dp = p.global_batch, p.micro_batch, p.dp
     for b in range(mb, 0, -1):
         if gb % (b * dp) == 0 and not reasons_of(gb // (b * dp)):
             return replace(p, micro_batch=b, micro_batches=gb // (b * dp),
                            contract="" if b == mb else f"micro_batch {mb} -> {b}")
-    for m in range(max(1, gb // (mb * dp)), 0, -1):
+    most = max(1, gb // (mb * dp))
+    for m in range(most, 0, -1):
         if not reasons_of(m):
             return replace(p, micro_batches=m, global_batch=m * mb * dp, contract=f"global_batch {gb} -> {m * mb * dp}")
-    return "; ".join(reasons_of(1)) or "no micro-batch count runs"
+    return (f"none of 1-{most} micro-batches a step runs ({most} = global_batch {gb} // (micro_batch {mb} x dp {dp})); "
+            f"at {most}: " + "; ".join(reasons_of(most)))

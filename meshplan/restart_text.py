@@ -77,6 +77,29 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
     return notes
 
 
+def axis_moves(old: dict, new: dict, changed, printed: dict, kept_experts=()) -> str:
+    """How the mesh after the loss differs from the configured one, axis by axis, in the
+    mesh line's names (``printed``: :func:`meshplan.spec.mesh_words.shown_names`): the axes that
+    shrink and grow with their degrees before and after, and the axes of degree > 1 that keep
+    theirs. ``old``/``new``: {axis: degree} before and after (an axis missing is degree 1);
+    ``changed``: the axes whose degree changed, in the mesh's order; ``kept_experts``: (name,
+    degree) of ep and etp > 1 when they are not among the axes (the restart keeps them).
+
+    >>> axis_moves({"dp_shard": 8, "tp": 8}, {"dp_shard": 7, "tp": 8}, ("dp_shard",), {})
+    'shrunk: dp_shard 8 -> 7; kept: tp 8'
+    >>> axis_moves({"dp_shard": 8, "tp": 8}, {"pp": 7, "dp_shard": 1, "cp": 2, "tp": 4}, ("pp", "dp_shard", "cp", "tp"),
+    ...            {"dp_shard": "dp"}, (("ep", 8),))
+    'shrunk: dp 8 -> 1, tp 8 -> 4; grown: pp 1 -> 7, cp 1 -> 2; kept: ep 8'
+    """
+    name = lambda n: printed.get(n, n)
+    move = lambda n: f"{name(n)} {old.get(n, 1)} -> {new.get(n, 1)}"
+    shrunk = [move(n) for n in changed if new.get(n, 1) < old.get(n, 1)]
+    grown = [move(n) for n in changed if new.get(n, 1) > old.get(n, 1)]
+    kept = [f"{name(n)} {d}" for n, d in list(new.items()) + list(kept_experts) if d > 1 and n not in changed]
+    parts = [("shrunk", shrunk), ("grown", grown), ("kept", kept)]
+    return "; ".join(f"{label}: {', '.join(axes)}" for label, axes in parts if axes)
+
+
 #: What a refusal of the job's kind (:func:`kind_refusal`) starts with: the restart's refused list
 #: holds these after the larger meshes refused, and the head line names the first larger one only.
 KIND_REFUSED = "the job's kind "

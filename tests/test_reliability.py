@@ -118,7 +118,7 @@ def test_restart_seed_mesh_loses_a_node():
                             "= 7 (the alternative below changes the global batch)")
     text = "\n".join(r.lines())
     assert r.lines()[0] == ("restart: world 64 -> 32 (56 GPUs left); mesh dp_shard 8 x tp 8 -> dp_shard 4 x tp 8 "
-                            "(changed: dp_shard); not " + r.refused[0])
+                            "(shrunk: dp_shard 8 -> 4; kept: tp 8); not " + r.refused[0])
     assert "runner-up" not in text  # one alternative at most (rs8): the larger mesh at another global batch
     assert ("- with a different global batch (changes the optimisation): dp_shard 7 x tp 8 on 56 GPUs, global_batch "
             "512 -> 511") in text
@@ -268,8 +268,8 @@ def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
                    "x cp 1 = 1\n")
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 16 x ep 8: test_restart_mixtral_*
     assert (rc, err) == (0, "")
-    assert ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 4 x cp 2 x ep 8 (changed: pp, "
-            "dp_shard, cp)") in out
+    assert ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 4 x cp 2 x ep 8 (shrunk: dp_shard "
+            "32 -> 4; grown: pp 1 -> 3, cp 1 -> 2; kept: ep 8)") in out
 
 
 def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys):
@@ -314,7 +314,7 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
     assert lines[head] == ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 4 x cp 2 x ep 8 "
-                           "(changed: pp, dp_shard, cp)")
+                           "(shrunk: dp_shard 32 -> 4; grown: pp 1 -> 3, cp 1 -> 2; kept: ep 8)")
     old = step_time(_example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml"), Overlap())
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml")
     mesh = {"names": ["pp", "dp_shard", "cp", "ep"], "shape": [3, 4, 2, 8], "world": 24,
@@ -472,7 +472,7 @@ def test_restart_changes_tp_where_the_old_one_leaves_gpus_idle():
     assert (top.names, top.shape, top.gpus, top.micro_batches) == (("dp_shard", "tp"), (8, 2), 16, 3)
     assert r.changed == ("dp_shard", "tp") and r.reshard
     assert [(p.tp_cp, p.pp, p.dp, p.gpus) for p in r.proposals[1:3]] == [((1, 1), 2, 8, 16), ((1, 1), 4, 4, 16)]
-    assert r.lines()[0] == "restart: world 24 -> 16; mesh dp_shard 24 -> dp_shard 8 x tp 2 (changed: dp_shard, tp)"
+    assert r.lines()[0] == "restart: world 24 -> 16; mesh dp_shard 24 -> dp_shard 8 x tp 2 (shrunk: dp_shard 24 -> 8; grown: tp 1 -> 2)"
     kept = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=24, micro_batch=1, pipeline=rule)
     assert kept.proposals[0].tp_cp == (1, 1) and kept.proposals[0].gpus == 16 and kept.proposals[0].pp == 2
 
@@ -484,14 +484,14 @@ def test_restart_names_the_data_axis_by_the_sharding():
     m = _mesh(["dp_shard", "tp"], [8, 8])
     z1 = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1, sharding="zero1")
     assert z1.lines()[0].startswith("restart: world 64 -> 32 (56 GPUs left); mesh dp 8 x tp 8 -> dp 4 x tp 8 "
-                                    "(changed: dp); not dp 7 x tp 8 (56 GPUs): global_batch 512")
+                                    "(shrunk: dp 8 -> 4; kept: tp 8); not dp 7 x tp 8 (56 GPUs): global_batch 512")
     assert any(n.startswith("with a different global batch (changes the optimisation): dp 7 x tp 8 on 56 GPUs")
                for n in z1.notes)
     assert any(n.startswith("checkpoint: resharded on load (dp changed)") for n in z1.notes)
     z3 = restart_on_fewer_nodes(_mesh(["dp", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512, micro_batch=1,
                                 sharding="zero3")
     assert z3.lines()[0].startswith("restart: world 64 -> 32 (56 GPUs left); mesh dp_shard 8 x tp 8 -> dp_shard 4 x "
-                                    "tp 8 (changed: dp_shard)")
+                                    "tp 8 (shrunk: dp_shard 8 -> 4; kept: tp 8)")
 
 
 def test_restart_deepseek_v3_planned(capsys, tmp_path):
@@ -525,7 +525,8 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     assert f"{gain:.1%} more throughput (the 2048-GPU plan" in lines[head + 1]
     # zero1: the data axis printed dp (mesh_words.mesh_text), as plan prints it
     assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
-                                  f"-> pp 31 x dp 32 x cp 2 x ep 64 (changed: pp, dp, cp)")
+                                  f"-> pp 31 x dp 32 x cp 2 x ep 64 (shrunk: dp 128 -> 32; grown: pp 16 -> 31, "
+                                  f"cp 1 -> 2; kept: ep 64)")
     assert 0 < gain <= 0.05 and lines[head + 2] == (  # uxsmall: 1.5% is within the model's 5%, not a verdict
         f"- pp 31 x dp 32 x cp 2 x ep 64 on {top['gpus']} GPUs plans {gain:.1%} more tokens/s than the 2048-GPU "
         "plan, within the step-time model's 5% accuracy: the two are as fast as far as the model can tell, and the "
@@ -554,8 +555,8 @@ def test_restart_dense_seed_varies_pp():
     assert (top.names, top.shape, top.gpus, top.micro_batches) == (("pp", "dp_shard", "tp"), (7, 1, 8), 56, 512)
     assert top.pp_layer_split == (11, 12, 12, 12, 11, 11, 11) and r.changed == ("pp", "dp_shard")
     assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:3]) == [(48, 3, 2), (48, 6, 1)]
-    assert r.lines()[0] == ("restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: "
-                            "pp, dp_shard)")
+    assert r.lines()[0] == ("restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (shrunk: "
+                            "dp_shard 8 -> 1; grown: pp 1 -> 7; kept: tp 8)")
     assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3" in r.notes  # pp 1 ran no schedule to keep
 
 
@@ -708,7 +709,7 @@ def test_deepspeed_restart_varies_the_data_axis_only_and_writes_as_deepspeed(cap
     assert "tp" not in restart
     rc, out, err = _deepspeed_cli(capsys, 4096)  # the plan fits: dp 16 -> dp 8, the data axis alone
     assert rc == 0 and "infeasible" not in err
-    assert "restart: world 16 -> 8; mesh dp 16 -> dp 8 (changed: dp)\n" in out
+    assert "restart: world 16 -> 8; mesh dp 16 -> dp 8 (shrunk: dp 16 -> 8)\n" in out
     assert "of the throughput lost (the 16-GPU plan: step 5.80 s" in out
 
 

@@ -37,7 +37,7 @@ def test_kind_at_another_global_batch_by_hand():
         (1, 7, 56, "global_batch 512 -> 511", 56000.0), (7, 1, 56, "", 55351.4), (3, 2, 48, "", 47627.9),
         (6, 1, 48, "", 47535.8), (5, 1, 40, "", 39689.9), (1, 4, 32, "", 32000.0), (2, 2, 32, "", 31875.5),
         (4, 1, 32, "", 31813.6), (3, 1, 24, "", 23906.6)]
-    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> dp_shard 7 x tp 8 (changed: dp_shard)"
+    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> dp_shard 7 x tp 8 (shrunk: dp_shard 8 -> 7; kept: tp 8)"
     assert r.contract == "global_batch 512 -> 511" and r.micro_batches == (64, 73)
     shown = _shown(r)
     assert shown == ["alternative keeping the global batch: pp 7 x tp 8 on 56 GPUs, contract kept: step 1.00 s, "
@@ -96,8 +96,8 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     out = CliRunner().invoke(cli.app, ["reliability", str(cfg), "--write-gbps", "100", "--read-gbps", "200",
                                        "--restart-overhead-s", "300"], env={"COLUMNS": "200"}).output
     lines = out.splitlines()
-    assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (changed: "
-            "dp_shard)") in lines
+    assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (shrunk: "
+            "dp_shard 32 -> 30; kept: cp 2, tp 2)") in lines
     assert "- planned step 30.76 s, 135,843 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 28.94 s, 144,933 tokens/s)" in lines
     assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step 34.56 s, " \
@@ -122,8 +122,8 @@ def test_larger_changer_within_the_accuracy_is_named_with_its_tokens_per_s():
                                degrees=DegreeRule(((8, 2), (8, 1))), evaluate=evaluate)
     assert (r.shape, r.contract, round(r.proposals[0].tokens_per_s)) == ((3, 2, 8), "global_batch 512 -> 510", 53760)
     assert r.lines()[0] == (
-        "restart: world 64 -> 48 (56 GPUs left); mesh dp_shard 4 x cp 2 x tp 8 -> dp_shard 3 x cp 2 x tp 8 (changed: "
-        "dp_shard); not dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 = 7; "
+        "restart: world 64 -> 48 (56 GPUs left); mesh dp_shard 4 x cp 2 x tp 8 -> dp_shard 3 x cp 2 x tp 8 (shrunk: "
+        "dp_shard 4 -> 3; kept: cp 2, tp 8); not dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 = 7; "
         "with global_batch 512 -> 511: 56,000 tokens/s, not over 5% more than the job's kind")
     assert _shown(r) == ["alternative keeping the global batch: dp_shard 2 x cp 2 x tp 8 on 32 GPUs, contract kept: "
                          "step 1.00 s, 35,840 tokens/s"]

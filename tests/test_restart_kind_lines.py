@@ -38,8 +38,8 @@ def test_each_failed_plan_of_the_kind_is_refused_with_its_reason():
     assert r.refused == (f"the job's kind dp_shard 4 x tp 8 (32 GPUs): {OOM}",
                          f"the job's kind dp_shard 7 x tp 8 (56 GPUs, global_batch 512 -> 511): {OOM}")
     assert [n for n in r.notes if n.startswith("refused: ")] == [f"refused: {x}" for x in r.refused]
-    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: " \
-                           "pp, dp_shard)"
+    assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (shrunk: " \
+                           "dp_shard 8 -> 1; grown: pp 1 -> 7; kept: tp 8)"
     assert not [n for n in r.notes if "passed over" in n]  # no plan of the kind to pass over
 
 
@@ -92,6 +92,6 @@ def test_megatron_example_names_the_kind_passed_over(capsys):
         main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "100",
               "--read-gbps", "200", "--restart-overhead-s", "300"])
     lines = capsys.readouterr().out.splitlines()
-    assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 1 x dp 4 x tp 2 (changed: pp)" in lines
+    assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 1 x dp 4 x tp 2 (shrunk: pp 2 -> 1; kept: dp 4, tp 2)" in lines
     assert ("- the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on "
             "8 GPUs plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy") in lines

@@ -35,7 +35,7 @@ from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
-from meshplan.spec.mesh import Schedule
+from meshplan.spec.mesh import parse_schedule
 from meshplan.spec.mesh_words import schedule_words
 
 
@@ -52,8 +52,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
-         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
-                                                                        "(zbv and dualpipev: virtual_stages 2, a V; "
+         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
+                                                                        "or torch.distributed.pipelining's name (1F1B, "
+                                                                        "Interleaved1F1B, InterleavedZeroBubble = zb_h1, "
+                                                                        "ZBVZeroBubble, ...; any case), as "
+                                                                        "mesh.pp_schedule takes (zbv and dualpipev: "
+                                                                        "virtual_stages 2, a V; "
                                                                         "at pp 1 a note says it changes nothing)"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
@@ -72,8 +76,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
     (the catalog's, or --kernels files laid over it)."""
 
-    if schedule is not None and schedule not in {x.value for x in Schedule}:
-        raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
+    if schedule is not None:
+        try:
+            schedule = str(parse_schedule(schedule))
+        except ValueError as e:
+            raise ConfigError("--schedule", str(e)) from None
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")

@@ -198,7 +198,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
                                 table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s",
                                        "MFU", "tokens/s", "goodput", "GEMM eff"], top)
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
-                                         + export_lines(r)))
+                                        + [r.config.search.goodput_words()] + export_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]

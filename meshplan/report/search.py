@@ -161,9 +161,7 @@ def print_search(r: SearchResult, console: Console) -> None:
     console.print(RULE_LINE, highlight=False, markup=False)
     if r.explanation is not None:
         console.print(r.explanation.line(), highlight=False, markup=False)
-    o = r.config.search
-    lines = [f"goodput (Daly, printed, not ranked): checkpoint write/read {o.checkpoint_write_gb_per_s:g}/"
-             f"{o.checkpoint_read_gb_per_s:g} GB/s, restart overhead {o.restart_overhead_s:g} s ([search] fields)"]
+    lines = [r.config.search.goodput_words()]
     if r.proven:
         lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                      "one shown")

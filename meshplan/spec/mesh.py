@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from meshplan.spec.names import Name
 from meshplan.limits import BOUNDS, MAX_WORLD, over
@@ -29,6 +29,57 @@ class Schedule(StrEnum):
     ZB_H1 = "zb_h1"
     ZBV = "zbv"
     DUALPIPEV = "dualpipev"
+
+
+def _squash(name: str) -> str:
+    """``name`` as spellings are compared: lower case, without ``_``, ``-``, ``.`` and spaces,
+    without a leading ``schedule`` (torch's class names: ``ScheduleGPipe``).
+
+    >>> _squash("ScheduleInterleaved1F1B"), _squash("ZB-H1"), _squash("interleaved_1f1b")
+    ('interleaved1f1b', 'zbh1', 'interleaved1f1b')
+    """
+    flat = "".join(ch for ch in name.lower() if ch not in "_-. ")
+    return flat.removeprefix("schedule") or flat
+
+
+#: Every spelling of a schedule that meshplan accepts, by :func:`_squash`: its own names, and
+#: the names users of other tools type. torch.distributed.pipelining (``get_schedule_class``
+#: in ``schedules.py``, case-insensitive, as torchtitan's
+#: ``parallelism.pipeline_parallel_schedule``): GPipe, 1F1B, Interleaved1F1B,
+#: InterleavedZeroBubble (torch's ZB1P; meshplan plans it as ``zb_h1``, one stage per rank),
+#: ZBVZeroBubble, DualPipeV. Qi et al. 2023 (arXiv 2401.10241): ZB-H1, ZB-V. Megatron-LM
+#: (``megatron/core/pipeline_parallel/schedules.py``): ``forward_backward_pipelining_without_
+#: interleaving`` (1F1B, called PipeDream-Flush by Narayanan et al. SC21, section 2.2.1) and
+#: ``..._with_interleaving`` (the interleaved schedule).
+SCHEDULE_SPELLINGS: dict[str, Schedule] = {_squash(s.value): s for s in Schedule} | {
+    "interleavedzerobubble": Schedule.ZB_H1, "zb1p": Schedule.ZB_H1, "zbvzerobubble": Schedule.ZBV,
+    "pipedreamflush": Schedule.ONE_F_ONE_B, "forwardbackwardpipeliningwithoutinterleaving": Schedule.ONE_F_ONE_B,
+    "interleaved": Schedule.INTERLEAVED_1F1B, "forwardbackwardpipeliningwithinterleaving": Schedule.INTERLEAVED_1F1B}
+
+#: The accepted names, as an error lists them.
+SCHEDULE_NAMES_HELP = (", ".join(Schedule) + ", or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, "
+                       "InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)")
+
+
+def parse_schedule(name) -> Schedule:
+    """The schedule ``name`` spells (a :class:`Schedule`, one of its names, or a spelling of
+    :data:`SCHEDULE_SPELLINGS`); ValueError listing the accepted names otherwise (the caller
+    names the field: ``mesh.pp_schedule``, ``--schedule``).
+
+    >>> parse_schedule("1F1B"), parse_schedule("ZBVZeroBubble"), parse_schedule("InterleavedZeroBubble")
+    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.ZBV: 'zbv'>, <Schedule.ZB_H1: 'zb_h1'>)
+    >>> parse_schedule("dualpipe")
+    Traceback (most recent call last):
+    ValueError: unknown schedule 'dualpipe'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)
+    """
+    if isinstance(name, Schedule):
+        return name
+    if not isinstance(name, str):
+        raise ValueError(f"give a schedule's name as a string (got {str(name)[:60]}); use {SCHEDULE_NAMES_HELP}")
+    found = SCHEDULE_SPELLINGS.get(_squash(name))
+    if found is None:
+        raise ValueError(f"unknown schedule {name[:60]!r}; use {SCHEDULE_NAMES_HELP}")
+    return found
 
 
 class MeshSpec(BaseModel):
@@ -60,6 +111,12 @@ class MeshSpec(BaseModel):
     rank_to_gpu: Optional[list[int]] = None
     loss_parallel: bool = True
     custom_axes: list[str] = Field(default_factory=list)
+
+    @field_validator("pp_schedule", mode="before")
+    @classmethod
+    def _schedule_spelling(cls, value):
+        """Any spelling :func:`parse_schedule` accepts (``"1F1B"``, ``"ZBVZeroBubble"``)."""
+        return parse_schedule(value)
 
     @field_serializer("pp_schedule")
     def _schedule_name(self, value) -> str:

@@ -18,6 +18,7 @@ from typing import ClassVar, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.limits import BOUNDS
+from meshplan.spec.mesh import Schedule, parse_schedule
 
 Recompute = Literal["none", "selective", "full", "op"]
 Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
@@ -36,6 +37,11 @@ def _default_sharding() -> list[Sharding]:
 #: Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1): the Tectonic
 #: storage fabric of Llama 3 pre-training "supports a sustainable throughput of 2 TB/s".
 LLAMA3_STORAGE_GB_PER_S = 2000.0
+#: That default's source as the search's goodput line names it (:meth:`SearchOptions.goodput_words`).
+LLAMA3_STORAGE_SOURCE = "the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1)"
+#: Detection, rescheduling and start-up per restart when ``[search]`` gives none: no published
+#: figure, an assumption, and the goodput line says so.
+ASSUMED_RESTART_OVERHEAD_S = 600.0
 
 
 class SearchOptions(BaseModel):
@@ -99,7 +105,8 @@ class SearchOptions(BaseModel):
     - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
       for the goodput column (default 2000 GB/s each: the Llama 3 paper's sustained Tectonic
       throughput); ``restart_overhead_s``: detection, rescheduling and start-up per restart
-      (default 600 s: a stated assumption, no published figure). Goodput is printed, not
+      (default 600 s: a stated assumption, no published figure). The search names each value
+      used, and for a default its source or that it is an assumption (:meth:`goodput_words`). Goodput is printed, not
       ranked: at a fixed world it changes only with the per-rank checkpoint size.
     """
 
@@ -138,7 +145,29 @@ class SearchOptions(BaseModel):
                                              le=BOUNDS["checkpoint_write_gb_per_s"].value)
     checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0,
                                             le=BOUNDS["checkpoint_read_gb_per_s"].value)
-    restart_overhead_s: float = Field(default=600.0, ge=0, le=BOUNDS["restart_overhead_s"].value)
+    restart_overhead_s: float = Field(default=ASSUMED_RESTART_OVERHEAD_S, ge=0, le=BOUNDS["restart_overhead_s"].value)
+
+    def goodput_words(self) -> str:
+        """The goodput column's inputs as the search prints them under its table: the storage
+        bandwidths and restart overhead, and for each left at its default where the default
+        comes from and the ``[search]`` field that sets it.
+
+        >>> print(SearchOptions().goodput_words())
+        goodput (Daly, printed, not ranked): checkpoint write/read 2000/2000 GB/s (default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set [search] checkpoint_write_gb_per_s, checkpoint_read_gb_per_s), restart overhead 600 s (default: an assumption, no published figure; set [search] restart_overhead_s)
+        >>> print(SearchOptions(checkpoint_write_gb_per_s=100, restart_overhead_s=300).goodput_words())
+        goodput (Daly, printed, not ranked): checkpoint write/read 100/2000 GB/s (read default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set [search] checkpoint_read_gb_per_s), restart overhead 300 s
+        """
+        given = self.model_fields_set
+        unset = [f for f in ("checkpoint_write_gb_per_s", "checkpoint_read_gb_per_s") if f not in given]
+        storage = f"checkpoint write/read {self.checkpoint_write_gb_per_s:g}/{self.checkpoint_read_gb_per_s:g} GB/s"
+        if unset:
+            which = "" if len(unset) == 2 else f"{unset[0].split('_')[1]} "
+            storage += f" ({which}default: {LLAMA3_STORAGE_SOURCE}; set [search] {', '.join(unset)})"
+        restart = f"restart overhead {self.restart_overhead_s:g} s"
+        if "restart_overhead_s" not in given:
+            restart += " (default: an assumption, no published figure; set [search] restart_overhead_s)"
+        all_given = not unset and "restart_overhead_s" in given
+        return f"goodput (Daly, printed, not ranked): {storage}, {restart}" + (" ([search] fields)" if all_given else "")
 
     @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
     @classmethod
@@ -152,6 +181,25 @@ class SearchOptions(BaseModel):
             if len(v) > 64 or max(v) > BOUNDS["world"].value:
                 raise ValueError(f"at most 64 values, each at most {BOUNDS['world'].value} ({BOUNDS['world'].reason})")
         return v
+
+    @field_validator("pp_schedules", mode="before")
+    @classmethod
+    def _schedule_spellings(cls, v):
+        """Each name as ``mesh.pp_schedule`` spells it (:func:`~meshplan.spec.mesh.parse_schedule`:
+        ``"1F1B"``, ``"ZBVZeroBubble"``); a schedule the search does not plan is named with the
+        ones it does (interleaved 1F1B is ``1f1b`` at vpp > 1)."""
+        if not isinstance(v, list):
+            return v
+        out = []
+        for name in v:
+            sched = parse_schedule(name)
+            if sched is Schedule.INTERLEAVED_1F1B:
+                raise ValueError(f"{name!r}: the search plans interleaved 1F1B as 1f1b on candidates with vpp > 1 "
+                                 f"([search] vpp); write \"1f1b\"")
+            if sched not in (Schedule.ONE_F_ONE_B, Schedule.ZBV, Schedule.DUALPIPEV):
+                raise ValueError(f"{name!r} ({sched}) is not searched; the search plans 1f1b, zbv and dualpipev")
+            out.append(str(sched))
+        return out
 
     @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages",
                      "pp_schedules")
