@@ -20,10 +20,11 @@ def _row(per_microbatch: int, layers: int):
 
 
 def test_per_layer_words_split_whole_layers_from_the_rest():
-    # 161 = 2 x 80 + 1; 15 = 2 x 7 + 1; one call over 7 layers is not per layer; 160 / 80 is whole
+    # 161 = 2 x 80 + 1; 15 = 2 x 7 + 1; one call over 7 layers is outside them; 160 / 80 is whole
     assert _per_layer_words(_row(161, 80)) == " (per layer 2.01 = 161 calls / 80 layers: 2 per layer + 1 outside them)"
     assert _per_layer_words(_row(15, 7)) == " (per layer 2.14 = 15 calls / 7 layers: 2 per layer + 1 outside them)"
-    assert _per_layer_words(_row(1, 7)) == " (per layer 0.14 = 1 call / 7 layers: not per layer)"
+    assert _per_layer_words(_row(1, 7)) == " (1 call per micro-batch, outside the layers)"
+    assert _per_layer_words(_row(3, 80)) == " (3 calls per micro-batch, outside the layers)"
     assert _per_layer_words(_row(160, 80)) == ""
     assert _per_layer_words(SimpleNamespace(per_microbatch=0, per_layer=0.0)) == ""
 

@@ -278,15 +278,17 @@ def _per_layer_words(row) -> str:
     """Why a "per layer" cell is not whole: `` (per layer 2.14 = 15 calls / 7 layers: 2 per layer
     + 1 outside them)``, the calls per micro-batch over the stage's layers (``per_microbatch / per_layer``) and
     those left over, issued outside the layer loop (e.g. by the embedding or the head); for a row
-    under one per layer, `` (per layer 0.14 = 1 call / 7 layers: not per layer)``; "" for a whole
-    figure or a row not issued per micro-batch."""
+    under one per layer, issued outside the layers, the calls per micro-batch alone:
+    `` (1 call per micro-batch, outside the layers)``; "" for a whole figure or a row not issued
+    per micro-batch."""
     if not row.per_microbatch or not row.per_layer or float(row.per_layer).is_integer():
         return ""
     layers = round(row.per_microbatch / row.per_layer)
     each, left = divmod(row.per_microbatch, layers)
-    calls = f"{row.per_microbatch} call{'s' if row.per_microbatch > 1 else ''} / {layers} layers"
-    how = f"{each} per layer + {left} outside them" if each else "not per layer"
-    return f" (per layer {row.per_layer:.2f} = {calls}: {how})"
+    calls = f"{row.per_microbatch} call{'s' if row.per_microbatch > 1 else ''}"
+    if not each:
+        return f" ({calls} per micro-batch, outside the layers)"
+    return f" (per layer {row.per_layer:.2f} = {calls} / {layers} layers: {each} per layer + {left} outside them)"
 
 
 def _cadence_lines(rows, shown: dict) -> list[str]:
