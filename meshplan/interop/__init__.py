@@ -1,6 +1,7 @@
 """Interoperation with the job configs practitioners already have (layer after
-:mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`), Megatron-LM
-arguments (:mod:`~meshplan.interop.megatron`, its flags in
+:mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`, writer in
+:mod:`~meshplan.interop.torchtitan_write`, carried user keys in
+:mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, its flags in
 :mod:`~meshplan.interop.megatron_flags`, pipeline split in
 :mod:`~meshplan.interop.megatron_pipeline`, model flags in
 :mod:`~meshplan.interop.megatron_model`, writer in :mod:`~meshplan.interop.megatron_write`,
@@ -23,4 +24,4 @@ one-line error naming the option when it is missing.
 
 __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "foreign",
            "launch", "megatron", "megatron_carry", "megatron_flags", "megatron_model", "megatron_pipeline",
-           "megatron_write", "tomlout", "torchtitan"]
+           "megatron_write", "tomlout", "torchtitan", "torchtitan_carry", "torchtitan_write"]

@@ -35,6 +35,8 @@ from meshplan.interop import (
     megatron,
     megatron_carry,
     torchtitan,
+    torchtitan_carry,
+    torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
@@ -178,7 +180,7 @@ class UserFile(NamedTuple):
 
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
 #: and its name in the header.
-CARRIERS = {"torchtitan": (torchtitan.carried, lambda d: torchtitan.carried(d, {})[1], "torchtitan"),
+CARRIERS = {"torchtitan": (torchtitan_carry.carried, lambda d: torchtitan_carry.carried(d, {})[1], "torchtitan"),
             "deepspeed": (deepspeed_carry.carried, deepspeed_carry.not_planned, "DeepSpeed"),
             "megatron": (megatron_carry.carried, megatron_carry.not_planned, "Megatron-LM")}
 
@@ -215,7 +217,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     ``user``: the torchtitan job TOML or DeepSpeed JSON ``cfg`` was read from
     (:func:`user_source`): a file of the same format carries its settings meshplan does not
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
-    (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
+    (:func:`meshplan.interop.torchtitan_carry.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
     the header names them; another target lists them, in one line, as not carried. A torchtitan
     file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
     :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
@@ -363,14 +365,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
                 + (f" --gpu {opts.gpu}" if opts.gpu else "")
                 + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
     if to == "torchtitan":
-        tables, kept = torchtitan.carried(user.doc, torchtitan.write(cfg)) if user is not None and \
-            user.fmt == to else (torchtitan.write(cfg), [])
+        tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
+            user.fmt == to else (torchtitan_write.write(cfg), [])
         spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
         written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += torchtitan.write_notes(cfg)
+        head += torchtitan_write.write_notes(cfg)
         head += spelling_note(spelling, source) if written is not tables else []
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
