@@ -30,7 +30,7 @@ LAYERS = [
     ["meshplan.compute"],
     ["meshplan.memory"],
     ["meshplan.comm"],
-    ["meshplan.plan"],
+    ["meshplan.plan", "meshplan.plan_checks", "meshplan.plan_runtime"],
     ["meshplan.schedule"],
     ["meshplan.reliability", "meshplan.restart", "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix"],
     ["meshplan.search"],

@@ -36,7 +36,7 @@ from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any, user_source
 from meshplan.interop.search_export import search_export_refusal, search_row_refusal
-from meshplan.plan import config_warnings, export_refusals
+from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict

@@ -210,7 +210,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
            step_of: StepOf | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
-    :func:`meshplan.plan.config_warnings`), how to import the file again, and every meshplan
+    :func:`meshplan.plan_runtime.config_warnings`), how to import the file again, and every meshplan
     field the re-imported file does not give back (``not expressed in <to>: ...``, module
     docstring); it opens TOML and
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
@@ -223,7 +223,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     the header names them; another target lists them, in one line, as not carried. A torchtitan
     file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
     :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
-    runtime refuses in ``cfg`` (:func:`meshplan.plan.export_refusals`: its pipeline schedule, a MoE mesh): that target
+    runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline schedule, a MoE mesh): that target
     is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
     when it does not resolve; the caller's, as this layer plans nothing): when fields are not
     expressed, the header says what they do to the step (``step after the round trip: 119.526

@@ -19,7 +19,7 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
     from the config before the search runs (``search --export N --to T`` checks it first);
     None when some row may export (a row's own mesh and pipeline are checked after the search,
-    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan.export_refusals`). torchtitan: a model without a
+    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`). torchtitan: a model without a
     torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
     DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
     dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
@@ -63,7 +63,7 @@ def search_row_refusal(n: int, rows: Sequence[Config], to: str,
     write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
     format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
     distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
-    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan.export_refusals` per
+    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan_runtime.export_refusals` per
     format."""
     cfg = rows[n - 1]
     _, why = not_expressed(cfg, to, refused_of(cfg))
