@@ -22,7 +22,7 @@ LAYERS = [
      "meshplan.fileio"],
     ["meshplan.spec"],
     ["meshplan.catalog"],
-    ["meshplan.config"],
+    ["meshplan.config", "meshplan.config_tables"],
     ["meshplan.mesh"],
     ["meshplan.interop"],
     ["meshplan.pipeline"],
