@@ -223,11 +223,11 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     the header names them; another target lists them, in one line, as not carried. A torchtitan
     file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
     :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
-    runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline schedule, a MoE mesh): that target
-    is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
-    when it does not resolve; the caller's, as this layer plans nothing): when fields are not
-    expressed, the header says what they do to the step (``step after the round trip: 119.526
-    s -> 85.047 s ...``)."""
+    runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline
+    schedule, a MoE mesh): that target is refused, and never suggested. ``step_of``: a
+    config's predicted step in seconds (None when it does not resolve; the caller's, as this
+    layer plans nothing): when fields are not expressed, the header says what they do to the
+    step (``step after the round trip: 119.526 s -> 85.047 s ...``)."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:

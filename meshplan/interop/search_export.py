@@ -19,8 +19,8 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
     from the config before the search runs (``search --export N --to T`` checks it first);
     None when some row may export (a row's own mesh and pipeline are checked after the search,
-    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`). torchtitan: a model without a
-    torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
+    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`).
+    torchtitan: a model without a torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
     DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
     dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
 

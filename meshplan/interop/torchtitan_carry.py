@@ -20,13 +20,14 @@ KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.pre
 
 
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
-    """(tables, what was carried) of ``written`` (:func:`~meshplan.interop.torchtitan_write.write`) with the user's torchtitan
-    job TOML ``user`` carried through: every key meshplan does not read (``[job]``,
-    ``optimizer.lr``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``, ``training.steps``,
-    ...) and :data:`KEPT` unchanged (``job.description`` the user's where it has one), the
-    converters meshplan does not model kept beside the written ones; every other read key is
-    what :func:`~meshplan.interop.torchtitan_write.write` says (the plan), absent where it writes none. ``model.hf_assets_path`` only while the model is still the user's. What was
-    carried: whole tables as ``[name]``, single keys dotted.
+    """(tables, what was carried) of ``written`` (:func:`~meshplan.interop.torchtitan_write.write`)
+    with the user's torchtitan job TOML ``user`` carried through: every key meshplan does not
+    read (``[job]``, ``optimizer.lr``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``,
+    ``training.steps``, ...) and :data:`KEPT` unchanged (``job.description`` the user's where it
+    has one), the converters meshplan does not model kept beside the written ones; every other
+    read key is what :func:`~meshplan.interop.torchtitan_write.write` says (the plan), absent
+    where it writes none. ``model.hf_assets_path`` only while the model is still the user's.
+    What was carried: whole tables as ``[name]``, single keys dotted.
 
     >>> user = {"job": {"dump_folder": "./o"}, "training": {"seq_len": 4096, "steps": 10},
     ...         "activation_checkpoint": {"mode": "full", "early_stop": True}}

@@ -23,10 +23,10 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    the ``top``-th smallest get the pipeline schedule evaluated exactly on their unit
    bounds (:mod:`meshplan.search.pipeline`), still a lower bound, usually within 0.1% of
    the simulation.
-6. **Rank by exact step time**, best-first (:mod:`meshplan.search.best_first`): candidates are planned and simulated exactly
-   (``build_plan`` + ``step_time(plan, Overlap())``, what ``meshplan plan`` and ``meshplan
-   step`` run) in increasing order of their step-time lower bound, each bound tightened as
-   in step 5 when its candidate reaches the front of the queue
+6. **Rank by exact step time**, best-first (:mod:`meshplan.search.best_first`): candidates
+   are planned and simulated exactly (``build_plan`` + ``step_time(plan, Overlap())``, what
+   ``meshplan plan`` and ``meshplan step`` run) in increasing order of their step-time lower
+   bound, each bound tightened as in step 5 when its candidate reaches the front of the queue
    (:mod:`meshplan.search.frontier`; the printed bounds stay those of step 5), until ``top`` feasible
    ones are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
    exact step time (:func:`meshplan.search.rank.needed`); the top is then ordered by the tie
