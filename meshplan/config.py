@@ -23,30 +23,24 @@ command needs it.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import tomllib
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
-
-from meshplan import catalog
+from meshplan.config_tables import build, read_cluster, read_model
 from meshplan.errors import ConfigError
-from meshplan.spec.axes import canonical_names
 from meshplan.fileread import read_text_limited
-from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, bound_message, over
+from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, over
+from meshplan.spec.axes import canonical_names
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.spec.hf import model_from_hf_config
-from meshplan.spec.memory import MEMORY_KNOBS, MemoryOptions
+from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
-from meshplan.spec.training_engines import PLAN_KNOBS
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search", "kernels")
@@ -185,11 +179,11 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
-    model, training = _model(data["model"], base), build(TrainingSpec, data["training"], "training")
+    model, training = read_model(data["model"], base), build(TrainingSpec, data["training"], "training")
     if mesh is not None and training.framework == "megatron":
         mesh, notes = _megatron_etp(mesh, notes)
     _check_routing(model, training)
-    cluster = _cluster(data["cluster"])
+    cluster = read_cluster(data["cluster"])
     if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
         raise ConfigError("training.linear_dtype", f"{cluster.gpu.name} has no {training.linear_dtype} peak "
                           f"(float8 GEMMs need fp8 tensor cores, sm89+; its peaks: "
@@ -280,213 +274,3 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
     if training.moe_dropless and training.moe_capacity_factor is not None:
         raise ConfigError("training.moe_capacity_factor", "dropless routing has no capacity; remove one of "
                           "moe_dropless and moe_capacity_factor")
-
-
-def build(cls: type[BaseModel], values: dict, table: str) -> Any:
-    """``cls(**values)`` with pydantic errors turned into one-line ConfigErrors."""
-    if not isinstance(values, dict):
-        raise ConfigError(table, f"must be a table of {cls.__name__} fields (got {type(values).__name__} "
-                                 f"{str(values)[:40]!r})")
-    try:
-        return cls(**values)
-    except ValidationError as e:
-        raise _one_line(e, cls, table) from None
-
-
-def _home_table(key: str, table: str) -> Optional[str]:
-    """The other top-level table that has ``key`` as a field, where exactly one does (a key
-    written in the wrong table: ``pp_schedule`` under [training] belongs in [mesh]); else None
-    (``micro_batch`` is a field of both [training] and [search]).
-
-    >>> _home_table("pp_schedule", "training"), _home_table("seq_len", "mesh"), _home_table("micro_batch", "mesh")
-    ('mesh', 'training', None)
-    """
-    tables: dict[str, type[BaseModel]] = {"model": ModelSpec, "training": TrainingSpec, "mesh": MeshSpec,
-                                          "memory": MemoryOptions, "search": SearchOptions, "cluster": ClusterSpec}
-    homes = [name for name, c in tables.items() if name != table.split(".")[0] and key in c.model_fields]
-    return homes[0] if len(homes) == 1 else None
-
-
-def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
-    errs = e.errors()
-    # an unknown key explains a "missing" one (a misspelled required key): report it first
-    err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
-    loc = ".".join(str(x) for x in err["loc"])
-    field = f"{table}.{loc}" if loc else table
-    removed = getattr(cls, "REMOVED", {})
-    if err["type"] == "extra_forbidden" and loc in removed:
-        return ConfigError(field, removed[loc])
-    if err["type"] == "extra_forbidden":
-        home = _home_table(loc, table)
-        if home:
-            return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
-                                      f"({home}.{loc})")
-        near = difflib.get_close_matches(loc, list(cls.model_fields), n=1, cutoff=0.75)  # globl_batch: 0.96
-        guess = f"did you mean {near[0]}? " if near else ""
-        return ConfigError(field, f"unknown key in [{table}]; {guess}allowed keys: {', '.join(cls.model_fields)}")
-    if err["type"] == "missing":
-        return ConfigError(field, f"required key missing in [{table}]")
-    msg = err["msg"].removeprefix("Value error, ")
-    got = err.get("input")
-    bounded = bound_message(err)
-    if bounded:
-        return ConfigError(field, bounded)
-    if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
-        msg += f" (got {str(got)[:60]!r})" if isinstance(got, str) else f" (got {got!r})"
-    elif isinstance(got, (dict, list)) and err["type"] not in ("value_error",):
-        msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
-    return ConfigError(field, msg)
-
-
-def _model(t: dict, base: Path | None) -> ModelSpec:
-    t = dict(t)
-    if "catalog" in t and "hf_config" in t:
-        raise ConfigError("model", "give either catalog or hf_config, not both")
-    if "catalog" in t:
-        if not isinstance(t["catalog"], str):
-            raise ConfigError("model.catalog", f"give a catalog model name (got a {type(t['catalog']).__name__}); "
-                                               f"known: {', '.join(catalog.names('model'))}")
-        with _as_field("model.catalog"):
-            entry = catalog.model(t.pop("catalog")).model_dump()
-        return build(ModelSpec, {**entry, **t}, "model")
-    if "hf_config" in t:
-        given = t.pop("hf_config")
-        if not isinstance(given, str):
-            raise ConfigError("model.hf_config", f"give a path string (got {given!r})")
-        src = Path(given)
-        src = src if src.is_absolute() or base is None else base / src
-        where = "" if Path(given).is_absolute() or base is None else " (relative to the TOML file's folder)"
-        with _as_field("model.hf_config", where):
-            entry = model_from_hf_config(src).model_dump()
-        return build(ModelSpec, {**entry, **t}, "model")
-    return build(ModelSpec, t, "model")
-
-
-def _cluster(t: dict) -> ClusterSpec:
-    t = dict(t)
-    if isinstance(t.get("gpu"), dict) and "kernels" in t["gpu"]:  # GPUSpec.kernels: set by the run, not written
-        raise ConfigError("cluster.gpu.kernels", "not a key of a GPU table; list measured kernel tables in "
-                                                 "[kernels] files = [...] (or pass --kernels FILE)")
-    if "system" in t:
-        name = t.pop("system")
-        if "nodes" not in t:
-            raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
-        gpu, nodes = t.pop("gpu", None), t.pop("nodes")
-        if not isinstance(name, str):
-            raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
-                                                f"known: {', '.join(catalog.names('node'))}")
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-            raise ConfigError("cluster.nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
-        if nodes > MAX_WORLD:
-            raise ConfigError("cluster.nodes", over("nodes", nodes))
-        with _as_field("cluster.system"):
-            cluster = catalog.system(name, nodes)
-        if gpu is not None:
-            with _as_field("cluster.gpu"):
-                cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
-                                                     else build(type(cluster.gpu), gpu, "cluster.gpu")})
-        if t:
-            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
-        return cluster
-    if isinstance(t.get("gpu"), str):
-        with _as_field("cluster.gpu"):
-            t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
-    return build(ClusterSpec, t, "cluster")
-
-
-@contextmanager
-def _as_field(field: str, where: str = ""):
-    """Re-raise a ConfigError from a catalog or file reader under the config's ``field``
-    (``cluster.system: unknown node ...``); a reader's own field (a key of the HF
-    config.json) stays in the message. ``where`` follows a missing file's path."""
-    try:
-        yield
-    except ConfigError as e:
-        if e.field.startswith(field):
-            raise
-        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system") \
-            else f"{e.field}: {e.message}"
-        if where and msg.startswith("no such file"):
-            msg = msg.replace(";", where + ";", 1)
-        raise ConfigError(field, msg) from None
-
-
-# [mesh] fields that spell the layout (compared as the resolved layout, :func:`meshplan.compare.same_mesh`)
-# or only name it; every other [mesh] field is a knob of the plan (schedule, virtual stages, layer split,
-# sequence and loss parallelism, rank order).
-_MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
-
-
-@dataclass(frozen=True)
-class Differences:
-    """What two configs of ``meshplan compare`` differ in, besides the mesh layout.
-    ``workload``: (field, A's value, B's value) where the workload differs ([model], the cluster
-    but its free-text name and sources, the [training] fields outside
-    :data:`~meshplan.spec.training_engines.PLAN_KNOBS`, the [memory] assumptions outside
-    :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
-    choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
-
-    >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...         "training": {"global_batch": 8, "seq_len": 1024}, "mesh": {"names": ["dp_shard"], "shape": [8]}}
-    >>> a = config_from_dict(base)
-    >>> b = config_from_dict({**base, "training": {"global_batch": 8, "seq_len": 1024, "recompute": "full"}})
-    >>> c = config_from_dict({**base, "cluster": {"system": "dgx-a100", "nodes": 1}})
-    >>> config_differences(a, b).knobs, config_differences(a, c).workload[0]
-    ((('training.recompute', 'selective', 'full'),), ('cluster.gpu.name', 'h100-sxm5-80gb', 'a100-sxm-80gb'))
-    """
-
-    workload: tuple[tuple[str, Any, Any], ...]
-    knobs: tuple[tuple[str, Any, Any], ...]
-
-
-def config_differences(a: Config, b: Config) -> Differences:
-    """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
-    work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
-    work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
-    ta, tb = _training_as_it_acts(a.training), _training_as_it_acts(b.training)
-    work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
-    # a knob as it acts, and only where it applies to both sides (TrainingSpec.knob_acts: a DeepSpeed
-    # ZeRO-2 plan's zero3_engine default is no difference from a ZeRO-3 plan's engine)
-    acts = [(k, a.training.knob_acts(k), b.training.knob_acts(k)) for k in PLAN_KNOBS]
-    knobs = [(f"training.{k}", x[1], y[1]) for k, x, y in acts if x[0] and y[0] and x[1] != y[1]]
-    if a.mesh is not None and b.mesh is not None:
-        ma, mb = a.mesh.model_dump(exclude=set(_MESH_SPELLING)), b.mesh.model_dump(exclude=set(_MESH_SPELLING))
-        knobs += [(f"mesh.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
-    oa, ob = a.memory.model_dump(), b.memory.model_dump()
-    work += [(f"memory.{k}", oa[k], ob[k]) for k in oa if k not in MEMORY_KNOBS and oa[k] != ob[k]]
-    # as the training knobs above: as it acts (DeepSpeed's reduce_bucket_size unset: its 5e8; ZeRO-3's
-    # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
-    macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
-    knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
-    return Differences(tuple(work), tuple(knobs))
-
-
-def _training_as_it_acts(t: Any) -> dict[str, Any]:
-    """``[training]`` dumped with the defaults that resolve from other fields filled in, so that
-    an unset field and its explicit default agree: the gradients' reduce dtype (unset: a default of
-    framework and param_dtype, so unset on a torch plan and "fp32" on the same plan exported to
-    Megatron-LM and imported back agree) and the MoE routing (:attr:`TrainingSpec.moe_routing
-    <meshplan.spec.training.TrainingSpec.moe_routing>`: unset is dropless, as Megatron-LM's and
-    torchtitan's defaults, so unset and ``moe_dropless = true`` agree; a dropless plan has no
-    capacity factor).
-
-    >>> from meshplan.spec.training import TrainingSpec
-    >>> d = _training_as_it_acts(TrainingSpec(global_batch=8, seq_len=4096))
-    >>> d["moe_dropless"], d["moe_capacity_factor"]
-    (True, None)
-    """
-    d = t.model_dump()
-    d["grad_reduce_dtype"] = t.gradient_reduce_dtype
-    factor, dropless = t.moe_routing
-    d["moe_dropless"], d["moe_capacity_factor"] = dropless, None if dropless else factor
-    return d
-
-
-def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
-    """(path, a, b) of every leaf (nested tables and equal-length lists walked) where two dumped
-    specs differ; ``source`` texts (citations) are not compared."""
-    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
-        return [d for k in a if k != "source" for d in _leaf_differences(f"{where}.{k}", a[k], b[k])]
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _leaf_differences(f"{where}[{i}]", x, y)]
-    return [] if a == b else [(where, a, b)]

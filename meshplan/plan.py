@@ -14,14 +14,16 @@ pre-mesh capacity rows.
   whether the timeline peak fits usable HBM; ``Plan.reasons`` are the memory reasons when
   it does not.
 
-Malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs.
+Malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs, and so
+does a setting no runtime runs (:mod:`meshplan.plan_checks`). What the framework's runtime
+refuses or runs differently from the plan (the schedule's rules per run, the warnings
+printed as notes, an export target's refusals) is :mod:`meshplan.plan_runtime`'s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshplan.comm import deepspeed_zero12
 from meshplan.comm.collectives import collective_table
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
@@ -35,13 +37,12 @@ from meshplan.mesh import resolve
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
-from meshplan.spec.axes.dp import micro_batches
-from meshplan.spec.axes.ep import megatron_sp_reason
 from meshplan.mesh.validity import check
 from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.placement.assign import Flag, Placement, place, placement_flags
+from meshplan.plan_checks import check_runnable
+from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
 
@@ -171,134 +172,6 @@ class Plan:
         return self.stage(self.mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0)
 
 
-def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "torch") -> tuple[str, ...]:
-    """The schedule's infeasibility reasons (:func:`meshplan.pipeline.registry.reasons`, under
-    ``framework``) for ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each
-    (``training.pp_schedule_runs``, pp > 1 only), or why ``runs`` does not divide ``m``.
-
-    >>> print(run_reasons("1f1b", 4, 6, 1, 4)[0])
-    training.pp_schedule_runs 4 does not divide the step's 6 micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6
-    >>> print(run_reasons("1f1b", 4, 8, 1, 4)[0])  # 4 runs of 2: fewer than pp
-    each of the 4 schedule runs (training.pp_schedule_runs): 1F1B needs micro-batches (2) >= pp (4) (torch Schedule1F1B)
-    >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2), run_reasons("interleaved_1f1b", 4, 6, 2, 1, "megatron")
-    ((), ('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',))
-    """
-    if pp == 1 or runs == 1:
-        return schedule_reasons(schedule, pp, m, v, framework)
-    if m % runs:
-        return (f"training.pp_schedule_runs {runs} does not divide the step's {m} micro-batches (global_batch / "
-                f"(micro_batch x dp)); use a divisor of {m}",)
-    return tuple(f"each of the {runs} schedule runs (training.pp_schedule_runs): {r}"
-                 for r in schedule_reasons(schedule, pp, m // runs, v, framework))
-
-
-#: The warning of sharding zero1 over a data axis under framework torch without DeepSpeed's
-#: engine (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`; the search rejects such
-#: candidates, rule ``framework``).
-ZERO1_WITHOUT_ENGINE = ("sharding zero1 under framework torch: no torch engine shards the optimizer state alone "
-                        "(FSDP2 always shards the parameters, ZeroRedundancyOptimizer runs under DDP; torchtitan "
-                        "has neither), so this plan is Megatron-LM's distributed optimizer and meshplan search "
-                        "rejects it (rule 'framework'); use sharding zero3 with reshard_after_forward = false "
-                        "(ZeRO-2-like), framework = \"megatron\" or zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1)")
-
-
-def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, ...]:
-    """What the framework's runtime is known to run differently from the plan of ``mesh``
-    under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
-    FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
-    > 1), :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
-    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`), and with ``model`` given
-    :func:`position_warning`: the one source of the lines plan and step print as notes, compare
-    prints per side and export writes in its header (:func:`config_warnings`)."""
-    data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
-    fsdp2 = training.sharding in ("zero3", "hsdp") and data
-    zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
-    positions = position_warning(model, training.seq_len) if model is not None else ()
-    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
-
-
-def position_warning(model, seq_len: int) -> tuple[str, ...]:
-    """One line when ``seq_len`` (tokens) is more than ``model.max_position`` (the positions the
-    model was built for; 0: unknown, no line): with RoPE the plan's costs are the same (no
-    table), but the model needs RoPE scaling it does not say it has (Llama 3.1's, Dubey et al.
-    2024 section 3.4.2, for 8k -> 128k: ``model.rope_scaling``), or past the context its stated
-    scaling was built for; learned positions have no row for the later tokens.
-
-    >>> from meshplan import catalog
-    >>> position_warning(catalog.model("llama3-70b"), 8192), len(position_warning(catalog.model("llama3-70b"), 131072))
-    ((), 1)
-    """
-    rows = model.max_position
-    if not rows or seq_len <= rows:
-        return ()
-    if model.position_embedding == "learned":
-        return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}, the rows of "
-                f"its learned position table: no row for the later tokens; shorten training.seq_len or raise "
-                f"model.max_position (a larger table)",)
-    rs = model.rope_scaling
-    assumed = "assuming RoPE scaling the model does not state" if rs is None else \
-        f"assuming its RoPE scaling (factor {rs.factor:g} over {rs.original_max_position} positions) holds that far"
-    return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
-            f"(RoPE has no table; the cost is the same), {assumed}; set "
-            f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)
-
-
-def config_warnings(config: Config) -> tuple[str, ...]:
-    """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
-    does not resolve: nothing runs then)."""
-    mesh = _config_mesh(config)
-    if mesh is None or config.mesh is None:  # (the second for mypy: no [mesh] resolves to None)
-        return ()
-    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh, config.model)
-
-
-def _config_mesh(config: Config) -> Mesh | None:
-    """``config``'s [mesh] resolved on its cluster, None when it has none or it does not resolve."""
-    if config.mesh is None:
-        return None
-    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
-    return None if isinstance(mesh, resolve.Infeasible) else mesh
-
-
-#: The ``training.framework`` whose runtime runs a file exported to each foreign format with a pipeline.
-EXPORT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torch"}
-
-
-def export_refusals(config: Config, to: str) -> tuple[str, ...]:
-    """What the runtime of export target ``to`` (:data:`EXPORT_FRAMEWORK`) refuses in
-    ``config`` although ``config``'s own framework runs it, each reason ending with what is
-    refused (the export's one-line error as is): the schedule's micro-batch rules under that
-    framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B at pp 4 with 6
-    micro-batches, Megatron-LM needs pp to divide them: "... refuses this pipeline schedule"),
-    or Megatron-LM's MoE with tp > 1 without sequence parallelism ("... refuses this MoE mesh
-    without sequence parallelism"); empty when they agree, pp is 1, or the mesh does not resolve.
-
-    >>> from meshplan.config import config_from_dict
-    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...     "training": {"global_batch": 6, "seq_len": 4096, "micro_batch": 1},
-    ...     "mesh": {"names": ["pp", "tp"], "shape": [4, 2], "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}})
-    >>> export_refusals(cfg, "megatron"), export_refusals(cfg, "torchtitan")  # doctest: +NORMALIZE_WHITESPACE
-    (("interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM): megatron's runtime refuses
-    this pipeline schedule",), ())
-    """
-    target = EXPORT_FRAMEWORK.get(to)
-    if to == "megatron" and config.model.is_moe and config.mesh is not None and not config.mesh.sequence_parallel:
-        whole = _config_mesh(config)  # Megatron-LM's MoE with tp > 1 needs SP whatever config's framework
-        if whole is not None and whole.degree("tp") > 1:
-            return (f"{megatron_sp_reason(whole.degree('tp'), whole.ep)}: {to}'s runtime refuses this MoE mesh "
-                    "without sequence parallelism",)
-    mesh = None if target in (None, config.training.framework) else _config_mesh(config)
-    if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
-        return ()
-    t = config.training
-    m = micro_batches(t.global_batch, t.micro_batch, mesh.dp)
-    if m == 0:
-        return ()
-    vpp = config.mesh.virtual_stages
-    return tuple(f"{r}: {to}'s runtime refuses this pipeline schedule"
-                 for r in run_reasons(config.mesh.pp_schedule, mesh.degree("pp"), m, vpp, t.pp_schedule_runs, target))
-
-
 @dataclass(frozen=True)
 class Infeasible:
     """A mesh with no plan, and why. ``mesh`` is None when the degrees do not make the
@@ -329,59 +202,6 @@ class Infeasible:
         return ()
 
 
-
-#: Axes DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine = "deepspeed-2021"``) cannot run
-#: beside it, and why (its parameters are partitioned over the data-parallel group only; tp is
-#: Megatron-DeepSpeed's ``mpu``).
-DEEPSPEED_2021_AXES = {
-    "pp": "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3 (runtime/pipe/engine.py)",
-    "dp_replicate": "ZeRO-3 of 2021 partitions over the whole data-parallel group (hierarchical "
-                    "partitioning came with ZeRO++ in 2023)",
-    "cp": "DeepSpeed of 2021 has no context parallelism",
-    "ep": "experts with ZeRO-3 are not modelled for DeepSpeed of 2021",
-}
-
-
-def check_deepspeed_zero3(mesh, engine: str) -> None:
-    """ConfigError on the first axis DeepSpeed's ZeRO-3 ``engine`` cannot run beside with degree
-    > 1: :data:`DEEPSPEED_2021_AXES` for ``deepspeed-2021``; pp and cp for ``deepspeed`` (its
-    pipeline engine refuses ZeRO-3; meshplan's cp is all-gather CP, which DeepSpeed does not run)."""
-    axes = DEEPSPEED_2021_AXES if engine == "deepspeed-2021" else {
-        "pp": DEEPSPEED_2021_AXES["pp"], "cp": "DeepSpeed has no all-gather context parallelism (its sequence "
-                                               "parallelism is Ulysses' all-to-all)"}
-    for axis, why in axes.items():
-        if mesh.degree(axis) > 1:
-            raise ConfigError("training.zero3_engine", f"{engine!r} with {axis} {mesh.degree(axis)}: {why}; "
-                              f"use {axis} 1 or zero3_engine = \"fsdp2\"")
-
-
-#: Why ``recompute = "op"`` has no runtime where :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`
-#: is false, and the fix: the same rule ``[search] recompute`` (:mod:`meshplan.config`) and
-#: ``export --to megatron`` (:mod:`meshplan.interop.megatron`) apply.
-_NO_OP_RECOMPUTE = {
-    "framework": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
-                 "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
-                 "\"torch\"",
-    "zero3_engine": "'op' is torchtitan's op-level selective AC, which zero3_engine \"{engine}\" does not have "
-                    "(DeepSpeed's ZeRO-3); use 'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
-    "zero0_engine": "'op' is torchtitan's op-level selective AC, which zero0_engine \"deepspeed\" (DeepSpeed without "
-                    "ZeRO) does not have; use 'selective', 'full' or 'none', or remove zero0_engine (DDP)",
-    "zero12_engine": "'op' is torchtitan's op-level selective AC, which zero12_engine \"deepspeed\" (DeepSpeed's "
-                     "ZeRO-1/2) does not have; use 'selective', 'full' or 'none', or sharding \"zero3\" without "
-                     "zero12_engine (FSDP2)",
-}
-#: Why ``recompute = "layer"`` has no Megatron-LM run: Megatron-Core's full recompute
-#: (``--recompute-granularity full``) checkpoints, with ``--recompute-method uniform``, every layer
-#: in chunks of ``--recompute-num-layers``, with ``block`` the first ``--recompute-num-layers`` layers
-#: of each stage (``TransformerBlock._checkpointed_forward``,
-#: megatron/core/transformer/transformer_block.py, NVIDIA/Megatron-LM at 0034bda); neither is
-#: torchtitan's every ``ac_freq``-th layer, which ``export --to megatron`` refuses too.
-_NO_LAYER_RECOMPUTE = ("'layer' is torchtitan's per-layer selective AC (every ac_freq-th layer in full), which "
-                       "framework \"megatron\" does not have (--recompute-method uniform recomputes every layer, "
-                       "block the first n layers of each stage); use 'full' (every layer: 'layer' with ac_freq 1), "
-                       "'selective' or 'none', or framework \"torch\"")
-
-
 def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
                reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
@@ -401,35 +221,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({counted(c.nodes, 'node')} x {c.node.gpus}); use fewer ranks or more nodes")
     mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
-    if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
-        raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
-                          f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
-                          "reshard-after-backward off itself: remove the key")
-    if not isinstance(mesh, resolve.Infeasible):  # an explicit [memory] fsdp_reduce must state the table's rule
-        config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
-    if t.zero3_engine != "fsdp2" and not isinstance(mesh, resolve.Infeasible):
-        check_deepspeed_zero3(mesh, t.zero3_engine)
-        if not t.reshard_after_forward:  # a search candidate's (TrainingSpec refuses it in a config)
-            raise ConfigError("training.reshard_after_forward", f"false is FSDP2's; zero3_engine "
-                              f"{t.zero3_engine!r} gathers every parameter again in backward: remove it")
-    if not isinstance(mesh, resolve.Infeasible):
-        deepspeed_zero12.check_mesh(t, mesh.degree, spec.pp_schedule)
-    if t.recompute == "layer" and t.framework == "megatron":
-        raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
-    if t.recompute == "op" and not t.has_op_recompute:
-        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker].format(engine=t.zero3_engine))
-    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
-                          "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "
-                          "'selective' or 'full'")
-    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("tp") > 1 and \
-            not mesh.sequence_parallel:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) with tp > 1 is planned with "
-                          "sequence parallelism, as torchtitan applies TP: set mesh.sequence_parallel = true")
-    if t.recompute == "op" and m.is_mla:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
-                          "multi-head latent attention (which of its mms the policy saves); use 'layer', "
-                          "'selective' or 'full'")
+    check_runnable(config, spec, mesh)
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):

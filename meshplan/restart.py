@@ -28,7 +28,7 @@ mesh; "Global semantics": hold the global batch fixed):
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).
 - The training contract ``global_batch = micro_batch x micro-batches x dp`` (the dp axis rule,
   :mod:`meshplan.spec.axes.dp`, and the pipeline schedule's micro-batch rule,
-  :func:`meshplan.plan.run_reasons`): a mesh keeps it as configured, or keeps the global batch
+  :func:`meshplan.plan_runtime.run_reasons`): a mesh keeps it as configured, or keeps the global batch
   with a smaller micro_batch, or changes the global batch (to the largest multiple of
   ``micro_batch x dp`` below it the schedule accepts), said as ``field old -> new``.
 - Ranking: meshes that keep the global batch first, then planned throughput (tokens/s of
@@ -220,7 +220,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     which mesh (module docstring)? ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a
     StatefulDataLoader) or "global" (a global consumed-samples counter, as Megatron-LM keeps).
     ``micro_batch_reasons(pp, m)``: why the pipeline schedule cannot run m micro-batches per
-    step on pp stages (the plan's :func:`meshplan.plan.run_reasons` under its framework; none
+    step on pp stages (the plan's :func:`meshplan.plan_runtime.run_reasons` under its framework; none
     by default). ``evaluate``: plans a proposal (its step and throughput) or says why it cannot
     run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss
     (``old_infeasible``: why that plan does not run, said instead of the throughput lost);

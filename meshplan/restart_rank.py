@@ -17,7 +17,8 @@ from meshplan.memory.state import most_loaded, state_bytes
 from meshplan.mesh.layers import ends_short_split, restart_splits, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.plan import Infeasible, check_deepspeed_zero3, build_plan
+from meshplan.plan import Infeasible, build_plan
+from meshplan.plan_checks import check_deepspeed_zero3
 from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine, kind_refusal
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
@@ -116,7 +117,7 @@ def engine_runs_pp(plan) -> bool:
     checks, the per-mesh home of the search's ``engine`` rule (:mod:`meshplan.search.reasons`):
     DeepSpeed's ZeRO-1/2 (:func:`meshplan.comm.deepspeed_zero12.check_mesh`: its pipeline engine
     refuses ZeRO-2, overlap_comm and schedules other than 1F1B) and its ZeRO-3
-    (:func:`meshplan.plan.check_deepspeed_zero3`: pp refused)."""
+    (:func:`meshplan.plan_checks.check_deepspeed_zero3`: pp refused)."""
     t = plan.config.training
     at_pp2 = lambda axis: 2 if axis == "pp" else plan.mesh.degree(axis)
     try:

@@ -23,7 +23,7 @@ from meshplan.mesh.validity import check
 from meshplan.placement.choice import DEFAULT_WEIGHTS
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
-from meshplan.search.driver import estimate
+from meshplan.search.estimate import estimate
 from meshplan.search.memory import comm_axes
 from meshplan.search.space import OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
     first_reason, reason_table, world_of

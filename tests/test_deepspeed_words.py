@@ -16,11 +16,12 @@ from meshplan.cli import main
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, search_row_refusal
+from meshplan.interop.foreign import export, load_any
+from meshplan.interop.search_export import search_row_refusal
 from meshplan.memory.constraints import constraints, estimate
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolve_mesh
-from meshplan.plan import export_refusals
+from meshplan.plan_runtime import export_refusals
 from meshplan.report.search import export_lines
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config

@@ -224,7 +224,7 @@ def test_search_keeps_the_engine_to_zero3_with_pp_1():
     # rule 'engine', and plans zero1 / hsdp candidates with FSDP2 (a note says so)
     import numpy as np
 
-    from meshplan.search.driver import _settings_notes
+    from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import CODE, OK, SHARDING, candidate_config, enumerate_candidates, first_reason
 
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 2},
@@ -242,7 +242,7 @@ def test_search_keeps_the_engine_to_zero3_with_pp_1():
     assert candidate_config(cfg, c, i).training.zero3_engine == "fsdp2"
     j = int(np.flatnonzero(~bad & z3)[0])
     assert candidate_config(cfg, c, j).training.zero3_engine == "deepspeed-2021"
-    assert any("zero3_engine 'deepspeed-2021' applies to zero3 candidates with pp 1" in n for n in _settings_notes(cfg, c))
+    assert any("zero3_engine 'deepspeed-2021' applies to zero3 candidates with pp 1" in n for n in settings_notes(cfg, c))
 
 
 @pytest.mark.parametrize("names,shape,msg", [

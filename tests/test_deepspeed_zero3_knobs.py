@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from meshplan.config import config_differences
+from meshplan.compare.differences import config_differences
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import search_table
 from meshplan.interop.deepspeed_carry import not_planned

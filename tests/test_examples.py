@@ -1,5 +1,5 @@
 """Every shipped example plans, and none prints a warning about itself: a runtime warning
-(:func:`meshplan.plan.config_warnings`, printed as a note by ``plan`` and ``step``: e.g.
+(:func:`meshplan.plan_runtime.config_warnings`, printed as a note by ``plan`` and ``step``: e.g.
 sharding zero1 under framework torch, which no torch engine runs) or a ``warning:`` line. An
 example that demonstrates a warning is listed in :data:`DEMONSTRATES` with the warning's first
 words (none today). Foreign configs get the cluster their header names."""
@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from meshplan.cli import app
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
-from meshplan.plan import build_plan, config_warnings
+from meshplan.plan import build_plan
+from meshplan.plan_runtime import config_warnings
 from tests.conftest import EXAMPLES
 
 #: Import options of the foreign examples, as each file's header says to plan it.

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from meshplan.config import config_from_dict
-from meshplan.plan import export_refusals
+from meshplan.plan_runtime import export_refusals
 
 
 def _tables(global_batch: int, sp: bool = True) -> dict:

@@ -12,7 +12,8 @@ import pytest
 
 from meshplan.config import config_from_dict, load_config
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import differences, export, load_any, reimport_options
+from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.interop.roundtrip import differences
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time

@@ -28,7 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.tomlout import resolved
-from meshplan.interop.torchtitan import write as titan_write
+from meshplan.interop.torchtitan_write import write as titan_write
 from meshplan.memory.sizes import layer_act_sizes
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time

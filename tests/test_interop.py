@@ -23,13 +23,12 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import batch
 from meshplan.interop.foreign import (
     detect,
-    differences,
     export,
     load_any,
-    mesh_key,
     reimport_options,
 )
 from meshplan.interop.megatron import parse_args, write
+from meshplan.interop.roundtrip import differences, mesh_key
 from meshplan.interop.torchtitan_tables import default_split
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap

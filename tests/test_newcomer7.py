@@ -88,7 +88,7 @@ def test_compare_of_deepspeed_jsons_hints_model_and_seq_len(capsys):
 
 def test_stage0_search_note_names_only_searched_shardings(tmp_path):
     from meshplan.config import load_config
-    from meshplan.search.driver import _settings_notes
+    from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import enumerate_candidates
     js = tmp_path / "ds0.json"
     js.write_text((EXAMPLES / "deepspeed_zero2_16xh100.json").read_text().replace('"stage": 2', '"stage": 0'))
@@ -97,7 +97,7 @@ def test_stage0_search_note_names_only_searched_shardings(tmp_path):
                  "--seq-len", 8192, "-o", out) == 0
     cfg = load_config(out, require_mesh=False)
     assert "hsdp" not in cfg.search.sharding
-    note = [n for n in _settings_notes(cfg, enumerate_candidates(cfg)) if n.startswith("training.zero0_engine")]
+    note = [n for n in settings_notes(cfg, enumerate_candidates(cfg)) if n.startswith("training.zero0_engine")]
     assert note and note[0].endswith("(zero_optimization.stage 1, 2, 3 of the same runtime)")
 
 

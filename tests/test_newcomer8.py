@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from meshplan.config import config_differences, config_from_dict
+from meshplan.compare.differences import config_differences
+from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import DS_SCOPE

@@ -73,7 +73,7 @@ def test_search_note_gives_the_true_reason_for_tp_1():
     """The search keeps op to tp = cp = ep = 1 although plan models it at tp > 1: its step-time
     bound (search.layer_bounds.chains) replays op as full, adding the blocks' tp reduce-scatters that the
     policy saves. The note says so, not that the TP collectives are unmodelled (they are, above)."""
-    from meshplan.search.driver import _settings_notes
+    from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import RECOMPUTE, enumerate_candidates
 
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -82,7 +82,7 @@ def test_search_note_gives_the_true_reason_for_tp_1():
     c = enumerate_candidates(cfg)
     op = c.rc == RECOMPUTE.index("op")
     assert op.any() and (c.tp[op] == 1).all() and (c.tp > 1).any()
-    note = [n for n in _settings_notes(cfg, c) if n.startswith("recompute 'op'")]
+    note = [n for n in settings_notes(cfg, c) if n.startswith("recompute 'op'")]
     assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep "
                     "= 1 only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
                     "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, tp "

@@ -116,7 +116,8 @@ def test_torchtitan_export_round_trip():
     microbatch_size) and come back: 32 sequences, dp 4, runs 4: local 2."""
     from pathlib import Path
 
-    from meshplan.interop.torchtitan import ImportOptions, read, write
+    from meshplan.interop.torchtitan import ImportOptions, read
+    from meshplan.interop.torchtitan_write import write
 
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                             "training": {"global_batch": 32, "seq_len": 8192, "recompute": "full",

@@ -12,7 +12,8 @@ from meshplan import catalog
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.layers import stage_layers
-from meshplan.plan import build_plan, run_reasons
+from meshplan.plan import build_plan
+from meshplan.plan_runtime import run_reasons
 from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
                                   failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
                                   write_time_s, young_interval_s)

@@ -27,7 +27,7 @@ import pytest
 
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any
-from meshplan.interop.torchtitan import reshard_policy
+from meshplan.interop.torchtitan_write import reshard_policy
 from meshplan.plan import build_plan
 
 ONE_NODE = ImportOptions(cluster="dgx-h100", nodes=1)

@@ -2,7 +2,7 @@
 reduce-scatters one of pp rank 0's two layer units and never the other (measured by
 ``meshplan validate``, which refuses the mesh). plan, step and compare print the same warning
 (one source: :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.warnings` through
-:func:`meshplan.plan.runtime_warnings`), export writes it in its header; DualPipeV (which
+:func:`meshplan.plan_runtime.runtime_warnings`), export writes it in its header; DualPipeV (which
 reduces both units), a mesh without FSDP2 over a data axis and one without pp get none."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.pipeline.zbv import FSDP2_DEFECT
-from meshplan.plan import build_plan, config_warnings
+from meshplan.plan import build_plan
+from meshplan.plan_runtime import config_warnings
 from meshplan.runtime.execution.pipelined import unsupported
 
 MODEL = {"catalog": "llama3-8b"}

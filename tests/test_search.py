@@ -21,7 +21,8 @@ from meshplan.memory import constraints as cons
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.search.driver import refine, search
+from meshplan.search.driver import search
+from meshplan.search.estimate import refine
 from meshplan.search.rank import ranked
 from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
     zero1_refused

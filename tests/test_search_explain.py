@@ -387,11 +387,11 @@ def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
     """Issue 11 (nits 3): in the tie rule a candidate without a planned peak counts as inf, so
     an unplanned twin (same axes and degrees, within 1%) would sit behind a planned one for lack
     of a number. The search plans the memory of every such twin before it lists the top
-    (driver._complete_top): here the twin 0.085% slower, at 26.3 GiB, is planned and listed
+    (best_first._complete_top): here the twin 0.085% slower, at 26.3 GiB, is planned and listed
     before the planned 58.6 GiB one, as the exhaustive rule with both peaks orders them."""
     from types import SimpleNamespace
 
-    from meshplan.search.driver import _complete_top, _peaks
+    from meshplan.search.best_first import _complete_top, _peaks
     from meshplan.search.rank import ranked
     from meshplan.search.space import Candidates
     arr = lambda *v: np.array(v)  # noqa: E731

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshplan.search import driver
-from meshplan.search.driver import refine, search
+from meshplan.search import best_first
+from meshplan.search.driver import search
+from meshplan.search.estimate import refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Planner, merge
 from meshplan.search.frontier import Frontier
 from meshplan.search.space import OK, enumerate_candidates, first_reason
@@ -74,7 +75,7 @@ def test_ranking_tightens_lazily_and_keeps_the_top(monkeypatch):
     class Eager(Frontier):
         def _front(self, k):
             pass
-    monkeypatch.setattr(driver, "Frontier", Eager)
+    monkeypatch.setattr(best_first, "Frontier", Eager)
     eager = search(cfg, workers=1)
     key = lambda r: [(e.index, e.step_s, e.peak_bytes, e.goodput, e.breakdown) for e in r.top]  # noqa: E731
     assert key(lazy) == key(plain) == key(eager)

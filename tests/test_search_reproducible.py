@@ -1,7 +1,7 @@
 """``meshplan search`` gives the same output for the same input on any machine: no budget
 reads the clock (``[search] settle_max`` counts candidates; the former ``settle_s`` seconds
 is refused with a message naming it) and the ranking plans the same candidates whatever the
-number of workers (:data:`meshplan.search.driver.RANK_BATCH`)."""
+number of workers (:data:`meshplan.search.best_first.RANK_BATCH`)."""
 
 from __future__ import annotations
 

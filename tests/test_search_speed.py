@@ -24,7 +24,8 @@ from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
-from meshplan.search.driver import BOUND, search
+from meshplan.search.best_first import BOUND
+from meshplan.search.driver import search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
 from meshplan.search.rank import ranked

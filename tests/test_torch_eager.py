@@ -147,7 +147,7 @@ def test_torchtitan_ddp_beside_tp_and_unknown_converters():
     notes = titan({"data_parallel_shard_degree": -1}, {"converters": ["quantize.linear.mx"]}).notes
     assert "model.converters ['quantize.linear.mx']: not modelled (meshplan models the float8 Linear converter " \
            "'quantize.linear.float8' only); planned without it" in notes
-    from meshplan.interop.torchtitan import write
+    from meshplan.interop.torchtitan_write import write
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                             "training": {"global_batch": 8, "seq_len": 8192, "sharding": "none"},
                             "mesh": {"names": ["dp_replicate", "tp"], "shape": [4, 2], "sequence_parallel": True}})

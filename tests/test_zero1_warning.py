@@ -1,14 +1,15 @@
 """zero1 over a data axis under framework torch without DeepSpeed's engine: no torch engine runs
 meshplan's zero1 (Megatron-LM's distributed optimizer), the search rejects it (rule 'framework'),
 and plan, step, compare and export warn with the fix (one source:
-:data:`meshplan.plan.ZERO1_WITHOUT_ENGINE` through :func:`meshplan.plan.runtime_warnings`)."""
+:data:`meshplan.plan_runtime.ZERO1_WITHOUT_ENGINE` through :func:`meshplan.plan_runtime.runtime_warnings`)."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshplan.config import config_from_dict
-from meshplan.plan import ZERO1_WITHOUT_ENGINE, build_plan, config_warnings
+from meshplan.plan import build_plan
+from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE, config_warnings
 from meshplan.search.space import zero1_refused
 from tests.test_schedule_warnings import cli_out, toml
 

@@ -26,7 +26,8 @@ from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
-from meshplan.plan import Infeasible, build_plan, config_warnings, export_refusals
+from meshplan.plan import Infeasible, build_plan
+from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report.json_docs import export_doc, import_doc
 from meshplan.schedule.steptime import step_time
 

@@ -22,7 +22,8 @@ from meshplan.cli.common import (
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
-from meshplan.plan import Infeasible, run_reasons
+from meshplan.plan import Infeasible
+from meshplan.plan_runtime import run_reasons
 from meshplan.reliability import reliability as rel
 from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes

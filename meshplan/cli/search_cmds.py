@@ -34,8 +34,9 @@ from meshplan.compare import compare, compare_html, compare_to_dict, evidence_fo
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
-from meshplan.interop.foreign import load_any, search_export_refusal, search_row_refusal, user_source
-from meshplan.plan import config_warnings, export_refusals
+from meshplan.interop.foreign import load_any, user_source
+from meshplan.interop.search_export import search_export_refusal, search_row_refusal
+from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict

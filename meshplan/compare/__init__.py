@@ -3,7 +3,8 @@ verdict (:mod:`~meshplan.compare.verdict`), each side's numbers (:mod:`~meshplan
 the reasons under the verdict (:mod:`~meshplan.compare.reasons`), the side-by-side table
 (:mod:`~meshplan.compare.table`), and what is written of it, the
 ``--json`` document, the HTML page and the rejected mesh's evidence
-(:mod:`~meshplan.compare.output`).
+(:mod:`~meshplan.compare.output`); what the two configs differ in besides the mesh
+(:mod:`~meshplan.compare.differences`).
 """
 
 from meshplan.compare.output import compare_html, compare_to_dict, evidence_folder, write_evidence

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from meshplan.compute.gemm import gemm_efficiency
-from meshplan.config import Differences, config_differences
+from meshplan.compare.differences import Differences, config_differences
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.validity import degrees
@@ -126,7 +126,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
 
 def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
                    names: tuple[str, str] = ("A", "B")) -> Differences:
-    """The two configs' :class:`~meshplan.config.Differences`; a ConfigError naming the first
+    """The two configs' :class:`~meshplan.compare.differences.Differences`; a ConfigError naming the first
     workload field that differs and its two values (a comparison weighs plans of one workload
     on one cluster: a faster GPU or a larger batch is not a better mesh)."""
     d = config_differences(plan_a.config, plan_b.config)

@@ -52,7 +52,7 @@ class Comparison:
     words; ``decided_by``: the criterion that chose the winner, with both values, in the
     search's words (:func:`meshplan.search.rank.decide`; ``fits where the other does not``
     when one side is infeasible; "" without a winner); ``knobs``: (field, A's value, B's value) of each plan knob that differs
-    (:attr:`meshplan.config.Differences.knobs`)."""
+    (:attr:`meshplan.compare.differences.Differences.knobs`)."""
 
     a: Side
     b: Side

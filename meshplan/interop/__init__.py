@@ -1,6 +1,7 @@
 """Interoperation with the job configs practitioners already have (layer after
-:mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`), Megatron-LM
-arguments (:mod:`~meshplan.interop.megatron`, its flags in
+:mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`, writer in
+:mod:`~meshplan.interop.torchtitan_write`, carried user keys in
+:mod:`~meshplan.interop.torchtitan_carry`), Megatron-LM arguments (:mod:`~meshplan.interop.megatron`, its flags in
 :mod:`~meshplan.interop.megatron_flags`, pipeline split in
 :mod:`~meshplan.interop.megatron_pipeline`, model flags in
 :mod:`~meshplan.interop.megatron_model`, writer in :mod:`~meshplan.interop.megatron_write`,
@@ -13,7 +14,8 @@ writer in :mod:`~meshplan.interop.deepspeed_write`, carried user keys in
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
 arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format detection and
 the loader that ``plan``/``step``/``search`` use for any of them
-(:mod:`~meshplan.interop.foreign`).
+(:mod:`~meshplan.interop.foreign`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
+which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`).
 
 Every reader lists by name the fields of the foreign file that meshplan does not use (never
 dropped silently); what the file does not say (the cluster; the model and sequence length of
@@ -23,4 +25,5 @@ one-line error naming the option when it is missing.
 
 __all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "foreign",
            "launch", "megatron", "megatron_carry", "megatron_flags", "megatron_model", "megatron_pipeline",
-           "megatron_write", "tomlout", "torchtitan"]
+           "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
+           "torchtitan_write"]

@@ -2,7 +2,7 @@
 deepspeed``): every key meshplan does not plan (``steps_per_print``, ``optimizer``,
 ``scheduler``, ZeRO-3's persistence sizes ...) carried unchanged beside the written ones, as
 torchtitan's and Megatron-LM's exports carry their files' other settings
-(:func:`meshplan.interop.torchtitan.carried`, :mod:`meshplan.interop.megatron_carry`).
+(:func:`meshplan.interop.torchtitan_carry.carried`, :mod:`meshplan.interop.megatron_carry`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ arguments. Otherwise the caller gives ``--format``.
 
 Export (:func:`export`) writes the target's file and re-imports it: every meshplan field that
 comes back different (what the target cannot say, such as ``training.memory_reserve``) is
-listed in the header, never dropped silently.
+listed in the header, never dropped silently (the comparison: :mod:`meshplan.interop.roundtrip`).
+Whether ``search --export N --to T`` can write a row: :mod:`meshplan.interop.search_export`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -35,9 +36,12 @@ from meshplan.interop import (
     megatron,
     megatron_carry,
     torchtitan,
+    torchtitan_carry,
+    torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
-from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
+from meshplan.interop.roundtrip import differences
+from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.spec.wording import deepspeed_recompute_fix
 
@@ -178,7 +182,7 @@ class UserFile(NamedTuple):
 
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
 #: and its name in the header.
-CARRIERS = {"torchtitan": (torchtitan.carried, lambda d: torchtitan.carried(d, {})[1], "torchtitan"),
+CARRIERS = {"torchtitan": (torchtitan_carry.carried, lambda d: torchtitan_carry.carried(d, {})[1], "torchtitan"),
             "deepspeed": (deepspeed_carry.carried, deepspeed_carry.not_planned, "DeepSpeed"),
             "megatron": (megatron_carry.carried, megatron_carry.not_planned, "Megatron-LM")}
 
@@ -206,7 +210,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
            step_of: StepOf | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
-    :func:`meshplan.plan.config_warnings`), how to import the file again, and every meshplan
+    :func:`meshplan.plan_runtime.config_warnings`), how to import the file again, and every meshplan
     field the re-imported file does not give back (``not expressed in <to>: ...``, module
     docstring); it opens TOML and
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
@@ -215,15 +219,15 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     ``user``: the torchtitan job TOML or DeepSpeed JSON ``cfg`` was read from
     (:func:`user_source`): a file of the same format carries its settings meshplan does not
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
-    (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
+    (:func:`meshplan.interop.torchtitan_carry.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
     the header names them; another target lists them, in one line, as not carried. A torchtitan
     file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
     :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
-    runtime refuses in ``cfg`` (:func:`meshplan.plan.export_refusals`: its pipeline schedule, a MoE mesh): that target
-    is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
-    when it does not resolve; the caller's, as this layer plans nothing): when fields are not
-    expressed, the header says what they do to the step (``step after the round trip: 119.526
-    s -> 85.047 s ...``)."""
+    runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline
+    schedule, a MoE mesh): that target is refused, and never suggested. ``step_of``: a
+    config's predicted step in seconds (None when it does not resolve; the caller's, as this
+    layer plans nothing): when fields are not expressed, the header says what they do to the
+    step (``step after the round trip: 119.526 s -> 85.047 s ...``)."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
@@ -235,46 +239,6 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         fix = f"export --to {' or '.join(others)} instead" if others else \
             "torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML"
         raise ConfigError("--to", f"{e.message}; {fix}") from None
-
-
-def search_export_refusal(cfg: Config, to: str) -> str | None:
-    """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
-    from the config before the search runs (``search --export N --to T`` checks it first);
-    None when some row may export (a row's own mesh and pipeline are checked after the search,
-    :func:`export` with :func:`meshplan.plan.export_refusals`). torchtitan: a model without a
-    torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
-    DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
-    dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
-
-    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...     "training": {"global_batch": 8, "seq_len": 1024}, "search": {"sharding": ["zero1"], "tp": [2, 4]}},
-    ...     require_mesh=False)
-    >>> search_export_refusal(cfg, "torchtitan")
-    'torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists zero1 only: add zero3 to search.sharding or export --to megatron'
-    >>> search_export_refusal(cfg, "deepspeed")
-    'a DeepSpeed config runs ZeRO over one data axis; [search] tp = [2, 4] leaves no such mesh: add 1 to search.tp or export --to megatron'
-    >>> search_export_refusal(cfg, "megatron") is None
-    True
-    """
-    o, t = cfg.search, cfg.training
-    if to == "torchtitan":
-        if catalog_model_name(cfg.model) not in torchtitan.FLAVORS.values():
-            return (f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {cfg.model.name!r} has none: "
-                    "export --to meshplan or megatron")
-        if not {"zero3", "hsdp"} & set(o.sharding):
-            return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "
-                    "add zero3 to search.sharding or export --to megatron")
-    if to == "deepspeed":
-        for key in ("pp", "tp", "cp", "ep", "dp_replicate"):
-            allowed = getattr(o, key)
-            if allowed is not None and 1 not in allowed:
-                return (f"a DeepSpeed config runs ZeRO over one data axis; [search] {key} = {allowed} leaves no such "
-                        f"mesh: add 1 to search.{key} or export --to megatron")
-        if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
-            return (f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master copy); "
-                    f"param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key: export --to "
-                    "megatron or torchtitan")
-    return None
 
 
 def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | None = None
@@ -291,47 +255,6 @@ def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | N
         return [], e.message
     pre = f"not expressed in {to}: "
     return [h[len(pre):].split(":")[0] for h in head if h.startswith(pre)], None
-
-
-def search_row_refusal(n: int, rows: Sequence[Config], to: str,
-                       refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
-    """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
-    search's top, in order), naming the first row it can write, and the other formats that
-    write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
-    format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
-    distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
-    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan.export_refusals` per
-    format."""
-    cfg = rows[n - 1]
-    _, why = not_expressed(cfg, to, refused_of(cfg))
-    if why is None:
-        return None
-    first = next((i for i, c in enumerate(rows, 1) if not_expressed(c, to, refused_of(c))[1] is None), None)
-    msg = f"row {n} cannot be written --to {to}: {why}; " + (
-        f"row {first} is the first row it takes (--export {first})" if first else
-        f"none of the {len(rows)} rows shown exports --to {to}")
-    keep: list[str] = []
-    drop: list[str] = []
-    for t in FORMATS[1:]:
-        lost, no = not_expressed(cfg, t, refused_of(cfg)) if t != to else ([], "")
-        if no is None:
-            engine = [k for k in lost if k in ("training.zero12_engine", "training.zero3_engine")]
-            (drop if engine else keep).append(t)
-    if keep:
-        msg += f", or export row {n} --to {' or '.join(keep)}"
-    if drop:
-        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write row {n} without its ZeRO engine, "
-                f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
-                                          else ")"))
-    return msg
-
-
-def _engine_name(cfg: Config) -> str:
-    """The ZeRO engine ``cfg`` plans with, named for :func:`search_row_refusal`."""
-    t = cfg.training
-    if t.zero3_engine != "fsdp2" and t.sharding == "zero3":
-        return "DeepSpeed's 2021 ZeRO-3" if t.zero3_engine == "deepspeed-2021" else "DeepSpeed's ZeRO-3"
-    return f"DeepSpeed's ZeRO-{t.sharding[-1]}" if t.zero12_engine == "deepspeed" else t.sharding
 
 
 def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
@@ -363,14 +286,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
                 + (f" --gpu {opts.gpu}" if opts.gpu else "")
                 + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
     if to == "torchtitan":
-        tables, kept = torchtitan.carried(user.doc, torchtitan.write(cfg)) if user is not None and \
-            user.fmt == to else (torchtitan.write(cfg), [])
+        tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
+            user.fmt == to else (torchtitan_write.write(cfg), [])
         spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
         written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += torchtitan.write_notes(cfg)
+        head += torchtitan_write.write_notes(cfg)
         head += spelling_note(spelling, source) if written is not tables else []
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
@@ -426,112 +349,3 @@ def _rewritten(user: UserFile | None, to: str, source: str, written: dict,
         return []
     lost = listed(user.doc, written)
     return [f"written otherwise than {source} (the plan's value or spelling): {', '.join(lost)}"] if lost else []
-
-
-def differences(a: Config, b: Config) -> list[str]:
-    """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
-    ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
-    by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
-    out = []
-    ma, mb = (effective_model(m) for m in (a.model, b.model))
-    out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
-    ta, tb = (_routed(t, a.model.is_moe) for t in (a.training, b.training))
-    out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
-    if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
-        out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "
-                   f"{b.training.gradient_reduce_dtype!r}")
-    ka, kb = mesh_key(a), mesh_key(b)
-    out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
-    moved = _memory_moved(_memory(a), _memory(b))
-    return out + ([f"memory: {', '.join(moved)}"] if moved else [])
-
-
-def _memory_moved(a, b) -> list[str]:
-    """``name = A -> B`` for each [memory] field of ``a`` that ``b`` does not give back (a value
-    left at its default: ``default``), in TOML's spelling.
-
-    >>> from meshplan.spec.memory import MemoryOptions
-    >>> _memory_moved(MemoryOptions(grad_bucket_elements=16777216, dropout=True), MemoryOptions())
-    ['grad_bucket_elements = 16777216 -> default', 'dropout = true -> default']
-    """
-    fields = type(a).model_fields
-    show = lambda k, v: "default" if v == fields[k].default else json.dumps(v)
-    da, db = a.model_dump(), b.model_dump()
-    return [f"{k} = {show(k, da[k])} -> {show(k, db[k])}" for k in da if da[k] != db[k]]
-
-
-def _routed(training, moe: bool) -> dict[str, Any]:
-    """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
-    (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a plan's unset routing is the
-    dropless routing a re-import states), and without routing keys for a dense model."""
-    out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
-    if moe:
-        factor, dropless = training.moe_routing
-        out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)
-    return out
-
-
-def effective_model(model) -> dict[str, Any]:
-    """A ModelSpec's fields (not its name or source) with the defaults it resolves filled in:
-    ``head_dim`` (``hidden / q_heads``), ``kv_heads`` (``q_heads``) and, for an MoE model,
-    ``expert_ffn`` (``ffn``), so that a field left unset and the same value given are no
-    difference (Megatron-LM writes ``--kv-channels`` whatever the source said); the shared
-    experts as one MLP of their total width (what ModelSpec builds, and all Megatron-LM's
-    ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
-
-    >>> from meshplan.spec.model import ModelSpec
-    >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
-    >>> effective_model(m) == effective_model(m.model_copy(update={"head_dim": 16, "kv_heads": 4}))
-    True
-    """
-    out = model.model_dump(exclude={"name", "source"})
-    if not model.is_mla:
-        out |= {"head_dim": model.d_head, "kv_heads": model.n_kv_heads}
-    if model.is_moe:
-        out["expert_ffn"] = model.moe_ffn
-    if model.shared_experts:
-        width = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
-        out |= {"shared_experts": 1, "shared_expert_ffn": width}
-    return out
-
-
-def _memory(cfg: Config):
-    """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
-    export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"``, ``zero3_engine = "deepspeed-2021"`` or
-    DeepSpeed's ZeRO-3 DeepSpeed's (default 5e8; a deepspeed-2021 plan re-imported as ZeRO-3
-    keeps its bucket); otherwise zero3 and hsdp use no gradient bucket (``[memory]
-    grad_bucket_elements``: the non-FSDP shardings'), so theirs is no difference (a ZeRO-3 row
-    of a DeepSpeed ZeRO-2 config's search); likewise ZeRO-3's prefetch and live-parameter sizes
-    where DeepSpeed's ZeRO-3 does not run (:meth:`~meshplan.spec.memory.MemoryOptions.knob_acts`:
-    a ZeRO-2 row of a ZeRO-3 config's search)."""
-    unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements")
-              if getattr(cfg.memory, k) is not None and not cfg.memory.knob_acts(k, cfg.training)[0]}  # ZeRO-3's
-    t = cfg.training
-    if t.zero12_engine == "deepspeed" or t.zero3_engine == "deepspeed-2021" or (
-            t.sharding == "zero3" and t.zero3_engine == "deepspeed"):  # DeepSpeed's bucket (grad_bucket_acts)
-        return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()} | unused)
-    if unused:
-        return _memory(replace(cfg, memory=cfg.memory.model_copy(update=unused)))
-    if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
-        return cfg.memory.model_copy(update={"grad_bucket_elements": None})
-    if cfg.training.sharding != "zero2":
-        return cfg.memory
-    return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(
-        resolved(cfg).degree("fsdp"))})
-
-
-def mesh_key(cfg: Config) -> dict[str, Any]:
-    """What of a mesh a plan depends on: the axes of degree > 1 in order (one data axis
-    named ``dp`` whatever its spelling), ep, etp, and with tp > 1 sequence and loss
-    parallelism, with pp > 1 the schedule and layers per virtual stage."""
-    m, spec = resolved(cfg), mesh_spec(cfg)
-    data = [a for a in m.layout.names if a in ("dp", "dp_shard", "dp_replicate") and m.layout.degree(a) > 1]
-    axes = [("dp" if len(data) == 1 and a in data else a, m.layout.degree(a)) for a in m.layout.names
-            if m.layout.degree(a) > 1]
-    key: dict[str, Any] = {"axes": axes, "ep": m.ep, "etp": m.etp}
-    if m.degree("tp") > 1:
-        key |= {"sequence_parallel": spec.sequence_parallel, "loss_parallel": spec.loss_parallel}
-    if m.degree("pp") > 1:
-        key |= {"pp_schedule": str(spec.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
-    return key

@@ -2,7 +2,7 @@
 --to megatron``): every flag meshplan does not read (``--lr``, ``--train-iters``,
 ``--tokenizer-type``, ``--data-path`` ...) carried unchanged after the written ones, as
 torchtitan's and DeepSpeed's exports carry their files' other settings
-(:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed_carry.carried`);
+(:func:`meshplan.interop.torchtitan_carry.carried`, :func:`meshplan.interop.deepspeed_carry.carried`);
 a flag meshplan reads is the plan's, and one the export writes otherwise or drops
 (``--overlap-grad-reduce`` under zero1, planned without overlap) is listed by
 :func:`meshplan.interop.common.rewritten`.

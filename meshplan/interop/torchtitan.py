@@ -1,4 +1,6 @@
-"""torchtitan job TOML <-> meshplan tables.
+"""torchtitan job TOML -> meshplan tables (``meshplan import torchtitan``, and ``plan``/``step``/
+``search`` on a job TOML); the writer, the inverse, is :mod:`meshplan.interop.torchtitan_write` and
+what an export keeps of the user's own file :mod:`meshplan.interop.torchtitan_carry`.
 
 Key names from torchtitan's ``torchtitan/config/job_config.py`` (pytorch/torchtitan at
 e347b1e, the last commit with the TOML job config; ``JobConfig`` tables ``[model]``,
@@ -30,7 +32,7 @@ training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
 parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan),
                                                  reshard_head_after_forward (always only):
-                                                 :func:`reshard_policy`
+                                                 :func:`~meshplan.interop.torchtitan_write.reshard_policy`
 parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B;
                                                  ZBVZeroBubble, DualPipeV as zbv, dualpipev)
 parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's split of layers
@@ -76,44 +78,32 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import catalog
-from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import (
     Imported,
     ImportOptions,
-    catalog_model_name,
     cluster_table,
     flatten,
-    merge_tables,
     misspelt,
     model_is_moe,
     model_layers,
     model_option,
     positive_int,
     seq_len_of,
-    strip_keys,
     table_model,
 )
-from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
-    LINEAR_CONVERTERS,
     SCHEDULE_NAMES,
     SCHEDULES,
     V_SCHEDULES,
     default_split,
     float8_used,
-    model_parts,
     read_float8,
     read_norm,
     read_optimizer,
     read_recompute,
-    write_float8,
-    write_optimizer,
-    write_recompute,
 )
-from meshplan.mesh.resolve import Mesh
-from meshplan.spec.axes import TORCHTITAN_AXES
 from meshplan.spec.axes.tp import tp_misfit
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
@@ -400,70 +390,9 @@ def _moved(keys) -> None:
                               f"[{table}]); move it there")
 
 
-def reshard_policy(t, pp: int) -> str:
-    """torchtitan's ``parallelism.fsdp_reshard_after_forward`` for ``t`` (a
-    :class:`~meshplan.spec.training.TrainingSpec`) at pipeline degree ``pp``. torchtitan
-    (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``get_fsdp_reshard_after_forward_policy``,
-    ``apply_fsdp_to_decoder``) reshards the blocks and the embedding's unit under ``"always"``,
-    under ``"default"`` when pp is off, never under ``"never"``, and the ``[norm, output]`` unit
-    (tied: the unit of the three) under ``"always"`` only. So: the head resharded ->
-    ``"always"``; the blocks resharded as pp says -> ``"default"``; kept -> ``"never"``; the
-    blocks resharded under pp with the head kept has no policy: ``"always"`` (it reshards the
-    head too; the export's round trip says so).
-
-    >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16)
-    >>> [reshard_policy(t, 1), reshard_policy(t, 2), reshard_policy(t.model_copy(update={
-    ...     "reshard_after_forward": False}), 1), reshard_policy(t.model_copy(update={
-    ...     "reshard_head_after_forward": True}), 1)]
-    ['default', 'always', 'never', 'always']
-    """
-    if t.reshard_head_after_forward:
-        return "always"
-    if t.reshard_after_forward == (pp == 1):
-        return "default"
-    return "always" if t.reshard_after_forward else "never"
-
-
-def write(cfg: Config) -> dict[str, dict]:
-    """torchtitan job tables of ``cfg`` (the inverse of :func:`read`). ConfigError naming
-    what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
-    a mesh order other than torchtitan's, tp without sequence parallel, user-named axes."""
-    mesh = resolved(cfg)
-    t = cfg.training
-    name = catalog_model_name(cfg.model)
-    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
-    if flavor is None:
-        raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
-                          f"{cfg.model.name!r} has none")
-    deg = _write_degrees(cfg, mesh)
-    pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
-    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
-    par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
-            "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
-            "enable_async_tensor_parallel": t.tp_comm_overlap}
-    if pp > 1:
-        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
-                or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
-                "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
-    # pp: one schedule.step() per accumulation step, local_batch_size / microbatch_size micro-batches each
-    training = {"local_batch_size": t.global_batch // (dpn * t.pp_schedule_runs) if pp > 1 else t.micro_batch,
-                "global_batch_size": t.global_batch, "seq_len": t.seq_len,
-                # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
-                # its mixed precision (fp32 FSDP2 shards, bf16 compute)
-                "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
-                "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
-                "mixed_precision_reduce": "float32"}
-    model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
-    converters, quantize = write_float8(t)
-    if converters:
-        model["converters"] = converters
-    return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
-                                   f"{cfg.cluster.node.name}"},
-            "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": write_recompute(t), "optimizer": write_optimizer(t)} | quantize \
-        | ({"compile": {"enable": True, "components": ["model", "loss"] if t.torch_compile_loss else ["model"]}}
-           if t.torch_compile else {})
+def current_layout(d: dict) -> dict:
+    """A parsed torchtitan job TOML in the current layout (:func:`_old_float8`)."""
+    return _old_float8(d)[0]
 
 
 #: The routing of torchtitan's MoE, as the import note says: TokenChoiceTopKRouter picks top_k
@@ -472,105 +401,3 @@ def write(cfg: Config) -> dict[str, dict]:
 #: ``torchtitan/models/moe/moe.py``).
 DROPLESS = ("MoE: torchtitan's token-choice routing computes every routed copy (no capacity factor): planned "
             "dropless (training.moe_dropless = true)")
-
-#: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
-#: folder; the clipping bound, read as clipping on; whether torchao precomputes the float8
-#: scales, read for a note, the plan's float8 all-gather timed with the precompute either way):
-#: carried by :func:`carried`, not rewritten.
-KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"}
-
-
-def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
-    """(tables, what was carried) of ``written`` (:func:`write`) with the user's torchtitan
-    job TOML ``user`` carried through: every key meshplan does not read (``[job]``,
-    ``optimizer.lr``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``, ``training.steps``,
-    ...) and :data:`KEPT` unchanged (``job.description`` the user's where it has one), the
-    converters meshplan does not model kept beside the written ones; every other read key is
-    what :func:`write` says (the plan), absent where it writes none. ``model.hf_assets_path`` only while the model is still the user's. What was
-    carried: whole tables as ``[name]``, single keys dotted.
-
-    >>> user = {"job": {"dump_folder": "./o"}, "training": {"seq_len": 4096, "steps": 10},
-    ...         "activation_checkpoint": {"mode": "full", "early_stop": True}}
-    >>> tables, names = carried(user, {"training": {"seq_len": 8192}, "activation_checkpoint": {"mode": "none"}})
-    >>> tables["training"], tables["activation_checkpoint"]
-    ({'steps': 10, 'seq_len': 8192}, {'early_stop': True, 'mode': 'none'})
-    >>> names
-    ['[job]', 'training.steps', 'activation_checkpoint.early_stop']
-    """
-    moved = "model" in written and _model_key(user) != _model_key(written)
-    keep = strip_keys(user, (READ - KEPT) | ({"model.hf_assets_path"} if moved else set()))
-    tables = merge_tables(keep, strip_keys(written, set(flatten(keep))))  # the user's description of the job stays
-    other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
-    if other:
-        model = tables.get("model", {})
-        tables["model"] = {**model, "converters": [*model.get("converters", []), *other]}
-    read = {r.partition(".")[0] for r in READ} | set(written)
-    names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
-    return tables, names + [f"model.converters {other}"] * bool(other)
-
-
-def current_layout(d: dict) -> dict:
-    """A parsed torchtitan job TOML in the current layout (:func:`_old_float8`)."""
-    return _old_float8(d)[0]
-
-
-def write_notes(cfg: Config) -> list[str]:
-    """Header notes of a torchtitan export: a recompute policy torchtitan has no option for,
-    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`);
-    torchtitan's pre-2025 norm, which today's torchtitan has no key for."""
-    t = cfg.training
-    out = [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
-           f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
-        if t.torch_norm == "decomposed" else []
-    if t.recompute != "selective":
-        return out
-    written = write_recompute(t)["mode"]
-    return out + [
-        f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
-        f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
-        f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
-        "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
-        "no more than the plan")]
-
-
-def _model_key(d: dict) -> tuple:
-    m = d.get("model", {})
-    return m.get("name", "llama3"), m.get("flavor", "debugmodel")
-
-
-def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
-    """torchtitan's degree of each of its axes for ``cfg``'s mesh (a ``dp`` axis is
-    dp_replicate under DDP, dp_shard otherwise); ConfigError when torchtitan would build
-    another mesh or sharding."""
-    t = cfg.training
-    axes = list(mesh.layout.names)
-    foreign = [a for a in axes if a not in TORCHTITAN_AXES and a != "dp"]
-    if foreign:
-        raise ConfigError("--to", f"torchtitan has no mesh axis {foreign[0]!r} (its axes: pp, dp_replicate, "
-                          f"dp_shard, cp, tp, ep, etp)")
-    if t.sharding in ("zero1", "zero2"):
-        raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
-                          f"{t.sharding} has no torchtitan key")
-    dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
-    axes = [dp if a == "dp" else a for a in axes]
-    canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
-    if axes != canon:
-        raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
-                          f"outermost first); reorder the mesh to export it")
-    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
-    both = deg.get("dp_replicate", 1) > 1 and deg.get("dp_shard", 1) > 1
-    if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
-        raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
-                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
-    if t.sharding == "none" and deg.get("dp_replicate", 1) > 1 and deg.get("pp", 1) * deg.get("tp", 1) > 1:
-        raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
-                          "1D parallelism\"; shard (zero3 or hsdp) to export it")
-    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
-        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
-    return deg
-
-
-def _no_schedule(cfg: Config) -> str:
-    raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
-                      f"{', '.join(SCHEDULES.values())}")
-

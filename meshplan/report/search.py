@@ -24,7 +24,7 @@ from rich.table import Table
 from meshplan import __version__
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
-from meshplan.plan import export_refusals
+from meshplan.plan_runtime import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative

@@ -42,7 +42,8 @@ from meshplan.errors import ConfigError
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
-from meshplan.plan import Infeasible, Plan, run_reasons, runtime_warnings, table_key, table_stage
+from meshplan.plan import Infeasible, Plan, table_key, table_stage
+from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap
 from meshplan.schedule.pipeline_exposure import ends_of, last_hold, unit_exposure, call_loads, pp_hold_split, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share

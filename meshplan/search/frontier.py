@@ -6,7 +6,7 @@ The vectorised bound (:func:`meshplan.search.timing.step_lower_bound`) is loose 
 pipeline schedule matters (interleaved stages, FSDP gathers per pass): on Llama-3-405B over
 16,384 H100 it sits 15-20% under the simulated step of pp 2 HSDP candidates with vpp 3 or
 7, so without tightening the ranking simulates some 130 of them that cannot enter the top.
-The tighter bound (:func:`meshplan.search.driver.refine`: the exact pipeline schedule on
+The tighter bound (:func:`meshplan.search.estimate.refine`: the exact pipeline schedule on
 unit bounds, :mod:`meshplan.search.pipeline`) costs about 1 ms a candidate against 0.1-0.3 s
 for an exact plan, so the queue tightens each candidate when it reaches the front and
 re-sorts: a candidate whose tighter bound exceeds the stopping threshold is then never

@@ -151,7 +151,7 @@ def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
     simplicity key of position j (smaller first among the tied); ``peaks[j]``: its planned
     peak memory, bytes (lower first after the keys; inf: not planned, which would put it behind a
     planned twin for lack of a number: the search plans every twin that ties a listed candidate
-    before it lists the top, :func:`meshplan.search.driver._complete_top`)."""
+    before it lists the top, :func:`meshplan.search.best_first._complete_top`)."""
     mem = peaks if peaks is not None else [0.0] * len(steps)
     left = sorted(range(len(steps)), key=lambda j: (steps[j], j))
     out: list[int] = []
@@ -169,7 +169,7 @@ def ranked(c: Candidates, steps: dict[int, float], top: int, rel: float = TIE,
     """Candidate indices of the ``top`` first by the rule, from ``steps`` (index -> exact
     step time, seconds) of feasible candidates and ``peaks`` (index -> planned peak memory,
     bytes; a candidate without one counts as inf: the search plans the memory of every
-    candidate that ties a listed one on the keys, :func:`meshplan.search.driver._complete_top`)."""
+    candidate that ties a listed one on the keys, :func:`meshplan.search.best_first._complete_top`)."""
     idx = sorted(steps)
     mem = [float((peaks or {}).get(i, float("inf"))) for i in idx]
     order = tie_order([steps[i] for i in idx], [simplicity(c, i) for i in idx], rel, mem)

@@ -101,7 +101,7 @@ CODE = {key: i for i, (key, _) in enumerate(REASONS)}
 def zero1_refused(training) -> bool:
     """Whether the search rejects zero1 candidates under ``training`` (rule ``framework``): where
     no engine runs meshplan's zero1 (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`;
-    plan and step warn instead, :func:`meshplan.plan.runtime_warnings`).
+    plan and step warn instead, :func:`meshplan.plan_runtime.runtime_warnings`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> [zero1_refused(TrainingSpec(global_batch=8, seq_len=16, **kw)) for kw in

@@ -95,7 +95,7 @@ class TimeTables:
     def _coll(self, op: str, n: int, size: int, stride: int) -> float:
         """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
         :func:`meshplan.comm.collectives.collective_table` times a row (``coll``: memoised,
-        the pp groups of :func:`~meshplan.search.driver.estimate` ask the same rows)."""
+        the pp groups of :func:`~meshplan.search.estimate.estimate` ask the same rows)."""
         if n <= 1 or size <= 0:
             return 0.0
         return path_time(op, n, size, self.path(stride, n), self.cfg.cluster)[1]

@@ -326,7 +326,7 @@ class MemoryOptions(BaseModel):
         """``grad_bucket_elements`` as it acts under ``training``: DeepSpeed's ``reduce_bucket_size``
         (:meth:`deepspeed_bucket_elements`, unset its default 5e8) under a DeepSpeed engine
         (``zero12_engine = "deepspeed"``, or a DeepSpeed ``zero3_engine`` at sharding zero3), else
-        the field as given; what ``meshplan compare`` weighs (:func:`meshplan.config.config_differences`),
+        the field as given; what ``meshplan compare`` weighs (:func:`meshplan.compare.differences.config_differences`),
         so a ZeRO-2 import's explicit 5e8 and a ZeRO-3 import's unset one are no difference.
 
         >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")

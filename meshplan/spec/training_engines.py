@@ -117,7 +117,7 @@ class TrainingEngines(TrainingFields):
         reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
         (:attr:`contiguous_grads`); every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
-        (:func:`meshplan.config.config_differences`).
+        (:func:`meshplan.compare.differences.config_differences`).
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")

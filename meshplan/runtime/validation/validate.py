@@ -70,7 +70,8 @@ from meshplan.limits import BOUNDS
 from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
 from meshplan.plan import Infeasible as NoPlan
-from meshplan.plan import build_plan, run_reasons
+from meshplan.plan import build_plan
+from meshplan.plan_runtime import run_reasons
 from meshplan.pipeline.registry import fewest_micro_batches
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.launch import parse_endpoint
@@ -269,7 +270,7 @@ def _fewest_why(spec: MeshSpec, mesh, training: TrainingSpec) -> str:
 
 def micro_batch_refusal(config: Config, world: int, opt: Options) -> Optional[str]:
     """Why the pipeline schedule refuses ``opt.micro_batches`` at ``world`` (None when it runs
-    them or they are the default): :func:`meshplan.plan.run_reasons` of the scaled config, with
+    them or they are the default): :func:`meshplan.plan_runtime.run_reasons` of the scaled config, with
     the fix (the fewest it runs)."""
     if opt.micro_batches is None:
         return None

@@ -115,7 +115,7 @@ def _megatron_sp_bad(m, t, d):
 
 def megatron_sp_reason(tp: int, ep: int) -> str:
     """The reason (with its fix) of the ``megatron_moe_sp`` rule, which ``export --to megatron``
-    gives too (:func:`meshplan.plan.export_refusals`)."""
+    gives too (:func:`meshplan.plan_runtime.export_refusals`)."""
     return (f"framework megatron: MoE with tp {tp} (ep {ep}) needs sequence parallelism (Megatron-LM's MoELayer "
             "raises ValueError in training without it); fix: set [mesh] sequence_parallel = true "
             "(--sequence-parallel)")

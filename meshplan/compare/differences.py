@@ -1,0 +1,97 @@
+"""What two configs of ``meshplan compare`` differ in besides the mesh layout
+(:func:`config_differences`): the workload ([model], the cluster, the [training] and [memory]
+fields that are not design choices), which must agree for a comparison, and the plan's knobs,
+which the verdict weighs; each field as it acts (defaults that resolve from other fields filled
+in, a knob only where it applies to both sides).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshplan.config import Config
+from meshplan.spec.memory import MEMORY_KNOBS
+from meshplan.spec.training_engines import PLAN_KNOBS
+
+
+# [mesh] fields that spell the layout (compared as the resolved layout, :func:`meshplan.compare.same_mesh`)
+# or only name it; every other [mesh] field is a knob of the plan (schedule, virtual stages, layer split,
+# sequence and loss parallelism, rank order).
+_MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
+
+
+@dataclass(frozen=True)
+class Differences:
+    """What two configs of ``meshplan compare`` differ in, besides the mesh layout.
+    ``workload``: (field, A's value, B's value) where the workload differs ([model], the cluster
+    but its free-text name and sources, the [training] fields outside
+    :data:`~meshplan.spec.training_engines.PLAN_KNOBS`, the [memory] assumptions outside
+    :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
+    choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
+
+    >>> from meshplan.config import config_from_dict
+    >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...         "training": {"global_batch": 8, "seq_len": 1024}, "mesh": {"names": ["dp_shard"], "shape": [8]}}
+    >>> a = config_from_dict(base)
+    >>> b = config_from_dict({**base, "training": {"global_batch": 8, "seq_len": 1024, "recompute": "full"}})
+    >>> c = config_from_dict({**base, "cluster": {"system": "dgx-a100", "nodes": 1}})
+    >>> config_differences(a, b).knobs, config_differences(a, c).workload[0]
+    ((('training.recompute', 'selective', 'full'),), ('cluster.gpu.name', 'h100-sxm5-80gb', 'a100-sxm-80gb'))
+    """
+
+    workload: tuple[tuple[str, Any, Any], ...]
+    knobs: tuple[tuple[str, Any, Any], ...]
+
+
+def config_differences(a: Config, b: Config) -> Differences:
+    """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
+    work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
+    work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
+    ta, tb = _training_as_it_acts(a.training), _training_as_it_acts(b.training)
+    work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
+    # a knob as it acts, and only where it applies to both sides (TrainingSpec.knob_acts: a DeepSpeed
+    # ZeRO-2 plan's zero3_engine default is no difference from a ZeRO-3 plan's engine)
+    acts = [(k, a.training.knob_acts(k), b.training.knob_acts(k)) for k in PLAN_KNOBS]
+    knobs = [(f"training.{k}", x[1], y[1]) for k, x, y in acts if x[0] and y[0] and x[1] != y[1]]
+    if a.mesh is not None and b.mesh is not None:
+        ma, mb = a.mesh.model_dump(exclude=set(_MESH_SPELLING)), b.mesh.model_dump(exclude=set(_MESH_SPELLING))
+        knobs += [(f"mesh.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+    oa, ob = a.memory.model_dump(), b.memory.model_dump()
+    work += [(f"memory.{k}", oa[k], ob[k]) for k in oa if k not in MEMORY_KNOBS and oa[k] != ob[k]]
+    # as the training knobs above: as it acts (DeepSpeed's reduce_bucket_size unset: its 5e8; ZeRO-3's
+    # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
+    macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
+    knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
+    return Differences(tuple(work), tuple(knobs))
+
+
+def _training_as_it_acts(t: Any) -> dict[str, Any]:
+    """``[training]`` dumped with the defaults that resolve from other fields filled in, so that
+    an unset field and its explicit default agree: the gradients' reduce dtype (unset: a default of
+    framework and param_dtype, so unset on a torch plan and "fp32" on the same plan exported to
+    Megatron-LM and imported back agree) and the MoE routing (:attr:`TrainingSpec.moe_routing
+    <meshplan.spec.training.TrainingSpec.moe_routing>`: unset is dropless, as Megatron-LM's and
+    torchtitan's defaults, so unset and ``moe_dropless = true`` agree; a dropless plan has no
+    capacity factor).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> d = _training_as_it_acts(TrainingSpec(global_batch=8, seq_len=4096))
+    >>> d["moe_dropless"], d["moe_capacity_factor"]
+    (True, None)
+    """
+    d = t.model_dump()
+    d["grad_reduce_dtype"] = t.gradient_reduce_dtype
+    factor, dropless = t.moe_routing
+    d["moe_dropless"], d["moe_capacity_factor"] = dropless, None if dropless else factor
+    return d
+
+
+def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
+    """(path, a, b) of every leaf (nested tables and equal-length lists walked) where two dumped
+    specs differ; ``source`` texts (citations) are not compared."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [d for k in a if k != "source" for d in _leaf_differences(f"{where}.{k}", a[k], b[k])]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _leaf_differences(f"{where}[{i}]", x, y)]
+    return [] if a == b else [(where, a, b)]

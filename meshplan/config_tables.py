@@ -1,0 +1,156 @@
+"""Each table of a TOML config to its spec (:mod:`meshplan.config` reads the file and checks the
+tables together): pydantic's errors as one line naming the field, with the likely key for a
+misspelt one and the right table for a misplaced one (:func:`build`); [model] from the catalog,
+a Hugging Face ``config.json`` or its fields (:func:`read_model`); [cluster] from a catalog
+system or its tables (:func:`read_cluster`); a catalog's or file reader's error re-raised
+under the config's field.
+"""
+
+from __future__ import annotations
+
+import difflib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
+
+from meshplan import catalog
+from meshplan.errors import ConfigError
+from meshplan.limits import MAX_WORLD, bound_message, over
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.hf import model_from_hf_config
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.search import SearchOptions
+from meshplan.spec.training import TrainingSpec
+
+
+def build(cls: type[BaseModel], values: dict, table: str) -> Any:
+    """``cls(**values)`` with pydantic errors turned into one-line ConfigErrors."""
+    if not isinstance(values, dict):
+        raise ConfigError(table, f"must be a table of {cls.__name__} fields (got {type(values).__name__} "
+                                 f"{str(values)[:40]!r})")
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        raise _one_line(e, cls, table) from None
+
+
+def _home_table(key: str, table: str) -> Optional[str]:
+    """The other top-level table that has ``key`` as a field, where exactly one does (a key
+    written in the wrong table: ``pp_schedule`` under [training] belongs in [mesh]); else None
+    (``micro_batch`` is a field of both [training] and [search]).
+
+    >>> _home_table("pp_schedule", "training"), _home_table("seq_len", "mesh"), _home_table("micro_batch", "mesh")
+    ('mesh', 'training', None)
+    """
+    tables: dict[str, type[BaseModel]] = {"model": ModelSpec, "training": TrainingSpec, "mesh": MeshSpec,
+                                          "memory": MemoryOptions, "search": SearchOptions, "cluster": ClusterSpec}
+    homes = [name for name, c in tables.items() if name != table.split(".")[0] and key in c.model_fields]
+    return homes[0] if len(homes) == 1 else None
+
+
+def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
+    errs = e.errors()
+    # an unknown key explains a "missing" one (a misspelled required key): report it first
+    err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
+    loc = ".".join(str(x) for x in err["loc"])
+    field = f"{table}.{loc}" if loc else table
+    removed = getattr(cls, "REMOVED", {})
+    if err["type"] == "extra_forbidden" and loc in removed:
+        return ConfigError(field, removed[loc])
+    if err["type"] == "extra_forbidden":
+        home = _home_table(loc, table)
+        if home:
+            return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
+                                      f"({home}.{loc})")
+        near = difflib.get_close_matches(loc, list(cls.model_fields), n=1, cutoff=0.75)  # globl_batch: 0.96
+        guess = f"did you mean {near[0]}? " if near else ""
+        return ConfigError(field, f"unknown key in [{table}]; {guess}allowed keys: {', '.join(cls.model_fields)}")
+    if err["type"] == "missing":
+        return ConfigError(field, f"required key missing in [{table}]")
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    bounded = bound_message(err)
+    if bounded:
+        return ConfigError(field, bounded)
+    if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
+        msg += f" (got {str(got)[:60]!r})" if isinstance(got, str) else f" (got {got!r})"
+    elif isinstance(got, (dict, list)) and err["type"] not in ("value_error",):
+        msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
+    return ConfigError(field, msg)
+
+
+def read_model(t: dict, base: Path | None) -> ModelSpec:
+    t = dict(t)
+    if "catalog" in t and "hf_config" in t:
+        raise ConfigError("model", "give either catalog or hf_config, not both")
+    if "catalog" in t:
+        if not isinstance(t["catalog"], str):
+            raise ConfigError("model.catalog", f"give a catalog model name (got a {type(t['catalog']).__name__}); "
+                                               f"known: {', '.join(catalog.names('model'))}")
+        with _as_field("model.catalog"):
+            entry = catalog.model(t.pop("catalog")).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    if "hf_config" in t:
+        given = t.pop("hf_config")
+        if not isinstance(given, str):
+            raise ConfigError("model.hf_config", f"give a path string (got {given!r})")
+        src = Path(given)
+        src = src if src.is_absolute() or base is None else base / src
+        where = "" if Path(given).is_absolute() or base is None else " (relative to the TOML file's folder)"
+        with _as_field("model.hf_config", where):
+            entry = model_from_hf_config(src).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    return build(ModelSpec, t, "model")
+
+
+def read_cluster(t: dict) -> ClusterSpec:
+    t = dict(t)
+    if isinstance(t.get("gpu"), dict) and "kernels" in t["gpu"]:  # GPUSpec.kernels: set by the run, not written
+        raise ConfigError("cluster.gpu.kernels", "not a key of a GPU table; list measured kernel tables in "
+                                                 "[kernels] files = [...] (or pass --kernels FILE)")
+    if "system" in t:
+        name = t.pop("system")
+        if "nodes" not in t:
+            raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
+        gpu, nodes = t.pop("gpu", None), t.pop("nodes")
+        if not isinstance(name, str):
+            raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
+                                                f"known: {', '.join(catalog.names('node'))}")
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ConfigError("cluster.nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
+        if nodes > MAX_WORLD:
+            raise ConfigError("cluster.nodes", over("nodes", nodes))
+        with _as_field("cluster.system"):
+            cluster = catalog.system(name, nodes)
+        if gpu is not None:
+            with _as_field("cluster.gpu"):
+                cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
+                                                     else build(type(cluster.gpu), gpu, "cluster.gpu")})
+        if t:
+            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
+        return cluster
+    if isinstance(t.get("gpu"), str):
+        with _as_field("cluster.gpu"):
+            t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
+    return build(ClusterSpec, t, "cluster")
+
+
+@contextmanager
+def _as_field(field: str, where: str = ""):
+    """Re-raise a ConfigError from a catalog or file reader under the config's ``field``
+    (``cluster.system: unknown node ...``); a reader's own field (a key of the HF
+    config.json) stays in the message. ``where`` follows a missing file's path."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.field.startswith(field):
+            raise
+        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system") \
+            else f"{e.field}: {e.message}"
+        if where and msg.startswith("no such file"):
+            msg = msg.replace(";", where + ";", 1)
+        raise ConfigError(field, msg) from None

@@ -1,0 +1,125 @@
+"""What an export gives back: the meshplan fields in which a config read back from its export
+(``meshplan export`` of :mod:`meshplan.interop.foreign`, then the target's reader) differs
+from the config written, as ``table.key: A -> B`` lines (:func:`differences`). The model is
+compared by its resolved fields (:func:`effective_model`), the mesh by what a plan depends on
+(:func:`mesh_key`), the MoE routing and the [memory] table as they resolve, so that a value
+left unset and the same value given are no difference.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from meshplan.config import Config
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+
+
+def differences(a: Config, b: Config) -> list[str]:
+    """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
+    ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
+    by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
+    out = []
+    ma, mb = (effective_model(m) for m in (a.model, b.model))
+    out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
+    ta, tb = (_routed(t, a.model.is_moe) for t in (a.training, b.training))
+    out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
+    if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
+        out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "
+                   f"{b.training.gradient_reduce_dtype!r}")
+    ka, kb = mesh_key(a), mesh_key(b)
+    out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
+    moved = _memory_moved(_memory(a), _memory(b))
+    return out + ([f"memory: {', '.join(moved)}"] if moved else [])
+
+
+def _memory_moved(a, b) -> list[str]:
+    """``name = A -> B`` for each [memory] field of ``a`` that ``b`` does not give back (a value
+    left at its default: ``default``), in TOML's spelling.
+
+    >>> from meshplan.spec.memory import MemoryOptions
+    >>> _memory_moved(MemoryOptions(grad_bucket_elements=16777216, dropout=True), MemoryOptions())
+    ['grad_bucket_elements = 16777216 -> default', 'dropout = true -> default']
+    """
+    fields = type(a).model_fields
+    show = lambda k, v: "default" if v == fields[k].default else json.dumps(v)
+    da, db = a.model_dump(), b.model_dump()
+    return [f"{k} = {show(k, da[k])} -> {show(k, db[k])}" for k in da if da[k] != db[k]]
+
+
+def _routed(training, moe: bool) -> dict[str, Any]:
+    """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
+    (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a plan's unset routing is the
+    dropless routing a re-import states), and without routing keys for a dense model."""
+    out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
+    if moe:
+        factor, dropless = training.moe_routing
+        out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)
+    return out
+
+
+def effective_model(model) -> dict[str, Any]:
+    """A ModelSpec's fields (not its name or source) with the defaults it resolves filled in:
+    ``head_dim`` (``hidden / q_heads``), ``kv_heads`` (``q_heads``) and, for an MoE model,
+    ``expert_ffn`` (``ffn``), so that a field left unset and the same value given are no
+    difference (Megatron-LM writes ``--kv-channels`` whatever the source said); the shared
+    experts as one MLP of their total width (what ModelSpec builds, and all Megatron-LM's
+    ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
+    >>> effective_model(m) == effective_model(m.model_copy(update={"head_dim": 16, "kv_heads": 4}))
+    True
+    """
+    out = model.model_dump(exclude={"name", "source"})
+    if not model.is_mla:
+        out |= {"head_dim": model.d_head, "kv_heads": model.n_kv_heads}
+    if model.is_moe:
+        out["expert_ffn"] = model.moe_ffn
+    if model.shared_experts:
+        width = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
+        out |= {"shared_experts": 1, "shared_expert_ffn": width}
+    return out
+
+
+def _memory(cfg: Config):
+    """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
+    export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
+    under ``training.zero12_engine = "deepspeed"``, ``zero3_engine = "deepspeed-2021"`` or
+    DeepSpeed's ZeRO-3 DeepSpeed's (default 5e8; a deepspeed-2021 plan re-imported as ZeRO-3
+    keeps its bucket); otherwise zero3 and hsdp use no gradient bucket (``[memory]
+    grad_bucket_elements``: the non-FSDP shardings'), so theirs is no difference (a ZeRO-3 row
+    of a DeepSpeed ZeRO-2 config's search); likewise ZeRO-3's prefetch and live-parameter sizes
+    where DeepSpeed's ZeRO-3 does not run (:meth:`~meshplan.spec.memory.MemoryOptions.knob_acts`:
+    a ZeRO-2 row of a ZeRO-3 config's search)."""
+    unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements")
+              if getattr(cfg.memory, k) is not None and not cfg.memory.knob_acts(k, cfg.training)[0]}  # ZeRO-3's
+    t = cfg.training
+    if t.zero12_engine == "deepspeed" or t.zero3_engine == "deepspeed-2021" or (
+            t.sharding == "zero3" and t.zero3_engine == "deepspeed"):  # DeepSpeed's bucket (grad_bucket_acts)
+        return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()} | unused)
+    if unused:
+        return _memory(replace(cfg, memory=cfg.memory.model_copy(update=unused)))
+    if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
+        return cfg.memory.model_copy(update={"grad_bucket_elements": None})
+    if cfg.training.sharding != "zero2":
+        return cfg.memory
+    return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(
+        resolved(cfg).degree("fsdp"))})
+
+
+def mesh_key(cfg: Config) -> dict[str, Any]:
+    """What of a mesh a plan depends on: the axes of degree > 1 in order (one data axis
+    named ``dp`` whatever its spelling), ep, etp, and with tp > 1 sequence and loss
+    parallelism, with pp > 1 the schedule and layers per virtual stage."""
+    m, spec = resolved(cfg), mesh_spec(cfg)
+    data = [a for a in m.layout.names if a in ("dp", "dp_shard", "dp_replicate") and m.layout.degree(a) > 1]
+    axes = [("dp" if len(data) == 1 and a in data else a, m.layout.degree(a)) for a in m.layout.names
+            if m.layout.degree(a) > 1]
+    key: dict[str, Any] = {"axes": axes, "ep": m.ep, "etp": m.etp}
+    if m.degree("tp") > 1:
+        key |= {"sequence_parallel": spec.sequence_parallel, "loss_parallel": spec.loss_parallel}
+    if m.degree("pp") > 1:
+        key |= {"pp_schedule": str(spec.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
+    return key

@@ -1,0 +1,97 @@
+"""``meshplan search --export N --to T``: whether a target can take a row of the search.
+Before the search, from the config alone, why a target refuses every row the search can
+rank (:func:`search_export_refusal`); after it, why it refuses row ``N``, naming the first
+row it takes and the formats that write row ``N`` (:func:`search_row_refusal`, on
+:func:`meshplan.interop.foreign.not_expressed`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from meshplan.config import Config
+from meshplan.interop.common import FORMATS, catalog_model_name
+from meshplan.interop.foreign import not_expressed
+from meshplan.interop.torchtitan import FLAVORS
+
+
+def search_export_refusal(cfg: Config, to: str) -> str | None:
+    """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
+    from the config before the search runs (``search --export N --to T`` checks it first);
+    None when some row may export (a row's own mesh and pipeline are checked after the search,
+    :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`).
+    torchtitan: a model without a torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
+    DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
+    dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024}, "search": {"sharding": ["zero1"], "tp": [2, 4]}},
+    ...     require_mesh=False)
+    >>> search_export_refusal(cfg, "torchtitan")
+    'torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists zero1 only: add zero3 to search.sharding or export --to megatron'
+    >>> search_export_refusal(cfg, "deepspeed")
+    'a DeepSpeed config runs ZeRO over one data axis; [search] tp = [2, 4] leaves no such mesh: add 1 to search.tp or export --to megatron'
+    >>> search_export_refusal(cfg, "megatron") is None
+    True
+    """
+    o, t = cfg.search, cfg.training
+    if to == "torchtitan":
+        if catalog_model_name(cfg.model) not in FLAVORS.values():
+            return (f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {cfg.model.name!r} has none: "
+                    "export --to meshplan or megatron")
+        if not {"zero3", "hsdp"} & set(o.sharding):
+            return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "
+                    "add zero3 to search.sharding or export --to megatron")
+    if to == "deepspeed":
+        for key in ("pp", "tp", "cp", "ep", "dp_replicate"):
+            allowed = getattr(o, key)
+            if allowed is not None and 1 not in allowed:
+                return (f"a DeepSpeed config runs ZeRO over one data axis; [search] {key} = {allowed} leaves no such "
+                        f"mesh: add 1 to search.{key} or export --to megatron")
+        if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
+            return (f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master copy); "
+                    f"param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key: export --to "
+                    "megatron or torchtitan")
+    return None
+
+
+def search_row_refusal(n: int, rows: Sequence[Config], to: str,
+                       refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
+    """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
+    search's top, in order), naming the first row it can write, and the other formats that
+    write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
+    format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
+    distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
+    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan_runtime.export_refusals` per
+    format."""
+    cfg = rows[n - 1]
+    _, why = not_expressed(cfg, to, refused_of(cfg))
+    if why is None:
+        return None
+    first = next((i for i, c in enumerate(rows, 1) if not_expressed(c, to, refused_of(c))[1] is None), None)
+    msg = f"row {n} cannot be written --to {to}: {why}; " + (
+        f"row {first} is the first row it takes (--export {first})" if first else
+        f"none of the {len(rows)} rows shown exports --to {to}")
+    keep: list[str] = []
+    drop: list[str] = []
+    for t in FORMATS[1:]:
+        lost, no = not_expressed(cfg, t, refused_of(cfg)) if t != to else ([], "")
+        if no is None:
+            engine = [k for k in lost if k in ("training.zero12_engine", "training.zero3_engine")]
+            (drop if engine else keep).append(t)
+    if keep:
+        msg += f", or export row {n} --to {' or '.join(keep)}"
+    if drop:
+        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write row {n} without its ZeRO engine, "
+                f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
+                                          else ")"))
+    return msg
+
+
+def _engine_name(cfg: Config) -> str:
+    """The ZeRO engine ``cfg`` plans with, named for :func:`search_row_refusal`."""
+    t = cfg.training
+    if t.zero3_engine != "fsdp2" and t.sharding == "zero3":
+        return "DeepSpeed's 2021 ZeRO-3" if t.zero3_engine == "deepspeed-2021" else "DeepSpeed's ZeRO-3"
+    return f"DeepSpeed's ZeRO-{t.sharding[-1]}" if t.zero12_engine == "deepspeed" else t.sharding

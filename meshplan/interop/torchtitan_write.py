@@ -1,0 +1,150 @@
+"""meshplan config -> torchtitan job TOML (``export --to torchtitan``): the inverse of
+:func:`meshplan.interop.torchtitan.read`, key names as in that module's table; the degrees and
+sharding torchtitan would build checked against the plan's, the resharding policy
+(:func:`reshard_policy`) and the header notes of an export (:func:`write_notes`). The
+pipeline split, [activation_checkpoint], the optimizer and float8 are written by
+:mod:`meshplan.interop.torchtitan_tables`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import catalog_model_name
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.interop.torchtitan import DEGREES, FLAVORS
+from meshplan.interop.torchtitan_tables import (
+    SCHEDULE_NAMES,
+    SCHEDULES,
+    model_parts,
+    write_float8,
+    write_optimizer,
+    write_recompute,
+)
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.axes import TORCHTITAN_AXES
+
+
+def reshard_policy(t, pp: int) -> str:
+    """torchtitan's ``parallelism.fsdp_reshard_after_forward`` for ``t`` (a
+    :class:`~meshplan.spec.training.TrainingSpec`) at pipeline degree ``pp``. torchtitan
+    (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``get_fsdp_reshard_after_forward_policy``,
+    ``apply_fsdp_to_decoder``) reshards the blocks and the embedding's unit under ``"always"``,
+    under ``"default"`` when pp is off, never under ``"never"``, and the ``[norm, output]`` unit
+    (tied: the unit of the three) under ``"always"`` only. So: the head resharded ->
+    ``"always"``; the blocks resharded as pp says -> ``"default"``; kept -> ``"never"``; the
+    blocks resharded under pp with the head kept has no policy: ``"always"`` (it reshards the
+    head too; the export's round trip says so).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16)
+    >>> [reshard_policy(t, 1), reshard_policy(t, 2), reshard_policy(t.model_copy(update={
+    ...     "reshard_after_forward": False}), 1), reshard_policy(t.model_copy(update={
+    ...     "reshard_head_after_forward": True}), 1)]
+    ['default', 'always', 'never', 'always']
+    """
+    if t.reshard_head_after_forward:
+        return "always"
+    if t.reshard_after_forward == (pp == 1):
+        return "default"
+    return "always" if t.reshard_after_forward else "never"
+
+
+def write(cfg: Config) -> dict[str, dict]:
+    """torchtitan job tables of ``cfg`` (the inverse of :func:`~meshplan.interop.torchtitan.read`). ConfigError naming
+    what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
+    a mesh order other than torchtitan's, tp without sequence parallel, user-named axes."""
+    mesh = resolved(cfg)
+    t = cfg.training
+    name = catalog_model_name(cfg.model)
+    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
+    if flavor is None:
+        raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
+                          f"{cfg.model.name!r} has none")
+    deg = _write_degrees(cfg, mesh)
+    pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
+    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
+    par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
+            "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
+            "enable_async_tensor_parallel": t.tp_comm_overlap}
+    if pp > 1:
+        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
+                or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
+                "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
+    # pp: one schedule.step() per accumulation step, local_batch_size / microbatch_size micro-batches each
+    training = {"local_batch_size": t.global_batch // (dpn * t.pp_schedule_runs) if pp > 1 else t.micro_batch,
+                "global_batch_size": t.global_batch, "seq_len": t.seq_len,
+                # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
+                # its mixed precision (fp32 FSDP2 shards, bf16 compute)
+                "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
+                "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
+                "mixed_precision_reduce": "float32"}
+    model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
+    converters, quantize = write_float8(t)
+    if converters:
+        model["converters"] = converters
+    return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
+                                   f"{cfg.cluster.node.name}"},
+            "model": model, "training": training, "parallelism": par,
+            "activation_checkpoint": write_recompute(t), "optimizer": write_optimizer(t)} | quantize \
+        | ({"compile": {"enable": True, "components": ["model", "loss"] if t.torch_compile_loss else ["model"]}}
+           if t.torch_compile else {})
+
+
+
+def write_notes(cfg: Config) -> list[str]:
+    """Header notes of a torchtitan export: a recompute policy torchtitan has no option for,
+    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`);
+    torchtitan's pre-2025 norm, which today's torchtitan has no key for."""
+    t = cfg.training
+    out = [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
+           f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
+        if t.torch_norm == "decomposed" else []
+    if t.recompute != "selective":
+        return out
+    written = write_recompute(t)["mode"]
+    return out + [
+        f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
+        f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
+        f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
+        "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
+        "no more than the plan")]
+
+
+def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
+    """torchtitan's degree of each of its axes for ``cfg``'s mesh (a ``dp`` axis is
+    dp_replicate under DDP, dp_shard otherwise); ConfigError when torchtitan would build
+    another mesh or sharding."""
+    t = cfg.training
+    axes = list(mesh.layout.names)
+    foreign = [a for a in axes if a not in TORCHTITAN_AXES and a != "dp"]
+    if foreign:
+        raise ConfigError("--to", f"torchtitan has no mesh axis {foreign[0]!r} (its axes: pp, dp_replicate, "
+                          f"dp_shard, cp, tp, ep, etp)")
+    if t.sharding in ("zero1", "zero2"):
+        raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
+                          f"{t.sharding} has no torchtitan key")
+    dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
+    axes = [dp if a == "dp" else a for a in axes]
+    canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
+    if axes != canon:
+        raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
+                          f"outermost first); reorder the mesh to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
+    both = deg.get("dp_replicate", 1) > 1 and deg.get("dp_shard", 1) > 1
+    if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
+        raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
+                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
+    if t.sharding == "none" and deg.get("dp_replicate", 1) > 1 and deg.get("pp", 1) * deg.get("tp", 1) > 1:
+        raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
+                          "1D parallelism\"; shard (zero3 or hsdp) to export it")
+    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
+        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+    return deg
+
+
+def _no_schedule(cfg: Config) -> str:
+    raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
+                      f"{', '.join(SCHEDULES.values())}")

@@ -1,0 +1,152 @@
+"""A plan against the runtime of its framework: what torch, Megatron-LM or DeepSpeed refuses or
+runs differently from the plan, kept apart from :func:`meshplan.plan.build_plan`, which calls
+it, because the step (:mod:`meshplan.schedule.steptime`), the restart search, ``validate``,
+``compare`` and ``export`` ask the same questions of a config without building its plan.
+
+- :func:`run_reasons`: the pipeline schedule's micro-batch rules under a framework, per
+  schedule run (``training.pp_schedule_runs``).
+- :func:`runtime_warnings` (and :func:`config_warnings` of a config): the notes plan and
+  step print, compare prints per side and export writes in its header: the schedule's own
+  warnings, zero1 without an engine (:data:`ZERO1_WITHOUT_ENGINE`), a sequence past the
+  model's positions (:func:`position_warning`).
+- :func:`export_refusals`: what an export target's runtime refuses in a config its own
+  framework runs.
+"""
+
+from __future__ import annotations
+
+from meshplan.config import Config
+from meshplan.mesh import resolve
+from meshplan.mesh.resolve import Mesh
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.pipeline.registry import reasons as schedule_reasons
+from meshplan.spec.axes.dp import micro_batches
+from meshplan.spec.axes.ep import megatron_sp_reason
+
+
+def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "torch") -> tuple[str, ...]:
+    """The schedule's infeasibility reasons (:func:`meshplan.pipeline.registry.reasons`, under
+    ``framework``) for ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each
+    (``training.pp_schedule_runs``, pp > 1 only), or why ``runs`` does not divide ``m``.
+
+    >>> print(run_reasons("1f1b", 4, 6, 1, 4)[0])
+    training.pp_schedule_runs 4 does not divide the step's 6 micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6
+    >>> print(run_reasons("1f1b", 4, 8, 1, 4)[0])  # 4 runs of 2: fewer than pp
+    each of the 4 schedule runs (training.pp_schedule_runs): 1F1B needs micro-batches (2) >= pp (4) (torch Schedule1F1B)
+    >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2), run_reasons("interleaved_1f1b", 4, 6, 2, 1, "megatron")
+    ((), ('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',))
+    """
+    if pp == 1 or runs == 1:
+        return schedule_reasons(schedule, pp, m, v, framework)
+    if m % runs:
+        return (f"training.pp_schedule_runs {runs} does not divide the step's {m} micro-batches (global_batch / "
+                f"(micro_batch x dp)); use a divisor of {m}",)
+    return tuple(f"each of the {runs} schedule runs (training.pp_schedule_runs): {r}"
+                 for r in schedule_reasons(schedule, pp, m // runs, v, framework))
+
+
+#: The warning of sharding zero1 over a data axis under framework torch without DeepSpeed's
+#: engine (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`; the search rejects such
+#: candidates, rule ``framework``).
+ZERO1_WITHOUT_ENGINE = ("sharding zero1 under framework torch: no torch engine shards the optimizer state alone "
+                        "(FSDP2 always shards the parameters, ZeroRedundancyOptimizer runs under DDP; torchtitan "
+                        "has neither), so this plan is Megatron-LM's distributed optimizer and meshplan search "
+                        "rejects it (rule 'framework'); use sharding zero3 with reshard_after_forward = false "
+                        "(ZeRO-2-like), framework = \"megatron\" or zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1)")
+
+
+def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, ...]:
+    """What the framework's runtime is known to run differently from the plan of ``mesh``
+    under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
+    FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
+    > 1), :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`), and with ``model`` given
+    :func:`position_warning`: the one source of the lines plan and step print as notes, compare
+    prints per side and export writes in its header (:func:`config_warnings`)."""
+    data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    fsdp2 = training.sharding in ("zero3", "hsdp") and data
+    zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
+    positions = position_warning(model, training.seq_len) if model is not None else ()
+    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+
+
+def position_warning(model, seq_len: int) -> tuple[str, ...]:
+    """One line when ``seq_len`` (tokens) is more than ``model.max_position`` (the positions the
+    model was built for; 0: unknown, no line): with RoPE the plan's costs are the same (no
+    table), but the model needs RoPE scaling it does not say it has (Llama 3.1's, Dubey et al.
+    2024 section 3.4.2, for 8k -> 128k: ``model.rope_scaling``), or past the context its stated
+    scaling was built for; learned positions have no row for the later tokens.
+
+    >>> from meshplan import catalog
+    >>> position_warning(catalog.model("llama3-70b"), 8192), len(position_warning(catalog.model("llama3-70b"), 131072))
+    ((), 1)
+    """
+    rows = model.max_position
+    if not rows or seq_len <= rows:
+        return ()
+    if model.position_embedding == "learned":
+        return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}, the rows of "
+                f"its learned position table: no row for the later tokens; shorten training.seq_len or raise "
+                f"model.max_position (a larger table)",)
+    rs = model.rope_scaling
+    assumed = "assuming RoPE scaling the model does not state" if rs is None else \
+        f"assuming its RoPE scaling (factor {rs.factor:g} over {rs.original_max_position} positions) holds that far"
+    return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
+            f"(RoPE has no table; the cost is the same), {assumed}; set "
+            f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)
+
+
+def config_warnings(config: Config) -> tuple[str, ...]:
+    """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
+    does not resolve: nothing runs then)."""
+    mesh = _config_mesh(config)
+    if mesh is None or config.mesh is None:  # (the second for mypy: no [mesh] resolves to None)
+        return ()
+    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh, config.model)
+
+
+def _config_mesh(config: Config) -> Mesh | None:
+    """``config``'s [mesh] resolved on its cluster, None when it has none or it does not resolve."""
+    if config.mesh is None:
+        return None
+    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    return None if isinstance(mesh, resolve.Infeasible) else mesh
+
+
+#: The ``training.framework`` whose runtime runs a file exported to each foreign format with a pipeline.
+EXPORT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torch"}
+
+
+def export_refusals(config: Config, to: str) -> tuple[str, ...]:
+    """What the runtime of export target ``to`` (:data:`EXPORT_FRAMEWORK`) refuses in
+    ``config`` although ``config``'s own framework runs it, each reason ending with what is
+    refused (the export's one-line error as is): the schedule's micro-batch rules under that
+    framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B at pp 4 with 6
+    micro-batches, Megatron-LM needs pp to divide them: "... refuses this pipeline schedule"),
+    or Megatron-LM's MoE with tp > 1 without sequence parallelism ("... refuses this MoE mesh
+    without sequence parallelism"); empty when they agree, pp is 1, or the mesh does not resolve.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 6, "seq_len": 4096, "micro_batch": 1},
+    ...     "mesh": {"names": ["pp", "tp"], "shape": [4, 2], "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}})
+    >>> export_refusals(cfg, "megatron"), export_refusals(cfg, "torchtitan")  # doctest: +NORMALIZE_WHITESPACE
+    (("interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM): megatron's runtime refuses
+    this pipeline schedule",), ())
+    """
+    target = EXPORT_FRAMEWORK.get(to)
+    if to == "megatron" and config.model.is_moe and config.mesh is not None and not config.mesh.sequence_parallel:
+        whole = _config_mesh(config)  # Megatron-LM's MoE with tp > 1 needs SP whatever config's framework
+        if whole is not None and whole.degree("tp") > 1:
+            return (f"{megatron_sp_reason(whole.degree('tp'), whole.ep)}: {to}'s runtime refuses this MoE mesh "
+                    "without sequence parallelism",)
+    mesh = None if target in (None, config.training.framework) else _config_mesh(config)
+    if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
+        return ()
+    t = config.training
+    m = micro_batches(t.global_batch, t.micro_batch, mesh.dp)
+    if m == 0:
+        return ()
+    vpp = config.mesh.virtual_stages
+    return tuple(f"{r}: {to}'s runtime refuses this pipeline schedule"
+                 for r in run_reasons(config.mesh.pp_schedule, mesh.degree("pp"), m, vpp, t.pp_schedule_runs, target))

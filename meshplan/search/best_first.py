@@ -1,0 +1,246 @@
+"""The exact ranking of ``meshplan search`` (:mod:`meshplan.search.driver`, steps 4 to 7):
+candidates planned through the worker pool with their verdicts recorded (:class:`Runner`),
+whether the GEMM threshold applies (:func:`threshold_applies`), the candidates whose bound is
+worth tightening (:func:`worth_tightening`), the best-first ranking itself (:func:`best_first`:
+candidates planned in increasing order of their step-time lower bound, each bound tightened
+when it reaches the front of the queue, :mod:`meshplan.search.frontier`, until no unplanned
+bound can reach the top) and the rejected candidate kept as evidence
+(:func:`best_rejected`). The order of the top is :mod:`meshplan.search.rank`'s tie rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.search.columns import Candidates
+from meshplan.search.estimate import Estimates, refine
+from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
+from meshplan.search.frontier import Frontier
+from meshplan.search.rank import needed, ranked, simplicity
+from meshplan.search.reasons import CODE, OK
+from meshplan.search.time_tables import TimeTables
+
+#: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
+BOUND_SLACK = 1e-9
+#: Candidates the ranking's queue tightens at once (:mod:`meshplan.search.frontier`): about
+#: 0.3 s of :func:`~meshplan.search.estimate.refine` per block on Llama-3-405B / 16,384 H100 (~1 ms each plus a fixed
+#: cost per pp degree), against 0.1-0.3 s per exact plan.
+TIGHTEN_BLOCK = 256
+#: Candidates the exact ranking plans per round (step 6) before it checks its stopping rule:
+#: fixed, not the number of workers, so that which candidates are planned (and so the
+#: ``exact_max`` cut, the planned count and the memory verdicts settled on the way) is the
+#: same on every machine. 4: two jobs per worker on 2 cores; a larger pool gets fewer
+#: than one job per worker a round (a run a few tenths of a second longer on 16 cores).
+RANK_BATCH = 4
+
+#: ``progress(label, done, total)``, called as exact plans complete.
+Progress = Callable[[str, int, int], None]
+#: How a candidate's memory verdict was reached (``SearchResult.decided``; 0: not yet): a validity rule, the
+#: vectorised bounds, an exact plan.
+RULE, BOUND, PLAN = 1, 2, 3
+MEMORY, GEMM = CODE["memory"], CODE["gemm"]
+
+
+class Runner:
+    """Plans candidates exactly through the pool and records the verdicts."""
+
+    def __init__(self, pool: Pool, code: np.ndarray, decided: np.ndarray, progress: Optional[Progress],
+                 est: Estimates, margin: float):
+        self.pool, self.code, self.decided, self.progress = pool, code, decided, progress
+        self.est, self.margin = est, margin
+        self.exact: dict[int, Exact] = {}
+        self.notes: list[str] = []
+
+    def plan(self, idx, mode, label: str) -> list[Exact]:
+        """Evaluate the candidates ``idx`` in order in ``mode`` (:meth:`~meshplan.search.exact.Planner.__call__`; a
+        str, or one per candidate); those already evaluated as far as their mode asks are
+        skipped."""
+        modes = [mode] * len(idx) if isinstance(mode, str) else list(mode)
+        todo = [(int(i), md) for i, md in zip(idx, modes)
+                if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
+        out = []
+        step = max(1, self.pool.workers) * 4  # batches of 4 jobs per worker (progress between them)
+        for k in range(0, len(todo), step):
+            out += self._batch(todo[k:k + step])
+            if self.progress:
+                self.progress(label, min(k + step, len(todo)), len(todo))
+        return out
+
+    def _batch(self, jobs: list[tuple[int, str]]) -> list[Exact]:
+        res = self.pool.map(jobs)
+        for k, r in enumerate(res):
+            r = res[k] = merge(self.exact.get(r.index), r)  # the memory verdict and the step of two passes
+            self.exact[r.index] = r
+            self._check(r)
+            if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
+                continue
+            if not r.feasible:
+                self.code[r.index] = MEMORY if _memory_reason(r.reasons) else CODE["layers"]
+            self.decided[r.index] = PLAN
+        return res
+
+    def _check(self, r: Exact) -> None:
+        """Record any exact plan outside the vectorised bounds (with the margin)."""
+        i, e, m = r.index, self.est, self.margin
+        if np.isfinite(r.peak_bytes) and not e.peak_lo[i] / (1 + m) <= r.peak_bytes <= e.peak_hi[i] * (1 + m):
+            self.notes.append(f"candidate {i}: planned peak {r.peak_bytes:.4g} B outside the memory bounds "
+                              f"[{e.peak_lo[i]:.4g}, {e.peak_hi[i]:.4g}] B by more than the margin {m:.0%}")
+        if r.step_s is not None and r.step_s < e.step_lo[i] * (1 - BOUND_SLACK):
+            self.notes.append(f"candidate {i}: simulated step {r.step_s:.6g} s below its lower bound "
+                              f"{e.step_lo[i]:.6g} s: the ranking may not be exact")
+
+
+def _short_of(e: Exact, mode: str) -> bool:
+    """Whether evaluation ``e`` lacks what ``mode`` gives (:meth:`~meshplan.search.exact.Planner.__call__`)."""
+    if mode == STEP_ONLY:
+        return e.feasible and e.step_s is None
+    if not e.complete:
+        return True
+    return mode == SIMULATE and e.breakdown is None  # simulated completely: the step's parts are there
+
+
+def _memory_reason(reasons) -> bool:
+    return any("usable" in r for r in reasons)
+
+
+def threshold_applies(above_ok: np.ndarray, decided: np.ndarray, est: Estimates, run: Runner) -> bool:
+    """Whether some candidate at or above the GEMM threshold fits: one the upper bound
+    proves, else the first the exact plan confirms (in step-time-bound order)."""
+    if (above_ok & (decided == BOUND)).any():
+        return True
+    idx = np.flatnonzero(above_ok)
+    for i in idx[np.argsort(est.step_lo[idx], kind="stable")]:
+        if run.plan([i], SIMULATE, label="threshold")[0].feasible if int(i) not in run.exact else \
+                run.exact[int(i)].feasible:
+            return True
+    return False
+
+
+def worth_tightening(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.ndarray:
+    """Candidates whose step-time bound is within 10% of the ``top``-th smallest: the
+    ones the ranking may plan, whose bound is worth tightening (at most ``most``)."""
+    if not len(eligible):
+        return eligible
+    lo = est.step_lo[eligible]
+    cut = np.sort(lo)[min(top, len(lo)) - 1] * 1.1
+    near = eligible[lo <= cut]
+    return near[np.argsort(est.step_lo[near], kind="stable")][:most]
+
+
+def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run: Runner, tt: TimeTables,
+          tight: np.ndarray) -> tuple[list[Exact], bool, Optional[Exact]]:
+    """Best-first exact ranking (:mod:`meshplan.search.driver`, step 6) under the tie rule of
+    :mod:`meshplan.search.rank`: (top, proven, the fastest feasible candidate planned: the
+    tie rule may list it below the top, or leave it out). The queue (:mod:`meshplan.search.frontier`)
+    tightens each bound before its candidate is planned, on its own copy: ``est`` keeps the
+    bounds the vectorised pass and :func:`refine` gave (``tight``: the candidates refined)."""
+    o = cfg.search
+    lo = est.step_lo.copy()
+    own = replace(est, step_lo=lo)
+    queue = Frontier(eligible, lo, lambda idx: refine(cfg, c, own, idx, tt), tight.copy(), block=TIGHTEN_BLOCK,
+                     most=o.refine_max)
+    steps: dict[int, float] = {}    # feasible: exact step times
+    pending: dict[int, float] = {}  # near the memory limit, memory not planned yet: exact step times
+    batch = RANK_BATCH
+    planned, proven = 0, True
+    while True:
+        while len(queue):
+            if len(steps) >= o.top and planned >= o.exact_min and \
+                    needed(np.fromiter(steps.values(), float), o.top) < queue.next_bound(batch) * (1 - BOUND_SLACK):
+                break
+            if planned >= o.exact_max:
+                proven = False
+                run.notes.append(f"exact_max {o.exact_max} reached: {len(queue)} candidates with a lower "
+                                 f"step-time bound than the top's were not planned; the top is not proven")
+                break
+            # while fewer than ``top`` steps are known the stopping rule cannot hold: the next
+            # top - known candidates are planned in any case, as one batch (fewer pool round trips)
+            chunk = queue.pop(min(max(batch, o.top - len(steps)), max(batch, o.exact_max - planned)))
+            # the step alone (build_plan without memory timelines, then step_time); near the
+            # memory limit the memory verdict follows only where the step could enter the top
+            run.plan(chunk, STEP_ONLY, label="ranking")
+            for r in (run.exact[int(i)] for i in chunk):  # planned now or before (threshold)
+                planned += 1
+                if r.step_s is None or not r.feasible:
+                    continue
+                if r.complete or run.decided[r.index] == BOUND:
+                    steps[r.index] = r.step_s
+                else:
+                    pending[r.index] = r.step_s
+            _settle_pending(steps, pending, o.top, run)
+            if run.progress:
+                run.progress("ranking", planned, planned + (len(queue) > 0))
+        if not _complete_top(c, steps, o.top, run) or not proven:
+            fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
+            return [run.exact[i] for i in ranked(c, steps, o.top, peaks=_peaks(steps, run))], proven, \
+                None if fastest is None else run.exact[fastest]
+
+
+def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int, run: Runner) -> None:
+    """Plan the memory of the pending candidates (near the memory limit, step known) whose step
+    is within :func:`~meshplan.search.rank.needed` of the known feasible ones: those that fit
+    join ``steps``. The others cannot enter the top (``needed`` only falls as steps join), so
+    their memory verdict is left to the settle phase."""
+    cut = needed(np.fromiter(steps.values(), float), top)
+    due = sorted((i for i, t in pending.items() if t <= cut), key=lambda i: (pending[i], i))
+    run.plan(due, PLAN_ONLY, label="ranking")
+    for i in due:
+        step = pending.pop(i)
+        if run.exact[i].feasible:
+            steps[i] = step
+
+
+def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner) -> bool:
+    """Plan the top's step-only candidates completely (peak, goodput, the step's parts), and the
+    memory of every candidate within :func:`~meshplan.search.rank.needed` that ties a listed one
+    on the tie rule's axes and degrees (its next key is the planned peak: a twin kept gathered
+    must not be listed before the same mesh resharded only because its step is 0.085% shorter),
+    until the top holds still; one whose plan does not fit after all (its memory bound was
+    wrong: noted) leaves ``steps``. True when the top changed and the ranking must go on."""
+    changed = False
+    while True:
+        order = ranked(c, steps, top, peaks=_peaks(steps, run))
+        keys, cut = {simplicity(c, i) for i in order}, needed(np.fromiter(steps.values(), float), top)
+        twins = [i for i in sorted(steps) if i not in order and steps[i] <= cut and not run.exact[i].complete
+                 and simplicity(c, i) in keys]
+        light = [i for i in order if _short_of(run.exact[i], SIMULATE)] + twins
+        if not light:
+            return changed
+        # the ranking's step-only evaluations hold the step, its parts and the goodput: the
+        # memory alone completes them (merge), no second step_time
+        modes = [PLAN_ONLY if run.exact[i].breakdown is not None else SIMULATE for i in light]
+        for r in run.plan(light, modes, label="top"):
+            if not r.feasible or r.step_s is None:
+                run.notes.append(f"candidate {r.index}: planned peak {r.peak_bytes:.4g} B does not fit although its "
+                                 "memory upper bound did; left out of the top")
+                del steps[r.index]
+                changed = True
+
+
+def _peaks(steps: dict[int, float], run: Runner) -> dict[int, float]:
+    """Planned peak memory (bytes) of the candidates of ``steps`` whose memory is planned."""
+    return {i: run.exact[i].peak_bytes for i in steps if run.exact[i].complete}
+
+
+def best_rejected(code: np.ndarray, est: Estimates, run: Runner, top: list[Exact]) -> Optional[Exact]:
+    """The rejected candidate (memory or GEMM efficiency) most worth keeping as evidence:
+    among those whose step-time bound beats the winner's step time, the one closest to
+    fitting (smallest peak lower bound); if none would beat it, the one with the smallest
+    step-time bound. Planned and simulated exactly."""
+    rejected = ((code == MEMORY) | (code == GEMM)) & np.isfinite(est.step_lo)
+    if not rejected.any():
+        return None
+    faster = rejected & (est.step_lo < (top[0].step_s if top else np.inf))
+    if faster.any():
+        idx = np.flatnonzero(faster)
+        i = int(idx[np.lexsort((est.step_lo[idx], est.peak_lo[idx]))[0]])
+    else:
+        idx = np.flatnonzero(rejected)
+        i = int(idx[np.argmin(est.step_lo[idx])])
+    if i in run.exact and not _short_of(run.exact[i], SIMULATE):
+        return run.exact[i]
+    return run.plan([i], SIMULATE, label="best rejected")[0]

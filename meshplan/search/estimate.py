@@ -1,0 +1,84 @@
+"""The vectorised pass of ``meshplan search`` (:mod:`meshplan.search.driver`, steps 2 and 5):
+per candidate a lower and an upper bound on the memory-timeline peak, a lower bound on the
+step time and the efficiency of its local GEMMs, all as numpy arrays over the candidates
+that passed the validity rules (:func:`estimate`); and the step-time bound of chosen
+candidates raised to the exact pipeline schedule of their unit bounds (:func:`refine`),
+still a lower bound. Kept apart from the driver so that the bounds' one entry point is
+the same for the ranking (:mod:`meshplan.search.best_first`), the tests and the axis registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.search.bounds import bounds
+from meshplan.search.columns import Candidates
+from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
+from meshplan.search.memory import Tables, stage_layout, state
+from meshplan.search.pipeline import pipeline_bound
+from meshplan.search.reasons import OK
+from meshplan.search.time_tables import TimeTables
+from meshplan.search.timing import step_lower_bound
+
+
+@dataclass
+class Estimates:
+    """Vectorised numbers per candidate (NaN where a rule already rejected it)."""
+
+    peak_lo: np.ndarray
+    peak_hi: np.ndarray
+    step_lo: np.ndarray
+    gemm: np.ndarray
+
+
+def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Optional[TimeTables] = None) -> None:
+    """Raise the step-time bound of candidates ``idx`` to the exact pipeline schedule of
+    their unit bounds (:mod:`meshplan.search.pipeline`), in place; ``tt``: the tables
+    :func:`estimate` filled (default: new ones)."""
+    if not len(idx):
+        return
+    tt = tt or TimeTables(cfg, Tables(cfg))
+    tables = tt.tables
+    sub = c.take(idx)
+    micro = cfg.training.global_batch // (sub.mb * sub.dp)
+    for p in np.unique(sub.pp):
+        at = np.flatnonzero(sub.pp == p)
+        g = sub.take(at)
+        st = stage_layout(cfg, g, int(p))
+        u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
+        for v, m, rf in sorted({(int(g.vpp[j]), int(micro[at[j]]), bool(g.rf[j])) for j in range(len(g))}):
+            # V-shaped schedules keep their closed-form bound: the unit bounds do not split the
+            # backward into input and weight gradients, which those DAGs need
+            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m) & (g.ps == 0) & ((g.rf > 0) == rf))
+            if not len(sel):
+                continue
+            part = {k: a[sel] for k, a in u.items()}
+            i = idx[at[sel]]
+            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf))
+
+
+def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:
+    """The vectorised pass over every candidate that passed the validity rules; ``tt``: op
+    and path tables to fill and reuse (:func:`refine` takes them too)."""
+    n = len(c)
+    est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+    ok = np.flatnonzero(code == OK)
+    if not len(ok):
+        return est
+    tt = tt or TimeTables(cfg, Tables(cfg))
+    tables = tt.tables
+    sub = c.take(ok)
+    est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
+    for p in np.unique(sub.pp):
+        idx = np.flatnonzero(sub.pp == p)
+        g = sub.take(idx)
+        st = stage_layout(cfg, g, int(p))
+        s = state(cfg, tables, g, st)
+        lo, hi = bounds(cfg, tables, g, st, s)
+        est.peak_lo[ok[idx]], est.peak_hi[ok[idx]] = lo.max(axis=1), hi.max(axis=1)
+        est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, s)
+    return est

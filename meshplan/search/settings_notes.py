@@ -1,0 +1,76 @@
+"""The notes ``meshplan search`` prints on the config's settings that apply to some
+candidates only (:mod:`meshplan.search.driver`): where ``training.grad_accumulation``,
+``fp8_all_gather``, the DeepSpeed and Megatron-LM engine knobs, ``pp_schedule_runs`` or
+recompute ``op`` do not apply, the candidates planned without them, and the fix where a
+setting rejects a whole sharding (zero1 under torch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.search.candidate import accumulates
+from meshplan.search.columns import FSDP_SHARDINGS, SHARDING, ZERO12, Candidates
+from meshplan.search.reasons import zero1_refused
+
+
+def settings_notes(cfg: Config, c: Candidates) -> list[str]:
+    """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
+    ``training.pp_schedule_runs`` does not apply to
+    every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
+    candidates were planned; where ``recompute = "op"`` is searched on some candidates only
+    (:func:`meshplan.search.space.op_recompute_ok`), one line saying so."""
+    t, out = cfg.training, []
+    fsdp = np.isin(c.sh, FSDP_SHARDINGS)
+    if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
+        out.append(f"training.grad_accumulation {t.grad_accumulation!r} applies to candidates with pp 1 and FSDP "
+                   "(zero3, hsdp); the others are planned with 'sync' (with pp > 1 torch.distributed.pipelining "
+                   "reduces once per step itself; ZeRO-1 reduces once per step)")
+    if cfg.memory.fsdp_reduce is not None:
+        out.append(f"[memory] fsdp_reduce {cfg.memory.fsdp_reduce!r} is not searched: each candidate reduces as its "
+                   "pp and grad_accumulation say (after the last micro-batch with pp > 1, as "
+                   "torch.distributed.pipelining does)")
+    hsdp = ", hsdp candidates with FSDP2" if (c.sh == SHARDING.index("hsdp")).any() else ""  # only what is searched
+    if t.zero3_engine == "deepspeed" and not (c.sh == SHARDING.index("zero3")).all():
+        out.append("training.zero3_engine 'deepspeed' applies to zero3 candidates with pp 1; zero1 and zero2 "
+                   "candidates are planned with DeepSpeed's ZeRO-1/2 (zero12_engine 'deepspeed': the same runtime at "
+                   "another zero_optimization.stage)" + hsdp)
+    elif t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
+        out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
+                   "candidates are planned with FSDP2")
+    if t.zero0_engine == "deepspeed":
+        out.append("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row: the "
+                   "search has no unsharded candidate (meshplan plan plans it); zero1 and zero2 candidates are planned "
+                   "with DeepSpeed's ZeRO-1/2 and zero3 with its ZeRO-3 (zero_optimization.stage 1, 2, 3 of the same "
+                   "runtime)" + hsdp)
+    if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
+        out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
+                   "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "
+                   "DeepSpeed runs them); zero3 candidates are planned with DeepSpeed's ZeRO-3 (zero3_engine "
+                   "'deepspeed', pp 1)" + hsdp)
+    if "zero1" in cfg.search.sharding and zero1_refused(t) and (c.sh == SHARDING.index("zero1")).any():
+        out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
+                   "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "
+                   "(DeepSpeed's ZeRO-1) or framework = \"megatron\" (its distributed optimizer) to search it")
+    if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
+                   "attention: which of its mms the policy saves is not modelled")
+    elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
+                   "only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
+                   "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, "
+                   "tp reduce-scatters included, which the policy saves, so it could discard such a candidate "
+                   "wrongly; with cp or ep > 1 plan "
+                   "refuses it (which CP and EP collectives its replay runs is not modelled)")
+    if t.pp_schedule_runs > 1:
+        out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
+                   f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
+                   "not divide is rejected); with pp 1 it changes nothing")
+    if (t.overlap_grad_reduce or t.overlap_param_gather) and not (c.sh == SHARDING.index("zero1")).all():
+        out.append("training.overlap_grad_reduce and overlap_param_gather are Megatron-LM's DDP-buffer flags (zero1 "
+                   "candidates); the others are planned without them (Megatron FSDP forces its own overlap)")
+    if t.fp8_all_gather and not fsdp.all():
+        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
+                   "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
+    return out
