@@ -153,6 +153,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
     if backend == "gloo" or any(f.backend == "gloo" for f in fits):
         out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
                    "for a gloo cluster (the CPU testbed)")
+    nics = dict(nics_per_node or {})
     for f in fits:
         out += [f"\n[link.{f.link}]", f"latency_us = {f.latency_s / US:.4g}",
                 f"bandwidth_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f'op = "{f.op}"',
@@ -160,7 +161,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
                 f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"]
         out += [f"gpu = {json.dumps(f.gpu)}"] if f.gpu else []
         out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
-        out += [f"nics_per_node = {nics_per_node[f.link]}"] if f.link in (nics_per_node or {}) else []
+        out += [f"nics_per_node = {nics[f.link]}"] if f.link in nics else []
         for c in (curves or {}).get(f.link, []):
             out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
                     f"line_gb_per_s = {c.line_gb_per_s:.4g}", f"sizes_bytes = {c.sizes_bytes}",
