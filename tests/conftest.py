@@ -11,7 +11,7 @@ def no_host_pace(monkeypatch):
     """The kernels' and collectives' composition alone: eager DTensor TP's host pace per block
     (kernels.toml [host] dtensor_tp_block_*, M1) set to none, for tests of what the device runs
     (the pace's own golden: tests/test_golden_steptime.py::test_tp8_host_pace)."""
-    monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s", lambda plan, tp: (0.0, 0.0))
+    monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s", lambda config, tp: (0.0, 0.0))
 
 
 @pytest.fixture

@@ -40,17 +40,19 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
-                    dtensor_host_s=dtensor_host_s(plan, split[Dim.HEADS]))
+                    dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]))
 
 
-def dtensor_host_s(plan, tp: int) -> tuple[float, float]:
+def dtensor_host_s(config, tp: int) -> tuple[float, float]:
     """The host's (forward, backward) seconds to issue one transformer block under eager DTensor
     tensor parallelism: torch (``training.framework``) without ``training.torch_compile`` at
     tp > 1 issues every op of a block through DTensor's Python dispatch; measured per block on
     the H200 machine's host (kernels.toml ``[host] dtensor_tp_block_*``, M1). (0, 0) for
-    Megatron-LM (plain tensors), compiled blocks, tp 1 or a GPU without catalog kernel data."""
-    t = plan.config.training
-    data = kernel_data(plan.config.cluster.gpu)
+    Megatron-LM (plain tensors), compiled blocks, tp 1 or a GPU without catalog kernel data.
+    ``config``: the plan's :class:`~meshplan.config.Config` (the search's step-time lower bound
+    asks per tp degree: :func:`meshplan.search.layer_bounds.host_pace_floor`)."""
+    t = config.training
+    data = kernel_data(config.cluster.gpu)
     if tp <= 1 or t.framework != "torch" or t.torch_compile or data is None:
         return (0.0, 0.0)
     return data.dtensor_tp_block_s

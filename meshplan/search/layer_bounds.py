@@ -12,6 +12,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
+from meshplan.schedule.workload import dtensor_host_s
 from meshplan.search.comm_bounds import comm_times, fsdp_copies
 from meshplan.search.gather_passes import expert_gathers, head_regathers, head_unit_apart, gathering_passes
 from meshplan.search.memory import Stages, lookup, split
@@ -214,6 +215,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": head_b, "p2p": col(cm["p2p"])}
+    host_pace_floor(cfg, c, st, out, col(cp["root_out"] + cp["emb_out"] + cp["head_out"]))
     one = col(c.vpp) == 1
     b0 = out["b_core0"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = stage_end_bound(cfg, tt, c, st, s, cm)
@@ -259,3 +261,44 @@ def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:
         om = layer_ops(cfg, tt, c, True)
         ideal, secs = ideal + n_moe * om["gemm_peak_s"], secs + n_moe * om["gemm_s"]
     return ideal / secs
+
+
+def host_pace_floor(cfg: Config, c: Candidates, st: Stages, out: dict, roots_s: np.ndarray) -> None:
+    """Raise ``out``'s chunk cores (``f_core``, ``b_core``, their ``_hi`` and ``0`` forms; in
+    place) to eager DTensor TP's host pace (:func:`meshplan.schedule.workload.dtensor_host_s`
+    per candidate's tp): a unit's layers cannot end before the host has issued them
+    (:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`, its clock from the unit's start).
+    A forward unit of n layers lasts at least n x the forward pace, then its head; what runs
+    before or beside its layers may run under the host's issue: the embedding, the roots'
+    copy-outs (``roots_s``, per stage). A backward unit: n x the backward pace (plus the
+    forward's under full recompute, which replays every layer), the head's backward under it,
+    the embedding's gradient after. The extras step_lower_bound adds to a core (a gathering
+    pass's ``f_extra``, ``b_extra``, ``b_extra_head``; a last gradient unit's ``b_red``,
+    ``b_wait``) may run under the host's issue too: each is lowered by its core's raise (the
+    larger of the short and the long chunk's for the single-length extras), so a core and its
+    extra together are at most the larger of the unit's device bound and its pace: the bound
+    stays a lower bound."""
+    tp = split(c, Dim.HEADS)
+    hf, hb = np.zeros(len(c)), np.zeros(len(c))
+    for t in np.unique(tp).tolist():
+        hf[tp == t], hb[tp == t] = dtensor_host_s(cfg, int(t))
+    if not hf.any():
+        return
+    hb = hb + hf * (c.rc == RECOMPUTE.index("full"))
+    col = lambda a: np.asarray(a)[:, None]
+    raise_f, raise_b = {}, {}
+    for key, n in (("", st.n_chunk), ("_hi", st.n_chunk_hi)):
+        has = n >= 1
+        f = np.maximum(out["f_core" + key], has * (n * col(hf) - out["emb_f"] - roots_s))
+        b = np.maximum(out["b_core" + key], has * (n * col(hb) - out["head_b"]))
+        raise_f[key], raise_b[key] = f - out["f_core" + key], b - out["b_core" + key]
+        out["f_core" + key], out["b_core" + key] = f, b
+        for extra in ("b_red", "b_wait"):
+            out[extra + key] = np.maximum(out[extra + key] - raise_b[key], 0.0)
+    rf, rb = np.maximum(raise_f[""], raise_f["_hi"]), np.maximum(raise_b[""], raise_b["_hi"])
+    out["f_extra"] = np.maximum(out["f_extra"] - rf, 0.0)
+    out["b_extra"] = np.maximum(out["b_extra"] - rb, 0.0)
+    out["b_extra_head"] = np.maximum(out["b_extra_head"] - rb, 0.0)
+    long0 = (out["n_long"] > 0) & (st.k > 0)
+    out["f_core0"] = np.where(long0, out["f_core_hi"], out["f_core"])
+    out["b_core0"] = np.where(long0, out["b_core_hi"], out["b_core"])
