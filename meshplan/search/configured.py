@@ -205,8 +205,8 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
         return Configured(words, "ranked", "; ".join(versus) or None, e.step_s, e.tokens_per_s, row, row, feasible, i)
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
     notes = versus + ([] if k == OK else ["near the memory limit, planned here: it fits"]) + (
-        [] if lo == hi else [f"{hi - lo:,} feasible candidates with a step-time lower bound below its step left "
-                             f"unplanned: {RANK_MAX} are planned for the rank"])
+        [] if lo == hi else [f"{hi - lo:,} feasible candidate{'s' if hi - lo > 1 else ''} with a step-time lower "
+                             f"bound below its step left unplanned: {RANK_MAX} are planned for the rank"])
     note = "; ".join(notes) or None
     return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i)
 
