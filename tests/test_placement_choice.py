@@ -416,8 +416,33 @@ def test_two_dgx_h100_dp_shard2_tp8_keeps_tp_inside_nodes():
     c = choose_placement(p.mesh, p.config.cluster, w, step_s=score)
     assert not c.changed and _tp_in_one_node(c) and c.rank_to_gpu.tolist() == list(range(16))
     assert c.step_before_s == c.step_after_s == identity
-    assert any("no candidate predicts a shorter step" in d for d in c.decisions)
+    assert any("no candidate predicts a step more than 1% shorter" in d for d in c.decisions)
     assert not any("puts it across" in x for x in c.warnings)
+
+
+def test_eager_tp_within_the_tie_band_keeps_tp_inside_nodes():
+    """The same 2 DGX H100, dp_shard 2 x tp 8, eager (no torch.compile): each small layer waits for
+    the host's issue (4.65 ms a block forward, kernels.toml [host]), and that wait hides most of the
+    tp collectives' network time when tp is split over the nodes: the model rates the split 0.05%
+    faster (its FSDP stays on NVLink). Below the 1% tie band (spec.search.TIE) the given
+    node-major placement is kept, tp inside each node, and the decision says why."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.schedule.placement_score import step_scorer
+
+    p = build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+        "training": {"global_batch": 16, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                     "param_dtype": "bf16", "compute_dtype": "bf16", "recompute": "full"},
+        "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 8], "sequence_parallel": True}}))
+    score = step_scorer(p)
+    identity = score(np.arange(16))
+    split = score(np.array([0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15]))
+    assert 1 - 0.01 < split / identity < 1.0  # faster by the model, within the tie band
+    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p), step_s=score)
+    assert not c.changed and _tp_in_one_node(c)
+    assert any(d.startswith("kept the node-major placement: no candidate predicts a step more than 1% shorter "
+                            f"than its {identity:.4f} s") for d in c.decisions)
 
 
 @pytest.mark.parametrize("names,shape,nodes,system_name", [

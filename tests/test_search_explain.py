@@ -15,7 +15,8 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.explain import explain
-from meshplan.search.rank import RULE_LINE, TIE, decide, tie_order, top_heading
+from meshplan.search.rank import RULE_LINE, decide, tie_order, top_heading
+from meshplan.spec.search import TIE
 from meshplan.search.space import candidate_config, ends_short_split, enumerate_candidates
 from test_search import config
 

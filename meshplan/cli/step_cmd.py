@@ -28,6 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
+from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
@@ -72,7 +73,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a shorter step. Where the pipeline's
     idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
-    end stage. A mesh that does not fit exits 1 with its reasons after one
+    end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
+    the blocks (--json host_wait_s), and where that is 15% of the step or more a 'hint:' line the step
+    re-planned with training.torch_compile = true. A mesh that does not fit exits 1 with its reasons after one
     line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
     (the catalog's, or --kernels files laid over it)."""
 
@@ -111,7 +114,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = network_verdict(p, st, again, bw=bw)
+    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again)
     for line in verdict:
         _echo(line)
     path = st.critical_path()

@@ -84,10 +84,22 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
         out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
                    f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
-        if k == "compute":  # what sets it: the framework's kernel choices and the GEMMs, by seconds
-            out += [line for _, line in sorted(choices + _gemm_lines(a, b), key=lambda x: -x[0])]
+        if k == "compute":  # what sets it: the host's pace, the framework's kernel choices and the GEMMs, by seconds
+            out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _gemm_lines(a, b),
+                                               key=lambda x: -x[0])]
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
+
+
+def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
+    """(seconds, line) under the compute line when the compute stream's wait for the host's issue
+    (eager DTensor TP: :meth:`~meshplan.schedule.step_summary.StepTime.host_wait_s`, inside compute)
+    differs by ``floor`` or more: ``of compute, waiting for the host ...: A 2219.7 ms, B 43.0 ms (-2176.7 ms)``."""
+    ha, hb = a.step.host_wait_s(), b.step.host_wait_s()
+    if abs(hb - ha) < floor:
+        return []
+    return [(abs(hb - ha), f"of compute, waiting for the host to issue eager DTensor TP's blocks (kernels.toml [host]): "
+                          f"{a.name} {ha / MS:.1f} ms, {b.name} {hb / MS:.1f} ms ({(hb - ha) / MS:+.1f} ms)")]
 
 
 def _part_named(a: Side, b: Side, part: str) -> str:

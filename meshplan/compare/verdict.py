@@ -19,7 +19,7 @@ mesh's alone.
 Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible plan or
 memory peak above usable HBM) loses to one that fits; between two that fit, the search's
 order decides (:func:`meshplan.search.rank.decide`, one rule in one home): the shorter
-predicted step wins when it is shorter by more than 1% (:data:`~meshplan.search.rank.TIE`,
+predicted step wins when it is shorter by more than 1% (:data:`~meshplan.spec.search.TIE`,
 below the model's resolution); within 1%, the mesh with fewer axes of degree > 1, then the
 lower tp*pp*cp*ep, then the lower tp, then the lower peak memory (more headroom), so that
 ``compare top1.toml row4.toml`` of rows the search exported agrees with the search's order;
@@ -40,7 +40,8 @@ from meshplan.compare.reasons import evidence_lines, knob_text
 from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.search.rank import RULE_LINE, TIE, decide
+from meshplan.search.rank import RULE_LINE, decide
+from meshplan.spec.search import TIE
 from meshplan.units import GiB
 
 

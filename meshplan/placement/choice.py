@@ -46,6 +46,7 @@ from meshplan.placement.explain import choose_hint, explain
 from meshplan.spec.axes.registry import AXES, placement_weights
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.search import TIE
 
 #: Relative weights (not bytes) when no collective table is given, each axis's own
 #: (:attr:`~meshplan.spec.axes.base.AxisDef.weights`): the seed's frequency order tp > cp > ep >
@@ -350,10 +351,12 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
 
     ``step_s(rank_to_gpu) -> seconds``: the caller's step-time model
     (:func:`meshplan.schedule.placement_score.step_scorer`; placement/ is an earlier layer
-    and never imports it). With it a candidate replaces the best so far only when its step
-    is no longer and it is shorter or, at an equal step, has fewer weak-path bytes: the choice
-    is never slower than the given placement by the model, and the given placement is kept
-    when no candidate beats it (tensor groups leave the fast domain only for a gain).
+    and never imports it). With it a candidate counts only when its step is shorter than the
+    given placement's by more than :data:`~meshplan.spec.search.TIE` (1%, below the model's
+    error: a smaller predicted gain decides nothing), and among those the shortest wins (at an
+    equal step, the fewer weak-path bytes): the choice is never slower than the given placement
+    by the model, and the given placement is kept when no candidate beats it by that much
+    (tensor groups leave the fast domain only for a gain the model can tell).
 
     ``weights``: bytes per step per rank by axis (:func:`weights_from_table`), default the
     frequency order :data:`DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
@@ -388,7 +391,9 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
                 best = (score, p, r2g, inner, outer)
             continue
         t = step_s(r2g)
-        if t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
+        if t_before is not None and t >= t_before * (1 - TIE):
+            continue  # within the tie band of the given placement: no gain the model can tell
+        if best[1] is current or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
             best, t_best = (score, p, r2g, inner, outer), t
     after, p, r2g, inner, outer = best
     changed = p is not current

@@ -17,6 +17,7 @@ import numpy as np
 from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.pipeline.registry import get
 from meshplan.placement.topology import check_identity_nic_map
+from meshplan.spec.search import TIE
 from meshplan.units import traffic_gb
 
 _DENSE_PER_LAYER = ("tp", "cp", "sp")
@@ -210,8 +211,8 @@ def _result(c) -> str:
         if not c.searched:
             return f"{given} placement as given: weak-path bytes (all ranks, per step) {parts} (not searched)"
         if c.step_before_s is not None:
-            return (f"kept the {given} placement: no candidate predicts a shorter step than its "
-                    f"{c.step_before_s:.4f} s (step-time model; weak-path bytes {parts})")
+            return (f"kept the {given} placement: no candidate predicts a step more than {TIE:.0%} shorter than its "
+                    f"{c.step_before_s:.4f} s (step-time model, whose error is about that; weak-path bytes {parts})")
         return f"kept the {given} placement: no candidate has fewer weak-path bytes ({parts})"
     order = ", ".join(str(f) for f in list(reversed(c.outer)) + list(reversed(c.inner)))
     how = (f"equivalent to mesh names {list(c.equivalent_names)} with node-major ranks" if c.equivalent_names else

@@ -63,9 +63,16 @@ def _overlap_versus_blocking(source: str, what: str, on: StepTime, off: StepTime
 def _why_nothing_saved(on: StepTime, off: StepTime) -> str:
     """Why a TP overlap saves 0 ms (:func:`_overlap_versus_blocking`): the critical stage's
     compute stream waits on another stream either way (the one with the most exposed seconds
-    in ``on``, named with them), so the tp time hidden turns into waits for it; else the compute
-    slowed by the SMs NCCL holds cancels the exposed tp saved; empty when tp exposed nothing."""
+    in ``on``, named with them), so the tp time hidden turns into waits for it; or, where the
+    compute stream's wait for the host's issue (eager DTensor TP, :meth:`StepTime.host_wait_s`)
+    grows by what the overlap hides, the host's pace; else the compute slowed by the SMs NCCL
+    holds cancels the exposed tp saved; empty when tp exposed nothing."""
     on_ms, off_ms = on.shown_ms(), off.shown_ms()
+    host_on, host_off = on.host_wait_s(), off.host_wait_s()
+    if round((host_on - host_off) * 1e5) > 0:
+        return (f": the step is bound by the host's issue of eager DTensor TP's blocks (kernels.toml [host]): the tp "
+                f"time hidden becomes waiting for the host ({host_off * 1e3:.2f} -> {host_on * 1e3:.2f} ms per step; "
+                f"training.torch_compile = true removes it)")
     others = {k: v for k, v in on.exposed_s.items() if k != "tp" and v > 0}
     if others:
         worst = max(others, key=lambda k: others[k])

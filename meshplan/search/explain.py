@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.plan import Plan, table_key, table_stage
-from meshplan.search.rank import TIE
+from meshplan.spec.search import TIE
 from meshplan.schedule.step_summary import StepTime
 from meshplan.spec.mesh_words import data_axis
 from meshplan.spec.wording import fold_streams
@@ -138,7 +138,7 @@ class Explanation:
     (``tie_listed_first``), the top is within the tie rule's 1% of it and was listed first for
     its simpler mesh; the line then says so and names it, so that no row listed is faster
     than the line claims the top to be. ``by_tie_rule``: the tie rule ordered the top and the
-    runner-up, both within :data:`~meshplan.search.rank.TIE` (1%) of the fastest, an exact tie
+    runner-up, both within :data:`~meshplan.spec.search.TIE` (1%) of the fastest, an exact tie
     included. ``tie_criterion``: the tie rule's criterion that placed the top before the fastest,
     with both values (:func:`meshplan.search.rank.decide`: ``lower peak memory (64.4 vs 66.1
     GiB)``), named on the line; "" when unknown."""

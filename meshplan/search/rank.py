@@ -35,10 +35,9 @@ import numpy as np
 from meshplan.units import GiB
 
 from meshplan.search.columns import Candidates
+from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes
 
-#: Relative step-time difference within which candidates count as tied (1%).
-TIE = 0.01
 
 #: One line for the report under the top table.
 RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the fastest one not yet listed are "

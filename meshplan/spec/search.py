@@ -34,6 +34,13 @@ def _all_recompute() -> list[Recompute]:
 def _default_sharding() -> list[Sharding]:
     return ["zero1", "zero2", "zero3", "hsdp"]
 
+#: Relative step-time difference within which meshplan counts two predictions as tied (1%):
+#: below the step model's error on the development set (benchmarks/fidelity.py: mean 1.9%),
+#: so a smaller predicted gain decides nothing. The search then orders toward simpler meshes
+#: (:mod:`meshplan.search.rank`), ``compare`` names the tie rule, and ``place --choose`` keeps the
+#: given placement (:func:`meshplan.placement.choice.choose_placement`).
+TIE = 0.01
+
 #: Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1): the Tectonic
 #: storage fabric of Llama 3 pre-training "supports a sustainable throughput of 2 TB/s".
 LLAMA3_STORAGE_GB_PER_S = 2000.0

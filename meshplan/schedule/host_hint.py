@@ -1,0 +1,31 @@
+"""The ``hint:`` line of a step whose device waits for the host (eager DTensor TP: each block
+issued through DTensor's Python dispatch at the host's measured pace, kernels.toml ``[host]``;
+:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`): when that wait holds
+:data:`~meshplan.schedule.verdict.HINT_SHARE` of the step or more, the same config re-planned
+under ``training.torch_compile = true`` (torchtitan's ``[compile]``: compiled blocks trace
+DTensor away and fuse the elementwise ops), with its step and peak, or why it does not fit."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from meshplan.schedule.verdict import HINT_SHARE, Replanned
+from meshplan.units import GiB
+
+
+def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> list[str]:
+    """``hint:`` line for ``st`` (a :class:`~meshplan.schedule.step_summary.StepTime` of ``plan``)
+    whose critical stage waits :data:`HINT_SHARE` of the step or more for the host's issue; none
+    otherwise or without ``alternatives`` (:func:`~meshplan.schedule.verdict.rebuilt_step`).
+    examples/mini_2x4_tp4-dp2.toml (Llama-3-8B, dp_shard 2 x tp 4, eager): 2.22 s of a 10.46 s
+    step (21.2%); compiled, 7.93 s (tests/test_host_pace.py)."""
+    wait = st.host_wait_s()
+    if alternatives is None or wait < HINT_SHARE * st.step_s or plan.config.training.torch_compile:
+        return []
+    alt = alternatives({"torch_compile": True})
+    head = (f"hint: the device waits {wait:.2f} s of the {st.step_s:.2f} s step ({wait / st.step_s:.1%}) for the host "
+            f"to issue eager DTensor TP's blocks")
+    if alt.step_s is None:
+        return [f"{head}; training.torch_compile = true: {alt.text}"]
+    return [f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
+            f"step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]
