@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 
 from meshplan.config import load_config
@@ -17,6 +18,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
+from meshplan.search.reasons import UNDECIDED
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -47,20 +49,69 @@ def test_configured_step_is_the_plan_and_step_commands_own(mini):
         (["dp_shard", "tp"], [4, 2], 1, "none")
 
 
+@pytest.fixture(scope="module")
+def mini_top45(mini):
+    """The same search with ``--top 45``: the ranking plans more, so more candidates near the
+    memory limit are decided, and the config's mesh is listed in the top table."""
+    cfg = mini.config
+    return search(replace(cfg, search=cfg.search.model_copy(update={"top": 45})), workers=1)
+
+
 def test_configured_rank_counts_the_faster_feasible(mini):
     """Rank #40-#41 of the 717 feasible (a real run): 39 planned feasible candidates are faster;
     the eager DTensor TP host's pace (kernels.toml [host]) adds 43 ms to its step (7.381 -> 7.424 s),
     so 33 unplanned candidates have a step-time lower bound below it, of which :data:`RANK_MAX`
-    (32) are planned and 1 is left as the range; it is slower than the top's last row."""
+    (32) are planned and 1 is left as the range; it is slower than the top's last row, so no row.
+    205 candidates near the memory limit are undecided (settle_max 32), 9 with a lower bound below
+    its step: the line says so, the rank is among the decided."""
     mine = mini.configured
     assert (mine.rank, mine.rank_hi, mine.feasible) == (40, 41, mini.counts()["feasible"]) == (40, 41, 717)
     faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
-    assert 0 < len(faster) <= 39 and mine.step_s > mini.top[-1].step_s
+    assert 0 < len(faster) <= 39 and mine.step_s > mini.top[-1].step_s and mine.row is None
+    undecided = np.flatnonzero(mini.code == UNDECIDED)
+    below = int((mini.est.step_lo[undecided] < mine.step_s).sum())
+    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (205, 9)
     # 7.424 s against the top's 6.998 s (dp_shard 8): 7.424 / 6.998 - 1 = 6.09%
     assert round(mini.top[0].step_s, 3) == 6.998
     assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.424 s, 70,617 tokens/s, rank #40-#41 of 717 feasible by "
-                           "step time (6.09% longer than the top's; 1 feasible candidate with a step-time lower bound "
-                           "below its step left unplanned: 32 are planned for the rank)")
+                           "step time, 205 undecided near the memory limit not ranked (6.09% longer than the top's; "
+                           "1 feasible candidate with a step-time lower bound below its step left unplanned: 32 are "
+                           "planned for the rank; 9 of the undecided have a step-time lower bound below its step and "
+                           "could rank ahead if planned: [search] settle_max plans more)")
+
+
+def test_configured_in_the_top_is_ranked_by_step_not_by_row(mini_top45):
+    """With --top 45 the mesh is row #38 of the table (the tie rule's order: within 1% toward
+    fewer axes), but 43 feasible candidates have a shorter exact step (a real run): 42 rows of
+    the table and one left out of it (row 46 of --top 80, 7.372 s): rank #44, row 38 beside it.
+    740 feasible, 167 undecided, none with a lower bound below its step."""
+    r = mini_top45
+    mine = r.configured
+    assert mine.row == 38 and r.top[37].index == mine.index
+    assert sum(e.step_s < mine.step_s for e in r.top) == 42
+    faster = [i for i, e in r.exact.items() if r.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
+    assert len(faster) == 43 and (mine.rank, mine.rank_hi) == (44, 44)
+    assert (mine.feasible, mine.undecided, mine.undecided_below) == (740, 167, 0) == \
+        (r.counts()["feasible"], r.counts()["undecided"], 0)
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.424 s, 70,617 tokens/s, rank #44 of 740 feasible by "
+                           "step time, 167 undecided near the memory limit not ranked (row #38 in the top table, whose "
+                           "tie rule orders meshes within 1% toward fewer axes and lower degrees; 6.09% longer than "
+                           "the top's; no undecided candidate could rank ahead: their step-time lower bounds are not "
+                           "below its step)")
+
+
+def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
+    """The default run's #40-#41 holds for its own 717 feasible: the --top 45 run planned every one
+    of them with a lower bound below the step; 39 are faster (#40). Of its 9 undecided with a
+    lower bound below, that run found 4 feasible and faster: 40 + 4 = the #44 it gives."""
+    step = mini.configured.step_s
+    known = {j: e.step_s for ex in (mini.exact, mini_top45.exact) for j, e in ex.items() if e.step_s is not None}
+    feasible = np.flatnonzero(mini.code == -1)
+    assert not [j for j in feasible if j not in known and mini.est.step_lo[j] < step]
+    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 40
+    undecided = np.flatnonzero(mini.code == UNDECIDED)
+    below = undecided[mini.est.step_lo[undecided] < step]
+    assert sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 4
 
 
 def test_mesh_in_another_axis_order_is_not_a_candidate():

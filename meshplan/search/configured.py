@@ -5,11 +5,15 @@
 (its columns, then :func:`~meshplan.search.candidate.candidate_config` of that row compared
 with the config), or says why no candidate is. :func:`configured` evaluates that candidate
 with the search's own exact model (:class:`~meshplan.search.exact.Planner`, ``SIMULATE``:
-``build_plan`` + ``step_time(plan, Overlap())``) and ranks it: #N = 1 + the feasible candidates
-whose exact step is shorter, the top's own row where it is listed. Feasible candidates whose
+``build_plan`` + ``step_time(plan, Overlap())``) and ranks it by step time: #N = 1 + the
+feasible candidates whose exact step is shorter, also where it is listed in the top (whose rows
+follow the tie rule, so its row is given beside the rank, never as it). Feasible candidates whose
 step-time lower bound is below its step and that the search did not plan are planned here
-(step only), at most :data:`RANK_MAX` of them; beyond that the rank is a range. None of it
-changes the search's result (its own planner and pool).
+(step only), at most :data:`RANK_MAX` of them; beyond that the rank is a range. The rank is among
+the feasible candidates the search decided: those left undecided near the memory limit
+(``[search] settle_max``) are counted apart, with how many of them have a step-time lower bound
+below its step (planned, those could rank ahead). None of it changes the search's result (its
+own planner and pool).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ RANK_MAX = 32
 @dataclass(frozen=True)
 class Configured:
     """The config's mesh among the candidates: ``mesh`` as printed (``dp_shard 8 x tp 8``);
-    ``status`` ``ranked`` (``step_s``, ``tokens_per_s``, ``rank`` .. ``rank_hi`` of ``feasible``),
+    ``status`` ``ranked`` (``step_s``, ``tokens_per_s``, ``rank`` .. ``rank_hi`` by step time of
+    ``feasible``; ``row`` in the top table or None; ``undecided`` candidates near the memory limit
+    not ranked, ``undecided_below`` of them with a step-time lower bound below ``step_s``),
     ``infeasible`` or ``not_ranked`` (``reason``; a step where planned) or ``absent``
     (``reason``: why no candidate is this run)."""
 
@@ -51,17 +57,20 @@ class Configured:
     rank_hi: Optional[int] = None
     feasible: Optional[int] = None
     index: Optional[int] = None
+    row: Optional[int] = None
+    undecided: Optional[int] = None
+    undecided_below: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     def line(self) -> str:
-        """The line printed after the top table.
+        """The line printed after the top table (``reason`` holds the notes in parentheses).
 
         >>> Configured("dp_shard 4 x tp 2", "ranked", "5.47% longer than the top's", 7.381, 71028.4, 40, 40, 717).line()
         "your mesh (dp_shard 4 x tp 2): 7.381 s, 71,028 tokens/s, rank #40 of 717 feasible by step time (5.47% longer than the top's)"
-        >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118).line()
-        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time'
+        >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118, undecided=27).line()
+        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time, 27 undecided near the memory limit not ranked'
         """
         if self.status == "absent":
             return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
@@ -71,8 +80,9 @@ class Configured:
         if self.status == "not_ranked":
             return f"your mesh ({self.mesh}): {step}, not ranked: {self.reason}"
         rank = f"#{self.rank:,}" if self.rank == self.rank_hi else f"#{self.rank:,}-#{self.rank_hi:,}"
+        apart = f", {self.undecided:,} undecided near the memory limit not ranked" if self.undecided else ""
         why = "" if self.reason is None else f" ({self.reason})"
-        return f"your mesh ({self.mesh}): {step}, rank {rank} of {self.feasible:,} feasible by step time{why}"
+        return f"your mesh ({self.mesh}): {step}, rank {rank} of {self.feasible:,} feasible by step time{apart}{why}"
 
 
 def _mesh_words(spec: MeshSpec, world: int) -> str:
@@ -199,23 +209,40 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
         return Configured(words, "not_ranked", "local GEMM efficiency below the threshold ([search] "
                           "min_gemm_efficiency)", e.step_s, e.tokens_per_s, index=i)
     feasible = int((code == OK).sum()) + (k in (UNDECIDED, CODE["memory"]))
+    undecided = np.flatnonzero(code == UNDECIDED)
+    undecided = undecided[undecided != i]
+    below = int((step_lo[undecided] < e.step_s).sum())
     row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
-    versus = [relative(e.step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
-    if row is not None:
-        return Configured(words, "ranked", "; ".join(versus) or None, e.step_s, e.tokens_per_s, row, row, feasible, i)
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
-    notes = versus + ([] if k == OK else ["near the memory limit, planned here: it fits"]) + (
-        [] if lo == hi else [f"{hi - lo:,} feasible candidate{'s' if hi - lo > 1 else ''} with a step-time lower "
-                             f"bound below its step left unplanned: {RANK_MAX} are planned for the rank"])
-    note = "; ".join(notes) or None
-    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i)
+    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below)) or None
+    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below)
+
+
+def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: int, undecided: int,
+           below: int) -> list[str]:
+    """The clauses in parentheses after the rank: its ``row`` in the top table (the tie rule's
+    order, not the rank), ``step_s`` against the top's, a verdict reached here (code ``k``), the
+    ``left`` feasible candidates unplanned and the ``below`` of the ``undecided`` whose step-time
+    lower bound is below ``step_s``."""
+    out = [] if row is None else [f"row #{row:,} in the top table, whose tie rule orders meshes within 1% toward "
+                                  "fewer axes and lower degrees"]
+    out += [relative(step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
+    out += [] if k == OK else ["near the memory limit, planned here: it fits"]
+    out += [] if not left else [f"{left:,} feasible candidate{'s' if left > 1 else ''} with a step-time lower "
+                                f"bound below its step left unplanned: {RANK_MAX} are planned for the rank"]
+    if undecided and below:
+        out.append(f"{below:,} of the undecided ha{'ve' if below > 1 else 's'} a step-time lower bound below its "
+                   "step and could rank ahead if planned: [search] settle_max plans more")
+    elif undecided:
+        out.append("no undecided candidate could rank ahead: their step-time lower bounds are not below its step")
+    return out
 
 
 def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], step_s: float, i: int,
           planner: Planner, workers: int) -> tuple[int, int]:
     """(lowest, highest) rank of a step of ``step_s``: 1 + the feasible candidates with a shorter
     exact step; those unplanned whose lower bound is below it planned (step only) up to
-    :data:`RANK_MAX`, the rest left as the range."""
+    :data:`RANK_MAX`, the rest (and any plan that gives no step) left as the range."""
     feasible = np.flatnonzero(code == OK)
     steps = {j: exact[j].step_s for j in feasible.tolist() if j in exact and exact[j].step_s is not None}
     open_ = [j for j in feasible.tolist() if j not in steps and j != i and step_lo[j] < step_s]
@@ -226,6 +253,8 @@ def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int,
         for r in pool.map([(j, STEP_ONLY) for j in todo]):
             if r.step_s is not None:
                 steps[r.index] = r.step_s
+            else:  # no step: it may be faster, so it widens the range
+                left += 1
     finally:
         pool.close()
     faster = sum(1 for j, s in steps.items() if j != i and s is not None and s < step_s)

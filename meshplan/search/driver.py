@@ -40,8 +40,9 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    bound, then index, are planned (their verdict only changes the counts); any left are
    counted as undecided, never as feasible or rejected.
 8. **The config's own mesh** (where it has a ``[mesh]``): the candidate that is the same run,
-   evaluated by the same exact model and ranked among the feasible ones
-   (:mod:`meshplan.search.configured`), or why no candidate is; it changes none of the above.
+   evaluated by the same exact model and ranked by step time among the feasible ones the search
+   decided, the undecided counted apart (:mod:`meshplan.search.configured`), or why no candidate
+   is; it changes none of the above.
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
