@@ -83,3 +83,22 @@ def test_the_memory_rule_judges_the_asked_schedule(tmp_path, capsys):
     assert err.splitlines() == ["infeasible: peak 410.8 GiB at forward of the head (micro-batch 31) on stage 1 > "
                                 "67.1 GiB usable (74.5 GiB - 10% reserve)",
                                 "infeasible: 2 of 2 stages exceed usable memory: stages 0, 1"]
+
+
+def test_schedule_runs_count_per_run(tmp_path, capsys):
+    """global_batch 4 as 4 schedule runs (training.pp_schedule_runs) of 1 micro-batch: 1F1B needs
+    pp = 2 per run, so 4 x 2 = 8 per step. Runs that do not divide the micro-batches (6 / 4) are
+    the config's fault under any schedule: the plan's infeasible line, not a --schedule error."""
+    def toml(batch):
+        f = _pp2(tmp_path, "gpipe")
+        f.write_text(f.read_text().replace("global_batch = 1", f"global_batch = {batch}\npp_schedule_runs = 4"))
+        return f
+    rc, _, err = run(["step", toml(4), "--schedule", "1f1b"], capsys)
+    assert rc == 2 and err == (
+        "error: --schedule: 1f1b: each of the 4 schedule runs (training.pp_schedule_runs): 1F1B needs micro-batches (1) "
+        ">= pp (2) (torch Schedule1F1B); raise training.global_batch, or lower training.micro_batch or pp, until the "
+        "step's micro-batches (now 4: global_batch / (micro_batch x dp), 4 schedule runs: training.pp_schedule_runs) "
+        "meet the rule (the fewest 1f1b runs at pp 2: 8), or choose a schedule this mesh allows\n")
+    rc, out, err = run(["step", toml(6), "--schedule", "1f1b"], capsys)
+    assert (rc, out, err) == (1, "", "infeasible: training.pp_schedule_runs 4 does not divide the step's 6 "
+                                     "micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6\n")

@@ -50,7 +50,9 @@ def rule_error(plan, schedule: str) -> Optional[ConfigError]:
     (:meth:`~meshplan.pipeline.base.PipelineSchedule.refused`), the step's micro-batches
     (global_batch / (micro_batch x dp)) and the fewest the schedule runs
     (:func:`~meshplan.pipeline.registry.fewest_micro_batches`, per schedule run); else the
-    mesh's virtual stages. None when the rules take it (or the mesh did not resolve).
+    mesh's virtual stages. None when the rules take it, the mesh did not resolve, or
+    ``training.pp_schedule_runs`` does not divide the micro-batches (the config's, under any
+    schedule: the plan's infeasible line says it).
 
     E.g. 1f1b at pp 2 with 1 micro-batch: ``1f1b: 1F1B needs micro-batches (1) >= pp (2)
     (torch Schedule1F1B); raise training.global_batch, or lower training.micro_batch or pp,
@@ -66,10 +68,8 @@ def refusal(schedule: str, pp: int, m: int, v: int, t) -> Optional[ConfigError]:
     chunks per rank, under training ``t`` (its framework and ``pp_schedule_runs``)."""
     runs = t.pp_schedule_runs
     bad = run_reasons(schedule, pp, m, v, runs, t.framework)
-    if not bad:
+    if not bad or m % runs:  # runs not dividing m is the config's, whatever the schedule: the plan's reason
         return None
-    if m % runs:  # runs not dividing m: its reason names the fix
-        return ConfigError("--schedule", f"{schedule}: {bad[0]}")
     least = fewest_micro_batches(schedule, pp, v, t.framework)
     chunks = bool(schedule_reasons(schedule, pp, least, v, t.framework))  # the virtual-stage rule
     vs_fix = f"set the config's virtual stages to what {schedule} needs"
