@@ -108,11 +108,19 @@ def test_the_line_rate_warning_compares_the_per_nic_figure(tmp_path, capsys):
 
 @pytest.mark.parametrize("hosts, per_host, opts, line", [
     (2, 8, ["--nics-per-host", "0"], "error: --nics-per-host: 0 NICs per host; give the NICs each host's ranks "
-     "drove, from 1 to its ranks per host, or leave it out for one NIC per rank"),
+     "drove, a divisor of its ranks per host (they share NICs evenly), or leave it out for one NIC per rank"),
     (2, 8, ["--nics-per-host", "-2"], "error: --nics-per-host: -2 NICs per host; give the NICs each host's ranks "
-     "drove, from 1 to its ranks per host, or leave it out for one NIC per rank"),
+     "drove, a divisor of its ranks per host (they share NICs evenly), or leave it out for one NIC per rank"),
     (2, 8, ["--nics-per-host", "9"], "error: --nics-per-host: 9 NICs per host, but x.txt ran 8 ranks per host and a "
-     "rank drives one NIC; give 1 to 8, or leave it out for one NIC per rank"),
+     "rank drives one NIC; give 1, 2, 4 or 8 (the divisors of 8), or leave it out for one NIC per rank"),
+    # 8 ranks cannot share 3 NICs evenly (finding 2 of newcomer trial 13: it was taken, 80 / 3 per NIC)
+    (2, 8, ["--nics-per-host", "3"], "error: --nics-per-host: 3 NICs per host, but x.txt ran 8 ranks per host, "
+     "which share a host's NICs evenly (8 / 3 is not whole); give 1, 2, 4 or 8 (the divisors of 8), or leave it out "
+     "for one NIC per rank"),
+    # seed-8x8-2nic's 2 NICs under 3 ranks per host: neither one per rank nor an even share
+    (2, 3, ["--system", "seed-8x8-2nic"], "error: --system: the node's 2 NICs, but x.txt ran 3 ranks per host, which "
+     "share a host's NICs evenly (3 / 2 is not whole); pass --nics-per-host with 1 or 3 (the divisors of 3), the NICs "
+     "each host's ranks drove"),
     (8, 1, ["--nics-per-host", "2"], "error: --nics-per-host: 2 NICs per host, but x.txt ran 1 rank per host and a "
      "rank drives one NIC; give 1, or leave it out for one NIC per rank"),
     (2, 8, ["--system", "dgx-h999"], "error: --system: unknown node 'dgx-h999'; known: dgx-a100, dgx-b200, "
@@ -129,3 +137,37 @@ def test_nics_per_host_without_a_nic_run_is_refused(tmp_path, capsys):
     rc, _, err = run(["calibrate", str(one_host), "--nics-per-host", "4", "--out", str(tmp_path / "c.toml")], capsys)
     assert (rc, err) == (2, "error: --nics-per-host: no file is recorded as nic (a run over several hosts, or --link "
                             "nic); drop it, or pass --link nic\n")
+
+
+def test_both_options_say_which_count_was_used(tmp_path, capsys):
+    """--nics-per-host 4 and --system dgx-h100 (8 NICs): split over 4 (80 / 4 = 20 GB/s per NIC),
+    and the note names the option that won; dgx-h100's 8 alone would give 80 / 8 = 10."""
+    out = tmp_path / "c.toml"
+    rc, text, err = _calibrate(capsys, _log(tmp_path, 2, 8), out, "--nics-per-host", "4", "--system", "dgx-h100")
+    assert rc == 0, err
+    assert ("x.txt: 8 ranks per host over 4 NICs (--nics-per-host, not --system dgx-h100's 8: the explicit option "
+            "wins): nic all-reduce 20.00 GB/s per NIC = 80.00 / 4") in text.splitlines()
+    assert load_calibration(out)["nic"].bandwidth_gb_per_s == pytest.approx(20.0, rel=1e-3)
+
+
+def test_a_system_of_another_gpu_is_warned(tmp_path, capsys):
+    """The log's ranks name NVIDIA H100 80GB HBM3; dgx-a100 holds a100-sxm-80gb (nodes.toml):
+    one warning naming both. seed-8x8-2nic holds H100s: none."""
+    log = _log(tmp_path, 2, 8)
+    rc, text, err = _calibrate(capsys, log, tmp_path / "a.toml", "--system", "dgx-a100")
+    assert rc == 0, err
+    assert [w for w in _warnings(text) if "--system" in w] == [
+        "warning: --system dgx-a100 holds a100-sxm-80gb GPUs, but the '#  Rank' lines of x.txt name NVIDIA H100 80GB "
+        "HBM3: its NIC count and line rate may not be the measured nodes'; pass the catalog node the runs ran on, or "
+        "--nics-per-host"]
+    rc, text, err = _calibrate(capsys, log, tmp_path / "b.toml", "--system", "seed-8x8-2nic")
+    assert rc == 0 and not _warnings(text)
+
+
+def test_a_mixed_run_without_link_names_the_nic_options(tmp_path, capsys):
+    rc, out, err = run(["calibrate", str(_log(tmp_path, 2, 8)), "--out", str(tmp_path / "c.toml")], capsys)
+    assert (rc, out) == (2, "")
+    assert err == ("error: x.txt: 16 ranks on 2 hosts, up to 8 per host: the run mixes NVLink and NIC hops; measure "
+                   "one node (nvlink) and one GPU per node (nic) separately, or pass --link nic to split its busbw "
+                   "over the NICs of a host: one per rank, or the NICs they drove as --nics-per-host N or --system "
+                   "NODE gives\n")

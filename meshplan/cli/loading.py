@@ -13,8 +13,10 @@ from typing import Optional
 import typer
 
 from meshplan.cli.common import _echo
+from meshplan.cli.schedule_opt import renamed, scheduled
 from meshplan.comm.calibration import apply_calibration, calibration_doc, load_calibration
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
+from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.mesh.resolve import world_error
@@ -25,7 +27,8 @@ from meshplan.plan import Infeasible, Plan, build_plan
 
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
-          unresolved: bool = False, kernels: Optional[list[Path]] = None) -> Plan | Infeasible:
+          unresolved: bool = False, kernels: Optional[list[Path]] = None,
+          schedule: Optional[str] = None) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
     or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
     or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
@@ -34,11 +37,17 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     ConfigError (exit 2, one line): degrees that cannot make the world
     (:func:`~meshplan.mesh.resolve.world_error`; with ``unresolved``, as ``compare`` plans two
     configs, such a plan is returned, infeasible) and counts that disagree
-    (:func:`~meshplan.mesh.validity.input_error`)."""
+    (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
+    the config's ``mesh.pp_schedule`` before the plan's rules (:mod:`meshplan.cli.schedule_opt`;
+    its refusals name ``--schedule``)."""
 
-    cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
+    read = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
+    cfg = scheduled(read, schedule)
     _notes(cfg)
-    plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
+    try:
+        plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
+    except ConfigError as e:
+        raise (e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
             None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)

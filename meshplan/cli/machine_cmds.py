@@ -67,11 +67,14 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
                                                      "or / --nics-per-host)"),
                   nics_per_host: Optional[int] = typer.Option(None, "--nics-per-host", help="NICs each host's ranks "
-                                                              "drive in the log; default: one per rank"),
+                                                              "drive in the log, a divisor of its ranks per host (they "
+                                                              "share NICs evenly); default: one per rank; wins over "
+                                                              "--system's count"),
                   system: Optional[str] = typer.Option(None, "--system", help="catalog node the runs ran on (e.g. "
                                                        "dgx-h100): without --nics-per-host its NIC count (at most "
                                                        "one per rank) splits a nic run's busbw, and the line-rate "
-                                                       "warning compares its NICs"),
+                                                       "warning compares its NICs; a warning when its GPU is not "
+                                                       "the log's"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the

@@ -22,6 +22,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
+from meshplan.cli.schedule_opt import refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.comm.calibration import uncalibrated_note
 from meshplan.errors import ConfigError
@@ -58,8 +59,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                         "Interleaved1F1B, InterleavedZeroBubble = zb_h1, "
                                                                         "ZBVZeroBubble, ...; any case), as "
                                                                         "mesh.pp_schedule takes (zbv and dualpipev: "
-                                                                        "virtual_stages 2, a V; "
-                                                                        "at pp 1 a note says it changes nothing)"),
+                                                                        "virtual_stages 2, a V); it replaces the "
+                                                                        "config's mesh.pp_schedule before the plan's "
+                                                                        "rules (micro-batches, virtual stages, memory); "
+                                                                        "at pp 1 a note says it changes nothing"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
@@ -88,7 +91,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
-              kernels=kernels)
+              kernels=kernels, schedule=schedule)  # the plan's rules judge --schedule's schedule
+    refused = rule_error(p, schedule) if schedule is not None else None
+    if refused is not None:
+        raise refused
     cal = _calibration(calibration, p.config.cluster)
     kd = _kernels(p.config.cluster)
     if isinstance(p, Infeasible):
@@ -158,8 +164,8 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
     except ConfigError as e:
         if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
             raise
-        raise ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set "
-                          f"the config's virtual stages to what {schedule} needs") from None
+        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training)
+               or renamed(e, schedule)) from None
 
 
 def _print_links(p, st) -> None:

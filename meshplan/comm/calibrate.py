@@ -19,16 +19,19 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
   A run with an unequal number of ranks per host is refused.
   Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
-  their count: ``nics_per_host`` (``--nics-per-host N``, 1 to k) or, without it, the catalog
+  their count: ``nics_per_host`` (``--nics-per-host N``, a divisor of k: the ranks share the
+  NICs evenly; it wins over ``--system``, and the note says so) or, without it, the catalog
   node ``system`` names (``--system NODE``: the length of nodes.toml's ``nics``, at most k:
-  a rank drives one NIC). The per-NIC fit is then busbw / N (:func:`nic_split`; 2 x 8 ranks at
+  a rank drives one NIC; a ``warning:`` line when its GPU is not the one the ``#  Rank`` lines
+  name, :func:`~meshplan.comm.calibrate_nics.system_gpu_warning`). The per-NIC fit is then
+  busbw / N (:func:`~meshplan.comm.calibrate_nics.nic_split`; 2 x 8 ranks at
   160 GB/s busbw over 4 NICs per host: 40 GB/s per NIC), the curve read against N x it, and
   the file records ``nics_per_node = N`` where N is not k, so that ``--calibration`` reads the
   curve against the node's N NICs (:mod:`meshplan.comm.calibration`).
 
 A ``nic`` fit (per NIC, after the split) above the line rate of every NIC of the catalog nodes
 of its GPU model (of every catalog node when the model is not known; of the node ``system``
-names when given) gets a ``warning:`` line (:func:`nic_warning`): a NIC carries at most its
+names when given) gets a ``warning:`` line (:func:`~meshplan.comm.calibrate_nics.nic_warning`): a NIC carries at most its
 line rate, so each rank drove several NICs (hosts missing from its ``#  Rank`` lines, or fewer
 NICs per host given than the ranks drove) or the measured nodes' NICs are faster than the
 catalog's.
@@ -67,8 +70,7 @@ from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
-from meshplan import catalog
-from meshplan.comm.calibration import same_gpu
+from meshplan.comm.calibrate_nics import asked_nics, nic_split, nic_warning, split_note, system_gpu_warning
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -107,8 +109,9 @@ def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> 
         return "nic"
     raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {max(per_host.values())} per "
                              "host: the run mixes NVLink and NIC hops; measure one node (nvlink) and one GPU "
-                             "per node (nic) separately, or pass --link nic to split its busbw over one NIC per "
-                             "rank of a host")
+                             "per node (nic) separately, or pass --link nic to split its busbw over the NICs of a "
+                             "host: one per rank, or the NICs they drove as --nics-per-host N or --system NODE "
+                             "gives")
 
 
 def ranks_per_node(hosts: Sequence[str], where: str) -> int:
@@ -129,114 +132,6 @@ def ranks_per_node(hosts: Sequence[str], where: str) -> int:
                                  "host: its busbw cannot be split over the NICs of one node; give a run with the "
                                  "same number of ranks on every host")
     return next(iter(counts), 1)
-
-
-def catalog_nic_gb_per_s(gpu: Optional[str], node: Optional[str] = None) -> tuple[float, str]:
-    """(GB/s, catalog node) of the fastest NIC (line rate / 8) of the catalog nodes whose GPU
-    is ``gpu`` (:func:`~meshplan.comm.calibration.same_gpu`), of every catalog node when none
-    is or ``gpu`` is None; of catalog node ``node`` alone when given (``--system``).
-
-    >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3"), catalog_nic_gb_per_s("NVIDIA A100-SXM4-80GB")
-    ((50.0, 'dgx-h100'), (25.0, 'dgx-a100'))
-    >>> catalog_nic_gb_per_s("NVIDIA H100 80GB HBM3", "seed-8x8-2nic")
-    (50.0, 'seed-8x8-2nic')
-    """
-    nodes = [(n, catalog_node(n)) for n in ([node] if node else catalog.names("node"))]
-    mine = [(n, e) for n, e in nodes if gpu and not node and same_gpu(gpu, e["gpu"])] or nodes
-    return max(((nic["rate_gbit_per_s"] / 8, n) for n, e in mine for nic in e.get("nics", [])),
-               key=lambda x: x[0], default=(float("inf"), ""))
-
-
-def nic_warning(fit: LinkFit, name: str, system: Optional[str] = None,
-                split: Optional[tuple[int, int]] = None) -> Optional[str]:
-    """A ``warning:`` line when ``nic`` fit ``fit`` of file ``name`` (per NIC) is above the
-    fastest catalog NIC of its GPU model, or of catalog node ``system`` when given
-    (:func:`catalog_nic_gb_per_s`), else None. ``split``: (ranks per host k, NICs per host N)
-    when the NICs were given (``--nics-per-host`` or ``--system``, :func:`nic_split`)."""
-    line, node = catalog_nic_gb_per_s(fit.gpu, system)
-    beta = fit.bandwidth_bytes_per_s / GB
-    if fit.link != "nic" or fit.backend == "gloo" or beta <= line:
-        return None
-    which = "the node --system names" if system else f"the fastest catalog NIC{' for ' + fit.gpu if fit.gpu else ''}"
-    why, check = "each rank drove several NICs", "the hosts of its '#  Rank' lines"
-    if split is not None:
-        why = f"each host's {split[0]} ranks drove more than {split[1]} NIC{'s' * (split[1] > 1)}"
-        check = "--nics-per-host and " + check
-    return (f"warning: {name}: nic {beta:.2f} GB/s per NIC is above the {line:g} GB/s line rate of {node}'s NICs "
-            f"({line * 8:g} Gb/s), {which}: a NIC carries at most its line rate, so {why} or the nodes' NICs are "
-            f"faster than the catalog's; check {check}")
-
-
-def catalog_node(name: str) -> dict:
-    """Catalog node ``name``'s entry (nodes.toml); a ConfigError naming ``--system`` when
-    there is none."""
-    try:
-        return catalog.entry("node", name)
-    except ConfigError as err:
-        raise ConfigError("--system", err.message) from None
-
-
-def asked_nics(nics_per_host: Optional[int], system: Optional[str]) -> Optional[tuple[int, str]]:
-    """(NICs per host, the option that said it) that a ``nic`` run's busbw is split over:
-    ``nics_per_host`` (``--nics-per-host``), else the length of catalog node ``system``'s
-    ``nics`` (``--system``); None without either (one NIC per rank). A ConfigError naming the
-    option for fewer than 1 NIC or a node without NICs.
-
-    >>> asked_nics(None, None), asked_nics(4, "dgx-h100"), asked_nics(None, "seed-8x8-2nic")
-    (None, (4, '--nics-per-host'), (2, '--system'))
-    >>> asked_nics(0, None)
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: --nics-per-host: 0 NICs per host; give the NICs each host's ranks drove, from 1 to its ranks per host, or leave it out for one NIC per rank
-    """
-    if nics_per_host is not None:
-        if isinstance(nics_per_host, bool) or not isinstance(nics_per_host, int) or nics_per_host < 1:
-            raise ConfigError("--nics-per-host", f"{nics_per_host} NICs per host; give the NICs each host's ranks "
-                                                 "drove, from 1 to its ranks per host, or leave it out for one NIC "
-                                                 "per rank")
-        return nics_per_host, "--nics-per-host"
-    if system is None:
-        return None
-    nics = len(catalog_node(system).get("nics", []))
-    if not nics:
-        raise ConfigError("--system", f"{system} has no NIC in the catalog (nodes.toml nics); pass --nics-per-host N")
-    return nics, "--system"
-
-
-def nic_split(per_node: int, where: str, asked: Optional[tuple[int, str]] = None) -> int:
-    """NICs per host N that file ``where``'s busbw (a ``nic`` run of ``per_node`` ranks per
-    host) is split over: ``per_node`` (one NIC per rank) without ``asked``
-    (:func:`asked_nics`); ``--nics-per-host``'s N, from 1 to ``per_node`` (a ConfigError
-    naming it otherwise); a ``--system`` node's NICs, at most ``per_node`` (a rank drives one).
-
-    >>> nic_split(8, "x.txt"), nic_split(8, "x.txt", (4, "--nics-per-host")), nic_split(4, "x.txt", (8, "--system"))
-    (8, 4, 4)
-    >>> nic_split(4, "x.txt", (8, "--nics-per-host"))
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: --nics-per-host: 8 NICs per host, but x.txt ran 4 ranks per host and a rank drives one NIC; give 1 to 4, or leave it out for one NIC per rank
-    """
-    if asked is None:
-        return per_node
-    nics, by = asked
-    if by == "--nics-per-host" and nics > per_node:
-        span = "1" if per_node == 1 else f"1 to {per_node}"
-        raise ConfigError(by, f"{nics} NICs per host, but {where} ran {per_node} rank{'s' * (per_node > 1)} per host "
-                              f"and a rank drives one NIC; give {span}, or leave it out for one NIC per rank")
-    return min(nics, per_node)
-
-
-def _split_note(name: str, fit: LinkFit, per_node: int, nics: int, asked: Optional[tuple[int, str]],
-                system: Optional[str]) -> str:
-    """The note of a ``nic`` run of ``per_node`` > 1 ranks per host split over ``nics`` NICs
-    (``fit`` already per NIC): ``x.txt: 8 ranks per host over 4 NICs (--nics-per-host): nic
-    all-reduce 40.00 GB/s per NIC = 160.00 / 4``; one NIC per rank as it always said."""
-    total = f"{fit.bandwidth_bytes_per_s * nics / 1e9:.2f} / {nics}"
-    if asked is None:
-        return f"{name}: {per_node} ranks per host, each on its own NIC: nic {_gbs(fit)} per NIC = {total}"
-    by = ("--nics-per-host" if asked[1] == "--nics-per-host" else f"{system}'s, --system" if nics == asked[0]
-          else f"{nics} of {system}'s {asked[0]}, --system: a rank drives one")
-    return f"{name}: {per_node} ranks per host over {nics} NICs ({by}): nic {_gbs(fit)} per NIC = {total}"
 
 
 def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> str:
@@ -288,7 +183,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     """:func:`calibrate`'s fits, notes and sources, per link class each file's measured curve
     (:func:`measured_curve`, read against the class's kept fit x the NICs of its run's host),
     and ``{"nic": N}`` when the kept ``nic`` run's busbw was split over N NICs per host other
-    than its ranks per host (``nics_per_host`` or ``system``'s, :func:`nic_split`; the
+    than its ranks per host (``nics_per_host`` or ``system``'s, :func:`~meshplan.comm.calibrate_nics.nic_split`; the
     calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
     or unusable input, or the option for a bad NIC count."""
     if not paths:
@@ -302,6 +197,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         cls, fit, rows, hosts, per_node, nics, source = _read_run(path, link, asked, system, models, notes)
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
         runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
+    notes += [w for w in [system_gpu_warning(system, models)] if w]
     if nics_per_host is not None and "nic" not in by_link:
         raise ConfigError("--nics-per-host", "no file is recorded as nic (a run over several hosts, or --link "
                                              "nic); drop it, or pass --link nic")
@@ -346,7 +242,7 @@ def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]],
                  f"{fit.rms_residual:.2f} ({fit.points} rows)")
     if per_node > 1:
         fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / nics)
-        notes.append(_split_note(path.name, fit, per_node, nics, asked, system))
+        notes.append(split_note(path.name, fit, per_node, nics, asked, system))
     return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts)
 
 

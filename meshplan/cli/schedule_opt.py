@@ -1,0 +1,82 @@
+"""``meshplan step --schedule``: the option applied to the config before its plan is built
+(:func:`scheduled`), so the plan's rules (the schedule's micro-batch and virtual-stage rules,
+Megatron-LM's and DeepSpeed's schedules, memory) judge the schedule the user asked for, not
+the config's ``mesh.pp_schedule``; and its refusals named ``--schedule``, each with the fix
+its rule needs (:func:`renamed`, :func:`rule_error`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Optional
+
+from meshplan.errors import ConfigError
+from meshplan.mesh import resolve
+from meshplan.pipeline.registry import fewest_micro_batches
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.pipeline.registry import reasons as schedule_reasons
+from meshplan.plan_runtime import run_reasons
+
+
+def scheduled(cfg, schedule: Optional[str]):
+    """``cfg`` with its ``mesh.pp_schedule`` replaced by ``schedule`` when its mesh resolves
+    with pp > 1; ``cfg`` itself otherwise (no option, no [mesh], an unresolved mesh, or pp 1:
+    nothing to schedule, step's note says so)."""
+    spec, c = cfg.mesh, cfg.cluster
+    if schedule is None or spec is None:
+        return cfg
+    mesh = resolve.resolve_mesh(spec, spec.world or c.world, gpus_per_node=c.node.gpus)
+    if isinstance(mesh, resolve.Infeasible) or mesh.degree("pp") == 1:
+        return cfg
+    return replace(cfg, mesh=spec.model_copy(update={"pp_schedule": schedule}))
+
+
+def renamed(e: ConfigError, schedule: str) -> ConfigError:
+    """The ConfigError ``e`` that the plan of a config :func:`scheduled` with ``schedule``
+    raised, named ``--schedule`` when the schedule brought it: ``mesh.pp_schedule`` (a schedule
+    Megatron-LM or DeepSpeed's engine does not run) as is, ``mesh.virtual_stages`` (the mesh's
+    chunks per rank that ``schedule`` does not run) with the choice left; ``e`` otherwise."""
+    if e.field == "mesh.pp_schedule":
+        return ConfigError("--schedule", e.message)
+    if e.field == "mesh.virtual_stages":
+        return ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set the "
+                           f"config's virtual stages to what {schedule} needs")
+    return e
+
+
+def rule_error(plan, schedule: str) -> Optional[ConfigError]:
+    """The ``--schedule`` error of an infeasible ``plan`` of a config :func:`scheduled` with
+    ``schedule`` when the schedule's own rules refuse it (:func:`~meshplan.plan_runtime.run_reasons`,
+    the first reason), with what the rule needs: for the micro-batch rule
+    (:meth:`~meshplan.pipeline.base.PipelineSchedule.refused`), the step's micro-batches
+    (global_batch / (micro_batch x dp)) and the fewest the schedule runs
+    (:func:`~meshplan.pipeline.registry.fewest_micro_batches`, per schedule run); else the
+    mesh's virtual stages. None when the rules take it, the mesh did not resolve, or
+    ``training.pp_schedule_runs`` does not divide the micro-batches (the config's, under any
+    schedule: the plan's infeasible line says it).
+
+    E.g. 1f1b at pp 2 with 1 micro-batch: ``1f1b: 1F1B needs micro-batches (1) >= pp (2)
+    (torch Schedule1F1B); raise training.global_batch, or lower training.micro_batch or pp,
+    until the step's micro-batches (now 1: global_batch / (micro_batch x dp)) meet the rule
+    (the fewest 1f1b runs at pp 2: 2), or choose a schedule this mesh allows``."""
+    if plan.mesh is None or plan.feasible or str(plan.spec.pp_schedule) != schedule:  # not scheduled: pp 1
+        return None
+    return refusal(schedule, plan.mesh.degree("pp"), plan.micro_batches, plan.vpp, plan.config.training)
+
+
+def refusal(schedule: str, pp: int, m: int, v: int, t) -> Optional[ConfigError]:
+    """:func:`rule_error` of ``schedule`` at ``pp`` stages, ``m`` micro-batches per step, ``v``
+    chunks per rank, under training ``t`` (its framework and ``pp_schedule_runs``)."""
+    runs = t.pp_schedule_runs
+    bad = run_reasons(schedule, pp, m, v, runs, t.framework)
+    if not bad or m % runs:  # runs not dividing m is the config's, whatever the schedule: the plan's reason
+        return None
+    least = fewest_micro_batches(schedule, pp, v, t.framework)
+    chunks = bool(schedule_reasons(schedule, pp, least, v, t.framework))  # the virtual-stage rule
+    vs_fix = f"set the config's virtual stages to what {schedule} needs"
+    if not get_schedule(get_schedule(schedule).for_chunks(v)).refused(pp, m // runs, t.framework):
+        return ConfigError("--schedule", f"{schedule}: {bad[0]}; choose a schedule this mesh allows, or {vs_fix}")
+    per_run = f", {runs} schedule runs: training.pp_schedule_runs" if runs > 1 else ""
+    return ConfigError("--schedule", f"{schedule}: {'; '.join(bad)}; {vs_fix + ', and ' if chunks else ''}raise "
+                       f"training.global_batch, or lower training.micro_batch or pp, until the step's micro-batches "
+                       f"(now {m}: global_batch / (micro_batch x dp){per_run}) meet the rule (the fewest {schedule} "
+                       f"runs at pp {pp}: {least * runs}), or choose a schedule this mesh allows")
