@@ -95,6 +95,8 @@ def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
     """(seconds, line) under the compute line when the compute stream's wait for the host's issue
     (eager DTensor TP: :meth:`~meshplan.schedule.step_summary.StepTime.host_wait_s`, inside compute)
     differs by ``floor`` or more: ``of compute, waiting for the host ...: A 2219.7 ms, B 43.0 ms (-2176.7 ms)``."""
+    if a.step is None or b.step is None:
+        return []
     ha, hb = a.step.host_wait_s(), b.step.host_wait_s()
     if abs(hb - ha) < floor:
         return []

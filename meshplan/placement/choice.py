@@ -393,7 +393,7 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
         t = step_s(r2g)
         if t_before is not None and t >= t_before * (1 - TIE):
             continue  # within the tie band of the given placement: no gain the model can tell
-        if best[1] is current or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
+        if best[1] is current or t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
             best, t_best = (score, p, r2g, inner, outer), t
     after, p, r2g, inner, outer = best
     changed = p is not current
