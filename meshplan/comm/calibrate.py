@@ -70,7 +70,8 @@ from typing import Optional, Sequence
 
 from pydantic import ValidationError
 
-from meshplan.comm.calibrate_nics import asked_nics, nic_split, nic_warning, split_note, system_gpu_warning
+from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
+                                          system_gpu_warning)
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -273,10 +274,6 @@ def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str
     return own[0] if own else None
 
 
-def _gbs(fit: LinkFit) -> str:
-    return f"{fit.op} {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
-
-
 def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list) -> str:
     """``nvlink: kept a.txt (all-reduce 180.20 GB/s); dropped b.txt (all-gather 170.00 GB/s: the
     all-reduce fit is kept where there is one, as bench comm does), c.txt (all-reduce 190.00
@@ -288,5 +285,5 @@ def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list
         why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op
                and kept[0].op == "all-reduce" else "faster than the kept one; a collective over every link waits "
                "for the slowest")
-        dropped.append(f"{name} ({_gbs(fit)}: {why})")
-    return f"{cls}: kept {kept[1]} ({_gbs(kept[0])}); dropped " + ", ".join(dropped)
+        dropped.append(f"{name} ({fit_gbs(fit)}: {why})")
+    return f"{cls}: kept {kept[1]} ({fit_gbs(kept[0])}); dropped " + ", ".join(dropped)

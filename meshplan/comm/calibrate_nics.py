@@ -144,15 +144,16 @@ def split_note(name: str, fit: LinkFit, per_node: int, nics: int, asked: Optiona
     ``(--nics-per-host, not --system dgx-h100's 8: the explicit option wins)``."""
     total = f"{fit.bandwidth_bytes_per_s * nics / 1e9:.2f} / {nics}"
     if asked is None:
-        return f"{name}: {per_node} ranks per host, each on its own NIC: nic {_gbs(fit)} per NIC = {total}"
+        return f"{name}: {per_node} ranks per host, each on its own NIC: nic {fit_gbs(fit)} per NIC = {total}"
     both = (f", not --system {system}'s {len(catalog_node(system).get('nics', []))}: the explicit option wins"
             if system is not None else "")
     by = (f"--nics-per-host{both}" if asked[1] == "--nics-per-host" else f"{system}'s, --system" if nics == asked[0]
           else f"{nics} of {system}'s {asked[0]}, --system: a rank drives one")
-    return f"{name}: {per_node} ranks per host over {nics} NICs ({by}): nic {_gbs(fit)} per NIC = {total}"
+    return f"{name}: {per_node} ranks per host over {nics} NICs ({by}): nic {fit_gbs(fit)} per NIC = {total}"
 
 
-def _gbs(fit: LinkFit) -> str:
+def fit_gbs(fit: LinkFit) -> str:
+    """``all-reduce 40.00 GB/s``: a fit's collective and its bandwidth (GB = 1e9 B) as the notes print it."""
     return f"{fit.op} {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
 
 

@@ -32,6 +32,7 @@ from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes
 
 #: Feasible candidates the rank plans at most (step only, 0.1-0.3 s each on 2 cores): beyond
@@ -224,7 +225,7 @@ def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: in
     order, not the rank), ``step_s`` against the top's, a verdict reached here (code ``k``), the
     ``left`` feasible candidates unplanned and the ``below`` of the ``undecided`` whose step-time
     lower bound is below ``step_s``."""
-    out = [] if row is None else [f"row #{row:,} in the top table, whose tie rule orders meshes within 1% toward "
+    out = [] if row is None else [f"row #{row:,} in the top table, whose tie rule orders meshes within {TIE:.0%} toward "
                                   "fewer axes and lower degrees"]
     out += [relative(step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
     out += [] if k == OK else ["near the memory limit, planned here: it fits"]
