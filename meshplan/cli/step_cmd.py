@@ -29,6 +29,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
+from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
@@ -118,9 +119,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
 
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
+    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again)
+    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
     for line in verdict:
         _echo(line)
     path = st.critical_path()
