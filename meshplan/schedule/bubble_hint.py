@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
-from meshplan.plan_fix import _degrees, _mesh  # the fix line's mesh helpers: one home for a re-planned mesh
+from meshplan.plan_fix import _degrees  # the fix line's resolved degrees by axis, in the config's order
 from meshplan.schedule.verdict import HINT_SHARE, Replanned
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import GiB, counted
@@ -69,7 +69,7 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
             found.append((alt.step_s, words, alt))
     if not found:
         return []
-    found.sort(key=lambda f: f[0])
+    found.sort(key=lambda f: round(f[0], 6))  # stable: steps within a microsecond (ZB-V, DualPipeV) in knob order
     items = [f"{words} (step {s:.2f} s, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
              f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found[:MAX_SHOWN]]
     p, idle = st.pipeline.spec, st.parts_s()["bubble"]
@@ -155,7 +155,9 @@ def _fewer_stages(plan: Plan) -> list[Knob]:
     update: dict = {"pp_layer_split": None if split is None or pp == 1 else [a + b for a, b in zip(split[::2], split[1::2])]}
     if pp == 1:
         update |= {"virtual_stages": 1, "layers_per_virtual_stage": None}
-    spec = _mesh(plan, deg).model_copy(update=update)
+    # the config's own spec, its degrees replaced (not plan_fix's _mesh, which turns SP on with tp > 1)
+    axes = {"names": list(deg), "shape": list(deg.values())} if plan.spec.names is not None else {"degrees": deg}
+    spec = plan.spec.model_copy(update=axes | update)
     field = f"mesh.shape {spec.shape}" if spec.names is not None else f"mesh.degrees {spec.degrees}"
     if spec.names is not None and spec.names != plan.spec.names:  # a data axis added
         field = f"mesh.names {json.dumps(spec.names)}, {field}"
