@@ -31,7 +31,6 @@ from typing import Callable, Optional
 
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
-from meshplan.plan_fix import _degrees  # the fix line's resolved degrees by axis, in the config's order
 from meshplan.schedule.verdict import HINT_SHARE, Replanned
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import GiB, counted
@@ -143,7 +142,7 @@ def _fewer_stages(plan: Plan) -> list[Knob]:
     ``rank_to_gpu`` is the user's placement and is not re-planned."""
     if plan.pp % 2 or plan.spec.rank_to_gpu is not None:
         return []
-    deg = _degrees(plan)
+    deg = plan.axis_degrees()
     data = next((n for n in _DATA if n in deg), None)
     if data is None and plan.spec.names is None:  # Megatron's order string names every axis: none added
         return []
