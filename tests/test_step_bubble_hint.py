@@ -96,7 +96,8 @@ def test_every_hinted_knob_gives_the_step_it_prints(pp4):
 
 
 def _pp2():
-    """pp 2 x dp_shard 2 x tp 2 of the same job, the freed pipeline factor on a new dp_shard axis (FSDP: the default sharding zero3)."""
+    """pp 2 x dp_shard 2 x tp 2 of the same job, the freed pipeline factor on a new dp_shard axis
+    (FSDP: the default sharding zero3)."""
     return config_from_dict({
         "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
         "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 4096, "framework": "torch"},

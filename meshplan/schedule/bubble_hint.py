@@ -151,7 +151,8 @@ def _fewer_stages(plan: Plan) -> list[Knob]:
         deg = {n: d for k, v in deg.items() for n, d in ((k, v), (data, 1))[:1 + (k == "pp")]}
     pp, split = plan.pp // 2, _per_stage(plan)
     deg = deg | {"pp": pp, data: deg[data] * 2}
-    update: dict = {"pp_layer_split": None if split is None or pp == 1 else [a + b for a, b in zip(split[::2], split[1::2])]}
+    merged = None if split is None or pp == 1 else [a + b for a, b in zip(split[::2], split[1::2])]
+    update: dict = {"pp_layer_split": merged}
     if pp == 1:
         update |= {"virtual_stages": 1, "layers_per_virtual_stage": None}
     # the config's own spec, its degrees replaced (not plan_fix's _mesh, which turns SP on with tp > 1)
@@ -160,6 +161,6 @@ def _fewer_stages(plan: Plan) -> list[Knob]:
     field = f"mesh.shape {spec.shape}" if spec.names is not None else f"mesh.degrees {spec.degrees}"
     if spec.names is not None and spec.names != plan.spec.names:  # a data axis added
         field = f"mesh.names {json.dumps(spec.names)}, {field}"
-    split = f", mesh.pp_layer_split {spec.pp_layer_split}" if spec.pp_layer_split else ""
-    words = f"pp {pp} x {data} {deg[data]} ({field}{split})"
+    split_words = f", mesh.pp_layer_split {spec.pp_layer_split}" if spec.pp_layer_split else ""
+    words = f"pp {pp} x {data} {deg[data]} ({field}{split_words})"
     return [(words, {}, spec)]
