@@ -8,7 +8,8 @@ simulation's other loop), prints the units simulated and the wall time of each p
 command runs: build_plan (config to plan, memory timeline included; `memory` is the timelines of
 every stage alone, computed again on arrays by meshplan/memory/passtable.py: 9-22 s pass by pass
 before, benchmarks/configs; not a phase of the command), step_time (unit timelines + pipeline
-simulation + stage ends), the network verdict, the critical path, and the link report (timings,
+simulation + stage ends), the network verdict and the bubble hint (its re-plans where the bubble is
+15% of the step or more), the critical path, and the link report (timings,
 concurrency, edge loads of stage 0); ``command``: the sum of the command's phases (build_plan,
 step_time, verdict, critical path, links; not the interpreter's start-up and imports, nor the
 printing and JSON writing). Each cell is ``wall/cpu``: wall seconds, then CPU seconds of this
@@ -32,6 +33,7 @@ from meshplan.cli import small_pages
 from meshplan.config import load_config
 from meshplan.memory.timeline import memory_timelines
 from meshplan.plan import build_plan
+from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
@@ -61,8 +63,8 @@ def phases(path: Path) -> tuple[dict[str, float], dict[str, float], object]:
         lap("memory", lambda: memory_timelines(plan))
     st = lap("step_time", lambda: step_time(plan, Overlap()))
     if plan.feasible:  # an infeasible mesh prints only its would-be step and exits 1
-        lap("verdict", lambda: network_verdict(plan, st, rebuilt_step(plan, lambda a: step_time(a, Overlap())),
-                                               bw=bubble_wait(st)))
+        again = rebuilt_step(plan, lambda a: step_time(a, Overlap()))
+        lap("verdict", lambda: network_verdict(plan, st, again, bw=bubble_wait(st)) + bubble_hint(plan, st, again))
         lap("critical path", st.critical_path)
         lap("links", lambda: (timings(st), concurrency(st), edge_loads(plan, st)))
     t["command"] = sum(v for k, v in t.items() if k in COMMAND)

@@ -143,6 +143,15 @@ class Plan:
     def pp(self) -> int:
         return len(self.stages)
 
+    def axis_degrees(self) -> dict[str, int]:
+        """The config's mesh axes (its names, or its Megatron degrees' keys, in its order) with
+        their resolved degrees (ep and etp as the mesh re-factors them); the one home of the
+        fix line's and the bubble hint's re-planned meshes (:mod:`meshplan.plan_fix`,
+        :mod:`meshplan.schedule.bubble_hint`)."""
+        spec, mesh = self.spec, self.mesh
+        names = spec.names if spec.names is not None else list((spec.degrees or {}))
+        return {n: (mesh.ep if n == "ep" else mesh.etp if n == "etp" else mesh.degree(n)) for n in names}
+
     @property
     def schedule_runs(self) -> int:
         """Pipeline schedules per step (``training.pp_schedule_runs`` with pp > 1, else 1)."""

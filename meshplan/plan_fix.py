@@ -34,10 +34,9 @@ _DATA = ("dp_shard", "dp")
 
 
 def _degrees(plan: Plan) -> dict[str, int]:
-    """The config's mesh axes (its names, in its order) with their resolved degrees."""
-    spec, mesh = plan.spec, plan.mesh
-    names = spec.names if spec.names is not None else list((spec.degrees or {}))
-    return {n: (mesh.ep if n == "ep" else mesh.etp if n == "etp" else mesh.degree(n)) for n in names}
+    """The config's mesh axes (its names, in its order) with their resolved degrees
+    (:meth:`meshplan.plan.Plan.axis_degrees`)."""
+    return plan.axis_degrees()
 
 
 def _mesh(plan: Plan, degrees: dict[str, int]):

@@ -29,6 +29,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
+from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
@@ -78,7 +79,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
     the blocks (--json host_wait_s), and where that is 15% of the step or more a 'hint:' line the step
-    re-planned with training.torch_compile = true. A mesh that does not fit exits 1 with its reasons after one
+    re-planned with training.torch_compile = true. Where the critical stage idles in the pipeline bubble 15% of the
+    step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
+    micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
+    the fastest 3 that fit with a shorter step, each with its step, its change and its bubble; nothing when none
+    helps. A mesh that does not fit exits 1 with its reasons after one
     line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
     (the catalog's, or --kernels files laid over it)."""
 
@@ -118,9 +123,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
 
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
+    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again)
+    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
     for line in verdict:
         _echo(line)
     path = st.critical_path()

@@ -28,9 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.comm_times import comm_kind, shard_group
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
+from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
 from meshplan.units import GB, GiB, counted
 
@@ -208,27 +210,35 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
 class Replanned:
     """One knob's re-plan (:func:`rebuilt_step`): ``text``, the verdict's phrase for it;
     ``step_s``, the predicted step (seconds), None where the plan is infeasible or does not fit;
-    ``peak_bytes``, its memory timeline's peak (0 where infeasible)."""
+    ``peak_bytes``, its memory timeline's peak (0 where infeasible); ``step``, the predicted
+    :class:`~meshplan.schedule.step_summary.StepTime` where it fits (its parts: the bubble hint's
+    bubble after), else None."""
 
     text: str
     step_s: Optional[float] = None
     peak_bytes: float = 0.0
+    step: Optional[object] = None
 
 
-def rebuilt_step(plan: Plan, step_fn: Callable) -> Callable[[dict], Replanned]:
-    """``alternatives`` for :func:`network_verdict`: rebuild ``plan`` with the training fields
-    changed and predict its step with ``step_fn(plan)``, or give the memory reason."""
+def rebuilt_step(plan: Plan, step_fn: Callable) -> Callable[..., Replanned]:
+    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints): rebuild
+    ``plan`` with the ``training`` fields ``update`` changed (and, given, its mesh spec replaced
+    by ``mesh``) and predict its step with ``step_fn(plan)``, or give the reason it has none:
+    the memory reason, the mesh's infeasibility reasons, or the config error a knob brings."""
 
-    def run(update: dict) -> Replanned:
+    def run(update: dict, mesh: Optional[MeshSpec] = None) -> Replanned:
         cfg = plan.config
-        alt = build_plan(replace(cfg, training=cfg.training.model_copy(update=update)))
+        try:
+            alt = build_plan(replace(cfg, training=cfg.training.model_copy(update=update), mesh=mesh or cfg.mesh))
+        except (ConfigError, ValueError) as e:  # a knob's mesh the rules refuse (a schedule's chunks, its framework)
+            return Replanned(f"refused ({e})")
         if isinstance(alt, Infeasible):
             return Replanned("infeasible (" + "; ".join(alt.reasons) + ")")
         peak = alt.timeline.peak.total_bytes
         if not alt.feasible:
             return Replanned(f"does not fit (peak {peak / GiB:.1f} GiB > {alt.timeline.usable_bytes / GiB:.1f} GiB "
                              f"usable)", peak_bytes=peak)
-        step_s = step_fn(alt).step_s
-        return Replanned(f"step {step_s:.1f} s, peak {peak / GiB:.1f} GiB fits", step_s, peak)
+        st = step_fn(alt)
+        return Replanned(f"step {st.step_s:.1f} s, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
 
     return run

@@ -1,0 +1,166 @@
+"""The ``hint:`` line of a step whose critical stage idles in the pipeline bubble: when that idle
+(:meth:`~meshplan.schedule.step_summary.StepTime.parts_s` ``bubble``, the step's parts line and
+the bubble line's ``is its idle, ... of the step``) holds :data:`~meshplan.schedule.verdict.HINT_SHARE`
+of the step or more, the config re-planned with the knobs that shrink a bubble (:func:`bubble_knobs`),
+those that fit memory with a shorter step listed, the fastest :data:`MAX_SHOWN` first, each with its
+step, its change against this step, its own bubble share and its peak; nothing when none helps.
+
+The knobs, each on its own, as a practitioner turns them (Narayanan et al. SC'21 2.2: the
+1F1B bubble ``(p - 1) / m`` over ``v`` chunks per rank and ``m`` micro-batches; Qi et al. 2023,
+arXiv 2401.10241: split backward):
+
+- interleaved virtual stages: ``mesh.virtual_stages`` 2 and 4 (above the config's) under
+  ``interleaved_1f1b`` (bubble ``(p - 1) / (v m)``), from 1F1B, GPipe or interleaved 1F1B;
+- more micro-batches at the same global batch: half ``training.micro_batch`` when it is > 1;
+- the zero-bubble schedules meshplan runs (:mod:`meshplan.pipeline.zb_h1`, :mod:`meshplan.pipeline.zbv`, and
+  :mod:`meshplan.pipeline.dualpipev`, whose bubble run without DeepSeek's overlap is ZB-V's ``(p - 1) / (6 m)``)
+  under framework torch (Megatron-LM runs neither: :func:`meshplan.pipeline.registry.check_framework`),
+  a schedule whose runtime is known to run this plan differently (its
+  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V with FSDP2 over a data axis) left out;
+- fewer stages on the same world: pp / 2 with the freed factor on the data axis (its per-stage
+  layer split merged pairwise), which halves the micro-batches per stage as well.
+
+Where the layers, the schedule's micro-batch rule or memory refuse a knob, its re-plan does not
+resolve or fit, and it is not listed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable, Optional
+
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.plan import Plan
+from meshplan.schedule.verdict import HINT_SHARE, Replanned
+from meshplan.spec.mesh import MeshSpec, Schedule
+from meshplan.units import GiB, counted
+
+#: Re-plans shown at most on the line (the fastest first).
+MAX_SHOWN = 3
+#: Data axes that take pp's freed factor, the first present in the config's mesh.
+_DATA = ("dp_shard", "dp", "dp_replicate")
+
+#: A knob: (its words, the ``training`` update, the new mesh spec or None for the config's).
+Knob = tuple[str, dict, Optional[MeshSpec]]
+
+
+def bubble_share(st) -> float:
+    """The critical stage's pipeline idle as a share of the step (``parts_s()["bubble"] / step_s``;
+    0 without a pipeline)."""
+    return st.parts_s().get("bubble", 0.0) / st.step_s if st.pipeline.spec.p > 1 else 0.0
+
+
+def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[str]:
+    """``hint:`` line for ``st`` (the :class:`~meshplan.schedule.step_summary.StepTime` of
+    ``plan``) whose critical stage idles :data:`HINT_SHARE` of the step or more in the pipeline
+    bubble: each of :func:`bubble_knobs` re-planned by ``alternatives(update, mesh)``
+    (:func:`~meshplan.schedule.verdict.rebuilt_step`), those that fit with a shorter step, the
+    fastest :data:`MAX_SHOWN`; none otherwise, when none helps, or without ``alternatives``.
+    examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (1F1B, pp 16, 16 micro-batches): stage
+    0 idles 50.3% of a 13.78 s step (tests/test_step_bubble_hint.py)."""
+    share = bubble_share(st)
+    if alternatives is None or share < HINT_SHARE:
+        return []
+    found = []
+    for words, update, mesh in bubble_knobs(plan):
+        alt = alternatives(update, mesh)
+        if alt.step_s is not None and alt.step_s < st.step_s:
+            found.append((alt.step_s, words, alt))
+    if not found:
+        return []
+    found.sort(key=lambda f: round(f[0], 6))  # stable: steps within a microsecond (ZB-V, DualPipeV) in knob order
+    items = [f"{words} (step {s:.2f} s, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
+             f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found[:MAX_SHOWN]]
+    p, idle = st.pipeline.spec, st.parts_s()["bubble"]
+    head = (f"hint: the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
+            f"{st.step_s:.2f} s; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
+    return [f"{head}: shorter with " + "; ".join(items)]
+
+
+def bubble_knobs(plan: Plan) -> list[Knob]:
+    """The knobs of the module docstring for ``plan`` (pp > 1; none at pp 1), in its order."""
+    if plan.pp < 2:
+        return []
+    return _interleaved(plan) + _micro_batch(plan) + _zero_bubble(plan) + _fewer_stages(plan)
+
+
+def _per_stage(plan: Plan) -> Optional[list[int]]:
+    """The config's ``pp_layer_split`` as layers per stage (None where it gives none: even stages)."""
+    if plan.spec.pp_layer_split is None:
+        return None
+    return [sum(len(c) for c in chunks) for chunks in plan.stages]
+
+
+def _split_words(plan: Plan) -> str:
+    """``, mesh.pp_layer_split [..]`` where :func:`_per_stage` rewrites the config's split (given
+    per virtual stage), else empty."""
+    split = _per_stage(plan)
+    return "" if split == plan.spec.pp_layer_split else f", mesh.pp_layer_split {split}"
+
+
+def _pipeline(plan: Plan, schedule: Schedule, v: int) -> MeshSpec:
+    """The config's mesh spec under ``schedule`` with ``v`` chunks per rank (its split per stage)."""
+    return plan.spec.model_copy(update={"pp_schedule": schedule, "virtual_stages": v,
+                                        "layers_per_virtual_stage": None, "pp_layer_split": _per_stage(plan)})
+
+
+def _interleaved(plan: Plan) -> list[Knob]:
+    sched = plan.spec.pp_schedule
+    if sched not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B):
+        return []
+    named = "" if sched == Schedule.INTERLEAVED_1F1B else ', mesh.pp_schedule = "interleaved_1f1b"'
+    return [(f"mesh.virtual_stages = {v}{named}{_split_words(plan)}", {}, _pipeline(plan, Schedule.INTERLEAVED_1F1B, v))
+            for v in (2, 4) if v > plan.vpp]
+
+
+def _micro_batch(plan: Plan) -> list[Knob]:
+    mb = plan.config.training.micro_batch
+    if mb < 2:
+        return []
+    half = mb // 2 if mb % 2 == 0 else 1
+    return [(f"training.micro_batch = {half} ({counted(plan.micro_batches * mb // half, 'micro-batch')})",
+             {"micro_batch": half}, None)]
+
+
+def _zero_bubble(plan: Plan) -> list[Knob]:
+    t, mesh = plan.config.training, plan.mesh
+    if t.framework != "torch":
+        return []
+    fsdp2 = t.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    out: list[Knob] = []
+    for sched, v in ((Schedule.ZB_H1, 1), (Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)):
+        if sched == plan.spec.pp_schedule or get_schedule(sched).warnings(t.framework, plan.pp, fsdp2):
+            continue
+        chunks = "" if v == plan.vpp else f", mesh.virtual_stages = {v}"
+        out.append((f'mesh.pp_schedule = "{sched}"{chunks}{_split_words(plan)}', {}, _pipeline(plan, sched, v)))
+    return out
+
+
+def _fewer_stages(plan: Plan) -> list[Knob]:
+    """pp / 2 with the data axis (the first of :data:`_DATA` in the mesh, else a new ``dp_shard``
+    under FSDP or ``dp``, right inside pp) twice as large: the same world. An explicit
+    ``rank_to_gpu`` is the user's placement and is not re-planned."""
+    if plan.pp % 2 or plan.spec.rank_to_gpu is not None:
+        return []
+    deg = plan.axis_degrees()
+    data = next((n for n in _DATA if n in deg), None)
+    if data is None and plan.spec.names is None:  # Megatron's order string names every axis: none added
+        return []
+    if data is None:  # a new data axis right inside pp (outermost after it, as DeviceMesh orders dp)
+        data = "dp_shard" if plan.config.training.sharding in ("zero3", "hsdp") else "dp"
+        deg = {n: d for k, v in deg.items() for n, d in ((k, v), (data, 1))[:1 + (k == "pp")]}
+    pp, split = plan.pp // 2, _per_stage(plan)
+    deg = deg | {"pp": pp, data: deg[data] * 2}
+    merged = None if split is None or pp == 1 else [a + b for a, b in zip(split[::2], split[1::2])]
+    update: dict = {"pp_layer_split": merged}
+    if pp == 1:
+        update |= {"virtual_stages": 1, "layers_per_virtual_stage": None}
+    # the config's own spec, its degrees replaced (not plan_fix's _mesh, which turns SP on with tp > 1)
+    axes = {"names": list(deg), "shape": list(deg.values())} if plan.spec.names is not None else {"degrees": deg}
+    spec = plan.spec.model_copy(update=axes | update)
+    field = f"mesh.shape {spec.shape}" if spec.names is not None else f"mesh.degrees {spec.degrees}"
+    if spec.names is not None and spec.names != plan.spec.names:  # a data axis added
+        field = f"mesh.names {json.dumps(spec.names)}, {field}"
+    split_words = f", mesh.pp_layer_split {spec.pp_layer_split}" if spec.pp_layer_split else ""
+    words = f"pp {pp} x {data} {deg[data]} ({field}{split_words})"
+    return [(words, {}, spec)]
