@@ -25,7 +25,8 @@ from meshplan.placement.assign import axis_locality, place, placement_flags
 from meshplan.placement.choice import choose_placement, fill, weak_bytes, weights_from_plan
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
-from meshplan.placement.topology import load_topology, node_from_topology
+from meshplan.placement.topology import load_topology
+from meshplan.placement.topology_node import node_from_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "data" / "topo"

@@ -2,7 +2,8 @@
 choice of a better rank -> GPU permutation (:mod:`.choice`) and its explanations
 (:mod:`.explain`), per-rank launcher bindings (:mod:`.bindings`), multi-node torchrun, Slurm and
 bindings scripts (:mod:`.launch`), and the readers of
-``nvidia-smi topo -m`` / NCCL topology XML (:mod:`.topology`) and CPU sets (:mod:`.cpus`).
+``nvidia-smi topo -m`` / NCCL topology XML (:mod:`.topology`; the node they give:
+:mod:`.topology_node`) and CPU sets (:mod:`.cpus`).
 """
 
-__all__ = ["assign", "bindings", "choice", "cpus", "explain", "launch", "topology"]
+__all__ = ["assign", "bindings", "choice", "cpus", "explain", "launch", "topology", "topology_node"]
