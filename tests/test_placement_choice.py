@@ -21,7 +21,8 @@ from meshplan.placement.bindings import all_bindings, bindings, launch_mode, to_
 from meshplan.catalog import node, system
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import resolve_mesh
-from meshplan.placement.assign import axis_locality, place, placement_flags
+from meshplan.placement.assign import axis_locality, place
+from meshplan.placement.flags import placement_flags
 from meshplan.placement.choice import choose_placement, fill, weak_bytes, weights_from_plan
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
