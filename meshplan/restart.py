@@ -60,9 +60,10 @@ from typing import Any, Callable, Optional, Union
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.spec import mesh_words
 # PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
-from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
-                                   axes_at, degree_rule, engine_rules, kind_passed, kind_ranked, pipeline_rule,
-                                   pipelines, plan_evaluator, rank, same_kind, splits)
+from meshplan.restart_degrees import (DegreeRule, PipelineRule, axes_at, degree_rule, engine_rules,  # noqa: F401
+                                      pipeline_rule, pipelines, splits)
+from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, bounded, kind_passed, kind_ranked,  # noqa: F401
+                                   plan_evaluator, rank, same_kind)
 from meshplan.restart_text import (KIND_REFUSED, axis_moves, batch_notes, changer_refusal, checkpoint_engine,  # noqa: F401
                                    kind_notes, pipeline_note, result_notes, state_notes)
 from meshplan.spec.mesh import MeshSpec
