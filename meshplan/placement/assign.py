@@ -311,9 +311,11 @@ def axis_locality(mesh: Mesh, placement: Placement) -> dict[str, GroupLocality]:
     _check_world(mesh, placement)
     return {a: group_locality(placement, mesh.groups(a)) for a in mesh.all_axes()}
 
+
 def _check_world(mesh: Mesh, placement: Placement) -> None:
     if mesh.world != placement.world:
         raise ConfigError("mesh", f"mesh has {mesh.world} ranks but the placement {placement.world}; place mesh.world ranks")
+
 
 def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
     """Per group (n_groups,): every NVLink domain the group touches holds members on the same

@@ -30,6 +30,7 @@ class Flag:
     severity: str
     message: str
 
+
 def _fmt_group(ranks) -> str:
     """``[1,3,5]``; groups over 8 ranks as ``[0,8,16,...,120] (16 ranks)``."""
     r = [int(x) for x in ranks]

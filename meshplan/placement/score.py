@@ -53,6 +53,7 @@ def weights_from_plan(plan) -> dict[str, float]:
             out[axis] = max(out.get(axis, 0.0), w)
     return out
 
+
 @dataclass(frozen=True)
 class AxisCost:
     """Weak-path traffic of one axis, all its groups together. Hops are ring hops: NCCL
