@@ -22,7 +22,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 
 if TYPE_CHECKING:
-    from meshplan.restart import Proposal
+    from meshplan.restart_meshes import Proposal
 
 #: Meshes of the configured tp and cp keeping the global batch tried at most (:func:`bounded`: those
 #: of the highest ideal throughput), and of those planned feasible at most (:func:`rank`, in that
@@ -166,7 +166,7 @@ def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Propos
 
 def kind_ranked(ranked: list[Proposal], kind: list[Proposal], evaluate: Optional[Evaluator],
                 mesh) -> tuple[list[Proposal], list[tuple[str, int]]]:
-    """(``ranked`` with the job's kind's meshes (``kind``: :func:`meshplan.restart._candidates`)
+    """(``ranked`` with the job's kind's meshes (``kind``: :func:`meshplan.restart_meshes.candidates`)
     planned where :data:`PLANNED` left them out, in :func:`rank`'s order, then :func:`kind_first`'s;
     the kind's meshes whose plan failed, as (text, GPUs): :func:`~meshplan.restart_text.kind_refusal`)."""
     if evaluate is None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 from meshplan.units import counted
 
 if TYPE_CHECKING:
-    from meshplan.restart import Proposal
+    from meshplan.restart_meshes import Proposal
 
 #: The step-time model's stated uncertainty: issue 11's accuracy goal, predicted step time
 #: within 5% of the measured on average. A restart mesh that plans more tokens/s than the
