@@ -40,7 +40,8 @@ from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.validity import check
 from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.placement.assign import Flag, Placement, place, placement_flags
+from meshplan.placement.assign import Placement, place
+from meshplan.placement.flags import Flag, placement_flags
 from meshplan.plan_checks import check_runnable
 from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Optional
 from meshplan.units import counted
 
 if TYPE_CHECKING:
-    from meshplan.restart import Proposal
+    from meshplan.restart_meshes import Proposal
 
 #: The step-time model's stated uncertainty: issue 11's accuracy goal, predicted step time
 #: within 5% of the measured on average. A restart mesh that plans more tokens/s than the
@@ -288,7 +288,7 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words:
 
 def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     """What a restart at another pp runs: the layers per stage before and after (``rule``: the
-    :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
+    :class:`~meshplan.restart_degrees.PipelineRule`, its configured pp and split, None: even),
     the schedule and vpp kept (from pp 1, which ran no schedule, no schedule named); at pp 1, no
     pipeline. ``splits``: the mesh's planned splits,
     fastest first (:func:`~meshplan.restart_rank.rank`), each named with its tokens/s where

@@ -20,7 +20,7 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.validity import check
-from meshplan.placement.choice import DEFAULT_WEIGHTS
+from meshplan.placement.score import DEFAULT_WEIGHTS
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.search.estimate import estimate

@@ -14,8 +14,8 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import resolve_mesh
-from meshplan.placement.assign import (axis_locality, core_table, group_locality, place, placement_flags,
-                                rank_row)
+from meshplan.placement.assign import axis_locality, core_table, group_locality, place, rank_row
+from meshplan.placement.flags import placement_flags
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
 

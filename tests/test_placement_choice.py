@@ -1,6 +1,6 @@
 """Placement choice and per-rank bindings, with values worked out by hand.
 
-Score model (meshplan.placement.choice.AxisCost): a group spread over k > 1 NVLink domains
+Score model (meshplan.placement.score.AxisCost): a group spread over k > 1 NVLink domains
 has k ring hops between domains, each carrying the axis weight w; hops of a group whose
 nodes use different rails are counted again as spine hops; socket hops only on PCIe-only
 nodes or for a NIC on the other socket. Default weights: tp 1e5, cp 1e4, ep 1e3,
@@ -21,11 +21,14 @@ from meshplan.placement.bindings import all_bindings, bindings, launch_mode, to_
 from meshplan.catalog import node, system
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import resolve_mesh
-from meshplan.placement.assign import axis_locality, place, placement_flags
-from meshplan.placement.choice import choose_placement, fill, weak_bytes, weights_from_plan
+from meshplan.placement.assign import axis_locality, place
+from meshplan.placement.flags import placement_flags
+from meshplan.placement.choice import choose_placement, fill
+from meshplan.placement.score import weak_bytes, weights_from_plan
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
-from meshplan.placement.topology import load_topology, node_from_topology
+from meshplan.placement.topology import load_topology
+from meshplan.placement.topology_node import node_from_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "data" / "topo"

@@ -430,15 +430,16 @@ def test_restart_candidates_are_bounded(monkeypatch):
     (degree_rule: tp 1, 2, 4, 8 split the 128 heads and the 18432-wide dense MLP and divide the
     node's 8 GPUs, cp 1 or twice it, 4096 % 4 == 0): 8 pairs, each other pair adds its one mesh
     of the highest ideal throughput with its splits: 16 + 7 meshes tried."""
-    from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, _Where, degree_rule, pipeline_rule, pipelines
+    from meshplan.restart import KEEPERS, PLANNED, TRIED, degree_rule, pipeline_rule, pipelines
+    from meshplan.restart_meshes import Where, candidates
     from meshplan.restart_rank import variants
     plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     rule = pipeline_rule(plan)
     assert len(pipelines(plan.mesh, 2040, rule)) == 114 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
     t = plan.config.training
     why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
-    w = _Where(plan.mesh, 2040, 15360, 1, why)
-    keepers = _candidates(w, rule)[0]
+    w = Where(plan.mesh, 2040, 15360, 1, why)
+    keepers = candidates(w, rule)[0]
     meshes = variants(keepers)
     assert len(meshes) == TRIED and len(keepers) <= 3 * TRIED
     assert [(g[0].pp, g[0].dp, len(g)) for g in meshes[:5]] == [(1, 1920, 1), (2, 960, 2), (3, 640, 2), (31, 64, 2),
@@ -446,14 +447,14 @@ def test_restart_candidates_are_bounded(monkeypatch):
     assert (16, 64) not in [(p.pp, p.dp) for p in keepers]
     pairs = degree_rule(plan).pairs
     assert pairs == ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2))
-    tried = _candidates(w, rule, pairs)[0]
+    tried = candidates(w, rule, pairs)[0]
     assert len(variants(tried)) == TRIED + len(pairs) - 1 and tried[:len(keepers)] == keepers
     assert [(g[0].tp_cp, g[0].pp, g[0].dp, g[0].gpus, len(g)) for g in variants(tried[len(keepers):])] == [
         ((1, 2), 1, 960, 1920, 1), ((2, 1), 1, 960, 1920, 1), ((2, 2), 31, 16, 1984, 2), ((4, 1), 31, 16, 1984, 2),
         ((4, 2), 31, 8, 1984, 2), ((8, 1), 31, 8, 1984, 2), ((8, 2), 31, 4, 1984, 2)]
     import meshplan.restart_rank
     monkeypatch.setattr(meshplan.restart_rank, "TRIED", 1000)
-    every = variants(_candidates(w, rule)[0])
+    every = variants(candidates(w, rule)[0])
     per_pp = [sum(g[0].pp == pp for g in every) for pp in range(1, 32)]
     assert len(every) == 63 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 16
 

@@ -26,7 +26,8 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError, printable
 from meshplan.placement.assign import place
 from meshplan.placement.bindings import to_sh, write_bindings
-from meshplan.placement.topology import node_from_topology, parse_nccl_topo_xml
+from meshplan.placement.topology import parse_nccl_topo_xml
+from meshplan.placement.topology_node import node_from_topology
 from meshplan.spec.cluster import NICSpec
 from meshplan.spec.names import check_name
 

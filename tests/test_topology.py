@@ -23,8 +23,8 @@ import pytest
 from meshplan.catalog import node
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import NodeSpec
-from meshplan.placement.topology import (check_identity_nic_map, load_topology, node_from_topology,
-                               parse_nccl_topo_xml, parse_nvidia_smi_topo)
+from meshplan.placement.topology import load_topology, parse_nccl_topo_xml, parse_nvidia_smi_topo
+from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology
 
 DATA = Path(__file__).parent / "data" / "topo"
 DGX_NICS = ["mlx5_0", "mlx5_3", "mlx5_4", "mlx5_5", "mlx5_6", "mlx5_9", "mlx5_10", "mlx5_11"]
@@ -155,7 +155,7 @@ def test_nic_names_with_long_digit_runs_sort_without_int():
     """NICs named in the topology but not in the base node are sorted naturally (mlx5_9 before
     mlx5_10) without int() of their digit runs: a 5,000-digit run raised ValueError (Python's
     4,300-digit limit), found by benchmarks/fuzz.py."""
-    from meshplan.placement.topology import _natural
+    from meshplan.placement.topology_node import _natural
     names = ["mlx5_10", "mlx5_9", "mlx5_" + "1" + "0" * 5000, "mlx5_009"]
     assert sorted(names, key=_natural) == ["mlx5_009", "mlx5_9", "mlx5_10", names[2]]
 

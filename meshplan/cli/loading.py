@@ -21,7 +21,8 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
-from meshplan.placement.topology import check_identity_nic_map, load_topology, node_from_topology
+from meshplan.placement.topology import load_topology
+from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology
 from meshplan.plan import Infeasible, Plan, build_plan
 
 

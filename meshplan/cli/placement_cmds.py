@@ -27,7 +27,8 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import LAUNCH_VISIBLE, bindings, write_bindings
-from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
+from meshplan.placement.choice import choose_placement, for_command
+from meshplan.placement.score import weights_from_plan
 from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
 from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc

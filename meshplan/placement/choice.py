@@ -7,8 +7,8 @@ uses a NIC under its own PCIe switch. The rule is conditional (seed, knowledge c
 assumes NVLink faster than the NICs, enough local GPUs for the tensor degree, and no other
 fabric hierarchy. :func:`choose_placement` builds candidates constructively (fill the fast
 domain innermost-first with the heaviest axes, splitting the axis that straddles it), scores
-each by :func:`weak_bytes` on the placement it gives (:func:`meshplan.placement.assign.place`) and
-explains the result (:mod:`meshplan.placement.explain`).
+each by :func:`~meshplan.placement.score.weak_bytes` on the placement it gives
+(:func:`meshplan.placement.assign.place`) and explains the result (:mod:`meshplan.placement.explain`).
 
 Worked example (the seed's 8 x 8 cluster, mesh given in the bad order, tp outermost):
 
@@ -32,154 +32,17 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.placement.assign import (
-    Placement,
-    distinct,
-    group_locality,
-    place,
-    same_rails,
-)
+from meshplan.placement.assign import Placement, place
 from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.placement.explain import choose_hint, explain
-from meshplan.spec.axes.registry import AXES, placement_weights
+from meshplan.placement.score import Score, default_weights, scored_axes, weak_bytes
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.search import TIE
 
-#: Relative weights (not bytes) when no collective table is given, each axis's own
-#: (:attr:`~meshplan.spec.axes.base.AxisDef.weights`): the seed's frequency order tp > cp > ep >
-#: dp_shard > dp_replicate > pp, each ten times the next; sp sits with cp, etp with tp, efsdp
-#: with dp_shard, a plain dp axis with dp_replicate.
-DEFAULT_WEIGHTS = placement_weights()
-#: The expert mesh's axes: the expert axes' own and the derived ones they bring (efsdp).
-_EXPERT = tuple(k for a in AXES.values() if a.expert for k in a.weights)
 #: Fill orders tried exhaustively up to this many non-trivial axes (5! = 120 candidates).
 MAX_PERMUTED_AXES = 5
-
-
-def weights_from_table(rows: Iterable) -> dict[str, float]:
-    """Bytes one rank sends per step on each axis: sum of ``sent_bytes_per_step`` (size x
-    busbw factor x calls per step) over :class:`~meshplan.comm.row.CollectiveRow`
-    rows, keyed by the row's axis name (the traffic unit of ``step`` and ``compare``)."""
-    out: dict[str, float] = {}
-    for r in rows:
-        out[r.axis] = out.get(r.axis, 0.0) + float(r.sent_bytes_per_step)
-    return out
-
-
-def weights_from_plan(plan) -> dict[str, float]:
-    """:func:`weights_from_table` of each stage table of ``plan.collectives``, the largest
-    value per axis (the busiest stage role); empty when the plan has no table."""
-    out: dict[str, float] = {}
-    for rows in plan.collectives.values():
-        for axis, w in weights_from_table(rows).items():
-            out[axis] = max(out.get(axis, 0.0), w)
-    return out
-
-
-# --------------------------------------------------------------------------- score
-
-
-@dataclass(frozen=True)
-class AxisCost:
-    """Weak-path traffic of one axis, all its groups together. Hops are ring hops: NCCL
-    orders a ring domain by domain, so a group spread over k NVLink domains has k hops
-    between domains (none when k = 1), each carrying about one buffer S per collective
-    ((n-1)/n S for all-gather and reduce-scatter, 2(n-1)/n S for all-reduce; S is counted).
-    ``spine_hops``: those hops of groups whose domains do not all use the same rails (a hop
-    between rails goes through the spine; counted for every hop of such a group, an upper
-    bound). ``socket_hops``: hops across the CPU link: between socket blocks of one node
-    when the GPU fabric is no faster than PCIe, plus each member's share (k/n) of its
-    group's network hops when its NIC sits on the other socket."""
-
-    axis: str
-    weight: float
-    network_hops: int
-    spine_hops: int
-    socket_hops: float
-
-    @property
-    def network_bytes(self) -> float:
-        return self.weight * self.network_hops
-
-    @property
-    def spine_bytes(self) -> float:
-        return self.weight * self.spine_hops
-
-    @property
-    def socket_bytes(self) -> float:
-        return self.weight * self.socket_hops
-
-
-@dataclass(frozen=True)
-class Score:
-    """Weak-path bytes per step (in the weights' unit) of one placement, by axis."""
-
-    by_axis: dict[str, AxisCost]
-
-    @property
-    def network_bytes(self) -> float:
-        return float(sum(c.network_bytes for c in self.by_axis.values()))
-
-    @property
-    def spine_bytes(self) -> float:
-        return float(sum(c.spine_bytes for c in self.by_axis.values()))
-
-    @property
-    def socket_bytes(self) -> float:
-        return float(sum(c.socket_bytes for c in self.by_axis.values()))
-
-    @property
-    def total(self) -> float:
-        """network + spine + socket: a spine hop is counted on top of its network hop."""
-        return self.network_bytes + self.spine_bytes + self.socket_bytes
-
-
-def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> AxisCost:
-    loc = group_locality(p, groups)
-    k, n = loc.domains, groups.shape[1]
-    net = np.where(k > 1, k, 0)
-    spine = np.where(same_rails(p, groups), 0, net)
-    node = p.cluster.node
-    socket = 0.0
-    if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:
-        blocks = distinct(p.node[groups] * len(node.sockets) + p.socket[groups])
-        socket += float(np.where(loc.nodes > 1, blocks - loc.nodes, np.where(blocks > 1, blocks, 0)).sum())
-    if node.nics:
-        nic_socket = np.array([x.socket for x in node.nics] + [-1])[p.nic]
-        far = ((p.nic >= 0) & (nic_socket != p.socket))[groups].sum(axis=1)
-        socket += float((net * far / n).sum())
-    return AxisCost(axis, float(weight), int(net.sum()), int(spine.sum()), socket)
-
-
-def scored_axes(mesh: Mesh, weights: Mapping[str, float]) -> dict[str, float]:
-    """The weights that apply to ``mesh``: axes it has with degree > 1. Raises ConfigError
-    for a negative or non-numeric weight."""
-    known = set(mesh.all_axes()) | set(mesh.layout.names)
-    out = {}
-    for axis, w in weights.items():
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
-            raise ConfigError(f"weights.{axis}", f"{w!r} is not a byte count >= 0")
-        if axis in known and mesh.degree(axis) > 1:
-            out[axis] = float(w)
-    return out
-
-
-def weak_bytes(mesh: Mesh, placement: Placement, weights: Optional[Mapping[str, float]] = None) -> Score:
-    """Weak-path bytes per step of ``placement`` (see :class:`AxisCost`): for every weighted
-    axis, weight x (network hops, spine hops, socket hops). ``weights``: bytes per step per
-    rank by axis (:func:`weights_from_table`), default :func:`default_weights`."""
-    w = scored_axes(mesh, default_weights(mesh) if weights is None else weights)
-    return Score({a: _axis_cost(a, x, mesh.groups(a), placement) for a, x in w.items()})
-
-
-def default_weights(mesh: Mesh) -> dict[str, float]:
-    """:data:`DEFAULT_WEIGHTS` for the mesh's own axes and its expert axes (derived axes
-    such as HSDP's dp only split the batch; their traffic runs on their parts)."""
-    own = set(mesh.layout.names) | (set(_EXPERT) if mesh.ep * mesh.etp > 1 else set())
-    return {a: w for a, w in DEFAULT_WEIGHTS.items() if a in own and mesh.degree(a) > 1}
 
 
 # --------------------------------------------------------------------------- candidates
@@ -358,8 +221,8 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     by the model, and the given placement is kept when no candidate beats it by that much
     (tensor groups leave the fast domain only for a gain the model can tell).
 
-    ``weights``: bytes per step per rank by axis (:func:`weights_from_table`), default the
-    frequency order :data:`DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
+    ``weights``: bytes per step per rank by axis (:func:`~meshplan.placement.score.weights_from_table`),
+    default the frequency order :data:`~meshplan.placement.score.DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
     ``schedule``, ``vpp``: the pipeline schedule and chunks per rank (the explanation's pp line).
     ``rank_to_gpu``: the placement to compare with
     and keep on a tie (default node-major); ``search=False`` only scores and explains it.

@@ -16,7 +16,7 @@ import numpy as np
 
 from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.pipeline.registry import get
-from meshplan.placement.topology import check_identity_nic_map
+from meshplan.placement.topology_node import check_identity_nic_map
 from meshplan.spec.search import TIE
 from meshplan.units import traffic_gb
 

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 
 from meshplan import __version__
 from meshplan.mesh.tpsplit import model_groups
-from meshplan.placement.choice import weights_from_table
+from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.schedule.linkload import concurrency, edge_loads, timings

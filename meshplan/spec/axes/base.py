@@ -221,7 +221,7 @@ class AxisDef:
     no timeline has them in the table, not in the step); ``search``: its search column
     (None: not searched); ``weights``: placement weights
     (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
-    collective table is given (:mod:`meshplan.placement.choice`).
+    collective table is given (:mod:`meshplan.placement.score`).
     """
 
     doc: str

@@ -1,0 +1,179 @@
+"""The :class:`~meshplan.spec.cluster.NodeSpec` a read topology gives (:func:`node_from_topology`:
+its sockets and NICs from a :class:`~meshplan.placement.topology.TopoMatrix`), and the check of
+the index NIC map GPU k -> NIC k against it (:func:`check_identity_nic_map`).
+
+NIC affinity is a property of the PCIe tree, not of indices (NVIDIA/nccl issue 1405: GPUs
+0-3 share a switch with NICs 1, 3, 4, 5). A GPU's NICs are those at its closest level when
+that is ``PIX`` or ``PXB`` (same switch); ``NODE``/``PHB``: same socket, other switch;
+``SYS``: other socket. :meth:`NodeSpec.nic_of` round-robins a switch's GPUs over its NICs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+from pydantic import ValidationError
+
+from meshplan.errors import ConfigError
+from meshplan.limits import bound_message
+from meshplan.placement.cpus import physical_cores
+from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix
+from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
+
+
+def _sockets(topo: TopoMatrix, base: NodeSpec, threads_per_core) -> tuple[list[SocketSpec], dict, list[int]]:
+    """Sockets (one per NUMA node holding a GPU, or a NIC when the XML says so) ordered by
+    NUMA id (or first CPU), the map NUMA key -> socket index, and each GPU's socket. A
+    socket without CPU affinity takes the base's core count when the socket counts agree."""
+    keys = [numa if numa is not None else cpus for numa, cpus in zip(topo.gpu_numa, topo.gpu_cpus)]
+    groups: dict = {}
+    for gpu, key, cpus in zip(topo.gpus, keys, topo.gpu_cpus):
+        groups.setdefault(key, ([], set()))[0].append(gpu)
+        groups[key][1].update(cpus)
+    for numa in topo.nic_numa:
+        if numa is not None and numa not in groups:
+            groups[numa] = ([], set(dict(topo.numa_cpus).get(numa, ())))
+    order = sorted(groups, key=lambda k: (0, k, ()) if isinstance(k, int) else (1, min(k, default=0), k))
+    cores = physical_cores([tuple(sorted(groups[k][1])) for k in order], threads_per_core)
+    same = len(base.sockets) == len(order)
+    cores = [c if c > 0 else (base.sockets[i].cores if same else 0) for i, c in enumerate(cores)]
+    if 0 in cores:
+        raise ConfigError(topo.source, f"NUMA node {order[cores.index(0)]} has no CPU affinity and {base.name} "
+                                       "has no matching socket; give a topology with CPU Affinity")
+    index = {k: i for i, k in enumerate(order)}
+    try:
+        sockets = [SocketSpec(gpus=sorted(groups[k][0]), cores=cores[i]) for i, k in enumerate(order)]
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(topo.source, f"topology gives an invalid socket: {bound_message(first) or first['msg']}") \
+            from None
+    return sockets, index, [index[k] for k in keys]
+
+
+def _nic_socket(topo: TopoMatrix, j: int, gpu_socket: list[int], index: dict) -> int:
+    """Socket of NIC j: its NUMA node (XML), else the socket of a GPU it is not SYS to,
+    else of a NIC it is not SYS to."""
+    if topo.nic_numa[j] is not None:
+        return index[topo.nic_numa[j]]
+    for k in [j] + [k for k, lvl in enumerate(topo.nic_nic[j]) if lvl not in ("SYS", "X")]:
+        near = [gpu_socket[i] for i in range(len(topo.gpus)) if topo.gpu_nic[i][k] != "SYS"]
+        if near:
+            return near[0]
+    raise ConfigError(topo.source, f"NIC {topo.nics[j]} is SYS to every GPU: its socket is unknown; "
+                                   "use NCCL's topology dump (NCCL_TOPO_DUMP_FILE), which names its NUMA node")
+
+
+def _chosen_nics(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]]) -> list[str]:
+    if nics is not None:
+        unknown = [n for n in nics if n not in topo.nics]
+        if unknown:
+            raise ConfigError("nics", f"{', '.join(unknown)} not in {topo.source} (has {', '.join(topo.nics)}); "
+                                      "name NICs the topology lists")
+        return list(nics)
+    if base.nics and all(n.name in topo.nics for n in base.nics):
+        return [n.name for n in base.nics]
+    return sorted(topo.nics, key=_natural)
+
+
+def _natural(name: str) -> list:
+    """Sort key: ``name``'s digit runs compared as numbers (by length without leading zeros, then
+    digits: no int() of an unbounded run), the text between them as text. ``re.split`` with a
+    group alternates text and digits, so every position compares like with like.
+
+    >>> sorted(["mlx5_10", "mlx5_9", "mlx5_1" + "0" * 5000], key=_natural)[:2]
+    ['mlx5_9', 'mlx5_10']
+    """
+    return [(len(t.lstrip("0")), t.lstrip("0"), t) if i % 2 else t for i, t in enumerate(re.split(r"([0-9]+)", name))]
+
+
+def _nic_rate(topo: TopoMatrix, base: NodeSpec, name: str) -> float:
+    """The XML's speed, else the base NIC of that name's rate, else the base's first NIC's."""
+    same = [n for n in base.nics if n.name == name] or list(base.nics)
+    speed = topo.nic_speed_gbit_per_s[topo.nics.index(name)]
+    if speed or same:
+        return speed or same[0].rate_gbit_per_s
+    raise ConfigError("nics", f"no rate for {name}: {topo.source} gives none and {base.name} has no NIC; "
+                              "use the NCCL XML dump (it has speed=) or a base node with NICs")
+
+
+def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]] = None,
+                       threads_per_core: Optional[int] = None) -> NodeSpec:
+    """``base`` with sockets and NICs read from ``topo``; fabric, PCIe link, NVLink domain
+    and (unless the XML gives ``speed``) NIC rates stay those of ``base``.
+
+    - Sockets: one per NUMA node holding a GPU (or, from the XML, a NIC), with its GPUs
+      and its physical cores = logical CPUs of the affinity / threads per core (2 when the
+      list is two runs with the sibling offset, ``0-55,112-167`` -> 56; see
+      :func:`meshplan.placement.cpus.physical_cores`).
+    - NICs: ``nics`` when given; else the base's NIC names when the topology has them all
+      (so storage NICs drop out), else every NIC in natural name order. A NIC's ``gpus``
+      are the GPUs for which it is among the nearest NICs at level PIX or PXB (same PCIe
+      switch); ``rail``: the base's rails when the NICs are the base's, else the index.
+
+    Raises ConfigError when the GPU count differs from ``base`` or a NIC's socket or rate
+    cannot be told.
+    """
+    if sorted(topo.gpus) != list(range(base.gpus)):
+        raise ConfigError(topo.source, f"topology has GPUs {list(topo.gpus)} but {base.name} has {base.gpus}; "
+                                       f"pick a base node with {len(topo.gpus)} GPUs")
+    sockets, index, gpu_socket = _sockets(topo, base, threads_per_core)
+    names = _chosen_nics(topo, base, nics)
+    cols = [topo.nics.index(n) for n in names]
+    under: dict[str, list[int]] = {n: [] for n in names}
+    for i, gpu in enumerate(topo.gpus):
+        levels = [topo.gpu_nic[i][j] for j in cols]
+        best = min(levels, key=LEVELS.index, default="SYS")
+        if best in SAME_SWITCH:
+            for n, lvl in zip(names, levels):
+                if lvl == best:
+                    under[n].append(gpu)
+    rails = {n.name: n.rail for n in base.nics} if [n.name for n in base.nics] == names else {}
+    try:
+        specs = [NICSpec(name=n, rate_gbit_per_s=_nic_rate(topo, base, n), gpus=sorted(under[n]),
+                         socket=_nic_socket(topo, j, gpu_socket, index), rail=rails.get(n, k))
+                 for k, (n, j) in enumerate(zip(names, cols))]
+        return NodeSpec(
+            name=base.name, gpus=base.gpus, fabric=base.fabric, pcie=base.pcie, sockets=sockets, nics=specs,
+            nvlink_domain_gpus=base.nvlink_domain_gpus,
+            source=f"sockets and NICs from {topo.source}; fabric, PCIe and NIC rates from {base.name}")
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        why = bound_message(first) or first["msg"].removeprefix("Value error, ")
+        raise ConfigError(topo.source, f"topology gives an invalid node ({where}: {why}); pass the unmodified "
+                                       "output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE") from None
+
+
+def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:
+    """(0, "same PCIe switch") / (1, "same socket, other switch") / (2, "other socket")."""
+    spec = node.nics[nic]
+    if gpu in spec.gpus:
+        return 0, "same PCIe switch"
+    if spec.socket == node.socket_of(gpu):
+        return 1, "same socket, other switch"
+    return 2, "other socket"
+
+
+def check_identity_nic_map(node: NodeSpec) -> list[str]:
+    """One line per GPU for which the index shortcut GPU k -> NIC k (k mod the NIC count,
+    as ``local_rank % n_nics`` launch scripts do) lands on a farther NIC than the topology's
+    (:meth:`NodeSpec.nic_of`). Empty when the shortcut is as good everywhere.
+
+    >>> from meshplan.catalog import node
+    >>> check_identity_nic_map(node("dgx-h100"))
+    []
+    >>> check_identity_nic_map(node("seed-8x8-2nic"))[0]
+    'GPU 1: index map gives nic1 (other socket) but the topology gives nic0 (same PCIe switch); bind GPU 1 to nic0'
+    """
+    out = []
+    for gpu in range(node.gpus):
+        real = node.nic_of(gpu)
+        if real is None:
+            continue
+        naive = gpu % len(node.nics)
+        (rn, rw), (nn, nw) = _closeness(node, gpu, real), _closeness(node, gpu, naive)
+        if nn > rn:
+            out.append(f"GPU {gpu}: index map gives {node.nics[naive].name} ({nw}) but the topology gives "
+                       f"{node.nics[real].name} ({rw}); bind GPU {gpu} to {node.nics[real].name}")
+    return out
