@@ -179,7 +179,7 @@ def _nic_lines(c, warn: list[str]) -> list[str]:
     ident = check_identity_nic_map(node)
     if ident:
         warn.append(f"GPU k is not under NIC k on {node.name} for {len(ident)} GPUs ({ident[0]}); the bindings use "
-                    f"NodeSpec.nic_of, not local_rank % {len(node.nics)} (topology.check_identity_nic_map)")
+                    f"NodeSpec.nic_of, not local_rank % {len(node.nics)} (topology_node.check_identity_nic_map)")
     if far:
         cost = c.after.socket_bytes
         warn.append(f"GPUs {far} have no NIC on their socket: their network traffic crosses the CPU link "
