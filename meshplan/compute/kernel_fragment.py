@@ -176,12 +176,13 @@ def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     framework's kernels too (``KernelData.first``: measured on the run's GPU); its ``[host]`` pace
     replaces the host pace, sourced ``your kernels file FILE``."""
     mine = frag.prefer if frag.attention else ()
-    pace = {} if frag.host_pace_s is None else dict(dtensor_tp_block_s=frag.host_pace_s,
-                                                      dtensor_tp_source=f"your kernels file {frag.path}")
-    return replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
-                   prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
-                   first=tuple(dict.fromkeys(mine + data.first)),
-                   source=f"{data.source}; overlaid by {frag.source}", **pace)
+    out = replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
+                  prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
+                  first=tuple(dict.fromkeys(mine + data.first)),
+                  source=f"{data.source}; overlaid by {frag.source}")
+    if frag.host_pace_s is None:
+        return out
+    return replace(out, dtensor_tp_block_s=frag.host_pace_s, dtensor_tp_source=f"your kernels file {frag.path}")
 
 
 def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -> tuple[KernelFile, list[str]]:
