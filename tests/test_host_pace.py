@@ -7,9 +7,12 @@ configs planned directly."""
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
+from meshplan.compute.kernel_fragment import with_kernel_files
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.host_hint import host_hint
@@ -72,3 +75,68 @@ def test_compare_itemises_the_host_wait_under_compute(tmp_path, capsys):
     assert code == 0
     assert ("  - of compute, waiting for the host to issue eager DTensor TP's blocks (kernels.toml [host]): "
             "mini_2x4_tp4-dp2 2219.7 ms, mini_2x4_tp2-dp4 43.0 ms (-2176.7 ms)") in out.splitlines()
+
+
+def _with_kernels(cfg, files):
+    """``cfg`` with kernels ``files`` laid over its GPU's data, as the CLI's loader does."""
+    gpu, _ = with_kernel_files(cfg.cluster.gpu, files)
+    return replace(cfg, cluster=cfg.cluster.model_copy(update={"gpu": gpu}))
+
+
+def _bounds(kernels=()):
+    """(candidates, the search's step-time lower bound of each, NaN where a rule rejects it) for
+    MINI's workload at pp 1, micro-batch 1 (``[search]`` narrowed), ``kernels`` files laid over."""
+    from meshplan.search.estimate import estimate
+    from meshplan.search.reasons import OK, first_reason
+    from meshplan.search.space import enumerate_candidates
+
+    data = tomllib.loads(MINI.read_text())
+    data["search"] = {"pp": [1], "micro_batch": [1], "recompute": ["none"], "sharding": ["zero3"]}
+    cfg = _with_kernels(config_from_dict(data, require_mesh=False), kernels)
+    c = enumerate_candidates(cfg)
+    code = first_reason(cfg, c)
+    return c, np.where(code == OK, estimate(cfg, c, code).step_lo, np.nan)
+
+
+PACE = (0.1, 0.2)  # s per block, forward and backward: far above any 8B block's kernels on an H100
+
+
+def test_one_override_reaches_the_search_bound_and_the_step(tmp_path, monkeypatch):
+    """The pace has one home (schedule.workload.dtensor_host_s), which the search's bound calls
+    through its module: a kernels file's [host] table and a patch of that function give the same
+    bound. At 0.1 + 0.2 s per block, a pp 1, tp > 1 candidate's step lasts at least
+    32 layers x (64 / dp_shard) micro-batches x 0.3 s (dp_shard 2 x tp 4: 307.2 s), its bound
+    and MINI's step alike; the tp 1 candidates (no DTensor TP) keep the catalog's bound."""
+    pace = tmp_path / "pace.toml"
+    pace.write_text('[gpu.h100-sxm5-80gb]\nsource = "test host"\n\n[host]\n'
+                    f"dtensor_tp_block_forward_s = {PACE[0]}\ndtensor_tp_block_backward_s = {PACE[1]}\n")
+    c, catalog = _bounds()
+    _, from_file = _bounds([pace])
+    monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s",
+                        lambda config, tp: PACE if tp > 1 else (0.0, 0.0))
+    _, patched = _bounds()
+    tp_on = c.tp > 1
+    assert tp_on.any() and (~tp_on).any() and np.isfinite(from_file[tp_on]).any()
+    np.testing.assert_array_equal(from_file, patched)
+    floor = 32 * (64 // c.dps) * sum(PACE)
+    ok = np.isfinite(patched) & tp_on
+    assert (patched[ok] >= floor[ok] * (1 - 1e-12)).all() and (catalog[ok] < floor[ok]).all()
+    np.testing.assert_array_equal(patched[~tp_on], catalog[~tp_on])
+    st = step_time(_plan())
+    assert st.units.w.dtensor_host_s == PACE and st.step_s >= 32 * 32 * sum(PACE) * (1 - 1e-12)
+    monkeypatch.undo()
+    st = step_time(build_plan(_with_kernels(config_from_dict(tomllib.loads(MINI.read_text())), [pace])))
+    assert st.units.w.dtensor_host_s == PACE and st.step_s >= 32 * 32 * sum(PACE) * (1 - 1e-12)
+    assert f"backward (your kernels file {pace})" in st.host_line()[0]
+
+
+def test_no_host_pace_fixture_reaches_the_search_bound(no_host_pace, monkeypatch):
+    """The conftest fixture patches the one home, so the bound drops the pace too: every tp > 1
+    candidate's bound at most the catalog pace's, and below it where the pace held it (MINI's
+    dp_shard 2 x tp 4 waits 2.2 s a step for the host); the tp 1 candidates' bounds unchanged."""
+    c, patched = _bounds()
+    monkeypatch.undo()
+    _, catalog = _bounds()
+    ok = np.isfinite(patched) & (c.tp > 1)
+    assert ok.any() and (patched[ok] <= catalog[ok]).all() and (patched[ok] < catalog[ok]).any()
+    np.testing.assert_array_equal(patched[c.tp == 1], catalog[c.tp == 1])

@@ -199,3 +199,51 @@ def test_fragment_attention_rows_go_before_the_frameworks_kernels(tmp_path):
     assert "FA2" in before and "SDPA" not in before
     gemm_only, _ = with_kernel_files(catalog.gpu(GPU), [_fragment(tmp_path)])
     assert attention_seconds(kernel_data(gemm_only), a, prefer=SDPA_KERNELS)[2] == before
+
+
+def _host_file(tmp_path, body: str, name="host.toml") -> Path:
+    """A kernels file for the config's GPU with a [host] table ``body`` (no GEMM points: the
+    [host] table alone is something to read)."""
+    path = tmp_path / name
+    path.write_text(f'[gpu.{GPU}]\nsource = "meshplan bench rank on test GPU"\n\n[host]\n{body}')
+    return path
+
+
+def test_host_table_replaces_the_catalog_pace_and_names_the_file(tmp_path, capsys):
+    """A [host] table (as `bench rank --kernels-out` writes it, grid.fragment_toml) replaces
+    kernels.toml's (4.65, 5.37) ms per block and keeps everything else the catalog's; the step's
+    host line names the file instead of M1. Under MINI (torch eager, tp 4) the pace sets the step."""
+    text = grid.fragment_toml(GPU, "meshplan bench rank on test GPU",
+                              host={"dtensor_tp_block_forward_s": 9.3e-3, "dtensor_tp_block_backward_s": 10.74e-3})
+    path = tmp_path / "host.toml"
+    path.write_text(text)
+    gpu, _ = with_kernel_files(catalog.gpu(GPU), [path])
+    data, base = kernel_data(gpu), catalog_kernel_data(GPU)
+    assert data.dtensor_tp_block_s == (9.3e-3, 10.74e-3) and base.dtensor_tp_block_s == (4.65e-3, 5.37e-3)
+    assert data.dtensor_tp_source == f"your kernels file {path}"
+    assert (data.gemm, data.attention, data.kernel_issue_s) == (base.gemm, base.attention, base.kernel_issue_s)
+    mini = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
+    assert run_main("step", mini, "--kernels", path) == 0
+    host = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("host:"))
+    assert f"issues a block in 9.30 ms forward, 10.74 ms backward (your kernels file {path})" in host
+    assert run_main("step", mini) == 0
+    host = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("host:"))
+    assert "4.65 ms forward, 5.37 ms backward (measured on the H200 machine's host, torch 2.11: kernels.toml [host], M1)" \
+        in host
+
+
+@pytest.mark.parametrize("body, field, says", [
+    ("dtensor_tp_block_forward_s = -4e-3\ndtensor_tp_block_backward_s = 5e-3\n", "host.dtensor_tp_block_forward_s",
+     "-0.004; must be a positive, finite number of seconds per transformer block"),
+    ("dtensor_tp_block_forward_s = 4e-3\ndtensor_tp_block_backward_s = nan\n", "host.dtensor_tp_block_backward_s",
+     "nan; must be a positive, finite"),
+    ("dtensor_tp_block_forward_s = 4e-3\ndtensor_tp_block_backward_s = \"5 ms\"\n", "host.dtensor_tp_block_backward_s",
+     "'5 ms'; must be a positive"),
+    ("dtensor_tp_block_forward_s = 4e-3\n", "host.dtensor_tp_block_backward_s",
+     "missing; give [host] dtensor_tp_block_forward_s and dtensor_tp_block_backward_s"),
+    ("dtensor_tp_block_forward_s = 4e-3\ndtensor_tp_block_backward_s = 5e-3\nkernel_issue_s = 5e-6\n",
+     "host.kernel_issue_s", "unknown key; give [host] dtensor_tp_block_forward_s and"),
+])
+def test_bad_host_table_is_one_line_naming_the_field(tmp_path, capsys, body, field, says):
+    err = _error(capsys, "step", CONFIG, "--kernels", _host_file(tmp_path, body))
+    assert err.startswith(f"error: --kernels: {field}: {says}")

@@ -8,6 +8,7 @@ import json
 import math
 import sys
 import tomllib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,7 @@ def test_prediction_is_the_layer_cost_and_the_tracked_peak():
     assert w.dtensor_host_s == (4.65e-3, 5.37e-3) and cost.seconds("forward") < 4.65e-3
     assert p.forward_s == 4.65e-3
     assert p.backward_s == cost.seconds("backward_input") + cost.seconds("backward_weight") > 5.37e-3
+    assert p.kernels_s == (cost.seconds("forward"), p.backward_s)  # the kernels alone: the evidence's rows' "kernels"
     peak = plan.timelines[0].peak
     # the fake process group has no NCCL buffers and max_memory_allocated no fragmentation
     assert p.peak_allocated_bytes == peak.total_bytes - peak.by_kind.get("comm_buffers", 0) \
@@ -128,6 +130,97 @@ def test_dtensor_host_pace_is_the_h200_measurement():
     data = kernel_data("h200-sxm-141gb")
     for phase, got in zip(("forward", "backward"), data.dtensor_tp_block_s):
         assert got == pytest.approx(sum(blocks[phase]) / len(blocks[phase]), rel=5e-3)
+
+
+def test_host_pace_derivation_gives_the_catalogs_values_from_runs_2_and_3():
+    """meshplan.runtime.validation.host_pace over the shipped evidence: the host-bound passes it
+    finds are :data:`HOST_BOUND` (picked by hand when the catalog's values were derived), and
+    their blocks' means are kernels.toml's 4.65e-3 and 5.37e-3 s (to its three figures)."""
+    from meshplan.runtime.validation.host_pace import host_bound_passes, host_table
+
+    evidence = list(_evidence_runs())
+    for ev in evidence:
+        assert host_bound_passes(ev) == HOST_BOUND.get(ev["name"], ()), ev["name"]
+    table, line = host_table(evidence)
+    assert table == {"dtensor_tp_block_forward_s": pytest.approx(4.65e-3, rel=5e-3),
+                     "dtensor_tp_block_backward_s": pytest.approx(5.37e-3, rel=5e-3)}
+    assert line == "host pace: forward 4.65 ms (48 blocks), backward 5.37 ms (24 blocks)"
+    seed = [ev for ev in evidence if ev["name"] == "llama3-70b tp8 x dp_shard8 (seed), no recompute"]
+    assert host_table(seed)[0] is None  # its backward ran at its kernels' time: no [host] table from it alone
+
+
+def test_host_bound_reads_the_kernels_alone_when_the_prediction_holds_the_pace():
+    """Evidence written since the host pace predicts max(kernels, pace): run 3's 8B tp 4 passes,
+    predicted at the pace (4.65 and 5.37 ms), are within 10% of their measurements (4.59, 4.76 ms),
+    so only the rows' ``kernels`` (1.74 and 3.55 ms) show that the device ran slower than its kernels."""
+    from meshplan.runtime.validation.host_pace import host_bound_passes
+
+    run3 = json.loads((ROOT / "benchmarks" / "gpu_h200" / "run3" / "one_rank.json").read_text())
+    ev = next(ev for ev in run3 if ev["name"] == "llama3-8b tp4 x dp_shard2 (SP), no recompute")
+    for key, pace in (("forward_s", 4.65e-3), ("backward_s", 5.37e-3)):
+        ev["rows"][key]["predicted"] = max(ev["rows"][key]["predicted"], pace)
+    assert host_bound_passes(ev) == ()
+    ev["rows"]["forward_s"]["kernels"], ev["rows"]["backward_s"]["kernels"] = 1.7358649171308285e-3, 3.549472428378356e-3
+    assert host_bound_passes(ev) == ("forward", "backward")
+
+
+def test_a_kernels_files_host_pace_reaches_the_prediction(tmp_path):
+    """bench rank --kernels: the seed's 70B tp 8 forward (3.12 ms of kernels) is predicted at the
+    file's 9 ms a block instead of the catalog's 4.65 ms; the backward at the file's 10 ms (its
+    6.53 ms of kernels below it); the kernels' own times unchanged."""
+    from meshplan.compute.kernel_fragment import with_kernel_files
+
+    path = tmp_path / "host.toml"
+    path.write_text('[gpu.h200-sxm-141gb]\nsource = "test host"\n\n[host]\n'
+                    "dtensor_tp_block_forward_s = 9e-3\ndtensor_tp_block_backward_s = 10e-3\n")
+    cfg = config_from_dict(reduced_data(_example("seed-64gpu.toml"), 4, "dgx-h200"))
+    _, catalog = predict(cfg)
+    gpu, _ = with_kernel_files(cfg.cluster.gpu, [path])
+    _, p = predict(replace(cfg, cluster=cfg.cluster.model_copy(update={"gpu": gpu})))
+    assert catalog.forward_s == 4.65e-3 and (p.forward_s, p.backward_s) == (9e-3, 10e-3)
+    assert p.kernels_s == catalog.kernels_s and p.kernels_s[1] < 10e-3
+
+
+def test_bench_rank_refuses_a_kernels_file_of_another_gpu_before_the_run(tmp_path, capsys):
+    from tests.cli_run import run_main
+
+    path = tmp_path / "host.toml"
+    path.write_text('[gpu.h200-sxm-141gb]\nsource = "s"\n\n[host]\n'
+                    "dtensor_tp_block_forward_s = 9e-3\ndtensor_tp_block_backward_s = 10e-3\n")
+    code = run_main("bench", "rank", ROOT / "examples" / "mini_2x4_tp4-dp2.toml", "--device", "cpu",
+                    "--kernels", path, "--out", tmp_path / "r.json")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("error: --kernels:") and "describes GPU h200-sxm-141gb" in err
+    assert "the config uses h100-sxm5-80gb" in err and not (tmp_path / "r.json").exists()
+
+
+def test_bench_rank_kernels_out_refuses_the_cpu(tmp_path, capsys):
+    from tests.cli_run import run_main
+
+    code = run_main("bench", "rank", ROOT / "examples" / "mini_2x4_tp4-dp2.toml", "--device", "cpu",
+                    "--kernels-out", tmp_path / "host.toml", "--out", tmp_path / "r.json")
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and err.startswith("error: --kernels-out: the device is the CPU")
+    assert not (tmp_path / "host.toml").exists() and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs a CUDA GPU (CI has none)")
+def test_gpu_bench_rank_writes_the_host_pace_it_measured(tmp_path, capsys):
+    """On a GPU, Llama-3-8B at dp_shard 2 x tp 4, eager (host-bound in both passes on the H200):
+    --kernels-out holds host_pace.host_table of the evidence the run wrote, and reads back as
+    --kernels does; where a pass was not host-bound, no file and a line saying why."""
+    from meshplan.compute.kernel_fragment import load_fragment
+    from meshplan.runtime.validation.host_pace import host_table
+    from tests.cli_run import run_main
+
+    out, kernels = tmp_path / "r.json", tmp_path / "host.toml"
+    assert run_main("bench", "rank", ROOT / "examples" / "mini_2x4_tp4-dp2.toml", "--layers", "4",
+                    "--out", out, "--kernels-out", kernels) == 0
+    table, line = host_table([json.loads(out.read_text())])
+    if table is None:
+        assert f"--kernels-out: not written: {line}" in capsys.readouterr().out and not kernels.exists()
+        return
+    assert load_fragment(kernels).host_pace_s == tuple(table.values()) and line in capsys.readouterr().out
 
 
 def test_h200_runs_against_prediction_with_host_pace():

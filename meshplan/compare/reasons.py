@@ -10,6 +10,7 @@ from typing import Any
 
 from meshplan.compare.kernels import choice_lines
 from meshplan.compare.sides import Side
+from meshplan.compute.measured import host_pace_label
 from meshplan.plan import Infeasible
 from meshplan.schedule.steptime import workload_of
 from meshplan.units import MS, GiB
@@ -100,7 +101,8 @@ def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
     ha, hb = a.step.host_wait_s(), b.step.host_wait_s()
     if abs(hb - ha) < floor:
         return []
-    return [(abs(hb - ha), f"of compute, waiting for the host to issue eager DTensor TP's blocks (kernels.toml [host]): "
+    src = host_pace_label(a.step.units.w.dtensor_host_source)  # compare: both sides' kernel data is one
+    return [(abs(hb - ha), f"of compute, waiting for the host to issue eager DTensor TP's blocks ({src}): "
                           f"{a.name} {ha / MS:.1f} ms, {b.name} {hb / MS:.1f} ms ({(hb - ha) / MS:+.1f} ms)")]
 
 

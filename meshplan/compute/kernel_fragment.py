@@ -11,11 +11,15 @@ Schema (the catalog's own; ``<gpu>`` a catalog GPU id)::
     [gpu.<gpu>.attention]
     prefer = ["SDPA"]
     rows = [{ kernel, pass, mask, head_dim, dtype, seq = [...], tflops = [...], source }, ...]
+    [host]                              # optional: eager DTensor TP's host pace on your host
+    dtensor_tp_block_forward_s = 4.65e-3    # seconds per transformer block, both keys
+    dtensor_tp_block_backward_s = 5.37e-3   # (`meshplan bench rank --kernels-out` writes them)
 
 :func:`load_fragment` reads it (a malformed file is one :class:`ConfigError` line naming the
 field); :func:`with_fragment` lays it over a GPU's :class:`~meshplan.compute.measured.KernelData`:
 its GEMM dtypes replace the catalog's points of those dtypes, its attention rows go first (its
-``prefer`` list before the catalog's).
+``prefer`` list before the catalog's), its ``[host]`` pace replaces the catalog's (kernels.toml
+``[host] dtensor_tp_block_*``, M1), its source then ``your kernels file FILE``.
 
 **For one run** (``--kernels FILE`` on plan, report, step, reliability, compare, search; a config's
 ``[kernels] files``): :func:`read_kernel_file` checks a file against the config's GPU and
@@ -56,6 +60,33 @@ class KernelFragment:
     attention: tuple[AttentionRow, ...]
     prefer: tuple[str, ...]
     source: str
+    host_pace_s: Optional[tuple[float, float]] = None  # [host]: (forward, backward) s per block
+    path: str = "kernels file"
+
+
+#: The keys of a kernels file's ``[host]`` table: eager DTensor TP's (forward, backward) host
+#: pace, seconds per transformer block (kernels.toml ``[host]``, whose other keys stay the catalog's).
+HOST_KEYS = ("dtensor_tp_block_forward_s", "dtensor_tp_block_backward_s")
+
+
+def _host_pace(raw) -> Optional[tuple[float, float]]:
+    """The ``[host]`` table's (forward, backward) seconds per block, None without one; both keys,
+    each positive and finite, no other key."""
+    if raw is None:
+        return None
+    fix = f"give [host] {' and '.join(HOST_KEYS)}, seconds per transformer block (e.g. 4.65e-3)"
+    if not isinstance(raw, dict):
+        raise ConfigError("host", f"must be a table; {fix}")
+    for key in raw:
+        if key not in HOST_KEYS:
+            raise ConfigError(f"host.{key}", f"unknown key; {fix}")
+    for key in HOST_KEYS:
+        if key not in raw:
+            raise ConfigError(f"host.{key}", f"missing; {fix}")
+        if not _positive(raw[key], (int, float)):
+            raise ConfigError(f"host.{key}", f"{raw[key]!r}; must be a positive, finite number of seconds per "
+                                             f"transformer block (e.g. 4.65e-3)")
+    return float(raw[HOST_KEYS[0]]), float(raw[HOST_KEYS[1]])
 
 
 def _positive(x, kind) -> bool:
@@ -98,7 +129,8 @@ def _gemm_points(field: str, pts) -> tuple[tuple, ...]:
 
 
 def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
-    """A parsed kernels.toml-form document with exactly one ``[gpu.<id>]`` table."""
+    """A parsed kernels.toml-form document with exactly one ``[gpu.<id>]`` table (and an
+    optional top-level ``[host]``: :data:`HOST_KEYS`)."""
     gpus = doc.get("gpu")
     if not isinstance(gpus, dict) or len(gpus) != 1:
         raise ConfigError(f"{where}: [gpu]", "expected exactly one [gpu.<id>] table (the kernels.toml schema)")
@@ -115,13 +147,14 @@ def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
     if not isinstance(att.get("rows", []), list):
         raise ConfigError(f"{base}.attention.rows", "must be a list of row tables")
     rows = [_attention(f"{base}.attention.rows[{i}]", r) for i, r in enumerate(att.get("rows", []))]
-    if not gemm and not rows:
-        raise ConfigError(base, "neither gemm points nor attention rows; nothing to read")
+    host = _host_pace(doc.get("host"))
+    if not gemm and not rows and host is None:
+        raise ConfigError(base, "neither gemm points, attention rows nor a [host] table; nothing to read")
     prefer = att.get("prefer", sorted({r.kernel for r in rows}))
     if not isinstance(prefer, list) or not all(isinstance(k, str) for k in prefer):
         raise ConfigError(f"{base}.attention.prefer", "must be a list of kernel names, e.g. [\"SDPA\"]")
     prefer = tuple(prefer)
-    return KernelFragment(gpu, gemm, tuple(rows), prefer, raw["source"])
+    return KernelFragment(gpu, gemm, tuple(rows), prefer, raw["source"], host, where)
 
 
 def load_fragment(path: str | Path) -> KernelFragment:
@@ -140,12 +173,16 @@ def _parse_text(text: str, where: str) -> KernelFragment:
 def with_fragment(data: KernelData, frag: KernelFragment) -> KernelData:
     """``data`` with ``frag`` laid over it: the fragment's GEMM dtypes replace those dtypes'
     points; its attention rows come before the catalog's, its ``prefer`` first, before the
-    framework's kernels too (``KernelData.first``: measured on the run's GPU)."""
+    framework's kernels too (``KernelData.first``: measured on the run's GPU); its ``[host]`` pace
+    replaces the host pace, sourced ``your kernels file FILE``."""
     mine = frag.prefer if frag.attention else ()
-    return replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
-                   prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
-                   first=tuple(dict.fromkeys(mine + data.first)),
-                   source=f"{data.source}; overlaid by {frag.source}")
+    out = replace(data, gemm={**data.gemm, **frag.gemm}, attention=frag.attention + data.attention,
+                  prefer=tuple(dict.fromkeys(frag.prefer + data.prefer)),
+                  first=tuple(dict.fromkeys(mine + data.first)),
+                  source=f"{data.source}; overlaid by {frag.source}")
+    if frag.host_pace_s is None:
+        return out
+    return replace(out, dtensor_tp_block_s=frag.host_pace_s, dtensor_tp_source=f"your kernels file {frag.path}")
 
 
 def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -> tuple[KernelFile, list[str]]:

@@ -90,6 +90,17 @@ from meshplan import catalog
 from meshplan.compute.shapes import Attention
 from meshplan.units import TFLOPS, dtype_bytes
 
+#: Where the catalog's host pace (``dtensor_tp_block_s``) comes from, as the ``host:`` line says it;
+#: a ``--kernels`` file's ``[host]`` replaces it (:func:`meshplan.compute.kernel_fragment.with_fragment`).
+CATALOG_HOST_PACE = "measured on the H200 machine's host, torch 2.11: kernels.toml [host], M1"
+
+
+def host_pace_label(source: str) -> str:
+    """``source`` (a :attr:`KernelData.dtensor_tp_source`) as a short line names it: the catalog's
+    as ``kernels.toml [host]``, a kernels file's as itself (``your kernels file FILE``)."""
+    return "kernels.toml [host]" if source == CATALOG_HOST_PACE else source
+
+
 NEIGHBOURS = 4  # Shepard interpolation: nearest points used
 POWER = 2  # inverse-distance weight exponent
 
@@ -127,6 +138,7 @@ class KernelData:
     source: str
     first: tuple[str, ...] = ()
     dtensor_tp_block_s: tuple[float, float] = (0.0, 0.0)
+    dtensor_tp_source: str = CATALOG_HOST_PACE
 
 
 @lru_cache(maxsize=None)

@@ -89,7 +89,8 @@ class Workload:
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
     (:mod:`meshplan.compute.torch_eager`); ``dtensor_host_s``: the host's (forward, backward)
     seconds to issue one transformer block under eager DTensor TP (torch, tp > 1, no
-    torch.compile: :func:`meshplan.schedule.workload.workload_of`), zero otherwise; the device
+    torch.compile: :func:`meshplan.schedule.workload.workload_of`), zero otherwise, and
+    ``dtensor_host_source`` where it comes from (the catalog or a kernels file); the device
     cannot run a block faster (:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`); ``decomposed_norm``: with it, each RMSNorm as
     torchtitan's pre-2025 module's kernels (:func:`~meshplan.compute.torch_eager.rmsnorm_bytes`);
     ``sp_layout_copies``: torch's sequence-parallel
@@ -118,6 +119,7 @@ class Workload:
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
     dtensor_host_s: tuple[float, float] = (0.0, 0.0)
+    dtensor_host_source: str = ""
     decomposed_norm: bool = False
     eager_loss: bool = False
     decomposed_head_norm: bool = False

@@ -189,14 +189,16 @@ class StepTime:
 
     def host_line(self) -> list[str]:
         """``host: ...`` when the device waits for the host's issue (:meth:`host_wait_s`), naming
-        the per-block pace and its source; none otherwise."""
+        the per-block pace and its source (the catalog's, or ``your kernels file FILE``:
+        :attr:`~meshplan.compute.ops.Workload.dtensor_host_source`); none otherwise."""
         wait = self.host_wait_s()
         if round(wait * 1e5) <= 0:
             return []
-        f, b = self.units.w.dtensor_host_s
+        w = self.units.w
+        f, b = w.dtensor_host_s
         return [f"host: compute on stage {self.critical_stage} includes {wait * 1e3:.2f} ms per step waiting for the host "
                 f"to issue its blocks: eager DTensor TP issues a block in {f * 1e3:.2f} ms forward, {b * 1e3:.2f} ms "
-                f"backward (measured on the H200 machine's host, torch 2.11: kernels.toml [host], M1), longer than "
+                f"backward ({w.dtensor_host_source}), longer than "
                 f"its kernels and collectives take; training.torch_compile = true traces DTensor away"]
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Callable
 
 from meshplan.compute import asynctp
+from meshplan.compute.measured import host_pace_label
 from meshplan.plan import Plan
 from meshplan.schedule.step_summary import StepTime
 
@@ -70,7 +71,8 @@ def _why_nothing_saved(on: StepTime, off: StepTime) -> str:
     on_ms, off_ms = on.shown_ms(), off.shown_ms()
     host_on, host_off = on.host_wait_s(), off.host_wait_s()
     if round((host_on - host_off) * 1e5) > 0:
-        return (f": the step is bound by the host's issue of eager DTensor TP's blocks (kernels.toml [host]): the tp "
+        src = host_pace_label(on.units.w.dtensor_host_source)
+        return (f": the step is bound by the host's issue of eager DTensor TP's blocks ({src}): the tp "
                 f"time hidden becomes waiting for the host ({host_off * 1e3:.2f} -> {host_on * 1e3:.2f} ms per step; "
                 f"training.torch_compile = true removes it)")
     others = {k: v for k, v in on.exposed_s.items() if k != "tp" and v > 0}

@@ -40,22 +40,34 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
-                    dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]))
+                    dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
+                    dtensor_host_source=dtensor_host_source(plan.config))
 
 
 def dtensor_host_s(config, tp: int) -> tuple[float, float]:
     """The host's (forward, backward) seconds to issue one transformer block under eager DTensor
     tensor parallelism: torch (``training.framework``) without ``training.torch_compile`` at
     tp > 1 issues every op of a block through DTensor's Python dispatch; measured per block on
-    the H200 machine's host (kernels.toml ``[host] dtensor_tp_block_*``, M1). (0, 0) for
+    the H200 machine's host (kernels.toml ``[host] dtensor_tp_block_*``, M1), or a ``--kernels``
+    file's ``[host]`` (:func:`meshplan.compute.kernel_fragment.with_fragment`). (0, 0) for
     Megatron-LM (plain tensors), compiled blocks, tp 1 or a GPU without catalog kernel data.
-    ``config``: the plan's :class:`~meshplan.config.Config` (the search's step-time lower bound
-    asks per tp degree: :func:`meshplan.search.layer_bounds.host_pace_floor`)."""
+    ``config``: the plan's :class:`~meshplan.config.Config`. The one home of the pace: the step
+    (:func:`workload_of`), ``bench rank``'s prediction and the search's step-time lower bound
+    (:func:`meshplan.search.layer_bounds.host_pace_floor`, per tp degree) all call it through
+    this module, so that one override (a kernels file, or a test's patch) reaches them all."""
     t = config.training
     data = kernel_data(config.cluster.gpu)
     if tp <= 1 or t.framework != "torch" or t.torch_compile or data is None:
         return (0.0, 0.0)
     return data.dtensor_tp_block_s
+
+
+def dtensor_host_source(config) -> str:
+    """Where :func:`dtensor_host_s` comes from, as the ``host:`` line names it: the catalog's
+    measurement (:data:`meshplan.compute.measured.CATALOG_HOST_PACE`) or ``your kernels file FILE``;
+    "" for a GPU without catalog kernel data."""
+    data = kernel_data(config.cluster.gpu)
+    return "" if data is None else data.dtensor_tp_source
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:

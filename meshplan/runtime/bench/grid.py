@@ -117,8 +117,9 @@ def source_line(command: str, device: str, today: Optional[datetime.date] = None
 
 
 def fragment_toml(gpu: str, source: str, gemm: Optional[dict[str, list[list]]] = None,
-                  attention: Optional[list[dict]] = None) -> str:
-    """kernels.toml text for one GPU (:mod:`meshplan.compute.kernel_fragment` schema)."""
+                  attention: Optional[list[dict]] = None, host: Optional[dict[str, float]] = None) -> str:
+    """kernels.toml text for one GPU (:mod:`meshplan.compute.kernel_fragment` schema); ``host``: the
+    ``[host]`` table (eager DTensor TP's pace, seconds per block: ``bench rank --kernels-out``)."""
     q = json.dumps  # a JSON string of plain text is a TOML basic string
     key = gpu if re.fullmatch(r"[A-Za-z0-9_-]+", gpu) else q(gpu)  # a bare key, as kernels.toml writes it
     lines = [f"# written by {source}", f"[gpu.{key}]", f"source = {q(source)}"]
@@ -135,6 +136,8 @@ def fragment_toml(gpu: str, source: str, gemm: Optional[dict[str, list[list]]] =
                          f"head_dim = {r['head_dim']}, dtype = {q(r['dtype'])}, seq = {r['seq']}, "
                          f"tflops = {r['tflops']}, source = {q(r['source'])} }},")
         lines.append("]")
+    if host:
+        lines += ["\n[host]"] + [f"{k} = {v!r}" for k, v in host.items()]
     return "\n".join(lines) + "\n"
 
 

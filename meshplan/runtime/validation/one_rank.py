@@ -39,13 +39,14 @@ import math
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from meshplan import catalog
+from meshplan.compute.kernel_fragment import with_kernel_files
 from meshplan.compute.layer import layer_cost
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
@@ -135,6 +136,7 @@ class Predicted:
     peak_where: str
     gpu: str
     peak_by_kind: dict = field(default_factory=dict)
+    kernels_s: tuple = (0.0, 0.0)  # (forward, backward) per layer of the kernels alone, without the host's pace
 
 
 def predict(cfg) -> tuple[Plan, Predicted]:
@@ -150,12 +152,13 @@ def predict(cfg) -> tuple[Plan, Predicted]:
     peak = plan.timelines[0].peak
     untracked = sum(peak.by_kind.get(k, 0) for k in UNTRACKED_KINDS)
     frag = peak.by_kind.get("fragmentation", 0)
-    back = max(cost.seconds("backward_input") + cost.seconds("backward_weight"), block_backward_issue_s(w, cost))
-    fwd = max(cost.seconds("forward"), w.dtensor_host_s[0])  # the host's pace under eager DTensor TP
+    kernels = (cost.seconds("forward"), cost.seconds("backward_input") + cost.seconds("backward_weight"))
+    back = max(kernels[1], block_backward_issue_s(w, cost))
+    fwd = max(kernels[0], w.dtensor_host_s[0])  # the host's pace under eager DTensor TP
     return plan, Predicted(forward_s=fwd, backward_s=back, recompute_s=cost.seconds(recompute=True),
                            peak_allocated_bytes=peak.total_bytes - untracked,
                            peak_reserved_bytes=peak.total_bytes - untracked + frag, peak_where=peak.where(),
-                           gpu=cfg.cluster.gpu.name, peak_by_kind=dict(peak.by_kind))
+                           gpu=cfg.cluster.gpu.name, peak_by_kind=dict(peak.by_kind), kernels_s=kernels)
 
 
 @dataclass
@@ -336,17 +339,24 @@ def _train_step(model, opt, tokens, labels, loss_parallel: bool, clock: LayerClo
 
 
 def run(data: dict, layers: int = 2, rank: int = 0, device: str = "cuda", system: Optional[str] = "auto",
-        warmup: int = 2, steps: int = 3, profile: bool = False) -> dict:
-    """Reduce ``data`` (a parsed config), predict, measure; the evidence as a JSON-able dict with
-    ``error`` = measured / predicted - 1 per figure."""
+        warmup: int = 2, steps: int = 3, profile: bool = False, kernels: tuple = ()) -> dict:
+    """Reduce ``data`` (a parsed config), predict (with ``kernels`` files laid over the reduced GPU's
+    data, as ``--kernels`` does: their ``[host]`` pace too), measure; the evidence as a JSON-able dict
+    with ``error`` = measured / predicted - 1 per figure, and per layer time the kernels' alone
+    (``kernels``: :func:`meshplan.runtime.validation.host_pace.host_bound_passes` reads it)."""
     sysname = local_system(device) if system == "auto" else system
     cfg = config_from_dict(reduced_data(data, layers, sysname))
+    if kernels:
+        gpu = with_kernel_files(cfg.cluster.gpu, kernels)[0]
+        cfg = replace(cfg, cluster=cfg.cluster.model_copy(update={"gpu": gpu}))
     plan, p = predict(cfg)
     m = measure(cfg, plan, rank, device, warmup, steps, profile)
     rows = {}
     for key in ("forward_s", "backward_s", "recompute_s", "peak_allocated_bytes", "peak_reserved_bytes"):
         pv, mv = getattr(p, key), getattr(m, key)
         rows[key] = dict(predicted=pv, measured=mv, error=(mv / pv - 1) if (mv is not None and pv) else None)
+    for key, k in zip(("forward_s", "backward_s"), p.kernels_s):  # the kernels alone: host_pace.host_bound_passes
+        rows[key]["kernels"] = k
     return dict(device=_device_name(device), torch=torch.__version__, gpu_catalog=p.gpu, layers=layers, rank=rank,
                 mesh=dict(names=list(plan.mesh.layout.names), shape=list(plan.mesh.layout.shape)),
                 micro_batch=cfg.training.micro_batch, seq_len=cfg.training.seq_len, peak_where=p.peak_where,
