@@ -21,16 +21,16 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 58.7 / 38.8 / 42.1 s against the published 81.6 / 66.7 /
-66.7 s (-28%, -42%, -37%); FSDP2's per-layer gathers give 52.1 / 26.4 / 13.3 s (their
+What the model gives (deepspeed-2021): 59.0 / 39.5 / 43.5 s against the published 81.6 / 66.7 /
+66.7 s (-28%, -41%, -35%); FSDP2's per-layer gathers give 52.1 / 26.4 / 13.3 s (their
 reduce-scatters overlapped and no copies on the compute stream, as framework megatron's Megatron
 FSDP runs them: its parameters are views of the all-gather's bucket and its weight-gradient GEMMs
 write into the reduce-scatter's, :mod:`meshplan.comm.fsdp2`; with FSDP2's copy-out and copy-in,
 14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s). The step does not
 halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
 issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
-latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views
-and n list copies (10.3 ms at 1,536 ranks), and every step ends with the persistent parameters'
+latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views,
+n ``get_rank`` calls and n list copies (11.7 ms at 1,536 ranks), and every step ends with the persistent parameters'
 gather, whose 770 x n copies the host issues one by one (3.2 / 6.3 / 12.7 s), while the bytes each
 GPU sends stay 1.63 TB per step.
 
@@ -53,9 +53,12 @@ What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the mo
   end) every step, synchronously, with a Python copy per parameter and rank
   (``_allgather_params``): +3.2 / +6.3 / +12.7 s;
 - ``_allgather_param`` zero-fills each gathered buffer and calls ``torch.cuda.synchronize()``
-  before issuing the all-gather: +0.55 s at every size.
+  before issuing the all-gather: +0.55 s at every size;
+- ``_allgather_param``'s loop over the n partitions also calls ``torch.distributed.get_rank(group)``
+  in every iteration (v0.3.13 to v0.5.4), 0.45 of a ``narrow``'s host time
+  (``benchmarks/get_rank_cost.py``): 58.7 / 38.8 / 42.1 -> 59.0 / 39.5 / 43.5 s.
 
-What is still missing: the gap to the published step is 22.9 / 27.9 / 24.6 s, nearly flat in the
+What is still missing: the gap to the published step is 22.6 / 27.2 / 23.2 s, nearly flat in the
 GPU count while the compute per GPU halves, so it behaves like a term per byte or per call (both
 constant per GPU), not like compute or a latency that grows with the group. Closing it with
 bandwidth alone would take the 1.63 TB at about 40-46 GB/s (over the model's 12.3 / 13.4 / 15.6 s
