@@ -82,6 +82,35 @@ caching allocator's frees and mallocs of a full parameter buffer per gather; the
 hooks (pre/post-forward and backward functions on every module's inputs and outputs). Nothing here
 is fitted: the gap is reported, not absorbed.
 
+Checked against v0.3.13 and NCCL v2.9.9-1 and not taken (issue 11, December 2026):
+
+- DeepSpeed's defaults (``constants.py``: overlap_comm true and contiguous_gradients false for
+  stage 3, buckets 5e8, prefetch 5e7, max live 1e9, reuse 1e9, persistence 1e5) are the model's;
+  the prefetch's ``max_live_parameters`` test comes before it adds the prefetched weight, so at h
+  12,288 it never stops the one-weight-ahead prefetch; ``allreduce_no_retain`` never resets its
+  count, but its limit is the bucket's own elements: one all-reduce per bucket, as modelled;
+- per step the optimizer's ~2 x 1,160 per-parameter ``.item()`` syncs (``has_overflow_partitioned_
+  grads_serial``, ``get_grad_norm_direct``) and ~2,000 releases' ``torch.ones(1).half().to(device)``
+  (a synchronous copy that waits for the module's compute, as the next fetch's synchronize does
+  anyway): under 0.2 s together; ``see_memory_usage`` returns at once unless forced;
+- NCCL of 2021's own cost model (``tuning.cc`` v2.9.9-1) is slower than meshplan's ring and tree
+  at 192 nodes: LL128's per-step latency with its 0.92 bandwidth factor instead of LL's latency
+  with the measured (Simple) bandwidth, and the tree's bandwidth capped at ``perChMaxTreeBws``
+  (16 GB/s a channel on Ampere beyond 2 nodes, against a ring channel of 24 GB/s, assumed): as a
+  local experiment 58.7 / 39.6 / 46.3 s before the get_rank term; not taken, as the protocol
+  NCCL ran and the topology search's channel speeds are not known here;
+- ZeRO-3's prefetch off altogether (DeepSpeed PR #1170, June 2021, not merged, describes an
+  off-by-one in the hook registration's tracing; PR #873 says the prefetcher was "essentially
+  disabled" when the module order changed after the first iteration; #1453, January 2022,
+  rewrote it; not reproduced here for Megatron's GPT): ``meshplan step --no-prefetch`` gives
+  66.1 / 47.7 / 50.8 s, still 15-19 s short;
+- at 384 GPUs the 12.3 s of collectives hide behind 52 s of GPU compute; to explain the gap
+  they would have to run at about 1/6 of the 2 x 8 nccl-tests rate. The published 66.7 s at 768
+  and 1,536 GPUs is 1.63 TB per GPU at 24.4 GB/s, one HDR NIC's 25 GB/s to within 3%, with the
+  compute hidden under it (81.6 s at 384: the same plus 15 s); that is a reading of end-to-end
+  times, not a measurement, and no mechanism found sends each GPU's share of the rings through
+  its own NIC (NCCL's rings cross each node boundary once per channel, over the node's 8 NICs).
+
 Run: PYTHONPATH=. .venv/bin/python benchmarks/zero3_sc21.py
 """
 
