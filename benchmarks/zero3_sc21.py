@@ -21,16 +21,16 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 58.7 / 38.8 / 42.1 s against the published 81.6 / 66.7 /
-66.7 s (-28%, -42%, -37%); FSDP2's per-layer gathers give 52.1 / 26.4 / 13.3 s (their
+What the model gives (deepspeed-2021): 59.0 / 39.5 / 43.5 s against the published 81.6 / 66.7 /
+66.7 s (-28%, -41%, -35%); FSDP2's per-layer gathers give 52.1 / 26.4 / 13.3 s (their
 reduce-scatters overlapped and no copies on the compute stream, as framework megatron's Megatron
 FSDP runs them: its parameters are views of the all-gather's bucket and its weight-gradient GEMMs
 write into the reduce-scatter's, :mod:`meshplan.comm.fsdp2`; with FSDP2's copy-out and copy-in,
 14.9 ms per layer and micro-batch, 53.6 / 27.8 / 14.8 s). The step does not
 halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
 issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
-latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views
-and n list copies (10.3 ms at 1,536 ranks), and every step ends with the persistent parameters'
+latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views,
+n ``get_rank`` calls and n list copies (11.7 ms at 1,536 ranks), and every step ends with the persistent parameters'
 gather, whose 770 x n copies the host issues one by one (3.2 / 6.3 / 12.7 s), while the bytes each
 GPU sends stay 1.63 TB per step.
 
@@ -53,9 +53,12 @@ What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the mo
   end) every step, synchronously, with a Python copy per parameter and rank
   (``_allgather_params``): +3.2 / +6.3 / +12.7 s;
 - ``_allgather_param`` zero-fills each gathered buffer and calls ``torch.cuda.synchronize()``
-  before issuing the all-gather: +0.55 s at every size.
+  before issuing the all-gather: +0.55 s at every size;
+- ``_allgather_param``'s loop over the n partitions also calls ``torch.distributed.get_rank(group)``
+  in every iteration (v0.3.13 to v0.5.4), 0.45 of a ``narrow``'s host time
+  (``benchmarks/get_rank_cost.py``): 58.7 / 38.8 / 42.1 -> 59.0 / 39.5 / 43.5 s.
 
-What is still missing: the gap to the published step is 22.9 / 27.9 / 24.6 s, nearly flat in the
+What is still missing: the gap to the published step is 22.6 / 27.2 / 23.2 s, nearly flat in the
 GPU count while the compute per GPU halves, so it behaves like a term per byte or per call (both
 constant per GPU), not like compute or a latency that grows with the group. Closing it with
 bandwidth alone would take the 1.63 TB at about 40-46 GB/s (over the model's 12.3 / 13.4 / 15.6 s
@@ -78,6 +81,35 @@ w_down's 20 ms of GEMMs (model long, 2.5 s at 1,536; none at 384 and 768); the
 caching allocator's frees and mallocs of a full parameter buffer per gather; the modules' Python
 hooks (pre/post-forward and backward functions on every module's inputs and outputs). Nothing here
 is fitted: the gap is reported, not absorbed.
+
+Checked against v0.3.13 and NCCL v2.9.9-1 and not taken (issue 11, December 2026):
+
+- DeepSpeed's defaults (``constants.py``: overlap_comm true and contiguous_gradients false for
+  stage 3, buckets 5e8, prefetch 5e7, max live 1e9, reuse 1e9, persistence 1e5) are the model's;
+  the prefetch's ``max_live_parameters`` test comes before it adds the prefetched weight, so at h
+  12,288 it never stops the one-weight-ahead prefetch; ``allreduce_no_retain`` never resets its
+  count, but its limit is the bucket's own elements: one all-reduce per bucket, as modelled;
+- per step the optimizer's ~2 x 1,160 per-parameter ``.item()`` syncs (``has_overflow_partitioned_
+  grads_serial``, ``get_grad_norm_direct``) and ~2,000 releases' ``torch.ones(1).half().to(device)``
+  (a synchronous copy that waits for the module's compute, as the next fetch's synchronize does
+  anyway): under 0.2 s together; ``see_memory_usage`` returns at once unless forced;
+- NCCL of 2021's own cost model (``tuning.cc`` v2.9.9-1) is slower than meshplan's ring and tree
+  at 192 nodes: LL128's per-step latency with its 0.92 bandwidth factor instead of LL's latency
+  with the measured (Simple) bandwidth, and the tree's bandwidth capped at ``perChMaxTreeBws``
+  (16 GB/s a channel on Ampere beyond 2 nodes, against a ring channel of 24 GB/s, assumed): as a
+  local experiment 58.7 / 39.6 / 46.3 s before the get_rank term; not taken, as the protocol
+  NCCL ran and the topology search's channel speeds are not known here;
+- ZeRO-3's prefetch off altogether (DeepSpeed PR #1170, June 2021, not merged, describes an
+  off-by-one in the hook registration's tracing; PR #873 says the prefetcher was "essentially
+  disabled" when the module order changed after the first iteration; #1453, January 2022,
+  rewrote it; not reproduced here for Megatron's GPT): ``meshplan step --no-prefetch`` gives
+  66.1 / 47.7 / 50.8 s, still 15-19 s short;
+- at 384 GPUs the 12.3 s of collectives hide behind 52 s of GPU compute; to explain the gap
+  they would have to run at about 1/6 of the 2 x 8 nccl-tests rate. The published 66.7 s at 768
+  and 1,536 GPUs is 1.63 TB per GPU at 24.4 GB/s, one HDR NIC's 25 GB/s to within 3%, with the
+  compute hidden under it (81.6 s at 384: the same plus 15 s); that is a reading of end-to-end
+  times, not a measurement, and no mechanism found sends each GPU's share of the rings through
+  its own NIC (NCCL's rings cross each node boundary once per channel, over the node's 8 NICs).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/zero3_sc21.py
 """

@@ -116,17 +116,18 @@ def test_gradient_buckets_1536(plan_1536):
 
 
 def test_host_time_of_a_list_based_call(plan_1536):
-    # 1536 partition views through Python (2 us, S21) + 1536 copies issued (4.7 us, kernels.toml)
-    # + the zero fill of the gathered buffer the host waits for (its bytes at Triad 1.70 TB/s):
-    # QKV 905,969,664 B: 10.2912 + 0.5329 ms
+    # 1536 partition views through Python (2 us, S21), each with the loop's get_rank(group) call
+    # (0.45 of a view: 0.9 us, benchmarks/get_rank_cost.py) + 1536 copies issued (4.7 us,
+    # kernels.toml) + the zero fill of the gathered buffer the host waits for (its bytes at Triad
+    # 1.70 TB/s): QKV 905,969,664 B: 1536 x 7.6 us = 11.6736 + 0.5329 ms
     data = kernel_data("a100-sxm-80gb")
     assert data.kernel_issue_s == pytest.approx(4.7e-6)
     gathers = [r for r in plan_1536.collectives[table_key(0)] if r.op == "all-gather" and r.phase != "step"]
     for r in gathers:
-        assert r.host_s == pytest.approx(1536 * 6.7e-6 + r.size_bytes / 1.70e12, rel=1e-12)
+        assert r.host_s == pytest.approx(1536 * 7.6e-6 + r.size_bytes / 1.70e12, rel=1e-12)
         assert r.copy_s == 0  # the list copies are in time_s; copy_s is FSDP2's copy kernels only
     qkv = next(r for r in gathers if r.size_bytes == 3 * H * H * 2)
-    assert qkv.host_s == pytest.approx(10.2912e-3 + 0.53292e-3, rel=1e-4)
+    assert qkv.host_s == pytest.approx(11.6736e-3 + 0.53292e-3, rel=1e-4)
 
 
 def test_persistent_parameters_gathered_every_step(plan_1536):
@@ -160,8 +161,9 @@ def test_ring_latency_of_1536_ranks_from_nccl_constants():
 
 def test_sc21_collapse_comes_out_of_the_model():
     # Narayanan et al. Table 2: 768 -> 1536 GPUs at global batch 1536, TFLOP/s per GPU 88 -> 44
-    # (the step stays 66.7 s). DeepSpeed-2021's step does not halve: 38.8 -> 42.1 s, +8.4%
-    # (+1.8% without the 26.5 ms per layer that w_down's bucket waits at 1,536 GPUs behind the
+    # (the step stays 66.7 s). DeepSpeed-2021's step does not halve: 39.5 -> 43.5 s, +10.1%
+    # (+8.4% before the all-gather loop's get_rank calls, which grow with n; +1.8% then without
+    # the 26.5 ms per layer that w_down's bucket waits at 1,536 GPUs behind the
     # next layer's gathers, which the timeline holds as one prefetched unit:
     # deepspeed_layer.ds_backward_layer); FSDP2's per-layer gathers halve it.
     steps = {}
@@ -170,7 +172,7 @@ def test_sc21_collapse_comes_out_of_the_model():
             cfg = load_config(ZERO3 / f"gpt3-175b_{n}xa100_zero3-deepspeed_mb{mb}.toml")
             cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine}))
             steps[(engine, n)] = step_time(build_plan(cfg)).step_s
-    assert 1.0 < steps[("deepspeed-2021", 1536)] / steps[("deepspeed-2021", 768)] < 1.10
+    assert 1.0 < steps[("deepspeed-2021", 1536)] / steps[("deepspeed-2021", 768)] < 1.15
     assert steps[("fsdp2", 1536)] / steps[("fsdp2", 768)] < 0.6
 
 

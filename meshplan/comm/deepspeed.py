@@ -167,25 +167,34 @@ def layer_calls(params: list[tuple[str, int]], recompute: bool,
 #: DeepSpeed's ``_allgather_param`` / ``_reduce_scatter_gradient`` build their list of ``world``
 #: partitions with one ``narrow`` each in a Python loop.
 PYTHON_OP_S = 2e-6
+#: ``torch.distributed.get_rank(group=...)``'s host time over a ``narrow``'s: 0.45, measured
+#: (benchmarks/get_rank_cost.py: torch 2.13, medians 0.43 / 0.47 / 0.43 of three runs). Each
+#: iteration of ``_allgather_param``'s loop calls it (v0.3.13 ``partition_parameters.py`` line
+#: 626, the same to v0.5.4); ``_reduce_scatter_gradient`` and ``_allgather_params`` do not.
+GET_RANK_OF_NARROW = 0.45
 
 
-def host_seconds(world: int, data: Optional[KernelData]) -> float:
+def host_seconds(world: int, data: Optional[KernelData], get_rank: bool = False) -> float:
     """Host seconds of one list-based call over ``world`` ranks (module docstring): the Python
-    loop of ``world`` partition views (:data:`PYTHON_OP_S` each) and the ``world`` copies
+    loop of ``world`` partition views (:data:`PYTHON_OP_S` each; with ``get_rank``, as in the
+    per-parameter all-gather, plus a ``get_rank`` call each, :data:`GET_RANK_OF_NARROW` of a
+    view) and the ``world`` copies
     ProcessGroupNCCL issues on the host right after the collective (the catalog's per-kernel
     issue floor, ``kernels.toml`` ``[host] kernel_issue_s``: S21 + S22). The module's compute is
     enqueued only after them, so the rank timeline adds them to the compute stream. 0 without
     kernel data for the GPU.
 
-    1,536 ranks on an A100 (4.7 us per issued kernel): 1536 x 6.7 us = 10.29 ms per call:
+    1,536 ranks on an A100 (4.7 us per issued kernel): 1536 x 6.7 us = 10.29 ms per call; the
+    all-gather's loop adds 1536 x 0.9 us:
 
     >>> from meshplan.compute.measured import kernel_data
-    >>> round(host_seconds(1536, kernel_data("a100-sxm-80gb")) * 1e3, 2)
-    10.29
+    >>> a100 = kernel_data("a100-sxm-80gb")
+    >>> round(host_seconds(1536, a100) * 1e3, 2), round(host_seconds(1536, a100, get_rank=True) * 1e3, 2)
+    (10.29, 11.67)
     """
     if data is None or world <= 1:
         return 0.0
-    return world * (PYTHON_OP_S + data.kernel_issue_s)
+    return world * (PYTHON_OP_S * (1 + GET_RANK_OF_NARROW * get_rank) + data.kernel_issue_s)
 
 
 def list_copy_seconds(world: int, size_bytes: float, data: Optional[KernelData]) -> float:

@@ -19,7 +19,8 @@ from meshplan.units import dtype_bytes
 def zero3_2021_rows(add, c: StageContext) -> None:
     """DeepSpeed ZeRO-3 of 2021 (:mod:`meshplan.comm.deepspeed`): per micro-batch one
     all-gather per gathered parameter tensor in forward, its re-gathers in backward (each timed
-    with the ``n`` list copies; its host time with the zero fill the host waits for), and one
+    with the ``n`` list copies; its host time with the loop's ``get_rank`` calls and the zero fill
+    the host waits for), and one
     all-reduce per gradient bucket, over the data-parallel group; one row per (phase, op,
     size), ``per_microbatch`` its calls. The root (embedding, positions, final norm, an untied
     output layer) is gathered once in forward and once in backward; a tied output layer
@@ -49,7 +50,7 @@ def zero3_2021_rows(add, c: StageContext) -> None:
         label = "root (embedding/norm/output)" if unit == "root" else "layer"
         add("fsdp", phase, op, size * dtype_bytes(ag), ag, count,
             f"{deepspeed.CADENCE}, every {label}, list of {n} outputs/inputs)", f"the {label}'s GEMMs", 7,
-            list_copies=True, ds_host_s=deepspeed.host_seconds(n, data)
+            list_copies=True, ds_host_s=deepspeed.host_seconds(n, data, get_rank=True)
             + deepspeed.zero_fill_seconds(size * dtype_bytes(ag), data))
     _deepspeed_grad_rows(add, c, root, data)
     persistent = [k for i in c.layers for _, k in model_code_params(c, [i], False, False)
