@@ -156,3 +156,15 @@ def test_search_says_what_selective_models(mini):
     assert html.escape(recompute_lines(mini)[0], quote=True) in search_page(mini, "t")
     shown = replace(mini, top=[e for e in mini.top if int(mini.candidates.rc[e.index]) != 1], best_rejected=None)
     assert recompute_lines(shown) == []
+
+
+def test_plan_page_words_recompute_as_the_plan_text():
+    """The report page's training row: the policy in its runtime's words, as the text's train line."""
+    from meshplan.report.html_pages import plan_page
+    cfg = _cfg({"recompute": "selective"})
+    plan = build_plan(cfg)
+    words = recompute_words(cfg.training, "torch")
+    assert f"recompute selective ({html.escape(words, quote=True)}), params" in plan_page(plan, None, "t")
+    meg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron", "sharding": "zero1"}))
+    assert "recompute selective (Megatron-LM selective recompute (--recompute-activations: attention core" in (
+        html.unescape(plan_page(build_plan(meg), None, "t")))

@@ -40,12 +40,13 @@ from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE, top_heading
 from meshplan.spec.mesh_words import axis_labels, mesh_text
-from meshplan.spec.wording import sharding_words
+from meshplan.spec.wording import recompute_words, runtime, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 
 def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
-    """(what, value) rows: model, cluster, training contract, mesh."""
+    """(what, value) rows: model, cluster, training contract (the recompute policy in its
+    runtime's words, as the plan text's ``train`` line), mesh."""
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
     out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, {m.attention_summary}, "
@@ -54,7 +55,8 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
-                        f"{sharding_words(t, c.origin)}, recompute {t.recompute}, params {t.param_dtype}, "
+                        f"{sharding_words(t, c.origin)}, recompute {t.recompute} "
+                        f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
