@@ -39,7 +39,8 @@ from meshplan.interop.search_export import search_export_refusal, search_row_ref
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
-from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict
+from meshplan.report.progress import ProgressBar
+from meshplan.report.search import infeasible_line, print_search, search_to_dict
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 
