@@ -39,7 +39,8 @@ from meshplan.interop.search_export import search_export_refusal, search_row_ref
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
-from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict
+from meshplan.report.progress import ProgressBar
+from meshplan.report.search import infeasible_line, print_search, search_to_dict
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 
@@ -129,9 +130,11 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
     bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
-    line after the table says where it ranks by step time among the feasible candidates the search decided
-    (the search's exact model; its row in the table beside it; the undecided near the memory limit counted
-    apart), why it is infeasible, or why no candidate is that mesh. The same input gives the
+    line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
+    the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
+    limit counted apart), why it is infeasible, or why no candidate is that mesh. Goodput (Daly, not ranked) is a
+    column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
+    why (--json keeps it per row). The same input gives the
     same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation

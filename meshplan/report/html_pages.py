@@ -7,8 +7,8 @@ Plan page: verdict; model, cluster and training; the constraints; mesh and its d
 and the memory timeline per stage with the most loaded stage's plot (matplotlib PNG,
 base64); the collective table in nccl-tests columns plus bytes sent per rank per step (GB,
 the one traffic unit); the step summary, exposed communication and the pipeline Gantt
-chart (pp > 1); the link loads as bars. Search page: what was searched, the top candidates, the
-order rule, the top against the runner-up, the best rejected one and the candidates per
+chart (pp > 1); the link loads as bars. Search page: what was searched, the top candidates, where
+the config's own mesh stands (the text's ``your mesh`` line), the order rule, the top against the runner-up, the best rejected one and the candidates per
 outcome (rejection counts) as bars.
 """
 
@@ -31,20 +31,22 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, knobs, rejected_lines,
-                                    row, row_mesh, rule_counts)
+from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, rejected_lines,
+                                    rule_counts, top_table)
+from meshplan.report.search_lines import configured_lines, goodput_line, recompute_lines
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE, top_heading
 from meshplan.spec.mesh_words import axis_labels, mesh_text
-from meshplan.spec.wording import sharding_words
+from meshplan.spec.wording import recompute_words, runtime, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 
 def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
-    """(what, value) rows: model, cluster, training contract, mesh."""
+    """(what, value) rows: model, cluster, training contract (the recompute policy in its
+    runtime's words, as the plan text's ``train`` line), mesh."""
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
     out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, {m.attention_summary}, "
@@ -53,7 +55,8 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
-                        f"{sharding_words(t, c.origin)}, recompute {t.recompute}, params {t.param_dtype}, "
+                        f"{sharding_words(t, c.origin)}, recompute {t.recompute} "
+                        f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
@@ -182,23 +185,20 @@ def _count_bars(r: SearchResult) -> str:
 
 
 def search_page(r: SearchResult, name: str, note: str = "") -> str:
-    """The search report: header (``note``: :func:`plan_page`'s), top table, rule, top vs #2,
-    best rejected, outcome counts."""
-    top = []
-    for k, e in enumerate(r.top, 1):
-        d = row(r, e)
-        top.append((k, row_mesh(d), d["micro_batch"],
-                    d["recompute"], d["virtual_stages"], d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}",
-                    f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
-                    f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}"))
+    """The search report: header (``note``: :func:`plan_page`'s), top table, where the config's
+    own mesh stands, what recompute ``selective`` models, rule, top vs #2, goodput, best
+    rejected, outcome counts; the table and the lines as the text prints them
+    (:func:`~meshplan.report.search.top_table`, :mod:`meshplan.report.search_lines`)."""
+    columns, rows = top_table(r)
+    mine = configured_lines(r)
     verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
-    ranked = section("No feasible mesh", lines([verdict["line"]]) + table(
+    ranked = section("No feasible mesh", lines([verdict["line"]] + mine) + table(
         ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
-        if verdict else section(top_heading(len(top), left_out=r.counts()["feasible"] > len(top)).capitalize(),
-                                table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s",
-                                       "MFU", "tokens/s", "goodput", "GEMM eff"], top)
-                                + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
-                                        + [r.config.search.goodput_words()] + export_lines(r)))
+        if verdict else section(top_heading(len(rows), left_out=r.counts()["feasible"] > len(rows)).capitalize(),
+                                table(columns, rows)
+                                + lines(mine + recompute_lines(r) + [RULE_LINE]
+                                        + ([r.explanation.line()] if r.explanation is not None else [])
+                                        + [goodput_line(r)] + export_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]

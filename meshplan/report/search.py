@@ -1,8 +1,9 @@
 """Text and JSON reports of a :class:`~meshplan.search.driver.SearchResult`.
 
 Text: the space searched (axis order and placement named), the top candidates (mesh,
-micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput), the
-order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
+micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput where the
+rows differ in it: :func:`top_table`), where the config's own ``[mesh]`` stands and what recompute
+``selective`` models (:mod:`meshplan.report.search_lines`), the order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome; when no candidate fits, one line instead of the table, the order rule and the
@@ -14,17 +15,16 @@ exactness line (:func:`infeasible_line`). JSON (schema
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan import __version__
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
+from meshplan.report.search_lines import configured_lines, goodput_cell, goodput_line, goodput_shared, recompute_lines
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
@@ -133,35 +133,51 @@ def narrowed_lines(o) -> list[str]:
     return ["only these, by [search]: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in given)] if given else []
 
 
+#: The top table's columns (:func:`top_table`); ``goodput`` dropped where every row shows the same.
+TOP_COLUMNS = ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
+               "goodput", "GEMM eff")
+
+
+def top_table(r: SearchResult) -> tuple[list[str], list[list[str]]]:
+    """The top table's columns (:data:`TOP_COLUMNS`) and rows, every cell as printed, one
+    source for the text and the HTML page: ``goodput`` left out where every row shown prints the
+    same (:func:`meshplan.report.search_lines.goodput_shared`; the goodput line then gives it)."""
+    rows = []
+    for k, e in enumerate(r.top, 1):
+        d = row(r, e)
+        rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
+                     d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
+                     f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
+    if goodput_shared(r) is None:
+        return list(TOP_COLUMNS), rows
+    g = TOP_COLUMNS.index("goodput")
+    return [c for j, c in enumerate(TOP_COLUMNS) if j != g], [[x for j, x in enumerate(y) if j != g] for y in rows]
+
+
 def print_search(r: SearchResult, console: Console) -> None:
     """The report of the module docstring on ``console`` (every row of ``r.top``: the line on
     the top against #2 may name any of them)."""
     for line in header_lines(r):
         console.print(line, highlight=False, markup=False)
-    mine = [r.configured.line()] if r.configured else []  # where the config's own [mesh] stands
+    mine = configured_lines(r)  # where the config's own [mesh] stands
     if not r.top:  # no table, order rule, goodput or exactness line: they are about rows
         best = rejected_lines(r) if r.best_rejected else []
         for line in [infeasible_line(r)] + mine + best + count_lines(r) + [f"note: {n}" for n in r.notes]:
             console.print(line, highlight=False, markup=False)
         return
-    shown = r.top
-    tab = Table(title=top_heading(len(shown), left_out=r.counts()["feasible"] > len(shown)), title_justify="left")
-    for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
-                "goodput", "GEMM eff"):
+    columns, rows = top_table(r)
+    tab = Table(title=top_heading(len(rows), left_out=r.counts()["feasible"] > len(rows)), title_justify="left")
+    for col in columns:
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
-    for k, e in enumerate(shown, 1):
-        d = row(r, e)
-        tab.add_row(str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
-                    knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
-                    f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",
-                    f"{d['gemm_efficiency']:.1%}")
+    for cells in rows:
+        tab.add_row(*cells)
     console.print(tab)
-    for line in mine:
+    for line in mine + recompute_lines(r):
         console.print(line, highlight=False, markup=False)
     console.print(RULE_LINE, highlight=False, markup=False)
     if r.explanation is not None:
         console.print(r.explanation.line(), highlight=False, markup=False)
-    lines = [r.config.search.goodput_words()]
+    lines = [goodput_line(r)]
     if r.proven:
         lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                      "one shown")
@@ -371,35 +387,3 @@ def _engine_counts(r: SearchResult, text: str, n: int) -> list[tuple[str, int]]:
         return [(text, n)]
     zero3 = int(((r.code == CODE["engine"]) & (r.candidates.sh == SHARDING.index("zero3"))).sum())
     return [(fam["zero12"], n - zero3), (fam["zero3"], zero3)]
-
-
-class ProgressBar:
-    """A rich progress bar on stderr for :func:`meshplan.search.driver.search`'s ``progress``
-    callback, shown only once the search has run for ``after_s`` seconds (a search that
-    takes a moment prints none) and only on a terminal. Use as a context manager."""
-
-    def __init__(self, after_s: float = 0.5, console: Console | None = None):
-        self.clock, self.after_s = time.perf_counter, after_s
-        self.console = console or Console(stderr=True)
-        self.t0 = self.clock()
-        self.bar: Progress | None = None
-        self.tasks: dict[str, TaskID] = {}
-
-    def __enter__(self) -> "ProgressBar":
-        self.t0 = self.clock()
-        return self
-
-    def __call__(self, label: str, done: int, total: int) -> None:
-        if self.bar is None:
-            if self.clock() - self.t0 < self.after_s or not self.console.is_terminal:
-                return
-            self.bar = Progress(TextColumn("search: {task.description}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=self.console, transient=True)
-            self.bar.start()
-        if label not in self.tasks:
-            self.tasks[label] = self.bar.add_task(label, total=total)
-        self.bar.update(self.tasks[label], completed=done, total=total)
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()

@@ -154,15 +154,20 @@ class SearchOptions(BaseModel):
                                             le=BOUNDS["checkpoint_read_gb_per_s"].value)
     restart_overhead_s: float = Field(default=ASSUMED_RESTART_OVERHEAD_S, ge=0, le=BOUNDS["restart_overhead_s"].value)
 
-    def goodput_words(self) -> str:
+    def goodput_words(self, same: str = "") -> str:
         """The goodput column's inputs as the search prints them under its table: the storage
         bandwidths and restart overhead, and for each left at its default where the default
-        comes from and the ``[search]`` field that sets it.
+        comes from and the ``[search]`` field that sets it; ``same``, where every row shown has
+        one goodput and the search drops the column (:func:`meshplan.report.search.goodput_line`),
+        first.
 
         >>> print(SearchOptions().goodput_words())
         goodput (Daly, printed, not ranked): checkpoint write/read 2000/2000 GB/s (default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set [search] checkpoint_write_gb_per_s, checkpoint_read_gb_per_s), restart overhead 600 s (default: an assumption, no published figure; set [search] restart_overhead_s)
         >>> print(SearchOptions(checkpoint_write_gb_per_s=100, restart_overhead_s=300).goodput_words())
         goodput (Daly, printed, not ranked): checkpoint write/read 100/2000 GB/s (read default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set [search] checkpoint_read_gb_per_s), restart overhead 300 s
+        >>> print(SearchOptions(checkpoint_write_gb_per_s=100, checkpoint_read_gb_per_s=100,
+        ...                     restart_overhead_s=300).goodput_words("99.00% on every row"))
+        goodput (Daly, printed, not ranked): 99.00% on every row; checkpoint write/read 100/100 GB/s, restart overhead 300 s ([search] fields)
         """
         given = self.model_fields_set
         unset = [f for f in ("checkpoint_write_gb_per_s", "checkpoint_read_gb_per_s") if f not in given]
@@ -174,7 +179,8 @@ class SearchOptions(BaseModel):
         if "restart_overhead_s" not in given:
             restart += " (default: an assumption, no published figure; set [search] restart_overhead_s)"
         all_given = not unset and "restart_overhead_s" in given
-        return f"goodput (Daly, printed, not ranked): {storage}, {restart}" + (" ([search] fields)" if all_given else "")
+        return (f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{storage}, {restart}"
+                + (" ([search] fields)" if all_given else ""))
 
     @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
     @classmethod

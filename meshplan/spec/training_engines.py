@@ -265,7 +265,9 @@ class TrainingEngines(TrainingFields):
         passes its origin there).
 
         >>> from meshplan.spec.training import TrainingSpec
-        >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False).recompute_name
+        >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False, framework="megatron").recompute_name
         'Megatron-LM selective recompute (--recompute-activations: attention core)'
+        >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False).recompute_name.split(":")[0]
+        "attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations)"
         """
         return recompute_words(self, runtime(self))

@@ -70,11 +70,20 @@ def recompute_words(training, rt: str) -> str:
     torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every TransformerBlock's input kept, the block recomputed in backward)
     >>> recompute_words(t, "megatron").split(":")[0]
     'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
-    >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "torch")
+    >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "megatron")
     'Megatron-LM selective recompute (--recompute-activations: attention core)'
+
+    Under torch ``selective`` is the same model, Megatron-LM's core-attention recompute, which
+    torchtitan has no option for (its selective AC, ``activation_checkpoint.mode = "selective"``,
+    is ``op`` or ``layer``: :data:`_TORCH_SELECTIVE`):
+
+    >>> print(recompute_words(t.model_copy(update={"recompute": "selective"}), "torch"))
+    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>")
     """
     if rt == DEEPSPEED:
         return _deepspeed_recompute(training)
+    if rt == "torch" and training.recompute == "selective":
+        return _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention])
     core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
             "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
     return {"none": "no activation checkpointing",
@@ -86,6 +95,26 @@ def recompute_words(training, rt: str) -> str:
                   "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
                   "recomputed, tp all-gathers included)",
             }[training.recompute]
+
+
+#: ``recompute = "selective"`` under torch: what meshplan models (Megatron-LM's core-attention
+#: recompute, Korthikanti et al. 2022 section 5: the attention core's forward replayed in backward,
+#: its score tensors not kept, :func:`meshplan.memory.activations.layer_terms` and
+#: :mod:`meshplan.compute.ops`), said to be Megatron-LM's, since torchtitan has no such option:
+#: its ``[activation_checkpoint] mode = "selective"`` takes ``selective_ac_option = "op"``
+#: (op-level SAC, meshplan's ``op``) or a layer frequency (meshplan's ``layer``;
+#: torchtitan/distributed/activation_checkpoint.py, pytorch/torchtitan at e347b1e).
+_TORCH_SELECTIVE = ("attention-core recompute, modelled as Megatron-LM's selective recompute "
+                    "(--recompute-activations): {}, the other activations kept; torchtitan has no such option: its "
+                    "selective AC (activation_checkpoint.mode = \"selective\") is recompute \"op\" "
+                    "(selective_ac_option = \"op\") or \"layer\" (selective_ac_option = \"<ac_freq>\")")
+#: What :data:`_TORCH_SELECTIVE` replays and drops, by ``training.flash_attention``: with flash
+#: the kept score tensor is the fp32 softmax statistics, without it the softmax output (and, with
+#: dropout, its mask and output).
+_TORCH_CORE = {True: "the attention core's forward (the flash kernel) replayed in backward, its softmax statistics "
+                     "not kept",
+               False: "the attention core's forward replayed in backward, its softmax output (and dropout tensors) "
+                      "not kept"}
 
 
 #: ``recompute = "full"`` in each runtime's own words: torchtitan wraps every TransformerBlock in
