@@ -26,3 +26,51 @@ def test_unknown_cluster_names_the_option_and_the_closest_node(capsys):
     assert run_main("plan", TT, "--cluster", "dgx-h100", "--nodes", "1", "--gpu", "h100-sxm5-80g") == 2
     assert capsys.readouterr().err.startswith("error: --gpu: unknown gpu 'h100-sxm5-80g'; did you mean "
                                               "'h100-sxm5-80gb'? known: a100-sxm-80gb, ")
+
+
+def _torchtitan(tmp_path, shard: int, tp: int) -> Path:
+    f = tmp_path / "tt.toml"
+    f.write_text(TT.read_text().replace("data_parallel_shard_degree = -1", f"data_parallel_shard_degree = {shard}")
+                 .replace("tensor_parallel_degree = 1", f"tensor_parallel_degree = {tp}"))
+    return f
+
+
+def test_torchtitan_degrees_off_the_world_are_refused_in_torchtitan_keys(tmp_path, capsys):
+    """Finding 3: dp_shard 8 x tp 8 = 64 ranks on --nodes 16 x 8 = 128 GPUs: the error line
+    itself names parallelism.data_parallel_shard_degree = 128 / 8 = 16 and --nodes 64 / 8 = 8,
+    no meshplan key (mesh.shape, cluster.nodes); the notes before it stay."""
+    f = _torchtitan(tmp_path, 8, 8)
+    assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "16") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == ("error: parallelism.data_parallel_shard_degree: data_parallel_shard_degree 8 x "
+                       "tensor_parallel_degree 8 = 64 ranks, but --nodes 16 x 8 GPUs = 128; torchtitan refuses that "
+                       "at start-up (ParallelDims); fix: data_parallel_shard_degree = 16 (128 / tensor_parallel_degree "
+                       "8; or -1 to infer it), or --nodes 8 (64 GPUs)")
+    assert [line for line in err if line.startswith("error:")] == err[-1:]
+    # 3 x 2 = 6 ranks fill no whole number of 8-GPU nodes: the degree alone, 8 / 2 = 4
+    assert run_main("plan", _torchtitan(tmp_path, 3, 2), "--cluster", "dgx-h100", "--nodes", "1") == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        "= 6 ranks, but --nodes 1 x 8 GPUs = 8; torchtitan refuses that at start-up (ParallelDims); fix: "
+        "data_parallel_shard_degree = 4 (8 / tensor_parallel_degree 2; or -1 to infer it)")
+
+
+def test_megatron_degrees_off_the_world_name_its_flags():
+    """Megatron-LM infers dp = world / (tp x cp x pp), so its reader never builds such a mesh;
+    a Megatron config whose mesh was changed to dp 3 (pp 2 x dp 3 x tp 2 = 12 on 16 GPUs) is
+    refused with its flags and --nodes, dp having no flag."""
+    from dataclasses import replace
+
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    from meshplan.interop.world_words import foreign_world_error
+    from meshplan.mesh.resolve import world_error
+    cfg = load_any(EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args", opts=ImportOptions(cluster="dgx-h100",
+                                                                                           nodes=2))
+    assert cfg.origin == "megatron" and (cfg.mesh.names, cfg.mesh.shape) == (["pp", "dp", "tp"], [2, 4, 2])
+    cfg = replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [2, 3, 2]}))
+    bad = world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
+    assert str(bad).startswith("mesh.shape: pp 2 x dp 3 x tp 2 = 12 ranks")
+    assert str(foreign_world_error(cfg, bad)) == (
+        "--nodes: --pipeline-model-parallel-size 2 x dp 3 x --tensor-model-parallel-size 2 = 12 ranks, but --nodes 2 x "
+        "8 GPUs = 16; Megatron-LM runs dp = world / (tp x cp x pp); fix: degrees whose product is 16")
+    assert foreign_world_error(replace(cfg, origin=""), bad) is bad
