@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshplan import catalog
+from meshplan.units import GiB
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -74,3 +75,62 @@ def test_megatron_degrees_off_the_world_name_its_flags():
         "--nodes: --pipeline-model-parallel-size 2 x dp 3 x --tensor-model-parallel-size 2 = 12 ranks, but --nodes 2 x "
         "8 GPUs = 16; Megatron-LM runs dp = world / (tp x cp x pp); fix: degrees whose product is 16")
     assert foreign_world_error(replace(cfg, origin=""), bad) is bad
+
+
+def _405b(tmp_path, nodes: int, shard: int, global_batch: int) -> Path:
+    """examples/llama3-70b_256xh100_dp32-tp8.toml with Llama-3-405B on ``nodes`` dgx-h100 at
+    dp_shard ``shard`` x tp 8 and ``global_batch`` sequences (micro_batch 1, selective recompute)."""
+    text = (EXAMPLES / "llama3-70b_256xh100_dp32-tp8.toml").read_text()
+    f = tmp_path / f"405b-{nodes}.toml"
+    f.write_text(text.replace('"llama3-70b"', '"llama3-405b"').replace("nodes = 32", f"nodes = {nodes}")
+                 .replace("global_batch = 512", f"global_batch = {global_batch}")
+                 .replace("shape = [32, 8]", f"shape = [{shard}, 8]"))
+    return f
+
+
+def _at(cfg, nodes: int, global_batch: int):
+    """``cfg`` with recompute full on ``nodes`` nodes at dp_shard ``nodes`` x tp 8, planned."""
+    from dataclasses import replace
+
+    from meshplan.plan import build_plan
+    return build_plan(replace(cfg, cluster=cfg.cluster.model_copy(update={"nodes": nodes}),
+                              training=cfg.training.model_copy(update={"recompute": "full",
+                                                                       "global_batch": global_batch}),
+                              mesh=cfg.mesh.model_copy(update={"shape": [nodes, 8]})))
+
+
+def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_path, monkeypatch):
+    """Finding 1: Llama-3-405B, dp_shard 8 x tp 8, global batch 8 on 8 nodes. Recompute full
+    peaks at 99.0 GiB; more nodes need dp > 8 = global_batch / micro_batch, which the batch rule
+    refuses (the search used to stop there, "on up to 16 nodes"). With the batch raised to
+    dp: 12 nodes (global batch 12) peak over 67.1 GiB usable, 13 (global batch 13) fit, and 16
+    (global batch 16, the trial's hand check) fit at 52.0 GiB."""
+    from meshplan.config import load_config
+    from meshplan.plan_fix import memory_fix
+    from tests.cli_run import plan_file
+    p = plan_file(_405b(tmp_path, 8, 8, 8))
+    cfg = p.config
+    assert _at(cfg, 16, 8).reasons == ("global_batch 8 is not divisible by micro_batch 1 * dp 16 = 16",)
+    p12, p13, p16 = _at(cfg, 12, 12), _at(cfg, 13, 13), _at(cfg, 16, 16)
+    assert not p12.feasible and p13.feasible and p16.feasible
+    gib = [f"{x.timeline.peak.total_bytes / GiB:.1f}" for x in (_at(cfg, 8, 8), p12, p13, p16)]
+    assert gib[0] == "99.0" and float(gib[1]) > 67.1 and gib[3] == "52.0"
+    cap = "training.global_batch 8 caps dp at 8 (global_batch / micro_batch 1)"
+    assert memory_fix(p) == (f"fix: recompute full -> peak 99.0 GiB (usable 67.1 GiB); does not fit even at the most "
+                             f"memory-saving settings on 8 nodes, and {cap}: 13 nodes would with training.global_batch "
+                             f"13 (recompute full, dp_shard 13 x tp 8: peak {gib[2]} GiB)")
+    # on 2 nodes: 4 and 8 nodes split the batch 8 and do not fit; past 8 the same 13 nodes
+    assert memory_fix(plan_file(_405b(tmp_path, 2, 2, 8))).endswith(
+        f"on 2 nodes, and {cap}: 13 nodes would with training.global_batch 13 (recompute full, dp_shard 13 x tp 8: "
+        f"peak {gib[2]} GiB)")
+    # one doubling and no bisection: the first count found, 16 nodes at the trial's global batch 16
+    monkeypatch.setattr("meshplan.plan_fix.MAX_GROWN_PLANS", 1)
+    assert memory_fix(p).endswith(f"{cap}: 16 nodes would with training.global_batch 16 (recompute full, dp_shard 16 "
+                                  f"x tp 8: peak 52.0 GiB)")
+    # 1 node, global batch 2: 2 nodes (dp 2) tried, the cap reached; 4 nodes (global batch 4) do not fit
+    one = plan_file(_405b(tmp_path, 1, 1, 2))
+    assert load_config(_405b(tmp_path, 1, 1, 2)).cluster.nodes == 1
+    assert memory_fix(one).endswith(
+        "does not fit at the most memory-saving settings on up to 4 nodes either (data axis grown with the nodes; "
+        "training.global_batch 2 caps dp at 2 (global_batch / micro_batch 1): past it the global batch raised to a "
+        "multiple of micro_batch x dp)")
