@@ -134,3 +134,27 @@ def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_p
         "does not fit at the most memory-saving settings on up to 4 nodes either (data axis grown with the nodes; "
         "training.global_batch 2 caps dp at 2 (global_batch / micro_batch 1): past it the global batch raised to a "
         "multiple of micro_batch x dp)")
+
+
+def test_search_whose_model_state_exceeds_memory_fully_sharded_names_the_gpus_it_needs(tmp_path, capsys):
+    """Finding 2: Llama-3-405B (405,853,388,800 parameters) at 16 B each (fp32 parameters and
+    gradients, two fp32 Adam moments) is 6,493,654,220,800 B; over 16 GPUs 377.98 GiB per rank,
+    past 80e9 B x 0.9 = 67.06 GiB usable, so no batch fits. 6,493,654,220,800 / 90 = 67.20 GiB
+    does not fit, / 91 = 66.46 GiB does: 91 GPUs, 12 dgx-h100 nodes. The search's rule 'batch'
+    rejects the most candidates (global batch 12), yet the fix names memory, not the batch."""
+    from meshplan.config import load_config
+    from meshplan.memory.constraints import sharded_state_bytes, state_floor_fix
+    f = _405b(tmp_path, 2, 2, 12)
+    f.write_text(f.read_text().split("[mesh]")[0])
+    cfg = load_config(f, require_mesh=False)
+    m, t = cfg.model, cfg.training
+    assert m.param_count() == 405_853_388_800 and sharded_state_bytes(m, t, 1) == 16 * 405_853_388_800
+    assert sharded_state_bytes(m, t, 16) == 16 * 405_853_388_800 / 16
+    fix = ("add nodes: the model state alone is 378.0 GiB per rank even fully sharded (zero3 over all 16 GPUs) > 67.1 "
+           "GiB usable, whatever the batch; the state fits fully sharded from 91 GPUs (12 nodes of 8) on, activations "
+           "not counted")
+    assert state_floor_fix(m, t, cfg.cluster) == fix
+    assert state_floor_fix(m, t, cfg.cluster.model_copy(update={"nodes": 12})) is None
+    assert run_main("search", f) == 1
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("infeasible: no feasible mesh"))
+    assert "rule 'batch' rejected" in line and line.endswith(f"; fix: {fix}")
