@@ -168,17 +168,14 @@ def _nodes(plan: Plan, cfg: Config) -> Grown:
     when those ran out (the batch's cap on dp reached) or none fit, with the global batch raised
     where needed (:func:`_grown`), node counts doubled from the last tried until one fits and
     then bisected (memory falls as the data axis grows; at most :data:`MAX_GROWN_PLANS` planned)."""
-    p0 = _peak(cfg)
-    nodes = cfg.cluster.nodes
-    if p0 is None:
-        return Grown(None, plan.config.cluster.nodes)
-    data = next((n for n in _DATA if n in _degrees(p0)), None)
-    if data is None:
+    p0, nodes, t = _peak(cfg), cfg.cluster.nodes, cfg.training
+    data = next((n for n in _DATA if n in _degrees(p0)), None) if p0 is not None else None
+    if p0 is None or data is None:
         return Grown(None, nodes)
     top, last, tried = nodes * 1024, nodes, 0
     for n in range(nodes + 1, top):
-        if tried == MAX_NODE_PLANS:
-            break
+        if tried == MAX_NODE_PLANS or t.micro_batch * p0.mesh.dp * n > t.global_batch * nodes:
+            break  # (the second: dp past global_batch / micro_batch, the batch's cap)
         c = _grown(p0, cfg, data, n, raise_batch=False)
         if c is None:
             continue

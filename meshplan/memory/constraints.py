@@ -326,7 +326,7 @@ def sharded_state_bytes(model: ModelSpec, training: TrainingSpec, world: int) ->
     >>> sharded_state_bytes(m, t, 1) == 4 * sharded_state_bytes(m, t, 4)
     True
     """
-    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[world]), world)
+    mesh = _simple_mesh(world, shard=world)
     zero3 = training.model_copy(update={"sharding": "zero3"})
     return max(s.total_bytes for s in state_bytes(model, mesh, zero3, stage_layers(model.layers, 1)))
 
