@@ -8,7 +8,6 @@ under the config's field.
 
 from __future__ import annotations
 
-import difflib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -16,7 +15,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ValidationError
 
 from meshplan import catalog
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, closest
 from meshplan.limits import MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
@@ -66,8 +65,8 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         if home:
             return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
                                       f"({home}.{loc})")
-        near = difflib.get_close_matches(loc, list(cls.model_fields), n=1, cutoff=0.75)  # globl_batch: 0.96
-        guess = f"did you mean {near[0]}? " if near else ""
+        near = closest(loc, cls.model_fields)  # globl_batch: 0.96
+        guess = f"did you mean {near}? " if near else ""
         return ConfigError(field, f"unknown key in [{table}]; {guess}allowed keys: {', '.join(cls.model_fields)}")
     if err["type"] == "missing":
         return ConfigError(field, f"required key missing in [{table}]")

@@ -13,8 +13,10 @@ clear the screen or reorder what a terminal shows.
 
 from __future__ import annotations
 
+import difflib
 import math
 import unicodedata
+from typing import Iterable, Optional
 
 _UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 
@@ -37,6 +39,20 @@ def printable(text: str, keep_newlines: bool = False) -> str:
         return text
     return "".join(ch if (ch == "\n" and keep_newlines) or unicodedata.category(ch) not in _UNPRINTABLE
                    else _escape(ch) for ch in text)
+
+
+def closest(name: object, names: Iterable[str], cutoff: float = 0.75) -> Optional[str]:
+    """The entry of ``names`` that ``name`` most looks like a typo of (difflib's ratio at least
+    ``cutoff``: ``globl_batch`` of ``global_batch`` 0.96), or None: the ``did you mean`` of a
+    misspelt config key and of an unknown catalog name (``--cluster dgx-h10``).
+
+    >>> closest("dgx-h10", ["dgx-a100", "dgx-h100", "dgx-h200"]), closest("dgx-h999", ["dgx-h100"])
+    ('dgx-h100', None)
+    """
+    if not isinstance(name, str):
+        return None
+    near = difflib.get_close_matches(name, list(names), n=1, cutoff=cutoff)
+    return near[0] if near else None
 
 
 class ConfigError(ValueError):

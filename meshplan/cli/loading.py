@@ -19,6 +19,7 @@ from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
 from meshplan.placement.topology import load_topology
@@ -36,7 +37,8 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     (meshplan calibration TOML) the link bandwidths and latencies, ``kernels`` (and the
     config's [kernels] files) the GPU's kernel data. Malformed input is a
     ConfigError (exit 2, one line): degrees that cannot make the world
-    (:func:`~meshplan.mesh.resolve.world_error`; with ``unresolved``, as ``compare`` plans two
+    (:func:`~meshplan.mesh.resolve.world_error`, a foreign file's in its format's keys:
+    :func:`~meshplan.interop.world_words.foreign_world_error`; with ``unresolved``, as ``compare`` plans two
     configs, such a plan is returned, infeasible) and counts that disagree
     (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
     the config's ``mesh.pp_schedule`` before the plan's rules (:mod:`meshplan.cli.schedule_opt`;
@@ -53,7 +55,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
             None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
         if bad is not None:
-            raise bad
+            raise foreign_world_error(cfg, bad)  # a foreign file's in its own keys
     return plan
 
 

@@ -150,19 +150,30 @@ def merge_tables(base: dict, top: dict) -> dict:
 def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) -> tuple[dict, int]:
     """([cluster] table, world size) from ``--cluster``/``--nodes`` (``nodes`` from the file,
     e.g. a launch script's ``--nnodes``, when ``--nodes`` is not given). ConfigError naming
-    the option when the cluster is not known."""
+    the option (``--cluster``, ``--gpu``) when the node or GPU is not known."""
     if opts.cluster is None:
         raise ConfigError("--cluster", f"a {fmt} config does not say the cluster; give --cluster NODE --nodes N "
                           f"(catalog nodes: {', '.join(catalog.names('node'))})")
     n = opts.nodes if opts.nodes is not None else nodes
     if n is None:
         raise ConfigError("--nodes", f"a {fmt} config does not say how many nodes; give --nodes N")
-    gpus = catalog.node(opts.cluster).gpus  # ConfigError naming the known nodes
+    gpus = _named("--cluster", catalog.node, opts.cluster).gpus  # ConfigError naming the known nodes
+    if opts.gpu:
+        _named("--gpu", catalog.gpu, opts.gpu)
     if n * gpus > MAX_WORLD:
         raise ConfigError("--nodes" if opts.nodes is not None else "nodes", f"{n} nodes x {gpus} GPUs = {n * gpus:,} "
                           f"ranks is over the bound {MAX_WORLD:,} (meshplan's world bound); give fewer nodes")
     table = {"system": opts.cluster, "nodes": n} | ({"gpu": opts.gpu} if opts.gpu else {})
     return table, n * gpus
+
+
+def _named(option: str, read, name: str):
+    """``read(name)`` (a catalog reader), its unknown-name error under the ``option`` the user
+    typed (``--cluster: unknown node 'dgx-h10'; did you mean 'dgx-h100'? known: ...``)."""
+    try:
+        return read(name)
+    except ConfigError as e:
+        raise ConfigError(option, e.message) from None
 
 
 def model_option(value: str) -> dict:

@@ -312,3 +312,39 @@ def memory_reasons(cons: Constraints) -> list[str]:
         return []
     return [f"first peak estimate {e.total_bytes / GiB:.1f} GiB on stage {e.stage} > usable {cons.usable_bytes / GiB:.1f} "
             f"GiB ({e.line()})"]
+
+
+def sharded_state_bytes(model: ModelSpec, training: TrainingSpec, world: int) -> float:
+    """Persistent state per rank, bytes, with every tensor sharded over all ``world`` ranks:
+    ``training.sharding = "zero3"`` over dp_shard = ``world`` in the config's dtypes
+    (:func:`meshplan.memory.state.state_bytes`). tp, pp, cp and ep split the same state at
+    most as many ways and hold norms and stage ends unevenly, so no mesh of ``world`` ranks
+    holds less (up to a shard's rounding): the floor below which no batch fits.
+
+    >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=128)
+    >>> t = TrainingSpec(global_batch=8, seq_len=16)
+    >>> sharded_state_bytes(m, t, 1) == 4 * sharded_state_bytes(m, t, 4)
+    True
+    """
+    mesh = _simple_mesh(world, shard=world)
+    zero3 = training.model_copy(update={"sharding": "zero3"})
+    return max(s.total_bytes for s in state_bytes(model, mesh, zero3, stage_layers(model.layers, 1)))
+
+
+def state_floor_fix(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec) -> str | None:
+    """Where even :func:`sharded_state_bytes` on the cluster's GPUs exceeds usable memory, the
+    fix of a search that found no mesh: add nodes, with the fewest GPUs (and nodes) whose fully
+    sharded state fits (activations not counted, so a lower bound); None where it fits.
+    The fewest: from the unsharded state / usable memory (a shard is at least its 1/world
+    share) up to the first that fits, at most 64 counts past it."""
+    usable, world = usable_bytes(cluster, training), cluster.world
+    floor = sharded_state_bytes(model, training, world)
+    if floor <= usable:
+        return None
+    first = ceil(sharded_state_bytes(model, training, 1) / usable)
+    need = next((w for w in range(first, first + 64) if sharded_state_bytes(model, training, w) <= usable), None)
+    gpus = cluster.node.gpus
+    at = (f"; the state fits fully sharded from {need:,} GPUs ({ceil(need / gpus):,} nodes of {gpus}) on, activations "
+          f"not counted" if need is not None else "")
+    return (f"add nodes: the model state alone is {floor / GiB:.1f} GiB per rank even fully sharded (zero3 over all "
+            f"{world:,} GPUs) > {usable / GiB:.1f} GiB usable, whatever the batch{at}")

@@ -33,7 +33,7 @@ from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
 from meshplan.search.space import overlap_searched
-from meshplan.memory.constraints import usable_bytes
+from meshplan.memory.constraints import state_floor_fix, usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
@@ -275,7 +275,9 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     """Why no candidate fits, as data (None when one does): ``candidates``, ``rules`` (the up
     to 3 rejection rules that removed the most candidates, most first, each ``{"rule", "rejected",
     "text"}``), ``undecided`` (candidates near the memory limit not settled), ``fix`` (what
-    widens the search past the first rule, :data:`_FIXES`; null without a rule) and ``line``
+    widens the search past the first rule, :data:`_FIXES`, or where the model state alone
+    exceeds usable memory fully sharded over every GPU, the GPUs it needs:
+    :func:`~meshplan.memory.constraints.state_floor_fix`; null without a rule) and ``line``
     (:func:`infeasible_line`: the one line the text prints). ``search --json`` holds it as
     ``no_feasible_mesh``, the HTML page shows the line."""
     if r.top:
@@ -283,7 +285,8 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     most = sorted(rule_counts(r), key=lambda x: -x[2])[:3]
     rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": t} for k, t, n in most]
     fixes = _FIXES | _FIXES_MEGATRON if r.config.training.framework == "megatron" else _FIXES
-    fix = fixes.get(most[0][0], _FIX_ANY) if most else None
+    cfg = r.config  # a model state over memory fully sharded: no batch or knob helps, only GPUs
+    fix = (state_floor_fix(cfg.model, cfg.training, cfg.cluster) or fixes.get(most[0][0], _FIX_ANY)) if most else None
     verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": r.counts()["undecided"],
                                "fix": fix}
     return verdict | {"line": _verdict_line(verdict)}
