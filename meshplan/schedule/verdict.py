@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.comm_times import comm_kind, shard_group
+from meshplan.schedule.comm_times import comm_kind, shard_group, step_stream
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh_words import stage_list
 from meshplan.units import GB, GiB, counted
@@ -50,7 +50,9 @@ def stream_of(row) -> str:
     kind = comm_kind(row)
     if kind == "shard":
         return "efsdp" if shard_group(row.cadence) == "expert" else "fsdp"
-    return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
+    if kind == "step":
+        return step_stream(row)  # "dp" for the data axes, else the row's group (tp, pp, efsdp)
+    return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp"}.get(kind, kind)
 
 
 def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replanned"]] = None, *,
