@@ -81,7 +81,8 @@ def test_d4_parts_by_hand(d4):
     loads = call_loads(res)[0]  # the leading call (none on stage 0), then one after each unit
     assert loads[0] == 0 and loads.sum() == 340
     assert np.bincount(loads[1:].astype(int)).tolist() == [162 + 1, 30 + 43 + 29, 119]  # + 1: after B191
-    tied, norms = (next(r for r in plan.stage(0).collectives if r.phase == "step" and r.axis == a) for a in ("pp", "tp"))
+    tied, norms = (next(r for r in plan.stage(0).collectives if r.phase == "step" and r.axis == a)
+                   for a in ("pp", "tp"))
     assert (tied.op, tied.size_bytes, norms.op, norms.size_bytes) == ("all-reduce", 314572800, "all-reduce", 3538944)
     parts = st.parts_s()
     assert parts["exposed pp"] == pytest.approx(340 * p2p + tied.time_s, rel=1e-9) == st.exposed_s["pp"]
@@ -111,7 +112,8 @@ def test_d4_prints_parts_adding_to_the_step(capsys):
     _main(["step", str(ROOT / "benchmarks" / "fidelity" / D4)])
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("step on stage"))
-    assert line == "step on stage 0 = compute 11177.65 + bubble 676.53 + exposed pp 158.19 + exposed tp 1394.57 = 13406.94 ms"
+    assert line == ("step on stage 0 = compute 11177.65 + bubble 676.53 + exposed pp 158.19 + exposed tp 1394.57 = "
+                    "13406.94 ms")
     assert "exposed communication on stage 0: pp 158.19 ms, tp 1394.57 ms" in out
     assert out.splitlines()[0].startswith("step 13406.94 ms")
 

@@ -76,7 +76,8 @@ def test_tp8_dp1_norm_gradients_are_tp(tmp_path, capsys):
     readiness list names tp, with the optimizer step as its deadline (it waits for no op)."""
     path = _config(tmp_path, "tp8", {}, {"shape": [1, 8]})
     rows = _per_step_rows(path)
-    assert [(r.axis, r.phase, r.op, r.size_bytes, r.per_step) for r in rows] == [("tp", "step", "all-reduce", 8192, 195)]
+    assert [(r.axis, r.phase, r.op, r.size_bytes, r.per_step) for r in rows] == \
+        [("tp", "step", "all-reduce", 8192, 195)]
     want, out = _check(path, tmp_path, capsys)
     assert want == {("tp", "all-reduce")}
     line = next(x for x in out.splitlines() if x.startswith("  tp            backward all-reduce"))

@@ -273,7 +273,8 @@ class CommTimes:
 
         Llama-3-8B at tp 8, dp 1, SP without FSDP: the norms' weight gradients, all over tp:
 
-        >>> CommTimes(step_reduce_s=2.0, step_reduce_by={"tp": 2.0}, reduce_ops_by={"tp": {"all-reduce"}}).reduce_parts(0.5)
+        >>> c = CommTimes(step_reduce_s=2.0, step_reduce_by={"tp": 2.0}, reduce_ops_by={"tp": {"all-reduce"}})
+        >>> c.reduce_parts(0.5)
         [('tp', 0.5, 'all-reduce')]
         """
         by = self.mb_reduce_by if self.mb_reduce_s and not per_step else self.step_reduce_by
