@@ -115,3 +115,19 @@ def test_zero1_moe_expert_reduction_is_efsdp(tmp_path, capsys):
     path = _config(tmp_path, "moe", {}, {}, base=base)
     want, _ = _check(path, tmp_path, capsys)
     assert want == {(g, op) for g in ("dp", "efsdp") for op in ("reduce-scatter", "all-gather")}
+
+
+def test_replicated_kv_heads_all_reduce_is_kv_replica(tmp_path, capsys):
+    """tp 4 past 2 KV heads (handed case C6 at small size, tests/test_schedule_semantics.py):
+    the copies' wk/wv gradients are all-reduced once per step and layer over the KV replica
+    group, the table's ``kv_replica step all-reduce``; the readiness list names that group
+    (it said ``kv``), beside the DDP buckets' all-reduce over dp."""
+    base = {"model": {"layers": 4, "hidden": 64, "ffn": 256, "gated_mlp": False, "q_heads": 4, "kv_heads": 2,
+                      "vocab": 256},
+            "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 64, "micro_batch": 1, "sharding": "none",
+                         "param_dtype": "bf16", "recompute": "none"},
+            "mesh": {"names": ["dp", "tp"], "shape": [2, 4]}}
+    path = _config(tmp_path, "kv", {}, {}, base=base)
+    want, _ = _check(path, tmp_path, capsys)
+    assert ("kv_replica", "all-reduce") in want and ("dp", "all-reduce") in want

@@ -123,9 +123,8 @@ def comm_kind(row) -> str:
     return "other"
 
 
-#: The data axes, as the collective table names them (:meth:`~meshplan.mesh.resolve.Mesh.display_name`),
-#: whose per-step gradient reductions and parameter gathers the timeline shows on the "dp" stream
-#: (:func:`step_stream`); "loss" is the data-parallel group of Megatron-LM's DDP (dp x cp).
+#: The data axes as the table names them (:meth:`~meshplan.mesh.resolve.Mesh.display_name`; "loss":
+#: Megatron-LM DDP's dp x cp), whose per-step rows the timeline shows on "dp" (:func:`step_stream`).
 DATA_STEP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "fsdp", "loss"})
 
 
@@ -135,7 +134,8 @@ def step_stream(row) -> str:
     (:data:`DATA_STEP_AXES`), else the group the row runs on, as the collective table names it:
     ``tp`` for the norms' weight gradients under SP (and the MoE router's, MLA's) without FSDP
     and Megatron-LM's coalesced SP all-reduce, ``pp`` for the tied embedding's all-reduce between
-    the first and last stage, ``efsdp`` for the routed experts' ZeRO-1/2 or DDP reduction.
+    the first and last stage, ``efsdp`` for the routed experts' ZeRO-1/2 or DDP reduction (the
+    replicated KV heads' all-reduces, kind ``kv``, show on their group ``kv_replica`` too).
 
     >>> from types import SimpleNamespace as R
     >>> [step_stream(R(axis=a)) for a in ("dp_shard", "fsdp", "loss", "tp", "pp", "efsdp")]
