@@ -90,9 +90,10 @@ def _timings_loop(st, stage=0):
         elif e.stream == "cp":  # the Q projection (or its input gradient) it runs beside, in its own unit
             dl = next((c.end_s for c in compute if c.args.get("unit") == unit and c.start_s >= e.start_s
                        and c.name.endswith((" Q proj", " Q proj B"))), e.end_s)
-        elif e.stream in ("dp_replicate", "dp") and "all-gather" in e.name:
+        elif e.stream in ("dp_replicate", "dp") and "all-gather" in e.name or e.name.startswith("param all-gather"):
             dl = e.end_s  # ZeRO-1's parameter all-gather after the optimizer ends the step
-        elif "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
+        elif "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp") \
+                or e.name.startswith("grad reduce"):  # the per-step reduction's part over tp, pp or efsdp
             dl = opt
         else:
             dl = e.end_s

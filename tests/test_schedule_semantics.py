@@ -61,7 +61,7 @@ def timeline_counts(st, s: int) -> Counter:
             elif a.get("kind") in COUNTED:
                 out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
     for e in st.post_events:
-        if e.stage == s and e.stream == "kv":  # one step-end event per layer's K/V gradient all-reduce
+        if e.stage == s and e.stream == "kv_replica":  # one step-end event per layer's K/V gradient all-reduce
             out[("kv", "", "step", "all-reduce")] += 1
         elif e.stage == s and "grad reduce" in e.name:
             step_reduce = True
@@ -138,10 +138,10 @@ def test_timeline_issues_the_kv_replica_all_reduces(schedule, vpp, sharding):
         counts = timeline_counts(st, s)
         assert counts == table_counts(plan, s), (s, table_counts(plan, s))
         assert counts[("kv", "", "step", "all-reduce")] == 2
-        assert [e.end_s - e.start_s for e in st.post_events if e.stage == s and e.stream == "kv"] == \
+        assert [e.end_s - e.start_s for e in st.post_events if e.stage == s and e.stream == "kv_replica"] == \
             pytest.approx([rows[0].time_s] * 2)
     opt = [e for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
-    assert all(e.end_s <= opt.start_s for e in st.post_events if e.stage == 0 and e.stream == "kv")
+    assert all(e.end_s <= opt.start_s for e in st.post_events if e.stage == 0 and e.stream == "kv_replica")
 
 
 @pytest.mark.parametrize("reshard", [True, False])

@@ -54,7 +54,13 @@ def test_d4_parts_by_hand(d4):
     141.31 = 676.52 ms) is stage 0 waiting for its partner stages: bubble (stage 0 never waits
     between units otherwise: its input comes in the calls). compute = stage 0's 384 units (12,474.50
     ms) less the tp exposed inside them (1,394.47 ms) + the optimizer step (97.20 ms) = 11,177.23
-    ms; dp 16.98 ms (the per-step gradient all-reduce, after the last unit). The step itself is
+    ms. After the last unit, before the optimizer, the per-step reductions (Megatron-LM: not
+    overlapped), each exposed on the group it runs on (the plan's table): tp 0.10 ms (the SP
+    norms' and row-parallel biases' coalesced all-reduce, 3,538,944 B), pp 16.88 ms (the tied
+    embedding's gradient between stages 0 and 7: 51,200 padded vocab x 12,288 / tp 8 x 4 B fp32
+    = 314,572,800 B), so exposed pp = 141.31 + 16.88 = 158.19 ms and tp = 1,394.47 + 0.10 =
+    1,394.57 ms (both were 16.98 ms of "dp" at dp 1 until the per-step rows took their own
+    group's stream). The step itself is
     the one before the split: 13,406.51 ms. (Before dV took dK's orientation, compute/attention.py
     score_ops: 12,411.50, 11,114.23, bubble 673.90, step 13,340.89 ms; each of the 768 layer
     passes gained 86.25 us: dV, 12 heads of (2048, 128, 2048), 66.62 -> 152.86 us at dK's D S7a
@@ -75,18 +81,22 @@ def test_d4_parts_by_hand(d4):
     loads = call_loads(res)[0]  # the leading call (none on stage 0), then one after each unit
     assert loads[0] == 0 and loads.sum() == 340
     assert np.bincount(loads[1:].astype(int)).tolist() == [162 + 1, 30 + 43 + 29, 119]  # + 1: after B191
+    tied, norms = (next(r for r in plan.stage(0).collectives if r.phase == "step" and r.axis == a)
+                   for a in ("pp", "tp"))
+    assert (tied.op, tied.size_bytes, norms.op, norms.size_bytes) == ("all-reduce", 314572800, "all-reduce", 3538944)
     parts = st.parts_s()
-    assert parts["exposed pp"] == pytest.approx(340 * p2p, rel=1e-9) == st.exposed_s["pp"]
-    assert round(parts["exposed pp"] * 1e5) == 14131
+    assert parts["exposed pp"] == pytest.approx(340 * p2p + tied.time_s, rel=1e-9) == st.exposed_s["pp"]
+    assert [round(x * 1e5) for x in (340 * p2p, tied.time_s, parts["exposed pp"])] == [14131, 1688, 15819]
+    assert round((parts["exposed tp"] - norms.time_s) * 1e5) == 139447 and round(norms.time_s * 1e5) == 10
     sl = res.stage_slice(0)
     held = float(res.hold[sl].sum())
     assert round(held * 1e5) == 81784 and not res.wait[sl].any()
     assert parts["bubble"] == pytest.approx(held - 340 * p2p, rel=1e-12)
     opt = [e.dur_s for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
-    assert parts["compute"] == pytest.approx(res.busy_s[0] - st.exposed_s["tp"] + opt, rel=1e-12)
-    assert [round(parts[k] * 1e5) for k in ("compute", "bubble", "exposed tp", "exposed dp")] == \
-        [1117765, 67653, 139447, 1698]
-    assert set(parts) == {"compute", "bubble", "exposed tp", "exposed pp", "exposed dp"}
+    inside = st.exposed_s["tp"] - norms.time_s  # the tp exposed inside the units (the step-end all-reduce's apart)
+    assert parts["compute"] == pytest.approx(res.busy_s[0] - inside + opt, rel=1e-12)
+    assert [round(parts[k] * 1e5) for k in ("compute", "bubble", "exposed tp")] == [1117765, 67653, 139457]
+    assert set(parts) == {"compute", "bubble", "exposed tp", "exposed pp"}  # no "dp" at dp 1
     assert sum(parts.values()) == pytest.approx(st.step_s, abs=1e-9)
     split = pp_hold_split(res, 0)
     assert np.allclose(split.transfer_s + split.wait_s, res.hold[sl], rtol=0, atol=1e-15)
@@ -102,9 +112,9 @@ def test_d4_prints_parts_adding_to_the_step(capsys):
     _main(["step", str(ROOT / "benchmarks" / "fidelity" / D4)])
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("step on stage"))
-    assert line == ("step on stage 0 = compute 11177.65 + bubble 676.53 + exposed dp 16.98 + exposed pp 141.31 + "
-                    "exposed tp 1394.47 = 13406.94 ms")
-    assert "exposed communication on stage 0: dp 16.98 ms, pp 141.31 ms, tp 1394.47 ms" in out
+    assert line == ("step on stage 0 = compute 11177.65 + bubble 676.53 + exposed pp 158.19 + exposed tp 1394.57 = "
+                    "13406.94 ms")
+    assert "exposed communication on stage 0: pp 158.19 ms, tp 1394.57 ms" in out
     assert out.splitlines()[0].startswith("step 13406.94 ms")
 
 

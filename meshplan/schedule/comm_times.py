@@ -123,6 +123,41 @@ def comm_kind(row) -> str:
     return "other"
 
 
+#: The data axes as the table names them (:meth:`~meshplan.mesh.resolve.Mesh.display_name`; "loss":
+#: Megatron-LM DDP's dp x cp), whose per-step rows the timeline shows on "dp" (:func:`step_stream`).
+DATA_STEP_AXES = frozenset({"dp", "dp_shard", "dp_replicate", "fsdp", "loss"})
+
+
+def step_stream(row) -> str:
+    """The stream that shows a per-step row's (kind ``step``, :func:`comm_kind`) calls in the
+    rank timeline and the step's readiness list: "dp" for the data axes
+    (:data:`DATA_STEP_AXES`), else the group the row runs on, as the collective table names it:
+    ``tp`` for the norms' weight gradients under SP (and the MoE router's, MLA's) without FSDP
+    and Megatron-LM's coalesced SP all-reduce, ``pp`` for the tied embedding's all-reduce between
+    the first and last stage, ``efsdp`` for the routed experts' ZeRO-1/2 or DDP reduction (the
+    replicated KV heads' all-reduces, kind ``kv``, show on their group ``kv_replica`` too).
+
+    >>> from types import SimpleNamespace as R
+    >>> [step_stream(R(axis=a)) for a in ("dp_shard", "fsdp", "loss", "tp", "pp", "efsdp")]
+    ['dp', 'dp', 'dp', 'tp', 'pp', 'efsdp']
+    """
+    return "dp" if row.axis in DATA_STEP_AXES else row.axis
+
+
+def split_by_stream(by: dict, seconds: float) -> list[tuple[str, float]]:
+    """``seconds`` of the per-step reduction (or gather) split over the streams of ``by``
+    ({stream: seconds per step}, :func:`step_stream`) in proportion, in ``by``'s order; one
+    stream (or none: "dp") takes ``seconds`` itself, to the bit.
+
+    >>> split_by_stream({"dp": 3.0, "tp": 1.0}, 2.0), split_by_stream({"tp": 1.0}, 0.5), split_by_stream({}, 0.5)
+    ([('dp', 1.5), ('tp', 0.5)], [('tp', 0.5)], [('dp', 0.5)])
+    """
+    if len(by) <= 1:
+        return [(next(iter(by), "dp"), seconds)]
+    total = sum(by.values())
+    return [(k, seconds * v / total) for k, v in by.items() if v > 0]
+
+
 #: Timeline group of each FSDP root unit label (:func:`meshplan.comm.fsdp_rows.fsdp_units`): one
 #: root, or the embedding's unit and the [norm, output] unit apart (torchtitan, a V).
 ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_head"}
@@ -210,13 +245,18 @@ class CommTimes:
     ddp_buckets: int = 0
     gather_buckets: int = 0
     mb_reduce_s: float = 0.0
-    #: the collectives of the per-step / per-micro-batch gradient reduction's rows ("all-reduce" for
-    #: DDP and DeepSpeed's buckets, "reduce-scatter" for Megatron-LM's ZeRO-1/2): the one of them is
-    #: named in its events so the step's collective list shows them (linkload._op_of), none when
-    #: there are several (:attr:`step_reduce_op`)
-    step_reduce_ops: frozenset[str] = frozenset()
     mb_buckets: int = 0
     bucket_wait: bool = False
+    #: ``step_reduce_s``, ``mb_reduce_s`` and ``step_gather_s`` by the stream that shows them
+    #: ({stream: seconds}, :func:`step_stream`: "dp", or the group a per-step row runs on), and the
+    #: reduction's collectives by stream ({stream: ops}; "all-reduce" for DDP and DeepSpeed's buckets,
+    #: "reduce-scatter" for Megatron-LM's ZeRO-1/2: the one of a stream is named in its events so the
+    #: step's collective list shows them, linkload._op_of): each piece and step-end event is split
+    #: over them (:meth:`reduce_parts`, :meth:`gather_parts`)
+    step_reduce_by: dict = field(default_factory=dict)
+    mb_reduce_by: dict = field(default_factory=dict)
+    step_gather_by: dict = field(default_factory=dict)
+    reduce_ops_by: dict = field(default_factory=dict)
     #: the collective of the shard units' gradient reduction: "all-reduce" for DeepSpeed ZeRO-3
     #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
     shard_reduce_op: str = "reduce-scatter"
@@ -224,18 +264,25 @@ class CommTimes:
     #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`)
     ds_flush: dict = field(default_factory=dict)
 
-    @property
-    def step_reduce_op(self) -> str:
-        """The gradient reduction's collective when its rows have one (all-reduce or
-        reduce-scatter), else "" (none, several, or another op).
+    def reduce_parts(self, seconds: float, per_step: bool = False) -> list[tuple[str, float, str]]:
+        """``seconds`` of the gradient reduction (a piece, :func:`~meshplan.schedule.grad_reduce.reduce_pieces`,
+        or with ``per_step`` the step-end whole of ``step_reduce_s``) as (stream, seconds,
+        collective) by the stream of its rows (:func:`split_by_stream`): a piece splits the
+        micro-batch's rows when there are (ZeRO-2, whose pieces reduce_pieces places), else the
+        per-step ones; the collective, the stream's rows' one all-reduce or reduce-scatter, else "".
 
-        >>> CommTimes(step_reduce_ops=frozenset({"all-reduce"})).step_reduce_op
-        'all-reduce'
-        >>> CommTimes(step_reduce_ops=frozenset({"all-reduce", "reduce-scatter"})).step_reduce_op
-        ''
+        Llama-3-8B at tp 8, dp 1, SP without FSDP: the norms' weight gradients, all over tp:
+
+        >>> c = CommTimes(step_reduce_s=2.0, step_reduce_by={"tp": 2.0}, reduce_ops_by={"tp": {"all-reduce"}})
+        >>> c.reduce_parts(0.5)
+        [('tp', 0.5, 'all-reduce')]
         """
-        (op,) = self.step_reduce_ops if len(self.step_reduce_ops) == 1 else ("",)
-        return op if op in ("all-reduce", "reduce-scatter") else ""
+        by = self.mb_reduce_by if self.mb_reduce_s and not per_step else self.step_reduce_by
+        return [(k, x, _one_op(self.reduce_ops_by.get(k, ()))) for k, x in split_by_stream(by, seconds)]
+
+    def gather_parts(self, seconds: float) -> list[tuple[str, float]]:
+        """``seconds`` of the per-step parameter all-gather by the stream of its rows (:func:`split_by_stream`)."""
+        return split_by_stream(self.step_gather_by, seconds)
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -252,18 +299,22 @@ class CommTimes:
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
             c.bucket_wait = c.bucket_wait or ds
+            lab = step_stream(r) if kind == "step" else ""
             if kind == "step" and r.op != "all-gather":
-                c.step_reduce_ops |= {r.op}
+                c.reduce_ops_by[lab] = c.reduce_ops_by.get(lab, frozenset()) | {r.op}
             if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
                 c.mb_reduce_s += r.time_s * r.per_microbatch
+                _add_to(c.mb_reduce_by, lab, r.time_s * r.per_microbatch)
                 c.mb_buckets += r.per_microbatch
             elif kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
                 if r.op == "all-gather":  # a synchronous call's host time (DeepSpeed ZeRO-3's persistent
                     # gather) runs beside its GPU time: the later of the two ends it
                     c.step_gather_s += max(r.time_s, r.host_s) * max(r.per_step, 1)
+                    _add_to(c.step_gather_by, lab, max(r.time_s, r.host_s) * max(r.per_step, 1))
                     c.gather_buckets += max(r.per_step, 1)
                 else:
                     c.step_reduce_s += r.time_s * max(r.per_step, 1)
+                    _add_to(c.step_reduce_by, lab, r.time_s * max(r.per_step, 1))
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
@@ -314,6 +365,16 @@ class CommTimes:
         """Fraction of the SMs a collective of this key holds (its kind's largest when the key
         has no row: the loss and norm-gradient collectives, the per-step reduction pieces)."""
         return self.share.get((kind, group, phase, op), self.share.get((kind,), 0.0))
+
+
+def _add_to(by: dict, key: str, seconds: float) -> None:
+    by[key] = by.get(key, 0.0) + seconds
+
+
+def _one_op(ops) -> str:
+    """The one all-reduce or reduce-scatter of ``ops``, else "" (none, several, another)."""
+    (op,) = ops if len(ops) == 1 else ("",)
+    return op if op in ("all-reduce", "reduce-scatter") else ""
 
 
 def nccl_sm_share(cluster):

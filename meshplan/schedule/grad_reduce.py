@@ -23,12 +23,23 @@ def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: b
         # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
         # previous bucket's all-reduce) before issuing the next (deepspeed_zero12)
         s.compute("bucket wait (DeepSpeed overlap_comm)", 0.0, [s.reduced])
-    op = s.c.step_reduce_op
-    red = s.comm("dp", "step", "reduce", f"grad reduce: {op} {name}" if op else f"grad reduce {name}",
-                 seconds=step_piece) if step_piece else None
+    red = _reduce_piece(s, name, step_piece) if step_piece else None
     s.reduced = red or s.reduced
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def _reduce_piece(s: StreamSim, name: str, seconds: float) -> Optional[Event]:
+    """A layer's piece of the per-step (or ZeRO-2's micro-batch) gradient reduction: one event
+    per group its rows run on (:meth:`~meshplan.schedule.comm_times.CommTimes.reduce_parts`:
+    "dp" for the data axes, "tp" for the SP norms' gradients without FSDP, "pp" for the tied
+    embedding's), one after another on the one queue the reduction had before it was split, so
+    the pieces' times are unchanged; the last event (the reduction is done with it)."""
+    red = None
+    for label, sec, op in s.c.reduce_parts(seconds):
+        red = s.comm("dp", "step", "reduce", f"grad reduce: {op} {name}" if op else f"grad reduce {name}",
+                     seconds=sec, label=label) or red
+    return red
 
 
 def _reduce_scatter(s: StreamSim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:

@@ -210,10 +210,10 @@ def _deadline(d, i: int, opt: float) -> float:
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n.endswith(Q_OPS)]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit == d.unit[i]))
         return float(d.end[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
-    if stream in ("dp_replicate", "dp") and "all-gather" in name:
+    if stream in ("dp_replicate", "dp") and "all-gather" in name or name.startswith("param all-gather"):
         return float(d.end[i])  # ZeRO-1/2's parameter all-gather after the optimizer: the step ends with it
-    if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp"):
-        return opt
+    if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp") or name.startswith("grad reduce"):
+        return opt  # a gradient reduction (on "dp", or on the group of a per-step row: tp, pp, efsdp)
     return float(d.end[i])  # blocking: the next op waits for it
 
 

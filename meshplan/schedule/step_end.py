@@ -13,7 +13,7 @@ from meshplan.compute import float8
 from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
 from meshplan.compute.megatron_cost import megatron_stage_step_cost
 from meshplan.mesh.layers import last_stage
-from meshplan.mesh.tpsplit import local_numel
+from meshplan.mesh.tpsplit import KV_REPLICA, local_numel
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.pipeline_exposure import stage_run_end
@@ -94,17 +94,20 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
         post.append(Event(s, "compute", f"schedule {later_runs_label(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
                           f"ms, each as run 1)", t, t + shift, {"later_runs": runs - 1, "run_s": run_s}))
         t += shift
-    steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
+    # the per-step reduction by the group each part runs on ("dp": the data axes; the SP norms'
+    # all-reduce over tp, the tied embedding's over pp: CommTimes.reduce_parts), one after another
+    steps = [(f"grad reduce: {op} (per step)" if op and stream != "dp" else "grad reduce (per step)", dur, stream)
+             for stream, dur, op in comm.reduce_parts(0.0 if ov.grad_reduce else comm.step_reduce_s, per_step=True)]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
-    steps += [(f"kv replica all-reduce {i}", comm.kv_s, "kv") for i in range(comm.kv_calls)]
+    steps += [(f"kv replica all-reduce {i}", comm.kv_s, KV_REPLICA) for i in range(comm.kv_calls)]
     steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
     steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
     steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
     steps.append(("float8 amax all-reduce over tp (precompute)", comm.float8_tp_step_s, "tp"))
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
-    steps.append(("param all-gather (per step)", param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s)
-                  if ov.param_gather else gather, "dp"))
+    steps += [("param all-gather (per step)", dur, stream) for stream, dur in comm.gather_parts(
+        param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s) if ov.param_gather else gather)]
     for name, dur, stream in steps:
         if dur > 0:
             post.append(Event(s, stream, name, t, t + dur))

@@ -131,11 +131,15 @@ class StepTime:
           wait beyond its transfer), the part of each blocking call's hold spent waiting for its
           partner stage (:func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`), and with ``training.pp_schedule_runs`` > 1 each
           later run's idle (its :func:`~meshplan.schedule.pipeline_exposure.run_shift` less run 1's busy and exposed time);
-        - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
+        - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only, and a tied
+          embedding's per-step gradient all-reduce between the first and last stage, which runs
+          over pp; each per-step reduction on the group it runs on:
+          :func:`~meshplan.schedule.comm_times.step_stream`).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
-        micro-batches): compute 11,177.23 + bubble 676.52 + exposed tp 1,394.47 + pp 141.31
-        (340 transfers of 0.4156 ms) + dp 16.98 = 13,406.51 ms (tests/test_step_parts.py)."""
+        micro-batches, dp 1): compute 11,177.65 + bubble 676.53 + exposed tp 1,394.57 (1,394.47 in
+        the units, 0.10 the coalesced SP all-reduce) + pp 158.19 (340 transfers of 0.4156 ms, and
+        16.88 the tied embedding's all-reduce) = 13,406.94 ms (tests/test_step_parts.py)."""
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])

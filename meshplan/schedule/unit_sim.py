@@ -100,10 +100,10 @@ class StreamSim:
             t = nxt
         return t  # unreachable: the last segment is unbounded
 
-    def _add(self, stream, name, start, end, args=None) -> Event:
+    def _add(self, stream, name, start, end, args=None, queue: Optional[str] = None) -> Event:
         ev = Event(0, stream, name, start, end, dict(args or {}))
         self.events.append(ev)
-        self.free[stream] = end
+        self.free[queue or stream] = end
         return ev
 
     def compute(self, name: str, dur: float, after=(), overlap=()) -> Event:
@@ -145,7 +145,10 @@ class StreamSim:
         return self.last
 
     def comm(self, kind: str, phase: str, op: str, name: str, group: str = "", after=None,
-             seconds: Optional[float] = None) -> Optional[Event]:
+             seconds: Optional[float] = None, label: Optional[str] = None) -> Optional[Event]:
+        """A collective on the stream of ``kind`` (its queue: it starts when the stream is free
+        and ``after`` is done); ``label``: the stream the event is shown and its exposure counted
+        on, when not that one (a per-step reduction's piece over tp or pp, queued as "dp")."""
         t = self.c.get(kind, phase, op, group) if seconds is None else seconds
         if not op or t <= 0:
             return None
@@ -154,7 +157,8 @@ class StreamSim:
         start = max([self.free[stream]] + [a.end_s for a in deps])
         if (f := self.c.sm_share(kind, phase, op, group)) > 0:
             self.busy.append((start, start + t, f))
-        return self._add(stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase, "op": op})
+        return self._add(label or stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase,
+                                                                   "op": op}, queue=stream)
 
     def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
         """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``

@@ -30,7 +30,8 @@ from typing import Callable, Optional
 
 from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.comm_times import comm_kind, shard_group
+from meshplan.mesh.tpsplit import KV_REPLICA
+from meshplan.schedule.comm_times import comm_kind, shard_group, step_stream
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
@@ -52,7 +53,9 @@ def stream_of(row) -> str:
     kind = comm_kind(row)
     if kind == "shard":
         return "efsdp" if shard_group(row.cadence) == "expert" else "fsdp"
-    return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
+    if kind == "step":
+        return step_stream(row)  # "dp" for the data axes, else the row's group (tp, pp, efsdp)
+    return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "kv": KV_REPLICA}.get(kind, kind)
 
 
 def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replanned"]] = None, *,
