@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute import asynctp, dtensor_sp, float8
+from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention
 from meshplan.compute.attention import flash_ops, score_ops
 from meshplan.compute.elementwise import bias_ops, elementwise_ops
 from meshplan.compute.gemm import GemmTable
@@ -71,6 +71,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
     attn_plain = [o for o in attn_sel if not o.recompute]
     rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
+    rest += ring_attention.ring_ops(gpu, att, w)  # torch CP's merges and fp32 gradient sums
     rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
         model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
