@@ -83,3 +83,9 @@ def test_megatron_has_no_torch_ring():
     assert framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_ring_attention"] is True
     megatron = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32")
     assert framework_kernels(megatron)["torch_ring_attention"] is False
+
+
+def test_selective_recompute_replays_the_merge_with_the_core():
+    ops = _ring(layer_cost(LLAMA8B, H100_500W, _w(recompute="selective")))
+    assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 4_026_531_840
+    assert len(ops) == 3
