@@ -118,6 +118,33 @@ SXM5's (no float8 GEMM of the part at 500 W is published; FBGEMM's Triton row-wi
 the one torchao runs), as is all attention (T2's long-sequence rows, +72-79%, are attention).
 The T1 bf16 rows' 0.21 / 0.25 s a step is left to what no source here names.
 
+**Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
+(``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
+flash and efficient backends), whose ring attention calls SDPA once per K/V chunk and merges
+the calls in fp32, and sums dQ, dK, dV in fp32 in backward (torch
+``distributed/tensor/experimental/_attention.py``, read at 0123248a; the Dec 2024 commit
+1963fc8 not checked): now modelled (:mod:`meshplan.compute.ring_attention`, compiled pass
+count): T2 cp2 +28.1% -> +24.8%, cp4 +71.7% -> +67.3%, cp8 +78.7% -> +74.1% (mean |error|
+29.9% -> 29.4%; ``--node dgx-h100`` 44.3% -> 43.9%). Checked and not modelled: (i) the ring's
+calls are (L, L) causal and (L, L/2) or (L/2, L) unmasked at L = s / cp = 32,768 on every T2
+row; FA2's published unmasked rates are higher than the causal ones (fwd 370 against 335
+TFLOP/s at 16k), so rating the calls one by one would shorten the prediction (the rates are
+one causal lookup at S = s, held at the table's last point, 16k, beyond it); (ii) the ring's
+collectives are not the collective table's (meshplan's runtime runs Llama 3's all-gather CP):
+it gathers K and V after ``repeat_kv`` (32 heads, 4 x the 8B's bytes) beside the first local
+SDPA call, and rotates fp32 dK, dV by all-to-all every step (1.07 GB a step at L 32,768);
+both fit under that step's attention by an estimate (about 10 ms against 27 ms a layer
+forward, 3 ms against 67 ms a step backward, at cp8); (iii) the published steps are not linear
+in cp: per GPU the attention work doubles from row to row (32,768 local tokens against a
+sequence twice as long) while the published step goes 8.42 -> 12.90 -> 30.60 -> 59.80 s
+(x1.53, x2.37, x1.95): cp2 -> cp4 more than doubles, which no per-token cost explains; nothing
+here names the cause. (iv) The 500 W cap on attention and float8 GEMMs, as a what-if only
+(no measurement of either kernel at 500 W is published; the cap lowers the SM clock by what
+each kernel would draw, which is not known for FA2 or cuBLAS float8): both at the bf16 GEMMs'
+0.797 would give mean |error| 15.7% instead of 29.4% (attention alone 21.6%, float8 alone
+22.9%), T1 +4.2 / +6.5 / +7.1%, T2 +12.2 / +2.1 / +35.7 / +40.6%, every row still above the
+published rate.
+
 **Left (not modelled; no fitted constant).** (1) The GPU: its float8 GEMM and attention rates
 at 500 W are not published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
 forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the

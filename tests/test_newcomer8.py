@@ -91,9 +91,12 @@ def test_compare_treats_unset_moe_routing_as_dropless():
 def q1_search(tmp_path_factory):
     from meshplan.config import load_config
     from meshplan.search.driver import search
+    from tests.conftest import without_torch_ring
     path = tmp_path_factory.mktemp("q1") / "q1.toml"
     path.write_text(Q1)
-    return search(load_config(path), workers=1)
+    with pytest.MonkeyPatch.context() as patch:  # the cases below were found before torch's CP ring
+        without_torch_ring(patch)                 # merges were counted; with them cp 2 falls behind
+        return search(load_config(path), workers=1)
 
 
 @pytest.mark.slow

@@ -254,10 +254,11 @@ def _reliability_cli(capsys, *extra):
     return done.value.code or 0, out.out, out.err
 
 
-def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
+def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys, no_torch_ring):
     """Newcomer finding (issue 11 items 2, 3): losing all 4 nodes of a 32-GPU job printed
     'mesh dp_shard 32 -> dp_shard 32 (unchanged)', then 'infeasible: 0 GPUs left', exit 0;
-    and the leaf domain was printed as the switch's 32 nodes x 8 = 256 GPUs, not the job's 32."""
+    and the leaf domain was printed as the switch's 32 nodes x 8 = 256 GPUs, not the job's 32.
+    Planned without torch's CP ring merges (see test_restart_mixtral_keeps_ep_and_the_global_batch)."""
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "4")
     assert rc == 1
     assert "failure domains: gpu 32 x 1 GPU; node 4 x 8 GPU; leaf 1 x 32 GPU\n" in out
@@ -300,14 +301,16 @@ def _example_plan(name, shape=None, world=None, nodes=None):
     return build_plan(cfg)
 
 
-def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
+def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path, no_torch_ring):
     """Mixtral dp_shard 32 x ep 8 (32 layers), global batch 256, one of 4 nodes lost: 24 GPUs.
     ep 8 needs dp_shard x cp a multiple of 8, 256 / dp whole: at cp 1 dp 8 or 16 (24 is not
     whole). pp 1: dp_shard 16 on 16 GPUs; pp 2 x dp_shard 8 on 16; pp 3 x dp_shard 8 on all 24,
     layers balanced_split(32, 3) = [11, 11, 10], 32 micro-batches (>= pp 3); at cp 2 (twice the
     configured 1; 4096 % 4 == 0) pp 3 x dp_shard 4 x cp 2 on all 24 too, 64 micro-batches. The
     plans rank cp 2 first (its step is the plan's own: an independent build_plan + step_time of
-    each mesh), pp 3 x dp_shard 8 the runner-up; no GPU idle."""
+    each mesh), pp 3 x dp_shard 8 the runner-up; no GPU idle. Planned without torch's CP ring
+    merges (meshplan.compute.ring_attention, tests/conftest.py no_torch_ring), which keep the case
+    of an axis grown: with them pp 3 x dp_shard 8 x ep 8 (cp 1) is the restart mesh."""
     from meshplan.schedule.rank_timeline import Overlap
     from meshplan.schedule.steptime import step_time
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1", "--json", str(tmp_path / "r.json"))

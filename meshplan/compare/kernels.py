@@ -5,7 +5,8 @@ torch with and without ``torch_compile``) run different kernels for the same mod
 attention (torch's ``scaled_dot_product_attention`` runs FlashAttention-2 on an H100,
 Megatron-LM / Transformer Engine the catalog's first kernel, FlashAttention-3), Q, K and V as
 one GEMM, the weight-gradient accumulation inside the GEMM, Megatron-LM's own kernels around
-the GEMMs, torch's eager elementwise ops and norms, torch's sequence-parallel layout copies:
+the GEMMs, torch's eager elementwise ops and norms, torch's sequence-parallel layout copies,
+torch's context-parallel ring attention's merges (:mod:`meshplan.compute.ring_attention`):
 the :class:`~meshplan.compute.ops.Workload` fields that
 :func:`~meshplan.compute.ops.framework_kernels` sets, and with ``training.tp_comm_overlap`` whose
 decomposed TP GEMMs run (``async_tp``, :mod:`meshplan.compute.asynctp`) (:data:`CHOICES`, its keys).
@@ -16,9 +17,9 @@ switched to B's value in :data:`CHOICES` order; a choice's seconds are the chang
 the compute of B's critical stage per step (every op of its layers, embedding, head and
 Megatron-LM's batch ops, times the micro-batches: :func:`stage_compute_s`), so the lines sum
 to the compute those choices move (positive: B's choice is slower). Llama-3-70B at 128k
-tokens on dp_shard 2 x cp 8 x tp 8 (tests/test_compare.py): torch 119.5 s against
-Megatron-LM 85.0 s, of whose 33.7 s of compute the attention kernel (FA2 333/318 TFLOP/s
-against FA3 602/559 at S 8192, ``meshplan/catalog/kernels.toml``) is most.
+tokens on dp_shard 2 x cp 8 x tp 8 (tests/test_compare.py): torch 128.3 s against
+Megatron-LM 85.0 s, of whose 42.5 s of compute the attention kernel (FA2 333/318 TFLOP/s
+against FA3 602/559 at S 8192, ``meshplan/catalog/kernels.toml``) is most, 34.0 s.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CHOICES: dict[str, str] = {
     "eager_loss": "the loss eager (not compiled)",
     "decomposed_head_norm": "the final norm kernel by kernel (torch_norm decomposed)",
     "sp_layout_copies": "torch's sequence-parallel layout copies",
+    "torch_ring_attention": "torch's context-parallel ring attention (fp32 merges and gradient sums)",
     "async_tp": "TP GEMMs decomposed to overlap their collectives (tp_comm_overlap)",
 }
 

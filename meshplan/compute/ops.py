@@ -98,7 +98,9 @@ class Workload:
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
     rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
-    ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`)."""
+    ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
+    ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -129,6 +131,7 @@ class Workload:
     fp8_rowwise: bool = False
     fp8_all_gather: bool = False
     async_tp: str = ""
+    torch_ring_attention: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -250,12 +253,14 @@ def framework_kernels(training) -> dict:
     "decomposed"`` (``decomposed_norm``); the head's final norm is never compiled
     (``decomposed_head_norm``) and the loss eager unless compiled with ``torch_compile_loss``
     (``eager_loss``; both: torchtitan compiles the TransformerBlocks alone, TrainingSpec); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
+    torch's context parallelism is its ring attention (``torch_ring_attention``,
+    :mod:`meshplan.compute.ring_attention`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False}
+'sp_layout_copies': False, 'torch_ring_attention': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -268,7 +273,7 @@ def framework_kernels(training) -> dict:
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
-            "sp_layout_copies": not megatron}
+            "sp_layout_copies": not megatron, "torch_ring_attention": not megatron}
 
 
 @lru_cache(maxsize=64)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.compute import float8
+from meshplan.compute import float8, ring_attention
 from meshplan.compute.ops import Op, Workload
 from meshplan.spec.model import ModelSpec
 
@@ -29,8 +29,9 @@ OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
 #: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves; the
 #: float8 amaxes, whose ``aten.abs`` and ``aten.max`` outputs torchtitan's ``_save_list`` saves
-#: "for low precision training" (9dec370 ``parallelisms/parallelize_llama.py``).
-OP_SAC_NOT_REPLAYED = ("async-TP partial sum", float8.AMAX)
+#: "for low precision training" (9dec370 ``parallelisms/parallelize_llama.py``); torch CP's ring
+#: merge, inside the SDPA op whose output the policy saves.
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum", float8.AMAX, ring_attention.MERGE)
 
 
 def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
