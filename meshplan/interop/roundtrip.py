@@ -32,7 +32,11 @@ def differences(a: Config, b: Config) -> list[str]:
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     moved = _memory_moved(_memory(a), _memory(b))
-    return out + ([f"memory: {', '.join(moved)}"] if moved else [])
+    out += [f"memory: {', '.join(moved)}"] if moved else []
+    if a.checkpoint_interval_steps != b.checkpoint_interval_steps:  # DeepSpeed's JSON has no save interval
+        out.append(f"reliability.checkpoint_interval_steps: {a.checkpoint_interval_steps!r} -> "
+                   f"{b.checkpoint_interval_steps!r}")
+    return out
 
 
 def _memory_moved(a, b) -> list[str]:

@@ -93,6 +93,7 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
+from meshplan.interop.torchtitan_checkpoint import read_checkpoint
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
     SCHEDULE_NAMES,
@@ -100,7 +101,6 @@ from meshplan.interop.torchtitan_tables import (
     V_SCHEDULES,
     default_split,
     float8_used,
-    read_checkpoint,
     read_float8,
     read_norm,
     read_optimizer,

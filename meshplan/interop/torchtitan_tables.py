@@ -376,29 +376,3 @@ def write_optimizer(t) -> dict[str, Any]:
     and ``name`` for Adam or AdamW."""
     names = {v: k for k, v in OPTIMIZERS.items()}
     return {"implementation": t.optimizer_impl} | ({"name": names[t.optimizer]} if t.optimizer in names else {})
-
-
-#: torchtitan's ``[checkpoint]`` defaults (torchtitan/config/job_config.py, ``class Checkpoint``):
-#: ``enable = False`` (no checkpoint is saved), ``interval = 500`` steps between saves.
-CHECKPOINT_INTERVAL_DEFAULT = 500
-
-
-def read_checkpoint(d: dict) -> tuple[dict[str, Any], set[str]]:
-    """(meshplan's [reliability] table, the keys read) of a job whose ``checkpoint.enable`` is
-    true: ``checkpoint_interval_steps`` = ``checkpoint.interval`` (torchtitan's default 500); nothing, and
-    the keys left unused, when the job saves no checkpoint. ConfigError naming the key.
-
-    >>> table, keys = read_checkpoint({"checkpoint": {"enable": True, "interval": 100}})
-    >>> table, sorted(keys)
-    ({'checkpoint_interval_steps': 100}, ['checkpoint.enable', 'checkpoint.interval'])
-    >>> read_checkpoint({"checkpoint": {"interval": 100}})
-    ({}, set())
-    """
-    ck = d.get("checkpoint", {})
-    if not isinstance(ck, dict) or ck.get("enable") is not True:
-        return {}, set()
-    n = ck.get("interval", CHECKPOINT_INTERVAL_DEFAULT)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError("checkpoint.interval", f"{n!r}: give the steps between checkpoint saves, a whole number >= 1")
-    return {"checkpoint_interval_steps": n}, {"checkpoint.enable"} | ({"checkpoint.interval"} if "interval" in ck else set())
-
