@@ -16,6 +16,9 @@ one-line :class:`~meshplan.errors.ConfigError`.
 [kernels] optional: ``files = ["my-h100.toml"]``, measured kernel tables in kernels.toml form
           (``meshplan bench gemm --grid``; paths relative to the TOML file) laid over the
           catalog's for the config's GPU (as ``--kernels`` does; :mod:`meshplan.compute.kernel_fragment`).
+[reliability] optional: ``checkpoint_interval_steps = 500``, the steps between the job's checkpoint saves
+          (torchtitan's ``checkpoint.interval``, Megatron-LM's ``--save-interval``), which
+          ``meshplan reliability`` sets beside the optimal interval; ignored by every other command.
 
 ``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
 command needs it.
@@ -43,7 +46,7 @@ from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
 
 TABLES = ("model", "cluster", "training", "mesh")
-OPTIONAL_TABLES = ("memory", "search", "kernels")
+OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability")
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class Config:
     format it was read from (``deepspeed``, ``torchtitan``, ``megatron``; "" for a meshplan
     TOML), whose words the text uses (:mod:`meshplan.spec.wording`); ``kernel_files``: the
     [kernels] table's files, resolved against the TOML's folder (the CLI lays them over the
-    catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`)."""
+    catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`);
+    ``checkpoint_interval_steps``: the [reliability] table's ``checkpoint_interval_steps`` (None: not said)."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -69,6 +73,7 @@ class Config:
     notes: tuple[str, ...] = ()
     origin: str = ""
     kernel_files: tuple[str, ...] = ()
+    checkpoint_interval_steps: int | None = None
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:
@@ -199,7 +204,20 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
                           "have: remove it from the list")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
-                  kernel_files=_kernel_files(data.get("kernels", {}), base))
+                  kernel_files=_kernel_files(data.get("kernels", {}), base),
+                  checkpoint_interval_steps=_interval_steps(data.get("reliability", {})))
+
+
+def _interval_steps(t: dict) -> int | None:
+    """The [reliability] table's ``checkpoint_interval_steps`` (whole number >= 1), None when absent."""
+    if set(t) - {"checkpoint_interval_steps"}:
+        raise ConfigError(f"reliability.{sorted(set(t) - {'checkpoint_interval_steps'})[0]}",
+                          "unknown key in [reliability]; allowed keys: checkpoint_interval_steps")
+    n = t.get("checkpoint_interval_steps")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        raise ConfigError("reliability.checkpoint_interval_steps",
+                          f"{n!r}: give the steps between checkpoint saves, a whole number >= 1")
+    return n
 
 
 def _kernel_files(t: dict, base: Path | None) -> tuple[str, ...]:

@@ -26,6 +26,12 @@ Sources and conventions:
   interval", CACM 17(9): ``tau = sqrt(2 C M)``; Daly (2006), "A higher order estimate of
   the optimum checkpoint interval for restart dumps", FGCS 22(3):
   ``tau = sqrt(2 C M) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C`` for C < 2M, else M.
+- **The job's interval** (torchtitan ``checkpoint.interval``, Megatron-LM ``--save-interval``,
+  [reliability] ``checkpoint_interval_steps``): steps x the plan's predicted step time is its ``tau``, set
+  beside Daly's with the goodput of each and the expected work lost per failure: the mean time
+  since the last completed checkpoint when a failure strikes, an exponential time to failure
+  (mean M) conditioned on falling within one segment ``T = tau + C``:
+  ``M - T / (e^{T/M} - 1)`` (about ``T / 2`` when ``T << M``; Daly 2006's failure model).
 - **Goodput** (Daly 2006's model with exponential failures, failures also during restart
   and checkpoint): wall time per unit of work ``M e^{R/M} (e^{(tau + C)/M} - 1) / tau``;
   goodput is its inverse. Restart cost ``R`` = a stated overhead (detection, rescheduling,
@@ -40,7 +46,7 @@ Sources and conventions:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil, exp, sqrt
+from math import ceil, exp, expm1, sqrt
 from typing import Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
@@ -267,6 +273,31 @@ def goodput(interval_s: float, checkpoint_s: float, restart_s: float, mtbf: floa
     return t / (m * exp(r / m) * (exp((t + c) / m) - 1.0))
 
 
+def lost_work_s(interval_s: float, checkpoint_s: float, mtbf: float) -> float:
+    """Expected work lost per failure (s): the mean time since the last completed checkpoint
+    at a failure, ``M - T / (e^{T/M} - 1)`` with ``T = tau + C`` (module docstring).
+
+    >>> round(lost_work_s(600, 60, 36000), 1)  # about (600 + 60) / 2
+    329.0
+    """
+    t = interval_s + checkpoint_s
+    return mtbf - t / expm1(t / mtbf)  # expm1: e^x - 1 without cancellation when T << M
+
+
+@dataclass(frozen=True)
+class JobInterval:
+    """The job's own checkpoint interval: ``steps`` between saves (``source``: the field that
+    said so) at ``step_s`` seconds per step, the plan's predicted step."""
+
+    steps: int
+    step_s: float
+    source: str
+
+    @property
+    def interval_s(self) -> float:
+        return self.steps * self.step_s
+
+
 @dataclass(frozen=True)
 class Reliability:
     """The reliability account of one mesh (all seconds, bytes)."""
@@ -280,6 +311,7 @@ class Reliability:
     restart_overhead_s: float
     per_rank_bandwidth_bytes_per_s: Optional[float] = None
     sharding: str = ""
+    job: Optional[JobInterval] = None
 
     @property
     def mtbf_s(self) -> float:
@@ -297,6 +329,28 @@ class Reliability:
     @property
     def goodput(self) -> float:
         return goodput(self.interval_s, self.write_s, self.restart_s, self.mtbf_s)
+
+    def job_line(self) -> str:
+        """The job's interval in time beside Daly's, the work lost per failure and the goodput at
+        each ("" when the config says no interval)."""
+        if self.job is None:
+            return ""
+        j, c, m, r = self.job, self.write_s, self.mtbf_s, self.restart_s
+        lost, best = (lost_work_s(t, c, m) / 60 for t in (j.interval_s, self.interval_s))
+        return (f"job's interval: {j.steps} steps ({j.source}) x {j.step_s:.3f} s per step = "
+                f"{j.interval_s / 60:.1f} min against Daly's {self.interval_s / 60:.1f} min; expected work lost per "
+                f"failure {lost:.1f} min (at Daly's {best:.1f} min); goodput {goodput(j.interval_s, c, r, m):.2%} "
+                f"(at Daly's {self.goodput:.2%})")
+
+    def job_fields(self) -> Optional[dict]:
+        """The job's interval for ``--json`` (seconds; None without one): its steps, step, interval,
+        the work lost per failure and goodput at it and at Daly's interval."""
+        if self.job is None:
+            return None
+        j, c, m = self.job, self.write_s, self.mtbf_s
+        return {"steps": j.steps, "source": j.source, "step_s": j.step_s, "interval_s": j.interval_s,
+                "lost_work_s": lost_work_s(j.interval_s, c, m), "goodput": goodput(j.interval_s, c, self.restart_s, m),
+                "optimal_lost_work_s": lost_work_s(self.interval_s, c, m)}
 
     def dcp_line(self) -> str:
         """What the busiest rank writes under its checkpoint engine (DCP: its share on disk;
@@ -336,14 +390,15 @@ class Reliability:
                 self.dcp_line(),
                 f"interval: Young sqrt(2 C M) = {young_interval_s(c, m) / 60:.1f} min, Daly = {self.interval_s / 60:.1f} min",
                 f"restart cost R = {self.restart_overhead_s:.0f} s overhead + {self.read_s:.1f} s read = {self.restart_s:.1f} s; "
-                f"expected goodput {self.goodput:.1%} (Daly 2006 model)"]
+                f"expected goodput {self.goodput:.1%} (Daly 2006 model)"] + ([self.job_line()] if self.job else [])
 
 
 def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_bytes_per_s: float,
                 restart_overhead_s: float, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY,
-                per_rank_bandwidth_bytes_per_s: Optional[float] = None) -> Reliability:
+                per_rank_bandwidth_bytes_per_s: Optional[float] = None,
+                job: Optional[JobInterval] = None) -> Reliability:
     """Reliability account of a plan. Storage bandwidths and the restart overhead are
-    stated by the caller: there is no default for them."""
+    stated by the caller: there is no default for them; ``job``: the job's own interval."""
     size = checkpoint_size(plan.state, plan.mesh, plan.config.model)
     t = plan.config.training
     if checkpoint_engine(t) == "deepspeed":  # DeepSpeed's save_checkpoint, not DCP's balanced shares
@@ -351,4 +406,4 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
     return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),
-                       restart_overhead_s, per_rank_bandwidth_bytes_per_s, t.sharding)
+                       restart_overhead_s, per_rank_bandwidth_bytes_per_s, t.sharding, job)

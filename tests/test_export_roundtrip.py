@@ -255,3 +255,95 @@ def test_torchtitan_moe_is_dropless_and_exported_without_a_capacity(tmp_path):
         "training.param_dtype", "training.framework"]
     assert any(h.startswith(f"step after the round trip: {_step_s(cfg):.3f} s -> {_step_s(again):.3f} s")
                for h in export(cfg, "megatron", "job", step_of=_step_s)[1])
+
+
+#: GPT-3 175B as the newcomer (trial of the round trip) ran it: tp 8, pp 8, dp 16 on 128 dgx-a100.
+GPT3_175B = """--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --ffn-hidden-size 49152
+--seq-length 2048 --max-position-embeddings 2048 --vocab-size 51200
+--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --sequence-parallel
+--recompute-activations --use-distributed-optimizer
+--micro-batch-size 1 --global-batch-size 1536 --bf16 --use-flash-attn
+"""
+
+
+def _cli(argv, capsys) -> tuple[int, str, str]:
+    """``meshplan ARGV`` in this process: (exit status, stdout, stderr)."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+@pytest.mark.parametrize("args, cluster, nodes, name", [
+    (EX / "megatron_llama3-8b_16xh100_tp2-pp2.args", "dgx-h100", "2", "llama3-8b"),
+    (None, "dgx-a100", "128", "megatron-175b")])
+def test_megatron_round_trip_is_the_identical_plan(tmp_path, capsys, args, cluster, nodes, name):
+    """Newcomer trial (round trip) item 1: import -> export --to megatron -> import -> compare.
+    The export writes ``--kv-channels 128`` (12288 / 96 = 128 for GPT-3 175B, whose catalog
+    head_dim is unset; 4096 / 32 = 128 for Llama 3 8B) and, for the 8B example, its even layer
+    split as ``--decoder-first/last-pipeline-num-layers 16`` (32 / 2); read back, the model is the
+    catalog's again (175B's was ``megatron-args``) and compare says ``identical plans`` (it exited 2,
+    ``model.name differs``, for 175B and said ``equal`` for the 8B example)."""
+    if args is None:
+        args = tmp_path / "gpt3.args"
+        args.write_text(GPT3_175B)
+    where = ["--cluster", cluster, "--nodes", nodes]
+    a, b, c = tmp_path / "a.toml", tmp_path / "b.args", tmp_path / "c.toml"
+    assert _cli(["import", "megatron", args, *where, "-o", a], capsys)[0] == 0
+    assert _cli(["export", a, "--to", "megatron", "-o", b], capsys)[0] == 0
+    flags = b.read_text().splitlines()
+    assert "--kv-channels 128" in flags
+    # the 8B example's even split written out (32 / 2 = 16), which read back is mesh.pp_layer_split [16, 16]
+    assert ("--decoder-first-pipeline-num-layers 16" in flags) == (name == "llama3-8b")
+    rc, out, err = _cli(["import", "megatron", b, *where, "-o", c], capsys)
+    assert rc == 0 and f"the model flags give catalog model {name} exactly" in out + err
+    assert f'[model]\ncatalog = "{name}"\n' in c.read_text()
+    rc, out, err = _cli(["compare", a, c, "--json", tmp_path / "c.json"], capsys)
+    assert rc == 0, err
+    assert "verdict: identical plans\n" in out
+    doc = __import__("json").loads((tmp_path / "c.json").read_text())
+    assert (doc["identical"], doc["knobs"], doc["winner"]) == (True, [], "")
+
+
+def test_compare_judges_the_model_by_its_architecture():
+    """A catalog model and the same layers, widths and heads under another name (what an import
+    of arguments the catalog did not match names ``megatron-args``) are one workload; GPT-3 175B's
+    unset head_dim is 12288 / 96 = 128, so head_dim 128 given is no difference, 64 is one."""
+    from meshplan import catalog
+    from meshplan.compare.differences import config_differences
+    tables = {"cluster": {"system": "dgx-a100", "nodes": 128},
+              "training": {"global_batch": 1536, "seq_len": 2048, "framework": "megatron", "sharding": "zero1"},
+              "mesh": {"names": ["pp", "dp", "tp"], "shape": [8, 16, 8]}}
+    ref = catalog.model("megatron-175b")
+    a = config_from_dict(tables | {"model": {"catalog": "megatron-175b"}})
+    named = ref.model_dump() | {"name": "megatron-args", "head_dim": 128}
+    assert config_differences(a, config_from_dict(tables | {"model": named})).workload == ()
+    other = config_from_dict(tables | {"model": named | {"head_dim": 64}})
+    assert config_differences(a, other).workload == (("model.head_dim", 128, 64),)
+
+
+@pytest.mark.parametrize("kv, model", [("128", {"catalog": "megatron-175b"}), ("64", "megatron-args")])
+def test_megatron_import_matches_the_catalog_by_architecture(tmp_path, kv, model):
+    """``--kv-channels`` equal to hidden / heads (12288 / 96 = 128) is the catalog model whose
+    head_dim is unset; another value is a model of its own."""
+    from meshplan.interop.megatron_model import model_table
+    args = {"--num-layers": "96", "--hidden-size": "12288", "--num-attention-heads": "96",
+            "--ffn-hidden-size": "49152", "--vocab-size": "51200", "--max-position-embeddings": "2048",
+            "--kv-channels": kv}
+    table = model_table(args, ImportOptions(), [])
+    assert table == model if isinstance(model, dict) else (table["name"], table["head_dim"]) == (model, 64)
+
+
+def test_compare_takes_an_even_split_written_out_for_the_same_mesh():
+    """``mesh.pp_layer_split = [12] * 8`` is the split 96 layers get on pp 8 anyway: the same mesh
+    as the unset one (a Megatron-LM export writes it as --decoder-first/last-pipeline-num-layers);
+    ``[11, 12, ..., 12, 13]`` is another."""
+    from meshplan.compare.sides import same_mesh
+    tables = {"model": {"catalog": "megatron-175b"}, "cluster": {"system": "dgx-a100", "nodes": 128},
+              "training": {"global_batch": 1536, "seq_len": 2048, "framework": "megatron", "sharding": "zero1"},
+              "mesh": {"names": ["pp", "dp", "tp"], "shape": [8, 16, 8], "sequence_parallel": True}}
+    plan = lambda split: build_plan(config_from_dict(tables | {"mesh": tables["mesh"] | split}))
+    a = plan({})
+    assert same_mesh(a, plan({"pp_layer_split": [12] * 8}))
+    assert not same_mesh(a, plan({"pp_layer_split": [11] + [12] * 6 + [13]}))

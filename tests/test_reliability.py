@@ -753,3 +753,124 @@ def test_restart_against_an_infeasible_plan_says_so():
                         f"{why}: no throughput to lose against it)")
     notes = result_notes(top, [top], [], 16, 8, _mesh(["dp_shard"], [16]), 8, (13.01, 161220.0))
     assert notes[0].endswith(": 43.5% of the throughput lost (the 16-GPU plan: step 13.01 s, 161,220 tokens/s)")
+
+
+# --- the job's own checkpoint interval (newcomer trial "roundtrip" item 2) ---
+
+def test_lost_work_per_failure_hand_value():
+    """T = tau + C = 600 + 60 s, M = 36000 s: M - T / (e^{T/M} - 1) = T/2 - T^2 / (12 M) + ... =
+    330 - 1.008 = 328.99 s (the series of x / (e^x - 1)); about T / 2 when T << M."""
+    from meshplan.reliability import lost_work_s
+    assert lost_work_s(600, 60, 36000) == pytest.approx(330 - 660 ** 2 / (12 * 36000), abs=0.01)
+    assert lost_work_s(6, 0, 1e9) == pytest.approx(3.0, abs=1e-6)
+
+
+def test_job_interval_line_hand_values():
+    """MTBF 36000 s (1 GPU at 2.4 interruptions a day), C 60 s, R 300 s, the job's 300 steps x 2 s
+    = 600 s = 10.0 min: work lost per failure 328.99 s = 5.5 min, goodput 0.8933 (Daly 2006's
+    formula, goodput's own doctest); at Daly's interval, that interval's."""
+    from meshplan.reliability import JobInterval, Reliability, lost_work_s
+    ck = CheckpointSize(total_bytes=1, per_rank_bytes=1)
+    r = Reliability(1, 2.4, (), ck, write_s=60.0, read_s=0.0, restart_overhead_s=300.0,
+                    job=JobInterval(300, 2.0, "checkpoint.interval"))
+    assert r.mtbf_s == pytest.approx(36000)
+    daly = daly_interval_s(60, 36000)  # 2038.6 s = 34.0 min
+    line = r.lines()[-1]
+    assert line == (f"job's interval: 300 steps (checkpoint.interval) x 2.000 s per step = 10.0 min against Daly's "
+                    f"34.0 min; expected work lost per failure 5.5 min (at Daly's "
+                    f"{lost_work_s(daly, 60, 36000) / 60:.1f} min); goodput 89.33% (at Daly's {r.goodput:.2%})")
+    doc = r.job_fields()
+    assert (doc["interval_s"], round(doc["lost_work_s"], 2), round(doc["goodput"], 4)) == (600.0, 328.99, 0.8933)
+    assert len(dataclasses.replace(r, job=None).lines()) == len(r.lines()) - 1  # no interval, no line
+
+
+TT_JOB = """[model]
+name = "llama3"
+flavor = "8B"
+
+[training]
+local_batch_size = 2
+seq_len = 8192
+
+[parallelism]
+data_parallel_shard_degree = -1
+
+[checkpoint]
+enable = true
+folder = "checkpoint"
+interval = 500
+"""
+
+
+def test_torchtitan_checkpoint_interval_is_used(tmp_path, capsys):
+    """An imported torchtitan job's ``checkpoint.interval`` (with ``enable = true``) is no longer
+    listed unused: reliability sets 500 x the predicted step beside Daly's interval, and the
+    --json holds the same; without ``enable`` torchtitan saves nothing and the keys stay unused."""
+    from meshplan.cli import main
+    from meshplan.interop.foreign import load_any
+    from meshplan.interop.common import ImportOptions
+    f = tmp_path / "job.toml"
+    f.write_text(TT_JOB)
+    cfg = load_any(f, "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.checkpoint_interval_steps == 500
+    assert cfg.notes[-1] == "torchtitan: fields meshplan does not use: checkpoint.folder"
+    with pytest.raises(SystemExit):
+        main(["reliability", str(f), "--cluster", "dgx-h100", "--nodes", "1", "--write-gbps", "5", "--read-gbps", "5",
+              "--restart-overhead-s", "300", "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    import jsonschema
+    schema = Path(__file__).resolve().parents[1] / "meshplan" / "schemas" / "reliability.v1.schema.json"
+    jsonschema.validate(doc, json.loads(schema.read_text()))
+    job = doc["job_interval"]
+    step = job["step_s"]
+    assert job["interval_s"] == pytest.approx(500 * step)
+    assert job["goodput"] == pytest.approx(goodput(500 * step, doc["write_s"], doc["restart_s"], doc["mtbf_s"]))
+    assert (f"job's interval: 500 steps (checkpoint.interval) x {step:.3f} s per step = {500 * step / 60:.1f} min "
+            f"against Daly's {doc['interval_s'] / 60:.1f} min; ") in out
+    f.write_text(TT_JOB.replace("enable = true\n", ""))
+    cfg = load_any(f, "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.checkpoint_interval_steps is None
+    assert cfg.notes[-1] == "torchtitan: fields meshplan does not use: checkpoint.folder, checkpoint.interval"
+
+
+def test_megatron_save_interval_round_trips(tmp_path):
+    """``--save-interval 1000`` is read (not listed unused), written back by export --to megatron
+    and as ``[reliability] checkpoint_interval_steps`` by export --to meshplan."""
+    from meshplan.config import config_from_dict, parse_toml
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import export, load_any
+    args = (Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
+    f = tmp_path / "a.args"
+    f.write_text(args + "--save-interval 1000\n")
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=2))
+    assert cfg.checkpoint_interval_steps == 1000 and not any("--save-interval" in n for n in cfg.notes)
+    assert "--save-interval 1000" in export(cfg, "megatron", "a")[0].splitlines()
+    toml = export(cfg, "meshplan", "a")[0]
+    assert "[reliability]\ncheckpoint_interval_steps = 1000\n" in toml
+    assert config_from_dict(parse_toml(toml, "t")).checkpoint_interval_steps == 1000
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "true", '"500"'])
+def test_reliability_table_refuses_a_bad_interval(value):
+    from meshplan.config import config_from_dict, parse_toml
+    from meshplan.errors import ConfigError
+    tables = parse_toml(f"[reliability]\ncheckpoint_interval_steps = {value}\n", "t")
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 1024}, "mesh": {"names": ["dp_shard"], "shape": [8]}}
+    with pytest.raises(ConfigError, match=r"^reliability.checkpoint_interval_steps: .*whole number >= 1$"):
+        config_from_dict(base | tables)
+
+
+def test_megatron_save_interval_unresolved_is_a_note(tmp_path):
+    """A launch script's ``--save-interval $SAVE_INTERVAL`` (left unresolved) plans as before, with
+    a note instead of an error: only ``reliability`` uses the interval."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    f = tmp_path / "a.args"
+    f.write_text((Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args")
+                 .read_text() + "--save-interval $SAVE_INTERVAL\n")
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=2))
+    assert cfg.checkpoint_interval_steps is None
+    assert ("megatron: --save-interval '$SAVE_INTERVAL' is not a whole number >= 1 (a shell variable?): the job's "
+            "checkpoint interval is not set beside the optimal one") in cfg.notes

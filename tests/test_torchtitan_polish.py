@@ -143,10 +143,12 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
 def test_export_from_torchtitan_to_megatron_lists_what_is_not_carried(tmp_path):
     path = _user(tmp_path)
     cfg = load_any(path, opts=H100x8)
-    _, head = export(cfg, "megatron", str(path), user_source(path))
+    text, head = export(cfg, "megatron", str(path), user_source(path))
     line = [h for h in head if h.startswith("not carried to megatron")]
+    # [checkpoint] (enable = true, interval = 500) is carried, as --save-interval 500 (roundtrip item 2)
+    assert "--save-interval 500" in text.splitlines()
     assert line == ["not carried to megatron: the torchtitan settings meshplan does not plan: [job], "
-                    "[lr_scheduler], [metrics], [checkpoint], model.hf_assets_path, optimizer.lr, "
+                    "[lr_scheduler], [metrics], model.hf_assets_path, optimizer.lr, "
                     "training.max_norm, training.steps, training.dataset, "
                     "parallelism.context_parallel_rotate_method, model.converters ['quantize.linear.mx']"]
 

@@ -24,11 +24,16 @@ from meshplan.cli.loading import _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible
 from meshplan.plan_runtime import run_reasons
-from meshplan.reliability import reliability as rel
+from meshplan.reliability import JobInterval, reliability as rel
 from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
+
+
+#: The field that gave the job's checkpoint interval, by the config's origin (Config.origin).
+INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-interval",
+                   "": "reliability.checkpoint_interval_steps"}
 
 
 @foreign_options()
@@ -48,7 +53,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
                 kernels: KernelsOpt = None,
                 foreign: Foreign = Foreign()):
-    """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
+    """Failure domains, interruptions per day, checkpoint size and interval (the job's own beside the
+    optimum, when the config says it), goodput, restart."""
 
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
                                                                               if rank_gbps is not None else ()):
@@ -68,13 +74,16 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if lost_nodes > p.config.cluster.nodes:
         nodes = p.config.cluster.nodes
         raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {nodes} node{'s' * (nodes != 1)}")
+    before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
+    steps = p.config.checkpoint_interval_steps
+    job = JobInterval(steps, before.step_s, INTERVAL_SOURCE.get(p.config.origin, INTERVAL_SOURCE[""])) \
+        if steps else None
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s,
-            per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None)
+            per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None, job=job)
     for line in r.lines():
         _echo(line)
     t = p.config.training
-    before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
     pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,

@@ -24,7 +24,9 @@ _MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
 @dataclass(frozen=True)
 class Differences:
     """What two configs of ``meshplan compare`` differ in, besides the mesh layout.
-    ``workload``: (field, A's value, B's value) where the workload differs ([model], the cluster
+    ``workload``: (field, A's value, B's value) where the workload differs (the model's
+    architecture, :meth:`~meshplan.spec.model.ModelSpec.architecture`, not its name: a catalog
+    model and the same layers, widths and heads imported as ``megatron-args`` agree; the cluster
     but its free-text name and sources, the [training] fields outside
     :data:`~meshplan.spec.training_engines.PLAN_KNOBS`, the [memory] assumptions outside
     :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
@@ -46,7 +48,7 @@ class Differences:
 
 def config_differences(a: Config, b: Config) -> Differences:
     """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
-    work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
+    work = _leaf_differences("model", a.model.architecture(), b.model.architecture())  # not its name
     work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
     ta, tb = _training_as_it_acts(a.training), _training_as_it_acts(b.training)
     work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]

@@ -83,7 +83,9 @@ _SPELLING = {"names", "shape", "order", "degrees"}
 
 def same_mesh(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible) -> bool:
     """Whether two plans have the same mesh: equal [mesh] tables, or the same resolved
-    layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal.
+    layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal
+    (``pp_layer_split`` as it acts: the even split written out, as a Megatron-LM export's
+    ``--decoder-first/last-pipeline-num-layers`` read back, is the unset one).
 
     >>> from meshplan.config import config_from_dict
     >>> from meshplan.plan import build_plan
@@ -101,8 +103,10 @@ def same_mesh(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible) -> bool:
     if plan_a.mesh is None or plan_b.mesh is None:
         return False
     la, lb = plan_a.mesh, plan_b.mesh
+    rest = _SPELLING | {"pp_layer_split"}  # the split as it acts (_split): an explicit even split is unset
     return ((la.layout.names, la.layout.shape, la.ep, la.etp) == (lb.layout.names, lb.layout.shape, lb.ep, lb.etp)
-            and ma.model_dump(exclude=_SPELLING) == mb.model_dump(exclude=_SPELLING))
+            and ma.model_dump(exclude=rest) == mb.model_dump(exclude=rest)
+            and _split(plan_a, ma.pp_layer_split) == _split(plan_b, mb.pp_layer_split))
 
 
 def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = None) -> Side:

@@ -42,6 +42,7 @@ from meshplan.interop import (
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
+from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.spec.wording import deepspeed_recompute_fix
 
@@ -277,7 +278,10 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     head += [f"warning: {w}" for w in warnings]
     if user is not None and user.fmt != to:
         _, names, label = CARRIERS[user.fmt]
-        kept = names(user.doc)
+        doc = user.doc
+        if user.fmt == "torchtitan" and cfg.checkpoint_interval_steps and to in ("meshplan", "megatron"):
+            doc = without_interval(doc)  # carried as [reliability] or --save-interval
+        kept = names(doc)
         if kept:
             head.append(f"not carried to {to}: the {label} settings meshplan does not plan: {', '.join(kept)}")
     if to == "meshplan":

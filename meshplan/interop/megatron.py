@@ -79,6 +79,8 @@ Megatron-LM                              meshplan
   (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
                                            embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
+--save-interval                          [reliability] checkpoint_interval_steps (iterations between saves), which
+                                           ``meshplan reliability`` sets beside the optimal interval
 --ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
                                            (a mismatch on import is a note)
 CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's header (a comment line) says to
@@ -98,7 +100,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
                                      seq_len_of)
@@ -134,10 +136,11 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format"}
+    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
+    "--save-interval"}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
-NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels"}
+NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
 
 
 def parse_args(text: str) -> dict[str, Any]:
@@ -215,6 +218,12 @@ def read(text: str, opts: ImportOptions) -> Imported:
         memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
     tables |= {"memory": memory} if memory else {}
+    save = str(args.get("--save-interval", ""))
+    if save.isdigit() and int(save) > 0:  # only `reliability` uses it: another value is a note, not an error
+        tables["reliability"] = {"checkpoint_interval_steps": int(save)}
+    elif save:
+        notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
+                     f"job's checkpoint interval is not set beside the optimal one")
     return Imported("megatron", tables, unused, tuple(notes))
 
 

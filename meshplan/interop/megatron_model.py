@@ -169,20 +169,22 @@ def _scaling(args: dict) -> Optional[dict]:
 
 
 def _as_catalog(model: dict, notes: list[str]) -> dict:
-    """``{"catalog": name}`` when the flags give a catalog model's fields exactly, or all but
-    the :data:`CARRIED` ones and the RoPE scaling they leave unset: then a note names the
-    Megatron-LM default that differs from the catalog's value (the plan is the same: none
-    changes a cost)."""
+    """``{"catalog": name}`` when the flags give a catalog model's architecture exactly
+    (:meth:`~meshplan.spec.model.ModelSpec.architecture`: ``--kv-channels`` equal to hidden /
+    heads is a catalog model's unset head_dim), or all but the :data:`CARRIED` fields and the
+    RoPE scaling they leave unset: then a note names the Megatron-LM default that differs from
+    the catalog's value (the plan is the same: none changes a cost)."""
     try:
         spec = ModelSpec(**model)
     except ValidationError:
         return model  # config_from_dict reports it with the field's name
     unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
     unset |= {"rope_scaling"} if spec.rope_scaling is None else set()
-    mine = spec.model_dump(exclude={"name", "source", *unset})
+    arch = lambda m: {k: v for k, v in m.architecture().items() if k not in unset}
+    mine = arch(spec)
     for name in catalog.names("model"):
         ref = catalog.model(name)
-        if ref.model_dump(exclude={"name", "source", *unset}) != mine:
+        if arch(ref) != mine:
             continue
         differ = [(f"{flag} (Megatron-LM's default {default:g}; {name}: {getattr(ref, field):g})",
                    f"{flag} {getattr(ref, field):g}") for flag, (field, default) in CARRIED.items()

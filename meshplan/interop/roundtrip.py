@@ -1,7 +1,8 @@
 """What an export gives back: the meshplan fields in which a config read back from its export
 (``meshplan export`` of :mod:`meshplan.interop.foreign`, then the target's reader) differs
 from the config written, as ``table.key: A -> B`` lines (:func:`differences`). The model is
-compared by its resolved fields (:func:`effective_model`), the mesh by what a plan depends on
+compared by its resolved fields
+(:meth:`~meshplan.spec.model.ModelSpec.architecture`), the mesh by what a plan depends on
 (:func:`mesh_key`), the MoE routing and the [memory] table as they resolve, so that a value
 left unset and the same value given are no difference.
 """
@@ -21,7 +22,7 @@ def differences(a: Config, b: Config) -> list[str]:
     ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
     by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
     out = []
-    ma, mb = (effective_model(m) for m in (a.model, b.model))
+    ma, mb = a.model.architecture(), b.model.architecture()
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
     ta, tb = (_routed(t, a.model.is_moe) for t in (a.training, b.training))
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
@@ -31,7 +32,11 @@ def differences(a: Config, b: Config) -> list[str]:
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     moved = _memory_moved(_memory(a), _memory(b))
-    return out + ([f"memory: {', '.join(moved)}"] if moved else [])
+    out += [f"memory: {', '.join(moved)}"] if moved else []
+    if a.checkpoint_interval_steps != b.checkpoint_interval_steps:  # DeepSpeed's JSON has no save interval
+        out.append(f"reliability.checkpoint_interval_steps: {a.checkpoint_interval_steps!r} -> "
+                   f"{b.checkpoint_interval_steps!r}")
+    return out
 
 
 def _memory_moved(a, b) -> list[str]:
@@ -56,30 +61,6 @@ def _routed(training, moe: bool) -> dict[str, Any]:
     if moe:
         factor, dropless = training.moe_routing
         out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)
-    return out
-
-
-def effective_model(model) -> dict[str, Any]:
-    """A ModelSpec's fields (not its name or source) with the defaults it resolves filled in:
-    ``head_dim`` (``hidden / q_heads``), ``kv_heads`` (``q_heads``) and, for an MoE model,
-    ``expert_ffn`` (``ffn``), so that a field left unset and the same value given are no
-    difference (Megatron-LM writes ``--kv-channels`` whatever the source said); the shared
-    experts as one MLP of their total width (what ModelSpec builds, and all Megatron-LM's
-    ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
-
-    >>> from meshplan.spec.model import ModelSpec
-    >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
-    >>> effective_model(m) == effective_model(m.model_copy(update={"head_dim": 16, "kv_heads": 4}))
-    True
-    """
-    out = model.model_dump(exclude={"name", "source"})
-    if not model.is_mla:
-        out |= {"head_dim": model.d_head, "kv_heads": model.n_kv_heads}
-    if model.is_moe:
-        out["expert_ffn"] = model.moe_ffn
-    if model.shared_experts:
-        width = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
-        out |= {"shared_experts": 1, "shared_expert_ffn": width}
     return out
 
 

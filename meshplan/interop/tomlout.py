@@ -158,4 +158,6 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
               "mesh": spec}
     memory = cfg.memory.model_dump(mode="json", exclude_defaults=True)
     kernels = {"files": [str(Path(f).resolve()) for f in cfg.kernel_files]} if cfg.kernel_files else {}
-    return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {})
+    checkpoint = {"checkpoint_interval_steps": cfg.checkpoint_interval_steps} if cfg.checkpoint_interval_steps else {}
+    return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {}) | (
+        {"reliability": checkpoint} if checkpoint else {})

@@ -52,6 +52,7 @@ training.max_norm                              training.grad_clip = true whateve
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
+checkpoint.interval (with enable true)         [reliability] checkpoint_interval_steps (500 unset)
 ============================================== ==============================================
 
 The pipeline split, [activation_checkpoint] and float8 are read and written by
@@ -92,6 +93,7 @@ from meshplan.interop.common import (
     seq_len_of,
     table_model,
 )
+from meshplan.interop.torchtitan_checkpoint import read_checkpoint
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
     SCHEDULE_NAMES,
@@ -368,7 +370,9 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
-    unused = tuple(k for k in flatten(d) if k not in USED | used)
+    checkpoint, saved = read_checkpoint(d)
+    tables |= {"reliability": checkpoint} if checkpoint else {}
+    unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
     return Imported("torchtitan", tables, unused, tuple(notes))
 
 def _moved(keys) -> None:

@@ -44,7 +44,9 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     if other:
         model = tables.get("model", {})
         tables["model"] = {**model, "converters": [*model.get("converters", []), *other]}
-    read = {r.partition(".")[0] for r in READ} | set(written)
+    # the user's [checkpoint] is carried whole, the interval meshplan read from it included (written
+    # only for a plan without the user's file: torchtitan_write.write)
+    read = {r.partition(".")[0] for r in READ} | (set(written) - ({"checkpoint"} if "checkpoint" in keep else set()))
     names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
     return tables, names + [f"model.converters {other}"] * bool(other)
 

@@ -90,7 +90,9 @@ def write(cfg: Config) -> dict[str, dict]:
             "model": model, "training": training, "parallelism": par,
             "activation_checkpoint": write_recompute(t), "optimizer": write_optimizer(t)} | quantize \
         | ({"compile": {"enable": True, "components": ["model", "loss"] if t.torch_compile_loss else ["model"]}}
-           if t.torch_compile else {})
+           if t.torch_compile else {}) \
+        | ({"checkpoint": {"enable": True, "interval": cfg.checkpoint_interval_steps}}
+           if cfg.checkpoint_interval_steps else {})
 
 
 

@@ -88,6 +88,12 @@ MEGATRON_LABEL = "Megatron-LM report_theoretical_memory estimate (approximation)
 #: Added to :data:`MEGATRON_LABEL` where the plan's sharding is not what the formula models
 #: (:func:`megatron_estimate`: zero2, zero3, hsdp).
 MEGATRON_AS_IF = "as if run with Megatron-LM's distributed optimizer"
+#: Put before the estimate's line where the plan is not a Megatron-LM run (``training.framework``
+#: other than ``megatron``): the formula is Megatron-LM's own log line (``report_theoretical_memory``),
+#: which a torchtitan FSDP plan never prints; a newcomer read its 55 GiB beside a 10 GiB peak as the
+#: plan's. ``{framework}``: the plan's ``training.framework``.
+MEGATRON_NOT_RUN = ("does not apply to this plan (training.framework \"{framework}\", not Megatron-LM), "
+                    "for comparison only: ")
 
 #: State kinds sharded over data parallelism, per ``TrainingSpec.sharding``.
 SHARDED_KINDS = {

@@ -143,11 +143,13 @@ def step_infeasible_doc(plan: Plan, st) -> dict[str, Any]:
 
 
 def reliability_doc(plan: Plan, r, restart) -> dict[str, Any]:
-    """The reliability account and the restart on fewer nodes."""
+    """The reliability account and the restart on fewer nodes; ``job_interval`` only where the
+    config gives the job's checkpoint interval."""
     return envelope("reliability", plan, gpus=r.gpus, rate_per_gpu_day=r.rate_per_gpu_day, mtbf_s=r.mtbf_s,
                     failure_domains=plain_data(r.domains), checkpoint=plain_data(r.checkpoint), write_s=r.write_s,
                     read_s=r.read_s, restart_overhead_s=r.restart_overhead_s, restart_s=r.restart_s,
-                    interval_s=r.interval_s, goodput=r.goodput, restart=plain_data(restart))
+                    interval_s=r.interval_s, goodput=r.goodput, restart=plain_data(restart),
+                    **({"job_interval": r.job_fields()} if r.job else {}))
 
 
 def place_doc(plan: Plan | Infeasible, choice, bindings: Sequence[dict]) -> dict[str, Any]:

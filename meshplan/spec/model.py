@@ -218,6 +218,32 @@ class ModelSpec(BaseModel):
     def moe_ffn(self) -> int:
         return self.expert_ffn or self.ffn
 
+    def architecture(self) -> dict:
+        """The fields that define the network (not ``name`` or ``source``) with the defaults
+        they resolve to filled in: ``head_dim`` (``hidden / q_heads``), ``kv_heads``
+        (``q_heads``) and, for an MoE model, ``expert_ffn`` (``ffn``), so that a field left
+        unset and the same value given are one model (Megatron-LM writes ``--kv-channels``
+        whatever the source said, and reads it as ``hidden / heads`` when absent:
+        ``TransformerConfig.kv_channels``); the shared experts as one MLP of their total width
+        (what :meth:`layer_tensors` builds, and all Megatron-LM's
+        ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
+        What ``meshplan compare`` and ``export`` judge a model by, and what the importers match
+        against the catalog.
+
+        >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
+        >>> m.architecture() == m.model_copy(update={"head_dim": 16, "kv_heads": 4, "name": "x"}).architecture()
+        True
+        """
+        out = self.model_dump(exclude={"name", "source"})
+        if not self.is_mla:
+            out |= {"head_dim": self.d_head, "kv_heads": self.n_kv_heads}
+        if self.is_moe:
+            out["expert_ffn"] = self.moe_ffn
+        if self.shared_experts:
+            width = (self.shared_expert_ffn or self.moe_ffn) * self.shared_experts
+            out |= {"shared_experts": 1, "shared_expert_ffn": width}
+        return out
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) has routed experts."""
         return self.is_moe and layer >= self.dense_layers
