@@ -102,8 +102,8 @@ def test_summary_states_the_rule(seed_pair, tmp_path):
     text = (tmp_path / "rejected-tp4" / "summary.md").read_text()
     assert ("Chosen: tp8, decided by: fits where the other does not. Rule: a mesh that does not fit (infeasible, or "
             "its memory peak above usable HBM) loses to one that fits; between two that fit, the search's order: by "
-            "predicted step time; candidates within 1% of the fastest one not yet listed are ordered toward fewer "
-            "axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then a lower peak memory.") in text
+            "predicted step time; within 1% toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower "
+            "tp, then a lower peak memory (peaks within 1% count as equal), then the shorter step.") in text
     assert "see meshplan.compare" not in text
 
 

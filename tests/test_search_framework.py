@@ -132,7 +132,8 @@ def test_deepspeed_zero2_config_searches_its_own_stage():
     assert row.config.training == mine.config.training
     assert step_time(row).step_s == step_time(mine).step_s == pytest.approx(5.79753, abs=5e-6)
     r = search(dataclasses.replace(cfg, search=cfg.search.model_copy(update={"top": 5})), workers=1)
-    assert any(r.candidates.sh[e.index] == z2 for e in r.top)
+    # one data axis, one mesh: one row (searchtie: rows are distinct meshes); zero2 among the placed
+    assert len(r.top) == 1 and any(r.candidates.sh[e.index] == z2 for e in r.placed)
 
 
 @pytest.mark.slow
@@ -241,7 +242,7 @@ def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
     HSDP: rule 'framework' rejects the zero3 row kept gathered (0.913 s, which used to rank first
     with a 'not expressed' line) and both hsdp rows; the one left (0.927 s) exports whole. The
     text counts them with the rule's Megatron words, --json under counts.framework. Under torch all
-    4 rank, none rejected by the rule."""
+    4 rank (2 rows: one per mesh), none rejected by the rule."""
     import json
 
     from meshplan.cli import main
@@ -261,7 +262,9 @@ def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
     _, head = export(candidate_config(r.config, r.candidates, r.top[0].index), "megatron", "search")
     assert not [h for h in head if h.startswith("not expressed in megatron")]
     torch = search(config({}, **space), workers=1)
-    assert len(torch.top) == 4 and torch.counts()["framework"] == 0 and export_lines(torch) == []
+    # two meshes (dp_shard 8; dp_replicate 2 x dp_shard 4), one row each (searchtie), all 4 placed
+    assert len(torch.top) == 2 and len(torch.placed) == 4 and torch.counts()["framework"] == 0
+    assert export_lines(torch) == []
     path = tmp_path / "c.toml"
     path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
                     'global_batch = 16\nseq_len = 4096\nframework = "megatron"\n[search]\npp = [1]\ntp = [1]\n'

@@ -148,14 +148,25 @@ def test_the_words_say_what_the_memory_model_keeps():
     assert all(sel[k] == none[k] for k in sel)
 
 
-def test_search_says_what_selective_models(mini):
-    """A selective row shown: one line in the runtime's words (torch here), in the text and on the page."""
-    t = mini.config.training.model_copy(update={"recompute": "selective"})
-    assert any(r == "selective" for r in (x[3] for x in top_table(mini)[1]))
-    assert recompute_lines(mini) == [f"recompute selective: {recompute_words(t, 'torch')}"]
-    assert html.escape(recompute_lines(mini)[0], quote=True) in search_page(mini, "t")
-    shown = replace(mini, top=[e for e in mini.top if int(mini.candidates.rc[e.index]) != 1], best_rejected=None)
+def test_search_says_what_selective_models():
+    """A selective row shown: one line in the runtime's words (torch here), in the text and on the page.
+    Under torch selective is searched only where [search] recompute lists it (searchtie: torchtitan
+    has no option for it); listed alone here, so every row has it."""
+    sel = search(_cfg(recompute=["selective"]), workers=1)
+    t = sel.config.training.model_copy(update={"recompute": "selective"})
+    assert top_table(sel)[1] and all(x[3] == "selective" for x in top_table(sel)[1])
+    assert recompute_lines(sel) == [f"recompute selective: {recompute_words(t, 'torch')}"]
+    assert html.escape(recompute_lines(sel)[0], quote=True) in search_page(sel, "t")
+    shown = replace(sel, top=[], best_rejected=None)
     assert recompute_lines(shown) == []
+
+
+def test_torch_search_leaves_selective_out_by_default(mini):
+    """searchtie item 2: under torch the default search varies none, full and op only (torchtitan
+    has no core-attention recompute), and a note says so."""
+    rc = {int(x) for x in mini.candidates.rc}
+    assert rc == {0, 2} and any("recompute 'selective' is not searched" in n for n in mini.notes)  # none, full
+    assert recompute_lines(mini) == []
 
 
 def test_plan_page_words_recompute_as_the_plan_text():

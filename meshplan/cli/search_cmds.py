@@ -124,10 +124,15 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     most candidates, their counts, and a fix).
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
-    (op-level "op" under framework torch, tp = cp = ep = 1), vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap
-    (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
-    each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
-    then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
+    (op-level "op" under framework torch, tp = cp = ep = 1; Megatron's "selective" under torchtitan only
+    where [search] recompute lists it), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
+    (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
+    (pp >= 3); [search] narrows each. Rows are distinct meshes (axis degrees), each at its first setting by
+    the order; a line names row 1's mesh at its other settings within 1% (--json: placed, top_variants).
+    Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
+    tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
+    resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
+    --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (compute,
     bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates

@@ -40,7 +40,7 @@ from meshplan.compare.reasons import evidence_lines, knob_text
 from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.search.rank import RULE_LINE, decide
+from meshplan.search.rank import PAIR_RULE, decide
 from meshplan.spec.search import TIE
 from meshplan.units import GiB
 
@@ -82,9 +82,9 @@ class Comparison:
 
 def rule_text() -> str:
     """The verdict rule in words (the module docstring's): fit first, then the search's order
-    (:data:`meshplan.search.rank.RULE_LINE`)."""
+    on two plans (:data:`meshplan.search.rank.PAIR_RULE`)."""
     return ("a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to one that fits; "
-            f"between two that fit, the search's {RULE_LINE}")
+            f"between two that fit, the search's {PAIR_RULE}")
 
 
 def _fit(s: Side) -> tuple[float, float]:

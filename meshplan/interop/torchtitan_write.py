@@ -109,10 +109,25 @@ def write_notes(cfg: Config) -> list[str]:
     written = write_recompute(t)["mode"]
     return out + [
         f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
-        f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
+        f"has no option for ({_op_words(cfg)}); "
         f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
         "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
         "no more than the plan")]
+
+
+def _op_words(cfg: Config) -> str:
+    """Why the plan is not torchtitan's op-level SAC, as :func:`write_notes` says it: where
+    :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp or ep > 1, MLA) that rule;
+    elsewhere that the config chose ``selective`` and ``op`` plans at this mesh."""
+    m = cfg.mesh
+    deg = dict(zip(m.names, m.shape)) if m is not None and m.names and m.shape else {}
+    if cfg.model.is_mla:
+        return "op-level SAC \"op\" is not modelled with multi-head latent attention"
+    big = [f"{a} {deg[a]}" for a in ("cp", "ep") if deg.get(a, 1) > 1]
+    if big:
+        return f"op-level SAC \"op\" is planned with cp = ep = 1 only, and this mesh has {' and '.join(big)}"
+    return ("training.recompute is \"selective\"; torchtitan's op-level SAC plans at this mesh: set "
+            "training.recompute = \"op\" to plan what torchtitan runs")
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:

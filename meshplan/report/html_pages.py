@@ -31,14 +31,14 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, rejected_lines,
-                                    rule_counts, top_table)
-from meshplan.report.search_lines import configured_lines, goodput_line, recompute_lines
+from meshplan.report.search import (count_lines, header_lines, infeasible_verdict, rejected_lines, rule_counts,
+                                    table_lines, top_table)
+from meshplan.report.search_lines import configured_lines
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
-from meshplan.search.rank import RULE_LINE, top_heading
+from meshplan.search.rank import top_heading
 from meshplan.spec.mesh_words import axis_labels, mesh_text
 from meshplan.spec.wording import recompute_words, runtime, sharding_words
 from meshplan.units import GB, US, GiB, counted
@@ -185,20 +185,18 @@ def _count_bars(r: SearchResult) -> str:
 
 
 def search_page(r: SearchResult, name: str, note: str = "") -> str:
-    """The search report: header (``note``: :func:`plan_page`'s), top table, where the config's
-    own mesh stands, what recompute ``selective`` models, rule, top vs #2, goodput, best
-    rejected, outcome counts; the table and the lines as the text prints them
-    (:func:`~meshplan.report.search.top_table`, :mod:`meshplan.report.search_lines`)."""
+    """The search report: header (``note``: :func:`plan_page`'s), top table, every line the text
+    prints under it (:func:`~meshplan.report.search.table_lines`: where the config's own mesh
+    stands, what recompute ``selective`` models, rule, the top mesh's other settings, top vs #2,
+    goodput, exactness, headroom warning, export), best rejected, outcome counts; the table and the
+    lines as the text prints them (:func:`~meshplan.report.search.top_table`)."""
     columns, rows = top_table(r)
     mine = configured_lines(r)
     verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
     ranked = section("No feasible mesh", lines([verdict["line"]] + mine) + table(
         ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
         if verdict else section(top_heading(len(rows), left_out=r.counts()["feasible"] > len(rows)).capitalize(),
-                                table(columns, rows)
-                                + lines(mine + recompute_lines(r) + [RULE_LINE]
-                                        + ([r.explanation.line()] if r.explanation is not None else [])
-                                        + [goodput_line(r)] + export_lines(r)))
+                                table(columns, rows) + lines(table_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]

@@ -1,16 +1,20 @@
 """Text and JSON reports of a :class:`~meshplan.search.driver.SearchResult`.
 
-Text: the space searched (axis order and placement named), the top candidates (mesh,
-micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput where the
-rows differ in it: :func:`top_table`), where the config's own ``[mesh]`` stands and what recompute
-``selective`` models (:mod:`meshplan.report.search_lines`), the order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
+Text: the space searched (axis order and placement named), the top distinct meshes, each at its
+first setting by the tie rule (mesh, micro-batch, recompute, vpp, sharding, knobs, peak GiB, step
+s, MFU, tokens/s, goodput where the rows differ in it: :func:`top_table`), then every line under
+the table from one source, the text's and the HTML page's (:func:`table_lines`): where the
+config's own ``[mesh]`` stands and what recompute ``selective`` models
+(:mod:`meshplan.report.search_lines`), the order rule (:mod:`meshplan.search.rank`), the top
+mesh's other settings within 1%, what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome; when no candidate fits, one line instead of the table, the order rule and the
 exactness line (:func:`infeasible_line`). JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
-``meshplan plan`` can replay it, and when no candidate fits the one line's verdict as data
-(``no_feasible_mesh``: :func:`infeasible_verdict`).
+``meshplan plan`` can replay it, every candidate the rule placed up to the last row
+(``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``), and when no
+candidate fits the one line's verdict as data (``no_feasible_mesh``: :func:`infeasible_verdict`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from meshplan import __version__
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
-from meshplan.report.search_lines import configured_lines, goodput_cell, goodput_line, goodput_shared, recompute_lines
+from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
+                                         recompute_lines, variants_line)
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
-from meshplan.search.rank import RULE_LINE, top_heading
+from meshplan.search.rank import RULE_LINE, mesh_of, top_heading
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
@@ -36,7 +41,6 @@ from meshplan.search.space import overlap_searched
 from meshplan.memory.constraints import state_floor_fix, usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
-from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import mesh_text
 from meshplan.spec.wording import DEEPSPEED, zero_runtime
@@ -82,10 +86,23 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
             "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
             "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
             "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
+            "placed": placed_rows(r), "top_variants": [row(r, e) for e in r.variants],
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
             "no_feasible_mesh": infeasible_verdict(r)} | (
         {"configured": r.configured.to_dict()} if r.configured else {})  # the config's [mesh], where it has one
+
+
+def placed_rows(r: SearchResult) -> list[dict[str, Any]]:
+    """Every candidate the tie rule placed up to the last row (:attr:`SearchResult.placed`), each
+    a :func:`row` with ``row``: the top table's row of its mesh (the rows are distinct meshes, so a
+    mesh's other settings share its row number) and ``listed``: whether it is that row;
+    ``peak_bytes`` null where only the step was planned (the ranking plans the memory of the rows,
+    of the top mesh's variants and of the twins the tie rule compares by peak)."""
+    at = {mesh_of(r.candidates, e.index): k for k, e in enumerate(r.top, 1)}
+    shown = {e.index for e in r.top}
+    return [row(r, e) | {"row": at.get(mesh_of(r.candidates, e.index)), "listed": e.index in shown}
+            | ({} if e.complete else {"peak_bytes": None}) for e in r.placed]
 
 
 def header_lines(r: SearchResult) -> list[str]:
@@ -172,18 +189,23 @@ def print_search(r: SearchResult, console: Console) -> None:
     for cells in rows:
         tab.add_row(*cells)
     console.print(tab)
-    for line in mine + recompute_lines(r):
+    for line in table_lines(r) + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
         console.print(line, highlight=False, markup=False)
-    console.print(RULE_LINE, highlight=False, markup=False)
+
+
+def table_lines(r: SearchResult) -> list[str]:
+    """Every line printed under the top table, before the best rejected one: where the config's
+    own mesh stands, what recompute ``selective`` models, the order rule, the top's other settings
+    (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning and what
+    ``--export`` does not express; one source for the text and the HTML page."""
+    out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + variants_line(r)
     if r.explanation is not None:
-        console.print(r.explanation.line(), highlight=False, markup=False)
-    lines = [goodput_line(r)]
+        out.append(r.explanation.line())
+    out.append(goodput_line(r))
     if r.proven:
-        lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
-                     "one shown")
-    for line in lines + headroom_lines(r) + export_lines(r) + rejected_lines(r) + count_lines(r) + [
-            f"note: {n}" for n in r.notes]:
-        console.print(line, highlight=False, markup=False)
+        out.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
+                   "one shown")
+    return out + headroom_lines(r) + export_lines(r)
 
 
 #: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file
@@ -335,26 +357,6 @@ def rejected_lines(r: SearchResult) -> list[str]:
         out.append(f"  it would take {b.step_s:.3f} s per step ({relative(b.step_s / r.top[0].step_s - 1, 'the top')}) "
                    f"if it were accepted; peak {b.peak_bytes / GiB:.1f} GiB")
     return out
-
-
-def headroom_lines(r: SearchResult) -> list[str]:
-    """A warning naming the rows shown whose headroom (usable memory less the planned peak) is
-    under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
-    plan's ``[memory] fragmentation_fraction`` is below it: they fit only if the allocator fragments
-    less than PyTorch's caching allocator was measured to; none otherwise."""
-    o, usable = r.config.memory, usable_bytes(r.config.cluster, r.config.training)
-    frac = ALLOCATOR_FRAGMENTATION
-    tight = [(k, e) for k, e in enumerate(r.top, 1) if e.complete and usable - e.peak_bytes < frac * usable]
-    if o.fragmentation_fraction >= frac or not tight:
-        return []
-    k, e = tight[0]
-    rows = f"row {k}" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)}"
-    return [f"warning: {rows} keep less than {frac:.0%} of the usable memory free (#{k} "
-            f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
-            f"{1 - e.peak_bytes / usable:.1%} free) at [memory] fragmentation_fraction "
-            f"{o.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose about {frac:.0%} to "
-            f"fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
-            f"to plan with it"]
 
 
 def count_lines(r: SearchResult) -> list[str]:

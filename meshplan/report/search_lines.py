@@ -2,17 +2,23 @@
 (:func:`meshplan.report.search.print_search`) and the HTML page
 (:func:`meshplan.report.html_pages.search_page`): where the config's own ``[mesh]`` stands
 (:func:`configured_lines`), the goodput line and whether the goodput column is shown
-(:func:`goodput_line`, :func:`goodput_shared`), and what the ``selective`` recompute of a row
-models in the runtime's words (:func:`recompute_lines`).
+(:func:`goodput_line`, :func:`goodput_shared`), what the ``selective`` recompute of a row
+models in the runtime's words (:func:`recompute_lines`), the headroom warning
+(:func:`headroom_lines`) and the top mesh's other settings (:func:`variants_line`);
+:func:`meshplan.report.search.table_lines` puts every line under the table in order.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.memory.constraints import usable_bytes
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
+from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
+from meshplan.spec.search import TIE
 from meshplan.spec.wording import recompute_words, runtime
+from meshplan.units import GiB
 
 
 def configured_lines(r: SearchResult) -> list[str]:
@@ -64,3 +70,38 @@ def recompute_lines(r: SearchResult) -> list[str]:
         return []
     t = r.config.training.model_copy(update={"recompute": "selective"})
     return [f"recompute selective: {recompute_words(t, runtime(t, r.config.origin))}"]
+
+
+def headroom_lines(r: SearchResult) -> list[str]:
+    """A warning naming the rows shown whose headroom (usable memory less the planned peak) is
+    under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
+    plan's ``[memory] fragmentation_fraction`` is below it: they fit only if the allocator fragments
+    less than PyTorch's caching allocator was measured to; none otherwise."""
+    o, usable = r.config.memory, usable_bytes(r.config.cluster, r.config.training)
+    frac = ALLOCATOR_FRAGMENTATION
+    tight = [(k, e) for k, e in enumerate(r.top, 1) if e.complete and usable - e.peak_bytes < frac * usable]
+    if o.fragmentation_fraction >= frac or not tight:
+        return []
+    k, e = tight[0]
+    rows = f"row {k}" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)}"
+    return [f"warning: {rows} keep less than {frac:.0%} of the usable memory free (#{k} "
+            f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
+            f"{1 - e.peak_bytes / usable:.1%} free) at [memory] fragmentation_fraction "
+            f"{o.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose about {frac:.0%} to "
+            f"fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
+            f"to plan with it"]
+
+
+def variants_line(r: SearchResult) -> list[str]:
+    """One line naming the top mesh's other settings within 1% of the fastest step
+    (:attr:`~meshplan.search.driver.SearchResult.variants`: at most 3, in the tie rule's order,
+    each with its step and peak), since every row is a distinct mesh; or that it has none."""
+    if not r.top:
+        return []
+    mesh, _ = r.candidates.label(r.top[0].index).split(", mb ", 1)
+    head = f"row 1's mesh ({mesh}) with other settings within {TIE:.0%} of the fastest step"
+    if not r.variants:
+        return [f"{head}: none (rows are distinct meshes, each with its first setting by the rule)"]
+    parts = [f"mb {r.candidates.label(e.index).split(', mb ', 1)[1]} ({e.step_s:.3f} s"
+             + (f", peak {e.peak_bytes / GiB:.2f} GiB)" if e.complete else ")") for e in r.variants]
+    return [f"{head} (rows are distinct meshes): " + "; ".join(parts)]

@@ -10,7 +10,8 @@ bound can reach the top) and the rejected candidate kept as evidence
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -20,7 +21,7 @@ from meshplan.search.columns import Candidates
 from meshplan.search.estimate import Estimates, refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
 from meshplan.search.frontier import Frontier
-from meshplan.search.rank import needed, ranked, simplicity
+from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, simplicity, variants
 from meshplan.search.reasons import CODE, OK
 from meshplan.search.time_tables import TimeTables
 
@@ -36,6 +37,21 @@ TIGHTEN_BLOCK = 256
 #: same on every machine. 4: two jobs per worker on 2 cores; a larger pool gets fewer
 #: than one job per worker a round (a run a few tenths of a second longer on 16 cores).
 RANK_BATCH = 4
+
+@dataclass
+class Ranking:
+    """What :func:`best_first` returns: ``top``, the rows (the first candidate of each of the
+    first ``top`` distinct meshes by :mod:`meshplan.search.rank`'s rule); ``proven``; ``fastest``,
+    the fastest feasible candidate planned (the tie rule may list it below the top, or leave it
+    out); ``placed``, every candidate the rule placed up to the last row, rows and their meshes'
+    other settings, in order; ``variants``, the top mesh's other settings within 1% of the fastest."""
+
+    top: list[Exact]
+    proven: bool
+    fastest: Optional[Exact]
+    placed: list[Exact] = field(default_factory=list)
+    variants: list[Exact] = field(default_factory=list)
+
 
 #: ``progress(label, done, total)``, called as exact plans complete.
 Progress = Callable[[str, int, int], None]
@@ -132,10 +148,9 @@ def worth_tightening(est: Estimates, eligible: np.ndarray, top: int, most: int) 
 
 
 def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run: Runner, tt: TimeTables,
-          tight: np.ndarray) -> tuple[list[Exact], bool, Optional[Exact]]:
+          tight: np.ndarray) -> Ranking:
     """Best-first exact ranking (:mod:`meshplan.search.driver`, step 6) under the tie rule of
-    :mod:`meshplan.search.rank`: (top, proven, the fastest feasible candidate planned: the
-    tie rule may list it below the top, or leave it out). The queue (:mod:`meshplan.search.frontier`)
+    :mod:`meshplan.search.rank`: the :class:`Ranking`. The queue (:mod:`meshplan.search.frontier`)
     tightens each bound before its candidate is planned, on its own copy: ``est`` keeps the
     bounds the vectorised pass and :func:`refine` gave (``tight``: the candidates refined)."""
     o = cfg.search
@@ -149,8 +164,9 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
     planned, proven = 0, True
     while True:
         while len(queue):
-            if len(steps) >= o.top and planned >= o.exact_min and \
-                    needed(np.fromiter(steps.values(), float), o.top) < queue.next_bound(batch) * (1 - BOUND_SLACK):
+            meshes = best_of_meshes(c, steps)  # the shortest known step of each mesh: the rows are distinct meshes
+            if len(meshes) >= o.top and planned >= o.exact_min and \
+                    needed(meshes, o.top) < queue.next_bound(batch) * (1 - BOUND_SLACK):
                 break
             if planned >= o.exact_max:
                 proven = False
@@ -159,7 +175,7 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
                 break
             # while fewer than ``top`` steps are known the stopping rule cannot hold: the next
             # top - known candidates are planned in any case, as one batch (fewer pool round trips)
-            chunk = queue.pop(min(max(batch, o.top - len(steps)), max(batch, o.exact_max - planned)))
+            chunk = queue.pop(min(max(batch, o.top - len(meshes)), max(batch, o.exact_max - planned)))
             # the step alone (build_plan without memory timelines, then step_time); near the
             # memory limit the memory verdict follows only where the step could enter the top
             run.plan(chunk, STEP_ONLY, label="ranking")
@@ -171,21 +187,25 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
                     steps[r.index] = r.step_s
                 else:
                     pending[r.index] = r.step_s
-            _settle_pending(steps, pending, o.top, run)
+            _settle_pending(c, steps, pending, o.top, run)
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
         if not _complete_top(c, steps, o.top, run) or not proven:
             fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
-            return [run.exact[i] for i in ranked(c, steps, o.top, peaks=_peaks(steps, run))], proven, \
-                None if fastest is None else run.exact[fastest]
+            order = order_all(c, steps, peaks=_peaks(steps, run))
+            rows = distinct(c, order)[:o.top]
+            return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
+                           [run.exact[i] for i in _prefix(c, order, o.top)],
+                           [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [])
 
 
-def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int, run: Runner) -> None:
+def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, float], top: int,
+                    run: Runner) -> None:
     """Plan the memory of the pending candidates (near the memory limit, step known) whose step
     is within :func:`~meshplan.search.rank.needed` of the known feasible ones: those that fit
     join ``steps``. The others cannot enter the top (``needed`` only falls as steps join), so
     their memory verdict is left to the settle phase."""
-    cut = needed(np.fromiter(steps.values(), float), top)
+    cut = needed(best_of_meshes(c, steps), top)
     due = sorted((i for i, t in pending.items() if t <= cut), key=lambda i: (pending[i], i))
     run.plan(due, PLAN_ONLY, label="ranking")
     for i in due:
@@ -195,19 +215,26 @@ def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int
 
 
 def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner) -> bool:
-    """Plan the top's step-only candidates completely (peak, goodput, the step's parts), and the
-    memory of every candidate within :func:`~meshplan.search.rank.needed` that ties a listed one
-    on the tie rule's axes and degrees (its next key is the planned peak: a twin kept gathered
-    must not be listed before the same mesh resharded only because its step is 0.085% shorter),
-    until the top holds still; one whose plan does not fit after all (its memory bound was
-    wrong: noted) leaves ``steps``. True when the top changed and the ranking must go on."""
+    """Plan the top's rows completely (peak, goodput, the step's parts), the memory of the top
+    mesh's variants (:func:`~meshplan.search.rank.variants`) and of every candidate within
+    :func:`~meshplan.search.rank.needed` whose tie key (mesh and settings) another candidate there
+    shares and a placed one holds (its next key is the planned peak: a twin kept gathered must not
+    be listed before the same mesh resharded only because its step is 0.085% shorter), until the
+    top holds still; one whose plan does not fit after all (its memory bound was wrong: noted)
+    leaves ``steps``. True when the top changed and the ranking must go on."""
     changed = False
     while True:
-        order = ranked(c, steps, top, peaks=_peaks(steps, run))
-        keys, cut = {simplicity(c, i) for i in order}, needed(np.fromiter(steps.values(), float), top)
-        twins = [i for i in sorted(steps) if i not in order and steps[i] <= cut and not run.exact[i].complete
-                 and simplicity(c, i) in keys]
-        light = [i for i in order if _short_of(run.exact[i], SIMULATE)] + twins
+        order = order_all(c, steps, peaks=_peaks(steps, run))
+        rows = distinct(c, order)[:top]
+        cut = needed(best_of_meshes(c, steps), top)
+        near = [i for i in sorted(steps) if steps[i] <= cut]
+        key = {i: simplicity(c, i) for i in near}
+        shared = {k for k, n in Counter(key.values()).items() if n > 1} & \
+            {simplicity(c, i) for i in _prefix(c, order, top)}
+        twins = [i for i in near if key[i] in shared and i not in rows]
+        shown = variants(c, order, steps, rows[0]) if rows else []
+        light = [i for i in rows if _short_of(run.exact[i], SIMULATE)] + \
+            [i for i in dict.fromkeys(twins + shown) if not run.exact[i].complete and i not in rows]
         if not light:
             return changed
         # the ranking's step-only evaluations hold the step, its parts and the goodput: the
@@ -219,6 +246,17 @@ def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner)
                                  "memory upper bound did; left out of the top")
                 del steps[r.index]
                 changed = True
+
+
+def _prefix(c: Candidates, order: list[int], top: int) -> list[int]:
+    """The candidates of ``order`` up to the first of the ``top``-th distinct mesh: every one
+    the rule placed before the last row (all planned exactly, :func:`~meshplan.search.rank.needed`)."""
+    seen: set = set()
+    for k, i in enumerate(order):
+        seen.add(mesh_of(c, i))
+        if len(seen) == top:
+            return order[:k + 1]
+    return list(order)
 
 
 def _peaks(steps: dict[int, float], run: Runner) -> dict[int, float]:

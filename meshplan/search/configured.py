@@ -30,6 +30,7 @@ from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
+from meshplan.search.rank import mesh_of
 from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.search import TIE
@@ -214,19 +215,22 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     undecided = undecided[undecided != i]
     below = int((step_lo[undecided] < e.step_s).sum())
     row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
+    mesh_row = next((n for n, t in enumerate(top, 1) if mesh_of(c, t.index) == mesh_of(c, i)), None)
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
-    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below)) or None
+    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row)) or None
     return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below)
 
 
 def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: int, undecided: int,
-           below: int) -> list[str]:
+           below: int, mesh_row: Optional[int] = None) -> list[str]:
     """The clauses in parentheses after the rank: its ``row`` in the top table (the tie rule's
-    order, not the rank), ``step_s`` against the top's, a verdict reached here (code ``k``), the
+    order, not the rank), or the row of its mesh listed at other settings (``mesh_row``: the rows
+    are distinct meshes), ``step_s`` against the top's, a verdict reached here (code ``k``), the
     ``left`` feasible candidates unplanned and the ``below`` of the ``undecided`` whose step-time
     lower bound is below ``step_s``."""
-    out = [] if row is None else [f"row #{row:,} in the top table, whose tie rule orders meshes within {TIE:.0%} toward "
-                                  "fewer axes and lower degrees"]
+    out = [f"row #{row:,} in the top table, whose tie rule orders meshes within {TIE:.0%} toward fewer axes, lower "
+           "degrees and fewer settings"] if row is not None else [] if mesh_row is None else [
+        f"its mesh is row #{mesh_row:,} in the top table, at other settings (one row per distinct mesh)"]
     out += [relative(step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
     out += [] if k == OK else ["near the memory limit, planned here: it fits"]
     out += [] if not left else [f"{left:,} feasible candidate{'s' if left > 1 else ''} with a step-time lower "

@@ -27,10 +27,11 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    are planned and simulated exactly (``build_plan`` + ``step_time(plan, Overlap())``, what
    ``meshplan plan`` and ``meshplan step`` run) in increasing order of their step-time lower
    bound, each bound tightened as in step 5 when its candidate reaches the front of the queue
-   (:mod:`meshplan.search.frontier`; the printed bounds stay those of step 5), until ``top`` feasible
-   ones are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
-   exact step time (:func:`meshplan.search.rank.needed`); the top is then ordered by the tie
-   rule (:mod:`meshplan.search.rank`: within 1%, fewer axes and lower degrees first, then the lower peak).
+   (:mod:`meshplan.search.frontier`; the printed bounds stay those of step 5), until ``top`` distinct
+   feasible meshes are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
+   shortest exact step time of a mesh (:func:`meshplan.search.rank.needed`); the top is then ordered by
+   the tie rule (:mod:`meshplan.search.rank`: within 1%, fewer axes and lower degrees first, then fewer
+   and cheaper settings, then the lower peak where more than 1% lower), one row per distinct mesh.
    Because the bound never exceeds the exact step time (tests check it on every
    candidate of small worlds), no candidate left unplanned can enter the top: the top is
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
@@ -91,9 +92,12 @@ from meshplan.spec.wording import stream_words
 class SearchResult:
     """Outcome of :func:`search`. ``code``: first rule each candidate breaks (index into
     :data:`~meshplan.search.reasons.REASONS`) or OK (-1); ``decided``: how the memory verdict
-    was reached ("rule", "bound", "plan"); ``top``: the ranked feasible candidates (tie rule
-    of :mod:`meshplan.search.rank`); ``exact``: every exactly planned candidate by index;
-    ``explanation``: the top against the runner-up (:mod:`meshplan.search.explain`)."""
+    was reached ("rule", "bound", "plan"); ``top``: the rows, one per distinct mesh, each its
+    first candidate by the tie rule of :mod:`meshplan.search.rank`; ``exact``: every exactly
+    planned candidate by index; ``explanation``: the top against the runner-up
+    (:mod:`meshplan.search.explain`); ``placed``: every candidate the rule placed up to the last
+    row, in order (the rows' meshes' other settings among them); ``variants``: the top mesh's
+    other settings within 1% of the fastest step, at most 3."""
 
     config: Config
     candidates: Candidates
@@ -111,6 +115,8 @@ class SearchResult:
     timings: dict[str, float] = field(default_factory=dict)
     explanation: Optional[Explanation] = None
     configured: Optional[Configured] = None
+    placed: list[Exact] = field(default_factory=list)
+    variants: list[Exact] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
@@ -160,7 +166,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("refine")
         tight = np.zeros(len(c), bool)
         tight[near_top] = True
-        top, proven, fastest = best_first(cfg, c, est, eligible, run, tt, tight)
+        ranking = best_first(cfg, c, est, eligible, run, tt, tight)
+        top, proven, fastest = ranking.top, ranking.proven, ranking.fastest
         clock("rank")
         band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
         run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
@@ -185,7 +192,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
     mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest), mine)
+                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest), mine,
+                        ranking.placed, ranking.variants)
 
 
 class _Clock:

@@ -1,29 +1,44 @@
 """The order of the search's top: by predicted step time, with near-ties broken toward the
-simpler mesh.
+simpler mesh and the fewer, cheaper settings; one row per distinct mesh.
 
 Rule (:func:`tie_order`): repeatedly take the fastest candidate not yet placed; among the
 candidates within :data:`TIE` (1%) of its step time, place first the one with the fewest
 axes of degree > 1, then the lowest product of the model-parallel degrees
-``tp * pp * cp * ep``, then the lowest tp, then the lower planned peak memory, then the
-shorter step, then the enumeration index. :func:`decide` is the same rule for a pair
-(``meshplan compare`` decides with it) and names the criterion that decided, with both
-values (``lower peak memory (26.3 vs 58.6 GiB)``), or says that none does (:data:`EQUAL`: equal
-steps, keys and peaks; the search then lists them in enumeration order, compare chooses neither). A 1% difference is below the step-time model's
+``tp * pp * cp * ep``, then the lowest tp, then the fewest and cheapest settings off their
+default (:func:`knob_key`: fewer of them, then no recompute before selective, op, full; no tp
+overlap before overlap; vpp 1 before more; parameters resharded after forward before kept
+gathered; the even layer split before the short end stages; 1F1B before a V-shaped schedule),
+then the lower planned peak memory where the peaks differ by more than :data:`MEMORY_TIE` (1%)
+of the lower one, then the shorter step, then the enumeration index. :func:`decide` is the same
+rule for a pair (``meshplan compare`` decides with it, on the mesh keys alone) and names the
+criterion that decided, with both values (``lower peak memory (26.3 vs 58.6 GiB)``), or says that
+none does (:data:`EQUAL`: equal steps and keys, peaks within 1%; the search then lists them in
+enumeration order, compare chooses neither). A 1% step difference is below the step-time model's
 stated accuracy, while every extra axis and degree is one more process group, collective
-stream and way to fail, so an expert running the mesh prefers the simpler one; between two
-equally simple meshes (twins that differ in a knob: resharded or kept gathered, recompute,
-micro-batch) the one with more headroom (a Mixtral twin kept gathered at 58.6 GiB was listed before the same mesh
-resharded at 26.3 GiB, 0.085% slower).
+stream and way to fail, and every setting off its default one more thing to configure and get
+wrong for a gain the model cannot resolve, so an expert running the mesh prefers the simpler
+one (the Megatron GPT-3 175B search listed ``selective, tp overlap`` 0.6% slower above ``none``
+for 21 MB less peak); between two equally simple candidates the one with clearly more headroom
+(a Mixtral twin kept gathered at 58.6 GiB was listed before the same mesh resharded at 26.3 GiB,
+0.085% slower).
 
-Every pick has a step time within ``1 + TIE`` of the ``k``-th smallest, so the first ``top``
-picks are decided by the candidates whose step time is at most ``(1 + TIE)`` times the
-``top``-th smallest: the search's stopping rule plans exactly all of those
-(:func:`meshplan.search.driver.search`).
+The top table lists distinct meshes (:func:`mesh_of`: the degree of every searched axis):
+each mesh's row is the first of its candidates in that order (:func:`distinct`), its other
+settings listed apart.
+
+Every pick has a step time within ``1 + TIE`` of the fastest candidate left; while fewer than
+``k`` meshes are placed, some mesh among the ``k`` with the shortest best step has none of its
+candidates placed, so the fastest left is at most that ``k``-th shortest best step. The first
+``top`` meshes are thus decided by the candidates whose step time is at most ``(1 + TIE)``
+times the ``top``-th shortest best step of a mesh (:func:`needed`): the search's stopping rule
+plans exactly all of those (:func:`meshplan.search.driver.search`).
 
 >>> tie_order([10.0, 10.05, 11.0], [(3, 8, 8), (2, 8, 8), (1, 1, 1)])
 [1, 0, 2]
 >>> tie_order([10.0, 10.0085], [(2, 8, 8), (2, 8, 8)], peaks=[58.6, 26.3])
 [1, 0]
+>>> tie_order([10.0, 10.0085], [(2, 8, 8), (2, 8, 8)], peaks=[55.91, 55.89])  # peaks within 1%: the step
+[0, 1]
 """
 
 from __future__ import annotations
@@ -34,44 +49,78 @@ import numpy as np
 
 from meshplan.units import GiB
 
-from meshplan.search.columns import Candidates
+from meshplan.search.columns import PIPELINE, RECOMPUTE, Candidates
 from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes
 
+#: Peaks within this fraction of the lower one count as equal in the tie rule (1%: 0.6 GiB at
+#: 60 GiB). Far below the 15% PyTorch's caching allocator was measured to lose to fragmentation
+#: (GMLake, ASPLOS 2024; :data:`meshplan.spec.memory.ALLOCATOR_FRAGMENTATION`), so a smaller
+#: difference buys no headroom a run could count on: the 175B search preferred a recompute
+#: setting for 21 MB of 55.9 GiB.
+MEMORY_TIE = 0.01
+
+#: Recompute policies by what they replay in backward, cheapest first (the tie rule's order):
+#: none; Megatron-LM's selective (the attention core); torchtitan's op-level SAC (every op but
+#: the saved mms, SDPA and reduce-scatters); full (every layer).
+RECOMPUTE_BY_COST = ("none", "selective", "op", "full")
 
 #: One line for the report under the top table.
-RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the fastest one not yet listed are "
-             "ordered toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then a lower "
-             "peak memory")
+RULE_LINE = (f"order: by predicted step time; one row per distinct mesh (axis degrees), its first setting by the "
+             f"rule; candidates within {TIE:.0%} of the fastest one not yet listed are ordered toward fewer axes of "
+             "degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then fewer and cheaper settings off their "
+             "default (no recompute before selective, op, full; no tp overlap; vpp 1; parameters resharded; the "
+             f"even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as equal), "
+             "then the shorter step")
 
+#: The rule as ``meshplan compare`` applies it to two plans (:func:`decide` on the mesh keys
+#: alone: :func:`simplicity_of`; the settings are not compared there).
+PAIR_RULE = (f"order: by predicted step time; within {TIE:.0%} toward fewer axes of degree > 1, then a lower "
+             f"tp*pp*cp*ep, then a lower tp, then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
+             "equal), then the shorter step")
 
 
 def top_heading(n: int, left_out: bool = True) -> str:
-    """The title of the search's top table (text and HTML): what the order is, and what the
-    rule guarantees of the meshes left out. Each pick of :func:`tie_order` is within ``1 + TIE``
-    of the fastest candidate not yet placed, and a candidate left out was not placed at any
-    pick, so every row shown is at most :data:`TIE` longer than any mesh left out: the fastest
-    mesh may fall out of the top N when a tie straddles row N, by less than 1%.
+    """The title of the search's top table (text and HTML): what the order is, that each row
+    is a distinct mesh, and what the rule guarantees of the meshes left out. Each pick of
+    :func:`tie_order` is within ``1 + TIE`` of the fastest candidate not yet placed, and a mesh
+    left out had no candidate placed before the last row's, so every row shown is at most
+    :data:`TIE` longer than any mesh left out: the fastest mesh may fall out of the top N when
+    a tie straddles row N, by less than 1%.
 
     >>> top_heading(3)  # doctest: +NORMALIZE_WHITESPACE
-    'top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none left
-    out is more than 1% faster than a row shown)'
+    'top 3 distinct meshes: by predicted step time; within 1% ordered toward fewer axes, lower degrees and fewer
+    settings (none left out is more than 1% faster than a row shown)'
 
-    ``left_out`` False (every feasible candidate is a row): the guarantee is moot and not said.
+    ``left_out`` False (every feasible mesh is a row): the guarantee is moot and not said.
 
     >>> top_heading(19, left_out=False)
-    'top 19: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees'
+    'top 19 distinct meshes: by predicted step time; within 1% ordered toward fewer axes, lower degrees and fewer settings'
     """
-    head = f"top {n}: by predicted step time; meshes within {TIE:.0%} ordered toward fewer axes and lower degrees"
+    head = (f"top {n} distinct meshes: by predicted step time; within {TIE:.0%} ordered toward fewer axes, lower "
+            "degrees and fewer settings")
     return f"{head} (none left out is more than {TIE:.0%} faster than a row shown)" if left_out else head
 
 
-#: What each position of a simplicity key (:func:`simplicity_of`) is called in the criterion
-#: that decided a pair (:func:`decide`), the words of :data:`RULE_LINE`.
-KEY_WORDS = ("fewer axes of degree > 1", "lower tp*pp*cp*ep", "lower tp")
+def _on_off(v: int) -> str:
+    return "on" if v else "off"
+
+
+#: Each position of a tie key (:func:`simplicity`: the mesh's :func:`simplicity_of`, then
+#: :func:`knob_key`): what the criterion is called when it decides a pair (:func:`decide`), the
+#: words of :data:`RULE_LINE`, and how its value is printed.
+KEY_TERMS: tuple[tuple[str, Callable[[int], str]], ...] = (
+    ("fewer axes of degree > 1", str), ("lower tp*pp*cp*ep", str), ("lower tp", str),
+    ("fewer settings off their default", str), ("cheaper recompute", lambda v: RECOMPUTE_BY_COST[v]),
+    ("no tp overlap", _on_off), ("fewer virtual stages", str),
+    ("parameters resharded after forward (the default)", lambda v: "kept gathered" if v else "resharded"),
+    ("the even layer split", lambda v: "short end stages" if v else "even"),
+    ("the default pipeline schedule", lambda v: PIPELINE[v]))
+#: The words of the mesh positions alone (compare's keys).
+KEY_WORDS = tuple(w for w, _ in KEY_TERMS[:3])
 
 #: What :func:`decide` says of two meshes no criterion of the rule separates (the same step,
-#: simplicity key and peak memory: a plan and its own export imported back, spelled otherwise).
+#: keys, and peaks within :data:`MEMORY_TIE`: a plan and its own export imported back, spelled otherwise).
 EQUAL = "no criterion separates them"
 
 
@@ -90,8 +139,24 @@ def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
     return axes, mp, degree("tp")
 
 
-def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
-    """(axes of degree > 1, tp * pp * cp * ep, tp) of candidate ``i``: smaller is simpler.
+def knob_key(recompute: str, tp_overlap: bool, vpp: int, reshard: bool, short_ends: bool = False,
+             schedule: int = 0) -> tuple[int, ...]:
+    """The settings of one candidate as the tie rule orders them, smaller first: (how many are
+    off their default, recompute's place in :data:`RECOMPUTE_BY_COST`, tp overlap, vpp,
+    parameters kept gathered, short end stages, the :data:`PIPELINE` schedule's index).
+
+    >>> knob_key("selective", True, 6, True), knob_key("none", True, 6, True), knob_key("none", False, 6, True)
+    ((3, 1, 1, 6, 0, 0, 0), (2, 0, 1, 6, 0, 0, 0), (1, 0, 0, 6, 0, 0, 0))
+    """
+    rc = RECOMPUTE_BY_COST.index(recompute)
+    flags = (rc, int(tp_overlap), int(vpp), int(not reshard), int(short_ends), int(schedule))
+    off = sum(int(x > 0) for x in flags[:2]) + int(vpp > 1) + sum(int(x > 0) for x in flags[3:])
+    return (int(off),) + flags
+
+
+def simplicity(c: Candidates, i: int) -> tuple[int, ...]:
+    """The tie key of candidate ``i``: the mesh's :func:`simplicity_of` (axes of degree > 1,
+    tp * pp * cp * ep, tp), then its settings' :func:`knob_key`; smaller first.
 
     >>> from meshplan.search.columns import Candidates
     >>> import numpy as np
@@ -99,25 +164,64 @@ def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     >>> c = Candidates(pp=one(4), dpr=one(1), dps=one(8), cp=one(1), tp=one(2), ep=one(1), etp=one(1), mb=one(1),
     ...                rc=one(0), vpp=one(1), sh=one(1), rf=one(1), ov=one(0), us=one(0), ps=one(0))
     >>> simplicity(c, 0)
-    (3, 8, 2)
+    (3, 8, 2, 0, 0, 0, 1, 0, 0, 0)
     """
-    return simplicity_of(lambda col: int(c.degree(col)[i]))
+    knobs = knob_key(RECOMPUTE[c.rc[i]], bool(c.ov[i]), int(c.vpp[i]), bool(c.rf[i]), bool(c.us[i]), int(c.ps[i]))
+    return simplicity_of(lambda col: int(c.degree(col)[i])) + knobs
 
 
-def _order_key(steps: Sequence[float], keys: Sequence[tuple], mem: Sequence[float], j: int) -> tuple:
-    """What places ``j`` first among the tied: its simplicity key, peak memory, step, index."""
-    return keys[j], mem[j], steps[j], j
+def mesh_of(c: Candidates, i: int) -> tuple[int, ...]:
+    """The mesh of candidate ``i`` as the top table tells rows apart: every searched axis's degree."""
+    return tuple(int(c.degree(col.column)[i]) for _, col in search_axes())
+
+
+def _peaks_tied(a: float, b: float) -> bool:
+    """Whether two peaks (bytes) are within :data:`MEMORY_TIE` of the lower (two unplanned, inf, are)."""
+    lo, hi = min(a, b), max(a, b)
+    return hi <= lo * (1 + MEMORY_TIE)
+
+
+def _pick(window: Sequence[int], steps: Sequence[float], keys: Sequence[tuple], mem: Sequence[float]) -> int:
+    """The candidate of ``window`` placed first: the smallest key; among those, the peaks
+    within :data:`MEMORY_TIE` of the lowest; among those the shortest step, then the index."""
+    best = min(keys[j] for j in window)
+    same = [j for j in window if keys[j] == best]
+    low = min(mem[j] for j in same)
+    return min((j for j in same if _peaks_tied(mem[j], low)), key=lambda j: (steps[j], j))
+
+
+def _gib_pair(a: float, b: float) -> str:
+    """Two byte counts in GiB with the digits that tell them apart (1 to 3 decimals).
+
+    >>> _gib_pair(26.3 * GiB, 58.6 * GiB), _gib_pair(55.91 * GiB, 55.89 * GiB)
+    ('26.3 vs 58.6 GiB', '55.91 vs 55.89 GiB')
+    """
+    for d in (1, 2, 3):
+        x, y = f"{a / GiB:.{d}f}", f"{b / GiB:.{d}f}"
+        if x != y:
+            break
+    return f"{x} vs {y} GiB"
+
+
+def _knob_words(key: tuple) -> str:
+    """The settings a full tie key holds, as a row's label names them (``selective, tp overlap``)."""
+    if len(key) < len(KEY_TERMS):
+        return ""
+    rc, ov, vpp, gathered, short, ps = key[4:10]
+    on = [RECOMPUTE_BY_COST[rc]] + [t for t, x in (("tp overlap", ov), (f"vpp {vpp}", vpp > 1),
+                                                   ("kept gathered", gathered), ("short end stages", short),
+                                                   (PIPELINE[ps], ps)) if x]
+    return ", ".join(on)
 
 
 def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float],
            rel: float = TIE) -> tuple[Optional[int], str]:
-    """The rule of the module docstring for two meshes: (0 or 1, the one placed first; the
+    """The rule of the module docstring for two candidates: (0 or 1, the one placed first; the
     criterion that decided, with the first's value against the other's), or (None, :data:`EQUAL`)
     when they are equal on every criterion (the search lists them in enumeration order, which
-    is no reason to prefer one). ``steps``: seconds;
-    ``keys``: :func:`simplicity_of` each; ``peaks``: planned peak memory, bytes. For a pair the
-    search also lists (no third candidate's step moving the window) this is their order in the
-    search's top.
+    is no reason to prefer one). ``steps``: seconds; ``keys``: :func:`simplicity` each (compare:
+    :func:`simplicity_of`, the mesh's part); ``peaks``: planned peak memory, bytes. For a pair the
+    search also lists (no third candidate's step moving the window) this is their order.
 
     >>> decide([10.0, 10.5], [(2, 8, 8), (3, 8, 8)], [60 * GiB, 50 * GiB])
     (0, 'shorter step by more than 1% (10.000 s vs 10.500 s, 4.8% shorter)')
@@ -125,6 +229,8 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     (1, 'fewer axes of degree > 1 (2 vs 3)')
     >>> decide([10.0085, 10.0], [(2, 8, 8), (2, 8, 8)], [26.3 * GiB, 58.6 * GiB])
     (0, 'lower peak memory (26.3 vs 58.6 GiB)')
+    >>> decide([10.0, 10.05], [(2, 8, 8), (2, 8, 8)], [55.91 * GiB, 55.89 * GiB])
+    (0, 'shorter step, peaks within 1% (10.0000 s vs 10.0500 s; 55.91 vs 55.89 GiB)')
     >>> decide([6.17, 6.17], [(2, 2, 2), (2, 2, 2)], [38.1 * GiB, 38.1 * GiB])
     (None, 'no criterion separates them')
     """
@@ -132,50 +238,93 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     if steps[slow] > steps[fast] * (1 + rel):
         return fast, (f"shorter step by more than {rel:.0%} ({steps[fast]:.3f} s vs {steps[slow]:.3f} s, "
                       f"{1 - steps[fast] / steps[slow]:.1%} shorter)")
-    first = min((0, 1), key=lambda j: _order_key(steps, keys, peaks, j))
+    first = _pick((0, 1), steps, keys, peaks)
     other = 1 - first
-    for word, x, y in zip(KEY_WORDS, keys[first], keys[other]):
+    for k, ((word, fmt), x, y) in enumerate(zip(KEY_TERMS, keys[first], keys[other])):
         if x != y:
-            return first, f"{word} ({x} vs {y})"
-    if peaks[first] != peaks[other]:
-        return first, f"lower peak memory ({peaks[first] / GiB:.1f} vs {peaks[other] / GiB:.1f} GiB)"
+            if k == 3:  # the count: name the settings too
+                return first, f"{word} ({x} vs {y}: {_knob_words(keys[first])} vs {_knob_words(keys[other])})"
+            return first, f"{word} ({fmt(x)} vs {fmt(y)})"
+    if not _peaks_tied(peaks[first], peaks[other]):
+        return first, f"lower peak memory ({_gib_pair(peaks[first], peaks[other])})"
     if steps[first] != steps[other]:
-        return first, f"shorter step ({steps[first]:.4f} s vs {steps[other]:.4f} s)"
+        within = f", peaks within {MEMORY_TIE:.0%}" if peaks[first] != peaks[other] else ""
+        mem = f"; {_gib_pair(peaks[first], peaks[other])}" if within else ""
+        return first, f"shorter step{within} ({steps[first]:.4f} s vs {steps[other]:.4f} s{mem})"
     return None, EQUAL
 
 
 def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
               peaks: Optional[Sequence[float]] = None) -> list[int]:
     """Positions of ``steps`` in the order of the module docstring's rule; ``keys[j]``: the
-    simplicity key of position j (smaller first among the tied); ``peaks[j]``: its planned
-    peak memory, bytes (lower first after the keys; inf: not planned, which would put it behind a
-    planned twin for lack of a number: the search plans every twin that ties a listed candidate
-    before it lists the top, :func:`meshplan.search.best_first._complete_top`)."""
+    tie key of position j (smaller first among the tied); ``peaks[j]``: its planned
+    peak memory, bytes (lower first after the keys, where more than :data:`MEMORY_TIE` lower; inf:
+    not planned, which would put it behind a planned twin for lack of a number: the search plans
+    every twin that ties a placed candidate before it lists the top,
+    :func:`meshplan.search.best_first._complete_top`)."""
     mem = peaks if peaks is not None else [0.0] * len(steps)
     left = sorted(range(len(steps)), key=lambda j: (steps[j], j))
     out: list[int] = []
     while left:
         cut = steps[left[0]] * (1 + rel)
         window = [j for j in left if steps[j] <= cut]
-        pick = min(window, key=lambda j: _order_key(steps, keys, mem, j))
+        pick = _pick(window, steps, keys, mem)
         out.append(pick)
         left.remove(pick)
     return out
 
 
-def ranked(c: Candidates, steps: dict[int, float], top: int, rel: float = TIE,
-           peaks: Optional[Mapping[int, float]] = None) -> list[int]:
-    """Candidate indices of the ``top`` first by the rule, from ``steps`` (index -> exact
-    step time, seconds) of feasible candidates and ``peaks`` (index -> planned peak memory,
-    bytes; a candidate without one counts as inf: the search plans the memory of every
-    candidate that ties a listed one on the keys, :func:`meshplan.search.best_first._complete_top`)."""
+def distinct(c: Candidates, order: Sequence[int]) -> list[int]:
+    """The first candidate of each mesh (:func:`mesh_of`) in ``order``: the top table's rows."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for i in order:
+        m = mesh_of(c, i)
+        if m not in seen:
+            seen.add(m)
+            out.append(i)
+    return out
+
+
+def order_all(c: Candidates, steps: Mapping[int, float], rel: float = TIE,
+              peaks: Optional[Mapping[int, float]] = None) -> list[int]:
+    """Candidate indices of ``steps`` (index -> exact step time, seconds, of feasible candidates)
+    in the rule's order, ``peaks`` (index -> planned peak memory, bytes; a candidate without one
+    counts as inf: the search plans the memory of every candidate that ties a placed one on the
+    keys, :func:`meshplan.search.best_first._complete_top`)."""
     idx = sorted(steps)
     mem = [float((peaks or {}).get(i, float("inf"))) for i in idx]
     order = tie_order([steps[i] for i in idx], [simplicity(c, i) for i in idx], rel, mem)
-    return [idx[j] for j in order[:top]]
+    return [idx[j] for j in order]
+
+
+def ranked(c: Candidates, steps: Mapping[int, float], top: int, rel: float = TIE,
+           peaks: Optional[Mapping[int, float]] = None) -> list[int]:
+    """The rows of the top table: the first candidate of each of the ``top`` first distinct
+    meshes of :func:`order_all`."""
+    return distinct(c, order_all(c, steps, rel, peaks))[:top]
+
+
+def variants(c: Candidates, order: Sequence[int], steps: Mapping[int, float], row: int,
+             most: int = 3, rel: float = TIE) -> list[int]:
+    """The other candidates of row ``row``'s mesh in ``order`` (:func:`order_all`) whose step is
+    within ``rel`` of the fastest known (so all planned exactly, :func:`needed`), at most ``most``."""
+    fastest = min(steps.values())
+    mesh = mesh_of(c, row)
+    return [i for i in order if i != row and mesh_of(c, i) == mesh and steps[i] <= fastest * (1 + rel)][:most]
+
+
+def best_of_meshes(c: Candidates, steps: Mapping[int, float]) -> np.ndarray:
+    """The shortest step (seconds) of each mesh among ``steps`` (index -> seconds)."""
+    best: dict[tuple[int, ...], float] = {}
+    for i, s in steps.items():
+        m = mesh_of(c, i)
+        best[m] = min(best.get(m, s), s)
+    return np.fromiter(best.values(), float, len(best))
 
 
 def needed(steps: np.ndarray, top: int, rel: float = TIE) -> float:
     """Step time (seconds) up to which every candidate must be known exactly to fix the
-    first ``top`` of the rule: ``(1 + rel)`` x the ``top``-th smallest of ``steps``."""
+    first ``top`` meshes of the rule: ``(1 + rel)`` x the ``top``-th smallest of ``steps``, the
+    shortest step of each mesh known (:func:`best_of_meshes`)."""
     return float(np.sort(steps)[top - 1]) * (1 + rel) if len(steps) >= top else float("inf")

@@ -20,7 +20,8 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
-    (:func:`meshplan.search.space.op_recompute_ok`), one line saying so."""
+    (:func:`meshplan.search.space.op_recompute_ok`), one line saying so; under torchtitan, that
+    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`)."""
     t, out = cfg.training, []
     fsdp = np.isin(c.sh, FSDP_SHARDINGS)
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
@@ -53,6 +54,11 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
                    "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "
                    "(DeepSpeed's ZeRO-1) or framework = \"megatron\" (its distributed optimizer) to search it")
+    if t.has_op_recompute and "selective" in cfg.search.recompute and "recompute" not in cfg.search.model_fields_set:
+        out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
+                   "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
+                   "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer') is planned by "
+                   "meshplan plan, not searched")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")

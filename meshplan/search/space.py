@@ -16,9 +16,10 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - degrees: every factorization of the world over the registered dense axes (five today:
   :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
 - sequence parallel: on exactly when tp > 1;
-- micro-batch sizes; recompute none, selective, full, and under a framework that has it
-  (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch with FSDP2)
-  torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`);
+- micro-batch sizes; recompute none, full, Megatron-LM's selective (not by default where
+  torchtitan is the runtime, which has no option for it: :func:`searched_recompute`), and under
+  a framework that has it (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch
+  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -51,12 +52,13 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())  # 1,536 none/selective/full without the knobs (reshard, short ends; tp
-...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers
-...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate; less
-...                            # 184 zero1 rows without a data axis (pp x tp = 8: 46 a micro-batch), their
-...                            # zero3 twins kept (no_data_axis_twin)
-(2348, 8)
+>>> len(c), int(c.tp.max())  # 1,024 none/full without the knobs (reshard, short ends; tp overlap
+...                            # only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers are
+...                            # not a multiple of pp x vpp: no short-ends interleaved candidate; less zero1
+...                            # rows without a data axis, their zero3 twins kept (no_data_axis_twin); no
+...                            # selective under torchtitan (searched_recompute): 2,348 with it, whose
+...                            # 2,124 rows other than op were a third each none, selective, full (-708)
+(1640, 8)
 >>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
 (224, 1)
 >>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
@@ -188,6 +190,29 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     return (tp == 1) & (cp == 1) & (ep == 1) & (not cfg.model.is_mla)
 
 
+def searched_recompute(cfg: Config) -> list[str]:
+    """The recompute policies the search varies: ``[search] recompute``, less ``op`` where the
+    runtime has no op-level SAC (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`),
+    and less ``selective`` where torchtitan is the runtime (the same condition) and the list is
+    the default: ``selective`` is Megatron-LM's core-attention recompute, which torchtitan has no
+    option for (:func:`meshplan.spec.wording.recompute_words`), so a row with it could not be
+    exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
+
+    >>> from meshplan.config import config_from_dict
+    >>> d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...      "training": {"global_batch": 8, "seq_len": 1024}}
+    >>> searched_recompute(config_from_dict(d, require_mesh=False))
+    ['none', 'full', 'op']
+    >>> searched_recompute(config_from_dict(d | {"training": d["training"] | {"framework": "megatron"}},
+    ...                                     require_mesh=False))
+    ['none', 'selective', 'full']
+    """
+    t, listed = cfg.training, "recompute" in cfg.search.model_fields_set
+    torchtitan = t.has_op_recompute
+    return [r for r in cfg.search.recompute
+            if (r != "op" or torchtitan) and (r != "selective" or not torchtitan or listed)]
+
+
 def enumerate_candidates(cfg: Config) -> Candidates:
     """The whole search space of ``cfg`` (module docstring), before any rule."""
     o, layers = cfg.search, cfg.model.layers
@@ -207,8 +232,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     names = [col.column for _, col in search_axes()]
     base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 3), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
-    rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute) if r != "op" or cfg.training.has_op_recompute),
-                   dtype=np.int64)
+    rcs = np.array(sorted({RECOMPUTE.index(r) for r in searched_recompute(cfg)}), dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T

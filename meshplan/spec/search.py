@@ -62,7 +62,9 @@ class SearchOptions(BaseModel):
       torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
       with FSDP2 only, on candidates with tp = cp = ep = 1 as meshplan plans it: Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
-      ``search.recompute``); ``sharding``: allowed among
+      ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
+      Megatron-LM's core-attention recompute, out, and a list naming it searches it:
+      :func:`meshplan.search.space.searched_recompute`); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.

@@ -1,0 +1,135 @@
+"""Newcomer trial on ``meshplan search`` (issue 11 item 7, searchtie): the tie rule orders toward
+fewer and cheaper settings and counts peaks within 1% as equal; under torch the search varies
+only the recompute policies torchtitan runs; the HTML page carries every line the text prints
+under the table; the top table lists distinct meshes, the top mesh's other settings on one line,
+``--json`` keeps every placed candidate."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import jsonschema
+
+from meshplan.config import config_from_dict
+from meshplan.interop.torchtitan_write import write_notes
+from meshplan.report.json_docs import schema_of
+from meshplan.search.rank import MEMORY_TIE, decide, knob_key, mesh_of, tie_order
+from meshplan.units import GiB
+from tests.cli_run import run_main
+
+#: pp 8 x dp 32 x tp 4 (Megatron GPT-3 175B on 128 dgx-a100): 3 axes, tp*pp 32, tp 4.
+MESH_175B = (3, 32, 4)
+#: torchtitan's Llama-3-70B job on 16 dgx-h100: FSDP 16 x TP 8, seq 8192, local batch 1, AC full.
+LLAMA70 = ('[model]\nname = "llama3"\nflavor = "70B"\n[training]\nlocal_batch_size = 1\nseq_len = 8192\n'
+           '[parallelism]\ndata_parallel_shard_degree = 16\ntensor_parallel_degree = 8\n'
+           '[activation_checkpoint]\nmode = "full"\n')
+
+
+def test_settings_that_buy_nothing_come_last_within_the_band():
+    """The newcomer's 175B rows, one mesh at vpp 6: "selective, tp overlap" 16.485 s, "none, tp
+    overlap" 16.387 s (the fastest), "none" 16.393 s, peaks 55.9 GiB within 21 MB. Were listed
+    selective first for the lower peak. 16.485 / 16.387 - 1 = 0.60% < 1%: all tie; settings off
+    their default: none 1 (vpp 6), none + overlap 2, selective + overlap 3; so none, then none +
+    overlap, then selective + overlap."""
+    steps = [16.485, 16.387, 16.393]
+    peak = 55.9 * GiB
+    peaks = [peak, peak + 21e6, peak + 21e6]
+    keys = [MESH_175B + knob_key("selective", True, 6, True), MESH_175B + knob_key("none", True, 6, True),
+            MESH_175B + knob_key("none", False, 6, True)]
+    assert tie_order(steps, keys, peaks=peaks) == [2, 1, 0]
+    assert decide([steps[0], steps[2]], [keys[0], keys[2]], [peaks[0], peaks[2]]) == (
+        1, "fewer settings off their default (1 vs 3: none, vpp 6 vs selective, tp overlap, vpp 6)")
+    assert decide([steps[1], steps[2]], [keys[1], keys[2]], [peaks[1], peaks[2]]) == (
+        1, "fewer settings off their default (1 vs 2: none, vpp 6 vs none, tp overlap, vpp 6)")
+
+
+def test_the_knob_order_by_hand():
+    """The count of settings off their default first (none before none kept gathered; full alone
+    before none with overlap and vpp 2); within one count: recompute none < selective < op < full,
+    no tp overlap, fewer virtual stages, resharded before kept gathered."""
+    mesh = (2, 8, 8)
+    pairs = [(knob_key("op", False, 1, True), knob_key("selective", False, 1, True), "cheaper recompute (selective vs op)"),
+             (knob_key("full", False, 1, True), knob_key("op", False, 1, True), "cheaper recompute (op vs full)"),
+             (knob_key("none", False, 4, True), knob_key("none", False, 2, True), "fewer virtual stages (2 vs 4)"),
+             (knob_key("none", False, 1, False), knob_key("none", False, 1, True, short_ends=True),
+              "parameters resharded after forward (the default) (resharded vs kept gathered)"),
+             (knob_key("none", False, 1, False), knob_key("none", False, 1, True),
+              "fewer settings off their default (0 vs 1: none vs none, kept gathered)")]
+    for slow_simple, fast_other, words in pairs:  # position 1 is 0.5% slower and simpler
+        assert decide([10.0, 10.05], [mesh + slow_simple, mesh + fast_other], [GiB, GiB])[1] == words
+    assert decide([10.0, 10.05], [mesh + knob_key("none", True, 2, True), mesh + knob_key("full", False, 1, True)],
+                  [GiB, GiB]) == (1, "fewer settings off their default (1 vs 2: full vs none, tp overlap, vpp 2)")
+
+
+def test_peaks_within_one_percent_are_a_tie():
+    """Twins with the same key: peaks 50.0 and 50.4 GiB (0.8% apart) tie and the step decides;
+    50.0 and 50.6 GiB (1.2%) do not, and the lower comes first. Printed with the digits that
+    tell them apart."""
+    key = (2, 8, 8) + knob_key("none", False, 1, True)
+    assert MEMORY_TIE == 0.01
+    assert tie_order([10.0, 10.05], [key, key], peaks=[50.4 * GiB, 50.0 * GiB]) == [0, 1]
+    assert tie_order([10.0, 10.05], [key, key], peaks=[50.6 * GiB, 50.0 * GiB]) == [1, 0]
+    assert decide([10.0, 10.05], [key, key], [50.6 * GiB, 50.0 * GiB]) == (1, "lower peak memory (50.0 vs 50.6 GiB)")
+    assert decide([10.0, 10.05], [key, key], [55.91 * GiB, 55.89 * GiB])[1] == (
+        "shorter step, peaks within 1% (10.0000 s vs 10.0500 s; 55.91 vs 55.89 GiB)")
+
+
+def _llama70(tmp_path, capsys, *more) -> tuple[str, str, dict]:
+    job = tmp_path / "llama70.toml"
+    job.write_text(LLAMA70)
+    page, doc = tmp_path / "s.html", tmp_path / "s.json"
+    assert run_main("search", job, "--cluster", "dgx-h100", "--nodes", "16", "--html", page, "--json", doc,
+                    *more) == 0
+    return capsys.readouterr().out, page.read_text(), json.loads(doc.read_text())
+
+
+def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
+    """torchtitan's Llama-3-70B job on 16 dgx-h100, searched: every row a distinct mesh (axis
+    degrees), the output says so; no row with selective (torchtitan has no option for it); the
+    HTML page holds every line the text prints under the table (the exactness line, the
+    headroom warning, the order rule, the top mesh's settings line); --json keeps every
+    placed candidate with its row, and validates against the schema."""
+    out, page, doc = _llama70(tmp_path, capsys)
+    text = " ".join(re.sub("[│┃]", " ", out).split())
+    meshes = [tuple(sorted(d["mesh"].items())) for d in doc["top"]]
+    assert len(meshes) == len(set(meshes)) == 10
+    assert "top 10 distinct meshes:" in text and "one row per distinct mesh (axis degrees)" in text
+    assert all(d["recompute"] != "selective" for d in doc["top"] + doc["placed"])
+    assert "recompute 'selective' is not searched under training.framework \"torch\"" in text
+    lines = [x for x in out.splitlines() if x.startswith(("the top is exact", "warning: rows", "order:", "row 1's mesh"))]
+    assert len(lines) == 4
+    flat = " ".join(html.unescape(re.sub("<[^>]+>", " ", page)).split())
+    for head in ("the top is exact: every candidate not planned", "warning: rows", "order: by predicted step time",
+                 "row 1's mesh (dp_replicate 2 x dp_shard 8 x tp 8)"):
+        assert head in text and head in flat
+    assert [d["row"] for d in doc["placed"] if d["listed"]] == list(range(1, 11))
+    assert {tuple(sorted(d["mesh"].items())) for d in doc["placed"]} == set(meshes)
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
+
+
+def test_export_note_gives_the_real_reason_op_is_not_planned():
+    """A torch plan with Megatron's selective at cp = ep = 1 (dp_shard 16 x tp 8): the note said
+    op "is planned with cp = ep = 1 only, so not at this mesh"; it now says the config chose
+    selective and op plans here; at cp 2 it names the cp degree."""
+    def cfg(names, shape):
+        return config_from_dict({"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
+                                 "training": {"global_batch": 16, "seq_len": 8192, "recompute": "selective"},
+                                 "mesh": {"names": names, "shape": shape, "sequence_parallel": True}})
+    here = " ".join(write_notes(cfg(["dp_shard", "tp"], [16, 8])))
+    assert "so not at this mesh" not in here
+    assert ("training.recompute is \"selective\"; torchtitan's op-level SAC plans at this mesh: set "
+            "training.recompute = \"op\" to plan what torchtitan runs") in here
+    cp = " ".join(write_notes(cfg(["dp_shard", "cp", "tp"], [8, 2, 8])))
+    assert "op-level SAC \"op\" is planned with cp = ep = 1 only, and this mesh has cp 2" in cp
+
+
+def test_mesh_of_is_every_searched_degree():
+    """The rows' identity: one degree per searched axis (pp, dp_replicate, dp_shard, cp, tp, ep, etp)."""
+    import numpy as np
+    from meshplan.search.columns import Candidates
+    one = lambda v: np.array([v])  # noqa: E731
+    c = Candidates(pp=one(4), dpr=one(1), dps=one(8), cp=one(2), tp=one(2), ep=one(1), etp=one(1), mb=one(1),
+                   rc=one(0), vpp=one(1), sh=one(1), rf=one(1), ov=one(0), us=one(0), ps=one(0))
+    assert mesh_of(c, 0) == (4, 1, 8, 2, 2, 1, 1)
