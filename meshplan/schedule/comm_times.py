@@ -82,7 +82,8 @@ def comm_kind(row) -> str:
     the Partial gradients of weights replicated over tp: SP norms, an MoE router, MLA's down
     projections and latent norms), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
     ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
-    scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
+    scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step; also the
+    SP norms' tp all-reduces FSDP2 issues once per step at pp > 1, comm/tp_grads.py),
     ``kv`` (the per-step, per-layer all-reduces of replicated KV heads' gradients, axis
     ``kv_replica``: one step-end event each, before the optimizer),
     the stream of a registered axis with a timeline (its name by default) when one of its
@@ -113,7 +114,9 @@ def comm_kind(row) -> str:
     if row.axis == Axis.TP:
         if row.phase == "loss" or "logits" in c or "loss" in c:
             return "loss"
-        return "tp_async" if "norm" in c or "weight gradient" in c else "tp"
+        if "norm" in c or "weight gradient" in c:  # once per step under FSDP2 at pp > 1: "step"
+            return "tp_async" if row.per_microbatch or not row.per_step else "step"
+        return "tp"
     if "(K and V)" in c or "(dK and dV)" in c:
         return "cp"
     if row.op in ("all-gather", "reduce-scatter") and row.phase in ("forward", "backward"):

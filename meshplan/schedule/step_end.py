@@ -97,7 +97,7 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
     # the per-step reduction by the group each part runs on ("dp": the data axes; the SP norms'
     # all-reduce over tp, the tied embedding's over pp: CommTimes.reduce_parts), one after another
     steps = [(f"grad reduce: {op} (per step)" if op and stream != "dp" else "grad reduce (per step)", dur, stream)
-             for stream, dur, op in comm.reduce_parts(0.0 if ov.grad_reduce else comm.step_reduce_s, per_step=True)]
+             for stream, dur, op in comm.reduce_parts(step_end_reduce_s(comm, ov.grad_reduce), per_step=True)]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, KV_REPLICA) for i in range(comm.kv_calls)]
     steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
@@ -115,6 +115,20 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
                 exposed[stream] = exposed.get(stream, 0.0) + dur
             t += dur
     return t, post, exposed
+
+
+def step_end_reduce_s(comm: CommTimes, overlapped: bool) -> float:
+    """Seconds of the per-step reduction (``comm.step_reduce_s``) that run at the step's end:
+    all of it when not overlapped (``Overlap.grad_reduce`` off), or when the gradient units'
+    pieces carry ZeRO-2's micro-batch reduction instead (``mb_reduce_s``,
+    :func:`~meshplan.schedule.grad_reduce.reduce_pieces`: the per-step rows beside it, the SP
+    norms' tp all-reduces at the optimizer's reads, would be placed nowhere); else none (the
+    last gradient unit's pieces issue it).
+
+    >>> [step_end_reduce_s(CommTimes(step_reduce_s=2.0, mb_reduce_s=m), o) for m, o in ((0, True), (0, False), (1, True))]
+    [0.0, 2.0, 2.0]
+    """
+    return comm.step_reduce_s if comm.mb_reduce_s or not overlapped else 0.0
 
 
 def param_gather_exposed_s(gather_s: float, buckets: int, first_forward_s: float) -> float:
