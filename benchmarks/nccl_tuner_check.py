@@ -19,6 +19,33 @@ Across DGX A100 nodes (8 HDR NICs of 25 GB/s): 8 channels of 24 GB/s (D, assumed
 channel per NIC, 24 the first ``speedArrayInter`` entry under the NIC's 25 GB/s); AMD CPUs
 (llMaxBws row 1, net overhead 2 us); the IB plugin's ``latencyInter`` 0.
 
+What it showed (2026-12-04, issue 11's "LL's latency with Simple's measured bandwidth, the tree
+at the ring's bandwidth"):
+
+- At a curve's own rank count the latency meshplan adds is the one it takes off the
+  measurement, so the protocol behind it cancels: every dev-set collective (tp over 8 GPUs on
+  the 8-GPU curve, pp send/recv and the embedding all-reduce on the 2-rank curves) is the
+  measured curve itself, inside the S15 / S3 spread (96 MiB 171.6 vs 184.8 GB/s, 48 MiB 153.3
+  vs 157.4, 7.1 MB 100.5 vs 88.2, 3.5 MB 60.8 vs 67.4). NCCL's tuner model is 17-36% faster
+  than both at 3.5-100 MB (a selection model, not a time model): no reason to take its
+  bandwidths.
+- Small messages: NCCL runs LL there and its LL latency is the right one (1 KB all-reduce over
+  8 A100: meshplan 15.9 us, S18 16.96, tuner 15.0).
+- Away from the curve's rank count (ZeRO-3, 384-1,536 ranks) the pairing matters: with Simple's
+  latency on every ring step the 1,536-GPU ZeRO-3 step goes from 43.5 to 61.8 s. NCCL's own
+  model charges the network latency only on the 2(nodes-1) inter-node steps; meshplan's LL
+  latency on every step lands within 3-8% of it for the ZeRO-3 all-gathers (rows below), the
+  Simple one would be about 4x over it. The tree at the ring's bandwidth: NCCL caps the tree at
+  17.8 GB/s per channel against the ring's 24 beyond 2 Ampere nodes; meshplan's 1.2 GB
+  all-reduce over 1,536 GPUs is 24% under the tuner's (13.2 against 17.2 ms). Neither has a
+  measurement at those rank counts to decide it; taking the tuner's tree ratio moves the ZeRO-3
+  steps 59.0 / 39.5 / 43.5 s to 59.0 / 39.8 / 44.7 s and nothing in fidelity.py or
+  torchtitan_h100.py.
+- Not the dev set: over 2 x 8 A100 a 1 KB all-gather is timed on the hierarchical algorithm at
+  20.6 us against S18's 33.74 (NCCL 2.30.7 runs it on the ring there: tuning.cc takes PAT only
+  with one GPU a node, NVLS and CollNet only with a SHARP network; tuner 37.3 us); no benchmark
+  here moves if it is left out.
+
 This is a diagnostic: nothing here feeds the model. Run:
 PYTHONPATH=. .venv/bin/python benchmarks/nccl_tuner_check.py
 """
