@@ -74,7 +74,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
-    more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a shorter step. Where the pipeline's
+    more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a step more than 1% shorter
+    (meshplan.spec.search.TIE: a smaller gain is within the model's accuracy; so in every 'hint:'). Where the pipeline's
     idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
@@ -82,10 +83,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     re-planned with training.torch_compile = true. Where the critical stage idles in the pipeline bubble 15% of the
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
-    the fastest 3 that fit with a shorter step, each with its step, its change and its bubble; nothing when none
-    helps. A mesh that does not fit exits 1 with its reasons after one
-    line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
-    (the catalog's, or --kernels files laid over it)."""
+    the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
+    nothing when none helps. A mesh that does not fit exits 1 with its reasons after one line 'step would be X s
+    ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with (the catalog's, or
+    --kernels files laid over it)."""
 
     if schedule is not None:
         try:
