@@ -31,6 +31,7 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
+from meshplan.schedule.link_spill import network_spill, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
@@ -134,7 +135,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
         _echo(f"  {line}")
-    _print_links(p, st)
+    _print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     if trace:
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
@@ -175,8 +176,10 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
                or renamed(e, schedule)) from None
 
 
-def _print_links(p, st) -> None:
-    """Readiness of each collective kind, concurrency and the load on each physical edge."""
+def _print_links(p, st, step_fn) -> None:
+    """Readiness of each collective kind, concurrency and the load on each physical edge, and,
+    where a network edge does not fit its window, where its traffic goes
+    (:mod:`meshplan.schedule.link_spill`; ``step_fn``: re-plans' steps, for async TP's)."""
 
     _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
           "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
@@ -186,10 +189,16 @@ def _print_links(p, st) -> None:
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
     for (a, b), sec in sorted(concurrency(st).items()):
         _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
-               "the layer's forward + backward time)")
-    for e in edge_loads(p, st):
+    loads = edge_loads(p, st)
+    window = f"{loads[0].interval_s:.3f} s of the {st.step_s:.3f} s step" if loads else "none"
+    _echo(f"edge load per step (busy = bytes / capacity; the window it must fit in: stage 0's compute time, its "
+          f"forward, backward and recompute kernels ({window}: not the step), and per layer the layer's forward + "
+          f"backward time)")
+    for e in loads:
         verdict = "fits" if e.fits else "DOES NOT FIT"
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
+    spill = network_spill(p, st) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
+    if spill is not None:
+        _echo(f"  {spill_line(p, st, spill, step_fn)}")
