@@ -85,9 +85,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
-    nothing when none helps. A mesh that does not fit exits 1 with its reasons after one line 'step would be X s
-    ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with (the catalog's, or
-    --kernels files laid over it)."""
+    nothing when none helps. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
+    the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
+    the compute waits for another stream (blocking tp; with async TP re-planned). A mesh that does not fit exits 1
+    with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
+    the step was timed with (the catalog's, or --kernels files laid over it)."""
 
     if schedule is not None:
         try:
