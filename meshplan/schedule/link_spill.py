@@ -17,9 +17,9 @@ the NICs (the plan's collective rows on a ``network`` path, each on its stream:
 :func:`network_spill` measures it on the timeline: its segments between consecutive event
 boundaries, each with the streams running in it (seconds per step, every schedule run).
 Llama-3-70B at dp_shard 16 x tp 8 on 16 dgx-h100 (seq 8192, micro_batch 1, full recompute,
-blocking TP): fsdp runs 1410.94 ms against 1097.74 ms of compute; 333.19 ms of it beside no
-compute, 54.06 ms exposed and 279.13 ms while the compute waits for tp
-(tests/test_link_spill.py).
+blocking TP): fsdp runs 1410.94 ms against 1097.69 ms of compute; 333.19 ms of it beside no
+compute, of which 54.05 ms exposed (as the parts line prints it) and 279.14 ms while the compute
+waits for tp; with async TP the exposed fsdp is 227.86 ms (tests/test_link_spill.py).
 """
 
 from __future__ import annotations

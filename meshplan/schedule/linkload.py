@@ -25,7 +25,8 @@ collective with its start and end in the step):
   the interval it must fit in: the stage's compute time per step, and per layer pass (one
   layer's forward + backward of one micro-batch) that pass's time; every row that runs in
   the passes counts there, those counted per step (FSDP under a pipeline schedule) with
-  their step average (:func:`layer_pass_calls`).
+  their step average (:func:`layer_pass_calls`). Where a network edge does not fit, where its
+  traffic goes on the timeline: :mod:`meshplan.schedule.link_spill`.
 """
 
 from __future__ import annotations
