@@ -116,12 +116,13 @@ def spill_line(plan: Plan, st, spill: Spill, step_fn=None) -> str:
     critical stage the exposed time is the parts line's, as it prints it
     (:meth:`~meshplan.schedule.step_summary.StepTime.shown_ms`)."""
     names = "+".join(st.named(s) for s in spill.streams)
+    parts = " and ".join(st.named(s) for s in spill.streams)
     exposed_ms = _shown(st, spill)
     crit = spill.stage == st.critical_stage
     head = (f"where the NICs' traffic goes: on stage {spill.stage}'s timeline {names} runs {spill.busy_s * 1e3:.2f} ms "
             f"(its collectives' modelled times) against the window's {spill.window_s * 1e3:.2f} ms of compute; "
             f"{spill.spill_s * 1e3:.2f} ms of it while no compute runs, of which {exposed_ms:.2f} ms exposed"
-            f"{' (the parts line' + chr(39) + 's exposed ' + names + ')' if crit else ''}")
+            f"{' (the parts line' + chr(39) + 's exposed ' + parts + ')' if crit else ''}")
     rest = spill.spill_s * 1e3 - exposed_ms
     if round(rest * 100) <= 0:
         return head
