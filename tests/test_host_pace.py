@@ -59,6 +59,20 @@ def test_hint_replans_under_torch_compile():
     assert host_hint(_plan(True), compiled, rebuilt_step(p, step_time)) == []
 
 
+def test_hint_names_a_compiled_step_within_the_tie_band():
+    """A compiled re-plan 0.3% shorter (within meshplan.spec.search.TIE, 1%) is not offered as
+    shorter: the line says it is within the model's accuracy; 2% shorter is offered."""
+    from meshplan.schedule.verdict import Replanned
+    from meshplan.units import GiB
+    p = _plan()
+    st = step_time(p)
+    line, = host_hint(p, st, lambda u: Replanned("step", st.step_s * 0.997, 27 * GiB))
+    assert line.endswith(f"training.torch_compile = true is not more than 1% shorter (step {st.step_s * 0.997:.2f} s, "
+                         f"-0.3%: within the step model's accuracy)")
+    line, = host_hint(p, st, lambda u: Replanned("step", st.step_s * 0.98, 27 * GiB))
+    assert line.endswith(f"step {st.step_s * 0.98:.2f} s (-2.0%), peak 27.0 GiB fits")
+
+
 def test_overlap_tp_names_the_host_when_hidden_tp_becomes_host_wait(capsys):
     code = run_main("step", MINI, "--overlap-tp")
     out = capsys.readouterr().out

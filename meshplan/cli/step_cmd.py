@@ -31,6 +31,7 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
+from meshplan.schedule.link_spill import network_spill, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
@@ -74,7 +75,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
-    more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a shorter step. Where the pipeline's
+    more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a step more than 1% shorter
+    (meshplan.spec.search.TIE: a smaller gain is within the model's accuracy; so in every 'hint:'). Where the pipeline's
     idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
@@ -82,10 +84,13 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     re-planned with training.torch_compile = true. Where the critical stage idles in the pipeline bubble 15% of the
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
-    the fastest 3 that fit with a shorter step, each with its step, its change and its bubble; nothing when none
-    helps. A mesh that does not fit exits 1 with its reasons after one
-    line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data the step was timed with
-    (the catalog's, or --kernels files laid over it)."""
+    the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
+    nothing when none helps. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
+    the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
+    the compute waits for another stream (blocking tp; with async TP re-planned). A mesh that does not fit exits 1
+    with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
+    the step was timed with (the catalog's, or --kernels files laid over it)."""
 
     if schedule is not None:
         try:
@@ -133,7 +138,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
         _echo(f"  {line}")
-    _print_links(p, st)
+    _print_links(p, st, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     if trace:
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
@@ -174,8 +179,10 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
                or renamed(e, schedule)) from None
 
 
-def _print_links(p, st) -> None:
-    """Readiness of each collective kind, concurrency and the load on each physical edge."""
+def _print_links(p, st, step_fn) -> None:
+    """Readiness of each collective kind, concurrency and the load on each physical edge, and,
+    where a network edge does not fit its window, where its traffic goes
+    (:mod:`meshplan.schedule.link_spill`; ``step_fn``: re-plans' steps, for async TP's)."""
 
     _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
           "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
@@ -185,10 +192,16 @@ def _print_links(p, st) -> None:
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
     for (a, b), sec in sorted(concurrency(st).items()):
         _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
-               "the layer's forward + backward time)")
-    for e in edge_loads(p, st):
+    loads = edge_loads(p, st)
+    window = f"{loads[0].interval_s:.3f} s of the {st.step_s:.3f} s step" if loads else "none"
+    _echo(f"edge load per step (busy = bytes / capacity; the window it must fit in: stage 0's compute time, its "
+          f"forward, backward and recompute kernels ({window}: not the step), and per layer the layer's forward + "
+          f"backward time)")
+    for e in loads:
         verdict = "fits" if e.fits else "DOES NOT FIT"
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
+    spill = network_spill(p, st) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
+    if spill is not None:
+        _echo(f"  {spill_line(p, st, spill, step_fn)}")

@@ -2,8 +2,10 @@
 (:meth:`~meshplan.schedule.step_summary.StepTime.parts_s` ``bubble``, the step's parts line and
 the bubble line's ``is its idle, ... of the step``) holds :data:`~meshplan.schedule.verdict.HINT_SHARE`
 of the step or more, the config re-planned with the knobs that shrink a bubble (:func:`bubble_knobs`),
-those that fit memory with a shorter step listed, the fastest :data:`MAX_SHOWN` first, each with its
-step, its change against this step, its own bubble share and its peak; nothing when none helps.
+those that fit memory with a step shorter by more than :data:`~meshplan.spec.search.TIE` (1%,
+:func:`~meshplan.schedule.verdict.clearly_faster`, the rule of every ``hint:`` line) listed, the
+fastest :data:`MAX_SHOWN` first, each with its step, its change against this step, its own bubble
+share and its peak; nothing when none helps.
 
 The knobs, each on its own, as a practitioner turns them (Narayanan et al. SC'21 2.2: the
 1F1B bubble ``(p - 1) / m`` over ``v`` chunks per rank and ``m`` micro-batches; Qi et al. 2023,
@@ -31,7 +33,7 @@ from typing import Callable, Optional
 
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
-from meshplan.schedule.verdict import HINT_SHARE, Replanned
+from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import GiB, counted
 
@@ -54,7 +56,8 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     """``hint:`` line for ``st`` (the :class:`~meshplan.schedule.step_summary.StepTime` of
     ``plan``) whose critical stage idles :data:`HINT_SHARE` of the step or more in the pipeline
     bubble: each of :func:`bubble_knobs` re-planned by ``alternatives(update, mesh)``
-    (:func:`~meshplan.schedule.verdict.rebuilt_step`), those that fit with a shorter step, the
+    (:func:`~meshplan.schedule.verdict.rebuilt_step`), those that fit with a step shorter by more
+    than :data:`~meshplan.spec.search.TIE` (:func:`~meshplan.schedule.verdict.clearly_faster`), the
     fastest :data:`MAX_SHOWN`; none otherwise, when none helps, or without ``alternatives``.
     examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (1F1B, pp 16, 16 micro-batches): stage
     0 idles 50.3% of a 13.78 s step (tests/test_step_bubble_hint.py)."""
@@ -64,7 +67,7 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     found = []
     for words, update, mesh in bubble_knobs(plan):
         alt = alternatives(update, mesh)
-        if alt.step_s is not None and alt.step_s < st.step_s:
+        if clearly_faster(st.step_s, alt.step_s):
             found.append((alt.step_s, words, alt))
     if not found:
         return []

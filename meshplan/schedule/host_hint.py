@@ -3,13 +3,16 @@ issued through DTensor's Python dispatch at the host's measured pace, kernels.to
 :meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`): when that wait holds
 :data:`~meshplan.schedule.verdict.HINT_SHARE` of the step or more, the same config re-planned
 under ``training.torch_compile = true`` (torchtitan's ``[compile]``: compiled blocks trace
-DTensor away and fuse the elementwise ops), with its step and peak, or why it does not fit."""
+DTensor away and fuse the elementwise ops), with its step and peak where it fits with a step shorter
+by more than :data:`~meshplan.spec.search.TIE` (1%, :func:`~meshplan.schedule.verdict.clearly_faster`,
+the rule of every ``hint:`` line), else why it does not fit or that it is not that much shorter."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from meshplan.schedule.verdict import HINT_SHARE, Replanned
+from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
+from meshplan.spec.search import TIE
 from meshplan.units import GiB
 
 
@@ -27,5 +30,8 @@ def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> 
             f"to issue eager DTensor TP's blocks")
     if alt.step_s is None:
         return [f"{head}; training.torch_compile = true: {alt.text}"]
+    if not clearly_faster(st.step_s, alt.step_s):
+        return [f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step {alt.step_s:.2f} s, "
+                f"{alt.step_s / st.step_s - 1:+.1%}: within the step model's accuracy)"]
     return [f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
             f"step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]

@@ -25,7 +25,8 @@ collective with its start and end in the step):
   the interval it must fit in: the stage's compute time per step, and per layer pass (one
   layer's forward + backward of one micro-batch) that pass's time; every row that runs in
   the passes counts there, those counted per step (FSDP under a pipeline schedule) with
-  their step average (:func:`layer_pass_calls`).
+  their step average (:func:`layer_pass_calls`). Where a network edge does not fit, where its
+  traffic goes on the timeline: :mod:`meshplan.schedule.link_spill`.
 """
 
 from __future__ import annotations
@@ -248,9 +249,7 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
     rows = plan.stage(stage).collectives
-    d = StageDetail.cached(st, stage)
-    inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
-    compute_s = float((d.end[inner] - d.start[inner]).sum()) * st.runs  # every schedule run's
+    compute_s = compute_window_s(st, stage)
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
@@ -270,6 +269,15 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
         out.append(EdgeLoad(f"rail {rail} uplink to spine (node 0)", per_step, nic.bandwidth_bytes_per_s / over,
                             compute_s, per_layer, layer_s))
     return out
+
+
+def compute_window_s(st, stage: int = 0) -> float:
+    """The window an edge's traffic per step must fit in (:func:`edge_loads`): ``stage``'s
+    compute time, seconds per step: its units' compute events (forward, backward, recompute;
+    not the optimizer step, the bubble or the waits for communication), every schedule run."""
+    d = StageDetail.cached(st, stage)
+    inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
+    return float((d.end[inner] - d.start[inner]).sum()) * st.runs
 
 
 def layer_pass_calls(row, passes: int) -> float:

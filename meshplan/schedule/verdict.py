@@ -20,7 +20,8 @@ predicted step, or the memory reason that rules the knob out.
 
 Under the network-bound share, an FSDP stream exposing :data:`HINT_SHARE` of the step or more
 gets a ``hint:`` line instead (:func:`exposed_hint`): the same knobs re-planned, only those that
-fit and give a shorter step listed, each with its step, its change against this step and its peak.
+fit and give a step shorter by more than :data:`~meshplan.spec.search.TIE` (1%, :func:`clearly_faster`)
+listed, each with its step, its change against this step and its peak.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from meshplan.schedule.comm_times import comm_kind, shard_group, step_stream
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
+from meshplan.spec.search import TIE
 from meshplan.units import GB, GiB, counted
 
 #: Exposed share of the step above which the step is called network-bound.
@@ -46,6 +48,20 @@ NETWORK_BOUND_SHARE = 0.5
 #: not a measured constant: three times the step-time model's stated accuracy (5%, issue 11's
 #: goal), so removing most of such a share moves the step by more than the model's error.
 HINT_SHARE = 0.15
+
+
+def clearly_faster(step_s: float, alt_step_s: Optional[float]) -> bool:
+    """Whether a re-planned step ``alt_step_s`` (seconds; None: it has none) is shorter than
+    ``step_s`` by more than :data:`~meshplan.spec.search.TIE` (1%), the rule by which the search
+    ties two steps (:mod:`meshplan.search.rank`: within ``1 + TIE`` of the faster one): a smaller
+    predicted gain is within the step model's error and decides nothing. The one rule of the
+    step's ``hint:`` lines (:func:`exposed_hint`, :mod:`~meshplan.schedule.host_hint`,
+    :mod:`~meshplan.schedule.bubble_hint`): only knobs it holds for are listed.
+
+    >>> clearly_faster(10.0, 9.85), clearly_faster(10.0, 9.97), clearly_faster(10.0, None)
+    (True, False, False)
+    """
+    return alt_step_s is not None and step_s > alt_step_s * (1 + TIE)
 
 
 def stream_of(row) -> str:
@@ -186,7 +202,8 @@ def fsdp_knobs(plan: Plan, stream: str) -> Optional[tuple[str, list[tuple[str, d
 def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replanned"]]) -> list[str]:
     """``hint:`` line for a step under the network-bound share whose critical stage exposes
     :data:`HINT_SHARE` of the step or more on an FSDP stream with knobs (:func:`fsdp_knobs`):
-    each knob re-planned by ``alternatives``, those that fit with a shorter step listed with
+    each knob re-planned by ``alternatives``, those that fit with a step shorter by more than
+    :data:`~meshplan.spec.search.TIE` (:func:`clearly_faster`) listed with
     their step, its change against this one and their peak (none: the line says so); no line
     without ``alternatives``. examples/llama3-70b_256xh100_dp32-tp8.toml (dp_shard 32 x tp 8, 16
     micro-batches): fsdp 26.1% of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py)."""
@@ -198,14 +215,14 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     faster = []
     for words, update in found[1]:
         alt = alternatives(update)
-        if alt.step_s is not None and alt.step_s < st.step_s:
+        if clearly_faster(st.step_s, alt.step_s):
             faster.append(f"{words} (step {alt.step_s:.1f} s, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
             f"of {st.step_s:.1f} s; {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not faster:
         tried = ", ".join(k for k, _ in found[1]) or "no knob"
-        return [f"{head}: none of its knobs re-planned fits with a shorter step ({tried})"]
+        return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter ({tried})"]
     return [f"{head}: shorter with " + "; ".join(faster)]
 
 

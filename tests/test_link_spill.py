@@ -1,0 +1,117 @@
+"""A newcomer's trial of ``meshplan step`` (examples/llama3-70b_128xh100_dp16-tp8.toml: Llama-3-70B,
+dp_shard 16 x tp 8 on 16 dgx-h100, one micro-batch of 8192 tokens, full recompute, blocking TP):
+every NIC's edge-load line said ``busy 1.318 s of 1.098 s ... DOES NOT FIT`` while the parts line
+exposed 54.05 ms of fsdp. The window is the stage's compute time, and the fsdp time past it runs
+mostly while the compute waits for tp (:mod:`meshplan.schedule.link_spill`). Each number is checked
+against the timeline's events, merged here by a plain interval sweep, and the parts line."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.link_spill import network_spill, network_streams, spill_line
+from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_main
+from tests.conftest import EXAMPLES
+
+TRIAL = EXAMPLES / "llama3-70b_128xh100_dp16-tp8.toml"
+
+
+@pytest.fixture(scope="module")
+def trial():
+    plan = build_plan(load_config(TRIAL))
+    return plan, step_time(plan)
+
+
+def _merged(intervals):
+    """Union of (start, end) pairs as sorted disjoint pairs."""
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _length(xs):
+    return sum(b - a for a, b in xs)
+
+
+def _minus(xs, ys):
+    """Length of the union ``xs`` outside the union ``ys``."""
+    inside = sum(max(0.0, min(b, d) - max(a, c)) for a, b in xs for c, d in ys)
+    return _length(xs) - inside
+
+
+def _events(st, stream):
+    """The trace's events of ``stream`` on stage 0, without the whole units (F0, B0)."""
+    return [(e.start_s, e.end_s) for e in st.trace_events(stage=0)
+            if e.stream == stream and e.end_s > e.start_s and e.name not in ("F0", "B0")]
+
+
+def test_window_is_the_stage_compute_without_the_optimizer(trial):
+    """The NIC lines' 1.098 s: the parts line's compute (1105.12 ms) less the optimizer step,
+    which runs after the units; 65.9 GB per NIC at 50 GB/s (400 Gb/s ConnectX-7) is 1.318 s."""
+    plan, st = trial
+    opt = sum(e.dur_s for e in st.post_events if e.stage == 0 and e.stream == "compute")
+    loads = edge_loads(plan, st)
+    nics = [e for e in loads if "NIC" in e.edge]
+    assert len(nics) == 8 and not any(e.fits for e in nics)
+    assert nics[0].interval_s == pytest.approx(st.parts_s()["compute"] - opt, rel=1e-9)
+    assert round(nics[0].interval_s * 1e3, 2) == 1097.69 and round(opt * 1e3, 3) == 7.425
+    assert round(nics[0].busy_s, 3) == 1.318 and nics[0].capacity_bytes_per_s == 50e9
+
+
+def test_spill_is_the_fsdp_time_beside_no_compute(trial):
+    """fsdp runs 1410.94 ms (its events merged), 333.19 ms of it outside every compute event;
+    54.05 ms of that is the parts line's exposed fsdp, and fsdp time beside no compute while a
+    tp collective runs (the compute waiting for tp) is the rest to within one tp collective
+    (0.34 ms, where the compute waits for both and the sim counts fsdp, the later)."""
+    plan, st = trial
+    assert network_streams(plan) == ("fsdp",)
+    s = network_spill(plan, st)
+    fsdp, compute = (_merged(_events(st, k)) for k in ("fsdp", "compute"))
+    assert s.busy_s == pytest.approx(_length(fsdp), rel=1e-9)
+    assert s.spill_s == pytest.approx(_minus(fsdp, compute), rel=1e-9)
+    assert s.exposed_s == st.exposed_s["fsdp"]
+    assert s.window_s == edge_loads(plan, st)[1].interval_s
+    assert [round(x * 1e3, 2) for x in (s.busy_s, s.spill_s, s.hidden_elsewhere_s)] == [1410.94, 333.19, 279.13]
+    assert st.shown_ms()["exposed fsdp"] == "54.05"
+    assert list(s.beside) == ["tp"] and abs(s.beside["tp"] - s.hidden_elsewhere_s) < 0.341e-3 + 1e-9
+
+
+def test_line_names_the_window_and_async_tp(trial):
+    """The line's figures, and async TP's: the same job with training.tp_comm_overlap and
+    torch_compile (torchtitan's async TP needs compile) planned directly exposes 227.86 ms of fsdp."""
+    plan, st = trial
+    line = spill_line(plan, st, network_spill(plan, st), step_time)
+    t = plan.config.training.model_copy(update={"tp_comm_overlap": True, "torch_compile": True})
+    on = step_time(build_plan(replace(plan.config, training=t)))
+    assert on.shown_ms()["exposed fsdp"] == "227.86" and on.shown_ms()["step"] == "1436.69"
+    assert line == ("where the NICs' traffic goes: on stage 0's timeline fsdp runs 1410.94 ms (its collectives' "
+                    "modelled times) against the window's 1097.69 ms of compute; 333.19 ms of it while no compute "
+                    "runs, of which 54.05 ms exposed (the parts line's exposed fsdp) and the other 279.14 ms while "
+                    "the compute stream waits for tp (exposed tp), hidden there; with async TP "
+                    "(training.tp_comm_overlap = true, training.torch_compile = true) tp no longer hides it: "
+                    "exposed fsdp 54.05 -> 227.86 ms, step 1460.14 -> 1436.69 ms")
+    assert "with async TP" not in spill_line(plan, st, network_spill(plan, st))  # no re-plan without step_fn
+
+
+def test_step_prints_it_only_where_a_nic_does_not_fit(capsys):
+    """Under the NIC lines of the trial; not for one node (examples/torchtitan_llama3-8b_8xh100.toml
+    has no NIC traffic), whose window is still named in the header."""
+    assert run_main("step", TRIAL) == 0
+    out = capsys.readouterr().out.splitlines()
+    head = next(i for i, x in enumerate(out) if x.startswith("edge load per step"))
+    assert ("stage 0's compute time, its forward, backward and recompute kernels (1.098 s of the 1.460 s step"
+            in out[head])
+    assert out[head + 10].startswith("  where the NICs' traffic goes: ") and len(out) == head + 11
+    assert run_main("step", EXAMPLES / "torchtitan_llama3-8b_8xh100.toml", "--cluster", "dgx-h100", "--nodes", "1") == 0
+    out = capsys.readouterr().out
+    assert "edge load per step" in out and "where the NICs' traffic goes" not in out
