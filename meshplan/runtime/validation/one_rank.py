@@ -60,9 +60,11 @@ from meshplan.schedule.workload import workload_of
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
 #: fragmentation in ``max_memory_allocated``, one micro-batch; the runtime model's own layout:
 #: K/V repeated to the query heads before SDPA, torch's cross entropy, DTensor's all-gathered
-#: sequence-parallel inputs kept for backward.
+#: sequence-parallel inputs kept for backward; at tp > 1 the whole-vocabulary embedding gradient of
+#: torch's ``RowwiseParallel`` embedding (as :data:`~meshplan.runtime.validation.memcheck.TORCH_CPU_MEMORY`
+#: states for the same model; omitted before, it left 1.11 GB out of 405B tp 8's peak, run 3).
 RUN_MEMORY = dict(nccl_buffsize_bytes=0, fragmentation_fraction=0.0, cross_entropy="torch",
-                  sp_gathered_input=True, kv_expanded=True, dropout=False)
+                  sp_gathered_input=True, kv_expanded=True, dropout=False, embedding_grad_full_vocab=True)
 #: Node type per local device name (``torch.cuda.get_device_name``), for ``system="auto"``.
 SYSTEMS = {"H200": "dgx-h200", "H100": "dgx-h100", "A100": "dgx-a100"}
 #: Mesh axes that split the batch (``fsdp`` is ``dp_shard``'s other name).
