@@ -379,3 +379,57 @@ def test_cli_memory_writes_png_once(tmp_path):
     plan = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(EXAMPLES / "seed-64gpu.toml")],
                           capture_output=True, text=True)
     assert "Memory timeline per rank" in plan.stdout and "headroom" in plan.stdout
+
+
+@pytest.mark.parametrize("mesh, lf, logits", [
+    (None, 4 * 8 * 128, 2 * 8 * 128),  # tp 1: fp32 logits 8 tokens x 128, bf16 half of it
+    (dict(names=["dp_shard", "tp"], shape=[2, 2], world=4), 4 * 8 * 64, 2 * 8 * 64)])  # tp 2: 64 columns
+def test_torch_cross_entropy_backward_order(mesh, lf, logits):
+    """torch's F.cross_entropy on .float() logits (cross_entropy "torch"), by hand: tp 1, the
+    nll gradient and the log-softmax gradient at once (2 lf); tp 2, loss_parallel's
+    (zeros_like(x) + exp(x)) * grad_output (3 lf); then one lf is left beside the bf16 gradient
+    of the upcast. On an H200 (gpu_h200 run 3) this order left the head's peak within 6 MB."""
+    p = plan_of(mesh=mesh, memory={**MEM, "cross_entropy": "torch"})
+    tl = p.timeline
+    ev = [e for e in tl.events() if e.microbatch == 0
+          and e.label.startswith(("loss backward", "head backward: logits gradient ("))]
+    n = 3 if mesh else 2
+    assert [e.delta_bytes for e in ev if e.kind == "temporaries"] == [n * lf, lf - n * lf, logits, -lf]
+    assert [e.label for e in ev][2:] == ["loss backward: kept logits and loss terms freed",
+                                         "head backward: logits gradient (compute dtype)",
+                                         "loss backward: the logits' gradient (logits dtype) freed"]
+    r = running(tl)
+    before = r[ev[0].t_index - 1]
+    assert r[ev[0].t_index] - before == n * lf  # the loss's own peak over what the forward left
+    assert max(r[e.t_index] for e in ev[1:]) - before < n * lf
+
+
+def test_megatron_cross_entropy_backward_unchanged():
+    """Megatron's vocab-parallel cross entropy (the default) writes one logits gradient in
+    the compute dtype beside its kept fp32 softmax: the loss adds nothing else."""
+    tl = plan_of().timeline
+    ev = [e for e in tl.events() if e.microbatch == 0
+          and e.label.startswith(("loss backward", "head backward: logits gradient ("))]
+    assert [(e.kind, e.delta_bytes) for e in ev if e.delta_bytes] == [
+        ("temporaries", 2 * 8 * 128), ("activations", -(4 * 8 * 128 + 13 * 8))]
+
+
+@pytest.mark.parametrize("mesh, sp, work", [
+    (None, False, 4 * (8 // 10 + 8) * 16),  # fp32 partial sums: (n // 10 + min(n, 128)) x h, n = 8 ids
+    (dict(names=["dp_shard", "tp"], shape=[2, 2], world=4, sequence_parallel=True), True,
+     4 * (8 // 10 + 8) * 16 + 2 * (8 - 4) * 16)])  # tp 2 SP: + the bf16 dY gathered from 4 to 8 tokens
+def test_embedding_backward_work_by_hand(mesh, sp, work):
+    """[memory] embedding_backward_work: torch's CUDA embedding_dense_backward keeps fp32 partial
+    sums of (numel // 10 + min(numel, rows)) x h beside the weight gradient
+    (EmbeddingBackwardKernel.cu); under DTensor SP its output gradient arrives all-gathered. Off by
+    default: the same plan has no such event and a peak as many bytes lower at most."""
+    assert bool(mesh and mesh["sequence_parallel"]) == sp
+    on = plan_of(mesh=mesh, memory={**MEM, "embedding_backward_work": True}).timeline
+    off = plan_of(mesh=mesh, memory=MEM).timeline
+    ev = [e for e in on.events() if e.microbatch == 0 and e.label.startswith("embedding backward:")]
+    assert [e.delta_bytes for e in ev] == [work, -work] and all(e.kind == "temporaries" for e in ev)
+    assert not [e for e in off.events() if e.label.startswith("embedding backward:")]
+    r = running(on)
+    i, j = ev[0].t_index, ev[1].t_index
+    assert r[j - 1] - r[i] > 0  # the embedding's gradient is written while the partial sums live
+    assert 0 <= on.peak.total_bytes - off.peak.total_bytes <= work

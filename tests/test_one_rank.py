@@ -260,3 +260,18 @@ def test_gpu_rank_runs_and_measures_memory():
     ev = run(data, layers=2, device="cuda", system="auto", warmup=1, steps=2)
     assert ev["rows"]["peak_allocated_bytes"]["measured"] > 0
     assert abs(ev["rows"]["forward_s"]["error"]) < 0.25
+
+
+def test_peak_without_what_the_harness_holds():
+    """Run 3's 8B tp 4 x dp_shard 2 row (benchmarks/gpu_h200/run3/one_rank.json): the rank held
+    1,034,438,500 B besides its parameters and optimizer state between steps, of which the plan
+    counts its one 32 MiB cuBLAS workspace: 1,000,884,068 B are the harness's, taken off the
+    measured 10,351,091,200 B. Not measured (CPU): nothing."""
+    from meshplan.runtime.validation.one_rank import _without_harness
+
+    row = dict(predicted=10_000_000_000, measured=10_351_091_200)
+    out = _without_harness(row, dict(other_bytes=1_034_438_500), dict(workspace=33_554_432))
+    assert out["harness_held_bytes"] == 1_000_884_068
+    assert out["measured_without_harness"] == 9_350_207_132
+    assert out["error_without_harness"] == pytest.approx(-0.0649792868)
+    assert _without_harness(dict(predicted=1, measured=None), {}, {}) == {}

@@ -49,7 +49,8 @@ def bench_rank(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; one r
                                                                  "files")):
     """Run one rank of the mesh on this device (the other ranks stood in for by torch's fake process group: no
     communication) for a few layers, and set its per-layer forward and backward times and peak memory beside
-    the plan's. The pipeline axis is dropped (a stage's local shapes do not depend on pp) and the step is one
+    the plan's (on a GPU also the peak less what the run holds between steps beyond the plan's cuBLAS
+    workspace). The pipeline axis is dropped (a stage's local shapes do not depend on pp) and the step is one
     micro-batch. --kernels: measured kernel files for the local GPU laid over the catalog's for the prediction
     (a [host] table's pace too). With --kernels-out, a kernels file for --kernels whose [host] table is the host's
     pace per block (meshplan.runtime.validation.host_pace), or a line saying why none was written. Exit 0 when it

@@ -145,8 +145,10 @@ class StageSizes:
     logits_grad_temp: int
     logits_extra: int
     loss_grad_extra: int
+    loss_grad_kept: int
     final_norm_work: int
     embedding_grad_extra: int
+    embedding_backward_work: int
     dy: int
     fsdp: bool
     reshard_after_forward: bool
@@ -358,9 +360,11 @@ class PassBuilder:
             self._unshard(key, [], sz.prefetch, False)
         for key in (k for k in ("embedding", "root") if k in keys):
             self._add(None, "activations", -sz.embedding_saved, "embedding: saved activations freed")
+            self._add(None, "temporaries", sz.embedding_backward_work,
+                      "embedding backward: fp32 partial sums (and SP: the all-gathered dY)")
             self._add(None, "grad_buffers", sz.embedding_grad_extra,
                       "embedding gradient over the whole vocabulary (DTensor), before its reduce-scatter over tp")
-            self._unit_grads(key, extra=sz.embedding_grad_extra)
+            self._unit_grads(key, extra=sz.embedding_grad_extra, work=sz.embedding_backward_work)
         self._add(None, "temporaries", -sz.dy, "dY freed")
         if self.last and sz.reduce_deferred:
             self._perform_reduce_grad()
@@ -379,11 +383,33 @@ class PassBuilder:
             self._reduce_scatter(key, u, u.reduce_input, True, "(perform_reduce_grad)", "after perform_reduce_grad")
 
     def _loss_backward(self) -> None:
+        """The loss's backward and the logits' gradient. torch's ``F.cross_entropy``
+        (``loss_grad_kept`` > 0): its transients (``loss_grad_extra``) beside the kept log-softmax,
+        then autograd frees all but the logits' gradient and the saved log-softmax before the
+        ``.float()`` upcast's backward writes the compute-dtype gradient (below)."""
         sz = self.sz
+        if sz.loss_grad_kept:
+            self._torch_loss_backward()
+            return
         self._add(None, "temporaries", sz.loss_grad_extra, "loss backward: nll and log-softmax gradients")
         self._add(None, "temporaries", sz.logits_grad_temp, "head backward: logits gradient (compute dtype)")
         self._add(None, "temporaries", -sz.loss_grad_extra, "loss backward: temporaries freed")
         self._add(None, "activations", -sz.head_loss_saved, "loss backward: kept logits and loss terms freed")
+
+    def _torch_loss_backward(self) -> None:
+        """torch/autograd order (engine.cpp ``evaluate_function``: a node's input gradients and saved
+        tensors are freed when it returns). tp 1: ``nll_loss_backward`` writes a logits-sized
+        gradient, ``_log_softmax_backward_data`` another beside it and the saved output. tp > 1:
+        ``_nll_loss_and_log_softmax_backward`` (torch/distributed/tensor/parallel/loss.py):
+        ``(zeros_like(x) + exp(x)) * grad_output``, three logits-sized tensors at once. Then one
+        gradient (logits dtype) is left, and ``.float()``'s backward casts it to the compute dtype."""
+        sz = self.sz
+        self._add(None, "temporaries", sz.loss_grad_extra, "loss backward: nll and log-softmax gradients")
+        self._add(None, "temporaries", sz.loss_grad_kept - sz.loss_grad_extra,
+                  "loss backward: temporaries freed, the logits' gradient kept")
+        self._add(None, "activations", -sz.head_loss_saved, "loss backward: kept logits and loss terms freed")
+        self._add(None, "temporaries", sz.logits_grad_temp, "head backward: logits gradient (compute dtype)")
+        self._add(None, "temporaries", -sz.loss_grad_kept, "loss backward: the logits' gradient (logits dtype) freed")
 
     def _head_backward(self) -> None:
         sz = self.sz
@@ -427,15 +453,18 @@ class PassBuilder:
             self._add(u.layer, "grad_buffers", u.reduce_input,
                       f"{u.name}: unsharded gradient accumulator (reduce dtype)")
 
-    def _unit_grads(self, key: UnitKey, produced: bool = False, extra: int = 0) -> None:
+    def _unit_grads(self, key: UnitKey, produced: bool = False, extra: int = 0, work: int = 0) -> None:
         """Reduce of one unit after its backward, and its post-backward reshard; ``extra``:
-        a transient gradient buffer freed once the unit's own gradient is written."""
+        a transient gradient buffer freed once the unit's own gradient is written; ``work``:
+        the backward's working set (temporaries), freed as its kernel ends."""
         u = self._sharded(key)
         if u is None:
+            self._add(None, "temporaries", -work, "embedding backward: working set freed")
             return
         if not produced:
             self._grad_out(key, part=u.grad_unsharded - u.early, first_part=not u.early,
                            what=" (embedding)" if u.early else "")
+        self._add(None, "temporaries", -work, "embedding backward: working set freed")
         self._add(u.layer, "grad_buffers", -extra, "whole-vocabulary embedding gradient freed")
         if self._reduce_now:
             done = u.grad_unsharded if self.sz.fsdp_reduce == "per_microbatch" else u.reduce_input

@@ -111,8 +111,10 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         embedding_saved=hs["embedding_saved"] if k == 0 else 0, head_saved=hs["head_saved"],
         head_loss_saved=hs["head_loss_saved"], head_output_saved=hs["head_output_saved"],
         logits_temp=hs["logits_temp"], logits_extra=hs["logits_extra"], loss_grad_extra=hs["loss_grad_extra"],
+        loss_grad_kept=hs["loss_grad_kept"],
         logits_grad_temp=hs["logits_grad_temp"], dy=hs["dy"], final_norm_work=hs["final_norm_work"],
-        embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
+        embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0,
+        embedding_backward_work=hs["embedding_backward_work"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
         embedding_reshards=training.torchtitan_units and training.reshard_after_forward and (

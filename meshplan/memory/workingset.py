@@ -228,6 +228,24 @@ def step_numels(model: ModelSpec, tp: int, ep: int, etp: int, ipg: int = 0) -> t
     return tuple(grads.items())
 
 
+def embedding_backward_work(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
+                            padded_vocab_: int) -> int:
+    """Bytes of the embedding backward's working set beside its weight gradient
+    (``[memory] embedding_backward_work``, :class:`~meshplan.spec.memory.MemoryOptions`):
+    fp32 partial sums ``(n // 10 + min(n, V_rows)) h`` for ``n`` token ids (the micro-batch's
+    tokens, replicated over tp), plus under SP at tp > 1 the all-gathered output gradient's
+    excess over the sequence-sharded dY, ``a (n - n / tp) h``. 0 when the option is off.
+
+    Llama-3-405B, tp 8 with SP, 8,192 tokens, bf16: (819 + 8,192) x 16,384 x 4 B = 590,544,896
+    plus 2 x (8,192 - 1,024) x 16,384 = 234,881,024, 825,425,920 B in all."""
+    if not opts.embedding_backward_work:
+        return 0
+    tok, rtok = _tokens(training, mesh)  # the ids are replicated over tp: every rank sees all tok
+    partials = 4 * (tok // 10 + min(tok, padded_vocab_)) * model.hidden
+    gathered = dtype_bytes(training.compute_dtype) * (tok - rtok) * model.hidden
+    return partials + gathered
+
+
 def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> dict[str, int]:
     """Saved bytes of the embedding and the head (and of the head's loss and output-layer
     parts, freed as the backward passes them), the logits transients of ``cross_entropy``
@@ -252,9 +270,13 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
             "logits_temp": (logits + (lf if parallel else 0) if torch_ce
                             else logits if opts.logits_dtype != training.compute_dtype else 0),
             "logits_extra": lf if torch_ce and parallel else 0,
-            "loss_grad_extra": (2 if parallel else 1) * lf if torch_ce else 0,
+            # torch's backward (module docstring): nll gradient + log-softmax gradient; loss_parallel's
+            # fused backward (tp > 1): zeros, exp(x) and their sum, then the product beside the sum
+            "loss_grad_extra": (3 if parallel else 2) * lf if torch_ce else 0,
+            "loss_grad_kept": lf if torch_ce else 0,
             "logits_grad_temp": logits, "dy": a * rtok * model.hidden,
             "final_norm_work": norm_work(a * tok * model.hidden, a * rtok * model.hidden,
                                          lo["sp"] and lo["tp"] > 1, opts),
+            "embedding_backward_work": embedding_backward_work(model, training, mesh, opts, pv),
             "embedding_grad_extra": (a * model.hidden * (pv - ceil(pv / lo["tp"]))
                                      if opts.embedding_grad_full_vocab and lo["tp"] > 1 else 0)}

@@ -61,7 +61,8 @@ from meshplan.units import dtype_bytes
 
 ACT = ("saved", "rework", "fwd", "bwd", "single", "peak0", "peakg")
 HEAD = ("embedding_saved", "head_saved", "head_loss_saved", "logits_temp", "logits_extra", "loss_grad_extra",
-        "logits_grad_temp", "dy", "final_norm_work", "embedding_grad_extra")
+        "logits_grad_temp", "dy", "final_norm_work", "embedding_grad_extra", "loss_grad_kept",
+        "embedding_backward_work")
 
 
 def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +134,12 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     p2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
     out = np.maximum(np.maximum(f_end, p1), np.where(st.n_chunk >= 2, p2, 0))
     # H: the loss's backward on the last stage
-    h1 = f_end + hs["loss_grad_extra"] + hs["logits_grad_temp"]
+    # torch's cross entropy (loss_grad_kept > 0) frees its transients and the kept log-softmax
+    # before the compute-dtype logits gradient (memory.passes._torch_loss_backward)
+    torch_ce = hs["loss_grad_kept"] > 0
+    h1 = f_end + hs["loss_grad_extra"] + np.where(torch_ce, 0, hs["logits_grad_temp"])
+    h1 = np.maximum(h1, np.where(torch_ce, f_end - hs["head_loss_saved"] + hs["loss_grad_kept"]
+                                 + hs["logits_grad_temp"], 0))
     h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min_g"], 0)
     out = np.maximum(out, np.where(st.last, np.maximum(h1, h2), 0))
     # torchtitan's [norm, output] unit at pp 1: its reduce-scatter input allocated right after
@@ -223,7 +229,8 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     unit_reduce = hs["dy"] + u["unit_max"] + red(u["unit_max"])
     loss = st.last * (hs["dy"] + hs["loss_grad_extra"] + hs["logits_grad_temp"] + hs["final_norm_work"]
                       + u["head"] + red(u["head"]))
-    emb = st.first * (hs["dy"] + hs["embedding_grad_extra"] + u["emb"] + red(u["emb"]) + in_flight)
+    emb = st.first * (hs["dy"] + hs["embedding_grad_extra"] + hs["embedding_backward_work"] + u["emb"]
+                      + red(u["emb"]) + in_flight)
     fwd = hi["fwd"] + st.last * (hs["logits_temp"] + hs["logits_extra"])
     phase = np.maximum(np.maximum(layer, np.where(F, unit_reduce, 0)), np.maximum(np.where(F, loss, 0), emb))
     phase = np.maximum(phase, fwd)

@@ -130,7 +130,11 @@ class MemoryOptions(BaseModel):
       forward the GEMM's logits live beside the kept log-softmax, and with tp > 1
       (``loss_parallel()``, the decomposition in torch/distributed/tensor/parallel/loss.py)
       also ``x - max`` and ``exp(x - max)``; in backward the nll gradient and the
-      log-softmax gradient (tp > 1: and ``exp`` of the log-softmax) are logits-sized.
+      log-softmax gradient live at once beside the kept log-softmax (tp > 1: the fused
+      ``(zeros_like(x) + exp(x)) * grad_output``, three logits-sized tensors), then one is
+      left for the upcast's backward to cast (:mod:`meshplan.memory.passes`); measured on an
+      H200 (benchmarks/gpu_h200 run 3): the head's peaks within 6 MB once the harness's own
+      held bytes are set aside.
     - ``sp_gathered_input``, ``unfused_norm``, ``kv_expanded``: activation variants of
       an implementation, all False for Megatron-Core (Korthikanti Table 2); True for what
       torch keeps for a DTensor SP Llama (all-gathered GEMM inputs), for ``rms_norm`` on CPU
@@ -154,6 +158,16 @@ class MemoryOptions(BaseModel):
       ``Partial`` strategies), so torch's ``RowwiseParallel`` embedding does this (a
       transient ``V h`` in the compute dtype). False: Megatron's ``VocabParallelEmbedding``
       writes only its rows.
+    - ``embedding_backward_work``: the working set of the embedding's backward on CUDA,
+      beside its weight gradient: ``embedding_dense_backward``'s fp32 partial sums,
+      ``grad_weight_per_segment`` of ``(tokens // 10 + min(tokens, vocab rows)) x hidden``
+      (aten/src/ATen/native/cuda/EmbeddingBackwardKernel.cu: ``max_partial_segment =
+      numel / NROWS_PER_THREAD + max_segments``, ``NROWS_PER_THREAD = 10``, ``acc_type``
+      fp32 for bf16/fp16 gradients), and with tp > 1 under SP the output gradient all-gathered
+      over tp (DTensor's ``RowwiseParallel`` embedding takes a replicated gradient) in place
+      of its sequence-sharded dY. False (default) leaves both out; the one-rank GPU run
+      states it (:data:`meshplan.runtime.validation.one_rank.RUN_MEMORY`): 405B tp 8's peak
+      within 4 MB (benchmarks/gpu_h200 run 3). Not the CPU kernel (no partial sums there).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -177,6 +191,7 @@ class MemoryOptions(BaseModel):
     unfused_norm: bool = False
     kv_expanded: bool = False
     embedding_grad_full_vocab: bool = False
+    embedding_backward_work: bool = False
     fused_glu: Optional[bool] = None
 
     def fsdp_reduce_for(self, training: TrainingSpec, pp: int) -> str:

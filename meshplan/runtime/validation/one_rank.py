@@ -60,9 +60,13 @@ from meshplan.schedule.workload import workload_of
 #: ``[memory]`` of what the run does (module docstring): no NCCL buffers on the fake group, no
 #: fragmentation in ``max_memory_allocated``, one micro-batch; the runtime model's own layout:
 #: K/V repeated to the query heads before SDPA, torch's cross entropy, DTensor's all-gathered
-#: sequence-parallel inputs kept for backward.
+#: sequence-parallel inputs kept for backward; at tp > 1 the whole-vocabulary embedding gradient of
+#: torch's ``RowwiseParallel`` embedding (as :data:`~meshplan.runtime.validation.memcheck.TORCH_CPU_MEMORY`
+#: states for the same model; omitted before, it left 1.11 GB out of 405B tp 8's peak, run 3), and the
+#: CUDA embedding backward's working set (``embedding_backward_work``: 0.83 GB more there).
 RUN_MEMORY = dict(nccl_buffsize_bytes=0, fragmentation_fraction=0.0, cross_entropy="torch",
-                  sp_gathered_input=True, kv_expanded=True, dropout=False)
+                  sp_gathered_input=True, kv_expanded=True, dropout=False, embedding_grad_full_vocab=True,
+                  embedding_backward_work=True)
 #: Node type per local device name (``torch.cuda.get_device_name``), for ``system="auto"``.
 SYSTEMS = {"H200": "dgx-h200", "H100": "dgx-h100", "A100": "dgx-a100"}
 #: Mesh axes that split the batch (``fsdp`` is ``dp_shard``'s other name).
@@ -357,12 +361,28 @@ def run(data: dict, layers: int = 2, rank: int = 0, device: str = "cuda", system
         rows[key] = dict(predicted=pv, measured=mv, error=(mv / pv - 1) if (mv is not None and pv) else None)
     for key, k in zip(("forward_s", "backward_s"), p.kernels_s):  # the kernels alone: host_pace.host_bound_passes
         rows[key]["kernels"] = k
+    rows["peak_allocated_bytes"].update(_without_harness(rows["peak_allocated_bytes"], m.held, p.peak_by_kind))
     return dict(device=_device_name(device), torch=torch.__version__, gpu_catalog=p.gpu, layers=layers, rank=rank,
                 mesh=dict(names=list(plan.mesh.layout.names), shape=list(plan.mesh.layout.shape)),
                 micro_batch=cfg.training.micro_batch, seq_len=cfg.training.seq_len, peak_where=p.peak_where,
                 rows=rows, step_s=m.step_s, per_step=m.per_step, memory=RUN_MEMORY,
                 predicted_peak_by_kind=p.peak_by_kind, host=_host_lines(m.per_step), held=m.held,
                 profile=m.profile)
+
+
+def _without_harness(row: dict, held: dict, by_kind: dict) -> dict:
+    """The measured peak less what this harness holds between steps beyond the plan's cuBLAS
+    workspace (``held`` other bytes: its own token ids, more cuBLAS workspaces and, in its
+    loss-parallel runs, ~1 GB that outlives the step), which the timed step's peak still holds:
+    ``harness_held_bytes``, ``measured_without_harness`` and its ``error_without_harness``. On
+    an H200 (benchmarks/gpu_h200 run 3) that error was 2-6 MB of the peak on all six meshes.
+    Empty when not measured (CPU)."""
+    if row["measured"] is None or "other_bytes" not in held:
+        return {}
+    extra = max(0, held["other_bytes"] - by_kind.get("workspace", 0))
+    m = row["measured"] - extra
+    return dict(harness_held_bytes=extra, measured_without_harness=m,
+                error_without_harness=m / row["predicted"] - 1 if row["predicted"] else None)
 
 
 def _host_lines(per_step: list) -> dict:
@@ -399,6 +419,10 @@ def summary(ev: dict) -> str:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         lines.append(f"{key.replace('_s', ' / layer').replace('_bytes', ''):<24} {fmt(r['predicted']):>9} {unit} "
                      f"{fmt(r['measured']):>9} {unit} {err:>8}")
+    pk = ev["rows"]["peak_allocated_bytes"]
+    if pk.get("measured_without_harness") is not None:
+        lines.append(f"peak_allocated without the harness's held {pk['harness_held_bytes'] / 2**30:.3f} GiB: "
+                     f"{pk['measured_without_harness'] / 2**30:.3f} GiB ({pk['error_without_harness']:+.1%})")
     h = ev.get("host") or {}
     if h.get("forward_issue_s") is not None and h.get("blocks_forward_s"):
         lines.append(f"host issue: forward {h['forward_issue_s'] * 1e3:.2f} ms (blocks on the device "
