@@ -63,7 +63,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          calibration: CalibrationOpt = None,
          kernels: KernelsOpt = None,
          foreign: Foreign = Foreign()):
-    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
+    """Plan one mesh: constraints (the capacity row of the plan's own sharding and recompute from its memory
+    timeline, the others first estimates), degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
