@@ -110,7 +110,7 @@ def test_a_pipeline_keeps_its_schedule(capsys):
     assert re.search(r"^step \d+\.\d\d ms \(1f1b, p 2, m 32, v 1\);", step)
 
 
-def test_zero2_capacity_row_by_hand(capsys):
+def test_zero2_capacity_row_by_hand(capsys, monkeypatch):
     """ZeRO-2 partitions the gradients, not the parameters: per rank 2 PSI (bf16 parameters)
     + (2 + 4 + 8) PSI / 16 (bf16 gradients, fp32 master, Adam moments) = 23,087,001,088 B,
     2 PSI x 15/16 = 15,056,739,840 B below ZeRO-1 (gradients whole), with the same activations
@@ -126,11 +126,13 @@ def test_zero2_capacity_row_by_hand(capsys):
     rows = [r.text for r in constraints(m, t, cfg.cluster, 16).rows if r.kind == "capacity"]
     assert [r.split(",")[0] for r in rows[1:]] == ["sharding none", "sharding zero1", "sharding zero2",
                                                    "sharding zero3"]
-    assert rows[3] == ("sharding zero2, recompute none: smallest split (tp inside a node) that fits is tp 1 x "
-                       f"pp 1 (peak {e2.total_bytes / GiB:.1f} GiB)") and f"{e2.total_bytes / GiB:.1f}" == "44.0"
+    assert rows[3] == ("sharding zero2, recompute none (first estimate): smallest split (tp inside a node) that "
+                       f"fits is tp 1 x pp 1 (peak {e2.total_bytes / GiB:.1f} GiB)") and f"{e2.total_bytes / GiB:.1f}" == "44.0"
+    monkeypatch.setenv("COLUMNS", "400")  # the rows unwrapped
     plan = _out(["plan", ZERO2, *DS_OPTS], capsys)
-    assert "sharding zero2, recompute none: smallest split (tp inside a node) that fits is tp 1 x pp 1 (peak " \
-           "44.0 GiB)" in plan
+    # the plan's own setting's row is the memory timeline's (meshplan/plan_capacity.py), its peak the verdict's
+    assert "sharding zero2, recompute none (this plan's setting, memory timeline): smallest split (tp inside a node) " \
+           "that fits is tp 1 x pp 1: this mesh, timeline peak 47.97 GiB, fits" in plan
     assert "stage 0: state 21.50 GiB + activations 22.54 GiB = 44.04 GiB" in plan  # nothing gathered: no term
     assert "gathered" not in plan.split("first estimate")[1].splitlines()[0]
 

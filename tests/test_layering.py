@@ -33,7 +33,7 @@ LAYERS = [
     ["meshplan.plan", "meshplan.plan_checks", "meshplan.plan_runtime"],
     ["meshplan.schedule"],
     ["meshplan.reliability", "meshplan.restart", "meshplan.restart_degrees", "meshplan.restart_meshes",
-     "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix"],
+     "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix", "meshplan.plan_capacity"],
     ["meshplan.search"],
     ["meshplan.report"],
     ["meshplan.compare"],

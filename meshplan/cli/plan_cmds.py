@@ -33,6 +33,7 @@ from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_
 from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
+from meshplan.plan_capacity import checked
 from meshplan.plan_fix import memory_fix
 from meshplan.report.html_pages import plan_page
 from meshplan.report.json_docs import envelope, groups_doc, memory_doc, report_doc
@@ -62,13 +63,14 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          calibration: CalibrationOpt = None,
          kernels: KernelsOpt = None,
          foreign: Foreign = Foreign()):
-    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
+    """Plan one mesh: constraints (the capacity row of the plan's own sharding and recompute from its memory
+    timeline, the others first estimates), degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
-    p = _load(config, topology, calibration, foreign.fmt, foreign.options(),
-              kernels=kernels)
+    p = checked(_load(config, topology, calibration, foreign.fmt, foreign.options(),
+                      kernels=kernels))  # its own setting's capacity row from the timeline
     if p.mesh is not None:
         _check_rank(p, rank)
     cal = _calibration(calibration, p.config.cluster)
@@ -100,7 +102,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels)
+    p = checked(_load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels))
     _write_plan_html(p, path, config.name, force, "--out", note=_kernels_note(p.config.cluster))
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)

@@ -36,6 +36,7 @@ from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any, user_source
 from meshplan.interop.search_export import search_export_refusal, search_row_refusal
+from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
@@ -63,7 +64,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
-    a, b = (_load(c, calibration=calibration, unresolved=True, kernels=kernels) for c in (config_a, config_b))
+    a, b = (checked(_load(c, calibration=calibration, unresolved=True, kernels=kernels)) for c in (config_a, config_b))
     if [f.text for f in a.config.cluster.gpu.kernels] != [f.text for f in b.config.cluster.gpu.kernels]:
         raise ConfigError("kernels.files", f"{config_a} and {config_b} lay different measured kernel tables over the "
                           f"catalog; give both configs the same [kernels] files (or pass them once as --kernels)")

@@ -15,7 +15,10 @@ Memory here is a first estimate (persistent state of the most loaded stage + act
 of the micro-batches in flight (1F1B) + two gathered FSDP layers; where FSDP reduces after
 the last micro-batch, pp > 1 or gradient accumulation, a chunk's layers gathered and their
 unsharded gradients); the per-rank timeline
-refines it. An axis is said to solve a constraint when setting its degree to 1 (its ranks
+refines it. The estimate is neither a lower nor an upper bound of the timeline's peak (68.53
+GiB against 65.04 for Llama-3-70B, dp_shard 8 x tp 8, micro-batch 2, seq 8192, no recompute:
+the sharded gradients counted from the start), so its rows say ``(first estimate)``; the
+capacity row of a plan's own setting is the timeline's (:mod:`meshplan.plan_capacity`). An axis is said to solve a constraint when setting its degree to 1 (its ranks
 moved to the data axis) breaks that constraint.
 """
 
@@ -34,6 +37,12 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import heads_reason, local_numel, padded_vocab
 from meshplan.units import GiB, dtype_bytes
+
+
+#: What the capacity and context rows' peaks are: the first estimate below, neither a lower nor
+#: an upper bound of the memory timeline's peak (:mod:`meshplan.plan_capacity` replaces the row
+#: of a plan's own setting by the timeline's).
+ESTIMATE = " (first estimate)"
 
 
 @dataclass(frozen=True)
@@ -215,10 +224,10 @@ def _capacity_row(model, training, world, usable, sharding, node_gpus) -> Constr
         for tp in [d for d in _divisors(mp) if d <= node_gpus][::-1]:
             ok, peak = _fits(model, training, world, usable, pp=mp // tp, tp=tp, sharding=sharding)
             if ok:
-                return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}: smallest split "
+                return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}{ESTIMATE}: smallest split "
                                      f"(tp inside a node) that fits is tp {tp} x pp {mp // tp} (peak {peak / GiB:.1f} GiB)",
                                      f"tp*pp >= {mp}")
-    return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}: no tp x pp split of "
+    return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}{ESTIMATE}: no tp x pp split of "
                          f"{world} GPUs fits", "infeasible")
 
 
@@ -230,9 +239,9 @@ def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
             continue
         ok, peak = _fits(model, training, world, usable, cp=cp, tp=tp, sharding="zero3")
         if ok:
-            return ConstraintRow("context", f"seq {training.seq_len}: one micro-batch of {training.micro_batch} fits at "
+            return ConstraintRow("context", f"seq {training.seq_len}{ESTIMATE}: one micro-batch of {training.micro_batch} fits at "
                                  f"tp {tp} (one node) with cp {cp}, zero3 (peak {peak / GiB:.1f} GiB)", f"cp >= {cp}")
-    return ConstraintRow("context", f"seq {training.seq_len} does not fit at tp {tp} with any cp", "infeasible")
+    return ConstraintRow("context", f"seq {training.seq_len}{ESTIMATE} does not fit at tp {tp} with any cp", "infeasible")
 
 
 def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
@@ -288,7 +297,7 @@ def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:
             ok, peak = _fits(model, training, mesh.world, usable, pp=mesh.degree("pp"), cp=mesh.degree("cp"),
                              tp=mesh.degree("tp"), sharding="none")
             if not ok:
-                return (f"capacity: shards state {d} ways (unsharded peak {peak / GiB:.1f} GiB > "
+                return (f"capacity: shards state {d} ways (unsharded, first estimate {peak / GiB:.1f} GiB > "
                         f"{usable / GiB:.1f} GiB); throughput: {d} batch shards")
         return f"throughput: {d} batch shards (state sharding not needed for memory)"
     if name in ("tp", "pp", "cp"):
@@ -300,7 +309,7 @@ def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:
         deg[name] = 1
         ok, peak = _fits(model, training, mesh.world, usable, **deg)
         if not ok:
-            return f"capacity: without it the peak is {peak / GiB:.1f} GiB > usable {usable / GiB:.1f} GiB"
+            return f"capacity: without it the first estimate is {peak / GiB:.1f} GiB > usable {usable / GiB:.1f} GiB"
         return ""
     return "" if name not in ("ep", "etp") else "capacity: experts"
 

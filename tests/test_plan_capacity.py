@@ -1,0 +1,140 @@
+"""One verdict everywhere (issue 11, deliver 4): the capacity row of a plan's own sharding and
+recompute comes from the memory timeline (meshplan/plan_capacity.py) and never contradicts the
+plan's verdict; the other capacity rows say they are first estimates.
+
+The newcomer's case: a torchtitan job TOML for Llama-3-70B (FSDP, tp 8, local batch 2, seq 8192,
+compile on, activation checkpointing "none") on 8 dgx-h100. Before this change `plan` printed
+`sharding zero3, recompute none: no tp x pp split of 64 GPUs fits | infeasible` (first estimate
+16.43 + 51.71 + 0.40 = 68.53 GiB > 67.06 usable) above a timeline peak of 65.04 GiB, feasible.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from meshplan.cli import main
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.memory.constraints import ESTIMATE, constraints
+from meshplan.plan import Plan, build_plan
+from meshplan.plan_capacity import checked, smallest_split
+from meshplan.units import GiB
+from tests.conftest import EXAMPLES
+
+H100_8 = ImportOptions(cluster="dgx-h100", nodes=8)
+#: The foreign examples and the options their header comments plan them with.
+FOREIGN = {"torchtitan_llama3-8b_8xh100.toml": ImportOptions(cluster="dgx-h100", nodes=1),
+           "megatron_llama3-8b_16xh100_tp2-pp2.args": ImportOptions(cluster="dgx-h100", nodes=2),
+           "deepspeed_zero2_16xh100.json": ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b",
+                                                        seq_len=4096)}
+
+
+def _newcomer(tmp_path: Path, ac: str) -> Path:
+    """The newcomer's torchtitan TOML, written from the 8B example: 70B, tp 8, local batch 2,
+    compile on, activation checkpointing ``ac`` (a [activation_checkpoint] table's lines)."""
+    text = (EXAMPLES / "torchtitan_llama3-8b_8xh100.toml").read_text()
+    text = text.replace('flavor = "8B"', 'flavor = "70B"').replace("local_batch_size = 1", "local_batch_size = 2")
+    text = text.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 8")
+    text = text.split("[activation_checkpoint]")[0] + f"[activation_checkpoint]\n{ac}\n\n[compile]\nenable = true\n"
+    path = tmp_path / "llama3-70b_tt.toml"
+    path.write_text(text)
+    return path
+
+
+def _own(plan) -> tuple[str, str]:
+    rows = [r for r in plan.constraints.rows if "(this plan's setting, memory timeline)" in r.text]
+    assert len(rows) == 1, [r.text for r in plan.constraints.rows]
+    return rows[0].text, rows[0].requires
+
+
+def _row_says_fits(text: str) -> bool:
+    """The row's verdict on the plan's own mesh: ``this mesh, timeline peak X GiB, fits`` or
+    ``this mesh (tp T x pp P): timeline peak X GiB, fits`` / ``..., does not fit``."""
+    own = text.split("this mesh", 1)[1]
+    assert own.endswith(("fits", "does not fit")), text
+    return not own.endswith("does not fit")
+
+
+def test_newcomer_row_agrees_with_the_timeline(tmp_path):
+    """The estimate (state 16.43 + activations 51.71 + two gathered layers 0.40 = 68.53 GiB)
+    says no split fits; the timeline's peak, 65.04 GiB at the head's forward (the sharded
+    gradients 4.11 GiB appear only at the first reduce-scatter), fits 67.06 GiB: the row is now
+    the timeline's. tp 1, 2 and 4 leave dp 64, 32 and 16 for a global batch of 16 sequences of 2:
+    the batch rule refuses them, so tp 8 x pp 1 (this mesh) is the smallest split."""
+    cfg = load_any(_newcomer(tmp_path, 'mode = "none"'), opts=H100_8)
+    t = cfg.training
+    assert (t.sharding, t.recompute, t.micro_batch, t.torch_compile) == ("zero3", "none", 2, True)
+    estimated = {r.text: r.requires for r in constraints(cfg.model, t, cfg.cluster, 64).rows}
+    assert estimated[f"sharding zero3, recompute none{ESTIMATE}: no tp x pp split of 64 GPUs fits"] == "infeasible"
+    plan = checked(build_plan(cfg))
+    assert isinstance(plan, Plan) and plan.feasible
+    assert f"{plan.timeline.peak.total_bytes / GiB:.2f}" == "65.04"
+    assert f"{plan.constraints.estimate.total_bytes / GiB:.2f}" == "68.53"
+    assert _own(plan) == ("sharding zero3, recompute none (this plan's setting, memory timeline): smallest split (tp "
+                          "inside a node) that fits is tp 8 x pp 1: this mesh, timeline peak 65.04 GiB, fits",
+                          "tp*pp >= 8")
+    assert not any(r.text.startswith("sharding zero3") and r.requires == "infeasible" for r in plan.constraints.rows)
+
+
+def test_newcomer_op_sac_row_agrees(tmp_path):
+    """Op-level SAC: the first estimate 60.1 GiB, the timeline's peak 55.98 GiB; both fit, the
+    row prints the timeline's."""
+    cfg = load_any(_newcomer(tmp_path, 'mode = "selective"\nselective_ac_option = "op"'), opts=H100_8)
+    plan = checked(build_plan(cfg))
+    assert plan.feasible and f"{plan.constraints.estimate.total_bytes / GiB:.1f}" == "60.1"
+    text, requires = _own(plan)
+    assert text.endswith("tp 8 x pp 1: this mesh, timeline peak 55.98 GiB, fits") and requires == "tp*pp >= 8"
+
+
+def test_newcomer_plan_command_prints_no_contradiction(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # each row on one line
+    with pytest.raises(SystemExit) as done:
+        main(["plan", str(_newcomer(tmp_path, 'mode = "none"')), "--cluster", "dgx-h100", "--nodes", "8"])
+    assert (done.value.code or 0) == 0
+    out = " ".join(re.sub("[│┃]", " ", capsys.readouterr().out).split())
+    assert "sharding zero3, recompute none (this plan's setting, memory timeline): smallest split" in out
+    assert "this mesh, timeline peak 65.04 GiB, fits tp*pp >= 8" in out
+    assert "sharding zero3, recompute none: no tp x pp split" not in out
+    assert f"sharding none, recompute none{ESTIMATE}: no tp x pp split of 64 GPUs fits infeasible" in out
+
+
+def test_smallest_split_is_found_by_memory_not_by_this_mesh():
+    """seed-64gpu-tp4 (Llama-3-70B, dp_shard 16 x tp 4, selective recompute): its own timeline
+    peak 69.72 GiB is over 67.06 usable, and tp 8 x pp 1 (seed-64gpu's mesh, 43.30 GiB) is the
+    smallest split that fits; the row says both, and requires tp*pp >= 8."""
+    plan = checked(build_plan(load_any(EXAMPLES / "seed-64gpu-tp4.toml")))
+    assert not plan.feasible
+    text, requires = _own(plan)
+    assert text.endswith("smallest split (tp inside a node) that fits is tp 8 x pp 1 (timeline peak 43.30 GiB); "
+                         "this mesh (tp 4 x pp 1): timeline peak 69.72 GiB, over usable 67.06 GiB, does not fit")
+    assert requires == "tp*pp >= 8"
+    seed = build_plan(load_any(EXAMPLES / "seed-64gpu.toml"))
+    assert smallest_split(plan) == (8, 1, seed.timeline.peak.total_bytes)
+
+
+def _examples():
+    for path in sorted(EXAMPLES.iterdir()):
+        if path.name in FOREIGN:
+            yield path, FOREIGN[path.name]
+        elif path.suffix == ".toml":
+            yield path, None
+
+
+@pytest.mark.parametrize("path,opts", list(_examples()), ids=lambda v: getattr(v, "name", ""))
+def test_own_row_says_fits_iff_the_verdict_does(path, opts):
+    """Over every example config: the plan's own setting's capacity row says this mesh fits iff
+    the plan is feasible, names the timeline peak the verdict read, and requires ``infeasible``
+    only where nothing fits."""
+    cfg = load_any(path, opts=opts or ImportOptions(), foreign=opts is not None)
+    plan = checked(build_plan(cfg))
+    assert isinstance(plan, Plan)
+    text, requires = _own(plan)
+    assert _row_says_fits(text) == plan.feasible, text
+    assert f"timeline peak {plan.timeline.peak.total_bytes / GiB:.2f} GiB" in text
+    assert (requires == "infeasible") == (not plan.feasible and "no tp x pp split" in text)
+    others = [r for r in plan.constraints.rows if r.kind == "capacity" and r.text.startswith("sharding")
+              and r.text != text]
+    assert all(ESTIMATE in r.text for r in others)
