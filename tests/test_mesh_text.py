@@ -62,7 +62,8 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
             "meshes): mb 2, none, vpp 1, zero3 (5.746 s") in search and "fsdp" not in search
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["top"][0]["mesh"]["dp_shard"] == 16 and "dp" not in doc["top"][0]["mesh"]
-    assert [(v["mesh"]["dp_shard"], "dp" in v["mesh"], v["micro_batch"]) for v in doc["top_variants"]] == [(16, False, 2)]
+    variants = doc["top_variants"]
+    assert [(v["mesh"]["dp_shard"], "dp" in v["mesh"], v["micro_batch"]) for v in variants] == [(16, False, 2)]
     # compare: the same mesh against itself at micro-batch 2 (the search's variant of row 1), the stream in
     # DeepSpeed's words
     _out(["import", "deepspeed", ds, *DS_OPTS, "-o", tmp_path / "A.toml"], capsys)
