@@ -166,6 +166,22 @@ def test_zero2_row_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     assert rewritten[0] in capsys.readouterr().out  # printed as --export prints it
 
 
+def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):
+    """``--export 7`` of the HF ZeRO-3 file (one data axis: one distinct mesh, one row) said "the search
+    ranked 1 row(s); raise --top or export a lower rank", though --top 10 was already past every mesh:
+    the line now says the rows are every distinct mesh found to fit, and where the other settings are."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(_write(tmp_path, HF)), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
+              "--seq-len", "4096", "--micro-batch", "1", "--grad-accum", "16", "--export", "7", "--to", "deepspeed",
+              "-o", str(tmp_path / "row7.json")])
+    assert done.value.code == 2 and not (tmp_path / "row7.json").exists()
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("error: --export: 7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no "
+            "more; a mesh's other settings are on the line under the table (--json top_variants): export a rank up "
+            "to 1, or narrow [search] (e.g. sharding) so that the setting you want is a row's") in err
+
+
 def test_memory_not_expressed_is_listed_as_name_value_items(tmp_path):
     """The [memory] fields a DeepSpeed JSON does not give back are listed as ``name = A -> B``
     items (TOML's spelling, ``default`` for a field left at it), only those that differ: the
