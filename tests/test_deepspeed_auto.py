@@ -142,23 +142,44 @@ def test_zero2_row_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     'deepspeed_prefetch_elements': 15099494} -> defaults``. ZeRO-2 reads no stage3_ key
     (DeepSpeed's ZeRO-3 coordinator alone does), so both are dropped, named in the header; the
     bucket, h^2 = 16,777,216, is written back as "auto" and reads back as the same number: the
-    [memory] table round-trips and no line says otherwise."""
-    from meshplan.cli import main
-    out = tmp_path / "row7.json"
-    with pytest.raises(SystemExit) as done:
-        main(["search", str(_write(tmp_path, HF)), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
-              "--seq-len", "4096", "--micro-batch", "1", "--grad-accum", "16", "--export", "7", "--to", "deepspeed",
-              "-o", str(out)])
-    assert done.value.code == 0
-    head = capsys.readouterr().out.splitlines()
-    assert [h.split("│")[6].strip() for h in head if h.startswith("│  7 ")] == ["zero2"]
+    [memory] table round-trips and no line says otherwise. The search's rows are distinct meshes
+    (9db001f) and this file searches one data axis, so its one row is the zero3 run: the search's
+    first zero2 run (``placed``, in the rule's order) goes through ``--export``'s own writer with the
+    file as the user's, as row 7 did."""
+    from meshplan.cli.interop_cmds import _write_export
+    from meshplan.interop.foreign import user_source
+    from meshplan.search.candidate import candidate_config
+    from meshplan.search.driver import search
+    path, out = _write(tmp_path, HF), tmp_path / "zero2.json"
+    r = search(load_any(path, opts=OPTS, require_mesh=False))
+    assert [r.candidates.label(e.index).rsplit(", ", 1)[1] for e in r.top] == ["zero3"]
+    zero2 = next(e for e in r.placed if r.candidates.label(e.index).endswith(", zero2"))
+    row = candidate_config(r.config, r.candidates, zero2.index)
+    assert row.training.sharding == "zero2"
+    head = _write_export(row, "deepspeed", out, "search hf.json zero2", False, user_source(path))
     assert json.loads(out.read_text())["zero_optimization"] == {"stage": 2, "reduce_bucket_size": "auto"}
     assert [h for h in head if h.startswith("not expressed")] == []
-    assert "rows 3, 7 not expressed: memory" not in "\n".join(head)
     rewritten = [h for h in head if h.startswith("written otherwise")]
     assert rewritten[0].endswith('zero_optimization.stage 3 -> 2, zero_optimization.stage3_prefetch_bucket_size '
                                  '"auto" -> dropped, zero_optimization.stage3_param_persistence_threshold "auto" '
                                  "-> dropped")
+    assert rewritten[0] in capsys.readouterr().out  # printed as --export prints it
+
+
+def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):
+    """``--export 7`` of the HF ZeRO-3 file (one data axis: one distinct mesh, one row) said "the search
+    ranked 1 row(s); raise --top or export a lower rank", though --top 10 was already past every mesh:
+    the line now says the rows are every distinct mesh found to fit, and where the other settings are."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(_write(tmp_path, HF)), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
+              "--seq-len", "4096", "--micro-batch", "1", "--grad-accum", "16", "--export", "7", "--to", "deepspeed",
+              "-o", str(tmp_path / "row7.json")])
+    assert done.value.code == 2 and not (tmp_path / "row7.json").exists()
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("error: --export: 7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no "
+            "more; a mesh's other settings are on the line under the table (--json top_variants): export a rank up "
+            "to 1, or narrow [search] (e.g. sharding) so that the setting you want is a row's") in err
 
 
 def test_memory_not_expressed_is_listed_as_name_value_items(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -137,19 +138,27 @@ def test_zero2_capacity_row_by_hand(capsys, monkeypatch):
     assert "gathered" not in plan.split("first estimate")[1].splitlines()[0]
 
 
-def test_search_and_export_agree_on_what_deepspeed_does_not_express():
+@pytest.mark.parametrize("narrow", [{}, {"recompute": ["selective"]},
+                                    {"recompute": ["selective"], "sharding": ["zero2"]}])
+def test_search_and_export_agree_on_what_deepspeed_does_not_express(narrow):
     """Every row the search line names is one whose --export --to deepspeed header lists those
-    fields; the rows it does not name export whole; recompute's line says where it goes."""
+    fields; the rows it does not name export whole; recompute's line says where it goes. A
+    DeepSpeed config searches one data axis, so one mesh and one row (the rows are distinct meshes,
+    9db001f): row 1 at recompute none exports whole (no line), and the search narrowed to selective
+    recompute, at zero3 or zero2, has its row 1 named for training.recompute."""
     cfg = load_any(ZERO2, opts=OPTS, require_mesh=False)
-    r = search(cfg)
-    (line,) = export_lines(r)
+    r = search(replace(cfg, search=cfg.search.model_copy(update=narrow)))
+    lines = export_lines(r)
+    assert len(lines) == (1 if narrow else 0)
     named: dict[int, list[str]] = {}
-    for part in line.removeprefix("--export N --to deepspeed: ").split("; "):
+    for part in "".join(lines).removeprefix("--export N --to deepspeed: ").split("; "):
         got = re.match(r"rows? ([\d, ]+) not expressed: (.*)", part)
         if got:
             for k in got.group(1).split(", "):
                 named[int(k)] = got.group(2).split(", ")
-    assert named and any(f == ["training.recompute"] for f in named.values())
+    assert bool(named) == bool(narrow) and all(f == ["training.recompute"] for f in named.values())
+    assert [r.candidates.label(e.index).split(", ")[2:] for e in r.top] == [
+        ["none" if not narrow else "selective", "vpp 1", narrow.get("sharding", ["zero3"])[0]]]
     for k, e in enumerate(r.top, 1):
         row = candidate_config(r.config, r.candidates, e.index)
         _, head = export(row, "deepspeed", "search")
@@ -162,9 +171,10 @@ def test_search_and_export_agree_on_what_deepspeed_does_not_express():
                     "included) there)") in head
         if row.training.sharding == "zero3":  # ZeRO-3 has no gradient bucket: the ZeRO-2 config's is no loss
             assert not [h for h in head if h.startswith("not expressed in deepspeed: memory")]
-    assert line.endswith("training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model "
-                         "code does (the export header names the policy to apply; an activation_checkpointing section "
-                         "reads back as full, no section as none)")
+    if narrow:
+        assert lines[0].endswith("training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the "
+                                 "model code does (the export header names the policy to apply; an "
+                                 "activation_checkpointing section reads back as full, no section as none)")
 
 
 def _tp_config(tp: int, sharding: str = "zero1"):

@@ -56,10 +56,16 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     assert "exposed ZeRO data-parallel 66.20 = 5752.47 ms" in step and "fsdp" not in step
     search = _out(["search", ds, *DS_OPTS, "--top", "2", "--json", tmp_path / "s.json"], capsys)
     assert "1 dp_shard 16 1 none 1 zero3 - 33.1 5.752" in search
-    assert "parts against #2: exposed ZeRO data-parallel 66.2 ms vs 35.3 ms (micro-batch 1 vs 2)" in search
+    # one data axis, one mesh: the rows are distinct meshes (searchtie), so micro-batch 2 (the #2 row before)
+    # is row 1's mesh at another setting, named in the mesh's words on the variants line and in the JSON
+    assert ("row 1's mesh (dp_shard 16) with other settings within 1% of the fastest step (rows are distinct "
+            "meshes): mb 2, none, vpp 1, zero3 (5.746 s") in search and "fsdp" not in search
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["top"][0]["mesh"]["dp_shard"] == 16 and "dp" not in doc["top"][0]["mesh"]
-    # compare: the same mesh against itself at micro-batch 2 (the search's #2)
+    variants = doc["top_variants"]
+    assert [(v["mesh"]["dp_shard"], "dp" in v["mesh"], v["micro_batch"]) for v in variants] == [(16, False, 2)]
+    # compare: the same mesh against itself at micro-batch 2 (the search's variant of row 1), the stream in
+    # DeepSpeed's words
     _out(["import", "deepspeed", ds, *DS_OPTS, "-o", tmp_path / "A.toml"], capsys)
     a = (tmp_path / "A.toml").read_text()
     assert 'names = ["dp_shard"]' in a and "\nmicro_batch = 1\n" in a

@@ -1,6 +1,7 @@
 """Wording and defaults a newcomer tripped on (issue 11, newcomer trial 3, findings 6 and 7):
 each test runs the command and asserts the text it prints."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -124,25 +125,43 @@ def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path)
 
 def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     """Finding 5: the DeepSpeed ZeRO-2 example imports to mesh ``dp 16`` and ``plan`` prints ``mesh
-    (dp 16)``; its search listed the same zero1/zero2 meshes as ``dp_shard 16``. Now ZeRO-1/2 rows
-    (replicated parameters) say ``dp 16``, ZeRO-3 rows (sharded) ``dp_shard 16``; the predicted
-    steps are those of before the rename (5.798 s for the zero2 row)."""
+    (dp 16)``; its search listed the same zero1/zero2 meshes as ``dp_shard 16``. Now ZeRO-1/2 runs
+    (replicated parameters) say ``dp 16``, ZeRO-3 runs (sharded) ``dp_shard 16``; the predicted
+    steps are those of before the rename (5.798 s for the zero2 run). Since the rows are distinct
+    meshes (9db001f) the one data axis is one row, its zero3 run (5.752 s, the lowest peak within 1%);
+    the zero1/zero2 runs are its variants (``--json`` top_variants), and a search narrowed to
+    zero1/zero2 lists the zero2 run as row 1."""
     ds = _deepspeed_zero2(tmp_path)
     plan = _cli("plan", ds).output
     assert "mesh (dp 16)  canonical ('dp',)" in plan
-    lines = [x for x in _cli("search", ds).output.splitlines()
-             if x.startswith("│ ") and x.split("│")[1].strip().isdigit()]
-    rows = [x.split("│")[1:7] for x in lines]
-    # step s of the zero2 row as before the rename; the zero3 row above it is DeepSpeed's ZeRO-3, without
-    # FSDP2's compute-stream copies (zero3_engine "deepspeed"), copying out only its prefetched part
-    # (5.768 s when it copied out every gathered byte)
-    assert [x.split("│")[9].strip() for x in lines[:2]] == ["5.752", "5.798"]
-    by_sharding = {(mesh.strip(), sharding.strip()) for _, mesh, _, _, _, sharding in rows}
-    assert by_sharding == {("dp 16", "zero1"), ("dp 16", "zero2"), ("dp_shard 16", "zero3")}
-    assert rows[1][1].strip() == "dp 16" and rows[1][5].strip() == "zero2"
-    r = _cli("search", ds, "--export", "2", "--to", "meshplan", "-o", tmp_path / "row2.toml")
+    r = _cli("search", ds, "--json", tmp_path / "s.json")
+    rows = _table_rows(r.output)
+    # the zero3 row is DeepSpeed's ZeRO-3, without FSDP2's compute-stream copies (zero3_engine "deepspeed"),
+    # copying out only its prefetched part (5.768 s when it copied out every gathered byte)
+    assert [(x[1].strip(), x[5].strip(), x[8].strip()) for x in rows] == [("dp_shard 16", "zero3", "5.752")]
+    doc = json.loads((tmp_path / "s.json").read_text())
+    runs = {(next(a for a in ("dp", "dp_shard") if a in v["mesh"]), v["sharding"]): round(v["step_s"], 3)
+            for v in doc["top_variants"]}
+    assert runs.keys() == {("dp", "zero1"), ("dp", "zero2"), ("dp_shard", "zero3")}
+    assert runs[("dp", "zero2")] == 5.798  # step s of the zero2 run as before the rename
+    # the variants line names those runs in their own words, not as row 1's dp_shard 16
+    line = " ".join(r.output.split("row 1's mesh (dp_shard 16)", 1)[1].split("goodput (Daly")[0].split())
+    assert "dp 16, mb 1, none, vpp 1, zero2 (5.798 s" in line and "dp 16, mb 1, none, vpp 1, zero1 (" in line
+    assert "; mb 2, none, vpp 1, zero3 (" in line
+    narrowed = tmp_path / "zero12.toml"
+    narrowed.write_text(ds.read_text().replace('sharding = ["zero1", "zero2", "zero3"]',
+                                               'sharding = ["zero1", "zero2"]'))
+    r = _cli("search", narrowed, "--export", "1", "--to", "meshplan", "-o", tmp_path / "row1.toml")
     assert r.exit_code == 0, r.output
-    assert "mesh (dp 16)" in _cli("plan", tmp_path / "row2.toml").output
+    rows = _table_rows(r.output)
+    assert [(x[1].strip(), x[5].strip(), x[8].strip()) for x in rows] == [("dp 16", "zero2", "5.798")]
+    assert "mesh (dp 16)" in _cli("plan", tmp_path / "row1.toml").output
+
+
+def _table_rows(output: str) -> list[list[str]]:
+    """The top table's rows of a search's text, as (#, mesh, mb, recompute, vpp, sharding, knobs, peak, step)."""
+    lines = [x for x in output.splitlines() if x.startswith("│ ") and x.split("│")[1].strip().isdigit()]
+    return [x.split("│")[1:10] for x in lines]
 
 
 def _deepspeed_zero2(tmp_path) -> Path:

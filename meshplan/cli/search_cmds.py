@@ -188,8 +188,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     print_search(result, _console())
     if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
         if export_rank > len(result.top):
-            raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
-                              f"or export a lower rank")
+            raise ConfigError("--export", _missing_row(export_rank, len(result.top)))
         rows = [candidate_config(result.config, result.candidates, e.index) for e in result.top]
         refusal = search_row_refusal(export_rank, rows, to, lambda c: {t: export_refusals(c, t) for t in FORMATS})
         if refusal is not None:  # one line naming the first row the target takes
@@ -203,3 +202,16 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
     raise typer.Exit(0 if result.top else 1)
+
+
+def _missing_row(k: int, rows: int) -> str:
+    """Why ``--export k`` has no row after the search (``k`` <= --top was checked before it): the
+    search listed only ``rows``, every distinct mesh it found to fit (rows are distinct meshes), so
+    a higher --top lists no more.
+
+    >>> _missing_row(7, 1).split("; ")[0]
+    '7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no more'
+    """
+    return (f"{k}: the search lists {rows} row(s), every distinct mesh it found to fit, so --top lists no more; a "
+            f"mesh's other settings are on the line under the table (--json top_variants): export a rank up to "
+            f"{rows}, or narrow [search] (e.g. sharding) so that the setting you want is a row's")

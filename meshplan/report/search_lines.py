@@ -95,13 +95,27 @@ def headroom_lines(r: SearchResult) -> list[str]:
 def variants_line(r: SearchResult) -> list[str]:
     """One line naming the top mesh's other settings within 1% of the fastest step
     (:attr:`~meshplan.search.driver.SearchResult.variants`: at most 3, in the tie rule's order,
-    each with its step and peak), since every row is a distinct mesh; or that it has none."""
+    each with its step and peak), since every row is a distinct mesh; or that it has none. A
+    variant whose sharding names the data axis otherwise than row 1's (a zero1/zero2 run, ``dp 16``,
+    of a zero3 row, ``dp_shard 16``: :func:`meshplan.spec.mesh_words.mesh_text`) keeps its mesh's words."""
     if not r.top:
         return []
     mesh, _ = r.candidates.label(r.top[0].index).split(", mb ", 1)
     head = f"row 1's mesh ({mesh}) with other settings within {TIE:.0%} of the fastest step"
     if not r.variants:
         return [f"{head}: none (rows are distinct meshes, each with its first setting by the rule)"]
-    parts = [f"mb {r.candidates.label(e.index).split(', mb ', 1)[1]} ({e.step_s:.3f} s"
+    parts = [f"{_setting(r.candidates.label(e.index), mesh)} ({e.step_s:.3f} s"
              + (f", peak {e.peak_bytes / GiB:.2f} GiB)" if e.complete else ")") for e in r.variants]
     return [f"{head} (rows are distinct meshes): " + "; ".join(parts)]
+
+
+def _setting(label: str, mesh: str) -> str:
+    """A candidate's label less row 1's mesh words ``mesh``; whole where its own mesh words differ.
+
+    >>> _setting("dp_shard 16, mb 2, none, vpp 1, zero3", "dp_shard 16")
+    'mb 2, none, vpp 1, zero3'
+    >>> _setting("dp 16, mb 1, none, vpp 1, zero2", "dp_shard 16")
+    'dp 16, mb 1, none, vpp 1, zero2'
+    """
+    own, rest = label.split(", mb ", 1)
+    return f"mb {rest}" if own == mesh else label
