@@ -132,8 +132,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
-    --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (compute,
-    bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
+    --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
+    X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
+    with their seconds), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
