@@ -40,7 +40,7 @@ from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
-from meshplan.report.search import infeasible_line, print_search, search_to_dict
+from meshplan.report.search import infeasible_line, print_search, search_to_dict, timing_line
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 
@@ -141,7 +141,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     limit counted apart), why it is infeasible, or why no candidate is that mesh. Goodput (Daly, not ranked) is a
     column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
     why (--json keeps it per row). The same input gives the
-    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
+    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max); only the
+    timings differ: the wall time, printed on stderr ('timing: ...'), and --json's wall_s and timings_s.
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
@@ -186,6 +187,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
+    _echo(timing_line(result), err=True)  # measured: stderr, so the report is the same on any machine
     if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
         if export_rank > len(result.top):
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
