@@ -128,9 +128,8 @@ def header_lines(r: SearchResult) -> list[str]:
 
 
 def timing_line(r: SearchResult) -> str:
-    """The search's wall time on this machine (seconds, ``r.wall_s``), which the CLI prints on
-    stderr: the report on stdout (and the HTML page) is the same for the same input on any
-    machine, so it holds no measured time (the --json keeps ``wall_s`` and ``timings_s``)."""
+    """The search's wall time here (``r.wall_s``), for stderr: the report (stdout, HTML) holds no
+    measured time, so it is the same on any machine (--json keeps ``wall_s`` and ``timings_s``)."""
     return f"timing: the search took {r.wall_s:.1f} s on this machine (not part of the report, the same on any machine)"
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
+from meshplan.schedule.host_pace_line import host_not_binding
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause
 from meshplan.schedule.unit_times import UnitTimes
@@ -196,37 +197,17 @@ class StepTime:
         the per-block pace and its source (the catalog's, or ``your kernels file FILE``:
         :attr:`~meshplan.compute.ops.Workload.dtensor_host_source`); a kernels file's pace that the
         device never waits for, ``host: pace 2.00/2.50 ms a block (forward/backward) from your
-        kernels file FILE: not binding (...)`` (:meth:`_host_not_binding`), so the user sees it was
+        kernels file FILE: not binding (...)`` (:func:`~meshplan.schedule.host_pace_line.host_not_binding`), so the user sees it was
         applied; none otherwise (the catalog's pace not binding is no news)."""
         wait = self.host_wait_s()
         if round(wait * 1e5) <= 0:
-            return self._host_not_binding()
+            return host_not_binding(self)
         w = self.units.w
         f, b = w.dtensor_host_s
         return [f"host: compute on stage {self.critical_stage} includes {wait * 1e3:.2f} ms per step waiting for the host "
                 f"to issue its blocks: eager DTensor TP issues a block in {f * 1e3:.2f} ms forward, {b * 1e3:.2f} ms "
                 f"backward ({w.dtensor_host_source}), longer than "
                 f"its kernels and collectives take; training.torch_compile = true traces DTensor away"]
-
-    def _host_not_binding(self) -> list[str]:
-        """The ``host:`` line of a kernels file's eager DTensor TP pace (forward/backward seconds a
-        block) that the compute stream never waits for (:meth:`host_wait_s` rounds to 0), beside
-        the kernels of one block of the critical stage (its first chunk with layers: forward;
-        backward = input + weight gradients, :class:`~meshplan.compute.ops.Cost`): those and the
-        block's exposed collectives take longer than the pace. None for the catalog's pace or
-        where no pace applies (Megatron-LM, compiled blocks, tp 1)."""
-        w = self.units.w
-        f, b = w.dtensor_host_s
-        if not w.dtensor_host_source.startswith("your kernels file") or f <= 0:
-            return []
-        layer = next((c.layers[0] for c in self.units.chunks[self.critical_stage] if c.layers), None)
-        if layer is None:
-            return []
-        kf = layer.seconds("forward")
-        kb = layer.seconds("backward_input") + layer.seconds("backward_weight")
-        return [f"host: pace {f * 1e3:.2f}/{b * 1e3:.2f} ms a block (forward/backward) from "
-                f"{w.dtensor_host_source}: not binding (the device never waits for the host: a block's kernels, "
-                f"{kf * 1e3:.2f}/{kb * 1e3:.2f} ms, and its exposed collectives take longer)"]
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
         """The pipeline simulated again with every unit shortened by the time its compute
