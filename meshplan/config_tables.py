@@ -72,7 +72,7 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    bounded = bound_message(err)
+    bounded = bound_message(err) or _below_floor(err, field)
     if bounded:
         return ConfigError(field, bounded)
     if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
@@ -80,6 +80,25 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     elif isinstance(got, (dict, list)) and err["type"] not in ("value_error",):
         msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
     return ConfigError(field, msg)
+
+
+def _below_floor(err: dict, field: str) -> Optional[str]:
+    """A pydantic ``greater_than``/``greater_than_equal`` error (``Field(gt=0)``) as the bound and
+    the fix, instead of pydantic's bare "Input should be greater than 0"; None for other errors.
+
+    >>> _below_floor({"type": "greater_than", "ctx": {"gt": 0}, "input": -8192}, "training.seq_len")
+    'must be greater than 0 (got -8192); give training.seq_len a positive value'
+    >>> _below_floor({"type": "greater_than_equal", "ctx": {"ge": 1}, "input": 0}, "mesh.tp")
+    'must be at least 1 (got 0); give mesh.tp a value >= 1'
+    """
+    ctx = err.get("ctx") or {}
+    if err.get("type") == "greater_than" and "gt" in ctx:
+        want, fix = f"greater than {ctx['gt']}", "a positive value" if ctx["gt"] == 0 else f"a value > {ctx['gt']}"
+    elif err.get("type") == "greater_than_equal" and "ge" in ctx:
+        want, fix = f"at least {ctx['ge']}", f"a value >= {ctx['ge']}"
+    else:
+        return None
+    return f"must be {want} (got {err.get('input')!r}); give {field} {fix}"
 
 
 def read_model(t: dict, base: Path | None) -> ModelSpec:

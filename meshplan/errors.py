@@ -42,17 +42,50 @@ def printable(text: str, keep_newlines: bool = False) -> str:
 
 
 def closest(name: object, names: Iterable[str], cutoff: float = 0.75) -> Optional[str]:
-    """The entry of ``names`` that ``name`` most looks like a typo of (difflib's ratio at least
-    ``cutoff``: ``globl_batch`` of ``global_batch`` 0.96), or None: the ``did you mean`` of a
-    misspelt config key and of an unknown catalog name (``--cluster dgx-h10``).
+    """The entry of ``names`` that ``name`` most looks like a typo of, or None: the ``did you
+    mean`` of a misspelt config key and of an unknown catalog name (``--cluster dgx-h10``). An
+    entry equal but for case first (``DGX-H100``), else difflib's closest with a ratio of at least
+    ``cutoff``, case ignored (``globl_batch`` of ``global_batch`` 0.96).
 
     >>> closest("dgx-h10", ["dgx-a100", "dgx-h100", "dgx-h200"]), closest("dgx-h999", ["dgx-h100"])
     ('dgx-h100', None)
+    >>> closest("DGX-H100", ["dgx-a100", "dgx-h100"]), closest("DGX-H10", ["dgx-a100", "dgx-h100"])
+    ('dgx-h100', 'dgx-h100')
     """
     if not isinstance(name, str):
         return None
-    near = difflib.get_close_matches(name, list(names), n=1, cutoff=cutoff)
-    return near[0] if near else None
+    lower = {n.lower(): n for n in reversed(list(names))}  # the first entry of a lower-case form
+    if name.lower() in lower:
+        return lower[name.lower()]
+    near = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=cutoff)
+    return lower[near[0]] if near else None
+
+
+def near_names(name: object, names: Iterable[str], cutoff: float = 0.75) -> list[str]:
+    """What an unknown ``name`` may have meant: :func:`closest` where there is one, else every
+    entry of ``names`` that contains ``name`` (case ignored, at least 2 characters: ``h100`` of
+    the nodes); [] for none.
+
+    >>> near_names("h100", ["dgx-a100", "dgx-h100", "grand-teton-h100"]), near_names("x", ["dgx-h100"])
+    (['dgx-h100', 'grand-teton-h100'], [])
+    """
+    names = list(names)
+    near = closest(name, names, cutoff)
+    if near is not None:
+        return [near]
+    if not isinstance(name, str) or len(name) < 2:
+        return []
+    return [n for n in names if name.lower() in n.lower()]
+
+
+def did_you_mean(name: object, names: Iterable[str]) -> str:
+    """``did you mean 'a'? `` or ``did you mean 'a' or 'b'? `` (:func:`near_names`), "" for none.
+
+    >>> did_you_mean("h100", ["dgx-a100", "dgx-h100", "grand-teton-h100"])
+    "did you mean 'dgx-h100' or 'grand-teton-h100'? "
+    """
+    quoted = [f"'{n}'" for n in near_names(name, names)]
+    return f"did you mean {' or '.join(quoted)}? " if quoted else ""
 
 
 class ConfigError(ValueError):

@@ -42,6 +42,9 @@ CASES = [
      "unknown key in [training]; pp_schedule belongs in [mesh]: move it there (mesh.pp_schedule)"),
     (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
     (with_("model.layers", 0), "model.layers", "greater than 0"),
+    # newcomer trial: pydantic's bare "Input should be greater than 0", now with the bound and the fix
+    (with_("training.seq_len", -8192), "training.seq_len",
+     "must be greater than 0 (got -8192); give training.seq_len a positive value"),
     (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: deepseek-v2, deepseek-v2-lite, deepseek-v3, gpt3-175b"),
     (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective', 'full', 'layer' or 'op'"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
@@ -315,3 +318,25 @@ def test_op_recompute_without_the_runtime_is_refused(training, named, fix, tmp_p
         config_from_dict(d)
     del d["search"]
     _plan_and_step_refuse(d, tmp_path / "op.toml", capsys, "error: training.recompute: 'op'")
+
+
+def test_torchtitan_import_errors_name_the_wrong_key(tmp_path, capsys):
+    """Newcomer trial: a torchtitan job TOML with ``model.name = "llama4"`` is refused naming
+    model.name (not model.flavor) and the names meshplan knows; ``training.seq_len = -8192`` is
+    one line naming training.seq_len with the fix, not pydantic's bare message."""
+    from pathlib import Path
+
+    from tests.cli_run import run_main
+
+    tt = (Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3-8b_8xh100.toml").read_text()
+    f = tmp_path / "tt.toml"
+    f.write_text(tt.replace('name = "llama3"', 'name = "llama4"'))
+    assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "1") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: model.name: torchtitan model 'llama4' is not one meshplan knows by name "
+                          "(supported: llama3) and model.hf_assets_path has no config.json; give model.name = "
+                          "\"llama3\" with a flavor") and len(err.splitlines()) == 1
+    f.write_text(tt.replace("seq_len = 8192", "seq_len = -8192"))
+    assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "1") == 2
+    assert capsys.readouterr().err == ("error: training.seq_len: must be greater than 0 (got -8192); give "
+                                       "training.seq_len a positive value\n")

@@ -29,6 +29,18 @@ def test_unknown_cluster_names_the_option_and_the_closest_node(capsys):
                                               "'h100-sxm5-80gb'? known: a100-sxm-80gb, ")
 
 
+def test_unknown_cluster_in_another_case_or_a_part_of_names_is_guessed(capsys):
+    """Newcomer trial: ``--cluster DGX-H100`` is dgx-h100 but for case (guessed first); ``h100``
+    is too far from every node for difflib (ratio 8/12 against dgx-h100) but is part of two
+    node names: both are offered."""
+    assert run_main("plan", TT, "--cluster", "DGX-H100", "--nodes", "1") == 2
+    assert capsys.readouterr().err == (f"error: --cluster: unknown node 'DGX-H100'; did you mean 'dgx-h100'? "
+                                       f"known: {NODES}\n")
+    assert run_main("plan", TT, "--cluster", "h100", "--nodes", "1") == 2
+    assert capsys.readouterr().err == (f"error: --cluster: unknown node 'h100'; did you mean 'dgx-h100' or "
+                                       f"'grand-teton-h100'? known: {NODES}\n")
+
+
 def _torchtitan(tmp_path, shard: int, tp: int) -> Path:
     f = tmp_path / "tt.toml"
     f.write_text(TT.read_text().replace("data_parallel_shard_degree = -1", f"data_parallel_shard_degree = {shard}")

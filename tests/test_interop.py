@@ -91,11 +91,15 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
     assert not any("fields meshplan does not use" in n for n in cfg.notes)
     assert any("precompute_float8_dynamic_scale_for_fsdp is false" in n for n in cfg.notes)
     f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')
-    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not in "
-                                          r"meshplan's catalog .* give --model"):
+    with pytest.raises(ConfigError, match=r"^model.name: torchtitan model 'qwen3' is not one meshplan knows by name "
+                                          r"\(supported: llama3\) .* give model.name = \"llama3\" .* --model"):
         load_any(f, opts=H100)
     cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1, model=str(hf)))
     assert cfg.model.layers == 28
+    f.write_text('[model]\nname = "llama3"\nflavor = "0.6B"\n')  # a known name, an unknown flavor: model.flavor
+    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'llama3' flavor '0.6B' is not in "
+                                          r"meshplan's catalog \(llama3 8B, 70B, 405B\) .* give --model"):
+        load_any(f, opts=H100)
 
 
 def test_megatron_bf16_reduces_gradients_in_fp32_unless_told(tmp_path):

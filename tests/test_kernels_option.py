@@ -247,3 +247,51 @@ def test_host_table_replaces_the_catalog_pace_and_names_the_file(tmp_path, capsy
 def test_bad_host_table_is_one_line_naming_the_field(tmp_path, capsys, body, field, says):
     err = _error(capsys, "step", CONFIG, "--kernels", _host_file(tmp_path, body))
     assert err.startswith(f"error: --kernels: {field}: {says}")
+
+
+HOST_ONLY = "[host]\ndtensor_tp_block_forward_s = 2.0e-3\ndtensor_tp_block_backward_s = 2.5e-3\n"
+
+
+@pytest.mark.parametrize("gpu", [GPU, "a100-sxm-80gb"])
+def test_host_table_alone_applies_to_any_gpu(tmp_path, gpu):
+    """A file with the [host] table alone (no [gpu.<id>]) is read for whatever GPU the plan uses:
+    its pace replaces the catalog's, GEMM and attention data stay the catalog's."""
+    path = tmp_path / "host.toml"
+    path.write_text(HOST_ONLY)
+    over, warns = with_kernel_files(catalog.gpu(gpu), [path])
+    data, base = kernel_data(over), catalog_kernel_data(gpu)
+    assert warns == [] and data.dtensor_tp_block_s == (2.0e-3, 2.5e-3)
+    assert data.dtensor_tp_source == f"your kernels file {path}"
+    assert (data.gemm, data.attention) == (base.gemm, base.attention)
+
+
+def test_empty_file_still_wants_a_gpu_or_host_table(tmp_path, capsys):
+    path = tmp_path / "empty.toml"
+    path.write_text("# nothing\n")
+    err = _error(capsys, "step", CONFIG, "--kernels", path)
+    assert err.startswith("error: --kernels:") and "expected exactly one [gpu.<id>] table" in err
+    assert "or a [host] table alone" in err
+
+
+def test_host_pace_not_binding_is_said_on_the_host_line(tmp_path, capsys):
+    """MINI (eager, tp 4): a 2.00/2.50 ms pace is under the device's time per block (forward
+    kernels 1.93 ms plus exposed tp collectives; backward kernels 4.06 ms), so the device never
+    waits; the host line says the file's pace was applied and is not binding, with the block's
+    kernel times (the step's own layer Cost of stage 0)."""
+    from meshplan.schedule.workload import chunk_costs, workload_of
+
+    path = tmp_path / "host.toml"
+    path.write_text(HOST_ONLY)
+    mini = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
+    assert run_main("step", mini, "--kernels", path) == 0
+    out = capsys.readouterr().out.splitlines()
+    p = plan_file(mini)
+    layer = chunk_costs(p, workload_of(p))[0][0].layers[0]
+    kf, kb = layer.seconds("forward"), layer.seconds("backward_input") + layer.seconds("backward_weight")
+    assert (round(kf * 1e3, 2), round(kb * 1e3, 2)) == (1.93, 4.06)  # the catalog's H100 kernels, under the pace's sum
+    assert [x for x in out if x.startswith("host:")] == [
+        f"host: pace 2.00/2.50 ms a block (forward/backward) from your kernels file {path}: not binding (the device "
+        f"never waits for the host: a block's kernels, 1.93/4.06 ms, and its exposed collectives take longer)"]
+    assert f"kernels: {path} ([host] pace alone, for any GPU)" in out
+    assert run_main("step", mini) == 0  # the catalog's pace binds here: the usual line
+    assert "waiting for the host" in next(x for x in capsys.readouterr().out.splitlines() if x.startswith("host:"))

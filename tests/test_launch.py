@@ -175,6 +175,7 @@ def test_sbatch_script_under_fake_slurm(tmp_path):
     (dict(time_limit="1h"), "--time"),
     (dict(cpu_bind="hwloc"), "--cpu-bind"),
     (dict(program=()), "PROGRAM"),
+    (dict(program=("train.py", "--steps", "10")), "PROGRAM"),  # bind.sh execs it: not on PATH, maybe no #!
 ])
 def test_unsafe_or_wrong_input_is_rejected(opts, field, tmp_path):
     with pytest.raises(ConfigError) as e:
@@ -461,3 +462,20 @@ def test_launch_json_holds_the_warnings_and_the_choice_place_json_holds(tmp_path
         assert chosen[key] == placed[key], key
     assert chosen["step_after_s"] < chosen["step_before_s"]  # the step change launch prints
     assert f"placement: {chosen['decisions'][-1]}" in err and "chosen rank_to_gpu: [0, 4, 8, 12," in err[0]
+
+
+def test_a_python_file_as_the_program_is_refused_naming_the_fix(tmp_path, capsys):
+    """Newcomer trial: ``launch CONFIG -- train.py`` wrote a bind.sh whose ``exec "$@"`` fails on
+    the cluster (train.py is no command on PATH); it is now one line naming PROGRAM and the
+    command that runs, before anything is planned or written; ``-- python train.py`` writes."""
+    from tests.cli_run import run_main
+
+    out = tmp_path / "l"
+    assert run_main("launch", CFG, "--out", out, "--", "train.py", "--job.config_file", "a b.toml") == 2
+    assert capsys.readouterr().err == (
+        "error: PROGRAM: 'train.py' is a Python file, but bind.sh execs the program as a command (torchrun "
+        "--no-python), so it runs only if executable, with a #! line, and on PATH; give -- python train.py "
+        "--job.config_file 'a b.toml'\n")
+    assert not out.exists()
+    assert run_main("launch", CFG, "--out", out, "--", "python", "train.py") == 0
+    assert (out / "bind.sh").exists()

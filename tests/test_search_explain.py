@@ -199,7 +199,7 @@ def test_top_against_runner_up_by_hand():
     assert first.part == expected
     cp = next(d for d in x.parts if d.part == "exposed cp")
     assert cp.top_s == 0 and cp.runner_s == sb.exposed_s["cp"] and "cp 1 vs 2" in cp.context
-    assert x.line().startswith(f"top is {x.faster:.1%} faster than #2: {expected} ")
+    assert x.line().startswith(f"top's step is {1 - x.top_step_s / x.runner_step_s:.1%} shorter than #2's: {expected} ")
     doc = search_to_dict(r)
     assert doc["top_vs_runner_up"]["parts"][0]["part"] == expected and doc["order_rule"] == RULE_LINE
     assert doc["top"][0]["step_parts_s"]["step"] == a.step_s
@@ -241,13 +241,16 @@ def test_explain_by_hand_with_the_tie_rule():
         explain(a, {**b, "step": 12.33701}, {}, {}, fastest_step_s=12.326, fastest_row=4).line()
     z = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=None, fastest_label="pp 4 x tp 2")
     assert "(pp 4 x tp 2, not listed, 12.326 s)" in z.line() and z.to_dict()["fastest_row"] is None
-    # the top the fastest: the plain line
-    assert explain(a, b, {}, {}).line().startswith("top is 0.089% faster than #2: bubble")
-    # below 0.1% two significant digits (12.342 / 12.337 - 1 = 0.0405%), not "0.0% faster";
-    # equal steps: "as fast as"
-    assert explain(a, {**b, "step": 12.342}, {}, {}).line().startswith("top is 0.041% faster than #2: bubble")
+    # the top the fastest: the plain line, "shorter" as compare says it (spec.search.shorter_by):
+    # 1 - 12.337 / 12.348 = 0.0891% (it said "0.089% faster" as 12.348 / 12.337 - 1 before: 0.0892%)
+    assert explain(a, b, {}, {}).line().startswith("top's step is 0.089% shorter than #2's: bubble")
+    # below 0.1% two significant digits (1 - 12.337 / 12.342 = 0.0405%), not "0.0% shorter";
+    # equal steps: "equals"
+    assert explain(a, {**b, "step": 12.342}, {}, {}).line().startswith("top's step is 0.041% shorter than #2's: bubble")
     assert explain(a, {**b, "step": 12.337}, {}, {}).line().startswith(
-        "top is as fast as #2 (12.337 s both, within 0.001%): bubble")
+        "top's step equals #2's (12.337 s both, within 0.001%): bubble")
+    # the figure is compare's: 1 - 10 / 10.93 = 8.5% shorter, where runner / top - 1 would say 9.3%
+    assert explain({"step": 10.0}, {"step": 10.93}, {}, {}).line().startswith("top's step is 8.5% shorter than #2's:")
 
 
 def test_by_tie_rule_includes_an_exact_tie():
@@ -258,7 +261,7 @@ def test_by_tie_rule_includes_an_exact_tie():
     top = {"step": 10.0, "compute": 9.0, "bubble": 1.0}
     same = explain(top, dict(top), {}, {})
     assert same.by_tie_rule and not same.tie_listed_first and same.to_dict()["by_tie_rule"] is True
-    assert same.line().startswith("top is as fast as #2 (10.000 s both, within 0.001%)")
+    assert same.line().startswith("top's step equals #2's (10.000 s both, within 0.001%)")
     assert explain(top, {**top, "step": 10.05}, {}, {}).by_tie_rule
     assert not explain(top, {**top, "step": 10.2}, {}, {}).by_tie_rule
     below = explain({**top, "step": 10.05}, {**top, "step": 10.2}, {}, {}, fastest_step_s=10.0, fastest_row=3)
@@ -318,7 +321,7 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):
     x = r.explanation
     assert x is not None and x.by_tie_rule and x.fastest_row == 2 and x.fastest_step_s == steps[1]
     line = x.line()
-    assert not line.startswith("top is") and f"(#2, {steps[1]:.3f} s), within 1%" in line
+    assert line.startswith(f"top's step {steps[0]:.3f} s is ") and f"(#2, {steps[1]:.3f} s), within 1%" in line
     assert "within 1%: listed first by the tie rule: lower tp*pp*cp*ep (16 vs 32);" in line  # cp 2 against cp 4
     doc = search_to_dict(r)
     assert doc["top_vs_runner_up"]["by_tie_rule"] and doc["top_vs_runner_up"]["fastest_row"] == 2

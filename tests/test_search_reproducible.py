@@ -79,3 +79,26 @@ def test_settle_s_is_refused_naming_settle_max():
         config(1, settle_s=2.0)
     assert e.value.field == "search.settle_s"
     assert "settle_max" in e.value.message and "\n" not in str(e.value)
+
+
+def test_the_wall_time_is_on_stderr_not_in_the_report(tmp_path, capsys):
+    """Newcomer trial: the header said 'planned exactly (...) in 8.1 s' though the same input gives
+    the same output on any machine; the report (stdout) now holds no measured time and stderr
+    gets it as a 'timing:' line; a second run prints the same report."""
+    import re
+
+    from tests.cli_run import run_main
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 16\nseq_len = 4096\n'
+                    '[search]\npp = [1]\ncp = [1]\ndp_replicate = [1]\ntp = [1, 2]\nmicro_batch = [1]\n'
+                    'recompute = ["full"]\nsharding = ["zero3"]\n')
+    assert run_main("search", path) == 0
+    first = capsys.readouterr()
+    head = next(x for x in first.out.splitlines() if "planned exactly" in x)
+    assert head.endswith("of them)") and not re.search(r"\d s\b", head)
+    assert re.fullmatch(r"timing: the search took \d+\.\d s on this machine \(not part of the report, the same on "
+                        r"any machine\)\n", first.err)
+    assert run_main("search", path) == 0
+    assert capsys.readouterr().out == first.out  # a second run: the same report

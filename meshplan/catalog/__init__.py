@@ -30,7 +30,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from meshplan.errors import ConfigError, closest
+from meshplan.errors import ConfigError, did_you_mean
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec, GPUSpec, NetworkTier, NodeSpec
 from meshplan.spec.model import ModelSpec
 
@@ -105,11 +105,11 @@ def names(kind: str) -> list[str]:
 
 def entry(kind: str, name: str) -> dict[str, Any]:
     """The raw table of entry ``name`` (a deep copy), with its ``source``. An unknown name is a
-    ConfigError listing the known ones, after the closest (:func:`meshplan.errors.closest`)."""
+    ConfigError listing the known ones, after the closest or those containing it
+    (:func:`meshplan.errors.did_you_mean`)."""
     table = _entries(kind)
     if not isinstance(name, str) or name not in table:
-        near = closest(name, table)
-        guess = f"did you mean '{near}'? " if near else ""
+        guess = did_you_mean(name, sorted(table))
         raise ConfigError(kind, f"unknown {kind} '{name}'; {guess}known: {', '.join(sorted(table))}")
     return copy.deepcopy(table[name])
 

@@ -49,7 +49,7 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CA
 KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench gemm --grid` / `bench attention --grid` "
                 "/ `bench rank --kernels-out` write it) for the config's GPU, laid over the catalog's for this run: "
                 "its GEMM points replace the catalog's for each dtype it has, its attention rows come first, its "
-                "[host] table replaces eager DTensor TP's host pace; repeatable (later files over earlier ones), "
+                "[host] table replaces eager DTensor TP's host pace (a file with a [host] table alone applies to any GPU); repeatable (later files over earlier ones), "
                 "after a config's [kernels] files; a line 'kernels: FILE (source)' names what was used")
 
 

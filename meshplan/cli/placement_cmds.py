@@ -29,7 +29,7 @@ from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import LAUNCH_VISIBLE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command
 from meshplan.placement.score import weights_from_plan
-from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
+from meshplan.placement.launch import LaunchOptions, check_launch_folder, check_program, write_launch
 from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
 from meshplan.report.place_text import launch_lines, place_lines
@@ -148,8 +148,10 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
     """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
-    A mesh that does not fit writes nothing and exits 1."""
+    A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
+    (train.py) is refused: bind.sh execs it as a command; give -- python train.py."""
 
+    check_program(tuple(program or ()))  # before the planning: bind.sh execs the program as a command
     if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
         out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json

@@ -41,7 +41,7 @@ from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
-from meshplan.report.search import infeasible_line, print_search, search_to_dict
+from meshplan.report.search import infeasible_line, print_search, search_to_dict, timing_line
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 
@@ -133,15 +133,17 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
-    --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (compute,
-    bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
+    --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
+    X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
+    with their seconds), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
     limit counted apart), why it is infeasible, or why no candidate is that mesh. Goodput (Daly, not ranked) is a
     column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
     why (--json keeps it per row). The same input gives the
-    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
+    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max); only the
+    timings differ: the wall time, printed on stderr ('timing: ...'), and --json's wall_s and timings_s.
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
@@ -186,6 +188,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
+    _echo(timing_line(result), err=True)  # measured: stderr, so the report is the same on any machine
     if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
         if export_rank > len(result.top):
             raise ConfigError("--export", _missing_row(export_rank, len(result.top)))

@@ -41,7 +41,7 @@ from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.rank import PAIR_RULE, decide
-from meshplan.spec.search import TIE
+from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB
 
 
@@ -113,7 +113,7 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
         decided = "fits where the other does not"
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
         if lose.step_s and win.step_s and lose.step_s < win.step_s:
-            why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
+            why.append(f"{lose.name} would predict a {shorter_by(lose.step_s, win.step_s):.0%} shorter step "
                        f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose, knobs, win is a))
     elif not a.feasible:
         return Comparison(a, b, "", "", _infeasible_lines(a, b) + tuple(evidence_lines(a, b, knobs, True)), rule,
@@ -159,7 +159,7 @@ def _decision_line(win: Side, lose: Side, decided: str) -> str:
     rule: fewer axes of degree > 1 (2 vs 3)``."""
     ws, ls = _fit(win)[0], _fit(lose)[0]
     if decided.startswith("shorter step by more than"):
-        return f"{win.name} predicts a {1 - ws / ls:.1%} shorter step ({ws:.3f} s vs {ls:.3f} s)"
+        return f"{win.name} predicts a {shorter_by(ws, ls):.1%} shorter step ({ws:.3f} s vs {ls:.3f} s)"
     return (f"step times within {TIE:.0%} ({win.name} {ws:.3f} s, {lose.name} {ls:.3f} s): {win.name} is listed "
             f"first by the search's tie rule: {decided}")
 

@@ -15,6 +15,9 @@ Schema (the catalog's own; ``<gpu>`` a catalog GPU id)::
     dtensor_tp_block_forward_s = 4.65e-3    # seconds per transformer block, both keys
     dtensor_tp_block_backward_s = 5.37e-3   # (`meshplan bench rank --kernels-out` writes them)
 
+A file may hold the ``[host]`` table alone (no ``[gpu.<id>]``): the host's pace is the host's, so
+it applies to whatever GPU the plan uses (source :data:`HOST_ONLY_SOURCE`).
+
 :func:`load_fragment` reads it (a malformed file is one :class:`ConfigError` line naming the
 field); :func:`with_fragment` lays it over a GPU's :class:`~meshplan.compute.measured.KernelData`:
 its GEMM dtypes replace the catalog's points of those dtypes, its attention rows go first (its
@@ -55,7 +58,7 @@ class KernelFragment:
     """One GPU's measured GEMM points (dtype -> ((M, N, K, TFLOP/s, source key), ...)) and
     attention rows from a kernels.toml-form file."""
 
-    gpu: str
+    gpu: Optional[str]  # None: a [host] table alone (any GPU)
     gemm: dict[str, tuple[tuple, ...]]
     attention: tuple[AttentionRow, ...]
     prefer: tuple[str, ...]
@@ -67,6 +70,9 @@ class KernelFragment:
 #: The keys of a kernels file's ``[host]`` table: eager DTensor TP's (forward, backward) host
 #: pace, seconds per transformer block (kernels.toml ``[host]``, whose other keys stay the catalog's).
 HOST_KEYS = ("dtensor_tp_block_forward_s", "dtensor_tp_block_backward_s")
+
+#: The source of a file holding a ``[host]`` table alone (no ``[gpu.<id>]``), as ``kernels:`` names it.
+HOST_ONLY_SOURCE = "[host] pace alone, for any GPU"
 
 
 def _host_pace(raw) -> Optional[tuple[float, float]]:
@@ -130,10 +136,15 @@ def _gemm_points(field: str, pts) -> tuple[tuple, ...]:
 
 def parse_fragment(doc: dict, where: str = "kernels file") -> KernelFragment:
     """A parsed kernels.toml-form document with exactly one ``[gpu.<id>]`` table (and an
-    optional top-level ``[host]``: :data:`HOST_KEYS`)."""
+    optional top-level ``[host]``: :data:`HOST_KEYS`), or a ``[host]`` table alone: a host-only
+    fragment (``gpu`` None, :data:`HOST_ONLY_SOURCE`) that applies to whatever GPU the plan uses,
+    the host's pace being the host's, not the GPU's."""
     gpus = doc.get("gpu")
+    if gpus is None and doc.get("host") is not None:
+        return KernelFragment(None, {}, (), (), HOST_ONLY_SOURCE, _host_pace(doc["host"]), where)
     if not isinstance(gpus, dict) or len(gpus) != 1:
-        raise ConfigError(f"{where}: [gpu]", "expected exactly one [gpu.<id>] table (the kernels.toml schema)")
+        raise ConfigError(f"{where}: [gpu]", "expected exactly one [gpu.<id>] table (the kernels.toml schema), "
+                                             "or a [host] table alone")
     (gpu, raw), = gpus.items()
     base = f"gpu.{gpu}"
     if not isinstance(raw, dict) or not isinstance(raw.get("source"), str):
@@ -198,7 +209,7 @@ def read_kernel_file(path: str | Path, gpu: GPUSpec, field: str = "--kernels") -
         frag = _parse_text(text, str(path))
     except ConfigError as e:
         raise ConfigError(field, f"{e}") from None
-    if frag.gpu != gpu.name:
+    if frag.gpu is not None and frag.gpu != gpu.name:
         raise ConfigError(field, f"{path} describes GPU {frag.gpu}, but the config uses {gpu.name}; give a "
                                  f"file measured on {gpu.name} (meshplan bench gemm CONFIG --grid on one), or plan "
                                  f"{frag.gpu} ([cluster] gpu = \"{frag.gpu}\")")

@@ -151,6 +151,12 @@ def _model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[
             notes.append(f"model {name} flavor {flavor!r} is not in the catalog: read {p / 'config.json'}")
             return {"hf_config": str((p / "config.json").resolve())}, {"model.name", "model.flavor",
                                                                        "model.hf_assets_path"}
+    names = sorted({n for n, _ in FLAVORS})
+    if name not in names:
+        raise ConfigError("model.name", f"torchtitan model {name!r} is not one meshplan knows by name (supported: "
+                          f"{', '.join(names)}) and model.hf_assets_path has no config.json; give model.name = "
+                          f"\"llama3\" with a flavor, model.hf_assets_path with the model's config.json, --model "
+                          f"CATALOG_NAME or --model path/config.json")
     raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not in meshplan's catalog "
                       f"(llama3 8B, 70B, 405B) and model.hf_assets_path has no config.json; give --model "
                       f"CATALOG_NAME or --model path/config.json")

@@ -124,10 +124,29 @@ def parse_endpoint(text: str, field_name: str = "--rdzv-endpoint") -> tuple[str,
     return host, int(port)
 
 
+def check_program(program) -> None:
+    """ConfigError naming PROGRAM for a training command bind.sh cannot run: none, or a first word
+    that is a Python file (``train.py``): bind.sh ``exec "$@"`` runs it as a command
+    (torchrun ``--no-python``), which works only for an executable file with a ``#!`` line, found on
+    PATH unless it has a ``/``; ``python train.py`` always runs.
+
+    >>> check_program(("python", "train.py"))
+    >>> check_program(("train.py", "--steps", "10"))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: PROGRAM: 'train.py' is a Python file, but bind.sh execs the program as a command (torchrun --no-python), so it runs only if executable, with a #! line, and on PATH; give -- python train.py --steps 10
+    """
+    if not program:
+        raise ConfigError("PROGRAM", "give the training command after `--`, e.g. -- python train.py")
+    if program[0].endswith(".py"):
+        raise ConfigError("PROGRAM", f"{program[0]!r} is a Python file, but bind.sh execs the program as a command "
+                                     f"(torchrun --no-python), so it runs only if executable, with a #! line, and on "
+                                     f"PATH; give -- python {_sh(program)}")
+
+
 def check_options(placement: Placement, opts: LaunchOptions) -> None:
     """ConfigError (naming the option) for anything :func:`write_launch` would not write safely."""
-    if not opts.program:
-        raise ConfigError("PROGRAM", "give the training command after `--`, e.g. -- python train.py")
+    check_program(opts.program)
     if opts.rdzv_endpoint is not None:
         parse_endpoint(opts.rdzv_endpoint)
     if not 1 <= opts.port <= 65535:

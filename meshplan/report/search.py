@@ -121,10 +121,16 @@ def header_lines(r: SearchResult) -> list[str]:
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
-            f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"] + \
+            f"memory timelines for {sum(e.complete for e in r.exact.values())} of them)"] + \
         ([] if overlap_searched(t) or o.tp == [1] else [
             "not searched: training.tp_comm_overlap (torch without torch_compile: torchtitan's async TP needs "
             "torch.compile; set training.torch_compile = true to search it)"]) + narrowed_lines(o)
+
+
+def timing_line(r: SearchResult) -> str:
+    """The search's wall time here (``r.wall_s``), for stderr: the report (stdout, HTML) holds no
+    measured time, so it is the same on any machine (--json keeps ``wall_s`` and ``timings_s``)."""
+    return f"timing: the search took {r.wall_s:.1f} s on this machine (not part of the report, the same on any machine)"
 
 
 def narrowed_lines(o) -> list[str]:

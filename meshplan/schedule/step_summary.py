@@ -16,6 +16,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
+from meshplan.schedule.host_pace_line import host_not_binding
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause
 from meshplan.schedule.unit_times import UnitTimes
@@ -194,10 +195,13 @@ class StepTime:
     def host_line(self) -> list[str]:
         """``host: ...`` when the device waits for the host's issue (:meth:`host_wait_s`), naming
         the per-block pace and its source (the catalog's, or ``your kernels file FILE``:
-        :attr:`~meshplan.compute.ops.Workload.dtensor_host_source`); none otherwise."""
+        :attr:`~meshplan.compute.ops.Workload.dtensor_host_source`); a kernels file's pace that the
+        device never waits for, ``host: pace 2.00/2.50 ms a block (forward/backward) from your
+        kernels file FILE: not binding (...)`` (:func:`~meshplan.schedule.host_pace_line.host_not_binding`), so the user sees it was
+        applied; none otherwise (the catalog's pace not binding is no news)."""
         wait = self.host_wait_s()
         if round(wait * 1e5) <= 0:
-            return []
+            return host_not_binding(self)
         w = self.units.w
         f, b = w.dtensor_host_s
         return [f"host: compute on stage {self.critical_stage} includes {wait * 1e3:.2f} ms per step waiting for the host "

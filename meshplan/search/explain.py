@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.plan import Plan, table_key, table_stage
-from meshplan.spec.search import TIE
+from meshplan.spec.search import TIE, shorter_by
 from meshplan.schedule.step_summary import StepTime
 from meshplan.spec.mesh_words import data_axis
 from meshplan.spec.wording import fold_streams
@@ -93,21 +93,23 @@ class Difference:
         return self.runner_s - self.top_s
 
 
-def _faster_words(rel: float, top_s: float, runner_s: float) -> str:
-    """``4.1% faster than #2``, with more digits below 0.1% (``0.042% faster``), and ``as fast
-    as #2`` with both steps when they agree to 0.001% (a "0.0% faster" says nothing).
+def _shorter_words(rel: float, top_s: float, runner_s: float) -> str:
+    """``top's step is 4.1% shorter than #2's`` (``rel``: :func:`~meshplan.spec.search.shorter_by`,
+    1 - top / #2, as ``compare`` and the rule say it), with more digits below 0.1% (``0.042%
+    shorter``), and ``equals #2's`` with both steps when they agree to 0.001% (a "0.0% shorter"
+    says nothing).
 
-    >>> _faster_words(0.041, 10.0, 10.41), _faster_words(0.00042, 12.0, 12.005)
-    ('4.1% faster than #2', '0.042% faster than #2')
-    >>> _faster_words(0.0, 12.3456, 12.3456)
-    'as fast as #2 (12.346 s both, within 0.001%)'
+    >>> _shorter_words(0.041, 10.0, 10.43), _shorter_words(0.00042, 12.0, 12.005)
+    ("top's step is 4.1% shorter than #2's", "top's step is 0.042% shorter than #2's")
+    >>> _shorter_words(0.0, 12.3456, 12.3456)
+    "top's step equals #2's (12.346 s both, within 0.001%)"
     """
     if rel >= 1e-3:
-        return f"{rel:.1%} faster than #2"
+        return f"top's step is {rel:.1%} shorter than #2's"
     if rel >= 1e-5:
-        return f"{rel * 100:.2g}% faster than #2"
+        return f"top's step is {rel * 100:.2g}% shorter than #2's"
     both = f"{top_s:.3f} s both" if f"{top_s:.3f}" == f"{runner_s:.3f}" else f"{top_s:.3f} s vs {runner_s:.3f} s"
-    return f"as fast as #2 ({both}, within 0.001%)"
+    return f"top's step equals #2's ({both}, within 0.001%)"
 
 
 def relative(rel: float, than: str) -> str:
@@ -153,7 +155,15 @@ class Explanation:
 
     @property
     def faster(self) -> float:
+        """#2's step over the top's, less 1 (the JSON's ``runner_up_slower_by``: #2 is that much
+        longer than the top's)."""
         return self.runner_step_s / self.top_step_s - 1
+
+    @property
+    def shorter(self) -> float:
+        """How much shorter the top's step is than #2's, 1 - top / #2
+        (:func:`~meshplan.spec.search.shorter_by`: the line's figure, as ``compare`` says it)."""
+        return shorter_by(self.top_step_s, self.runner_step_s)
 
     @property
     def tie_listed_first(self) -> bool:
@@ -174,13 +184,13 @@ class Explanation:
         return self.tie_listed_first or self.runner_step_s <= self.fastest_step_s * (1 + TIE)
 
     def line(self, most: int = 3) -> str:
-        """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
+        """``top's step is 4.1% shorter than #2's: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
         is the fastest; else ``top's step 12.337 s is 0.089% longer than the fastest's (#4,
         12.326 s), within 1%: ...; against #2 (12.348 s, 0.089% longer than the top's): ...``
         (:func:`relative`: never a "0.00%")."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
         if not self.tie_listed_first:
-            return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
+            return f"{_shorter_words(self.shorter, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
         longer = relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
         why = (f": {self.tie_criterion}" if self.tie_criterion

@@ -50,7 +50,7 @@ import numpy as np
 from meshplan.units import GiB
 
 from meshplan.search.columns import PIPELINE, RECOMPUTE, Candidates
-from meshplan.spec.search import TIE
+from meshplan.spec.search import TIE, shorter_by
 from meshplan.spec.axes.registry import search_axes
 
 #: Peaks within this fraction of the lower one count as equal in the tie rule (1%: 0.6 GiB at
@@ -237,7 +237,7 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     fast, slow = (0, 1) if steps[0] <= steps[1] else (1, 0)
     if steps[slow] > steps[fast] * (1 + rel):
         return fast, (f"shorter step by more than {rel:.0%} ({steps[fast]:.3f} s vs {steps[slow]:.3f} s, "
-                      f"{1 - steps[fast] / steps[slow]:.1%} shorter)")
+                      f"{shorter_by(steps[fast], steps[slow]):.1%} shorter)")
     first = _pick((0, 1), steps, keys, peaks)
     other = 1 - first
     for k, ((word, fmt), x, y) in enumerate(zip(KEY_TERMS, keys[first], keys[other])):
