@@ -188,7 +188,6 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
-    _echo(timing_line(result), err=True)  # measured: stderr, so the report is the same on any machine
     if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
         if export_rank > len(result.top):
             raise ConfigError("--export", _missing_row(export_rank, len(result.top)))
@@ -202,6 +201,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
                             '--html'))
+    _echo(timing_line(result), err=True)  # measured: stderr (the report is the same on any machine); after
+    # --export's refusals, so an error stays one line
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
     raise typer.Exit(0 if result.top else 1)
