@@ -57,7 +57,11 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
-    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins or the two are identical or equal on
+    differ, each differing knob shown as a row. The verdict is the search's order through the search's own key: a plan
+    that fits beats one that does not; a step shorter by more than 1% wins; within 1%, fewer axes, then lower
+    degrees, then fewer and cheaper settings off their default (recompute none < selective < op < layer < full, no tp
+    overlap, vpp 1, resharded, even split, 1F1B), then a peak lower by more than 1%, then the shorter step;
+    "decided by:" names the criterion in the search's words. Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
