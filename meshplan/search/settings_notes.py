@@ -21,7 +21,9 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
     (:func:`meshplan.search.space.op_recompute_ok`), one line saying so; under torchtitan, that
-    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`)."""
+    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`), or, where
+    ``[search] recompute`` lists it, that it is searched (plan accepts it under torch, so the
+    search does not refuse it) and what torchtitan runs of it."""
     t, out = cfg.training, []
     fsdp = np.isin(c.sh, FSDP_SHARDINGS)
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
@@ -59,6 +61,11 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
                    "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer') is planned by "
                    "meshplan plan, not searched")
+    elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
+        out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
+                   "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "
+                   "torchtitan has no option for (--export --to torchtitan writes such a row as mode \"none\", "
+                   "\"full\" without flash attention); for torchtitan's own options list none, op, full")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")
