@@ -161,7 +161,7 @@ def test_search_says_what_selective_models():
         "recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's core-attention "
         "recompute, which meshplan plan accepts under training.framework \"torch\" but torchtitan has no option for "
         "(--export --to torchtitan writes such a row as mode \"none\", \"full\" without flash attention); for "
-        "torchtitan's own options list none, op, full"]
+        "torchtitan's own options list none, op, layer, full"]
     assert html.escape(recompute_lines(sel)[0], quote=True) in search_page(sel, "t")
     shown = replace(sel, top=[], best_rejected=None)
     assert recompute_lines(shown) == []
