@@ -56,7 +56,8 @@ def _compare(tmp_path, capsys, a_text: str, b_text: str, run: str = "1") -> dict
     here.mkdir()
     (here / "a.toml").write_text(a_text)
     (here / "top.toml").write_text(b_text)
-    assert run_main("compare", here / "a.toml", here / "top.toml", "--out", here / "cmp", "--json", here / "c.json") == 0
+    assert run_main("compare", here / "a.toml", here / "top.toml", "--out", here / "cmp",
+                    "--json", here / "c.json") == 0
     capsys.readouterr()
     return json.loads((here / "c.json").read_text())
 

@@ -43,7 +43,8 @@ def test_listed_layer_rows_run_every_second_layer_in_full_and_export_as_torchtit
     capsys.readouterr()
     top = json.loads((tmp_path / "s.json").read_text())["top"][0]
     assert top["recompute"] == "layer" and round(top["step_s"], 4) == 0.9389
-    assert '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n' in (tmp_path / "tt.toml").read_text()
+    tt = (tmp_path / "tt.toml").read_text()
+    assert '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "2"\n' in tt
     assert 'recompute = "layer"\nac_freq = 2\n' in (tmp_path / "mp.toml").read_text()
     assert run_main("step", tmp_path / "mp.toml") == 0
     assert "step 938.90 ms" in capsys.readouterr().out
