@@ -202,6 +202,11 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         what = f"{field} \"{getattr(training, field)}\"" + (" (DeepSpeed's ZeRO-1/2)" if field == "zero12_engine" else "")
         raise ConfigError("search.recompute", f"'op' is torchtitan's op-level selective AC, which {what} does not "
                           "have: remove it from the list")
+    if "recompute" in search.model_fields_set and "layer" in search.recompute and not training.has_op_recompute:
+        field = training.op_recompute_blocker
+        raise ConfigError("search.recompute", f"'layer' is torchtitan's per-layer selective AC, searched only where "
+                          f"torchtitan runs the rows (framework \"torch\" with FSDP2; here {field} "
+                          f"\"{getattr(training, field)}\"): remove it from the list")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
                   kernel_files=_kernel_files(data.get("kernels", {}), base),

@@ -103,7 +103,9 @@ def test_summary_states_the_rule(seed_pair, tmp_path):
     assert ("Chosen: tp8, decided by: fits where the other does not. Rule: a mesh that does not fit (infeasible, or "
             "its memory peak above usable HBM) loses to one that fits; between two that fit, the search's order: by "
             "predicted step time; within 1% toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower "
-            "tp, then a lower peak memory (peaks within 1% count as equal), then the shorter step.") in text
+            "tp, then fewer and cheaper settings off their default (no recompute before selective, op, layer, full; "
+            "no tp overlap; vpp 1; parameters resharded; the even layer split; 1F1B), then a lower peak memory (peaks "
+            "within 1% count as equal), then the shorter step.") in text
     assert "see meshplan.compare" not in text
 
 
@@ -271,21 +273,22 @@ def _seed_with(**training):
 
 
 def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
-    """The seed mesh with selective and with full recompute: not identical; full recompute keeps
-    each layer's input only (19.5 GiB against 43.3 GiB peak) at a step within 1% (the seed's
-    step is bound by exposed FSDP traffic), so the headroom decides, and the reason names the
-    knob, not the mesh."""
+    """The seed mesh with selective and with full recompute: not identical; the step is the same
+    (the seed's step is bound by exposed FSDP traffic, 331.380 s both), so the search's tie rule
+    decides: one setting off its default each, then the cheaper recompute, selective, as the
+    search lists them (searchknobs: one rule through the search's key; full won before for its
+    lower peak, 19.5 against 43.3 GiB, a criterion the settings now come before). The reason
+    names the knob, not the mesh."""
     full = _seed_with(recompute="full")
     c = compare(seed_pair[0], full, names=("selective", "full"))
-    assert not c.identical and (c.winner, c.rejected) == ("full", "selective")
+    assert not c.identical and (c.winner, c.rejected) == ("selective", "full")
     assert c.knobs == (("training.recompute", "selective", "full"),)
-    assert c.decided_by == "lower peak memory (19.5 vs 43.3 GiB)"
-    assert c.reasons[:3] == (
-        f"step times within 1% (full {c.b.step_s:.3f} s, selective {c.a.step_s:.3f} s): full is listed first by the "
-        "search's tie rule: lower peak memory (19.5 vs 43.3 GiB)",
+    assert c.decided_by == "cheaper recompute (selective vs full)"
+    assert c.reasons[:2] == (
+        "step times within 1% (selective 331.380 s, full 331.380 s): selective is listed first by the "
+        "search's tie rule: cheaper recompute (selective vs full)",
         "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
-        "against full): the difference comes from these knobs, not from the mesh",
-        "peak memory: selective 43.3 GiB, full 19.5 GiB (usable 67.1 GiB)")
+        "against full): the difference comes from these knobs, not from the mesh")
     # recompute costs no time here: with torchtitan's FSDP2 units (the embedding re-gathered in
     # every backward) the FSDP stream alone bounds the seed's step, whatever the compute
     assert c.a.step_s <= c.b.step_s < 1.01 * c.a.step_s
@@ -560,7 +563,8 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     assert (doc["equal"], doc["winner"], doc["rejected"], doc["decided_by"]) == (True, "", "", "")
     assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
     assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "
-                                 "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, peak memory 38.1 GiB): nothing to choose")
+                                 "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, settings none, peak memory 38.1 GiB): "
+                                 "nothing to choose")
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
 
 

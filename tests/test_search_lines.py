@@ -156,6 +156,12 @@ def test_search_says_what_selective_models():
     t = sel.config.training.model_copy(update={"recompute": "selective"})
     assert top_table(sel)[1] and all(x[3] == "selective" for x in top_table(sel)[1])
     assert recompute_lines(sel) == [f"recompute selective: {recompute_words(t, 'torch')}"]
+    # listed, it is searched (plan accepts it under torch: searchknobs item 3), and a note says what that means
+    assert [n for n in sel.notes if n.startswith("recompute 'selective'")] == [
+        "recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's core-attention "
+        "recompute, which meshplan plan accepts under training.framework \"torch\" but torchtitan has no option for "
+        "(--export --to torchtitan writes such a row as mode \"none\", \"full\" without flash attention); for "
+        "torchtitan's own options list none, op, layer, full"]
     assert html.escape(recompute_lines(sel)[0], quote=True) in search_page(sel, "t")
     shown = replace(sel, top=[], best_rejected=None)
     assert recompute_lines(shown) == []

@@ -58,7 +58,11 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
-    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins or the two are identical or equal on
+    differ, each differing knob shown as a row. The verdict is the search's order through the search's own key: a plan
+    that fits beats one that does not; a step shorter by more than 1% wins; within 1%, fewer axes, then lower
+    degrees, then fewer and cheaper settings off their default (recompute none < selective < op < layer < full, no tp
+    overlap, vpp 1, resharded, even split, 1F1B), then a peak lower by more than 1%, then the shorter step;
+    "decided by:" names the criterion in the search's words. Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
@@ -126,7 +130,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
     (op-level "op" under framework torch, tp = cp = ep = 1; Megatron's "selective" under torchtitan only
-    where [search] recompute lists it), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
+    where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, only
+    where [search] recompute lists it: its loose step bound makes the search slow), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
     (pp >= 3); [search] narrows each. Rows are distinct meshes (axis degrees), each at its first setting by
     the order; a line names row 1's mesh at its other settings within 1% (--json: placed, top_variants).

@@ -19,7 +19,9 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
-from meshplan.search.rank import simplicity_of
+from meshplan.search.candidate import stage_split
+from meshplan.search.columns import PIPELINE, candidate_schedule
+from meshplan.search.rank import OTHER_SCHEDULE, tie_key
 from meshplan.spec.mesh_words import mesh_text
 from meshplan.units import GB
 
@@ -29,7 +31,8 @@ class Side:
     """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
     "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
     the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
-    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
+    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency); ``simplicity``: the
+    search's tie key of the mesh and its settings (:func:`plan_tie_key`)."""
 
     name: str
     plan: Plan | Infeasible
@@ -43,7 +46,7 @@ class Side:
     link_bytes: dict = field(default_factory=dict)
     exposed_s: dict = field(default_factory=dict)
     step: Optional[StepTime] = None
-    simplicity: tuple[int, int, int] = (0, 0, 0)
+    simplicity: tuple[int, ...] = (0, 0, 0)
 
     @property
     def resolved(self) -> bool:
@@ -123,9 +126,27 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
                 links[kind] = links.get(kind, 0.0) + b * r.per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
-    deg = degrees(plan.mesh, plan.config.training, plan.vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
-                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, simplicity_of(deg.degree))
+                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, plan_tie_key(plan))
+
+
+def plan_tie_key(plan: Plan) -> tuple[int, ...]:
+    """The search's tie key of a resolved plan (:func:`meshplan.search.rank.tie_key`): its
+    mesh's degrees by search column, and its settings as a search candidate holds them:
+    recompute, tp overlap, vpp, reshard_after_forward, the layer split (off its default when
+    it is neither the even split nor the search's default split,
+    :func:`~meshplan.search.candidate.stage_split`, e.g. the short end stages) and the pipeline
+    schedule (:data:`~meshplan.search.columns.PIPELINE`'s index; 1F1B or its interleaved order
+    is 0, a schedule the search does not try :data:`~meshplan.search.rank.OTHER_SCHEDULE`; any
+    with pp 1)."""
+    t, spec, pp, vpp = plan.config.training, plan.spec, plan.pp, plan.vpp
+    deg = degrees(plan.mesh, t, vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
+    split = _split(plan, spec.pp_layer_split)
+    uneven = split is not None and split != stage_split(plan.config.model.layers, pp, vpp)
+    name = spec.pp_schedule.value
+    schedule = (0 if pp == 1 or spec.pp_schedule == candidate_schedule(vpp) else
+                PIPELINE.index(name) if name in PIPELINE else OTHER_SCHEDULE)
+    return tie_key(deg.degree, t.recompute, t.tp_comm_overlap, vpp, t.reshard_after_forward, uneven, schedule)
 
 
 def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,

@@ -21,9 +21,13 @@ memory peak above usable HBM) loses to one that fits; between two that fit, the 
 order decides (:func:`meshplan.search.rank.decide`, one rule in one home): the shorter
 predicted step wins when it is shorter by more than 1% (:data:`~meshplan.spec.search.TIE`,
 below the model's resolution); within 1%, the mesh with fewer axes of degree > 1, then the
-lower tp*pp*cp*ep, then the lower tp, then the lower peak memory (more headroom), so that
+lower tp*pp*cp*ep, then the lower tp, then the fewer and cheaper settings off their default
+(recompute none < selective < op < layer < full, no tp overlap, lower vpp, parameters
+resharded, the even layer split, 1F1B), then the lower peak memory where the peaks are more
+than 1% apart (more headroom), then the shorter step: each side's key is the search's own
+(:func:`meshplan.compare.sides.plan_tie_key`, :func:`meshplan.search.rank.tie_key`), so that
 ``compare top1.toml row4.toml`` of rows the search exported agrees with the search's order;
-the reason names the criterion that decided with both values. Two
+the reason names the criterion that decided with both values, in the search's words. Two
 configs of the same mesh with the same knobs are reported as identical: nothing is chosen
 or rejected; nor when the rule finds two plans that fit equal on every criterion (``equal``:
 the same step, simplicity and peak, e.g. a plan and its own Megatron-LM export imported back).
@@ -40,7 +44,7 @@ from meshplan.compare.reasons import evidence_lines, knob_text
 from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.search.rank import PAIR_RULE, decide
+from meshplan.search.rank import PAIR_RULE, decide, knob_words
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB
 
@@ -82,7 +86,7 @@ class Comparison:
 
 def rule_text() -> str:
     """The verdict rule in words (the module docstring's): fit first, then the search's order
-    on two plans (:data:`meshplan.search.rank.PAIR_RULE`)."""
+    on two plans, its mesh and settings keys (:data:`meshplan.search.rank.PAIR_RULE`)."""
     return ("a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to one that fits; "
             f"between two that fit, the search's {PAIR_RULE}")
 
@@ -147,10 +151,11 @@ def _decide(a: Side, b: Side) -> Optional[tuple[Side, Side, str]]:
 
 def _equal_line(a: Side, b: Side) -> str:
     """Why an equal pair has no verdict: the values of every criterion, one for both."""
-    (s, p), (axes, mp, tp) = _fit(a), a.simplicity
+    (s, p), (axes, mp, tp) = _fit(a), a.simplicity[:3]
+    knobs = knob_words(a.simplicity)  # the settings as the search's rule weighs them ("" without them)
     return (f"{a.name} and {b.name} are equal on every criterion of the search's rule (step {s:.3f} s, {axes} "
             f"{'axis' if axes == 1 else 'axes'} of degree > 1, tp*pp*cp*ep {mp}, tp {tp}, "
-            f"peak memory {p / GiB:.1f} GiB): nothing to choose")
+            f"{f'settings {knobs}, ' if knobs else ''}peak memory {p / GiB:.1f} GiB): nothing to choose")
 
 
 def _decision_line(win: Side, lose: Side, decided: str) -> str:

@@ -54,7 +54,7 @@ from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
-from meshplan.search.columns import SHARDING, Candidates
+from meshplan.search.columns import SHARDING, Candidates, bound_recompute
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -69,17 +69,21 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp)."""
     t, o = cfg.training, cfg.memory
     col = lambda a: a[:, None]
-    key = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)]
     fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)
-    a = lookup(key, tables.acts, fields + HEAD)  # Tables.acts has every field (head_sizes' keys)
+    # per-layer AC (``layer``): each layer is checkpointed in full or keeps everything, so each
+    # field is between the two policies' (the same lookup for every other policy)
+    a, b = (lookup([split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, bound_recompute(c.rc, r),
+                    split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)], tables.acts, fields + HEAD)
+            for r in ("none", "full"))  # Tables.acts has every field (head_sizes' keys)
     hs = {f: col(a[f]) for f in HEAD}
     u = units(cfg, tables, c, st)
-    kinds = {f: (col(a["d_" + f]), col(a["m_" + f])) for f in ACT}
+    by = {k: {f: (col(fn(a["d_" + f], b["d_" + f])), col(fn(a["m_" + f], b["m_" + f]))) for f in ACT}
+          for k, fn in (("lo", np.minimum), ("hi", np.maximum))}
     has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
     pick = lambda d, x, fn: np.where(has_d & has_m, fn(d, x), np.where(has_m, x, d))
-    peak = {k: pick(*_layer_peak(kinds, u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
-    lo = {f: pick(*kinds[f], np.minimum) for f in ("saved", "rework", "fwd")}
-    hi = {f: pick(*kinds[f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
+    peak = {k: pick(*_layer_peak(by[k], u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
+    lo = {f: pick(*by["lo"][f], np.minimum) for f in ("saved", "rework", "fwd")}
+    hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp

@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.mesh.layers import balanced_split, ends_short_split
-from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
+from meshplan.search.columns import FSDP_SHARDINGS, LAYER_AC_FREQ, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
@@ -131,7 +131,7 @@ def sharding_training(t: TrainingSpec, sharding: str) -> TrainingSpec:
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
-    candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
+    candidate's micro-batch, recompute (``layer`` at :data:`~meshplan.search.columns.LAYER_AC_FREQ`), sharding, reshard_after_forward and tp_comm_overlap
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
     (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
     pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
@@ -141,7 +141,9 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
                     virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i])),
                     pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
-    training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
+    rc = RECOMPUTE[c.rc[i]]
+    training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": rc,
+                                               "ac_freq": LAYER_AC_FREQ if rc == "layer" else 1,
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})

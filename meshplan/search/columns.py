@@ -19,7 +19,26 @@ from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import data_axis, mesh_text
 
-RECOMPUTE = ("none", "selective", "full", "op")
+#: Searched recompute policies (the ``rc`` column); ``layer`` last, so that adding it kept the
+#: others' codes: torchtitan's per-layer AC at :data:`LAYER_AC_FREQ`.
+RECOMPUTE = ("none", "selective", "full", "op", "layer")
+
+#: The ``ac_freq`` a searched ``layer`` row runs: torchtitan's default per-layer selective AC,
+#: ``selective_ac_option = "2"`` (every second layer checkpointed in full; torchtitan's
+#: ``ActivationCheckpoint`` config, torchtitan/config/job_config.py).
+LAYER_AC_FREQ = 2
+
+
+def bound_recompute(rc: np.ndarray, policy: str) -> np.ndarray:
+    """``rc`` with ``layer`` (some layers in full, the others keeping everything) replaced by the
+    uniform ``policy`` a bound takes for it: ``none`` for the step-time lower bound (no layer
+    replayed) and the memory upper bound, ``full`` beside it for the memory lower bound
+    (:func:`meshplan.search.bounds.bounds` takes each field's smaller and larger of the two).
+
+    >>> bound_recompute(np.array([0, 2, 4]), "none").tolist(), bound_recompute(np.array([4]), "full").tolist()
+    ([0, 2, 0], [2])
+    """
+    return np.where(rc == RECOMPUTE.index("layer"), RECOMPUTE.index(policy), rc)
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
 SHARDING = ("zero1", "zero3", "hsdp", "zero2")
 

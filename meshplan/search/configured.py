@@ -27,7 +27,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
 from meshplan.search.candidate import candidate_config
-from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates
+from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING, Candidates
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.rank import mesh_of
@@ -116,6 +116,9 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         return f"training.sharding {t.sharding!r}: the search shards ({', '.join(SHARDING)})"
     if t.recompute not in RECOMPUTE:
         return f"training.recompute {t.recompute!r}: the search tries {', '.join(RECOMPUTE)}"
+    if t.recompute == "layer" and t.ac_freq != LAYER_AC_FREQ:
+        return (f"training.ac_freq {t.ac_freq}: the search tries recompute 'layer' at ac_freq {LAYER_AC_FREQ} "
+                "(torchtitan's default selective_ac_option)")
     dps = mesh.degree("dp") // mesh.degree("dp_replicate")
     want = {"pp": mesh.degree("pp"), "dpr": mesh.degree("dp_replicate"), "dps": dps, "cp": mesh.degree("cp"),
             "tp": mesh.degree("tp"), "ep": mesh.ep, "etp": mesh.etp}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.plan import Plan, table_key, table_stage
+from meshplan.search.rank import RECOMPUTE_BY_COST
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.schedule.step_summary import StepTime
 from meshplan.spec.mesh_words import data_axis
@@ -269,8 +270,9 @@ def _data_vs(a: dict, b: dict) -> str:
 LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch",
           "stage_flops": "FLOP per GPU", "copies_s": "copies on the compute stream"}
 
-#: Recompute policies from the least to the most recomputed: more recompute, more compute.
-RECOMPUTE_ORDER = ("none", "selective", "op", "layer", "full")
+#: Recompute policies from the least to the most recomputed: more recompute, more compute (the
+#: tie rule's order, one home).
+RECOMPUTE_ORDER = RECOMPUTE_BY_COST
 
 
 def _compute_causes(a: dict, b: dict) -> list[str]:

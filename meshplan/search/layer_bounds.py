@@ -16,6 +16,7 @@ from meshplan.schedule import workload  # its dtensor_host_s through the module:
 from meshplan.search.comm_bounds import comm_times, fsdp_copies
 from meshplan.search.gather_passes import expert_gathers, head_regathers, head_unit_apart, gathering_passes
 from meshplan.search.memory import Stages, lookup, split
+from meshplan.search.columns import bound_recompute
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
 from meshplan.search.step_end_bound import stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
@@ -27,8 +28,9 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     the embedding, head and GEMM totals, per candidate."""
     # the layer whose costs stand for the kind: 0 for dense, the first MoE layer for MoE (the
     # same layer 0 when every layer is MoE: one call per key for both kinds)
-    k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN),
-         np.full(len(c), cfg.model.dense_layers if moe else 0)]
+    # (per-layer AC, ``layer``, as ``none``: no layer replayed, so still a lower bound)
+    k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, bound_recompute(c.rc, "none"), split(c, Dim.EXPERTS),
+         split(c, Dim.EXPERT_FFN), np.full(len(c), cfg.model.dense_layers if moe else 0)]
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
 
 

@@ -5,12 +5,12 @@ Rule (:func:`tie_order`): repeatedly take the fastest candidate not yet placed; 
 candidates within :data:`TIE` (1%) of its step time, place first the one with the fewest
 axes of degree > 1, then the lowest product of the model-parallel degrees
 ``tp * pp * cp * ep``, then the lowest tp, then the fewest and cheapest settings off their
-default (:func:`knob_key`: fewer of them, then no recompute before selective, op, full; no tp
+default (:func:`knob_key`: fewer of them, then no recompute before selective, op, layer, full; no tp
 overlap before overlap; vpp 1 before more; parameters resharded after forward before kept
 gathered; the even layer split before the short end stages; 1F1B before a V-shaped schedule),
 then the lower planned peak memory where the peaks differ by more than :data:`MEMORY_TIE` (1%)
 of the lower one, then the shorter step, then the enumeration index. :func:`decide` is the same
-rule for a pair (``meshplan compare`` decides with it, on the mesh keys alone) and names the
+rule for a pair (``meshplan compare`` decides with it, on each plan's :func:`tie_key`) and names the
 criterion that decided, with both values (``lower peak memory (26.3 vs 58.6 GiB)``), or says that
 none does (:data:`EQUAL`: equal steps and keys, peaks within 1%; the search then lists them in
 enumeration order, compare chooses neither). A 1% step difference is below the step-time model's
@@ -62,22 +62,24 @@ MEMORY_TIE = 0.01
 
 #: Recompute policies by what they replay in backward, cheapest first (the tie rule's order):
 #: none; Megatron-LM's selective (the attention core); torchtitan's op-level SAC (every op but
-#: the saved mms, SDPA and reduce-scatters); full (every layer).
-RECOMPUTE_BY_COST = ("none", "selective", "op", "full")
+#: the saved mms, SDPA and reduce-scatters); torchtitan's per-layer AC (every ``ac_freq``-th
+#: layer in full: half of them at its default 2); full (every layer).
+RECOMPUTE_BY_COST = ("none", "selective", "op", "layer", "full")
+
+#: The tie rule's criteria after the step, in order (the words both :data:`RULE_LINE` and
+#: :data:`PAIR_RULE` state; :data:`KEY_TERMS` names each when it decides a pair).
+TOWARD = ("fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then fewer and cheaper settings off "
+          "their default (no recompute before selective, op, layer, full; no tp overlap; vpp 1; parameters "
+          f"resharded; the even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
+          "equal), then the shorter step")
 
 #: One line for the report under the top table.
 RULE_LINE = (f"order: by predicted step time; one row per distinct mesh (axis degrees), its first setting by the "
-             f"rule; candidates within {TIE:.0%} of the fastest one not yet listed are ordered toward fewer axes of "
-             "degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then fewer and cheaper settings off their "
-             "default (no recompute before selective, op, full; no tp overlap; vpp 1; parameters resharded; the "
-             f"even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as equal), "
-             "then the shorter step")
+             f"rule; candidates within {TIE:.0%} of the fastest one not yet listed are ordered toward {TOWARD}")
 
-#: The rule as ``meshplan compare`` applies it to two plans (:func:`decide` on the mesh keys
-#: alone: :func:`simplicity_of`; the settings are not compared there).
-PAIR_RULE = (f"order: by predicted step time; within {TIE:.0%} toward fewer axes of degree > 1, then a lower "
-             f"tp*pp*cp*ep, then a lower tp, then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
-             "equal), then the shorter step")
+#: The rule as ``meshplan compare`` applies it to two plans: :func:`decide` on each plan's
+#: :func:`tie_key`, the mesh and its settings, as the search orders its candidates.
+PAIR_RULE = f"order: by predicted step time; within {TIE:.0%} toward {TOWARD}"
 
 
 def top_heading(n: int, left_out: bool = True) -> str:
@@ -106,6 +108,15 @@ def _on_off(v: int) -> str:
     return "on" if v else "off"
 
 
+#: A plan's pipeline schedule outside the search's (:data:`PIPELINE`: 1F1B and its
+#: interleaved order, ZBV, DualPipeV), e.g. GPipe: off the default, after those.
+OTHER_SCHEDULE = len(PIPELINE)
+
+
+def _schedule_word(v: int) -> str:
+    return PIPELINE[v] if v < len(PIPELINE) else "another schedule"
+
+
 #: Each position of a tie key (:func:`simplicity`: the mesh's :func:`simplicity_of`, then
 #: :func:`knob_key`): what the criterion is called when it decides a pair (:func:`decide`), the
 #: words of :data:`RULE_LINE`, and how its value is printed.
@@ -115,9 +126,7 @@ KEY_TERMS: tuple[tuple[str, Callable[[int], str]], ...] = (
     ("no tp overlap", _on_off), ("fewer virtual stages", str),
     ("parameters resharded after forward (the default)", lambda v: "kept gathered" if v else "resharded"),
     ("the even layer split", lambda v: "short end stages" if v else "even"),
-    ("the default pipeline schedule", lambda v: PIPELINE[v]))
-#: The words of the mesh positions alone (compare's keys).
-KEY_WORDS = tuple(w for w, _ in KEY_TERMS[:3])
+    ("the default pipeline schedule", lambda v: _schedule_word(v)))
 
 #: What :func:`decide` says of two meshes no criterion of the rule separates (the same step,
 #: keys, and peaks within :data:`MEMORY_TIE`: a plan and its own export imported back, spelled otherwise).
@@ -166,8 +175,22 @@ def simplicity(c: Candidates, i: int) -> tuple[int, ...]:
     >>> simplicity(c, 0)
     (3, 8, 2, 0, 0, 0, 1, 0, 0, 0)
     """
-    knobs = knob_key(RECOMPUTE[c.rc[i]], bool(c.ov[i]), int(c.vpp[i]), bool(c.rf[i]), bool(c.us[i]), int(c.ps[i]))
-    return simplicity_of(lambda col: int(c.degree(col)[i])) + knobs
+    return tie_key(lambda col: int(c.degree(col)[i]), RECOMPUTE[c.rc[i]], bool(c.ov[i]), int(c.vpp[i]),
+                   bool(c.rf[i]), bool(c.us[i]), int(c.ps[i]))
+
+
+def tie_key(degree: Callable[[str], int], recompute: str, tp_overlap: bool, vpp: int, reshard: bool,
+            short_ends: bool = False, schedule: int = 0) -> tuple[int, ...]:
+    """The tie key of one mesh and its settings, the one the search orders its candidates by
+    (:func:`simplicity`) and ``meshplan compare`` two plans by
+    (:func:`meshplan.compare.sides.side_of`): :func:`simplicity_of` ``degree``, then
+    :func:`knob_key` of the settings; smaller first.
+
+    >>> deg = {"pp": 4, "dps": 8, "tp": 2}
+    >>> tie_key(lambda col: deg.get(col, 1), "layer", False, 1, True)
+    (3, 8, 2, 1, 3, 0, 1, 0, 0, 0)
+    """
+    return simplicity_of(degree) + knob_key(recompute, tp_overlap, vpp, reshard, short_ends, schedule)
 
 
 def mesh_of(c: Candidates, i: int) -> tuple[int, ...]:
@@ -203,14 +226,14 @@ def _gib_pair(a: float, b: float) -> str:
     return f"{x} vs {y} GiB"
 
 
-def _knob_words(key: tuple) -> str:
+def knob_words(key: tuple) -> str:
     """The settings a full tie key holds, as a row's label names them (``selective, tp overlap``)."""
     if len(key) < len(KEY_TERMS):
         return ""
     rc, ov, vpp, gathered, short, ps = key[4:10]
     on = [RECOMPUTE_BY_COST[rc]] + [t for t, x in (("tp overlap", ov), (f"vpp {vpp}", vpp > 1),
                                                    ("kept gathered", gathered), ("short end stages", short),
-                                                   (PIPELINE[ps], ps)) if x]
+                                                   (_schedule_word(ps), ps)) if x]
     return ", ".join(on)
 
 
@@ -220,7 +243,7 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     criterion that decided, with the first's value against the other's), or (None, :data:`EQUAL`)
     when they are equal on every criterion (the search lists them in enumeration order, which
     is no reason to prefer one). ``steps``: seconds; ``keys``: :func:`simplicity` each (compare:
-    :func:`simplicity_of`, the mesh's part); ``peaks``: planned peak memory, bytes. For a pair the
+    :func:`tie_key` of each plan); ``peaks``: planned peak memory, bytes. For a pair the
     search also lists (no third candidate's step moving the window) this is their order.
 
     >>> decide([10.0, 10.5], [(2, 8, 8), (3, 8, 8)], [60 * GiB, 50 * GiB])
@@ -243,7 +266,7 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     for k, ((word, fmt), x, y) in enumerate(zip(KEY_TERMS, keys[first], keys[other])):
         if x != y:
             if k == 3:  # the count: name the settings too
-                return first, f"{word} ({x} vs {y}: {_knob_words(keys[first])} vs {_knob_words(keys[other])})"
+                return first, f"{word} ({x} vs {y}: {knob_words(keys[first])} vs {knob_words(keys[other])})"
             return first, f"{word} ({fmt(x)} vs {fmt(y)})"
     if not _peaks_tied(peaks[first], peaks[other]):
         return first, f"lower peak memory ({_gib_pair(peaks[first], peaks[other])})"

@@ -21,7 +21,9 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
     (:func:`meshplan.search.space.op_recompute_ok`), one line saying so; under torchtitan, that
-    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`)."""
+    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`), or, where
+    ``[search] recompute`` lists it, that it is searched (plan accepts it under torch, so the
+    search does not refuse it) and what torchtitan runs of it."""
     t, out = cfg.training, []
     fsdp = np.isin(c.sh, FSDP_SHARDINGS)
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
@@ -57,8 +59,14 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.has_op_recompute and "selective" in cfg.search.recompute and "recompute" not in cfg.search.model_fields_set:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
-                   "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer') is planned by "
-                   "meshplan plan, not searched")
+                   "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer', every 2nd layer, "
+                   "its default) is searched where [search] recompute lists it (not by default: the search prunes "
+                   "its rows as if none, so it plans many more candidates exactly)")
+    elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
+        out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
+                   "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "
+                   "torchtitan has no option for (--export --to torchtitan writes such a row as mode \"none\", "
+                   "\"full\" without flash attention); for torchtitan's own options list none, op, layer, full")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")

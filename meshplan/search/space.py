@@ -197,6 +197,8 @@ def searched_recompute(cfg: Config) -> list[str]:
     the default: ``selective`` is Megatron-LM's core-attention recompute, which torchtitan has no
     option for (:func:`meshplan.spec.wording.recompute_words`), so a row with it could not be
     exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
+    ``layer`` (torchtitan's per-layer AC) only where torchtitan runs the rows, and only listed
+    (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`).
 
     >>> from meshplan.config import config_from_dict
     >>> d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -210,7 +212,7 @@ def searched_recompute(cfg: Config) -> list[str]:
     t, listed = cfg.training, "recompute" in cfg.search.model_fields_set
     torchtitan = t.has_op_recompute
     return [r for r in cfg.search.recompute
-            if (r != "op" or torchtitan) and (r != "selective" or not torchtitan or listed)]
+            if (r not in ("op", "layer") or torchtitan) and (r != "selective" or not torchtitan or listed)]
 
 
 def enumerate_candidates(cfg: Config) -> Candidates:

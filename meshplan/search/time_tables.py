@@ -22,6 +22,10 @@ from meshplan.placement.assign import place
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
+
+#: The policies one layer's cost is asked for: per-layer AC (``layer``) is asked as ``none``
+#: (:func:`meshplan.search.columns.bound_recompute`).
+UNIFORM = tuple(r for r in RECOMPUTE if r != "layer")
 from meshplan.spec.mesh import MeshSpec
 
 
@@ -57,7 +61,7 @@ class TimeTables:
                      dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                      **float8_gemms(m, t))
-        costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
+        costs = layer_costs(m, gpu, w, UNIFORM, layer=layer)
         emb, head = embedding_cost(m, gpu, w, cfg.cluster.node.pcie), head_cost(m, gpu, w)
         out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)

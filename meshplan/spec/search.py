@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from meshplan.limits import BOUNDS
 from meshplan.spec.mesh import Schedule, parse_schedule
 
-Recompute = Literal["none", "selective", "full", "op"]
+Recompute = Literal["none", "selective", "full", "op", "layer"]
 Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
 #: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
@@ -78,7 +78,11 @@ class SearchOptions(BaseModel):
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
-      :func:`meshplan.search.space.searched_recompute`); ``sharding``: allowed among
+      :func:`meshplan.search.space.searched_recompute`; torchtitan's per-layer AC ``layer``, at
+      its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
+      only where the list names it, not by default: its step-time bound is none's, which made
+      the 405B benchmark plan 891 candidates exactly instead of 70; listed for another runtime
+      it is an error naming ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.

@@ -1,0 +1,125 @@
+"""One verdict everywhere (issue 11, searchknobs item 1): ``meshplan compare`` of two configs of
+one mesh that differ only in a setting (recompute, tp overlap) decides as the search orders
+them, through the search's own tie key (:func:`meshplan.search.rank.tie_key`), and gives the
+search's reason. Before, compare weighed the mesh keys alone within 1%, so two settings of one
+mesh went to the shorter step (or the lower peak) where the search lists the fewer settings
+first."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.compare.sides import plan_tie_key
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
+from meshplan.search.rank import PAIR_RULE, RULE_LINE, TOWARD
+from tests.cli_run import run_main
+
+#: Llama-3-8B on one dgx-h100 under Megatron-LM, ZeRO-1; the search narrowed to pp 1, cp 1,
+#: micro-batch 1 (tp 2 and 4: two rows, so the search explains its top against the fastest).
+SEARCH = """[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 1
+[training]
+global_batch = 64
+seq_len = {seq}
+framework = "megatron"
+sharding = "zero1"
+[search]
+pp = [1]
+cp = [1]
+tp = [2, 4]
+micro_batch = [1]
+sharding = ["zero1"]
+recompute = {recompute}
+tp_comm_overlap = {overlap}
+"""
+
+
+def _search(tmp_path, capsys, seq: int, recompute: str, overlap: str) -> tuple[dict, str]:
+    """Run the search on :data:`SEARCH`, export row 1 as a meshplan TOML: (--json, the TOML's text)."""
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(SEARCH.format(seq=seq, recompute=recompute, overlap=overlap))
+    assert run_main("search", cfg, "--json", tmp_path / "s.json", "--export", 1, "--to", "meshplan",
+                    "-o", tmp_path / "top.toml") == 0
+    capsys.readouterr()
+    return json.loads((tmp_path / "s.json").read_text()), (tmp_path / "top.toml").read_text()
+
+
+def _compare(tmp_path, capsys, a_text: str, b_text: str, run: str = "1") -> dict:
+    """``meshplan compare a.toml top.toml --json`` in folder ``run`` of ``tmp_path``: the document."""
+    here = tmp_path / run
+    here.mkdir()
+    (here / "a.toml").write_text(a_text)
+    (here / "top.toml").write_text(b_text)
+    assert run_main("compare", here / "a.toml", here / "top.toml", "--out", here / "cmp",
+                    "--json", here / "c.json") == 0
+    capsys.readouterr()
+    return json.loads((here / "c.json").read_text())
+
+
+def test_tp_overlap_within_1_percent_compare_lists_the_search_top(tmp_path, capsys):
+    """seq 2048, tp overlap off and on: dp 4 x tp 2 with overlap is the fastest (1.5259 s), without
+    it 1.5346 s (0.57% longer, peaks equal); the search lists it without overlap as row 1 and says
+    why (0 settings off their default against 1). compare of the two exported plans now picks row 1
+    with the same words; it picked the overlap plan before ("shorter step (1.5259 s vs 1.5346 s)")."""
+    doc, top = _search(tmp_path, capsys, 2048, '["none"]', "[false, true]")
+    why = doc["top_vs_runner_up"]["tie_criterion"]
+    assert why == "fewer settings off their default (0 vs 1: none vs none, tp overlap)"
+    assert "tp_comm_overlap" not in top
+    fast = top.replace('recompute = "none"', 'recompute = "none"\ntp_comm_overlap = true')
+    c = _compare(tmp_path, capsys, fast, top)
+    assert (c["winner"], c["rejected"], c["decided_by"]) == ("top", "a", why)
+    assert (round(c["a"]["step_s"], 4), round(c["b"]["step_s"], 4)) == (1.5259, 1.5346)
+    assert c["reasons"][0] == ("step times within 1% (top 1.535 s, a 1.526 s): top is listed first by the search's "
+                               f"tie rule: {why}")
+
+
+def test_recompute_within_1_percent_compare_names_the_settings(tmp_path, capsys):
+    """seq 512, recompute none and selective (no overlap): dp 4 x tp 2 none 0.6562 s, selective
+    0.6586 s (0.37% longer: the attention core is small at 512 tokens), peaks 37.78 GiB within
+    1 MB. The search lists none first; compare says so by the settings (0 against 1), where it said
+    "shorter step, peaks within 1%" before. Either order of the files gives the same verdict."""
+    doc, top = _search(tmp_path, capsys, 512, '["none", "selective"]', "[false]")
+    mesh2 = [p for p in doc["placed"] if p["mesh"]["tp"] == 2]
+    assert [(p["recompute"], p["listed"]) for p in mesh2] == [("none", True), ("selective", False)]
+    selective = top.replace('recompute = "none"', 'recompute = "selective"')
+    c = _compare(tmp_path, capsys, selective, top)
+    assert (c["winner"], c["rejected"]) == ("top", "a")
+    assert c["decided_by"] == "fewer settings off their default (0 vs 1: none vs selective)"
+    assert (round(c["a"]["step_s"], 4), round(c["b"]["step_s"], 4)) == (0.6586, 0.6562)
+    c = _compare(tmp_path, capsys, top, selective, "2")  # a: none now, "top" the selective one
+    assert (c["winner"], c["decided_by"]) == ("a", "fewer settings off their default (0 vs 1: none vs selective)")
+
+
+BASE = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 8, "seq_len": 1024}}
+
+
+def _plan(training: dict, mesh: dict):
+    return build_plan(config_from_dict({**BASE, "training": BASE["training"] | training, "mesh": mesh}))
+
+
+def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
+    """A plan's key is the search's candidate key: pp 4 x dp_shard 2 (2 axes, tp*pp*cp*ep 4, tp 1);
+    recompute full (index 4 of none, selective, op, layer, full), vpp 2, the Llama 3 short end
+    stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 4
+    settings off the default. The even split written out ([8, 8, 8, 8]) is no setting; GPipe,
+    which the search does not try, counts as one (index 3, after DualPipeV)."""
+    mesh = {"names": ["pp", "dp_shard"], "shape": [4, 2]}
+    p = _plan({"recompute": "full"}, mesh | {"virtual_stages": 2, "pp_schedule": "zbv", "pp_layer_split": [7, 9, 9, 7]})
+    assert plan_tie_key(p) == (2, 4, 1, 4, 4, 0, 2, 0, 1, 1)
+    even = _plan({"recompute": "none"}, mesh | {"pp_layer_split": [8, 8, 8, 8]})
+    assert plan_tie_key(even) == (2, 4, 1, 0, 0, 0, 1, 0, 0, 0)
+    gpipe = _plan({"recompute": "none"}, mesh | {"pp_schedule": "gpipe"})
+    assert plan_tie_key(gpipe) == (2, 4, 1, 1, 0, 0, 1, 0, 0, 3)
+
+
+def test_the_pair_rule_is_the_search_rule():
+    """compare states the search's words for the settings, not the mesh keys alone."""
+    assert TOWARD in PAIR_RULE and TOWARD in RULE_LINE
+    assert "fewer and cheaper settings off their default (no recompute before selective, op, layer, full" in PAIR_RULE
