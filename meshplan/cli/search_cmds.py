@@ -114,10 +114,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
-               export_rank: Optional[str] = typer.Option(None, "--export", help="export the top row of this rank "
-                                                         "(1 = the fastest), or row 1's mesh at another setting by its "
-                                                         "label on the line under the table (1a, 1b, 1c), with --to "
-                                                         "and -o"),
+               export_rank: Optional[str] = typer.Option(None, "--export", metavar="N|1b",
+                                                         help="export the top row of this rank (1 = the fastest), or "
+                                                         "row 1's mesh at another setting by its label on the line "
+                                                         "under the table (1a, 1b, 1c), with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row (or variant) is "
                                                   "written to "
@@ -150,7 +150,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON; --export 1b writes row 1's mesh at the setting labelled 1b
-    on that line, as a row is written (a label the search did not print: one line naming those it did). training.fp8_all_gather and training.grad_accumulation
+    on the line of its other settings, as a row is written (a label the search did not print: one line naming those it did). training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
     says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
     others with zero3 are rejected, rule 'engine'; hsdp is planned with FSDP2; under deepspeed, zero1 and
