@@ -30,6 +30,7 @@ from meshplan.cli.common import (
 from meshplan.cli.interop_cmds import _write_export
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
+from meshplan.config import Config
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
@@ -44,7 +45,7 @@ from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
 from meshplan.report.search import infeasible_line, print_search, search_to_dict
 from meshplan.search.candidate import candidate_config
-from meshplan.search.driver import search
+from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
 
 
@@ -204,7 +205,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     raise typer.Exit(0 if result.top else 1)
 
 
-def _export_choice(result, pick: tuple[int, str], to: str):
+def _export_choice(result: SearchResult, pick: tuple[int, str], to: str) -> tuple[Config, str]:
     """The config ``search --export`` writes and its words for the header (``row 2``, ``variant
     1b``): row ``pick[0]`` of the top table, or, with a letter, row
     1's variant of that label (:func:`meshplan.search.rank.variant_label`), each candidate as
@@ -214,7 +215,7 @@ def _export_choice(result, pick: tuple[int, str], to: str):
     if n > len(result.top):
         raise ConfigError("--export", _missing_row(n, len(result.top)))
 
-    def config_of(e):
+    def config_of(e) -> Config:
         return candidate_config(result.config, result.candidates, e.index)
 
     if letter:
