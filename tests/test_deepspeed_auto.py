@@ -176,6 +176,15 @@ def test_zero2_variant_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     again = load_any(out, opts=dataclasses.replace(OPTS, micro_batch=None, grad_accum=None))
     assert again.training.sharding == "zero2" and again.memory.grad_bucket_elements == H * H
     assert step_time(build_plan(again)).step_s == pytest.approx(zero2["step_s"], rel=1e-9)
+    # a format that cannot write the variant: one line, as for a row (torchtitan has no ZeRO-2)
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(path), *CLI_OPTS, "--export", "1a", "--to", "torchtitan", "-o", str(tmp_path / "t.toml")])
+    assert done.value.code == 2 and not (tmp_path / "t.toml").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --export: 1a (row 1's mesh at another setting) cannot be written --to torchtitan: torchtitan shards "
+        "with FSDP2 (zero3, hsdp) or replicates (none); sharding zero2 has no torchtitan key; export 1a --to "
+        "deepspeed (--to megatron would write 1a without its ZeRO engine, DeepSpeed's ZeRO-2: meshplan writes no "
+        "Megatron-DeepSpeed arguments)")
 
 
 def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):
