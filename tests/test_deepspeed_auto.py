@@ -22,6 +22,9 @@ HF = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gra
       "gradient_clipping": "auto", "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
       "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
                             "stage3_param_persistence_threshold": "auto"}}
+#: ``meshplan search`` of HF on OPTS's workload, its batch flags included.
+CLI_OPTS = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096", "--micro-batch", "1",
+            "--grad-accum", "16"]
 
 
 def _write(tmp_path, doc, name="hf"):
@@ -135,35 +138,53 @@ def test_batch_flags_refused_where_the_file_states_its_batch(name, fmt, flag, fi
     assert field in text and name in text
 
 
-def test_zero2_row_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
+def test_zero2_variant_of_a_zero3_auto_file_drops_stage3_keys(tmp_path, capsys):
     """Newcomer trial (issue 11 follow-up, finding 1): ``search --export N --to deepspeed`` of a
-    ZeRO-2 row of the HF ZeRO-3 file kept ``stage3_param_persistence_threshold`` in the JSON and
+    ZeRO-2 run of the HF ZeRO-3 file kept ``stage3_param_persistence_threshold`` in the JSON and
     said ``not expressed in deepspeed: memory: {'grad_bucket_elements': 16777216,
     'deepspeed_prefetch_elements': 15099494} -> defaults``. ZeRO-2 reads no stage3_ key
     (DeepSpeed's ZeRO-3 coordinator alone does), so both are dropped, named in the header; the
     bucket, h^2 = 16,777,216, is written back as "auto" and reads back as the same number: the
     [memory] table round-trips and no line says otherwise. The search's rows are distinct meshes
-    (9db001f) and this file searches one data axis, so its one row is the zero3 run: the search's
-    first zero2 run (``placed``, in the rule's order) goes through ``--export``'s own writer with the
-    file as the user's, as row 7 did."""
-    from meshplan.cli.interop_cmds import _write_export
-    from meshplan.interop.foreign import user_source
-    from meshplan.search.candidate import candidate_config
-    from meshplan.search.driver import search
-    path, out = _write(tmp_path, HF), tmp_path / "zero2.json"
-    r = search(load_any(path, opts=OPTS, require_mesh=False))
-    assert [r.candidates.label(e.index).rsplit(", ", 1)[1] for e in r.top] == ["zero3"]
-    zero2 = next(e for e in r.placed if r.candidates.label(e.index).endswith(", zero2"))
-    row = candidate_config(r.config, r.candidates, zero2.index)
-    assert row.training.sharding == "zero2"
-    head = _write_export(row, "deepspeed", out, "search hf.json zero2", False, user_source(path))
-    assert json.loads(out.read_text())["zero_optimization"] == {"stage": 2, "reduce_bucket_size": "auto"}
-    assert [h for h in head if h.startswith("not expressed")] == []
-    rewritten = [h for h in head if h.startswith("written otherwise")]
-    assert rewritten[0].endswith('zero_optimization.stage 3 -> 2, zero_optimization.stage3_prefetch_bucket_size '
-                                 '"auto" -> dropped, zero_optimization.stage3_param_persistence_threshold "auto" '
-                                 "-> dropped")
-    assert rewritten[0] in capsys.readouterr().out  # printed as --export prints it
+    (9db001f) and this file searches one data axis, so its one row is the zero3 run; with
+    ``overlap_comm`` true (as the HF Trainer's ZeRO-3 template sets it) the zero2 run is within 1% of
+    the fastest step, a variant of row 1 on the line under the table, and ``--export`` takes its
+    label (was: the private ``_write_export`` on a candidate of ``placed``). The exported file
+    re-plans to the step the search printed for that variant."""
+    from meshplan.cli import main
+    from meshplan.schedule.steptime import step_time
+    doc = HF | {"zero_optimization": HF["zero_optimization"] | {"overlap_comm": True}}
+    path, out, js = _write(tmp_path, doc), tmp_path / "zero2.json", tmp_path / "s.json"
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(path), *CLI_OPTS, "--json", str(js), "--export", "1a", "--to", "deepspeed",
+              "-o", str(out)])
+    assert (done.value.code or 0) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    s = json.loads(js.read_text())
+    assert [d["sharding"] for d in s["top"]] == ["zero3"]
+    zero2 = s["top_variants"][0]
+    assert (zero2["label"], zero2["sharding"], zero2["micro_batch"], zero2["mesh"]["dp"]) == ("1a", "zero2", 1, 16)
+    assert f"(rows are distinct meshes): 1a dp 16, mb 1, none, vpp 1, zero2 ({zero2['step_s']:.3f} s" in text
+    assert json.loads(out.read_text())["zero_optimization"] == {"stage": 2, "reduce_bucket_size": "auto",
+                                                                "overlap_comm": True}
+    assert "not expressed" not in text
+    assert (f"written otherwise than search {path} variant 1a (the plan's value or spelling): "
+            'train_batch_size "auto" -> 256') in text
+    assert text.split(" wrote ")[0].endswith(
+        'zero_optimization.stage 3 -> 2, zero_optimization.stage3_prefetch_bucket_size "auto" -> dropped, '
+        'zero_optimization.stage3_param_persistence_threshold "auto" -> dropped')
+    again = load_any(out, opts=dataclasses.replace(OPTS, micro_batch=None, grad_accum=None))
+    assert again.training.sharding == "zero2" and again.memory.grad_bucket_elements == H * H
+    assert step_time(build_plan(again)).step_s == pytest.approx(zero2["step_s"], rel=1e-9)
+    # a format that cannot write the variant: one line, as for a row (torchtitan has no ZeRO-2)
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(path), *CLI_OPTS, "--export", "1a", "--to", "torchtitan", "-o", str(tmp_path / "t.toml")])
+    assert done.value.code == 2 and not (tmp_path / "t.toml").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: --export: 1a (row 1's mesh at another setting) cannot be written --to torchtitan: torchtitan shards "
+        "with FSDP2 (zero3, hsdp) or replicates (none); sharding zero2 has no torchtitan key; export 1a --to "
+        "deepspeed (--to megatron would write 1a without its ZeRO engine, DeepSpeed's ZeRO-2: meshplan writes no "
+        "Megatron-DeepSpeed arguments)")
 
 
 def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):
@@ -172,14 +193,14 @@ def test_export_past_the_one_mesh_says_why_and_what_to_do(tmp_path, capsys):
     the line now says the rows are every distinct mesh found to fit, and where the other settings are."""
     from meshplan.cli import main
     with pytest.raises(SystemExit) as done:
-        main(["search", str(_write(tmp_path, HF)), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
-              "--seq-len", "4096", "--micro-batch", "1", "--grad-accum", "16", "--export", "7", "--to", "deepspeed",
+        main(["search", str(_write(tmp_path, HF)), *CLI_OPTS, "--export", "7", "--to", "deepspeed",
               "-o", str(tmp_path / "row7.json")])
     assert done.value.code == 2 and not (tmp_path / "row7.json").exists()
     err = " ".join(capsys.readouterr().err.split())
     assert ("error: --export: 7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no "
-            "more; a mesh's other settings are on the line under the table (--json top_variants): export a rank up "
-            "to 1, or narrow [search] (e.g. sharding) so that the setting you want is a row's") in err
+            "more; a mesh's other settings are on the line under the table (--json top_variants), row 1's labelled 1a, "
+            "1b, 1c: export a rank up to 1 or such a label, or narrow [search] (e.g. sharding) so that the setting you "
+            "want is a row's") in err
 
 
 def test_memory_not_expressed_is_listed_as_name_value_items(tmp_path):

@@ -59,7 +59,7 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     # one data axis, one mesh: the rows are distinct meshes (searchtie), so micro-batch 2 (the #2 row before)
     # is row 1's mesh at another setting, named in the mesh's words on the variants line and in the JSON
     assert ("row 1's mesh (dp_shard 16) with other settings within 1% of the fastest step (rows are distinct "
-            "meshes): mb 2, none, vpp 1, zero3 (5.746 s") in search and "fsdp" not in search
+            "meshes): 1a mb 2, none, vpp 1, zero3 (5.746 s") in search and "fsdp" not in search
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["top"][0]["mesh"]["dp_shard"] == 16 and "dp" not in doc["top"][0]["mesh"]
     variants = doc["top_variants"]

@@ -11,6 +11,7 @@ import json
 import re
 
 import jsonschema
+import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.interop.torchtitan_write import write_notes
@@ -133,3 +134,44 @@ def test_mesh_of_is_every_searched_degree():
     c = Candidates(pp=one(4), dpr=one(1), dps=one(8), cp=one(2), tp=one(2), ep=one(1), etp=one(1), mb=one(1),
                    rc=one(0), vpp=one(1), sh=one(1), rf=one(1), ov=one(0), us=one(0), ps=one(0))
     assert mesh_of(c, 0) == (4, 1, 8, 2, 2, 1, 1)
+
+
+#: A meshplan TOML of one data axis (Llama 3 8B on 2 dgx-h100, the DeepSpeed ZeRO-2 example's workload
+#: written by hand): ZeRO-1/2 under DeepSpeed's engine with overlap_comm, ZeRO-3 as DeepSpeed's.
+ONE_AXIS = ('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 2\n[training]\n'
+            'global_batch = 256\nseq_len = 4096\nmicro_batch = 1\nsharding = "zero2"\nrecompute = "none"\n'
+            'zero12_engine = "deepspeed"\noverlap_comm = true\n[memory]\ngrad_bucket_elements = 500000000\n'
+            '[search]\npp = [1]\ndp_replicate = [1]\ncp = [1]\ntp = [1]\nsharding = ["zero1", "zero2", "zero3"]\n')
+
+
+def test_a_variant_is_exported_by_its_label_as_a_row(tmp_path, capsys):
+    """One data axis is one mesh, one row; its zero2, zero3 micro-batch 2 and zero1 runs are within
+    1% of the fastest step, labelled 1a, 1b, 1c in the tie rule's order on the line under the table and
+    in --json. ``--export 1b --to meshplan`` writes the zero3 micro-batch 2 run with the row's
+    writer (its header and the ``wrote`` line), and the file plans to the step the search printed for
+    1b; a label the search did not print, and a label of another row, are one-line errors naming
+    --export."""
+    from tests.cli_run import plan_file
+    from meshplan.schedule.steptime import step_time
+    job, doc, out = tmp_path / "one.toml", tmp_path / "s.json", tmp_path / "v1b.toml"
+    job.write_text(ONE_AXIS)
+    assert run_main("search", job, "--json", doc, "--export", "1b", "--to", "meshplan", "-o", out) == 0
+    text = " ".join(re.sub("[│┃]", " ", capsys.readouterr().out).split())
+    d = json.loads(doc.read_text())
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(d)) == []
+    assert [(v["label"], v["sharding"], v["micro_batch"]) for v in d["top_variants"]] == [
+        ("1a", "zero2", 1), ("1b", "zero3", 2), ("1c", "zero1", 1)]
+    v = d["top_variants"][1]
+    assert f"; 1b mb 2, none, vpp 1, zero3 ({v['step_s']:.3f} s, peak {v['peak_bytes'] / GiB:.2f} GiB);" in text
+    assert f"wrote {out}" in text
+    assert out.read_text().startswith(f"# meshplan export of search {job} variant 1b")
+    p = plan_file(out)
+    assert (p.config.training.sharding, p.config.training.micro_batch) == ("zero3", 2)
+    assert step_time(p).step_s == pytest.approx(v["step_s"], rel=1e-9)
+    for label, err in (("1d", "error: --export: 1d: the search labels 1a, 1b, 1c (row 1's mesh at other settings, "
+                               "on the line under the table); export one of them or a row up to 1"),
+                       ("2a", "error: --export: 2a: only row 1's mesh has its other settings labelled (1a, 1b, 1c "
+                              "at most, on the line under the table)")):
+        assert run_main("search", job, "--export", label, "--to", "meshplan", "-o", tmp_path / "x.toml") == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == err
+        assert not (tmp_path / "x.toml").exists()

@@ -146,8 +146,8 @@ def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
     assert runs[("dp", "zero2")] == 5.798  # step s of the zero2 run as before the rename
     # the variants line names those runs in their own words, not as row 1's dp_shard 16
     line = " ".join(r.output.split("row 1's mesh (dp_shard 16)", 1)[1].split("goodput (Daly")[0].split())
-    assert "dp 16, mb 1, none, vpp 1, zero2 (5.798 s" in line and "dp 16, mb 1, none, vpp 1, zero1 (" in line
-    assert "; mb 2, none, vpp 1, zero3 (" in line
+    assert "1a dp 16, mb 1, none, vpp 1, zero2 (5.798 s" in line and "1c dp 16, mb 1, none, vpp 1, zero1 (" in line
+    assert "; 1b mb 2, none, vpp 1, zero3 (" in line
     narrowed = tmp_path / "zero12.toml"
     narrowed.write_text(ds.read_text().replace('sharding = ["zero1", "zero2", "zero3"]',
                                                'sharding = ["zero1", "zero2"]'))

@@ -1,6 +1,6 @@
 """search and compare: every mesh of a workload rejected with reasons or ranked by predicted
-step (``--export`` writes a row through :func:`meshplan.cli.interop_cmds._write_export`), or
-two meshes side by side with the rejected one's evidence."""
+step (``--export`` writes a row, or row 1's mesh at a labelled other setting, through
+:func:`meshplan.cli.interop_cmds._write_export`), or two meshes side by side with the rejected one's evidence."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ from meshplan.cli.common import (
 from meshplan.cli.interop_cmds import _write_export
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
+from meshplan.config import Config
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any, user_source
-from meshplan.interop.search_export import search_export_refusal, search_row_refusal
+from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
+                                             search_variant_refusal)
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
@@ -43,7 +45,8 @@ from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
 from meshplan.report.search import infeasible_line, print_search, search_to_dict, timing_line
 from meshplan.search.candidate import candidate_config
-from meshplan.search.driver import search
+from meshplan.search.driver import SearchResult, search
+from meshplan.search.rank import variant_label
 
 
 def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
@@ -116,10 +119,13 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
-               export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
-                                                         "(1 = the fastest) with --to and -o"),
+               export_rank: Optional[str] = typer.Option(None, "--export", metavar="N|1b",
+                                                         help="export the top row of this rank (1 = the fastest), or "
+                                                         "row 1's mesh at another setting by its label on the line "
+                                                         "under the table (1a, 1b, 1c), with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
-               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to "
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row (or variant) is "
+                                                  "written to "
                                                   "(-: stdout, the rest of the output then on stderr)"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
@@ -134,7 +140,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     where [search] recompute lists it: its loose step bound makes the search slow), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
     (pp >= 3); [search] narrows each. Rows are distinct meshes (axis degrees), each at its first setting by
-    the order; a line names row 1's mesh at its other settings within 1% (--json: placed, top_variants).
+    the order; a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
+    top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
@@ -150,7 +157,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max); only the
     timings differ: the wall time, printed on stderr ('timing: ...'), and --json's wall_s and timings_s.
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
-    TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
+    TOML, Megatron-LM arguments or DeepSpeed JSON; --export 1b writes row 1's mesh at the setting labelled 1b
+    on the line of its other settings, as a row is written (a label the search did not print: one line naming those it did). training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
     says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
     others with zero3 are rejected, rule 'engine'; hsdp is planned with FSDP2; under deepspeed, zero1 and
@@ -167,9 +175,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
     FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
-    if export_rank is not None:
-        if export_rank < 1:
-            raise ConfigError("--export", f"{export_rank}: rows are ranked from 1")
+    pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
+    if pick is not None:
         if out is None:
             raise ConfigError("-o", "--export needs -o FILE")
         if to not in FORMATS:
@@ -181,10 +188,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if export_rank is not None and export_rank > cfg.search.top:  # before the search, not after it
-        raise ConfigError("--export", f"{export_rank} > --top {cfg.search.top}: the search lists {cfg.search.top} "
-                          f"row(s); pass --top {export_rank} or export a lower rank")
-    if export_rank is not None and (refusal := search_export_refusal(cfg, to)) is not None:
+    if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
+        raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
+                          f"row(s); pass --top {pick[0]} or export a lower rank")
+    if pick is not None and (refusal := search_export_refusal(cfg, to)) is not None:
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
@@ -193,15 +200,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
-    if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
-        if export_rank > len(result.top):
-            raise ConfigError("--export", _missing_row(export_rank, len(result.top)))
-        rows = [candidate_config(result.config, result.candidates, e.index) for e in result.top]
-        refusal = search_row_refusal(export_rank, rows, to, lambda c: {t: export_refusals(c, t) for t in FORMATS})
-        if refusal is not None:  # one line naming the first row the target takes
-            raise ConfigError("--export", refusal)
-        _write_export(rows[export_rank - 1], to, out, f"search {config} row {export_rank}", force,
-                      user_source(config, foreign.fmt))
+    if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
+        row, what = _export_choice(result, pick, to)
+        _write_export(row, to, out, f"search {config} {what}", force, user_source(config, foreign.fmt))
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
@@ -213,6 +214,39 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     raise typer.Exit(0 if result.top else 1)
 
 
+def _export_choice(result: SearchResult, pick: tuple[int, str], to: str) -> tuple[Config, str]:
+    """The config ``search --export`` writes and its words for the header (``row 2``, ``variant
+    1b``): row ``pick[0]`` of the top table, or, with a letter, row
+    1's variant of that label (:func:`meshplan.search.rank.variant_label`), each candidate as
+    :func:`~meshplan.search.candidate.candidate_config` gives it; a row or label the search did not
+    list, or one ``to`` cannot write, a one-line error naming --export."""
+    n, letter = pick
+    if n > len(result.top):
+        raise ConfigError("--export", _missing_row(n, len(result.top)))
+
+    def config_of(e) -> Config:
+        return candidate_config(result.config, result.candidates, e.index)
+
+    if letter:
+        labels = [variant_label(k) for k in range(len(result.variants))]
+        label = f"{n}{letter}"
+        if label not in labels:
+            raise ConfigError("--export", missing_variant(label, labels, len(result.top)))
+        row = config_of(result.variants[labels.index(label)])
+        if (refusal := search_variant_refusal(label, row, to, _refused_of)) is not None:
+            raise ConfigError("--export", refusal)
+        return row, f"variant {label}"
+    rows = [config_of(e) for e in result.top]
+    if (refusal := search_row_refusal(n, rows, to, _refused_of)) is not None:  # naming the first row it takes
+        raise ConfigError("--export", refusal)
+    return rows[n - 1], f"row {n}"
+
+
+def _refused_of(cfg) -> dict[str, tuple[str, ...]]:
+    """Every format's export refusals of ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`)."""
+    return {t: export_refusals(cfg, t) for t in FORMATS}
+
+
 def _missing_row(k: int, rows: int) -> str:
     """Why ``--export k`` has no row after the search (``k`` <= --top was checked before it): the
     search listed only ``rows``, every distinct mesh it found to fit (rows are distinct meshes), so
@@ -222,5 +256,6 @@ def _missing_row(k: int, rows: int) -> str:
     '7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no more'
     """
     return (f"{k}: the search lists {rows} row(s), every distinct mesh it found to fit, so --top lists no more; a "
-            f"mesh's other settings are on the line under the table (--json top_variants): export a rank up to "
-            f"{rows}, or narrow [search] (e.g. sharding) so that the setting you want is a row's")
+            f"mesh's other settings are on the line under the table (--json top_variants), row 1's labelled 1a, 1b, "
+            f"1c: export a rank up to {rows} or such a label, or narrow [search] (e.g. sharding) so that the "
+            f"setting you want is a row's")

@@ -2,14 +2,17 @@
 Before the search, from the config alone, why a target refuses every row the search can
 rank (:func:`search_export_refusal`); after it, why it refuses row ``N``, naming the first
 row it takes and the formats that write row ``N`` (:func:`search_row_refusal`, on
-:func:`meshplan.interop.foreign.not_expressed`).
+:func:`meshplan.interop.foreign.not_expressed`). ``--export 1b`` names row 1's mesh at another
+setting by its label (:func:`export_pick`; :func:`missing_variant`, :func:`search_variant_refusal`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Mapping, Sequence
 
 from meshplan.config import Config
+from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS, catalog_model_name
 from meshplan.interop.foreign import not_expressed
 from meshplan.interop.torchtitan import FLAVORS
@@ -56,6 +59,43 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     return None
 
 
+def export_pick(text: str) -> tuple[int, str]:
+    """``search --export``'s value as (row, letter): a row of the top table from 1 (``"2"``: (2, "")) or
+    row 1's mesh at another setting by its label on the line under the table (``"1b"``: (1, "b"),
+    :func:`meshplan.search.rank.variant_label`); anything else a one-line error naming --export.
+
+    >>> export_pick("2"), export_pick("1b")
+    ((2, ''), (1, 'b'))
+    >>> export_pick("2a")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: --export: 2a: only row 1's mesh has its other settings labelled (1a, 1b, 1c at most, on the line under the table)
+    """
+    m = re.fullmatch(r"(\d+)([a-z]?)", text.strip())
+    if m is None:
+        raise ConfigError("--export", f"{text!r}: give a row number (1 = the top) or a label of row 1's other "
+                          "settings from the line under the table (1a, 1b, 1c)")
+    n, letter = int(m[1]), m[2]
+    if n < 1:
+        raise ConfigError("--export", f"{n}: rows are ranked from 1")
+    if letter and n != 1:
+        raise ConfigError("--export", f"{text.strip()}: only row 1's mesh has its other settings labelled (1a, 1b, "
+                          "1c at most, on the line under the table)")
+    return n, letter
+
+
+def missing_variant(label: str, labels: Sequence[str], rows: int) -> str:
+    """Why ``search --export label`` names no variant: the labels the search printed, ``labels``
+    (row 1's other settings within 1%), or that it printed none; ``rows``: the rows listed.
+
+    >>> print(missing_variant("1d", ["1a", "1b"], 1))
+    1d: the search labels 1a, 1b (row 1's mesh at other settings, on the line under the table); export one of them or a row up to 1
+    """
+    have = (f"the search labels {', '.join(labels)}" if labels else
+            "the search labels none: row 1's mesh has no other setting within 1% of the fastest step")
+    return (f"{label}: {have} (row 1's mesh at other settings, on the line under the table); export "
+            + ("one of them or " if labels else "") + f"a row up to {rows}")
+
+
 def search_row_refusal(n: int, rows: Sequence[Config], to: str,
                        refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
     """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
@@ -73,6 +113,25 @@ def search_row_refusal(n: int, rows: Sequence[Config], to: str,
     msg = f"row {n} cannot be written --to {to}: {why}; " + (
         f"row {first} is the first row it takes (--export {first})" if first else
         f"none of the {len(rows)} rows shown exports --to {to}")
+    return msg + _other_formats(f"row {n}", cfg, to, refused_of)
+
+
+def search_variant_refusal(label: str, cfg: Config, to: str,
+                           refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
+    """Why ``search --export label --to to`` cannot write the variant ``cfg`` (row 1's mesh at
+    another setting, labelled ``label``), with the formats that write it (as
+    :func:`search_row_refusal`); None when it exports."""
+    _, why = not_expressed(cfg, to, refused_of(cfg))
+    if why is None:
+        return None
+    return f"{label} (row 1's mesh at another setting) cannot be written --to {to}: {why}" + \
+        _other_formats(label, cfg, to, refused_of).replace(", or export", "; export", 1)
+
+
+def _other_formats(what: str, cfg: Config, to: str,
+                   refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str:
+    """The formats other than ``to`` that write ``cfg`` (``what``: ``row 2``, ``1b``) with its
+    ZeRO engine, and those that would drop the engine, as the tail of a refusal line."""
     keep: list[str] = []
     drop: list[str] = []
     for t in FORMATS[1:]:
@@ -80,10 +139,9 @@ def search_row_refusal(n: int, rows: Sequence[Config], to: str,
         if no is None:
             engine = [k for k in lost if k in ("training.zero12_engine", "training.zero3_engine")]
             (drop if engine else keep).append(t)
-    if keep:
-        msg += f", or export row {n} --to {' or '.join(keep)}"
+    msg = f", or export {what} --to {' or '.join(keep)}" if keep else ""
     if drop:
-        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write row {n} without its ZeRO engine, "
+        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write {what} without its ZeRO engine, "
                 f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
                                           else ")"))
     return msg

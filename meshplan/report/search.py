@@ -13,7 +13,8 @@ outcome; when no candidate fits, one line instead of the table, the order rule a
 exactness line (:func:`infeasible_line`). JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it, every candidate the rule placed up to the last row
-(``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``), and when no
+(``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``, each with its ``label``
+for ``search --export``: ``1a``, ``1b``, ``1c``), and when no
 candidate fits the one line's verdict as data (``no_feasible_mesh``: :func:`infeasible_verdict`).
 """
 
@@ -33,7 +34,7 @@ from meshplan.report.search_lines import (configured_lines, goodput_cell, goodpu
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
-from meshplan.search.rank import RULE_LINE, mesh_of, top_heading
+from meshplan.search.rank import RULE_LINE, mesh_of, top_heading, variant_label
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
@@ -86,7 +87,8 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
             "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
             "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
             "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
-            "placed": placed_rows(r), "top_variants": [row(r, e) for e in r.variants],
+            "placed": placed_rows(r), "top_variants": [row(r, e) | {"label": variant_label(k)}
+                                                       for k, e in enumerate(r.variants)],
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
             "no_feasible_mesh": infeasible_verdict(r)} | (

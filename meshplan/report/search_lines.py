@@ -15,6 +15,7 @@ from typing import Optional
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
+from meshplan.search.rank import variant_label
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE
 from meshplan.spec.wording import recompute_words, runtime
@@ -95,7 +96,8 @@ def headroom_lines(r: SearchResult) -> list[str]:
 def variants_line(r: SearchResult) -> list[str]:
     """One line naming the top mesh's other settings within 1% of the fastest step
     (:attr:`~meshplan.search.driver.SearchResult.variants`: at most 3, in the tie rule's order,
-    each with its step and peak), since every row is a distinct mesh; or that it has none. A
+    each with its step and peak, led by its label for ``search --export``, ``1a``, ``1b``, ``1c``:
+    :func:`~meshplan.search.rank.variant_label`), since every row is a distinct mesh; or that it has none. A
     variant whose sharding names the data axis otherwise than row 1's (a zero1/zero2 run, ``dp 16``,
     of a zero3 row, ``dp_shard 16``: :func:`meshplan.spec.mesh_words.mesh_text`) keeps its mesh's words."""
     if not r.top:
@@ -104,8 +106,8 @@ def variants_line(r: SearchResult) -> list[str]:
     head = f"row 1's mesh ({mesh}) with other settings within {TIE:.0%} of the fastest step"
     if not r.variants:
         return [f"{head}: none (rows are distinct meshes, each with its first setting by the rule)"]
-    parts = [f"{_setting(r.candidates.label(e.index), mesh)} ({e.step_s:.3f} s"
-             + (f", peak {e.peak_bytes / GiB:.2f} GiB)" if e.complete else ")") for e in r.variants]
+    parts = [f"{variant_label(k)} {_setting(r.candidates.label(e.index), mesh)} ({e.step_s:.3f} s"
+             + (f", peak {e.peak_bytes / GiB:.2f} GiB)" if e.complete else ")") for k, e in enumerate(r.variants)]
     return [f"{head} (rows are distinct meshes): " + "; ".join(parts)]
 
 

@@ -337,6 +337,16 @@ def variants(c: Candidates, order: Sequence[int], steps: Mapping[int, float], ro
     return [i for i in order if i != row and mesh_of(c, i) == mesh and steps[i] <= fastest * (1 + rel)][:most]
 
 
+def variant_label(k: int) -> str:
+    """The label of row 1's ``k``-th other setting (from 0, :func:`variants`' order), as the line
+    under the top table prints it and ``search --export`` takes it: row 1, then a letter.
+
+    >>> [variant_label(k) for k in range(3)]
+    ['1a', '1b', '1c']
+    """
+    return f"1{chr(ord('a') + k)}"
+
+
 def best_of_meshes(c: Candidates, steps: Mapping[int, float]) -> np.ndarray:
     """The shortest step (seconds) of each mesh among ``steps`` (index -> seconds)."""
     best: dict[tuple[int, ...], float] = {}
