@@ -57,7 +57,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
-    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins or the two are identical or equal on
+    differ, each differing knob shown as a row. Under the verdict, the reasons: the step's parts that differ, under
+    compute the frameworks' kernel choices, the GEMMs and, with the same kernel choices, the kernel kinds whose
+    seconds differ most ('of compute, cp ring merge: ...'). Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
@@ -133,7 +135,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (compute,
-    bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
+    bubble, exposed communication per axis, with their seconds; compute by kernel kind where its other ops differ
+    most: 'kernels: cp ring merge 0 ms vs 13.6 ms, ...'), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
