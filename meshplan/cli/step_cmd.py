@@ -89,8 +89,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
-    gives each in the plan table's phase (a per-step row issued inside the last backward: 'step', '(issued in the
-    last backward)') and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
+    gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
+    last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it)."""
 

@@ -48,8 +48,10 @@ Q_OPS = (" Q proj", " Q proj B")
 class Timing:
     """First occurrence of a collective kind in the step (seconds from the step start).
     ``phase`` as the plan's collective table names it: ``step`` for a per-step row, also where
-    its pieces go out inside the last backward (``issued``: ``in the last backward``; DDP's and
-    ZeRO-1/2's buckets under overlapped reduction, Megatron-LM's coalesced SP all-reduce)."""
+    its pieces go out inside the last backward (``issued``: ``in the last backward``; Megatron-LM's
+    DDP and ZeRO-1 buckets under overlapped reduction, its coalesced SP all-reduce, torch's SP norm
+    gradients), and ``backward`` for torch DDP's and DeepSpeed ZeRO-1's (``overlap_comm``) buckets,
+    whose rows say so (:attr:`~meshplan.schedule.comm_times.CommTimes.reduce_phases_by`)."""
 
     stream: str
     phase: str
@@ -186,9 +188,7 @@ def _timings(st, stage: int) -> list[Timing]:
     phases = ("forward", "backward", "step")
     labels = sorted({(s, o) for s, o in zip(d.streams, ops)})
     row = np.array([labels.index((s, o)) for s, o in zip(d.streams, ops)], dtype=np.int64)
-    # the per-step reduction's pieces issued inside the last backward (grad_reduce._reduce_piece;
-    # ZeRO-2's per-micro-batch pieces, mb_reduce_s, are the table's backward rows)
-    per_step = np.array([n.startswith("grad reduce") and not st.units.comms[stage].mb_reduce_s for n in d.names])
+    per_step, table = _step_pieces(st, stage, d.names)
     kind = d.kind[cand]
     phase = np.where(kind == KINDS.index("F"), 0, np.where((kind < 0) | per_step[d.code[cand]], 2, 1))
     label = row[d.code[cand]] * len(phases) + phase
@@ -197,9 +197,23 @@ def _timings(st, stage: int) -> list[Timing]:
     for j in np.sort(first).tolist():
         i, c = int(cand[j]), int(d.code[cand[j]])
         inside = bool(per_step[c]) and d.kind[i] >= 0
-        out.append(Timing(d.streams[c], phases[int(phase[j])], ops[c], float(d.start[i]), _deadline(d, i, opt),
+        name = phases[int(phase[j])]
+        if inside and len(table.get(d.streams[c], ())) == 1:  # DeepSpeed ZeRO-1 under overlap_comm: backward
+            (name,) = table[d.streams[c]]
+        out.append(Timing(d.streams[c], name, ops[c], float(d.start[i]), _deadline(d, i, opt),
                           float(d.end[i] - d.start[i]), "in the last backward" if inside else ""))
     return out
+
+
+def _step_pieces(st, stage: int, names: tuple[str, ...]) -> tuple[np.ndarray, dict]:
+    """(for each event name, whether it is a piece of the per-step reduction issued inside the last
+    backward: :func:`meshplan.schedule.grad_reduce.unit_reduce`'s ``grad reduce ...``, not ZeRO-2's
+    per-micro-batch pieces, ``mb_reduce_s``; the phases the table gives those rows by stream)."""
+    pieces = np.array([n.startswith("grad reduce") for n in names], dtype=bool)
+    if not pieces.any():
+        return pieces, {}
+    comm = st.units.comms[stage]
+    return pieces & (not comm.mb_reduce_s), comm.reduce_phases_by
 
 
 def p2p_calls(st, stage: int = 0) -> int:
