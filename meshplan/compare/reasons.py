@@ -1,7 +1,8 @@
 """The reasons under ``meshplan compare``'s verdict (:func:`evidence_lines`): the knobs that
 differ (:func:`knob_text`), the parts of the step that differ by their seconds, largest first,
 with what sets compute (the frameworks' kernel choices, :mod:`meshplan.compare.kernels`, and the
-GEMMs whose efficiency differs), then peak memory and the bytes each rank sends.
+GEMMs whose efficiency differs, and with the same kernel choices the kernel kinds whose seconds differ
+most, :mod:`meshplan.schedule.kernel_kinds`), then peak memory and the bytes each rank sends.
 """
 
 from __future__ import annotations
