@@ -153,15 +153,16 @@ def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
     return [top] + [p for p in ranked if p is not top]
 
 
-def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal]]:
-    """(the job's kind's plan, a plan over MODEL_ACCURACY faster) where :func:`kind_first` passed
-    over the kind (``ranked``: its order, so its first is not of the kind only then): the faster
-    is the proposal where it is over 5% faster, else the fastest plan; None otherwise."""
+def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal, Proposal]]:
+    """(the job's kind's plan, a plan over MODEL_ACCURACY faster, the proposal) where
+    :func:`kind_first` passed over the kind (``ranked``: its order, so its first, the proposal, is
+    not of the kind only then): the faster is the proposal where it is over 5% faster, else the
+    fastest plan; None otherwise."""
     pick = kind_pick(ranked, mesh)
     if pick is None or same_kind(ranked[0], mesh):
         return None
     over = lambda p: (p.tokens_per_s or 0.0) > (pick.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
-    return pick, ranked[0] if over(ranked[0]) else max(ranked, key=lambda p: p.tokens_per_s or 0.0)
+    return pick, ranked[0] if over(ranked[0]) else max(ranked, key=lambda p: p.tokens_per_s or 0.0), ranked[0]
 
 
 def kind_ranked(ranked: list[Proposal], kind: list[Proposal], evaluate: Optional[Evaluator],

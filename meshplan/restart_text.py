@@ -117,21 +117,45 @@ def kind_refusal(p: Proposal, why: str) -> str:
     return f"{KIND_REFUSED}{p.mesh_text()} ({p.gpus} GPUs{', ' + p.contract if p.contract else ''}): {why}"
 
 
-def kind_passed_text(kind: Proposal, faster: Proposal) -> str:
-    """Why the job's kind is not proposed: ``faster`` plans more than :data:`MODEL_ACCURACY` more
-    tokens/s than ``kind``'s plan (:func:`~meshplan.restart_rank.kind_passed`).
+def kind_passed_text(kind: Proposal, faster: Proposal, proposal: Optional[Proposal] = None) -> str:
+    """Why the job's kind is not proposed, said so that the line reads against the proposal above
+    it: what ``kind`` is (a mesh of the job's kind, :func:`~meshplan.restart_rank.same_kind`: its
+    axes and pp, tried first), its plan, and the mesh that plans more than :data:`MODEL_ACCURACY`
+    more tokens/s (``faster``, :func:`~meshplan.restart_rank.kind_passed`); then whether ``faster``
+    is the proposal, or why the proposal comes first instead (the restart's order: meshes keeping
+    the global batch first, then by tokens/s). A newcomer read ``the job's kind pp 4 x dp 3 x tp 8
+    ... passed over: pp 5 x dp 3 x tp 8`` under a proposal ``pp 2 x dp 4 x tp 8`` and could not
+    relate the three.
 
     >>> from types import SimpleNamespace as N
-    >>> kind_passed_text(N(mesh_text=lambda: "pp 2 x dp 2 x tp 2", gpus=8, tokens_per_s=77847.7),
-    ...                  N(mesh_text=lambda: "pp 1 x dp 4 x tp 2", gpus=8, tokens_per_s=84260.3))
-    ... # doctest: +NORMALIZE_WHITESPACE
-    "the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on 8 GPUs
-    plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy"
+    >>> P = lambda text, gpus, tps, contract="": N(mesh_text=lambda: text, gpus=gpus, tokens_per_s=tps,
+    ...                                          contract=contract, keeps_global_batch=not contract, pp=int(text[3]))
+    >>> kind, faster = P("pp 2 x dp 2 x tp 2", 8, 77847.7), P("pp 1 x dp 4 x tp 2", 8, 84260.3)
+    >>> kind_passed_text(kind, faster, faster)  # doctest: +NORMALIZE_WHITESPACE
+    "the job's kind (the job's axes and pp 2, tried first): pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s; passed
+    over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy;
+    it is the proposal"
+    >>> kind = P("pp 4 x dp 3 x tp 8", 96, 100589.0, "global_batch 512 -> 504")
+    >>> faster = P("pp 5 x dp 3 x tp 8", 120, 123453.0, "global_batch 512 -> 510")
+    >>> kind_passed_text(kind, faster, P("pp 2 x dp 4 x tp 8", 64, 69542.0))  # doctest: +NORMALIZE_WHITESPACE
+    "the job's kind (the job's axes and pp 4, tried first): pp 4 x dp 3 x tp 8 on 96 GPUs, global_batch 512 -> 504, plans
+    100,589 tokens/s; passed over: pp 5 x dp 3 x tp 8 on 120 GPUs, global_batch 512 -> 510, plans 123,453 tokens/s,
+    22.7% more, over the step-time model's 5% accuracy; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs (69,542
+    tokens/s), comes first as the fastest mesh keeping the global batch"
     """
     k, f = kind.tokens_per_s or 0.0, faster.tokens_per_s or 0.0
-    return (f"{KIND_REFUSED}{kind.mesh_text()} on {kind.gpus} GPUs plans {k:,.0f} tokens/s, passed over: "
-            f"{faster.mesh_text()} on {faster.gpus} GPUs plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the "
-            f"step-time model's {MODEL_ACCURACY:.0%} accuracy")
+    at = lambda p: f"{p.mesh_text()} on {p.gpus} GPUs" + (f", {p.contract}," if p.contract else "")
+    head = (f"{KIND_REFUSED}(the job's axes and pp {kind.pp}, tried first): {at(kind)} plans {k:,.0f} tokens/s; passed over: "
+            f"{at(faster)} plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the step-time model's "
+            f"{MODEL_ACCURACY:.0%} accuracy")
+    if proposal is None:
+        return head
+    if proposal is faster:
+        return f"{head}; it is the proposal"
+    why = ("as the fastest mesh keeping the global batch" if proposal.keeps_global_batch and not faster.keeps_global_batch
+           else "by the restart's order (the global batch kept first, then tokens/s)")
+    return (f"{head}; the proposal, {proposal.mesh_text()} on {proposal.gpus} GPUs "
+            f"({proposal.tokens_per_s or 0.0:,.0f} tokens/s), comes first {why}")
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -149,9 +173,9 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
 
 
 
-def kind_notes(passed: Optional[tuple[Proposal, Proposal]], refused: list[tuple[str, int]]) -> list[str]:
-    """A line where the 5% rule passed over the job's kind (``passed``: its plan and the faster
-    one, :func:`kind_passed_text`) and one per plan of the kind that failed (``refused``, from
+def kind_notes(passed: Optional[tuple[Proposal, Proposal, Proposal]], refused: list[tuple[str, int]]) -> list[str]:
+    """A line where the 5% rule passed over the job's kind (``passed``: its plan, the faster one and
+    the proposal, :func:`kind_passed_text`) and one per plan of the kind that failed (``refused``, from
     :func:`kind_refusal`)."""
     return ([kind_passed_text(*passed)] if passed else []) + [f"refused: {r}" for r, _ in refused]
 

@@ -80,6 +80,10 @@ def _timings_loop(st, stage=0):
             continue
         unit = e.args.get("unit", "")
         phase = "forward" if unit.startswith("F") else "backward" if unit[:1] in ("B", "W") else "step"
+        # the per-step reduction's pieces inside the last backward: the table's step rows (not ZeRO-2's per-mb ones)
+        inside = phase == "backward" and e.name.startswith("grad reduce") and not st.units.comms[stage].mb_reduce_s
+        table = st.units.comms[stage].reduce_phases_by.get(e.stream, ())  # the rows' phase where they have one
+        phase = (next(iter(table)) if len(table) == 1 else "step") if inside else phase
         key = (e.stream, phase, _op_of(e.name))
         if key in seen or not key[2]:
             continue
@@ -97,7 +101,8 @@ def _timings_loop(st, stage=0):
             dl = opt
         else:
             dl = e.end_s
-        out.append(Timing(e.stream, phase, key[2], e.start_s, dl, e.end_s - e.start_s))
+        out.append(Timing(e.stream, phase, key[2], e.start_s, dl, e.end_s - e.start_s,
+                          "in the last backward" if inside else ""))
     return out
 
 

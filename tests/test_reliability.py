@@ -335,7 +335,8 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path, no_torc
     # the job's kind (dp_shard x ep 8, pp 1): dp_shard 16 keeps 256 (the 9th proposal, passed over by the 5% rule);
     # dp_shard 24 on all 24 GPUs needs global batch 256 // 24 x 24 = 240 and its experts efsdp 24 / 8 = 3, which
     # divides neither expert_ffn 14336 (3 x 4778 + 2) nor hidden 4096 (3 x 1365 + 1): refused, on a line of its own
-    assert lines[head + 3].startswith("- the job's kind dp_shard 16 x ep 8 on 16 GPUs plans ")
+    assert lines[head + 3].startswith("- the job's kind (the job's axes and pp 1, tried first): dp_shard 16 x ep 8 "
+                                      "on 16 GPUs plans ")
     assert lines[head + 4] == (
         "- refused: the job's kind dp_shard 24 x ep 8 (24 GPUs, global_batch 256 -> 240): routed experts sharded on "
         "dim 1 (efsdp 3 x ep 8 > experts 8, torchtitan's shard_placement_fn): expert_ffn 14336 / etp 1 and hidden "
@@ -346,10 +347,11 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path, no_torc
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
     assert doc["refused"] == [lines[head + 4][len("- refused: "):]]
     kind16 = next(p for p in doc["proposals"] if (p["names"], p["shape"]) == (["dp_shard"], [16]))
-    assert lines[head + 3] == (f"- the job's kind dp_shard 16 x ep 8 on 16 GPUs plans {kind16['tokens_per_s']:,.0f} "
-                               f"tokens/s, passed over: pp 3 x dp_shard 4 x cp 2 x ep 8 on 24 GPUs plans "
-                               f"{new.tokens_per_s:,.0f} tokens/s, {new.tokens_per_s / kind16['tokens_per_s'] - 1:.1%}"
-                               " more, over the step-time model's 5% accuracy")
+    assert lines[head + 3] == (f"- the job's kind (the job's axes and pp 1, tried first): dp_shard 16 x ep 8 on 16 "
+                               f"GPUs plans {kind16['tokens_per_s']:,.0f} tokens/s; passed over: pp 3 x dp_shard 4 x "
+                               f"cp 2 x ep 8 on 24 GPUs plans {new.tokens_per_s:,.0f} tokens/s, "
+                               f"{new.tokens_per_s / kind16['tokens_per_s'] - 1:.1%} more, over the step-time model's 5% "
+                               "accuracy; it is the proposal")
     assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 4, 2], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
 

@@ -49,8 +49,9 @@ def test_only_the_failed_plan_of_the_kind_is_refused():
     r = _restart(lambda p: OOM if (p.pp, p.dp) == (1, 7) else _ideal(p))
     assert r.refused == (f"the job's kind dp_shard 7 x tp 8 (56 GPUs, global_batch 512 -> 511): {OOM}",)
     assert [(p.pp, p.dp) for p in r.proposals if p.pp == 1] == [(1, 4)]
-    assert ("the job's kind dp_shard 4 x tp 8 on 32 GPUs plans 32,000 tokens/s, passed over: pp 7 x tp 8 on 56 GPUs "
-            "plans 55,351 tokens/s, 73.0% more, over the step-time model's 5% accuracy") in r.notes
+    assert ("the job's kind (the job's axes and pp 1, tried first): dp_shard 4 x tp 8 on 32 GPUs plans 32,000 "
+            "tokens/s; passed over: pp 7 x tp 8 on 56 GPUs plans 55,351 tokens/s, 73.0% more, over the step-time "
+            "model's 5% accuracy; it is the proposal") in r.notes
 
 
 @pytest.mark.parametrize("gain, passed", [(1.04, False), (1.08, True)])
@@ -62,8 +63,9 @@ def test_a_line_names_the_kind_the_5pct_rule_passes_over(gain, passed):
     r = _restart(lambda p: _ideal(p, gain))
     lines = [n for n in r.notes if "passed over" in n]
     assert (r.proposals[0].pp == 7) == passed
-    assert lines == (["the job's kind dp_shard 7 x tp 8 on 56 GPUs plans 56,000 tokens/s, passed over: pp 7 x tp 8 on "
-                      "56 GPUs plans 59,779 tokens/s, 6.7% more, over the step-time model's 5% accuracy"]
+    assert lines == (["the job's kind (the job's axes and pp 1, tried first): dp_shard 7 x tp 8 on 56 GPUs, "
+                      "global_batch 512 -> 511, plans 56,000 tokens/s; passed over: pp 7 x tp 8 on 56 GPUs plans "
+                      "59,779 tokens/s, 6.7% more, over the step-time model's 5% accuracy; it is the proposal"]
                      if passed else [])
     assert not r.refused  # every plan of the kind ran
 
@@ -93,5 +95,50 @@ def test_megatron_example_names_the_kind_passed_over(capsys):
               "--read-gbps", "200", "--restart-overhead-s", "300"])
     lines = capsys.readouterr().out.splitlines()
     assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 1 x dp 4 x tp 2 (shrunk: pp 2 -> 1; kept: dp 4, tp 2)" in lines
-    assert ("- the job's kind pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s, passed over: pp 1 x dp 4 x tp 2 on "
-            "8 GPUs plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy") in lines
+    assert ("- the job's kind (the job's axes and pp 2, tried first): pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 "
+            "tokens/s; passed over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the "
+            "step-time model's 5% accuracy; it is the proposal") in lines
+
+
+#: A Megatron-LM Llama-3-70B job (newcomer trial): tp 8 with SP, pp 4 interleaved (5 layers per
+#: virtual stage: vpp 4), dp 4 on 16 dgx-h100, global batch 512, micro-batch 1.
+MEGATRON_70B = """--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672
+--num-attention-heads 64 --group-query-attention --num-query-groups 8 --kv-channels 128
+--swiglu --normalization RMSNorm --norm-epsilon 1e-5 --position-embedding-type rope --rotary-base 500000
+--max-position-embeddings 8192 --untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 128256
+--attention-dropout 0.0 --hidden-dropout 0.0
+--tensor-model-parallel-size 8 --sequence-parallel --pipeline-model-parallel-size 4
+--num-layers-per-virtual-pipeline-stage 5 --use-distributed-optimizer --overlap-grad-reduce --recompute-activations
+--micro-batch-size 1 --global-batch-size 512 --seq-length 8192 --bf16 --use-flash-attn
+"""
+
+
+def test_megatron_70b_passed_over_line_relates_the_kind_to_the_proposal(tmp_path, capsys):
+    """Losing a node leaves 120 GPUs. The proposal pp 2 x dp 4 x tp 8 (64 GPUs) keeps 512; the job's
+    kind (pp 4, its axes) is tried first: at dp 3 on 96 GPUs the interleaved schedule needs micro-batches
+    a multiple of pp 4, 512 // 3 = 170 -> 168, global batch 168 x 3 = 504; pp 5 x dp 3 on 120 GPUs takes
+    170 (a multiple of 5), 510, and plans over 5% more tokens/s. The line printed 'the job's kind pp 4 x dp 3
+    ... passed over: pp 5 x dp 3', neither the proposal; now it says the kind was tried first, why it was
+    passed over, and why the proposal comes first instead (it keeps the global batch, the other two do not)."""
+    import json
+    from meshplan.cli import main
+    args = tmp_path / "m70.args"
+    args.write_text(MEGATRON_70B)
+    out = tmp_path / "r.json"
+    with pytest.raises(SystemExit):
+        main(["reliability", str(args), "--cluster", "dgx-h100", "--nodes", "16", "--write-gbps", "100",
+              "--read-gbps", "100", "--restart-overhead-s", "600", "--json", str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    assert "mesh pp 4 x dp 4 x tp 8 -> pp 2 x dp 4 x tp 8 (shrunk: pp 4 -> 2; kept: dp 4, tp 8)" in lines[
+        next(i for i, x in enumerate(lines) if x.startswith("restart:"))]
+    props = {tuple(p["shape"]): p for p in json.loads(out.read_text())["restart"]["proposals"]}
+    kind, faster, top = props[(4, 3, 8)], props[(5, 3, 8)], props[(2, 4, 8)]
+    assert (kind["contract"], faster["contract"], top["contract"]) == (
+        "global_batch 512 -> 504", "global_batch 512 -> 510", "")
+    gain = faster["tokens_per_s"] / kind["tokens_per_s"] - 1
+    assert gain > 0.05 and top["tokens_per_s"] < kind["tokens_per_s"]
+    assert (f"- the job's kind (the job's axes and pp 4, tried first): pp 4 x dp 3 x tp 8 on 96 GPUs, global_batch "
+            f"512 -> 504, plans {kind['tokens_per_s']:,.0f} tokens/s; passed over: pp 5 x dp 3 x tp 8 on 120 GPUs, "
+            f"global_batch 512 -> 510, plans {faster['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, over the "
+            f"step-time model's 5% accuracy; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs "
+            f"({top['tokens_per_s']:,.0f} tokens/s), comes first as the fastest mesh keeping the global batch") in lines

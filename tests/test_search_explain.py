@@ -436,3 +436,46 @@ def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
     assert ranked(c, steps, 1, peaks=_peaks(steps, run)) == [1] == ranked(c, steps, 1, peaks=true_peak)
     assert order_all(c, steps, peaks=_peaks(steps, run)) == [1, 0, 2] == order_all(c, steps, peaks=true_peak)
     assert ranked(c, steps, 3, peaks=true_peak) == [1, 2]  # one row per mesh: 0 is 1's mesh
+
+
+def _trial_pair():
+    """The newcomer trial's top two (torchtitan Llama-3-70B on 8 dgx-h100, global batch 16 x 8192,
+    torch.compile, no recompute, async TP, zero3): #1 dp_shard 16 x tp 4 at micro-batch 1, #2 dp_shard
+    8 x cp 2 x tp 4 at micro-batch 2: the same tokens per rank (8192) and one micro-batch each."""
+    base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
+            "training": {"global_batch": 16, "seq_len": 8192, "param_dtype": "fp32", "recompute": "none",
+                         "vocab_pad_divisor": 1, "tp_comm_overlap": True, "torch_compile": True}}
+    out = []
+    for mb, names, shape in ((1, ["dp_shard", "tp"], [16, 4]), (2, ["dp_shard", "cp", "tp"], [8, 2, 4])):
+        plan = build_plan(config_from_dict({**base, "training": {**base["training"], "micro_batch": mb},
+                                            "mesh": {"names": names, "shape": shape, "sequence_parallel": True}}))
+        out.append((plan, step_time(plan, Overlap())))
+    return out
+
+
+def test_other_part_names_the_kernel_kinds_that_differ():
+    """The trial read 'largest: other (memory-bound ops, optimizer step) 94 ms vs 185 ms' and nothing
+    of why. The #2 side runs three kinds #1 does not, by hand (80 layers, one micro-batch, Triad
+    2.97 TB/s; n_q = 2 sequences x 16 heads x 4096 tokens x 128 = 16,777,216, n_kv = 2 n_q):
+    torch's SP layout copies at batch 2 under async TP, 3 per block, 6 per layer, of 2 x 8192 tokens x
+    8192 x 2 B: 80 x 6 x 268,435,456 / 2.97e12 = 43.38 ms; the CP ring (compiled,
+    meshplan.compute.ring_attention.ring_bytes at cp 2) forward merges n_q (2 + 20) + 4 n_kv =
+    503,316,480 B a layer: 13.56 ms; backward n_q 22 + n_kv 26 = 1,241,513,984 B: 33.44 ms."""
+    from meshplan.schedule.kernel_kinds import kernel_kinds_s
+    from meshplan.search.explain import compute_split
+    (p1, s1), (p2, s2) = _trial_pair()
+    k1, k2 = kernel_kinds_s(s1), kernel_kinds_s(s2)
+    n_q = 2 * 16 * 4096 * 128
+    want = {"SP layout copy": 80 * 6 * 2 * 8192 * 8192 * 2 / 2.97e12,
+            "cp ring merge": 80 * (n_q * 22 + 4 * 2 * n_q) / 2.97e12,
+            "cp ring gradient accumulation": 80 * (n_q * 22 + 2 * n_q * 26) / 2.97e12}
+    for kind, seconds in want.items():
+        assert kind not in k1 and k2[kind] == pytest.approx(seconds, rel=1e-3)
+    assert k1["optimizer step"] == pytest.approx(k2["optimizer step"], rel=1e-6)  # the same shard
+    # every other kind the same to 0.1 ms: the three make the other part's difference
+    assert all(abs(k2.get(k, 0.0) - v) < 1e-4 for k, v in k1.items())
+    d1, d2 = ({"compute": s.parts_s()["compute"], "compute_split": compute_split(p, s), "kernels_s": k}
+              for p, s, k in ((p1, s1, k1), (p2, s2, k2)))
+    line = explain({"step": s1.step_s, **s1.parts_s()}, {"step": s2.step_s, **s2.parts_s()}, d1, d2).line()
+    assert ("largest: other (memory-bound ops, optimizer step) 94 ms vs 185 ms (kernels: SP layout copy 0 ms vs "
+            "43.4 ms, cp ring gradient accumulation 0 ms vs 33.4 ms, cp ring merge 0 ms vs 13.6 ms)") in line

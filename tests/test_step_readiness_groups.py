@@ -63,6 +63,11 @@ def _check(path: str, tmp_path, capsys) -> tuple[set, str]:
     got = {(c["stream"], c["op"]) for c in listed}
     want = {("dp" if r.axis in DENSE_DATA else r.axis, r.op) for r in rows if not r.per_microbatch and r.per_step}
     assert want and want <= got
+    # each listed in the table's phase (step; backward for torch DDP's buckets), also where its pieces go out
+    # inside the last backward (it was "backward" for every such piece)
+    phased = {("dp" if r.axis in DENSE_DATA else r.axis, r.phase, r.op) for r in rows
+              if not r.per_microbatch and r.per_step}
+    assert phased <= {(c["stream"], c["phase"], c["op"]) for c in listed}
     assert any(r.axis in DENSE_DATA for r in rows) or not any(s == "dp" for s, _ in got)
     printed = {tuple(x.split()[:3]) for x in out.split("collectives on stage 0", 1)[1].splitlines()[1:]
                if x.startswith("  ")}
@@ -80,8 +85,9 @@ def test_tp8_dp1_norm_gradients_are_tp(tmp_path, capsys):
         [("tp", "step", "all-reduce", 8192, 195)]
     want, out = _check(path, tmp_path, capsys)
     assert want == {("tp", "all-reduce")}
-    line = next(x for x in out.splitlines() if x.startswith("  tp            backward all-reduce"))
-    ready, deadline, dur, slack = map(float, line.split()[3:])
+    line = next(x for x in out.splitlines() if x.startswith("  tp            step     all-reduce"))
+    ready, deadline, dur, slack = map(float, line.split()[3:7])
+    assert line.endswith("  (issued in the last backward)")  # phase "backward" before: the table says step
     assert slack == pytest.approx(deadline - ready - dur, abs=2e-3) and slack > 0
     assert not any(x.startswith("  dp ") for x in out.splitlines()) and "dp and tp overlap" not in out
 
@@ -90,8 +96,11 @@ def test_ddp_dp2_tp4_splits_the_reduction_by_group(tmp_path, capsys):
     """DDP (sharding none) over dp 2 with tp 4 + SP: the table's per-step rows are the DDP
     buckets' all-reduces over dp_shard and the norms' over tp; each is listed on its own group."""
     path = _config(tmp_path, "ddp", {"sharding": "none"}, {})
-    want, _ = _check(path, tmp_path, capsys)
+    want, out = _check(path, tmp_path, capsys)
     assert want == {("dp", "all-reduce"), ("tp", "all-reduce")}
+    # torch DDP's buckets: the table's rows say backward (once per step, each bucket in the last backward)
+    line = next(x for x in out.splitlines() if x.startswith("  dp            backward all-reduce"))
+    assert line.endswith("  (issued in the last backward)")
 
 
 def test_megatron_tied_embedding_is_pp_and_sp_norms_tp(capsys, tmp_path):
@@ -131,3 +140,41 @@ def test_replicated_kv_heads_all_reduce_is_kv_replica(tmp_path, capsys):
     path = _config(tmp_path, "kv", {}, {}, base=base)
     want, _ = _check(path, tmp_path, capsys)
     assert ("kv_replica", "all-reduce") in want and ("dp", "all-reduce") in want
+
+
+def test_megatron_example_lists_per_step_rows_as_step_and_names_the_sends(tmp_path, capsys):
+    """The Megatron example (Llama 3 8B, pp 2 x dp 4 x tp 2, 1F1B, 32 micro-batches, DDP buffers with
+    --overlap-grad-reduce): the coalesced SP all-reduce and the buckets' reduce-scatters are the
+    table's ``step`` rows whose pieces go out inside the last backward; the list printed them as
+    ``backward`` (newcomer trial) and now gives the table's phase and where they are issued. The pp
+    sends are not in the list, and a note line says so and where they are counted: stage 0 sends
+    its output activation once per micro-batch, 32 per schedule run (it receives the gradients)."""
+    path = str(ROOT / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args")
+    out = tmp_path / "step.json"
+    with pytest.raises(SystemExit) as done:
+        main(["step", path, "--cluster", "dgx-h100", "--nodes", "2", "--json", str(out)])
+    assert done.value.code == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = {(r.axis, r.phase, r.op) for r in build_plan(_megatron(path)).stage(0).collectives}
+    assert {("tp", "step", "all-reduce"), ("dp", "step", "reduce-scatter")} <= table
+    for stream, op in (("tp", "all-reduce"), ("dp", "reduce-scatter")):
+        line = next(x for x in lines if x.startswith(f"  {stream:13s} step     {op}"))
+        assert line.endswith("  (issued in the last backward)")
+    assert not [x for x in lines if x.startswith("  dp            backward")]
+    assert ("  not listed: pp send/recv between stages (stage 0 sends 32 per schedule run): counted in the parts "
+            "line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)") in lines
+    doc = {(c["stream"], c["phase"], c["op"]): c for c in json.loads(out.read_text())["collectives"]}
+    assert doc[("dp", "step", "reduce-scatter")]["issued"] == "in the last backward"
+    assert "issued" not in doc[("dp", "step", "all-gather")]  # after the optimizer, at the step's end
+
+
+def _megatron(path: str):
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    return load_any(path, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+
+
+def test_no_pp_note_without_a_pipeline(tmp_path, capsys):
+    """pp 1 (MINI): no sends, no note."""
+    _, out = _step(_config(tmp_path, "mini", {}, {}), tmp_path, capsys)
+    assert "not listed: pp send/recv" not in out

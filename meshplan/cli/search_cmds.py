@@ -65,7 +65,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     that fits beats one that does not; a step shorter by more than 1% wins; within 1%, fewer axes, then lower
     degrees, then fewer and cheaper settings off their default (recompute none < selective < op < layer < full, no tp
     overlap, vpp 1, resharded, even split, 1F1B), then a peak lower by more than 1%, then the shorter step;
-    "decided by:" names the criterion in the search's words. Exit 0 when a plan that fits wins or the two are identical or equal on
+    "decided by:" names the criterion in the search's words. Under the verdict, the reasons: the step's parts that
+    differ, under compute the frameworks' kernel choices, the GEMMs and, with the same kernel choices, the kernel
+    kinds whose seconds differ most ('of compute, cp ring merge: ...'). Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
@@ -147,7 +149,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
-    with their seconds), or, where the tie rule listed it before a
+    with their seconds; compute by kernel kind where its other ops differ most: 'kernels: cp ring merge 0 ms vs
+    13.6 ms, ...'), or, where the tie rule listed it before a
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory

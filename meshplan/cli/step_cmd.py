@@ -32,7 +32,7 @@ from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_spill import network_spill, spill_line
-from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
@@ -88,7 +88,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     nothing when none helps. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
-    the compute waits for another stream (blocking tp; with async TP re-planned). A mesh that does not fit exits 1
+    the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
+    gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
+    last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it)."""
 
@@ -189,7 +191,10 @@ def _print_links(p, st, step_fn) -> None:
           "deadline is the end of the Q projection it runs beside)")
     for t in timings(st):
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
-                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
+                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (issued {t.issued})" if t.issued else ""))
+    if sends := p2p_calls(st):
+        _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
+              f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
     for (a, b), sec in sorted(concurrency(st).items()):
         _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
     loads = edge_loads(p, st)

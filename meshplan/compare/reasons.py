@@ -1,17 +1,19 @@
 """The reasons under ``meshplan compare``'s verdict (:func:`evidence_lines`): the knobs that
 differ (:func:`knob_text`), the parts of the step that differ by their seconds, largest first,
 with what sets compute (the frameworks' kernel choices, :mod:`meshplan.compare.kernels`, and the
-GEMMs whose efficiency differs), then peak memory and the bytes each rank sends.
+GEMMs whose efficiency differs, and with the same kernel choices the kernel kinds whose seconds differ
+most, :mod:`meshplan.schedule.kernel_kinds`), then peak memory and the bytes each rank sends.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from meshplan.compare.kernels import choice_lines
+from meshplan.compare.kernels import choice_lines, choice_seconds
 from meshplan.compare.sides import Side
 from meshplan.compute.measured import host_pace_label
 from meshplan.plan import Infeasible
+from meshplan.schedule.kernel_kinds import kernel_kinds_s, largest_kinds
 from meshplan.schedule.steptime import workload_of
 from meshplan.units import MS, GiB
 
@@ -74,7 +76,8 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     the two frameworks make differently (:mod:`meshplan.compare.kernels`: the attention kernel,
     fused QKV, Megatron-LM's own kernels ..., its seconds at least the floor; listed after the
     parts when the compute part itself is under it) and the GEMMs whose efficiency differs by
-    :data:`GEMM_FLOOR` or more. The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
+    :data:`GEMM_FLOOR` or more, and, where the frameworks choose the same kernels, the kernel kinds
+    outside the GEMMs whose seconds differ most (:func:`_kind_lines`). The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
     10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
     if a.step is None or b.step is None:
         return []
@@ -86,8 +89,8 @@ def _part_lines(a: Side, b: Side) -> list[str]:
         out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
                    f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
         if k == "compute":  # what sets it: the host's pace, the framework's kernel choices and the GEMMs, by seconds
-            out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _gemm_lines(a, b),
-                                               key=lambda x: -x[0])]
+            out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _kind_lines(a, b, floor)
+                                               + _gemm_lines(a, b), key=lambda x: -x[0])]
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
 
@@ -104,6 +107,21 @@ def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
     src = host_pace_label(a.step.units.w.dtensor_host_source)  # compare: both sides' kernel data is one
     return [(abs(hb - ha), f"of compute, waiting for the host to issue eager DTensor TP's blocks ({src}): "
                           f"{a.name} {ha / MS:.1f} ms, {b.name} {hb / MS:.1f} ms ({(hb - ha) / MS:+.1f} ms)")]
+
+
+def _kind_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
+    """(seconds, line) under the compute line for the 3 kernel kinds outside the GEMMs and the
+    attention core whose seconds per step on each side's critical stage differ most, by more than
+    ``floor`` (:func:`~meshplan.schedule.kernel_kinds.largest_kinds`, the compute model's op names):
+    ``of compute, SP layout copy: row1 0.0 ms, row2 43.4 ms (+43.4 ms)``; none where a framework
+    kernel choice differs (:func:`~meshplan.compare.kernels.choice_seconds`: its lines itemise
+    the kinds it moves). Newcomer trial: dp_shard 16 x tp 4 against dp_shard 8 x cp 2 x tp 4 said
+    only ``compute +91.4 ms``, torch's CP ring merges and SP layout copies of the cp 2 side."""
+    if a.step is None or b.step is None or choice_seconds(a, b):
+        return []
+    kinds = largest_kinds(kernel_kinds_s(a.step), kernel_kinds_s(b.step), floor_s=floor)
+    return [(abs(y - x), f"of compute, {k}: {a.name} {x / MS:.1f} ms, {b.name} {y / MS:.1f} ms "
+                         f"({(y - x) / MS:+.1f} ms)") for k, x, y in kinds]
 
 
 def _part_named(a: Side, b: Side, part: str) -> str:

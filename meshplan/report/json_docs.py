@@ -107,7 +107,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     step_parts_s={"step": st.step_s, **st.parts_s()}, host_wait_s=st.host_wait_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
-                    collectives=[dict(plain_data(t), slack_s=t.slack_s) for t in timings(st)],
+                    collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     links=[{"edge": e.edge, "bytes_per_step": e.bytes_per_step,
                             "capacity_bytes_per_s": e.capacity_bytes_per_s, "busy_s": e.busy_s,
@@ -122,6 +122,15 @@ def _schedule(st) -> Optional[str]:
     ``no pipeline``, :func:`meshplan.spec.mesh_words.schedule_words`)."""
     spec = st.pipeline.spec
     return None if spec.p == 1 else str(spec.schedule)
+
+
+def _timing(t) -> dict[str, Any]:
+    """One readiness row (:class:`~meshplan.schedule.linkload.Timing`) with its slack; ``issued``
+    only where a per-step row goes out inside the last backward (the table's ``step`` phase)."""
+    doc = dict(plain_data(t), slack_s=t.slack_s)
+    if not doc["issued"]:
+        del doc["issued"]
+    return doc
 
 
 def _most_exposed(st, bw: Optional[BubbleWait]) -> Optional[dict[str, Any]]:

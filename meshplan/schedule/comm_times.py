@@ -260,6 +260,9 @@ class CommTimes:
     mb_reduce_by: dict = field(default_factory=dict)
     step_gather_by: dict = field(default_factory=dict)
     reduce_ops_by: dict = field(default_factory=dict)
+    #: the per-step reduction's table phases by stream ({stream: phases}: "step", or "backward" for
+    #: DeepSpeed ZeRO-1's buckets under overlap_comm), as the readiness list prints its pieces
+    reduce_phases_by: dict = field(default_factory=dict)
     #: the collective of the shard units' gradient reduction: "all-reduce" for DeepSpeed ZeRO-3
     #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
     shard_reduce_op: str = "reduce-scatter"
@@ -305,6 +308,7 @@ class CommTimes:
             lab = step_stream(r) if kind == "step" else ""
             if kind == "step" and r.op != "all-gather":
                 c.reduce_ops_by[lab] = c.reduce_ops_by.get(lab, frozenset()) | {r.op}
+                c.reduce_phases_by[lab] = c.reduce_phases_by.get(lab, frozenset()) | {r.phase}
             if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
                 c.mb_reduce_s += r.time_s * r.per_microbatch
                 _add_to(c.mb_reduce_by, lab, r.time_s * r.per_microbatch)

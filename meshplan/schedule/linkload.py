@@ -46,7 +46,12 @@ Q_OPS = (" Q proj", " Q proj B")
 
 @dataclass(frozen=True)
 class Timing:
-    """First occurrence of a collective kind in the step (seconds from the step start)."""
+    """First occurrence of a collective kind in the step (seconds from the step start).
+    ``phase`` as the plan's collective table names it: ``step`` for a per-step row, also where
+    its pieces go out inside the last backward (``issued``: ``in the last backward``; Megatron-LM's
+    DDP and ZeRO-1 buckets under overlapped reduction, its coalesced SP all-reduce, torch's SP norm
+    gradients), and ``backward`` for torch DDP's and DeepSpeed ZeRO-1's (``overlap_comm``) buckets,
+    whose rows say so (:attr:`~meshplan.schedule.comm_times.CommTimes.reduce_phases_by`)."""
 
     stream: str
     phase: str
@@ -54,6 +59,7 @@ class Timing:
     ready_s: float
     deadline_s: float
     duration_s: float
+    issued: str = ""  # where a per-step row (phase "step") is issued when not at the step's end
 
     @property
     def slack_s(self) -> float:
@@ -182,17 +188,41 @@ def _timings(st, stage: int) -> list[Timing]:
     phases = ("forward", "backward", "step")
     labels = sorted({(s, o) for s, o in zip(d.streams, ops)})
     row = np.array([labels.index((s, o)) for s, o in zip(d.streams, ops)], dtype=np.int64)
+    per_step, table = _step_pieces(st, stage, d.names)
     kind = d.kind[cand]
-    phase = np.where(kind == KINDS.index("F"), 0, np.where(kind < 0, 2, 1))
+    phase = np.where(kind == KINDS.index("F"), 0, np.where((kind < 0) | per_step[d.code[cand]], 2, 1))
     label = row[d.code[cand]] * len(phases) + phase
     _, first = np.unique(label, return_index=True)
     out = []
-    for i in cand[np.sort(first)].tolist():
-        c = int(d.code[i])
-        key = (d.streams[c], phases[0 if d.kind[i] == KINDS.index("F") else 2 if d.kind[i] < 0 else 1], ops[c])
-        out.append(Timing(key[0], key[1], key[2], float(d.start[i]), _deadline(d, i, opt),
-                          float(d.end[i] - d.start[i])))
+    for j in np.sort(first).tolist():
+        i, c = int(cand[j]), int(d.code[cand[j]])
+        inside = bool(per_step[c]) and d.kind[i] >= 0
+        name = phases[int(phase[j])]
+        if inside and len(table.get(d.streams[c], ())) == 1:  # DeepSpeed ZeRO-1 under overlap_comm: backward
+            (name,) = table[d.streams[c]]
+        out.append(Timing(d.streams[c], name, ops[c], float(d.start[i]), _deadline(d, i, opt),
+                          float(d.end[i] - d.start[i]), "in the last backward" if inside else ""))
     return out
+
+
+def _step_pieces(st, stage: int, names: tuple[str, ...]) -> tuple[np.ndarray, dict]:
+    """(for each event name, whether it is a piece of the per-step reduction issued inside the last
+    backward: :func:`meshplan.schedule.grad_reduce.unit_reduce`'s ``grad reduce ...``, not ZeRO-2's
+    per-micro-batch pieces, ``mb_reduce_s``; the phases the table gives those rows by stream)."""
+    pieces = np.array([n.startswith("grad reduce") for n in names], dtype=bool)
+    if not pieces.any():
+        return pieces, {}
+    comm = st.units.comms[stage]
+    return pieces & (not comm.mb_reduce_s), comm.reduce_phases_by
+
+
+def p2p_calls(st, stage: int = 0) -> int:
+    """The pp sends ``stage`` makes per schedule run (activations forward, gradients backward),
+    which :func:`timings` leaves out: they are the parts line's ``exposed pp`` (their transfers;
+    a blocking call's wait for its partner stage is bubble)."""
+    d = StageDetail.cached(st, stage)
+    send = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "pp" and n == "send"]
+    return int(np.isin(d.code, send).sum())
 
 
 def _deadline(d, i: int, opt: float) -> float:

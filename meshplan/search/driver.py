@@ -217,6 +217,7 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes,
                stage_flops=e.stage_flops, compute_split=e.compute_split,
                copies_s=(e.compute_split or {}).get(SPLIT_PARTS[2]),
+               kernels_s=e.kernels_s,
                streams=stream_words(candidate_config(cfg, c, i).training, cfg.origin))  # the stream names, by engine
     return out
 

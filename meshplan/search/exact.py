@@ -19,6 +19,7 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.reliability import reliability
+from meshplan.schedule.kernel_kinds import kernel_kinds_s
 from meshplan.search.explain import compute_split, layer_passes, stage_flops, step_breakdown
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import Candidates
@@ -36,7 +37,8 @@ class Exact:
     (FLOP its critical stage executes per step on one GPU, recompute included,
     :func:`~meshplan.search.explain.stage_flops`) and ``compute_split`` (its compute part's seconds
     by kernel kind, collectives' copies on the compute stream among them,
-    :func:`~meshplan.search.explain.compute_split`).
+    :func:`~meshplan.search.explain.compute_split`), ``kernels_s`` (its other part's seconds by
+    kernel kind, :func:`~meshplan.schedule.kernel_kinds.kernel_kinds_s`).
     ``complete`` False: a
     step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the
     parts as the complete one gives them, ``goodput`` as if the memory fits, no memory
@@ -55,6 +57,7 @@ class Exact:
     layer_passes: Optional[int] = None
     stage_flops: Optional[float] = None
     compute_split: Optional[dict] = None
+    kernels_s: Optional[dict] = None
 
 
 class Planner:
@@ -80,14 +83,14 @@ class Planner:
             st = step_time(plan, Overlap())
             return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
                          step_breakdown(st), complete=False, layer_passes=layer_passes(st), stage_flops=stage_flops(st),
-                         compute_split=compute_split(plan, st))
+                         compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st))
         peak = plan.timeline.peak.total_bytes
         if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
                      self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st),
-                     stage_flops=stage_flops(st), compute_split=compute_split(plan, st))
+                     stage_flops=stage_flops(st), compute_split=compute_split(plan, st), kernels_s=kernel_kinds_s(st))
 
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the
@@ -115,7 +118,7 @@ def merge(prev: Optional[Exact], new: Exact) -> Exact:
     return replace(memory, step_s=step.step_s, mfu=step.mfu, tokens_per_s=step.tokens_per_s,
                    goodput=step.goodput if memory.feasible else None, breakdown=step.breakdown,
                    layer_passes=step.layer_passes, stage_flops=step.stage_flops,
-                   compute_split=step.compute_split)
+                   compute_split=step.compute_split, kernels_s=step.kernels_s)
 
 
 #: Modes of a planner job (:meth:`Planner.__call__`).
