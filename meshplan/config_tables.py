@@ -82,7 +82,7 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     return ConfigError(field, msg)
 
 
-def _below_floor(err: dict, field: str) -> Optional[str]:
+def _below_floor(err, field: str) -> Optional[str]:
     """A pydantic ``greater_than``/``greater_than_equal`` error (``Field(gt=0)``) as the bound and
     the fix, instead of pydantic's bare "Input should be greater than 0"; None for other errors.
 

@@ -27,7 +27,7 @@ from meshplan.memory import constraints as cons
 from meshplan.memory.constraints import ESTIMATE
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.spec.axes import canonical_names
-from meshplan.spec.mesh import MeshSpec, Schedule
+from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import data_axis
 from meshplan.units import GiB
 
@@ -118,7 +118,8 @@ def _split_config(plan: Plan, tp: int, pp: int, data: int):
     """``plan``'s config with tp, pp and the data axis set (the other axes kept); where pp
     is not the plan's, the default 1F1B schedule, one chunk per stage and the default layer
     split."""
-    spec: MeshSpec = plan.config.mesh
+    spec = plan.config.mesh
+    assert spec is not None  # a plan's config has its mesh
     degrees = {"tp": tp, "pp": pp, _data(plan): data}
     if spec.names is not None:
         names = list(canonical_names([str(n) for n in spec.names])[0])  # fsdp -> dp_shard, as the plan's

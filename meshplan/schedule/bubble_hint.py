@@ -67,7 +67,7 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     found = []
     for words, update, mesh in bubble_knobs(plan):
         alt = alternatives(update, mesh)
-        if clearly_faster(st.step_s, alt.step_s):
+        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             found.append((alt.step_s, words, alt))
     if not found:
         return []
