@@ -151,7 +151,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
     (train.py) is refused: bind.sh execs it as a command; give -- python train.py."""
 
-    check_program(tuple(program or ()))  # before the planning: bind.sh execs the program as a command
+    if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
+        check_program(tuple(program))
     if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
         out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
