@@ -35,7 +35,7 @@ def _args(name: str) -> list[str]:
 
 
 def test_the_list_is_the_folder():
-    assert len(NAMES) == 12 and set(FOREIGN) <= set(NAMES) and set(DEMONSTRATES) <= set(NAMES)
+    assert len(NAMES) == 13 and set(FOREIGN) <= set(NAMES) and set(DEMONSTRATES) <= set(NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES)
