@@ -22,11 +22,11 @@ from meshplan.placement.assign import place
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
+from meshplan.spec.mesh import MeshSpec
 
 #: The policies one layer's cost is asked for: per-layer AC (``layer``) is asked as ``none``
 #: (:func:`meshplan.search.columns.bound_recompute`).
 UNIFORM = tuple(r for r in RECOMPUTE if r != "layer")
-from meshplan.spec.mesh import MeshSpec
 
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
