@@ -88,7 +88,9 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     tokens/s, global batch kept, 8 GPUs idle): dp_shard x cp 2 x tp 2 keeps 512 only at dp 16
     (64 GPUs: 72.2 GiB > 67.1 usable). Now the kind at another global batch: dp_shard 30 x cp 2 x
     tp 2, 512 -> 510 (17 micro-batches), 135,843 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
-    one alternative."""
+    one alternative. Since torch's CP ring merges are counted (meshplan.compute.ring_attention) the cp
+    2 meshes are slower: the kind 129,127 tokens/s, and the alternative keeping the batch is pp 15 x
+    dp_shard 2 x tp 4 on all 120 GPUs (no cp), 118,825 tokens/s, the kind 8.7% over it."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -98,10 +100,10 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     lines = out.splitlines()
     assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (shrunk: "
             "dp_shard 32 -> 30; kept: cp 2, tp 2)") in lines
-    assert "- planned step 30.76 s, 135,843 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
-           "128-GPU plan: step 28.94 s, 144,933 tokens/s)" in lines
-    assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step 34.56 s, " \
-           "121,380 tokens/s" in lines
+    assert "- planned step 32.36 s, 129,127 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
+           "128-GPU plan: step 30.45 s, 137,766 tokens/s)" in lines
+    assert "- alternative keeping the global batch: pp 15 x dp_shard 2 x tp 4 on 120 GPUs, contract kept: step " \
+           "35.30 s, 118,825 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 
