@@ -32,7 +32,6 @@ from meshplan.spec.mesh_words import data_axis
 from meshplan.units import GiB
 
 
-
 def own_row_prefix(sharding: str, recompute: str) -> str:
     """The start of a capacity row's text for ``sharding`` and ``recompute``
     (:func:`meshplan.memory.constraints._capacity_row` writes the same).
