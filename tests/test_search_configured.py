@@ -196,3 +196,21 @@ def test_mesh_with_a_schedule_the_search_does_not_run_is_not_a_candidate():
     r = search(replace(cfg, mesh=mesh), workers=1)
     assert r.configured.line() == ("your mesh (pp 2 x dp_shard 2 x tp 2) is not among the candidates: mesh.pp_schedule "
                                    "gpipe: the search runs this mesh with 1f1b")
+
+
+def test_op_recompute_outside_its_searched_meshes_names_the_limit():
+    """Newcomer trial 15: a 70B job at dp_shard 32 x tp 8 with recompute "op", [search] recompute
+    ["op", "selective"], read "recompute op is not searched (searched with the rest of the mesh:
+    selective; widen [search] recompute)", though op was listed: the search plans op only at
+    tp = cp = ep = 1 without MLA (search.space.op_recompute_ok), which this mesh (tp 8) is not.
+    Where op is not listed, the line still says to widen [search] recompute."""
+    from meshplan.search.configured import find
+    from meshplan.search.space import enumerate_candidates
+    cfg = _cfg("llama3-70b_256xh100_dp32-tp8.toml", training={"recompute": "op"},
+               narrow={"recompute": ["op", "selective"], "tp": [8], "pp": [1], "cp": [1]})
+    assert find(cfg, cfg.mesh, enumerate_candidates(cfg)) == (
+        "recompute op is searched only at tp = cp = ep = 1 without multi-head latent attention (its step-time "
+        "bound does not hold otherwise); this mesh has tp 8")
+    cfg = replace(cfg, search=cfg.search.model_copy(update={"recompute": ["selective"]}))
+    assert find(cfg, cfg.mesh, enumerate_candidates(cfg)) == (
+        "recompute op is not searched (searched with the rest of the mesh: selective; widen [search] recompute)")

@@ -31,6 +31,7 @@ from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.rank import mesh_of
+from meshplan.search.space import searched_recompute
 from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.search import TIE
@@ -135,7 +136,7 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         col = c.degree(key) if key in c.more else getattr(c, key)
         now = sel & (col == value)
         if not now.any():
-            return _absent(words[key], key, value, np.unique(col[sel]))
+            return _op_limit(cfg, mesh, key, value) or _absent(words[key], key, value, np.unique(col[sel]))
         sel = now
     rf = np.where(fsdp, int(t.reshard_after_forward), c.rf)
     why: Optional[str] = f"reshard_after_forward {str(t.reshard_after_forward).lower()} is not searched with this mesh"
@@ -144,6 +145,21 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         if why is None:
             return int(i)
     return why or ""
+
+
+def _op_limit(cfg: Config, mesh: Mesh, key: str, value: int) -> Optional[str]:
+    """Why recompute "op", which ``[search] recompute`` lists, is not searched at ``mesh``: the search
+    plans it only at tp = cp = ep = 1 without MLA (:func:`meshplan.search.space.op_recompute_ok`); None
+    for another column or value, or where that is not the reason."""
+    if key != "rc" or RECOMPUTE[value] != "op" or "op" not in searched_recompute(cfg):
+        return None
+    over = [f"{n} {mesh.degree(n) if n != 'ep' else mesh.ep}" for n in ("tp", "cp", "ep")
+            if (mesh.degree(n) if n != "ep" else mesh.ep) > 1]
+    if not over and not cfg.model.is_mla:
+        return None
+    has = ", ".join(over) if over else "multi-head latent attention"
+    return (f"recompute op is searched only at tp = cp = ep = 1 without multi-head latent attention (its "
+            f"step-time bound does not hold otherwise); this mesh has {has}")
 
 
 def _absent(word: str, key: str, value: int, searched) -> str:
