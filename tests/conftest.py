@@ -14,28 +14,6 @@ def no_host_pace(monkeypatch):
     monkeypatch.setattr("meshplan.schedule.workload.dtensor_host_s", lambda config, tp: (0.0, 0.0))
 
 
-#: The modules that take a training contract's framework kernels (meshplan.compute.ops.framework_kernels).
-FRAMEWORK_KERNEL_USERS = ("meshplan.search.time_tables", "meshplan.schedule.workload", "meshplan.memory.workingset")
-
-
-def without_torch_ring(patch) -> None:
-    """Plan and search without torch's context-parallel ring merges (meshplan.compute.ring_attention),
-    for the search-order and rank tests whose cases were found before they were counted; ``patch``:
-    a pytest MonkeyPatch. The Workload key differs, so no cached layer cost with them is reused."""
-    from meshplan.compute import ops
-
-    def kernels(training):
-        return {**ops.framework_kernels(training), "torch_ring_attention": False}
-    for module in FRAMEWORK_KERNEL_USERS:
-        patch.setattr(f"{module}.framework_kernels", kernels)
-
-
-@pytest.fixture
-def no_torch_ring(monkeypatch):
-    """:func:`without_torch_ring` for one test."""
-    without_torch_ring(monkeypatch)
-
-
 @pytest.fixture
 def seed_path():
     return EXAMPLES / "seed-64gpu.toml"

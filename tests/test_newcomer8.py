@@ -15,7 +15,8 @@ from meshplan.interop.megatron import read, write
 from cli_run import run_main as _main
 
 #: Llama 3 70B at 8k tokens on 16 DGX H100 (the trial's q1.toml), the two meshes its search lists first:
-#: #1 dp_shard 32 x cp 2 x tp 2 and #2 dp_shard 32 x tp 4, both zero3 (FSDP2), no recompute, mb 1.
+#: #1 dp_shard 32 x tp 4 and #2 dp_shard 32 x cp 2 x tp 2, both zero3 (FSDP2), no recompute, mb 1 (the
+#: trial's order was the other, before torch's CP ring merges were counted, 1d93a21).
 Q1 = """[model]
 catalog = "llama3-70b"
 [cluster]
@@ -91,48 +92,58 @@ def test_compare_treats_unset_moe_routing_as_dropless():
 def q1_search(tmp_path_factory):
     from meshplan.config import load_config
     from meshplan.search.driver import search
-    from tests.conftest import without_torch_ring
     path = tmp_path_factory.mktemp("q1") / "q1.toml"
     path.write_text(Q1)
-    with pytest.MonkeyPatch.context() as patch:  # the cases below were found before torch's CP ring
-        without_torch_ring(patch)                 # merges were counted; with them cp 2 falls behind
-        return search(load_config(path), workers=1)
+    return search(load_config(path), workers=1)
 
 
 @pytest.mark.slow
 def test_compute_difference_names_its_largest_part(q1_search):
-    """#1 (tp 2) computes 27.66 s, #2 (tp 4) 26.07 s: the same FLOP per GPU, GEMMs 19.56 vs 19.31 s
-    (0.25 s), but FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter
-    move each rank's gathered layer (its 1/tp share): twice the bytes at tp 2, so twice the
-    copy time (2.65 s vs 1.32 s, ``step``'s "FSDP2 copies on the compute stream" note): 1.32 s
-    of the 1.59 s difference, 83%. The explanation names it first."""
+    """#1 (tp 4) computes 26.07 s, #2 (cp 2 x tp 2) 29.18 s: the same FLOP per GPU, GEMMs 19.31 vs
+    19.56 s (0.25 s). Two parts make the 3.11 s gap. The largest, the memory-bound ops (1.61 vs
+    3.15 s), is torch's CP ring on #2 (meshplan.compute.ring_attention), eager, no recompute: per
+    layer and micro-batch its local Q is n_q = 64 / tp 2 = 32 heads x 8192 / cp 2 x 128 =
+    16,777,216 elements, K and V 2 n_q (repeat_kv); merges n_q (12 + 38) + 2 n_q x 8 = 66 n_q,
+    gradient sums n_q (10 + 20) + 2 n_q (24 + 17 + 16) = 144 n_q; 80 layers x 16 micro-batches at
+    the H100's Triad 2.97 TB/s (kernels.toml): 0.477 s and 1.041 s, 1.52 s of the part's 1.53 s
+    difference, 49% of the gap. Then FSDP2's copy-out after each all-gather and copy-in before
+    each reduce-scatter, which move each rank's gathered layer (its 1/tp share): twice the bytes
+    at tp 2, so twice the copy time (2.65 s vs 1.32 s, ``step``'s "FSDP2 copies on the compute
+    stream" note), 1.32 s, 43%. The explanation names the largest first, with the ring's kernels."""
     from meshplan.search.explain import SPLIT_PARTS
     top, two = q1_search.top[0], q1_search.top[1]
-    assert q1_search.candidates.label(top.index).startswith("dp_shard 32 x cp 2 x tp 2")
-    assert q1_search.candidates.label(two.index).startswith("dp_shard 32 x tp 4")
-    copies = SPLIT_PARTS[2]
-    assert top.compute_split[copies] == pytest.approx(2 * two.compute_split[copies], rel=1e-3)  # bytes / tp
+    assert q1_search.candidates.label(top.index).startswith("dp_shard 32 x tp 4")
+    assert q1_search.candidates.label(two.index).startswith("dp_shard 32 x cp 2 x tp 2")
+    other, copies = SPLIT_PARTS[3], SPLIT_PARTS[2]
+    assert two.compute_split[copies] == pytest.approx(2 * top.compute_split[copies], rel=1e-3)  # bytes / tp
     for e in (top, two):  # the four parts add up to the compute part
         assert sum(e.compute_split.values()) == pytest.approx(e.breakdown["compute"], rel=1e-12)
-    gap = top.breakdown["compute"] - two.breakdown["compute"]
-    share = (top.compute_split[copies] - two.compute_split[copies]) / gap
-    assert share == pytest.approx(0.83, abs=0.005)
-    assert max(SPLIT_PARTS, key=lambda k: abs(top.compute_split[k] - two.compute_split[k])) == copies
+    gap = two.breakdown["compute"] - top.breakdown["compute"]
+    share = {k: (two.compute_split[k] - top.compute_split[k]) / gap for k in (other, copies)}
+    assert share[other] == pytest.approx(0.49, abs=0.005) and share[copies] == pytest.approx(0.43, abs=0.005)
+    assert max(SPLIT_PARTS, key=lambda k: abs(top.compute_split[k] - two.compute_split[k])) == other
+    n_q, triad = 32 * 4096 * 128, 2.97e12
+    merge_s, grad_s = 80 * 16 * 66 * n_q / triad, 80 * 16 * 144 * n_q / triad
+    assert (round(merge_s, 3), round(grad_s, 3)) == (0.477, 1.041)
+    ring = merge_s + grad_s  # 99% of the part's difference (the rest: its other memory-bound ops)
+    assert 0.98 < ring / (two.compute_split[other] - top.compute_split[other]) < 1
     line = q1_search.explanation.line()
-    assert ("compute 27.7 s vs 26.1 s (largest: copies on the compute stream 2.65 s vs 1.32 s = 1.32 s of the "
-            "1.59 s gap (83%)") in line
+    assert ("compute 26.1 s vs 29.2 s (largest: other (memory-bound ops, optimizer step) 1.61 s vs 3.15 s (kernels: "
+            f"cp ring gradient accumulation 0 ms vs {grad_s:.2f} s, cp ring merge 0 ms vs {merge_s * 1e3:.0f} ms) = "
+            "1.53 s of the 3.11 s gap (49%)") in line
+    assert "copies on the compute stream 1.32 s vs 2.65 s" in line
 
 
 @pytest.mark.slow
 def test_search_warns_when_a_row_fits_only_without_fragmentation(q1_search):
-    """#1 peaks at 64.0 GiB of 67.1 usable (74.5 GiB less the 10% reserve): 4.5% free, under the
+    """#1 peaks at 61.5 GiB of 67.1 usable (74.5 GiB less the 10% reserve): 8.2% free, under the
     15% PyTorch's caching allocator was measured to fragment (ALLOCATOR_FRAGMENTATION, GMLake),
     at the default fragmentation_fraction 0: a warning names the row and the [memory] knob; with the
     allowance planned at 15% there is none."""
     from meshplan.report.search import headroom_lines
     (line,) = headroom_lines(q1_search)
     assert line.startswith("warning: rows 1, ")
-    assert "(#1 dp_shard 32 x cp 2 x tp 2, mb 1, none, vpp 1, zero3: peak 64.0 of 67.1 GiB, 4.5% free) at " \
+    assert "(#1 dp_shard 32 x tp 4, mb 1, none, vpp 1, zero3: peak 61.5 of 67.1 GiB, 8.2% free) at " \
            "[memory] fragmentation_fraction 0%" in line
     assert line.endswith("set [memory] fragmentation_fraction = 0.15 to plan with it")
     cfg = q1_search.config
@@ -143,8 +154,9 @@ def test_search_warns_when_a_row_fits_only_without_fragmentation(q1_search):
 
 @pytest.mark.slow
 def test_best_rejected_never_prints_zero_percent(q1_search):
-    """The best rejected (hsdp, 28.937 s) against the top (28.940 s): -0.013%, which printed as
-    "-0.0%"; two significant figures under 0.1% as the explanation line's helper writes them."""
+    """The best rejected (dp_replicate 2 x dp_shard 16 x tp 4, hsdp, 29.254 s) against the top
+    (29.261 s): -0.026%, which printed as "-0.0%"; two significant figures under 0.1% as the
+    explanation line's helper writes them."""
     from meshplan.report.search import rejected_lines
     b, top = q1_search.best_rejected, q1_search.top[0]
     rel = b.step_s / top.step_s - 1

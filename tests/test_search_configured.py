@@ -20,7 +20,6 @@ from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 from meshplan.search.reasons import UNDECIDED
 from tests.cli_run import run_main
-from tests.conftest import without_torch_ring
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -35,29 +34,31 @@ def _cfg(name: str, training: dict | None = None, narrow: dict | None = None):
 #: searchtie), so the space is the one these findings were made on.
 ALL_RECOMPUTE = {"recompute": ["none", "selective", "full", "op"]}
 
+#: The mini example at Megatron-LM's selective recompute (the attention core replayed): its step,
+#: 7.847 s, is 12.13% past the top's, far enough that the rank is a range (the example itself, at
+#: recompute none, 7.424 s, is #6 since torch's CP ring merges put 34 cp meshes behind it, 1d93a21).
+SELECTIVE = {"recompute": "selective"}
+
 
 @pytest.fixture(scope="module")
 def mini():
-    """The 8-GPU example (llama3-8b, dp_shard 4 x tp 2, mb 1, recompute none, zero3), searched whole,
-    top 3 (the rows are distinct meshes, so a top 10 plans far enough to rank the mesh exactly), without
-    torch's CP ring merges (:func:`tests.conftest.without_torch_ring`: the rank cases below were found
-    before they were counted; with them 34 cp meshes fall behind the mesh)."""
-    with pytest.MonkeyPatch.context() as patch:
-        without_torch_ring(patch)
-        return search(_cfg("mini_2x4_tp2-dp4.toml", narrow=ALL_RECOMPUTE | {"top": 3}), workers=1)
+    """The 8-GPU example (llama3-8b, dp_shard 4 x tp 2, mb 1, zero3) at recompute selective
+    (:data:`SELECTIVE`), searched whole, top 3 (the rows are distinct meshes, so a top 10 plans far
+    enough to rank the mesh exactly)."""
+    return search(_cfg("mini_2x4_tp2-dp4.toml", training=SELECTIVE, narrow=ALL_RECOMPUTE | {"top": 3}), workers=1)
 
 
 def test_configured_step_is_the_plan_and_step_commands_own(mini):
     """Its step is what ``meshplan step`` predicts for the config (build_plan + step_time with the
     default Overlap), to the bit: the search's exact model, not an estimate."""
-    cfg = _cfg("mini_2x4_tp2-dp4.toml")
+    cfg = _cfg("mini_2x4_tp2-dp4.toml", training=SELECTIVE)
     st = step_time(build_plan(cfg), Overlap())
     mine = mini.configured
     assert mine.status == "ranked"
     assert mine.step_s == st.step_s and mine.tokens_per_s == st.tokens_per_s
     row = candidate_config(mini.config, mini.candidates, mine.index)
     assert (row.mesh.names, row.mesh.shape, row.training.micro_batch, row.training.recompute) == \
-        (["dp_shard", "tp"], [4, 2], 1, "none")
+        (["dp_shard", "tp"], [4, 2], 1, "selective")
 
 
 @pytest.fixture(scope="module")
@@ -65,73 +66,79 @@ def mini_top45(mini):
     """The same search with ``--top 45``: the ranking plans more, so more candidates near the
     memory limit are decided."""
     cfg = mini.config
-    with pytest.MonkeyPatch.context() as patch:
-        without_torch_ring(patch)
-        return search(replace(cfg, search=cfg.search.model_copy(update={"top": 45})), workers=1)
+    return search(replace(cfg, search=cfg.search.model_copy(update={"top": 45})), workers=1)
 
 
 def test_configured_rank_counts_the_faster_feasible(mini):
-    """Rank #40-#45 of the 716 feasible (a real run, top 3): the eager DTensor TP host's pace
-    (kernels.toml [host]) adds 43 ms to its step (7.381 -> 7.424 s); 37 unplanned candidates have
-    a step-time lower bound below it, of which :data:`RANK_MAX` (32) are planned and 5 are left
-    as the range; it is slower than the top's last row (7.026 s), so no row. 209 candidates near
-    the memory limit are undecided (settle_max 32), 13 with a lower bound below its step: the
-    line says so, the rank is among the decided. (Top 10 before the rows were distinct meshes:
-    #40-#41 of 717, 205 undecided, 9 below; the rows now reach further, so top 3.)"""
+    """Rank #41-#49 of the 708 feasible (a real run, top 3): 7.847 s, 12.13% longer than the top's
+    6.998 s (dp_shard 8), and slower than the top's last row (dp_replicate 2 x dp_shard 2 x tp 2,
+    7.342 s), so no row of its own (its mesh's row is mb 2, recompute none). 40 planned candidates
+    are faster, and 8 more feasible ones have a step-time lower bound below its step beyond the
+    :data:`RANK_MAX` (32) planned for the rank: the range, #41 to #41 + 8. 213 candidates near
+    the memory limit are undecided (settle_max 32), 3 with a lower bound below its step: the line
+    says so, the rank is among the decided. (Found at recompute none before torch's CP ring
+    merges were counted, #40-#45 of 716; with them that mesh is #6, :data:`SELECTIVE`.)"""
     mine = mini.configured
-    assert (mine.rank, mine.rank_hi, mine.feasible) == (40, 45, mini.counts()["feasible"]) == (40, 45, 716)
+    assert (mine.rank, mine.rank_hi, mine.feasible) == (41, 49, mini.counts()["feasible"]) == (41, 49, 708)
     faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
-    assert 0 < len(faster) <= 39 and mine.step_s > mini.top[-1].step_s and mine.row is None
+    assert 0 < len(faster) <= 40 and mine.step_s > mini.top[-1].step_s and mine.row is None
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = int((mini.est.step_lo[undecided] < mine.step_s).sum())
-    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (209, 13)
-    # 7.424 s against the top's 6.998 s (dp_shard 8): 7.424 / 6.998 - 1 = 6.09%
+    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (213, 3)
+    # 7.847 s against the top's 6.998 s (dp_shard 8): 7.847 / 6.998 - 1 = 12.13%
     assert round(mini.top[0].step_s, 3) == 6.998
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.424 s, 70,617 tokens/s, rank #40-#45 of 716 feasible by "
-                           "step time, 209 undecided near the memory limit not ranked (6.09% longer than the top's; "
-                           "5 feasible candidates with a step-time lower bound below its step left unplanned: 32 are "
-                           "planned for the rank; 13 of the undecided have a step-time lower bound below its step and "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank #41-#49 of 708 feasible by "
+                           "step time, 213 undecided near the memory limit not ranked (its mesh is row #2 in the top "
+                           "table, at other settings (one row per distinct mesh); 12.13% longer than the top's; "
+                           "8 feasible candidates with a step-time lower bound below its step left unplanned: 32 are "
+                           "planned for the rank; 3 of the undecided have a step-time lower bound below its step and "
                            "could rank ahead if planned: [search] settle_max plans more)")
 
 
-def test_configured_in_the_top_is_ranked_by_step_not_by_row(no_torch_ring):
-    """The mini example kept gathered (training.reshard_after_forward false) is row #9 of the top
-    table, its mesh's first setting by the tie rule (rows are distinct meshes), but 27 feasible
-    candidates have a shorter exact step (a real run): 8 rows of the table and other settings of
-    their meshes: rank #28, row 9 beside it. 736 feasible, 174 undecided, none with a lower bound
-    below its step. At the default reshard its mesh's row is named instead. Without torch's CP ring
-    merges (:func:`tests.conftest.without_torch_ring`), as the case was found."""
-    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"reshard_after_forward": False}, narrow=ALL_RECOMPUTE),
-               workers=1)
+def test_configured_in_the_top_is_ranked_by_step_not_by_row():
+    """The mini example at micro-batch 2 is row #2 of the top table, its mesh's first setting by the
+    tie rule (rows are distinct meshes: its mb 1 kept gathered twin, 7.297 s, is within 1% of it
+    and has a setting off its default), but 3 feasible candidates have a shorter exact step (a real
+    run): dp_shard 8 (6.998 s, row 1), that twin and dp_replicate 2 x dp_shard 2 x tp 2 kept
+    gathered (7.342 s, row 3, listed after it by fewer axes): rank #4, row 2 beside it. 721
+    feasible, 189 undecided, none with a lower bound below its step. At the example's micro-batch 1
+    its mesh's row is named instead. (Found kept gathered, row #9 and rank #28, before torch's CP
+    ring merges were counted, 1d93a21: with them the cp meshes fall behind and that candidate is
+    no row.)"""
+    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"micro_batch": 2}, narrow=ALL_RECOMPUTE), workers=1)
     mine = r.configured
-    assert mine.row == 9 and r.top[8].index == mine.index
-    assert sum(e.step_s < mine.step_s for e in r.top) == 8
+    assert mine.row == 2 and r.top[1].index == mine.index
+    assert sum(e.step_s < mine.step_s for e in r.top) == 2
     faster = [i for i, e in r.exact.items() if r.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
-    assert len(faster) == 27 and (mine.rank, mine.rank_hi) == (28, 28)
-    assert (mine.feasible, mine.undecided, mine.undecided_below) == (736, 174, 0) == \
+    assert sorted(r.candidates.label(i) for i in faster) == [
+        "dp_replicate 2 x dp_shard 2 x tp 2, mb 1, none, vpp 1, hsdp, keep gathered",
+        "dp_shard 4 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", "dp_shard 8, mb 1, none, vpp 1, zero3"]
+    assert (mine.rank, mine.rank_hi) == (4, 4)
+    assert (mine.feasible, mine.undecided, mine.undecided_below) == (721, 189, 0) == \
         (r.counts()["feasible"], r.counts()["undecided"], 0)
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.297 s, 71,846 tokens/s, rank #28 of 736 feasible by "
-                           "step time, 174 undecided near the memory limit not ranked (row #9 in the top table, whose "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.362 s, 71,216 tokens/s, rank #4 of 721 feasible by "
+                           "step time, 189 undecided near the memory limit not ranked (row #2 in the top table, whose "
                            "tie rule orders meshes within 1% toward fewer axes, lower degrees and fewer settings; "
-                           "4.27% longer than the top's; no undecided candidate could rank ahead: their step-time "
+                           "5.19% longer than the top's; no undecided candidate could rank ahead: their step-time "
                            "lower bounds are not below its step)")
-    resharded = search(_cfg("mini_2x4_tp2-dp4.toml", narrow=ALL_RECOMPUTE), workers=1).configured
-    assert resharded.row is None and "its mesh is row #9 in the top table, at other settings (one row per " \
-        "distinct mesh)" in resharded.line()
+    at_mb1 = search(_cfg("mini_2x4_tp2-dp4.toml", narrow=ALL_RECOMPUTE), workers=1).configured
+    assert at_mb1.row is None and "its mesh is row #2 in the top table, at other settings (one row per " \
+        "distinct mesh)" in at_mb1.line()
 
 
 def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
-    """The top-3 run's #40-#45 holds for its own 716 feasible: the --top 45 run planned every one
-    of them with a lower bound below the step; 39 are faster (#40). Of its 13 undecided with a
-    lower bound below, that run found 4 feasible and faster: 40 + 4 = the #44 it gives."""
+    """The top-3 run's #41-#49 holds for its own 708 feasible: the --top 45 run planned every one
+    of them with a lower bound below the step; 43 are faster (#44, in the range). Of its 3
+    undecided with a lower bound below, that run found none feasible and faster: 44 + 0 = the #44
+    it gives."""
     step = mini.configured.step_s
     known = {j: e.step_s for ex in (mini.exact, mini_top45.exact) for j, e in ex.items() if e.step_s is not None}
     feasible = np.flatnonzero(mini.code == -1)
     assert not [j for j in feasible if j not in known and mini.est.step_lo[j] < step]
-    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 40
+    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 44
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = undecided[mini.est.step_lo[undecided] < step]
-    assert sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 4
+    assert len(below) == 3 and sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 0
     assert (mini_top45.configured.rank, mini_top45.configured.rank_hi) == (44, 44)
 
 
