@@ -23,7 +23,10 @@ arXiv 2401.10241: split backward):
   layer split merged pairwise), which halves the micro-batches per stage as well.
 
 Where the layers, the schedule's micro-batch rule or memory refuse a knob, its re-plan does not
-resolve or fit, and it is not listed.
+resolve or fit, and it is not listed. Each knob is stepped before its memory is planned
+(:class:`~meshplan.schedule.verdict.Rebuilt`): only the clearly faster ones have their memory
+timelines planned, fastest first, until :data:`MAX_SHOWN` fit (:func:`_fastest`; the line is the
+one of re-planning every knob whole).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _fastest(st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> l
     step = getattr(alternatives, "stepped", alternatives)
     fit = getattr(alternatives, "fitted", lambda alt: alt)
     tried = [(alt.step_s, words, alt) for words, update, mesh in knobs
-             for alt in (step(update, mesh),) if clearly_faster(st.step_s, alt.step_s)]
+             for alt in (step(update, mesh),) if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s)]
     tried.sort(key=lambda f: round(f[0], 6))
     found: list[tuple[float, str, Replanned]] = []
     for s, words, alt in tried:

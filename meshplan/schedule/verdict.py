@@ -286,6 +286,8 @@ class Rebuilt:
     def fitted(self, stepped: Stepped) -> Replanned:
         """What :meth:`__call__` gives for the knob of ``stepped`` (a :meth:`stepped` result with a
         step): its memory planned, its step kept where it fits."""
+        if stepped.plan is None:
+            raise ValueError("Rebuilt.fitted needs a stepped re-plan with a step (step_s not None)")
         return self._fit(stepped.plan, stepped.step)
 
     def _lean(self, update: dict, mesh: Optional[MeshSpec]):
