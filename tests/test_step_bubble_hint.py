@@ -142,9 +142,9 @@ def test_no_line_under_the_share_or_when_no_knob_helps(pp4):
 
 def test_memory_planned_only_for_the_knobs_shown(pp4, monkeypatch):
     """rebuilt_step's two phases: every knob stepped without its memory, and the memory planned
-    only for those more than 1% faster, fastest first, until three fit. On pp4 the 7 knobs give
-    7 memory timelines re-planned whole, 3 here (ZB-V, DualPipeV, pp 2 x dp_shard 2: the three
-    the line shows), and the same line."""
+    only for those more than 1% faster, fastest first, until three fit. On pp4, re-planned whole
+    (a plain callable), all 7 knobs have their memory planned; here 3 (ZB-V, DualPipeV, pp 2 x
+    dp_shard 2: the three the line shows), and the line is the same."""
     plan, st = pp4
     again = rebuilt_step(plan, step_time)
     planned = []
