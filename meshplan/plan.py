@@ -270,8 +270,13 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
-    if not memory:
-        return plan
+    return with_memory(plan) if memory else plan
+
+
+def with_memory(plan: Plan) -> Plan:
+    """``plan`` (built with ``memory=False``) with its memory timelines and their reasons: what
+    :func:`build_plan` adds by default, for callers that plan the memory only of the plans they keep
+    (the bubble hint's re-plans: :meth:`meshplan.schedule.verdict.Rebuilt.stepped`)."""
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
     return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
 

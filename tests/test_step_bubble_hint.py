@@ -14,6 +14,7 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule import bubble_hint as bh
+from meshplan.schedule import verdict
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import Replanned, rebuilt_step
 from meshplan.units import GiB
@@ -137,6 +138,48 @@ def test_no_line_under_the_share_or_when_no_knob_helps(pp4):
     unfit = lambda u, m=None: Replanned("does not fit (...)", None, 90 * GiB)  # noqa: E731
     assert bh.bubble_hint(plan, st, slower) == [] and bh.bubble_hint(plan, st, unfit) == []
     assert bh.bubble_hint(plan, st, None) == []
+
+
+def test_memory_planned_only_for_the_knobs_shown(pp4, monkeypatch):
+    """rebuilt_step's two phases: every knob stepped without its memory, and the memory planned
+    only for those more than 1% faster, fastest first, until three fit. On pp4, re-planned whole
+    (a plain callable), all 7 knobs have their memory planned; here 3 (ZB-V, DualPipeV, pp 2 x
+    dp_shard 2: the three the line shows), and the line is the same."""
+    plan, st = pp4
+    again = rebuilt_step(plan, step_time)
+    planned = []
+    real = verdict.with_memory
+    monkeypatch.setattr(verdict, "with_memory", lambda p: planned.append(p.spec) or real(p))
+    line, = bh.bubble_hint(plan, st, again)
+    assert [(str(s.pp_schedule), s.virtual_stages, s.names) for s in planned] == [
+        ("zbv", 2, ["pp", "tp"]), ("dualpipev", 2, ["pp", "tp"]), ("1f1b", 1, ["pp", "dp_shard", "tp"])]
+    planned.clear()
+    assert bh.bubble_hint(plan, st, lambda u, m=None: again(u, m)) == [line] and len(planned) == 7
+
+
+def test_a_faster_knob_that_does_not_fit_gives_its_place_to_the_next(pp4):
+    """Stepped first, fitted after: knobs k0..k6 at 90%, 91%, ... 96% of the step, k0 and k2 not
+    fitting: memory is planned for k0..k4 (the fastest, until three fit) and the line lists k1,
+    k3, k4; k5 and k6 are never memory-planned."""
+    plan, st = pp4
+    knobs = bh.bubble_knobs(plan)
+    stepped, fitted = [], []
+
+    class TwoPhase:
+        def stepped(self, update, mesh=None):  # called in knob order
+            stepped.append(len(stepped))
+            return Replanned("stepped", st.step_s * (0.90 + 0.01 * stepped[-1]), 0.0, st)
+
+        def fitted(self, s):
+            i = round((s.step_s / st.step_s - 0.90) / 0.01)
+            fitted.append(i)
+            return Replanned("does not fit", None, 90 * GiB) if i in (0, 2) else Replanned("fits", s.step_s, GiB, st)
+
+    line, = bh.bubble_hint(plan, st, TwoPhase())
+    assert stepped == list(range(7)) and fitted == [0, 1, 2, 3, 4]
+    words = [w for w, _, _ in knobs]
+    assert [w for w in words if f"{w} (step" in line] == [words[1], words[3], words[4]]
+    assert line.index(words[1]) < line.index(words[3]) < line.index(words[4])
 
 
 def test_knobs_follow_the_framework_and_the_runtime():

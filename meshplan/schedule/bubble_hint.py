@@ -23,7 +23,10 @@ arXiv 2401.10241: split backward):
   layer split merged pairwise), which halves the micro-batches per stage as well.
 
 Where the layers, the schedule's micro-batch rule or memory refuse a knob, its re-plan does not
-resolve or fit, and it is not listed.
+resolve or fit, and it is not listed. Each knob is stepped before its memory is planned
+(:class:`~meshplan.schedule.verdict.Rebuilt`): only the clearly faster ones have their memory
+timelines planned, fastest first, until :data:`MAX_SHOWN` fit (:func:`_fastest`; the line is the
+one of re-planning every knob whole).
 """
 
 from __future__ import annotations
@@ -64,20 +67,38 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     share = bubble_share(st)
     if alternatives is None or share < HINT_SHARE:
         return []
-    found = []
-    for words, update, mesh in bubble_knobs(plan):
-        alt = alternatives(update, mesh)
-        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
-            found.append((alt.step_s, words, alt))
+    found = _fastest(st, bubble_knobs(plan), alternatives)
     if not found:
         return []
-    found.sort(key=lambda f: round(f[0], 6))  # stable: steps within a microsecond (ZB-V, DualPipeV) in knob order
     items = [f"{words} (step {s:.2f} s, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
-             f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found[:MAX_SHOWN]]
+             f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
     p, idle = st.pipeline.spec, st.parts_s()["bubble"]
     head = (f"hint: the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
             f"{st.step_s:.2f} s; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
     return [f"{head}: shorter with " + "; ".join(items)]
+
+
+def _fastest(st, knobs: list[Knob], alternatives: Callable[..., Replanned]) -> list[tuple[float, str, Replanned]]:
+    """(step, words, re-plan) of the :data:`MAX_SHOWN` fastest ``knobs`` that fit with a step
+    clearly shorter than ``st``'s (:func:`~meshplan.schedule.verdict.clearly_faster`), fastest
+    first; steps within a microsecond (ZB-V, DualPipeV) in knob order. With
+    :class:`~meshplan.schedule.verdict.Rebuilt` (its ``stepped`` and ``fitted``) each knob is
+    stepped without its memory and only the clearly faster ones have it planned, fastest first,
+    until :data:`MAX_SHOWN` fit: a stable sort keeps the order of those that fit, so the list is
+    the one of re-planning every knob whole (what a plain ``alternatives`` does)."""
+    step = getattr(alternatives, "stepped", alternatives)
+    fit = getattr(alternatives, "fitted", lambda alt: alt)
+    tried = [(alt.step_s, words, alt) for words, update, mesh in knobs
+             for alt in (step(update, mesh),) if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s)]
+    tried.sort(key=lambda f: round(f[0], 6))
+    found: list[tuple[float, str, Replanned]] = []
+    for s, words, alt in tried:
+        kept = fit(alt)
+        if kept.step_s is not None:  # it fits
+            found.append((s, words, kept))
+        if len(found) == MAX_SHOWN:
+            break
+    return found
 
 
 def bubble_knobs(plan: Plan) -> list[Knob]:

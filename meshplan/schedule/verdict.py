@@ -30,7 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.memory.constraints import Constraints, usable_bytes
+from meshplan.plan import Infeasible, Plan, build_plan, with_memory
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.schedule.comm_times import comm_kind, shard_group, step_stream
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
@@ -240,25 +241,84 @@ class Replanned:
     step: Optional[object] = None
 
 
-def rebuilt_step(plan: Plan, step_fn: Callable) -> Callable[..., Replanned]:
-    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints): rebuild
-    ``plan`` with the ``training`` fields ``update`` changed (and, given, its mesh spec replaced
-    by ``mesh``) and predict its step with ``step_fn(plan)``, or give the reason it has none:
-    the memory reason, the mesh's infeasibility reasons, or the config error a knob brings."""
+@dataclass(frozen=True)
+class Stepped:
+    """One knob's re-plan stepped before its memory is planned (:meth:`Rebuilt.stepped`):
+    ``step_s``, the predicted step (seconds; None where the knob is refused or the mesh does not
+    resolve), ``step`` its :class:`~meshplan.schedule.step_summary.StepTime` and ``plan`` the
+    re-plan without memory timelines (``build_plan(memory=False)``), for :meth:`Rebuilt.fitted`."""
 
-    def run(update: dict, mesh: Optional[MeshSpec] = None) -> Replanned:
-        cfg = plan.config
+    step_s: Optional[float]
+    step: Optional[object] = None
+    plan: Optional[Plan] = None
+
+
+class Rebuilt:
+    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints), made by
+    :func:`rebuilt_step`: called with ``(update, mesh=None)``, ``plan`` rebuilt with the
+    ``training`` fields ``update`` changed (and, given, its mesh spec replaced by ``mesh``), its
+    memory planned and, where it fits, its step predicted by ``step_fn(plan)``: a
+    :class:`Replanned` with the step, or the reason it has none (the memory reason, the mesh's
+    infeasibility reasons, or the config error a knob brings).
+
+    A hint that lists only re-plans clearly faster than the step (:func:`clearly_faster`) can
+    take the two phases apart: :meth:`stepped` (the step of the re-plan without its memory
+    timelines: ``step_time`` reads none of them, nor the constraint rows or placement flags,
+    which the re-plans leave out as the search's step-only path does, :mod:`meshplan.search.exact`),
+    then :meth:`fitted` (its memory) for the faster ones alone: the same :class:`Replanned`."""
+
+    def __init__(self, plan: Plan, step_fn: Callable):
+        self.plan, self.step_fn = plan, step_fn
+
+    def __call__(self, update: dict, mesh: Optional[MeshSpec] = None) -> Replanned:
+        alt = self._lean(update, mesh)
+        return alt if isinstance(alt, Replanned) else self._fit(alt, None)
+
+    def stepped(self, update: dict, mesh: Optional[MeshSpec] = None) -> Stepped:
+        """The knob's re-plan and its step, its memory not planned (``step_s`` None where
+        :meth:`__call__` would give no step before planning memory: refused or infeasible)."""
+        alt = self._lean(update, mesh)
+        if isinstance(alt, Replanned):
+            return Stepped(None)
+        st = self.step_fn(alt)
+        return Stepped(st.step_s, st, alt)
+
+    def fitted(self, stepped: Stepped) -> Replanned:
+        """What :meth:`__call__` gives for the knob of ``stepped`` (a :meth:`stepped` result with a
+        step): its memory planned, its step kept where it fits."""
+        if stepped.plan is None:
+            raise ValueError("Rebuilt.fitted needs a stepped re-plan with a step (step_s not None)")
+        return self._fit(stepped.plan, stepped.step)
+
+    def _lean(self, update: dict, mesh: Optional[MeshSpec]):
+        """The re-plan without memory timelines, constraint rows or placement flags (none of which a
+        step or a timeline reads), or the :class:`Replanned` that says why there is none."""
+        cfg = self.plan.config
+        cfg = replace(cfg, training=cfg.training.model_copy(update=update), mesh=mesh or cfg.mesh)
+        no_rows = Constraints((), usable_bytes(cfg.cluster, cfg.training))
         try:
-            alt = build_plan(replace(cfg, training=cfg.training.model_copy(update=update), mesh=mesh or cfg.mesh))
+            alt = build_plan(cfg, no_rows, memory=False, reports=False)
         except (ConfigError, ValueError) as e:  # a knob's mesh the rules refuse (a schedule's chunks, its framework)
             return Replanned(f"refused ({e})")
         if isinstance(alt, Infeasible):
             return Replanned("infeasible (" + "; ".join(alt.reasons) + ")")
+        return alt
+
+    def _fit(self, lean: Plan, st) -> Replanned:
+        """``lean``'s memory planned; where it fits, its step (``st``, or ``step_fn`` of the plan)."""
+        try:
+            alt = with_memory(lean)
+        except (ConfigError, ValueError) as e:  # as build_plan's own memory planning would refuse it
+            return Replanned(f"refused ({e})")
         peak = alt.timeline.peak.total_bytes
         if not alt.feasible:
             return Replanned(f"does not fit (peak {peak / GiB:.1f} GiB > {alt.timeline.usable_bytes / GiB:.1f} GiB "
                              f"usable)", peak_bytes=peak)
-        st = step_fn(alt)
+        st = st if st is not None else self.step_fn(alt)
         return Replanned(f"step {st.step_s:.1f} s, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
 
-    return run
+
+def rebuilt_step(plan: Plan, step_fn: Callable) -> Rebuilt:
+    """``alternatives`` for :func:`network_verdict` (and the host and bubble hints): ``plan``
+    re-planned with a knob and its step predicted with ``step_fn(plan)`` (:class:`Rebuilt`)."""
+    return Rebuilt(plan, step_fn)
