@@ -44,7 +44,9 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
-from meshplan.runtime.validation.validate import Options, scale_config, validate
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import scale_config
+from meshplan.runtime.validation.validate import validate
 
 MARKER = "slice.json"
 #: Defaults of the miniature: activations (tokens x hidden) large against the parameters
