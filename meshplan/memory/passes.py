@@ -72,7 +72,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.pass_sizes import BackStep, StageSizes, Unit, UnitKey
-from meshplan.spec.memory import deepspeed_prefetch_budget
+from meshplan.spec.deepspeed_memory import deepspeed_prefetch_budget
 
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
