@@ -9,8 +9,8 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.memory.inflight import in_flight_chunks
-from meshplan.pipeline.simulate import (SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order, trace_dict,
-                               write_trace)
+from meshplan.pipeline.simulate import SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order
+from meshplan.pipeline.trace import trace_dict, write_trace
 
 
 def test_c11_exact():
