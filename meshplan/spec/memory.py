@@ -156,7 +156,7 @@ class MemoryOptions(BaseModel):
       fp32 for bf16/fp16 gradients), and with tp > 1 under SP the output gradient all-gathered
       over tp (DTensor's ``RowwiseParallel`` embedding takes a replicated gradient) in place
       of its sequence-sharded dY. False (default) leaves both out; the one-rank GPU run
-      states it (:data:`meshplan.runtime.validation.one_rank.RUN_MEMORY`): 405B tp 8's peak
+      states it (:data:`meshplan.runtime.validation.one_rank_plan.RUN_MEMORY`): 405B tp 8's peak
       within 4 MB (benchmarks/gpu_h200 run 3). Not the CPU kernel (no partial sums there).
     """
 
