@@ -2,7 +2,8 @@
 measured step times ordered against the plan's predictions, the losers kept with their evidence.
 
 The seed's comparison in miniature (issue 6 item 5). Each config is run through
-:func:`meshplan.runtime.validation.validate.validate` with the same :class:`~meshplan.runtime.validation.validate.Options`
+:func:`meshplan.runtime.validation.validate.validate` with the same
+:class:`~meshplan.runtime.validation.options.Options`
 (one world size, ``testbed`` set), so each mesh is scaled, planned for the testbed cluster
 (:func:`~meshplan.runtime.testbed.run.testbed_cluster`: ``cpu_testbed.toml`` compute and
 loopback inside a node, the testbed's tbf rate between nodes), run with one torchrun per node
