@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def main() -> int:
     import gpu_measure as g
     from meshplan.config import config_from_dict
-    from meshplan.runtime.validation.one_rank import predict, reduced_data
+    from meshplan.runtime.validation.one_rank_plan import predict, reduced_data
 
     runs = json.loads((ROOT / "benchmarks" / "gpu_h200" / "run3" / "one_rank.json").read_text())
     print(f"{'run (gpu_measure.RUNS)':<62} {'measured':>9} {'was':>9} {'plan':>9} {'harness':>9} {'rest':>9}  (GiB, rest MB)")

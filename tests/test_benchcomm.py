@@ -19,6 +19,7 @@ from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
 from meshplan.runtime.bench import comm as B
+from meshplan.runtime.bench import comm_results as R
 from meshplan.runtime.testbed.nics import ADDRS_ENV, apply_local_nic
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
@@ -53,7 +54,7 @@ def test_two_nics_get_their_own_files_and_the_slowest_goes_to_calibration(tmp_pa
         for s in sizes]} for k in (0, 1)]
     raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-3 if i // 2 == j // 2
                                                                       else 4e-2 for j in range(4)] for i in range(4)]}
-    blocks, fits, notes = B.write_results(tmp_path, raw, "test")
+    blocks, fits, notes = R.write_results(tmp_path, raw, "test")
     assert sorted(p.name for p in tmp_path.glob("*_perf.*")) == ["all_reduce_perf.nic.nic0.txt",
                                                                  "all_reduce_perf.nic.nic1.txt"]
     text1 = (tmp_path / "all_reduce_perf.nic.nic1.txt").read_text()
@@ -74,7 +75,7 @@ def test_a_gloo_run_is_labelled_and_refused_for_a_gpu_link(tmp_path):
     raw = _raw("all-reduce", 4, rows)
     raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-3 for j in range(4)]
                                                                      for i in range(4)]}
-    blocks, fits, notes = B.write_results(tmp_path, raw, "test")
+    blocks, fits, notes = R.write_results(tmp_path, raw, "test")
     text = (tmp_path / "all_reduce_perf.nvlink.txt").read_text()
     assert "link class nvlink (gloo: loopback TCP inside one host, not NVLink)" in text
     assert "all-reduce over nvlink (gloo: loopback TCP inside one host, not NVLink) (4 ranks)" in notes[0]
@@ -106,7 +107,7 @@ def test_nccl_tests_text_parses_back_exactly(op):
     # t = 50 us + factor * S / 2 GB/s: the fit recovers alpha and beta from the printed text
     rows = [{"size_bytes": s, "count": s // 4, "time_s": 50e-6 + busbw_factor(op, 4) * s / 2e9, "iters": 5,
              "wrong": 0} for s in B.parse_sizes("1K..64M")]
-    text = B.nccl_tests_text(_raw(op, 4, rows)["collectives"][0], _raw(op, 4, rows))
+    text = R.nccl_tests_text(_raw(op, 4, rows)["collectives"][0], _raw(op, 4, rows))
     got = parse_nccl_tests_text(text)
     assert [(r.op, r.n_ranks, r.size_bytes) for r in got] == [(op, 4, r["size_bytes"]) for r in rows]
     assert all(r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * busbw_factor(op, 4), rel=0.01, abs=1e7)
@@ -123,22 +124,22 @@ def test_fit_past_a_rate_limiter_burst_finds_the_sustained_rate():
 
     rows = [BenchRow("all-reduce", 2, s, 300e-6 + (s / 25e6 if s > 65536 else s * 1e-10), 0, 0)
             for s in B.parse_sizes("4K..1M")]
-    assert B.knee_sizes(rows)[0] == 131072                  # 0.31 ms -> 5.5 ms for 2x the bytes
-    fit, note = B.fit_link(rows, "nic")
+    assert R.knee_sizes(rows)[0] == 131072                  # 0.31 ms -> 5.5 ms for 2x the bytes
+    fit, note = R.fit_link(rows, "nic")
     assert fit.bandwidth_bytes_per_s == pytest.approx(25e6, rel=0.01)
     assert fit.latency_s == pytest.approx(300e-6, rel=0.01)
     assert "sizes >= 131072 B" in note and fit.points == len(rows)
     smooth = [BenchRow("all-reduce", 2, r.size_bytes, 300e-6 + r.size_bytes / 25e6, 0, 0) for r in rows]
-    assert B.knee_sizes(smooth) == [] and B.fit_link(smooth, "nic")[1] == "all sizes"
+    assert R.knee_sizes(smooth) == [] and R.fit_link(smooth, "nic")[1] == "all sizes"
     noisy = [BenchRow(r.op, 2, r.size_bytes, 2e-3 if r.size_bytes == 8192 else r.time_s, 0, 0) for r in rows]
-    assert B.knee_sizes(noisy)[0] == 8192                   # a stalled small call makes a false knee ...
-    fit, note = B.fit_link(noisy, "nic")                    # ... which the residual rules out
+    assert R.knee_sizes(noisy)[0] == 8192                   # a stalled small call makes a false knee ...
+    fit, note = R.fit_link(noisy, "nic")                    # ... which the residual rules out
     assert "sizes >= 131072 B" in note and fit.bandwidth_bytes_per_s == pytest.approx(25e6, rel=0.01)
     # the burst ends two sizes before the largest: no knee with three sizes past it, so the fit
     # falls back to all sizes and says it is poor and what to measure (the CI failure of 2026-12-01)
     short = [r for r in rows if r.size_bytes <= 262144]
-    fit, note = B.fit_link(short, "nic")
-    assert fit.rms_residual > B.POOR_FIT_RMS and "a poor fit" in note and "--sizes" in note
+    fit, note = R.fit_link(short, "nic")
+    assert fit.rms_residual > R.POOR_FIT_RMS and "a poor fit" in note and "--sizes" in note
 
 
 def test_fast_domains_against_nodes():
@@ -147,7 +148,7 @@ def test_fast_domains_against_nodes():
     fast, slow = 1e-3, 4e-2                                  # one-way seconds for 1 MB
     raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [
         [0, fast, slow, slow], [fast, 0, slow, slow], [slow, slow, 0, fast], [slow, slow, fast, 0]]}
-    text, bw = B.pairs_text(raw)
+    text, bw = R.pairs_text(raw)
     assert bw[0][1] == pytest.approx(1e9) and bw[0][2] == pytest.approx(2.5e7) and bw[0][0] == 0
     assert "fast domains (split at a >= 4x gap between pair bandwidths): [[0, 1], [2, 3]]" in text and "agrees" in text
 
@@ -168,7 +169,7 @@ def test_four_rank_gloo_run_gives_nccl_tests_files_a_fit_and_a_pair_matrix(tmp_p
                        echo=lines.append)
     elapsed = time.monotonic() - t0
     for op in OPS:
-        path = tmp_path / f"{B.BENCH_OPS[op]}.nvlink.txt"
+        path = tmp_path / f"{R.BENCH_OPS[op]}.nvlink.txt"
         rows = parse_nccl_tests_text(path.read_text())            # nccl-tests text, read back
         assert [r.size_bytes for r in rows] == B.parse_sizes(SIZES)
         assert {(r.op, r.n_ranks) for r in rows} == {(op, 4)} and all(r.time_s > 0 for r in rows)
@@ -279,7 +280,7 @@ def test_calibrate_of_a_gloo_bench_file_keeps_backend_gloo(tmp_path):
             for s in B.parse_sizes("64K..8M")]
     raw = _raw("all-reduce", 4, rows)
     path = tmp_path / "all_reduce_perf.nvlink.txt"
-    path.write_text(B.nccl_tests_text(raw["collectives"][0], raw))
+    path.write_text(R.nccl_tests_text(raw["collectives"][0], raw))
     fits, _, source = calibrate([path])
     assert [(f.link, f.backend) for f in fits] == [("nvlink", "gloo")]
     (tmp_path / "c.toml").write_text(calibration_toml(fits, source))
@@ -296,7 +297,7 @@ def test_a_gpu_run_records_its_gpu_model(tmp_path):
     raw["ranks"] = [dict(r, device="NVIDIA H100 80GB HBM3") for r in raw["ranks"]]
     raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-5 for j in range(8)]
                                                                      for i in range(8)]}
-    B.write_results(tmp_path, raw, "test")
+    R.write_results(tmp_path, raw, "test")
     text = (tmp_path / "all_reduce_perf.nvlink.txt").read_text()
     assert "device  0 [node 0] NVIDIA H100 80GB HBM3 (global rank 0)" in text
     calib = load_calibration(tmp_path / "calibration.toml")

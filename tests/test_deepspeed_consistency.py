@@ -140,7 +140,7 @@ def test_deepspeed_zero3_copies_run_on_its_collective_streams():
 
 def test_deepspeed_zero3_copies_out_what_the_memory_model_prefetches():
     """The step's copy-out and the memory timeline's prefetched part are one quantity
-    (:func:`meshplan.spec.memory.deepspeed_copied_bytes`): with ``stage3_max_live_parameters``
+    (:func:`meshplan.spec.deepspeed_memory.deepspeed_copied_bytes`): with ``stage3_max_live_parameters``
     2.5e8 (``[memory] deepspeed_max_live_elements``) a layer prefetches (2.5e8 - 218,112,000) x 2 B
     = 63,776,000 B, the memory model's 'copied out of the buffer (torch.cat)' event and the
     all-gather row's copy, 2 x 63,776,000 B at Triad 2.97 TB/s = 42.9 us more than with 2e8 (below

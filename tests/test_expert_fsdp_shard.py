@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
-from meshplan.memory.state import zero_textbook_bytes
+from meshplan.memory.state_estimates import zero_textbook_bytes
 from meshplan.mesh.tpsplit import expert_shard_dim, fsdp_padded_numel, fsdp_shard_len
 from meshplan.plan import build_plan
 from meshplan.report.text import _accounting_lines

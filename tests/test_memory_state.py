@@ -6,9 +6,9 @@ from math import prod
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.memory.state import (MEGATRON_AS_IF, MEGATRON_LABEL, TEXTBOOK_LABEL, StateItem, megatron_estimate,
-                                   most_loaded, stage_params, stage_state_bytes, state_bytes,
-                                   zero_textbook_bytes)
+from meshplan.memory.state import StateItem, most_loaded, stage_params, stage_state_bytes, state_bytes
+from meshplan.memory.state_estimates import (MEGATRON_AS_IF, MEGATRON_LABEL, TEXTBOOK_LABEL, megatron_estimate,
+                                             zero_textbook_bytes)
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.layers import stage_layers
 from meshplan.spec.mesh import MeshSpec

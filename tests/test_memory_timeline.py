@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from meshplan.memory.activations import in_flight_chunks
+from meshplan.memory.inflight import in_flight_chunks
 from meshplan.memory.schedule import max_in_flight, stage_ops
 from meshplan.memory.timeline import KINDS, UNTRACKED_KINDS, tracker_to_kinds
 from meshplan.plan import build_plan

@@ -33,7 +33,7 @@ def test_largest_compute_part_of_the_mini_search():
     from meshplan.plan import build_plan
     from meshplan.schedule.steptime import step_time
     from meshplan.schedule.unit_sim import Overlap
-    from meshplan.search.explain import compute_split, step_breakdown
+    from meshplan.search.step_parts import compute_split, step_breakdown
     cfg = load_config(ROOT / "examples" / "mini_2x4_tp2-dp4.toml")
     mesh = cfg.mesh.model_copy(update={"names": ["dp_shard"], "shape": [8], "sequence_parallel": False,
                                        "loss_parallel": False})

@@ -18,7 +18,7 @@ pytest.importorskip("torch")
 from meshplan.compute.layer import layer_cost  # noqa: E402
 from meshplan.compute.measured import kernel_data  # noqa: E402
 from meshplan.config import config_from_dict  # noqa: E402
-from meshplan.runtime.validation.one_rank import RUN_MEMORY, predict, reduced_data  # noqa: E402
+from meshplan.runtime.validation.one_rank_plan import RUN_MEMORY, predict, reduced_data  # noqa: E402
 from meshplan.schedule.workload import workload_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,8 @@ import pytest
 
 from meshplan.plan import build_plan
 from meshplan.runtime.validation.probe import PROBED_OPS, calibrated_plan, probe_spec
-from meshplan.runtime.validation.validate import Options, scale_config
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import scale_config
 from meshplan.config import load_config
 from meshplan.schedule.steptime import step_time
 

@@ -8,9 +8,9 @@ from fractions import Fraction
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.memory.activations import in_flight_chunks
-from meshplan.pipeline.simulate import (SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order, trace_dict,
-                               write_trace)
+from meshplan.memory.inflight import in_flight_chunks
+from meshplan.pipeline.simulate import SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order
+from meshplan.pipeline.trace import trace_dict, write_trace
 
 
 def test_c11_exact():
@@ -80,7 +80,7 @@ def test_zb_h1_keeps_1f1b_peak_memory(p, m):
 
 @pytest.mark.parametrize("p,m,v", [(4, 8, 1), (4, 8, 2), (2, 2, 3), (8, 16, 4), (4, 3, 1)])
 def test_orders_hold_what_the_activation_module_counts(p, m, v):
-    """Peak chunks in flight (F done, B not yet) per stage = memory.activations.in_flight_chunks."""
+    """Peak chunks in flight (F done, B not yet) per stage = memory.inflight.in_flight_chunks."""
     schedule = "interleaved_1f1b" if v > 1 else "1f1b"
     for s in range(p):
         order = stage_order(schedule, p, m, v, s)

@@ -25,7 +25,7 @@ import torch
 from torch.distributed.pipelining import schedules as S
 
 from meshplan.errors import ConfigError
-from meshplan.memory.activations import in_flight_chunks
+from meshplan.memory.inflight import in_flight_chunks
 from meshplan.pipeline.base import PipelineSchedule, Unit
 from meshplan.pipeline.registry import SCHEDULES, get
 from meshplan.pipeline.simulate import PipelineSpec, _dep, simulate

@@ -347,7 +347,7 @@ def test_blocking_pp_waits_are_bubble_the_transfers_exposed_pp():
     receive); F2, F3 send + receive; B2 receive B3's gradient; B3 nothing: 5 calls of one
     transfer each, so exposed pp = 5 x p2p. The rest of every hold (stage 1 late to its call)
     and the idle time between units is bubble. Was: every hold counted as exposed pp, bubble ~0."""
-    from meshplan.search.explain import step_breakdown
+    from meshplan.search.step_parts import step_breakdown
     d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
          "training": {"global_batch": 16, "seq_len": 1024, "micro_batch": 1, "sharding": "zero1",
                       "param_dtype": "bf16", "recompute": "full", "framework": "megatron"},
@@ -473,7 +473,7 @@ def test_other_part_names_the_kernel_kinds_that_differ():
     meshplan.compute.ring_attention.ring_bytes at cp 2) forward merges n_q (2 + 20) + 4 n_kv =
     503,316,480 B a layer: 13.56 ms; backward n_q 22 + n_kv 26 = 1,241,513,984 B: 33.44 ms."""
     from meshplan.schedule.kernel_kinds import kernel_kinds_s
-    from meshplan.search.explain import compute_split
+    from meshplan.search.step_parts import compute_split
     (p1, s1), (p2, s2) = _trial_pair()
     k1, k2 = kernel_kinds_s(s1), kernel_kinds_s(s2)
     n_q = 2 * 16 * 4096 * 128

@@ -30,7 +30,8 @@ from meshplan.runtime.validation.staged import (  # noqa: E402
     world_lines,
     write_staged,
 )
-from meshplan.runtime.validation.validate import Options, scale_config  # noqa: E402
+from meshplan.runtime.validation.options import Options  # noqa: E402
+from meshplan.runtime.validation.scaling import scale_config  # noqa: E402
 
 TP_FSDP = Path(__file__).parent / "data" / "validate_llama8b_tp2sp_fsdp.toml"
 

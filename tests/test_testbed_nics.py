@@ -118,7 +118,8 @@ def test_validate_puts_each_rank_on_its_nic_and_the_bytes_per_nic_match_the_plan
     ACKs and the barriers around the steps (+0.3% measured here); 5% also covers tbf
     splitting GSO packets at low rates (66 B of headers per 1448 B segment)."""
     from meshplan.plan import build_plan
-    from meshplan.runtime.validation.validate import Options, scale_config, validate
+    from meshplan.runtime.validation.scaling import scale_config
+    from meshplan.runtime.validation.validate import Options, validate
     from meshplan.config import load_config
 
     tb, state = bed

@@ -8,7 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from meshplan.config import load_config
-from meshplan.pipeline.simulate import Event, trace_dict, tracks
+from meshplan.pipeline.simulate import Event
+from meshplan.pipeline.trace import trace_dict, tracks
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 

@@ -26,7 +26,9 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import staged_folder
 from meshplan.runtime.execution.launch import RunOutcome, diagnose, parse_root_cause
 from meshplan.runtime.validation import host
-from meshplan.runtime.validation.validate import MARKER, Options, prepare_out, scale_mesh
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import scale_mesh
+from meshplan.runtime.validation.validate import MARKER, prepare_out
 from meshplan.spec.mesh import MeshSpec
 
 DATA = Path(__file__).parent / "data"

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
-from meshplan.runtime.validation.validate import Options, scale_config
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import scale_config
 
 DATA = Path(__file__).parent / "data"
 PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"  # pp 2 x dp_shard 4, 1F1B, global batch 64

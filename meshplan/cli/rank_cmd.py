@@ -22,6 +22,7 @@ from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.report.json_docs import bench_rank_doc
 from meshplan.runtime.validation.host_pace import host_table
+from meshplan.runtime.validation.one_rank_plan import reduced_data
 
 
 def bench_rank(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; one rank of its mesh is run"),
@@ -57,7 +58,7 @@ def bench_rank(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; one r
     ran (the errors are reported, not gated)."""
     _require_torch("bench rank")
     from meshplan.runtime.bench.gemm import resolve_device
-    from meshplan.runtime.validation.one_rank import local_system, reduced_data, run, summary
+    from meshplan.runtime.validation.one_rank import local_system, run, summary
 
     for name, v, lo, hi in (("--layers", layers, 1, 1024), ("--steps", steps, 1, 1000), ("--warmup", warmup, 0, 1000)):
         check_number(name, v, lo, hi)

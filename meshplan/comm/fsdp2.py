@@ -65,7 +65,7 @@ def compute_stream_copies(training) -> bool:
     ``AllGatherCoalescedHandle.wait`` splits a prefetched (coalesced) buffer into each parameter with
     one ``torch.cat`` of its ``world`` slices (``runtime/zero/partition_parameters.py:776-784``), a
     copy-out of the prefetched part only (the rest is gathered into views, no copy:
-    :func:`meshplan.spec.memory.deepspeed_copied_bytes`), but ``fetch_sub_module`` calls it inside ``with
+    :func:`meshplan.spec.deepspeed_memory.deepspeed_copied_bytes`), but ``fetch_sub_module`` calls it inside ``with
     stream(self.__allgather_stream)`` and only then makes the compute stream wait for that stream
     (``partitioned_param_coordinator.py:400-415``); stage 3's gradient hook copies each gradient into
     the bucket's flat buffer inside ``with stream(self.reduce_and_partition_stream)``

@@ -37,7 +37,7 @@ from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
-from meshplan.spec.memory import deepspeed_copied_bytes
+from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import dtype_bytes
 
@@ -221,7 +221,7 @@ def _deepspeed_copied(c: StageContext, units: list, label: str, gathered: int) -
     ``torch.cat`` in ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``); the
     rest is gathered parameter by parameter (``_all_gather_sequential``, :1339-1376), the
     parameters views of the buffer, no copy. The prefetched part is
-    :func:`~meshplan.spec.memory.deepspeed_copied_bytes` after a layer's fetch (a layer precedes
+    :func:`~meshplan.spec.deepspeed_memory.deepspeed_copied_bytes` after a layer's fetch (a layer precedes
     every layer, the head in forward and the embedding in backward: ``held`` the largest
     ``"layer"`` unit), as the memory model holds it; none for the embedding's unit in forward,
     the step's first fetch, which nothing before it prefetched (the memory model's too)."""

@@ -77,7 +77,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from meshplan.spec.deepspeed_memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`meshplan.interop.deepspeed.USED` (module docstring).

@@ -38,7 +38,8 @@ from typing import Iterator, Optional, Sequence, overload
 
 import numpy as np
 
-from meshplan.memory.passes import KINDS, PassBuilder, StageSizes
+from meshplan.memory.pass_sizes import StageSizes
+from meshplan.memory.passes import KINDS, PassBuilder
 
 PHASES = ("init", "forward", "backward", "step")
 _K = {k: i for i, k in enumerate(KINDS)}

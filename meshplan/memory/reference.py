@@ -14,7 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from meshplan.memory.passes import KINDS, PassBuilder, StageSizes
+from meshplan.memory.pass_sizes import StageSizes
+from meshplan.memory.passes import KINDS, PassBuilder
 from meshplan.memory.passtable import Pass, PassTable, at_offset, template_stats
 
 

@@ -18,7 +18,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
-from meshplan.memory.passes import ActSizes, StageSizes
+from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import units
 # the working sets' names, importable from here too (their home: workingset)

@@ -22,7 +22,7 @@ from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
-from meshplan.memory.passes import Unit
+from meshplan.memory.pass_sizes import Unit
 from meshplan.memory.state import StateBytes
 
 

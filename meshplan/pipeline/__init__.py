@@ -5,10 +5,10 @@ per-stage op order, chunk-to-virtual-stage map, warm-up and in-flight counts, wh
 backward splits into B and W, its bubble formula, its feasibility rule and the
 torch.distributed.pipelining class that runs it; :mod:`.registry` maps each
 :class:`~meshplan.spec.mesh.Schedule` to its object; :mod:`.simulate` is the event
-simulation of one step (bubble, critical path, Perfetto trace), :mod:`.fast` the same on arrays
+simulation of one step (bubble, critical path; its Perfetto trace in :mod:`.trace`), :mod:`.fast` the same on arrays
 (the orders and dependencies of every stage in :mod:`.orders`, the list scheduling in
 :mod:`.rounds`). Pure functions of (schedule, p, m, v); no model or cluster.
 """
 
 __all__ = ["base", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "vshape", "zbv", "dualpipev", "registry", "simulate",
-           "orders", "rounds", "fast"]
+           "trace", "orders", "rounds", "fast"]

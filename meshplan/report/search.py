@@ -54,8 +54,8 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     """One candidate as plain data (SI units): ``mesh`` every searched axis's degree, the data
     axis keyed as the text names it (``dp`` on zero1/zero2 rows, ``dp_shard`` on zero3/hsdp ones:
     :func:`~meshplan.search.columns.axis_shown`); ``step_parts_s`` the step's parts in seconds
-    (:func:`~meshplan.search.explain.step_breakdown`), ``layer_passes`` a count apart
-    (:func:`~meshplan.search.explain.layer_passes`)."""
+    (:func:`~meshplan.search.step_parts.step_breakdown`), ``layer_passes`` a count apart
+    (:func:`~meshplan.search.step_parts.layer_passes`)."""
     c, i = r.candidates, e.index
     sharding = SHARDING[c.sh[i]]  # names the data axis (axis_shown): dp under zero1/zero2
     degrees = {axis_shown(n, sharding): c.degree(col.column) for n, col in search_axes()}  # the registered axes

@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.memory.state import MEGATRON_NOT_RUN, megatron_estimate, zero_textbook_bytes
+from meshplan.memory.state_estimates import MEGATRON_NOT_RUN, megatron_estimate, zero_textbook_bytes
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import Placement, rank_row
@@ -254,7 +254,7 @@ def _accounting_lines(plan: Plan, state) -> list[str]:
     parallelism), N the degree its optimizer state is sharded over, K 12, with a MoE model's
     routed experts as a second group (psi_e, this rank's ep x etp share, over N_e = efsdp), so
     the line counts the same parameters as the framework table; and Megatron-LM's estimate,
-    led by a clause saying it does not apply (:data:`~meshplan.memory.state.MEGATRON_NOT_RUN`) unless
+    led by a clause saying it does not apply (:data:`~meshplan.memory.state_estimates.MEGATRON_NOT_RUN`) unless
     ``training.framework`` is ``megatron``. Both ignore what the exact count holds (dtypes as
     configured, padding, norms)."""
     psi, n = _group_psi(state, "dense")

@@ -28,10 +28,10 @@ def kernel_kinds_s(st: StepTime) -> dict[str, float]:
     (:func:`kernel_kind` of the cost tables' op names: ``cp ring merge``, ``SP layout copy``,
     ``silu x up`` ...; recompute included), on ``st``'s critical stage per step: each op of its
     chunks' layers, embedding, head and batch ops x the micro-batches x schedule runs, as
-    :func:`meshplan.search.explain.compute_split` counts them, and the step-end work on its compute stream
+    :func:`meshplan.search.step_parts.compute_split` counts them, and the step-end work on its compute stream
     (``optimizer step``: :meth:`StepTime.parts_s`'s, by its event's name). What the search's split's
     ``other`` part holds, itemised (the collectives' copies on the compute stream apart:
-    :func:`meshplan.search.explain.compute_stream_copies_s`)."""
+    :func:`meshplan.search.step_parts.compute_stream_copies_s`)."""
     kinds: dict[str, float] = {}
     for ch in st.units.chunks[st.critical_stage]:
         for cost in (*ch.layers, ch.embed, ch.head, ch.batch):

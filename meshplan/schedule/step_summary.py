@@ -15,7 +15,8 @@ from typing import Optional
 import numpy as np
 
 from meshplan.pipeline.fast import ArrayResult
-from meshplan.pipeline.simulate import Event, write_trace
+from meshplan.pipeline.simulate import Event
+from meshplan.pipeline.trace import write_trace
 from meshplan.schedule.host_pace_line import host_not_binding
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause

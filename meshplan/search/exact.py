@@ -20,7 +20,7 @@ from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.reliability import reliability
 from meshplan.schedule.kernel_kinds import kernel_kinds_s
-from meshplan.search.explain import compute_split, layer_passes, stage_flops, step_breakdown
+from meshplan.search.step_parts import compute_split, layer_passes, stage_flops, step_breakdown
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import Candidates
 from meshplan.config import Config
@@ -32,12 +32,12 @@ class Exact:
     """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
     ``tokens_per_s``, ``goodput``, the step's parts
-    (:func:`~meshplan.search.explain.step_breakdown`, seconds) and ``layer_passes`` (its
-    critical stage's layer passes, :func:`~meshplan.search.explain.layer_passes`), ``stage_flops``
+    (:func:`~meshplan.search.step_parts.step_breakdown`, seconds) and ``layer_passes`` (its
+    critical stage's layer passes, :func:`~meshplan.search.step_parts.layer_passes`), ``stage_flops``
     (FLOP its critical stage executes per step on one GPU, recompute included,
-    :func:`~meshplan.search.explain.stage_flops`) and ``compute_split`` (its compute part's seconds
+    :func:`~meshplan.search.step_parts.stage_flops`) and ``compute_split`` (its compute part's seconds
     by kernel kind, collectives' copies on the compute stream among them,
-    :func:`~meshplan.search.explain.compute_split`), ``kernels_s`` (its other part's seconds by
+    :func:`~meshplan.search.step_parts.compute_split`), ``kernels_s`` (its other part's seconds by
     kernel kind, :func:`~meshplan.schedule.kernel_kinds.kernel_kinds_s`).
     ``complete`` False: a
     step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the

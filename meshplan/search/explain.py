@@ -1,14 +1,10 @@
 """What makes the search's top mesh faster than the runner-up: both exact step times split
 into the same parts, and the parts that differ most, with their numbers.
 
-:func:`step_breakdown` splits a :class:`~meshplan.schedule.step_summary.StepTime` on its critical
-stage (the stage that ends last) into parts that add up to the step, seconds
-(:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`: ``compute``, ``bubble`` with a blocking
-pp call's wait for its partner, ``exposed <stream>`` with pp's transfers only).
-
-:func:`layer_passes` counts the critical stage's layer passes (a count, kept
-apart from the seconds). :func:`explain` lines up two breakdowns and names the largest
-differences.
+The parts come from :mod:`meshplan.search.step_parts`
+(:func:`~meshplan.search.step_parts.step_breakdown`: seconds on the critical stage that add up
+to the step; :func:`~meshplan.search.step_parts.layer_passes`: a count, kept apart from the
+seconds). :func:`explain` lines up two breakdowns and names the largest differences.
 """
 
 from __future__ import annotations
@@ -16,67 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from meshplan.plan import Plan, table_key, table_stage
 from meshplan.search.rank import RECOMPUTE_BY_COST
+from meshplan.search.step_parts import SPLIT_PARTS
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.schedule.kernel_kinds import largest_kinds
-from meshplan.schedule.step_summary import StepTime
 from meshplan.spec.mesh_words import data_axis
 from meshplan.spec.wording import fold_streams
-
-
-def step_breakdown(st: StepTime) -> dict[str, float]:
-    """Parts of ``st`` on its critical stage (:meth:`StepTime.parts_s`), seconds; key ``step``
-    is the step time itself."""
-    return {"step": st.step_s, **st.parts_s()}
-
-
-def stage_flops(st: StepTime) -> float:
-    """FLOP one GPU of ``st``'s critical stage executes per step (hardware FLOP: recompute
-    included), what its ``compute`` part is spent on: the micro-batches x its chunks' layers,
-    embedding and head."""
-    return st.pipeline.spec.m * st.runs * sum(x.flops("hardware") for ch in st.units.chunks[st.critical_stage]
-                                    for x in (*ch.layers, ch.embed, ch.head) if x is not None)
-
-
-def compute_stream_copies_s(plan: Plan, st: StepTime) -> float:
-    """Seconds per step ``st``'s critical stage spends on its compute stream in its collectives'
-    copies and host work, part of its ``compute`` without being FLOP: FSDP2's copy-out after each
-    all-gather and copy-in before each reduce-scatter (``CollectiveRow.copy_s``, what ``step``'s
-    "FSDP2 copies on the compute stream" note sums) and DeepSpeed ZeRO-3 2021's list copies issued
-    (``CollectiveRow.host_s``)."""
-    rows = plan.collectives[table_key(table_stage(st.critical_stage, len(plan.stages)))]
-    return float(sum((r.copy_s + r.host_s) * r.per_step for r in rows))
-
-
-#: The parts :func:`compute_split` splits a step's ``compute`` into, as the explanation names them.
-SPLIT_PARTS = ("GEMMs", "attention", "copies on the compute stream", "other (memory-bound ops, optimizer step)")
-
-
-def compute_split(plan: Plan, st: StepTime) -> dict[str, float]:
-    """``st``'s ``compute`` part (:func:`step_breakdown`) split by kernel kind, seconds per step on
-    its critical stage: the GEMMs' and the attention core's ops (``Op.kind`` "gemm", "attention";
-    recompute included) of its chunks x micro-batches x schedule runs, the collectives' copies on
-    the compute stream (:func:`compute_stream_copies_s`), and the rest (norms, residual adds,
-    activations, casts, issue overheads, the optimizer step), so that the four add up to
-    ``compute``. Keys: :data:`SPLIT_PARTS`."""
-    kinds = {"gemm": 0.0, "attention": 0.0}
-    for ch in st.units.chunks[st.critical_stage]:
-        for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
-            for o in cost.ops if cost is not None else ():
-                if o.kind in kinds:
-                    kinds[o.kind] += o.seconds
-    passes = st.pipeline.spec.m * st.runs
-    gemm, attention = passes * kinds["gemm"], passes * kinds["attention"]
-    copies = compute_stream_copies_s(plan, st)
-    rest = st.parts_s().get("compute", 0.0) - gemm - attention - copies
-    return dict(zip(SPLIT_PARTS, (gemm, attention, copies, rest)))
-
-
-def layer_passes(st: StepTime) -> int:
-    """Forward passes of one layer on ``st``'s critical stage per step: the layers of its
-    chunks x the micro-batches (what a per-layer cost such as cp's all-gathers is paid per)."""
-    return sum(len(ch.layers) for ch in st.units.chunks[st.critical_stage]) * st.pipeline.spec.m
 
 
 @dataclass(frozen=True)
@@ -278,7 +219,8 @@ RECOMPUTE_ORDER = RECOMPUTE_BY_COST
 
 def _compute_causes(a: dict, b: dict) -> list[str]:
     """What explains the compute part's direction (top ``a``, runner-up ``b``, each with its
-    ``compute`` seconds): first, with both ``compute_split`` (:func:`compute_split`), the part
+    ``compute`` seconds): first, with both ``compute_split``
+    (:func:`~meshplan.search.step_parts.compute_split`), the part
     whose seconds differ most (:func:`_largest_split`); then a higher GEMM efficiency, fewer executed FLOP per GPU, less recompute,
     less time in collectives' copies on the compute stream (``copies_s``: FSDP2's) on the side
     with less compute; a cause pointing the other way is not named. Micro-batch and tp follow
@@ -311,8 +253,8 @@ def _compute_causes(a: dict, b: dict) -> list[str]:
 
 
 def _largest_split(a: dict, b: dict) -> str:
-    """The part of :func:`compute_split` (``compute_split`` of each description) whose seconds
-    differ most between the top ``a`` and the runner-up ``b``, with its difference, the compute
+    """The part of :func:`~meshplan.search.step_parts.compute_split` (``compute_split`` of each
+    description) whose seconds differ most between the top ``a`` and the runner-up ``b``, with its difference, the compute
     difference (the gap) and its share of it, all three from the unrounded seconds, so that the
     share can be checked against the two printed differences (the pairs beside them are rounded
     to 3 digits; newcomer trial, issue 11 follow-up: a part 1 ms of a 1.22 ms gap reads 82%);
@@ -406,8 +348,8 @@ def _context(part: str, a: dict, b: dict) -> str:
 
 def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_step_s: Optional[float] = None,
             fastest_row: Optional[int] = 1, fastest_label: str = "", tie_criterion: str = "") -> Explanation:
-    """The parts of two :func:`step_breakdown` results ordered by ``|runner - top|``, largest
-    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
+    """The parts of two :func:`~meshplan.search.step_parts.step_breakdown` results ordered by
+    ``|runner - top|``, largest first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
     (``layer_passes`` among them). ``fastest_*``: the fastest feasible candidate
     (:class:`Explanation`; default: the top); ``tie_criterion``: what placed the top before it."""
     top, runner = (fold_streams(x, d.get("streams", {})) for x, d in ((top, top_desc), (runner, runner_desc)))

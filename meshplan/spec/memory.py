@@ -17,17 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
-
+from meshplan.spec.deepspeed_memory import (DEEPSPEED_MAX_LIVE_ELEMENTS, DEEPSPEED_PREFETCH_ELEMENTS,
+                                            DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_bucket_bytes)
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
 MiB = 2**20
-
-#: DeepSpeed's ``zero_optimization.reduce_bucket_size`` default, elements (deepspeedai/DeepSpeed
-#: edaa722 ``runtime/zero/config.py``: ``reduce_bucket_size: int = Field(pp_int(5e8), ge=0)``): the
-#: bucket of ``training.zero12_engine = "deepspeed"`` when ``grad_bucket_elements`` is unset.
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
-
 
 # The [memory] fields that are runtime choices of the plan (prefetch depth, when FSDP reduces,
 # the gradient bucket), which ``meshplan compare`` weighs as knobs; the others are stated
@@ -35,11 +30,6 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 # dropout, the loss kernel ...) that both sides of a comparison must share.
 MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "grad_bucket_elements",
                 "deepspeed_prefetch_elements", "deepspeed_max_live_elements")
-#: DeepSpeed ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` defaults,
-#: elements (deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py:215, 238``: 5e7 and 1e9).
-DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
-DEEPSPEED_MAX_LIVE_ELEMENTS = 1_000_000_000
-
 
 #: Fragmentation of PyTorch's CUDA caching allocator in LLM training, as a fraction of the memory it
 #: reserves: GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract and section 6) cut it by 15% on
@@ -166,7 +156,7 @@ class MemoryOptions(BaseModel):
       fp32 for bf16/fp16 gradients), and with tp > 1 under SP the output gradient all-gathered
       over tp (DTensor's ``RowwiseParallel`` embedding takes a replicated gradient) in place
       of its sequence-sharded dY. False (default) leaves both out; the one-rank GPU run
-      states it (:data:`meshplan.runtime.validation.one_rank.RUN_MEMORY`): 405B tp 8's peak
+      states it (:data:`meshplan.runtime.validation.one_rank_plan.RUN_MEMORY`): 405B tp 8's peak
       within 4 MB (benchmarks/gpu_h200 run 3). Not the CPU kernel (no partial sums there).
     """
 
@@ -382,79 +372,7 @@ class MemoryOptions(BaseModel):
         return self.grad_bucket_elements or DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
     def deepspeed_bucket_bytes(self, training: TrainingSpec, params_numel):
-        """Bytes DeepSpeed ZeRO-1/2 holds for its gradient buckets during a backward
-        (``training.zero12_engine = "deepspeed"``; deepspeedai/DeepSpeed edaa722
-        ``runtime/zero/stage_1_and_2.py``), with ``B`` = :meth:`deepspeed_bucket_elements` and
-        ``k = min(B, params_numel)`` (``params_numel``: the rank's parameter elements, an int or
-        a numpy array):
-
-        - the ipg buffers, with ``contiguous_gradients`` (:attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`,
-          DeepSpeed's default true): ``setup_buckets`` (2493-2516) allocates ``torch.empty(reduce_bucket_size)``
-          in the model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
-          and a second one with ``overlap_comm`` ("double buffers"): ``B x param bytes`` once
-          or twice, whatever the model's size. Without it none: the hooks keep each ``param.grad``
-          where autograd wrote it and ``reduce_ipg_grads`` (1691-1716) reduces the bucket through
-          ``buffered_reduce_fallback``, whose ``allreduce_bucket`` flattens it as below;
-        - the bucket being reduced: ``allreduce_bucket`` flattens its gradient slices into one
-          new tensor (``self.flatten``) and casts it to ``communication_data_type`` when that
-          differs from the gradients' dtype (``tensor.to(...)``): ``k x param bytes`` plus
-          ``k x reduce bytes`` with a cast (counted whatever the slices: one slice is not
-          copied; a bucket spanning a partition boundary, the usual case at dp > 1, is).
-
-        An extra-large parameter (more than ``B`` elements) is reduced from its own gradient
-        and flattened in pieces of up to its size: counted as ``k`` here.
-
-        bf16, B 5e8, overlap_comm: 2 buffers + one flattened bucket, 3 x 5e8 x 2 B = 3 GB:
-
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", overlap_comm=True)
-        >>> MemoryOptions().deepspeed_bucket_bytes(t, 8 * 10**9)
-        3000000000
-        >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32",
-        ...     "overlap_comm": False}), 10**8) == 5 * 10**8 * 2 + 10**8 * (2 + 4)
-        True
-
-        ``contiguous_gradients`` false: the flattened bucket alone, 5e8 x 2 B = 1 GB:
-
-        >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"contiguous_gradients": False}), 8 * 10**9)
-        1000000000
-        """
-        big_b, p = self.deepspeed_bucket_elements(), dtype_bytes(training.param_dtype)
-        cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
-            else 0
-        k = np.minimum(big_b, params_numel)
-        ipg = (2 if training.overlaps_comm else 1) if training.contiguous_grads else 0
-        out = big_b * p * ipg + k * (p + cast)
-        return out if np.ndim(out) else int(out)
-
-
-def deepspeed_prefetch_budget(prefetch_live: tuple[int, int], held: int) -> int:
-    """Bytes DeepSpeed ZeRO-3's coordinator prefetches after a fetch (deepspeedai/DeepSpeed edaa722
-    ``runtime/zero/partitioned_param_coordinator.py:452-480``): ``min(max_live - held,
-    prefetch_bucket)``, none below 0; ``prefetch_live``: (prefetch bucket, max live) bytes
-    (:meth:`MemoryOptions.deepspeed_prefetch_bytes`), ``held``: bytes gathered at the fetch. The one
-    rule for the memory model's prefetched part (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`)
-    and the step's ``torch.cat`` copy of it (:func:`deepspeed_copied_bytes`).
-
-    >>> deepspeed_prefetch_budget((10**8, 2 * 10**9), 436_224_000), deepspeed_prefetch_budget((10**8, 5 * 10**8), 436_224_000)
-    (100000000, 63776000)
-    """
-    prefetch, live = prefetch_live
-    return min(prefetch, max(0, live - held))
-
-
-def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], held: int) -> int:
-    """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
-    the all-gather buffer: its prefetched part, the budget after the fetch before it (``held`` bytes
-    gathered then; :func:`deepspeed_prefetch_budget`), as the memory model holds it
-    (``AllGatherCoalescedHandle.wait``, ``partition_parameters.py:750-784``); the rest is gathered by
-    ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer, no copy.
-
-    Llama 3 8B's layer in bf16 (436,224,000 B) after a layer, DeepSpeed's defaults 5e7 and 1e9
-    elements x 2 B: 1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B:
-
-    >>> deepspeed_copied_bytes(436_224_000, (10**8, 2 * 10**9), 436_224_000)
-    100000000
-    >>> deepspeed_copied_bytes(436_224_000, (10**8, 5 * 10**8), 436_224_000)
-    63776000
-    """
-    return min(unit_bytes, deepspeed_prefetch_budget(prefetch_live, held))
+        """Bytes DeepSpeed ZeRO-1/2 holds for its gradient buckets during a backward:
+        :func:`meshplan.spec.deepspeed_memory.deepspeed_bucket_bytes` with ``B`` =
+        :meth:`deepspeed_bucket_elements` (``params_numel``: an int or a numpy array)."""
+        return deepspeed_bucket_bytes(self.deepspeed_bucket_elements(), training, params_numel)

@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 
 from meshplan.atomic_write import write_json_atomic
-from meshplan.runtime.bench.comm import BENCH_OPS, bench_groups, chunked
+from meshplan.runtime.bench.comm import bench_groups, chunked
+from meshplan.runtime.bench.comm_results import BENCH_OPS
 from meshplan.runtime.testbed.nics import apply_local_nic
 
 STATS = {"min": min, "median": statistics.median, "mean": statistics.fmean}

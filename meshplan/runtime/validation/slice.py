@@ -2,7 +2,8 @@
 measured step times ordered against the plan's predictions, the losers kept with their evidence.
 
 The seed's comparison in miniature (issue 6 item 5). Each config is run through
-:func:`meshplan.runtime.validation.validate.validate` with the same :class:`~meshplan.runtime.validation.validate.Options`
+:func:`meshplan.runtime.validation.validate.validate` with the same
+:class:`~meshplan.runtime.validation.options.Options`
 (one world size, ``testbed`` set), so each mesh is scaled, planned for the testbed cluster
 (:func:`~meshplan.runtime.testbed.run.testbed_cluster`: ``cpu_testbed.toml`` compute and
 loopback inside a node, the testbed's tbf rate between nodes), run with one torchrun per node
@@ -44,7 +45,9 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
-from meshplan.runtime.validation.validate import Options, scale_config, validate
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import scale_config
+from meshplan.runtime.validation.validate import validate
 
 MARKER = "slice.json"
 #: Defaults of the miniature: activations (tokens x hidden) large against the parameters

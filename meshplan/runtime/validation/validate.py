@@ -2,13 +2,14 @@
 
 For each world size W (staged: 2, then 4, then 8 ...):
 
-1. **Scale.** The config's mesh is re-sized to W by its outermost data axis
-   (dp_replicate, dp or dp_shard, the outermost one of degree > 1): every other axis keeps
-   its degree, ``data = W / (product of the others)`` (printed). The model is scaled down by
-   stated factors (:func:`~meshplan.runtime.execution.model.scale_model`: layers, hidden / N, vocab);
-   the batch is ``micro_batches`` micro-batches of ``micro_batch`` x ``seq_len`` per
-   data-parallel rank (``global_batch = micro_batch x dp x micro_batches``), by default the
-   fewest the pipeline schedule runs (:func:`micro_batches_for`: 1 at pp 1, pp for 1F1B);
+1. **Scale** (:mod:`meshplan.runtime.validation.scaling`). The config's mesh is re-sized to W
+   by its outermost data axis (dp_replicate, dp or dp_shard, the outermost one of degree > 1):
+   every other axis keeps its degree, ``data = W / (product of the others)`` (printed). The
+   model is scaled down by stated factors (:func:`~meshplan.runtime.execution.model.scale_model`:
+   layers, hidden / N, vocab); the batch is ``micro_batches`` micro-batches of ``micro_batch``
+   x ``seq_len`` per data-parallel rank (``global_batch = micro_batch x dp x micro_batches``),
+   by default the fewest the pipeline schedule runs
+   (:func:`~meshplan.runtime.validation.scaling.micro_batches_for`: 1 at pp 1, pp for 1F1B);
    every dtype is fp32 (CPU); ``recompute = "selective"`` runs as none (the runtime model
    recomputes whole layers or nothing).
 2. **Hardware.** On CPU, the cluster is the CPU testbed (``cpu_testbed.toml``: measured core
@@ -55,236 +56,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, replace
-from math import gcd, prod
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
 from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
-from meshplan.limits import BOUNDS
 from meshplan.fileio import check_destination, owned, staged_folder
-from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
+from meshplan.mesh.resolve import resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan
-from meshplan.plan_runtime import run_reasons
-from meshplan.pipeline.registry import fewest_micro_batches
-from meshplan.pipeline.registry import get as get_schedule
-from meshplan.placement.launch import parse_endpoint
 from meshplan.report.json_out import write_json
-from meshplan.runtime.execution.launch import Rendezvous, diagnose, run_torchrun
-from meshplan.runtime.testbed.cpu import cpu_cluster
+from meshplan.runtime.execution.launch import diagnose, run_torchrun
 from meshplan.runtime.testbed.nics import nic_rows
-from meshplan.runtime.testbed.run import run_on_testbed, testbed_cluster
+from meshplan.runtime.testbed.run import run_on_testbed
 from meshplan.runtime.validation import host
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
+from meshplan.runtime.validation.options import Options, check_hosts
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
-from meshplan.spec.mesh import MeshSpec
-from meshplan.spec.training import TrainingSpec
+from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
 
-DATA_AXES = ("dp_replicate", "dp", "dp_shard")
-FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32")
 MARKER = "validate.json"
-_ADDR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
-
-
-@dataclass(frozen=True)
-class Options:
-    """Scale-down factors and run limits of one ``validate`` call."""
-
-    worlds: tuple[int, ...] = (2, 4)
-    layers: int = 2
-    hidden_div: Optional[int] = None  # None: smallest power of two giving hidden <= 256
-    seq_len: int = 64
-    vocab: int = 512
-    micro_batches: Optional[int] = None  # None: the fewest the schedule runs (micro_batches_for)
-    steps: int = 3
-    timeout_s: float = 120.0
-    pg_timeout_s: Optional[float] = None  # None: timeout_s / 2
-    fail_rank: int = -1
-    hang_rank: int = -1
-    fault_step: int = 1
-    tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
-    testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed.run)
-    probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.validation.probe)
-    curves: bool = True  # with probe: each axis's message curve (staged evidence); off in validate-slice, whose NIC counters are the step's traffic
-    nnodes: int = 1  # hosts of a multi-host run (each runs validate with its node_rank; see check_hosts)
-    node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
-    local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
-    checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
-
-    @property
-    def rendezvous(self) -> Optional[Rendezvous]:
-        """The multi-host rendezvous (None on one host)."""
-        if self.nnodes == 1 and self.rdzv_endpoint is None:
-            return None
-        return Rendezvous(self.nnodes, self.node_rank, self.rdzv_endpoint or "", self.local_addr)
-
-
-def check_hosts(opt: Options) -> None:
-    """ConfigError for an inconsistent multi-host request: ``--nnodes`` >= 1, ``--node-rank``
-    in 0..nnodes-1, ``--rdzv-endpoint`` HOST:PORT required with more than one node, no
-    ``--testbed`` with it, and every world a multiple of the node count (``W / nnodes``
-    processes per host)."""
-    if opt.nnodes < 1:
-        raise ConfigError("--nnodes", f"{opt.nnodes} must be at least 1")
-    if not 0 <= opt.node_rank < opt.nnodes:
-        raise ConfigError("--node-rank", f"{opt.node_rank} outside 0..{opt.nnodes - 1} (--nnodes {opt.nnodes})")
-    if opt.rendezvous is None:
-        return
-    if opt.rdzv_endpoint is None:
-        raise ConfigError("--rdzv-endpoint", "required with --nnodes > 1: HOST:PORT of node 0, the same on every host")
-    parse_endpoint(opt.rdzv_endpoint)
-    if opt.local_addr is not None and not _ADDR.match(opt.local_addr):
-        raise ConfigError("--local-addr", f"{opt.local_addr!r} is not a host name or address")
-    if opt.testbed:
-        raise ConfigError("--testbed", "runs every node itself; give either --testbed or --nnodes/--rdzv-endpoint")
-    for w in opt.worlds:
-        if w % opt.nnodes:
-            raise ConfigError("--worlds", f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
-                              "processes per host)")
-
-
-def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
-    """``spec`` re-sized to ``world`` ranks through its outermost data axis (see the module
-    docstring); returns the new spec and the derivation line.
-
-    >>> s, why = scale_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), 64, 16)
-    >>> s.shape, why
-    ([2, 8], 'dp_shard = 16 / (tp 8) = 2 (config: dp_shard 8)')
-    """
-    mesh = resolve_mesh(spec, base_world)
-    bad = world_error(spec, base_world) if isinstance(mesh, Infeasible) else None
-    if bad is not None:  # degrees that cannot make the world: the one line that names the fix
-        raise bad
-    if isinstance(mesh, Infeasible):
-        raise ConfigError("mesh", "the config's mesh does not resolve: " + "; ".join(mesh.reasons))
-    names, shape = list(mesh.layout.names), list(mesh.layout.shape)
-    data = [i for i, n in enumerate(names) if n in DATA_AXES]
-    if not data:
-        raise ConfigError("mesh", f"axes {names} have no data axis ({', '.join(DATA_AXES)}) to scale to other worlds")
-    i = next((j for j in data if shape[j] > 1), data[0])
-    rest = [f"{n} {d}" for j, (n, d) in enumerate(zip(names, shape)) if j != i and d > 1] or ["1"]
-    others = prod(d for j, d in enumerate(shape) if j != i)
-    if world % others:
-        raise ConfigError("--worlds", f"world {world} is not a multiple of {' * '.join(rest)} = {others}; the "
-                          f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
-    why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
-    shape[i] = world // others
-    if mesh.ep * mesh.etp > 1:
-        names, shape = names + ["ep", "etp"], shape + [mesh.ep, mesh.etp]
-    upd = spec.model_dump(exclude={"names", "shape", "order", "degrees", "world", "rank_to_gpu"})
-    return MeshSpec(names=names, shape=shape, world=world, **upd), why
-
-
-def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> int:
-    """Smallest power of two that divides hidden, head_dim (leaving it even) and ffn and
-    brings hidden to ``target`` or below.
-
-    >>> auto_hidden_div(8192, 128, 28672)
-    32
-    """
-    d = 1
-    while hidden // d > target:
-        nd = d * 2
-        if hidden % nd or head_dim % nd or (head_dim // nd) % 2 or ffn % nd:
-            break
-        d = nd
-    return d
-
-
-def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list[str]]:
-    """The config of one stage: scaled model, mesh, batch, fp32, CPU testbed (see module doc)."""
-    from meshplan.runtime.execution.model import MLA_SCALED, scale_model
-
-    m = config.model
-    # MLA: every latent rank and head dim is divided with hidden, so the divisor must divide their gcd
-    head = gcd(*(getattr(m, k) for k in MLA_SCALED if getattr(m, k))) if m.is_mla else m.d_head
-    div = opt.hidden_div or auto_hidden_div(m.hidden, head, m.ffn)
-    scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
-    spec = _spec(config)
-    mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world)
-    mesh = resolve_mesh(mesh_spec, world)
-    if isinstance(mesh, Infeasible):
-        raise ConfigError("mesh", "; ".join(mesh.reasons))
-    t = config.training
-    recompute = "none" if t.recompute == "selective" else t.recompute
-    mb, micro = min(t.micro_batch, 2), opt.micro_batches or micro_batches_for(mesh_spec, mesh, t)
-    training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
-                               "global_batch": mb * mesh.dp * micro, "recompute": recompute})
-    if opt.testbed:
-        cluster, hw_why = testbed_cluster(opt.testbed, world)
-    else:
-        cluster, hw_why = cpu_cluster(world)
-    from meshplan.runtime.validation.memcheck import TORCH_CPU_MEMORY
-
-    memory = config.memory.model_copy(update={**TORCH_CPU_MEMORY, "optimizer_temp_states": 0})
-    notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
-             "mesh: " + mesh_why,
-             f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
-             f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {micro} "
-             "micro-batch(es)" + ("" if opt.micro_batches else _fewest_why(mesh_spec, mesh, t)),
-             f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
-             hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries 0 "
-             "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach); the runtime model's "
-             "torch variants (memcheck.TORCH_CPU_MEMORY: fp32 logits, torch cross entropy, no dropout, SP inputs "
-             "all-gathered and kept, rms_norm decomposed, K/V repeated before SDPA, embedding gradient over the "
-             "whole vocabulary)"]
-    if recompute != t.recompute:
-        notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
-    if t.sharding == "none":  # the recorded first step: one bucket of every gradient (table: one row)
-        memory = memory.model_copy(update={"grad_bucket_elements": BOUNDS["bytes"].value})
-        notes.append("DDP (sharding none): the recorded first step all-reduces every gradient as one bucket "
-                     "(torch 2.13, find_unused_parameters=False), so the plan is made with [memory] "
-                     "grad_bucket_elements covering the model; later steps send the rebuilt 1 MiB / 25 MiB "
-                     "buckets the table shows by default")
-    cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
-                 memory=memory)
-    return cfg, notes
-
-
-def micro_batches_for(spec: MeshSpec, mesh, training: TrainingSpec) -> int:
-    """The fewest micro-batches per step the scaled ``mesh`` runs (``--micro-batches``'s
-    default): :func:`meshplan.pipeline.registry.fewest_micro_batches` of ``spec``'s schedule at
-    its pp (torch's rules) times ``training.pp_schedule_runs``; 1 at pp 1."""
-    pp = mesh.degree("pp")
-    if pp == 1:
-        return 1
-    return fewest_micro_batches(spec.pp_schedule, pp, spec.virtual_stages) * training.pp_schedule_runs
-
-
-def _fewest_why(spec: MeshSpec, mesh, training: TrainingSpec) -> str:
-    """The clause of the batch note saying why this many micro-batches (none at pp 1)."""
-    if mesh.degree("pp") == 1:
-        return ""
-    runs = training.pp_schedule_runs
-    per = f" x pp_schedule_runs {runs}" if runs > 1 else ""
-    return (f" (the fewest pp_schedule {get_schedule(spec.pp_schedule).name} runs at pp {mesh.degree('pp')}{per}; "
-            "--micro-batches N sets them)")
-
-
-def micro_batch_refusal(config: Config, world: int, opt: Options) -> Optional[str]:
-    """Why the pipeline schedule refuses ``opt.micro_batches`` at ``world`` (None when it runs
-    them or they are the default): :func:`meshplan.plan_runtime.run_reasons` of the scaled config, with
-    the fix (the fewest it runs)."""
-    if opt.micro_batches is None:
-        return None
-    cfg, _ = scale_config(config, world, opt)
-    mesh, spec = resolve_mesh(_spec(cfg), world), _spec(cfg)
-    if isinstance(mesh, Infeasible) or mesh.degree("pp") == 1:
-        return None
-    t = cfg.training
-    why = run_reasons(spec.pp_schedule, mesh.degree("pp"), opt.micro_batches, spec.virtual_stages,
-                      t.pp_schedule_runs)
-    if not why:
-        return None
-    return (f"{opt.micro_batches} at world {world}: {'; '.join(why)}; give --micro-batches "
-            f"{micro_batches_for(spec, mesh, t)} (the fewest it runs), or leave it out")
 
 
 def prepare_out(out: Path, force: bool) -> None:
@@ -298,13 +93,6 @@ def prepare_out(out: Path, force: bool) -> None:
             raise ConfigError("--out", f"{out} is not a meshplan validate folder (no {MARKER}); --force only "
                               "replaces those")
     check_destination(out, "--out", force, folder=True)
-
-
-def _spec(config: Config) -> MeshSpec:
-    """``config``'s [mesh] table; ConfigError when it has none."""
-    if config.mesh is None:
-        raise ConfigError("mesh", "missing table [mesh]; validate runs one mesh")
-    return config.mesh
 
 
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
@@ -326,7 +114,7 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
 
-        why = unsupported(mesh, cfg.training, _spec(cfg).pp_schedule, cfg.model)
+        why = unsupported(mesh, cfg.training, config_mesh(cfg).pp_schedule, cfg.model)
     return why
 
 
@@ -446,7 +234,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     check_hosts(opt)
     for w in opt.worlds:  # every stage must scale, and the runtime must build it, before anything runs
         cfg, _ = scale_config(config, w, opt)
-        why = not_runnable(cfg, resolve_mesh(_spec(cfg), w))
+        why = not_runnable(cfg, resolve_mesh(config_mesh(cfg), w))
         if why:
             raise ConfigError("mesh", f"world {w}: the runtime cannot build this mesh: {why}; validate a mesh "
                               "without it (the plan itself does not need the runtime)")

@@ -1,0 +1,75 @@
+"""The options of one ``meshplan validate`` call (:class:`Options`: scale-down factors, run
+limits, faults to inject, multi-host rendezvous) and the check of a multi-host request
+(:func:`check_hosts`). Read by :mod:`meshplan.runtime.validation.scaling` and
+:mod:`meshplan.runtime.validation.validate`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from meshplan.errors import ConfigError
+from meshplan.placement.launch import parse_endpoint
+from meshplan.runtime.execution.launch import Rendezvous
+
+
+_ADDR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Scale-down factors and run limits of one ``validate`` call."""
+
+    worlds: tuple[int, ...] = (2, 4)
+    layers: int = 2
+    hidden_div: Optional[int] = None  # None: smallest power of two giving hidden <= 256
+    seq_len: int = 64
+    vocab: int = 512
+    micro_batches: Optional[int] = None  # None: the fewest the schedule runs (micro_batches_for)
+    steps: int = 3
+    timeout_s: float = 120.0
+    pg_timeout_s: Optional[float] = None  # None: timeout_s / 2
+    fail_rank: int = -1
+    hang_rank: int = -1
+    fault_step: int = 1
+    tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
+    testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed.run)
+    probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.validation.probe)
+    curves: bool = True  # with probe: each axis's message curve (staged evidence); off in validate-slice, whose NIC counters are the step's traffic
+    nnodes: int = 1  # hosts of a multi-host run (each runs validate with its node_rank; see check_hosts)
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
+    local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
+    checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
+
+    @property
+    def rendezvous(self) -> Optional[Rendezvous]:
+        """The multi-host rendezvous (None on one host)."""
+        if self.nnodes == 1 and self.rdzv_endpoint is None:
+            return None
+        return Rendezvous(self.nnodes, self.node_rank, self.rdzv_endpoint or "", self.local_addr)
+
+
+def check_hosts(opt: Options) -> None:
+    """ConfigError for an inconsistent multi-host request: ``--nnodes`` >= 1, ``--node-rank``
+    in 0..nnodes-1, ``--rdzv-endpoint`` HOST:PORT required with more than one node, no
+    ``--testbed`` with it, and every world a multiple of the node count (``W / nnodes``
+    processes per host)."""
+    if opt.nnodes < 1:
+        raise ConfigError("--nnodes", f"{opt.nnodes} must be at least 1")
+    if not 0 <= opt.node_rank < opt.nnodes:
+        raise ConfigError("--node-rank", f"{opt.node_rank} outside 0..{opt.nnodes - 1} (--nnodes {opt.nnodes})")
+    if opt.rendezvous is None:
+        return
+    if opt.rdzv_endpoint is None:
+        raise ConfigError("--rdzv-endpoint", "required with --nnodes > 1: HOST:PORT of node 0, the same on every host")
+    parse_endpoint(opt.rdzv_endpoint)
+    if opt.local_addr is not None and not _ADDR.match(opt.local_addr):
+        raise ConfigError("--local-addr", f"{opt.local_addr!r} is not a host name or address")
+    if opt.testbed:
+        raise ConfigError("--testbed", "runs every node itself; give either --testbed or --nnodes/--rdzv-endpoint")
+    for w in opt.worlds:
+        if w % opt.nnodes:
+            raise ConfigError("--worlds", f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
+                              "processes per host)")

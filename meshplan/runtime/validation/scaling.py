@@ -1,0 +1,174 @@
+"""Step 1 of ``meshplan validate`` (:mod:`meshplan.runtime.validation.validate`): the config of
+one world size W. The mesh is re-sized to W by its outermost data axis (:func:`scale_mesh`), the
+model scaled down by stated factors (:func:`scale_config`, hidden divisor :func:`auto_hidden_div`),
+the batch the fewest micro-batches the pipeline schedule runs (:func:`micro_batches_for`), every
+dtype fp32, the cluster the CPU testbed or a netns testbed; each choice comes back as a note."""
+
+from __future__ import annotations
+
+from math import gcd, prod
+from typing import Optional
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.limits import BOUNDS
+from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
+from meshplan.plan_runtime import run_reasons
+from meshplan.pipeline.registry import fewest_micro_batches
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.runtime.testbed.cpu import cpu_cluster
+from meshplan.runtime.testbed.run import testbed_cluster
+from meshplan.runtime.validation.options import Options
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.training import TrainingSpec
+
+
+DATA_AXES = ("dp_replicate", "dp", "dp_shard")
+
+
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32")
+
+
+def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
+    """``spec`` re-sized to ``world`` ranks through its outermost data axis (see
+    :mod:`meshplan.runtime.validation.validate`); returns the new spec and the derivation line.
+
+    >>> s, why = scale_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), 64, 16)
+    >>> s.shape, why
+    ([2, 8], 'dp_shard = 16 / (tp 8) = 2 (config: dp_shard 8)')
+    """
+    mesh = resolve_mesh(spec, base_world)
+    bad = world_error(spec, base_world) if isinstance(mesh, Infeasible) else None
+    if bad is not None:  # degrees that cannot make the world: the one line that names the fix
+        raise bad
+    if isinstance(mesh, Infeasible):
+        raise ConfigError("mesh", "the config's mesh does not resolve: " + "; ".join(mesh.reasons))
+    names, shape = list(mesh.layout.names), list(mesh.layout.shape)
+    data = [i for i, n in enumerate(names) if n in DATA_AXES]
+    if not data:
+        raise ConfigError("mesh", f"axes {names} have no data axis ({', '.join(DATA_AXES)}) to scale to other worlds")
+    i = next((j for j in data if shape[j] > 1), data[0])
+    rest = [f"{n} {d}" for j, (n, d) in enumerate(zip(names, shape)) if j != i and d > 1] or ["1"]
+    others = prod(d for j, d in enumerate(shape) if j != i)
+    if world % others:
+        raise ConfigError("--worlds", f"world {world} is not a multiple of {' * '.join(rest)} = {others}; the "
+                          f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
+    why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
+    shape[i] = world // others
+    if mesh.ep * mesh.etp > 1:
+        names, shape = names + ["ep", "etp"], shape + [mesh.ep, mesh.etp]
+    upd = spec.model_dump(exclude={"names", "shape", "order", "degrees", "world", "rank_to_gpu"})
+    return MeshSpec(names=names, shape=shape, world=world, **upd), why
+
+
+def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> int:
+    """Smallest power of two that divides hidden, head_dim (leaving it even) and ffn and
+    brings hidden to ``target`` or below.
+
+    >>> auto_hidden_div(8192, 128, 28672)
+    32
+    """
+    d = 1
+    while hidden // d > target:
+        nd = d * 2
+        if hidden % nd or head_dim % nd or (head_dim // nd) % 2 or ffn % nd:
+            break
+        d = nd
+    return d
+
+
+def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list[str]]:
+    """The config of one stage: scaled model, mesh, batch, fp32, CPU testbed (see
+    :mod:`meshplan.runtime.validation.validate`)."""
+    from meshplan.runtime.execution.model import MLA_SCALED, scale_model
+
+    m = config.model
+    # MLA: every latent rank and head dim is divided with hidden, so the divisor must divide their gcd
+    head = gcd(*(getattr(m, k) for k in MLA_SCALED if getattr(m, k))) if m.is_mla else m.d_head
+    div = opt.hidden_div or auto_hidden_div(m.hidden, head, m.ffn)
+    scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
+    spec = config_mesh(config)
+    mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world)
+    mesh = resolve_mesh(mesh_spec, world)
+    if isinstance(mesh, Infeasible):
+        raise ConfigError("mesh", "; ".join(mesh.reasons))
+    t = config.training
+    recompute = "none" if t.recompute == "selective" else t.recompute
+    mb, micro = min(t.micro_batch, 2), opt.micro_batches or micro_batches_for(mesh_spec, mesh, t)
+    training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
+                               "global_batch": mb * mesh.dp * micro, "recompute": recompute})
+    if opt.testbed:
+        cluster, hw_why = testbed_cluster(opt.testbed, world)
+    else:
+        cluster, hw_why = cpu_cluster(world)
+    from meshplan.runtime.validation.memcheck import TORCH_CPU_MEMORY
+
+    memory = config.memory.model_copy(update={**TORCH_CPU_MEMORY, "optimizer_temp_states": 0})
+    notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
+             "mesh: " + mesh_why,
+             f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
+             f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {micro} "
+             "micro-batch(es)" + ("" if opt.micro_batches else _fewest_why(mesh_spec, mesh, t)),
+             f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
+             hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries 0 "
+             "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach); the runtime model's "
+             "torch variants (memcheck.TORCH_CPU_MEMORY: fp32 logits, torch cross entropy, no dropout, SP inputs "
+             "all-gathered and kept, rms_norm decomposed, K/V repeated before SDPA, embedding gradient over the "
+             "whole vocabulary)"]
+    if recompute != t.recompute:
+        notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
+    if t.sharding == "none":  # the recorded first step: one bucket of every gradient (table: one row)
+        memory = memory.model_copy(update={"grad_bucket_elements": BOUNDS["bytes"].value})
+        notes.append("DDP (sharding none): the recorded first step all-reduces every gradient as one bucket "
+                     "(torch 2.13, find_unused_parameters=False), so the plan is made with [memory] "
+                     "grad_bucket_elements covering the model; later steps send the rebuilt 1 MiB / 25 MiB "
+                     "buckets the table shows by default")
+    cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
+                 memory=memory)
+    return cfg, notes
+
+
+def micro_batches_for(spec: MeshSpec, mesh, training: TrainingSpec) -> int:
+    """The fewest micro-batches per step the scaled ``mesh`` runs (``--micro-batches``'s
+    default): :func:`meshplan.pipeline.registry.fewest_micro_batches` of ``spec``'s schedule at
+    its pp (torch's rules) times ``training.pp_schedule_runs``; 1 at pp 1."""
+    pp = mesh.degree("pp")
+    if pp == 1:
+        return 1
+    return fewest_micro_batches(spec.pp_schedule, pp, spec.virtual_stages) * training.pp_schedule_runs
+
+
+def _fewest_why(spec: MeshSpec, mesh, training: TrainingSpec) -> str:
+    """The clause of the batch note saying why this many micro-batches (none at pp 1)."""
+    if mesh.degree("pp") == 1:
+        return ""
+    runs = training.pp_schedule_runs
+    per = f" x pp_schedule_runs {runs}" if runs > 1 else ""
+    return (f" (the fewest pp_schedule {get_schedule(spec.pp_schedule).name} runs at pp {mesh.degree('pp')}{per}; "
+            "--micro-batches N sets them)")
+
+
+def micro_batch_refusal(config: Config, world: int, opt: Options) -> Optional[str]:
+    """Why the pipeline schedule refuses ``opt.micro_batches`` at ``world`` (None when it runs
+    them or they are the default): :func:`meshplan.plan_runtime.run_reasons` of the scaled config, with
+    the fix (the fewest it runs)."""
+    if opt.micro_batches is None:
+        return None
+    cfg, _ = scale_config(config, world, opt)
+    mesh, spec = resolve_mesh(config_mesh(cfg), world), config_mesh(cfg)
+    if isinstance(mesh, Infeasible) or mesh.degree("pp") == 1:
+        return None
+    t = cfg.training
+    why = run_reasons(spec.pp_schedule, mesh.degree("pp"), opt.micro_batches, spec.virtual_stages,
+                      t.pp_schedule_runs)
+    if not why:
+        return None
+    return (f"{opt.micro_batches} at world {world}: {'; '.join(why)}; give --micro-batches "
+            f"{micro_batches_for(spec, mesh, t)} (the fewest it runs), or leave it out")
+
+
+def config_mesh(config: Config) -> MeshSpec:
+    """``config``'s [mesh] table; ConfigError when it has none."""
+    if config.mesh is None:
+        raise ConfigError("mesh", "missing table [mesh]; validate runs one mesh")
+    return config.mesh
