@@ -292,12 +292,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     if to == "torchtitan":
         tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan_write.write(cfg), [])
+        tables, ac_notes = torchtitan_carry.kept_recompute(user.doc, tables, cfg) if user is not None and \
+            user.fmt == to else (tables, [])
         spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
         written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += torchtitan_write.write_notes(cfg)
+        head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes))
         head += spelling_note(spelling, source) if written is not tables else []
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
