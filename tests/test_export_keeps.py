@@ -94,3 +94,71 @@ def test_torchtitan_export_of_a_changed_recompute_says_so(tmp_path):
             f"-> \"full\", activation_checkpoint.selective_ac_option \"op\" -> dropped") in header
     assert not [h for h in header if "kept as written" in h]
     assert back.training.recompute == "full" and differences(cfg, back) == []
+
+
+#: A DeepSpeed ZeRO-3 config whose activation_checkpointing section (read as recompute full) sets
+#: every one of deepspeed.checkpointing's keys (the trial's ds_z3.json).
+DS_Z3 = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16,
+         "zero_optimization": {"stage": 3, "overlap_comm": True}, "bf16": {"enabled": True},
+         "gradient_clipping": 1.0, "steps_per_print": 10,
+         "activation_checkpointing": {"partition_activations": False, "contiguous_memory_optimization": False,
+                                      "cpu_checkpointing": False, "number_checkpoints": None,
+                                      "synchronize_checkpoint_boundary": False, "profile": False}}
+DS_OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+SECTION = "activation_checkpointing"
+
+
+def _export_ds(tmp_path: Path, user: dict, recompute: str, ac_freq: int = 1):
+    """(written JSON, header, the row's config, the config read back) of ``export --to deepspeed``
+    of ``user`` at ``recompute`` (a search row's), with the user's file."""
+    import json
+    from meshplan.interop.foreign import reimport_options
+    src = tmp_path / "ds_z3.json"
+    src.write_text(json.dumps(user))
+    cfg = load_any(src, "deepspeed", DS_OPTS)
+    row = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute, "ac_freq": ac_freq}))
+    text, header = export(row, "deepspeed", f"search {src} row 1", user_source(src))
+    out = tmp_path / "top.json"
+    out.write_text(text)
+    return json.loads(text), header, row, load_any(out, "deepspeed", reimport_options(row, "deepspeed"))
+
+
+def test_deepspeed_row_without_recompute_says_the_model_code_decides(tmp_path):
+    """Row 1 at recompute none from a config with a section (full): the file has no section (one
+    would read back as full), the header's one model-code line says to remove the checkpoint
+    calls and why the section's settings went; the file reads back as the row."""
+    doc, header, row, back = _export_ds(tmp_path, DS_Z3, "none")
+    assert SECTION not in doc
+    assert [h for h in header if h.startswith("model code:")] == [
+        "model code: recompute none here, full in the DeepSpeed config (its activation_checkpointing section); the "
+        "JSON does not turn activation checkpointing off, the model code does: remove its "
+        "deepspeed.checkpointing.checkpoint calls (Megatron-DeepSpeed: drop --checkpoint-activations); the section's "
+        "settings are dropped: they configure only those calls, and a section reads back as recompute full"]
+    assert back.training.recompute == "none" and differences(row, back) == []
+    assert not [h for h in header if h.startswith("not expressed")], header
+
+
+def test_deepspeed_row_with_full_recompute_from_none(tmp_path):
+    """The other way: a config without a section (none), a row at full: an empty section written,
+    the line says to wrap every layer in the model code; read back as full."""
+    user = {k: v for k, v in DS_Z3.items() if k != SECTION}
+    doc, header, row, back = _export_ds(tmp_path, user, "full")
+    assert doc[SECTION] == {}
+    assert [h.split(";")[0] for h in header if h.startswith("model code:")] == [
+        "model code: recompute full here, none in the DeepSpeed config (no activation_checkpointing section)"]
+    assert back.training.recompute == "full" and differences(row, back) == []
+
+
+def test_deepspeed_keeps_the_section_where_its_calls_remain(tmp_path):
+    """Unchanged (full) the section is carried whole and no line is added; at every 2nd layer the
+    model code still calls deepspeed.checkpointing.checkpoint, which the section configures: kept
+    (the policy itself is not expressed by the JSON, its own header line says so); no model-code
+    line, which is for the none/full switch the file states."""
+    doc, header, row, back = _export_ds(tmp_path, DS_Z3, "full")
+    assert doc[SECTION] == DS_Z3[SECTION] and not [h for h in header if h.startswith(("model code:", "written"))]
+    assert differences(row, back) == []
+    doc, header, row, back = _export_ds(tmp_path, DS_Z3, "layer", ac_freq=2)
+    assert doc[SECTION] == DS_Z3[SECTION] and not [h for h in header if h.startswith(("model code:", "written"))]
+    assert [h.split(" (")[0] for h in header if h.startswith("not expressed")] == [
+        "not expressed in deepspeed: training.recompute: 'layer' -> 'full'",
+        "not expressed in deepspeed: training.ac_freq: 2 -> 1"]

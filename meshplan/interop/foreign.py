@@ -314,13 +314,16 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
-        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_write.write(cfg)) if user is not None and \
+        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_carry.with_section(
+            user.doc, deepspeed_write.write(cfg), cfg.training.recompute)) if user is not None and \
             user.fmt == to else (deepspeed_write.write(cfg), [])
         if user is not None and user.fmt == to:  # the HF Trainer's "auto" kept where the plan's value is its fill
             doc = deepspeed_auto.keep_auto(user.doc, doc, cfg.model.hidden)
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         head += _rewritten(user, to, source, doc)
+        head += deepspeed_carry.recompute_change(user.doc, cfg.training.recompute) if user is not None and \
+            user.fmt == to else []
         body = json.dumps(doc, indent=2) + "\n"
         again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
                                replace(opts, model=opts.model or catalog.names("model")[0]))
