@@ -162,3 +162,48 @@ def test_deepspeed_keeps_the_section_where_its_calls_remain(tmp_path):
     assert [h.split(" (")[0] for h in header if h.startswith("not expressed")] == [
         "not expressed in deepspeed: training.recompute: 'layer' -> 'full'",
         "not expressed in deepspeed: training.ac_freq: 2 -> 1"]
+
+
+def _moe_toml(tmp_path: Path, rope: str) -> Path:
+    """A meshplan TOML of a Mixtral-like model given by its fields (catalog mixtral-8x7b's layout),
+    ``rope`` its rope_theta line or nothing, under Megatron-LM (ep 8 over dp_shard 32)."""
+    p = tmp_path / "moe.toml"
+    p.write_text('[model]\nname = "my-moe"\nlayers = 32\nhidden = 4096\nffn = 14336\ngated_mlp = true\nq_heads = 32\n'
+                 'kv_heads = 8\nhead_dim = 128\nvocab = 32000\ntied_embeddings = false\nnorm = "rmsnorm"\n'
+                 f'position_embedding = "rope"\nmax_position = 32768\nnorm_eps = 1e-05\nexperts = 8\ntop_k = 2\n{rope}'
+                 '[cluster]\nsystem = "dgx-h100"\nnodes = 4\n[training]\nglobal_batch = 256\nseq_len = 4096\n'
+                 'micro_batch = 1\nsharding = "zero3"\nrecompute = "full"\nframework = "megatron"\nparam_dtype = "bf16"\n'
+                 '[mesh]\nnames = ["dp_shard", "ep"]\nshape = [32, 8]\n')
+    return p
+
+
+def test_megatron_export_prints_no_rope_change_it_does_not_write(tmp_path):
+    """Without model.rope_theta the export writes no --rotary-base (Megatron-LM runs its default,
+    arguments.py ``--rotary-base`` type int, default 10000); the header printed
+    ``model.rope_theta: None -> 1000000.0`` from the re-import's catalog match (mixtral-8x7b's
+    layout), a change no flag wrote: now nothing. The re-import says so in its own note, and
+    every other field comes back the same."""
+    from meshplan.config import load_config
+    from meshplan.interop.foreign import reimport_options
+    cfg = load_config(_moe_toml(tmp_path, ""))
+    text, header = export(cfg, "megatron", "moe.toml")
+    assert "--rotary-base" not in text and not [h for h in header if "rope" in h], header
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "moe.args"
+    out.write_text(text)
+    back = load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert [d.split(":")[0] for d in differences(cfg, back)] == ["model.rope_theta"]
+    assert [n for n in back.notes if "--rotary-base (Megatron-LM's default 10000; mixtral-8x7b: 1e+06)" in n]
+
+
+def test_megatron_export_writes_a_given_rope_theta(tmp_path):
+    """model.rope_theta 1e6 given: ``--rotary-base 1000000`` written, read back as the same."""
+    from meshplan.config import load_config
+    from meshplan.interop.foreign import reimport_options
+    cfg = load_config(_moe_toml(tmp_path, "rope_theta = 1000000.0\n"))
+    text, header = export(cfg, "megatron", "moe.toml")
+    assert "--rotary-base 1000000" in text.splitlines() and not [h for h in header if "rope" in h], header
+    out = tmp_path / "moe.args"
+    out.write_text(text)
+    back = load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert back.model.rope_theta == 1e6 and differences(cfg, back) == []

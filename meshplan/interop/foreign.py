@@ -329,6 +329,9 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
                                replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     back = config_from_dict(again.tables)
+    if to == "megatron":  # a field no flag states is Megatron-LM's default, not a catalog match's (unstated)
+        unset = megatron.unstated(cfg.model, megatron.parse_args(body))
+        back = replace(back, model=back.model.model_copy(update=unset))
     lost = differences(cfg, back)
     head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
                                                if to == "deepspeed" and d.startswith("training.recompute:") else "")
