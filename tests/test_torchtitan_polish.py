@@ -135,9 +135,11 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
     assert (f"carried unchanged from {path}: [lr_scheduler], [metrics], [checkpoint], job.dump_folder, "
             "job.description, model.hf_assets_path, optimizer.lr, training.max_norm, training.steps, training.dataset, "
             "parallelism.context_parallel_rotate_method, model.converters ['quantize.linear.mx']") in head
-    # the re-import of the carried file gives the same plan: only the recompute the plan modelled differs
-    assert [h for h in head if h.startswith("not expressed")] == [
-        "not expressed in torchtitan: training.recompute: 'selective' -> 'none'"]
+    # the re-import of the carried file gives the same plan: the user's op-level SAC is kept as written
+    # (planned at cp 2 as Megatron-LM's selective, which it reads back as), with a note (exportkeep)
+    assert [h for h in head if h.startswith("not expressed")] == []
+    assert out["activation_checkpoint"] == user["activation_checkpoint"]
+    assert [h for h in head if h.startswith("note: activation_checkpoint kept as written")]
 
 
 def test_export_from_torchtitan_to_megatron_lists_what_is_not_carried(tmp_path):
@@ -176,14 +178,20 @@ def test_max_norm_is_read_as_clipping(tmp_path):
         load_any(_user(tmp_path, USER.replace("max_norm = 0.5", 'max_norm = "one"')), opts=H100x8)
 
 
-def test_op_sac_downgraded_at_tp_is_exported_as_planned(tmp_path):
-    """selective_ac_option "op" at tp 8 is planned as Megatron-LM's selective recompute (the
-    import says so); with flash attention that keeps what mode "none" keeps but the flash
-    softmax statistics, so the export writes "none" and a note, never "op"."""
+def test_op_sac_downgraded_at_cp_is_kept_from_the_users_file(tmp_path):
+    """selective_ac_option "op" at cp 2 is planned as Megatron-LM's selective recompute (the
+    import says so). Exported with the user's file, the file keeps "op" as the user wrote it, with
+    a note on what the plan assumed (exportkeep: it wrote mode "none" before); without it (the
+    plan alone) the export writes what keeps what the plan kept, "none" with flash attention
+    (the same activations but the flash softmax statistics), and a note."""
     path = _user(tmp_path)
     cfg = load_any(path, opts=H100x8)
     assert cfg.training.recompute == "selective"
     text, head = export(cfg, "torchtitan", str(path), user_source(path))
+    assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert [h for h in head if h.startswith("note: activation_checkpoint kept as written") and h.endswith("cp 2")]
+    assert not [h for h in head if h.startswith("note: the plan modelled Megatron-LM's selective recompute")]
+    text, head = export(cfg, "torchtitan", str(path))
     assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "none"}
     assert any(h.startswith("note: the plan modelled Megatron-LM's selective recompute (attention core only)")
                and 'written as mode = "none"' in h for h in head)

@@ -52,8 +52,9 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     sizes, ...) carried through unchanged, as a torchtitan export keeps the job's other sections;
     every key the reader reads at the user's stage or the written one is what ``written`` says.
     The keys of an ``activation_checkpointing`` section go with it only where ``written`` has
-    one (the plan checkpoints: recompute ``full``; another plan's section would read back as
-    ``full``). What was carried: dotted keys, the user's order.
+    one (the plan checkpoints: recompute ``full``, or a policy whose calls the section still
+    configures, :func:`with_section`; a plan without checkpointing has none, as a section would
+    read back as ``full``). What was carried: dotted keys, the user's order.
 
     >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
     ...         "overlap_comm": True, "round_robin_gradients": True}, "activation_checkpointing": {"partition_activations": True}}
@@ -77,3 +78,58 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
         set() if isinstance(zero, dict) and zero.get("stage") == 3 else ZERO3_ONLY)
     keep = strip_keys(strip_keys(user, drop), set(flatten(written)))
     return merge_tables(written, keep), list(flatten(keep))
+
+
+#: The recompute policies the model code runs through ``deepspeed.checkpointing.checkpoint``
+#: (:func:`meshplan.spec.wording.recompute_words` under DeepSpeed: every layer, every k-th layer,
+#: the attention core), which an ``activation_checkpointing`` section configures
+#: (``partition_activations``, ``contiguous_memory_optimization``, ``cpu_checkpointing``, ...).
+CHECKPOINT_CALLS = ("full", "layer", "selective")
+
+
+def source_recompute(user: dict) -> str:
+    """The recompute the user's DeepSpeed config ``user`` was read as: ``full`` with an
+    ``activation_checkpointing`` section, ``none`` without (:func:`meshplan.interop.deepspeed.read`)."""
+    return "full" if CHECKPOINTING in user else "none"
+
+
+def with_section(user: dict, written: dict, recompute: str) -> dict:
+    """``written`` with an ``activation_checkpointing`` section where the user's config ``user`` has
+    one and the plan's ``recompute`` still calls ``deepspeed.checkpointing.checkpoint``
+    (:data:`CHECKPOINT_CALLS`), so that :func:`carried` keeps the section's settings, which
+    configure those calls; a plan without them (``none``, torch's op-level SAC) writes none.
+
+    >>> user = {"activation_checkpointing": {"partition_activations": True}}
+    >>> with_section(user, {}, "layer"), with_section(user, {}, "none"), with_section({}, {}, "layer")
+    ({'activation_checkpointing': {}}, {}, {})
+    """
+    if CHECKPOINTING in user and recompute in CHECKPOINT_CALLS and CHECKPOINTING not in written:
+        return written | {CHECKPOINTING: {}}
+    return written
+
+
+def recompute_change(user: dict, recompute: str) -> list[str]:
+    """One header line when the plan's ``recompute`` (``none`` or ``full``, which the exported
+    file states) is not the one the user's config ``user`` was read as
+    (:func:`source_recompute`): the JSON alone does not switch activation checkpointing, the
+    model code does (the import's own note), so the line says what to change there and what
+    became of the section. Other policies are not expressed by the file: their header line says
+    what to apply (:func:`meshplan.spec.wording.deepspeed_recompute_fix`).
+
+    >>> print(recompute_change({"activation_checkpointing": {"partition_activations": False}}, "none")[0])
+    model code: recompute none here, full in the DeepSpeed config (its activation_checkpointing section); the JSON does not turn activation checkpointing off, the model code does: remove its deepspeed.checkpointing.checkpoint calls (Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are dropped: they configure only those calls, and a section reads back as recompute full
+    >>> recompute_change({}, "none"), recompute_change({}, "layer")
+    ([], [])
+    """
+    was = source_recompute(user)
+    if recompute == was or recompute not in ("none", "full"):
+        return []
+    call = "deepspeed.checkpointing.checkpoint"
+    if recompute == "none":
+        return [f"model code: recompute none here, full in the DeepSpeed config (its {CHECKPOINTING} section); the JSON "
+                f"does not turn activation checkpointing off, the model code does: remove its {call} calls "
+                f"(Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are dropped: they "
+                f"configure only those calls, and a section reads back as recompute full"]
+    return [f"model code: recompute full here, none in the DeepSpeed config (no {CHECKPOINTING} section); the JSON does "
+            f"not turn activation checkpointing on, the model code does: wrap every transformer layer in {call} "
+            f"(Megatron-DeepSpeed: --checkpoint-activations), which the {CHECKPOINTING} section written configures"]

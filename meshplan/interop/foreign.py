@@ -292,12 +292,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     if to == "torchtitan":
         tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan_write.write(cfg), [])
+        tables, ac_notes = torchtitan_carry.kept_recompute(user.doc, tables, cfg) if user is not None and \
+            user.fmt == to else (tables, [])
         spelling = user.float8 if user is not None and user.fmt == to else Float8Spelling.CURRENT
         written = spelt(tables, spelling)  # the user's float8 names kept, the keys listed in them
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += torchtitan_write.write_notes(cfg)
+        head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes))
         head += spelling_note(spelling, source) if written is not tables else []
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
@@ -312,18 +314,24 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
-        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_write.write(cfg)) if user is not None and \
+        doc, kept = deepspeed_carry.carried(user.doc, deepspeed_carry.with_section(
+            user.doc, deepspeed_write.write(cfg), cfg.training.recompute)) if user is not None and \
             user.fmt == to else (deepspeed_write.write(cfg), [])
         if user is not None and user.fmt == to:  # the HF Trainer's "auto" kept where the plan's value is its fill
             doc = deepspeed_auto.keep_auto(user.doc, doc, cfg.model.hidden)
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         head += _rewritten(user, to, source, doc)
+        head += deepspeed_carry.recompute_change(user.doc, cfg.training.recompute) if user is not None and \
+            user.fmt == to else []
         body = json.dumps(doc, indent=2) + "\n"
         again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
                                replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     back = config_from_dict(again.tables)
+    if to == "megatron":  # a field no flag states is Megatron-LM's default, not a catalog match's (unstated)
+        unset = megatron.unstated(cfg.model, megatron.parse_args(body))
+        back = replace(back, model=back.model.model_copy(update=unset))
     lost = differences(cfg, back)
     head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
                                                if to == "deepspeed" and d.startswith("training.recompute:") else "")

@@ -105,13 +105,13 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
-from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num
+from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
 from meshplan.spec.mesh_words import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
-__all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "write", "write_notes"]
+__all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",

@@ -202,6 +202,22 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
     return model
 
 
+def unstated(m: ModelSpec, args: dict) -> dict[str, None]:
+    """The fields of ``m`` that it leaves unset and Megatron-LM arguments ``args`` (parsed) do
+    not state either: a :data:`CARRIED` field without its flag, ``rope_scaling`` without
+    ``--use-rope-scaling``. Arguments with a catalog model's layout read back as that model
+    (:func:`_as_catalog`), whose values for these fields no flag wrote, so an export's round
+    trip sets them back to unset (None) before comparing: Megatron-LM runs its own default there
+    (``--rotary-base`` 10000), not the catalog's.
+
+    >>> m = ModelSpec(**{**catalog.model("mixtral-8x7b").model_dump(), "name": "my-moe", "rope_theta": None})
+    >>> unstated(m, {"--num-layers": "32"}), unstated(m, {"--rotary-base": "10000", "--use-rope-scaling": True})
+    ({'rope_theta': None, 'rope_scaling': None}, {})
+    """
+    out = {field: None for flag, (field, _) in CARRIED.items() if getattr(m, field) is None and flag not in args}
+    return out | ({"rope_scaling": None} if m.rope_scaling is None and not args.get("--use-rope-scaling") else {})
+
+
 def _scaling_flags(m: ModelSpec) -> list[str]:
     """``--use-rope-scaling --rope-scaling-factor F`` for ``m.rope_scaling`` (none without it);
     ConfigError when a constant other than the factor is not Megatron-LM's fixed one."""

@@ -86,6 +86,7 @@ from meshplan.interop.common import (
     cluster_table,
     flatten,
     misspelt,
+    model_is_mla,
     model_is_moe,
     model_layers,
     model_option,
@@ -256,7 +257,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
-    training |= read_recompute(d, deg, model, notes)
+    training |= read_recompute(d, deg, model_is_mla(model), notes)
     training |= _compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "

@@ -8,9 +8,16 @@ meshplan reads is the plan's (:func:`meshplan.interop.torchtitan_write.write`).
 
 from __future__ import annotations
 
+import json
+
+from meshplan.config import Config
 from meshplan.interop.common import flatten, merge_tables, strip_keys
+from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan import READ
-from meshplan.interop.torchtitan_tables import LINEAR_CONVERTERS
+from meshplan.interop.torchtitan_tables import LINEAR_CONVERTERS, op_limits, read_recompute
+
+#: The [activation_checkpoint] keys that say the recompute (:func:`kept_recompute`).
+AC_KEYS = ("mode", "selective_ac_option")
 
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
 #: folder; the clipping bound, read as clipping on; whether torchao precomputes the float8
@@ -49,6 +56,49 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     read = {r.partition(".")[0] for r in READ} | (set(written) - ({"checkpoint"} if "checkpoint" in keep else set()))
     names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
     return tables, names + [f"model.converters {other}"] * bool(other)
+
+
+def kept_recompute(user: dict, tables: dict, cfg: Config) -> tuple[dict, list[str]]:
+    """(``tables``, header notes) with the user's ``activation_checkpoint.mode`` and
+    ``selective_ac_option`` as ``user`` (their torchtitan job TOML) writes them, in place of
+    the plan's (:func:`~meshplan.interop.torchtitan_tables.write_recompute`), where they read
+    back (:func:`~meshplan.interop.torchtitan_tables.read_recompute`, at ``cfg``'s mesh) as the
+    plan's recompute: an export of the user's own setting keeps it, so that op-level SAC at cp
+    > 1, planned as Megatron-LM's selective recompute, is not written as ``mode = "none"``. One
+    note says what the plan assumed when that is not what the user wrote. A recompute the plan
+    changed (a search row's) is the plan's, listed as written otherwise by the caller.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
+    ...     "training": {"global_batch": 8, "seq_len": 32768, "recompute": "selective"},
+    ...     "mesh": {"names": ["dp_shard", "cp", "tp"], "shape": [8, 4, 8], "sequence_parallel": True}})
+    >>> user = {"activation_checkpoint": {"mode": "selective", "selective_ac_option": "op", "early_stop": True}}
+    >>> tables, notes = kept_recompute(user, {"activation_checkpoint": {"mode": "none", "early_stop": True}}, cfg)
+    >>> tables["activation_checkpoint"]
+    {'early_stop': True, 'mode': 'selective', 'selective_ac_option': 'op'}
+    >>> print(notes[0])  # doctest: +NORMALIZE_WHITESPACE
+    note: activation_checkpoint kept as written (mode "selective", selective_ac_option "op": op-level SAC); the plan
+    assumed Megatron-LM's selective recompute (attention core recomputed, the other activations kept), as op-level SAC
+    is planned with cp = ep = 1 and no MLA only and this mesh has cp 4
+    """
+    m, t = resolved(cfg), cfg.training
+    deg = {"cp": m.degree("cp"), "ep": m.ep}
+    plan = {"recompute": t.recompute} | ({"ac_freq": t.ac_freq} if t.recompute == "layer" else {})
+    if read_recompute(user, deg, cfg.model.is_mla, []) != plan:
+        return tables, []
+    ac = user.get("activation_checkpoint", {})
+    mine = {k: ac[k] for k in AC_KEYS if k in ac}
+    table = {k: v for k, v in tables.get("activation_checkpoint", {}).items() if k not in AC_KEYS} | mine
+    tables = {**tables, "activation_checkpoint": table}  # in its place
+    if not table:  # the user wrote none: torchtitan's defaults, which read back as the plan's
+        del tables["activation_checkpoint"]
+    if t.recompute != "selective":  # op-level SAC at cp or ep > 1 or with MLA (read_recompute)
+        return tables, []
+    written = ", ".join(f"{k} {json.dumps(v)}" for k, v in mine.items())
+    return tables, [f"note: activation_checkpoint kept as written ({written}: op-level SAC); the plan assumed "
+                    f"Megatron-LM's selective recompute (attention core recomputed, the other activations kept), as "
+                    f"op-level SAC is planned with cp = ep = 1 and no MLA only and this mesh has "
+                    f"{' and '.join(op_limits(deg, cfg.model.is_mla))}"]
 
 
 def _model_key(d: dict) -> tuple:

@@ -23,7 +23,6 @@ from enum import Enum
 from typing import Any
 
 from meshplan.errors import ConfigError
-from meshplan.interop.common import model_is_mla
 
 #: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b", "zbvzerobubble": "zbv",
@@ -89,13 +88,14 @@ def model_parts(split: list[int]) -> list[list[str]]:
     return parts
 
 
-def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) -> dict[str, Any]:
+def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) -> dict[str, Any]:
     """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
     full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
     an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
     option "2"). ``op`` is planned with cp = ep = 1 and no MLA only (build_plan says why; with tp
-    > 1 as torchtitan applies TP, with sequence parallelism), so a mesh outside that is planned
-    with Megatron-LM's selective recompute, with a note."""
+    > 1 as torchtitan applies TP, with sequence parallelism), so a mesh outside that
+    (:func:`op_limits` of ``deg``, the cp and ep degrees, and ``mla``, whether the model has
+    multi-head latent attention) is planned with Megatron-LM's selective recompute, with a note."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
     if mode not in ("none", "selective", "full"):
@@ -105,7 +105,7 @@ def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) 
         return {"recompute": mode}
     opt = str(ac.get("selective_ac_option", "2"))
     if opt == "op":
-        why = [f"{a} {deg[a]}" for a in ("cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
+        why = op_limits(deg, mla)
         if not why:
             return {"recompute": "op"}
         notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with cp = "
@@ -117,6 +117,16 @@ def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) 
         raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
                           f"k >= 1 (every k-th layer checkpointed in full)")
     return {"recompute": "layer", "ac_freq": int(opt)}
+
+
+def op_limits(deg: dict[str, int], mla: bool) -> list[str]:
+    """What keeps op-level SAC (``recompute = "op"``) from being planned at a mesh of cp and ep
+    degrees ``deg`` (:func:`meshplan.plan_checks` plans it with cp = ep = 1 and no MLA only).
+
+    >>> op_limits({"cp": 4, "ep": 1}, False), op_limits({"cp": 1, "ep": 8}, True), op_limits({"cp": 1, "ep": 1}, False)
+    (['cp 4'], ['ep 8', 'MLA'], [])
+    """
+    return [f"{a} {deg[a]}" for a in ("cp", "ep") if deg[a] > 1] + ["MLA"] * mla
 
 
 def write_recompute(t) -> dict[str, str]:

@@ -96,15 +96,17 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 
-def write_notes(cfg: Config) -> list[str]:
+def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     """Header notes of a torchtitan export: a recompute policy torchtitan has no option for,
-    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`);
-    torchtitan's pre-2025 norm, which today's torchtitan has no key for."""
+    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`),
+    unless ``recompute_noted`` (the user's own [activation_checkpoint] kept, with its note:
+    :func:`meshplan.interop.torchtitan_carry.kept_recompute`); torchtitan's pre-2025 norm, which
+    today's torchtitan has no key for."""
     t = cfg.training
     out = [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
            f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
         if t.torch_norm == "decomposed" else []
-    if t.recompute != "selective":
+    if t.recompute != "selective" or recompute_noted:
         return out
     written = write_recompute(t)["mode"]
     return out + [
