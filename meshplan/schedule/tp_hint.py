@@ -46,6 +46,11 @@ def _runtime(framework: str) -> str:
             "megatron": "Megatron-LM's --tp-comm-overlap, Transformer Engine userbuffers"}.get(framework, framework)
 
 
+def _exposed_tp(step) -> float:
+    """Exposed tp (s) of a re-plan's :class:`~meshplan.schedule.step_summary.StepTime` (0 without one)."""
+    return step.exposed_s.get("tp", 0.0) if step is not None else 0.0
+
+
 def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[str]:
     """``hint:`` line for ``st`` (the :class:`~meshplan.schedule.step_summary.StepTime` of
     ``plan``) whose critical stage exposes :data:`HINT_SHARE` of the step or more on tp with
@@ -63,7 +68,7 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     if not clearly_faster(st.step_s, alt.step_s):
         return []
     knobs = ", ".join(f"training.{k} = true" for k in update)
-    after = alt.step.exposed_s.get("tp", 0.0) if alt.step is not None else 0.0
+    after = _exposed_tp(alt.step)
     return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {st.step_s:.2f} s): shorter "
             f"with {knobs} ({_runtime(t.framework)}): step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), "
             f"exposed tp {exposed:.2f} -> {after:.2f} s, peak {alt.peak_bytes / GiB:.1f} GiB fits"]
