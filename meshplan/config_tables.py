@@ -72,7 +72,7 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    bounded = bound_message(err) or _below_floor(err, field)
+    bounded = bound_message(err) or _below_floor(err, field) or spelled(cls, loc, got, msg)
     if bounded:
         return ConfigError(field, bounded)
     if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
@@ -80,6 +80,27 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     elif isinstance(got, (dict, list)) and err["type"] not in ("value_error",):
         msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
     return ConfigError(field, msg)
+
+
+def spelled(cls: type[BaseModel], key: str, got, msg: str) -> Optional[str]:
+    """Another tool's name ``got`` for a value of field ``key`` of ``cls`` (its ``SPELLINGS``,
+    :attr:`meshplan.spec.training_fields.TrainingFields.SPELLINGS`) as meshplan's value, what it is
+    and what to set, then the values pydantic lists (``msg``); None for other inputs.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> print(spelled(TrainingSpec, "sharding", "FSDP", "Input should be 'none' or 'zero3'"))
+    "FSDP" is "zero3" here (FSDP2 fully_shard: parameters, gradients and optimizer state sharded over the data axis): set sharding = "zero3" (the values: 'none' or 'zero3')
+    >>> spelled(TrainingSpec, "sharding", "fdsp", "Input should be ...") is None
+    True
+    """
+    table = getattr(cls, "SPELLINGS", {}).get(key)
+    if not table or not isinstance(got, str):
+        return None
+    hit = table.get("".join(ch for ch in got.lower() if ch not in "_-. "))
+    if hit is None:
+        return None
+    value, what, setting = hit
+    return f'"{got}" is "{value}" here ({what}): set {setting} (the values: {msg.removeprefix("Input should be ")})'
 
 
 def _below_floor(err, field: str) -> Optional[str]:

@@ -6,10 +6,20 @@ changed (at most :data:`MAX_VARIANTS`, in this order): ``recompute = "full"`` (a
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
 scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
 the data axis) or, already sharded, ``reshard_after_forward = true``, twice the tp degree and
-twice the pp degree (each taken from the data axis; tp only inside a node). Each is planned
-by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan, and its peak (the
+twice the pp degree (each taken from the data axis; tp only inside a node), then context
+parallelism taken from the data axis (:func:`_cp_variant`: the smallest cp, 2, 4 or 8 times the
+configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
+over dp_shard x cp). Each is planned
+by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan and the same rules (cp
+must split the sequence into 2 x cp chunks and, with SP, its share over tp, :mod:`meshplan.spec.axes.cp`
+and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak (the
 most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
-keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). When none fits alone, the knobs together (not the mesh),
+keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Those
+that fit come first, each with its step as ``meshplan step`` predicts it
+(:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
+the fastest first: Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
+(121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
+recompute full (25.0 GiB), which replays every layer's forward. When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
 axis grown with the nodes (at most :data:`MAX_NODE_PLANS` node counts tried upwards with the
 configured global batch, then at most :data:`MAX_GROWN_PLANS` doubled and bisected). A global
@@ -30,6 +40,7 @@ from typing import Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.plan import Plan, build_plan
+from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB, counted
 
 #: Variants planned at most (each a whole build_plan: about 0.1-1 s).
@@ -39,6 +50,9 @@ MAX_VARIANTS = 5
 #: batch raised past its cap on dp where needed.
 MAX_NODE_PLANS = 8
 MAX_GROWN_PLANS = 12
+#: Factors of the configured cp tried in turn (each taken from the data axis where it divides
+#: it), the first that fits offered: at most 3 more plans.
+CP_FACTORS = (2, 4, 8)
 _DATA = ("dp_shard", "dp")
 
 
@@ -56,10 +70,14 @@ def _mesh(plan: Plan, degrees: dict[str, int]):
     if spec.names is not None:
         return spec.model_copy(update={"names": list(degrees), "shape": list(degrees.values()),
                                        "sequence_parallel": sp})
-    order = spec.order or ""  # Megatron's order, fastest first: a new tp first, a new pp last
-    if not set(degrees) <= set(spec.degrees or {}):
-        order = "-".join(["tp"] * ("tp" not in order) + [order] + ["pp"] * ("pp" not in order))
-    return spec.model_copy(update={"degrees": dict(degrees), "sequence_parallel": sp, "order": order})
+    names = [n for n in (spec.order or "").split("-") if n]  # Megatron's order, fastest first
+    if "tp" in degrees and "tp" not in names:  # a new tp first, a new cp right after tp, a new pp last
+        names.insert(0, "tp")
+    if "cp" in degrees and "cp" not in names:
+        names.insert(names.index("tp") + 1 if "tp" in names else 0, "cp")
+    if "pp" in degrees and "pp" not in names:
+        names.append("pp")
+    return spec.model_copy(update={"degrees": dict(degrees), "sequence_parallel": sp, "order": "-".join(names)})
 
 
 def _moved(plan: Plan, axis: str) -> Optional[dict[str, int]]:
@@ -216,23 +234,84 @@ def _doubled(p0: Plan, cfg: Config, data: str, last: int, top: int, capped: bool
     return Grown(fit, fit.config.cluster.nodes, capped)
 
 
+def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
+    """``deg`` with cp ``k`` times larger and ``data`` ``k`` times smaller (a new cp axis inside
+    the data axes, before tp and the expert axes: torchtitan's ``dp_shard, cp, tp``).
+
+    >>> _with_cp({"dp_shard": 8, "tp": 8}, "dp_shard", 4)
+    {'dp_shard': 2, 'cp': 4, 'tp': 8}
+    """
+    names = list(deg)
+    if "cp" not in names:
+        names.insert(next((i for i, n in enumerate(names) if n in ("tp", "ep", "etp")), len(names)), "cp")
+    out = {n: deg.get(n, 1) for n in names}
+    out[data] //= k
+    out["cp"] *= k
+    return out
+
+
+def _cp_variant(plan: Plan) -> Optional[tuple[str, Plan]]:
+    """(words, plan) of the smallest cp, :data:`CP_FACTORS` times the configured, taken from the
+    data axis, whose plan fits (None where none does, the data axis does not split, or the
+    placement is the user's ``rank_to_gpu``); the planner's own rules refuse a cp that does not
+    split the sequence (or an engine without cp)."""
+    deg = _degrees(plan)
+    data = next((n for n in _DATA if deg.get(n, 1) > 1), None)
+    if data is None or plan.spec.rank_to_gpu is not None:
+        return None
+    for k in CP_FACTORS:
+        if deg[data] % k:
+            break
+        moved = _with_cp(deg, data, k)
+        p = _peak(replace(plan.config, mesh=_mesh(plan, moved)))
+        if p is not None and p.feasible:
+            return f"cp {moved['cp']} ({' x '.join(f'{n} {d}' for n, d in moved.items() if d > 1)})", p
+    return None
+
+
+def _step_s(p: Plan) -> Optional[float]:
+    """The predicted step of a fitting variant, as ``meshplan step`` gives it (None where the
+    step model refuses it)."""
+    try:
+        return step_time(p).step_s
+    except (ConfigError, ValueError):
+        return None
+
+
+def _parts(found: list[tuple[str, Plan]]) -> list[str]:
+    """Each variant's words and peak: those that fit first, the fastest first, each with its
+    step; then the others in :func:`_variants`' order."""
+    steps = {w: _step_s(p) for w, p in found if p.feasible}
+    fit = sorted((f for f in found if f[1].feasible), key=lambda f: (steps[f[0]] is None, steps[f[0]] or 0.0))
+    rest = [f for f in found if not f[1].feasible]
+    out = []
+    for words, p in fit + rest:
+        s = steps.get(words)
+        tail = "" if not p.feasible else " (fits)" if s is None else f" (fits; step {s:.1f} s)"
+        out.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
+    return out
+
+
 def memory_fix(plan: Plan) -> Optional[str]:
     """The ``fix:`` line of a plan whose memory timeline does not fit (None when it fits):
-    each variant with its planned peak, or the knobs together and the fewest nodes."""
+    each variant with its planned peak (those that fit first, fastest first, with their step),
+    or the knobs together and the fewest nodes."""
     if plan.feasible:
         return None
     usable = plan.timeline.usable_bytes
-    parts, fits = [], False
     variants = _variants(plan)
     now = plan.timeline.peak.total_bytes
+    found: list[tuple[str, Plan]] = []
     for words, cfg in variants:
         p = _peak(cfg)
         if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
-        fits |= p.feasible
-        parts.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" + (" (fits)" if p.feasible else ""))
+        found.append((words, p))
+    cp = _cp_variant(plan)
+    found += [cp] if cp is not None else []
+    parts = _parts(found)
     usable_words = f" (usable {usable / GiB:.1f} GiB)"
-    if fits:
+    if any(p.feasible for _, p in found):
         return f"fix: {'; '.join(parts)}{usable_words}"
     words, cfg = _together(plan, variants)
     both = _peak(cfg) if " + " in words else None  # one knob alone is printed already

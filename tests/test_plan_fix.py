@@ -9,6 +9,7 @@ from pathlib import Path
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.plan_fix import memory_fix
+from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 from tests.cli_run import plan_file, run_main
 
@@ -19,27 +20,72 @@ def _gib(plan) -> str:
     return f"{plan.timeline.peak.total_bytes / GiB:.1f} GiB"
 
 
+def _step(plan) -> str:
+    return f"step {step_time(plan).step_s:.1f} s"
+
+
+def _meshed(cfg, names, shape):
+    """``cfg`` with its mesh's names and shape edited by hand, planned."""
+    return build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": names, "shape": shape})))
+
+
 def test_fix_lists_each_variant_with_the_peak_its_own_plan_gives():
     """seed-64gpu-tp4 (dp_shard 16 x tp 4) peaks at 69.7 > 67.1 GiB. Its tp x2 variant is the
     seed's own mesh, examples/seed-64gpu.toml (dp_shard 8 x tp 8, all else equal): the printed
-    peak is that file's plan's; recompute full and pp x2 are the file edited by hand, pp x2 left out
-    as it raises the peak."""
+    peak is that file's plan's; recompute full, pp x2 and cp 2 (from dp_shard: 8 x cp 2 x tp 4;
+    seq 8192 splits into 2 x 2 chunks) are the file edited by hand, pp x2 left out as it raises
+    the peak. Those that fit are listed fastest first, each with its own plan's step (trial 16 #1
+    added the steps and the cp variant: the line was recompute full; tp x2 in the knobs' order)."""
     p = plan_file(EXAMPLES / "seed-64gpu-tp4.toml")
     cfg = p.config
     full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
     seed = plan_file(EXAMPLES / "seed-64gpu.toml")
-    piped = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["pp", "dp_shard", "tp"],
-                                                                      "shape": [2, 8, 4]})))
-    assert not p.feasible and full.feasible and seed.feasible and not piped.feasible
-    assert (_gib(full), _gib(seed), _gib(piped)) == ("22.0 GiB", "43.3 GiB", "97.3 GiB")
+    piped = _meshed(cfg, ["pp", "dp_shard", "tp"], [2, 8, 4])
+    cp2 = _meshed(cfg, ["dp_shard", "cp", "tp"], [8, 2, 4])
+    assert not p.feasible and full.feasible and seed.feasible and not piped.feasible and cp2.feasible
+    assert (_gib(full), _gib(seed), _gib(piped), _gib(cp2)) == ("22.0 GiB", "43.3 GiB", "97.3 GiB", "44.5 GiB")
+    steps = [step_time(x).step_s for x in (full, seed, cp2)]
+    assert steps == sorted(steps)  # the order the line lists them in
     # pp x2 raises the peak (97.3 > 69.7 GiB): no fix, left out
-    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits); tp x2 (dp_shard 8 x tp 8) -> peak "
-                             f"{_gib(seed)} (fits) (usable 67.1 GiB)")
+    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); tp x2 (dp_shard 8 x "
+                             f"tp 8) -> peak {_gib(seed)} (fits; {_step(seed)}); cp 2 (dp_shard 8 x cp 2 x tp 4) -> "
+                             f"peak {_gib(cp2)} (fits; {_step(cp2)}) (usable 67.1 GiB)")
+
+
+def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
+    """Newcomer trial 16 #1: Llama-3-70B at seq 32768, dp_shard 8 x tp 8, recompute none, 8
+    dgx-h100 (121.3 GiB > 67.1 GiB usable) printed only recompute full. cp from the data axis: cp
+    2 (dp_shard 4) peaks at 69.3 GiB, over; cp 4 (dp_shard 2 x cp 4 x tp 8; 32768 tokens in 2 x 4
+    chunks of 4096, 8192 per rank, split 1024 per tp rank by SP) fits at 43.4 GiB, the smallest cp
+    that does, and its step is shorter than recompute full's, which replays every layer's forward:
+    it is listed first."""
+    text = (EXAMPLES / "seed-64gpu.toml").read_text().replace("seq_len = 8192", "seq_len = 32768") \
+        .replace('system = "seed-8x8-2nic"', 'system = "dgx-h100"').replace('recompute = "selective"', 'recompute = "none"')
+    f = tmp_path / "llama3-70b_64xh100_seq32k.toml"
+    f.write_text(text)
+    p = plan_file(f)
+    cfg = p.config
+    full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
+    cp2, cp4 = _meshed(cfg, ["dp_shard", "cp", "tp"], [4, 2, 8]), _meshed(cfg, ["dp_shard", "cp", "tp"], [2, 4, 8])
+    assert (_gib(p), _gib(cp2), _gib(cp4), _gib(full)) == ("121.3 GiB", "69.3 GiB", "43.4 GiB", "25.0 GiB")
+    assert not cp2.feasible and cp4.feasible and full.feasible
+    assert step_time(cp4).step_s < step_time(full).step_s
+    assert memory_fix(p) == (f"fix: cp 4 (dp_shard 2 x cp 4 x tp 8) -> peak 43.4 GiB (fits; {_step(cp4)}); "
+                             f"recompute full -> peak 25.0 GiB (fits; {_step(full)}) (usable 67.1 GiB)")
+    # under Megatron-LM (bf16 parameters: its default) the same candidate; under DeepSpeed's ZeRO-3, which has no
+    # cp, none
+    mega = text.replace('recompute = "none"', 'recompute = "none"\nframework = "megatron"') \
+        .replace('param_dtype = "fp32"', 'param_dtype = "bf16"')
+    (tmp_path / "mega.toml").write_text(mega)
+    assert memory_fix(plan_file(tmp_path / "mega.toml")).startswith("fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak ")
+    (tmp_path / "ds.toml").write_text(text.replace('recompute = "none"', 'recompute = "none"\nzero3_engine = "deepspeed"'))
+    assert "cp " not in memory_fix(plan_file(tmp_path / "ds.toml"))
 
 
 def test_micro_batch_variant_halves_it(tmp_path):
     """micro_batch 4 and recompute none on the seed (peak 121.3 GiB): recompute full and micro_batch 2 are
-    offered at their plans' peaks; pp x2 (131.8 GiB) raises it and is left out."""
+    offered at their plans' peaks; pp x2 (131.8 GiB) raises it and is left out; cp 2 does not fit, cp 4
+    (dp_shard 2) does, at a longer step than recompute full's (dp_shard 2: 64 micro-batches per step against 16)."""
     text = (EXAMPLES / "seed-64gpu.toml").read_text().replace("micro_batch = 1", "micro_batch = 4") \
         .replace('recompute = "selective"', 'recompute = "none"')
     f = tmp_path / "seed-mb4.toml"
@@ -48,7 +94,12 @@ def test_micro_batch_variant_halves_it(tmp_path):
     half = build_plan(replace(p.config, training=p.config.training.model_copy(update={"micro_batch": 2})))
     full = build_plan(replace(p.config, training=p.config.training.model_copy(update={"recompute": "full"})))
     assert not p.feasible and not half.feasible and full.feasible
-    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits); micro_batch 2 -> peak {_gib(half)} "
+    cp2, cp4 = _meshed(p.config, ["dp_shard", "cp", "tp"], [4, 2, 8]), _meshed(p.config, ["dp_shard", "cp", "tp"],
+                                                                             [2, 4, 8])
+    assert not cp2.feasible and cp4.feasible and step_time(full).step_s < step_time(cp4).step_s
+    # the fitting ones first, fastest first (trial 16 #1: steps and the cp variant added; micro_batch 2 now last)
+    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); cp 4 (dp_shard 2 x cp "
+                             f"4 x tp 8) -> peak {_gib(cp4)} (fits; {_step(cp4)}); micro_batch 2 -> peak {_gib(half)} "
                              "(usable 67.1 GiB)")
 
 

@@ -25,6 +25,7 @@ from meshplan.mesh.validity import input_error
 from meshplan.placement.topology import load_topology
 from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology
 from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.plan_fix_rules import mesh_checker
 
 
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
@@ -37,7 +38,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     (meshplan calibration TOML) the link bandwidths and latencies, ``kernels`` (and the
     config's [kernels] files) the GPU's kernel data. Malformed input is a
     ConfigError (exit 2, one line): degrees that cannot make the world
-    (:func:`~meshplan.mesh.resolve.world_error`, a foreign file's in its format's keys:
+    (:func:`~meshplan.mesh.resolve.world_error`, each fix checked by the plan's rules, a foreign file's in its format's keys:
     :func:`~meshplan.interop.world_words.foreign_world_error`; with ``unresolved``, as ``compare`` plans two
     configs, such a plan is returned, infeasible) and counts that disagree
     (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
@@ -53,7 +54,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         raise (e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
-            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
+            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg))
         if bad is not None:
             raise foreign_world_error(cfg, bad)  # a foreign file's in its own keys
     return plan

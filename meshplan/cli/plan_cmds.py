@@ -65,7 +65,10 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          foreign: Foreign = Foreign()):
     """Plan one mesh: constraints (the capacity row of the plan's own sharding and recompute from its memory
     timeline, the others first estimates), degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
-    torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
+    torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes). A mesh over
+    memory exits 1 with a 'fix:' line: the knobs re-planned (recompute full, half the micro-batch, zero3 or
+    resharding, tp x2, pp x2, the smallest cp from the data axis that fits), those that fit first, fastest first,
+    each with its predicted step."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")

@@ -35,6 +35,7 @@ from meshplan.schedule.link_spill import network_spill, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
+from meshplan.schedule.tp_hint import tp_hint
 from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
@@ -85,7 +86,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     step or more, a 'hint:' line with the bubble's knobs re-planned (interleaved virtual stages 2 and 4, half the
     micro-batch, the zero-bubble schedules zb_h1, zbv and dualpipev under torch, pp / 2 with the data axis doubled),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
-    nothing when none helps. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
+    'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
+    shown only when that step is more than 1% shorter. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
@@ -133,7 +136,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
+    verdict = (network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
+               + tp_hint(p, st, again))
     for line in verdict:
         _echo(line)
     path = st.critical_path()

@@ -9,7 +9,7 @@ dtype (also read by :mod:`meshplan.interop.deepspeed`).
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import ClassVar, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -60,6 +60,27 @@ class TrainingFields(BaseModel):
     and the validators that fill the unset ones with their runtime's default."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    #: Other tools' names for a value of a field (newcomer trial 16 #3: ``sharding = "fsdp"``),
+    #: keyed by the name in lower case without ``_``, ``-``, ``.`` and spaces: (meshplan's value,
+    #: what it is, what to set). The config reader's error names them in its one line
+    #: (:func:`meshplan.config_tables.spelled`). torch FSDP1's ``ShardingStrategy`` names (FULL_SHARD,
+    #: SHARD_GRAD_OP: parameters kept gathered from forward to backward, HYBRID_SHARD, NO_SHARD);
+    #: FSDP2's ``fully_shard``; Megatron-LM's ``--use-distributed-optimizer`` (meshplan's zero1).
+    SPELLINGS: ClassVar[dict[str, dict[str, tuple[str, str, str]]]] = {"sharding": {
+        **dict.fromkeys(("fsdp", "fsdp2", "fullyshard", "fullshard"), (
+            "zero3", "FSDP2 fully_shard: parameters, gradients and optimizer state sharded over the data axis",
+            'sharding = "zero3"')),
+        "shardgradop": ("zero3", "FSDP's SHARD_GRAD_OP keeps the parameters gathered from forward to backward",
+                        'sharding = "zero3" with reshard_after_forward = false'),
+        **dict.fromkeys(("hybridshard", "hsdp2"), (
+            "hsdp", "FSDP2 fully_shard over dp_shard, replicated over dp_replicate", 'sharding = "hsdp"')),
+        **dict.fromkeys(("ddp", "noshard"), ("none", "DDP: every data-parallel rank holds the whole state",
+                                             'sharding = "none"')),
+        "distributedoptimizer": ("zero1", "Megatron-LM's --use-distributed-optimizer: optimizer state and fp32 "
+                                 "master weights sharded over the data axis", 'sharding = "zero1"'),
+        **{f"zero{k}": (f"zero{k}", f"meshplan's spelling of ZeRO stage {k}", f'sharding = "zero{k}"')
+           for k in (1, 2, 3)}}}
 
     global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
     seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)

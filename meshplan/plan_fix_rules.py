@@ -1,0 +1,91 @@
+"""``fix:`` lines for a mesh the rules refuse (newcomer trial 16 #3), each fix checked by the same
+validation before it is printed (:func:`valid_reason`: :func:`meshplan.plan.build_plan` without
+the memory timelines, so the mesh resolves and passes every axis rule; memory is the plan's own
+verdict, with its own ``fix:`` line, :mod:`meshplan.plan_fix`).
+
+- :func:`experts_fix`: routed experts that ep does not divide (``experts 6 are not divisible by
+  ep 8``): the ep degrees that divide the experts and that the re-factored dense block
+  (dp_shard x cp x tp = efsdp x ep x etp, :mod:`meshplan.spec.axes.ep`) takes, each with what
+  moves: the experts per ep rank and efsdp, the dense mesh unchanged (ep re-factors it, it is not
+  a factor of the world); the degrees that divide the experts but fail a rule named with that rule.
+- :func:`mesh_checker`: the predicate :func:`meshplan.mesh.resolve.world_error` checks its
+  rescaled shape and its node count with, so ``shape = [21, 3]`` of Mixtral-8x7B on 32 GPUs is not
+  told ``shape [32, 3]`` (ep 3 does not divide 8 experts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable, Optional
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.plan import Infeasible, build_plan
+from meshplan.spec.mesh import MeshSpec
+from meshplan.units import counted
+
+
+def valid_reason(cfg: Config) -> Optional[str]:
+    """Why ``cfg``'s mesh is refused (its plan's first reason, or the config error it raises),
+    None where it resolves and passes every rule (memory not planned)."""
+    try:
+        p = build_plan(cfg, memory=False, reports=False)
+    except (ConfigError, ValueError) as e:
+        return str(e)
+    return (p.reasons[0] if p.reasons else "refused") if isinstance(p, Infeasible) else None
+
+
+def mesh_checker(cfg: Config) -> Callable[[MeshSpec, Optional[int]], Optional[str]]:
+    """``check(spec, nodes)``: :func:`valid_reason` of ``cfg`` with its mesh ``spec`` (and, given,
+    ``nodes`` nodes), for :func:`meshplan.mesh.resolve.world_error`'s fixes."""
+
+    def check(spec: MeshSpec, nodes: Optional[int] = None) -> Optional[str]:
+        cluster = cfg.cluster if nodes is None else cfg.cluster.model_copy(update={"nodes": nodes})
+        return valid_reason(replace(cfg, mesh=spec, cluster=cluster))
+
+    return check
+
+
+def _with_ep(spec: MeshSpec, ep: int) -> MeshSpec:
+    """``spec`` with the ep degree ``ep`` (names + shape, or Megatron degrees)."""
+    if spec.names is not None and spec.shape is not None:
+        return spec.model_copy(update={"shape": [ep if n == "ep" else d for n, d in zip(spec.names, spec.shape)]})
+    return spec.model_copy(update={"degrees": {**(spec.degrees or {}), "ep": ep}})
+
+
+def _field(spec: MeshSpec) -> str:
+    """The config field that holds the new ep: ``mesh.shape [32, 2]`` or ``mesh.degrees ep = 2``."""
+    if spec.names is not None:
+        return f"mesh.shape {spec.shape}"
+    return f"[mesh.degrees] ep = {(spec.degrees or {})['ep']}"
+
+
+def experts_fix(plan: Infeasible) -> Optional[str]:
+    """The ``fix:`` line of a mesh whose ep does not divide the model's routed experts (None
+    otherwise): each ep > 1 dividing the experts whose mesh :func:`valid_reason` accepts, with
+    the experts per ep rank and efsdp; the other divisors with the rule that refuses them; ep 1
+    (no expert parallelism) where no ep > 1 is accepted.
+
+    Mixtral-8x7B's layers with ``experts = 6`` at dp_shard 32 x ep 8 (32 GPUs): ep 2 (3 experts
+    per rank, efsdp 16); ep 3 and 6 divide 6 but not the dense block of 32 (tests/test_config_fixes.py).
+    """
+    cfg, mesh = plan.config, plan.mesh
+    if mesh is None or cfg.mesh is None or not cfg.model.is_moe or cfg.model.experts % mesh.ep == 0:
+        return None
+    e, block = cfg.model.experts, mesh.block_size
+    good, bad = [], []
+    for ep in (k for k in range(2, e + 1) if e % k == 0 and k != mesh.ep):
+        spec = _with_ep(cfg.mesh, ep)
+        why = valid_reason(replace(cfg, mesh=spec))
+        if why is None:
+            efsdp = block // (ep * mesh.etp)
+            good.append(f"ep {ep} ({_field(spec)}: {counted(e // ep, 'expert')} per ep rank, efsdp {efsdp}; the "
+                        f"dense mesh unchanged)")
+        else:
+            bad.append(f"ep {ep}: {why}")
+    if not good and valid_reason(replace(cfg, mesh=_with_ep(cfg.mesh, 1))) is None:
+        good.append(f"ep 1 ({_field(_with_ep(cfg.mesh, 1))}: every rank holds all {e} experts, no expert parallelism)")
+    if not good:
+        return None
+    refused = f" (refused: {'; '.join(bad)})" if bad else ""
+    return f"fix: ep must divide the {e} experts: {'; or '.join(good)}{refused}"

@@ -1,0 +1,74 @@
+"""The ``hint:`` line of a step whose critical stage exposes TP communication (newcomer trial 16
+#2): when its exposed tp (:attr:`~meshplan.schedule.step_summary.StepTime.exposed_s` ``tp``, the
+parts line's ``exposed tp``) holds :data:`~meshplan.schedule.verdict.HINT_SHARE` of the step or
+more and ``training.tp_comm_overlap`` is off, the config re-planned with it on, as the framework
+runs it (:mod:`meshplan.compute.asynctp`: Megatron-LM's ``--tp-comm-overlap``, Transformer Engine
+userbuffers; torchtitan's ``parallelism.enable_async_tensor_parallel``, which needs
+``torch.compile``: torchtitan raises "Async TP requires torch.compile", so under framework torch
+``training.torch_compile = true`` is set with it where it is off, and the line names both).
+
+The line is shown only where that re-plan fits with a step shorter by more than
+:data:`~meshplan.spec.search.TIE` (1%, :func:`~meshplan.schedule.verdict.clearly_faster`, the
+rule of every ``hint:`` line), with its step, its change, its exposed tp and its peak. The runtimes'
+overlap decomposes the GEMMs it overlaps, and their smaller pieces run slower
+(:mod:`meshplan.compute.asynctp`), so a large exposed tp can give a small gain: Llama-3-70B at
+seq 32768, dp_shard 2 x cp 4 x tp 8, full recompute, compiled, global batch 40, exposes 6.03 s of
+tp in a 36.98 s step (16.3%), and async TP hides 2.18 s of it but adds 2.33 s of compute: the
+step is 0.2% shorter, and no line is shown (``step --overlap-tp``'s ideal overlap of whole GEMMs,
+32.80 s, is a bound no runtime reaches).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
+from meshplan.units import GiB
+
+
+def tp_knobs(training) -> dict:
+    """The ``training`` update that turns the framework's TP overlap on: ``tp_comm_overlap``,
+    and under framework torch ``torch_compile`` where it is off (async TP needs it).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> tp_knobs(TrainingSpec(global_batch=8, seq_len=16))
+    {'tp_comm_overlap': True, 'torch_compile': True}
+    >>> tp_knobs(TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))
+    {'tp_comm_overlap': True}
+    """
+    compile_too = training.framework == "torch" and not training.torch_compile
+    return {"tp_comm_overlap": True} | ({"torch_compile": True} if compile_too else {})
+
+
+def _runtime(framework: str) -> str:
+    """The runtime's own name for the overlap."""
+    return {"torch": "torchtitan's async TP, parallelism.enable_async_tensor_parallel, which needs torch.compile",
+            "megatron": "Megatron-LM's --tp-comm-overlap, Transformer Engine userbuffers"}.get(framework, framework)
+
+
+def _exposed_tp(step) -> float:
+    """Exposed tp (s) of a re-plan's :class:`~meshplan.schedule.step_summary.StepTime` (0 without one)."""
+    return step.exposed_s.get("tp", 0.0) if step is not None else 0.0
+
+
+def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[str]:
+    """``hint:`` line for ``st`` (the :class:`~meshplan.schedule.step_summary.StepTime` of
+    ``plan``) whose critical stage exposes :data:`HINT_SHARE` of the step or more on tp with
+    ``training.tp_comm_overlap`` off: the config re-planned with :func:`tp_knobs` by
+    ``alternatives`` (:func:`~meshplan.schedule.verdict.rebuilt_step`), shown where it fits with a
+    step more than 1% shorter (:func:`~meshplan.schedule.verdict.clearly_faster`); none otherwise.
+    examples/mini_2x4_tp4-dp2.toml compiled (Llama-3-8B, dp_shard 2 x tp 4): exposed tp 1.29 s of
+    a 7.93 s step (16.2%); with async TP 7.41 s (tests/test_step_tp_hint.py)."""
+    t = plan.config.training
+    exposed = st.exposed_s.get("tp", 0.0)
+    if alternatives is None or t.tp_comm_overlap or plan.mesh.degree("tp") < 2 or exposed < HINT_SHARE * st.step_s:
+        return []
+    update = tp_knobs(t)
+    alt = alternatives(update)
+    if not clearly_faster(st.step_s, alt.step_s):
+        return []
+    knobs = ", ".join(f"training.{k} = true" for k in update)
+    after = _exposed_tp(alt.step)
+    return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {st.step_s:.2f} s): shorter "
+            f"with {knobs} ({_runtime(t.framework)}): step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), "
+            f"exposed tp {exposed:.2f} -> {after:.2f} s, peak {alt.peak_bytes / GiB:.1f} GiB fits"]
