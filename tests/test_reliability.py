@@ -331,7 +331,8 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path, no_torc
                                f"{new_plan.timeline.peak.total_bytes / 2 ** 30:.1f} GiB: "
                                f"{1 - new.tokens_per_s / old.tokens_per_s:.1%} of the throughput lost (the 32-GPU "
                                f"plan: step {old.step_s:.2f} s, {old.tokens_per_s:,.0f} tokens/s)")
-    assert lines[head + 2].startswith("- runner-up: pp 3 x dp_shard 8 x ep 8 on 24 GPUs, contract kept")
+    assert lines[head + 2].startswith("- runner-up: pp 3 (11 layers per stage, 10 on the last) x dp_shard 8 x ep 8 "
+                                      "on 24 GPUs, contract kept")
     # the job's kind (dp_shard x ep 8, pp 1): dp_shard 16 keeps 256 (the 9th proposal, passed over by the 5% rule);
     # dp_shard 24 on all 24 GPUs needs global batch 256 // 24 x 24 = 240 and its experts efsdp 24 / 8 = 3, which
     # divides neither expert_ffn 14336 (3 x 4778 + 2) nor hidden 4096 (3 x 1365 + 1): refused, on a line of its own
@@ -348,8 +349,8 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path, no_torc
     assert doc["refused"] == [lines[head + 4][len("- refused: "):]]
     kind16 = next(p for p in doc["proposals"] if (p["names"], p["shape"]) == (["dp_shard"], [16]))
     assert lines[head + 3] == (f"- the job's kind (the job's axes and pp 1, tried first): dp_shard 16 x ep 8 on 16 "
-                               f"GPUs plans {kind16['tokens_per_s']:,.0f} tokens/s; passed over: pp 3 x dp_shard 4 x "
-                               f"cp 2 x ep 8 on 24 GPUs plans {new.tokens_per_s:,.0f} tokens/s, "
+                               f"GPUs plans {kind16['tokens_per_s']:,.0f} tokens/s; passed over: pp 3 (11 layers per "
+                               f"stage, 10 on the last) x dp_shard 4 x cp 2 x ep 8 on 24 GPUs plans {new.tokens_per_s:,.0f} tokens/s, "
                                f"{new.tokens_per_s / kind16['tokens_per_s'] - 1:.1%} more, over the step-time model's 5% "
                                "accuracy; it is the proposal")
     assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 4, 2], 8, 24, 24, "")
@@ -552,7 +553,8 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
                                   f"-> pp 31 x dp 32 x cp 2 x ep 64 (shrunk: dp 128 -> 32; grown: pp 16 -> 31, "
                                   f"cp 1 -> 2; kept: ep 64)")
     assert 0 < gain <= 0.05 and lines[head + 2] == (  # uxsmall: 1.5% is within the model's 5%, not a verdict
-        f"- pp 31 x dp 32 x cp 2 x ep 64 on {top['gpus']} GPUs plans {gain:.1%} more tokens/s than the 2048-GPU "
+        f"- pp 31 (2 layers per stage, 1 on the last) x dp 32 x cp 2 x ep 64 on {top['gpus']} GPUs plans {gain:.1%} "
+        "more tokens/s than the 2048-GPU "
         "plan, within the step-time model's 5% accuracy: the two are as fast as far as the model can tell, and the "
         "original mesh is not shown to be the problem")
     assert lines[head + 4].startswith("- runner-up: pp ")

@@ -76,3 +76,18 @@ def test_trial16_restart_proposes_no_pp_15_or_31():
     assert (top.shape, top.gpus, top.micro_batches) == ((7, 2, 4, 4), 224, 256)
     assert top.pp_layer_split == (11, 12, 12, 12, 11, 11, 11)
     assert [(p.gpus, p.global_batch) for p in r.proposals if not p.keeps_global_batch] == [(248, 496)]
+
+
+def test_trial16_lines_name_the_layer_split():
+    """The same restart under Megatron-LM: its cut at pp 7 is [10, 12 x 5, 10] (84 - 80 = 4 off
+    the ends), at pp 14 [4, 6 x 12, 4] (84 - 80 = 4), at pp 3 [27, 27, 26]; each mesh's text names
+    it after pp (the proposal's own in its pipeline line), and pp 1 names none."""
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[16, 4, 4]), world=256)
+    r = restart_on_fewer_nodes(mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               pipeline=PipelineRule(80, 1, framework="megatron"), degrees=DegreeRule(((4, 4), (4, 2))))
+    assert [p.summary() for p in r.proposals[:2]] + [r.proposals[3].summary(), r.proposals[-1].summary()] == [
+        "pp 7 (12 layers per stage, 10 on the first and the last) x dp_shard 2 x cp 4 x tp 4 on 224 GPUs, contract kept",
+        "pp 14 (6 layers per stage, 4 on the first and the last) x cp 4 x tp 4 on 224 GPUs, contract kept",
+        "pp 3 (27 layers per stage, 26 on the last) x dp_shard 4 x cp 4 x tp 4 on 192 GPUs, contract kept",
+        "dp_shard 31 x cp 2 x tp 4 on 248 GPUs, global_batch 512 -> 496"]
+    assert "pipeline: pp 1 -> 7, layers per stage 10, 12 x 5, 10" in r.notes

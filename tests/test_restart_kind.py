@@ -40,8 +40,8 @@ def test_kind_at_another_global_batch_by_hand():
     assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> dp_shard 7 x tp 8 (shrunk: dp_shard 8 -> 7; kept: tp 8)"
     assert r.contract == "global_batch 512 -> 511" and r.micro_batches == (64, 73)
     shown = _shown(r)
-    assert shown == ["alternative keeping the global batch: pp 7 x tp 8 on 56 GPUs, contract kept: step 1.00 s, "
-                     "55,351 tokens/s"]
+    assert shown == ["alternative keeping the global batch: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 "
+                     "GPUs, contract kept: step 1.00 s, 55,351 tokens/s"]  # balanced_split(80, 7), named (trial 16)
     assert any("the meshes that keep it change the job's kind or plan over 5% fewer tokens/s" in n for n in r.notes)
 
 
@@ -105,8 +105,8 @@ def test_q1top_restarts_as_fsdp(tmp_path):
             "dp_shard 32 -> 30; kept: cp 2, tp 2)") in lines
     assert "- planned step 32.36 s, 129,127 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 30.45 s, 137,766 tokens/s)" in lines
-    assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step " \
-           "36.47 s, 115,023 tokens/s" in lines
+    assert "- alternative keeping the global batch: pp 28 (layers per stage 2, 3 x 24, 2 x 3) x cp 2 x tp 2 on 112 " \
+           "GPUs, contract kept: step 36.47 s, 115,023 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 
