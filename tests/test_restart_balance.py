@@ -86,7 +86,8 @@ def test_trial16_lines_name_the_layer_split():
     r = restart_on_fewer_nodes(mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
                                pipeline=PipelineRule(80, 1, framework="megatron"), degrees=DegreeRule(((4, 4), (4, 2))))
     assert [p.summary() for p in r.proposals[:2]] + [r.proposals[3].summary(), r.proposals[-1].summary()] == [
-        "pp 7 (12 layers per stage, 10 on the first and the last) x dp_shard 2 x cp 4 x tp 4 on 224 GPUs, contract kept",
+        "pp 7 (12 layers per stage, 10 on the first and the last) x dp_shard 2 x cp 4 x tp 4 on 224 GPUs, "
+        "contract kept",
         "pp 14 (6 layers per stage, 4 on the first and the last) x cp 4 x tp 4 on 224 GPUs, contract kept",
         "pp 3 (27 layers per stage, 26 on the last) x dp_shard 4 x cp 4 x tp 4 on 192 GPUs, contract kept",
         "dp_shard 31 x cp 2 x tp 4 on 248 GPUs, global_batch 512 -> 496"]

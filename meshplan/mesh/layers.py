@@ -319,8 +319,10 @@ def restart_splits(layers: int, pp: int, vpp: int = 1, short: bool = False, dens
     split holds the model's dense layers alone on the first stage, vpp 1)
     :func:`dense_first_split` first; then :func:`restart_split` (``short``: Llama 3's
     ends-short rule; ``first_last``: Megatron-LM's cut, :func:`first_last_split`); with ``short``
-    also the split without it (even, else :func:`balanced_split`), which may plan faster: at pp 31 the ends-short split of DeepSeek-V3's
-    61 layers puts 3 on stage 1, the balanced one at most 2. At most 3 splits.
+    also the split without it (even, else :func:`balanced_split`), which may plan faster: at pp
+    31 the ends-short split of DeepSeek-V3's 61 layers puts 3 on stage 1, the balanced one at
+    most 2. At most 3 splits; which of them the job runs balanced enough is the restart's rule
+    (:meth:`meshplan.restart_degrees.PipelineRule.runs`).
 
     >>> restart_splits(61, 31, short=True, dense=3)  # doctest: +NORMALIZE_WHITESPACE
     [[1, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1],
