@@ -92,3 +92,53 @@ def test_trial16_lines_name_the_layer_split():
         "pp 3 (27 layers per stage, 26 on the last) x dp_shard 4 x cp 4 x tp 4 on 192 GPUs, contract kept",
         "dp_shard 31 x cp 2 x tp 4 on 248 GPUs, global_batch 512 -> 496"]
     assert "pipeline: pp 1 -> 7, layers per stage 10, 12 x 5, 10" in r.notes
+
+
+TRIAL16 = """
+[model]
+catalog = "llama3-70b"
+
+[cluster]
+system = "dgx-h100"
+nodes = 32
+
+[training]
+global_batch = 512
+seq_len = 8192
+micro_batch = 1
+sharding = "zero3"
+reshard_after_forward = true
+param_dtype = "fp32"
+compute_dtype = "bf16"
+reduce_dtype = "fp32"
+recompute = "selective"
+memory_reserve = 0.10
+
+[mesh]
+names = ["dp_shard", "cp", "tp"]
+shape = [16, 4, 4]
+sequence_parallel = true
+"""
+
+
+def test_trial16_cli_restart_is_planned_at_a_balanced_pp(tmp_path, capsys):
+    """The trial's job as meshplan plans it (torch, FSDP2 zero3): before the rule the restart was
+    pp 31 x cp 2 x tp 4 on all 248 GPUs ([2, 3 x 18, 2 x 12]). Now no line names pp 15 or 31; the
+    proposal is a balanced pp 7 on 224 GPUs (m = 512 / 4 = 128 micro-batches), its split in its
+    pipeline line and after pp where another line names it."""
+    from meshplan.cli import main
+    cfg = tmp_path / "llama3-70b_256xh100_dp16-cp4-tp4.toml"
+    cfg.write_text(TRIAL16)
+    try:
+        main(["reliability", str(cfg), "--lost-nodes", "1", "--write-gbps", "100", "--read-gbps", "100",
+              "--restart-overhead-s", "300"])
+    except SystemExit as done:
+        assert not done.code
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
+    assert lines[head].startswith("restart: world 256 -> 224 (248 GPUs left); mesh dp_shard 16 x cp 4 x tp 4 -> pp 7 x "
+                                  "dp_shard 4 x cp 2 x tp 4 (shrunk: dp_shard 16 -> 4, cp 4 -> 2; grown: pp 1 -> 7")
+    assert "- pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3" in lines
+    assert any("passed over: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x dp_shard 4 x cp 2 x tp 4 on 224 GPUs" in line
+               for line in lines)
+    assert not [line for line in lines[head:] if "pp 15 " in line or "pp 31 " in line]
