@@ -12,8 +12,13 @@ mesh; "Global semantics": hold the global batch fixed):
   every pp from 1 up whose replica fits and whose layers allow it, with up to 3 layer splits
   (:func:`meshplan.mesh.layers.restart_splits`: the model's dense layers alone on the first
   stage where the configured split has them so, and the split over all the layers: even
-  stages, the configured Llama 3 ends-short rule carried over, the balanced split at vpp 1);
-  each split of a mesh is planned and the fastest kept, the schedule and vpp kept. tp and cp
+  stages, the configured Llama 3 ends-short rule carried over, the balanced split at vpp 1,
+  Megatron-LM's first/last cut under its framework); a split the job did not run only where
+  its framework sets it and it is balanced enough
+  (:meth:`~meshplan.restart_degrees.PipelineRule.runs`: Megatron-LM's even middle stages; the
+  mean stage at least :data:`~meshplan.restart_degrees.BALANCE` of the heaviest), so 80 layers
+  restart at pp 7 or 27, not 15 or 31; each split of a mesh is planned and the fastest kept,
+  the schedule and vpp kept. tp and cp
   vary where the caller gives a :class:`DegreeRule` (the CLI does: tp inside the fast domain
   splitting the heads and the MLP, cp the configured one, half or twice it, dividing the
   sequence). A checkpoint at other degrees loads resharded: DCP and Megatron-Core

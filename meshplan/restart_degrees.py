@@ -12,21 +12,32 @@ from typing import Optional, Union
 
 from meshplan.comm import deepspeed_zero12
 from meshplan.errors import ConfigError
-from meshplan.mesh.layers import ends_short_split, restart_splits
+from meshplan.mesh.layers import ends_short_split, restart_splits, split_balance
 from meshplan.plan_checks import check_deepspeed_zero3
-from meshplan.restart_text import checkpoint_engine
+from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
 from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
+
+
+#: The least :func:`~meshplan.mesh.layers.split_balance` (mean stage over the heaviest) of a layer
+#: split a restart proposes at a pp the job did not run: 1 - the step-time model's accuracy
+#: (:data:`~meshplan.restart_text.MODEL_ACCURACY`, 5%), so a split idles its stages no more than an
+#: error the model cannot tell from an even one. The published uneven splits meet it: Llama 3 405B's
+#: [7, 8 x 14, 7] at pp 16 (126 / 128 = 0.98, 128 / 128 with the ends counted), DeepSeek-V3's
+#: [3, 4 x 14, 2] (61 / 64 = 0.95); 80 layers at pp 31 (2 or 3 a stage, 82 / 93 = 0.88) or pp 15 (5
+#: or 6, 82 / 90 = 0.91) do not: a newcomer found both proposed (trial 16).
+BALANCE = 1 - MODEL_ACCURACY
 
 
 @dataclass(frozen=True)
 class PipelineRule:
     """What lets a restart change pp (DCP and Megatron-Core dist-checkpointing reshard on load,
     :mod:`meshplan.restart_text`): the model's ``layers``, the configured ``pp`` and its
-    ``split`` (kept at that pp), ``vpp`` (kept, with the schedule) and whether the split is
+    ``split`` (kept at that pp), ``vpp`` (kept, with the schedule), whether the split is
     Llama 3's ends-short rule (``short``, carried to the new pp by
-    :func:`~meshplan.mesh.layers.restart_split`)."""
+    :func:`~meshplan.mesh.layers.restart_split`) and ``framework`` (``training.framework``),
+    which says what uneven splits the job can run (:meth:`runs`)."""
 
     layers: int
     pp: int
@@ -34,19 +45,50 @@ class PipelineRule:
     split: Optional[tuple[int, ...]] = None
     short: bool = False
     dense: int = 0
+    framework: str = "torch"
+
+    def runs(self, split: Optional[list[int]], pp: int) -> bool:
+        """Whether the job's framework runs layers per stage ``split`` at ``pp`` and it is balanced
+        enough. Megatron-LM sets the first and the last stage (``--decoder-first/last-pipeline-
+        num-layers``) and spreads the rest evenly, so its middle stages hold the same layers
+        (:func:`~meshplan.mesh.layers.first_last_split`; with vpp > 1 the restart's splits are even
+        chunks or Llama 3's, which its ``--account-for-embedding/loss-in-pipeline-split`` give);
+        torchtitan takes any split as ``module_fqns_per_model_part`` (torchtitan
+        distributed/pipeline_parallel.py ``pipeline_llm``@02ef790; its default cut spreads the
+        layers with the embedding and the output weighted 1 each, stages a layer apart). Balanced
+        enough: :func:`~meshplan.mesh.layers.split_balance` at least :data:`BALANCE`.
+
+        >>> PipelineRule(80, 1).runs([10] + [12] * 5 + [10], 7), PipelineRule(80, 1).runs([5] + [6] * 5 + [5] * 9, 15)
+        (True, False)
+        >>> PipelineRule(80, 1, framework="megatron").runs([11, 12, 12, 12, 11, 11, 11], 7)  # middles differ
+        False
+        """
+        if split is not None and self.framework == "megatron" and len(set(split[1:-1])) > 1:
+            return False
+        return split_balance(split, self.layers, pp) >= BALANCE
 
     def splits_for(self, pp: int) -> Union[list[Optional[tuple[int, ...]]], str]:
         """The layer splits planned at ``pp`` (None: even), or why the layers allow none
         (:func:`~meshplan.mesh.layers.restart_splits`): ``dense`` (> 0: the configured split holds
         the model's dense layers alone on the first stage) offers them alone there
         (:func:`~meshplan.mesh.layers.dense_first_split`) besides the split over all the layers
-        (``short``: Llama 3's ends-short rule, and the balanced split). At the configured pp its
-        split first (not an even alternative: the plan reads None there as the configured split)."""
-        got = restart_splits(self.layers, pp, self.vpp, self.short, self.dense)
+        (``short``: Llama 3's ends-short rule, and the balanced split, Megatron-LM's cut under
+        ``framework = "megatron"``), each only where the job runs it (:meth:`runs`). At the
+        configured pp its split first, whatever its balance (not an even alternative: the plan
+        reads None there as the configured split).
+
+        >>> PipelineRule(80, 1).splits_for(27)[0][-2:], PipelineRule(80, 1).splits_for(31)
+        ((3, 2), '80 layers over pp 31: the most even split loads its stages 0.88 as evenly as an even one, under 0.95')
+        """
+        got = restart_splits(self.layers, pp, self.vpp, self.short, self.dense, self.framework == "megatron")
         if isinstance(got, str):
             return got if pp != self.pp else [self.split]
-        out = [tuple(s) if s is not None else None for s in got]
-        return out if pp != self.pp else [self.split] + [s for s in out if s not in (self.split, None)]
+        out = [tuple(s) if s is not None else None for s in got if self.runs(s, pp)]
+        if pp == self.pp:
+            return [self.split] + [s for s in out if s not in (self.split, None)]
+        best = max(split_balance(s, self.layers, pp) for s in got)
+        return out or (f"{self.layers} layers over pp {pp}: the most even split loads its stages {best:.2f} as evenly "
+                       f"as an even one, under {BALANCE:.2f}")
 
 
 def pipeline_rule(plan) -> PipelineRule:
@@ -56,16 +98,24 @@ def pipeline_rule(plan) -> PipelineRule:
     >>> from types import SimpleNamespace as N
     >>> split = [3] + [4] * 14 + [2]  # DeepSeek-V3's: the 3 dense layers alone on the first stage
     >>> model = N(layers=61, dense_layers=3, is_moe=True)
-    >>> plan = N(config=N(model=model, mesh=N(pp_layer_split=split)), pp=16, vpp=1)
-    >>> r = pipeline_rule(plan); r.short, r.dense, r.splits_for(8)[0], r.splits_for(16)[0] == tuple(split)
-    (True, 3, (3, 8, 9, 9, 9, 8, 8, 7), True)
+    >>> plan = N(config=N(model=model, mesh=N(pp_layer_split=split), training=N(framework="torch")), pp=16, vpp=1)
+    >>> r = pipeline_rule(plan); r.short, r.dense, r.splits_for(16)[0] == tuple(split)
+    (True, 3, True)
+
+    At pp 8 the dense layers alone on the first stage ([3, 8, 9, 9, 9, 8, 8, 7]: 63 / (8 x 9) =
+    0.88 with the ends counted) are not balanced enough (:meth:`PipelineRule.runs`); the split over
+    all the layers, ends-short and balanced, is (61 / 64 = 0.95):
+
+    >>> r.splits_for(8)
+    [(7, 8, 8, 8, 8, 8, 8, 6), (7, 8, 8, 8, 8, 8, 7, 7)]
     """
     model, split = plan.config.model, plan.config.mesh.pp_layer_split
     layers = model.layers
     short = split is not None and list(split) == ends_short_split(layers, plan.pp, plan.vpp)
     dense = model.dense_layers if (model.is_moe and model.dense_layers and split is not None and plan.vpp == 1
                                    and split[0] == model.dense_layers) else 0
-    return PipelineRule(layers, plan.pp, plan.vpp, tuple(split) if split is not None else None, short, dense)
+    return PipelineRule(layers, plan.pp, plan.vpp, tuple(split) if split is not None else None, short, dense,
+                        plan.config.training.framework)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional, Union
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.restart_degrees import PipelineRule, axes_at, pipelines, splits
 from meshplan.restart_rank import bounded, same_kind
+from meshplan.restart_text import split_words
 from meshplan.spec import mesh_words
 from meshplan.spec.mesh import MeshSpec
 
@@ -29,7 +30,8 @@ class Proposal:
     changed field, ``"micro_batch 4 -> 2"`` (global batch kept) or ``"global_batch 512 -> 511"``;
     ``step_s``, ``tokens_per_s``, ``peak_bytes`` (most loaded stage): from its plan, None
     without an evaluator; ``sharding``: ``training.sharding``, which names the data axis in its
-    text (:func:`meshplan.spec.mesh_words.mesh_text`; "" keeps the names)."""
+    text (:func:`meshplan.spec.mesh_words.mesh_text`; "" keeps the names); ``layers``: the model's
+    layers where the text names the layer split (a pp or split the job did not run), else 0."""
 
     names: tuple[str, ...]
     shape: tuple[int, ...]
@@ -46,6 +48,7 @@ class Proposal:
     peak_bytes: Optional[float] = None
     pp_layer_split: Optional[tuple[int, ...]] = None
     sharding: str = ""
+    layers: int = 0
 
     @property
     def keeps_global_batch(self) -> bool:
@@ -68,9 +71,10 @@ class Proposal:
 
     def mesh_text(self) -> str:
         """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``), and pp 1 where
-        pp is an axis (a restart that removed the pipeline says so)."""
-        return mesh_words.mesh_text(self.names, self.shape, self.sharding, self.ep, self.etp,
-                                    ("pp",) if "pp" in self.names else ())
+        pp is an axis (a restart that removed the pipeline says so); with ``layers``, the layer
+        split after pp (:func:`mesh_split_text`)."""
+        return mesh_split_text(self.names, self.shape, self.sharding, self.ep, self.etp, self.pp_layer_split,
+                               self.layers)
 
     def summary(self) -> str:
         """Mesh, GPUs, contract and (when planned) step and throughput, one line."""
@@ -79,6 +83,25 @@ class Proposal:
         if self.step_s is not None and self.tokens_per_s is not None:
             out += f": step {self.step_s:.2f} s, {self.tokens_per_s:,.0f} tokens/s"
         return out
+
+
+def mesh_split_text(names, shape, sharding: str, ep: int, etp: int, split, layers: int) -> str:
+    """A restart mesh's text (:func:`meshplan.spec.mesh_words.mesh_text`, pp 1 shown where pp is
+    an axis) with, where ``layers`` is given and pp > 1, its layers per stage ``split`` (None:
+    even) after pp (:func:`~meshplan.restart_text.split_words`), as a newcomer asked of a pp
+    that does not divide the layers (trial 16).
+
+    >>> mesh_split_text(("pp", "dp_shard", "tp"), (27, 1, 8), "", 1, 1, [3] * 26 + [2], 80)
+    'pp 27 (3 layers per stage, 2 on the last) x tp 8'
+    >>> mesh_split_text(("pp", "dp_shard", "tp"), (16, 2, 8), "", 1, 1, None, 80)
+    'pp 16 (5 layers per stage) x dp_shard 2 x tp 8'
+    """
+    text = mesh_words.mesh_text(names, shape, sharding, ep, etp, ("pp",) if "pp" in names else ())
+    pp = dict(zip(names, shape)).get("pp", 1)
+    head = f"pp {pp}"
+    if not layers or pp < 2 or not (text == head or text.startswith(head + " x ")):
+        return text
+    return f"{head} ({split_words(split, layers, pp)})" + text[len(head):]
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,8 @@ def candidates(w: Where, pipeline: Optional[PipelineRule] = None,
     pairs = pairs or ((w.mesh.degree("tp"), w.mesh.degree("cp")),)
     for tp, cp in pairs:
         for pp, split in pipelines(w.mesh, w.left, pipeline, tp * cp):
-            k, c, r = _at(w, {"tp": tp, "cp": cp, "pp": pp}, split)
+            new = pipeline is not None and (pp, split) != (pipeline.pp, pipeline.split)  # named in the text
+            k, c, r = _at(w, {"tp": tp, "cp": cp, "pp": pp}, split, pipeline.layers if new and pipeline else 0)
             if not kind and not keepers + changers and pp == w.mesh.degree("pp"):  # the configured tp, cp, pp first
                 kind = k[:1] + ([c] if c and (not k or c.gpus > k[0].gpus) else [])
             keepers += k
@@ -125,8 +149,9 @@ def candidates(w: Where, pipeline: Optional[PipelineRule] = None,
     return tried, changer, refused, screened, [p for p in kind if same_kind(p, w.mesh)]
 
 
-def _at(w: Where, inner: dict[str, int], split):
-    """:func:`candidates` at one (tp, cp, pp) ``inner`` (layers per stage ``split``). At most
+def _at(w: Where, inner: dict[str, int], split, layers: int = 0):
+    """:func:`candidates` at one (tp, cp, pp) ``inner`` (layers per stage ``split``, named in the
+    text where ``layers`` is given: :func:`mesh_split_text`). At most
     :data:`REFUSED_SHOWN` refusals kept (the largest; only those can be shown), later meshes
     whose expert block cannot divide then skipped unresolved; once the changer or a keeper is
     found, a degree that cannot keep the global batch is skipped (only the largest changer is
@@ -153,13 +178,12 @@ def _at(w: Where, inner: dict[str, int], split):
             spec = MeshSpec(names=list(names) + [a for a, x in (("ep", ep), ("etp", etp)) if x > 1],
                             shape=list(shape) + [x for x in (ep, etp) if x > 1])
             resolved = resolve_mesh(spec, gpus)
-            keep = ("pp",) if "pp" in names else ()
-            text = f"{mesh_words.mesh_text(names, shape, w.sharding, ep, etp, keep)} ({gpus} GPUs)"
+            text = f"{mesh_split_text(names, shape, w.sharding, ep, etp, split, layers)} ({gpus} GPUs)"
             if isinstance(resolved, NoMesh):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue
             p = _contract(Proposal(names, shape, ep, etp, gpus, d, w.micro_batch, w.global_batch, 0,
-                                   pp_layer_split=split, sharding=w.sharding), reasons_of)
+                                   pp_layer_split=split, sharding=w.sharding, layers=layers), reasons_of)
             if isinstance(p, str):
                 refused.append((f"{text}: {p}", gpus))
             elif p.keeps_global_batch:

@@ -336,7 +336,7 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
         return []
     if top.pp == 1:
         return [f"pipeline: pp {rule.pp} -> 1: no pipeline"]
-    words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
+    words = lambda s, pp: run_text(s or [rule.layers // pp] * pp)
     new = words(top.pp_layer_split, top.pp)
     kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
     line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new}" if rule.pp == 1 else  # pp 1 ran no schedule
@@ -345,6 +345,34 @@ def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
         each = [f"{words(g.pp_layer_split, top.pp)} at {g.tokens_per_s:,.0f}" for g in splits]
         line += f"; the fastest of {len(splits)} splits planned: {each[0]} tokens/s, {', '.join(each[1:])}"
     return [line]
+
+
+def split_words(split, layers: int, pp: int) -> str:
+    """Layers per stage ``split`` (None: even over ``layers``) in the few words a mesh line
+    carries after its pp (:meth:`~meshplan.restart_meshes.Proposal.mesh_text`): the middle
+    stages' layers and an end stage that differs, the only uneven form Megatron-LM's flags set,
+    else each run (:func:`run_text`).
+
+    >>> split_words(None, 80, 16), split_words([3] * 26 + [2], 80, 27), split_words([1] + [2] * 39 + [1], 80, 41)
+    ('5 layers per stage', '3 layers per stage, 2 on the last', '2 layers per stage, 1 on the first and the last')
+    >>> split_words([3] + [4] * 14 + [2], 61, 16), split_words([31, 30], 61, 2)
+    ('4 layers per stage, 3 on the first, 2 on the last', '31 layers per stage, 30 on the last')
+    >>> split_words([11, 12, 12, 12, 11, 11, 11], 80, 7)
+    'layers per stage 11, 12 x 3, 11 x 3'
+    """
+    s = list(split) if split is not None else [layers // pp] * pp
+    middle = s[1:-1] or [max(s)]
+    if len(set(middle)) > 1:
+        return f"layers per stage {run_text(s)}"
+    ends = [f"{n} on the {end}" for n, end in ((s[0], "first"), (s[-1], "last")) if n != middle[0]]
+    if len(ends) == 2 and s[0] == s[-1]:
+        ends = [f"{s[0]} on the first and the last"]
+    return ", ".join([f"{counted(middle[0], 'layer')} per stage"] + ends)
+
+
+def run_text(split) -> str:
+    """``11, 12 x 3, 11 x 3``: each run of equal layers per stage with its length."""
+    return ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(split))
 
 
 def _runs(split) -> list[tuple[int, int]]:

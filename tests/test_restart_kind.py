@@ -40,8 +40,8 @@ def test_kind_at_another_global_batch_by_hand():
     assert r.lines()[0] == "restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> dp_shard 7 x tp 8 (shrunk: dp_shard 8 -> 7; kept: tp 8)"
     assert r.contract == "global_batch 512 -> 511" and r.micro_batches == (64, 73)
     shown = _shown(r)
-    assert shown == ["alternative keeping the global batch: pp 7 x tp 8 on 56 GPUs, contract kept: step 1.00 s, "
-                     "55,351 tokens/s"]
+    assert shown == ["alternative keeping the global batch: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 "
+                     "GPUs, contract kept: step 1.00 s, 55,351 tokens/s"]  # balanced_split(80, 7), named (trial 16)
     assert any("the meshes that keep it change the job's kind or plan over 5% fewer tokens/s" in n for n in r.notes)
 
 
@@ -90,7 +90,10 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     tp 2, 512 -> 510 (17 micro-batches), 135,843 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
     one alternative. Since torch's CP ring merges are counted (meshplan.compute.ring_attention) the cp
     2 meshes are slower: the kind 129,127 tokens/s, and the alternative keeping the batch is pp 15 x
-    dp_shard 2 x tp 4 on all 120 GPUs (no cp), 118,825 tokens/s, the kind 8.7% over it."""
+    dp_shard 2 x tp 4 on all 120 GPUs (no cp), 118,825 tokens/s, the kind 8.7% over it. Trial 16's
+    balance rule (PipelineRule.runs) drops pp 15: 80 layers 5 or 6 a stage, 82 / (15 x 6) = 0.91
+    with the ends counted, under 0.95; the alternative is pp 28 x cp 2 x tp 2 on 112 GPUs (balanced_split
+    [2, 3 x 24, 2 x 3], 82 / (28 x 3) = 0.98), 115,023 tokens/s, the kind 12.3% over it."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -102,8 +105,8 @@ def test_q1top_restarts_as_fsdp(tmp_path):
             "dp_shard 32 -> 30; kept: cp 2, tp 2)") in lines
     assert "- planned step 32.36 s, 129,127 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 30.45 s, 137,766 tokens/s)" in lines
-    assert "- alternative keeping the global batch: pp 15 x dp_shard 2 x tp 4 on 120 GPUs, contract kept: step " \
-           "35.30 s, 118,825 tokens/s" in lines
+    assert "- alternative keeping the global batch: pp 28 (layers per stage 2, 3 x 24, 2 x 3) x cp 2 x tp 2 on 112 " \
+           "GPUs, contract kept: step 36.47 s, 115,023 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 

@@ -50,8 +50,8 @@ def test_only_the_failed_plan_of_the_kind_is_refused():
     assert r.refused == (f"the job's kind dp_shard 7 x tp 8 (56 GPUs, global_batch 512 -> 511): {OOM}",)
     assert [(p.pp, p.dp) for p in r.proposals if p.pp == 1] == [(1, 4)]
     assert ("the job's kind (the job's axes and pp 1, tried first): dp_shard 4 x tp 8 on 32 GPUs plans 32,000 "
-            "tokens/s; passed over: pp 7 x tp 8 on 56 GPUs plans 55,351 tokens/s, 73.0% more, over the step-time "
-            "model's 5% accuracy; it is the proposal") in r.notes
+            "tokens/s; passed over: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 GPUs plans 55,351 "
+            "tokens/s, 73.0% more, over the step-time model's 5% accuracy; it is the proposal") in r.notes
 
 
 @pytest.mark.parametrize("gain, passed", [(1.04, False), (1.08, True)])
@@ -64,8 +64,9 @@ def test_a_line_names_the_kind_the_5pct_rule_passes_over(gain, passed):
     lines = [n for n in r.notes if "passed over" in n]
     assert (r.proposals[0].pp == 7) == passed
     assert lines == (["the job's kind (the job's axes and pp 1, tried first): dp_shard 7 x tp 8 on 56 GPUs, "
-                      "global_batch 512 -> 511, plans 56,000 tokens/s; passed over: pp 7 x tp 8 on 56 GPUs plans "
-                      "59,779 tokens/s, 6.7% more, over the step-time model's 5% accuracy; it is the proposal"]
+                      "global_batch 512 -> 511, plans 56,000 tokens/s; passed over: pp 7 (layers per stage 11, 12 "
+                      "x 3, 11 x 3) x tp 8 on 56 GPUs plans 59,779 tokens/s, 6.7% more, over the step-time model's 5% "
+                      "accuracy; it is the proposal"]
                      if passed else [])
     assert not r.refused  # every plan of the kind ran
 
@@ -138,7 +139,8 @@ def test_megatron_70b_passed_over_line_relates_the_kind_to_the_proposal(tmp_path
     gain = faster["tokens_per_s"] / kind["tokens_per_s"] - 1
     assert gain > 0.05 and top["tokens_per_s"] < kind["tokens_per_s"]
     assert (f"- the job's kind (the job's axes and pp 4, tried first): pp 4 x dp 3 x tp 8 on 96 GPUs, global_batch "
-            f"512 -> 504, plans {kind['tokens_per_s']:,.0f} tokens/s; passed over: pp 5 x dp 3 x tp 8 on 120 GPUs, "
+            f"512 -> 504, plans {kind['tokens_per_s']:,.0f} tokens/s; passed over: pp 5 (16 layers per stage) x dp 3 x tp 8 "
+            f"on 120 GPUs, "
             f"global_batch 512 -> 510, plans {faster['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, over the "
-            f"step-time model's 5% accuracy; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs "
+            f"step-time model's 5% accuracy; the proposal, pp 2 (40 layers per stage) x dp 4 x tp 8 on 64 GPUs "
             f"({top['tokens_per_s']:,.0f} tokens/s), comes first as the fastest mesh keeping the global batch") in lines

@@ -165,6 +165,51 @@ def balanced_split(layers: int, pp: int) -> list[int]:
     return [base + (k in bonus) for k in range(pp)]
 
 
+def first_last_split(layers: int, pp: int) -> Optional[list[int]]:
+    """Layers per stage as Megatron-LM's ``--decoder-first-pipeline-num-layers`` and
+    ``--decoder-last-pipeline-num-layers`` cut them: every middle stage ``ceil(layers / pp)``
+    layers, the ``pp x ceil - layers`` left short taken off the first and the last stage, the
+    last (the output layer and the loss) one more where the shortfall is odd. Megatron-Core
+    takes no other uneven split at vpp 1 but ``--pipeline-model-parallel-layout``: the layers
+    the two flags leave are spread evenly over the other stages (``get_num_layers_to_build``,
+    megatron/core/transformer/transformer_block.py@d98e8a6; meshplan reads and writes them so,
+    :mod:`meshplan.interop.megatron_pipeline`). None where an end stage would hold no layer.
+
+    >>> first_last_split(80, 7), first_last_split(80, 27)[-2:], first_last_split(80, 41)[::40]
+    ([10, 12, 12, 12, 12, 12, 10], [3, 2], [1, 1])
+    >>> first_last_split(80, 15), first_last_split(80, 31)
+    ([1, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 1], None)
+    """
+    per = -(-layers // pp)
+    short = pp * per - layers
+    first, last = per - short // 2, per - (short - short // 2)
+    if pp < 2 or min(first, last) < 1:
+        return None
+    return [first] + [per] * (pp - 2) + [last]
+
+
+def split_balance(split: Optional[list[int]], layers: int, pp: int) -> float:
+    """How evenly layers per stage ``split`` (``pp`` entries; None: even) load a pipeline: the
+    mean stage over the heaviest, the better of two counts: the layers alone (the even split's
+    count, Megatron-LM's default) and the layers with the embedding and the output layer (and
+    loss) as one layer each on the first and the last stage (Llama 3, Dubey et al. 2024, 3.3.2;
+    Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``; torchtitan's
+    ``pipeline_parallel_first/last_stage_less_layers``, 1 by default). The slowest stage paces
+    every micro-batch, so ``1 - balance`` is the share of the pipeline's stage time idle by the
+    split. 80 layers: even at pp 16 is 1; pp 31 (2 or 3 layers a stage) 80 / (31 x 3) and
+    (80 + 2) / (31 x 3); pp 7's [10, 12 x 5, 10] 80 / 84 and 82 / 84:
+
+    >>> split_balance(None, 80, 16), round(split_balance(balanced_split(80, 31), 80, 31), 3)
+    (1.0, 0.882)
+    >>> round(split_balance([10] + [12] * 5 + [10], 80, 7), 3), round(split_balance([7, 9, 9, 7], 32, 4), 3)
+    (0.976, 0.944)
+    """
+    if split is None:
+        return 1.0
+    slots = [n + (k == 0) + (k == pp - 1) for k, n in enumerate(split)]
+    return max(layers / (pp * max(split)), (layers + 2) / (pp * max(slots)))
+
+
 def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     """Layers per stage with the embedding and the output layer each counted as one layer
     (Llama 3, Dubey et al. 2024, 3.3.2: "one layer fewer on the first and the last stage"):
@@ -232,13 +277,16 @@ def dense_first_split(layers: int, dense: int, pp: int) -> Optional[list[int]]:
     return [dense] + rest if rest[-1] >= 1 else None
 
 
-def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Union[None, list[int], str]:
+def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
+                  first_last: bool = False) -> Union[None, list[int], str]:
     """Layers per stage over all the layers when a mesh moves to ``pp`` stages of ``vpp`` chunks
     each (a restart on fewer nodes, :mod:`meshplan.restart`), the rule the search plans a
     candidate with (:func:`meshplan.search.space.stage_split`): Llama 3's
     :func:`ends_short_split` where ``short`` (the configured split is that rule) and it exists;
     else even stages (None) where pp divides the layers and vpp the layers per stage; else, with
-    vpp 1, :func:`balanced_split`; else a one-line reason (the chunks cannot be even).
+    vpp 1, :func:`balanced_split` (``first_last``: :func:`first_last_split`, the only uneven
+    split Megatron-LM's flags express, or a reason where it has none); else a one-line reason
+    (the chunks cannot be even).
 
     DeepSeek-V3's 61 layers, configured [3, 4 x 14, 2] at pp 16 (the ends-short rule):
 
@@ -256,21 +304,25 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Un
         return split
     if layers % pp == 0 and (layers // pp) % vpp == 0:
         return None
+    if vpp == 1 and first_last:
+        return first_last_split(layers, pp) or f"{layers} layers over pp {pp} leave an end stage no layer"
     if vpp == 1:
         return balanced_split(layers, pp)
     return (f"{layers} layers do not divide into pp {pp} stages of vpp {vpp} chunks (Llama 3 ends-short split: "
             f"{'none either' if ends_short_split(layers, pp, vpp) is None else 'not configured'})")
 
 
-def restart_splits(layers: int, pp: int, vpp: int = 1, short: bool = False,
-                   dense: int = 0) -> Union[list[Optional[list[int]]], str]:
+def restart_splits(layers: int, pp: int, vpp: int = 1, short: bool = False, dense: int = 0,
+                   first_last: bool = False) -> Union[list[Optional[list[int]]], str]:
     """The distinct layer splits a restart plans at ``pp`` (the planner keeps the fastest,
     :func:`meshplan.restart_rank.rank`), or why none exists: with ``dense`` (> 0: the configured
     split holds the model's dense layers alone on the first stage, vpp 1)
     :func:`dense_first_split` first; then :func:`restart_split` (``short``: Llama 3's
-    ends-short rule); with ``short`` also the split without it (even, else
-    :func:`balanced_split`), which may plan faster: at pp 31 the ends-short split of DeepSeek-V3's
-    61 layers puts 3 on stage 1, the balanced one at most 2. At most 3 splits.
+    ends-short rule; ``first_last``: Megatron-LM's cut, :func:`first_last_split`); with ``short``
+    also the split without it (even, else :func:`balanced_split`), which may plan faster: at pp
+    31 the ends-short split of DeepSeek-V3's 61 layers puts 3 on stage 1, the balanced one at
+    most 2. At most 3 splits; which of them the job runs balanced enough is the restart's rule
+    (:meth:`meshplan.restart_degrees.PipelineRule.runs`).
 
     >>> restart_splits(61, 31, short=True, dense=3)  # doctest: +NORMALIZE_WHITESPACE
     [[1, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1],
@@ -282,7 +334,8 @@ def restart_splits(layers: int, pp: int, vpp: int = 1, short: bool = False,
     """
     out: list[Optional[list[int]]] = []
     first = dense_first_split(layers, dense, pp) if dense and vpp == 1 else None
-    rules = [restart_split(layers, pp, vpp, short)] + ([restart_split(layers, pp, vpp)] if short else [])
+    rules = [restart_split(layers, pp, vpp, short, first_last)] + (
+        [restart_split(layers, pp, vpp, first_last=first_last)] if short else [])
     for got in [first] * (first is not None) + rules:
         if not isinstance(got, str) and got not in out:
             out.append(got)
