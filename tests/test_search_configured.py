@@ -71,24 +71,24 @@ def mini_top45(mini):
 
 
 def test_configured_rank_counts_the_faster_feasible(mini):
-    """Rank #40-#45 of the 716 feasible (a real run, top 3): the eager DTensor TP host's pace
+    """Rank #40-#45 of the 664 feasible (a real run, top 3): the eager DTensor TP host's pace
     (kernels.toml [host]) adds 43 ms to its step (7.381 -> 7.424 s); 37 unplanned candidates have
     a step-time lower bound below it, of which :data:`RANK_MAX` (32) are planned and 5 are left
-    as the range; it is slower than the top's last row (7.026 s), so no row. 209 candidates near
+    as the range; it is slower than the top's last row (7.026 s), so no row. 203 candidates near
     the memory limit are undecided (settle_max 32), 13 with a lower bound below its step: the
     line says so, the rank is among the decided. (Top 10 before the rows were distinct meshes:
     #40-#41 of 717, 205 undecided, 9 below; the rows now reach further, so top 3.)"""
     mine = mini.configured
-    assert (mine.rank, mine.rank_hi, mine.feasible) == (40, 45, mini.counts()["feasible"]) == (40, 45, 716)
+    assert (mine.rank, mine.rank_hi, mine.feasible) == (40, 45, mini.counts()["feasible"]) == (40, 45, 664)
     faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
     assert 0 < len(faster) <= 39 and mine.step_s > mini.top[-1].step_s and mine.row is None
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = int((mini.est.step_lo[undecided] < mine.step_s).sum())
-    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (209, 13)
+    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (203, 13)
     # 7.424 s against the top's 6.998 s (dp_shard 8): 7.424 / 6.998 - 1 = 6.09%
     assert round(mini.top[0].step_s, 3) == 6.998
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.424 s, 70,617 tokens/s, rank #40-#45 of 716 feasible by "
-                           "step time, 209 undecided near the memory limit not ranked (6.09% longer than the top's; "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.424 s, 70,617 tokens/s, rank #40-#45 of 664 feasible by "
+                           "step time, 203 undecided near the memory limit not ranked (6.09% longer than the top's; "
                            "5 feasible candidates with a step-time lower bound below its step left unplanned: 32 are "
                            "planned for the rank; 13 of the undecided have a step-time lower bound below its step and "
                            "could rank ahead if planned: [search] settle_max plans more)")
@@ -98,7 +98,7 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row(no_torch_ring):
     """The mini example kept gathered (training.reshard_after_forward false) is row #9 of the top
     table, its mesh's first setting by the tie rule (rows are distinct meshes), but 27 feasible
     candidates have a shorter exact step (a real run): 8 rows of the table and other settings of
-    their meshes: rank #28, row 9 beside it. 736 feasible, 174 undecided, none with a lower bound
+    their meshes: rank #28, row 9 beside it. 685 feasible, 168 undecided, none with a lower bound
     below its step. At the default reshard its mesh's row is named instead. Without torch's CP ring
     merges (:func:`tests.conftest.without_torch_ring`), as the case was found."""
     r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"reshard_after_forward": False}, narrow=ALL_RECOMPUTE),
@@ -108,10 +108,10 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row(no_torch_ring):
     assert sum(e.step_s < mine.step_s for e in r.top) == 8
     faster = [i for i, e in r.exact.items() if r.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
     assert len(faster) == 27 and (mine.rank, mine.rank_hi) == (28, 28)
-    assert (mine.feasible, mine.undecided, mine.undecided_below) == (736, 174, 0) == \
+    assert (mine.feasible, mine.undecided, mine.undecided_below) == (685, 168, 0) == \
         (r.counts()["feasible"], r.counts()["undecided"], 0)
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.297 s, 71,846 tokens/s, rank #28 of 736 feasible by "
-                           "step time, 174 undecided near the memory limit not ranked (row #9 in the top table, whose "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.297 s, 71,846 tokens/s, rank #28 of 685 feasible by "
+                           "step time, 168 undecided near the memory limit not ranked (row #9 in the top table, whose "
                            "tie rule orders meshes within 1% toward fewer axes, lower degrees and fewer settings; "
                            "4.27% longer than the top's; no undecided candidate could rank ahead: their step-time "
                            "lower bounds are not below its step)")
@@ -121,7 +121,7 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row(no_torch_ring):
 
 
 def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
-    """The top-3 run's #40-#45 holds for its own 716 feasible: the --top 45 run planned every one
+    """The top-3 run's #40-#45 holds for its own 664 feasible: the --top 45 run planned every one
     of them with a lower bound below the step; 39 are faster (#40). Of its 13 undecided with a
     lower bound below, that run found 4 feasible and faster: 40 + 4 = the #44 it gives."""
     step = mini.configured.step_s
