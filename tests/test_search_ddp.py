@@ -126,3 +126,29 @@ def test_export_of_an_hsdp_plan_that_shards_nothing_names_ddp(tmp_path, capsys, 
     run_main("plan", path)
     assert ("sharding hsdp (dp_shard x cp 1: shards nothing, so ddp: replicated over dp_replicate, gradients "
             "all-reduced)") in " ".join(capsys.readouterr().out.split())
+
+
+def test_hsdp_over_cp_alone_exports_to_torchtitan_and_imports_back(tmp_path, capsys):
+    """dp_replicate 2 x cp 2 x tp 2, hsdp, dp_shard 1: torchtitan's FSDP axis is dp_shard x cp = 2
+    (``fsdp_enabled``: dp_shard > 1 or cp > 1), so it runs HSDP over (dp_replicate, dp_shard x cp);
+    the export, which refused it as "not what torchtitan applies" (it looked at dp_shard alone),
+    writes it and the import reads back the same mesh and sharding, planning the same step."""
+    path = tmp_path / "h.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                    'global_batch = 8\nseq_len = 4096\nsharding = "hsdp"\nrecompute = "full"\n[mesh]\n'
+                    'names = ["dp_replicate", "cp", "tp"]\nshape = [2, 2, 2]\nsequence_parallel = true\n')
+    assert run_main("export", path, "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 0
+    tt = (tmp_path / "tt.toml").read_text()
+    assert ("data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 1\ncontext_parallel_degree = 2\n"
+            "tensor_parallel_degree = 2\n") in tt
+    assert run_main("import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", 1,
+                    "-o", tmp_path / "back.toml") == 0
+    back = load_config(tmp_path / "back.toml")
+    assert (back.mesh.names, back.mesh.shape, back.training.sharding) == (["dp_replicate", "cp", "tp"], [2, 2, 2],
+                                                                          "hsdp")
+    capsys.readouterr()
+    steps = []
+    for p in (path, tmp_path / "back.toml"):
+        assert run_main("step", p) == 0
+        steps.append(next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")).split(" ms")[0])
+    assert steps[0] == steps[1]
