@@ -154,8 +154,8 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
     both = deg.get("dp_replicate", 1) > 1 and shard > 1
     if t.sharding == "hsdp" and deg.get("dp_replicate", 1) > 1 and shard == 1:
         alone = len([a for a in axes if deg.get(a, 1) > 1]) == 1
-        raise ConfigError("--to", "sharding hsdp with dp_shard x cp 1 shards nothing (ddp over dp_replicate); torchtitan "
-                          "applies FSDP2 only where dp_shard x cp > 1, and otherwise DDP, " + (
+        raise ConfigError("--to", "sharding hsdp with dp_shard x cp 1 shards nothing (ddp over dp_replicate); "
+                          "torchtitan applies FSDP2 only where dp_shard x cp > 1, and otherwise DDP, " + (
                               "meshplan's sharding none: set training.sharding = \"none\" to export it" if alone else
                               "which it refuses beside pp or tp (\"DDP has not supported > 1D parallelism\"): move "
                               "dp_replicate's degree to dp_shard (zero3) to export it"))

@@ -171,8 +171,8 @@ def top_table(r: SearchResult) -> tuple[list[str], list[list[str]]]:
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
         rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
-                     r.candidates.sharding_word(e.index), knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
-                     f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
+                     r.candidates.sharding_word(e.index), knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}",
+                     f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
     if goodput_shared(r) is None:
         return list(TOP_COLUMNS), rows
     g = TOP_COLUMNS.index("goodput")

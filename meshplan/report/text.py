@@ -118,7 +118,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
-              f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
+              f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
+              f"recompute {t.recompute} "
               f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
               f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
 

@@ -267,8 +267,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     keep = ~no_data_axis_twin(cfg, cols)
     cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)}
-    return Candidates(**{k: v for k, v in cols.items() if k in own}, more={k: v for k, v in cols.items() if k not in own},
-                      moe=cfg.model.is_moe)
+    more = {k: v for k, v in cols.items() if k not in own}
+    return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe)
 
 
 def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
