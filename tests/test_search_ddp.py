@@ -152,3 +152,16 @@ def test_hsdp_over_cp_alone_exports_to_torchtitan_and_imports_back(tmp_path, cap
         assert run_main("step", p) == 0
         steps.append(next(x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")).split(" ms")[0])
     assert steps[0] == steps[1]
+
+
+def test_only_ddp_rows_left_is_no_feasible_mesh_with_the_rule_and_its_fix(tmp_path, capsys):
+    """[search] dp_replicate = [8] at tp 2 leaves the one ddp row, which rule 'replicate' rejects
+    under torch: exit 1, the rule and a fix that reaches FSDP2 (megatron would not help: it
+    rejects every hsdp row)."""
+    path = _cfg(tmp_path)
+    path.write_text(path.read_text() + "dp_replicate = [8]\n")
+    assert run_main("search", path) == 1
+    err = capsys.readouterr().err
+    assert "no feasible mesh: of 1 candidates rule 'replicate' rejected 1 (ddp (hsdp with dp_shard x cp 1)" in err
+    assert err.rstrip().endswith("fix: add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 "
+                                 "(FSDP2 shards over them)")

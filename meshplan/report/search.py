@@ -285,8 +285,7 @@ _FIXES = {
                  "or add zero3 to search.sharding",
     "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
               "ZeRO-2 and DeepSpeed's ZeRO-3 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
-    "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 over them), or set "
-                 "training.framework = \"megatron\"",
+    "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp)",
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
