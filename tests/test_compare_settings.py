@@ -123,3 +123,48 @@ def test_the_pair_rule_is_the_search_rule():
     """compare states the search's words for the settings, not the mesh keys alone."""
     assert TOWARD in PAIR_RULE and TOWARD in RULE_LINE
     assert "fewer and cheaper settings off their default (no recompute before selective, op, layer, full" in PAIR_RULE
+
+
+#: Llama-3-8B on one dgx-h100 at pp 4 x dp_shard 2, global batch 8 (m = 8 / (dp 2 x mb 1) = 4
+#: micro-batches per pipeline), no recompute; the schedule line is added per side.
+PIPE = """[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 1
+[training]
+global_batch = 8
+seq_len = 4096
+recompute = "none"
+[mesh]
+names = ["pp", "dp_shard"]
+shape = [4, 2]
+"""
+
+
+def test_a_schedule_the_search_does_not_try_counts_as_one_setting_the_user_sets(tmp_path, capsys):
+    """GPipe against 1F1B on one mesh (searchnits item 2). Is GPipe "one setting off the default"
+    though the search never tries it? The tie key counts what the user must set to get the run:
+    mesh.pp_schedule defaults to 1f1b (torchtitan's parallelism.pipeline_parallel_schedule to
+    "1F1B"; Megatron-LM has no GPipe), so GPipe is set by hand: one setting, as the search counts a
+    V-shaped schedule it tries; whether the search enumerates it does not change what the user
+    sets. So the count is kept, and the verdict follows by hand: for uniform stages GPipe and 1F1B
+    run the same m forwards and m backwards per stage with the same (p - 1)(t_f + t_b) idle
+    (Narayanan et al. SC21, 2.2.1: 1F1B has GPipe's bubble and holds fewer micro-batches), so the
+    steps differ by less than 1% (0.738 vs 0.740 s) and the tie key decides before the peak (GPipe
+    holds all 4 micro-batches' activations: 48.1 against 41.3 GiB): 0 settings against 1, for
+    1F1B, in either order of the files. At pp 1 the schedule runs nothing and counts nothing."""
+    from meshplan.compare.sides import plan_tie_key
+
+    gpipe = PIPE.replace('shape = [4, 2]', 'shape = [4, 2]\npp_schedule = "gpipe"')
+    why = "fewer settings off their default (0 vs 1: none vs none, another schedule)"
+    c = _compare(tmp_path, capsys, gpipe, PIPE)
+    assert (c["winner"], c["rejected"], c["decided_by"]) == ("top", "a", why)
+    steps = (c["a"]["step_s"], c["b"]["step_s"])
+    assert max(steps) / min(steps) - 1 < 0.01 and (round(steps[0], 3), round(steps[1], 3)) == (0.740, 0.738)
+    assert c["a"]["peak_bytes"] > c["b"]["peak_bytes"]  # the peak would pick 1F1B too, but the key decides first
+    c = _compare(tmp_path, capsys, PIPE, gpipe, "2")
+    assert (c["winner"], c["decided_by"]) == ("a", why)
+    flat = {"names": ["dp_shard"], "shape": [8]}
+    assert plan_tie_key(_plan({"recompute": "none"}, flat | {"pp_schedule": "gpipe"})) == \
+        plan_tie_key(_plan({"recompute": "none"}, flat)) == (1, 1, 1, 0, 0, 0, 1, 0, 0, 0)

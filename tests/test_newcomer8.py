@@ -143,7 +143,7 @@ def test_search_warns_when_a_row_fits_only_without_fragmentation(q1_search):
     from meshplan.report.search import headroom_lines
     (line,) = headroom_lines(q1_search)
     assert line.startswith("warning: rows 1, ")
-    assert "(#1 dp_shard 32 x tp 4, mb 1, none, vpp 1, zero3: peak 61.5 of 67.1 GiB, 8.2% free) at " \
+    assert "(#1 dp_shard 32 x tp 4, mb 1, none, vpp 1, zero3: peak 61.5 of 67.1 GiB, 5.5 GiB = 8.2% free) at " \
            "[memory] fragmentation_fraction 0%" in line
     assert line.endswith("set [memory] fragmentation_fraction = 0.15 to plan with it")
     cfg = q1_search.config

@@ -117,10 +117,14 @@ def case(request):
 def refused(r, i: int) -> bool:
     """Whether the search rejects candidate ``i`` by its own framework rule (zero1 under torch,
     ``space.zero1_refused``; under megatron hsdp and zero3 kept gathered, ``reasons.MEGATRON_REFUSED``),
-    which build_plan does not apply: no bound is computed for it."""
+    which build_plan does not apply: no bound is computed for it; likewise rule ``replicate`` under
+    torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``."""
+    c = r.candidates
+    if r.code[i] == CODE["replicate"]:
+        assert r.config.training.framework == "torch" and c.replicated[i]
+        return True
     if r.code[i] != CODE["framework"]:
         return False
-    c = r.candidates
     if r.config.training.framework == "megatron":
         assert c.sh[i] == SHARDING.index("hsdp") or (c.sh[i] == SHARDING.index("zero3") and c.rf[i] == 0)
     else:

@@ -171,6 +171,9 @@ def test_deepspeed_zero2_bounds_hold_for_every_candidate(training, zero2_rows):
             assert r.code[i] == CODE["engine"], c.label(i)
             continue
         assert r.code[i] != CODE["engine"], c.label(i)
+        if r.code[i] == CODE["replicate"]:  # ddp (hsdp sharding nothing) under torch: the search's own rule, no bound
+            assert c.replicated[i]
+            continue
         if not p.feasible:
             assert r.code[i] != OK, c.label(i)
             continue

@@ -170,7 +170,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     then run DeepSpeed's ZeRO-3, zero3_engine deepspeed). Under training.framework
     torch zero1 is rejected (rule 'framework': torch and torchtitan have no ZeRO-1 engine) unless
     training.zero12_engine or zero3_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
-    zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
+    zero3 twin's run and is listed once, as zero3. An hsdp candidate with dp_shard x cp 1 shards nothing and
+    is named ddp; under torch it is rejected (rule 'replicate': torchtitan applies FSDP2 only where
+    dp_shard x cp > 1, and refuses DDP beside pp or tp). --export --to T is refused before the search when T
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
     sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one
     line naming the first row T takes). Under DeepSpeed a line says what --export N --to deepspeed of the rows

@@ -138,7 +138,11 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     :func:`~meshplan.search.candidate.stage_split`, e.g. the short end stages) and the pipeline
     schedule (:data:`~meshplan.search.columns.PIPELINE`'s index; 1F1B or its interleaved order
     is 0, a schedule the search does not try :data:`~meshplan.search.rank.OTHER_SCHEDULE`; any
-    with pp 1)."""
+    with pp 1). A schedule the search does not try (GPipe, ZB-H1) counts as one setting off the
+    default like one it tries: the count is of what the user sets to get the run, here
+    ``mesh.pp_schedule`` away from its default 1f1b (torchtitan's ``pipeline_parallel_schedule``
+    default "1F1B"), whether or not the search enumerates it; at pp 1 the schedule runs nothing
+    and counts nothing (tests/test_compare_settings.py)."""
     t, spec, pp, vpp = plan.config.training, plan.spec, plan.pp, plan.vpp
     deg = degrees(plan.mesh, t, vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
     split = _split(plan, spec.pp_layer_split)

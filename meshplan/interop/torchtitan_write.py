@@ -152,10 +152,18 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
                           f"outermost first); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
-    both = deg.get("dp_replicate", 1) > 1 and deg.get("dp_shard", 1) > 1
-    if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
+    shard = deg.get("dp_shard", 1) * deg.get("cp", 1)  # torchtitan's fsdp axis: FSDP2 where it is > 1
+    both = deg.get("dp_replicate", 1) > 1 and shard > 1
+    if t.sharding == "hsdp" and deg.get("dp_replicate", 1) > 1 and shard == 1:
+        alone = len([a for a in axes if deg.get(a, 1) > 1]) == 1
+        raise ConfigError("--to", "sharding hsdp with dp_shard x cp 1 shards nothing (ddp over dp_replicate); "
+                          "torchtitan applies FSDP2 only where dp_shard x cp > 1, and otherwise DDP, " + (
+                              "meshplan's sharding none: set training.sharding = \"none\" to export it" if alone else
+                              "which it refuses beside pp or tp (\"DDP has not supported > 1D parallelism\"): move "
+                              "dp_replicate's degree to dp_shard (zero3) to export it"))
+    if (shard > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
         raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
-                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
+                          f"dp_shard x cp, HSDP with dp_replicate too, DDP on dp_replicate alone)")
     if t.sharding == "none" and deg.get("dp_replicate", 1) > 1 and deg.get("pp", 1) * deg.get("tp", 1) > 1:
         raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
                           "1D parallelism\"; shard (zero3 or hsdp) to export it")

@@ -34,7 +34,7 @@ from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import (count_lines, header_lines, infeasible_verdict, rejected_lines, rule_counts,
                                     table_lines, top_table)
 from meshplan.report.search_lines import configured_lines
-from meshplan.report.text import fmt_ranks
+from meshplan.report.text import fmt_ranks, plan_replicates
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
@@ -55,7 +55,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
-                        f"{sharding_words(t, c.origin)}, recompute {t.recompute} "
+                        f"{sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
                         f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:

@@ -171,8 +171,8 @@ def top_table(r: SearchResult) -> tuple[list[str], list[list[str]]]:
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
         rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
-                     d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
-                     f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
+                     r.candidates.sharding_word(e.index), knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}",
+                     f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
     if goodput_shared(r) is None:
         return list(TOP_COLUMNS), rows
     g = TOP_COLUMNS.index("goodput")
@@ -285,6 +285,7 @@ _FIXES = {
                  "or add zero3 to search.sharding",
     "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
               "ZeRO-2 and DeepSpeed's ZeRO-3 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
+    "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp)",
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",

@@ -76,21 +76,38 @@ def recompute_lines(r: SearchResult) -> list[str]:
 def headroom_lines(r: SearchResult) -> list[str]:
     """A warning naming the rows shown whose headroom (usable memory less the planned peak) is
     under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
-    plan's ``[memory] fragmentation_fraction`` is below it: they fit only if the allocator fragments
-    less than PyTorch's caching allocator was measured to; none otherwise."""
+    plan's ``[memory] fragmentation_fraction`` (the allowance that reserves headroom in the plan) is
+    below it: they fit only if the allocator fragments less than PyTorch's caching allocator was
+    measured to. The first such row's free memory in GiB and percent; where row 1 is among them,
+    also the first row shown that keeps the margin free (:func:`_first_roomy`), or that none does.
+    None otherwise. Not a rank: the order stays the step's."""
     o, usable = r.config.memory, usable_bytes(r.config.cluster, r.config.training)
     frac = ALLOCATOR_FRAGMENTATION
     tight = [(k, e) for k, e in enumerate(r.top, 1) if e.complete and usable - e.peak_bytes < frac * usable]
     if o.fragmentation_fraction >= frac or not tight:
         return []
     k, e = tight[0]
-    rows = f"row {k}" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)}"
-    return [f"warning: {rows} keep less than {frac:.0%} of the usable memory free (#{k} "
+    rows = f"row {k} keeps" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)} keep"
+    free = usable - e.peak_bytes
+    roomy = _first_roomy(r, usable, frac) if k == 1 else ""
+    return [f"warning: {rows} less than {frac:.0%} of the usable memory free (#{k} "
             f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
-            f"{1 - e.peak_bytes / usable:.1%} free) at [memory] fragmentation_fraction "
-            f"{o.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose about {frac:.0%} to "
-            f"fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
+            f"{free / GiB:.1f} GiB = {free / usable:.1%} free) at [memory] fragmentation_fraction "
+            f"{o.fragmentation_fraction:.0%}{roomy}; PyTorch's caching allocator was measured to lose about {frac:.0%} "
+            f"to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
             f"to plan with it"]
+
+
+def _first_roomy(r: SearchResult, usable: float, frac: float) -> str:
+    """The clause of :func:`headroom_lines` naming the first row shown whose planned peak leaves
+    ``frac`` of ``usable`` (bytes) free, with its peak and step beside row 1's step, or saying that
+    none of the rows shown does."""
+    for k, e in enumerate(r.top, 1):
+        if e.complete and usable - e.peak_bytes >= frac * usable:
+            return (f"; row {k} is the first that keeps {frac:.0%} free ({r.candidates.label(e.index)}: peak "
+                    f"{e.peak_bytes / GiB:.1f} GiB, {(usable - e.peak_bytes) / usable:.1%} free; step {e.step_s:.3f} s "
+                    f"against row 1's {r.top[0].step_s:.3f} s)")
+    return f"; no row shown keeps {frac:.0%} free"
 
 
 def variants_line(r: SearchResult) -> list[str]:

@@ -17,7 +17,7 @@ from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
-from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, shown_names
+from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.wording import gathered_words, recompute_words, runtime, sharding_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
@@ -97,6 +97,12 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
     _verdict(plan, con)
 
 
+def plan_replicates(plan: Plan | Infeasible) -> bool:
+    """Whether ``plan``'s mesh shards nothing under FSDP2 (:func:`meshplan.spec.mesh_words.replicates`;
+    False without a mesh): the header then names an hsdp plan as the DDP it runs."""
+    return plan.mesh is not None and replicates(plan.mesh, plan.config.model.is_moe)
+
+
 def _header(plan: Plan | Infeasible, con: Console) -> None:
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
@@ -112,7 +118,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
-              f"{t.micro_batch}, sharding {sharding_words(t, c.origin)}, recompute {t.recompute} "
+              f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
+              f"recompute {t.recompute} "
               f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
               f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
 

@@ -17,7 +17,7 @@ import numpy as np
 from meshplan.pipeline.registry import get
 from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.mesh_words import data_axis, mesh_text
+from meshplan.spec.mesh_words import data_axis, mesh_text, sharding_shown
 
 #: Searched recompute policies (the ``rc`` column); ``layer`` last, so that adding it kept the
 #: others' codes: torchtitan's per-layer AC at :data:`LAYER_AC_FREQ`.
@@ -66,7 +66,8 @@ class Candidates:
     or the default split (0; :func:`stage_split`); ``ps`` indexes :data:`PIPELINE` (the
     pipeline schedule). The degree columns are the registered axes' search columns
     (:func:`meshplan.spec.axes.registry.search_axes`); one registered without an attribute
-    here sits in ``more``."""
+    here sits in ``more``. ``moe``: the model has routed experts (which FSDP2 may shard where
+    the dense parameters are not: :attr:`replicated`)."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -84,13 +85,14 @@ class Candidates:
     us: np.ndarray
     ps: np.ndarray
     more: Mapping[str, np.ndarray] = field(default_factory=dict)
+    moe: bool = False
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
-        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "more"}
-        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()})
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe")}
+        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe)
 
     def degree(self, column: str) -> np.ndarray:
         """The degree column of a registered axis by its search column name (``tp``,
@@ -123,17 +125,34 @@ class Candidates:
         """Expert shard degree: dp_shard x cp x tp / (ep x etp) (integer where valid)."""
         return np.maximum(self.dps * self.cp * self.tp // (self.ep * self.etp), 1)
 
+    @property
+    def replicated(self) -> np.ndarray:
+        """hsdp rows that shard nothing: dp_shard x cp 1 and, for a MoE model, no expert shard
+        (dp_shard x cp x tp <= ep x etp, :attr:`efsdp` 1), so the parameters, gradients and optimizer
+        state are replicated over dp_replicate: DDP. Named ``ddp`` (:meth:`sharding_word`);
+        under ``framework = "torch"`` the search rejects them (rule ``replicate``,
+        :mod:`meshplan.search.reasons`). The same condition as the enumeration's FSDP-sharded
+        rows (:func:`meshplan.search.space.enumerate_candidates`, negated)."""
+        experts = self.moe & (self.dps * self.cp * self.tp > self.ep * self.etp)
+        return (self.sh == SHARDING.index("hsdp")) & (self.fsdp == 1) & ~experts
+
+    def sharding_word(self, i: int) -> str:
+        """Row ``i``'s sharding as the search names it: :data:`SHARDING`'s name, ``ddp`` where an
+        hsdp row shards nothing (:attr:`replicated`, :func:`meshplan.spec.mesh_words.sharding_shown`)."""
+        return sharding_shown(SHARDING[self.sh[i]], bool(self.replicated[i]))
+
     def label(self, i: int) -> str:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
         :func:`meshplan.spec.mesh_words.mesh_text` prints it), then ``, keep gathered``
-        (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply."""
+        (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply;
+        the sharding by :meth:`sharding_word` (``ddp`` for an hsdp row that shards nothing)."""
         names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
         mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
-                f"{SHARDING[self.sh[i]]}{extra}")
+                f"{self.sharding_word(i)}{extra}")
 
 
 def axis_shown(name, sharding: str) -> str:

@@ -26,6 +26,18 @@ from meshplan.spec.axes.registry import rules
 MEGATRON_REFUSED = ("framework megatron: parameters kept gathered (Megatron FSDP reshards every layer after its "
                     "forward) or hsdp (Megatron FSDP's HSDP, --num-distributed-optimizer-instances, is not modelled)")
 
+#: The ``replicate`` rule under ``framework = "torch"``: an hsdp row that shards nothing
+#: (:attr:`~meshplan.search.columns.Candidates.replicated`) is DDP over dp_replicate, which torchtitan
+#: does not run as meshplan plans the row: it applies FSDP2 only where dp_shard x cp > 1
+#: (``ParallelDims.fsdp_enabled``) and otherwise DDP (``apply_ddp``, meshplan's sharding none, which the
+#: search does not plan), and that only as the whole mesh: beside pp, tp or cp ``parallelize_llama``
+#: raises "DDP has not supported > 1D parallelism" (pytorch/torchtitan 018740b,
+#: torchtitan/models/llama3/infra/parallelize.py). ``export --to torchtitan`` refuses such a plan
+#: (:func:`meshplan.interop.torchtitan_write._write_degrees`).
+TORCH_DDP_REFUSED = ("ddp (hsdp with dp_shard x cp 1) under framework torch: torchtitan shards with FSDP2 only where "
+                     "dp_shard x cp > 1 and otherwise runs DDP, which it refuses beside pp or tp (\"DDP has not "
+                     "supported > 1D parallelism\")")
+
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
@@ -36,6 +48,7 @@ _SCHEDULE_REASONS = (
                "other than 1F1B"),
     ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it); "
                   + MEGATRON_REFUSED),
+    ("replicate", TORCH_DDP_REFUSED),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -140,6 +153,7 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
                                                           | (c.vpp > 1) | (c.ps != 0)))))),
         ("framework", (zero1_refused(t) & (c.sh == SHARDING.index("zero1"))) | ((t.framework == "megatron") & (
             (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
+        ("replicate", (t.framework == "torch") & c.replicated),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

@@ -27,7 +27,9 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   with the Llama 3 split only (below);
 - sharding: zero1 and zero3 with dp_replicate 1, and zero2 (dp_replicate 1) where DeepSpeed's
   engine runs the config's ZeRO (:func:`zero2_searched`); hsdp (zero3 inside dp_shard x cp,
-  replicated over dp_replicate) with dp_replicate > 1. zero1 with dp_replicate > 1 is not
+  replicated over dp_replicate) with dp_replicate > 1; an hsdp row that shards nothing (dp_shard x
+  cp 1, no expert shard) is DDP, named ``ddp`` (:attr:`~meshplan.search.columns.Candidates.replicated`),
+  and rejected under ``framework = "torch"``, rule ``replicate``. zero1 with dp_replicate > 1 is not
   searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only;
   zero1 without a data axis (dp_shard x cp 1) is its zero3 twin's run and left out
   (:func:`no_data_axis_twin`); under ``framework = "torch"`` without DeepSpeed's engine zero1
@@ -265,7 +267,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     keep = ~no_data_axis_twin(cfg, cols)
     cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)}
-    return Candidates(**{k: v for k, v in cols.items() if k in own}, more={k: v for k, v in cols.items() if k not in own})
+    more = {k: v for k, v in cols.items() if k not in own}
+    return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe)
 
 
 def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -30,6 +30,30 @@ def data_axis(sharding: str) -> str:
     return "dp" if sharding in REPLICATED else "dp_shard"
 
 
+#: What output calls an hsdp plan that shards nothing (dp_shard x cp 1, no expert shard): its
+#: data axis dp_replicate replicates the parameters, gradients and optimizer state and all-reduces
+#: the gradients, which is DDP (torchtitan's ``apply_ddp``, ``replicate``), not HSDP.
+REPLICATE_WORD = "ddp"
+
+
+def sharding_shown(sharding: str, replicated: bool) -> str:
+    """``sharding`` as the search's rows and the plan header name it: ``ddp``
+    (:data:`REPLICATE_WORD`) for an hsdp plan that shards nothing (``replicated``: dp_shard x cp 1
+    and no expert shard, as :attr:`meshplan.search.columns.Candidates.replicated`), else itself.
+
+    >>> sharding_shown("hsdp", True), sharding_shown("hsdp", False), sharding_shown("zero3", True)
+    ('ddp', 'hsdp', 'zero3')
+    """
+    return REPLICATE_WORD if sharding == "hsdp" and replicated else sharding
+
+
+def replicates(mesh, moe: bool) -> bool:
+    """Whether a resolved ``mesh`` (a :class:`meshplan.mesh.resolve.Mesh`: ``degree`` of an axis or
+    derived axis) under FSDP2 would shard nothing: ``fsdp`` (dp_shard x cp) 1 and, for a MoE model
+    (``moe``), ``efsdp`` 1; the condition of :func:`sharding_shown` for one plan."""
+    return mesh.degree("fsdp") == 1 and (not moe or mesh.degree("efsdp") == 1)
+
+
 #: Spellings of the one data axis that :func:`mesh_text` names by the rule of :func:`data_axis`
 #: (``fsdp`` is read as ``dp_shard``, :func:`meshplan.spec.axes.canonical_names`).
 DATA_SPELLINGS = ("dp", "dp_shard")

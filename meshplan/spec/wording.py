@@ -142,15 +142,20 @@ def _deepspeed_recompute(training) -> str:
             }[training.recompute]
 
 
-def sharding_words(training, origin: str = "") -> str:
+def sharding_words(training, origin: str = "", replicated: bool = False) -> str:
     """``training.sharding`` as the plan header names it: DeepSpeed's ZeRO stage under DeepSpeed
     (:func:`zero_runtime`), Megatron FSDP's strategy under ``training.megatron_fsdp`` (none, zero1),
-    else meshplan's name alone.
+    hsdp on a mesh whose FSDP axes are all 1 (``replicated``:
+    :func:`meshplan.spec.mesh_words.replicates`) as what it runs, DDP, else meshplan's name alone.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> sharding_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3"), "deepspeed")
     'zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters over the data-parallel group)'
+    >>> sharding_words(TrainingSpec(global_batch=8, seq_len=16, sharding="hsdp"), replicated=True)
+    'hsdp (dp_shard x cp 1: shards nothing, so ddp: replicated over dp_replicate, gradients all-reduced)'
     """
+    if training.sharding == "hsdp" and replicated:
+        return "hsdp (dp_shard x cp 1: shards nothing, so ddp: replicated over dp_replicate, gradients all-reduced)"
     stage = ZERO_STAGE.get(training.sharding)
     if training.megatron_fsdp and megatron_ddp(training, origin):
         strategy = {"none": "no_shard", "zero1": "optim"}[training.sharding]
