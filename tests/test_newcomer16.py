@@ -1,0 +1,49 @@
+"""Findings of newcomer trial 16: each test failed on main before its fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_run import run_main as _main
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"  # one dgx-h100 node, 8 ranks
+#: dgx-h100's compute HCAs in catalog order (meshplan/catalog: mlx5_0, 3, 4, 5, 6, 9, 10, 11)
+HCAS = "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+
+
+# 1 ------------------------------------------------------------------ NIC scope and the binding line
+
+def test_place_and_launch_give_every_rank_the_node_nics_by_default(tmp_path, capsys):
+    """NCCL wants the same NCCL_IB_HCA on every rank of a node (NVIDIA/nccl#1478) and every NIC to
+    use PXN: by default ranks 0 and 5 both get the 8 HCAs; rank 5 still names its nearest NIC, mlx5_9
+    (GPU 5's PCIe switch). ``--nic-scope rank`` gives rank 5 mlx5_9 alone, with a note saying what it
+    trades. The cores print as the command the rank runs, not as ``numactl ... | taskset ...``."""
+    assert _main("place", MINI, "--rank", 5) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("rank 5:"))
+    assert line.strip() == (f'rank 5: node 0 LOCAL_RANK 5 RANK 5 GPU 5 (cuda:5) socket 1 NIC mlx5_9; run as: '
+                            f'CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7" NCCL_IB_HCA="{HCAS}" numactl '
+                            f'--physcpubind=70-83 --membind=1 PROGRAM (or, cores only: taskset -c 70-83 PROGRAM)')
+    assert "|" not in line and "note: --nic-scope rank" not in out
+    assert _main("place", MINI, "--rank", 5, "--nic-scope", "rank") == 0
+    out = capsys.readouterr().out
+    assert 'NCCL_IB_HCA="=mlx5_9:1" numactl' in out
+    assert "note: --nic-scope rank gives each rank only the HCA under its PCIe switch" in out and "PXN" in out
+    assert _main("launch", MINI, "--out", tmp_path / "run", "--", "python", "train.py") == 0
+    rows = json.loads((tmp_path / "run" / "bindings.json").read_text())
+    assert {r["env"]["NCCL_IB_HCA"] for r in rows} == {HCAS} and rows[5]["nic"] == "mlx5_9"
+    assert {r["env"]["NCCL_CROSS_NIC"] for r in rows} == {"0"}  # rail-optimized dgx-h100: one rail per ring
+    assert "note: --nic-scope" not in capsys.readouterr().out
+    assert _main("place", MINI, "--nic-scope", "gpu") == 2
+    assert capsys.readouterr().err.strip() == "error: --nic-scope: 'gpu' is not one of node, rank"
+
+
+def test_help_says_why_node_scope_is_the_default(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    for cmd in ("place", "launch"):
+        assert _main(cmd, "--help") == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "node (default: every compute NIC of the node, the same list for all its ranks, as NCCL expects" in \
+            text.replace("│ ", "").replace(" │", ""), cmd
