@@ -47,3 +47,39 @@ def test_help_says_why_node_scope_is_the_default(capsys, monkeypatch):
         text = " ".join(capsys.readouterr().out.split())
         assert "node (default: every compute NIC of the node, the same list for all its ranks, as NCCL expects" in \
             text.replace("│ ", "").replace(" │", ""), cmd
+
+
+# 2 ------------------------------------------------------------------ calibrate says which busbw column it keeps
+
+def _slower_in_place(tmp_path: Path) -> Path:
+    """The 8 x H200 log with its 8 GiB row set to the trial's numbers: out-of-place busbw 369.66 GB/s,
+    in-place 366.00 (algbw = busbw / 1.75, nccl-tests' all-reduce factor 2 (8 - 1) / 8; time = size / algbw)."""
+    src = (ROOT / "tests" / "data" / "nccl" / "all_reduce_perf_8xh200_s3.txt").read_text()
+    old = next(x for x in src.splitlines() if x.split()[:1] == ["8589934592"])
+    size = 8589934592
+    cols = [f"{size / (b / 1.75) / 1e3:.1f}  {b / 1.75:.2f}  {b:.2f}       0" for b in (369.66, 366.00)]
+    new = f"  {size}    2147483648     float     sum      -1  {cols[0]}  {cols[1]}"
+    path = tmp_path / "ar.txt"
+    path.write_text(src.replace(old, new))
+    return path
+
+
+def test_calibrate_names_the_busbw_column_it_keeps(tmp_path, capsys):
+    """The curve keeps the slower column per size: in-place here (366.00 < 369.66 GB/s at 8 GiB), written
+    to the file and said in one line with the reason (torch issues both kinds of collective)."""
+    import tomllib
+    out = tmp_path / "cal.toml"
+    assert _main("calibrate", _slower_in_place(tmp_path), "--out", out) == 0
+    text = capsys.readouterr().out
+    line = next(x for x in text.splitlines() if x.startswith("busbw columns:"))
+    assert line.endswith("here ar.txt at 8.00 GiB: in-place 366.00 GB/s kept (out-of-place 369.66)")
+    assert "FSDP2's all-gather; out of place: FSDP2's reduce-scatter" in line
+    curve = tomllib.loads(out.read_text())["link"]["nvlink"]["curve"][0]
+    assert curve["sizes_bytes"][-1] == 8589934592 and curve["busbw_gb_per_s"][-1] == 366.0
+
+
+def test_calibrate_help_says_which_column(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")
+    assert _main("calibrate", "--help") == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "keeps, per size, the slower busbw of the two, since torch issues both" in text
