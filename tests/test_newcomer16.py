@@ -83,3 +83,45 @@ def test_calibrate_help_says_which_column(capsys, monkeypatch):
     assert _main("calibrate", "--help") == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "keeps, per size, the slower busbw of the two, since torch issues both" in text
+
+
+# 3 ------------------------------------------------------------------ compare: knobs that do nothing at the mesh
+
+def _cfg(mesh: dict, **training):
+    from meshplan.config import config_from_dict
+    return config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                             "training": {"global_batch": 16, "seq_len": 1024, **training}, "mesh": mesh})
+
+
+def test_compare_skips_knobs_that_do_nothing_at_the_mesh():
+    """pp_schedule, virtual stages and schedule runs act only at pp > 1, sequence and loss parallelism
+    and tp overlap only at tp > 1: a pp 1 side's 1F1B against a pp 2 side's GPipe is no difference,
+    two pp 2 sides' schedules are."""
+    from meshplan.compare.differences import config_differences
+    dp8 = {"names": ["dp_shard"], "shape": [8]}
+    pp2 = {"names": ["pp", "dp_shard"], "shape": [2, 4]}
+    tp2 = {"names": ["dp_shard", "tp"], "shape": [4, 2]}
+    assert config_differences(_cfg(dp8), _cfg({**pp2, "pp_schedule": "gpipe"})).knobs == ()
+    assert config_differences(_cfg(dp8), _cfg({**dp8, "pp_schedule": "gpipe", "virtual_stages": 2,
+                                               "sequence_parallel": True, "loss_parallel": False}),
+                              ).knobs == ()
+    compiled = {"torch_compile": True}  # torchtitan's async TP needs torch.compile
+    assert config_differences(_cfg(dp8, **compiled), _cfg(dp8, pp_schedule_runs=2, tp_comm_overlap=True,
+                                                          **compiled)).knobs == ()
+    assert config_differences(_cfg(pp2), _cfg({**pp2, "pp_schedule": "gpipe"})).knobs == (
+        ("mesh.pp_schedule", "1f1b", "gpipe"),)
+    assert config_differences(_cfg(pp2), _cfg(pp2, pp_schedule_runs=2)).knobs == (
+        ("training.pp_schedule_runs", 1, 2),)
+    assert config_differences(_cfg(tp2, **compiled), _cfg({**tp2, "sequence_parallel": True}, tp_comm_overlap=True,
+                                                          **compiled)).knobs == (
+        ("training.tp_comm_overlap", False, True), ("mesh.sequence_parallel", False, True))
+
+
+def test_compare_cli_does_not_list_pp_schedule_of_a_mesh_without_pp(tmp_path, capsys):
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    text = MINI.read_text()
+    a.write_text(text)
+    b.write_text(text.replace("[mesh]", '[mesh]\npp_schedule = "gpipe"'))
+    _main("compare", a, b)
+    out = capsys.readouterr().out
+    assert "pp_schedule" not in out
