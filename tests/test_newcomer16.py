@@ -125,3 +125,16 @@ def test_compare_cli_does_not_list_pp_schedule_of_a_mesh_without_pp(tmp_path, ca
     _main("compare", a, b)
     out = capsys.readouterr().out
     assert "pp_schedule" not in out
+
+
+def test_gpipe_at_pp_1_is_planned_as_gradient_accumulation(capsys):
+    """Before, mesh.pp_schedule = "gpipe" at pp 1 ran every micro-batch's forward first in the memory
+    timeline (the mini example: 373.5 GiB at micro-batch 15 instead of 39.24 GiB); pp 1 has no
+    pipeline, so it is planned as 1F1B's order (forward and backward per micro-batch), with a note."""
+    from meshplan.plan import build_plan
+    a = build_plan(_cfg({"names": ["dp_shard"], "shape": [8]}))
+    b = build_plan(_cfg({"names": ["dp_shard"], "shape": [8], "pp_schedule": "gpipe"}))
+    assert a.feasible and b.feasible and b.timelines[0].peak.total_bytes == a.timelines[0].peak.total_bytes
+    assert b.notes[0] == ("mesh.pp_schedule gpipe applies with pp > 1; with pp 1 each micro-batch is its own forward "
+                          "and backward (gradient accumulation), planned so")
+    assert not any("pp_schedule" in n for n in a.notes)
