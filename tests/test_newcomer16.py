@@ -138,3 +138,58 @@ def test_gpipe_at_pp_1_is_planned_as_gradient_accumulation(capsys):
     assert b.notes[0] == ("mesh.pp_schedule gpipe applies with pp > 1; with pp 1 each micro-batch is its own forward "
                           "and backward (gradient accumulation), planned so")
     assert not any("pp_schedule" in n for n in a.notes)
+
+
+# 4 ------------------------------------------------------------------ selective under torch; your mesh as given
+
+def test_plan_and_step_say_once_what_selective_is_under_torch(capsys):
+    """Under framework torch, recompute "selective" is Megatron-LM's attention-core recompute, which
+    torchtitan cannot run: plan says it once in full (the activations line; the train line names it
+    briefly), step once (its recompute line), each with the nearest torchtitan setting, mode = "none" with
+    flash attention (what export --to torchtitan writes)."""
+    from meshplan.spec.wording import recompute_words
+    from meshplan.spec.training import TrainingSpec
+    full = recompute_words(TrainingSpec(global_batch=8, seq_len=16, recompute="selective"), "torch")
+    assert full.endswith('; the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash '
+                         'softmax statistics too; the attention not replayed: what export --to torchtitan writes)')
+    assert recompute_words(TrainingSpec(global_batch=8, seq_len=16, recompute="selective", flash_attention=False),
+                           "torch").endswith('is mode = "full" (without flash attention the nearest that keeps no '
+                                             'more than this plan: what export --to torchtitan writes)')
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        cfg = Path(d) / "sel.toml"
+        cfg.write_text(MINI.read_text().replace('recompute = "none"', 'recompute = "selective"'))
+        for cmd in ("plan", "step"):
+            assert _main(cmd, cfg) in (0, 1)
+            text = " ".join(capsys.readouterr().out.split())
+            assert text.count("the nearest torchtitan setting is") == 1, cmd
+            assert text.count("which torchtitan has no option for") <= 1 and text.count("has no such option") == 1
+
+
+def test_search_plans_your_mesh_as_given_when_no_candidate_runs_it():
+    """The trial's MoE job read only "recompute selective is not searched": the line now also gives the mesh's
+    own step, planned as given with the search's model (build_plan + step_time(plan, Overlap())), and where
+    that step would rank: 1 + the feasible candidates with a shorter exact step (this space is small enough
+    that the search planned each of them, so the rank is one number), without adding it to the candidates."""
+    from dataclasses import replace
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.unit_sim import Overlap
+    from meshplan.search.driver import search
+    from meshplan.search.reasons import OK
+    cfg = load_config(MINI)
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": "selective"}),
+                  search=cfg.search.model_copy(update={"tp": [2], "pp": [1], "cp": [1], "micro_batch": [1]}))
+    r = search(cfg, workers=1)
+    st = step_time(build_plan(cfg), Overlap())
+    feasible = [i for i in range(len(r.candidates)) if r.code[i] == OK]
+    assert all(i in r.exact and r.exact[i].step_s is not None for i in feasible)  # every one planned
+    rank = 1 + sum(r.exact[i].step_s < st.step_s for i in feasible)
+    assert r.configured.status == "absent" and r.configured.index is None
+    assert r.configured.line() == (
+        "your mesh (dp_shard 4 x tp 2) is not among the candidates: recompute selective is not searched (searched "
+        f"with the rest of the mesh: {r.configured.reason.split('mesh: ')[1].split(';')[0]}; widen [search] "
+        f"recompute); planned as given (not searched): {st.step_s:.3f} s, {st.tokens_per_s:,.0f} tokens/s, would "
+        f"rank #{rank} of {len(feasible)} feasible by step time")
+    assert len(r.candidates) == len(search(replace(cfg, mesh=None), workers=1).candidates)  # not added
