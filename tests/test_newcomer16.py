@@ -36,8 +36,11 @@ def test_place_and_launch_give_every_rank_the_node_nics_by_default(tmp_path, cap
     assert {r["env"]["NCCL_IB_HCA"] for r in rows} == {HCAS} and rows[5]["nic"] == "mlx5_9"
     assert {r["env"]["NCCL_CROSS_NIC"] for r in rows} == {"0"}  # rail-optimized dgx-h100: one rail per ring
     assert "note: --nic-scope" not in capsys.readouterr().out
-    assert _main("place", MINI, "--nic-scope", "gpu") == 2
-    assert capsys.readouterr().err.strip() == "error: --nic-scope: 'gpu' is not one of node, rank"
+    for cmd in ("place", "launch"):  # refused before planning or writing
+        argv = (MINI, "--nic-scope", "gpu") + (("--out", tmp_path / "bad", "--", "python", "t.py") if cmd == "launch" else ())
+        assert _main(cmd, *argv) == 2
+        assert capsys.readouterr().err.strip() == "error: --nic-scope: 'gpu' is not one of node, rank"
+    assert not (tmp_path / "bad").exists()
 
 
 def test_help_says_why_node_scope_is_the_default(capsys, monkeypatch):

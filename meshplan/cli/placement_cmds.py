@@ -43,6 +43,12 @@ NIC_SCOPE_HELP = ("NICs each rank's NCCL may use (NCCL_IB_HCA, or NCCL_SOCKET_IF
                   "NCCL_IB_HCA per rank, which NCCL does not support, and no PXN or second NIC)")
 
 
+def _check_nic_scope(nic_scope: str) -> None:
+    """ConfigError naming --nic-scope for a value other than node or rank (before any planning)."""
+    if nic_scope not in ("node", "rank"):
+        raise ConfigError("--nic-scope", f"{nic_scope!r} is not one of node, rank")
+
+
 def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
                json_path: Optional[Path] = _json_option("nccl-check"),
@@ -93,8 +99,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     if visible not in ("one", "all"):
         raise ConfigError("--visible", f"{visible!r} is not one of one, all")
-    if nic_scope not in ("node", "rank"):
-        raise ConfigError("--nic-scope", f"{nic_scope!r} is not one of node, rank")
+    _check_nic_scope(nic_scope)
     if bindings_path:
         check_destination(bindings_path, "--bindings", force)
     _refuse_existing(json_path, force, "--json")
@@ -165,6 +170,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
 
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
         check_program(tuple(program))
+    _check_nic_scope(nic_scope)
     if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
         out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
