@@ -75,8 +75,8 @@ def config_differences(a: Config, b: Config) -> Differences:
     # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
     macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
     knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
-    ma, mb = _mesh(a), _mesh(b)
-    knobs = [k for k in knobs if k[0] not in AXIS_KNOBS or _axis_acts(ma, k[0]) and _axis_acts(mb, k[0])]
+    la, lb = _mesh(a), _mesh(b)
+    knobs = [k for k in knobs if k[0] not in AXIS_KNOBS or _axis_acts(la, k[0]) and _axis_acts(lb, k[0])]
     return Differences(tuple(work), tuple(knobs))
 
 

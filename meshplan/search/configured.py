@@ -26,7 +26,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
-from meshplan.plan import build_plan
+from meshplan.plan import Plan, build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
@@ -258,7 +258,7 @@ def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray,
         plan = build_plan(cfg)
     except ConfigError as e:
         return Configured(words, "absent", f"{why}; as given it does not plan: {e}")
-    if not plan.feasible:
+    if not isinstance(plan, Plan) or not plan.feasible:
         return Configured(words, "absent", f"{why}; as given: infeasible: {'; '.join(plan.reasons)}")
     st = step_time(plan, Overlap())
     lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers)
