@@ -42,7 +42,7 @@ from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.assign import Placement, place
 from meshplan.placement.flags import Flag, placement_flags
-from meshplan.plan_checks import check_runnable
+from meshplan.plan_checks import check_runnable, without_pipeline
 from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
@@ -236,13 +236,14 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):
         return Infeasible(config, spec, world, mesh.reasons, constraints)
+    config, spec, no_pipeline = without_pipeline(config, spec, mesh)
     v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
     check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
                                                    t.pp_schedule_runs, t.framework),
-                notes=v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m))
+                notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)

@@ -2,17 +2,20 @@
 field and the fix, never an infeasible plan): combinations of the mesh and ``[training]`` that
 no runtime runs: DeepSpeed's ZeRO-3 beside pp, cp or (of 2021) other axes, gradient
 accumulation modes under pp, and recompute policies the framework or engine does not have.
-The restart search asks :func:`check_deepspeed_zero3` of its meshes too.
+The restart search asks :func:`check_deepspeed_zero3` of its meshes too. And one setting it
+plans as it acts (:func:`without_pipeline`): a pipeline schedule at pp 1.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from meshplan.comm import deepspeed_zero12
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh import resolve
 from meshplan.mesh.resolve import Mesh
-from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.mesh import MeshSpec, Schedule
 
 
 #: Axes DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine = "deepspeed-2021"``) cannot run
@@ -103,3 +106,18 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
                           "multi-head latent attention (which of its mms the policy saves); use 'layer', "
                           "'selective' or 'full'")
+
+
+def without_pipeline(config: Config, spec: MeshSpec, mesh: Mesh) -> tuple[Config, MeshSpec, tuple[str, ...]]:
+    """``(config, spec, notes)`` as planned: at pp 1 there is no pipeline schedule (torchtitan and
+    Megatron-LM run each micro-batch's forward and backward in turn, gradient accumulation, which is
+    1F1B's order on one stage; GPipe's order would hold every micro-batch's activations at once), so a
+    one-chunk ``mesh.pp_schedule`` other than 1F1B is planned as 1F1B, with a note; unchanged at pp > 1
+    or with virtual stages (their schedule's chunk map decides, :func:`meshplan.mesh.validity.check`)."""
+    if mesh.degree("pp") > 1 or spec.pp_schedule == Schedule.ONE_F_ONE_B or spec.virtual_stages > 1 \
+            or spec.layers_per_virtual_stage is not None:
+        return config, spec, ()
+    note = (f"mesh.pp_schedule {spec.pp_schedule} applies with pp > 1; with pp 1 each micro-batch is its own "
+            "forward and backward (gradient accumulation), planned so")
+    spec = spec.model_copy(update={"pp_schedule": Schedule.ONE_F_ONE_B})
+    return dataclasses.replace(config, mesh=spec), spec, (note,)

@@ -31,6 +31,10 @@ ECHO = (sys.executable, "-c", "import json, os, sys; print(json.dumps({'argv': s
         "'GLOO_SOCKET_IFNAME', 'NCCL_IB_DISABLE')}}))")
 
 
+#: dgx-h100's 8 compute HCAs (catalog order), the NCCL_IB_HCA of every rank under --nic-scope node (the default)
+DGX_H100_HCAS = "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+
+
 def _reversed_node0():
     """dgx-h100 x 2, ranks of node 0 on GPUs in reverse order (rank r -> GPU 7 - r), node 1 as is."""
     return place(system("dgx-h100", 2), 16, rank_to_gpu=[7 - r for r in range(8)] + list(range(8, 16)))
@@ -50,7 +54,8 @@ def test_visible_devices_are_ordered_not_hidden():
     assert rows[2]["env"]["CUDA_VISIBLE_DEVICES"].split(",")[rows[2]["local_rank"]] == "5"
     assert rows[10]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     # GPU 5 sits under mlx5_9 on socket 1, cores 70-83 (dgx-h100: 56 cores per socket, 14 per GPU)
-    assert rows[2]["env"]["NCCL_IB_HCA"] == "=mlx5_9:1" and rows[2]["cores"] == "70-83"
+    assert rows[2]["nic"] == "mlx5_9" and rows[2]["cores"] == "70-83"
+    assert rows[2]["env"]["NCCL_IB_HCA"] == rows[10]["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS  # every NIC, every rank
     assert rows[2]["cpu"] == ["numactl", "--physcpubind=70-83", "--membind=1"]
     assert all(r["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for r in rows)
 
@@ -79,11 +84,11 @@ def test_socket_transport_names_ip_interfaces_not_hcas():
     nics = [n.model_copy(update={"ifname": f"ib{k}"}) for k, n in enumerate(p.cluster.node.nics)]
     cluster = p.cluster.model_copy(update={"node": p.cluster.node.model_copy(update={"nics": nics})})
     named = place(cluster, 16)
-    sock = launch_bindings(named, LaunchOptions(program=("x",), transport="socket"))[3]["env"]
+    sock = launch_bindings(named, LaunchOptions(program=("x",), transport="socket", nic_scope="rank"))[3]["env"]
     assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=ib3", "ib3", "1")
-    node = launch_bindings(named, LaunchOptions(program=("x",), transport="socket", nic_scope="node"))[3]["env"]
+    node = launch_bindings(named, LaunchOptions(program=("x",), transport="socket"))[3]["env"]  # node: the default
     assert node["NCCL_SOCKET_IFNAME"] == "=" + ",".join(f"ib{k}" for k in range(8))
-    ib = launch_bindings(named, LaunchOptions(program=("x",)))[3]["env"]
+    ib = launch_bindings(named, LaunchOptions(program=("x",), nic_scope="rank"))[3]["env"]
     assert ib == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                   "NCCL_IB_HCA": "=mlx5_5:1"}
 
@@ -102,7 +107,7 @@ def test_bind_sh_runs_the_rank_with_its_environment_and_literal_arguments(tmp_pa
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["argv"] == nasty
-    assert got["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0" and got["env"]["NCCL_IB_HCA"] == "=mlx5_9:1"
+    assert got["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0" and got["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS
     assert not (tmp_path / "PWNED").exists()
 
 

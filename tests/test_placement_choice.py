@@ -203,7 +203,7 @@ def test_nccl_1405_bindings_use_the_switch_nic_not_mlx5_gpu():
     cluster = nccl_1405_cluster()
     p = place(cluster, 16)
     want = {0: "mlx5_1", 1: "mlx5_3", 2: "mlx5_4", 3: "mlx5_5", 4: "mlx5_0", 5: "mlx5_2", 6: "mlx5_6", 7: "mlx5_7"}
-    rows = all_bindings(p)
+    rows = all_bindings(p, nic_scope="rank")
     assert [b["env"]["NCCL_IB_HCA"] for b in rows] == [f"={want[r % 8]}:1" for r in range(16)]
     assert all(b["nic"] != f"mlx5_{b['gpu']}" for b in rows if b["gpu"] in (0, 2, 4, 5))
     # 38 cores per socket, 4 GPUs: 9 each; GPU 4 starts socket 1 at core 38
@@ -262,7 +262,7 @@ EXPECTED_JSON = """[
     "nic": "mlx5_1",
     "env": {
       "CUDA_VISIBLE_DEVICES": "1",
-      "NCCL_IB_HCA": "=mlx5_1:1"
+      "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"
     },
     "numactl": "numactl --physcpubind=8-15 --membind=1",
     "taskset": "taskset -c 8-15"
@@ -279,7 +279,7 @@ EXPECTED_JSON = """[
     "nic": "mlx5_0",
     "env": {
       "CUDA_VISIBLE_DEVICES": "0",
-      "NCCL_IB_HCA": "=mlx5_0:1"
+      "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"
     },
     "numactl": "numactl --physcpubind=0-7 --membind=0",
     "taskset": "taskset -c 0-7"
@@ -296,10 +296,10 @@ case "$GROUP_RANK" in
 0)
   case "$LOCAL_RANK" in
   0) # rank 0: GPU 1, socket 1, NIC mlx5_1
-    export CUDA_VISIBLE_DEVICES="1" NCCL_IB_HCA="=mlx5_1:1"
+    export CUDA_VISIBLE_DEVICES="1" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
     exec numactl --physcpubind=8-15 --membind=1 "$@" ;;
   1) # rank 1: GPU 0, socket 0, NIC mlx5_0
-    export CUDA_VISIBLE_DEVICES="0" NCCL_IB_HCA="=mlx5_0:1"
+    export CUDA_VISIBLE_DEVICES="0" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
     exec numactl --physcpubind=0-7 --membind=0 "$@" ;;
   *) echo "meshplan: no binding for node $GROUP_RANK local rank $LOCAL_RANK" >&2; exit 1 ;;
   esac ;;
@@ -329,7 +329,9 @@ def test_bindings_conventions():
         "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1",
         "NCCL_IB_DISABLE": "1"}
     with pytest.raises(ConfigError, match="^--socket-ifname: .* NIC mlx5_1 has no IP interface name"):
-        bindings(p, 0, transport="socket")
+        bindings(p, 0, transport="socket", nic_scope="rank")
+    with pytest.raises(ConfigError, match="^--socket-ifname: .* NIC mlx5_0 has no IP interface name"):
+        bindings(p, 0, transport="socket")  # the node's NICs, the first without a name
     with pytest.raises(ConfigError, match="^--transport: 'roce' is not one of"):
         bindings(p, 0, transport="roce")
     with pytest.raises(ConfigError, match="rank: 2 outside 0..1"):
@@ -369,8 +371,9 @@ def test_cli_place_choose_and_bindings(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "chosen rank_to_gpu: [0, 8, 16, 24, 32, 40, 48, 56, 1, 9," in r.stdout
     assert "weak-path bytes per step: config" in r.stdout and "tp 8 fits the 8-GPU NVLink domain" in r.stdout
-    assert 'rank 1: node 1 LOCAL_RANK 0 RANK 8 GPU 0 (cuda:0) socket 0 NIC nic0: CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7" ' \
-           'NCCL_IB_HCA="=nic0:1" numactl --physcpubind=0-13 --membind=0' in r.stdout
+    assert 'rank 1: node 1 LOCAL_RANK 0 RANK 8 GPU 0 (cuda:0) socket 0 NIC nic0; run as: CUDA_VISIBLE_DEVICES=' \
+           '"0,1,2,3,4,5,6,7" NCCL_IB_HCA="=nic0:1,nic1:1" numactl --physcpubind=0-13 --membind=0 PROGRAM (or, cores ' \
+           'only: taskset -c 0-13 PROGRAM)\n' in r.stdout and "| taskset" not in r.stdout
     assert out.read_text().startswith("#!/bin/sh\n# meshplan bindings: 64 ranks on 8 node(s) x 8 GPUs")
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 2 and "exists; choose another path or pass --force" in again.stderr

@@ -146,11 +146,15 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
 
 def test_mesh_in_another_axis_order_is_not_a_candidate():
     """tp outermost (tp across the ranks' slowest stride) is not the searched order."""
-    r = search(_cfg("mini_2x4_tp4-across-nodes.toml", narrow={"tp": [4], "pp": [1], "cp": [1], "micro_batch": [1]}),
-               workers=1)
+    cfg = _cfg("mini_2x4_tp4-across-nodes.toml", narrow={"tp": [4], "pp": [1], "cp": [1], "micro_batch": [1]})
+    r = search(cfg, workers=1)
     assert r.configured.status == "absent"
+    # newcomer trial 16 #4: planned as given (the search's model: build_plan + step_time), not searched
+    step = step_time(build_plan(cfg), Overlap()).step_s
     assert r.configured.line() == ("your mesh (tp 4 x dp_shard 2) is not among the candidates: axis order (tp, "
-                                   "dp_shard): the search orders (pp, dp_replicate, dp_shard, cp, tp), tp innermost")
+                                   "dp_shard): the search orders (pp, dp_replicate, dp_shard, cp, tp), tp innermost; "
+                                   f"planned as given (not searched): {step:.3f} s, {r.configured.tokens_per_s:,.0f} "
+                                   "tokens/s, would rank #3 of 6 feasible by step time")
 
 
 def test_mesh_outside_the_search_table_names_the_field():
@@ -203,8 +207,11 @@ def test_mesh_with_a_schedule_the_search_does_not_run_is_not_a_candidate():
                                                "recompute": ["none"]})
     mesh = cfg.mesh.model_copy(update={"names": ["pp", "dp_shard", "tp"], "shape": [2, 2, 2], "pp_schedule": "gpipe"})
     r = search(replace(cfg, mesh=mesh), workers=1)
+    as_given = build_plan(replace(cfg, mesh=mesh))  # newcomer trial 16 #4: planned as given, here over memory
+    assert not as_given.feasible and as_given.reasons[0].startswith("peak 406.0 GiB at forward of the head")
     assert r.configured.line() == ("your mesh (pp 2 x dp_shard 2 x tp 2) is not among the candidates: mesh.pp_schedule "
-                                   "gpipe: the search runs this mesh with 1f1b")
+                                   "gpipe: the search runs this mesh with 1f1b; as given: infeasible: "
+                                   + "; ".join(as_given.reasons))
 
 
 def test_op_recompute_outside_its_searched_meshes_names_the_limit():

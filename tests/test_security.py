@@ -85,7 +85,8 @@ def test_generated_launcher_runs_only_the_intended_command(tmp_path, evil):
     lines = log.read_text().split("\n")
     assert lines[0] == "numactl --physcpubind=0-13 --membind=0 python train.py"
     rank0_hca = log.read_bytes().decode().split("NCCL_IB_HCA=", 1)[1].split("\nCUDA_VISIBLE_DEVICES=0\n", 1)[0]
-    assert rank0_hca == "=" + (evil if ":" in evil else f"{evil}:1")  # the value arrives intact
+    # --nic-scope node (the default): both of the node's NICs, each value intact
+    assert rank0_hca == "=" + ",".join(n if ":" in n else f"{n}:1" for n in (evil, "nic1\ntouch PWNED_second_nic"))
     assert "CUDA_VISIBLE_DEVICES=5\n" in log.read_text()
     assert log.read_text().count("numactl ") == 2
 

@@ -78,7 +78,10 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
-    runs name (runs on two GPU models are refused: one calibration file per model)."""
+    runs name (runs on two GPU models are refused: one calibration file per model). The fit uses both the
+    out-of-place and the in-place rows; each measured curve keeps, per size, the slower busbw of the two, since
+    torch issues both (in place: DDP's and HSDP's all-reduce, FSDP2's all-gather; out of place: FSDP2's
+    reduce-scatter), and a `busbw columns:` line names the column kept at each file's largest size."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
     check_destination(out, "--out", force)

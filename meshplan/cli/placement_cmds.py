@@ -26,7 +26,7 @@ from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.placement.assign import rank_row
-from meshplan.placement.bindings import LAUNCH_VISIBLE, bindings, write_bindings
+from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, RANK_SCOPE_TRADE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command
 from meshplan.placement.score import weights_from_plan
 from meshplan.placement.launch import LaunchOptions, check_launch_folder, check_program, write_launch
@@ -34,6 +34,19 @@ from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
 from meshplan.report.place_text import launch_lines, place_lines
 from meshplan.schedule.placement_score import step_scorer
+
+
+NIC_SCOPE_HELP = ("NICs each rank's NCCL may use (NCCL_IB_HCA, or NCCL_SOCKET_IFNAME with --transport socket): "
+                  "node (default: every compute NIC of the node, the same list for all its ranks, as NCCL expects; "
+                  "NCCL then takes the NIC nearest each GPU and can relay send/recv through a peer-rail NIC by "
+                  "PXN) or rank (only the NIC under the rank's PCIe switch: a fixed NIC per rank, but a different "
+                  "NCCL_IB_HCA per rank, which NCCL does not support, and no PXN or second NIC)")
+
+
+def _check_nic_scope(nic_scope: str) -> None:
+    """ConfigError naming --nic-scope for a value other than node or rank (before any planning)."""
+    if nic_scope not in ("node", "rank"):
+        raise ConfigError("--nic-scope", f"{nic_scope!r} is not one of node, rank")
 
 
 def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its placement is checked"),
@@ -77,6 +90,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                    "cuda:{LOCAL_RANK}, as torchtitan's and Megatron-LM's "
                                                                    "scripts use) or one (its own GPU alone, cuda:0)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
+              nic_scope: str = typer.Option(NIC_SCOPE, "--nic-scope", help=NIC_SCOPE_HELP),
               json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
@@ -85,6 +99,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     if visible not in ("one", "all"):
         raise ConfigError("--visible", f"{visible!r} is not one of one, all")
+    _check_nic_scope(nic_scope)
     if bindings_path:
         check_destination(bindings_path, "--bindings", force)
     _refuse_existing(json_path, force, "--json")
@@ -101,11 +116,14 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                          schedule=p.spec.pp_schedule, vpp=p.vpp)
-    for line in place_lines(c, shown, visible=visible):
+    for line in place_lines(c, shown, visible=visible, nic_scope=nic_scope):
         _echo(line)
+    if nic_scope == "rank":
+        _echo(f"note: {RANK_SCOPE_TRADE}")
     if bindings_path:
-        _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
-    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r, visible=visible) for r in shown]), force)
+        _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible, nic_scope=nic_scope))
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r, visible=visible, nic_scope=nic_scope)
+                                           for r in shown]), force)
     _verdict_exit(p)
 
 
@@ -126,8 +144,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                          "(Slurm --nodelist)"),
                transport: str = typer.Option("ib", "--transport", help="ib (NCCL_IB_HCA per rank) or socket "
                                                                       "(NCCL_SOCKET_IFNAME per rank)"),
-               nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
-                                                                        "(every compute NIC, NCCL chooses)"),
+               nic_scope: str = typer.Option(NIC_SCOPE, "--nic-scope", help=NIC_SCOPE_HELP),
                socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
                                                            help="the IP interface (NCCL_SOCKET_IFNAME, "
                                                                 "GLOO_SOCKET_IFNAME): NCCL's bootstrap and gloo's "
@@ -153,6 +170,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
 
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
         check_program(tuple(program))
+    _check_nic_scope(nic_scope)
     if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
         out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
@@ -173,6 +191,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     written = write_launch(out, c.placement, opts, force=force)
     for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)
+    if nic_scope == "rank":
+        _echo(f"note: {RANK_SCOPE_TRADE}")
     for path in written:
         _wrote(path)
     nodes = int(c.placement.node.max()) + 1

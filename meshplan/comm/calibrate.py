@@ -76,7 +76,7 @@ from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
-from meshplan.units import GB
+from meshplan.units import GB, human_bytes
 
 #: The ops a measured curve can be (:class:`~meshplan.spec.cluster.BusbwCurve`'s ``op``).
 CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
@@ -170,6 +170,39 @@ def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, sourc
         raise ConfigError(source, f"its busbw curve is out of bounds ({err.errors()[0]['msg']}); check the rows") from None
 
 
+#: Why a curve keeps the slower busbw column at each size (:func:`measured_curve`), the start of
+#: :func:`column_note`: torch issues a collective both ways. In place (NCCL's sendbuff inside recvbuff):
+#: DDP's bucket all-reduce, HSDP's all-reduce and FSDP2's all-gather, whose input is this rank's slice of the
+#: output (torch 2.13 torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ``all_gather_copy_in``); out of
+#: place: FSDP2's reduce-scatter into a new shard (``foreach_reduce``: ``reduce_output = reduce_scatter_input
+#: .new_empty(...)``).
+COLUMN_RULE = ("busbw columns: the fit uses both of nccl-tests' out-of-place and in-place rows; each curve keeps, "
+               "per size, the slower busbw of the two, since torch issues both (in place: DDP's and HSDP's "
+               "all-reduce, FSDP2's all-gather; out of place: FSDP2's reduce-scatter)")
+
+
+def column_note(runs: Sequence[tuple[str, list[BenchRow]]]) -> str:
+    """:data:`COLUMN_RULE` and, per run ``(file name, rows)``, the column kept at its largest
+    size with both busbw values (GB/s, as printed).
+
+    >>> r = [BenchRow("all-reduce", 8, 2**33, 1.0, 0.0, b * 1e9, p) for b, p in [(369.66, False), (366.0, True)]]
+    >>> column_note([("ar.txt", r)]).split(": here ")[1]
+    'ar.txt at 8.00 GiB: in-place 366.00 GB/s kept (out-of-place 369.66)'
+    """
+    parts = []
+    for name, rows in runs:
+        top = max(r.size_bytes for r in rows)
+        bw = {r.in_place: r.busbw_bytes_per_s / GB for r in rows if r.size_bytes == top}
+        if len(bw) < 2:
+            parts.append(f"{name} at {human_bytes(top)}: {'in-place' if True in bw else 'out-of-place'} only")
+            continue
+        kept = bw[True] < bw[False]
+        word, other = ("in-place", "out-of-place") if kept else ("out-of-place", "in-place")
+        parts.append(f"{name} at {human_bytes(top)}: equal ({bw[True]:.2f} GB/s)" if bw[True] == bw[False] else
+                     f"{name} at {human_bytes(top)}: {word} {bw[kept]:.2f} GB/s kept ({other} {bw[not kept]:.2f})")
+    return f"{COLUMN_RULE}: here " + "; ".join(parts)
+
+
 def calibrate(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
               system: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
     """(one fit per link class, a note per file and per class that had several, each class's
@@ -194,11 +227,14 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     notes: list[str] = []
     runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, NICs per host, source
     models: dict[str, str] = {}  # GPU model -> the first file that named it
+    files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     for path in map(Path, paths):
         cls, fit, rows, hosts, per_node, nics, source = _read_run(path, link, asked, system, models, notes)
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
         runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
+        files.append((path.name, rows))
     notes += [w for w in [system_gpu_warning(system, models)] if w]
+    notes.append(column_note(files))
     if nics_per_host is not None and "nic" not in by_link:
         raise ConfigError("--nics-per-host", "no file is recorded as nic (a run over several hosts, or --link "
                                              "nic); drop it, or pass --link nic")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshplan.config import Config
+from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.spec.memory import MEMORY_KNOBS
 from meshplan.spec.training_engines import PLAN_KNOBS
 
@@ -19,6 +20,15 @@ from meshplan.spec.training_engines import PLAN_KNOBS
 # or only name it; every other [mesh] field is a knob of the plan (schedule, virtual stages, layer split,
 # sequence and loss parallelism, rank order).
 _MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
+
+#: Knobs that act only where a mesh axis has degree > 1, with that axis: the pipeline's schedule, its
+#: virtual stages, layer split and schedule runs per step (plan.py: one schedule run at pp 1) at pp 1;
+#: sequence parallelism, loss parallelism (the logits sharded over tp) and tp's communication overlap
+#: at tp 1. Such a knob is no difference where the axis is 1 on either side, as a training knob that
+#: does not apply to a side's sharding (:meth:`~meshplan.spec.training_engines.TrainingEngines.knob_acts`).
+AXIS_KNOBS = {"mesh.pp_schedule": "pp", "mesh.virtual_stages": "pp", "mesh.layers_per_virtual_stage": "pp",
+              "mesh.pp_layer_split": "pp", "training.pp_schedule_runs": "pp", "mesh.sequence_parallel": "tp",
+              "mesh.loss_parallel": "tp", "training.tp_comm_overlap": "tp"}
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,22 @@ def config_differences(a: Config, b: Config) -> Differences:
     # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
     macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
     knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
+    la, lb = _mesh(a), _mesh(b)
+    knobs = [k for k in knobs if k[0] not in AXIS_KNOBS or _axis_acts(la, k[0]) and _axis_acts(lb, k[0])]
     return Differences(tuple(work), tuple(knobs))
+
+
+def _mesh(config: Config) -> Mesh | None:
+    """The config's resolved mesh, None where it has none or it does not resolve (every knob then acts)."""
+    if config.mesh is None:
+        return None
+    mesh = resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    return mesh if isinstance(mesh, Mesh) else None
+
+
+def _axis_acts(mesh: Mesh | None, knob: str) -> bool:
+    """Whether ``knob`` of :data:`AXIS_KNOBS` acts on ``mesh``: its axis has degree > 1 (or the mesh is unknown)."""
+    return mesh is None or mesh.degree(AXIS_KNOBS[knob]) > 1
 
 
 def _training_as_it_acts(t: Any) -> dict[str, Any]:

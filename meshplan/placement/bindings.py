@@ -23,9 +23,12 @@ Conventions (each one a choice; the docstrings say which):
   else the NIC's ``ifname`` (:class:`~meshplan.spec.cluster.NICSpec`); a NIC without one is
   a ConfigError naming ``--socket-ifname`` (its ``name`` is an HCA such as ``mlx5_0``, which
   NCCL_SOCKET_IFNAME would match no interface with). Under ``ib``, ``socket_ifname`` is the
-  bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). ``nic_scope="rank"``
-  lists only the rank's NIC (NodeSpec.nic_of: under its PCIe switch); ``"node"`` lists the
-  node's compute NICs and lets NCCL choose by its own topology search (and use PXN).
+  bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). ``nic_scope="node"`` (the
+  default, :data:`NIC_SCOPE`) lists the node's compute NICs, the same list for every rank of a
+  node, and lets NCCL choose by its own topology search: the NIC under the GPU's PCIe switch
+  for its rings and trees, and PXN (on by default, NCCL_PXN_DISABLE=0), which moves a
+  send/recv over NVLink to the GPU whose NIC is on the peer's rail. ``"rank"`` lists only the
+  rank's NIC (NodeSpec.nic_of: under its PCIe switch): opt-in, at the cost :data:`RANK_SCOPE_TRADE` names.
 - CPU. ``numactl --physcpubind=a-b --membind=<socket>`` and ``taskset -c a-b`` with the
   cores of :func:`meshplan.placement.assign.core_table`; core k is taken as logical CPU k (the
   first hardware thread of each core on Linux) and NUMA node = socket index (one NUMA node
@@ -34,8 +37,10 @@ Conventions (each one a choice; the docstrings say which):
 >>> from meshplan.catalog import system
 >>> from meshplan.placement.assign import place
 >>> b = bindings(place(system("dgx-h100", 1), 8), 5)
->>> b["env"], b["numactl"]
-({'CUDA_VISIBLE_DEVICES': '5', 'NCCL_IB_HCA': '=mlx5_9:1'}, 'numactl --physcpubind=70-83 --membind=1')
+>>> b["nic"], b["env"]["NCCL_IB_HCA"], b["numactl"]
+('mlx5_9', '=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1', 'numactl --physcpubind=70-83 --membind=1')
+>>> bindings(place(system("dgx-h100", 1), 8), 5, nic_scope="rank")["env"]
+{'CUDA_VISIBLE_DEVICES': '5', 'NCCL_IB_HCA': '=mlx5_9:1'}
 """
 
 from __future__ import annotations
@@ -54,6 +59,19 @@ from meshplan.placement.assign import Placement
 from meshplan.spec.cluster import NICSpec
 
 _CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
+#: The NICs each rank's NCCL may use unless ``--nic-scope`` says otherwise: every compute NIC of the node, the
+#: same NCCL_IB_HCA for each rank of a node. NCCL's maintainers advise against a different NCCL_IB_HCA per rank
+#: (NVIDIA/nccl#1478: rings then fail to build) and against limiting it to one NIC (NVIDIA/nccl#1591: NCCL
+#: assumes a rail-optimized fabric and picks the NIC nearest each GPU itself); only with every NIC listed can
+#: PXN relay a send/recv through the NIC on the peer's rail (NCCL user guide, Environment Variables,
+#: NCCL_PXN_DISABLE, NCCL_P2P_PXN_LEVEL).
+NIC_SCOPE = "node"
+#: What ``--nic-scope rank`` trades, printed when it is chosen (``place``, ``launch``).
+RANK_SCOPE_TRADE = ("--nic-scope rank gives each rank only the HCA under its PCIe switch: a fixed NIC per rank, but "
+                    "a different NCCL_IB_HCA per rank of a node, which NCCL does not support (NVIDIA/nccl#1478), "
+                    "hides the node's other NICs from its NCCL, so PXN cannot relay through the NIC on a peer's "
+                    "rail and no channel uses a second NIC; the default --nic-scope node lists every NIC and lets "
+                    "NCCL pick the nearest")
 #: What ``launch`` binds and ``place`` prints unless ``--visible`` says otherwise: every GPU of the node
 #: visible, the process on ``cuda:{LOCAL_RANK}``, as torchtitan's and Megatron-LM's training scripts
 #: expect (``torch.cuda.set_device(LOCAL_RANK)``; :mod:`meshplan.placement.launch`).
@@ -120,7 +138,7 @@ def _visible_all(placement: Placement, mode: str) -> dict[int, str]:
     return {n: ",".join(str(g) for _, g in sorted(pairs)) for n, pairs in out.items()}
 
 
-def bindings(placement: Placement, rank: int, transport: str = "ib", nic_scope: str = "rank",
+def bindings(placement: Placement, rank: int, transport: str = "ib", nic_scope: str = NIC_SCOPE,
              visible: str = "one", port: int = 1, socket_ifname: Optional[str] = None) -> dict:
     """Binding of mesh rank ``rank`` (see the module docstring for each convention):
     rank, process_rank and local_rank (torchrun's RANK and LOCAL_RANK of the process that
@@ -132,7 +150,7 @@ def bindings(placement: Placement, rank: int, transport: str = "ib", nic_scope: 
                         ranks=[rank], socket_ifname=socket_ifname)[0]
 
 
-def all_bindings(placement: Placement, transport: str = "ib", nic_scope: str = "rank", visible: str = "one",
+def all_bindings(placement: Placement, transport: str = "ib", nic_scope: str = NIC_SCOPE, visible: str = "one",
                  port: int = 1, ranks=None, socket_ifname: Optional[str] = None) -> list[dict]:
     """:func:`bindings` of ``ranks`` (default every rank), in that order."""
     _check({"transport": transport, "nic_scope": nic_scope, "visible": visible})

@@ -31,10 +31,11 @@ Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
 - ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers devices fastest-first by default; the
   catalog's and ``nvidia-smi``'s GPU indices are PCI bus order (CUDA C programming guide,
   "CUDA Environment Variables").
-- InfiniBand (``transport="ib"``): ``NCCL_IB_HCA==<nic>:<port>`` (exact match, see
-  :mod:`meshplan.placement.bindings`), plus the bootstrap interface ``NCCL_SOCKET_IFNAME`` and
-  ``GLOO_SOCKET_IFNAME`` when ``socket_ifname`` is given; with ``nic_scope="node"`` on a
-  rail-optimized node ``NCCL_CROSS_NIC=0`` keeps each ring on one rail (NCCL user guide,
+- InfiniBand (``transport="ib"``): ``NCCL_IB_HCA==<nic>:<port>,...`` (exact match, see
+  :mod:`meshplan.placement.bindings`): every compute NIC of the node (``nic_scope="node"``, the
+  default: NCCL picks the nearest and can use PXN) or the rank's own (``"rank"``), plus the
+  bootstrap interface ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` when ``socket_ifname``
+  is given; with ``nic_scope="node"`` on a rail-optimized node ``NCCL_CROSS_NIC=0`` keeps each ring on one rail (NCCL user guide,
   "Environment Variables", NCCL_CROSS_NIC).
 - Sockets (``transport="socket"``): ``NCCL_SOCKET_IFNAME==<iface>``, ``GLOO_SOCKET_IFNAME``,
   ``NCCL_IB_DISABLE=1``, ``<iface>`` an IP interface: ``socket_ifname`` for every rank, else
@@ -48,8 +49,10 @@ names the option) or written through :func:`shlex.quote`.
 >>> from meshplan.catalog import system
 >>> from meshplan.placement.assign import place
 >>> b = launch_bindings(place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "train.py")))
->>> b[9]["process_rank"], b[9]["local_rank"], b[9]["env"]["CUDA_VISIBLE_DEVICES"], b[9]["env"]["NCCL_IB_HCA"]
-(9, 1, '0,1,2,3,4,5,6,7', '=mlx5_3:1')
+>>> b[9]["process_rank"], b[9]["local_rank"], b[9]["env"]["CUDA_VISIBLE_DEVICES"], b[9]["nic"]
+(9, 1, '0,1,2,3,4,5,6,7', 'mlx5_3')
+>>> b[9]["env"]["NCCL_IB_HCA"], b[9]["env"]["NCCL_CROSS_NIC"]
+('=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1', '0')
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ from typing import Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
-from meshplan.placement.bindings import LAUNCH_VISIBLE, all_bindings, launch_mode
+from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -98,7 +101,7 @@ class LaunchOptions:
     port: int = 29500
     hosts: tuple[str, ...] = ()
     transport: str = "ib"
-    nic_scope: str = "rank"
+    nic_scope: str = NIC_SCOPE
     socket_ifname: Optional[str] = None
     cpu_bind: str = "numactl"
     job_name: str = "meshplan"

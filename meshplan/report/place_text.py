@@ -40,10 +40,13 @@ def _perm(r2g) -> str:
 
 
 def binding_line(b: dict) -> str:
+    """One rank's binding as the command its process runs (``PROGRAM`` the training command), the
+    taskset form (cores without the memory node) after ``or``: never two commands joined by ``|``,
+    which reads as a shell pipe."""
     env = " ".join(f'{k}="{v}"' for k, v in b["env"].items())
     return (f"rank {b['rank']}: node {b['node']} LOCAL_RANK {b['local_rank']} RANK {b['process_rank']} "
-            f"GPU {b['gpu']} ({b['device']}) socket {b['socket']} NIC {b['nic'] or '-'}: {env} {b['numactl']} "
-            f"| {b['taskset']}")
+            f"GPU {b['gpu']} ({b['device']}) socket {b['socket']} NIC {b['nic'] or '-'}; run as: {env} "
+            f"{b['numactl']} PROGRAM (or, cores only: {b['taskset']} PROGRAM)")
 
 
 def place_lines(c: Choice, ranks: list[int], **binding_opts) -> list[str]:

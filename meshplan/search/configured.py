@@ -26,6 +26,9 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
+from meshplan.plan import Plan, build_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING, Candidates
 from meshplan.search.explain import relative
@@ -75,6 +78,11 @@ class Configured:
         >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118, undecided=27).line()
         'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time, 27 undecided near the memory limit not ranked'
         """
+        if self.status == "absent" and self.step_s is not None:  # planned as given (_as_given)
+            rank = f"#{self.rank:,}" if self.rank == self.rank_hi else f"#{self.rank:,}-#{self.rank_hi:,}"
+            return (f"your mesh ({self.mesh}) is not among the candidates: {self.reason}; planned as given (not "
+                    f"searched): {self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, would rank {rank} of "
+                    f"{self.feasible:,} feasible by step time")
         if self.status == "absent":
             return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
         if self.status == "infeasible":
@@ -215,7 +223,7 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     words = _mesh_words(cfg.mesh, cfg.cluster.world)
     i = find(cfg, cfg.mesh, c)
     if isinstance(i, str):
-        return Configured(words, "absent", i)
+        return _as_given(cfg, c, code, step_lo, exact, words, i, workers)
     texts = reason_texts(cfg.training)
     k = int(code[i])
     if k >= 0 and REASONS[k][0] not in ("memory", "gemm"):
@@ -238,6 +246,23 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
     note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row)) or None
     return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below)
+
+
+def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
+              words: str, why: str, workers: int) -> Configured:
+    """A mesh no candidate runs (``why``), planned as the config gives it with the search's exact model
+    (``build_plan`` + ``step_time(plan, Overlap())``, as :class:`~meshplan.search.exact.Planner`), not
+    added to the searched set: its step and where that step would rank among the feasible candidates
+    (:func:`_rank`); ``why`` alone where it does not plan or fit."""
+    try:
+        plan = build_plan(cfg)
+    except ConfigError as e:
+        return Configured(words, "absent", f"{why}; as given it does not plan: {e}")
+    if not isinstance(plan, Plan) or not plan.feasible:
+        return Configured(words, "absent", f"{why}; as given: infeasible: {'; '.join(plan.reasons)}")
+    st = step_time(plan, Overlap())
+    lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers)
+    return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()))
 
 
 def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: int, undecided: int,

@@ -51,7 +51,7 @@ def runtime(training, origin: str = "") -> str:
     return zero_runtime(training, origin)
 
 
-def recompute_words(training, rt: str) -> str:
+def recompute_words(training, rt: str, short: bool = False) -> str:
     """The recompute policy ``training.recompute`` in runtime ``rt``'s words (:func:`runtime`).
     ``selective`` with flash attention replays the flash forward in backward: Megatron-Core
     wraps the core attention in ``tensor_parallel.checkpoint`` whenever
@@ -78,12 +78,15 @@ def recompute_words(training, rt: str) -> str:
     is ``op`` or ``layer``: :data:`_TORCH_SELECTIVE`):
 
     >>> print(recompute_words(t.model_copy(update={"recompute": "selective"}), "torch"))
-    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>")
+    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>"); the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash softmax statistics too; the attention not replayed: what export --to torchtitan writes)
+
+    ``short``: the same in a few words, where the output says it in full elsewhere.
     """
     if rt == DEEPSPEED:
         return _deepspeed_recompute(training)
     if rt == "torch" and training.recompute == "selective":
-        return _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention])
+        return _TORCH_SELECTIVE_SHORT if short else _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention],
+                                                                            _TORCH_NEAREST[training.flash_attention])
     core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
             "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
     return {"none": "no activation checkpointing",
@@ -107,7 +110,19 @@ def recompute_words(training, rt: str) -> str:
 _TORCH_SELECTIVE = ("attention-core recompute, modelled as Megatron-LM's selective recompute "
                     "(--recompute-activations): {}, the other activations kept; torchtitan has no such option: its "
                     "selective AC (activation_checkpoint.mode = \"selective\") is recompute \"op\" "
-                    "(selective_ac_option = \"op\") or \"layer\" (selective_ac_option = \"<ac_freq>\")")
+                    "(selective_ac_option = \"op\") or \"layer\" (selective_ac_option = \"<ac_freq>\"); the "
+                    "nearest torchtitan setting is {}")
+#: The nearest torchtitan setting to :data:`_TORCH_SELECTIVE`, by ``training.flash_attention``: what
+#: ``export --to torchtitan`` writes (:func:`meshplan.interop.torchtitan_tables.write_recompute`), the
+#: mode that keeps what the plan keeps.
+_TORCH_NEAREST = {True: "mode = \"none\" (the same activations kept, and the flash softmax statistics too; the "
+                        "attention not replayed: what export --to torchtitan writes)",
+                  False: "mode = \"full\" (without flash attention the nearest that keeps no more than this plan: "
+                         "what export --to torchtitan writes)"}
+#: :data:`_TORCH_SELECTIVE` in a few words, where a longer line of the same output says it in full
+#: (``recompute_words(..., short=True)``: plan's train line, before its activations line).
+_TORCH_SELECTIVE_SHORT = ("Megatron-LM's attention-core selective recompute, which torchtitan has no option for: "
+                          "the activations line says how it is modelled")
 #: What :data:`_TORCH_SELECTIVE` replays and drops, by ``training.flash_attention``: with flash
 #: the kept score tensor is the fp32 softmax statistics, without it the softmax output (and, with
 #: dropout, its mask and output).
