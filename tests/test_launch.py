@@ -63,11 +63,48 @@ def test_visible_devices_are_ordered_not_hidden():
 def test_nic_environment_per_transport():
     p = place(system("dgx-h100", 2), 16)
     ib = launch_bindings(p, LaunchOptions(program=("x",), socket_ifname="bond0", nic_scope="node"))[0]["env"]
-    assert ib["NCCL_IB_HCA"].startswith("=mlx5_0:1,mlx5_3:1,") and ib["NCCL_CROSS_NIC"] == "0"
+    assert ib["NCCL_IB_HCA"].startswith("=mlx5_0:1,mlx5_3:1,") and "NCCL_CROSS_NIC" not in ib  # non-blocking spine
     assert ib["NCCL_SOCKET_IFNAME"] == "=bond0" and ib["GLOO_SOCKET_IFNAME"] == "bond0"
     sock = launch_bindings(p, LaunchOptions(program=("x",), transport="socket", socket_ifname="eth0"))[3]["env"]
     assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=eth0", "eth0", "1")
     assert "NCCL_IB_HCA" not in sock and "NCCL_CROSS_NIC" not in sock
+
+
+def _spine(cluster, oversubscription: float, tiers: int = 2):
+    """``cluster`` with its outer network tier's oversubscription set, keeping ``tiers`` tiers."""
+    net = [t.model_copy() for t in cluster.network[:tiers]]
+    net[-1] = net[-1].model_copy(update={"oversubscription": oversubscription})
+    return cluster.model_copy(update={"network": net})
+
+
+def test_cross_nic_only_where_the_inter_rail_link_is_slow(tmp_path):
+    """NCCL_CROSS_NIC=0 forbids cross-rail ring/tree graphs, which NCCL's default 2 takes only when
+    its node-local search finds them faster (NCCL env docs: 0 suits rails "with a slow inter-rail
+    connection"). dgx-h100 x 2 (8 rails, superpod-ndr-su32: leaf + non-blocking spine): not written,
+    and bind.sh says why. The same spine at 2:1: "0" on every rank. One 2:1 tier (every rail under
+    the same switches: no inter-rail path), --nic-scope rank or --transport socket: not written."""
+    c = system("dgx-h100", 2)
+    opts = LaunchOptions(program=("x",))
+    assert all("NCCL_CROSS_NIC" not in r["env"] for r in launch_bindings(place(c, 16), opts))
+    write_launch(tmp_path / "a", place(c, 16), opts)
+    note = [x for x in (tmp_path / "a" / "bind.sh").read_text().splitlines() if "NCCL_CROSS_NIC" in x]
+    assert note == ["#   NCCL_CROSS_NIC: not set, so NCCL's default 2 applies (or your environment's value): rings and "
+                    "trees keep one rail unless crossing is faster, and the spine between rails is non-blocking; 0 "
+                    "would only forbid those faster graphs (NCCL env docs, NCCL_CROSS_NIC: 0 suits rails joined by a "
+                    "slow inter-rail link)"]
+    slow = place(_spine(c, 2.0), 16)
+    assert {r["env"]["NCCL_CROSS_NIC"] for r in launch_bindings(slow, opts)} == {"0"}
+    write_launch(tmp_path / "b", slow, opts)
+    text = (tmp_path / "b" / "bind.sh").read_text()
+    assert "#   NCCL_CROSS_NIC: 0: a ring or tree keeps the same NIC (rail) on every node, because this network is " \
+           "oversubscribed above the rail leaves" in text and "not set" not in text
+    exports = [x for x in text.splitlines() if x.strip().startswith("export ")]
+    assert len(exports) == 16 and all(x.endswith(" NCCL_CROSS_NIC=0") for x in exports)
+    one_tier = place(_spine(c, 2.0, tiers=1), 16)
+    assert all("NCCL_CROSS_NIC" not in r["env"] for r in launch_bindings(one_tier, opts))
+    for o in (LaunchOptions(program=("x",), nic_scope="rank"),
+              LaunchOptions(program=("x",), transport="socket", socket_ifname="eth0")):
+        assert all("NCCL_CROSS_NIC" not in r["env"] for r in launch_bindings(slow, o))
 
 
 def test_socket_transport_names_ip_interfaces_not_hcas():

@@ -20,8 +20,8 @@ Three files, in one folder (:func:`write_launch`):
   ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds).
 - ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
 
-Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
-:data:`ENV_DOC`):
+Environment of each rank (``env`` of :func:`launch_bindings`, each explained in ``bind.sh``
+from :data:`meshplan.placement.nccl_env.ENV_DOC`, whose module cites each one's source):
 
 - ``CUDA_VISIBLE_DEVICES`` lists the node's GPUs in LOCAL_RANK order, so a script that
   uses ``cuda:{LOCAL_RANK}`` (torchtitan's train.py: ``torch.device(f"cuda:{LOCAL_RANK}")``)
@@ -35,8 +35,9 @@ Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
   :mod:`meshplan.placement.bindings`): every compute NIC of the node (``nic_scope="node"``, the
   default: NCCL picks the nearest and can use PXN) or the rank's own (``"rank"``), plus the
   bootstrap interface ``NCCL_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` when ``socket_ifname``
-  is given; with ``nic_scope="node"`` on a rail-optimized node ``NCCL_CROSS_NIC=0`` keeps each ring on one rail (NCCL user guide,
-  "Environment Variables", NCCL_CROSS_NIC).
+  is given; ``NCCL_CROSS_NIC=0`` (every ring and tree on one rail) only with ``nic_scope="node"``
+  on a rail-optimized node whose network is oversubscribed between rails, else not written
+  (NCCL's default 2: :func:`meshplan.placement.nccl_env.cross_nic`, which says why).
 - Sockets (``transport="socket"``): ``NCCL_SOCKET_IFNAME==<iface>``, ``GLOO_SOCKET_IFNAME``,
   ``NCCL_IB_DISABLE=1``, ``<iface>`` an IP interface: ``socket_ifname`` for every rank, else
   the rank's NIC's ``ifname``; without either a ConfigError names ``--socket-ifname``
@@ -51,8 +52,8 @@ names the option) or written through :func:`shlex.quote`.
 >>> b = launch_bindings(place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "train.py")))
 >>> b[9]["process_rank"], b[9]["local_rank"], b[9]["env"]["CUDA_VISIBLE_DEVICES"], b[9]["nic"]
 (9, 1, '0,1,2,3,4,5,6,7', 'mlx5_3')
->>> b[9]["env"]["NCCL_IB_HCA"], b[9]["env"]["NCCL_CROSS_NIC"]
-('=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1', '0')
+>>> b[9]["env"]["NCCL_IB_HCA"], "NCCL_CROSS_NIC" in b[9]["env"]   # non-blocking spine: NCCL's default
+('=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1', False)
 """
 
 from __future__ import annotations
@@ -68,24 +69,12 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
+from meshplan.placement.nccl_env import ENV_DOC, cross_nic, cross_nic_note
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 CPU_BIND = ("numactl", "taskset", "none")
-
-ENV_DOC = {
-    "CUDA_VISIBLE_DEVICES": "the node's GPUs in LOCAL_RANK order: cuda:{LOCAL_RANK} is the planned GPU, none "
-                            "is hidden",
-    "CUDA_DEVICE_ORDER": "PCI_BUS_ID: device indices as nvidia-smi and the catalog number them (CUDA's default is "
-                         "fastest first)",
-    "NCCL_IB_HCA": "the InfiniBand HCA(s) this rank's NCCL may use; '=' makes names match exactly, ':1' the port",
-    "NCCL_SOCKET_IFNAME": "the IP interface NCCL uses for bootstrap (and for data with NCCL_IB_DISABLE=1); '=' exact",
-    "GLOO_SOCKET_IFNAME": "the IP interface of gloo process groups (CPU collectives, torch's object collectives)",
-    "NCCL_IB_DISABLE": "1: no InfiniBand, NCCL sends over sockets on NCCL_SOCKET_IFNAME",
-    "NCCL_CROSS_NIC": "0: a ring or tree uses the same NIC index on every node (stays on one rail)",
-}
-
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -181,12 +170,12 @@ def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
     check_options(placement, opts)
     rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible=LAUNCH_VISIBLE,
                         socket_ifname=opts.socket_ifname)
-    rails = {n.rail for n in placement.cluster.node.nics}
+    crossnic = cross_nic(placement.cluster) if opts.transport == "ib" and opts.nic_scope == "node" else None
     for b in rows:
         env = {"CUDA_VISIBLE_DEVICES": b["env"].pop("CUDA_VISIBLE_DEVICES"), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         env.update(b["env"])
-        if opts.transport == "ib" and opts.nic_scope == "node" and len(rails) > 1:
-            env["NCCL_CROSS_NIC"] = "0"
+        if crossnic is not None and "NCCL_IB_HCA" in env:
+            env["NCCL_CROSS_NIC"] = crossnic
         b["env"] = env
         b["cpu"] = ({"numactl": ["numactl", f"--physcpubind={b['cores']}", f"--membind={b['socket']}"],
                      "taskset": ["taskset", "-c", b["cores"]], "none": []})[opts.cpu_bind]
@@ -207,7 +196,10 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
            "# torchrun's program (--no-python): torchrun sets GROUP_RANK, LOCAL_RANK and RANK.",
            "# What each variable does:"]
     used = dict.fromkeys(k for b in rows for k in b["env"])
-    out += [f"#   {k}: {ENV_DOC[k]}" for k in used if k in ENV_DOC]
+    out += [f"#   {k}: {ENV_DOC[k]}" for k in used]
+    note = cross_nic_note(cl) if opts.transport == "ib" and opts.nic_scope == "node" else None
+    if note and any("NCCL_IB_HCA" in b["env"] for b in rows):
+        out.append(f"#   {note}")
     if launch_mode(placement) == "by-gpu":
         out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from "
                    "bindings.json's mesh ranks (DeviceMesh(..., mesh=...)), not init_device_mesh.")
