@@ -56,7 +56,8 @@ less at 64 GPUs with micro-batch 8 (+9.3%) than at 32 with micro-batch 2 (+14.3%
 kernel or per FSDP unit that meshplan does not model: FSDP1's hooks, ``limit_all_gathers``'
 rate limiter and Composer's loop), not by FSDP's exposed communication or the optimizer. Two
 approximations move the errors either way by 0.3-7 points (printed as what-ifs, not applied):
-FSDP2's copies, which FSDP1 does not make (removing them raises every error), and the 40 GB
+FSDP2's copies, which FSDP1 does not make on the compute stream (its fp32 gradient cast under
+DEFAULT runs on its post-backward stream; removing them raises every error), and the 40 GB
 part's slower HBM (lowers the 40 GB rows' errors by about 2 points).
 
 **Memory.** 30B on 8 A100 80GB at micro-batch 3 with activation checkpointing ran, but meshplan's
@@ -131,8 +132,10 @@ ROWS = (
 APPROXIMATIONS = (
     "FSDP1 (torch 2.1, FlatParameter per MPTBlock) planned as FSDP2 (meshplan's only torch FSDP): the same "
     "per-block all-gather / reduce-scatter bytes, but FSDP2's copy-out after each all-gather and copy-in before "
-    "each reduce-scatter are charged on the compute stream (FSDP1 gathers into the flat parameter in place: "
-    "the 'FSDP2 copies' column is what this adds)",
+    "each reduce-scatter are charged on the compute stream (FSDP1 gathers into the flat parameter in place and, "
+    "under DEFAULT, casts the flat gradient to fp32 on its post-backward stream, torch 2.1 _post_backward_hook's "
+    "flat_param.grad.to(handle._reduce_dtype), not on the compute stream: the 'FSDP2 copies' column is what this "
+    "adds to the compute stream)",
     "attention: llm-foundry's Triton flash attention (attn_impl triton) timed with the catalog's "
     "flash-attention rates for the A100 (no measurement of that Triton kernel in the catalog)",
     "optimizer: Composer's DecoupledAdamW (a per-parameter loop of eager ops) as torch's foreach AdamW "
