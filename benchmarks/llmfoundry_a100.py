@@ -208,7 +208,8 @@ def kinds_ms(plan, st) -> tuple[dict[str, float], float]:
     out["optimizer"] = sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and e.name == "optimizer step")
     out["FSDP2 copies"] = sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(0, 1))])
     out["exposed comm"] = sum(v for k, v in st.parts_s().items() if k.startswith("exposed"))
-    out["SM sharing, other"] = st.step_s - sum(out.values())
+    rest = st.step_s - sum(out.values())
+    out["SM sharing, other"] = rest if abs(rest) > 1e-6 else 0.0  # no float noise printed as -0
     return {k: v * 1e3 for k, v in out.items()}, gemm_flops
 
 
@@ -312,7 +313,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if errs:
         worst = max((x for x in results if not x.error), key=lambda x: abs(x.err))
         print(f"mean |error| {sum(errs) / len(errs):.1%}, max {abs(worst.err):.1%} ({worst.row.id}) "
-              f"over {len(errs)} rows")
+              f"over {len(errs)} row{'s' if len(errs) > 1 else ''}")
     print("\n".join(shares(results)))
     print("what-ifs (not applied above):")
     print("\n".join(what_ifs(results)))
