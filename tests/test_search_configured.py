@@ -150,11 +150,12 @@ def test_mesh_in_another_axis_order_is_not_a_candidate():
     r = search(cfg, workers=1)
     assert r.configured.status == "absent"
     # newcomer trial 16 #4: planned as given (the search's model: build_plan + step_time), not searched
+    # (#2 of 4: the rule 'replicate' rejects the two dp_replicate 2 x tp 4 rows, DDP with tp under torch)
     step = step_time(build_plan(cfg), Overlap()).step_s
     assert r.configured.line() == ("your mesh (tp 4 x dp_shard 2) is not among the candidates: axis order (tp, "
                                    "dp_shard): the search orders (pp, dp_replicate, dp_shard, cp, tp), tp innermost; "
                                    f"planned as given (not searched): {step:.3f} s, {r.configured.tokens_per_s:,.0f} "
-                                   "tokens/s, would rank #3 of 6 feasible by step time")
+                                   "tokens/s, would rank #2 of 4 feasible by step time")
 
 
 def test_mesh_outside_the_search_table_names_the_field():
