@@ -24,7 +24,7 @@ from meshplan.report.search_lines import goodput_line, goodput_shared, recompute
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.driver import search
-from meshplan.spec.wording import recompute_words
+from meshplan.spec.recompute_words import recompute_words
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -44,7 +44,7 @@ from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
-from meshplan.spec.wording import deepspeed_recompute_fix
+from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
