@@ -251,7 +251,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
     """The worlds of :func:`validate` into the evidence folder ``out`` (a temporary one
     renamed at the end on one host; across hosts the shared ``OUT``)."""
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
-    from meshplan.runtime.validation.evidence import write_summary
+    from meshplan.runtime.validation.summary import write_summary
 
     results = []
     cores = len(os.sched_getaffinity(0))
