@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from meshplan.checkpoint_bytes import dcp_write_bytes  # noqa: E402
 from meshplan.config import load_config  # noqa: E402
 from meshplan.plan import build_plan  # noqa: E402
-from meshplan.reliability import dcp_write_bytes  # noqa: E402
 from meshplan.runtime.validation.probe import CURVE_SIZES, curve_spec, probe_spec  # noqa: E402
 from meshplan.runtime.validation.staged import (  # noqa: E402
     arrival_skew,

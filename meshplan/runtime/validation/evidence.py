@@ -31,10 +31,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from meshplan.checkpoint_bytes import checkpoint_size
 from meshplan.compute.routing import RoutingOptions
 from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.plan import Plan
-from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
@@ -225,7 +225,7 @@ def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
 
 def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> list[dict]:
     """DCP save after the steps (``rank<r>/checkpoint.json``): the most bytes a rank wrote
-    against :func:`meshplan.reliability.dcp_write_bytes` of the plan (replicated shards
+    against :func:`meshplan.checkpoint_bytes.dcp_write_bytes` of the plan (replicated shards
     written once, split between their replicas), and the slowest rank's save and load times
     against those bytes (load: all it holds) at ``bytes_per_s`` (``--checkpoint-gbps``; not
     predicted without it). No rows when the run wrote none (pp > 1)."""

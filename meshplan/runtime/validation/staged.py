@@ -25,7 +25,7 @@ workers of that launch wrote, four kinds of predicted-against-measured rows:
    :func:`meshplan.compute.gemm.gemm_time` without a measured table (the tile/wave/roofline
    model), attention by :func:`meshplan.compute.layer.layer_cost`'s flash model.
 4. **Checkpoint** (``checkpoint.csv``): per rank the DCP save and load seconds and the bytes of
-   its ``.distcp`` files against :func:`meshplan.reliability.dcp_write_bytes` (and the times at
+   its ``.distcp`` files against :func:`meshplan.checkpoint_bytes.dcp_write_bytes` (and the times at
    ``--checkpoint-gbps``).
 
 Everything here is a pure function of the plan and the files; :func:`staged_world` gathers a
@@ -52,13 +52,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from meshplan.checkpoint_bytes import checkpoint_size, dcp_write_bytes
 from meshplan.comm.alphabeta import algbw, busbw
 from meshplan.comm.row import Path as LinkPath
 from meshplan.comm.row import path_time
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.kernel_time import issue_floor
 from meshplan.compute.layer import layer_cost
-from meshplan.reliability import checkpoint_size, dcp_write_bytes
 from meshplan.runtime.validation.compare import SETUP_PHASES
 from meshplan.schedule.workload import workload_of
 
@@ -222,8 +222,8 @@ def kernel_rows(plan, measured: list[dict]) -> list[dict]:
 
 def checkpoint_rank_rows(plan, records: list[dict], bytes_per_s: Optional[float] = None) -> list[dict]:
     """Per rank (``checkpoint.json`` of each): DCP bytes written against
-    :func:`meshplan.reliability.dcp_write_bytes` of its stage, save and load seconds against
-    those bytes (load: all it holds, :func:`meshplan.reliability.checkpoint_size`) at
+    :func:`meshplan.checkpoint_bytes.dcp_write_bytes` of its stage, save and load seconds against
+    those bytes (load: all it holds, :func:`meshplan.checkpoint_bytes.checkpoint_size`) at
     ``bytes_per_s`` (None without ``--checkpoint-gbps``). Records with an ``error`` keep it."""
     if not records:
         return []

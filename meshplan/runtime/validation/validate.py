@@ -35,7 +35,7 @@ For each world size W (staged: 2, then 4, then 8 ...):
    plan's table (count, group, bytes, dtype), step and phase times against
    :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline, and
    the bytes each rank wrote in a DCP save after the steps against
-   :func:`meshplan.reliability.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
+   :func:`meshplan.checkpoint_bytes.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
 6. **Staged evidence** (:mod:`meshplan.runtime.validation.staged`): each axis's message curve
    (1 KiB..4 MiB, timed in the launch after the probe) against the comm model, the arrival
    skew of every collective of the recorded step against the predicted slack, each local
