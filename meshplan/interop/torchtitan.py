@@ -67,7 +67,7 @@ listed as unused.
 RoPE scaling has no job-config key: torchtitan's llama3 flavors set Llama 3.1's in code
 (b5bcd76 ``torchtitan/models/llama3/__init__.py``, ``scaling="llama"`` with ``RoPE.Config``'s
 factor 8, low 1, high 4, 8192 original positions), so ``model.rope_scaling`` is neither read nor
-written (it costs nothing: :class:`~meshplan.spec.model.RopeScaling`).
+written (it costs nothing: :class:`~meshplan.spec.rope.RopeScaling`).
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
