@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
-from meshplan.memory.activations import LayerDims, layer_terms
+from meshplan.memory.activations import layer_terms
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.plan import build_plan
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import top_table
