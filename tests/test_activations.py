@@ -3,10 +3,11 @@
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.memory.activations import (LayerDims, embedding_terms, head_terms, layer_bytes, layer_options,
-                                         layer_terms, table2_bytes)
+from meshplan.memory.activations import (embedding_terms, head_terms, layer_bytes, layer_options, layer_terms,
+                                         table2_bytes)
 from meshplan.memory.inflight import (in_flight_chunks, in_flight_microbatches, interleaved_factor,
                                       stage_layer_bytes)
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.spec.model import ModelSpec
 from meshplan.units import GiB
 

@@ -28,7 +28,7 @@ from meshplan.search.memory import comm_axes
 from meshplan.search.space import OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
     first_reason, reason_table, world_of
 from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
-from meshplan.schedule.comm_times import simulated_groups, timeline_axes
+from meshplan.schedule.comm_streams import simulated_groups, timeline_axes
 from meshplan.spec.axes.base import At, AxisDef, AxisDegrees, Block, CollectiveKind, Dim, Rule, SearchColumn, Slot, \
     Timeline
 from meshplan.spec.axes.registry import AXES, Axis, rules, search_axes

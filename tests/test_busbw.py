@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import busbw_curve, node, system
-from meshplan.comm.alphabeta import (NCCL_LATENCY_US, NCCL_RING, REFERENCE_STEP_S, all_to_all_time,
-                                     collective_time, measured_time, ring_time)
+from meshplan.comm.alphabeta import all_to_all_time, collective_time, measured_time, ring_time
+from meshplan.comm.nccl_protocols import NCCL_LATENCY_US, NCCL_RING, REFERENCE_STEP_S
 from meshplan.errors import ConfigError
 
 GiB, MiB = 2**30, 2**20

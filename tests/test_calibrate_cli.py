@@ -79,7 +79,8 @@ def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     logged one (S15, by hand from the file's busbw column: 8M 109.90, 128M 176.90, 16G 234.90
     GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. Outside the logged sizes the
     fit times it: at 32 GiB busbw = 1.75 S / (alpha + 1.75 S / beta)."""
-    from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+    from meshplan.comm.alphabeta import busbw_factor, collective_time
+    from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
     out = tmp_path / "c.toml"
     assert run(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0
     calib = load_calibration(out)

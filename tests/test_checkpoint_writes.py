@@ -1,5 +1,5 @@
 """Issue 14 item 5: the bytes each rank writes under DCP and the write time at a per-rank
-bandwidth (meshplan.reliability.dcp_write_bytes), and validate's measured DCP save.
+bandwidth (meshplan.checkpoint_bytes.dcp_write_bytes), and validate's measured DCP save.
 
 Tiny model T of tests/test_memory_timeline.py: 10320 parameters, fp32 parameters and
 Adam's two fp32 moments = 12 B per parameter (no master copy). By hand:
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.reliability import checkpoint_size, dcp_write_bytes, reliability
+from meshplan.checkpoint_bytes import checkpoint_size, dcp_write_bytes
+from meshplan.reliability import reliability
 
 from tests.test_memory_timeline import plan_of
 

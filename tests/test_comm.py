@@ -2,7 +2,8 @@
 
 import pytest
 
-from meshplan.comm.alphabeta import NCCL_RING, NO_LATENCY, busbw, busbw_factor, ring_time, steps
+from meshplan.comm.alphabeta import busbw, busbw_factor, ring_time, steps
+from meshplan.comm.nccl_protocols import NCCL_RING, NO_LATENCY
 
 
 def test_c12_ring_volumes_and_times():
@@ -43,7 +44,8 @@ def test_unknown_op():
 
 
 def test_algorithm_choice():
-    from meshplan.comm.alphabeta import NVLS_GAIN, collective_time, tree_time
+    from meshplan.comm.alphabeta import collective_time, tree_time
+    from meshplan.comm.nccl_protocols import NVLS_GAIN
     # a 1 GiB all-reduce inside an NVLS-capable node: in-switch reduction beats the ring
     alg, t = collective_time("all-reduce", 8, 2**30, 450e9, "nvlink", nvls=True)
     assert alg == "NVLS"

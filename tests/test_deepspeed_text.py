@@ -127,7 +127,8 @@ def test_megatron_deepspeed_keeps_megatrons_recompute_words():
     """Megatron-LM with DeepSpeed's ZeRO-1/2 engine (Megatron-DeepSpeed): its flags choose the
     recompute, DeepSpeed partitions the state."""
     from meshplan.spec.training import TrainingSpec
-    from meshplan.spec.wording import recompute_words, runtime, state_cell
+    from meshplan.spec.recompute_words import recompute_words
+    from meshplan.spec.wording import runtime, state_cell
     t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", framework="megatron",
                      recompute="full")
     assert recompute_words(t, runtime(t)).startswith("Megatron-LM full recompute")

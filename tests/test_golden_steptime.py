@@ -64,7 +64,7 @@ NORM_POINTS = (4096, (1024, 4096, 16384), (0.0122, 0.0292, 0.095))  # norm_rows 
 ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/kernel_time.issue_floor)
 PCIE, PCIE_LAT = 63e9, 5.7e-6   # dgx-h100 pcie: PCIe 5.0 x16 B/s per direction, latency (catalog/nodes.toml)
 
-# NCCL latencies (comm/alphabeta.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
+# NCCL latencies (comm/nccl_protocols.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
 BASE_US, NVL_STEP_US, NET_STEP_US = (6.6, 14.0, 8.4), (0.6, 1.9, 3.4), (2.7, 4.0, 14.0)
 NVLS_LAT = 25e-6                    # alphabeta.NVLS: NCCL tuning.cc hwLat NVLink NVLS/Simple, no base, one step
 

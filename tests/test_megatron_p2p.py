@@ -240,7 +240,7 @@ def test_megatron_reduces_gradients_after_the_backward():
     first and last stage (6,400 x 12,288 fp32 = 314,572,800 B) and the SP gradients' all-reduce
     over tp (3,538,944 B), their table times added in full before the optimizer step. torch's
     FSDP/DDP keep overlapping them with the backward."""
-    from meshplan.schedule.comm_times import comm_kind
+    from meshplan.schedule.comm_streams import comm_kind
     from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.overlap_policy import config_overlap
     from meshplan.schedule.steptime import step_time

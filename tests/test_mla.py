@@ -29,7 +29,8 @@ from meshplan.compute.ops import Workload
 from meshplan.compute.shapes import Attention, attention_shape, layer_gemms
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
-from meshplan.memory.activations import LayerDims, layer_terms
+from meshplan.memory.activations import layer_terms
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.plan import Plan, build_plan
 from meshplan.spec.hf import model_from_hf_config
 

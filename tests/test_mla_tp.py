@@ -21,7 +21,8 @@ from meshplan import catalog
 from meshplan.comm.collectives import collective_table
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.assign import place
-from meshplan.schedule.comm_times import comm_kind, CommTimes
+from meshplan.schedule.comm_streams import comm_kind
+from meshplan.schedule.comm_times import CommTimes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec

@@ -150,7 +150,7 @@ def test_plan_and_step_say_once_what_selective_is_under_torch(capsys):
     torchtitan cannot run: plan says it once in full (the activations line; the train line names it
     briefly), step once (its recompute line), each with the nearest torchtitan setting, mode = "none" with
     flash attention (what export --to torchtitan writes)."""
-    from meshplan.spec.wording import recompute_words
+    from meshplan.spec.recompute_words import recompute_words
     from meshplan.spec.training import TrainingSpec
     full = recompute_words(TrainingSpec(global_batch=8, seq_len=16, recompute="selective"), "torch")
     assert full.endswith('; the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash '

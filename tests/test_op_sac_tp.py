@@ -14,7 +14,8 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
-from meshplan.memory.activations import LayerDims, layer_terms
+from meshplan.memory.activations import layer_terms
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 

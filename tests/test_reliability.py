@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
+from meshplan.checkpoint_bytes import CheckpointSize, checkpoint_size, write_time_s
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan
 from meshplan.plan_runtime import run_reasons
-from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
-                                  failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
-                                  write_time_s, young_interval_s)
+from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, daly_interval_s, failure_domains, goodput,
+                                  interruptions_per_day, mtbf_s, reliability, young_interval_s)
 from meshplan.restart import restart_on_fewer_nodes
 from meshplan.config import load_config
 from meshplan.spec.mesh import MeshSpec

@@ -18,7 +18,8 @@ from meshplan.interop.megatron_model import model_flags, model_table
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.hf import model_from_hf_config
-from meshplan.spec.model import ModelSpec, RopeScaling
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.rope import RopeScaling
 
 DATA = Path(__file__).parent / "data" / "hf"
 LLAMA31 = RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192)

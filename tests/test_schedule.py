@@ -217,7 +217,7 @@ from meshplan.plan import build_plan  # noqa: E402
 from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE  # noqa: E402
 from meshplan.config import config_from_dict, load_config  # noqa: E402
 from meshplan.schedule.steptime import step_time  # noqa: E402
-from meshplan.schedule.comm_times import comm_kind  # noqa: E402
+from meshplan.schedule.comm_streams import comm_kind  # noqa: E402
 
 
 def _plan(mesh, training=None, model="llama3-8b", nodes=2):

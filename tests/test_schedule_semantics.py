@@ -11,7 +11,8 @@ from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.schedule.comm_times import comm_kind, CommTimes
+from meshplan.schedule.comm_streams import comm_kind
+from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.comm_times import shard_group
@@ -466,7 +467,8 @@ def test_step_rows_are_charged_every_call():
     the final one) is all-reduced over tp at each of AdamW's 3 reads (comm/tp_grads.py
     replicated_grad_rows): 195 calls a step, all charged at the step's end, beside DDP's bucket
     all-reduces (a new user's review found the row charged once)."""
-    from meshplan.schedule.comm_times import comm_kind, CommTimes
+    from meshplan.schedule.comm_streams import comm_kind
+    from meshplan.schedule.comm_times import CommTimes
     plan = plan_of({"names": ["dp", "tp"], "shape": [2, 4], "sequence_parallel": True},
                    model={"catalog": "llama3-8b"}, sharding="none", global_batch=2, seq_len=1024)
     rows = plan.stage(0).collectives

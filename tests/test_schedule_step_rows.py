@@ -2,7 +2,7 @@
 extending tests/test_schedule_semantics.py's agreement test to the rows it counts as one
 "reduce"): the SP norms' weight-gradient all-reduces over tp and the tied embedding's over pp,
 beside the data axes' reductions, for every schedule and sharding at pp 2 x data 2 x tp 2.
-On each stage and group (:func:`~meshplan.schedule.comm_times.step_stream`), the seconds the
+On each stage and group (:func:`~meshplan.schedule.comm_streams.step_stream`), the seconds the
 timeline spends on the per-step reduction equal the table's ``time_s x per_step`` summed over
 the group's rows; where a group's rows share one size, the calls that time makes (seconds /
 one call's) and their bytes equal the table's ``per_step`` and ``per_step x size_bytes``.
@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from meshplan.schedule.comm_times import comm_kind, step_stream
+from meshplan.schedule.comm_streams import comm_kind, step_stream
 from meshplan.schedule.steptime import step_time
 from tests.test_schedule_semantics import SCHEDULES, TINY, plan_of, table_counts, timeline_counts
 

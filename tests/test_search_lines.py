@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
-from meshplan.memory.activations import LayerDims, layer_terms
+from meshplan.memory.activations import layer_terms
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.plan import build_plan
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import top_table
@@ -24,7 +25,7 @@ from meshplan.report.search_lines import goodput_line, goodput_shared, recompute
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.driver import search
-from meshplan.spec.wording import recompute_words
+from meshplan.spec.recompute_words import recompute_words
 from tests.cli_run import run_main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

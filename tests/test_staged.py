@@ -13,25 +13,24 @@ import pytest
 
 pytest.importorskip("torch")
 
+from meshplan.checkpoint_bytes import dcp_write_bytes  # noqa: E402
 from meshplan.config import load_config  # noqa: E402
 from meshplan.plan import build_plan  # noqa: E402
-from meshplan.reliability import dcp_write_bytes  # noqa: E402
 from meshplan.runtime.validation.probe import CURVE_SIZES, curve_spec, probe_spec  # noqa: E402
 from meshplan.runtime.validation.staged import (  # noqa: E402
     arrival_skew,
     checkpoint_rank_rows,
     clock_offsets,
-    cross_world_lines,
     curve_rows,
     kernel_rows,
     percentile,
     skew_summary,
     staged_world,
-    world_lines,
     write_staged,
 )
 from meshplan.runtime.validation.options import Options  # noqa: E402
 from meshplan.runtime.validation.scaling import scale_config  # noqa: E402
+from meshplan.runtime.validation.summary import cross_world_lines, world_lines  # noqa: E402
 
 TP_FSDP = Path(__file__).parent / "data" / "validate_llama8b_tp2sp_fsdp.toml"
 

@@ -209,7 +209,7 @@ def test_cp_table_matches_torch(name):
     assert len(fsdp) == mesh.degree("dp_shard") * cpn and any(r.group == fsdp for r in run.records)
 
 
-# Tensor parallelism with MoE layers (meshplan.runtime.execution.moe.apply_moe_tp, etp 1): attention and
+# Tensor parallelism with MoE layers (meshplan.runtime.execution.moe_parallel.apply_moe_tp, etp 1): attention and
 # shared experts by DTensor TP/SP, the router replicated over tp (its gradient all-reduced over
 # tp), each tp rank routing its tp-th of the tokens: under SP its own sequence shard (no tp
 # collective around the routed experts), without SP a slice of the replicated tokens, the

@@ -21,7 +21,7 @@ before each dispatch.
   (torchtitan's ``_token_count_exchange``), under Megatron-LM an all-gather of them over ep x
   etp (:func:`_count_rows`), rows of cadence :data:`DROPLESS_COUNTS`, timed by the comm model
   (latency-dominated) and placed on the ep stream before each dispatch, which waits for it
-  (:func:`meshplan.schedule.comm_times.comm_kind`; its device-to-host sync is not modelled).
+  (:func:`meshplan.schedule.comm_streams.comm_kind`; its device-to-host sync is not modelled).
 """
 
 from __future__ import annotations

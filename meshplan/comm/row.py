@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.cluster import ClusterSpec
 
@@ -180,7 +181,7 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     NIC share: its NIC's rate / the node-0 ranks of all the axis's groups that use that NIC,
     the smallest over group 0's members on node 0 (the link-load model's per-NIC sharing,
     :func:`meshplan.schedule.linkload.edge_loads`). Latency scales are the link's per-step
-    latency over :data:`~meshplan.comm.alphabeta.REFERENCE_STEP_S`.
+    latency over :data:`~meshplan.comm.nccl_protocols.REFERENCE_STEP_S`.
     """
     return groups_path(mesh.groups(axis), placement, cluster)
 

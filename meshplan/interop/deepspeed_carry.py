@@ -81,7 +81,7 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
 
 
 #: The recompute policies the model code runs through ``deepspeed.checkpointing.checkpoint``
-#: (:func:`meshplan.spec.wording.recompute_words` under DeepSpeed: every layer, every k-th layer,
+#: (:func:`meshplan.spec.recompute_words.recompute_words` under DeepSpeed: every layer, every k-th layer,
 #: the attention core), which an ``activation_checkpointing`` section configures
 #: (``partition_activations``, ``contiguous_memory_optimization``, ``cpu_checkpointing``, ...).
 CHECKPOINT_CALLS = ("full", "layer", "selective")
@@ -114,7 +114,7 @@ def recompute_change(user: dict, recompute: str) -> list[str]:
     (:func:`source_recompute`): the JSON alone does not switch activation checkpointing, the
     model code does (the import's own note), so the line says what to change there and what
     became of the section. Other policies are not expressed by the file: their header line says
-    what to apply (:func:`meshplan.spec.wording.deepspeed_recompute_fix`).
+    what to apply (:func:`meshplan.spec.recompute_words.deepspeed_recompute_fix`).
 
     >>> print(recompute_change({"activation_checkpointing": {"partition_activations": False}}, "none")[0])
     model code: recompute none here, full in the DeepSpeed config (its activation_checkpointing section); the JSON does not turn activation checkpointing off, the model code does: remove its deepspeed.checkpointing.checkpoint calls (Megatron-DeepSpeed: drop --checkpoint-activations); the section's settings are dropped: they configure only those calls, and a section reads back as recompute full

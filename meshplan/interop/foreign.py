@@ -43,8 +43,9 @@ from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_mo
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
+from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
-from meshplan.spec.wording import deepspeed_recompute_fix
+from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -198,7 +199,7 @@ def user_source(path, fmt: str | None = None) -> UserFile | None:
     fmt = fmt or detect(p, _text(p))
     if fmt == "torchtitan":
         raw = parse_toml(_text(p), str(p))
-        return UserFile(fmt, torchtitan.current_layout(raw), float8_spelling(raw))
+        return UserFile(fmt, current_layout(raw), float8_spelling(raw))
     if fmt == "deepspeed":
         return UserFile(fmt, parse_json(_text(p), "config", str(p), "give a DeepSpeed JSON config", unique_keys=True))
     if fmt == "megatron":

@@ -56,7 +56,8 @@ checkpoint.interval (with enable true)         [reliability] checkpoint_interval
 ============================================== ==============================================
 
 The pipeline split, [activation_checkpoint] and float8 are read and written by
-:mod:`meshplan.interop.torchtitan_tables`. A key of a table the reader reads ([model],
+:mod:`meshplan.interop.torchtitan_tables`; torchtitan's pre-2025 float8 spellings are brought to
+the current layout first (:mod:`meshplan.interop.torchtitan_legacy`). A key of a table the reader reads ([model],
 [training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
 miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
 an error naming the likely key, and so is a read key under another of those tables or
@@ -66,7 +67,7 @@ listed as unused.
 RoPE scaling has no job-config key: torchtitan's llama3 flavors set Llama 3.1's in code
 (b5bcd76 ``torchtitan/models/llama3/__init__.py``, ``scaling="llama"`` with ``RoPE.Config``'s
 factor 8, low 1, high 4, 8192 original positions), so ``model.rope_scaling`` is neither read nor
-written (it costs nothing: :class:`~meshplan.spec.model.RopeScaling`).
+written (it costs nothing: :class:`~meshplan.spec.rope.RopeScaling`).
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
@@ -95,6 +96,7 @@ from meshplan.interop.common import (
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
     SCHEDULE_NAMES,
@@ -300,51 +302,10 @@ def _dtype(tr: dict, key: str, default: str) -> str:
     return DTYPES[value]
 
 
-def _old_float8(d: dict) -> tuple[dict, list[str]]:
-    """``d`` in the current layout when it has torchtitan's older float8 settings (before
-    5b5d468, 2025-09-26: :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), with a
-    note: the ``[float8]`` table read as ``[quantize.linear.float8]`` (same keys), its
-    ``enable_float8_linear = true`` (2024) as the float8 converter, and ``model.converters``
-    given as a comma-separated string (``converters = "float8"``, its old string-list form)
-    as a list. ConfigError when both tables are given (which one holds is unclear).
-
-    >>> d, notes = _old_float8({"model": {"converters": "float8"}, "float8": {"filter_fqns": "output"}})
-    >>> d
-    {'model': {'converters': ['float8']}, 'quantize': {'linear': {'float8': {'filter_fqns': 'output'}}}}
-    """
-    model, old, quantize = d.get("model", {}), d.get("float8"), d.get("quantize", {})
-    if not isinstance(model, dict) or not isinstance(quantize, dict) or not isinstance(quantize.get("linear", {}), dict):
-        return d, []  # malformed: the reader names the field
-    if isinstance(model.get("converters"), str):
-        model = model | {"converters": [c.strip() for c in model["converters"].split(",") if c.strip()]}
-    if not isinstance(old, dict):
-        return (d | {"model": model} if "model" in d else d), []
-    if "float8" in quantize.get("linear", {}):
-        raise ConfigError("float8", "the pre-2025 [float8] table and [quantize.linear.float8] are both given; "
-                          "torchtitan reads [quantize.linear.float8]: keep that one")
-    old = dict(old)
-    converters = model.get("converters", [])
-    if old.pop("enable_float8_linear", False) and isinstance(converters, list) and "float8" not in converters:
-        model = model | {"converters": [*converters, "float8"]}
-    # enable_float8_linear (2024) predates filter_fqns (torchtitan a6524d8, April 2025): its
-    # Float8Handler (9dec370 float8.py) converted every Linear but the output (fqn != "output")
-    pre_filter = "enable_float8_linear" in d["float8"] and "filter_fqns" not in old
-    if pre_filter:
-        old["filter_fqns"] = ["output"]
-    note = "[float8] read as [quantize.linear.float8] (torchtitan's name for it since 2025; its keys are listed " \
-           "under that name)" + (", enable_float8_linear as model.converters = [\"float8\"]"
-                                 if "enable_float8_linear" in d["float8"] else "") + \
-        ("; the output layer left in the compute dtype, as torchtitan did before filter_fqns (its float8 "
-         "converter skipped fqn \"output\")" if pre_filter else "")
-    rest = {k: v for k, v in d.items() if k != "float8"}
-    return rest | {"model": model, "quantize": quantize | {"linear": quantize.get("linear", {}) | {"float8": old}}}, \
-        [note]
-
-
 def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``)."""
-    d, old_notes = _old_float8(d)
+    d, old_notes = old_float8(d)
     typo = misspelt(flatten(d), READ, NEAR_KEYS)
     if typo:
         raise ConfigError(typo[0], f"not a torchtitan key; did you mean {typo[1]}? (meshplan reads that one; "
@@ -399,11 +360,6 @@ def _moved(keys) -> None:
         if key not in READ and table in tables and len(home) == 1:
             raise ConfigError(key, f"torchtitan reads this key as {home[0]} (older torchtitan kept it under "
                               f"[{table}]); move it there")
-
-
-def current_layout(d: dict) -> dict:
-    """A parsed torchtitan job TOML in the current layout (:func:`_old_float8`)."""
-    return _old_float8(d)[0]
 
 
 #: The routing of torchtitan's MoE, as the import note says: TokenChoiceTopKRouter picks top_k

@@ -156,7 +156,7 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     (module docstring): the output layer converted unless a ``filter_fqns`` entry is part of its
     name ``output`` (default [] since torchtitan a6524d8, April 2025; its presets filter ``"output"``;
     before it torchtitan never converted the output, and the 2024 ``[float8]`` table is read so,
-    :func:`meshplan.interop.torchtitan._old_float8`); the float8 all-gather only with dp_shard > 1
+    :func:`meshplan.interop.torchtitan_legacy.old_float8`); the float8 all-gather only with dp_shard > 1
     (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
     other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]
@@ -237,7 +237,7 @@ class Float8Spelling(Enum):
 
 def float8_spelling(raw: dict) -> Float8Spelling:
     """The :class:`Float8Spelling` of a parsed torchtitan job TOML as the user wrote it (before
-    :func:`meshplan.interop.torchtitan.current_layout`): ``CURRENT`` when it names the current
+    :func:`meshplan.interop.torchtitan_legacy.current_layout`): ``CURRENT`` when it names the current
     converter or table anywhere, or no float8 at all; else ``SWITCH`` for a ``[float8]`` table
     with ``enable_float8_linear``, ``CONVERTER`` for another ``[float8]`` table or the converter
     ``"float8"`` (a list entry, or in the old comma-separated string).

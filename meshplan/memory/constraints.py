@@ -27,7 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from math import ceil
 
-from meshplan.memory.activations import LayerDims, embedding_terms, head_terms, layer_bytes
+from meshplan.memory.activations import embedding_terms, head_terms, layer_bytes
+from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.inflight import in_flight_chunks
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import Mesh, resolve_mesh

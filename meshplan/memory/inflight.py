@@ -57,7 +57,8 @@ def stage_layer_bytes(layer_bytes_: int, layers_per_chunk: int, stage: int, pp: 
     Korthikanti's 22B model on the first (only) stage, 48 layers, tp 8, b 4 (section 6):
 
     >>> from meshplan.units import GiB
-    >>> from meshplan.memory.activations import LayerDims, layer_bytes
+    >>> from meshplan.memory.activations import layer_bytes
+    >>> from meshplan.memory.layer_dims import LayerDims
     >>> d = LayerDims.gpt(s=2048, b=4, h=6144, a=64)
     >>> stage_layer_bytes(layer_bytes(d, tp=8), 48, 0, 1, 1) / GiB
     59.25

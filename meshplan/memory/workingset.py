@@ -63,8 +63,9 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes
-from meshplan.memory.activations import (MLA_LATENT_TERMS, LayerDims, embedding_terms, head_terms, layer_bytes,
-                                         layer_options, layer_terms, mla_dims)
+from meshplan.memory.activations import (MLA_LATENT_TERMS, embedding_terms, head_terms, layer_bytes, layer_options,
+                                         layer_terms)
+from meshplan.memory.layer_dims import LayerDims, mla_dims
 from meshplan.memory.pass_sizes import ActSizes, BackStep
 from meshplan.memory.buffers import ipg_elements
 from meshplan.memory.units import fsdp_active

@@ -40,7 +40,8 @@ from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import top_heading
 from meshplan.spec.mesh_words import axis_labels, mesh_text
-from meshplan.spec.wording import recompute_words, runtime, sharding_words
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import runtime, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 

@@ -15,7 +15,8 @@ from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
 from meshplan.spec.mesh_words import schedule_words
-from meshplan.spec.wording import kind_words, recompute_words, reduce_words, runtime
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import kind_words, reduce_words, runtime
 from meshplan.units import GiB, MiB, counted, dtype_bytes
 
 KIND_NOTES = {

@@ -18,7 +18,8 @@ from meshplan.search.driver import SearchResult
 from meshplan.search.rank import variant_label
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE
-from meshplan.spec.wording import recompute_words, runtime
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import runtime
 from meshplan.units import GiB
 
 
@@ -62,7 +63,7 @@ def goodput_line(r: SearchResult) -> str:
 
 def recompute_lines(r: SearchResult) -> list[str]:
     """What recompute ``selective`` models, in the words of the runtime the search plans
-    (:func:`meshplan.spec.wording.recompute_words`: under torch Megatron-LM's core-attention
+    (:func:`meshplan.spec.recompute_words.recompute_words`: under torch Megatron-LM's core-attention
     recompute, which torchtitan has no option for), one line where a row shown or the best
     rejected one has it; none otherwise."""
     c, sel = r.candidates, RECOMPUTE.index("selective")

@@ -18,7 +18,8 @@ from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
-from meshplan.spec.wording import gathered_words, recompute_words, runtime, sharding_words, state_cell, state_title
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import gathered_words, runtime, sharding_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8

@@ -5,7 +5,7 @@ simulation over a compute stream and one stream per collective kind (``tp``, ``c
 declares where its rows run (:attr:`~meshplan.spec.axes.base.AxisDef.timeline`, below).
 
 Op times come from :mod:`meshplan.compute.ops` (per block of a layer), collective times from
-the plan's collective rows (``CollectiveRow.time_s`` per call, kinds by :func:`~meshplan.schedule.comm_times.comm_kind`;
+the plan's collective rows (``CollectiveRow.time_s`` per call, kinds by :func:`~meshplan.schedule.comm_streams.comm_kind`;
 per-layer counts follow the conventions below, not the rows' counts). Dependencies, as the
 frameworks issue them:
 
@@ -85,7 +85,7 @@ frameworks issue them:
   ends waiting for the last (``CommTimes.bucket_wait``). As ZeRO-2's, the pieces follow the
   layers (:func:`~meshplan.schedule.grad_reduce.reduce_pieces`): the embedding's and output layer's buckets are spread over
   them, not placed at the ends (the exposed sum without overlap is the same).
-- **A registered axis with a timeline** (not built-in: :func:`~meshplan.schedule.comm_times.timeline_axes`): its rows run
+- **A registered axis with a timeline** (not built-in: :func:`~meshplan.schedule.comm_streams.timeline_axes`): its rows run
   on its own stream (the timeline's ``stream``, default the axis's name), one call per
   layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
   place: ``before`` / ``after`` the attention or MLP block (in the backward, around that

@@ -136,7 +136,7 @@ class StepTime:
         - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only, and a tied
           embedding's per-step gradient all-reduce between the first and last stage, which runs
           over pp; each per-step reduction on the group it runs on:
-          :func:`~meshplan.schedule.comm_times.step_stream`).
+          :func:`~meshplan.schedule.comm_streams.step_stream`).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
         micro-batches, dp 1): compute 11,177.65 + bubble 676.53 + exposed tp 1,394.57 (1,394.47 in

@@ -55,7 +55,8 @@ from meshplan.schedule.unit_times import UnitTimes
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import mesh_text
-from meshplan.spec.wording import recompute_words, runtime, stream_words
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import runtime, stream_words
 from meshplan.units import counted
 
 

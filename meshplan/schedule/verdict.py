@@ -33,7 +33,8 @@ from meshplan.errors import ConfigError
 from meshplan.memory.constraints import Constraints, usable_bytes
 from meshplan.plan import Infeasible, Plan, build_plan, with_memory
 from meshplan.mesh.tpsplit import KV_REPLICA
-from meshplan.schedule.comm_times import comm_kind, shard_group, step_stream
+from meshplan.schedule.comm_streams import comm_kind, step_stream
+from meshplan.schedule.comm_times import shard_group
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list

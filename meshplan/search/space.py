@@ -197,7 +197,7 @@ def searched_recompute(cfg: Config) -> list[str]:
     runtime has no op-level SAC (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`),
     and less ``selective`` where torchtitan is the runtime (the same condition) and the list is
     the default: ``selective`` is Megatron-LM's core-attention recompute, which torchtitan has no
-    option for (:func:`meshplan.spec.wording.recompute_words`), so a row with it could not be
+    option for (:func:`meshplan.spec.recompute_words.recompute_words`), so a row with it could not be
     exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
     ``layer`` (torchtitan's per-layer AC) only where torchtitan runs the rows, and only listed
     (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`).

@@ -75,7 +75,7 @@ def _carried(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, float]:
 
 
 #: Llama 3.1's ``rope_scaling`` keys (``rope_type`` "llama3"; transformers'
-#: ``_compute_llama3_parameters``) -> :class:`~meshplan.spec.model.RopeScaling` fields.
+#: ``_compute_llama3_parameters``) -> :class:`~meshplan.spec.rope.RopeScaling` fields.
 LLAMA3_SCALING = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
                   "original_max_position_embeddings": "original_max_position"}
 
@@ -84,7 +84,7 @@ def _rope_scaling(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     """``rope_scaling`` of a RoPE model's config when it is Llama 3.1's (``rope_type``, or the
     older ``type``, "llama3": meta-llama/Llama-3.1-8B's config.json has factor 8.0,
     low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192), as
-    :class:`~meshplan.spec.model.RopeScaling` fields; absent or null: nothing. Another type
+    :class:`~meshplan.spec.rope.RopeScaling` fields; absent or null: nothing. Another type
     (DeepSeek's "yarn", "linear", "dynamic") is not read, :class:`RopeScaling` holding Llama
     3.1's alone: a one-line note among the model's "not modelled" says so with its fields (the
     plan prints it), and that it costs nothing the plan counts: the scaling changes RoPE's

@@ -215,7 +215,7 @@ class TrainingSpec(TrainingPrecision):
     count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
     (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the runtime's words
-    (:mod:`meshplan.spec.wording`).
+    (:mod:`meshplan.spec.recompute_words`).
     ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
     and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
     ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao

@@ -9,7 +9,8 @@ through :class:`meshplan.spec.training.TrainingSpec`.
 from __future__ import annotations
 
 from meshplan.spec.training_fields import DEEPSPEED_ZERO3, TrainingFields
-from meshplan.spec.wording import recompute_words, runtime
+from meshplan.spec.recompute_words import recompute_words
+from meshplan.spec.wording import runtime
 
 
 # The [training] fields that are design choices of the plan (how the step runs), which

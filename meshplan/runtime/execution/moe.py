@@ -36,7 +36,7 @@ k; then one of two dispatches, as the plan's routing says (:func:`set_routing`,
   router decides, and the all-to-all sizes are known before the run (meshplan's collective
   table, :func:`meshplan.comm.ep_rows.ep_rows`).
 
-EP (:func:`apply_ep`): the rank at position ``j`` of its ``ep`` group keeps experts
+EP (:func:`~meshplan.runtime.execution.moe_parallel.apply_ep`): the rank at position ``j`` of its ``ep`` group keeps experts
 ``j*E/ep .. (j+1)*E/ep - 1``; dispatch and combine are
 ``torch.distributed._functional_collectives.all_to_all_single_autograd`` (the backward of
 each is an all-to-all of the same size, splits swapped; gloo runs it), with capacity equal
@@ -45,7 +45,7 @@ on the ep group. Expert weights form their own
 FSDP2 unit over ``efsdp`` of the expert mesh (torchtitan), see
 :func:`meshplan.runtime.execution.parallelize.parallelize`.
 
-TP with MoE layers (:func:`apply_moe_tp`, ``tp > 1``, ``etp = 1``): the experts stay whole on
+TP with MoE layers (:func:`~meshplan.runtime.execution.moe_parallel.apply_moe_tp`, ``tp > 1``, ``etp = 1``): the experts stay whole on
 each ep rank and the tp ranks split the tokens instead (torchtitan's token-split sequence
 parallel for experts; :func:`meshplan.compute.shapes.layer_gemms`): each tp rank routes, dispatches
 and combines only its ``T = b*s/tp`` tokens. Under SP those are its own sequence shard
@@ -77,7 +77,6 @@ from torch import nn
 
 from meshplan.compute.routing import RoutingOptions, expert_capacity
 from meshplan.errors import ConfigError
-from meshplan.spec.axes.ep import expert_shard_dim
 from meshplan.spec.model import ModelSpec
 
 
@@ -284,64 +283,6 @@ def moe_layers(model: nn.Module) -> list[MoE]:
     return [m for m in model.modules() if isinstance(m, MoE)]
 
 
-def apply_ep(model: nn.Module, ep_group, ep: int, ep_index: int) -> None:
-    """Keep experts ``ep_index * E/ep ..`` of every MoE layer (parameters replaced by
-    ``E/ep``-row ones on the same device, so call it on a meta-device model before
-    ``to_empty``) and route through ``ep_group``. Raises ValueError when ``ep`` does not
-    divide the experts (the planner refuses such meshes first).
-
-    Gradient scale: the backward all-to-all sums each expert's gradient over the tokens of
-    the ``ep`` ranks, and FSDP2 averages it over the expert data axis (efsdp, times
-    dp_replicate), that is over ``dp / ep`` ranks; the experts' weights therefore scale
-    their gradient by ``1/ep`` so it is the mean over all ``dp`` ranks, as for the dense
-    weights (no extra collective). Under TP (:func:`apply_moe_tp`) each token is routed by
-    one of the ``tp`` ranks that hold it and efsdp is ``fsdp * tp / ep``, so the scale is
-    ``tp / ep`` (``efsdp / fsdp`` in both cases)."""
-    for moe in moe_layers(model):
-        if moe.n_experts % ep:
-            raise ValueError(f"experts {moe.n_experts} is not divisible by ep {ep}")
-        ex, local = moe.experts, moe.n_experts // ep
-        for name, p in list(ex.named_parameters(recurse=False)):
-            setattr(ex, name, nn.Parameter(torch.empty((local,) + tuple(p.shape[1:]), device=p.device,
-                                                       dtype=p.dtype)))
-        moe.ep_group, moe.ep = ep_group, ep
-        ex.offset, ex.grad_scale = ep_index * local, _grad_scale(moe)
-
-
-def _grad_scale(moe: "MoE") -> float:
-    """Gradient scale of the routed experts: ``token_split / ep`` (see :func:`apply_ep`)."""
-    return moe.token_split / moe.ep
-
-
-def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
-    """TP of one MoE layer with experts whole on each ep rank (etp = 1), in place: the
-    router replicated over ``tp_mesh`` as a ``SequenceParallel`` module on the token dim
-    (input this rank's own tokens, Shard(0); weight gradient Partial, all-reduced over tp by
-    FSDP2), the shared experts colwise/rowwise as the dense MLP, and :meth:`MoE.forward`
-    routing this rank's tp-th of the tokens (module docstring). The routed experts' gradient
-    scale becomes ``tp / ep`` (:func:`apply_ep`). Call on the meta-device model, before or
-    after :func:`apply_ep`."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
-    act = Shard(1) if sequence_parallel else Replicate()
-    plan = {"router": SequenceParallel(sequence_dim=0, use_local_output=True)}
-    if hasattr(moe, "shared"):
-        plan.update({"shared": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
-                     "shared.w_up": ColwiseParallel(), "shared.w_down": RowwiseParallel(output_layouts=act)})
-        if moe.shared.gated:
-            plan["shared.w_gate"] = ColwiseParallel()
-    parallelize_module(moe, tp_mesh, plan)
-    moe.tp_mesh, moe.sp, moe.token_split = tp_mesh, sequence_parallel, tp_mesh.size()
-    moe.experts.grad_scale = _grad_scale(moe)
-
-
 def expert_params(model: nn.Module) -> Optional[list]:
     """Parameters of every ``Experts`` module (routed experts), in order."""
     return [p for m in model.modules() if isinstance(m, Experts) for p in m.parameters()]
@@ -358,48 +299,3 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
-
-
-def expert_placement_fn(spec: ModelSpec, mesh):
-    """``shard_placement_fn`` of the routed experts' FSDP2 unit: ``Shard(1)`` for every
-    parameter when efsdp x ep > experts, else None (FSDP2's default ``Shard(0)``): torchtitan's
-    rule, :func:`meshplan.spec.axes.ep.expert_shard_dim`, which meshplan's collective table
-    sizes the expert all-gathers by. ``mesh``: the resolved meshplan
-    :class:`~meshplan.mesh.resolve.Mesh`.
-
-    >>> from meshplan.mesh.resolve import resolve_mesh
-    >>> from meshplan.spec.mesh import MeshSpec
-    >>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)
-    >>> fn = expert_placement_fn(spec, resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[8, 4]), world=8))
-    >>> fn(None), expert_placement_fn(spec, resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, 2]), world=4))
-    (Shard(dim=1), None)
-    """
-    from torch.distributed.tensor import Shard
-
-    if expert_shard_dim(spec.experts, mesh.degree("efsdp"), mesh.ep) == 0:
-        return None
-    return lambda _param: Shard(1)
-
-
-def init_expert_mesh(mesh, device: str = "cpu"):
-    """DeviceMesh of the plan's expert mesh (outer dense axes, then efsdp, ep, etp:
-    :meth:`meshplan.mesh.resolve.Mesh.expert_grid`) on the current process group.
-
-    On 4 ranks of dp_shard 4 with ep 2: ``["ep"]`` is [0, 1] or [2, 3], ``["efsdp"]`` is
-    [0, 2] or [1, 3]."""
-    from torch.distributed.device_mesh import DeviceMesh
-
-    names, grid = mesh.expert_grid()
-    return DeviceMesh(device, torch.as_tensor(grid), mesh_dim_names=names)
-
-
-def check_expert_groups(expert_mesh, mesh) -> list[str]:
-    """Differences between the expert DeviceMesh's groups and meshplan's for this rank."""
-    import torch.distributed as dist
-
-    rank, out = dist.get_rank(), []
-    for axis in ("efsdp", "ep", "etp"):
-        got = dist.get_process_group_ranks(expert_mesh[axis].get_group())
-        if got != mesh.group_of(rank, axis):
-            out.append(f"{axis}: DeviceMesh group of rank {rank} is {got}, meshplan says {mesh.group_of(rank, axis)}")
-    return out

@@ -18,7 +18,7 @@ and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with 
   (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
   unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
   one rank; router and shared experts stay in the layer's unit. With ``tp > 1`` the tp
-  ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe.apply_moe_tp`:
+  ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`:
   router replicated, shared experts colwise/rowwise).
 
 TP plan (``tp > 1``), with SP / without SP:
@@ -175,7 +175,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
             "attention.wo": RowwiseParallel(output_layouts=act),
         }
         if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP
-            from meshplan.runtime.execution.moe import apply_moe_tp
+            from meshplan.runtime.execution.moe_parallel import apply_moe_tp
 
             apply_moe_tp(block.moe, tp_mesh, sequence_parallel)
         else:
@@ -252,7 +252,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     mesh the routed experts of an MoE
     layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
     ``expert_placement``: that unit's ``shard_placement_fn``
-    (:func:`meshplan.runtime.execution.moe.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
+    (:func:`meshplan.runtime.execution.moe_parallel.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
     experts, as torchtitan)."""
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     if mp_policy is not None:
@@ -321,7 +321,8 @@ def _apply_ep(run: _Apply) -> None:
     model, mesh, training = run.model, run.mesh, run.training
     if not model.spec.is_moe:
         return
-    from meshplan.runtime.execution.moe import apply_ep, expert_placement_fn, init_expert_mesh, set_routing
+    from meshplan.runtime.execution.moe import set_routing
+    from meshplan.runtime.execution.moe_parallel import apply_ep, expert_placement_fn, init_expert_mesh
 
     set_routing(model, RoutingOptions.of(training))
 
@@ -376,7 +377,7 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     ``cp > 1``: all-gather K/V context parallelism (:mod:`meshplan.runtime.execution.cp`); the model
     then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.execution.cp.shard_sequence`).
     MoE layers with ``tp > 1`` (etp 1): each tp rank routes its tp-th of the tokens
-    (:func:`meshplan.runtime.execution.moe.apply_moe_tp`).
+    (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`).
     ``sharding = "none"``: nothing here; the worker wraps the materialized model with
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).

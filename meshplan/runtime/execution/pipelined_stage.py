@@ -7,7 +7,7 @@ gradient sync of a tied embedding split across the first and last stage.
 - :func:`parallelize_stage`, in the order :func:`meshplan.runtime.execution.parallelize.parallelize`
   uses for the whole model (torchtitan's): cp (:func:`meshplan.runtime.execution.cp.apply_cp`: K and V
   all-gathered over cp in every attention layer of the stage), TP/SP, EP
-  (:func:`meshplan.runtime.execution.moe.apply_ep`: experts over ep, all-to-all dispatch and combine),
+  (:func:`meshplan.runtime.execution.moe_parallel.apply_ep`: experts over ep, all-to-all dispatch and combine),
   then FSDP2 over ``fsdp`` (dp_shard x cp), routed experts their own unit over ``efsdp``.
 - Context parallelism: the first stage embeds this rank's ``s / cp`` tokens (chunks ``i``
   and ``2 cp - 1 - i``, :func:`meshplan.runtime.execution.cp.rank_chunks`); rotary tables (or learned
@@ -128,7 +128,7 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
     cp_group = dm["cp"].get_group() if cp > 1 else None
     edm = expert_dp = placement = None
     if modules[0].spec.is_moe:
-        from meshplan.runtime.execution.moe import expert_placement_fn, init_expert_mesh
+        from meshplan.runtime.execution.moe_parallel import expert_placement_fn, init_expert_mesh
 
         edm = init_expert_mesh(mesh, dm.device_type)
         placement = expert_placement_fn(modules[0].spec, mesh)
@@ -145,7 +145,7 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
         if tp > 1:
             apply_tp(m, dm["tp"], sp, loss_parallel_on and m.last)
         if edm is not None and mesh.ep > 1:
-            from meshplan.runtime.execution.moe import apply_ep
+            from meshplan.runtime.execution.moe_parallel import apply_ep
 
             apply_ep(m, edm["ep"].get_group(), mesh.ep, mesh.group_of(rank, "ep").index(rank))
         if shard:

@@ -128,7 +128,7 @@ def startup(rank: int, mesh, plan: dict, dm, model) -> dict:
     """This rank's coordinates, groups (DeviceMesh against meshplan and plan.json) and local shapes."""
     diffs = check_groups(dm, mesh)
     if hasattr(model, "expert_mesh"):  # MoE: efsdp, ep, etp of the expert DeviceMesh
-        from meshplan.runtime.execution.moe import check_expert_groups
+        from meshplan.runtime.execution.moe_parallel import check_expert_groups
 
         diffs += check_expert_groups(model.expert_mesh, mesh)
     groups = {}

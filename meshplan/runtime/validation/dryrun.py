@@ -111,7 +111,7 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         parallelize(model, dm, mesh, training, loss_parallel=loss_parallel, mixed_precision=mixed_precision)
         kv_sync = kv_replica_sync([model], model_spec, mesh)
         if hasattr(model, "expert_mesh"):
-            from meshplan.runtime.execution.moe import check_expert_groups
+            from meshplan.runtime.execution.moe_parallel import check_expert_groups
 
             diffs += check_expert_groups(model.expert_mesh, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True):

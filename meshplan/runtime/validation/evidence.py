@@ -1,6 +1,7 @@
 """Compare one measured run with its plan and write the evidence: collectives per rank
 against the collective table, measured step/phase times against the step-time model,
-measured peak memory against the memory timeline; ``summary.md`` for a person.
+measured peak memory against the memory timeline. ``summary.md`` for a person:
+:mod:`meshplan.runtime.validation.summary`.
 
 Collectives: each rank's recorded step (``rank<r>/collectives.json``) is tallied by
 (axis, phase, op, bytes, dtype) with :func:`~meshplan.runtime.validation.compare.tally_records` and set
@@ -30,21 +31,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from meshplan.checkpoint_bytes import checkpoint_size
 from meshplan.compute.routing import RoutingOptions
 from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.plan import Plan
-from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
 from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, size_key,
                                                  tally_records, tally_table)
-from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
 from meshplan.runtime.validation.routerload import router_rows
-from meshplan.runtime.validation.staged import cross_world_lines, csv_text, staged_world, world_lines, write_staged
+from meshplan.runtime.validation.staged import csv_text, staged_world, write_staged
 from meshplan.schedule.steptime import step_time
-from meshplan.units import MiB
 
 
 def tally_table_per_step(rows, mesh=None, extra=None, dropless: bool = False) -> Counter:
@@ -226,7 +225,7 @@ def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
 
 def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> list[dict]:
     """DCP save after the steps (``rank<r>/checkpoint.json``): the most bytes a rank wrote
-    against :func:`meshplan.reliability.dcp_write_bytes` of the plan (replicated shards
+    against :func:`meshplan.checkpoint_bytes.dcp_write_bytes` of the plan (replicated shards
     written once, split between their replicas), and the slowest rank's save and load times
     against those bytes (load: all it holds) at ``bytes_per_s`` (``--checkpoint-gbps``; not
     predicted without it). No rows when the run wrote none (pp > 1)."""
@@ -332,82 +331,3 @@ def write_world_evidence(folder: Path, result: dict) -> None:
     if comp.get("staged"):
         write_staged(folder, comp["staged"], write_atomic)
     write_json(folder / "comparison.json", result)
-
-
-def _fmt(v, unit) -> str:
-    if v is None:
-        return "n/a"
-    if unit == "x":  # a ratio (routerload)
-        return f"{v:.3f}"
-    return f"{v * 1e3:.2f} ms" if unit == "s" else f"{v / MiB:.2f} MiB"
-
-
-#: How to read the table, in summary.md.
-READING = [
-    "How to read the table:",
-    "- `step time`, `forward time`, ...: the step-time model before the run (GEMMs and attention timed in "
-    "this process, collectives by alpha-beta on the cluster description) against the median of the timed "
-    "steps on the slowest rank.",
-    "- `(calibrated)`: the same model with each collective's time per call measured by the run's probe: "
-    "after the timed steps every collective kind of the plan's table was run on its groups alone, all "
-    "groups of an axis at once, under the run's load. A calibrated error that stays large means the gap "
-    "is not the cost of the collectives themselves: in a step they also wait for peers that are late "
-    "(rank skew, and on a CPU ranks time-sharing cores).",
-    "- `collective time (sum)`: the table's calls x time per call, as if none overlapped, against the "
-    "time the profiled step's gloo collectives were in flight (waits for peers included).",
-    "- `step part: ...`: the profiled step of the slowest rank (a separate step, so its total differs "
-    "from the median) split into GEMM kernels, attention kernels, waits on collectives and the rest "
-    "(elementwise ops, framework and Python time, the optimizer); predicted parts from the same model "
-    "(with the probe's times when there was a probe). `the rest` is what the model does not time: "
-    "host overhead, which a GPU hides behind its kernels and a CPU run does not.",
-]
-
-
-def write_summary(out: Path, config, opt, results: list[dict]) -> None:
-    """``summary.md``: per world what ran, whether it matched, each difference, the
-    predicted-against-measured table and, for a failed run, who failed and what was left."""
-    ok = all(r["ok"] for r in results)
-    gate = ("collectives, groups, and step time and peak memory within the tolerance "
-            f"{opt.tolerance:.0%}" if opt.tolerance is not None else
-            "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
-    lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
-             f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
-             f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", ""]
-    staged = {r["world"]: r["comparison"]["staged"] for r in results if (r.get("comparison") or {}).get("staged")}
-    if staged:
-        lines += cross_world_lines(staged) + ["", "Per world below: the message curves, the arrival skew, the local "
-                                              "kernels and the checkpoint rows (files: world<W>/staged.json and "
-                                              "its CSVs).", ""]
-    for r in results:
-        lines += [f"## world {r['world']}: {'OK' if r['ok'] else 'FAILED'}", "", r["message"], ""]
-        if r.get("host"):
-            lines += [host_line(r["host"]), ""]
-        lines += [f"- {n}" for n in r.get("notes", [])] + [""]
-        comp = r.get("comparison")
-        if comp:
-            lines += ["Differences:" if comp["differences"] else "No differences in collectives or groups.", ""]
-            lines += [f"- {d}" for d in comp["differences"]] + [""]
-            lines += ["| quantity | predicted | measured (slowest rank) | rank | error | note |", "|---|---|---|---|---|---|"]
-            for row in comp["predicted_vs_measured"]:
-                err = "n/a" if row["error"] is None else f"{row['error']:+.0%}"
-                lines.append(f"| {row['quantity']} | {_fmt(row['predicted'], row['unit'])} | "
-                             f"{_fmt(row['measured'], row['unit'])} | {row['rank']} | {err} | {row['note']} |")
-            lines += ["", comp["prediction_note"], "", *READING, ""]
-            if comp.get("calibration_note"):
-                lines += [comp["calibration_note"], ""]
-            if comp.get("staged"):
-                lines += world_lines(comp["staged"], r.get("elapsed_s"))
-        fault = r.get("fault")
-        if fault:
-            lines += [f"Failed rank(s): {fault['failed_ranks']}. Nothing below is a result:", ""]
-            for rank, info in fault["ranks"].items():
-                st = info["status"] or {}
-                lines.append(f"- rank {rank}: state {st.get('state', 'none')}, last {st.get('phase', '-')} "
-                             f"(step {st.get('step', '-')}), files left: {', '.join(info['files']) or 'none'}"
-                             + (f"; error: {st['error']}" if st.get("error") else ""))
-            lines.append("")
-        lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log with every rank's start-up print, "
-                  "rank<r>/ (startup.json: coordinates, groups, local shapes; trace.json), comparison.json"
-                  + (", collectives.csv, predicted_vs_measured.csv, staged.json, message_curves.csv, "
-                     "arrival_skew.csv, kernels.csv, checkpoint.csv" if comp else "") + ")", ""]
-    write_atomic(out / "summary.md", "\n".join(lines))

@@ -6,7 +6,7 @@ Each rank writes, with its recorded step (``rank<r>/collectives.json`` ``expert_
 of the ``E`` experts in every MoE layer. The experts of one ep group receive what its members
 route, so per layer and ep group the load of expert ``e`` is the sum of the members' counts,
 and of ep rank ``j`` the sum over its experts ``j E/ep .. (j+1) E/ep - 1``
-(:func:`meshplan.runtime.execution.moe.apply_ep`). The measured value is the worst layer and
+(:func:`meshplan.runtime.execution.moe_parallel.apply_ep`). The measured value is the worst layer and
 group's max / mean; the predicted one the plan's
 (:func:`meshplan.compute.routing.planned_imbalance`: 1 when balanced, the step time's
 assumption, or the stated ``moe_hottest_expert_share``). Reported, not gated: the router's

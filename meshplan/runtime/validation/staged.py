@@ -25,12 +25,13 @@ workers of that launch wrote, four kinds of predicted-against-measured rows:
    :func:`meshplan.compute.gemm.gemm_time` without a measured table (the tile/wave/roofline
    model), attention by :func:`meshplan.compute.layer.layer_cost`'s flash model.
 4. **Checkpoint** (``checkpoint.csv``): per rank the DCP save and load seconds and the bytes of
-   its ``.distcp`` files against :func:`meshplan.reliability.dcp_write_bytes` (and the times at
+   its ``.distcp`` files against :func:`meshplan.checkpoint_bytes.dcp_write_bytes` (and the times at
    ``--checkpoint-gbps``).
 
 Everything here is a pure function of the plan and the files; :func:`staged_world` gathers a
-world's rows, :func:`write_staged` writes ``staged.json`` and the CSVs, :func:`world_lines`
-and :func:`cross_world_lines` the sections of ``summary.md``.
+world's rows, :func:`write_staged` writes ``staged.json`` and the CSVs; their sections of ``summary.md``
+are :func:`meshplan.runtime.validation.summary.world_lines` and
+:func:`~meshplan.runtime.validation.summary.cross_world_lines`.
 
 Skew of one all-reduce on group (0, 1, 2) entered at 10.000, 10.003 and 10.001 s:
 
@@ -52,13 +53,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from meshplan.checkpoint_bytes import checkpoint_size, dcp_write_bytes
 from meshplan.comm.alphabeta import algbw, busbw
 from meshplan.comm.row import Path as LinkPath
 from meshplan.comm.row import path_time
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.kernel_time import issue_floor
 from meshplan.compute.layer import layer_cost
-from meshplan.reliability import checkpoint_size, dcp_write_bytes
 from meshplan.runtime.validation.compare import SETUP_PHASES
 from meshplan.schedule.workload import workload_of
 
@@ -222,8 +223,8 @@ def kernel_rows(plan, measured: list[dict]) -> list[dict]:
 
 def checkpoint_rank_rows(plan, records: list[dict], bytes_per_s: Optional[float] = None) -> list[dict]:
     """Per rank (``checkpoint.json`` of each): DCP bytes written against
-    :func:`meshplan.reliability.dcp_write_bytes` of its stage, save and load seconds against
-    those bytes (load: all it holds, :func:`meshplan.reliability.checkpoint_size`) at
+    :func:`meshplan.checkpoint_bytes.dcp_write_bytes` of its stage, save and load seconds against
+    those bytes (load: all it holds, :func:`meshplan.checkpoint_bytes.checkpoint_size`) at
     ``bytes_per_s`` (None without ``--checkpoint-gbps``). Records with an ``error`` keep it."""
     if not records:
         return []
@@ -297,113 +298,3 @@ def write_staged(folder: Path, staged: dict, write_text: Callable[[Path, str], N
                       ("checkpoint", "checkpoint")):
         if staged[key]:
             write_text(folder / f"{name}.csv", csv_text(staged[key]))
-
-
-def _us(s) -> str:
-    return "n/a" if s is None else f"{s * 1e6:.0f} us"
-
-
-def _gbs(b) -> str:
-    return "n/a" if b is None else f"{b / 1e9:.3g} GB/s"
-
-
-def _err(e) -> str:
-    return "n/a" if e is None else f"{e:+.0%}"
-
-
-def largest_busbw(staged: dict) -> list[dict]:
-    """The largest size's curve row of each (axis, op)."""
-    top: dict[tuple, dict] = {}
-    for r in staged["curves"]:
-        k = (r["axis"], r["op"])
-        if k not in top or r["size_bytes"] > top[k]["size_bytes"]:
-            top[k] = r
-    return [top[k] for k in sorted(top)]
-
-
-def kernel_error(staged: dict) -> Optional[float]:
-    """Median relative error (measured / predicted - 1) over the world's kernel rows."""
-    errs = [r["error"] for r in staged["kernels"] if r["error"] is not None]
-    return statistics.median(errs) if errs else None
-
-
-def checkpoint_error(staged: dict) -> Optional[float]:
-    """Relative error of the busiest rank's DCP bytes against its predicted share."""
-    rows = [r for r in staged["checkpoint"] if r["measured_bytes"] is not None]
-    if not rows:
-        return None
-    top = max(rows, key=lambda r: r["measured_bytes"])
-    return top["bytes_error"]
-
-
-def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
-    """The staged sections of one world in ``summary.md`` (``elapsed_s``: the launch's wall
-    time, to show the curves' share of it)."""
-    lines = ["### Message curves (predicted against measured)", ""]
-    if staged["curves"]:
-        of = f" of the launch's {elapsed_s:.0f} s" if elapsed_s else ""
-        lines += [f"Each axis's collectives timed over 1 KiB..4 MiB after the steps, every group of the axis at once "
-                  f"({staged['curve_wall_s'] or 0:.1f} s{of}); predicted by the comm model on the axis's path "
-                  "(meshplan.comm.row.path_time). busbw = algbw x busbw factor (nccl-tests).", "",
-                  "| axis | op | ranks | size (B) | predicted | measured | error | busbw predicted | busbw measured |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {r['axis']} | {r['op']} | {r['n_ranks']} | {r['size_bytes']} | {_us(r['predicted_time_s'])} | "
-                  f"{_us(r['measured_time_s'])} | {_err(r['error'])} | {_gbs(r['predicted_busbw_bytes_per_s'])} | "
-                  f"{_gbs(r['measured_busbw_bytes_per_s'])} |" for r in staged["curves"]]
-    else:
-        lines.append("none: " + "; ".join(m for m in staged["missing"] if m.startswith("message")))
-    s = staged["skew_summary"]
-    lines += ["", "### Rank arrival skew at every collective of the recorded step", "",
-              "The recorded step is step 0, the first: its skew includes first-step costs (lazy set-up on some "
-              f"ranks). Predicted slack: {staged['skew_prediction']}. Clock: {staged['skew_clock']}.", ""]
-    if s["count"]:
-        lines += [f"{s['count']} collective calls: skew median {_us(s['median_s'])}, p90 {_us(s['p90_s'])}, max "
-                  f"{_us(s['max_s'])} (predicted 0); last to arrive most often: rank {s['last_rank']} "
-                  f"({s['last_count']} of {s['count']}, {s['last_share']:.0%}).", "",
-                  "| axis | calls | median | p90 | max |", "|---|---|---|---|---|"]
-        lines += [f"| {a} | {v['count']} | {_us(v['median_s'])} | {_us(v['p90_s'])} | {_us(v['max_s'])} |"
-                  for a, v in s["by_axis"].items()]
-    else:
-        lines.append("no group collectives recorded")
-    lines += ["", "### Local kernels (predicted by the kernel-efficiency model against measured)", ""]
-    if staged["kernels"]:
-        lines += ["Timed in the validate process before the launch (one thread, divided by the rank's core share); "
-                  "predicted on the testbed's description without the measured table.", ""]
-        lines += ["| kernel | shape | predicted | measured | error |", "|---|---|---|---|---|"]
-        lines += [f"| {r['kernel']} | {r['shape']} | {_us(r['predicted_s'])} | {_us(r['measured_s'])} | "
-                  f"{_err(r['error'])} |" for r in staged["kernels"]]
-    lines += ["", "### Checkpoint per rank (DCP save and load)", ""]
-    if staged["checkpoint"]:
-        lines += ["| rank | bytes predicted | bytes measured | error | save predicted | save | load predicted | load |",
-                  "|---|---|---|---|---|---|---|---|"]
-        fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"
-        num = lambda v: "n/a" if v is None else f"{v:.0f}"
-        lines += [f"| {r['rank']} | {num(r['predicted_bytes'])} | {num(r['measured_bytes'])} | "
-                  f"{_err(r['bytes_error'])} | {fmt(r['predicted_save_s'])} | {fmt(r['save_s'])} | {fmt(r['predicted_load_s'])} | "
-                  f"{fmt(r['load_s'])} |" for r in staged["checkpoint"]]
-    else:
-        lines.append("none: " + "; ".join(m for m in staged["missing"] if m.startswith("checkpoint")))
-    return lines + [""]
-
-
-def cross_world_lines(staged_by_world: dict[int, dict]) -> list[str]:
-    """The top-level table of ``summary.md``: world -> median arrival skew, busbw at the
-    largest curve size (per axis and op, predicted / measured), median kernel error and the
-    busiest rank's checkpoint bytes error.
-
-    >>> st = dict(skew_summary=dict(median_s=0.0012), kernels=[dict(error=0.5), dict(error=-0.1)],
-    ...           checkpoint=[dict(measured_bytes=10, bytes_error=0.02)],
-    ...           curves=[dict(axis="tp", op="all-gather", size_bytes=4096, predicted_busbw_bytes_per_s=4e8,
-    ...                        measured_busbw_bytes_per_s=2e8)])
-    >>> cross_world_lines({2: st})[-1]
-    '| 2 | 1200 us | tp all-gather 4096 B: 0.4 / 0.2 GB/s | +20% | +2% |'
-    """
-    lines = ["## Staged evidence across worlds", "",
-             "| world | median arrival skew (predicted 0) | busbw at the largest size (predicted / measured) | "
-             "median kernel error | checkpoint bytes error |", "|---|---|---|---|---|"]
-    for w, st in sorted(staged_by_world.items()):
-        bus = "; ".join(f"{r['axis']} {r['op']} {r['size_bytes']} B: {r['predicted_busbw_bytes_per_s'] / 1e9:.3g} / "
-                        f"{r['measured_busbw_bytes_per_s'] / 1e9:.3g} GB/s" for r in largest_busbw(st)) or "n/a"
-        lines.append(f"| {w} | {_us(st['skew_summary']['median_s'])} | {bus} | {_err(kernel_error(st))} | "
-                     f"{_err(checkpoint_error(st))} |")
-    return lines

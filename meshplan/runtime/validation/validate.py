@@ -35,7 +35,7 @@ For each world size W (staged: 2, then 4, then 8 ...):
    plan's table (count, group, bytes, dtype), step and phase times against
    :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline, and
    the bytes each rank wrote in a DCP save after the steps against
-   :func:`meshplan.reliability.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
+   :func:`meshplan.checkpoint_bytes.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
 6. **Staged evidence** (:mod:`meshplan.runtime.validation.staged`): each axis's message curve
    (1 KiB..4 MiB, timed in the launch after the probe) against the comm model, the arrival
    skew of every collective of the recorded step against the predicted slack, each local
@@ -251,7 +251,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
     """The worlds of :func:`validate` into the evidence folder ``out`` (a temporary one
     renamed at the end on one host; across hosts the shared ``OUT``)."""
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
-    from meshplan.runtime.validation.evidence import write_summary
+    from meshplan.runtime.validation.summary import write_summary
 
     results = []
     cores = len(os.sched_getaffinity(0))

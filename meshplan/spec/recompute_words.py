@@ -1,0 +1,140 @@
+"""The recompute policy (``training.recompute``) in the words of the runtime the plan models:
+torchtitan's activation checkpointing, Megatron-LM's recompute flags, DeepSpeed's activation
+checkpointing (:func:`recompute_words`, which
+:attr:`~meshplan.spec.training.TrainingSpec.recompute_name` and the plan, memory, step and search
+text read), and what an export to a DeepSpeed JSON, which cannot hold the policy, says to apply
+instead (:func:`deepspeed_recompute_fix`). Which runtime's words: :func:`meshplan.spec.wording.runtime`.
+
+DeepSpeed's words (deepspeed.ai/docs/config-json, "Activation Checkpointing"):
+``deepspeed.checkpointing.checkpoint`` is *activation checkpointing*, which the model code calls
+on the blocks it chooses (an ``activation_checkpointing`` section configures it).
+"""
+
+from __future__ import annotations
+
+from meshplan.spec.wording import DEEPSPEED
+
+
+def recompute_words(training, rt: str, short: bool = False) -> str:
+    """The recompute policy ``training.recompute`` in runtime ``rt``'s words
+    (:func:`meshplan.spec.wording.runtime`).
+    ``selective`` with flash attention replays the flash forward in backward: Megatron-Core
+    wraps the core attention in ``tensor_parallel.checkpoint`` whenever
+    ``recompute_granularity == "selective"`` and ``"core_attn"`` is in ``recompute_modules``
+    (the default), whatever the backend (megatron/core/transformer/attention.py at d98e8a6,
+    ``checkpoint_core_attention``); only the legacy model (megatron/legacy/model/transformer.py,
+    removed in 8de8238) skipped the checkpoint on its ``--use-flash-attn`` path. DeepSpeed has no
+    setting of its own for which blocks are checkpointed: the model code calls
+    ``deepspeed.checkpointing.checkpoint`` on them.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
+    >>> recompute_words(t, "deepspeed")
+    'DeepSpeed activation checkpointing (deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in backward)'
+    >>> print(recompute_words(t, "torch"))
+    torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every TransformerBlock's input kept, the block recomputed in backward)
+    >>> recompute_words(t, "megatron").split(":")[0]
+    'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
+    >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "megatron")
+    'Megatron-LM selective recompute (--recompute-activations: attention core)'
+
+    Under torch ``selective`` is the same model, Megatron-LM's core-attention recompute, which
+    torchtitan has no option for (its selective AC, ``activation_checkpoint.mode = "selective"``,
+    is ``op`` or ``layer``: :data:`_TORCH_SELECTIVE`):
+
+    >>> print(recompute_words(t.model_copy(update={"recompute": "selective"}), "torch"))
+    attention-core recompute, modelled as Megatron-LM's selective recompute (--recompute-activations): the attention core's forward (the flash kernel) replayed in backward, its softmax statistics not kept, the other activations kept; torchtitan has no such option: its selective AC (activation_checkpoint.mode = "selective") is recompute "op" (selective_ac_option = "op") or "layer" (selective_ac_option = "<ac_freq>"); the nearest torchtitan setting is mode = "none" (the same activations kept, and the flash softmax statistics too; the attention not replayed: what export --to torchtitan writes)
+
+    ``short``: the same in a few words, where the output says it in full elsewhere.
+    """
+    if rt == DEEPSPEED:
+        return _deepspeed_recompute(training)
+    if rt == "torch" and training.recompute == "selective":
+        return _TORCH_SELECTIVE_SHORT if short else _TORCH_SELECTIVE.format(_TORCH_CORE[training.flash_attention],
+                                                                            _TORCH_NEAREST[training.flash_attention])
+    core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
+            "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
+    return {"none": "no activation checkpointing",
+            "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
+            "full": _FULL[rt] if rt in _FULL else _FULL["torch"],
+            "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
+                     f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
+            "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
+                  "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
+                  "recomputed, tp all-gathers included)",
+            }[training.recompute]
+
+
+#: ``recompute = "selective"`` under torch: what meshplan models (Megatron-LM's core-attention
+#: recompute, Korthikanti et al. 2022 section 5: the attention core's forward replayed in backward,
+#: its score tensors not kept, :func:`meshplan.memory.activations.layer_terms` and
+#: :mod:`meshplan.compute.ops`), said to be Megatron-LM's, since torchtitan has no such option:
+#: its ``[activation_checkpoint] mode = "selective"`` takes ``selective_ac_option = "op"``
+#: (op-level SAC, meshplan's ``op``) or a layer frequency (meshplan's ``layer``;
+#: torchtitan/distributed/activation_checkpoint.py, pytorch/torchtitan at e347b1e).
+_TORCH_SELECTIVE = ("attention-core recompute, modelled as Megatron-LM's selective recompute "
+                    "(--recompute-activations): {}, the other activations kept; torchtitan has no such option: its "
+                    "selective AC (activation_checkpoint.mode = \"selective\") is recompute \"op\" "
+                    "(selective_ac_option = \"op\") or \"layer\" (selective_ac_option = \"<ac_freq>\"); the "
+                    "nearest torchtitan setting is {}")
+#: The nearest torchtitan setting to :data:`_TORCH_SELECTIVE`, by ``training.flash_attention``: what
+#: ``export --to torchtitan`` writes (:func:`meshplan.interop.torchtitan_tables.write_recompute`), the
+#: mode that keeps what the plan keeps.
+_TORCH_NEAREST = {True: "mode = \"none\" (the same activations kept, and the flash softmax statistics too; the "
+                        "attention not replayed: what export --to torchtitan writes)",
+                  False: "mode = \"full\" (without flash attention the nearest that keeps no more than this plan: "
+                         "what export --to torchtitan writes)"}
+#: :data:`_TORCH_SELECTIVE` in a few words, where a longer line of the same output says it in full
+#: (``recompute_words(..., short=True)``: plan's train line, before its activations line).
+_TORCH_SELECTIVE_SHORT = ("Megatron-LM's attention-core selective recompute, which torchtitan has no option for: "
+                          "the activations line says how it is modelled")
+#: What :data:`_TORCH_SELECTIVE` replays and drops, by ``training.flash_attention``: with flash
+#: the kept score tensor is the fp32 softmax statistics, without it the softmax output (and, with
+#: dropout, its mask and output).
+_TORCH_CORE = {True: "the attention core's forward (the flash kernel) replayed in backward, its softmax statistics "
+                     "not kept",
+               False: "the attention core's forward replayed in backward, its softmax output (and dropout tensors) "
+                      "not kept"}
+
+
+#: ``recompute = "full"`` in each runtime's own words: torchtitan wraps every TransformerBlock in
+#: ``checkpoint_wrapper`` under ``[activation_checkpoint] mode = "full"`` (``_apply_full_ac``,
+#: torchtitan/distributed/activation_checkpoint.py, pytorch/torchtitan at e347b1e); Megatron-LM
+#: recomputes every layer with ``--recompute-granularity full --recompute-method uniform
+#: --recompute-num-layers 1`` (what ``export --to megatron`` writes, :mod:`meshplan.interop.megatron`).
+_FULL = {"torch": "torchtitan full activation checkpointing (activation_checkpoint.mode = \"full\": every "
+                  "TransformerBlock's input kept, the block recomputed in backward)",
+         "megatron": "Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform "
+                     "--recompute-num-layers 1: every layer's input kept, the layer recomputed in backward)"}
+
+
+def _deepspeed_recompute(training) -> str:
+    """:func:`recompute_words` under DeepSpeed."""
+    call = "deepspeed.checkpointing.checkpoint"
+    return {"none": "no activation checkpointing",
+            "selective": f"activation checkpointing of the attention core only (the model code's {call} around "
+                         f"it{', flash kernels included' if training.flash_attention else ''})",
+            "full": f"DeepSpeed activation checkpointing ({call} on every transformer layer: its input kept, the "
+                    f"layer recomputed in backward)",
+            "layer": f"DeepSpeed activation checkpointing of every {training.ac_freq} layer(s) ({call} on them)",
+            "op": "op-level activation checkpointing (matmul outputs saved but every second mm, SDPA outputs "
+                  "saved, the rest recomputed)",
+            }[training.recompute]
+
+
+def deepspeed_recompute_fix(training) -> str:
+    """Why a DeepSpeed JSON does not hold ``training.recompute`` and where it goes instead:
+    DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
+    ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
+    does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
+    full) and none otherwise (read back as ``none``: DeepSpeed without the section does not
+    checkpoint, :func:`meshplan.interop.deepspeed._recompute`). What ``export
+    --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
+    ``meshplan search`` says of such rows.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> deepspeed_recompute_fix(TrainingSpec(global_batch=8, seq_len=16, recompute="none"))
+    "DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply no activation checkpointing there"
+    """
+    return (f"DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply "
+            f"{_deepspeed_recompute(training)} there")
