@@ -43,10 +43,12 @@ from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
-from meshplan.report.search import infeasible_line, print_search, search_to_dict, timing_line
+from meshplan.report.search import print_search, search_to_dict, timing_line
+from meshplan.report.search_fix import infeasible_line
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
+from meshplan.search.widen import widen
 
 
 def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
@@ -204,6 +206,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     kern = _kernels_note(cfg.cluster)
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
+    result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
