@@ -149,7 +149,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
-    resharded, even split, 1F1B first; ZB-V and DualPipeV one setting, their vpp 2 implied), then a peak lower by more than 1%, then the shorter step. The
+    resharded, even split, 1F1B first; ZB-V and DualPipeV one setting, their vpp 2 implied), then a peak
+    lower by more than 1%, then the shorter step. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
     with their seconds; compute by kernel kind where its other ops differ most: 'kernels: cp ring merge 0 ms vs
@@ -158,7 +159,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
     limit counted apart; a range, between #LO and #HI, where more candidates than [search] rank_max, default
-    32, could rank ahead unplanned), why it is infeasible, or why no candidate is that mesh. Goodput (Daly, not ranked) is a
+    32, could rank ahead unplanned), why it is infeasible, or why no candidate is that mesh. Goodput (Daly,
+    not ranked) is a
     column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
     why (--json keeps it per row). The same input gives the
     same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max, rank_max); only the

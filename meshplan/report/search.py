@@ -15,7 +15,8 @@ exactness line (:func:`~meshplan.report.search_fix.infeasible_line`). JSON (sche
 ``meshplan plan`` can replay it, every candidate the rule placed up to the last row
 (``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``, each with its ``label``
 for ``search --export``: ``1a``, ``1b``, ``1c``), and when no
-candidate fits the one line's verdict as data (``no_feasible_mesh``: :func:`~meshplan.report.search_fix.infeasible_verdict`).
+candidate fits the one line's verdict as data (``no_feasible_mesh``:
+:func:`~meshplan.report.search_fix.infeasible_verdict`).
 """
 
 from __future__ import annotations

@@ -69,8 +69,10 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
 def widened_words(w: Widened) -> str:
     """The fix a narrowed ``[search] cp`` gets where the search with every cp finds a row.
 
-    >>> widened_words(Widened((1,), 4, "pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3", 384.986, 55.1 * GiB))
-    'widen [search] cp (now 1): with every cp the fastest that fits is pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3 (cp 4: step 384.986 s, peak 55.1 GiB)'
+    >>> print(widened_words(Widened((1,), 4, "pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3", 384.986, 55.1 * GiB)))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    widen [search] cp (now 1): with every cp the fastest that fits is pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3
+    (cp 4: step 384.986 s, peak 55.1 GiB)
     """
     now = "/".join(map(str, w.given)) or "none"
     return (f"widen [search] cp (now {now}): with every cp the fastest that fits is {w.label} (cp {w.cp}: step "

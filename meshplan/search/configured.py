@@ -299,7 +299,8 @@ def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: in
     """The clauses in parentheses after the rank: its ``row`` in the top table (the tie rule's
     order, not the rank), or the row of its mesh listed at other settings (``mesh_row``: the rows
     are distinct meshes), ``step_s`` against the top's, a verdict reached here (code ``k``), the
-    ``left`` feasible candidates unplanned (:func:`left_words`, ``rank_max``) and the ``below`` of the ``undecided`` whose step-time
+    ``left`` feasible candidates unplanned (:func:`left_words`, ``rank_max``) and the ``below`` of the
+    ``undecided`` whose step-time
     lower bound is below ``step_s``."""
     out = [f"row #{row:,} in the top table, whose tie rule orders meshes within {TIE:.0%} toward fewer axes, lower "
            "degrees and fewer settings"] if row is not None else [] if mesh_row is None else [
