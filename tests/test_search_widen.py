@@ -8,7 +8,11 @@ activations of a 32768-token micro-batch; tp 8 (the NVLink domain) splits them a
 pp does not help under 1F1B (stage 0 holds pp micro-batches of layers / pp layers), so no cp 1
 candidate fits in 67.1 GiB. ``plan``'s own fix line finds cp 4 fitting for dp_shard 8 x tp 8 of
 this workload (README's plan row: 43.4 GiB); the search with every cp lists pp 2 x cp 4 x tp 8
-first (384.986 s; the full search with ``cp`` left out, top 10, run once: its row 1).
+first (384.986 s; the full search with ``cp`` left out, top 10, run once: its row 1). Why recompute
+is narrowed too: with recompute full among the lists, cp 1 fits on as few as 3-4 nodes (4 nodes:
+dp_shard 16 x tp 2, full, 97.6 s, seen in a run), and on 2 nodes the state alone (16 B x 70.6e9 / 16
+GPUs = 65.7 GiB of 67.1 usable) leaves no room at any cp, so a cp-only fix needs a run that keeps
+the activations, as a user who rules out full recompute's replay does.
 """
 
 from __future__ import annotations
