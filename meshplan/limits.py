@@ -118,6 +118,7 @@ BOUNDS: dict[str, Bound] = {
     "exact_max": Bound(1_000_000, "exact plans built by the search, each ~10 ms"),
     "refine_max": Bound(1_000_000, "exact plans built by the search, each ~10 ms"),
     "settle_max": Bound(1_000_000, "exact plans built by the search, each ~10 ms"),
+    "rank_max": Bound(1_000_000, "exact plans built by the search, each ~10 ms"),
     "checkpoint_write_gb_per_s": Bound(1e6, "1,000x the 7 TB/s storage of Llama 3's cluster"),
     "checkpoint_read_gb_per_s": Bound(1e6, "1,000x the 7 TB/s storage of Llama 3's cluster"),
     "restart_overhead_s": Bound(1e7, "115 days"),

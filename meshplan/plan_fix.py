@@ -28,7 +28,7 @@ node counts are planned with the smallest global batch dp splits, and the line n
 ``training.global_batch`` and the batch the nodes found need (newcomer trial: Llama-3-405B at
 dp_shard 8 x tp 8, global batch 8, on 8 dgx-h100 nodes fits from 13 nodes at global batch 13).
 The search's own fix for its no-feasible-mesh verdict names the same knobs
-(:data:`meshplan.report.search._FIXES` ``memory``).
+(:data:`meshplan.report.search_fix._FIXES` ``memory``).
 """
 
 from __future__ import annotations

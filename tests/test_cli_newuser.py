@@ -89,7 +89,8 @@ def test_search_with_no_feasible_mesh_says_so_in_one_line(tmp_path):
         "rules": [{"rule": "batch", "rejected": 3, "text": "global_batch not divisible by micro_batch * dp"},
                   {"rule": "framework", "rejected": 1, "text": "zero1 under framework torch: no torch engine shards "
                                                                "the optimizer alone (torchtitan cannot run it)"}],
-        "fix": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp"}
+        "fix": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
+        "widened": None}  # no candidate rejected for memory: the search is not widened over cp
     assert doc["top"] == [] and validate("search", doc) == []
     page = (tmp_path / "s.html").read_text()
     assert "No feasible mesh" in page and html.escape(text_line) in page and "; exit 1" in page

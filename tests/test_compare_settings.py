@@ -107,12 +107,13 @@ def _plan(training: dict, mesh: dict):
 def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
     """A plan's key is the search's candidate key: pp 4 x dp_shard 2 (2 axes, tp*pp*cp*ep 4, tp 1);
     recompute full (index 4 of none, selective, op, layer, full), vpp 2, the Llama 3 short end
-    stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 4
-    settings off the default. The even split written out ([8, 8, 8, 8]) is no setting; GPipe,
+    stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 3
+    settings off the default (ZB-V's vpp 2 comes with its name: rank.implied_vpp). The even split
+    written out ([8, 8, 8, 8]) is no setting; GPipe,
     which the search does not try, counts as one (index 3, after DualPipeV)."""
     mesh = {"names": ["pp", "dp_shard"], "shape": [4, 2]}
     p = _plan({"recompute": "full"}, mesh | {"virtual_stages": 2, "pp_schedule": "zbv", "pp_layer_split": [7, 9, 9, 7]})
-    assert plan_tie_key(p) == (2, 4, 1, 4, 4, 0, 2, 0, 1, 1)
+    assert plan_tie_key(p) == (2, 4, 1, 3, 4, 0, 2, 0, 1, 1)
     even = _plan({"recompute": "none"}, mesh | {"pp_layer_split": [8, 8, 8, 8]})
     assert plan_tie_key(even) == (2, 4, 1, 0, 0, 0, 1, 0, 0, 0)
     gpipe = _plan({"recompute": "none"}, mesh | {"pp_schedule": "gpipe"})

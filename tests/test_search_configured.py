@@ -89,11 +89,12 @@ def test_configured_rank_counts_the_faster_feasible(mini):
     assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (207, 2)
     # 7.847 s against the top's 6.998 s (dp_shard 8): 7.847 / 6.998 - 1 = 12.13%
     assert round(mini.top[0].step_s, 3) == 6.998
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank #38-#43 of 657 feasible by "
-                           "step time, 207 undecided near the memory limit not ranked (its mesh is row #2 in the top "
-                           "table, at other settings (one row per distinct mesh); 12.13% longer than the top's; "
-                           "5 feasible candidates with a step-time lower bound below its step left unplanned: 32 are "
-                           "planned for the rank; 2 of the undecided have a step-time lower bound below its step and "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank between #38 and #43 of 657 "
+                           "feasible by step time, 207 undecided near the memory limit not ranked (its mesh is row #2 "
+                           "in the top table, at other settings (one row per distinct mesh); 12.13% longer than the "
+                           "top's; 5 feasible candidates with a step-time lower bound below its step not planned, each "
+                           "could rank ahead: [search] rank_max 32 planned the first by bound, each plan more narrows "
+                           "the range by one; 2 of the undecided have a step-time lower bound below its step and "
                            "could rank ahead if planned: [search] settle_max plans more)")
 
 
@@ -142,6 +143,34 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
     below = undecided[mini.est.step_lo[undecided] < step]
     assert len(below) == 2 and sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 0
     assert (mini_top45.configured.rank, mini_top45.configured.rank_hi) == (40, 40)
+
+
+def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
+    """[search] rank_max (newcomer trial 16: a 70B cp search printed #162-#2,546 and said neither
+    what the range is nor how to narrow it). The top-3 run leaves 37 feasible candidates unplanned
+    with a step-time lower bound below its step: the default rank_max 32 plans 32 and leaves the 5
+    of the #38-#43 range. Each plan moves one end of the range by one (faster: the low end up;
+    slower: the high end down), so the width is 37 - rank_max whichever are planned: rank_max 0
+    gives a range of 37 around #40, 34 a range of 3, and 37 plans them all: #40, the rank the
+    --top 45 run, which planned every one of them, gives (test above)."""
+    from meshplan.search.configured import configured
+
+    cfg = mini.config
+
+    def at(n: int):
+        c = replace(cfg, search=cfg.search.model_copy(update={"rank_max": n}))
+        return configured(c, mini.candidates, mini.code, mini.est.step_lo, mini.exact, mini.top, 1)
+
+    assert (mini.configured.rank, mini.configured.rank_hi, mini.configured.rank_max) == (38, 43, 32)
+    for n, width in ((0, 37), (34, 3), (37, 0), (64, 0)):
+        m = at(n)
+        assert (m.rank_hi - m.rank, m.rank_max) == (width, n) and m.rank <= 40 <= m.rank_hi, (n, m.rank, m.rank_hi)
+        assert ("rank_max" in m.line()) == (width > 0)
+    step = mini.configured.step_s  # rank_max 0: 1 + the faster among the search's own plans
+    searched = sum(1 for j, e in mini.exact.items() if mini.code[j] == -1 and e.step_s is not None and e.step_s < step)
+    assert (at(37).rank, at(0).rank) == (40, 1 + searched)
+    exact = at(37).line()
+    assert "rank #40 of 657 feasible by step time" in exact and "between" not in exact
 
 
 def test_mesh_in_another_axis_order_is_not_a_candidate():

@@ -285,7 +285,7 @@ def test_megatron_search_kept_gathered_only_has_no_feasible_mesh():
     """[search] reshard_after_forward = [false] with zero3 only under framework megatron: every
     candidate kept gathered, all rejected by rule 'framework'; the one line names the rule with
     its Megatron words and the Megatron fix (not torch's zero12_engine one)."""
-    from meshplan.report.search import infeasible_verdict
+    from meshplan.report.search_fix import infeasible_verdict
     from meshplan.search.reasons import MEGATRON_REFUSED
 
     cfg = config({"framework": "megatron"}, pp=[1], tp=[1], sharding=["zero3"], reshard_after_forward=[False])

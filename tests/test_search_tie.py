@@ -64,6 +64,28 @@ def test_the_knob_order_by_hand():
                   [GiB, GiB]) == (1, "fewer settings off their default (1 vs 2: full vs none, tp overlap, vpp 2)")
 
 
+def test_a_v_shaped_schedule_is_one_setting():
+    """ZB-V holds 2 chunks per rank by its name (torchtitan sets pipeline_parallel_schedule =
+    "ZBVZeroBubble" and no vpp), so its vpp 2 is not a second setting: ZB-V counts 1, as
+    interleaved 1F1B at vpp 2 or 4 does (its vpp). By hand, one mesh (2 axes, tp*pp*cp*ep 4, tp 1),
+    recompute none, ZB-V 0.5% slower than interleaved 1F1B at vpp 4: counts 1 vs 1, recompute and
+    overlap equal, then fewer virtual stages: 2 against 4, ZB-V first. Before, ZB-V counted 2 (vpp 2
+    and the schedule) and interleaved vpp 4 went first by the count (1 vs 2). Against interleaved
+    1F1B at the same vpp 2 the key reaches the schedule: 1F1B's order first."""
+    mesh = (2, 4, 1)
+    zbv, il4, il2 = (knob_key("none", False, 2, True, schedule=1), knob_key("none", False, 4, True),
+                     knob_key("none", False, 2, True))
+    assert (zbv[0], il4[0], il2[0]) == (1, 1, 1)
+    assert decide([10.0, 10.05], [mesh + il4, mesh + zbv], [GiB, GiB]) == (1, "fewer virtual stages (2 vs 4)")
+    assert decide([10.0, 10.05], [mesh + zbv, mesh + il2], [GiB, GiB]) == (
+        1, "the default pipeline schedule (1f1b vs zbv)")
+    assert decide([10.0, 10.05], [mesh + zbv, mesh + knob_key("none", False, 1, False)], [GiB, GiB]) == (
+        1, "fewer virtual stages (1 vs 2)")  # 1F1B kept gathered: 1 setting too, then vpp 1
+    dual = knob_key("full", False, 2, True, schedule=2)  # DualPipeV + full: 2 settings, vpp 2 not named
+    assert decide([10.0, 10.05], [mesh + dual, mesh + knob_key("none", True, 4, False)], [GiB, GiB]) == (
+        0, "fewer settings off their default (2 vs 3: full, dualpipev vs none, tp overlap, vpp 4, kept gathered)")
+
+
 def test_peaks_within_one_percent_are_a_tie():
     """Twins with the same key: peaks 50.0 and 50.4 GiB (0.8% apart) tie and the step decides;
     50.0 and 50.6 GiB (1.2%) do not, and the lower comes first. Printed with the digits that

@@ -43,10 +43,12 @@ from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
-from meshplan.report.search import infeasible_line, print_search, search_to_dict, timing_line
+from meshplan.report.search import print_search, search_to_dict, timing_line
+from meshplan.report.search_fix import infeasible_line
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
+from meshplan.search.widen import widen
 
 
 def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
@@ -134,7 +136,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                foreign: Foreign = Foreign()):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
-    most candidates, their counts, and a fix).
+    most candidates, their counts, and a fix; where [search] cp is narrowed and memory rejected some, the fix
+    first names the fastest row the same search finds with every cp, searched for it after the search).
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
     (op-level "op" under framework torch, tp = cp = ep = 1; Megatron's "selective" under torchtitan only
@@ -146,7 +149,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
-    resharded, even split, 1F1B first), then a peak lower by more than 1%, then the shorter step. The
+    resharded, even split, 1F1B first; ZB-V and DualPipeV one setting, their vpp 2 implied), then a peak
+    lower by more than 1%, then the shorter step. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
     with their seconds; compute by kernel kind where its other ops differ most: 'kernels: cp ring merge 0 ms vs
@@ -154,10 +158,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     faster candidate, how much longer its step is than the fastest's, naming it. Where CONFIG has a [mesh], one
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
-    limit counted apart), why it is infeasible, or why no candidate is that mesh. Goodput (Daly, not ranked) is a
+    limit counted apart; a range, between #LO and #HI, where more candidates than [search] rank_max, default
+    32, could rank ahead unplanned), why it is infeasible, or why no candidate is that mesh. Goodput (Daly,
+    not ranked) is a
     column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
     why (--json keeps it per row). The same input gives the
-    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max); only the
+    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max, rank_max); only the
     timings differ: the wall time, printed on stderr ('timing: ...'), and --json's wall_s and timings_s.
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON; --export 1b writes row 1's mesh at the setting labelled 1b
@@ -204,6 +210,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     kern = _kernels_note(cfg.cluster)
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
+    result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)

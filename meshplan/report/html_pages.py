@@ -31,8 +31,8 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import (count_lines, header_lines, infeasible_verdict, rejected_lines, rule_counts,
-                                    table_lines, top_table)
+from meshplan.report.search import count_lines, header_lines, rejected_lines, table_lines, top_table
+from meshplan.report.search_fix import infeasible_verdict, rule_counts
 from meshplan.report.search_lines import configured_lines
 from meshplan.report.text import fmt_ranks, plan_replicates
 from meshplan.schedule.linkload import edge_loads
@@ -170,7 +170,7 @@ def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str, note: 
 
 def _count_bars(r: SearchResult) -> str:
     """Candidates per outcome as bars: feasible, undecided and each rule's rejections (the
-    ``engine`` rule per engine, as the text: :func:`~meshplan.report.search.rule_counts`)."""
+    ``engine`` rule per engine, as the text: :func:`~meshplan.report.search_fix.rule_counts`)."""
     counts = r.counts()
     total = max(sum(counts.values()), 1)
     outcomes = [("feasible", "feasible", counts["feasible"]), ("undecided", "undecided", counts["undecided"])]

@@ -10,12 +10,13 @@ mesh's other settings within 1%, what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome; when no candidate fits, one line instead of the table, the order rule and the
-exactness line (:func:`infeasible_line`). JSON (schema
+exactness line (:func:`~meshplan.report.search_fix.infeasible_line`). JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it, every candidate the rule placed up to the last row
 (``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``, each with its ``label``
 for ``search --export``: ``1a``, ``1b``, ``1c``), and when no
-candidate fits the one line's verdict as data (``no_feasible_mesh``: :func:`infeasible_verdict`).
+candidate fits the one line's verdict as data (``no_feasible_mesh``:
+:func:`~meshplan.report.search_fix.infeasible_verdict`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from meshplan import __version__
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
+from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
                                          recompute_lines, variants_line)
 from meshplan.search.driver import SearchResult
@@ -37,9 +39,9 @@ from meshplan.search.explain import relative
 from meshplan.search.rank import RULE_LINE, mesh_of, top_heading, variant_label
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
-from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
+from meshplan.search.reasons import REASONS
 from meshplan.search.space import overlap_searched
-from meshplan.memory.constraints import state_floor_fix, usable_bytes
+from meshplan.memory.constraints import usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
@@ -130,9 +132,13 @@ def header_lines(r: SearchResult) -> list[str]:
 
 
 def timing_line(r: SearchResult) -> str:
-    """The search's wall time here (``r.wall_s``), for stderr: the report (stdout, HTML) holds no
-    measured time, so it is the same on any machine (--json keeps ``wall_s`` and ``timings_s``)."""
-    return f"timing: the search took {r.wall_s:.1f} s on this machine (not part of the report, the same on any machine)"
+    """The search's wall time here (``r.wall_s``; the widened search's apart, :mod:`meshplan.search.widen`), for
+    stderr: the report (stdout, HTML) holds no measured time, so it is the same on any machine (--json keeps
+    ``wall_s`` and ``timings_s``)."""
+    widen = r.timings.get("widen cp")
+    more = "" if widen is None else f", then {widen:.1f} s for the search with every cp (the fix's)"
+    return (f"timing: the search took {r.wall_s:.1f} s on this machine{more} (not part of the report, the same on any "
+            "machine)")
 
 
 def narrowed_lines(o) -> list[str]:
@@ -278,72 +284,6 @@ def _rows(ks: list[int]) -> str:
     return f"row {ks[0]}" if len(ks) == 1 else f"rows {', '.join(map(str, ks))}"
 
 
-#: What widens the search past a rejection rule that removed most candidates (the rule keys of
-#: :data:`~meshplan.search.reasons.REASONS`); other rules get :data:`_FIX_ANY`.
-_FIXES = {
-    "framework": "set training.zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1) or framework = \"megatron\", "
-                 "or add zero3 to search.sharding",
-    "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
-              "ZeRO-2 and DeepSpeed's ZeRO-3 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
-    "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
-    "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
-              "tp/pp)",
-    "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
-    "1f1b": "raise training.global_batch (more micro-batches per step) or narrow search.pp",
-    "interleaved": "raise training.global_batch (more micro-batches per step) or narrow search.vpp",
-    "dualpipev": "raise training.global_batch (more micro-batches per step) or drop dualpipev from search.pp_schedules",
-}
-_FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
-#: :data:`_FIXES` where ``training.framework = "megatron"`` words the rule otherwise
-#: (:data:`meshplan.search.reasons.MEGATRON_REFUSED`).
-_FIXES_MEGATRON = {
-    "framework": "let search.reshard_after_forward include true and search.sharding zero1 or zero3 (Megatron FSDP "
-                 "reshards every layer; Megatron-LM's HSDP is not modelled), or set training.framework = \"torch\"",
-}
-
-
-def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
-    """Why no candidate fits, as data (None when one does): ``candidates``, ``rules`` (the up
-    to 3 rejection rules that removed the most candidates, most first, each ``{"rule", "rejected",
-    "text"}``), ``undecided`` (candidates near the memory limit not settled), ``fix`` (what
-    widens the search past the first rule, :data:`_FIXES`, or where the model state alone
-    exceeds usable memory fully sharded over every GPU, the GPUs it needs:
-    :func:`~meshplan.memory.constraints.state_floor_fix`; null without a rule) and ``line``
-    (:func:`infeasible_line`: the one line the text prints). ``search --json`` holds it as
-    ``no_feasible_mesh``, the HTML page shows the line."""
-    if r.top:
-        return None
-    most = sorted(rule_counts(r), key=lambda x: -x[2])[:3]
-    rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": t} for k, t, n in most]
-    fixes = _FIXES | _FIXES_MEGATRON if r.config.training.framework == "megatron" else _FIXES
-    cfg = r.config  # a model state over memory fully sharded: no batch or knob helps, only GPUs
-    fix = (state_floor_fix(cfg.model, cfg.training, cfg.cluster) or fixes.get(most[0][0], _FIX_ANY)) if most else None
-    verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": r.counts()["undecided"],
-                               "fix": fix}
-    return verdict | {"line": _verdict_line(verdict)}
-
-
-def _verdict_line(v: dict[str, Any]) -> str:
-    """:func:`infeasible_verdict`'s one line."""
-    if not v["rules"]:
-        return f"no feasible mesh among {v['candidates']:,} candidates"
-    first, *rest = v["rules"]
-    line = (f"no feasible mesh: of {v['candidates']:,} candidates rule '{first['rule']}' rejected "
-            f"{first['rejected']:,} ({first['text']})" + "".join(f", '{x['rule']}' {x['rejected']:,}" + (
-                f" ({x['text']})" if x["rule"] == "engine" else "") for x in rest))  # engine: one per engine
-    if v["undecided"]:
-        line += f"; {v['undecided']:,} undecided near the memory limit (raise search.settle_max)"
-    return f"{line}; fix: {v['fix']}"
-
-
-def infeasible_line(r: SearchResult) -> str:
-    """The one line printed instead of the table when no candidate fits: the rejection rules
-    that removed the most candidates (at most 3, with their counts; the first with its text) and
-    what widens the search past the first (:data:`_FIXES`); empty when one fits."""
-    v = infeasible_verdict(r)
-    return v["line"] if v else ""
-
-
 def knobs(d: dict) -> str:
     """The searched training knobs that are not the default: ``keep gathered``
     (reshard_after_forward false), ``tp overlap``, ``short ends`` (Llama 3 split), a V-shaped
@@ -376,28 +316,3 @@ def count_lines(r: SearchResult) -> list[str]:
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
     return out + [f"  rejected, {text}: {n:,}" for _, text, n in rule_counts(r)]
-
-
-def rule_counts(r: SearchResult) -> list[tuple[str, str, int]]:
-    """(rule, text, candidates rejected) of each rule that rejected some, in :data:`REASONS`'
-    order, the ``engine`` rule split per engine (:func:`_engine_counts`): the one split that the
-    text's counts, the no-feasible-mesh line and the HTML page all show."""
-    counts = r.counts()
-    out: list[tuple[str, str, int]] = []
-    for key, text in reason_texts(r.config.training).items():
-        if key == "engine" and counts[key]:
-            out += [(key, t, n) for t, n in _engine_counts(r, text, counts[key]) if n]
-        elif counts[key]:
-            out.append((key, text, counts[key]))
-    return out
-
-
-def _engine_counts(r: SearchResult, text: str, n: int) -> list[tuple[str, int]]:
-    """The ``engine`` rule's rejections split by the engine that refused them: zero3 rows by the
-    ZeRO-3 engine's rule, the others by ZeRO-1/2's (a DeepSpeed ZeRO-3 search plans both, and
-    its 12 rows kept gathered are ZeRO-3's alone); one line with ``text`` when one engine is planned."""
-    fam = engine_texts(r.config.training)
-    if len(fam) < 2:
-        return [(text, n)]
-    zero3 = int(((r.code == CODE["engine"]) & (r.candidates.sh == SHARDING.index("zero3"))).sum())
-    return [(fam["zero12"], n - zero3), (fam["zero3"], zero3)]

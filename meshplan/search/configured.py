@@ -9,7 +9,11 @@ with the search's own exact model (:class:`~meshplan.search.exact.Planner`, ``SI
 feasible candidates whose exact step is shorter, also where it is listed in the top (whose rows
 follow the tie rule, so its row is given beside the rank, never as it). Feasible candidates whose
 step-time lower bound is below its step and that the search did not plan are planned here
-(step only), at most :data:`RANK_MAX` of them; beyond that the rank is a range. The rank is among
+(step only), lowest bound first, at most ``[search] rank_max`` of them (default 32); beyond that
+the rank is a range, ``between #lo and #hi``: each candidate left could be faster or not, so the
+range is as wide as their count, whichever are planned (a plan moves one end by one), and the line
+says how many and that ``rank_max`` plans more (newcomer trial 16: ``#162-#2,546 of 5,857`` for a
+70B cp search said neither; planning them all there costs minutes). The rank is among
 the feasible candidates the search decided: those left undecided near the memory limit
 (``[search] settle_max``) are counted apart, with how many of them have a step-time lower bound
 below its step (planned, those could rank ahead). None of it changes the search's result (its
@@ -40,11 +44,6 @@ from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes
 
-#: Feasible candidates the rank plans at most (step only, 0.1-0.3 s each on 2 cores): beyond
-#: it the rank is printed as the range the step-time lower bounds leave.
-RANK_MAX = 32
-
-
 @dataclass(frozen=True)
 class Configured:
     """The config's mesh among the candidates: ``mesh`` as printed (``dp_shard 8 x tp 8``);
@@ -52,7 +51,8 @@ class Configured:
     ``feasible``; ``row`` in the top table or None; ``undecided`` candidates near the memory limit
     not ranked, ``undecided_below`` of them with a step-time lower bound below ``step_s``),
     ``infeasible`` or ``not_ranked`` (``reason``; a step where planned) or ``absent``
-    (``reason``: why no candidate is this run)."""
+    (``reason``: why no candidate is this run); ``rank_max`` the ``[search] rank_max`` the rank
+    planned with."""
 
     mesh: str
     status: str
@@ -66,6 +66,7 @@ class Configured:
     row: Optional[int] = None
     undecided: Optional[int] = None
     undecided_below: Optional[int] = None
+    rank_max: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -76,13 +77,20 @@ class Configured:
         >>> Configured("dp_shard 4 x tp 2", "ranked", "5.47% longer than the top's", 7.381, 71028.4, 40, 40, 717).line()
         "your mesh (dp_shard 4 x tp 2): 7.381 s, 71,028 tokens/s, rank #40 of 717 feasible by step time (5.47% longer than the top's)"
         >>> Configured("dp_shard 8 x tp 8", "ranked", None, 331.38, 12657.0, 80, 965, 1118, undecided=27).line()
-        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank #80-#965 of 1,118 feasible by step time, 27 undecided near the memory limit not ranked'
+        'your mesh (dp_shard 8 x tp 8): 331.380 s, 12,657 tokens/s, rank between #80 and #965 of 1,118 feasible by step time, 27 undecided near the memory limit not ranked'
+        >>> print(Configured("cp 4 x tp 8", "absent", "cp before dp_shard", 50.0, 9000.0, 162, 2546, 5857,
+        ...                  rank_max=32).line())  # doctest: +NORMALIZE_WHITESPACE
+        your mesh (cp 4 x tp 8) is not among the candidates: cp before dp_shard; planned as given (not searched):
+        50.000 s, 9,000 tokens/s, would rank between #162 and #2,546 of 5,857 feasible by step time (2,384 feasible
+        candidates with a step-time lower bound below its step not planned, each could rank ahead: [search] rank_max
+        32 planned the first by bound, each plan more narrows the range by one)
         """
         if self.status == "absent" and self.step_s is not None:  # planned as given (_as_given)
-            rank = f"#{self.rank:,}" if self.rank == self.rank_hi else f"#{self.rank:,}-#{self.rank_hi:,}"
+            lo, hi = self.rank or 0, self.rank_hi or 0  # set with step_s
+            tail = f" ({left_words(hi - lo, self.rank_max)})" if hi > lo else ""
             return (f"your mesh ({self.mesh}) is not among the candidates: {self.reason}; planned as given (not "
-                    f"searched): {self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, would rank {rank} of "
-                    f"{self.feasible:,} feasible by step time")
+                    f"searched): {self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, would rank "
+                    f"{rank_words(lo, hi)} of {self.feasible:,} feasible by step time{tail}")
         if self.status == "absent":
             return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
         if self.status == "infeasible":
@@ -90,10 +98,28 @@ class Configured:
         step = f"{self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s"
         if self.status == "not_ranked":
             return f"your mesh ({self.mesh}): {step}, not ranked: {self.reason}"
-        rank = f"#{self.rank:,}" if self.rank == self.rank_hi else f"#{self.rank:,}-#{self.rank_hi:,}"
+        rank = rank_words(self.rank or 0, self.rank_hi or 0)  # set when ranked
         apart = f", {self.undecided:,} undecided near the memory limit not ranked" if self.undecided else ""
         why = "" if self.reason is None else f" ({self.reason})"
         return f"your mesh ({self.mesh}): {step}, rank {rank} of {self.feasible:,} feasible by step time{apart}{why}"
+
+
+def rank_words(lo: int, hi: int) -> str:
+    """A rank, or the range the unplanned candidates leave.
+
+    >>> rank_words(4, 4), rank_words(162, 2546)
+    ('#4', 'between #162 and #2,546')
+    """
+    return f"#{lo:,}" if lo == hi else f"between #{lo:,} and #{hi:,}"
+
+
+def left_words(left: int, rank_max: Optional[int]) -> str:
+    """What the range means: ``left`` candidates not planned, each of which could rank ahead, and
+    the ``[search] rank_max`` that plans more (:func:`_rank`)."""
+    many = "s" if left > 1 else ""
+    return (f"{left:,} feasible candidate{many} with a step-time lower bound below its step not planned, each could "
+            f"rank ahead: [search] rank_max {rank_max} planned the first by bound, each plan more narrows the range "
+            "by one")
 
 
 def _mesh_words(spec: MeshSpec, world: int) -> str:
@@ -243,9 +269,11 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     below = int((step_lo[undecided] < e.step_s).sum())
     row = next((n for n, t in enumerate(top, 1) if t.index == i), None)
     mesh_row = next((n for n, t in enumerate(top, 1) if mesh_of(c, t.index) == mesh_of(c, i)), None)
-    lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers)
-    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row)) or None
-    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below)
+    n = cfg.search.rank_max
+    lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers, n)
+    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row, n)) or None
+    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below,
+                      n)
 
 
 def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
@@ -261,24 +289,25 @@ def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray,
     if not isinstance(plan, Plan) or not plan.feasible:
         return Configured(words, "absent", f"{why}; as given: infeasible: {'; '.join(plan.reasons)}")
     st = step_time(plan, Overlap())
-    lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers)
-    return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()))
+    n = cfg.search.rank_max
+    lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers, n)
+    return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()), rank_max=n)
 
 
 def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: int, undecided: int,
-           below: int, mesh_row: Optional[int] = None) -> list[str]:
+           below: int, mesh_row: Optional[int] = None, rank_max: Optional[int] = None) -> list[str]:
     """The clauses in parentheses after the rank: its ``row`` in the top table (the tie rule's
     order, not the rank), or the row of its mesh listed at other settings (``mesh_row``: the rows
     are distinct meshes), ``step_s`` against the top's, a verdict reached here (code ``k``), the
-    ``left`` feasible candidates unplanned and the ``below`` of the ``undecided`` whose step-time
+    ``left`` feasible candidates unplanned (:func:`left_words`, ``rank_max``) and the ``below`` of the
+    ``undecided`` whose step-time
     lower bound is below ``step_s``."""
     out = [f"row #{row:,} in the top table, whose tie rule orders meshes within {TIE:.0%} toward fewer axes, lower "
            "degrees and fewer settings"] if row is not None else [] if mesh_row is None else [
         f"its mesh is row #{mesh_row:,} in the top table, at other settings (one row per distinct mesh)"]
     out += [relative(step_s / top[0].step_s - 1, "the top's")] if row != 1 and top and top[0].step_s else []
     out += [] if k == OK else ["near the memory limit, planned here: it fits"]
-    out += [] if not left else [f"{left:,} feasible candidate{'s' if left > 1 else ''} with a step-time lower "
-                                f"bound below its step left unplanned: {RANK_MAX} are planned for the rank"]
+    out += [left_words(left, rank_max)] if left else []
     if undecided and below:
         out.append(f"{below:,} of the undecided ha{'ve' if below > 1 else 's'} a step-time lower bound below its "
                    "step and could rank ahead if planned: [search] settle_max plans more")
@@ -288,15 +317,16 @@ def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: in
 
 
 def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], step_s: float, i: int,
-          planner: Planner, workers: int) -> tuple[int, int]:
+          planner: Planner, workers: int, rank_max: int = 32) -> tuple[int, int]:
     """(lowest, highest) rank of a step of ``step_s``: 1 + the feasible candidates with a shorter
-    exact step; those unplanned whose lower bound is below it planned (step only) up to
-    :data:`RANK_MAX`, the rest (and any plan that gives no step) left as the range."""
+    exact step; those unplanned whose lower bound is below it planned (step only), lowest bound
+    first, up to ``rank_max`` (``[search] rank_max``), the rest (and any plan that gives no step)
+    left as the range: highest - lowest = those left."""
     feasible = np.flatnonzero(code == OK)
     steps = {j: exact[j].step_s for j in feasible.tolist() if j in exact and exact[j].step_s is not None}
     open_ = [j for j in feasible.tolist() if j not in steps and j != i and step_lo[j] < step_s]
     open_.sort(key=lambda j: (step_lo[j], j))
-    todo, left = open_[:RANK_MAX], len(open_) - min(len(open_), RANK_MAX)
+    todo, left = open_[:rank_max], len(open_) - min(len(open_), rank_max)
     pool = Pool(planner, workers)
     try:
         for r in pool.map([(j, STEP_ONLY) for j in todo]):

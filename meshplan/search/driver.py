@@ -97,7 +97,9 @@ class SearchResult:
     planned candidate by index; ``explanation``: the top against the runner-up
     (:mod:`meshplan.search.explain`); ``placed``: every candidate the rule placed up to the last
     row, in order (the rows' meshes' other settings among them); ``variants``: the top mesh's
-    other settings within 1% of the fastest step, at most 3."""
+    other settings within 1% of the fastest step, at most 3; ``widened``: where no candidate fits
+    and ``[search] cp`` is narrowed, the fastest row with every cp (:func:`meshplan.search.widen.widen`,
+    which ``meshplan search`` runs after this search; None otherwise)."""
 
     config: Config
     candidates: Candidates
@@ -117,6 +119,7 @@ class SearchResult:
     configured: Optional[Configured] = None
     placed: list[Exact] = field(default_factory=list)
     variants: list[Exact] = field(default_factory=list)
+    widened: Optional["Widened"] = None
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
@@ -126,6 +129,23 @@ class SearchResult:
         for i, (key, _) in enumerate(REASONS):
             out[key] = int((self.code == i).sum())
         return out
+
+
+@dataclass(frozen=True)
+class Widened:
+    """The fastest row of a search with ``[search] cp`` widened (:mod:`meshplan.search.widen`):
+    ``given`` the config's list, ``cp`` the row's degree, ``label`` the candidate as the search
+    prints it, ``step_s`` its exact step (seconds), ``peak_bytes`` its planned peak (bytes)."""
+
+    given: tuple[int, ...]
+    cp: int
+    label: str
+    step_s: float
+    peak_bytes: float
+
+    def to_dict(self) -> dict:
+        return {"key": "search.cp", "given": list(self.given), "cp": self.cp, "label": self.label,
+                "step_s": self.step_s, "peak_bytes": self.peak_bytes}
 
 
 def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[int] = None) -> SearchResult:

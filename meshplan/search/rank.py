@@ -49,7 +49,9 @@ import numpy as np
 
 from meshplan.units import GiB
 
+from meshplan.pipeline.registry import get
 from meshplan.search.columns import PIPELINE, RECOMPUTE, Candidates
+from meshplan.spec.mesh import Schedule
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.spec.axes.registry import search_axes
 
@@ -148,18 +150,38 @@ def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
     return axes, mp, degree("tp")
 
 
+def implied_vpp(schedule: int) -> int | None:
+    """The virtual stages a schedule of :data:`PIPELINE` index ``schedule`` fixes by itself: 2
+    for a V-shaped one (ZB-V, DualPipeV: two chunks per rank, :attr:`PipelineSchedule.chunks
+    <meshplan.pipeline.base.PipelineSchedule.chunks>`), None for 1F1B and its interleaved order
+    and for :data:`OTHER_SCHEDULE`, whose vpp is set apart. torchtitan sets no vpp for a V-shape:
+    ``pipeline_parallel_schedule = "ZBVZeroBubble"`` (or ``"DualPipeV"``) alone builds 2 x pp model
+    parts (:data:`meshplan.interop.torchtitan_tables.V_SCHEDULES`, as ``import`` reads it), and
+    torch's ZB-V and DualPipeV take exactly two stages per rank, so that vpp 2 is no setting of its own.
+
+    >>> implied_vpp(0), implied_vpp(PIPELINE.index("zbv")), implied_vpp(PIPELINE.index("dualpipev"))
+    (None, 2, 2)
+    """
+    return get(Schedule(PIPELINE[schedule])).chunks if 0 < schedule < len(PIPELINE) else None
+
+
 def knob_key(recompute: str, tp_overlap: bool, vpp: int, reshard: bool, short_ends: bool = False,
              schedule: int = 0) -> tuple[int, ...]:
     """The settings of one candidate as the tie rule orders them, smaller first: (how many are
     off their default, recompute's place in :data:`RECOMPUTE_BY_COST`, tp overlap, vpp,
-    parameters kept gathered, short end stages, the :data:`PIPELINE` schedule's index).
+    parameters kept gathered, short end stages, the :data:`PIPELINE` schedule's index). A
+    V-shaped schedule's vpp 2 (:func:`implied_vpp`) is not counted apart from the schedule: ZB-V
+    is one setting, as interleaved 1F1B at vpp 2 is.
 
     >>> knob_key("selective", True, 6, True), knob_key("none", True, 6, True), knob_key("none", False, 6, True)
     ((3, 1, 1, 6, 0, 0, 0), (2, 0, 1, 6, 0, 0, 0), (1, 0, 0, 6, 0, 0, 0))
+    >>> knob_key("none", False, 2, True, schedule=PIPELINE.index("zbv")), knob_key("none", False, 2, True)
+    ((1, 0, 0, 2, 0, 0, 1), (1, 0, 0, 2, 0, 0, 0))
     """
     rc = RECOMPUTE_BY_COST.index(recompute)
     flags = (rc, int(tp_overlap), int(vpp), int(not reshard), int(short_ends), int(schedule))
-    off = sum(int(x > 0) for x in flags[:2]) + int(vpp > 1) + sum(int(x > 0) for x in flags[3:])
+    own_vpp = vpp > 1 and vpp != implied_vpp(schedule)  # a V-shape's 2 chunks come with its name
+    off = sum(int(x > 0) for x in flags[:2]) + int(own_vpp) + sum(int(x > 0) for x in flags[3:])
     return (int(off),) + flags
 
 
@@ -231,7 +253,8 @@ def knob_words(key: tuple) -> str:
     if len(key) < len(KEY_TERMS):
         return ""
     rc, ov, vpp, gathered, short, ps = key[4:10]
-    on = [RECOMPUTE_BY_COST[rc]] + [t for t, x in (("tp overlap", ov), (f"vpp {vpp}", vpp > 1),
+    own_vpp = vpp > 1 and vpp != implied_vpp(ps)  # as knob_key counts it: a V-shape's vpp 2 is its name's
+    on = [RECOMPUTE_BY_COST[rc]] + [t for t, x in (("tp overlap", ov), (f"vpp {vpp}", own_vpp),
                                                    ("kept gathered", gathered), ("short end stages", short),
                                                    (_schedule_word(ps), ps)) if x]
     return ", ".join(on)

@@ -129,6 +129,11 @@ class SearchOptions(BaseModel):
       on 2 cores cost more); those left are counted as undecided. A
       count, not seconds, so that the same input gives the same counts on any machine. The
       former ``settle_s`` (seconds) is refused with a message naming this key.
+    - ``rank_max``: feasible candidates the line on the config's own ``[mesh]`` plans (step only)
+      to rank it, those the search did not plan whose step-time lower bound is below its step,
+      lowest bound first (default 32: 0.1-0.3 s each on 2 cores, :mod:`meshplan.search.configured`);
+      each left unplanned could be faster or not, so the rank is a range as wide as their count,
+      which only more plans narrow. A count, for the same output on any machine.
     - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
       for the goodput column (default 2000 GB/s each: the Llama 3 paper's sustained Tectonic
       throughput); ``restart_overhead_s``: detection, rescheduling and start-up per restart
@@ -168,6 +173,7 @@ class SearchOptions(BaseModel):
     refine_max: int = Field(default=2000, ge=0, le=BOUNDS["refine_max"].value)
     memory_margin: float = Field(default=0.01, ge=0, lt=1)
     settle_max: int = Field(default=32, ge=0, le=BOUNDS["settle_max"].value)
+    rank_max: int = Field(default=32, ge=0, le=BOUNDS["rank_max"].value)
     checkpoint_write_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0,
                                              le=BOUNDS["checkpoint_write_gb_per_s"].value)
     checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0,

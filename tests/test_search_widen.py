@@ -1,0 +1,118 @@
+"""The search's no-feasible-mesh fix names a narrowed ``[search] cp`` where widening it finds a
+row (newcomer trial 16: ``plan``'s fix line tries cp, the search's never named it;
+:mod:`meshplan.search.widen`).
+
+The case, derived: Llama-3-70B at seq 32768, global batch 512, on 8 dgx-h100 (64 GPUs),
+``[search] recompute = ["none"]`` and ``cp = [1]``. Without recompute every layer keeps its
+activations of a 32768-token micro-batch; tp 8 (the NVLink domain) splits them at most 8 ways and
+pp does not help under 1F1B (stage 0 holds pp micro-batches of layers / pp layers), so no cp 1
+candidate fits in 67.1 GiB. ``plan``'s own fix line finds cp 4 fitting for dp_shard 8 x tp 8 of
+this workload (README's plan row: 43.4 GiB); the search with every cp lists pp 2 x cp 4 x tp 8
+first (384.986 s; the full search with ``cp`` left out, top 10, run once: its row 1). Why recompute
+is narrowed too: with recompute full among the lists, cp 1 fits on as few as 3-4 nodes (4 nodes:
+dp_shard 16 x tp 2, full, 97.6 s, seen in a run), and on 2 nodes the state alone (16 B x 70.6e9 / 16
+GPUs = 65.7 GiB of 67.1 usable) leaves no room at any cp, so a cp-only fix needs a run that keeps
+the activations, as a user who rules out full recompute's replay does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.search.driver import search
+from meshplan.search.widen import widen
+from meshplan.units import GiB
+from tests.cli_run import run_main
+
+TOML = """[model]
+catalog = "llama3-70b"
+[cluster]
+system = "dgx-h100"
+nodes = 8
+[training]
+global_batch = 512
+seq_len = 32768
+recompute = "none"
+[search]
+recompute = ["none"]
+cp = [1]
+"""
+ROW = "pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3"
+
+
+def _cfg(**search):
+    d = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
+         "training": {"global_batch": 512, "seq_len": 32768, "recompute": "none"},
+         "search": {"recompute": ["none"], "cp": [1]} | search}
+    return config_from_dict(d, require_mesh=False)
+
+
+@pytest.fixture(scope="module")
+def narrowed():
+    return widen(search(_cfg(), workers=1), workers=1)
+
+
+def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowed):
+    """No row; the widened search's fastest row is cp 4, planned by build_plan + step_time to the
+    same step, its peak under usable memory; the same mesh at cp 1 (its data axis 4 x larger:
+    pp 2 x dp_shard 4 x tp 8) is over it, which is why the narrowed search has no row."""
+    from meshplan.report.search_fix import infeasible_verdict
+
+    r = narrowed
+    assert not r.top and r.counts()["memory"] > 0
+    w = r.widened
+    assert w is not None and (w.given, w.cp, w.label) == ((1,), 4, ROW)
+    assert round(w.step_s, 3) == 384.986 and w.peak_bytes < r.usable_bytes
+    plan = _plan(["pp", "cp", "tp"])
+    assert plan.feasible and step_time(plan, Overlap()).step_s == pytest.approx(w.step_s, rel=1e-9)
+    assert max(t.peak.total_bytes for t in plan.timelines) == pytest.approx(w.peak_bytes, rel=1e-9)
+    cp1 = _plan(["pp", "dp_shard", "tp"])
+    assert not cp1.feasible and cp1.reasons[0].startswith("peak")
+    v = infeasible_verdict(r)
+    assert v["fix"].startswith(f"widen [search] cp (now 1): with every cp the fastest that fits is {ROW} (cp 4: step "
+                               f"384.986 s, peak {w.peak_bytes / GiB:.1f} GiB); or add nodes, or let [search] reach "
+                               "less memory")
+    assert v["widened"]["cp"] == 4 and v["line"].endswith(v["fix"])
+
+
+def _plan(names: list[str]):
+    """The row's run as ``meshplan plan`` takes it: zero3 resharded after forward (the label's
+    defaults), SP on, micro-batch 1; ``names`` over the degrees 2 x 4 x 8."""
+    d = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
+         "training": {"global_batch": 512, "seq_len": 32768, "recompute": "none", "sharding": "zero3",
+                      "micro_batch": 1},
+         "mesh": {"names": names, "shape": [2, 4, 8], "sequence_parallel": True}}
+    return build_plan(config_from_dict(d))
+
+
+def test_the_cli_prints_the_fix_and_the_json_holds_it(tmp_path, capsys):
+    """The one line on stdout and stderr (exit 1), the JSON's ``widened`` valid under the schema."""
+    import json
+
+    from tests.test_cli_json import validate
+
+    path = tmp_path / "c.toml"
+    path.write_text(TOML)
+    assert run_main("search", path, "--json", tmp_path / "s.json") == 1
+    out, err = capsys.readouterr()
+    assert f"fix: widen [search] cp (now 1): with every cp the fastest that fits is {ROW}" in err
+    assert "then" in next(x for x in err.splitlines() if x.startswith("timing:"))  # the widened search's time apart
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert doc["no_feasible_mesh"]["widened"]["label"] == ROW and validate("search", doc) == []
+
+
+def test_not_widened_where_cp_is_not_narrowed_or_a_row_fits():
+    """``[search] cp`` left out on the mesh dp_shard 8 x tp 8 alone (cp 1 the only degree left): no
+    row, nothing to widen (the fix is the memory rule's alone); ``cp = [1, 4]`` finds rows itself."""
+    from meshplan.report.search_fix import infeasible_verdict
+    from meshplan.search.widen import worth_widening
+
+    r = widen(search(_cfg(cp=None, pp=[1], tp=[8], dp_shard=[8]), workers=1), workers=1)
+    assert not r.top and r.widened is None and not worth_widening(r)
+    assert infeasible_verdict(r)["fix"].startswith("add nodes, or let [search] reach less memory")
+    r = widen(search(_cfg(cp=[1, 4], top=1), workers=1), workers=1)
+    assert r.top and r.widened is None and r.candidates.label(r.top[0].index) == ROW
