@@ -98,7 +98,7 @@ def names(kind: str) -> list[str]:
     """Entry names of one catalog kind: ``"gpu"``, ``"node"``, ``"network"`` or ``"model"``.
 
     >>> names("gpu")
-    ['a100-sxm-80gb', 'b200-gb200-186gb', 'b200-sxm-180gb', 'h100-hbm2e-96gb-500w', 'h100-sxm5-80gb', 'h200-sxm-141gb', 'mi300x-oam-192gb']
+    ['a100-sxm-80gb', 'b200-gb200-186gb', 'b200-sxm-180gb', 'h100-hbm2e-96gb-500w', 'h100-sxm5-80gb', 'h200-sxm-141gb', 'h800-sxm-80gb', 'mi300x-oam-192gb']
     """
     return sorted(_entries(kind))
 
