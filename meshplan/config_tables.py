@@ -200,7 +200,8 @@ def _with_fabric(cluster: ClusterSpec, given, system: str) -> ClusterSpec:
     src = given.get("source") or (f"config's [cluster] fabric ({', '.join(sorted(given))}) over catalog node "
                                   f"{system}'s {old.name} ({old.bandwidth_gb_per_s:g} GB/s)")
     fabric = build(type(old), {**old.model_dump(), **given, "source": src}, "cluster.fabric")
-    return cluster.model_copy(update={"node": cluster.node.model_copy(update={"fabric": fabric})})
+    return cluster.model_copy(update={"node": cluster.node.model_copy(update={"fabric": fabric}),
+                                      "source": f"{cluster.source}; NVLink fabric: {src}"})
 
 
 @contextmanager

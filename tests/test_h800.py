@@ -130,8 +130,8 @@ def test_readme_cluster_examples_parse():
 def test_fabric_override_keeps_the_rest_and_refuses_bad_keys():
     c = config_from_dict(_with({"system": "hgx-h800", "nodes": 1, "fabric": {"bandwidth_gb_per_s": 160.0}}, 8)).cluster
     assert c.node.fabric.bandwidth_gb_per_s == 160.0 and c.node.fabric.latency_us == 3.4
-    assert c.node.fabric.source == "config's [cluster] fabric (bandwidth_gb_per_s) over catalog node hgx-h800's " \
-                                   "nvlink4-h800 (200 GB/s)"
+    src = "config's [cluster] fabric (bandwidth_gb_per_s) over catalog node hgx-h800's nvlink4-h800 (200 GB/s)"
+    assert c.node.fabric.source == src and c.source.endswith(f"(see each entry's source); NVLink fabric: {src}")
     with pytest.raises(ConfigError) as e:
         config_from_dict(_with({"system": "hgx-h800", "nodes": 1, "fabric": {"bandwith_gb_per_s": 160.0}}, 8))
     assert e.value.field == "cluster.fabric.bandwith_gb_per_s" and "did you mean bandwidth_gb_per_s" in e.value.message

@@ -135,7 +135,9 @@ def _other_gpu(typed: Optional[str], known: Optional[str]) -> bool:
     >>> _other_gpu("h800", "h100"), _other_gpu("h10", "h100"), _other_gpu("h800", None)
     (True, False, False)
     """
-    return bool(typed and known) and not (typed.startswith(known) or known.startswith(typed))
+    if not typed or not known:
+        return False
+    return not (typed.startswith(known) or known.startswith(typed))
 
 
 def _unknown(kind: str, name: object, known: list[str]) -> str:
