@@ -155,7 +155,7 @@ def read_cluster(t: dict) -> ClusterSpec:
         name = t.pop("system")
         if "nodes" not in t:
             raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
-        gpu, nodes = t.pop("gpu", None), t.pop("nodes")
+        gpu, fabric, nodes = t.pop("gpu", None), t.pop("fabric", None), t.pop("nodes")
         if not isinstance(name, str):
             raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
                                                 f"known: {', '.join(catalog.names('node'))}")
@@ -169,13 +169,39 @@ def read_cluster(t: dict) -> ClusterSpec:
             with _as_field("cluster.gpu"):
                 cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
                                                      else build(type(cluster.gpu), gpu, "cluster.gpu")})
+        if fabric is not None:
+            cluster = _with_fabric(cluster, fabric, name)
         if t:
-            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
+            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu, "
+                                                         "fabric")
         return cluster
     if isinstance(t.get("gpu"), str):
         with _as_field("cluster.gpu"):
             t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
     return build(ClusterSpec, t, "cluster")
+
+
+def _with_fabric(cluster: ClusterSpec, given, system: str) -> ClusterSpec:
+    """``cluster`` with the keys of ``given`` (a [cluster] ``fabric`` table beside ``system``)
+    replacing its node's NVLink fabric's, the others kept: ``fabric = { bandwidth_gb_per_s =
+    200.0 }`` is the catalog node at another link rate (its busbw curves are then read against
+    that rate, :func:`meshplan.comm.alphabeta.measured_time`). Its ``source`` names the
+    override unless ``given`` has one.
+
+    >>> from meshplan import catalog
+    >>> f = _with_fabric(catalog.system("dgx-h100", 1), {"bandwidth_gb_per_s": 200.0}, "dgx-h100").node.fabric
+    >>> f.bandwidth_gb_per_s, f.nvls, f.source
+    (200.0, True, "config's [cluster] fabric (bandwidth_gb_per_s) over catalog node dgx-h100's nvlink4 (450 GB/s)")
+    """
+    if not isinstance(given, dict):
+        raise ConfigError("cluster.fabric", f"must be a table of fabric keys, e.g. fabric = {{ bandwidth_gb_per_s = "
+                                            f"200.0 }} (got {type(given).__name__} {str(given)[:40]!r})")
+    old = cluster.node.fabric
+    src = given.get("source") or (f"config's [cluster] fabric ({', '.join(sorted(given))}) over catalog node "
+                                  f"{system}'s {old.name} ({old.bandwidth_gb_per_s:g} GB/s)")
+    fabric = build(type(old), {**old.model_dump(), **given, "source": src}, "cluster.fabric")
+    return cluster.model_copy(update={"node": cluster.node.model_copy(update={"fabric": fabric}),
+                                      "source": f"{cluster.source}; NVLink fabric: {src}"})
 
 
 @contextmanager
