@@ -1,0 +1,62 @@
+"""Newcomer trial 17: errors that name the fix. DeepSeek-V3 (256 routed experts) as
+examples/deepseek-v3_2048xh100_pp16-ep64-dp128.toml holds it (pp 16 x dp_shard 128 x ep 64 on 256
+dgx-h100 nodes) unless said."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from meshplan.config import load_config
+from meshplan.plan import Plan, build_plan
+from tests.cli_run import run_main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+DSV3 = EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+
+
+def _edited(src: Path, dst: Path, *edits: tuple[str, str]) -> Path:
+    """``src`` with each ``(old, new)`` text edit, written to ``dst``."""
+    text = src.read_text()
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new)
+    dst.write_text(text)
+    return dst
+
+
+def _err(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+def test_ep_dividing_neither_the_experts_nor_dp_lists_the_ep_that_divide_both(tmp_path, capsys):
+    """#1: mesh ["pp", "dp", "ep"] = [16, 128, 48]: 256 % 48 = 16 and 128 % 48 = 32, so the
+    block rule refuses it before the experts rule is reached. The ep dividing both 256 and 128
+    are 2, 4, ..., 128; 256 experts / ep per ep rank and efsdp = 128 / ep (ep 64: 4 experts,
+    efsdp 2, the example's mesh); ep 256 divides the experts but not dp 128."""
+    f = _edited(DSV3, tmp_path / "ep48.toml", ('"dp_shard", "ep"', '"dp", "ep"'), ("[16, 128, 64]", "[16, 128, 48]"))
+    assert run_main("plan", f) == 1
+    infeasible, fix = _err(capsys)[-2:]
+    assert infeasible == ("infeasible: ep(48) * etp(1) = 48 does not divide dp(128) = 128; rule: (dp_shard * cp * tp) "
+                          "% (ep * etp) == 0")
+    options = "; or ".join(f"ep {ep} (mesh.shape [16, 128, {ep}]: {256 // ep} experts per ep rank, efsdp {128 // ep}; "
+                           f"the dense mesh unchanged)" for ep in (2, 4, 8, 16, 32, 64, 128))
+    assert fix == (f"fix: ep must divide the 256 experts and ep * etp(1) must divide dp(128) = 128: {options} "
+                   "(refused: ep 256: ep(256) * etp(1) = 256 does not divide dp(128) = 128; rule: (dp_shard * cp * "
+                   "tp) % (ep * etp) == 0)")
+    assert "ep 128 (mesh.shape [16, 128, 128]: 2 experts per ep rank, efsdp 1;" in fix
+    cfg = load_config(f)
+    fixed = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 128, 32]})), memory=False)
+    assert isinstance(fixed, Plan) and fixed.reasons == ()
+
+
+def test_ep_dividing_the_experts_but_not_dp_shard_names_the_block(tmp_path, capsys):
+    """ep 256 divides the 256 experts but not dp_shard 128: the same line, ep 256 itself not
+    offered (it is the configured one), the largest offered ep 128 (2 experts per rank)."""
+    f = _edited(DSV3, tmp_path / "ep256.toml", ("[16, 128, 64]", "[16, 128, 256]"))
+    assert run_main("plan", f) == 1
+    fix = _err(capsys)[-1]
+    assert fix.startswith("fix: ep must divide the 256 experts and ep * etp(1) must divide dp_shard(128) = 128: ep 2 "
+                          "(mesh.shape [16, 128, 2]: 128 experts per ep rank, efsdp 64; the dense mesh unchanged); ")
+    assert fix.endswith("; or ep 128 (mesh.shape [16, 128, 128]: 2 experts per ep rank, efsdp 1; the dense mesh "
+                        "unchanged)")
