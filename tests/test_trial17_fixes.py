@@ -7,7 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from meshplan.config import load_config
+from meshplan.errors import ConfigError
 from meshplan.plan import Plan, build_plan
 from tests.cli_run import run_main
 
@@ -60,3 +63,29 @@ def test_ep_dividing_the_experts_but_not_dp_shard_names_the_block(tmp_path, caps
                           "(mesh.shape [16, 128, 2]: 128 experts per ep rank, efsdp 64; the dense mesh unchanged); ")
     assert fix.endswith("; or ep 128 (mesh.shape [16, 128, 128]: 2 experts per ep rank, efsdp 1; the dense mesh "
                         "unchanged)")
+
+
+def test_validate_keeps_ep_and_names_the_smallest_world_that_holds_it():
+    """#2: validate re-sizes only the outermost data axis. pp 2 x dp_shard 64 x ep 64 (128 GPUs)
+    at world 4 is pp 2 x dp_shard 2: ep 64 does not divide the block dp_shard 2; the block holds
+    ep 64 from dp_shard 64 (64 / gcd(64, 1)), world 2 x 64 = 128. With tp 2 in the block, ep 8
+    needs dp_shard 8 / gcd(8, 2) = 4, world 4 x 2 = 8."""
+    from meshplan.mesh.resolve import Mesh, resolve_mesh
+    from meshplan.runtime.validation.scaling import scale_mesh
+    from meshplan.spec.mesh import MeshSpec
+
+    spec = MeshSpec(names=["pp", "dp_shard", "ep"], shape=[2, 64, 64])
+    with pytest.raises(ConfigError) as e:
+        scale_mesh(spec, 128, 4)
+    assert str(e.value) == (
+        "--worlds: world 4 makes dp_shard(2) = 2, which ep 64 x etp 1 = 64 does not divide (rule: (dp_shard * cp * tp) "
+        "% (ep * etp) == 0); validate keeps ep and etp at the config's degrees and re-sizes only the data axis "
+        "dp_shard: the smallest world that holds ep 64 is --worlds 128 (dp_shard 64), or a multiple of it")
+    for world, shape in ((128, [2, 64, 64, 1]), (256, [2, 128, 64, 1])):
+        scaled, _ = scale_mesh(spec, 128, world)
+        assert scaled.shape == shape and isinstance(resolve_mesh(scaled, world), Mesh)
+    tp = MeshSpec(names=["dp_shard", "tp", "ep"], shape=[4, 2, 8])
+    with pytest.raises(ConfigError, match=r"world 4 makes dp_shard\(2\) \* tp\(2\) = 4, which ep 8 x etp 1 = 8 does "
+                                          r"not divide .* is --worlds 8 \(dp_shard 4\), or a multiple of it$"):
+        scale_mesh(tp, 8, 4)
+    assert scale_mesh(tp, 8, 8)[0].shape == [4, 2, 8, 1]
