@@ -89,3 +89,23 @@ def test_validate_keeps_ep_and_names_the_smallest_world_that_holds_it():
                                           r"not divide .* is --worlds 8 \(dp_shard 4\), or a multiple of it$"):
         scale_mesh(tp, 8, 4)
     assert scale_mesh(tp, 8, 8)[0].shape == [4, 2, 8, 1]
+
+
+def test_reliability_takes_searchs_storage_defaults_and_names_them(capsys):
+    """#3: reliability without --write-gbps, --read-gbps and --restart-overhead-s runs with the
+    defaults search's goodput line uses (2000 GB/s, the Llama 3 paper's 2 TB/s; 600 s, an
+    assumption), named first with their source and option; its report is the one with those
+    values given. One left out names that one alone."""
+    mini = EXAMPLES / "mini_2x4_tp2-dp4.toml"
+    assert run_main("reliability", mini) == 0
+    defaulted = capsys.readouterr().out.splitlines()
+    assert defaulted[0] == (
+        "inputs: checkpoint write/read 2000/2000 GB/s (default: the Llama 3 paper's sustained storage throughput, 2 TB/s "
+        "(arXiv 2407.21783, 3.3.1); set --write-gbps, --read-gbps), restart overhead 600 s (default: an assumption, no "
+        "published figure; set --restart-overhead-s)")
+    assert run_main("reliability", mini, "--write-gbps", 2000, "--read-gbps", 2000, "--restart-overhead-s", 600) == 0
+    assert capsys.readouterr().out.splitlines() == defaulted[1:]
+    assert run_main("reliability", mini, "--write-gbps", 100, "--restart-overhead-s", 60) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "inputs: checkpoint write/read 100/2000 GB/s (read default: the Llama 3 paper's sustained storage throughput, "
+        "2 TB/s (arXiv 2407.21783, 3.3.1); set --read-gbps), restart overhead 60 s")
