@@ -72,7 +72,7 @@ def _dense_mesh(plan: Infeasible) -> Optional[Mesh]:
     """The plan's resolved mesh or, where ep * etp does not divide the dense block (no mesh
     resolved), its mesh at ep 1: the dense axes that block is made of (None where that does not
     resolve either: the degrees do not make the world)."""
-    if plan.mesh is not None:
+    if plan.mesh is not None or plan.config.mesh is None:
         return plan.mesh
     mesh = resolve_mesh(_with_ep(plan.config.mesh, 1), plan.world)
     return mesh if isinstance(mesh, Mesh) else None
