@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.plan import Infeasible, build_plan
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
@@ -60,32 +61,55 @@ def _field(spec: MeshSpec) -> str:
     return f"[mesh.degrees] ep = {(spec.degrees or {})['ep']}"
 
 
+def _ep_of(spec: MeshSpec) -> int:
+    """The ep degree ``spec`` gives (1 where it has no ep axis)."""
+    if spec.names is not None and spec.shape is not None:
+        return dict(zip(spec.names, spec.shape)).get("ep", 1)
+    return (spec.degrees or {}).get("ep", 1)
+
+
+def _dense_mesh(plan: Infeasible) -> Optional[Mesh]:
+    """The plan's resolved mesh or, where ep * etp does not divide the dense block (no mesh
+    resolved), its mesh at ep 1: the dense axes that block is made of (None where that does not
+    resolve either: the degrees do not make the world)."""
+    if plan.mesh is not None or plan.config.mesh is None:
+        return plan.mesh
+    mesh = resolve_mesh(_with_ep(plan.config.mesh, 1), plan.world)
+    return mesh if isinstance(mesh, Mesh) else None
+
+
 def experts_fix(plan: Infeasible) -> Optional[str]:
-    """The ``fix:`` line of a mesh whose ep does not divide the model's routed experts (None
-    otherwise): each ep > 1 dividing the experts whose mesh :func:`valid_reason` accepts, with
-    the experts per ep rank and efsdp; the other divisors with the rule that refuses them; ep 1
-    (no expert parallelism) where no ep > 1 is accepted.
+    """The ``fix:`` line of a mesh whose ep does not divide the model's routed experts, or whose
+    ep * etp does not divide the dense block dp_shard * cp * tp (None otherwise): each ep > 1
+    dividing the experts whose mesh :func:`valid_reason` accepts (so dividing the block too),
+    with the experts per ep rank and efsdp; the other divisors with the rule that refuses them;
+    ep 1 (no expert parallelism) where no ep > 1 is accepted.
 
     Mixtral-8x7B's layers with ``experts = 6`` at dp_shard 32 x ep 8 (32 GPUs): ep 2 (3 experts
-    per rank, efsdp 16); ep 3 and 6 divide 6 but not the dense block of 32 (tests/test_config_fixes.py).
+    per rank, efsdp 16); ep 3 and 6 divide 6 but not the dense block of 32. DeepSeek-V3's 256
+    experts at pp 16 x dp 128 x ep 48 (newcomer trial 17 #1): ep 2, 4, ..., 128, which divide
+    both; ep 256 refused by the block (tests/test_config_fixes.py).
     """
-    cfg, mesh = plan.config, plan.mesh
-    if mesh is None or cfg.mesh is None or not cfg.model.is_moe or cfg.model.experts % mesh.ep == 0:
+    cfg, mesh = plan.config, _dense_mesh(plan)
+    if mesh is None or cfg.mesh is None or not cfg.model.is_moe:
         return None
-    e, block = cfg.model.experts, mesh.block_size
+    e, block, ep, etp = cfg.model.experts, mesh.block_size, _ep_of(cfg.mesh), mesh.etp
+    block_bad = block % (ep * etp) != 0
+    if e % ep == 0 and not block_bad:
+        return None
     good, bad = [], []
-    for ep in (k for k in range(2, e + 1) if e % k == 0 and k != mesh.ep):
-        spec = _with_ep(cfg.mesh, ep)
+    for k in (k for k in range(2, e + 1) if e % k == 0 and k != ep):
+        spec = _with_ep(cfg.mesh, k)
         why = valid_reason(replace(cfg, mesh=spec))
         if why is None:
-            efsdp = block // (ep * mesh.etp)
-            good.append(f"ep {ep} ({_field(spec)}: {counted(e // ep, 'expert')} per ep rank, efsdp {efsdp}; the "
-                        f"dense mesh unchanged)")
+            good.append(f"ep {k} ({_field(spec)}: {counted(e // k, 'expert')} per ep rank, efsdp "
+                        f"{block // (k * etp)}; the dense mesh unchanged)")
         else:
-            bad.append(f"ep {ep}: {why}")
+            bad.append(f"ep {k}: {why}")
     if not good and valid_reason(replace(cfg, mesh=_with_ep(cfg.mesh, 1))) is None:
         good.append(f"ep 1 ({_field(_with_ep(cfg.mesh, 1))}: every rank holds all {e} experts, no expert parallelism)")
     if not good:
         return None
     refused = f" (refused: {'; '.join(bad)})" if bad else ""
-    return f"fix: ep must divide the {e} experts: {'; or '.join(good)}{refused}"
+    also = f" and ep * etp({etp}) must divide {mesh.block_expr} = {block}" if block_bad else ""
+    return f"fix: ep must divide the {e} experts{also}: {'; or '.join(good)}{refused}"

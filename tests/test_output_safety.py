@@ -280,8 +280,7 @@ def test_validate_options_are_checked_before_anything_runs(opt, value, tmp_path)
 
 @pytest.mark.parametrize("args,field,words", [
     (["plan", str(SEED), "--rank", "abc"], "--rank", "Input should be a valid integer"),
-    (["reliability", str(SEED), "--read-gbps", "1", "--restart-overhead-s", "1"], "--write-gbps",
-     "Missing option '--write-gbps'"),
+    (["export", str(SEED), "-o", "out.toml"], "--to", "Missing option '--to'"),
     (["plan", str(SEED), "--bogus"], "--bogus", "No such option: --bogus"),
     (["plan"], "config", "Missing argument 'config'")])
 def test_usage_errors_are_one_line_naming_the_option(args, field, words):

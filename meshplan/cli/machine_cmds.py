@@ -74,7 +74,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                        "dgx-h100): without --nics-per-host its NIC count (at most "
                                                        "one per rank) splits a nic run's busbw, and the line-rate "
                                                        "warning compares its NICs; a warning when its GPU is not "
-                                                       "the log's"),
+                                                       "the log's; a run of several ranks per host needs --link "
+                                                       "nic with it"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the

@@ -29,6 +29,7 @@ from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.spec.search import ASSUMED_RESTART_OVERHEAD_S, LLAMA3_STORAGE_GB_PER_S, checkpoint_inputs_words
 
 
 #: The field that gave the job's checkpoint interval, by the config's origin (Config.origin).
@@ -38,13 +39,18 @@ INTERVAL_SOURCE = {"torchtitan": "checkpoint.interval", "megatron": "--save-inte
 
 @foreign_options()
 def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
-                write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
-                read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
+                write_gbps: Optional[float] = typer.Option(
+                    None, "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s (default 2000: the Llama 3 "
+                                               "paper's sustained storage throughput, as search's; printed)"),
+                read_gbps: Optional[float] = typer.Option(
+                    None, "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s (default 2000, as "
+                                              "--write-gbps)"),
                 rank_gbps: Optional[float] = typer.Option(
                     None, "--rank-gbps", help="storage bandwidth of one rank, GB/s: times the bytes the busiest rank "
                                               "writes under DCP (its share of replicated shards) or DeepSpeed's save_checkpoint, and reads back"),
-                restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
-                                                         help="detection + rescheduling + start-up, seconds"),
+                restart_overhead_s: Optional[float] = typer.Option(
+                    None, "--restart-overhead-s", help="detection + rescheduling + start-up, seconds (default 600: an "
+                                                       "assumption, no published figure, as search's; printed)"),
                 lost_nodes: Optional[int] = typer.Option(
                     None, "--lost-nodes", help="nodes lost in the restart scenario (default 1); given, a restart "
                                                "that cannot run makes the command exit 1"),
@@ -54,8 +60,10 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 kernels: KernelsOpt = None,
                 foreign: Foreign = Foreign()):
     """Failure domains, interruptions per day, checkpoint size and interval (the job's own beside the
-    optimum, when the config says it), goodput, restart."""
+    optimum, when the config says it), goodput, restart. Storage bandwidths and restart overhead left out
+    take search's defaults, named on an 'inputs:' line with their source."""
 
+    write_gbps, read_gbps, restart_overhead_s, inputs = _storage_inputs(write_gbps, read_gbps, restart_overhead_s)
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
                                                                               if rank_gbps is not None else ()):
         check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
@@ -81,7 +89,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s,
             per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None, job=job)
-    for line in r.lines():
+    for line in ([inputs] if inputs else []) + r.lines():
         _echo(line)
     t = p.config.training
     pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
@@ -101,3 +109,17 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if not rs.feasible and asked:  # the restart asked for is a verdict too: no GPU or no mesh left is exit 1
         _infeasible(rs, f"restart after losing {lost_nodes} of {p.config.cluster.nodes} nodes ({spare_nodes} spare)")
         raise typer.Exit(1)
+
+
+def _storage_inputs(write_gbps: Optional[float], read_gbps: Optional[float],
+                    restart_overhead_s: Optional[float]) -> tuple[float, float, float, Optional[str]]:
+    """The write and read bandwidths (GB/s) and restart overhead (s), each left out at search's
+    default (:data:`meshplan.spec.search.LLAMA3_STORAGE_GB_PER_S`,
+    :data:`~meshplan.spec.search.ASSUMED_RESTART_OVERHEAD_S`), and the ``inputs:`` line naming the
+    defaults taken with their source and option (None where all three are given)."""
+    given = {"write": ("--write-gbps", write_gbps, LLAMA3_STORAGE_GB_PER_S),
+             "read": ("--read-gbps", read_gbps, LLAMA3_STORAGE_GB_PER_S),
+             "restart": ("--restart-overhead-s", restart_overhead_s, ASSUMED_RESTART_OVERHEAD_S)}
+    unset = {k: opt for k, (opt, v, _) in given.items() if v is None}
+    w, r, o = (default if v is None else v for _, v, default in given.values())
+    return w, r, o, ("inputs: " + checkpoint_inputs_words(w, r, o, unset)) if unset else None

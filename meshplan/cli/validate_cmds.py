@@ -20,7 +20,8 @@ from meshplan.runtime.validation.validate import Options, main as validate_main
 
 
 def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mesh is scaled to each world size"),
-             worlds: str = typer.Option("2,4", "--worlds", help="world sizes run in this order, e.g. 2,4,8"),
+             worlds: str = typer.Option("2,4", "--worlds", help="world sizes run in this order, e.g. 2,4,8; each "
+                                        "re-sizes only the outermost data axis (ep, etp, tp, cp, pp keep theirs)"),
              layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
              hidden_div: Optional[int] = typer.Option(None, "--hidden-div",
                                                      help="divide hidden, head_dim, ffn by N (default: to <= 256)"),

@@ -82,11 +82,18 @@ from meshplan.units import GB, human_bytes
 CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
 
-def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
+def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
+               asked: Optional[tuple[int, str]] = None, system: Optional[str] = None) -> str:
     """``link`` when given (checked: nvlink and pcie are links inside one node, so a run whose
     ``#  Rank`` lines name several hosts is refused for them), else ``nvlink`` for one host,
-    ``nic`` for one rank per host; a ConfigError naming ``where`` otherwise (see the module
-    docstring).
+    ``nic`` for one rank per host; a ConfigError otherwise (see the module docstring), naming
+    ``where``, or ``--link`` where the NICs per host are given (``asked``, :func:`~meshplan.comm.
+    calibrate_nics.asked_nics`; ``system``, ``--system``'s node): --link nic is then the one fix.
+
+    >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt", asked=(8, "--system"), system="dgx-h100")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --link: x.txt ran 16 ranks on 2 hosts, up to 8 per host, which mixes NVLink and NIC hops: pass --link nic to record it as nic, its busbw split over the 8 NICs per host that --system dgx-h100 gives; or measure one node (nvlink) and one GPU per node (nic) separately
 
     >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt", "nvlink")
     Traceback (most recent call last):
@@ -108,7 +115,15 @@ def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> 
         return "nvlink"
     if max(per_host.values()) == 1:
         return "nic"
-    raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {max(per_host.values())} per "
+    k = max(per_host.values())
+    if asked is not None:
+        nics, by = asked  # a --system node's NICs, at most the ranks per host (nic_split: a rank drives one)
+        nics, by = (min(nics, k), f"--system {system}") if by == "--system" else (nics, by)
+        raise ConfigError("--link", f"{where} ran {len(hosts)} ranks on {len(per_host)} hosts, up to {k} per host, "
+                                    "which mixes NVLink and NIC hops: pass --link nic to record it as nic, its busbw "
+                                    f"split over the {nics} NICs per host that {by} gives; or measure one node "
+                                    "(nvlink) and one GPU per node (nic) separately")
+    raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {k} per "
                              "host: the run mixes NVLink and NIC hops; measure one node (nvlink) and one GPU "
                              "per node (nic) separately, or pass --link nic to split its busbw over the NICs of a "
                              "host: one per rank, or the NICs they drove as --nics-per-host N or --system NODE "
@@ -263,7 +278,7 @@ def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]],
     text = read_nccl_tests_text(path)
     rows = parse_nccl_tests(text, path.name)
     hosts = hosts_of(text)
-    cls = link_class(hosts, path.name, link)
+    cls = link_class(hosts, path.name, link, asked, system)
     per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
     nics = nic_split(per_node, path.name, asked) if cls == "nic" else 1
     try:

@@ -92,6 +92,11 @@ class Mesh:
         return prod(self.layout.degree(a) for a in _BLOCK)
 
     @property
+    def block_expr(self) -> str:
+        """The dense block ep * etp re-factors, as its axes: ``dp_shard(32) * tp(2)``."""
+        return " * ".join(f"{a}({self.layout.degree(a)})" for a in self.layout.names if a in _BLOCK)
+
+    @property
     def dp(self) -> int:
         """Data-parallel degree for batch arithmetic (replicate x shard, without cp)."""
         return self.degree("dp")
@@ -362,9 +367,7 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
     ep, etp = expert.get("ep", 1), expert.get("etp", 1)
     mesh = Mesh(layout=layout, ep=ep, etp=etp, sequence_parallel=spec.sequence_parallel)
     if ep * etp > 1:
-        parts = [a for a in layout.names if a in _BLOCK]
-        block = mesh.block_size
-        expr = " * ".join(f"{a}({layout.degree(a)})" for a in parts)
+        block, expr = mesh.block_size, mesh.block_expr
         if block % (ep * etp):
             return Infeasible((f"ep({ep}) * etp({etp}) = {ep * etp} does not divide {expr} = {block}; "
                                f"rule: (dp_shard * cp * tp) % (ep * etp) == 0",))

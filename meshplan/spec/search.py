@@ -60,9 +60,35 @@ def shorter_by(fast_s: float, slow_s: float) -> float:
 LLAMA3_STORAGE_GB_PER_S = 2000.0
 #: That default's source as the search's goodput line names it (:meth:`SearchOptions.goodput_words`).
 LLAMA3_STORAGE_SOURCE = "the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1)"
-#: Detection, rescheduling and start-up per restart when ``[search]`` gives none: no published
-#: figure, an assumption, and the goodput line says so.
+#: Detection, rescheduling and start-up per restart when ``[search]`` (or ``reliability``'s
+#: ``--restart-overhead-s``) gives none: no published figure, an assumption, and the output says so.
 ASSUMED_RESTART_OVERHEAD_S = 600.0
+
+
+def checkpoint_inputs_words(write_gb_per_s: float, read_gb_per_s: float, restart_overhead_s: float,
+                            unset: dict[str, str], prefix: str = "") -> str:
+    """The checkpoint storage bandwidths (GB/s) and restart overhead (s) as ``search``'s goodput
+    line and ``reliability`` print them; ``unset`` maps each of ``write``, ``read`` and
+    ``restart`` left at its default (:data:`LLAMA3_STORAGE_GB_PER_S`,
+    :data:`ASSUMED_RESTART_OVERHEAD_S`) to the field that sets it, named after ``prefix`` with
+    where the default comes from.
+
+    >>> print(checkpoint_inputs_words(2000, 2000, 600, {"write": "--write-gbps", "read": "--read-gbps",
+    ...                                                 "restart": "--restart-overhead-s"}))
+    checkpoint write/read 2000/2000 GB/s (default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set --write-gbps, --read-gbps), restart overhead 600 s (default: an assumption, no published figure; set --restart-overhead-s)
+    >>> print(checkpoint_inputs_words(100, 2000, 60, {"read": "--read-gbps"}))
+    checkpoint write/read 100/2000 GB/s (read default: the Llama 3 paper's sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set --read-gbps), restart overhead 60 s
+    """
+    storage = f"checkpoint write/read {write_gb_per_s:g}/{read_gb_per_s:g} GB/s"
+    bandwidths = [k for k in ("write", "read") if k in unset]
+    if bandwidths:
+        which = "" if len(bandwidths) == 2 else f"{bandwidths[0]} "
+        storage += (f" ({which}default: {LLAMA3_STORAGE_SOURCE}; set {prefix}"
+                    f"{', '.join(unset[k] for k in bandwidths)})")
+    restart = f"restart overhead {restart_overhead_s:g} s"
+    if "restart" in unset:
+        restart += f" (default: an assumption, no published figure; set {prefix}{unset['restart']})"
+    return f"{storage}, {restart}"
 
 
 class SearchOptions(BaseModel):
@@ -195,18 +221,13 @@ class SearchOptions(BaseModel):
         ...                     restart_overhead_s=300).goodput_words("99.00% on every row"))
         goodput (Daly, printed, not ranked): 99.00% on every row; checkpoint write/read 100/100 GB/s, restart overhead 300 s ([search] fields)
         """
-        given = self.model_fields_set
-        unset = [f for f in ("checkpoint_write_gb_per_s", "checkpoint_read_gb_per_s") if f not in given]
-        storage = f"checkpoint write/read {self.checkpoint_write_gb_per_s:g}/{self.checkpoint_read_gb_per_s:g} GB/s"
-        if unset:
-            which = "" if len(unset) == 2 else f"{unset[0].split('_')[1]} "
-            storage += f" ({which}default: {LLAMA3_STORAGE_SOURCE}; set [search] {', '.join(unset)})"
-        restart = f"restart overhead {self.restart_overhead_s:g} s"
-        if "restart_overhead_s" not in given:
-            restart += " (default: an assumption, no published figure; set [search] restart_overhead_s)"
-        all_given = not unset and "restart_overhead_s" in given
-        return (f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{storage}, {restart}"
-                + (" ([search] fields)" if all_given else ""))
+        fields = {"write": "checkpoint_write_gb_per_s", "read": "checkpoint_read_gb_per_s",
+                  "restart": "restart_overhead_s"}
+        unset = {k: f for k, f in fields.items() if f not in self.model_fields_set}
+        words = checkpoint_inputs_words(self.checkpoint_write_gb_per_s, self.checkpoint_read_gb_per_s,
+                                        self.restart_overhead_s, unset, "[search] ")
+        return (f"goodput (Daly, printed, not ranked): {same + '; ' if same else ''}{words}"
+                + ("" if unset else " ([search] fields)"))
 
     @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
     @classmethod

@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
-from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
+from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh, world_error
 from meshplan.plan_runtime import run_reasons
 from meshplan.pipeline.registry import fewest_micro_batches
 from meshplan.pipeline.registry import get as get_schedule
@@ -55,10 +55,34 @@ def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, s
                           f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
     why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
     shape[i] = world // others
+    _check_expert_block(mesh, names, shape, i, world)
     if mesh.ep * mesh.etp > 1:
         names, shape = names + ["ep", "etp"], shape + [mesh.ep, mesh.etp]
     upd = spec.model_dump(exclude={"names", "shape", "order", "degrees", "world", "rank_to_gpu"})
     return MeshSpec(names=names, shape=shape, world=world, **upd), why
+
+
+def _check_expert_block(mesh: Mesh, names: list[str], shape: list[int], i: int, world: int) -> None:
+    """ConfigError naming ``--worlds`` where the dense block at ``world`` (``shape``, the data axis
+    ``names[i]`` re-sized) does not hold the config's ep x etp, which validate keeps (the expert
+    all-to-all as planned): the rule of :func:`meshplan.mesh.resolve.resolve_mesh`,
+    (dp_shard * cp * tp) % (ep * etp) == 0, with the smallest world that meets it: the data axis
+    a multiple of ep x etp / gcd(ep x etp, the rest of the block), the other axes unchanged.
+
+    pp 2 x dp_shard 64 x ep 64 at world 4: dp_shard 2 does not hold ep 64; dp_shard 64, world 128.
+    """
+    dense = resolve_mesh(MeshSpec(names=names, shape=shape), world)
+    experts = mesh.ep * mesh.etp
+    if isinstance(dense, Infeasible) or experts == 1 or dense.block_size % experts == 0:
+        return
+    rest = dense.block_size // shape[i]  # the block's other axes (cp, tp); the data axis is in it
+    least = experts // gcd(experts, rest)
+    smallest = world // shape[i] * least
+    raise ConfigError("--worlds", f"world {world} makes {dense.block_expr} = {dense.block_size}, which ep {mesh.ep} x "
+                      f"etp {mesh.etp} = {experts} does not divide (rule: (dp_shard * cp * tp) % (ep * etp) == 0); "
+                      f"validate keeps ep and etp at the config's degrees and re-sizes only the data axis {names[i]}: "
+                      f"the smallest world that holds ep {mesh.ep} is --worlds {smallest} ({names[i]} {least}), or a "
+                      f"multiple of it")
 
 
 def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> int:
