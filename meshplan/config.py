@@ -19,6 +19,9 @@ one-line :class:`~meshplan.errors.ConfigError`.
 [reliability] optional: ``checkpoint_interval_steps = 500``, the steps between the job's checkpoint saves
           (torchtitan's ``checkpoint.interval``, Megatron-LM's ``--save-interval``), which
           ``meshplan reliability`` sets beside the optimal interval; ignored by every other command.
+[source]  optional, written by ``meshplan import``: ``path`` (relative to the TOML file) and ``format``
+          (torchtitan, megatron, deepspeed) of the foreign config it was imported from, whose settings
+          meshplan does not plan ``meshplan export`` carries (:mod:`meshplan.interop.source_file`).
 
 ``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
 command needs it.
@@ -46,7 +49,9 @@ from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
 
 TABLES = ("model", "cluster", "training", "mesh")
-OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability")
+OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability", "source")
+#: The foreign formats a [source] table names.
+SOURCE_FORMATS = ("torchtitan", "megatron", "deepspeed")
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,8 @@ class Config:
     TOML), whose words the text uses (:mod:`meshplan.spec.wording`); ``kernel_files``: the
     [kernels] table's files, resolved against the TOML's folder (the CLI lays them over the
     catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`);
-    ``checkpoint_interval_steps``: the [reliability] table's ``checkpoint_interval_steps`` (None: not said)."""
+    ``checkpoint_interval_steps``: the [reliability] table's ``checkpoint_interval_steps`` (None: not said);
+    ``source``: the [source] table, (path resolved against the TOML's folder, format), or None."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -74,6 +80,7 @@ class Config:
     origin: str = ""
     kernel_files: tuple[str, ...] = ()
     checkpoint_interval_steps: int | None = None
+    source: tuple[str, str] | None = None
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:
@@ -210,7 +217,25 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
                   kernel_files=_kernel_files(data.get("kernels", {}), base),
-                  checkpoint_interval_steps=_interval_steps(data.get("reliability", {})))
+                  checkpoint_interval_steps=_interval_steps(data.get("reliability", {})),
+                  source=_source(data.get("source", {}), base))
+
+
+def _source(t: dict, base: Path | None) -> tuple[str, str] | None:
+    """The [source] table: (``path`` relative to the TOML file's folder ``base``, resolved;
+    ``format``), None when absent. The file need not exist (export says so when it is gone)."""
+    if not t:
+        return None
+    if set(t) - {"path", "format"}:
+        raise ConfigError(f"source.{sorted(set(t) - {'path', 'format'})[0]}",
+                          "unknown key in [source]; allowed keys: path, format")
+    path, fmt = t.get("path"), t.get("format")
+    if not isinstance(path, str) or not path:
+        raise ConfigError("source.path", "give the path of the foreign config this TOML was imported from, "
+                          "relative to this config (or remove [source])")
+    if fmt not in SOURCE_FORMATS:
+        raise ConfigError("source.format", f"{fmt!r}; use {', '.join(SOURCE_FORMATS)} (or remove [source])")
+    return str(Path(path) if Path(path).is_absolute() or base is None else base / path), fmt
 
 
 def _interval_steps(t: dict) -> int | None:

@@ -78,11 +78,18 @@ def test_current_names_are_written_for_current_files_and_meshplan_tomls(tmp_path
     assert doc["model"]["converters"] == ["quantize.linear.float8"]
     assert doc["quantize"] == {"linear": {"float8": PLANNED}} and "float8" not in doc
     assert [h for h in header if h.startswith(NOTE)] == []
-    # a meshplan TOML of the same plan (imported from the older file) has no user file: current names
+    # a meshplan TOML of the same plan imported from the older file carries that file (its [source],
+    # trial 17): its older names are kept, as from the file itself
     toml = tmp_path / "plan.toml"
     assert _main("import", "torchtitan", _job(tmp_path, 'converters = ["float8"]', "float8", KEYS), "--cluster",
                  "dgx-h100", "--nodes", 1, "-o", toml) == 0
     out = tmp_path / "from_toml.toml"
+    assert _main("export", toml, "--to", "torchtitan", "-o", out) == 0
+    doc = tomllib.loads(out.read_text())
+    assert doc["model"]["converters"] == ["float8"] and NOTE in out.read_text()
+    # without [source] (a TOML written by hand) there is no user file: current names
+    toml.write_text(toml.read_text().split("\n[source]\n")[0])
+    out = tmp_path / "from_bare_toml.toml"
     assert _main("export", toml, "--to", "torchtitan", "-o", out) == 0
     doc = tomllib.loads(out.read_text())
     assert doc["model"]["converters"] == ["quantize.linear.float8"] and "float8" not in doc

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 
@@ -25,7 +25,8 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
-from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
+from meshplan.interop.foreign import UserFile, export, import_text, load_any
+from meshplan.interop.source_file import carried_source, source_table
 from meshplan.plan import Infeasible, build_plan
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report.json_docs import export_doc, import_doc
@@ -33,12 +34,13 @@ from meshplan.schedule.steptime import step_time
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[UserFile] = None) -> list[str]:
+                  user: Optional[UserFile] = None, warnings: Sequence[str] = ()) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
-    ``user``'s file carries or not); returns the header."""
+    ``user``'s file carries or not, ``warnings`` beside the runtime's); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
-    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused, _step_s)
+    text, header = export(replace(cfg, notes=()), to, source, user, [*config_warnings(cfg), *warnings], refused,
+                          _step_s)
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
@@ -69,8 +71,9 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                json_path: Optional[Path] = _json_option("import"),
                foreign: Foreign = Foreign()):
     """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
-    meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
-    the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
+    meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); the
+    TOML's [source] table names the file, so that export of the TOML carries them as export of the file does;
+    what the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
     options."""
 
     if fmt not in ("auto",) + FORMATS[1:]:
@@ -78,7 +81,8 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
     _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
-    text, imp = import_text(source, None if fmt == "auto" else fmt, foreign.options())
+    text, imp = import_text(source, None if fmt == "auto" else fmt, foreign.options(),
+                            lambda read_as: source_table(source, read_as, file))
     if isinstance(out, _Stdout):
         out.stream.write(text)
         out.stream.flush()
@@ -107,7 +111,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, foreign.fmt, foreign.options())
     _notes(cfg)
-    header = _write_export(cfg, to, out, str(config), force, user_source(config, foreign.fmt))
+    user, gone = carried_source(config, foreign.fmt, cfg)
+    header = _write_export(cfg, to, out, str(config), force, user, gone)
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
 
@@ -122,7 +127,8 @@ EXPORT_HELP = (
     "meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, "
     "from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, "
     "scheduler, ...), and from Megatron-LM arguments a Megatron-LM file its flags meshplan does not read "
-    "(--lr, --train-iters, ...); every key of that file written with another value or dropped is listed; "
+    "(--lr, --train-iters, ...), as from a meshplan TOML whose [source] (written by import) names such a file, "
+    "or a warning line when that file is gone; every key of that file written with another value or dropped is listed; "
     "another target lists them as not carried. A torchtitan file's older float8 names (converter \"float8\", "
     "[float8]) are kept, with a header note; a Megatron FSDP export says to unset CUDA_DEVICE_MAX_CONNECTIONS."
 )

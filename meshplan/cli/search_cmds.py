@@ -35,7 +35,8 @@ from meshplan.compare import compare, compare_html, compare_to_dict, evidence_fo
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
-from meshplan.interop.foreign import load_any, user_source
+from meshplan.interop.foreign import load_any
+from meshplan.interop.source_file import carried_source
 from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
                                              search_variant_refusal)
 from meshplan.plan_capacity import checked
@@ -214,7 +215,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
-        _write_export(row, to, out, f"search {config} {what}", force, user_source(config, foreign.fmt))
+        _write_export(row, to, out, f"search {config} {what}", force, *carried_source(config, foreign.fmt, cfg))
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,

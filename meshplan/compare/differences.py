@@ -100,7 +100,8 @@ def _training_as_it_acts(t: Any) -> dict[str, Any]:
     Megatron-LM and imported back agree) and the MoE routing (:attr:`TrainingSpec.moe_routing
     <meshplan.spec.training.TrainingSpec.moe_routing>`: unset is dropless, as Megatron-LM's and
     torchtitan's defaults, so unset and ``moe_dropless = true`` agree; a dropless plan has no
-    capacity factor).
+    capacity factor) and the clipping norm (:attr:`~meshplan.spec.training.TrainingSpec.clip_norm`:
+    unset is 1.0, so unset and 1.0 agree).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> d = _training_as_it_acts(TrainingSpec(global_batch=8, seq_len=4096))
@@ -108,7 +109,7 @@ def _training_as_it_acts(t: Any) -> dict[str, Any]:
     (True, None)
     """
     d = t.model_dump()
-    d["grad_reduce_dtype"] = t.gradient_reduce_dtype
+    d["grad_reduce_dtype"], d["grad_clip_norm"] = t.gradient_reduce_dtype, t.clip_norm
     factor, dropless = t.moe_routing
     d["moe_dropless"], d["moe_capacity_factor"] = dropless, None if dropless else factor
     return d

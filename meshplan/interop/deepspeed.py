@@ -16,9 +16,9 @@ rank); bf16/fp16 keep fp32 master weights (DeepSpeed's mixed precision), so the 
 are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
 ``gradient_clipping`` > 0 clips the gradient norm (meshplan's ``training.grad_clip``), 0
 does not; absent, DeepSpeed's default applies: 1.0 since v0.19.3 (PR #8068, June 2026), 0
-before (a note says so). Export writes the value, 1.0 or 0.0, so either version reads it
-the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpointing``,
-which model code calls on whole blocks: recompute ``full`` (a note); without one, ``none``
+before (a note says so). The value given is ``training.grad_clip_norm``; export writes it
+(1.0 unset) or 0.0, so either version reads it the same. An ``activation_checkpointing``
+section configures ``deepspeed.checkpointing``, which model code calls on whole blocks: recompute ``full`` (a note); without one, ``none``
 (DeepSpeed checkpoints nothing unless the model code calls ``deepspeed.checkpointing``; a note
 says so); export writes an empty section for ``full``. ``bf16`` and ``fp16`` both enabled is
 refused, as DeepSpeed refuses it (:func:`model_dtype`).
@@ -171,7 +171,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     notes += [auto_line] if auto_line else []
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
-                                "grad_clip": _clip(d, notes), "recompute": recompute}
+                                **_clip(d, notes), "recompute": recompute}
     if stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
         training["zero0_engine"] = "deepspeed"
     if stage in (1, 2):
@@ -271,19 +271,23 @@ def _recompute(d: dict) -> tuple[str, list[str]]:
                     "training.recompute if it does"]
 
 
-def _clip(d: dict, notes: list[str]) -> bool:
-    """Whether DeepSpeed clips the gradient norm (module docstring); ConfigError for a value
-    that is not a number >= 0."""
+def _clip(d: dict, notes: list[str]) -> dict:
+    """``training.grad_clip`` (whether DeepSpeed clips the gradient norm: module docstring) and
+    ``grad_clip_norm`` (the number given, > 0); ConfigError for a value that is not a number >= 0.
+
+    >>> _clip({"gradient_clipping": 0.3}, []), _clip({"gradient_clipping": 0}, []), _clip({"gradient_clipping": "auto"}, [])
+    ({'grad_clip': True, 'grad_clip_norm': 0.3}, {'grad_clip': False}, {'grad_clip': True})
+    """
     v = d.get("gradient_clipping")
     if v is None:
         notes.append("gradient_clipping not given: planned with clipping (DeepSpeed >= v0.19.3 clips at 1.0 by "
                      "default; before v0.19.3 it did not: write gradient_clipping 0.0 for that)")
-        return True
+        return {"grad_clip": True}
     if v == "auto":  # the HF Trainer fills it from max_grad_norm (1.0 by default)
-        return True
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        return {"grad_clip": True}
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
         raise ConfigError("gradient_clipping", f"must be a number >= 0 (0: no clipping) or \"auto\"; got {v!r}")
-    return v > 0
+    return {"grad_clip": True, "grad_clip_norm": float(v)} if v > 0 else {"grad_clip": False}
 
 
 CHECKPOINTING = "activation_checkpointing"

@@ -63,5 +63,5 @@ def write(cfg: Config) -> dict[str, Any]:
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": accumulate, "zero_optimization": zero} | comm | {
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
-            "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
+            "gradient_clipping": (t.grad_clip_norm or 1.0) if t.grad_clip else 0.0} | (
         {"activation_checkpointing": {}} if t.recompute == "full" else {})

@@ -141,17 +141,22 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
     return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt)
 
 
-def import_text(path, fmt: str | None, opts: ImportOptions) -> tuple[str, Imported]:
+def import_text(path, fmt: str | None, opts: ImportOptions,
+                source: Callable[[str], dict] | None = None) -> tuple[str, Imported]:
     """(meshplan TOML text, the reading) of a foreign config; the tables are validated
-    (:func:`meshplan.config.config_from_dict`) before any text is returned."""
+    (:func:`meshplan.config.config_from_dict`) before any text is returned. ``source``: the
+    ``[source]`` table of the format read (:func:`meshplan.interop.source_file.source_table`)."""
     p = Path(path)
     fmt = fmt or detect(p, _text(p))
     if fmt == "meshplan":
         raise ConfigError("--format", f"{p} is already a meshplan TOML")
     imp = read_foreign(p, fmt, opts)
-    config_from_dict(imp.tables, base=p.parent, path=str(p))
+    tables = imp.tables | ({"source": source(fmt)} if source else {})
+    config_from_dict(tables, base=p.parent, path=str(p))
     header = (f"meshplan import {fmt} {p}",) + tuple(f"note: {n}" for n in imp.all_notes())
-    return dumps(imp.tables, header), imp
+    header += (f"[source]: meshplan export of this file carries {p.name}'s settings meshplan does not plan "
+               f"while {p.name} is there",) if source else ()
+    return dumps(tables, header), imp
 
 
 def reimport_options(cfg: Config, to: str) -> ImportOptions:
@@ -175,11 +180,14 @@ class UserFile(NamedTuple):
     """The foreign config a plan was read from, parsed (``fmt``: torchtitan, deepspeed or
     megatron, the formats whose export carries the user's other settings: :func:`export`);
     of a torchtitan job TOML also how it names float8 (``doc`` holds the current names), which
-    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_tables.spelt`)."""
+    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_tables.spelt`); ``name``: how the
+    header names the file where it is not the export's source (a meshplan TOML's ``[source]``,
+    :func:`meshplan.interop.source_file.carried_source`), "" where it is."""
 
     fmt: str
     doc: dict
     float8: Float8Spelling = Float8Spelling.CURRENT
+    name: str = ""
 
 
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
@@ -277,7 +285,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     head += [f"warning: {w}" for w in warnings]
-    if user is not None and user.fmt != to:
+    source = user.name if user is not None and user.name else source  # the file carried from, as named
+    if user is not None and user.fmt != to and not (to == "meshplan" and cfg.source):  # [source] kept
         _, names, label = CARRIERS[user.fmt]
         doc = user.doc
         if user.fmt == "torchtitan" and cfg.checkpoint_interval_steps and to in ("meshplan", "megatron"):

@@ -78,7 +78,8 @@ Megatron-LM                              meshplan
 --hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
   (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
                                            embedding masks, and the attention-score mask of non-flash attention)
---clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
+--clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed),
+                                           grad_clip_norm (the value, > 0)
 --save-interval                          [reliability] checkpoint_interval_steps (iterations between saves), which
                                            ``meshplan reliability`` sets beside the optimal interval
 --ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
@@ -200,7 +201,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128),
-                "grad_clip": flags.grad_clip(args)}
+                **flags.grad_clip(args)}
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     flags.comm_types(args, deg, model_is_moe(model), notes)

@@ -8,6 +8,8 @@ NVIDIA/Megatron-LM d98e8a6.
 
 from __future__ import annotations
 
+import math
+
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.megatron_model import int_flag as _int
@@ -63,20 +65,29 @@ FSDP_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
 
-def grad_clip(args: dict) -> bool:
-    """``--clip-grad`` (default 1.0): Megatron-LM's optimizer computes the gradient norm and
-    clips only when it is > 0 (``optimizer.py``: ``if self.clip_grad > 0.0``)."""
+def grad_clip(args: dict) -> dict:
+    """``training.grad_clip`` and ``grad_clip_norm`` of ``--clip-grad`` (default 1.0): Megatron-LM's
+    optimizer computes the gradient norm and clips only when it is > 0 (``optimizer.py``: ``if
+    self.clip_grad > 0.0``); the value given is kept as ``grad_clip_norm``, which an export writes back.
+
+    >>> grad_clip({}), grad_clip({"--clip-grad": "0.3"}), grad_clip({"--clip-grad": "0"})
+    ({'grad_clip': True}, {'grad_clip': True, 'grad_clip_norm': 0.3}, {'grad_clip': False})
+    """
     v = args.get("--clip-grad")
     if v is None:
-        return True
+        return {"grad_clip": True}
     if v is True:
         raise ConfigError("--clip-grad", "needs a value (Megatron-LM's parser refuses it bare): the norm to clip "
                           "to, or 0 for no clipping")
     try:
-        return float(v) > 0.0
+        norm = float(v)
     except (TypeError, ValueError):
         raise ConfigError("--clip-grad", f"{v!r} is not a number; give the norm to clip to, or 0 for no "
                           f"clipping") from None
+    if not math.isfinite(norm):
+        raise ConfigError("--clip-grad", f"{v!r} is not a finite number; give the norm to clip to, or 0 for no "
+                          f"clipping")
+    return {"grad_clip": True, "grad_clip_norm": norm} if norm > 0.0 else {"grad_clip": False}
 
 
 def check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:

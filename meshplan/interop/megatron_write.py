@@ -65,6 +65,7 @@ def write(cfg: Config) -> list[str]:
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
+    out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
     out += [f"--save-interval {cfg.checkpoint_interval_steps}"] * bool(cfg.checkpoint_interval_steps)
     # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]

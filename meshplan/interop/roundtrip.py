@@ -56,8 +56,11 @@ def _memory_moved(a, b) -> list[str]:
 def _routed(training, moe: bool) -> dict[str, Any]:
     """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
     (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a plan's unset routing is the
-    dropless routing a re-import states), and without routing keys for a dense model."""
+    dropless routing a re-import states), and without routing keys for a dense model; the
+    clipping norm as it resolves (:attr:`~meshplan.spec.training.TrainingSpec.clip_norm`: unset
+    is the 1.0 a DeepSpeed export writes)."""
     out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
+    out["grad_clip_norm"] = training.clip_norm
     if moe:
         factor, dropless = training.moe_routing
         out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)

@@ -159,5 +159,6 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
     memory = cfg.memory.model_dump(mode="json", exclude_defaults=True)
     kernels = {"files": [str(Path(f).resolve()) for f in cfg.kernel_files]} if cfg.kernel_files else {}
     checkpoint = {"checkpoint_interval_steps": cfg.checkpoint_interval_steps} if cfg.checkpoint_interval_steps else {}
+    source = {"path": str(Path(cfg.source[0]).resolve()), "format": cfg.source[1]} if cfg.source else {}
     return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {}) | (
-        {"reliability": checkpoint} if checkpoint else {})
+        {"reliability": checkpoint} if checkpoint else {}) | ({"source": source} if source else {})

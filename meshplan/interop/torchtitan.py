@@ -48,7 +48,8 @@ optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "
 training.max_norm                              training.grad_clip = true whatever its value: the
                                                  train step calls clip_grad_norm_ every step (norm,
                                                  then a multiply by min(max_norm / norm, 1), never
-                                                 skipped: torch clip_grads_with_norm_)
+                                                 skipped: torch clip_grads_with_norm_); the value
+                                                 as training.grad_clip_norm (unset: 1.0)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
@@ -270,6 +271,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
         raise ConfigError("training.max_norm", f"{norm!r}; give the gradient-norm bound, a number > 0 (torchtitan's "
                           f"default 1.0)")
     training["grad_clip"] = True  # torchtitan clips every step (module docstring)
+    training |= {"grad_clip_norm": float(norm)} if "max_norm" in tr else {}
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes)

@@ -20,7 +20,8 @@ from meshplan.interop.torchtitan_tables import LINEAR_CONVERTERS, op_limits, rea
 AC_KEYS = ("mode", "selective_ac_option")
 
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
-#: folder; the clipping bound, read as clipping on; whether torchao precomputes the float8
+#: folder; the clipping bound, read as clipping on and as training.grad_clip_norm, which no plan
+#: changes; whether torchao precomputes the float8
 #: scales, read for a note, the plan's float8 all-gather timed with the precompute either way):
 #: carried by :func:`carried`, not rewritten.
 KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"}

@@ -80,7 +80,7 @@ def write(cfg: Config) -> dict[str, dict]:
                 # its mixed precision (fp32 FSDP2 shards, bf16 compute)
                 "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
                 "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
-                "mixed_precision_reduce": "float32"}
+                "mixed_precision_reduce": "float32"} | ({"max_norm": t.grad_clip_norm} if t.grad_clip_norm else {})
     model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
     converters, quantize = write_float8(t)
     if converters:

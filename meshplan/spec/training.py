@@ -187,6 +187,10 @@ class TrainingSpec(TrainingPrecision):
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
     (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`).
+    ``grad_clip_norm``: the norm the gradients are clipped to (unset: 1.0, the default of all
+    three: torchtitan ``training.max_norm``, Megatron-LM ``--clip-grad``, DeepSpeed
+    ``gradient_clipping`` since v0.19.3); it changes no time or memory, only what an export
+    writes, so an imported ``--clip-grad 0.3`` is exported as 0.3, not dropped to the default.
     ``grad_accumulation``: what FSDP2 (zero3, hsdp) does on the micro-batches of a step before
     the last one (gradient accumulation, pp 1). ``sync`` (FSDP2's default): every micro-batch
     reduce-scatters its gradients and reshards after backward. ``no_sync``:
@@ -260,6 +264,9 @@ class TrainingSpec(TrainingPrecision):
     def _check(self):
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
+        if self.grad_clip_norm is not None and not self.grad_clip:
+            raise ValueError(f"grad_clip_norm {self.grad_clip_norm} is the norm clipping bounds the gradients to; "
+                             f"grad_clip is false: remove grad_clip_norm, or set grad_clip = true")
         if self.ac_freq != 1 and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")

@@ -179,6 +179,19 @@ class TrainingEngines(TrainingFields):
         return (1.0 if f is None else f), bool(dropless)
 
     @property
+    def clip_norm(self) -> float | None:
+        """The norm the gradients are clipped to as it resolves: ``grad_clip_norm``, unset 1.0
+        (the default of torchtitan's ``max_norm``, Megatron-LM's ``--clip-grad`` and DeepSpeed's
+        ``gradient_clipping`` since v0.19.3); None without clipping. Unset and 1.0 given agree.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = lambda **kw: TrainingSpec(global_batch=8, seq_len=16, **kw).clip_norm
+        >>> t(), t(grad_clip_norm=0.3), t(grad_clip=False)
+        (1.0, 0.3, None)
+        """
+        return (1.0 if self.grad_clip_norm is None else self.grad_clip_norm) if self.grad_clip else None
+
+    @property
     def contiguous_grads(self) -> bool:
         """DeepSpeed's ``zero_optimization.contiguous_gradients`` in effect:
         ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false

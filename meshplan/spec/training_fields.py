@@ -103,6 +103,7 @@ class TrainingFields(BaseModel):
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "fp16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_clip: bool = True
+    grad_clip_norm: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"

@@ -1,0 +1,56 @@
+"""The foreign config a meshplan TOML was imported from (its ``[source]`` table), so that an export
+of the TOML carries what an export of the foreign file carries (newcomer trial 17 #2).
+
+``meshplan import auto job.sh -o job.toml`` writes ``[source] path = "job.sh"`` (relative to the
+TOML's folder) and ``format = "megatron"``. ``meshplan export job.toml --to megatron`` (and
+``search --export``) then reads job.sh again, as it would read it given directly
+(:func:`meshplan.interop.foreign.user_source`): the flags meshplan does not plan (``--lr``,
+``--train-iters``, ``--save`` ...) are carried unchanged, the header naming the file. Where the
+file is gone or no longer reads, the export says so in one line, with the fix (restore it, or
+export from the original file), instead of dropping its settings silently. The file is read as it
+is now: a flag meshplan plans that it gives otherwise than the TOML is listed as written
+otherwise, as for any user file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.foreign import UserFile, user_source
+
+
+def source_table(source: Path, fmt: str, out: Path | None) -> dict[str, str]:
+    """The ``[source]`` table of a TOML written to ``out`` (None: printed, the path then absolute)
+    imported from ``source`` as ``fmt``: the path relative to ``out``'s folder.
+
+    >>> source_table(Path("/jobs/gpt/run.sh"), "megatron", Path("/jobs/plans/run.toml"))
+    {'path': '../gpt/run.sh', 'format': 'megatron'}
+    """
+    src = source.resolve()
+    path = str(src) if out is None else os.path.relpath(src, out.resolve().parent)
+    return {"path": path, "format": fmt}
+
+
+def carried_source(config: Path, fmt: str | None, cfg: Config) -> tuple[UserFile | None, list[str]]:
+    """(the user file an export of ``config`` carries, warning lines): ``config`` itself when it
+    is a foreign config; else its ``[source]`` file (:attr:`Config.source <meshplan.config.Config>`),
+    named ``FILE, the [source] of CONFIG`` in the header; a [source] that is gone or does not read
+    is a line saying its settings are not carried and how to carry them."""
+    user = user_source(config, fmt)
+    if user is not None or cfg.source is None:
+        return user, []
+    path, source_fmt = cfg.source
+    why = "is gone" if not Path(path).is_file() else None
+    if why is None:
+        try:
+            user = user_source(path, source_fmt)
+        except ConfigError as e:
+            why = f"no longer reads as {source_fmt} ({e})"
+    if why is not None:
+        return None, [f"{path}, the [source] of {config} (the {source_fmt} file it was imported from), {why}: its "
+                      f"settings meshplan does not plan (listed in {config.name}'s header) are not carried; restore "
+                      f"it, or export from the original file"]
+    return user._replace(name=f"{path}, the [source] of {config}"), []
