@@ -68,7 +68,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes). A mesh over
     memory exits 1 with a 'fix:' line: the knobs re-planned (recompute full, half the micro-batch, zero3 or
     resharding, tp x2, pp x2, the smallest cp from the data axis that fits), those that fit first, fastest first,
-    each with its predicted step."""
+    each with its predicted step. A pp the model's layers do not divide, without mesh.pp_layer_split, exits 1 with
+    a 'fix:' line giving the split the framework sets (Megatron-LM's --decoder-first/last-pipeline-num-layers with
+    their values, or that it sets none at this pp; under torch a balanced split)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
