@@ -24,6 +24,7 @@ from meshplan.search.candidate import stage_split
 from meshplan.search.driver import search
 from meshplan.search.memory import stage_layout
 from meshplan.search.space import CODE, OK, candidate_config, short_ok
+from tests.cli_run import run_main
 
 CONFIG = Path(__file__).parent / "data" / "deepseek-v3_512xh100_megatron.toml"
 #: Megatron-LM's cut of 61 layers at pp 16: ceil(61 / 16) = 4 a middle stage, 16 x 4 - 61 = 3 short,
@@ -107,3 +108,16 @@ def test_etp_1_beside_tp_comes_back_from_megatron_args(result):
     mesh = megatron.read("\n".join(args) + "\n", ImportOptions(cluster="dgx-h100", nodes=64)).tables["mesh"]
     assert dict(zip(mesh["names"], mesh["shape"]))["etp"] == 1
     assert not_expressed(row, "megatron", {"megatron": None}) == ([], None)
+
+
+def test_no_feasible_mesh_names_rule_split_and_its_fix(tmp_path, capsys):
+    """[search] pp = [32] alone: the 5 pp 32 candidates all rejected by rule 'split', the verdict's fix
+    names what widens the search."""
+    f = tmp_path / "pp32.toml"
+    f.write_text(CONFIG.read_text().replace("pp = [16, 32]", "pp = [32]"))
+    assert run_main("search", f) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("infeasible: no feasible mesh: of 5 candidates rule 'split' rejected 5 (framework megatron:")
+    assert line.endswith("fix: let search.pp reach a pp the layers divide or one Megatron-LM's first/last split sets "
+                         "(meshplan.mesh.layers.first_last_split), or set training.framework = \"torch\" (torchtitan "
+                         "takes any split)")
