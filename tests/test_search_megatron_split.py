@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshplan.config import load_config
+from meshplan.config import config_from_dict, load_config
+from meshplan.interop.tomlout import meshplan_tables
+from meshplan.mesh.resolve import resolve_mesh
 from meshplan.interop import megatron
 from meshplan.interop.foreign import ImportOptions, not_expressed
 from meshplan.mesh.layers import first_last_sets, first_last_split
@@ -121,3 +123,16 @@ def test_no_feasible_mesh_names_rule_split_and_its_fix(tmp_path, capsys):
     assert line.endswith("fix: let search.pp reach a pp the layers divide or one Megatron-LM's first/last split sets "
                          "(meshplan.mesh.layers.first_last_split), or set training.framework = \"torch\" (torchtitan "
                          "takes any split)")
+
+
+def test_a_row_at_etp_1_beside_tp_exports_to_meshplan_as_itself(result):
+    """The meshplan TOML of that row names etp = 1: a [mesh] without etp reads back under megatron as
+    etp = tp 2 (before: `search --export 1 --to meshplan` wrote pp 16 x dp 16 x tp 2 x ep 8 and
+    `plan` of the file planned ... x etp 2, another mesh)."""
+    cfg, r = result
+    c = r.candidates
+    i = next(int(i) for i in np.flatnonzero((c.pp == 16) & (c.tp == 2) & (c.etp == 1)))
+    tables = meshplan_tables(candidate_config(cfg, c, i))
+    assert dict(zip(tables["mesh"]["names"], tables["mesh"]["shape"]))["etp"] == 1
+    back = config_from_dict(tables)
+    assert resolve_mesh(back.mesh, back.cluster.world).etp == 1
