@@ -8,6 +8,9 @@ verdict, with its own ``fix:`` line, :mod:`meshplan.plan_fix`).
   (dp_shard x cp x tp = efsdp x ep x etp, :mod:`meshplan.spec.axes.ep`) takes, each with what
   moves: the experts per ep rank and efsdp, the dense mesh unchanged (ep re-factors it, it is not
   a factor of the world); the degrees that divide the experts but fail a rule named with that rule.
+- :func:`split_fix`: layers that pp does not divide and no ``mesh.pp_layer_split`` (``61 layers do not
+  divide into pp 16 stages``): the split to give, the one the job's framework sets (Megatron-LM's
+  ``--decoder-first/last-pipeline-num-layers`` with their values; torch a balanced split).
 - :func:`mesh_checker`: the predicate :func:`meshplan.mesh.resolve.world_error` checks its
   rescaled shape and its node count with, so ``shape = [21, 3]`` of Mixtral-8x7B on 32 GPUs is not
   told ``shape [32, 3]`` (ep 3 does not divide 8 experts).
@@ -20,6 +23,8 @@ from typing import Callable, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.megatron_pipeline import ACCOUNT, first_last_flags
+from meshplan.mesh.layers import balanced_split, ends_short_split, first_last_split
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.plan import Infeasible, build_plan
 from meshplan.spec.mesh import MeshSpec
@@ -113,3 +118,47 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     refused = f" (refused: {'; '.join(bad)})" if bad else ""
     also = f" and ep * etp({etp}) must divide {mesh.block_expr} = {block}" if block_bad else ""
     return f"fix: ep must divide the {e} experts{also}: {'; or '.join(good)}{refused}"
+
+
+def split_fix(plan: Infeasible) -> Optional[str]:
+    """The ``fix:`` line of a pipeline whose pp (and vpp) the model's layers do not divide and
+    whose config gives no ``mesh.pp_layer_split`` (None otherwise): the split the framework sets,
+    checked by :func:`valid_reason`. Under ``training.framework = "megatron"``, at vpp 1
+    :func:`~meshplan.mesh.layers.first_last_split` with its ``--decoder-first/last-pipeline-num-layers``
+    (:func:`~meshplan.interop.megatron_pipeline.first_last_flags`; where it has none, that no split
+    with even middle stages exists at this pp), with vpp > 1 Llama 3's
+    :func:`~meshplan.mesh.layers.ends_short_split` with ``--account-for-embedding/loss-in-pipeline-split``;
+    under torch :func:`~meshplan.mesh.layers.balanced_split` at vpp 1 (torchtitan takes any split,
+    ``export --to torchtitan`` writes it as ``module_fqns_per_model_part``), the same Llama 3 split
+    with vpp > 1.
+
+    DeepSeek-V3's 61 layers at pp 16 (tests/test_plan_split_fix.py): Megatron-LM's [3, 4 x 14, 2];
+    torch's [3, 4 x 13, 3, 3].
+    """
+    cfg, mesh = plan.config, plan.mesh
+    spec = cfg.mesh
+    if mesh is None or spec is None or spec.pp_layer_split is not None or spec.layers_per_virtual_stage:
+        return None
+    layers, pp, vpp = cfg.model.layers, mesh.degree("pp"), spec.virtual_stages
+    if pp < 2 or pp > layers or (layers % pp == 0 and (layers // pp) % vpp == 0):
+        return None
+    megatron = cfg.training.framework == "megatron"
+    split = ends_short_split(layers, pp, vpp) if vpp > 1 else first_last_split(layers, pp) if megatron \
+        else balanced_split(layers, pp)
+    head = f"fix: {layers} layers over pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")
+    if split is None and not megatron:
+        return f"{head}: no split gives every chunk a layer (Llama 3's rule); choose another pp or vpp"
+    if split is None:
+        rule = ("--account-for-embedding/loss-in-pipeline-split need layers + 2 a multiple of pp x vpp" if vpp > 1
+                else "--decoder-first/last-pipeline-num-layers spread the middle stages evenly and leave an end "
+                     "stage no layer")
+        return f"{head}: no split Megatron-LM sets ({rule}); choose another pp"
+    why = valid_reason(replace(cfg, mesh=spec.model_copy(update={"pp_layer_split": split})))
+    if why is not None:
+        return None
+    if megatron:
+        flags = [f"--num-virtual-stages-per-pipeline-rank {vpp}", *ACCOUNT] if vpp > 1 else first_last_flags(split)
+        how = f"Megatron-LM: {' '.join(flags)}"
+    else:
+        how = "torchtitan's module_fqns_per_model_part, which export --to torchtitan writes"
+    return f"{head}: give mesh.pp_layer_split = {split} ({how})"

@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 from meshplan.comm import deepspeed_zero12
 from meshplan.errors import ConfigError
-from meshplan.mesh.layers import ends_short_split, restart_splits, split_balance
+from meshplan.mesh.layers import ends_short_split, first_last_sets, restart_splits, split_balance
 from meshplan.plan_checks import check_deepspeed_zero3
 from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine
 from meshplan.spec.axes.base import AxisDegrees
@@ -63,7 +63,7 @@ class PipelineRule:
         >>> PipelineRule(80, 1, framework="megatron").runs([11, 12, 12, 12, 11, 11, 11], 7)  # middles differ
         False
         """
-        if split is not None and self.framework == "megatron" and len(set(split[1:-1])) > 1:
+        if self.framework == "megatron" and not first_last_sets(split):
             return False
         return split_balance(split, self.layers, pp) >= BALANCE
 

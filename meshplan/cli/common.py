@@ -25,7 +25,7 @@ from rich.console import Console
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.plan import Infeasible, Plan
-from meshplan.plan_fix_rules import experts_fix
+from meshplan.plan_fix_rules import experts_fix, split_fix
 from meshplan.report.json_docs import to_json
 
 
@@ -91,9 +91,10 @@ def _verdict_exit(plan) -> None:
 
 def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     """The verdict lines of ``plan`` (and, for an ep that does not divide the experts, the
-    ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`), then exit 1."""
+    ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`; for layers that pp does not
+    divide without a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
     _infeasible(plan)
-    fix = experts_fix(plan) if isinstance(plan, Infeasible) else None
+    fix = (experts_fix(plan) or split_fix(plan)) if isinstance(plan, Infeasible) else None
     if fix:
         _echo(fix, err=True)
     raise typer.Exit(1)

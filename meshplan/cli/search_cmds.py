@@ -145,7 +145,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, only
     where [search] recompute lists it: its loose step bound makes the search slow), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
-    (pp >= 3); [search] narrows each. Rows are distinct meshes (axis degrees), each at its first setting by
+    (pp >= 3); [search] narrows each. A pp that does not divide the layers gets, at vpp 1, the balanced
+    split, or under training.framework megatron the one Megatron-LM's --decoder-first/last-pipeline-num-layers
+    set (middle stages even: 61 layers at pp 16 as [3, 4 x 14, 2]); a pp where they set none is rejected,
+    rule 'split' (61 layers at pp 32). Rows are distinct meshes (axis degrees), each at its first setting by
     the order; a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
     top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower

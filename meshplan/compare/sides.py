@@ -19,7 +19,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
-from meshplan.search.candidate import stage_split
+from meshplan.search.candidate import megatron_split, stage_split
 from meshplan.search.columns import PIPELINE, candidate_schedule
 from meshplan.search.rank import OTHER_SCHEDULE, tie_key
 from meshplan.spec.mesh_words import mesh_text
@@ -135,7 +135,8 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     mesh's degrees by search column, and its settings as a search candidate holds them:
     recompute, tp overlap, vpp, reshard_after_forward, the layer split (off its default when
     it is neither the even split nor the search's default split,
-    :func:`~meshplan.search.candidate.stage_split`, e.g. the short end stages) and the pipeline
+    :func:`~meshplan.search.candidate.stage_split`, Megatron-LM's first/last cut under
+    ``framework = "megatron"``, e.g. the short end stages) and the pipeline
     schedule (:data:`~meshplan.search.columns.PIPELINE`'s index; 1F1B or its interleaved order
     is 0, a schedule the search does not try :data:`~meshplan.search.rank.OTHER_SCHEDULE`; any
     with pp 1). A schedule the search does not try (GPipe, ZB-H1) counts as one setting off the
@@ -146,7 +147,8 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     t, spec, pp, vpp = plan.config.training, plan.spec, plan.pp, plan.vpp
     deg = degrees(plan.mesh, t, vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
     split = _split(plan, spec.pp_layer_split)
-    uneven = split is not None and split != stage_split(plan.config.model.layers, pp, vpp)
+    uneven = split is not None and split != stage_split(plan.config.model.layers, pp, vpp,
+                                                        first_last=megatron_split(plan.config))
     name = spec.pp_schedule.value
     schedule = (0 if pp == 1 or spec.pp_schedule == candidate_schedule(vpp) else
                 PIPELINE.index(name) if name in PIPELINE else OTHER_SCHEDULE)

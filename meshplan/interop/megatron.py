@@ -178,7 +178,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
                           f"give --nodes so that the world is a multiple of {dense}")
     dp = world // dense
     layers = model_layers(model)
-    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
+    # etp 1 beside tp > 1 and ep > 1 is named: a [mesh] without etp gets etp = tp under megatron
+    # (config._megatron_etp, Megatron-LM's default), so the flag's 1 would come back as tp
+    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
+             or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
     sharding = flags.sharding(args)
     data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
     mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],

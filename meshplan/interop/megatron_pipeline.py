@@ -15,6 +15,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_model import int_flag as _int
 from meshplan.interop.tomlout import mesh_spec, virtual_split
+from meshplan.mesh.layers import first_last_sets
 
 
 def read_pipeline(args: dict, pp: int, layers: int) -> dict:
@@ -118,14 +119,20 @@ def write_pipeline(cfg: Config, mesh) -> list[str]:
                               f"in-pipeline-split needs (layers + 2) / (pp x vpp) per virtual stage; meshplan does "
                               f"not write --pipeline-model-parallel-layout")
         split = [sum(ch) for ch in stages]
-        return [f"--num-virtual-stages-per-pipeline-rank {vpp}"] + _first_last(split)
-    return _first_last(split)
+        return [f"--num-virtual-stages-per-pipeline-rank {vpp}"] + first_last_flags(split)
+    return first_last_flags(split)
 
 
-def _first_last(split: list[int]) -> list[str]:
-    """``--decoder-first/last-pipeline-num-layers`` of layers per stage ``split``, or ConfigError."""
+def first_last_flags(split: list[int]) -> list[str]:
+    """``--decoder-first/last-pipeline-num-layers`` of layers per stage ``split`` (the flags of the
+    stages that differ from the even middle), or ConfigError where the middle stages differ
+    (:func:`~meshplan.mesh.layers.first_last_sets`).
+
+    >>> first_last_flags([3] + [4] * 14 + [2])
+    ['--decoder-first-pipeline-num-layers 3', '--decoder-last-pipeline-num-layers 2']
+    """
     middle = split[1:-1]
-    if len(set(middle)) > 1:
+    if not first_last_sets(split):
         raise ConfigError("--to", f"layer split {split}: Megatron-LM sets the first and last stage and spreads the "
                           f"rest evenly; the middle stages differ")
     even = middle[0] if middle else None

@@ -152,6 +152,7 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
         again = stage_layers(cfg.model.layers, mesh.degree("pp"), vpp, per_stage)
         spec["pp_layer_split"] = per_stage if not isinstance(again, str) and [
             len(again[k][c]) for c in range(vpp) for k in range(mesh.degree("pp"))] == split else split
+    spec = _named_etp(spec, mesh)
     tables = {"model": model_table(cfg), "cluster": cluster_table(cfg),
               "training": cfg.training.model_dump(mode="json", exclude_defaults=True) | {
                   "global_batch": cfg.training.global_batch, "seq_len": cfg.training.seq_len},
@@ -162,3 +163,23 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
     source = {"path": str(Path(cfg.source[0]).resolve()), "format": cfg.source[1]} if cfg.source else {}
     return tables | ({"memory": memory} if memory else {}) | ({"kernels": kernels} if kernels else {}) | (
         {"reliability": checkpoint} if checkpoint else {}) | ({"source": source} if source else {})
+
+
+def _named_etp(spec: dict, mesh: Mesh) -> dict:
+    """The [mesh] table ``spec`` with ``etp = 1`` named where ep > 1 beside tp > 1 and the table
+    leaves etp out (a search row's mesh, :func:`meshplan.search.candidate.candidate_config`, omits
+    degree-1 axes): read back under ``framework = "megatron"`` a missing etp is tp
+    (:func:`meshplan.config._megatron_etp`, Megatron-LM's default), another mesh.
+
+    >>> from types import SimpleNamespace as N
+    >>> m = N(ep=8, etp=1, degree=lambda a: {"tp": 2}.get(a, 1))
+    >>> _named_etp({"names": ["dp", "tp", "ep"], "shape": [16, 2, 8]}, m)
+    {'names': ['dp', 'tp', 'ep', 'etp'], 'shape': [16, 2, 8, 1]}
+    """
+    if mesh.ep == 1 or mesh.etp != 1 or mesh.degree("tp") == 1:
+        return spec
+    if "names" in spec and "etp" not in spec["names"]:
+        return spec | {"names": [*spec["names"], "etp"], "shape": [*spec["shape"], 1]}
+    if "degrees" in spec and "etp" not in spec["degrees"]:
+        return spec | {"degrees": spec["degrees"] | {"etp": 1}}
+    return spec

@@ -173,19 +173,44 @@ def first_last_split(layers: int, pp: int) -> Optional[list[int]]:
     takes no other uneven split at vpp 1 but ``--pipeline-model-parallel-layout``: the layers
     the two flags leave are spread evenly over the other stages (``get_num_layers_to_build``,
     megatron/core/transformer/transformer_block.py@d98e8a6; meshplan reads and writes them so,
-    :mod:`meshplan.interop.megatron_pipeline`). None where an end stage would hold no layer.
+    :mod:`meshplan.interop.megatron_pipeline`). Where that leaves an end stage no layer but
+    ``floor(layers / pp)`` on every middle stage leaves at most 2 over, those go to the ends (the
+    first before the last, which holds the output layer and the loss), no stage holding more
+    than ``ceil(layers / pp)`` either way: 61 layers at pp 30 give [3, 2 x 28, 2]. None
+    otherwise (an end stage with no layer, or ends heavier than a middle stage by more than one).
 
     >>> first_last_split(80, 7), first_last_split(80, 27)[-2:], first_last_split(80, 41)[::40]
     ([10, 12, 12, 12, 12, 12, 10], [3, 2], [1, 1])
     >>> first_last_split(80, 15), first_last_split(80, 31)
     ([1, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 1], None)
+    >>> first_last_split(61, 30)[:2], first_last_split(61, 30)[-2:], first_last_split(61, 32)
+    ([3, 2], [2, 2], None)
     """
+    if pp < 2:
+        return None
     per = -(-layers // pp)
     short = pp * per - layers
     first, last = per - short // 2, per - (short - short // 2)
-    if pp < 2 or min(first, last) < 1:
+    if min(first, last) >= 1:
+        return [first] + [per] * (pp - 2) + [last]
+    per, over = divmod(layers, pp)  # the floor on the middle stages, the rest on the ends
+    if per < 1 or over > 2:
         return None
-    return [first] + [per] * (pp - 2) + [last]
+    return [per + over - over // 2] + [per] * (pp - 2) + [per + over // 2]
+
+
+def first_last_sets(split: Optional[list[int]]) -> bool:
+    """Whether Megatron-LM's ``--decoder-first/last-pipeline-num-layers`` set layers per stage
+    ``split`` (None: even) at vpp 1: they set the first and the last stage and spread the rest
+    evenly (:func:`first_last_split`), so every middle stage holds the same layers. The one
+    test of a split Megatron-LM runs: the restart's (:meth:`meshplan.restart_degrees.PipelineRule.runs`),
+    the search's (:func:`meshplan.search.candidate.stage_split`, :func:`meshplan.search.space.short_ok`)
+    and the export's (:func:`meshplan.interop.megatron_pipeline.first_last_flags`).
+
+    >>> first_last_sets([3] + [4] * 14 + [2]), first_last_sets([1] + [2] * 29 + [1, 1]), first_last_sets(None)
+    (True, False, True)
+    """
+    return split is None or len(set(split[1:-1])) <= 1
 
 
 def split_balance(split: Optional[list[int]], layers: int, pp: int) -> float:

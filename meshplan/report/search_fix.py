@@ -23,6 +23,8 @@ _FIXES = {
                  "or add zero3 to search.sharding",
     "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
               "ZeRO-2 and DeepSpeed's ZeRO-3 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
+    "split": "let search.pp reach a pp the layers divide or one Megatron-LM's first/last split sets (meshplan."
+             "mesh.layers.first_last_split), or set training.framework = \"torch\" (torchtitan takes any split)",
     "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp/cp)",

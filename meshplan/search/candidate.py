@@ -11,23 +11,40 @@ from dataclasses import replace
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.mesh.layers import balanced_split, ends_short_split
+from meshplan.mesh.layers import balanced_split, ends_short_split, first_last_split
 from meshplan.search.columns import FSDP_SHARDINGS, LAYER_AC_FREQ, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
-def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
+def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last: bool = False):
     """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short`` (per stage,
     with vpp > 1 spread over the chunks by :func:`~meshplan.mesh.layers.stage_layers`); else None
     when pp divides the layers (even stages) or vpp > 1, else
-    :func:`~meshplan.mesh.layers.balanced_split`."""
+    :func:`~meshplan.mesh.layers.balanced_split`, or with ``first_last`` (``training.framework =
+    "megatron"``, :func:`megatron_split`) :func:`~meshplan.mesh.layers.first_last_split`, the only
+    uneven split Megatron-LM's ``--decoder-first/last-pipeline-num-layers`` set (where it has none,
+    an end stage left no layer, the search rejects the row, rule ``split``,
+    :func:`meshplan.search.reasons.first_reason`, and the balanced split stands in).
+
+    DeepSeek-V3's 61 layers at pp 16: the extra layers on the middle stages, or Megatron-LM's cut
+    (its middle stages even, the shortfall of 3 off the ends: DeepSeek-V3's own [3, 4 x 14, 2]):
+
+    >>> stage_split(61, 16, 1)[-3:], stage_split(61, 16, 1, first_last=True)[-3:]
+    ([4, 3, 3], [4, 4, 2])
+    """
     if short:
         return ends_short_split(layers, pp, vpp)
     if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
         return None
-    return balanced_split(layers, pp)
+    return (first_last and first_last_split(layers, pp)) or balanced_split(layers, pp)
+
+
+def megatron_split(cfg: Config) -> bool:
+    """Whether the search plans ``cfg``'s candidates with Megatron-LM's layer split
+    (:func:`stage_split`'s ``first_last``): under ``training.framework = "megatron"``."""
+    return cfg.training.framework == "megatron"
 
 
 def accumulates(cfg: Config, pp, sh) -> np.ndarray:
@@ -139,7 +156,8 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
-                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i])),
+                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i]),
+                                                  megatron_split(cfg)),
                     pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
     rc = RECOMPUTE[c.rc[i]]
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": rc,

@@ -21,11 +21,11 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.layers import ends_short_split, stage_layers
+from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
-from meshplan.search.candidate import sharding_training, stage_split
+from meshplan.search.candidate import megatron_split, sharding_training, stage_split
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
@@ -202,14 +202,19 @@ class Stages:
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
-    (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`,
-    :func:`~meshplan.mesh.layers.ends_short_split` where ``us``, with vpp > 1 too)."""
+    (:func:`~meshplan.mesh.layers.stage_layers`; at vpp 1 the default split,
+    :func:`~meshplan.search.candidate.stage_split`: balanced, Megatron-LM's first/last cut under
+    ``framework = "megatron"``; :func:`~meshplan.mesh.layers.ends_short_split` where ``us``, with
+    vpp > 1 too)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
     v = c.vpp[:, None]
-    base, extra = L // p, L % p
-    pos = np.where(k == 0, p - 2, np.where(k == p - 1, p - 1, k - 1)) if p > 1 else np.zeros_like(k)
-    n = np.broadcast_to(base + ((pos < extra) & (v == 1)), (len(c), p)).astype(np.int64)
+    n = np.full((len(c), p), L // p, dtype=np.int64)  # even chunks (vpp > 1 where pp divides the layers)
+    # vpp 1: the candidate's default split (balanced, Megatron-LM's cut under megatron); past one
+    # stage a layer (rule 'layers' rejects it) the balanced one
+    split = stage_split(L, p, 1, first_last=megatron_split(cfg)) if p <= L else balanced_split(L, p)
+    if split is not None:
+        n = np.where(v == 1, np.array(split, dtype=np.int64)[None, :], n)
     for vv in np.unique(c.vpp[c.us > 0]).tolist():  # the Llama 3 split where the candidate has it
         short = ends_short_split(L, p, int(vv))
         if short is not None:
@@ -256,7 +261,7 @@ def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:
     keys = np.stack([c.vpp, c.ps, c.us], axis=1)
     for vv, ps, us in np.unique(keys, axis=0).tolist():
         rows = (c.vpp == vv) & (c.ps == ps) & (c.us == us)
-        chunks = stage_layers(L, p, vv, stage_split(L, p, vv, bool(us)),
+        chunks = stage_layers(L, p, vv, stage_split(L, p, vv, bool(us), megatron_split(cfg)),
                               virtual_stage=get(candidate_schedule(vv, ps)).virtual_stage)
         if isinstance(chunks, str):  # rejected by the layers rule: nothing to count
             continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.config import Config
+from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
 from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
@@ -38,6 +39,14 @@ TORCH_DDP_REFUSED = ("ddp (hsdp with dp_shard x cp 1) under framework torch: tor
                      "dp_shard x cp > 1 and otherwise runs DDP, which it refuses beside pp or tp (\"DDP has not "
                      "supported > 1D parallelism\")")
 
+#: The ``split`` rule under ``framework = "megatron"``: a pp that does not divide the layers, at vpp 1,
+#: where Megatron-LM's only uneven split, ``--decoder-first/last-pipeline-num-layers`` with the middle
+#: stages even (:func:`~meshplan.mesh.layers.first_last_split`), has none (61 layers at pp 32: 2 on
+#: each of the 30 middle stages leave 1 for both ends, 1 on each leave 31). Megatron-Core takes no other
+#: uneven split but ``--pipeline-model-parallel-layout``, which meshplan does not write.
+MEGATRON_SPLIT_REFUSED = ("framework megatron: no layer split at this pp that Megatron-LM's --decoder-first/last-"
+                          "pipeline-num-layers set (middle stages even, an end stage left no layer)")
+
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
@@ -48,6 +57,7 @@ _SCHEDULE_REASONS = (
                "other than 1F1B"),
     ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it); "
                   + MEGATRON_REFUSED),
+    ("split", MEGATRON_SPLIT_REFUSED),
     ("replicate", TORCH_DDP_REFUSED),
 )
 _LATE_REASONS = (
@@ -153,6 +163,7 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
                                                           | (c.vpp > 1) | (c.ps != 0)))))),
         ("framework", (zero1_refused(t) & (c.sh == SHARDING.index("zero1"))) | ((t.framework == "megatron") & (
             (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
+        ("split", (t.framework == "megatron") & (c.vpp == 1) & (c.us == 0) & _no_first_last(m.layers, c.pp)),
         ("replicate", (t.framework == "torch") & c.replicated),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
@@ -160,3 +171,16 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     for key, bad in reversed(checks):
         out[np.broadcast_to(bad, out.shape)] = code[key]
     return out
+
+
+def _no_first_last(layers: int, pp: np.ndarray) -> np.ndarray:
+    """Where ``pp`` (an int array; one look per distinct pp) does not divide ``layers`` and
+    :func:`~meshplan.mesh.layers.first_last_split` has no split (rule ``split``); past one
+    stage a layer is rule ``layers``'s.
+
+    >>> _no_first_last(61, np.array([1, 16, 30, 32, 61, 64])).tolist()
+    [False, False, False, True, False, False]
+    """
+    keys, inv = np.unique(pp, return_inverse=True)
+    bad = [p <= layers and layers % p != 0 and first_last_split(layers, p) is None for p in keys.tolist()]
+    return np.array(bad, dtype=bool)[inv.reshape(-1)]

@@ -75,7 +75,7 @@ from typing import Mapping
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.mesh.layers import ends_short_split
+from meshplan.mesh.layers import ends_short_split, first_last_sets
 from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.axes.tp import max_tp  # noqa: F401 (the search's name for it)
@@ -84,8 +84,8 @@ from meshplan.search.columns import (FSDP_SHARDINGS, PIPELINE, RECOMPUTE, SEARCH
                                      ZERO12, Candidates, axis_shown, candidate_schedule, world_of)
 from meshplan.search.reasons import (CODE, OK, REASONS, first_reason, reason_table,  # noqa: F401
                                      reason_texts, zero1_refused)
-from meshplan.search.candidate import (accumulates, candidate_config, sharding_knobs,  # noqa: F401
-                                       sharding_training, stage_split)
+from meshplan.search.candidate import (accumulates, candidate_config, megatron_split,  # noqa: F401
+                                       sharding_knobs, sharding_training, stage_split)
 
 
 def _allowed(values, allowed) -> list[int]:
@@ -157,12 +157,24 @@ def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
 def short_ok(cfg: Config, pp: np.ndarray, vpp) -> np.ndarray:
     """Where the Llama 3 split (:func:`ends_short_split`) is a candidate of its own, per row of
     pipeline degree ``pp`` and virtual stages ``vpp`` (arrays; one call of ends_short_split per
-    distinct pair)."""
+    distinct pair). Under ``training.framework = "megatron"`` at vpp 1 only where Megatron-LM's
+    ``--decoder-first/last-pipeline-num-layers`` set it (:func:`~meshplan.mesh.layers.first_last_sets`)
+    and it differs from the default split (:func:`stage_split`, Megatron-LM's cut, which it equals
+    wherever pp does not divide the layers and it is set: 61 layers at pp 8 give [7, 8 x 6, 6] both
+    ways); with vpp > 1 it is Megatron-LM's ``--account-for-embedding/loss-in-pipeline-split``."""
     pp = np.asarray(pp, dtype=np.int64)
     vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
     if not pp.size:
         return np.zeros(pp.shape, dtype=bool)
-    return lookup_pairs(pp, vpp, lambda p, v: ends_short_split(cfg.model.layers, p, v) is not None)
+    layers, megatron = cfg.model.layers, megatron_split(cfg)
+
+    def ok(p: int, v: int) -> bool:
+        split = ends_short_split(layers, p, v)
+        if split is None or v > 1 or not megatron:
+            return split is not None
+        return first_last_sets(split) and split != stage_split(layers, p, 1, first_last=True)
+
+    return lookup_pairs(pp, vpp, ok)
 
 
 def lookup_pairs(a: np.ndarray, b: np.ndarray, fn) -> np.ndarray:
