@@ -53,4 +53,6 @@ def carried_source(config: Path, fmt: str | None, cfg: Config) -> tuple[UserFile
         return None, [f"{path}, the [source] of {config} (the {source_fmt} file it was imported from), {why}: its "
                       f"settings meshplan does not plan (listed in {config.name}'s header) are not carried; restore "
                       f"it, or export from the original file"]
+    if user is None:  # a [source] naming a meshplan TOML: nothing foreign to carry
+        return None, []
     return user._replace(name=f"{path}, the [source] of {config}"), []
