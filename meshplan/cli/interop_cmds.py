@@ -33,12 +33,14 @@ from meshplan.schedule.steptime import step_time
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[UserFile] = None) -> list[str]:
+                  user: Optional[UserFile] = None, warnings: tuple[str, ...] = ()) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
-    ``user``'s file carries or not); returns the header."""
+    ``user``'s file carries or not, ``warning:`` lines: :func:`~meshplan.plan_runtime.config_warnings`
+    and ``warnings``, e.g. ``search --export``'s headroom warning); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
-    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused, _step_s)
+    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg) + warnings, refused,
+                          _step_s)
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
