@@ -85,3 +85,27 @@ def test_spine_share_from_another_node():
     change rail, as from node 0."""
     assert _spine_share("all-to-all", np.array([16, 16, 17, 17]), np.array([0, 1, 1, 0]), 16) == 0.5
     assert _spine_share("all-to-all", np.array([16, 16, 17, 17]), np.array([0, 1, 1, 0])) == 0.0  # node 0 holds none
+
+
+def test_json_and_html_carry_the_second_table(tmp_path, capsys):
+    """step --json: ``links`` stays stage 0's, ``other_stage_links`` holds stage 1's rows (valid
+    against the step schema); the HTML report shows the same second table; the 405B file has none."""
+    import json
+
+    import jsonschema
+
+    from meshplan.report.html_pages import plan_page
+    from meshplan.report.json_docs import schema_of
+    assert run_main("step", DSV3, "--json", tmp_path / "s.json") == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "s.json").read_text())
+    jsonschema.Draft202012Validator(schema_of("step")).validate(doc)
+    other = doc["other_stage_links"]
+    assert other["stage"] == 1 and round(other["links"][1]["bytes_per_step"] / 1e9, 1) == 1214.8
+    assert not other["links"][1]["fits"] and all(e["fits"] for e in doc["links"])
+    plan = build_plan(load_config(DSV3))
+    page = plan_page(plan, step_time(plan), "dsv3")
+    assert "stage 1 (rank 128, node 16): the stage whose busiest NIC carries the most" in page
+    assert "node 16 NIC mlx5_0 (rail 0)" in page
+    assert run_main("step", EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", "--json", tmp_path / "l.json") == 0
+    assert json.loads((tmp_path / "l.json").read_text())["other_stage_links"] is None
