@@ -8,7 +8,8 @@ it, because the step (:mod:`meshplan.schedule.steptime`), the restart search, ``
 - :func:`runtime_warnings` (and :func:`config_warnings` of a config): the notes plan and
   step print, compare prints per side and export writes in its header: the schedule's own
   warnings, zero1 without an engine (:data:`ZERO1_WITHOUT_ENGINE`), a sequence past the
-  model's positions (:func:`position_warning`).
+  model's positions (:func:`position_warning`), a split-backward schedule with activation
+  checkpointing under torch (:func:`split_backward_ac_warning`).
 - :func:`export_refusals`: what an export target's runtime refuses in a config its own
   framework runs.
 """
@@ -16,6 +17,7 @@ it, because the step (:mod:`meshplan.schedule.steptime`), the restart search, ``
 from __future__ import annotations
 
 from meshplan.config import Config
+from meshplan.interop.torchtitan_tables import write_recompute
 from meshplan.mesh import resolve
 from meshplan.mesh.resolve import Mesh
 from meshplan.pipeline.registry import get as get_schedule
@@ -67,7 +69,50 @@ def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, .
     fsdp2 = training.sharding in ("zero3", "hsdp") and data
     zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
     positions = position_warning(model, training.seq_len) if model is not None else ()
-    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+    split_ac = split_backward_ac_warning(training, schedule, mesh.degree("pp"))
+    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2) + split_ac
+
+
+#: What torch's split-backward (zero-bubble) schedules are reported to do with activation
+#: checkpointing: pytorch/torchtitan issue #773 (open, labelled bug and release_blocking;
+#: tianyu-l, 2025-01-03: on 512 GPUs Interleaved1F1B 128 tokens/s per GPU at 33.9% MFU,
+#: InterleavedZeroBubble 13 at 3.4% and 89.7 GiB, 94% of HBM; H-Huang, 2025-01-13: slower only
+#: with AC, fine without) and pytorch/pytorch issue #136766 (closed; zero bubble with AC ran out of
+#: memory before one step, ``stage_backward_input`` keeping the recomputed graph; pytorch PR #138119
+#: detaches the output and loss, 50% less memory with AC on a 7B model). No fix of #773's
+#: slowdown is reported, so a torch 2.13 run is taken to show it.
+SPLIT_BACKWARD_AC = ("torch's zero-bubble schedules with activation checkpointing are reported far slower than "
+                     "interleaved 1F1B (torchtitan issue #773, open: 13 vs 128 tokens/s per GPU on 512 GPUs, "
+                     "slower only with AC) and have run out of memory (pytorch issue #136766, closed by "
+                     "pytorch PR #138119)")
+
+
+def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
+    """One line when framework torch runs a schedule that splits the backward
+    (:attr:`~meshplan.pipeline.base.PipelineSchedule.splits_backward`: zb_h1, zbv, dualpipev) at
+    pp > 1 under activation checkpointing, i.e. a torchtitan ``[activation_checkpoint] mode`` other
+    than none (:func:`~meshplan.interop.torchtitan_tables.write_recompute`: full, layer, op, and
+    selective without flash attention): :data:`SPLIT_BACKWARD_AC`, the plan's step being the
+    schedule's without that slowdown. The bubble hint leaves these schedules out then
+    (:mod:`meshplan.schedule.bubble_hint`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
+    >>> len(split_backward_ac_warning(t, "zb_h1", 4)), split_backward_ac_warning(t, "interleaved_1f1b", 4)
+    (1, ())
+    >>> split_backward_ac_warning(t.model_copy(update={"recompute": "selective"}), "zbv", 4)  # flash: mode none
+    ()
+    """
+    sched = get_schedule(schedule)
+    if training.framework != "torch" or pp <= 1 or not sched.splits_backward:
+        return ()
+    mode = write_recompute(training)["mode"]
+    if mode == "none":
+        return ()
+    return (f"{sched.name} with activation checkpointing (recompute {training.recompute!r}: torchtitan "
+            f"activation_checkpoint.mode = \"{mode}\") under framework torch: {SPLIT_BACKWARD_AC}; the "
+            "predicted step is the schedule's without that slowdown; set recompute = \"none\" if memory "
+            "allows, or use interleaved_1f1b",)
 
 
 def position_warning(model, seq_len: int) -> tuple[str, ...]:

@@ -31,3 +31,24 @@ def test_seed_plan_prints_zero_and_megatron_accounting():
     assert "+ 1050673152 / tp 8 (untied output layer at pp 1)" in text  # 128256 x 8192 / tp 8, untied
     # the same layer stack as psi minus the norms Megatron divides by tp: within 0.1%
     assert abs(params - psi) / psi < 1e-3
+
+
+def test_moe_with_ep_prints_why_the_megatron_estimate_is_not_shown():
+    """Newcomer trial 17: DeepSeek-V3 at pp 16 x dp_shard 128 x ep 64 printed "Megatron-LM
+    report_theoretical_memory estimate: 242.58 GiB" and then that the formula ignores expert
+    parallelism. Now no number, one line saying why: 256 experts / ep 64 = 4 per rank, where the
+    formula counts all 256 on every rank."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.report.text import _accounting_lines
+    plan = build_plan(load_config(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"))
+    lines = _accounting_lines(plan, plan.state[0])
+    assert len(lines) == 2 and lines[0].startswith("textbook accounting (ZeRO paper)")
+    assert lines[1] == ("Megatron-LM report_theoretical_memory estimate: not shown: its formula ignores expert "
+                        "parallelism and counts all 256 experts of every MoE layer on every rank, where ep 64 x etp 1 "
+                        "leaves 4 per rank (the exact count above holds them)")
+    out = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan",
+                          str(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")],
+                         capture_output=True, text=True, timeout=300).stdout
+    flat = " ".join(out.split())
+    assert "242.58 GiB" not in flat and "(approximation)" not in flat and lines[1] in flat

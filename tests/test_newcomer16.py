@@ -24,7 +24,8 @@ def test_place_and_launch_give_every_rank_the_node_nics_by_default(tmp_path, cap
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.strip().startswith("rank 5:"))
     assert line.strip() == (f'rank 5: node 0 LOCAL_RANK 5 RANK 5 GPU 5 (cuda:5) socket 1 NIC mlx5_9; run as: '
-                            f'CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7" NCCL_IB_HCA="{HCAS}" numactl '
+                            f'CUDA_VISIBLE_DEVICES="0,1,2,3,4,5,6,7" CUDA_DEVICE_ORDER="PCI_BUS_ID" '
+                            f'NCCL_IB_HCA="{HCAS}" numactl '
                             f'--physcpubind=70-83 --membind=1 PROGRAM (or, cores only: taskset -c 70-83 PROGRAM)')
     assert "|" not in line and "note: --nic-scope rank" not in out
     assert _main("place", MINI, "--rank", 5, "--nic-scope", "rank") == 0

@@ -23,6 +23,7 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.assign import axis_locality, place
 from meshplan.placement.flags import placement_flags
+from meshplan.placement.nccl_env import ENV_DOC
 from meshplan.placement.choice import choose_placement, fill
 from meshplan.placement.score import weak_bytes, weights_from_plan
 from meshplan.spec.cluster import ClusterSpec
@@ -262,6 +263,7 @@ EXPECTED_JSON = """[
     "nic": "mlx5_1",
     "env": {
       "CUDA_VISIBLE_DEVICES": "1",
+      "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
       "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"
     },
     "numactl": "numactl --physcpubind=8-15 --membind=1",
@@ -279,6 +281,7 @@ EXPECTED_JSON = """[
     "nic": "mlx5_0",
     "env": {
       "CUDA_VISIBLE_DEVICES": "0",
+      "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
       "NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"
     },
     "numactl": "numactl --physcpubind=0-7 --membind=0",
@@ -291,21 +294,26 @@ EXPECTED_SH = """#!/bin/sh
 # meshplan bindings: 2 ranks on 1 node(s) x 2 GPUs (duo); launch node-major
 # torchrun --nnodes 1 --nproc-per-node 2 --no-python ./THIS_FILE python train.py ...
 # torchrun sets GROUP_RANK (node) and LOCAL_RANK (process on the node).
+# What each variable does:
+#   CUDA_VISIBLE_DEVICES: the rank's own GPU only, which it uses as cuda:0 (place --visible one)
+#   CUDA_DEVICE_ORDER: {CUDA_DEVICE_ORDER}
+#   NCCL_IB_HCA: {NCCL_IB_HCA}
+#   NCCL_CROSS_NIC: not set, so NCCL's default 2 applies (or your environment's value): rings and trees keep one rail unless crossing is faster, and the cluster gives no network tier; 0 would only forbid those faster graphs (NCCL env docs, NCCL_CROSS_NIC: 0 suits rails joined by a slow inter-rail link)
 set -eu
 case "$GROUP_RANK" in
 0)
   case "$LOCAL_RANK" in
   0) # rank 0: GPU 1, socket 1, NIC mlx5_1
-    export CUDA_VISIBLE_DEVICES="1" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
+    export CUDA_VISIBLE_DEVICES="1" CUDA_DEVICE_ORDER="PCI_BUS_ID" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
     exec numactl --physcpubind=8-15 --membind=1 "$@" ;;
   1) # rank 1: GPU 0, socket 0, NIC mlx5_0
-    export CUDA_VISIBLE_DEVICES="0" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
+    export CUDA_VISIBLE_DEVICES="0" CUDA_DEVICE_ORDER="PCI_BUS_ID" NCCL_IB_HCA="=mlx5_0:1,mlx5_1:1"
     exec numactl --physcpubind=0-7 --membind=0 "$@" ;;
   *) echo "meshplan: no binding for node $GROUP_RANK local rank $LOCAL_RANK" >&2; exit 1 ;;
   esac ;;
 *) echo "meshplan: no binding for node $GROUP_RANK" >&2; exit 1 ;;
 esac
-"""
+""".replace("{CUDA_DEVICE_ORDER}", ENV_DOC["CUDA_DEVICE_ORDER"]).replace("{NCCL_IB_HCA}", ENV_DOC["NCCL_IB_HCA"])
 
 
 def test_bindings_json_and_sh_exact_for_two_ranks(tmp_path):
@@ -326,8 +334,8 @@ def test_bindings_conventions():
     assert every["env"]["CUDA_VISIBLE_DEVICES"] == "1,0" and every["device"] == "cuda:0"
     assert bindings(p, 1, visible="all")["device"] == "cuda:1"
     assert bindings(p, 0, transport="socket", socket_ifname="eth1")["env"] == {
-        "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1",
-        "NCCL_IB_DISABLE": "1"}
+        "CUDA_VISIBLE_DEVICES": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_SOCKET_IFNAME": "=eth1",
+        "GLOO_SOCKET_IFNAME": "eth1", "NCCL_IB_DISABLE": "1"}
     with pytest.raises(ConfigError, match="^--socket-ifname: .* NIC mlx5_1 has no IP interface name"):
         bindings(p, 0, transport="socket", nic_scope="rank")
     with pytest.raises(ConfigError, match="^--socket-ifname: .* NIC mlx5_0 has no IP interface name"):
@@ -372,7 +380,7 @@ def test_cli_place_choose_and_bindings(tmp_path):
     assert "chosen rank_to_gpu: [0, 8, 16, 24, 32, 40, 48, 56, 1, 9," in r.stdout
     assert "weak-path bytes per step: config" in r.stdout and "tp 8 fits the 8-GPU NVLink domain" in r.stdout
     assert 'rank 1: node 1 LOCAL_RANK 0 RANK 8 GPU 0 (cuda:0) socket 0 NIC nic0; run as: CUDA_VISIBLE_DEVICES=' \
-           '"0,1,2,3,4,5,6,7" NCCL_IB_HCA="=nic0:1,nic1:1" numactl --physcpubind=0-13 --membind=0 PROGRAM (or, cores ' \
+           '"0,1,2,3,4,5,6,7" CUDA_DEVICE_ORDER="PCI_BUS_ID" NCCL_IB_HCA="=nic0:1,nic1:1" numactl --physcpubind=0-13 --membind=0 PROGRAM (or, cores ' \
            'only: taskset -c 0-13 PROGRAM)\n' in r.stdout and "| taskset" not in r.stdout
     assert out.read_text().startswith("#!/bin/sh\n# meshplan bindings: 64 ranks on 8 node(s) x 8 GPUs")
     again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)

@@ -214,7 +214,7 @@ def test_gradient_reduce_scatter_overlaps_the_next_layer_backward():
 # Whole plans ----------------------------------------------------------------------------
 
 from meshplan.plan import build_plan  # noqa: E402
-from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE  # noqa: E402
+from meshplan.plan_runtime import ZERO1_WITHOUT_ENGINE, split_backward_ac_warning  # noqa: E402
 from meshplan.config import config_from_dict, load_config  # noqa: E402
 from meshplan.schedule.steptime import step_time  # noqa: E402
 from meshplan.schedule.comm_streams import comm_kind  # noqa: E402
@@ -252,7 +252,10 @@ def test_step_time_of_plans(mesh, training, overlap):
     assert st.critical_path() and any("idle/ideal" in line for line in st.lines()) == (plan.mesh.degree("pp") > 1)
     # zero1 under framework torch: the runtime warning that no torch engine runs it (plan_runtime.runtime_warnings)
     zero1 = [ZERO1_WITHOUT_ENGINE] if plan.config.training.sharding == "zero1" else []
-    assert [n for n in st.notes if not n.startswith("FSDP2 copies on the compute stream")] == zero1
+    # and zb_h1 with full recompute under torch: split backward with AC (torchtitan issue #773)
+    ac = list(split_backward_ac_warning(plan.config.training, plan.spec.pp_schedule, plan.pp))
+    assert len(ac) == (plan.spec.pp_schedule == "zb_h1")
+    assert [n for n in st.notes if not n.startswith("FSDP2 copies on the compute stream")] == zero1 + ac
 
 
 def test_zb_h1_reduces_the_plan_bubble():

@@ -74,3 +74,30 @@ def test_tight_top_alone_says_no_row_keeps_the_margin(tmp_path):
     """--top 1: row 1 is the only row shown, so the line says none keeps 15% free."""
     (line,) = headroom_lines(_search(tmp_path, top=1))
     assert "4.3 GiB = 6.4% free) at [memory] fragmentation_fraction 0%; no row shown keeps 15% free; PyTorch's" in line
+
+
+def test_export_of_a_tight_row_prints_the_same_warning(tmp_path):
+    """Newcomer trial 17: `search --export 1` wrote the tight top row without a word. The export
+    prints the search's line for the row it writes (its header's ``warning:``, also in the file);
+    row 2 (57.7% free) gets none."""
+    from meshplan.report.search_lines import export_headroom
+    r = _search(tmp_path)
+    (one,) = export_headroom(r, (1, ""))
+    assert "warning: " + one == headroom_lines(r)[0]  # one row tight: the same words
+    assert export_headroom(r, (2, "")) == ()
+
+
+def test_search_export_cli_prints_and_writes_it(tmp_path, capsys):
+    from tests.cli_run import run_main
+    path = tmp_path / "h.toml"
+    path.write_text(CONFIG.format(top=10))
+    assert run_main("search", path, "--export", 1, "-o", tmp_path / "row1.toml") == 0
+    flat = " ".join(capsys.readouterr().out.split())  # the console wraps the table's line
+    head = "warning: row 1 keeps less than 15% of the usable memory free"
+    warned = [head + x.split("to plan with it")[0] + "to plan with it" for x in flat.split(head)[1:]]
+    assert len(warned) == 2 and warned[0] == warned[1]  # under the table, and the export's header
+    assert "row 2 is the first that keeps 15% free" in warned[1]
+    assert f"# {warned[0]}" in " ".join((tmp_path / "row1.toml").read_text().split())
+    assert run_main("search", path, "--export", 2, "-o", tmp_path / "row2.toml") == 0
+    assert " ".join(capsys.readouterr().out.split()).count(head) == 1  # the table's only
+    assert "keeps less than 15%" not in (tmp_path / "row2.toml").read_text()

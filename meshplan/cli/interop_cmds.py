@@ -37,7 +37,8 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
                   user: Optional[UserFile] = None, warnings: Sequence[str] = ()) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
-    ``user``'s file carries or not, ``warnings`` beside the runtime's); returns the header."""
+    ``user``'s file carries or not, ``warning:`` lines: :func:`~meshplan.plan_runtime.config_warnings`
+    and ``warnings``, e.g. a gone [source] file or ``search --export``'s headroom warning); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
     text, header = export(replace(cfg, notes=()), to, source, user, [*config_warnings(cfg), *warnings], refused,
                           _step_s)

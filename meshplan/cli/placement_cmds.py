@@ -81,7 +81,7 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
 
 def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
-              bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
+              bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file (the environment launch's bind.sh exports, and its cores and NIC)"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
               visible: str = typer.Option(LAUNCH_VISIBLE, "--visible", help="CUDA_VISIBLE_DEVICES per rank, printed "

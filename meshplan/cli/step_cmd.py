@@ -31,7 +31,7 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
-from meshplan.schedule.link_spill import network_spill, spill_line
+from meshplan.schedule.link_spill import network_spill, nic_bytes_per_stage, overloaded_stage, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
@@ -201,16 +201,30 @@ def _print_links(p, st, step_fn) -> None:
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
     for (a, b), sec in sorted(concurrency(st).items()):
         _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    loads = edge_loads(p, st)
+    other = overloaded_stage(p, st)
+    where = "" if other is None else f"; stage {other[0]}'s NICs carry more and do not fit: its table follows"
+    loads = _print_edge_table(p, st, 0, edge_loads(p, st), where)
+    spill = network_spill(p, st) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
+    if spill is not None:
+        _echo(f"  {spill_line(p, st, spill, step_fn)}")
+    if other is not None:
+        per = nic_bytes_per_stage(p, st)
+        _print_edge_table(p, st, other[0], other[1], f"; the stage whose busiest NIC carries the most, "
+                                                     f"{per[other[0]] / 1e9:.1f} GB per step against stage 0's "
+                                                     f"{per[0] / 1e9:.1f} GB")
+
+
+def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:
+    """The edge-load table of ``stage``, ``loads`` (:func:`~meshplan.schedule.linkload.edge_loads`),
+    its header naming the stage, its first rank and node, ``more`` after them; ``loads``."""
     window = f"{loads[0].interval_s:.3f} s of the {st.step_s:.3f} s step" if loads else "none"
-    _echo(f"edge load per step (busy = bytes / capacity; the window it must fit in: stage 0's compute time, its "
-          f"forward, backward and recompute kernels ({window}: not the step), and per layer the layer's forward + "
-          f"backward time)")
+    rank = st.example_ranks[stage]
+    _echo(f"edge load per step on stage {stage} (rank {rank}, node {int(p.placement.node[rank])}{more}) (busy = "
+          f"bytes / capacity; the window it must fit in: stage {stage}'s compute time, its forward, backward and "
+          f"recompute kernels ({window}: not the step), and per layer the layer's forward + backward time)")
     for e in loads:
         verdict = "fits" if e.fits else "DOES NOT FIT"
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
-    spill = network_spill(p, st) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
-    if spill is not None:
-        _echo(f"  {spill_line(p, st, spill, step_fn)}")
+    return loads

@@ -5,7 +5,8 @@ framework accounting of :mod:`meshplan.memory.state` and labelled as what they a
   2020 (arXiv 1910.02054, section 5, Figure 1), ``(2 + 2 + K) psi`` with K = 12;
 - **Megatron's estimate** (:func:`megatron_estimate`): Megatron-LM
   ``report_theoretical_memory`` (``megatron/training/theoretical_memory_usage.py``),
-  which divides everything by tp and leaves out the tied-output copy.
+  which divides everything by tp and leaves out the tied-output copy; not printed for a MoE
+  mesh with ep > 1, whose experts it does not split (:func:`megatron_withheld`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,28 @@ MEGATRON_AS_IF = "as if run with Megatron-LM's distributed optimizer"
 #: plan's. ``{framework}``: the plan's ``training.framework``.
 MEGATRON_NOT_RUN = ("does not apply to this plan (training.framework \"{framework}\", not Megatron-LM), "
                     "for comparison only: ")
+
+
+def megatron_withheld(model: ModelSpec, mesh: Mesh) -> Optional[str]:
+    """Why ``plan`` does not print :func:`megatron_estimate` for this mesh, or None: a MoE model
+    with its routed experts split over ep > 1, which the formula does not see (it counts every
+    expert of every MoE layer on every rank, NVIDIA/Megatron-LM
+    ``megatron/training/theoretical_memory_usage.py`` at 00caa53a), so its number is off by about
+    the factor ep on the experts (DeepSeek-V3 at ep 64: 242.58 GiB for 4 experts per rank).
+
+    >>> from types import SimpleNamespace
+    >>> from meshplan import catalog
+    >>> m = SimpleNamespace(ep=8, etp=1)  # Mixtral 8x7B at dp_shard 32 x ep 8 (its ep and etp)
+    >>> print(megatron_withheld(catalog.model("mixtral-8x7b"), m))
+    Megatron-LM report_theoretical_memory estimate: not shown: its formula ignores expert parallelism and counts all 8 experts of every MoE layer on every rank, where ep 8 x etp 1 leaves 1 per rank (the exact count above holds them)
+    >>> megatron_withheld(catalog.model("llama3-8b"), m) is None
+    True
+    """
+    if not model.is_moe or mesh.ep <= 1:
+        return None
+    return (f"Megatron-LM report_theoretical_memory estimate: not shown: its formula ignores expert parallelism and "
+            f"counts all {model.experts} experts of every MoE layer on every rank, where ep {mesh.ep} x etp "
+            f"{mesh.etp} leaves {model.experts // mesh.ep} per rank (the exact count above holds them)")
 
 
 @dataclass(frozen=True)

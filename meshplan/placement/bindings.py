@@ -11,6 +11,9 @@ Conventions (each one a choice; the docstrings say which):
   ``argsort(rank_to_gpu)[g]``: build the DeviceMesh from ``rank_to_gpu`` reshaped to the
   mesh shape (``DeviceMesh("cuda", mesh=...)``), since init_device_mesh numbers ranks
   node-major.
+- Environment: :func:`meshplan.placement.nccl_env.rank_env`, the same as ``meshplan launch``
+  writes (CUDA_DEVICE_ORDER=PCI_BUS_ID, and NCCL_CROSS_NIC=0 on a network oversubscribed between
+  rails), besides the GPU and NIC variables below.
 - Visible GPU. ``visible="one"`` (the usual way): CUDA_VISIBLE_DEVICES is the rank's own
   local GPU and the process uses ``cuda:0`` (``torch.cuda.set_device(LOCAL_RANK)`` would
   fail for LOCAL_RANK > 0). ``visible="all"``: every process of a node sees the node's GPUs
@@ -40,7 +43,7 @@ Conventions (each one a choice; the docstrings say which):
 >>> b["nic"], b["env"]["NCCL_IB_HCA"], b["numactl"]
 ('mlx5_9', '=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1', 'numactl --physcpubind=70-83 --membind=1')
 >>> bindings(place(system("dgx-h100", 1), 8), 5, nic_scope="rank")["env"]
-{'CUDA_VISIBLE_DEVICES': '5', 'NCCL_IB_HCA': '=mlx5_9:1'}
+{'CUDA_VISIBLE_DEVICES': '5', 'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'NCCL_IB_HCA': '=mlx5_9:1'}
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ import numpy as np
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.placement.assign import Placement
+from meshplan.placement.nccl_env import env_comments, rank_env
 from meshplan.spec.cluster import NICSpec
 
 _CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
@@ -169,8 +173,9 @@ def _binding(p: Placement, rank: int, mode: str, transport: str, nic_scope: str,
     node, gpu, sock = int(p.node[rank]), int(p.local_gpu[rank]), int(p.socket[rank])
     lo, hi = int(p.core_first[rank]), int(p.core_last[rank])
     cores = f"{lo}-{hi}" if hi > lo else str(lo)
-    env = {"CUDA_VISIBLE_DEVICES": str(gpu) if visible == "one" else seen[node]}
-    env.update(_nic_env(_nics(p, rank, nic_scope), p.cluster.node.name, transport, port, socket_ifname))
+    env = rank_env(p.cluster, str(gpu) if visible == "one" else seen[node],
+                   _nic_env(_nics(p, rank, nic_scope), p.cluster.node.name, transport, port, socket_ifname),
+                   transport, nic_scope)
     nic = int(p.nic[rank])
     return {"rank": rank, "process_rank": proc, "local_rank": local, "node": node, "gpu": gpu,
             "device": "cuda:0" if visible == "one" else f"cuda:{local}", "socket": sock, "cores": cores,
@@ -206,6 +211,8 @@ def to_sh(placement: Placement, **opts) -> str:
            f"# torchrun --nnodes {int(placement.node.max()) + 1} --nproc-per-node {cl.node.gpus} "
            "--no-python ./THIS_FILE python train.py ...",
            "# torchrun sets GROUP_RANK (node) and LOCAL_RANK (process on the node)."]
+    out += ["# What each variable does:"] + [_c(x) for x in env_comments(
+        cl, rows, opts.get("transport", "ib"), opts.get("nic_scope", NIC_SCOPE), opts.get("visible", "one"))]
     if mode == "by-gpu":
         out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from it.")
     out += ["set -eu", 'case "$GROUP_RANK" in']

@@ -21,7 +21,9 @@ Three files, in one folder (:func:`write_launch`):
 - ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
 
 Environment of each rank (``env`` of :func:`launch_bindings`, each explained in ``bind.sh``
-from :data:`meshplan.placement.nccl_env.ENV_DOC`, whose module cites each one's source):
+from :data:`meshplan.placement.nccl_env.ENV_DOC`, whose module cites each one's source; built by
+:func:`meshplan.placement.nccl_env.rank_env`, which ``place --bindings`` uses too: the same
+variables, ``place``'s ``--visible one`` only changing CUDA_VISIBLE_DEVICES):
 
 - ``CUDA_VISIBLE_DEVICES`` lists the node's GPUs in LOCAL_RANK order, so a script that
   uses ``cuda:{LOCAL_RANK}`` (torchtitan's train.py: ``torch.device(f"cuda:{LOCAL_RANK}")``)
@@ -69,7 +71,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
-from meshplan.placement.nccl_env import ENV_DOC, cross_nic, cross_nic_note
+from meshplan.placement.nccl_env import env_comments
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -170,13 +172,7 @@ def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
     check_options(placement, opts)
     rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible=LAUNCH_VISIBLE,
                         socket_ifname=opts.socket_ifname)
-    crossnic = cross_nic(placement.cluster) if opts.transport == "ib" and opts.nic_scope == "node" else None
-    for b in rows:
-        env = {"CUDA_VISIBLE_DEVICES": b["env"].pop("CUDA_VISIBLE_DEVICES"), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-        env.update(b["env"])
-        if crossnic is not None and "NCCL_IB_HCA" in env:
-            env["NCCL_CROSS_NIC"] = crossnic
-        b["env"] = env
+    for b in rows:  # env: nccl_env.rank_env, as place --bindings writes it
         b["cpu"] = ({"numactl": ["numactl", f"--physcpubind={b['cores']}", f"--membind={b['socket']}"],
                      "taskset": ["taskset", "-c", b["cores"]], "none": []})[opts.cpu_bind]
     return rows
@@ -195,11 +191,7 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
            f"node(s) x {cl.node.gpus} GPUs ({cl.node.name}); launch {launch_mode(placement)}.",
            "# torchrun's program (--no-python): torchrun sets GROUP_RANK, LOCAL_RANK and RANK.",
            "# What each variable does:"]
-    used = dict.fromkeys(k for b in rows for k in b["env"])
-    out += [f"#   {k}: {ENV_DOC[k]}" for k in used]
-    note = cross_nic_note(cl) if opts.transport == "ib" and opts.nic_scope == "node" else None
-    if note and any("NCCL_IB_HCA" in b["env"] for b in rows):
-        out.append(f"#   {note}")
+    out += env_comments(cl, rows, opts.transport, opts.nic_scope)
     if launch_mode(placement) == "by-gpu":
         out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from "
                    "bindings.json's mesh ranks (DeviceMesh(..., mesh=...)), not init_device_mesh.")

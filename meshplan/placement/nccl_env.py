@@ -1,5 +1,6 @@
-"""Why each environment variable ``meshplan launch`` writes is there (:data:`ENV_DOC`, printed in
-``bind.sh``), and when it writes ``NCCL_CROSS_NIC`` (:func:`cross_nic`).
+"""The environment of a rank, one home for ``place --bindings`` and ``meshplan launch``
+(:func:`rank_env`), why each variable is there (:data:`ENV_DOC`, printed in ``bind.sh`` and in
+``place --bindings F --format sh``), and when ``NCCL_CROSS_NIC`` is written (:func:`cross_nic`).
 
 Sources, each variable:
 
@@ -98,3 +99,39 @@ def cross_nic_note(cluster: ClusterSpec) -> Optional[str]:
     return ("NCCL_CROSS_NIC: not set, so NCCL's default 2 applies (or your environment's value): rings and trees "
             f"keep one rail unless crossing is faster, and {path}; 0 would only forbid those faster graphs "
             "(NCCL env docs, NCCL_CROSS_NIC: 0 suits rails joined by a slow inter-rail link)")
+
+
+def rank_env(cluster: ClusterSpec, visible_devices: str, nic_env: dict, transport: str, nic_scope: str) -> dict:
+    """A rank's environment, in this order: ``CUDA_VISIBLE_DEVICES`` (``visible_devices``),
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (so the indices are nvidia-smi's and the catalog's),
+    ``nic_env`` (the NIC variables of :func:`meshplan.placement.bindings.all_bindings`) and,
+    under ``transport`` ib with ``nic_scope`` node and an ``NCCL_IB_HCA``, ``NCCL_CROSS_NIC`` where
+    :func:`cross_nic` writes it. ``place --bindings`` and ``launch``'s ``bind.sh`` write the same.
+
+    >>> from meshplan.catalog import system
+    >>> rank_env(system("dgx-h100", 2), "5", {"NCCL_IB_HCA": "=mlx5_9:1"}, "ib", "rank")
+    {'CUDA_VISIBLE_DEVICES': '5', 'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'NCCL_IB_HCA': '=mlx5_9:1'}
+    """
+    env = {"CUDA_VISIBLE_DEVICES": visible_devices, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", **nic_env}
+    crossnic = cross_nic(cluster) if transport == "ib" and nic_scope == "node" else None
+    if crossnic is not None and "NCCL_IB_HCA" in env:
+        env["NCCL_CROSS_NIC"] = crossnic
+    return env
+
+
+#: :data:`ENV_DOC`'s ``CUDA_VISIBLE_DEVICES`` under ``place --visible one`` (each rank sees its own GPU).
+VISIBLE_ONE_DOC = "the rank's own GPU only, which it uses as cuda:0 (place --visible one)"
+
+
+def env_comments(cluster: ClusterSpec, rows: list[dict], transport: str, nic_scope: str,
+                 visible: str = "all") -> list[str]:
+    """The ``#   VAR: why`` lines of a script exporting ``rows``' ``env`` (:data:`ENV_DOC`, each
+    variable once, in first use order; :data:`VISIBLE_ONE_DOC` for ``visible`` one), with
+    :func:`cross_nic_note` where it applies."""
+    used = dict.fromkeys(k for b in rows for k in b["env"])
+    doc = ENV_DOC | ({"CUDA_VISIBLE_DEVICES": VISIBLE_ONE_DOC} if visible == "one" else {})
+    out = [f"#   {k}: {doc[k]}" for k in used]
+    note = cross_nic_note(cluster) if transport == "ib" and nic_scope == "node" else None
+    if note and any("NCCL_IB_HCA" in b["env"] for b in rows):
+        out.append(f"#   {note}")
+    return out

@@ -35,6 +35,7 @@ from meshplan.report.search import count_lines, header_lines, rejected_lines, ta
 from meshplan.report.search_fix import infeasible_verdict, rule_counts
 from meshplan.report.search_lines import configured_lines
 from meshplan.report.text import fmt_ranks, plan_replicates
+from meshplan.schedule.link_spill import overloaded_stage
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
@@ -135,15 +136,25 @@ def _step(plan: Plan, st: StepTime) -> str:
     if st.pipeline.spec.p > 1:  # at pp 1 nothing is scheduled: no pipeline to draw
         body += "<h3>Predicted pipeline timeline</h3>"
         body += gantt_svg(st.pipeline.events, st.post_events, st.example_ranks)
-    loads = edge_loads(plan, st)
     body += ("<h3>Link load per step</h3><p class=\"note\">busy = bytes over the link per step / its capacity, against "
-             "the stage's compute time; GB = 1e9 B</p>")
-    body += load_bars_svg([(e.edge, e.busy_s, e.interval_s, e.bytes_per_step / GB) for e in loads])
-    body += table(["link", "GB per step", "busy (s)", "compute (s)", "per layer (ms)", "layer (ms)", "verdict"],
-                  [(e.edge, f"{e.bytes_per_step / GB:,.1f}", f"{e.busy_s:.4f}", f"{e.interval_s:.4f}",
-                    f"{(e.per_layer_bytes / e.capacity_bytes_per_s if e.capacity_bytes_per_s else 0) * 1e3:.4f}",
-                    f"{e.layer_interval_s * 1e3:.4f}", "fits" if e.fits else "DOES NOT FIT") for e in loads])
+             "the stage's compute time; GB = 1e9 B; stage 0 (rank 0, node 0)</p>")
+    body += _loads_html(edge_loads(plan, st))
+    other = overloaded_stage(plan, st) if len(plan.stages) > 1 else None
+    if other is not None:  # step's second table (meshplan.schedule.link_spill.overloaded_stage)
+        rank = st.example_ranks[other[0]]
+        body += (f"<p class=\"note\">stage {other[0]} (rank {rank}, node {int(plan.placement.node[rank])}): the "
+                 f"stage whose busiest NIC carries the most bytes per step, and some of its links do not fit</p>")
+        body += _loads_html(other[1])
     return section("Step time", body)
+
+
+def _loads_html(loads) -> str:
+    """Bars and table of edge loads (:func:`~meshplan.schedule.linkload.edge_loads`)."""
+    return load_bars_svg([(e.edge, e.busy_s, e.interval_s, e.bytes_per_step / GB) for e in loads]) + table(
+        ["link", "GB per step", "busy (s)", "compute (s)", "per layer (ms)", "layer (ms)", "verdict"],
+        [(e.edge, f"{e.bytes_per_step / GB:,.1f}", f"{e.busy_s:.4f}", f"{e.interval_s:.4f}",
+          f"{(e.per_layer_bytes / e.capacity_bytes_per_s if e.capacity_bytes_per_s else 0) * 1e3:.4f}",
+          f"{e.layer_interval_s * 1e3:.4f}", "fits" if e.fits else "DOES NOT FIT") for e in loads])
 
 
 def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> list[str]:

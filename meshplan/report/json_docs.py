@@ -23,6 +23,7 @@ from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
+from meshplan.schedule.link_spill import overloaded_stage
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.waits import BubbleWait
 
@@ -109,10 +110,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
-                    links=[{"edge": e.edge, "bytes_per_step": e.bytes_per_step,
-                            "capacity_bytes_per_s": e.capacity_bytes_per_s, "busy_s": e.busy_s,
-                            "interval_s": e.interval_s, "per_layer_bytes": e.per_layer_bytes,
-                            "layer_interval_s": e.layer_interval_s, "fits": e.fits} for e in edge_loads(plan, st)],
+                    links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
                     sent_bytes_per_step=weights_from_table(plan.stage(st.critical_stage).collectives),
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
 
@@ -131,6 +129,20 @@ def _timing(t) -> dict[str, Any]:
     if not doc["issued"]:
         del doc["issued"]
     return doc
+
+
+def _link(e) -> dict[str, Any]:
+    """One edge-load row (:class:`~meshplan.schedule.linkload.EdgeLoad`)."""
+    return {"edge": e.edge, "bytes_per_step": e.bytes_per_step, "capacity_bytes_per_s": e.capacity_bytes_per_s,
+            "busy_s": e.busy_s, "interval_s": e.interval_s, "per_layer_bytes": e.per_layer_bytes,
+            "layer_interval_s": e.layer_interval_s, "fits": e.fits}
+
+
+def _other_links(plan: Plan, st) -> Optional[dict[str, Any]]:
+    """The second edge-load table step prints (:func:`meshplan.schedule.link_spill.overloaded_stage`):
+    its stage and rows; null where there is none (``links`` is stage 0's)."""
+    other = overloaded_stage(plan, st) if len(plan.stages) > 1 else None
+    return None if other is None else {"stage": other[0], "links": [_link(e) for e in other[1]]}
 
 
 def _most_exposed(st, bw: Optional[BubbleWait]) -> Optional[dict[str, Any]]:

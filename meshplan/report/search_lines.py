@@ -82,21 +82,50 @@ def headroom_lines(r: SearchResult) -> list[str]:
     measured to. The first such row's free memory in GiB and percent; where row 1 is among them,
     also the first row shown that keeps the margin free (:func:`_first_roomy`), or that none does.
     None otherwise. Not a rank: the order stays the step's."""
-    o, usable = r.config.memory, usable_bytes(r.config.cluster, r.config.training)
-    frac = ALLOCATOR_FRAGMENTATION
-    tight = [(k, e) for k, e in enumerate(r.top, 1) if e.complete and usable - e.peak_bytes < frac * usable]
-    if o.fragmentation_fraction >= frac or not tight:
+    usable, frac = usable_bytes(r.config.cluster, r.config.training), ALLOCATOR_FRAGMENTATION
+    tight = [(k, e) for k, e in enumerate(r.top, 1) if _tight(r, e, usable)]
+    if not tight:
         return []
     k, e = tight[0]
     rows = f"row {k} keeps" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)} keep"
-    free = usable - e.peak_bytes
     roomy = _first_roomy(r, usable, frac) if k == 1 else ""
-    return [f"warning: {rows} less than {frac:.0%} of the usable memory free (#{k} "
+    return ["warning: " + _headroom_text(r, rows, str(k), e, usable, roomy)]
+
+
+def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:
+    """The headroom warning of :func:`headroom_lines` for the one row ``search --export`` writes
+    (``pick``: row n, or with a letter row 1's variant ``1b``), without its ``warning:`` (the
+    export's header adds it, printed and in the file); row 1 with the clause naming the first row
+    that keeps the margin free, as the search's line has it. Empty where the row keeps the margin
+    or ``[memory] fragmentation_fraction`` already reserves it."""
+    n, letter = pick
+    usable = usable_bytes(r.config.cluster, r.config.training)
+    labels = [variant_label(k) for k in range(len(r.variants))]
+    e = (r.variants[labels.index(f"{n}{letter}")] if letter else r.top[n - 1])
+    if not _tight(r, e, usable):
+        return ()
+    words = f"variant {n}{letter} keeps" if letter else f"row {n} keeps"
+    roomy = _first_roomy(r, usable, ALLOCATOR_FRAGMENTATION) if n == 1 and not letter else ""
+    return (_headroom_text(r, words, f"{n}{letter}", e, usable, roomy),)
+
+
+def _tight(r: SearchResult, e, usable: float) -> bool:
+    """Row ``e`` (planned whole) leaves under :data:`ALLOCATOR_FRAGMENTATION` of ``usable`` free
+    while ``[memory] fragmentation_fraction`` is below it."""
+    frac = ALLOCATOR_FRAGMENTATION
+    return r.config.memory.fragmentation_fraction < frac and e.complete and usable - e.peak_bytes < frac * usable
+
+
+def _headroom_text(r: SearchResult, rows: str, tag: str, e, usable: float, roomy: str) -> str:
+    """The words of the headroom warning for ``rows`` (``row 1 keeps``), its first row ``e``
+    (``#tag``), ``roomy`` (:func:`_first_roomy` or empty)."""
+    frac, free = ALLOCATOR_FRAGMENTATION, usable - e.peak_bytes
+    return (f"{rows} less than {frac:.0%} of the usable memory free (#{tag} "
             f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
             f"{free / GiB:.1f} GiB = {free / usable:.1%} free) at [memory] fragmentation_fraction "
-            f"{o.fragmentation_fraction:.0%}{roomy}; PyTorch's caching allocator was measured to lose about {frac:.0%} "
-            f"to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = {frac:g} "
-            f"to plan with it"]
+            f"{r.config.memory.fragmentation_fraction:.0%}{roomy}; PyTorch's caching allocator was measured to lose "
+            f"about {frac:.0%} to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] "
+            f"fragmentation_fraction = {frac:g} to plan with it")
 
 
 def _first_roomy(r: SearchResult, usable: float, frac: float) -> str:

@@ -18,7 +18,10 @@ arXiv 2401.10241: split backward):
   :mod:`meshplan.pipeline.dualpipev`, whose bubble run without DeepSeek's overlap is ZB-V's ``(p - 1) / (6 m)``)
   under framework torch (Megatron-LM runs neither: :func:`meshplan.pipeline.registry.check_framework`),
   a schedule whose runtime is known to run this plan differently (its
-  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V with FSDP2 over a data axis) left out;
+  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V with FSDP2 over a data axis) left out,
+  and all three left out under activation checkpointing, which torch's split backward is reported to
+  run far slower (:func:`meshplan.plan_runtime.split_backward_ac_warning`: torchtitan issue #773,
+  pytorch issue #136766);
 - fewer stages on the same world: pp / 2 with the freed factor on the data axis (its per-stage
   layer split merged pairwise), which halves the micro-batches per stage as well.
 
@@ -36,6 +39,7 @@ from typing import Callable, Optional
 
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
+from meshplan.plan_runtime import split_backward_ac_warning
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import GiB, counted
@@ -148,7 +152,7 @@ def _micro_batch(plan: Plan) -> list[Knob]:
 
 def _zero_bubble(plan: Plan) -> list[Knob]:
     t, mesh = plan.config.training, plan.mesh
-    if t.framework != "torch":
+    if t.framework != "torch" or split_backward_ac_warning(t, Schedule.ZB_H1, plan.pp):
         return []
     fsdp2 = t.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     out: list[Knob] = []

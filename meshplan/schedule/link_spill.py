@@ -20,6 +20,11 @@ Llama-3-70B at dp_shard 16 x tp 8 on 16 dgx-h100 (seq 8192, micro_batch 1, full 
 blocking TP): fsdp runs 1410.94 ms against 1097.69 ms of compute; 333.19 ms of it beside no
 compute, of which 54.05 ms exposed (as the parts line prints it) and 279.14 ms while the compute
 waits for tp; with async TP the exposed fsdp is 227.86 ms (tests/test_link_spill.py).
+
+The edge-load table is stage 0's; :func:`heaviest_nic_stage` names the stage whose node's NICs
+carry the most bytes per step when that is another, and where one of its network edges does not
+fit its own window (:func:`overloaded_stage`: a MoE model whose dense first stage sends nothing
+over ep, while the expert stages' all-to-alls cross the NICs) step prints that stage's table too.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.linkload import StageDetail, compute_window_s
+from meshplan.schedule.linkload import StageDetail, compute_window_s, edge_loads, network_loads
 from meshplan.schedule.pipeline_exposure import unit_exposure
 from meshplan.schedule.verdict import stream_of
 
@@ -167,3 +172,35 @@ def async_tp_exposed(plan: Plan, st, spill: Spill, step_fn) -> str:
     names = "+".join(on.named(s) for s in spill.streams)
     return (f"; with async TP ({knobs}) tp no longer hides it: exposed {names} {before:.2f} -> {after:.2f} ms, "
             f"step {st.shown_ms()['step']} -> {on.shown_ms()['step']} ms")
+
+
+def nic_bytes_per_stage(plan: Plan, st) -> list[float]:
+    """Bytes per step on the busiest NIC of each stage's first node (``st.example_ranks``), from
+    the stage's own collective rows (:func:`network_loads`, no timeline needed): 0 for a stage
+    whose rows cross no NIC (a MoE model's dense first stage at ep across nodes)."""
+    out = []
+    for stage, rank in enumerate(st.example_ranks):
+        rows = plan.stage(stage).collectives
+        nics, _ = network_loads(plan, rows, 1, int(plan.placement.node[rank]))
+        out.append(max((v[0] for v in nics.values()), default=0.0))
+    return out
+
+
+def heaviest_nic_stage(plan: Plan, st) -> int | None:
+    """The stage whose node's busiest NIC carries the most bytes per step
+    (:func:`nic_bytes_per_stage`), the lowest such stage; None with one stage or where stage 0
+    carries as much (within 1e-9): the table of stage 0 already shows the worst NIC then."""
+    per = nic_bytes_per_stage(plan, st)
+    top = max(range(len(per)), key=lambda s: per[s])
+    return None if per[top] <= per[0] * (1 + 1e-9) else top
+
+
+def overloaded_stage(plan: Plan, st) -> Optional[tuple[int, list]]:
+    """(stage, its :func:`~meshplan.schedule.linkload.edge_loads`) for :func:`heaviest_nic_stage`
+    where a NIC or uplink of it does not fit; None otherwise (a few percent more bytes on a
+    stage with one layer more, every edge fitting, is not worth a second table)."""
+    heavy = heaviest_nic_stage(plan, st) if len(plan.stages) > 1 else None
+    if heavy is None:
+        return None
+    loads = edge_loads(plan, st, heavy)
+    return (heavy, loads) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None

@@ -14,7 +14,8 @@ collective with its start and end in the step):
   step ends with it). ``slack = deadline - ready - duration``; negative slack is exposed time.
 - **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
   total overlapped time per step: they share the GPU's copy engines and links.
-- **edge load**: bytes per step on each physical edge: rank 0's NVLink (what the rank sends
+- **edge load**: bytes per step on each physical edge of a stage (stage 0 unless asked; its
+  first rank and that rank's node, rank 0 and node 0 for stage 0): rank 0's NVLink (what the rank sends
   inside its node: all of its NVLink-local rows and, of the rows whose groups span nodes, the
   part the row's algorithm keeps inside the node, :func:`meshplan.comm.row.link_bytes`:
   7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
@@ -277,26 +278,30 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
 
 
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
-    """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
+    """Load per step on the NVLink of ``stage``'s first rank (``st.example_ranks[stage]``: rank 0
+    for stage 0), the NICs of that rank's node and the rails' spine uplinks from it, against
+    ``stage``'s windows (:func:`compute_window_s`), from ``stage``'s collective rows."""
     rows = plan.stage(stage).collectives
     compute_s = compute_window_s(st, stage)
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
     passes = plan.micro_batches * n_layers
+    rank = st.example_ranks[stage]
+    node = int(plan.placement.node[rank])
     nv = sum(r.link_bytes[0] * r.per_step for r in rows)
     nv_layer = sum(r.link_bytes[0] * layer_pass_calls(r, passes) for r in rows)
-    out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
+    out = [EdgeLoad(f"rank {rank} {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
-    nics, uplink = _network_loads(plan, rows, passes)
+    nics, uplink = network_loads(plan, rows, passes, node)
     for i, (per_step, per_layer) in sorted(nics.items()):
         nic = cluster.node.nics[i]
-        out.append(EdgeLoad(f"node 0 NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
+        out.append(EdgeLoad(f"node {node} NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
                             compute_s, per_layer, layer_s))
     for rail, (per_step, per_layer) in sorted(uplink.items()):
         nic = next(n for n in cluster.node.nics if n.rail == rail)
         over = cluster.network[-1].oversubscription if cluster.network else 1.0
-        out.append(EdgeLoad(f"rail {rail} uplink to spine (node 0)", per_step, nic.bandwidth_bytes_per_s / over,
+        out.append(EdgeLoad(f"rail {rail} uplink to spine (node {node})", per_step, nic.bandwidth_bytes_per_s / over,
                             compute_s, per_layer, layer_s))
     return out
 
@@ -332,9 +337,9 @@ def layer_pass_calls(row, passes: int) -> float:
     return 0.0 if row.phase == "step" else row.per_step / max(passes, 1)
 
 
-def _network_loads(plan, rows, passes):
-    """{nic: (bytes/step, bytes/layer pass)} on node 0 and {rail: ...} going up to the spine
-    (``passes``: layer passes per step, :func:`layer_pass_calls`)."""
+def network_loads(plan, rows, passes, node: int = 0):
+    """{nic: (bytes/step, bytes/layer pass)} on ``node`` and {rail: ...} going up to the spine
+    from it (``passes``: layer passes per step, :func:`layer_pass_calls`)."""
     mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
     leaf = cluster.network[0].nodes_per_domain if cluster.network else 0
     nics: dict[int, list[float]] = {}
@@ -344,9 +349,9 @@ def _network_loads(plan, rows, passes):
         if r.path.kind != "network" or r.axis not in axis_name:
             continue
         groups = mesh.groups(axis_name[r.axis])
-        on0 = np.flatnonzero((p.node[groups] == 0).any(axis=1))
+        on0 = np.flatnonzero((p.node[groups] == node).any(axis=1))
         for g in on0:
-            members = groups[g][p.node[groups[g]] == 0]
+            members = groups[g][p.node[groups[g]] == node]
             # what the group's members on node 0 send out of it per call (link_bytes: one rank's
             # ring bytes for a ring, each member's off-node share for all-to-all)
             sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes,
@@ -354,7 +359,7 @@ def _network_loads(plan, rows, passes):
             per_layer = sent * layer_pass_calls(r, passes)
             used = sorted({int(x) for x in p.nic[members] if x >= 0})
             wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
-            up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]])
+            up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]], node)
             for i in used:
                 share = [sent * r.per_step / len(used), per_layer / len(used)]
                 _acc(nics, i, share)
@@ -363,9 +368,9 @@ def _network_loads(plan, rows, passes):
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
 
 
-def _spine_share(op: str, node: np.ndarray, rail: np.ndarray) -> float:
+def _spine_share(op: str, node: np.ndarray, rail: np.ndarray, home: int = 0) -> float:
     """Share of a group's bytes between nodes that changes rail (so goes up to the spine),
-    from its members' ``node`` and ``rail`` (one entry per member, node 0 the one reported).
+    from its members' ``node`` and ``rail`` (one entry per member, node ``home`` the one reported).
     All-to-all sends S/n from each member to each peer: the share of node 0's members' peers
     on other nodes that sit on another rail. Rings and trees enter and leave each node
     through the same NIC rails when every node of the group holds members on the same rails:
@@ -381,7 +386,7 @@ def _spine_share(op: str, node: np.ndarray, rail: np.ndarray) -> float:
     0.5
     """
     if op == "all-to-all":
-        mine, away = rail[node == 0], rail[node != 0]
+        mine, away = rail[node == home], rail[node != home]
         if not len(mine) or not len(away):
             return 0.0
         return float((mine[:, None] != away[None, :]).mean())

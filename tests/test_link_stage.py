@@ -1,0 +1,111 @@
+"""The edge-load table of a MoE step whose critical stage is dense (newcomer trial 17):
+DeepSeek-V3 at pp 16 x dp_shard 128 x ep 64 on 256 dgx-h100 (examples/deepseek-v3_2048xh100_pp16-ep64-dp128.toml).
+Stage 0 holds the 3 dense layers, no ep traffic, so its NICs fit, while the verdict says each
+rank of stage 1 sends 1,332 GB per step on ep. step prints stage 0's table, says in its header
+that stage 1's NICs carry more, and prints stage 1's table (rank 128, node 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.link_spill import heaviest_nic_stage, nic_bytes_per_stage, overloaded_stage
+from meshplan.schedule.linkload import _spine_share, edge_loads
+from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_main
+from tests.conftest import EXAMPLES
+
+DSV3 = EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+
+
+@pytest.fixture(scope="module")
+def stepped():
+    plan = build_plan(load_config(DSV3))
+    return plan, step_time(plan)
+
+
+def test_stage_1s_nic_carries_its_ep_all_to_alls(stepped):
+    """By hand: each all-to-all moves micro_batch 1 x seq 4096 x top_k 8 x hidden 7168 x 2 bytes
+    (bf16) = 469,762,048 B per rank, 56 / 64 of it to peers on the 7 other nodes of its ep group
+    (ep 64 = 8 nodes of 8), out of the rank's own NIC (one GPU per NIC). Calls per step: 120
+    micro-batches x 4 MoE layers x (2 forward + 2 backward + 2 replayed by full recompute) =
+    2,880. So 2,880 x 469,762,048 x 7/8 = 1,183.8 GB on ep; the stage's other network rows
+    (pp sends, dp_shard and efsdp, ep's dropless counts) add their own off-node bytes."""
+    plan, st = stepped
+    ep_by_hand = 120 * 4 * 6 * (1 * 4096 * 8 * 7168 * 2) * 56 / 64
+    assert round(ep_by_hand / 1e9, 1) == 1183.8
+    loads = {e.edge: e for e in edge_loads(plan, st, 1)}
+    nic = loads["node 16 NIC mlx5_0 (rail 0)"]
+    ep_rows = [r for r in plan.stage(1).collectives if r.axis == "ep" and r.op == "all-to-all"]
+    assert sum(r.per_step for r in ep_rows) == 2880 and {r.size_bytes for r in ep_rows} == {469762048}
+    rest = nic.bytes_per_step - ep_by_hand
+    assert 0 < rest < 0.05 * nic.bytes_per_step  # pp, dp_shard, efsdp: 31 GB of 1,214.8
+    assert round(nic.bytes_per_step / 1e9, 1) == 1214.8 and not nic.fits
+    assert "rank 128 nvlink4" in loads
+
+
+def test_stage_0s_nics_carry_no_ep_and_stage_1_is_named(stepped):
+    """Stage 0 (dense layers, node 0): 16.1 GB per step on each NIC, none of it ep; stage 1 is
+    the first of the expert stages whose busiest NIC carries the most (stages 1-14 alike), the
+    stage the verdict names."""
+    plan, st = stepped
+    per = nic_bytes_per_stage(plan, st)
+    assert round(per[0] / 1e9, 1) == 16.1 and round(per[1] / 1e9, 1) == 1214.8
+    assert heaviest_nic_stage(plan, st) == 1
+    assert not [r for r in plan.stage(0).collectives if r.axis == "ep"]
+    assert all(e.fits for e in edge_loads(plan, st, 0))
+
+
+def test_step_prints_both_tables(capsys):
+    assert run_main("step", DSV3) == 0
+    out = capsys.readouterr().out
+    assert "edge load per step on stage 0 (rank 0, node 0; stage 1's NICs carry more and do not fit: its table follows)" in out
+    assert ("edge load per step on stage 1 (rank 128, node 16; the stage whose busiest NIC carries the most, "
+            "1214.8 GB per step against stage 0's 16.1 GB)") in out
+    assert "each rank of stage 1 sends 1,332 GB per step" in out
+    line = next(x for x in out.splitlines() if x.strip().startswith("node 16 NIC mlx5_0"))
+    assert line.endswith("DOES NOT FIT")
+
+
+def test_a_heavier_stage_that_fits_prints_no_second_table(capsys):
+    """Llama-3-405B, pp 16 dense: stage 1 (8 layers) carries 122.3 GB per NIC against stage 0's
+    (7 layers) 116.2 GB, and every edge of it fits: no second table."""
+    assert run_main("step", EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml") == 0
+    out = capsys.readouterr().out
+    assert out.count("edge load per step on stage") == 1 and "carry more" not in out
+    plan = build_plan(load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"))
+    st = step_time(plan)
+    assert heaviest_nic_stage(plan, st) == 1 and overloaded_stage(plan, st) is None
+
+
+def test_spine_share_from_another_node():
+    """All-to-all from node 16's members (rails 0, 1) to node 17's (rails 1, 0): half the pairs
+    change rail, as from node 0."""
+    assert _spine_share("all-to-all", np.array([16, 16, 17, 17]), np.array([0, 1, 1, 0]), 16) == 0.5
+    assert _spine_share("all-to-all", np.array([16, 16, 17, 17]), np.array([0, 1, 1, 0])) == 0.0  # node 0 holds none
+
+
+def test_json_and_html_carry_the_second_table(tmp_path, capsys):
+    """step --json: ``links`` stays stage 0's, ``other_stage_links`` holds stage 1's rows (valid
+    against the step schema); the HTML report shows the same second table; the 405B file has none."""
+    import json
+
+    import jsonschema
+
+    from meshplan.report.html_pages import plan_page
+    from meshplan.report.json_docs import schema_of
+    assert run_main("step", DSV3, "--json", tmp_path / "s.json") == 0
+    capsys.readouterr()
+    doc = json.loads((tmp_path / "s.json").read_text())
+    jsonschema.Draft202012Validator(schema_of("step")).validate(doc)
+    other = doc["other_stage_links"]
+    assert other["stage"] == 1 and round(other["links"][1]["bytes_per_step"] / 1e9, 1) == 1214.8
+    assert not other["links"][1]["fits"] and all(e["fits"] for e in doc["links"])
+    plan = build_plan(load_config(DSV3))
+    page = plan_page(plan, step_time(plan), "dsv3")
+    assert "stage 1 (rank 128, node 16): the stage whose busiest NIC carries the most" in page
+    assert "node 16 NIC mlx5_0 (rail 0)" in page
+    assert run_main("step", EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", "--json", tmp_path / "l.json") == 0
+    assert json.loads((tmp_path / "l.json").read_text())["other_stage_links"] is None
