@@ -42,6 +42,11 @@ def test_hand_derived_shapes_are_the_steps_lookups(tmp_path):
     two = load_gemm_table(_csv(tmp_path / "two.csv", FORWARD[:2], "bf16", device="NVIDIA H100 80GB HBM3"))
     u = table_use(plan_ops(p, two), two, gpu)
     assert (u.matched, u.sources) == (2, (("catalog", 12),)) and use_warnings(u, gpu) == []
+    a100 = load_gemm_table(_csv(tmp_path / "a100.csv", FORWARD[:2], "bf16", device="NVIDIA A100-SXM4-80GB"))
+    assert use_warnings(table_use(plan_ops(p, a100), a100, gpu), gpu) == [
+        f"--gemm-table {a100.path} was measured on NVIDIA A100-SXM4-80GB, torch 2.13.0+cpu, which is not named as "
+        "the plan's h100-sxm5-80gb (h100): its 2 GEMM shapes time that device in this step; run `meshplan bench "
+        "gemm CONFIG` on the plan's GPU"]
 
 
 def test_a_table_that_times_none_says_why(tmp_path):

@@ -63,7 +63,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                    "shape and dtype, before the catalog, never interpolated (for "
                                                    "interpolated points: bench gemm --grid with --kernels); a 'gemm "
                                                    "table:' line says how many of the plan's GEMM shapes it timed, a "
-                                                   "warning when none or when measured on the CPU"),
+                                                   "warning when none, or when measured on the CPU or another GPU"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
                                                                         "or torch.distributed.pipelining's name (1F1B, "
                                                                         "Interleaved1F1B, InterleavedZeroBubble = zb_h1, "

@@ -101,7 +101,8 @@ def use_line(u: TableUse, gpu: GPUSpec) -> str:
 
 def use_warnings(u: TableUse, gpu: GPUSpec) -> list[str]:
     """``warning:`` texts (without the prefix) for a table that times none of the plan's
-    GEMMs (with why: another dtype, or other shapes) and for one measured on a CPU."""
+    GEMMs (with why: another dtype, or other shapes), for one measured on a CPU, and for one
+    whose device name does not carry the plan's GPU model (:func:`_model`)."""
     out = []
     if u.rows and not u.matched:
         plan_dtypes = sorted({g[3] for g in u.gemm_shapes})
@@ -116,7 +117,17 @@ def use_warnings(u: TableUse, gpu: GPUSpec) -> list[str]:
     if u.matched and any(d.startswith("cpu") for d in u.devices):
         out.append(f"--gemm-table {u.path} was measured on the CPU, not on the plan's {gpu.name}: its {u.matched} "
                    f"GEMM shapes time that CPU's compute in this step; run `meshplan bench gemm CONFIG` on the GPU")
+    elif u.matched and u.devices and not any(_model(gpu) in d.lower() for d in u.devices):
+        out.append(f"--gemm-table {u.path} was measured on {'; '.join(u.devices)}, which is not named as the "
+                   f"plan's {gpu.name} ({_model(gpu)}): its {u.matched} GEMM shapes time that device in this step; "
+                   f"run `meshplan bench gemm CONFIG` on the plan's GPU")
     return out
+
+
+def _model(gpu: GPUSpec) -> str:
+    """The GPU model as a device name carries it: the catalog id's first word (``h100`` of
+    ``h100-sxm5-80gb``; torch's ``NVIDIA H100 80GB HBM3``, ``AMD Instinct MI300X``)."""
+    return gpu.name.split("-")[0].lower()
 
 
 def as_json(u: TableUse, gpu: GPUSpec) -> dict:
