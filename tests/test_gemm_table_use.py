@@ -84,3 +84,24 @@ def test_step_names_the_table(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert f"kernels: catalog; GEMMs first from --gemm-table {bf16} (14 of 14 shapes)" in out
     assert out[0] != plain[0]  # 10 ms a GEMM: the table's times are the step's
+
+
+def test_attention_rows_are_counted(tmp_path):
+    """A bench attention row of the mini plan's call: batch 1, 32 / tp 4 = 8 q heads, 8 / 4 = 2 KV
+    heads, seq 8192, head_dim 128, bf16; the same row at seq 4096 matches none."""
+    p = plan_file(MINI)
+    gpu = p.config.cluster.gpu
+    row = {"op": "attention", "batch": 1, "q_heads": 8, "kv_heads": 2, "seq_q": 8192, "seq_kv": 8192,
+           "head_dim": 128, "dtype": "bf16", "forward_s": 0.001, "backward_s": 0.0025}
+    for seq, matched in ((8192, 1), (4096, 0)):
+        path = tmp_path / f"att{seq}.json"
+        path.write_text(json.dumps({"device": "NVIDIA H100 80GB HBM3", "torch": "2.13.0",
+                                    "rows": [{**row, "seq_q": seq, "seq_kv": seq}]}))
+        t = load_gemm_table(path)
+        u = table_use(plan_ops(p, t), t, gpu)
+        assert (u.rows, u.attention_rows, u.attention_calls, u.attention_matched) == (0, 1, 1, matched)
+        warned = [w for w in use_warnings(u, gpu) if "attention row" in w]
+        assert warned == ([] if matched else [
+            f"--gemm-table {path}: its 1 attention row matches none of the plan's 1 attention call (batch, heads, "
+            "sequence, head_dim and dtype must all match), so attention is the catalog's; write it with `meshplan "
+            "bench attention CONFIG`"])

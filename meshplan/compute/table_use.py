@@ -22,6 +22,7 @@ from typing import Iterable
 from meshplan.compute.gemm import GemmTable, gemm_time
 from meshplan.compute.ops import Op
 from meshplan.spec.cluster import GPUSpec
+from meshplan.units import counted
 
 
 @dataclass(frozen=True)
@@ -85,9 +86,9 @@ def use_line(u: TableUse, gpu: GPUSpec) -> str:
     plan's 16 GEMM shapes (bf16) timed from it (exact shape and dtype; a table is not interpolated),
     2 from the catalog's h100-sxm5-80gb points, interpolated
     """
-    held = f"{u.rows} GEMM rows, {'/'.join(u.dtypes) or 'no dtype'}"
+    held = f"{counted(u.rows, 'GEMM row')}" + (f", {'/'.join(u.dtypes)}" if u.dtypes else "")
     if u.attention_rows:
-        held += f", {u.attention_rows} attention rows"
+        held += f", {counted(u.attention_rows, 'attention row')}"
     on = f", measured on {'; '.join(u.devices)}" if u.devices else ""
     plan_dtypes = "/".join(sorted({g[3] for g in u.gemm_shapes}))
     line = (f"gemm table: {u.path} ({held}{on}): {u.matched} of the plan's {len(u.gemm_shapes)} GEMM shapes "
@@ -95,7 +96,7 @@ def use_line(u: TableUse, gpu: GPUSpec) -> str:
     if u.sources:
         line += f", {_others(u, gpu)}"
     if u.attention_rows:
-        line += f"; attention: {u.attention_matched} of {u.attention_calls} calls from it"
+        line += f"; attention: {u.attention_matched} of the plan's {counted(u.attention_calls, 'call')} from it"
     return line
 
 
@@ -114,6 +115,11 @@ def use_warnings(u: TableUse, gpu: GPUSpec) -> list[str]:
                    f"catalog's; write it for this config on the plan's GPU ({gpu.name}) with `meshplan bench gemm "
                    f"CONFIG --dtype {plan_dtypes[0] if plan_dtypes else 'bf16'}`, or give a `bench gemm --grid` file "
                    f"as --kernels, whose points are interpolated to any shape")
+    if u.attention_rows and not u.attention_matched:
+        out.append(f"--gemm-table {u.path}: its {counted(u.attention_rows, 'attention row')} "
+                   f"match{'es' if u.attention_rows == 1 else ''} none of the plan's "
+                   f"{counted(u.attention_calls, 'attention call')} (batch, heads, sequence, head_dim and dtype must "
+                   f"all match), so attention is the catalog's; write it with `meshplan bench attention CONFIG`")
     if u.matched and any(d.startswith("cpu") for d in u.devices):
         out.append(f"--gemm-table {u.path} was measured on the CPU, not on the plan's {gpu.name}: its {u.matched} "
                    f"GEMM shapes time that CPU's compute in this step; run `meshplan bench gemm CONFIG` on the GPU")
