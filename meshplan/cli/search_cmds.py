@@ -31,7 +31,8 @@ from meshplan.cli.interop_cmds import _write_export
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
 from meshplan.config import Config
-from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
+from meshplan.compare import (compare, compare_html, compare_to_dict, evidence_folder, gemm_basis, table_rows,
+                              write_evidence)
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
@@ -95,6 +96,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         tab.add_row(*(shown(x) for x in row))
     con = _console()
     con.print(tab)
+    if gemm_basis(c):
+        con.print(gemm_basis(c), highlight=False, markup=False, soft_wrap=True)
     con.print(f"[bold]verdict:[/] {shown(c.verdict)}")
     if c.decided_by:
         con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)

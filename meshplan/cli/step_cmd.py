@@ -24,6 +24,7 @@ from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
+from meshplan.compute.table_use import as_json as table_json, table_use
 from meshplan.comm.calibration import uncalibrated_note
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
@@ -40,6 +41,7 @@ from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
+from meshplan.schedule.workload import plan_ops
 from meshplan.spec.mesh import parse_schedule
 from meshplan.spec.mesh_words import schedule_words
 
@@ -56,7 +58,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                          "tp, compute and step against blocking TP; with it on, ignored "
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
-         gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
+         gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (bench gemm's CSV; bench attention's "
+                                                   "JSON for attention): a row times the plan's GEMMs of exactly its "
+                                                   "shape and dtype, before the catalog, never interpolated (for "
+                                                   "interpolated points: bench gemm --grid with --kernels); a 'gemm "
+                                                   "table:' line says how many of the plan's GEMM shapes it timed, a "
+                                                   "warning when none, or when measured on the CPU or another GPU"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
                                                                         "or torch.distributed.pipelining's name (1F1B, "
                                                                         "Interleaved1F1B, InterleavedZeroBubble = zb_h1, "
@@ -95,7 +102,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
     last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
-    the step was timed with (the catalog's, or --kernels files laid over it)."""
+    the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
+    the plan's GEMM shapes it timed)."""
 
     if schedule is not None:
         try:
@@ -116,6 +124,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, {**_calibrated(envelope("step", p, step_s=None), cal), "kernels": kd}, force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
+    use = table_use(plan_ops(p, table), table, p.config.cluster.gpu) if table is not None else None
+    kd = _with_table(kd, use, p.config.cluster.gpu)
     unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
     schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
     ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
@@ -132,6 +142,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
+    if use is not None:
+        _echo(kd["gemm_table"]["line"])
+        for w in kd["gemm_table"]["warnings"]:
+            _echo(f"warning: {w}", err=True)
 
     # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
@@ -170,6 +184,16 @@ def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, sche
     elif overlap_tp and p.config.training.tp_comm_overlap:
         _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
               "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
+
+
+def _with_table(kd: dict, use, gpu) -> dict:
+    """The ``kernels`` entry with ``--gemm-table``'s use: its line names the table and how many
+    of the plan's GEMM shapes it timed, and ``gemm_table`` holds the counts
+    (:func:`meshplan.compute.table_use.as_json`); ``kd`` itself without a table."""
+    if use is None:
+        return kd
+    line = f"{kd['line']}; GEMMs first from --gemm-table {use.path} ({use.matched} of {len(use.gemm_shapes)} shapes)"
+    return {**kd, "line": line, "gemm_table": table_json(use, gpu)}
 
 
 def _step_with(p, overlap, table, schedule: Optional[str]):

@@ -9,9 +9,9 @@ the reasons under the verdict (:mod:`~meshplan.compare.reasons`), the side-by-si
 
 from meshplan.compare.output import compare_html, compare_to_dict, evidence_folder, write_evidence
 from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
-from meshplan.compare.table import Row, rows, table_rows, table_values
+from meshplan.compare.table import Row, gemm_basis, rows, table_rows, table_values
 from meshplan.compare.verdict import Comparison, compare, rule_text
 
 __all__ = ["Comparison", "Row", "Side", "check_workload", "compare", "compare_html", "compare_to_dict",
-           "evidence_folder", "rows", "rule_text", "same_mesh", "side_of", "table_rows", "table_values",
+           "evidence_folder", "gemm_basis", "rows", "rule_text", "same_mesh", "side_of", "table_rows", "table_values",
            "write_evidence"]

@@ -12,7 +12,7 @@ from typing import Optional
 
 from meshplan import __version__
 from meshplan.compare.sides import Side
-from meshplan.compare.table import table_rows, table_values
+from meshplan.compare.table import gemm_basis, table_rows, table_values
 from meshplan.compare.verdict import Comparison, rule_text
 from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.report.html import esc, lines, page, section, table
@@ -44,6 +44,7 @@ def compare_html(c: Comparison, note: str = "") -> str:
     verdict = c.verdict
     decided = [f"decided by: {c.decided_by}"] if c.decided_by else []
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
+                   + lines([gemm_basis(c)] if gemm_basis(c) else [])
                    + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons])
                    + lines([f"rule: {c.rule}"]))
     cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
@@ -92,6 +93,7 @@ def _write_evidence_files(c: Comparison, folder: Path, calibration: Optional[dic
     summary += ["| quantity | "
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
+    summary += ["", gemm_basis(c)] if gemm_basis(c) else []
     summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]
     paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(

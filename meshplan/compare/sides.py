@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from meshplan.compute.gemm import gemm_efficiency
+from meshplan.compute.gemm import gemm_time
 from meshplan.compare.differences import Differences, config_differences
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import stage_layers
@@ -31,7 +31,10 @@ class Side:
     """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
     "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
     the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
-    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency); ``simplicity``: the
+    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency): each forward GEMM's
+    efficiency as the step times it (:func:`~meshplan.compute.gemm.gemm_time`: the catalog's
+    measured points for the GPU and dtype, interpolated, with --kernels files laid over them; the
+    shape model only for a GPU or dtype without points); ``simplicity``: the
     search's tie key of the mesh and its settings (:func:`plan_tie_key`)."""
 
     name: str
@@ -117,8 +120,8 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     if isinstance(plan, Infeasible):
         return Side(name, plan, False, plan.reasons)
     gpu, w = plan.config.cluster.gpu, workload_of(plan)  # each GEMM in its dtype (float8 Linears: fp8)
-    gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name))[0])
-                  for g in plan.gemms)
+    gemms = tuple((g.name, g.m, g.n, g.k, gemm_time(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name), g.count).efficiency)
+                  for g in plan.gemms)  # as the step times it, not the shape model alone
     links: dict[str, float] = {}
     for r in plan.stage(0).collectives:  # each row's bytes on the links it uses (a ring across nodes: its hops
         for kind, b in zip(("nvlink", "network"), r.link_bytes):  # inside a node on NVLink)

@@ -12,7 +12,10 @@ from typing import Any, Callable, Optional
 from meshplan.compare.reasons import knob
 from meshplan.compare.sides import Side
 from meshplan.compare.verdict import Comparison
-from meshplan.units import GB, GiB
+from meshplan.compute.gemm import gemm_time
+from meshplan.plan import Plan
+from meshplan.schedule.workload import workload_of
+from meshplan.units import GB, GiB, TFLOPS
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,29 @@ def rows(c: Comparison) -> list[Row]:
             out.append(Row(f"{name} (M,N,K) eff", f"{name} (M,N,K) efficiency", _gemm(ga.get(name)),
                            _gemm(gb.get(name)), _g))
     return out
+
+
+def gemm_basis(c: Comparison) -> str:
+    """The line under the table that says what its ``(M,N,K) eff`` rows are: each forward GEMM's
+    FLOP/s over its dtype's dense peak as the step times it
+    (:func:`~meshplan.compute.gemm.gemm_time`), and from which data: the catalog's measured
+    points of the GPU and dtype, interpolated (``--kernels`` files laid over them), or the shape
+    model where there are none; "" when neither side resolved."""
+    plans = [s.plan for s in (c.a, c.b) if isinstance(s.plan, Plan)]
+    if not plans:
+        return ""
+    gpu, w = plans[0].config.cluster.gpu, workload_of(plans[0])
+    used: dict[tuple[str, str], None] = {}  # (dtype, source), first seen
+    for plan in plans:
+        for g in plan.gemms:
+            dtype = w.gemm_dtype(g.name)
+            used.setdefault((dtype, gemm_time(gpu, g.m, g.n, g.k, dtype, g.count).source), None)
+    over = " with the --kernels files laid over them" if gpu.kernels else ""
+    words = {"catalog": f"the catalog's {gpu.name} {{0}} points{over}, interpolated",
+             "model": f"the shape model (tile and wave quantization; no measured {gpu.name} {{0}} points)"}
+    peaks = ", ".join(f"{gpu.peak_flops(d) / TFLOPS:.0f} TFLOP/s {d}" for d in dict.fromkeys(d for d, _ in used))
+    return (f"(M,N,K) eff: forward GEMM FLOP/s over the {peaks} dense peak, as the step times it: "
+            + "; ".join(words[src].format(d) for d, src in used))
 
 
 def table_rows(c: Comparison) -> list[tuple[str, str, str]]:

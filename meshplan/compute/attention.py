@@ -26,7 +26,7 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
         timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
                                                           "attention", issue_floor(gpu, t), model, hw, recompute=rec,
-                                                          note=note)  # floored like a measured GEMM (gemm_ops)
+                                                          note=note, table_key=key)  # floored like a measured GEMM (gemm_ops)
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     data = kernel_data(gpu)
@@ -35,7 +35,7 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         fwd = att.flops(causal_half=True)
         rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                           phase, "attention", issue_floor(gpu, t), model, hw,
-                                                          recompute=rec, note=how)
+                                                          recompute=rec, note=how, table_key=key)
         out = [rated("forward", f_s, fwd, fwd), rated("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
         return out + ([rated("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
     peak = gpu.peak_flops(w.dtype)
@@ -50,7 +50,7 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
             f"quantization)")
     mk = lambda phase, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
                                                 "attention", max(hw / rate, 2 * io / gpu.hbm_bandwidth_bytes_per_s),
-                                                model, hw, recompute=rec, note=note)
+                                                model, hw, recompute=rec, note=note, table_key=key)
     out = [mk("forward", fwd, fwd), mk("backward_input", 2 * fwd, 2.5 * fwd)]
     if recompute:
         out.append(mk("backward_input", 0.0, fwd, True))

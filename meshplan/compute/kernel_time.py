@@ -72,7 +72,8 @@ def gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale:
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
             t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
             out.append(Op(gg.name, block, phase, "gemm", t, gg.flops * model_scale, gg.flops,
-                          note=f"async TP ({w.async_tp}): {n} pieces of {e.explanation}"))
+                          note=f"async TP ({w.async_tp}): {n} pieces of {e.explanation}",
+                          table_key=(asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype)))
             continue
         e = gemm_time(gpu, gg.m, gg.n, gg.k, dtype, gg.count, table)
         t, note = e.seconds, e.explanation
@@ -80,7 +81,7 @@ def gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale:
             t, how = wgrad_accumulate_s(gpu, gg, dtype, t)
             note += how
         out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
-                      gg.flops, note=note))
+                      gg.flops, note=note, table_key=(gg.m, gg.n, gg.k, dtype)))
     return out
 
 
@@ -124,5 +125,5 @@ def qkv_fused_ops(gpu: GPUSpec, gemms: list[Gemm], w: Workload, table, scales: d
         share = g.n / fused.n
         for gg, op in zip([g] + backward_gemms(g), whole):
             out.append(Op(gg.name, "attn", op.phase, "gemm", op.seconds * share, gg.flops * scales.get(g.name, 1.0),
-                          gg.flops, note=f"{share:.0%} of fused QKV: {op.note}"))
+                          gg.flops, note=f"{share:.0%} of fused QKV: {op.note}", table_key=op.table_key))
     return out

@@ -164,7 +164,9 @@ class Workload:
 class Op:
     """One kernel of one pass: ``seconds``; ``model_flops`` and ``hardware_flops`` (FLOP);
     ``size_bytes`` read + written in HBM (memory ops); ``recompute`` marks re-run forward
-    ops; ``note`` says how the time was obtained."""
+    ops; ``note`` says how the time was obtained; ``table_key``: the key a measured table
+    (``--gemm-table``, :class:`meshplan.compute.gemm.GemmTable`) is looked up by, ``(M, N, K,
+    dtype)`` for a GEMM, the ``GemmTable.attention`` key for fused attention, () for others."""
 
     name: str
     block: str
@@ -176,6 +178,7 @@ class Op:
     size_bytes: float = 0.0
     recompute: bool = False
     note: str = ""
+    table_key: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.megatron_cost import megatron_batch_cost
-from meshplan.compute.ops import Cost, Workload, float8_gemms, framework_kernels
+from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
@@ -91,6 +91,15 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
                         batch=batch)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
+
+
+def plan_ops(plan, table: Optional[GemmTable] = None) -> list[Op]:
+    """Every compute op of one micro-batch of ``plan`` (each distinct layer kind once, the
+    embedding, the head and the framework's per-chunk batch ops), as :func:`step_time` times
+    them with ``table``: what :func:`meshplan.compute.table_use.table_use` counts."""
+    costs = [c for stage in chunk_costs(plan, workload_of(plan), table) for chunk in stage
+             for c in (*chunk.layers, chunk.embed, chunk.head, chunk.batch) if c is not None]
+    return [o for c in costs for o in c.ops]
 
 
 def get_batch_broadcast_s(plan, w: Workload) -> float:
