@@ -144,10 +144,13 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     dom, console, shot = render(tmp_path / "compare.html", tmp_path / "compare")
     assert console == [] and ">Side by side</h2>" in dom
     assert "verdict:</b> mini_2x4_tp2-dp4 (rejected: mini_2x4_tp4-dp2)" in dom
-    assert dom.count('aria-label="pipeline timeline"') == 2 and dom.count("data:image/png;base64,") == 2
+    # both meshes have pp 1: no pipeline timeline (as the plan page, test_plan_report_renders_in_chromium);
+    # one memory plot per side
+    assert dom.count('aria-label="pipeline timeline"') == 0 and dom.count("data:image/png;base64,") == 2
     assert_drawn(shot)
     dom, console, shot = render(tmp_path / "search.html", tmp_path / "search")
-    assert console == [] and (">Top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none "
-                                "left out is more than 1% faster than a row shown)</h2>") in dom
+    assert console == [] and (">Top 3 distinct meshes: by predicted step time; within 1% ordered toward "
+                                "fewer axes, lower degrees and fewer settings (none left out is more than 1% faster "
+                                "than a row shown)</h2>") in dom
     assert re.search(r"<td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)
