@@ -139,7 +139,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
     (op-level "op" under framework torch, tp = cp = ep = 1; Megatron's "selective" under torchtitan only
     where [search] recompute lists it; torchtitan's per-layer "layer", every 2nd layer, its default, only
-    where [search] recompute lists it: its loose step bound makes the search slow), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
+    where [search] recompute lists it: its memory lower bound is loose), vpp (interleaved 1F1B), sharding, training.reshard_after_forward
     (FSDP), training.tp_comm_overlap (tp > 1) and the Llama 3 layer split with lighter first and last stages
     (pp >= 3); [search] narrows each. Rows are distinct meshes (axis degrees), each at its first setting by
     the order; a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
