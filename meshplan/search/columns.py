@@ -31,9 +31,11 @@ LAYER_AC_FREQ = 2
 
 def bound_recompute(rc: np.ndarray, policy: str) -> np.ndarray:
     """``rc`` with ``layer`` (some layers in full, the others keeping everything) replaced by the
-    uniform ``policy`` a bound takes for it: ``none`` for the step-time lower bound (no layer
-    replayed) and the memory upper bound, ``full`` beside it for the memory lower bound
-    (:func:`meshplan.search.bounds.bounds` takes each field's smaller and larger of the two).
+    uniform ``policy`` a bound takes for it: the step-time lower bound times a layer both ways,
+    ``none`` and ``full``, and counts full's on the layers a chunk surely replays
+    (:func:`meshplan.search.layer_bounds.unit_bounds`, :mod:`meshplan.search.layer_replays`);
+    the memory bounds take ``none`` and ``full`` and each field's smaller and larger of the two
+    (:func:`meshplan.search.bounds.bounds`).
 
     >>> bound_recompute(np.array([0, 2, 4]), "none").tolist(), bound_recompute(np.array([4]), "full").tolist()
     ([0, 2, 0], [2])

@@ -8,6 +8,8 @@ they keep.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from meshplan.config import Config
@@ -17,6 +19,7 @@ from meshplan.search.comm_bounds import comm_times, fsdp_copies
 from meshplan.search.gather_passes import expert_gathers, head_regathers, head_unit_apart, gathering_passes
 from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
+from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
 from meshplan.search.step_end_bound import stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
@@ -28,7 +31,8 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     the embedding, head and GEMM totals, per candidate."""
     # the layer whose costs stand for the kind: 0 for dense, the first MoE layer for MoE (the
     # same layer 0 when every layer is MoE: one call per key for both kinds)
-    # (per-layer AC, ``layer``, as ``none``: no layer replayed, so still a lower bound)
+    # (per-layer AC, ``layer``, as ``none``: no layer replayed; unit_bounds asks again with
+    # ``full`` for the layers it replays)
     k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, bound_recompute(c.rc, "none"), split(c, Dim.EXPERTS),
          split(c, Dim.EXPERT_FFN), np.full(len(c), cfg.model.dense_layers if moe else 0)]
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
@@ -79,6 +83,29 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     return forward("f"), back + np.where(full, replay, 0.0)
 
 
+def stage_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dict,
+                 serial: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) chain of one layer per stage (candidates, pp), seconds, under each
+    row's recompute (``layer`` as ``none``: :func:`layer_ops`): a dense model's one kind; with
+    MoE layers the lower of the kinds the stage holds, the EP all-to-alls counted only where the
+    stage's collective table has them (``cm``: :func:`~meshplan.search.comm_bounds.comm_times`;
+    ``serial``: :func:`chains`)."""
+    col = lambda a: np.asarray(a)[:, None]
+    fd, bd = chains(c, layer_ops(cfg, tt, c, False), cm, False, serial)
+    if not cfg.model.is_moe:
+        return col(fd), col(bd)
+    om = layer_ops(cfg, tt, c, True)
+    fm, bm = chains(c, om, cm, True, serial)
+    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True, serial)
+    # a stage's collective table may be stage 0's (step_time's older convention for the
+    # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
+    ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
+    fm, bm = np.where(ep_on, col(fm), col(f0m)), np.where(ep_on, col(bm), col(b0m))
+    has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
+    pick = lambda d, x: np.where(has_d & has_m, np.minimum(col(d), x), np.where(has_m, x, col(d)))
+    return pick(fd, fm), pick(bd, bm)
+
+
 def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
     """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
     layers, forward and backward), the embedding's and the head's extra time in their
@@ -101,20 +128,19 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # not (it fuses no such reduce-scatter: compute.asynctp.unfused_overlap); Megatron-LM runs
     # it beside them (Overlap.tp_grad)
     serial = np.full(len(c), cfg.training.framework != "megatron")
-    fd, bd = chains(c, od, cm, False, serial)
-    if m.is_moe:
-        om = layer_ops(cfg, tt, c, True)
-        fm, bm = chains(c, om, cm, True, serial)
-        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True, serial)
-        # a stage's collective table may be stage 0's (step_time's older convention for the
-        # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
-        ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
-        fm, bm = np.where(ep_on, col(fm), col(f0m)), np.where(ep_on, col(bm), col(b0m))
-        has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
-        pick = lambda d, x: np.where(has_d & has_m, np.minimum(col(d), x), np.where(has_m, x, col(d)))
-        cf, cb = pick(fd, fm), pick(bd, bm)
-    else:
-        cf, cb = col(fd), col(bd)
+    cf, cb = stage_chains(cfg, tt, c, st, cm, serial)
+    # torchtitan's per-layer AC (``layer``): a layer replayed in full costs at least full's chain,
+    # the others none's; per layer the lower of the two (``cf``, ``cb``) and, on the chunk's
+    # replayed layers (replayed_layers), the replay's extra (``df``, ``db``; 0 on other rows)
+    df, db = np.zeros_like(cf), np.zeros_like(cb)
+    if (c.rc == RECOMPUTE.index("layer")).any():
+        ff, fb = stage_chains(cfg, tt, replace(c, rc=bound_recompute(c.rc, "full")), st, cm, serial)
+        df, db = np.maximum(ff - cf, 0.0), np.maximum(fb - cb, 0.0)
+        cf, cb = np.minimum(cf, ff), np.minimum(cb, fb)
+    # a chunk of n layers adds its replays' extra to n per-layer lower chains (``plus``: a chunk
+    # that replays one more than the fewest, layer_replays); 0.0 on other rows
+    replays_f = lambda n, plus=0: replayed_layers(c, n, plus) * df
+    replays_b = lambda n, plus=0: replayed_layers(c, n, plus) * db
     n = st.n_chunk
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
     # on the chunk's last gradient unit (comm.fsdp_rows.fsdp_gather_flags): no FSDP term in
@@ -179,45 +205,63 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     waits = col((c.pp > 1) & (not m.is_moe or m.dense_layers == 0) & (cfg.training.pp_schedule_runs == 1))
     rs_p, ar_p = col(cm["fsdp_rs"]), col(cm["hsdp_ar"])
 
-    def cores(n):
+    def cores(n, plus=0):
         # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower);
         # a chunk of none (the embedding or the output layer alone, stage_layers) has no layer term
         h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
         has = n >= 1
-        return {"f_core": has * np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
-                "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
+        nf_c, nb_c = n * cf_c + replays_f(n, plus), n * cb_c + replays_b(n, plus)
+        return {"f_core": has * np.maximum(np.maximum(ag + nf_c, n * ag + cf_c), nf_c + col(~lazy) * e_ag),
+                "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + nb_c + e_ci,
                                            n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
                 "b_red": has * (n * ci_p + e_ci_p),
                 "b_wait": np.maximum(has * (n * ci_p + e_ci_p), has * waits * (ci_p + rs_p + ar_p + np.maximum(n - 1, 0)
                                                                              * np.maximum(np.maximum(ci_p, rs_p), ar_p)))}
 
     def extra(n, hb):
-        # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``)
-        f = np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
+        # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``);
+        # it shrinks as the chunk's replays grow: at one more than the fewest, valid for any chunk
+        # of n (per-layer AC: the lower of the short and the long chunk's, below)
+        rf, rb = replays_f(n, 1), replays_b(n, 1)
+        f = np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p) + rf, n * ag_p + cf + co_p) - (n * cf + rf)),
                        col(lazy) * e_ag + n * co_p)
-        b = np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
-                                           n * ag_p + cb + co_p - hb) - n * cb), n * co_p)
+        b = np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p) + rb,
+                                           n * ag_p + cb + co_p - hb) - (n * cb + rb)), n * co_p)
         return f, b
 
     lo, hi = cores(n), cores(st.n_chunk_hi)
+    lay = layer_rows(c) > 0
     # the Llama 3 split with vpp > 1: ``n_long`` chunks of the stage hold n_chunk_hi layers, the
     # others n_chunk (stage_layers: stage 0's last chunks, the other stages' first ones); chunk
     # 0's units (the fill and the drain) are long on every stage but the first where any is
     n_long = st.n - c.vpp[:, None] * n
+    # per-layer AC rows: the lower of the short and the long chunk's extra (each chunk's own
+    # replays may make the long one's the lower); other rows at the shortest chunk
+    extra_lo = lambda n, hb: extra(n, hb) if not lay.any() else tuple(
+        np.where(lay, np.minimum(e, e_hi), e) for e, e_hi in zip(extra(n, hb), extra(np.maximum(st.n_chunk_hi, 1), hb)))
     long0 = (n_long > 0) & (st.k > 0)
     out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "b_wait_hi": hi["b_wait"], "n_long": n_long,
            "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
            # at the shortest chunk that holds layers (the passes of an empty one are left out:
            # step_lower_bound); a gathering backward of the head's chunk takes the head's
            # backward off its first gather (``b_extra_head``), the other chunks' do not
-           **dict(zip(("f_extra", "b_extra"), extra(np.maximum(n, 1), 0.0))),
-           "b_extra_head": extra(np.maximum(n, 1), hb)[1],
+           **dict(zip(("f_extra", "b_extra"), extra_lo(np.maximum(n, 1), 0.0))),
+           "b_extra_head": extra_lo(np.maximum(n, 1), hb)[1],
            "g_f": g_f, "g_b": g_b, "empty_end": st.n_chunk == 0,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": head_b, "p2p": col(cm["p2p"])}
+    if lay.any():  # per-layer AC: the cores of a chunk with one replay more (``_x``, layer_replays)
+        lo_x, hi_x = cores(n, 1), cores(st.n_chunk_hi, 1)
+        out |= {"f_core_x": lo_x["f_core"], "b_core_x": lo_x["b_core"], "f_core_hi_x": hi_x["f_core"],
+                "b_core_hi_x": hi_x["b_core"]}
     host_pace_floor(cfg, c, st, out, col(cp["root_out"] + cp["emb_out"] + cp["head_out"]))
+    # the stage's chunks that replay one layer more than their length's fewest
+    out["more_replays"] = np.zeros(st.n.shape)
+    if lay.any():
+        more = {k[:-2]: out.pop(k) for k in ("f_core_x", "b_core_x", "f_core_hi_x", "b_core_hi_x")}
+        out["more_replays"] = more_replays(out, more, extra_replays(c, st.n, n, n_long), n, n_long, c.vpp)
     one = col(c.vpp) == 1
     b0 = out["b_core0"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = stage_end_bound(cfg, tt, c, st, s, cm)
@@ -266,18 +310,21 @@ def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:
 
 
 def host_pace_floor(cfg: Config, c: Candidates, st: Stages, out: dict, roots_s: np.ndarray) -> None:
-    """Raise ``out``'s chunk cores (``f_core``, ``b_core``, their ``_hi`` and ``0`` forms; in
+    """Raise ``out``'s chunk cores (``f_core``, ``b_core``, their ``_hi`` and ``0`` forms, and
+    per-layer AC's ``_x`` forms, a chunk with one replay more: :mod:`~meshplan.search.layer_replays`; in
     place) to eager DTensor TP's host pace (:func:`meshplan.schedule.workload.dtensor_host_s`
     per candidate's tp): a unit's layers cannot end before the host has issued them
     (:meth:`meshplan.schedule.unit_sim.StreamSim.host_pace`, its clock from the unit's start).
     A forward unit of n layers lasts at least n x the forward pace, then its head; what runs
     before or beside its layers may run under the host's issue: the embedding, the roots'
     copy-outs (``roots_s``, per stage). A backward unit: n x the backward pace (plus the
-    forward's under full recompute, which replays every layer), the head's backward under it,
+    forward's under full recompute, which replays every layer, and on per-layer AC's replayed
+    layers, :func:`replayed_layers`), the head's backward under it,
     the embedding's gradient after. The extras step_lower_bound adds to a core (a gathering
     pass's ``f_extra``, ``b_extra``, ``b_extra_head``; a last gradient unit's ``b_red``,
     ``b_wait``) may run under the host's issue too: each is lowered by its core's raise (the
-    larger of the short and the long chunk's for the single-length extras), so a core and its
+    larger of the short and the long chunk's for the single-length extras, and of a chunk's with
+    one replay more), so a core and its
     extra together are at most the larger of the unit's device bound and its pace: the bound
     stays a lower bound."""
     tp = split(c, Dim.HEADS)
@@ -289,15 +336,20 @@ def host_pace_floor(cfg: Config, c: Candidates, st: Stages, out: dict, roots_s: 
     hb = hb + hf * (c.rc == RECOMPUTE.index("full"))
     col = lambda a: np.asarray(a)[:, None]
     raise_f, raise_b = {}, {}
-    for key, n in (("", st.n_chunk), ("_hi", st.n_chunk_hi)):
-        has = n >= 1
-        f = np.maximum(out["f_core" + key], has * (n * col(hf) - out["emb_f"] - roots_s))
-        b = np.maximum(out["b_core" + key], has * (n * col(hb) - out["head_b"]))
-        raise_f[key], raise_b[key] = f - out["f_core" + key], b - out["b_core" + key]
-        out["f_core" + key], out["b_core" + key] = f, b
+    for key, n, plus in (("", st.n_chunk, 0), ("_hi", st.n_chunk_hi, 0), ("_x", st.n_chunk, 1),
+                         ("_hi_x", st.n_chunk_hi, 1)):
+        if "f_core" + key not in out:  # no per-layer AC row: no ``_x`` cores
+            continue
+        fk, bk, has = "f_core" + key, "b_core" + key, n >= 1
+        f = np.maximum(out[fk], has * (n * col(hf) - out["emb_f"] - roots_s))
+        # per-layer AC: its replayed layers issue their forward again too
+        b = np.maximum(out[bk], has * (n * col(hb) + replayed_layers(c, n, plus) * col(hf) - out["head_b"]))
+        raise_f[key], raise_b[key] = f - out[fk], b - out[bk]
+        out[fk], out[bk] = f, b
+    for key in ("", "_hi"):  # a chunk's last gradient unit, whichever its replays
         for extra in ("b_red", "b_wait"):
-            out[extra + key] = np.maximum(out[extra + key] - raise_b[key], 0.0)
-    rf, rb = np.maximum(raise_f[""], raise_f["_hi"]), np.maximum(raise_b[""], raise_b["_hi"])
+            out[extra + key] = np.maximum(out[extra + key] - np.maximum(raise_b[key], raise_b.get(key + "_x", 0.0)), 0.0)
+    rf, rb = (np.maximum.reduce(list(r.values())) for r in (raise_f, raise_b))
     out["f_extra"] = np.maximum(out["f_extra"] - rf, 0.0)
     out["b_extra"] = np.maximum(out["b_extra"] - rb, 0.0)
     out["b_extra_head"] = np.maximum(out["b_extra_head"] - rb, 0.0)

@@ -24,8 +24,8 @@ from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
 from meshplan.spec.mesh import MeshSpec
 
-#: The policies one layer's cost is asked for: per-layer AC (``layer``) is asked as ``none``
-#: (:func:`meshplan.search.columns.bound_recompute`).
+#: The policies one layer's cost is asked for: per-layer AC (``layer``) is asked as ``none`` and
+#: ``full`` (:func:`meshplan.search.columns.bound_recompute`).
 UNIFORM = tuple(r for r in RECOMPUTE if r != "layer")
 
 

@@ -15,7 +15,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   blocking EP all-to-alls, the CP exchange beside the Q projection only (the K/V
   all-gather after the K/V projection, before the core attention: ``attention + max(0, ring -
   Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients), the backward's
-  weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay; under
+  weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay (under
+  torchtitan's per-layer AC, ``layer``, on the layers a stage surely replays: each chunk of n
+  layers ``n // ac_freq`` of them, the stage's remaining ``N // ac_freq`` at the smaller increase
+  of a chunk: :mod:`~meshplan.search.layer_replays`; the others as no recompute); under
   torchao's float8 TP the tp all-reduces of the casts' amaxes (4 forward, 7 backward per Llama
   layer; the forward's counted as with the float8 all-gather, the fewer), which the casts wait
   for;
@@ -107,8 +110,9 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # whichever chunk ends it, at least r - 1 of those hold n_chunk_hi layers (the wait grows with n)
     w_long = np.maximum(r - 1, 0)
     w_short = v - 1 - w_long
+    # (``more_replays``: per-layer AC's replays beyond each chunk's fewest, layer_replays)
     busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
-                   + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
+                   + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"] + u["more_replays"]) \
         + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
         + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"] \
         + w_short * (u["b_wait"] - u["b_red"]) + w_long * (u["b_wait_hi"] - u["b_red_hi"])
@@ -142,7 +146,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # on pp 4 x vpp 8: about 3.5x the fill-busy-drain bound)
     p = st.k.shape[1]
     one_mb = ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
-              + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]).sum(axis=1)
+              + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"] + u["more_replays"]).sum(axis=1)
     path1 = one_mb + 2 * (p * c.vpp - 1) * p2p[:, 0] + end[:, 0]
     return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
 

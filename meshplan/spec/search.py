@@ -106,9 +106,12 @@ class SearchOptions(BaseModel):
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
       :func:`meshplan.search.space.searched_recompute`; torchtitan's per-layer AC ``layer``, at
       its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
-      only where the list names it, not by default: its step-time bound is none's, which made
-      the 405B benchmark plan 891 candidates exactly instead of 70; listed for another runtime
-      it is an error naming ``search.recompute``); ``sharding``: allowed among
+      only where the list names it, not by default: its memory lower bound takes full's saved
+      activations for every layer (:func:`meshplan.search.bounds.bounds`; 0.58 of the planned peak
+      on a sampled row of tests/test_bound_tightness.py's 8 GPUs, below its band), though its
+      step-time bound counts the layers it replays (:mod:`meshplan.search.layer_replays`: the 405B
+      benchmark plans 90 candidates exactly with it listed, 70 without; 883 when that bound was
+      none's); listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
