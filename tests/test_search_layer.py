@@ -146,14 +146,18 @@ def test_layer_memory_bounds_hold_and_count_the_layers_kept(grid):
     """The memory bounds of every planned "layer" row (feasible or not) hold against the exact
     plan's timeline peak, and the lower bound counts none's saved activations on the layers a
     pass surely keeps (search.layer_replays.kept_layers, kept_in_flight: torchtitan checkpoints
-    every 2nd block it wraps), not full's on every layer. Measured lower bound / peak (min /
-    median, 8 GPUs, 14 layers, host pace): 0.682 / 0.884, 0.656 / 0.900, 0.683 / 0.891 (before,
-    full's on every layer: 0.472 / 0.789, 0.570 / 0.813, 0.622 / 0.828; none's and full's own rows
-    on the first two grids: min 0.771 and 0.717, 0.815 and 0.779)."""
+    every 2nd block it wraps; interleaved, each chunk's passes in flight), not full's on every
+    layer. Measured lower bound / peak (min / median, 8 GPUs, 14 layers, host pace): 0.757 /
+    0.893, 0.809 / 0.920, 0.834 / 0.906 (full's on every layer: 0.472 / 0.789, 0.570 / 0.813,
+    0.622 / 0.828; with the kept layers counted per pass only, at most ceil(n / 2) of a chunk's
+    n checkpointed, and the passes of the steady state and the accumulators' term A at that:
+    0.682 / 0.884, 0.656 / 0.900, 0.683 / 0.891; none's and full's own rows on the first two
+    grids: min 0.771 and 0.717, 0.815 and 0.779). Band: test_bound_tightness's, min >= 0.7,
+    median >= 0.85."""
     cfg, r, plans = grid
     rows = np.array([i for i, p in enumerate(plans) if p[2] is not None and not refused(r, i)])
     assert len(rows) >= 40 and (r.candidates.rc[rows] == RECOMPUTE.index("layer")).all()
     peak = np.array([plans[i][2] for i in rows], dtype=float)
     assert (r.est.peak_lo[rows] <= peak * (1 + 1e-9)).all() and (r.est.peak_hi[rows] >= peak).all()
     ratio = r.est.peak_lo[rows] / peak
-    assert ratio.min() >= 0.65 and np.median(ratio) >= 0.85, (ratio.min(), np.median(ratio))
+    assert ratio.min() >= 0.7 and np.median(ratio) >= 0.85, (ratio.min(), np.median(ratio))

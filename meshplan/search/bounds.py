@@ -57,7 +57,7 @@ import numpy as np
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
-from meshplan.search.layer_replays import kept_in_flight, kept_layers
+from meshplan.search.layer_replays import kept_in_flight
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
 from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
@@ -89,10 +89,10 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     pick = lambda d, x, fn: np.where(has_d & has_m, fn(d, x), np.where(has_m, x, d))
     peak = {k: pick(*_layer_peak(by[k], u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
     lo = {f: pick(*by["lo"][f], np.minimum) for f in ("saved", "rework", "fwd")}
-    # a layer row's layers not checkpointed keep none's saved activations: each of those a pass
-    # surely holds (layer_replays.kept_layers) adds none's excess over the smaller field
+    # a layer row's layers not checkpointed keep none's saved activations: each of those the
+    # passes in flight surely hold (layer_replays.kept_in_flight) adds none's excess over the smaller field
     kept = pick(col(a["d_saved"]), col(a["m_saved"]), np.minimum)
-    lo["kept"], lo["kept_layers"] = np.maximum(kept - lo["saved"], 0), kept_layers(c, st.n_chunk)
+    lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
@@ -141,7 +141,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     g = per_round(c.pp[:, None], st.m_run)  # interleaved: micro-batches per round (pp when pp divides m)
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots_g"], 0)
-    # layer rows: the layers kept whole in the w passes in flight (per pass: lo["kept_layers"])
+    # layer rows: the layers kept whole in the w passes in flight
     kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
     one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
     f_end = init + _saved(lo, st.w * st.n_chunk, kw) + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
@@ -200,7 +200,8 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
-    acc_all = init + kept + _saved(lo, live * st.n_chunk, live * lo["kept_layers"]) + np.where(after & rounds, held_all, 0)
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, live, st.vshape, done)
+    acc_all = init + kept + _saved(lo, live * st.n_chunk, kl) + np.where(after & rounds, held_all, 0)
     out = np.maximum(out, np.maximum(acc, acc_all))
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
@@ -220,9 +221,10 @@ def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.nda
     # every unit's sharded gradient is allocated by then when the dense group is sharded (a
     # unit without FSDP-sharded parameters never allocates its share: not counted)
     init = s["total"] - np.where(u["fsdp"] & ~u["act_d"], s["grads"], 0) + fixed
-    base = init + _saved(lo, live * st.n_chunk, live * lo["kept_layers"]) + hs["dy"]
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, per_round(c.pp[:, None], st.m_run), live, st.vshape, j)
+    base = init + _saved(lo, live * st.n_chunk, kl) + hs["dy"]
     q1 = base + near(st.n_chunk) + layer_peak
-    q2 = base - lo["saved"] - (live * lo["kept_layers"] >= 1) * lo["kept"] + reduce + near(st.n_chunk - 1) + layer_peak
+    q2 = base - lo["saved"] - (kl >= 1) * lo["kept"] + reduce + near(st.n_chunk - 1) + layer_peak
     q = np.where(st.n_chunk >= 2, np.maximum(q1, q2), q1)
     return np.where(total > j, q, 0)
 

@@ -92,18 +92,24 @@ def kept_layers(c: Candidates, n: np.ndarray) -> np.ndarray:
 
 
 def kept_in_flight(c: Candidates, n: np.ndarray, n_hi: np.ndarray, g: np.ndarray, w: np.ndarray,
-                   vshape: np.ndarray) -> np.ndarray:
-    """Layers a ``layer`` row surely keeps whole in the first ``w`` forward passes of a stage
-    (candidates, pp): those in flight at its first backward. Interleaved 1F1B with even chunks
-    (``n`` = ``n_hi`` layers each; chunk j at stage positions ``j n`` to ``j n + n - 1``) runs
-    ``g`` micro-batches of each chunk in turn (:meth:`~meshplan.pipeline.interleaved.Interleaved.chunk_forwards`):
-    each chunk's passes times the layers it keeps; otherwise (vpp 1, the Llama 3 split's uneven
-    chunks, V-shaped schedules) ``w`` times :func:`kept_layers`; 0 on other rows.
+                   vshape: np.ndarray, done=0) -> np.ndarray:
+    """Layers a ``layer`` row surely keeps whole in the ``w`` (or more) passes of a stage in
+    flight once ``done`` backwards have run (candidates, pp; ``done`` 0: the first ``w``
+    forwards, at the first backward). Interleaved 1F1B with even chunks (``n`` = ``n_hi``
+    layers each; chunk j at stage positions ``j n`` to ``j n + n - 1``) runs ``g`` micro-batches
+    of each chunk in turn, forwards chunk 0 first and backwards chunk vpp - 1 first
+    (:meth:`~meshplan.pipeline.interleaved.Interleaved.chunk_forwards`): each chunk's passes
+    among the first ``done + w`` forwards less its backwards among the first ``done`` (none
+    below 0: more forwards have run then), times the layers it keeps; otherwise (vpp 1, the
+    Llama 3 split's uneven chunks, V-shaped schedules) ``w`` times :func:`kept_layers`; 0 on
+    other rows.
 
     >>> c = type("C", (), {"rc": np.array([RECOMPUTE.index("layer")]), "vpp": np.array([2])})()
     >>> one = np.array([[1]])  # 1-layer chunks: chunk 0 keeps its layer, chunk 1 checkpoints it
     >>> kept_in_flight(c, one, one, np.array([[4]]), np.array([[11]]), np.array([[False]])).tolist()  # 7 of chunk 0
     [[7]]
+    >>> kept_in_flight(c, one, one, np.array([[4]]), np.array([[3]]), np.array([[False]]), done=5).tolist()
+    [[3]]
     """
     v = c.vpp[:, None]
     out = w * kept_layers(c, n)
@@ -113,5 +119,6 @@ def kept_in_flight(c: Candidates, n: np.ndarray, n_hi: np.ndarray, g: np.ndarray
     k, by_chunk = LAYER_AC_FREQ, np.zeros_like(out)
     for j in range(int(c.vpp.max())):
         kept_j = n - ((j + 1) * n // k - j * n // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
-        by_chunk = by_chunk + np.where(j < v, INTERLEAVED.chunk_forwards(g, v, w, j) * kept_j, 0)
+        passes = INTERLEAVED.chunk_forwards(g, v, done + w, j) - INTERLEAVED.chunk_forwards(g, v, done, v - 1 - j)
+        by_chunk = by_chunk + np.where(j < v, np.maximum(passes, 0) * kept_j, 0)
     return np.where(even, layer_rows(c) * by_chunk, out)
