@@ -117,8 +117,9 @@ def kept_in_flight(c: Candidates, n: np.ndarray, n_hi: np.ndarray, g: np.ndarray
     if not even.any():
         return out
     k, by_chunk = LAYER_AC_FREQ, np.zeros_like(out)
-    for j in range(int(c.vpp.max())):
-        kept_j = n - ((j + 1) * n // k - j * n // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
-        passes = INTERLEAVED.chunk_forwards(g, v, done + w, j) - INTERLEAVED.chunk_forwards(g, v, done, v - 1 - j)
-        by_chunk = by_chunk + np.where(j < v, np.maximum(passes, 0) * kept_j, 0)
+    for vv in np.unique(c.vpp[c.vpp > 1]).tolist():
+        for j in range(vv):
+            kept_j = n - ((j + 1) * n // k - j * n // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
+            passes = INTERLEAVED.chunk_forwards(g, vv, done + w, j) - INTERLEAVED.chunk_forwards(g, vv, done, vv - 1 - j)
+            by_chunk = by_chunk + np.where(v == vv, np.maximum(passes, 0) * kept_j, 0)
     return np.where(even, layer_rows(c) * by_chunk, out)
