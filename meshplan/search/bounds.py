@@ -25,8 +25,9 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   ``reshard_after_forward``).
 - **Per-layer AC** (``layer`` rows): each layer keeps ``none``'s saved activations or
   ``full``'s (checkpointed); the lower bound counts ``none``'s on the layers a pass surely
-  keeps (:func:`meshplan.search.layer_replays.kept_layers`: torchtitan checkpoints every
-  ``ac_freq``-th block it wraps), ``full``'s on the others; every other field takes the
+  keeps (:func:`meshplan.search.layer_replays.kept_in_flight`: torchtitan checkpoints every
+  ``ac_freq``-th block it wraps; interleaved, each chunk's passes in flight), ``full``'s on
+  the others; every other field takes the
   smaller of the two, the upper bound the larger.
 - **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
