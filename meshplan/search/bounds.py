@@ -23,6 +23,12 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   and m > pp, at the end of chunk 0's first backward, init + the kept roots + the passes
   in flight + every chunk's accumulators (and gathered layers without
   ``reshard_after_forward``).
+- **Per-layer AC** (``layer`` rows): each layer keeps ``none``'s saved activations or
+  ``full``'s (checkpointed); the lower bound counts ``none``'s on the layers a pass surely
+  keeps (:func:`meshplan.search.layer_replays.kept_in_flight`: torchtitan checkpoints every
+  ``ac_freq``-th block it wraps; interleaved, each chunk's passes in flight), ``full``'s on
+  the others; every other field takes the
+  smaller of the two, the upper bound the larger.
 - **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight.
@@ -52,9 +58,10 @@ import numpy as np
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
+from meshplan.search.layer_replays import kept_in_flight
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
-from meshplan.search.columns import SHARDING, Candidates, bound_recompute
+from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -83,6 +90,10 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     pick = lambda d, x, fn: np.where(has_d & has_m, fn(d, x), np.where(has_m, x, d))
     peak = {k: pick(*_layer_peak(by[k], u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
     lo = {f: pick(*by["lo"][f], np.minimum) for f in ("saved", "rework", "fwd")}
+    # a layer row's layers not checkpointed keep none's saved activations: each of those the
+    # passes in flight surely hold (layer_replays.kept_in_flight) adds none's excess over the smaller field
+    kept = pick(col(a["d_saved"]), col(a["m_saved"]), np.minimum)
+    lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
@@ -115,6 +126,13 @@ def _layer_peak(kinds: dict, u: dict, which: str) -> tuple[np.ndarray, np.ndarra
     return out[0], out[1]
 
 
+def _saved(lo: dict, layers: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """Lower bound of the saved activations of ``layers`` layers of which ``kept`` (or more)
+    a ``layer`` row keeps whole, bytes (candidates, pp): every layer at least ``lo["saved"]``,
+    each kept one ``lo["kept"]`` more (none's saved activations)."""
+    return layers * lo["saved"] + np.maximum(kept, 0) * lo["kept"]
+
+
 def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     """The largest of the running totals F, P, Q, H, W of the module docstring."""
     o, F = cfg.memory, u["fsdp"]
@@ -124,7 +142,10 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     g = per_round(c.pp[:, None], st.m_run)  # interleaved: micro-batches per round (pp when pp divides m)
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots_g"], 0)
-    f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
+    # layer rows: the layers kept whole in the w passes in flight
+    kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
+    one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
+    f_end = init + _saved(lo, st.w * st.n_chunk, kw) + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
     # DeepSpeed ZeRO-3 rows (``ds3``) prefetch a part of the next unit at most (memory.passes
     # _deepspeed_prefetch) and keep no all-gather output through a forward: neither counted
     pf = (o.prefetch_layers >= 1) & ~u["ds3"]
@@ -135,7 +156,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     base = base + np.where(u["root"] & F & ~u["ipg"], u["early"], 0)
     p1 = base + head_reduce + near(st.n_chunk) + layer_peak
     reduce = np.where(F & per_mb, u["reduce_min"], 0)
-    p2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
+    p2 = base - one + reduce + near(st.n_chunk - 1) + layer_peak
     out = np.maximum(np.maximum(f_end, p1), np.where(st.n_chunk >= 2, p2, 0))
     # H: the loss's backward on the last stage
     # torch's cross entropy (loss_grad_kept > 0) frees its transients and the kept log-softmax
@@ -157,7 +178,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     keep_output = (getattr(o, "forward_prefetch_layers", 0) == 0) & ~u["ds3"]
     gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
-    pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
+    pw = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + gathered + lo["fwd"]
     out = np.maximum(out, pw)
     if per_mb.any():
         out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
@@ -169,7 +190,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # the roots' accumulators: the head's in the last stage's first backward, the embedding's
     # at the end of chunk 0's (the first backward's when vpp is 1)
     head_acc, emb_acc = st.last * u["head"] * u["r"], st.first * u["emb"] * u["r"]
-    acc = init + (st.w * st.n_chunk - st.n_chunk) * lo["saved"] + kept \
+    acc = init + _saved(lo, (st.w - 1) * st.n_chunk, kw - (st.n_chunk - st.n_chunk // LAYER_AC_FREQ)) + kept \
         + np.where(after, st.n_chunk * (u["reduce_min"] + keeps * u["unit_min_g"])
                    + (head_acc + (v == 1) * emb_acc).astype(np.int64), 0)
     # interleaved with more than one round (m > g): chunk 0's first backward comes before the
@@ -180,13 +201,14 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
-    acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, held_all, 0)
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, live, st.vshape, done)
+    acc_all = init + kept + _saved(lo, live * st.n_chunk, kl) + np.where(after & rounds, held_all, 0)
     out = np.maximum(out, np.maximum(acc, acc_all))
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
     # either chunk's, and DualPipeV's first backward comes before its peak)
-    plain = init + st.w * st.n_chunk * lo["saved"]
-    pw_v = init + (st.w * st.n_chunk - 1) * lo["saved"] + np.where(F, u["unit_min_g"] * (1 + keep_output), 0) + lo["fwd"]
+    plain = init + _saved(lo, st.w * st.n_chunk, kw)
+    pw_v = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + np.where(F, u["unit_min_g"] * (1 + keep_output), 0) + lo["fwd"]
     return np.where(st.vshape, np.maximum(plain, pw_v), out)
 
 
@@ -200,9 +222,10 @@ def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.nda
     # every unit's sharded gradient is allocated by then when the dense group is sharded (a
     # unit without FSDP-sharded parameters never allocates its share: not counted)
     init = s["total"] - np.where(u["fsdp"] & ~u["act_d"], s["grads"], 0) + fixed
-    base = init + live * st.n_chunk * lo["saved"] + hs["dy"]
+    kl = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, per_round(c.pp[:, None], st.m_run), live, st.vshape, j)
+    base = init + _saved(lo, live * st.n_chunk, kl) + hs["dy"]
     q1 = base + near(st.n_chunk) + layer_peak
-    q2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
+    q2 = base - lo["saved"] - (kl >= 1) * lo["kept"] + reduce + near(st.n_chunk - 1) + layer_peak
     q = np.where(st.n_chunk >= 2, np.maximum(q1, q2), q1)
     return np.where(total > j, q, 0)
 

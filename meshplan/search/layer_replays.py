@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE, Candidates
 
 
@@ -67,3 +68,58 @@ def more_replays(out: dict, more: dict, x: np.ndarray, n_short: np.ndarray, n_lo
     no_short = (vpp[:, None] - n_long == 0) | (n_short == 0)
     d = np.where(no_short, d_long, np.where(n_long == 0, d_short, np.minimum(d_short, d_long)))
     return x * np.maximum(d, 0.0)
+
+
+
+def kept_layers(c: Candidates, n: np.ndarray) -> np.ndarray:
+    """Layers a ``layer`` row surely keeps whole (not checkpointed: all their activations
+    saved, as ``none``) in one pass of a chunk of ``n`` consecutive stage layers (candidates,
+    pp); 0 on other rows. torchtitan's ``_apply_layer_sac`` counts every block it wraps on
+    the rank (``_layer_sac_count += 1``) and checkpoints it when the count is a multiple of
+    ``ac_freq``: the 0-based positions k - 1 modulo k
+    (:meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed`). With vpp 1 the chunk is
+    the stage, from position 0: ``n - n // k`` exactly; interleaved, any ``n`` consecutive
+    positions hold at most ``ceil(n / k)`` checkpointed ones.
+
+    >>> c = type("C", (), {"rc": np.array([RECOMPUTE.index("layer")] * 2 + [RECOMPUTE.index("full")]),
+    ...                    "vpp": np.array([1, 2, 1])})()
+    >>> kept_layers(c, np.array([[7, 1], [7, 1], [7, 1]])).tolist()  # k = 2
+    [[4, 1], [3, 0], [0, 0]]
+    """
+    n = np.asarray(n)
+    checkpointed = np.where(c.vpp[:, None] == 1, n // LAYER_AC_FREQ, -(-n // LAYER_AC_FREQ))
+    return layer_rows(c) * (n - checkpointed)
+
+
+def kept_in_flight(c: Candidates, n: np.ndarray, n_hi: np.ndarray, g: np.ndarray, w: np.ndarray,
+                   vshape: np.ndarray, done=0) -> np.ndarray:
+    """Layers a ``layer`` row surely keeps whole in the ``w`` (or more) passes of a stage in
+    flight once ``done`` backwards have run (candidates, pp; ``done`` 0: the first ``w``
+    forwards, at the first backward). Interleaved 1F1B with even chunks (``n`` = ``n_hi``
+    layers each; chunk j at stage positions ``j n`` to ``j n + n - 1``) runs ``g`` micro-batches
+    of each chunk in turn, forwards chunk 0 first and backwards chunk vpp - 1 first
+    (:meth:`~meshplan.pipeline.interleaved.Interleaved.chunk_forwards`): each chunk's passes
+    among the first ``done + w`` forwards less its backwards among the first ``done`` (none
+    below 0: more forwards have run then), times the layers it keeps; otherwise (vpp 1, the
+    Llama 3 split's uneven chunks, V-shaped schedules) ``w`` times :func:`kept_layers`; 0 on
+    other rows.
+
+    >>> c = type("C", (), {"rc": np.array([RECOMPUTE.index("layer")]), "vpp": np.array([2])})()
+    >>> one = np.array([[1]])  # 1-layer chunks: chunk 0 keeps its layer, chunk 1 checkpoints it
+    >>> kept_in_flight(c, one, one, np.array([[4]]), np.array([[11]]), np.array([[False]])).tolist()  # 7 of chunk 0
+    [[7]]
+    >>> kept_in_flight(c, one, one, np.array([[4]]), np.array([[3]]), np.array([[False]]), done=5).tolist()
+    [[3]]
+    """
+    v = c.vpp[:, None]
+    out = w * kept_layers(c, n)
+    even = (v > 1) & (n == n_hi) & ~vshape
+    if not even.any():
+        return out
+    k, by_chunk = LAYER_AC_FREQ, np.zeros_like(out)
+    for vv in np.unique(c.vpp[c.vpp > 1]).tolist():
+        for j in range(vv):
+            kept_j = n - ((j + 1) * n // k - j * n // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
+            passes = INTERLEAVED.chunk_forwards(g, vv, done + w, j) - INTERLEAVED.chunk_forwards(g, vv, done, vv - 1 - j)
+            by_chunk = by_chunk + np.where(v == vv, np.maximum(passes, 0) * kept_j, 0)
+    return np.where(even, layer_rows(c) * by_chunk, out)
