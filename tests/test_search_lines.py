@@ -169,12 +169,10 @@ def test_search_says_what_selective_models():
 
 
 def test_torch_search_leaves_selective_out_by_default(mini):
-    """searchtie item 2: under torch the default search varies none, full, op and layer only
-    (torchtitan has no core-attention recompute), and a note says so. (op: tp = cp = ep = 1 only,
-    none at the mini's tp here; layer, torchtitan's per-layer AC, searched by default since its
-    step-time bound counts the layers it replays: {0, 2} before.)"""
+    """searchtie item 2: under torch the default search varies none, full and op only (torchtitan
+    has no core-attention recompute), and a note says so."""
     rc = {int(x) for x in mini.candidates.rc}
-    assert rc == {0, 2, 4} and any("recompute 'selective' is not searched" in n for n in mini.notes)  # none, full, layer
+    assert rc == {0, 2} and any("recompute 'selective' is not searched" in n for n in mini.notes)  # none, full
     assert recompute_lines(mini) == []
 
 

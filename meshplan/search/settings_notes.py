@@ -59,7 +59,9 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.has_op_recompute and "selective" in cfg.search.recompute and "recompute" not in cfg.search.model_fields_set:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
-                   "op-level selective AC), layer (its per-layer selective AC, every 2nd layer, its default) and full")
+                   "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer', every 2nd layer, "
+                   "its default) is searched where [search] recompute lists it (not by default: its memory lower "
+                   "bound counts every layer as replayed, so fewer of its rows are decided without a plan)")
     elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
         out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
                    "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "

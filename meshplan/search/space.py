@@ -19,8 +19,7 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - micro-batch sizes; recompute none, full, Megatron-LM's selective (not by default where
   torchtitan is the runtime, which has no option for it: :func:`searched_recompute`), and under
   a framework that has it (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch
-  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`)
-  and its per-layer AC ``layer`` (every 2nd layer);
+  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -55,13 +54,13 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())  # 1,536 none/full/layer without the knobs (reshard, short ends; tp
-...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers
-...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate; less
-...                            # zero1 rows without a data axis, their zero3 twins kept (no_data_axis_twin);
-...                            # no selective under torchtitan (searched_recompute); the 2,124 rows other
-...                            # than op a third each none, layer, full (1,640 before layer was searched by default)
-(2348, 8)
+>>> len(c), int(c.tp.max())  # 1,024 none/full without the knobs (reshard, short ends; tp overlap
+...                            # only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers are
+...                            # not a multiple of pp x vpp: no short-ends interleaved candidate; less zero1
+...                            # rows without a data axis, their zero3 twins kept (no_data_axis_twin); no
+...                            # selective under torchtitan (searched_recompute): 2,348 with it, whose
+...                            # 2,124 rows other than op were a third each none, selective, full (-708)
+(1640, 8)
 >>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
 (224, 1)
 >>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
@@ -212,14 +211,14 @@ def searched_recompute(cfg: Config) -> list[str]:
     the default: ``selective`` is Megatron-LM's core-attention recompute, which torchtitan has no
     option for (:func:`meshplan.spec.recompute_words.recompute_words`), so a row with it could not be
     exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
-    ``layer`` (torchtitan's per-layer AC, in the default list,
-    :class:`~meshplan.spec.search.SearchOptions`) only where torchtitan runs the rows.
+    ``layer`` (torchtitan's per-layer AC) only where torchtitan runs the rows, and only listed
+    (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`).
 
     >>> from meshplan.config import config_from_dict
     >>> d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
     ...      "training": {"global_batch": 8, "seq_len": 1024}}
     >>> searched_recompute(config_from_dict(d, require_mesh=False))
-    ['none', 'full', 'op', 'layer']
+    ['none', 'full', 'op']
     >>> searched_recompute(config_from_dict(d | {"training": d["training"] | {"framework": "megatron"}},
     ...                                     require_mesh=False))
     ['none', 'selective', 'full']

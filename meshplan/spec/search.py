@@ -28,7 +28,7 @@ SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
 
 
 def _all_recompute() -> list[Recompute]:
-    return ["none", "selective", "full", "op", "layer"]
+    return ["none", "selective", "full", "op"]
 
 
 def _default_sharding() -> list[Sharding]:
@@ -98,19 +98,20 @@ class SearchOptions(BaseModel):
       of each axis (default: every divisor of the world that fits the axis's rules).
     - ``micro_batch``: allowed micro-batch sizes (default ``[1, 2, 4, 8]``; the training
       contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
-    - ``recompute``: allowed policies (default all five: ``none``, ``selective``, ``full``,
+    - ``recompute``: allowed policies (default all four: ``none``, ``selective``, ``full``, and
       torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
       with FSDP2 only, on candidates with tp = cp = ep = 1 as meshplan plans it: Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
-      :func:`meshplan.search.space.searched_recompute`; and torchtitan's per-layer AC ``layer``, at
-      its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), searched there
-      only, by default since its step-time bound counts the layers it replays and its memory
-      lower bound the layers it keeps whole (:mod:`meshplan.search.layer_replays`: the 405B
-      benchmark plans 82 candidates exactly with it, 70 without, where none's step-time bound
-      made it 883); listed for another runtime it is an error naming ``search.recompute``);
-      ``sharding``: allowed among
+      :func:`meshplan.search.space.searched_recompute`; torchtitan's per-layer AC ``layer``, at
+      its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
+      only where the list names it, not by default: its memory lower bound takes full's saved
+      activations for every layer (:func:`meshplan.search.bounds.bounds`; 0.58 of the planned peak
+      on a sampled row of tests/test_bound_tightness.py's 8 GPUs, below its band), though its
+      step-time bound counts the layers it replays (:mod:`meshplan.search.layer_replays`: the 405B
+      benchmark plans 90 candidates exactly with it listed, 70 without; 883 when that bound was
+      none's); listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
