@@ -60,8 +60,8 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
                    "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer', every 2nd layer, "
-                   "its default) is searched where [search] recompute lists it (not by default: its memory lower "
-                   "bound counts every layer as replayed, so fewer of its rows are decided without a plan)")
+                   "its default) is searched where [search] recompute lists it (not by default: it adds "
+                   "about 25% to the search's time)")
     elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
         out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
                    "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "

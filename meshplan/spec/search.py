@@ -106,12 +106,10 @@ class SearchOptions(BaseModel):
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
       :func:`meshplan.search.space.searched_recompute`; torchtitan's per-layer AC ``layer``, at
       its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
-      only where the list names it, not by default: its memory lower bound takes full's saved
-      activations for every layer (:func:`meshplan.search.bounds.bounds`; 0.58 of the planned peak
-      on a sampled row of tests/test_bound_tightness.py's 8 GPUs, below its band), though its
-      step-time bound counts the layers it replays (:mod:`meshplan.search.layer_replays`: the 405B
-      benchmark plans 90 candidates exactly with it listed, 70 without; 883 when that bound was
-      none's); listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
+      only where the list names it, not by default: both its bounds count the layers each stage
+      surely replays and keeps (:mod:`meshplan.search.layer_replays`), yet with it listed the 405B
+      benchmark plans 82 candidates exactly against 70 (8.0-8.4 s against 6.7 s on one worker,
+      9.0-9.3 s wall with 2 workers on shared cores), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
