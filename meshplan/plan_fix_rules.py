@@ -147,7 +147,8 @@ def split_fix(plan: Infeasible) -> Optional[str]:
         else balanced_split(layers, pp)
     head = f"fix: {layers} layers over pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")
     if split is None and not megatron:
-        return f"{head}: no split gives every chunk a layer (Llama 3's rule); choose another pp or vpp"
+        return (f"{head}: no interleaved split the planner takes: Llama 3's rule (the embedding and the output "
+                f"layer each a layer's slot) needs layers + 2 a multiple of pp x vpp; choose another pp or vpp")
     if split is None:
         rule = ("--account-for-embedding/loss-in-pipeline-split need layers + 2 a multiple of pp x vpp" if vpp > 1
                 else "--decoder-first/last-pipeline-num-layers spread the middle stages evenly and leave an end "

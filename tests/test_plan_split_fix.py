@@ -75,3 +75,18 @@ def test_no_fix_that_the_rules_refuse_or_where_pp_divides(tmp_path):
     assert split_fix(bad) is None and split_fix(build_plan(cfg, memory=False)) is not None
     one = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [1, 512, 8]})), memory=False)
     assert split_fix(one) is None
+
+
+def test_torch_interleaved_without_a_split_names_llama3s_rule(tmp_path):
+    """61 layers at pp 16 x vpp 2 under torch: Llama 3's rule wants (61 + 2) / (16 x 2) = 63 / 32
+    slots a virtual stage, not whole, so ends_short_split gives none and the line says why (handed
+    case C8's re-run: it said "no split gives every chunk a layer", which 61 layers over 32 chunks
+    could)."""
+    f = _config(tmp_path, [16, 32, 8], "torch")
+    cfg = load_config(f)
+    cfg = replace(cfg, mesh=cfg.mesh.model_copy(update={"virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}))
+    plan = build_plan(cfg, memory=False)
+    assert not isinstance(plan, Plan) or plan.reasons
+    assert split_fix(plan) == ("fix: 61 layers over pp 16 x vpp 2: no interleaved split the planner takes: Llama 3's "
+                               "rule (the embedding and the output layer each a layer's slot) needs layers + 2 a "
+                               "multiple of pp x vpp; choose another pp or vpp")
