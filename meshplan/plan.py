@@ -241,8 +241,9 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
-    v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
-                                                   t.pp_schedule_runs, t.framework),
+    vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge
+    v = replace(v, reasons=v.reasons + (() if vpp_unknown else run_reasons(spec.pp_schedule, pp, v.micro_batches,
+                                                                           v.vpp, t.pp_schedule_runs, t.framework)),
                 notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
