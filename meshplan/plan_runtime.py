@@ -103,16 +103,30 @@ def split_backward_ac_warning(training, schedule, pp: int) -> tuple[str, ...]:
     >>> split_backward_ac_warning(t.model_copy(update={"recompute": "selective"}), "zbv", 4)  # flash: mode none
     ()
     """
+    head = split_backward_ac_head(training, schedule, pp)
+    if head is None:
+        return ()
+    return (f"{head}: {SPLIT_BACKWARD_AC}; the predicted step is the schedule's without that slowdown; set "
+            "recompute = \"none\" if memory allows, or use interleaved_1f1b",)
+
+
+def split_backward_ac_head(training, schedule, pp: int) -> str | None:
+    """The words :func:`split_backward_ac_warning` opens with (the schedule, the recompute and its
+    torchtitan mode, the framework), None where it has no line; ``meshplan search``'s warning on
+    its row 1 uses them alone, its note holding :data:`SPLIT_BACKWARD_AC`.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> print(split_backward_ac_head(TrainingSpec(global_batch=8, seq_len=16, recompute="op"), "dualpipev", 2))
+    dualpipev with activation checkpointing (recompute 'op': torchtitan activation_checkpoint.mode = "selective") under framework torch
+    """
     sched = get_schedule(schedule)
     if training.framework != "torch" or pp <= 1 or not sched.splits_backward:
-        return ()
+        return None
     mode = write_recompute(training)["mode"]
     if mode == "none":
-        return ()
+        return None
     return (f"{sched.name} with activation checkpointing (recompute {training.recompute!r}: torchtitan "
-            f"activation_checkpoint.mode = \"{mode}\") under framework torch: {SPLIT_BACKWARD_AC}; the "
-            "predicted step is the schedule's without that slowdown; set recompute = \"none\" if memory "
-            "allows, or use interleaved_1f1b",)
+            f"activation_checkpoint.mode = \"{mode}\") under framework torch")
 
 
 def position_warning(model, seq_len: int) -> tuple[str, ...]:

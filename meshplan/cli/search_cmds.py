@@ -152,7 +152,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     (pp >= 3); [search] narrows each. A pp that does not divide the layers gets, at vpp 1, the balanced
     split, or under training.framework megatron the one Megatron-LM's --decoder-first/last-pipeline-num-layers
     set (middle stages even: 61 layers at pp 16 as [3, 4 x 14, 2]); a pp where they set none is rejected,
-    rule 'split' (61 layers at pp 32). Rows are distinct meshes (axis degrees), each at its first setting by
+    rule 'split' (61 layers at pp 32). [search] pp_schedules adds ZB-V and DualPipeV (zbv, dualpipev) on
+    candidates with pp > 1 and vpp 2 (an error under training.framework megatron, which runs neither); under
+    framework torch with activation checkpointing (a torchtitan activation_checkpoint.mode other than none) they
+    are kept and ranked, as torchtitan and torch run them, one note counts them with what torchtitan issue #773
+    and pytorch issue #136766 report (far slower than interleaved 1F1B, out of memory), a warning under the
+    table names row 1 when it is one, and --export writes the plan's warning in its header. Rows are distinct meshes (axis degrees), each at its first setting by
     the order; a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
     top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower

@@ -32,7 +32,7 @@ from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
-                                         recompute_lines, variants_line)
+                                         recompute_lines, split_ac_lines, variants_line)
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
@@ -210,8 +210,9 @@ def print_search(r: SearchResult, console: Console) -> None:
 def table_lines(r: SearchResult) -> list[str]:
     """Every line printed under the top table, before the best rejected one: where the config's
     own mesh stands, what recompute ``selective`` models, the order rule, the top's other settings
-    (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning and what
-    ``--export`` does not express; one source for the text and the HTML page."""
+    (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
+    warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`)
+    and what ``--export`` does not express; one source for the text and the HTML page."""
     out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + variants_line(r)
     if r.explanation is not None:
         out.append(r.explanation.line())
@@ -219,7 +220,7 @@ def table_lines(r: SearchResult) -> list[str]:
     if r.proven:
         out.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                    "one shown")
-    return out + headroom_lines(r) + export_lines(r)
+    return out + headroom_lines(r) + split_ac_lines(r) + export_lines(r)
 
 
 #: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file

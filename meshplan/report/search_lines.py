@@ -4,7 +4,8 @@
 (:func:`configured_lines`), the goodput line and whether the goodput column is shown
 (:func:`goodput_line`, :func:`goodput_shared`), what the ``selective`` recompute of a row
 models in the runtime's words (:func:`recompute_lines`), the headroom warning
-(:func:`headroom_lines`) and the top mesh's other settings (:func:`variants_line`);
+(:func:`headroom_lines`), the warning on a row 1 that runs a split-backward schedule with activation
+checkpointing under torch (:func:`split_ac_lines`) and the top mesh's other settings (:func:`variants_line`);
 :func:`meshplan.report.search.table_lines` puts every line under the table in order.
 """
 
@@ -13,9 +14,12 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.constraints import usable_bytes
+from meshplan.plan_runtime import split_backward_ac_head
+from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import variant_label
+from meshplan.search.split_ac import split_ac_table
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE
 from meshplan.spec.recompute_words import recompute_words
@@ -90,6 +94,32 @@ def headroom_lines(r: SearchResult) -> list[str]:
     rows = f"row {k} keeps" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)} keep"
     roomy = _first_roomy(r, usable, frac) if k == 1 else ""
     return ["warning: " + _headroom_text(r, rows, str(k), e, usable, roomy)]
+
+
+def split_ac_lines(r: SearchResult) -> list[str]:
+    """Where row 1 runs a split-backward schedule with activation checkpointing under framework
+    torch (:func:`meshplan.search.split_ac.split_ac_table`), one ``warning:`` line: row 1's label,
+    the words the plan's warning on its config opens with (:func:`meshplan.plan_runtime.split_backward_ac_head`),
+    the issues (torchtitan #773, pytorch #136766; the search's note, which counts all such candidates,
+    gives what they report), that its step leaves that out, and the first row shown without it, with
+    its step against row 1's, or that none is. None otherwise. Not a rank: the order stays the step's."""
+    c = r.candidates
+    table = split_ac_table(r.config.training)
+
+    def split(e) -> bool:
+        return bool(table[c.rc[e.index], c.ps[e.index]] and c.pp[e.index] > 1)
+
+    if not r.top or not split(r.top[0]):
+        return []
+    e = r.top[0]
+    cc = candidate_config(r.config, c, e.index)
+    head = split_backward_ac_head(cc.training, cc.mesh.pp_schedule, int(c.pp[e.index]))
+    first = next(((k, x) for k, x in enumerate(r.top, 1) if not split(x)), None)
+    tail = (f"; row {first[0]} is the first row shown without it ({c.label(first[1].index)}: step "
+            f"{first[1].step_s:.3f} s against row 1's {e.step_s:.3f} s)" if first else "; no row shown is without it")
+    return [f"warning: row 1 ({c.label(e.index)}) runs {head}, reported far slower than interleaved 1F1B and to run "
+            "out of memory (torchtitan issue #773, pytorch issue #136766: see the note); its step is the schedule's "
+            f"without that slowdown{tail}"]
 
 
 def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:

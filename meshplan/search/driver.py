@@ -82,6 +82,7 @@ from meshplan.search.memory import Tables
 from meshplan.search.rank import decide, simplicity
 from meshplan.search.reasons import OK, REASONS, UNDECIDED, first_reason
 from meshplan.search.settings_notes import settings_notes
+from meshplan.search.split_ac import split_ac_notes
 from meshplan.search.space import enumerate_candidates
 from meshplan.search.time_tables import TimeTables
 from meshplan.spec.axes.registry import search_axes
@@ -205,7 +206,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("best rejected")
     finally:
         pool.close()
-    notes += settings_notes(cfg, c)
+    notes += settings_notes(cfg, c) + split_ac_notes(cfg, c, code)  # after the last verdict: counts feasible
     if not apply and top:  # with no candidate feasible at all, GEMM width is not the cause
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")

@@ -1,0 +1,124 @@
+"""The search's V-shaped rows (zbv, dualpipev) under activation checkpointing with framework torch:
+kept and ranked (neither torchtitan nor torch refuses the combination: meshplan/search/split_ac.py
+cites where), counted once by a note naming torchtitan issue #773 and pytorch issue #136766, a
+warning under the table where row 1 is one, and the export's header repeating the plan's warning.
+
+The space (8 GPUs of 6 GB, the 8-layer model of tests/test_search.py, micro-batch 4, zero3
+resharded, tp 1, cp 1): pp 2 (dp_shard 4) has vpp 1, 2, 4 (the divisors of 8 / 2) and ZB-V and
+DualPipeV at vpp 2, 5 candidates per recompute; pp 4 (dp_shard 2) has vpp 1, 2 and the two V rows,
+4; pp 1 (dp_shard 8) 1. The V rows are 2 schedules x 2 pp = 4 per recompute."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from meshplan.report.search import table_lines
+from meshplan.report.search_lines import split_ac_lines
+from meshplan.search.driver import search
+from meshplan.search.reasons import OK
+from meshplan.search.space import enumerate_candidates
+from meshplan.search.split_ac import split_ac_rows
+from test_search import config
+
+SPACE = dict(micro_batch=[4], tp=[1], cp=[1], sharding=["zero3"], reshard_after_forward=[True],
+             tp_comm_overlap=[False], uneven_stages=[False], pp_schedules=["1f1b", "zbv", "dualpipev"])
+ZBV_PP2 = "pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, zbv"
+
+
+def _search(pp, recompute=("none", "full"), **training):
+    return search(config(1, 6.0, training=training or None, pp=pp, recompute=list(recompute), **SPACE), workers=1)
+
+
+def test_rows_counted_by_recompute_mode():
+    """Of 4 recompute policies x 10 candidates, the 4 V rows at op (torchtitan mode "selective")
+    and the 4 at full: 8. selective is Megatron-LM's core-attention recompute, written to torchtitan as
+    mode "none" with flash attention (not counted) and "full" without it (counted: 12)."""
+    for flash, want in ((True, 8), (False, 12)):
+        cfg = config(1, 6.0, training={"flash_attention": flash}, pp=[1, 2, 4],
+                     recompute=["none", "selective", "op", "full"], **SPACE)
+        c = enumerate_candidates(cfg)
+        rows = split_ac_rows(cfg.training, c)
+        assert len(c) == 40 and int(rows.sum()) == want
+        assert set(c.ps[rows].tolist()) == {1, 2} and set(c.pp[rows].tolist()) == {2, 4}
+        assert not rows[c.ps == 0].any()
+
+
+@pytest.fixture(scope="module")
+def v_top():
+    """pp 2 and 4 only: the recompute-none rows exceed 6 GB (9 of 18 rejected for memory), so both rows
+    shown are ZB-V with full recompute."""
+    return _search([2, 4])
+
+
+def test_kept_ranked_and_noted_once(v_top):
+    r = v_top
+    assert r.counts()["feasible"] == 9 and r.counts()["memory"] == 9
+    assert r.candidates.label(r.top[0].index) == ZBV_PP2
+    rows = split_ac_rows(r.config.training, r.candidates)
+    assert int(rows.sum()) == 4 and (r.code[rows] == OK).all()  # every full V row fits
+    (note,) = [n for n in r.notes if "#773" in n]
+    assert note.startswith("4 candidates (4 feasible) run zbv/dualpipev with activation checkpointing")
+    assert "pytorch issue #136766" in note and "[search] recompute = [\"none\"]" in note
+
+
+def test_row_1_carries_the_warning(v_top):
+    (line,) = split_ac_lines(v_top)
+    assert line.startswith(f"warning: row 1 ({ZBV_PP2}) runs zbv with activation checkpointing (recompute 'full': "
+                           "torchtitan activation_checkpoint.mode = \"full\") under framework torch")
+    assert "torchtitan issue #773" in line and line.endswith("; no row shown is without it")
+    assert line in table_lines(v_top)  # the text and the --html page
+
+
+def test_warning_names_the_first_row_without_it():
+    """With pp 1 searched, row 1 is dp_shard 8 (no pipeline): no warning; the same rows with the
+    ZB-V row put first name dp_shard 8 as the first row without it, with both steps."""
+    r = _search([1, 2, 4])
+    labels = [r.candidates.label(e.index) for e in r.top]
+    assert labels[0] == "dp_shard 8, mb 4, full, vpp 1, zero3" and labels[1] == ZBV_PP2
+    assert split_ac_lines(r) == [] and any("#773" in n for n in r.notes)
+    swapped = replace(r, top=[r.top[1], r.top[0], *r.top[2:]])
+    (line,) = split_ac_lines(swapped)
+    assert line.endswith(f"; row 2 is the first row shown without it ({labels[0]}: step {r.top[0].step_s:.3f} s "
+                         f"against row 1's {r.top[1].step_s:.3f} s)")
+
+
+def test_no_note_without_activation_checkpointing():
+    r = _search([2, 4], recompute=("none",))
+    assert not split_ac_rows(r.config.training, r.candidates).any()
+    assert not any("#773" in n for n in r.notes) and split_ac_lines(r) == []
+
+
+def test_search_export_repeats_the_plan_warning(tmp_path, capsys):
+    from tests.cli_run import run_main
+
+    path = tmp_path / "zbv.toml"
+    path.write_text(_toml())
+    assert run_main("search", path, "--export", 1, "--to", "meshplan", "-o", tmp_path / "row1.toml") == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert f"warning: row 1 ({ZBV_PP2}) runs zbv with activation checkpointing" in flat
+    head = ("# warning: zbv with activation checkpointing (recompute 'full': torchtitan activation_checkpoint.mode = "
+            "\"full\") under framework torch: torch's zero-bubble schedules with activation checkpointing are reported "
+            "far slower than interleaved 1F1B (torchtitan issue #773")
+    assert head in (tmp_path / "row1.toml").read_text()
+
+
+def _toml() -> str:
+    """The v_top search as a config file (the CLI's input)."""
+    search_keys = dict(SPACE, pp=[2, 4], recompute=["none", "full"], settle_max=1_000_000)
+
+    def val(v):
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        return f'"{v}"' if isinstance(v, str) else str(v)
+
+    return "\n".join([
+        "[model]", 'name = "small"', "layers = 8", "hidden = 2048", "ffn = 5632", "q_heads = 16", "kv_heads = 4",
+        "head_dim = 128", "vocab = 32000", "[cluster]", 'system = "dgx-h100"', "nodes = 1", "[cluster.gpu]",
+        'name = "h100-small-hbm"', "peak_tflops = { bf16 = 989.4 }", "hbm_gb = 6.0", "hbm_bandwidth_tb_per_s = 3.35",
+        "sms = 132", "max_gemm_fraction = 0.803", 'source = "test"', "[training]", "global_batch = 64",
+        "seq_len = 2048", "[search]", *(f"{k} = {val(v)}" for k, v in search_keys.items())]) + "\n"
+
