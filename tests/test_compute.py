@@ -384,6 +384,54 @@ def test_attention_gemm_points_derived_from_s7a():
     assert pts[(262144, 2048, 128)] == 93.0
 
 
+def test_bmm_head_dim_ratio_replaces_the_shape_model_for_the_22b_attention():
+    """kernels.toml bmm_head_dim (A100, AC24 Fig. 7, read off the figure): QK^T at K 96 runs at
+    93 / 105 = 0.886 of K 128, PV at N 96 at 107 / 138 = 0.775 of N 128. The 22B's batched GEMMs
+    (head dim 96, micro-batch 4 x 8 heads at tp 8 = 32 per call, S 2048) take these in place of the
+    shape model's x1.000 (K) and x0.750 (N), on the edge's 86.5 TFLOP/s: 76.6 and 67.1 TFLOP/s.
+    A single (not batched) GEMM of the same shape keeps the shape model's ratio."""
+    from meshplan.compute.measured import gemm_tflops, kernel_data
+
+    d = kernel_data("a100-sxm-80gb")
+    t = d.bmm_head_dim
+    assert t.head_dim == (64, 80, 96, 128)
+    assert t.ratio("kq", 96) == pytest.approx(93 / 105) and t.ratio("aov", 96) == pytest.approx(107 / 138)
+    assert t.ratio("kq", 128) == t.ratio("aov", 128) == 1.0
+    a100 = catalog.gpu("a100-sxm-80gb")
+    eff = lambda m, n, k: compute_efficiency(a100, m, n, k)
+    edge = gemm_tflops(d, 65536, 2048, 128, "bf16", eff)[0]
+    assert edge == pytest.approx(86.5, abs=0.05)
+    qk, how = gemm_tflops(d, 65536, 2048, 96, "bf16", eff, batched=True)
+    pv = gemm_tflops(d, 65536, 96, 2048, "bf16", eff, batched=True)[0]
+    assert qk == pytest.approx(edge * 93 / 105) and qk == pytest.approx(76.6, abs=0.05)
+    assert pv == pytest.approx(edge * 107 / 138) and pv == pytest.approx(67.1, abs=0.05)
+    assert "measured head-dim ratio, K 96 of 128" in how
+    single = gemm_tflops(d, 65536, 96, 2048, "bf16", eff)[0]
+    assert single == pytest.approx(edge * 0.75)   # the shape model: N 96 in tiles of 128
+    t_pv = gemm_time(a100, 2048, 96, 2048, "bf16", count=32).seconds
+    assert t_pv == pytest.approx(2 * 2048 * 96 * 2048 * 32 / (pv * 1e12))
+
+
+def test_ac24_head_dim_64_agrees_with_s7a_pytorch_attention():
+    """Two sources at head dim 64 against 128, on A100: AC24's columns give the six products
+    (2 QK^T-like, 4 PV-like, time-weighted) 0.570 of their d 128 rate; S7a's PyTorch standard
+    attention at S 2048 (flash-attention @0251105 assets/flash2_a100_fwd_bwd_benchmark.png, panel
+    (a), "Pytorch" bar label 43 TFLOP/s at d 64, 32 heads, B 8) less the softmax and the q-sized
+    passes exactly as the "D S7a" points are derived gives 53.5 TFLOP/s, 0.575 of D S7a's 93.0."""
+    from meshplan.compute.measured import kernel_data
+
+    t = kernel_data("a100-sxm-80gb").bmm_head_dim
+    six = 6 / (2 / t.ratio("kq", 64) + 4 / t.ratio("aov", 64))
+    assert six == pytest.approx(0.570, abs=0.0005)
+    b, s, heads, hd = 8, 2048, 32, 64
+    n = b * heads
+    measured = 3.5 * 4 * b * s * s * heads * hd / 43e12
+    rest = (4 + 6) * n * s * s / 1.70e12 + 8 * 4 * b * s * heads * hd / 1.70e12
+    d64 = 6 * 2 * n * s * s * hd / (measured - rest) / 1e12
+    assert d64 == pytest.approx(53.5, abs=0.05)
+    assert d64 / 93.0 == pytest.approx(six, rel=0.02)
+
+
 def test_s7a_attention_pytorch_passes_as_torch_dispatches_them():
     """The passes the derivation above takes away, as torch dispatches flash-attention's
     attention_pytorch (benchmarks/benchmark_flash_attention.py @0251105; dropout 0, the gradient

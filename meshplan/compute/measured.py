@@ -31,7 +31,9 @@ does model. Why the edge of the box and not the nearest measured point: which po
 changes as the query moves, and the rate would jump there; at the edge the rule meets the
 table (ratio 1), and below it the rate falls as the model's efficiency does. Capped at 1:
 never above what was measured at the edge. A K below the points scales by 1 (the tiles' waves
-do not depend on K): such a GEMM is bound by its bytes, which the roofline times.
+do not depend on K): such a GEMM is bound by its bytes, which the roofline times. A batched GEMM
+below in N or K alone, at a head dim the GPU's ``bmm_head_dim`` table covers (A100: the attention's
+QK^T and PV at head dim 64-128, kernels.toml "AC24"), takes that measured ratio instead of the model's.
 
 A grouped call of ``count``
 GEMMs is looked up as one GEMM of ``(count M, N, K)`` (the same tiles in more waves). The time
@@ -121,6 +123,29 @@ class AttentionRow:
 
 
 @dataclass(frozen=True)
+class BmmHeadDim:
+    """Measured TFLOP/s of the attention's batched GEMMs at head dims ``head_dim`` (ascending, the
+    last the reference): ``kq`` QK^T (K = d), ``aov`` PV (N = d), one batch and sequence length
+    (kernels.toml ``bmm_head_dim``). Only their ratio to the last head dim is used."""
+
+    head_dim: tuple[int, ...]
+    kq: tuple[float, ...]
+    aov: tuple[float, ...]
+    source: str
+
+    def ratio(self, column: str, d: int) -> float:
+        """``column``'s (``"kq"`` or ``"aov"``) rate at head dim ``d`` over its rate at the last
+        head dim, linear in log2(d) between the measured ones (clamped at the ends).
+
+        >>> t = BmmHeadDim((64, 128), (50.0, 100.0), (40.0, 80.0), "x")
+        >>> t.ratio("kq", 64), round(t.ratio("aov", 96), 3)
+        (0.5, 0.792)
+        """
+        ys = getattr(self, column)
+        return _interp_log(self.head_dim, [y / ys[-1] for y in ys], d)
+
+
+@dataclass(frozen=True)
 class KernelData:
     """One GPU's measured kernel data (see the module docstring); bandwidths in B/s. ``first``:
     kernels whose rows were measured on the user's GPU for this run (``--kernels``,
@@ -139,6 +164,7 @@ class KernelData:
     first: tuple[str, ...] = ()
     dtensor_tp_block_s: tuple[float, float] = (0.0, 0.0)
     dtensor_tp_source: str = CATALOG_HOST_PACE
+    bmm_head_dim: Optional[BmmHeadDim] = None
 
 
 @lru_cache(maxsize=None)
@@ -158,7 +184,16 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
                       bw * raw.get("norm_bandwidth_scale", 1.0),
                       raw["host"]["kernel_issue_s"], raw["source"],
                       dtensor_tp_block_s=(raw["host"].get("dtensor_tp_block_forward_s", 0.0),
-                                          raw["host"].get("dtensor_tp_block_backward_s", 0.0)))
+                                          raw["host"].get("dtensor_tp_block_backward_s", 0.0)),
+                      bmm_head_dim=_bmm_head_dim(raw.get("bmm_head_dim")))
+
+
+def _bmm_head_dim(raw: Optional[dict]) -> Optional[BmmHeadDim]:
+    """kernels.toml's ``bmm_head_dim`` table of one GPU, or None when it has none."""
+    if raw is None:
+        return None
+    return BmmHeadDim(tuple(int(d) for d in raw["head_dim"]), tuple(float(v) for v in raw["kq_tflops"]),
+                      tuple(float(v) for v in raw["aov_tflops"]), raw["source"])
 
 
 ATTENTION_DTYPES = ("bf16", "fp16", "fp8", "fp32")
@@ -190,12 +225,14 @@ def fit_norm(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
 
 
 def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str,
-                model: Callable[[int, int, int], float]) -> tuple[float, str]:
+                model: Callable[[int, int, int], float], batched: bool = False) -> tuple[float, str]:
     """(TFLOP/s, how) of one (M, N, K) GEMM from ``data``'s points for ``dtype``: interpolated
     inside the measured box, and below it (smaller than every point in M, N or K) the box edge's
     rate x ``min(1, model(M, N, K) / model(edge))``, ``model`` the shape model's efficiency
     without its memory roofline (:func:`meshplan.compute.gemm.compute_efficiency`; module
-    docstring). Raises KeyError when there are no points for ``dtype``. Not memoised
+    docstring). ``batched`` (a batch of GEMMs looked up as one) below the points in N or K
+    alone, at a head dim the GPU's ``bmm_head_dim`` table covers: its measured ratio instead
+    (:func:`_head_dim_ratio`). Raises KeyError when there are no points for ``dtype``. Not memoised
     here: its one caller in the flow, :func:`meshplan.compute.gemm.gemm_time`, memoises the
     whole estimate above it (``_catalog_time``)."""
     pts = data.gemm[dtype]
@@ -203,10 +240,29 @@ def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str,
     rate, how = _interpolate(pts, *edge)
     if edge == (m, n, k):
         return rate, how
-    ratio = min(1.0, model(m, n, k) / model(*edge))
+    measured = _head_dim_ratio(data, (m, n, k), edge) if batched else None
+    ratio, by = measured or (min(1.0, model(m, n, k) / model(*edge)), "shape model, capped at 1")
     below = "/".join(a for a, q, e in zip("MNK", (m, n, k), edge) if q < e)
     return rate * ratio, (f"{rate * ratio:.1f} TFLOP/s: {m}x{n}x{k} is below the measured {below}; "
-                          f"x{ratio:.3f} (shape model, capped at 1) of {edge[0]}x{edge[1]}x{edge[2]}: {how}")
+                          f"x{ratio:.3f} ({by}) of {edge[0]}x{edge[1]}x{edge[2]}: {how}")
+
+
+def _head_dim_ratio(data: KernelData, shape: tuple[int, int, int],
+                    edge: tuple[int, int, int]) -> Optional[tuple[float, str]]:
+    """(ratio, how) for a batched GEMM ``shape`` below the measured ``edge`` in N alone (PV-like,
+    N = head dim: the table's ``aov`` column) or K alone (QK^T-like, K = head dim: ``kq``), when
+    ``data.bmm_head_dim`` covers that head dim and its last head dim is the edge; else None (the
+    shape model's ratio applies). Capped at 1."""
+    t = data.bmm_head_dim
+    below = [i for i in range(3) if shape[i] < edge[i]]
+    if t is None or len(below) != 1 or below[0] == 0:
+        return None
+    i = below[0]
+    if not (t.head_dim[0] <= shape[i] and edge[i] == t.head_dim[-1]):
+        return None
+    column = "aov" if i == 1 else "kq"
+    return (min(1.0, t.ratio(column, shape[i])),
+            f"measured head-dim ratio, {'N' if i == 1 else 'K'} {shape[i]} of {edge[i]}: {t.source.split(' (')[0]}")
 
 
 def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
@@ -226,9 +282,10 @@ def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
 def gemm_seconds(data: KernelData, m: int, n: int, k: int, dtype: str, count: int,
                  model: Callable[[int, int, int], float]) -> tuple[float, str]:
     """Seconds of ``count`` (M, N, K) GEMMs: :func:`gemm_tflops` at ``(count M, N, K)``
-    (``model``: the shape model's efficiency of one such GEMM), no faster than the memory
+    (``model``: the shape model's efficiency of one such GEMM; ``count > 1`` is a batched GEMM,
+    which reads the GPU's measured head-dim ratio where it has one), no faster than the memory
     roofline at Triad bandwidth."""
-    rate, how = gemm_tflops(data, m * count, n, k, dtype, model)
+    rate, how = gemm_tflops(data, m * count, n, k, dtype, model, batched=count > 1)
     t_compute = 2.0 * m * n * k * count / (rate * TFLOPS)
     t_memory = dtype_bytes(dtype) * (m * k + k * n + m * n) * count / data.stream_bytes_per_s
     if t_memory > t_compute:
