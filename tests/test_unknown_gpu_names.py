@@ -73,3 +73,10 @@ def test_pcie_and_other_memory_gpus_are_not_guessed():
                                          ("dgx-h800", "hgx-h800")])
 def test_a_typo_of_the_same_gpu_is_still_guessed(typed, guess):
     assert _message("node", typed) == f"unknown node '{typed}'; did you mean '{guess}'? known: {NODES}"
+
+
+def test_dgx_a10_is_the_a10_not_a_short_dgx_a100():
+    # the NVIDIA A10 (Ampere GA102, 24 GB GDDR6, PCIe: its datasheet) starts "a100" as H20 starts "h200"
+    assert _message("node", "dgx-a10") == (
+        "unknown node 'dgx-a10'; no catalog node holds GPU 'a10' (NVIDIA A10: Ampere GA102, 24 GB GDDR6, PCIe; "
+        f"'dgx-a100' is another GPU, not a spelling of it); known: {NODE_GPUS}; {HOW}")
