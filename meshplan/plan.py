@@ -248,7 +248,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)
-    flags = tuple(placement_flags(mesh, placement)) if failed or reports else ()
+    flags = tuple(placement_flags(mesh, placement, training=t)) if failed or reports else ()
     if failed or v.stages is None:  # (the second for mypy: failed covers it)
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
@@ -328,4 +328,4 @@ def with_rank_to_gpu(plan: Plan, rank_to_gpu) -> Plan:
     placement = place(config.cluster, plan.world, r2g)
     colls = _collectives(config, spec, plan.mesh, placement, plan.stages, plan.micro_batches)
     return replace(plan, config=config, spec=spec, placement=placement,
-                   flags=tuple(placement_flags(plan.mesh, placement)), collectives=colls)
+                   flags=tuple(placement_flags(plan.mesh, placement, training=config.training)), collectives=colls)

@@ -220,6 +220,61 @@ def test_c3_hsdp_swapped_shard_crosses_nodes():
     assert first.message.startswith("dp_shard(0) = [0,2,4,6,8,10,12,14]")
 
 
+ZERO1 = "each step's gradient reduce-scatter and parameter all-gather (zero1: once per step, not per layer)"
+ZERO2 = ("every micro-batch's gradient reduce-scatter and each step's parameter all-gather (zero2: parameters "
+         "gathered once per step, not per layer)")
+
+
+@pytest.mark.parametrize("sharding,engine,words", [
+    ("zero1", "megatron", ZERO1), ("zero2", "megatron", ZERO2),
+    ("zero2", "deepspeed", ZERO2.replace("reduce-scatter", "all-reduce")),
+    ("zero3", "megatron", "every layer's all-gather"), ("hsdp", "megatron", "every layer's all-gather")])
+def test_shard_fault_names_the_collectives_of_its_sharding(sharding, engine, words):
+    """dp_shard 8 outside pp 2 on two 8-GPU nodes: DP_SHARD(0) = [0,2,...,14] crosses nodes
+    although dp_shard 8 fits one node. What crosses follows the sharding (meshplan.comm.dp_rows):
+    FSDP (zero3, hsdp) gathers every layer's parameters; zero1 reduces the gradients and gathers
+    the updated parameters once per step, zero2 reduces every micro-batch (DeepSpeed's engine by
+    bucket all-reduces) and gathers once per step."""
+    from meshplan.spec.training import TrainingSpec
+
+    t = TrainingSpec(global_batch=16, seq_len=8, micro_batch=1, sharding=sharding, zero12_engine=engine)
+    m, p = mesh(("dp_shard", "pp"), (8, 2)), place(cluster(2), 16)
+    (f,) = by_axis(placement_flags(m, p, training=t))["dp_shard"]
+    assert (f.severity, f.message) == ("fault", f"dp_shard(0) = [0,2,4,6,8,10,12,14] crosses nodes on {words}; "
+                                                "dp_shard 8 fits in one 8-GPU node: move pp outside dp_shard")
+
+
+def test_shard_rail_warning_names_the_collectives_of_its_sharding():
+    """dp_shard 2 x tp 8 with ranks 8 and 9 swapped: DP_SHARD(0) = [0,8] on GPUs 0 and 9, rails
+    0 and 1, as DP_SHARD(1) = [1,9] on rails 1 and 0: 2 of the 8 groups cross rails."""
+    from meshplan.spec.training import TrainingSpec
+
+    m = mesh(("dp_shard", "tp"), (2, 8))
+    p = place(cluster(2), 16, list(range(8)) + [9, 8] + list(range(10, 16)))
+    rail = "dp_shard group of rank 0 = [0,8] uses rails {0,1}: 2 of 8 groups cross rails on WORDS; place members on the " \
+           "same local GPU indices on every node"
+    for sharding, words in (("zero1", ZERO1), ("zero3", "every layer's all-gather and reduce-scatter")):
+        t = TrainingSpec(global_batch=16, seq_len=8, micro_batch=1, sharding=sharding)
+        assert [f.message for f in placement_flags(m, p, training=t)] == [rail.replace("WORDS", words)]
+
+
+def test_plan_flags_follow_the_configs_sharding():
+    """build_plan passes [training] to the flags: a zero1 config's dp_shard fault says once per step."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+
+    def flags(sharding):
+        cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                                "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1,
+                                             "sharding": sharding},
+                                "mesh": {"names": ["dp_shard", "pp"], "shape": [8, 2]}})
+        return [f.message for f in build_plan(cfg).flags if f.axis == "dp_shard"]
+
+    tail = "; dp_shard 8 fits in one 8-GPU node: move pp outside dp_shard"
+    assert flags("zero1") == [f"dp_shard(0) = [0,2,4,6,8,10,12,14] crosses nodes on {ZERO1}{tail}"]
+    assert flags("zero3") == [f"dp_shard(0) = [0,2,4,6,8,10,12,14] crosses nodes on every layer's all-gather{tail}"]
+
+
 # --------------------------------------------------------------------------- seed 8 x 8
 
 

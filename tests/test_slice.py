@@ -147,3 +147,26 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
     assert "Where the time went" in (out / "summary.md").read_text()
     assert not T._matching_netns(prefix)
     print(f"slice test took {took:.0f} s")
+
+
+def test_slice_errors_name_its_world_option(tmp_path, monkeypatch, capsys):
+    """validate-slice's world is ``--world`` (validate's is ``--worlds``): the errors of the
+    scaling and testbed code both commands share name the option of the command that ran."""
+    from meshplan.runtime.validation.scaling import scale_config
+    from meshplan.config import load_config
+    from tests.cli_run import run_main
+
+    monkeypatch.setenv("MESHPLAN_TESTBED_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    state = tmp_path / "state" / "fake3.json"  # a 3-node testbed's state file; nothing runs before the errors
+    state.write_text(json.dumps({"prefix": "fake3", "nodes": 3, "nics_per_node": 1, "rate_mbit": 25.0,
+                                 "burst_bytes": 32768, "state_path": str(state)}))
+    slice_cmd = ["validate-slice", MINI[0], MINI[2], "--testbed", "fake3", "--out", tmp_path / "o"]
+    assert run_main(*slice_cmd, "--world", 6) == 2  # tp4-dp2 keeps tp 4: 6 ranks do not hold it
+    assert capsys.readouterr().err == ("error: --world: world 6 is not a multiple of tp 4 = 4; the data axis dp_shard "
+                                       "absorbs the world size, the other axes keep their degrees\n")
+    assert run_main(*slice_cmd, "--world", 4) == 2  # 4 ranks scale (dp_shard 1 x tp 4) but 3 nodes do not hold them
+    assert capsys.readouterr().err == "error: --world: world 4 is not a multiple of the testbed's 3 nodes\n"
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ConfigError, match=r"^--worlds: world 4 is not a multiple of the testbed's 3 nodes$"):
+        scale_config(load_config(MINI[0]), 4, Options(testbed="fake3"))  # validate's own option

@@ -89,6 +89,8 @@ def test_validate_keeps_ep_and_names_the_smallest_world_that_holds_it():
                                           r"not divide .* is --worlds 8 \(dp_shard 4\), or a multiple of it$"):
         scale_mesh(tp, 8, 4)
     assert scale_mesh(tp, 8, 8)[0].shape == [4, 2, 8, 1]
+    with pytest.raises(ConfigError, match=r"^--world: world 4 makes .* is --world 8 \(dp_shard 4\), or a multiple"):
+        scale_mesh(tp, 8, 4, "--world")  # validate-slice's option, named in its errors (field and fix)
 
 
 def test_reliability_takes_searchs_storage_defaults_and_names_them(capsys):

@@ -23,7 +23,6 @@ bandwidth, overheads) with the source of every point; :func:`kernel_data` return
 from __future__ import annotations
 
 import copy
-import re
 import tomllib
 from functools import lru_cache
 from importlib import resources
@@ -31,7 +30,8 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from meshplan.errors import ConfigError, did_you_mean
+from meshplan.catalog.unknown import unknown_message
+from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec, GPUSpec, NetworkTier, NodeSpec
 from meshplan.spec.model import ModelSpec
 
@@ -106,58 +106,12 @@ def names(kind: str) -> list[str]:
 
 def entry(kind: str, name: str) -> dict[str, Any]:
     """The raw table of entry ``name`` (a deep copy), with its ``source``. An unknown name is a
-    ConfigError (:func:`_unknown`)."""
+    ConfigError (:func:`meshplan.catalog.unknown.unknown_message`: a guess only of the same GPU)."""
     table = _entries(kind)
     if not isinstance(name, str) or name not in table:
-        raise ConfigError(kind, _unknown(kind, name, sorted(table)))
+        held = {n: e["gpu"] for n, e in _entries("node").items()} if kind == "node" else {}
+        raise ConfigError(kind, unknown_message(kind, name, sorted(table), held))
     return copy.deepcopy(table[name])
-
-
-_GPU_PART = re.compile(r"[a-z]{1,2}[0-9]{2,3}[a-z]?")
-
-
-def gpu_part(name: object) -> Optional[str]:
-    """The GPU model a catalog-style name holds, lower case: its first ``-``-separated part of
-    1-2 letters, 2-3 digits and at most one letter; None without one.
-
-    >>> gpu_part("dgx-H800"), gpu_part("h100-sxm5-80gb"), gpu_part("mi300x-azure-nd-v5"), gpu_part("seed-8x8-2nic")
-    ('h800', 'h100', 'mi300x', None)
-    """
-    if not isinstance(name, str):
-        return None
-    return next((p for p in name.lower().split("-") if _GPU_PART.fullmatch(p)), None)
-
-
-def _other_gpu(typed: Optional[str], known: Optional[str]) -> bool:
-    """True when the GPU part ``known`` is another GPU than ``typed``: both given and neither
-    starts the other (h800 against h100; h10 against h100 is a typo, not another GPU).
-
-    >>> _other_gpu("h800", "h100"), _other_gpu("h10", "h100"), _other_gpu("h800", None)
-    (True, False, False)
-    """
-    if not typed or not known:
-        return False
-    return not (typed.startswith(known) or known.startswith(typed))
-
-
-def _unknown(kind: str, name: object, known: list[str]) -> str:
-    """The message for an unknown ``name`` of ``kind``: the closest entries, or those containing
-    it (:func:`meshplan.errors.did_you_mean`), then every known one. A guess holds the same GPU
-    as the name typed (:func:`gpu_part`): where the only near names hold another GPU (a typed
-    ``dgx-a800`` is no typo of ``dgx-a100``: another GPU, other memory and links), the message
-    says so and lists the nodes with their GPUs (for a GPU, the GPUs), and how to describe one."""
-    typed = gpu_part(name)
-    same = [n for n in known if not _other_gpu(typed, gpu_part(n))]
-    guess, near = did_you_mean(name, same), did_you_mean(name, known)
-    if guess or not near:
-        return f"unknown {kind} '{name}'; {guess}known: {', '.join(known)}"
-    nearest = near.split("'")[1]
-    listing = ", ".join(f"{n} ({_entries('node')[n]['gpu']})" for n in known) if kind == "node" else ", ".join(known)
-    how = ("[cluster] gpu = {...} and node = {...}, or a catalog system with gpu = {...} and fabric = {...}"
-           if kind == "node" else "[cluster] gpu = {...}")
-    lacks = f"no catalog node holds GPU '{typed}'" if kind == "node" else f"no catalog GPU is an '{typed}'"
-    return (f"unknown {kind} '{name}'; {lacks} ('{nearest}' is another GPU, not a spelling of it); known: "
-            f"{listing}; describe yours in the config: {how} (README, \"Input\")")
 
 
 def _build(cls: type[BaseModel], kind: str, name: str, fields: dict[str, Any]):

@@ -16,6 +16,7 @@ import numpy as np
 from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import (DATA_AXES, PER_LAYER_AXES, SHARD_AXES, GroupLocality, Placement,
                                        axis_locality)
+from meshplan.spec.training import TrainingSpec
 
 _DENSE_PER_LAYER = ("tp", "cp", "sp")
 
@@ -91,7 +92,32 @@ def _per_layer_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex
     return []
 
 
-def _rail_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> list[Flag]:
+def shard_traffic(training: Optional[TrainingSpec]) -> tuple[str, str]:
+    """What a shard axis's (dp_shard, fsdp, efsdp) groups send, as (the collectives a group
+    crossing domains runs on, the same with its gradient reduction), by ``training.sharding``
+    and the ZeRO-1/2 engine: the cadence of :mod:`meshplan.comm.dp_rows`'s rows. zero3 and hsdp
+    (FSDP2, ZeRO-3) gather each layer's parameters in forward and backward and reduce-scatter its
+    gradients; zero1 reduces the gradients once per step and all-gathers the updated parameters
+    once after the optimizer, zero2 the same but reduces every micro-batch; under
+    ``zero12_engine = "deepspeed"`` the reduction is an all-reduce of buckets; none (DDP) an
+    all-reduce per step. ``None`` (no training contract): zero3's, TrainingSpec's default.
+
+    >>> shard_traffic(TrainingSpec(global_batch=8, seq_len=8, micro_batch=1, sharding="zero1"))[0]
+    "each step's gradient reduce-scatter and parameter all-gather (zero1: once per step, not per layer)"
+    """
+    if training is None or training.sharding in ("zero3", "hsdp"):
+        return "every layer's all-gather", "every layer's all-gather and reduce-scatter"
+    if training.sharding == "none":
+        return ("each step's gradient all-reduce (sharding none: DDP)",) * 2
+    reduce = "all-reduce" if training.zero12_engine == "deepspeed" else "reduce-scatter"
+    if training.sharding == "zero1":
+        return (f"each step's gradient {reduce} and parameter all-gather (zero1: once per step, not per layer)",) * 2
+    return (f"every micro-batch's gradient {reduce} and each step's parameter all-gather (zero2: parameters "
+            "gathered once per step, not per layer)",) * 2
+
+
+def _rail_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex,
+                training: Optional[TrainingSpec]) -> list[Flag]:
     """Data/shard groups that leave the NVLink domain on more than one rail (warn). The
     derived ``dp`` (dp_replicate x dp_shard) is skipped: in HSDP it only splits the batch;
     its gradient traffic runs on dp_shard and dp_replicate, checked on their own."""
@@ -102,18 +128,18 @@ def _rail_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> 
         return []
     row, r = _witness(loc, bad, ex)
     rails = sorted({int(x) for x in p.rail[loc.groups[row]]})
-    when = ("every layer's all-gather and reduce-scatter" if axis in SHARD_AXES
-            else "every step's gradient all-reduce")
+    when = shard_traffic(training)[1] if axis in SHARD_AXES else "every step's gradient all-reduce"
     return [Flag(axis, "warn",
                  f"{axis} group of rank {r} = {_fmt_group(loc.groups[row])} uses rails "
-                 f"{{{','.join(map(str, rails))}}}: {when} crosses rails ({int(bad.sum())} of "
-                 f"{loc.n_groups} groups); place members on the same local GPU indices on every node")]
+                 f"{{{','.join(map(str, rails))}}}: {int(bad.sum())} of {loc.n_groups} groups cross rails on "
+                 f"{when}; place members on the same local GPU indices on every node")]
 
 
-def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> list[Flag]:
+def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex,
+                 training: Optional[TrainingSpec]) -> list[Flag]:
     """A shard group (dp_shard, fsdp) that leaves the NVLink domain although it and the
     per-layer axes outside it fit in one domain: the axis order, not capacity, put it there
-    (C3's swapped HSDP). Fault."""
+    (C3's swapped HSDP). Fault, naming the collectives that cross (:func:`shard_traffic`)."""
     if axis not in ("dp_shard", "fsdp") or loc.max_domains == 1:
         return []
     inside = mesh.axes_of(axis)
@@ -127,12 +153,13 @@ def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) ->
     inner = [a for a in names[start:] if a not in inside and a not in _DENSE_PER_LAYER]
     row, r = _witness(loc, loc.domains > 1, ex)
     return [Flag(axis, "fault",
-                 f"{axis}({r}) = {_fmt_group(loc.groups[row])} crosses {many} on every layer's all-gather; "
+                 f"{axis}({r}) = {_fmt_group(loc.groups[row])} crosses {many} on {shard_traffic(training)[0]}; "
                  f"{expr} fits in one {p.domain_gpus}-GPU {one}: move {', '.join(inner) or 'the inner axes'} "
                  f"outside {axis}")]
 
 
-def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int] = None) -> list[Flag]:
+def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int] = None,
+                    training: Optional[TrainingSpec] = None) -> list[Flag]:
     """Placement findings for every axis of ``mesh`` (seed: "Map logical groups to physical
     domains"), in ``mesh.all_axes()`` order.
 
@@ -145,6 +172,8 @@ def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int
     - pp leaving the node: info (the usual axis to cross nodes).
 
     ``example_rank``: name the offending group holding this rank when there is one.
+    ``training``: the contract whose sharding says what the shard groups send (every layer's
+    all-gather under zero3, once per step under zero1/zero2: :func:`shard_traffic`).
     Raises ConfigError if the mesh and placement have different world sizes.
     """
     flags: list[Flag] = []
@@ -153,8 +182,8 @@ def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int
         if axis in PER_LAYER_AXES:
             flags += _per_layer_flags(axis, loc, mesh, placement, example_rank)
         if axis in DATA_AXES:
-            flags += _shard_flags(axis, loc, mesh, placement, example_rank)
-            flags += _rail_flags(axis, loc, mesh, placement, example_rank)
+            flags += _shard_flags(axis, loc, mesh, placement, example_rank, training)
+            flags += _rail_flags(axis, loc, mesh, placement, example_rank, training)
         if axis == "pp" and loc.max_domains > 1:
             flags.append(Flag(axis, "info", f"pp groups span {loc.max_domains} {many}: stage-to-stage "
                                             f"sends (once per microbatch) cross the network, as expected"))

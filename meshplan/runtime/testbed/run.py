@@ -31,12 +31,14 @@ from meshplan.runtime.testbed.nics import bind_shim, local_nic, node_env
 from meshplan.spec.cluster import ClusterSpec, NetworkTier, NICSpec
 
 
-def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
-    """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
+def testbed_cluster(prefix: str, world: int, option: str = "--worlds") -> tuple[ClusterSpec, str]:
+    """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring); a world
+    the testbed's nodes do not divide is a ConfigError naming ``option``, the command's option
+    that gave it (validate's ``--worlds``, validate-slice's ``--world``)."""
 
     tb = require_testbed(prefix)
     if world % tb.nodes:
-        raise ConfigError("--worlds", f"world {world} is not a multiple of the testbed's {tb.nodes} nodes")
+        raise ConfigError(option, f"world {world} is not a multiple of the testbed's {tb.nodes} nodes")
     per_node = world // tb.nodes
     base, why = cpu_cluster(world)
     nics = [NICSpec(name=tb.ifname(k), ifname=tb.ifname(k), rate_gbit_per_s=tb.rate_mbit / 1000, rail=k, socket=0,

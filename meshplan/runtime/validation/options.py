@@ -42,6 +42,7 @@ class Options:
     rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
     local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
     checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
+    world_option: str = "--worlds"  # the CLI option that gave `worlds`, named in errors (validate-slice: --world)
 
     @property
     def rendezvous(self) -> Optional[Rendezvous]:
@@ -71,5 +72,5 @@ def check_hosts(opt: Options) -> None:
         raise ConfigError("--testbed", "runs every node itself; give either --testbed or --nnodes/--rdzv-endpoint")
     for w in opt.worlds:
         if w % opt.nnodes:
-            raise ConfigError("--worlds", f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
+            raise ConfigError(opt.world_option, f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
                               "processes per host)")

@@ -29,9 +29,11 @@ DATA_AXES = ("dp_replicate", "dp", "dp_shard")
 FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32")
 
 
-def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
+def scale_mesh(spec: MeshSpec, base_world: int, world: int, option: str = "--worlds") -> tuple[MeshSpec, str]:
     """``spec`` re-sized to ``world`` ranks through its outermost data axis (see
     :mod:`meshplan.runtime.validation.validate`); returns the new spec and the derivation line.
+    A world the other axes do not divide is a ConfigError naming ``option``, the command's
+    option that gave it (validate's ``--worlds``, validate-slice's ``--world``).
 
     >>> s, why = scale_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), 64, 16)
     >>> s.shape, why
@@ -51,23 +53,24 @@ def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, s
     rest = [f"{n} {d}" for j, (n, d) in enumerate(zip(names, shape)) if j != i and d > 1] or ["1"]
     others = prod(d for j, d in enumerate(shape) if j != i)
     if world % others:
-        raise ConfigError("--worlds", f"world {world} is not a multiple of {' * '.join(rest)} = {others}; the "
+        raise ConfigError(option, f"world {world} is not a multiple of {' * '.join(rest)} = {others}; the "
                           f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
     why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
     shape[i] = world // others
-    _check_expert_block(mesh, names, shape, i, world)
+    _check_expert_block(mesh, names, shape, i, world, option)
     if mesh.ep * mesh.etp > 1:
         names, shape = names + ["ep", "etp"], shape + [mesh.ep, mesh.etp]
     upd = spec.model_dump(exclude={"names", "shape", "order", "degrees", "world", "rank_to_gpu"})
     return MeshSpec(names=names, shape=shape, world=world, **upd), why
 
 
-def _check_expert_block(mesh: Mesh, names: list[str], shape: list[int], i: int, world: int) -> None:
-    """ConfigError naming ``--worlds`` where the dense block at ``world`` (``shape``, the data axis
-    ``names[i]`` re-sized) does not hold the config's ep x etp, which validate keeps (the expert
-    all-to-all as planned): the rule of :func:`meshplan.mesh.resolve.resolve_mesh`,
-    (dp_shard * cp * tp) % (ep * etp) == 0, with the smallest world that meets it: the data axis
-    a multiple of ep x etp / gcd(ep x etp, the rest of the block), the other axes unchanged.
+def _check_expert_block(mesh: Mesh, names: list[str], shape: list[int], i: int, world: int, option: str) -> None:
+    """ConfigError naming ``option`` (the command's world option) where the dense block at
+    ``world`` (``shape``, the data axis ``names[i]`` re-sized) does not hold the config's
+    ep x etp, which validate keeps (the expert all-to-all as planned): the rule of
+    :func:`meshplan.mesh.resolve.resolve_mesh`, (dp_shard * cp * tp) % (ep * etp) == 0, with
+    the smallest world that meets it: the data axis a multiple of ep x etp / gcd(ep x etp, the
+    rest of the block), the other axes unchanged.
 
     pp 2 x dp_shard 64 x ep 64 at world 4: dp_shard 2 does not hold ep 64; dp_shard 64, world 128.
     """
@@ -78,10 +81,10 @@ def _check_expert_block(mesh: Mesh, names: list[str], shape: list[int], i: int, 
     rest = dense.block_size // shape[i]  # the block's other axes (cp, tp); the data axis is in it
     least = experts // gcd(experts, rest)
     smallest = world // shape[i] * least
-    raise ConfigError("--worlds", f"world {world} makes {dense.block_expr} = {dense.block_size}, which ep {mesh.ep} x "
+    raise ConfigError(option, f"world {world} makes {dense.block_expr} = {dense.block_size}, which ep {mesh.ep} x "
                       f"etp {mesh.etp} = {experts} does not divide (rule: (dp_shard * cp * tp) % (ep * etp) == 0); "
                       f"validate keeps ep and etp at the config's degrees and re-sizes only the data axis {names[i]}: "
-                      f"the smallest world that holds ep {mesh.ep} is --worlds {smallest} ({names[i]} {least}), or a "
+                      f"the smallest world that holds ep {mesh.ep} is {option} {smallest} ({names[i]} {least}), or a "
                       f"multiple of it")
 
 
@@ -112,7 +115,7 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     div = opt.hidden_div or auto_hidden_div(m.hidden, head, m.ffn)
     scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
     spec = config_mesh(config)
-    mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world)
+    mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world, opt.world_option)
     mesh = resolve_mesh(mesh_spec, world)
     if isinstance(mesh, Infeasible):
         raise ConfigError("mesh", "; ".join(mesh.reasons))
@@ -122,7 +125,7 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
                                "global_batch": mb * mesh.dp * micro, "recompute": recompute})
     if opt.testbed:
-        cluster, hw_why = testbed_cluster(opt.testbed, world)
+        cluster, hw_why = testbed_cluster(opt.testbed, world, opt.world_option)
     else:
         cluster, hw_why = cpu_cluster(world)
     from meshplan.runtime.validation.memcheck import TORCH_CPU_MEMORY

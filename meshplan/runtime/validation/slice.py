@@ -226,9 +226,10 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
 
     opt = opt or Options(**SLICE_DEFAULTS)  # NIC bytes: the steps' (and the probe's) traffic only; the common
-    opt = replace(opt, testbed=testbed, curves=False, micro_batches=opt.micro_batches or 1)  # batch's base: 1
+    opt = replace(opt, testbed=testbed, curves=False, micro_batches=opt.micro_batches or 1,  # batch's base: 1
+                  world_option="--world")  # errors name validate-slice's option, not validate's --worlds
     if len(opt.worlds) != 1:
-        raise ConfigError("--world", f"a slice runs every mesh at one world size, got {list(opt.worlds)}")
+        raise ConfigError(opt.world_option, f"a slice runs every mesh at one world size, got {list(opt.worlds)}")
     world = opt.worlds[0]
     if len(configs) < 2:
         raise ConfigError("CONFIG", "give at least two configs: a slice compares meshes")

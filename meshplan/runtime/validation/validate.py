@@ -228,7 +228,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     (exit code, per-world results). The folder is built under a temporary name and renamed
     to ``out`` at the end: an interrupted run (Ctrl-C, SIGTERM) leaves no partial folder."""
     if not opt.worlds or any(w < 1 for w in opt.worlds):
-        raise ConfigError("--worlds", f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
+        raise ConfigError(opt.world_option, f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
     if opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
     check_hosts(opt)
