@@ -113,6 +113,7 @@ def split_ac_lines(r: SearchResult) -> list[str]:
         return []
     e = r.top[0]
     cc = candidate_config(r.config, c, e.index)
+    assert cc.mesh is not None  # a candidate's config always carries its mesh
     head = split_backward_ac_head(cc.training, cc.mesh.pp_schedule, int(c.pp[e.index]))
     first = next(((k, x) for k, x in enumerate(r.top, 1) if not split(x)), None)
     tail = (f"; row {first[0]} is the first row shown without it ({c.label(first[1].index)}: step "
