@@ -91,8 +91,9 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     src = out.pop("attention_from", None)
     if src is not None:  # that GPU's rows, then this one's own (measured here), this one's prefer first
         base, own = copy.deepcopy(data["gpu"][src]["attention"]), out.get("attention", {})
-        out["attention"] = {"prefer": own.get("prefer", base.get("prefer", [])),
-                            "rows": base.get("rows", []) + own.get("rows", [])}
+        prefer = own.get("prefer", base.get("prefer"))  # neither: every kernel, sorted (measured.kernel_data)
+        out["attention"] = {"rows": base.get("rows", []) + own.get("rows", []),
+                            **({} if prefer is None else {"prefer": prefer})}
     src = out.pop("norm_from", None)
     if src is not None:
         out.update({k: copy.deepcopy(data["gpu"][src][k]) for k in ("norm_rows", "norm_hidden", "norm_ms")})
