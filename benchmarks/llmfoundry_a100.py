@@ -299,6 +299,11 @@ def what_ifs(results: list[Result]) -> list[str]:
     return out
 
 
+def mean_abs_error(results: list[Result]) -> float:
+    """Mean |predicted / published - 1| over ``results``."""
+    return sum(abs(x.err) for x in results) / len(results)
+
+
 def on_80gb(results: list[Result], before: list[Result]) -> list[str]:
     """The 40 GB rows on :data:`NODE_40GB` (the table) against the same rows planned on the 80 GB
     part (:data:`NODE`, the approximation before the catalog held the 40 GB part): per row the
@@ -313,13 +318,12 @@ def on_80gb(results: list[Result], before: list[Result]) -> list[str]:
         out.append(f"{a.row.id}: error {b.err:+.1%} -> {a.err:+.1%} (step {b.step_ms:.0f} -> {a.step_ms:.0f} ms, "
                    f"memory-bound {b.kinds_ms['memory-bound']:.0f} -> {a.kinds_ms['memory-bound']:.0f} ms, "
                    f"peak {a.peak_gib:.1f} GiB {'fits' if a.fits else 'over'} 40 GB)")
-    mean = lambda xs: sum(abs(x.err) for x in xs) / len(xs)  # noqa: E731
-    out.append(f"mean |error| of these {len(pairs)} rows {mean([b for b, _ in pairs]):.1%} -> "
-               f"{mean([a for _, a in pairs]):.1%}")
+    out.append(f"mean |error| of these {len(pairs)} rows {mean_abs_error([b for b, _ in pairs]):.1%} -> "
+               f"{mean_abs_error([a for _, a in pairs]):.1%}")
     was = {b.row.id: b for b, _ in pairs}
     every = [x for x in results if not x.error]
-    out.append(f"mean |error| of all {len(every)} rows {mean([was.get(x.row.id, x) for x in every]):.1%} -> "
-               f"{mean(every):.1%}")
+    out.append(f"mean |error| of all {len(every)} rows {mean_abs_error([was.get(x.row.id, x) for x in every]):.1%} -> "
+               f"{mean_abs_error(every):.1%}")
     return out
 
 
