@@ -28,7 +28,8 @@ column: ``DEFAULT`` (Composer: param_dtype bf16, reduce_dtype fp32) or ``PURE`` 
 bf16); the sharded flat parameters stay fp32 in both (the model is built in fp32).
 
 meshplan: ``meshplan step`` of each row's TOML (:func:`toml_of`, model by fields, catalog node
-``dgx-a100``: 8 A100-SXM 80GB, NVLink3, 8 x 200 Gb/s NICs = 1600 Gb/s a node). Approximations,
+``dgx-a100``: 8 A100-SXM 80GB, NVLink3, 8 x 200 Gb/s NICs = 1600 Gb/s a node; the 40GB rows on
+``dgx-a100-40gb``, DGX A100 320GB: the same with 8 A100-SXM 40GB). Approximations,
 every one printed by the script (:data:`APPROXIMATIONS`). Per row: tokens/s per GPU predicted
 and published, error = predicted / published - 1, meshplan's MFU (its own FLOP count: causal half
 attention, no embedding GEMM) beside the README's MFU, the step's parts on stage 0, and the
@@ -36,33 +37,37 @@ stage-0 kernels by kind (ms per step, every micro-batch): GEMM, attention, memor
 optimizer step, FSDP2's copies and the rest (exposed fsdp, SM sharing).
 
 **What it gives** (12 rows, 8-128 GPUs): every row but one predicted faster than published, mean
-|error| 9.6%, max +17.4% (70B on 128 A100 40GB; +14.3% for 70B on 32 A100 80GB, the largest of the
+|error| 8.9%, max +15.7% (70B on 128 A100 40GB; +14.3% for 70B on 32 A100 80GB, the largest of the
 80 GB rows); 30B on 8 GPUs -1.4%, 13B at seq 4096 +1.2%. The README's MFU of the predicted rates is
 54-71% against the published 49-64%. The checks that hold the rows to the README (NumParams equals
 meshplan's parameter count of each model by fields; the MFU formula gives each row's MFU) are in
 tests/test_llmfoundry_bench.py.
 
 **Where the error sits** (the step's parts and kernels printed per row). The predicted step is
-78-92% GEMM, 3-11% attention, 3-6% memory-bound kernels; exposed FSDP is under 0.6% of the step
+78-92% GEMM, 3-11% attention, 3-8% memory-bound kernels; exposed FSDP is under 0.6% of the step
 on every row, 0.07-0.23% on the multi-node ones (70B at 32 GPUs: a layer's 1.61 GB bf16
 all-gather takes 8.4 ms on the dgx-a100 ring curve, busbw 185 GB/s, against about 30 ms of
 forward a layer at micro-batch 2), and the optimizer under 1%. Were every other part as
-predicted, the published steps imply GEMMs at 212-233 TFLOP/s (68-75% of the 312 peak) on
+predicted, the published steps imply GEMMs at 214-233 TFLOP/s (69-75% of the 312 peak) on
 the rows with the larger errors, where meshplan's catalog rates give 242-252 (from cuBLASLt
 fp16 points measured under CUDA 12.5 with random operands, Azure ND A100 v4, ceiling the MAMF
 271.2 TFLOP/s; the runs used torch 2.1 with CUDA 12.1). The error does not follow the FSDP
-traffic: 7B at 64 and 128 GPUs err alike (+12.1%, +13.4%) though the ring doubles, and 70B errs
+traffic: 7B at 64 and 128 GPUs err alike (+10.2%, +11.5%) though the ring doubles, and 70B errs
 less at 64 GPUs with micro-batch 8 (+9.3%) than at 32 with micro-batch 2 (+14.3%). So the gap is carried by the compute (the GEMMs' rate, or a cost per
 kernel or per FSDP unit that meshplan does not model: FSDP1's hooks, ``limit_all_gathers``'
-rate limiter and Composer's loop), not by FSDP's exposed communication or the optimizer. Two
-approximations move the errors either way by 0.3-7 points (printed as what-ifs, not applied):
-FSDP2's copies, which FSDP1 does not make on the compute stream (its fp32 gradient cast under
-DEFAULT runs on its post-backward stream; removing them raises every error), and the 40 GB
-part's slower HBM (lowers the 40 GB rows' errors by about 2 points).
+rate limiter and Composer's loop), not by FSDP's exposed communication or the optimizer. One
+approximation moves the errors by 0.4-7 points (printed as a what-if, not applied): FSDP2's copies,
+which FSDP1 does not make on the compute stream (its fp32 gradient cast under DEFAULT runs on its
+post-backward stream; removing them raises every error). The 40 GB part's slower HBM, a what-if
+while the catalog held only the 80 GB part, is planned now (``dgx-a100-40gb``: 1.36 TB/s measured
+streaming against 1.70, the 80 GB part's GEMM and attention rates): it lowers the 40 GB rows'
+errors by 1.5-1.9 points (mean |error| of those 5 rows 12.7% -> 11.1%, of all 12 rows 9.6% ->
+8.9%), printed row by row against the same rows on ``dgx-a100`` (:func:`on_80gb`).
 
 **Memory.** 30B on 8 A100 80GB at micro-batch 3 with activation checkpointing ran, but meshplan's
 timeline puts its peak at 69.9 GiB, over the 67.1 GiB usable with the default 10% reserve
-(``training.memory_reserve``): the table marks it ``(over 80 GB)``.
+(``training.memory_reserve``): the table marks it ``(over 80 GB)``. The 40 GB rows' peaks, 18-25 GiB,
+fit the 40 GB part's 33.5 GiB usable (36 GB: 90% of 40 GB).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/llmfoundry_a100.py [--only ID] [--write DIR]
 """
@@ -82,6 +87,8 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
 
 NODE = "dgx-a100"
+#: The 40 GB rows' node: DGX A100 320GB, 8 A100-SXM 40GB, the same NVLink3 and NICs as ``NODE``.
+NODE_40GB = "dgx-a100-40gb"
 SOURCE = ("mosaicml/llm-foundry 8c8dd48 scripts/train/benchmarking/README.md (rows of b2a43a1, Oct 2023); "
           "models: scripts/train/yamls/pretrain/mpt-*.yaml at b2a43a1")
 
@@ -121,7 +128,7 @@ ROWS = (
     Row("30b s2048 8g AC", "30b", 2048, 8, 3, 21, True, "DEFAULT", 80, 916, 55.3, 73.74, 29975214080),
     Row("70b s2048 32g AC", "70b", 2048, 32, 2, 16, True, "PURE", 80, 373, 48.56, 64.75, 64862437376),
     Row("70b s2048 64g AC", "70b", 2048, 64, 8, 4, True, "PURE", 80, 410, 53.33, 71.1, 64862437376),
-    # A100 40GB table: the multi-node FSDP rows (planned on the 80 GB part: see APPROXIMATIONS)
+    # A100 40GB table: the multi-node FSDP rows (planned on NODE_40GB)
     Row("7b s2048 64g AC 40GB", "7b", 2048, 64, 18, 1, True, "PURE", 40, 3665, 50.73, 67.64, 6658859008),
     Row("7b s2048 128g AC 40GB", "7b", 2048, 128, 18, 1, True, "PURE", 40, 3623, 50.14, 66.85, 6658859008),
     Row("13b s2048 64g AC 40GB", "13b", 2048, 64, 16, 1, True, "PURE", 40, 1976, 52.04, 69.39, 12853954560),
@@ -142,8 +149,9 @@ APPROXIMATIONS = (
     "(training.optimizer_impl = \"foreach\", eight passes over the fp32 state)",
     "LayerNorm: low_precision_layernorm (bf16 LayerNorm under autocast) as meshplan's fused layernorm",
     "network: RoCE, 1600 Gb/s a node (README) planned on dgx-a100's 8 x 200 Gb/s HDR InfiniBand curves",
-    "40GB rows: planned on the A100-SXM 80GB entry (HBM2e 2.039 TB/s; the 40 GB part has 1.555 TB/s), so "
-    "their memory-bound kernels are timed faster and their peak is judged against 80 GB",
+    "40GB rows: planned on dgx-a100-40gb (A100-SXM 40GB: 1.555 TB/s datasheet, 1.36 TB/s measured streaming, "
+    "peak judged against 40 GB); its GEMM and attention rates and its nccl curves are the 80 GB part's and "
+    "dgx-a100's (not measured on the 40 GB part: the catalog entries say so)",
     "MP mode PURE (the 70B rows of the 80GB table, every 40GB row): their Precision column says 'bf16' "
     "(Composer has no "
     "such precision: read as amp_bf16); reduce in bf16 (training.reduce_dtype = \"bf16\")",
@@ -153,9 +161,15 @@ APPROXIMATIONS = (
 )
 
 
-def toml_of(r: Row) -> str:
+def node_of(r: Row) -> str:
+    """The catalog node of row ``r``: :data:`NODE` for the 80 GB table, :data:`NODE_40GB` for the 40 GB one."""
+    return NODE if r.gb == 80 else NODE_40GB
+
+
+def toml_of(r: Row, node: Optional[str] = None) -> str:
     """The meshplan TOML of row ``r``: MPT by fields, FULL_SHARD over all GPUs
-    (``dp_shard`` = GPUs), global batch = GPUs x micro-batch x accumulation."""
+    (``dp_shard`` = GPUs), global batch = GPUs x micro-batch x accumulation, on ``node``
+    (default :func:`node_of`)."""
     layers, d, heads = MPT[r.size]
     reduce = "fp32" if r.mp == "DEFAULT" else "bf16"
     return "\n".join([
@@ -163,7 +177,7 @@ def toml_of(r: Row) -> str:
         "gated_mlp = false", f"q_heads = {heads}", "vocab = 50368", "tied_embeddings = true",
         'norm = "layernorm"', "linear_bias = true", 'position_embedding = "learned"', f"max_position = {r.seq_len}",
         f'source = "{SOURCE}"', "",
-        "[cluster]", f'system = "{NODE}"', f"nodes = {r.gpus // 8}", "",
+        "[cluster]", f'system = "{node or node_of(r)}"', f"nodes = {r.gpus // 8}", "",
         "[training]", f"global_batch = {r.gpus * r.micro_batch * r.accum}", f"seq_len = {r.seq_len}",
         f"micro_batch = {r.micro_batch}", 'sharding = "zero3"', 'param_dtype = "fp32"', 'compute_dtype = "bf16"',
         'grad_dtype = "fp32"', f'reduce_dtype = "{reduce}"', f'recompute = "{"full" if r.ac else "none"}"',
@@ -213,20 +227,21 @@ def kinds_ms(plan, st) -> tuple[dict[str, float], float]:
     return {k: v * 1e3 for k, v in out.items()}, gemm_flops
 
 
-def predict(r: Row, folder: Path) -> Result:
-    """Write the row's TOML in ``folder``, plan it and run meshplan's step model on it."""
-    path = folder / (r.id.replace(" ", "_") + ".toml")
-    path.write_text(toml_of(r))
+def predict(r: Row, folder: Path, node: Optional[str] = None) -> Result:
+    """Write the row's TOML in ``folder``, plan it on ``node`` (default :func:`node_of`) and run
+    meshplan's step model on it."""
+    path = folder / (r.id.replace(" ", "_") + (f"_{node}" if node else "") + ".toml")
+    path.write_text(toml_of(r, node))
     try:
         plan = build_plan(load_config(path))
         st = step_time(plan)
     except ConfigError as e:
         return Result(r, error=str(e))
-    tl = plan.timeline  # the 40 GB rows' peak against the 40 GB part's usable bytes
+    tl = plan.timeline  # the peak against the node's own GPU's usable bytes
     kinds, gemm_flops = kinds_ms(plan, st)
     return Result(r, st.tokens_per_s / st.world, st.mfu, st.hfu, st.step_s * 1e3,
                   {k: v * 1e3 for k, v in st.parts_s().items()}, kinds, gemm_flops,
-                  fits=tl.peak.total_bytes <= tl.usable_bytes * r.gb / 80, peak_gib=tl.peak.total_bytes / 2**30)
+                  fits=tl.peak.total_bytes <= tl.usable_bytes, peak_gib=tl.peak.total_bytes / 2**30)
 
 
 def table(results: list[Result]) -> list[str]:
@@ -271,26 +286,44 @@ def shares(results: list[Result]) -> list[str]:
     return out
 
 
-#: A100 40GB SXM HBM2 bandwidth, GB/s (NVIDIA A100 Tensor Core GPU datasheet: 1,555 GB/s for the
-#: 40 GB part, 2,039 GB/s for the 80 GB part the catalog holds).
-HBM_40GB_GB_PER_S = 1555.0
-
-
 def what_ifs(results: list[Result]) -> list[str]:
-    """Two printed what-ifs per row, neither applied to the table: the step without FSDP2's
-    copies (FSDP1's flat parameters need none) and, on the 40 GB rows, the memory-bound kernels,
-    optimizer and copies at the 40 GB part's bandwidth (x 2039 / 1555, the datasheets' ratio)."""
+    """A printed what-if per row, not applied to the table: the step without FSDP2's copies
+    (FSDP1's flat parameters need none)."""
     out = []
     for x in results:
         if x.error:
             continue
         r, k = x.row, x.kinds_ms
         pub = r.micro_batch * r.accum * r.seq_len / r.published_tps * 1e3
-        line = f"{r.id}: without FSDP2 copies error {pub / (x.step_ms - k['FSDP2 copies']) - 1:+.1%}"
-        if r.gb == 40:
-            slow = (k["memory-bound"] + k["optimizer"] + k["FSDP2 copies"]) * (2039.0 / HBM_40GB_GB_PER_S - 1)
-            line += f"; at the 40 GB part's HBM +{slow:.0f} ms a step, error {pub / (x.step_ms + slow) - 1:+.1%}"
-        out.append(line)
+        out.append(f"{r.id}: without FSDP2 copies error {pub / (x.step_ms - k['FSDP2 copies']) - 1:+.1%}")
+    return out
+
+
+def mean_abs_error(results: list[Result]) -> float:
+    """Mean |predicted / published - 1| over ``results``."""
+    return sum(abs(x.err) for x in results) / len(results)
+
+
+def on_80gb(results: list[Result], before: list[Result]) -> list[str]:
+    """The 40 GB rows on :data:`NODE_40GB` (the table) against the same rows planned on the 80 GB
+    part (:data:`NODE`, the approximation before the catalog held the 40 GB part): per row the
+    error and step on each, then the mean |error| of those rows and of every row, both ways. A
+    diagnostic: whatever the direction, nothing is tuned to it."""
+    now = {x.row.id: x for x in results if not x.error}
+    pairs = [(b, now[b.row.id]) for b in before if not b.error and b.row.id in now]
+    if not pairs:
+        return []
+    out = [f"40GB rows on {NODE_40GB} against {NODE} (the 80 GB part, as planned before):"]
+    for b, a in pairs:
+        out.append(f"{a.row.id}: error {b.err:+.1%} -> {a.err:+.1%} (step {b.step_ms:.0f} -> {a.step_ms:.0f} ms, "
+                   f"memory-bound {b.kinds_ms['memory-bound']:.0f} -> {a.kinds_ms['memory-bound']:.0f} ms, "
+                   f"peak {a.peak_gib:.1f} GiB {'fits' if a.fits else 'over'} 40 GB)")
+    out.append(f"mean |error| of these {len(pairs)} rows {mean_abs_error([b for b, _ in pairs]):.1%} -> "
+               f"{mean_abs_error([a for _, a in pairs]):.1%}")
+    was = {b.row.id: b for b, _ in pairs}
+    every = [x for x in results if not x.error]
+    out.append(f"mean |error| of all {len(every)} rows {mean_abs_error([was.get(x.row.id, x) for x in every]):.1%} -> "
+               f"{mean_abs_error(every):.1%}")
     return out
 
 
@@ -306,7 +339,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         folder = Path(a.write or tmp)
         folder.mkdir(parents=True, exist_ok=True)
         results = [predict(r, folder) for r in rows]
-    print(f"LLM Foundry MPT A100 FSDP runs planned on catalog {NODE}: not the dev set")
+        before = [predict(r, folder, NODE) for r in rows if node_of(r) != NODE]
+    print(f"LLM Foundry MPT A100 FSDP runs planned on catalog {NODE} (80GB rows) and {NODE_40GB} (40GB rows): "
+          "not the dev set")
     print(f"source: {SOURCE}")
     print("\n".join(table(results)))
     errs = [abs(x.err) for x in results if not x.error]
@@ -315,6 +350,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"mean |error| {sum(errs) / len(errs):.1%}, max {abs(worst.err):.1%} ({worst.row.id}) "
               f"over {len(errs)} row{'s' if len(errs) > 1 else ''}")
     print("\n".join(shares(results)))
+    print("\n".join(on_80gb(results, before)))
     print("what-ifs (not applied above):")
     print("\n".join(what_ifs(results)))
     print("approximations (what they ran that meshplan's knobs do not express exactly):")

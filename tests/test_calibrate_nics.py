@@ -123,7 +123,7 @@ def test_the_line_rate_warning_compares_the_per_nic_figure(tmp_path, capsys):
      "each host's ranks drove"),
     (8, 1, ["--nics-per-host", "2"], "error: --nics-per-host: 2 NICs per host, but x.txt ran 1 rank per host and a "
      "rank drives one NIC; give 1, or leave it out for one NIC per rank"),
-    (2, 8, ["--system", "dgx-h999"], "error: --system: unknown node 'dgx-h999'; known: dgx-a100, dgx-b200, "
+    (2, 8, ["--system", "dgx-h999"], "error: --system: unknown node 'dgx-h999'; known: dgx-a100, dgx-a100-40gb, dgx-b200, "
      "dgx-h100, dgx-h200, gb200-nvl72-tray, grand-teton-h100, hgx-h800, mi300x-azure-nd-v5, seed-8x8-2nic"),
 ])
 def test_a_bad_nic_count_is_one_line(tmp_path, capsys, hosts, per_host, opts, line):

@@ -53,7 +53,7 @@ CASES = [
     (with_("cluster.system", "dgx-z"), "cluster.system", "unknown node 'dgx-z'; known: dgx-a100"),
     (with_("cluster.nodes", None), "cluster.nodes", "required with system"),
     (with_("cluster.nodes", 0), "cluster.nodes", "must be a whole number of nodes, at least 1; got 0"),
-    (with_("cluster.gpu", "h900"), "cluster.gpu", "unknown gpu 'h900'; known: a100-sxm-80gb"),
+    (with_("cluster.gpu", "h900"), "cluster.gpu", "unknown gpu 'h900'; known: a100-sxm-40gb, a100-sxm-80gb"),
     (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
     (with_("mesh.shape", None), "mesh", "names and shape must both be given"),

@@ -26,7 +26,7 @@ def test_unknown_cluster_names_the_option_and_the_closest_node(capsys):
     assert capsys.readouterr().err == f"error: --cluster: unknown node 'dgx-h999'; known: {NODES}\n"
     assert run_main("plan", TT, "--cluster", "dgx-h100", "--nodes", "1", "--gpu", "h100-sxm5-80g") == 2
     assert capsys.readouterr().err.startswith("error: --gpu: unknown gpu 'h100-sxm5-80g'; did you mean "
-                                              "'h100-sxm5-80gb'? known: a100-sxm-80gb, ")
+                                              "'h100-sxm5-80gb'? known: a100-sxm-40gb, a100-sxm-80gb, ")
 
 
 def test_unknown_cluster_in_another_case_or_a_part_of_names_is_guessed(capsys):

@@ -72,3 +72,14 @@ def test_script_runs_on_one_row(capsys):
     assert f"mean |error| {abs(predicted / 4641 - 1):.1%}" in out
     assert "7b s2048 8g: published step 5295 ms" in out
     assert "FSDP1 (torch 2.1, FlatParameter per MPTBlock) planned as FSDP2" in out
+
+
+def test_40gb_rows_are_planned_on_the_40gb_node():
+    """The A100 40GB table's rows run on ``dgx-a100-40gb`` (8 A100-SXM 40GB), the 80GB table's on
+    ``dgx-a100``; ``toml_of(row, node)`` plans a row on another node (the before/after lines)."""
+    b = _bench()
+    for r in b.ROWS:
+        node = "dgx-a100" if r.gb == 80 else "dgx-a100-40gb"
+        assert f'system = "{node}"' in b.toml_of(r), r.id
+    r40 = next(r for r in b.ROWS if r.gb == 40)
+    assert 'system = "dgx-a100"' in b.toml_of(r40, "dgx-a100")

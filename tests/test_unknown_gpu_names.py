@@ -3,8 +3,10 @@
 GPU (Hopper, 96 GB HBM3, compute cut for export to China), so the error names the field, says
 what the H20 is, names no node as its spelling, lists the nodes with their GPUs and how to
 describe one inline in [cluster] (README, "Input"). A memory or form factor none holds
-(``a100-40gb``: the catalog's A100 has 80 GB) is another GPU too; a typo of the same GPU
-(``dgx-h10O``, an O for a 0) is still guessed."""
+(``a100-24gb``: the catalog's A100s have 40 and 80 GB) is another GPU too; a memory spelled
+``40g`` or ``40G`` is read as 40 GB, so ``dgx-a100-40g`` is guessed as the 40 GB node and
+``dgx-a100-80g`` as the 80 GB one; a typo of the same GPU (``dgx-h10O``, an O for a 0) is still
+guessed."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from tests.cli_run import run_main
 
 TT = Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3-8b_8xh100.toml"
 NODES = ", ".join(catalog.names("node"))
-NODE_GPUS = ("dgx-a100 (a100-sxm-80gb), dgx-b200 (b200-sxm-180gb), dgx-h100 (h100-sxm5-80gb), dgx-h200 "
+NODE_GPUS = ("dgx-a100 (a100-sxm-80gb), dgx-a100-40gb (a100-sxm-40gb), dgx-b200 (b200-sxm-180gb), dgx-h100 (h100-sxm5-80gb), dgx-h200 "
              "(h200-sxm-141gb), gb200-nvl72-tray (b200-gb200-186gb), grand-teton-h100 (h100-hbm2e-96gb-500w), "
              "hgx-h800 (h800-sxm-80gb), mi300x-azure-nd-v5 (mi300x-oam-192gb), seed-8x8-2nic (h100-sxm5-80gb)")
 HOW = ("describe yours in the config: [cluster] gpu = {...} and node = {...}, or a catalog system with gpu = {...} "
@@ -53,18 +55,36 @@ def test_an_h20_gpu_is_not_guessed_as_h200():
         "(README, \"Input\")")
 
 
-@pytest.mark.parametrize("typed", ["a100-40gb", "dgx-a100-40gb"])
-def test_an_a100_of_other_memory_is_not_guessed_as_the_80gb_node(typed):
-    # dgx-a100 holds a100-sxm-80gb: 40 GB is another part (difflib alone guessed dgx-a100 for dgx-a100-40gb)
-    assert _message("node", typed) == (f"unknown node '{typed}'; no catalog node holds GPU 'a100-40gb' ('dgx-a100' "
+@pytest.mark.parametrize("typed,nearest", [("a100-24gb", "dgx-a100"), ("dgx-a100-24gb", "dgx-a100-40gb"),
+                                           ("dgx-a100-24g", "dgx-a100-40gb")])
+def test_an_a100_of_other_memory_is_not_guessed_as_an_a100_node(typed, nearest):
+    # dgx-a100 holds a100-sxm-80gb, dgx-a100-40gb a100-sxm-40gb: 24 GB is neither (difflib alone guessed
+    # dgx-a100-40gb for dgx-a100-24gb, one letter away); the nearest name (difflib) is named as another GPU
+    assert _message("node", typed) == (f"unknown node '{typed}'; no catalog node holds GPU 'a100-24gb' ('{nearest}' "
                                        f"is another GPU, not a spelling of it); known: {NODE_GPUS}; {HOW}")
 
 
-def test_pcie_and_other_memory_gpus_are_not_guessed():
-    # a100-sxm-40gb was difflib's a100-sxm-80gb; h100-pcie-80gb is no SXM5 and no 96 GB part
-    assert _message("gpu", "a100-sxm-40gb").startswith(
-        "unknown gpu 'a100-sxm-40gb'; no catalog GPU is an 'a100-sxm-40gb' ('a100-sxm-80gb' is another GPU, not a "
+@pytest.mark.parametrize("typed,guess", [("dgx-a100-40g", "dgx-a100-40gb"), ("dgx-a100-40G", "dgx-a100-40gb"),
+                                         ("dgx-a100-80g", "dgx-a100"), ("dgx-a100-80G", "dgx-a100"),
+                                         ("a100-40gb", "dgx-a100-40gb")])
+def test_a_memory_spelled_g_is_read_as_gb(typed, guess):
+    # 40g is 40 GB: the 40 GB node, never the 80 GB one; 80g is the 80 GB node, not dgx-a100-40gb (difflib
+    # alone guessed dgx-a100-40gb for dgx-a100-80g, the longer common prefix)
+    assert _message("node", typed) == f"unknown node '{typed}'; did you mean '{guess}'? known: {NODES}"
+
+
+def test_a100_gpus_by_memory():
+    # the 40 GB and 80 GB A100 SXM are each guessed only for their own memory, however it is spelled
+    for typed, guess in [("a100-sxm-40g", "a100-sxm-40gb"), ("a100-40G", "a100-sxm-40gb"),
+                         ("a100-sxm-80g", "a100-sxm-80gb")]:
+        assert f"did you mean '{guess}'?" in _message("gpu", typed), typed
+    assert _message("gpu", "a100-sxm-24gb").startswith(
+        "unknown gpu 'a100-sxm-24gb'; no catalog GPU is an 'a100-sxm-24gb' ('a100-sxm-40gb' is another GPU, not a "
         "spelling of it); known: ")
+
+
+def test_pcie_and_other_memory_gpus_are_not_guessed():
+    # h100-pcie-80gb is no SXM5 and no 96 GB part
     assert "did you mean" not in _message("gpu", "h100-pcie-80gb")
     assert _message("node", "h100-pcie") == f"unknown node 'h100-pcie'; known: {NODES}"  # close to none: no guess
 

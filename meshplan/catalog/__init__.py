@@ -58,7 +58,7 @@ def _kernels() -> dict[str, Any]:
 def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     """Measured kernel data of GPU ``gpu_name`` from ``kernels.toml`` (a deep copy), with
     ``gemm_from`` / ``attention_from`` / ``norm_from`` resolved (that GPU's GEMM points per
-    dtype, unless given here, its attention rows with this GPU's own rows added, or its norm times), ``gemm_scale`` applied
+    dtype, unless given here, with its ``bmm_head_dim`` table, its attention rows with this GPU's own rows added, or its norm times), ``gemm_scale`` applied
     (per dtype, a factor on those GEMM rates, the point's source key marked) and the ``host``
     table added; ``None`` when the catalog has no measurements for that GPU (e.g. a
     user-described GPU or the CPU testbed).
@@ -70,6 +70,9 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     (['FA2', 'FA3', 'SDPA'], ['FA3', 'FA2'])
     >>> kernel_data("h100-hbm2e-96gb-500w")["gemm"]["bf16"][0]   # H100 SXM5's S4 point x 0.797
     [1024, 256, 256, 19.128, 'S4 x0.797']
+    >>> d = kernel_data("a100-sxm-40gb")   # the 80 GB part's GEMMs and head-dim ratios, its own bandwidth
+    >>> d["gemm"] == kernel_data("a100-sxm-80gb")["gemm"], d["bmm_head_dim"]["head_dim"], d["stream_tb_per_s"]
+    (True, [64, 80, 96, 128], 1.36)
     >>> kernel_data("cpu-core-fp32") is None
     True
     """
@@ -79,15 +82,18 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
         return None
     out = copy.deepcopy(raw)
     src = out.pop("gemm_from", None)
-    if src is not None:
+    if src is not None:  # its GEMM points, and its batched-GEMM head-dim ratios unless given here
         out["gemm"] = {**copy.deepcopy(data["gpu"][src].get("gemm", {})), **out.get("gemm", {})}
+        if "bmm_head_dim" in data["gpu"][src]:
+            out.setdefault("bmm_head_dim", copy.deepcopy(data["gpu"][src]["bmm_head_dim"]))
     for dt, f in out.pop("gemm_scale", {}).items():  # another GPU's points x a measured ratio (D)
         out["gemm"][dt] = [[m, n, k, rate * f, f"{key} x{f:g}"] for m, n, k, rate, key in out["gemm"][dt]]
     src = out.pop("attention_from", None)
     if src is not None:  # that GPU's rows, then this one's own (measured here), this one's prefer first
         base, own = copy.deepcopy(data["gpu"][src]["attention"]), out.get("attention", {})
-        out["attention"] = {"prefer": own.get("prefer", base.get("prefer", [])),
-                            "rows": base.get("rows", []) + own.get("rows", [])}
+        prefer = own.get("prefer", base.get("prefer"))  # neither: every kernel, sorted (measured.kernel_data)
+        out["attention"] = {"rows": base.get("rows", []) + own.get("rows", []),
+                            **({} if prefer is None else {"prefer": prefer})}
     src = out.pop("norm_from", None)
     if src is not None:
         out.update({k: copy.deepcopy(data["gpu"][src][k]) for k in ("norm_rows", "norm_hidden", "norm_ms")})
@@ -99,7 +105,7 @@ def names(kind: str) -> list[str]:
     """Entry names of one catalog kind: ``"gpu"``, ``"node"``, ``"network"`` or ``"model"``.
 
     >>> names("gpu")
-    ['a100-sxm-80gb', 'b200-gb200-186gb', 'b200-sxm-180gb', 'h100-hbm2e-96gb-500w', 'h100-sxm5-80gb', 'h200-sxm-141gb', 'h800-sxm-80gb', 'mi300x-oam-192gb']
+    ['a100-sxm-40gb', 'a100-sxm-80gb', 'b200-gb200-186gb', 'b200-sxm-180gb', 'h100-hbm2e-96gb-500w', 'h100-sxm5-80gb', 'h200-sxm-141gb', 'h800-sxm-80gb', 'mi300x-oam-192gb']
     """
     return sorted(_entries(kind))
 

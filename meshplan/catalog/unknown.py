@@ -3,7 +3,7 @@
 else how to describe the GPU or node in the config.
 
 What a name says of its GPU (:func:`gpu_variant`): the model (``h100``), the memory
-(``40gb``) and the form factor (``pcie``, ``sxm``, ``nvl``, ``oam``). Two names hold another
+(``40gb``, or ``40g`` as ``dgx-a100-40g`` spells it) and the form factor (``pcie``, ``sxm``, ``nvl``, ``oam``). Two names hold another
 GPU (:func:`other_gpu`) when their models differ other than as a typo (``h800`` against
 ``h100``; ``h10`` and ``h10O`` against ``h100`` are typos), when the typed model is a real GPU
 whose name only looks like a catalog one's (:data:`OTHER_GPUS`: ``h20`` is NVIDIA H20, not a
@@ -19,7 +19,8 @@ from typing import NamedTuple, Optional
 from meshplan.errors import did_you_mean
 
 _GPU_PART = re.compile(r"[a-z]{1,2}[0-9]{2,3}[a-z]?")
-_MEMORY = re.compile(r"([0-9]{2,3})gb")
+#: A memory size part, in GB: ``40gb`` or ``40g`` (any case: names are read lower case).
+_MEMORY = re.compile(r"([0-9]{2,3})gb?")
 #: Form factors a GPU name carries as the start of a part (h100-pcie, a100-sxm4-40gb, h100-nvl, mi300x-oam).
 _FORMS = ("pcie", "sxm", "nvl", "oam")
 #: Letters typed for the digit they look like, read as that digit after a model's first digit (h10O: h100).
@@ -69,12 +70,14 @@ def gpu_part(name: object) -> Optional[str]:
 
 
 def gpu_variant(name: object) -> GPUVariant:
-    """The model, memory (a part ``NNgb``) and form factor (a part starting ``pcie``, ``sxm``,
+    """The model, memory (a part ``NNgb`` or ``NNg``, any case) and form factor (a part starting ``pcie``, ``sxm``,
     ``nvl`` or ``oam``) a catalog-style name holds.
 
     >>> gpu_variant("dgx-a100-40gb"), gpu_variant("h100-pcie"), gpu_variant("h100-sxm5-80gb")
     (GPUVariant(model='a100', memory_gb=40, form=None), GPUVariant(model='h100', memory_gb=None, form='pcie'), \
 GPUVariant(model='h100', memory_gb=80, form='sxm'))
+    >>> [gpu_variant(n).memory_gb for n in ("dgx-a100-40g", "DGX-A100-40G", "dgx-a100-80G", "a100-40GB")]
+    [40, 40, 80, 40]
     """
     if not isinstance(name, str):
         return GPUVariant(None)
