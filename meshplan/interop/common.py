@@ -29,26 +29,25 @@ FORMATS = ("meshplan", "torchtitan", "megatron", "deepspeed")
 
 @dataclass(frozen=True)
 class ImportOptions:
-    """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``);
+    """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``), or a
+    resolved cluster the catalog does not hold (a ``[cluster]`` written inline), which the
+    reader takes whole, ``nodes`` and ``gpu`` then unused: no command-line option gives one,
+    an export's round trip does (:func:`meshplan.interop.foreign.reimport_options`);
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
     replaces the file's, with a note); ``micro_batch``, ``grad_accum``: what the HF Trainer fills a
-    DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`);
-    ``whole_cluster``: a resolved cluster the catalog does not hold (a ``[cluster]`` written
-    inline), which the reader takes whole in place of ``cluster``/``nodes``/``gpu``: no option
-    of the command line sets it, an export's round trip does
-    (:func:`meshplan.interop.foreign.reimport_options`). These numbers are checked here, their one home: a ConfigError naming the option when not a
+    DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`).
+    These numbers are checked here, their one home: a ConfigError naming the option when not a
     whole number >= 1."""
 
-    cluster: Optional[str] = None
+    cluster: Optional[str | ClusterSpec] = None
     nodes: Optional[int] = None
     gpu: Optional[str] = None
     model: Optional[str] = None
     seq_len: Optional[int] = None
     micro_batch: Optional[int] = None
     grad_accum: Optional[int] = None
-    whole_cluster: Optional[ClusterSpec] = None
 
     def __post_init__(self) -> None:
         for name, v in (("--nodes", self.nodes), ("--seq-len", self.seq_len), ("--micro-batch", self.micro_batch),
@@ -155,10 +154,10 @@ def merge_tables(base: dict, top: dict) -> dict:
 def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) -> tuple[dict, int]:
     """([cluster] table, world size) from ``--cluster``/``--nodes`` (``nodes`` from the file,
     e.g. a launch script's ``--nnodes``, when ``--nodes`` is not given). ConfigError naming
-    the option (``--cluster``, ``--gpu``) when the node or GPU is not known. An inline cluster
-    carried whole (``opts.whole_cluster``) is its every field, its own world."""
-    if opts.whole_cluster is not None:
-        return opts.whole_cluster.model_dump(mode="json"), opts.whole_cluster.world
+    the option (``--cluster``, ``--gpu``) when the node or GPU is not known. A resolved cluster
+    (``opts.cluster`` a ClusterSpec: an inline one carried by export) is its every field, its own world."""
+    if isinstance(opts.cluster, ClusterSpec):
+        return opts.cluster.model_dump(mode="json"), opts.cluster.world
     if opts.cluster is None:
         raise ConfigError("--cluster", f"a {fmt} config does not say the cluster; give --cluster NODE --nodes N "
                           f"(catalog nodes: {', '.join(catalog.names('node'))})")

@@ -28,6 +28,7 @@ from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
+from meshplan.spec.cluster import ClusterSpec
 from meshplan.interop import (
     deepspeed,
     deepspeed_auto,
@@ -163,12 +164,12 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
     """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
     and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
     their model, which is what a round trip checks). The cluster by its catalog node (and GPU)
-    where it is that entry unchanged, else whole (``whole_cluster``: a ``[cluster]`` written
-    inline, another fabric, measured links), as :func:`~meshplan.interop.tomlout.cluster_table`
-    writes it; never its node's name looked up in the catalog."""
+    where it is that entry unchanged, else whole (a ``[cluster]`` written inline, another
+    fabric, measured links: :func:`~meshplan.interop.tomlout.cluster_table` writes it out), the
+    ClusterSpec as ``cluster``, never its node's name looked up in the catalog."""
     c, table = cfg.cluster, cluster_table(cfg)
     opts = ImportOptions(cluster=table["system"], nodes=c.nodes, gpu=table.get("gpu")) if "system" in table else \
-        ImportOptions(nodes=c.nodes, whole_cluster=c)
+        ImportOptions(cluster=c, nodes=c.nodes)
     return opts if to != "deepspeed" else replace(opts, model=catalog_model_name(cfg.model),
                                                   seq_len=cfg.training.seq_len)
 
@@ -178,7 +179,7 @@ def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
     (:func:`reimport_options`), a catalog node to start from and this plan's ``[cluster]`` to put
     in the imported TOML, as no option names that cluster."""
     tail = "" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
-    if opts.whole_cluster is None:
+    if not isinstance(opts.cluster, ClusterSpec):
         return (f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "") + tail)
     return (f"import with: meshplan import {to} FILE --cluster NODE --nodes {opts.nodes}{tail} -o plan.toml, then "
