@@ -122,7 +122,7 @@ def test_readme_workstation_exports(workstation, tmp_path, capsys, to):
         assert load_config(out).cluster == cfg.cluster
         return
     assert ("import with: meshplan import " + to + " FILE --cluster NODE --nodes 1") in stdout
-    assert "then replace plan.toml's [cluster] with this plan's (1x box" in stdout
+    assert "then replace plan.toml's [cluster] with this plan's (1x box is not a catalog node:" in stdout
     back = config_from_dict(read_foreign(out, to, reimport_options(cfg, to)).tables)
     assert back.cluster == cfg.cluster
     assert (back.cluster.world, back.cluster.node.name, back.cluster.gpu.peak_flops("bf16")) == (2, "box", 989.4e12)
@@ -138,6 +138,8 @@ def test_fabric_override_round_trip_keeps_its_fabric(a800):
         assert opts.cluster == cfg.cluster
         text, head = export(cfg, to, str(a800))
         assert head[0] == f"meshplan export of {a800} (llama3-8b on 4x dgx-a100)"
+        assert f"import with: meshplan import {to} FILE --cluster dgx-a100 --nodes 4" in head[1]
+        assert "then replace plan.toml's [cluster] with this plan's (4x dgx-a100 differs from the catalog's" in head[1]
         path = a800.with_suffix({"torchtitan": ".tt.toml", "megatron": ".args", "deepspeed": ".json"}[to])
         path.write_text(text)
         back = config_from_dict(read_foreign(path, to, opts).tables)
@@ -169,7 +171,7 @@ def test_deepspeed_import_inline_a100_exports(ds_inline, tmp_path, capsys, to):
     if to == "deepspeed":
         assert json.loads(out.read_text())["steps_per_print"] == 10
     if to != "meshplan":
-        assert "FILE --cluster NODE --nodes 2" in stdout and "(2x a100-4nic is not a catalog node" in stdout
+        assert "FILE --cluster NODE --nodes 2" in stdout and "(2x a100-4nic is not a catalog node:" in stdout
         cfg = load_config(ds_inline)
         back = config_from_dict(read_foreign(out, to, reimport_options(cfg, to)).tables)
         assert back.cluster == cfg.cluster and back.cluster.gpu.hbm_bytes == 40e9

@@ -176,15 +176,17 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
 
 def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
     """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
-    (:func:`reimport_options`), a catalog node to start from and this plan's ``[cluster]`` to put
-    in the imported TOML, as no option names that cluster."""
+    (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
+    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
     tail = "" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
     if not isinstance(opts.cluster, ClusterSpec):
         return (f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "") + tail)
-    return (f"import with: meshplan import {to} FILE --cluster NODE --nodes {opts.nodes}{tail} -o plan.toml, then "
-            f"replace plan.toml's [cluster] with this plan's ({cfg.cluster.nodes}x {cfg.cluster.node.name} is not a "
-            "catalog node unchanged: export --to meshplan writes it)")
+    node = cfg.cluster.node.name
+    known = node in catalog.names("node")
+    return (f"import with: meshplan import {to} FILE --cluster {node if known else 'NODE'} --nodes {opts.nodes}"
+            f"{tail} -o plan.toml, then replace plan.toml's [cluster] with this plan's ({cfg.cluster.nodes}x {node} "
+            + ("differs from the catalog's" if known else "is not a catalog node") + ": export --to meshplan writes it)")
 
 
 #: A config's predicted step in seconds, or None (:func:`export`'s ``step_of``).
