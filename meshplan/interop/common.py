@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Optional
 from meshplan import catalog
 from meshplan.errors import ConfigError
 from meshplan.limits import MAX_WORLD
+from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.model import ModelSpec
 
@@ -28,7 +29,10 @@ FORMATS = ("meshplan", "torchtitan", "megatron", "deepspeed")
 
 @dataclass(frozen=True)
 class ImportOptions:
-    """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``);
+    """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``), or a
+    resolved cluster the catalog does not hold (a ``[cluster]`` written inline), which the
+    reader takes whole, ``nodes`` and ``gpu`` then unused: no command-line option gives one,
+    an export's round trip does (:func:`meshplan.interop.foreign.reimport_options`);
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
@@ -37,7 +41,7 @@ class ImportOptions:
     These numbers are checked here, their one home: a ConfigError naming the option when not a
     whole number >= 1."""
 
-    cluster: Optional[str] = None
+    cluster: Optional[str | ClusterSpec] = None
     nodes: Optional[int] = None
     gpu: Optional[str] = None
     model: Optional[str] = None
@@ -150,7 +154,10 @@ def merge_tables(base: dict, top: dict) -> dict:
 def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) -> tuple[dict, int]:
     """([cluster] table, world size) from ``--cluster``/``--nodes`` (``nodes`` from the file,
     e.g. a launch script's ``--nnodes``, when ``--nodes`` is not given). ConfigError naming
-    the option (``--cluster``, ``--gpu``) when the node or GPU is not known."""
+    the option (``--cluster``, ``--gpu``) when the node or GPU is not known. A resolved cluster
+    (``opts.cluster`` a ClusterSpec: an inline one carried by export) is its every field, its own world."""
+    if isinstance(opts.cluster, ClusterSpec):
+        return opts.cluster.model_dump(mode="json"), opts.cluster.world
     if opts.cluster is None:
         raise ConfigError("--cluster", f"a {fmt} config does not say the cluster; give --cluster NODE --nodes N "
                           f"(catalog nodes: {', '.join(catalog.names('node'))})")

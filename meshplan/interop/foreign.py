@@ -28,6 +28,7 @@ from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
+from meshplan.spec.cluster import ClusterSpec
 from meshplan.interop import (
     deepspeed,
     deepspeed_auto,
@@ -41,7 +42,7 @@ from meshplan.interop import (
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.roundtrip import differences
-from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
+from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
@@ -162,14 +163,30 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
 def reimport_options(cfg: Config, to: str) -> ImportOptions:
     """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
     and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
-    their model, which is what a round trip checks)."""
-    c = cfg.cluster
-    gpu = c.gpu.name if c.node.name in catalog.names("node") and c.gpu.name in catalog.names("gpu") and \
-        catalog.system(c.node.name, 1).gpu.name != c.gpu.name else None
-    if to != "deepspeed":
-        return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu)
-    return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu, model=catalog_model_name(cfg.model),
-                         seq_len=cfg.training.seq_len)
+    their model, which is what a round trip checks). The cluster by its catalog node (and GPU)
+    where it is that entry unchanged, else whole (a ``[cluster]`` written inline, another
+    fabric, measured links: :func:`~meshplan.interop.tomlout.cluster_table` writes it out), the
+    ClusterSpec as ``cluster``, never its node's name looked up in the catalog."""
+    c, table = cfg.cluster, cluster_table(cfg)
+    opts = ImportOptions(cluster=table["system"], nodes=c.nodes, gpu=table.get("gpu")) if "system" in table else \
+        ImportOptions(cluster=c, nodes=c.nodes)
+    return opts if to != "deepspeed" else replace(opts, model=catalog_model_name(cfg.model),
+                                                  seq_len=cfg.training.seq_len)
+
+
+def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
+    """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
+    (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
+    this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
+    tail = "" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
+    if not isinstance(opts.cluster, ClusterSpec):
+        return (f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
+                + (f" --gpu {opts.gpu}" if opts.gpu else "") + tail)
+    node = cfg.cluster.node.name
+    known = node in catalog.names("node")
+    return (f"import with: meshplan import {to} FILE --cluster {node if known else 'NODE'} --nodes {opts.nodes}"
+            f"{tail} -o plan.toml, then replace plan.toml's [cluster] with this plan's ({cfg.cluster.nodes}x {node} "
+            + ("differs from the catalog's" if known else "is not a catalog node") + ": export --to meshplan writes it)")
 
 
 #: A config's predicted step in seconds, or None (:func:`export`'s ``step_of``).
@@ -296,9 +313,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             head.append(f"not carried to {to}: the {label} settings meshplan does not plan: {', '.join(kept)}")
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
-    head.append(f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
-                + (f" --gpu {opts.gpu}" if opts.gpu else "")
-                + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
+    head.append(_import_line(to, opts, cfg))
     if to == "torchtitan":
         tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan_write.write(cfg), [])
