@@ -12,6 +12,7 @@ from dataclasses import replace
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.spec.deepspeed_memory import deepspeed_prefetch_ahead
 from meshplan.spec.mesh import Schedule
 
 
@@ -74,6 +75,25 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         # layers' buckets are placed between those fetches: deepspeed_layer.ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
+
+
+def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
+    """:func:`config_overlap` of ``config``'s training, and under DeepSpeed ZeRO-3
+    (``training.zero3_engine = "deepspeed"`` at sharding zero3, its all-gathers on their own
+    stream) the layers its coordinator prefetches ahead (``Overlap.fsdp_ahead``,
+    :func:`~meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead`) from ``[memory]
+    deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` and a layer's all-gather
+    bytes (the largest forward ``every layer`` all-gather of ``rows``, the plan's collective
+    rows): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
+    its layer, or the embedding or head, needs it)."""
+    overlap = config_overlap(config.training, overlap)
+    ds = config.memory.deepspeed_prefetch_bytes(config.training)
+    if ds is None or not overlap.fsdp_prefetch:
+        return overlap
+    unit = max((r.size_bytes for r in rows if r.phase == "forward" and r.op == "all-gather"
+                and r.cadence == "every layer"), default=0)
+    ahead = deepspeed_prefetch_ahead(ds, int(unit)) if unit else 1.0
+    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead)
 
 
 def megatron_fsdp(training) -> bool:
