@@ -97,3 +97,17 @@ def test_bucket_zero_steps_slower_than_a_prefetching_bucket(tmp_path):
     s0, s1, s_default = (step_time(_plan(tmp_path, b)) for b in (0, 1, None))
     assert s0.exposed_s["fsdp"] > s1.exposed_s["fsdp"] and s0.step_s > s1.step_s
     assert s1.step_s <= s_default.step_s  # the default's coalesced prefetches copy out more (torch.cat)
+
+
+def test_step_names_the_prefetch_it_models(tmp_path, capsys):
+    """``meshplan step`` says which prefetch it modelled: none at bucket 0; at DeepSpeed's default
+    (5e7, max live 1e9) the 58.60 layers max live holds past the one computed (above)."""
+    from tests.cli_run import run_main
+    f = tmp_path / "tiny.toml"
+    f.write_text(TOML)
+    run_main("step", str(f))
+    assert ("note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size 5e7, max live 1e9 elements): 58.60 layers "
+            "gathered past the one computed") in capsys.readouterr().out
+    f.write_text(TOML.replace("[mesh]", "[memory]\ndeepspeed_prefetch_elements = 0\n\n[mesh]"))
+    run_main("step", str(f))
+    assert "note: DeepSpeed ZeRO-3 prefetch: none (stage3_prefetch_bucket_size 0)" in capsys.readouterr().out

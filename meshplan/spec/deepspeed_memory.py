@@ -65,6 +65,15 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
     [0.0, 1.0, 1.0]
     >>> round(deepspeed_prefetch_ahead((10**8, 6 * 10**9), 1_070_098_432), 3)
     4.607
+
+    A max live of 5e8 elements (1e9 B) holds less than that layer: none ahead.
+
+    >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
+    0.0
+
+    The memory timeline still holds a bucket of the next layer per layer fetch
+    (:meth:`~meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), less than this frontier
+    once it runs ahead: its gathered parameters are a lower bound there.
     """
     prefetch, live = prefetch_live
     if prefetch <= 0 or unit_bytes <= 0 or live <= unit_bytes:
