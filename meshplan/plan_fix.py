@@ -2,7 +2,10 @@
 plan`` of an infeasible mesh ends with a ``fix:`` line).
 
 :func:`memory_fix` re-plans a few variants of the config, each one knob of the memory model
-changed (at most :data:`MAX_VARIANTS`, in this order): ``recompute = "full"`` (activations
+changed (at most :data:`MAX_VARIANTS`, in this order): ``grad_accumulation = "sync"`` where it is
+``no_sync`` or ``no_sync_unsharded`` (FSDP2's ``set_requires_gradient_sync(False)`` keeps every
+unit's unsharded gradients, and with ``no_sync_unsharded`` its parameters, across the step's
+micro-batches; sync reduce-scatters them after each), ``recompute = "full"`` (activations
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
 scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
 the data axis) or, already sharded, ``reshard_after_forward = true``, twice the tp degree and
@@ -44,7 +47,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB, counted
 
 #: Variants planned at most (each a whole build_plan: about 0.1-1 s).
-MAX_VARIANTS = 5
+MAX_VARIANTS = 6
 #: Node counts tried at most when nothing fits on the configured nodes, with the configured
 #: global batch; then at most :data:`MAX_GROWN_PLANS` more, doubled and bisected, the global
 #: batch raised past its cap on dp where needed.
@@ -102,6 +105,8 @@ def _variants(plan: Plan) -> list[tuple[str, Config]]:
     """(words, config) of each single-knob variant, in the module docstring's order."""
     cfg, t = plan.config, plan.config.training
     out: list[tuple[str, Config]] = []
+    if t.grad_accumulation != "sync":  # no_sync keeps unsharded gradients (and no_sync_unsharded parameters) a step
+        out.append(("grad_accumulation sync", replace(cfg, training=t.model_copy(update={"grad_accumulation": "sync"}))))
     if t.recompute != "full":
         out.append(("recompute full", replace(cfg, training=t.model_copy(update={"recompute": "full"}))))
     if t.micro_batch > 1:

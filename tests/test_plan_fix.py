@@ -129,3 +129,27 @@ def test_plan_cli_prints_fix_after_the_verdict(capsys):
     assert err[-2].startswith("infeasible: peak 69.7 GiB") and err[-1].startswith("fix: recompute full -> peak 22.0")
     assert run_main("plan", EXAMPLES / "seed-64gpu.toml") == 0
     assert "fix:" not in capsys.readouterr().err
+
+
+def test_no_sync_is_offered_back_to_sync(tmp_path):
+    """Newcomer (zero3knobs item 2): ``grad_accumulation = "no_sync"`` keeps every unit's unsharded
+    gradients through the step and the plan no longer fits; the fix line named every knob but
+    the one that caused it. The seed with no_sync peaks at 71.8 GiB > 67.1 GiB; its
+    ``grad_accumulation sync`` variant is the seed's own file (examples/seed-64gpu.toml, sync by
+    default): 43.3 GiB, listed among those that fit by its step (recompute full keeps no_sync's
+    one reduce-scatter per step and is the faster)."""
+    text = (EXAMPLES / "seed-64gpu.toml").read_text().replace("[training]", '[training]\ngrad_accumulation = "no_sync"')
+    f = tmp_path / "seed-nosync.toml"
+    f.write_text(text)
+    p = plan_file(f)
+    seed = plan_file(EXAMPLES / "seed-64gpu.toml")
+    full = build_plan(replace(p.config, training=p.config.training.model_copy(update={"recompute": "full"})))
+    cp2 = _meshed(p.config, ["dp_shard", "cp", "tp"], [4, 2, 8])
+    assert not p.feasible and seed.feasible and full.feasible and cp2.feasible
+    assert (_gib(p), _gib(seed), _gib(full), _gib(cp2)) == ("71.8 GiB", "43.3 GiB", "47.7 GiB", "59.2 GiB")
+    assert step_time(full).step_s < step_time(seed).step_s < step_time(cp2).step_s
+    assert memory_fix(p) == (f"fix: recompute full -> peak 47.7 GiB (fits; {_step(full)}); grad_accumulation sync -> "
+                             f"peak 43.3 GiB (fits; {_step(seed)}); cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 59.2 GiB "
+                             f"(fits; {_step(cp2)}) (usable 67.1 GiB)")
+    # sync itself offers no such variant
+    assert "grad_accumulation" not in (memory_fix(plan_file(EXAMPLES / "seed-64gpu-tp4.toml")) or "")

@@ -75,8 +75,43 @@ def test_hint_leaves_out_knobs_that_do_not_fit_or_are_not_faster(llama70b):
     for factor in (1.01, 0.997):
         other = {k: Replanned("step", st.step_s * factor, GiB) for k in given}
         line = verdict.exposed_hint(plan, st, lambda u: other[next(iter(u.values()))])[0]
+        step = f"step {st.step_s * factor:.2f} s ({factor - 1:+.1%}), not 1% shorter"
         assert line.endswith(": none of its knobs re-planned fits with a step more than 1% shorter (" +
-                             ", ".join(w for w, _ in KNOBS) + ")")
+                             "; ".join(f"{k}: {step}" for k in ("no_sync", "no_sync_unsharded",
+                                                                 "reshard_after_forward false", "micro_batch 2")) + ")")
+    # each knob's own outcome: its peak where it does not fit, its step where it is not faster, else what it is
+    mixed = {"no_sync": Replanned("does not fit (...)", None, 114.9 * GiB),
+             "no_sync_unsharded": Replanned("step", st.step_s * 0.997, 40 * GiB),
+             False: Replanned("step", st.step_s * 1.2, 40 * GiB), 2: Replanned("infeasible (tp 8 ...)")}
+    line = verdict.exposed_hint(plan, st, lambda u: mixed[next(iter(u.values()))])[0]
+    assert line.endswith(f"(no_sync: peak 114.9 GiB, does not fit; no_sync_unsharded: step {st.step_s * 0.997:.2f} s "
+                         f"(-0.3%), not 1% shorter; reshard_after_forward false: step {st.step_s * 1.2:.2f} s (+20.0%), "
+                         f"not 1% shorter; micro_batch 2: infeasible)")
+
+
+def test_hint_names_each_knobs_peak_where_none_fits(tmp_path):
+    """zero3knobs item 3, on a real config: the trial's job with memory_reserve 0.45 (usable
+    74.5 GiB x 0.55 = 41.0 GiB) still fits (31.0 GiB) with its fsdp at 26.1% of the step, but
+    every knob re-planned peaks over that (no_sync and no_sync_unsharded 62.5 GiB, keeping every
+    unit's unsharded gradients; reshard_after_forward false 46.9 GiB; micro_batch 2 56.8 GiB):
+    the line names each with its own peak."""
+    f = tmp_path / "tight.toml"
+    f.write_text(LLAMA70B.read_text().replace("memory_reserve = 0.10", "memory_reserve = 0.45"))
+    plan = build_plan(load_config(f))
+    st = step_time(plan)
+    assert plan.feasible and f"{plan.timeline.usable_bytes / GiB:.1f}" == "41.0"
+    peaks = {}
+    for words, update in KNOBS:
+        alt = build_plan(replace(plan.config, training=plan.config.training.model_copy(update=update)))
+        assert not alt.feasible
+        peaks[words] = f"{alt.timeline.peak.total_bytes / GiB:.1f}"
+    assert list(peaks.values()) == ["62.5", "62.5", "46.9", "56.8"]
+    lines = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))
+    assert lines == [f"hint: exposed fsdp is 26.1% of the step ({st.exposed_s['fsdp']:.1f} s of {st.step_s:.1f} s; "
+                     "16 micro-batches per step): none of its knobs re-planned fits with a step more than 1% shorter "
+                     "(no_sync: peak 62.5 GiB, does not fit; no_sync_unsharded: peak 62.5 GiB, does not fit; "
+                     "reshard_after_forward false: peak 46.9 GiB, does not fit; micro_batch 2: peak 56.8 GiB, "
+                     "does not fit)"]
 
 
 def test_hint_threshold_is_the_named_share(llama70b, monkeypatch):

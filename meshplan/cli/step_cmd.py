@@ -34,7 +34,7 @@ from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_spill import network_spill, nic_bytes_per_stage, overloaded_stage, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
-from meshplan.schedule.overlap_policy import megatron_reduce_line
+from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_hint import tp_hint
 from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
@@ -177,6 +177,8 @@ def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, sche
         _echo(tp)
     if megatron_reduce_line(p.config.training):
         _echo(megatron_reduce_line(p.config.training))
+    if not no_prefetch and (ds := deepspeed_prefetch_line(p.config, p.stage(0).collectives)):
+        _echo(ds)
     if unscheduled:
         _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
     if overlap_tp and p.mesh.degree("tp") < 2:

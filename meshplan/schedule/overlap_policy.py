@@ -12,6 +12,7 @@ from dataclasses import replace
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.spec.deepspeed_memory import deepspeed_prefetch_ahead
 from meshplan.spec.mesh import Schedule
 
 
@@ -74,6 +75,69 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         # layers' buckets are placed between those fetches: deepspeed_layer.ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
+
+
+def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
+    """:func:`config_overlap` of ``config``'s training, and under DeepSpeed ZeRO-3
+    (``training.zero3_engine = "deepspeed"`` at sharding zero3, its all-gathers on their own
+    stream) the layers its coordinator prefetches ahead (``Overlap.fsdp_ahead``,
+    :func:`~meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead`) from ``[memory]
+    deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` and a layer's all-gather
+    bytes (the largest forward ``every layer`` all-gather of ``rows``, the plan's collective
+    rows): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
+    its layer, or the embedding or head, needs it)."""
+    overlap = config_overlap(config.training, overlap)
+    ds = config.memory.deepspeed_prefetch_bytes(config.training)
+    if ds is None or not overlap.fsdp_prefetch:
+        return overlap
+    unit = _layer_gather_bytes(rows)
+    ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
+    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead)
+
+
+def _layer_gather_bytes(rows) -> int:
+    """A layer's all-gather bytes: the largest forward ``every layer`` all-gather of ``rows`` (0: none)."""
+    return int(max((r.size_bytes for r in rows if r.phase == "forward" and r.op == "all-gather"
+                    and r.cadence == "every layer"), default=0))
+
+
+def _sci(n: int) -> str:
+    """An element count as DeepSpeed's configs write it: ``5e7``, ``1.5e8``.
+
+    >>> _sci(50_000_000), _sci(150_000_000), _sci(1000)
+    ('5e7', '1.5e8', '1e3')
+    """
+    return f"{n:.3g}".replace("e+0", "e").replace("e+", "e")
+
+
+def deepspeed_prefetch_line(config, rows) -> str:
+    """Under DeepSpeed ZeRO-3 with ``overlap_comm`` (:func:`plan_overlap`), one line naming the
+    prefetch the step models from ``[memory] deepspeed_prefetch_elements`` and
+    ``deepspeed_max_live_elements``; empty otherwise.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024, "zero3_engine": "deepspeed"},
+    ...     "memory": {"deepspeed_prefetch_elements": 0}, "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    >>> deepspeed_prefetch_line(cfg, [])[:97]
+    'note: DeepSpeed ZeRO-3 prefetch: none (stage3_prefetch_bucket_size 0): every all-gather is issued'
+    """
+    t, ds = config.training, config.memory.deepspeed_prefetch_bytes(config.training)
+    if ds is None or not t.overlaps_comm:
+        return ""
+    knobs = config.memory.knob_acts
+    bucket, live = knobs("deepspeed_prefetch_elements", t)[1], knobs("deepspeed_max_live_elements", t)[1]
+    if bucket == 0:
+        return ("note: DeepSpeed ZeRO-3 prefetch: none (stage3_prefetch_bucket_size 0): every all-gather is issued "
+                "when its module needs it and the compute waits for it ([memory] deepspeed_prefetch_elements)")
+    unit = _layer_gather_bytes(rows)
+    ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
+    if ahead == 0:
+        return (f"note: DeepSpeed ZeRO-3 prefetch: none (stage3_max_live_parameters {_sci(live)} elements hold no "
+                f"more than the layer computed, {unit:,} B)")
+    return (f"note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size {_sci(bucket)}, max live {_sci(live)} "
+            f"elements): {ahead:.2f} layers gathered past the one computed, up to max live (at least the next "
+            f"layer's gather during this one; meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
 
 
 def megatron_fsdp(training) -> bool:

@@ -49,7 +49,7 @@ frameworks issue them:
 - **EP**: the dispatch all-to-all blocks the expert block; the combine follows it.
 - **FSDP** (zero3/hsdp): the all-gather of the next layer is issued when a layer starts
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
-  needed); a layer's gradient reduce-scatter is issued after its weight gradients and runs
+  needed; ``Overlap.fsdp_ahead`` layers ahead, DeepSpeed ZeRO-3's: :mod:`~meshplan.schedule.layer_prefetch`); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
   all-reduces the shard over dp_replicate after it. With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
@@ -112,8 +112,17 @@ from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
 from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
 from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
+from meshplan.schedule.layer_prefetch import LayerPrefetch
 from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
+
+
+def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
+    """The all-gather of ``part`` of layer ``i``'s FSDP unit in ``phase`` (1: the whole call; a
+    part's seconds its share of the call's, :mod:`~meshplan.schedule.layer_prefetch`)."""
+    whole = part >= 1.0
+    return s.comm("shard", phase, "all-gather", f"fsdp AG L{i}" + ("" if whole else f" ({part:.0%})"), "layer",
+                  seconds=None if whole else s.c.get("shard", phase, "all-gather", "layer") * part)
 
 
 def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
@@ -134,15 +143,17 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                                                                  if gather_emb else 0.0), [root_ag(emb_g, gather_emb)])
         op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
-    gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
-    ag = gather(0) if ov.fsdp_prefetch and n else None  # a chunk without layers (stage_layers) gathers none
+    gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
+    pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
+    pf.start()  # a chunk without layers (stage_layers) gathers none
+    ag = None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
-        ag = ag if ov.fsdp_prefetch else gather(i)
+        ags = pf.need(i)
         ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
         s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
                   + (comm.copies.get(("expert", "all-gather"), 0.0) if moe else 0.0) if gather_layers else 0.0,
-                  [ag, ag_e])
-        ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
+                  [*ags, ag_e])
+        pf.after(i)
         if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
             ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
         forward_layer(s, c, moe)
@@ -220,8 +231,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         else None
     emb_ev = None
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
-    gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
-        if with_b and gather else None
+    gather_ = lambda i, part: _layer_gather(s, "backward", i, part) if with_b and gather else None
     # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
     # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
     # the head's reduce-scatter on the FSDP stream
@@ -232,7 +242,9 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     head_ag = s.comm("shard", "backward", "all-gather", f"fsdp AG {head_g}", head_g) \
         if chunk.head is not None and with_b and gather_root \
         and ("shard", head_g, "backward", "all-gather") in comm.t else None
-    ag = gather_(n - 1) if early else None
+    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
+    if early:
+        pf.start()
     if head_ag is not None:
         s.compute(f"{head_g} copy-out", comm.copies.get((head_g, "all-gather"), 0.0), [head_ag])
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
@@ -244,16 +256,17 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             s.compute("head tp wait", 0.0, [s.comm("tp", "backward", tp_collectives(w)[1], f"tp {tp_collectives(w)[1]} (head)")])
         if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
             unit_reduce(s, head_g, head_g, 0.0)
-    ag = ag if early else gather_(n - 1) if ov.fsdp_prefetch and n else None
+    if not early:
+        pf.start()
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
-        ag = ag if ov.fsdp_prefetch else gather_(i)
+        ags = pf.need(n - 1 - i)
         # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
         # (reshard_after_forward false keeps the forward's unsharded parameters)
         s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
-                  + (comm.copies.get(("layer", "all-gather"), 0.0) if ag is not None else 0.0)
-                  if with_b and gather else 0.0, [ag])
-        ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
+                  + (comm.copies.get(("layer", "all-gather"), 0.0) if ags else 0.0)
+                  if with_b and gather else 0.0, ags)
+        pf.after(n - 1 - i)
         if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
             emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
         ds = with_b and red_w and ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer

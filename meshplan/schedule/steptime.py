@@ -44,7 +44,7 @@ from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import run_reasons, runtime_warnings
-from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap
+from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap, plan_overlap  # noqa: F401 (config_overlap: re-exported)
 from meshplan.schedule.pipeline_exposure import ends_of, last_hold, unit_exposure, call_loads, pp_hold_split, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
@@ -74,7 +74,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     if schedule is not None:  # the config's own schedule was checked by build_plan; this one's rules likewise
         _check_schedule(cfg.training, schedule, p, m, v, runs)
     mr = m // runs
-    overlap = config_overlap(cfg.training, overlap)
+    overlap = plan_overlap(cfg, [r for rows in plan.collectives.values() for r in rows], overlap)
     share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a
     # plan of the search's step-only path has no memory timelines)
@@ -201,5 +201,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
     comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
-    overlap = config_overlap(plan.config.training, overlap)
+    overlap = plan_overlap(plan.config, plan.stage(0).collectives, overlap)
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

@@ -28,6 +28,9 @@ class Overlap:
     tp: bool = False
     tp_grad: bool = False
     fsdp_prefetch: bool = True
+    #: layers of FSDP all-gathers issued past the layer computed when ``fsdp_prefetch``
+    #: (:mod:`~meshplan.schedule.layer_prefetch`): FSDP2's 1, DeepSpeed ZeRO-3's bucket (a share of a layer or more)
+    fsdp_ahead: float = 1.0
     grad_reduce: bool = True
     param_gather: bool = False
 

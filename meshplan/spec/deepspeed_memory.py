@@ -37,6 +37,50 @@ def deepspeed_prefetch_budget(prefetch_live: tuple[int, int], held: int) -> int:
     return min(prefetch, max(0, live - held))
 
 
+def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) -> float:
+    """Layers of parameters DeepSpeed ZeRO-3's coordinator has in flight or gathered past the layer
+    it computes, in the step's layer-sized units (``unit_bytes``: a layer's gathered bytes;
+    ``prefetch_live``: (prefetch bucket, max live) bytes). ``fetch_sub_module``
+    (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partitioned_param_coordinator.py:310-490``) runs
+    before every module's forward and backward, containers and persistent norms included: it
+    gathers the module's own parameters not yet gathered (on demand: the compute waits for them,
+    ``current_stream().wait_stream(allgather_stream)``), then, on the same all-gather stream, pops
+    the parameters next in the trace's queue and prefetches them while fewer than
+    ``min(max_live - available, bucket)`` elements are taken, so at least one parameter per call.
+    A Llama or GPT layer makes more such calls than it has gathered weights, so each layer moves
+    the prefetch frontier on by more than the layer it consumes: it runs ahead until
+    ``max_live`` stops it, whatever the bucket's size beyond 0.
+
+    - bucket 0 (``if self.__prefetch_bucket_sz > 0``), or a max live that does not hold more than
+      the layer computed: nothing ahead, every gather on demand: 0;
+    - else ``(max_live - layer) / layer``, and at least 1: with less than a layer of room the
+      frontier is still ahead by modules, each module's weight gathered during the module before
+      it, which at the step's layer granularity is the next layer's gather during this one
+      (FSDP2's prefetch of one unit).
+
+    A 30B layer (6656 hidden, 17920 gated FFN, 2 norms: 535,049,216 parameters, 1,070,098,432 B in
+    bf16), max live 1e9 elements (2e9 B): buckets 0, 5e6 and 5e8 elements; max live 3e9:
+
+    >>> [deepspeed_prefetch_ahead((b * 2, 2 * 10**9), 1_070_098_432) for b in (0, 5 * 10**6, 5 * 10**8)]
+    [0.0, 1.0, 1.0]
+    >>> round(deepspeed_prefetch_ahead((10**8, 6 * 10**9), 1_070_098_432), 3)
+    4.607
+
+    A max live of 5e8 elements (1e9 B) holds less than that layer: none ahead.
+
+    >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
+    0.0
+
+    The memory timeline still holds a bucket of the next layer per layer fetch
+    (:meth:`~meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), less than this frontier
+    once it runs ahead: its gathered parameters are a lower bound there.
+    """
+    prefetch, live = prefetch_live
+    if prefetch <= 0 or unit_bytes <= 0 or live <= unit_bytes:
+        return 0.0
+    return max(1.0, (live - unit_bytes) / unit_bytes)
+
+
 def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], held: int) -> int:
     """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
     the all-gather buffer: its prefetched part, the budget after the fetch before it (``held`` bytes
