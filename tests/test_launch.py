@@ -521,3 +521,31 @@ def test_a_python_file_as_the_program_is_refused_naming_the_fix(tmp_path, capsys
     assert not out.exists()
     assert run_main("launch", CFG, "--out", out, "--", "python", "train.py") == 0
     assert (out / "bind.sh").exists()
+
+
+def test_rerun_replaces_meshplan_own_output_and_help_says_so(tmp_path, monkeypatch, capsys):
+    """Newcomer finding: --help said the --out folder is "refused when it holds files unless --force",
+    but a rerun without --partition silently replaced the earlier job.sbatch. That is the rule
+    (README, Outputs): meshplan's own unchanged output under out/ is replaced, an edited file is
+    refused; --help now says exactly that."""
+    from typer.testing import CliRunner
+
+    import meshplan.cli as cli
+    from meshplan.cli import main
+    monkeypatch.chdir(tmp_path)
+    cfg = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
+    sbatch = tmp_path / "out" / "launch" / "mini_2x4_tp2-dp4" / "job.sbatch"
+    for extra in (["--partition", "gpu"], []):  # the second run replaces the first's output
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(cfg), *extra, "--", "python", "t.py"])
+        assert e.value.code in (0, None)
+    assert "#SBATCH --partition" not in sbatch.read_text()
+    sbatch.write_text(sbatch.read_text() + "#SBATCH --partition=mine\n")  # edited: refused, kept
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["launch", str(cfg), "--", "python", "t.py"])
+    assert e.value.code == 2 and "pass --force" in capsys.readouterr().err
+    assert sbatch.read_text().endswith("#SBATCH --partition=mine\n")
+    helptext = " ".join(CliRunner().invoke(cli.app, ["launch", "--help"], terminal_width=2000).output.split())
+    assert ("(default: out/launch/ and CONFIG's name); a rerun replaces meshplan's own unchanged output under out/, "
+            "and refuses any other of these files (an edited one, or one elsewhere) unless --force") in helptext

@@ -133,8 +133,11 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                  "(e.g. -- python train.py --job.config_file x.toml)"),
                out: Optional[Path] = typer.Option(None, "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
                                                                          "and bindings.json (default: out/launch/ "
-                                                                         "and CONFIG's name, refused when it holds "
-                                                                         "files unless --force)"),
+                                                                         "and CONFIG's name); a rerun replaces "
+                                                                         "meshplan's own unchanged output under "
+                                                                         "out/, and refuses any other of these "
+                                                                         "files (an edited one, or one elsewhere) "
+                                                                         "unless --force"),
                rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                            help="HOST:PORT of node 0 for the c10d rendezvous "
                                                                 "(default: Slurm's first host at --port; "
