@@ -99,7 +99,8 @@ def test_cross_nic_only_where_the_inter_rail_link_is_slow(tmp_path):
     assert "#   NCCL_CROSS_NIC: 0: a ring or tree keeps the same NIC (rail) on every node, because this network is " \
            "oversubscribed above the rail leaves" in text and "not set" not in text
     exports = [x for x in text.splitlines() if x.strip().startswith("export ")]
-    assert len(exports) == 16 and all(x.endswith(" NCCL_CROSS_NIC=0") for x in exports)
+    # both nodes' bindings are the same by LOCAL_RANK: one table of 8 ranks (16 per-host before)
+    assert len(exports) == 8 and all(x.endswith(" NCCL_CROSS_NIC=0") for x in exports)
     one_tier = place(_spine(c, 2.0, tiers=1), 16)
     assert all("NCCL_CROSS_NIC" not in r["env"] for r in launch_bindings(one_tier, opts))
     for o in (LaunchOptions(program=("x",), nic_scope="rank"),
@@ -549,3 +550,31 @@ def test_rerun_replaces_meshplan_own_output_and_help_says_so(tmp_path, monkeypat
     helptext = " ".join(CliRunner().invoke(cli.app, ["launch", "--help"], terminal_width=2000).output.split())
     assert ("(default: out/launch/ and CONFIG's name); a rerun replaces meshplan's own unchanged output under out/, "
             "and refuses any other of these files (an edited one, or one elsewhere) unless --force") in helptext
+
+
+def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):
+    """Newcomer finding: 4,096 ranks on 512 dgx-h100 wrote bind.sh as 18,449 lines (1.3 MB), one
+    block per host though node-major bindings differ only by LOCAL_RANK. Nodes alike now share one
+    ``case $LOCAL_RANK`` whose RANK check is GROUP_RANK x 8 + LOCAL_RANK; a node that differs (node 0
+    with its GPUs reversed) keeps its own. Each run by sh, as torchrun's processes would."""
+    big = (Path(write_launch(tmp_path / "big", place(system("dgx-h100", 512), 4096),
+                             LaunchOptions(program=ECHO, cpu_bind="none"))[0])).read_text()
+    assert big.count("\n") == 57 and sum(x.strip().startswith("expect ") for x in big.splitlines()) == 8
+    r = _run_bind(tmp_path / "big", 511, 7, 4095, *ECHO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS
+    r = _run_bind(tmp_path / "big", 300, 2, 2402, *ECHO)  # 300 x 8 + 2 = 2402, not 2403
+    assert r.returncode == 0 and json.loads(r.stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    r = _run_bind(tmp_path / "big", 300, 2, 2403)
+    assert r.returncode == 1 and "has RANK=2403, expected 2402" in r.stderr
+    for group in ("512", "01", "x"):
+        r = _run_bind(tmp_path / "big", group, 0, 0)
+        assert r.returncode == 1 and f"no binding for node {group}" in r.stderr
+    # node 0 reversed (rank r -> GPU 7 - r), nodes 1-3 as is: node 0's block, then the shared table
+    p = place(system("dgx-h100", 4), 32, rank_to_gpu=[7 - r for r in range(8)] + list(range(8, 32)))
+    text = Path(write_launch(tmp_path / "mixed", p, LaunchOptions(program=ECHO, cpu_bind="none"))[0]).read_text()
+    assert "# nodes 1-3: the same bindings by LOCAL_RANK; RANK = GROUP_RANK x 8 + offset" in text.splitlines()
+    exports = [x.split()[1] for x in text.splitlines() if x.strip().startswith("export ")]
+    assert exports == ["CUDA_VISIBLE_DEVICES=7,6,5,4,3,2,1,0"] * 8 + ["CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"] * 8
+    assert json.loads(_run_bind(tmp_path / "mixed", 0, 2, 2, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
+    assert json.loads(_run_bind(tmp_path / "mixed", 3, 2, 26, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
