@@ -578,3 +578,59 @@ def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):
     assert exports == ["CUDA_VISIBLE_DEVICES=7,6,5,4,3,2,1,0"] * 8 + ["CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"] * 8
     assert json.loads(_run_bind(tmp_path / "mixed", 0, 2, 2, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
     assert json.loads(_run_bind(tmp_path / "mixed", 3, 2, 26, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_sbatch_finds_the_folder_from_the_submit_directory(tmp_path, monkeypatch):
+    """Newcomer finding: job.sbatch ran torchrun.sh by the absolute path it was written at, which the
+    compute nodes may not see. A relative --out (the default out/launch/<name>) is looked for under
+    SLURM_SUBMIT_DIR, then the submit directory itself: the same file runs when submitted from where
+    meshplan launch ran, from its own folder, and from a copy of the tree elsewhere; from anywhere
+    else it stops with one line naming both places (fake srun prints what it runs)."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    write_launch(Path("out/launch/x"), place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py")))
+    text = (tmp_path / "out/launch/x/job.sbatch").read_text()
+    assert str(tmp_path) not in text and "here=\"$submit\"/out/launch/x" in text.splitlines()
+    _fake(tmp_path / "bin", "scontrol", 'printf "gpu-a\\ngpu-b\\n"')
+    _fake(tmp_path / "bin", "srun", 'echo "$*"')
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "out", moved / "out")
+    (tmp_path / "empty").mkdir()
+
+    def submit(submit_dir: Path, script: Path) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+               "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(submit_dir)}
+        env.pop("MESHPLAN_LAUNCH_DIR", None)
+        return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=submit_dir,
+                              timeout=30)
+    for where, expect in ((tmp_path, tmp_path / "out/launch/x"), (tmp_path / "out/launch/x", tmp_path / "out/launch/x"),
+                          (moved, moved / "out/launch/x")):
+        r = submit(where, expect / "job.sbatch")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[-1] == f"{expect}/torchrun.sh"
+    r = submit(tmp_path / "empty", tmp_path / "out/launch/x/job.sbatch")
+    assert r.returncode == 1 and r.stderr.startswith(f"meshplan job.sbatch: no torchrun.sh in {tmp_path}/empty/out/"
+                                                     f"launch/x or {tmp_path}/empty on ")
+    assert "a filesystem the compute nodes share" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_launch_folder_under_tmp_gets_a_note(tmp_path, capsys):
+    """/tmp, /var/tmp and /dev/shm are each machine's own on a cluster: launch says so in one line on
+    stderr (the files are still written); a folder elsewhere gets none."""
+    from meshplan.cli import main
+    from meshplan.placement.launch import local_folder_note
+    assert local_folder_note("/var/tmp/a/../b") == (
+        "note: /var/tmp/b is under /var/tmp, local to each machine on most clusters: the compute nodes run "
+        "torchrun.sh and bind.sh from this folder, so write it (--out) on a filesystem they share")
+    assert local_folder_note("/home/me/out/launch/x") is None and local_folder_note("/tmpfs/x") is None
+    out = Path("/tmp") / f"meshplan-note-{os.getpid()}"
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(ROOT / "examples" / "mini_2x4_tp2-dp4.toml"), "--out", str(out), "--force", "--",
+                  "python", "t.py"])
+        assert e.value.code in (0, None)
+        err = capsys.readouterr().err
+        assert err.splitlines() == [local_folder_note(out)] and (out / "job.sbatch").exists()
+    finally:
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)

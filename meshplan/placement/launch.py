@@ -19,7 +19,9 @@ Three files, in one folder (:func:`write_launch`):
   the command (e.g. ``python -m torch.distributed.run``).
 - ``job.sbatch``: ``sbatch`` script: one task per node, all the node's GPUs and cores
   (``--exclusive``), the first host of the allocation as the rendezvous endpoint, and
-  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds).
+  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds),
+  found from the submit directory (``SLURM_SUBMIT_DIR``), not by the absolute path it was
+  written at (:func:`sbatch_script`); the folder must be on a filesystem the nodes share.
 - ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
 
 Environment of each rank (``env`` of :func:`launch_bindings`, each explained in ``bind.sh``
@@ -63,6 +65,7 @@ names the option) or written through :func:`shlex.quote`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -305,8 +308,14 @@ def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
 
 
 def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> str:
-    """``job.sbatch`` (see the module docstring); ``folder``: where ``torchrun.sh`` lies
-    (sbatch runs a copy of the script, so its own path is not the folder)."""
+    """``job.sbatch`` (see the module docstring); ``folder``: where ``torchrun.sh`` lies, as
+    ``--out`` gave it. sbatch runs a copy of the script from Slurm's spool, so its own path is
+    not the folder: the job finds it from the directory sbatch ran in (``SLURM_SUBMIT_DIR``, the
+    job's working directory by default, sbatch's man page), as Slurm scripts name their files:
+    ``folder`` under it when relative (``sbatch out/launch/x/job.sbatch`` from where ``meshplan
+    launch`` ran, as its ``run:`` line says), ``folder`` itself when absolute, else the submit
+    directory itself (``cd out/launch/x && sbatch job.sbatch``); ``MESHPLAN_LAUNCH_DIR`` overrides
+    it. Not found: one line naming both and that the nodes must share the folder (exit 1)."""
     check_options(placement, opts)
     nodes, node = int(placement.node.max()) + 1, placement.cluster.node
     cores = sum(s.cores for s in node.sockets)
@@ -324,9 +333,49 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
                       "# One srun task per node runs torchrun.sh; node 0 (SLURM_NODEID 0) hosts the rendezvous.",
                       "set -euo pipefail",
                       f"export MESHPLAN_RDZV_ENDPOINT=${{MESHPLAN_RDZV_ENDPOINT:-{endpoint}}}",
-                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"',
-                      f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "
-                      f"{shlex.quote(str(folder.resolve() / 'torchrun.sh'))}", ""])
+                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"', *_find_folder(folder),
+                      'srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "$dir/torchrun.sh"', ""])
+
+
+def _find_folder(folder: Path) -> list[str]:
+    """job.sbatch's lines that set ``dir`` to the folder holding torchrun.sh (:func:`sbatch_script`);
+    the path only ever written through :func:`shlex.quote`, in an assignment."""
+    where = shlex.quote(os.path.normpath(folder))
+    here = where if folder.is_absolute() else f'"$submit"/{where}'
+    return ["# torchrun.sh and bind.sh lie beside this script, on a filesystem every node sees. sbatch runs a copy",
+            "# of it, so they are looked for in $here (--out, under the submit directory when relative), then in",
+            "# the submit directory itself; MESHPLAN_LAUNCH_DIR overrides both.",
+            'submit=${SLURM_SUBMIT_DIR:-$PWD}', f"here={here}",
+            'dir=${MESHPLAN_LAUNCH_DIR:-}',
+            'for d in "$here" "$submit"; do',
+            '  if [ -z "$dir" ] && [ -x "$d/torchrun.sh" ]; then dir=$d; fi', "done",
+            'if [ -z "$dir" ]; then',
+            '  echo "meshplan job.sbatch: no torchrun.sh in $here or $submit on $(hostname): submit from the folder '
+            'meshplan launch wrote, or from where it ran, on a filesystem the compute nodes share, or set '
+            'MESHPLAN_LAUNCH_DIR" >&2; exit 1', "fi"]
+
+
+#: Folders that are each machine's own on a cluster by convention (the FHS: /tmp and /var/tmp
+#: are local temporary storage; /dev/shm is memory), where the compute nodes cannot see the scripts.
+LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def local_folder_note(folder) -> Optional[str]:
+    """A one-line note when ``folder`` resolves under :data:`LOCAL_ROOTS`: the compute nodes run
+    job.sbatch's torchrun.sh and bind.sh from it, so it must be on a filesystem they share.
+
+    >>> local_folder_note("/tmp/launch").split(":")[0]
+    'note'
+    >>> local_folder_note("/home/me/launch") is None
+    True
+    """
+    where = Path(folder).resolve()
+    root = next((r for r in LOCAL_ROOTS if where.is_relative_to(r)), None)
+    if root is None:
+        return None
+    return (f"note: {where} is under {root}, local to each "
+            f"machine on most clusters: the compute nodes run torchrun.sh and bind.sh from this folder, so write "
+            f"it (--out) on a filesystem they share")
 
 
 FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
