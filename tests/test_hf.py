@@ -33,7 +33,8 @@ def test_dict_file_and_directory_give_the_same_spec():
     by_dict = model_from_hf_config(load("meta-llama-3-8b"), name="meta-llama-3-8b")
     assert by_dir.model_dump(exclude={"source"}) == by_file.model_dump(exclude={"source"})
     assert by_dir.model_dump(exclude={"source"}) == by_dict.model_dump(exclude={"source"})
-    assert model_from_hf_config(load("meta-llama-3-8b")).name == "hf-llama"
+    # a dict has no folder: its architectures[0] and size name it (hf-llama before the name rule)
+    assert model_from_hf_config(load("meta-llama-3-8b")).name == "LlamaForCausalLM-8.0B"
 
 
 def test_mistral_7b():
@@ -211,3 +212,24 @@ def test_gemma3_text_and_multimodal_wrapper():
     with pytest.raises(ConfigError) as info:
         model_from_hf_config({k: v for k, v in load("gemma-2-9b").items() if k != "head_dim"})
     assert info.value.field == "head_dim"
+
+
+def test_a_config_in_a_generic_folder_is_named_by_its_architecture_and_size(tmp_path):
+    """Newcomer finding: a config.json in jobs/ made the model 'jobs'. The name is the config's
+    _name_or_path, else the folder when it names a model (llama-3.1-8b, pythia-160m: unchanged),
+    else architectures[0] and the size: Llama 3.1 8B's 8,030,261,248 parameters -> 8.0B."""
+    cfg = load("llama-3.1-8b")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps(cfg))
+    spec = model_from_hf_config(tmp_path / "jobs")
+    assert spec.param_count() == 8_030_261_248 and spec.name == "LlamaForCausalLM-8.0B"
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "meta-llama/Llama-3.1-8B"}))
+    assert model_from_hf_config(tmp_path / "jobs").name == "meta-llama/Llama-3.1-8B"
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "architectures"}))
+    assert model_from_hf_config(tmp_path / "jobs").name == "hf-llama"
+    assert [model_from_hf_config(DATA / d).name for d in ("llama-3.1-8b", "pythia-160m", "qwen3-30b-a3b")] == \
+        ["llama-3.1-8b", "pythia-160m", "qwen3-30b-a3b"]  # folders that name a model keep naming it
+    (tmp_path / "run1").mkdir()  # under a billion parameters: M
+    (tmp_path / "run1" / "config.json").write_text((DATA / "pythia-160m" / "config.json").read_text())
+    small = model_from_hf_config(tmp_path / "run1")
+    assert small.name == f"GPTNeoXForCausalLM-{small.param_count() / 1e6:.0f}M" == "GPTNeoXForCausalLM-162M"
