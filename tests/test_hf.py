@@ -233,3 +233,27 @@ def test_a_config_in_a_generic_folder_is_named_by_its_architecture_and_size(tmp_
     (tmp_path / "run1" / "config.json").write_text((DATA / "pythia-160m" / "config.json").read_text())
     small = model_from_hf_config(tmp_path / "run1")
     assert small.name == f"GPTNeoXForCausalLM-{small.param_count() / 1e6:.0f}M" == "GPTNeoXForCausalLM-162M"
+
+
+def test_an_error_in_a_config_file_names_the_file(tmp_path):
+    """Newcomer finding: a config.json missing a field named the field but not the file. A read
+    file is named in the message (a dict, which has none, keeps 'the llama config.json')."""
+    cfg = {k: v for k, v in load("llama-3.1-8b").items() if k != "num_hidden_layers"}
+    (tmp_path / "jobs").mkdir()
+    f = tmp_path / "jobs" / "config.json"
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(tmp_path / "jobs")
+    assert str(e.value) == (f"num_hidden_layers: missing from {f} (model_type llama); it is required to size "
+                            f"the model")
+    f.write_text(json.dumps({**load("llama-3.1-8b"), "rope_theta": -1}))
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(f)
+    assert str(e.value) == f"rope_theta: must be a number > 0 in {f} (model_type llama) (got -1)"
+    f.write_text(json.dumps({**load("qwen3-30b-a3b"), "decoder_sparse_step": 0}))  # no 'config.json' words: (in FILE)
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(f)
+    assert str(e.value) == f"decoder_sparse_step: must be >= 1 (every step-th layer is sparse; got 0) (in {f})"
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(cfg)
+    assert str(e.value).startswith("num_hidden_layers: missing from the llama config.json;")

@@ -145,8 +145,11 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
     if family is None:
         raise ConfigError("model_type", f"unsupported model_type {model_type!r:.60}; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    fields = family(Keys(cfg))
-    fields |= _carried(cfg, fields) | _rope_scaling(cfg, fields)
+    try:
+        fields = family(Keys(cfg))
+        fields |= _carried(cfg, fields) | _rope_scaling(cfg, fields)
+    except ConfigError as e:  # the key is named; the file too, when there is one
+        raise e if path is None else _in_file(e, path, model_type) from None
     notes = fields.pop("_notes", [])
     fields["name"] = name if name is not None else f"hf-{model_type}"  # a name the caller chose is checked
     fields["source"] = printable(f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
@@ -158,6 +161,20 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise ConfigError(where, f"{bound_message(first) or first['msg']} (imported from {origin})") from None
     return spec if name is not None else spec.model_copy(update={"name": _default_name(cfg, path, spec)})
+
+
+def _in_file(e: ConfigError, path: Path, model_type: str) -> ConfigError:
+    """``e`` (naming a key of the config) with the file it is in: ``the llama config.json`` becomes
+    the path, else the path follows the message.
+
+    >>> str(_in_file(ConfigError("num_hidden_layers", "missing from the llama config.json; it is required"),
+    ...              Path("jobs/config.json"), "llama"))
+    'num_hidden_layers: missing from jobs/config.json (model_type llama); it is required'
+    """
+    phrase = f"the {model_type} config.json"
+    if phrase in e.message:
+        return ConfigError(e.field, e.message.replace(phrase, f"{path} (model_type {model_type})", 1))
+    return ConfigError(e.field, f"{e.message} (in {path})")
 
 
 #: A size in a model's name: ``8b``, ``0.5b``, ``160m``, ``8x7b`` (the parameters, in billions or millions).
