@@ -75,6 +75,7 @@ from typing import Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
+from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
 from meshplan.placement.nccl_env import env_comments
 
@@ -190,8 +191,9 @@ def _sh(argv) -> str:
 def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     """``bind.sh`` (see the module docstring): per GROUP_RANK and LOCAL_RANK, a RANK check,
     the rank's exports and ``exec <cpu binding> "$@"``. Nodes whose bindings are the same by
-    LOCAL_RANK (:func:`_shared_nodes`: every rank's GPU, cores, NIC and environment, its RANK
-    and mesh rank the node's first plus LOCAL_RANK's offset) share one ``case $LOCAL_RANK``,
+    LOCAL_RANK (:func:`~meshplan.placement.bind_nodes.shared_nodes`: every rank's GPU, cores, NIC
+    and environment, its RANK and mesh rank the node's first plus LOCAL_RANK's offset) share one
+    ``case $LOCAL_RANK``,
     which checks ``RANK = GROUP_RANK x G + offset``; the others keep their own (a node with
     another GPU order, a partial last node). 4,096 ranks on 512 dgx-h100: 57 lines (4.4 kB), not
     18,449 (1.3 MB)."""
@@ -199,7 +201,7 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     by_node: dict[int, list[dict]] = {}
     for b in rows:
         by_node.setdefault(b["node"], []).append(b)
-    nodes, shared = max(by_node) + 1, _shared_nodes(by_node, g)
+    nodes, shared = max(by_node) + 1, shared_nodes(by_node, g)
     out = ["#!/bin/sh",
            f"# meshplan launch: per-rank bindings of {placement.world} ranks on {nodes} "
            f"node(s) x {g} GPUs ({cl.node.name}); launch {launch_mode(placement)}.",
@@ -220,59 +222,22 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     if own:
         out.append('case "$node" in')
         for node in own:
-            out += [f"{node})", *_local_case([(b, str(b["process_rank"]), f"mesh rank {b['rank']}")
+            out += [f"{node})", *local_case([(b, str(b["process_rank"]), f"mesh rank {b['rank']}")
                                              for b in by_node[node]], "  "), "  ;;"]
         out.append("esac")
     if shared:
         first = by_node[shared[0]]
-        out += [f"# node{'s' if len(shared) > 1 else ''} {_node_list(shared, nodes, own)}: the same bindings "
+        out += [f"# node{'s' if len(shared) > 1 else ''} {node_list(shared, nodes, own)}: the same bindings "
                 f"by LOCAL_RANK; RANK = GROUP_RANK x {g} + offset"]
         if len(shared) + len(own) < nodes:  # nodes the placement leaves out have no binding
             out.append(f'case "$node" in {"|".join(map(str, shared))}) ;; *) echo "meshplan bind.sh: no binding '
                        'for node $node" >&2; exit 1 ;; esac')
         base = shared[0] * g
-        out += _local_case([(b, f"$((node * {g} + {b['process_rank'] - base}))",
+        out += local_case([(b, f"$((node * {g} + {b['process_rank'] - base}))",
                              f"mesh rank GROUP_RANK x {g} + {b['rank'] - base}") for b in first], "")
     else:
         out.append('echo "meshplan bind.sh: no binding for node $node" >&2; exit 1')
     return "\n".join(out + [""])
-
-
-def _local_case(ranks: list[tuple[dict, str, str]], pad: str) -> list[str]:
-    """``case $LOCAL_RANK``: for each (binding, the RANK it expects, its mesh rank in words) the
-    RANK check, the exports and the exec; any other LOCAL_RANK refused."""
-    out = [f'{pad}case "${{LOCAL_RANK:-}}" in']
-    for b, expect, mesh in sorted(ranks, key=lambda x: x[0]["local_rank"]):
-        out += [f"{pad}{b['local_rank']}) # {mesh}: GPU {b['gpu']} ({b['device']}), "
-                f"socket {b['socket']}, cores {b['cores']}, NIC {b['nic'] or '-'}",
-                f"{pad}  expect {expect}",
-                f"{pad}  export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in b["env"].items()),
-                f'{pad}  exec {_sh(b["cpu"]) + " " if b["cpu"] else ""}"$@" ;;']
-    return out + [f'{pad}*) echo "meshplan bind.sh: no binding for node $GROUP_RANK local rank '
-                  '${LOCAL_RANK:-unset}" >&2; exit 1 ;;', f"{pad}esac"]
-
-
-def _shared_nodes(by_node: dict[int, list[dict]], gpus: int) -> list[int]:
-    """The nodes whose bindings are one LOCAL_RANK table: the most common one, shared by at least
-    two nodes (ties: the lowest node's), each rank's RANK and mesh rank taken relative to its
-    node's first GPU (``node x gpus``); empty when no two nodes share one."""
-    def key(node: int) -> str:
-        return json.dumps([[b["local_rank"], b["process_rank"] - node * gpus, b["rank"] - node * gpus, b["gpu"],
-                            b["device"], b["socket"], b["cores"], b["nic"], b["env"], b["cpu"]]
-                           for b in sorted(by_node[node], key=lambda b: b["local_rank"])])
-    keys = {n: key(n) for n in sorted(by_node)}
-    counts: dict[str, int] = {}
-    for k in keys.values():
-        counts[k] = counts.get(k, 0) + 1
-    best = max(counts, key=lambda k: counts[k])  # max keeps the first of a tie: the lowest node's
-    return [n for n, k in keys.items() if k == best] if counts[best] > 1 else []
-
-
-def _node_list(shared: list[int], nodes: int, own: list[int]) -> str:
-    """``1-511`` (every node but ``own``) or the shared nodes listed."""
-    if len(shared) + len(own) == nodes and shared == list(range(shared[0], shared[-1] + 1)):
-        return f"{shared[0]}-{shared[-1]}"
-    return ", ".join(map(str, shared))
 
 
 def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
