@@ -66,36 +66,60 @@ def mtbf_s(gpus: int, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY) -> flo
 
 @dataclass(frozen=True)
 class FailureDomain:
-    """``count`` domains of ``gpus_each`` GPUs; one failure stops the whole job."""
+    """``count`` domains of ``gpus_each`` GPUs, the last of them holding ``gpus_last`` (fewer where
+    the job's GPUs do not fill it: node-major ranks fill the domains in order); one failure stops
+    the whole job."""
 
     name: str
     count: int
     gpus_each: int
     note: str = ""
+    gpus_last: int = 0
+
+    @property
+    def text(self) -> str:
+        """``leaf 1 x 32 GPU``; with a partial last domain the full ones and the last apart:
+        ``leaf 1 x 160 GPU + 1 x 96 GPU (the last leaf partial)``.
+
+        >>> FailureDomain("leaf", 2, 160, gpus_last=96).text
+        'leaf 1 x 160 GPU + 1 x 96 GPU (the last leaf partial)'
+        """
+        if not self.gpus_last or self.gpus_last == self.gpus_each:
+            return f"{self.name} {self.count} x {self.gpus_each} GPU"
+        return (f"{self.name} {self.count - 1} x {self.gpus_each} GPU + 1 x {self.gpus_last} GPU "
+                f"(the last {self.name} partial)")
 
 
 def failure_domains(cluster: ClusterSpec, world: int) -> list[FailureDomain]:
     """GPU, node and each network tier with a domain size (``nodes_per_domain``: a leaf or
     rack switch) holding the job's ``world`` ranks (node-major placement). ``gpus_each``
     counts the job's GPUs in the fullest domain, not the switch's capacity: 32 GPUs under a
-    leaf of 32 nodes x 8 GPUs are one leaf of 32 GPUs, not of 256.
+    leaf of 32 nodes x 8 GPUs are one leaf of 32 GPUs, not of 256; ``gpus_last`` those in the
+    last one: 256 GPUs on 32 dgx-a100 under leaves of 20 nodes are leaves of 160 and 96 GPUs.
 
     >>> from meshplan import catalog
     >>> [(d.name, d.count, d.gpus_each) for d in failure_domains(catalog.system("dgx-h100", 8), 64)][:2]
     [('gpu', 64, 1), ('node', 8, 8)]
     >>> [(d.name, d.count, d.gpus_each) for d in failure_domains(catalog.system("dgx-h100", 1), 4)]
     [('gpu', 4, 1), ('node', 1, 4), ('leaf', 1, 4)]
+    >>> [(d.name, d.count, d.gpus_each, d.gpus_last) for d in failure_domains(catalog.system("dgx-a100", 32), 256)][2]
+    ('leaf', 2, 160, 96)
     """
     g = cluster.node.gpus
-    nodes = ceil(world / g)
-    out = [FailureDomain("gpu", world, 1, "GPU, HBM or its NVLink port"),
-           FailureDomain("node", nodes, min(g, world), "host, PCIe, NIC, NVSwitch or power of one server")]
+    out = [FailureDomain("gpu", world, 1, "GPU, HBM or its NVLink port", 1),
+           _domain("node", g, world, "host, PCIe, NIC, NVSwitch or power of one server")]
     for tier in cluster.network:
         if tier.nodes_per_domain:
-            out.append(FailureDomain(tier.name, ceil(nodes / tier.nodes_per_domain),
-                                     min(tier.nodes_per_domain * g, world),
-                                     f"switch of tier {tier.name} ({tier.nodes_per_domain} nodes)"))
+            out.append(_domain(tier.name, tier.nodes_per_domain * g, world,
+                               f"switch of tier {tier.name} ({tier.nodes_per_domain} nodes)"))
     return out
+
+
+def _domain(name: str, size: int, world: int, note: str) -> FailureDomain:
+    """The domains of ``size`` GPUs that ``world`` node-major ranks fill in order: as many as
+    they reach, each full but the last, which holds the remainder (``world - (count - 1) size``)."""
+    count = ceil(world / size)
+    return FailureDomain(name, count, min(size, world), note, world - (count - 1) * size)
 
 
 def young_interval_s(checkpoint_s: float, mtbf: float) -> float:
@@ -236,7 +260,7 @@ class Reliability:
         return [f"{self.gpus} GPUs x {self.rate_per_gpu_day:.3g} interruptions per GPU-day = "
                 f"{interruptions_per_day(self.gpus, self.rate_per_gpu_day):.3g} per day; MTBF {m / 3600:.2f} h "
                 f"(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))",
-                "failure domains: " + "; ".join(f"{d.name} {d.count} x {d.gpus_each} GPU" for d in self.domains),
+                "failure domains: " + "; ".join(d.text for d in self.domains),
                 self.size_line(),
                 self.dcp_line(),
                 f"interval: Young sqrt(2 C M) = {young_interval_s(c, m) / 60:.1f} min, Daly = {self.interval_s / 60:.1f} min",

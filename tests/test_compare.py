@@ -656,3 +656,24 @@ def test_no_kernel_kind_lines_where_a_framework_choice_differs():
     c = compare(torch, mega, names=("torch", "megatron"))
     assert any(r.startswith("attention kernel: ") for r in c.reasons)
     assert not any(r.startswith("of compute, ") and "waiting for the host" not in r for r in c.reasons)
+
+
+def test_compute_line_names_the_recompute_difference():
+    """Newcomer finding (Llama-3-70B at 32k tokens on 1,024 H200, the plans differing in recompute):
+    the compute line was explained by cp ring and silu lines only, though ``step``'s recompute line
+    differed by more than the gap. Here (128 dgx-h200, dp_shard 64 x cp 2 x tp 8, 4 micro-batches)
+    the mesh and kernels are one, so the whole compute difference is the replay: ``step`` prints
+    full recompute 628.136 ms per micro-batch (2512.54 ms per step) and selective 179.779 ms
+    (719.12 ms), 2512.54 - 719.12 = 1793.42 ms, the compute line's -1793.4 ms."""
+    from meshplan.config import config_from_dict
+    base = {"model": {"catalog": "llama3-70b", "max_position": 32768},
+            "cluster": {"system": "dgx-h200", "nodes": 128},
+            "training": {"global_batch": 256, "seq_len": 32768, "micro_batch": 1, "sharding": "zero3"},
+            "mesh": {"names": ["dp_shard", "cp", "tp"], "shape": [64, 2, 8], "sequence_parallel": True}}
+    a, b = (build_plan(config_from_dict({**base, "training": {**base["training"], "recompute": r}}))
+            for r in ("full", "selective"))
+    c = compare(a, b, names=("A", "B"))
+    i = c.reasons.index("compute: A 10640.5 ms, B 8847.1 ms (-1793.4 ms)")
+    assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2512.5 ms, B 719.1 ms (-1793.4 ms)"
+    assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [628.136, 179.779]
+    # the same policy on both sides gets no such line: the cp8/cp16 pair's reasons[2:4] above

@@ -309,8 +309,8 @@ def test_hf_bytes_fuzzed(tmp_path, data):
 
 @pytest.mark.parametrize("change,expected", [
     ({"model_type": ["llama"]}, "error: model.hf_config: model_type: unsupported model_type ['llama']"),
-    ({"num_hidden_layers": "32"}, "error: model.hf_config: num_hidden_layers: must be a whole number >= 0 in the "
-                                  "llama config.json (got \"32\")"),
+    ({"num_hidden_layers": "32"}, "error: model.hf_config: num_hidden_layers: must be a whole number >= 0 in "
+                                  "hf.json (model_type llama) (got \"32\")"),  # the file named (was: the llama config.json)
     ({"tie_word_embeddings": "yes"}, "error: model.hf_config: tie_word_embeddings: must be true or false"),
     ({"hidden_size": 2 ** 70}, "error: model.hf_config: hidden_size: 1180591620717411303424 is too large"),
     ({"hidden_size": 2 ** 20}, "error: model.hf_config: hidden: 1048576 is over the bound 131072 (5x the widest "

@@ -33,7 +33,8 @@ def test_dict_file_and_directory_give_the_same_spec():
     by_dict = model_from_hf_config(load("meta-llama-3-8b"), name="meta-llama-3-8b")
     assert by_dir.model_dump(exclude={"source"}) == by_file.model_dump(exclude={"source"})
     assert by_dir.model_dump(exclude={"source"}) == by_dict.model_dump(exclude={"source"})
-    assert model_from_hf_config(load("meta-llama-3-8b")).name == "hf-llama"
+    # a dict has no folder: its architectures[0] and size name it (hf-llama before the name rule)
+    assert model_from_hf_config(load("meta-llama-3-8b")).name == "LlamaForCausalLM-8.0B"
 
 
 def test_mistral_7b():
@@ -211,3 +212,48 @@ def test_gemma3_text_and_multimodal_wrapper():
     with pytest.raises(ConfigError) as info:
         model_from_hf_config({k: v for k, v in load("gemma-2-9b").items() if k != "head_dim"})
     assert info.value.field == "head_dim"
+
+
+def test_a_config_in_a_generic_folder_is_named_by_its_architecture_and_size(tmp_path):
+    """Newcomer finding: a config.json in jobs/ made the model 'jobs'. The name is the config's
+    _name_or_path, else the folder when it names a model (llama-3.1-8b, pythia-160m: unchanged),
+    else architectures[0] and the size: Llama 3.1 8B's 8,030,261,248 parameters -> 8.0B."""
+    cfg = load("llama-3.1-8b")
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps(cfg))
+    spec = model_from_hf_config(tmp_path / "jobs")
+    assert spec.param_count() == 8_030_261_248 and spec.name == "LlamaForCausalLM-8.0B"
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps({**cfg, "_name_or_path": "meta-llama/Llama-3.1-8B"}))
+    assert model_from_hf_config(tmp_path / "jobs").name == "meta-llama/Llama-3.1-8B"
+    (tmp_path / "jobs" / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "architectures"}))
+    assert model_from_hf_config(tmp_path / "jobs").name == "hf-llama"
+    assert [model_from_hf_config(DATA / d).name for d in ("llama-3.1-8b", "pythia-160m", "qwen3-30b-a3b")] == \
+        ["llama-3.1-8b", "pythia-160m", "qwen3-30b-a3b"]  # folders that name a model keep naming it
+    (tmp_path / "run1").mkdir()  # under a billion parameters: M
+    (tmp_path / "run1" / "config.json").write_text((DATA / "pythia-160m" / "config.json").read_text())
+    small = model_from_hf_config(tmp_path / "run1")
+    assert small.name == f"GPTNeoXForCausalLM-{small.param_count() / 1e6:.0f}M" == "GPTNeoXForCausalLM-162M"
+
+
+def test_an_error_in_a_config_file_names_the_file(tmp_path):
+    """Newcomer finding: a config.json missing a field named the field but not the file. A read
+    file is named in the message (a dict, which has none, keeps 'the llama config.json')."""
+    cfg = {k: v for k, v in load("llama-3.1-8b").items() if k != "num_hidden_layers"}
+    (tmp_path / "jobs").mkdir()
+    f = tmp_path / "jobs" / "config.json"
+    f.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(tmp_path / "jobs")
+    assert str(e.value) == (f"num_hidden_layers: missing from {f} (model_type llama); it is required to size "
+                            f"the model")
+    f.write_text(json.dumps({**load("llama-3.1-8b"), "rope_theta": -1}))
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(f)
+    assert str(e.value) == f"rope_theta: must be a number > 0 in {f} (model_type llama) (got -1)"
+    f.write_text(json.dumps({**load("qwen3-30b-a3b"), "decoder_sparse_step": 0}))  # no 'config.json' words: (in FILE)
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(f)
+    assert str(e.value) == f"decoder_sparse_step: must be >= 1 (every step-th layer is sparse; got 0) (in {f})"
+    with pytest.raises(ConfigError) as e:
+        model_from_hf_config(cfg)
+    assert str(e.value).startswith("num_hidden_layers: missing from the llama config.json;")

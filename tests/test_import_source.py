@@ -112,3 +112,26 @@ def test_bad_source_table_is_one_line(tmp_path, imported, table, field):
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     assert e.value.field == field and "\n" not in str(e.value)
+
+
+def test_hf_config_is_written_relative_to_the_toml_as_source_is(tmp_path):
+    """Newcomer finding: import wrote ``[source] path`` relative to the TOML but ``model.hf_config``
+    absolute. Both are now relative to the written TOML's folder (as load_config reads them), and
+    both absolute when the TOML is printed. jobs/job.toml names its model by hf_assets_path = "hf"
+    (jobs/hf/config.json, a flavor the catalog lacks); the TOML goes to plans/."""
+    (tmp_path / "jobs" / "hf").mkdir(parents=True)
+    (tmp_path / "plans").mkdir()
+    hf = Path(__file__).resolve().parent / "data" / "hf" / "llama-3.1-8b" / "config.json"
+    (tmp_path / "jobs" / "hf" / "config.json").write_text(hf.read_text())
+    job = tmp_path / "jobs" / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "custom"\nhf_assets_path = "hf"\n[training]\nseq_len = 4096\n'
+                   'local_batch_size = 1\n[parallelism]\ndata_parallel_shard_degree = -1\n')
+    toml = tmp_path / "plans" / "job.toml"
+    _cli("import", "auto", str(job), "--cluster", "dgx-h100", "--nodes", "1", "-o", str(toml))
+    written = tomllib.loads(toml.read_text())
+    assert written["model"] == {"hf_config": "../jobs/hf/config.json"}
+    assert written["source"] == {"path": "../jobs/job.toml", "format": "torchtitan"}
+    assert load_config(toml).model.layers == 32  # read back from the TOML's folder
+    printed = tomllib.loads(_cli("import", "auto", str(job), "--cluster", "dgx-h100", "--nodes", "1"))
+    assert printed["model"] == {"hf_config": str(tmp_path / "jobs" / "hf" / "config.json")}
+    assert printed["source"]["path"] == str(job)

@@ -99,7 +99,8 @@ def test_cross_nic_only_where_the_inter_rail_link_is_slow(tmp_path):
     assert "#   NCCL_CROSS_NIC: 0: a ring or tree keeps the same NIC (rail) on every node, because this network is " \
            "oversubscribed above the rail leaves" in text and "not set" not in text
     exports = [x for x in text.splitlines() if x.strip().startswith("export ")]
-    assert len(exports) == 16 and all(x.endswith(" NCCL_CROSS_NIC=0") for x in exports)
+    # both nodes' bindings are the same by LOCAL_RANK: one table of 8 ranks (16 per-host before)
+    assert len(exports) == 8 and all(x.endswith(" NCCL_CROSS_NIC=0") for x in exports)
     one_tier = place(_spine(c, 2.0, tiers=1), 16)
     assert all("NCCL_CROSS_NIC" not in r["env"] for r in launch_bindings(one_tier, opts))
     for o in (LaunchOptions(program=("x",), nic_scope="rank"),
@@ -521,3 +522,115 @@ def test_a_python_file_as_the_program_is_refused_naming_the_fix(tmp_path, capsys
     assert not out.exists()
     assert run_main("launch", CFG, "--out", out, "--", "python", "train.py") == 0
     assert (out / "bind.sh").exists()
+
+
+def test_rerun_replaces_meshplan_own_output_and_help_says_so(tmp_path, monkeypatch, capsys):
+    """Newcomer finding: --help said the --out folder is "refused when it holds files unless --force",
+    but a rerun without --partition silently replaced the earlier job.sbatch. That is the rule
+    (README, Outputs): meshplan's own unchanged output under out/ is replaced, an edited file is
+    refused; --help now says exactly that."""
+    from typer.testing import CliRunner
+
+    import meshplan.cli as cli
+    from meshplan.cli import main
+    monkeypatch.chdir(tmp_path)
+    cfg = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
+    sbatch = tmp_path / "out" / "launch" / "mini_2x4_tp2-dp4" / "job.sbatch"
+    for extra in (["--partition", "gpu"], []):  # the second run replaces the first's output
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(cfg), *extra, "--", "python", "t.py"])
+        assert e.value.code in (0, None)
+    assert "#SBATCH --partition" not in sbatch.read_text()
+    sbatch.write_text(sbatch.read_text() + "#SBATCH --partition=mine\n")  # edited: refused, kept
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["launch", str(cfg), "--", "python", "t.py"])
+    assert e.value.code == 2 and "pass --force" in capsys.readouterr().err
+    assert sbatch.read_text().endswith("#SBATCH --partition=mine\n")
+    helptext = " ".join(CliRunner().invoke(cli.app, ["launch", "--help"], terminal_width=2000).output.split())
+    assert ("(default: out/launch/ and CONFIG's name); a rerun replaces meshplan's own unchanged output under out/, "
+            "and refuses any other of these files (an edited one, or one elsewhere) unless --force") in helptext
+
+
+def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):
+    """Newcomer finding: 4,096 ranks on 512 dgx-h100 wrote bind.sh as 18,449 lines (1.3 MB), one
+    block per host though node-major bindings differ only by LOCAL_RANK. Nodes alike now share one
+    ``case $LOCAL_RANK`` whose RANK check is GROUP_RANK x 8 + LOCAL_RANK; a node that differs (node 0
+    with its GPUs reversed) keeps its own. Each run by sh, as torchrun's processes would."""
+    big = (Path(write_launch(tmp_path / "big", place(system("dgx-h100", 512), 4096),
+                             LaunchOptions(program=ECHO, cpu_bind="none"))[0])).read_text()
+    assert big.count("\n") == 57 and sum(x.strip().startswith("expect ") for x in big.splitlines()) == 8
+    r = _run_bind(tmp_path / "big", 511, 7, 4095, *ECHO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS
+    r = _run_bind(tmp_path / "big", 300, 2, 2402, *ECHO)  # 300 x 8 + 2 = 2402, not 2403
+    assert r.returncode == 0 and json.loads(r.stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    r = _run_bind(tmp_path / "big", 300, 2, 2403)
+    assert r.returncode == 1 and "has RANK=2403, expected 2402" in r.stderr
+    for group in ("512", "01", "x"):
+        r = _run_bind(tmp_path / "big", group, 0, 0)
+        assert r.returncode == 1 and f"no binding for node {group}" in r.stderr
+    # node 0 reversed (rank r -> GPU 7 - r), nodes 1-3 as is: node 0's block, then the shared table
+    p = place(system("dgx-h100", 4), 32, rank_to_gpu=[7 - r for r in range(8)] + list(range(8, 32)))
+    text = Path(write_launch(tmp_path / "mixed", p, LaunchOptions(program=ECHO, cpu_bind="none"))[0]).read_text()
+    assert "# nodes 1-3: the same bindings by LOCAL_RANK; RANK = GROUP_RANK x 8 + offset" in text.splitlines()
+    exports = [x.split()[1] for x in text.splitlines() if x.strip().startswith("export ")]
+    assert exports == ["CUDA_VISIBLE_DEVICES=7,6,5,4,3,2,1,0"] * 8 + ["CUDA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"] * 8
+    assert json.loads(_run_bind(tmp_path / "mixed", 0, 2, 2, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
+    assert json.loads(_run_bind(tmp_path / "mixed", 3, 2, 26, *ECHO).stdout)["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+
+
+def test_sbatch_finds_the_folder_from_the_submit_directory(tmp_path, monkeypatch):
+    """Newcomer finding: job.sbatch ran torchrun.sh by the absolute path it was written at, which the
+    compute nodes may not see. A relative --out (the default out/launch/<name>) is looked for under
+    SLURM_SUBMIT_DIR, then the submit directory itself: the same file runs when submitted from where
+    meshplan launch ran, from its own folder, and from a copy of the tree elsewhere; from anywhere
+    else it stops with one line naming both places (fake srun prints what it runs)."""
+    import shutil
+    monkeypatch.chdir(tmp_path)
+    write_launch(Path("out/launch/x"), place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py")))
+    text = (tmp_path / "out/launch/x/job.sbatch").read_text()
+    assert str(tmp_path) not in text and "here=\"$submit\"/out/launch/x" in text.splitlines()
+    _fake(tmp_path / "bin", "scontrol", 'printf "gpu-a\\ngpu-b\\n"')
+    _fake(tmp_path / "bin", "srun", 'echo "$*"')
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(tmp_path / "out", moved / "out")
+    (tmp_path / "empty").mkdir()
+
+    def submit(submit_dir: Path, script: Path) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+               "SLURM_JOB_ID": "42", "SLURM_SUBMIT_DIR": str(submit_dir)}
+        env.pop("MESHPLAN_LAUNCH_DIR", None)
+        return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, cwd=submit_dir,
+                              timeout=30)
+    for where, expect in ((tmp_path, tmp_path / "out/launch/x"), (tmp_path / "out/launch/x", tmp_path / "out/launch/x"),
+                          (moved, moved / "out/launch/x")):
+        r = submit(where, expect / "job.sbatch")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[-1] == f"{expect}/torchrun.sh"
+    r = submit(tmp_path / "empty", tmp_path / "out/launch/x/job.sbatch")
+    assert r.returncode == 1 and r.stderr.startswith(f"meshplan job.sbatch: no torchrun.sh in {tmp_path}/empty/out/"
+                                                     f"launch/x or {tmp_path}/empty on ")
+    assert "a filesystem the compute nodes share" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_a_launch_folder_under_tmp_gets_a_note(tmp_path, capsys):
+    """/tmp, /var/tmp and /dev/shm are each machine's own on a cluster: launch says so in one line on
+    stderr (the files are still written); a folder elsewhere gets none."""
+    from meshplan.cli import main
+    from meshplan.placement.launch import local_folder_note
+    assert local_folder_note("/var/tmp/a/../b") == (
+        "note: /var/tmp/b is under /var/tmp, local to each machine on most clusters: the compute nodes run "
+        "torchrun.sh and bind.sh from this folder, so write it (--out) on a filesystem they share")
+    assert local_folder_note("/home/me/out/launch/x") is None and local_folder_note("/tmpfs/x") is None
+    out = Path("/tmp") / f"meshplan-note-{os.getpid()}"
+    try:
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(ROOT / "examples" / "mini_2x4_tp2-dp4.toml"), "--out", str(out), "--force", "--",
+                  "python", "t.py"])
+        assert e.value.code in (0, None)
+        err = capsys.readouterr().err
+        assert err.splitlines() == [local_folder_note(out)] and (out / "job.sbatch").exists()
+    finally:
+        import shutil
+        shutil.rmtree(out, ignore_errors=True)

@@ -83,6 +83,20 @@ def test_failure_domains_with_leaf_switches():
         assert doms[leaf[0].name] == (-(-64 // n), n * 8)
 
 
+def test_partial_last_leaf_is_counted_as_the_job_fills_it():
+    """Newcomer finding: 256 GPUs on 32 dgx-a100 (superpod-hdr-su20: 20 nodes under a leaf) printed
+    ``leaf 2 x 160 GPU``, 320 GPUs for a 256-GPU job. Node-major ranks fill leaf 0 with nodes
+    0-19 (160 GPUs) and leaf 1 with the other 12 nodes (96 GPUs)."""
+    doms = {d.name: d for d in failure_domains(catalog.system("dgx-a100", 32), 256)}
+    leaf = doms["leaf"]
+    assert (leaf.count, leaf.gpus_each, leaf.gpus_last) == (2, 160, 96)
+    assert leaf.text == "leaf 1 x 160 GPU + 1 x 96 GPU (the last leaf partial)"
+    assert (leaf.count - 1) * leaf.gpus_each + leaf.gpus_last == 256
+    assert doms["node"].text == "node 32 x 8 GPU"  # full nodes: one count
+    # 12 GPUs on 8-GPU nodes: one full node and a half one
+    assert failure_domains(catalog.system("dgx-a100", 2), 12)[1].text == "node 1 x 8 GPU + 1 x 4 GPU (the last node partial)"
+
+
 def test_reliability_of_the_seed_plan(seed_path):
     plan = build_plan(load_config(seed_path))
     r = reliability(plan, write_bandwidth_bytes_per_s=50e9, read_bandwidth_bytes_per_s=100e9,

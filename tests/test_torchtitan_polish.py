@@ -246,3 +246,20 @@ def test_optimizer_implementation_is_read_and_priced(tmp_path):
     path = _user(tmp_path, base.replace('name = "AdamW"', 'name = "AdamW"\nfused = false'))
     text, _ = export(load_any(path, opts=H100x8), "torchtitan", str(path), user_source(path))
     assert tomllib.loads(text)["optimizer"] == {"name": "AdamW", "lr": 3e-4, "implementation": "foreach"}
+
+
+@pytest.mark.parametrize("ac, field, message", [
+    ({"mode": "selectiv"}, "activation_checkpoint.mode",
+     "'selectiv': did you mean 'selective'? use none, selective or full"),
+    ({"mode": "ful"}, "activation_checkpoint.mode", "'ful': did you mean 'full'? use none, selective or full"),
+    ({"mode": "memory_budget"}, "activation_checkpoint.mode",  # torchtitan's, not a typo: no guess
+     "'memory_budget': not planned by meshplan; use none, selective or full"),
+    ({"mode": "selective", "selective_ac_option": "opp"}, "activation_checkpoint.selective_ac_option",
+     "'opp'; did you mean 'op'? use \"op\" or a whole number k >= 1 (every k-th layer checkpointed in full)"),
+])
+def test_activation_checkpoint_typos_get_did_you_mean(ac, field, message):
+    """Newcomer finding: mode = "selectiv" got no "did you mean", as the catalog names and mesh axes do."""
+    from meshplan.interop.torchtitan_tables import read_recompute
+    with pytest.raises(ConfigError) as e:
+        read_recompute({"activation_checkpoint": ac}, {}, False, [])
+    assert (e.value.field, e.value.message) == (field, message)

@@ -83,7 +83,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
     text, imp = import_text(source, None if fmt == "auto" else fmt, foreign.options(),
-                            lambda read_as: source_table(source, read_as, file))
+                            lambda read_as: source_table(source, read_as, file), file)
     if isinstance(out, _Stdout):
         out.stream.write(text)
         out.stream.flush()

@@ -29,7 +29,8 @@ from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, RANK_SCOPE_TRADE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command
 from meshplan.placement.score import weights_from_plan
-from meshplan.placement.launch import LaunchOptions, check_launch_folder, check_program, write_launch
+from meshplan.placement.launch import (LaunchOptions, check_launch_folder, check_program, local_folder_note,
+                                      write_launch)
 from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
 from meshplan.report.place_text import launch_lines, place_lines
@@ -133,8 +134,11 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                  "(e.g. -- python train.py --job.config_file x.toml)"),
                out: Optional[Path] = typer.Option(None, "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
                                                                          "and bindings.json (default: out/launch/ "
-                                                                         "and CONFIG's name, refused when it holds "
-                                                                         "files unless --force)"),
+                                                                         "and CONFIG's name); a rerun replaces "
+                                                                         "meshplan's own unchanged output under "
+                                                                         "out/, and refuses any other of these "
+                                                                         "files (an edited one, or one elsewhere) "
+                                                                         "unless --force"),
                rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                            help="HOST:PORT of node 0 for the c10d rendezvous "
                                                                 "(default: Slurm's first host at --port; "
@@ -195,6 +199,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _echo(f"note: {RANK_SCOPE_TRADE}")
     for path in written:
         _wrote(path)
+    if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it
+        _echo(local_folder_note(out), err=True)
     nodes = int(c.placement.node.max()) + 1
     endpoint = "" if rdzv_endpoint else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
     run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "

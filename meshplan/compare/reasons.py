@@ -89,8 +89,8 @@ def _part_lines(a: Side, b: Side) -> list[str]:
         out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
                    f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
         if k == "compute":  # what sets it: the host's pace, the framework's kernel choices and the GEMMs, by seconds
-            out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _kind_lines(a, b, floor)
-                                               + _gemm_lines(a, b), key=lambda x: -x[0])]
+            out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _recompute_lines(a, b, floor)
+                                               + _kind_lines(a, b, floor) + _gemm_lines(a, b), key=lambda x: -x[0])]
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
 
@@ -107,6 +107,30 @@ def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
     src = host_pace_label(a.step.units.w.dtensor_host_source)  # compare: both sides' kernel data is one
     return [(abs(hb - ha), f"of compute, waiting for the host to issue eager DTensor TP's blocks ({src}): "
                           f"{a.name} {ha / MS:.1f} ms, {b.name} {hb / MS:.1f} ms ({(hb - ha) / MS:+.1f} ms)")]
+
+
+def _recompute_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
+    """(seconds, line) under the compute line when the two plans' recompute policies differ
+    (``training.recompute`` or ``training.ac_freq``) and the forward ops they replay in backward
+    per step on the critical stage (:meth:`~meshplan.schedule.step_summary.StepTime.recompute_step_s`,
+    what ``meshplan step``'s ``recompute:`` line prints, inside compute) differ by ``floor`` or more:
+    ``of compute, recompute (forward replayed in backward): A 2512.5 ms, B 719.1 ms (-1793.4 ms)``.
+    The kernel kinds below it (:func:`_kind_lines`) count their replays too. Newcomer trial
+    (Llama-3-70B at 32k tokens on 1,024 H200, full against selective): compare listed cp ring
+    and silu lines under ``compute -1969.8 ms`` but not the recompute, 3810.6 against 1345.1 ms."""
+    if a.step is None or b.step is None or _recompute_policy(a) == _recompute_policy(b):
+        return []
+    ra, rb = a.step.recompute_step_s(), b.step.recompute_step_s()
+    if abs(rb - ra) < floor:
+        return []
+    return [(abs(rb - ra), f"of compute, recompute (forward replayed in backward): {a.name} {ra / MS:.1f} ms, "
+                          f"{b.name} {rb / MS:.1f} ms ({(rb - ra) / MS:+.1f} ms)")]
+
+
+def _recompute_policy(s: Side) -> tuple:
+    """``s``'s recompute policy: (``training.recompute``, ``training.ac_freq``)."""
+    t = s.plan.config.training
+    return t.recompute, t.ac_freq
 
 
 def _kind_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:

@@ -46,6 +46,7 @@ from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, mode
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
+from meshplan.interop.written_paths import written_tables
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
@@ -143,10 +144,12 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
 
 
 def import_text(path, fmt: str | None, opts: ImportOptions,
-                source: Callable[[str], dict] | None = None) -> tuple[str, Imported]:
+                source: Callable[[str], dict] | None = None, out: Path | None = None) -> tuple[str, Imported]:
     """(meshplan TOML text, the reading) of a foreign config; the tables are validated
     (:func:`meshplan.config.config_from_dict`) before any text is returned. ``source``: the
-    ``[source]`` table of the format read (:func:`meshplan.interop.source_file.source_table`)."""
+    ``[source]`` table of the format read (:func:`meshplan.interop.source_file.source_table`);
+    ``out``: the TOML's file (None: printed), to which ``model.hf_config`` is written relative
+    as ``[source]`` is (:func:`~meshplan.interop.source_file.written_tables`)."""
     p = Path(path)
     fmt = fmt or detect(p, _text(p))
     if fmt == "meshplan":
@@ -154,6 +157,7 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
     imp = read_foreign(p, fmt, opts)
     tables = imp.tables | ({"source": source(fmt)} if source else {})
     config_from_dict(tables, base=p.parent, path=str(p))
+    tables = written_tables(tables, out)
     header = (f"meshplan import {fmt} {p}",) + tuple(f"note: {n}" for n in imp.all_notes())
     header += (f"[source]: meshplan export of this file carries {p.name}'s settings meshplan does not plan "
                f"while {p.name} is there",) if source else ()

@@ -14,12 +14,12 @@ otherwise, as for any user file.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import UserFile, user_source
+from meshplan.interop.written_paths import written_path
 
 
 def source_table(source: Path, fmt: str, out: Path | None) -> dict[str, str]:
@@ -29,9 +29,7 @@ def source_table(source: Path, fmt: str, out: Path | None) -> dict[str, str]:
     >>> source_table(Path("/jobs/gpt/run.sh"), "megatron", Path("/jobs/plans/run.toml"))
     {'path': '../gpt/run.sh', 'format': 'megatron'}
     """
-    src = source.resolve()
-    path = str(src) if out is None else os.path.relpath(src, out.resolve().parent)
-    return {"path": path, "format": fmt}
+    return {"path": written_path(source, out), "format": fmt}
 
 
 def carried_source(config: Path, fmt: str | None, cfg: Config) -> tuple[UserFile | None, list[str]]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, did_you_mean
 
 #: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b", "zbvzerobubble": "zbv",
@@ -88,6 +88,11 @@ def model_parts(split: list[int]) -> list[list[str]]:
     return parts
 
 
+#: torchtitan's [activation_checkpoint] modes meshplan plans (torchtitan's job_config.py
+#: ``ActivationCheckpoint.mode``; its ``memory_budget`` is not planned).
+AC_MODES = ("none", "selective", "full")
+
+
 def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) -> dict[str, Any]:
     """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
     full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
@@ -98,9 +103,10 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
     multi-head latent attention) is planned with Megatron-LM's selective recompute, with a note."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
-    if mode not in ("none", "selective", "full"):
-        raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
-                          f"or full")
+    if mode not in AC_MODES:  # a near miss first (selectiv), as the catalog names and mesh axes
+        raise ConfigError("activation_checkpoint.mode", f"{str(mode)[:40]!r}: {did_you_mean(mode, AC_MODES)}"
+                          f"{'' if did_you_mean(mode, AC_MODES) else 'not planned by meshplan; '}use none, "
+                          f"selective or full")
     if mode != "selective":
         return {"recompute": mode}
     opt = str(ac.get("selective_ac_option", "2"))
@@ -114,8 +120,8 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
                      f"recompute time than op-level SAC")
         return {"recompute": "selective"}
     if not opt.isdigit() or int(opt) < 1:
-        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
-                          f"k >= 1 (every k-th layer checkpointed in full)")
+        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt[:40]!r}; {did_you_mean(opt, ['op'])}"
+                          f"use \"op\" or a whole number k >= 1 (every k-th layer checkpointed in full)")
     return {"recompute": "layer", "ac_freq": int(opt)}
 
 

@@ -6,7 +6,9 @@ Three files, in one folder (:func:`write_launch`):
 - ``bind.sh``: torchrun's program (``--no-python``). For the process of node ``GROUP_RANK``
   and ``LOCAL_RANK`` it checks that torchrun's ``RANK`` is the one the placement expects,
   exports that rank's environment (below) and execs the training command under ``numactl``
-  (or ``taskset``) with the rank's cores and memory node.
+  (or ``taskset``) with the rank's cores and memory node. Nodes with the same bindings by
+  LOCAL_RANK (every node of a node-major placement on one node type) share one table, the
+  RANK checked as ``GROUP_RANK x G + LOCAL_RANK``'s offset; a node that differs keeps its own.
 - ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node G`` with the c10d rendezvous at
   ``MESHPLAN_RDZV_ENDPOINT`` (default: the endpoint given at generation). With ``NODE_RANK``
   (or Slurm's ``SLURM_NODEID``) set, node 0 hosts the rendezvous store
@@ -17,7 +19,9 @@ Three files, in one folder (:func:`write_launch`):
   the command (e.g. ``python -m torch.distributed.run``).
 - ``job.sbatch``: ``sbatch`` script: one task per node, all the node's GPUs and cores
   (``--exclusive``), the first host of the allocation as the rendezvous endpoint, and
-  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds).
+  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds),
+  found from the submit directory (``SLURM_SUBMIT_DIR``), not by the absolute path it was
+  written at (:func:`sbatch_script`); the folder must be on a filesystem the nodes share.
 - ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
 
 Environment of each rank (``env`` of :func:`launch_bindings`, each explained in ``bind.sh``
@@ -61,6 +65,7 @@ names the option) or written through :func:`shlex.quote`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -70,6 +75,7 @@ from typing import Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
+from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
 from meshplan.placement.nccl_env import env_comments
 
@@ -184,11 +190,21 @@ def _sh(argv) -> str:
 
 def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     """``bind.sh`` (see the module docstring): per GROUP_RANK and LOCAL_RANK, a RANK check,
-    the rank's exports and ``exec <cpu binding> "$@"``."""
-    rows, cl = launch_bindings(placement, opts), placement.cluster
+    the rank's exports and ``exec <cpu binding> "$@"``. Nodes whose bindings are the same by
+    LOCAL_RANK (:func:`~meshplan.placement.bind_nodes.shared_nodes`: every rank's GPU, cores, NIC
+    and environment, its RANK and mesh rank the node's first plus LOCAL_RANK's offset) share one
+    ``case $LOCAL_RANK``,
+    which checks ``RANK = GROUP_RANK x G + offset``; the others keep their own (a node with
+    another GPU order, a partial last node). 4,096 ranks on 512 dgx-h100: 57 lines (4.4 kB), not
+    18,449 (1.3 MB)."""
+    rows, cl, g = launch_bindings(placement, opts), placement.cluster, placement.cluster.node.gpus
+    by_node: dict[int, list[dict]] = {}
+    for b in rows:
+        by_node.setdefault(b["node"], []).append(b)
+    nodes, shared = max(by_node) + 1, shared_nodes(by_node, g)
     out = ["#!/bin/sh",
-           f"# meshplan launch: per-rank bindings of {placement.world} ranks on {int(placement.node.max()) + 1} "
-           f"node(s) x {cl.node.gpus} GPUs ({cl.node.name}); launch {launch_mode(placement)}.",
+           f"# meshplan launch: per-rank bindings of {placement.world} ranks on {nodes} "
+           f"node(s) x {g} GPUs ({cl.node.name}); launch {launch_mode(placement)}.",
            "# torchrun's program (--no-python): torchrun sets GROUP_RANK, LOCAL_RANK and RANK.",
            "# What each variable does:"]
     out += env_comments(cl, rows, opts.transport, opts.nic_scope)
@@ -198,22 +214,30 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     out += ["set -eu", "expect() {", '  if [ "${RANK:-}" != "$1" ]; then',
             '    echo "meshplan bind.sh: node $GROUP_RANK local rank $LOCAL_RANK has RANK=${RANK:-unset}, '
             'expected $1 (nproc-per-node or node count differs from the plan)" >&2; exit 1', "  fi", "}",
-            'case "${GROUP_RANK:-}" in']
-    by_node: dict[int, list[dict]] = {}
-    for b in rows:
-        by_node.setdefault(b["node"], []).append(b)
-    for node in sorted(by_node):
-        out += [f"{node})", '  case "${LOCAL_RANK:-}" in']
-        for b in sorted(by_node[node], key=lambda b: b["local_rank"]):
-            out += [f"  {b['local_rank']}) # mesh rank {b['rank']}: GPU {b['gpu']} ({b['device']}), "
-                    f"socket {b['socket']}, cores {b['cores']}, NIC {b['nic'] or '-'}",
-                    f"    expect {b['process_rank']}",
-                    "    export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in b["env"].items()),
-                    f'    exec {_sh(b["cpu"]) + " " if b["cpu"] else ""}"$@" ;;']
-        out += ['  *) echo "meshplan bind.sh: no binding for node $GROUP_RANK local rank ${LOCAL_RANK:-unset}" >&2; '
-                "exit 1 ;;", "  esac ;;"]
-    out += ['*) echo "meshplan bind.sh: no binding for node ${GROUP_RANK:-unset}" >&2; exit 1 ;;', "esac", ""]
-    return "\n".join(out)
+            'node=${GROUP_RANK:-}', 'case "$node" in', f"  ''|*[!0-9]*|0?*) node={nodes} ;;  # not a node number",
+            "esac",
+            f'if [ "$node" -ge {nodes} ]; then',
+            '  echo "meshplan bind.sh: no binding for node ${GROUP_RANK:-unset}" >&2; exit 1', "fi"]
+    own = sorted(set(by_node) - set(shared))
+    if own:
+        out.append('case "$node" in')
+        for node in own:
+            out += [f"{node})", *local_case([(b, str(b["process_rank"]), f"mesh rank {b['rank']}")
+                                             for b in by_node[node]], "  "), "  ;;"]
+        out.append("esac")
+    if shared:
+        first = by_node[shared[0]]
+        out += [f"# node{'s' if len(shared) > 1 else ''} {node_list(shared, nodes, own)}: the same bindings "
+                f"by LOCAL_RANK; RANK = GROUP_RANK x {g} + offset"]
+        if len(shared) + len(own) < nodes:  # nodes the placement leaves out have no binding
+            out.append(f'case "$node" in {"|".join(map(str, shared))}) ;; *) echo "meshplan bind.sh: no binding '
+                       'for node $node" >&2; exit 1 ;; esac')
+        base = shared[0] * g
+        out += local_case([(b, f"$((node * {g} + {b['process_rank'] - base}))",
+                             f"mesh rank GROUP_RANK x {g} + {b['rank'] - base}") for b in first], "")
+    else:
+        out.append('echo "meshplan bind.sh: no binding for node $node" >&2; exit 1')
+    return "\n".join(out + [""])
 
 
 def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
@@ -249,8 +273,14 @@ def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
 
 
 def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> str:
-    """``job.sbatch`` (see the module docstring); ``folder``: where ``torchrun.sh`` lies
-    (sbatch runs a copy of the script, so its own path is not the folder)."""
+    """``job.sbatch`` (see the module docstring); ``folder``: where ``torchrun.sh`` lies, as
+    ``--out`` gave it. sbatch runs a copy of the script from Slurm's spool, so its own path is
+    not the folder: the job finds it from the directory sbatch ran in (``SLURM_SUBMIT_DIR``, the
+    job's working directory by default, sbatch's man page), as Slurm scripts name their files:
+    ``folder`` under it when relative (``sbatch out/launch/x/job.sbatch`` from where ``meshplan
+    launch`` ran, as its ``run:`` line says), ``folder`` itself when absolute, else the submit
+    directory itself (``cd out/launch/x && sbatch job.sbatch``); ``MESHPLAN_LAUNCH_DIR`` overrides
+    it. Not found: one line naming both and that the nodes must share the folder (exit 1)."""
     check_options(placement, opts)
     nodes, node = int(placement.node.max()) + 1, placement.cluster.node
     cores = sum(s.cores for s in node.sockets)
@@ -268,9 +298,49 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
                       "# One srun task per node runs torchrun.sh; node 0 (SLURM_NODEID 0) hosts the rendezvous.",
                       "set -euo pipefail",
                       f"export MESHPLAN_RDZV_ENDPOINT=${{MESHPLAN_RDZV_ENDPOINT:-{endpoint}}}",
-                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"',
-                      f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "
-                      f"{shlex.quote(str(folder.resolve() / 'torchrun.sh'))}", ""])
+                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"', *_find_folder(folder),
+                      'srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "$dir/torchrun.sh"', ""])
+
+
+def _find_folder(folder: Path) -> list[str]:
+    """job.sbatch's lines that set ``dir`` to the folder holding torchrun.sh (:func:`sbatch_script`);
+    the path only ever written through :func:`shlex.quote`, in an assignment."""
+    where = shlex.quote(os.path.normpath(folder))
+    here = where if folder.is_absolute() else f'"$submit"/{where}'
+    return ["# torchrun.sh and bind.sh lie beside this script, on a filesystem every node sees. sbatch runs a copy",
+            "# of it, so they are looked for in $here (--out, under the submit directory when relative), then in",
+            "# the submit directory itself; MESHPLAN_LAUNCH_DIR overrides both.",
+            'submit=${SLURM_SUBMIT_DIR:-$PWD}', f"here={here}",
+            'dir=${MESHPLAN_LAUNCH_DIR:-}',
+            'for d in "$here" "$submit"; do',
+            '  if [ -z "$dir" ] && [ -x "$d/torchrun.sh" ]; then dir=$d; fi', "done",
+            'if [ -z "$dir" ]; then',
+            '  echo "meshplan job.sbatch: no torchrun.sh in $here or $submit on $(hostname): submit from the folder '
+            'meshplan launch wrote, or from where it ran, on a filesystem the compute nodes share, or set '
+            'MESHPLAN_LAUNCH_DIR" >&2; exit 1', "fi"]
+
+
+#: Folders that are each machine's own on a cluster by convention (the FHS: /tmp and /var/tmp
+#: are local temporary storage; /dev/shm is memory), where the compute nodes cannot see the scripts.
+LOCAL_ROOTS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def local_folder_note(folder) -> Optional[str]:
+    """A one-line note when ``folder`` resolves under :data:`LOCAL_ROOTS`: the compute nodes run
+    job.sbatch's torchrun.sh and bind.sh from it, so it must be on a filesystem they share.
+
+    >>> local_folder_note("/tmp/launch").split(":")[0]
+    'note'
+    >>> local_folder_note("/home/me/launch") is None
+    True
+    """
+    where = Path(folder).resolve()
+    root = next((r for r in LOCAL_ROOTS if where.is_relative_to(r)), None)
+    if root is None:
+        return None
+    return (f"note: {where} is under {root}, local to each "
+            f"machine on most clusters: the compute nodes run torchrun.sh and bind.sh from this folder, so write "
+            f"it (--out) on a filesystem they share")
 
 
 FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")

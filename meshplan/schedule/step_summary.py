@@ -327,12 +327,16 @@ class StepTime:
         s = self.critical_stage if stage is None else stage
         return sum(c.seconds(recompute=True) for ch in self.units.chunks[s] for c in ch.layers)
 
+    def recompute_step_s(self) -> float:
+        """Seconds of recomputed forward ops per step on the critical stage: :meth:`recompute_s`
+        x the micro-batches x the schedule runs (what :meth:`recompute_line` prints per step)."""
+        return self.recompute_s() * self.pipeline.spec.m * self.runs
+
     def recompute_line(self) -> str:
         """The recompute policy in its framework's words and what it costs per step."""
         t, m = self.recompute_name, self.pipeline.spec.m * self.runs
-        r = self.recompute_s()
-        return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
-                f"{r * m * 1e3:.2f} ms per step ({counted(m, 'micro-batch')})")
+        return (f"recompute: {t}: {self.recompute_s() * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
+                f"{self.recompute_step_s() * 1e3:.2f} ms per step ({counted(m, 'micro-batch')})")
 
     def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted

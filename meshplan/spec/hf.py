@@ -18,6 +18,7 @@ are not read, with a "not modelled" note that says so and why it costs nothing.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -128,8 +129,8 @@ def _rope_scaling(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
 def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face config (dict, config.json, or its directory).
 
-    ``name`` defaults to the config's ``_name_or_path``, else the directory name of the file,
-    else ``hf-<model_type>``. Raises :class:`ConfigError` for an unsupported ``model_type``
+    ``name`` defaults to :func:`_default_name`'s (the config's ``_name_or_path``, the folder's
+    name when it names a model, ``architectures[0]`` and the size, ``hf-<model_type>``). Raises :class:`ConfigError` for an unsupported ``model_type``
     (listing the supported ones), a missing required key (naming it), or an architecture
     ModelSpec cannot represent.
     """
@@ -144,20 +145,68 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
     if family is None:
         raise ConfigError("model_type", f"unsupported model_type {model_type!r:.60}; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    fields = family(Keys(cfg))
-    fields |= _carried(cfg, fields) | _rope_scaling(cfg, fields)
+    try:
+        fields = family(Keys(cfg))
+        fields |= _carried(cfg, fields) | _rope_scaling(cfg, fields)
+    except ConfigError as e:  # the key is named; the file too, when there is one
+        raise e if path is None else _in_file(e, path, model_type) from None
     notes = fields.pop("_notes", [])
-    explicit = name is not None  # a name the caller chose is checked, one taken from the file made safe
-    if name is None:
-        given = cfg.get("_name_or_path")
-        ok = isinstance(given, str) and len(given) <= MAX_STRING and given.isprintable()
-        name = given if ok else (path.parent.name if path else "")
-    fields["name"] = safe_name(str(name), f"hf-{model_type}") if not explicit else name
+    fields["name"] = name if name is not None else f"hf-{model_type}"  # a name the caller chose is checked
     fields["source"] = printable(f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
         "; not modelled: " + "; ".join(notes) if notes else ""))
     try:
-        return ModelSpec(**fields)
+        spec = ModelSpec(**fields)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise ConfigError(where, f"{bound_message(first) or first['msg']} (imported from {origin})") from None
+    return spec if name is not None else spec.model_copy(update={"name": _default_name(cfg, path, spec)})
+
+
+def _in_file(e: ConfigError, path: Path, model_type: str) -> ConfigError:
+    """``e`` (naming a key of the config) with the file it is in: ``the llama config.json`` becomes
+    the path, else the path follows the message.
+
+    >>> str(_in_file(ConfigError("num_hidden_layers", "missing from the llama config.json; it is required"),
+    ...              Path("jobs/config.json"), "llama"))
+    'num_hidden_layers: missing from jobs/config.json (model_type llama); it is required'
+    """
+    phrase = f"the {model_type} config.json"
+    if phrase in e.message:
+        return ConfigError(e.field, e.message.replace(phrase, f"{path} (model_type {model_type})", 1))
+    return ConfigError(e.field, f"{e.message} (in {path})")
+
+
+#: A size in a model's name: ``8b``, ``0.5b``, ``160m``, ``8x7b`` (the parameters, in billions or millions).
+_SIZE = re.compile(r"(?<![a-z0-9.])(\d+x)?\d+(\.\d+)?[bm](?![a-z])")
+
+
+def _default_name(cfg: dict[str, Any], path: Optional[Path], spec: ModelSpec) -> str:
+    """The model's name when the caller gives none, the first of: the config's ``_name_or_path``
+    (what transformers' ``save_pretrained`` writes); the folder holding the config.json when it
+    names a model (its name holds the ``model_type``, its first ``_`` part, or a size: ``llama-3.1-8b``,
+    ``pythia-160m``), not a generic one (``jobs``, ``config``, a hub snapshot's hash); the
+    config's ``architectures[0]`` and the size (``LlamaForCausalLM-8.0B``); ``hf-<model_type>``.
+    Made safe by :func:`~meshplan.spec.names.safe_name`.
+
+    >>> spec = model_from_hf_config({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+    ...     "n_positions": 1024, "vocab_size": 50257, "architectures": ["GPT2LMHeadModel"]})
+    >>> [_default_name(spec_cfg, Path(f"/x/{d}/config.json"), spec) for d, spec_cfg in
+    ...  (("jobs", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}),
+    ...   ("gpt2-small", {"model_type": "gpt2"}), ("jobs", {"model_type": "gpt2"}))]
+    ['GPT2LMHeadModel-124M', 'gpt2-small', 'hf-gpt2']
+    """
+    model_type = str(cfg.get("model_type"))
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given and len(given) <= MAX_STRING and given.isprintable():
+        return safe_name(given, f"hf-{model_type}")
+    folder = path.parent.name if path else ""
+    flat = re.sub(r"[^a-z0-9]", "", folder.lower())
+    kinds = {re.sub(r"[^a-z0-9]", "", k) for k in (model_type.lower(), model_type.lower().split("_")[0])}
+    if folder and (any(k and k in flat for k in kinds) or _SIZE.search(folder.lower())):
+        return safe_name(folder, f"hf-{model_type}")
+    arch = cfg.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str) and arch[0].isidentifier() and len(arch[0]) <= 64:
+        n = spec.param_count()
+        return safe_name(f"{arch[0]}-{n / 1e9:.1f}B" if n >= 1e9 else f"{arch[0]}-{n / 1e6:.0f}M", f"hf-{model_type}")
+    return f"hf-{model_type}"
