@@ -236,9 +236,11 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tu
 #: (:func:`_keys_walk`); a longer one by the automaton's prefix scan (:func:`_keys_by_chunk`).
 #: The two give the same keys; the walk builds only the passes the stage runs, where the
 #: automaton's closure builds every (state, token) pair: 31,216 passes built for 19,478 run in
-#: a Llama-3-405B search with per-layer AC (benchmarks/bench_search.py); past a few thousand
-#: passes the walk's Python loop costs more than the scan (pp 128 x 4,096 micro-batches).
-WALK_MAX_OPS = 4096
+#: a Llama-3-405B search with per-layer AC (benchmarks/bench_search.py); past about a thousand
+#: passes the walk's Python loop costs more than the scan (measured: GPT 1T at pp 64 with 1F1B,
+#: no FSDP, every stage's timeline: 0.04 s both ways at 1,024 passes a stage, 0.09-0.12 s walked
+#: against 0.055 s scanned at 4,096).
+WALK_MAX_OPS = 1024
 
 
 def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
