@@ -102,7 +102,7 @@ class StreamSim:
         return t  # unreachable: the last segment is unbounded
 
     def _add(self, stream, name, start, end, args=None, queue: Optional[str] = None) -> Event:
-        ev = Event(0, stream, name, start, end, dict(args or {}))
+        ev = Event(0, stream, name, start, end, dict(args) if args else {})
         self.events.append(ev)
         self.free[queue or stream] = end
         return ev
