@@ -4,7 +4,8 @@ kind, what dominates it), the maxima per kind, the reason, on a grid of small co
 the four schedules (and 1F1B given vpp 2), pp 1-4, 1-8 micro-batches, reshard_after_forward
 on and off, recompute none/selective/full, every sharding, and the [memory] knobs that
 change the passes (fsdp_reduce, prefetch depths, fragmentation). Also the pieces: the op
-arrays against the op lists, the prefix scan of the automaton against a loop.
+arrays against the op lists, the prefix scan of the automaton against a loop; the
+schedule grid both by the walk over the ops and by the automaton (``keys_path``).
 Speed is printed by benchmarks/bench_step.py, not tested here.
 """
 
@@ -15,6 +16,7 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.memory.passes import KINDS
+from meshplan.memory import passtable
 from meshplan.memory.passtable import (Pass, PassTable, backward_flags, first_use_order, init_only_at_first, peak, scan,
                                        scores, states_before, template_stats)
 from meshplan.memory.reference import scan as ref_scan
@@ -64,8 +66,17 @@ def assert_same(plan):
         assert fast.peak.total_bytes == r.sum(axis=1).max() and fast.peak.t_index == int(r.sum(axis=1).argmax())
 
 
+@pytest.fixture(params=["walk", "automaton"])
+def keys_path(request, monkeypatch):
+    """Both ways of finding each pass's template (passtable.WALK_MAX_OPS): the walk over the
+    ops (every stage of these small grids) and the automaton's prefix scan (forced)."""
+    if request.param == "automaton":
+        monkeypatch.setattr(passtable, "WALK_MAX_OPS", -1)
+    return request.param
+
+
 @pytest.mark.parametrize("schedule,vpp", PLANNED)
-def test_fast_equals_reference_over_schedules(schedule, vpp):
+def test_fast_equals_reference_over_schedules(schedule, vpp, keys_path):
     cases = 0
     for pp, m, reshard, recompute in itertools.product((1, 2, 4), (1, 3, 8) if vpp == 1 else (4, 8) + V_M.get(schedule, ()),
                                                      (True, False),
@@ -91,7 +102,7 @@ def test_fast_equals_reference_over_shardings_and_knobs(sharding):
         assert_same(plan_of(pp=1, schedule="1f1b", m=3, sharding=sharding, grad_accumulation=mode))
 
 
-def test_unsharded_units_carry_over_passes():
+def test_unsharded_units_carry_over_passes(keys_path):
     """The case the automaton exists for: with reshard_after_forward off and FSDP reducing
     after the last micro-batch, a pass's template depends on what earlier passes left
     unsharded (micro-batch 0's forward all-gathers, later ones do not)."""

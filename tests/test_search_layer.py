@@ -4,8 +4,8 @@ torchtitan's default frequency (``activation_checkpoint.mode = "selective"``,
 torchtitan where ``[search] recompute`` lists it. Not by default: while its step-time bound was
 none's (no layer replayed) the 405B benchmark planned 891 candidates exactly instead of 70 (CPU
 40.4 s against 7.8 s, past the 10 s goal); that bound now counts the layers each stage surely
-replays and keeps (search.layer_replays: 82 planned, 8.0-8.4 s on one worker against 6.7 s without
-it; 9.0-9.3 s wall with 2 workers on shared cores), too near the 10 s goal for the default, so it
+replays and keeps (search.layer_replays: 90 planned, 7.9 s CPU on one worker against 5.6 s without
+it, medians of 3 on shared cores), too near the 10 s goal for the default, so it
 stays opt-in, and the default's note says so."""
 
 from __future__ import annotations

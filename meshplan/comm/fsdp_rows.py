@@ -170,12 +170,16 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
                 len(f8), cast)
 
     out = []
+    kinds: dict[bool, list] = {}  # a layer's tensors depend on it only through is_moe_layer (layer_tensors)
     for i in c.layers:
-        ts = m.layer_tensors(i)
+        moe = m.is_moe_layer(i)
+        if moe not in kinds:
+            ts = m.layer_tensors(i)
+            kinds[moe] = [unit("layer", "fsdp", [x for x in ts if not x.expert], 0)]
+            if any(x.expert for x in ts):
+                kinds[moe].append(unit("experts", "efsdp", [x for x in ts if x.expert], 0))
         k = (c.chunk_of or {}).get(i, 0)
-        out.append(unit("layer", "fsdp", [x for x in ts if not x.expert], k))
-        if any(x.expert for x in ts):
-            out.append(unit("experts", "efsdp", [x for x in ts if x.expert], k))
+        out += [u[:3] + (k,) + u[4:] for u in kinds[moe]]
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     emb = m.embedding_tensors(v) if c.first else []
     head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]

@@ -215,8 +215,20 @@ class Cost:
         return {k: sum(v) for k, v in lists.items()}
 
     def flops(self, which: str = "model", phase: Optional[str] = None) -> float:
-        """``which``: "model" or "hardware"."""
-        return sum(o.model_flops if which == "model" else o.hardware_flops for o in self._sel(phase))
+        """``which``: "model" or "hardware". Each (which, phase) summed once per Cost, in op
+        order (the same float on every call): the step and the search's step parts ask it of
+        every layer, and a plan's layers of one kind share their Cost
+        (:func:`meshplan.schedule.workload.chunk_costs`)."""
+        memo = self._flops_memo
+        key = (which, phase)
+        if key not in memo:
+            memo[key] = sum(o.model_flops if which == "model" else o.hardware_flops for o in self._sel(phase))
+        return memo[key]
+
+    @cached_property
+    def _flops_memo(self) -> dict:
+        """:meth:`flops` by (which, phase), filled as asked (a frozen dataclass: never stale)."""
+        return {}
 
     @property
     def forward_s(self) -> float:

@@ -8,6 +8,7 @@ docstring gives the conventions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional, Union
 
 
@@ -100,6 +101,13 @@ class StageSizes:
     bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
     # DeepSpeed ZeRO-3 (zero3_engine "deepspeed"): (prefetch bytes, live bytes) of its coordinator, else None
     deepspeed_prefetch: Optional[tuple[int, int]] = None
+
+    @cached_property
+    def step_events(self) -> dict:
+        """The events of each layer's backward steps by (layer, first backward of the chunk),
+        filled by :meth:`meshplan.memory.passes.PassBuilder._layer_backward` as its passes
+        are built (a frozen dataclass: the sizes they read never change)."""
+        return {}
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""

@@ -334,6 +334,20 @@ class PassBuilder:
     def _layer_backward(self, layer: int) -> None:
         a = self.sz.acts[layer]
         self._add(layer, "activations", a.rework, f"layer {layer} backward: recomputed activations")
+        # the steps' events read only the stage's sizes, the layer and ``first`` (no builder
+        # state): built once per (layer, first) for every backward pass of the stage
+        memo = self.sz.step_events
+        key = (layer, self.first)
+        if key in memo:
+            self.events.extend(memo[key])
+        else:
+            start = len(self.events)
+            self._layer_steps(layer, a)
+            memo[key] = tuple(self.events[start:])
+        self._unit_grads(layer, produced=True)
+
+    def _layer_steps(self, layer: int, a) -> None:
+        """The backward steps of ``layer`` (its activations' sizes ``a``), autograd's order."""
         u = self.sz.units.get(layer)
         steps = a.steps or (BackStep("", a.bwd_temp, u.grad_unsharded if u else 0, a.saved + a.rework),)
         for i, st in enumerate(steps):
@@ -342,7 +356,6 @@ class PassBuilder:
             self._grad_out(layer, part=st.grads, first_part=i == 0, what=f" ({st.name})" if st.name else "")
             self._add(layer, "temporaries", -st.work, f"{name}: working set freed")
             self._add(layer, "activations", -st.frees, f"{name}: saved activations freed")
-        self._unit_grads(layer, produced=True)
 
     def _grad_out(self, key: UnitKey, part: Optional[int] = None, first_part: bool = True, what: str = "") -> None:
         """Autograd writes ``part`` bytes (default: all) of the unit's unsharded weight

@@ -21,7 +21,9 @@ gathers of n x states). A pass of one chunk reads and changes only that chunk's 
 the automaton runs per chunk over the chunk's own ops (:func:`_keys_by_chunk`): v automata
 of a few states, not one over their product (2^v states with interleaving and resharding).
 Templates are numbered as the reference numbers them, by first use (init 0, then the
-passes', then the step's).
+passes', then the step's). A stage of up to :data:`WALK_MAX_OPS` passes skips the closure:
+one walk over its ops applies the same transitions in order (:func:`_keys_walk`), building
+only the passes the stage runs.
 
 **The peak.** With ``cur_n`` the bytes per kind before pass n (an exclusive cumulative sum
 of the templates' net change per kind), the peak is the first pass maximising ``sum(cur_n)
@@ -230,6 +232,44 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tu
     return key, passes
 
 
+#: A stage of at most this many passes finds each pass's key by walking its ops in order
+#: (:func:`_keys_walk`); a longer one by the automaton's prefix scan (:func:`_keys_by_chunk`).
+#: The two give the same keys; the walk builds only the passes the stage runs, where the
+#: automaton's closure builds every (state, token) pair: 31,216 passes built for 19,478 run in
+#: a Llama-3-405B search with per-layer AC (benchmarks/bench_search.py); past about a thousand
+#: passes the walk's Python loop costs more than the scan (measured: GPT 1T at pp 64 with 1F1B,
+#: no FSDP, every stage's timeline: 0.04 s both ways at 1,024 passes a stage, 0.09-0.12 s walked
+#: against 0.055 s scanned at 4,096).
+WALK_MAX_OPS = 1024
+
+
+def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+    """:func:`_keys_by_chunk`'s (key index of each op, the built passes) by one walk over the
+    ops: the state (units unsharded) before each op, from the empty set, each (state, token)
+    transition built once, each pass once, numbered by first use."""
+    rows = [(int(ph), int(c), bool(f), bool(la)) for ph, c, f, la in tokens.tolist()]
+    units = {c: frozenset(sizes.chunk_units(c)) for c in {r[1] for r in rows}}
+    built: dict = {}
+    passes: list = []
+    step: dict = {}  # (state, token) -> (key index, state after)
+    state: frozenset = frozenset()
+    out = []
+    for t in tok.tolist():
+        hit = step.get((state, t))
+        if hit is None:
+            ph, c, f, la = rows[t]
+            key = ("backward" if ph else "forward", c, state & units[c], f, la)
+            if key not in built:
+                b = PassBuilder(sizes, key[0], c, key[2], first=f, last=la)
+                passes.append((key, b.build()))
+                built[key] = (len(passes) - 1, frozenset(b.gathered))
+            k, g_out = built[key]
+            hit = step[(state, t)] = (k, (state - units[c]) | g_out)
+        out.append(hit[0])
+        state = hit[1]
+    return np.array(out, dtype=np.int64), passes
+
+
 def states_before(maps: np.ndarray) -> np.ndarray:
     """State before each op (0 before the first) given each op's map state -> state as
     rows of ``maps`` (n, states): the prefix composition by doubling.
@@ -256,7 +296,7 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     lut[codes] = np.arange(len(codes))
     tok = lut[code]
     tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
-    key, built = _keys_by_chunk(sizes, tokens, tok)
+    key, built = (_keys_walk if len(tok) <= WALK_MAX_OPS else _keys_by_chunk)(sizes, tokens, tok)
     order = first_use_order(key)
     rank = np.zeros(len(built), np.int64)
     rank[order] = np.arange(1, len(order) + 1)

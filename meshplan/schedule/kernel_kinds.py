@@ -33,11 +33,18 @@ def kernel_kinds_s(st: StepTime) -> dict[str, float]:
     ``other`` part holds, itemised (the collectives' copies on the compute stream apart:
     :func:`meshplan.search.step_parts.compute_stream_copies_s`)."""
     kinds: dict[str, float] = {}
+    # each distinct Cost's (kind, seconds) once: a chunk's layers of one kind share their Cost
+    # (schedule.workload.chunk_costs); added op by op in the same order, so the same sums
+    items: dict[int, list] = {}
     for ch in st.units.chunks[st.critical_stage]:
         for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
-            for o in cost.ops if cost is not None else ():
-                if o.kind not in ("gemm", "attention"):
-                    kinds[kernel_kind(o.name)] = kinds.get(kernel_kind(o.name), 0.0) + o.seconds
+            if cost is None:
+                continue
+            if id(cost) not in items:
+                items[id(cost)] = [(kernel_kind(o.name), o.seconds) for o in cost.ops
+                                   if o.kind not in ("gemm", "attention")]
+            for kind, seconds in items[id(cost)]:
+                kinds[kind] = kinds.get(kind, 0.0) + seconds
     passes = st.pipeline.spec.m * st.runs
     out = {k: passes * v for k, v in kinds.items()}
     for e in st.post_events:

@@ -90,7 +90,8 @@ class StreamSim:
         """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
         hold their SM shares: the kernel progresses at ``1 - sum of the shares`` (at most
         :data:`MAX_SM_SHARE` taken) while they run, at full rate otherwise."""
-        self.busy = [b for b in self.busy if b[1] > start]
+        if self.busy:
+            self.busy = [b for b in self.busy if b[1] > start]
         if dur <= 0 or not self.busy:
             return start + dur
         t, left = start, dur
@@ -104,23 +105,34 @@ class StreamSim:
         return t  # unreachable: the last segment is unbounded
 
     def _add(self, stream, name, start, end, args=None, queue: Optional[str] = None) -> Event:
-        ev = Event(0, stream, name, start, end, dict(args or {}))
+        ev = Event(0, stream, name, start, end, dict(args) if args else {})
         self.events.append(ev)
         self.free[queue or stream] = end
         return ev
 
     def compute(self, name: str, dur: float, after=(), overlap=()) -> Event:
-        after = [a for a in (self.last, *after) if a is not None]
-        ov = [o for o in overlap if o is not None]
+        ov = [o for o in overlap if o is not None] if overlap else []
         free = self.free["compute"]
-        ready = [(a.end_s, a) for a in after] + ([(o.start_s, o) for o in [min(ov, key=lambda o: o.start_s)]] if ov else [])
-        start = max([free] + [t for t, _ in ready])
-        if start > free:
-            binding = max(ready, key=lambda x: x[0])[1]
-            if binding.stream != "compute":
-                self.exposed[binding.stream] += start - free
+        # ready times: the previous compute's end, each dependency's end, the first overlapped
+        # collective's start; the task starts at the latest of them and ``free``, and the first
+        # latest of them (``binding``) is what the compute stream waited for
+        ready = [(a.end_s, a) for a in (self.last, *after) if a is not None]
+        if ov:
+            first = min(ov, key=lambda o: o.start_s)
+            ready.append((first.start_s, first))
+        start, latest, binding = free, None, None
+        for t, a in ready:
+            if t > start:
+                start = t
+            if binding is None or t > latest:
+                latest, binding = t, a
+        if start > free and binding.stream != "compute":
+            self.exposed[binding.stream] += start - free
         done = self._finish(start, dur)
-        end = max([done] + [o.end_s for o in ov])
+        end = done
+        for o in ov:
+            if o.end_s > end:
+                end = o.end_s
         for o in ov:
             if o.end_s > start + dur and o.end_s == end:
                 self.exposed[o.stream] += end - (start + dur)
@@ -155,9 +167,12 @@ class StreamSim:
         t = self.c.get(kind, phase, op, group) if seconds is None else seconds
         if not op or t <= 0:
             return None
-        stream = {"shard": "efsdp" if group == "expert" else "fsdp", "replica": "dp_replicate"}.get(kind, kind)
-        deps = [a for a in ([self.last] if after is None else after) if a is not None]
-        start = max([self.free[stream]] + [a.end_s for a in deps])
+        stream = ("efsdp" if group == "expert" else "fsdp") if kind == "shard" else \
+            "dp_replicate" if kind == "replica" else kind
+        start = self.free[stream]
+        for a in ((self.last,) if after is None else after):
+            if a is not None and a.end_s > start:
+                start = a.end_s
         if (f := self.c.sm_share(kind, phase, op, group)) > 0:
             self.busy.append((start, start + t, f))
         return self._add(label or stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase,

@@ -117,9 +117,12 @@ def kept_in_flight(c: Candidates, n: np.ndarray, n_hi: np.ndarray, g: np.ndarray
     if not even.any():
         return out
     k, by_chunk = LAYER_AC_FREQ, np.zeros_like(out)
+    rows_of = lambda a, r: np.broadcast_to(a, out.shape)[r] if np.ndim(a) else a
     for vv in np.unique(c.vpp[c.vpp > 1]).tolist():
+        r = np.flatnonzero(c.vpp == vv)  # the rows of this vpp alone (every other row adds 0)
+        nr, gr, wr, dr = (rows_of(a, r) for a in (n, g, w, done))
         for j in range(vv):
-            kept_j = n - ((j + 1) * n // k - j * n // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
-            passes = INTERLEAVED.chunk_forwards(g, vv, done + w, j) - INTERLEAVED.chunk_forwards(g, vv, done, vv - 1 - j)
-            by_chunk = by_chunk + np.where(v == vv, np.maximum(passes, 0) * kept_j, 0)
+            kept_j = nr - ((j + 1) * nr // k - j * nr // k)  # positions j n .. j n + n - 1 not k - 1 modulo k
+            passes = INTERLEAVED.chunk_forwards(gr, vv, dr + wr, j) - INTERLEAVED.chunk_forwards(gr, vv, dr, vv - 1 - j)
+            by_chunk[r] += np.maximum(passes, 0) * kept_j
     return np.where(even, layer_rows(c) * by_chunk, out)

@@ -108,8 +108,8 @@ class SearchOptions(BaseModel):
       its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
       only where the list names it, not by default: both its bounds count the layers each stage
       surely replays and keeps (:mod:`meshplan.search.layer_replays`), yet with it listed the 405B
-      benchmark plans 82 candidates exactly against 70 (8.0-8.4 s against 6.7 s on one worker,
-      9.0-9.3 s wall with 2 workers on shared cores), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
+      benchmark plans 90 candidates exactly against 70 (7.9 s CPU against 5.6 s on one worker,
+      medians of 3 on shared cores; 9.0-9.3 s wall with 2 workers before the profile pass of searchprof), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
       all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
       ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
