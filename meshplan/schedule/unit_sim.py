@@ -126,7 +126,7 @@ class StreamSim:
                 start = t
             if binding is None or t > latest:
                 latest, binding = t, a
-        if start > free and binding.stream != "compute":
+        if start > free and binding is not None and binding.stream != "compute":
             self.exposed[binding.stream] += start - free
         done = self._finish(start, dur)
         end = done
