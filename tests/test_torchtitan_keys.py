@@ -84,3 +84,74 @@ def test_torchtitan_file_with_etp_equal_tp_reads():
     with pytest.raises(ConfigError, match=r"^parallelism\.expert_tensor_parallel_degree: 3 "):
         read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=3)), Path("."),
              ImportOptions(cluster="dgx-h100", nodes=4))
+
+
+MX = """\
+[model]
+name = "mixtral"
+flavor = "8x7B"
+hf_assets_path = "assets/mx"
+[training]
+local_batch_size = 1
+seq_len = 4096
+global_batch_size = 64
+[parallelism]
+data_parallel_shard_degree = -1
+expert_parallel_degree = 8
+"""
+
+
+@pytest.fixture()
+def mx(tmp_path):
+    """The users' MoE job TOML, its model read through a relative ``model.hf_assets_path``."""
+    (tmp_path / "assets" / "mx").mkdir(parents=True)
+    (tmp_path / "assets" / "mx" / "config.json").write_text((HF / "mixtral-8x7b-v0.1" / "config.json").read_text())
+    job = tmp_path / "mx.toml"
+    job.write_text(MX)
+    return job
+
+
+def test_torchtitan_moe_read_through_hf_assets_path_exports_back(mx, capsys):
+    """``export --to torchtitan`` of it was refused ('torchtitan knows models by flavor'); now the
+    file's [model] name, flavor and hf_assets_path are written back as the user wrote them, the
+    round trip re-reads the model with --model (the folder is relative to where torchtitan runs),
+    and nothing of the model is listed as not expressed."""
+    out = mx.parent / "r.toml"
+    assert _main("export", mx, "--cluster", "dgx-h100", "--nodes", 4, "--to", "torchtitan", "-o", out) == 0
+    config = (mx.parent / "assets" / "mx" / "config.json").resolve()
+    doc = tomllib.loads(out.read_text())
+    assert doc["model"] == {"name": "mixtral", "flavor": "8x7B", "hf_assets_path": "assets/mx"}
+    head = capsys.readouterr().out
+    assert f"import with: meshplan import torchtitan FILE --cluster dgx-h100 --nodes 4 --model {config}" in head
+    assert "not expressed in torchtitan" not in head
+    assert doc["parallelism"]["expert_parallel_degree"] == 8
+
+
+def test_torchtitan_moe_search_export_is_not_refused(mx):
+    """``search --export 1 --to torchtitan`` refused the file before the search; the refusal
+    now takes the file's model names (a llama3 flavor is not needed)."""
+    from meshplan.interop.foreign import load_any
+    from meshplan.interop.search_export import search_export_refusal
+    cfg = load_any(mx, None, ImportOptions(cluster="dgx-h100", nodes=4), require_mesh=False)
+    assert cfg.source_model == (("name", "mixtral"), ("flavor", "8x7B"), ("hf_assets_path", "assets/mx"))
+    assert search_export_refusal(cfg, "torchtitan") is None
+
+
+def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
+    """The meshplan TOML that ``import`` wrote (hf_config, [source] naming the job TOML) exports
+    the same [model] as the job TOML itself; without the [source] it is one line saying what to set."""
+    toml = mx.parent / "mx_plan.toml"
+    assert _main("import", "torchtitan", mx, "--cluster", "dgx-h100", "--nodes", 4, "-o", toml) == 0
+    out = mx.parent / "r.toml"
+    assert _main("export", toml, "--to", "torchtitan", "-o", out) == 0
+    assert tomllib.loads(out.read_text())["model"] == {"name": "mixtral", "flavor": "8x7B", "hf_assets_path": "assets/mx"}
+    bare = mx.parent / "bare.toml"
+    bare.write_text(toml.read_text().split("\n[source]\n")[0] + "\n")
+    capsys.readouterr()
+    assert _main("export", bare, "--to", "torchtitan", "-o", mx.parent / "x.toml") == 2
+    config = (mx.parent / "assets" / "mx" / "config.json").resolve()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: --to: torchtitan knows a model by [model] name and flavor; model 'mx' (Hugging Face config {config}, "
+        f"model_type mixtral) has none meshplan can tell: set model.name = \"transformers_modeling_backend\" with "
+        f"flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models) and "
+        f"model.hf_assets_path = \"{config.parent}\" in a torchtitan job TOML and export from that file")

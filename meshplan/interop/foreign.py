@@ -45,6 +45,7 @@ from meshplan.interop.tomlout import dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
+from meshplan.spec.hf import hf_source
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
@@ -138,7 +139,7 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
                           f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
-    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt)
+    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt, source_model=imp.model_keys)
 
 
 def import_text(path, fmt: str | None, opts: ImportOptions,
@@ -162,12 +163,15 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
 def reimport_options(cfg: Config, to: str) -> ImportOptions:
     """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
     and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
-    their model, which is what a round trip checks)."""
+    their model, which is what a round trip checks; a torchtitan file naming a model read through
+    its ``model.hf_assets_path``, :attr:`~meshplan.config.Config.source_model`, with ``--model``
+    that folder's config.json, which the file's folder, relative to where torchtitan runs, may not hold)."""
     c = cfg.cluster
     gpu = c.gpu.name if c.node.name in catalog.names("node") and c.gpu.name in catalog.names("gpu") and \
         catalog.system(c.node.name, 1).gpu.name != c.gpu.name else None
+    hf = hf_source(cfg.model.source) if to == "torchtitan" and cfg.source_model else None
     if to != "deepspeed":
-        return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu)
+        return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu, model=hf[1] if hf else None)
     return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu, model=catalog_model_name(cfg.model),
                          seq_len=cfg.training.seq_len)
 
@@ -298,7 +302,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "")
-                + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
+                + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}")
+                + (f" --model {opts.model}" if to == "torchtitan" and opts.model else ""))
     if to == "torchtitan":
         tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan_write.write(cfg), [])

@@ -345,7 +345,10 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
-    return Imported("torchtitan", tables, unused, tuple(notes))
+    named = {"name": "llama3", "flavor": "debugmodel"} | d.get("model", {})  # torchtitan's defaults
+    keys = tuple((k, str(named[k])) for k in ("name", "flavor", "hf_assets_path")) \
+        if "model.hf_assets_path" in used else ()  # the model read through hf_assets_path: exported back
+    return Imported("torchtitan", tables, unused, tuple(notes), keys)
 
 def _etp_rule(deg: dict[str, int]) -> None:
     """ConfigError naming ``parallelism.expert_tensor_parallel_degree`` where torchtitan's

@@ -161,3 +161,20 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
         raise ConfigError(where, f"{bound_message(first) or first['msg']} (imported from {origin})") from None
+
+
+def hf_source(source: str) -> tuple[str, str] | None:
+    """(model_type, origin) of a model built by :func:`model_from_hf_config` from its
+    ``ModelSpec.source`` (the line that function writes: ``Hugging Face config.json (model_type T)
+    from ORIGIN``, ORIGIN the file's path or "a config dict"); None for any other model.
+
+    >>> hf_source("Hugging Face config.json (model_type mixtral) from /m/config.json; not modelled: x")
+    ('mixtral', '/m/config.json')
+    >>> hf_source("catalog") is None
+    True
+    """
+    head = "Hugging Face config.json (model_type "
+    if not source.startswith(head) or ") from " not in source:
+        return None
+    model_type, _, rest = source[len(head):].partition(") from ")
+    return model_type, rest.split("; not modelled: ")[0]
