@@ -155,3 +155,88 @@ def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
         f"model_type mixtral) has none meshplan can tell: set model.name = \"transformers_modeling_backend\" with "
         f"flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models) and "
         f"model.hf_assets_path = \"{config.parent}\" in a torchtitan job TOML and export from that file")
+
+
+def _err(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+GB = """\
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+global_batch_size = 256
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+"""
+
+
+def test_torchtitan_batch_error_names_the_file_keys(tmp_path, capsys):
+    """global_batch_size 256 on 64 dgx-h100 (dp_shard -1 = 512): 256 is no multiple of local 1 x
+    dp 512; the nearest multiple above is 512 (0 below is none), and 256 / 512 sequences per rank
+    offers no local batch. In the file's keys, not training.global_batch / micro_batch."""
+    job = tmp_path / "gb.toml"
+    job.write_text(GB)
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 64) == 2
+    assert _err(capsys)[-1] == ("error: training.global_batch_size: 256 is not divisible by training.local_batch_size 1 "
+                                "x dp 512 = 512; use a multiple of 512 (512)")
+
+
+def test_torchtitan_experts_fix_names_expert_parallel_degree(mx, capsys):
+    """Mixtral's 8 experts at ep 16 (dp_shard -1 = 32 on 4 nodes): the fix offers ep 2, 4, 8 (the
+    divisors of 8 other than 16 that divide the dense block 32) as the key to set, not mesh.shape."""
+    mx.write_text(MX.replace("expert_parallel_degree = 8", "expert_parallel_degree = 16"))
+    assert _main("plan", mx, "--cluster", "dgx-h100", "--nodes", 4) == 1
+    err = _err(capsys)
+    assert err[-2:] == [
+        "infeasible: experts 8 are not divisible by ep 16",
+        "fix: ep must divide the 8 experts: expert_parallel_degree 2 (parallelism.expert_parallel_degree = 2: 4 "
+        "experts per ep rank, efsdp 16; the dense mesh unchanged); or expert_parallel_degree 4 "
+        "(parallelism.expert_parallel_degree = 4: 2 experts per ep rank, efsdp 8; the dense mesh unchanged); or "
+        "expert_parallel_degree 8 (parallelism.expert_parallel_degree = 8: 1 expert per ep rank, efsdp 4; the dense "
+        "mesh unchanged)"]
+
+
+MEM = """\
+[model]
+name = "llama3"
+flavor = "70B"
+[training]
+local_batch_size = 2
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 2
+[activation_checkpoint]
+mode = "none"
+"""
+
+
+def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
+    """Llama-3-70B at dp_shard 4 x tp 2, local batch 2, no AC on one node does not fit: the fix's
+    knobs are activation_checkpoint.mode = "full", training.local_batch_size 1 and the degrees' keys,
+    and the batch cap names training.global_batch_size (8 = 2 x 4, torchtitan's -1 default)."""
+    job = tmp_path / "mem.toml"
+    job.write_text(MEM)
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 1) == 1
+    fix = _err(capsys)[-1]
+    assert fix.startswith("fix: activation_checkpoint.mode = \"full\" -> peak ")
+    assert "; training.local_batch_size 1 -> peak " in fix
+    assert "; tensor_parallel_degree x2 (data_parallel_shard_degree 2 x tensor_parallel_degree 4) -> peak " in fix
+    assert "training.global_batch_size 8 caps dp at 4 (training.global_batch_size / training.local_batch_size 2)" in fix
+    for meshplan_words in ("recompute full", "micro_batch", "training.global_batch ", "dp_shard 2"):
+        assert meshplan_words not in fix
+
+
+def test_megatron_batch_error_names_the_flags(tmp_path, capsys):
+    """The example arguments (tp 2 x pp 2 on 16 GPUs: dp 4) with --global-batch-size 130: 130 % 4
+    = 2, the multiples of 4 either side 128 and 132; 130 / 4 is no whole per-rank batch."""
+    args = tmp_path / "mg.args"
+    args.write_text((Path(__file__).parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
+                    .replace("--global-batch-size 128", "--global-batch-size 130"))
+    assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 2) == 2
+    assert _err(capsys)[-1] == ("error: --global-batch-size: 130 is not divisible by --micro-batch-size 1 x dp 4 = 4; "
+                                "use a multiple of 4 (128 or 132)")

@@ -19,6 +19,7 @@ from meshplan.cli.common import (
     _echo,
     _exit_infeasible,
     _infeasible,
+    _in_file,
     _html_option,
     _json_option,
     _refuse_existing,
@@ -88,7 +89,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
     if not p.feasible and isinstance(p, Plan):  # over memory: the knobs that would bring the peak under it
         _infeasible(p)
-        _echo(memory_fix(p), err=True)
+        _echo(_in_file(p, memory_fix(p) or ""), err=True)
         raise typer.Exit(1)
     _verdict_exit(p)
 
