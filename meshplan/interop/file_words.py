@@ -15,8 +15,9 @@ so that the line stays true):
   ``--global-batch-size`` (Megatron-LM), ``train_batch_size`` (DeepSpeed); the micro-batch to
   torchtitan's ``training.local_batch_size`` at pp 1 and ``parallelism.pipeline_parallel_microbatch_size``
   with pp (its reader's mapping), ...;
-- the same names bare, as the batch rule and the memory fix write them (``micro_batch 1 x dp 512``,
-  ``global_batch / micro_batch 2``), to the key (``training.local_batch_size 1``);
+- the batch's names bare (:data:`BARE`), as the batch rule and the memory fix write them
+  (``micro_batch 1 x dp 512``, ``global_batch / micro_batch 2``), to the key
+  (``training.local_batch_size 1``);
 - a setting of a fix (``recompute full``, ``reshard_after_forward true``) as the key and value to
   write (``activation_checkpoint.mode = "full"``, ``--recompute-granularity full``);
 - ``mesh.shape [...]`` as the degrees it changes against the config's mesh
@@ -62,6 +63,10 @@ SETTINGS: dict[str, dict[str, str]] = {
 }
 
 
+#: The fields the batch rule and the memory fix write bare, without their table.
+BARE = ("global_batch", "micro_batch")
+
+
 def _fields(cfg: Config) -> dict[str, str]:
     """:data:`FIELDS` of ``cfg.origin``, torchtitan's micro-batch key by its pp (the reader's
     mapping: ``local_batch_size`` at pp 1, ``pipeline_parallel_microbatch_size`` with pp)."""
@@ -75,6 +80,12 @@ def _fields(cfg: Config) -> dict[str, str]:
 
 def _sub(pattern: str, text: str, repl: Callable[[re.Match], str]) -> str:
     return re.sub(pattern, repl, text)
+
+
+def _put(pattern: str, text: str, words: str) -> str:
+    """``text`` with every match of ``pattern`` replaced by ``words`` as they are (no group
+    references)."""
+    return re.sub(pattern, lambda _: words, text)
 
 
 def _shape(cfg: Config, m: re.Match) -> str:
@@ -114,15 +125,12 @@ def file_words(cfg: Config, text: str) -> str:
     fields, keys = _fields(cfg), KEYS[cfg.origin]
     text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, m))
     for meshplan_words, words in SETTINGS[cfg.origin].items():
-        text = _sub(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, lambda m, w=words: w)
-    for field, key in fields.items():  # dotted first, then the bare name (its key's last part)
-        text = _sub(rf"(?<![\w.\-]){re.escape(field)}(?![\w])", text, lambda m, k=key: k)
-    for field, key in fields.items():
-        bare, short = field.partition(".")[2], key.rpartition(".")[2]
-        if field.startswith("training.") and bare != short and not key.startswith("--"):
-            text = _sub(rf"(?<![\w.\-]){re.escape(bare)}(?![\w])", text, lambda m, k=key: k)
-        elif field.startswith("training.") and key.startswith("--"):
-            text = _sub(rf"(?<![\w.\-]){re.escape(bare)}(?= \d)", text, lambda m, k=key: k)
+        text = _put(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, words)
+    for field, key in fields.items():  # dotted first, then the bare name
+        text = _put(rf"(?<![\w.\-]){re.escape(field)}(?![\w])", text, key)
+    for bare in BARE:  # "micro_batch 1 x dp 512", "global_batch / micro_batch 2"
+        if f"training.{bare}" in fields:
+            text = _put(rf"(?<![\w.\-]){bare}(?![\w'])", text, fields[f"training.{bare}"])
     head, mark, fix = text.partition("fix: ")  # degrees as settings: in the fix only ("tp 3" of a reason stays)
     short = {a: k.removeprefix("parallelism.") for a, k in keys.items()}
     return head + mark + _sub(r"(?<![\w.\-])(pp|dp_replicate|dp_shard|cp|tp|ep|etp)(?= (?:\d|x\d))", fix,
