@@ -240,3 +240,34 @@ def test_megatron_batch_error_names_the_flags(tmp_path, capsys):
     assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 2) == 2
     assert _err(capsys)[-1] == ("error: --global-batch-size: 130 is not divisible by --micro-batch-size 1 x dp 4 = 4; "
                                 "use a multiple of 4 (128 or 132)")
+
+
+HINT = """\
+[model]
+name = "llama3"
+flavor = "70B"
+[training]
+local_batch_size = 1
+global_batch_size = 512
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+[activation_checkpoint]
+mode = "none"
+"""
+
+
+def test_torchtitan_step_hint_names_the_file_keys(tmp_path, capsys):
+    """Llama-3-70B at dp_shard 32 x tp 8 (32 nodes), 16 micro-batches: FSDP's re-gathers give a
+    hint whose knobs are written as the job TOML sets them: parallelism.fsdp_reshard_after_forward
+    = "never" (not training.reshard_after_forward = false, whose value torchtitan does not take)
+    and training.local_batch_size; grad_accumulation has no torchtitan key and keeps its name."""
+    job = tmp_path / "hint.toml"
+    job.write_text(HINT)
+    assert _main("step", job, "--cluster", "dgx-h100", "--nodes", 32) == 0
+    hint = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hint: exposed fsdp")]
+    assert len(hint) == 1
+    assert 'parallelism.fsdp_reshard_after_forward = "never" (step ' in hint[0]
+    assert "training.local_batch_size = 2 (step " in hint[0]
+    assert "reshard_after_forward = false" not in hint[0] and "micro_batch" not in hint[0]

@@ -73,7 +73,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     dp_shard x cp x tp: a 'fix:' line with the ep degrees that divide both and pass the rules. A pp the model's
     layers do not divide, without mesh.pp_layer_split, exits 1 with a 'fix:' line giving the split the framework
     sets (Megatron-LM's --decoder-first/last-pipeline-num-layers with their values, or that it sets none at this
-    pp; under torch a balanced split)."""
+    pp; under torch a balanced split). For a foreign CONFIG the errors, reasons and fix lines name its own keys
+    where it has them (training.global_batch_size, activation_checkpoint.mode, the degrees' keys; the flags)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")

@@ -18,8 +18,10 @@ so that the line stays true):
 - the batch's names bare (:data:`BARE`), as the batch rule and the memory fix write them
   (``micro_batch 1 x dp 512``, ``global_batch / micro_batch 2``), to the key
   (``training.local_batch_size 1``);
-- a setting of a fix (``recompute full``, ``reshard_after_forward true``) as the key and value to
-  write (``activation_checkpoint.mode = "full"``, ``--recompute-granularity full``);
+- a setting of a fix or a ``hint:`` line (``recompute full``, ``training.reshard_after_forward = false``,
+  ``mesh.pp_schedule = "interleaved_1f1b"``) as the key and value to write (``activation_checkpoint.mode
+  = "full"``, ``parallelism.fsdp_reshard_after_forward = "never"``, ``"Interleaved1F1B"``;
+  ``--recompute-granularity full``);
 - ``mesh.shape [...]`` as the degrees it changes against the config's mesh
   (``parallelism.expert_parallel_degree = 8``, ``--expert-model-parallel-size 8``);
 - in the ``fix:`` part of a line, a mesh axis followed by its degree (``tp 4``, ``tp x2``) as the
@@ -34,6 +36,7 @@ from typing import Callable
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 
 #: meshplan field -> the format's key (None: the format has none; the line keeps meshplan's name).
@@ -56,7 +59,11 @@ FIELDS: dict[str, dict[str, str]] = {
 SETTINGS: dict[str, dict[str, str]] = {
     "torchtitan": {"recompute full": "activation_checkpoint.mode = \"full\"",
                    "recompute none": "activation_checkpoint.mode = \"none\"",
-                   "reshard_after_forward true": "parallelism.fsdp_reshard_after_forward = \"always\""},
+                   "reshard_after_forward true": "parallelism.fsdp_reshard_after_forward = \"always\"",
+                   "training.reshard_after_forward = true": "parallelism.fsdp_reshard_after_forward = \"always\"",
+                   "training.reshard_after_forward = false": "parallelism.fsdp_reshard_after_forward = \"never\""}
+    | {f"mesh.pp_schedule = \"{ours}\"": f"parallelism.pipeline_parallel_schedule = \"{theirs}\""
+       for ours, theirs in SCHEDULE_NAMES.items()},
     "megatron": {"recompute full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
                  "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel"},
     "deepspeed": {"recompute full": "an activation_checkpointing section (deepspeed.checkpointing on every block)"},
