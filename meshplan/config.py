@@ -67,7 +67,10 @@ class Config:
     [kernels] table's files, resolved against the TOML's folder (the CLI lays them over the
     catalog's kernel data, :func:`meshplan.cli.loading._measured_cluster`);
     ``checkpoint_interval_steps``: the [reliability] table's ``checkpoint_interval_steps`` (None: not said);
-    ``source``: the [source] table, (path resolved against the TOML's folder, format), or None."""
+    ``source``: the [source] table, (path resolved against the TOML's folder, format), or None;
+    ``source_model``: the foreign file's own keys naming a model it describes by a Hugging Face
+    config (a torchtitan job TOML's ``model.name``, ``model.flavor`` and ``model.hf_assets_path`` as
+    written), which an export to that format writes back; () otherwise."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -81,6 +84,7 @@ class Config:
     kernel_files: tuple[str, ...] = ()
     checkpoint_interval_steps: int | None = None
     source: tuple[str, str] | None = None
+    source_model: tuple[tuple[str, str], ...] = ()
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import check_destination, write_output
+from meshplan.interop.file_words import file_words
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_fix_rules import experts_fix, split_fix
 from meshplan.report.json_docs import to_json
@@ -78,9 +79,17 @@ def _console() -> Console:
 
 def _infeasible(plan, who: str = "") -> None:
     """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
-    of every command that resolves a mesh)."""
+    of every command that resolves a mesh), a foreign config's in its own keys (:func:`_in_file`)."""
     for r in plan.reasons:
-        _echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+        _echo(f"infeasible: {who + ': ' if who else ''}{_in_file(plan, r)}", err=True)
+
+
+def _in_file(plan, line: str) -> str:
+    """``line`` (a reason or a ``fix:`` line of ``plan``) in the keys of the foreign file its
+    config was read from (:func:`meshplan.interop.file_words.file_words`); as it is for a meshplan
+    TOML or a result without a config."""
+    cfg = getattr(plan, "config", None)
+    return file_words(cfg, line) if cfg is not None else line
 
 
 def _verdict_exit(plan) -> None:
@@ -96,7 +105,7 @@ def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     _infeasible(plan)
     fix = (experts_fix(plan) or split_fix(plan)) if isinstance(plan, Infeasible) else None
     if fix:
-        _echo(fix, err=True)
+        _echo(_in_file(plan, fix), err=True)
     raise typer.Exit(1)
 
 

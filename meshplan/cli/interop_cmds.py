@@ -26,7 +26,7 @@ from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import UserFile, export, import_text, load_any
-from meshplan.interop.source_file import carried_source, source_table
+from meshplan.interop.source_file import carried_source, source_table, with_source_model
 from meshplan.plan import Infeasible, build_plan
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.report.json_docs import export_doc, import_doc
@@ -113,6 +113,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     cfg = load_any(config, foreign.fmt, foreign.options())
     _notes(cfg)
     user, gone = carried_source(config, foreign.fmt, cfg)
+    cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     header = _write_export(cfg, to, out, str(config), force, user, gone)
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)

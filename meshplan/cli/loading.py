@@ -18,6 +18,7 @@ from meshplan.comm.calibration import apply_calibration, calibration_doc, load_c
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
+from meshplan.interop.file_words import file_error
 from meshplan.interop.foreign import load_any
 from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
@@ -39,7 +40,8 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     config's [kernels] files) the GPU's kernel data. Malformed input is a
     ConfigError (exit 2, one line): degrees that cannot make the world
     (:func:`~meshplan.mesh.resolve.world_error`, each fix checked by the plan's rules, a foreign file's in its format's keys:
-    :func:`~meshplan.interop.world_words.foreign_world_error`; with ``unresolved``, as ``compare`` plans two
+    :func:`~meshplan.interop.world_words.foreign_world_error`, and every other error of a foreign file too:
+    :func:`~meshplan.interop.file_words.file_error`; with ``unresolved``, as ``compare`` plans two
     configs, such a plan is returned, infeasible) and counts that disagree
     (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
     the config's ``mesh.pp_schedule`` before the plan's rules (:mod:`meshplan.cli.schedule_opt`;
@@ -51,12 +53,13 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     try:
         plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
     except ConfigError as e:
-        raise (e if cfg is read else renamed(e, str(schedule))) from None
+        raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
             None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg))
-        if bad is not None:
-            raise foreign_world_error(cfg, bad)  # a foreign file's in its own keys
+        if bad is not None:  # a foreign file's in its own keys (the world's by its own words)
+            world = foreign_world_error(cfg, bad)
+            raise file_error(cfg, bad) if world is bad else world
     return plan
 
 

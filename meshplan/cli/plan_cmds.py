@@ -19,6 +19,7 @@ from meshplan.cli.common import (
     _echo,
     _exit_infeasible,
     _infeasible,
+    _in_file,
     _html_option,
     _json_option,
     _refuse_existing,
@@ -72,7 +73,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     dp_shard x cp x tp: a 'fix:' line with the ep degrees that divide both and pass the rules. A pp the model's
     layers do not divide, without mesh.pp_layer_split, exits 1 with a 'fix:' line giving the split the framework
     sets (Megatron-LM's --decoder-first/last-pipeline-num-layers with their values, or that it sets none at this
-    pp; under torch a balanced split)."""
+    pp; under torch a balanced split). For a foreign CONFIG the errors, reasons and fix lines name its own keys
+    where it has them (training.global_batch_size, activation_checkpoint.mode, the degrees' keys; the flags)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
@@ -88,7 +90,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
     if not p.feasible and isinstance(p, Plan):  # over memory: the knobs that would bring the peak under it
         _infeasible(p)
-        _echo(memory_fix(p), err=True)
+        _echo(_in_file(p, memory_fix(p) or ""), err=True)
         raise typer.Exit(1)
     _verdict_exit(p)
 

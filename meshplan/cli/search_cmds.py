@@ -37,7 +37,7 @@ from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any
-from meshplan.interop.source_file import carried_source
+from meshplan.interop.source_file import carried_source, with_source_model
 from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
                                              search_variant_refusal)
 from meshplan.plan_capacity import checked
@@ -216,6 +216,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
+    user, carried = carried_source(config, foreign.fmt, cfg) if pick is not None else (None, [])
+    cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     if pick is not None and (refusal := search_export_refusal(cfg, to)) is not None:
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     _refuse_existing(json_path, force, "--json")
@@ -228,7 +230,6 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
-        user, carried = carried_source(config, foreign.fmt, cfg)
         _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_headroom(result, pick)])
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:

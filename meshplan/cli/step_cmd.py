@@ -13,6 +13,7 @@ from meshplan.cli.common import (
     CalibrationOpt,
     KernelsOpt,
     _echo,
+    _in_file,
     _exit_infeasible,
     _json_option,
     _refuse_existing,
@@ -95,7 +96,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
     nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
-    shown only when that step is more than 1% shorter. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    shown only when that step is more than 1% shorter (a foreign CONFIG's 'hint:' and 'fix:' lines name its own
+    keys where it has them). The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
@@ -152,8 +154,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
     verdict = (network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
                + tp_hint(p, st, again))
-    for line in verdict:
-        _echo(line)
+    for line in verdict:  # a hint's settings in a foreign file's own keys
+        _echo(_in_file(p, line) if line.startswith("hint:") else line)
     path = st.critical_path()
     _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):

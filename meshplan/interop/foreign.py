@@ -47,6 +47,7 @@ from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.interop.written_paths import written_tables
+from meshplan.spec.hf import hf_source
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
@@ -140,7 +141,7 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
                           f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
-    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt)
+    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt, source_model=imp.model_keys)
 
 
 def import_text(path, fmt: str | None, opts: ImportOptions,
@@ -167,22 +168,27 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
 def reimport_options(cfg: Config, to: str) -> ImportOptions:
     """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
     and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
-    their model, which is what a round trip checks). The cluster by its catalog node (and GPU)
-    where it is that entry unchanged, else whole (a ``[cluster]`` written inline, another
+    their model, which is what a round trip checks; a torchtitan file naming a model read through
+    its ``model.hf_assets_path``, :attr:`~meshplan.config.Config.source_model`, with ``--model``
+    that folder's config.json, which the file's folder, relative to where torchtitan runs, may
+    not hold). The cluster by its catalog node (and GPU) where it is that entry unchanged, else whole (a ``[cluster]`` written inline, another
     fabric, measured links: :func:`~meshplan.interop.tomlout.cluster_table` writes it out), the
     ClusterSpec as ``cluster``, never its node's name looked up in the catalog."""
     c, table = cfg.cluster, cluster_table(cfg)
     opts = ImportOptions(cluster=table["system"], nodes=c.nodes, gpu=table.get("gpu")) if "system" in table else \
         ImportOptions(cluster=c, nodes=c.nodes)
-    return opts if to != "deepspeed" else replace(opts, model=catalog_model_name(cfg.model),
-                                                  seq_len=cfg.training.seq_len)
+    if to == "deepspeed":
+        return replace(opts, model=catalog_model_name(cfg.model), seq_len=cfg.training.seq_len)
+    hf = hf_source(cfg.model.source) if to == "torchtitan" and cfg.source_model else None
+    return replace(opts, model=hf[1]) if hf else opts
 
 
 def _import_line(to: str, opts: ImportOptions, cfg: Config) -> str:
     """The header's ``import with: meshplan import ...`` line; for a cluster carried whole
     (:func:`reimport_options`), the node (``NODE`` where the catalog has none of its name) and
     this plan's ``[cluster]`` to put in the imported TOML, as no option names that cluster."""
-    tail = "" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"
+    tail = (f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}" if to == "deepspeed" else
+            f" --model {opts.model}" if to == "torchtitan" and opts.model else "")
     if not isinstance(opts.cluster, ClusterSpec):
         return (f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "") + tail)

@@ -16,6 +16,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS, catalog_model_name
 from meshplan.interop.foreign import not_expressed
 from meshplan.interop.torchtitan import FLAVORS
+from meshplan.interop.torchtitan_write import no_flavor
 
 
 def search_export_refusal(cfg: Config, to: str) -> str | None:
@@ -40,9 +41,8 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """
     o, t = cfg.search, cfg.training
     if to == "torchtitan":
-        if catalog_model_name(cfg.model) not in FLAVORS.values():
-            return (f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {cfg.model.name!r} has none: "
-                    "export --to meshplan or megatron")
+        if catalog_model_name(cfg.model) not in FLAVORS.values() and not cfg.source_model:
+            return f"{no_flavor(cfg.model)}; or export --to meshplan or megatron"
         if not {"zero3", "hsdp"} & set(o.sharding):
             return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "
                     "add zero3 to search.sharding or export --to megatron")

@@ -14,12 +14,14 @@ otherwise, as for any user file.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import UserFile, user_source
 from meshplan.interop.written_paths import written_path
+from meshplan.spec.hf import hf_source
 
 
 def source_table(source: Path, fmt: str, out: Path | None) -> dict[str, str]:
@@ -54,3 +56,22 @@ def carried_source(config: Path, fmt: str | None, cfg: Config) -> tuple[UserFile
     if user is None:  # a [source] naming a meshplan TOML: nothing foreign to carry
         return None, []
     return user._replace(name=f"{path}, the [source] of {config}"), []
+
+
+def with_source_model(cfg: Config, user: UserFile | None) -> Config:
+    """``cfg`` with the [model] keys of its ``[source]`` torchtitan job TOML ``user``
+    (:attr:`~meshplan.config.Config.source_model`) where the model is the Hugging Face config that
+    file's ``model.hf_assets_path`` names (relative to the file's folder, as its import read it), so
+    that an export to torchtitan writes them back as an export of the file itself does; ``cfg``
+    unchanged otherwise."""
+    if cfg.source_model or user is None or user.fmt != "torchtitan" or cfg.source is None:
+        return cfg
+    model, hf = user.doc.get("model", {}), hf_source(cfg.model.source)
+    folder = model.get("hf_assets_path") if isinstance(model, dict) else None
+    if hf is None or not isinstance(folder, str):
+        return cfg
+    path = Path(folder) if Path(folder).is_absolute() else Path(cfg.source[0]).parent / folder
+    if (path / "config.json").resolve() != Path(hf[1]).resolve():
+        return cfg
+    named = {"name": "llama3", "flavor": "debugmodel"} | model  # torchtitan's defaults
+    return replace(cfg, source_model=tuple((k, str(named[k])) for k in ("name", "flavor", "hf_assets_path")))

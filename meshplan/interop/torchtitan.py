@@ -110,6 +110,7 @@ from meshplan.interop.torchtitan_tables import (
     read_optimizer,
     read_recompute,
 )
+from meshplan.spec.axes.ep import TORCH_ETP
 from meshplan.spec.axes.tp import tp_misfit
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
@@ -319,6 +320,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
     deg = _degrees(par)
+    _etp_rule(deg)
     dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
     if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
@@ -343,7 +345,28 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
-    return Imported("torchtitan", tables, unused, tuple(notes))
+    named = {"name": "llama3", "flavor": "debugmodel"} | d.get("model", {})  # torchtitan's defaults
+    keys = tuple((k, str(named[k])) for k in ("name", "flavor", "hf_assets_path")) \
+        if "model.hf_assets_path" in used else ()  # the model read through hf_assets_path: exported back
+    return Imported("torchtitan", tables, unused, tuple(notes), keys)
+
+def _etp_rule(deg: dict[str, int]) -> None:
+    """ConfigError naming ``parallelism.expert_tensor_parallel_degree`` where torchtitan's
+    ParallelDims refuses it at start-up: ep > 1 with an etp neither 1 nor tp
+    (:data:`~meshplan.spec.axes.ep.TORCH_ETP`, the source and its commits; the planner's rule
+    ``torch_etp`` says the same of a meshplan TOML under framework torch).
+
+    >>> _etp_rule({"ep": 4, "etp": 2, "tp": 4})
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 2 with tensor_parallel_degree 4 and expert_parallel_degree 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 ("Currently we only support ETP=TP or ETP=1"); fix: expert_tensor_parallel_degree = 1 or 4
+    """
+    ep, etp, tp = deg["ep"], deg["etp"], deg["tp"]
+    if ep > 1 and etp not in (1, tp):
+        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with tensor_parallel_degree {tp} and "
+                          f"expert_parallel_degree {ep}: {TORCH_ETP}; fix: expert_tensor_parallel_degree = 1"
+                          + (f" or {tp}" if tp > 1 else ""))
+
 
 def _moved(keys) -> None:
     """ConfigError for a key meshplan reads under another table (older torchtitan kept the

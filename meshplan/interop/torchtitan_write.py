@@ -8,6 +8,7 @@ pipeline split, [activation_checkpoint], the optimizer and float8 are written by
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from meshplan.config import Config
@@ -25,6 +26,7 @@ from meshplan.interop.torchtitan_tables import (
 )
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
+from meshplan.spec.hf import hf_source
 
 
 def reshard_policy(t, pp: int) -> str:
@@ -58,11 +60,7 @@ def write(cfg: Config) -> dict[str, dict]:
     a mesh order other than torchtitan's, tp without sequence parallel, user-named axes."""
     mesh = resolved(cfg)
     t = cfg.training
-    name = catalog_model_name(cfg.model)
-    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
-    if flavor is None:
-        raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
-                          f"{cfg.model.name!r} has none")
+    model = model_table(cfg)
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
@@ -81,7 +79,6 @@ def write(cfg: Config) -> dict[str, dict]:
                 "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
                 "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
                 "mixed_precision_reduce": "float32"} | ({"max_norm": t.grad_clip_norm} if t.grad_clip_norm else {})
-    model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
     converters, quantize = write_float8(t)
     if converters:
         model["converters"] = converters
@@ -94,6 +91,55 @@ def write(cfg: Config) -> dict[str, dict]:
         | ({"checkpoint": {"enable": True, "interval": cfg.checkpoint_interval_steps}}
            if cfg.checkpoint_interval_steps else {})
 
+
+
+#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at e347b1e (the
+#: registries ``torchtitan/models/<name>/__init__.py``, each flavor one size); another dense HF
+#: model runs under the experiment ``transformers_modeling_backend`` (flavor "full", ``[hf_transformers]
+#: model`` = the Hugging Face id; MoE "upcoming" in its README there).
+TORCHTITAN_MODELS = {"llama": ("llama3", "8B, 70B, 405B"), "llama4": ("llama4", "17bx16e, 17bx128e"),
+                     "deepseek_v2": ("deepseek_v3", "16B, 236B, 671B"),
+                     "deepseek_v3": ("deepseek_v3", "16B, 236B, 671B"),
+                     "qwen3": ("qwen3", "0.6B, 1.7B, 4B, 8B, 14B, 32B"),
+                     "qwen3_moe": ("qwen3", "30B-A3B, 235B-A22B"), "gpt_oss": ("gpt_oss", "20b, 120b")}
+
+
+def model_table(cfg: Config) -> dict[str, Any]:
+    """torchtitan's [model] of ``cfg``: a llama3 flavor of the catalog (``FLAVORS``), else the keys of
+    the torchtitan job TOML that read the model through ``model.hf_assets_path``
+    (:attr:`~meshplan.config.Config.source_model`: name, flavor and that folder, as the user wrote
+    them), else a ConfigError naming ``--to`` and what to set (:func:`no_flavor`)."""
+    name = catalog_model_name(cfg.model)
+    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
+    if flavor is not None:
+        return {"name": flavor[0], "flavor": flavor[1]}
+    if cfg.source_model:
+        return dict(cfg.source_model)
+    raise ConfigError("--to", no_flavor(cfg.model))
+
+
+def no_flavor(model) -> str:
+    """Why a torchtitan file cannot name ``model`` and what to set: a llama3 flavor, or for a model
+    of a Hugging Face config the torchtitan model of its architecture (:data:`TORCHTITAN_MODELS`) with
+    its flavors, its folder as ``model.hf_assets_path``, in the job TOML an export then writes it back from.
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> m = ModelSpec(name="q", layers=2, hidden=64, ffn=64, q_heads=4, vocab=8,
+    ...               source="Hugging Face config.json (model_type qwen3) from /m/q/config.json")
+    >>> print(no_flavor(m))
+    torchtitan knows a model by [model] name and flavor; model 'q' (Hugging Face config /m/q/config.json, model_type qwen3) has none meshplan can tell: set model.name = "qwen3" with its flavor (0.6B, 1.7B, 4B, 8B, 14B, 32B) and model.hf_assets_path = "/m/q" in a torchtitan job TOML and export from that file
+    """
+    hf = hf_source(model.source)
+    if hf is None:
+        return f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {model.name!r} has none"
+    model_type, path = hf
+    folder = str(Path(path).parent)
+    arch, flavors = TORCHTITAN_MODELS.get(model_type, ("transformers_modeling_backend", ""))
+    which = f"with its flavor ({flavors})" if flavors else \
+        "with flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models)"
+    return (f"torchtitan knows a model by [model] name and flavor; model {model.name!r} (Hugging Face config {path}, "
+            f"model_type {model_type}) has none meshplan can tell: set model.name = \"{arch}\" {which} and "
+            f"model.hf_assets_path = \"{folder}\" in a torchtitan job TOML and export from that file")
 
 
 def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:

@@ -210,3 +210,20 @@ def _default_name(cfg: dict[str, Any], path: Optional[Path], spec: ModelSpec) ->
         n = spec.param_count()
         return safe_name(f"{arch[0]}-{n / 1e9:.1f}B" if n >= 1e9 else f"{arch[0]}-{n / 1e6:.0f}M", f"hf-{model_type}")
     return f"hf-{model_type}"
+
+
+def hf_source(source: str) -> tuple[str, str] | None:
+    """(model_type, origin) of a model built by :func:`model_from_hf_config` from its
+    ``ModelSpec.source`` (the line that function writes: ``Hugging Face config.json (model_type T)
+    from ORIGIN``, ORIGIN the file's path or "a config dict"); None for any other model.
+
+    >>> hf_source("Hugging Face config.json (model_type mixtral) from /m/config.json; not modelled: x")
+    ('mixtral', '/m/config.json')
+    >>> hf_source("catalog") is None
+    True
+    """
+    head = "Hugging Face config.json (model_type "
+    if not source.startswith(head) or ") from " not in source:
+        return None
+    model_type, _, rest = source[len(head):].partition(") from ")
+    return model_type, rest.split("; not modelled: ")[0]

@@ -125,6 +125,36 @@ def _megatron_sp(m, t, d):
     return ((megatron_sp_reason(d.tp, d.ep),) if _megatron_sp_bad(m, t, d) else ()), ()
 
 
+#: torchtitan's rule for etp under ep (``ParallelDims._validate``, torchtitan/distributed/parallel_dims.py,
+#: from aeb3a4b "[EP] add support for ETP=1" (#1555, 2025-08-13) to e347b1e, the last commit with the TOML
+#: job config meshplan reads): ``if ep > 1: assert etp == tp or etp == 1, "Currently we only support ETP=TP or
+#: ETP=1"``. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)" (#3167, 2026-04-30) removed the etp
+#: axis and ``expert_tensor_parallel_degree`` altogether (its ``_validate`` at b5bcd76, 2026-08, checks only
+#: that ep divides dp_shard * cp * tp), so a later torchtitan runs etp 1 only.
+TORCH_ETP = ("torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 (\"Currently we only support "
+             "ETP=TP or ETP=1\")")
+
+
+def _torch_etp_bad(m, t, d):
+    """Framework torch with ep > 1 and an etp that is neither 1 nor tp (:data:`TORCH_ETP`)."""
+    return (t.framework == "torch") & (d.ep > 1) & (d.etp != 1) & (d.etp != d.tp)
+
+
+def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> str:
+    """The ``torch_etp`` rule's reason with its fix, the field given as ``where`` (``mesh.shape``
+    for a meshplan TOML; a torchtitan job TOML's reader names its own key).
+
+    >>> print(torch_etp_reason(2, 4, 4))
+    framework torch: etp 2 with tp 4 and ep 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 ("Currently we only support ETP=TP or ETP=1"); fix: etp 1 or 4 in mesh.shape, or training.framework = "megatron"
+    """
+    return (f"framework torch: etp {etp} with tp {tp} and ep {ep}: {TORCH_ETP}; fix: etp 1"
+            + (f" or {tp}" if tp > 1 else "") + f" in {where}, or training.framework = \"megatron\"")
+
+
+def _torch_etp(m, t, d):
+    return ((torch_etp_reason(d.etp, d.tp, d.ep),) if _torch_etp_bad(m, t, d) else ()), ()
+
+
 def _etp_bad(m, t, d):
     return (m.moe_ffn % d.etp != 0) & m.is_moe
 
@@ -163,7 +193,9 @@ ETP = AxisDef(
     doc="expert tensor parallel (1 or tp)",
     expert=True,
     torchtitan=("etp",), megatron=("etp",),
-    rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),),
+    rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),
+           Rule("torch_etp", 68, "framework torch: ep > 1 with etp neither 1 nor tp (torchtitan's ParallelDims)",
+                _torch_etp_bad, _torch_etp)),
     divides=(Dim.EXPERT_FFN,),
     shards=("routed experts' parameters, gradients, optimizer state",),
     search=SearchColumn(column="etp", option="etp",

@@ -1,0 +1,273 @@
+"""torchtitan job TOML users' findings (ttkeys): torchtitan's ETP rule checked, errors and fix
+lines on a torchtitan file in the file's own keys, and an MoE model read through
+``model.hf_assets_path`` exported back.
+
+The ETP rule is torchtitan's ``ParallelDims._validate`` from aeb3a4b (#1555) to e347b1e: with
+ep > 1, etp must be 1 or tp (:data:`meshplan.spec.axes.ep.TORCH_ETP`). Mixtral-8x7B (8 experts,
+expert width 14336) at dp_shard 8 x tp 4 (32 GPUs) with ep 4: etp 2 breaks it, etp 1 and 4 do
+not (14336 / 4 = 3584, and 32 / (4 x 4) = 2 efsdp ranks: the other expert rules hold).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from cli_run import run_main as _main
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.torchtitan import read
+from meshplan.plan import Infeasible, build_plan
+
+HF = Path(__file__).parent / "data" / "hf"
+
+ETP_REASON = ("framework torch: etp 2 with tp 4 and ep 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 "
+              "when ep > 1 (\"Currently we only support ETP=TP or ETP=1\"); fix: etp 1 or 4 in mesh.shape, or "
+              "training.framework = \"megatron\"")
+
+
+def _mixtral(etp: int, framework: str = "torch"):
+    return config_from_dict({
+        "model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+        "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "recompute": "full",
+                     "framework": framework},
+        "mesh": {"names": ["dp_shard", "tp", "ep", "etp"], "shape": [8, 4, 4, etp], "sequence_parallel": True}})
+
+
+def test_torch_etp_rule_refuses_etp_neither_1_nor_tp():
+    """etp 2 with tp 4 under torch: infeasible with the rule's reason; etp 1 and 4 (= tp) are
+    not refused by it; framework megatron (whose expert tp is free) neither."""
+    bad = build_plan(_mixtral(2), memory=False, reports=False)
+    assert isinstance(bad, Infeasible) and ETP_REASON in bad.reasons
+    for cfg in (_mixtral(1), _mixtral(4), _mixtral(2, "megatron")):
+        p = build_plan(cfg, memory=False, reports=False)
+        assert not any("torch_etp" in r or "ETP=TP" in r for r in getattr(p, "reasons", ())), p
+
+
+TT_ETP = """\
+[model]
+name = "mixtral"
+flavor = "8x7B"
+hf_assets_path = "{hf}"
+[training]
+local_batch_size = 1
+seq_len = 4096
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 4
+expert_parallel_degree = 4
+expert_tensor_parallel_degree = {etp}
+"""
+
+
+@pytest.mark.parametrize("command", ["plan", "step", "search"])
+def test_torchtitan_file_with_etp_neither_1_nor_tp_is_an_error(tmp_path, capsys, command):
+    """The users' file (ep 4, etp 2, tp 4) exited 0 from ``meshplan step``; now every command
+    reading it says in one line which key and what to set (exit 2), as torchtitan asserts."""
+    job = tmp_path / "job.toml"
+    job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=2))
+    assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("error: parallelism.expert_tensor_parallel_degree: 2 with tensor_parallel_degree 4 and "
+                       "expert_parallel_degree 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 "
+                       "(\"Currently we only support ETP=TP or ETP=1\"); fix: expert_tensor_parallel_degree = 1 or 4")
+
+
+def test_torchtitan_file_with_etp_equal_tp_reads():
+    """etp = tp is read as it is; etp 3 (neither) is the reader's error."""
+    doc = tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=4))
+    mesh = read(doc, Path("."), ImportOptions(cluster="dgx-h100", nodes=4)).tables["mesh"]
+    assert dict(zip(mesh["names"], mesh["shape"])) == {"dp_shard": -1, "tp": 4, "ep": 4, "etp": 4}  # -1 kept
+    with pytest.raises(ConfigError, match=r"^parallelism\.expert_tensor_parallel_degree: 3 "):
+        read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=3)), Path("."),
+             ImportOptions(cluster="dgx-h100", nodes=4))
+
+
+MX = """\
+[model]
+name = "mixtral"
+flavor = "8x7B"
+hf_assets_path = "assets/mx"
+[training]
+local_batch_size = 1
+seq_len = 4096
+global_batch_size = 64
+[parallelism]
+data_parallel_shard_degree = -1
+expert_parallel_degree = 8
+"""
+
+
+@pytest.fixture()
+def mx(tmp_path):
+    """The users' MoE job TOML, its model read through a relative ``model.hf_assets_path``."""
+    (tmp_path / "assets" / "mx").mkdir(parents=True)
+    (tmp_path / "assets" / "mx" / "config.json").write_text((HF / "mixtral-8x7b-v0.1" / "config.json").read_text())
+    job = tmp_path / "mx.toml"
+    job.write_text(MX)
+    return job
+
+
+def test_torchtitan_moe_read_through_hf_assets_path_exports_back(mx, capsys):
+    """``export --to torchtitan`` of it was refused ('torchtitan knows models by flavor'); now the
+    file's [model] name, flavor and hf_assets_path are written back as the user wrote them, the
+    round trip re-reads the model with --model (the folder is relative to where torchtitan runs),
+    and nothing of the model is listed as not expressed."""
+    out = mx.parent / "r.toml"
+    assert _main("export", mx, "--cluster", "dgx-h100", "--nodes", 4, "--to", "torchtitan", "-o", out) == 0
+    config = (mx.parent / "assets" / "mx" / "config.json").resolve()
+    doc = tomllib.loads(out.read_text())
+    assert doc["model"] == {"name": "mixtral", "flavor": "8x7B", "hf_assets_path": "assets/mx"}
+    head = capsys.readouterr().out
+    assert f"import with: meshplan import torchtitan FILE --cluster dgx-h100 --nodes 4 --model {config}" in head
+    assert "not expressed in torchtitan" not in head
+    assert doc["parallelism"]["expert_parallel_degree"] == 8
+
+
+def test_torchtitan_moe_search_export_is_not_refused(mx):
+    """``search --export 1 --to torchtitan`` refused the file before the search; the refusal
+    now takes the file's model names (a llama3 flavor is not needed)."""
+    from meshplan.interop.foreign import load_any
+    from meshplan.interop.search_export import search_export_refusal
+    cfg = load_any(mx, None, ImportOptions(cluster="dgx-h100", nodes=4), require_mesh=False)
+    assert cfg.source_model == (("name", "mixtral"), ("flavor", "8x7B"), ("hf_assets_path", "assets/mx"))
+    assert search_export_refusal(cfg, "torchtitan") is None
+
+
+def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
+    """The meshplan TOML that ``import`` wrote (hf_config, [source] naming the job TOML) exports
+    the same [model] as the job TOML itself; without the [source] it is one line saying what to set."""
+    toml = mx.parent / "mx_plan.toml"
+    assert _main("import", "torchtitan", mx, "--cluster", "dgx-h100", "--nodes", 4, "-o", toml) == 0
+    out = mx.parent / "r.toml"
+    assert _main("export", toml, "--to", "torchtitan", "-o", out) == 0
+    assert tomllib.loads(out.read_text())["model"] == {"name": "mixtral", "flavor": "8x7B", "hf_assets_path": "assets/mx"}
+    bare = mx.parent / "bare.toml"
+    bare.write_text(toml.read_text().split("\n[source]\n")[0] + "\n")
+    capsys.readouterr()
+    assert _main("export", bare, "--to", "torchtitan", "-o", mx.parent / "x.toml") == 2
+    config = (mx.parent / "assets" / "mx" / "config.json").resolve()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"error: --to: torchtitan knows a model by [model] name and flavor; model 'mx' (Hugging Face config {config}, "
+        f"model_type mixtral) has none meshplan can tell: set model.name = \"transformers_modeling_backend\" with "
+        f"flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models) and "
+        f"model.hf_assets_path = \"{config.parent}\" in a torchtitan job TOML and export from that file")
+
+
+def _err(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+GB = """\
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+global_batch_size = 256
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+"""
+
+
+def test_torchtitan_batch_error_names_the_file_keys(tmp_path, capsys):
+    """global_batch_size 256 on 64 dgx-h100 (dp_shard -1 = 512): 256 is no multiple of local 1 x
+    dp 512; the nearest multiple above is 512 (0 below is none), and 256 / 512 sequences per rank
+    offers no local batch. In the file's keys, not training.global_batch / micro_batch."""
+    job = tmp_path / "gb.toml"
+    job.write_text(GB)
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 64) == 2
+    assert _err(capsys)[-1] == ("error: training.global_batch_size: 256 is not divisible by training.local_batch_size 1 "
+                                "x dp 512 = 512; use a multiple of 512 (512)")
+
+
+def test_torchtitan_experts_fix_names_expert_parallel_degree(mx, capsys):
+    """Mixtral's 8 experts at ep 16 (dp_shard -1 = 32 on 4 nodes): the fix offers ep 2, 4, 8 (the
+    divisors of 8 other than 16 that divide the dense block 32) as the key to set, not mesh.shape."""
+    mx.write_text(MX.replace("expert_parallel_degree = 8", "expert_parallel_degree = 16"))
+    assert _main("plan", mx, "--cluster", "dgx-h100", "--nodes", 4) == 1
+    err = _err(capsys)
+    assert err[-2:] == [
+        "infeasible: experts 8 are not divisible by ep 16",
+        "fix: ep must divide the 8 experts: expert_parallel_degree 2 (parallelism.expert_parallel_degree = 2: 4 "
+        "experts per ep rank, efsdp 16; the dense mesh unchanged); or expert_parallel_degree 4 "
+        "(parallelism.expert_parallel_degree = 4: 2 experts per ep rank, efsdp 8; the dense mesh unchanged); or "
+        "expert_parallel_degree 8 (parallelism.expert_parallel_degree = 8: 1 expert per ep rank, efsdp 4; the dense "
+        "mesh unchanged)"]
+
+
+MEM = """\
+[model]
+name = "llama3"
+flavor = "70B"
+[training]
+local_batch_size = 2
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 2
+[activation_checkpoint]
+mode = "none"
+"""
+
+
+def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
+    """Llama-3-70B at dp_shard 4 x tp 2, local batch 2, no AC on one node does not fit: the fix's
+    knobs are activation_checkpoint.mode = "full", training.local_batch_size 1 and the degrees' keys,
+    and the batch cap names training.global_batch_size (8 = 2 x 4, torchtitan's -1 default)."""
+    job = tmp_path / "mem.toml"
+    job.write_text(MEM)
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 1) == 1
+    fix = _err(capsys)[-1]
+    assert fix.startswith("fix: activation_checkpoint.mode = \"full\" -> peak ")
+    assert "; training.local_batch_size 1 -> peak " in fix
+    assert "; tensor_parallel_degree x2 (data_parallel_shard_degree 2 x tensor_parallel_degree 4) -> peak " in fix
+    assert "training.global_batch_size 8 caps dp at 4 (training.global_batch_size / training.local_batch_size 2)" in fix
+    for meshplan_words in ("recompute full", "micro_batch", "training.global_batch ", "dp_shard 2"):
+        assert meshplan_words not in fix
+
+
+def test_megatron_batch_error_names_the_flags(tmp_path, capsys):
+    """The example arguments (tp 2 x pp 2 on 16 GPUs: dp 4) with --global-batch-size 130: 130 % 4
+    = 2, the multiples of 4 either side 128 and 132; 130 / 4 is no whole per-rank batch."""
+    args = tmp_path / "mg.args"
+    args.write_text((Path(__file__).parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
+                    .replace("--global-batch-size 128", "--global-batch-size 130"))
+    assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 2) == 2
+    assert _err(capsys)[-1] == ("error: --global-batch-size: 130 is not divisible by --micro-batch-size 1 x dp 4 = 4; "
+                                "use a multiple of 4 (128 or 132)")
+
+
+HINT = """\
+[model]
+name = "llama3"
+flavor = "70B"
+[training]
+local_batch_size = 1
+global_batch_size = 512
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+[activation_checkpoint]
+mode = "none"
+"""
+
+
+def test_torchtitan_step_hint_names_the_file_keys(tmp_path, capsys):
+    """Llama-3-70B at dp_shard 32 x tp 8 (32 nodes), 16 micro-batches: FSDP's re-gathers give a
+    hint whose knobs are written as the job TOML sets them: parallelism.fsdp_reshard_after_forward
+    = "never" (not training.reshard_after_forward = false, whose value torchtitan does not take)
+    and training.local_batch_size; grad_accumulation has no torchtitan key and keeps its name."""
+    job = tmp_path / "hint.toml"
+    job.write_text(HINT)
+    assert _main("step", job, "--cluster", "dgx-h100", "--nodes", 32) == 0
+    hint = [line for line in capsys.readouterr().out.splitlines() if line.startswith("hint: exposed fsdp")]
+    assert len(hint) == 1
+    assert 'parallelism.fsdp_reshard_after_forward = "never" (step ' in hint[0]
+    assert "training.local_batch_size = 2 (step " in hint[0]
+    assert "reshard_after_forward = false" not in hint[0] and "micro_batch" not in hint[0]
