@@ -151,7 +151,7 @@ def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
     assert _main("export", bare, "--to", "torchtitan", "-o", mx.parent / "x.toml") == 2
     config = (mx.parent / "assets" / "mx" / "config.json").resolve()
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"error: --to: torchtitan knows a model by [model] name and flavor; model 'mx' (Hugging Face config {config}, "
+        f"error: --to: torchtitan knows a model by [model] name and flavor; model 'MixtralForCausalLM-46.7B' (Hugging Face config {config}, "
         f"model_type mixtral) has none meshplan can tell: set model.name = \"transformers_modeling_backend\" with "
         f"flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models) and "
         f"model.hf_assets_path = \"{config.parent}\" in a torchtitan job TOML and export from that file")
