@@ -222,6 +222,12 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
         if with_b and gather else None
+    # the routed experts' own unit (efsdp), resharded after forward as the layer's: gathered again
+    # beside it (torchtitan's backward prefetch of [previous block, its experts]; the chunk's last
+    # layer's experts, which the head prefetches not, on demand at that layer's start)
+    gather_e = lambda i: s.comm("shard", "backward", "all-gather", f"efsdp AG L{i}", "expert") \
+        if with_b and gather and chunk.moe[i] else None
+    ag_x = None
     # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
     # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
     # the head's reduce-scatter on the FSDP stream
@@ -248,12 +254,15 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
+        ag_x = ag_x if ov.fsdp_prefetch and i < n - 1 else gather_e(i)
         # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
         # (reshard_after_forward false keeps the forward's unsharded parameters)
         s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
                   + (comm.copies.get(("layer", "all-gather"), 0.0) if ag is not None else 0.0)
-                  if with_b and gather else 0.0, [ag])
+                  + (comm.copies.get(("expert", "all-gather"), 0.0) if ag_x is not None else 0.0)
+                  if with_b and gather else 0.0, [ag, ag_x])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
+        ag_x = gather_e(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
             emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
         ds = with_b and red_w and ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer
