@@ -51,7 +51,13 @@ frameworks issue them:
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
   needed); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
-  all-reduces the shard over dp_replicate after it. With pp > 1 a pass gathers only when it
+  all-reduces the shard over dp_replicate after it. The routed experts' own unit (efsdp,
+  torchtitan's ``fully_shard(block.moe.experts)`` with the block's ``reshard_after_forward``) is
+  gathered by the same passes as its layer, on the efsdp stream, prefetched beside the layer's
+  (torchtitan ``apply_fsdp`` under ep > 1: each block prefetches [next block, its experts] in
+  forward and [previous block, its experts] in backward), except the chunk's first layer's in
+  forward and its last layer's in backward, which the embedding and the output layer do not
+  prefetch: gathered on demand at the layer's start. With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
@@ -135,14 +141,20 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
+    # the routed experts' own unit (efsdp): prefetched beside the next layer's (module docstring;
+    # the chunk's first layer's on demand)
+    gather_e = lambda i: s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") \
+        if chunk.moe[i] and gather_layers else None
     ag = gather(0) if ov.fsdp_prefetch and n else None  # a chunk without layers (stage_layers) gathers none
+    ag_x = None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ag = ag if ov.fsdp_prefetch else gather(i)
-        ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
+        ag_x = ag_x if ov.fsdp_prefetch and i > 0 else gather_e(i)
         s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
                   + (comm.copies.get(("expert", "all-gather"), 0.0) if moe else 0.0) if gather_layers else 0.0,
-                  [ag, ag_e])
+                  [ag, ag_x])
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
+        ag_x = gather_e(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
         if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
             ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
         forward_layer(s, c, moe)
@@ -223,8 +235,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
         if with_b and gather else None
     # the routed experts' own unit (efsdp), resharded after forward as the layer's: gathered again
-    # beside it (torchtitan's backward prefetch of [previous block, its experts]; the chunk's last
-    # layer's experts, which the head prefetches not, on demand at that layer's start)
+    # beside it (module docstring; the chunk's last layer's on demand)
     gather_e = lambda i: s.comm("shard", "backward", "all-gather", f"efsdp AG L{i}", "expert") \
         if with_b and gather and chunk.moe[i] else None
     ag_x = None
