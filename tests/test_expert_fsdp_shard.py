@@ -1,6 +1,7 @@
 """Routed experts under FSDP2 (newcomer findings on examples/mixtral-8x7b_32xh100_ep8-dp32.toml):
 the dim torchtitan shards them on, the bytes of their all-gather, the persistent memory that
-agrees with it, and the ZeRO textbook line counting them. Values derived by hand below.
+agrees with it, the ZeRO textbook line counting them, and where the timeline gathers them.
+Values derived by hand below.
 
 Mixtral-8x7B at dp_shard 32, ep 8: one expert per rank and layer, efsdp = 32 / 8 = 4, and
 4 x 8 > 8 experts, so FSDP2 shards dim 1 (torchtitan ``apply_fsdp``: ``Shard(1)`` past
@@ -82,3 +83,30 @@ def test_zero_line_counts_the_experts(plan):
     assert zero_textbook_bytes(7.5e9, 64, stage=1).formula.startswith("4 psi + K psi / N with psi 7.5e+09, N 64,")
     # stages 0-2 with experts: the unsharded terms count both groups
     assert zero_textbook_bytes(10, 2, stage=1, expert_params=20, expert_n=4).size_bytes == 4 * 30 + 12 * (5 + 5)
+
+
+def test_expert_gathers_are_prefetched_beside_the_layers(plan):
+    """Newcomer finding 1: the timeline gathered each layer's experts on demand in forward and not
+    at all in backward. torchtitan (``apply_fsdp``, ep > 1) prefetches [next block, its experts]
+    in forward and [previous block, its experts] in backward; the embedding and the output layer
+    prefetch the block alone, so only the first layer's experts (forward) and the last layer's
+    (backward) are gathered on demand. Each gather here (352,321,536 B over efsdp 4 across nodes)
+    takes less than the layer pass it is issued beside (forward: the time between two layers'
+    starts; backward: its reduce-scatter on the same efsdp stream included), so exactly one
+    gather per pass is exposed: the row's own time."""
+    from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+    from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.unit_sim import Overlap
+    from meshplan.schedule.workload import chunk_costs, workload_of
+    rows = {(r.phase, r.op): r for r in plan.stage(0).collectives if r.axis == "efsdp"}
+    ag, rs = rows[("backward", "all-gather")], rows[("backward", "reduce-scatter")]
+    assert ag.size_bytes == 2 * LAYER_EXPERT and rows[("forward", "all-gather")].time_s == ag.time_s
+    w = workload_of(plan)
+    chunk, comm = chunk_costs(plan, w)[0][0], step_time(plan).units.comms[0]
+    f = forward_unit(chunk, comm, w, Overlap())
+    b = backward_unit("B", chunk, comm, w, Overlap(), last_grad_unit=True)
+    for unit, phase, extra in ((f, "forward", 0.0), (b, "backward", rs.time_s)):
+        starts = sorted(e.start_s for e in unit.events if e.stream == "compute" and e.name[1:].isdigit())
+        assert len(starts) == 32 and min(y - x for x, y in zip(starts, starts[1:])) > ag.time_s + extra
+        assert sum(1 for e in unit.events if e.stream == "efsdp" and e.args["op"] == "all-gather") == 32
+        assert unit.exposed_s["efsdp"] == pytest.approx(ag.time_s), phase

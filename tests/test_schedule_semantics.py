@@ -46,18 +46,19 @@ def table_counts(plan, s: int) -> Counter:
 
 def timeline_counts(st, s: int) -> Counter:
     """Per step, the same keys from stage s's rank timeline: every unit's collectives; the
-    per-step ZeRO-1/2 / DDP reduction counts once (one bucket per stage, issued in per-layer
-    pieces on each chunk's last gradient unit, or after the last unit when not overlapped;
-    ZeRO-2's buckets in every micro-batch that issues pieces), the ZeRO-1/2 parameter all-gather
-    once (a step-end event)."""
-    out, step_reduce, mbs = Counter(), False, set()
+    per-step ZeRO-1/2 / DDP reduction counts once per group it runs on (one bucket per stage and
+    group, issued in per-layer pieces on each chunk's last gradient unit, or after the last unit
+    when not overlapped; ZeRO-2's buckets in every micro-batch that issues pieces; an MoE
+    stage's routed experts reduce on their own stream, efsdp, beside dp's), the ZeRO-1/2
+    parameter all-gather once per group (a step-end event each)."""
+    out, step_reduce, mbs = Counter(), set(), set()
     for e in st.pipeline.events:
         if e.stage != s or e.stream != "compute":
             continue
         for ie in st.units.of_event(e).events:
             a = ie.args
             if a.get("kind") == "dp":
-                step_reduce = True
+                step_reduce.add(ie.stream)
                 mbs.add(e.args["mb"])
             elif a.get("kind") in COUNTED:
                 out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
@@ -65,12 +66,12 @@ def timeline_counts(st, s: int) -> Counter:
         if e.stage == s and e.stream == "kv_replica":  # one step-end event per layer's K/V gradient all-reduce
             out[("kv", "", "step", "all-reduce")] += 1
         elif e.stage == s and "grad reduce" in e.name:
-            step_reduce = True
+            step_reduce.add(e.stream)
         elif e.stage == s and "param all-gather" in e.name:
             out[("step", "", "step", "all-gather")] += 1
     if step_reduce:
-        buckets = st.units.comms[s].mb_buckets  # ZeRO-2: per micro-batch
-        out[("step", "", "step", "reduce")] += len(mbs) * buckets if buckets else 1
+        buckets = st.units.comms[s].mb_buckets  # ZeRO-2: per micro-batch, every group's
+        out[("step", "", "step", "reduce")] += len(mbs) * buckets if buckets else len(step_reduce)
     return out
 
 
@@ -114,6 +115,71 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
     if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + the end unit
         assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2
         assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
+
+
+# TINY with 4 routed experts (top 2) in layers 1-3, layer 0 dense
+MOE = dict(TINY, experts=4, top_k=2, dense_layers=1)
+EXPERT, LAYER = ("shard", "expert"), ("shard", "layer")
+FSDP_CALLS = [("forward", "all-gather"), ("backward", "all-gather"), ("backward", "reduce-scatter")]
+
+
+def _moe_plan(names: list, shape: list, world: int, sharding: str = "zero3", global_batch: int = 16,
+              **mesh_training):
+    mesh = {k: mesh_training.pop(k) for k in ("pp_schedule", "virtual_stages") if k in mesh_training}
+    return plan_of({"names": names, "shape": shape, "world": world, **mesh}, model=MOE, sharding=sharding,
+                   global_batch=global_batch, **mesh_training)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_moe_timeline_issues_the_expert_gathers_the_table_counts(reshard):
+    """Newcomer finding 1: the table counted the routed experts' backward all-gathers under
+    expert FSDP and the timeline left them out (the Mixtral example: 256 in the table, none on
+    the trace, 1.44 s of 7.94 s). pp 1, dp_shard 4 x ep 2: efsdp = 4 / 2 = 2, m = 16 / 4 = 4.
+    By hand per step: 3 MoE layers x 4 micro-batches = 12 expert all-gathers in forward, 12 again
+    in backward when resharded after forward (torchtitan reshards the experts' unit as the
+    block's, ``reshard_after_forward``; 0 without), 12 reduce-scatters; the layers' unit 4 x 4 =
+    16 of each. dp_shard 2 x ep 2 (ep without efsdp: efsdp 1) has no expert row and none on the
+    timeline."""
+    plan = _moe_plan(["dp_shard", "ep"], [4, 2], 4, reshard_after_forward=reshard)
+    counts = table_counts(plan, 0)
+    assert timeline_counts(step_time(plan), 0) == counts
+    assert [counts[(*EXPERT, *k)] for k in FSDP_CALLS] == [12, 12 if reshard else 0, 12]
+    assert [counts[(*LAYER, *k)] for k in FSDP_CALLS] == [16, 16 if reshard else 0, 16]
+    plan = _moe_plan(["dp_shard", "ep"], [2, 2], 2, global_batch=8, reshard_after_forward=reshard)
+    counts = table_counts(plan, 0)
+    assert timeline_counts(step_time(plan), 0) == counts
+    assert not any(k[1] == "expert" for k in counts) and counts[(*LAYER, "forward", "all-gather")] == 16
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("reshard", [True, False])
+def test_moe_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sharding, reshard):
+    """The dense test above with MoE layers: pp 2 x dp_shard 4 x ep 2 (efsdp 2; ``none``: dp 4,
+    the experts' DDP over efsdp 2) and hsdp's dp_replicate 2 x dp_shard 2 x ep 2 (ep without
+    efsdp: 2 / 2 = 1), m 4. The experts' unit reshards as its block's and is gathered by the same
+    passes, so under vpp 1 (layers 0-1 on stage 0, 2-3 on stage 1) by hand: stage 1's two MoE
+    layers gather and reduce their experts exactly as often as their layers, stage 0's one as
+    half of its two layers (layer 0 is dense); with efsdp 1 no expert all-gather or
+    reduce-scatter, only HSDP's all-reduce of the experts' gradients over dp_replicate, once per
+    step and MoE layer (PipelineStage): 1 on stage 0, 2 on stage 1 (at vpp 2 too: stage 0 holds
+    layers 0 and 2, or 0 and 3 in a V). The ZeRO-1/2 and DDP reductions and parameter
+    all-gathers run once per group: dp and efsdp."""
+    data, shape = {"hsdp": (["dp_replicate", "dp_shard"], [2, 2]), "none": (["dp"], [4])}.get(
+        sharding, (["dp_shard"], [4]))
+    plan = _moe_plan(["pp", *data, "ep"], [2, *shape, 2], 8, sharding=sharding, pp_schedule=schedule,
+                     virtual_stages=vpp, reshard_after_forward=reshard)
+    st = step_time(plan)
+    for s in range(2):
+        counts = table_counts(plan, s)
+        assert timeline_counts(st, s) == counts, (s, counts)
+        if sharding == "zero3" and vpp == 1:
+            assert [counts[(*EXPERT, *k)] * (2 if s == 0 else 1) for k in FSDP_CALLS] == \
+                [counts[(*LAYER, *k)] for k in FSDP_CALLS]
+            assert (counts[(*EXPERT, "backward", "all-gather")] > 0) == reshard
+        if sharding == "hsdp":
+            assert [(k, n) for k, n in counts.items() if k[1] == "expert"] == \
+                [(("replica", "expert", "backward", "all-reduce"), s + 1)]
 
 
 @pytest.mark.parametrize("schedule,vpp", SCHEDULES)

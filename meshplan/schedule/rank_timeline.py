@@ -51,7 +51,13 @@ frameworks issue them:
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
   needed; ``Overlap.fsdp_ahead`` layers ahead, DeepSpeed ZeRO-3's: :mod:`~meshplan.schedule.layer_prefetch`); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
-  all-reduces the shard over dp_replicate after it. With pp > 1 a pass gathers only when it
+  all-reduces the shard over dp_replicate after it. The routed experts' own unit (efsdp,
+  torchtitan's ``fully_shard(block.moe.experts)`` with the block's ``reshard_after_forward``) is
+  gathered by the same passes as its layer, on the efsdp stream, prefetched beside the layer's
+  (torchtitan ``apply_fsdp`` under ep > 1: each block prefetches [next block, its experts] in
+  forward and [previous block, its experts] in backward), except the chunk's first layer's in
+  forward and its last layer's in backward, which the embedding and the output layer do not
+  prefetch: gathered on demand at the layer's start. With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
@@ -125,6 +131,22 @@ def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
                   seconds=None if whole else s.c.get("shard", phase, "all-gather", "layer") * part)
 
 
+class _ExpertGathers:
+    """A pass's all-gathers of the routed experts' FSDP units (efsdp): ``issue(i)`` gives layer
+    ``i``'s event (None where the pass gathers none); :meth:`prefetch` issues it beside the
+    layer prefetched, :meth:`need` gives what layer ``i`` waits for, issued on demand when no
+    prefetch took it."""
+
+    def __init__(self, issue):
+        self.issue, self.events = issue, {}
+
+    def prefetch(self, i: int) -> None:
+        self.events[i] = self.issue(i)
+
+    def need(self, i: int):
+        return self.events.pop(i) if i in self.events else self.issue(i)
+
+
 def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                  gather_layers: bool = True, gather_root: bool = True) -> UnitSim:
     """F of one micro-batch through ``chunk`` (module docstring); ``gather_layers`` /
@@ -146,14 +168,20 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
     pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
     pf.start()  # a chunk without layers (stage_layers) gathers none
+    # the routed experts' own unit (efsdp): prefetched beside the next layer's, the chunk's first
+    # layer's on demand (module docstring)
+    experts = _ExpertGathers(lambda i: s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert")
+                             if chunk.moe[i] and gather_layers else None)
     ag = None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ags = pf.need(i)
-        ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
+        ag_e = experts.need(i)
         s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
                   + (comm.copies.get(("expert", "all-gather"), 0.0) if moe else 0.0) if gather_layers else 0.0,
                   [*ags, ag_e])
         pf.after(i)
+        if ov.fsdp_prefetch and i + 1 < n:
+            experts.prefetch(i + 1)
         if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
             ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
         forward_layer(s, c, moe)
@@ -232,6 +260,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     emb_ev = None
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i, part: _layer_gather(s, "backward", i, part) if with_b and gather else None
+    # the routed experts' own unit (efsdp), resharded after forward as the layer's: gathered again,
+    # prefetched beside the layer's, the chunk's last layer's on demand (module docstring)
+    experts = _ExpertGathers(lambda i: s.comm("shard", "backward", "all-gather", f"efsdp AG L{i}", "expert")
+                             if with_b and gather and chunk.moe[i] else None)
     # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
     # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
     # the head's reduce-scatter on the FSDP stream
@@ -261,12 +293,16 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ags = pf.need(n - 1 - i)
+        ag_e = experts.need(i)
         # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
         # (reshard_after_forward false keeps the forward's unsharded parameters)
         s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
                   + (comm.copies.get(("layer", "all-gather"), 0.0) if ags else 0.0)
-                  if with_b and gather else 0.0, ags)
+                  + (comm.copies.get(("expert", "all-gather"), 0.0) if ag_e is not None else 0.0)
+                  if with_b and gather else 0.0, [*ags, ag_e])
         pf.after(n - 1 - i)
+        if ov.fsdp_prefetch and i > 0:
+            experts.prefetch(i - 1)
         if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
             emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
         ds = with_b and red_w and ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer

@@ -161,10 +161,13 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     ag_b = ag * keep
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     g_f, g_b = gathering_passes(cfg, c, st)
-    # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather,
-    # issued when the layer starts (after the previous compute): serial with the chain; with
-    # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
-    e_ag = col(cm["efsdp_ag"]) * expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
+    # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather where
+    # nothing prefetched it: the chunk's first layer's, issued when it starts (the others go out
+    # beside the next layer's and may hide: rank_timeline.forward_unit), counted where every layer
+    # is MoE (the chunk's first one then is); with pp 1 every forward gathers, with pp > 1 the
+    # gathering passes (``f_extra``)
+    first = np.minimum(expert_gathers(st, c), 1) if m.is_moe and m.dense_layers == 0 else 0
+    e_ag = col(cm["efsdp_ag"]) * first if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
     # FSDP2's copies on the compute stream (fsdp_copies): a gathering pass's copy-out before each
     # layer's compute, a reducing pass's copy-in after it; every pass with pp 1 under sync (the
     # backward's copy-out only when it gathers again: reshard_after_forward), else the gathering
