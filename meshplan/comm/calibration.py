@@ -272,10 +272,12 @@ def catalog_words(measured: str) -> str:
     """The catalog GPU(s) a measured device name is (:func:`same_gpu`), in the catalog's ids, so
     a warning names both GPUs in the same kind of name as the cluster's.
 
-    >>> catalog_words("NVIDIA A100-SXM4-80GB"), catalog_words("NVIDIA L4")
-    ('catalog a100-sxm-80gb', 'no catalog GPU')
+    >>> catalog_words("NVIDIA A100-SXM4-80GB"), catalog_words("NVIDIA L4"), catalog_words("NVIDIA A100")
+    ('catalog a100-sxm-80gb', 'no catalog GPU', 'catalog a100-sxm-40gb or a100-sxm-80gb')
     """
     ids = [g for g in catalog.names("gpu") if same_gpu(measured, g)]
+    sized = [g for g in ids if (m := re.search(r"(\d+)gb$", g)) and re.search(rf"\b{m.group(1)}\s*GB", measured, re.I)]
+    ids = sized or ids  # the part of the measured memory where its name gives one (A100 40GB / 80GB)
     return f"catalog {' or '.join(ids)}" if ids else "no catalog GPU"
 
 
