@@ -83,3 +83,13 @@ def test_a_part_of_a_layer_ahead_holds_max_live(tmp_path):
     plan = _plan(tmp_path, 5 * 10**6, 3 * N // 2)
     assert plan_overlap(plan.config, plan.stage(0).collectives).fsdp_ahead == 1.0
     assert _held_max(plan) == 3 * L // 2 == 50_337_792
+
+
+def test_memory_caption_names_the_prefetch_modelled(tmp_path):
+    """The memory table's caption: none at bucket 0, else the live cap the prefetch runs up to."""
+    from meshplan.report.memory import _prefetch
+    for bucket, want in ((0, "prefetch none (stage3_prefetch_bucket_size 0), "),
+                         (5 * 10**6, "prefetch up to 33,558,528 parameters live (stage3_max_live_parameters; "
+                                     "stage3_prefetch_bucket_size 5,000,000), ")):
+        cfg = _plan(tmp_path, bucket, 2 * N).config
+        assert _prefetch(cfg.training, cfg.memory) == want

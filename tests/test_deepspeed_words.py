@@ -66,8 +66,10 @@ def test_zero3_memory_kinds_speak_deepspeed(tmp_path, capsys):
                  # of the layer's 1.96 GiB in the backward
                  "grad_buffers 0.93 3% 2.89 a layer's full gradients, the ZeRO-3 reduce-scatter's input and the ipg "
                  "buffer (reduce_bucket_size, contiguous_gradients)",
-                 "prefetch 50,000,000 parameters (stage3_prefetch_bucket_size; 1,000,000,000 live at most), ZeRO-3 "
-                 "gradient reduce-scatter per_microbatch,",
+                 # the caption: the timeline's prefetch runs up to max live (was 'prefetch 50,000,000
+                 # parameters (stage3_prefetch_bucket_size; 1,000,000,000 live at most)')
+                 "prefetch up to 1,000,000,000 parameters live (stage3_max_live_parameters; "
+                 "stage3_prefetch_bucket_size 50,000,000), ZeRO-3 gradient reduce-scatter per_microbatch,",
                  "llama3-8b, dp_shard 16, no pipeline, micro-batch 1 x seq 4096",  # ZeRO-3 shards the parameters
                  "Stage 0: one step, no pipeline, 16 micro-batches"):
         assert what in memory, what
