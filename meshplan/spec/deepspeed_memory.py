@@ -111,8 +111,8 @@ def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], laye
     ``_all_gather_sequential`` (``partition_parameters.py:1570``, ``len(params) == 1``; :1345-1376,
     ``param.data = param_buffer.narrow(...)``, no copy), and once the frontier is at max live
     each fetch's top-up is ``min(max_live - available, bucket)``, the room its module's release
-    freed (one weight, coordinator :453), so most top-ups are one parameter and copy nothing; a
-    bucket's worth is taken, and copied, only while the frontier runs up to max live (a pass's
+    freed (about one weight, coordinator :453), often one parameter, which copies nothing; a
+    bucket's worth is taken, and copied, while the frontier runs up to max live (a pass's
     first fetches) or where max live is not reached. Which top-ups hold two or more parameters
     depends on the weights' order and sizes, which meshplan's layer-sized units do not keep: not
     modelled, so a bucket above a weight's size overcounts the copy-out by up to
