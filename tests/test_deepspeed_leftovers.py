@@ -111,31 +111,41 @@ def _gathered(plan, layer: int) -> list[tuple[int, str]]:
             and e.layer == layer and e.kind == "gathered_params"]
 
 
-@pytest.mark.parametrize("zero, prefetched", [
-    ({}, 50_000_000 * 2),  # stage3_prefetch_bucket_size 5e7, the default
-    ({"stage3_prefetch_bucket_size": 20_000_000}, 20_000_000 * 2),
-    ({"stage3_max_live_parameters": 250_000_000}, (250_000_000 - 218_112_000) * 2),
-    ({"stage3_max_live_parameters": 200_000_000}, 0),
+#: the default max live (1e9 x 2 B) past a layer: 2e9 - 436,224,000 = 1,563,776,000 B, 3 layers and 255,104,000 B
+AHEAD = 2 * 10**9 - 436_224_000
+
+
+@pytest.mark.parametrize("zero, pieces, copied", [
+    ({}, [AHEAD - 3 * 436_224_000, 4 * 436_224_000 - AHEAD], 50_000_000 * 2),  # bucket 5e7, the default
+    ({"stage3_prefetch_bucket_size": 20_000_000}, [AHEAD - 3 * 436_224_000, 4 * 436_224_000 - AHEAD], 20_000_000 * 2),
+    ({"stage3_max_live_parameters": 250_000_000}, [(250_000_000 - 218_112_000) * 2], (250_000_000 - 218_112_000) * 2),
+    ({"stage3_max_live_parameters": 200_000_000}, [], 0),
 ])
-def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parameters(tmp_path, zero, prefetched):
+def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parameters(tmp_path, zero, pieces, copied):
     """DeepSpeed ZeRO-3's coordinator (edaa722 partitioned_param_coordinator.py:452-480) prefetches,
     after fetching a module, the parameters next in the trace up to min(max_live_parameters - the
-    parameters available, prefetch_bucket_size) elements. Llama 3 8B on 16 ranks, a layer of
-    218,112,000 parameters (bf16, 2 B): while layer 5 runs, 5e7 x 2 B of layer 6 are gathered (not
-    the whole next unit, as FSDP2's prefetch would), the rest at layer 6's own fetch; with
-    max_live_parameters 2.5e8 only 2.5e8 - 218,112,000 = 31,888,000 elements; with 2e8, below one
-    layer, none. The rest is gathered one parameter at a time, the parameters views of the buffer
-    (partition_parameters.py:1339-1376, one copy); the prefetched part, one coalesced buffer, is
-    copied out by torch.cat at its wait (:750-784) and the buffer freed: the layer holds
-    436,224,000 B once, never FSDP2's output plus copy-out."""
+    parameters available, prefetch_bucket_size) elements, so the frontier runs to max live: the
+    layer computed and max live - layer past it (spec.deepspeed_memory.deepspeed_ahead_bytes, the
+    step's too). Llama 3 8B on 16 ranks, a layer of 218,112,000 parameters (bf16, 2 B): at the
+    default max live 1e9 (2e9 B), 1,563,776,000 B past the layer, 3 layers and 255,104,000 B: layer 6
+    gets 255,104,000 B during layer 2 and its rest, 181,120,000 B, during layer 3 (whatever the bucket
+    beyond 0), nothing on demand. (Before: the timeline prefetched one bucket of the next layer only,
+    5e7 x 2 B = 1e8 B, or 2e7 x 2 B, and gathered the rest on demand.) With max_live_parameters 2.5e8
+    only 2.5e8 - 218,112,000 = 31,888,000 elements during layer 5, the rest on demand; with 2e8,
+    below one layer, none. What is gathered on demand is gathered one parameter at a time, the
+    parameters views of the buffer (partition_parameters.py:1339-1376, one copy); of the prefetched
+    part one bucket (min(bucket, max live - layer)) is counted as coalesced, copied out by
+    torch.cat at its wait (:750-784) and its buffer freed: the layer holds 436,224,000 B once after
+    the wait, never FSDP2's output plus copy-out."""
     cfg = _load(tmp_path, 3, "z3", **zero)
     plan = build_plan(cfg)
-    rest = 218_112_000 * 2 - prefetched
-    want = [(prefetched, "layer 6: prefetched by DeepSpeed's coordinator: coalesced all-gather buffer"),
-            (rest, "layer 6: all-gathered, the parameters views of the buffer (the rest)"),
-            (prefetched, "layer 6: prefetched part copied out of the buffer (torch.cat)"),
-            (-prefetched, "layer 6: coalesced all-gather buffer freed after its wait"),
-            (-436_224_000, "layer 6: released (partitioned again) after forward")] if prefetched else [
+    rest = 218_112_000 * 2 - sum(pieces)
+    prefetch = "layer 6: prefetched by DeepSpeed's coordinator: all-gather buffer"
+    want = [(b, prefetch) for b in pieces] + (
+        [(rest, "layer 6: all-gathered, the parameters views of the buffer (the rest)")] if rest else []) + [
+            (copied, "layer 6: prefetched part copied out of the buffer (torch.cat)"),
+            (-copied, "layer 6: coalesced all-gather buffer freed after its wait"),
+            (-436_224_000, "layer 6: released (partitioned again) after forward")] if pieces else [
             (436_224_000, "layer 6: all-gathered, the parameters views of the buffer"),
             (-436_224_000, "layer 6: released (partitioned again) after forward")]
     assert _gathered(plan, 6) == want

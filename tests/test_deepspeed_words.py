@@ -56,17 +56,20 @@ def test_zero3_memory_kinds_speak_deepspeed(tmp_path, capsys):
     for what in ("params 0.93 3% 0.93 ZeRO-3 partitioned parameters (1/16 on each rank of the data-parallel group)",
                  "grads 0.93 3% 0.93 ZeRO-3 gradient partition (1/16 on each rank of the data-parallel group, from "
                  "each reduce-scatter)",
-                 # max: the head's 1,050,681,344 B once (its parameters views of the all-gather buffer,
-                 # partition_parameters.py:1339-1376) plus its prefetched 5e7 x 2 B copied out by torch.cat
-                 # while their coalesced buffer lives: 1,150,681,344 B = 1.07 GiB (FSDP2's two copies: 1.96)
-                 "gathered_params 0.98 3% 1.07 ZeRO-3 parameter all-gather: the layers' full parameters (current + "
+                 # max: max live, 1e9 x 2 B = 1.86 GiB, held once the prefetch has run ahead: the unit
+                 # computed (the head's 1,050,681,344 B, a layer's 436,224,000 B) and what is prefetched past
+                 # it up to max live (spec.deepspeed_memory.deepspeed_ahead_bytes; was 1.07 GiB, the head
+                 # plus one 5e7 x 2 B bucket, before the timeline prefetched as the step does)
+                 "gathered_params 0.98 3% 1.86 ZeRO-3 parameter all-gather: the layers' full parameters (current + "
                  "prefetched)",
                  # DeepSpeed's ipg buffer, 5e8 x 2 B (bf16) = 0.93 GiB from init (peak in the forward), on top
                  # of the layer's 1.96 GiB in the backward
                  "grad_buffers 0.93 3% 2.89 a layer's full gradients, the ZeRO-3 reduce-scatter's input and the ipg "
                  "buffer (reduce_bucket_size, contiguous_gradients)",
-                 "prefetch 50,000,000 parameters (stage3_prefetch_bucket_size; 1,000,000,000 live at most), ZeRO-3 "
-                 "gradient reduce-scatter per_microbatch,",
+                 # the caption: the timeline's prefetch runs up to max live (was 'prefetch 50,000,000
+                 # parameters (stage3_prefetch_bucket_size; 1,000,000,000 live at most)')
+                 "prefetch up to 1,000,000,000 parameters live (stage3_max_live_parameters; "
+                 "stage3_prefetch_bucket_size 50,000,000), ZeRO-3 gradient reduce-scatter per_microbatch,",
                  "llama3-8b, dp_shard 16, no pipeline, micro-batch 1 x seq 4096",  # ZeRO-3 shards the parameters
                  "Stage 0: one step, no pipeline, 16 micro-batches"):
         assert what in memory, what
@@ -101,7 +104,7 @@ def test_step_and_html_say_no_pipeline_at_pp_1(tmp_path, capsys):
     text = html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
     text = " ".join(text.split())
     assert "(no pipeline, m 16)" in text and "1f1b" not in text
-    assert "gathered_params 0.98 1.07 ZeRO-3 parameter all-gather: the layers' full parameters" in text
+    assert "gathered_params 0.98 1.86 ZeRO-3 parameter all-gather: the layers' full parameters" in text
     assert "sharding zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters" in text
 
 

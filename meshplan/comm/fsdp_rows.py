@@ -224,10 +224,10 @@ def _deepspeed_copied(c: StageContext, units: list, label: str, gathered: int) -
     (:func:`meshplan.comm.fsdp2.compute_stream_copies`): only the part its coordinator prefetched,
     ``torch.cat`` in ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``); the
     rest is gathered parameter by parameter (``_all_gather_sequential``, :1339-1376), the
-    parameters views of the buffer, no copy. The prefetched part is
+    parameters views of the buffer, no copy. The copied part is
     :func:`~meshplan.spec.deepspeed_memory.deepspeed_copied_bytes` after a layer's fetch (a layer precedes
     every layer, the head in forward and the embedding in backward: ``held`` the largest
-    ``"layer"`` unit), as the memory model holds it; none for the embedding's unit in forward,
+    ``"layer"`` unit), one bucket at most, as the memory model copies it; none for the embedding's unit in forward,
     the step's first fetch, which nothing before it prefetched (the memory model's too)."""
     held = max((u[4] for u in units if u[0] == "layer"), default=0)
     copied = deepspeed_copied_bytes(gathered, c.deepspeed_prefetch, held) if c.deepspeed_prefetch else gathered

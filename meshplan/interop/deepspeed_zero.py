@@ -60,8 +60,8 @@ run on side streams and overlap the compute; off, both run on the default stream
 (unset, DeepSpeed's default for the stage applies, as it did on import).
 ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
 ``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
-``deepspeed_max_live_elements``: how many parameters the memory timeline gathers ahead of the one
-computed (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), and written back when set;
+``deepspeed_max_live_elements``: how many parameters the memory timeline and the step gather ahead
+of the one computed (:func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`), and written back when set;
 ``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
 
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a

@@ -28,9 +28,11 @@ with explicit forward prefetch (``forward_prefetch_layers`` > 0) and in backward
 freed right after its own copy-out, and the all-gathers of the next
 ``forward_prefetch_layers`` / ``prefetch_layers`` units (backward: in reverse order, the
 first one issued by the root's pre-backward, before the head's backward) are issued at
-once. DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) holds one copy of a fetched unit (its
-parameters views of the all-gather buffer) and two only of its prefetched part, until that
-part's wait (:meth:`PassBuilder._deepspeed_fetch`).
+once. DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) holds the unit it computes and, past
+it, the bytes its prefetch keeps gathered (``max live - layer``:
+:func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`, as the step's prefetch), one copy of
+a fetched unit (its parameters views of the all-gather buffer) and two of a prefetched bucket
+only at its wait (:meth:`PassBuilder._deepspeed_fetch`).
 
 Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) while the
 layer runs; allocate the layer's saved activations (``activations``); reshard l after its
@@ -72,7 +74,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.pass_sizes import BackStep, StageSizes, Unit, UnitKey
-from meshplan.spec.deepspeed_memory import deepspeed_prefetch_budget
+from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_copied_bytes
 
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
@@ -121,7 +123,7 @@ class PassBuilder:
         want = u.gathered if limit is None else min(u.gathered, have + limit)
         if want > have:
             part = "" if want == u.gathered and not have else f" ({'the rest' if have else 'prefetched part'})"
-            what = ("prefetched by DeepSpeed's coordinator: coalesced all-gather buffer" if limit is not None
+            what = ("prefetched by DeepSpeed's coordinator: all-gather buffer" if limit is not None
                     else f"all-gather output (compute dtype){part}")
             self._add(u.layer, "gathered_params", want - have, f"{u.name}: {what}")
             self.issued_bytes[key] = want
@@ -157,36 +159,39 @@ class PassBuilder:
             self._issue(nxt)
 
     def _deepspeed_fetch(self, key: UnitKey, u: Unit, ahead: list) -> None:
-        """DeepSpeed ZeRO-3's fetch of ``key`` (deepspeedai/DeepSpeed edaa722
-        ``runtime/zero/partition_parameters.py``): what was not prefetched is gathered module by
-        module, one parameter per Llama leaf module, by ``_all_gather_sequential`` (:1339-1376),
-        which sets ``param.data = param_buffer.narrow(...).view(...)``: the parameters are views of
-        the all-gather buffer, one copy. A prefetched part was gathered as one coalesced flat buffer
-        (``_all_gather_dtype``, :1301-1342); its ``AllGatherCoalescedHandle.wait`` (:750-784) sets each
-        ``param.data = torch.cat(partitions)``, a second copy, and the buffer goes with the handle."""
-        have = self.issued_bytes.get(key, 0)
+        """DeepSpeed ZeRO-3's fetch of ``key`` (deepspeedai/DeepSpeed edaa722 ``runtime/zero/
+        partition_parameters.py``): what was not prefetched is gathered one parameter per Llama leaf
+        module by ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer (one
+        copy); of the prefetched part, a bucket gathered coalesced (:1301-1342) is copied out by
+        ``torch.cat`` at its ``AllGatherCoalescedHandle.wait`` (:750-784), a second copy until its
+        buffer goes: :func:`~meshplan.spec.deepspeed_memory.deepspeed_copied_bytes`, the step's too."""
+        have = self.issued_bytes.pop(key, 0)
         self._add(u.layer, "gathered_params", u.gathered - have,
                   f"{u.name}: all-gathered, the parameters views of the buffer" + (" (the rest)" if have else ""))
         if have:
-            self._add(u.layer, "gathered_params", have, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
-            self._free_output(key, "after its wait")
+            layer = max((v.gathered for k, v in self.sz.units.items() if isinstance(k, int)), default=0)
+            cat = min(have, deepspeed_copied_bytes(u.gathered, self.sz.deepspeed_prefetch, layer))
+            self._add(u.layer, "gathered_params", cat, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
+            self._add(u.layer, "gathered_params", -cat, f"{u.name}: coalesced all-gather buffer freed after its wait")
+            self.issued.remove(key)
         self.gathered.add(key)
         for older in [k for k in self.issued if k != key and k not in ahead]:
             self._free_output(older, f"at {u.name}'s fetch")
 
     def _deepspeed_prefetch(self, ahead: list, prefetch: int, live: int) -> None:
-        """DeepSpeed ZeRO-3's prefetch after a fetch, ``prefetch`` and ``live`` bytes (deepspeedai/DeepSpeed edaa722
-        ``runtime/zero/partitioned_param_coordinator.py:452-480``): the parameters next in the trace,
-        ``min(max_live_parameters - available, prefetch_bucket_size)`` of them (``available``: those
-        gathered, here the units unsharded and the parts already prefetched), issued as one all-gather;
-        bytes at the unit's gather dtype. DeepSpeed takes whole parameters, up to one past the budget,
-        and fetches module by module; meshplan's unit is the layer, its budget taken to the byte."""
-        held = sum(self.sz.units[k].gathered for k in self.gathered) + sum(self.issued_bytes.values())
-        budget = deepspeed_prefetch_budget((prefetch, live), held)  # the step's copy-out too
+        """DeepSpeed ZeRO-3's prefetch after a fetch (edaa722 ``partitioned_param_coordinator.py:452-480``;
+        ``prefetch`` and ``live`` bytes): the units of ``ahead`` (next in the pass) gathered or in flight
+        up to :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes` past the units held (the
+        one fetched, a root kept), a unit's part where that ends in it: after a layer's fetch the
+        step's frontier, ``max live - layer``; after an end unit's (the embedding's in forward, the
+        head's in backward) or beside a root, less than the step's, which counts a layer. DeepSpeed
+        takes whole parameters (one past max live at most); meshplan's frontier is taken to the byte."""
+        held = sum(self.sz.units[k].gathered for k in self.gathered)
+        room = deepspeed_ahead_bytes((prefetch, live), held) - sum(self.issued_bytes.values())
         for nxt in ahead:
-            if budget <= 0:
+            if room <= 0:
                 break
-            budget -= self._issue(nxt, budget)
+            room -= self._issue(nxt, room)
 
     def _release(self, key: UnitKey, why: str) -> None:
         u = self.sz.units.get(key)

@@ -48,13 +48,17 @@ def _shown(plan: Plan, all_stages: bool) -> list[Timeline]:
 
 def _prefetch(training, memory) -> str:
     """``prefetch 1 unit(s), `` (the caption's FSDP all-gather prefetch) where the parameters are
-    sharded and gathered (zero3, hsdp); under DeepSpeed's ZeRO-3 its prefetch bucket and live cap
-    (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`); empty under DDP and
-    ZeRO-1/2, which gather nothing."""
+    sharded and gathered (zero3, hsdp); under DeepSpeed's ZeRO-3 the live cap its prefetch runs up
+    to, and its bucket (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`;
+    :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`), none at a bucket of 0; empty
+    under DDP and ZeRO-1/2, which gather nothing."""
     ds = memory.deepspeed_prefetch_bytes(training)
-    if ds:
+    if ds is not None:
         n = dtype_bytes(training.param_dtype)
-        return f"prefetch {ds[0] // n:,} parameters (stage3_prefetch_bucket_size; {ds[1] // n:,} live at most), "
+        if not ds[0]:
+            return "prefetch none (stage3_prefetch_bucket_size 0), "
+        return (f"prefetch up to {ds[1] // n:,} parameters live (stage3_max_live_parameters; "
+                f"stage3_prefetch_bucket_size {ds[0] // n:,}), ")
     return f"prefetch {memory.prefetch_layers} unit(s), " if training.sharding in ("zero3", "hsdp") else ""
 
 

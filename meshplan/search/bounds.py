@@ -146,8 +146,8 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
     one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
     f_end = init + _saved(lo, st.w * st.n_chunk, kw) + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
-    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch a part of the next unit at most (memory.passes
-    # _deepspeed_prefetch) and keep no all-gather output through a forward: neither counted
+    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch up to max live (memory.passes _deepspeed_prefetch)
+    # and keep no all-gather output through a forward: neither counted
     pf = (o.prefetch_layers >= 1) & ~u["ds3"]
     near = lambda n: np.where(F, u["unit_min_g"] * (1 + ((n >= 2) & pf)), 0)
     head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
@@ -246,9 +246,12 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
     # the prefetched ones: memory.passes PassBuilder._unshard)
     held = np.where(few, (1 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
-    # DeepSpeed ZeRO-3: its prefetch, stage3_prefetch_bucket_size at most, may span several small units
+    # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live at most
+    # (spec.deepspeed_memory.deepspeed_ahead_bytes), and a prefetched part's torch.cat copy, a bucket
+    # at most, is beside them at its wait (memory.passes PassBuilder._deepspeed_fetch)
     ds3 = o.deepspeed_prefetch_bytes(cfg.training.model_copy(update={"sharding": "zero3", "zero3_engine": "deepspeed"}))
-    held = held + np.where(u["ds3"], ds3[0] if ds3 else 0, 0)
+    if ds3:
+        held = np.where(u["ds3"], np.maximum(held, ds3[1]) + ds3[0], held)
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))

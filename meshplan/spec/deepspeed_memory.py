@@ -22,25 +22,47 @@ DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
 DEEPSPEED_MAX_LIVE_ELEMENTS = 1_000_000_000
 
 
-def deepspeed_prefetch_budget(prefetch_live: tuple[int, int], held: int) -> int:
-    """Bytes DeepSpeed ZeRO-3's coordinator prefetches after a fetch (deepspeedai/DeepSpeed edaa722
-    ``runtime/zero/partitioned_param_coordinator.py:452-480``): ``min(max_live - held,
-    prefetch_bucket)``, none below 0; ``prefetch_live``: (prefetch bucket, max live) bytes
-    (:meth:`meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`), ``held``: bytes gathered at the fetch. The one
-    rule for the memory model's prefetched part (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`)
-    and the step's ``torch.cat`` copy of it (:func:`deepspeed_copied_bytes`).
+def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> int:
+    """Bytes DeepSpeed ZeRO-3's coordinator holds gathered past the unit it computes once its
+    prefetch has run ahead (``held_bytes``: the bytes gathered besides, the unit computed and any
+    kept; ``prefetch_live``: (prefetch bucket, max live) bytes): the one rule the step's prefetch
+    (:func:`deepspeed_prefetch_ahead`, held a layer) and the memory timeline
+    (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`, held the units it holds
+    gathered) share.
 
-    >>> deepspeed_prefetch_budget((10**8, 2 * 10**9), 436_224_000), deepspeed_prefetch_budget((10**8, 5 * 10**8), 436_224_000)
-    (100000000, 63776000)
+    ``__n_available_params`` (deepspeedai/DeepSpeed edaa722
+    ``runtime/zero/partitioned_param_coordinator.py``) counts the full elements (``ds_numel``) of
+    every parameter whose all-gather was issued, on demand or prefetched, from its issue
+    (``__all_gather_params_``, :582-593) until its module's release partitions it again
+    (``__release_param``, :624-630, after the module's forward or backward); persistent parameters
+    are never gathered there and do not count. Each ``fetch_sub_module`` (:353-490) gathers its
+    module's parameters, then prefetches from the trace's queue while fewer than
+    ``min(max_live - available, bucket)`` elements are taken (at least one parameter, none when
+    that is <= 0): once running ahead, every release is topped up again, so the layer computed
+    plus the parameters prefetched reach ``max_live`` (plus at most one parameter). Hence:
+
+    - bucket 0 (``if self.__prefetch_bucket_sz > 0``, :452) or a max live that holds no more than
+      ``held``: 0, every gather on demand;
+    - else ``max_live - held``.
+
+    A layer of 33,558,528 B (4 x 1024^2 + 3 x 1024 x 4096 + 2 x 1024 parameters in bf16): bucket 0,
+    and max live 2 and 4 layers, then 1.5 layers (a part of the next layer):
+
+    >>> u = 33_558_528
+    >>> [deepspeed_ahead_bytes(p, u) for p in ((0, 4 * u), (10**7, 2 * u), (10**9, 4 * u), (10**7, 3 * u // 2))]
+    [0, 33558528, 100675584, 16779264]
     """
     prefetch, live = prefetch_live
-    return min(prefetch, max(0, live - held))
+    if prefetch <= 0 or held_bytes <= 0 or live <= held_bytes:
+        return 0
+    return live - held_bytes
 
 
 def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) -> float:
     """Layers of parameters DeepSpeed ZeRO-3's coordinator has in flight or gathered past the layer
     it computes, in the step's layer-sized units (``unit_bytes``: a layer's gathered bytes;
-    ``prefetch_live``: (prefetch bucket, max live) bytes). ``fetch_sub_module``
+    ``prefetch_live``: (prefetch bucket, max live) bytes): :func:`deepspeed_ahead_bytes` in
+    layers, and at least 1 where it is not 0. ``fetch_sub_module``
     (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partitioned_param_coordinator.py:310-490``) runs
     before every module's forward and backward, containers and persistent norms included: it
     gathers the module's own parameters not yet gathered (on demand: the compute waits for them,
@@ -51,12 +73,13 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
     the prefetch frontier on by more than the layer it consumes: it runs ahead until
     ``max_live`` stops it, whatever the bucket's size beyond 0.
 
-    - bucket 0 (``if self.__prefetch_bucket_sz > 0``), or a max live that does not hold more than
-      the layer computed: nothing ahead, every gather on demand: 0;
+    - bucket 0, or a max live that does not hold more than the layer computed: nothing ahead,
+      every gather on demand: 0;
     - else ``(max_live - layer) / layer``, and at least 1: with less than a layer of room the
       frontier is still ahead by modules, each module's weight gathered during the module before
-      it, which at the step's layer granularity is the next layer's gather during this one
-      (FSDP2's prefetch of one unit).
+      it (as its own weights are released), which at the step's layer granularity is the next
+      layer's gather during this one (FSDP2's prefetch of one unit). The memory timeline holds
+      only ``max_live - layer`` of it at once (:func:`deepspeed_ahead_bytes`).
 
     A 30B layer (6656 hidden, 17920 gated FFN, 2 norms: 535,049,216 parameters, 1,070,098,432 B in
     bf16), max live 1e9 elements (2e9 B): buckets 0, 5e6 and 5e8 elements; max live 3e9:
@@ -70,33 +93,40 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
 
     >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
     0.0
-
-    The memory timeline still holds a bucket of the next layer per layer fetch
-    (:meth:`~meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), less than this frontier
-    once it runs ahead: its gathered parameters are a lower bound there.
     """
-    prefetch, live = prefetch_live
-    if prefetch <= 0 or unit_bytes <= 0 or live <= unit_bytes:
-        return 0.0
-    return max(1.0, (live - unit_bytes) / unit_bytes)
+    ahead = deepspeed_ahead_bytes(prefetch_live, unit_bytes)
+    return max(1.0, ahead / unit_bytes) if ahead else 0.0
 
 
-def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], held: int) -> int:
+def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int) -> int:
     """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
-    the all-gather buffer: its prefetched part, the budget after the fetch before it (``held`` bytes
-    gathered then; :func:`deepspeed_prefetch_budget`), as the memory model holds it
-    (``AllGatherCoalescedHandle.wait``, ``partition_parameters.py:750-784``); the rest is gathered by
-    ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer, no copy.
+    the all-gather buffer, counted as one bucket of its prefetched part:
+    ``min(unit, bucket, max live - layer)`` (``layer_bytes``: a layer's gathered bytes;
+    :func:`deepspeed_ahead_bytes`, 0 without prefetch); the memory timeline's second copy of a
+    prefetched part at its wait is the same bytes. A coalesced gather's
+    ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``) sets each
+    ``param.data = torch.cat(partitions)``; what the fetch gathers on demand is views of its buffer.
 
-    Llama 3 8B's layer in bf16 (436,224,000 B) after a layer, DeepSpeed's defaults 5e7 and 1e9
-    elements x 2 B: 1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B:
+    An upper bound at large buckets: ``all_gather_coalesced`` sends a group of one parameter to
+    ``_all_gather_sequential`` (``partition_parameters.py:1570``, ``len(params) == 1``; :1345-1376,
+    ``param.data = param_buffer.narrow(...)``, no copy), and once the frontier is at max live
+    each fetch's top-up is ``min(max_live - available, bucket)``, the room its module's release
+    freed (about one weight, coordinator :453), often one parameter, which copies nothing; a
+    bucket's worth is taken, and copied, while the frontier runs up to max live (a pass's
+    first fetches) or where max live is not reached. Which top-ups hold two or more parameters
+    depends on the weights' order and sizes, which meshplan's layer-sized units do not keep: not
+    modelled, so a bucket above a weight's size overcounts the copy-out by up to
+    ``min(unit, bucket)`` per layer fetch (README's 30B example: 5e8 steps 4.3 ms slower than 5e6).
 
-    >>> deepspeed_copied_bytes(436_224_000, (10**8, 2 * 10**9), 436_224_000)
-    100000000
-    >>> deepspeed_copied_bytes(436_224_000, (10**8, 5 * 10**8), 436_224_000)
-    63776000
+    Llama 3 8B's layer in bf16 (436,224,000 B), DeepSpeed's defaults 5e7 and 1e9 elements x 2 B:
+    1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B; 2e8 (below the layer)
+    and bucket 0: none:
+
+    >>> [deepspeed_copied_bytes(436_224_000, p, 436_224_000) for p in ((10**8, 2 * 10**9), (10**8, 5 * 10**8),
+    ...     (10**8, 4 * 10**8), (0, 2 * 10**9))]
+    [100000000, 63776000, 0, 0]
     """
-    return min(unit_bytes, deepspeed_prefetch_budget(prefetch_live, held))
+    return min(unit_bytes, prefetch_live[0], deepspeed_ahead_bytes(prefetch_live, layer_bytes))
 
 
 def deepspeed_bucket_bytes(bucket_elements: int, training: TrainingSpec, params_numel):

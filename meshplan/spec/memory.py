@@ -54,11 +54,11 @@ class MemoryOptions(BaseModel):
       (each all-gather output is then freed right after its copy-out).
     - ``deepspeed_prefetch_elements``, ``deepspeed_max_live_elements`` (``training.zero3_engine =
       "deepspeed"``; DeepSpeed's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``,
-      unset 5e7 and 1e9): the parameters gathered ahead of the module being computed, in forward
-      and in backward, are at most ``deepspeed_prefetch_elements`` and at most what takes the
-      gathered parameters to ``deepspeed_max_live_elements`` (:func:`meshplan.memory.passes.PassBuilder`;
-      DeepSpeed's ``PartitionedParameterCoordinator.fetch_sub_module``), in place of
-      ``prefetch_layers`` / ``forward_prefetch_layers``.
+      unset 5e7 and 1e9): none are gathered ahead of the module being computed at a bucket of 0;
+      else, in forward and in backward, those that take the gathered parameters to
+      ``deepspeed_max_live_elements`` (DeepSpeed's ``PartitionedParameterCoordinator.fetch_sub_module``
+      tops its prefetch up at every module's fetch: :func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`,
+      the memory timeline's and the step's), in place of ``prefetch_layers`` / ``forward_prefetch_layers``.
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. Not a free choice:
       it follows what :mod:`meshplan.comm.collectives` counts and the runtime runs
       (:meth:`fsdp_reduce_for`), so the memory verdict, the table and the step agree. With
