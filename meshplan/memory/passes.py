@@ -169,6 +169,7 @@ class PassBuilder:
         self._add(u.layer, "gathered_params", u.gathered - have,
                   f"{u.name}: all-gathered, the parameters views of the buffer" + (" (the rest)" if have else ""))
         if have:
+            assert self.sz.deepspeed_prefetch is not None  # only DeepSpeed's fetch is here
             layer = max((v.gathered for k, v in self.sz.units.items() if isinstance(k, int)), default=0)
             cat = min(have, deepspeed_copied_bytes(u.gathered, self.sz.deepspeed_prefetch, layer))
             self._add(u.layer, "gathered_params", cat, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
