@@ -61,12 +61,15 @@ from meshplan.spec.mesh import Schedule
 #: order every ``I`` of chunk 1 on pp rank 0 follows a forward of that chunk (the warm-up and
 #: steady-state triples F, I, W), so its layer units never get one and are never reduce-scattered;
 #: rank 0's chunk 0 is stage 0, whose ``I`` is skipped (``if not self.is_first``) and whose ``W`` is a
-#: full backward, so it is reduced once: the measurement. A one-process check on torch 2.13
-#: (gloo, world 1, two ``fully_shard`` stage modules of a V, 4 micro-batches) agrees: ZB-V leaves
-#: stage 1's layer gradient None with ``reshard_after_forward`` true and matches a plain backward
-#: with it false; DualPipeV matches both ways. The rule and the warning keep the measured
-#: condition (FSDP2 over a data axis, any ``reshard_after_forward``): the false case was not run by
-#: ``validate``.
+#: full backward, so it is reduced once: the measurement. A run on torch 2.13
+#: (tests/test_zbv_fsdp_torch.py: pp 2 as two gloo processes, a V of four one-layer ``fully_shard``
+#: stages, 4 micro-batches, against a plain backward) agrees: with ``reshard_after_forward`` true
+#: ZB-V leaves rank 0's stage 3 gradient None and rank 1's two stages short of some micro-batches,
+#: and is exact with it false; DualPipeV, whose reduce-scatters all run (what ``validate``
+#: compares), gets rank 0's stage 3 short too with it true, and is exact with it false. The rule and
+#: the warning keep the condition ``validate`` measured (ZB-V, FSDP2 over a data axis, any
+#: ``reshard_after_forward``); that run says the defect follows ``reshard_after_forward`` true and
+#: reaches DualPipeV, which neither covers yet.
 FSDP2_DEFECT = ("torch 2.13's ScheduleZBVZeroBubble reduce-scattered one of pp rank 0's two layer units once per "
                 "step and the other never (measured: pp 2 x dp_shard 2, 4 layers), unlike the plan's table; "
                 "dualpipev reduces both")
