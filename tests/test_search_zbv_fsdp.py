@@ -89,5 +89,4 @@ def test_verdict_names_the_rule_when_it_is_the_reason():
     r = search(config(1, 80.0, **{**SPACE, "tp": [1], "pp": [2], "pp_schedules": ["zbv"]}), workers=1)
     assert not r.top and len(r.candidates) == 2
     assert infeasible_line(r) == (f"no feasible mesh: of 2 candidates rule 'zbv-fsdp' rejected 2 ({ZBV_FSDP_REFUSED}); "
-                                  "fix: drop zbv from search.pp_schedules (dualpipev reduces both units under FSDP2) "
-                                  "or let search.pp include 1")
+                                  "fix: drop zbv from search.pp_schedules or let search.pp include 1")

@@ -49,14 +49,15 @@ MEGATRON_SPLIT_REFUSED = ("framework megatron: no layer split at this pp that Me
                           "pipeline-num-layers set (middle stages even, an end stage left no layer)")
 
 #: The ``zbv-fsdp`` rule under ``framework = "torch"``: a ZB-V row with FSDP2 over a data axis
-#: (:attr:`~meshplan.search.columns.Candidates.fsdp2_over_data`; :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`,
-#: the condition of the plan's warning), whose gradients torch 2.13 gets wrong
-#: (:data:`meshplan.pipeline.zbv.FSDP2_DEFECT`, measured by ``meshplan validate``, which refuses the mesh;
-#: why, in torch's source: that module). DualPipeV rows and ZB-V without a data axis are kept.
+#: (:attr:`~meshplan.search.columns.Candidates.fsdp2_over_data`;
+#: :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`, the condition of the plan's warning),
+#: whose gradients torch 2.13 gets wrong (:data:`meshplan.pipeline.zbv.FSDP2_DEFECT`, measured by
+#: ``meshplan validate``, which refuses the mesh; why, in torch's source: that module). DualPipeV rows
+#: and ZB-V without a data axis are kept.
 ZBV_FSDP_REFUSED = ("zbv with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1) under framework "
                     "torch: torch 2.13's ScheduleZBVZeroBubble never reduce-scatters one of pp rank 0's layer units "
                     "(measured by meshplan validate, which refuses the mesh), so its gradients are wrong; dualpipev "
-                    "reduces both")
+                    "reduce-scatters both")
 
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
