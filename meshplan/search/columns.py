@@ -108,6 +108,13 @@ class Candidates:
         return (self.sh == SHARDING.index("zero3")) | (self.sh == SHARDING.index("hsdp"))
 
     @property
+    def fsdp2_over_data(self) -> np.ndarray:
+        """FSDP2 over a data axis: :attr:`fsdp2` with dp_replicate x dp_shard x cp > 1, the condition
+        of :func:`meshplan.plan_runtime.runtime_warnings` (``fsdp x dp_replicate > 1``) that the
+        search's rule ``zbv-fsdp`` reads (:meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`)."""
+        return self.fsdp2 & (self.fsdp * self.dpr > 1)
+
+    @property
     def sp(self) -> np.ndarray:
         """Sequence parallel: on exactly where tp > 1."""
         return self.tp > 1

@@ -12,6 +12,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.zbv import ZBV
 from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
 
@@ -47,6 +48,17 @@ TORCH_DDP_REFUSED = ("ddp (hsdp with dp_shard x cp 1) under framework torch: tor
 MEGATRON_SPLIT_REFUSED = ("framework megatron: no layer split at this pp that Megatron-LM's --decoder-first/last-"
                           "pipeline-num-layers set (middle stages even, an end stage left no layer)")
 
+#: The ``zbv-fsdp`` rule under ``framework = "torch"``: a ZB-V row with FSDP2 over a data axis
+#: (:attr:`~meshplan.search.columns.Candidates.fsdp2_over_data`;
+#: :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`, the condition of the plan's warning),
+#: whose gradients torch 2.13 gets wrong (:data:`meshplan.pipeline.zbv.FSDP2_DEFECT`, measured by
+#: ``meshplan validate``, which refuses the mesh; why, in torch's source: that module). DualPipeV rows
+#: and ZB-V without a data axis are kept.
+ZBV_FSDP_REFUSED = ("zbv with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1) under framework "
+                    "torch: torch 2.13's ScheduleZBVZeroBubble never reduce-scatters one of pp rank 0's layer units "
+                    "(measured by meshplan validate, which refuses the mesh), so its gradients are wrong; dualpipev "
+                    "reduce-scatters both")
+
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
@@ -59,6 +71,7 @@ _SCHEDULE_REASONS = (
                   + MEGATRON_REFUSED),
     ("split", MEGATRON_SPLIT_REFUSED),
     ("replicate", TORCH_DDP_REFUSED),
+    ("zbv-fsdp", ZBV_FSDP_REFUSED),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -165,6 +178,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
             (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
         ("split", (t.framework == "megatron") & (c.vpp == 1) & (c.us == 0) & _no_first_last(m.layers, c.pp)),
         ("replicate", (t.framework == "torch") & c.replicated),
+        # torch 2.13's ZB-V drops a chunk's weight gradients under FSDP2 (pipeline.zbv.FSDP2_DEFECT)
+        ("zbv-fsdp", (c.ps == PIPELINE.index("zbv")) & ZBV.fsdp2_defect(t.framework, c.pp, c.fsdp2_over_data)),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
