@@ -13,8 +13,9 @@ DeepSpeed's of 2021 in :mod:`meshplan.comm.deepspeed_rows`), the stage's FSDP un
   ``training.reshard_head_after_forward``, its policy ``"always"``: :func:`kept_gathered`), and its gradients
   reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
-  HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan), sharded on dim 1 when efsdp x ep > experts (torchtitan's
+  HSDP all-reduces each unit's gradient shard over dp_replicate. Under ep > 1 expert weights
+  are all-gathered apart over efsdp (torchtitan; under ep 1 with the layer: :func:`experts_apart`),
+  sharded on dim 1 when efsdp x ep > experts (torchtitan's
   ``shard_placement_fn``, :func:`~meshplan.spec.axes.ep.expert_shard_dim`), so a rank's one
   expert over efsdp 4 is gathered unpadded, not as 4 experts' rows. Gradient accumulation with pp 1
   (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
@@ -145,6 +146,21 @@ def _call_counts(c: StageContext, units: list, key: tuple, n: int) -> tuple[tupl
     return fwd, back, red
 
 
+def experts_apart(mesh) -> bool:
+    """Whether an MoE layer's routed experts are all-gathered apart from the rest of its unit,
+    over efsdp: under ep > 1 (torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 gives them their
+    own mesh, the block's parameter group over efsdp beside its dense one), or where efsdp is not
+    fsdp's group. Under ep 1 torchtitan shards them with the block over its FSDP mesh, one
+    all-gather of the whole layer (``Shard(1)`` past fsdp > experts).
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> [experts_apart(resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, e]), world=4)) for e in (1, 2)]
+    [False, True]
+    """
+    return mesh.ep > 1 or mesh.degree("efsdp") != mesh.degree("fsdp")
+
+
 def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int, float]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
     local chunk, all-gather bytes, float8 weights, seconds of their pre-all-gather casts); the
@@ -175,8 +191,9 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
         moe = m.is_moe_layer(i)
         if moe not in kinds:
             ts = m.layer_tensors(i)
-            kinds[moe] = [unit("layer", "fsdp", [x for x in ts if not x.expert], 0)]
-            if any(x.expert for x in ts):
+            apart = experts_apart(mesh) and any(x.expert for x in ts)
+            kinds[moe] = [unit("layer", "fsdp", [x for x in ts if not (apart and x.expert)], 0)]
+            if apart:
                 kinds[moe].append(unit("experts", "efsdp", [x for x in ts if x.expert], 0))
         k = (c.chunk_of or {}).get(i, 0)
         out += [u[:3] + (k,) + u[4:] for u in kinds[moe]]
