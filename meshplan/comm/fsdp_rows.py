@@ -14,7 +14,8 @@ DeepSpeed's of 2021 in :mod:`meshplan.comm.deepspeed_rows`), the stage's FSDP un
   reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Under ep > 1 expert weights
-  are all-gathered apart over efsdp (torchtitan; under ep 1 with the layer: :func:`experts_apart`),
+  are all-gathered apart over efsdp (torchtitan; under ep 1 with the layer:
+  :func:`~meshplan.mesh.tpsplit.experts_apart`),
   sharded on dim 1 when efsdp x ep > experts (torchtitan's
   ``shard_placement_fn``, :func:`~meshplan.spec.axes.ep.expert_shard_dim`), so a rank's one
   expert over efsdp 4 is gathered unpadded, not as 4 experts' rows. Gradient accumulation with pp 1
@@ -36,7 +37,7 @@ from meshplan.comm import fsdp2
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
-from meshplan.mesh.tpsplit import fsdp_padded_numel, local_numel, padded_vocab
+from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
@@ -144,21 +145,6 @@ def _call_counts(c: StageContext, units: list, key: tuple, n: int) -> tuple[tupl
         else (0 if root or not t.reshard_after_forward else n, None)
     red = (0, n * c.runs) if pipelined or t.grad_accumulation != "sync" else (n, None)
     return fwd, back, red
-
-
-def experts_apart(mesh) -> bool:
-    """Whether an MoE layer's routed experts are all-gathered apart from the rest of its unit,
-    over efsdp: under ep > 1 (torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 gives them their
-    own mesh, the block's parameter group over efsdp beside its dense one), or where efsdp is not
-    fsdp's group. Under ep 1 torchtitan shards them with the block over its FSDP mesh, one
-    all-gather of the whole layer (``Shard(1)`` past fsdp > experts).
-
-    >>> from meshplan.mesh.resolve import resolve_mesh
-    >>> from meshplan.spec.mesh import MeshSpec
-    >>> [experts_apart(resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, e]), world=4)) for e in (1, 2)]
-    [False, True]
-    """
-    return mesh.ep > 1 or mesh.degree("efsdp") != mesh.degree("fsdp")
 
 
 def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int, float]]:

@@ -66,7 +66,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from meshplan.comm.fsdp_rows import experts_apart
+from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
@@ -256,7 +256,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
     ``expert_placement``: that unit's ``shard_placement_fn``
     (:func:`meshplan.runtime.execution.moe_parallel.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
-    experts, as torchtitan). ``experts_apart`` false (ep 1, :func:`meshplan.comm.fsdp_rows.experts_apart`):
+    experts, as torchtitan). ``experts_apart`` false (ep 1, :func:`meshplan.mesh.tpsplit.experts_apart`):
     the experts stay in their block's unit, over its mesh, ``expert_placement`` for their
     parameters only (torchtitan's ep-1 branch: one all-gather of the whole layer)."""
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.comm.fsdp_rows import experts_apart
+from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
 
