@@ -111,3 +111,42 @@ def test_mixtral_example_peak():
     assert tl.peak.total_bytes == 28_805_089_280 and tl.peak.where() == "backward of layer 30 (micro-batch 1)"
     assert tl.peak.by_kind["gathered_params"] == 2 * unit
     assert tl.max_by_kind["gathered_params"] == 2 * unit + 352_321_536 == 1_224_900_608
+
+
+def test_fsdp2_keeps_the_output_under_explicit_forward_prefetch():
+    """The rule the forward follows, on torch's FSDP2 (fake process group, 4 ranks, three Linear
+    units, ``set_modules_to_forward_prefetch([next])`` as torchtitan sets it under ep > 1): when each
+    unit's forward starts (after its pre-forward) its own all-gather result is still held in
+    ``comm_ctx.all_gather_state`` and the next unit's prefetched result is pending: two outputs
+    beside the copy, not one."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized")
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        assert _held_at_forward(torch, fully_shard) == [(True, [1]), (True, [2]), (True, [])]
+    finally:
+        dist.destroy_process_group()
+
+
+def _held_at_forward(torch, fully_shard) -> list:
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    for a, b in zip(model[:-1], model[1:]):
+        a.set_modules_to_forward_prefetch([b])
+    seen = []
+
+    def held(mod, _inp):
+        pending = [i for i, x in enumerate(model) if x._get_fsdp_state()._fsdp_param_group._all_gather_result is not None]
+        seen.append((mod._get_fsdp_state()._comm_ctx.all_gather_state is not None, pending))
+
+    for layer in model:
+        layer.register_forward_pre_hook(held)
+    model(torch.randn(2, 8)).sum().backward()
+    return seen
