@@ -41,13 +41,14 @@ def fsdp_active(training: TrainingSpec, mesh: Mesh) -> dict[str, bool]:
 
 
 def deferred_group(training: TrainingSpec, mesh: Mesh) -> bool:
-    """Whether an MoE layer's unit gathers its routed experts as a second parameter group (ep > 1:
+    """Whether an MoE layer's unit gathers its routed experts as a second parameter group (FSDP2
+    as torchtitan wraps it, ``TrainingSpec.torchtitan_units``, under ep > 1:
     torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 puts them on the expert mesh, a group of their
     own after the block's dense one, in parameter order; :func:`meshplan.mesh.tpsplit.experts_apart`),
     both FSDP-sharded: its forward copy-out then keeps only the experts' all-gather output, as
     torch 2.13's ``FSDPParamGroup.wait_for_unshard`` keeps the last group's until the next copy-out."""
     active = fsdp_active(training, mesh)
-    return active["dense"] and active["expert"] and experts_apart(mesh)
+    return training.torchtitan_units and active["dense"] and active["expert"] and experts_apart(mesh)
 
 
 def explicit_forward_prefetch(training: TrainingSpec, mesh: Mesh) -> bool:
