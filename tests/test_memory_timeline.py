@@ -151,9 +151,12 @@ def test_prefetch_depth_sets_gathered_layers():
     # forward, FSDP2 implicit: at layer 1's copy-out layer 0's all-gather output is still held
     # (the embedding was resharded after its forward, its output freed at layer 0's copy-out)
     assert plan_of().timeline.max_by_kind["gathered_params"] == 3 * lay
-    # explicit forward prefetch: every output freed after its copy-out, the next one issued
+    # explicit forward prefetch: the next unit's all-gather issued after this copy-out, this
+    # unit's output still kept till the next copy-out (torch 2.13 FSDPParamGroup.wait_for_unshard
+    # keeps a synchronous all-gather's result whenever its state is FORWARD): at layer 0's forward
+    # its copy, its output and layer 1's output
     explicit = plan_of(memory={**MEM, "forward_prefetch_layers": 1}).timeline
-    assert explicit.max_by_kind["gathered_params"] == 2 * lay
+    assert explicit.max_by_kind["gathered_params"] == 3 * lay
     # backward: layer 0's all-gather is issued before layer 1's backward (prefetch 1), or not;
     # the head's unit was resharded after its backward, the embedding's after its forward
     at = "layer 1 backward mlp w_out: working set (gradients of activations)"

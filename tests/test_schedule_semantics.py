@@ -151,6 +151,28 @@ def test_moe_timeline_issues_the_expert_gathers_the_table_counts(reshard):
     assert not any(k[1] == "expert" for k in counts) and counts[(*LAYER, "forward", "all-gather")] == 16
 
 
+@pytest.mark.parametrize("reshard", [True, False])
+def test_moe_experts_gather_with_their_layer_under_ep1(reshard):
+    """torchtitan (``apply_fsdp_to_decoder`` at b5bcd76) gives the routed experts a mesh of their
+    own only under ep > 1; under ep 1 they are sharded with their block over its FSDP mesh, one
+    all-gather of the whole layer. dp_shard 4 x ep 1, m 4, bf16, by hand: an MoE layer's dense
+    part is attention 4 x 64 x 64 + router 4 x 64 + 2 norms x 64 = 16,768 elements, its experts
+    4 x (w_in 256 x 64 + w_out 64 x 256) = 131,072 (4 experts over 4 ranks, dim 0, unpadded):
+    (16,768 + 131,072) x 2 B = 295,680 B per all-gather, 3 MoE layers x 4 micro-batches = 12 in
+    forward, none over efsdp and none on its stream (the dense layer 0: 98,560 B, the embedding
+    32,768 B, [norm, output] 32,896 B, 4 each). Under ep 2 the same layer gathers 33,536 B over
+    dp_shard and its 2 experts' 65,536 elements (131,072 B) over efsdp."""
+    plan = _moe_plan(["dp_shard", "ep"], [4, 1], 4, reshard_after_forward=reshard)
+    rows = [r for r in plan.stage(0).collectives if r.op == "all-gather" and r.phase == "forward"]
+    assert sorted((r.axis, r.size_bytes, r.per_step) for r in rows) == [
+        ("dp_shard", 32768, 4), ("dp_shard", 32896, 4), ("dp_shard", 98560, 4), ("dp_shard", (16768 + 131072) * 2, 12)]
+    counts = table_counts(plan, 0)
+    assert timeline_counts(step_time(plan), 0) == counts and not any(k[1] == "expert" for k in counts)
+    plan = _moe_plan(["dp_shard", "ep"], [4, 2], 4, reshard_after_forward=reshard)
+    assert {(r.axis, r.size_bytes) for r in plan.stage(0).collectives if r.op == "all-gather" and r.per_step == 12} \
+        == {("dp_shard", 16768 * 2), ("efsdp", 65536 * 2)}
+
+
 @pytest.mark.parametrize("schedule,vpp", SCHEDULES)
 @pytest.mark.parametrize("sharding", SHARDINGS)
 @pytest.mark.parametrize("reshard", [True, False])

@@ -13,8 +13,10 @@ DeepSpeed's of 2021 in :mod:`meshplan.comm.deepspeed_rows`), the stage's FSDP un
   ``training.reshard_head_after_forward``, its policy ``"always"``: :func:`kept_gathered`), and its gradients
   reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
-  HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan), sharded on dim 1 when efsdp x ep > experts (torchtitan's
+  HSDP all-reduces each unit's gradient shard over dp_replicate. Under ep > 1 expert weights
+  are all-gathered apart over efsdp (torchtitan; under ep 1 with the layer:
+  :func:`~meshplan.mesh.tpsplit.experts_apart`),
+  sharded on dim 1 when efsdp x ep > experts (torchtitan's
   ``shard_placement_fn``, :func:`~meshplan.spec.axes.ep.expert_shard_dim`), so a rank's one
   expert over efsdp 4 is gathered unpadded, not as 4 experts' rows. Gradient accumulation with pp 1
   (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
@@ -35,7 +37,7 @@ from meshplan.comm import fsdp2
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
-from meshplan.mesh.tpsplit import fsdp_padded_numel, local_numel, padded_vocab
+from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
@@ -175,8 +177,9 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
         moe = m.is_moe_layer(i)
         if moe not in kinds:
             ts = m.layer_tensors(i)
-            kinds[moe] = [unit("layer", "fsdp", [x for x in ts if not x.expert], 0)]
-            if any(x.expert for x in ts):
+            apart = experts_apart(mesh) and any(x.expert for x in ts)
+            kinds[moe] = [unit("layer", "fsdp", [x for x in ts if not (apart and x.expert)], 0)]
+            if apart:
                 kinds[moe].append(unit("experts", "efsdp", [x for x in ts if x.expert], 0))
         k = (c.chunk_of or {}).get(i, 0)
         out += [u[:3] + (k,) + u[4:] for u in kinds[moe]]

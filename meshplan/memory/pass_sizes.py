@@ -52,7 +52,9 @@ class Unit:
     ``gathered`` unsharded parameters in the compute dtype (0 when not FSDP-sharded),
     ``grad_unsharded`` autograd's weight gradient (compute dtype), ``reduce_input`` the
     reduce-scatter input (reduce dtype), ``grads`` its share of the sharded gradient;
-    ``early``: for the root, the part of ``grad_unsharded`` the head's backward writes."""
+    ``early``: for the root, the part of ``grad_unsharded`` the head's backward writes;
+    ``deferred``: the part of its all-gather output FSDP2 keeps past its copy-out in forward,
+    its last parameter group's (0: all of it; :func:`meshplan.memory.units.units`)."""
 
     name: str
     layer: Optional[int]
@@ -61,6 +63,7 @@ class Unit:
     reduce_input: int
     grads: int
     early: int = 0
+    deferred: int = 0
 
 
 @dataclass(frozen=True)

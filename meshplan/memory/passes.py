@@ -22,14 +22,19 @@ root), released as the output layer returns the logits; as
 :func:`meshplan.runtime.execution.parallelize.apply_fsdp` wraps them and
 :mod:`meshplan.comm.collectives` counts them. Unsharding a unit allocates its all-gather output
 and then copies it out into the unsharded parameters (``gathered_params``, twice the
-unit). In forward (FSDP2's implicit prefetch, ``wait_for_unshard``) the all-gather output
-is kept until the next unit's copy-out, and the last one until the end of the forward;
-with explicit forward prefetch (``forward_prefetch_layers`` > 0) and in backward it is
-freed right after its own copy-out, and the all-gathers of the next
-``forward_prefetch_layers`` / ``prefetch_layers`` units (backward: in reverse order, the
-first one issued by the root's pre-backward, before the head's backward) are issued at
-once. DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) holds the unit it computes and, past
-it, the bytes its prefetch keeps gathered (``max live - layer``:
+unit). In forward the all-gather output is kept until the next unit's copy-out, and the
+last one until the end of the forward, with explicit forward prefetch
+(``forward_prefetch_layers`` > 0; torchtitan under ep > 1,
+:func:`meshplan.memory.units.explicit_forward_prefetch`) too: torch 2.13's
+``FSDPParamGroup.wait_for_unshard`` keeps a synchronous all-gather's result in
+``comm_ctx.all_gather_state`` whenever its state is ``FORWARD``, which a prefetched unit's
+pre-forward sets as well (its docstring's "explicit prefetching" frees at once only for
+``unshard_async_op``); of an MoE layer whose experts are a second parameter group (ep > 1) only
+theirs, the group copied out last (``Unit.deferred``). In backward it is freed right after its
+own copy-out. The all-gathers of the next ``forward_prefetch_layers`` / ``prefetch_layers`` units
+(backward: in reverse order, the first one issued by the root's pre-backward, before the head's
+backward) are issued after the copy-out. DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``)
+holds the unit it computes and, past it, the bytes its prefetch keeps gathered (``max live - layer``:
 :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`, as the step's prefetch), one copy of
 a fetched unit (its parameters views of the all-gather buffer) and two of a prefetched bucket
 only at its wait (:meth:`PassBuilder._deepspeed_fetch`).
@@ -155,6 +160,10 @@ class PassBuilder:
                 self._free_output(older, f"at {u.name}'s copy-out")
             if not keep_output:
                 self._free_output(key, "after its copy-out")
+            elif u.deferred and key in self.issued:  # its experts' group copied out last: theirs kept
+                self._add(u.layer, "gathered_params", u.deferred - self.issued_bytes[key],
+                          f"{u.name}: all-gather output of its dense group freed at its experts' copy-out")
+                self.issued_bytes[key] = u.deferred
         for nxt in ahead[:depth]:
             self._issue(nxt)
 
@@ -212,8 +221,10 @@ class PassBuilder:
     # forward -----------------------------------------------------------------------
     def _forward(self) -> None:
         sz, keys = self.sz, self.keys
-        # DeepSpeed frees each all-gather output once its parameters are copied out (AllGatherCoalescedHandle.wait)
-        depth, keep = sz.forward_prefetch, sz.forward_prefetch == 0 and sz.deepspeed_prefetch is None
+        # FSDP2 keeps each all-gather output till the next copy-out in forward, explicit prefetch or
+        # not (module docstring); DeepSpeed frees it once its parameters are copied out
+        # (AllGatherCoalescedHandle.wait)
+        depth, keep = sz.forward_prefetch, sz.deepspeed_prefetch is None
         for key in (k for k in ("root", "embedding") if k in keys):
             self._unshard(key, list(sz.chunks[self.chunk]), depth, keep)
             self._add(None, "activations", sz.embedding_saved, "embedding: token ids (+ dropout mask) saved")

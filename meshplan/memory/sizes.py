@@ -20,7 +20,7 @@ from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
-from meshplan.memory.units import units
+from meshplan.memory.units import explicit_forward_prefetch, units
 # the working sets' names, importable from here too (their home: workingset)
 from meshplan.memory.workingset import float8_copies, head_sizes, layer_act_sizes  # noqa: F401
 
@@ -122,7 +122,8 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         head_reshards=training.reshard_head_after_forward,
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
-        prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
+        prefetch=opts.prefetch_layers, bucket=bucket,
+        forward_prefetch=max(opts.forward_prefetch_layers, explicit_forward_prefetch(training, mesh)),
         # DeepSpeed ZeRO-1/2 allocates its bucket buffers at every backward's first gradient hook
         bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed" or fsdp,
         bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),

@@ -12,13 +12,18 @@ Gathered bytes are the tp-local unsharded elements in the compute dtype (FSDP2
 ``MixedPrecisionPolicy(param_dtype)``); the reduce-scatter input is in the reduce dtype.
 The sharded gradients of :func:`~meshplan.memory.state.state_bytes` are split over the
 units in proportion to their elements (exact total).
+An MoE layer's unit holds its routed experts: under ep > 1 a second parameter group, all-gathered
+apart over efsdp but with the layer, unsharded, prefetched (backward; forward under torchtitan's
+explicit prefetch, :func:`explicit_forward_prefetch`) and resharded with it (torchtitan
+b5bcd76's per-parameter mesh; the rank timeline's ``efsdp AG``), so the memory holds the next
+layer's experts whenever it holds the next layer; under ep 1 one group (:func:`deferred_group`).
 """
 
 from __future__ import annotations
 
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
-from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.mesh.tpsplit import experts_apart, local_numel, padded_vocab
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -35,6 +40,25 @@ def fsdp_active(training: TrainingSpec, mesh: Mesh) -> dict[str, bool]:
     return {"dense": on and mesh.degree("fsdp") > 1, "expert": on and mesh.degree("efsdp") > 1}
 
 
+def deferred_group(training: TrainingSpec, mesh: Mesh) -> bool:
+    """Whether an MoE layer's unit gathers its routed experts as a second parameter group (FSDP2
+    as torchtitan wraps it, ``TrainingSpec.torchtitan_units``, under ep > 1:
+    torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 puts them on the expert mesh, a group of their
+    own after the block's dense one, in parameter order; :func:`meshplan.mesh.tpsplit.experts_apart`),
+    both FSDP-sharded: its forward copy-out then keeps only the experts' all-gather output, as
+    torch 2.13's ``FSDPParamGroup.wait_for_unshard`` keeps the last group's until the next copy-out."""
+    active = fsdp_active(training, mesh)
+    return training.torchtitan_units and active["dense"] and active["expert"] and experts_apart(mesh)
+
+
+def explicit_forward_prefetch(training: TrainingSpec, mesh: Mesh) -> bool:
+    """torchtitan under ep > 1 prefetches in forward explicitly (``apply_fsdp_to_decoder`` at
+    b5bcd76: ``set_modules_to_forward_prefetch([next block])``, the embedding's [block 0], the last
+    block's [norm, output]): each unit's all-gather issued at the previous unit's start, as the rank
+    timeline issues the next layer's (and its experts') all-gathers."""
+    return training.torchtitan_units and mesh.ep > 1 and any(fsdp_active(training, mesh).values())
+
+
 def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes, ipg: int = 0) -> dict:
     """:class:`Unit` per unit key of stage ``state.stage`` (see the module docstring). ``ipg``: the
     elements of DeepSpeed ZeRO-3's ipg buffer when the engine copies each gradient into it
@@ -42,7 +66,7 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
     (``grad_unsharded``, ``early``) then counts only its tensors of more than ``ipg`` elements, which
     stay where autograd wrote them; the others are in the buffer the timeline holds from init."""
     numels = _unit_numels(model, training, mesh, stages, state.stage, ipg)
-    active = fsdp_active(training, mesh)
+    active, split = fsdp_active(training, mesh), deferred_group(training, mesh)
     head = {}
     if "embedding" in numels and "head" in numels and len(stages[state.stage]) == 1 \
             and (model.tied_embeddings or not training.torchtitan_units):  # one FSDP2 root (torchtitan: two units)
@@ -59,7 +83,8 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
         gbytes = sum(n[g + "_gather"] for g in active if active[g])  # float8 Linear weights: 1 byte each
         out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gbytes,
                         grad_unsharded=held * comp, reduce_input=gathered * red,
-                        grads=sum(shares[g][i] for g in shares), early=early)
+                        grads=sum(shares[g][i] for g in shares), early=early,
+                        deferred=n["expert_gather"] if split and n["expert"] else 0)
     return out
 
 

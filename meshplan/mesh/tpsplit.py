@@ -173,3 +173,18 @@ def padded_numel(rows: int, numel: int, shards: int) -> int:
     if rows == 0:
         return 0
     return -(-rows // shards) * shards * (numel // rows)
+
+
+def experts_apart(mesh) -> bool:
+    """Whether an MoE layer's routed experts are all-gathered apart from the rest of its unit,
+    over efsdp: under ep > 1 (torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 gives them their
+    own mesh, the block's parameter group over efsdp beside its dense one), or where efsdp is not
+    fsdp's group. Under ep 1 torchtitan shards them with the block over its FSDP mesh, one
+    all-gather of the whole layer (``Shard(1)`` past fsdp > experts).
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> [experts_apart(resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, e]), world=4)) for e in (1, 2)]
+    [False, True]
+    """
+    return mesh.ep > 1 or mesh.degree("efsdp") != mesh.degree("fsdp")

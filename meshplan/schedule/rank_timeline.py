@@ -51,13 +51,15 @@ frameworks issue them:
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
   needed; ``Overlap.fsdp_ahead`` layers ahead, DeepSpeed ZeRO-3's: :mod:`~meshplan.schedule.layer_prefetch`); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
-  all-reduces the shard over dp_replicate after it. The routed experts' own unit (efsdp,
-  torchtitan's ``fully_shard(block.moe.experts)`` with the block's ``reshard_after_forward``) is
+  all-reduces the shard over dp_replicate after it. The routed experts' all-gather (efsdp,
+  ep > 1; under ep 1 they are in the layer's: :func:`~meshplan.mesh.tpsplit.experts_apart`) is
   gathered by the same passes as its layer, on the efsdp stream, prefetched beside the layer's
-  (torchtitan ``apply_fsdp`` under ep > 1: each block prefetches [next block, its experts] in
-  forward and [previous block, its experts] in backward), except the chunk's first layer's in
-  forward and its last layer's in backward, which the embedding and the output layer do not
-  prefetch: gathered on demand at the layer's start. With pp > 1 a pass gathers only when it
+  (torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 under ep > 1: the experts a parameter group of
+  the block's unit on their own mesh, so each block's explicit prefetch of the next block in
+  forward and of the previous one in backward takes them too, as does the output layer's of the
+  last block in backward, before the head's), except the chunk's first layer's in forward:
+  gathered at the layer's start, as the layer's own (issued after the embedding). The memory
+  timeline holds them in the same windows (:mod:`meshplan.memory.units`). With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
@@ -260,8 +262,9 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     emb_ev = None
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i, part: _layer_gather(s, "backward", i, part) if with_b and gather else None
-    # the routed experts' own unit (efsdp), resharded after forward as the layer's: gathered again,
-    # prefetched beside the layer's, the chunk's last layer's on demand (module docstring)
+    # the routed experts' group (efsdp), resharded after forward as the layer's: gathered again,
+    # prefetched beside the layer's, the chunk's last layer's by the head's pre-backward with it
+    # (module docstring; on demand without the head's own unit)
     experts = _ExpertGathers(lambda i: s.comm("shard", "backward", "all-gather", f"efsdp AG L{i}", "expert")
                              if with_b and gather and chunk.moe[i] else None)
     # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
@@ -277,6 +280,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
     if early:
         pf.start()
+        experts.prefetch(n - 1)  # in the last layer's unit (torchtitan b5bcd76): prefetched with it
     if head_ag is not None:
         s.compute(f"{head_g} copy-out", comm.copies.get((head_g, "all-gather"), 0.0), [head_ag])
     if chunk.head is not None and with_b and with_w and ov.tp_grad:

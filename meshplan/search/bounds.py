@@ -15,7 +15,7 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   and the next layer's prefetched output, the previous unit's reduce-scatter input);
   (Q) the same once every unit has its sharded gradient; (H) the loss's backward on the
   last stage; (W) the last layer of the ``w``-th forward with its working set, its copy
-  and (FSDP2's implicit forward prefetch) its all-gather output; (S) the
+  and (FSDP2 keeps it till the next copy-out) its all-gather output; (S) the
   optimizer step (all state + its foreach temporaries); (A) where FSDP reduces after the
   last micro-batch (pp > 1, ``training.grad_accumulation``), the end of the first backward:
   init + the other passes' saved activations + the kept roots + its chunk's layers'
@@ -38,8 +38,8 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
 - **Upper bound**: all state + NCCL buffers + workspace + the saved activations of ``w``
   passes of the longest chunk at the largest layer kind (embedding terms each pass; head terms once: the last
   stage runs a head pass's backward right after its forward) + the root units (copy and
-  all-gather output) + ``1 + max(1, prefetch)`` layer units (a copy and one output, or the
-  prefetched ones; when layers stay gathered every layer's copy and ``2 + depth``
+  all-gather output) + ``2 + max(1, prefetch)`` layer units (a copy, its output kept in
+  forward and the prefetched ones; when layers stay gathered every layer's copy and ``2 + depth``
   outputs) + every accumulator with ``fsdp_reduce = "after_last"`` + the largest phase: a
   layer's backward (dY, its largest step with the gradients written, the previous unit's
   reduce input), a unit's reduce (its gradient and reduce input), the loss's backward, the
@@ -175,7 +175,11 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
         + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
-    keep_output = (getattr(o, "forward_prefetch_layers", 0) == 0) & ~u["ds3"]
+    # FSDP2 keeps each unit's all-gather output till the next copy-out in forward, explicitly
+    # prefetched or not (memory.passes); of an MoE layer whose experts gather apart under
+    # torchtitan (ep > 1) only theirs: not counted there
+    split = (c.ep > 1)[:, None] & cfg.training.torchtitan_units if cfg.model.is_moe else False
+    keep_output = ~u["ds3"] & ~split
     gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + gathered + lo["fwd"]
@@ -245,7 +249,7 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     # copies and outputs of layers: with every layer kept gathered, its n copies and at most
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
     # the prefetched ones: memory.passes PassBuilder._unshard)
-    held = np.where(few, (1 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
+    held = np.where(few, (2 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
     # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live at most
     # (spec.deepspeed_memory.deepspeed_ahead_bytes), and a prefetched part's torch.cat copy, a bucket
     # at most, is beside them at its wait (memory.passes PassBuilder._deepspeed_fetch)

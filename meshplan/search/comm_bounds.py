@@ -71,8 +71,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
     # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
-    # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded
-    out["efsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
+    # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded; under ep 1 (efsdp
+    # fsdp's group) they ride in the layer's all-gather (mesh.tpsplit.experts_apart): none apart
+    apart = (c.ep > 1) | (c.efsdp != c.fsdp)
+    out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
     if m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)

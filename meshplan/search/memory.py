@@ -326,7 +326,10 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     n = (c.tp > 1).astype(np.int64) + (c.pp > 1) + (c.ep > 1)
     n += (c.cp > 1) | ((c.fsdp > 1) & (fsdp_name == 1))
     n += (c.fsdp > 1) & (fsdp_name != 1)
-    n += moe & (c.efsdp > 1)
+    # the experts' own rows over efsdp, none under FSDP2 where they gather with their layer (ep 1
+    # with efsdp fsdp's group: mesh.tpsplit.experts_apart)
+    fsdp2 = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
+    n += moe & (c.efsdp > 1) & ~(fsdp2 & (c.ep == 1) & (c.efsdp == c.fsdp))
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
     n += c.tp > cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group

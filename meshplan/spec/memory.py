@@ -51,7 +51,8 @@ class MemoryOptions(BaseModel):
       forward prefetch; it keeps each unit's all-gather output until the next unit's
       copy-out instead, so the next all-gather overlaps this copy-out
       (``FSDPParamGroup.wait_for_unshard``). ``set_modules_to_forward_prefetch``: 1 or more
-      (each all-gather output is then freed right after its copy-out).
+      (torch 2.13 keeps each output till the next copy-out then too; torchtitan sets 1 under
+      ep > 1, which the timeline takes as at least 1: :func:`meshplan.memory.units.explicit_forward_prefetch`).
     - ``deepspeed_prefetch_elements``, ``deepspeed_max_live_elements`` (``training.zero3_engine =
       "deepspeed"``; DeepSpeed's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``,
       unset 5e7 and 1e9): none are gathered ahead of the module being computed at a bucket of 0;

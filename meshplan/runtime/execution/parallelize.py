@@ -15,9 +15,10 @@ and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with 
   cp in every attention layer (Llama 3's all-gather CP); FSDP2 shards over ``fsdp`` =
   dp_shard x cp.
 - MoE models (:mod:`meshplan.runtime.execution.moe`): experts split over ``ep`` of the expert mesh
-  (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
-  unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
-  one rank; router and shared experts stay in the layer's unit. With ``tp > 1`` the tp
+  (all-to-all dispatch and combine); under ep > 1 the routed experts of each layer are their
+  own FSDP2 unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that
+  is one rank; under ep 1 they stay in the layer's unit (torchtitan); router and shared experts
+  stay in the layer's unit. With ``tp > 1`` the tp
   ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`:
   router replicated, shared experts colwise/rowwise).
 
@@ -65,6 +66,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
@@ -234,7 +236,8 @@ def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Modul
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None,
-               expert_placement: Optional[Callable] = None, reshard_head: bool = False) -> None:
+               expert_placement: Optional[Callable] = None, reshard_head: bool = False,
+               experts_apart: bool = True) -> None:
     """FSDP2 ``fully_shard`` as torchtitan wraps a decoder (``torchtitan/distributed/fsdp.py``
     ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21; units since #1094, 83e6941), on the whole
     model or on a pipeline stage's module alike (torchtitan applies it to each stage's model part,
@@ -253,12 +256,17 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
     ``expert_placement``: that unit's ``shard_placement_fn``
     (:func:`meshplan.runtime.execution.moe_parallel.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
-    experts, as torchtitan)."""
+    experts, as torchtitan). ``experts_apart`` false (ep 1, :func:`meshplan.mesh.tpsplit.experts_apart`):
+    the experts stay in their block's unit, over its mesh, ``expert_placement`` for their
+    parameters only (torchtitan's ep-1 branch: one all-gather of the whole layer)."""
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     if mp_policy is not None:
         kw["mp_policy"] = mp_policy
     for block in model.layers.values():
         experts = block.moe.experts if hasattr(block, "moe") else None
+        if experts is not None and not experts_apart:
+            fully_shard(block, **kw, shard_placement_fn=_placement_of(set(experts.parameters()), expert_placement))
+            continue
         if experts is not None and expert_mesh is not None and expert_mesh.size() > 1:
             fully_shard(experts, **{**kw, "mesh": expert_mesh, "shard_placement_fn": expert_placement})
         elif experts is not None:
@@ -281,6 +289,12 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
             fully_shard(head, **kept)
     kw.pop("reshard_after_forward")
     fully_shard(model, **kw)  # the root: no parameters of its own left
+
+
+def _placement_of(params: set, placement: Optional[Callable]) -> Optional[Callable]:
+    """A block's ``shard_placement_fn``: ``placement`` for ``params`` (its experts), FSDP2's
+    default ``Shard(0)`` (None) for the rest; None where ``placement`` is."""
+    return None if placement is None else (lambda p: placement(p) if p in params else None)
 
 
 @dataclass
@@ -351,7 +365,8 @@ def _apply_fsdp(run: _Apply) -> None:
             mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
                                       reduce_dtype=TORCH_DTYPES[training.fsdp_reduce_dtype])  # the table's
         apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp,
-                   run.expert_placement, reshard_head=training.reshard_head_after_forward)
+                   run.expert_placement, reshard_head=training.reshard_head_after_forward,
+                   experts_apart=experts_apart(mesh))
     elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
         for block in model.layers.values():
             if hasattr(block, "moe"):

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
 
@@ -150,7 +151,7 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
             apply_ep(m, edm["ep"].get_group(), mesh.ep, mesh.group_of(rank, "ep").index(rank))
         if shard:
             apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward, None, expert_dp, placement,
-                       reshard_head=training.reshard_head_after_forward)
+                       reshard_head=training.reshard_head_after_forward, experts_apart=experts_apart(mesh))
         m.to_empty(device=device)
     return edm
 
