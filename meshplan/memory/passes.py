@@ -37,7 +37,7 @@ backward) are issued after the copy-out. DeepSpeed's ZeRO-3 (``zero3_engine = "d
 holds the unit it computes and, past it, the bytes its prefetch keeps gathered (``max live - layer``:
 :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`, as the step's prefetch), one copy of
 a fetched unit (its parameters views of the all-gather buffer) and two of a prefetched bucket
-only at its wait (:meth:`PassBuilder._deepspeed_fetch`).
+only at its wait (:func:`meshplan.memory.deepspeed_fetch.deepspeed_fetch`).
 
 Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) while the
 layer runs; allocate the layer's saved activations (``activations``); reshard l after its
@@ -79,7 +79,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.pass_sizes import BackStep, StageSizes, Unit, UnitKey
-from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_copied_bytes
+from meshplan.memory.deepspeed_fetch import deepspeed_fetch, deepspeed_prefetch
 
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
@@ -149,8 +149,8 @@ class PassBuilder:
         u = self._sharded(key)
         if self.sz.deepspeed_prefetch is not None:
             if u is not None and key not in self.gathered:
-                self._deepspeed_fetch(key, u, ahead)
-            self._deepspeed_prefetch(ahead, *self.sz.deepspeed_prefetch)
+                deepspeed_fetch(self, key, u, ahead)
+            deepspeed_prefetch(self, ahead, *self.sz.deepspeed_prefetch)
             return
         if u is not None and key not in self.gathered:
             self._issue(key)
@@ -166,42 +166,6 @@ class PassBuilder:
                 self.issued_bytes[key] = u.deferred
         for nxt in ahead[:depth]:
             self._issue(nxt)
-
-    def _deepspeed_fetch(self, key: UnitKey, u: Unit, ahead: list) -> None:
-        """DeepSpeed ZeRO-3's fetch of ``key`` (deepspeedai/DeepSpeed edaa722 ``runtime/zero/
-        partition_parameters.py``): what was not prefetched is gathered one parameter per Llama leaf
-        module by ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer (one
-        copy); of the prefetched part, a bucket gathered coalesced (:1301-1342) is copied out by
-        ``torch.cat`` at its ``AllGatherCoalescedHandle.wait`` (:750-784), a second copy until its
-        buffer goes: :func:`~meshplan.spec.deepspeed_memory.deepspeed_copied_bytes`, the step's too."""
-        have = self.issued_bytes.pop(key, 0)
-        self._add(u.layer, "gathered_params", u.gathered - have,
-                  f"{u.name}: all-gathered, the parameters views of the buffer" + (" (the rest)" if have else ""))
-        if have:
-            assert self.sz.deepspeed_prefetch is not None  # only DeepSpeed's fetch is here
-            layer = max((v.gathered for k, v in self.sz.units.items() if isinstance(k, int)), default=0)
-            cat = min(have, deepspeed_copied_bytes(u.gathered, self.sz.deepspeed_prefetch, layer))
-            self._add(u.layer, "gathered_params", cat, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
-            self._add(u.layer, "gathered_params", -cat, f"{u.name}: coalesced all-gather buffer freed after its wait")
-            self.issued.remove(key)
-        self.gathered.add(key)
-        for older in [k for k in self.issued if k != key and k not in ahead]:
-            self._free_output(older, f"at {u.name}'s fetch")
-
-    def _deepspeed_prefetch(self, ahead: list, prefetch: int, live: int) -> None:
-        """DeepSpeed ZeRO-3's prefetch after a fetch (edaa722 ``partitioned_param_coordinator.py:452-480``;
-        ``prefetch`` and ``live`` bytes): the units of ``ahead`` (next in the pass) gathered or in flight
-        up to :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes` past the units held (the
-        one fetched, a root kept), a unit's part where that ends in it: after a layer's fetch the
-        step's frontier, ``max live - layer``; after an end unit's (the embedding's in forward, the
-        head's in backward) or beside a root, less than the step's, which counts a layer. DeepSpeed
-        takes whole parameters (one past max live at most); meshplan's frontier is taken to the byte."""
-        held = sum(self.sz.units[k].gathered for k in self.gathered)
-        room = deepspeed_ahead_bytes((prefetch, live), held) - sum(self.issued_bytes.values())
-        for nxt in ahead:
-            if room <= 0:
-                break
-            room -= self._issue(nxt, room)
 
     def _release(self, key: UnitKey, why: str) -> None:
         u = self.sz.units.get(key)

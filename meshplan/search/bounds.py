@@ -146,7 +146,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
     one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
     f_end = init + _saved(lo, st.w * st.n_chunk, kw) + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
-    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch up to max live (memory.passes _deepspeed_prefetch)
+    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch up to max live (memory.deepspeed_fetch.deepspeed_prefetch)
     # and keep no all-gather output through a forward: neither counted
     pf = (o.prefetch_layers >= 1) & ~u["ds3"]
     near = lambda n: np.where(F, u["unit_min_g"] * (1 + ((n >= 2) & pf)), 0)
@@ -252,7 +252,7 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     held = np.where(few, (2 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
     # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live at most
     # (spec.deepspeed_memory.deepspeed_ahead_bytes), and a prefetched part's torch.cat copy, a bucket
-    # at most, is beside them at its wait (memory.passes PassBuilder._deepspeed_fetch)
+    # at most, is beside them at its wait (memory.deepspeed_fetch.deepspeed_fetch)
     ds3 = o.deepspeed_prefetch_bytes(cfg.training.model_copy(update={"sharding": "zero3", "zero3_engine": "deepspeed"}))
     if ds3:
         held = np.where(u["ds3"], np.maximum(held, ds3[1]) + ds3[0], held)

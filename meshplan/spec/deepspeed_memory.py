@@ -27,7 +27,7 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     prefetch has run ahead (``held_bytes``: the bytes gathered besides, the unit computed and any
     kept; ``prefetch_live``: (prefetch bucket, max live) bytes): the one rule the step's prefetch
     (:func:`deepspeed_prefetch_ahead`, held a layer) and the memory timeline
-    (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`, held the units it holds
+    (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`, held the units it holds
     gathered) share.
 
     ``__n_available_params`` (deepspeedai/DeepSpeed edaa722
