@@ -33,6 +33,7 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
+from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, nic_bytes_per_stage, overloaded_stage, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
@@ -140,7 +141,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
-    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
+    # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
+    written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_tp and p.mesh.degree("tp") > 1 else st
+    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled, written)
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
@@ -149,11 +152,15 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         for w in kd["gemm_table"]["warnings"]:
             _echo(f"warning: {w}", err=True)
 
-    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
+    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it;
+    # each is stepped as `step` steps the config with the knob set (no --overlap-tp: a hint is a setting)
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, None))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = (network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
-               + tp_hint(p, st, again))
+    verdict = _verdict(p, written, again, bubble_wait(written) if written is not st else bw)
+    if verdict and written is not st:
+        verdict = [f"note: the verdict and hint lines below are the config as written, TP blocking (step "
+                   f"{written.shown_ms()['step']} ms), not --overlap-tp's ideal bound: a hint's step is what "
+                   f"step prints for the config with it set"] + verdict
     for line in verdict:  # a hint's settings in a foreign file's own keys
         _echo(_in_file(p, line) if line.startswith("hint:") else line)
     path = st.critical_path()
@@ -167,14 +174,25 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _write_doc(json_path, {**doc, "kernels": kd}, force)
 
 
+def _verdict(p, st, again, bw) -> list[str]:
+    """The verdict and ``hint:`` lines of ``st``, the step of ``p`` as written, ``again`` its
+    re-plans (:func:`rebuilt_step`); the link line points to the FSDP knobs where an earlier line
+    re-planned them (the FSDP hint or the verdict's cause)."""
+    net = network_verdict(p, st, again, bw=bw)
+    listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
+    return (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again)
+            + link_bound_hint(p, st, again, knobs_listed=listed))
+
+
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],
-                         unscheduled: Optional[str]) -> None:
+                         unscheduled: Optional[str], blocking) -> None:
     """The lines under step's summary: the TP overlap line (the config's model against blocking TP,
-    or with ``--overlap-tp`` the ideal overlap of whole GEMMs), Megatron's gradient-reduce note, and
-    a note for each of ``--schedule`` and ``--overlap-tp`` that changes nothing or is ignored."""
+    or with ``--overlap-tp`` the ideal overlap of whole GEMMs against ``blocking``, the step with TP
+    blocking), Megatron's gradient-reduce note, and a note for each of ``--schedule`` and
+    ``--overlap-tp`` that changes nothing or is ignored."""
     tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
     if overlap_tp and not tp:
-        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
+        tp = ideal_tp_overlap_line(p, st, blocking)
     if tp:
         _echo(tp)
     if megatron_reduce_line(p.config.training):
