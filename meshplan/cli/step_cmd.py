@@ -57,7 +57,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
                                          "communication overlaps compute, ideally (whole GEMMs), and print its exposed "
-                                         "tp, compute and step against blocking TP; with it on, ignored "
+                                         "tp, compute and step against blocking TP (the hints stay the config as "
+                                         "written); with it on, ignored "
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (bench gemm's CSV; bench attention's "
@@ -97,8 +98,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
     nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
-    shown only when that step is more than 1% shorter (a foreign CONFIG's 'hint:' and 'fix:' lines name its own
-    keys where it has them). The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
+    why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where a link (NVLink, a
+    NIC, a rail uplink) is busy 80% of its window (the edge-load table's) or more, one line names it, the
+    collectives that load it and, for FSDP's, the FSDP knobs re-planned (those that fit, more than 1% shorter).
+    Under --overlap-tp the verdict and 'hint:' lines are the config as written (TP blocking; a note says so): a
+    hint's step is what step prints for the config with it set. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
@@ -142,7 +147,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
-    written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_tp and p.mesh.degree("tp") > 1 else st
+    ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
+    written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st
     _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled, written)
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
