@@ -62,7 +62,7 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     """The eager mini mesh exposes 12.3% on tp (< 15%): none. The trial's mesh, Llama-3-70B at seq
     32768, dp_shard 2 x cp 4 x tp 8, full recompute, compiled, exposes 16.3% but async TP's
     decomposed GEMMs add back most of what it hides (step 36.98 -> 36.91 s, -0.2%, within 1%):
-    none. A config with tp_comm_overlap on: none."""
+    no hint, a note saying so (its exposed tp 6.03 -> 3.85 s, compute 2.33 s more). A config with tp_comm_overlap on: none."""
     eager = _plan(MINI)
     st = step_time(eager)
     assert round(st.exposed_s["tp"] / st.step_s, 3) == 0.123 and _hint(eager) == []
@@ -75,7 +75,12 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     data["training"]["tp_comm_overlap"] = True
     on = step_time(build_plan(config_from_dict(data)))
     assert round(st.exposed_s["tp"] / st.step_s, 3) == 0.163 and f"{on.step_s / st.step_s - 1:+.1%}" == "-0.2%"
-    assert _hint(trial) == []
+    assert _hint(trial) == [  # no hint: a note says why (hints19 #2), async TP's decomposed GEMMs
+        "note: no tp hint: exposed tp is 16.3% of the step (6.03 s of 36.98 s), but training.tp_comm_overlap = true "
+        "(torchtitan's async TP, parallelism.enable_async_tensor_parallel, which needs torch.compile) re-planned gives "
+        f"step {on.step_s:.2f} s (-0.2%), not 1% shorter: exposed tp 6.03 -> {on.exposed_s['tp']:.2f} s, compute "
+        f"+{on.parts_s()['compute'] - st.parts_s()['compute']:.2f} s (the decomposed GEMMs and copies)"]
+    assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "36.91 3.85"
     assert _hint(_plan(MINI, torch_compile=True, tp_comm_overlap=True)) == []
 
 

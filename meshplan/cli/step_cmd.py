@@ -33,6 +33,7 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
+from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, nic_bytes_per_stage, overloaded_stage, spill_line
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
@@ -56,7 +57,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
                                          "communication overlaps compute, ideally (whole GEMMs), and print its exposed "
-                                         "tp, compute and step against blocking TP; with it on, ignored "
+                                         "tp, compute and step against blocking TP (the hints stay the config as "
+                                         "written); with it on, ignored "
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (bench gemm's CSV; bench attention's "
@@ -96,8 +98,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the fastest 3 that fit with a step more than 1% shorter, each with its step, its change and its bubble;
     nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
-    shown only when that step is more than 1% shorter (a foreign CONFIG's 'hint:' and 'fix:' lines name its own
-    keys where it has them). The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
+    shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
+    why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where a link (NVLink, a
+    NIC, a rail uplink) is busy 80% of its window (the edge-load table's) or more, one line names it, the
+    collectives that load it and, for FSDP's, the FSDP knobs re-planned (those that fit, more than 1% shorter).
+    Under --overlap-tp the verdict and 'hint:' lines are the config as written (TP blocking; a note says so): a
+    hint's step is what step prints for the config with it set. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
@@ -140,7 +146,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
-    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
+    # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
+    ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
+    written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st
+    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled, written)
     if uncalibrated_note(p.config.cluster):
         _echo(uncalibrated_note(p.config.cluster))
     _echo(kd["line"])
@@ -149,11 +158,15 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         for w in kd["gemm_table"]["warnings"]:
             _echo(f"warning: {w}", err=True)
 
-    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, None))
+    # re-plans take their schedule from their config (--schedule is in p's already), so a knob may change it;
+    # each is stepped as `step` steps the config with the knob set (no --overlap-tp: a hint is a setting)
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, None))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
-    verdict = (network_verdict(p, st, again, bw=bw) + host_hint(p, st, again) + bubble_hint(p, st, again)
-               + tp_hint(p, st, again))
+    verdict = _verdict(p, written, again, bubble_wait(written) if written is not st else bw)
+    if verdict and written is not st:
+        verdict = [f"note: the verdict and hint lines below are the config as written, TP blocking (step "
+                   f"{written.shown_ms()['step']} ms), not --overlap-tp's ideal bound: a hint's step is what "
+                   f"step prints for the config with it set"] + verdict
     for line in verdict:  # a hint's settings in a foreign file's own keys
         _echo(_in_file(p, line) if line.startswith("hint:") else line)
     path = st.critical_path()
@@ -167,14 +180,25 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _write_doc(json_path, {**doc, "kernels": kd}, force)
 
 
+def _verdict(p, st, again, bw) -> list[str]:
+    """The verdict and ``hint:`` lines of ``st``, the step of ``p`` as written, ``again`` its
+    re-plans (:func:`rebuilt_step`); the link line points to the FSDP knobs where an earlier line
+    re-planned them (the FSDP hint or the verdict's cause)."""
+    net = network_verdict(p, st, again, bw=bw)
+    listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
+    return (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again)
+            + link_bound_hint(p, st, again, knobs_listed=listed))
+
+
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],
-                         unscheduled: Optional[str]) -> None:
+                         unscheduled: Optional[str], blocking) -> None:
     """The lines under step's summary: the TP overlap line (the config's model against blocking TP,
-    or with ``--overlap-tp`` the ideal overlap of whole GEMMs), Megatron's gradient-reduce note, and
-    a note for each of ``--schedule`` and ``--overlap-tp`` that changes nothing or is ignored."""
+    or with ``--overlap-tp`` the ideal overlap of whole GEMMs against ``blocking``, the step with TP
+    blocking), Megatron's gradient-reduce note, and a note for each of ``--schedule`` and
+    ``--overlap-tp`` that changes nothing or is ignored."""
     tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
     if overlap_tp and not tp:
-        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
+        tp = ideal_tp_overlap_line(p, st, blocking)
     if tp:
         _echo(tp)
     if megatron_reduce_line(p.config.training):

@@ -14,15 +14,17 @@ overlap decomposes the GEMMs it overlaps, and their smaller pieces run slower
 (:mod:`meshplan.compute.asynctp`), so a large exposed tp can give a small gain: Llama-3-70B at
 seq 32768, dp_shard 2 x cp 4 x tp 8, full recompute, compiled, global batch 40, exposes 6.03 s of
 tp in a 36.98 s step (16.3%), and async TP hides 2.18 s of it but adds 2.33 s of compute: the
-step is 0.2% shorter, and no line is shown (``step --overlap-tp``'s ideal overlap of whole GEMMs,
-32.80 s, is a bound no runtime reaches).
+step is 0.2% shorter, and no hint is shown but a ``note: no tp hint`` line with the re-plan's step
+and why (:func:`silent_note`; ``step --overlap-tp``'s ideal overlap of whole GEMMs, 32.80 s, is a
+bound no runtime reaches).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
+from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
+from meshplan.spec.search import TIE
 from meshplan.units import GiB
 
 
@@ -56,7 +58,8 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     ``plan``) whose critical stage exposes :data:`HINT_SHARE` of the step or more on tp with
     ``training.tp_comm_overlap`` off: the config re-planned with :func:`tp_knobs` by
     ``alternatives`` (:func:`~meshplan.schedule.verdict.rebuilt_step`), shown where it fits with a
-    step more than 1% shorter (:func:`~meshplan.schedule.verdict.clearly_faster`); none otherwise.
+    step more than 1% shorter (:func:`~meshplan.schedule.verdict.clearly_faster`); otherwise a
+    ``note:`` saying why there is no hint (:func:`silent_note`).
     examples/mini_2x4_tp4-dp2.toml compiled (Llama-3-8B, dp_shard 2 x tp 4): exposed tp 1.29 s of
     a 7.93 s step (16.2%); with async TP 7.41 s (tests/test_step_tp_hint.py)."""
     t = plan.config.training
@@ -65,10 +68,34 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
         return []
     update = tp_knobs(t)
     alt = alternatives(update)
-    if not clearly_faster(st.step_s, alt.step_s):
-        return []
     knobs = ", ".join(f"training.{k} = true" for k in update)
+    if not clearly_faster(st.step_s, alt.step_s):
+        return silent_note(st, alt, knobs, t.framework)
     after = _exposed_tp(alt.step)
     return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {st.step_s:.2f} s): shorter "
             f"with {knobs} ({_runtime(t.framework)}): step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), "
             f"exposed tp {exposed:.2f} -> {after:.2f} s, peak {alt.peak_bytes / GiB:.1f} GiB fits"]
+
+
+def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:
+    """The ``note:`` line where exposed tp holds :data:`HINT_SHARE` of the step but its re-plan
+    ``alt`` (with ``knobs``) is not more than 1% shorter: its step and change and why, each exposed
+    stream that grows (the tp time hidden becomes a wait for it) and the compute it adds (the
+    decomposed GEMMs), or its outcome where it has no step. The hints19 trial (Llama-3.1-70B,
+    dp_shard 64 x tp 8 on 64 dgx-a100-40gb): exposed tp 4.71 s of 30.05 s, async TP 30.04 s, exposed
+    fsdp 2.28 -> 5.47 s (tests/test_link_hint.py)."""
+    exposed = st.exposed_s.get("tp", 0.0)
+    head = (f"note: no tp hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of "
+            f"{st.step_s:.2f} s), but {knobs} ({_runtime(framework)}) re-planned")
+    if alt.step is None:
+        return [f"{head}: {knob_outcome(st.step_s, alt)}"]
+    on: Any = alt.step  # a StepTime (Replanned types it as object)
+    why = [f"exposed tp {exposed:.2f} -> {_exposed_tp(on):.2f} s"]
+    grown = {k: v for k, v in on.exposed_s.items() if k != "tp" and v > st.exposed_s.get(k, 0.0) + 5e-3}
+    why += [f"exposed {st.named(k)} {st.exposed_s.get(k, 0.0):.2f} -> {v:.2f} s" for k, v in grown.items()]
+    extra = on.parts_s()["compute"] - st.parts_s()["compute"]
+    if extra >= 5e-3:
+        why.append(f"compute +{extra:.2f} s (the decomposed GEMMs and copies)")
+    bound = f": the compute stream waits for {', '.join(st.named(k) for k in grown)} instead" if grown else ""
+    return [f"{head} gives step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), not {TIE:.0%} shorter: "
+            f"{', '.join(why)}{bound}"]

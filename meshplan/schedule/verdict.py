@@ -58,7 +58,8 @@ def clearly_faster(step_s: float, alt_step_s: Optional[float]) -> bool:
     ties two steps (:mod:`meshplan.search.rank`: within ``1 + TIE`` of the faster one): a smaller
     predicted gain is within the step model's error and decides nothing. The one rule of the
     step's ``hint:`` lines (:func:`exposed_hint`, :mod:`~meshplan.schedule.host_hint`,
-    :mod:`~meshplan.schedule.bubble_hint`, :mod:`~meshplan.schedule.tp_hint`): only knobs it holds for are listed.
+    :mod:`~meshplan.schedule.bubble_hint`, :mod:`~meshplan.schedule.tp_hint`,
+    :mod:`~meshplan.schedule.link_hint`): only knobs it holds for are listed.
 
     >>> clearly_faster(10.0, 9.85), clearly_faster(10.0, 9.97), clearly_faster(10.0, None)
     (True, False, False)
@@ -207,7 +208,7 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     each knob re-planned by ``alternatives``, those that fit with a step shorter by more than
     :data:`~meshplan.spec.search.TIE` (:func:`clearly_faster`) listed with
     their step, its change against this one and their peak (none: the line says so, with each
-    knob's outcome, :func:`_outcome`: its peak where it does not fit, its step where it fits); no line
+    knob's outcome, :func:`knob_outcome`: its peak where it does not fit, its step where it fits); no line
     without ``alternatives``. examples/llama3-70b_256xh100_dp32-tp8.toml (dp_shard 32 x tp 8, 16
     micro-batches): fsdp 26.1% of a 23.6 s step, ``no_sync`` 17.8 s (tests/test_step_hints.py)."""
     shares = {k: v / st.step_s for k, v in st.exposed_s.items() if k in ("fsdp", "efsdp")}
@@ -225,28 +226,28 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
             f"of {st.step_s:.1f} s; {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not faster:
-        tried = "; ".join(f"{_knob_name(u)}: {_outcome(st.step_s, alt)}" for (_, u), alt in zip(found[1], outcomes))
+        tried = "; ".join(f"{knob_name(u)}: {knob_outcome(st.step_s, alt)}" for (_, u), alt in zip(found[1], outcomes))
         return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
                 f"({tried or 'no knob'})"]
     return [f"{head}: shorter with " + "; ".join(faster)]
 
 
-def _knob_name(update: dict) -> str:
+def knob_name(update: dict) -> str:
     """A knob's short name in the hint's list of outcomes: ``no_sync``, ``reshard_after_forward false``,
     ``micro_batch 2``.
 
-    >>> _knob_name({"grad_accumulation": "no_sync"}), _knob_name({"reshard_after_forward": False})
+    >>> knob_name({"grad_accumulation": "no_sync"}), knob_name({"reshard_after_forward": False})
     ('no_sync', 'reshard_after_forward false')
     """
     return ", ".join(str(v) if k == "grad_accumulation" else f"{k} {str(v).lower()}" for k, v in update.items())
 
 
-def _outcome(step_s: float, alt: "Replanned") -> str:
+def knob_outcome(step_s: float, alt: "Replanned") -> str:
     """Why a knob re-planned is not in the hint: its peak where it does not fit, its step where it
     fits but is not more than :data:`~meshplan.spec.search.TIE` shorter than ``step_s``, else what
     the re-plan says (infeasible or refused), without its reasons.
 
-    >>> _outcome(10.0, Replanned("does not fit (...)", None, 114.9 * GiB)), _outcome(10.0, Replanned("x", 9.95, GiB))
+    >>> knob_outcome(10.0, Replanned("does not fit (...)", None, 114.9 * GiB)), knob_outcome(10.0, Replanned("x", 9.95, GiB))
     ('peak 114.9 GiB, does not fit', 'step 9.95 s (-0.5%), not 1% shorter')
     """
     if alt.step_s is not None:

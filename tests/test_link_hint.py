@@ -1,0 +1,181 @@
+"""Newcomer trial hints19: ``meshplan step`` on Llama-3.1-70B at dp_shard 64 x tp 8 on 64
+dgx-a100-40gb (micro_batch 1, full recompute, global batch 512: 8 micro-batches).
+
+1. Under ``--overlap-tp`` the hints are the config as written (TP blocking), so each hint's step is
+   what ``step`` prints for the config with that hint set; before, they were stepped under the ideal
+   overlap (reshard_after_forward false 26.3 s, micro_batch 2 25.6 s) while the configs so changed
+   step 27.95 s and 28.20 s.
+2. Plain ``step`` exposes fsdp 7.6% and tp 15.7% of its 30.05 s step, under both hints' rules,
+   yet each node's NICs are busy 22.15 s of the 23.05 s window with FSDP traffic: one line says so
+   with the FSDP knobs re-planned (:mod:`meshplan.schedule.link_hint`), and one says why the TP
+   hint is silent (async TP's hidden tp becomes fsdp wait).
+
+Llama-3.1-70B has Llama-3-70B's shapes (its config.json differs in rope_scaling and the context,
+which change no cost), so the catalog's ``llama3-70b`` stands for it. Every step compared here
+is one ``meshplan step`` run of a config file.
+"""
+
+from __future__ import annotations
+
+import re
+
+from meshplan.plan import build_plan
+from meshplan.config import config_from_dict, load_config
+from meshplan.schedule import link_hint
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import rebuilt_step, stream_of
+from tests.cli_run import run_main
+from tests.conftest import EXAMPLES
+
+TRIAL = """[model]
+catalog = "llama3-70b"
+
+[cluster]
+system = "dgx-a100-40gb"
+nodes = 64
+
+[training]
+global_batch = 512
+seq_len = 8192
+micro_batch = 1
+sharding = "zero3"
+reshard_after_forward = true
+param_dtype = "fp32"
+compute_dtype = "bf16"
+reduce_dtype = "fp32"
+recompute = "full"
+{extra}
+[mesh]
+names = ["dp_shard", "tp"]
+shape = [64, 8]
+sequence_parallel = true
+"""
+
+
+def _config(tmp_path, name: str = "trial", extra: str = ""):
+    """The trial's config in ``tmp_path``, each ``key = value`` line of ``extra`` set in [training]
+    (replacing the key's line where the trial has one), as a user edits the file."""
+    text = TRIAL.format(extra="")
+    for line in extra.splitlines():
+        key = line.split(" = ")[0]
+        text, n = re.subn(rf"^{key} = .*$", line, text, flags=re.M)
+        text = text if n else text.replace("[mesh]", f"{line}\n\n[mesh]")
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _step(capsys, *argv) -> list[str]:
+    """The lines ``meshplan step ARGV`` prints (exit 0)."""
+    assert run_main("step", *argv) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _step_ms(lines: list[str]) -> float:
+    """The step (ms) on ``step``'s first line."""
+    return float(re.match(r"step ([\d.]+) ms", lines[0]).group(1))
+
+
+def _hints(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("hint:")]
+
+
+KNOBS = {"training.reshard_after_forward = false": "reshard_after_forward = false",
+         "training.micro_batch = 2": "micro_batch = 2"}
+
+
+def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
+    """``step --overlap-tp`` prints the same ``hint:`` lines as ``step``, after a note naming the
+    written config's step, and each hinted step is the step of the config edited so, as ``step``
+    prints it (27.95 s and 28.20 s, not the 26.3 s and 25.6 s of the ideal overlap)."""
+    cfg = _config(tmp_path)
+    plain = _step(capsys, cfg)
+    ideal = _step(capsys, cfg, "--overlap-tp")
+    assert _step_ms(plain) == 30052.45 == _step_ms(ideal)  # the ideal overlap saves nothing here (fsdp-bound)
+    assert _hints(ideal) == _hints(plain) and len(_hints(plain)) == 1
+    note = ("note: the verdict and hint lines below are the config as written, TP blocking (step 30052.45 ms), not "
+            "--overlap-tp's ideal bound: a hint's step is what step prints for the config with it set")
+    assert note in ideal and note not in plain
+    hint = _hints(ideal)[0]
+    hinted = dict(re.findall(r"(training\.\w+ = \w+) \(step ([\d.]+) s", hint))
+    assert set(hinted) == set(KNOBS)
+    for words, setting in KNOBS.items():
+        edited = _config(tmp_path, setting.split()[0], setting + "\n")
+        ms = _step_ms(_step(capsys, edited))
+        assert hinted[words] == f"{ms / 1e3:.2f}"
+    assert hinted == {"training.reshard_after_forward = false": "27.95", "training.micro_batch = 2": "28.20"}
+    assert "26.3 s" not in hint and "25.6 s" not in hint
+
+
+def test_link_bound_line_from_the_nics_bytes(tmp_path, capsys):
+    """Each node's 8 NICs carry one rank's FSDP traffic each (dp_shard's ring across nodes, one
+    member per GPU, each GPU on its rail's NIC): the sum of rank 0's fsdp rows' bytes per step,
+    138.93 GB forward all-gather (134.78 the layers' + 2 x 2.07 the embedding's and output's),
+    136.86 GB backward all-gather, 277.86 GB reduce-scatter (fp32) = 553.6 GB at 200 Gb/s = 25 GB/s:
+    22.15 s, 96% of the 23.05 s window (stage 0's compute time). The knobs re-planned are the
+    FSDP hint's, those that fit and are more than 1% shorter (no_sync's peak 36.9 GiB does not fit
+    the 33.5 GiB usable; no_sync_unsharded likewise)."""
+    cfg = _config(tmp_path)
+    plan = build_plan(load_config(cfg))
+    sent = sum(r.sent_bytes_per_step for r in plan.stage(0).collectives if stream_of(r) == "fsdp")
+    assert f"{sent / 1e9:.1f}" == "553.6"
+    busy = sent / (200e9 / 8)
+    lines = _step(capsys, cfg)
+    window = re.search(r"\(([\d.]+) s of the [\d.]+ s step: not the step\)", "\n".join(lines)).group(1)
+    assert (f"{busy:.2f}", window) == ("22.15", "23.052")
+    line = next(x for x in lines if "the step is bound by" in x)
+    assert line.startswith(
+        f"hint: the step is bound by the NICs' traffic: node 0's NICs (8 of 8 alike, each 553.6 GB per step) busy "
+        f"{busy:.2f} s of the 23.05 s window ({busy / float(window):.0%}; stage 0's compute time, the edge-load "
+        f"table's; the step is 30.05 s) with fsdp backward reduce-scatter 277.9 GB, fsdp forward all-gather 138.9 GB, "
+        f"fsdp backward all-gather 136.9 GB: shorter with training.reshard_after_forward = false (step 27.95 s, "
+        f"-7.0%, peak 21.0 GiB fits); training.micro_batch = 2 (step 28.20 s, -6.2%, peak 6.9 GiB fits)")
+    assert f"{busy / float(window):.0%}" == "96%"
+    # the two rules that stay silent: exposed fsdp 7.6% < 15%, and no FSDP hint line
+    assert "exposed fsdp 2282.59" in lines[2] and 2282.59 / 30052.45 < 0.15
+    assert not [x for x in lines if x.startswith("hint: exposed")]
+
+
+def test_link_share_is_the_named_threshold(tmp_path, monkeypatch):
+    """The line appears at :data:`LINK_BOUND_SHARE` = the NICs' busy share and not just above it."""
+    plan = build_plan(load_config(_config(tmp_path)))
+    st = step_time(plan)
+    share = 22.14584 / 23.0517  # busy / window, as the edge-load table holds them (to 1e-5)
+    fast = rebuilt_step(plan, step_time)
+    monkeypatch.setattr(link_hint, "LINK_BOUND_SHARE", share * (1 - 1e-4))
+    assert len(link_hint.link_bound_hint(plan, st, fast)) == 1
+    monkeypatch.setattr(link_hint, "LINK_BOUND_SHARE", share * (1 + 1e-4))
+    assert link_hint.link_bound_hint(plan, st, fast) == []
+
+
+def test_silent_tp_hint_says_why(tmp_path, capsys):
+    """Exposed tp is 4.71 s of 30.05 s (15.7% >= 15%), but the config with async TP (and torch.compile,
+    which it needs), stepped by ``step``, is 30.03 s: its exposed tp falls to 0.87 s while its
+    exposed fsdp rises 2.28 -> 5.47 s: one note says so instead of a hint."""
+    cfg = _config(tmp_path)
+    lines = _step(capsys, cfg)
+    on = _step(capsys, _config(tmp_path, "async", "tp_comm_overlap = true\ntorch_compile = true\n"))
+    parts = dict(re.findall(r"exposed (\w+) ([\d.]+)", on[2]))
+    assert (f"{_step_ms(on) / 1e3:.2f}", f"{float(parts['tp']) / 1e3:.2f}", f"{float(parts['fsdp']) / 1e3:.2f}") \
+        == ("30.03", "0.87", "5.47")
+    note = next(x for x in lines if x.startswith("note: no tp hint"))
+    assert note.startswith(
+        "note: no tp hint: exposed tp is 15.7% of the step (4.71 s of 30.05 s), but training.tp_comm_overlap = true, "
+        "training.torch_compile = true (torchtitan's async TP, parallelism.enable_async_tensor_parallel, which needs "
+        "torch.compile) re-planned gives step 30.03 s (-0.1%), not 1% shorter: exposed tp 4.71 -> 0.87 s, exposed "
+        "fsdp 2.28 -> 5.47 s, compute +")
+    assert note.endswith("(the decomposed GEMMs and copies): the compute stream waits for fsdp instead")
+
+
+def test_knobs_not_replanned_twice_and_no_line_on_one_node(capsys):
+    """Where the FSDP hint already re-planned the knobs (examples/llama3-70b_256xh100_dp32-tp8.toml),
+    the link line points to it; a one-node mesh (no NIC traffic, NVLink lightly loaded) gets none."""
+    lines = _step(capsys, EXAMPLES / "llama3-70b_256xh100_dp32-tp8.toml")
+    i = next(k for k, x in enumerate(lines) if x.startswith("hint: exposed fsdp"))
+    assert lines[i + 1].startswith("note: the step is bound by the NICs' traffic: node 0's NICs (8 of 8 alike, each "
+                                   "1089.7 GB per step)")
+    assert lines[i + 1].endswith("; the FSDP knobs that cut it: the line above")
+    one = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                       "training": {"global_batch": 8, "seq_len": 1024},
+                                       "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+    assert link_hint.link_bound_hint(one, step_time(one), None) == []
