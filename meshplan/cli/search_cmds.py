@@ -47,7 +47,7 @@ from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
 from meshplan.report.search import print_search, search_to_dict, timing_line
 from meshplan.report.search_fix import infeasible_line
-from meshplan.report.search_lines import export_headroom
+from meshplan.report.search_clear import export_warnings
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
@@ -234,7 +234,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
-        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_headroom(result, pick)])
+        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
