@@ -218,7 +218,8 @@ def table_lines(r: SearchResult) -> list[str]:
     (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
     warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`),
     the one pointer to the first row shown clear of every row warning
-    (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one source for the text and the HTML page."""
+    (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one
+    source for the text and the HTML page."""
     out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + variants_line(r)
     if r.explanation is not None:
         out.append(r.explanation.line())
