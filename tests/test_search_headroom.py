@@ -2,8 +2,9 @@
 the default 0% allocator allowance): where row 1 keeps less than
 :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%, PyTorch's caching allocator's measured
 fragmentation, GMLake, ASPLOS 2024) of the usable memory free, the line gives its free GiB and
-percent, the knob that reserves headroom (``[memory] fragmentation_fraction``) and the first row
-shown that keeps the margin; the text and the --html page print the same line; the order is not
+percent and the knob that reserves headroom (``[memory] fragmentation_fraction``); the first row
+shown clear of it (and of every other row warning) is the one pointer of
+tests/test_search_clear.py; the text and the --html page print the same line; the order is not
 changed by it."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from meshplan.config import load_config
 from meshplan.memory.constraints import usable_bytes
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import headroom_lines
+from meshplan.report.search_clear import clear_lines
 from meshplan.search.driver import search
 from meshplan.units import GiB
 
@@ -47,13 +49,14 @@ def _search(tmp_path, top: int = 10):
     return search(load_config(path, require_mesh=False), workers=1)
 
 
-def test_tight_top_names_its_free_memory_and_the_first_row_that_keeps_the_margin(tmp_path):
+def test_tight_top_names_its_free_memory_and_the_pointer_the_first_row_that_keeps_the_margin(tmp_path):
     """Usable: 80e9 B of H100 SXM5 HBM less the 10% reserve = 72e9 B = 67.06 GiB; the 15% margin
     leaves a peak of at most 0.85 x 72e9 = 61.2e9 B = 57.0 GiB. Row 1 (dp_shard 4 x tp 2, no
     recompute, 1.852 s) peaks at 62.8 GiB (its memory timeline, a real run): over 57.0, so tight,
     67.06 - 62.8 = 4.3 GiB = 6.4% free. Row 2 (dp_shard 8, full recompute, 2.195 s) peaks at 28.3
-    GiB: under 57.0, so it is the first row that keeps the margin, 57.7% free. The warning names
-    both and the knob; the order stays by step (row 1 is the faster, however tight)."""
+    GiB: under 57.0, so it is the first row that keeps the margin, 57.7% free, and (pp 1: no
+    pipeline schedule) the first clear of every row warning: the pointer line names it. The
+    warning names row 1 and the knob; the order stays by step (row 1 is the faster, however tight)."""
     r = _search(tmp_path)
     usable = usable_bytes(r.config.cluster, r.config.training)
     assert usable == pytest.approx(0.9 * 80e9) and round(usable / GiB, 2) == 67.06
@@ -63,23 +66,30 @@ def test_tight_top_names_its_free_memory_and_the_first_row_that_keeps_the_margin
     assert (round((usable - one.peak_bytes) / GiB, 1), round(1 - one.peak_bytes / usable, 3)) == (4.3, 0.064)
     assert headroom_lines(r) == [
         "warning: row 1 keeps less than 15% of the usable memory free (#1 dp_shard 4 x tp 2, mb 2, none, vpp 1, zero3: "
-        "peak 62.8 of 67.1 GiB, 4.3 GiB = 6.4% free) at [memory] fragmentation_fraction 0%; row 2 is the first that "
-        "keeps 15% free (dp_shard 8, mb 2, full, vpp 1, zero3: peak 28.3 GiB, 57.7% free; step 2.195 s against row "
-        "1's 1.852 s); PyTorch's caching allocator was measured to lose about 15% to fragmentation in LLM training "
-        "(GMLake, ASPLOS 2024): set [memory] fragmentation_fraction = 0.15 to plan with it"]
-    assert html.escape(headroom_lines(r)[0]) in search_page(r, "h.toml")  # one source for the page
+        "peak 62.8 of 67.1 GiB, 4.3 GiB = 6.4% free) at [memory] fragmentation_fraction 0%; PyTorch's caching "
+        "allocator was measured to lose about 15% to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] "
+        "fragmentation_fraction = 0.15 to plan with it"]
+    (pointer,) = clear_lines(r)  # 2.195 / 1.852 - 1 = 18.5% longer (18.50% from the unrounded steps)
+    assert pointer.startswith("warning: row 1 has 1 of the search's row warnings (under 15% of usable memory free); "
+                              "row 2 is the first row shown with none of them (dp_shard 8, mb 2, full, vpp 1, zero3: "
+                              "peak 28.3 GiB, 57.7% free; step 2.195 s, 18.50% longer than row 1's 1.852 s); ")
+    page = search_page(r, "h.toml")
+    assert html.escape(headroom_lines(r)[0]) in page and html.escape(pointer) in page  # one source for the page
 
 
 def test_tight_top_alone_says_no_row_keeps_the_margin(tmp_path):
-    """--top 1: row 1 is the only row shown, so the line says none keeps 15% free."""
-    (line,) = headroom_lines(_search(tmp_path, top=1))
-    assert "4.3 GiB = 6.4% free) at [memory] fragmentation_fraction 0%; no row shown keeps 15% free; PyTorch's" in line
+    """--top 1: row 1 is the only row shown, so the pointer says none is clear, with the one
+    setting that leaves the headroom warning out of a search."""
+    (pointer,) = clear_lines(_search(tmp_path, top=1))
+    assert pointer.startswith("warning: row 1 has 1 of the search's row warnings (under 15% of usable memory free); no "
+                              "row shown is clear of them (under 15% of usable memory free: 1 of 1, left out by "
+                              "[memory] fragmentation_fraction = 0.15); the row warnings: ")
 
 
 def test_export_of_a_tight_row_prints_the_same_warning(tmp_path):
     """Newcomer trial 17: `search --export 1` wrote the tight top row without a word. The export
     prints the search's line for the row it writes (its header's ``warning:``, also in the file);
-    row 2 (57.7% free) gets none."""
+    row 2 (57.7% free) gets none; the pointer is test_search_clear.py's."""
     from meshplan.report.search_lines import export_headroom
     r = _search(tmp_path)
     (one,) = export_headroom(r, (1, ""))
@@ -96,8 +106,11 @@ def test_search_export_cli_prints_and_writes_it(tmp_path, capsys):
     head = "warning: row 1 keeps less than 15% of the usable memory free"
     warned = [head + x.split("to plan with it")[0] + "to plan with it" for x in flat.split(head)[1:]]
     assert len(warned) == 2 and warned[0] == warned[1]  # under the table, and the export's header
-    assert "row 2 is the first that keeps 15% free" in warned[1]
-    assert f"# {warned[0]}" in " ".join((tmp_path / "row1.toml").read_text().split())
+    pointer = ("warning: row 1 has 1 of the search's row warnings (under 15% of usable memory free); row 2 is the first "
+               "row shown with none of them")  # the pointer too, under the table and in the header
+    assert flat.count(pointer) == 2
+    written = " ".join((tmp_path / "row1.toml").read_text().split())
+    assert f"# {warned[0]}" in written and f"# {pointer}" in written
     assert run_main("search", path, "--export", 2, "-o", tmp_path / "row2.toml") == 0
     assert " ".join(capsys.readouterr().out.split()).count(head) == 1  # the table's only
     assert "keeps less than 15%" not in (tmp_path / "row2.toml").read_text()

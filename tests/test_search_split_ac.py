@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 
 from meshplan.report.search import table_lines
+from meshplan.report.search_clear import clear_lines
 from meshplan.report.search_lines import split_ac_lines
 from meshplan.search.driver import search
 from meshplan.search.reasons import CODE, OK
@@ -70,21 +71,24 @@ def test_row_1_carries_the_warning(v_top):
     (line,) = split_ac_lines(v_top)
     assert line.startswith(f"warning: row 1 ({DPV_PP2}) runs dualpipev with activation checkpointing (recompute 'full': "
                            "torchtitan activation_checkpoint.mode = \"full\") under framework torch")
-    assert "torchtitan issue #773" in line and line.endswith("; no row shown is without it")
-    assert line in table_lines(v_top)  # the text and the --html page
+    assert "torchtitan issue #773" in line and line.endswith("; its step is the schedule's without that slowdown")
+    assert line in table_lines(v_top)  # the text and the --html page; the pointer is test_search_clear.py's
 
 
 def test_warning_names_the_first_row_without_it():
     """With pp 1 searched, row 1 is dp_shard 8 (no pipeline): no warning; the same rows with the
-    DualPipeV row put first name dp_shard 8 as the first row without it, with both steps."""
+    DualPipeV row put first: the warning, and the one pointer (tests/test_search_clear.py) names
+    dp_shard 8 as the first row shown clear, with both steps."""
     r = _search([1, 2, 4])
     labels = [r.candidates.label(e.index) for e in r.top]
     assert labels[0] == "dp_shard 8, mb 4, full, vpp 1, zero3" and labels[1] == DPV_PP2
     assert split_ac_lines(r) == [] and any("#773" in n for n in r.notes)
     swapped = replace(r, top=[r.top[1], r.top[0], *r.top[2:]])
     (line,) = split_ac_lines(swapped)
-    assert line.endswith(f"; row 2 is the first row shown without it ({labels[0]}: step {r.top[0].step_s:.3f} s "
-                         f"against row 1's {r.top[1].step_s:.3f} s)")
+    assert line.startswith(f"warning: row 1 ({DPV_PP2}) runs dualpipev with activation checkpointing")
+    (pointer,) = clear_lines(swapped)
+    assert f"; row 2 is the first row shown with none of them ({labels[0]}: peak " in pointer
+    assert f"; step {r.top[0].step_s:.3f} s, " in pointer and f"than row 1's {r.top[1].step_s:.3f} s); " in pointer
 
 
 def test_no_note_without_activation_checkpointing():

@@ -47,7 +47,7 @@ from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
 from meshplan.report.search import print_search, search_to_dict, timing_line
 from meshplan.report.search_fix import infeasible_line
-from meshplan.report.search_lines import export_headroom
+from meshplan.report.search_clear import export_warnings
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
@@ -185,7 +185,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON; --export 1b writes row 1's mesh at the setting labelled 1b
     on the line of its other settings, as a row is written (a label the search did not print: one line naming those it did);
-    a row under the headroom margin gets the table's headroom warning in the export's header. training.fp8_all_gather and training.grad_accumulation
+    a row under the headroom margin gets the table's headroom warning in the export's header. Where row 1 has any of
+    the search's row warnings (under 15% of usable memory free, a V schedule under activation checkpointing, another
+    runtime warning of the plan), each keeps its line and one line after them names the first row shown with none
+    (its peak, free share and step against row 1's), or says none is, with how many rows have each warning and the
+    setting that leaves it out of a search; --json holds it as first_clear_row, and --export of a row with a row
+    warning writes the same pointer in its header. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
     says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
     others with zero3 are rejected, rule 'engine'; hsdp is planned with FSDP2; under deepspeed, zero1 and
@@ -234,7 +239,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     print_search(result, _console())
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
-        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_headroom(result, pick)])
+        _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,

@@ -200,7 +200,8 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
     """The search report: header (``note``: :func:`plan_page`'s), top table, every line the text
     prints under it (:func:`~meshplan.report.search.table_lines`: where the config's own mesh
     stands, what recompute ``selective`` models, rule, the top mesh's other settings, top vs #2,
-    goodput, exactness, headroom warning, export), best rejected, outcome counts; the table and the
+    goodput, exactness, headroom warning, split-AC warning, the pointer to the first row clear of every
+    row warning, export), best rejected, outcome counts; the table and the
     lines as the text prints them (:func:`~meshplan.report.search.top_table`)."""
     columns, rows = top_table(r)
     mine = configured_lines(r)

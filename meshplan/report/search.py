@@ -14,7 +14,9 @@ exactness line (:func:`~meshplan.report.search_fix.infeasible_line`). JSON (sche
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it, every candidate the rule placed up to the last row
 (``placed``, :func:`placed_rows`) and the top mesh's variants (``top_variants``, each with its ``label``
-for ``search --export``: ``1a``, ``1b``, ``1c``), and when no
+for ``search --export``: ``1a``, ``1b``, ``1c``), the row warnings of each row shown (``warnings``) and
+the first row shown with none (``first_clear_row``: :func:`~meshplan.report.search_clear.clear_to_dict`),
+and when no
 candidate fits the one line's verdict as data (``no_feasible_mesh``:
 :func:`~meshplan.report.search_fix.infeasible_verdict`).
 """
@@ -30,6 +32,7 @@ from meshplan import __version__
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
+from meshplan.report.search_clear import clear_lines, clear_to_dict
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
                                          recompute_lines, split_ac_lines, variants_line)
@@ -80,8 +83,9 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
     """The whole result as JSON-able data (see the module docstring)."""
     cfg = r.config
     top = []
-    for e in r.top:
-        d = row(r, e)
+    clear = clear_to_dict(r)  # the rows' warnings and the first row shown with none
+    for k, e in enumerate(r.top):
+        d = row(r, e) | {"warnings": clear["row_warnings"][k] if clear else []}
         cc = candidate_config(cfg, r.candidates, e.index)
         d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump() if cc.mesh else None}
         top.append(d)
@@ -93,6 +97,7 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
                                                        for k, e in enumerate(r.variants)],
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
+            "first_clear_row": clear,
             "no_feasible_mesh": infeasible_verdict(r)} | (
         {"configured": r.configured.to_dict()} if r.configured else {})  # the config's [mesh], where it has one
 
@@ -211,8 +216,10 @@ def table_lines(r: SearchResult) -> list[str]:
     """Every line printed under the top table, before the best rejected one: where the config's
     own mesh stands, what recompute ``selective`` models, the order rule, the top's other settings
     (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
-    warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`)
-    and what ``--export`` does not express; one source for the text and the HTML page."""
+    warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`),
+    the one pointer to the first row shown clear of every row warning
+    (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one
+    source for the text and the HTML page."""
     out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + variants_line(r)
     if r.explanation is not None:
         out.append(r.explanation.line())
@@ -220,7 +227,7 @@ def table_lines(r: SearchResult) -> list[str]:
     if r.proven:
         out.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                    "one shown")
-    return out + headroom_lines(r) + split_ac_lines(r) + export_lines(r)
+    return out + headroom_lines(r) + split_ac_lines(r) + clear_lines(r) + export_lines(r)
 
 
 #: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file

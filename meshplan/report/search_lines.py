@@ -83,17 +83,16 @@ def headroom_lines(r: SearchResult) -> list[str]:
     under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
     plan's ``[memory] fragmentation_fraction`` (the allowance that reserves headroom in the plan) is
     below it: they fit only if the allocator fragments less than PyTorch's caching allocator was
-    measured to. The first such row's free memory in GiB and percent; where row 1 is among them,
-    also the first row shown that keeps the margin free (:func:`_first_roomy`), or that none does.
-    None otherwise. Not a rank: the order stays the step's."""
-    usable, frac = usable_bytes(r.config.cluster, r.config.training), ALLOCATOR_FRAGMENTATION
-    tight = [(k, e) for k, e in enumerate(r.top, 1) if _tight(r, e, usable)]
-    if not tight:
+    measured to. The first such row's free memory in GiB and percent. None otherwise. Not a rank:
+    the order stays the step's. The first row shown clear of this and every other row warning is
+    the one pointer of :mod:`meshplan.report.search_clear`, not this line's."""
+    usable = usable_bytes(r.config.cluster, r.config.training)
+    under = [(k, e) for k, e in enumerate(r.top, 1) if tight(r, e, usable)]
+    if not under:
         return []
-    k, e = tight[0]
-    rows = f"row {k} keeps" if len(tight) == 1 else f"rows {', '.join(str(i) for i, _ in tight)} keep"
-    roomy = _first_roomy(r, usable, frac) if k == 1 else ""
-    return ["warning: " + _headroom_text(r, rows, str(k), e, usable, roomy)]
+    k, e = under[0]
+    rows = f"row {k} keeps" if len(under) == 1 else f"rows {', '.join(str(i) for i, _ in under)} keep"
+    return ["warning: " + _headroom_text(r, rows, str(k), e, usable)]
 
 
 def split_ac_lines(r: SearchResult) -> list[str]:
@@ -101,8 +100,9 @@ def split_ac_lines(r: SearchResult) -> list[str]:
     torch (:func:`meshplan.search.split_ac.split_ac_table`), one ``warning:`` line: row 1's label,
     the words the plan's warning on its config opens with (:func:`meshplan.plan_runtime.split_backward_ac_head`),
     the issues (torchtitan #773, pytorch #136766; the search's note, which counts all such candidates,
-    gives what they report), that its step leaves that out, and the first row shown without it, with
-    its step against row 1's, or that none is. None otherwise. Not a rank: the order stays the step's."""
+    gives what they report) and that its step leaves that out. None otherwise. Not a rank: the order
+    stays the step's. The first row shown clear of this and every other row warning is the one
+    pointer of :mod:`meshplan.report.search_clear`, not this line's."""
     c = r.candidates
     table = split_ac_table(r.config.training)
 
@@ -115,60 +115,43 @@ def split_ac_lines(r: SearchResult) -> list[str]:
     cc = candidate_config(r.config, c, e.index)
     assert cc.mesh is not None  # a candidate's config always carries its mesh
     head = split_backward_ac_head(cc.training, cc.mesh.pp_schedule, int(c.pp[e.index]))
-    first = next(((k, x) for k, x in enumerate(r.top, 1) if not split(x)), None)
-    tail = (f"; row {first[0]} is the first row shown without it ({c.label(first[1].index)}: step "
-            f"{first[1].step_s:.3f} s against row 1's {e.step_s:.3f} s)" if first else "; no row shown is without it")
     return [f"warning: row 1 ({c.label(e.index)}) runs {head}, reported far slower than interleaved 1F1B and to run "
             "out of memory (torchtitan issue #773, pytorch issue #136766: see the note); its step is the schedule's "
-            f"without that slowdown{tail}"]
+            "without that slowdown"]
 
 
 def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:
     """The headroom warning of :func:`headroom_lines` for the one row ``search --export`` writes
     (``pick``: row n, or with a letter row 1's variant ``1b``), without its ``warning:`` (the
-    export's header adds it, printed and in the file); row 1 with the clause naming the first row
-    that keeps the margin free, as the search's line has it. Empty where the row keeps the margin
+    export's header adds it, printed and in the file). Empty where the row keeps the margin
     or ``[memory] fragmentation_fraction`` already reserves it."""
     n, letter = pick
     usable = usable_bytes(r.config.cluster, r.config.training)
     labels = [variant_label(k) for k in range(len(r.variants))]
     e = (r.variants[labels.index(f"{n}{letter}")] if letter else r.top[n - 1])
-    if not _tight(r, e, usable):
+    if not tight(r, e, usable):
         return ()
     words = f"variant {n}{letter} keeps" if letter else f"row {n} keeps"
-    roomy = _first_roomy(r, usable, ALLOCATOR_FRAGMENTATION) if n == 1 and not letter else ""
-    return (_headroom_text(r, words, f"{n}{letter}", e, usable, roomy),)
+    return (_headroom_text(r, words, f"{n}{letter}", e, usable),)
 
 
-def _tight(r: SearchResult, e, usable: float) -> bool:
+def tight(r: SearchResult, e, usable: float) -> bool:
     """Row ``e`` (planned whole) leaves under :data:`ALLOCATOR_FRAGMENTATION` of ``usable`` free
     while ``[memory] fragmentation_fraction`` is below it."""
     frac = ALLOCATOR_FRAGMENTATION
     return r.config.memory.fragmentation_fraction < frac and e.complete and usable - e.peak_bytes < frac * usable
 
 
-def _headroom_text(r: SearchResult, rows: str, tag: str, e, usable: float, roomy: str) -> str:
+def _headroom_text(r: SearchResult, rows: str, tag: str, e, usable: float) -> str:
     """The words of the headroom warning for ``rows`` (``row 1 keeps``), its first row ``e``
-    (``#tag``), ``roomy`` (:func:`_first_roomy` or empty)."""
+    (``#tag``)."""
     frac, free = ALLOCATOR_FRAGMENTATION, usable - e.peak_bytes
     return (f"{rows} less than {frac:.0%} of the usable memory free (#{tag} "
             f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
             f"{free / GiB:.1f} GiB = {free / usable:.1%} free) at [memory] fragmentation_fraction "
-            f"{r.config.memory.fragmentation_fraction:.0%}{roomy}; PyTorch's caching allocator was measured to lose "
+            f"{r.config.memory.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose "
             f"about {frac:.0%} to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] "
             f"fragmentation_fraction = {frac:g} to plan with it")
-
-
-def _first_roomy(r: SearchResult, usable: float, frac: float) -> str:
-    """The clause of :func:`headroom_lines` naming the first row shown whose planned peak leaves
-    ``frac`` of ``usable`` (bytes) free, with its peak and step beside row 1's step, or saying that
-    none of the rows shown does."""
-    for k, e in enumerate(r.top, 1):
-        if e.complete and usable - e.peak_bytes >= frac * usable:
-            return (f"; row {k} is the first that keeps {frac:.0%} free ({r.candidates.label(e.index)}: peak "
-                    f"{e.peak_bytes / GiB:.1f} GiB, {(usable - e.peak_bytes) / usable:.1%} free; step {e.step_s:.3f} s "
-                    f"against row 1's {r.top[0].step_s:.3f} s)")
-    return f"; no row shown keeps {frac:.0%} free"
 
 
 def variants_line(r: SearchResult) -> list[str]:

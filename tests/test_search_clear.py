@@ -1,0 +1,140 @@
+"""The search's one pointer to the first row shown clear of every row warning it gives
+(meshplan/report/search_clear.py): headroom under 15% of usable memory free, a V schedule under
+activation checkpointing, any other runtime warning of the plan. A newcomer's Llama-3-70B search
+(16 dgx-h100, pp 4/8, zbv/dualpipev, recompute full) got two warnings that each named a row the
+other warned about; now each warning keeps its line on row 1 and one line points to a row with none.
+
+The space (8 GPUs of 6 GB, the 8-layer model of tests/test_search.py, micro-batch 4, zero3 resharded,
+tp 1/2, cp 1, recompute none/full, pp_schedules 1f1b/zbv/dualpipev). Usable: 6e9 B less the 10%
+reserve = 5.4e9 B = 5.03 GiB; a row keeps the 15% margin where its peak is at most 0.85 x 5.4e9 =
+4.59e9 B. A row runs a V schedule under activation checkpointing where its recompute is full (a
+torchtitan activation_checkpoint.mode "full") and its schedule zbv or dualpipev at pp > 1.
+"""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from meshplan.memory.constraints import usable_bytes
+from meshplan.plan_runtime import config_warnings, position_warning
+from meshplan.report.json_docs import schema_of
+from meshplan.report.search import search_to_dict, table_lines
+from meshplan.report.search_clear import HEADROOM, SPLIT_AC, clear_lines, clear_verdict, export_warnings, row_warnings
+from meshplan.search.candidate import candidate_config
+from meshplan.search.driver import search
+from test_search import SMALL, config
+
+SPACE = dict(micro_batch=[4], tp=[1, 2], cp=[1], sharding=["zero3"], reshard_after_forward=[True],
+             tp_comm_overlap=[False], uneven_stages=[False], recompute=["none", "full"],
+             pp_schedules=["1f1b", "zbv", "dualpipev"])
+MARGIN_PEAK_B = 0.85 * 0.9 * 6e9  # the highest peak that keeps 15% of the usable memory free
+CHECKED = ("the row warnings: under 15% of usable memory free, a V schedule under activation checkpointing (zbv, "
+           "dualpipev under framework torch), a runtime warning of the plan (plan and step print it)")
+
+
+def _search(pp, model=None):
+    return search(config(1, 6.0, model=model, pp=pp, **SPACE), workers=1)
+
+
+def _by_hand(r) -> list[tuple[str, ...]]:
+    """Each row's warnings from its peak and its label alone (the definitions above)."""
+    out = []
+    for e in r.top:
+        label = r.candidates.label(e.index)
+        split = ", full, " in label and label.endswith(("zbv", "dualpipev")) and label.startswith("pp ")
+        out.append(tuple([HEADROOM] * (e.peak_bytes > MARGIN_PEAK_B) + [SPLIT_AC] * split))
+    return out
+
+
+@pytest.fixture(scope="module")
+def to_pp8():
+    """pp 2/4/8: 5 rows; row 1 dualpipev under full AC at 4.73 GiB, rows 2-4 over the margin, row 5
+    pp 8 (1F1B) at 3.36 GiB."""
+    return _search([2, 4, 8])
+
+
+def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
+    """Rows (the search's order; peaks from their memory timelines): 1 pp 2 x dp_shard 4 dualpipev,
+    full: 4.73 GiB > 4.59e9 B = 4.27 GiB, and a V schedule under AC: both warnings; 2 pp 2 x dp_shard
+    2 x tp 2, none, 4.55 GiB: headroom; 3 pp 4 x tp 2 zbv, none (no AC, no data axis): 4.88 GiB,
+    headroom; 4 pp 4 x dp_shard 2 dualpipev, full, 4.68 GiB: both; 5 pp 8, full, vpp 1 (1F1B), 3.36
+    GiB: none, so row 5 is the first clear row: 1 - 3.36 / 5.03 = 33.1% free. The old lines named
+    row 2 (the first without a V schedule, over the margin) and no row (headroom, rows 2-4 shown
+    first) in turn."""
+    r = to_pp8
+    labels = [r.candidates.label(e.index) for e in r.top]
+    assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, dualpipev",
+                      "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 2, zero3",
+                      "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
+                      "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, dualpipev",
+                      "pp 8, mb 4, full, vpp 1, zero3"]
+    assert usable_bytes(r.config.cluster, r.config.training) == pytest.approx(5.4e9)
+    v = clear_verdict(r)
+    assert list(v.warnings) == _by_hand(r) == [(HEADROOM, SPLIT_AC), (HEADROOM,), (HEADROOM,), (HEADROOM, SPLIT_AC), ()]
+    assert v.first == 5
+    one, five = r.top[0], r.top[4]
+    free = 1 - five.peak_bytes / 5.4e9
+    assert round(free, 3) == 0.331
+    lines = table_lines(r)
+    (pointer,) = clear_lines(r)
+    assert pointer == (
+        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a V schedule under "
+        f"activation checkpointing); row 5 is the first row shown with none of them (pp 8, mb 4, full, vpp 1, zero3: "
+        f"peak {five.peak_bytes / 2**30:.1f} GiB, {free:.1%} free; step {five.step_s:.3f} s, "
+        f"{five.step_s / one.step_s - 1:.2%} longer than row 1's {one.step_s:.3f} s); {CHECKED}")
+    # each warning keeps its own line on row 1, the pointer comes after both, once
+    head = [k for k, x in enumerate(lines) if x.startswith(("warning: rows 1, 2, 3, 4 keep", "warning: row 1 ("))]
+    assert len(head) == 2 and lines.index(pointer) == max(head) + 1
+    assert sum("is the first row" in x for x in lines) == 1
+
+
+def test_json_carries_it(to_pp8):
+    doc = search_to_dict(to_pp8)
+    first = doc["first_clear_row"]
+    assert first["row"] == 5 and first["line"] == clear_lines(to_pp8)[0].removeprefix("warning: ")
+    assert [d["warnings"] for d in doc["top"]] == first["row_warnings"] == [list(w) for w in _by_hand(to_pp8)]
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
+
+
+def test_export_of_a_warned_row_repeats_the_pointer(to_pp8):
+    """--export 3 (pp 4 x tp 2 zbv, over the margin): the headroom words for row 3, then the pointer
+    with row 3 as its subject, row 5's step against row 3's; --export 5 (clear) writes neither;
+    --export 1 the line under the table."""
+    r = to_pp8
+    words, pointer = export_warnings(r, (3, ""))
+    assert words.startswith("row 3 keeps less than 15% of the usable memory free (#3 pp 4 x tp 2, mb 4, none, vpp 2")
+    assert pointer.startswith("row 3 has 1 of the search's row warnings (under 15% of usable memory free); row 5 is "
+                              "the first row shown with none of them (pp 8, mb 4, full, vpp 1, zero3: ")
+    assert f"longer than row 3's {r.top[2].step_s:.3f} s); " in pointer
+    assert export_warnings(r, (5, "")) == ()
+    assert "warning: " + export_warnings(r, (1, ""))[-1] == clear_lines(r)[0]
+
+
+def test_no_row_clear_names_each_warning_with_its_setting():
+    """pp 2/4: the first 4 rows of the search above, no pp 8 row: every row over the margin (4 of 4),
+    rows 1 and 4 under a V schedule with AC (2 of 4): no row is clear; [memory]
+    fragmentation_fraction = 0.15 leaves the first out of a search, [search] pp_schedules = ["1f1b"]
+    (zbv and dualpipev dropped from the three) the second."""
+    r = _search([2, 4])
+    assert [r.candidates.label(e.index).split(", mb")[0] for e in r.top] == [
+        "pp 2 x dp_shard 4", "pp 2 x dp_shard 2 x tp 2", "pp 4 x tp 2", "pp 4 x dp_shard 2"]
+    v = clear_verdict(r)
+    assert list(v.warnings) == _by_hand(r) and v.first is None
+    assert clear_lines(r) == [
+        "warning: row 1 has 2 of the search's row warnings (under 15% of usable memory free; a V schedule under "
+        "activation checkpointing); no row shown is clear of them (under 15% of usable memory free: 4 of 4, left out "
+        "by [memory] fragmentation_fraction = 0.15; a V schedule under activation checkpointing: 2 of 4, left out by "
+        f"[search] pp_schedules = [\"1f1b\"]); {CHECKED}"]
+    doc = search_to_dict(r)["first_clear_row"]
+    assert doc["row"] is None and doc["line"] == clear_lines(r)[0].removeprefix("warning: ")
+
+
+def test_the_workload_s_position_warning_is_not_a_row_warning():
+    """A model built for 1,024 positions at seq 2,048: plan warns on every config of the workload
+    (position_warning), so it would make no row clear; the pointer leaves it out, the row-1 fact
+    unchanged (two warnings, row 5 clear at pp 2/4/8 as above)."""
+    r = _search([2, 4, 8], model=dict(SMALL, max_position=1024))
+    (position,) = position_warning(r.config.model, 2048)
+    assert position in config_warnings(candidate_config(r.config, r.candidates, r.top[4].index))
+    assert [row_warnings(r, e) for e in r.top] == _by_hand(r) and clear_verdict(r).first == 5
