@@ -204,8 +204,43 @@ def test_sbatch_script_under_fake_slurm(tmp_path):
     env.pop("MESHPLAN_RDZV_ENDPOINT", None)
     r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["gpu-a:29500", "42", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpu-bind=none",
-                                str(out.resolve() / "torchrun.sh")]
+    assert r.stdout.split() == ["gpu-a:29500", "42", "--ntasks-per-node=1", "--cpus-per-task=112",
+                                "--kill-on-bad-exit=1", "--cpu-bind=none", str(out.resolve() / "torchrun.sh")]
+
+
+def test_srun_asks_for_the_jobs_cpus_again(tmp_path):
+    """Slurm user finding: since Slurm 22.05 srun does not inherit sbatch's --cpus-per-task (release
+    notes; SRUN_CPUS_PER_TASK), so the step's one task got one CPU under task/cgroup and bind.sh's
+    numactl --physcpubind named cores outside its cpuset. srun now asks for the job's value, which
+    sbatch exports as SLURM_CPUS_PER_TASK (96 when the user gives sbatch -c 96), else dgx-h100's
+    2 x 56 = 112 cores from the #SBATCH line; the comment above it names the source."""
+    out = tmp_path / "job"
+    write_launch(out, place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py")))
+    text = (out / "job.sbatch").read_text()
+    assert "#SBATCH --cpus-per-task=112" in text.splitlines() and "Slurm 22.05 release" in text
+    _fake(tmp_path / "bin", "scontrol", 'printf "gpu-a\\ngpu-b\\n"')
+    _fake(tmp_path / "bin", "srun", 'echo "$*"')
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+           "SLURM_JOB_ID": "42"}
+    for given, asked in ((None, "--cpus-per-task=112"), ("96", "--cpus-per-task=96")):
+        env.pop("SLURM_CPUS_PER_TASK", None)
+        if given:
+            env["SLURM_CPUS_PER_TASK"] = given
+        r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert asked in r.stdout.split()
+
+
+def test_bind_sh_says_why_memory_is_bound_strictly(tmp_path):
+    """bind.sh's numactl uses --membind (strict: numactl(8), an allocation past the node fails) as
+    NVIDIA's DGX bind.sh does, and says so with the way out (--cpu-bind taskset); under taskset,
+    which binds no memory, the comment is not written."""
+    p = place(system("dgx-h100", 1), 8)
+    numa = Path(write_launch(tmp_path / "n", p, LaunchOptions(program=ECHO))[0]).read_text()
+    assert "--membind=1" in numa and "# numactl --membind (strict), as NVIDIA's bind.sh" in numa
+    assert "meshplan launch --cpu-bind taskset" in numa
+    cores = Path(write_launch(tmp_path / "t", p, LaunchOptions(program=ECHO, cpu_bind="taskset"))[0]).read_text()
+    assert "membind" not in cores and "taskset -c 70-83" in cores
 
 
 @pytest.mark.parametrize("opts, field", [
