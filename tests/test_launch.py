@@ -587,6 +587,37 @@ def test_rerun_replaces_meshplan_own_output_and_help_says_so(tmp_path, monkeypat
             "and refuses any other of these files (an edited one, or one elsewhere) unless --force") in helptext
 
 
+def test_a_refused_rerun_names_the_edited_files(tmp_path, monkeypatch, capsys):
+    """Slurm user finding: after editing job.sbatch, the rerun said only `out/launch/e exists`. It now
+    names what was edited since meshplan wrote it (the ledger's digest of each file differs), with
+    the default folder and with --out naming it; the edits are kept; --force replaces them."""
+    from meshplan.cli import main
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "e.toml"
+    cfg.write_text((ROOT / "examples" / "mini_2x4_tp2-dp4.toml").read_text())
+    folder = Path("out/launch/e")
+
+    def rerun(*extra) -> tuple[int, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(cfg), *extra, "--", "python", "t.py"])
+        return e.value.code or 0, capsys.readouterr().err
+    assert rerun()[0] == 0
+    with open(folder / "job.sbatch", "a") as f:
+        f.write("#SBATCH --account=mine\n")
+    assert rerun() == (2, "error: --out: out/launch/e exists: job.sbatch was edited since meshplan wrote it; choose "
+                          "another path or pass --force to replace it (meshplan replaces only what it wrote under "
+                          "out/ itself, unchanged since)\n")
+    with open(folder / "bind.sh", "a") as f:
+        f.write("# mine\n")
+    assert rerun("--out", str(folder)) == (2, "error: --out: out/launch/e: bind.sh and job.sbatch were edited since "
+                                              "meshplan wrote them; choose another folder or pass --force to "
+                                              "replace it\n")
+    assert (folder / "job.sbatch").read_text().endswith("#SBATCH --account=mine\n")
+    assert rerun("--force")[0] == 0 and "--account=mine" not in (folder / "job.sbatch").read_text()
+    assert rerun()[0] == 0  # meshplan's own again
+
+
 def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):
     """Newcomer finding: 4,096 ranks on 512 dgx-h100 wrote bind.sh as 18,449 lines (1.3 MB), one
     block per host though node-major bindings differ only by LOCAL_RANK. Nodes alike now share one

@@ -74,7 +74,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, owned, remember, write_output
+from meshplan.fileio import check_destination, edited_files, edited_words, owned, remember, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
@@ -317,13 +317,9 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
 
 
 def _srun(cores: int) -> list[str]:
-    """job.sbatch's srun line, with ``--cpus-per-task`` given again: since Slurm 22.05 srun no
-    longer reads ``SLURM_CPUS_PER_TASK`` nor inherits sbatch's ``--cpus-per-task`` (Slurm 22.05
-    release notes; sbatch's man page, ``--cpus-per-task``: "set with the SRUN_CPUS_PER_TASK
-    environment variable" or requested again), so under task/cgroup the step's one task would
-    get one CPU and bind.sh's ``numactl --physcpubind`` would name cores outside its cpuset.
-    The job's own value (``SLURM_CPUS_PER_TASK``, the ``#SBATCH`` line or sbatch's option),
-    else ``cores``."""
+    """job.sbatch's srun line with ``--cpus-per-task`` again, the job's ``SLURM_CPUS_PER_TASK`` else
+    ``cores``: srun >= 22.05 does not inherit sbatch's (its comment gives the sources), so the step
+    would get one CPU under task/cgroup, outside which bind.sh's numactl cannot bind."""
     return ["# srun: --cpus-per-task again, since Slurm 22.05 srun does not inherit sbatch's (Slurm 22.05 release",
             "# notes; sbatch man page, --cpus-per-task, and SRUN_CPUS_PER_TASK): without it the step gets one CPU",
             "# per task under task/cgroup and bind.sh's numactl --physcpubind falls outside the step's cpuset.",
@@ -382,8 +378,10 @@ def check_launch_folder(folder, force: bool = False) -> Path:
     --out and --force. ``meshplan launch`` calls it before planning, and :func:`write_launch` again."""
     folder = check_destination(folder, "--out", force=True, folder=True)
     taken = [name for name in FILES if (folder / name).exists() and not owned(folder / name)]
-    if taken and not force:
-        raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
+    if taken and not force:  # the files edited since meshplan wrote them, by name; else the first taken
+        edits = [name for name in edited_files(folder) if name in taken]
+        what = f"{folder}: {edited_words(edits)}" if edits else f"{folder / taken[0]} exists"
+        raise ConfigError("--out", f"{what}; choose another folder or pass --force to replace it")
     return folder
 
 
