@@ -213,7 +213,8 @@ def test_srun_asks_for_the_jobs_cpus_again(tmp_path):
     notes; SRUN_CPUS_PER_TASK), so the step's one task got one CPU under task/cgroup and bind.sh's
     numactl --physcpubind named cores outside its cpuset. srun now asks for the job's value, which
     sbatch exports as SLURM_CPUS_PER_TASK (96 when the user gives sbatch -c 96), else dgx-h100's
-    2 x 56 = 112 cores from the #SBATCH line; the comment above it names the source."""
+    2 x 56 = 112 cores from the #SBATCH line, or all the node's CPUs (SLURM_CPUS_ON_NODE) when
+    more, as where Slurm counts hardware threads; the comment above it names the source."""
     out = tmp_path / "job"
     write_launch(out, place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py")))
     text = (out / "job.sbatch").read_text()
@@ -222,10 +223,14 @@ def test_srun_asks_for_the_jobs_cpus_again(tmp_path):
     _fake(tmp_path / "bin", "srun", 'echo "$*"')
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
            "SLURM_JOB_ID": "42"}
-    for given, asked in ((None, "--cpus-per-task=112"), ("96", "--cpus-per-task=96")):
-        env.pop("SLURM_CPUS_PER_TASK", None)
-        if given:
-            env["SLURM_CPUS_PER_TASK"] = given
+    # sbatch's -c; the CPUs the job holds on the node (224: 2 x 56 cores x 2 threads where Slurm
+    # counts threads as CPUs, so 112 CPUs would be 56 cores); srun's ask
+    for given, on_node, asked in ((None, None, "--cpus-per-task=112"), ("96", "96", "--cpus-per-task=96"),
+                                  ("112", "224", "--cpus-per-task=224")):
+        for name, value in (("SLURM_CPUS_PER_TASK", given), ("SLURM_CPUS_ON_NODE", on_node)):
+            env.pop(name, None)
+            if value:
+                env[name] = value
         r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
         assert r.returncode == 0, r.stderr
         assert asked in r.stdout.split()

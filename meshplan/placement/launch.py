@@ -85,11 +85,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 CPU_BIND = ("numactl", "taskset", "none")
 
-#: bind.sh's lines on why numactl binds memory strictly (``--membind``), not ``--preferred``.
-#: Sources: numactl(8) (``--membind``: "Allocation will fail when there is not enough memory
-#: available on these nodes"; ``--preferred``: falls back to other nodes); NVIDIA's bind.sh for
-#: its DGX clusters (the MLPerf training submissions' ``bind.sh``: ``--mem=node``, its default,
-#: is ``numactl --membind``).
+#: bind.sh's lines on why numactl binds memory strictly (``--membind``, numactl(8): allocations past the
+#: node fail), not ``--preferred`` (falls back): NVIDIA's DGX ``bind.sh`` (MLPerf training) ``--mem=node``.
 MEMBIND_COMMENT = [
     "# numactl --membind (strict), as NVIDIA's bind.sh for DGX clusters does (--mem=node, its default): a rank's",
     "# host memory (pinned buffers for its GPU's copies) only from its GPU's socket. numactl(8): an allocation past",
@@ -317,14 +314,17 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
 
 
 def _srun(cores: int) -> list[str]:
-    """job.sbatch's srun line with ``--cpus-per-task`` again, the job's ``SLURM_CPUS_PER_TASK`` else
-    ``cores``: srun >= 22.05 does not inherit sbatch's (its comment gives the sources), so the step
-    would get one CPU under task/cgroup, outside which bind.sh's numactl cannot bind."""
+    """job.sbatch's srun line with ``--cpus-per-task`` again (its comment says why, with sources):
+    the job's ``SLURM_CPUS_PER_TASK`` (else ``cores``), or the node's ``SLURM_CPUS_ON_NODE`` when more."""
     return ["# srun: --cpus-per-task again, since Slurm 22.05 srun does not inherit sbatch's (Slurm 22.05 release",
             "# notes; sbatch man page, --cpus-per-task, and SRUN_CPUS_PER_TASK): without it the step gets one CPU",
             "# per task under task/cgroup and bind.sh's numactl --physcpubind falls outside the step's cpuset.",
-            f'srun --ntasks-per-node=1 --cpus-per-task="${{SLURM_CPUS_PER_TASK:-{cores}}}" --kill-on-bad-exit=1 '
-            '--cpu-bind=none "$dir/torchrun.sh"', ""]
+            "# Every CPU of the node (SLURM_CPUS_ON_NODE, --exclusive) when more: where Slurm counts hardware threads",
+            "# as CPUs, the cores' count of CPUs is half the cores (both threads each) and some binds would miss.",
+            f"cpus=${{SLURM_CPUS_PER_TASK:-{cores}}}",
+            'if [ "${SLURM_CPUS_ON_NODE:-0}" -gt "$cpus" ]; then cpus=$SLURM_CPUS_ON_NODE; fi',
+            'srun --ntasks-per-node=1 --cpus-per-task="$cpus" --kill-on-bad-exit=1 --cpu-bind=none "$dir/torchrun.sh"',
+            ""]
 
 
 def _find_folder(folder: Path) -> list[str]:
