@@ -56,9 +56,39 @@ LEDGER = ".meshplan-written.json"
 
 def taken(dest: Path, field: str) -> ConfigError:
     """The refusal to replace ``dest`` (one line, naming ``field``); under ``out/`` it says
-    why a rerun's own output would have been replaced and this one is not (:func:`owned`)."""
+    why a rerun's own output would have been replaced and this one is not (:func:`owned`),
+    and for a folder the files in it edited since meshplan wrote them (:func:`edited_files`):
+    ``out/launch/e exists: job.sbatch was edited since meshplan wrote it; ...``."""
     own = " (meshplan replaces only what it wrote under out/ itself, unchanged since)" if _ledger_key(dest) else ""
-    return ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it{own}")
+    return ConfigError(field, f"{dest} exists{edited_words(edited_files(dest), ': ')}; choose another path or pass "
+                              f"--force to replace it{own}")
+
+
+def edited_files(folder: Path) -> list[str]:
+    """The files under ``folder`` (names below it, sorted) that meshplan wrote under ``out/``
+    itself, each recorded in :data:`LEDGER` (:func:`remember`), whose bytes changed since;
+    [] for a path outside ``out/``, a file, or a folder none of whose recorded files changed
+    (a file added to it is not listed: files written inside an evidence folder under its
+    temporary name have no record of their own)."""
+    key = _ledger_key(Path(folder))
+    if key is None or not Path(folder).is_dir():
+        return []
+    return sorted(k[len(key) + 1:] for k, digest in _ledger().items()
+                  if k.startswith(key + "/") and (Path(OUTPUT_ROOT) / k).is_file()
+                  and _digest(Path(OUTPUT_ROOT) / k) != digest)
+
+
+def edited_words(names: list[str], lead: str = "") -> str:
+    """``names`` (:func:`edited_files`) in words, after ``lead``; "" for none.
+
+    >>> edited_words(["job.sbatch"]), edited_words(["bind.sh", "job.sbatch", "torchrun.sh"], ": ")
+    ('job.sbatch was edited since meshplan wrote it', ': bind.sh, job.sbatch and torchrun.sh were edited since meshplan wrote them')
+    """
+    if not names:
+        return ""
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+    return f"{lead}{listed} {'was' if len(names) == 1 else 'were'} edited since meshplan wrote " \
+           f"{'it' if len(names) == 1 else 'them'}"
 
 
 def _ledger_key(dest: Path) -> str | None:

@@ -117,3 +117,26 @@ def test_expert_gathers_are_prefetched_beside_the_layers(plan):
             assert head == pytest.approx(chunk.head.seconds("backward_input") + chunk.head.seconds("backward_weight")
                                          + comm.copies[("root_head", "reduce-scatter")])
         assert unit.exposed_s["efsdp"] == pytest.approx(ag.time_s - head), phase
+
+
+def test_the_experts_reductions_are_named_as_their_gathers(plan):
+    """Trace finding: the routed experts' reduce-scatter showed as ``fsdp RS L0 experts`` on the
+    efsdp track beside their gathers ``efsdp AG L0``. Both now carry the stream's name, and so
+    does FSDP2's copy-in before it on the compute stream: per layer (Mixtral's 32, all MoE) one
+    ``efsdp AG L<i>``, one ``efsdp RS L<i>``, one ``efsdp RS copy-in L<i>``; the layers' other
+    parameters and the embedding's and head's units keep ``fsdp RS ...`` on the fsdp track."""
+    from meshplan.schedule.rank_timeline import backward_unit
+    from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.unit_sim import Overlap
+    from meshplan.schedule.workload import chunk_costs, workload_of
+    w = workload_of(plan)
+    chunk, comm = chunk_costs(plan, w)[0][0], step_time(plan).units.comms[0]
+    b = backward_unit("B", chunk, comm, w, Overlap(), last_grad_unit=True)
+    names = lambda stream, op: sorted(e.name for e in b.events if e.stream == stream and e.args.get("op") == op)
+    layers = sorted(f"L{i}" for i in range(32))
+    assert names("efsdp", "all-gather") == [f"efsdp AG {x}" for x in layers]
+    assert names("efsdp", "reduce-scatter") == [f"efsdp RS {x}" for x in layers]
+    assert names("fsdp", "reduce-scatter") == sorted(f"fsdp RS {x}" for x in [*layers, "root_embed", "root_head"])
+    copies = sorted(e.name for e in b.events if e.stream == "compute" and "copy-in" in e.name)
+    assert [x for x in copies if x.startswith("efsdp")] == [f"efsdp RS copy-in {x}" for x in layers]
+    assert not [e.name for e in b.events if "experts" in e.name and "RS" in e.name]

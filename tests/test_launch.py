@@ -204,8 +204,48 @@ def test_sbatch_script_under_fake_slurm(tmp_path):
     env.pop("MESHPLAN_RDZV_ENDPOINT", None)
     r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["gpu-a:29500", "42", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpu-bind=none",
-                                str(out.resolve() / "torchrun.sh")]
+    assert r.stdout.split() == ["gpu-a:29500", "42", "--ntasks-per-node=1", "--cpus-per-task=112",
+                                "--kill-on-bad-exit=1", "--cpu-bind=none", str(out.resolve() / "torchrun.sh")]
+
+
+def test_srun_asks_for_the_jobs_cpus_again(tmp_path):
+    """Slurm user finding: since Slurm 22.05 srun does not inherit sbatch's --cpus-per-task (release
+    notes; SRUN_CPUS_PER_TASK), so the step's one task got one CPU under task/cgroup and bind.sh's
+    numactl --physcpubind named cores outside its cpuset. srun now asks for the job's value, which
+    sbatch exports as SLURM_CPUS_PER_TASK (96 when the user gives sbatch -c 96), else dgx-h100's
+    2 x 56 = 112 cores from the #SBATCH line, or all the node's CPUs (SLURM_CPUS_ON_NODE) when
+    more, as where Slurm counts hardware threads; the comment above it names the source."""
+    out = tmp_path / "job"
+    write_launch(out, place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py")))
+    text = (out / "job.sbatch").read_text()
+    assert "#SBATCH --cpus-per-task=112" in text.splitlines() and "Slurm 22.05 release" in text
+    _fake(tmp_path / "bin", "scontrol", 'printf "gpu-a\\ngpu-b\\n"')
+    _fake(tmp_path / "bin", "srun", 'echo "$*"')
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+           "SLURM_JOB_ID": "42"}
+    # sbatch's -c; the CPUs the job holds on the node (224: 2 x 56 cores x 2 threads where Slurm
+    # counts threads as CPUs, so 112 CPUs would be 56 cores); srun's ask
+    for given, on_node, asked in ((None, None, "--cpus-per-task=112"), ("96", "96", "--cpus-per-task=96"),
+                                  ("112", "224", "--cpus-per-task=224")):
+        for name, value in (("SLURM_CPUS_PER_TASK", given), ("SLURM_CPUS_ON_NODE", on_node)):
+            env.pop(name, None)
+            if value:
+                env[name] = value
+        r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert asked in r.stdout.split()
+
+
+def test_bind_sh_says_why_memory_is_bound_strictly(tmp_path):
+    """bind.sh's numactl uses --membind (strict: numactl(8), an allocation past the node fails) as
+    NVIDIA's DGX bind.sh does, and says so with the way out (--cpu-bind taskset); under taskset,
+    which binds no memory, the comment is not written."""
+    p = place(system("dgx-h100", 1), 8)
+    numa = Path(write_launch(tmp_path / "n", p, LaunchOptions(program=ECHO))[0]).read_text()
+    assert "--membind=1" in numa and "# numactl --membind (strict), as NVIDIA's bind.sh" in numa
+    assert "meshplan launch --cpu-bind taskset" in numa
+    cores = Path(write_launch(tmp_path / "t", p, LaunchOptions(program=ECHO, cpu_bind="taskset"))[0]).read_text()
+    assert "membind" not in cores and "taskset -c 70-83" in cores
 
 
 @pytest.mark.parametrize("opts, field", [
@@ -550,6 +590,37 @@ def test_rerun_replaces_meshplan_own_output_and_help_says_so(tmp_path, monkeypat
     helptext = " ".join(CliRunner().invoke(cli.app, ["launch", "--help"], terminal_width=2000).output.split())
     assert ("(default: out/launch/ and CONFIG's name); a rerun replaces meshplan's own unchanged output under out/, "
             "and refuses any other of these files (an edited one, or one elsewhere) unless --force") in helptext
+
+
+def test_a_refused_rerun_names_the_edited_files(tmp_path, monkeypatch, capsys):
+    """Slurm user finding: after editing job.sbatch, the rerun said only `out/launch/e exists`. It now
+    names what was edited since meshplan wrote it (the ledger's digest of each file differs), with
+    the default folder and with --out naming it; the edits are kept; --force replaces them."""
+    from meshplan.cli import main
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "e.toml"
+    cfg.write_text((ROOT / "examples" / "mini_2x4_tp2-dp4.toml").read_text())
+    folder = Path("out/launch/e")
+
+    def rerun(*extra) -> tuple[int, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["launch", str(cfg), *extra, "--", "python", "t.py"])
+        return e.value.code or 0, capsys.readouterr().err
+    assert rerun()[0] == 0
+    with open(folder / "job.sbatch", "a") as f:
+        f.write("#SBATCH --account=mine\n")
+    assert rerun() == (2, "error: --out: out/launch/e exists: job.sbatch was edited since meshplan wrote it; choose "
+                          "another path or pass --force to replace it (meshplan replaces only what it wrote under "
+                          "out/ itself, unchanged since)\n")
+    with open(folder / "bind.sh", "a") as f:
+        f.write("# mine\n")
+    assert rerun("--out", str(folder)) == (2, "error: --out: out/launch/e: bind.sh and job.sbatch were edited since "
+                                              "meshplan wrote them; choose another folder or pass --force to "
+                                              "replace it\n")
+    assert (folder / "job.sbatch").read_text().endswith("#SBATCH --account=mine\n")
+    assert rerun("--force")[0] == 0 and "--account=mine" not in (folder / "job.sbatch").read_text()
+    assert rerun()[0] == 0  # meshplan's own again
 
 
 def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):

@@ -19,7 +19,8 @@ Three files, in one folder (:func:`write_launch`):
   the command (e.g. ``python -m torch.distributed.run``).
 - ``job.sbatch``: ``sbatch`` script: one task per node, all the node's GPUs and cores
   (``--exclusive``), the first host of the allocation as the rendezvous endpoint, and
-  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds),
+  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds)
+  and ``--cpus-per-task`` given again (:func:`_srun`: Slurm >= 22.05 srun does not inherit it),
   found from the submit directory (``SLURM_SUBMIT_DIR``), not by the absolute path it was
   written at (:func:`sbatch_script`); the folder must be on a filesystem the nodes share.
 - ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
@@ -73,7 +74,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, owned, remember, write_output
+from meshplan.fileio import check_destination, edited_files, edited_words, owned, remember, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
@@ -83,6 +84,15 @@ _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 CPU_BIND = ("numactl", "taskset", "none")
+
+#: bind.sh's lines on why numactl binds memory strictly (``--membind``, numactl(8): allocations past the
+#: node fail), not ``--preferred`` (falls back): NVIDIA's DGX ``bind.sh`` (MLPerf training) ``--mem=node``.
+MEMBIND_COMMENT = [
+    "# numactl --membind (strict), as NVIDIA's bind.sh for DGX clusters does (--mem=node, its default): a rank's",
+    "# host memory (pinned buffers for its GPU's copies) only from its GPU's socket. numactl(8): an allocation past",
+    "# that node fails; --preferred would spill to the far socket instead, slowing host-GPU copies unnoticed.",
+    "# A job that needs more host memory than a socket holds (CPU offload): meshplan launch --cpu-bind taskset",
+    "# (cores only, memory local first with fallback, the kernel's default)."]
 
 @dataclass(frozen=True)
 class LaunchOptions:
@@ -195,8 +205,8 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     and environment, its RANK and mesh rank the node's first plus LOCAL_RANK's offset) share one
     ``case $LOCAL_RANK``,
     which checks ``RANK = GROUP_RANK x G + offset``; the others keep their own (a node with
-    another GPU order, a partial last node). 4,096 ranks on 512 dgx-h100: 57 lines (4.4 kB), not
-    18,449 (1.3 MB)."""
+    another GPU order, a partial last node). 4,096 ranks on 512 dgx-h100: 62 lines (4.9 kB; 57
+    with ``cpu_bind="none"``, without :data:`MEMBIND_COMMENT`), not 18,449 (1.3 MB)."""
     rows, cl, g = launch_bindings(placement, opts), placement.cluster, placement.cluster.node.gpus
     by_node: dict[int, list[dict]] = {}
     for b in rows:
@@ -208,6 +218,8 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
            "# torchrun's program (--no-python): torchrun sets GROUP_RANK, LOCAL_RANK and RANK.",
            "# What each variable does:"]
     out += env_comments(cl, rows, opts.transport, opts.nic_scope)
+    if opts.cpu_bind == "numactl":
+        out += MEMBIND_COMMENT
     if launch_mode(placement) == "by-gpu":
         out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from "
                    "bindings.json's mesh ranks (DeviceMesh(..., mesh=...)), not init_device_mesh.")
@@ -298,8 +310,21 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
                       "# One srun task per node runs torchrun.sh; node 0 (SLURM_NODEID 0) hosts the rendezvous.",
                       "set -euo pipefail",
                       f"export MESHPLAN_RDZV_ENDPOINT=${{MESHPLAN_RDZV_ENDPOINT:-{endpoint}}}",
-                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"', *_find_folder(folder),
-                      'srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "$dir/torchrun.sh"', ""])
+                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"', *_find_folder(folder), *_srun(cores)])
+
+
+def _srun(cores: int) -> list[str]:
+    """job.sbatch's srun line with ``--cpus-per-task`` again (its comment says why, with sources):
+    the job's ``SLURM_CPUS_PER_TASK`` (else ``cores``), or the node's ``SLURM_CPUS_ON_NODE`` when more."""
+    return ["# srun: --cpus-per-task again, since Slurm 22.05 srun does not inherit sbatch's (Slurm 22.05 release",
+            "# notes; sbatch man page, --cpus-per-task, and SRUN_CPUS_PER_TASK): without it the step gets one CPU",
+            "# per task under task/cgroup and bind.sh's numactl --physcpubind falls outside the step's cpuset.",
+            "# Every CPU of the node (SLURM_CPUS_ON_NODE, --exclusive) when more: where Slurm counts hardware threads",
+            "# as CPUs, the cores' count of CPUs is half the cores (both threads each) and some binds would miss.",
+            f"cpus=${{SLURM_CPUS_PER_TASK:-{cores}}}",
+            'if [ "${SLURM_CPUS_ON_NODE:-0}" -gt "$cpus" ]; then cpus=$SLURM_CPUS_ON_NODE; fi',
+            'srun --ntasks-per-node=1 --cpus-per-task="$cpus" --kill-on-bad-exit=1 --cpu-bind=none "$dir/torchrun.sh"',
+            ""]
 
 
 def _find_folder(folder: Path) -> list[str]:
@@ -353,8 +378,10 @@ def check_launch_folder(folder, force: bool = False) -> Path:
     --out and --force. ``meshplan launch`` calls it before planning, and :func:`write_launch` again."""
     folder = check_destination(folder, "--out", force=True, folder=True)
     taken = [name for name in FILES if (folder / name).exists() and not owned(folder / name)]
-    if taken and not force:
-        raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
+    if taken and not force:  # the files edited since meshplan wrote them, by name; else the first taken
+        edits = [name for name in edited_files(folder) if name in taken]
+        what = f"{folder}: {edited_words(edits)}" if edits else f"{folder / taken[0]} exists"
+        raise ConfigError("--out", f"{what}; choose another folder or pass --force to replace it")
     return folder
 
 

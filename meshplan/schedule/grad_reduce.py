@@ -17,7 +17,7 @@ def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: b
     """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
     seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
     if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
-        s.compute(f"fsdp RS copy-in {name}", copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
+        s.compute(shard_name("RS copy-in", name, group), copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
     rs = _reduce_scatter(s, name, group, s.last) if shard else None
     if step_piece and s.c.bucket_wait and s.ov.grad_reduce and s.reduced is not None:
         # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
@@ -27,6 +27,21 @@ def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: b
     s.reduced = red or s.reduced
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def shard_name(word: str, name: str, group: str) -> str:
+    """The trace name of a unit's FSDP reduction (``word``: RS, AR, RS copy-in) on the stream its
+    group runs on, as the unit's all-gathers are named (:mod:`meshplan.schedule.rank_timeline`):
+    ``fsdp``, or ``efsdp`` for an MoE layer's experts' unit (``name`` ``"L0 experts"``).
+
+    >>> shard_name("RS", "L0", "layer"), shard_name("RS", "L0 experts", "expert")
+    ('fsdp RS L0', 'efsdp RS L0')
+    >>> shard_name("RS copy-in", "L3 experts", "expert")
+    'efsdp RS copy-in L3'
+    """
+    if group == "expert":
+        return f"efsdp {word} {name.removesuffix(' experts')}"
+    return f"fsdp {word} {name}"
 
 
 def _reduce_piece(s: StreamSim, name: str, seconds: float) -> Optional[Event]:
@@ -46,7 +61,7 @@ def _reduce_scatter(s: StreamSim, name: str, group: str, after: Optional[Event])
     """A unit's FSDP reduce-scatter issued after ``after`` and its HSDP all-reduce after it:
     the event the gradient is done with (None when the stage has neither)."""
     word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
-    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp {word} {name}", group, after=[after])
+    rs = s.comm("shard", "backward", "reduce-scatter", shard_name(word, name, group), group, after=[after])
     return s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or after]) or rs
 
 
@@ -107,9 +122,9 @@ def perform_reduce_grad(s: StreamSim, chunk: ChunkCosts, tail: bool) -> None:
         if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):
             if tail:  # on the compute stream after the unit, not moving its end
                 t0 = max(s.free["compute"], prev.end_s if prev is not None else 0.0)
-                prev = s._add("compute", f"fsdp RS copy-in {name}", t0, t0 + copy_in)
+                prev = s._add("compute", shard_name("RS copy-in", name, group), t0, t0 + copy_in)
             else:
-                prev = s.compute(f"fsdp RS copy-in {name}", copy_in)
+                prev = s.compute(shard_name("RS copy-in", name, group), copy_in)
         done.append(_reduce_scatter(s, name, group, prev))
     if not tail:
         s.compute("perform_reduce_grad wait", 0.0, done)
