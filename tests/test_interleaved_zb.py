@@ -92,3 +92,18 @@ def test_zerobubble_alone_names_no_schedule_anywhere(tmp_path):
     assert str(e.value) == ("parallelism.pipeline_parallel_schedule: 'ZeroBubble' is not planned by meshplan; use one "
                             "of GPipe, 1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV, or InterleavedZeroBubble with "
                             "one stage per rank")
+
+
+def test_export_writes_zb_h1_as_torchtitan_runs_it_and_reads_it_back(tmp_path, capsys):
+    """export --to torchtitan: InterleavedZeroBubble with module_fqns_per_model_part of pp 2 parts
+    (one stage per rank); imported back, zb_h1 at vpp 1 with the same split."""
+    import tomllib
+    f = tmp_path / "zb.toml"
+    f.write_text(MESH + 'pp_schedule = "zb_h1"\n')
+    out = tmp_path / "tt.toml"
+    assert run_main("export", f, "--to", "torchtitan", "-o", out) == 0
+    par = tomllib.loads(out.read_text())["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "InterleavedZeroBubble"
+    assert [sum(m.startswith("layers.") for m in part) for part in par["module_fqns_per_model_part"]] == [16, 16]
+    cfg = load_any(out, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+    assert (cfg.mesh.pp_schedule, cfg.mesh.virtual_stages, cfg.mesh.pp_layer_split) == (Schedule.ZB_H1, 1, [16, 16])

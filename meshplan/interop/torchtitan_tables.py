@@ -32,6 +32,10 @@ SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1
 MULTI_STAGE = ("interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zbv": "ZBVZeroBubble",
                   "dualpipev": "DualPipeV"}
+#: What export writes: zb_h1 too, as InterleavedZeroBubble with the pp parts of
+#: module_fqns_per_model_part it always writes (torchtitan checks stages per rank only where it
+#: generates the split, ``_get_pipeline_metadata``); not in SCHEDULE_NAMES, whose fix words lack the parts.
+WRITTEN_SCHEDULES = SCHEDULE_NAMES | {"zb_h1": "InterleavedZeroBubble"}
 #: Schedules with two stages per rank in a V (torch.distributed.pipelining ScheduleZBVZeroBubble,
 #: ScheduleDualPipeV): torchtitan builds 2 x pp model parts for them.
 V_SCHEDULES = ("zbv", "dualpipev")
