@@ -1,5 +1,6 @@
 """`meshplan plan` prints the three memory accountings the README names: the framework's exact
-count (the table), the ZeRO paper's textbook bytes and Megatron-LM's estimate, each labelled."""
+count (the table), the ZeRO paper's textbook bytes and, under framework megatron only, Megatron-LM's
+estimate, each labelled."""
 
 import subprocess
 import sys
