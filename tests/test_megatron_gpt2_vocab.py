@@ -65,8 +65,8 @@ def test_explicit_tokenizer_type_and_divisor(tmp_path):
     cfg = _load(tmp_path, text)
     assert cfg.model.vocab == 50257 and cfg.training.vocab_pad_divisor == 64
     assert ("megatron: --vocab-size not given: GPT-2's vocabulary, 50257 tokens (--tokenizer-type GPT2BPETokenizer, "
-            "--vocab-file $VOCAB), padded as Megatron-LM pads it to 50688 (a multiple of --make-vocab-size-divisible-by "
-            "64 x tp 8)") in cfg.notes
+            "--vocab-file $VOCAB), padded as Megatron-LM pads it to 50688 (a multiple of "
+            "--make-vocab-size-divisible-by 64 x tp 8)") in cfg.notes
 
 
 def test_a_given_vocab_size_wins_and_other_tokenizers_still_need_it(tmp_path):

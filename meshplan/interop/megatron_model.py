@@ -167,7 +167,8 @@ def gpt2_vocab(args: dict, notes: list[str]) -> Optional[int]:
     named = isinstance(path, str) and path.replace("\\", "/").rsplit("/", 1)[-1] == "gpt2-vocab.json"
     if kind != GPT2_TOKENIZER and not (kind is None and named):
         return None
-    divisor, tp = num_flag(args, "--make-vocab-size-divisible-by", 128), num_flag(args, "--tensor-model-parallel-size", 1)
+    divisor = num_flag(args, "--make-vocab-size-divisible-by", 128)
+    tp = num_flag(args, "--tensor-model-parallel-size", 1)
     said = f"--tokenizer-type {kind}" + (f", --vocab-file {printable(path)[:80]}" if path else "") if kind else \
         f"--vocab-file {printable(path)[:80]}, pretrain_gpt.py's {GPT2_TOKENIZER}"
     notes.append(f"--vocab-size not given: GPT-2's vocabulary, {GPT2_VOCAB} tokens ({said}), padded as Megatron-LM "
