@@ -24,7 +24,8 @@ def test_unknown_schedule_is_one_line_exit_2():
     assert r.returncode == 2
     assert r.stderr.strip() == ("error: --schedule: unknown schedule 'foo'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, "
                                 "zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, "
-                                "InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)")
+                                "InterleavedZeroBubble (= zb_h1, one stage per rank), ZBVZeroBubble, DualPipeV "
+                                "(any case)")
 
 
 def test_plan_of_a_mesh_that_does_not_fit_says_why_on_stderr():

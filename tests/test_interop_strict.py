@@ -275,7 +275,8 @@ def test_megatron_missing_model_flags_name_them_and_the_fix(tmp_path):
     f = _write(tmp_path, "m.args", "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096\n")
     with pytest.raises(ConfigError, match=r"^--model: the arguments lack the model flags --num-layers, --vocab-size "
                                           r"\(Megatron-LM takes the vocabulary size from its tokenizer, so its "
-                                          r"arguments often lack it\); give --model CATALOG_NAME or --model "
+                                          r"arguments often lack it; meshplan knows GPT2BPETokenizer's\); give "
+                                          r"--model CATALOG_NAME or --model "
                                           r"path/config.json, or add them to the arguments$"):
         load_any(f, opts=H100)
     f.write_text("--num-layers 32 --hidden-size 4096 --vocab-size 128256 --seq-length 4096\n")

@@ -27,7 +27,7 @@ OTHERS = [("PipeDream-Flush", Schedule.ONE_F_ONE_B), ("interleaved", Schedule.IN
           ("forward_backward_pipelining_without_interleaving", Schedule.ONE_F_ONE_B),
           ("ZB-H1", Schedule.ZB_H1), ("ZB-V", Schedule.ZBV), ("interleaved-1f1b", Schedule.INTERLEAVED_1F1B)]
 ACCEPTED = ("use gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, "
-            "Interleaved1F1B, InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)")
+            "Interleaved1F1B, InterleavedZeroBubble (= zb_h1, one stage per rank), ZBVZeroBubble, DualPipeV (any case)")
 
 PP2 = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
        "training": {"global_batch": 64, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",

@@ -69,7 +69,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                    "warning when none, or when measured on the CPU or another GPU"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev, "
                                                                         "or torch.distributed.pipelining's name (1F1B, "
-                                                                        "Interleaved1F1B, InterleavedZeroBubble = zb_h1, "
+                                                                        "Interleaved1F1B, InterleavedZeroBubble = "
+                                                                        "zb_h1 at one stage per rank, "
                                                                         "ZBVZeroBubble, ...; any case), as "
                                                                         "mesh.pp_schedule takes (zbv and dualpipev: "
                                                                         "virtual_stages 2, a V); it replaces the "

@@ -94,6 +94,8 @@ CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's h
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
                                            --rope-scaling-factor) model.rope_scaling (unset: a catalog model still
                                            matches, with a note naming Megatron-LM's default where it differs)
+--tokenizer-type GPT2BPETokenizer, or    model.vocab 50257 (GPT-2's) when --vocab-size is absent, padded by
+  none with --vocab-file gpt2-vocab.json   vocab_pad_divisor x tp as Megatron-LM (``megatron_model.gpt2_vocab``)
 ======================================== ===================================================
 """
 

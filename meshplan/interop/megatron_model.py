@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.common import ImportOptions, model_option
+from meshplan.spec.axes.tp import padded_vocab
 from meshplan.spec.model import ModelSpec
 
 #: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
@@ -43,6 +44,15 @@ MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atte
 #: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
 #: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
 CARRIED = {"--rotary-base": ("rope_theta", 10000.0), "--norm-epsilon": ("norm_eps", 1e-5)}
+#: GPT-2's BPE vocabulary: 50257 tokens (Radford et al. 2019, section 2.2: "The vocabulary is
+#: expanded to 50,257"), the ``len(self.tokenizer.encoder)`` of Megatron-LM's ``_GPT2BPETokenizer``
+#: (megatron/training/tokenizer/tokenizer.py) with its gpt2-vocab.json; Megatron-LM pads it in
+#: ``_vocab_size_with_padding`` to a multiple of ``--make-vocab-size-divisible-by`` x tp
+#: (``training.vocab_pad_divisor``, :func:`meshplan.spec.axes.tp.padded_vocab`).
+GPT2_VOCAB = 50257
+#: pretrain_gpt.py's ``args_defaults={'tokenizer_type': 'GPT2BPETokenizer'}``: without
+#: ``--tokenizer-type`` a GPT run tokenizes with GPT-2's BPE.
+GPT2_TOKENIZER = "GPT2BPETokenizer"
 #: The RoPE scaling Megatron-LM applies under ``--use-rope-scaling`` (d98e8a6 ``_apply_scaling``'s fixed
 #: arguments; ``--rope-scaling-factor``, default 8.0, sets the factor), as RopeScaling fields.
 MEGATRON_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8192}
@@ -95,10 +105,12 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         if given:
             notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
         return model_option(opts.model)
-    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
+    vocab = int_flag(args, "--vocab-size") or gpt2_vocab(args, notes)
+    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads") if f not in args]
+    need += [] if vocab else ["--vocab-size"]
     if need:
-        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it)" \
-            if "--vocab-size" in need else ""
+        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it; meshplan " \
+              "knows GPT2BPETokenizer's)" if "--vocab-size" in need else ""
         raise ConfigError("--model", f"the arguments lack the model flag{'s' * (len(need) > 1)} {', '.join(need)}"
                           f"{why}; give --model CATALOG_NAME or --model path/config.json, or add "
                           f"{'them' if len(need) > 1 else 'it'} to the arguments")
@@ -112,7 +124,7 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
     pos = str(args.get("--position-embedding-type", "learned_absolute"))
     model = {"name": "megatron-args", "layers": int_flag(args, "--num-layers"), "hidden": h, "ffn": ffn,
              "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": int_flag(args, "--kv-channels"),
-             "vocab": int_flag(args, "--vocab-size"),
+             "vocab": vocab,
              "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
              "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
              "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
@@ -137,6 +149,32 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
             model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], int_flag(args, "--num-layers"))
     model = {k: v for k, v in model.items() if v is not None}
     return _as_catalog(model, notes)
+
+
+def gpt2_vocab(args: dict, notes: list[str]) -> Optional[int]:
+    """:data:`GPT2_VOCAB` where the arguments tokenize with GPT-2's BPE and give no ``--vocab-size``:
+    ``--tokenizer-type GPT2BPETokenizer``, or no ``--tokenizer-type`` (pretrain_gpt.py's default)
+    with a ``--vocab-file`` named ``gpt2-vocab.json``; a note says so, with the padded size at the
+    arguments' tp. None otherwise (another tokenizer's size is in its files).
+
+    >>> notes = []
+    >>> gpt2_vocab({"--vocab-file": "data/gpt2-vocab.json", "--tensor-model-parallel-size": "8"}, notes), notes[0]
+    (50257, "--vocab-size not given: GPT-2's vocabulary, 50257 tokens (--vocab-file data/gpt2-vocab.json, pretrain_gpt.py's GPT2BPETokenizer), padded as Megatron-LM pads it to 51200 (a multiple of --make-vocab-size-divisible-by 128 x tp 8)")
+    >>> gpt2_vocab({"--tokenizer-type": "HuggingFaceTokenizer", "--vocab-file": "gpt2-vocab.json"}, []) is None
+    True
+    """
+    kind, path = args.get("--tokenizer-type"), args.get("--vocab-file")
+    named = isinstance(path, str) and path.replace("\\", "/").rsplit("/", 1)[-1] == "gpt2-vocab.json"
+    if kind != GPT2_TOKENIZER and not (kind is None and named):
+        return None
+    divisor = num_flag(args, "--make-vocab-size-divisible-by", 128)
+    tp = num_flag(args, "--tensor-model-parallel-size", 1)
+    said = f"--tokenizer-type {kind}" + (f", --vocab-file {printable(path)[:80]}" if path else "") if kind else \
+        f"--vocab-file {printable(path)[:80]}, pretrain_gpt.py's {GPT2_TOKENIZER}"
+    notes.append(f"--vocab-size not given: GPT-2's vocabulary, {GPT2_VOCAB} tokens ({said}), padded as Megatron-LM "
+                 f"pads it to {padded_vocab(GPT2_VOCAB, divisor, tp)} (a multiple of --make-vocab-size-divisible-by "
+                 f"{divisor} x tp {tp})")
+    return GPT2_VOCAB
 
 
 def _eps(args: dict) -> Optional[float]:

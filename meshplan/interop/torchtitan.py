@@ -34,7 +34,9 @@ parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: n
                                                  reshard_head_after_forward (always only):
                                                  :func:`~meshplan.interop.torchtitan_write.reshard_policy`
 parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B;
-                                                 ZBVZeroBubble, DualPipeV as zbv, dualpipev)
+                                                 ZBVZeroBubble, DualPipeV as zbv, dualpipev;
+                                                 InterleavedZeroBubble as zb_h1 at one stage
+                                                 per rank, refused with more)
 parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's split of layers
   pipeline_parallel_layers_per_stage,            with embedding and output weighted as layers,
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
@@ -100,6 +102,7 @@ from meshplan.interop.torchtitan_checkpoint import read_checkpoint
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
+    MULTI_STAGE,
     SCHEDULE_NAMES,
     SCHEDULES,
     V_SCHEDULES,
@@ -110,6 +113,7 @@ from meshplan.interop.torchtitan_tables import (
     read_optimizer,
     read_recompute,
 )
+from meshplan.pipeline.zb_h1 import multi_stage_refusal
 from meshplan.spec.axes.ep import TORCH_ETP
 from meshplan.spec.axes.tp import tp_misfit
 
@@ -187,7 +191,8 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
     sched = SCHEDULES.get(raw.lower().replace("_", ""))
     if sched is None:
         raise ConfigError("parallelism.pipeline_parallel_schedule",
-                          f"{raw!r} is not planned by meshplan; use one of {', '.join(SCHEDULE_NAMES.values())}")
+                          f"{raw!r} is not planned by meshplan; use one of {', '.join(SCHEDULE_NAMES.values())}, "
+                          f"or InterleavedZeroBubble with one stage per rank")
     parts = par.get("module_fqns_per_model_part")
     first, last = par.get("pipeline_parallel_first_stage_less_layers", 1), \
         par.get("pipeline_parallel_last_stage_less_layers", 1)
@@ -196,16 +201,21 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
         stages = len(parts)
     else:
         per = par.get("pipeline_parallel_layers_per_stage")
-        stages = math.ceil((layers + first + last) / per) if per else \
-            pp * (1 if sched not in ("interleaved_1f1b",) + V_SCHEDULES else 2)
+        stages = math.ceil((layers + first + last) / per) if per else pp * (2 if sched in MULTI_STAGE else 1)
         split = default_split(stages, layers, first, last)
     if stages % pp:
         raise ConfigError("parallelism.pipeline_parallel_degree", f"{stages} model parts do not divide over pp {pp}")
     vpp = stages // pp
+    if sched == "zb_h1" and vpp > 1:
+        raise ConfigError("parallelism.pipeline_parallel_schedule", multi_stage_refusal(vpp))
+    if sched == "zb_h1" and not parts:  # torchtitan: a multi-stage schedule needs 2 stages per rank
+        raise ConfigError("parallelism.pipeline_parallel_layers_per_stage", f"{raw} with 1 stage per rank: torchtitan "
+                          f"refuses a multi-stage schedule with fewer than 2; give module_fqns_per_model_part with "
+                          f"{pp} parts for one stage per rank")
     if sched in V_SCHEDULES and vpp != 2:
         raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a V-shaped "
                           f"schedule holds exactly 2 (2 x pp model parts)")
-    if sched not in V_SCHEDULES and (vpp > 1) != (sched == "interleaved_1f1b"):
+    if sched not in V_SCHEDULES + ("zb_h1",) and (vpp > 1) != (sched == "interleaved_1f1b"):
         raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a "
                           f"single-stage schedule needs 1, Interleaved1F1B at least 2")
     notes.append(f"layers per {'virtual ' if vpp > 1 else ''}stage {split} (torchtitan's split)")

@@ -24,11 +24,18 @@ from typing import Any
 
 from meshplan.errors import ConfigError, did_you_mean
 
-#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
+#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names
+#: (InterleavedZeroBubble: zb_h1, at one stage per rank only, ``zb_h1.multi_stage_refusal``).
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b", "zbvzerobubble": "zbv",
-             "dualpipev": "dualpipev"}
+             "dualpipev": "dualpipev", "interleavedzerobubble": "zb_h1"}
+#: torchtitan's multi-stage schedules: 2 stages per rank by default (``_get_pipeline_metadata``).
+MULTI_STAGE = ("interleaved_1f1b", "zb_h1", "zbv", "dualpipev")
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zbv": "ZBVZeroBubble",
                   "dualpipev": "DualPipeV"}
+#: What export writes: zb_h1 too, as InterleavedZeroBubble with the pp parts of
+#: module_fqns_per_model_part it always writes (torchtitan checks stages per rank only where it
+#: generates the split, ``_get_pipeline_metadata``); not in SCHEDULE_NAMES, whose fix words lack the parts.
+WRITTEN_SCHEDULES = SCHEDULE_NAMES | {"zb_h1": "InterleavedZeroBubble"}
 #: Schedules with two stages per rank in a V (torch.distributed.pipelining ScheduleZBVZeroBubble,
 #: ScheduleDualPipeV): torchtitan builds 2 x pp model parts for them.
 V_SCHEDULES = ("zbv", "dualpipev")

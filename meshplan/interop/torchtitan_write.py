@@ -17,8 +17,8 @@ from meshplan.interop.common import catalog_model_name
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES, FLAVORS
 from meshplan.interop.torchtitan_tables import (
-    SCHEDULE_NAMES,
     SCHEDULES,
+    WRITTEN_SCHEDULES,
     model_parts,
     write_float8,
     write_optimizer,
@@ -68,7 +68,7 @@ def write(cfg: Config) -> dict[str, dict]:
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
     if pp > 1:
-        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
+        par |= {"pipeline_parallel_schedule": WRITTEN_SCHEDULES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
                 "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
     # pp: one schedule.step() per accumulation step, local_batch_size / microbatch_size micro-batches each

@@ -5,8 +5,10 @@ framework accounting of :mod:`meshplan.memory.state` and labelled as what they a
   2020 (arXiv 1910.02054, section 5, Figure 1), ``(2 + 2 + K) psi`` with K = 12;
 - **Megatron's estimate** (:func:`megatron_estimate`): Megatron-LM
   ``report_theoretical_memory`` (``megatron/training/theoretical_memory_usage.py``),
-  which divides everything by tp and leaves out the tied-output copy; not printed for a MoE
-  mesh with ep > 1, whose experts it does not split (:func:`megatron_withheld`).
+  which divides everything by tp and leaves out the tied-output copy; printed for
+  ``training.framework = "megatron"`` only (it is that run's own log line; beside a torch
+  plan's state, many times smaller, a newcomer read it as the plan's), and not for a MoE mesh
+  with ep > 1, whose experts it does not split (:func:`megatron_withheld`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,6 @@ MEGATRON_LABEL = "Megatron-LM report_theoretical_memory estimate (approximation)
 #: Added to :data:`MEGATRON_LABEL` where the plan's sharding is not what the formula models
 #: (:func:`megatron_estimate`: zero2, zero3, hsdp).
 MEGATRON_AS_IF = "as if run with Megatron-LM's distributed optimizer"
-#: Put before the estimate's line where the plan is not a Megatron-LM run (``training.framework``
-#: other than ``megatron``): the formula is Megatron-LM's own log line (``report_theoretical_memory``),
-#: which a torchtitan FSDP plan never prints; a newcomer read its 55 GiB beside a 10 GiB peak as the
-#: plan's. ``{framework}``: the plan's ``training.framework``.
-MEGATRON_NOT_RUN = ("does not apply to this plan (training.framework \"{framework}\", not Megatron-LM), "
-                    "for comparison only: ")
 
 
 def megatron_withheld(model: ModelSpec, mesh: Mesh) -> Optional[str]:

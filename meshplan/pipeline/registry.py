@@ -14,7 +14,7 @@ from meshplan.pipeline.base import PipelineSchedule
 from meshplan.pipeline.gpipe import GPIPE
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.one_f_one_b import ONE_F_ONE_B
-from meshplan.pipeline.zb_h1 import ZB_H1
+from meshplan.pipeline.zb_h1 import ZB_H1, multi_stage_refusal
 from meshplan.pipeline.zbv import ZBV
 from meshplan.pipeline.dualpipev import DUALPIPEV
 from meshplan.spec.mesh import Schedule
@@ -35,14 +35,21 @@ def get(schedule: Schedule | str) -> PipelineSchedule:
 def check_chunks(schedule: Schedule | str, v: int) -> None:
     """ConfigError on ``mesh.virtual_stages`` when ``schedule`` runs one chunk per rank and
     ``v > 1`` (the one home of this rule: :func:`meshplan.plan.build_plan` calls it for every
-    command, :class:`meshplan.pipeline.simulate.PipelineSpec` for ``step --schedule``).
+    command, :class:`meshplan.pipeline.simulate.PipelineSpec` for ``step --schedule``); for
+    zb_h1, torch's InterleavedZeroBubble, on ``mesh.pp_schedule`` with the words every entry
+    point gives (:func:`~meshplan.pipeline.zb_h1.multi_stage_refusal`).
 
     >>> check_chunks("interleaved_1f1b", 2); check_chunks("1f1b", 1)
     >>> check_chunks("1f1b", 2)
     Traceback (most recent call last):
     meshplan.errors.ConfigError: mesh.virtual_stages: v 2 needs schedule interleaved_1f1b or zbv or dualpipev (1f1b runs one chunk per rank); set mesh.pp_schedule to one of them, or virtual_stages = 1
+    >>> check_chunks("zb_h1", 2)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: mesh.pp_schedule: InterleavedZeroBubble (zb_h1) with 2 stages per rank is not planned by meshplan: ...
     """
     sched = get(schedule)
+    if v > 1 and sched is ZB_H1:
+        raise ConfigError("mesh.pp_schedule", multi_stage_refusal(v))
     if v > 1 and not sched.virtual_stages:
         chunked = " or ".join(s.name for s in SCHEDULES.values() if s.virtual_stages)
         raise ConfigError("mesh.virtual_stages", f"v {v} needs schedule {chunked} ({sched.name} runs one chunk per "

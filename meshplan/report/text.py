@@ -8,7 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.memory.state_estimates import MEGATRON_NOT_RUN, megatron_estimate, megatron_withheld, zero_textbook_bytes
+from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import Placement, rank_row
@@ -261,24 +261,25 @@ def _accounting_lines(plan: Plan, state) -> list[str]:
     paper's textbook bytes for the most loaded stage's ``psi`` parameters per rank (before data
     parallelism), N the degree its optimizer state is sharded over, K 12, with a MoE model's
     routed experts as a second group (psi_e, this rank's ep x etp share, over N_e = efsdp), so
-    the line counts the same parameters as the framework table; and Megatron-LM's estimate,
-    led by a clause saying it does not apply (:data:`~meshplan.memory.state_estimates.MEGATRON_NOT_RUN`) unless
-    ``training.framework`` is ``megatron``, or for a MoE mesh with ep > 1 one line saying why it
-    is not shown (:func:`~meshplan.memory.state_estimates.megatron_withheld`). Both ignore what the exact count holds (dtypes as
-    configured, padding, norms)."""
+    the line counts the same parameters as the framework table; and, under ``training.framework``
+    ``megatron`` only (the formula is Megatron-LM's own start-up log line, which no other run
+    prints: beside a torch plan's state it read as the plan's), Megatron-LM's estimate, or for a
+    MoE mesh with ep > 1 one line saying why it is not shown
+    (:func:`~meshplan.memory.state_estimates.megatron_withheld`). Both ignore what the exact count
+    holds (dtypes as configured, padding, norms)."""
     psi, n = _group_psi(state, "dense")
     psi_e, n_e = _group_psi(state, "expert")
     z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding], expert_params=psi_e,
                             expert_n=n_e)
     where = f" on pipeline stage {state.stage} (the most loaded)" if len(plan.state) > 1 else ""
     first = f"{z.label}{where}: {human_bytes(z.size_bytes)} ({z.formula})"
+    if plan.config.training.framework != "megatron":
+        return [first]
     withheld = megatron_withheld(plan.config.model, plan.mesh)
     if withheld is not None:
         return [first, withheld]
     meg = megatron_estimate(plan.config.model, plan.mesh, plan.config.training)
-    fw = plan.config.training.framework
-    other = "" if fw == "megatron" else MEGATRON_NOT_RUN.format(framework=fw)
-    return [first, f"{other}{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
+    return [first, f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
 
 
 def _per_columns(row) -> tuple[str, str]:

@@ -58,7 +58,7 @@ SCHEDULE_SPELLINGS: dict[str, Schedule] = {_squash(s.value): s for s in Schedule
 
 #: The accepted names, as an error lists them.
 SCHEDULE_NAMES_HELP = (", ".join(Schedule) + ", or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, "
-                       "InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)")
+                       "InterleavedZeroBubble (= zb_h1, one stage per rank), ZBVZeroBubble, DualPipeV (any case)")
 
 
 def parse_schedule(name) -> Schedule:
@@ -70,7 +70,7 @@ def parse_schedule(name) -> Schedule:
     (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.ZBV: 'zbv'>, <Schedule.ZB_H1: 'zb_h1'>)
     >>> parse_schedule("dualpipe")
     Traceback (most recent call last):
-    ValueError: unknown schedule 'dualpipe'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble (= zb_h1), ZBVZeroBubble, DualPipeV (any case)
+    ValueError: unknown schedule 'dualpipe'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, dualpipev, or torch.distributed.pipelining's GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble (= zb_h1, one stage per rank), ZBVZeroBubble, DualPipeV (any case)
     """
     if isinstance(name, Schedule):
         return name
