@@ -170,7 +170,7 @@ def gpt2_vocab(args: dict, notes: list[str]) -> Optional[int]:
     divisor = num_flag(args, "--make-vocab-size-divisible-by", 128)
     tp = num_flag(args, "--tensor-model-parallel-size", 1)
     said = f"--tokenizer-type {kind}" + (f", --vocab-file {printable(path)[:80]}" if path else "") if kind else \
-        f"--vocab-file {printable(path)[:80]}, pretrain_gpt.py's {GPT2_TOKENIZER}"
+        f"--vocab-file {printable(str(path))[:80]}, pretrain_gpt.py's {GPT2_TOKENIZER}"
     notes.append(f"--vocab-size not given: GPT-2's vocabulary, {GPT2_VOCAB} tokens ({said}), padded as Megatron-LM "
                  f"pads it to {padded_vocab(GPT2_VOCAB, divisor, tp)} (a multiple of --make-vocab-size-divisible-by "
                  f"{divisor} x tp {tp})")
