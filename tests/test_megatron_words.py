@@ -1,0 +1,39 @@
+"""Megatron-LM users' error and fix lines (megaenv findings 2-4): a world its parallel-size flags do
+not divide, a ``--num-layers-per-virtual-pipeline-stage`` that does not divide a stage and the
+memory fix's sharding are said in Megatron-LM's flags, with values that work."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.cli_run import run_main
+
+#: Llama 3 70B's flags (80 layers, hidden 8192) at tp 8 on 4 dgx-h100, DDP (no sharding), no recompute.
+LLAMA70B = """torchrun --nnodes 4 --nproc_per_node 8 pretrain_gpt.py \\
+  --tensor-model-parallel-size 8 --pipeline-model-parallel-size 1 {extra} \\
+  --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 \\
+  --group-query-attention --num-query-groups 8 --swiglu --seq-length 4096 --max-position-embeddings 8192 \\
+  --micro-batch-size 1 --global-batch-size 128 --bf16 --sequence-parallel \\
+  --untie-embeddings-and-output-weights --normalization RMSNorm --position-embedding-type rope --vocab-size 128256
+"""
+
+
+def _script(tmp_path: Path, extra: str = "", name: str = "job.sh") -> Path:
+    f = tmp_path / name
+    f.write_text(LLAMA70B.format(extra=extra))
+    return f
+
+
+def test_memory_fix_names_megatron_fsdp_flags_and_they_fit(tmp_path, capsys):
+    """Finding 4: DDP's 159.7 GiB peak does not fit; the fix's sharding variant is the flags
+    ``export --to megatron`` writes for zero3 (Megatron FSDP, optim_grads_params), not meshplan's
+    ``sharding zero3``, and those flags added to the script plan to the peak the fix printed."""
+    assert run_main("plan", _script(tmp_path), "--cluster", "dgx-h100") == 1
+    fix = [line for line in capsys.readouterr().err.splitlines() if line.startswith("fix: ")]
+    flags = ("--use-megatron-fsdp --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads_params "
+             "--overlap-grad-reduce --overlap-param-gather --ckpt-format fsdp_dtensor")
+    assert len(fix) == 1 and fix[0].startswith(f"fix: {flags} -> peak 50.0 GiB (fits; step ")
+    assert "sharding zero3" not in fix[0]
+    assert run_main("plan", _script(tmp_path, flags, "fsdp.sh"), "--cluster", "dgx-h100") == 0
+    assert "this mesh (tp 8 x pp 1): timeline peak 50.04 GiB, fits" in capsys.readouterr().out
