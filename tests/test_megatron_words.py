@@ -37,3 +37,29 @@ def test_memory_fix_names_megatron_fsdp_flags_and_they_fit(tmp_path, capsys):
     assert "sharding zero3" not in fix[0]
     assert run_main("plan", _script(tmp_path, flags, "fsdp.sh"), "--cluster", "dgx-h100") == 0
     assert "this mesh (tp 8 x pp 1): timeline peak 50.04 GiB, fits" in capsys.readouterr().out
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+LLAMA8B = EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args"  # 32 layers at pp 2: 16 per stage
+
+
+def _chunked(tmp_path: Path, per_chunk: int) -> Path:
+    f = tmp_path / f"chunk{per_chunk}.args"
+    f.write_text(LLAMA8B.read_text() + f"--num-layers-per-virtual-pipeline-stage {per_chunk}\n")
+    return f
+
+
+def test_virtual_stage_layers_that_do_not_divide_a_stage_get_the_values_that_do(tmp_path, capsys):
+    """Finding 3: 5 layers per virtual stage do not divide Llama 3 8B's 32 / pp 2 = 16 layers per
+    stage (Megatron-LM asserts they do); the fix lists 16's divisors below 16, and each of them
+    imports as 16 / value virtual stages per rank."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    assert run_main("plan", _chunked(tmp_path, 5), "--cluster", "dgx-h100", "--nodes", "2") == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: --num-layers-per-virtual-pipeline-stage: 5 does not divide the 32 layers / pp 2 = 16 per stage "
+        "(Megatron-LM asserts it does); fix: --num-layers-per-virtual-pipeline-stage 1, 2, 4 or 8 (16, 8, 4 or 2 "
+        "virtual stages per rank), or drop it for no interleaving (16, the whole stage)")
+    for per_chunk, vpp in ((1, 16), (2, 8), (4, 4), (8, 2)):
+        cfg = load_any(_chunked(tmp_path, per_chunk), opts=ImportOptions(cluster="dgx-h100", nodes=2))
+        assert (cfg.mesh.virtual_stages, cfg.mesh.pp_schedule) == (vpp, "interleaved_1f1b")
