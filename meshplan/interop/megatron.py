@@ -103,16 +103,18 @@ from typing import Any, Optional
 
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
+from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
+from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
-__all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
+__all__ = ["PARALLEL", "USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -123,9 +125,6 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion"}
-PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
-            "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
-            "--expert-tensor-parallel-size": "etp"}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -173,9 +172,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
     dense = deg["tp"] * deg["cp"] * deg["pp"]
     if world % dense:
-        raise ConfigError("--tensor-model-parallel-size", f"tp({deg['tp']}) * cp({deg['cp']}) * pp({deg['pp']}) = "
-                          f"{dense} does not divide world {world} (Megatron-LM's rule, dp = world / (tp*cp*pp)); "
-                          f"give --nodes so that the world is a multiple of {dense}")
+        raise megatron_world_error(deg, world, int(cluster["nodes"]), model_layers(model))
     dp = world // dense
     layers = model_layers(model)
     # etp 1 beside tp > 1 and ep > 1 is named: a [mesh] without etp gets etp = tp under megatron
