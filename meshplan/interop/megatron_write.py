@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP, PLANNED_CP,
                                              PLANNED_DISPATCHER, SHARDING)
 from meshplan.interop.megatron_model import model_flags
@@ -97,8 +98,8 @@ def sharding_flags(sharding: str, fsdp: bool = False) -> list[str]:
 def write_notes(cfg: Config) -> list[str]:
     """Header lines of a Megatron-LM export (comment lines of the file): ``--max-position-embeddings``
     raised to the sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``)
-    when the model's ``max_position`` is shorter; under Megatron FSDP the environment it needs
-    (:func:`fsdp_env_note`). (An MoE plan's routing needs none: unset it is dropless,
+    when the model's ``max_position`` is shorter; the environment Megatron-LM asserts: under Megatron
+    FSDP :func:`fsdp_env_note`'s, else :func:`~meshplan.interop.megatron_env.env_note`'s. (An MoE plan's routing needs none: unset it is dropless,
     Megatron-LM's own default, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`, and
     :func:`write` writes the capacity factor of a plan that drops tokens.)"""
     m, seq = cfg.model, cfg.training.seq_len
@@ -106,7 +107,7 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg)
+    return out + fsdp_env_note(cfg) + env_note(cfg)
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:
