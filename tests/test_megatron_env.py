@@ -113,3 +113,19 @@ def test_launch_sets_it_for_a_megatron_plan(tmp_path):
     assert _launched(tmp_path, fsdp) == "unset"
     # a torch plan (torchtitan) at tp 2: Megatron-LM's rule does not apply, the environment is left as it is
     assert _launched(tmp_path, EXAMPLES / "mini_2x4_tp2-dp4.toml") == "32"
+
+
+def test_search_export_writes_it_too(tmp_path):
+    """search --export --to megatron goes through the same export: a row at tp 2 on H100 (the
+    example imported, [search] held at tp 2, pp 1, zero1) gets the export line in its header."""
+    toml = tmp_path / "s.toml"
+    assert run_main("import", "auto", ARGS, "--cluster", "dgx-h100", "--nodes", "2", "-o", toml) == 0
+    toml.write_text(toml.read_text() + '\n[search]\ntp = [2]\npp = [1]\nsharding = ["zero1"]\ntop = 1\n')
+    out = tmp_path / "row1.args"
+    assert run_main("search", toml, "--export", "1", "--to", "megatron", "-o", out) == 0
+    lines = out.read_text().splitlines()
+    assert "--tensor-model-parallel-size 2" in lines and "--use-megatron-fsdp" not in lines
+    assert [line for line in lines if line.startswith("# environment")] == [
+        f"# environment: export {ENV}=1 before launching: Megatron-LM asserts it is 1 with tp 2 on GPUs before "
+        f"Blackwell (h100-sxm5-80gb: compute capability 9) (arguments.py validate_args at Megatron-LM d98e8a6); "
+        f"meshplan launch's torchrun.sh sets it"]
