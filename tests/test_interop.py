@@ -163,9 +163,11 @@ def test_megatron_world_and_nnodes_errors(tmp_path):
         g.write_text(f.read_text().replace("$NNODES", bad))
         with pytest.raises(ConfigError, match=r"^--nodes: the launch script's --nnodes is"):
             load_any(g, opts=ImportOptions(cluster="dgx-h100"))
-    # 2 nodes = 16 GPUs: tp 8 * pp 3 = 24 does not divide it
-    with pytest.raises(ConfigError, match=r"^--tensor-model-parallel-size: tp\(8\) \* cp\(1\) \* pp\(3\) = 24 does "
-                                          r"not divide world 16 .* a multiple of 24"):
+    # 2 nodes = 16 GPUs: tp 8 * pp 3 = 24 does not divide it; pp (tp 8 alone cannot: 3 does not divide 16)
+    # at 16 / 8 = 2, or 3 nodes (24 GPUs, planned below)
+    with pytest.raises(ConfigError, match=r"^--pipeline-model-parallel-size: --tensor-model-parallel-size 8 x "
+                                          r"--pipeline-model-parallel-size 3 = 24 does not divide the world, --nodes 2 "
+                                          r"x 8 GPUs = 16; .*fix: --pipeline-model-parallel-size 2 .*or --nodes 3 "):
         load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=2))
     cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=3, seq_len=2048))  # 24 GPUs: dp 1
     assert (cfg.mesh.shape, cfg.training.seq_len) == ([3, 1, 8], 2048)

@@ -45,8 +45,14 @@ def test_megatron_fsdp_export_writes_the_distributed_optimizer_and_the_environme
     assert (tp_clause in env[0]) if tp_clause else "warns" not in env[0]
 
 
-def test_megatron_ddp_export_has_no_environment_line():
+def test_megatron_ddp_export_has_no_unset_line():
+    """DDP with the distributed optimizer at tp 2 on H100: not Megatron FSDP's unset line but the
+    export of 1 that validate_args asserts there (lines 1453-1479; tests/test_megatron_env.py);
+    at tp 1 no line at all."""
     text, header = export(config_from_dict(_cfg("zero1", ["dp", "tp"], [4, 2])), "megatron", "t")
+    env = [h for h in header if "CUDA_DEVICE_MAX_CONNECTIONS" in h]
+    assert len(env) == 1 and env[0].startswith("environment: export CUDA_DEVICE_MAX_CONNECTIONS=1 before launching")
+    _, header = export(config_from_dict(_cfg("zero1", ["dp"], [8])), "megatron", "t")
     assert [h for h in header if "CUDA_DEVICE_MAX_CONNECTIONS" in h] == []
     assert text.splitlines().count("--use-distributed-optimizer") == 1 and "--use-megatron-fsdp" not in text
 

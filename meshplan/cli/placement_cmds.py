@@ -25,6 +25,7 @@ from meshplan.comm.nccl_check import check_log
 from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
+from meshplan.interop.megatron_env import launch_env
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, RANK_SCOPE_TRADE, bindings, write_bindings
 from meshplan.placement.choice import choose_placement, for_command
@@ -168,8 +169,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                json_path: Optional[Path] = _json_option("launch"),
                force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
     """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
-    (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
-    A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
+    (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables;
+    for a Megatron-LM plan CUDA_DEVICE_MAX_CONNECTIONS as its validate_args asserts it). A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
     (train.py) is refused: bind.sh execs it as a command; give -- python train.py."""
 
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
@@ -191,7 +192,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
-                         partition=partition, time_limit=time_limit)
+                         partition=partition, time_limit=time_limit, env=launch_env(p.config))
     written = write_launch(out, c.placement, opts, force=force)
     for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)

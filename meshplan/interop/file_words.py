@@ -21,7 +21,8 @@ so that the line stays true):
 - a setting of a fix or a ``hint:`` line (``recompute full``, ``training.reshard_after_forward = false``,
   ``mesh.pp_schedule = "interleaved_1f1b"``) as the key and value to write (``activation_checkpoint.mode
   = "full"``, ``parallelism.fsdp_reshard_after_forward = "never"``, ``"Interleaved1F1B"``;
-  ``--recompute-granularity full``);
+  ``--recompute-granularity full``; ``sharding zero3`` as the Megatron FSDP flags that
+  ``export --to megatron`` writes for it, :func:`~meshplan.interop.megatron_write.sharding_flags`);
 - ``mesh.shape [...]`` as the degrees it changes against the config's mesh
   (``parallelism.expert_parallel_degree = 8``, ``--expert-model-parallel-size 8``);
 - in the ``fix:`` part of a line, a mesh axis followed by its degree (``tp 4``, ``tp x2``) as the
@@ -36,6 +37,7 @@ from typing import Callable
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.megatron_write import sharding_flags
 from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
 from meshplan.interop.world_words import KEYS
 
@@ -65,6 +67,8 @@ SETTINGS: dict[str, dict[str, str]] = {
     | {f"mesh.pp_schedule = \"{ours}\"": f"parallelism.pipeline_parallel_schedule = \"{theirs}\""
        for ours, theirs in SCHEDULE_NAMES.items()},
     "megatron": {"recompute full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
+                 # what ``export --to megatron`` writes for zero3: Megatron FSDP's flags (megatron_write)
+                 "sharding zero3": " ".join(sharding_flags("zero3")),
                  "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel"},
     "deepspeed": {"recompute full": "an activation_checkpointing section (deepspeed.checkpointing on every block)"},
 }

@@ -41,6 +41,8 @@ from meshplan.interop import (
     torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
+from meshplan.interop.launch import parse_launch
+from meshplan.interop.megatron_env import carried_env
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
@@ -215,6 +217,7 @@ class UserFile(NamedTuple):
     doc: dict
     float8: Float8Spelling = Float8Spelling.CURRENT
     name: str = ""
+    env: tuple[tuple[str, str], ...] = ()  # a Megatron-LM launch script's exports (megatron_env.carried_env)
 
 
 #: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
@@ -238,7 +241,9 @@ def user_source(path, fmt: str | None = None) -> UserFile | None:
     if fmt == "deepspeed":
         return UserFile(fmt, parse_json(_text(p), "config", str(p), "give a DeepSpeed JSON config", unique_keys=True))
     if fmt == "megatron":
-        return UserFile(fmt, megatron.parse_args(_text(p)))
+        exported: dict[str, str] = {}
+        flags = parse_launch(_text(p), megatron.SWITCHES, exported=exported)[0]
+        return UserFile(fmt, flags, env=tuple(exported.items()))
     return None
 
 
@@ -345,7 +350,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         body = "\n".join(args) + "\n"
         head += _rewritten(user, to, source, megatron.parse_args(body), megatron_carry.rewritten_args)
-        head += megatron.write_notes(cfg)
+        head += megatron.write_notes(cfg) + carried_env(user.env if user and user.fmt == to else (), source)
         again = megatron.read(body, opts)
         cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)

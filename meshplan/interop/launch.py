@@ -21,15 +21,18 @@ SWITCHES = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_p
             "--virtual-local-rank", "--virtual_local_rank")
 
 
-def parse_launch(text: str, switches: Collection[str] = (),
-                 repeated: Optional[dict[str, list[Any]]] = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[dict[str, list[Any]]] = None,
+                 exported: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the script's flags, the launcher's options) of an arguments file or launch script
     (module docstring); ``switches``: the flags that take no value; ``repeated`` (when
     given) receives each script flag given more than once with its values in order
-    (:func:`pairs`).
+    (:func:`pairs`); ``exported`` (when given) receives the environment the script exports
+    (``export NAME=value ...``, values substituted), which the training processes inherit.
 
-    >>> parse_launch('A="--nnodes 2"\\ntorchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4')
-    ({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'})
+    >>> seen = {}
+    >>> parse_launch('export CUDA_DEVICE_MAX_CONNECTIONS=1 N=2\\nA="--nnodes $N"\\n'
+    ...              'torchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4', exported=seen), seen
+    (({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'}), {'CUDA_DEVICE_MAX_CONNECTIONS': '1', 'N': '2'})
     """
     env: dict[str, str] = {}
     tokens: list[str] = []
@@ -39,6 +42,8 @@ def parse_launch(text: str, switches: Collection[str] = (),
             env[m.group(1)] = subst(m.group(2), env)
             continue
         tokens.extend(shlex.split(subst(tok, env)) if "$" in tok else [tok])
+    if exported is not None:
+        exported.update(exports(text, env))
     launcher: list[str] = []
     for i, tok in enumerate(tokens):
         if tok.rsplit("/", 1)[-1] in LAUNCHERS:
@@ -46,6 +51,28 @@ def parse_launch(text: str, switches: Collection[str] = (),
             launcher, tokens = tokens[i + 1:end], tokens[:i] + tokens[end:]
             break
     return pairs(tokens, switches, repeated), pairs(launcher, SWITCHES)
+
+
+def exports(text: str, env: dict[str, str]) -> dict[str, str]:
+    """``NAME: value`` of each ``export NAME=value ...`` line of ``text`` (lines joined at ``\\``),
+    values substituted from ``env``; an ``export`` that does not split into words is skipped (the
+    flags' reading, :func:`words`, names it).
+
+    >>> exports("export A=1 B=$A  # both\\nC=3\\nexport D", {"A": "1"})
+    {'A': '1', 'B': '1'}
+    """
+    out: dict[str, str] = {}
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        m = re.match(r"\s*export\s+(.*)", line)
+        try:
+            parts = shlex.split(m.group(1), comments=True) if m else []
+        except ValueError:
+            continue
+        for part in parts:
+            a = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", part, re.S)
+            if a:
+                out[a.group(1)] = subst(a.group(2), env)
+    return out
 
 
 def words(text: str) -> list[str]:

@@ -86,7 +86,10 @@ Megatron-LM                              meshplan
                                            (a mismatch on import is a note)
 CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's header (a comment line) says to
                                            unset it, as Megatron-LM asserts it is not 1 there
-                                           (:data:`~meshplan.interop.megatron_flags.FSDP_ENV`)
+                                           (:data:`~meshplan.interop.megatron_flags.FSDP_ENV`); with tp or cp > 1
+                                           before Blackwell to export it as 1, as it asserts there; a launch
+                                           script's export of it is read into a note, its other exports listed
+                                           as not used (:mod:`~meshplan.interop.megatron_env`)
 --no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
                                            default): a note; not written, carried from the user's arguments
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
@@ -103,18 +106,22 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
+from meshplan.interop.megatron_env import import_note
+from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
+from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
-__all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
+__all__ = ["PARALLEL", "USED", "accounted_split", "exported_model", "parse_args", "read", "unstated", "write", "write_notes"]
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -125,9 +132,6 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion"}
-PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
-            "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
-            "--expert-tensor-parallel-size": "etp"}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -159,7 +163,8 @@ def parse_args(text: str) -> dict[str, Any]:
 def read(text: str, opts: ImportOptions) -> Imported:
     """meshplan tables of Megatron-LM arguments (module docstring)."""
     repeated: dict[str, list[Any]] = {}
-    args, launcher = parse_launch(text, SWITCHES, repeated)
+    exported: dict[str, str] = {}
+    args, launcher = parse_launch(text, SWITCHES, repeated, exported)
     bare = {f[2:] for f in USED}
     for flag in args:
         hit = None if flag in USED or flag in NEAR_FLAGS else near_miss(flag[2:], bare)
@@ -175,9 +180,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
     dense = deg["tp"] * deg["cp"] * deg["pp"]
     if world % dense:
-        raise ConfigError("--tensor-model-parallel-size", f"tp({deg['tp']}) * cp({deg['cp']}) * pp({deg['pp']}) = "
-                          f"{dense} does not divide world {world} (Megatron-LM's rule, dp = world / (tp*cp*pp)); "
-                          f"give --nodes so that the world is a multiple of {dense}")
+        raise megatron_world_error(deg, world, int(cluster["nodes"]), model_layers(model))
     dp = world // dense
     layers = model_layers(model)
     # etp 1 beside tp > 1 and ep > 1 is named: a [mesh] without etp gets etp = tp under megatron
@@ -217,7 +220,9 @@ def read(text: str, opts: ImportOptions) -> Imported:
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
-    unused = tuple(k for k in args if k not in USED)
+    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], sharding not in ("none", "zero1")
+                         or any(args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2")), bool(launcher))
+    unused = tuple(k for k in args if k not in USED) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
     memory |= flags.bucket(args, training, notes)
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
@@ -231,6 +236,15 @@ def read(text: str, opts: ImportOptions) -> Imported:
         notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
                      f"job's checkpoint interval is not set beside the optimal one")
     return Imported("megatron", tables, unused, tuple(notes))
+
+
+def _gpu_name(cluster: dict) -> str:
+    """The catalog name of the GPU of a [cluster] table (:func:`~meshplan.interop.common.cluster_table`):
+    its ``gpu`` (a name, or a resolved cluster's GPU fields), else its catalog node's."""
+    gpu = cluster.get("gpu")
+    if isinstance(gpu, dict):
+        return str(gpu.get("name", ""))
+    return str(gpu) if gpu else str(catalog.entry("node", cluster["system"])["gpu"])
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:

@@ -14,6 +14,11 @@ from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.megatron_model import int_flag as _int
 
+#: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
+#: infers it as world / (tp x cp x pp).
+PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+            "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
+            "--expert-tensor-parallel-size": "etp"}
 #: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
 #: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
 #: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,

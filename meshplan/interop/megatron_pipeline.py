@@ -46,8 +46,7 @@ def read_pipeline(args: dict, pp: int, layers: int) -> dict:
     if per_chunk:
         stage = layers // pp
         if split is not None or layers % pp or stage % per_chunk:
-            raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the "
-                              f"{layers} layers / pp {pp} per stage")
+            raise chunk_error(per_chunk, layers, pp, split)
         vpp = stage // per_chunk
     if split is not None and vpp > 1 and any(n % vpp for n in split):
         # Megatron-Core's TransformerConfig: each stage's layers a multiple of the virtual stages
@@ -66,6 +65,43 @@ def read_pipeline(args: dict, pp: int, layers: int) -> dict:
     if vpp > 1:
         out |= {"virtual_stages": vpp, "pp_schedule": "interleaved_1f1b"}
     return out
+
+
+def chunk_error(per_chunk: int, layers: int, pp: int, split) -> ConfigError:
+    """The one-line error of a ``--num-layers-per-virtual-pipeline-stage`` Megatron-LM refuses, with
+    its fix: ``arguments.py`` ``validate_args`` (d98e8a6, lines 953-975) asserts that the layers
+    divide over pp and the flag divides the layers per stage, and wants
+    ``--num-virtual-stages-per-pipeline-rank`` with ``--decoder-first/last-pipeline-num-layers``
+    (``split``, the layers per stage those give). The fix lists the values that divide a stage,
+    each giving stage / value virtual stages per rank; the whole stage is one: no interleaving.
+    Llama 3 8B (32 layers) at pp 2:
+
+    >>> print(chunk_error(5, 32, 2, None))
+    --num-layers-per-virtual-pipeline-stage: 5 does not divide the 32 layers / pp 2 = 16 per stage (Megatron-LM \
+asserts it does); fix: --num-layers-per-virtual-pipeline-stage 1, 2, 4 or 8 (16, 8, 4 or 2 virtual stages per \
+rank), or drop it for no interleaving (16, the whole stage)
+    """
+    flag = "--num-layers-per-virtual-pipeline-stage"
+    if split is not None:
+        return ConfigError(flag, f"is not read with --decoder-first/last-pipeline-num-layers (Megatron-LM asserts "
+                           f"--num-virtual-stages-per-pipeline-rank there); fix: give --num-virtual-stages-per-"
+                           f"pipeline-rank N instead, N dividing each stage's layers {split}")
+    if layers % pp:
+        return ConfigError(flag, f"{per_chunk}: the {layers} layers do not divide over pp {pp} (Megatron-LM asserts "
+                           f"they do with this flag); fix: a pp that divides {layers}, or --num-virtual-stages-per-"
+                           f"pipeline-rank with --decoder-first/last-pipeline-num-layers")
+    stage = layers // pp
+    ok = [d for d in range(1, stage) if stage % d == 0]
+    fix = (f"{flag} {_either(ok)} ({_either([stage // d for d in ok])} virtual stages per rank), or drop it"
+           if ok else "drop it") + f" for no interleaving ({stage}, the whole stage)"
+    return ConfigError(flag, f"{per_chunk} does not divide the {layers} layers / pp {pp} = {stage} per stage "
+                       f"(Megatron-LM asserts it does); fix: {fix}")
+
+
+def _either(values: list[int]) -> str:
+    """``1, 2, 4 or 8``: the values in a line."""
+    words = [str(v) for v in values]
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 
 
 #: Megatron-LM's switches that count the embedding and the loss as a layer each in the split.

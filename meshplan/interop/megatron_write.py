@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP, PLANNED_CP,
                                              PLANNED_DISPATCHER, SHARDING)
 from meshplan.interop.megatron_model import model_flags
@@ -44,7 +45,7 @@ def write(cfg: Config) -> list[str]:
     out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
-    out += _write_sharding(t.sharding, t.megatron_fsdp)
+    out += sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     bucket = cfg.memory.grad_bucket_elements
     out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
@@ -76,7 +77,7 @@ def write(cfg: Config) -> list[str]:
     return out
 
 
-def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
+def sharding_flags(sharding: str, fsdp: bool = False) -> list[str]:
     """Megatron-LM's flags of ``training.sharding``: Megatron FSDP's ``--data-parallel-sharding-strategy``
     for zero2 and zero3, and for none and zero1 under ``training.megatron_fsdp`` (else DDP, and the
     distributed optimizer for zero1); zero2 and zero3 with the overlap flags the plan assumes
@@ -84,7 +85,7 @@ def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
     with the distributed optimizer it runs (:data:`FSDP_OPTIMIZER`, which Megatron-LM sets itself at
     d98e8a6 and needed given before ab43d43) and the checkpoint format it requires (:data:`FSDP_CKPT`).
 
-    >>> _write_sharding("zero1"), _write_sharding("zero1", fsdp=True)[:3]
+    >>> sharding_flags("zero1"), sharding_flags("zero1", fsdp=True)[:3]
     (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--use-distributed-optimizer', '--data-parallel-sharding-strategy optim'])
     """
     if sharding in ("none", "zero1") and not fsdp:
@@ -97,8 +98,8 @@ def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
 def write_notes(cfg: Config) -> list[str]:
     """Header lines of a Megatron-LM export (comment lines of the file): ``--max-position-embeddings``
     raised to the sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``)
-    when the model's ``max_position`` is shorter; under Megatron FSDP the environment it needs
-    (:func:`fsdp_env_note`). (An MoE plan's routing needs none: unset it is dropless,
+    when the model's ``max_position`` is shorter; the environment Megatron-LM asserts: under Megatron
+    FSDP :func:`fsdp_env_note`'s, else :func:`~meshplan.interop.megatron_env.env_note`'s. (An MoE plan's routing needs none: unset it is dropless,
     Megatron-LM's own default, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`, and
     :func:`write` writes the capacity factor of a plan that drops tokens.)"""
     m, seq = cfg.model, cfg.training.seq_len
@@ -106,12 +107,12 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg)
+    return out + fsdp_env_note(cfg) + env_note(cfg)
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:
     """The header line of a Megatron FSDP export (sharding zero2 or zero3, or
-    ``training.megatron_fsdp``: what :func:`_write_sharding` writes ``--use-megatron-fsdp`` for)
+    ``training.megatron_fsdp``: what :func:`sharding_flags` writes ``--use-megatron-fsdp`` for)
     on :data:`FSDP_ENV`, which Megatron-LM asserts is not 1 there; with tp or cp > 1 the clause
     that Megatron-LM warns before Blackwell (arguments.py:1453-1465 at d98e8a6). Nothing otherwise.
 

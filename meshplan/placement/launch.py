@@ -101,7 +101,9 @@ class LaunchOptions:
     Slurm ``--nodelist``; ``transport``/``nic_scope`` as in :mod:`~meshplan.placement.bindings`;
     ``socket_ifname``: the bootstrap interface under ``ib``, the data interface under
     ``socket``; ``cpu_bind``: numactl, taskset
-    or none; Slurm ``job_name``, ``partition``, ``time_limit``."""
+    or none; Slurm ``job_name``, ``partition``, ``time_limit``; ``env``: variables ``torchrun.sh``
+    exports to every process (name, value, or None to unset it, why: a comment above it), such as
+    Megatron-LM's ``CUDA_DEVICE_MAX_CONNECTIONS`` (:func:`meshplan.interop.megatron_env.launch_env`)."""
 
     program: tuple[str, ...]
     rdzv_endpoint: Optional[str] = None
@@ -114,6 +116,7 @@ class LaunchOptions:
     job_name: str = "meshplan"
     partition: Optional[str] = None
     time_limit: str = "01:00:00"
+    env: tuple[tuple[str, Optional[str], str], ...] = ()
 
 
 def parse_endpoint(text: str, field_name: str = "--rdzv-endpoint") -> tuple[str, int]:
@@ -272,6 +275,7 @@ def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
         "exit 2; fi",
         "node_rank=${NODE_RANK:-${SLURM_NODEID:-}}",
         "rdzv_id=${MESHPLAN_RDZV_ID:-${SLURM_JOB_ID:-meshplan}}",
+        *_env_lines(opts.env),
         "set --",
         'if [ -n "$node_rank" ]; then',
         '  is_host=0; if [ "$node_rank" = 0 ]; then is_host=1; fi',
@@ -282,6 +286,19 @@ def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
         f"exec ${{TORCHRUN:-torchrun}} --nnodes={nodes} --nproc-per-node={g} --rdzv-backend=c10d "
         f'--rdzv-endpoint="$endpoint" --rdzv-id="$rdzv_id" --max-restarts=0 "$@" --no-python "$here/bind.sh" '
         + _sh(opts.program), ""])
+
+
+def _env_lines(env: tuple[tuple[str, Optional[str], str], ...]) -> list[str]:
+    """``torchrun.sh``'s lines for :attr:`LaunchOptions.env`: each a comment saying why, then
+    ``export NAME=value`` (quoted) or ``unset NAME``.
+
+    >>> _env_lines((("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron-LM asserts it"),))
+    ['# CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM asserts it', 'export CUDA_DEVICE_MAX_CONNECTIONS=1']
+    """
+    out = []
+    for name, value, why in env:
+        out += [f"# {name}: {why}", f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"]
+    return out
 
 
 def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> str:

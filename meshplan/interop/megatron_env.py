@@ -1,0 +1,131 @@
+"""``CUDA_DEVICE_MAX_CONNECTIONS``, the environment variable Megatron-LM checks at start-up (megaenv
+finding 1): one rule (:func:`max_connections`) for the three places that speak of it, the header of
+``export --to megatron`` (:func:`env_note`), ``launch``'s ``torchrun.sh`` for a Megatron-LM plan
+(:func:`launch_env`) and the import of a launch script that exports it (:func:`import_note`); the
+script's other exports are listed by the import as not used and carried into an export's header
+(:func:`carried_env`), as its unplanned flags are carried.
+
+The rule, ``megatron/training/arguments.py`` ``validate_args`` at NVIDIA/Megatron-LM d98e8a6:
+
+- lines 1453-1479: with ``tensor_model_parallel_size > 1`` or ``context_parallel_size > 1`` and
+  ``get_device_arch_version() < 10`` (the compute capability's major, ``torch.cuda.
+  get_device_properties(...).major``, megatron/training/utils/common_utils.py:527; "no longer
+  exists since the Blackwell architecture"), it asserts ``CUDA_DEVICE_MAX_CONNECTIONS == "1"``
+  unless Torch FSDP2 or Megatron FSDP runs (then only a warning) or
+  ``--overlap-moe-expert-parallel-comm`` (which meshplan neither reads nor writes);
+- lines 1048 and 1166: under ``--use-torch-fsdp2`` and ``--use-megatron-fsdp`` it asserts the
+  variable is not ``"1"``, whatever tp and cp (:func:`~meshplan.interop.megatron_write.fsdp_env_note`
+  says so in an export's header).
+
+Sequence parallelism needs tp > 1 (Megatron-LM), so it is covered by the tp condition.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Optional
+
+from meshplan.config import Config
+from meshplan.interop.megatron_flags import FSDP_ENV
+from meshplan.interop.tomlout import resolved
+
+#: The compute capability major of each catalog GPU, what Megatron-LM's ``get_device_arch_version``
+#: returns: NVIDIA's CUDA GPU compute capability table (developer.nvidia.com/cuda-gpus): A100 8.0,
+#: H100 / H800 / H200 9.0 (Hopper), B200 and GB200 10.0 (Blackwell); MI300X (gfx942) reports major
+#: 9 under ROCm (HIP's ``hipDeviceProp_t.major``/``minor`` 9.4 for gfx942, which torch.cuda reports).
+ARCH_MAJOR = {"a100-sxm-80gb": 8, "a100-sxm-40gb": 8, "h100-sxm5-80gb": 9, "h100-hbm2e-96gb-500w": 9,
+              "h800-sxm-80gb": 9, "h200-sxm-141gb": 9, "b200-sxm-180gb": 10, "b200-gb200-186gb": 10,
+              "mi300x-oam-192gb": 9}
+#: The first major Megatron-LM exempts (``get_device_arch_version() < 10``).
+BLACKWELL = 10
+#: Where the rule is, for the lines that cite it.
+SOURCE = "arguments.py validate_args at Megatron-LM d98e8a6"
+
+
+def max_connections(gpu: str, tp: int, cp: int, fsdp: bool) -> tuple[Optional[str], str]:
+    """(what Megatron-LM needs of :data:`FSDP_ENV` on ``gpu`` (a catalog name) at ``tp`` and ``cp``,
+    ``fsdp`` meaning Torch FSDP2 or Megatron FSDP: ``"1"``, ``"unset"`` (not 1) or None (nothing),
+    why in words) by the module's rule. A GPU :data:`ARCH_MAJOR` does not know is taken as before
+    Blackwell, and the words say so: 1 is then what Megatron-LM asserts, and harmless after.
+
+    >>> max_connections("h100-sxm5-80gb", 8, 1, False)
+    ('1', 'Megatron-LM asserts it is 1 with tp 8 on GPUs before Blackwell (h100-sxm5-80gb: compute capability 9)')
+    >>> max_connections("b200-sxm-180gb", 8, 1, False)[0], max_connections("h100-sxm5-80gb", 1, 1, False)[0]
+    (None, None)
+    >>> max_connections("a100-sxm-80gb", 1, 2, True)[0]
+    'unset'
+    """
+    if fsdp:
+        return "unset", "Megatron-LM asserts it is not 1 under --use-megatron-fsdp and --use-torch-fsdp2"
+    parallel = " and ".join(f"{a} {d}" for a, d in (("tp", tp), ("cp", cp)) if d > 1)
+    if not parallel:
+        return None, "Megatron-LM asserts nothing of it at tp 1 and cp 1"
+    major = ARCH_MAJOR.get(gpu)
+    if major is not None and major >= BLACKWELL:
+        return None, f"Megatron-LM asserts nothing of it on Blackwell and later ({gpu}: compute capability {major})"
+    arch = f"compute capability {major}" if major is not None else "not in meshplan's table, taken as before Blackwell"
+    return "1", f"Megatron-LM asserts it is 1 with {parallel} on GPUs before Blackwell ({gpu}: {arch})"
+
+
+def plan_rule(cfg: Config) -> tuple[Optional[str], str]:
+    """:func:`max_connections` of a config: its GPU, its mesh's tp and cp, and Megatron FSDP where
+    the export writes ``--use-megatron-fsdp`` (sharding zero2 or zero3, or ``training.megatron_fsdp``)."""
+    mesh, t = resolved(cfg), cfg.training
+    deg = {a: mesh.layout.degree(a) if a in mesh.layout.names else 1 for a in ("tp", "cp")}
+    fsdp = t.sharding not in ("none", "zero1") or bool(t.megatron_fsdp)
+    return max_connections(cfg.cluster.gpu.name, deg["tp"], deg["cp"], fsdp)
+
+
+def env_note(cfg: Config) -> list[str]:
+    """The header line of ``export --to megatron`` where Megatron-LM asserts :data:`FSDP_ENV` is 1
+    (:func:`plan_rule`; Megatron FSDP's ``unset`` line is
+    :func:`~meshplan.interop.megatron_write.fsdp_env_note`'s); nothing otherwise."""
+    value, why = plan_rule(cfg)
+    if value != "1":
+        return []
+    return [f"environment: export {FSDP_ENV}=1 before launching: {why} ({SOURCE}); meshplan launch's torchrun.sh "
+            f"sets it"]
+
+
+def launch_env(cfg: Config) -> tuple[tuple[str, Optional[str], str], ...]:
+    """What ``torchrun.sh`` sets for a plan of ``cfg`` as (name, value or None to unset, why):
+    under ``training.framework = "megatron"`` :data:`FSDP_ENV` 1 or unset by :func:`plan_rule`;
+    nothing for another framework or where Megatron-LM asserts nothing."""
+    if cfg.training.framework != "megatron":
+        return ()
+    value, why = plan_rule(cfg)
+    return () if value is None else ((FSDP_ENV, None if value == "unset" else value, f"{why} ({SOURCE})"),)
+
+
+def import_note(exported: dict[str, str], gpu: str, tp: int, cp: int, fsdp: bool, script: bool) -> list[str]:
+    """The import's note on :data:`FSDP_ENV` of a Megatron-LM file whose ``exported`` variables
+    (``export NAME=value`` lines) are given: its value against :func:`max_connections`; where the
+    file is a launch ``script`` (a launcher in it) that does not export it and Megatron-LM asserts
+    it is 1, a note saying so. Export and launch write it by the rule, whatever the file had.
+
+    >>> import_note({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "h100-sxm5-80gb", 1, 1, True, True)[0][:100]
+    'export CUDA_DEVICE_MAX_CONNECTIONS=1 in the script: Megatron-LM asserts it is not 1 under --use-mega'
+    """
+    value = exported.get(FSDP_ENV)
+    need, why = max_connections(gpu, tp, cp, fsdp)
+    if value is None:
+        return [f"{FSDP_ENV} not exported by the script: {why}; export it as 1 (export --to megatron's header and "
+                f"meshplan launch's torchrun.sh do)"] if need == "1" and script else []
+    given = f"export {FSDP_ENV}={value} in the script"
+    if (need == "1" and value != "1") or (need == "unset" and value == "1"):
+        fix = "set it to 1" if need == "1" else "unset it (or set it above 1)"
+        return [f"{given}: {why} ({SOURCE}); {fix} (export --to megatron's header and meshplan launch's "
+                f"torchrun.sh do)"]
+    return [f"{given}: read ({why}); export --to megatron and meshplan launch write it by that rule"]
+
+
+def carried_env(exported: tuple[tuple[str, str], ...], source: str) -> list[str]:
+    """The header line of ``export --to megatron`` carrying the user's script's other exports
+    (``export NCCL_IB_TIMEOUT=19``; :data:`FSDP_ENV` is the rule's, :func:`env_note`), values
+    quoted for the shell where they need it; nothing where there are none.
+
+    >>> carried_env((("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("NCCL_IB_TIMEOUT", "19"), ("X", "a b")), "job.sh")
+    ["environment carried unchanged from job.sh: export NCCL_IB_TIMEOUT=19 X='a b'"]
+    """
+    kept = [f"{k}={shlex.quote(v)}" for k, v in exported if k != FSDP_ENV]
+    return [f"environment carried unchanged from {source}: export {' '.join(kept)}"] if kept else []
