@@ -113,7 +113,7 @@ from meshplan.interop.torchtitan_tables import (
     read_optimizer,
     read_recompute,
 )
-from meshplan.pipeline.zb_h1 import multi_stage_refusal
+from meshplan.spec.mesh import multi_stage_refusal
 from meshplan.spec.axes.ep import TORCH_ETP
 from meshplan.spec.axes.tp import tp_misfit
 

@@ -25,7 +25,7 @@ from typing import Any
 from meshplan.errors import ConfigError, did_you_mean
 
 #: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names
-#: (InterleavedZeroBubble: zb_h1, at one stage per rank only, ``zb_h1.multi_stage_refusal``).
+#: (InterleavedZeroBubble: zb_h1, at one stage per rank only, ``spec.mesh.multi_stage_refusal``).
 SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b", "zbvzerobubble": "zbv",
              "dualpipev": "dualpipev", "interleavedzerobubble": "zb_h1"}
 #: torchtitan's multi-stage schedules: 2 stages per rank by default (``_get_pipeline_metadata``).

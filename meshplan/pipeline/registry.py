@@ -14,10 +14,10 @@ from meshplan.pipeline.base import PipelineSchedule
 from meshplan.pipeline.gpipe import GPIPE
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.one_f_one_b import ONE_F_ONE_B
-from meshplan.pipeline.zb_h1 import ZB_H1, multi_stage_refusal
+from meshplan.pipeline.zb_h1 import ZB_H1
 from meshplan.pipeline.zbv import ZBV
 from meshplan.pipeline.dualpipev import DUALPIPEV
-from meshplan.spec.mesh import Schedule
+from meshplan.spec.mesh import Schedule, multi_stage_refusal
 
 SCHEDULES: dict[Schedule, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1, ZBV,
                                                                  DUALPIPEV)}
@@ -37,7 +37,7 @@ def check_chunks(schedule: Schedule | str, v: int) -> None:
     ``v > 1`` (the one home of this rule: :func:`meshplan.plan.build_plan` calls it for every
     command, :class:`meshplan.pipeline.simulate.PipelineSpec` for ``step --schedule``); for
     zb_h1, torch's InterleavedZeroBubble, on ``mesh.pp_schedule`` with the words every entry
-    point gives (:func:`~meshplan.pipeline.zb_h1.multi_stage_refusal`).
+    point gives (:func:`~meshplan.spec.mesh.multi_stage_refusal`).
 
     >>> check_chunks("interleaved_1f1b", 2); check_chunks("1f1b", 1)
     >>> check_chunks("1f1b", 2)

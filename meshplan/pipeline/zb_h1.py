@@ -10,7 +10,7 @@ by ``meshplan validate``. torch refuses m that is not a multiple of its rounds
 ``max(1, m // p)`` (:func:`~.base.torch_rounds`; with one chunk the rounds do not change
 the order). With more than one stage per rank (what torchtitan builds for it: a multi-stage
 schedule gets 2 stages per rank unless ``module_fqns_per_model_part`` says otherwise) it is
-not planned: :func:`multi_stage_refusal` is the one message every entry point gives.
+not planned: :func:`meshplan.spec.mesh.multi_stage_refusal` is the one message every entry point gives.
 
 >>> " ".join(u.label() for u in ZB_H1.order(3, 4, 1, 1))
 'F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3'
@@ -68,17 +68,3 @@ class ZBH1(PipelineSchedule):
 
 ZB_H1 = ZBH1()
 
-
-def multi_stage_refusal(v: int) -> str:
-    """The one refusal of torch's InterleavedZeroBubble with ``v > 1`` stages per rank, the same
-    words under ``mesh.pp_schedule`` (with ``mesh.virtual_stages``), ``step --schedule`` and a
-    torchtitan job's ``parallelism.pipeline_parallel_schedule``. meshplan's ZB-H1 is that class
-    at one stage per rank (its order equals torch 2.13's ``_calculate_single_rank_operations``
-    there, tests/test_schedule_registry.py); its interleaved order with more is not modelled.
-
-    >>> multi_stage_refusal(2)
-    "InterleavedZeroBubble (zb_h1) with 2 stages per rank is not planned by meshplan: it plans torch's ScheduleInterleavedZeroBubble with one stage per rank only (zb_h1, the same order); use Interleaved1F1B, ZBVZeroBubble or DualPipeV, or one stage per rank"
-    """
-    return (f"InterleavedZeroBubble (zb_h1) with {v} stages per rank is not planned by meshplan: it plans torch's "
-            f"ScheduleInterleavedZeroBubble with one stage per rank only (zb_h1, the same order); use Interleaved1F1B, "
-            f"ZBVZeroBubble or DualPipeV, or one stage per rank")

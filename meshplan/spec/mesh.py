@@ -42,6 +42,21 @@ def _squash(name: str) -> str:
     return flat.removeprefix("schedule") or flat
 
 
+def multi_stage_refusal(v: int) -> str:
+    """The one refusal of torch's InterleavedZeroBubble with ``v > 1`` stages per rank, the same
+    words under ``mesh.pp_schedule`` (with ``mesh.virtual_stages``), ``step --schedule`` and a
+    torchtitan job's ``parallelism.pipeline_parallel_schedule``. meshplan's ZB-H1 is that class
+    at one stage per rank (its order equals torch 2.13's ``_calculate_single_rank_operations``
+    there, tests/test_schedule_registry.py); its interleaved order with more is not modelled.
+
+    >>> multi_stage_refusal(2)
+    "InterleavedZeroBubble (zb_h1) with 2 stages per rank is not planned by meshplan: it plans torch's ScheduleInterleavedZeroBubble with one stage per rank only (zb_h1, the same order); use Interleaved1F1B, ZBVZeroBubble or DualPipeV, or one stage per rank"
+    """
+    return (f"InterleavedZeroBubble (zb_h1) with {v} stages per rank is not planned by meshplan: it plans torch's "
+            f"ScheduleInterleavedZeroBubble with one stage per rank only (zb_h1, the same order); use Interleaved1F1B, "
+            f"ZBVZeroBubble or DualPipeV, or one stage per rank")
+
+
 #: Every spelling of a schedule that meshplan accepts, by :func:`_squash`: its own names, and
 #: the names users of other tools type. torch.distributed.pipelining (``get_schedule_class``
 #: in ``schedules.py``, case-insensitive, as torchtitan's
