@@ -271,8 +271,9 @@ def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(tmp_path, schedule
 
 def test_v_shaped_schedules_refused_by_name_where_torch_differs_from_the_plan():
     """Tied embeddings under a V (rank 0 would hold both copies as two stage modules) and
-    ZB-V with FSDP2 over a data axis (measured: torch 2.13 reduce-scatters one of pp rank 0's
-    two layer units; the plan reduces both) are refused; DualPipeV with FSDP2 and ZB-V
+    ZB-V or DualPipeV with FSDP2 over a data axis and reshard_after_forward true (torch 2.13
+    computes no weight gradient for a unit resharded after forward where the backward is split:
+    pipeline.vshape.RESHARD_DEFECT) are refused; both with reshard_after_forward false and ZB-V
     without a data axis are built."""
     from meshplan.mesh.resolve import resolve_mesh
     from meshplan.runtime.execution.pipelined import unsupported
@@ -282,8 +283,12 @@ def test_v_shaped_schedules_refused_by_name_where_torch_differs_from_the_plan():
     training = TrainingSpec(global_batch=8, seq_len=32, sharding="zero3")
     fsdp = resolve_mesh(MeshSpec(names=["pp", "dp_shard"], shape=[2, 2], virtual_stages=2), world=4)
     tp = resolve_mesh(MeshSpec(names=["pp", "tp"], shape=[2, 2], virtual_stages=2), world=4)
-    assert unsupported(fsdp, training, "zbv").startswith("zbv with FSDP2 over a data axis")
-    assert unsupported(fsdp, training, "dualpipev") is None and unsupported(tp, training, "zbv") is None
+    kept = training.model_copy(update={"reshard_after_forward": False})
+    for schedule in ("zbv", "dualpipev"):
+        assert unsupported(fsdp, training, schedule).startswith(f"{schedule} with FSDP2 over a data axis and "
+                                                                 "reshard_after_forward true: torch 2.13's")
+        assert unsupported(fsdp, kept, schedule) is None
+    assert unsupported(tp, training, "zbv") is None
     tied = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100, tied_embeddings=True)
     assert unsupported(tp, training, "dualpipev", tied).startswith("tied embeddings with dualpipev")
     assert unsupported(tp, training, "1f1b", tied) is None  # pp 2, looped: built

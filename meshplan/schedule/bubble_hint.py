@@ -18,7 +18,8 @@ arXiv 2401.10241: split backward):
   :mod:`meshplan.pipeline.dualpipev`, whose bubble run without DeepSeek's overlap is ZB-V's ``(p - 1) / (6 m)``)
   under framework torch (Megatron-LM runs neither: :func:`meshplan.pipeline.registry.check_framework`),
   a schedule whose runtime is known to run this plan differently (its
-  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V with FSDP2 over a data axis) left out,
+  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V and DualPipeV with FSDP2 over a data
+  axis and ``reshard_after_forward`` true) left out,
   and all three left out under activation checkpointing, which torch's split backward is reported to
   run far slower (:func:`meshplan.plan_runtime.split_backward_ac_warning`: torchtitan issue #773,
   pytorch issue #136766);
@@ -157,7 +158,8 @@ def _zero_bubble(plan: Plan) -> list[Knob]:
     fsdp2 = t.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     out: list[Knob] = []
     for sched, v in ((Schedule.ZB_H1, 1), (Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)):
-        if sched == plan.spec.pp_schedule or get_schedule(sched).warnings(t.framework, plan.pp, fsdp2):
+        if sched == plan.spec.pp_schedule or get_schedule(sched).warnings(t.framework, plan.pp, fsdp2,
+                                                                                  t.reshard_after_forward):
             continue
         chunks = "" if v == plan.vpp else f", mesh.virtual_stages = {v}"
         out.append((f'mesh.pp_schedule = "{sched}"{chunks}{_split_words(plan)}', {}, _pipeline(plan, sched, v)))
