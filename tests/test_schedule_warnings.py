@@ -97,3 +97,19 @@ def test_plan_step_compare_and_export_print_it(tmp_path, capsys):
     assert f"warning (zbv): {WARNING}" in both and "warning (kept)" not in both
     assert f"warning: {WARNING}" in out("export", zbv, "--to", "torchtitan", "-o", str(tmp_path / "job.toml"))
     assert f"# warning: {WARNING}\n" in (tmp_path / "job.toml").read_text()
+
+
+def test_memory_fix_does_not_propose_the_defect():
+    """A plan's ``fix:`` variants (meshplan.plan_fix) offer reshard_after_forward true to a mesh kept
+    gathered under 1F1B, never under ZB-V or DualPipeV with FSDP2 over a data axis, where it would
+    bring this warning (pp 2 x dp_shard 4, tp 1; recompute full, tp x2 and pp x2 stay)."""
+    from meshplan.plan_fix import _variants
+
+    def words(schedule: str, v: int) -> list[str]:
+        t = tables(schedule, shape=(2, 4, 1), reshard_after_forward=False)
+        t["mesh"]["virtual_stages"] = v
+        return [w for w, _ in _variants(build_plan(config_from_dict(t)))]
+
+    rest = ["recompute full", "tp x2 (pp 2 x dp_shard 2 x tp 2)", "pp x2 (pp 4 x dp_shard 2)"]
+    assert words("1f1b", 1) == rest[:1] + ["reshard_after_forward true"] + rest[1:]
+    assert words("zbv", 2) == words("dualpipev", 2) == rest
