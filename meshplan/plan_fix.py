@@ -8,7 +8,9 @@ unit's unsharded gradients, and with ``no_sync_unsharded`` its parameters, acros
 micro-batches; sync reduce-scatters them after each), ``recompute = "full"`` (activations
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
 scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
-the data axis) or, already sharded, ``reshard_after_forward = true``, twice the tp degree and
+the data axis) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
+whose runtime would then get the gradients wrong, rule ``v-reshard``:
+:func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
 parallelism taken from the data axis (:func:`_cp_variant`: the smallest cp, 2, 4 or 8 times the
 configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
@@ -42,6 +44,7 @@ from typing import Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB, counted
@@ -101,6 +104,15 @@ def _moved(plan: Plan, axis: str) -> Optional[dict[str, int]]:
     return out
 
 
+def _defect_resharded(plan: Plan) -> bool:
+    """Whether ``reshard_after_forward = true`` would give ``plan``'s schedule a runtime warning
+    (:meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V and DualPipeV under FSDP2 over a
+    data axis, rule ``v-reshard``), so the memory fix must not propose it."""
+    t, mesh = plan.config.training, plan.mesh
+    data = t.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    return bool(get_schedule(plan.spec.pp_schedule).warnings(t.framework, plan.pp, data, True))
+
+
 def _variants(plan: Plan) -> list[tuple[str, Config]]:
     """(words, config) of each single-knob variant, in the module docstring's order."""
     cfg, t = plan.config, plan.config.training
@@ -116,7 +128,7 @@ def _variants(plan: Plan) -> list[tuple[str, Config]]:
         deg = {("dp_shard" if n == "dp" else n): d for n, d in _degrees(plan).items()}
         out.append(("sharding zero3", replace(cfg, mesh=_mesh(plan, deg),
                                               training=t.model_copy(update={"sharding": "zero3"}))))
-    elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward:
+    elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward and not _defect_resharded(plan):
         out.append(("reshard_after_forward true",
                     replace(cfg, training=t.model_copy(update={"reshard_after_forward": True}))))
     for axis in ("tp", "pp"):

@@ -61,16 +61,17 @@ def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, .
     """What the framework's runtime is known to run differently from the plan of ``mesh``
     under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
     FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
-    > 1), :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
-    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`), and with ``model`` given
-    :func:`position_warning`: the one source of the lines plan and step print as notes, compare
-    prints per side and export writes in its header (:func:`config_warnings`)."""
+    > 1, and ``training.reshard_after_forward``), :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a
+    data axis where no engine runs it (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`),
+    and with ``model`` given :func:`position_warning`: the one source of the lines plan and step
+    print as notes, compare prints per side and export writes in its header (:func:`config_warnings`)."""
     data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     fsdp2 = training.sharding in ("zero3", "hsdp") and data
     zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
     positions = position_warning(model, training.seq_len) if model is not None else ()
     split_ac = split_backward_ac_warning(training, schedule, mesh.degree("pp"))
-    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2) + split_ac
+    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2,
+                                                                    training.reshard_after_forward) + split_ac
 
 
 #: What torch's split-backward (zero-bubble) schedules are reported to do with activation

@@ -1,18 +1,18 @@
-"""ZB-V with FSDP2 over a data axis under framework torch: torch 2.13's ScheduleZBVZeroBubble
-reduce-scatters one of pp rank 0's two layer units and never the other (measured by
-``meshplan validate``, which refuses the mesh). plan, step and compare print the same warning
-(one source: :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.warnings` through
-:func:`meshplan.plan_runtime.runtime_warnings`), export writes it in its header; DualPipeV (which
-reduces both units), a mesh without FSDP2 over a data axis and one without pp get none. No
-recompute here: torch's split backward with activation checkpointing has its own warning
-(tests/test_split_backward_ac.py)."""
+"""ZB-V and DualPipeV with FSDP2 over a data axis and reshard_after_forward true under framework torch:
+torch 2.13 computes no weight gradient for a layer unit resharded after its forward where the schedule
+splits its backward (measured by tests/test_zbv_fsdp_torch.py and ``meshplan validate``, which refuses
+the mesh). plan, step and compare print the same one-line warning with its fix (one source:
+:meth:`meshplan.pipeline.vshape.VShaped.warnings` through :func:`meshplan.plan_runtime.runtime_warnings`),
+export writes it in its header; the same meshes with reshard_after_forward false, a mesh without FSDP2
+over a data axis and one without pp get none. No recompute here: torch's split backward with
+activation checkpointing has its own warning (tests/test_split_backward_ac.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from meshplan.config import config_from_dict
-from meshplan.pipeline.zbv import FSDP2_DEFECT
+from meshplan.pipeline.vshape import RESHARD_DEFECT
 from meshplan.plan import build_plan
 from meshplan.plan_runtime import config_warnings
 from meshplan.runtime.execution.pipelined import unsupported
@@ -28,8 +28,13 @@ def tables(schedule="zbv", sharding="zero3", shape=(2, 2, 2), **training):
                      "pp_schedule": schedule, "sequence_parallel": True}}
 
 
-WARNING = (f"zbv with FSDP2 over a data axis under framework torch: {FSDP2_DEFECT}; meshplan validate refuses this "
-           "mesh, and the predicted gradients, collectives and step are not what torch runs")
+def warning(schedule: str) -> str:
+    return (f"{schedule} with FSDP2 over a data axis and reshard_after_forward true under framework torch: "
+            f"{RESHARD_DEFECT}; meshplan validate refuses this mesh; fix: training.reshard_after_forward = false "
+            "(torchtitan's default under pp)")
+
+
+WARNING = warning("zbv")
 
 
 def toml(path, t) -> str:
@@ -55,34 +60,56 @@ def flat(s: str) -> str:
     return " ".join(s.split())
 
 
-def test_the_warning_is_the_zbv_modules_and_validates_refusal_quotes_it():
-    cfg = config_from_dict(tables())
-    assert config_warnings(cfg) == (WARNING,)
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_the_warning_is_the_v_modules_and_validates_refusal_quotes_it(schedule):
+    cfg = config_from_dict(tables(schedule))
+    assert config_warnings(cfg) == (warning(schedule),)
     plan = build_plan(cfg)
-    assert WARNING in plan.notes
-    assert FSDP2_DEFECT in unsupported(plan.mesh, cfg.training, "zbv", cfg.model)
+    assert warning(schedule) in plan.notes
+    assert unsupported(plan.mesh, cfg.training, schedule, cfg.model) == (
+        f"{schedule} with FSDP2 over a data axis and reshard_after_forward true: {RESHARD_DEFECT}; "
+        "fix: training.reshard_after_forward = false (torchtitan's default under pp)")
+    kept = config_from_dict(tables(schedule, reshard_after_forward=False))
+    assert unsupported(build_plan(kept).mesh, kept.training, schedule, kept.model) is None
 
 
-@pytest.mark.parametrize("t", [tables("dualpipev"), tables(sharding="zero1", zero12_engine="deepspeed"), tables(shape=(2, 1, 4)),
-                               tables(shape=(1, 4, 2))])
+@pytest.mark.parametrize("t", [tables(reshard_after_forward=False), tables("dualpipev", reshard_after_forward=False),
+                               tables(sharding="zero1", zero12_engine="deepspeed"), tables(shape=(2, 1, 4)),
+                               tables(shape=(1, 4, 2)), tables("1f1b", shape=(2, 4, 1))])
 def test_no_warning_without_the_defect(t):
-    """DualPipeV reduces both units; zero1 is no FSDP2; dp_shard 1 shards over no data axis; pp 1
-    runs no schedule."""
+    """Parameters kept gathered after forward (torchtitan's default under pp); zero1 is no FSDP2;
+    dp_shard 1 shards over no data axis; pp 1 runs no schedule; interleaved 1F1B runs full backwards."""
     assert config_warnings(config_from_dict(t)) == ()
 
 
 def test_plan_step_compare_and_export_print_it(tmp_path, capsys):
     from meshplan.cli import main
 
-    zbv, dpv = toml(tmp_path / "zbv.toml", tables()), toml(tmp_path / "dpv.toml", tables("dualpipev"))
+    zbv, kept = toml(tmp_path / "zbv.toml", tables()), toml(tmp_path / "kept.toml", tables(reshard_after_forward=False))
 
     def out(*argv) -> str:
         return cli_out(main, capsys, *argv)
 
     assert f"note {WARNING}" in out("plan", zbv)
     assert f"note: {WARNING}" in out("step", zbv)
-    assert WARNING not in out("plan", dpv)
-    both = out("compare", zbv, dpv, "--out", str(tmp_path / "cmp"))
-    assert f"warning (zbv): {WARNING}" in both and "warning (dpv)" not in both
+    assert "reshard_after_forward true under framework torch" not in out("plan", kept)
+    both = out("compare", zbv, kept, "--out", str(tmp_path / "cmp"))
+    assert f"warning (zbv): {WARNING}" in both and "warning (kept)" not in both
     assert f"warning: {WARNING}" in out("export", zbv, "--to", "torchtitan", "-o", str(tmp_path / "job.toml"))
     assert f"# warning: {WARNING}\n" in (tmp_path / "job.toml").read_text()
+
+
+def test_memory_fix_does_not_propose_the_defect():
+    """A plan's ``fix:`` variants (meshplan.plan_fix) offer reshard_after_forward true to a mesh kept
+    gathered under 1F1B, never under ZB-V or DualPipeV with FSDP2 over a data axis, where it would
+    bring this warning (pp 2 x dp_shard 4, tp 1; recompute full, tp x2 and pp x2 stay)."""
+    from meshplan.plan_fix import _variants
+
+    def words(schedule: str, v: int) -> list[str]:
+        t = tables(schedule, shape=(2, 4, 1), reshard_after_forward=False)
+        t["mesh"]["virtual_stages"] = v
+        return [w for w, _ in _variants(build_plan(config_from_dict(t)))]
+
+    rest = ["recompute full", "tp x2 (pp 2 x dp_shard 2 x tp 2)", "pp x2 (pp 4 x dp_shard 2)"]
+    assert words("1f1b", 1) == rest[:1] + ["reshard_after_forward true"] + rest[1:]
+    assert words("zbv", 2) == words("dualpipev", 2) == rest

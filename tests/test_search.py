@@ -118,15 +118,16 @@ def refused(r, i: int) -> bool:
     """Whether the search rejects candidate ``i`` by its own framework rule (zero1 under torch,
     ``space.zero1_refused``; under megatron hsdp and zero3 kept gathered, ``reasons.MEGATRON_REFUSED``),
     which build_plan does not apply: no bound is computed for it; likewise rule ``replicate`` under
-    torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``, rule ``zbv-fsdp`` under torch,
-    ZB-V with FSDP2 over a data axis, ``reasons.ZBV_FSDP_REFUSED``, and rule ``split`` under
+    torch, an hsdp row that shards nothing, ``reasons.TORCH_DDP_REFUSED``, rule ``v-reshard`` under torch,
+    ZB-V or DualPipeV with FSDP2 over a data axis resharded after forward, ``reasons.V_RESHARD_REFUSED``,
+    and rule ``split`` under
     megatron, a pp with no first/last split, ``reasons.MEGATRON_SPLIT_REFUSED``."""
     c = r.candidates
     if r.code[i] == CODE["replicate"]:
         assert r.config.training.framework == "torch" and c.replicated[i]
         return True
-    if r.code[i] == CODE["zbv-fsdp"]:  # torch 2.13's ZB-V under FSDP2 over a data axis: reasons.ZBV_FSDP_REFUSED
-        assert r.config.training.framework == "torch" and c.fsdp2_over_data[i] and c.pp[i] > 1
+    if r.code[i] == CODE["v-reshard"]:  # torch 2.13's V schedules, FSDP2 resharded after forward: V_RESHARD_REFUSED
+        assert r.config.training.framework == "torch" and c.fsdp2_over_data[i] and c.pp[i] > 1 and c.rf[i]
         return True
     if r.code[i] == CODE["split"]:  # Megatron-LM sets no split at this pp: reasons.MEGATRON_SPLIT_REFUSED
         assert r.config.training.framework == "megatron" and r.config.model.layers % int(c.pp[i])

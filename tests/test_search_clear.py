@@ -4,8 +4,9 @@ activation checkpointing, any other runtime warning of the plan. A newcomer's Ll
 (16 dgx-h100, pp 4/8, zbv/dualpipev, recompute full) got two warnings that each named a row the
 other warned about; now each warning keeps its line on row 1 and one line points to a row with none.
 
-The space (8 GPUs of 6 GB, the 8-layer model of tests/test_search.py, micro-batch 4, zero3 resharded,
-tp 1/2, cp 1, recompute none/full, pp_schedules 1f1b/zbv/dualpipev). Usable: 6e9 B less the 10%
+The space (8 GPUs of 6 GB, the 8-layer model of tests/test_search.py, micro-batch 4, zero3,
+tp 1/2, cp 1, recompute none/full, pp_schedules 1f1b/zbv/dualpipev, reshard_after_forward false: the
+rule v-reshard rejects a V schedule over FSDP2 resharded after forward). Usable: 6e9 B less the 10%
 reserve = 5.4e9 B = 5.03 GiB; a row keeps the 15% margin where its peak is at most 0.85 x 5.4e9 =
 4.59e9 B. A row runs a V schedule under activation checkpointing where its recompute is full (a
 torchtitan activation_checkpoint.mode "full") and its schedule zbv or dualpipev at pp > 1.
@@ -25,7 +26,7 @@ from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
 from test_search import SMALL, config
 
-SPACE = dict(micro_batch=[4], tp=[1, 2], cp=[1], sharding=["zero3"], reshard_after_forward=[True],
+SPACE = dict(micro_batch=[4], tp=[1, 2], cp=[1], sharding=["zero3"], reshard_after_forward=[False],
              tp_comm_overlap=[False], uneven_stages=[False], recompute=["none", "full"],
              pp_schedules=["1f1b", "zbv", "dualpipev"])
 MARGIN_PEAK_B = 0.85 * 0.9 * 6e9  # the highest peak that keeps 15% of the usable memory free
@@ -49,25 +50,25 @@ def _by_hand(r) -> list[tuple[str, ...]]:
 
 @pytest.fixture(scope="module")
 def to_pp8():
-    """pp 2/4/8: 5 rows; row 1 dualpipev under full AC at 4.73 GiB, rows 2-4 over the margin, row 5
+    """pp 2/4/8: 5 rows; row 1 zbv under full AC at 4.67 GiB, rows 2-4 over the margin, row 5
     pp 8 (1F1B) at 3.36 GiB."""
     return _search([2, 4, 8])
 
 
 def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
-    """Rows (the search's order; peaks from their memory timelines): 1 pp 2 x dp_shard 4 dualpipev,
-    full: 4.73 GiB > 4.59e9 B = 4.27 GiB, and a V schedule under AC: both warnings; 2 pp 2 x dp_shard
-    2 x tp 2, none, 4.55 GiB: headroom; 3 pp 4 x tp 2 zbv, none (no AC, no data axis): 4.88 GiB,
-    headroom; 4 pp 4 x dp_shard 2 dualpipev, full, 4.68 GiB: both; 5 pp 8, full, vpp 1 (1F1B), 3.36
+    """Rows (the search's order; peaks from their memory timelines): 1 pp 2 x dp_shard 4 zbv kept
+    gathered, full: 4.67 GiB > 4.59e9 B = 4.27 GiB, and a V schedule under AC: both warnings; 2 pp 2 x
+    dp_shard 2 x tp 2, none, vpp 4, 4.46 GiB: headroom; 3 pp 4 x tp 2 zbv, none (no AC, no data axis):
+    4.88 GiB, headroom; 4 pp 4 x dp_shard 2 zbv, full, 4.53 GiB: both; 5 pp 8, full, vpp 1 (1F1B), 3.36
     GiB: none, so row 5 is the first clear row: 1 - 3.36 / 5.03 = 33.1% free. The old lines named
     row 2 (the first without a V schedule, over the margin) and no row (headroom, rows 2-4 shown
     first) in turn."""
     r = to_pp8
     labels = [r.candidates.label(e.index) for e in r.top]
-    assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, dualpipev",
-                      "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 2, zero3",
+    assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, keep gathered, zbv",
+                      "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 4, zero3, keep gathered",
                       "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
-                      "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, dualpipev",
+                      "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, keep gathered, zbv",
                       "pp 8, mb 4, full, vpp 1, zero3"]
     assert usable_bytes(r.config.cluster, r.config.training) == pytest.approx(5.4e9)
     v = clear_verdict(r)

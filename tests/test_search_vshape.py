@@ -12,6 +12,7 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
+from meshplan.pipeline.vshape import RESHARD_DEFECT
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
@@ -36,7 +37,7 @@ def test_v_candidates_bounds_and_verdicts_equal_the_exact_plan(v_search):
     c = r.candidates
     v_rows = np.flatnonzero(c.ps > 0)
     assert set(c.vpp[v_rows]) == {2} and set(c.pp[v_rows]) == {2, 4} and set(c.ps[v_rows]) == {1, 2}
-    checked = {"feasible": 0, "memory": 0, "dualpipev": 0}
+    checked = {"feasible": 0, "memory": 0, "dualpipev": 0, "v-reshard": 0}
     constraints = {}
     for i in v_rows:
         cc = candidate_config(cfg, c, int(i))
@@ -45,6 +46,10 @@ def test_v_candidates_bounds_and_verdicts_equal_the_exact_plan(v_search):
             constraints[cc.training] = cons.constraints(cc.model, cc.training, cc.cluster, cc.cluster.world)
         plan = build_plan(cc, constraints[cc.training])
         if r.code[i] in (CODE["framework"], CODE["replicate"]):  # zero1, ddp under torch: the search's own rules, no bound
+            continue
+        if r.code[i] == CODE["v-reshard"]:  # the search's own rule, no bound: the plan carries its warning
+            assert any(RESHARD_DEFECT in n for n in plan.notes), c.label(i)
+            checked["v-reshard"] += 1
             continue
         if r.code[i] == CODE["dualpipev"]:
             assert not plan.feasible and plan.reasons[0].startswith("DualPipeV needs micro-batches")

@@ -75,7 +75,8 @@ def test_plan_and_step_print_it(tmp_path, capsys):
 def test_the_hint_on_the_trials_file_tries_no_zero_bubble_schedule():
     """The file's recompute full: the hint's knobs are interleaved 1F1B (v 2 and 4) and pp 8
     only (micro_batch is 1, none halved), its line lists them fastest first; with recompute none
-    zb_h1 and DualPipeV are tried again (ZB-V stays out: FSDP2 over dp_shard)."""
+    zb_h1 is tried again, ZB-V and DualPipeV with reshard_after_forward false (FSDP2 over dp_shard,
+    resharded after forward in the file: their warning's fix)."""
     plan = build_plan(load_config(LLAMA405B))
     words = [w for w, _, _ in bh.bubble_knobs(plan)]
     assert [w.split(" (")[0].split(",")[0] for w in words] == [
@@ -87,5 +88,7 @@ def test_the_hint_on_the_trials_file_tries_no_zero_bubble_schedule():
     cfg = load_config(LLAMA405B)
     no_ac = build_plan(dataclasses.replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"})))
     no_ac_words = [w for w, _, _ in bh.bubble_knobs(no_ac)]
-    assert [w for w in no_ac_words if '"zb_h1"' in w] and [w for w in no_ac_words if '"dualpipev"' in w]
-    assert not [w for w in no_ac_words if '"zbv"' in w]
+    assert [w for w in no_ac_words if '"zb_h1"' in w] == ['mesh.pp_schedule = "zb_h1"']
+    assert [w for w in no_ac_words if '"zbv"' in w or '"dualpipev"' in w] == [
+        f'mesh.pp_schedule = "{s}", mesh.virtual_stages = 2, training.reshard_after_forward = false'
+        for s in ("zbv", "dualpipev")]

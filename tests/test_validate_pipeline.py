@@ -271,8 +271,9 @@ def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(tmp_path, schedule
 
 def test_v_shaped_schedules_refused_by_name_where_torch_differs_from_the_plan():
     """Tied embeddings under a V (rank 0 would hold both copies as two stage modules) and
-    ZB-V with FSDP2 over a data axis (measured: torch 2.13 reduce-scatters one of pp rank 0's
-    two layer units; the plan reduces both) are refused; DualPipeV with FSDP2 and ZB-V
+    ZB-V or DualPipeV with FSDP2 over a data axis and reshard_after_forward true (torch 2.13
+    computes no weight gradient for a unit resharded after forward where the backward is split:
+    pipeline.vshape.RESHARD_DEFECT) are refused; both with reshard_after_forward false and ZB-V
     without a data axis are built."""
     from meshplan.mesh.resolve import resolve_mesh
     from meshplan.runtime.execution.pipelined import unsupported
@@ -282,11 +283,46 @@ def test_v_shaped_schedules_refused_by_name_where_torch_differs_from_the_plan():
     training = TrainingSpec(global_batch=8, seq_len=32, sharding="zero3")
     fsdp = resolve_mesh(MeshSpec(names=["pp", "dp_shard"], shape=[2, 2], virtual_stages=2), world=4)
     tp = resolve_mesh(MeshSpec(names=["pp", "tp"], shape=[2, 2], virtual_stages=2), world=4)
-    assert unsupported(fsdp, training, "zbv").startswith("zbv with FSDP2 over a data axis")
-    assert unsupported(fsdp, training, "dualpipev") is None and unsupported(tp, training, "zbv") is None
+    kept = training.model_copy(update={"reshard_after_forward": False})
+    for schedule in ("zbv", "dualpipev"):
+        assert unsupported(fsdp, training, schedule).startswith(f"{schedule} with FSDP2 over a data axis and "
+                                                                 "reshard_after_forward true: torch 2.13's")
+        assert unsupported(fsdp, kept, schedule) is None
+    assert unsupported(tp, training, "zbv") is None
     tied = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100, tied_embeddings=True)
     assert unsupported(tp, training, "dualpipev", tied).startswith("tied embeddings with dualpipev")
     assert unsupported(tp, training, "1f1b", tied) is None  # pp 2, looped: built
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
+def test_pp2_dp_shard2_v_shaped_kept_gathered_run_every_planned_collective(tmp_path, schedule):
+    """pp 2 x dp_shard 2, ZB-V and DualPipeV with reshard_after_forward false (rule v-reshard's fix,
+    torchtitan's default under pp), 4 layers, 4 micro-batches: every rank runs the plan's dp_shard
+    reduce-scatters and backward all-gathers exactly (with it true ZB-V runs one reduce-scatter short
+    on ranks 0 and 1, and validate refuses it: pipeline/vshape.py), the all-gathers of forward and the
+    schedule's set-up together equal the plan's forward ones (torch's set-up takes some, as under
+    interleaved 1F1B), and no other difference; pp send/recv as planned."""
+    cfg = load_config(PP_FSDP)
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": schedule, "virtual_stages": 2}),
+                              training=cfg.training.model_copy(update={"reshard_after_forward": False}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=170, probe=False), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    rows = [row for row in r["comparison"]["collectives"] if row["axis"] == "dp_shard"]
+    scattered = [row for row in rows if row["op"] == "reduce-scatter"]
+    assert scattered and all([row[f"rank{k}"] for k in range(4)] == [row[f"meshplan_rank{k}"] for k in range(4)]
+                             for row in scattered)
+    for size in {row["size_bytes"] for row in rows if row["op"] == "all-gather"}:
+        first = [row for row in rows if row["size_bytes"] == size and row["phase"] in ("forward", "schedule")]
+        assert [sum(row[f"rank{k}"] or 0 for row in first) for k in range(4)] == \
+            [sum(row[f"meshplan_rank{k}"] or 0 for row in first) for k in range(4)], (size, first)
+    diffs = r["comparison"]["differences"]
+    assert all(" all-gather " in d and (" forward " in d or " schedule " in d) for d in diffs), diffs
+    assert not [d for d in r["comparison"]["differences"] if " pp " in d]
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""What :data:`meshplan.pipeline.zbv.FSDP2_DEFECT` reads in torch's source, run on the installed
+"""What :data:`meshplan.pipeline.vshape.RESHARD_DEFECT` reads in torch's source, run on the installed
 torch: pp 2 as two gloo processes, a V of 4 stages of one ``Linear`` each (rank 0 holds stages 0 and
 3, rank 1 stages 1 and 2), each stage a ``fully_shard`` module with its layer a ``fully_shard`` unit
 over a one-rank mesh of its own rank (FSDP2 swaps sharded and unsharded parameters as over a larger
@@ -12,7 +12,8 @@ measured) and rank 1's two stages short of some micro-batches; ``ScheduleDualPip
 stage 3 short too (its collectives are complete, so ``validate``'s comparison of them passes);
 with ``reshard_after_forward`` false both are exact. Stage 0 (its ``I`` skipped, its ``W`` a full
 backward) is right every time. A torch that fixes this fails the assertions: then the search's rule
-``zbv-fsdp``, the plan's warning and validate's refusal are to be re-measured."""
+``v-reshard``, the plan's warning and validate's refusal (one condition,
+:func:`meshplan.pipeline.vshape.reshard_defect`) are to be re-measured."""
 
 from __future__ import annotations
 

@@ -154,10 +154,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     set (middle stages even: 61 layers at pp 16 as [3, 4 x 14, 2]); a pp where they set none is rejected,
     rule 'split' (61 layers at pp 32). [search] pp_schedules adds ZB-V and DualPipeV (zbv, dualpipev) on
     candidates with pp > 1 and vpp 2 (an error under training.framework megatron, which runs neither); under
-    framework torch a ZB-V candidate with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1)
-    is rejected, rule 'zbv-fsdp': torch 2.13's ScheduleZBVZeroBubble never reduce-scatters one of pp rank 0's layer
-    units, so its gradients are wrong (validate refuses such a mesh; plan, step and compare warn), while DualPipeV
-    rows are kept; under framework torch with activation checkpointing (a torchtitan activation_checkpoint.mode
+    framework torch a ZB-V or DualPipeV candidate with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x
+    dp_shard x cp > 1) and reshard_after_forward true is rejected, rule 'v-reshard': torch 2.13 computes no weight
+    gradient for a layer unit resharded after its forward where the schedule splits its backward, so its gradients
+    are wrong (validate refuses such a mesh; plan, step and compare warn; fix: reshard_after_forward false,
+    torchtitan's default under pp), while the same rows with reshard_after_forward false are kept; under framework
+    torch with activation checkpointing (a torchtitan activation_checkpoint.mode
     other than none) they are kept and ranked, as torchtitan and torch run them, one note counts them with what
     torchtitan issue #773
     and pytorch issue #136766 report (far slower than interleaved 1F1B, out of memory), a warning under the

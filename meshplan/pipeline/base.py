@@ -179,13 +179,14 @@ class PipelineSchedule:
         """
         return np.zeros(np.shape(m), dtype=bool) if np.ndim(m) else False
 
-    def warnings(self, framework: str, p: int, fsdp2_over_data: bool) -> tuple[str, ...]:
+    def warnings(self, framework: str, p: int, fsdp2_over_data: bool, reshard_after_forward: bool) -> tuple[str, ...]:
         """What ``framework``'s runtime is known to run differently from this plan with ``p``
         stages, ``fsdp2_over_data`` when FSDP2 shards or replicates over a data axis (zero3 or
-        hsdp, fsdp x dp_replicate > 1): plan, step and compare print them, export writes them in
-        its header; none here.
+        hsdp, fsdp x dp_replicate > 1), ``reshard_after_forward`` as ``training`` sets it: plan,
+        step and compare print them, export writes them in its header; none here (the V-shaped
+        schedules: :meth:`meshplan.pipeline.vshape.VShaped.warnings`).
 
-        >>> PipelineSchedule().warnings("torch", 4, True)
+        >>> PipelineSchedule().warnings("torch", 4, True, True)
         ()
         """
         return ()

@@ -26,7 +26,8 @@ _FIXES = {
     "split": "let search.pp reach a pp the layers divide or one Megatron-LM's first/last split sets (meshplan."
              "mesh.layers.first_last_split), or set training.framework = \"torch\" (torchtitan takes any split)",
     "replicate": "add zero3 to search.sharding or let search.dp_shard or search.cp exceed 1 (FSDP2 shards over them)",
-    "zbv-fsdp": "drop zbv from search.pp_schedules or let search.pp include 1",
+    "v-reshard": "let search.reshard_after_forward include false (training.reshard_after_forward = false, "
+                 "torchtitan's default under pp), or drop zbv and dualpipev from search.pp_schedules",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp/cp)",
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",

@@ -18,7 +18,9 @@ arXiv 2401.10241: split backward):
   :mod:`meshplan.pipeline.dualpipev`, whose bubble run without DeepSeek's overlap is ZB-V's ``(p - 1) / (6 m)``)
   under framework torch (Megatron-LM runs neither: :func:`meshplan.pipeline.registry.check_framework`),
   a schedule whose runtime is known to run this plan differently (its
-  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`: ZB-V with FSDP2 over a data axis) left out,
+  :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`) left out, ZB-V and DualPipeV with FSDP2
+  over a data axis and ``reshard_after_forward`` true tried with it false (``, training.reshard_after_forward
+  = false`` in the knob's words: the fix of their warning, torchtitan's default under pp),
   and all three left out under activation checkpointing, which torch's split backward is reported to
   run far slower (:func:`meshplan.plan_runtime.split_backward_ac_warning`: torchtitan issue #773,
   pytorch issue #136766);
@@ -157,11 +159,26 @@ def _zero_bubble(plan: Plan) -> list[Knob]:
     fsdp2 = t.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     out: list[Knob] = []
     for sched, v in ((Schedule.ZB_H1, 1), (Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)):
-        if sched == plan.spec.pp_schedule or get_schedule(sched).warnings(t.framework, plan.pp, fsdp2):
+        fix = _runtime_fix(t, get_schedule(sched), plan.pp, fsdp2)
+        if sched == plan.spec.pp_schedule or fix is None:
             continue
         chunks = "" if v == plan.vpp else f", mesh.virtual_stages = {v}"
-        out.append((f'mesh.pp_schedule = "{sched}"{chunks}{_split_words(plan)}', {}, _pipeline(plan, sched, v)))
+        words = "".join(f", training.{k} = false" for k in fix if k == "reshard_after_forward")
+        out.append((f'mesh.pp_schedule = "{sched}"{chunks}{_split_words(plan)}{words}', fix, _pipeline(plan, sched, v)))
     return out
+
+
+def _runtime_fix(t, sched, pp: int, fsdp2: bool) -> Optional[dict]:
+    """The training update under which torch runs ``sched`` as planned: none (``{}``) where it has
+    no warning; ``reshard_after_forward`` false (and the head's with it) where only that warning,
+    :data:`meshplan.pipeline.vshape.RESHARD_DEFECT`, holds (its fix, torchtitan's default under pp);
+    None where it warns either way."""
+    if not sched.warnings(t.framework, pp, fsdp2, t.reshard_after_forward):
+        return {}
+    if sched.warnings(t.framework, pp, fsdp2, False):
+        return None
+    return {"reshard_after_forward": False} | ({"reshard_head_after_forward": False} if t.reshard_head_after_forward
+                                               else {})
 
 
 def _fewer_stages(plan: Plan) -> list[Knob]:

@@ -111,7 +111,7 @@ class Candidates:
     def fsdp2_over_data(self) -> np.ndarray:
         """FSDP2 over a data axis: :attr:`fsdp2` with dp_replicate x dp_shard x cp > 1, the condition
         of :func:`meshplan.plan_runtime.runtime_warnings` (``fsdp x dp_replicate > 1``) that the
-        search's rule ``zbv-fsdp`` reads (:meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`)."""
+        search's rule ``v-reshard`` reads (:func:`meshplan.pipeline.vshape.reshard_defect`)."""
         return self.fsdp2 & (self.fsdp * self.dpr > 1)
 
     @property

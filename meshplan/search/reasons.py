@@ -12,7 +12,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
-from meshplan.pipeline.zbv import ZBV
+from meshplan.pipeline.vshape import VShaped, reshard_defect
 from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
 from meshplan.spec.axes.registry import rules
 
@@ -48,16 +48,18 @@ TORCH_DDP_REFUSED = ("ddp (hsdp with dp_shard x cp 1) under framework torch: tor
 MEGATRON_SPLIT_REFUSED = ("framework megatron: no layer split at this pp that Megatron-LM's --decoder-first/last-"
                           "pipeline-num-layers set (middle stages even, an end stage left no layer)")
 
-#: The ``zbv-fsdp`` rule under ``framework = "torch"``: a ZB-V row with FSDP2 over a data axis
-#: (:attr:`~meshplan.search.columns.Candidates.fsdp2_over_data`;
-#: :meth:`meshplan.pipeline.zbv.ZBVZeroBubble.fsdp2_defect`, the condition of the plan's warning),
-#: whose gradients torch 2.13 gets wrong (:data:`meshplan.pipeline.zbv.FSDP2_DEFECT`, measured by
-#: ``meshplan validate``, which refuses the mesh; why, in torch's source: that module). DualPipeV rows
-#: and ZB-V without a data axis are kept.
-ZBV_FSDP_REFUSED = ("zbv with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1) under framework "
-                    "torch: torch 2.13's ScheduleZBVZeroBubble never reduce-scatters one of pp rank 0's layer units "
-                    "(measured by meshplan validate, which refuses the mesh), so its gradients are wrong; dualpipev "
-                    "reduce-scatters both")
+#: The ``v-reshard`` rule under ``framework = "torch"``: a V-shaped row (zbv, dualpipev) with FSDP2 over a
+#: data axis (:attr:`~meshplan.search.columns.Candidates.fsdp2_over_data`) and ``reshard_after_forward``
+#: true (column ``rf``), whose gradients torch 2.13 gets wrong (:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`,
+#: why and the measurements; :func:`meshplan.pipeline.vshape.reshard_defect`, the condition of the plan's
+#: warning and validate's refusal). The same rows with ``reshard_after_forward`` false are kept.
+V_RESHARD_REFUSED = ("zbv or dualpipev with FSDP2 over a data axis (zero3 or hsdp, dp_replicate x dp_shard x cp > 1) "
+                     "and reshard_after_forward true under framework torch: torch 2.13 computes no weight gradient "
+                     "for a layer unit resharded after its forward where the schedule splits its backward (measured "
+                     "by meshplan validate and tests/test_zbv_fsdp_torch.py), so its gradients are wrong; the same "
+                     "rows with reshard_after_forward false are kept")
+#: Whether each schedule of :data:`~meshplan.search.columns.PIPELINE` is V-shaped (rule ``v-reshard``).
+_V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
 
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
@@ -71,7 +73,7 @@ _SCHEDULE_REASONS = (
                   + MEGATRON_REFUSED),
     ("split", MEGATRON_SPLIT_REFUSED),
     ("replicate", TORCH_DDP_REFUSED),
-    ("zbv-fsdp", ZBV_FSDP_REFUSED),
+    ("v-reshard", V_RESHARD_REFUSED),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -178,8 +180,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
             (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
         ("split", (t.framework == "megatron") & (c.vpp == 1) & (c.us == 0) & _no_first_last(m.layers, c.pp)),
         ("replicate", (t.framework == "torch") & c.replicated),
-        # torch 2.13's ZB-V drops a chunk's weight gradients under FSDP2 (pipeline.zbv.FSDP2_DEFECT)
-        ("zbv-fsdp", (c.ps == PIPELINE.index("zbv")) & ZBV.fsdp2_defect(t.framework, c.pp, c.fsdp2_over_data)),
+        # torch 2.13's V-shaped schedules drop weight gradients of units resharded after forward (vshape.RESHARD_DEFECT)
+        ("v-reshard", _V_SHAPED[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

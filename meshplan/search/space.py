@@ -273,8 +273,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     # ends on one stage, which the Llama 3 split's lighter first and last stage does not fit
     cols = _expand(cols, "ps", [PIPELINE.index(x) for x in PIPELINE if x in o.pp_schedules],
                    piped & (cols["vpp"] == 2) & (cols["us"] == 0), 0)
-    if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1
-        keep = ~piped | (cols["ps"] > 0)
+    if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1 (pp read after ps's expansion)
+        keep = (cols["pp"] <= 1) | (cols["ps"] > 0)
         cols = {k: v[keep] for k, v in cols.items()}
     keep = ~no_data_axis_twin(cfg, cols)
     cols = {k: v[keep] for k, v in cols.items()}

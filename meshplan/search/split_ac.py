@@ -19,9 +19,9 @@ pipelining schedules read do not enter one). What such a run is reported to do, 
 issue #773 (open) and pytorch issue #136766, is :data:`meshplan.plan_runtime.SPLIT_BACKWARD_AC`.
 
 The search plans the V-shaped ones (``[search] pp_schedules``: zbv, dualpipev; ZB-H1 is not
-searched), less the ZB-V rows with FSDP2 over a data axis, which it rejects whatever the recompute
-(rule ``zbv-fsdp``: torch 2.13's ZB-V gets their gradients wrong,
-:data:`meshplan.pipeline.zbv.FSDP2_DEFECT`) and the note does not count, since they are not kept;
+searched), less the rows with FSDP2 over a data axis and ``reshard_after_forward`` true, which it
+rejects whatever the recompute (rule ``v-reshard``: torch 2.13 gets their gradients wrong,
+:data:`meshplan.pipeline.vshape.RESHARD_DEFECT`) and the note does not count, since they are not kept;
 under ``training.framework = "megatron"`` they are an error before the search
 (:func:`meshplan.pipeline.registry.check_searched`), so no row there is one.
 """
@@ -60,10 +60,10 @@ def split_ac_rows(training, c: Candidates) -> np.ndarray:
 
 def split_ac_notes(cfg: Config, c: Candidates, code: np.ndarray) -> list[str]:
     """One line where some candidate of ``c`` is such a row (:func:`split_ac_rows`) not rejected by
-    rule ``zbv-fsdp`` (``code``; those are not kept): how many, how many of them feasible (``code``
+    rule ``v-reshard`` (``code``; those are not kept): how many, how many of them feasible (``code``
     :data:`~meshplan.search.reasons.OK`), that they are ranked by the schedule's step without the
     reported slowdown, the sources and the fix."""
-    rows = split_ac_rows(cfg.training, c) & (code != CODE["zbv-fsdp"])
+    rows = split_ac_rows(cfg.training, c) & (code != CODE["v-reshard"])
     n = int(rows.sum())
     if not n:
         return []

@@ -72,8 +72,7 @@ from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
 from meshplan.pipeline.registry import SCHEDULES, get
-from meshplan.pipeline.zbv import FSDP2_DEFECT
-from meshplan.spec.mesh import Schedule
+from meshplan.pipeline.vshape import RESHARD_DEFECT, RESHARD_FIX, VShaped, reshard_defect
 from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
@@ -107,8 +106,11 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
                 "reduce-scattering and resharding every micro-batch (torch 2.13), unlike the plan's table")
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
-    if get(schedule).name is Schedule.ZBV and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
-        return f"zbv with FSDP2 over a data axis: {FSDP2_DEFECT}"
+    if isinstance(get(schedule), VShaped) and reshard_defect(  # the runtime is torch whatever training.framework
+            "torch", mesh.degree("pp"), mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1,
+            training.reshard_after_forward):
+        return (f"{schedule} with FSDP2 over a data axis and reshard_after_forward true: {RESHARD_DEFECT}; "
+                f"fix: {RESHARD_FIX}")
     if model_spec is not None and model_spec.tied_embeddings and get(schedule).last_stage(mesh.degree("pp"), 2) == 0:
         return (f"tied embeddings with {schedule}: the embedding and the output layer are two chunks of rank 0 "
                 "(a V); sharing one weight across two pipeline stages is not built")
