@@ -84,14 +84,14 @@ def test_step_lower_bound_holds_on_every_feasible_candidate(case):
 
 
 def test_bound_counts_the_expert_all_gather(case):
-    """pp 1 with zero3 and efsdp > 1: every forward of every MoE layer waits for the experts'
+    """pp 1 with zero3, ep > 1 and efsdp > 1: every forward of every MoE layer waits for the experts'
     all-gather, so the bound is at least micro-batches x MoE layers x that row's time (the
     plan's own collective table); without the term it fell below on these candidates."""
     cfg, r, plans = case
     c, checked = r.candidates, 0
     for i in plans:
-        if c.pp[i] != 1 or c.efsdp[i] == 1 or SHARDING[c.sh[i]] == "zero1":
-            continue
+        if c.pp[i] != 1 or c.efsdp[i] == 1 or c.ep[i] == 1 or SHARDING[c.sh[i]] == "zero1":
+            continue  # ep 1: the experts are gathered with their block (mesh.tpsplit.experts_apart), no efsdp row
         plan = build_plan(candidate_config(cfg, c, i))
         row = next(x for x in plan.stage(0).collectives if x.axis == "efsdp" and x.op == "all-gather"
                    and x.phase == "forward")
