@@ -291,8 +291,8 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
     (``if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size =
     args.tensor_model_parallel_size``, megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM
     d98e8a6), with a note; the same default :func:`meshplan.interop.megatron.read` takes. A given
-    etp (1 included) is kept; ``framework = "torch"`` keeps meshplan's etp 1 (torchtitan's
-    ``expert_tensor_parallel_degree`` default).
+    etp (1 included) is kept; ``framework = "torch"`` keeps meshplan's etp 1 (torchtitan has no
+    etp since c4b409a: :data:`meshplan.spec.axes.ep.TORCH_ETP`).
 
     >>> s, n = _megatron_etp(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), ())
     >>> s.names, s.shape, n[0].split(",")[0]

@@ -1,11 +1,15 @@
-"""torchtitan job TOML users' findings (ttkeys): torchtitan's ETP rule checked, errors and fix
+"""torchtitan job TOML users' findings (ttkeys): torchtitan's ETP checked, errors and fix
 lines on a torchtitan file in the file's own keys, and an MoE model read through
 ``model.hf_assets_path`` exported back.
 
-The ETP rule is torchtitan's ``ParallelDims._validate`` from aeb3a4b (#1555) to e347b1e: with
-ep > 1, etp must be 1 or tp (:data:`meshplan.spec.axes.ep.TORCH_ETP`). Mixtral-8x7B (8 experts,
-expert width 14336) at dp_shard 8 x tp 4 (32 GPUs) with ep 4: etp 2 breaks it, etp 1 and 4 do
-not (14336 / 4 = 3584, and 32 / (4 x 4) = 2 efsdp ranks: the other expert rules hold).
+ETP (ttetp): meshplan's torch framework follows pytorch/torchtitan b5bcd76, where c4b409a (#3167,
+2026-04-30) had removed expert tensor parallelism: with ep > 1 the routed experts are ``Shard(0)``
+on ep and whole otherwise, the tp ranks splitting the tokens (``moe_sharding.py``:29-47, 71-86),
+meshplan's etp 1 (:data:`meshplan.spec.axes.ep.TORCH_ETP`). Before it (aeb3a4b to c4b409a^)
+``ParallelDims`` allowed etp 1 or tp. Mixtral-8x7B (8 experts, expert width 14336) at dp_shard 8 x
+tp 4 (32 GPUs) with ep 4: etp 2 and etp 4 (= tp) break the rule under torch, etp 1 does not, and
+under megatron (whose expert tp is free) etp 2 and 4 do not either (14336 / 4 = 3584, and
+32 / (4 x 4) = 2 efsdp ranks: the other expert rules hold).
 """
 
 from __future__ import annotations
@@ -24,27 +28,46 @@ from meshplan.plan import Infeasible, build_plan
 
 HF = Path(__file__).parent / "data" / "hf"
 
-ETP_REASON = ("framework torch: etp 2 with tp 4 and ep 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 "
-              "when ep > 1 (\"Currently we only support ETP=TP or ETP=1\"); fix: etp 1 or 4 in mesh.shape, or "
-              "training.framework = \"megatron\"")
+WHOLE = ("torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed "
+         "expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76)")
 
 
-def _mixtral(etp: int, framework: str = "torch"):
+def _mixtral(etp: int, framework: str = "torch", ep: int = 4):
     return config_from_dict({
         "model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
         "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "recompute": "full",
                      "framework": framework},
-        "mesh": {"names": ["dp_shard", "tp", "ep", "etp"], "shape": [8, 4, 4, etp], "sequence_parallel": True}})
+        "mesh": {"names": ["dp_shard", "tp", "ep", "etp"], "shape": [8, 4, ep, etp], "sequence_parallel": True}})
 
 
-def test_torch_etp_rule_refuses_etp_neither_1_nor_tp():
-    """etp 2 with tp 4 under torch: infeasible with the rule's reason; etp 1 and 4 (= tp) are
-    not refused by it; framework megatron (whose expert tp is free) neither."""
-    bad = build_plan(_mixtral(2), memory=False, reports=False)
-    assert isinstance(bad, Infeasible) and ETP_REASON in bad.reasons
-    for cfg in (_mixtral(1), _mixtral(4), _mixtral(2, "megatron")):
+@pytest.mark.parametrize("etp", [2, 4])
+def test_torch_etp_rule_refuses_etp_above_1_with_ep(etp):
+    """etp 2, and etp 4 = tp (which torchtitan ran before c4b409a), with ep 4 under torch:
+    infeasible with the rule's reason naming the commit and the fix."""
+    bad = build_plan(_mixtral(etp), memory=False, reports=False)
+    assert isinstance(bad, Infeasible)
+    assert (f"framework torch: etp {etp} with tp 4 and ep 4: {WHOLE}; fix: etp 1 in mesh.shape, or "
+            "training.framework = \"megatron\"") in bad.reasons
+
+
+def test_torch_etp_rule_keeps_etp_1_megatron_and_ep_1():
+    """etp 1 under torch, etp 2 and 4 under megatron, and etp 4 at ep 1 under torch (torchtitan
+    shards the experts over tp when ep is 1) are not refused by the rule."""
+    for cfg in (_mixtral(1), _mixtral(2, "megatron"), _mixtral(4, "megatron"), _mixtral(4, ep=1)):
         p = build_plan(cfg, memory=False, reports=False)
-        assert not any("torch_etp" in r or "ETP=TP" in r for r in getattr(p, "reasons", ())), p
+        assert not any("c4b409a" in r for r in getattr(p, "reasons", ())), p
+
+
+def test_torch_search_space_has_etp_1_only_with_ep():
+    """The search's candidates for Mixtral on 4 dgx-h100 (32 GPUs): under torch every row with
+    ep > 1 has etp 1 while ep 1 rows keep etp 1 and tp; under megatron an ep > 1 row with tp 4 has
+    etp 4 too."""
+    from meshplan.search.space import enumerate_candidates
+    for framework, want in (("torch", {1}), ("megatron", {1, 4})):
+        c = enumerate_candidates(_mixtral(1, framework))
+        assert (c.ep > 1).any() and set(c.etp[c.ep > 1].tolist()) == ({1} if framework == "torch" else {1, 2, 4, 8})
+        assert set(c.etp[(c.ep > 1) & (c.tp == 4)].tolist()) == want
+        assert set(c.etp[(c.ep == 1) & (c.tp == 4)].tolist()) == {1, 4}
 
 
 TT_ETP = """\
@@ -58,32 +81,50 @@ seq_len = 4096
 [parallelism]
 data_parallel_shard_degree = -1
 tensor_parallel_degree = 4
-expert_parallel_degree = 4
+expert_parallel_degree = {ep}
 expert_tensor_parallel_degree = {etp}
 """
 
 
 @pytest.mark.parametrize("command", ["plan", "step", "search"])
-def test_torchtitan_file_with_etp_neither_1_nor_tp_is_an_error(tmp_path, capsys, command):
-    """The users' file (ep 4, etp 2, tp 4) exited 0 from ``meshplan step``; now every command
-    reading it says in one line which key and what to set (exit 2), as torchtitan asserts."""
+def test_torchtitan_file_with_etp_above_1_is_an_error(tmp_path, capsys, command):
+    """The users' file (ep 4, etp 4 = tp 4; before c4b409a torchtitan's ETP=TP): every command
+    reading it says in one line which key, the commit that removed it and what to set (exit 2)."""
     job = tmp_path / "job.toml"
-    job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=2))
+    job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=4))
     assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == ("error: parallelism.expert_tensor_parallel_degree: 2 with tensor_parallel_degree 4 and "
-                       "expert_parallel_degree 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 "
-                       "(\"Currently we only support ETP=TP or ETP=1\"); fix: expert_tensor_parallel_degree = 1 or 4")
+    assert err[-1] == (f"error: parallelism.expert_tensor_parallel_degree: 4 with expert_parallel_degree 4: {WHOLE}; "
+                       "fix: expert_tensor_parallel_degree = 1, or delete the key")
 
 
-def test_torchtitan_file_with_etp_equal_tp_reads():
-    """etp = tp is read as it is; etp 3 (neither) is the reader's error."""
-    doc = tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=4))
-    mesh = read(doc, Path("."), ImportOptions(cluster="dgx-h100", nodes=4)).tables["mesh"]
-    assert dict(zip(mesh["names"], mesh["shape"])) == {"dp_shard": -1, "tp": 4, "ep": 4, "etp": 4}  # -1 kept
-    with pytest.raises(ConfigError, match=r"^parallelism\.expert_tensor_parallel_degree: 3 "):
-        read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", etp=3)), Path("."),
+def test_torchtitan_file_with_etp_1_or_ep_1_reads_with_a_note():
+    """etp 1 with ep 4, and etp 4 with ep 1 (torchtitan shards the experts over tp at ep 1), are
+    read as they are, each with a note naming c4b409a; etp 3 with ep 4 is the reader's error."""
+    for ep, etp in ((4, 1), (1, 4)):
+        got = read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=ep, etp=etp)), Path("."),
+                   ImportOptions(cluster="dgx-h100", nodes=4))
+        mesh = got.tables["mesh"]
+        assert dict(zip(mesh["names"], mesh["shape"])).get("etp", 1) == etp
+        assert (f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
+                "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since") \
+            in got.notes
+    with pytest.raises(ConfigError, match=r"^parallelism\.expert_tensor_parallel_degree: 3 with expert_parallel"):
+        read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=3)), Path("."),
              ImportOptions(cluster="dgx-h100", nodes=4))
+
+
+def test_export_to_torchtitan_etp():
+    """export writes no expert_tensor_parallel_degree at etp 1 (ep 4), and refuses etp 4 with
+    ep 4 (a megatron-framework mesh) in one line naming c4b409a."""
+    from dataclasses import replace
+    from meshplan.interop.torchtitan_write import write
+    src = (("name", "mixtral"), ("flavor", "8x7B"), ("hf_assets_path", "assets/mx"))
+    par = write(replace(_mixtral(1), source_model=src))["parallelism"]
+    assert par["expert_parallel_degree"] == 4 and "expert_tensor_parallel_degree" not in par
+    with pytest.raises(ConfigError, match=r"^--to: etp 4 with ep 4: torchtitan has no expert tensor parallelism "
+                                          r"since c4b409a \(#3167, 2026-04-30\).*; set etp 1 in \[mesh\] to export it$"):
+        write(replace(_mixtral(4, "megatron"), source_model=src))
 
 
 MX = """\

@@ -30,6 +30,8 @@ training.seq_len                               training.seq_len
 training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no fp32 copy)
 training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
+  (expert_tensor_parallel_degree: removed by     (etp > 1 with ep > 1 an error, else read with a
+  torchtitan in c4b409a)                         note: :func:`_etp_key`)
 parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan),
                                                  reshard_head_after_forward (always only):
                                                  :func:`~meshplan.interop.torchtitan_write.reshard_policy`
@@ -330,7 +332,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
     deg = _degrees(par)
-    _etp_rule(deg)
+    _etp_key(par, deg, notes)
     dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
     if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
@@ -360,22 +362,28 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
         if "model.hf_assets_path" in used else ()  # the model read through hf_assets_path: exported back
     return Imported("torchtitan", tables, unused, tuple(notes), keys)
 
-def _etp_rule(deg: dict[str, int]) -> None:
-    """ConfigError naming ``parallelism.expert_tensor_parallel_degree`` where torchtitan's
-    ParallelDims refuses it at start-up: ep > 1 with an etp neither 1 nor tp
-    (:data:`~meshplan.spec.axes.ep.TORCH_ETP`, the source and its commits; the planner's rule
-    ``torch_etp`` says the same of a meshplan TOML under framework torch).
 
-    >>> _etp_rule({"ep": 4, "etp": 2, "tp": 4})
+def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
+    """``parallelism.expert_tensor_parallel_degree``, a key of the TOML-era torchtitan (e347b1e's
+    ``job_config.py``:464) that c4b409a (#3167, 2026-04-30) removed with expert tensor parallelism
+    (:data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1 an etp other than 1 is a ConfigError
+    naming the key: meshplan plans torchtitan as at b5bcd76, whose experts are whole on each ep rank
+    (the planner's rule ``torch_etp`` says the same of a meshplan TOML). Otherwise the key is read,
+    with a note that torchtitan since c4b409a has no such key.
+
+    >>> _etp_key({"expert_tensor_parallel_degree": 4}, {"ep": 4, "etp": 4, "tp": 4}, [])
     Traceback (most recent call last):
     ...
-    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 2 with tensor_parallel_degree 4 and expert_parallel_degree 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 ("Currently we only support ETP=TP or ETP=1"); fix: expert_tensor_parallel_degree = 1 or 4
+    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 4 with expert_parallel_degree 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: expert_tensor_parallel_degree = 1, or delete the key
     """
-    ep, etp, tp = deg["ep"], deg["etp"], deg["tp"]
-    if ep > 1 and etp not in (1, tp):
-        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with tensor_parallel_degree {tp} and "
-                          f"expert_parallel_degree {ep}: {TORCH_ETP}; fix: expert_tensor_parallel_degree = 1"
-                          + (f" or {tp}" if tp > 1 else ""))
+    if "expert_tensor_parallel_degree" not in par:
+        return
+    ep, etp = deg["ep"], deg["etp"]
+    if ep > 1 and etp != 1:
+        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep}: "
+                          f"{TORCH_ETP}; fix: expert_tensor_parallel_degree = 1, or delete the key")
+    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
+                 "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since")
 
 
 def _moved(keys) -> None:

@@ -8,7 +8,8 @@ ranks placed node-major (rank r on node ``r // gpus_per_node``): tp groups are c
 ranks inside an NVLink domain, cp and the FSDP axis (dp_shard x cp) come next, and the
 rarely communicating pp outermost. This is the order torchtitan's ``ParallelDims`` builds
 and the only one searched: other orders put a less frequent axis on the faster links. For
-MoE models ``ep`` and ``etp`` (1 or tp) re-factor the dense block ``dp_shard x cp x tp``
+MoE models ``ep`` and ``etp`` (1 or tp; 1 with ep > 1 under framework torch, torchtitan having
+no ETP since c4b409a: :func:`~meshplan.spec.axes.ep.etp_values`) re-factor the dense block ``dp_shard x cp x tp``
 (:mod:`meshplan.mesh.resolve`). Axes of degree 1 are left out of the mesh.
 
 Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
@@ -131,7 +132,8 @@ def _option_ok(o, col, v: int) -> bool:
 
 def _expert_meshes(cfg: Config, dense: np.ndarray) -> np.ndarray:
     """Dense meshes x every registered expert axis's degrees: (k, dense + expert axes).
-    Dense models: each expert axis 1."""
+    Dense models: each expert axis 1. An expert axis's values see the dense row and the expert
+    axes before it (etp sees ep: :func:`meshplan.spec.axes.ep.etp_values`)."""
     dense_cols = [c.column for n, c in search_axes() if not AXES[n].expert]
     experts = [c for n, c in search_axes() if AXES[n].expert]
     if not cfg.model.is_moe:
@@ -140,9 +142,10 @@ def _expert_meshes(cfg: Config, dense: np.ndarray) -> np.ndarray:
     for d in dense:
         named = dict(zip(dense_cols, (int(x) for x in d)))
         combos: list[tuple[int, ...]] = [()]
-        for col in experts:
-            combos = [c + (v,) for c in combos for v in _allowed(col.values(cfg, named) if col.values else [1],
-                                                               getattr(o, col.option, None))]
+        for k, col in enumerate(experts):
+            combos = [c + (v,) for c in combos for v in _allowed(
+                col.values(cfg, named | {e.column: x for e, x in zip(experts[:k], c)}) if col.values else [1],
+                getattr(o, col.option, None))]
         rows += [(*d, *c) for c in combos]
     return np.array(rows, dtype=np.int64).reshape(-1, len(dense_cols) + len(experts))
 

@@ -14,6 +14,8 @@ rule too: torchtitan's, so the collective table, the search and the runtime agre
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn, divisors
 
 
@@ -125,30 +127,36 @@ def _megatron_sp(m, t, d):
     return ((megatron_sp_reason(d.tp, d.ep),) if _megatron_sp_bad(m, t, d) else ()), ()
 
 
-#: torchtitan's rule for etp under ep (``ParallelDims._validate``, torchtitan/distributed/parallel_dims.py,
-#: from aeb3a4b "[EP] add support for ETP=1" (#1555, 2025-08-13) to e347b1e, the last commit with the TOML
-#: job config meshplan reads): ``if ep > 1: assert etp == tp or etp == 1, "Currently we only support ETP=TP or
-#: ETP=1"``. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)" (#3167, 2026-04-30) removed the etp
-#: axis and ``expert_tensor_parallel_degree`` altogether (its ``_validate`` at b5bcd76, 2026-08, checks only
-#: that ep divides dp_shard * cp * tp), so a later torchtitan runs etp 1 only.
-TORCH_ETP = ("torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 (\"Currently we only support "
-             "ETP=TP or ETP=1\")")
+#: torchtitan's etp under ep > 1, as at pytorch/torchtitan b5bcd76 (2026-08-21), the version the rest of
+#: meshplan's torch framework follows: none. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)"
+#: (#3167, 2026-04-30) removed the etp mesh axis, ``ExpertTensorParallel`` and
+#: ``parallelism.expert_tensor_parallel_degree``; at b5bcd76 ``ParallelDims._validate``
+#: (torchtitan/distributed/parallel_dims.py:166-192) checks only that ep divides dp_shard * cp * tp, the
+#: sparse mesh is (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp * tp / ep (:282, :326-330), the
+#: routed experts' weights are ``Shard(0)`` on ep and whole otherwise (``expert_param_placement_sparse``,
+#: torchtitan/models/common/moe_sharding.py:29-47) and the tp ranks split the tokens
+#: (``_tokens_per_expert_placement``, :71-86): meshplan's etp 1. Before c4b409a (from aeb3a4b, #1555,
+#: 2025-08-13) ``ParallelDims._validate`` allowed etp 1 or tp (c4b409a^ parallel_dims.py:76-77), etp = tp
+#: sharding each expert over tp (``ExpertTensorParallel``, c4b409a^ distributed/expert_parallel.py:81-101).
+TORCH_ETP = ("torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each "
+             "routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py "
+             "at b5bcd76)")
 
 
 def _torch_etp_bad(m, t, d):
-    """Framework torch with ep > 1 and an etp that is neither 1 nor tp (:data:`TORCH_ETP`)."""
-    return (t.framework == "torch") & (d.ep > 1) & (d.etp != 1) & (d.etp != d.tp)
+    """Framework torch with ep > 1 and etp > 1 (:data:`TORCH_ETP`)."""
+    return (t.framework == "torch") & (d.ep > 1) & (d.etp != 1)
 
 
 def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> str:
     """The ``torch_etp`` rule's reason with its fix, the field given as ``where`` (``mesh.shape``
-    for a meshplan TOML; a torchtitan job TOML's reader names its own key).
+    for a meshplan TOML).
 
-    >>> print(torch_etp_reason(2, 4, 4))
-    framework torch: etp 2 with tp 4 and ep 4: torchtitan's ParallelDims asserts ETP == TP or ETP == 1 when ep > 1 ("Currently we only support ETP=TP or ETP=1"); fix: etp 1 or 4 in mesh.shape, or training.framework = "megatron"
+    >>> print(torch_etp_reason(4, 4, 4))
+    framework torch: etp 4 with tp 4 and ep 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: etp 1 in mesh.shape, or training.framework = "megatron"
     """
-    return (f"framework torch: etp {etp} with tp {tp} and ep {ep}: {TORCH_ETP}; fix: etp 1"
-            + (f" or {tp}" if tp > 1 else "") + f" in {where}, or training.framework = \"megatron\"")
+    return (f"framework torch: etp {etp} with tp {tp} and ep {ep}: {TORCH_ETP}; fix: etp 1 in {where}, or "
+            "training.framework = \"megatron\"")
 
 
 def _torch_etp(m, t, d):
@@ -189,16 +197,29 @@ EP = AxisDef(
     weights={"ep": 1e3, "efsdp": 1e2},
 )
 
+
+def etp_values(framework: str, row: Mapping[str, int]) -> list[int]:
+    """The search's etp degrees for a row of degrees ``row`` (``tp``, and ``ep`` once chosen): 1 or
+    tp, and under framework torch with ep > 1 only 1, what torchtitan at b5bcd76 runs
+    (:data:`TORCH_ETP`).
+
+    >>> etp_values("torch", {"tp": 4, "ep": 8}), etp_values("torch", {"tp": 4, "ep": 1}), etp_values("megatron", {"tp": 4, "ep": 8})
+    ([1], [1, 4], [1, 4])
+    """
+    if framework == "torch" and row.get("ep", 1) > 1:
+        return [1]
+    return sorted({1, row["tp"]})
+
+
 ETP = AxisDef(
     doc="expert tensor parallel (1 or tp)",
     expert=True,
     torchtitan=("etp",), megatron=("etp",),
     rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),
-           Rule("torch_etp", 68, "framework torch: ep > 1 with etp neither 1 nor tp (torchtitan's ParallelDims)",
+           Rule("torch_etp", 68, "framework torch: ep > 1 with etp > 1 (torchtitan removed ETP in c4b409a)",
                 _torch_etp_bad, _torch_etp)),
     divides=(Dim.EXPERT_FFN,),
     shards=("routed experts' parameters, gradients, optimizer state",),
-    search=SearchColumn(column="etp", option="etp",
-                        values=lambda cfg, row: sorted({1, row["tp"]})),
+    search=SearchColumn(column="etp", option="etp", values=lambda cfg, row: etp_values(cfg.training.framework, row)),
     weights={"etp": 1e5},
 )
