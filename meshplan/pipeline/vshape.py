@@ -45,10 +45,9 @@ from meshplan.pipeline.base import PipelineSchedule
 #: false both are exact. ``meshplan validate`` of pp 2 x dp_shard 2 (4 layers, 4 micro-batches):
 #: with it true ZB-V reduce-scatters pp rank 0's 3,409,920-byte layer unit (ranks 0 and 1) once, the
 #: plan twice; DualPipeV runs every reduce-scatter the plan counts (its gradients are still wrong).
-#: With it false both runs issue every collective the plan counts; validate's only differences are
-#: the known ones of FSDP under a torch schedule (as under interleaved 1F1B,
-#: tests/test_validate_pipeline.py): the schedule's set-up takes some of the first forward's
-#: all-gathers (phase ``schedule``), forward + set-up equal to the plan's forward.
+#: With it false both runs issue every collective the plan counts and validate passes with no
+#: difference (the schedule's UNSHARD of each chunk before the first forward is the chunk's first
+#: forward all-gather, named so: runtime.execution.pipelined.label_unshard).
 #: Stage 0 is right every time: its ``I`` is skipped (``if not self.is_first``) and its ``W`` is a
 #: full backward. The fix is :data:`RESHARD_FIX`: torchtitan resolves its
 #: ``fsdp_reshard_after_forward = "default"`` to ``not pp_enabled`` (pytorch/torchtitan

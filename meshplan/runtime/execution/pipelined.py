@@ -49,10 +49,13 @@ stages, run by the schedule the config names.
   from the stage's ``get_{fwd,bwd}_{send,recv}_ops``, by buffer address). Other collectives
   (FSDP) take the phase of the stage computation that issued them (``forward_one_chunk`` /
   ``backward_one_chunk``); the ones after the last backward (FSDP's deferred gradient
-  reduce-scatter in ``_post_backward``) keep ``backward``; those before the first stage
-  computation (the interleaved schedule's FSDP unshard of every chunk) are phase ``schedule``. P2P outside those ops (torch 2.13's
-  warm-up vote of static mode: one int32 per stage boundary on the first step) is phase
-  ``schedule-setup``.
+  reduce-scatter in ``_post_backward``) keep ``backward``. A multi-stage schedule (torch 2.13's
+  interleaved 1F1B, ZB-V, DualPipeV: ``_add_unshard_reshard``, a window of 3 local stages) unshards
+  every chunk (``UNSHARD``: ``unshard`` of each FSDP module) before the rank's first computation; at
+  vpp <= 3 once per ``schedule.step``, never evicted: the chunk's first forward all-gathers, named
+  ``forward`` as the plan counts them (:func:`label_unshard`). Anything else before the first stage
+  computation is phase ``schedule``; P2P outside those ops (torch 2.13's warm-up vote of static
+  mode: one int32 per stage boundary on the first step) is phase ``schedule-setup``.
 
 The step's times: the whole schedule (forward, loss and backward interleaved across
 micro-batches) is reported as ``forward``; ``loss`` and ``backward`` are 0 (they cannot be
@@ -227,8 +230,8 @@ class PipelineRecorder(CollectiveRecorder):
 
 
 def instrument(stage, runner: "PipelineRunner") -> None:
-    """Wrap ``stage``'s P2P op builders and compute entry points so the active recorder
-    (``runner.rec``) labels what follows."""
+    """Wrap ``stage``'s P2P op builders, compute entry points and FSDP modules' ``unshard``
+    (:func:`label_unshard`) so the active recorder (``runner.rec``) labels what follows."""
     for name, phase in (("get_fwd_send_ops", "forward"), ("get_fwd_recv_ops", "forward"),
                         ("get_bwd_send_ops", "backward"), ("get_bwd_recv_ops", "backward")):
         orig = getattr(stage, name)
@@ -254,6 +257,33 @@ def instrument(stage, runner: "PipelineRunner") -> None:
                 return _orig(*a, **kw)
 
         setattr(stage, name, entered)
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in stage.submod.modules():
+        if isinstance(module, FSDPModule):
+            label_unshard(module, runner)
+
+
+def label_unshard(module, runner: "PipelineRunner") -> None:
+    """Name the all-gathers of ``module.unshard`` (an FSDP module of a stage) ``forward`` in the
+    active recorder, then restore its phase. Only a multi-stage schedule's ``UNSHARD`` action
+    calls it (``_PipelineScheduleRuntime._step_microbatches``; FSDP's own hooks unshard through
+    the param group, not this method): the prefetch of a chunk before its first forward of the
+    ``schedule.step`` (see the module docstring). At vpp > 3 torch also evicts chunks from its
+    window and unshards them again, which the plan's table does not model."""
+    orig = module.unshard
+
+    def unshard(*a, **kw):
+        rec = runner.rec
+        if rec is None:
+            return orig(*a, **kw)
+        before, rec.phase = rec.phase, "forward"
+        try:
+            return orig(*a, **kw)
+        finally:
+            rec.phase = before
+
+    module.unshard = unshard
 
 
 class PipelineRunner:
@@ -323,7 +353,7 @@ class PipelineRunner:
                                for mb in range(self.micro)))
         tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
         losses: list = []
-        self.set_phase("schedule")  # what a schedule issues before its first stage computation (FSDP unshard)
+        self.set_phase("schedule")  # before the first stage computation (FSDP unshard: label_unshard)
         t_step = time.perf_counter()
         lp = contextlib.nullcontext()
         if self.loss_parallel:  # the last stage's loss and its backward run inside the schedule
