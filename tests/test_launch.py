@@ -211,9 +211,14 @@ def test_torchrun_sh_takes_the_node_rank_from_the_plans_host_list(tmp_path):
     r = run(SLURMD_NODENAME="gpu-a", NODE_RANK="0")
     assert r.returncode == 2 and r.stderr == ("meshplan torchrun.sh: NODE_RANK=0, but host gpu-a is node 1 of the plan "
                                               "(gpu-b gpu-a)\n")
-    assert "export MESHPLAN_RDZV_ENDPOINT=${MESHPLAN_RDZV_ENDPOINT:-gpu-b:29500}" in \
-        (Path(write_launch(tmp_path / "s", place(system("dgx-h100", 2), 16), LaunchOptions(
-            program=("python", "t.py"), hosts=("gpu-b", "gpu-a")))[2])).read_text().splitlines()
+    # without --rdzv-endpoint, gpu-b (the plan's node 0) at --port in job.sbatch and torchrun.sh
+    s = tmp_path / "s"
+    write_launch(s, place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py"), hosts=("gpu-b", "gpu-a")))
+    assert "export MESHPLAN_RDZV_ENDPOINT=${MESHPLAN_RDZV_ENDPOINT:-gpu-b:29500}" in (s / "job.sbatch").read_text().splitlines()
+    env = {k: v for k, v in os.environ.items() if k not in ("MESHPLAN_RDZV_ENDPOINT", "NODE_RANK")}
+    r = subprocess.run(["sh", str(s / "torchrun.sh")], capture_output=True, text=True, timeout=30,
+                       env={**env, "SLURMD_NODENAME": "gpu-a", "TORCHRUN": str(tmp_path / "bin" / "faketorchrun")})
+    assert r.returncode == 0 and json.loads(r.stdout)[3:5] == ["--rdzv-endpoint=gpu-b:29500", "--node-rank=1"]
 
 
 def test_bind_sh_refuses_a_host_torchrun_made_another_node(tmp_path):

@@ -145,7 +145,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                 "static rendezvous (default: the first of --hosts, "
                                                                 "else Slurm's first host, at --port; "
                                                                 "MESHPLAN_RDZV_ENDPOINT overrides it at run time)"),
-               port: int = typer.Option(29500, "--port", help="rendezvous port with Slurm's first host"),
+               port: int = typer.Option(29500, "--port", help="rendezvous port on the plan's node 0 (the first "
+                                                                 "of --hosts, else Slurm's first host)"),
                hosts: Optional[str] = typer.Option(None, "--hosts", help="comma-separated host names, one per node "
                                                                          "in the plan's node order (Slurm "
                                                                          "--nodelist; torchrun.sh gives each host "
@@ -207,8 +208,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it
         _echo(local_folder_note(out), err=True)
     nodes = int(c.placement.node.max()) + 1
-    endpoint = "" if rdzv_endpoint else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
-    run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
+    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
            f"sbatch {out / 'job.sbatch'}")
     typer.echo(f"run: {run}")
     _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)

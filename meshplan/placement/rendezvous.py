@@ -67,11 +67,12 @@ def group_check_lines(hosts: tuple[str, ...], nodes: int) -> list[str]:
 
 
 def torchrun_script(placement: Placement, opts) -> str:
-    """``torchrun.sh``: the same command on every node, static rendezvous at node 0's endpoint with
+    """``torchrun.sh``: the same command on every node, static rendezvous at node 0's endpoint (by
+    default ``--rdzv-endpoint``, else the first of ``--hosts`` at ``--port``) with
     ``--node-rank`` this host's node of the plan (module docstring). ``opts``: a
     :class:`~meshplan.placement.launch.LaunchOptions`, already checked."""
     nodes, g = int(placement.node.max()) + 1, placement.cluster.node.gpus
-    endpoint = opts.rdzv_endpoint
+    endpoint = opts.rdzv_endpoint or (f"{opts.hosts[0]}:{opts.port}" if opts.hosts else None)  # the plan's node 0
     default = f"${{MESHPLAN_RDZV_ENDPOINT:-{shlex.quote(endpoint)}}}" if endpoint else "${MESHPLAN_RDZV_ENDPOINT:-}"
     need = (['if [ -z "$plan_node" ]; then plan_node=0; fi'] if nodes == 1 else
             ['if [ -z "$plan_node" ]; then echo "meshplan torchrun.sh: set NODE_RANK=<0-'
