@@ -1,7 +1,7 @@
 """``meshplan launch`` (meshplan.placement.launch): the bindings wrapper, the torchrun command
 and the sbatch script, each run for real (sh, fake ``torchrun``/``srun``/``scontrol``), input
 quoting, and the torchrun command run in two netns testbed "hosts" where the ranks rendezvous
-(c10d) and all-reduce."""
+(static rendezvous, each host the node NODE_RANK names) and all-reduce."""
 
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def test_bind_sh_runs_the_rank_with_its_environment_and_literal_arguments(tmp_pa
     _fake(tmp_path / "bin", "torchrun", 'while [ "$1" != --no-python ]; do shift; done; shift\n'
           'GROUP_RANK=0 LOCAL_RANK=2 RANK=2 exec "$@"')
     r = subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True, timeout=30, cwd=tmp_path,
-                       env={**os.environ, "TORCHRUN": str(tmp_path / "bin" / "torchrun")})
+                       env={**os.environ, "TORCHRUN": str(tmp_path / "bin" / "torchrun"), "NODE_RANK": "0"})
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["argv"] == nasty
@@ -163,22 +163,94 @@ def _fake(bin_dir: Path, name: str, body: str) -> None:
     (bin_dir / name).chmod(0o755)
 
 
-def test_torchrun_sh_passes_the_rendezvous_and_node_rank(tmp_path):
+def _argv_torchrun(tmp_path: Path, hosts=()):
+    """torchrun.sh (dgx-h100 x 2) under a fake torchrun that prints its argv as JSON; returns run(**env)."""
     write_launch(tmp_path, place(system("dgx-h100", 2), 16),
-                 LaunchOptions(program=("python", "train.py", "--x", "a b"), rdzv_endpoint="head-0:29400"))
-    base = {k: v for k, v in os.environ.items() if k not in ("SLURM_NODEID", "SLURM_JOB_ID", "NODE_RANK")}
+                 LaunchOptions(program=("python", "train.py", "--x", "a b"), rdzv_endpoint="head-0:29400", hosts=hosts))
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("SLURM_NODEID", "SLURM_JOB_ID", "NODE_RANK", "SLURMD_NODENAME", "MESHPLAN_LOCAL_ADDR")}
     _fake(tmp_path / "bin", "faketorchrun", f'exec {sys.executable} -c "import json,sys; print(json.dumps(sys.argv[1:]))" "$@"')
     base["TORCHRUN"] = str(tmp_path / "bin" / "faketorchrun")
-    run = lambda **env: subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True,  # noqa: E731
-                                       env={**base, **env}, timeout=30)
+    return lambda **env: subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True,
+                                        env={**base, **env}, timeout=30)
+
+
+def test_torchrun_sh_passes_the_rendezvous_and_node_rank(tmp_path):
+    """Slurm admin finding: torchrun.sh's c10d rendezvous never passed --node-rank (torch 2.13's c10d
+    ignores it and numbers nodes by sorted host name), so the plan's node order did not decide which
+    host ran which node. Now a static rendezvous at node 0's endpoint with --node-rank = NODE_RANK, else
+    SLURM_NODEID; without either (two nodes) or outside 0-1 it stops with one line."""
+    run = _argv_torchrun(tmp_path)
     argv = json.loads(run(NODE_RANK="1").stdout)
-    assert argv == ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=head-0:29400",
-                    "--rdzv-id=meshplan", "--max-restarts=0", "--rdzv-conf=is_host=0",
+    assert argv == ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=static", "--rdzv-endpoint=head-0:29400",
+                    "--node-rank=1", "--rdzv-id=meshplan", "--max-restarts=0",
                     "--no-python", str(tmp_path / "bind.sh"), "python", "train.py", "--x", "a b"]
     argv = json.loads(run(SLURM_NODEID="0", SLURM_JOB_ID="77", MESHPLAN_RDZV_ENDPOINT="h:1").stdout)
-    assert "--rdzv-conf=is_host=1" in argv and "--rdzv-endpoint=h:1" in argv and "--rdzv-id=77" in argv
-    argv = json.loads(run(MESHPLAN_LOCAL_ADDR="10.0.0.7").stdout)
-    assert not any(a.startswith("--rdzv-conf") for a in argv) and "--local-addr=10.0.0.7" in argv
+    assert "--node-rank=0" in argv and "--rdzv-endpoint=h:1" in argv and "--rdzv-id=77" in argv
+    argv = json.loads(run(NODE_RANK="1", SLURM_NODEID="0", MESHPLAN_LOCAL_ADDR="10.0.0.7").stdout)
+    assert "--node-rank=1" in argv and "--local-addr=10.0.0.7" in argv
+    for env, says in (({}, "set NODE_RANK=<0-1>, this host's node in the plan"),
+                      ({"NODE_RANK": "2"}, "node rank 2 (NODE_RANK, else SLURM_NODEID) is not a node of the plan (0-1)"),
+                      ({"SLURM_NODEID": "01"}, "node rank 01 (NODE_RANK")):
+        r = run(**env)
+        assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1 and says in r.stderr
+
+
+def test_torchrun_sh_takes_the_node_rank_from_the_plans_host_list(tmp_path):
+    """With --hosts gpu-b,gpu-a the plan's node 0 is gpu-b, although Slurm numbers the allocation
+    sorted (sbatch --nodelist: SLURM_NODEID 0 is gpu-a): the host's place in the list wins
+    (SLURMD_NODENAME, else hostname, with or without its domain); a host not in the list, or a
+    NODE_RANK that disagrees with it, stops with one line. job.sbatch's endpoint is gpu-b."""
+    run = _argv_torchrun(tmp_path, hosts=("gpu-b", "gpu-a"))
+    assert "--node-rank=1" in json.loads(run(SLURMD_NODENAME="gpu-a", SLURM_NODEID="0").stdout)
+    assert "--node-rank=0" in json.loads(run(SLURMD_NODENAME="gpu-b.cluster.local", NODE_RANK="0").stdout)
+    r = run(SLURMD_NODENAME="gpu-c", SLURM_NODEID="0")
+    assert r.returncode == 2 and r.stderr == ("meshplan torchrun.sh: host gpu-c is not one of the plan's hosts (gpu-b "
+                                              "gpu-a): run it there, or write the launch again with meshplan launch "
+                                              "--hosts\n")
+    r = run(SLURMD_NODENAME="gpu-a", NODE_RANK="0")
+    assert r.returncode == 2 and r.stderr == ("meshplan torchrun.sh: NODE_RANK=0, but host gpu-a is node 1 of the plan "
+                                              "(gpu-b gpu-a)\n")
+    # without --rdzv-endpoint, gpu-b (the plan's node 0) at --port in job.sbatch and torchrun.sh
+    s = tmp_path / "s"
+    write_launch(s, place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "t.py"), hosts=("gpu-b", "gpu-a")))
+    assert "export MESHPLAN_RDZV_ENDPOINT=${MESHPLAN_RDZV_ENDPOINT:-gpu-b:29500}" in (s / "job.sbatch").read_text().splitlines()
+    env = {k: v for k, v in os.environ.items() if k not in ("MESHPLAN_RDZV_ENDPOINT", "NODE_RANK")}
+    r = subprocess.run(["sh", str(s / "torchrun.sh")], capture_output=True, text=True, timeout=30,
+                       env={**env, "SLURMD_NODENAME": "gpu-a", "TORCHRUN": str(tmp_path / "bin" / "faketorchrun")})
+    assert r.returncode == 0 and json.loads(r.stdout)[3:5] == ["--rdzv-endpoint=gpu-b:29500", "--node-rank=1"]
+
+
+def test_bind_sh_refuses_a_host_torchrun_made_another_node(tmp_path):
+    """What the admin asked for: a swapped node fails with one line. torchrun.sh run on gpu-b (the
+    plan's node 0) under a fake torchrun that, as c10d does, makes it GROUP_RANK 1 whatever
+    --node-rank says: bind.sh stops before binding. One that honours --node-rank (as static does)
+    runs node 0's rank; without --hosts the node is SLURM_NODEID's."""
+    out = tmp_path / "l"
+    write_launch(out, place(system("dgx-h100", 2), 16),
+                 LaunchOptions(program=ECHO, cpu_bind="none", rdzv_endpoint="gpu-b:1", hosts=("gpu-b", "gpu-a")))
+    _fake(tmp_path / "bin", "c10dlike", 'while [ "$1" != --no-python ]; do shift; done; shift\n'
+          'GROUP_RANK=1 LOCAL_RANK=2 RANK=10 exec "$@"')
+    _fake(tmp_path / "bin", "staticlike", 'for a; do case "$a" in --node-rank=*) n=${a#--node-rank=} ;; esac; done\n'
+          'while [ "$1" != --no-python ]; do shift; done; shift\n'
+          'GROUP_RANK=$n LOCAL_RANK=2 RANK=$((n * 8 + 2)) exec "$@"')
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_NODEID", "NODE_RANK", "SLURMD_NODENAME")}
+    run = lambda fake, **e: subprocess.run(["sh", str(out / "torchrun.sh")], capture_output=True, text=True,  # noqa: E731
+                                           env={**env, "TORCHRUN": str(tmp_path / "bin" / fake), **e}, timeout=30)
+    r = run("c10dlike", SLURMD_NODENAME="gpu-b", SLURM_NODEID="1")
+    assert r.returncode == 1 and r.stdout == "" and r.stderr == (
+        "meshplan bind.sh: torchrun made host gpu-b node GROUP_RANK=1, but the plan puts node 0 here: run "
+        "torchrun.sh (static rendezvous, --node-rank)\n")
+    r = run("staticlike", SLURMD_NODENAME="gpu-b", SLURM_NODEID="1")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS
+    # no --hosts: SLURM_NODEID names the node; bind.sh run by hand with another GROUP_RANK
+    write_launch(tmp_path / "n", place(system("dgx-h100", 2), 16), LaunchOptions(program=ECHO, cpu_bind="none"))
+    bind = lambda **e: subprocess.run(["sh", str(tmp_path / "n" / "bind.sh"), *ECHO], capture_output=True,  # noqa: E731
+                                      text=True, env={**env, "LOCAL_RANK": "0", **e}, timeout=30)
+    r = bind(SLURM_NODEID="0", GROUP_RANK="1", RANK="8")
+    assert r.returncode == 1 and len(r.stderr.splitlines()) == 1 and "GROUP_RANK=1, but the plan puts node 0" in r.stderr
+    assert bind(SLURM_NODEID="1", GROUP_RANK="1", RANK="8").returncode == 0
 
 
 def test_torchrun_sh_without_an_endpoint_says_what_to_set(tmp_path):
@@ -357,7 +429,7 @@ with open(os.path.join(sys.argv[1], f"rank{info['rank']}.json"), "w") as f:
 @needs_testbed
 def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
     """``meshplan launch`` for 2 nodes x 2 ranks (socket transport on nic0, taskset cores),
-    its torchrun.sh run in two namespaces (NODE_RANK 0 and 1, c10d at node 0's nic0; each
+    its torchrun.sh run in two namespaces (NODE_RANK 0 and 1, static rendezvous at node 0's nic0; each
     node's nic0 address as MESHPLAN_LOCAL_ADDR: the hostname is the machine's): all
     four ranks rendezvous, all-reduce 1+2+3+4 = 10, and each ran in its node's namespace
     with its binding."""
@@ -376,9 +448,11 @@ def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
         assert r.returncode == 0, r.stderr
         env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
                "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+        # the namespaces share a host name: c10d numbered them by pid (sorted FQDN_pid), static by NODE_RANK
         res = launch_per_node(tb, lambda i: ["sh", str(out / "torchrun.sh")], timeout_s=120,
                               env_for_node=lambda i: {**env, "NODE_RANK": str(i), "MESHPLAN_LOCAL_ADDR": tb.addr(i, 0)}, log_dir=tmp_path / "logs")
         assert res.ok, res.message + "\n" + "\n".join(n.stderr_tail for n in res.results)
+        inode = {i: f"net:[{os.stat(f'/run/netns/{tb.node_ns(i)}').st_ino}]" for i in range(2)}
     finally:
         T.testbed_down(prefix, state_dir=state)
     ranks = {r: json.loads((results / f"rank{r}.json").read_text()) for r in range(4)}
@@ -390,6 +464,7 @@ def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
         assert info["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "GLOO_SOCKET_IFNAME": "nic0", "NCCL_SOCKET_IFNAME": "=nic0"}
         ns[info["group_rank"]].add(info["netns"])
     assert len(ns[0]) == len(ns[1]) == 1 and ns[0] != ns[1]      # one namespace per host, two hosts
+    assert ns == {0: {inode[0]}, 1: {inode[1]}}  # GROUP_RANK k ran where NODE_RANK=k: the plan's node order
     assert not T._matching_netns(prefix)
 
 
@@ -630,7 +705,7 @@ def test_bind_sh_writes_nodes_alike_once_by_local_rank(tmp_path):
     with its GPUs reversed) keeps its own. Each run by sh, as torchrun's processes would."""
     big = (Path(write_launch(tmp_path / "big", place(system("dgx-h100", 512), 4096),
                              LaunchOptions(program=ECHO, cpu_bind="none"))[0])).read_text()
-    assert big.count("\n") == 57 and sum(x.strip().startswith("expect ") for x in big.splitlines()) == 8
+    assert big.count("\n") == 65 and sum(x.strip().startswith("expect ") for x in big.splitlines()) == 8
     r = _run_bind(tmp_path / "big", 511, 7, 4095, *ECHO)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["env"]["NCCL_IB_HCA"] == DGX_H100_HCAS

@@ -98,7 +98,7 @@ def _launched(tmp_path: Path, config: Path, *opts) -> str:
     fake = tmp_path / "faketorchrun"
     fake.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"import os; print(os.environ.get('{ENV}', 'unset'))\"\n")
     fake.chmod(0o755)
-    env = {**os.environ, "TORCHRUN": str(fake), "MESHPLAN_RDZV_ENDPOINT": "h:1", ENV: "32"}
+    env = {**os.environ, "TORCHRUN": str(fake), "MESHPLAN_RDZV_ENDPOINT": "h:1", "NODE_RANK": "0", ENV: "32"}
     return subprocess.run(["sh", str(out / "torchrun.sh")], capture_output=True, text=True, env=env,
                           timeout=30).stdout.strip()
 

@@ -141,12 +141,17 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                          "files (an edited one, or one elsewhere) "
                                                                          "unless --force"),
                rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
-                                                           help="HOST:PORT of node 0 for the c10d rendezvous "
-                                                                "(default: Slurm's first host at --port; "
+                                                           help="HOST:PORT of the plan's node 0 for torchrun's "
+                                                                "static rendezvous (default: the first of --hosts, "
+                                                                "else Slurm's first host, at --port; "
                                                                 "MESHPLAN_RDZV_ENDPOINT overrides it at run time)"),
-               port: int = typer.Option(29500, "--port", help="rendezvous port with Slurm's first host"),
+               port: int = typer.Option(29500, "--port", help="rendezvous port on the plan's node 0 (the first "
+                                                                 "of --hosts, else Slurm's first host)"),
                hosts: Optional[str] = typer.Option(None, "--hosts", help="comma-separated host names, one per node "
-                                                                         "(Slurm --nodelist)"),
+                                                                         "in the plan's node order (Slurm "
+                                                                         "--nodelist; torchrun.sh gives each host "
+                                                                         "its place as --node-rank and bind.sh "
+                                                                         "refuses another)"),
                transport: str = typer.Option("ib", "--transport", help="ib (NCCL_IB_HCA per rank) or socket "
                                                                       "(NCCL_SOCKET_IFNAME per rank)"),
                nic_scope: str = typer.Option(NIC_SCOPE, "--nic-scope", help=NIC_SCOPE_HELP),
@@ -168,7 +173,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                             "nodes: their sockets and NIC affinity"),
                json_path: Optional[Path] = _json_option("launch"),
                force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
-    """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
+    """Write a multi-node torchrun command (static rendezvous, --node-rank the host's node in the plan), a Slurm sbatch script and per-rank bindings
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables;
     for a Megatron-LM plan CUDA_DEVICE_MAX_CONNECTIONS as its validate_args asserts it). A mesh that does not fit writes nothing and exits 1. A program whose first word is a Python file
     (train.py) is refused: bind.sh execs it as a command; give -- python train.py."""
@@ -203,8 +208,9 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if local_folder_note(out):  # job.sbatch finds the folder from the submit directory; the nodes must see it
         _echo(local_folder_note(out), err=True)
     nodes = int(c.placement.node.max()) + 1
-    endpoint = "" if rdzv_endpoint else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
-    run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+    endpoint = "" if rdzv_endpoint or hosts else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    who = f"host {hosts} (the plan's node order)" if hosts else f"of the {nodes} node(s) NODE_RANK=<k>"
+    run = (f"on each {who}{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
            f"sbatch {out / 'job.sbatch'}")
     typer.echo(f"run: {run}")
     _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)

@@ -3,22 +3,24 @@ bindings wrapper for a :class:`~meshplan.placement.assign.Placement`.
 
 Three files, in one folder (:func:`write_launch`):
 
-- ``bind.sh``: torchrun's program (``--no-python``). For the process of node ``GROUP_RANK``
+- ``bind.sh``: torchrun's program (``--no-python``). It first checks that torchrun's node
+  ``GROUP_RANK`` is the node the plan puts on this host (its place in ``--hosts``, else
+  ``NODE_RANK`` or ``SLURM_NODEID``; :func:`meshplan.placement.rendezvous.group_check_lines`), else
+  stops with one line. For the process of node ``GROUP_RANK``
   and ``LOCAL_RANK`` it checks that torchrun's ``RANK`` is the one the placement expects,
   exports that rank's environment (below) and execs the training command under ``numactl``
   (or ``taskset``) with the rank's cores and memory node. Nodes with the same bindings by
   LOCAL_RANK (every node of a node-major placement on one node type) share one table, the
   RANK checked as ``GROUP_RANK x G + LOCAL_RANK``'s offset; a node that differs keeps its own.
-- ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node G`` with the c10d rendezvous at
-  ``MESHPLAN_RDZV_ENDPOINT`` (default: the endpoint given at generation). With ``NODE_RANK``
-  (or Slurm's ``SLURM_NODEID``) set, node 0 hosts the rendezvous store
-  (``--rdzv-conf is_host=1``, the others ``is_host=0``): torch's c10d backend otherwise
-  guesses the host by matching the endpoint against the machine's hostname and addresses
-  (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py, ``_create_tcp_store``),
-  which fails behind NAT, in containers and in network namespaces. ``TORCHRUN`` overrides
-  the command (e.g. ``python -m torch.distributed.run``).
+- ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node G`` with the static rendezvous at
+  ``MESHPLAN_RDZV_ENDPOINT`` (default: the endpoint given at generation; the plan's node 0 hosts
+  its TCPStore) and ``--node-rank`` this host's node in the plan (:mod:`meshplan.placement.rendezvous`,
+  which cites torch's source: the c10d backend ignores ``--node-rank`` and numbers nodes by sorted
+  host name, so the plan's NIC, NUMA and rail placement would land on whichever host sorts there).
+  ``TORCHRUN`` overrides the command (e.g. ``python -m torch.distributed.run``).
 - ``job.sbatch``: ``sbatch`` script: one task per node, all the node's GPUs and cores
-  (``--exclusive``), the first host of the allocation as the rendezvous endpoint, and
+  (``--exclusive``), the plan's node 0 as the rendezvous endpoint (the first of ``--hosts``, else
+  the allocation's first host), and
   ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds)
   and ``--cpus-per-task`` given again (:func:`_srun`: Slurm >= 22.05 srun does not inherit it),
   found from the submit directory (``SLURM_SUBMIT_DIR``), not by the absolute path it was
@@ -79,6 +81,8 @@ from meshplan.placement.assign import Placement
 from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
 from meshplan.placement.nccl_env import env_comments
+from meshplan.placement import rendezvous
+from meshplan.placement.rendezvous import group_check_lines
 from meshplan.placement.slurm_lines import find_folder_lines, local_folder_note, srun_lines  # noqa: F401 (local_folder_note: launch's API)
 
 _HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
@@ -209,8 +213,9 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     and environment, its RANK and mesh rank the node's first plus LOCAL_RANK's offset) share one
     ``case $LOCAL_RANK``,
     which checks ``RANK = GROUP_RANK x G + offset``; the others keep their own (a node with
-    another GPU order, a partial last node). 4,096 ranks on 512 dgx-h100: 62 lines (4.9 kB; 57
-    with ``cpu_bind="none"``, without :data:`MEMBIND_COMMENT`), not 18,449 (1.3 MB)."""
+    another GPU order, a partial last node). First, GROUP_RANK must be this host's node in the
+    plan (:func:`~meshplan.placement.rendezvous.group_check_lines`). 4,096 ranks on 512 dgx-h100:
+    70 lines (5.7 kB; 65 with ``cpu_bind="none"``, without :data:`MEMBIND_COMMENT`), not 18,449 (1.3 MB)."""
     rows, cl, g = launch_bindings(placement, opts), placement.cluster, placement.cluster.node.gpus
     by_node: dict[int, list[dict]] = {}
     for b in rows:
@@ -230,6 +235,7 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
     out += ["set -eu", "expect() {", '  if [ "${RANK:-}" != "$1" ]; then',
             '    echo "meshplan bind.sh: node $GROUP_RANK local rank $LOCAL_RANK has RANK=${RANK:-unset}, '
             'expected $1 (nproc-per-node or node count differs from the plan)" >&2; exit 1', "  fi", "}",
+            *group_check_lines(opts.hosts, nodes),
             'node=${GROUP_RANK:-}', 'case "$node" in', f"  ''|*[!0-9]*|0?*) node={nodes} ;;  # not a node number",
             "esac",
             f'if [ "$node" -ge {nodes} ]; then',
@@ -257,49 +263,9 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
 
 
 def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
-    """``torchrun.sh`` (see the module docstring): the same command on every node."""
+    """``torchrun.sh`` (see the module docstring; :func:`meshplan.placement.rendezvous.torchrun_script`)."""
     check_options(placement, opts)
-    nodes, g = int(placement.node.max()) + 1, placement.cluster.node.gpus
-    endpoint = opts.rdzv_endpoint
-    default = f"${{MESHPLAN_RDZV_ENDPOINT:-{shlex.quote(endpoint)}}}" if endpoint else "${MESHPLAN_RDZV_ENDPOINT:-}"
-    return "\n".join([
-        "#!/bin/sh",
-        f"# meshplan launch: torchrun on each of {nodes} node(s), {g} processes per node, c10d rendezvous.",
-        "# Environment: MESHPLAN_RDZV_ENDPOINT (host:port of node 0; default below), NODE_RANK or SLURM_NODEID",
-        "# (node 0 then hosts the rendezvous store: --rdzv-conf is_host=1), MESHPLAN_RDZV_ID (default",
-        "# SLURM_JOB_ID, else 'meshplan'), MESHPLAN_LOCAL_ADDR (this node's address for the workers' store when",
-        "# its FQDN does not resolve from the other nodes: torchrun --local-addr), TORCHRUN (default: torchrun).",
-        "set -eu",
-        'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)',
-        f"endpoint={default}",
-        'if [ -z "$endpoint" ]; then echo "meshplan torchrun.sh: set MESHPLAN_RDZV_ENDPOINT=host:port of node 0" >&2; '
-        "exit 2; fi",
-        "node_rank=${NODE_RANK:-${SLURM_NODEID:-}}",
-        "rdzv_id=${MESHPLAN_RDZV_ID:-${SLURM_JOB_ID:-meshplan}}",
-        *_env_lines(opts.env),
-        "set --",
-        'if [ -n "$node_rank" ]; then',
-        '  is_host=0; if [ "$node_rank" = 0 ]; then is_host=1; fi',
-        '  set -- --rdzv-conf=is_host="$is_host"',
-        "fi",
-        'if [ -n "${MESHPLAN_LOCAL_ADDR:-}" ]; then set -- "$@" --local-addr="$MESHPLAN_LOCAL_ADDR"; fi',
-        "# TORCHRUN is split into words on purpose (e.g. 'python -m torch.distributed.run')",
-        f"exec ${{TORCHRUN:-torchrun}} --nnodes={nodes} --nproc-per-node={g} --rdzv-backend=c10d "
-        f'--rdzv-endpoint="$endpoint" --rdzv-id="$rdzv_id" --max-restarts=0 "$@" --no-python "$here/bind.sh" '
-        + _sh(opts.program), ""])
-
-
-def _env_lines(env: tuple[tuple[str, Optional[str], str], ...]) -> list[str]:
-    """``torchrun.sh``'s lines for :attr:`LaunchOptions.env`: each a comment saying why, then
-    ``export NAME=value`` (quoted) or ``unset NAME``.
-
-    >>> _env_lines((("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron-LM asserts it"),))
-    ['# CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM asserts it', 'export CUDA_DEVICE_MAX_CONNECTIONS=1']
-    """
-    out = []
-    for name, value, why in env:
-        out += [f"# {name}: {why}", f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"]
-    return out
+    return rendezvous.torchrun_script(placement, opts)
 
 
 def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> str:
@@ -321,11 +287,14 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
         head.append(f"#SBATCH --nodelist={','.join(opts.hosts)}")
     if opts.partition:
         head.append(f"#SBATCH --partition={opts.partition}")
-    endpoint = (shlex.quote(opts.rdzv_endpoint) if opts.rdzv_endpoint
+    endpoint = (shlex.quote(opts.rdzv_endpoint) if opts.rdzv_endpoint  # the plan's node 0 (torchrun.sh: rendezvous)
+                else shlex.quote(f"{opts.hosts[0]}:{opts.port}") if opts.hosts
                 else f'"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):{opts.port}"')
     return "\n".join(["#!/bin/bash", *head,
                       f"# meshplan launch: {placement.world} ranks, {nodes} node(s) x {node.gpus} GPUs ({node.name}).",
-                      "# One srun task per node runs torchrun.sh; node 0 (SLURM_NODEID 0) hosts the rendezvous.",
+                      "# One srun task per node runs torchrun.sh; the plan's node 0 hosts the rendezvous: "
+                      + (f"{opts.hosts[0]}, the first of --hosts (Slurm's SLURM_NODEID order is its own)." if opts.hosts
+                         else "SLURM_NODEID 0, the allocation's first host."),
                       "set -euo pipefail",
                       f"export MESHPLAN_RDZV_ENDPOINT=${{MESHPLAN_RDZV_ENDPOINT:-{endpoint}}}",
                       'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"', *find_folder_lines(folder), *srun_lines(cores)])
