@@ -70,3 +70,13 @@ def test_one_unit_sends_nothing_up():
     p = build_plan(config_from_dict(d))
     assert spine_hops(p.placement, p.mesh.groups("dp_shard")).sum() == 0
     assert not [e for e in edge_loads(p, step_time(p)) if "uplink" in e.edge]
+
+
+def test_pipeline_chain_has_no_wrap_hop():
+    # 4 stages on nodes 0-3, scalable units of 2: a ring crosses at 1 -> 2 and 3 -> 0; the
+    # pipeline's sends run 0 -> 1 -> 2 -> 3 only, so stage 3's node sends nothing across
+    from types import SimpleNamespace as P
+    from meshplan.schedule.netload import _exits
+    p = P(domain=np.arange(4), node=np.arange(4), rail=np.zeros(4, int), cluster=P(network=[P(nodes_per_domain=2)]))
+    assert _exits(p, "all-gather", np.arange(4)).tolist() == [False, True, False, True]
+    assert _exits(p, "send/recv", np.arange(4)).tolist() == [False, True, False, False]

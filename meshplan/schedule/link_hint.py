@@ -25,7 +25,8 @@ from typing import Callable, Optional
 
 from meshplan.plan import Plan
 from meshplan.schedule.link_spill import heaviest_nic_stage
-from meshplan.schedule.linkload import EdgeLoad, edge_loads, network_loads
+from meshplan.schedule.linkload import EdgeLoad, edge_loads
+from meshplan.schedule.netload import network_loads
 from meshplan.schedule.verdict import Replanned, clearly_faster, fsdp_knobs, knob_outcome, knob_name, stream_of
 from meshplan.spec.search import TIE
 from meshplan.units import GB, GiB
