@@ -63,7 +63,7 @@ def test_cross_rail_groups_use_spine():
     loads = {e.edge: e for e in edge_loads(p, step_time(p))}
     # rank 0 (node 0 GPU 0, rail 0) and rank 8 (node 1 GPU 1, rail 1) share a shard group: via the spine
     # (both nodes sit under one leaf of the 32-node scalable unit: its uplinks, 2 nodes x 400 Gb/s)
-    up = "rail {} uplinks to spine (leaf of nodes 0-1)"
+    up = "rail {} uplinks to spine (nodes 0-1)"
     assert up.format(0) in loads and up.format(1) in loads
     assert up.format(2) not in loads
     assert loads[up.format(0)].capacity_bytes_per_s == 2 * 400e9 / 8
@@ -275,7 +275,7 @@ def test_all_to_all_across_nodes_sends_each_members_off_node_share():
     # of each rank's 8 peers on the other node, 7 sit on other rails: 7/8 of the all-to-all's
     # bytes between nodes go up to the spine, the rings' stay on their rails; the leaf's rail-0
     # uplinks carry it for both of its nodes (node 0's and node 1's rail-0 rank)
-    assert loads["rail 0 uplinks to spine (leaf of nodes 0-1)"].bytes_per_step == pytest.approx(
+    assert loads["rail 0 uplinks to spine (nodes 0-1)"].bytes_per_step == pytest.approx(
         2 * 7 / 8 * 8 * (8 / 16 * a2a) / 8, rel=1e-12)
     nv = loads["rank 0 nvlink4"].bytes_per_step
     assert nv == pytest.approx(7 / 16 * a2a + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)

@@ -54,7 +54,7 @@ def test_place_and_step_count_the_same_hops(dp64):
     nic = loads["node 0 NIC mlx5_0 (rail 0)"]
     assert nic.bytes_per_step == pytest.approx(w, rel=1e-9)  # every ring byte through the NIC
     ups = [e for k, e in loads.items() if "uplinks to spine" in k]
-    assert [e.edge for e in ups] == [f"rail {k} uplinks to spine (leaf of nodes 0-31)" for k in range(8)]
+    assert [e.edge for e in ups] == [f"rail {k} uplinks to spine (nodes 0-31)" for k in range(8)]
     for e in ups:
         # one hop per ring leaves unit 0 (node 31's), the leaf's 32 uplinks at 400 Gb/s
         assert e.bytes_per_step == pytest.approx(w, rel=1e-9)

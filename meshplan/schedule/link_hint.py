@@ -108,7 +108,7 @@ def _shown(st, traffic: dict[tuple[str, str], float]) -> str:
 
 
 def _rail(edge: EdgeLoad) -> int:
-    """The rail of an uplink row ``rail 3 uplinks to spine (leaf of nodes 0-31)``."""
+    """The rail of an uplink row ``rail 3 uplinks to spine (nodes 0-31)``."""
     return int(edge.edge.split()[1])
 
 

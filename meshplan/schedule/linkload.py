@@ -306,7 +306,7 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     for rail, (per_step, per_layer) in sorted(uplink.items()):
         nic = next(n for n in cluster.node.nics if n.rail == rail)
         over = cluster.network[-1].oversubscription if cluster.network else 1.0
-        out.append(EdgeLoad(f"rail {rail} uplinks to spine (leaf of nodes {leaf[0]}-{leaf[-1]})", per_step,
+        out.append(EdgeLoad(f"rail {rail} uplinks to spine (nodes {leaf[0]}-{leaf[-1]})", per_step,
                             len(leaf) * nic.bandwidth_bytes_per_s / over, compute_s, per_layer, layer_s))
     return out
 
