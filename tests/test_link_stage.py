@@ -12,7 +12,8 @@ import pytest
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.link_spill import heaviest_nic_stage, nic_bytes_per_stage, overloaded_stage
-from meshplan.schedule.linkload import _spine_share, edge_loads
+from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.netload import _spine_share
 from meshplan.schedule.steptime import step_time
 from tests.cli_run import run_main
 from tests.conftest import EXAMPLES

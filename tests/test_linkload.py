@@ -62,8 +62,11 @@ def test_cross_rail_groups_use_spine():
     p = build_plan(config_from_dict(d))
     loads = {e.edge: e for e in edge_loads(p, step_time(p))}
     # rank 0 (node 0 GPU 0, rail 0) and rank 8 (node 1 GPU 1, rail 1) share a shard group: via the spine
-    assert "rail 0 uplink to spine (node 0)" in loads and "rail 1 uplink to spine (node 0)" in loads
-    assert "rail 2 uplink to spine (node 0)" not in loads
+    # (both nodes sit under one leaf of the 32-node scalable unit: its uplinks, 2 nodes x 400 Gb/s)
+    up = "rail {} uplinks to spine (nodes 0-1)"
+    assert up.format(0) in loads and up.format(1) in loads
+    assert up.format(2) not in loads
+    assert loads[up.format(0)].capacity_bytes_per_s == 2 * 400e9 / 8
 
 
 # The link report on arrays (StepTime.stage_detail) against the per-event loops it replaced,
@@ -270,9 +273,10 @@ def test_all_to_all_across_nodes_sends_each_members_off_node_share():
     # 8 ranks x 8/16 of each call leave the node, over its 8 NICs; the FSDP rings as in the dp16 case
     assert nic == pytest.approx(8 * (8 / 16 * a2a) / 8 + sum(r.sent_bytes_per_step for r in ring) / 8, rel=1e-12)
     # of each rank's 8 peers on the other node, 7 sit on other rails: 7/8 of the all-to-all's
-    # bytes between nodes go up to the spine, the rings' stay on their rails
-    assert loads["rail 0 uplink to spine (node 0)"].bytes_per_step == pytest.approx(
-        7 / 8 * 8 * (8 / 16 * a2a) / 8, rel=1e-12)
+    # bytes between nodes go up to the spine, the rings' stay on their rails; the leaf's rail-0
+    # uplinks carry it for both of its nodes (node 0's and node 1's rail-0 rank)
+    assert loads["rail 0 uplinks to spine (nodes 0-1)"].bytes_per_step == pytest.approx(
+        2 * 7 / 8 * 8 * (8 / 16 * a2a) / 8, rel=1e-12)
     nv = loads["rank 0 nvlink4"].bytes_per_step
     assert nv == pytest.approx(7 / 16 * a2a + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)
 

@@ -105,7 +105,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     collectives that load it and, for FSDP's, the FSDP knobs re-planned (those that fit, more than 1% shorter).
     Under --overlap-tp the verdict and 'hint:' lines are the config as written (TP blocking; a note says so): a
     hint's step is what step prints for the config with it set. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
-    (named in its header); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
+    (named in its header; a rail's uplinks are node 0's leaf's: what every node under it sends across the spine,
+    the ring hops that leave its scalable unit or change rail, as place counts them, against its nodes x the NIC
+    rate); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
     the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
     gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the

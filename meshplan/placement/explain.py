@@ -130,6 +130,17 @@ def _rail_counts(c, loc: GroupLocality) -> str:
     return ", ".join(f"rail {int(v)}: {int(n)} group{'s' if n > 1 else ''}" for v, n in zip(vals, counts))
 
 
+def _units(c, axis: str) -> str:
+    """``; its rings cross the spine between scalable units of 32 nodes: 9,135.8 GB per step``
+    where a one-rail axis's ring hops leave their leaf (:mod:`meshplan.placement.spine`)."""
+    cost = c.after.by_axis.get(axis)
+    if not cost or not cost.spine_hops:
+        return ""
+    per = c.placement.cluster.network[0].nodes_per_domain
+    return (f"; its rings cross the spine between scalable units of {per} nodes ({cost.spine_hops} of "
+            f"{cost.network_hops} hops): {_fmt(cost.spine_bytes, c.weights_source != 'default')} per step")
+
+
 def _data(c, axis: str, loc: GroupLocality) -> tuple[str, bool]:
     """(line, is it a decision) for a data or shard axis."""
     d_gpus, n_gpus, dom = _where(c)
@@ -147,7 +158,7 @@ def _data(c, axis: str, loc: GroupLocality) -> tuple[str, bool]:
     if loc.max_per_node == 1 and loc.max_rails <= 1:
         return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'}, one member per "
                 f"node at the same local GPU: each group on one rail ({_rail_counts(c, loc)}) "
-                f"(assumes a rail-optimized fabric: NIC k of every node on leaf k)", True)
+                f"(assumes a rail-optimized fabric: NIC k of every node on leaf k){_units(c, axis)}", True)
     return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'} with "
             f"{loc.max_per_node} members per node on the same local GPUs in every node: group 0 uses rails "
             f"{_rails_of(c, loc, 0)} in every node, so each ring channel can stay on one rail (a group of "

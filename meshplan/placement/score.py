@@ -22,7 +22,8 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.placement.assign import Placement, distinct, group_locality, same_rails
+from meshplan.placement.assign import Placement, distinct, group_locality
+from meshplan.placement.spine import spine_hops
 from meshplan.spec.axes.registry import AXES, placement_weights
 
 #: Relative weights (not bytes) when no collective table is given, each axis's own
@@ -60,9 +61,9 @@ class AxisCost:
     orders a ring domain by domain, so a group spread over k NVLink domains has k hops
     between domains (none when k = 1), each carrying about one buffer S per collective
     ((n-1)/n S for all-gather and reduce-scatter, 2(n-1)/n S for all-reduce; S is counted).
-    ``spine_hops``: those hops of groups whose domains do not all use the same rails (a hop
-    between rails goes through the spine; counted for every hop of such a group, an upper
-    bound). ``socket_hops``: hops across the CPU link: between socket blocks of one node
+    ``spine_hops``: those hops that cross the spine, hop by hop in NCCL's rank-order ring
+    (:func:`meshplan.placement.spine.spine_hops`: to another leaf's scalable unit, or between
+    domains on different rails). ``socket_hops``: hops across the CPU link: between socket blocks of one node
     when the GPU fabric is no faster than PCIe, plus each member's share (k/n) of its
     group's network hops when its NIC sits on the other socket."""
 
@@ -113,7 +114,7 @@ def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> Ax
     loc = group_locality(p, groups)
     k, n = loc.domains, groups.shape[1]
     net = np.where(k > 1, k, 0)
-    spine = np.where(same_rails(p, groups), 0, net)
+    spine = spine_hops(p, groups)
     node = p.cluster.node
     socket = 0.0
     if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:

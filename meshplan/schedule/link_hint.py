@@ -25,7 +25,8 @@ from typing import Callable, Optional
 
 from meshplan.plan import Plan
 from meshplan.schedule.link_spill import heaviest_nic_stage
-from meshplan.schedule.linkload import EdgeLoad, edge_loads, network_loads
+from meshplan.schedule.linkload import EdgeLoad, edge_loads
+from meshplan.schedule.netload import network_loads
 from meshplan.schedule.verdict import Replanned, clearly_faster, fsdp_knobs, knob_outcome, knob_name, stream_of
 from meshplan.spec.search import TIE
 from meshplan.units import GB, GiB
@@ -107,7 +108,7 @@ def _shown(st, traffic: dict[tuple[str, str], float]) -> str:
 
 
 def _rail(edge: EdgeLoad) -> int:
-    """The rail of an uplink row ``rail 3 uplink to spine (node 0)``."""
+    """The rail of an uplink row ``rail 3 uplinks to spine (nodes 0-31)``."""
     return int(edge.edge.split()[1])
 
 

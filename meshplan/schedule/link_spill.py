@@ -36,7 +36,8 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.linkload import StageDetail, compute_window_s, edge_loads, network_loads
+from meshplan.schedule.linkload import StageDetail, compute_window_s, edge_loads
+from meshplan.schedule.netload import network_loads
 from meshplan.schedule.pipeline_exposure import unit_exposure
 from meshplan.schedule.verdict import stream_of
 

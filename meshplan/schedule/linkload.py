@@ -20,9 +20,9 @@ collective with its start and end in the step):
   part the row's algorithm keeps inside the node, :func:`meshplan.comm.row.link_bytes`:
   7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
   group's members on node 0 send out of it, by the same split: one rank's ring bytes for a
-  ring, split over the NICs its members use there), and each rail's uplink
-  (traffic of groups whose hops between nodes change rail, :func:`_spine_share`, or span
-  more nodes than one leaf holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
+  ring, split over the NICs its members use there), and each rail leaf's uplinks to the spine
+  (node 0's scalable unit: the ring hops that leave it or change rail,
+  :mod:`meshplan.placement.spine`, the rule ``place`` counts too). Each edge's busy time (bytes / capacity) is checked against
   the interval it must fit in: the stage's compute time per step, and per layer pass (one
   layer's forward + backward of one micro-batch) that pass's time; every row that runs in
   the passes counts there, those counted per step (FSDP under a pipeline schedule) with
@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.comm.row import link_bytes
+from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
@@ -279,7 +280,10 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
 
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load per step on the NVLink of ``stage``'s first rank (``st.example_ranks[stage]``: rank 0
-    for stage 0), the NICs of that rank's node and the rails' spine uplinks from it, against
+    for stage 0), the NICs of that rank's node and the rail leaves' uplinks to the spine of its
+    scalable unit (every node's traffic under the leaf that crosses the spine, against the
+    leaf's uplinks: a non-blocking leaf has one NIC's rate per node, over the spine tier's
+    oversubscription), against
     ``stage``'s windows (:func:`compute_window_s`), from ``stage``'s collective rows."""
     rows = plan.stage(stage).collectives
     compute_s = compute_window_s(st, stage)
@@ -298,11 +302,12 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
         nic = cluster.node.nics[i]
         out.append(EdgeLoad(f"node {node} NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
                             compute_s, per_layer, layer_s))
+    leaf = leaf_nodes(cluster, node)
     for rail, (per_step, per_layer) in sorted(uplink.items()):
         nic = next(n for n in cluster.node.nics if n.rail == rail)
         over = cluster.network[-1].oversubscription if cluster.network else 1.0
-        out.append(EdgeLoad(f"rail {rail} uplink to spine (node {node})", per_step, nic.bandwidth_bytes_per_s / over,
-                            compute_s, per_layer, layer_s))
+        out.append(EdgeLoad(f"rail {rail} uplinks to spine (nodes {leaf[0]}-{leaf[-1]})", per_step,
+                            len(leaf) * nic.bandwidth_bytes_per_s / over, compute_s, per_layer, layer_s))
     return out
 
 
@@ -313,95 +318,3 @@ def compute_window_s(st, stage: int = 0) -> float:
     d = StageDetail.cached(st, stage)
     inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
     return float((d.end[inner] - d.start[inner]).sum()) * st.runs
-
-
-def layer_pass_calls(row, passes: int) -> float:
-    """Calls of collective-table ``row`` per layer pass (one layer's forward + backward of one
-    micro-batch; ``passes`` = micro-batches x the stage's layers per step): its calls per step
-    spread evenly over the passes, ``per_step / passes``. For a row counted per micro-batch
-    that is ``per_microbatch / layers``; a row counted per step (FSDP under a pipeline
-    schedule: gathers when a pass finds its unit sharded, one reduce-scatter per unit) enters
-    with its step average. Rows of the ``step`` phase (after the schedule: optimizer-step
-    reductions, ZeRO-1/2's parameter all-gather) run in no layer pass: 0.
-
-    Llama 3 405B, pp 16, stage 0 (7 layers, 16 micro-batches, 112 passes): the FSDP forward
-    all-gather, 112 per step (every forward finds its layer resharded), is 1 call per pass;
-    the backward all-gather and the reduce-scatter, 7 per step (one per layer), 1/16.
-
-    >>> from types import SimpleNamespace as R
-    >>> layer_pass_calls(R(phase="forward", per_step=112), 112), layer_pass_calls(R(phase="backward", per_step=7), 112)
-    (1.0, 0.0625)
-    >>> layer_pass_calls(R(phase="step", per_step=1), 112)
-    0.0
-    """
-    return 0.0 if row.phase == "step" else row.per_step / max(passes, 1)
-
-
-def network_loads(plan, rows, passes, node: int = 0):
-    """{nic: (bytes/step, bytes/layer pass)} on ``node`` and {rail: ...} going up to the spine
-    from it (``passes``: layer passes per step, :func:`layer_pass_calls`)."""
-    mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
-    leaf = cluster.network[0].nodes_per_domain if cluster.network else 0
-    nics: dict[int, list[float]] = {}
-    uplink: dict[int, list[float]] = {}
-    axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
-    for r in rows:
-        if r.path.kind != "network" or r.axis not in axis_name:
-            continue
-        groups = mesh.groups(axis_name[r.axis])
-        on0 = np.flatnonzero((p.node[groups] == node).any(axis=1))
-        for g in on0:
-            members = groups[g][p.node[groups[g]] == node]
-            # what the group's members on node 0 send out of it per call (link_bytes: one rank's
-            # ring bytes for a ring, each member's off-node share for all-to-all)
-            sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes,
-                                             len(np.unique(p.node[groups[g]])), len(members))[1]
-            per_layer = sent * layer_pass_calls(r, passes)
-            used = sorted({int(x) for x in p.nic[members] if x >= 0})
-            wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
-            up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]], node)
-            for i in used:
-                share = [sent * r.per_step / len(used), per_layer / len(used)]
-                _acc(nics, i, share)
-                if up:
-                    _acc(uplink, cluster.node.nics[i].rail, [up * x for x in share])
-    return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
-
-
-def _spine_share(op: str, node: np.ndarray, rail: np.ndarray, home: int = 0) -> float:
-    """Share of a group's bytes between nodes that changes rail (so goes up to the spine),
-    from its members' ``node`` and ``rail`` (one entry per member, node ``home`` the one reported).
-    All-to-all sends S/n from each member to each peer: the share of node 0's members' peers
-    on other nodes that sit on another rail. Rings and trees enter and leave each node
-    through the same NIC rails when every node of the group holds members on the same rails:
-    NCCL keeps a channel on one NIC rail across nodes (``NCCL_CROSS_NIC``, default 2: the same
-    NIC where it costs no bandwidth; NCCL's environment-variable documentation), so 0;
-    otherwise some hop between nodes joins two rails: all of it (as before).
-
-    >>> _spine_share("all-gather", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
-    0.0
-    >>> _spine_share("all-gather", np.array([0, 1]), np.array([0, 1]))
-    1.0
-    >>> _spine_share("all-to-all", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
-    0.5
-    """
-    if op == "all-to-all":
-        mine, away = rail[node == home], rail[node != home]
-        if not len(mine) or not len(away):
-            return 0.0
-        return float((mine[:, None] != away[None, :]).mean())
-    per_node = [frozenset(rail[node == n].tolist()) for n in np.unique(node)]
-    return 1.0 if any(x != per_node[0] for x in per_node) else 0.0
-
-
-def _has(mesh, axis) -> bool:
-    try:
-        return bool(mesh.axes_of(axis)) or axis in ("efsdp", "ep", "etp")
-    except Exception:
-        return axis in ("efsdp", "ep", "etp") and mesh.ep * mesh.etp > 1
-
-
-def _acc(d: dict, k, share) -> None:
-    cur = d.setdefault(k, [0.0, 0.0])
-    cur[0] += share[0]
-    cur[1] += share[1]

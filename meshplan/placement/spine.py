@@ -1,0 +1,74 @@
+"""Which ring hops of a group cross the spine: the one home of that rule, for ``place``'s
+weak-path bytes (:func:`meshplan.placement.score.weak_bytes`) and ``step``'s rail uplinks
+(:func:`meshplan.schedule.linkload.network_loads`).
+
+NCCL orders a ring by rank: inside the communicator consecutive ranks, one NVLink domain after
+the other (NCCL ``graph/rings.cc``: a multi-node ring enters and leaves each node once per
+channel), and back from the last domain to the first. Of a group over N domains only its N hops
+between domains use the network, each carrying one rank's ring bytes
+(:func:`meshplan.comm.row.link_bytes`). In a rail-optimized fabric (NVIDIA DGX SuperPOD
+RA-11333-001: NIC k of every node on its scalable unit's leaf k) a hop stays under one leaf
+when both domains sit in the same scalable unit (``network[0].nodes_per_domain`` nodes; 0 = all)
+and hold their members on the same rails (NCCL keeps a channel on one NIC rail,
+``NCCL_CROSS_NIC``); otherwise it goes up its rail's leaf to the spine and down again.
+
+Llama-3-70B, dp_shard 256 x tp 8 on 256 dgx-h100 (SUs of 32 nodes): a dp_shard group has one
+member per node, all on one rail; its ring 0 -> 1 -> ... -> 255 -> 0 crosses the spine only
+at 31 -> 32, 63 -> 64, ..., 255 -> 0: 8 of its 256 hops.
+
+>>> import numpy as np
+>>> from types import SimpleNamespace as P
+>>> p = P(domain=np.arange(4), node=np.arange(4), rail=np.zeros(4, int),
+...       cluster=P(network=[P(nodes_per_domain=2)]))
+>>> exit_crosses(p, np.arange(4)).tolist()   # 0 -> 1 stays, 1 -> 2 and 3 -> 0 leave the SU
+[False, True, False, True]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def leaf_of(cluster, node: np.ndarray) -> np.ndarray:
+    """Scalable unit (leaf) of each node index: ``node // nodes_per_domain`` of the innermost
+    network tier, 0 for every node when the leaf holds all (0) or there is no network."""
+    per = cluster.network[0].nodes_per_domain if cluster.network else 0
+    return np.asarray(node) // per if per else np.zeros_like(np.asarray(node))
+
+
+def exit_crosses(p, group: np.ndarray) -> np.ndarray:
+    """Per NVLink domain of ``group`` (ranks, in rank order), in ring order (first appearance):
+    whether the ring hop leaving it for the next domain crosses the spine (another leaf, or
+    another set of rails: members without a NIC count as rail -1). Shape (domains,); all False
+    for a group inside one domain."""
+    dom = p.domain[group]
+    _, first = np.unique(dom, return_index=True)
+    first = np.sort(first)
+    if len(first) < 2:
+        return np.zeros(len(first), dtype=bool)
+    order = dom[first]
+    pos = {int(d): i for i, d in enumerate(order)}
+    mask = np.zeros(len(order), dtype=np.int64)
+    for d, r in zip(dom.tolist(), p.rail[group].tolist()):
+        mask[pos[d]] |= 1 << (r + 1)
+    leaf = leaf_of(p.cluster, p.node[group][first])
+    nxt = np.roll(np.arange(len(order)), -1)
+    return (leaf != leaf[nxt]) | (mask != mask[nxt])
+
+
+def spine_hops(p, groups: np.ndarray) -> np.ndarray:
+    """Ring hops that cross the spine per group of ``groups`` (n_groups, size): shape (n_groups,).
+    Groups inside one NVLink domain have none."""
+    g = np.asarray(groups)
+    dom = np.sort(p.domain[g], axis=1)
+    multi = (dom[:, 1:] != dom[:, :-1]).any(axis=1) if g.shape[1] > 1 else np.zeros(len(g), bool)
+    out = np.zeros(len(g), dtype=np.int64)
+    for i in np.flatnonzero(multi):
+        out[i] = int(exit_crosses(p, g[i]).sum())
+    return out
+
+
+def pair_crosses(rail_a: np.ndarray, leaf_a: np.ndarray, rail_b: np.ndarray, leaf_b: np.ndarray) -> np.ndarray:
+    """(len(a), len(b)) whether a direct send from each member a to each member b on another node
+    crosses the spine (all-to-all's pairwise sends): another rail or another leaf."""
+    return (rail_a[:, None] != rail_b[None, :]) | (leaf_a[:, None] != leaf_b[None, :])
