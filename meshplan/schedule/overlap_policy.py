@@ -84,7 +84,8 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
     :func:`~meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead`) from ``[memory]
     deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` and a layer's all-gather
     bytes (the largest forward ``every layer`` all-gather of ``rows``, the plan's collective
-    rows): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
+    rows), the coordinator's window sliding module by module (``Overlap.fsdp_slide``: the next
+    layer's gather issued during this one): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
     its layer, or the embedding or head, needs it)."""
     overlap = config_overlap(config.training, overlap)
     ds = config.memory.deepspeed_prefetch_bytes(config.training)
@@ -92,7 +93,7 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
         return overlap
     unit = _layer_gather_bytes(rows)
     ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
-    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead)
+    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead, fsdp_slide=True)
 
 
 def _layer_gather_bytes(rows) -> int:
@@ -136,8 +137,9 @@ def deepspeed_prefetch_line(config, rows) -> str:
         return (f"note: DeepSpeed ZeRO-3 prefetch: none (stage3_max_live_parameters {_sci(live)} elements hold no "
                 f"more than the layer computed, {unit:,} B)")
     return (f"note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size {_sci(bucket)}, max live {_sci(live)} "
-            f"elements): {ahead:.2f} layers gathered past the one computed, up to max live (at least the next "
-            f"layer's gather during this one; meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
+            f"elements): {ahead:.2f} layers gathered past the one computed at its start, up to max live, the "
+            f"window sliding module by module (the next layer's gather issued during this one; "
+            f"meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
 
 
 def megatron_fsdp(training) -> bool:

@@ -168,7 +168,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
-    pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
+    pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
+                       slide=ov.fsdp_slide)
     pf.start()  # a chunk without layers (stage_layers) gathers none
     # the routed experts' own unit (efsdp): prefetched beside the next layer's, the chunk's first
     # layer's on demand (module docstring)
@@ -277,7 +278,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     head_ag = s.comm("shard", "backward", "all-gather", f"fsdp AG {head_g}", head_g) \
         if chunk.head is not None and with_b and gather_root \
         and ("shard", head_g, "backward", "all-gather") in comm.t else None
-    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
+    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
+                       slide=ov.fsdp_slide)
     if early:
         pf.start()
         experts.prefetch(n - 1)  # in the last layer's unit (torchtitan b5bcd76): prefetched with it
