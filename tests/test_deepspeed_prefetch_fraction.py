@@ -13,15 +13,17 @@ bf16 parameters, dp_shard 16), bucket 5e6 elements, max live 1.14 and 2.5 layers
 
 - 1.14 layers: int(1.14 N) = 19,128,360 elements = 38,256,720 B; ahead (38,256,720 - L) / L =
   4,698,192 / 33,558,528 = 0.14 of a layer. Memory: the layer computed plus that part, max live,
-  38,256,720 B. Forward step: the embedding's gather is exposed (nothing before it), then the
-  first layer's, 0.14 issued behind the embedding and the rest on demand, the compute waiting
-  for both (a part's seconds are its share of the call's); each next layer is issued whole at
-  the start of the one before (the slide) and arrives within that layer's compute, as does the
-  head's: exposed = t(embedding) + t(layer). With the fractional ahead and no slide, each of
+  38,256,720 B. Forward step: the embedding's gather is exposed (nothing before it); its fetch
+  prefetches max live less the embedding (2,097,152 B), (38,256,720 - 2,097,152) / L = 1.08
+  layers, as the memory's: the first layer and 0.08 of the second, issued behind the embedding
+  and waited for by the first layer; each next layer's rest is issued at the start of the one
+  before (the slide) and arrives within that layer's compute, as does the head's: exposed =
+  t(embedding) + t(layer). With the fractional ahead and no slide, each of
   the 3 later layers would wait for its on-demand 0.86: + 3 x (1 - 0.14) x t(layer).
 - 2.5 layers: 41,948,160 elements = 83,896,320 B; ahead 1.5 layers (the slide adds nothing, the
-  lead is already past a layer). Memory: 2.5 L = 83,896,320 B. Forward step: the first layer
-  and half the second issued behind the embedding, exposed = t(embedding) + t(layer) again.
+  lead is already past a layer). Memory: 2.5 L = 83,896,320 B. Forward step: (83,896,320 -
+  2,097,152) / L = 2.44 layers issued behind the embedding, the first layer's first: exposed =
+  t(embedding) + t(layer) again.
 
 ``t``: the plan's forward all-gather rows' ``time_s`` (which hold DeepSpeed's ``torch.cat``
 copy-out of a prefetched part, min(L, bucket, ahead bytes): 4,698,192 B at 1.14, 1e7 B at 2.5, so
@@ -76,6 +78,8 @@ def test_step_and_memory_read_one_fractional_ahead(tmp_path, live, live_bytes, a
     # the one number: the step's ahead is the memory's bytes past the layer computed, in layers
     ov = plan_overlap(plan.config, rows)
     assert ov.fsdp_ahead == pytest.approx(ahead, rel=1e-12) and ov.fsdp_slide
+    # behind the embedding's (2,097,152 B) and the head's (2,099,200 B) fetches: max live less that unit
+    assert ov.fsdp_start == pytest.approx(((live_bytes - 2_097_152) / L, (live_bytes - 2_099_200) / L), rel=1e-12)
     assert deepspeed_prefetch_ahead((2 * BUCKET, live_bytes), L) * L == deepspeed_ahead_bytes((2 * BUCKET, live_bytes), L)
     # memory: the layer computed and the part ahead hold max live
     assert _held_max(plan) == live_bytes == round(L * (1 + ahead))
@@ -88,8 +92,9 @@ def test_step_and_memory_read_one_fractional_ahead(tmp_path, live, live_bytes, a
 
 def test_without_the_slide_a_part_ahead_waits_for_the_rest(tmp_path):
     """Max live 1.14 layers, the fractional ahead taken as the whole lead (no slide): each of the
-    3 layers after the first waits for its on-demand 0.86 (module docstring), what DeepSpeed's
-    module-by-module top-up avoids."""
+    3 layers after the first waits for its on-demand 0.86 (module docstring; the second's first
+    0.08 came behind the embedding, its next 0.06 behind the first layer's fetch, 0.14 in all),
+    what DeepSpeed's module-by-module top-up avoids."""
     plan = _plan(tmp_path, BUCKET, 19_128_360)
     rows = plan.stage(0).collectives
     a = 4_698_192 / 33_558_528

@@ -79,10 +79,11 @@ class LayerPrefetch:
                 self.waits[pos].append(ev)
             self.front = float(pos + 1) if end > pos + 1.0 - _EPS else end
 
-    def start(self) -> None:
+    def start(self, ahead: Optional[float] = None) -> None:
         """The prefetch behind the fetch before the first layer (the embedding's in forward, the
-        head's in backward): ``ahead`` layers."""
-        self._upto(self.ahead)
+        head's in backward): ``ahead`` layers, or the given ones (DeepSpeed: max live less that
+        fetch's unit, ``Overlap.fsdp_start``)."""
+        self._upto(self.ahead if ahead is None else max(0.0, ahead))
 
     def need(self, pos: int) -> list:
         """The all-gathers the layer at ``pos`` of ``order`` waits for: what of it is not issued

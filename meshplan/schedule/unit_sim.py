@@ -34,6 +34,9 @@ class Overlap:
     #: DeepSpeed ZeRO-3's window sliding module by module: the next layer's gather issued during
     #: the layer computed whatever ``fsdp_ahead`` (:class:`~meshplan.schedule.layer_prefetch.LayerPrefetch`)
     fsdp_slide: bool = False
+    #: DeepSpeed ZeRO-3: layers its prefetch issues behind the fetch before a pass's first layer,
+    #: (forward: the embedding's, backward: the head's), max live less that unit; () for ``fsdp_ahead``
+    fsdp_start: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
 
