@@ -77,11 +77,12 @@ def test_memory_holds_what_the_steps_prefetch_holds(tmp_path, bucket, live, ahea
 
 
 def test_a_part_of_a_layer_ahead_holds_max_live(tmp_path):
-    """Max live 1.5 layers (25,168,896 elements): the step still gathers the next layer during this
-    one (at least one layer ahead, module by module), the memory holds max live at once: the layer
-    computed and 16,779,264 B (half) of the next, 50,337,792 B."""
+    """Max live 1.5 layers (25,168,896 elements): the step and the memory read the same 0.5 layer
+    gathered past the one computed (the step's window slides during the layer: the next layer's
+    gather is issued during this one, ``Overlap.fsdp_slide``), the memory holds max live at once:
+    the layer computed and 16,779,264 B (half) of the next, 50,337,792 B."""
     plan = _plan(tmp_path, 5 * 10**6, 3 * N // 2)
-    assert plan_overlap(plan.config, plan.stage(0).collectives).fsdp_ahead == 1.0
+    assert plan_overlap(plan.config, plan.stage(0).collectives).fsdp_ahead == 0.5
     assert _held_max(plan) == 3 * L // 2 == 50_337_792
 
 

@@ -43,8 +43,9 @@ def deepspeed_prefetch(b: PassBuilder, ahead: list, prefetch: int, live: int) ->
     ``prefetch`` and ``live`` bytes): the units of ``ahead`` (next in the pass) gathered or in flight
     up to :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes` past the units held (the
     one fetched, a root kept), a unit's part where that ends in it: after a layer's fetch the
-    step's frontier, ``max live - layer``; after an end unit's (the embedding's in forward, the
-    head's in backward) or beside a root, less than the step's, which counts a layer. DeepSpeed
+    step's frontier at the layer's start, ``max live - layer``; after an end unit's (the
+    embedding's in forward, the head's in backward) ``max live - that unit``, the step's
+    ``Overlap.fsdp_start``; beside a kept root, less. DeepSpeed
     takes whole parameters (one past max live at most); meshplan's frontier is taken to the byte."""
     held = sum(b.sz.units[k].gathered for k in b.gathered)
     room = deepspeed_ahead_bytes((prefetch, live), held) - sum(b.issued_bytes.values())

@@ -12,7 +12,7 @@ from dataclasses import replace
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.spec.deepspeed_memory import deepspeed_prefetch_ahead
+from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_prefetch_ahead
 from meshplan.spec.mesh import Schedule
 
 
@@ -84,7 +84,10 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
     :func:`~meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead`) from ``[memory]
     deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` and a layer's all-gather
     bytes (the largest forward ``every layer`` all-gather of ``rows``, the plan's collective
-    rows): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
+    rows), the coordinator's window sliding module by module (``Overlap.fsdp_slide``: the next
+    layer's gather issued during this one) and behind the embedding's and the head's fetches max
+    live less that unit (``Overlap.fsdp_start``, as the memory timeline's
+    :func:`~meshplan.memory.deepspeed_fetch.deepspeed_prefetch`): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
     its layer, or the embedding or head, needs it)."""
     overlap = config_overlap(config.training, overlap)
     ds = config.memory.deepspeed_prefetch_bytes(config.training)
@@ -92,7 +95,17 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
         return overlap
     unit = _layer_gather_bytes(rows)
     ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
-    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead)
+    start = tuple(deepspeed_ahead_bytes(ds, end) / unit if unit and end else ahead
+                  for end in (_root_gather_bytes(rows, "embedding"), _root_gather_bytes(rows, "norm/output")))
+    return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead, fsdp_slide=True, fsdp_start=start)
+
+
+def _root_gather_bytes(rows, end: str) -> int:
+    """The forward all-gather bytes of the root unit at ``end`` ("embedding", "norm/output"; the
+    one ``root`` unit where the two are together; 0: none on this stage)."""
+    sizes = [r.size_bytes for r in rows if r.phase == "forward" and r.op == "all-gather"
+             and r.cadence in (f"per root ({end})", "per root")]
+    return int(max(sizes, default=0))
 
 
 def _layer_gather_bytes(rows) -> int:
@@ -136,8 +149,9 @@ def deepspeed_prefetch_line(config, rows) -> str:
         return (f"note: DeepSpeed ZeRO-3 prefetch: none (stage3_max_live_parameters {_sci(live)} elements hold no "
                 f"more than the layer computed, {unit:,} B)")
     return (f"note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size {_sci(bucket)}, max live {_sci(live)} "
-            f"elements): {ahead:.2f} layers gathered past the one computed, up to max live (at least the next "
-            f"layer's gather during this one; meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
+            f"elements): {ahead:.2f} layers gathered past the one computed at its start, up to max live, the "
+            f"window sliding module by module (the next layer's gather issued during this one; "
+            f"meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
 
 
 def megatron_fsdp(training) -> bool:

@@ -168,8 +168,9 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
-    pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
-    pf.start()  # a chunk without layers (stage_layers) gathers none
+    pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
+                       slide=ov.fsdp_slide)
+    pf.start(ov.fsdp_start[0] if ov.fsdp_start and chunk.embed is not None else None)  # none without layers
     # the routed experts' own unit (efsdp): prefetched beside the next layer's, the chunk's first
     # layer's on demand (module docstring)
     experts = _ExpertGathers(lambda i: s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert")
@@ -277,9 +278,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     head_ag = s.comm("shard", "backward", "all-gather", f"fsdp AG {head_g}", head_g) \
         if chunk.head is not None and with_b and gather_root \
         and ("shard", head_g, "backward", "all-gather") in comm.t else None
-    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0)
+    pf = LayerPrefetch(gather_, list(reversed(range(n))), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
+                       slide=ov.fsdp_slide)
     if early:
-        pf.start()
+        pf.start(ov.fsdp_start[1] if ov.fsdp_start and chunk.head is not None else None)
         experts.prefetch(n - 1)  # in the last layer's unit (torchtitan b5bcd76): prefetched with it
     if head_ag is not None:
         s.compute(f"{head_g} copy-out", comm.copies.get((head_g, "all-gather"), 0.0), [head_ag])
@@ -293,7 +295,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
             unit_reduce(s, head_g, head_g, 0.0)
     if not early:
-        pf.start()
+        pf.start(ov.fsdp_start[1] if ov.fsdp_start and chunk.head is not None else None)
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ags = pf.need(n - 1 - i)

@@ -31,6 +31,12 @@ class Overlap:
     #: layers of FSDP all-gathers issued past the layer computed when ``fsdp_prefetch``
     #: (:mod:`~meshplan.schedule.layer_prefetch`): FSDP2's 1, DeepSpeed ZeRO-3's bucket (a share of a layer or more)
     fsdp_ahead: float = 1.0
+    #: DeepSpeed ZeRO-3's window sliding module by module: the next layer's gather issued during
+    #: the layer computed whatever ``fsdp_ahead`` (:class:`~meshplan.schedule.layer_prefetch.LayerPrefetch`)
+    fsdp_slide: bool = False
+    #: DeepSpeed ZeRO-3: layers its prefetch issues behind the fetch before a pass's first layer,
+    #: (forward: the embedding's, backward: the head's), max live less that unit; () for ``fsdp_ahead``
+    fsdp_start: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
 

@@ -26,7 +26,7 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     """Bytes DeepSpeed ZeRO-3's coordinator holds gathered past the unit it computes once its
     prefetch has run ahead (``held_bytes``: the bytes gathered besides, the unit computed and any
     kept; ``prefetch_live``: (prefetch bucket, max live) bytes): the one rule the step's prefetch
-    (:func:`deepspeed_prefetch_ahead`, held a layer) and the memory timeline
+    (:func:`deepspeed_prefetch_ahead`, held a layer: the same bytes) and the memory timeline
     (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`, held the units it holds
     gathered) share.
 
@@ -59,33 +59,36 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
 
 
 def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) -> float:
-    """Layers of parameters DeepSpeed ZeRO-3's coordinator has in flight or gathered past the layer
-    it computes, in the step's layer-sized units (``unit_bytes``: a layer's gathered bytes;
+    """Layers of parameters DeepSpeed ZeRO-3's coordinator holds gathered or in flight past the
+    layer it computes when that layer starts (``unit_bytes``: a layer's gathered bytes;
     ``prefetch_live``: (prefetch bucket, max live) bytes): :func:`deepspeed_ahead_bytes` in
-    layers, and at least 1 where it is not 0. ``fetch_sub_module``
-    (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partitioned_param_coordinator.py:310-490``) runs
-    before every module's forward and backward, containers and persistent norms included: it
-    gathers the module's own parameters not yet gathered (on demand: the compute waits for them,
-    ``current_stream().wait_stream(allgather_stream)``), then, on the same all-gather stream, pops
-    the parameters next in the trace's queue and prefetches them while fewer than
-    ``min(max_live - available, bucket)`` elements are taken, so at least one parameter per call.
-    A Llama or GPT layer makes more such calls than it has gathered weights, so each layer moves
-    the prefetch frontier on by more than the layer it consumes: it runs ahead until
-    ``max_live`` stops it, whatever the bucket's size beyond 0.
+    layers, fractional, the one number the step (:class:`meshplan.schedule.layer_prefetch.LayerPrefetch`'s
+    ``ahead``) and the memory timeline (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`,
+    the same bytes) use.
 
-    - bucket 0, or a max live that does not hold more than the layer computed: nothing ahead,
-      every gather on demand: 0;
-    - else ``(max_live - layer) / layer``, and at least 1: with less than a layer of room the
-      frontier is still ahead by modules, each module's weight gathered during the module before
-      it (as its own weights are released), which at the step's layer granularity is the next
-      layer's gather during this one (FSDP2's prefetch of one unit). The memory timeline holds
-      only ``max_live - layer`` of it at once (:func:`deepspeed_ahead_bytes`).
+    What is gathered (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partitioned_param_coordinator.py``):
+    ``__n_available_params`` counts each parameter's ``ds_numel`` from its issue
+    (``__all_gather_params_``, :593) to its release (``__release_param``, :630, from
+    ``release_sub_module`` after its module's forward or backward); each ``fetch_sub_module``
+    (:353-490) gathers its module's parameters, then prefetches from the trace's queue while
+    fewer than ``min(max_live - available, bucket)`` elements are taken (:453-457; none when that
+    is <= 0, else at least one parameter). So at every module's fetch the module computed plus
+    the parameters ahead of it reach ``max_live`` (one parameter over at most), never more: at a
+    layer's first module ``max_live - layer`` of the layers after it, 0.14 of a layer at
+    max live 1.14 layers, not a whole one. As the layer's modules are released one by one, the
+    next fetches top the frontier up again, so during the layer the rest of the next layer's
+    gather is issued (a window of ``max_live`` sliding module by module): that timing is
+    :class:`~meshplan.schedule.layer_prefetch.LayerPrefetch`'s ``slide``, not more bytes.
+
+    - bucket 0, or a max live that does not hold more than the layer computed: 0;
+    - else ``(max_live - layer) / layer``.
 
     A 30B layer (6656 hidden, 17920 gated FFN, 2 norms: 535,049,216 parameters, 1,070,098,432 B in
-    bf16), max live 1e9 elements (2e9 B): buckets 0, 5e6 and 5e8 elements; max live 3e9:
+    bf16), max live 1e9 elements (2e9 B): buckets 0, 5e6 and 5e8 elements (0.869 of the next
+    layer whatever the bucket beyond 0); max live 3e9:
 
-    >>> [deepspeed_prefetch_ahead((b * 2, 2 * 10**9), 1_070_098_432) for b in (0, 5 * 10**6, 5 * 10**8)]
-    [0.0, 1.0, 1.0]
+    >>> [round(deepspeed_prefetch_ahead((b * 2, 2 * 10**9), 1_070_098_432), 3) for b in (0, 5 * 10**6, 5 * 10**8)]
+    [0.0, 0.869, 0.869]
     >>> round(deepspeed_prefetch_ahead((10**8, 6 * 10**9), 1_070_098_432), 3)
     4.607
 
@@ -94,8 +97,7 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
     >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
     0.0
     """
-    ahead = deepspeed_ahead_bytes(prefetch_live, unit_bytes)
-    return max(1.0, ahead / unit_bytes) if ahead else 0.0
+    return deepspeed_ahead_bytes(prefetch_live, unit_bytes) / unit_bytes
 
 
 def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int) -> int:
