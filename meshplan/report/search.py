@@ -317,10 +317,12 @@ def rejected_lines(r: SearchResult) -> list[str]:
 
 
 def count_lines(r: SearchResult) -> list[str]:
-    """Candidates per outcome; they add up to the candidates searched."""
+    """Candidates per outcome; they add up to the candidates searched. Each rejection line names its
+    rule first, as README, the no-feasible-mesh line and ``--json``'s counts do:
+    ``rejected, rule 'v-reshard' (zbv or dualpipev ...): 2,810``."""
     counts = r.counts()
     out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
-    return out + [f"  rejected, {text}: {n:,}" for _, text, n in rule_counts(r)]
+    return out + [f"  rejected, rule '{key}' ({text}): {n:,}" for key, text, n in rule_counts(r)]
