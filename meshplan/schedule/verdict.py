@@ -39,7 +39,7 @@ from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
 from meshplan.spec.search import TIE
-from meshplan.units import GB, GiB, counted
+from meshplan.units import GB, GiB, counted, step_seconds
 
 #: Exposed share of the step above which the step is called network-bound.
 NETWORK_BOUND_SHARE = 0.5
@@ -221,10 +221,10 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
         alt = alternatives(update)
         outcomes.append(alt)
         if clearly_faster(st.step_s, alt.step_s):
-            faster.append(f"{words} (step {alt.step_s:.1f} s, {alt.step_s / st.step_s - 1:+.1%}, "
+            faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
-            f"of {st.step_s:.1f} s; {counted(plan.micro_batches, 'micro-batch')} per step)")
+            f"of {step_seconds(st.step_s)}; {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not faster:
         tried = "; ".join(f"{knob_name(u)}: {knob_outcome(st.step_s, alt)}" for (_, u), alt in zip(found[1], outcomes))
         return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
@@ -251,7 +251,7 @@ def knob_outcome(step_s: float, alt: "Replanned") -> str:
     ('peak 114.9 GiB, does not fit', 'step 9.95 s (-0.5%), not 1% shorter')
     """
     if alt.step_s is not None:
-        return f"step {alt.step_s:.2f} s ({alt.step_s / step_s - 1:+.1%}), not {TIE:.0%} shorter"
+        return f"step {step_seconds(alt.step_s)} ({alt.step_s / step_s - 1:+.1%}), not {TIE:.0%} shorter"
     if alt.peak_bytes > 0:
         return f"peak {alt.peak_bytes / GiB:.1f} GiB, does not fit"
     return alt.text.split(" (")[0]
@@ -345,7 +345,7 @@ class Rebuilt:
             return Replanned(f"does not fit (peak {peak / GiB:.1f} GiB > {alt.timeline.usable_bytes / GiB:.1f} GiB "
                              f"usable)", peak_bytes=peak)
         st = st if st is not None else self.step_fn(alt)
-        return Replanned(f"step {st.step_s:.1f} s, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
+        return Replanned(f"step {step_seconds(st.step_s)}, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
 
 
 def rebuilt_step(plan: Plan, step_fn: Callable) -> Rebuilt:
