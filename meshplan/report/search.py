@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan import __version__
+from meshplan.spec.accuracy import mfu_caveat
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
@@ -208,7 +209,8 @@ def print_search(r: SearchResult, console: Console) -> None:
     for cells in rows:
         tab.add_row(*cells)
     console.print(tab)
-    for line in table_lines(r) + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
+    notes = [f"note: {n}" for n in r.notes] + [mfu_caveat()]  # the caveat once per output, the table's MFU column
+    for line in table_lines(r) + rejected_lines(r) + count_lines(r) + notes:
         console.print(line, highlight=False, markup=False)
 
 

@@ -32,6 +32,6 @@ def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> 
         return [f"{head}; training.torch_compile = true: {alt.text}"]
     if not clearly_faster(st.step_s, alt.step_s):
         return [f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step {step_seconds(alt.step_s)}, "
-                f"{alt.step_s / st.step_s - 1:+.1%}: within the step model's accuracy)"]
+                f"{alt.step_s / st.step_s - 1:+.1%}: within the {TIE:.0%} tie threshold)"]
     return [f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
             f"step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]

@@ -47,8 +47,8 @@ NETWORK_BOUND_SHARE = 0.5
 #: Share of the step one stream's exposed time must reach for a ``hint:`` line under the
 #: network-bound share (:func:`exposed_hint`; issue 11's newcomer trial: Llama-3-70B at
 #: dp_shard 32 x tp 8 exposed 26% of its step on FSDP and ``step`` said nothing). A judgement,
-#: not a measured constant: three times the step-time model's stated accuracy (5%, issue 11's
-#: goal), so removing most of such a share moves the step by more than the model's error.
+#: not a measured constant: three times the 5% restart margin
+#: (:data:`meshplan.spec.accuracy.RESTART_MARGIN`, issue 11's goal for the step model, itself a judgement).
 HINT_SHARE = 0.15
 
 
