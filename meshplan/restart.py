@@ -42,7 +42,7 @@ mesh; "Global semantics": hold the global batch fixed):
   global batch is kept when it uses more GPUs than those. Then the job's kind first
   (:func:`~meshplan.restart_rank.kind_ranked`: the same axes, pp unchanged; its largest mesh
   keeping the global batch and its largest changing it are always planned) unless another
-  plans more than MODEL_ACCURACY (5%) more tokens/s (then a note names the two and their tokens/s;
+  plans more than RESTART_MARGIN (5%) more tokens/s (then a note names the two and their tokens/s;
   a plan of the kind that fails is refused, a note each). The first is the proposal; one
   alternative is shown: the best keeping the global batch when the proposal changes it, else
   the larger mesh changing it, else the runner-up.

@@ -14,20 +14,21 @@ from meshplan.comm import deepspeed_zero12
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import ends_short_split, first_last_sets, restart_splits, split_balance
 from meshplan.plan_checks import check_deepspeed_zero3
-from meshplan.restart_text import MODEL_ACCURACY, checkpoint_engine
+from meshplan.restart_text import checkpoint_engine
+from meshplan.spec.accuracy import RESTART_MARGIN
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
 from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
 
 
 #: The least :func:`~meshplan.mesh.layers.split_balance` (mean stage over the heaviest) of a layer
-#: split a restart proposes at a pp the job did not run: 1 - the step-time model's accuracy
-#: (:data:`~meshplan.restart_text.MODEL_ACCURACY`, 5%), so a split idles its stages no more than an
+#: split a restart proposes at a pp the job did not run: 1 - the restart margin
+#: (:data:`~meshplan.restart_text.RESTART_MARGIN`, 5%), so a split idles its stages no more than an
 #: error the model cannot tell from an even one. The published uneven splits meet it: Llama 3 405B's
 #: [7, 8 x 14, 7] at pp 16 (126 / 128 = 0.98, 128 / 128 with the ends counted), DeepSeek-V3's
 #: [3, 4 x 14, 2] (61 / 64 = 0.95); 80 layers at pp 31 (2 or 3 a stage, 82 / 93 = 0.88) or pp 15 (5
 #: or 6, 82 / 90 = 0.91) do not: a newcomer found both proposed (trial 16).
-BALANCE = 1 - MODEL_ACCURACY
+BALANCE = 1 - RESTART_MARGIN
 
 
 @dataclass(frozen=True)

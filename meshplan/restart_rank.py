@@ -16,7 +16,8 @@ from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, build_plan
-from meshplan.restart_text import MODEL_ACCURACY, kind_refusal
+from meshplan.restart_text import kind_refusal
+from meshplan.spec.accuracy import RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
@@ -121,20 +122,20 @@ def same_kind(p: Proposal, mesh) -> bool:
 def kind_pick(ranked: list[Proposal], mesh) -> Optional[Proposal]:
     """The plan of the job's kind (:func:`same_kind`) that :func:`kind_first` puts first: the one
     keeping the global batch unless one changing it plans more than
-    :data:`~meshplan.restart_text.MODEL_ACCURACY` more tokens/s; None without a planned one."""
+    :data:`~meshplan.restart_text.RESTART_MARGIN` more tokens/s; None without a planned one."""
     kind = [p for p in ranked if same_kind(p, mesh) and p.tokens_per_s is not None]
     if not kind:
         return None
     fastest = max(kind, key=lambda p: p.tokens_per_s or 0.0)
-    kept = [p for p in kind if p.keeps_global_batch and (p.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
+    kept = [p for p in kind if p.keeps_global_batch and (p.tokens_per_s or 0.0) * (1 + RESTART_MARGIN)
             >= (fastest.tokens_per_s or 0.0)]
     return max(kept, key=lambda p: p.tokens_per_s or 0.0) if kept else fastest
 
 
 def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
     """``ranked`` (:func:`rank`'s order) with the plan keeping the job's kind (:func:`kind_pick`)
-    first unless another plans more than :data:`~meshplan.restart_text.MODEL_ACCURACY` (5%,
-    issue 11's step-time goal) more tokens/s: a faster plan within the model's accuracy is not
+    first unless another plans more than :data:`~meshplan.restart_text.RESTART_MARGIN` (5%,
+    issue 11's step-time goal) more tokens/s: a faster plan within that margin is not
     shown to be faster. Unchanged without tokens/s (no evaluator) or a plan of the kind.
 
     >>> from types import SimpleNamespace as N
@@ -148,20 +149,20 @@ def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
     [(7, 2, 8), (1, 14, 8)]
     """
     top = kind_pick(ranked, mesh)
-    if top is None or any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY) for p in ranked):
+    if top is None or any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + RESTART_MARGIN) for p in ranked):
         return ranked
     return [top] + [p for p in ranked if p is not top]
 
 
 def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal, Proposal]]:
-    """(the job's kind's plan, a plan over MODEL_ACCURACY faster, the proposal) where
+    """(the job's kind's plan, a plan over RESTART_MARGIN faster, the proposal) where
     :func:`kind_first` passed over the kind (``ranked``: its order, so its first, the proposal, is
     not of the kind only then): the faster is the proposal where it is over 5% faster, else the
     fastest plan; None otherwise."""
     pick = kind_pick(ranked, mesh)
     if pick is None or same_kind(ranked[0], mesh):
         return None
-    over = lambda p: (p.tokens_per_s or 0.0) > (pick.tokens_per_s or 0.0) * (1 + MODEL_ACCURACY)
+    over = lambda p: (p.tokens_per_s or 0.0) > (pick.tokens_per_s or 0.0) * (1 + RESTART_MARGIN)
     return pick, ranked[0] if over(ranked[0]) else max(ranked, key=lambda p: p.tokens_per_s or 0.0), ranked[0]
 
 

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from meshplan.spec.accuracy import RESTART_MARGIN
 from meshplan.units import counted
 
 if TYPE_CHECKING:
     from meshplan.restart_meshes import Proposal
 
-#: The step-time model's stated uncertainty: issue 11's accuracy goal, predicted step time
-#: within 5% of the measured on average. A restart mesh that plans more tokens/s than the
-#: full-size plan by this fraction or less is as fast as far as the model can tell, so the
-#: note that blames the original mesh (:func:`faster_text`) needs a larger gain.
-MODEL_ACCURACY = 0.05
+#: :data:`meshplan.spec.accuracy.RESTART_MARGIN` (5%, a judgement, not a measured accuracy): a restart
+#: mesh that plans more tokens/s than the full-size plan by this fraction or less is not called faster,
+#: so the note that blames the original mesh (:func:`faster_text`) needs a larger gain.
 
 
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
@@ -120,7 +119,7 @@ def kind_refusal(p: Proposal, why: str) -> str:
 def kind_passed_text(kind: Proposal, faster: Proposal, proposal: Optional[Proposal] = None) -> str:
     """Why the job's kind is not proposed, said so that the line reads against the proposal above
     it: what ``kind`` is (a mesh of the job's kind, :func:`~meshplan.restart_rank.same_kind`: its
-    axes and pp, tried first), its plan, and the mesh that plans more than :data:`MODEL_ACCURACY`
+    axes and pp, tried first), its plan, and the mesh that plans more than :data:`RESTART_MARGIN`
     more tokens/s (``faster``, :func:`~meshplan.restart_rank.kind_passed`); then whether ``faster``
     is the proposal, or why the proposal comes first instead (the restart's order: meshes keeping
     the global batch first, then by tokens/s). A newcomer read ``the job's kind pp 4 x dp 3 x tp 8
@@ -133,21 +132,21 @@ def kind_passed_text(kind: Proposal, faster: Proposal, proposal: Optional[Propos
     >>> kind, faster = P("pp 2 x dp 2 x tp 2", 8, 77847.7), P("pp 1 x dp 4 x tp 2", 8, 84260.3)
     >>> kind_passed_text(kind, faster, faster)  # doctest: +NORMALIZE_WHITESPACE
     "the job's kind (the job's axes and pp 2, tried first): pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s; passed
-    over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the step-time model's 5% accuracy;
+    over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the 5% restart margin;
     it is the proposal"
     >>> kind = P("pp 4 x dp 3 x tp 8", 96, 100589.0, "global_batch 512 -> 504")
     >>> faster = P("pp 5 x dp 3 x tp 8", 120, 123453.0, "global_batch 512 -> 510")
     >>> kind_passed_text(kind, faster, P("pp 2 x dp 4 x tp 8", 64, 69542.0))  # doctest: +NORMALIZE_WHITESPACE
     "the job's kind (the job's axes and pp 4, tried first): pp 4 x dp 3 x tp 8 on 96 GPUs, global_batch 512 -> 504, plans
     100,589 tokens/s; passed over: pp 5 x dp 3 x tp 8 on 120 GPUs, global_batch 512 -> 510, plans 123,453 tokens/s,
-    22.7% more, over the step-time model's 5% accuracy; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs (69,542
+    22.7% more, over the 5% restart margin; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs (69,542
     tokens/s), comes first as the fastest mesh keeping the global batch"
     """
     k, f = kind.tokens_per_s or 0.0, faster.tokens_per_s or 0.0
     at = lambda p: f"{p.mesh_text()} on {p.gpus} GPUs" + (f", {p.contract}," if p.contract else "")
     head = (f"{KIND_REFUSED}(the job's axes and pp {kind.pp}, tried first): {at(kind)} plans {k:,.0f} tokens/s; passed over: "
-            f"{at(faster)} plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the step-time model's "
-            f"{MODEL_ACCURACY:.0%} accuracy")
+            f"{at(faster)} plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the "
+            f"{RESTART_MARGIN:.0%} restart margin")
     if proposal is None:
         return head
     if proposal is faster:
@@ -166,7 +165,7 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
     if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
         return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
-                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
+                      f"{RESTART_MARGIN:.0%} more than the job's kind"), changer.gpus
     if any(not p.keeps_global_batch for p in ranked):
         return why + " (the alternative below changes the global batch)", changer.gpus
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
@@ -183,8 +182,8 @@ def kind_notes(passed: Optional[tuple[Proposal, Proposal, Proposal]], refused: l
 def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:
     """Why a restart on fewer GPUs plans more tokens/s than the full-size plan: the original mesh
     plans slowly (its step against the restart mesh's), not that losing a node helps; said only
-    when the gain exceeds :data:`MODEL_ACCURACY`, else that the two are within the model's
-    accuracy (12,657 -> 12,900 tokens/s: 1.9%).
+    when the gain exceeds :data:`~meshplan.spec.accuracy.RESTART_MARGIN`, else that the two are within
+    that margin (12,657 -> 12,900 tokens/s: 1.9%).
 
     >>> from types import SimpleNamespace as N
     >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8", tokens_per_s=57000.0), 64,
@@ -193,14 +192,14 @@ def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str
     takes 73.12 s on 56 GPUs; run `meshplan search` on the original cluster for a faster full-size mesh'
     >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8", tokens_per_s=12900.0), 64,
     ...             (331.38, 12657.0))  # doctest: +NORMALIZE_WHITESPACE
-    "pp 7 x tp 8 on 56 GPUs plans 1.9% more tokens/s than the 64-GPU plan, within the step-time model's 5%
-    accuracy: the two are as fast as far as the model can tell, and the original mesh is not shown to be the problem"
+    "pp 7 x tp 8 on 56 GPUs plans 1.9% more tokens/s than the 64-GPU plan, within the 5% restart margin (a
+    judgement, not the model's measured error): the original mesh is not shown to be the problem"
     """
     gain = (top.tokens_per_s or 0.0) / old_step[1] - 1  # planned (result_notes calls it with a number)
-    if gain <= MODEL_ACCURACY:
+    if gain <= RESTART_MARGIN:
         return (f"{top.mesh_text()} on {top.gpus} GPUs plans {gain:.1%} more tokens/s than the {world}-GPU plan, "
-                f"within the step-time model's {MODEL_ACCURACY:.0%} accuracy: the two are as fast as far as the model "
-                "can tell, and the original mesh is not shown to be the problem")
+                f"within the {RESTART_MARGIN:.0%} restart margin (a judgement, not the model's measured error): the "
+                "original mesh is not shown to be the problem")
     return (f"the original mesh is the problem, not the lost node: the {world}-GPU plan takes {old_step[0]:.2f} s a "
             f"step, {top.mesh_text()} takes {top.step_s:.2f} s on {top.gpus} GPUs; run `meshplan search` on the "
             "original cluster for a faster full-size mesh")
@@ -251,7 +250,7 @@ def batch_notes(top: Proposal, as_configured: str, others_keep: bool = False) ->
     line = (f"global batch {top.global_batch} = micro_batch {top.micro_batch} x dp {top.dp} x "
             f"{counted(top.micro_batches, 'micro-batch')}")
     if top.contract.startswith("global_batch"):
-        which = ((f"the meshes that keep it change the job's kind or plan over {MODEL_ACCURACY:.0%} fewer tokens/s "
+        which = ((f"the meshes that keep it change the job's kind or plan over {RESTART_MARGIN:.0%} fewer tokens/s "
                   "(the alternative)")
                  if others_keep else "no mesh of these GPUs keeps the global batch")
         line += f" ({top.contract}: as configured, {as_configured}; {which}, a different one changes the optimisation)"

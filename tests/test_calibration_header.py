@@ -42,6 +42,10 @@ def _expected(path) -> dict:
                                  "source": "nccl-tests all_reduce_perf, 1 node x 8 GPUs", "gpu": None},
                       "nic": {"bandwidth_bytes_per_s": 4.5e10, "latency_s": 2.5e-5,
                               "source": "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs", "gpu": None}},
+            "origin": ["  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; "
+                       "source: nccl-tests all_reduce_perf, 1 node x 8 GPUs",
+                       "  nic fitted to op and ranks not recorded: rows not recorded, size range not recorded; "
+                       "source: nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"],
             "warnings": []}
 
 
@@ -146,3 +150,38 @@ def test_compare_evidence_names_the_calibration(tmp_path, capsys):
     (folder,) = (tmp_path / "plain").iterdir()
     assert "calibrat" not in (folder / "summary.md").read_text().lower()
     assert "calibration" not in json.loads((folder / "comparison.json").read_text())
+
+
+FITTED = '''[link.nic]
+latency_us = 30.0
+bandwidth_gb_per_s = 37.32
+op = "all-reduce"
+ranks = 16
+residual = 0.02
+points = 3
+source = "nccl-tests 2.17.6 all-reduce over 16 ranks on 2 host(s), file ar.txt"
+
+[[link.nic.curve]]
+op = "all-reduce"
+ranks = 16
+nodes = 2
+line_gb_per_s = 298.6
+sizes_bytes = [1048576, 67108864, 4294967296]
+busbw_gb_per_s = [5.1, 30.2, 37.0]
+source = "nccl-tests 2.17.6 all-reduce over 16 ranks on 2 host(s), file ar.txt"
+'''
+
+
+def test_plan_says_where_the_fit_came_from(tmp_path, capsys):
+    """Newcomer words20: ``links calibrated from ...: nic 37.32 GB/s`` alone did not say which run the
+    fit came from. The next line gives the file's op, ranks, the nodes and logged sizes of its
+    curve (1 MiB = 1048576 B, 4 GiB = 4294967296 B), its rows and its source."""
+    cal = tmp_path / "fit.toml"
+    cal.write_text(FITTED)
+    rc, out, err = _run(["plan", MINI, "--calibration", cal], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    i = lines.index(f"links calibrated from {cal} (GPU not recorded): nic 37.32 GB/s")
+    assert lines[i + 1] == ("  nic fitted to all-reduce over 16 ranks on 2 nodes: 3 nccl-tests rows, logged sizes "
+                            "1.00 MiB to 4.00 GiB; source: nccl-tests 2.17.6 all-reduce over 16 ranks on 2 host(s), "
+                            "file ar.txt")

@@ -57,6 +57,10 @@ CASES = [
     (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
     (with_("mesh.shape", None), "mesh", "names and shape must both be given"),
+    # newcomer words20: [mesh.degrees] alone gave no fix; both forms named with an example
+    ({**BASE, "mesh": {"degrees": {"tp": 2, "dp_shard": 4}}}, "mesh",
+     'order and degrees must both be given: order = "tp-dp_shard" (Megatron, fastest first) with [mesh.degrees] '
+     'tp = 2, dp_shard = 4; or names + shape (outermost first): names = ["dp_shard", "tp"], shape = [4, 2]'),
     (with_("extra", {}), "extra", "unknown table"),
     (with_("mesh", None), "mesh", "missing table [mesh]"),
 ]

@@ -68,7 +68,7 @@ def test_hint_names_a_compiled_step_within_the_tie_band():
     st = step_time(p)
     line, = host_hint(p, st, lambda u: Replanned("step", st.step_s * 0.997, 27 * GiB))
     assert line.endswith(f"training.torch_compile = true is not more than 1% shorter (step {st.step_s * 0.997:.2f} s, "
-                         f"-0.3%: within the step model's accuracy)")
+                         f"-0.3%: within the 1% tie threshold)")
     line, = host_hint(p, st, lambda u: Replanned("step", st.step_s * 0.98, 27 * GiB))
     assert line.endswith(f"step {st.step_s * 0.98:.2f} s (-2.0%), peak 27.0 GiB fits")
 

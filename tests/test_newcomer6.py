@@ -91,8 +91,8 @@ def test_search_counts_each_engine_rule_apart(zero_pair, capsys):
     assert _main("search", zero_pair[1]) == 0
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  rejected, ")]
     # the 12 zero3 rows kept gathered are ZeRO-3's rule alone; no zero1/zero2 row breaks ZeRO-1/2's
-    assert "  rejected, zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or " \
-           "parameters kept gathered: 12" in lines
+    assert "  rejected, rule 'engine' (zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, " \
+           "cp > 1 or parameters kept gathered): 12" in lines
     assert not any("ZeRO-1/2" in x for x in lines)
 
 

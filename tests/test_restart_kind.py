@@ -1,5 +1,5 @@
 """A restart keeps the job's kind (rs8, newcomer trial 8): the same axes, pp unchanged, first
-unless another mesh plans more than MODEL_ACCURACY (5%) more tokens/s; the kind is also tried at
+unless another mesh plans more than RESTART_MARGIN (5%) more tokens/s; the kind is also tried at
 another global batch (all GPUs) and on fewer GPUs; one alternative shown at most."""
 
 from dataclasses import replace
@@ -8,7 +8,7 @@ import pytest
 
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.restart import PipelineRule, restart_on_fewer_nodes
-from meshplan.restart_text import MODEL_ACCURACY
+from meshplan.spec.accuracy import RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
 
 
@@ -53,9 +53,9 @@ def _shown(r) -> list[str]:
 @pytest.mark.parametrize("gain, top", [(1.04, (1, 7)), (1.08, (7, 1))])
 def test_kind_first_within_the_model_accuracy(gain, top):
     """pp > 1 planned ``gain`` x faster: pp 7 x dp 1 at 55,351.4 x 1.04 = 57,565.4, 2.8% over the
-    kind's 56,000 (within MODEL_ACCURACY = 5%): dp 7 stays first; x 1.08 = 59,779.5, 6.7% over: pp 7
+    kind's 56,000 (within RESTART_MARGIN = 5%): dp 7 stays first; x 1.08 = 59,779.5, 6.7% over: pp 7
     first (it keeps the global batch too), and the kind is not."""
-    assert MODEL_ACCURACY == 0.05
+    assert RESTART_MARGIN == 0.05
     r = _restart(gain)
     assert (r.proposals[0].pp, r.proposals[0].dp) == top
     assert round(max(p.tokens_per_s for p in r.proposals if p.pp == 7), 1) == round(55351.35 * gain, 1)

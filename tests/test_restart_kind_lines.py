@@ -1,6 +1,6 @@
 """What a restart says about the job's kind (issue 11 follow-ups, newcomer trial): each plan of
 the kind that fails is refused with its reason, one line each (and in ``Restart.refused``); a
-line names the kind and both throughputs where the 5% rule (MODEL_ACCURACY) passes over it; no
+line names the kind and both throughputs where the 5% rule (RESTART_MARGIN) passes over it; no
 schedule is named for a pipeline added to a pp 1 job, which ran none."""
 
 from dataclasses import replace
@@ -51,7 +51,7 @@ def test_only_the_failed_plan_of_the_kind_is_refused():
     assert [(p.pp, p.dp) for p in r.proposals if p.pp == 1] == [(1, 4)]
     assert ("the job's kind (the job's axes and pp 1, tried first): dp_shard 4 x tp 8 on 32 GPUs plans 32,000 "
             "tokens/s; passed over: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 GPUs plans 55,351 "
-            "tokens/s, 73.0% more, over the step-time model's 5% accuracy; it is the proposal") in r.notes
+            "tokens/s, 73.0% more, over the 5% restart margin; it is the proposal") in r.notes
 
 
 @pytest.mark.parametrize("gain, passed", [(1.04, False), (1.08, True)])
@@ -65,8 +65,8 @@ def test_a_line_names_the_kind_the_5pct_rule_passes_over(gain, passed):
     assert (r.proposals[0].pp == 7) == passed
     assert lines == (["the job's kind (the job's axes and pp 1, tried first): dp_shard 7 x tp 8 on 56 GPUs, "
                       "global_batch 512 -> 511, plans 56,000 tokens/s; passed over: pp 7 (layers per stage 11, 12 "
-                      "x 3, 11 x 3) x tp 8 on 56 GPUs plans 59,779 tokens/s, 6.7% more, over the step-time model's 5% "
-                      "accuracy; it is the proposal"]
+                      "x 3, 11 x 3) x tp 8 on 56 GPUs plans 59,779 tokens/s, 6.7% more, over the 5% restart "
+                      "margin; it is the proposal"]
                      if passed else [])
     assert not r.refused  # every plan of the kind ran
 
@@ -98,7 +98,7 @@ def test_megatron_example_names_the_kind_passed_over(capsys):
     assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 1 x dp 4 x tp 2 (shrunk: pp 2 -> 1; kept: dp 4, tp 2)" in lines
     assert ("- the job's kind (the job's axes and pp 2, tried first): pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 "
             "tokens/s; passed over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the "
-            "step-time model's 5% accuracy; it is the proposal") in lines
+            "5% restart margin; it is the proposal") in lines
 
 
 #: A Megatron-LM Llama-3-70B job (newcomer trial): tp 8 with SP, pp 4 interleaved (5 layers per
@@ -142,5 +142,5 @@ def test_megatron_70b_passed_over_line_relates_the_kind_to_the_proposal(tmp_path
             f"512 -> 504, plans {kind['tokens_per_s']:,.0f} tokens/s; passed over: pp 5 (16 layers per stage) x dp 3 x tp 8 "
             f"on 120 GPUs, "
             f"global_batch 512 -> 510, plans {faster['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, over the "
-            f"step-time model's 5% accuracy; the proposal, pp 2 (40 layers per stage) x dp 4 x tp 8 on 64 GPUs "
+            f"5% restart margin; the proposal, pp 2 (40 layers per stage) x dp 4 x tp 8 on 64 GPUs "
             f"({top['tokens_per_s']:,.0f} tokens/s), comes first as the fastest mesh keeping the global batch") in lines

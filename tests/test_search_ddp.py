@@ -93,7 +93,8 @@ def test_search_top_exports_to_torchtitan_and_imports_to_the_same_mesh(tmp_path,
     cfg = _cfg(tmp_path)
     assert run_main("search", cfg, "--export", 1, "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 0
     out = capsys.readouterr().out
-    assert "rejected, ddp (hsdp with dp_shard x cp 1) under framework torch: torchtitan shards with FSDP2 only" in out
+    assert "rejected, rule 'replicate' (ddp (hsdp with dp_shard x cp 1) under framework torch: torchtitan shards " \
+        "with FSDP2 only" in out
     assert "│ 1 │ dp_replicate 2 x dp_shard 4 x tp 2 " in out and "ddp" not in out.split("order:")[0]
     tt = (tmp_path / "tt.toml").read_text()
     assert ("data_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\ncontext_parallel_degree = 1\n"

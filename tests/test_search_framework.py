@@ -277,7 +277,7 @@ def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
         main(["search", str(path), "--json", str(tmp_path / "s.json")])
     assert done.value.code == 0
     out = capsys.readouterr().out.replace("\n", " ")
-    assert f"rejected, {MEGATRON_REFUSED}: 3" in " ".join(out.split()), out
+    assert f"rejected, rule 'framework' ({MEGATRON_REFUSED}): 3" in " ".join(out.split()), out
     assert json.loads((tmp_path / "s.json").read_text())["counts"]["framework"] == 3
 
 

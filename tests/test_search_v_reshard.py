@@ -98,7 +98,7 @@ def test_counted_and_kept_gathered_v_rows_offered(v_search):
     (80 GB: none is memory's) and are ranked."""
     r = v_search
     assert r.counts()["v-reshard"] == 6
-    assert f"  rejected, {V_RESHARD_REFUSED}: 6" in count_lines(r)
+    assert f"  rejected, rule 'v-reshard' ({V_RESHARD_REFUSED}): 6" in count_lines(r)
     c = r.candidates
     kept = _v(c) & (c.rf == 0)
     assert (r.code[kept] == OK).all() and int(kept.sum()) == 6

@@ -115,6 +115,7 @@ def test_step_verdict_names_fsdp_regather(plan8):
     from meshplan.comm.alphabeta import busbw_factor
     from meshplan.schedule.verdict import network_verdict, rebuilt_step
     from meshplan.schedule.waits import bubble_wait
+    from meshplan.units import step_seconds
     from meshplan.schedule.steptime import step_time
 
     st = step_time(plan8)
@@ -130,11 +131,16 @@ def test_step_verdict_names_fsdp_regather(plan8):
     assert lines[0].startswith(f"verdict: network-bound: {exposed:.1f} s of the {st.step_s:.1f} s step is exposed "
                                f"communication, most on fsdp ({st.exposed_s['fsdp']:.1f} s): each rank sends "
                                f"{sent / 1e9:,.0f} GB per step on it")
-    assert "over network (8 group(s) per node share NIC(s) nic0,nic1" in lines[0]
+    # 8 dp_shard groups (one per local rank, 1 rank a node: every byte crosses the network) over the
+    # node's 2 NICs: 4 groups a NIC, each rank a quarter of its NIC
+    nic = plan8.config.cluster.node.nics[0].bandwidth_bytes_per_s
+    assert len(plan8.config.cluster.node.nics) == 2 and "GB per step on it (" in lines[0]
+    assert (f"), all of it across the network over network (8 group(s) per node, group 0 on NIC(s) nic0, shared by 4 "
+            f"groups; rails [0]; {nic / 4 / 1e9:.1f} GB/s of NIC per rank, ") in lines[0]
     assert plan8.micro_batches == 64
     assert ("64 micro-batches per step (global_batch 512 / (micro_batch 1 x dp 8))" in lines[1]
             and "(training.reshard_after_forward = true)" in lines[1])
-    assert f"training.reshard_after_forward = false: step {alt_s:.1f} s, peak" in lines[1] and alt.feasible
+    assert f"training.reshard_after_forward = false: step {step_seconds(alt_s)}, peak" in lines[1] and alt.feasible
     assert alt_s < 0.5 * st.step_s
     # (69.4 GiB with one root unit; torchtitan's FSDP2 units reduce the head right after its backward)
     assert "training.micro_batch = 2: does not fit (peak 69.1 GiB > 67.1 GiB usable)" in lines[1]

@@ -15,9 +15,9 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.plan import build_plan
 from meshplan.schedule import verdict
 from meshplan.schedule.steptime import step_time
-from meshplan.schedule.verdict import Replanned, network_verdict, rebuilt_step
+from meshplan.schedule.verdict import Replanned, knob_outcome, network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
-from meshplan.units import GiB
+from meshplan.units import GiB, step_seconds
 from tests.conftest import EXAMPLES
 
 #: The trial's job (torchtitan's defaults: FSDP2, bf16 compute) as a meshplan TOML.
@@ -49,13 +49,13 @@ def test_hint_lists_the_knobs_that_shorten_a_large_fsdp_share(llama70b):
     lines = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))
     assert len(lines) == 1
     assert lines[0].startswith(f"hint: exposed fsdp is {share:.1%} of the step ({st.exposed_s['fsdp']:.1f} s of "
-                               f"{st.step_s:.1f} s; 16 micro-batches per step): shorter with ")
+                               f"{step_seconds(st.step_s)}; 16 micro-batches per step): shorter with ")
     assert f"{share:.1%}" == "26.1%"
     for words, update in KNOBS:  # every knob the verdict tries, re-planned here on its own
         alt, alt_s = _replanned(plan, update)
         assert alt.feasible and alt_s < st.step_s
         peak = alt.timeline.peak.total_bytes / GiB
-        assert f"{words} (step {alt_s:.1f} s, {alt_s / st.step_s - 1:+.1%}, peak {peak:.1f} GiB fits)" in lines[0]
+        assert f"{words} (step {step_seconds(alt_s)}, {alt_s / st.step_s - 1:+.1%}, peak {peak:.1f} GiB fits)" in lines[0]
     no_sync = _replanned(plan, {"grad_accumulation": "no_sync"})[1]
     # one reduce-scatter per step instead of 16: most of the exposed fsdp goes (the trial's ~-25%)
     assert st.step_s - st.exposed_s["fsdp"] < no_sync < st.step_s - 0.5 * st.exposed_s["fsdp"]
@@ -70,7 +70,7 @@ def test_hint_leaves_out_knobs_that_do_not_fit_or_are_not_faster(llama70b):
              "no_sync_unsharded": Replanned("does not fit (...)", None, 90 * GiB),
              False: Replanned("step", st.step_s * 0.997, 40 * GiB), 2: Replanned("infeasible (...)")}
     line = verdict.exposed_hint(plan, st, lambda u: given[next(iter(u.values()))])[0]
-    assert line.endswith(f': shorter with training.grad_accumulation = "no_sync" (step {0.75 * st.step_s:.1f} s, '
+    assert line.endswith(f': shorter with training.grad_accumulation = "no_sync" (step {step_seconds(0.75 * st.step_s)}, '
                          f'-25.0%, peak 60.0 GiB fits)')
     for factor in (1.01, 0.997):
         other = {k: Replanned("step", st.step_s * factor, GiB) for k in given}
@@ -107,7 +107,7 @@ def test_hint_names_each_knobs_peak_where_none_fits(tmp_path):
         peaks[words] = f"{alt.timeline.peak.total_bytes / GiB:.1f}"
     assert list(peaks.values()) == ["62.5", "62.5", "46.9", "56.8"]
     lines = network_verdict(plan, st, rebuilt_step(plan, step_time), bw=bubble_wait(st))
-    assert lines == [f"hint: exposed fsdp is 26.1% of the step ({st.exposed_s['fsdp']:.1f} s of {st.step_s:.1f} s; "
+    assert lines == [f"hint: exposed fsdp is 26.1% of the step ({st.exposed_s['fsdp']:.1f} s of {step_seconds(st.step_s)}; "
                      "16 micro-batches per step): none of its knobs re-planned fits with a step more than 1% shorter "
                      "(no_sync: peak 62.5 GiB, does not fit; no_sync_unsharded: peak 62.5 GiB, does not fit; "
                      "reshard_after_forward false: peak 46.9 GiB, does not fit; micro_batch 2: peak 56.8 GiB, "
@@ -152,3 +152,12 @@ def test_step_prints_the_hint_in_text_and_json(tmp_path, capsys, llama70b):
     assert printed[i - 1] == "kernels: catalog" and doc[:len(hint)] == hint
     # then the link-bound note (hints19 #2): its NICs busy past 80% of the window, the knobs in the hint above
     assert doc[len(hint):] == [printed[i + 1]] and printed[i + 1].startswith("note: the step is bound by the NICs'")
+
+
+def test_sub_second_steps_in_hints_print_apart():
+    """Newcomer words20: a 0.41 s step's knobs at 409.62 and 438.23 ms printed both as ``step 0.4 s``;
+    milliseconds to one decimal under 1 s (1.0 s and up keeps 2 decimals) rank them."""
+    assert [step_seconds(x) for x in (0.40962, 0.43823, 0.999, 1.0, 23.614)] == \
+        ["409.6 ms", "438.2 ms", "999.0 ms", "1.00 s", "23.61 s"]
+    assert knob_outcome(0.41, Replanned("x", 0.40962, GiB)) == "step 409.6 ms (-0.1%), not 1% shorter"
+    assert knob_outcome(0.41, Replanned("x", 0.43823, GiB)) == "step 438.2 ms (+6.9%), not 1% shorter"

@@ -116,10 +116,10 @@ def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path)
     path.write_text(path.read_text().replace("pp = [1]", "pp = [1, 2]").replace("\ncp = [1]", "\ncp = [1, 2]"))
     r = _cli("search", path)
     out = " ".join(r.output.split())
-    assert ("rejected, zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
-            "overlap_comm, vpp > 1 or a schedule other than 1F1B: 216") in out
-    assert ("rejected, zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or parameters "
-            "kept gathered: 228") in out
+    assert ("rejected, rule 'engine' (zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 "
+            "with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B): 216") in out
+    assert ("rejected, rule 'engine' (zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 "
+            "or parameters kept gathered): 228") in out
     assert "deepspeed-2021" not in r.output
 
 
@@ -247,7 +247,8 @@ def test_no_feasible_line_and_html_split_the_engine_rule_as_the_counts(tmp_path)
     z3 = "zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or parameters kept gathered"
     line = f"no feasible mesh: of 48 candidates rule 'engine' rejected 24 ({z12}), 'engine' 24 ({z3}); fix: "
     out = " ".join(r.output.split())
-    assert r.exit_code == 1 and line in out and f"rejected, {z12}: 24" in out and f"rejected, {z3}: 24" in out
+    assert r.exit_code == 1 and line in out and f"rejected, rule 'engine' ({z12}): 24" in out \
+        and f"rejected, rule 'engine' ({z3}): 24" in out
     doc = json.loads((tmp_path / "s.json").read_text())["no_feasible_mesh"]
     assert doc["rules"] == [{"rule": "engine", "rejected": 24, "text": z12}, {"rule": "engine", "rejected": 24, "text": z3}]
     page = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "s.html").read_text())).split())

@@ -92,13 +92,16 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
 def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     """``--calibration``'s entry of the --json documents, its ``line`` the header plan, step,
     search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml on
-    NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line and a
+    NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line, where each fit came
+    from (``origin``: ``  nic fitted to all-reduce over 16 ranks on 2 nodes, ...``) and a
     ``warning:`` line per GPU model of the file that is not ``cluster``'s
     (:func:`~meshplan.comm.calibration.gpu_warnings`); None without a calibration."""
     if not calibration:
         return None
     doc = calibration_doc(calibration, load_calibration(calibration), cluster)
     _echo(doc["line"])
+    for o in doc["origin"]:
+        _echo(o)
     for w in doc["warnings"]:
         _echo(f"warning: {w}")
     return doc
@@ -107,7 +110,7 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
 def _cal_note(cal: Optional[dict], kernels: str = "") -> str:
     """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings; then
     the ``kernels`` line (:func:`_kernels_note`) when given."""
-    parts = [cal["line"], *(f"warning: {w}" for w in cal["warnings"])] if cal else []
+    parts = [cal["line"], *(o.strip() for o in cal["origin"]), *(f"warning: {w}" for w in cal["warnings"])] if cal else []
     return "; ".join(parts + ([kernels] if kernels else []))
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from meshplan.spec.accuracy import mfu_caveat
 from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
@@ -88,7 +89,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
     more, a 'hint:' line with the verdict's knobs re-planned, those that fit with a step more than 1% shorter
-    (meshplan.spec.search.TIE: a smaller gain is within the model's accuracy; so in every 'hint:'). Where the pipeline's
+    (meshplan.spec.search.TIE: a smaller gain is a tie, a judgement, not the model's measured error; so in every 'hint:'). Where the pipeline's
     idle exceeds the closed form for uniform stages more than twice, the bubble line names the stage with the longest
     forward+backward per micro-batch, the output layer and loss or embedding it holds, and the knob for a lighter
     end stage. Under eager DTensor TP a 'host:' line gives the time the device waits for the host to issue
@@ -145,10 +146,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
         _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
+        _echo(mfu_caveat())
         _write_doc(json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
+    _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
     # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
     ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
     written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st

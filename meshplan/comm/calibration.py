@@ -83,7 +83,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_STRING, MAX_WORLD, bound_message
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
-from meshplan.units import GB, US
+from meshplan.units import GB, US, human_bytes
 
 
 class CalibratedLink(BaseModel):
@@ -233,6 +233,31 @@ def calibration_line(path, calib: dict[str, CalibratedLink]) -> str:
                                                           for name, c in calib.items())
 
 
+def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
+    """Where each link class's fit came from, as the file records it (``op``, ``ranks``,
+    ``points``, ``source``; its fitted run's ``[[link.<class>.curve]]``: nodes and logged sizes),
+    one line per class under :func:`calibration_line`; what the file leaves out is said so.
+
+    >>> curve = BusbwCurve(op="all-reduce", ranks=16, nodes=2, line_gb_per_s=40.0, sizes_bytes=[1024, 2**34],
+    ...                    busbw_gb_per_s=[0.05, 36.0], source="s")
+    >>> fit_origin_lines({"nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=37.32, op="all-reduce", ranks=16,
+    ...                                         points=25, source="nccl-tests 2.17.6, file a.txt", curve=[curve])})
+    ['  nic fitted to all-reduce over 16 ranks on 2 nodes: 25 nccl-tests rows, logged sizes 1.00 KiB to 16.00 GiB; source: nccl-tests 2.17.6, file a.txt']
+    >>> fit_origin_lines({"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a")})
+    ['  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; source: a']
+    """
+    out = []
+    for name, c in calib.items():
+        curve = c.fitted_curve()
+        run = f"{c.op} over {c.ranks} ranks" if c.op and c.ranks else "op and ranks not recorded"
+        run += f" on {curve.nodes} node{'s' if curve.nodes != 1 else ''}" if curve is not None else ""
+        rows = f"{c.points} nccl-tests rows" if c.points is not None else "rows not recorded"
+        sizes = (f"logged sizes {human_bytes(min(curve.sizes_bytes))} to {human_bytes(max(curve.sizes_bytes))}"
+                 if curve is not None and curve.sizes_bytes else "size range not recorded")
+        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}")
+    return out
+
+
 def _families(name: str) -> set[str]:
     """Model tokens of a GPU name: a few letters then 2 to 4 digits and an optional letter
     (``a100``, ``h200``, ``gb200``, ``mi300x``, ``l40s``), lowercased; memory sizes (``80gb``),
@@ -285,9 +310,9 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
-    recorded), SI, and the GPU warnings against ``cluster`` (:func:`gpu_warnings`; [] without
+    recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), and the GPU warnings against ``cluster`` (:func:`gpu_warnings`; [] without
     one)."""
-    return {"file": str(path), "line": calibration_line(path, calib),
+    return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib),
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
             "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)

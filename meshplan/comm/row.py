@@ -212,9 +212,21 @@ def groups_path(groups: np.ndarray, placement, cluster: ClusterSpec) -> Path:
     users = Counter(int(i) for i in placement.nic[members] if i >= 0)
     own = [int(i) for i in placement.nic[groups[0][node[0] == n0]] if i >= 0]
     share = min((nics[i].bandwidth_bytes_per_s / users[i] for i in own), default=0.0)
-    return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
-                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
+    return Path("network", bw, _nic_note(groups[on_node], node[on_node], n0, placement, nics, rails), tier,
                 len(np.unique(node[0])), int((node[0] == n0).sum()), share, calibrated)
+
+
+def _nic_note(groups: np.ndarray, node: np.ndarray, n0: int, placement, nics, rails: np.ndarray) -> str:
+    """How the axis's groups on node ``n0`` (rows of ``groups``, group 0 first) use its NICs, per
+    group: ``8 group(s) per node, each on its own NIC(s) (group 0: mlx5_0); rails [0]`` where no two
+    groups share a NIC, else ``1 group(s) per node on NIC(s) mlx5_0,...: shared by 2 groups``."""
+    own = [sorted({int(i) for i in placement.nic[g[nd == n0]] if i >= 0}) for g, nd in zip(groups, node)]
+    names = ",".join(nics[i].name for i in own[0])
+    sharers = sum(1 for o in own if set(o) & set(own[0]))
+    how = (f"on NIC(s) {names}" if len(groups) == 1 else f"each on its own NIC(s) (group 0: {names})"
+           if sharers == 1 else
+           f"group 0 on NIC(s) {names}, shared by {sharers} groups")
+    return f"{len(groups)} group(s) per node, {how}; rails {rails.tolist()}"
 
 
 def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,

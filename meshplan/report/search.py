@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan import __version__
+from meshplan.spec.accuracy import mfu_caveat
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import not_expressed
 from meshplan.plan_runtime import export_refusals
@@ -208,7 +209,8 @@ def print_search(r: SearchResult, console: Console) -> None:
     for cells in rows:
         tab.add_row(*cells)
     console.print(tab)
-    for line in table_lines(r) + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
+    notes = [f"note: {n}" for n in r.notes] + [mfu_caveat()]  # the caveat once per output, the table's MFU column
+    for line in table_lines(r) + rejected_lines(r) + count_lines(r) + notes:
         console.print(line, highlight=False, markup=False)
 
 
@@ -317,10 +319,12 @@ def rejected_lines(r: SearchResult) -> list[str]:
 
 
 def count_lines(r: SearchResult) -> list[str]:
-    """Candidates per outcome; they add up to the candidates searched."""
+    """Candidates per outcome; they add up to the candidates searched. Each rejection line names its
+    rule first, as README, the no-feasible-mesh line and ``--json``'s counts do:
+    ``rejected, rule 'v-reshard' (zbv or dualpipev ...): 2,810``."""
     counts = r.counts()
     out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
-    return out + [f"  rejected, {text}: {n:,}" for _, text, n in rule_counts(r)]
+    return out + [f"  rejected, rule '{key}' ({text}): {n:,}" for key, text, n in rule_counts(r)]

@@ -44,7 +44,7 @@ from meshplan.plan import Plan
 from meshplan.plan_runtime import split_backward_ac_warning
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
 from meshplan.spec.mesh import MeshSpec, Schedule
-from meshplan.units import GiB, counted
+from meshplan.units import GiB, counted, step_seconds
 
 #: Re-plans shown at most on the line (the fastest first).
 MAX_SHOWN = 3
@@ -76,11 +76,11 @@ def bubble_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]]
     found = _fastest(st, bubble_knobs(plan), alternatives)
     if not found:
         return []
-    items = [f"{words} (step {s:.2f} s, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
+    items = [f"{words} (step {step_seconds(s)}, {s / st.step_s - 1:+.1%}, bubble {bubble_share(alt.step):.1%} of it, "
              f"peak {alt.peak_bytes / GiB:.1f} GiB fits)" for s, words, alt in found]
     p, idle = st.pipeline.spec, st.parts_s()["bubble"]
     head = (f"hint: the pipeline bubble on stage {st.critical_stage} is {share:.1%} of the step ({idle:.2f} s of "
-            f"{st.step_s:.2f} s; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
+            f"{step_seconds(st.step_s)}; {p.schedule}, pp {p.p}, {counted(plan.micro_batches, 'micro-batch')} per step)")
     return [f"{head}: shorter with " + "; ".join(items)]
 
 

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster
 from meshplan.spec.search import TIE
-from meshplan.units import GiB
+from meshplan.units import GiB, step_seconds
 
 
 def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> list[str]:
@@ -26,12 +26,12 @@ def host_hint(plan, st, alternatives: Optional[Callable[[dict], Replanned]]) -> 
     if alternatives is None or wait < HINT_SHARE * st.step_s or plan.config.training.torch_compile:
         return []
     alt = alternatives({"torch_compile": True})
-    head = (f"hint: the device waits {wait:.2f} s of the {st.step_s:.2f} s step ({wait / st.step_s:.1%}) for the host "
+    head = (f"hint: the device waits {wait:.2f} s of the {step_seconds(st.step_s)} step ({wait / st.step_s:.1%}) for the host "
             f"to issue eager DTensor TP's blocks")
     if alt.step_s is None:
         return [f"{head}; training.torch_compile = true: {alt.text}"]
     if not clearly_faster(st.step_s, alt.step_s):
-        return [f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step {alt.step_s:.2f} s, "
-                f"{alt.step_s / st.step_s - 1:+.1%}: within the step model's accuracy)"]
+        return [f"{head}; training.torch_compile = true is not more than {TIE:.0%} shorter (step {step_seconds(alt.step_s)}, "
+                f"{alt.step_s / st.step_s - 1:+.1%}: within the {TIE:.0%} tie threshold)"]
     return [f"{head}; training.torch_compile = true (compiled blocks: DTensor traced away, elementwise ops fused): "
-            f"step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]
+            f"step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), peak {alt.peak_bytes / GiB:.1f} GiB fits"]

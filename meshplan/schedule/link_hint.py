@@ -29,7 +29,7 @@ from meshplan.schedule.linkload import EdgeLoad, edge_loads
 from meshplan.schedule.netload import network_loads
 from meshplan.schedule.verdict import Replanned, clearly_faster, fsdp_knobs, knob_outcome, knob_name, stream_of
 from meshplan.spec.search import TIE
-from meshplan.units import GB, GiB
+from meshplan.units import GB, GiB, step_seconds
 
 #: Share of its window (the stage's compute time) an edge must be busy for the step to be called
 #: bound by its traffic. A judgement, not a measured constant: at 80% the traffic has under a
@@ -120,7 +120,7 @@ def _knob_list(st, found, alternatives) -> str:
         alt: Replanned = alternatives(update)
         tried.append(f"{knob_name(update)}: {knob_outcome(st.step_s, alt)}")
         if clearly_faster(st.step_s, alt.step_s):
-            faster.append(f"{words} (step {alt.step_s:.2f} s, {alt.step_s / st.step_s - 1:+.1%}, "
+            faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     if faster:
         return ": shorter with " + "; ".join(faster)
@@ -145,7 +145,7 @@ def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Repl
     traffic = _traffic(plan, st, stage, edge)
     head = (f"the step is bound by {_kind(edge)} traffic: {_edge_words(edge, loads)} busy {edge.busy_s:.2f} s of the "
             f"{edge.interval_s:.2f} s window ({share:.0%}; stage {stage}'s compute time, the edge-load table's; "
-            f"the step is {st.step_s:.2f} s) with {_shown(st, traffic)}")
+            f"the step is {step_seconds(st.step_s)}) with {_shown(st, traffic)}")
     streams = {s for s, _ in traffic}
     knobs = next((k for s in ("fsdp", "efsdp") if s in streams and (k := fsdp_knobs(plan, s)) and k[1]), None)
     if knobs is None or alternatives is None:

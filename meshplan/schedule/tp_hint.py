@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.search import TIE
-from meshplan.units import GiB
+from meshplan.units import GiB, step_seconds
 
 
 def tp_knobs(training) -> dict:
@@ -72,8 +72,8 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     if not clearly_faster(st.step_s, alt.step_s):
         return silent_note(st, alt, knobs, t.framework)
     after = _exposed_tp(alt.step)
-    return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {st.step_s:.2f} s): shorter "
-            f"with {knobs} ({_runtime(t.framework)}): step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), "
+    return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {step_seconds(st.step_s)}): shorter "
+            f"with {knobs} ({_runtime(t.framework)}): step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), "
             f"exposed tp {exposed:.2f} -> {after:.2f} s, peak {alt.peak_bytes / GiB:.1f} GiB fits"]
 
 
@@ -86,7 +86,7 @@ def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:
     fsdp 2.28 -> 5.47 s (tests/test_link_hint.py)."""
     exposed = st.exposed_s.get("tp", 0.0)
     head = (f"note: no tp hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of "
-            f"{st.step_s:.2f} s), but {knobs} ({_runtime(framework)}) re-planned")
+            f"{step_seconds(st.step_s)}), but {knobs} ({_runtime(framework)}) re-planned")
     if alt.step is None:
         return [f"{head}: {knob_outcome(st.step_s, alt)}"]
     on: Any = alt.step  # a StepTime (Replanned types it as object)
@@ -97,5 +97,5 @@ def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:
     if extra >= 5e-3:
         why.append(f"compute +{extra:.2f} s (the decomposed GEMMs and copies)")
     bound = f": the compute stream waits for {', '.join(st.named(k) for k in grown)} instead" if grown else ""
-    return [f"{head} gives step {alt.step_s:.2f} s ({alt.step_s / st.step_s - 1:+.1%}), not {TIE:.0%} shorter: "
+    return [f"{head} gives step {step_seconds(alt.step_s)} ({alt.step_s / st.step_s - 1:+.1%}), not {TIE:.0%} shorter: "
             f"{', '.join(why)}{bound}"]

@@ -39,7 +39,7 @@ from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
 from meshplan.spec.search import TIE
-from meshplan.units import GB, GiB, counted
+from meshplan.units import GB, GiB, counted, step_seconds
 
 #: Exposed share of the step above which the step is called network-bound.
 NETWORK_BOUND_SHARE = 0.5
@@ -47,8 +47,8 @@ NETWORK_BOUND_SHARE = 0.5
 #: Share of the step one stream's exposed time must reach for a ``hint:`` line under the
 #: network-bound share (:func:`exposed_hint`; issue 11's newcomer trial: Llama-3-70B at
 #: dp_shard 32 x tp 8 exposed 26% of its step on FSDP and ``step`` said nothing). A judgement,
-#: not a measured constant: three times the step-time model's stated accuracy (5%, issue 11's
-#: goal), so removing most of such a share moves the step by more than the model's error.
+#: not a measured constant: three times the 5% restart margin
+#: (:data:`meshplan.spec.accuracy.RESTART_MARGIN`, issue 11's goal for the step model, itself a judgement).
 HINT_SHARE = 0.15
 
 
@@ -113,7 +113,12 @@ def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], "Rep
         sent[key] = sent.get(key, 0.0) + r.sent_bytes_per_step
     ops = _sent_items(sent)
     who = f"each rank of stage {stage}" if waited else "each rank"
-    lines = [f"{lead}: {who} sends {sum(sent.values()) / GB:,.0f} GB per step on it ({ops}) over "
+    crossing = sum(r.sent_bytes_per_step * network_share(r) for r in rows)
+    total = sum(sent.values())
+    across = ("" if not any(r.path.kind == "network" for r in rows) else ", all of it across the network"
+              if crossing >= 0.999 * total else f", {crossing / GB:,.1f} GB of it across the network (the rest "
+              f"over NVLink)")
+    lines = [f"{lead}: {who} sends {sum(sent.values()) / GB:,.0f} GB per step on it ({ops}){across} over "
              f"{_link(max(rows, key=lambda r: r.time_s * r.per_step))}"]
     cause = _fsdp_cause(plan, stream, alternatives)
     return head + lines + ([cause] if cause else [])
@@ -142,14 +147,40 @@ def _waited(st, bw) -> str:
             f"expose{'' if many else 's'} {bw.exposed_s:.1f} s of it per step{' each' if many else ''}")
 
 
+def network_share(row) -> float:
+    """Share of a rank's sent bytes that cross the network on ``row``'s path: 0 inside a node; a
+    ring over k ranks per node crosses nodes on 1 of its k hops per node, so 1/k (k = 8: 126 GB sent,
+    15.7 GB through the rank's NIC, as the edge-load table counts it); an all-to-all over n ranks
+    sends (n - k) of its n - 1 pieces off the node.
+
+    >>> from types import SimpleNamespace as N
+    >>> network_share(N(op="all-gather", group_size=256, path=N(kind="network", ranks_per_node=8)))
+    0.125
+    >>> network_share(N(op="all-to-all", group_size=16, path=N(kind="network", ranks_per_node=8)))
+    0.5333333333333333
+    """
+    k = max(row.path.ranks_per_node, 1)
+    if row.path.kind != "network":
+        return 0.0
+    if row.op == "all-to-all":
+        return (row.group_size - k) / max(row.group_size - 1, 1)
+    return 1.0 / k
+
+
 def _link(row) -> str:
-    """The link of a collective row and the bandwidth a rank gets on it: the ring's share of
-    the node's NICs (:func:`meshplan.comm.row.axis_path`), or for an all-to-all across
-    nodes each rank's share of its own NIC, through which its cross-node bytes leave."""
+    """The link of a collective row, how its groups use the node's NICs (per group) and the
+    bandwidth on it: across nodes each rank's share of its own NIC and the ring's bus bandwidth
+    over the group's ranks on a node (:func:`meshplan.comm.row.axis_path`: 8 NICs x 50 GB/s under one
+    group of 8 ranks a node are 50 GB/s of NIC per rank, 400 GB/s bus bandwidth), or for an
+    all-to-all across nodes each rank's share of its own NIC, through which its cross-node bytes leave."""
     path = row.path
     if row.op == "all-to-all" and path.kind == "network" and path.nic_bandwidth_bytes_per_s:
         return (f"{path.kind} ({path.note}; {path.nic_bandwidth_bytes_per_s / GB:.1f} GB/s per rank: "
                 f"its share of its own NIC)")
+    if path.kind == "network" and path.nic_bandwidth_bytes_per_s:
+        return (f"{path.kind} ({path.note}; {path.nic_bandwidth_bytes_per_s / GB:.1f} GB/s of NIC per rank, "
+                f"{path.bandwidth_bytes_per_s / GB:.1f} GB/s bus bandwidth over {path.ranks_per_node} rank(s) "
+                "per node)")
     return f"{path.kind} ({path.note}; {path.bandwidth_bytes_per_s / GB:.1f} GB/s per rank)"
 
 
@@ -221,10 +252,10 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
         alt = alternatives(update)
         outcomes.append(alt)
         if clearly_faster(st.step_s, alt.step_s):
-            faster.append(f"{words} (step {alt.step_s:.1f} s, {alt.step_s / st.step_s - 1:+.1%}, "
+            faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
-            f"of {st.step_s:.1f} s; {counted(plan.micro_batches, 'micro-batch')} per step)")
+            f"of {step_seconds(st.step_s)}; {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not faster:
         tried = "; ".join(f"{knob_name(u)}: {knob_outcome(st.step_s, alt)}" for (_, u), alt in zip(found[1], outcomes))
         return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
@@ -251,7 +282,7 @@ def knob_outcome(step_s: float, alt: "Replanned") -> str:
     ('peak 114.9 GiB, does not fit', 'step 9.95 s (-0.5%), not 1% shorter')
     """
     if alt.step_s is not None:
-        return f"step {alt.step_s:.2f} s ({alt.step_s / step_s - 1:+.1%}), not {TIE:.0%} shorter"
+        return f"step {step_seconds(alt.step_s)} ({alt.step_s / step_s - 1:+.1%}), not {TIE:.0%} shorter"
     if alt.peak_bytes > 0:
         return f"peak {alt.peak_bytes / GiB:.1f} GiB, does not fit"
     return alt.text.split(" (")[0]
@@ -345,7 +376,7 @@ class Rebuilt:
             return Replanned(f"does not fit (peak {peak / GiB:.1f} GiB > {alt.timeline.usable_bytes / GiB:.1f} GiB "
                              f"usable)", peak_bytes=peak)
         st = st if st is not None else self.step_fn(alt)
-        return Replanned(f"step {st.step_s:.1f} s, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
+        return Replanned(f"step {step_seconds(st.step_s)}, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
 
 
 def rebuilt_step(plan: Plan, step_fn: Callable) -> Rebuilt:

@@ -150,7 +150,9 @@ class MeshSpec(BaseModel):
             raise ValueError(f"{len(self.names or ())} names but {len(self.shape or ())} degrees in shape; give "
                              f"one degree per name")
         if megatron and (self.order is None or self.degrees is None):
-            raise ValueError("order and degrees must both be given")
+            raise ValueError("order and degrees must both be given: order = \"tp-dp_shard\" (Megatron, fastest first) "
+                             "with [mesh.degrees] tp = 2, dp_shard = 4; or names + shape (outermost first): "
+                             "names = [\"dp_shard\", \"tp\"], shape = [4, 2]")
         degrees = list(self.shape or []) + list((self.degrees or {}).values())
         big = [d for d in degrees if d > MAX_WORLD]
         if big:

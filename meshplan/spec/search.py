@@ -34,12 +34,11 @@ def _all_recompute() -> list[Recompute]:
 def _default_sharding() -> list[Sharding]:
     return ["zero1", "zero2", "zero3", "hsdp"]
 
-#: Relative step-time difference within which meshplan counts two predictions as tied (1%):
-#: below the step model's error on the development set (benchmarks/fidelity.py: mean 1.9%),
-#: so a smaller predicted gain decides nothing. The search then orders toward simpler meshes
-#: (:mod:`meshplan.search.rank`), ``compare`` names the tie rule, and ``place --choose`` keeps the
-#: given placement (:func:`meshplan.placement.choice.choose_placement`).
-TIE = 0.01
+#: The tie threshold (1%) has its home in :mod:`meshplan.spec.accuracy`, a judgement, not the
+#: model's measured error: the search then orders toward simpler meshes (:mod:`meshplan.search.rank`),
+#: ``compare`` names the tie rule, and ``place --choose`` keeps the given placement
+#: (:func:`meshplan.placement.choice.choose_placement`).
+from meshplan.spec.accuracy import TIE  # noqa: E402  (re-exported: meshplan.spec.search.TIE)
 
 
 def shorter_by(fast_s: float, slow_s: float) -> float:
