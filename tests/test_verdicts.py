@@ -54,8 +54,9 @@ def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
     would = step_time(tp4_plan, Overlap())
     sched = schedule_words(would.pipeline.spec.schedule, would.pipeline.spec.p)  # pp 1 here: "no pipeline"
     assert sched == "no pipeline"
+    from meshplan.spec.accuracy import mfu_caveat
     assert r.stdout == (f"step would be {would.step_s:.3f} s ({sched}, MFU {would.mfu:.1%}) "
-                        f"if it fit; it does not fit\n")
+                        f"if it fit; it does not fit\n{mfu_caveat()}\n")  # the MFU caveat (words20's 597cc2b)
     assert r.stderr == _reason_lines(tp4_plan)
 
 
