@@ -14,9 +14,9 @@ prefetch up), so while a layer computes the rest of the next layer's gather is i
 the layer granularity of the step that is the next layer issued at the layer's start (a lead
 of at least one layer); the bytes gathered at once stay ``ahead`` past the layer computed, the
 memory timeline's (:func:`meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead`). The chunk's
-first layer has no layer before it to slide over: ``start`` issues ``ahead`` of it. A part's seconds are the layer's all-gather seconds times its share of the
-layer (an all-gather's time is near linear in its bytes at these sizes; the copy-out DeepSpeed
-adds to a prefetched part, :func:`meshplan.comm.fsdp_rows._deepspeed_copied`, is shared the same way).
+first layer has no layer before it to slide over: ``start`` issues ``ahead`` of it. A part's
+seconds are the layer's all-gather seconds times its share of the layer (an all-gather's time
+is near linear in its bytes at these sizes; the copy-out DeepSpeed adds to a prefetched part, :func:`meshplan.comm.fsdp_rows._deepspeed_copied`, is shared the same way).
 
 Three layers, one prefetched ahead (FSDP2): layer 0 before the first, then each next one
 after the layer before it is issued:

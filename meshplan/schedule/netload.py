@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
 from meshplan.placement.spine import exit_crosses, leaf_of, pair_crosses
 
@@ -125,7 +126,7 @@ def _spine_share(op: str, node: np.ndarray, rail: np.ndarray, home: int = 0, lea
 def _has(mesh, axis) -> bool:
     try:
         return bool(mesh.axes_of(axis)) or axis in ("efsdp", "ep", "etp")
-    except Exception:
+    except ConfigError:  # an axis the mesh does not name (ResolvedMesh.axes_of)
         return axis in ("efsdp", "ep", "etp") and mesh.ep * mesh.etp > 1
 
 
