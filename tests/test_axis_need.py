@@ -68,3 +68,20 @@ def test_no_note_where_the_smaller_tp_does_not_fit_or_the_batch_forces_tp(tmp_pa
     assert p2.feasible and need_line(p2) is None
     _, p4 = _plan(tmp_path, 2, 4, gb=4)
     assert p4.feasible and smaller_fit(p4, "tp") is None and need_line(p4) is None
+
+
+def test_cp_4_is_more_than_memory_needs_cp_2_is_enough(tmp_path):
+    """The same workload at dp_shard 2 x cp 4 (no tp): cp 2 (dp_shard 4) fits, with the peak of that
+    mesh written by hand; cp 1 (dp_shard 8) is the tp 1 mesh above, which does not fit."""
+    def plan(dp: int, cp: int):
+        path = tmp_path / f"dp{dp}-cp{cp}.toml"
+        path.write_text(CONFIG.format(dp=dp, tp=cp, gb=16).replace('"tp"]', '"cp"]')
+                        .replace("sequence_parallel = true", "sequence_parallel = false"))
+        return build_plan(load_config(path))
+    p4, p2 = plan(2, 4), plan(4, 2)
+    assert p4.feasible and p2.feasible and p4.axis_degrees() == {"dp_shard": 2, "cp": 4}
+    k, small = smaller_fit(p4, "cp")
+    assert k == 2 and small.axis_degrees() == {"dp_shard": 4, "cp": 2}
+    assert small.timeline.peak.total_bytes == p2.timeline.peak.total_bytes
+    assert need_line(p4).startswith(f"note: cp 4 is more than memory needs: cp 2 (dp_shard 4 x cp 2) also fits, "
+                                    f"timeline peak {p2.timeline.peak.total_bytes / GiB:.2f} GiB of 67.06 GiB usable")
