@@ -152,5 +152,5 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     assert console == [] and (">Top 3 distinct meshes: by predicted step time; within 1% ordered toward "
                                 "fewer axes, lower degrees and fewer settings (none left out is more than 1% faster "
                                 "than a row shown)</h2>") in dom
-    assert re.search(r"<td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
+    assert re.search(r"<td>rejected, rule 'memory'</td><td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)

@@ -36,6 +36,7 @@ from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_capacity import checked
 from meshplan.plan_fix import memory_fix
+from meshplan.report.axis_need import need_line
 from meshplan.report.html_pages import plan_page
 from meshplan.report.json_docs import envelope, groups_doc, memory_doc, report_doc
 from meshplan.report.json_out import plan_to_dict
@@ -73,7 +74,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     dp_shard x cp x tp: a 'fix:' line with the ep degrees that divide both and pass the rules. A pp the model's
     layers do not divide, without mesh.pp_layer_split, exits 1 with a 'fix:' line giving the split the framework
     sets (Megatron-LM's --decoder-first/last-pipeline-num-layers with their values, or that it sets none at this
-    pp; under torch a balanced split). For a foreign CONFIG the errors, reasons and fix lines name its own keys
+    pp; under torch a balanced split). A feasible mesh whose tp (or cp) is larger than its memory needs ends with a
+    'note:' line: the smallest tp (cp) that still fits, the data axis grown by the same factor, re-planned, its peak
+    and both predicted steps, and whether the configured degree is kept for the step. For a foreign CONFIG the errors, reasons and fix lines name its own keys
     where it has them (training.global_batch_size, activation_checkpoint.mode, the degrees' keys; the flags)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
@@ -85,6 +88,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     cal = _calibration(calibration, p.config.cluster)
     kern = _kernels_note(p.config.cluster)
     print_plan(p, rank=rank, console=_console())
+    if isinstance(p, Plan) and p.feasible and (note := need_line(p)):  # a tp or cp larger than memory needs
+        _echo(note)
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))

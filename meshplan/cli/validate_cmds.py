@@ -46,10 +46,11 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
                                              "each axis's message curve, 1 KiB..4 MiB (staged evidence)"),
              nnodes: int = typer.Option(1, "--nnodes", help="hosts of a multi-host run: run the same command on "
                                                             "each with its --node-rank (W / nnodes ranks per host)"),
-             node_rank: int = typer.Option(0, "--node-rank", help="this host's node (0 hosts the rendezvous and "
-                                                                  "writes the evidence)"),
+             node_rank: int = typer.Option(0, "--node-rank", help="this host's node: it runs ranks K x W/nnodes "
+                                                                  "onwards (static rendezvous, as launch's "
+                                                                  "torchrun.sh; 0 hosts it and writes the evidence)"),
              rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
-                                                         help="HOST:PORT of node 0 for the c10d rendezvous (same on "
+                                                         help="HOST:PORT of node 0 for the static rendezvous (same on "
                                                               "every host; --out must be a folder all hosts share)"),
              local_addr: Optional[str] = typer.Option(None, "--local-addr",
                                                       help="this host's address the others reach (torchrun "

@@ -1,5 +1,6 @@
-"""Which host is which node of the plan: ``torchrun.sh``'s static rendezvous with ``--node-rank``
-(:func:`torchrun_script`) and ``bind.sh``'s check that torchrun's GROUP_RANK is that node
+"""Which host is which node of the plan: torchrun's static rendezvous with ``--node-rank``
+(:func:`static_rdzv_args`, the one rule of ``launch``'s ``torchrun.sh``, :func:`torchrun_script`, and of
+``validate --nnodes``, :func:`meshplan.runtime.execution.launch.torchrun_argv`) and ``bind.sh``'s check that torchrun's GROUP_RANK is that node
 (:func:`group_check_lines`), for :mod:`meshplan.placement.launch`.
 
 Why static, not c10d (torch 2.13, read in torch/distributed/run.py and elastic/rendezvous/): the c10d
@@ -66,6 +67,20 @@ def group_check_lines(hosts: tuple[str, ...], nodes: int) -> list[str]:
             'plan puts node $plan_node here: run torchrun.sh (static rendezvous, --node-rank)" >&2; exit 1', "fi"]
 
 
+def static_rdzv_args(nnodes: int, nproc_per_node: int, node_rank: object, endpoint: str, rdzv_id: str) -> list[str]:
+    """torchrun's arguments of a static rendezvous (module docstring): ``--node-rank`` becomes
+    torchrun's GROUP_RANK, so global rank = node_rank x nproc_per_node + LOCAL_RANK and rank ->
+    node is the plan's, not host-name order as under c10d; ``endpoint`` HOST:PORT of node 0, which
+    hosts the TCPStore. ``node_rank``, ``endpoint`` and ``rdzv_id`` may be shell words
+    (``torchrun.sh``'s ``"$plan_node"``).
+
+    >>> static_rdzv_args(2, 4, 1, "n0:29500", "meshplan-validate-w8")
+    ['--nnodes=2', '--nproc-per-node=4', '--rdzv-backend=static', '--rdzv-endpoint=n0:29500', '--node-rank=1', '--rdzv-id=meshplan-validate-w8']
+    """
+    return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=static",
+            f"--rdzv-endpoint={endpoint}", f"--node-rank={node_rank}", f"--rdzv-id={rdzv_id}"]
+
+
 def torchrun_script(placement: Placement, opts) -> str:
     """``torchrun.sh``: the same command on every node, static rendezvous at node 0's endpoint (by
     default ``--rdzv-endpoint``, else the first of ``--hosts`` at ``--port``) with
@@ -98,9 +113,8 @@ def torchrun_script(placement: Placement, opts) -> str:
         "set --",
         'if [ -n "${MESHPLAN_LOCAL_ADDR:-}" ]; then set -- --local-addr="$MESHPLAN_LOCAL_ADDR"; fi',
         "# TORCHRUN is split into words on purpose (e.g. 'python -m torch.distributed.run')",
-        f"exec ${{TORCHRUN:-torchrun}} --nnodes={nodes} --nproc-per-node={g} --rdzv-backend=static "
-        f'--rdzv-endpoint="$endpoint" --node-rank="$plan_node" --rdzv-id="$rdzv_id" --max-restarts=0 "$@" '
-        f'--no-python "$here/bind.sh" ' + _sh(opts.program), ""])
+        "exec ${TORCHRUN:-torchrun} " + " ".join(static_rdzv_args(nodes, g, '"$plan_node"', '"$endpoint"', '"$rdzv_id"'))
+        + ' --max-restarts=0 "$@" --no-python "$here/bind.sh" ' + _sh(opts.program), ""])
 
 
 def env_lines(env: tuple[tuple[str, Optional[str], str], ...]) -> list[str]:

@@ -31,8 +31,8 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import count_lines, header_lines, rejected_lines, table_lines, top_table
-from meshplan.report.search_fix import infeasible_verdict, rule_counts
+from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
+from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines
 from meshplan.report.text import fmt_ranks, plan_replicates
 from meshplan.schedule.link_spill import overloaded_stage
@@ -180,20 +180,20 @@ def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str, note: 
 
 
 def _count_bars(r: SearchResult) -> str:
-    """Candidates per outcome as bars: feasible, undecided and each rule's rejections (the
-    ``engine`` rule per engine, as the text: :func:`~meshplan.report.search_fix.rule_counts`)."""
-    counts = r.counts()
-    total = max(sum(counts.values()), 1)
-    outcomes = [("feasible", "feasible", counts["feasible"]), ("undecided", "undecided", counts["undecided"])]
-    rows = []
-    for key, label, n in sorted(outcomes + rule_counts(r), key=lambda x: -x[2]):
+    """Candidates per outcome as bars, most first: each row the outcome (``rejected, rule
+    'v-reshard'``), its one-line reason and its count as the text prints them (one source:
+    :func:`~meshplan.report.search.outcome_rows`), a bar and its share of all candidates."""
+    rows = outcome_rows(r)
+    total = max(sum(n for *_, n in rows), 1)
+    out = []
+    for key, outcome, why, n in sorted(rows, key=lambda x: -x[3]):
         if n:
             pct = 100 * n / total
-            rows.append(f"<tr><td>{esc(label)}</td><td>{n:,}</td><td style=\"text-align:left\">"
-                        f"<div style=\"background:{'#548235' if key == 'feasible' else '#c55a11'};height:12px;"
-                        f"width:{max(pct * 4, 1):.1f}px\"></div></td><td>{pct:.1f}%</td></tr>")
-    return ("<table><thead><tr><th>outcome</th><th>candidates</th><th></th><th>share</th></tr></thead><tbody>"
-            + "".join(rows) + "</tbody></table>")
+            out.append(f"<tr><td>{esc(outcome)}</td><td>{esc(why)}</td><td>{n:,}</td><td style=\"text-align:left\">"
+                       f"<div style=\"background:{'#548235' if key == 'feasible' else '#c55a11'};height:12px;"
+                       f"width:{max(pct * 4, 1):.1f}px\"></div></td><td>{pct:.1f}%</td></tr>")
+    return ("<table><thead><tr><th>outcome</th><th>why</th><th>candidates</th><th></th><th>share</th></tr></thead>"
+            "<tbody>" + "".join(out) + "</tbody></table>")
 
 
 def search_page(r: SearchResult, name: str, note: str = "") -> str:

@@ -318,13 +318,23 @@ def rejected_lines(r: SearchResult) -> list[str]:
     return out
 
 
-def count_lines(r: SearchResult) -> list[str]:
-    """Candidates per outcome; they add up to the candidates searched. Each rejection line names its
-    rule first, as README, the no-feasible-mesh line and ``--json``'s counts do:
-    ``rejected, rule 'v-reshard' (zbv or dualpipev ...): 2,810``."""
+def outcome_rows(r: SearchResult) -> list[tuple[str, str, str, int]]:
+    """Candidates per outcome as ``(key, outcome, why, n)``, the one source of the text's counts
+    (:func:`count_lines`) and the HTML page's bars: ``feasible`` (always), ``undecided`` (when
+    some are) and each rule that rejected some (:func:`~meshplan.report.search_fix.rule_counts`,
+    the ``engine`` rule per engine), its outcome ``rejected, rule 'v-reshard'`` and its why the
+    rule's one-line reason. The n add up to the candidates searched."""
     counts = r.counts()
-    out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
-           f"  feasible: {counts['feasible']:,}"]
+    out = [("feasible", "feasible", "", counts["feasible"])]
     if counts["undecided"]:
-        out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
-    return out + [f"  rejected, rule '{key}' ({text}): {n:,}" for key, text, n in rule_counts(r)]
+        out.append(("undecided", "undecided", "near the memory limit, beyond [search] settle_max", counts["undecided"]))
+    return out + [(key, f"rejected, rule '{key}'", text, n) for key, text, n in rule_counts(r)]
+
+
+def count_lines(r: SearchResult) -> list[str]:
+    """Candidates per outcome (:func:`outcome_rows`); they add up to the candidates searched. Each
+    rejection line names its rule first, as README, the no-feasible-mesh line, ``--json``'s counts
+    and the HTML page's bars do: ``rejected, rule 'v-reshard' (zbv or dualpipev ...): 2,810``."""
+    rows = outcome_rows(r)
+    return [f"candidates per outcome ({sum(n for *_, n in rows):,} in all):"] + [
+        f"  {outcome}{f' ({why})' if why else ''}: {n:,}" for _, outcome, why, n in rows]

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from meshplan.placement.rendezvous import static_rdzv_args
+
 PHASE_ORDER = ("start-up", "forward", "loss", "backward", "optimizer", "writing trace", "finished")
 RESULT_FILES = ("startup.json", "collectives.json", "memory.json", "timings.json", "trace.json")
 
@@ -63,9 +65,10 @@ def die_with_parent() -> None:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Several hosts in one run: ``nnodes`` torchrun agents, this one ``node_rank``, the c10d
-    store at ``endpoint`` (host:port of node 0, which hosts it: ``is_host``), ``local_addr``
-    this host's address for the workers' store when its FQDN does not resolve elsewhere."""
+    """Several hosts in one run: ``nnodes`` torchrun agents, this one ``node_rank`` (the plan's
+    node: its ranks are node_rank x W / nnodes ...), the static rendezvous's TCPStore at
+    ``endpoint`` (host:port of node 0, which hosts it), ``local_addr`` this host's address
+    (torchrun ``--local-addr``) when its FQDN does not resolve elsewhere."""
 
     nnodes: int
     node_rank: int
@@ -75,18 +78,19 @@ class Rendezvous:
 
 def torchrun_argv(world: int, module_argv: list[str], rdzv: Optional[Rendezvous] = None) -> list[str]:
     """``torchrun --standalone`` (c10d rendezvous on a free localhost port: no fixed port), or
-    with ``rdzv`` the c10d rendezvous of ``world / nnodes`` processes per host at its endpoint
-    (rendezvous id ``meshplan-validate-w<world>``: one per world size).
+    with ``rdzv`` the static rendezvous of ``world / nnodes`` processes per host at its endpoint
+    with ``--node-rank``, ``launch``'s rule (:func:`meshplan.placement.rendezvous.static_rdzv_args`:
+    torch 2.13's c10d ignores ``--node-rank`` and orders nodes by host name), rendezvous id
+    ``meshplan-validate-w<world>``: one per world size.
 
     >>> torchrun_argv(4, ["m"], Rendezvous(2, 1, "n0:29500"))[3:9]
-    ['--nnodes=2', '--nproc-per-node=2', '--rdzv-backend=c10d', '--rdzv-endpoint=n0:29500', '--rdzv-id=meshplan-validate-w4', '--rdzv-conf=is_host=0']
+    ['--nnodes=2', '--nproc-per-node=2', '--rdzv-backend=static', '--rdzv-endpoint=n0:29500', '--node-rank=1', '--rdzv-id=meshplan-validate-w4']
     """
     if rdzv is None:
         head = ["--standalone", f"--nproc-per-node={world}"]
     else:
-        head = [f"--nnodes={rdzv.nnodes}", f"--nproc-per-node={world // rdzv.nnodes}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id=meshplan-validate-w{world}",
-                f"--rdzv-conf=is_host={int(rdzv.node_rank == 0)}"]
+        head = static_rdzv_args(rdzv.nnodes, world // rdzv.nnodes, rdzv.node_rank, rdzv.endpoint,
+                                f"meshplan-validate-w{world}")
         head += [f"--local-addr={rdzv.local_addr}"] if rdzv.local_addr else []
     return [sys.executable, "-m", "torch.distributed.run", *head, "--max-restarts=0", "--monitor-interval=0.1",
             "-m", *module_argv]

@@ -39,7 +39,7 @@ class Options:
     curves: bool = True  # with probe: each axis's message curve (staged evidence); off in validate-slice, whose NIC counters are the step's traffic
     nnodes: int = 1  # hosts of a multi-host run (each runs validate with its node_rank; see check_hosts)
     node_rank: int = 0
-    rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
+    rdzv_endpoint: Optional[str] = None  # host:port of node 0 (static rendezvous, its TCPStore)
     local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
     checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
     world_option: str = "--worlds"  # the CLI option that gave `worlds`, named in errors (validate-slice: --world)

@@ -26,7 +26,7 @@ For each world size W (staged: 2, then 4, then 8 ...):
    ``testbed``, one torchrun per node namespace: :mod:`meshplan.runtime.testbed.run`) with a
    wall-clock limit (:mod:`meshplan.runtime.execution.launch`: nothing is left running, a failed or hung rank is
    named). Across real hosts (``nnodes > 1``): every host runs ``validate`` with its
-   ``node_rank`` and the same ``rdzv_endpoint`` (node 0's HOST:PORT, c10d rendezvous hosted
+   ``node_rank`` and the same ``rdzv_endpoint`` (node 0's HOST:PORT, static rendezvous hosted
    by node 0), ``W / nnodes`` ranks per host; ``OUT`` must be a folder all hosts share (the
    workers write ``rank<r>/`` there); node 0 clears it, compares and writes the evidence,
    the others keep their inputs in a local temporary folder and leave
@@ -137,8 +137,10 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
 
     cfg, notes = scale_config(config, world, opt)
     if opt.rendezvous is not None:
-        notes.append(f"hosts: {opt.nnodes} x {world // opt.nnodes} ranks (this is node {opt.node_rank}; c10d at "
-                     f"{opt.rdzv_endpoint}); the prediction still models one host of {world} ranks")
+        per = world // opt.nnodes
+        notes.append(f"hosts: {opt.nnodes} x {per} ranks (this is node {opt.node_rank}, ranks {opt.node_rank * per}-"
+                     f"{(opt.node_rank + 1) * per - 1}: static rendezvous at {opt.rdzv_endpoint}, --node-rank as "
+                     f"launch's torchrun.sh); the prediction still models one host of {world} ranks")
     plan = build_plan(cfg)
     write_json(plan, work / "plan.json", force=True)
     for n in notes:
