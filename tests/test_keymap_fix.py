@@ -71,3 +71,28 @@ def test_torchtitan_and_deepspeed_fix_built_as_rewritten(plan, origin):
     else:
         assert "; training.local_batch_size 1 -> peak " in built and "; sharding zero3 -> peak " in built
         assert "; tensor_parallel_degree x2 (dp 2 x tensor_parallel_degree 4) -> peak " in built
+
+
+@pytest.mark.parametrize("origin", ["torchtitan", "megatron", "deepspeed"])
+def test_split_fix_is_built_in_the_file_keys(tmp_path, origin):
+    """DeepSeek-V3's 61 layers at pp 16 under torch (tests/test_plan_split_fix.py: [3, 4 x 13, 3, 3]):
+    torchtitan's line names its pp degree and split keys, Megatron-LM's its pp flag, DeepSpeed's
+    keeps meshplan's names; each equal to file_words' rewrite of meshplan's line."""
+    from pathlib import Path
+
+    from meshplan.config import load_config
+    from meshplan.plan_fix_rules import split_fix
+    data = Path(__file__).parent / "data" / "deepseek-v3_512xh100_megatron.toml"
+    f = tmp_path / "ds.toml"
+    f.write_text(data.read_text().replace('framework = "megatron"', 'framework = "torch"')
+                 + '\n[mesh]\nnames = ["pp", "dp_shard", "ep"]\nshape = [16, 32, 8]\n')
+    cfg = replace(load_config(f), origin=origin)
+    p = build_plan(cfg, memory=False)
+    built = split_fix(p, keymap_of(cfg))
+    assert built == file_words(cfg, split_fix(p) or "")
+    split = [3] + [4] * 13 + [3, 3]
+    pp, field = {"torchtitan": ("pipeline_parallel_degree", "parallelism.module_fqns_per_model_part"),
+                 "megatron": ("--pipeline-model-parallel-size", "mesh.pp_layer_split"),
+                 "deepspeed": ("pp", "mesh.pp_layer_split")}[origin]
+    assert built == (f"fix: 61 layers over {pp} 16: give {field} = {split} (torchtitan's module_fqns_per_model_part, "
+                     f"which export --to torchtitan writes)")

@@ -3,8 +3,9 @@ finding 2): the planner words them in meshplan's fields (``training.global_batch
 [-1, 8]``, ``recompute full``), which a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
 JSON do not have. A builder that takes the format's :class:`~meshplan.keymap.KeyMap`
 (:func:`meshplan.interop.keymaps.keymap_of`) prints the file's keys itself (the memory fix,
-:func:`meshplan.plan_fix.memory_fix`); :func:`file_words` rewrites the other lines (the plan's
-reasons, the errors, the experts and split fixes, the step's ``hint:`` lines) for the format
+:func:`meshplan.plan_fix.memory_fix`, and the split fix, :func:`meshplan.plan_fix_rules.split_fix`);
+:func:`file_words` rewrites the other lines (the plan's reasons, the errors, the experts fix, whose
+refusals quote reasons, and the step's ``hint:`` lines, whose outcomes do) for the format
 ``Config.origin`` names, from the same map (:mod:`meshplan.interop.keymaps`); the mesh degrees'
 keys are :data:`meshplan.interop.world_words.KEYS`, which the world-size error already speaks
 (:func:`~meshplan.interop.world_words.foreign_world_error`).

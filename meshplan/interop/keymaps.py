@@ -4,7 +4,8 @@ degrees (the readers' own mapping read backwards: the torchtitan module's table 
 :mod:`meshplan.interop.torchtitan`, Megatron-LM's flags in :mod:`meshplan.interop.megatron`,
 DeepSpeed's keys in :mod:`meshplan.interop.deepspeed`; the degrees' keys are
 :data:`meshplan.interop.world_words.KEYS`). :func:`keymap_of` gives a config's map, which the
-builders of ``fix:`` lines take (:func:`meshplan.plan_fix.memory_fix`) and which
+builders of ``fix:`` lines take (:func:`meshplan.plan_fix.memory_fix`,
+:func:`meshplan.plan_fix_rules.split_fix`) and which
 :func:`meshplan.interop.file_words.file_words` applies to the lines not yet built with one.
 
 >>> from dataclasses import replace
