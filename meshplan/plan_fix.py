@@ -44,6 +44,7 @@ from typing import Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.steptime import step_time
@@ -113,29 +114,36 @@ def _defect_resharded(plan: Plan) -> bool:
     return bool(get_schedule(plan.spec.pp_schedule).warnings(t.framework, plan.pp, data, True))
 
 
-def _variants(plan: Plan) -> list[tuple[str, Config]]:
-    """(words, config) of each single-knob variant, in the module docstring's order."""
+def _mesh_words(degrees: dict[str, int], keys: KeyMap) -> str:
+    """``dp_shard 2 x tp 4``: the axes of degree > 1, each in ``keys``' words."""
+    return " x ".join(f"{keys.axis(n)} {d}" for n, d in degrees.items() if d > 1)
+
+
+def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
+    """(words, config) of each single-knob variant, in the module docstring's order, its words in
+    ``keys``' names (:mod:`meshplan.keymap`)."""
     cfg, t = plan.config, plan.config.training
     out: list[tuple[str, Config]] = []
     if t.grad_accumulation != "sync":  # no_sync keeps unsharded gradients (and no_sync_unsharded parameters) a step
-        out.append(("grad_accumulation sync", replace(cfg, training=t.model_copy(update={"grad_accumulation": "sync"}))))
+        out.append((keys.setting("grad_accumulation sync"),
+                    replace(cfg, training=t.model_copy(update={"grad_accumulation": "sync"}))))
     if t.recompute != "full":
-        out.append(("recompute full", replace(cfg, training=t.model_copy(update={"recompute": "full"}))))
+        out.append((keys.setting("recompute full"), replace(cfg, training=t.model_copy(update={"recompute": "full"}))))
     if t.micro_batch > 1:
         mb = t.micro_batch // 2 if t.micro_batch % 2 == 0 else 1
-        out.append((f"micro_batch {mb}", replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
+        out.append((f"{keys.bare('micro_batch')} {mb}",
+                    replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
     if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
         deg = {("dp_shard" if n == "dp" else n): d for n, d in _degrees(plan).items()}
-        out.append(("sharding zero3", replace(cfg, mesh=_mesh(plan, deg),
-                                              training=t.model_copy(update={"sharding": "zero3"}))))
+        out.append((keys.setting("sharding zero3"), replace(cfg, mesh=_mesh(plan, deg),
+                                                            training=t.model_copy(update={"sharding": "zero3"}))))
     elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward and not _defect_resharded(plan):
-        out.append(("reshard_after_forward true",
+        out.append((keys.setting("reshard_after_forward true"),
                     replace(cfg, training=t.model_copy(update={"reshard_after_forward": True}))))
     for axis in ("tp", "pp"):
         moved = _moved(plan, axis)
         if moved is not None:
-            words = " x ".join(f"{n} {d}" for n, d in moved.items() if d > 1)
-            out.append((f"{axis} x2 ({words})", replace(cfg, mesh=_mesh(plan, moved))))
+            out.append((f"{keys.axis(axis)} x2 ({_mesh_words(moved, keys)})", replace(cfg, mesh=_mesh(plan, moved))))
     return out[:MAX_VARIANTS]
 
 
@@ -149,12 +157,13 @@ def _peak(cfg: Config) -> Optional[Plan]:
 
 
 def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
-    """The knob variants (not the mesh ones) applied at once."""
+    """The knob variants (not the mesh ones, tp x2 and pp x2: those alone whose training is the
+    config's) applied at once."""
     cfg = plan.config
     update: dict = {}
     mesh, words = cfg.mesh, []
     for w, v in variants:
-        if w.startswith(("tp x2", "pp x2")):
+        if v.training == cfg.training:
             continue
         words.append(w)
         update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
@@ -267,7 +276,7 @@ def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
     return out
 
 
-def _cp_variant(plan: Plan) -> Optional[tuple[str, Plan]]:
+def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> Optional[tuple[str, Plan]]:
     """(words, plan) of the smallest cp, :data:`CP_FACTORS` times the configured, taken from the
     data axis, whose plan fits (None where none does, the data axis does not split, or the
     placement is the user's ``rank_to_gpu``); the planner's own rules refuse a cp that does not
@@ -282,7 +291,7 @@ def _cp_variant(plan: Plan) -> Optional[tuple[str, Plan]]:
         moved = _with_cp(deg, data, k)
         p = _peak(replace(plan.config, mesh=_mesh(plan, moved)))
         if p is not None and p.feasible:
-            return f"cp {moved['cp']} ({' x '.join(f'{n} {d}' for n, d in moved.items() if d > 1)})", p
+            return f"{keys.axis('cp')} {moved['cp']} ({_mesh_words(moved, keys)})", p
     return None
 
 
@@ -309,14 +318,15 @@ def _parts(found: list[tuple[str, Plan]]) -> list[str]:
     return out
 
 
-def memory_fix(plan: Plan) -> Optional[str]:
+def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     """The ``fix:`` line of a plan whose memory timeline does not fit (None when it fits):
     each variant with its planned peak (those that fit first, fastest first, with their step),
-    or the knobs together and the fewest nodes."""
+    or the knobs together and the fewest nodes; its settings, batch fields and degrees in
+    ``keys``' names (a foreign file's: :func:`meshplan.interop.keymaps.keymap_of`)."""
     if plan.feasible:
         return None
     usable = plan.timeline.usable_bytes
-    variants = _variants(plan)
+    variants = _variants(plan, keys)
     now = plan.timeline.peak.total_bytes
     found: list[tuple[str, Plan]] = []
     for words, cfg in variants:
@@ -324,7 +334,7 @@ def memory_fix(plan: Plan) -> Optional[str]:
         if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
-    cp = _cp_variant(plan)
+    cp = _cp_variant(plan, keys)
     found += [cp] if cp is not None else []
     parts = _parts(found)
     usable_words = f" (usable {usable / GiB:.1f} GiB)"
@@ -337,24 +347,24 @@ def memory_fix(plan: Plan) -> Optional[str]:
                      + (" (fits)" if both.feasible else ""))
         if both.feasible:
             return f"fix: {'; '.join(parts)}{usable_words}"
-    parts.append(_nodes_words(plan, _nodes(plan, cfg), words))
+    parts.append(_nodes_words(plan, _nodes(plan, cfg), words, keys))
     return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"
 
 
-def _nodes_words(plan: Plan, g: Grown, words: str) -> str:
+def _nodes_words(plan: Plan, g: Grown, words: str, keys: KeyMap = OWN) -> str:
     """The last part of the fix: the fewest nodes found (and the global batch they need where
-    ``training.global_batch`` caps dp), or how far the search went."""
+    ``training.global_batch`` caps dp), or how far the search went; in ``keys``' names."""
     saving = "at the most memory-saving settings" if words else "as configured"
-    t = plan.config.training
-    cap = (f"training.global_batch {t.global_batch} caps dp at {t.global_batch // t.micro_batch} "
-           f"(global_batch / micro_batch {t.micro_batch})")
+    t, gb_key, mb = plan.config.training, keys.field("training.global_batch"), keys.bare("micro_batch")
+    cap = (f"{gb_key} {t.global_batch} caps dp at {t.global_batch // t.micro_batch} "
+           f"({keys.bare('global_batch')} / {mb} {t.micro_batch})")
     p = g.plan
     if p is None:
-        past = f"; {cap}: past it the global batch raised to a multiple of micro_batch x dp" if g.capped else ""
+        past = f"; {cap}: past it the global batch raised to a multiple of {mb} x dp" if g.capped else ""
         return f"does not fit {saving} on up to {counted(g.last, 'node')} either (data axis grown with the nodes{past})"
-    mesh = " x ".join(f"{k} {d}" for k, d in _degrees(p).items() if d > 1)
+    mesh = _mesh_words(_degrees(p), keys)
     gb = p.config.training.global_batch
     nodes = counted(plan.config.cluster.nodes, "node")
-    where, batch = (f", and {cap}", f" with training.global_batch {gb}") if gb != t.global_batch else ("", "")
+    where, batch = (f", and {cap}", f" with {gb_key} {gb}") if gb != t.global_batch else ("", "")
     return (f"does not fit even {saving} on {nodes}{where}: {p.config.cluster.nodes} nodes would{batch} "
             f"({words + ', ' if words else ''}{mesh}: peak {p.timeline.peak.total_bytes / GiB:.1f} GiB)")

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.keymap import OWN, KeyMap
 from meshplan.interop.megatron_pipeline import ACCOUNT, first_last_flags
 from meshplan.mesh.layers import balanced_split, ends_short_split, first_last_split
 from meshplan.mesh.resolve import Mesh, resolve_mesh
@@ -120,7 +121,7 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     return f"fix: ep must divide the {e} experts{also}: {'; or '.join(good)}{refused}"
 
 
-def split_fix(plan: Infeasible) -> Optional[str]:
+def split_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
     """The ``fix:`` line of a pipeline whose pp (and vpp) the model's layers do not divide and
     whose config gives no ``mesh.pp_layer_split`` (None otherwise): the split the framework sets,
     checked by :func:`valid_reason`. Under ``training.framework = "megatron"``, at vpp 1
@@ -133,7 +134,8 @@ def split_fix(plan: Infeasible) -> Optional[str]:
     with vpp > 1.
 
     DeepSeek-V3's 61 layers at pp 16 (tests/test_plan_split_fix.py): Megatron-LM's [3, 4 x 14, 2];
-    torch's [3, 4 x 13, 3, 3].
+    torch's [3, 4 x 13, 3, 3]. The pp degree and the split's field in ``keys``' names (a foreign
+    file's: :func:`meshplan.interop.keymaps.keymap_of`; ``pipeline_parallel_degree 16``).
     """
     cfg, mesh = plan.config, plan.mesh
     spec = cfg.mesh
@@ -145,7 +147,7 @@ def split_fix(plan: Infeasible) -> Optional[str]:
     megatron = cfg.training.framework == "megatron"
     split = ends_short_split(layers, pp, vpp) if vpp > 1 else first_last_split(layers, pp) if megatron \
         else balanced_split(layers, pp)
-    head = f"fix: {layers} layers over pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")
+    head = f"fix: {layers} layers over {keys.axis('pp')} {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")
     if split is None and not megatron:
         return (f"{head}: no interleaved split the planner takes: Llama 3's rule (the embedding and the output "
                 f"layer each a layer's slot) needs layers + 2 a multiple of pp x vpp; choose another pp or vpp")
@@ -162,4 +164,4 @@ def split_fix(plan: Infeasible) -> Optional[str]:
         how = f"Megatron-LM: {' '.join(flags)}"
     else:
         how = "torchtitan's module_fqns_per_model_part, which export --to torchtitan writes"
-    return f"{head}: give mesh.pp_layer_split = {split} ({how})"
+    return f"{head}: give {keys.field('mesh.pp_layer_split')} = {split} ({how})"

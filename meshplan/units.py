@@ -61,19 +61,15 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
 
 
-def step_seconds(s: "float | None") -> str:
+def step_seconds(s: float) -> str:
     """A step time for the ``hint:`` and ``cause:`` lines with at least 3 significant figures, so two
     re-planned steps that differ by the 1% tie threshold never print alike: seconds to 2 decimals
     from 1 s up, milliseconds to 1 decimal under 1 s (409.62 ms and 438.23 ms print ``409.6 ms`` and
     ``438.2 ms``, where one decimal of a second printed both as ``0.4 s``). One formatter for every
-    hint line.
+    hint line. A re-plan without a step (``Replanned.step_s`` None) has no line that prints it: each
+    caller tests for None where it reads the re-plan.
 
     >>> step_seconds(0.40962), step_seconds(0.43823), step_seconds(23.614), step_seconds(1.0), step_seconds(0.0523)
     ('409.6 ms', '438.2 ms', '23.61 s', '1.00 s', '52.3 ms')
-
-    A re-planned config without a step (it did not plan: its hint line is never printed) reads
-    ``no step``.
     """
-    if s is None:
-        return "no step"
     return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms"

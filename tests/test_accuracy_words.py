@@ -19,8 +19,10 @@ def test_thresholds_are_one_constant_each_and_the_measured_error_is_readmes():
     assert search.TIE is accuracy.TIE and accuracy.TIE == 0.01 and accuracy.RESTART_MARGIN == 0.05
     readme = (EXAMPLES.parent / "README.md").read_text()
     assert "### Fidelity" in readme
-    for setting, error, bench in accuracy.FIDELITY:  # each figure as README reports it, with its benchmark
-        assert bench in readme
+    for setting in accuracy.FIDELITY:  # each figure as README reports it, with its benchmark
+        assert setting.source in readme
+    assert [f.text() for f in accuracy.FIDELITY] == ["mean |error| 2.0%, max 3.3%", "mean |error| 8.9%, max +15.7%",
+                                                     "mean |error| 29.4%, +7% to +74%"]
     assert "mean |error| 2.0%, max 3.3%" in readme and "mean |error| 29.4%" in readme
     assert "mean |error| 8.9%, max +15.7%" in readme
     assert accuracy.mfu_caveat() == CAVEAT
@@ -37,7 +39,9 @@ def test_the_development_set_figure_is_what_fidelity_py_prints():
         sys.path.pop(0)
     errs = [abs(predict(r)["meshplan_err"]) for r in RUNS]
     stated = f"mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%}"
-    assert accuracy.FIDELITY[0][1] == stated
+    assert accuracy.FIDELITY[0].text() == stated
+    assert round(sum(errs) / len(errs), 3) == accuracy.FIDELITY[0].mean_abs_error  # the number the caveat prints
+    assert round(max(errs), 3) == accuracy.FIDELITY[0].max_abs_error
 
 
 @pytest.mark.parametrize("command", [["step"], ["search", "--top", "1"]])

@@ -25,6 +25,7 @@ from rich.console import Console
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.file_words import file_words
+from meshplan.interop.keymaps import keymap_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_fix_rules import experts_fix, split_fix
 from meshplan.report.json_docs import to_json
@@ -103,9 +104,12 @@ def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`; for layers that pp does not
     divide without a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
     _infeasible(plan)
-    fix = (experts_fix(plan) or split_fix(plan)) if isinstance(plan, Infeasible) else None
+    fix = None
+    if isinstance(plan, Infeasible):  # split_fix is built in a foreign file's keys; experts_fix's rewritten
+        experts = experts_fix(plan)
+        fix = _in_file(plan, experts) if experts else split_fix(plan, keymap_of(plan.config))
     if fix:
-        _echo(_in_file(plan, fix), err=True)
+        _echo(fix, err=True)
     raise typer.Exit(1)
 
 

@@ -19,7 +19,6 @@ from meshplan.cli.common import (
     _echo,
     _exit_infeasible,
     _infeasible,
-    _in_file,
     _html_option,
     _json_option,
     _refuse_existing,
@@ -32,6 +31,7 @@ from meshplan.cli.common import (
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load
 from meshplan.fileio import check_destination, write_output
+from meshplan.interop.keymaps import keymap_of
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Infeasible, Plan
 from meshplan.plan_capacity import checked
@@ -95,7 +95,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
     if not p.feasible and isinstance(p, Plan):  # over memory: the knobs that would bring the peak under it
         _infeasible(p)
-        _echo(_in_file(p, memory_fix(p) or ""), err=True)
+        _echo(memory_fix(p, keymap_of(p.config)) or "", err=True)  # a foreign file's keys (interop.keymaps)
         raise typer.Exit(1)
     _verdict_exit(p)
 

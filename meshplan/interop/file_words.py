@@ -1,11 +1,13 @@
 """Errors, ``infeasible:`` reasons and ``fix:`` lines of a foreign config in its own keys (ttkeys
 finding 2): the planner words them in meshplan's fields (``training.global_batch``, ``mesh.shape
 [-1, 8]``, ``recompute full``), which a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
-JSON do not have. :func:`file_words` rewrites a line for the format ``Config.origin`` names, from
-each format's map of meshplan's fields to its keys (the readers' own: the torchtitan module's table
-in :mod:`meshplan.interop.torchtitan`, Megatron-LM's flags in :mod:`meshplan.interop.megatron`,
-DeepSpeed's keys in :mod:`meshplan.interop.deepspeed`); the mesh degrees' keys are
-:data:`meshplan.interop.world_words.KEYS`, which the world-size error already speaks
+JSON do not have. A builder that takes the format's :class:`~meshplan.keymap.KeyMap`
+(:func:`meshplan.interop.keymaps.keymap_of`) prints the file's keys itself (the memory fix,
+:func:`meshplan.plan_fix.memory_fix`, and the split fix, :func:`meshplan.plan_fix_rules.split_fix`);
+:func:`file_words` rewrites the other lines (the plan's reasons, the errors, the experts fix, whose
+refusals quote reasons, and the step's ``hint:`` lines, whose outcomes do) for the format
+``Config.origin`` names, from the same map (:mod:`meshplan.interop.keymaps`); the mesh degrees'
+keys are :data:`meshplan.interop.world_words.KEYS`, which the world-size error already speaks
 (:func:`~meshplan.interop.world_words.foreign_world_error`).
 
 What is rewritten, where the format has a key for it (a field it has none for keeps meshplan's name,
@@ -37,56 +39,17 @@ from typing import Callable
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.megatron_write import sharding_flags
-from meshplan.interop.torchtitan_tables import SCHEDULE_NAMES
+from meshplan.interop.keymaps import FIX_AXES, KEYMAPS, keymap_of
 from meshplan.interop.world_words import KEYS
-
-#: meshplan field -> the format's key (None: the format has none; the line keeps meshplan's name).
-#: ``training.micro_batch`` of torchtitan depends on pp (:func:`_fields`).
-FIELDS: dict[str, dict[str, str]] = {
-    "torchtitan": {"training.global_batch": "training.global_batch_size", "training.seq_len": "training.seq_len",
-                   "training.recompute": "activation_checkpoint.mode",
-                   "training.reshard_after_forward": "parallelism.fsdp_reshard_after_forward",
-                   "training.tp_comm_overlap": "parallelism.enable_async_tensor_parallel",
-                   "training.torch_compile": "compile.enable", "training.grad_clip_norm": "training.max_norm",
-                   "mesh.pp_schedule": "parallelism.pipeline_parallel_schedule",
-                   "mesh.pp_layer_split": "parallelism.module_fqns_per_model_part", "cluster.nodes": "--nodes"},
-    "megatron": {"training.global_batch": "--global-batch-size", "training.micro_batch": "--micro-batch-size",
-                 "training.seq_len": "--seq-length", "training.recompute": "--recompute-granularity",
-                 "mesh.sequence_parallel": "--sequence-parallel", "cluster.nodes": "--nodes"},
-    "deepspeed": {"training.global_batch": "train_batch_size", "training.micro_batch": "train_micro_batch_size_per_gpu",
-                  "training.seq_len": "--seq-len", "cluster.nodes": "--nodes"},
-}
-#: A fix's setting (meshplan's words) -> the format's, per format: what to write for it.
-SETTINGS: dict[str, dict[str, str]] = {
-    "torchtitan": {"recompute full": "activation_checkpoint.mode = \"full\"",
-                   "recompute none": "activation_checkpoint.mode = \"none\"",
-                   "reshard_after_forward true": "parallelism.fsdp_reshard_after_forward = \"always\"",
-                   "training.reshard_after_forward = true": "parallelism.fsdp_reshard_after_forward = \"always\"",
-                   "training.reshard_after_forward = false": "parallelism.fsdp_reshard_after_forward = \"never\""}
-    | {f"mesh.pp_schedule = \"{ours}\"": f"parallelism.pipeline_parallel_schedule = \"{theirs}\""
-       for ours, theirs in SCHEDULE_NAMES.items()},
-    "megatron": {"recompute full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
-                 # what ``export --to megatron`` writes for zero3: Megatron FSDP's flags (megatron_write)
-                 "sharding zero3": " ".join(sharding_flags("zero3")),
-                 "[mesh] sequence_parallel = true (--sequence-parallel)": "--sequence-parallel"},
-    "deepspeed": {"recompute full": "an activation_checkpointing section (deepspeed.checkpointing on every block)"},
-}
-
 
 #: The fields the batch rule and the memory fix write bare, without their table.
 BARE = ("global_batch", "micro_batch")
 
 
 def _fields(cfg: Config) -> dict[str, str]:
-    """:data:`FIELDS` of ``cfg.origin``, torchtitan's micro-batch key by its pp (the reader's
-    mapping: ``local_batch_size`` at pp 1, ``pipeline_parallel_microbatch_size`` with pp)."""
-    out = dict(FIELDS.get(cfg.origin, {}))
-    if cfg.origin == "torchtitan":
-        pp = dict(zip(cfg.mesh.names or [], cfg.mesh.shape or [])).get("pp", 1) if cfg.mesh is not None else 1
-        out["training.micro_batch"] = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else \
-            "training.local_batch_size"
-    return out
+    """:data:`~meshplan.interop.keymaps.FIELDS` of ``cfg.origin``, torchtitan's micro-batch key by
+    its pp (:func:`~meshplan.interop.keymaps.keymap_of`)."""
+    return dict(keymap_of(cfg).fields)
 
 
 def _sub(pattern: str, text: str, repl: Callable[[re.Match], str]) -> str:
@@ -131,11 +94,12 @@ def file_words(cfg: Config, text: str) -> str:
     >>> print(file_words(replace(cfg, origin="megatron"), "fix: ep 8 (mesh.shape [-1, 8]); recompute full"))
     fix: --expert-model-parallel-size 8 (--expert-model-parallel-size 8); --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
     """
-    if cfg.origin not in FIELDS:
+    if cfg.origin not in KEYMAPS:
         return text
-    fields, keys = _fields(cfg), KEYS[cfg.origin]
+    keymap = keymap_of(cfg)
+    fields = dict(keymap.fields)
     text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, m))
-    for meshplan_words, words in SETTINGS[cfg.origin].items():
+    for meshplan_words, words in keymap.settings.items():
         text = _put(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, words)
     for field, key in fields.items():  # dotted first, then the bare name
         text = _put(rf"(?<![\w.\-]){re.escape(field)}(?![\w])", text, key)
@@ -143,15 +107,14 @@ def file_words(cfg: Config, text: str) -> str:
         if f"training.{bare}" in fields:
             text = _put(rf"(?<![\w.\-]){bare}(?![\w'])", text, fields[f"training.{bare}"])
     head, mark, fix = text.partition("fix: ")  # degrees as settings: in the fix only ("tp 3" of a reason stays)
-    short = {a: k.removeprefix("parallelism.") for a, k in keys.items()}
-    return head + mark + _sub(r"(?<![\w.\-])(pp|dp_replicate|dp_shard|cp|tp|ep|etp)(?= (?:\d|x\d))", fix,
-                              lambda m: short.get(m.group(1), m.group(1)))
+    return head + mark + _sub(rf"(?<![\w.\-])({'|'.join(FIX_AXES)})(?= (?:\d|x\d))", fix,
+                              lambda m: keymap.axis(m.group(1)))
 
 
 def file_error(cfg: Config, e: ConfigError) -> ConfigError:
     """``e`` with its field and message in the keys of the format ``cfg`` was read from
     (:func:`file_words`); ``e`` itself for a meshplan TOML."""
-    if cfg.origin not in FIELDS:
+    if cfg.origin not in KEYMAPS:
         return e
     field = _fields(cfg).get(e.field, e.field)
     return ConfigError(field, file_words(cfg, e.message))

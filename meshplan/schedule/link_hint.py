@@ -119,7 +119,7 @@ def _knob_list(st, found, alternatives) -> str:
     for words, update in found:
         alt: Replanned = alternatives(update)
         tried.append(f"{knob_name(update)}: {knob_outcome(st.step_s, alt)}")
-        if clearly_faster(st.step_s, alt.step_s):
+        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     if faster:

@@ -69,7 +69,7 @@ def tp_hint(plan, st, alternatives: Optional[Callable[..., Replanned]]) -> list[
     update = tp_knobs(t)
     alt = alternatives(update)
     knobs = ", ".join(f"training.{k} = true" for k in update)
-    if not clearly_faster(st.step_s, alt.step_s):
+    if alt.step_s is None or not clearly_faster(st.step_s, alt.step_s):
         return silent_note(st, alt, knobs, t.framework)
     after = _exposed_tp(alt.step)
     return [f"hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of {step_seconds(st.step_s)}): shorter "
@@ -87,7 +87,7 @@ def silent_note(st, alt: Replanned, knobs: str, framework: str) -> list[str]:
     exposed = st.exposed_s.get("tp", 0.0)
     head = (f"note: no tp hint: exposed tp is {exposed / st.step_s:.1%} of the step ({exposed:.2f} s of "
             f"{step_seconds(st.step_s)}), but {knobs} ({_runtime(framework)}) re-planned")
-    if alt.step is None:
+    if alt.step is None or alt.step_s is None:  # both None together (rebuilt_step)
         return [f"{head}: {knob_outcome(st.step_s, alt)}"]
     on: Any = alt.step  # a StepTime (Replanned types it as object)
     why = [f"exposed tp {exposed:.2f} -> {_exposed_tp(on):.2f} s"]

@@ -251,7 +251,7 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     for words, update in found[1]:
         alt = alternatives(update)
         outcomes.append(alt)
-        if clearly_faster(st.step_s, alt.step_s):
+        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                           f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "

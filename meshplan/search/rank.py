@@ -15,8 +15,9 @@ criterion that decided, with both values (``lower peak memory (26.3 vs 58.6 GiB)
 none does (:data:`EQUAL`: equal steps and keys, peaks within 1%; the search then lists them in
 enumeration order, compare chooses neither). A 1% step difference (the tie threshold,
 :data:`meshplan.spec.accuracy.TIE`, a judgement) is below the smallest measured error of the step
-model (2.0% mean on the development set, far more elsewhere: :data:`~meshplan.spec.accuracy.FIDELITY`), while every extra axis and degree is one more process group, collective
-stream and way to fail, and every setting off its default one more thing to configure and get
+model (its mean |error| on the development set, far more elsewhere: both in
+:data:`~meshplan.spec.accuracy.FIDELITY`), while every extra axis and degree is one more process
+group, collective stream and way to fail, and every setting off its default one more thing to configure and get
 wrong for a gain the model cannot resolve, so an expert running the mesh prefers the simpler
 one (the Megatron GPT-3 175B search listed ``selective, tp overlap`` 0.6% slower above ``none``
 for 21 MB less peak); between two equally simple candidates the one with clearly more headroom
