@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.spec.deepspeed_reuse import frontier_bytes
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -22,10 +23,12 @@ DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
 DEEPSPEED_MAX_LIVE_ELEMENTS = 1_000_000_000
 
 
-def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> int:
+def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int, layer_params: tuple[int, ...] = ()) -> int:
     """Bytes DeepSpeed ZeRO-3's coordinator holds gathered past the unit it computes once its
     prefetch has run ahead (``held_bytes``: the bytes gathered besides, the unit computed and any
-    kept; ``prefetch_live``: (prefetch bucket, max live) bytes): the one rule the step's prefetch
+    kept; ``prefetch_live``: (prefetch bucket, max live) bytes; ``layer_params``: a layer's
+    parameters' bytes in trace order, the layers past the unit alike; empty: the frontier to the
+    byte): the one rule the step's prefetch
     (:func:`deepspeed_prefetch_ahead`, held a layer: the same bytes) and the memory timeline
     (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`, held the units it holds
     gathered) share.
@@ -39,11 +42,14 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     module's parameters, then prefetches from the trace's queue while fewer than
     ``min(max_live - available, bucket)`` elements are taken (at least one parameter, none when
     that is <= 0): once running ahead, every release is topped up again, so the layer computed
-    plus the parameters prefetched reach ``max_live`` (plus at most one parameter). Hence:
+    plus the parameters prefetched reach ``max_live`` and run on to the end of the parameter that
+    reaches it (the limit is checked before a parameter is taken, :457 ``while self.__param_queue
+    and numel_prefetching < max_params_to_prefetch``: up to one parameter past). Hence:
 
     - bucket 0 (``if self.__prefetch_bucket_sz > 0``, :452) or a max live that holds no more than
       ``held``: 0, every gather on demand;
-    - else ``max_live - held``.
+    - else ``max_live - held`` run on to the next parameter boundary past it
+      (:func:`meshplan.spec.deepspeed_reuse.frontier_bytes`).
 
     A layer of 33,558,528 B (4 x 1024^2 + 3 x 1024 x 4096 + 2 x 1024 parameters in bf16): bucket 0,
     and max live 2 and 4 layers, then 1.5 layers (a part of the next layer):
@@ -51,17 +57,27 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     >>> u = 33_558_528
     >>> [deepspeed_ahead_bytes(p, u) for p in ((0, 4 * u), (10**7, 2 * u), (10**9, 4 * u), (10**7, 3 * u // 2))]
     [0, 33558528, 100675584, 16779264]
+
+    With the layer's parameters in trace order (a norm, q, k, v, o, a norm, gate, up, down; bytes),
+    half a layer past the one computed (16,779,264 B) ends in the gate projection, 2 x 2,048 +
+    4 x 2,097,152 B before it: the gate's 8,388,608 B taken whole, 16,781,312 B (2,048 past); max live
+    1.2 layers (6,711,705 B past the layer) ends in the o projection, 4 x 2,097,152 + 2,048 B:
+
+    >>> p = (2048,) + (2 * 1024 ** 2,) * 4 + (2048,) + (2 * 1024 * 4096,) * 3
+    >>> deepspeed_ahead_bytes((10**7, 3 * u // 2), u, p), deepspeed_ahead_bytes((10**7, 6 * u // 5), u, p)
+    (16781312, 8390656)
     """
     prefetch, live = prefetch_live
     if prefetch <= 0 or held_bytes <= 0 or live <= held_bytes:
         return 0
-    return live - held_bytes
+    return frontier_bytes(live - held_bytes, layer_params)
 
 
-def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) -> float:
+def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int, layer_params: tuple[int, ...] = ()) -> float:
     """Layers of parameters DeepSpeed ZeRO-3's coordinator holds gathered or in flight past the
     layer it computes when that layer starts (``unit_bytes``: a layer's gathered bytes;
-    ``prefetch_live``: (prefetch bucket, max live) bytes): :func:`deepspeed_ahead_bytes` in
+    ``prefetch_live``: (prefetch bucket, max live) bytes; ``layer_params``: the layer's
+    parameters' bytes, :func:`deepspeed_ahead_bytes`'): :func:`deepspeed_ahead_bytes` in
     layers, fractional, the one number the step (:class:`meshplan.schedule.layer_prefetch.LayerPrefetch`'s
     ``ahead``) and the memory timeline (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`,
     the same bytes) use.
@@ -97,7 +113,7 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
     >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
     0.0
     """
-    return deepspeed_ahead_bytes(prefetch_live, unit_bytes) / unit_bytes
+    return deepspeed_ahead_bytes(prefetch_live, unit_bytes, layer_params) / unit_bytes
 
 
 def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int) -> int:
