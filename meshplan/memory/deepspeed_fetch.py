@@ -34,7 +34,7 @@ def deepspeed_fetch(b: PassBuilder, key: UnitKey, u: Unit, ahead: list) -> None:
     if have:
         assert b.sz.deepspeed_prefetch is not None  # only DeepSpeed's fetch is here
         layer = max((v.gathered for k, v in b.sz.units.items() if isinstance(k, int)), default=0)
-        cat = min(have, deepspeed_copied_bytes(u.gathered, b.sz.deepspeed_prefetch, layer))
+        cat = min(have, deepspeed_copied_bytes(u.gathered, b.sz.deepspeed_prefetch, layer, b.sz.deepspeed_params))
         b._add(u.layer, "gathered_params", cat, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
         b._add(u.layer, "gathered_params", -cat, f"{u.name}: coalesced all-gather buffer freed after its wait")
         b.issued.remove(key)

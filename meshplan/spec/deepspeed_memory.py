@@ -116,11 +116,12 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int, la
     return deepspeed_ahead_bytes(prefetch_live, unit_bytes, layer_params) / unit_bytes
 
 
-def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int) -> int:
+def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int,
+                           layer_params: tuple[int, ...] = ()) -> int:
     """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
     the all-gather buffer, counted as one bucket of its prefetched part:
     ``min(unit, bucket, max live - layer)`` (``layer_bytes``: a layer's gathered bytes;
-    :func:`deepspeed_ahead_bytes`, 0 without prefetch); the memory timeline's second copy of a
+    :func:`deepspeed_ahead_bytes`, 0 without prefetch, run on to ``layer_params``' boundary); the memory timeline's second copy of a
     prefetched part at its wait is the same bytes. A coalesced gather's
     ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``) sets each
     ``param.data = torch.cat(partitions)``; what the fetch gathers on demand is views of its buffer.
@@ -144,7 +145,7 @@ def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], laye
     ...     (10**8, 4 * 10**8), (0, 2 * 10**9))]
     [100000000, 63776000, 0, 0]
     """
-    return min(unit_bytes, prefetch_live[0], deepspeed_ahead_bytes(prefetch_live, layer_bytes))
+    return min(unit_bytes, prefetch_live[0], deepspeed_ahead_bytes(prefetch_live, layer_bytes, layer_params))
 
 
 def deepspeed_bucket_bytes(bucket_elements: int, training: TrainingSpec, params_numel):
