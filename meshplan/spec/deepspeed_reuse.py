@@ -37,6 +37,12 @@ trace comes after fewer than ``max_reuse_distance`` elements of the modules betw
 parameter's ``ds_numel``, persistent ones too); a kept parameter stays counted in
 ``__n_available_params`` (:630 only subtracts at a release), so it takes room from the prefetch,
 and its next fetch finds it ``AVAILABLE`` (:365-366): no all-gather.
+
+Not modelled: ``__params_to_release`` also keeps a parameter whose later use the prefetch skipped
+because it was still gathered (:642-651, ``__most_recent_step_id_param_fetched_for[param] >
+step_id``), e.g. at the end of the forward, when the window reaches past the loss into the
+backward's first layer while that layer's forward parameters are still gathered; that depends on
+module-by-module timing meshplan's layer units do not keep.
 """
 
 from __future__ import annotations
