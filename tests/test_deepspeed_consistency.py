@@ -142,9 +142,11 @@ def test_deepspeed_zero3_copies_out_what_the_memory_model_prefetches():
     """The step's copy-out and the memory timeline's prefetched part are one quantity
     (:func:`meshplan.spec.deepspeed_memory.deepspeed_copied_bytes`): with ``stage3_max_live_parameters``
     2.5e8 (``[memory] deepspeed_max_live_elements``) a layer prefetches (2.5e8 - 218,112,000) x 2 B
-    = 63,776,000 B, the memory model's 'copied out of the buffer (torch.cat)' event and the
-    all-gather row's copy, 2 x 63,776,000 B at Triad 2.97 TB/s = 42.9 us more than with 2e8 (below
-    one layer: nothing prefetched, no copy-out)."""
+    = 63,776,000 B run on to the end of wo, the parameter that reaches it (coordinator :457; norm
+    8,192 + wq 33,554,432 + wk, wv 2 x 8,388,608 + wo 33,554,432): 83,894,272 B, the memory model's
+    'copied out of the buffer (torch.cat)' event and the all-gather row's copy, 2 x 83,894,272 B at
+    Triad 2.97 TB/s = 56.5 us more than with 2e8 (below one layer: nothing prefetched, no
+    copy-out). (63,776,000 B and 42.9 us before the run past max live was modelled.)"""
     def plan(live: int):
         data = _zero3("deepspeed") | {"memory": {"deepspeed_max_live_elements": live}}
         return build_plan(config_from_dict(data))
@@ -156,9 +158,9 @@ def test_deepspeed_zero3_copies_out_what_the_memory_model_prefetches():
     some, none = plan(250_000_000), plan(200_000_000)
     cat = [e.delta_bytes for e in some.timeline.events() if e.phase == "forward" and e.microbatch == 0
            and e.layer == 6 and "(torch.cat)" in e.label]
-    assert cat == [63_776_000]
+    assert cat == [83_894_272]
     assert not [e for e in none.timeline.events() if "(torch.cat)" in e.label and e.layer == 6]
-    assert round((gather_s(some) - gather_s(none)) * 1e6, 1) == round(2 * 63_776_000 / 2.97e12 * 1e6, 1) == 42.9
+    assert round((gather_s(some) - gather_s(none)) * 1e6, 1) == round(2 * 83_894_272 / 2.97e12 * 1e6, 1) == 56.5
 
 
 def test_deepspeed_zero3_json_and_search_rows_run_deepspeeds_engine(tmp_path):

@@ -111,14 +111,19 @@ def _gathered(plan, layer: int) -> list[tuple[int, str]]:
             and e.layer == layer and e.kind == "gathered_params"]
 
 
-#: the default max live (1e9 x 2 B) past a layer: 2e9 - 436,224,000 = 1,563,776,000 B, 3 layers and 255,104,000 B
-AHEAD = 2 * 10**9 - 436_224_000
+#: the default max live (1e9 x 2 B) past a layer: 2e9 - 436,224,000 = 1,563,776,000 B, 3 layers and 255,104,000 B,
+#: which end in w_up (a Llama 3 8B layer in bf16: norm 8,192, wq 33,554,432, wk and wv 8,388,608, wo 33,554,432,
+#: norm 8,192, w_gate, w_up and w_down 117,440,512 B): the prefetch runs on to its end (coordinator :457),
+#: 318,783,488 B into the layer (was 255,104,000 before that run was modelled)
+AHEAD = 3 * 436_224_000 + 318_783_488
+#: max live 2.5e8: (2.5e8 - 218,112,000) x 2 = 63,776,000 B past the layer end in wo: 83,894,272 B (was 63,776,000)
+PART = 83_894_272
 
 
 @pytest.mark.parametrize("zero, pieces, copied", [
     ({}, [AHEAD - 3 * 436_224_000, 4 * 436_224_000 - AHEAD], 50_000_000 * 2),  # bucket 5e7, the default
     ({"stage3_prefetch_bucket_size": 20_000_000}, [AHEAD - 3 * 436_224_000, 4 * 436_224_000 - AHEAD], 20_000_000 * 2),
-    ({"stage3_max_live_parameters": 250_000_000}, [(250_000_000 - 218_112_000) * 2], (250_000_000 - 218_112_000) * 2),
+    ({"stage3_max_live_parameters": 250_000_000}, [PART], PART),
     ({"stage3_max_live_parameters": 200_000_000}, [], 0),
 ])
 def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parameters(tmp_path, zero, pieces, copied):
@@ -127,11 +132,13 @@ def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parame
     parameters available, prefetch_bucket_size) elements, so the frontier runs to max live: the
     layer computed and max live - layer past it (spec.deepspeed_memory.deepspeed_ahead_bytes, the
     step's too). Llama 3 8B on 16 ranks, a layer of 218,112,000 parameters (bf16, 2 B): at the
-    default max live 1e9 (2e9 B), 1,563,776,000 B past the layer, 3 layers and 255,104,000 B: layer 6
-    gets 255,104,000 B during layer 2 and its rest, 181,120,000 B, during layer 3 (whatever the bucket
-    beyond 0), nothing on demand. (Before: the timeline prefetched one bucket of the next layer only,
+    default max live 1e9 (2e9 B), 1,563,776,000 B past the layer, 3 layers and 255,104,000 B, run on
+    to the end of the parameter reaching it (w_up, 318,783,488 B into the layer): layer 6 gets
+    318,783,488 B during layer 2 and its rest, 117,440,512 B (w_down), during layer 3 (whatever the
+    bucket beyond 0), nothing on demand. (Before: the timeline prefetched one bucket of the next layer only,
     5e7 x 2 B = 1e8 B, or 2e7 x 2 B, and gathered the rest on demand.) With max_live_parameters 2.5e8
-    only 2.5e8 - 218,112,000 = 31,888,000 elements during layer 5, the rest on demand; with 2e8,
+    only 2.5e8 - 218,112,000 = 31,888,000 elements, run on to the end of wo (41,947,136 elements),
+    during layer 5, the rest on demand; with 2e8,
     below one layer, none. What is gathered on demand is gathered one parameter at a time, the
     parameters views of the buffer (partition_parameters.py:1339-1376, one copy); of the prefetched
     part one bucket (min(bucket, max live - layer)) is counted as coalesced, copied out by

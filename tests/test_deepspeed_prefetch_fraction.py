@@ -67,22 +67,34 @@ def _layer_compute_s(unit, i):
     return end - starts[f"L{i}"]
 
 
-@pytest.mark.parametrize("live, live_bytes, ahead", [
-    (19_128_360, 38_256_720, 4_698_192 / 33_558_528),  # 1.14 layers: 0.14 ahead
-    (41_948_160, 83_896_320, 1.5),  # 2.5 layers
+#: the tiny layer's parameters in trace order, bytes: norm, q, k, v, o, norm, gate, up, down
+PARAMS = (2048,) + (2_097_152,) * 4 + (2048,) + (8_388_608,) * 3
+
+
+# The prefetch runs on to the end of the parameter that reaches max live (coordinator :457): 1.14
+# layers leave 4,698,192 B past the layer, which end in wv (norm + wq + wk = 4,196,352 B before it):
+# 6,293,504 B (was 4,698,192, 0.14 layer, before the run past max live was modelled); 2.5 layers
+# leave 1.5, which end in the gate (8,392,704 B before it): L + 16,781,312 B (was 1.5 layers). Behind
+# the embedding's (2,097,152 B) and the head's (2,099,200 B) fetches max live less that unit, run on
+# likewise: L + 4,196,352 (2,601,040 and 2,598,992 B into the next layer end in wk) and
+# 2 L + 16,781,312 (14,682,112 and 14,680,064 B end in the gate).
+@pytest.mark.parametrize("live, live_bytes, ahead_bytes, start_bytes", [
+    (19_128_360, 38_256_720, 6_293_504, 33_558_528 + 4_196_352),  # 1.14 layers
+    (41_948_160, 83_896_320, 33_558_528 + 16_781_312, 2 * 33_558_528 + 16_781_312),  # 2.5 layers
 ])
-def test_step_and_memory_read_one_fractional_ahead(tmp_path, live, live_bytes, ahead):
-    assert live == int(live_bytes / 2) and L == 33_558_528 and N == 16_779_264
+def test_step_and_memory_read_one_fractional_ahead(tmp_path, live, live_bytes, ahead_bytes, start_bytes):
+    assert live == int(live_bytes / 2) and L == 33_558_528 == sum(PARAMS) and N == 16_779_264
+    ahead = ahead_bytes / L
     plan = _plan(tmp_path, BUCKET, live)
     rows = plan.stage(0).collectives
     # the one number: the step's ahead is the memory's bytes past the layer computed, in layers
     ov = plan_overlap(plan.config, rows)
     assert ov.fsdp_ahead == pytest.approx(ahead, rel=1e-12) and ov.fsdp_slide
-    # behind the embedding's (2,097,152 B) and the head's (2,099,200 B) fetches: max live less that unit
-    assert ov.fsdp_start == pytest.approx(((live_bytes - 2_097_152) / L, (live_bytes - 2_099_200) / L), rel=1e-12)
-    assert deepspeed_prefetch_ahead((2 * BUCKET, live_bytes), L) * L == deepspeed_ahead_bytes((2 * BUCKET, live_bytes), L)
-    # memory: the layer computed and the part ahead hold max live
-    assert _held_max(plan) == live_bytes == round(L * (1 + ahead))
+    assert ov.fsdp_start == pytest.approx((start_bytes / L, start_bytes / L), rel=1e-12)
+    assert deepspeed_prefetch_ahead((2 * BUCKET, live_bytes), L, PARAMS) * L == pytest.approx(
+        deepspeed_ahead_bytes((2 * BUCKET, live_bytes), L, PARAMS), rel=1e-12)
+    # memory: the layer computed and the part ahead, max live and the rest of the parameter reaching it
+    assert _held_max(plan) == L + ahead_bytes
     # step: the embedding's and the first layer's gathers exposed, every later one hidden
     unit, _ = _forward(plan)
     t_emb, t_layer = _gather_s(rows, "per root (embedding)"), _gather_s(rows, "every layer")
@@ -92,25 +104,26 @@ def test_step_and_memory_read_one_fractional_ahead(tmp_path, live, live_bytes, a
 
 def test_without_the_slide_a_part_ahead_waits_for_the_rest(tmp_path):
     """Max live 1.14 layers, the fractional ahead taken as the whole lead (no slide): each of the
-    3 layers after the first waits for its on-demand 0.86 (module docstring; the second's first
-    0.08 came behind the embedding, its next 0.06 behind the first layer's fetch, 0.14 in all),
-    what DeepSpeed's module-by-module top-up avoids."""
+    3 layers after the first waits for its on-demand rest, 1 - 6,293,504 / L = 0.81 (the run on to
+    the end of wv past max live; was 0.86 before it was modelled), what DeepSpeed's
+    module-by-module top-up avoids."""
     plan = _plan(tmp_path, BUCKET, 19_128_360)
     rows = plan.stage(0).collectives
-    a = 4_698_192 / 33_558_528
+    a = 6_293_504 / 33_558_528
     t_emb, t_layer = _gather_s(rows, "per root (embedding)"), _gather_s(rows, "every layer")
     unit, _ = _forward(plan, slide=False)
     assert unit.exposed_s["fsdp"] == pytest.approx(t_emb + t_layer + 3 * (1 - a) * t_layer, rel=1e-9)
 
 
 def test_step_note_says_the_fraction(tmp_path, capsys):
-    """``meshplan step`` names the fractional ahead, the one the memory holds (0.14 at 1.14 layers)."""
+    """``meshplan step`` names the fractional ahead, the one the memory holds (0.19 at 1.14 layers:
+    6,293,504 B past the layer, above; 0.14 before the run past max live was modelled)."""
     from tests.cli_run import run_main
     from tests.test_deepspeed_prefetch_step import TOML
     f = tmp_path / "tiny.toml"
     f.write_text(TOML.replace("[mesh]", "[memory]\ndeepspeed_prefetch_elements = 5000000\n"
                               "deepspeed_max_live_elements = 19128360\n\n[mesh]"))
     run_main("step", str(f))
-    assert ("prefetch (stage3_prefetch_bucket_size 5e6, max live 1.91e7 elements): 0.14 layers gathered past "
+    assert ("prefetch (stage3_prefetch_bucket_size 5e6, max live 1.91e7 elements): 0.19 layers gathered past "
             "the one computed at its start, up to max live, the window sliding module by module") \
         in capsys.readouterr().out

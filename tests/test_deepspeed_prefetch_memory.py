@@ -77,13 +77,17 @@ def test_memory_holds_what_the_steps_prefetch_holds(tmp_path, bucket, live, ahea
 
 
 def test_a_part_of_a_layer_ahead_holds_max_live(tmp_path):
-    """Max live 1.5 layers (25,168,896 elements): the step and the memory read the same 0.5 layer
-    gathered past the one computed (the step's window slides during the layer: the next layer's
-    gather is issued during this one, ``Overlap.fsdp_slide``), the memory holds max live at once:
-    the layer computed and 16,779,264 B (half) of the next, 50,337,792 B."""
+    """Max live 1.5 layers (25,168,896 elements): the step and the memory read the same part of a
+    layer gathered past the one computed (the step's window slides during the layer: the next layer's
+    gather is issued during this one, ``Overlap.fsdp_slide``), the memory holds it at once: the
+    layer computed and the next one's parameters up to the one that reaches max live (coordinator
+    :457 checks the limit before taking one): half a layer, 16,779,264 B, ends inside the gate
+    projection (norm 2,048 + q, k, v, o 4 x 2,097,152 + norm 2,048 = 8,392,704 B before it), so
+    the gate's 8,388,608 B are taken whole: 16,781,312 B past, 50,339,840 B held (was 0.5 layer,
+    50,337,792 B, before the run past max live was modelled)."""
     plan = _plan(tmp_path, 5 * 10**6, 3 * N // 2)
-    assert plan_overlap(plan.config, plan.stage(0).collectives).fsdp_ahead == 0.5
-    assert _held_max(plan) == 3 * L // 2 == 50_337_792
+    assert plan_overlap(plan.config, plan.stage(0).collectives).fsdp_ahead == 16_781_312 / L
+    assert _held_max(plan) == L + 16_781_312 == 50_339_840
 
 
 def test_memory_caption_names_the_prefetch_modelled(tmp_path):

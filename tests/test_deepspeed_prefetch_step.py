@@ -101,12 +101,15 @@ def test_bucket_zero_steps_slower_than_a_prefetching_bucket(tmp_path):
 
 def test_step_names_the_prefetch_it_models(tmp_path, capsys):
     """``meshplan step`` says which prefetch it modelled: none at bucket 0; at DeepSpeed's default
-    (5e7, max live 1e9) the 58.60 layers max live holds past the one computed (above)."""
+    (5e7, max live 1e9) the 58.75 layers past the one computed: max live's 2e9 B less the layer,
+    58 layers and 20,046,848 B, run on to the end of the up projection that reaches it (2 x 2,048 +
+    4 x 2,097,152 + 2 x 8,388,608 = 25,169,920 B into the layer; coordinator :457), 58.60 before
+    that run was modelled."""
     from tests.cli_run import run_main
     f = tmp_path / "tiny.toml"
     f.write_text(TOML)
     run_main("step", str(f))
-    assert ("note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size 5e7, max live 1e9 elements): 58.60 layers "
+    assert ("note: DeepSpeed ZeRO-3 prefetch (stage3_prefetch_bucket_size 5e7, max live 1e9 elements): 58.75 layers "
             "gathered past the one computed") in capsys.readouterr().out
     f.write_text(TOML.replace("[mesh]", "[memory]\ndeepspeed_prefetch_elements = 0\n\n[mesh]"))
     run_main("step", str(f))

@@ -56,11 +56,14 @@ def test_zero3_memory_kinds_speak_deepspeed(tmp_path, capsys):
     for what in ("params 0.93 3% 0.93 ZeRO-3 partitioned parameters (1/16 on each rank of the data-parallel group)",
                  "grads 0.93 3% 0.93 ZeRO-3 gradient partition (1/16 on each rank of the data-parallel group, from "
                  "each reduce-scatter)",
-                 # max: max live, 1e9 x 2 B = 1.86 GiB, held once the prefetch has run ahead: the unit
-                 # computed (the head's 1,050,681,344 B, a layer's 436,224,000 B) and what is prefetched past
-                 # it up to max live (spec.deepspeed_memory.deepspeed_ahead_bytes; was 1.07 GiB, the head
-                 # plus one 5e7 x 2 B bucket, before the timeline prefetched as the step does)
-                 "gathered_params 0.98 3% 1.86 ZeRO-3 parameter all-gather: the layers' full parameters (current + "
+                 # max: max live, 1e9 x 2 B, held once the prefetch has run ahead: the unit computed (the
+                 # head's 1,050,681,344 B, a layer's 436,224,000 B) and what is prefetched past it up to max
+                 # live, run on to the end of the parameter that reaches it (coordinator :457): past a layer
+                 # 3 layers and 255,104,000 B end in w_up, 318,783,488 B into the layer: 436,224,000 +
+                 # 3 x 436,224,000 + 318,783,488 = 2,063,679,488 B = 1.92 GiB (spec.deepspeed_memory.
+                 # deepspeed_ahead_bytes; 1.86 GiB, max live to the byte, before that run was modelled;
+                 # 1.07 GiB, the head plus one 5e7 x 2 B bucket, before the timeline prefetched as the step does)
+                 "gathered_params 0.98 3% 1.92 ZeRO-3 parameter all-gather: the layers' full parameters (current + "
                  "prefetched)",
                  # DeepSpeed's ipg buffer, 5e8 x 2 B (bf16) = 0.93 GiB from init (peak in the forward), on top
                  # of the layer's 1.96 GiB in the backward
@@ -104,7 +107,8 @@ def test_step_and_html_say_no_pipeline_at_pp_1(tmp_path, capsys):
     text = html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
     text = " ".join(text.split())
     assert "(no pipeline, m 16)" in text and "1f1b" not in text
-    assert "gathered_params 0.98 1.86 ZeRO-3 parameter all-gather: the layers' full parameters" in text
+    # 1.92 GiB, max live run on to w_up's end (above; 1.86 before that run was modelled)
+    assert "gathered_params 0.98 1.92 ZeRO-3 parameter all-gather: the layers' full parameters" in text
     assert "sharding zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters" in text
 
 

@@ -39,6 +39,7 @@ from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
+from meshplan.memory.deepspeed_fetch import layer_param_bytes
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import dtype_bytes
@@ -233,7 +234,8 @@ def _deepspeed_copied(c: StageContext, units: list, label: str, gathered: int) -
     ``"layer"`` unit), one bucket at most, as the memory model copies it; none for the embedding's unit in forward,
     the step's first fetch, which nothing before it prefetched (the memory model's too)."""
     held = max((u[4] for u in units if u[0] == "layer"), default=0)
-    copied = deepspeed_copied_bytes(gathered, c.deepspeed_prefetch, held) if c.deepspeed_prefetch else gathered
+    copied = deepspeed_copied_bytes(gathered, c.deepspeed_prefetch, held, layer_param_bytes(c.model, c.training, c.mesh)) \
+        if c.deepspeed_prefetch else gathered
     return (0 if label.startswith("root (embedding") else copied), copied
 
 

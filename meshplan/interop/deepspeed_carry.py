@@ -33,8 +33,8 @@ def not_planned(user: dict) -> list[str]:
     recompute ``full``).
 
     >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
-    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_max_reuse_distance": 5e7}})
-    ['steps_per_print', 'zero_optimization.stage3_max_reuse_distance']
+    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_module_granularity_threshold": 0}})
+    ['steps_per_print', 'zero_optimization.stage3_module_granularity_threshold']
     """
     return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
 

@@ -62,7 +62,10 @@ run on side streams and overlap the compute; off, both run on the default stream
 ``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
 ``deepspeed_max_live_elements``: how many parameters the memory timeline and the step gather ahead
 of the one computed (:func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`), and written back when set;
-``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
+``stage3_max_reuse_distance`` (or ``max_reuse_distance``; zero/config.py:244) likewise into
+``deepspeed_max_reuse_elements``, written back when set: the parameters kept gathered when used
+again within it (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`; not yet in the memory timeline
+or the step).
 
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
 ``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
@@ -88,16 +91,19 @@ ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimizat
 ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
     f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
-                                       "stage3_max_live_parameters", "max_live_parameters")}
+                                       "stage3_max_live_parameters", "max_live_parameters",
+                                       "stage3_max_reuse_distance", "max_reuse_distance")}
 #: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
 #: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
-PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
+PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements",
+                 "max_reuse_distance": "deepspeed_max_reuse_elements"}
 
 
 def prefetch_memory(zero: dict) -> dict[str, int]:
-    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``
-    (or their names without ``stage3_``) when given (absent or "auto": DeepSpeed's 5e7 and 1e9);
-    ConfigError for a value that is not a whole number >= 0.
+    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``
+    and ``stage3_max_reuse_distance`` (or their names without ``stage3_``) when given (absent or
+    "auto": DeepSpeed's 5e7, 1e9 and 1e9); ConfigError naming the key for a value that is not a
+    whole number >= 0.
 
     >>> prefetch_memory({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), prefetch_memory({})
     ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})

@@ -77,7 +77,8 @@ def _memory(cfg: Config):
     of a DeepSpeed ZeRO-2 config's search); likewise ZeRO-3's prefetch and live-parameter sizes
     where DeepSpeed's ZeRO-3 does not run (:meth:`~meshplan.spec.memory.MemoryOptions.knob_acts`:
     a ZeRO-2 row of a ZeRO-3 config's search)."""
-    unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements")
+    unused = {k: None for k in ("deepspeed_prefetch_elements", "deepspeed_max_live_elements",
+                                "deepspeed_max_reuse_elements")
               if getattr(cfg.memory, k) is not None and not cfg.memory.knob_acts(k, cfg.training)[0]}  # ZeRO-3's
     t = cfg.training
     if t.zero12_engine == "deepspeed" or t.zero3_engine == "deepspeed-2021" or (

@@ -104,6 +104,8 @@ class StageSizes:
     bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
     # DeepSpeed ZeRO-3 (zero3_engine "deepspeed"): (prefetch bytes, live bytes) of its coordinator, else None
     deepspeed_prefetch: Optional[tuple[int, int]] = None
+    # of its layer, the parameters' gathered bytes in trace order (its prefetch runs to their boundaries)
+    deepspeed_params: tuple[int, ...] = ()
 
     @cached_property
     def step_events(self) -> dict:

@@ -18,6 +18,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
+from meshplan.memory.deepspeed_fetch import layer_param_bytes
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import explicit_forward_prefetch, units
@@ -127,5 +128,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         # DeepSpeed ZeRO-1/2 allocates its bucket buffers at every backward's first gradient hook
         bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed" or fsdp,
         bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),
+        deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
         step=step_entries(state, training, opts, fsdp_grads))

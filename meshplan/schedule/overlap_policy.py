@@ -12,6 +12,7 @@ from dataclasses import replace
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.memory.deepspeed_fetch import config_layer_param_bytes
 from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_prefetch_ahead
 from meshplan.spec.mesh import Schedule
 
@@ -88,14 +89,16 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
     layer's gather issued during this one) and behind the embedding's and the head's fetches max
     live less that unit (``Overlap.fsdp_start``, as the memory timeline's
     :func:`~meshplan.memory.deepspeed_fetch.deepspeed_prefetch`): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
-    its layer, or the embedding or head, needs it)."""
+    its layer, or the embedding or head, needs it). The prefetch runs on to the end of the parameter
+    that reaches max live (a layer's parameters in trace order,
+    :func:`meshplan.memory.deepspeed_fetch.config_layer_param_bytes`, the memory timeline's)."""
     overlap = config_overlap(config.training, overlap)
     ds = config.memory.deepspeed_prefetch_bytes(config.training)
     if ds is None or not overlap.fsdp_prefetch:
         return overlap
-    unit = _layer_gather_bytes(rows)
-    ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
-    start = tuple(deepspeed_ahead_bytes(ds, end) / unit if unit and end else ahead
+    unit, layer_params = _layer_gather_bytes(rows), config_layer_param_bytes(config)
+    ahead = deepspeed_prefetch_ahead(ds, unit, layer_params) if unit else 1.0
+    start = tuple(deepspeed_ahead_bytes(ds, end, layer_params) / unit if unit and end else ahead
                   for end in (_root_gather_bytes(rows, "embedding"), _root_gather_bytes(rows, "norm/output")))
     return replace(overlap, fsdp_prefetch=ahead > 0, fsdp_ahead=ahead, fsdp_slide=True, fsdp_start=start)
 
@@ -144,7 +147,7 @@ def deepspeed_prefetch_line(config, rows) -> str:
         return ("note: DeepSpeed ZeRO-3 prefetch: none (stage3_prefetch_bucket_size 0): every all-gather is issued "
                 "when its module needs it and the compute waits for it ([memory] deepspeed_prefetch_elements)")
     unit = _layer_gather_bytes(rows)
-    ahead = deepspeed_prefetch_ahead(ds, unit) if unit else 1.0
+    ahead = deepspeed_prefetch_ahead(ds, unit, config_layer_param_bytes(config)) if unit else 1.0
     if ahead == 0:
         return (f"note: DeepSpeed ZeRO-3 prefetch: none (stage3_max_live_parameters {_sci(live)} elements hold no "
                 f"more than the layer computed, {unit:,} B)")

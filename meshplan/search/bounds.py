@@ -250,12 +250,15 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
     # the prefetched ones: memory.passes PassBuilder._unshard)
     held = np.where(few, (2 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
-    # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live at most
-    # (spec.deepspeed_memory.deepspeed_ahead_bytes), and a prefetched part's torch.cat copy, a bucket
-    # at most, is beside them at its wait (memory.deepspeed_fetch.deepspeed_fetch)
+    # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live and run
+    # on to the end of the parameter reaching it, one parameter past at most, the largest unsplit one
+    # bounding it (spec.deepspeed_memory.deepspeed_ahead_bytes), and a prefetched part's torch.cat
+    # copy, a bucket at most, is beside them at its wait (memory.deepspeed_fetch.deepspeed_fetch)
     ds3 = o.deepspeed_prefetch_bytes(cfg.training.model_copy(update={"sharding": "zero3", "zero3_engine": "deepspeed"}))
     if ds3:
-        held = np.where(u["ds3"], np.maximum(held, ds3[1]) + ds3[0], held)
+        m, t = cfg.model, cfg.training
+        one = max(x.numel * dtype_bytes(t.gather_dtype(x)) for i in {0, m.layers - 1} for x in m.layer_tensors(i))
+        held = np.where(u["ds3"], np.maximum(held, ds3[1] + one) + ds3[0], held)
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.spec.deepspeed_reuse import frontier_bytes
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -22,10 +23,12 @@ DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
 DEEPSPEED_MAX_LIVE_ELEMENTS = 1_000_000_000
 
 
-def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> int:
+def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int, layer_params: tuple[int, ...] = ()) -> int:
     """Bytes DeepSpeed ZeRO-3's coordinator holds gathered past the unit it computes once its
     prefetch has run ahead (``held_bytes``: the bytes gathered besides, the unit computed and any
-    kept; ``prefetch_live``: (prefetch bucket, max live) bytes): the one rule the step's prefetch
+    kept; ``prefetch_live``: (prefetch bucket, max live) bytes; ``layer_params``: a layer's
+    parameters' bytes in trace order, the layers past the unit alike; empty: the frontier to the
+    byte): the one rule the step's prefetch
     (:func:`deepspeed_prefetch_ahead`, held a layer: the same bytes) and the memory timeline
     (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`, held the units it holds
     gathered) share.
@@ -39,11 +42,14 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     module's parameters, then prefetches from the trace's queue while fewer than
     ``min(max_live - available, bucket)`` elements are taken (at least one parameter, none when
     that is <= 0): once running ahead, every release is topped up again, so the layer computed
-    plus the parameters prefetched reach ``max_live`` (plus at most one parameter). Hence:
+    plus the parameters prefetched reach ``max_live`` and run on to the end of the parameter that
+    reaches it (the limit is checked before a parameter is taken, :457 ``while self.__param_queue
+    and numel_prefetching < max_params_to_prefetch``: up to one parameter past). Hence:
 
     - bucket 0 (``if self.__prefetch_bucket_sz > 0``, :452) or a max live that holds no more than
       ``held``: 0, every gather on demand;
-    - else ``max_live - held``.
+    - else ``max_live - held`` run on to the next parameter boundary past it
+      (:func:`meshplan.spec.deepspeed_reuse.frontier_bytes`).
 
     A layer of 33,558,528 B (4 x 1024^2 + 3 x 1024 x 4096 + 2 x 1024 parameters in bf16): bucket 0,
     and max live 2 and 4 layers, then 1.5 layers (a part of the next layer):
@@ -51,17 +57,27 @@ def deepspeed_ahead_bytes(prefetch_live: tuple[int, int], held_bytes: int) -> in
     >>> u = 33_558_528
     >>> [deepspeed_ahead_bytes(p, u) for p in ((0, 4 * u), (10**7, 2 * u), (10**9, 4 * u), (10**7, 3 * u // 2))]
     [0, 33558528, 100675584, 16779264]
+
+    With the layer's parameters in trace order (a norm, q, k, v, o, a norm, gate, up, down; bytes),
+    half a layer past the one computed (16,779,264 B) ends in the gate projection, 2 x 2,048 +
+    4 x 2,097,152 B before it: the gate's 8,388,608 B taken whole, 16,781,312 B (2,048 past); max live
+    1.2 layers (6,711,705 B past the layer) ends in the o projection, 4 x 2,097,152 + 2,048 B:
+
+    >>> p = (2048,) + (2 * 1024 ** 2,) * 4 + (2048,) + (2 * 1024 * 4096,) * 3
+    >>> deepspeed_ahead_bytes((10**7, 3 * u // 2), u, p), deepspeed_ahead_bytes((10**7, 6 * u // 5), u, p)
+    (16781312, 8390656)
     """
     prefetch, live = prefetch_live
     if prefetch <= 0 or held_bytes <= 0 or live <= held_bytes:
         return 0
-    return live - held_bytes
+    return frontier_bytes(live - held_bytes, layer_params)
 
 
-def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) -> float:
+def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int, layer_params: tuple[int, ...] = ()) -> float:
     """Layers of parameters DeepSpeed ZeRO-3's coordinator holds gathered or in flight past the
     layer it computes when that layer starts (``unit_bytes``: a layer's gathered bytes;
-    ``prefetch_live``: (prefetch bucket, max live) bytes): :func:`deepspeed_ahead_bytes` in
+    ``prefetch_live``: (prefetch bucket, max live) bytes; ``layer_params``: the layer's
+    parameters' bytes, :func:`deepspeed_ahead_bytes`'): :func:`deepspeed_ahead_bytes` in
     layers, fractional, the one number the step (:class:`meshplan.schedule.layer_prefetch.LayerPrefetch`'s
     ``ahead``) and the memory timeline (:func:`meshplan.memory.deepspeed_fetch.deepspeed_prefetch`,
     the same bytes) use.
@@ -97,14 +113,15 @@ def deepspeed_prefetch_ahead(prefetch_live: tuple[int, int], unit_bytes: int) ->
     >>> deepspeed_prefetch_ahead((10**8, 10**9), 1_070_098_432)
     0.0
     """
-    return deepspeed_ahead_bytes(prefetch_live, unit_bytes) / unit_bytes
+    return deepspeed_ahead_bytes(prefetch_live, unit_bytes, layer_params) / unit_bytes
 
 
-def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int) -> int:
+def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], layer_bytes: int,
+                           layer_params: tuple[int, ...] = ()) -> int:
     """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
     the all-gather buffer, counted as one bucket of its prefetched part:
     ``min(unit, bucket, max live - layer)`` (``layer_bytes``: a layer's gathered bytes;
-    :func:`deepspeed_ahead_bytes`, 0 without prefetch); the memory timeline's second copy of a
+    :func:`deepspeed_ahead_bytes`, 0 without prefetch, run on to ``layer_params``' boundary); the memory timeline's second copy of a
     prefetched part at its wait is the same bytes. A coalesced gather's
     ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``) sets each
     ``param.data = torch.cat(partitions)``; what the fetch gathers on demand is views of its buffer.
@@ -118,7 +135,7 @@ def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], laye
     first fetches) or where max live is not reached. Which top-ups hold two or more parameters
     depends on the weights' order and sizes, which meshplan's layer-sized units do not keep: not
     modelled, so a bucket above a weight's size overcounts the copy-out by up to
-    ``min(unit, bucket)`` per layer fetch (README's 30B example: 5e8 steps 4.3 ms slower than 5e6).
+    ``min(unit, bucket)`` per layer fetch (README's 30B example: 5e8 steps 4.65 ms slower than 5e6).
 
     Llama 3 8B's layer in bf16 (436,224,000 B), DeepSpeed's defaults 5e7 and 1e9 elements x 2 B:
     1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B; 2e8 (below the layer)
@@ -128,7 +145,7 @@ def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], laye
     ...     (10**8, 4 * 10**8), (0, 2 * 10**9))]
     [100000000, 63776000, 0, 0]
     """
-    return min(unit_bytes, prefetch_live[0], deepspeed_ahead_bytes(prefetch_live, layer_bytes))
+    return min(unit_bytes, prefetch_live[0], deepspeed_ahead_bytes(prefetch_live, layer_bytes, layer_params))
 
 
 def deepspeed_bucket_bytes(bucket_elements: int, training: TrainingSpec, params_numel):

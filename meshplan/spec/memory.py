@@ -19,6 +19,7 @@ from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
 from meshplan.spec.deepspeed_memory import (DEEPSPEED_MAX_LIVE_ELEMENTS, DEEPSPEED_PREFETCH_ELEMENTS,
                                             DEEPSPEED_REDUCE_BUCKET_ELEMENTS, deepspeed_bucket_bytes)
+from meshplan.spec.deepspeed_reuse import DEEPSPEED_MAX_REUSE_ELEMENTS
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -29,7 +30,7 @@ MiB = 2**20
 # assumptions about the software and the allocator (NCCL buffers, workspace, fragmentation,
 # dropout, the loss kernel ...) that both sides of a comparison must share.
 MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "grad_bucket_elements",
-                "deepspeed_prefetch_elements", "deepspeed_max_live_elements")
+                "deepspeed_prefetch_elements", "deepspeed_max_live_elements", "deepspeed_max_reuse_elements")
 
 #: Fragmentation of PyTorch's CUDA caching allocator in LLM training, as a fraction of the memory it
 #: reserves: GMLake (Guo et al., ASPLOS 2024, arXiv 2401.08156, abstract and section 6) cut it by 15% on
@@ -60,6 +61,10 @@ class MemoryOptions(BaseModel):
       ``deepspeed_max_live_elements`` (DeepSpeed's ``PartitionedParameterCoordinator.fetch_sub_module``
       tops its prefetch up at every module's fetch: :func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`,
       the memory timeline's and the step's), in place of ``prefetch_layers`` / ``forward_prefetch_layers``.
+    - ``deepspeed_max_reuse_elements`` (``training.zero3_engine = "deepspeed"``; DeepSpeed's
+      ``stage3_max_reuse_distance``, unset 1e9): a parameter whose next use comes within this many
+      elements is kept gathered after its module (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`);
+      read, written back and weighed by ``compare``; the memory timeline and the step do not use it yet.
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. Not a free choice:
       it follows what :mod:`meshplan.comm.collectives` counts and the runtime runs
       (:meth:`fsdp_reduce_for`), so the memory verdict, the table and the step agree. With
@@ -169,6 +174,7 @@ class MemoryOptions(BaseModel):
     grad_bucket_elements: Optional[int] = Field(default=None, gt=0, le=BOUNDS["bytes"].value)
     deepspeed_prefetch_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
     deepspeed_max_live_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
+    deepspeed_max_reuse_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
     nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0, le=BOUNDS["bytes"].value)
     nccl_channels: int = Field(default=16, ge=0, le=BOUNDS["nccl_channels"].value)
     nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
@@ -305,9 +311,10 @@ class MemoryOptions(BaseModel):
     def knob_acts(self, knob: str, training: TrainingSpec) -> tuple[bool, object]:
         """(whether [memory] knob ``knob``, a :data:`MEMORY_KNOBS` field, applies under ``training``,
         its value as it acts), as :meth:`~meshplan.spec.training.TrainingSpec.knob_acts` for the
-        [training] knobs: ``deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` only
+        [training] knobs: ``deepspeed_prefetch_elements``, ``deepspeed_max_live_elements`` and
+        ``deepspeed_max_reuse_elements`` only
         under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"`` at sharding zero3, where
-        :meth:`deepspeed_prefetch_bytes` reads them), unset DeepSpeed's 5e7 and 1e9;
+        :meth:`deepspeed_prefetch_bytes` reads them), unset DeepSpeed's 5e7, 1e9 and 1e9;
         ``grad_bucket_elements`` as :meth:`grad_bucket_acts`; every other knob applies, as given.
         ``meshplan compare`` lists a knob only where it applies to both sides, by that value, so a
         ZeRO-2 side has no ZeRO-3 prefetch knob and a given 1e9 is unset's 1e9.
@@ -322,7 +329,8 @@ class MemoryOptions(BaseModel):
             return True, self.grad_bucket_acts(training)
         value = getattr(self, knob)
         defaults = {"deepspeed_prefetch_elements": DEEPSPEED_PREFETCH_ELEMENTS,
-                    "deepspeed_max_live_elements": DEEPSPEED_MAX_LIVE_ELEMENTS}
+                    "deepspeed_max_live_elements": DEEPSPEED_MAX_LIVE_ELEMENTS,
+                    "deepspeed_max_reuse_elements": DEEPSPEED_MAX_REUSE_ELEMENTS}
         if knob in defaults:
             acts = training.sharding == "zero3" and training.zero3_engine == "deepspeed"
             return acts, (defaults[knob] if value is None else value) if acts else value
