@@ -78,3 +78,49 @@ def test_moe_layer_tp_collectives_at_ep1_tp2():
     # no SP: one all-reduce after attention and one after the MoE per layer, + the embedding's
     plain = _table(MOE, _mesh(2, sp=False))
     assert plain["tp", "forward", "all-reduce", 4096] == 5 and not plain["tp", "forward", "all-gather", 4096]
+
+
+
+def test_runtime_table_matches_torch_at_etp_tp():
+    """The runtime model at ep 1, tp 2 (+SP), etp 2 on a fake process group (dry run of rank 3,
+    capacity routing): the collectives torch issues match the collective table row for row
+    (the MoE input's all-gather, the experts' reduce-scatter, the router's Partial gradient)."""
+    from meshplan.runtime.validation.compare import differences, rank_extra_groups, tally_records, tally_table
+    from meshplan.runtime.validation.dryrun import dry_run
+
+    for model in (MOE, MOE.model_copy(update=dict(shared_experts=1, shared_expert_ffn=48))):
+        for sp in (True, False):
+            training, mesh = FP32.model_copy(update={"moe_capacity_factor": 1.0}), _mesh(2, sp)
+            run = dry_run(model, training, mesh, rank=3, optimizer_step=False)
+            assert run.group_differences == []
+            recorded = tally_records(run.records, mesh, 3, rank_extra_groups(mesh, model, 3))
+            cluster = catalog.system("dgx-h100", nodes=1)
+            table = collective_table(model, training, mesh, cluster, place(cluster, 8), [0, 1], micro_batches=1,
+                                     loss_parallel=True)
+            assert differences(recorded, tally_table(table)) == [], (model.shared_experts, sp)
+
+
+def test_runtime_expert_placements_are_the_plans():
+    """After parallelize (rank 3 of dp_shard 4 x tp 2, etp 2): every routed expert weight is a DTensor
+    on (dp_shard, tp) with torchtitan's tp placement (w_gate/w_up Shard(1), w_down Shard(2)) and
+    FSDP2's Shard(0) over dp_shard (8 experts over 4 ranks: dim 0, :func:`expert_shard_dim`), so
+    this rank holds 2 experts x 16 x 64 = 2,048 elements of each, the plan's 24,576 / 3 / efsdp 4."""
+    import torch
+    from torch.distributed.tensor import Shard
+
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+    from meshplan.runtime.validation.dryrun import fake_process_group
+
+    mesh = _mesh(2)
+    with fake_process_group(8, 3):
+        with torch.device("meta"):
+            model = Transformer(MOE, vocab=256, tp=2)
+        parallelize(model, init_mesh(mesh, "cpu"), mesh, FP32)
+        ex = model.layers["0"].moe.experts
+        got = {n: (getattr(ex, n).device_mesh.mesh_dim_names, tuple(getattr(ex, n).placements),
+                   tuple(getattr(ex, n).to_local().shape)) for n in ("w_gate", "w_up", "w_down")}
+    assert got == {"w_gate": (("dp_shard", "tp"), (Shard(0), Shard(1)), (2, 16, 64)),
+                   "w_up": (("dp_shard", "tp"), (Shard(0), Shard(1)), (2, 16, 64)),
+                   "w_down": (("dp_shard", "tp"), (Shard(0), Shard(2)), (2, 64, 16))}
+    assert 2 * 16 * 64 == 24_576 // 3 // mesh.degree("efsdp")

@@ -1,7 +1,7 @@
 """Expert parallelism (EP) and tensor parallelism of the runtime's MoE layers
 (:class:`meshplan.runtime.execution.moe.MoE`, whose module docstring says how each runs):
 :func:`apply_ep` keeps this rank's experts and routes through the ep group, :func:`apply_moe_tp`
-splits the tokens over tp, and the expert mesh they run on: its DeviceMesh
+splits the tokens over tp (etp 1), :func:`apply_experts_over_tp` the experts (ep 1, etp = tp), and the expert mesh they run on: its DeviceMesh
 (:func:`init_expert_mesh`), its groups checked against meshplan's (:func:`check_expert_groups`)
 and the experts' FSDP2 shard placement (:func:`expert_placement_fn`).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from meshplan.runtime.execution.moe import MoE, moe_layers
@@ -77,6 +78,71 @@ def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     parallelize_module(moe, tp_mesh, plan)
     moe.tp_mesh, moe.sp, moe.token_split = tp_mesh, sequence_parallel, tp_mesh.size()
     moe.experts.grad_scale = _grad_scale(moe)
+
+
+def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
+    """TP of one MoE layer at ep 1 as torchtitan b5bcd76 builds it (etp = tp,
+    :data:`meshplan.spec.axes.ep.TORCH_ETP`), in place: routed experts' w_gate/w_up (E, f, h)
+    ``Shard(1)`` and w_down (E, h, f) ``Shard(2)`` on ``tp_mesh`` (``expert_param_placement_dense``,
+    torchtitan/models/common/moe_sharding.py:50-68), shared experts' w_gate/w_up ``Shard(0)`` and
+    w_down ``Shard(1)`` (colwise, rowwise), the router ``Replicate`` with a ``Partial`` gradient
+    (:217-226: the scores' gradient is a sum over the tp ranks' expert slices); every tp rank
+    routes all the tokens (:func:`experts_over_tp_forward`), so the experts' gradient scale stays
+    1. Call on the meta-device model; :meth:`Transformer.init_weights` draws the full tensors."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def shard(mod, name, placement):
+        p = getattr(mod, name)
+        setattr(mod, name, nn.Parameter(distribute_tensor(p.data, tp_mesh, [placement], src_data_rank=None)))
+
+    ex = moe.experts
+    for name, dim in (("w_gate", 1), ("w_up", 1), ("w_down", 2)):
+        if hasattr(ex, name):
+            shard(ex, name, Shard(dim))
+    if hasattr(moe, "shared"):
+        for name, dim in (("w_gate", 0), ("w_up", 0), ("w_down", 1)):
+            if hasattr(moe.shared, name):
+                shard(getattr(moe.shared, name), "weight", Shard(dim))
+    shard(moe.router, "weight", Replicate())
+    moe.tp_mesh, moe.sp, moe.token_split, moe.experts_over_tp = tp_mesh, sequence_parallel, 1, True
+    ex.grad_scale = _grad_scale(moe)
+
+
+def _local(w):
+    """Local value of a DTensor parameter (its gradient: ``Partial`` where ``Replicate``, the
+    router's; the shard's own otherwise)."""
+    from torch.distributed.tensor import Partial
+
+    if w.placements[0].is_replicate():
+        return w.to_local(grad_placements=[Partial()])
+    return w.to_local()
+
+
+def experts_over_tp_forward(moe: "MoE", x: torch.Tensor) -> torch.Tensor:
+    """Forward of an MoE layer under :func:`apply_experts_over_tp`, ``x`` this rank's (b, s/tp, h)
+    under SP, else the replicated (b, s, h): the input made ``Replicate`` (SP: all-gather; its
+    ``Partial`` gradient reduce-scattered, else all-reduced: moe_sharding.py:286-288, 219-226),
+    every tp rank routing all the tokens through its f/tp slice of each expert, and the
+    ``Partial`` outputs reduced to the block's layout: under SP the routed and the shared
+    experts' each reduce-scattered (:230-239, :184-196), else their sum all-reduced (:289-302)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    if isinstance(x, DTensor):
+        x = x.to_local()
+    mesh, act = moe.tp_mesh, [Shard(1)] if moe.sp else [Replicate()]
+    full = DTensor.from_local(x, mesh, act, run_check=False).redistribute(mesh, [Replicate()])
+    full = full.to_local(grad_placements=[Partial()])
+    b, s, h = full.shape
+    t = full.reshape(b * s, h)
+    outs = [moe._routed(t)]
+    if hasattr(moe, "shared"):
+        sh = moe.shared
+        up = F.linear(t, _local(sh.w_up.weight))
+        act_ = F.silu(F.linear(t, _local(sh.w_gate.weight))) * up if sh.gated else F.gelu(up)
+        outs.append(F.linear(act_, _local(sh.w_down.weight)))
+    parts = outs if moe.sp else [sum(outs)]
+    return sum(DTensor.from_local(o.view(b, s, h), mesh, [Partial()], run_check=False).redistribute(mesh, act)
+               .to_local() for o in parts)
 
 
 def expert_placement_fn(spec: ModelSpec, mesh):
