@@ -132,8 +132,8 @@ def unsupported_mesh(mesh: Mesh, training: TrainingSpec, pipeline: bool = False,
         return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
                 "only; use 'layer', 'full' or 'none'")
     if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
-        return ("etp > 1 with ep > 1 or etp < tp: expert tensor parallelism is built only as torchtitan's ep 1 "
-                "(etp = tp); experts are whole on each ep rank otherwise")
+        return ("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
+                "the experts are whole on each ep rank (etp 1)")
     if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
         if mesh.degree("tp") > 1:
             return ("sharding 'none' with tp > 1: DDP over DTensor TP parameters leaves their gradients None "
