@@ -56,6 +56,9 @@ all-gathers the routed outputs back to every tp rank (``Shard(0) -> Replicate``,
 backward is a slice). The router weight is replicated over tp (``SequenceParallel`` on the
 token dim), so its gradient, a sum over each rank's own tokens, is a Partial DTensor that
 FSDP2 all-reduces over tp; shared experts are split like the dense MLP (colwise, rowwise).
+That is torchtitan's layout with ep > 1; at ep 1 torchtitan shards the experts over tp instead
+(etp = tp, :func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`): every tp rank
+routes all the tokens through its f/tp slice of each expert and the Partial outputs are reduced.
 
 >>> from meshplan.spec.model import ModelSpec
 >>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)

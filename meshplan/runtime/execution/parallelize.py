@@ -18,9 +18,10 @@ and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with 
   (all-to-all dispatch and combine); under ep > 1 the routed experts of each layer are their
   own FSDP2 unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that
   is one rank; under ep 1 they stay in the layer's unit (torchtitan); router and shared experts
-  stay in the layer's unit. With ``tp > 1`` the tp
+  stay in the layer's unit. With ``tp > 1`` and etp 1 the tp
   ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`:
-  router replicated, shared experts colwise/rowwise).
+  router replicated, shared experts colwise/rowwise); at ep 1 with etp = tp (torchtitan's) each
+  expert is sharded over tp instead (:func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`).
 
 TP plan (``tp > 1``), with SP / without SP:
 
