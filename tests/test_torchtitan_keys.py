@@ -145,6 +145,14 @@ def test_export_to_torchtitan_etp():
     with pytest.raises(ConfigError, match=r"^--to: etp 4 with ep 4: torchtitan has no expert tensor parallelism "
                                           r"since c4b409a \(#3167, 2026-04-30\).*; set etp 1 in \[mesh\] to export it$"):
         write(replace(_mixtral(4, "megatron"), source_model=src))
+    # ep 1: etp = tp 4 is torchtitan's own layout, written without the removed key; a megatron
+    # mesh's etp 1 there would run as etp 4 under torchtitan, so it is refused
+    par = write(replace(_mixtral(4, ep=1), source_model=src))["parallelism"]
+    assert (par["expert_parallel_degree"], par["tensor_parallel_degree"]) == (1, 4)
+    assert "expert_tensor_parallel_degree" not in par
+    with pytest.raises(ConfigError, match=r"^--to: etp 1 with tp 4 at ep 1: torchtitan at ep 1 shards every routed "
+                                          r"expert over tp .*; set etp 4 in \[mesh\] to export it$"):
+        write(replace(_mixtral(1, "megatron", ep=1), source_model=src))
 
 
 MX = """\
