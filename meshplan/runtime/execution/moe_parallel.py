@@ -86,7 +86,7 @@ def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     ``Shard(1)`` and w_down (E, h, f) ``Shard(2)`` on ``tp_mesh`` (``expert_param_placement_dense``,
     torchtitan/models/common/moe_sharding.py:50-68), shared experts' w_gate/w_up ``Shard(0)`` and
     w_down ``Shard(1)`` (colwise, rowwise), the router ``Replicate`` with a ``Partial`` gradient
-    (:217-226: the scores' gradient is a sum over the tp ranks' expert slices); every tp rank
+    (:219-226: the scores' gradient is a sum over the tp ranks' expert slices); every tp rank
     routes all the tokens (:func:`experts_over_tp_forward`), so the experts' gradient scale stays
     1. Call on the meta-device model; :meth:`Transformer.init_weights` draws the full tensors."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
