@@ -167,7 +167,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.experts_over_tp:
-            from meshplan.runtime.execution.moe_parallel import experts_over_tp_forward
+            from meshplan.runtime.execution.moe_etp import experts_over_tp_forward
 
             return experts_over_tp_forward(self, x)
         if self.tp_mesh is not None:

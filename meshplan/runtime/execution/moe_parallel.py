@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from meshplan.runtime.execution.moe import MoE, moe_layers
@@ -87,7 +86,7 @@ def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     torchtitan/models/common/moe_sharding.py:50-68), shared experts' w_gate/w_up ``Shard(0)`` and
     w_down ``Shard(1)`` (colwise, rowwise), the router ``Replicate`` with a ``Partial`` gradient
     (:219-226: the scores' gradient is a sum over the tp ranks' expert slices); every tp rank
-    routes all the tokens (:func:`experts_over_tp_forward`), so the experts' gradient scale stays
+    routes all the tokens (:func:`meshplan.runtime.execution.moe_etp.experts_over_tp_forward`), so the experts' gradient scale stays
     1. Call on the meta-device model; :meth:`Transformer.init_weights` draws the full tensors."""
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -106,43 +105,6 @@ def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     shard(moe.router, "weight", Replicate())
     moe.tp_mesh, moe.sp, moe.token_split, moe.experts_over_tp = tp_mesh, sequence_parallel, 1, True
     ex.grad_scale = _grad_scale(moe)
-
-
-def _local(w):
-    """Local value of a DTensor parameter (its gradient: ``Partial`` where ``Replicate``, the
-    router's; the shard's own otherwise)."""
-    from torch.distributed.tensor import Partial
-
-    if w.placements[0].is_replicate():
-        return w.to_local(grad_placements=[Partial()])
-    return w.to_local()
-
-
-def experts_over_tp_forward(moe: "MoE", x: torch.Tensor) -> torch.Tensor:
-    """Forward of an MoE layer under :func:`apply_experts_over_tp`, ``x`` this rank's (b, s/tp, h)
-    under SP, else the replicated (b, s, h): the input made ``Replicate`` (SP: all-gather; its
-    ``Partial`` gradient reduce-scattered, else all-reduced: moe_sharding.py:286-288, 219-226),
-    every tp rank routing all the tokens through its f/tp slice of each expert, and the
-    ``Partial`` outputs reduced to the block's layout: under SP the routed and the shared
-    experts' each reduce-scattered (:230-239, :184-196), else their sum all-reduced (:289-302)."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-    if isinstance(x, DTensor):
-        x = x.to_local()
-    mesh, act = moe.tp_mesh, [Shard(1)] if moe.sp else [Replicate()]
-    full = DTensor.from_local(x, mesh, act, run_check=False).redistribute(mesh, [Replicate()])
-    full = full.to_local(grad_placements=[Partial()])
-    b, s, h = full.shape
-    t = full.reshape(b * s, h)
-    outs = [moe._routed(t)]
-    if hasattr(moe, "shared"):
-        sh = moe.shared
-        up = F.linear(t, _local(sh.w_up.weight))
-        act_ = F.silu(F.linear(t, _local(sh.w_gate.weight))) * up if sh.gated else F.gelu(up)
-        outs.append(F.linear(act_, _local(sh.w_down.weight)))
-    parts = outs if moe.sp else [sum(outs)]
-    return sum(DTensor.from_local(o.view(b, s, h), mesh, [Partial()], run_check=False).redistribute(mesh, act)
-               .to_local() for o in parts)
 
 
 def expert_placement_fn(spec: ModelSpec, mesh):
