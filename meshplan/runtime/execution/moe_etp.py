@@ -7,9 +7,10 @@ imports ``moe``) form no import cycle.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
 def _local(w):
@@ -22,7 +23,7 @@ def _local(w):
     return w.to_local()
 
 
-def experts_over_tp_forward(moe: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def experts_over_tp_forward(moe: Any, x: torch.Tensor) -> torch.Tensor:
     """Forward of an MoE layer ``moe`` (:class:`~meshplan.runtime.execution.moe.MoE`) under
     :func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`, ``x`` this rank's (b, s/tp, h)
     under SP, else the replicated (b, s, h): the input made ``Replicate`` (SP: all-gather; its
@@ -35,16 +36,18 @@ def experts_over_tp_forward(moe: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if isinstance(x, DTensor):
         x = x.to_local()
     mesh, act = moe.tp_mesh, [Shard(1)] if moe.sp else [Replicate()]
-    full = DTensor.from_local(x, mesh, act, run_check=False).redistribute(mesh, [Replicate()])
-    full = full.to_local(grad_placements=[Partial()])
+    gathered = DTensor.from_local(x, mesh, act, run_check=False).redistribute(mesh, [Replicate()])
+    full = gathered.to_local(grad_placements=[Partial()])
     b, s, h = full.shape
     t = full.reshape(b * s, h)
-    outs = [moe._routed(t)]
+    outs: list[torch.Tensor] = [moe._routed(t)]
     if hasattr(moe, "shared"):
         sh = moe.shared
         up = F.linear(t, _local(sh.w_up.weight))
         act_ = F.silu(F.linear(t, _local(sh.w_gate.weight))) * up if sh.gated else F.gelu(up)
         outs.append(F.linear(act_, _local(sh.w_down.weight)))
-    parts = outs if moe.sp else [sum(outs)]
-    return sum(DTensor.from_local(o.view(b, s, h), mesh, [Partial()], run_check=False).redistribute(mesh, act)
-               .to_local() for o in parts)
+    if not moe.sp:  # one all-reduce of the summed Partial outputs
+        outs = [torch.stack(outs).sum(0)]
+    reduced = [DTensor.from_local(o.view(b, s, h), mesh, [Partial()], run_check=False).redistribute(mesh, act)
+               .to_local() for o in outs]
+    return reduced[0] if len(reduced) == 1 else reduced[0] + reduced[1]
