@@ -198,6 +198,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     model, training = read_model(data["model"], base), build(TrainingSpec, data["training"], "training")
     if mesh is not None and training.framework == "megatron":
         mesh, notes = _megatron_etp(mesh, notes)
+    elif mesh is not None and model.is_moe:
+        mesh, notes = _torch_etp(mesh, notes)
     _check_routing(model, training)
     cluster = read_cluster(data["cluster"])
     if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
@@ -291,8 +293,8 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
     (``if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size =
     args.tensor_model_parallel_size``, megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM
     d98e8a6), with a note; the same default :func:`meshplan.interop.megatron.read` takes. A given
-    etp (1 included) is kept; ``framework = "torch"`` keeps meshplan's etp 1 (torchtitan has no
-    etp since c4b409a: :data:`meshplan.spec.axes.ep.TORCH_ETP`).
+    etp (1 included) is kept; ``framework = "torch"`` has its own default (:func:`_torch_etp`:
+    tp at ep 1, else 1, :data:`meshplan.spec.axes.ep.TORCH_ETP`).
 
     >>> s, n = _megatron_etp(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), ())
     >>> s.names, s.shape, n[0].split(",")[0]
@@ -304,6 +306,29 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
         return spec, notes
     note = (f"mesh.etp not given: {tp}, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size to "
             f"--tensor-model-parallel-size (framework megatron; give mesh etp = 1 for experts without tp)")
+    if spec.names is not None:
+        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
+    else:
+        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
+    return spec, (*notes, note)
+
+
+def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:
+    """Under ``framework = "torch"`` an MoE model's mesh with ep 1, tp > 1 and no ``etp`` gets
+    etp = tp, what torchtitan at b5bcd76 runs (:func:`meshplan.spec.axes.ep.torch_etp`: each routed
+    expert sharded over tp like a dense MLP), with a note; a given etp is kept (the rule
+    ``torch_etp`` refuses one other than tp). The torch twin of :func:`_megatron_etp`.
+
+    >>> s, n = _torch_etp(MeshSpec(names=["dp_shard", "tp"], shape=[4, 2]), ())
+    >>> s.names, s.shape, n[0].split(",")[0]
+    (['dp_shard', 'tp', 'etp'], [4, 2, 2], 'mesh.etp not given: 2')
+    """
+    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
+    tp = deg.get("tp", 1)
+    if "etp" in deg or deg.get("ep", 1) != 1 or tp <= 1:
+        return spec, notes
+    note = (f"mesh.etp not given: {tp}, the tp degree, as torchtitan at ep 1 shards every routed expert over tp "
+            f"(w1/w3 Shard(1), w2 Shard(2); framework torch, moe_sharding.py at b5bcd76)")
     if spec.names is not None:
         spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
     else:

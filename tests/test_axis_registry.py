@@ -37,7 +37,8 @@ from meshplan.units import dtype_bytes
 
 #: Axes without a part, and why (the test fails for any other gap).
 NO_SEARCH_COLUMN = {Axis.DP: "the search names the data axes dp_replicate and dp_shard; dp is their one-axis form"}
-NO_COLLECTIVES = {Axis.ETP: "etp > 1 is planned as expert shapes only; the table has no etp rows (not built)"}
+NO_COLLECTIVES = {Axis.ETP: "no etp rows: at ep 1 under torch (etp = tp) an MoE layer's collectives are tp rows "
+                           "(spec.axes.ep.experts_over_tp_ops); otherwise etp > 1 is planned as expert shapes only"}
 
 
 @pytest.mark.parametrize("axis", list(Axis))
@@ -346,7 +347,8 @@ def test_every_collective_row_is_declared_by_an_axis(base, names, shape, mesh_kw
 APPLIED_ELSEWHERE = {Axis.PP: "pipeline stages (runtime/execution/pipelined.py)",
                      Axis.DP: "DDP on the materialized model (parallelize.apply_ddp, by the worker)",
                      Axis.DP_REPLICATE: "HSDP's replica dimension, in the dp_shard apply (fsdp_mesh)",
-                     Axis.ETP: "refused: etp > 1 is not built (parallelize.unsupported_mesh)"}
+                     Axis.ETP: "at ep 1 etp = tp in the tp apply (moe_parallel.apply_experts_over_tp, "
+                               "torchtitan's); other etp > 1 refused (parallelize.unsupported_mesh)"}
 
 
 def test_every_axis_has_a_runtime_apply():

@@ -50,6 +50,24 @@ def test_torch_etp_rule_refuses_etp_above_1_with_ep(etp):
             "training.framework = \"megatron\"") in bad.reasons
 
 
+def test_torch_etp_rule_refuses_etp_1_at_ep_1_with_tp():
+    """etp 1 at ep 1 with tp 4 under torch: torchtitan at b5bcd76 shards the experts over tp there
+    (``expert_param_placement_dense``), so etp 1 would plan what it does not run: infeasible with
+    the fix etp 4; a mesh leaving etp out gets etp 4 with a note (config._torch_etp)."""
+    bad = build_plan(_mixtral(1, ep=1), memory=False, reports=False)
+    assert isinstance(bad, Infeasible)
+    assert any(r.startswith("framework torch: etp 1 with tp 4 and ep 1: torchtitan at ep 1 shards every routed "
+                            "expert over tp") and r.endswith("fix: etp 4 in mesh.shape (or leave etp out), or "
+                                                             "training.framework = \"megatron\"") for r in bad.reasons)
+    cfg = config_from_dict({**_RAW, "mesh": {"names": ["dp_shard", "tp"], "shape": [8, 4], "sequence_parallel": True}})
+    assert (cfg.mesh.names, cfg.mesh.shape) == (["dp_shard", "tp", "etp"], [8, 4, 4])
+    assert cfg.notes[-1].startswith("mesh.etp not given: 4, the tp degree")
+
+
+_RAW = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+        "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "recompute": "full"}}
+
+
 def test_torch_etp_rule_keeps_etp_1_megatron_and_ep_1():
     """etp 1 under torch, etp 2 and 4 under megatron, and etp 4 at ep 1 under torch (torchtitan
     shards the experts over tp when ep is 1) are not refused by the rule."""
@@ -60,14 +78,16 @@ def test_torch_etp_rule_keeps_etp_1_megatron_and_ep_1():
 
 def test_torch_search_space_has_etp_1_only_with_ep():
     """The search's candidates for Mixtral on 4 dgx-h100 (32 GPUs): under torch every row with
-    ep > 1 has etp 1 while ep 1 rows keep etp 1 and tp; under megatron an ep > 1 row with tp 4 has
-    etp 4 too."""
+    ep > 1 has etp 1 and every ep 1 row etp = tp (torchtitan's dense family at ep 1,
+    :func:`meshplan.spec.axes.ep.torch_etp`); under megatron an ep > 1 row with tp 4 has etp 4
+    too and ep 1 rows keep etp 1 and tp."""
     from meshplan.search.space import enumerate_candidates
     for framework, want in (("torch", {1}), ("megatron", {1, 4})):
         c = enumerate_candidates(_mixtral(1, framework))
         assert (c.ep > 1).any() and set(c.etp[c.ep > 1].tolist()) == ({1} if framework == "torch" else {1, 2, 4, 8})
         assert set(c.etp[(c.ep > 1) & (c.tp == 4)].tolist()) == want
-        assert set(c.etp[(c.ep == 1) & (c.tp == 4)].tolist()) == {1, 4}
+        assert set(c.etp[(c.ep == 1) & (c.tp == 4)].tolist()) == ({4} if framework == "torch" else {1, 4})
+        assert set(c.etp[(c.ep == 1) & (c.tp == 2)].tolist()) == ({2} if framework == "torch" else {1, 2})
 
 
 TT_ETP = """\
@@ -125,6 +145,14 @@ def test_export_to_torchtitan_etp():
     with pytest.raises(ConfigError, match=r"^--to: etp 4 with ep 4: torchtitan has no expert tensor parallelism "
                                           r"since c4b409a \(#3167, 2026-04-30\).*; set etp 1 in \[mesh\] to export it$"):
         write(replace(_mixtral(4, "megatron"), source_model=src))
+    # ep 1: etp = tp 4 is torchtitan's own layout, written without the removed key; a megatron
+    # mesh's etp 1 there would run as etp 4 under torchtitan, so it is refused
+    par = write(replace(_mixtral(4, ep=1), source_model=src))["parallelism"]
+    assert (par["expert_parallel_degree"], par["tensor_parallel_degree"]) == (1, 4)
+    assert "expert_tensor_parallel_degree" not in par
+    with pytest.raises(ConfigError, match=r"^--to: etp 1 with tp 4 at ep 1: torchtitan at ep 1 shards every routed "
+                                          r"expert over tp .*; set etp 4 in \[mesh\] to export it$"):
+        write(replace(_mixtral(1, "megatron", ep=1), source_model=src))
 
 
 MX = """\

@@ -231,3 +231,20 @@ def test_8_ranks_pp2_dp_shard2_tp2_sp_ep2_moe_match_the_plan_and_the_reference(t
     assert start["groups"]["ep"] == [4, 5] == start["groups"]["tp"] and start["groups"]["efsdp"] == [5, 7]
     _check_losses(folder, token_split=2)
     assert code == 0
+
+
+# MoE with pp 2, tp 2 + SP and ep 1 (framework torch: etp = tp filled in): as torchtitan at ep 1
+# each routed expert is sharded over tp (w_gate/w_up Shard(1), w_down Shard(2)) and every tp rank
+# routes all the tokens, so the losses are the unsplit model's without any token split; the
+# experts stay in their layer's FSDP2 unit over dp_shard (no efsdp rows).
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_8_ranks_pp2_dp_shard2_tp2_sp_etp2_moe_match_the_plan_and_the_reference(tmp_path):
+    code, comp, folder = _run(DATA / "validate_mixtral_pp2_tp2sp_etp2_fsdp.toml", 8, tmp_path)
+    rows = _check_exact(comp, folder, 8)
+    assert not any(k[0] in ("efsdp", "ep") for k in rows)
+    start = json.loads((folder / "rank5" / "startup.json").read_text())
+    assert start["groups"]["etp"] == start["groups"]["tp"] == [4, 5]
+    _check_losses(folder)
+    assert code == 0

@@ -19,6 +19,10 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B. Each cast of
   a tp shard all-reduces its amax over tp first (:func:`_float8_amax_rows`, one fp64 scalar: per
   Llama layer 4 forward, 7 backward, and the forward's again where the layer is recomputed).
+- TP with MoE layers at ep 1 under framework torch (etp = tp,
+  :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
+  MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
+  reduce-scatter forward and all-gather backward: torchtitan reduces the two outputs apart).
 - TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
   the routed path has no tp collective under SP (a rank routes its own sequence shard) and
@@ -45,6 +49,7 @@ from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
+from meshplan.spec.axes.ep import experts_over_tp, experts_over_tp_ops
 from meshplan.units import dtype_bytes
 
 
@@ -77,10 +82,16 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     sp, m = c.mesh.sequence_parallel, c.model
     part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
     moe = m.is_moe_layer(layer)
+    if moe and experts_over_tp(c.training.framework, c.mesh.etp, c.mesh.degree("tp")):
+        fwd = part + experts_over_tp_ops(sp, bool(m.shared_experts))  # torchtitan at ep 1: like a dense MLP
+        bwd = [_MIRROR[o] for o in fwd]
+        if c.training.layer_recomputed(c.layers.index(layer)):
+            bwd += fwd[:-1]
+        elif c.training.recompute == "op" and sp:
+            bwd += [o for o in fwd if o == "all-gather"]
+        return fwd, bwd
     fwd = part + (["all-gather+"] if moe and not sp else []) + (part if not moe or m.shared_experts else [])
-    mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
-              "all-gather+": "all-gather"}
-    bwd = [mirror[o] for o in fwd]
+    bwd = [_MIRROR[o] for o in fwd]
     if sp and c.training.framework == "megatron" and not get_schedule(c.schedule).splits_backward:
         # Megatron-LM saves only the sequence shard of a column-parallel linear's input and
         # all-gathers it again for the weight gradient: the attention's and a dense MLP's
@@ -92,6 +103,10 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         bwd += [o for o in fwd if o == "all-gather"]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
+
+#: The backward collective of each forward one (``+``: the routed outputs' all-gather, etp 1 without SP).
+_MIRROR = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
+           "all-gather+": "all-gather"}
 
 #: Cadence of the tp all-gathers that move float8 (:func:`meshplan.compute.dtensor_sp.float8_tp`).
 FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"

@@ -116,7 +116,7 @@ from meshplan.interop.torchtitan_tables import (
     read_recompute,
 )
 from meshplan.spec.mesh import multi_stage_refusal
-from meshplan.spec.axes.ep import TORCH_ETP
+from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
 from meshplan.spec.axes.tp import tp_misfit
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
@@ -368,8 +368,9 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
     ``job_config.py``:464) that c4b409a (#3167, 2026-04-30) removed with expert tensor parallelism
     (:data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1 an etp other than 1 is a ConfigError
     naming the key: meshplan plans torchtitan as at b5bcd76, whose experts are whole on each ep rank
-    (the planner's rule ``torch_etp`` says the same of a meshplan TOML). Otherwise the key is read,
-    with a note that torchtitan since c4b409a has no such key.
+    (the planner's rule ``torch_etp`` says the same of a meshplan TOML). At ep 1 it is read as tp,
+    whatever its value, with a note: torchtitan shards the experts over tp there (``TORCH_ETP``).
+    Otherwise the key is read, with a note that torchtitan since c4b409a has no such key.
 
     >>> _etp_key({"expert_tensor_parallel_degree": 4}, {"ep": 4, "etp": 4, "tp": 4}, [])
     Traceback (most recent call last):
@@ -382,6 +383,10 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
     if ep > 1 and etp != 1:
         raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep}: "
                           f"{TORCH_ETP}; fix: expert_tensor_parallel_degree = 1, or delete the key")
+    if ep == 1 and etp != deg["tp"]:  # ep 1: the experts over tp whatever the key (torch_etp)
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
+                     f"{deg['tp']}, the tp degree: {TORCH_ETP_EP1}")
+        deg["etp"] = etp = deg["tp"]
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
                  "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since")
 

@@ -26,7 +26,7 @@ from meshplan.interop.torchtitan_tables import (
 )
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
-from meshplan.spec.axes.ep import TORCH_ETP
+from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1, torch_etp
 from meshplan.spec.hf import hf_source
 
 
@@ -59,15 +59,16 @@ def write(cfg: Config) -> dict[str, dict]:
     """torchtitan job tables of ``cfg`` (the inverse of :func:`~meshplan.interop.torchtitan.read`). ConfigError naming
     what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
     a mesh order other than torchtitan's, tp without sequence parallel, user-named axes, etp > 1 with
-    ep > 1 (no ETP in torchtitan since c4b409a). ``expert_tensor_parallel_degree`` is written only
-    where etp > 1 (at ep 1, where e347b1e's torchtitan shards the experts over tp anyway:
-    ``apply_moe_ep_tp``, torchtitan/models/llama4/infra/parallelize.py:559-563 at e347b1e)."""
+    ep > 1 (no ETP in torchtitan since c4b409a), an MoE model's etp other than tp at ep 1 (where
+    torchtitan shards the experts over tp: :data:`~meshplan.spec.axes.ep.TORCH_ETP`).
+    ``expert_tensor_parallel_degree`` is never written: torchtitan at b5bcd76 has no such key, its
+    etp following from ep and tp (:func:`~meshplan.spec.axes.ep.torch_etp`)."""
     mesh = resolved(cfg)
     t = cfg.training
     model = model_table(cfg)
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
-    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp" or deg["etp"] > 1}
+    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp"}
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
@@ -202,8 +203,12 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
                           f"outermost first); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
-    if mesh.ep > 1 and mesh.etp > 1:  # expert_tensor_parallel_degree is written only where it is > 1 (ep 1)
+    if mesh.ep > 1 and mesh.etp > 1:
         raise ConfigError("--to", f"etp {mesh.etp} with ep {mesh.ep}: {TORCH_ETP}; set etp 1 in [mesh] to export it")
+    tp = deg.get("tp", 1)
+    if cfg.model.is_moe and mesh.ep == 1 and mesh.etp != torch_etp(1, tp):
+        raise ConfigError("--to", f"etp {mesh.etp} with tp {tp} at ep 1: {TORCH_ETP_EP1}; set etp {tp} in [mesh] "
+                          "to export it")
     shard = deg.get("dp_shard", 1) * deg.get("cp", 1)  # torchtitan's fsdp axis: FSDP2 where it is > 1
     both = deg.get("dp_replicate", 1) > 1 and shard > 1
     if t.sharding == "hsdp" and deg.get("dp_replicate", 1) > 1 and shard == 1:

@@ -56,6 +56,9 @@ all-gathers the routed outputs back to every tp rank (``Shard(0) -> Replicate``,
 backward is a slice). The router weight is replicated over tp (``SequenceParallel`` on the
 token dim), so its gradient, a sum over each rank's own tokens, is a Partial DTensor that
 FSDP2 all-reduces over tp; shared experts are split like the dense MLP (colwise, rowwise).
+That is torchtitan's layout with ep > 1; at ep 1 torchtitan shards the experts over tp instead
+(etp = tp, :func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`): every tp rank
+routes all the tokens through its f/tp slice of each expert and the Partial outputs are reduced.
 
 >>> from meshplan.spec.model import ModelSpec
 >>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)
@@ -99,6 +102,8 @@ class Experts(nn.Module):
 
     def _w(self, name: str) -> torch.Tensor:
         w = getattr(self, name)
+        if hasattr(w, "to_local"):  # a DTensor (etp = tp: this rank's slice of the expert width)
+            w = w.to_local()
         return w if self.grad_scale == 1.0 else _ScaleGrad.apply(w, self.grad_scale)
 
     def forward(self, x: torch.Tensor, counts: Optional[list[int]] = None) -> torch.Tensor:
@@ -150,6 +155,7 @@ class MoE(nn.Module):
         self.ep_group = None  # set by apply_ep
         self.ep = 1
         self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
+        self.experts_over_tp = False  # set by apply_experts_over_tp (ep 1, etp = tp)
         self.capacity_factor, self.dropless = 1.0, False  # set by set_routing
         self.expert_counts: Optional[torch.Tensor] = None  # dropless: (E,) copies routed here, summed over calls
 
@@ -160,6 +166,10 @@ class MoE(nn.Module):
         return expert_capacity(tokens, self.top_k, self.n_experts, self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.experts_over_tp:
+            from meshplan.runtime.execution.moe_etp import experts_over_tp_forward
+
+            return experts_over_tp_forward(self, x)
         if self.tp_mesh is not None:
             return self._tp_forward(x)
         b, s, h = x.shape
@@ -169,11 +179,20 @@ class MoE(nn.Module):
             out = out + self.shared(t)
         return out.view(b, s, h)
 
+    def _logits(self, t: torch.Tensor) -> torch.Tensor:
+        """Router logits (T, experts); under ``experts_over_tp`` from the replicated weight's local
+        value, its gradient ``Partial`` over tp (apply_experts_over_tp)."""
+        if not self.experts_over_tp:
+            return self.router(t)
+        from torch.distributed.tensor import Partial
+
+        return F.linear(t, self.router.weight.to_local(grad_placements=[Partial()]))
+
     def _routed(self, t: torch.Tensor) -> torch.Tensor:
         """Routed experts' output (T, h) for this rank's tokens ``t`` (T, h)."""
         h = t.shape[-1]
         e, k, cap = self.n_experts, self.top_k, self.capacity(t.shape[0])
-        gate, idx = torch.topk(self.router(t).float(), k, dim=-1)  # (T, k)
+        gate, idx = torch.topk(self._logits(t).float(), k, dim=-1)  # (T, k)
         gate = gate.softmax(dim=-1).to(t.dtype)
         if self.dropless:
             return self._dropless(t, gate, idx)

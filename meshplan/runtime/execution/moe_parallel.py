@@ -1,7 +1,7 @@
 """Expert parallelism (EP) and tensor parallelism of the runtime's MoE layers
 (:class:`meshplan.runtime.execution.moe.MoE`, whose module docstring says how each runs):
 :func:`apply_ep` keeps this rank's experts and routes through the ep group, :func:`apply_moe_tp`
-splits the tokens over tp, and the expert mesh they run on: its DeviceMesh
+splits the tokens over tp (etp 1), :func:`apply_experts_over_tp` the experts (ep 1, etp = tp), and the expert mesh they run on: its DeviceMesh
 (:func:`init_expert_mesh`), its groups checked against meshplan's (:func:`check_expert_groups`)
 and the experts' FSDP2 shard placement (:func:`expert_placement_fn`).
 """
@@ -77,6 +77,34 @@ def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     parallelize_module(moe, tp_mesh, plan)
     moe.tp_mesh, moe.sp, moe.token_split = tp_mesh, sequence_parallel, tp_mesh.size()
     moe.experts.grad_scale = _grad_scale(moe)
+
+
+def apply_experts_over_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
+    """TP of one MoE layer at ep 1 as torchtitan b5bcd76 builds it (etp = tp,
+    :data:`meshplan.spec.axes.ep.TORCH_ETP`), in place: routed experts' w_gate/w_up (E, f, h)
+    ``Shard(1)`` and w_down (E, h, f) ``Shard(2)`` on ``tp_mesh`` (``expert_param_placement_dense``,
+    torchtitan/models/common/moe_sharding.py:50-68), shared experts' w_gate/w_up ``Shard(0)`` and
+    w_down ``Shard(1)`` (colwise, rowwise), the router ``Replicate`` with a ``Partial`` gradient
+    (:219-226: the scores' gradient is a sum over the tp ranks' expert slices); every tp rank
+    routes all the tokens (:func:`meshplan.runtime.execution.moe_etp.experts_over_tp_forward`), so the experts' gradient scale stays
+    1. Call on the meta-device model; :meth:`Transformer.init_weights` draws the full tensors."""
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    def shard(mod, name, placement):
+        p = getattr(mod, name)
+        setattr(mod, name, nn.Parameter(distribute_tensor(p.data, tp_mesh, [placement], src_data_rank=None)))
+
+    ex = moe.experts
+    for name, dim in (("w_gate", 1), ("w_up", 1), ("w_down", 2)):
+        if hasattr(ex, name):
+            shard(ex, name, Shard(dim))
+    if hasattr(moe, "shared"):
+        for name, dim in (("w_gate", 0), ("w_up", 0), ("w_down", 1)):
+            if hasattr(moe.shared, name):
+                shard(getattr(moe.shared, name), "weight", Shard(dim))
+    shard(moe.router, "weight", Replicate())
+    moe.tp_mesh, moe.sp, moe.token_split, moe.experts_over_tp = tp_mesh, sequence_parallel, 1, True
+    ex.grad_scale = _grad_scale(moe)
 
 
 def expert_placement_fn(spec: ModelSpec, mesh):

@@ -18,9 +18,10 @@ and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with 
   (all-to-all dispatch and combine); under ep > 1 the routed experts of each layer are their
   own FSDP2 unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that
   is one rank; under ep 1 they stay in the layer's unit (torchtitan); router and shared experts
-  stay in the layer's unit. With ``tp > 1`` the tp
+  stay in the layer's unit. With ``tp > 1`` and etp 1 the tp
   ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`:
-  router replicated, shared experts colwise/rowwise).
+  router replicated, shared experts colwise/rowwise); at ep 1 with etp = tp (torchtitan's) each
+  expert is sharded over tp instead (:func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`).
 
 TP plan (``tp > 1``), with SP / without SP:
 
@@ -71,6 +72,7 @@ from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
 from meshplan.runtime.execution.mla import mla_tp_plan
+from meshplan.spec.axes.ep import experts_over_tp
 from meshplan.spec.axes.registry import Axis
 from meshplan.spec.training import TrainingSpec
 
@@ -130,8 +132,9 @@ def unsupported_mesh(mesh: Mesh, training: TrainingSpec, pipeline: bool = False,
     if training.recompute == "op":
         return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
                 "only; use 'layer', 'full' or 'none'")
-    if mesh.etp > 1:
-        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
+        return ("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
+                "the experts are whole on each ep rank (etp 1)")
     if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
         if mesh.degree("tp") > 1:
             return ("sharding 'none' with tp > 1: DDP over DTensor TP parameters leaves their gradients None "
@@ -146,9 +149,12 @@ def unsupported_mesh(mesh: Mesh, training: TrainingSpec, pipeline: bool = False,
     return None
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool = True) -> None:
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool = True,
+             experts_over_tp: bool = False) -> None:
     """Tensor (and sequence) parallelism, in place; see the module docstring's table. ``model``
-    may be a pipeline stage: embedding, final norm and output are split where it has them."""
+    may be a pipeline stage: embedding, final norm and output are split where it has them.
+    ``experts_over_tp`` (ep 1, etp = tp): MoE layers as torchtitan at ep 1
+    (:func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`), else the tokens split."""
     tp = tp_mesh.size()
     spec = model.spec
     if spec.q_heads % tp:
@@ -176,10 +182,10 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
                {f"attention.{n}": ColwiseParallel() for n in ("wq", "wk", "wv")}),
             "attention.wo": RowwiseParallel(output_layouts=act),
         }
-        if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP
-            from meshplan.runtime.execution.moe_parallel import apply_moe_tp
+        if hasattr(block, "moe"):  # router replicated, tokens (etp 1) or experts (etp = tp) split over tp
+            from meshplan.runtime.execution.moe_parallel import apply_experts_over_tp, apply_moe_tp
 
-            apply_moe_tp(block.moe, tp_mesh, sequence_parallel)
+            (apply_experts_over_tp if experts_over_tp else apply_moe_tp)(block.moe, tp_mesh, sequence_parallel)
         else:
             plan.update({"mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
                          "mlp.w_up": ColwiseParallel(), "mlp.w_down": RowwiseParallel(output_layouts=act)})
@@ -326,7 +332,8 @@ def _apply_cp(run: _Apply) -> None:
 def _apply_tp(run: _Apply) -> None:
     """tp > 1: DTensor TP (+SP), :func:`apply_tp`."""
     if run.mesh.degree("tp") > 1:
-        apply_tp(run.model, run.device_mesh["tp"], run.mesh.sequence_parallel, run.loss_parallel)
+        apply_tp(run.model, run.device_mesh["tp"], run.mesh.sequence_parallel, run.loss_parallel,
+                 experts_over_tp("torch", run.mesh.etp, run.mesh.degree("tp")))
 
 
 def _apply_ep(run: _Apply) -> None:
@@ -378,7 +385,7 @@ def _apply_fsdp(run: _Apply) -> None:
 #: ep, then FSDP2/HSDP over the data axes). Applied elsewhere: pp (pipeline stages,
 #: :mod:`meshplan.runtime.execution.pipelined`), dp with ``sharding = "none"`` (:func:`apply_ddp`,
 #: by the worker on the materialized model), dp_replicate (HSDP's replica dimension, in the
-#: dp_shard apply); etp > 1 is refused (:func:`unsupported_mesh`).
+#: dp_shard apply); etp > 1 other than ep 1's etp = tp (in the tp apply) is refused (:func:`unsupported_mesh`).
 APPLY: dict[Axis, Callable[[_Apply], None]] = {Axis.CP: _apply_cp, Axis.TP: _apply_tp, Axis.EP: _apply_ep,
                                                Axis.DP_SHARD: _apply_fsdp}
 
@@ -391,8 +398,9 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
     ``cp > 1``: all-gather K/V context parallelism (:mod:`meshplan.runtime.execution.cp`); the model
     then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.execution.cp.shard_sequence`).
-    MoE layers with ``tp > 1`` (etp 1): each tp rank routes its tp-th of the tokens
-    (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`).
+    MoE layers with ``tp > 1``: at etp 1 each tp rank routes its tp-th of the tokens
+    (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`); at ep 1 with etp = tp each
+    expert is sharded over tp, torchtitan's (:func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`).
     ``sharding = "none"``: nothing here; the worker wraps the materialized model with
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).

@@ -85,6 +85,7 @@ from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     tied_embedding_sync,
 )
 from meshplan.runtime.execution.recorder import CollectiveRecorder
+from meshplan.spec.axes.ep import experts_over_tp
 
 BUILT = tuple(name for name, s in SCHEDULES.items() if s.runs_in_validate)  # schedules this module runs
 
@@ -95,8 +96,9 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return "pp is 1: use parallelize()"
     if schedule not in BUILT:
         return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
-    if mesh.etp > 1:
-        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
+        return ("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
+                "the experts are whole on each ep rank (etp 1)")
     if training.linear_dtype is not None:
         return "linear_dtype fp8: torchtitan's float8 training is not built in the runtime model"
     if training.recompute in ("layer", "op"):

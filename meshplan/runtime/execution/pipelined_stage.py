@@ -39,6 +39,7 @@ from torch import nn
 from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
+from meshplan.spec.axes.ep import experts_over_tp
 
 
 class StageModule(nn.Module):
@@ -144,7 +145,7 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
         if cp > 1:
             apply_cp(m, cp_group, cp, mesh.group_of(rank, "cp").index(rank))
         if tp > 1:
-            apply_tp(m, dm["tp"], sp, loss_parallel_on and m.last)
+            apply_tp(m, dm["tp"], sp, loss_parallel_on and m.last, experts_over_tp("torch", mesh.etp, tp))
         if edm is not None and mesh.ep > 1:
             from meshplan.runtime.execution.moe_parallel import apply_ep
 

@@ -127,25 +127,78 @@ def _megatron_sp(m, t, d):
     return ((megatron_sp_reason(d.tp, d.ep),) if _megatron_sp_bad(m, t, d) else ()), ()
 
 
-#: torchtitan's etp under ep > 1, as at pytorch/torchtitan b5bcd76 (2026-08-21), the version the rest of
-#: meshplan's torch framework follows: none. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)"
-#: (#3167, 2026-04-30) removed the etp mesh axis, ``ExpertTensorParallel`` and
-#: ``parallelism.expert_tensor_parallel_degree``; at b5bcd76 ``ParallelDims._validate``
-#: (torchtitan/distributed/parallel_dims.py:166-192) checks only that ep divides dp_shard * cp * tp, the
-#: sparse mesh is (pp, dp_replicate, efsdp, ep) with efsdp = dp_shard * cp * tp / ep (:282, :326-330), the
-#: routed experts' weights are ``Shard(0)`` on ep and whole otherwise (``expert_param_placement_sparse``,
-#: torchtitan/models/common/moe_sharding.py:29-47) and the tp ranks split the tokens
-#: (``_tokens_per_expert_placement``, :71-86): meshplan's etp 1. Before c4b409a (from aeb3a4b, #1555,
-#: 2025-08-13) ``ParallelDims._validate`` allowed etp 1 or tp (c4b409a^ parallel_dims.py:76-77), etp = tp
-#: sharding each expert over tp (``ExpertTensorParallel``, c4b409a^ distributed/expert_parallel.py:81-101).
+#: torchtitan's etp, as at pytorch/torchtitan b5bcd76 (2026-08-21), the version the rest of meshplan's
+#: torch framework follows. c4b409a "[MoE][4/n] deprecate expert tensor parallel (ETP)" (#3167,
+#: 2026-04-30) removed the etp mesh axis, ``ExpertTensorParallel`` and
+#: ``parallelism.expert_tensor_parallel_degree``; at b5bcd76 the routed experts' placement follows
+#: ``enable_ep = expert_parallel_degree > 1`` (torchtitan/models/qwen3/model.py:101-105, the same in
+#: the other MoE models' ``set_*_sharding_config``):
+#:
+#: - ep > 1: ``ParallelDims._validate`` checks only that ep divides dp_shard * cp * tp
+#:   (torchtitan/distributed/parallel_dims.py:187-192), the sparse mesh is (pp, dp_replicate,
+#:   efsdp, ep) with efsdp = dp_shard * cp * tp / ep (:280-282, :326-330), the routed experts'
+#:   weights are ``Shard(0)`` on ep and whole otherwise (``expert_param_placement_sparse``,
+#:   torchtitan/models/common/moe_sharding.py:29-47) and the tp ranks split the tokens (experts'
+#:   input ``dense_sequence_parallel_placement``, :208-218; ``_tokens_per_expert_placement`` Partial
+#:   on tp, :71-86): meshplan's etp 1.
+#: - ep 1 with tp > 1: the dense family, the routed experts sharded over tp like a dense MLP,
+#:   w1/w3 (E, F, D) ``Shard(1)`` and w2 (E, D, F) ``Shard(2)`` (``expert_param_placement_dense``,
+#:   moe_sharding.py:50-68 with ``_GROUPED_EXPERTS_PARAM_LAYOUT``, torchtitan/models/qwen3/sharding.py:31-35),
+#:   every tp rank taking all the tokens (experts' input ``Replicate`` on tp, moe_sharding.py:219-226;
+#:   the MoE input all-gathered from the sequence shard under SP, :286-288) and the experts' output
+#:   ``Partial`` on tp, reduce-scattered under SP or all-reduced (:230-239, :289-302); FSDP2 shards
+#:   them with the block over the dense fsdp mesh (torchtitan/distributed/fsdp.py:282-316): meshplan's
+#:   etp = tp, efsdp = dp_shard * cp.
+#:
+#: Before c4b409a (from aeb3a4b, #1555, 2025-08-13) ``ParallelDims._validate`` allowed etp 1 or tp
+#: (c4b409a^ parallel_dims.py:76-77), etp = tp sharding each expert over tp (``ExpertTensorParallel``,
+#: c4b409a^ distributed/expert_parallel.py:81-101).
 TORCH_ETP = ("torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each "
              "routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py "
              "at b5bcd76)")
+#: The ep 1 half of :data:`TORCH_ETP`'s comment, in a reason.
+TORCH_ETP_EP1 = ("torchtitan at ep 1 shards every routed expert over tp like a dense MLP (w1/w3 Shard(1), w2 "
+                 "Shard(2), every tp rank taking all the tokens: etp = tp; expert_param_placement_dense, "
+                 "moe_sharding.py at b5bcd76)")
+
+
+def torch_etp(ep, tp):
+    """The etp torchtitan at b5bcd76 runs (:data:`TORCH_ETP`): 1 with ep > 1, tp at ep 1. Scalars or
+    arrays of degrees (the search's columns) alike.
+
+    >>> import numpy as np
+    >>> torch_etp(8, 4), torch_etp(1, 4), torch_etp(np.array([1, 2, 1]), np.array([2, 2, 1])).tolist()
+    (1, 4, [2, 1, 1])
+    """
+    return 1 + (ep == 1) * (tp - 1)
+
+
+def experts_over_tp(framework: str, etp: int, tp: int) -> bool:
+    """Whether an MoE layer runs torchtitan's dense family at ep 1 (:data:`TORCH_ETP`): framework
+    torch with etp = tp > 1, every routed expert sharded over tp and every tp rank taking all the
+    tokens. Megatron-LM's etp > 1 is planned as expert shapes only (no etp rows)."""
+    return framework == "torch" and 1 < tp == etp
+
+
+def experts_over_tp_ops(sp: bool, shared_experts: bool) -> list[str]:
+    """Forward tp collectives of one MoE layer's FFN under :func:`experts_over_tp`, in issue order
+    (torchtitan b5bcd76 moe_sharding.py): with SP the MoE input's all-gather (``Shard(1) ->
+    Replicate``, :286-288), then the ``Partial`` outputs reduce-scattered to the sequence shard, the
+    shared experts' w2 (:184-196) and the routed experts' (:230-239) apart; without SP one
+    all-reduce of their summed ``Partial`` output at the MoE boundary (:289-302), as a dense MLP.
+    The backward is the mirror (the input's ``Partial`` gradient all-reduced without SP).
+
+    >>> experts_over_tp_ops(True, True), experts_over_tp_ops(True, False), experts_over_tp_ops(False, True)
+    (['all-gather', 'reduce-scatter', 'reduce-scatter'], ['all-gather', 'reduce-scatter'], ['all-reduce'])
+    """
+    return ["all-gather"] + ["reduce-scatter"] * (1 + bool(shared_experts)) if sp else ["all-reduce"]
 
 
 def _torch_etp_bad(m, t, d):
-    """Framework torch with ep > 1 and etp > 1 (:data:`TORCH_ETP`)."""
-    return (t.framework == "torch") & (d.ep > 1) & (d.etp != 1)
+    """Framework torch with an etp other than torchtitan's (:func:`torch_etp`): etp > 1 with ep > 1
+    on any model, or etp other than tp at ep 1 on an MoE model."""
+    ep_bad = (d.ep > 1) & (d.etp != 1)
+    return (t.framework == "torch") & (ep_bad | (m.is_moe & (d.ep == 1) & (d.etp != torch_etp(d.ep, d.tp))))
 
 
 def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> str:
@@ -154,7 +207,12 @@ def torch_etp_reason(etp: int, tp: int, ep: int, where: str = "mesh.shape") -> s
 
     >>> print(torch_etp_reason(4, 4, 4))
     framework torch: etp 4 with tp 4 and ep 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: etp 1 in mesh.shape, or training.framework = "megatron"
+    >>> print(torch_etp_reason(1, 2, 1))
+    framework torch: etp 1 with tp 2 and ep 1: torchtitan at ep 1 shards every routed expert over tp like a dense MLP (w1/w3 Shard(1), w2 Shard(2), every tp rank taking all the tokens: etp = tp; expert_param_placement_dense, moe_sharding.py at b5bcd76); fix: etp 2 in mesh.shape (or leave etp out), or training.framework = "megatron"
     """
+    if ep == 1:
+        return (f"framework torch: etp {etp} with tp {tp} and ep 1: {TORCH_ETP_EP1}; fix: etp {tp} in {where} (or "
+                "leave etp out), or training.framework = \"megatron\"")
     return (f"framework torch: etp {etp} with tp {tp} and ep {ep}: {TORCH_ETP}; fix: etp 1 in {where}, or "
             "training.framework = \"megatron\"")
 
@@ -198,16 +256,16 @@ EP = AxisDef(
 )
 
 
-def etp_values(framework: str, row: Mapping[str, int]) -> list[int]:
+def etp_values(framework: str, row: Mapping[str, int], is_moe: bool = True) -> list[int]:
     """The search's etp degrees for a row of degrees ``row`` (``tp``, and ``ep`` once chosen): 1 or
-    tp, and under framework torch with ep > 1 only 1, what torchtitan at b5bcd76 runs
-    (:data:`TORCH_ETP`).
+    tp, and under framework torch on an MoE model only the one torchtitan at b5bcd76 runs
+    (:func:`torch_etp`: 1 with ep > 1, tp at ep 1).
 
     >>> etp_values("torch", {"tp": 4, "ep": 8}), etp_values("torch", {"tp": 4, "ep": 1}), etp_values("megatron", {"tp": 4, "ep": 8})
-    ([1], [1, 4], [1, 4])
+    ([1], [4], [1, 4])
     """
-    if framework == "torch" and row.get("ep", 1) > 1:
-        return [1]
+    if framework == "torch" and (is_moe or row.get("ep", 1) > 1):
+        return [torch_etp(row.get("ep", 1), row["tp"])]
     return sorted({1, row["tp"]})
 
 
@@ -216,10 +274,12 @@ ETP = AxisDef(
     expert=True,
     torchtitan=("etp",), megatron=("etp",),
     rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),
-           Rule("torch_etp", 68, "framework torch: ep > 1 with etp > 1 (torchtitan removed ETP in c4b409a)",
+           Rule("torch_etp", 68,
+                "framework torch: etp other than torchtitan's (1 with ep > 1, tp at ep 1 on an MoE model)",
                 _torch_etp_bad, _torch_etp)),
     divides=(Dim.EXPERT_FFN,),
     shards=("routed experts' parameters, gradients, optimizer state",),
-    search=SearchColumn(column="etp", option="etp", values=lambda cfg, row: etp_values(cfg.training.framework, row)),
+    search=SearchColumn(column="etp", option="etp", values=lambda cfg, row: etp_values(cfg.training.framework, row,
+                                                                            cfg.model.is_moe)),
     weights={"etp": 1e5},
 )
