@@ -35,9 +35,10 @@ from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
-from meshplan.schedule.link_spill import network_spill, nic_bytes_per_stage, overloaded_stage, spill_line
+from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
 from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
+from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_hint import tp_hint
 from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
@@ -110,7 +111,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     the ring hops that leave its scalable unit or change rail, as place counts them, against its nodes x the NIC
     rate); where a NIC or uplink does not fit, a line 'where the NICs' traffic goes:' says, from
     the timeline, how much of it runs while no compute runs, how much of that is exposed and how much runs while
-    the compute waits for another stream (blocking tp; with async TP re-planned). The collectives' readiness list
+    the compute waits for another stream (blocking tp; with async TP re-planned). Where another stage's ranks send
+    more (a MoE model's expert stages beside a dense stage 0), that stage's table follows, labelled, whether or not
+    its links fit; --json's sent_bytes_per_step is that stage's (sent_bytes_stage). The collectives' readiness list
     gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
     last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
@@ -259,17 +262,15 @@ def _print_links(p, st, step_fn) -> None:
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
     for (a, b), sec in sorted(concurrency(st).items()):
         _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    other = overloaded_stage(p, st)
-    where = "" if other is None else f"; stage {other[0]}'s NICs carry more and do not fit: its table follows"
+    other = other_stage_loads(p, st)
+    more = "" if other is None or stage_fits(other[1]) else " and a NIC or uplink of it does not fit"
+    where = "" if other is None else f"; stage {other[0]}'s ranks send more{more}: its table follows"
     loads = _print_edge_table(p, st, 0, edge_loads(p, st), where)
-    spill = network_spill(p, st) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
+    spill = network_spill(p, st) if not stage_fits(loads) else None
     if spill is not None:
         _echo(f"  {spill_line(p, st, spill, step_fn)}")
-    if other is not None:
-        per = nic_bytes_per_stage(p, st)
-        _print_edge_table(p, st, other[0], other[1], f"; the stage whose busiest NIC carries the most, "
-                                                     f"{per[other[0]] / 1e9:.1f} GB per step against stage 0's "
-                                                     f"{per[0] / 1e9:.1f} GB")
+    if other is not None:  # the stage whose links are loaded most (meshplan.schedule.stage_traffic)
+        _print_edge_table(p, st, other[0], other[1], f"; {traffic_words(p, other[0])}")
 
 
 def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:

@@ -24,12 +24,14 @@ def _side_dict(s: Side) -> dict:
     return {"name": s.name, "mesh": s.mesh_text, "feasible": s.feasible, "reasons": list(s.reasons), "step_s": s.step_s,
             "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
             "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
-            "sent_bytes_per_step_by_link": dict(s.link_bytes), "exposed_s": dict(s.exposed_s)}
+            "sent_bytes_per_step_by_link": dict(s.link_bytes), "sent_bytes_stage_by_link": dict(s.link_stage),
+            "exposed_s": dict(s.exposed_s)}
 
 
 def compare_to_dict(c: Comparison) -> dict:
     """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
-    (SI; traffic as bytes each rank sends per step by link class), the knobs that differ, the
+    (SI; traffic as bytes each rank sends per step by link class, on the stage whose rank
+    sends the most, named in ``sent_bytes_stage_by_link``), the knobs that differ, the
     verdict and the rule, and the table as values (:func:`table_values`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,

@@ -18,6 +18,7 @@ from meshplan.mesh.validity import degrees
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.stage_traffic import LINKS, busiest_stage, stage_label, stage_link_bytes
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.search.candidate import megatron_split, stage_split
 from meshplan.search.columns import PIPELINE, candidate_schedule
@@ -29,8 +30,10 @@ from meshplan.units import GB
 @dataclass(frozen=True)
 class Side:
     """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
-    "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
-    the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
+    "nvlink" and "network", on the stage whose rank sends the most on that class
+    (:func:`~meshplan.schedule.stage_traffic.busiest_stage`; ``link_stage`` names it per class:
+    a MoE model's dense stage 0 sends no ep all-to-all; the stage's table: size x busbw factor x
+    count, each row split over the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
     the critical stage by stream; ``gemms``: (name, M, N, K, efficiency): each forward GEMM's
     efficiency as the step times it (:func:`~meshplan.compute.gemm.gemm_time`: the catalog's
     measured points for the GPU and dtype, interpolated, with --kernels files laid over them; the
@@ -50,12 +53,20 @@ class Side:
     exposed_s: dict = field(default_factory=dict)
     step: Optional[StepTime] = None
     simplicity: tuple[int, ...] = (0, 0, 0)
+    link_stage: dict = field(default_factory=dict)
 
     @property
     def resolved(self) -> bool:
         """Whether the mesh resolved to a plan (groups, stages, collectives); an unresolved one
         has no quantity to show ("-" in every row)."""
         return not isinstance(self.plan, Infeasible)
+
+    def stage_of(self, kind: str) -> str:
+        """``stage 1``: the stage of :attr:`link_bytes`'s ``kind``
+        (:func:`~meshplan.schedule.stage_traffic.stage_label`); empty at pp 1 or unresolved."""
+        if isinstance(self.plan, Infeasible) or kind not in self.link_stage:
+            return ""
+        return stage_label(self.link_stage[kind], self.plan.pp)
 
     def gb_sent(self, kind: str) -> str:
         """GB one rank sends per step on link class ``kind``, or "-" when unresolved."""
@@ -122,15 +133,14 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     gpu, w = plan.config.cluster.gpu, workload_of(plan)  # each GEMM in its dtype (float8 Linears: fp8)
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_time(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name), g.count).efficiency)
                   for g in plan.gemms)  # as the step times it, not the shape model alone
-    links: dict[str, float] = {}
-    for r in plan.stage(0).collectives:  # each row's bytes on the links it uses (a ring across nodes: its hops
-        for kind, b in zip(("nvlink", "network"), r.link_bytes):  # inside a node on NVLink)
-            if b and r.path.kind != "local":
-                links[kind] = links.get(kind, 0.0) + b * r.per_step
+    per = stage_link_bytes(plan)  # each stage's rank: its rows' bytes on the links they use
+    used = [kind for kind in LINKS if any(kind in d for d in per)]
+    stages = {kind: busiest_stage(per, kind) for kind in used}  # the stage sending the most, per link class
+    links = {kind: per[s][kind] for kind, s in stages.items()}
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
-                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, plan_tie_key(plan))
+                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, plan_tie_key(plan), stages)
 
 
 def plan_tie_key(plan: Plan) -> tuple[int, ...]:

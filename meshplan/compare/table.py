@@ -14,6 +14,7 @@ from meshplan.compare.sides import Side
 from meshplan.compare.verdict import Comparison
 from meshplan.compute.gemm import gemm_time
 from meshplan.plan import Plan
+from meshplan.schedule.stage_traffic import WHICH
 from meshplan.schedule.workload import workload_of
 from meshplan.units import GB, GiB, TFLOPS
 
@@ -34,8 +35,9 @@ class Row:
 
 def rows(c: Comparison) -> list[Row]:
     """The comparison's quantities: mesh, each differing knob, feasibility, step time (s), MFU
-    (fraction), peak memory (B), bytes sent per rank per step by link class, and each GEMM's
-    local (M, N, K) and efficiency."""
+    (fraction), peak memory (B), bytes sent per rank per step by link class (under a pipeline
+    with the stage they are on: each side's stage whose ranks send the most on that class), and
+    each GEMM's local (M, N, K) and efficiency."""
     out = [Row("mesh", "mesh", c.a.mesh_text, c.b.mesh_text)]
     out += [Row(k, k, x, y, knob, "unset") for k, x, y in c.knobs]
     out += [Row("feasible", "feasible", c.a.feasible, c.b.feasible),
@@ -45,6 +47,9 @@ def rows(c: Comparison) -> list[Row]:
     for kind in sorted(set(c.a.link_bytes) | set(c.b.link_bytes)):
         out.append(Row(f"{kind} GB/rank/step", f"{kind} bytes sent per rank per step", _sent(c.a, kind),
                        _sent(c.b, kind), lambda x: f"{x / GB:.1f}"))
+        if c.a.stage_of(kind) or c.b.stage_of(kind):  # a pipeline: whose bytes (meshplan.schedule.stage_traffic)
+            out.append(Row(f"{kind}: stage sending most", f"{kind} bytes sent per rank per step: stage ({WHICH})",
+                           _stage(c.a, kind), _stage(c.b, kind)))
     ga, gb = {g[0]: g for g in c.a.gemms}, {g[0]: g for g in c.b.gemms}
     both = c.a.resolved and c.b.resolved  # both resolved: the GEMMs they share; else the resolved one's, "-" beside
     for name in dict.fromkeys([*ga, *gb]):
@@ -94,6 +99,12 @@ def table_values(c: Comparison) -> list[list]:
 def _sent(s: Side, kind: str) -> Optional[float]:
     """Bytes one rank sends per step on link class ``kind``; None when unresolved."""
     return s.link_bytes.get(kind, 0.0) if s.resolved else None
+
+
+def _stage(s: Side, kind: str) -> Optional[int]:
+    """The stage of ``s``'s ``kind`` bytes (:attr:`~meshplan.compare.sides.Side.link_stage`);
+    None when unresolved."""
+    return s.link_stage.get(kind, 0) if s.resolved else None
 
 
 def _gemm(g) -> Optional[dict]:

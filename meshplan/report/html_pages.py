@@ -35,8 +35,9 @@ from meshplan.report.search import count_lines, header_lines, outcome_rows, reje
 from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines
 from meshplan.report.text import fmt_ranks, plan_replicates
-from meshplan.schedule.link_spill import overloaded_stage
+from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import top_heading
@@ -139,11 +140,11 @@ def _step(plan: Plan, st: StepTime) -> str:
     body += ("<h3>Link load per step</h3><p class=\"note\">busy = bytes over the link per step / its capacity, against "
              "the stage's compute time; GB = 1e9 B; stage 0 (rank 0, node 0)</p>")
     body += _loads_html(edge_loads(plan, st))
-    other = overloaded_stage(plan, st) if len(plan.stages) > 1 else None
-    if other is not None:  # step's second table (meshplan.schedule.link_spill.overloaded_stage)
+    other = other_stage_loads(plan, st)
+    if other is not None:  # step's second table (meshplan.schedule.link_spill.other_stage_loads)
         rank = st.example_ranks[other[0]]
-        body += (f"<p class=\"note\">stage {other[0]} (rank {rank}, node {int(plan.placement.node[rank])}): the "
-                 f"stage whose busiest NIC carries the most bytes per step, and some of its links do not fit</p>")
+        body += (f"<p class=\"note\">stage {other[0]} (rank {rank}, node {int(plan.placement.node[rank])}): "
+                 f"{esc(traffic_words(plan, other[0]))}</p>")
         body += _loads_html(other[1])
     return section("Step time", body)
 

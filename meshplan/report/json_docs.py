@@ -23,8 +23,9 @@ from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.score import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
-from meshplan.schedule.link_spill import overloaded_stage
+from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.stage_traffic import traffic_stage
 from meshplan.schedule.waits import BubbleWait
 
 #: Commands with a ``--json`` document, each with its schema file (a group's commands as
@@ -97,8 +98,10 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
              bw: Optional[BubbleWait]) -> dict[str, Any]:
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU, critical path, readiness of
-    each collective, concurrency, load per physical link, bytes each rank of the critical
-    stage sends per step by axis, the network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
+    each collective, concurrency, load per physical link, bytes each rank sends per step by axis on
+    the stage whose ranks send the most (``sent_bytes_stage``,
+    :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the
+    network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
     of ``st``, as the verdict lines were made with it (computed once by the caller)."""
     p = st.pipeline
     return envelope("step", plan, step_s=st.step_s, schedule=_schedule(st), stages=p.spec.p,
@@ -111,7 +114,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
-                    sent_bytes_per_step=weights_from_table(plan.stage(st.critical_stage).collectives),
+                    sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
+                    sent_bytes_stage=traffic_stage(plan),
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
 
 
@@ -139,9 +143,10 @@ def _link(e) -> dict[str, Any]:
 
 
 def _other_links(plan: Plan, st) -> Optional[dict[str, Any]]:
-    """The second edge-load table step prints (:func:`meshplan.schedule.link_spill.overloaded_stage`):
-    its stage and rows; null where there is none (``links`` is stage 0's)."""
-    other = overloaded_stage(plan, st) if len(plan.stages) > 1 else None
+    """The second edge-load table step prints (:func:`meshplan.schedule.link_spill.other_stage_loads`:
+    the stage whose ranks send the most, :mod:`meshplan.schedule.stage_traffic`): its stage and
+    rows; null where stage 0's links are loaded most (``links`` is stage 0's)."""
+    other = other_stage_loads(plan, st)
     return None if other is None else {"stage": other[0], "links": [_link(e) for e in other[1]]}
 
 

@@ -10,7 +10,7 @@ traffic shorten the step: ``reshard_after_forward = false`` 27.95 s (-7.0%),
 
 The numbers are the edge-load table's (:func:`meshplan.schedule.linkload.edge_loads`: bytes per
 step / line rate against the stage's compute time, the window the table names). Where the
-busiest edge of stage 0 (or of the stage whose NICs carry the most,
+busiest edge of stage 0 (or of the stage whose ranks send the most,
 :func:`~meshplan.schedule.link_spill.heaviest_nic_stage`) is busy :data:`LINK_BOUND_SHARE` of
 its window or more, one line names the edge, its busy time, the collectives that load it (bytes
 per step on that edge, by stream, phase and op) and, where those are FSDP's re-gathers, the FSDP
@@ -45,7 +45,7 @@ MINOR = 0.01
 
 def _busiest(plan: Plan, st) -> Optional[tuple[int, EdgeLoad, list[EdgeLoad]]]:
     """(stage, its busiest edge by busy / window, that stage's loads) over stage 0 and the stage
-    whose NICs carry the most; None without edges."""
+    whose ranks send the most (meshplan.schedule.stage_traffic); None without edges."""
     stages = [0] + [s for s in [heaviest_nic_stage(plan, st) if len(plan.stages) > 1 else None] if s]
     best = None
     for s in stages:

@@ -21,10 +21,12 @@ blocking TP): fsdp runs 1410.94 ms against 1097.69 ms of compute; 333.19 ms of i
 compute, of which 54.05 ms exposed (as the parts line prints it) and 279.14 ms while the compute
 waits for tp; with async TP the exposed fsdp is 227.86 ms (tests/test_link_spill.py).
 
-The edge-load table is stage 0's; :func:`heaviest_nic_stage` names the stage whose node's NICs
-carry the most bytes per step when that is another, and where one of its network edges does not
-fit its own window (:func:`overloaded_stage`: a MoE model whose dense first stage sends nothing
-over ep, while the expert stages' all-to-alls cross the NICs) step prints that stage's table too.
+The edge-load table is stage 0's; :func:`heaviest_nic_stage` names the stage whose links are
+loaded most when that is another (:func:`meshplan.schedule.stage_traffic.traffic_stage`, the
+one home of that choice: the stage whose ranks send the most over the network), and step prints
+that stage's table too (:func:`other_stage_loads`: a MoE model whose dense first stage sends
+nothing over ep, while the expert stages' all-to-alls cross the NICs; or a dense model's middle
+stages, a layer more than stage 0's), labelled, whether or not its edges fit.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.linkload import StageDetail, compute_window_s, edge_loads
 from meshplan.schedule.netload import network_loads
 from meshplan.schedule.pipeline_exposure import unit_exposure
+from meshplan.schedule.stage_traffic import traffic_stage
 from meshplan.schedule.verdict import stream_of
 
 
@@ -187,21 +190,27 @@ def nic_bytes_per_stage(plan: Plan, st) -> list[float]:
     return out
 
 
-def heaviest_nic_stage(plan: Plan, st) -> int | None:
-    """The stage whose node's busiest NIC carries the most bytes per step
-    (:func:`nic_bytes_per_stage`), the lowest such stage; None with one stage or where stage 0
-    carries as much (within 1e-9): the table of stage 0 already shows the worst NIC then."""
-    per = nic_bytes_per_stage(plan, st)
-    top = max(range(len(per)), key=lambda s: per[s])
-    return None if per[top] <= per[0] * (1 + 1e-9) else top
-
-
-def overloaded_stage(plan: Plan, st) -> Optional[tuple[int, list]]:
-    """(stage, its :func:`~meshplan.schedule.linkload.edge_loads`) for :func:`heaviest_nic_stage`
-    where a NIC or uplink of it does not fit; None otherwise (a few percent more bytes on a
-    stage with one layer more, every edge fitting, is not worth a second table)."""
-    heavy = heaviest_nic_stage(plan, st) if len(plan.stages) > 1 else None
-    if heavy is None:
+def heaviest_nic_stage(plan: Plan, st=None) -> int | None:
+    """The stage whose links are loaded most
+    (:func:`~meshplan.schedule.stage_traffic.traffic_stage`: its ranks send the most bytes per
+    step over the network), None with one stage or where that is stage 0 (within 1e-9): the
+    table of stage 0 already shows the busiest links then. ``st`` is unused (the choice is the
+    collective tables', no timeline needed); kept so callers pass their step."""
+    if len(plan.stages) == 1:
         return None
-    loads = edge_loads(plan, st, heavy)
-    return (heavy, loads) if any(not e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge) else None
+    return traffic_stage(plan) or None
+
+
+def other_stage_loads(plan: Plan, st) -> Optional[tuple[int, list]]:
+    """(stage, its :func:`~meshplan.schedule.linkload.edge_loads`) for :func:`heaviest_nic_stage`,
+    the second edge-load table step prints, whether or not its edges fit; None where stage 0's
+    links are loaded most. Llama-3-405B at pp 16: stage 1 (8 layers, 122.3 GB per rank per step
+    on the network) against stage 0 (7 layers, 116.2 GB)."""
+    heavy = heaviest_nic_stage(plan, st)
+    return None if heavy is None else (heavy, edge_loads(plan, st, heavy))
+
+
+def stage_fits(loads: list) -> bool:
+    """Whether every NIC and rail uplink of an edge-load table fits its window (NVLink aside:
+    the spill line is the network's)."""
+    return all(e.fits for e in loads if "NIC" in e.edge or "uplink" in e.edge)
