@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
+from meshplan.comm.fsdp_rows import pipeline_window
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import flop_gap, sequence_model_flops
 from meshplan.errors import ConfigError
@@ -85,7 +86,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                         p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
-                      cfg.training.reshard_head_after_forward)
+                      cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
     spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
