@@ -39,7 +39,7 @@ from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
-from meshplan.pipeline.unshard_window import TORCH_WINDOW, evicted
+from meshplan.pipeline.unshard_window import evicted, pipeline_window
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import dtype_bytes
@@ -293,9 +293,9 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
     ``reshard_after_forward``; never the root), and is gathered whenever a pass finds it
     sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`. ``reshard_after_backward``
     (pp 1, ``training.grad_accumulation = "no_sync"``): every backward but the last reshards.
-    ``window`` (:func:`pipeline_window`; 0: none): torch's multi-stage schedules keep that many
-    local stages unsharded and reshard the others, so at vpp > ``window`` a pass also gathers
-    when its chunk was evicted since its previous op
+    ``window`` (:func:`~meshplan.pipeline.unshard_window.pipeline_window`; 0: none): torch's
+    multi-stage schedules keep that many local stages unsharded and reshard the others, so at
+    vpp > ``window`` a pass also gathers when its chunk was evicted since its previous op
     (:func:`meshplan.pipeline.unshard_window.evicted`, torch 2.13 ``_add_unshard_reshard``).
 
     >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=False)
@@ -313,13 +313,6 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
 
 #: Largest ``micro x vpp`` whose gather flags :func:`fsdp_gather_flags` keeps (a copy is returned).
 _CACHED_PASSES = 1024
-
-
-def pipeline_window(framework: str, pp: int) -> int:
-    """Local stages torch's pipeline runtime keeps unsharded (:data:`~meshplan.pipeline.
-    unshard_window.TORCH_WINDOW`) under ``training.framework = "torch"`` with pp > 1; 0 (no
-    window) otherwise: Megatron-LM's interleaved schedule and pp 1 evict nothing."""
-    return TORCH_WINDOW if framework == "torch" and pp > 1 else 0
 
 
 def _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward, window=0) -> dict:

@@ -89,13 +89,16 @@ KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", 
 
 class PassBuilder:
     """Events of one pass. ``gathered``: units unsharded when it starts; ``first`` and
-    ``last``: first and last backward of this chunk in the step. After :meth:`build`,
+    ``last``: first and last backward of this chunk in the step; ``evict``: torch's pipeline
+    schedule resharded the chunk since its previous pass (its window of 3 local stages,
+    :func:`meshplan.pipeline.unshard_window.evicted`): the units held are released first, so
+    the chunk holds its shard only and the pass gathers it again. After :meth:`build`,
     ``gathered`` holds the units still unsharded when it ends."""
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
-                 first: bool = False, last: bool = False):
+                 first: bool = False, last: bool = False, evict: bool = False):
         self.sz, self.phase, self.chunk = sizes, phase, chunk
-        self.gathered, self.first, self.last = set(gathered), first, last
+        self.gathered, self.first, self.last, self.evict = set(gathered), first, last, evict
         self.events: list[Entry] = []
         self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
@@ -103,6 +106,9 @@ class PassBuilder:
         self.keys = sizes.chunk_units(chunk)
 
     def build(self) -> tuple[Entry, ...]:
+        if self.evict:
+            for key in self.keys:
+                self._release(key, "by the pipeline schedule's window (RESHARD)")
         if self.phase == "forward":
             self._forward()
         else:

@@ -32,11 +32,18 @@ import numpy as np
 TORCH_WINDOW = 3
 
 
+def pipeline_window(framework: str, pp: int) -> int:
+    """Local stages torch's pipeline runtime keeps unsharded (:data:`TORCH_WINDOW`) under
+    ``training.framework = "torch"`` with pp > 1; 0 (no window) otherwise: Megatron-LM's
+    interleaved schedule and pp 1 evict nothing."""
+    return TORCH_WINDOW if framework == "torch" and pp > 1 else 0
+
+
 def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
     """(n,) bool per op of one rank's order (``chunk``: (n,) local chunk of each compute op, F,
     B, I and W alike, in order): True where the schedule resharded the op's chunk since its
     previous op (module docstring: ``window`` or more distinct other chunks between them); False
-    on a chunk's first op. Vectorised: ``nxt[c, j]``, the first position >= j holding chunk c,
+    on a chunk's first op; all False for ``window`` 0 (no window). Vectorised: ``nxt[c, j]``, the first position >= j holding chunk c,
     counts for each op the other chunks that occur between its chunk's previous op and it;
     O(v n) memory."""
     ch = np.asarray(chunk, dtype=np.int64)
@@ -44,7 +51,7 @@ def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np
     if n == 0:
         return np.zeros(0, dtype=bool)
     v = int(ch.max()) + 1
-    if v <= window:
+    if window <= 0 or v <= window:  # no window (0), or it holds every chunk
         return np.zeros(n, dtype=bool)
     idx = np.arange(n)
     nxt = np.full((v, n + 1), n, dtype=np.int64)

@@ -36,13 +36,13 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
-from meshplan.comm.fsdp_rows import pipeline_window
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import flop_gap, sequence_model_flops
 from meshplan.errors import ConfigError
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap, plan_overlap  # noqa: F401 (config_overlap: re-exported)

@@ -29,7 +29,7 @@ class UnitTimes:
     :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` and the chunk's last gradient unit,
     and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
     resharded after every backward) or ``no_sync_unsharded`` (kept gathered). ``window``: torch's
-    window of unsharded local stages (:func:`~meshplan.comm.fsdp_rows.pipeline_window`), whose
+    window of unsharded local stages (:func:`~meshplan.pipeline.unshard_window.pipeline_window`), whose
     evictions at vpp > 3 make a chunk's next pass gather again.
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
