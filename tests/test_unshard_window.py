@@ -82,3 +82,25 @@ def test_gather_flags_count_torchs_unshards(p, m, v):
         assert Counter(c for (c, _, _), g in flags.items() if g) == Counter(c for _, c in pos)
         assert sum(fsdp_gather_flags("interleaved_1f1b", p, m, v, r, False).values()) == v
     assert len(torch_unshards("interleaved_1f1b", 2, 8, 4, 0)[0]) == 15
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 2, 4), (2, 8, 4), (4, 8, 5)])
+def test_runtime_names_each_unshard_by_the_pass_it_prefetches_for(p, m, v):
+    """runtime.execution.unshard_labels: each UNSHARD of a chunk is named by the chunk's next
+    compute action in torch's lowered order, which is the pass the plan counts the gather on
+    (reshard_after_forward false: the passes fsdp_gather_flags flags, in order). Hand-derived
+    for p 2, m 2, v 4, rank 0: chunk 0 is unsharded before F0.c0 and again before B0.c0."""
+    from meshplan.runtime.execution.unshard_labels import unshard_phases
+
+    sched = get("interleaved_1f1b")
+    for r in range(p):
+        stages = [FakeStage(sched.virtual_stage(c, r, p, v), p * v, p, r, []) for c in range(v)]
+        actions = S.ScheduleInterleaved1F1B(stages, m).pipeline_order_with_comms[r]
+        flags = fsdp_gather_flags("interleaved_1f1b", p, m, v, r, False, window=3)
+        for c, st in enumerate(stages):
+            want = [{"F": "forward", "B": "backward"}[k] for (ch, k, _), g in flags.items() if g and ch == c]
+            assert list(unshard_phases(actions, st.stage_index)) == want
+    if (p, m, v) == (2, 2, 4):
+        stages = [FakeStage(sched.virtual_stage(c, 0, 2, 4), 8, 2, 0, []) for c in range(4)]
+        assert unshard_phases(S.ScheduleInterleaved1F1B(stages, 2).pipeline_order_with_comms[0], 0) == \
+            ("forward", "backward")
