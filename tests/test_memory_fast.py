@@ -182,9 +182,9 @@ def test_allowance_shift_equals_a_new_scan(frag, want):
 def test_fast_equals_reference_where_the_window_evicts(keys_path):
     """Interleaved 1F1B at vpp 4 (pp 2, 8 layers: one per virtual stage) under torch: the
     schedule's window of 3 local stages reshards chunks between their passes
-    (meshplan.pipeline.unshard_window); both paths release the evicted chunk's gathered layer
-    and gather it again, once per eviction (reshard_after_forward false: every eviction finds
-    its chunk's layer gathered)."""
+    (meshplan.pipeline.unshard_window); both paths release the chunk's gathered layer at the end
+    of the pass after which torch reshards it, and its next pass gathers it again, once per
+    eviction (reshard_after_forward false: every eviction finds its chunk's layer gathered)."""
     from meshplan.memory.schedule import stage_op_arrays
     from meshplan.pipeline.unshard_window import evicted
 

@@ -11,23 +11,23 @@ from torch.distributed.pipelining import schedules as S
 
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.pipeline.registry import get
-from meshplan.pipeline.unshard_window import evicted, unshard_positions, unshards
+from meshplan.pipeline.unshard_window import evicted, released_after, unshard_positions, unshards
 
 from tests.test_schedule_registry import FakeStage
 
 COMPUTE = (S.FORWARD, S.FULL_BACKWARD, S.BACKWARD_INPUT, S.BACKWARD_WEIGHT, S.OVERLAP_F_B)
 
 
-def torch_unshards(schedule: str, p: int, m: int, v: int, rank: int) -> tuple[list, list]:
-    """(UNSHARD positions as (compute ops before it, local chunk), compute ops' local chunks)
-    of ``rank`` in torch's lowered order (``pipeline_order_with_comms``)."""
+def torch_unshards(schedule: str, p: int, m: int, v: int, rank: int, kind=S.UNSHARD) -> tuple[list, list]:
+    """(UNSHARD (or ``kind``) positions as (compute ops before it, local chunk), compute ops'
+    local chunks) of ``rank`` in torch's lowered order (``pipeline_order_with_comms``)."""
     sched = get(schedule)
     stages = [FakeStage(sched.virtual_stage(c, rank, p, v), p * v, p, rank, []) for c in range(v)]
     chunk_of = {st.stage_index: c for c, st in enumerate(stages)}
     run = getattr(S, sched.torch_class)(stages, m)
     pos, ops = [], []
     for a in run.pipeline_order_with_comms[rank]:
-        if a.computation_type == S.UNSHARD:
+        if a.computation_type == kind:
             pos.append((len(ops), chunk_of[a.stage_index]))
         elif a.computation_type in COMPUTE:
             for x in (a.sub_actions if a.computation_type == S.OVERLAP_F_B else (a,)):
@@ -55,6 +55,10 @@ def test_unshards_are_torchs(schedule, p, m, v):
         assert Counter(c for _, c in pos) == Counter(c for c, f in zip(chunks, unshards(chunks)) if f)
         if v <= 3:
             assert len(pos) == v
+        # RESHARDs of a chunk with ops left (not of a chunk done with the step): right after
+        # released_after's ops
+        resh = [(i, c) for i, c in torch_unshards(schedule, p, m, v, r, S.RESHARD)[0] if c in ops[i:]]
+        assert sorted(resh) == sorted((i + 1, ops[i]) for i in range(len(ops)) if released_after(ops)[i])
 
 
 def test_hand_derived_eviction():
@@ -66,6 +70,7 @@ def test_hand_derived_eviction():
     chunks = [u.chunk for u in get("interleaved_1f1b").order(2, 2, 4, 0)]
     assert chunks == [0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]
     assert evicted(chunks).tolist() == [False] * 14 + [True, False]
+    assert released_after(chunks).tolist() == [False, True] + [False] * 14  # RESHARD of c0 before op 2
     assert unshard_positions(chunks) == [(0, 0), (0, 1), (0, 2), (2, 3), (10, 0)]
     assert torch_unshards("interleaved_1f1b", 2, 2, 4, 0)[0] == [(0, 0), (0, 1), (0, 2), (2, 3), (10, 0)]
 

@@ -90,9 +90,11 @@ KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", 
 class PassBuilder:
     """Events of one pass. ``gathered``: units unsharded when it starts; ``first`` and
     ``last``: first and last backward of this chunk in the step; ``evict``: torch's pipeline
-    schedule resharded the chunk since its previous pass (its window of 3 local stages,
-    :func:`meshplan.pipeline.unshard_window.evicted`): the units held are released first, so
-    the chunk holds its shard only and the pass gathers it again. After :meth:`build`,
+    schedule reshards the chunk right after this pass (its window of 3 local stages moves past
+    it, :func:`meshplan.pipeline.unshard_window.released_after`): the units still held are
+    released at the pass's end, so the chunk holds its shard only and its next pass gathers it
+    again (there, not at torch's UNSHARD up to 2 ops earlier: the prefetched bytes are not
+    counted during those ops). After :meth:`build`,
     ``gathered`` holds the units still unsharded when it ends."""
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
@@ -106,13 +108,13 @@ class PassBuilder:
         self.keys = sizes.chunk_units(chunk)
 
     def build(self) -> tuple[Entry, ...]:
-        if self.evict:
-            for key in self.keys:
-                self._release(key, "by the pipeline schedule's window (RESHARD)")
         if self.phase == "forward":
             self._forward()
         else:
             self._backward()
+        if self.evict:
+            for key in self.keys:
+                self._release(key, "by the pipeline schedule's window (RESHARD)")
         return tuple(self.events)
 
     # helpers -----------------------------------------------------------------------

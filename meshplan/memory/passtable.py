@@ -161,8 +161,8 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = No
                passes: Optional[list] = None, chunk: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
     """States closed over from the empty set: ``(next state, key index)``, each (states,
     tokens), and the built passes ``(key, template)`` by key index. A token is (phase 0/1,
-    chunk, first, last, evicted) as one row of ``tokens``. ``built`` and ``passes``: the passes built
-    so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
+    chunk, first, last, released after) as one row of ``tokens``. ``built`` and ``passes``: the
+    passes built so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
     tokens are that chunk's alone, and :class:`_Entangled` is raised if a pass leaves a unit
     of another chunk unsharded (its states would then not be the chunk's own)."""
     units = {c: frozenset(sizes.chunk_units(c)) for c in {int(t[1]) for t in tokens}}
@@ -290,8 +290,8 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     """The passes (init, one per op, step) and templates of a stage whose ops are the
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`); ``evict`` (bool per op, default none):
-    the ops whose chunk the pipeline schedule's window resharded before them
-    (:func:`meshplan.pipeline.unshard_window.evicted`)."""
+    the ops after which the pipeline schedule's window reshards their chunk
+    (:func:`meshplan.pipeline.unshard_window.released_after`)."""
     first, last = backward_flags(phase, chunk)
     ev = np.zeros(len(phase), np.int64) if evict is None else np.asarray(evict, np.int64)
     code = (((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev

@@ -32,8 +32,8 @@ def _backward_flags(ops) -> tuple[set, set]:
 
 
 def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTable, list[tuple]]:
-    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, evicted)
-    built once; ``evict``: per op, whether the schedule's window resharded its chunk before it."""
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after)
+    built once; ``evict``: per op, whether the schedule's window reshards its chunk after it."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
     cache: dict = {}

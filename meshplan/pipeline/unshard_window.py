@@ -74,6 +74,17 @@ def _previous_same(ch: np.ndarray) -> np.ndarray:
     return prev
 
 
+def released_after(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
+    """(n,) bool: the ops after which the schedule reshards their chunk (RESHARD before the next
+    op: the window from op ``a + 1`` misses the chunk), i.e. the previous op of the chunk of each
+    :func:`evicted` op. A chunk so released holds its shard only until it is unsharded again."""
+    ch = np.asarray(chunk, dtype=np.int64)
+    out = np.zeros(len(ch), dtype=bool)
+    ev = evicted(ch, window)
+    out[_previous_same(ch)[ev]] = True
+    return out
+
+
 def unshards(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
     """(n,) bool: the ops before which the schedule's window has all-gathered their chunk since
     its previous op: a chunk's first op, and every op that finds it :func:`evicted`. Their sum is
