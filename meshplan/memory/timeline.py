@@ -229,7 +229,7 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     # ZB-V and DualPipeV hold 2 stages a rank, so the F/B ops alone give the same evictions)
     evict = released_after(chunk, pipeline_window(t.framework, len(plan.stages))) if plan.vpp > TORCH_WINDOW \
         and sizes.fsdp else None
-    passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict) if reference \
+    passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist()) if reference \
         else pass_table(sizes, phase, chunk, mb, evict)
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
