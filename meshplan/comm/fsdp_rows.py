@@ -24,7 +24,9 @@ DeepSpeed's of 2021 in :mod:`meshplan.comm.deepspeed_rows`), the stage's FSDP un
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
   fake process group (``tests/test_grad_accumulation.py``).
 - With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
-  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
+  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`): under
+  torch also after its window of 3 local stages evicted it (vpp > 3,
+  :mod:`meshplan.pipeline.unshard_window`).
 """
 
 from __future__ import annotations
