@@ -177,3 +177,21 @@ def test_allowance_shift_equals_a_new_scan(frag, want):
                     "activations": 5}
     for other in (scan(table, templates), ref_scan(table, templates)):
         assert (other[0], other[1], other[2].tolist(), other[3]) == (n, off, at.tolist(), kmax)
+
+
+def test_fast_equals_reference_where_the_window_evicts(keys_path):
+    """Interleaved 1F1B at vpp 4 (pp 2, 8 layers: one per virtual stage) under torch: the
+    schedule's window of 3 local stages reshards chunks between their passes
+    (meshplan.pipeline.unshard_window); both paths release the chunk's gathered layer at the end
+    of the pass after which torch reshards it, and its next pass gathers it again, once per
+    eviction (reshard_after_forward false: every eviction finds its chunk's layer gathered)."""
+    from meshplan.memory.schedule import stage_op_arrays
+    from meshplan.pipeline.unshard_window import evicted
+
+    for m, reshard in itertools.product((4, 8), (True, False)):
+        plan = plan_of(pp=2, schedule="interleaved_1f1b", vpp=4, m=m, reshard=reshard)
+        assert_same(plan)
+        for k, tl in enumerate(plan.timelines):
+            released = [e for e in tl.events() if e.label.startswith("layer ") and "schedule's window" in e.label]
+            n = int(evicted(stage_op_arrays("interleaved_1f1b", k, 2, m, 4)[1]).sum())
+            assert n > 0 and (len(released) == n if not reshard else len(released) <= n)

@@ -86,7 +86,11 @@ def _mesh(sharding: str, schedule: str, vpp: int) -> dict:
             "virtual_stages": vpp}
 
 
-@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+#: interleaved 1F1B beyond torch's window of 3 unsharded local stages (8 layers: one per virtual stage)
+EVICTING = [("interleaved_1f1b", 4)]
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES + EVICTING)
 @pytest.mark.parametrize("sharding", SHARDINGS)
 @pytest.mark.parametrize("reshard", [True, False])
 def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sharding, reshard):
@@ -96,10 +100,14 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
     layer gathers x m 4 = 16 per stage for the table's 2 + 1 root) and reduce-scattered every
     micro-batch where PipelineStage reduces once per step. The ends are torchtitan's units at
     pp 2 too: the embedding's on stage 0 (gathered again in backward when resharded, as chunk
-    0's layers), [norm, output] on the stage holding the last chunk (once per step)."""
+    0's layers), [norm, output] on the stage holding the last chunk (once per step). At vpp 4
+    torch's window of 3 local stages evicts chunks and gathers them again
+    (meshplan.pipeline.unshard_window): the table and the timeline count the same re-gathers."""
     # DualPipeV needs m >= 2 pp: 4 micro-batches also with hsdp's dp 4
     batch = {"global_batch": 16} if schedule == "dualpipev" and sharding == "hsdp" else {}
-    plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard, **batch)
+    model = dict(TINY, layers=2 * vpp) if vpp > 2 else TINY
+    plan = plan_of(_mesh(sharding, schedule, vpp), model=model, sharding=sharding, reshard_after_forward=reshard,
+                   **batch)
     st = step_time(plan)
     for s in range(2):
         assert timeline_counts(st, s) == table_counts(plan, s), (s, table_counts(plan, s))
@@ -107,10 +115,13 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
         head = 0 if schedule in ("zbv", "dualpipev") else 1  # a V's stage 0 holds the last chunk
         counts = table_counts(plan, 0) + table_counts(plan, 1)
         assert table_counts(plan, 0)[("shard", "root_embed", "forward", "all-gather")] >= 1
-        assert table_counts(plan, head)[("shard", "root_head", "forward", "all-gather")] == 1
+        # [norm, output] is never resharded by FSDP: once per step, or once per window UNSHARD at vpp 4
+        again = fsdp_gather_flags(schedule, 2, plan.micro_batches, vpp, head, False, window=3)
+        assert table_counts(plan, head)[("shard", "root_head", "forward", "all-gather")] == \
+            sum(g for (c, _, _), g in again.items() if c == vpp - 1) >= 1
         assert table_counts(plan, 0)[("shard", "root_embed", "backward", "all-gather")] == \
-            (reshard and sum(g for (c, k, _), g in fsdp_gather_flags(schedule, 2, plan.micro_batches, vpp, 0, True).items()
-                             if c == 0 and k == "B"))
+            sum(g for (c, k, _), g in fsdp_gather_flags(schedule, 2, plan.micro_batches, vpp, 0, reshard,
+                                                        window=3).items() if c == 0 and k == "B")
         assert not any(k[1] == "root" for k in counts), counts
     if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + the end unit
         assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2

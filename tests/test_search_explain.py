@@ -55,18 +55,20 @@ def test_a_tie_straddling_row_n_leaves_the_fastest_out_by_less_than_the_toleranc
             assert max(st[j] for j in shown) <= min(st[j] for j in out) * (1 + TIE) * (1 + 1e-12)
 
 
-def test_search_title_where_the_fastest_mesh_is_left_out(tmp_path, capsys):
+def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys):
     """The mini example's search narrowed to tp 1, pp 1 or 2 and dp_shard up to 4 (which leaves
     out its faster dp_shard 8, dp_shard 4 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2 and pp 4 x
-    dp_shard 2), top 2: the fastest planned mesh, pp 2 x dp_shard 2 x cp 2 (vpp 8) at 7.581 s,
-    is not listed: the rows are two simpler meshes within 1% of it, dp_replicate 2 x dp_shard 4
-    (7.614 s) and dp_shard 4 x cp 2 (7.616 s; 7.616 / 7.581 - 1 = 0.46% < 1%), 2 axes of degree
-    > 1 against its 3. The title says the order is not plain step time. What brings the fastest
-    this close is torch's CP ring (meshplan.compute.ring_attention), eager: per layer and
-    micro-batch its local Q is n_q = 32 heads x 8192 / cp 2 x 128 = 16,777,216 elements, K and
-    V 2 n_q (repeat_kv), no recompute: forward n_q (12 + 38) + 2 n_q x 8 = 66 n_q, backward
-    n_q (10 + 20) + 2 n_q (24 + 17 + 16) = 144 n_q; stage 0's 16 layers x 32 micro-batches (64 /
-    dp 2) x 210 n_q at the H100's Triad 2.97 TB/s (kernels.toml) are 0.607 s of its step."""
+    dp_shard 2), top 2: the rows are dp_replicate 2 x dp_shard 4 (7.614 s) and dp_shard 4 x cp 2
+    (7.616 s), and they are the fastest: no title line names a faster mesh left out. Before torch's
+    window of 3 unsharded local stages was planned (meshplan.pipeline.unshard_window), pp 2 x
+    dp_shard 2 x cp 2 at vpp 8 was the fastest at 7.581 s and not listed (within 1%); its 8 chunks
+    per rank are now evicted and all-gathered again (FSDP over dp_shard, reshard_after_forward
+    false), 7.850 s. What brought it close is torch's CP ring (meshplan.compute.ring_attention),
+    eager: per layer and micro-batch its local Q is n_q = 32 heads x 8192 / cp 2 x 128 =
+    16,777,216 elements, K and V 2 n_q (repeat_kv), no recompute: forward n_q (12 + 38) + 2 n_q x
+    8 = 66 n_q, backward n_q (10 + 20) + 2 n_q (24 + 17 + 16) = 144 n_q; stage 0's 16 layers x 32
+    micro-batches (64 / dp 2) x 210 n_q at the H100's Triad 2.97 TB/s (kernels.toml) are 0.607 s
+    of its step."""
     import re
 
     from meshplan import cli
@@ -84,23 +86,21 @@ def test_search_title_where_the_fastest_mesh_is_left_out(tmp_path, capsys):
     assert done.value.code == 0 and top_heading(2) in text
     rows = [float(x) for x in re.findall(r"│ \d │ [^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│ +([\d.]+) │", text)]
     meshes = re.findall(r"│ \d │ ((?:pp|dp_replicate|dp_shard|cp|tp) \d[^│]*?) +│", text)
-    fastest = float(re.search(r"fastest's \(pp 2 x dp_shard 2 x cp 2, mb 1, none, vpp 8, .*?not listed, ([\d.]+) s\)",
-                              text).group(1))
     assert meshes == ["dp_replicate 2 x dp_shard 4", "dp_shard 4 x cp 2"]
-    assert rows == [7.614, 7.616] and fastest == 7.581 and max(rows) <= fastest * (1 + TIE)
-    # the ring's share of the fastest's step, derived in the docstring
+    assert rows == [7.614, 7.616] and "longer than the fastest's" not in text
     cfg = load_config(path)
     mesh = {"names": ["pp", "dp_shard", "cp"], "shape": [2, 2, 2], "virtual_stages": 8,
             "pp_schedule": "interleaved_1f1b"}
     training = cfg.training.model_copy(update={"reshard_after_forward": False})
     plan = build_plan(dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update=mesh), training=training))
+    assert round(step_time(plan).step_s, 3) == 7.850 > max(rows)
     ops = [o for chunk in chunk_costs(plan, workload_of(plan))[0] for layer in chunk.layers for o in layer.ops
            if o.name.startswith("cp ring")]
     n_q = 32 * 4096 * 128
     assert sum(o.size_bytes for o in ops) == 16 * 210 * n_q
     ring_s = 32 * sum(o.seconds for o in ops)
     assert ring_s == pytest.approx(32 * 16 * 210 * n_q / kernel_data(plan.config.cluster.gpu).stream_bytes_per_s)
-    assert round(ring_s, 3) == 0.607 and round(step_time(plan).step_s, 3) == fastest
+    assert round(ring_s, 3) == 0.607
 
 
 def test_tie_order_prefers_the_lower_peak_after_the_keys():

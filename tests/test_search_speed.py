@@ -14,6 +14,8 @@ ranking's, with the same step times to the bit and the same peaks.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -116,23 +118,24 @@ def test_step_only_equals_the_complete_evaluation(case):
         assert light.mfu == full.mfu and light.tokens_per_s == full.tokens_per_s
 
 
-@pytest.mark.parametrize("schedule,vs", [("1f1b", [1]), ("interleaved_1f1b", [2, 4]), ("zbv", [2]),
+@pytest.mark.parametrize("schedule,vs", [("1f1b", [1]), ("interleaved_1f1b", [2, 4, 5]), ("zbv", [2]),
                                          ("dualpipev", [2])])
 def test_gathering_passes_on_arrays_equal_the_gather_flags(schedule, vs):
     """The search's per-stage count of gathering passes (on the order arrays) equals the
-    count of :func:`fsdp_gather_flags`, the rule the collective table and the timeline use."""
+    count of :func:`fsdp_gather_flags`, the rule the collective table and the timeline use,
+    without and with torch's window of 3 local stages (which evicts at vpp 4 and 5)."""
     checked = 0
     for p in (2, 3, 4):
         for m in (2, 4, 8, 12):
             for v in vs:
                 if get(schedule).reasons(p, m, v):
                     continue
-                for reshard in (False, True):
+                for reshard, window in itertools.product((False, True), (0, 3)):
                     want = np.zeros((2, p))
                     for s in range(p):
-                        for (_, kind, _), g in fsdp_gather_flags(schedule, p, m, v, s, reshard).items():
+                        for (_, kind, _), g in fsdp_gather_flags(schedule, p, m, v, s, reshard, window=window).items():
                             want[int(kind != "F"), s] += g
-                    assert _gathers.__wrapped__(schedule, p, m, v, reshard).tolist() == want.tolist()
+                    assert _gathers.__wrapped__(schedule, p, m, v, reshard, window).tolist() == want.tolist()
                     checked += 1
     assert checked >= 8
 
@@ -155,13 +158,14 @@ def test_dag_on_arrays_gives_the_reference_simulation_stage_ends(schedule, p, m,
 
 
 @pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 8, 1), ("interleaved_1f1b", 2, 4, 2),
-                                            ("interleaved_1f1b", 4, 8, 3)])
+                                            ("interleaved_1f1b", 4, 8, 3), ("interleaved_1f1b", 2, 8, 4),
+                                            ("interleaved_1f1b", 4, 8, 5)])
 def test_gathering_units_of_the_dag_equal_the_gather_flags(schedule, p, m, v):
     dag = build_dag(schedule, p, m, v)
-    for reshard in (False, True):
-        flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard) for s in range(p)]
+    for reshard, window in itertools.product((False, True), (0, 3)):
+        flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard, window=window) for s in range(p)]
         want = np.zeros((2, dag.stage.size))
         for i in range(dag.stage.size):
             kind = "B" if dag.backward[i] else "F"
             want[int(dag.backward[i]), i] = flags[dag.stage[i]][(int(dag.chunk[i]), kind, int(dag.mb[i]))]
-        assert gathering_units(schedule, p, m, v, reshard).tolist() == want.tolist()
+        assert gathering_units(schedule, p, m, v, reshard, window).tolist() == want.tolist()

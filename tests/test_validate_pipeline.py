@@ -129,6 +129,29 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path, m)
     assert r["comparison"]["differences"] == []  # the FSDP rows too (pipelined.label_unshard)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("reshard", [False, True])
+def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(tmp_path, reshard):
+    """pp 2 x vpp 4 (8 virtual stages, one layer each) x dp_shard 2, m 4: torch 2.13's window of
+    3 local stages evicts chunks and unshards them again (meshplan.pipeline.unshard_window); the
+    plan counts those all-gathers on the pass each UNSHARD prefetches for and the recorder names
+    them so (pipelined.label_unshard): every FSDP row matches, none left in phase schedule."""
+    cfg = load_config(PP_FSDP)
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
+                                                                     "virtual_stages": 4}),
+                              training=cfg.training.model_copy(update={"reshard_after_forward": reshard}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(4,), layers=8, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=200), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    gathers = [row for row in r["comparison"]["collectives"] if row["op"] == "all-gather" and row["axis"] != "pp"]
+    assert gathers and all(row["rank0"] == row["meshplan_rank0"] for row in gathers), gathers
+    assert r["comparison"]["differences"] == []
+    assert not [row for row in r["comparison"]["collectives"] if row["phase"] == "schedule"]
+
+
 # pp 2 x tp 2 with sequence parallelism (torchtitan's order: TP on each stage module, then
 # FSDP2, then PipelineStage). Between stages runs the residual stream as the TP plan leaves it,
 # a plain tensor (row-parallel outputs are local): under SP each tp rank sends its own sequence

@@ -24,7 +24,9 @@ DeepSpeed's of 2021 in :mod:`meshplan.comm.deepspeed_rows`), the stage's FSDP un
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
   fake process group (``tests/test_grad_accumulation.py``).
 - With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
-  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
+  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`): under
+  torch also after its window of 3 local stages evicted it (vpp > 3,
+  :mod:`meshplan.pipeline.unshard_window`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
 from meshplan.memory.deepspeed_fetch import layer_param_bytes
+from meshplan.pipeline.unshard_window import evicted, pipeline_window
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import dtype_bytes
@@ -249,7 +252,8 @@ def _pipelined_gathers(c: StageContext, root: bool, chunks: list[int]) -> tuple[
     runs of ``micro / r`` micro-batches starts from sharded parameters (the previous run's
     ``perform_reduce_grad`` resharded them): r times one run's gathers."""
     flags = fsdp_gather_flags(c.schedule, c.mesh.degree("pp"), c.micro // c.runs, c.vpp, c.stage,
-                              c.training.reshard_after_forward and not root)
+                              c.training.reshard_after_forward and not root,
+                              window=pipeline_window(c.training.framework, c.mesh.degree("pp")))
     per = Counter((ch, k) for (ch, k, _), g in flags.items() if g)
     return c.runs * sum(per[(ch, "F")] for ch in chunks), c.runs * sum(per[(ch, "B")] for ch in chunks)
 
@@ -284,7 +288,8 @@ def _accumulation_gathers(c: StageContext, root: bool, n: int) -> Optional[tuple
 
 
 def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: int,
-                      reshard: bool, reshard_after_backward: bool = False) -> dict[tuple[int, str, int], bool]:
+                      reshard: bool, reshard_after_backward: bool = False,
+                      window: int = 0) -> dict[tuple[int, str, int], bool]:
     """Whether each F or B pass ``(chunk, kind, micro-batch)`` of stage ``stage`` all-gathers
     its chunk's FSDP units, as torch ``PipelineStage`` runs FSDP2 with pp > 1: gradient sync
     and reshard-after-backward are off for every backward but the last, so a unit stays
@@ -292,6 +297,10 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
     ``reshard_after_forward``; never the root), and is gathered whenever a pass finds it
     sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`. ``reshard_after_backward``
     (pp 1, ``training.grad_accumulation = "no_sync"``): every backward but the last reshards.
+    ``window`` (:func:`~meshplan.pipeline.unshard_window.pipeline_window`; 0: none): torch's
+    multi-stage schedules keep that many local stages unsharded and reshard the others, so at
+    vpp > ``window`` a pass also gathers when its chunk was evicted since its previous op
+    (:func:`meshplan.pipeline.unshard_window.evicted`, torch 2.13 ``_add_unshard_reshard``).
 
     >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=False)
     >>> [k for k, g in f.items() if g]
@@ -300,19 +309,24 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
     >>> [k for k, g in f.items() if g]  # F2 follows B0 (gathered); B1 follows F2 (resharded)
     [(0, 'F', 0), (0, 'F', 1), (0, 'B', 0), (0, 'B', 1)]
     """
+    window = window if vpp > window > 0 else 0  # nothing evicted with vpp <= window
     if micro * vpp <= _CACHED_PASSES:  # the search asks for the same few orders thousands of times
-        return dict(_cached_gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward))
-    return _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward)
+        return dict(_cached_gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward, window))
+    return _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward, window)
 
 
 #: Largest ``micro x vpp`` whose gather flags :func:`fsdp_gather_flags` keeps (a copy is returned).
 _CACHED_PASSES = 1024
 
 
-def _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward) -> dict:
+def _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward, window=0) -> dict:
     sharded = [True] * vpp
     out = {}
-    for u in stage_order(schedule, pp, micro, vpp, stage):
+    order = stage_order(schedule, pp, micro, vpp, stage)
+    again = evicted([u.chunk for u in order], window) if window else [False] * len(order)
+    for u, ev in zip(order, again):
+        if ev:  # the schedule's window resharded the chunk (RESHARD) since its previous op
+            sharded[u.chunk] = True
         if u.kind not in ("F", "B"):
             continue
         out[(u.chunk, u.kind, u.mb)] = sharded[u.chunk]

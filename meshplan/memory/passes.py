@@ -89,13 +89,18 @@ KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", 
 
 class PassBuilder:
     """Events of one pass. ``gathered``: units unsharded when it starts; ``first`` and
-    ``last``: first and last backward of this chunk in the step. After :meth:`build`,
+    ``last``: first and last backward of this chunk in the step; ``evict``: torch's pipeline
+    schedule reshards the chunk right after this pass (its window of 3 local stages moves past
+    it, :func:`meshplan.pipeline.unshard_window.released_after`): the units still held are
+    released at the pass's end, so the chunk holds its shard only and its next pass gathers it
+    again (there, not at torch's UNSHARD up to 2 ops earlier: the prefetched bytes are not
+    counted during those ops). After :meth:`build`,
     ``gathered`` holds the units still unsharded when it ends."""
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
-                 first: bool = False, last: bool = False):
+                 first: bool = False, last: bool = False, evict: bool = False):
         self.sz, self.phase, self.chunk = sizes, phase, chunk
-        self.gathered, self.first, self.last = set(gathered), first, last
+        self.gathered, self.first, self.last, self.evict = set(gathered), first, last, evict
         self.events: list[Entry] = []
         self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
@@ -107,6 +112,9 @@ class PassBuilder:
             self._forward()
         else:
             self._backward()
+        if self.evict:
+            for key in self.keys:
+                self._release(key, "by the pipeline schedule's window (RESHARD)")
         return tuple(self.events)
 
     # helpers -----------------------------------------------------------------------

@@ -161,8 +161,8 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = No
                passes: Optional[list] = None, chunk: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
     """States closed over from the empty set: ``(next state, key index)``, each (states,
     tokens), and the built passes ``(key, template)`` by key index. A token is (phase 0/1,
-    chunk, first, last) as one row of ``tokens``. ``built`` and ``passes``: the passes built
-    so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
+    chunk, first, last, released after) as one row of ``tokens``. ``built`` and ``passes``: the
+    passes built so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
     tokens are that chunk's alone, and :class:`_Entangled` is raised if a pass leaves a unit
     of another chunk unsharded (its states would then not be the chunk's own)."""
     units = {c: frozenset(sizes.chunk_units(c)) for c in {int(t[1]) for t in tokens}}
@@ -174,10 +174,10 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = No
     s = 0
     while s < len(states):
         row_n, row_k = [], []
-        for ph, c, f, la in tokens.tolist():
-            key = ("backward" if ph else "forward", c, states[s] & units[c], bool(f), bool(la))
+        for ph, c, f, la, ev in tokens.tolist():
+            key = ("backward" if ph else "forward", c, states[s] & units[c], bool(f), bool(la), bool(ev))
             if key not in built:
-                b = PassBuilder(sizes, key[0], c, key[2], first=key[3], last=key[4])
+                b = PassBuilder(sizes, key[0], c, key[2], first=key[3], last=key[4], evict=key[5])
                 passes.append((key, b.build()))
                 built[key] = (len(passes) - 1, frozenset(b.gathered))
             k, g_out = built[key]
@@ -247,7 +247,7 @@ def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[
     """:func:`_keys_by_chunk`'s (key index of each op, the built passes) by one walk over the
     ops: the state (units unsharded) before each op, from the empty set, each (state, token)
     transition built once, each pass once, numbered by first use."""
-    rows = [(int(ph), int(c), bool(f), bool(la)) for ph, c, f, la in tokens.tolist()]
+    rows = [(int(ph), int(c), bool(f), bool(la), bool(ev)) for ph, c, f, la, ev in tokens.tolist()]
     units = {c: frozenset(sizes.chunk_units(c)) for c in {r[1] for r in rows}}
     built: dict = {}
     passes: list = []
@@ -257,10 +257,10 @@ def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[
     for t in tok.tolist():
         hit = step.get((state, t))
         if hit is None:
-            ph, c, f, la = rows[t]
-            key = ("backward" if ph else "forward", c, state & units[c], f, la)
+            ph, c, f, la, ev = rows[t]
+            key = ("backward" if ph else "forward", c, state & units[c], f, la, ev)
             if key not in built:
-                b = PassBuilder(sizes, key[0], c, key[2], first=f, last=la)
+                b = PassBuilder(sizes, key[0], c, key[2], first=f, last=la, evict=ev)
                 passes.append((key, b.build()))
                 built[key] = (len(passes) - 1, frozenset(b.gathered))
             k, g_out = built[key]
@@ -285,17 +285,21 @@ def states_before(maps: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], g[:-1, 0]]).astype(np.int64, copy=False)
 
 
-def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray) -> tuple[PassTable, list[tuple]]:
+def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray,
+               evict: Optional[np.ndarray] = None) -> tuple[PassTable, list[tuple]]:
     """The passes (init, one per op, step) and templates of a stage whose ops are the
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
-    (:func:`meshplan.memory.schedule.stage_op_arrays`)."""
+    (:func:`meshplan.memory.schedule.stage_op_arrays`); ``evict`` (bool per op, default none):
+    the ops after which the pipeline schedule's window reshards their chunk
+    (:func:`meshplan.pipeline.unshard_window.released_after`)."""
     first, last = backward_flags(phase, chunk)
-    code = ((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last
+    ev = np.zeros(len(phase), np.int64) if evict is None else np.asarray(evict, np.int64)
+    code = (((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev
     codes = present(code)
     lut = np.zeros(codes[-1] + 1, np.int64)
     lut[codes] = np.arange(len(codes))
     tok = lut[code]
-    tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
+    tokens = np.stack([(codes >> 3) & 1, codes >> 4, (codes >> 2) & 1, (codes >> 1) & 1, codes & 1], axis=1)
     key, built = (_keys_walk if len(tok) <= WALK_MAX_OPS else _keys_by_chunk)(sizes, tokens, tok)
     order = first_use_order(key)
     rank = np.zeros(len(built), np.int64)

@@ -31,8 +31,9 @@ def _backward_flags(ops) -> tuple[set, set]:
     return first, set(last.values())
 
 
-def passes(sizes: StageSizes, ops) -> tuple[PassTable, list[tuple]]:
-    """Run-length passes: each distinct (phase, chunk, gathered units, first, last) built once."""
+def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTable, list[tuple]]:
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after)
+    built once; ``evict``: per op, whether the schedule's window reshards its chunk after it."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
     cache: dict = {}
@@ -42,9 +43,10 @@ def passes(sizes: StageSizes, ops) -> tuple[PassTable, list[tuple]]:
     for i, (phase, chunk, mb) in enumerate(ops):
         keys = set(sizes.chunk_units(chunk))
         g_in = frozenset(gathered & keys)
-        key = (phase, chunk, g_in, i in first_b, i in last_b)
+        ev = bool(evict[i]) if len(evict) else False
+        key = (phase, chunk, g_in, i in first_b, i in last_b, ev)
         if key not in cache:
-            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b)
+            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev)
             templates.append(b.build())
             cache[key] = (len(templates) - 1, frozenset(b.gathered))
         tid, g_out = cache[key]

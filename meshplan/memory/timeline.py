@@ -43,6 +43,7 @@ from meshplan.memory import passtable as fast
 from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.unshard_window import TORCH_WINDOW, pipeline_window, released_after
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
 from meshplan.spec.mesh_words import mesh_text, schedule_words
 
@@ -223,7 +224,13 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1], c.origin)
     # one pipeline schedule run (training.pp_schedule_runs): each run starts from sharded parameters
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.run_micro_batches, plan.vpp)
-    passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
+    phase, chunk, mb = stage_op_arrays(*where)
+    # torch's window of unsharded local stages: at vpp > 3 it evicts chunks (interleaved 1F1B only;
+    # ZB-V and DualPipeV hold 2 stages a rank, so the F/B ops alone give the same evictions)
+    evict = released_after(chunk, pipeline_window(t.framework, len(plan.stages))) if plan.vpp > TORCH_WINDOW \
+        and sizes.fsdp else None
+    passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist()) if reference \
+        else pass_table(sizes, phase, chunk, mb, evict)
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
     p = passes[n]

@@ -61,7 +61,10 @@ frameworks issue them:
   gathered at the layer's start, as the layer's own (issued after the embedding). The memory
   timeline holds them in the same windows (:mod:`meshplan.memory.units`). With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
-  ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
+  ``reshard_after_forward = false`` once per step and chunk, and under torch at vpp > 3 again
+  after each eviction from the schedule's window of 3 local stages, gathered at that pass, where
+  torch's UNSHARD prefetches it up to 2 ops earlier: :mod:`meshplan.pipeline.unshard_window`)
+  and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
   The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``, at every pp): the
   embedding's unit is gathered before the embedding (and, resharded, again after the first

@@ -42,6 +42,7 @@ from meshplan.errors import ConfigError
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap, plan_overlap  # noqa: F401 (config_overlap: re-exported)
@@ -85,7 +86,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                         p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
-                      cfg.training.reshard_head_after_forward)
+                      cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
     spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []

@@ -28,12 +28,14 @@ class UnitTimes:
     every gradient pass reduce-scatters; with pp they follow
     :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` and the chunk's last gradient unit,
     and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
-    resharded after every backward) or ``no_sync_unsharded`` (kept gathered).
+    resharded after every backward) or ``no_sync_unsharded`` (kept gathered). ``window``: torch's
+    window of unsharded local stages (:func:`~meshplan.pipeline.unshard_window.pipeline_window`), whose
+    evictions at vpp > 3 make a chunk's next pass gather again.
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
     def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool,
-                 accumulation: str = "sync", reshard_root: bool = False):
+                 accumulation: str = "sync", reshard_root: bool = False, window: int = 0):
         self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
         self.cache: dict = {}
         self.shared: dict = {}
@@ -46,7 +48,7 @@ class UnitTimes:
             rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
                 self.flags[s] = _flag_arrays(spec.schedule, spec.p, spec.m, spec.v, s, bool(reshard),
-                                             bool(reshard_root), rab)
+                                             bool(reshard_root), rab, window)
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
         last = kind == _grad_kind(self.spec) and mb == self.spec.m - 1
@@ -139,15 +141,15 @@ def _unique_small(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @lru_cache(maxsize=256)
 def _flag_arrays(schedule, p: int, m: int, v: int, stage: int, reshard: bool, reshard_root: bool,
-                 reshard_after_backward: bool) -> tuple[np.ndarray, np.ndarray]:
+                 reshard_after_backward: bool, window: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """FSDP gather flags of ``stage``'s passes (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`)
     as two read-only int arrays (v, 2, m), indexed [chunk, 0 forward / 1 backward, micro-batch]:
     the layers' units and the root units (kept gathered unless resharded as the layers:
     ``reshard_root``, training.reshard_head_after_forward, torchtitan's "always"); 0 where the
     stage's order has no such pass. One Python pass over the order per distinct stage, shared
     by the plans of a search (the middle stages' orders repeat)."""
-    lay = fsdp_gather_flags(schedule, p, m, v, stage, reshard, reshard_after_backward)
-    root = fsdp_gather_flags(schedule, p, m, v, stage, reshard and reshard_root, reshard_after_backward)
+    lay = fsdp_gather_flags(schedule, p, m, v, stage, reshard, reshard_after_backward, window)
+    root = fsdp_gather_flags(schedule, p, m, v, stage, reshard and reshard_root, reshard_after_backward, window)
     out = np.zeros((2, v, 2, m), dtype=np.int64)
     for (c, kind, mb), g in lay.items():
         out[:, c, int(kind != "F"), mb] = g, root[(c, kind, mb)]

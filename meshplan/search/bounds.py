@@ -58,6 +58,7 @@ import numpy as np
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.layer_replays import kept_in_flight
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
@@ -141,7 +142,11 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     v = c.vpp[:, None]
     g = per_round(c.pp[:, None], st.m_run)  # interleaved: micro-batches per round (pp when pp divides m)
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
-    kept = np.where(F, u["roots_g"], 0)
+    # torch's window of 3 local stages evicts chunks at vpp > 3 (pipeline.unshard_window): a root
+    # unit, or a chunk's layers kept from its forward, may then hold its shard only: not counted
+    window = pipeline_window(cfg.training.framework, 2)  # vpp > 1 runs with pp > 1
+    evicts = (v > window) & (window > 0)
+    kept = np.where(F & ~evicts, u["roots_g"], 0)
     # layer rows: the layers kept whole in the w passes in flight
     kw = kept_in_flight(c, st.n_chunk, st.n_chunk_hi, g, st.w, st.vshape)
     one = lo["saved"] + (kw >= 1) * lo["kept"]  # one layer's saved activations (at most) of those
@@ -180,7 +185,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # torchtitan (ep > 1) only theirs: not counted there
     split = (c.ep > 1)[:, None] & cfg.training.torchtitan_units if cfg.model.is_moe else False
     keep_output = ~u["ds3"] & ~split
-    gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
+    gathered = np.where(F, ~evicts * st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + _saved(lo, st.w * st.n_chunk - 1, kw - 1) + gathered + lo["fwd"]
     out = np.maximum(out, pw)
@@ -201,7 +206,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # last chunk's last one, so at its end every chunk holds its accumulators (and, without
     # reshard_after_forward, its gathered layers)
     rounds = (v > 1) & (st.m_run > g)
-    every = np.where(c.rf[:, None] > 0, st.n_chunk, st.n) * keeps * u["unit_min_g"]
+    every = np.where((c.rf[:, None] > 0) | evicts, st.n_chunk, st.n) * keeps * u["unit_min_g"]
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)

@@ -14,6 +14,7 @@ import numpy as np
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import Config
 from meshplan.pipeline.fast import order_arrays
+from meshplan.pipeline.unshard_window import evicted, pipeline_window
 from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
@@ -62,7 +63,8 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
     (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
     (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
-    :class:`meshplan.schedule.unit_times.UnitTimes`)."""
+    :class:`meshplan.schedule.unit_times.UnitTimes`). Under torch a pass also gathers where the
+    schedule's window evicted its chunk (vpp > 3, :func:`~meshplan.pipeline.unshard_window.evicted`)."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
@@ -77,53 +79,58 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
         return g[0], g[1]
     m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
     code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    window = pipeline_window(cfg.training.framework, p)
     for key in np.unique(code).tolist():
         rows = code == key
         j = int(np.argmax(rows))
-        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]))[:, None, :]
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]),
+                                 window)[:, None, :]
     return g[0], g[1]
 
 
 @lru_cache(maxsize=None)
-def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+def _gathers(schedule, p: int, m: int, v: int, reshard: bool, window: int = 0) -> np.ndarray:
     """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`),
     resharding after forward or not (``reshard``): :func:`_gathers_both`'s."""
-    return _gathers_both(schedule, p, m, v)[int(reshard)]
+    return _gathers_both(schedule, p, m, v, window)[int(reshard)]
 
 
 @lru_cache(maxsize=None)
-def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
+def _gathers_both(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndarray:
     """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
     :func:`gathering_passes`), without and with resharding after forward:
     :func:`_chunk_gathers` summed over the chunks."""
-    return _chunk_gathers(schedule, p, m, v).sum(axis=-1)
+    return _chunk_gathers(schedule, p, m, v, window).sum(axis=-1)
 
 
 @lru_cache(maxsize=None)
-def _chunk_gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
+def _chunk_gathers(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndarray:
     """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
     and with resharding after forward: :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`'s
     rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
     per stage for both): a pass gathers when it is its chunk's first, or follows a forward of
-    the chunk that resharded; a backward leaves the chunk gathered."""
+    the chunk that resharded, or finds it evicted by ``window`` (torch's window of local
+    stages, :func:`~meshplan.pipeline.unshard_window.evicted`, on the whole order); a backward
+    leaves the chunk gathered."""
     out = np.zeros((2, 2, p, v))
     for s in range(p):
         kind, _, chunk = order_arrays(schedule, p, m, v, s)
+        ev = evicted(chunk, window)
         keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
-        kind, chunk = kind[keep], chunk[keep]
+        kind, chunk, ev = kind[keep], chunk[keep], ev[keep]
         if v > 1:
             o = np.argsort(chunk, kind="stable")
-            kind, chunk = kind[o], chunk[o]
+            kind, chunk, ev = kind[o], chunk[o], ev[o]
         first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
         after_f = np.concatenate([[False], kind[:-1] == 0])
         fwd = kind == 0
-        for r, gathers in enumerate((first, first | after_f)):
+        for r, gathers in enumerate((first | ev, first | after_f | ev)):
             out[r, 0, s] = np.bincount(chunk[gathers & fwd], minlength=v)
             out[r, 1, s] = np.bincount(chunk[gathers & ~fwd], minlength=v)
     return out
 
 
-def end_chunk_passes(c: Candidates, st: Stages) -> dict[str, np.ndarray]:
+def end_chunk_passes(c: Candidates, st: Stages, window: int = 0) -> dict[str, np.ndarray]:
     """Of :func:`gathering_passes`' passes with pp > 1 (candidates, pp): those of each stage's
     first chunk (``f0``, ``b0``) and last chunk (``fl``, ``bl``). The model's first virtual
     stage is stage 0's first chunk, its last the head stage's last chunk (``st.last``): the
@@ -138,7 +145,7 @@ def end_chunk_passes(c: Candidates, st: Stages) -> dict[str, np.ndarray]:
     for key in np.unique(code).tolist():
         rows = code == key
         j = int(np.argmax(rows))
-        g = _chunk_gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]))[int(rf[j])]
+        g = _chunk_gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), window)[int(rf[j])]
         for name, kind, chunk in (("f0", 0, 0), ("b0", 1, 0), ("fl", 0, -1), ("bl", 1, -1)):
             out[name][rows] = g[kind, :, chunk][None, :]
     return out

@@ -29,6 +29,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import flat_units, simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
+from meshplan.pipeline.unshard_window import evicted
 from meshplan.search.columns import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
@@ -149,24 +150,28 @@ def _level_steps(levels: tuple, order: np.ndarray, prev: np.ndarray, dep: np.nda
 
 
 @lru_cache(maxsize=64)
-def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool, window: int = 0) -> np.ndarray:
     """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
     backward (row 1) that all-gathers its chunk's FSDP units with pp > 1: the rule of
     :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` (the timeline's) on arrays: a pass
     gathers when it is its chunk's first on the stage, or follows a forward of the chunk that
-    resharded (``reshard``); a backward leaves the chunk gathered."""
+    resharded (``reshard``), or finds it evicted by torch's window of ``window`` local stages
+    (:func:`~meshplan.pipeline.unshard_window.evicted`, per stage; 0: none); a backward leaves
+    the chunk gathered."""
     dag = build_dag(schedule, p, m, v)
+    ev = np.concatenate([evicted(dag.chunk[s * (dag.chunk.size // p):(s + 1) * (dag.chunk.size // p)], window)
+                         for s in range(p)])  # units stage-major, each stage's in its order
     key = dag.stage * v + dag.chunk
     o = np.lexsort((np.arange(key.size), key))  # each (stage, chunk) in its order
     k, g = dag.backward[o], key[o]
     first = np.concatenate([[True], g[1:] != g[:-1]])
     after_f = np.concatenate([[False], k[:-1] == 0])
     flag = np.zeros(key.size)
-    flag[o] = first | (reshard & after_f)
+    flag[o] = first | (reshard & after_f) | ev[o]
     return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
 
 
-def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np.ndarray:
+def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, window: int = 0) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
     :func:`meshplan.search.layer_bounds.unit_bounds` ``u`` (module docstring); ``reshard``
     (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
@@ -191,11 +196,12 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     # every per-unit term below reads the unit's stage, chunk, kind, gather flags and whether it
     # is micro-batch m-1's: computed once per class of units alike in those (``rep``: one unit
     # each), then gathered to the units by row, the same operations on the same operands
-    rep, row_class = unit_classes(candidate_schedule(v), p, m, v, reshard if p > 1 and "f_extra" in u else None)
+    rep, row_class = unit_classes(candidate_schedule(v), p, m, v, reshard if p > 1 and "f_extra" in u else None,
+                                  window)
     st, chunk, bwd, mb = dag.stage[rep], dag.chunk[rep], dag.backward[rep], dag.mb[rep]
     extra = None  # (classes, candidates)
     if reshard is not None and p > 1 and "f_extra" in u:
-        g = gathering_units(candidate_schedule(v), p, m, v, reshard)[:, rep]
+        g = gathering_units(candidate_schedule(v), p, m, v, reshard, window)[:, rep]
         # the last chunk's backwards take the head's backward off their first gather (the head
         # stage's ``b_extra_head``); an end chunk without layers (``empty_end``: stage 0's first,
         # the last stage's last) gathers none
@@ -221,7 +227,8 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
 
 
 @lru_cache(maxsize=64)
-def unit_classes(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool | None) -> tuple[np.ndarray, np.ndarray]:
+def unit_classes(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool | None,
+                 window: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(one unit of each class, the class of each row of :func:`stage_ends`'s level-ordered
     array) of :func:`build_dag`'s units, a class being the units alike in what
     :func:`pipeline_bound` reads of a unit: stage, chunk, kind, micro-batch m-1 or not, and
@@ -232,7 +239,7 @@ def unit_classes(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool
     (8, 16)
     """
     dag = build_dag(schedule, p, m, v)
-    g = gathering_units(schedule, p, m, v, reshard) if reshard is not None else np.zeros((2, dag.stage.size))
+    g = gathering_units(schedule, p, m, v, reshard, window) if reshard is not None else np.zeros((2, dag.stage.size))
     key = ((((dag.stage * v + dag.chunk) * 2 + dag.backward) * 2 + (dag.mb == m - 1)) * 2 + g[0]) * 2 + g[1]
     _, rep, inverse = np.unique(key.astype(np.int64)[dag.order], return_index=True, return_inverse=True)
     return dag.order[rep], inverse.reshape(-1)

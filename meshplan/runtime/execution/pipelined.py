@@ -51,9 +51,12 @@ stages, run by the schedule the config names.
   ``backward_one_chunk``); the ones after the last backward (FSDP's deferred gradient
   reduce-scatter in ``_post_backward``) keep ``backward``. A multi-stage schedule (torch 2.13's
   interleaved 1F1B, ZB-V, DualPipeV: ``_add_unshard_reshard``, a window of 3 local stages) unshards
-  every chunk (``UNSHARD``: ``unshard`` of each FSDP module) before the rank's first computation; at
+  every chunk (``UNSHARD``: ``unshard`` of each FSDP module) before its first computation; at
   vpp <= 3 once per ``schedule.step``, never evicted: the chunk's first forward all-gathers, named
-  ``forward`` as the plan counts them (:func:`label_unshard`). Anything else before the first stage
+  ``forward`` as the plan counts them (:func:`label_unshard`). At vpp > 3 it evicts chunks from the
+  window (``RESHARD``) and unshards them again before their next computation
+  (:mod:`meshplan.pipeline.unshard_window`, which the plan counts): named by that computation,
+  ``forward`` or ``backward``. Anything else before the first stage
   computation is phase ``schedule``; P2P outside those ops (torch 2.13's warm-up vote of static
   mode: one int32 per stage boundary on the first step) is phase ``schedule-setup``.
 
@@ -86,6 +89,7 @@ from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
 )
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 from meshplan.spec.axes.ep import experts_over_tp
+from meshplan.runtime.execution.unshard_labels import stage_unshard_phases
 
 BUILT = tuple(name for name, s in SCHEDULES.items() if s.runs_in_validate)  # schedules this module runs
 
@@ -263,23 +267,24 @@ def instrument(stage, runner: "PipelineRunner") -> None:
 
     for module in stage.submod.modules():
         if isinstance(module, FSDPModule):
-            label_unshard(module, runner)
+            label_unshard(module, runner, stage)
 
 
-def label_unshard(module, runner: "PipelineRunner") -> None:
-    """Name the all-gathers of ``module.unshard`` (an FSDP module of a stage) ``forward`` in the
-    active recorder, then restore its phase. Only a multi-stage schedule's ``UNSHARD`` action
-    calls it (``_PipelineScheduleRuntime._step_microbatches``; FSDP's own hooks unshard through
-    the param group, not this method): the prefetch of a chunk before its first forward of the
-    ``schedule.step`` (see the module docstring). At vpp > 3 torch also evicts chunks from its
-    window and unshards them again, which the plan's table does not model."""
-    orig = module.unshard
+def label_unshard(module, runner: "PipelineRunner", stage=None) -> None:
+    """Name the all-gathers of ``module.unshard`` (an FSDP module of ``stage``) in the active
+    recorder as the plan counts them, then restore its phase. Only a multi-stage schedule's
+    ``UNSHARD`` calls it (FSDP's own hooks unshard through the param group): a prefetch for the
+    stage's next computation, ``forward`` or ``backward`` (a chunk evicted at vpp > 3 and
+    unsharded again for a backward), the k-th call of each step by :func:`stage_unshard_phases`."""
+    orig, calls, phases = module.unshard, [0], []
 
     def unshard(*a, **kw):
+        phases[:] = phases or stage_unshard_phases(runner, stage)
+        phase, calls[0] = phases[calls[0] % len(phases)], calls[0] + 1
         rec = runner.rec
         if rec is None:
             return orig(*a, **kw)
-        before, rec.phase = rec.phase, "forward"
+        before, rec.phase = rec.phase, phase
         try:
             return orig(*a, **kw)
         finally:

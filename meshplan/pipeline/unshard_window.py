@@ -1,0 +1,112 @@
+"""torch's window of unsharded stages under its multi-stage pipeline schedules: which ops of a
+rank find their chunk evicted (FSDP ``RESHARD`` by the schedule) and where it is unsharded
+(``UNSHARD``: an FSDP all-gather of every unit of the chunk).
+
+Source: torch 2.13 ``torch/distributed/pipelining/schedules.py``, ``_add_unshard_reshard``
+(lines 1285-1365), which ``_PipelineScheduleRuntime._load_actions`` applies to every rank's
+compute-only order (line 2317; ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+ScheduleZBVZeroBubble, ScheduleDualPipeV) with ``max_active_stages = 3``. Before each compute
+action ``i`` it takes the first 3 distinct stages of the actions ``i..`` (``next_stage_indices``),
+RESHARDs the active stages not among them and UNSHARDs those among them not active; after the
+last action it RESHARDs all. The runtime (lines 2489-2515) runs UNSHARD as ``unshard(async_op=
+True)`` of every ``FSDPModule`` of the stage (its all-gathers) and RESHARD as ``reshard()`` (no
+communication).
+
+So between two consecutive ops of chunk ``c`` (positions ``a < b`` in the rank's order) the chunk
+is evicted exactly when the ops strictly between hold ``window`` or more distinct other chunks
+(the window at ``a + 1`` then misses ``c``, and it can only miss it more later), and it is then
+unsharded again before ``b``: one more all-gather of the chunk, counted on op ``b`` (its UNSHARD
+is issued earlier, :func:`unshard_positions`). A chunk's first op always finds it sharded (the
+step's first UNSHARD). With ``v <= window`` local stages nothing is ever evicted: ZB-V and
+DualPipeV hold 2 stages per rank, so only interleaved 1F1B at vpp >= 4 evicts.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+#: torch 2.13 ``_add_unshard_reshard``'s ``max_active_stages`` default, the value
+#: ``_PipelineScheduleRuntime`` lowers with (schedules.py:1287, 2317).
+TORCH_WINDOW = 3
+
+
+def pipeline_window(framework: str, pp: int) -> int:
+    """Local stages torch's pipeline runtime keeps unsharded (:data:`TORCH_WINDOW`) under
+    ``training.framework = "torch"`` with pp > 1; 0 (no window) otherwise: Megatron-LM's
+    interleaved schedule and pp 1 evict nothing."""
+    return TORCH_WINDOW if framework == "torch" and pp > 1 else 0
+
+
+def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
+    """(n,) bool per op of one rank's order (``chunk``: (n,) local chunk of each compute op, F,
+    B, I and W alike, in order): True where the schedule resharded the op's chunk since its
+    previous op (module docstring: ``window`` or more distinct other chunks between them); False
+    on a chunk's first op; all False for ``window`` 0 (no window). Vectorised: ``nxt[c, j]``, the first position >= j holding chunk c,
+    counts for each op the other chunks that occur between its chunk's previous op and it;
+    O(v n) memory."""
+    ch = np.asarray(chunk, dtype=np.int64)
+    n = len(ch)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    v = int(ch.max()) + 1
+    if window <= 0 or v <= window:  # no window (0), or it holds every chunk
+        return np.zeros(n, dtype=bool)
+    idx = np.arange(n)
+    nxt = np.full((v, n + 1), n, dtype=np.int64)
+    hit = np.where(ch[None, :] == np.arange(v)[:, None], idx[None, :], n)
+    nxt[:, :n] = np.minimum.accumulate(hit[:, ::-1], axis=1)[:, ::-1]
+    prev = _previous_same(ch)
+    has = prev >= 0
+    start = np.where(has, prev + 1, 0)
+    occurs = nxt[:, start] < idx[None, :]  # (v, n): chunk c' occurs strictly between prev and the op
+    occurs[ch, idx] = False
+    return has & (occurs.sum(axis=0) >= window)
+
+
+def _previous_same(ch: np.ndarray) -> np.ndarray:
+    """(n,) position of the previous op of the same chunk, -1 for a chunk's first op."""
+    order = np.argsort(ch, kind="stable")
+    prev = np.full(len(ch), -1, dtype=np.int64)
+    same = ch[order][1:] == ch[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+def released_after(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
+    """(n,) bool: the ops after which the schedule reshards their chunk (RESHARD before the next
+    op: the window from op ``a + 1`` misses the chunk), i.e. the previous op of the chunk of each
+    :func:`evicted` op. A chunk so released holds its shard only until it is unsharded again."""
+    ch = np.asarray(chunk, dtype=np.int64)
+    out = np.zeros(len(ch), dtype=bool)
+    ev = evicted(ch, window)
+    out[_previous_same(ch)[ev]] = True
+    return out
+
+
+def unshards(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
+    """(n,) bool: the ops before which the schedule's window has all-gathered their chunk since
+    its previous op: a chunk's first op, and every op that finds it :func:`evicted`. Their sum is
+    the rank's UNSHARDs per ``schedule.step`` (each one all-gather per FSDP unit of the chunk)."""
+    ch = np.asarray(chunk, dtype=np.int64)
+    return (_previous_same(ch) < 0) | evicted(ch, window)
+
+
+def unshard_positions(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[tuple[int, int]]:
+    """(op index, chunk) of each UNSHARD in the order torch issues them: before op ``i`` when the
+    chunk's next op ``b`` (one :func:`unshards` flags) has fewer than ``window`` distinct other
+    chunks in ``i..b-1`` (and, after an eviction, ``i`` past the op that evicted it: the
+    op after the chunk's previous one). Each the first such ``i``: the UNSHARD is a prefetch up to
+    ``window - 1`` distinct chunks ahead of the op that needs it."""
+    ch = list(chunk)
+    flags = unshards(ch, window)
+    prev = _previous_same(np.asarray(ch, dtype=np.int64))
+    out = []
+    for b in np.flatnonzero(flags).tolist():
+        lo = int(prev[b]) + 2 if prev[b] >= 0 else 0  # evicted at prev + 1, refetched at a later op
+        i = b
+        while i > lo and len(set(ch[i - 1:b]) - {ch[b]}) < window:
+            i -= 1
+        out.append((i, ch[b]))
+    return sorted(out)
