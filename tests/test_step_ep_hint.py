@@ -1,0 +1,112 @@
+"""The step's ep ``hint:`` line (meshplan/schedule/ep_hint.py) and the plan's ``axis ep:`` line, on a
+small DeepSeek-V3-like MoE (tests/data/hf/deepseek-v3-mini/config.json: DeepSeek-V3's config.json
+keys, MLA, 1 dense + 7 MoE layers, 64 routed experts, top-8, 1 shared) under Megatron-LM with
+ZeRO-1 on 4 dgx-h100 (8 GPUs a node): dp 32 x ep 32, whose ep group spans 4 nodes, against ep
+inside a node. Each hinted step is compared with ``step`` of the config edited by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan, ep_span
+from meshplan.schedule.ep_hint import ep_hint
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import rebuilt_step
+from meshplan.schedule.waits import bubble_wait
+from meshplan.units import step_seconds
+from tests.cli_run import run_main
+
+MINI = Path(__file__).parent / "data" / "hf" / "deepseek-v3-mini" / "config.json"
+
+
+def _toml(tmp_path: Path, shape: list[int], *, hf: Path = MINI, nodes: int = 4, world: int = 0,
+          global_batch: int = 256, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(f'[model]\nhf_config = "{hf}"\n\n[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n\n'
+                    f'[training]\nglobal_batch = {global_batch}\nseq_len = 4096\nmicro_batch = 1\nsharding = "zero1"\n'
+                    'recompute = "none"\nframework = "megatron"\n\n'
+                    f'[mesh]\nnames = ["dp_shard", "ep"]\nshape = {shape}\n' + (f"world = {world}\n" if world else ""))
+    return path
+
+
+def _lines(path: Path) -> list[str]:
+    p = build_plan(load_config(path))
+    st = step_time(p)
+    return ep_hint(p, st, rebuilt_step(p, step_time), bubble_wait(st))
+
+
+def _step_out(path: Path, capsys) -> str:
+    """What ``meshplan step`` prints for the config."""
+    capsys.readouterr()
+    assert run_main("step", path) == 0
+    return capsys.readouterr().out
+
+
+def _step_line(path: Path, capsys) -> str:
+    """``step`` of the config as the CLI prints it: its first line's step, as a hint prints it."""
+    out = _step_out(path, capsys)
+    assert out.startswith("step ") and out.split()[2] == "ms"  # "step 532.21 ms (..."
+    return step_seconds(float(out.split()[1]) / 1e3)
+
+
+def test_ep_across_nodes_is_told_ep_inside_a_node_with_the_exact_edit(tmp_path, capsys):
+    """dp 32 x ep 32 on 4 nodes: rank 0's ep group is ranks 0-31, 32 / 8 = 4 nodes, 8 on each. The
+    ep values below 32 whose group fits a node are the divisors of 8: 8, 4, 2; each divides the 64
+    experts and the block dp 32, so efsdp = 32 / ep = 4, 8, 16. Each re-plan's step is `step` of the
+    config with mesh.shape edited so, and each is more than 1% shorter."""
+    job = _toml(tmp_path, [32, 32])
+    p = build_plan(load_config(job))
+    assert ep_span(p.mesh, p.placement) == (4, 8)
+    line, = _lines(job)
+    assert line.startswith("hint: ep 32 spans 4 nodes (8 of its ranks on each: its all-to-alls cross the NICs) and "
+                           "costs the critical stage ")
+    for ep, efsdp in ((8, 4), (4, 8), (2, 16)):
+        edited = _step_line(_toml(tmp_path, [32, ep], name=f"ep{ep}.toml"), capsys)
+        assert f"ep {ep} (efsdp {efsdp}, etp 1; mesh.shape [32, {ep}]) (step {edited}, " in line
+    assert _step_line(job, capsys) == step_seconds(step_time(p).step_s)
+
+
+def test_ep_inside_a_node_gets_no_ep_line(tmp_path):
+    """dp 32 x ep 8: every ep group is one node's 8 ranks (ranks 0-7 on node 0): nothing to move."""
+    job = _toml(tmp_path, [32, 8])
+    p = build_plan(load_config(job))
+    assert ep_span(p.mesh, p.placement) == (1, 8)
+    assert _lines(job) == []
+
+
+def test_no_valid_smaller_ep_names_why_and_points_to_search(tmp_path):
+    """27 routed experts at dp 27 x ep 27 (27 of 32 GPUs): the group spans 4 nodes (8, 8, 8, 3 ranks);
+    ep 8, 4, 2 do not divide 27 experts, and ep 9 and 3, valid, do not divide a node's 8 GPUs."""
+    cfg = json.loads(MINI.read_text()) | {"n_routed_experts": 27, "num_experts_per_tok": 3, "n_group": 1,
+                                          "topk_group": 1}
+    hf = tmp_path / "c27.json"
+    hf.write_text(json.dumps(cfg))
+    line, = _lines(_toml(tmp_path, [27, 27], hf=hf, world=27, global_batch=216))
+    assert line.startswith("note: no ep hint: ep 27 spans 4 nodes (8 of its ranks on each")
+    assert line.endswith("but no smaller ep keeps the group inside a node (experts 27 are not divisible by ep 8; "
+                         "experts 27 are not divisible by ep 4; experts 27 are not divisible by ep 2; ep 9, 3 are "
+                         "valid but ep x etp does not divide a node's 8 GPUs: some of their groups straddle two "
+                         "nodes); `meshplan search` ranks every ep with the other axes re-factored")
+
+
+def test_step_cli_prints_the_hint_and_the_link_note_points_to_it(tmp_path, capsys):
+    out = _step_out(_toml(tmp_path, [32, 32]), capsys)
+    hints = [ln for ln in out.splitlines() if ln.startswith(("hint: ep", "note: the step is bound"))]
+    assert len(hints) == 2 and hints[0].startswith("hint: ep 32 spans 4 nodes")
+    assert hints[1].endswith("ep inside a node cuts its ep traffic: the ep line above")
+
+
+def test_plan_ep_line_says_why_and_what_the_all_to_all_crosses(tmp_path):
+    """ep 32: 64 / 32 = 2 experts per rank; the valid ep divide 64 and the block 32: 1, 2, 4, 8,
+    16, 32; its group's 32 - 8 = 24 of 31 peers are on other nodes. ep 8: one node, NVLink."""
+    across = build_plan(load_config(_toml(tmp_path, [32, 32]))).constraints.axes["ep"]
+    assert across == ("capacity: 64 experts split 32 ways (2 per rank); ep 32 as the config's mesh gives it (chosen "
+                      "by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8, 16, 32 (ep divides the "
+                      "64 experts and ep x etp 1 the dense block dp_shard x cp x tp = 32); its all-to-alls cross the "
+                      "NICs: the group spans 4 nodes, 8 ranks on each, so each rank sends to 24 of its 31 peers over "
+                      "the network (ep <= 8 keeps the group inside one node)")
+    inside = build_plan(load_config(_toml(tmp_path, [32, 8], name="ep8.toml"))).constraints.axes["ep"]
+    assert inside.startswith("capacity: 64 experts split 8 ways (8 per rank); ep 8 as the config's mesh gives it")
+    assert inside.endswith("its all-to-alls stay inside one node, over NVLink")
