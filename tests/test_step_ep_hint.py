@@ -11,6 +11,7 @@ from pathlib import Path
 
 from meshplan.config import load_config
 from meshplan.plan import build_plan, ep_span
+from meshplan.report.search import row_mesh
 from meshplan.schedule.ep_hint import ep_hint
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import rebuilt_step
@@ -110,3 +111,23 @@ def test_plan_ep_line_says_why_and_what_the_all_to_all_crosses(tmp_path):
     inside = build_plan(load_config(_toml(tmp_path, [32, 8], name="ep8.toml"))).constraints.axes["ep"]
     assert inside.startswith("capacity: 64 experts split 8 ways (8 per rank); ep 8 as the config's mesh gives it")
     assert inside.endswith("its all-to-alls stay inside one node, over NVLink")
+
+
+def test_search_rows_show_the_expert_mesh_where_the_dense_mesh_does_not_imply_it(tmp_path, capsys):
+    """The search's rows on the same workload (pp 1, tp 1-2, ep 8-32, zero1, no recompute, mb 1): the dense
+    block dp x tp is 32 ranks, efsdp = 32 / (ep x etp). Where efsdp > 1 the row names it and etp after ep
+    (dp 16 x tp 2 x ep 8: efsdp 4 at etp 1, 2 at etp 2); with efsdp 1 (ep x etp = 32) the mesh implies both."""
+    job = _toml(tmp_path, [32, 32])
+    job.write_text(job.read_text() + "\n[search]\npp = [1]\ncp = [1]\ndp_replicate = [1]\ntp = [1, 2]\nep = [8, 16, 32]\n"
+                   'micro_batch = [1]\nrecompute = ["none"]\nsharding = ["zero1"]\ntp_comm_overlap = [false]\n')
+    capsys.readouterr()
+    assert run_main("search", job, "--json", tmp_path / "s.json") == 0
+    text = capsys.readouterr().out
+    rows = json.loads((tmp_path / "s.json").read_text())["top"]
+    shown = {row_mesh(d): d["expert_mesh"] for d in rows}
+    assert shown["dp 32 x ep 8 (efsdp 4, etp 1)"] == {"efsdp": 4, "ep": 8, "etp": 1}
+    assert shown["dp 16 x tp 2 x ep 8 (efsdp 4, etp 1)"] == {"efsdp": 4, "ep": 8, "etp": 1}
+    assert shown["dp 16 x tp 2 x ep 8 (efsdp 2, etp 2)"] == {"efsdp": 2, "ep": 8, "etp": 2}
+    assert shown["dp 32 x ep 32"] == {"efsdp": 1, "ep": 32, "etp": 1}
+    assert shown["dp 16 x tp 2 x ep 16 x etp 2"] == {"efsdp": 1, "ep": 16, "etp": 2}
+    assert "│ 1 │ dp 32 x ep 8 (efsdp 4, etp 1) " in text and "dp 16 x tp 2 x ep 8 (efsdp 2, etp 2)" in text
