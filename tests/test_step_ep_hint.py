@@ -7,6 +7,7 @@ inside a node. Each hinted step is compared with ``step`` of the config edited b
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from meshplan.config import load_config
@@ -131,3 +132,19 @@ def test_search_rows_show_the_expert_mesh_where_the_dense_mesh_does_not_imply_it
     assert shown["dp 32 x ep 32"] == {"efsdp": 1, "ep": 32, "etp": 1}
     assert shown["dp 16 x tp 2 x ep 16 x etp 2"] == {"efsdp": 1, "ep": 16, "etp": 2}
     assert "│ 1 │ dp 32 x ep 8 (efsdp 4, etp 1) " in text and "dp 16 x tp 2 x ep 8 (efsdp 2, etp 2)" in text
+
+
+def test_deepseek_v3_example_is_told_ep_8():
+    """examples/deepseek-v3_2048xh100_pp16-ep64-dp128.toml (the newcomer's case, at 2048 GPUs): ep 64
+    over dp_shard 128 is ranks 0-63, 8 nodes of 8. ep 8 keeps a group in a node: efsdp = 128 / 8 = 16,
+    mesh.shape [16, 128, 8]; the hint's step is the step of the example edited so."""
+    path = Path(__file__).parent.parent / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+    cfg = load_config(path)
+    p = build_plan(cfg)
+    assert ep_span(p.mesh, p.placement) == (8, 8)
+    st = step_time(p)
+    line, = ep_hint(p, st, rebuilt_step(p, step_time), bubble_wait(st))
+    edited = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 128, 8]})))
+    assert line.startswith("hint: ep 64 spans 8 nodes (8 of its ranks on each: its all-to-alls cross the NICs)")
+    assert (f"shorter with the group inside a node, ep 8 (efsdp 16, etp 1; mesh.shape [16, 128, 8]) (step "
+            f"{step_seconds(step_time(edited).step_s)}, ") in line
