@@ -148,3 +148,19 @@ def test_deepseek_v3_example_is_told_ep_8():
     assert line.startswith("hint: ep 64 spans 8 nodes (8 of its ranks on each: its all-to-alls cross the NICs)")
     assert (f"shorter with the group inside a node, ep 8 (efsdp 16, etp 1; mesh.shape [16, 128, 8]) (step "
             f"{step_seconds(step_time(edited).step_s)}, ") in line
+
+
+def test_ep_inside_a_node_that_does_not_fit_gives_a_note_with_each_outcome(tmp_path):
+    """The same dp 32 x ep 32 with memory_reserve 0.8: usable 80e9 B x 0.2 = 16e9 B = 14.9 GiB. Fewer ep
+    ranks hold more experts each (64 / 8 = 8 .. 64 / 2 = 32 per rank), so every ep inside a node peaks
+    above it while ep 32 fits: no hint, a note with each re-plan's outcome."""
+    job = _toml(tmp_path, [32, 32])
+    job.write_text(job.read_text().replace('framework = "megatron"\n', 'framework = "megatron"\nmemory_reserve = 0.8\n'))
+    p = build_plan(load_config(job))
+    assert p.feasible and f"{p.timeline.usable_bytes / 2**30:.1f}" == "14.9"
+    line, = _lines(job)
+    assert line.startswith("note: no ep hint: ep 32 spans 4 nodes")
+    outcomes = line.split("but no ep inside a node re-planned fits with a step more than 1% shorter (")[1]
+    assert [o.split(":")[0] for o in outcomes.split("; ")[:3]] == ["ep 8", "ep 4", "ep 2"]
+    assert outcomes.count("does not fit") == 3 and line.endswith("`meshplan search` ranks every ep with the other axes "
+                                                                 "re-factored")

@@ -28,6 +28,7 @@ from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, kno
 from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.ep import ep_choices, ep_refusal
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.search import TIE
 from meshplan.units import GiB, step_seconds
 
 #: Re-plans shown at most on the line (the fastest first), as the bubble hint's.
@@ -94,17 +95,26 @@ def ep_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]], bw
         whys = "; ".join(why for _, why in tried) or f"etp {mesh.etp} leaves no ep > 1 inside a node"
         return [f"note: no ep hint: {head}, but no smaller ep keeps the group inside a node ({whys}{_straddle(plan)}); "
                 f"{SEARCH}"]
-    faster, outcomes = [], []
+    faster, outcomes = _replanned(plan, st, valid, alternatives)
+    if not faster:
+        return [f"note: no ep hint: {head}, but no ep inside a node re-planned fits with a step more than {TIE:.0%} "
+                f"shorter ({'; '.join(outcomes)}); {SEARCH}"]
+    return [f"hint: {head}: shorter with the group inside a node, " + "; ".join(faster[:MAX_SHOWN])]
+
+
+def _replanned(plan: Plan, st, valid: list[int], alternatives: Callable[..., Replanned]) -> tuple[list[str], list[str]]:
+    """(the words of each ep in ``valid`` re-planned that fits with a step clearly shorter than ``st``'s,
+    fastest first; each ep's outcome, :func:`~meshplan.schedule.verdict.knob_outcome`)."""
+    mesh = plan.mesh
+    faster: list[tuple[float, str]] = []
+    outcomes = []
     for e in valid:
         spec, edit = ep_spec(plan, e)
         alt = alternatives({}, spec)
         words = f"ep {e} (efsdp {mesh.block_size // (e * mesh.etp)}, etp {mesh.etp}; {edit})"
-        if clearly_faster(st.step_s, alt.step_s):
+        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
             faster.append((alt.step_s, f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
                                        f"peak {alt.peak_bytes / GiB:.1f} GiB fits)"))
         outcomes.append(f"ep {e}: {knob_outcome(st.step_s, alt)}")
-    if not faster:
-        return [f"note: no ep hint: {head}, but no ep inside a node re-planned fits with a shorter step "
-                f"({'; '.join(outcomes)}); {SEARCH}"]
     faster.sort(key=lambda f: round(f[0], 6))
-    return [f"hint: {head}: shorter with the group inside a node, " + "; ".join(w for _, w in faster[:MAX_SHOWN])]
+    return [w for _, w in faster], outcomes
