@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from meshplan.comm.collectives import collective_table
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
@@ -255,7 +257,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tp, tokens = mesh.degree("tp"), shapes.tokens
-    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches) if reports else constraints
+    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches,
+                                   ep_span(mesh, placement)) if reports else constraints
     notes = v.notes
     if t.pp_schedule_runs > 1 and pp == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
@@ -273,6 +276,14 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
     return with_memory(plan) if memory else plan
+
+
+def ep_span(mesh: Mesh, placement: Placement) -> tuple[int, int]:
+    """(nodes, ranks on the busiest of them) of rank 0's ep group under ``placement``; (1, 1) at ep 1."""
+    if mesh.ep < 2:
+        return 1, 1
+    _, counts = np.unique(placement.node[mesh.group_of(0, "ep")], return_counts=True)
+    return len(counts), int(counts.max())
 
 
 def with_memory(plan: Plan) -> Plan:

@@ -166,7 +166,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     torchtitan issue #773
     and pytorch issue #136766 report (far slower than interleaved 1F1B, out of memory), a warning under the
     table names row 1 when it is one, and --export writes the plan's warning in its header. Rows are distinct meshes (axis degrees), each at its first setting by
-    the order; a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
+    the order; a MoE row names its experts' mesh after ep where efsdp (dp_shard x cp x tp / (ep x etp)) is > 1,
+    'ep 16 (efsdp 4, etp 1)' (--json: expert_mesh); a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
     top_variants, each with its label).
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,

@@ -33,6 +33,7 @@ from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
+from meshplan.schedule.ep_hint import ep_hint
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
@@ -102,9 +103,14 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     nothing when none helps. Where exposed tp is 15% of the step or more without training.tp_comm_overlap, a
     'hint:' line with it re-planned as the framework runs it (torch: with torch_compile, which async TP needs),
     shown only when that step is more than 1% shorter, else a 'note: no tp hint' line with the re-plan's step and
-    why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where a link (NVLink, a
+    why (a foreign CONFIG's 'hint:' and 'fix:' lines name its own keys where it has them). Where the ep group spans
+    nodes and its all-to-alls (exposed ep and the bubble's wait for it) cost the critical stage 15% of the step or
+    more, a 'hint:' line with each smaller valid ep whose group fits a node (ep x etp dividing its GPUs; efsdp
+    re-factored) re-planned, the fastest 3 that fit with a step more than 1% shorter, each with its mesh edit, step
+    and peak; else a 'note: no ep hint' line saying why and pointing to search. Where a link (NVLink, a
     NIC, a rail uplink) is busy 80% of its window (the edge-load table's) or more, one line names it, the
-    collectives that load it and, for FSDP's, the FSDP knobs re-planned (those that fit, more than 1% shorter).
+    collectives that load it and, for FSDP's, the FSDP knobs re-planned (those that fit, more than 1% shorter);
+    for ep's, it points to the ep line.
     Under --overlap-tp the verdict and 'hint:' lines are the config as written (TP blocking; a note says so): a
     hint's step is what step prints for the config with it set. The load on each NVLink, NIC and rail uplink is checked against stage 0's compute time
     (named in its header; a rail's uplinks are node 0's leaf's: what every node under it sends across the spine,
@@ -192,11 +198,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
 def _verdict(p, st, again, bw) -> list[str]:
     """The verdict and ``hint:`` lines of ``st``, the step of ``p`` as written, ``again`` its
     re-plans (:func:`rebuilt_step`); the link line points to the FSDP knobs where an earlier line
-    re-planned them (the FSDP hint or the verdict's cause)."""
+    re-planned them (the FSDP hint or the verdict's cause), and to the ep line where there is one."""
     net = network_verdict(p, st, again, bw=bw)
     listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
-    return (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again)
-            + link_bound_hint(p, st, again, knobs_listed=listed))
+    ep = ep_hint(p, st, again, bw)
+    return (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + ep
+            + link_bound_hint(p, st, again, knobs_listed=listed, ep_listed=bool(ep)))
 
 
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],

@@ -33,6 +33,7 @@ from meshplan.memory.inflight import in_flight_chunks
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.layers import balanced_split, stage_layers
+from meshplan.spec.axes.ep import ep_reason
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
@@ -247,9 +248,10 @@ def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
 
 
 def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                  mesh: Mesh, stages, micro: int) -> Constraints:
+                  mesh: Mesh, stages, micro: int, ep_span: tuple[int, int] = (1, 0)) -> Constraints:
     """Per-axis reason and the first peak estimate for ``mesh``; axes that solve no
-    constraint are listed in ``unforced``."""
+    constraint are listed in ``unforced``. ``ep_span``: (nodes, ranks on each) of rank 0's ep
+    group, for the ep line's words on its all-to-alls (:func:`meshplan.spec.axes.ep.ep_reason`)."""
     est = estimate(model, training, mesh, stages, micro) if not model.is_moe else None
     axes, unforced = {}, []
     world, usable = mesh.world, cons.usable_bytes
@@ -266,7 +268,7 @@ def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, c
     axes.update(joint)
     unforced = [a for a in unforced if a not in joint]
     if mesh.ep > 1:
-        axes["ep"] = f"capacity: {model.experts} experts split {mesh.ep} ways"
+        axes["ep"] = ep_reason(model.experts, mesh.ep, mesh.etp, mesh.block_size, *ep_span)
     return replace(cons, axes=axes, unforced=tuple(unforced), estimate=est)
 
 

@@ -49,7 +49,7 @@ from meshplan.memory.constraints import usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.mesh_words import mesh_text
+from meshplan.spec.mesh_words import mesh_text, with_experts
 from meshplan.spec.wording import DEEPSPEED, zero_runtime
 from meshplan.units import GiB
 
@@ -72,12 +72,17 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
-            "step_parts_s": e.breakdown, "layer_passes": e.layer_passes}
+            "step_parts_s": e.breakdown, "layer_passes": e.layer_passes,
+            "expert_mesh": {"efsdp": int(c.efsdp[i]), "ep": int(c.ep[i]), "etp": int(c.etp[i])} if c.moe else None}
 
 
 def row_mesh(d: dict[str, Any]) -> str:
-    """A :func:`row`'s mesh as every output prints it (:func:`meshplan.spec.mesh_words.mesh_text`)."""
-    return mesh_text(tuple(d["mesh"]), tuple(d["mesh"].values()), d["sharding"])
+    """A :func:`row`'s mesh as every output prints it (:func:`meshplan.spec.mesh_words.mesh_text`), a MoE
+    row's expert mesh after its ep where the dense mesh does not imply it
+    (:func:`meshplan.spec.mesh_words.with_experts`: ``ep 16 (efsdp 4, etp 1)``)."""
+    text = mesh_text(tuple(d["mesh"]), tuple(d["mesh"].values()), d["sharding"])
+    x = d.get("expert_mesh")
+    return with_experts(text, x["ep"], x["etp"], x["efsdp"]) if x else text
 
 
 def search_to_dict(r: SearchResult) -> dict[str, Any]:

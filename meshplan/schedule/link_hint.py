@@ -129,12 +129,14 @@ def _knob_list(st, found, alternatives) -> str:
 
 
 def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Replanned]], *,
-                    knobs_listed: bool = False) -> list[str]:
+                    knobs_listed: bool = False, ep_listed: bool = False) -> list[str]:
     """The line for a step whose busiest edge is busy :data:`LINK_BOUND_SHARE` of its window or
     more (module docstring), empty otherwise. ``hint:`` with the FSDP knobs re-planned by
     ``alternatives`` (:func:`~meshplan.schedule.verdict.rebuilt_step`) where the edge carries FSDP
     traffic with knobs; ``knobs_listed``: an earlier line (the FSDP hint, the verdict's cause)
-    re-planned them already, and this one points there. ``note:`` where no knob applies."""
+    re-planned them already, and this one points there; ``ep_listed``: the ep line
+    (:mod:`~meshplan.schedule.ep_hint`) re-planned ep inside a node, which the note points to where
+    the edge carries ep traffic. ``note:`` where no knob applies."""
     found = _busiest(plan, st)
     if found is None:
         return []
@@ -148,6 +150,8 @@ def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Repl
             f"the step is {step_seconds(st.step_s)}) with {_shown(st, traffic)}")
     streams = {s for s, _ in traffic}
     knobs = next((k for s in ("fsdp", "efsdp") if s in streams and (k := fsdp_knobs(plan, s)) and k[1]), None)
+    if knobs is None and ep_listed and "ep" in streams:
+        return [f"note: {head}; ep inside a node cuts its ep traffic: the ep line above"]
     if knobs is None or alternatives is None:
         return [f"note: {head}; no knob meshplan re-plans cuts it"]
     if knobs_listed:

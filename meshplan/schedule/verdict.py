@@ -59,7 +59,7 @@ def clearly_faster(step_s: float, alt_step_s: Optional[float]) -> bool:
     predicted gain is within the step model's error and decides nothing. The one rule of the
     step's ``hint:`` lines (:func:`exposed_hint`, :mod:`~meshplan.schedule.host_hint`,
     :mod:`~meshplan.schedule.bubble_hint`, :mod:`~meshplan.schedule.tp_hint`,
-    :mod:`~meshplan.schedule.link_hint`): only knobs it holds for are listed.
+    :mod:`~meshplan.schedule.ep_hint`, :mod:`~meshplan.schedule.link_hint`): only knobs it holds for are listed.
 
     >>> clearly_faster(10.0, 9.85), clearly_faster(10.0, 9.97), clearly_faster(10.0, None)
     (True, False, False)

@@ -17,7 +17,7 @@ import numpy as np
 from meshplan.pipeline.registry import get
 from meshplan.spec.axes.registry import AXES, search_axes
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.mesh_words import data_axis, mesh_text, sharding_shown
+from meshplan.spec.mesh_words import data_axis, mesh_text, sharding_shown, with_experts
 
 #: Searched recompute policies (the ``rc`` column); ``layer`` last, so that adding it kept the
 #: others' codes: torchtitan's per-layer AC at :data:`LAYER_AC_FREQ`.
@@ -152,11 +152,14 @@ class Candidates:
 
     def label(self, i: int) -> str:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
-        :func:`meshplan.spec.mesh_words.mesh_text` prints it), then ``, keep gathered``
+        :func:`meshplan.spec.mesh_words.mesh_text` prints it, a MoE row's expert mesh by
+        :func:`~meshplan.spec.mesh_words.with_experts`: ``ep 16 (efsdp 4, etp 1)``), then ``, keep gathered``
         (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply;
         the sharding by :meth:`sharding_word` (``ddp`` for an hsdp row that shards nothing)."""
         names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
         mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
+        if self.moe:  # the routed experts' mesh where the dense one does not imply it
+            mesh = with_experts(mesh, int(self.ep[i]), int(self.etp[i]), int(self.efsdp[i]))
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)

@@ -283,3 +283,52 @@ ETP = AxisDef(
                                                                             cfg.model.is_moe)),
     weights={"etp": 1e5},
 )
+
+
+def ep_refusal(ep: int, experts: int, block: int, etp: int = 1) -> str:
+    """Why ``ep`` is not a valid expert-parallel degree for ``experts`` routed experts on a dense
+    block ``dp_shard x cp x tp`` of ``block`` ranks at expert tensor parallelism ``etp`` (the
+    ``experts`` and ``expert_block`` rules above); "" where it is valid.
+
+    >>> ep_refusal(8, 256, 64), ep_refusal(8, 12, 64), ep_refusal(8, 256, 12)
+    ('', 'experts 12 are not divisible by ep 8', 'ep 8 x etp 1 does not divide the dense block dp_shard x cp x tp = 12')
+    """
+    if experts % ep:
+        return f"experts {experts} are not divisible by ep {ep}"
+    if block % (ep * etp):
+        return f"ep {ep} x etp {etp} does not divide the dense block dp_shard x cp x tp = {block}"
+    return ""
+
+
+def ep_choices(experts: int, block: int, etp: int = 1) -> list[int]:
+    """Every valid ep (:func:`ep_refusal` empty), smallest first.
+
+    >>> ep_choices(256, 64), ep_choices(64, 32, etp=2)
+    ([1, 2, 4, 8, 16, 32, 64], [1, 2, 4, 8, 16])
+    """
+    return [e for e in divisors(block) if not ep_refusal(e, experts, block, etp)]
+
+
+def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node: int) -> str:
+    """The plan's ``axis ep:`` line: the experts per rank, why this ep (the only valid one, or one of
+    :func:`ep_choices` as the config's mesh gives it, where a user or ``search --export`` put it), and
+    what its all-to-alls cross: one ep group (rank 0's) on ``nodes`` nodes with ``per_node`` of its
+    ranks on each: NVLink inside one node, else the NICs for the ``ep - per_node`` peers of each rank
+    on other nodes (DeepSeek-V3 at ep 64 on dgx-h100: 56 of 63).
+
+    >>> print(ep_reason(256, 64, 1, 64, 8, 8))
+    capacity: 256 experts split 64 ways (4 per rank); ep 64 as the config's mesh gives it (chosen by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8, 16, 32, 64 (ep divides the 256 experts and ep x etp 1 the dense block dp_shard x cp x tp = 64); its all-to-alls cross the NICs: the group spans 8 nodes, 8 ranks on each, so each rank sends to 56 of its 63 peers over the network (ep <= 8 keeps the group inside one node)
+    >>> print(ep_reason(8, 8, 1, 8, 1, 8))
+    capacity: 8 experts split 8 ways (1 per rank); ep 8 as the config's mesh gives it (chosen by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8 (ep divides the 8 experts and ep x etp 1 the dense block dp_shard x cp x tp = 8); its all-to-alls stay inside one node, over NVLink
+    """
+    valid = ep_choices(experts, block, etp)
+    why = ("the only valid ep > 1" if [e for e in valid if e > 1] == [ep] else "as the config's mesh gives it "
+           "(chosen by the user, or a `meshplan search --export` row)")
+    head = (f"capacity: {experts} experts split {ep} ways ({experts // ep} per rank); ep {ep} {why}: valid ep "
+            f"{', '.join(map(str, valid))} (ep divides the {experts} experts and ep x etp {etp} the dense block "
+            f"dp_shard x cp x tp = {block})")
+    if nodes <= 1:
+        return f"{head}; its all-to-alls stay inside one node, over NVLink"
+    return (f"{head}; its all-to-alls cross the NICs: the group spans {nodes} nodes, {per_node} ranks on each, so "
+            f"each rank sends to {ep - per_node} of its {ep - 1} peers over the network (ep <= {per_node} "
+            f"keeps the group inside one node)")
