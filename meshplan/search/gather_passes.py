@@ -13,6 +13,9 @@ import numpy as np
 
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import Config
+from meshplan.memory.deepspeed_fetch import config_reuse
+from meshplan.search.candidate import candidate_config
+from meshplan.search.columns import SHARDING
 from meshplan.pipeline.fast import order_arrays
 from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
@@ -152,9 +155,6 @@ def deepspeed_backward_shares(cfg: Config, c: Candidates) -> tuple[np.ndarray, n
     at ``[memory] deepspeed_max_reuse_elements`` of the candidate's plan input
     (:func:`~meshplan.search.candidate.candidate_config`), once per (tp, ep, etp, recompute), as
     the collective table and the rank timeline count them; NaN on other rows (the bound's ``n`` and 1)."""
-    from meshplan.memory.deepspeed_fetch import config_reuse
-    from meshplan.search.candidate import candidate_config
-    from meshplan.search.columns import SHARDING
     total, last = np.full((len(c), 1), np.nan), np.full((len(c), 1), np.nan)
     on = (c.sh == SHARDING.index("zero3")) & (c.pp == 1) & (c.vpp == 1)
     if cfg.training.searched_zero3_engine != "deepspeed" or not on.any():
