@@ -129,7 +129,7 @@ def deepspeed_reuse(model: ModelSpec, training: TrainingSpec, mesh: Mesh,
                     distance: Optional[int] = None) -> Optional[ReuseBytes]:
     """:class:`ReuseBytes` of ``distance`` (``[memory] deepspeed_max_reuse_elements``, unset
     DeepSpeed's 1e9 elements) for DeepSpeed ZeRO-3 (``zero3_engine = "deepspeed"``) on a mesh of
-    one pipeline stage, else None. :func:`~meshplan.spec.deepspeed_reuse.reuse_kept` over the
+    one pipeline stage and a model without routed experts, else None (every layer gathered again). :func:`~meshplan.spec.deepspeed_reuse.reuse_kept` over the
     model's parameters as one rank holds them (``ds_numel`` of the tp-split modules; the largest
     layer's for every layer, as :func:`layer_param_bytes`; the head: final norm and output layer, a
     tied one the embedding's weight used there), its elements turned
@@ -141,8 +141,8 @@ def deepspeed_reuse(model: ModelSpec, training: TrainingSpec, mesh: Mesh,
     ``1 - k/E`` and the backward ``1 - replay/E`` (DeepSpeed edaa722 coordinator :365-366: a
     kept parameter's fetch finds it ``AVAILABLE``). The embedding (both ends of the trace) is
     gathered again as before."""
-    if training.sharding != "zero3" or training.zero3_engine != "deepspeed" or mesh.degree("pp") > 1:
-        return None
+    if training.sharding != "zero3" or training.zero3_engine != "deepspeed" or mesh.degree("pp") > 1 or model.is_moe:
+        return None  # a routed-expert model's layers differ (and its experts may be a unit apart): not modelled
     tp = mesh.degree("tp")
     numel = lambda tensors: tuple(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in tensors)
     elements = max((numel(model.layer_tensors(i)) for i in {0, model.layers - 1}), key=sum)
