@@ -323,6 +323,7 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
                                              schedule=spec.pp_schedule, chunks=stages[k],
                                              grad_bucket_elements=config.memory.grad_bucket_elements,
                                              deepspeed_prefetch=config.memory.deepspeed_prefetch_bytes(config.training),
+                                             deepspeed_reuse=config.memory.deepspeed_max_reuse_elements,
                                              paths=paths)
     return out
 

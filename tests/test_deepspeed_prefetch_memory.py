@@ -28,10 +28,13 @@ N = LAYER_BYTES // 2  # 16,779,264 parameters a layer
 
 
 def _plan(tmp_path, bucket: int, live: int):
+    """The tiny model at ``bucket`` and ``live`` elements, ``stage3_max_reuse_distance`` 0: the
+    prefetch window alone (DeepSpeed's default 1e9 keeps every layer of this model gathered from
+    its forward to its backward, tests/test_deepspeed_reuse_step.py)."""
     f = tmp_path / "tiny.toml"
     f.write_text(TOML)
     cfg = load_config(f)
-    upd = {"deepspeed_prefetch_elements": bucket, "deepspeed_max_live_elements": live}
+    upd = {"deepspeed_prefetch_elements": bucket, "deepspeed_max_live_elements": live, "deepspeed_max_reuse_elements": 0}
     return build_plan(replace(cfg, memory=cfg.memory.model_copy(update=upd)))
 
 

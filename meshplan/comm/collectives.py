@@ -62,6 +62,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      chunks: Optional[list[list[int]]] = None,
                      grad_bucket_elements: Optional[int] = None,
                      deepspeed_prefetch: Optional[tuple[int, int]] = None,
+                     deepspeed_reuse: Optional[int] = None,
                      paths: Optional[dict] = None) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
@@ -69,6 +70,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     bucket cap (``[memory] grad_bucket_elements``; None: torch's default, :func:`meshplan.comm.dp_rows._ddp_rows`);
     ``deepspeed_prefetch``: DeepSpeed ZeRO-3's (prefetch, max live) bytes
     (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`; None: DeepSpeed's defaults);
+    ``deepspeed_reuse``: its ``stage3_max_reuse_distance``, elements (``[memory]
+    deepspeed_max_reuse_elements``; None: DeepSpeed's 1e9);
     ``paths``: the axes' paths (:func:`~meshplan.comm.row.axis_path`) found so far for this
     ``mesh``, ``placement`` and ``cluster``, filled in place (the tables of one plan's stages
     share them; default: a new dict)."""
@@ -83,7 +86,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                        last=last_stage, gpu=cluster.gpu, stage=stage, vpp=vpp, schedule=schedule,
                        micro=micro_batches, chunk_of=chunk_of, loss_parallel=loss_parallel,
                        bucket_elements=grad_bucket_elements,
-                       deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training))
+                       deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training),
+                       deepspeed_reuse=deepspeed_reuse)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:

@@ -41,7 +41,7 @@ from meshplan.compute import float8
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
-from meshplan.memory.deepspeed_fetch import layer_param_bytes
+from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.pipeline.unshard_window import evicted, pipeline_window
 from meshplan.spec.deepspeed_memory import deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
@@ -124,13 +124,44 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
         if ds else [0.0, 0.0]  # (forward, backward)
     add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
         per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=ds_out[0] + cast_s)
-    add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-        f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=ds_out[1] + cast_s)
+    reuse = _deepspeed_reuse(c) if ds and label == "layer" and n == len(c.layers) else None
+    if reuse is not None:  # the calls stage3_max_reuse_distance leaves, per layer
+        _reuse_gathers(add, axis, gbytes, gdt, reuse.backward, per_step=back[1], ds_gpu_s=(ds_out[1], cast_s))
+    else:
+        add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
+            f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=ds_out[1] + cast_s)
     add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
         per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
     if "dp_replicate" in c.mesh.layout.names:
         add("dp_replicate", "backward", "all-reduce", numel // fsdp_shards(c)[axis] * dtype_bytes(rs), rs, red[0],
             cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
+
+
+#: Cadence words of a layer's backward all-gather of less than its unit: the parameters DeepSpeed's
+#: ``stage3_max_reuse_distance`` kept gathered are not gathered again (:func:`_reuse_gathers`).
+REUSE_PART = "the part stage3_max_reuse_distance did not keep"
+
+
+def _deepspeed_reuse(c: StageContext):
+    """:func:`meshplan.memory.deepspeed_fetch.deepspeed_reuse` of the stage (None: not DeepSpeed's
+    ZeRO-3 on one stage)."""
+    return deepspeed_reuse(c.model, c.training, c.mesh, c.deepspeed_reuse) if c.first and c.last else None
+
+
+def _reuse_gathers(add, axis: str, gbytes: int, gdt: str, backward: tuple, per_step, ds_gpu_s: tuple) -> None:
+    """DeepSpeed ZeRO-3's layer all-gathers in backward under ``stage3_max_reuse_distance``
+    (``backward``: :attr:`~meshplan.memory.deepspeed_fetch.ReuseBytes.backward`, each layer's
+    calls as shares of its unit of ``gbytes``): one row per share, a whole unit ``every layer`` as
+    before, a part (:data:`REUSE_PART`) its share of the bytes and of the copy-out
+    (``ds_gpu_s``: the whole unit's copy-out and cast seconds). Under full recompute at a distance
+    below a layer's own, every layer twice (the replay's and the backward's); none for a layer
+    kept whole."""
+    calls = Counter(round(x, 9) for shares in backward for x in shares)
+    for x, k in sorted(calls.items(), reverse=True):
+        whole = x >= 1 - 1e-9
+        add(axis, "backward", "all-gather", gbytes if whole else round(gbytes * x), gdt, k,
+            "every layer" if whole else f"every layer, {REUSE_PART} ({x:.2%})", "the layer's backward", 7,
+            per_step=per_step, ds_gpu_s=ds_gpu_s[0] * x + ds_gpu_s[1])
 
 
 def _call_counts(c: StageContext, units: list, key: tuple, n: int) -> tuple[tuple, tuple, tuple]:
@@ -142,6 +173,8 @@ def _call_counts(c: StageContext, units: list, key: tuple, n: int) -> tuple[tupl
     says (:func:`_accumulation_gathers`)."""
     t, pipelined = c.training, c.mesh.degree("pp") > 1
     root = kept_gathered(key[0], t, c.model.tied_embeddings)
+    if root and key[0] == "root (norm/output)" and _deepspeed_engine(c):  # DeepSpeed: stage3_max_reuse_distance 0
+        root = getattr(_deepspeed_reuse(c), "head_kept", True)  # releases the output layer after its forward
     per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == key]) \
         if pipelined else _accumulation_gathers(c, root, n)
     fwd = _per_microbatch(per_step[0], n, c.micro, pipelined) if per_step is not None else (n, None)

@@ -30,8 +30,8 @@ class StageContext:
     compute-stream copies run), ``stage`` (its index), ``vpp`` chunks run under ``schedule``
     with ``micro`` micro-batches per step, ``chunk_of`` (layer -> local chunk),
     ``loss_parallel`` (mesh option), ``bucket_elements`` (``[memory] grad_bucket_elements``,
-    DDP's bucket cap; None: torch's) and ``deepspeed_prefetch`` (DeepSpeed ZeRO-3's
-    (prefetch, max live) bytes)."""
+    DDP's bucket cap; None: torch's), ``deepspeed_prefetch`` (DeepSpeed ZeRO-3's
+    (prefetch, max live) bytes) and ``deepspeed_reuse`` (its ``stage3_max_reuse_distance``)."""
 
     model: ModelSpec
     training: TrainingSpec
@@ -48,6 +48,7 @@ class StageContext:
     loss_parallel: bool = True
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
     deepspeed_prefetch: Optional[tuple[int, int]] = None  # DeepSpeed ZeRO-3's (prefetch, max live) bytes
+    deepspeed_reuse: Optional[int] = None  # its stage3_max_reuse_distance, elements (None: DeepSpeed's 1e9)
 
     @property
     def runs(self) -> int:

@@ -64,8 +64,8 @@ run on side streams and overlap the compute; off, both run on the default stream
 of the one computed (:func:`meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`), and written back when set;
 ``stage3_max_reuse_distance`` (or ``max_reuse_distance``; zero/config.py:244) likewise into
 ``deepspeed_max_reuse_elements``, written back when set: the parameters kept gathered when used
-again within it (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`; not yet in the memory timeline
-or the step).
+again within it (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`; the step's backward gathers and
+the memory timeline's kept bytes: :func:`meshplan.memory.deepspeed_fetch.deepspeed_reuse`).
 
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
 ``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and

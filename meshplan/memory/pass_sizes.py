@@ -106,6 +106,8 @@ class StageSizes:
     deepspeed_prefetch: Optional[tuple[int, int]] = None
     # of its layer, the parameters' gathered bytes in trace order (its prefetch runs to their boundaries)
     deepspeed_params: tuple[int, ...] = ()
+    # bytes of each layer its stage3_max_reuse_distance keeps from its forward to its backward (one stage)
+    deepspeed_kept: tuple[int, ...] = ()
 
     @cached_property
     def step_events(self) -> dict:

@@ -37,7 +37,9 @@ backward) are issued after the copy-out. DeepSpeed's ZeRO-3 (``zero3_engine = "d
 holds the unit it computes and, past it, the bytes its prefetch keeps gathered (``max live - layer``:
 :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes`, as the step's prefetch), one copy of
 a fetched unit (its parameters views of the all-gather buffer) and two of a prefetched bucket
-only at its wait (:func:`meshplan.memory.deepspeed_fetch.deepspeed_fetch`).
+only at its wait (:func:`meshplan.memory.deepspeed_fetch.deepspeed_fetch`); a layer's forward releases
+all but what ``stage3_max_reuse_distance`` keeps, and its backward gathers only the rest
+(:func:`meshplan.memory.deepspeed_fetch.reuse_kept_bytes`; at 0 the head is released too).
 
 Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) while the
 layer runs; allocate the layer's saved activations (``activations``); reshard l after its
@@ -79,7 +81,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.pass_sizes import BackStep, StageSizes, Unit, UnitKey
-from meshplan.memory.deepspeed_fetch import deepspeed_fetch, deepspeed_prefetch
+from meshplan.memory.deepspeed_fetch import deepspeed_fetch, deepspeed_prefetch, reuse_kept_bytes
 
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
@@ -106,6 +108,8 @@ class PassBuilder:
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
         self.issued_bytes: dict[UnitKey, int] = {}  # of each, the bytes held (DeepSpeed: a part, prefetched)
         self.keys = sizes.chunk_units(chunk)
+        # layers whose part stage3_max_reuse_distance kept is held (DeepSpeed ZeRO-3; deepspeed_fetch.reuse_kept_bytes)
+        self.kept = {k for k in self.keys if phase == "backward" and reuse_kept_bytes(self, k)}
 
     def build(self) -> tuple[Entry, ...]:
         if self.phase == "forward":
@@ -132,8 +136,8 @@ class PassBuilder:
         u = self._sharded(key)
         if u is None or key in self.gathered:
             return 0
-        have = self.issued_bytes.get(key, 0)
-        want = u.gathered if limit is None else min(u.gathered, have + limit)
+        have, whole = self.issued_bytes.get(key, 0), u.gathered - (reuse_kept_bytes(self, key) if key in self.kept else 0)
+        want = whole if limit is None else min(whole, have + limit)
         if want > have:
             part = "" if want == u.gathered and not have else f" ({'the rest' if have else 'prefetched part'})"
             what = ("prefetched by DeepSpeed's coordinator: all-gather buffer" if limit is not None
@@ -175,12 +179,16 @@ class PassBuilder:
         for nxt in ahead[:depth]:
             self._issue(nxt)
 
-    def _release(self, key: UnitKey, why: str) -> None:
+    def _release(self, key: UnitKey, why: str, keep: int = 0) -> None:
+        """``key`` resharded, all but ``keep`` bytes (DeepSpeed's ``stage3_max_reuse_distance``)."""
         u = self.sz.units.get(key)
         if key in self.gathered and u is not None:
             done = "released (partitioned again)" if self.sz.deepspeed_prefetch is not None else "resharded"
-            self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: {done} {why}")
+            kept = f", {keep:,} B kept by stage3_max_reuse_distance" if keep else ""
+            self._add(u.layer, "gathered_params", -u.gathered + keep, f"{u.name}: {done} {why}{kept}")
             self.gathered.discard(key)
+            if keep:
+                self.kept.add(key)
 
     @property
     def _reduce_now(self) -> bool:
@@ -211,7 +219,7 @@ class PassBuilder:
             self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {sz.recompute})")
             self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: {work} freed")
             if sz.reshard_after_forward:
-                self._release(layer, "after forward")
+                self._release(layer, "after forward", reuse_kept_bytes(self, layer))
         if self._head_here:
             self._unshard("head", [], depth, keep)
             self._head_forward()

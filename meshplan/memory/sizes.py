@@ -18,7 +18,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
-from meshplan.memory.deepspeed_fetch import layer_param_bytes
+from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import explicit_forward_prefetch, units
@@ -107,6 +107,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     bucket = deepspeed3_bucket_bytes(model, training, mesh, stages, k, opts, state.params.total) if fsdp \
         else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
+    reuse = deepspeed_reuse(model, training, mesh, opts.deepspeed_max_reuse_elements) if fsdp else None
     return StageSizes(
         stage=k, chunks=tuple(tuple(c) for c in stages[k]), acts=acts, units=us,
         embedding_saved=hs["embedding_saved"] if k == 0 else 0, head_saved=hs["head_saved"],
@@ -120,7 +121,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
         embedding_reshards=training.torchtitan_units and training.reshard_after_forward and (
             not model.tied_embeddings or training.reshard_head_after_forward),
-        head_reshards=training.reshard_head_after_forward,
+        head_reshards=training.reshard_head_after_forward or not getattr(reuse, "head_kept", True),
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, bucket=bucket,
@@ -129,5 +130,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed" or fsdp,
         bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
+        deepspeed_kept=reuse.kept if reuse is not None else (),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
         step=step_entries(state, training, opts, fsdp_grads))

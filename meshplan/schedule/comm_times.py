@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from meshplan.comm import deepspeed
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
+from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS
@@ -212,6 +213,8 @@ class CommTimes:
                     bucket = r.op == "all-reduce" or "first of its bucket" in r.cadence
                     sec, n = c.ds_flush.get(at, (0.0, 0.0))
                     c.ds_flush[at] = (sec + r.time_s * per, n + per * bucket)
+            elif kind == "shard" and REUSE_PART in r.cadence:
+                pass  # its seconds are a share of the unit's (rank_timeline._layer_gather, Overlap.fsdp_backward)
             else:
                 group = _row_group(kind, r)
                 c.t[(kind, group, r.phase, r.op)] = r.time_s

@@ -12,7 +12,7 @@ from dataclasses import replace
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.memory.deepspeed_fetch import config_layer_param_bytes
+from meshplan.memory.deepspeed_fetch import config_layer_param_bytes, config_reuse
 from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_prefetch_ahead
 from meshplan.spec.mesh import Schedule
 
@@ -91,9 +91,14 @@ def plan_overlap(config, rows, overlap: Overlap = Overlap()) -> Overlap:
     :func:`~meshplan.memory.deepspeed_fetch.deepspeed_prefetch`): a bucket of 0 prefetches nothing (``fsdp_prefetch`` off: every gather issued when
     its layer, or the embedding or head, needs it). The prefetch runs on to the end of the parameter
     that reaches max live (a layer's parameters in trace order,
-    :func:`meshplan.memory.deepspeed_fetch.config_layer_param_bytes`, the memory timeline's)."""
+    :func:`meshplan.memory.deepspeed_fetch.config_layer_param_bytes`, the memory timeline's). Its
+    backward all-gathers follow ``[memory] deepspeed_max_reuse_elements`` (``Overlap.fsdp_backward``,
+    :func:`meshplan.memory.deepspeed_fetch.config_reuse`, the collective table's)."""
     overlap = config_overlap(config.training, overlap)
     ds = config.memory.deepspeed_prefetch_bytes(config.training)
+    reuse = config_reuse(config) if ds is not None else None
+    if reuse is not None:
+        overlap = replace(overlap, fsdp_backward=reuse.backward)
     if ds is None or not overlap.fsdp_prefetch:
         return overlap
     unit, layer_params = _layer_gather_bytes(rows), config_layer_param_bytes(config)

@@ -130,7 +130,18 @@ from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
 
 def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
     """The all-gather of ``part`` of layer ``i``'s FSDP unit in ``phase`` (1: the whole call; a
-    part's seconds its share of the call's, :mod:`~meshplan.schedule.layer_prefetch`)."""
+    part's seconds its share of the call's, :mod:`~meshplan.schedule.layer_prefetch`). In backward
+    under DeepSpeed's ``stage3_max_reuse_distance`` (``Overlap.fsdp_backward``) each of the layer's
+    calls gathers its share of that part, timed as that share of the forward's whole call (the same
+    unit's bytes; none where the distance kept the whole layer); the last one is returned (one
+    stream: it ends after the others)."""
+    shares = s.ov.fsdp_backward[i] if phase == "backward" and s.ov.fsdp_backward else None
+    if shares is not None:
+        whole_s, ev = s.c.get("shard", "forward", "all-gather", "layer"), None
+        for x in shares:
+            ev = s.comm("shard", phase, "all-gather", f"fsdp AG L{i} ({part * x:.0%}, stage3_max_reuse_distance)",
+                        "layer", seconds=whole_s * part * x)
+        return ev
     whole = part >= 1.0
     return s.comm("shard", phase, "all-gather", f"fsdp AG L{i}" + ("" if whole else f" ({part:.0%})"), "layer",
                   seconds=None if whole else s.c.get("shard", phase, "all-gather", "layer") * part)

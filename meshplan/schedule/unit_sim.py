@@ -37,6 +37,10 @@ class Overlap:
     #: DeepSpeed ZeRO-3: layers its prefetch issues behind the fetch before a pass's first layer,
     #: (forward: the embedding's, backward: the head's), max live less that unit; () for ``fsdp_ahead``
     fsdp_start: tuple = ()
+    #: DeepSpeed ZeRO-3's backward all-gathers of each layer (first to last) under
+    #: ``stage3_max_reuse_distance``: the shares of its unit gathered, one per call
+    #: (:attr:`meshplan.memory.deepspeed_fetch.ReuseBytes.backward`); () for one whole call each
+    fsdp_backward: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
 

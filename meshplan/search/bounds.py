@@ -56,6 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
+from meshplan.spec.deepspeed_reuse import DEEPSPEED_MAX_REUSE_ELEMENTS
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
@@ -263,7 +264,13 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     if ds3:
         m, t = cfg.model, cfg.training
         one = max(x.numel * dtype_bytes(t.gather_dtype(x)) for i in {0, m.layers - 1} for x in m.layer_tensors(i))
-        held = np.where(u["ds3"], np.maximum(held, ds3[1] + one) + ds3[0], held)
+        # stage3_max_reuse_distance d keeps parameters past max live across the forward -> backward
+        # turn: the earliest kept one has under d elements used after it (each twice, or its layer's
+        # rest once under recompute), so the kept ones are at most d/2 elements and a layer; the
+        # layer computed beside them (spec.deepspeed_reuse.reuse_kept, memory.deepspeed_fetch)
+        d = o.deepspeed_max_reuse_elements
+        kept = (DEEPSPEED_MAX_REUSE_ELEMENTS if d is None else d) // 2 * dtype_bytes(t.param_dtype) + u["unit_max"]
+        held = np.where(u["ds3"], np.maximum(held, np.maximum(ds3[1], kept + u["unit_max"]) + one) + ds3[0], held)
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
@@ -312,7 +319,11 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     # reshard_after_forward): neither end kept gathered from its forward
     again = t.reshard_head_after_forward
     emb_kept = col(np.broadcast_to(not titan and not again, c.rf.shape) | (c.rf == 0))
-    head_kept = col(np.broadcast_to(not again, c.rf.shape) | (c.rf == 0))
+    # DeepSpeed ZeRO-3 at pp 1 with stage3_max_reuse_distance 0 releases the output layer after its
+    # forward (memory.deepspeed_fetch.deepspeed_reuse: ReuseBytes.head_kept)
+    ds0 = (c.sh == SHARDING.index("zero3")) & (c.pp == 1) & (c.vpp == 1) & (
+        t.searched_zero3_engine == "deepspeed" and cfg.memory.deepspeed_max_reuse_elements == 0)
+    head_kept = col((np.broadcast_to(not again, c.rf.shape) | (c.rf == 0)) & ~ds0)
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
     # fp8_all_gather: units.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))

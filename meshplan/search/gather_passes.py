@@ -13,6 +13,9 @@ import numpy as np
 
 from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import Config
+from meshplan.memory.deepspeed_fetch import config_reuse
+from meshplan.search.candidate import candidate_config
+from meshplan.search.columns import SHARDING
 from meshplan.pipeline.fast import order_arrays
 from meshplan.pipeline.unshard_window import evicted, pipeline_window
 from meshplan.search.memory import Stages
@@ -149,3 +152,25 @@ def end_chunk_passes(c: Candidates, st: Stages, window: int = 0) -> dict[str, np
         for name, kind, chunk in (("f0", 0, 0), ("b0", 1, 0), ("fl", 0, -1), ("bl", 1, -1)):
             out[name][rows] = g[kind, :, chunk][None, :]
     return out
+
+
+def deepspeed_backward_shares(cfg: Config, c: Candidates) -> tuple[np.ndarray, np.ndarray]:
+    """(candidates, 1) each: the layers' backward all-gathers of a DeepSpeed ZeRO-3 row of one
+    stage (zero3 under :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`
+    ``"deepspeed"``, pp 1) as their shares of a layer's unit, summed over the layers and the last
+    layer's (the first the backward needs): :attr:`meshplan.memory.deepspeed_fetch.ReuseBytes.backward`
+    at ``[memory] deepspeed_max_reuse_elements`` of the candidate's plan input
+    (:func:`~meshplan.search.candidate.candidate_config`), once per (tp, ep, etp, recompute), as
+    the collective table and the rank timeline count them; NaN on other rows (the bound's ``n`` and 1)."""
+    total, last = np.full((len(c), 1), np.nan), np.full((len(c), 1), np.nan)
+    on = (c.sh == SHARDING.index("zero3")) & (c.pp == 1) & (c.vpp == 1)
+    if cfg.training.searched_zero3_engine != "deepspeed" or not on.any():
+        return total, last
+    keys = np.stack([c.tp, c.ep, c.etp, c.rc], axis=1)
+    for key in np.unique(keys[on], axis=0):
+        rows = on & (keys == key).all(axis=1)
+        reuse = config_reuse(candidate_config(cfg, c, int(np.flatnonzero(rows)[0])))
+        if reuse is not None:
+            total[rows] = sum(sum(x) for x in reuse.backward)
+            last[rows] = sum(reuse.backward[-1]) if reuse.backward else 0.0
+    return total, last

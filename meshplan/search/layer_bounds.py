@@ -16,7 +16,8 @@ from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
 from meshplan.schedule import workload  # its dtensor_host_s through the module: one home, one override
 from meshplan.search.comm_bounds import comm_times, fsdp_copies
-from meshplan.search.gather_passes import expert_gathers, head_regathers, head_unit_apart, gathering_passes
+from meshplan.search.gather_passes import (deepspeed_backward_shares, expert_gathers, head_regathers, head_unit_apart,
+                                           gathering_passes)
 from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
@@ -159,6 +160,12 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # reduce-scatters queue on the fsdp stream without holding up a gather (they end in the tail)
     keep = col(c.rf > 0)
     ag_b = ag * keep
+    # DeepSpeed ZeRO-3 at pp 1: its backward gathers what stage3_max_reuse_distance did not keep
+    # (none of a kept layer, twice a layer under full recompute at a short distance): the
+    # shares summed (``ds_n``, for n) and the last layer's (``ds_1``, the first exposed)
+    ds_tot, ds_last = deepspeed_backward_shares(cfg, c)
+    ds_n = lambda n: np.where(np.isnan(ds_tot), n, ds_tot)
+    ds_1 = np.where(np.isnan(ds_last), 1.0, ds_last)
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     g_f, g_b = gathering_passes(cfg, c, st)
     # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather where
@@ -215,8 +222,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         has = n >= 1
         nf_c, nb_c = n * cf_c + replays_f(n, plus), n * cb_c + replays_b(n, plus)
         return {"f_core": has * np.maximum(np.maximum(ag + nf_c, n * ag + cf_c), nf_c + col(~lazy) * e_ag),
-                "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + nb_c + e_ci,
-                                           n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
+                "b_core": has * np.maximum(np.maximum(ag_b * ds_1 - hb1, 0.0) + nb_c + e_ci,
+                                           ds_n(n) * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
                 "b_red": has * (n * ci_p + e_ci_p),
                 "b_wait": np.maximum(has * (n * ci_p + e_ci_p), has * waits * (ci_p + rs_p + ar_p + np.maximum(n - 1, 0)
                                                                              * np.maximum(np.maximum(ci_p, rs_p), ar_p)))}

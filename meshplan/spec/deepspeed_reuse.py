@@ -53,6 +53,9 @@ from typing import Sequence
 #: ``stage3_max_reuse_distance`` default, elements (deepspeedai/DeepSpeed edaa722
 #: ``runtime/zero/config.py:244``: ``max_reuse_distance: int = Field(pp_int(1e9), ge=0, ...)``).
 DEEPSPEED_MAX_REUSE_ELEMENTS = 1_000_000_000
+#: ``stage3_param_persistence_threshold`` default, elements: smaller parameters are never
+#: partitioned, never gathered (edaa722 ``runtime/zero/config.py:221``).
+DEEPSPEED_PERSISTENCE_ELEMENTS = 100_000
 
 
 def prefetch_taken(room: int, queue: Sequence[int]) -> int:
@@ -134,7 +137,7 @@ def _kept(params: Sequence[int], between, distance: int, persist_below: int) -> 
 
 
 def reuse_kept(layer_params: Sequence[int], layers: int, head: Sequence[int], distance: int,
-               recompute: bool, persist_below: int = 100_000) -> ReuseKept:
+               recompute: bool, persist_below: int = DEEPSPEED_PERSISTENCE_ELEMENTS) -> ReuseKept:
     """The elements ``distance`` (``stage3_max_reuse_distance``) keeps gathered in one
     forward+backward of ``layers`` alike layers (``layer_params``: one layer's parameters'
     elements in forward order; ``head``: the final norm's and output layer's, after the last

@@ -63,8 +63,11 @@ class MemoryOptions(BaseModel):
       the memory timeline's and the step's), in place of ``prefetch_layers`` / ``forward_prefetch_layers``.
     - ``deepspeed_max_reuse_elements`` (``training.zero3_engine = "deepspeed"``; DeepSpeed's
       ``stage3_max_reuse_distance``, unset 1e9): a parameter whose next use comes within this many
-      elements is kept gathered after its module (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`);
-      read, written back and weighed by ``compare``; the memory timeline and the step do not use it yet.
+      elements is kept gathered after its module (:func:`meshplan.spec.deepspeed_reuse.reuse_kept`):
+      on one pipeline stage the step and the collective table gather only the rest in backward (a
+      layer twice, replay and backward, under full recompute at a short distance) and the memory
+      timeline holds the kept bytes from forward to backward
+      (:func:`meshplan.memory.deepspeed_fetch.deepspeed_reuse`); read, written back and weighed by ``compare``.
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. Not a free choice:
       it follows what :mod:`meshplan.comm.collectives` counts and the runtime runs
       (:meth:`fsdp_reduce_for`), so the memory verdict, the table and the step agree. With
