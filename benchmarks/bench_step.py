@@ -6,7 +6,7 @@ For each config under benchmarks/configs/ (GPT 1T, 512 GPUs pp 64 x 3,072 micro-
 interleaved ones also with ``training.framework = "megatron"``: blocking pipeline sends, the
 simulation's other loop), prints the units simulated and the wall time of each phase the `step`
 command runs: build_plan (config to plan, memory timeline included; `memory` is the timelines of
-every stage alone, computed again on arrays by meshplan/memory/passtable.py: 9-22 s pass by pass
+every stage alone, computed again on arrays by meshplan/memory/passtable.py and peakscan.py: 9-22 s pass by pass
 before, benchmarks/configs; not a phase of the command), step_time (unit timelines + pipeline
 simulation + stage ends), the network verdict and the bubble hint (its re-plans where the bubble is
 15% of the step or more), the critical path, and the link report (timings,

@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from meshplan.comm.calibration import apply_calibration, calibration_line, load_calibration
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration_notes import calibration_line
 from meshplan.comm.nccl_tests import parse_nccl_tests_text
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor

@@ -284,7 +284,7 @@ def test_step_says_which_links_are_uncalibrated(capsys):
     NVLink5 curves and only its NICs are named; dgx-a100 (S15, S18 curves) has no note."""
     from meshplan.catalog import system
     from meshplan.cli import main
-    from meshplan.comm.calibration import uncalibrated_note
+    from meshplan.comm.calibration_notes import uncalibrated_note
     assert uncalibrated_note(system("dgx-a100", nodes=2)) is None
     assert uncalibrated_note(system("dgx-b200", nodes=1)) is None
     assert uncalibrated_note(system("dgx-b200", nodes=2)).startswith("note: links uncalibrated: dgx-b200 NIC "

@@ -1,4 +1,4 @@
-"""The memory timeline on arrays (meshplan/memory/passtable.py) against the pass-by-pass
+"""The memory timeline on arrays (meshplan/memory/passtable.py, peakscan.py) against the pass-by-pass
 model (meshplan/memory/reference.py): every event, the peak (when, its label, bytes per
 kind, what dominates it), the maxima per kind, the reason, on a grid of small configs:
 the four schedules (and 1F1B given vpp 2), pp 1-4, 1-8 micro-batches, reshard_after_forward
@@ -17,8 +17,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.memory.passes import KINDS
 from meshplan.memory import passtable
-from meshplan.memory.passtable import (Pass, PassTable, backward_flags, first_use_order, init_only_at_first, peak, scan,
-                                       scores, states_before, template_stats)
+from meshplan.memory.passtable import Pass, PassTable, backward_flags, first_use_order, states_before
+from meshplan.memory.peakscan import init_only_at_first, peak, scan, scores, template_stats
 from meshplan.memory.reference import scan as ref_scan
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.memory.timeline import memory_timeline

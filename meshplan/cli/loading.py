@@ -14,7 +14,8 @@ import typer
 
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
-from meshplan.comm.calibration import apply_calibration, calibration_doc, load_calibration
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration_notes import calibration_doc
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
@@ -95,7 +96,7 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line, where each fit came
     from (``origin``: ``  nic fitted to all-reduce over 16 ranks on 2 nodes, ...``) and a
     ``warning:`` line per GPU model of the file that is not ``cluster``'s
-    (:func:`~meshplan.comm.calibration.gpu_warnings`); None without a calibration."""
+    (:func:`~meshplan.comm.calibration_notes.gpu_warnings`); None without a calibration."""
     if not calibration:
         return None
     doc = calibration_doc(calibration, load_calibration(calibration), cluster)

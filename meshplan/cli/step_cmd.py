@@ -27,7 +27,7 @@ from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.table_use import as_json as table_json, table_use
-from meshplan.comm.calibration import uncalibrated_note
+from meshplan.comm.calibration_notes import uncalibrated_note
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination
 from meshplan.plan import Infeasible

@@ -4,12 +4,13 @@ convention (:mod:`.alphabeta`), the collective table per group and phase
 :mod:`.stage_context`, and the rows by technique: :mod:`.tp_rows`, :mod:`.tp_grads`,
 :mod:`.dp_rows`, :mod:`.fsdp_rows`, :mod:`.deepspeed_rows`, :mod:`.pp_rows`, :mod:`.ep_rows`),
 FSDP2's copies (:mod:`.fsdp2`), DeepSpeed ZeRO-3 of 2021 (:mod:`.deepspeed`) and its ZeRO-1/2
-(:mod:`.deepspeed_zero12`), nccl-tests calibration fits (:mod:`.calibration`), the calibration
-file from a user's nccl-tests runs (:mod:`.calibrate`) and the NCCL log: its reader
-(:mod:`.nccl_log`), what it holds (:mod:`.nccl_records`) and its check against the placement
-(:mod:`.nccl_check`). Measured busbw curves per link class come from the catalog
-(``catalog/nccl.toml``).
+(:mod:`.deepspeed_zero12`), nccl-tests calibration fits (:mod:`.calibration`) and what the
+outputs say about them (:mod:`.calibration_notes`), the calibration file from a user's
+nccl-tests runs (:mod:`.calibrate`) and the NCCL log: its reader (:mod:`.nccl_log`), what it
+holds (:mod:`.nccl_records`) and its check against the placement (:mod:`.nccl_check`).
+Measured busbw curves per link class come from the catalog (``catalog/nccl.toml``).
 """
 
-__all__ = ["alphabeta", "calibrate", "calibration", "collectives", "deepspeed_rows", "dp_rows", "ep_rows", "fsdp_rows",
-           "nccl_check", "nccl_log", "nccl_records", "pp_rows", "row", "stage_context", "tp_grads", "tp_rows"]
+__all__ = ["alphabeta", "calibrate", "calibration", "calibration_notes", "collectives", "deepspeed_rows", "dp_rows",
+           "ep_rows", "fsdp_rows", "nccl_check", "nccl_log", "nccl_records", "pp_rows", "row", "stage_context", "tp_grads",
+           "tp_rows"]

@@ -70,7 +70,7 @@ def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False,
     to ``out_dir/rejected-<name>/``, built under a temporary name and renamed into place at
     the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
     that blocks the rerun). ``calibration``: ``--calibration``'s entry
-    (:func:`meshplan.comm.calibration.calibration_doc`), named in ``summary.md`` (its line and
+    (:func:`meshplan.comm.calibration_notes.calibration_doc`), named in ``summary.md`` (its line and
     GPU warnings) and held whole in ``comparison.json``, as compare --json holds it. Refuses to
     replace an existing folder unless ``force``. Returns the written paths (under their final
     name)."""

@@ -1,5 +1,5 @@
 """The memory timeline's passes and peak, pass by pass in Python: the exact model that
-:mod:`meshplan.memory.passtable` computes on arrays.
+:mod:`meshplan.memory.passtable` and :mod:`meshplan.memory.peakscan` compute on arrays.
 
 :func:`passes` walks the stage's op list (:func:`meshplan.memory.schedule.stage_ops`),
 keeping the set of FSDP units left unsharded, and builds each distinct pass once;
@@ -16,7 +16,8 @@ import numpy as np
 
 from meshplan.memory.pass_sizes import StageSizes
 from meshplan.memory.passes import KINDS, PassBuilder
-from meshplan.memory.passtable import Pass, PassTable, at_offset, template_stats
+from meshplan.memory.passtable import Pass, PassTable
+from meshplan.memory.peakscan import at_offset, template_stats
 
 
 def _backward_flags(ops) -> tuple[set, set]:

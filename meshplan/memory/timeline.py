@@ -20,7 +20,8 @@ Storage is run-length: a pass is built once per distinct shape (first backward, 
 backward, already-gathered units...) and repeated, so 80 layers x 64 micro-batches stay a
 few templates and a table of passes (:class:`~meshplan.memory.passtable.PassTable`, one
 row per pass); :meth:`Timeline.events` expands them on demand. Which template each pass
-repeats and the peak are computed on arrays (:mod:`meshplan.memory.passtable`), equal to
+repeats and the peak are computed on arrays (:mod:`meshplan.memory.passtable`,
+:mod:`meshplan.memory.peakscan`), equal to
 the pass-by-pass model (:mod:`meshplan.memory.reference`, ``reference=True``). The timeline is the
 steady state (second step on): optimizer state exists from the start; FSDP's sharded
 gradients appear at their first reduce-scatter and are freed at ``zero_grad``.
@@ -39,8 +40,9 @@ from meshplan.units import GiB, counted
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
 from meshplan.memory.passes import KINDS
-from meshplan.memory import passtable as fast
-from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stats
+from meshplan.memory import peakscan as fast
+from meshplan.memory.passtable import Pass, PassTable, pass_table
+from meshplan.memory.peakscan import template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.unshard_window import TORCH_WINDOW, pipeline_window, released_after
@@ -204,7 +206,7 @@ class Timeline:
 def memory_timeline(plan, stage: int, reference: bool = False) -> Timeline:
     """Timeline of one rank of pipeline stage ``stage`` of a feasible-so-far ``plan``
     (a :class:`~meshplan.plan.Plan` with its mesh, stages, state and collectives).
-    Passes and peak on arrays (:mod:`meshplan.memory.passtable`); ``reference``: pass by
+    Passes and peak on arrays (:mod:`meshplan.memory.passtable`, :mod:`meshplan.memory.peakscan`); ``reference``: pass by
     pass in Python (:mod:`meshplan.memory.reference`), the same result, slower."""
     return _timeline(plan, stage, _common(plan), reference)
 
@@ -265,9 +267,9 @@ def _reference_peak(passes: PassTable, templates: list, fraction: float) -> tupl
 
 
 def _fast_peak(passes: PassTable, templates: list, fraction: float) -> tuple:
-    """:func:`_reference_peak` on arrays (:mod:`meshplan.memory.passtable`); the allowance
+    """:func:`_reference_peak` on arrays (:mod:`meshplan.memory.peakscan`); the allowance
     changes only the init template, so the other templates' stats and the passes' scores
-    are kept (:meth:`~meshplan.memory.passtable.Scores.with_init_event`)."""
+    are kept (:meth:`~meshplan.memory.peakscan.Scores.with_init_event`)."""
     stats = [template_stats(t) for t in templates]
     sc = fast.scores(passes, templates, stats)
     n, off, at_peak, kmax = fast.peak(passes, templates, stats, sc)

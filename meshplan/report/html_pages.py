@@ -175,7 +175,7 @@ def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) ->
 
 def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str, note: str = "") -> str:
     """The whole plan report. ``st``: the predicted step (None: no step section); ``note``: a
-    header line under the title (``--calibration``'s, :func:`meshplan.comm.calibration.calibration_line`)."""
+    header line under the title (``--calibration``'s, :func:`meshplan.comm.calibration_notes.calibration_line`)."""
     return page(f"meshplan report: {name}", f"{plan.config.path or name}; GB = 1e9 B, GiB = 2^30 B"
                 + (f"; {note}" if note else ""), plan_sections(plan, st, name))
 

@@ -12,7 +12,7 @@ stages, run by the schedule the config names.
   to its chunk 1 locally, no send).
 - Each chunk is parallelised in torchtitan's order (``torchtitan/models/llama3/infra/
   parallelize.py`` then ``distributed/pipeline_parallel.py``): tensor (and sequence)
-  parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.parallelize.apply_tp` (the
+  parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.tensor_parallel.apply_tp` (the
   embedding, final norm and output where the chunk has them; loss parallel on the last stage
   as the plan's ``mesh.loss_parallel`` says), then FSDP2 where the mesh has a data-parallel
   shard axis (:func:`~meshplan.runtime.execution.parallelize.apply_fsdp`: the embedding and

@@ -122,7 +122,8 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
     :func:`init_stage_weights`). Returns the expert DeviceMesh (None without MoE layers);
     every rank builds it (the same sub-groups in the same order)."""
     from meshplan.runtime.execution.cp import apply_cp
-    from meshplan.runtime.execution.parallelize import apply_fsdp, apply_tp, fsdp_mesh
+    from meshplan.runtime.execution.parallelize import apply_fsdp, fsdp_mesh
+    from meshplan.runtime.execution.tensor_parallel import apply_tp
 
     rank = dist.get_rank()
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
