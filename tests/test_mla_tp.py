@@ -124,7 +124,8 @@ def test_the_step_counts_the_mla_gradient_all_reduces(no_host_pace):
     """The step model of a DeepSeek-V2-Lite plan (tp 2 + SP x dp_shard 4, 2 micro-batches)
     against the same plan without the MLA rows: the all-reduces run on the tp stream right
     after each layer's backward, beside FSDP2's copy-in of that layer's reduce-scatter on the
-    compute stream (comm/fsdp2.py), which is longer than both (83 us in the dense layer, 33 + 1,118 us with a MoE layer's experts, against 27 + 14 us): they
+    compute stream (comm/fsdp2.py), which is longer than both (the dense layer's and the MoE
+    layer's, experts included at ep 1 under torch, against the two all-reduces): they
     are hidden there, so the tp stream's exposed time is unchanged, and the step still grows
     (their SM share slows the copy-ins and the compute beside them)."""
     import dataclasses
@@ -146,10 +147,12 @@ def test_the_step_counts_the_mla_gradient_all_reduces(no_host_pace):
     assert not [n for n in st.notes if "not simulated" in n]
     rows = plan.collectives[next(iter(plan.collectives))]
     layer = sorted(r.copy_s for r in rows if r.op == "reduce-scatter" and r.cadence == "every layer")
-    experts = [r.copy_s for r in rows if r.op == "reduce-scatter" and r.axis == "efsdp"]
-    # the dense layer's copy-in alone, a MoE layer's attention part and then its experts'
-    assert len(layer) == 2 and len(experts) == 1
-    assert sum(r.time_s for r in mla) < min(layer[1], layer[0] + experts[0])
+    # under torch at ep 1 the experts are split over tp (etp = tp, torchtitan b5bcd76
+    # moe_sharding.py) and sharded with their block: no efsdp row, one copy-in per layer
+    # (the dense layer's and the MoE layer's, experts included)
+    assert not [r for r in rows if r.op == "reduce-scatter" and r.axis == "efsdp"]
+    assert len(layer) == 2
+    assert sum(r.time_s for r in mla) < layer[0]
     assert st.exposed_s["tp"] == pytest.approx(st0.exposed_s["tp"])
     assert st0.step_s < st.step_s
 
