@@ -36,11 +36,13 @@ def test_llama3_70b_tp16_is_infeasible_under_torch_only():
     torch16 = build_plan(_cfg(16, "torch"))
     assert not isinstance(torch16, Plan)
     assert torch16.reasons == (REASON + ", or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)",)
+    assert not any("KV heads replicated" in n for n in torch16.notes)  # no copies under torch
     mega = build_plan(_cfg(16, "megatron"))
     assert isinstance(mega, Plan)
     kv = [(r.op, r.group_size, r.n_groups, r.example_ranks) for r in mega.stage(0).collectives
           if r.axis == "kv_replica"]
     assert kv == [("all-reduce", 2, 16, (0, 1))]
+    assert any(n.startswith("kv_heads 8 < tp 16: KV heads replicated 2x") for n in mega.notes)
     assert isinstance(build_plan(_cfg(8, "torch")), Plan)
 
 

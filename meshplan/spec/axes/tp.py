@@ -100,7 +100,7 @@ def _heads(m, t, d):
     if r:
         return (r,), ()
     q, kv, rep = local_heads(m, d.tp)
-    if rep == 1:
+    if rep == 1 or t.framework == "torch":  # torch: no copies, rule torch_kv_heads refuses it
         return (), ()
     return (), (f"kv_heads {m.n_kv_heads} < tp {d.tp}: KV heads replicated {rep}x (tp ranks "
                 f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {m.n_kv_heads} "
