@@ -24,6 +24,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.spec.axes.dp import micro_batches
 from meshplan.spec.axes.ep import megatron_sp_reason
+from meshplan.spec.axes.tp import torch_kv_reason, torch_kv_refused
 
 
 def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "torch") -> tuple[str, ...]:
@@ -184,7 +185,8 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B at pp 4 with 6
     micro-batches, Megatron-LM needs pp to divide them: "... refuses this pipeline schedule"),
     or Megatron-LM's MoE with tp > 1 without sequence parallelism ("... refuses this MoE mesh
-    without sequence parallelism"); empty when they agree, pp is 1, or the mesh does not resolve.
+    without sequence parallelism"), or torchtitan's tp past the KV heads, which a megatron plan
+    holds as copies (rule ``torch_kv_heads``: "... refuses tp past the KV heads"); empty when they agree, pp is 1, or the mesh does not resolve.
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -195,6 +197,11 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     this pipeline schedule",), ())
     """
     target = EXPORT_FRAMEWORK.get(to)
+    whole = _config_mesh(config) if to == "torchtitan" and config.training.framework != "torch" else None
+    if whole is not None and torch_kv_refused(config.model, whole.degree("tp")):
+        spec = config.model  # torchtitan replicates no KV head (rule torch_kv_heads)
+        return (f"{torch_kv_reason(spec.n_kv_heads, whole.degree('tp'), spec.q_heads, megatron=False)}: {to}'s "
+                "runtime refuses tp past the KV heads",)
     if to == "megatron" and config.model.is_moe and config.mesh is not None and not config.mesh.sequence_parallel:
         whole = _config_mesh(config)  # Megatron-LM's MoE with tp > 1 needs SP whatever config's framework
         if whole is not None and whole.degree("tp") > 1:

@@ -67,8 +67,9 @@ def test_registry_is_complete_and_rules_are_ordered():
     for r in rules():  # every rule gives its exact reason or names where it is produced
         assert r.check is not None or r.where, r.key
     # the search's categories are the registered rules with a vectorised form, then the schedules'
-    assert [k for k, _ in REASONS][:12] == ["expert_block", "heads", "ffn", "expert_ffn", "layers", "experts",
-                                            "expert_dim1", "megatron_moe_sp", "torch_etp", "seq_cp", "seq_tp", "batch"]
+    assert [k for k, _ in REASONS][:13] == ["expert_block", "heads", "torch_kv_heads", "ffn", "expert_ffn", "layers",
+                                            "experts", "expert_dim1", "megatron_moe_sp", "torch_etp", "seq_cp",
+                                            "seq_tp", "batch"]
     assert [c.column for _, c in search_axes()] == ["pp", "dpr", "dps", "cp", "tp", "ep", "etp"]
     assert [c.column for _, c in search_axes() if c.remainder] == ["dps"]
 

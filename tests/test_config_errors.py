@@ -338,8 +338,8 @@ def test_torchtitan_import_errors_name_the_wrong_key(tmp_path, capsys):
     assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "1") == 2
     err = capsys.readouterr().err
     assert err.startswith("error: model.name: torchtitan model 'llama4' is not one meshplan knows by name "
-                          "(supported: llama3) and model.hf_assets_path has no config.json; give model.name = "
-                          "\"llama3\" with a flavor") and len(err.splitlines()) == 1
+                          "(supported: llama3, deepseek_v3, qwen3) and model.hf_assets_path has no config.json; "
+                          "give one of those names with its flavor") and len(err.splitlines()) == 1
     f.write_text(tt.replace("seq_len = 8192", "seq_len = -8192"))
     assert run_main("plan", f, "--cluster", "dgx-h100", "--nodes", "1") == 2
     assert capsys.readouterr().err == ("error: training.seq_len: must be greater than 0 (got -8192); give "

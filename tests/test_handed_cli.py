@@ -21,9 +21,12 @@ REST = ('[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
         '[mesh]\n{mesh}\n')
 
 
-def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None) -> str:
+def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None, framework=None) -> str:
     p = tmp_path / "case.toml"
-    p.write_text((model or MODEL.format(layers=layers)) + REST.format(nodes=nodes, batch=batch, mesh=mesh))
+    rest = REST.format(nodes=nodes, batch=batch, mesh=mesh)
+    if framework:
+        rest = rest.replace("[mesh]", f'framework = "{framework}"\n[mesh]')
+    p.write_text((model or MODEL.format(layers=layers)) + rest)
     return str(p)
 
 
@@ -140,7 +143,9 @@ def test_c6_kv_replication_is_named(tmp_path, capsys):
     """32 q heads, 4 KV heads, head_dim 128, tp 8: KV heads replicated 2x, 4 q heads per rank."""
     m = ('[model]\nlayers = 2\nhidden = 4096\nffn = 16384\nq_heads = 32\nkv_heads = 4\nhead_dim = 128\n'
          'vocab = 32000\n')
-    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
+    # framework megatron: torch refuses tp past the KV heads (rule torch_kv_heads: torchtitan replicates none)
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
+                                          framework="megatron"))
     note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
     assert note and "KV heads replicated 2x (tp ranks {2i..2i+1} hold KV head i" in note[0]
     assert "each rank holds 4 q heads and 128 K and V" in note[0]
@@ -152,9 +157,11 @@ def test_c6_kv_replication_is_named(tmp_path, capsys):
              r["per_microbatch"], r["per_step"]) for r in kv] == [
         ("step", "all-reduce", 2, 4, [0, 1], 2 * 128 * 4096 * 4, "fp32", 0, 2)]
     assert p["groups"]["kv_replica"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    rc, g, _ = doc(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
+    rc, g, _ = doc(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
+                                                framework="megatron"), "--rank", "5")
     assert g["group_of_rank"]["kv_replica"] == [4, 5] and g["groups"]["kv_replica"][0] == [0, 1]
-    rc, out, _ = run(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
+    rc, out, _ = run(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
+                                                framework="megatron"), "--rank", "5")
     row = [line for line in out.splitlines() if "kv_replica" in line]
     assert [c.strip() for c in row[0].split("│")[1:7]] == ["kv_replica", "2", "4", "4,5", "[(0,4)..(0,5)]",
                                                           "0,1; 2,3; ..."]

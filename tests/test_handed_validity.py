@@ -61,9 +61,17 @@ def test_c6_kv_heads_replicated_when_fewer_than_tp():
     assert (q, kv, rep) == (4, 1, 2)  # 4 q heads, one KV head replicated 2x
     wk = [t for t in m.layer_tensors(0) if t.name == "wk"][0]
     assert local_numel(wk, m, 8) == 128 * 4096  # 128 K features per rank, not 64
-    v = check(m, TrainingSpec(global_batch=8, seq_len=128), mesh_of(8, tp=8), MeshSpec(names=["tp"], shape=[8]))
+    # replicated under framework megatron (Megatron-LM runs tp > kv_heads since f7dfb99); rejected under
+    # torch: torchtitan b5bcd76 shards wk/wv colwise and replicates no KV head (rule torch_kv_heads)
+    v = check(m, TrainingSpec(global_batch=8, seq_len=128, framework="megatron"), mesh_of(8, tp=8),
+              MeshSpec(names=["tp"], shape=[8]))
     assert v.reasons == ()
     assert any("KV heads replicated 2x" in n and "{2i..2i+1}" in n for n in v.notes)
+    v = check(m, TrainingSpec(global_batch=8, seq_len=128), mesh_of(8, tp=8), MeshSpec(names=["tp"], shape=[8]))
+    assert v.reasons == ("framework torch: tp 8 with kv_heads 4: torchtitan shards wk/wv colwise over tp and views "
+                         "each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, "
+                         "attention.py:698-705); it replicates no KV head; fix: tp 1, 2 or 4 (a divisor of kv_heads "
+                         "4), or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)",)
 
 
 def test_c6_40_q_10_kv_tp4_rejected():

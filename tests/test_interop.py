@@ -90,15 +90,20 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
     assert (cfg.training.fp8_all_gather, cfg.training.fp8_output_layer) == (True, True)
     assert not any("fields meshplan does not use" in n for n in cfg.notes)
     assert any("precompute_float8_dynamic_scale_for_fsdp is false" in n for n in cfg.notes)
-    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')
-    with pytest.raises(ConfigError, match=r"^model.name: torchtitan model 'qwen3' is not one meshplan knows by name "
-                                          r"\(supported: llama3\) .* give model.name = \"llama3\" .* --model"):
+    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')  # qwen3 is mapped for its MoE 30B-A3B only
+    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not one meshplan "
+                                          r"maps \(qwen3 30B-A3B\) .* --model"):
+        load_any(f, opts=H100)
+    f.write_text('[model]\nname = "gpt_oss"\nflavor = "20b"\n')
+    with pytest.raises(ConfigError, match=r"^model.name: torchtitan model 'gpt_oss' is not one meshplan knows by name "
+                                          r"\(supported: llama3, deepseek_v3, qwen3\) .* give one of those names with "
+                                          r"its flavor, .* --model"):
         load_any(f, opts=H100)
     cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1, model=str(hf)))
     assert cfg.model.layers == 28
     f.write_text('[model]\nname = "llama3"\nflavor = "0.6B"\n')  # a known name, an unknown flavor: model.flavor
-    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'llama3' flavor '0.6B' is not in "
-                                          r"meshplan's catalog \(llama3 8B, 70B, 405B\) .* give --model"):
+    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'llama3' flavor '0.6B' is not one "
+                                          r"meshplan maps \(llama3 8B, 70B, 405B\) .* give --model"):
         load_any(f, opts=H100)
 
 

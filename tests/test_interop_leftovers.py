@@ -155,7 +155,10 @@ def test_export_refused_by_every_format_says_so():
                             "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "hsdp"},
                             "mesh": {"names": ["dp_replicate", "dp_shard", "tp"], "shape": [2, 4, 2],
                                      "sequence_parallel": True}})
-    why = {"torchtitan": "torchtitan knows models by flavor (llama3 8B, 70B, 405B); model 'mixtral-8x7b' has none",
+    why = {"torchtitan": ("torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; "
+                          "qwen3 30B-A3B); model 'mixtral-8x7b' is none of them: nearest llama3 8B, which differs in "
+                          "vocab 32000 (128256), max_position 32768 (8192), rope_theta 1000000.0 (500000.0), experts 8 "
+                          "(0), top_k 2 (0), expert_ffn 14336 (None)"),
            "megatron": "Megatron-LM has one data-parallel axis; the mesh has ['dp_replicate', 'dp_shard'] (hsdp)",
            "deepspeed": "a DeepSpeed config applies to ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this mesh has "
                         "tp 2 (hsdp)"}
@@ -297,7 +300,8 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
                       "the attention core only (the model code's deepspeed.checkpointing.checkpoint around it, flash "
                       "kernels included) there)",
                       "not expressed in deepspeed: training.zero12_engine: 'megatron' -> 'deepspeed'"]
-    with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
+    with pytest.raises(ConfigError, match=r"model 'tiny' is none of them: nearest llama3 8B, which differs "
+                                          r"in layers 4 \(32\), .* and 3 more; export --to megatron or deepspeed instead$"):
         export(cfg, "torchtitan", "x")
 
 

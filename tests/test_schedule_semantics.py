@@ -215,7 +215,7 @@ def test_moe_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sha
                 [(("replica", "expert", "backward", "all-reduce"), s + 1)]
 
 
-@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])  # Megatron-LM's schedules
 @pytest.mark.parametrize("sharding", ["zero3", "none"])
 def test_timeline_issues_the_kv_replica_all_reduces(schedule, vpp, sharding):
     """Handed case C6 at small size: 4 q / 2 KV heads of 16, h 64, tp 4 (KV heads replicated
@@ -227,7 +227,9 @@ def test_timeline_issues_the_kv_replica_all_reduces(schedule, vpp, sharding):
     data = "dp" if sharding == "none" else "dp_shard"
     mesh = {"names": ["pp", data, "tp"], "shape": [2, 2, 4], "world": 16, "pp_schedule": schedule,
             "virtual_stages": vpp}
-    plan = plan_of(mesh, model=dict(TINY, kv_heads=2), nodes=2, sharding=sharding, global_batch=8)
+    # framework megatron: torch refuses tp past the KV heads (rule torch_kv_heads: torchtitan replicates none)
+    plan = plan_of(mesh, model=dict(TINY, kv_heads=2), nodes=2, sharding=sharding, global_batch=8,
+                   framework="megatron")
     st = step_time(plan)
     expect = 8192 if sharding == "none" else 4096
     for s in range(2):
@@ -536,15 +538,23 @@ def test_validate_refuses_a_megatron_plan():
 def test_search_counts_the_kv_replica_communicator():
     """The search's NCCL communicator count (``comm_axes``, behind its memory bounds) equals
     the distinct axes of the exact plan's collective rows, the kv_replica groups included
-    when tp > kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2)."""
+    when tp > kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2), under framework
+    megatron; under torch the search rejects tp 4 and 8 by rule torch_kv_heads (torchtitan
+    replicates no KV head), vectorised like the exact plan's rule."""
     import numpy as np
 
     from meshplan.search.memory import comm_axes
-    from meshplan.search.space import OK, candidate_config, enumerate_candidates, first_reason
+    from meshplan.search.space import CODE, OK, candidate_config, enumerate_candidates, first_reason
 
     model = {"layers": 2, "hidden": 1024, "ffn": 4096, "q_heads": 8, "kv_heads": 2, "head_dim": 128, "vocab": 32000}
+    torch_cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 2},
+                                  "training": {"global_batch": 16, "seq_len": 1024}}, require_mesh=False)
+    c = enumerate_candidates(torch_cfg)
+    why = first_reason(torch_cfg, c)
+    assert set(why[c.tp > 2].tolist()) == {CODE["torch_kv_heads"]} and (why[c.tp <= 2] != CODE["torch_kv_heads"]).all()
     cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 2},
-                            "training": {"global_batch": 16, "seq_len": 1024}}, require_mesh=False)
+                            "training": {"global_batch": 16, "seq_len": 1024, "framework": "megatron"}},
+                           require_mesh=False)
     c = enumerate_candidates(cfg)
     ok = np.flatnonzero(first_reason(cfg, c) == OK)
     n = comm_axes(cfg, c)

@@ -13,9 +13,9 @@ from typing import Callable, Mapping, Sequence
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.common import FORMATS, catalog_model_name
+from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import not_expressed
-from meshplan.interop.torchtitan import FLAVORS
+from meshplan.interop.torchtitan_flavors import flavor_of
 from meshplan.interop.torchtitan_write import no_flavor
 
 
@@ -41,7 +41,7 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """
     o, t = cfg.search, cfg.training
     if to == "torchtitan":
-        if catalog_model_name(cfg.model) not in FLAVORS.values() and not cfg.source_model:
+        if flavor_of(cfg.model) is None and not cfg.source_model:
             return f"{no_flavor(cfg.model)}; or export --to meshplan or megatron"
         if not {"zero3", "hsdp"} & set(o.sharding):
             return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "

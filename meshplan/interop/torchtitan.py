@@ -10,7 +10,9 @@ and its preset ``torchtitan/models/llama3/train_configs/llama3_8b.toml``. How th
 ============================================== ==============================================
 torchtitan                                     meshplan
 ============================================== ==============================================
-model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
+model.name + model.flavor (llama3 8B/70B/405B, model.catalog llama3-8b / -70b / -405b,
+  deepseek_v3 16B/236B/671B, qwen3 30B-A3B)      deepseek-v2-lite / -v2 / -v3, qwen3-30b-a3b's
+                                                 fields (:mod:`~meshplan.interop.torchtitan_flavors`)
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
 (an MoE model: token-choice, no capacity)      training.moe_dropless = true (:data:`DROPLESS`)
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
@@ -95,12 +97,12 @@ from meshplan.interop.common import (
     model_is_mla,
     model_is_moe,
     model_layers,
-    model_option,
     positive_int,
     seq_len_of,
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_flavors import read_model
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
@@ -119,8 +121,6 @@ from meshplan.spec.mesh import multi_stage_refusal
 from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1
 from meshplan.spec.axes.tp import tp_misfit
 
-#: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
-FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
 #: [parallelism] degree key -> mesh axis (torchtitan ParallelDims order, outermost first).
 DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "dp_replicate",
            "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
@@ -145,32 +145,6 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
 NEAR_KEYS: frozenset[str] = frozenset()
 #: Every key a misspelling is checked against (:func:`~meshplan.interop.common.misspelt`).
 READ = USED | FLOAT8 | {"model.hf_assets_path"}
-
-
-def _model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
-    """[model] table and the model keys it consumed."""
-    m = d.get("model", {})
-    if opts.model:
-        return model_option(opts.model), set()
-    name, flavor = m.get("name", "llama3"), m.get("flavor", "debugmodel")
-    if (name, flavor) in FLAVORS:
-        return {"catalog": FLAVORS[name, flavor]}, {"model.name", "model.flavor"}
-    hf = m.get("hf_assets_path")
-    if isinstance(hf, str):
-        p = Path(hf) if Path(hf).is_absolute() else base / hf
-        if (p / "config.json").is_file():
-            notes.append(f"model {name} flavor {flavor!r} is not in the catalog: read {p / 'config.json'}")
-            return {"hf_config": str((p / "config.json").resolve())}, {"model.name", "model.flavor",
-                                                                       "model.hf_assets_path"}
-    names = sorted({n for n, _ in FLAVORS})
-    if name not in names:
-        raise ConfigError("model.name", f"torchtitan model {name!r} is not one meshplan knows by name (supported: "
-                          f"{', '.join(names)}) and model.hf_assets_path has no config.json; give model.name = "
-                          f"\"llama3\" with a flavor, model.hf_assets_path with the model's config.json, --model "
-                          f"CATALOG_NAME or --model path/config.json")
-    raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not in meshplan's catalog "
-                      f"(llama3 8B, 70B, 405B) and model.hf_assets_path has no config.json; give --model "
-                      f"CATALOG_NAME or --model path/config.json")
 
 
 def _degrees(par: dict) -> dict[str, int]:
@@ -327,7 +301,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
                           f"misspelt, the setting would stay at its default)")
     _moved(flatten(d))
     notes: list[str] = old_notes
-    model, used = _model(d, base, opts, notes)
+    model, used = read_model(d, base, opts, notes)
     used |= float8_used(d)
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})

@@ -13,9 +13,9 @@ from typing import Any
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.common import catalog_model_name
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
-from meshplan.interop.torchtitan import DEGREES, FLAVORS
+from meshplan.interop.torchtitan import DEGREES
+from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_tables import (
     SCHEDULES,
     WRITTEN_SCHEDULES,
@@ -110,21 +110,21 @@ TORCHTITAN_MODELS = {"llama": ("llama3", "8B, 70B, 405B"), "llama4": ("llama4", 
 
 
 def model_table(cfg: Config) -> dict[str, Any]:
-    """torchtitan's [model] of ``cfg``: a llama3 flavor of the catalog (``FLAVORS``), else the keys of
-    the torchtitan job TOML that read the model through ``model.hf_assets_path``
-    (:attr:`~meshplan.config.Config.source_model`: name, flavor and that folder, as the user wrote
-    them), else a ConfigError naming ``--to`` and what to set (:func:`no_flavor`)."""
-    name = catalog_model_name(cfg.model)
-    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
+    """torchtitan's [model] of ``cfg``: the keys of the torchtitan job TOML that read the model
+    through ``model.hf_assets_path`` (:attr:`~meshplan.config.Config.source_model`: name, flavor and
+    that folder, as the user wrote them), else the flavor torchtitan ships whose model is the plan's
+    (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`: llama3, deepseek_v3, qwen3 30B-A3B), else a ConfigError naming ``--to`` and what to set (:func:`no_flavor`)."""
+    if cfg.source_model:  # the user's own keys first
+        return dict(cfg.source_model)
+    flavor = flavor_of(cfg.model)
     if flavor is not None:
         return {"name": flavor[0], "flavor": flavor[1]}
-    if cfg.source_model:
-        return dict(cfg.source_model)
     raise ConfigError("--to", no_flavor(cfg.model))
 
 
 def no_flavor(model) -> str:
-    """Why a torchtitan file cannot name ``model`` and what to set: a llama3 flavor, or for a model
+    """Why a torchtitan file cannot name ``model`` and what to set: the flavors meshplan maps with the
+    nearest and its differing fields (:func:`~meshplan.interop.torchtitan_flavors.flavor_refusal`), or for a model
     of a Hugging Face config the torchtitan model of its architecture (:data:`TORCHTITAN_MODELS`) with
     its flavors, its folder as ``model.hf_assets_path``, in the job TOML an export then writes it back from.
 
@@ -136,7 +136,7 @@ def no_flavor(model) -> str:
     """
     hf = hf_source(model.source)
     if hf is None:
-        return f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {model.name!r} has none"
+        return flavor_refusal(model)
     model_type, path = hf
     folder = str(Path(path).parent)
     arch, flavors = TORCHTITAN_MODELS.get(model_type, ("transformers_modeling_backend", ""))

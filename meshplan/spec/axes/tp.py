@@ -8,6 +8,8 @@ Rules (handed cases C6, C7):
   {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do; in
   training the copies' wk/wv gradients are summed over those ranks once per step
   (:func:`meshplan.comm.tp_grads.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
+  under framework torch tp past the KV heads is refused (rule ``torch_kv_heads``,
+  :data:`TORCH_KV`: torchtitan replicates none), so the copies are framework megatron's;
 - the MLP width divisible by tp (where the model has a dense MLP);
 - padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
   ``_vocab_size_with_padding``; divisor 128 under Megatron, 1 under torch, which does not pad
@@ -98,13 +100,61 @@ def _heads(m, t, d):
     if r:
         return (r,), ()
     q, kv, rep = local_heads(m, d.tp)
-    if rep == 1:
+    if rep == 1 or t.framework == "torch":  # torch: no copies, rule torch_kv_heads refuses it
         return (), ()
     return (), (f"kv_heads {m.n_kv_heads} < tp {d.tp}: KV heads replicated {rep}x (tp ranks "
                 f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {m.n_kv_heads} "
                 f"KV heads); each rank holds {q} q heads and {kv * m.d_head} K and V features; the copies are "
                 f"kept equal by one all-reduce (sum) of each layer's wk/wv gradients over the {rep} ranks of "
                 f"a KV head, once per step before the optimizer (collectives: kv_replica)",)
+
+
+#: Why torchtitan (pytorch/torchtitan b5bcd76, 2026-08-21, the version framework torch follows) needs
+#: tp to divide the KV heads: ``set_qkv_linear_sharding`` gives ``wq``, ``wkv`` (built twice, as wk and
+#: wv) or the fused ``wqkv`` ``colwise_config()`` (torchtitan/models/common/decoder_sharding.py:182-192),
+#: so each tp rank holds 1/tp of the n_kv_heads x head_dim rows of wk and wv, and ``QKVLinear.forward``
+#: views its local K and V as whole heads, ``x.view(num_tokens, -1, self.head_dim)`` ("Use -1 instead of
+#: n_heads (or n_kv_heads) to infer the actual local heads from sizes as TP may have sharded them",
+#: attention.py:698-705; ``FusedQKVLinear`` the same with ``view(num_tokens, -1, self.r_dim,
+#: self.head_dim)``, :769-773). No line replicates a KV head: at tp 16 with 8 KV heads a rank holds half
+#: a head (64 of 128 features) and the view cannot make heads of it. Megatron-LM runs it: since
+#: f7dfb99 (#2565, 2025-12-07; TransformerConfig allows num_query_groups a multiple or a divisor of tp)
+#: each rank computes 1/tp of the fused QKV output and all-gathers it over tp, keeping its group's
+#: slice (megatron/core/transformer/attention.py:353-366, :1851-1871 at d98e8a6); meshplan plans that
+#: as the ``kv_replica`` copies (:func:`_heads`).
+TORCH_KV = ("torchtitan shards wk/wv colwise over tp and views each rank's slice as whole KV heads (b5bcd76 "
+            "decoder_sharding.py:182-192, attention.py:698-705); it replicates no KV head")
+
+
+def torch_kv_reason(kv: int, tp: int, q: int, megatron: bool = True) -> str:
+    """The ``torch_kv_heads`` rule's reason with its fix: the tp degrees torchtitan runs (those
+    dividing both kv_heads and q_heads), or (``megatron``) framework megatron.
+
+    >>> print(torch_kv_reason(8, 16, 64))
+    framework torch: tp 16 with kv_heads 8: torchtitan shards wk/wv colwise over tp and views each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, attention.py:698-705); it replicates no KV head; fix: tp 1, 2, 4 or 8 (a divisor of kv_heads 8), or training.framework = "megatron" (Megatron-LM runs tp > kv_heads)
+    """
+    ok = [str(x) for x in range(1, kv + 1) if kv % x == 0 and q % x == 0]
+    use = ", ".join(ok[:-1]) + (" or " if len(ok) > 1 else "") + ok[-1]
+    other = ", or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)" if megatron else ""
+    return f"framework torch: tp {tp} with kv_heads {kv}: {TORCH_KV}; fix: tp {use} (a divisor of kv_heads {kv}){other}"
+
+
+def torch_kv_refused(model: ModelSpec, tp: int) -> bool:
+    """Whether torchtitan refuses ``tp`` for ``model``: tp past its KV heads (:data:`TORCH_KV`),
+    the ``torch_kv_heads`` rule for a config of another framework."""
+    kv = model.n_kv_heads
+    return kv % tp != 0 and tp % kv == 0
+
+
+def _torch_kv_bad(m, t, d):
+    """Framework torch with tp past the KV heads (a multiple of kv_heads, which the ``heads`` rule
+    allows as replicated copies; any other tp not dividing them the ``heads`` rule refuses) (:data:`TORCH_KV`)."""
+    kv = m.n_kv_heads
+    return (t.framework == "torch") & (kv % d.tp != 0) & (d.tp % kv == 0)
+
+
+def _torch_kv(m, t, d):
+    return ((torch_kv_reason(m.n_kv_heads, d.tp, m.q_heads),) if _torch_kv_bad(m, t, d) else ()), ()
 
 
 def _ffn_bad(m, t, d):
@@ -161,6 +211,8 @@ TP = AxisDef(
     doc="tensor parallel (with ``sequence_parallel`` for Megatron-style SP)",
     torchtitan=("tp",), megatron=("tp",),
     rules=(Rule("heads", 20, "heads vs tp: q_heads % tp, or kv_heads vs tp", _heads_bad, _heads),
+           Rule("torch_kv_heads", 27, "framework torch: tp does not divide kv_heads (torchtitan replicates no KV "
+                "head)", _torch_kv_bad, _torch_kv),
            Rule("ffn", 30, "ffn not divisible by tp", _ffn_bad, _ffn),
            Rule("vocab", 35, "vocabulary padded to a multiple of divisor * tp", None, _vocab),
            Rule("seq_tp", 80, "sequence parallel: local seq not divisible by tp", _seq_bad, _seq)),

@@ -1,0 +1,171 @@
+"""torchtitan's shipped model flavors as meshplan models: what ``import torchtitan`` reads a
+``[model] name`` + ``flavor`` as (:func:`flavor_table`), and what ``export --to torchtitan``
+writes for a plan's model (:func:`flavor_of`; :func:`flavor_refusal` where none is that model).
+
+Each flavor is the torchtitan registry at pytorch/torchtitan b5bcd76 (2026-08-21, the version
+meshplan follows: :data:`~meshplan.spec.axes.ep.TORCH_ETP`), ``torchtitan/models/<name>/__init__.py``:
+
+=================== =============================================== ========================
+torchtitan          its args at b5bcd76 (file:line of the flavor)    meshplan model
+=================== =============================================== ========================
+llama3 8B/70B/405B  llama3/__init__.py:236, 277, 318                catalog llama3-8b/-70b/-405b
+deepseek_v3 16B     deepseek_v3/__init__.py:389-456: dim 2048, 27   catalog deepseek-v2-lite
+                    layers, 16 heads, q_lora_rank 0, kv_lora_rank
+                    512, qk 128+64, v 128, dense_hidden_dim 10944,
+                    1 dense layer, 64 experts top 6, moe_hidden_dim
+                    1408, 2 shared, vocab 102400
+deepseek_v3 236B    deepseek_v3/__init__.py:459-530: dim 5120, 60   catalog deepseek-v2
+                    layers, 128 heads, q_lora_rank 1536, 12288, 1
+                    dense, 160 experts top 6, 1536, 2 shared
+deepseek_v3 671B    deepseek_v3/__init__.py:533-605: dim 7168, 61   catalog deepseek-v3
+                    layers, 128 heads, q_lora_rank 1536, 18432, 3
+                    dense, 256 experts top 8, 2048, 1 shared,
+                    vocab 129280 (num_mtp_layers 0: no MTP)
+qwen3 30B-A3B       qwen3/__init__.py:516-554: dim 2048, 48 layers,  fields of Qwen/Qwen3-30B-A3B's
+                    32 heads, 4 KV heads, head_dim 128, 128 experts  config.json
+                    top 8, moe_hidden_dim 768, every layer MoE,      (:data:`FIELD_FLAVORS`)
+                    theta 1e6, vocab 151936, q/k norms
+=================== =============================================== ========================
+
+Each is the Hugging Face model the flavor reproduces (the catalog entries' config.json values,
+``meshplan catalog model``); what the flavor sets apart from it costs nothing in a plan: RoPE's
+context length and YaRN scaling (``ComplexRoPE.Config``: 16,384 positions, factor 40; no
+position table), deepseek_v3's RMSNorm eps (``RMSNorm.Config``'s default 1e-5,
+``torchtitan/models/common/nn_modules.py``:140, against 1e-6), the routers' group limits (planned
+as top-k, as the catalog says). Not mapped: qwen3 235B-A22B (its RoPE theta 5e6,
+qwen3/__init__.py:591, is not the config.json meshplan has; give ``model.hf_assets_path``),
+gpt_oss 20b/120b (attention sinks and sliding windows, which ModelSpec has no field for),
+kimi_k2_7's flavors and every debugmodel; b5bcd76 ships no llama4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from meshplan import catalog
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions, model_option
+from meshplan.spec.model import ModelSpec
+
+#: (model.name, model.flavor) -> meshplan catalog model (module docstring's table).
+FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b",
+           ("deepseek_v3", "16B"): "deepseek-v2-lite", ("deepseek_v3", "236B"): "deepseek-v2",
+           ("deepseek_v3", "671B"): "deepseek-v3"}
+
+#: (model.name, model.flavor) -> the [model] fields of a flavor the catalog has no entry for:
+#: Qwen/Qwen3-30B-A3B's config.json (``tests/data/hf/qwen3-30b-a3b/config.json``, read by
+#: :mod:`meshplan.spec.hf_families` ``qwen3_moe``), whose dims torchtitan's 30B-A3B flavor has
+#: (qwen3/__init__.py:516-554 at b5bcd76). Its ``intermediate_size`` 6144 is no layer's width
+#: (every layer is MoE: decoder_sparse_step 1, mlp_only_layers []); it is kept so that the same
+#: config.json and this table are one model (:meth:`~meshplan.spec.model.ModelSpec.architecture`).
+FIELD_FLAVORS: dict[tuple[str, str], dict[str, Any]] = {
+    ("qwen3", "30B-A3B"): {
+        "name": "qwen3-30b-a3b", "layers": 48, "hidden": 2048, "ffn": 6144, "q_heads": 32, "kv_heads": 4,
+        "head_dim": 128, "vocab": 151936, "qk_norm": True, "max_position": 40960, "rope_theta": 1000000.0,
+        "norm_eps": 1e-06, "experts": 128, "top_k": 8, "expert_ffn": 768,
+        "source": "torchtitan b5bcd76 torchtitan/models/qwen3/__init__.py:516-554 (flavor 30B-A3B), the dims "
+                  "of Qwen/Qwen3-30B-A3B's config.json (hidden_size 2048, num_hidden_layers 48, "
+                  "num_attention_heads 32, num_key_value_heads 4, head_dim 128, intermediate_size 6144, "
+                  "moe_intermediate_size 768, num_experts 128, num_experts_per_tok 8, vocab_size 151936, "
+                  "rope_theta 1e6, max_position_embeddings 40960, rms_norm_eps 1e-6, tie_word_embeddings false)"},
+}
+
+
+def shipped() -> list[tuple[str, str]]:
+    """Every (name, flavor) meshplan maps, in the module docstring's order."""
+    return list(FLAVORS) + list(FIELD_FLAVORS)
+
+
+def flavor_table(name: str, flavor: str) -> Optional[dict]:
+    """The meshplan [model] table of torchtitan's ``name`` ``flavor``, None when not mapped.
+
+    >>> flavor_table("deepseek_v3", "16B"), flavor_table("qwen3", "30B-A3B")["experts"]
+    ({'catalog': 'deepseek-v2-lite'}, 128)
+    >>> flavor_table("gpt_oss", "20b") is None
+    True
+    """
+    if (name, flavor) in FLAVORS:
+        return {"catalog": FLAVORS[name, flavor]}
+    fields = FIELD_FLAVORS.get((name, flavor))
+    return dict(fields) if fields else None
+
+
+def flavor_model(key: tuple[str, str]) -> ModelSpec:
+    """The ModelSpec of a mapped (name, flavor)."""
+    return catalog.model(FLAVORS[key]) if key in FLAVORS else ModelSpec(**FIELD_FLAVORS[key])
+
+
+def flavor_of(model: ModelSpec) -> Optional[tuple[str, str]]:
+    """The (name, flavor) whose model is ``model`` (equal :meth:`~ModelSpec.architecture`:
+    every field but name and source), None when none is.
+
+    >>> flavor_of(catalog.model("deepseek-v2-lite")), flavor_of(catalog.model("mixtral-8x7b"))
+    (('deepseek_v3', '16B'), None)
+    """
+    arch = model.architecture()
+    return next((k for k in shipped() if flavor_model(k).architecture() == arch), None)
+
+
+def differing(model: ModelSpec, key: tuple[str, str]) -> list[str]:
+    """The fields in which ``model`` differs from flavor ``key``'s model, as ``field A (flavor B)``."""
+    a, b = model.architecture(), flavor_model(key).architecture()
+    return [f"{k} {a[k]} ({b[k]})" for k in a if a[k] != b[k]]
+
+
+def nearest(model: ModelSpec) -> tuple[tuple[str, str], list[str]]:
+    """The mapped flavor with the fewest fields differing from ``model``, and those fields
+    (ties: the first in :func:`shipped`'s order).
+
+    >>> nearest(catalog.model("deepseek-v2-lite").model_copy(update={"layers": 26}))
+    (('deepseek_v3', '16B'), ['layers 26 (27)'])
+    """
+    key = min(shipped(), key=lambda k: len(differing(model, k)))
+    return key, differing(model, key)
+
+
+def flavor_refusal(model: ModelSpec) -> str:
+    """Why a torchtitan file cannot name ``model`` (a model of no mapped flavor): the flavors
+    it knows, the nearest with the fields that differ, and the fix.
+
+    >>> print(flavor_refusal(catalog.model("deepseek-v2-lite").model_copy(update={"layers": 26, "name": "x"})))
+    torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; qwen3 30B-A3B); model 'x' is none of them: nearest deepseek_v3 16B, which differs in layers 26 (27)
+    """
+    names: dict[str, list[str]] = {}
+    for n, f in shipped():
+        names.setdefault(n, []).append(f)
+    known = "; ".join(f"{n} {', '.join(fs)}" for n, fs in names.items())
+    (n, f), diff = nearest(model)
+    shown = ", ".join(diff[:6]) + (f" and {len(diff) - 6} more" if len(diff) > 6 else "")
+    return (f"torchtitan knows models by flavor ({known}); model {model.name!r} is none of them: nearest {n} {f}, "
+            f"which differs in {shown}")
+
+
+def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
+    """[model] table of a torchtitan job's ``d`` and the model keys it consumed: ``--model`` first,
+    then a mapped flavor (:func:`flavor_table`), then ``model.hf_assets_path``'s config.json
+    (``base``: the job file's folder); else a ConfigError naming model.name or model.flavor."""
+    m = d.get("model", {})
+    if opts.model:
+        return model_option(opts.model), set()
+    name, flavor = m.get("name", "llama3"), m.get("flavor", "debugmodel")
+    table = flavor_table(name, flavor)
+    if table is not None:
+        return table, {"model.name", "model.flavor"}
+    hf = m.get("hf_assets_path")
+    if isinstance(hf, str):
+        p = Path(hf) if Path(hf).is_absolute() else base / hf
+        if (p / "config.json").is_file():
+            notes.append(f"model {name} flavor {flavor!r} is not in the catalog: read {p / 'config.json'}")
+            return {"hf_config": str((p / "config.json").resolve())}, {"model.name", "model.flavor",
+                                                                       "model.hf_assets_path"}
+    names = list(dict.fromkeys(n for n, _ in shipped()))
+    if name not in names:
+        raise ConfigError("model.name", f"torchtitan model {name!r} is not one meshplan knows by name (supported: "
+                          f"{', '.join(names)}) and model.hf_assets_path has no config.json; give one of those "
+                          f"names with its flavor, model.hf_assets_path with the model's config.json, --model "
+                          f"CATALOG_NAME or --model path/config.json")
+    known = ", ".join(f for n, f in shipped() if n == name)
+    raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not one meshplan maps "
+                      f"({name} {known}) and model.hf_assets_path has no config.json; give --model "
+                      f"CATALOG_NAME or --model path/config.json")
