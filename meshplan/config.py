@@ -70,7 +70,10 @@ class Config:
     ``source``: the [source] table, (path resolved against the TOML's folder, format), or None;
     ``source_model``: the foreign file's own keys naming a model it describes by a Hugging Face
     config (a torchtitan job TOML's ``model.name``, ``model.flavor`` and ``model.hf_assets_path`` as
-    written), which an export to that format writes back; () otherwise."""
+    written), which an export to that format writes back; () otherwise; ``filled_axes``: the axes
+    the reader appended to a names + shape [mesh] the user did not write (the etp default,
+    :func:`_megatron_etp`, :func:`_torch_etp`), which a fix line leaves out of the shape it prints
+    in the user's own entries (:func:`meshplan.mesh.resolve.world_error`)."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -85,6 +88,7 @@ class Config:
     checkpoint_interval_steps: int | None = None
     source: tuple[str, str] | None = None
     source_model: tuple[tuple[str, str], ...] = ()
+    filled_axes: tuple[str, ...] = ()
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:
@@ -195,6 +199,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
+    written = list(mesh.names or []) if mesh is not None else []
     model, training = read_model(data["model"], base), build(TrainingSpec, data["training"], "training")
     if mesh is not None and training.framework == "megatron":
         mesh, notes = _megatron_etp(mesh, notes)
@@ -224,7 +229,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes,
                   kernel_files=_kernel_files(data.get("kernels", {}), base),
                   checkpoint_interval_steps=_interval_steps(data.get("reliability", {})),
-                  source=_source(data.get("source", {}), base))
+                  source=_source(data.get("source", {}), base),
+                  filled_axes=tuple((mesh.names or [])[len(written):]) if mesh is not None else ())
 
 
 def _source(t: dict, base: Path | None) -> tuple[str, str] | None:

@@ -232,7 +232,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     if world > c.world:
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({counted(c.nodes, 'node')} x {c.node.gpus}); use fewer ranks or more nodes")
-    mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
+    mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus, filled=config.filled_axes)
     check_runnable(config, spec, mesh)
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)

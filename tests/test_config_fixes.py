@@ -81,6 +81,31 @@ def test_world_fix_is_checked_by_the_plans_rules(tmp_path, capsys):
     assert isinstance(fixed, Plan) and fixed.reasons == ()
 
 
+def test_world_fix_prints_the_shape_in_the_users_own_entries(tmp_path, capsys):
+    """names [dp_shard, tp], shape [21, 2] on 32 GPUs (framework torch, ep 1): the reader appends
+    etp = tp = 2 (torchtitan's ep 1 default), but the fix names the user's two entries: dp_shard =
+    32 / tp 2 = 16, ``shape [16, 2]`` (it printed the filled-in [16, 2, 2]); compare's infeasible
+    line (the resolver's reason) likewise. A user who wrote etp ([21, 2, 2]) is told [16, 2, 2].
+    Megatron-LM at ep 8 ([21, 2, 8], etp filled in as tp): [16, 2, 8], not [16, 2, 8, 2]."""
+    two = _config(tmp_path, "t2.toml", n=('["dp_shard", "ep"]', '["dp_shard", "tp"]'), s=("[32, 8]", "[21, 2]"))
+    fix = "fix: shape {} (dp_shard = 32 / tp 2 = 16; or -1 there to infer it)"
+    assert run_main("plan", two) == 2
+    assert _last_err(capsys)[-1:] == ["error: mesh.shape: dp_shard 21 x tp 2 = 42 ranks, but the cluster has 32 GPUs; "
+                                 + fix.format("[16, 2]")]
+    assert load_config(two).filled_axes == ("etp",)
+    assert build_plan(load_config(two)).reasons == (
+        "dp_shard(21) * tp(2) = 42 != world(32); " + fix.format("[16, 2]"),)
+    three = _config(tmp_path, "t3.toml", n=('["dp_shard", "ep"]', '["dp_shard", "tp", "etp"]'),
+                    s=("[32, 8]", "[21, 2, 2]"))
+    assert run_main("plan", three) == 2
+    assert _last_err(capsys)[-1].endswith(fix.format("[16, 2, 2]")) and load_config(three).filled_axes == ()
+    mega = _config(tmp_path, "m.toml", n=('["dp_shard", "ep"]', '["dp_shard", "tp", "ep"]'),
+                   s=("shape = [32, 8]", "shape = [21, 2, 8]\nsequence_parallel = true"),
+                   f=("[training]", '[training]\nframework = "megatron"'))
+    assert run_main("plan", mega) == 2
+    assert _last_err(capsys)[-1].endswith(fix.format("[16, 2, 8]"))
+
+
 def test_other_tools_sharding_names_say_meshplans_value(tmp_path, capsys):
     """``sharding = "fsdp"`` (and FSDP1's SHARD_GRAD_OP) is one line naming meshplan's value."""
     f = _config(tmp_path, "fsdp.toml", s=('sharding = "zero3"', 'sharding = "fsdp"'))

@@ -32,20 +32,23 @@ def plan_of(mesh: dict, model=TINY, system="dgx-h100", nodes=1, **training):
                                         "training": t, "mesh": mesh}))
 
 
-def table_counts(plan, s: int) -> Counter:
-    """Per step, (kind, group, phase, op) -> calls, from stage s's collective table."""
+def table_counts(plan, s: int, kinds=COUNTED) -> Counter:
+    """Per step, (kind, group, phase, op) -> calls, from stage s's collective table; ``kinds``:
+    the row kinds counted (:func:`comm_kind`; with ``tp``, the blocking per-layer tp rows)."""
     out = Counter()
     for r in plan.stage(s).collectives:
         kind = comm_kind(r)
-        if kind in COUNTED:
+        if kind in kinds:
             group = shard_group(r.cadence) if kind in ("shard", "replica") else ""
             out[(kind, group, r.phase if kind != "step" else "step", "all-gather" if r.op == "all-gather" else
                  r.op if kind != "step" else "reduce")] += r.per_step
     return out
 
 
-def timeline_counts(st, s: int) -> Counter:
-    """Per step, the same keys from stage s's rank timeline: every unit's collectives; the
+def timeline_counts(st, s: int, kinds=COUNTED) -> Counter:
+    """Per step, the same keys from stage s's rank timeline: every unit's collectives (``tp``:
+    not the loss's nor the per-layer norm-gradient all-reduces, the table's kinds ``loss`` and
+    ``tp_async``, each one event of their summed seconds); the
     per-step ZeRO-1/2 / DDP reduction counts once per group it runs on (one bucket per stage and
     group, issued in per-layer pieces on each chunk's last gradient unit, or after the last unit
     when not overlapped; ZeRO-2's buckets in every micro-batch that issues pieces; an MoE
@@ -60,16 +63,16 @@ def timeline_counts(st, s: int) -> Counter:
             if a.get("kind") == "dp":
                 step_reduce.add(ie.stream)
                 mbs.add(e.args["mb"])
-            elif a.get("kind") in COUNTED:
+            elif a.get("kind") in kinds and not (a["kind"] == "tp" and (a["phase"] == "loss" or "norm-grad" in ie.name)):
                 out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
     for e in st.post_events:
         if e.stage == s and e.stream == "kv_replica":  # one step-end event per layer's K/V gradient all-reduce
             out[("kv", "", "step", "all-reduce")] += 1
         elif e.stage == s and "grad reduce" in e.name:
             step_reduce.add(e.stream)
-        elif e.stage == s and "param all-gather" in e.name:
+        elif e.stage == s and "param all-gather" in e.name and "step" in kinds:
             out[("step", "", "step", "all-gather")] += 1
-    if step_reduce:
+    if step_reduce and "step" in kinds:
         buckets = st.units.comms[s].mb_buckets  # ZeRO-2: per micro-batch, every group's
         out[("step", "", "step", "reduce")] += len(mbs) * buckets if buckets else len(step_reduce)
     return out
@@ -213,6 +216,63 @@ def test_moe_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sha
         if sharding == "hsdp":
             assert [(k, n) for k, n in counts.items() if k[1] == "expert"] == \
                 [(("replica", "expert", "backward", "all-reduce"), s + 1)]
+
+
+TP_KEYS = [("forward", "all-gather"), ("forward", "reduce-scatter"), ("backward", "all-gather"),
+           ("backward", "reduce-scatter")]
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)])
+@pytest.mark.parametrize("shared", [0, 1])
+def test_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts(schedule, vpp, shared):
+    """torch MoE at ep 1, tp 2 with SP (etp = tp: the routed experts sharded over tp as a dense
+    MLP, torchtitan b5bcd76), with and without a shared expert: pp 2 x dp_shard 2 x tp 2, m 8 / 2
+    = 4. The timeline's blocking tp collectives per (phase, op) equal the table's. Before this
+    fix, with a shared expert, the timeline left out the second forward reduce-scatter of every
+    MoE layer (routed and shared outputs reduced apart) and its backward all-gather: 4 calls of
+    each per MoE layer and step. By hand at vpp 1 (stage 0: the embedding's reduce-scatter,
+    dense layer 0, MoE layer 1; stage 1: MoE layers 2-3, the head's all-gather), per micro-batch:
+    a dense layer AG 2 / RS 2 forward, an MoE layer AG 2 / RS 2 + shared, the backward the
+    mirror; x 4. Every call moves 1 x 64 x 64 x 2 B = 8192 B, and the timeline spends the
+    table's seconds on them (``time_s x per_step``)."""
+    mesh = {"names": ["pp", "dp_shard", "tp"], "shape": [2, 2, 2], "world": 8, "sequence_parallel": True,
+            "pp_schedule": schedule, "virtual_stages": vpp}
+    plan = plan_of(mesh, model=dict(MOE, shared_experts=shared), global_batch=8)
+    assert plan.mesh.etp == 2
+    # the per-step reductions (kind step) as tests/test_schedule_step_rows.py counts them: by seconds
+    st, kinds = step_time(plan), tuple(k for k in COUNTED if k != "step") + ("tp",)
+    for s in range(2):
+        counts = table_counts(plan, s, kinds)
+        assert timeline_counts(st, s, kinds) == counts, (s, counts)
+        rows = [r for r in plan.stage(s).collectives if comm_kind(r) == "tp"]
+        assert {r.size_bytes for r in rows} == {8192}
+        spent = sum(ie.end_s - ie.start_s for e in st.pipeline.events if e.stage == s and e.stream == "compute"
+                    for ie in st.units.of_event(e).events if ie.args.get("kind") == "tp"
+                    and ie.args["phase"] != "loss" and "norm-grad" not in ie.name)
+        assert spent == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9)
+    if vpp == 1:
+        by_hand = {0: [16, 4 * (1 + 2 + 2 + shared), 4 * (1 + 2 + 2 + shared), 16],
+                   1: [20, 4 * (4 + 2 * shared), 4 * (4 + 2 * shared), 20]}
+        assert {s: [table_counts(plan, s, kinds)[("tp", "", *k)] for k in TP_KEYS] for s in range(2)} == by_hand
+
+
+@pytest.mark.parametrize("recompute,replayed", [("full", (32, 28)), ("op", (32, 0))])
+def test_moe_ep1_tp_replay_issues_the_tp_collectives_the_table_counts(recompute, replayed):
+    """The same MoE at pp 1 (dp_shard 2 x tp 2, SP, a shared expert, m 4), checkpointed: the
+    timeline replays a layer's forward with the forward rows, the table counts the replay in
+    backward, so the calls per op agree summed over both phases. By hand, the replay's calls of
+    (all-gather, reduce-scatter) per step: full AC replays all but a layer's last collective,
+    AG 2 x 4 layers x 4 = 32 and RS 4 x (dense 1 + MoE 2 x 3 layers) = 28 (one of the two MoE
+    reduce-scatters); op-level AC the all-gathers only, 32 and 0."""
+    mesh = {"names": ["dp_shard", "tp"], "shape": [2, 2], "world": 4, "sequence_parallel": True}
+    plan = plan_of(mesh, model=dict(MOE, shared_experts=1), global_batch=8, recompute=recompute)
+    table, timeline = table_counts(plan, 0, ("tp",)), timeline_counts(step_time(plan), 0, ("tp",))
+    per_op = lambda c, op: sum(n for k, n in c.items() if k[3] == op)
+    assert [per_op(timeline, op) for op in ("all-gather", "reduce-scatter")] == \
+        [per_op(table, op) for op in ("all-gather", "reduce-scatter")]
+    # without the replay: forward AG 9 / RS 12 per micro-batch, backward AG 12 / RS 9 (the head's and embedding's included)
+    assert [table[("tp", "", "backward", op)] - n for op, n in zip(("all-gather", "reduce-scatter"), (48, 36))] == \
+        list(replayed)
 
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])  # Megatron-LM's schedules

@@ -57,7 +57,8 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
         bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
-            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg))
+            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus, mesh_checker(cfg),
+                                                cfg.filled_axes)
         if bad is not None:  # a foreign file's in its own keys (the world's by its own words)
             world = foreign_world_error(cfg, bad)
             raise file_error(cfg, bad) if world is bad else world

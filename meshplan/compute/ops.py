@@ -100,7 +100,11 @@ class Workload:
     rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
-    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`)."""
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``moe_tp_scatters``:
+    the tp collectives that close an MoE layer's MLP block (forward; their mirrors open its
+    backward): 2 where torchtitan reduce-scatters the routed and the shared experts' outputs
+    apart (ep 1, etp = tp, SP, shared experts: :func:`meshplan.spec.axes.ep.experts_over_tp_ops`,
+    set by :func:`meshplan.schedule.workload.workload_of`), else 1."""
 
     seq_len: int
     micro_batch: int = 1
@@ -132,6 +136,7 @@ class Workload:
     fp8_all_gather: bool = False
     async_tp: str = ""
     torch_ring_attention: bool = False
+    moe_tp_scatters: int = 1
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its

@@ -96,7 +96,8 @@ def resolved(cfg: Config) -> Mesh:
     """The config's mesh resolved against its cluster; ConfigError (exporting needs a mesh
     that resolves) otherwise."""
     m = resolve_mesh(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus)
-    bad = world_error(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus) if isinstance(m, Infeasible) else None
+    bad = world_error(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus,
+                      filled=cfg.filled_axes) if isinstance(m, Infeasible) else None
     if bad is not None:  # degrees that cannot make the world: the one line that names the fix
         raise bad
     if isinstance(m, Infeasible):

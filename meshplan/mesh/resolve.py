@@ -189,10 +189,21 @@ def _expert_move(spec: MeshSpec, pairs, world: int, check: Checker):
     return None
 
 
-def _rescaled(spec: MeshSpec, pairs, world: int, total: int, check: Optional[Checker]) -> tuple[str, str]:
+def _shown(moved, pairs, filled: tuple[str, ...]) -> list[int]:
+    """The degrees of ``moved`` in the user's own entries: an axis of ``filled`` (appended by the
+    reader, ``Config.filled_axes``) left out unless the fix changes its degree.
+
+    >>> _shown([("dp_shard", 16), ("tp", 2), ("etp", 2)], [("dp_shard", 21), ("tp", 2), ("etp", 2)], ("etp",))
+    [16, 2]
+    """
+    return [d for (n, d), (_, d0) in zip(moved, pairs) if n not in filled or d != d0]
+
+
+def _rescaled(spec: MeshSpec, pairs, world: int, total: int, check: Optional[Checker],
+              filled: tuple[str, ...] = ()) -> tuple[str, str]:
     """(fix, why): the first dense axis (a data axis first) rescaled to make ``world`` that
-    ``check`` accepts, an expert axis moved with it where needed, as the fix's words; or ("", the
-    reason the first rescaled shape is refused)."""
+    ``check`` accepts, an expert axis moved with it where needed, as the fix's words (the shape in
+    the user's entries, :func:`_shown`); or ("", the reason the first rescaled shape is refused)."""
     dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
     order = sorted(range(len(dense)), key=lambda i: (dense[i][0] not in _RESCALE_FIRST, i))
     why = ""
@@ -208,14 +219,14 @@ def _rescaled(spec: MeshSpec, pairs, world: int, total: int, check: Optional[Che
         if refused is not None and check is not None:
             alt = _expert_move(spec, moved, world, check)
             if alt is None:
-                shown = f"shape {[d for _, d in moved]}" if spec.names is not None else f"{name} = {new}"
+                shown = f"shape {_shown(moved, pairs, filled)}" if spec.names is not None else f"{name} = {new}"
                 why = why or f"{shown}: {refused}"
                 continue
             moved, note = alt[0], f"; {alt[1][0]} {alt[1][1]} -> {alt[1][2]} (at {alt[1][0]} {alt[1][1]}: {refused})"
         factors = [f"{n} {d}" for n, d in dense if n != name]
         others = " * ".join(factors) if len(factors) == 1 else f"({' * '.join(factors)})" if factors else "1"
         if spec.names is not None:
-            return (f"fix: shape {[d for _, d in moved]} ({name} = {world} / {others} = {new}{note}; or -1 there to "
+            return (f"fix: shape {_shown(moved, pairs, filled)} ({name} = {world} / {others} = {new}{note}; or -1 there to "
                     f"infer it)"), ""
         extra = "".join(f", {n} = {d}" for (n, d), (_, d0) in zip(moved, pairs) if d != d0 and n != name)
         return f"fix: [mesh.degrees] {name} = {new}{extra} ({world} / {others}{note}; or -1 to infer it)", ""
@@ -223,11 +234,11 @@ def _rescaled(spec: MeshSpec, pairs, world: int, total: int, check: Optional[Che
 
 
 def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int,
-               check: Optional[Checker] = None) -> str:
+               check: Optional[Checker] = None, filled: tuple[str, ...] = ()) -> str:
     """The fix of a product that is not the world size: one dense axis rescaled (a data axis
     first) and where it helps, the number of nodes (or ``mesh.world``) that fits the product;
-    with ``check``, only what it accepts (:data:`Checker`)."""
-    fix, why = _rescaled(spec, pairs, world, total, check)
+    with ``check``, only what it accepts (:data:`Checker`); ``filled``: :func:`_shown`'s."""
+    fix, why = _rescaled(spec, pairs, world, total, check, filled)
     if fix:
         fixes = [fix]
     elif why:
@@ -263,7 +274,7 @@ def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
 
 
 def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
-                check: Optional[Checker] = None) -> ConfigError | None:
+                check: Optional[Checker] = None, filled: tuple[str, ...] = ()) -> ConfigError | None:
     """The input error of degrees that cannot make ``world`` ranks (``mesh.world`` when set),
     None when they can: their product is another number, or a -1 cannot be inferred because
     the other degrees do not divide the world. One line naming the field, the degrees, the
@@ -271,7 +282,9 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     and the node count that fits). The CLI refuses such a config as malformed (exit 2); the
     library's :func:`resolve_mesh` keeps returning :class:`Infeasible`, which the search and
     ``compare`` report as a result. Malformed degrees (0, two -1s) raise there first. ``check``
-    (:data:`Checker`): the caller's validation of each fix, which leaves out a fix it refuses.
+    (:data:`Checker`): the caller's validation of each fix, which leaves out a fix it refuses;
+    ``filled``: the axes the reader appended to the user's shape (``Config.filled_axes``), which
+    the fix's shape leaves out (:func:`_shown`): the user's ``[21, 2]`` is told ``[16, 2]``.
 
     >>> print(world_error(MeshSpec(names=["dp_shard", "cp"], shape=[8, 8]), 8, 8))
     mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)
@@ -293,7 +306,8 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     inferred = [n for n, d in dense if d == -1]
     if not inferred:
         return None if known == world else ConfigError(field, f"{expr} = {known} ranks, but {has}; "
-                                                       + _world_fix(spec, pairs, world, known, gpus_per_node, check))
+                                                       + _world_fix(spec, pairs, world, known, gpus_per_node, check,
+                                                                    filled))
     if world % known == 0:
         return None
     given = [(n, d) for n, d in given if d > 1]  # "tp 16", not "pp 1 x tp 16 = 16" (a degree 1 divides anything)
@@ -319,8 +333,10 @@ def _alternatives(values: list[int]) -> str:
     return str(values[0]) if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
 
 
-def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Mesh, Infeasible]:
-    """Resolve degrees against ``world`` ranks.
+def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
+                 filled: tuple[str, ...] = ()) -> Union[Mesh, Infeasible]:
+    """Resolve degrees against ``world`` ranks; ``filled``: the axes the reader appended to the
+    user's shape (``Config.filled_axes``), left out of a fix's shape (:func:`_shown`).
 
     Raises ConfigError for malformed degrees (0, below -1, two -1s, repeated names).
     Returns :class:`Infeasible` when the degrees cannot make ``world`` ranks: product
@@ -362,7 +378,7 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
     if total != world:
         expr = " * ".join(f"{m}({d})" for m, d in dense)
         return Infeasible((f"{expr} = {total} != world({world}); " + _world_fix(spec, pairs, world, total,
-                                                                                gpus_per_node),))
+                                                                                gpus_per_node, filled=filled),))
     layout = Layout(tuple(n for n, _ in dense), tuple(d for _, d in dense))
     ep, etp = expert.get("ep", 1), expert.get("etp", 1)
     mesh = Mesh(layout=layout, ep=ep, etp=etp, sequence_parallel=spec.sequence_parallel)

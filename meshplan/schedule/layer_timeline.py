@@ -34,11 +34,13 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
 
 
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
-           cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True) -> None:
+           cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True, extra: int = 0) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
     under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
-    ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay)."""
+    ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay);
+    ``extra``: closing tp collectives issued after it (an MoE block's second reduce-scatter,
+    :func:`_mlp_scatters`), the next op waiting for them all."""
     if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and scatter)):
         _fused_block(s, name, t, phase, fused, scatter)
         return
@@ -49,7 +51,9 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
     post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
-    tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []
+    more = [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)", after=[s.last])
+            for _ in range(extra)] if s.ov.tp else []
+    tp_ov = [x for x in (pre, post, *more) if x] if s.ov.tp else []
     if cp is None:
         s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
     else:
@@ -61,8 +65,10 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         s.compute(name + " out proj", out, [], tp_ov)
     if ep:
         s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
-    if not s.ov.tp and scatter:
-        s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
+    if not s.ov.tp and (scatter or extra):
+        closing = [s.comm("tp", phase, after, f"tp {after}")] if scatter else []
+        closing += [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)") for _ in range(extra)]
+        s.compute(name + " tp wait", 0.0, closing)
 
 
 def _fused_block(s: StreamSim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
@@ -105,7 +111,7 @@ def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, 
 
 
 def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
-                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None) -> None:
+                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None, extra: int = 0) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
     and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
     weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
@@ -119,11 +125,15 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     the collective is issued after the weight gradients and the next block waits for it;
     ``Overlap.tp`` overlaps it with the weight gradients whatever the framework.
     ``fused``: async TP's gathered output gradient fused with the row-parallel input-gradient
-    GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it."""
+    GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it.
+    ``extra``: the mirrors of the forward's extra closing collectives (:func:`_block`; torch's
+    autograd of a reduce-scatter all-gathers the gradient), issued after the opening one; the
+    input gradients wait for them all."""
     before, after = tp_collectives(s.w)
     ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
     g = _gather_group(s, "backward")
     pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}", g)
+    more = [s.comm("tp", "backward", before, f"tp {before} (routed and shared apart)", g) for _ in range(extra)]
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
     regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
@@ -135,7 +145,7 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
             s.compute(name + " column B", t_b_col)
     elif cp is None:
-        s.compute(name + " B", t_b - (t_b_col if regather else 0.0) + t_w_row, [pre])
+        s.compute(name + " B", t_b - (t_b_col if regather else 0.0) + t_w_row, [pre, *more])
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
             s.compute(name + " column B", t_b_col)
@@ -237,6 +247,24 @@ def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
     return True, w.megatron_ops
 
 
+def _mlp_scatters(w: Workload, moe: bool, phase: str) -> int:
+    """Closing tp collectives of a layer's MLP block after its first (``_block``'s ``extra``): an
+    MoE layer's ``Workload.moe_tp_scatters`` less one (torchtitan's ep 1, etp = tp with SP and
+    shared experts: the routed and the shared outputs reduce-scattered apart), in forward and in
+    a replay as the collective table counts them (:func:`meshplan.comm.tp_rows._tp_layer_ops`):
+    full or per-layer AC replays all but the layer's last collective (so the first of the two),
+    op-level AC none; 0 for a dense layer.
+
+    >>> two = Workload(seq_len=8, tp=2, sp=True, moe_tp_scatters=2, recompute="full")
+    >>> _mlp_scatters(two, True, "forward"), _mlp_scatters(two, True, "backward_input"), _mlp_scatters(two, False, "forward")
+    (1, 1, 0)
+    >>> _mlp_scatters(Workload(seq_len=8, tp=2, sp=True, moe_tp_scatters=2, recompute="op"), True, "backward_input")
+    0
+    """
+    n = w.moe_tp_scatters - 1 if moe else 0
+    return n if phase == "forward" or w.recompute != "op" else 0
+
+
 def _amax_calls(c: Cost, side: str, phase: str) -> int:
     """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
     return float8.tp_amax_calls(c.ops, side, phase)
@@ -272,7 +300,8 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "forward")
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp)
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp,
+           extra=_mlp_scatters(s.w, moe, phase))
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
@@ -304,7 +333,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     _slots(s, "backward", At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "backward")
     _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
-                    fused=f.get("mlp"))
+                    fused=f.get("mlp"), extra=_mlp_scatters(s.w, moe, "forward"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None

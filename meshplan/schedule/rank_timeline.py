@@ -31,6 +31,9 @@ frameworks issue them:
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
+  torch MoE at ep 1, etp = tp with SP and shared experts: the MLP block closes with two RS (the
+  routed and the shared outputs reduced apart, ``Workload.moe_tp_scatters``), the add waiting for
+  both; in backward two AG open it (their mirrors), full AC's replay re-runs the first RS.
   torchao's float8 tensorwise TP: the amax all-reduces of a block's casts of tp shards
   (:mod:`meshplan.compute.float8`) block one after the other before the block (forward and its
   replay: the attention's 2, the MLP's 2; backward: the MLP's 3, the attention's 4 per Llama layer).
