@@ -34,3 +34,33 @@ def test_a_deepseek_config_without_an_expert_count_names_the_key(tmp_path, capsy
     assert capsys.readouterr().err.strip() == (
         f"error: model.hf_config: {key}: missing from {tmp_path / 'dsv3' / 'config.json'} (model_type "
         f"deepseek_v3); it is required to size the model (give null for {null_means})")
+
+
+#: Mixtral 8x7B as Megatron-LM arguments, tp 2 x ep 8 without --expert-tensor-parallel-size (etp = tp 2).
+MIXTRAL_ARGS = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
+--num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
+--swiglu --normalization RMSNorm --position-embedding-type rope
+--untie-embeddings-and-output-weights --disable-bias-linear --vocab-size 32000
+--num-experts 8 --moe-router-topk 2 --moe-token-dispatcher-type alltoall
+--tensor-model-parallel-size 2 --expert-model-parallel-size 8 --sequence-parallel
+--use-distributed-optimizer --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+--micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --bf16 --use-flash-attn
+"""
+
+
+def test_megatron_etp_default_fix_offers_etp_1_first_each_flag_once(tmp_path, capsys):
+    # one node: dp 4 x tp 2 = 8 ranks, ep 8 x etp 2 = 16 does not divide them. Was:
+    # "--expert-model-parallel-size 2 (--expert-model-parallel-size 2: ...)", no etp 1.
+    args = tmp_path / "mixtral.args"
+    args.write_text(MIXTRAL_ARGS)
+    assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 1) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "fix: ep must divide the 8 experts and ep * etp(2) must divide dp(4) * tp(2) = 8: "
+        "--expert-tensor-parallel-size 1 (ep kept, 1 expert per ep rank, efsdp 1; the experts without tensor "
+        "parallelism); or --expert-model-parallel-size 2 (4 experts per ep rank, efsdp 2; the dense mesh unchanged); "
+        "or --expert-model-parallel-size 4 (2 experts per ep rank, efsdp 1; the dense mesh unchanged)")
+    # the offered etp 1 passes every mesh rule: what is left is the memory verdict (47B on one node)
+    args.write_text(MIXTRAL_ARGS.replace("size 8 ", "size 8 --expert-tensor-parallel-size 1 "))
+    assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 1) == 1
+    err = capsys.readouterr().err
+    assert "does not divide" not in err and "infeasible: peak 102.9 GiB at backward of layer 31" in err
