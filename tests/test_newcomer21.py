@@ -64,3 +64,47 @@ def test_megatron_etp_default_fix_offers_etp_1_first_each_flag_once(tmp_path, ca
     assert _main("plan", args, "--cluster", "dgx-h100", "--nodes", 1) == 1
     err = capsys.readouterr().err
     assert "does not divide" not in err and "infeasible: peak 102.9 GiB at backward of layer 31" in err
+
+
+#: A small MLA model (query compression, as DeepSeek-V3) at dp_shard 4 x tp 2 on one dgx-h100 node.
+MLA_TOML = """[model]
+layers = 2
+hidden = 2048
+ffn = 8192
+q_heads = 16
+vocab = 32000
+q_lora_rank = 512
+kv_lora_rank = 512
+qk_nope_head_dim = 128
+qk_rope_head_dim = 64
+v_head_dim = 128
+[cluster]
+system = "dgx-h100"
+nodes = 1
+[training]
+global_batch = 8
+seq_len = 4096
+recompute = "none"
+[mesh]
+names = ["dp_shard", "tp"]
+shape = [4, 2]
+"""
+
+
+def test_mla_hfu_gap_names_the_replicated_down_projections(tmp_path):
+    # was "replicated KV heads": MLA has no KV heads to copy; every tp rank runs wq_a (h -> c_q)
+    # and wkv_a (h -> c_kv + rope) whole, the model counting 1/tp of them. Per layer, micro-batch
+    # and rank: (1 - 1/2) x 6 (forward, data and weight gradients) x T 4096 x h 2048 x (512 + 576);
+    # 2 layers, 8 / (1 x 4) = 2 micro-batches, 8 ranks
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    f = tmp_path / "mla.toml"
+    f.write_text(MLA_TOML)
+    st = step_time(build_plan(load_config(f)))
+    gap = 0.5 * 6 * 4096 * 2048 * (512 + 512 + 64) * 2 * 2 * 8
+    assert dict(st.flop_gap)["replicated MLA down-projections (wq_a, wkv_a)"] == pytest.approx(gap, rel=1e-12)
+    assert "replicated KV heads" not in dict(st.flop_gap)
+    pp = gap / (st.step_s * 8 * st.peak_flops) * 100
+    line = next(x for x in st.lines() if x.startswith("tokens/s"))
+    assert f"replicated MLA down-projections (wq_a, wkv_a) {pp:.1f} pp" in line
