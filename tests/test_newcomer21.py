@@ -129,3 +129,20 @@ def test_long_sequence_fix_tries_cp_or_says_why_not(tmp_path, capsys, seq, cp_wo
     job.write_text(toml)
     assert _main("plan", job) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"fix: {cp_words}{NODES_TAIL}"
+
+
+def test_an_hf_model_config_given_as_the_job_says_where_it_goes(tmp_path, capsys, monkeypatch):
+    # was: "a JSON file without DeepSpeed's keys (train_batch_size, zero_optimization); pass --format"
+    (tmp_path / "jobs" / "dsv3").mkdir(parents=True)
+    (tmp_path / "jobs" / "dsv3" / "config.json").write_text((HF / "deepseek-v3" / "config.json").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert _main("plan", "jobs/dsv3/config.json") == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: config: jobs/dsv3/config.json is a Hugging Face model config.json (model_type deepseek_v3), not a "
+        f"training job: put it in a meshplan TOML as [model] hf_config = \"{tmp_path.resolve()}/jobs/dsv3/config.json\", "
+        "or give it as --model jobs/dsv3/config.json beside a torchtitan, Megatron-LM or DeepSpeed config")
+    # a JSON that is neither keeps the --format line
+    (tmp_path / "other.json").write_text('{"lr": 0.1}')
+    assert _main("plan", "other.json") == 2
+    assert capsys.readouterr().err.strip() == ("error: --format: other.json: a JSON file without DeepSpeed's keys "
+                                               "(train_batch_size, zero_optimization); pass --format")
