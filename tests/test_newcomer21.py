@@ -146,3 +146,22 @@ def test_an_hf_model_config_given_as_the_job_says_where_it_goes(tmp_path, capsys
     assert _main("plan", "other.json") == 2
     assert capsys.readouterr().err.strip() == ("error: --format: other.json: a JSON file without DeepSpeed's keys "
                                                "(train_batch_size, zero_optimization); pass --format")
+
+
+def test_validate_makes_the_out_folders_parents_and_still_refuses_an_existing_run(tmp_path, capsys, monkeypatch):
+    # was: "error: --out: cannot write .../runs/deep/val1: folder .../runs/deep does not exist; create it or choose
+    # another path". The run itself (torchrun, minutes) is replaced by one file; the folder handling is validate's
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation import validate as v
+
+    def one_file(config, opt, out, echo):
+        (out / v.MARKER).write_text("{}")
+        return 0, []
+
+    monkeypatch.setattr(v, "_run_worlds", one_file)
+    out = tmp_path / "runs" / "deep" / "val1"
+    assert _main("validate", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--out", out) == 0
+    assert sorted(p.name for p in out.iterdir()) == [v.MARKER]
+    capsys.readouterr()
+    assert _main("validate", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--out", out) == 2
+    assert capsys.readouterr().err.strip() == f"error: --out: {out} exists and is not empty; choose another folder or pass --force"
