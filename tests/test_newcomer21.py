@@ -165,3 +165,21 @@ def test_validate_makes_the_out_folders_parents_and_still_refuses_an_existing_ru
     capsys.readouterr()
     assert _main("validate", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--out", out) == 2
     assert capsys.readouterr().err.strip() == f"error: --out: {out} exists and is not empty; choose another folder or pass --force"
+
+
+@pytest.mark.parametrize("edit, line", [
+    (('recompute = "full"', 'recompute = "ful"'),
+     "error: training.recompute: \"ful\" is not one of its values; did you mean 'full'? (the values, closest first: "
+     "'full', 'layer', 'selective', 'none', 'op')"),
+    (("seq_len = 4096", 'seq_len = "4k"'),
+     'error: training.seq_len: "4k" is not a number (TOML has no k suffix): write seq_len = 4096 (4 x 1024)'),
+    (("global_batch = 256", 'global_batch = "256"'),
+     'error: training.global_batch: "256" is a string: write global_batch = 256, without the quotes'),
+])
+def test_a_typed_field_error_names_the_values_or_the_number_to_write(tmp_path, capsys, edit, line):
+    # was: "Input should be 'none', 'selective', 'full', 'layer' or 'op' (got 'ful')" and
+    # "Input should be a valid integer (got '4k')"
+    job = tmp_path / "job.toml"
+    job.write_text((EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml").read_text().replace(*edit))
+    assert _main("plan", job) == 2
+    assert capsys.readouterr().err.strip() == line
