@@ -183,3 +183,14 @@ def test_a_typed_field_error_names_the_values_or_the_number_to_write(tmp_path, c
     job.write_text((EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml").read_text().replace(*edit))
     assert _main("plan", job) == 2
     assert capsys.readouterr().err.strip() == line
+
+
+def test_the_experts_cadence_line_reads_as_english(capsys):
+    # was "every experts: efsdp forward all-gather ..."; Mixtral-8x7B's experts, h 4096 x ffn 14336 x 3 x 8
+    # = 1,409,286,144 parameters a layer, / ep 8 / efsdp 4 = 44,040,192 each rank's shard, 2 bytes (bf16):
+    # gathered 44,040,192 x 4 ranks x 2 B = 352,321,536 B; the gradients reduced in fp32, twice that
+    assert _main("plan", EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml") == 0
+    out = capsys.readouterr().out
+    assert ("  every MoE layer's experts: efsdp forward all-gather 352,321,536 B, efsdp backward all-gather "
+            "352,321,536 B, efsdp backward reduce-scatter 704,643,072 B") in out.splitlines()
+    assert "every experts" not in out
