@@ -36,6 +36,21 @@ def test_a_deepseek_config_without_an_expert_count_names_the_key(tmp_path, capsy
         f"deepseek_v3); it is required to size the model (give null for {null_means})")
 
 
+@pytest.mark.parametrize("repo, model_type, key", [("mixtral-8x7b-v0.1", "mixtral", "num_local_experts"),
+                                                   ("qwen3-30b-a3b", "qwen3_moe", "num_experts")])
+def test_the_other_moe_families_name_a_missing_expert_count_too(tmp_path, repo, model_type, key):
+    """Mixtral's and Qwen3-MoE's expert counts were already required (Keys.req): the same rule."""
+    from meshplan.errors import ConfigError
+    from meshplan.spec.hf import model_from_hf_config
+    cfg = json.loads((HF / repo / "config.json").read_text())
+    del cfg[key]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as err:
+        model_from_hf_config(tmp_path / "config.json")
+    assert str(err.value) == (f"{key}: missing from {tmp_path / 'config.json'} (model_type {model_type}); it is "
+                              "required to size the model")
+
+
 #: Mixtral 8x7B as Megatron-LM arguments, tp 2 x ep 8 without --expert-tensor-parallel-size (etp = tp 2).
 MIXTRAL_ARGS = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336
 --num-attention-heads 32 --group-query-attention --num-query-groups 8 --kv-channels 128
