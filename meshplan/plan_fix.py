@@ -275,7 +275,7 @@ def _cp_variant(plan: Plan) -> tuple[Optional[tuple[str, Plan]], str]:
     splits, the user's ``rank_to_gpu``, or the rule that refuses the first cp (a sequence that
     does not split into 2 x cp chunks, an engine without cp)."""
     deg = _degrees(plan)
-    data = next((n for n in _DATA if n in deg), None)
+    data = next((n for n in _DATA if deg.get(n, 1) > 1), next((n for n in _DATA if n in deg), None))
     if data is None or deg[data] % CP_FACTORS[0] or plan.spec.rank_to_gpu is not None:
         return None, _cp_why(plan, deg, data, None)
     best: Optional[tuple[str, Plan]] = None
@@ -306,9 +306,10 @@ def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optio
         return ""
     if plan.spec.rank_to_gpu is not None:
         return "cp not tried: mesh.rank_to_gpu fixes the placement"
-    if data is None or deg[data] % CP_FACTORS[0]:
-        axis = f"{data} {deg[data]}" if data is not None else "no dp_shard or dp axis"
-        return f"cp not tried: it is taken from the data axis, and {axis} does not split in 2"
+    if data is None:
+        return "cp not tried: it is taken from the data axis, and the mesh has no dp_shard or dp"
+    if deg[data] % CP_FACTORS[0]:
+        return f"cp not tried: it is taken from the data axis, and {data} {deg[data]} does not split in 2"
     return f"cp not offered ({refused})" if refused else ""
 
 

@@ -146,6 +146,20 @@ def test_long_sequence_fix_tries_cp_or_says_why_not(tmp_path, capsys, seq, cp_wo
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"fix: {cp_words}{NODES_TAIL}"
 
 
+def test_long_sequence_fix_says_cp_has_no_data_axis_to_come_from(tmp_path, capsys):
+    # Llama-3-70B at 1,000,000 tokens, dp_shard 1 x tp 8 on one node: activations dominate, and cp would come from
+    # the data axis, which has one rank
+    job = tmp_path / "one.toml"
+    job.write_text('[model]\ncatalog = "llama3-70b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                   'global_batch = 8\nseq_len = 1000000\nmicro_batch = 1\nsharding = "zero3"\nrecompute = "full"\n'
+                   '[mesh]\nnames = ["dp_shard", "tp"]\nshape = [1, 8]\n')
+    assert _main("plan", job) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "fix: cp not tried: it is taken from the data axis, and dp_shard 1 does not split in 2; does not fit as "
+        "configured on up to 1024 nodes either (data axis grown with the nodes; training.global_batch 8 caps dp at 8 "
+        "(global_batch / micro_batch 1): past it the global batch raised to a multiple of micro_batch x dp)")
+
+
 def test_an_hf_model_config_given_as_the_job_says_where_it_goes(tmp_path, capsys, monkeypatch):
     # was: "a JSON file without DeepSpeed's keys (train_batch_size, zero_optimization); pass --format"
     (tmp_path / "jobs" / "dsv3").mkdir(parents=True)
