@@ -8,6 +8,8 @@ under the config's field.
 
 from __future__ import annotations
 
+import difflib
+import re
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -15,7 +17,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ValidationError
 
 from meshplan import catalog
-from meshplan.errors import ConfigError, closest
+from meshplan.errors import ConfigError, closest, printable
 from meshplan.limits import MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
@@ -72,7 +74,8 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    bounded = bound_message(err) or _below_floor(err, field) or spelled(cls, loc, got, msg)
+    bounded = (bound_message(err) or _below_floor(err, field) or spelled(cls, loc, got, msg) or _not_a_value(err, got)
+               or _not_a_number(err, loc, got))
     if bounded:
         return ConfigError(field, bounded)
     if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
@@ -101,6 +104,57 @@ def spelled(cls: type[BaseModel], key: str, got, msg: str) -> Optional[str]:
         return None
     value, what, setting = hit
     return f'"{got}" is "{value}" here ({what}): set {setting} (the values: {msg.removeprefix("Input should be ")})'
+
+
+def _not_a_value(err, got) -> Optional[str]:
+    """A string that is none of a Literal field's values (pydantic's ``literal_error``/``enum``)
+    as the values, closest first (difflib's ratio, case ignored), with a did-you-mean where
+    :func:`~meshplan.errors.closest` finds one; None for other errors (newcomer trial 21 #7).
+
+    >>> print(_not_a_value({"type": "literal_error", "ctx": {"expected": "'none', 'selective', 'full' or 'op'"}}, "ful"))
+    "ful" is not one of its values; did you mean 'full'? (the values, closest first: 'full', 'selective', 'none', 'op')
+    """
+    if err.get("type") not in ("literal_error", "enum") or not isinstance(got, str):
+        return None
+    values = re.findall(r"'([^']*)'", (err.get("ctx") or {}).get("expected", ""))
+    if not values:
+        return None
+    near = closest(got, values)  # first, where ties in the ratio leave it anywhere
+    ranked = sorted(values, key=lambda v: (v != near, -difflib.SequenceMatcher(None, got.lower(), v.lower()).ratio()))
+    guess = f"; did you mean {near!r}?" if near else ""
+    return f"\"{printable(got)[:40]}\" is not one of its values{guess} (the values, closest first: " \
+           f"{', '.join(repr(v) for v in ranked)})"
+
+
+#: A number written as a string with a size suffix, TOML having none: ``"4k"``, ``"1.5M"``.
+_SUFFIXED = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*")
+_POWERS = {"": 1, "k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+
+
+def _not_a_number(err, key: str, got) -> Optional[str]:
+    """A number field (pydantic's ``int_type``/``float_type``) given a string that reads as a
+    number, bare or with a k/M/G suffix (powers of 1024, as sequence lengths are counted: 4k =
+    4096), as the line to write instead (newcomer trial 21 #7); None for other inputs.
+
+    >>> print(_not_a_number({"type": "int_type"}, "seq_len", "4k"))
+    "4k" is not a number (TOML has no k suffix): write seq_len = 4096 (4 x 1024)
+    >>> print(_not_a_number({"type": "int_type"}, "global_batch", "512"))
+    "512" is a string: write global_batch = 512, without the quotes
+    """
+    if err.get("type") not in ("int_type", "int_parsing", "float_type", "float_parsing") or not isinstance(got, str):
+        return None
+    m = _SUFFIXED.fullmatch(got)
+    if m is None:
+        return None
+    mult = _POWERS[m.group(2).lower()]
+    value = float(m.group(1)) * mult
+    if err["type"].startswith("int") and value != int(value):
+        return None
+    shown = int(value) if value == int(value) else value
+    key = key.split(".")[-1]
+    if mult == 1:
+        return f'"{got}" is a string: write {key} = {shown}, without the quotes'
+    return f'"{got}" is not a number (TOML has no {m.group(2)} suffix): write {key} = {shown} ({m.group(1)} x {mult})'
 
 
 def _below_floor(err, field: str) -> Optional[str]:

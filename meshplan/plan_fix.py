@@ -14,7 +14,9 @@ whose runtime would then get the gradients wrong, rule ``v-reshard``:
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
 parallelism taken from the data axis (:func:`_cp_variant`: the smallest cp, 2, 4 or 8 times the
 configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
-over dp_shard x cp). Each is planned
+over dp_shard x cp; where none fits, the largest the rules take when its peak is the lowest of
+the line's, and, where nothing fits and activations dominate the peak, why no cp is offered:
+newcomer trial 21 #4, Mixtral-8x7B at seq 10,000,000). Each is planned
 by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan and the same rules (cp
 must split the sequence into 2 x cp chunks and, with SP, its share over tp, :mod:`meshplan.spec.axes.cp`
 and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak (the
@@ -149,10 +151,7 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
 
 def _peak(cfg: Config) -> Optional[Plan]:
     """The plan of ``cfg`` (None where it does not resolve or is refused)."""
-    try:
-        p = build_plan(cfg, reports=False)
-    except (ConfigError, ValueError):
-        return None
+    p = _tried(cfg)
     return p if isinstance(p, Plan) else None
 
 
@@ -276,23 +275,60 @@ def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
     return out
 
 
-def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> Optional[tuple[str, Plan]]:
-    """(words, plan) of the smallest cp, :data:`CP_FACTORS` times the configured, taken from the
-    data axis, whose plan fits (None where none does, the data axis does not split, or the
-    placement is the user's ``rank_to_gpu``); the planner's own rules refuse a cp that does not
-    split the sequence (or an engine without cp)."""
+def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan]], str]:
+    """((words, plan), why) of context parallelism taken from the data axis: the smallest cp,
+    :data:`CP_FACTORS` times the configured, whose plan fits; where none fits, the largest the
+    rules take, whose peak the line prints where it is lower than the plan's (as tp x2's; the
+    sequence's activations scale with 1 / cp). ``why``: where no cp is offered, why, for a
+    line whose peak activations dominate (:func:`_cp_why`; "" otherwise): no data axis that
+    splits, the user's ``rank_to_gpu``, or the rule that refuses the first cp (a sequence that
+    does not split into 2 x cp chunks, an engine without cp)."""
     deg = _degrees(plan)
-    data = next((n for n in _DATA if deg.get(n, 1) > 1), None)
-    if data is None or plan.spec.rank_to_gpu is not None:
-        return None
+    data = next((n for n in _DATA if deg.get(n, 1) > 1), next((n for n in _DATA if n in deg), None))
+    if data is None or deg[data] % CP_FACTORS[0] or plan.spec.rank_to_gpu is not None:
+        return None, _cp_why(plan, deg, data, None)
+    best: Optional[tuple[str, Plan]] = None
+    refused: Optional[str] = None
     for k in CP_FACTORS:
         if deg[data] % k:
             break
         moved = _with_cp(deg, data, k)
-        p = _peak(replace(plan.config, mesh=_mesh(plan, moved)))
-        if p is not None and p.feasible:
-            return f"{keys.axis('cp')} {moved['cp']} ({_mesh_words(moved, keys)})", p
-    return None
+        p = _tried(replace(plan.config, mesh=_mesh(plan, moved)))
+        if isinstance(p, str):
+            refused = refused or f"cp {moved['cp']}: {p}"
+            continue
+        words = f"{keys.axis('cp')} {moved['cp']} ({_mesh_words(moved, keys)})"
+        if p.feasible:
+            return (words, p), ""
+        best = (words, p)
+    if best is not None and best[1].timeline.peak.total_bytes < plan.timeline.peak.total_bytes:
+        return best, ""
+    return None, _cp_why(plan, deg, data, refused)
+
+
+def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optional[str]) -> str:
+    """Why no cp is offered, for a plan whose peak activations dominate ("" otherwise, or
+    where cp was planned and lowers nothing): the user's ``rank_to_gpu``, a data axis that
+    does not split in 2, or ``refused``, the first cp's refusal by the planner's rules."""
+    groups = plan.timeline.by_group()
+    if max(groups, key=lambda g: groups[g]) != "activations":
+        return ""
+    if plan.spec.rank_to_gpu is not None:
+        return "cp not tried: mesh.rank_to_gpu fixes the placement"
+    if data is None:
+        return "cp not tried: it is taken from the data axis, and the mesh has no dp_shard or dp"
+    if deg[data] % CP_FACTORS[0]:
+        return f"cp not tried: it is taken from the data axis, and {data} {deg[data]} does not split in 2"
+    return f"cp not offered ({refused})" if refused else ""
+
+
+def _tried(cfg: Config) -> Plan | str:
+    """The plan of ``cfg``, or why it is refused (the error it raises, or its first reason)."""
+    try:
+        p = build_plan(cfg, reports=False)
+    except (ConfigError, ValueError) as e:
+        return str(e)
+    return p if isinstance(p, Plan) else (p.reasons[0] if p.reasons else "refused")
 
 
 def _step_s(p: Plan) -> Optional[float]:
@@ -334,8 +370,10 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
         if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
-    cp = _cp_variant(plan, keys)
-    found += [cp] if cp is not None else []
+    cp, cp_why = _cp_variant(plan, keys)
+    if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
+                                                  for _, p in found)):
+        found.append(cp)  # a cp that does not fit: where it lowers the peak the most (long sequences)
     parts = _parts(found)
     usable_words = f" (usable {usable / GiB:.1f} GiB)"
     if any(p.feasible for _, p in found):
@@ -347,7 +385,7 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
                      + (" (fits)" if both.feasible else ""))
         if both.feasible:
             return f"fix: {'; '.join(parts)}{usable_words}"
-    parts.append(_nodes_words(plan, _nodes(plan, cfg), words, keys))
+    parts.append((f"{cp_why}; " if cp_why else "") + _nodes_words(plan, _nodes(plan, cfg), words, keys))
     return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"
 
 

@@ -53,18 +53,38 @@ def mesh_checker(cfg: Config) -> Callable[[MeshSpec, Optional[int]], Optional[st
     return check
 
 
-def _with_ep(spec: MeshSpec, ep: int) -> MeshSpec:
-    """``spec`` with the ep degree ``ep`` (names + shape, or Megatron degrees)."""
+def _with_ep(spec: MeshSpec, ep: int, axis: str = "ep") -> MeshSpec:
+    """``spec`` with the degree ``ep`` on ``axis`` (ep or etp; names + shape, the axis appended
+    where the names lack it, or Megatron degrees)."""
     if spec.names is not None and spec.shape is not None:
-        return spec.model_copy(update={"shape": [ep if n == "ep" else d for n, d in zip(spec.names, spec.shape)]})
-    return spec.model_copy(update={"degrees": {**(spec.degrees or {}), "ep": ep}})
+        if axis not in spec.names:
+            return spec.model_copy(update={"names": [*spec.names, axis], "shape": [*spec.shape, ep]})
+        return spec.model_copy(update={"shape": [ep if n == axis else d for n, d in zip(spec.names, spec.shape)]})
+    return spec.model_copy(update={"degrees": {**(spec.degrees or {}), axis: ep}})
 
 
-def _field(spec: MeshSpec) -> str:
-    """The config field that holds the new ep: ``mesh.shape [32, 2]`` or ``mesh.degrees ep = 2``."""
+def _field(spec: MeshSpec, axis: str = "ep") -> str:
+    """The config field that holds the new degree: ``mesh.shape [32, 2]`` or ``[mesh.degrees] ep = 2``."""
     if spec.names is not None:
         return f"mesh.shape {spec.shape}"
-    return f"[mesh.degrees] ep = {(spec.degrees or {})['ep']}"
+    return f"[mesh.degrees] {axis} = {(spec.degrees or {})[axis]}"
+
+
+def _etp_fix(cfg: Config, block: int, ep: int, etp: int) -> list[str]:
+    """Where ep * etp does not divide the dense block: the largest etp below the configured one
+    (a divisor of it) whose mesh :func:`valid_reason` accepts with ep kept, as a one-item list
+    (empty where none is). Megatron-LM's etp defaults to tp, so tp 2 x ep 8 on 8 GPUs asks for
+    16 ranks per expert group; ``--expert-tensor-parallel-size 1`` keeps ep 8 (newcomer trial 21 #2)."""
+    e = cfg.model.experts
+    if cfg.mesh is None or e % ep:
+        return []
+    for k in sorted((d for d in range(1, etp) if etp % d == 0), reverse=True):
+        spec = _with_ep(cfg.mesh, k, "etp")
+        if valid_reason(replace(cfg, mesh=spec)) is None:
+            split = "the experts without tensor parallelism" if k == 1 else f"each expert's GEMMs split {k} ways"
+            return [f"etp {k} ({_field(spec, 'etp')}: ep kept, {counted(e // ep, 'expert')} per ep rank, "
+                    f"efsdp {block // (ep * k)}; {split})"]
+    return []
 
 
 def _ep_of(spec: MeshSpec) -> int:
@@ -89,7 +109,8 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     ep * etp does not divide the dense block dp_shard * cp * tp (None otherwise): each ep > 1
     dividing the experts whose mesh :func:`valid_reason` accepts (so dividing the block too),
     with the experts per ep rank and efsdp; the other divisors with the rule that refuses them;
-    ep 1 (no expert parallelism) where no ep > 1 is accepted.
+    ep 1 (no expert parallelism) where no ep > 1 is accepted. Where the block refuses ep * etp and
+    a smaller etp with ep kept fits (:func:`_etp_fix`), that etp first.
 
     Mixtral-8x7B's layers with ``experts = 6`` at dp_shard 32 x ep 8 (32 GPUs): ep 2 (3 experts
     per rank, efsdp 16); ep 3 and 6 divide 6 but not the dense block of 32. DeepSeek-V3's 256
@@ -103,7 +124,8 @@ def experts_fix(plan: Infeasible) -> Optional[str]:
     block_bad = block % (ep * etp) != 0
     if e % ep == 0 and not block_bad:
         return None
-    good, bad = [], []
+    good: list[str] = _etp_fix(cfg, block, ep, etp) if block_bad else []
+    bad: list[str] = []
     for k in (k for k in range(2, e + 1) if e % k == 0 and k != ep):
         spec = _with_ep(cfg.mesh, k)
         why = valid_reason(replace(cfg, mesh=spec))

@@ -46,7 +46,9 @@ CASES = [
     (with_("training.seq_len", -8192), "training.seq_len",
      "must be greater than 0 (got -8192); give training.seq_len a positive value"),
     (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: deepseek-v2, deepseek-v2-lite, deepseek-v3, gpt3-175b"),
-    (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective', 'full', 'layer' or 'op'"),
+    # newcomer trial 21 #7: the values closest first (was pydantic's "Input should be 'none', 'selective', ...")
+    (with_("training.recompute", "partial"), "training.recompute",
+     "\"partial\" is not one of its values (the values, closest first: 'layer', 'selective', 'op', 'full', 'none')"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
     (with_("mesh.shape", [8]), "mesh", "2 names but 1 degrees in shape; give one degree per name"),
     (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),

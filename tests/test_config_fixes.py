@@ -120,5 +120,5 @@ def test_other_tools_sharding_names_say_meshplans_value(tmp_path, capsys):
     assert 'set sharding = "zero3" with reshard_after_forward = false' in _last_err(capsys)[0]
     f = _config(tmp_path, "typo.toml", s=('sharding = "zero3"', 'sharding = "zero4"'))
     assert run_main("plan", f) == 2
-    assert _last_err(capsys)[0] == ("error: training.sharding: Input should be 'none', 'zero1', 'zero2', 'zero3' or "
-                                    "'hsdp' (got 'zero4')")
+    assert _last_err(capsys)[0] == ("error: training.sharding: \"zero4\" is not one of its values; did you mean "
+                                    "'zero3'? (the values, closest first: 'zero3', 'zero1', 'zero2', 'none', 'hsdp')")

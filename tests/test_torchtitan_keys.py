@@ -262,10 +262,9 @@ def test_torchtitan_experts_fix_names_expert_parallel_degree(mx, capsys):
     err = _err(capsys)
     assert err[-2:] == [
         "infeasible: experts 8 are not divisible by ep 16",
-        "fix: ep must divide the 8 experts: expert_parallel_degree 2 (parallelism.expert_parallel_degree = 2: 4 "
-        "experts per ep rank, efsdp 16; the dense mesh unchanged); or expert_parallel_degree 4 "
-        "(parallelism.expert_parallel_degree = 4: 2 experts per ep rank, efsdp 8; the dense mesh unchanged); or "
-        "expert_parallel_degree 8 (parallelism.expert_parallel_degree = 8: 1 expert per ep rank, efsdp 4; the dense "
+        "fix: ep must divide the 8 experts: parallelism.expert_parallel_degree = 2 (4 experts per ep rank, efsdp 16; "
+        "the dense mesh unchanged); or parallelism.expert_parallel_degree = 4 (2 experts per ep rank, efsdp 8; the "
+        "dense mesh unchanged); or parallelism.expert_parallel_degree = 8 (1 expert per ep rank, efsdp 4; the dense "
         "mesh unchanged)"]
 
 

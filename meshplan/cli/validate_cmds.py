@@ -32,7 +32,8 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
                  None, "--micro-batches", help="micro-batches per step of each data-parallel rank (default: the "
                                                "fewest the pipeline schedule runs, e.g. pp for 1F1B, 2 pp for "
                                                "DualPipeV; 1 without pp)"),
-             out: Path = typer.Option(Path("out/validate"), "--out", help="evidence folder (default under out/)"),
+             out: Path = typer.Option(Path("out/validate"), "--out", help="evidence folder (default under out/; its "
+                                                                          "missing parent folders are made)"),
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
                                                       help="fail when step time (calibrated when probed) or peak "
@@ -112,7 +113,9 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    vocab: int = typer.Option(128, "--vocab", help="vocabulary of the scaled-down model"),
                    steps: int = typer.Option(3, "--steps", help="timed steps per mesh"),
                    timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per mesh"),
-                   out: Path = typer.Option(Path("out/validate-slice"), "--out", help="evidence folder (default under out/)"),
+                   out: Path = typer.Option(Path("out/validate-slice"), "--out",
+                                            help="evidence folder (default under out/; its missing parent folders "
+                                                 "are made)"),
                    json_path: Optional[Path] = _json_option("validate-slice"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder and --json "
                                                                      "file")):

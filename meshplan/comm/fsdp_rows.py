@@ -113,7 +113,8 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
     label, axis, numel, gbytes, fp8, cast_s = key
     t, ds = c.training, _deepspeed_engine(c)
     rs = t.gradient_reduce_dtype
-    cadence = f"per {label}" if label.startswith("root") else f"every {label}"
+    cadence = f"per {label}" if label.startswith("root") else "every MoE layer's experts" if label == "experts" \
+        else f"every {label}"  # the routed experts' own unit (efsdp) of each MoE layer
     gdt = t.compute_dtype if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
     fwd, back, red = _call_counts(c, units, (label, axis, numel), n)
     out_s, in_s = copies(gbytes, numel)

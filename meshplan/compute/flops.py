@@ -7,7 +7,7 @@ model FLOP (:func:`flop_gap`).
 
 from __future__ import annotations
 
-from meshplan.compute.shapes import attention_shape, layer_gemms
+from meshplan.compute.shapes import MLA_REPLICATED, attention_shape, layer_gemms
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 
@@ -71,9 +71,11 @@ def utilization(flops_per_step: float, step_s: float, ranks: int, gpu: GPUSpec, 
     return flops_per_step / (step_s * ranks * gpu.peak_flops(dtype))
 
 
-#: Why an op's hardware FLOP exceed its model FLOP (:func:`flop_gap`), in printing order.
+#: Why an op's hardware FLOP exceed its model FLOP (:func:`flop_gap`), in printing order. MLA has
+#: no KV heads to copy: its gap under tp is the down projections every tp rank runs whole
+#: (:data:`meshplan.compute.shapes.MLA_REPLICATED`), named with those the model has.
 FLOP_GAP_CAUSES = ("recompute", "flash backward recomputes QK^T", "full attention products (no causal skip)",
-                   "padded vocabulary", "replicated KV heads")
+                   "padded vocabulary", "replicated KV heads", "replicated MLA down-projections")
 
 
 def flop_gap(ops) -> dict[str, float]:
@@ -81,18 +83,24 @@ def flop_gap(ops) -> dict[str, float]:
     HFU exceeds MFU without any recompute policy: recomputed ops (model FLOP 0); a flash
     kernel's backward, 2.5x its forward against the model's 2x (FlashAttention-2 recomputes
     ``QK^T``); a non-flash kernel's full ``QK^T`` and ``PV`` against the causal half; the
-    output layer over the padded vocabulary; wk and wv over replicated KV heads (and MLA's
-    replicated down projections). Causes with no gap are left out.
+    output layer over the padded vocabulary; wk and wv over replicated KV heads; MLA's
+    replicated down projections, named ``replicated MLA down-projections (wq_a, wkv_a)`` with
+    those that have a gap (V2-Lite has no wq_a). Causes with no gap are left out.
 
     Llama-3-8B, tp 2, seq 8192, flash, no recompute: only the flash backward, 0.5 x the
     causal-half forward attention FLOP per layer (``tests/test_mfu_hfu.py``)."""
     out: dict[str, float] = {}
+    mla: list[str] = []
     for o in ops:
         d = o.hardware_flops - o.model_flops
         if d <= 0:
             continue
+        base = o.name.split(".")[0]
         cause = ("recompute" if o.recompute else FLOP_GAP_CAUSES[1] if o.kind == "attention" else
-                 FLOP_GAP_CAUSES[2] if o.name.split(".")[0] in ("qk^T", "pv") else FLOP_GAP_CAUSES[3] if o.block == "head"
-                 else FLOP_GAP_CAUSES[4])
+                 FLOP_GAP_CAUSES[2] if base in ("qk^T", "pv") else FLOP_GAP_CAUSES[3] if o.block == "head"
+                 else FLOP_GAP_CAUSES[5] if base in MLA_REPLICATED else FLOP_GAP_CAUSES[4])
+        if cause == FLOP_GAP_CAUSES[5] and base not in mla:
+            mla.append(base)
         out[cause] = out.get(cause, 0.0) + d
-    return {c: out[c] for c in FLOP_GAP_CAUSES if c in out}
+    named = {FLOP_GAP_CAUSES[5]: f"{FLOP_GAP_CAUSES[5]} ({', '.join(n for n in MLA_REPLICATED if n in mla)})"}
+    return {named.get(c, c): out[c] for c in FLOP_GAP_CAUSES if c in out}

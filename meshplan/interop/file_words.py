@@ -90,9 +90,9 @@ def file_words(cfg: Config, text: str) -> str:
     >>> print(file_words(cfg, "training.global_batch: 256 is not divisible by micro_batch 1 x dp 512 = 512"))
     training.global_batch_size: 256 is not divisible by training.local_batch_size 1 x dp 512 = 512
     >>> print(file_words(cfg, "fix: ep 8 (mesh.shape [-1, 8]: 1 expert per ep rank); recompute full -> peak 9 GiB"))
-    fix: expert_parallel_degree 8 (parallelism.expert_parallel_degree = 8: 1 expert per ep rank); activation_checkpoint.mode = "full" -> peak 9 GiB
+    fix: parallelism.expert_parallel_degree = 8 (1 expert per ep rank); activation_checkpoint.mode = "full" -> peak 9 GiB
     >>> print(file_words(replace(cfg, origin="megatron"), "fix: ep 8 (mesh.shape [-1, 8]); recompute full"))
-    fix: --expert-model-parallel-size 8 (--expert-model-parallel-size 8); --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
+    fix: --expert-model-parallel-size 8; --recompute-granularity full --recompute-method uniform --recompute-num-layers 1
     """
     if cfg.origin not in KEYMAPS:
         return text
@@ -107,8 +107,23 @@ def file_words(cfg: Config, text: str) -> str:
         if f"training.{bare}" in fields:
             text = _put(rf"(?<![\w.\-]){bare}(?![\w'])", text, fields[f"training.{bare}"])
     head, mark, fix = text.partition("fix: ")  # degrees as settings: in the fix only ("tp 3" of a reason stays)
-    return head + mark + _sub(rf"(?<![\w.\-])({'|'.join(FIX_AXES)})(?= (?:\d|x\d))", fix,
-                              lambda m: keymap.axis(m.group(1)))
+    fix = _sub(rf"(?<![\w.\-])({'|'.join(FIX_AXES)})(?= (?:\d|x\d))", fix,
+               lambda m: keymap.axis(m.group(1)))
+    return head + mark + _once(fix)
+
+
+def _once(fix: str) -> str:
+    """``fix`` with a degree named twice, as the key and then as the setting that opens its
+    parenthesis (``ep 2 (mesh.shape [4, 2]: ...)`` rewritten), said once as the setting
+    (newcomer trial 21 #2).
+
+    >>> _once("--expert-model-parallel-size 2 (--expert-model-parallel-size 2: 4 experts per ep rank)")
+    '--expert-model-parallel-size 2 (4 experts per ep rank)'
+    >>> _once("expert_parallel_degree 2 (parallelism.expert_parallel_degree = 2: 4 experts); or tp 2 (tp 2)")
+    'parallelism.expert_parallel_degree = 2 (4 experts); or tp 2'
+    """
+    return _sub(r"(?<![\w.\-])(\S+) (\d+) \(((?:parallelism\.)?\1(?: = | )\2)(: |\))", fix,
+                lambda m: m.group(3) + (" (" if m.group(4) == ": " else ""))
 
 
 def file_error(cfg: Config, e: ConfigError) -> ConfigError:

@@ -49,7 +49,7 @@ from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.interop.written_paths import written_tables
-from meshplan.spec.hf import hf_source
+from meshplan.spec.hf import hf_source, not_a_job
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
@@ -65,8 +65,8 @@ def detect(path: Path, text: str) -> str:
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"
-        raise ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys (train_batch_size, "
-                          f"zero_optimization); pass --format")
+        raise not_a_job(path, d) or ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys "
+                                                f"(train_batch_size, zero_optimization); pass --format")
     if path.suffix == ".toml":
         try:
             d = tomllib.loads(text)

@@ -227,3 +227,23 @@ def hf_source(source: str) -> tuple[str, str] | None:
         return None
     model_type, _, rest = source[len(head):].partition(") from ")
     return model_type, rest.split("; not modelled: ")[0]
+
+
+def not_a_job(path: Path, cfg: Any) -> Optional[ConfigError]:
+    """The error for a Hugging Face model ``config.json`` given where a job config goes (it has
+    ``model_type`` or ``architectures``; newcomer trial 21 #5): where it belongs, ``[model]
+    hf_config`` in a meshplan TOML or ``--model`` beside a foreign job. None for another JSON.
+
+    The TOML's ``hf_config`` is the file's absolute path (a relative one is read from the TOML's
+    folder), ``--model`` the path as given (read from the working directory).
+
+    >>> print(not_a_job(Path("/jobs/dsv3/config.json"), {"model_type": "deepseek_v3"}))
+    config: /jobs/dsv3/config.json is a Hugging Face model config.json (model_type deepseek_v3), not a training job: put it in a meshplan TOML as [model] hf_config = "/jobs/dsv3/config.json", or give it as --model /jobs/dsv3/config.json beside a torchtitan, Megatron-LM or DeepSpeed config
+    """
+    if not isinstance(cfg, dict) or not ({"model_type", "architectures"} & set(cfg)):
+        return None
+    kind = cfg.get("model_type")
+    shown = f" (model_type {printable(kind)[:40]})" if isinstance(kind, str) else ""
+    return ConfigError("config", f"{path} is a Hugging Face model config.json{shown}, not a training job: put it "
+                       f"in a meshplan TOML as [model] hf_config = \"{path.resolve()}\", or give it as --model {path} beside "
+                       f"a torchtitan, Megatron-LM or DeepSpeed config")

@@ -33,7 +33,9 @@ config.json files and transformers' config classes):
   not read: MLA up-projects K and V per head), RMSNorm, SwiGLU MLPs, untied embeddings by
   default; MoE from ``n_routed_experts`` (null: dense), ``num_experts_per_tok``,
   ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` each, dense
-  layers of width ``intermediate_size`` below ``first_k_dense_replace``; a
+  layers of width ``intermediate_size`` below ``first_k_dense_replace`` (each of the three
+  required, null for none: a missing one is an error naming it, not DeepseekV3Config's
+  default, as for every other size); a
   ``moe_layer_freq`` other than 1 (dense layers between MoE layers) and ``attention_bias``
   are refused. Named in ``source``, no size: the group-limited routing (``topk_method``,
   ``n_group``, ``topk_group``; planned as top-k routing), and for v3 the multi-token
@@ -80,6 +82,18 @@ class Keys:
         """An optional size (``default`` when missing or null)."""
         value = self.cfg.get(key)
         return default if value is None else self._size(key, value)
+
+    def given(self, key: str, null_means: str) -> int:
+        """A size the file must name, where an explicit null means 0 (``null_means`` says what
+        that is: DeepSeek's ``n_routed_experts`` null, a dense model). A key left out is a
+        ConfigError naming it, as :meth:`req`'s, with what null would mean: a size left out is
+        not guessed, even where the config class has a default (DeepseekV3Config's
+        n_routed_experts 256), as no other required size is."""
+        if key not in self.cfg:
+            raise ConfigError(key, f"missing from the {self.model_type} config.json; it is required "
+                              f"to size the model (give null for {null_means})")
+        value = self.cfg[key]
+        return 0 if value is None else self._size(key, value)
 
     def flag(self, key: str, default: bool) -> bool:
         """A true/false key (``default`` when missing or null)."""
@@ -217,20 +231,23 @@ def _gemma3(k: Keys) -> dict[str, Any]:
 
 
 def _deepseek_moe(k: Keys, layers: int) -> dict[str, Any]:
-    """The MoE fields of a DeepSeek config: none when ``n_routed_experts`` is null."""
-    experts = k.opt("n_routed_experts", 0)
+    """The MoE fields of a DeepSeek config: none when ``n_routed_experts`` is null or 0 (the
+    remote ``modeling_deepseek.py`` builds dense MLPs then). The expert counts and
+    ``first_k_dense_replace`` must be in the file (null: 0); left out, each is a ConfigError
+    naming it, as every size is here (:meth:`Keys.given`), not the config class's default."""
+    experts = k.given("n_routed_experts", "a dense model")
     if not experts:
         return {}
     if layers > MAX_LAYERS:
         raise ConfigError("num_hidden_layers", over("layers", layers))
-    first, freq = k.opt("first_k_dense_replace", 0), k.opt("moe_layer_freq", 1)
+    first, freq = k.given("first_k_dense_replace", "no dense layers"), k.opt("moe_layer_freq", 1)
     # modeling_deepseek.py: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0
     dense = [i for i in range(layers) if i < first or i % max(freq, 1)]
     if freq < 1 or dense != list(range(len(dense))):
         raise ConfigError("moe_layer_freq", f"moe_layer_freq {freq} with first_k_dense_replace {first} "
                           f"puts dense layers between MoE layers; ModelSpec only has dense_layers "
                           f"(the first N layers dense): moe_layer_freq must be 1")
-    shared = k.opt("n_shared_experts", 0)
+    shared = k.given("n_shared_experts", "no shared experts")
     width = k.req("moe_intermediate_size")
     return {"experts": experts, "top_k": k.req("num_experts_per_tok"), "expert_ffn": width,
             "shared_experts": shared, "shared_expert_ffn": width if shared else None,

@@ -194,7 +194,8 @@ def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], 
 
 def prepare_slice_out(out: Path, force: bool) -> None:
     """Refuse, before the run, a non-empty ``out`` unless ``force`` and it is a slice folder of
-    ours, and an ``out`` that cannot be written. The folder is built by
+    ours, and an ``out`` that cannot be written; its missing parent folders are made (as
+    validate's, newcomer trial 21 #6). The folder is built by
     :func:`meshplan.fileio.staged_folder` (a temporary name renamed at the end: an interrupted
     slice leaves nothing that blocks the rerun)."""
     if out.is_dir() and any(out.iterdir()) and not owned(out):  # a rerun replaces its own, unchanged (out/)
@@ -203,7 +204,7 @@ def prepare_slice_out(out: Path, force: bool) -> None:
         if not (out / MARKER).exists():
             raise ConfigError("--out", f"{out} is not a meshplan validate-slice folder (no {MARKER}); --force only "
                               "replaces those")
-    check_destination(out, "--out", force, folder=True)
+    check_destination(out, "--out", force, folder=True, create_folders=True)
 
 
 def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
@@ -246,7 +247,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     batch, micro = common_batch(scaled, opt)
     prepare_slice_out(out, force)
     final = out
-    with staged_folder(final, "--out", force) as out:  # renamed to --out at the end
+    with staged_folder(final, "--out", force, create_folders=True) as out:  # renamed to --out at the end
         echo(f"slice: {len(configs)} meshes x {world} ranks on testbed '{testbed}' ({tb.nodes} nodes, "
              f"{tb.rate_mbit:g} Mbit/s); model: {opt.layers} layers, hidden / {opt.hidden_div}, seq {opt.seq_len}, "
              f"vocab {opt.vocab}, {opt.steps} timed steps; global batch {batch} sequences of {opt.seq_len} tokens "

@@ -84,7 +84,8 @@ MARKER = "validate.json"
 
 def prepare_out(out: Path, force: bool) -> None:
     """Refuse, before the run, a non-empty ``out`` unless ``force`` and it is an evidence
-    folder of ours, and an ``out`` that cannot be written. The folder itself is built by
+    folder of ours, and an ``out`` that cannot be written; its missing parent folders are made
+    (newcomer trial 21 #6: ``--out runs/val1`` without ``runs/``). The folder itself is built by
     :func:`meshplan.fileio.staged_folder` (under a temporary name, renamed at the end)."""
     if out.is_dir() and any(out.iterdir()) and not owned(out):  # a rerun replaces its own, unchanged (out/)
         if not force:
@@ -92,7 +93,7 @@ def prepare_out(out: Path, force: bool) -> None:
         if not (out / MARKER).exists() and not any(out.glob("world*/plan.json")):
             raise ConfigError("--out", f"{out} is not a meshplan validate folder (no {MARKER}); --force only "
                               "replaces those")
-    check_destination(out, "--out", force, folder=True)
+    check_destination(out, "--out", force, folder=True, create_folders=True)
 
 
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
@@ -244,7 +245,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
         prepare_out(out, force)
     if opt.rendezvous is not None:  # every host's ranks write into the shared OUT itself: no staging
         return _run_worlds(config, opt, out, echo)
-    with staged_folder(out, "--out", force) as tmp:
+    with staged_folder(out, "--out", force, create_folders=True) as tmp:
         code, results = _run_worlds(config, opt, tmp, echo)
     return code, results
 
