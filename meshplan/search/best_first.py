@@ -196,7 +196,7 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
         rows_of = _rows_of(cfg, c, run)
-        if not _complete_top(c, steps, o.top, rows_of, run) or not proven:
+        if not _complete_top(c, steps, o.top, run, rows_of) or not proven:
             fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
             order = order_all(c, steps, peaks=_peaks(steps, run))
             rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
@@ -238,15 +238,17 @@ def _rows_of(cfg: Config, c: Candidates, run: Runner) -> Callable[[list[int]], l
     return rows_of
 
 
-def _complete_top(c: Candidates, steps: dict[int, float], top: int, rows_of: Callable[[list[int]], list[int]],
-                  run: Runner) -> bool:
+def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner,
+                  rows_of: Optional[Callable[[list[int]], list[int]]] = None) -> bool:
     """Plan the top's rows completely (peak, goodput, the step's parts), the memory of the top
     mesh's variants (:func:`~meshplan.search.rank.variants`) and of every candidate within
     :func:`~meshplan.search.rank.needed` whose tie key (mesh and settings) another candidate there
     shares and a placed one holds (its next key is the planned peak: a twin kept gathered must not
     be listed before the same mesh resharded only because its step is 0.085% shorter), until the
     top holds still; one whose plan does not fit after all (its memory bound was wrong: noted)
-    leaves ``steps``. True when the top changed and the ranking must go on."""
+    leaves ``steps``. True when the top changed and the ranking must go on. ``rows_of``: the rows
+    from an order (:func:`_rows_of`; default the first candidate of each of the first ``top`` meshes)."""
+    rows_of = rows_of or (lambda order: distinct(c, order)[:top])
     changed = False
     while True:
         order = order_all(c, steps, peaks=_peaks(steps, run))
