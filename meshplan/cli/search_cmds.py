@@ -133,7 +133,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
                export_rank: Optional[str] = typer.Option(None, "--export", metavar="N|1b",
-                                                         help="export the top row of this rank (1 = the fastest), or "
+                                                         help="export the row of this rank in the order shown (1 = the top), or "
                                                          "row 1's mesh at another setting by its label on the line "
                                                          "under the table (1a, 1b, 1c), with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),

@@ -6,7 +6,8 @@ s, MFU, tokens/s, goodput where the rows differ in it: :func:`top_table`), then 
 the table from one source, the text's and the HTML page's (:func:`table_lines`): where the
 config's own ``[mesh]`` stands and what recompute ``selective`` models
 (:mod:`meshplan.report.search_lines`), the order rule (:mod:`meshplan.search.rank`), the top
-mesh's other settings within 1%, what makes the top faster than the runner-up
+mesh's other settings within 1%, the headroom tiers (the rows under 15% of usable memory free
+listed last, their peak marked ``tight``: :mod:`meshplan.search.headroom`), what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome; when no candidate fits, one line instead of the table, the order rule and the

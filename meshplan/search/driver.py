@@ -31,7 +31,9 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    feasible meshes are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
    shortest exact step time of a mesh (:func:`meshplan.search.rank.needed`); the top is then ordered by
    the tie rule (:mod:`meshplan.search.rank`: within 1%, fewer axes and lower degrees first, then fewer
-   and cheaper settings, then the lower peak where more than 1% lower), one row per distinct mesh.
+   and cheaper settings, then the lower peak where more than 1% lower), one row per distinct mesh; under
+   ``[search] headroom_tier`` (the default) those rows that keep under 15% of usable memory free are
+   listed after the others (:mod:`meshplan.search.headroom`: the same rows, another order).
    Because the bound never exceeds the exact step time (tests check it on every
    candidate of small worlds), no candidate left unplanned can enter the top: the top is
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned

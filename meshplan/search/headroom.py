@@ -37,8 +37,8 @@ def tight(peak_bytes, usable_bytes: float, fragmentation_fraction: float):
     ``fragmentation_fraction`` is below it: ``usable - peak < 0.15 x usable``, i.e. a peak above
     0.85 x usable (61.2e9 B = 57.0 GiB of H100's 72e9 B usable at a 10% reserve). A bool, or an array of them."""
     frac = ALLOCATOR_FRAGMENTATION
-    return (fragmentation_fraction < frac) & (usable_bytes - np.asarray(peak_bytes) < frac * usable_bytes) \
-        if np.ndim(peak_bytes) else bool(fragmentation_fraction < frac and usable_bytes - peak_bytes < frac * usable_bytes)
+    under = (usable_bytes - np.asarray(peak_bytes, dtype=float) < frac * usable_bytes) & (fragmentation_fraction < frac)
+    return under if np.ndim(peak_bytes) else bool(under)
 
 
 def tiered(rows: Sequence[int], is_tight: Sequence[bool]) -> list[int]:
