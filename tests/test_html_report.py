@@ -151,6 +151,7 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     dom, console, shot = render(tmp_path / "search.html", tmp_path / "search")
     assert console == [] and (">Top 3 distinct meshes: by predicted step time; within 1% ordered toward "
                                 "fewer axes, lower degrees and fewer settings (none left out is more than 1% faster "
-                                "than a row shown)</h2>") in dom
+                                "than a row shown); rows under 15% of usable memory free listed last (headroom "
+                                "tiers)</h2>") in dom  # the tiers' clause since they list the tight rows last
     assert re.search(r"<td>rejected, rule 'memory'</td><td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)

@@ -34,8 +34,10 @@ CHECKED = ("the row warnings: under 15% of usable memory free, a V schedule unde
            "dualpipev under framework torch), a runtime warning of the plan (plan and step print it)")
 
 
-def _search(pp, model=None):
-    return search(config(1, 6.0, model=model, pp=pp, **SPACE), workers=1)
+def _search(pp, model=None, tier=False):
+    """Ranked by step alone (``[search] headroom_tier = false``) unless ``tier``: the pointer's
+    cases need a row 1 with warnings, which the headroom tiers (the default) list after a clear row."""
+    return search(config(1, 6.0, model=model, pp=pp, headroom_tier=tier, **SPACE), workers=1)
 
 
 def _by_hand(r) -> list[tuple[str, ...]]:
@@ -112,12 +114,25 @@ def test_export_of_a_warned_row_repeats_the_pointer(to_pp8):
     assert "warning: " + export_warnings(r, (1, ""))[-1] == clear_lines(r)[0]
 
 
+def test_the_headroom_tiers_put_the_clear_row_first_and_the_pointer_goes(to_pp8):
+    """The same search with the headroom tiers (the default): row 5 above (pp 8, 33.1% free) is
+    row 1, rows 1-4 above (each over the margin) follow in the same order; row 1 has no row
+    warning, so no pointer is printed and --json's first_clear_row is row 1; the headroom warning
+    names rows 2-5."""
+    r = _search([2, 4, 8], tier=True)
+    assert [e.index for e in r.top] == [e.index for e in to_pp8.top[4:]] + [e.index for e in to_pp8.top[:4]]
+    assert [e.index for e in r.tiered_past] == [e.index for e in to_pp8.top[:4]]
+    assert clear_lines(r) == [] and clear_verdict(r).first == 1
+    assert any(x.startswith("warning: rows 2, 3, 4, 5 keep less than 15%") for x in table_lines(r))
+
+
 def test_no_row_clear_names_each_warning_with_its_setting():
-    """pp 2/4: the first 4 rows of the search above, no pp 8 row: every row over the margin (4 of 4),
+    """pp 2/4 (headroom tiers on: every row is tight, so the order is the rule's): the first 4 rows of
+    the search above, no pp 8 row: every row over the margin (4 of 4),
     rows 1 and 4 under a V schedule with AC (2 of 4): no row is clear; [memory]
     fragmentation_fraction = 0.15 leaves the first out of a search, [search] pp_schedules = ["1f1b"]
     (zbv and dualpipev dropped from the three) the second."""
-    r = _search([2, 4])
+    r = _search([2, 4], tier=True)
     assert [r.candidates.label(e.index).split(", mb")[0] for e in r.top] == [
         "pp 2 x dp_shard 4", "pp 2 x dp_shard 2 x tp 2", "pp 4 x tp 2", "pp 4 x dp_shard 2"]
     v = clear_verdict(r)

@@ -14,6 +14,7 @@ import pytest
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
+from meshplan.report.search import search_to_dict
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
@@ -116,7 +117,10 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
     lower bound below its step. At the example's micro-batch 1 its mesh's row is named instead.
     (Found kept gathered, row #9 and rank #28, before torch's CP ring merges were counted, 1d93a21:
     with them the cp meshes fall behind and that candidate is no row.)"""
-    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"micro_batch": 2}, narrow=ALL_RECOMPUTE), workers=1)
+    # ranked by step alone: the rows 1 and 3 named keep under 15% of usable memory free, and the
+    # headroom tiers (the default) list them after the clear rows, the mesh then row #4
+    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"micro_batch": 2},
+                    narrow={**ALL_RECOMPUTE, "headroom_tier": False}), workers=1)
     mine = r.configured
     assert mine.row == 2 and r.top[1].index == mine.index
     assert sum(e.step_s < mine.step_s for e in r.top) == 2
@@ -132,9 +136,12 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
                            "tie rule orders meshes within 1% toward fewer axes, lower degrees and fewer settings; "
                            "5.19% longer than the top's; no undecided candidate could rank ahead: their step-time "
                            "lower bounds are not below its step)")
-    at_mb1 = search(_cfg("mini_2x4_tp2-dp4.toml", narrow=ALL_RECOMPUTE), workers=1).configured
-    assert at_mb1.row is None and "its mesh is row #2 in the top table, at other settings (one row per " \
-        "distinct mesh)" in at_mb1.line()
+    # with the headroom tiers (the default) its mesh is row #4: row #2 by step alone; 8 of the 10 rows keep
+    # under 15% of usable memory free, and the tiers list the 2 clear ones (rows 6 and 7 by step) first
+    at_mb1 = search(_cfg("mini_2x4_tp2-dp4.toml", narrow=ALL_RECOMPUTE), workers=1)
+    assert at_mb1.configured.row is None and "its mesh is row #4 in the top table, at other settings (one row per " \
+        "distinct mesh)" in at_mb1.configured.line()
+    assert search_to_dict(at_mb1)["headroom_tiers"]["moved"] == [e.index for e in at_mb1.tiered_past] != []
 
 
 def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):

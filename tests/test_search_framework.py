@@ -154,7 +154,7 @@ def test_deepspeed_zero2_bounds_hold_for_every_candidate(training, zero2_rows):
     them: largest 0.882 and 0.891, median 0.837 and 0.858), and its top is the exhaustive exact
     ranking."""
     from meshplan.errors import ConfigError
-    from meshplan.search.rank import ranked
+    from test_search import exhaustive_rows
     from meshplan.search.space import OK
     from test_search import config as small
 
@@ -184,7 +184,7 @@ def test_deepspeed_zero2_bounds_hold_for_every_candidate(training, zero2_rows):
         assert r.est.peak_lo[i] / (1 + m) <= p.timeline.peak.total_bytes <= r.est.peak_hi[i] * (1 + m), c.label(i)
         if c.sh[i] == z2:
             ratios.append(r.est.step_lo[i] / step)
-    assert [e.index for e in r.top] == ranked(c, steps, 6, peaks=peaks)
+    assert [e.index for e in r.top] == exhaustive_rows(r, steps, 6, peaks)
     assert max(ratios) >= 0.87 and np.median(ratios) >= 0.83
 
 

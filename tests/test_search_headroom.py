@@ -4,8 +4,9 @@ the default 0% allocator allowance): where row 1 keeps less than
 fragmentation, GMLake, ASPLOS 2024) of the usable memory free, the line gives its free GiB and
 percent and the knob that reserves headroom (``[memory] fragmentation_fraction``); the first row
 shown clear of it (and of every other row warning) is the one pointer of
-tests/test_search_clear.py; the text and the --html page print the same line; the order is not
-changed by it."""
+tests/test_search_clear.py; the text and the --html page print the same line. These tests rank by
+step alone (``[search] headroom_tier = false``, ``search --rank-tight``), where the tight row is
+row 1; by default the headroom tiers list it after the clear row (tests/test_search_tiers.py)."""
 
 from __future__ import annotations
 
@@ -40,12 +41,13 @@ micro_batch = [2]
 recompute = ["none", "full"]
 reshard_after_forward = [true]
 top = {top}
+headroom_tier = {tier}
 """
 
 
-def _search(tmp_path, top: int = 10):
+def _search(tmp_path, top: int = 10, tier: bool = False):
     path = tmp_path / "h.toml"
-    path.write_text(CONFIG.format(top=top))
+    path.write_text(CONFIG.format(top=top, tier=str(tier).lower()))
     return search(load_config(path, require_mesh=False), workers=1)
 
 
@@ -56,7 +58,8 @@ def test_tight_top_names_its_free_memory_and_the_pointer_the_first_row_that_keep
     67.06 - 62.8 = 4.3 GiB = 6.4% free. Row 2 (dp_shard 8, full recompute, 2.195 s) peaks at 28.3
     GiB: under 57.0, so it is the first row that keeps the margin, 57.7% free, and (pp 1: no
     pipeline schedule) the first clear of every row warning: the pointer line names it. The
-    warning names row 1 and the knob; the order stays by step (row 1 is the faster, however tight)."""
+    warning names row 1 and the knob; with the tiers off the order is by step (row 1 is the faster,
+    however tight)."""
     r = _search(tmp_path)
     usable = usable_bytes(r.config.cluster, r.config.training)
     assert usable == pytest.approx(0.9 * 80e9) and round(usable / GiB, 2) == 67.06
@@ -100,7 +103,7 @@ def test_export_of_a_tight_row_prints_the_same_warning(tmp_path):
 def test_search_export_cli_prints_and_writes_it(tmp_path, capsys):
     from tests.cli_run import run_main
     path = tmp_path / "h.toml"
-    path.write_text(CONFIG.format(top=10))
+    path.write_text(CONFIG.format(top=10, tier="false"))
     assert run_main("search", path, "--export", 1, "-o", tmp_path / "row1.toml") == 0
     flat = " ".join(capsys.readouterr().out.split())  # the console wraps the table's line
     head = "warning: row 1 keeps less than 15% of the usable memory free"

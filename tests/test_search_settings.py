@@ -20,7 +20,6 @@ from meshplan.config import config_from_dict
 from meshplan.plan import build_plan, table_key
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout
-from meshplan.search.rank import ranked
 from meshplan.search.space import FSDP_SHARDINGS, OK, SHARDING, accumulates, candidate_config, enumerate_candidates
 from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import state
@@ -29,7 +28,7 @@ from meshplan.search.gather_passes import gathering_passes
 from meshplan.search.time_tables import TimeTables
 from meshplan.search.timing import step_lower_bound
 from meshplan.spec.training import TrainingSpec
-from test_search import MOE, SMALL, gpu, plan_all, refused
+from test_search import MOE, SMALL, exhaustive_rows, gpu, plan_all, refused
 
 SETTINGS = {
     "fp8": ("small", {"linear_dtype": "fp8", "fp8_all_gather": True, "fp8_output_layer": True}),
@@ -65,7 +64,7 @@ def case(request):
 def test_top_equals_exhaustive_exact_ranking(case):
     cfg, r, plans, _ = case
     steps = {int(i): plans[i][3] for i in np.flatnonzero(r.code == OK)}
-    want = ranked(r.candidates, steps, cfg.search.top, peaks={i: plans[i][2] for i in steps})
+    want = exhaustive_rows(r, steps, cfg.search.top, {i: plans[i][2] for i in steps})
     assert [e.index for e in r.top] == want and [e.step_s for e in r.top] == [steps[i] for i in want]
     assert r.proven and not [n for n in r.notes if "bound" in n]
     # the setting reaches the candidates it applies to: some of them are planned with it

@@ -30,10 +30,9 @@ from meshplan.search.best_first import BOUND
 from meshplan.search.driver import search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
-from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
 from meshplan.search.gather_passes import _gathers
-from test_search import MOE, config
+from test_search import MOE, config, exhaustive_rows
 
 TOP = 3
 
@@ -61,7 +60,7 @@ def case():
 def test_top3_is_the_exhaustive_exact_ranking(case):
     cfg, r, plans = case
     steps = {i: s for i, (s, _) in plans.items() if r.code[i] == OK}
-    want = ranked(r.candidates, steps, TOP, peaks={i: plans[i][1] for i in steps})
+    want = exhaustive_rows(r, steps, TOP, {i: plans[i][1] for i in steps})
     assert [e.index for e in r.top] == want
     assert [e.step_s for e in r.top] == [plans[i][0] for i in want]
     assert [e.peak_bytes for e in r.top] == [plans[i][1] for i in want]

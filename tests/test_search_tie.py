@@ -127,7 +127,10 @@ def test_rows_are_distinct_meshes_the_page_carries_every_line(tmp_path, capsys):
     for head in ("the top is exact: every candidate not planned", "warning: rows", "order: by predicted step time",
                  "row 1's mesh (dp_replicate 2 x dp_shard 8 x tp 8)"):
         assert head in text and head in flat
-    assert [d["row"] for d in doc["placed"] if d["listed"]] == list(range(1, 11))
+    # the placed candidates are in the rule's order, the rows in the headroom tiers' (tight rows last)
+    assert sorted(d["row"] for d in doc["placed"] if d["listed"]) == list(range(1, 11))
+    tiers = doc["headroom_tiers"]
+    assert tiers["line"] in text and tiers["line"] in flat and tiers["tight_rows"] == list(range(11 - len(tiers["tight_rows"]), 11))
     assert {tuple(sorted(d["mesh"].items())) for d in doc["placed"]} == set(meshes)
     assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
 

@@ -126,12 +126,16 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                       "ranked after it"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
+               rank_tight: bool = typer.Option(False, "--rank-tight", help="rank the rows by step time alone, "
+                                               "the rows under 15% of usable memory free among the others ([search] "
+                                               "headroom_tier = false); by default they are listed after the rows "
+                                               "that keep it"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
                export_rank: Optional[str] = typer.Option(None, "--export", metavar="N|1b",
-                                                         help="export the top row of this rank (1 = the fastest), or "
+                                                         help="export the row of this rank in the order shown (1 = the top), or "
                                                          "row 1's mesh at another setting by its label on the line "
                                                          "under the table (1a, 1b, 1c), with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
@@ -172,7 +176,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first; ZB-V and DualPipeV one setting, their vpp 2 implied), then a peak
-    lower by more than 1%, then the shorter step. The
+    lower by more than 1%, then the shorter step. Headroom tiers (default): the rows shown that keep under 15%
+    of the usable memory free while [memory] fragmentation_fraction is below 15% (PyTorch's caching allocator
+    loses about that to fragmentation, GMLake) are listed after the rows that keep it, each tier in that
+    order, marked "tight" in the peak column, with one line saying how many; --export N and --json follow the
+    order shown (--json: each row's tier, headroom_tiers); --rank-tight ([search] headroom_tier = false) ranks
+    by step time alone. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
     with their seconds; compute by kernel kind where its other ops differ most: 'kernels: cp ring merge 0 ms vs
@@ -227,6 +236,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if rank_tight:
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")

@@ -33,14 +33,13 @@ from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
-from meshplan.report.search_lines import configured_lines
+from meshplan.report.search_lines import configured_lines, table_heading
 from meshplan.report.text import fmt_ranks, plan_replicates
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
-from meshplan.search.rank import top_heading
 from meshplan.spec.mesh_words import axis_labels, mesh_text
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import runtime, sharding_words
@@ -209,7 +208,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
     verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
     ranked = section("No feasible mesh", lines([verdict["line"]] + mine) + table(
         ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
-        if verdict else section(top_heading(len(rows), left_out=r.counts()["feasible"] > len(rows)).capitalize(),
+        if verdict else section(table_heading(r, len(rows)).capitalize(),
                                 table(columns, rows) + lines(table_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))

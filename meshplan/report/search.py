@@ -6,7 +6,8 @@ s, MFU, tokens/s, goodput where the rows differ in it: :func:`top_table`), then 
 the table from one source, the text's and the HTML page's (:func:`table_lines`): where the
 config's own ``[mesh]`` stands and what recompute ``selective`` models
 (:mod:`meshplan.report.search_lines`), the order rule (:mod:`meshplan.search.rank`), the top
-mesh's other settings within 1%, what makes the top faster than the runner-up
+mesh's other settings within 1%, the headroom tiers (the rows under 15% of usable memory free
+listed last, their peak marked ``tight``: :mod:`meshplan.search.headroom`), what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome; when no candidate fits, one line instead of the table, the order rule and the
@@ -36,11 +37,12 @@ from meshplan.plan_runtime import export_refusals
 from meshplan.report.search_clear import clear_lines, clear_to_dict
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
-                                         recompute_lines, split_ac_lines, variants_line)
+                                         peak_cell, recompute_lines, split_ac_lines, table_heading, tier_lines, tight,
+                                         variants_line)
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
-from meshplan.search.rank import RULE_LINE, mesh_of, top_heading, variant_label
+from meshplan.search.rank import RULE_LINE, mesh_of, variant_label
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import REASONS
@@ -90,8 +92,10 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
     cfg = r.config
     top = []
     clear = clear_to_dict(r)  # the rows' warnings and the first row shown with none
+    usable = usable_bytes(cfg.cluster, cfg.training)
     for k, e in enumerate(r.top):
-        d = row(r, e) | {"warnings": clear["row_warnings"][k] if clear else []}
+        d = row(r, e) | {"warnings": clear["row_warnings"][k] if clear else [],
+                         "tier": "tight" if tight(r, e, usable) else "clear"}
         cc = candidate_config(cfg, r.candidates, e.index)
         d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump() if cc.mesh else None}
         top.append(d)
@@ -103,9 +107,21 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
                                                        for k, e in enumerate(r.variants)],
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
-            "first_clear_row": clear,
+            "first_clear_row": clear, "headroom_tiers": tiers_to_dict(r),
             "no_feasible_mesh": infeasible_verdict(r)} | (
         {"configured": r.configured.to_dict()} if r.configured else {})  # the config's [mesh], where it has one
+
+
+def tiers_to_dict(r: SearchResult) -> dict[str, Any]:
+    """``--json``'s ``headroom_tiers``: ``on`` (``[search] headroom_tier``), ``tight_rows`` (the rows
+    shown, 1 = the top, that keep under 15% of the usable memory free: each top row's ``tier``),
+    ``moved`` (the candidate indices of the tight rows the order rule put before row 1, listed after
+    it), ``line`` (the tier line printed, null where no row shown is tight)."""
+    usable = usable_bytes(r.config.cluster, r.config.training)
+    line = tier_lines(r)
+    return {"on": r.config.search.headroom_tier,
+            "tight_rows": [k for k, e in enumerate(r.top, 1) if tight(r, e, usable)],
+            "moved": [e.index for e in r.tiered_past], "line": line[0] if line else None}
 
 
 def placed_rows(r: SearchResult) -> list[dict[str, Any]]:
@@ -185,10 +201,11 @@ def top_table(r: SearchResult) -> tuple[list[str], list[list[str]]]:
     source for the text and the HTML page: ``goodput`` left out where every row shown prints the
     same (:func:`meshplan.report.search_lines.goodput_shared`; the goodput line then gives it)."""
     rows = []
+    usable = usable_bytes(r.config.cluster, r.config.training)
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
         rows.append([str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]),
-                     r.candidates.sharding_word(e.index), knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}",
+                     r.candidates.sharding_word(e.index), knobs(d), peak_cell(r, e, usable), f"{e.step_s:.3f}",
                      f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}", goodput_cell(e.goodput), f"{d['gemm_efficiency']:.1%}"])
     if goodput_shared(r) is None:
         return list(TOP_COLUMNS), rows
@@ -208,7 +225,7 @@ def print_search(r: SearchResult, console: Console) -> None:
             console.print(line, highlight=False, markup=False)
         return
     columns, rows = top_table(r)
-    tab = Table(title=top_heading(len(rows), left_out=r.counts()["feasible"] > len(rows)), title_justify="left")
+    tab = Table(title=table_heading(r, len(rows)), title_justify="left")
     for col in columns:
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
     for cells in rows:
@@ -221,13 +238,14 @@ def print_search(r: SearchResult, console: Console) -> None:
 
 def table_lines(r: SearchResult) -> list[str]:
     """Every line printed under the top table, before the best rejected one: where the config's
-    own mesh stands, what recompute ``selective`` models, the order rule, the top's other settings
+    own mesh stands, what recompute ``selective`` models, the order rule, the headroom tiers
+    (:func:`~meshplan.report.search_lines.tier_lines`), the top's other settings
     (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
     warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`),
     the one pointer to the first row shown clear of every row warning
     (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one
     source for the text and the HTML page."""
-    out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + variants_line(r)
+    out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + tier_lines(r) + variants_line(r)
     if r.explanation is not None:
         out.append(r.explanation.line())
     out.append(goodput_line(r))

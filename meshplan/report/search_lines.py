@@ -18,7 +18,8 @@ from meshplan.plan_runtime import split_backward_ac_head
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
-from meshplan.search.rank import variant_label
+from meshplan.search.headroom import tier_line, tight as tight_peak
+from meshplan.search.rank import top_heading, variant_label
 from meshplan.search.split_ac import split_ac_table
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE
@@ -83,9 +84,10 @@ def headroom_lines(r: SearchResult) -> list[str]:
     under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory while the
     plan's ``[memory] fragmentation_fraction`` (the allowance that reserves headroom in the plan) is
     below it: they fit only if the allocator fragments less than PyTorch's caching allocator was
-    measured to. The first such row's free memory in GiB and percent. None otherwise. Not a rank:
-    the order stays the step's. The first row shown clear of this and every other row warning is
-    the one pointer of :mod:`meshplan.report.search_clear`, not this line's."""
+    measured to. The first such row's free memory in GiB and percent. None otherwise. The order
+    lists them after the clear rows by default (the headroom tiers, :func:`tier_lines`). The first
+    row shown clear of this and every other row warning is the one pointer of
+    :mod:`meshplan.report.search_clear`, not this line's."""
     usable = usable_bytes(r.config.cluster, r.config.training)
     under = [(k, e) for k, e in enumerate(r.top, 1) if tight(r, e, usable)]
     if not under:
@@ -137,9 +139,36 @@ def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:
 
 def tight(r: SearchResult, e, usable: float) -> bool:
     """Row ``e`` (planned whole) leaves under :data:`ALLOCATOR_FRAGMENTATION` of ``usable`` free
-    while ``[memory] fragmentation_fraction`` is below it."""
-    frac = ALLOCATOR_FRAGMENTATION
-    return r.config.memory.fragmentation_fraction < frac and e.complete and usable - e.peak_bytes < frac * usable
+    while ``[memory] fragmentation_fraction`` is below it (:func:`meshplan.search.headroom.tight`,
+    the rule the headroom tiers order by)."""
+    return e.complete and tight_peak(e.peak_bytes, usable, r.config.memory.fragmentation_fraction)
+
+
+def tier_lines(r: SearchResult) -> list[str]:
+    """Where a row shown is tight (:func:`tight`), one line: with ``[search] headroom_tier`` (the
+    default) that those rows are listed after the clear ones, marked, and how to rank by step
+    alone; without, that the order is the step's (:func:`meshplan.search.headroom.tier_line`).
+    None where no row shown is tight."""
+    usable = usable_bytes(r.config.cluster, r.config.training)
+    n = sum(tight(r, e, usable) for e in r.top)
+    return [tier_line(n, len(r.top), r.config.search.headroom_tier)] if n else []
+
+
+def table_heading(r: SearchResult, n: int) -> str:
+    """The top table's title (text and HTML) for its ``n`` rows: the rule's
+    (:func:`meshplan.search.rank.top_heading`), and where the headroom tiers list a tight row after
+    the clear ones, that they do (the tier line, :func:`tier_lines`, says how many)."""
+    head = top_heading(n, left_out=r.counts()["feasible"] > n)
+    usable = usable_bytes(r.config.cluster, r.config.training)
+    if r.config.search.headroom_tier and any(tight(r, e, usable) for e in r.top):
+        head += f"; rows under {ALLOCATOR_FRAGMENTATION:.0%} of usable memory free listed last (headroom tiers)"
+    return head
+
+
+def peak_cell(r: SearchResult, e, usable: float) -> str:
+    """A row's peak as the top table prints it, GiB, marked ``tight`` where it keeps under 15% of
+    the usable memory free (:func:`tight`): ``62.8 tight``, ``28.3``."""
+    return f"{e.peak_bytes / GiB:.1f}" + (" tight" if tight(r, e, usable) else "")
 
 
 def _headroom_text(r: SearchResult, rows: str, tag: str, e, usable: float) -> str:

@@ -20,7 +20,9 @@ from meshplan.config import Config
 from meshplan.search.columns import Candidates
 from meshplan.search.estimate import Estimates, refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
+from meshplan.memory.constraints import usable_bytes
 from meshplan.search.frontier import Frontier
+from meshplan.search.headroom import tight as tight_peak, tiered
 from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, simplicity, variants
 from meshplan.search.reasons import CODE, OK
 from meshplan.search.time_tables import TimeTables
@@ -44,13 +46,16 @@ class Ranking:
     first ``top`` distinct meshes by :mod:`meshplan.search.rank`'s rule); ``proven``; ``fastest``,
     the fastest feasible candidate planned (the tie rule may list it below the top, or leave it
     out); ``placed``, every candidate the rule placed up to the last row, rows and their meshes'
-    other settings, in order; ``variants``, the top mesh's other settings within 1% of the fastest."""
+    other settings, in order; ``variants``, the top mesh's other settings within 1% of the fastest;
+    ``tiered_past``, the tight rows the rule's order put before row 1, which the headroom tiers
+    (:mod:`meshplan.search.headroom`) listed after it (empty without tiers or where they moved none)."""
 
     top: list[Exact]
     proven: bool
     fastest: Optional[Exact]
     placed: list[Exact] = field(default_factory=list)
     variants: list[Exact] = field(default_factory=list)
+    tiered_past: list[Exact] = field(default_factory=list)
 
 
 #: ``progress(label, done, total)``, called as exact plans complete.
@@ -190,13 +195,16 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
             _settle_pending(c, steps, pending, o.top, run)
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
-        if not _complete_top(c, steps, o.top, run) or not proven:
+        rows_of = _rows_of(cfg, c, run)
+        if not _complete_top(c, steps, o.top, run, rows_of) or not proven:
             fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
             order = order_all(c, steps, peaks=_peaks(steps, run))
-            rows = distinct(c, order)[:o.top]
+            rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
+            past = by_rule[:by_rule.index(rows[0])] if rows else []
             return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
                            [run.exact[i] for i in _prefix(c, order, o.top)],
-                           [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [])
+                           [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [],
+                           [run.exact[i] for i in past])
 
 
 def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, float], top: int,
@@ -214,18 +222,37 @@ def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, f
             steps[i] = step
 
 
-def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner) -> bool:
+def _rows_of(cfg: Config, c: Candidates, run: Runner) -> Callable[[list[int]], list[int]]:
+    """The rows of the top table from an order of :func:`~meshplan.search.rank.order_all`: the first
+    candidate of each of the first ``[search] top`` distinct meshes, and under ``[search]
+    headroom_tier`` (the default) the clear ones first (:func:`meshplan.search.headroom.tiered`; a
+    row whose memory is not planned yet counts as clear until :func:`_complete_top` plans it)."""
+    o, usable, frac = cfg.search, usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
+
+    def rows_of(order: list[int]) -> list[int]:
+        rows = distinct(c, order)[:o.top]
+        if not o.headroom_tier:
+            return rows
+        return tiered(rows, [run.exact[i].complete and tight_peak(run.exact[i].peak_bytes, usable, frac)
+                             for i in rows])
+    return rows_of
+
+
+def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner,
+                  rows_of: Optional[Callable[[list[int]], list[int]]] = None) -> bool:
     """Plan the top's rows completely (peak, goodput, the step's parts), the memory of the top
     mesh's variants (:func:`~meshplan.search.rank.variants`) and of every candidate within
     :func:`~meshplan.search.rank.needed` whose tie key (mesh and settings) another candidate there
     shares and a placed one holds (its next key is the planned peak: a twin kept gathered must not
     be listed before the same mesh resharded only because its step is 0.085% shorter), until the
     top holds still; one whose plan does not fit after all (its memory bound was wrong: noted)
-    leaves ``steps``. True when the top changed and the ranking must go on."""
+    leaves ``steps``. True when the top changed and the ranking must go on. ``rows_of``: the rows
+    from an order (:func:`_rows_of`; default the first candidate of each of the first ``top`` meshes)."""
+    rows_of = rows_of or (lambda order: distinct(c, order)[:top])
     changed = False
     while True:
         order = order_all(c, steps, peaks=_peaks(steps, run))
-        rows = distinct(c, order)[:top]
+        rows = rows_of(order)
         cut = needed(best_of_meshes(c, steps), top)
         near = [i for i in sorted(steps) if steps[i] <= cut]
         key = {i: simplicity(c, i) for i in near}

@@ -31,7 +31,9 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    feasible meshes are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
    shortest exact step time of a mesh (:func:`meshplan.search.rank.needed`); the top is then ordered by
    the tie rule (:mod:`meshplan.search.rank`: within 1%, fewer axes and lower degrees first, then fewer
-   and cheaper settings, then the lower peak where more than 1% lower), one row per distinct mesh.
+   and cheaper settings, then the lower peak where more than 1% lower), one row per distinct mesh; under
+   ``[search] headroom_tier`` (the default) those rows that keep under 15% of usable memory free are
+   listed after the others (:mod:`meshplan.search.headroom`: the same rows, another order).
    Because the bound never exceeds the exact step time (tests check it on every
    candidate of small worlds), no candidate left unplanned can enter the top: the top is
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
@@ -86,6 +88,7 @@ from meshplan.search.split_ac import split_ac_notes
 from meshplan.search.space import enumerate_candidates
 from meshplan.search.time_tables import TimeTables
 from meshplan.spec.axes.registry import search_axes
+from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.wording import stream_words
 
 
@@ -100,7 +103,8 @@ class SearchResult:
     row, in order (the rows' meshes' other settings among them); ``variants``: the top mesh's
     other settings within 1% of the fastest step, at most 3; ``widened``: where no candidate fits
     and ``[search] cp`` is narrowed, the fastest row with every cp (:func:`meshplan.search.widen.widen`,
-    which ``meshplan search`` runs after this search; None otherwise)."""
+    which ``meshplan search`` runs after this search; None otherwise); ``tiered_past``: the tight rows the
+    rule's order put before row 1, listed after it by the headroom tiers (:mod:`meshplan.search.headroom`)."""
 
     config: Config
     candidates: Candidates
@@ -121,6 +125,7 @@ class SearchResult:
     placed: list[Exact] = field(default_factory=list)
     variants: list[Exact] = field(default_factory=list)
     widened: Optional["Widened"] = None
+    tiered_past: list[Exact] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
@@ -213,8 +218,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
     mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest), mine,
-                        ranking.placed, ranking.variants)
+                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past),
+                        mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past)
 
 
 class _Clock:
@@ -244,10 +249,11 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
 
 
 def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
-                 fastest: Optional[Exact]) -> Optional[Explanation]:
+                 fastest: Optional[Exact], tiered_past: list[Exact]) -> Optional[Explanation]:
     """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
     simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
-    listed the top before it."""
+    listed the top before it, or the headroom tiers did (``tiered_past``, the tight rows the rule
+    put first: :func:`_tier_words`)."""
     if len(top) < 2:
         return None
     a, b = top[0], top[1]
@@ -255,10 +261,25 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
         return None
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
-    criterion = ""
-    if f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
+    criterion = _tier_words(cfg, a, tiered_past, top)
+    if not criterion and f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
         first, criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
                                   [a.peak_bytes, f.peak_bytes])
         criterion = criterion if first is not None else f"{criterion} (enumeration order)"  # equal on every key
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
-                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion)
+                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion,
+                   tiers=bool(tiered_past))
+
+
+def _tier_words(cfg: Config, a: Exact, past: list[Exact], top: list[Exact]) -> str:
+    """What placed the top ``a`` before the rows the rule put first (``past``, tight), where the
+    headroom tiers did: its free share against theirs, ``it keeps 57.7% of the usable memory free,
+    row 2 (first by the order rule) 6.4%, under 15%``; "" where they moved no row."""
+    if not past:
+        return ""
+    usable = usable_bytes(cfg.cluster, cfg.training)
+    at = {e.index: k for k, e in enumerate(top, 1)}
+    rows = ", ".join(str(at[e.index]) for e in past)
+    free = ", ".join(f"{1 - e.peak_bytes / usable:.1%}" for e in past)
+    return (f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free, row{'s' if len(past) > 1 else ''} "
+            f"{rows} (first by the order rule) {free}, under {ALLOCATOR_FRAGMENTATION:.0%}")

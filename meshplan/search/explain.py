@@ -86,7 +86,9 @@ class Explanation:
     runner-up, both within :data:`~meshplan.spec.search.TIE` (1%) of the fastest, an exact tie
     included. ``tie_criterion``: the tie rule's criterion that placed the top before the fastest,
     with both values (:func:`meshplan.search.rank.decide`: ``lower peak memory (64.4 vs 66.1
-    GiB)``), named on the line; "" when unknown."""
+    GiB)``), named on the line; "" when unknown. ``tiers``: the headroom tiers
+    (:mod:`meshplan.search.headroom`), not the tie rule, listed the top before faster rows, the
+    criterion then their free memory, and the top may be more than 1% longer than the fastest."""
 
     top_step_s: float
     runner_step_s: float
@@ -95,6 +97,7 @@ class Explanation:
     fastest_row: Optional[int] = 1
     fastest_label: str = ""
     tie_criterion: str = ""
+    tiers: bool = False
 
     @property
     def faster(self) -> float:
@@ -140,6 +143,9 @@ class Explanation:
                else " (fewer axes / lower degrees / lower peak memory)")
         head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s), within 1%: "
                 f"listed first by the tie rule{why}")
+        if self.tiers:
+            head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s): listed "
+                    f"first by the headroom tiers{why}")
         if self.fastest_row == 2:
             return f"{head}; parts against #2: {parts}"
         runner = f"{self.runner_step_s:.3f} s, " + relative(self.faster, "the top's")
@@ -150,7 +156,7 @@ class Explanation:
                 "runner_up_slower_by": self.faster, "by_tie_rule": self.by_tie_rule,
                 "tie_listed_first": self.tie_listed_first,
                 "fastest_step_s": self.fastest_step_s, "fastest_row": self.fastest_row,
-                "fastest_label": self.fastest_label, "tie_criterion": self.tie_criterion,
+                "fastest_label": self.fastest_label, "tie_criterion": self.tie_criterion, "tiers": self.tiers,
                 "parts": [{"part": d.part, "top_s": d.top_s, "runner_up_s": d.runner_s, "context": d.context}
                           for d in self.parts],
                 "line": self.line()}
@@ -347,7 +353,8 @@ def _context(part: str, a: dict, b: dict) -> str:
 
 
 def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_step_s: Optional[float] = None,
-            fastest_row: Optional[int] = 1, fastest_label: str = "", tie_criterion: str = "") -> Explanation:
+            fastest_row: Optional[int] = 1, fastest_label: str = "", tie_criterion: str = "",
+            tiers: bool = False) -> Explanation:
     """The parts of two :func:`~meshplan.search.step_parts.step_breakdown` results ordered by
     ``|runner - top|``, largest first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
     (``layer_passes`` among them). ``fastest_*``: the fastest feasible candidate
@@ -360,4 +367,4 @@ def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_
     diffs.sort(key=lambda d: -abs(d.gain_s))
     fastest = top["step"] if fastest_step_s is None else fastest_step_s
     return Explanation(top["step"], runner["step"], tuple(diffs), fastest, fastest_row, fastest_label,
-                       tie_criterion)
+                       tie_criterion, tiers)

@@ -130,6 +130,11 @@ class SearchOptions(BaseModel):
       :func:`meshplan.pipeline.registry.check_searched`, at the search's start).
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
+    - ``headroom_tier``: list the rows that keep under 15% of the usable memory free (while
+      ``[memory] fragmentation_fraction`` is below it) after the rows that keep it, each tier in the
+      order rule's order (default true: an expert would not run a row at 0.5% free, which two
+      newcomer trials found ranked first; :mod:`meshplan.search.headroom`); false (``search
+      --rank-tight``) ranks by step time alone. The rows are the same either way, only their order.
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
       efficiency of the step's local GEMMs by :func:`meshplan.compute.gemm.gemm_model`, below which a
       candidate is rejected unless no candidate at or above it fits (default 0.5, half the
@@ -193,6 +198,7 @@ class SearchOptions(BaseModel):
     pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: list[SearchedSchedule](["1f1b"]))
     max_tp: Optional[int] = Field(default=None, gt=0, le=BOUNDS["world"].value)
     top: int = Field(default=10, gt=0, le=BOUNDS["top"].value)
+    headroom_tier: bool = True
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
     exact_min: int = Field(default=1, gt=0, le=BOUNDS["exact_min"].value)
     exact_max: int = Field(default=2000, gt=0, le=BOUNDS["exact_max"].value)
