@@ -176,7 +176,7 @@ def check_values(value: Any, where: str, depth: int = 0) -> None:
         raise ConfigError(field, f"{value} is not a finite number; give a finite value")
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 53:
         raise ConfigError(field, f"{value} is too large for any field: integers beyond 2^53 are not exact in a "
-                                 f"float; see the field's bound in the README")
+                                 f"float; see the field's bound in docs/input.md")
 
 
 def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None,

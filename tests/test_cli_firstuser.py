@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.cli import main
+from tests.docs_text import docs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -180,6 +181,6 @@ def test_place_bindings_script_is_0755_and_json_0644_as_the_readme_says(tmp_path
             assert stat.S_IMODE(path.stat().st_mode) == want
     finally:
         os.umask(old)
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join(docs_text().split())
     assert ("Every file is written 0644, except the shell scripts, written 0755 so they run as they are: `launch`'s "
             "`bind.sh`, `torchrun.sh` and `job.sbatch`, and `place --bindings PATH --format sh`") in readme

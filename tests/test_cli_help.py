@@ -47,7 +47,7 @@ def test_config_argument_help_says_what_each_command_reads():
         assert "Megatron-LM arguments (file" not in text, cmd
 
 
-# documented once for every command in README's "Output contracts" (--json, --force) and, for the
+# documented once for every command in "Output contracts" (docs/commands.md: --json, --force) and, for the
 # commands that read a foreign config (the plan row: torchtitan, Megatron-LM, DeepSpeed), "Foreign configs"
 SHARED = {"--help", "--json", "--force"}
 FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len", "--micro-batch", "--grad-accum"}
@@ -58,19 +58,18 @@ def test_every_option_is_in_its_readme_row():
     """Newcomer finding (issue 11 item 6): reliability --lost-nodes/--spare-nodes, step
     --no-prefetch, place --rank and five launch options were in --help but not in the README.
     Every option of every top-level command is named in that command's row of the README table
-    (a flag by either of its names, an option by its long or short name), but the shared ones."""
+    (a flag by either of its names, an option by its long or short name), but the shared ones. The
+    full rows are now docs/commands.md's sections: each one's signature line is the row's first cell."""
     import re
     import typer
     from meshplan.cli import app
-    rows = {}
-    for line in (ROOT / "README.md").read_text().splitlines():
-        m = re.match(r"\| `([a-z-]+)[ `]", line)
-        if m:
-            rows[m.group(1)] = line.split("` |")[0]
+    from tests.docs_text import command_sections, command_signature
+    rows = {name: command_signature(name) for name in command_sections()}  # docs/commands.md, a section each
     missing = []
     for name, cmd in typer.main.get_command(app).commands.items():
         if hasattr(cmd, "commands"):  # bench, testbed: groups with their own rows
             continue
+        assert name in rows, f"{name}: no section in docs/commands.md"
         skip = SHARED | (FOREIGN if name in READS_FOREIGN else set())
         for p in cmd.params:
             names = [o for o in p.opts + p.secondary_opts if o.startswith("-")]

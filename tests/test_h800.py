@@ -26,9 +26,9 @@ from meshplan.compute.measured import kernel_data
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
+from tests.docs_text import docs_text
 
 GiB = 2 ** 30
-README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_h800_is_h100_compute_with_a_cut_nvlink():
@@ -106,7 +106,7 @@ def test_a_misspelling_of_the_same_gpu_is_still_guessed(typed, guess):
 
 
 def _readme_clusters() -> list[dict]:
-    blocks = re.findall(r"```toml\n(\[cluster\].*?)```", README.read_text(), re.S)
+    blocks = re.findall(r"```toml\n(\[cluster\].*?)```", docs_text(), re.S)
     return [tomllib.loads(b)["cluster"] for b in blocks]
 
 

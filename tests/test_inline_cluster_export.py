@@ -23,14 +23,16 @@ import pytest
 from meshplan.config import config_from_dict, load_config
 from meshplan.interop.foreign import export, read_foreign, reimport_options
 from tests.cli_run import run_main
+from tests.docs_text import docs_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DS_JSON = ROOT / "examples" / "deepspeed_zero2_16xh100.json"
 
 
 def readme_cluster(marker: str) -> str:
-    """README's ```toml block whose first line holds ``marker`` (its [cluster] table)."""
-    blocks = re.findall(r"```toml\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    """The documentation's ```toml block whose first line holds ``marker`` (its [cluster] table;
+    README's "Input", now docs/input.md)."""
+    blocks = re.findall(r"```toml\n(.*?)```", docs_text(), flags=re.S)
     found = [b for b in blocks if marker in b.splitlines()[0]]
     assert len(found) == 1, marker
     return found[0]

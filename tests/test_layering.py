@@ -1,7 +1,7 @@
 """The package layout is the architecture: layers in flow order, each importing only earlier
 layers; no import cycles; only ``meshplan.runtime`` imports torch; the testbed imports no torch.
 
-The layers (README "Layout"), earliest first. A module may import modules of its own layer
+The layers (docs/layout.md), earliest first. A module may import modules of its own layer
 or of earlier ones. Function-level imports are allowed only where they keep torch out of a
 process that does not need it (``cli`` and ``runtime`` importing torch-side modules lazily);
 everywhere else an import is at module level, where the layering below sees it.
@@ -51,7 +51,7 @@ def layer_of(module: str) -> int:
             if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
                 best, best_len = i, len(prefix)
     if best < 0:
-        raise AssertionError(f"{module} is in no layer: add it to LAYERS and to the README layout")
+        raise AssertionError(f"{module} is in no layer: add it to LAYERS and to docs/layout.md")
     return best
 
 

@@ -457,7 +457,7 @@ def test_eager_tp_within_the_tie_band_keeps_tp_inside_nodes():
     assert not c.changed and _tp_in_one_node(c)
     assert any(d.startswith("kept the node-major placement: no candidate predicts a step more than 1% shorter "
                             f"than its {identity:.4f} s (step-time model; 1% is the tie threshold, a judgement, "
-                            "not the model's measured error: README \"Fidelity\"; weak-path bytes ")
+                            "not the model's measured error: docs/fidelity.md; weak-path bytes ")
                for d in c.decisions)
 
 

@@ -24,7 +24,7 @@ NODE_GPUS = ("dgx-a100 (a100-sxm-80gb), dgx-a100-40gb (a100-sxm-40gb), dgx-b200 
              "(h200-sxm-141gb), gb200-nvl72-tray (b200-gb200-186gb), grand-teton-h100 (h100-hbm2e-96gb-500w), "
              "hgx-h800 (h800-sxm-80gb), mi300x-azure-nd-v5 (mi300x-oam-192gb), seed-8x8-2nic (h100-sxm5-80gb)")
 HOW = ("describe yours in the config: [cluster] gpu = {...} and node = {...}, or a catalog system with gpu = {...} "
-       "and fabric = {...} (README, \"Input\")")
+       "and fabric = {...} (docs/input.md)")
 H20 = "NVIDIA H20: Hopper, 96 GB HBM3, compute cut for export to China"
 
 
@@ -52,7 +52,7 @@ def test_an_h20_gpu_is_not_guessed_as_h200():
     assert _message("gpu", "h20") == (
         f"unknown gpu 'h20'; no catalog GPU is an 'h20' ({H20}; 'h200-sxm-141gb' is another GPU, not a spelling of "
         f"it); known: {', '.join(catalog.names('gpu'))}; describe yours in the config: [cluster] gpu = {{...}} "
-        "(README, \"Input\")")
+        "(docs/input.md)")
 
 
 @pytest.mark.parametrize("typed,nearest", [("a100-24gb", "dgx-a100"), ("dgx-a100-24gb", "dgx-a100-40gb"),

@@ -119,7 +119,7 @@ def unknown_message(kind: str, name: object, known: list[str], held: dict[str, s
     the name typed (:func:`other_gpu`): where the near names hold another GPU, or the typed GPU is
     a real one (:data:`OTHER_GPUS`, or a catalog model in a variant none holds), the message says
     so, names no entry as a spelling of it, lists the entries (nodes with their GPUs) and how to
-    describe one in ``[cluster]`` (README, "Input")."""
+    describe one in ``[cluster]`` (docs/input.md)."""
     typed = gpu_variant(name)
     variant = {n: (gpu_variant(held.get(n, n)), tuple(m for m in (gpu_part(n),) if m and n in held)) for n in known}
     same = [n for n in known if not other_gpu(typed, *variant[n])]
@@ -137,4 +137,4 @@ def unknown_message(kind: str, name: object, known: list[str], held: dict[str, s
     how = ("[cluster] gpu = {...} and node = {...}, or a catalog system with gpu = {...} and fabric = {...}"
            if kind == "node" else "[cluster] gpu = {...}")
     return (f"unknown {kind} '{name}'; {lacks} ({'; '.join(why)}); known: {listing}; describe yours in the "
-            f"config: {how} (README, \"Input\")")
+            f"config: {how} (docs/input.md)")

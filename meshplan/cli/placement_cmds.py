@@ -181,7 +181,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if program:  # a Python file as the command, before the planning (bind.sh execs it); none: after the plan
         check_program(tuple(program))
     _check_nic_scope(nic_scope)
-    if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
+    if out is None:  # defaults go under out/ (docs/commands.md "Outputs"); an earlier run's folder is refused, as report's file
         out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
     _refuse_existing(json_path, force, "--json")

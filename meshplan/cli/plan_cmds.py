@@ -114,7 +114,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
 
-    path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
+    path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (docs/commands.md "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
     p = checked(_load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels))

@@ -223,8 +223,8 @@ def _result(c) -> str:
             return f"{given} placement as given: weak-path bytes (all ranks, per step) {parts} (not searched)"
         if c.step_before_s is not None:
             return (f"kept the {given} placement: no candidate predicts a step more than {TIE:.0%} shorter than its "
-                    f"{c.step_before_s:.4f} s (step-time model; {TIE:.0%} is the tie threshold, a judgement, not the model's measured error: README "
-                    f"\"Fidelity\"; weak-path bytes {parts})")
+                    f"{c.step_before_s:.4f} s (step-time model; {TIE:.0%} is the tie threshold, a judgement, not the model's measured error: "
+                    f"docs/fidelity.md; weak-path bytes {parts})")
         return f"kept the {given} placement: no candidate has fewer weak-path bytes ({parts})"
     order = ", ".join(str(f) for f in list(reversed(c.outer)) + list(reversed(c.inner)))
     how = (f"equivalent to mesh names {list(c.equivalent_names)} with node-major ranks" if c.equivalent_names else

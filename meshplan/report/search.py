@@ -356,7 +356,7 @@ def outcome_rows(r: SearchResult) -> list[tuple[str, str, str, int]]:
 
 def count_lines(r: SearchResult) -> list[str]:
     """Candidates per outcome (:func:`outcome_rows`); they add up to the candidates searched. Each
-    rejection line names its rule first, as README, the no-feasible-mesh line, ``--json``'s counts
+    rejection line names its rule first, as docs/commands.md, the no-feasible-mesh line, ``--json``'s counts
     and the HTML page's bars do: ``rejected, rule 'v-reshard' (zbv or dualpipev ...): 2,810``."""
     rows = outcome_rows(r)
     return [f"candidates per outcome ({sum(n for *_, n in rows):,} in all):"] + [

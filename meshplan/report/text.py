@@ -257,7 +257,7 @@ def _group_psi(state, group: str) -> tuple[int, int]:
 
 
 def _accounting_lines(plan: Plan, state) -> list[str]:
-    """The two closed-form accountings beside the exact one (README "Conventions"): the ZeRO
+    """The two closed-form accountings beside the exact one (docs/conventions.md): the ZeRO
     paper's textbook bytes for the most loaded stage's ``psi`` parameters per rank (before data
     parallelism), N the degree its optimizer state is sharded over, K 12, with a MoE model's
     routed experts as a second group (psi_e, this rank's ep x etp share, over N_e = efsdp), so

@@ -11,7 +11,7 @@ Thresholds (judgements, not measurements):
   to pass over the job's kind or to blame the original mesh; issue 11's goal for the step model
   (within 5% on average), again a judgement of the margin, not a measured error.
 
-Measured error (:data:`FIDELITY`, by setting; README "Fidelity" gives each benchmark's evidence):
+Measured error (:data:`FIDELITY`, by setting; docs/fidelity.md gives each benchmark's evidence):
 the Megatron-LM A100 development set within a few percent, but torchtitan's H100 runs and LLM
 Foundry's A100 runs, which the model was not developed on, far further off.
 """
@@ -30,8 +30,8 @@ RESTART_MARGIN = 0.05
 
 class Fidelity(NamedTuple):
     """One setting's measured step-time error, as fractions of the published step (error =
-    predicted / published - 1 per row of the setting's benchmark, which prints these figures; README
-    "Fidelity" gives its evidence).
+    predicted / published - 1 per row of the setting's benchmark, which prints these figures; docs/fidelity.md
+    gives its evidence).
 
     >>> FIDELITY[0].text()
     'mean |error| 2.0%, max 3.3%'
@@ -39,7 +39,7 @@ class Fidelity(NamedTuple):
     'mean |error| 29.4%, +7% to +74%'
     """
 
-    setting: str  #: the runs measured, as README names them
+    setting: str  #: the runs measured, as README's Fidelity table names them
     runs: str  #: the same in the words of :func:`mfu_caveat` ("torchtitan H100 runs")
     mean_abs_error: float  #: mean |error| over the rows (fraction)
     max_abs_error: float  #: the largest |error| (fraction)
@@ -48,8 +48,8 @@ class Fidelity(NamedTuple):
     min_abs_error: float | None = None  #: the smallest |error| where the text gives the range (fraction)
 
     def text(self) -> str:
-        """The figures as README states them: mean to 0.1 point, then the max (0.1 point) or the
-        range (whole points), signed ``+`` where :attr:`above`."""
+        """The figures as README and docs/fidelity.md state them: mean to 0.1 point, then the max
+        (0.1 point) or the range (whole points), signed ``+`` where :attr:`above`."""
         sign = "+" if self.above else ""
         if self.min_abs_error is not None:
             spread = f"{sign}{self.min_abs_error:.0%} to {sign}{self.max_abs_error:.0%}"
@@ -58,7 +58,7 @@ class Fidelity(NamedTuple):
         return f"mean |error| {self.mean_abs_error:.1%}, {spread}"
 
 
-#: Measured step-time error by setting, as README "Fidelity" reports them (run each benchmark to
+#: Measured step-time error by setting, as docs/fidelity.md reports them (run each benchmark to
 #: reproduce its figure; tests/test_accuracy_words.py ties the first to benchmarks/fidelity.py).
 FIDELITY = (
     Fidelity("Megatron-LM A100 development set", "the Megatron-LM A100 development set", 0.020, 0.033,
@@ -76,9 +76,9 @@ def mfu_caveat() -> str:
     its smallest and largest mean |error|).
 
     >>> mfu_caveat()
-    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 29.4% on torchtitan H100 runs (README "Fidelity")'
+    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 29.4% on torchtitan H100 runs (docs/fidelity.md)'
     """
     low = min(FIDELITY, key=lambda f: f.mean_abs_error)
     high = max(FIDELITY, key=lambda f: f.mean_abs_error)
     return (f"note: MFU and step times are predicted; measured error by setting: {low.mean_abs_error:.1%} mean on "
-            f"{low.runs} to {high.mean_abs_error:.1%} on {high.runs} (README \"Fidelity\")")
+            f"{low.runs} to {high.mean_abs_error:.1%} on {high.runs} (docs/fidelity.md)")

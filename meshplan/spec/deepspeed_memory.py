@@ -135,7 +135,7 @@ def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], laye
     first fetches) or where max live is not reached. Which top-ups hold two or more parameters
     depends on the weights' order and sizes, which meshplan's layer-sized units do not keep: not
     modelled, so a bucket above a weight's size overcounts the copy-out by up to
-    ``min(unit, bucket)`` per layer fetch (README's 30B example: 5e8 steps 4.65 ms slower than 5e6).
+    ``min(unit, bucket)`` per layer fetch (docs/foreign-configs.md's 30B example: 5e8 steps 4.65 ms slower than 5e6).
 
     Llama 3 8B's layer in bf16 (436,224,000 B), DeepSpeed's defaults 5e7 and 1e9 elements x 2 B:
     1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B; 2e8 (below the layer)

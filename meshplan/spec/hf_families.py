@@ -67,7 +67,7 @@ class Keys:
             raise ConfigError(key, f"must be a whole number >= 0 in the {self.model_type} config.json "
                                    f"(got {json.dumps(value)[:40]})")
         if value > 2 ** 53:
-            raise ConfigError(key, f"{value} is too large to be a model size; see the bounds in the README")
+            raise ConfigError(key, f"{value} is too large to be a model size; see the bounds in docs/input.md")
         return value
 
     def req(self, key: str) -> int:
