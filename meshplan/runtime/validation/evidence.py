@@ -33,11 +33,11 @@ from typing import Optional
 
 from meshplan.checkpoint_bytes import checkpoint_size
 from meshplan.compute.routing import RoutingOptions
-from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.plan import Plan
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
+from meshplan.runtime.validation.memcheck import memory_kind_rows
 from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, size_key,
                                                  tally_records, tally_table)
 from meshplan.runtime.validation.probe import calibrated_plan
@@ -289,16 +289,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
                      error=(mem[worst]["peak_bytes"] / p_mem - 1) if p_mem else None,
                      note=f"{mem[worst]['method']}; predicted: memory timeline peak at "
                           + (tl.peak.where() if tl is not None else "n/a")))
-    if tl is not None and "by_category_bytes" in mem[worst]:
-        got = tracker_to_kinds(mem[worst]["by_category_bytes"])
-        want = tl.by_group()
-        for g, kinds in (("params", ("params", "master", "gathered_params")), ("grads", ("grads", "grad_buffers")),
-                         ("optimizer", ("optimizer",)), ("activations", ("activations",)),
-                         ("temporaries", ("temporaries", "workspace"))):
-            m = sum(got.get(k, 0) for k in kinds)
-            rows.append(dict(quantity=f"peak memory: {g}", unit="B", predicted=want.get(g), measured=m,
-                             measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
-                             note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
+    if tl is not None:
+        rows += memory_kind_rows(tl, mem[worst], worst)
     rows += checkpoint_rows(plan, folder, checkpoint_bytes_per_s)
     rows += router_rows(plan, folder)
     gated = []
