@@ -71,6 +71,8 @@ def test_validate_world4_memory_rows_compare_like_with_like(tmp_path):
     largest = max(math.prod(v["local"]) for v in start.values()) * 4  # fp32 bytes of the largest shard
     tmp = kind["temporaries"]
     assert 0.8 * tmp["predicted"] <= tmp["measured"] <= max(1.2 * tmp["predicted"], 3 * largest), (tmp, largest)
+    if tmp["measured"] > 1.2 * tmp["predicted"]:  # then it is the optimizer step's, as the note says
+        assert tmp["note"].endswith("measured max in step"), tmp["note"]
     # gloo's copy: the size of a dp_shard reduce-scatter input of the plan's table, not predicted
     plan = json.loads((out / "world4" / "plan.json").read_text())
     rs_in = {r["size_bytes"] for r in plan["collectives"]["stage 0"]  # nccl-tests' size: the input's bytes

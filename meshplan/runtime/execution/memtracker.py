@@ -30,6 +30,8 @@ wrong: relabelled, each kind compares like with like (``tests/test_validate_memo
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _SavedFSDPMethods
 from torch.distributed._tools.mem_tracker import _UpdateType
@@ -146,14 +148,15 @@ class LabelledMemTracker(UnitMemTracker):
 RS_COPY_KIND = "reduce_scatter_copies"
 
 
-def relabelled_kinds(log: list[tuple]) -> tuple[dict, int, dict]:
+def relabelled_kinds(log: list[tuple], phases: Optional[dict] = None) -> tuple[dict, int, dict]:
     """(maximum per meshplan kind, largest total, kinds at it) over a :class:`LabelledMemTracker` log,
     each storage under the last label the tracker gave it, for its whole life (the tracker
     labels an all-gather output, a gradient or a reduce-scatter input only some ops after
     allocating it), an ``Activation`` allocated and freed within the forward or within
     one recompute counted as a temporary (``Temp``): meshplan's activations are what
     backward keeps (and recomputes); and a backward ``Temp`` the size of a live reduce-scatter
-    input as :data:`RS_COPY_KIND`."""
+    input as :data:`RS_COPY_KIND`. ``phases``, when given, receives the phase of each kind's
+    maximum (``forward``, ``backward``, ``step``, ``recompute N``)."""
     final, born, died = {}, {}, {}
     for w, delta, label, phase in log:
         final[w] = label
@@ -180,6 +183,8 @@ def relabelled_kinds(log: list[tuple]) -> tuple[dict, int, dict]:
             k = RS_COPY_KIND
         cur[k] = cur.get(k, 0) + delta
         total += delta
+        if cur[k] > kmax.get(k, 0) and phases is not None:
+            phases[k] = phase
         kmax[k] = max(kmax.get(k, 0), cur[k])
         if total > top:
             top, at_top = total, {k: v for k, v in cur.items() if v}

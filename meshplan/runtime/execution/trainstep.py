@@ -232,11 +232,12 @@ def _labelled_memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
             for h in handles:
                 h.remove()
         peak = tracker.get_tracker_snapshot("peak")
-        kmax, top, at_top = relabelled_kinds(tracker.log)
+        phases: dict = {}
+        kmax, top, at_top = relabelled_kinds(tracker.log, phases)
         return t, {"method": "FSDPMemTracker (torch.distributed._tools), peak snapshot over one steady-state step",
                    "peak_bytes": sum(int(s.get("Total", 0)) for s in peak.values()),
                    "by_category_bytes": _categories(peak), "by_kind_bytes": at_top, "max_by_kind_bytes": kmax,
-                   "own_peak_bytes": top}
+                   "max_by_kind_phase": phases, "own_peak_bytes": top}
     except Exception as e:  # the tracker is private API: fall back to the resident set
         return _rss_memory_step(runner, index, f"{type(e).__name__}: {e}")
 

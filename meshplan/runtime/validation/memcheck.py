@@ -32,8 +32,10 @@ Findings on torch 2.13 (CPU):
   phantoms). Under real tensors neither happens.
 - MemTracker raises on a second iteration unless ``reset_mod_stats()`` is called; a fresh
   tracker for the second step avoids that and keeps its peak to that step.
-- Labels are refined, bytes are not: :class:`_Tracker` logs every update of the tracker's
-  running snapshot and :func:`_relabelled_kinds` re-reads it with each storage under the
+- Labels are refined, bytes are not: :class:`_Tracker`
+  (:class:`~meshplan.runtime.execution.memtracker.LabelledMemTracker`, shared with the validate
+  worker) logs every update of the tracker's running snapshot and :func:`_relabelled_kinds`
+  (:func:`~meshplan.runtime.execution.memtracker.relabelled_kinds`) re-reads it with each storage under the
   last label the tracker gave it (an all-gather output, a gradient or a reduce-scatter
   input is labelled some ops after its allocation; FSDPMemTracker installs no gradient
   hooks, so autograd's unsharded gradients are ``Temp`` until a post-accumulate-grad hook
@@ -264,9 +266,12 @@ def memory_kind_rows(tl: Timeline, record: dict, rank: int) -> list[dict]:
         want, got = _meshplan_kinds(tl.max_by_kind), record["max_by_kind_bytes"]
         extra = sorted(set(got) - set(COMPARED_KINDS))
         note = ("each side's maximum of this kind over the step (meshplan's kinds; tracker storages under their "
-                f"final labels, runtime.execution.memtracker.relabelled_kinds); expected within {KIND_TOLERANCE:.0%}")
-        rows = [_kind_row(f"memory max: {k}", want.get(k, 0), got.get(k, 0), rank, note + _KIND_NOTES.get(k, ""))
-                for k in COMPARED_KINDS]
+                f"final labels, runtime.execution.memtracker.relabelled_kinds); the state and FSDP's buffers are the "
+                f"same tensors on both sides, the working sets expected within {KIND_TOLERANCE:.0%}")
+        at = lambda k: (f"; measured max in {record['max_by_kind_phase'][k]}"
+                        if k in record.get("max_by_kind_phase", {}) else "")
+        rows = [_kind_row(f"memory max: {k}", want.get(k, 0), got.get(k, 0), rank,
+                          note + _KIND_NOTES.get(k, "") + at(k)) for k in COMPARED_KINDS]
         return rows + [_kind_row(f"memory max: {k}", None, got[k], rank, _EXTRA_NOTES.get(k, "a category meshplan "
                                  "lacks: not predicted")) for k in extra]
     if "by_category_bytes" not in record:
