@@ -88,6 +88,8 @@ class Runner:
 
         def phase(name, label):
             self.status.set(index, name)
+            if hasattr(self.tracker, "phase"):  # LabelledMemTracker: the loss is forward, the optimizer step
+                self.tracker.phase = {"loss": "forward", "optimizer": "step"}.get(name, name)
             if rec is not None:
                 rec.phase = label
 
@@ -177,9 +179,7 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
         if hasattr(runner, "memory_tracker"):  # pipeline stages: runtime.pipelined builds it
             tracker, name = runner.memory_tracker()
         elif isinstance(runner.model, FSDPModule):
-            from meshplan.runtime.execution.memtracker import UnitMemTracker  # units of several modules
-
-            tracker, name = UnitMemTracker(runner.model, runner.opt), "FSDPMemTracker"
+            return _labelled_memory_step(runner, index)
         else:  # FSDPMemTracker asserts on a model without fully_shard
             from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -192,17 +192,58 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
         finally:
             runner.tracker = None
         peak = tracker.get_tracker_snapshot("peak")
-        by_cat: dict[str, int] = {}
-        for dev_stats in peak.values():
-            for cat, n in dev_stats.items():
-                if cat != "Total":
-                    key = str(getattr(cat, "value", cat))  # _FSDPRefType.SHARDED_PARAM -> "Sharded Param"
-                    by_cat[key] = by_cat.get(key, 0) + int(n)
         total = sum(int(s.get("Total", 0)) for s in peak.values())
         return t, {"method": f"{name} (torch.distributed._tools), peak snapshot over one steady-state step",
-                   "peak_bytes": total, "by_category_bytes": by_cat}
+                   "peak_bytes": total, "by_category_bytes": _categories(peak)}
     except Exception as e:  # the tracker is private API: fall back to the resident set
         err = f"{type(e).__name__}: {e}"
+    return _rss_memory_step(runner, index, err)
+
+
+def _categories(peak: dict) -> dict[str, int]:
+    """A tracker's peak snapshot as bytes per category string, summed over devices."""
+    by_cat: dict[str, int] = {}
+    for dev_stats in peak.values():
+        for cat, n in dev_stats.items():
+            if cat != "Total":
+                key = str(getattr(cat, "value", cat))  # _FSDPRefType.SHARDED_PARAM -> "Sharded Param"
+                by_cat[key] = by_cat.get(key, 0) + int(n)
+    return by_cat
+
+
+def _labelled_memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
+    """FSDP2 on CPU: the memory step under :class:`~meshplan.runtime.execution.memtracker.LabelledMemTracker`.
+    Beside the tracker's raw peak categories, ``by_kind_bytes`` holds meshplan's kinds at the
+    tracker's peak and ``max_by_kind_bytes`` each kind's maximum over the step, both with every
+    storage under its final label (:func:`~meshplan.runtime.execution.memtracker.relabelled_kinds`:
+    autograd's unsharded gradients, which FSDPMemTracker leaves ``Temp``, as ``grad_buffers``).
+    The resident set when the tracker fails."""
+    from meshplan.runtime.execution.memtracker import LabelledMemTracker, relabelled_kinds
+
+    try:
+        tracker = LabelledMemTracker(runner.model, runner.opt)
+        handles = tracker.label_unsharded_grads(runner.model)
+        runner.tracker = tracker
+        try:
+            with tracker:
+                t = runner.step(index)
+        finally:
+            runner.tracker = None
+            for h in handles:
+                h.remove()
+        peak = tracker.get_tracker_snapshot("peak")
+        phases: dict = {}
+        kmax, top, at_top = relabelled_kinds(tracker.log, phases)
+        return t, {"method": "FSDPMemTracker (torch.distributed._tools), peak snapshot over one steady-state step",
+                   "peak_bytes": sum(int(s.get("Total", 0)) for s in peak.values()),
+                   "by_category_bytes": _categories(peak), "by_kind_bytes": at_top, "max_by_kind_bytes": kmax,
+                   "max_by_kind_phase": phases, "own_peak_bytes": top}
+    except Exception as e:  # the tracker is private API: fall back to the resident set
+        return _rss_memory_step(runner, index, f"{type(e).__name__}: {e}")
+
+
+def _rss_memory_step(runner: Runner, index: int, err: str) -> tuple[dict, dict]:
+    """The memory step measured as the growth of the resident set (the trackers failed: ``err``)."""
     with RssSampler() as rss:
         t = runner.step(index)
     return t, {"method": "resident-set growth over one steady-state step (/proc/self/statm, 1 ms sampling); "

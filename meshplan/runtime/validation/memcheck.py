@@ -32,8 +32,10 @@ Findings on torch 2.13 (CPU):
   phantoms). Under real tensors neither happens.
 - MemTracker raises on a second iteration unless ``reset_mod_stats()`` is called; a fresh
   tracker for the second step avoids that and keeps its peak to that step.
-- Labels are refined, bytes are not: :class:`_Tracker` logs every update of the tracker's
-  running snapshot and :func:`_relabelled_kinds` re-reads it with each storage under the
+- Labels are refined, bytes are not: :class:`_Tracker`
+  (:class:`~meshplan.runtime.execution.memtracker.LabelledMemTracker`, shared with the validate
+  worker) logs every update of the tracker's running snapshot and :func:`_relabelled_kinds`
+  (:func:`~meshplan.runtime.execution.memtracker.relabelled_kinds`) re-reads it with each storage under the
   last label the tracker gave it (an all-gather output, a gradient or a reduce-scatter
   input is labelled some ops after its allocation; FSDPMemTracker installs no gradient
   hooks, so autograd's unsharded gradients are ``Temp`` until a post-accumulate-grad hook
@@ -52,14 +54,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
-from torch.distributed._tools.mem_tracker import _UpdateType
 
 from meshplan.config import Config
-from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
+from meshplan.memory.timeline import COMPARISON_GROUPS, UNTRACKED_KINDS, Timeline, tracker_to_kinds
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.runtime.execution.memtracker import UnitMemTracker, fsdp_units
+from meshplan.runtime.execution.memtracker import LabelledMemTracker as _Tracker, category_label as _label
+from meshplan.runtime.execution.memtracker import RS_COPY_KIND, relabelled_kinds as _relabelled_kinds
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
 from meshplan.runtime.validation.dryrun import fake_process_group
@@ -86,47 +87,6 @@ class Measured:
     peak_by_kind: dict
     max_by_kind: dict
     own_peak_bytes: int
-
-
-def _label(reftype) -> str:
-    return str(getattr(reftype, "value", reftype))
-
-
-class _Tracker(UnitMemTracker):
-    """FSDPMemTracker (instrumenting FSDP units of several modules once,
-    :class:`~meshplan.runtime.execution.memtracker.UnitMemTracker`) that also logs every update of its running snapshot, so the step can
-    be re-read with the refined labels of :func:`_relabelled_kinds`. ``phase`` is set by
-    the step (forward, backward, step)."""
-
-    def __init__(self, mod, optm=None):
-        super().__init__(mod, optm)
-        self.phase = "forward"
-        self.log: list[tuple] = []  # (storage info, delta bytes, label, phase)
-        self._recomputes = 0
-        self._was_in_ac = False
-
-    def _track(self, reftype, t):
-        if reftype == _FSDPRefType.OPT:  # steady state: the step allocates only temporaries
-            reftype = _FSDPRefType.TEMP
-        super()._track(reftype, t)
-
-    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
-        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
-        delta = {_UpdateType.ADD: winfo.mem_consumed, _UpdateType.DEL: -winfo.mem_consumed,
-                 _UpdateType.REF: 0}.get(u_type, winfo.mem_consumed - (old_mem_consumed or 0))
-        if self._in_ac and not self._was_in_ac:
-            self._recomputes += 1
-        self._was_in_ac = self._in_ac
-        phase = f"recompute {self._recomputes}" if self._in_ac else self.phase
-        self.log.append((winfo, delta, _label(winfo.reftype), phase))
-
-    def label_unsharded_grads(self, model: torch.nn.Module) -> list:
-        """Post-accumulate-grad hooks on every FSDP unsharded parameter; returns handles."""
-        def hook(p):
-            self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.UNSHARDED_GRAD)
-
-        return [fp.unsharded_param.register_post_accumulate_grad_hook(hook)
-                for _, state in fsdp_units(model) for fp in state._fsdp_param_group.fsdp_params]
 
 
 def _step(model, opt, b: int, s: int, loss_parallel: bool, tracker: Optional[_Tracker] = None) -> None:
@@ -174,36 +134,6 @@ def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
             opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
             _step(model, opt, t.micro_batch, t.seq_len, tp > 1)
             return _tracked_step(model, opt, t.micro_batch, t.seq_len, tp > 1)
-
-
-def _relabelled_kinds(log: list[tuple]) -> tuple[dict, int, dict]:
-    """(maximum per meshplan kind, largest total, kinds at it) over a :class:`_Tracker` log,
-    each storage under the last label the tracker gave it, for its whole life (the tracker
-    labels an all-gather output, a gradient or a reduce-scatter input only some ops after
-    allocating it), and an ``Activation`` allocated and freed within the forward or within
-    one recompute counted as a temporary (``Temp``): meshplan's activations are what
-    backward keeps (and recomputes)."""
-    final, born, died = {}, {}, {}
-    for w, delta, label, phase in log:
-        final[w] = label
-        born.setdefault(w, phase)
-        if delta < 0:
-            died[w] = phase
-    label = {w: "Temp" if lab == "Activation" and born[w] == died.get(w) and born[w] != "backward" else lab
-             for w, lab in final.items()}
-    where = {c: k for k, cats in TRACKER_CATEGORIES.items() for c in cats}
-    cur: dict[str, int] = {}
-    top, total, at_top, kmax = 0, 0, {}, {}
-    for w, delta, _, _ in log:
-        if not delta:
-            continue
-        k = where.get(label[w], "other")
-        cur[k] = cur.get(k, 0) + delta
-        total += delta
-        kmax[k] = max(kmax.get(k, 0), cur[k])
-        if total > top:
-            top, at_top = total, {k: v for k, v in cur.items() if v}
-    return kmax, top, at_top
 
 
 def _tracked_step(model, opt, b: int, s: int, loss_parallel: bool) -> Measured:
@@ -314,3 +244,54 @@ def table(comparisons, at_peak: bool = False) -> str:
             lines.append(f"  {label:<28} {r.predicted_bytes / KiB:>14.1f} {r.measured_bytes / KiB:>13.1f} "
                          f"{r.rel_error:>+8.1%}")
     return "\n".join(lines)
+
+
+#: The bound a validate run's kind rows are held to: each kind's maximum within 20% (the
+#: loose bound of ``tests/test_memory_vs_tracker.py``: the timeline models the working set of
+#: a whole layer pass, the tracker sees single ops), parameters and gradients exact.
+KIND_TOLERANCE = 0.20
+
+
+def memory_kind_rows(tl: Timeline, record: dict, rank: int) -> list[dict]:
+    """Validate's memory rows by kind, bytes on ``rank`` (the rank of the largest peak).
+
+    With the worker's relabelled record (``max_by_kind_bytes``, FSDP2 on CPU:
+    :func:`~meshplan.runtime.execution.memtracker.relabelled_kinds`) one row per compared
+    kind, each side's maximum of that kind over the step, as :func:`compare` does on the fake
+    process group: like with like, since each storage has its final label (an unsharded
+    gradient is ``grad_buffers``, not ``Temp``) and neither side's row depends on the moment
+    of the other's peak. Without it (MemTracker, pipeline stages) the tracker's own labels at
+    its peak, grouped, with a note saying the rows can disagree while the total agrees."""
+    if "max_by_kind_bytes" in record:
+        want, got = _meshplan_kinds(tl.max_by_kind), record["max_by_kind_bytes"]
+        extra = sorted(set(got) - set(COMPARED_KINDS))
+        note = ("each side's maximum of this kind over the step (meshplan's kinds; tracker storages under their "
+                f"final labels, runtime.execution.memtracker.relabelled_kinds); the state and FSDP's buffers are the "
+                f"same tensors on both sides, the working sets expected within {KIND_TOLERANCE:.0%}")
+        at = lambda k: (f"; measured max in {record['max_by_kind_phase'][k]}"
+                        if k in record.get("max_by_kind_phase", {}) else "")
+        rows = [_kind_row(f"memory max: {k}", want.get(k, 0), got.get(k, 0), rank,
+                          note + _KIND_NOTES.get(k, "") + at(k)) for k in COMPARED_KINDS]
+        return rows + [_kind_row(f"memory max: {k}", None, got[k], rank, _EXTRA_NOTES.get(k, "a category meshplan "
+                                 "lacks: not predicted")) for k in extra]
+    if "by_category_bytes" not in record:
+        return []
+    got, want = tracker_to_kinds(record["by_category_bytes"]), tl.by_group()
+    note = ("at each side's own peak, the tracker's own labels (it labels unsharded gradients and gathered "
+            "parameters late: the rows can disagree while the total agrees)")
+    return [_kind_row(f"peak memory: {g}", want.get(g), sum(got.get(k, 0) for k in kinds), rank, note)
+            for g, kinds in COMPARISON_GROUPS.items()]
+
+
+#: What a kind's row leaves out, measured on validate's CPU runs (examples/mini_2x4_tp2-dp4.toml, world 4).
+_KIND_NOTES = {"temporaries": "; the plan's working sets, not the worker's single-tensor AdamW step (optimizer "
+                              "temporaries 0 in the plan; measured up to 3 x the largest parameter shard at once, "
+                              "off the peak)"}
+_EXTRA_NOTES = {RS_COPY_KIND: "not predicted: a temporary the size of each reduce-scatter's input that gloo's "
+                             "reduce-scatter allocates (CPU runs only; absent on the fake process group, "
+                             "memtracker.RS_COPY_KIND); without it temporaries compare like with like"}
+
+
+def _kind_row(quantity: str, predicted, measured: int, rank: int, note: str) -> dict:
+    return dict(quantity=quantity, unit="B", predicted=predicted, measured=measured, measured_min=None, rank=rank,
+                error=(measured / predicted - 1) if predicted else None, note=note)

@@ -78,6 +78,8 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
             lines += ["", comp["prediction_note"], "", *READING, ""]
             if comp.get("calibration_note"):
                 lines += [comp["calibration_note"], ""]
+            if comp.get("calibration_line"):
+                lines += [comp["calibration_line"], ""]
             if comp.get("staged"):
                 lines += world_lines(comp["staged"], r.get("elapsed_s"))
         fault = r.get("fault")
@@ -162,11 +164,13 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
                   for a, v in s["by_axis"].items()]
     else:
         lines.append("no group collectives recorded")
-    lines += ["", "### Local kernels (predicted by the kernel-efficiency model against measured)", ""]
+    lines += ["", "### Local kernels, per call (predicted by the kernel-efficiency model against measured)", ""]
     if staged["kernels"]:
-        lines += ["Timed in the validate process before the launch (one thread, divided by the rank's core share); "
-                  "predicted on the testbed's description without the measured table.", ""]
-        lines += ["| kernel | shape | predicted | measured | error |", "|---|---|---|---|---|"]
+        lines += ["One call of each kernel, timed in the validate process before the launch (one thread, divided by "
+                  "the rank's core share); predicted on the testbed's description without the measured table. The "
+                  "step model uses the measured column, not the predicted one: the `step part` rows count these "
+                  "calls per step (e.g. attention: layers x micro-batches, forward and backward).", ""]
+        lines += ["| kernel | shape | predicted per call | measured per call | error |", "|---|---|---|---|---|"]
         lines += [f"| {r['kernel']} | {r['shape']} | {_us(r['predicted_s'])} | {_us(r['measured_s'])} | "
                   f"{_err(r['error'])} |" for r in staged["kernels"]]
     lines += ["", "### Checkpoint per rank (DCP save and load)", ""]

@@ -274,6 +274,8 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
                 echo(f"  {row['quantity']}: predicted {row['predicted'] * unit[0]:.1f} {unit[1]}, measured "
                      f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})"
                      + (" (unreliable: see host)" if shaky and row["unit"] == "s" else ""))
+        if (results[-1].get("comparison") or {}).get("calibration_line"):
+            echo(f"  {results[-1]['comparison']['calibration_line']}")
     ok = all(r["ok"] for r in results)
     if opt.node_rank > 0:
         return (0 if ok else 1), results

@@ -1,0 +1,51 @@
+"""Validate's kernel and calibration rows say what they count (newcomer trial 21).
+
+The trial read ``attention forward 24 us vs 321 us`` (local kernels) beside ``step part:
+attention kernels 2.47 vs 1.26 ms``: the first is one call (the kernel-efficiency model against
+the timed call), the second one step (calls per step x the timed call's time against the
+profiled step's SDPA ops); the notes now give the count. And ``+865%`` calibrated against
+``+560%`` plain: one line says why (the probe's collectives are faster than alpha-beta; the
+gap is the untimed rest) and what to do.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.runtime.validation.breakdown import per_step_notes, predicted_parts
+from meshplan.runtime.validation.evidence import calibration_line
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_step_part_notes_count_calls_per_step():
+    plan = build_plan(load_config(DATA / "validate_llama8b_tp2sp_fsdp.toml"))
+    # global batch 64 / (micro-batch 1 x dp 4) = 16 micro-batches; 32 layers, one attention each
+    assert plan.micro_batches == 16
+    notes = per_step_notes(plan, None)
+    att = notes["attention kernels"]
+    assert att.startswith("per step: 512 forward x ") and " + 512 backward x " in att
+    # 7 GEMMs a layer (wq, wk, wv, wo, gate, up, down) x 3 (forward, data and weight gradient) x 32 layers
+    # + the output layer's 3, per micro-batch
+    assert notes["GEMM kernels"].startswith(f"per step: {16 * (32 * 21 + 3)} GEMM calls")
+    # the per-call times the note prints make up the predicted part: 512 x (fwd + bwd)
+    fwd_us, bwd_us = (float(att.split(" x ")[i].split(" us")[0]) for i in (1, 2))
+    assert predicted_parts(plan, None)["attention kernels"] == pytest.approx(512 * (fwd_us + bwd_us) * 1e-6, rel=2e-3)
+
+
+def _rows(plain_p, cal_p, meas):
+    return [dict(quantity="step time", predicted=plain_p, measured=meas, error=meas / plain_p - 1),
+            dict(quantity="step time (calibrated)", predicted=cal_p, measured=meas, error=meas / cal_p - 1),
+            dict(quantity="collective time (sum)", predicted=0.0487, measured=0.3),
+            dict(quantity="collective time (sum) (calibrated)", predicted=0.0181, measured=0.3),
+            dict(quantity="step part: the rest", predicted=0.0053, measured=0.3069)]
+
+
+def test_calibration_line_when_calibrated_is_further_off():
+    line = calibration_line(_rows(0.0533, 0.0371, 0.2807))  # the trial's shape: +427% plain, +657% calibrated
+    assert line.startswith("calibrated further off than plain (+657% vs +427%)")
+    assert "collectives at 18.1 ms per step against the cluster description's 48.7 ms" in line
+    assert "`step part: the rest` 306.9 ms measured vs 5.3 ms predicted" in line and "--worlds" in line
+    assert calibration_line(_rows(0.0371, 0.0533, 0.0600)) is None  # calibrated closer: nothing to explain
