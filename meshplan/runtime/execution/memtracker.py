@@ -157,7 +157,9 @@ def relabelled_kinds(log: list[tuple], phases: Optional[dict] = None) -> tuple[d
     backward keeps (and recomputes); and a backward ``Temp`` the size of a live reduce-scatter
     input as :data:`RS_COPY_KIND`. ``phases``, when given, receives the phase of each kind's
     maximum (``forward``, ``backward``, ``step``, ``recompute N``)."""
-    final, born, died = {}, {}, {}
+    final: dict = {}
+    born: dict = {}
+    died: dict = {}
     for w, delta, label, phase in log:
         final[w] = label
         born.setdefault(w, phase)
@@ -168,7 +170,9 @@ def relabelled_kinds(log: list[tuple], phases: Optional[dict] = None) -> tuple[d
     where = {c: k for k, cats in TRACKER_CATEGORIES.items() for c in cats}
     cur: dict[str, int] = {}
     live_rs: dict = {}  # reduce-scatter inputs alive now -> their bytes
-    top, total, at_top, kmax = 0, 0, {}, {}
+    top, total = 0, 0
+    at_top: dict = {}
+    kmax: dict = {}
     for w, delta, _, phase in log:
         if not delta:
             continue
