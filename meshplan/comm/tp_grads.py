@@ -31,6 +31,7 @@ from meshplan.comm.stage_context import StageContext
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import KV_REPLICA, kv_replica_groups, local_heads, local_numel, local_rows, padded_numel
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -118,7 +119,11 @@ def _kv_replica_rows(add, c: StageContext) -> None:
     so summing the accumulated gradient equals summing each micro-batch's. As bigcode's
     Megatron-LM does for multi-query attention (PR 39, ``reduce_model_grads``: without it
     the loss was 3.74 against 2.64) and HF transformers' KV replication group (PR 47811);
-    the runtime: :class:`meshplan.runtime.execution.kvsync.KVReplicaSync`."""
+    the runtime: :class:`meshplan.runtime.execution.kvsync.KVReplicaSync`. Not under framework
+    megatron, which replicates no KV head (:mod:`meshplan.spec.axes.tp_kv`: its fused QKV
+    output's all-gather instead, :func:`meshplan.comm.tp_rows.qkv_gather_rows`)."""
+    if qkv_gathered(c.training.framework, c.mesh.degree("tp"), c.model.n_kv_heads):
+        return
     numel = kv_replica_grad_numel(c.model, c.training, c.mesh)
     if not numel:
         return

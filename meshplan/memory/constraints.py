@@ -141,8 +141,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
         gathered, accum = 0.0, 0.0
         if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1 and rep:
             ts = model.layer_tensors(rep[0])
-            numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in ts)
-            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) * dtype_bytes(training.gather_dtype(t))
+            numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp, training.framework) for t in ts)
+            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp, training.framework) * dtype_bytes(training.gather_dtype(t))
                         for t in ts)  # float8 Linears: 1 B under fp8_all_gather
             # current + prefetched layer; kept gathered from forward to backward
             # (reshard_after_forward false): every layer of the stage at the forward's end
