@@ -66,7 +66,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     elif len(qkv) == 3:
         ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
     for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
-        if len(qkv) == 3 and g in qkv:
+        if len(qkv) == 3 and g.name in ("wq", "wk", "wv"):
             continue
         scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
         ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
