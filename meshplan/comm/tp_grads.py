@@ -20,7 +20,9 @@ collective table (:func:`meshplan.comm.collectives.collective_table`).
 - TP past the KV heads (tp > kv_heads, handed case C6; :func:`_kv_replica_rows`): each KV
   head is copied on ``r = tp / kv_heads`` tp ranks; once per step, before the optimizer, one
   all-reduce (sum) per layer of the copies' wk/wv gradients over those ``r`` ranks (axis
-  ``kv_replica``), so the copies stay equal.
+  ``kv_replica``), so the copies stay equal: meshplan's own runtime's copies (framework torch,
+  whose plans refuse tp past the KV heads: rule ``torch_kv_heads``); framework megatron copies no
+  KV head (:mod:`meshplan.spec.axes.tp_kv`) and has no such row.
 """
 
 from __future__ import annotations
