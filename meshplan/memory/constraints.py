@@ -116,14 +116,14 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     dense = next(i for i in range(model.layers) if not model.is_moe_layer(i)) if model.dense_layers or not model.is_moe else 0
     dims = LayerDims.from_model(model, training.seq_len, training.micro_batch, layer=dense)
     tp, cp, sp = mesh.degree("tp"), mesh.degree("cp"), mesh.sequence_parallel
-    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention)
+    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework)
     if training.recompute == "layer":  # torchtitan per-layer AC: 1 in ac_freq layers checkpointed, on average
         k = training.ac_freq
         per_layer = (layer_bytes(dims, recompute="full", **kw) + (k - 1) * layer_bytes(dims, recompute="none", **kw)) // k
     else:
         per_layer = layer_bytes(dims, recompute=training.recompute, **kw)
     if training.recompute in ("full", "layer", "op"):  # one layer's working set while recomputing it
-        per_layer_work = layer_bytes(dims, tp=tp, sp=sp, cp=cp, recompute="none", flash=training.flash_attention)
+        per_layer_work = layer_bytes(dims, recompute="none", **kw)
     else:
         per_layer_work = 0
     v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
