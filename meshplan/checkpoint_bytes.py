@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
+from meshplan.spec.axes.tp_kv import qkv_gathered
 
 #: The state kinds a checkpoint holds (module docstring).
 CHECKPOINT_KINDS = ("params", "master", "optimizer")
@@ -41,14 +42,15 @@ class CheckpointSize:
     writer: str = "dcp"
 
 
-def checkpoint_size(states, mesh, model=None) -> CheckpointSize:
+def checkpoint_size(states, mesh, model=None, framework: str = "torch") -> CheckpointSize:
     """Checkpoint bytes from :func:`meshplan.memory.state.state_bytes` (one StateBytes per
     stage) of ``mesh``: kinds params, master and optimizer (module docstring). ``model``
     (the :class:`~meshplan.spec.model.ModelSpec`): count replicated KV heads once
     (:func:`kv_copy_numel`), as meshplan's runtime saves them
     (:func:`meshplan.runtime.execution.kvsync.dedup_kv_state`); without it every tp rank's
-    copy counts."""
+    copy counts; ``framework`` megatron holds no copies (:mod:`meshplan.spec.axes.tp_kv`)."""
     tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
+    model = None if model is not None and qkv_gathered(framework, tp, model.n_kv_heads) else model
     per_rank = 0.0
     for st in states:
         per_rank = max(per_rank, sum(i.size_bytes for i in st.items if i.kind in CHECKPOINT_KINDS))

@@ -274,7 +274,7 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
                 job: Optional[JobInterval] = None) -> Reliability:
     """Reliability account of a plan. Storage bandwidths and the restart overhead are
     stated by the caller: there is no default for them; ``job``: the job's own interval."""
-    size = checkpoint_size(plan.state, plan.mesh, plan.config.model)
+    size = checkpoint_size(plan.state, plan.mesh, plan.config.model, plan.config.training.framework)
     t = plan.config.training
     if checkpoint_engine(t) == "deepspeed":  # DeepSpeed's save_checkpoint, not DCP's balanced shares
         size = replace(size, written_per_rank_bytes=deepspeed_write_bytes(plan.state, t.sharding), writer="deepspeed")

@@ -139,32 +139,35 @@ def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
                         "rule: (dp_shard * cp * tp) % (ep * etp) == 0") in err
 
 
-def test_c6_kv_replication_is_named(tmp_path, capsys):
-    """32 q heads, 4 KV heads, head_dim 128, tp 8: KV heads replicated 2x, 4 q heads per rank."""
+def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
+    """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: reject, or plan a stated
+    mechanism). Framework torch rejects it (rule torch_kv_heads, tests/test_torch_kv_heads.py);
+    framework megatron plans Megatron-LM's QKV sub-sharding (f7dfb99, read at d98e8a6
+    attention.py:1851-1871), named in a note: no KV head replicated, each rank 1/8 of the fused QKV
+    weight ((32 + 8) x 128 / 8 = 640 rows), 4 q heads, and per layer an all-gather of the fused QKV
+    output over tp (its gradient reduce-scattered in backward): b 1 x s 1024 x (32 + 2 x 4) x 128 x
+    2 B (bf16) = 10,485,760 B, 2 layers a micro-batch, 16 micro-batches: 32 per step. No kv_replica
+    row nor group (it was the copies' all-reduce before)."""
     m = ('[model]\nlayers = 2\nhidden = 4096\nffn = 16384\nq_heads = 32\nkv_heads = 4\nhead_dim = 128\n'
          'vocab = 32000\n')
-    # framework megatron: torch refuses tp past the KV heads (rule torch_kv_heads: torchtitan replicates none)
     rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
                                           framework="megatron"))
     note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
-    assert note and "KV heads replicated 2x (tp ranks {2i..2i+1} hold KV head i" in note[0]
-    assert "each rank holds 4 q heads and 128 K and V" in note[0]
-    # the copies are kept equal: one all-reduce per layer of wk + wv gradients over each pair,
-    # 2 x (128 x 4096) fp32 elements = 4,194,304 B, once per step for each of the 2 layers
-    assert "kept equal by one all-reduce (sum) of each layer's wk/wv gradients over the 2 ranks" in note[0]
-    kv = [r for r in p["collectives"]["stage 0"] if r["axis"] == "kv_replica"]
-    assert [(r["phase"], r["op"], r["group_size"], r["n_groups"], r["example_ranks"], r["size_bytes"], r["dtype"],
-             r["per_microbatch"], r["per_step"]) for r in kv] == [
-        ("step", "all-reduce", 2, 4, [0, 1], 2 * 128 * 4096 * 4, "fp32", 0, 2)]
-    assert p["groups"]["kv_replica"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert note and "Megatron-LM's QKV sub-sharding" in note[0] and "no KV head is replicated" in note[0]
+    assert "1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows)" in note[0]
+    assert "tp ranks {2i..2i+1} use KV head i) and its 4 q heads" in note[0]
+    qkv = [r for r in p["collectives"]["stage 0"] if "QKV sub-sharding" in r["cadence"]]
+    assert [(r["axis"], r["phase"], r["op"], r["group_size"], r["size_bytes"], r["dtype"], r["per_microbatch"],
+             r["per_step"]) for r in qkv] == [
+        ("tp", "forward", "all-gather", 8, 1024 * 40 * 128 * 2, "bf16", 2, 32),
+        ("tp", "backward", "reduce-scatter", 8, 1024 * 40 * 128 * 2, "bf16", 2, 32)]
+    assert not [r for r in p["collectives"]["stage 0"] if r["axis"] == "kv_replica"]
+    assert "kv_replica" not in p["groups"]
     rc, g, _ = doc(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
                                                 framework="megatron"), "--rank", "5")
-    assert g["group_of_rank"]["kv_replica"] == [4, 5] and g["groups"]["kv_replica"][0] == [0, 1]
-    rc, out, _ = run(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m,
-                                                framework="megatron"), "--rank", "5")
-    row = [line for line in out.splitlines() if "kv_replica" in line]
-    assert [c.strip() for c in row[0].split("│")[1:7]] == ["kv_replica", "2", "4", "4,5", "[(0,4)..(0,5)]",
-                                                          "0,1; 2,3; ..."]
+    assert "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
+    assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
 
 
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):

@@ -54,19 +54,23 @@ def _m(q, kv, hidden=4096, d=128):
     return ModelSpec(layers=2, hidden=hidden, ffn=4 * hidden, q_heads=q, kv_heads=kv, head_dim=d, vocab=1000)
 
 
-def test_c6_kv_heads_replicated_when_fewer_than_tp():
+def test_c6_kv_heads_fewer_than_tp_a_stated_mechanism_or_rejected():
+    """C6 (32 q / 4 KV heads, tp 8): framework megatron plans Megatron-LM's QKV sub-sharding
+    (f7dfb99, d98e8a6 attention.py:1851-1871: each rank 1/8 of wk/wv, 64 of the 512 K rows, the
+    fused QKV output all-gathered over tp per layer; stated in the note); framework torch rejects it
+    (rule torch_kv_heads). meshplan's own runtime keeps one KV head per rank (128 rows, copied 2x)."""
     m = _m(32, 4)
     assert heads_reason(m, 8) is None
     q, kv, rep = local_heads(m, 8)
-    assert (q, kv, rep) == (4, 1, 2)  # 4 q heads, one KV head replicated 2x
+    assert (q, kv, rep) == (4, 1, 2)  # 4 q heads, one KV head used by 2 ranks
     wk = [t for t in m.layer_tensors(0) if t.name == "wk"][0]
-    assert local_numel(wk, m, 8) == 128 * 4096  # 128 K features per rank, not 64
-    # replicated under framework megatron (Megatron-LM runs tp > kv_heads since f7dfb99); rejected under
-    # torch: torchtitan b5bcd76 shards wk/wv colwise and replicates no KV head (rule torch_kv_heads)
+    assert local_numel(wk, m, 8) == 128 * 4096  # the runtime's copy: 128 K features per rank
+    assert local_numel(wk, m, 8, framework="megatron") == 512 * 4096 // 8 == 64 * 4096  # Megatron: 1/tp
     v = check(m, TrainingSpec(global_batch=8, seq_len=128, framework="megatron"), mesh_of(8, tp=8),
               MeshSpec(names=["tp"], shape=[8]))
     assert v.reasons == ()
-    assert any("KV heads replicated 2x" in n and "{2i..2i+1}" in n for n in v.notes)
+    assert any("Megatron-LM's QKV sub-sharding" in n and "no KV head is replicated" in n and "{2i..2i+1}" in n
+               for n in v.notes)
     v = check(m, TrainingSpec(global_batch=8, seq_len=128), mesh_of(8, tp=8), MeshSpec(names=["tp"], shape=[8]))
     assert v.reasons == ("framework torch: tp 8 with kv_heads 4: torchtitan shards wk/wv colwise over tp and views "
                          "each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, "

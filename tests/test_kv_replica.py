@@ -201,11 +201,13 @@ def test_copies_compute_the_real_models_logits():
     assert torch.equal(stage.layers["1"].attention.wv.weight, copied.layers["1"].attention.wv.weight)
 
 
-def test_validate_probes_the_kv_replica_groups():
-    """``validate``'s collective probe times the kv_replica all-reduce on its own groups (no
-    mesh axis has them): dp_shard 2 x tp 4, pairs of consecutive tp ranks, 2048 B. The plan is
-    framework megatron's: under torch tp 4 past 2 KV heads is infeasible (rule torch_kv_heads:
-    torchtitan b5bcd76 replicates no KV head)."""
+def test_validate_probes_no_kv_replica_group_under_megatron():
+    """``validate``'s collective probe of a framework megatron plan at dp_shard 2 x tp 4 past 2 KV
+    heads: Megatron-LM replicates no KV head (spec/axes/tp_kv.py), so no kv_replica group is probed
+    (before: the copies' 2048 B all-reduce); the fused QKV output's all-gather and reduce-scatter
+    are probed on the tp groups: b 1 x s 16 x (8 + 2 x 2) heads x 8 x 4 B (fp32) = 6,144 B. Under
+    torch tp 4 past 2 KV heads is infeasible (rule torch_kv_heads: torchtitan b5bcd76 replicates
+    no KV head)."""
     from meshplan.config import config_from_dict
     from meshplan.plan import build_plan
     from meshplan.runtime.validation.probe import probe_spec
@@ -214,8 +216,10 @@ def test_validate_probes_the_kv_replica_groups():
         "model": C6.model_dump(exclude={"name"}), "cluster": {"system": "dgx-h100", "nodes": 1},
         "training": {"global_batch": 8, "seq_len": 16, "sharding": "zero3", "framework": "megatron", **FP32},
         "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
-    assert [e for e in probe_spec(plan) if e["axis"] == "kv_replica"] == [
-        {"axis": "kv_replica", "op": "all-reduce", "size_bytes": 2048, "groups": [[0, 1], [2, 3], [4, 5], [6, 7]]}]
+    spec = probe_spec(plan)
+    assert not [e for e in spec if e["axis"] == "kv_replica"]
+    assert [e["op"] for e in spec if e["axis"] == "tp" and e["size_bytes"] == 16 * 12 * 8 * 4] == \
+        ["all-gather", "reduce-scatter"]
 
 
 def test_validate_refuses_tp_past_the_kv_heads(tmp_path):

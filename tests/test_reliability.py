@@ -12,6 +12,7 @@ from meshplan import catalog
 from meshplan.checkpoint_bytes import CheckpointSize, checkpoint_size, write_time_s
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.tpsplit import local_numel
 from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan
 from meshplan.plan_runtime import run_reasons
@@ -243,21 +244,20 @@ def test_checkpoint_counts_each_replicated_kv_head_once():
 
 
 def test_reliability_c6_405b_shape_counts_eight_kv_heads():
-    """128 q / 8 KV heads (Llama 3 405B), tp 16: the reliability command's checkpoint holds 8
-    KV heads per layer: the total with the model is the runtime-copies total less 8 heads'
-    wk/wv (2 x 128 x 16384 elements each) per layer x 12 B (the example's fp32 params 4, no
-    master copy, Adam 8), 126 x 8 x 4,194,304 x 12 = 50.7 GB."""
+    """128 q / 8 KV heads (Llama 3 405B), tp 16 under framework megatron: Megatron-LM's QKV
+    sub-sharding (spec/axes/tp_kv.py) holds no KV copy, each rank 1/16 of wk and wv (8 x 128 x
+    16384 / 16 = 1,048,576 elements each), so the checkpoint is every rank's state as it is: the
+    total with the model equals the total without it. (Before, the copies' model: each rank one
+    whole head, less 126 x 8 x 4,194,304 x 12 B = 50.7 GB of copies.)"""
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml")
     # framework megatron: torch refuses tp past the KV heads (rule torch_kv_heads: torchtitan replicates none)
     cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 64, 16]}),
                               training=cfg.training.model_copy(update={"framework": "megatron"}))
     plan = build_plan(cfg)
     rel = reliability(plan, write_bandwidth_bytes_per_s=1e12, read_bandwidth_bytes_per_s=1e12, restart_overhead_s=60)
-    copies = checkpoint_size(plan.state, plan.mesh).total_bytes
-    per_byte = sum(i.bytes_per_element for i in plan.state[0].items if i.kind in ("params", "master", "optimizer")
-                   and i.group == "dense")
-    assert per_byte == 12
-    assert copies - rel.checkpoint.total_bytes == 126 * 8 * 2 * 128 * 16384 * 12 == 50_734_301_184
+    assert checkpoint_size(plan.state, plan.mesh).total_bytes == rel.checkpoint.total_bytes
+    wk = next(t for t in plan.config.model.layer_tensors(0) if t.name == "wk")
+    assert local_numel(wk, plan.config.model, 16, framework="megatron") == 8 * 128 * 16384 // 16 == 1_048_576
 
 
 def _reliability_cli(capsys, *extra):

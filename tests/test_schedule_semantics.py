@@ -275,35 +275,86 @@ def test_moe_ep1_tp_replay_issues_the_tp_collectives_the_table_counts(recompute,
         list(replayed)
 
 
+def qkv_counts(plan, st, s: int) -> tuple[Counter, Counter]:
+    """Stage s's calls per step of Megatron's QKV sub-sharding collectives by (phase, op): from the
+    table's rows of that cadence, and from the rank timeline's events of group ``qkv``."""
+    from meshplan.schedule.comm_times import QKV
+    from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
+    table = Counter()
+    for r in plan.stage(s).collectives:
+        if r.cadence == QKV_GATHER_CADENCE:
+            table[(r.phase, r.op)] += r.per_step
+    timeline = Counter()
+    for e in st.pipeline.events:
+        if e.stage == s and e.stream == "compute":
+            for ie in st.units.of_event(e).events:
+                if ie.args.get("kind") == "tp" and ie.args.get("group") == QKV:
+                    timeline[(ie.args["phase"], ie.args["op"])] += 1
+    return table, timeline
+
+
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])  # Megatron-LM's schedules
-@pytest.mark.parametrize("sharding", ["zero3", "none"])
-def test_timeline_issues_the_kv_replica_all_reduces(schedule, vpp, sharding):
-    """Handed case C6 at small size: 4 q / 2 KV heads of 16, h 64, tp 4 (KV heads replicated
-    2x: tp ranks {0,1} hold KV head 0, {2,3} head 1), pp 2 x dp 2. Each stage all-reduces its
-    2 layers' wk+wv gradients over the replica group once per step, before the optimizer:
-    one step-end event each, of the row's time. Bytes by hand: one KV head per rank, wk and
-    wv (16 x 64) = 2 x 1024 elements in fp32 (grad_dtype): 8192 B; under FSDP2 over dp_shard
-    2, each tensor's local shard is 8 of its 16 rows: 4096 B."""
+@pytest.mark.parametrize("sharding,recompute", [("zero1", "none"), ("none", "none"), ("zero1", "full")])
+def test_timeline_issues_megatrons_qkv_gathers(schedule, vpp, sharding, recompute):
+    """Handed case C6 at small size under framework megatron: 4 q / 2 KV heads of 16, h 64, tp 4
+    (past the 2 KV heads), pp 2 x dp 2. Megatron-LM (d98e8a6 attention.py:1851-1871) replicates no
+    KV head: each layer all-gathers the fused QKV output over tp in forward and reduce-scatters its
+    gradient in backward (a recomputed layer gathers again in its backward); no kv_replica row.
+    Bytes by hand: b 1 x s 64 x (4 + 2 x 2) heads x 16 x 2 B (bf16) = 16,384 B; per micro-batch one
+    of each per layer, 2 layers a stage, m 4 (global 8 / dp 2): 8 per step. The rank timeline
+    issues the same calls, each blocking the compute stream."""
     data = "dp" if sharding == "none" else "dp_shard"
     mesh = {"names": ["pp", data, "tp"], "shape": [2, 2, 4], "world": 16, "pp_schedule": schedule,
             "virtual_stages": vpp}
-    # framework megatron: torch refuses tp past the KV heads (rule torch_kv_heads: torchtitan replicates none)
     plan = plan_of(mesh, model=dict(TINY, kv_heads=2), nodes=2, sharding=sharding, global_batch=8,
-                   framework="megatron")
+                   framework="megatron", recompute=recompute)
     st = step_time(plan)
-    expect = 8192 if sharding == "none" else 4096
+    replays = 8 if recompute == "full" else 0
     for s in range(2):
-        rows = [r for r in plan.stage(s).collectives if comm_kind(r) == "kv"]
-        assert [(r.axis, r.phase, r.op, r.size_bytes, r.dtype, r.per_microbatch, r.per_step, r.group_size,
-                 r.n_groups) for r in rows] == [("kv_replica", "step", "all-reduce", expect, "fp32", 0, 2, 2, 8)]
-        assert rows[0].example_ranks == (0, 1)
-        counts = timeline_counts(st, s)
-        assert counts == table_counts(plan, s), (s, table_counts(plan, s))
-        assert counts[("kv", "", "step", "all-reduce")] == 2
-        assert [e.end_s - e.start_s for e in st.post_events if e.stage == s and e.stream == "kv_replica"] == \
-            pytest.approx([rows[0].time_s] * 2)
-    opt = [e for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
-    assert all(e.end_s <= opt.start_s for e in st.post_events if e.stage == 0 and e.stream == "kv_replica")
+        assert not [r for r in plan.stage(s).collectives if r.axis == "kv_replica" or comm_kind(r) == "kv"]
+        rows = [(r.axis, r.phase, r.op, r.size_bytes, r.dtype, r.per_microbatch, r.per_step, r.group_size)
+                for r in plan.stage(s).collectives if "QKV sub-sharding" in r.cadence]
+        expect = [("tp", "forward", "all-gather", 16384, "bf16", 2, 8, 4),
+                  ("tp", "backward", "reduce-scatter", 16384, "bf16", 2, 8, 4)]
+        expect += [("tp", "backward", "all-gather", 16384, "bf16", 2, 8, 4)] if replays else []
+        assert rows == expect
+        table, timeline = qkv_counts(plan, st, s)
+        assert timeline == table == Counter({("forward", "all-gather"): 8, ("backward", "reduce-scatter"): 8,
+                                             **({("backward", "all-gather"): replays} if replays else {})})
+        assert counts_equal_with_kinds(plan, st, s)
+    # blocking: each QKV collective's time is on the compute stream's critical chain (its wait ends
+    # when the collective does)
+    waits = [e for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"]
+    inner = [ie for e in waits for ie in st.units.of_event(e).events if ie.name.startswith("QKV ")]
+    assert inner and all(ie.end_s - ie.start_s >= 0 for ie in inner)
+
+
+def counts_equal_with_kinds(plan, st, s: int) -> bool:
+    """The data-parallel, CP and step collectives still match between table and timeline."""
+    return timeline_counts(st, s) == table_counts(plan, s)
+
+
+def test_torch_keeps_its_kv_replica_rows_megatron_has_none():
+    """The same tiny C6 model at tp 4 through the collective table alone (framework torch is refused
+    by rule torch_kv_heads in a plan, but meshplan's own runtime keeps its replicated copies for its
+    dry runs): torch's table has the kv_replica all-reduce and no QKV gather; megatron's the reverse."""
+    from meshplan import catalog
+    from meshplan.comm.collectives import collective_table
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.placement.assign import place
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+    m = ModelSpec(name="c6-tiny", layers=2, hidden=64, ffn=256, q_heads=4, kv_heads=2, vocab=256)
+    mesh = resolve_mesh(MeshSpec(names=["tp"], shape=[4]), world=4)
+    cluster = catalog.system("dgx-h100", nodes=1)
+    kinds = {}
+    for fw in ("torch", "megatron"):
+        t = TrainingSpec(global_batch=1, seq_len=64, framework=fw, compute_dtype="bf16", recompute="none")
+        rows = collective_table(m, t, mesh, cluster, place(cluster, 4), [0, 1], micro_batches=1)
+        kinds[fw] = sorted({("kv" if r.axis == "kv_replica" else "qkv") for r in rows
+                            if r.axis == "kv_replica" or "QKV sub-sharding" in r.cadence})
+    assert kinds == {"torch": ["kv"], "megatron": ["qkv"]}
 
 
 @pytest.mark.parametrize("reshard", [True, False])
@@ -597,9 +648,9 @@ def test_validate_refuses_a_megatron_plan():
 
 def test_search_counts_the_kv_replica_communicator():
     """The search's NCCL communicator count (``comm_axes``, behind its memory bounds) equals
-    the distinct axes of the exact plan's collective rows, the kv_replica groups included
-    when tp > kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2), under framework
-    megatron; under torch the search rejects tp 4 and 8 by rule torch_kv_heads (torchtitan
+    the distinct axes of the exact plan's collective rows under framework megatron, which at tp >
+    kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2) adds no kv_replica group (it
+    replicates no KV head) but all-gathers the fused QKV output over tp; under torch the search rejects tp 4 and 8 by rule torch_kv_heads (torchtitan
     replicates no KV head), vectorised like the exact plan's rule."""
     import numpy as np
 
@@ -627,7 +678,9 @@ def test_search_counts_the_kv_replica_communicator():
         plan = build_plan(candidate_config(cfg, c, j))
         axes = {r.axis for rows in plan.collectives.values() for r in rows}
         assert n[j] == len(axes), (c.label(j), sorted(axes))
-        assert ("kv_replica" in axes) == (c.tp[j] > 2)
+        assert "kv_replica" not in axes  # Megatron replicates no KV head (spec/axes/tp_kv.py)
+        qkv = any("QKV sub-sharding" in r.cadence for rows in plan.collectives.values() for r in rows)
+        assert qkv == (c.tp[j] > 2)  # its QKV all-gather on the tp group instead
     assert {t for t, _ in seen} >= {1, 2, 4, 8}
 
 

@@ -324,3 +324,30 @@ def test_bound_counts_the_float8_amax_all_reduces(tp, mb, pp, was):
     bound = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
     step = step_time(plan).step_s
     assert was * step < bound <= step and step - bound < amax
+
+
+@pytest.mark.parametrize("mb,rc", [(1, "selective"), (2, "full")])
+def test_bound_counts_megatrons_qkv_gathers(mb, rc):
+    """SMALL (16 q / 4 KV heads of 128) at tp 8 under framework megatron (SP): past the KV
+    heads (8 GPUs: no data axis) Megatron-LM all-gathers the fused QKV output over tp each layer and reduce-scatters its
+    gradient (spec/axes/tp_kv.py), b x 2048 x (16 + 8) x 128 x 2 B = 12,582,912 B per micro-batch
+    row; under full recompute a layer gathers again in its backward. The bound's vectorised seconds
+    (search.comm_bounds ``tp_qkv_ag``/``tp_qkv_rs``) are the table rows' own, and the bound, which
+    chains them with each layer as the timeline blocks on them, stays at or below the step and
+    within their total of it."""
+    cfg = config({"framework": "megatron"}, recompute=[rc])
+    c, i = _one(cfg, pp=1, tp=8, mb=mb, ov=0)  # tp 8 fills the node: no data axis
+    sub = c.take([i])
+    tt = TimeTables(cfg, Tables(cfg))
+    cm = comm_times(cfg, tt, sub)
+    plan = build_plan(candidate_config(cfg, c, i))
+    rows = {(r.phase, r.op): r for r in plan.stage(0).collectives if "QKV sub-sharding" in r.cadence}
+    ag, rs = rows[("forward", "all-gather")], rows[("backward", "reduce-scatter")]
+    assert ag.size_bytes == rs.size_bytes == mb * 2048 * 24 * 128 * 2
+    assert (cm["tp_qkv_ag"][0], cm["tp_qkv_rs"][0]) == pytest.approx((ag.time_s, rs.time_s), rel=1e-12)
+    assert (("backward", "all-gather") in rows) == (rc == "full")
+    qkv = sum(r.time_s * r.per_step for r in rows.values())
+    st = stage_layout(cfg, sub, 1)
+    bound = float(step_lower_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st))[0])
+    step = step_time(plan).step_s
+    assert bound <= step and step - bound < qkv

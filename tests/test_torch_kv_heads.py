@@ -2,7 +2,7 @@
 torchtitan b5bcd76 shards wk/wv colwise over tp and views each rank's slice as whole heads
 (``torchtitan/models/common/decoder_sharding.py``:182-192, ``attention.py``:698-705), so Llama-3-70B
 (8 KV heads) at tp 16 leaves each rank half a head: infeasible under torch (before: planned with
-``kv_replica`` copies), still planned with the copies under megatron, and refused by
+``kv_replica`` copies), planned as Megatron-LM's QKV sub-sharding under megatron, and refused by
 ``export --to torchtitan`` of that megatron plan."""
 
 from __future__ import annotations
@@ -31,18 +31,21 @@ def _cfg(tp: int, framework: str):
 
 def test_llama3_70b_tp16_is_infeasible_under_torch_only():
     """tp 16 (a multiple of the 8 KV heads): torch gives the rule's one reason with its fix;
-    megatron plans the copies (each KV head on 2 tp ranks: 16 groups of 2 over the 32 ranks);
-    tp 8 divides the KV heads and is feasible under torch."""
+    megatron plans Megatron-LM's QKV sub-sharding (no copies, no kv_replica row: per layer an
+    all-gather over the tp group of 16 of the fused QKV output, b 1 x s 8192 x (64 + 16) x 128 x
+    2 B = 167,772,160 B); tp 8 divides the KV heads and is feasible under torch."""
     torch16 = build_plan(_cfg(16, "torch"))
     assert not isinstance(torch16, Plan)
     assert torch16.reasons == (REASON + ", or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)",)
     assert not any("KV heads replicated" in n for n in torch16.notes)  # no copies under torch
     mega = build_plan(_cfg(16, "megatron"))
     assert isinstance(mega, Plan)
-    kv = [(r.op, r.group_size, r.n_groups, r.example_ranks) for r in mega.stage(0).collectives
-          if r.axis == "kv_replica"]
-    assert kv == [("all-reduce", 2, 16, (0, 1))]
-    assert any(n.startswith("kv_heads 8 < tp 16: KV heads replicated 2x") for n in mega.notes)
+    assert not [r for r in mega.stage(0).collectives if r.axis == "kv_replica"]
+    qkv = [(r.phase, r.op, r.group_size, r.n_groups, r.size_bytes) for r in mega.stage(0).collectives
+           if "QKV sub-sharding" in r.cadence]
+    assert qkv[:2] == [("forward", "all-gather", 16, 2, 8192 * 80 * 128 * 2),
+                       ("backward", "reduce-scatter", 16, 2, 8192 * 80 * 128 * 2)]
+    assert any(n.startswith("kv_heads 8 < tp 16: Megatron-LM's QKV sub-sharding") for n in mega.notes)
     assert isinstance(build_plan(_cfg(8, "torch")), Plan)
 
 

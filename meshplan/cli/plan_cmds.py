@@ -139,7 +139,7 @@ def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
     _check_rank(p, rank)
-    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model), training=p.config.training,
+    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model, p.config.training.framework), training=p.config.training,
                  origin=p.config.origin)
     _write_doc(json_path, groups_doc(p, rank), force)
     _verdict_exit(p)

@@ -178,7 +178,7 @@ def _ddp_rows(add, c: StageContext, axis: str) -> None:
     the bucket to the whole model to match it."""
     m, mesh, rs = c.model, c.mesh, c.training.gradient_reduce_dtype
     b, tp = dtype_bytes(rs), mesh.degree("tp")
-    sizes = [local_numel(x, m, tp, mesh.ep, mesh.etp) * b for x in reversed(registered_tensors(c))
+    sizes = [local_numel(x, m, tp, mesh.ep, mesh.etp, c.training.framework) * b for x in reversed(registered_tensors(c))
              if x.expert == (axis == "efsdp")]
     if c.bucket_elements is None:
         cap, first = DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES

@@ -87,7 +87,8 @@ def registration_numels(c: StageContext) -> list[int]:
         parts = [([], c.first, False), (list(c.layers), False, False), ([], False, c.last)]
         return [k for layers, first, last in parts for _, k in model_code_params(c, layers, first, last)]
     mesh = c.mesh
-    return [local_numel(x, c.model, mesh.degree("tp"), mesh.ep, mesh.etp) for x in registered_tensors(c)]
+    return [local_numel(x, c.model, mesh.degree("tp"), mesh.ep, mesh.etp, c.training.framework)
+            for x in registered_tensors(c)]
 
 
 def model_code_params(c: StageContext, layers: list[int], first: bool, last: bool) -> list[tuple[str, int]]:

@@ -20,7 +20,9 @@ collective table (:func:`meshplan.comm.collectives.collective_table`).
 - TP past the KV heads (tp > kv_heads, handed case C6; :func:`_kv_replica_rows`): each KV
   head is copied on ``r = tp / kv_heads`` tp ranks; once per step, before the optimizer, one
   all-reduce (sum) per layer of the copies' wk/wv gradients over those ``r`` ranks (axis
-  ``kv_replica``), so the copies stay equal.
+  ``kv_replica``), so the copies stay equal: meshplan's own runtime's copies (framework torch,
+  whose plans refuse tp past the KV heads: rule ``torch_kv_heads``); framework megatron copies no
+  KV head (:mod:`meshplan.spec.axes.tp_kv`) and has no such row.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from meshplan.comm.stage_context import StageContext
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import KV_REPLICA, kv_replica_groups, local_heads, local_numel, local_rows, padded_numel
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -118,7 +121,11 @@ def _kv_replica_rows(add, c: StageContext) -> None:
     so summing the accumulated gradient equals summing each micro-batch's. As bigcode's
     Megatron-LM does for multi-query attention (PR 39, ``reduce_model_grads``: without it
     the loss was 3.74 against 2.64) and HF transformers' KV replication group (PR 47811);
-    the runtime: :class:`meshplan.runtime.execution.kvsync.KVReplicaSync`."""
+    the runtime: :class:`meshplan.runtime.execution.kvsync.KVReplicaSync`. Not under framework
+    megatron, which replicates no KV head (:mod:`meshplan.spec.axes.tp_kv`: its fused QKV
+    output's all-gather instead, :func:`meshplan.comm.tp_rows.qkv_gather_rows`)."""
+    if qkv_gathered(c.training.framework, c.mesh.degree("tp"), c.model.n_kv_heads):
+        return
     numel = kv_replica_grad_numel(c.model, c.training, c.mesh)
     if not numel:
         return

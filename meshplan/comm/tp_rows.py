@@ -50,6 +50,7 @@ from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, experts_over_tp_ops
+from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
 
@@ -58,12 +59,14 @@ def tp_rows(add, c: StageContext) -> None:
     (:func:`_tp_layer_ops`, counted by :func:`_layer_counts`; with SP :func:`_sp_rows`, else
     :func:`_plain_rows`), the gradients of weights replicated over tp
     (:func:`meshplan.comm.tp_grads.tp_grad_rows`) and, on the last stage, the loss's
-    (:func:`_loss_rows`), in that order."""
+    (:func:`_loss_rows`), in that order; framework megatron at tp > kv_heads the fused QKV
+    output's all-gather and reduce-scatter (:func:`qkv_gather_rows`) after the layers'."""
     counts = _layer_counts(c)
     if c.mesh.sequence_parallel:
         _sp_rows(add, c, counts)
     else:
         _plain_rows(add, c, counts)
+    qkv_gather_rows(add, c)
     tp_grad_rows(add, c)
     if c.last:
         _loss_rows(add, c)
@@ -197,6 +200,25 @@ def _plain_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
         "outputs of each rank's tokens)", "residual add")
     add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather", ""], "every MoE layer (input "
         "gradients of each rank's tokens)", "previous layer's backward")
+
+
+def qkv_gather_rows(add, c: StageContext) -> None:
+    """Megatron-LM's QKV sub-sharding at tp > kv_heads (:mod:`meshplan.spec.axes.tp_kv`): per
+    layer and micro-batch one all-gather over tp of the fused QKV output, ``b x s/cp x (q + 2 kv)
+    d`` values in the compute dtype (:func:`~meshplan.spec.axes.tp_kv.qkv_gather_numel`), forward,
+    and the reduce-scatter of its gradient, backward; a recomputed layer (full recompute) all-gathers
+    again in its backward. 4 q / 2 KV heads of 16 at tp 4, b 1, s 64, bf16: 64 x 128 x 2 =
+    16,384 B each."""
+    m, t = c.model, c.training
+    if m.is_mla or not qkv_gathered(t.framework, c.mesh.degree("tp"), m.n_kv_heads):
+        return
+    dt = t.compute_dtype
+    size = qkv_gather_numel(m, t.micro_batch, t.seq_len, c.mesh.degree("cp")) * dtype_bytes(dt)
+    n = len(c.layers)
+    replays = sum(bool(t.layer_recomputed(k)) for k in range(n))
+    add("tp", "forward", "all-gather", size, dt, n, QKV_GATHER_CADENCE, "core attention")
+    add("tp", "backward", "reduce-scatter", size, dt, n, QKV_GATHER_CADENCE, "previous block's backward")
+    add("tp", "backward", "all-gather", size, dt, replays, QKV_GATHER_CADENCE, "core attention (recomputed)")
 
 
 def _loss_rows(add, c: StageContext) -> None:

@@ -6,6 +6,7 @@ policy's replay (:func:`layer_costs`, :func:`layer_cost`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention
@@ -59,10 +60,13 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     _, _, rep = local_heads(model, w.tp)
     ops = []
     qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
-    if len(qkv) == 3:
+    if len(qkv) == 3 and rep > 1:  # Megatron-LM's fused QKV at tp > kv_heads: 1/tp of wk and wv, no copy (tp_kv)
+        qkv = [replace(g, n=g.n // rep) if g.name in ("wk", "wv") else g for g in qkv]
+        ops += qkv_fused_ops(gpu, qkv, w, table, {})
+    elif len(qkv) == 3:
         ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
     for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
-        if len(qkv) == 3 and g in qkv:
+        if len(qkv) == 3 and g.name in ("wq", "wk", "wv"):
             continue
         scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
         ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)

@@ -111,6 +111,7 @@ from meshplan.errors import ConfigError
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -165,15 +166,22 @@ def _norm_and_gemm_input(dims: LayerDims, lc: _Local, norm: str, gemm: str, v: d
     return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
 
 
-def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v: dict) -> list[Term]:
+def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v: dict,
+                     gathered: bool = False) -> list[Term]:
+    """The attention block's kept tensors; ``gathered``: Megatron-LM's QKV sub-sharding at tp >
+    kv_heads (:mod:`meshplan.spec.axes.tp_kv`): v is a view of the all-gathered fused QKV output
+    (attention.py:1864-1905 at d98e8a6: slice, view and split, no copy), which the core attention
+    keeps for its backward, so the whole gathered tensor, ``s b (a + 2 g) d``, is held in v's place
+    (q and k are RoPE's new tensors)."""
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
     kv, g = (lc.aq, "a") if v.get("kv_expanded") else (lc.akv, "g")
     dv, dvs = dims.d_v, ("d_v" if dims.d_v != d else "d")
+    value = (Term("fused QKV output (all-gathered over tp; v is a view of it)", e * rows * (dims.a + 2 * dims.g) * d,
+                  f"{e}*{S}*b*(a+2g)*d") if gathered else Term("v", e * rows * kv * dv, f"{e}*{S}*b*{g}*{dvs}/t"))
     out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + _mla_latent_terms(dims, lc) + [
         Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
-        Term("k", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t"),
-        Term("v", e * rows * kv * dv, f"{e}*{S}*b*{g}*{dvs}/t")]
+        Term("k", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t"), value]
     if recompute != "selective" and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
@@ -237,11 +245,21 @@ VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
 
 
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
-                recompute: str = "none", flash: bool = False, fused_glu: bool = False,
+                recompute: str = "none", flash: bool = False, fused_glu: bool = False, framework: str = "torch",
                 **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
     derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
-    ``variants``: :data:`VARIANTS` (module docstring)."""
+    ``framework``: megatron at tp > kv_heads keeps the all-gathered fused QKV output
+    (:func:`_attention_terms`); ``variants``: :data:`VARIANTS` (module docstring).
+
+    4 q / 2 KV heads of 16 (h 64), s 64, b 1, tp 4, bf16: v (64 x 1 x 16 x 2 = 2,048 B) becomes the
+    gathered 64 x (4 + 4) x 16 x 2 = 16,384 B under Megatron:
+
+    >>> dims = LayerDims(s=64, b=1, h=64, a=4, g=2, d=16, f=256, gated=False, dropout=False)
+    >>> [t.size_bytes for f in ("torch", "megatron") for t in layer_terms(dims, tp=4, framework=f)
+    ...  if t.name.startswith(("v", "fused"))]
+    [2048, 16384]
+    """
     _check_recompute(recompute)
     if set(variants) - set(VARIANTS):
         raise TypeError(f"unknown layer_terms options {sorted(set(variants) - set(VARIANTS))}")
@@ -251,7 +269,8 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
         return [Term("layer input (checkpoint)", e * lc.rtok * dims.b * dims.h, f"{e}*{lc.seq}*b*h{lc.r}")]
     if recompute == "op":
         return op_sac_terms(dims, lc, flash)
-    return _attention_terms(dims, lc, recompute, flash, variants) + _mlp_terms(dims, lc, fused_glu, variants)
+    gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
+    return _attention_terms(dims, lc, recompute, flash, variants, gathered) + _mlp_terms(dims, lc, fused_glu, variants)
 
 
 def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
@@ -355,4 +374,4 @@ def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False
     rc = training.recompute if training.recompute != "layer" else ("full" if checkpointed else "none")
     split = local_split(mesh)
     return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
-                recompute=rc, flash=training.flash_attention)
+                recompute=rc, flash=training.flash_attention, framework=training.framework)

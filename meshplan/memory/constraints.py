@@ -116,14 +116,14 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     dense = next(i for i in range(model.layers) if not model.is_moe_layer(i)) if model.dense_layers or not model.is_moe else 0
     dims = LayerDims.from_model(model, training.seq_len, training.micro_batch, layer=dense)
     tp, cp, sp = mesh.degree("tp"), mesh.degree("cp"), mesh.sequence_parallel
-    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention)
+    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework)
     if training.recompute == "layer":  # torchtitan per-layer AC: 1 in ac_freq layers checkpointed, on average
         k = training.ac_freq
         per_layer = (layer_bytes(dims, recompute="full", **kw) + (k - 1) * layer_bytes(dims, recompute="none", **kw)) // k
     else:
         per_layer = layer_bytes(dims, recompute=training.recompute, **kw)
     if training.recompute in ("full", "layer", "op"):  # one layer's working set while recomputing it
-        per_layer_work = layer_bytes(dims, tp=tp, sp=sp, cp=cp, recompute="none", flash=training.flash_attention)
+        per_layer_work = layer_bytes(dims, recompute="none", **kw)
     else:
         per_layer_work = 0
     v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
@@ -141,8 +141,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
         gathered, accum = 0.0, 0.0
         if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1 and rep:
             ts = model.layer_tensors(rep[0])
-            numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in ts)
-            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) * dtype_bytes(training.gather_dtype(t))
+            numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp, training.framework) for t in ts)
+            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp, training.framework) * dtype_bytes(training.gather_dtype(t))
                         for t in ts)  # float8 Linears: 1 B under fp8_all_gather
             # current + prefetched layer; kept gathered from forward to backward
             # (reshard_after_forward false): every layer of the stage at the forward's end

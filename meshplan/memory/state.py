@@ -155,7 +155,7 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
             if i not in moe_of:
                 moe_of[i] = model.is_moe_layer(i)
                 if moe_of[i] not in per_layer:
-                    per_layer[moe_of[i]] = _layer_counts(model, i, tp, ep, etp)
+                    per_layer[moe_of[i]] = _layer_counts(model, i, tp, ep, etp, training.framework)
             n_moe += moe_of[i]
         for moe, n_layers in ((False, len(ids) - n_moe), (True, n_moe)):  # integer sums: n x one layer's counts
             for key, n in per_layer.get(moe, {}).items():
@@ -177,11 +177,11 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     return out
 
 
-def _layer_counts(model: ModelSpec, layer: int, tp: int, ep: int, etp: int) -> dict[str, int]:
+def _layer_counts(model: ModelSpec, layer: int, tp: int, ep: int, etp: int, framework: str = "torch") -> dict[str, int]:
     """Elements per rank of one transformer layer: ``layer`` (non-norm), ``norm``, ``expert``."""
     out = {"layer": 0, "norm": 0, "expert": 0}
     for t in model.layer_tensors(layer):
-        n = local_numel(t, model, tp, ep, etp)
+        n = local_numel(t, model, tp, ep, etp, framework)
         out["norm" if _is_norm(t) else "layer"] += n
         out["expert"] += n if t.expert else 0
     return out

@@ -12,6 +12,7 @@ import numpy as np
 
 from meshplan.spec.axes.ep import expert_shard_dim
 from meshplan.spec.axes.tp import heads_reason, local_heads, padded_vocab
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.model import ModelSpec, Tensor
 
 __all__ = ["KV_REPLICA", "expert_shard_dim", "fsdp_padded_numel", "fsdp_shard_len", "heads_reason", "kv_replica_group_of", "kv_replica_groups",
@@ -47,18 +48,22 @@ def kv_replica_groups(mesh, model: ModelSpec) -> np.ndarray:
     return tp_groups.reshape(-1, r)
 
 
-def model_groups(mesh, model: ModelSpec) -> dict[str, np.ndarray]:
+def model_groups(mesh, model: ModelSpec, framework: str = "torch") -> dict[str, np.ndarray]:
     """Groups that depend on the model as well as the mesh, by name, beside the mesh axes'
     (``groups`` output): ``kv_replica`` (:func:`kv_replica_groups`) when tp > kv_heads and
-    tp can split the heads; empty otherwise.
+    tp can split the heads, for meshplan's own runtime (``framework`` torch); empty otherwise,
+    and under framework megatron, which replicates no KV head
+    (:mod:`meshplan.spec.axes.tp_kv`: its QKV all-gather runs on the tp group).
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
     >>> m = ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
     >>> {k: v.tolist() for k, v in model_groups(resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8), m).items()}
     {'kv_replica': [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    >>> model_groups(resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8), m, "megatron")
+    {}
     """
-    if heads_reason(model, mesh.degree("tp")):
+    if heads_reason(model, mesh.degree("tp")) or qkv_gathered(framework, mesh.degree("tp"), model.n_kv_heads):
         return {}
     groups = kv_replica_groups(mesh, model)
     return {KV_REPLICA: groups} if len(groups) else {}
@@ -80,17 +85,28 @@ def kv_replica_group_of(mesh, model: ModelSpec, rank: int) -> list[int]:
     return [int(x) for x in groups[hit[0]]] if len(hit) else [rank]
 
 
-def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1) -> int:
+def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1, framework: str = "torch") -> int:
     """Elements of weight ``t`` held by one rank under tp (dense) or ep x etp (experts).
 
-    Exact for the split kinds of :class:`~meshplan.spec.model.Tensor`: a replicated K/V
-    head counts once per rank that holds it.
+    Exact for the split kinds of :class:`~meshplan.spec.model.Tensor`: at tp > kv_heads a
+    replicated K/V head counts once per rank that holds it (meshplan's own runtime, framework
+    torch), and under framework megatron each rank holds 1/tp of wk and wv as of every
+    column-parallel weight (the fused ``linear_qkv``'s 1/tp, :mod:`meshplan.spec.axes.tp_kv`).
+
+    Llama-3-70B's wk (1024 x 8192) at tp 16: one head of 128 rows, or 64 rows under Megatron:
+
+    >>> m = ModelSpec(layers=80, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, vocab=128256)
+    >>> wk = next(t for t in m.layer_tensors(0) if t.name == "wk")
+    >>> local_numel(wk, m, 16), local_numel(wk, m, 16, framework="megatron")
+    (1048576, 524288)
     """
     if t.split == "replicated":
         return t.numel
     if t.split in ("column", "row", "vocab"):
         return t.numel // tp
     if t.split == "kv_column":
+        if qkv_gathered(framework, tp, model.n_kv_heads):
+            return t.numel // tp
         _, local_kv, _ = local_heads(model, tp)
         return t.numel * local_kv // model.n_kv_heads
     if t.split in ("expert_column", "expert_row"):
@@ -98,11 +114,12 @@ def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1)
     raise ValueError(f"unknown split {t.split!r}")
 
 
-def local_rows(t: Tensor, model: ModelSpec, tp: int, ep: int = 1) -> int:
+def local_rows(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, framework: str = "torch") -> int:
     """Dim-0 rows of weight ``t`` on one rank (torch (out, in) layout): column, vocab and
-    K/V splits cut dim 0 over tp; row splits cut dim 1; experts (E, ...) cut E over ep."""
+    K/V splits cut dim 0 over tp (K/V under framework megatron at tp > kv_heads as a column
+    split, :func:`local_numel`); row splits cut dim 1; experts (E, ...) cut E over ep."""
     rows = t.rows or t.numel
-    if t.split in ("column", "vocab"):
+    if t.split in ("column", "vocab") or (t.split == "kv_column" and qkv_gathered(framework, tp, model.n_kv_heads)):
         return rows // tp
     if t.split == "kv_column":
         _, local_kv, _ = local_heads(model, tp)

@@ -77,7 +77,7 @@ def groups_doc(plan: Plan | Infeasible, rank: int) -> dict[str, Any]:
     if mesh is None:
         return envelope("groups", plan, rank=rank, names=[], shape=[], coordinates={}, group_of_rank={}, groups={})
     coords = mesh.layout.coords_of(rank)
-    extra = model_groups(mesh, plan.config.model)  # kv_replica (tp > kv_heads)
+    extra = model_groups(mesh, plan.config.model, plan.config.training.framework)  # kv_replica (tp > kv_heads)
     mine = {a: [int(r) for r in g[(g == rank).any(axis=1)][0]] for a, g in extra.items()}
     return envelope("groups", plan, rank=rank, names=list(mesh.layout.names), shape=list(mesh.layout.shape),
                     coordinates={n: int(c) for n, c in zip(mesh.layout.names, coords)},

@@ -44,7 +44,7 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
                    "stages": plan.stages if isinstance(plan, Plan) else None, "virtual_stages": plan.vpp,
                    "micro_batches": plan.micro_batches}
     out["groups"] = {a: mesh.groups(a).tolist() for a in mesh.all_axes()}
-    out["groups"].update({a: g.tolist() for a, g in model_groups(mesh, c.model).items()})  # kv_replica
+    out["groups"].update({a: g.tolist() for a, g in model_groups(mesh, c.model, c.training.framework).items()})  # kv_replica
     out["placement"] = {k: getattr(p, k).tolist() for k in
                         ("node", "local_gpu", "global_gpu", "socket", "core_first", "core_last", "nic", "rail")}
     out["placement"]["nic_names"] = [n.name for n in c.cluster.node.nics]

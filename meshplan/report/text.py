@@ -88,7 +88,7 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
     _constraints(plan, con)
     if plan.mesh is not None and plan.placement is not None:
         _mesh(plan, plan.mesh, con)
-        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model), training=plan.config.training,
+        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model, plan.config.training.framework), training=plan.config.training,
                      origin=plan.config.origin)
         _placement(plan, plan.placement, rank, con)
     if isinstance(plan, Plan):

@@ -18,6 +18,7 @@ from meshplan.comm.ep_rows import DROPLESS_COUNTS
 from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
+from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
 from meshplan.spec.axes.registry import Axis
 
 
@@ -35,8 +36,15 @@ FLOAT8_TP = "float8"
 FLOAT8_AMAX = "float8 amax"
 
 
+#: Group of the tp rows of Megatron-LM's QKV sub-sharding at tp > kv_heads (the fused QKV output's
+#: all-gather and reduce-scatter, :data:`meshplan.spec.axes.tp_kv.QKV_GATHER_CADENCE`).
+QKV = "qkv"
+
+
 def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
+    if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
+        return QKV
     if kind in ("shard", "replica"):
         return shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:

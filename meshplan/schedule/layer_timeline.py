@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
-from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TP
+from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TP, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
 
@@ -281,6 +281,16 @@ def _amax_wait(s: StreamSim, c: Cost, side: str, phase: str) -> None:
         s.compute("float8 amax wait", 0.0, [ev])
 
 
+def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:
+    """Megatron-LM's QKV sub-sharding at tp > kv_heads (:mod:`meshplan.spec.axes.tp_kv`): the
+    fused QKV output's all-gather (forward, and a recomputed layer's replay: row phase
+    ``backward``) or its gradient's reduce-scatter (backward), issued in the attention's autograd
+    function on the compute stream: the compute waits for it (no row: nothing)."""
+    ev = s.comm("tp", phase, op, f"tp QKV {op}", QKV)
+    if ev is not None:
+        s.compute(f"QKV {op} wait", 0.0, [ev])
+
+
 def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     """Issue one transformer layer's forward on ``s`` (its streams; seconds from ``c``, the
     layer's :class:`Cost`): norms, attention and MLP blocks with their TP/CP/EP collectives and
@@ -296,6 +306,7 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     _amax_wait(s, c, "attn", "forward")
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), scatter=scatter)
+    _qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
@@ -341,6 +352,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     _amax_wait(s, c, "attn", "backward")
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
+    _qkv_gather(s, "backward", "reduce-scatter")
     _slots(s, "backward", At.AFTER, Block.ATTN)
     s.compute("norm grad", b["attn_pre"])
     _slots(s, "backward", At.OVERLAPPED)

@@ -21,6 +21,7 @@ from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
 
@@ -45,6 +46,12 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
            "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
+    # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
+    # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)
+    qkv = qkv_gathered(t.framework, c.tp, m.n_kv_heads) & (not m.is_mla)
+    qkv_b = qkv_gather_numel(m, c.mb, t.seq_len, seq) * cd
+    out.update(tp_qkv_ag=np.where(qkv, coll_times(tt, "all-gather", c.tp, qkv_b, one), 0.0),
+               tp_qkv_rs=np.where(qkv, coll_times(tt, "reduce-scatter", c.tp, qkv_b, one), 0.0))
     # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
     # (tp_rows._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
     # Llama against 11), as the candidates without FSDP plan it off

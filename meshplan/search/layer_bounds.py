@@ -50,6 +50,9 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # float8 TP: the casts wait for their amaxes' tp all-reduces (layer_timeline._amax_wait), the
     # forward's again in a replay (full and op-level AC); none in MoE models
     amax_f, amax_b = (0.0, 0.0) if moe else (cm["amax_f"], cm["amax_b"])
+    # Megatron's QKV sub-sharding (tp > kv_heads): its all-gather and reduce-scatter block the
+    # compute stream, with or without tp_comm_overlap (layer_timeline._qkv_gather)
+    qkv_ag, qkv_rs = cm.get("tp_qkv_ag", 0.0), cm.get("tp_qkv_rs", 0.0)
 
     def forward(p, post_mlp=post):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
@@ -64,7 +67,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e
                       + o[f"{p}_mlp_post"])
-        return np.where(c.ov > 0, overlapped, blocking) + amax_f
+        return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
@@ -77,7 +80,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
     back = (amax_b + b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
-            + b["attn_pre"])
+            + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True)
     replay = forward("br", np.where(serial, 0.0, post))

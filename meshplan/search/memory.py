@@ -29,6 +29,7 @@ from meshplan.search.candidate import megatron_split, sharding_training, stage_s
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import dtype_bytes
 
@@ -77,8 +78,8 @@ class Tables:
         nonnorm = norm = expert = 0
         tensors, gather = [], {False: 0, True: 0}
         for t in m.layer_tensors(idx):
-            n, gb = local_numel(t, m, tp, ep, etp), dtype_bytes(self.t.gather_dtype(t))
-            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert, gb, local_dim1(t, etp)))
+            n, gb = local_numel(t, m, tp, ep, etp, self.t.framework), dtype_bytes(self.t.gather_dtype(t))
+            tensors.append((local_rows(t, m, tp, ep, self.t.framework) or 0, n, t.expert, gb, local_dim1(t, etp)))
             gather[t.expert] += n * gb
             if "norm" in t.name:
                 norm += n
@@ -331,7 +332,8 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     fsdp2 = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     n += moe & (c.efsdp > 1) & ~(fsdp2 & (c.ep == 1) & (c.efsdp == c.fsdp))
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
-    n += c.tp > cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups
+    kv = cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups (not Megatron's, tp_kv)
+    n += (c.tp > kv) & ~qkv_gathered(cfg.training.framework, c.tp, kv)
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group
         if AXES[axis].rows is not None and axis != Axis.CP:
             n += c.degree(col.column) > 1

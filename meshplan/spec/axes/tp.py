@@ -4,12 +4,12 @@ MLP width and the vocabulary split over tp ranks (column / row parallel linears)
 Rules (handed cases C6, C7):
 
 - ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or ``tp % kv_heads == 0``); when
-  tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
-  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do; in
-  training the copies' wk/wv gradients are summed over those ranks once per step
-  (:func:`meshplan.comm.tp_grads.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
-  under framework torch tp past the KV heads is refused (rule ``torch_kv_heads``,
-  :data:`TORCH_KV`: torchtitan replicates none), so the copies are framework megatron's;
+  tp > kv_heads framework megatron runs Megatron-LM's QKV sub-sharding (TP ranks {2i, 2i+1}
+  use KV head i at kv_heads 4, tp 8; each holds 1/tp of the fused QKV weight and all-gathers
+  its output over tp every layer: :mod:`meshplan.spec.axes.tp_kv`); under framework torch tp
+  past the KV heads is refused (rule ``torch_kv_heads``, :data:`TORCH_KV`: torchtitan
+  replicates none); meshplan's own runtime keeps replicated copies with a ``kv_replica``
+  gradient all-reduce (:func:`meshplan.comm.tp_grads.kv_replica_grad_numel`) for its dry runs;
 - the MLP width divisible by tp (where the model has a dense MLP);
 - padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
   ``_vocab_size_with_padding``; divisor 128 under Megatron, 1 under torch, which does not pad
@@ -23,6 +23,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
+from meshplan.spec.axes.tp_kv import qkv_note
 from meshplan.spec.model import ModelSpec
 
 
@@ -102,11 +103,7 @@ def _heads(m, t, d):
     q, kv, rep = local_heads(m, d.tp)
     if rep == 1 or t.framework == "torch":  # torch: no copies, rule torch_kv_heads refuses it
         return (), ()
-    return (), (f"kv_heads {m.n_kv_heads} < tp {d.tp}: KV heads replicated {rep}x (tp ranks "
-                f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {m.n_kv_heads} "
-                f"KV heads); each rank holds {q} q heads and {kv * m.d_head} K and V features; the copies are "
-                f"kept equal by one all-reduce (sum) of each layer's wk/wv gradients over the {rep} ranks of "
-                f"a KV head, once per step before the optimizer (collectives: kv_replica)",)
+    return (), (qkv_note(m, d.tp, q),)  # framework megatron: its QKV sub-sharding (tp_kv)
 
 
 #: Why torchtitan (pytorch/torchtitan b5bcd76, 2026-08-21, the version framework torch follows) needs
@@ -120,8 +117,8 @@ def _heads(m, t, d):
 #: a head (64 of 128 features) and the view cannot make heads of it. Megatron-LM runs it: since
 #: f7dfb99 (#2565, 2025-12-07; TransformerConfig allows num_query_groups a multiple or a divisor of tp)
 #: each rank computes 1/tp of the fused QKV output and all-gathers it over tp, keeping its group's
-#: slice (megatron/core/transformer/attention.py:353-366, :1851-1871 at d98e8a6); meshplan plans that
-#: as the ``kv_replica`` copies (:func:`_heads`).
+#: slice (megatron/core/transformer/attention.py:353-366, :1851-1871 at d98e8a6), as meshplan plans
+#: it (:mod:`meshplan.spec.axes.tp_kv`).
 TORCH_KV = ("torchtitan shards wk/wv colwise over tp and views each rank's slice as whole KV heads (b5bcd76 "
             "decoder_sharding.py:182-192, attention.py:698-705); it replicates no KV head")
 
@@ -216,7 +213,7 @@ TP = AxisDef(
            Rule("ffn", 30, "ffn not divisible by tp", _ffn_bad, _ffn),
            Rule("vocab", 35, "vocabulary padded to a multiple of divisor * tp", None, _vocab),
            Rule("seq_tp", 80, "sequence parallel: local seq not divisible by tp", _seq_bad, _seq)),
-    divides=(Dim.HEADS, Dim.FFN, Dim.VOCAB, Dim.SP_SEQUENCE),  # KV heads replicated past kv_heads
+    divides=(Dim.HEADS, Dim.FFN, Dim.VOCAB, Dim.SP_SEQUENCE),  # past kv_heads: megatron sub-shards QKV (tp_kv)
     shards=("parameters", "gradients", "optimizer state", "activations"),
     collectives=(CollectiveKind("all-reduce", "tp", "forward", "b x s/cp x h activation (no SP)"),
                  CollectiveKind("all-reduce", "tp", "backward",
@@ -227,9 +224,12 @@ TP = AxisDef(
                  CollectiveKind("reduce-scatter", "tp", "backward", "its gradient (SP)"),
                  CollectiveKind("all-reduce", "tp", "loss", "b x s/cp fp32 (vocab-parallel loss, 3 per micro-batch)"),
                  CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)"),
+                 CollectiveKind("all-gather", "tp", "forward",
+                                "b x s/cp x (q + 2 kv) d fused QKV output (megatron, tp > kv_heads)"),
+                 CollectiveKind("reduce-scatter", "tp", "backward", "its gradient (megatron, tp > kv_heads)"),
                  CollectiveKind("all-reduce", "kv_replica", "step",
                                 "a layer's wk/wv gradients over the tp / kv_heads ranks holding one KV head "
-                                "(tp > kv_heads)")),
+                                "(meshplan's own runtime's copies, tp > kv_heads)")),
     search=SearchColumn(column="tp", option="tp", bound=max_tp),
     weights={"tp": 1e5, "sp": 1e4},
 )

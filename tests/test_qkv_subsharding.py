@@ -1,0 +1,58 @@
+"""Framework megatron at tp past the KV heads: Megatron-LM's QKV sub-sharding (f7dfb99, read at
+d98e8a6 ``megatron/core/transformer/attention.py``:353-366, :1851-1871; meshplan/spec/axes/tp_kv.py)
+in memory, on a small model by hand: 4 q / 2 KV heads of 16 (h 64, GeLU MLP of 256), tp 4, seq 64,
+micro-batch 1, bf16. The collective table and the timeline: tests/test_schedule_semantics.py
+(``test_timeline_issues_megatrons_qkv_gathers``); the search bound: tests/test_search_settings.py."""
+
+from __future__ import annotations
+
+from meshplan.config import config_from_dict
+from meshplan.memory.activations import layer_options, layer_terms
+from meshplan.memory.layer_dims import LayerDims
+from meshplan.memory.state import stage_params
+from meshplan.mesh.layers import stage_layers
+from meshplan.plan import build_plan
+
+MODEL = {"layers": 4, "hidden": 64, "ffn": 256, "gated_mlp": False, "q_heads": 4, "kv_heads": 2, "vocab": 256}
+
+
+def _plan(recompute: str = "none"):
+    return build_plan(config_from_dict({
+        "model": MODEL, "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 2, "seq_len": 64, "micro_batch": 1, "sharding": "zero1", "param_dtype": "bf16",
+                     "recompute": recompute, "framework": "megatron"},
+        "mesh": {"names": ["dp", "tp"], "shape": [2, 4]}}))
+
+
+def test_weights_hold_one_tp_th_of_wk_and_wv():
+    """Per layer and rank: wq 64 x 64 / 4 = 1024, wk and wv 32 x 64 / 4 = 512 each (1/tp of the
+    fused QKV's K and V rows; the copies' model held one whole head, 16 x 64 = 1024 each), wo
+    1024, w_up and w_down 256 x 64 / 4 = 4096 each: 11,264; the two norms 128 (and the final norm
+    64 on this one stage)."""
+    plan = _plan()
+    p = stage_params(plan.config.model, plan.mesh, plan.config.training, stage_layers(4, 1))[0]
+    assert (p.layer_params, p.norm_params) == (4 * 11264, 4 * 128 + 64)  # and the final norm (last stage)
+    torch = plan.config.training.model_copy(update={"framework": "torch"})  # the runtime's copies
+    assert stage_params(plan.config.model, plan.mesh, torch, stage_layers(4, 1))[0].layer_params == 4 * 12288
+
+
+def test_the_gathered_qkv_is_kept_per_layer():
+    """The all-gathered fused QKV output, s 64 x b 1 x (4 + 2 x 2) x 16 x 2 B = 16,384 B, is kept
+    in v's place (v, 64 x 1 x 16 x 2 = 2,048 B, is a view of it): the layer's saved bytes grow by
+    14,336 B over the same layer planned without the sub-sharding."""
+    plan = _plan()
+    opts = layer_options(plan.mesh, plan.config.training)
+    dims = LayerDims.from_model(plan.config.model, 64, 1)
+    mega = {t.name: t.size_bytes for t in layer_terms(dims, **opts)}
+    plain = {t.name: t.size_bytes for t in layer_terms(dims, **{**opts, "framework": "torch"})}
+    assert mega["fused QKV output (all-gathered over tp; v is a view of it)"] == 64 * 8 * 16 * 2 == 16384
+    assert plain["v"] == 2048 and "v" not in mega
+    assert sum(mega.values()) - sum(plain.values()) == 16384 - 2048
+
+
+def test_no_kv_replica_group_or_row():
+    """No KV head is copied: no kv_replica group in the plan's groups, no kv_replica row."""
+    plan = _plan()
+    assert not [r for rows in plan.collectives.values() for r in rows if r.axis == "kv_replica"]
+    assert [(r.phase, r.op, r.size_bytes) for r in plan.stage(0).collectives if "QKV sub-sharding" in r.cadence] == \
+        [("forward", "all-gather", 16384), ("backward", "reduce-scatter", 16384)]
