@@ -42,7 +42,7 @@ from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
-from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
+from meshplan.interop.torchtitan_float8 import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.interop.written_paths import written_tables
 from meshplan.spec.hf import hf_source
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
@@ -169,7 +169,7 @@ class UserFile(NamedTuple):
     """The foreign config a plan was read from, parsed (``fmt``: torchtitan, deepspeed or
     megatron, the formats whose export carries the user's other settings: :func:`export`);
     of a torchtitan job TOML also how it names float8 (``doc`` holds the current names), which
-    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_tables.spelt`); ``name``: how the
+    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_float8.spelt`); ``name``: how the
     header names the file where it is not the export's source (a meshplan TOML's ``[source]``,
     :func:`meshplan.interop.source_file.carried_source`), "" where it is."""
 
@@ -190,7 +190,7 @@ CARRIERS = {"torchtitan": (torchtitan_carry.carried, lambda d: torchtitan_carry.
 def user_source(path, fmt: str | None = None) -> UserFile | None:
     """The config at ``path`` parsed, when it is a torchtitan job TOML (its older ``[float8]``
     read as ``[quantize.linear.float8]``, the names it used kept in
-    :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), a DeepSpeed JSON or Megatron-LM arguments (their
+    :class:`~meshplan.interop.torchtitan_float8.Float8Spelling`), a DeepSpeed JSON or Megatron-LM arguments (their
     flags, :func:`meshplan.interop.megatron.parse_args`) (``fmt`` or detected), else None:
     what :func:`export` carries into a file of the same format."""
     p = Path(path)
@@ -224,8 +224,8 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
     (:func:`meshplan.interop.torchtitan_carry.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
     the header names them; another target lists them, in one line, as not carried. A torchtitan
-    file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
-    :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
+    file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_float8.spelt`,
+    :func:`~meshplan.interop.torchtitan_float8.spelling_note`). ``refused``: per target, what its
     runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline
     schedule, a MoE mesh): that target is refused, and never suggested. ``step_of``: a
     config's predicted step in seconds (None when it does not resolve; the caller's, as this
