@@ -28,8 +28,10 @@ the fastest first: Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute
 (121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
 recompute full (25.0 GiB), which replays every layer's forward. When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
-axis grown with the nodes (at most :data:`MAX_NODE_PLANS` node counts tried upwards with the
-configured global batch, then at most :data:`MAX_GROWN_PLANS` doubled and bisected). A global
+axis grown with the nodes (:mod:`meshplan.plan_fix_nodes`: at most
+:data:`~meshplan.plan_fix_nodes.MAX_NODE_PLANS` node counts tried upwards with the configured
+global batch, then at most :data:`~meshplan.plan_fix_nodes.MAX_GROWN_PLANS` doubled and
+bisected). A global
 batch caps dp at global_batch / micro_batch (:mod:`meshplan.spec.axes.dp`); past that cap the
 node counts are planned with the smallest global batch dp splits, and the line names
 ``training.global_batch`` and the batch the nodes found need (newcomer trial: Llama-3-405B at
@@ -40,59 +42,30 @@ The search's own fix for its no-feasible-mesh verdict names the same knobs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from math import gcd
+from dataclasses import replace
 from typing import Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.plan import Plan, build_plan
+from meshplan.plan import Plan
+from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
+from meshplan.plan_variant import DATA_AXES, mesh_words, planned, tried, variant_mesh
 from meshplan.schedule.steptime import step_time
-from meshplan.units import GiB, counted
+from meshplan.units import GiB
 
 #: Variants planned at most (each a whole build_plan: about 0.1-1 s).
 MAX_VARIANTS = 6
-#: Node counts tried at most when nothing fits on the configured nodes, with the configured
-#: global batch; then at most :data:`MAX_GROWN_PLANS` more, doubled and bisected, the global
-#: batch raised past its cap on dp where needed.
-MAX_NODE_PLANS = 8
-MAX_GROWN_PLANS = 12
 #: Factors of the configured cp tried in turn (each taken from the data axis where it divides
 #: it), the first that fits offered: at most 3 more plans.
 CP_FACTORS = (2, 4, 8)
-_DATA = ("dp_shard", "dp")
-
-
-def _degrees(plan: Plan) -> dict[str, int]:
-    """The config's mesh axes (its names, in its order) with their resolved degrees
-    (:meth:`meshplan.plan.Plan.axis_degrees`)."""
-    return plan.axis_degrees()
-
-
-def _mesh(plan: Plan, degrees: dict[str, int]):
-    """The config's mesh spec with ``degrees`` (axes added where absent: pp outermost, tp
-    innermost, SP on with tp > 1)."""
-    spec = plan.spec
-    sp = spec.sequence_parallel or degrees.get("tp", 1) > 1
-    if spec.names is not None:
-        return spec.model_copy(update={"names": list(degrees), "shape": list(degrees.values()),
-                                       "sequence_parallel": sp})
-    names = [n for n in (spec.order or "").split("-") if n]  # Megatron's order, fastest first
-    if "tp" in degrees and "tp" not in names:  # a new tp first, a new cp right after tp, a new pp last
-        names.insert(0, "tp")
-    if "cp" in degrees and "cp" not in names:
-        names.insert(names.index("tp") + 1 if "tp" in names else 0, "cp")
-    if "pp" in degrees and "pp" not in names:
-        names.append("pp")
-    return spec.model_copy(update={"degrees": dict(degrees), "sequence_parallel": sp, "order": "-".join(names)})
 
 
 def _moved(plan: Plan, axis: str) -> Optional[dict[str, int]]:
     """The mesh with ``axis`` twice as large and the data axis half (None where it cannot)."""
-    deg = _degrees(plan)
-    data = next((n for n in _DATA if deg.get(n, 1) > 1 and deg[n] % 2 == 0), None)
+    deg = plan.axis_degrees()
+    data = next((n for n in DATA_AXES if deg.get(n, 1) > 1 and deg[n] % 2 == 0), None)
     if data is None or plan.spec.rank_to_gpu is not None:
         return None
     if axis == "tp" and deg.get("tp", 1) * 2 > plan.config.cluster.node.gpus:
@@ -116,10 +89,6 @@ def _defect_resharded(plan: Plan) -> bool:
     return bool(get_schedule(plan.spec.pp_schedule).warnings(t.framework, plan.pp, data, True))
 
 
-def _mesh_words(degrees: dict[str, int], keys: KeyMap) -> str:
-    """``dp_shard 2 x tp 4``: the axes of degree > 1, each in ``keys``' words."""
-    return " x ".join(f"{keys.axis(n)} {d}" for n, d in degrees.items() if d > 1)
-
 
 def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     """(words, config) of each single-knob variant, in the module docstring's order, its words in
@@ -136,8 +105,8 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
         out.append((f"{keys.bare('micro_batch')} {mb}",
                     replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
     if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
-        deg = {("dp_shard" if n == "dp" else n): d for n, d in _degrees(plan).items()}
-        out.append((keys.setting("sharding zero3"), replace(cfg, mesh=_mesh(plan, deg),
+        deg = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}
+        out.append((keys.setting("sharding zero3"), replace(cfg, mesh=variant_mesh(plan, deg),
                                                             training=t.model_copy(update={"sharding": "zero3"}))))
     elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward and not _defect_resharded(plan):
         out.append((keys.setting("reshard_after_forward true"),
@@ -145,14 +114,10 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     for axis in ("tp", "pp"):
         moved = _moved(plan, axis)
         if moved is not None:
-            out.append((f"{keys.axis(axis)} x2 ({_mesh_words(moved, keys)})", replace(cfg, mesh=_mesh(plan, moved))))
+            out.append((f"{keys.axis(axis)} x2 ({mesh_words(moved, keys)})",
+                        replace(cfg, mesh=variant_mesh(plan, moved))))
     return out[:MAX_VARIANTS]
 
-
-def _peak(cfg: Config) -> Optional[Plan]:
-    """The plan of ``cfg`` (None where it does not resolve or is refused)."""
-    p = _tried(cfg)
-    return p if isinstance(p, Plan) else None
 
 
 def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
@@ -169,94 +134,6 @@ def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Conf
         mesh = v.mesh if v.mesh != cfg.mesh else mesh
     return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update))
 
-
-@dataclass(frozen=True)
-class Grown:
-    """Where the node search ended: ``plan`` the fewest nodes found to fit (None: none within
-    the bounds; its own ``training.global_batch`` the batch it needs), ``last`` the most nodes
-    tried, ``capped`` whether ``training.global_batch``'s cap on dp (global_batch /
-    micro_batch) stopped the search with the configured batch."""
-
-    plan: Optional[Plan]
-    last: int
-    capped: bool = False
-
-
-def _grown(p0: Plan, cfg: Config, data: str, n: int, raise_batch: bool) -> Optional[Config]:
-    """``cfg`` on ``n`` nodes, its data axis grown with them (None where its degree is not
-    whole, the batch does not split and ``raise_batch`` is off, or it does not resolve); with
-    ``raise_batch``, the global batch raised to the smallest multiple of micro_batch x dp at or
-    above the configured one (dp = replicate x shard, the batch rule of
-    :mod:`meshplan.spec.axes.dp`)."""
-    nodes, deg, t = cfg.cluster.nodes, _degrees(p0), cfg.training
-    if (deg[data] * n) % nodes:
-        return None
-    grown = dict(deg) | {data: deg[data] * n // nodes}
-    q = t.micro_batch * p0.mesh.dp // deg[data] * grown[data]
-    gb = -(-t.global_batch // q) * q
-    if gb != t.global_batch and not raise_batch:
-        return None
-    try:
-        return replace(cfg, cluster=cfg.cluster.model_copy(update={"nodes": n}), mesh=_mesh(p0, grown),
-                       training=t.model_copy(update={"global_batch": gb}))
-    except (ConfigError, ValueError):
-        return None
-
-
-def _nodes(plan: Plan, cfg: Config) -> Grown:
-    """The fewest nodes (above the configured) on which ``cfg``'s mesh, its data axis grown with
-    the nodes, fits. First with the configured global batch, node counts upwards (at most
-    :data:`MAX_NODE_PLANS` planned; counts whose dp does not split the batch skipped); then,
-    when those ran out (the batch's cap on dp reached) or none fit, with the global batch raised
-    where needed (:func:`_grown`), node counts doubled from the last tried until one fits and
-    then bisected (memory falls as the data axis grows; at most :data:`MAX_GROWN_PLANS` planned)."""
-    p0, nodes, t = _peak(cfg), cfg.cluster.nodes, cfg.training
-    data = next((n for n in _DATA if n in _degrees(p0)), None) if p0 is not None else None
-    if p0 is None or data is None:
-        return Grown(None, nodes)
-    top, last, tried = nodes * 1024, nodes, 0
-    for n in range(nodes + 1, top):
-        if tried == MAX_NODE_PLANS or t.micro_batch * p0.mesh.dp * n > t.global_batch * nodes:
-            break  # (the second: dp past global_batch / micro_batch, the batch's cap)
-        c = _grown(p0, cfg, data, n, raise_batch=False)
-        if c is None:
-            continue
-        tried, last = tried + 1, n
-        p = _peak(c)
-        if p is not None and p.feasible:
-            return Grown(p, n)
-    return _doubled(p0, cfg, data, last, top, capped=tried < MAX_NODE_PLANS)
-
-
-def _doubled(p0: Plan, cfg: Config, data: str, last: int, top: int, capped: bool) -> Grown:
-    """:func:`_nodes`' second phase: node counts above ``last`` (the most known not to fit),
-    doubled, then bisected between the last that did not fit and the first that did."""
-    budget, fit = MAX_GROWN_PLANS, None
-
-    def fits(n: int) -> Optional[Plan]:
-        nonlocal budget, capped
-        c = _grown(p0, cfg, data, n, raise_batch=True)
-        budget -= 1
-        if c is None:
-            return None
-        capped |= c.training.global_batch != cfg.training.global_batch
-        p = _peak(c)
-        return p if p is not None and p.feasible else None
-
-    lo, hi = last, last
-    while fit is None and budget > 0 and hi < top:
-        lo, hi = hi, min(hi * 2, top)
-        fit = fits(hi)
-    if fit is None:
-        return Grown(None, hi, capped)
-    step = cfg.cluster.nodes // gcd(_degrees(p0)[data], cfg.cluster.nodes)  # the counts with a whole degree
-    while budget > 0:
-        mid = (lo + hi) // 2 // step * step
-        if mid <= lo:
-            break
-        p = fits(mid)
-        lo, hi, fit = (lo, mid, p) if p is not None else (mid, hi, fit)
-    return Grown(fit, fit.config.cluster.nodes, capped)
 
 
 def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
@@ -283,8 +160,8 @@ def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Pla
     line whose peak activations dominate (:func:`_cp_why`; "" otherwise): no data axis that
     splits, the user's ``rank_to_gpu``, or the rule that refuses the first cp (a sequence that
     does not split into 2 x cp chunks, an engine without cp)."""
-    deg = _degrees(plan)
-    data = next((n for n in _DATA if deg.get(n, 1) > 1), next((n for n in _DATA if n in deg), None))
+    deg = plan.axis_degrees()
+    data = next((n for n in DATA_AXES if deg.get(n, 1) > 1), next((n for n in DATA_AXES if n in deg), None))
     if data is None or deg[data] % CP_FACTORS[0] or plan.spec.rank_to_gpu is not None:
         return None, _cp_why(plan, deg, data, None)
     best: Optional[tuple[str, Plan]] = None
@@ -293,11 +170,11 @@ def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Pla
         if deg[data] % k:
             break
         moved = _with_cp(deg, data, k)
-        p = _tried(replace(plan.config, mesh=_mesh(plan, moved)))
+        p = tried(replace(plan.config, mesh=variant_mesh(plan, moved)))
         if isinstance(p, str):
             refused = refused or f"cp {moved['cp']}: {p}"
             continue
-        words = f"{keys.axis('cp')} {moved['cp']} ({_mesh_words(moved, keys)})"
+        words = f"{keys.axis('cp')} {moved['cp']} ({mesh_words(moved, keys)})"
         if p.feasible:
             return (words, p), ""
         best = (words, p)
@@ -321,14 +198,6 @@ def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optio
         return f"cp not tried: it is taken from the data axis, and {data} {deg[data]} does not split in 2"
     return f"cp not offered ({refused})" if refused else ""
 
-
-def _tried(cfg: Config) -> Plan | str:
-    """The plan of ``cfg``, or why it is refused (the error it raises, or its first reason)."""
-    try:
-        p = build_plan(cfg, reports=False)
-    except (ConfigError, ValueError) as e:
-        return str(e)
-    return p if isinstance(p, Plan) else (p.reasons[0] if p.reasons else "refused")
 
 
 def _step_s(p: Plan) -> Optional[float]:
@@ -366,7 +235,7 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     now = plan.timeline.peak.total_bytes
     found: list[tuple[str, Plan]] = []
     for words, cfg in variants:
-        p = _peak(cfg)
+        p = planned(cfg)
         if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
@@ -379,30 +248,11 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     if any(p.feasible for _, p in found):
         return f"fix: {'; '.join(parts)}{usable_words}"
     words, cfg = _together(plan, variants)
-    both = _peak(cfg) if " + " in words else None  # one knob alone is printed already
+    both = planned(cfg) if " + " in words else None  # one knob alone is printed already
     if both is not None:
         parts.append(f"all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB"
                      + (" (fits)" if both.feasible else ""))
         if both.feasible:
             return f"fix: {'; '.join(parts)}{usable_words}"
-    parts.append((f"{cp_why}; " if cp_why else "") + _nodes_words(plan, _nodes(plan, cfg), words, keys))
+    parts.append((f"{cp_why}; " if cp_why else "") + nodes_words(plan, fewest_nodes(plan, cfg), words, keys))
     return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"
-
-
-def _nodes_words(plan: Plan, g: Grown, words: str, keys: KeyMap = OWN) -> str:
-    """The last part of the fix: the fewest nodes found (and the global batch they need where
-    ``training.global_batch`` caps dp), or how far the search went; in ``keys``' names."""
-    saving = "at the most memory-saving settings" if words else "as configured"
-    t, gb_key, mb = plan.config.training, keys.field("training.global_batch"), keys.bare("micro_batch")
-    cap = (f"{gb_key} {t.global_batch} caps dp at {t.global_batch // t.micro_batch} "
-           f"({keys.bare('global_batch')} / {mb} {t.micro_batch})")
-    p = g.plan
-    if p is None:
-        past = f"; {cap}: past it the global batch raised to a multiple of {mb} x dp" if g.capped else ""
-        return f"does not fit {saving} on up to {counted(g.last, 'node')} either (data axis grown with the nodes{past})"
-    mesh = _mesh_words(_degrees(p), keys)
-    gb = p.config.training.global_batch
-    nodes = counted(plan.config.cluster.nodes, "node")
-    where, batch = (f", and {cap}", f" with {gb_key} {gb}") if gb != t.global_batch else ("", "")
-    return (f"does not fit even {saving} on {nodes}{where}: {p.config.cluster.nodes} nodes would{batch} "
-            f"({words + ', ' if words else ''}{mesh}: peak {p.timeline.peak.total_bytes / GiB:.1f} GiB)")

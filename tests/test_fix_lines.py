@@ -135,7 +135,7 @@ def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_p
         f"on 2 nodes, and {cap}: 13 nodes would with training.global_batch 13 (recompute full, dp_shard 13 x tp 8: "
         f"peak {gib[2]} GiB)")
     # one doubling and no bisection: the first count found, 16 nodes at the trial's global batch 16
-    monkeypatch.setattr("meshplan.plan_fix.MAX_GROWN_PLANS", 1)
+    monkeypatch.setattr("meshplan.plan_fix_nodes.MAX_GROWN_PLANS", 1)
     assert memory_fix(p).endswith(f"{cap}: 16 nodes would with training.global_batch 16 (recompute full, dp_shard 16 "
                                   f"x tp 8: peak 52.0 GiB)")
     # 1 node, global batch 2: 2 nodes (dp 2) tried, the cap reached; the one plan left, 4 nodes (global batch 4),

@@ -21,8 +21,8 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import batch
+from meshplan.interop.detect import detect
 from meshplan.interop.foreign import (
-    detect,
     export,
     load_any,
     reimport_options,

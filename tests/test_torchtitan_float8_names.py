@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cli_run import run_main as _main
 
-from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling
+from meshplan.interop.torchtitan_float8 import Float8Spelling, float8_spelling
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3-8b_8xh100.toml"
 #: The plan's float8 table: FSDP2 over 8 GPUs gathers the float8 weights; the output layer filtered.

@@ -12,8 +12,8 @@ writer in :mod:`~meshplan.interop.deepspeed_write`, carried user keys in
 :mod:`~meshplan.interop.deepspeed_auto`) read into meshplan's tables and written from a
 :class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
-arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format detection and
-the loader that ``plan``/``step``/``search`` use for any of them
+arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format detection
+(:mod:`~meshplan.interop.detect`) and the loader that ``plan``/``step``/``search`` use for any of them
 (:mod:`~meshplan.interop.foreign`), what an export gives back (:mod:`~meshplan.interop.roundtrip`) and
 which rows ``search --export`` can write (:mod:`~meshplan.interop.search_export`).
 
@@ -23,7 +23,7 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "foreign",
-           "launch", "megatron", "megatron_carry", "megatron_flags", "megatron_model", "megatron_pipeline",
-           "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
+__all__ = ["common", "deepspeed", "deepspeed_auto", "deepspeed_carry", "deepspeed_write", "deepspeed_zero", "detect",
+           "foreign", "launch", "megatron", "megatron_carry", "megatron_flags", "megatron_model",
+           "megatron_pipeline", "megatron_write", "roundtrip", "search_export", "tomlout", "torchtitan", "torchtitan_carry",
            "torchtitan_write"]

@@ -1,12 +1,8 @@
-"""Any config in, any config out: format detection, the loader behind ``plan``/``step``/
+"""Any config in, any config out: the loader behind ``plan``/``step``/
 ``search`` (and ``meshplan import``), and export with what the target does not express.
 
-Detection (:func:`detect`): ``.json`` with DeepSpeed's batch or ``zero_optimization`` keys is
-DeepSpeed; a TOML with torchtitan's tables (``[parallelism]``, ``[job]``,
-``[activation_checkpoint]``) or keys (``model.flavor``, ``training.local_batch_size``) is
-torchtitan, any other TOML meshplan; other text with Megatron-LM's flags
-(``--num-layers``, ``--tensor-model-parallel-size``, ``--micro-batch-size``...) is Megatron-LM
-arguments. Otherwise the caller gives ``--format``.
+Detection (:func:`meshplan.interop.detect.detect`) tells the format where the caller gives
+no ``--format``.
 
 Export (:func:`export`) writes the target's file and re-imports it: every meshplan field that
 comes back different (what the target cannot say, such as ``training.memory_reserve``) is
@@ -17,7 +13,6 @@ Whether ``search --export N --to T`` can write a row: :mod:`meshplan.interop.sea
 from __future__ import annotations
 
 import json
-import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -26,8 +21,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
-from meshplan.fileread import parse_json, read_text_limited
-from meshplan.limits import FILE_BYTES
+from meshplan.fileread import parse_json
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.interop import (
     deepspeed,
@@ -41,45 +35,17 @@ from meshplan.interop import (
     torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
+from meshplan.interop.detect import config_text, detect
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_env import carried_env
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
 from meshplan.interop.torchtitan_legacy import current_layout
-from meshplan.interop.torchtitan_tables import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
+from meshplan.interop.torchtitan_float8 import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.interop.written_paths import written_tables
-from meshplan.spec.hf import hf_source, not_a_job
+from meshplan.spec.hf import hf_source
 from meshplan.spec.recompute_words import deepspeed_recompute_fix
-
-TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
-                     "metrics", "profiling", "compile", "quantize"}
-MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-model-parallel-size|micro-batch-size|"
-                           r"hidden-size|global-batch-size)\b")
-
-
-def detect(path: Path, text: str) -> str:
-    """The format of a config file (module docstring); ConfigError asking for --format."""
-    if path.suffix == ".json":
-        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
-        if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
-                                     "zero_optimization"} & set(d)):
-            return "deepspeed"
-        raise not_a_job(path, d) or ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys "
-                                                f"(train_batch_size, zero_optimization); pass --format")
-    if path.suffix == ".toml":
-        try:
-            d = tomllib.loads(text)
-        except (tomllib.TOMLDecodeError, RecursionError, ValueError):
-            return "meshplan"  # the meshplan reader says what is wrong, in its one line
-        table = lambda key: d[key] if isinstance(d.get(key), dict) else {}
-        if TORCHTITAN_TABLES & set(d) or "flavor" in table("model") or "local_batch_size" in table("training"):
-            return "torchtitan"
-        return "meshplan"
-    if MEGATRON_HINT.search(text):
-        return "megatron"
-    raise ConfigError("--format", f"{path}: cannot tell the format; pass --format {' or '.join(FORMATS)}")
-
 
 #: Where a torchtitan job TOML and Megatron-LM arguments state the micro-batch and the global batch.
 BATCH_FIELDS = {"torchtitan": "training.local_batch_size (and training.global_batch_size)",
@@ -95,7 +61,7 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     if given and fmt in BATCH_FIELDS:
         raise ConfigError(given[0], f"only for a DeepSpeed JSON's \"auto\" batch sizes; a {fmt} config states its "
                           f"own: set {BATCH_FIELDS[fmt]} in {path.name}")
-    text = _text(path)
+    text = config_text(path)
     if fmt == "torchtitan":
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
     if fmt == "megatron":
@@ -111,12 +77,6 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     raise ConfigError("--format", f"{fmt!r}; use {', '.join(FORMATS)}")
 
 
-def _text(path: Path) -> str:
-    """The file as text through the one bounded reader (regular files only, the config size
-    limit, UTF-8): the same one-line errors as a meshplan TOML's."""
-    return read_text_limited(path, "config", FILE_BYTES["config"], "give the path of a config file")
-
-
 def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions(),
              require_mesh: bool = True, foreign: bool = True) -> Config:
     """A Config from a meshplan TOML or a foreign config (``fmt`` or detected); the reader's
@@ -125,12 +85,12 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
     p = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError("--format", f"{fmt!r}; use {', '.join(FORMATS)}")
-    fmt = fmt or detect(p, _text(p))
+    fmt = fmt or detect(p, config_text(p))
     if fmt == "meshplan":
         given = [k for k, v in vars(opts).items() if v is not None]
         if given:
             try:
-                tomllib.loads(_text(p))
+                tomllib.loads(config_text(p))
             except (tomllib.TOMLDecodeError, RecursionError, ValueError):
                 load_config(p, require_mesh=require_mesh)  # not valid TOML: its one-line error first
             raise ConfigError(f"--{given[0].replace('_', '-')}", "only for a foreign config; a meshplan TOML says "
@@ -154,7 +114,7 @@ def import_text(path, fmt: str | None, opts: ImportOptions,
     ``out``: the TOML's file (None: printed), to which ``model.hf_config`` is written relative
     as ``[source]`` is (:func:`~meshplan.interop.source_file.written_tables`)."""
     p = Path(path)
-    fmt = fmt or detect(p, _text(p))
+    fmt = fmt or detect(p, config_text(p))
     if fmt == "meshplan":
         raise ConfigError("--format", f"{p} is already a meshplan TOML")
     imp = read_foreign(p, fmt, opts)
@@ -209,7 +169,7 @@ class UserFile(NamedTuple):
     """The foreign config a plan was read from, parsed (``fmt``: torchtitan, deepspeed or
     megatron, the formats whose export carries the user's other settings: :func:`export`);
     of a torchtitan job TOML also how it names float8 (``doc`` holds the current names), which
-    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_tables.spelt`); ``name``: how the
+    a torchtitan export keeps (:func:`meshplan.interop.torchtitan_float8.spelt`); ``name``: how the
     header names the file where it is not the export's source (a meshplan TOML's ``[source]``,
     :func:`meshplan.interop.source_file.carried_source`), "" where it is."""
 
@@ -230,19 +190,20 @@ CARRIERS = {"torchtitan": (torchtitan_carry.carried, lambda d: torchtitan_carry.
 def user_source(path, fmt: str | None = None) -> UserFile | None:
     """The config at ``path`` parsed, when it is a torchtitan job TOML (its older ``[float8]``
     read as ``[quantize.linear.float8]``, the names it used kept in
-    :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), a DeepSpeed JSON or Megatron-LM arguments (their
+    :class:`~meshplan.interop.torchtitan_float8.Float8Spelling`), a DeepSpeed JSON or Megatron-LM arguments (their
     flags, :func:`meshplan.interop.megatron.parse_args`) (``fmt`` or detected), else None:
     what :func:`export` carries into a file of the same format."""
     p = Path(path)
-    fmt = fmt or detect(p, _text(p))
+    fmt = fmt or detect(p, config_text(p))
     if fmt == "torchtitan":
-        raw = parse_toml(_text(p), str(p))
+        raw = parse_toml(config_text(p), str(p))
         return UserFile(fmt, current_layout(raw), float8_spelling(raw))
     if fmt == "deepspeed":
-        return UserFile(fmt, parse_json(_text(p), "config", str(p), "give a DeepSpeed JSON config", unique_keys=True))
+        return UserFile(fmt, parse_json(config_text(p), "config", str(p), "give a DeepSpeed JSON config",
+                                        unique_keys=True))
     if fmt == "megatron":
         exported: dict[str, str] = {}
-        flags = parse_launch(_text(p), megatron.SWITCHES, exported=exported)[0]
+        flags = parse_launch(config_text(p), megatron.SWITCHES, exported=exported)[0]
         return UserFile(fmt, flags, env=tuple(exported.items()))
     return None
 
@@ -263,8 +224,8 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
     (:func:`meshplan.interop.torchtitan_carry.carried`, :func:`meshplan.interop.deepspeed_carry.carried`),
     the header names them; another target lists them, in one line, as not carried. A torchtitan
-    file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_tables.spelt`,
-    :func:`~meshplan.interop.torchtitan_tables.spelling_note`). ``refused``: per target, what its
+    file keeps the user's older float8 names with a header note (:func:`meshplan.interop.torchtitan_float8.spelt`,
+    :func:`~meshplan.interop.torchtitan_float8.spelling_note`). ``refused``: per target, what its
     runtime refuses in ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`: its pipeline
     schedule, a MoE mesh): that target is refused, and never suggested. ``step_of``: a
     config's predicted step in seconds (None when it does not resolve; the caller's, as this

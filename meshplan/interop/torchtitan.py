@@ -62,9 +62,10 @@ activation_checkpoint.mode                     training.recompute: none, full; s
 checkpoint.interval (with enable true)         [reliability] checkpoint_interval_steps (500 unset)
 ============================================== ==============================================
 
-The pipeline split, [activation_checkpoint] and float8 are read and written by
-:mod:`meshplan.interop.torchtitan_tables`; torchtitan's pre-2025 float8 spellings are brought to
-the current layout first (:mod:`meshplan.interop.torchtitan_legacy`). A key of a table the reader reads ([model],
+The pipeline split and [activation_checkpoint] are read and written by
+:mod:`meshplan.interop.torchtitan_tables`, float8 by :mod:`meshplan.interop.torchtitan_float8`;
+torchtitan's pre-2025 float8 spellings are brought to the current layout first
+(:mod:`meshplan.interop.torchtitan_legacy`). A key of a table the reader reads ([model],
 [training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
 miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
 an error naming the likely key, and so is a read key under another of those tables or
@@ -103,16 +104,14 @@ from meshplan.interop.common import (
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
 from meshplan.interop.torchtitan_flavors import read_model
+from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
-    FLOAT8,
     MULTI_STAGE,
     SCHEDULE_NAMES,
     SCHEDULES,
     V_SCHEDULES,
     default_split,
-    float8_used,
-    read_float8,
     read_norm,
     read_optimizer,
     read_recompute,

@@ -14,7 +14,8 @@ from meshplan.config import Config
 from meshplan.interop.common import flatten, merge_tables, strip_keys
 from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan import READ
-from meshplan.interop.torchtitan_tables import LINEAR_CONVERTERS, op_limits, read_recompute
+from meshplan.interop.torchtitan_float8 import LINEAR_CONVERTERS
+from meshplan.interop.torchtitan_tables import op_limits, read_recompute
 
 #: The [activation_checkpoint] keys that say the recompute (:func:`kept_recompute`).
 AC_KEYS = ("mode", "selective_ac_option")

@@ -3,7 +3,7 @@ them before 2025 (the ``[float8]`` table, ``enable_float8_linear``, ``model.conv
 comma-separated string) read as ``[quantize.linear.float8]`` and the converter list
 (:func:`old_float8`, with the note the import prints), and the whole file so (:func:`current_layout`,
 what an export carries of the user's file). The spelling the user wrote, which an export keeps, is
-:func:`meshplan.interop.torchtitan_tables.float8_spelling`; the reader of the current layout is
+:func:`meshplan.interop.torchtitan_float8.float8_spelling`; the reader of the current layout is
 :mod:`meshplan.interop.torchtitan`.
 """
 
@@ -14,7 +14,7 @@ from meshplan.errors import ConfigError
 
 def old_float8(d: dict) -> tuple[dict, list[str]]:
     """``d`` in the current layout when it has torchtitan's older float8 settings (before
-    5b5d468, 2025-09-26: :class:`~meshplan.interop.torchtitan_tables.Float8Spelling`), with a
+    5b5d468, 2025-09-26: :class:`~meshplan.interop.torchtitan_float8.Float8Spelling`), with a
     note: the ``[float8]`` table read as ``[quantize.linear.float8]`` (same keys), its
     ``enable_float8_linear = true`` (2024) as the float8 converter, and ``model.converters``
     given as a comma-separated string (``converters = "float8"``, its old string-list form)

@@ -2,8 +2,8 @@
 :func:`meshplan.interop.torchtitan.read`, key names as in that module's table; the degrees and
 sharding torchtitan would build checked against the plan's, the resharding policy
 (:func:`reshard_policy`) and the header notes of an export (:func:`write_notes`). The
-pipeline split, [activation_checkpoint], the optimizer and float8 are written by
-:mod:`meshplan.interop.torchtitan_tables`.
+pipeline split, [activation_checkpoint] and the optimizer are written by
+:mod:`meshplan.interop.torchtitan_tables`, float8 by :mod:`meshplan.interop.torchtitan_float8`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
+from meshplan.interop.torchtitan_float8 import write_float8
 from meshplan.interop.torchtitan_tables import (
     SCHEDULES,
     WRITTEN_SCHEDULES,
     model_parts,
-    write_float8,
     write_optimizer,
     write_recompute,
 )

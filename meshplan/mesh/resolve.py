@@ -26,13 +26,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import gcd, prod
-from typing import Callable, Optional, Union
+from typing import Optional, Union
 
 import numpy as np
 
 from meshplan.mesh.axes import EXPERT_AXES, from_megatron_order, to_megatron_order
 from meshplan.errors import ConfigError
 from meshplan.mesh.layout import Layout, grid_groups
+from meshplan.mesh.world_fix import Checker, world_fix
 from meshplan.spec.mesh import MeshSpec
 
 #: Derived axis name -> constituent axes (those present in the mesh are used).
@@ -156,109 +157,6 @@ class Mesh:
         return to_megatron_order(self.layout.names)
 
 
-#: Axes tried first when rescaling one axis to the world size: data axes, then the rest.
-_RESCALE_FIRST = ("dp_shard", "dp", "dp_replicate")
-
-#: ``check(spec, nodes)``: why the caller's validation refuses a candidate mesh ``spec`` (on
-#: ``nodes`` nodes; None: the configured), None where it accepts it. The CLI's is the plan's own
-#: rules (:func:`meshplan.plan_fix_rules.mesh_checker`), so a fix is never itself refused.
-Checker = Callable[[MeshSpec, Optional[int]], Optional[str]]
-
-
-def _spec_of(spec: MeshSpec, pairs) -> MeshSpec:
-    """``spec`` with the degrees of ``pairs`` (names + shape, or Megatron degrees)."""
-    if spec.names is not None:
-        return spec.model_copy(update={"shape": [d for _, d in pairs]})
-    given = spec.degrees or {}
-    return spec.model_copy(update={"degrees": {n: d for n, d in pairs if n in given or d != 1}})
-
-
-def _expert_move(spec: MeshSpec, pairs, world: int, check: Checker):
-    """(pairs, (axis, old, new)) with one expert axis moved to the nearest degree dividing ``world`` that
-    ``check`` accepts (at most 4 tried per axis), or None: the rescaled mesh's ep may not divide
-    the model's experts or the new dense block, a rule :func:`world_error` cannot see itself."""
-    for i, (n, d) in enumerate(pairs):
-        if n not in EXPERT_AXES or d <= 1:
-            continue
-        near = sorted((k for k in range(1, min(world, 4 * d) + 1) if world % k == 0 and k != d),
-                      key=lambda k: (abs(k - d), -k))
-        for k in near[:4]:
-            moved = pairs[:i] + [(n, k)] + pairs[i + 1:]
-            if check(_spec_of(spec, moved), None) is None:
-                return moved, (n, d, k)
-    return None
-
-
-def _shown(moved, pairs, filled: tuple[str, ...]) -> list[int]:
-    """The degrees of ``moved`` in the user's own entries: an axis of ``filled`` (appended by the
-    reader, ``Config.filled_axes``) left out unless the fix changes its degree.
-
-    >>> _shown([("dp_shard", 16), ("tp", 2), ("etp", 2)], [("dp_shard", 21), ("tp", 2), ("etp", 2)], ("etp",))
-    [16, 2]
-    """
-    return [d for (n, d), (_, d0) in zip(moved, pairs) if n not in filled or d != d0]
-
-
-def _rescaled(spec: MeshSpec, pairs, world: int, total: int, check: Optional[Checker],
-              filled: tuple[str, ...] = ()) -> tuple[str, str]:
-    """(fix, why): the first dense axis (a data axis first) rescaled to make ``world`` that
-    ``check`` accepts, an expert axis moved with it where needed, as the fix's words (the shape in
-    the user's entries, :func:`_shown`); or ("", the reason the first rescaled shape is refused)."""
-    dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
-    order = sorted(range(len(dense)), key=lambda i: (dense[i][0] not in _RESCALE_FIRST, i))
-    why = ""
-    for i in order:
-        name = dense[i][0]
-        rest = total // dense[i][1]
-        if world % rest:
-            continue
-        new = world // rest
-        moved = [(n, new if n == name else d) for n, d in pairs]
-        refused = check(_spec_of(spec, moved), None) if check is not None else None
-        note = ""
-        if refused is not None and check is not None:
-            alt = _expert_move(spec, moved, world, check)
-            if alt is None:
-                shown = f"shape {_shown(moved, pairs, filled)}" if spec.names is not None else f"{name} = {new}"
-                why = why or f"{shown}: {refused}"
-                continue
-            moved, note = alt[0], f"; {alt[1][0]} {alt[1][1]} -> {alt[1][2]} (at {alt[1][0]} {alt[1][1]}: {refused})"
-        factors = [f"{n} {d}" for n, d in dense if n != name]
-        others = " * ".join(factors) if len(factors) == 1 else f"({' * '.join(factors)})" if factors else "1"
-        if spec.names is not None:
-            return (f"fix: shape {_shown(moved, pairs, filled)} ({name} = {world} / {others} = {new}{note}; or -1 there to "
-                    f"infer it)"), ""
-        extra = "".join(f", {n} = {d}" for (n, d), (_, d0) in zip(moved, pairs) if d != d0 and n != name)
-        return f"fix: [mesh.degrees] {name} = {new}{extra} ({world} / {others}{note}; or -1 to infer it)", ""
-    return "", why
-
-
-def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int,
-               check: Optional[Checker] = None, filled: tuple[str, ...] = ()) -> str:
-    """The fix of a product that is not the world size: one dense axis rescaled (a data axis
-    first) and where it helps, the number of nodes (or ``mesh.world``) that fits the product;
-    with ``check``, only what it accepts (:data:`Checker`); ``filled``: :func:`_shown`'s."""
-    fix, why = _rescaled(spec, pairs, world, total, check, filled)
-    if fix:
-        fixes = [fix]
-    elif why:
-        fixes = [f"fix: degrees whose product is {world} and that the rules accept ({why})"]
-    else:
-        fixes = [f"fix: degrees whose product is {world} (no single axis can be rescaled to it)"]
-
-    def ok(s: MeshSpec, nodes: Optional[int] = None) -> bool:
-        return check is None or check(s, nodes) is None
-    if spec.world is not None:
-        fixes += [f"or mesh.world = {total}"] if ok(spec.model_copy(update={"world": total})) else []
-    elif gpus_per_node and total % gpus_per_node == 0:
-        fixes += [f"or cluster.nodes = {total // gpus_per_node} ({total} GPUs)"] if ok(spec, total // gpus_per_node) \
-            else []
-    elif total < world:
-        fixes += [f"or mesh.world = {total} (use {total} of the {world} GPUs)"] \
-            if ok(spec.model_copy(update={"world": total})) else []
-    return ", ".join(fixes)
-
-
 def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
     """(axis, degree as given) of ``spec``, outermost first, from names + shape or order + degrees."""
     if spec.names is not None and spec.shape is not None:
@@ -278,13 +176,14 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     """The input error of degrees that cannot make ``world`` ranks (``mesh.world`` when set),
     None when they can: their product is another number, or a -1 cannot be inferred because
     the other degrees do not divide the world. One line naming the field, the degrees, the
-    ranks and the fix (:func:`_world_fix`; for a -1, the values of one other axis that divide,
-    and the node count that fits). The CLI refuses such a config as malformed (exit 2); the
-    library's :func:`resolve_mesh` keeps returning :class:`Infeasible`, which the search and
-    ``compare`` report as a result. Malformed degrees (0, two -1s) raise there first. ``check``
-    (:data:`Checker`): the caller's validation of each fix, which leaves out a fix it refuses;
-    ``filled``: the axes the reader appended to the user's shape (``Config.filled_axes``), which
-    the fix's shape leaves out (:func:`_shown`): the user's ``[21, 2]`` is told ``[16, 2]``.
+    ranks and the fix (:func:`~meshplan.mesh.world_fix.world_fix`; for a -1, the values of one
+    other axis that divide, and the node count that fits). The CLI refuses such a config as
+    malformed (exit 2); the library's :func:`resolve_mesh` keeps returning :class:`Infeasible`,
+    which the search and ``compare`` report as a result. Malformed degrees (0, two -1s) raise
+    there first. ``check`` (:data:`~meshplan.mesh.world_fix.Checker`): the caller's validation
+    of each fix, which leaves out a fix it refuses; ``filled``: the axes the reader appended to
+    the user's shape (``Config.filled_axes``), which the fix's shape leaves out
+    (:func:`meshplan.mesh.world_fix._shown`): the user's ``[21, 2]`` is told ``[16, 2]``.
 
     >>> print(world_error(MeshSpec(names=["dp_shard", "cp"], shape=[8, 8]), 8, 8))
     mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)
@@ -306,7 +205,7 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     inferred = [n for n, d in dense if d == -1]
     if not inferred:
         return None if known == world else ConfigError(field, f"{expr} = {known} ranks, but {has}; "
-                                                       + _world_fix(spec, pairs, world, known, gpus_per_node, check,
+                                                       + world_fix(spec, pairs, world, known, gpus_per_node, check,
                                                                     filled))
     if world % known == 0:
         return None
@@ -336,7 +235,8 @@ def _alternatives(values: list[int]) -> str:
 def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
                  filled: tuple[str, ...] = ()) -> Union[Mesh, Infeasible]:
     """Resolve degrees against ``world`` ranks; ``filled``: the axes the reader appended to the
-    user's shape (``Config.filled_axes``), left out of a fix's shape (:func:`_shown`).
+    user's shape (``Config.filled_axes``), left out of a fix's shape
+    (:func:`meshplan.mesh.world_fix._shown`).
 
     Raises ConfigError for malformed degrees (0, below -1, two -1s, repeated names).
     Returns :class:`Infeasible` when the degrees cannot make ``world`` ranks: product
@@ -377,7 +277,7 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
     total = prod(d for _, d in dense)
     if total != world:
         expr = " * ".join(f"{m}({d})" for m, d in dense)
-        return Infeasible((f"{expr} = {total} != world({world}); " + _world_fix(spec, pairs, world, total,
+        return Infeasible((f"{expr} = {total} != world({world}); " + world_fix(spec, pairs, world, total,
                                                                                 gpus_per_node, filled=filled),))
     layout = Layout(tuple(n for n, _ in dense), tuple(d for _, d in dense))
     ep, etp = expert.get("ep", 1), expert.get("etp", 1)

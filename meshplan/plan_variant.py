@@ -1,0 +1,59 @@
+"""A plan's variant for its ``fix:`` lines (:mod:`meshplan.plan_fix`, :mod:`meshplan.plan_fix_nodes`):
+the config's mesh with other degrees, written in the config's own form (names + shape, or
+Megatron's order + degrees), its words, and the variant re-planned by
+:func:`meshplan.plan.build_plan` (the same rules and memory timeline as the plan).
+
+>>> from meshplan.keymap import OWN
+>>> mesh_words({"pp": 1, "dp_shard": 2, "tp": 4}, OWN)
+'dp_shard 2 x tp 4'
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.keymap import KeyMap
+from meshplan.plan import Plan, build_plan
+
+#: The data axes a variant takes its degrees from (and grows with the nodes), first found first.
+DATA_AXES = ("dp_shard", "dp")
+
+
+def variant_mesh(plan: Plan, degrees: dict[str, int]):
+    """The config's mesh spec with ``degrees`` (axes added where absent: pp outermost, tp
+    innermost, SP on with tp > 1)."""
+    spec = plan.spec
+    sp = spec.sequence_parallel or degrees.get("tp", 1) > 1
+    if spec.names is not None:
+        return spec.model_copy(update={"names": list(degrees), "shape": list(degrees.values()),
+                                       "sequence_parallel": sp})
+    names = [n for n in (spec.order or "").split("-") if n]  # Megatron's order, fastest first
+    if "tp" in degrees and "tp" not in names:  # a new tp first, a new cp right after tp, a new pp last
+        names.insert(0, "tp")
+    if "cp" in degrees and "cp" not in names:
+        names.insert(names.index("tp") + 1 if "tp" in names else 0, "cp")
+    if "pp" in degrees and "pp" not in names:
+        names.append("pp")
+    return spec.model_copy(update={"degrees": dict(degrees), "sequence_parallel": sp, "order": "-".join(names)})
+
+
+def mesh_words(degrees: dict[str, int], keys: KeyMap) -> str:
+    """``dp_shard 2 x tp 4``: the axes of degree > 1, each in ``keys``' words."""
+    return " x ".join(f"{keys.axis(n)} {d}" for n, d in degrees.items() if d > 1)
+
+
+def tried(cfg: Config) -> Plan | str:
+    """The plan of ``cfg``, or why it is refused (the error it raises, or its first reason)."""
+    try:
+        p = build_plan(cfg, reports=False)
+    except (ConfigError, ValueError) as e:
+        return str(e)
+    return p if isinstance(p, Plan) else (p.reasons[0] if p.reasons else "refused")
+
+
+def planned(cfg: Config) -> Optional[Plan]:
+    """The plan of ``cfg`` (None where it does not resolve or is refused)."""
+    p = tried(cfg)
+    return p if isinstance(p, Plan) else None
