@@ -200,7 +200,7 @@ def _fewer_stages(plan: Plan) -> list[Knob]:
     update: dict = {"pp_layer_split": merged}
     if pp == 1:
         update |= {"virtual_stages": 1, "layers_per_virtual_stage": None}
-    # the config's own spec, its degrees replaced (not plan_fix's _mesh, which turns SP on with tp > 1)
+    # the config's own spec, its degrees replaced (not plan_variant.variant_mesh, which turns SP on with tp > 1)
     axes = {"names": list(deg), "shape": list(deg.values())} if plan.spec.names is not None else {"degrees": deg}
     spec = plan.spec.model_copy(update=axes | update)
     field = f"mesh.shape {spec.shape}" if spec.names is not None else f"mesh.degrees {spec.degrees}"
