@@ -170,6 +170,23 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
 
 
+def test_c6_40_q_10_kv_tp_4_rejected_with_the_tp_that_fit(tmp_path, capsys):
+    """40 q heads, 10 KV heads, tp 4 (C6: reject): 10 % 4 and 4 % 10 are not 0. The fix line lists
+    the tp of the world's divisors (1, 2, 4, 8) that pass q_heads % tp == 0 and (kv_heads % tp == 0
+    or tp % kv_heads == 0): 1 and 2 (8: 10 % 8, 8 % 10); dp takes the ranks tp gives up."""
+    m = ('[model]\nlayers = 2\nhidden = 5120\nffn = 20480\nq_heads = 40\nkv_heads = 10\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    rc, out, err = run(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [2, 4]', model=m))
+    assert rc == 1 and err.splitlines() == [
+        "infeasible: kv_heads 10 vs tp 4: need kv_heads % tp == 0 or tp % kv_heads == 0",
+        "fix: tp must divide q_heads 40 and divide or be a multiple of kv_heads 10 (of the divisors of the world 8): "
+        "tp 1 (mesh.shape [8, 1]); or tp 2 (mesh.shape [4, 2])"]
+    # the same with order + degrees: the degrees are what the fix names
+    rc, out, err = run(capsys, "plan", config(tmp_path, 'order = "tp-dp"\ndegrees = {tp = 4, dp = 2}', model=m))
+    assert rc == 1 and err.splitlines()[-1].endswith(
+        "tp 1 (mesh.degrees {'tp': 1, 'dp': 8}); or tp 2 (mesh.degrees {'tp': 2, 'dp': 4})")
+
+
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
     """V 32002, divisor 128 (Megatron-LM's, given: framework torch does not pad), tp 2 -> 32256,
     16128 rows per rank; the loss keeps 32002."""
@@ -210,15 +227,45 @@ def test_c8_one_chunk_schedule_with_virtual_stages_is_one_error_everywhere(tmp_p
         assert (rc, err) == (2, want), argv
 
 
-@pytest.mark.parametrize("layers,mesh,reason", [
+@pytest.mark.parametrize("layers,mesh,reason,fix", [
+    # 80 / 16 = 5 a stage: chunks of 1 layer (vpp 5) divide it; 5 itself is vpp 1, no interleaving
     (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2\npp_schedule = "interleaved_1f1b"',
-     "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"),
-    (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages"),
-    (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages"),
+     "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage",
+     "fix: 80 layers over pp 16 = 5 a stage: mesh.layers_per_virtual_stage 1 (vpp 5), a divisor of 5"),
+    # 80 / 16 = 5 a stage at vpp 12: the only vpp > 1 dividing 5 is 5
+    (80, 'shape = [16, 1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"',
+     "5 layers per stage (80 / pp 16) do not divide into vpp 12 virtual stages (0.416667 layers per chunk)",
+     "fix: 80 layers over pp 16 = 5 a stage: mesh.virtual_stages 5, a divisor of 5"),
+    # torch: 30 = 4 x 7 + 2, the 2 extra layers on the middle stages (balanced_split): [7, 8, 8, 7]
+    (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages",
+     "fix: 30 layers over pp 4: give mesh.pp_layer_split = [7, 8, 8, 7] (torchtitan's module_fqns_per_model_part, "
+     "which export --to torchtitan writes)"),
+    # 40 / 2 = 20 a stage: vpp 2, 4, 5, 10, 20 divide it (20 / 12 does not); 42 is no multiple of 2 x 12
+    (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages",
+     "fix: 40 layers over pp 2 = 20 a stage: mesh.virtual_stages 2, 4, 5, 10 or 20, a divisor of 20; or "
+     "mesh.pp_layer_split = [20, 20] with vpp 12 kept (chunks of 1 and 2 layers; torchtitan's "
+     "module_fqns_per_model_part)"),
 ])
-def test_c8_rejections(tmp_path, capsys, layers, mesh, reason):
+def test_c8_rejections(tmp_path, capsys, layers, mesh, reason, fix):
+    """Each C8 rejection names its numbers and ends with a fix line of values from the rule
+    (meshplan.plan_fix_rules.vpp_fix, split_fix); each value planned again passes (valid_reason)."""
     rc, _, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\n' + mesh, layers=layers, nodes=2))
     assert rc == 1 and reason in err
+    assert err.splitlines()[-1] == fix
+
+
+def test_c8_vpp_fixes_plan(tmp_path, capsys):
+    """The C8 fix values planned: 40 layers at pp 2 with vpp 10 (a divisor of 20) or with vpp 12 kept
+    and pp_layer_split [20, 20] (20 = 8 chunks of 2 + 4 of 1; torch) pass; under framework megatron,
+    which chunks a stage evenly, the fix offers the divisors alone."""
+    mesh = 'names = ["pp", "dp"]\nshape = [2, -1]\npp_schedule = "interleaved_1f1b"\n'
+    for extra in ("virtual_stages = 10", "virtual_stages = 12\npp_layer_split = [20, 20]"):
+        rc, out, err = run(capsys, "plan", config(tmp_path, mesh + extra, layers=40, nodes=2))
+        assert rc == 0 and "infeasible" not in err, extra
+    rc, _, err = run(capsys, "plan", config(tmp_path, mesh + "virtual_stages = 12", layers=40, nodes=2,
+                                            framework="megatron"))
+    assert rc == 1 and err.splitlines()[-1] == ("fix: 40 layers over pp 2 = 20 a stage: mesh.virtual_stages 2, 4, "
+                                                "5, 10 or 20, a divisor of 20")
     # no vpp follows from layers_per_virtual_stage: the schedule's rules are not judged at a vpp 1 it never
     # asked for (the handed-case re-run found "interleaved 1F1B needs virtual_stages > 1" after the reason)
     assert "needs virtual_stages > 1" not in err
