@@ -49,6 +49,20 @@ def test_c1_cp_coordinate_and_micro_batches(tmp_path, capsys):
     assert rc == 0 and g["group_of_rank"]["cp"] == list(range(16, 32)) and g["group_of_rank"]["dp"] == [1, 17]
     rc, p, _ = doc(capsys, "plan", cfg)
     assert rc == 0 and p["feasible"] and p["mesh"]["micro_batches"] == 16 // (1 * 2)
+    # the order echoed as the user gave it, ep (degree 1) kept: it was printed as tp-cp-dp-pp
+    assert p["mesh"]["megatron_order"] == "tp-cp-ep-dp-pp"
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert "canonical ('pp', 'dp', 'ep', 'cp', 'tp'), Megatron order 'tp-cp-ep-dp-pp'" in out
+
+
+def test_order_echo_leaves_out_the_etp_the_reader_added(tmp_path, capsys):
+    """A MoE config under framework megatron at tp 2 x ep 2 without etp: the reader adds etp = tp
+    (Megatron-LM's default, config._megatron_etp) to the order; the echo is still the user's order."""
+    moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
+    cfg = config(tmp_path, 'order = "tp-ep-dp-pp"\ndegrees = {tp = 2, ep = 2, dp = 4, pp = 1}', model=moe,
+                 framework="megatron")
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert p["mesh"]["etp"] == 2 and p["mesh"]["megatron_order"] == "tp-ep-dp-pp"
 
 
 def test_c2_custom_axes_through_the_config(tmp_path, capsys):

@@ -60,7 +60,8 @@ class Infeasible:
 @dataclass(frozen=True)
 class Mesh:
     """A resolved mesh. ``layout``: dense axes (ep/etp removed); ``ep``, ``etp``: expert
-    degrees; ``derivation``: how each degree was obtained, as printable lines."""
+    degrees; ``derivation``: how each degree was obtained, as printable lines; ``user_names``:
+    every axis as the user named it, outermost first (:attr:`given_names`)."""
 
     layout: Layout
     ep: int = 1
@@ -68,6 +69,7 @@ class Mesh:
     derivation: tuple[str, ...] = ()
     sequence_parallel: bool = False
     _expert: tuple = field(default=(), compare=False, repr=False)
+    user_names: tuple[str, ...] = field(default=(), compare=False)
 
     feasible = True
 
@@ -152,8 +154,17 @@ class Mesh:
         return names, grid.reshape(shape)
 
     @property
+    def given_names(self) -> tuple[str, ...]:
+        """The axis names as the user gave them, outermost first: the layout's dense axes with
+        the expert axes (ep, etp, which re-factor the dense block and are no layout axis) where
+        the user put them, degree 1 included (handed case C1's ``tp-cp-ep-dp-pp`` at ep 1); the
+        layout's names for a mesh built without them."""
+        return self.user_names or self.layout.names
+
+    @property
     def megatron_order(self) -> str:
-        return to_megatron_order(self.layout.names)
+        """The Megatron order string (fastest first) of :attr:`given_names`."""
+        return to_megatron_order(self.given_names)
 
 
 #: Axes tried first when rescaling one axis to the world size: data axes, then the rest.
@@ -393,7 +404,8 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
         if len(axes) > 1:
             derivation.append(f"{derived} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
                               + f" = {mesh.degree(derived)}")
-    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel)
+    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel,
+                user_names=tuple(n for n, _ in pairs if n not in filled))
 
 
 def resolved_mesh(spec: MeshSpec, world: int) -> Mesh:
