@@ -171,6 +171,7 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert note and "Megatron-LM's QKV sub-sharding" in note[0] and "no KV head is replicated" in note[0]
     assert "1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows)" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 4 q heads" in note[0]
+    assert "no KV head is replicated (the model still has 4 KV heads in total, not 8)" in note[0]
     qkv = [r for r in p["collectives"]["stage 0"] if "QKV sub-sharding" in r["cadence"]]
     assert [(r["axis"], r["phase"], r["op"], r["group_size"], r["size_bytes"], r["dtype"], r["per_microbatch"],
              r["per_step"]) for r in qkv] == [
@@ -183,6 +184,30 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
     rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
     assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
+
+
+def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
+    """128 q heads, 8 KV heads (head_dim 128), tp 16 (C6: the model still has 8 KV heads in total,
+    not 16), framework megatron. By hand, hidden 16384, ffn 53248 gated, 2 layers, vocab 32000:
+    per layer wq 16384 x 16384, wk and wv 16384 x (8 x 128) each, wo 16384 x 16384, MLP 3 x 16384 x
+    53248; one rank holds 1/16 of each (Megatron: wk/wv 1/tp too, no KV copy): 16,777,216 + 2 x
+    1,048,576 + 16,777,216 + 163,577,856 = 199,229,440 a layer, 398,458,880 for 2 (16 KV heads
+    would be 2 x 2,097,152 more a layer). Model total: 2 x 3,187,671,040 + 2 x 32000 x 16384 + 5
+    norms x 16384 = 7,424,000,000 (7.42 B; 16 KV heads: 7.49 B). Framework torch refuses tp 16
+    (rule torch_kv_heads)."""
+    m = ('[model]\nlayers = 2\nhidden = 16384\nffn = 53248\nq_heads = 128\nkv_heads = 8\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    mesh = 'names = ["dp", "tp"]\nshape = [1, 16]'
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
+    per_layer = (16384 * 16384 * 2 + 2 * 16384 * 8 * 128 + 3 * 16384 * 53248) // 16
+    assert rc == 0 and per_layer == 199_229_440 and p["memory"][0]["params"]["layer_params"] == 2 * per_layer
+    note = [n for n in p["notes"] if n.startswith("kv_heads 8 < tp 16")]
+    assert note and "no KV head is replicated (the model still has 8 KV heads in total, not 16)" in note[0]
+    assert "tp ranks {2i..2i+1} use KV head i) and its 8 q heads" in note[0]
+    rc, out, _ = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
+    assert "heads 128/8 kv, head dim 128, vocab 32000, 7.42 B params" in out
+    rc, _, err = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2))
+    assert rc == 1 and "infeasible: framework torch: tp 16 with kv_heads 8: torchtitan shards wk/wv" in err
 
 
 def test_c6_40_q_10_kv_tp_4_rejected_with_the_tp_that_fit(tmp_path, capsys):
