@@ -61,7 +61,7 @@ class Infeasible:
 class Mesh:
     """A resolved mesh. ``layout``: dense axes (ep/etp removed); ``ep``, ``etp``: expert
     degrees; ``derivation``: how each degree was obtained, as printable lines; ``user_names``:
-    every axis as the user named it, outermost first (:attr:`given_names`)."""
+    :attr:`given_names`."""
 
     layout: Layout
     ep: int = 1
@@ -155,15 +155,11 @@ class Mesh:
 
     @property
     def given_names(self) -> tuple[str, ...]:
-        """The axis names as the user gave them, outermost first: the layout's dense axes with
-        the expert axes (ep, etp, which re-factor the dense block and are no layout axis) where
-        the user put them, degree 1 included (handed case C1's ``tp-cp-ep-dp-pp`` at ep 1); the
-        layout's names for a mesh built without them."""
+        """Every axis as the user named it, outermost first, ep/etp at degree 1 too (C1)."""
         return self.user_names or self.layout.names
 
     @property
     def megatron_order(self) -> str:
-        """The Megatron order string (fastest first) of :attr:`given_names`."""
         return to_megatron_order(self.given_names)
 
 
