@@ -71,7 +71,7 @@ class Config:
     ``source_model``: the foreign file's own keys naming a model it describes by a Hugging Face
     config (a torchtitan job TOML's ``model.name``, ``model.flavor`` and ``model.hf_assets_path`` as
     written), which an export to that format writes back; () otherwise; ``filled_axes``: the axes
-    the reader appended to a names + shape [mesh] the user did not write (the etp default,
+    the reader appended to a names + shape (or order + degrees) [mesh] the user did not write (the etp default,
     :func:`_megatron_etp`, :func:`_torch_etp`), which a fix line leaves out of the shape it prints
     in the user's own entries (:func:`meshplan.mesh.resolve.world_error`)."""
 
@@ -199,7 +199,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
-    written = list(mesh.names or []) if mesh is not None else []
+    written = _axes_of(mesh)
     model, training = read_model(data["model"], base), build(TrainingSpec, data["training"], "training")
     if mesh is not None and training.framework == "megatron":
         mesh, notes = _megatron_etp(mesh, notes)
@@ -230,7 +230,14 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
                   kernel_files=_kernel_files(data.get("kernels", {}), base),
                   checkpoint_interval_steps=_interval_steps(data.get("reliability", {})),
                   source=_source(data.get("source", {}), base),
-                  filled_axes=tuple((mesh.names or [])[len(written):]) if mesh is not None else ())
+                  filled_axes=tuple(n for n in _axes_of(mesh) if n not in written))
+
+
+def _axes_of(spec: MeshSpec | None) -> list[str]:
+    """The axis names of ``spec`` as written (names, or the order string's; none without a mesh)."""
+    if spec is None:
+        return []
+    return list(spec.names) if spec.names is not None else [n.strip() for n in (spec.order or "").split("-") if n.strip()]
 
 
 def _source(t: dict, base: Path | None) -> tuple[str, str] | None:

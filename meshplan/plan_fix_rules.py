@@ -11,6 +11,14 @@ verdict, with its own ``fix:`` line, :mod:`meshplan.plan_fix`).
 - :func:`split_fix`: layers that pp does not divide and no ``mesh.pp_layer_split`` (``61 layers do not
   divide into pp 16 stages``): the split to give, the one the job's framework sets (Megatron-LM's
   ``--decoder-first/last-pipeline-num-layers`` with their values; torch a balanced split).
+- :func:`heads_fix`: tp that does not split the attention heads (handed case C6, ``kv_heads 10 vs
+  tp 4``): the tp degrees dividing the world that satisfy the rule (``q_heads % tp == 0`` and
+  ``kv_heads % tp == 0`` or ``tp % kv_heads == 0``), each with the mesh it makes (a data axis takes
+  the ranks tp gives up) and checked by :func:`valid_reason`.
+- :func:`vpp_fix`: layers per stage that vpp (or ``mesh.layers_per_virtual_stage``) does not
+  divide (handed case C8, ``20 layers per stage (40 / pp 2) do not divide into vpp 12``): the vpp
+  degrees (or chunk sizes) that divide the layers per stage, and the interleaved split where one
+  exists.
 - :func:`mesh_checker`: the predicate :func:`meshplan.mesh.resolve.world_error` checks its
   rescaled shape and its node count with, so ``shape = [21, 3]`` of Mixtral-8x7B on 32 GPUs is not
   told ``shape [32, 3]`` (ep 3 does not divide 8 experts).
@@ -28,6 +36,7 @@ from meshplan.interop.megatron_pipeline import ACCOUNT, first_last_flags
 from meshplan.mesh.layers import balanced_split, ends_short_split, first_last_split
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.plan import Infeasible, build_plan
+from meshplan.spec.axes.tp import heads_reason
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
 
@@ -187,3 +196,124 @@ def split_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
     else:
         how = "torchtitan's module_fqns_per_model_part, which export --to torchtitan writes"
     return f"{head}: give {keys.field('mesh.pp_layer_split')} = {split} ({how})"
+
+
+#: The data axes that take the ranks a smaller tp gives up (:func:`heads_fix`), first found first.
+DATA_AXES = ("dp_shard", "dp", "dp_replicate")
+
+
+def _with_degrees(spec: MeshSpec, new: dict[str, int]) -> MeshSpec:
+    """``spec`` with the degrees ``new`` on axes it names (names + shape, or order + degrees)."""
+    if spec.names is not None and spec.shape is not None:
+        return spec.model_copy(update={"shape": [new.get(n, d) for n, d in zip(spec.names, spec.shape)]})
+    return spec.model_copy(update={"degrees": {**(spec.degrees or {}), **new}})
+
+
+def _retp(spec: MeshSpec, tp: int, old: int) -> Optional[MeshSpec]:
+    """``spec`` at tp ``tp`` with the world kept: an axis given as -1 infers it, else the first
+    data axis (:data:`DATA_AXES`) takes ``old / tp`` times its degree (None where none can)."""
+    pairs = dict(zip(spec.names, spec.shape)) if spec.names is not None and spec.shape is not None \
+        else dict(spec.degrees or {})
+    if -1 in pairs.values():
+        return _with_degrees(spec, {"tp": tp})
+    for axis in (a for a in DATA_AXES if a in pairs):
+        if (pairs[axis] * old) % tp == 0:
+            return _with_degrees(spec, {"tp": tp, axis: pairs[axis] * old // tp})
+    return None
+
+
+def _mesh_words(spec: MeshSpec) -> str:
+    """The mesh field of a fix: ``mesh.shape [4, 2]`` or ``mesh.degrees {'dp': 4, 'tp': 2}``."""
+    return f"mesh.shape {spec.shape}" if spec.names is not None else f"mesh.degrees {spec.degrees}"
+
+
+def _either(items: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return ", ".join(items[:-1]) + (" or " if len(items) > 1 else "") + items[-1]
+
+
+def heads_fix(plan: Infeasible) -> Optional[str]:
+    """The ``fix:`` line of a mesh whose tp does not split the attention heads (None otherwise):
+    each tp dividing the world with ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or
+    ``tp % kv_heads == 0``) (:func:`~meshplan.spec.axes.tp.heads_reason`, handed case C6) whose mesh
+    (:func:`_retp`: a data axis takes the ranks) :func:`valid_reason` accepts.
+
+    C6's 40 q / 10 KV heads at dp 2 x tp 4 on 8 GPUs: tp 1, 2, 4, 8 divide the world; 4 and 8 fail
+    the KV rule (10 % 4, 4 % 10; 10 % 8, 8 % 10): tp 1 (mesh.shape [8, 1]) or tp 2 ([4, 2])
+    (tests/test_handed_cli.py).
+    """
+    cfg, mesh, spec = plan.config, plan.mesh, plan.config.mesh
+    if mesh is None or spec is None or heads_reason(cfg.model, mesh.degree("tp")) is None:
+        return None
+    old, q, kv = mesh.degree("tp"), cfg.model.q_heads, cfg.model.n_kv_heads
+    good = []
+    for t in (t for t in range(1, plan.world + 1) if plan.world % t == 0 and t != old):
+        new = None if heads_reason(cfg.model, t) else _retp(spec, t, old)
+        if new is not None and valid_reason(replace(cfg, mesh=new)) is None:
+            good.append(f"tp {t} ({_mesh_words(new)})")
+    if not good:
+        return None
+    return (f"fix: tp must divide q_heads {q} and divide or be a multiple of kv_heads {kv} (of the divisors of the "
+            f"world {plan.world}): {'; or '.join(good)}")
+
+
+def _chunk_mismatch(layers: int, pp: int, spec: MeshSpec) -> bool:
+    """Whether pp divides ``layers`` but the vpp (or the chunk size) of ``spec`` does not divide
+    the layers per stage."""
+    if pp < 2 or layers % pp:
+        return False
+    per = layers // pp
+    chunk = spec.layers_per_virtual_stage
+    return bool(per % chunk) if chunk else spec.virtual_stages > 1 and per % spec.virtual_stages != 0
+
+
+def vpp_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
+    """The ``fix:`` line of an interleaved pipeline whose vpp (or ``mesh.layers_per_virtual_stage``)
+    does not divide the layers per stage ``layers / pp`` (None otherwise; pp not dividing the
+    layers is :func:`split_fix`'s): the vpp degrees v > 1 dividing ``layers / pp`` (the chunk sizes
+    c < layers / pp dividing it, vpp = layers / pp / c), each checked by :func:`valid_reason`; under
+    torch the vpp kept with uneven chunks (:func:`_uneven_chunks`) (handed case C8).
+
+    40 layers at pp 2, vpp 12 (20 a stage): vpp 2, 4, 5, 10 or 20; under torch also
+    ``pp_layer_split = [20, 20]`` with chunks of 1 and 2 layers. 80 layers at pp 16 with 2 layers
+    a chunk (5 a stage): layers_per_virtual_stage 1 (vpp 5) (tests/test_handed_cli.py).
+    """
+    cfg, mesh, spec = plan.config, plan.mesh, plan.config.mesh
+    if mesh is None or spec is None or spec.pp_layer_split is not None:
+        return None
+    layers, pp = cfg.model.layers, mesh.degree("pp")
+    if not _chunk_mismatch(layers, pp, spec):
+        return None
+    per, chunk = layers // pp, spec.layers_per_virtual_stage
+    head = f"fix: {layers} layers over {keys.axis('pp')} {pp} = {per} a stage"
+    sizes = [c for c in range(1, per) if per % c == 0] if chunk else [v for v in range(2, per + 1) if per % v == 0]
+    field = keys.field("mesh.layers_per_virtual_stage" if chunk else "mesh.virtual_stages")
+    good = []
+    for k in sizes:
+        update = {"layers_per_virtual_stage": k} if chunk else {"virtual_stages": k}
+        if valid_reason(replace(cfg, mesh=spec.model_copy(update=update))) is None:
+            good.append(f"{k} (vpp {per // k})" if chunk else str(k))
+    what = f"{field} {_either(good)}, a divisor of {per}" if good else ""
+    also = _uneven_chunks(plan, per, keys) if not chunk else ""
+    if not what and not also:
+        return None
+    return f"{head}: {'; or '.join(x for x in (what, also) if x)}"
+
+
+def _uneven_chunks(plan: Infeasible, per: int, keys: KeyMap) -> str:
+    """Under framework torch, the vpp kept with uneven chunks: ``mesh.pp_layer_split`` of ``per``
+    layers on each of the pp stages, each stage's layers spread over its vpp chunks as evenly as
+    they go (:func:`~meshplan.mesh.layers.stage_layers`; torchtitan builds any split, which
+    ``export --to torchtitan`` writes as ``module_fqns_per_model_part``), where :func:`valid_reason`
+    accepts it (every chunk a layer); empty otherwise. Megatron-LM takes no such split (Megatron-Core
+    chunks a stage evenly, or Llama 3's split of :func:`~meshplan.mesh.layers.ends_short_split`,
+    which needs pp x vpp to divide layers + 2: never with pp >= 3 dividing the layers)."""
+    cfg, spec = plan.config, plan.config.mesh
+    if cfg.training.framework == "megatron" or spec is None or plan.mesh is None:
+        return ""
+    pp, vpp = plan.mesh.degree("pp"), spec.virtual_stages
+    split = [per] * pp
+    if valid_reason(replace(cfg, mesh=spec.model_copy(update={"pp_layer_split": split}))) is not None:
+        return ""
+    return (f"{keys.field('mesh.pp_layer_split')} = {split} with vpp {vpp} kept (chunks of {per // vpp} and "
+            f"{per // vpp + 1} layers; torchtitan's module_fqns_per_model_part)")

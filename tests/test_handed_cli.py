@@ -49,15 +49,30 @@ def test_c1_cp_coordinate_and_micro_batches(tmp_path, capsys):
     assert rc == 0 and g["group_of_rank"]["cp"] == list(range(16, 32)) and g["group_of_rank"]["dp"] == [1, 17]
     rc, p, _ = doc(capsys, "plan", cfg)
     assert rc == 0 and p["feasible"] and p["mesh"]["micro_batches"] == 16 // (1 * 2)
+    # the order echoed as the user gave it, ep (degree 1) kept: it was printed as tp-cp-dp-pp
+    assert p["mesh"]["megatron_order"] == "tp-cp-ep-dp-pp"
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert "canonical ('pp', 'dp', 'ep', 'cp', 'tp'), Megatron order 'tp-cp-ep-dp-pp'" in out
+
+
+def test_order_echo_leaves_out_the_etp_the_reader_added(tmp_path, capsys):
+    """A MoE config under framework megatron at tp 2 x ep 2 without etp: the reader adds etp = tp
+    (Megatron-LM's default, config._megatron_etp) to the order; the echo is still the user's order."""
+    moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
+    cfg = config(tmp_path, 'order = "tp-ep-dp-pp"\ndegrees = {tp = 2, ep = 2, dp = 4, pp = 1}', model=moe,
+                 framework="megatron")
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert p["mesh"]["etp"] == 2 and p["mesh"]["megatron_order"] == "tp-ep-dp-pp"
 
 
 def test_c2_custom_axes_through_the_config(tmp_path, capsys):
-    """order tp-sp-pp-cfg-dp, degrees tp 1, sp 2, pp 2, cfg 2, dp 2 (world 16); sp and cfg are
-    the user's axes (sp listed in custom_axes, being close to tp)."""
-    cfg = config(tmp_path, 'order = "tp-sp-pp-cfg-dp"\ndegrees = {tp = 1, sp = 2, pp = 2, cfg = 2, dp = 2}\n'
-                           'custom_axes = ["sp"]', nodes=2)
-    rc, g, _ = doc(capsys, "groups", cfg, "--rank", "3")
+    """order tp-sp-pp-cfg-dp, degrees tp 1, sp 2, pp 2, cfg 2, dp 2 (world 16), as the case gives
+    them: sp and cfg are the user's axes, neither listed in custom_axes (sp, close to cp and tp, is
+    taken as the user's own with a note: meshplan.spec.axes.OWN_AXES)."""
+    cfg = config(tmp_path, 'order = "tp-sp-pp-cfg-dp"\ndegrees = {tp = 1, sp = 2, pp = 2, cfg = 2, dp = 2}', nodes=2)
+    rc, g, err = doc(capsys, "groups", cfg, "--rank", "3")
     assert rc == 0 and g["names"] == ["dp", "cfg", "pp", "sp", "tp"] and g["shape"] == [2, 2, 2, 2, 1]
+    assert "note: mesh.order: mesh axis 'sp' is planned as a user-named axis (rank math only" in " ".join(err.split())
     # stride of an axis = product of the degrees after it (fastest first in the order string)
     strides = {n: 1 for n in g["names"]}
     for i, n in enumerate(g["names"]):
@@ -156,6 +171,7 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert note and "Megatron-LM's QKV sub-sharding" in note[0] and "no KV head is replicated" in note[0]
     assert "1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows)" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 4 q heads" in note[0]
+    assert "no KV head is replicated (the model still has 4 KV heads in total, not 8)" in note[0]
     qkv = [r for r in p["collectives"]["stage 0"] if "QKV sub-sharding" in r["cadence"]]
     assert [(r["axis"], r["phase"], r["op"], r["group_size"], r["size_bytes"], r["dtype"], r["per_microbatch"],
              r["per_step"]) for r in qkv] == [
@@ -168,6 +184,47 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
     rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
     assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
+
+
+def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
+    """128 q heads, 8 KV heads (head_dim 128), tp 16 (C6: the model still has 8 KV heads in total,
+    not 16), framework megatron. By hand, hidden 16384, ffn 53248 gated, 2 layers, vocab 32000:
+    per layer wq 16384 x 16384, wk and wv 16384 x (8 x 128) each, wo 16384 x 16384, MLP 3 x 16384 x
+    53248; one rank holds 1/16 of each (Megatron: wk/wv 1/tp too, no KV copy): 16,777,216 + 2 x
+    1,048,576 + 16,777,216 + 163,577,856 = 199,229,440 a layer, 398,458,880 for 2 (16 KV heads
+    would be 2 x 2,097,152 more a layer). Model total: 2 x 3,187,671,040 + 2 x 32000 x 16384 + 5
+    norms x 16384 = 7,424,000,000 (7.42 B; 16 KV heads: 7.49 B). Framework torch refuses tp 16
+    (rule torch_kv_heads)."""
+    m = ('[model]\nlayers = 2\nhidden = 16384\nffn = 53248\nq_heads = 128\nkv_heads = 8\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    mesh = 'names = ["dp", "tp"]\nshape = [1, 16]'
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
+    per_layer = (16384 * 16384 * 2 + 2 * 16384 * 8 * 128 + 3 * 16384 * 53248) // 16
+    assert rc == 0 and per_layer == 199_229_440 and p["memory"][0]["params"]["layer_params"] == 2 * per_layer
+    note = [n for n in p["notes"] if n.startswith("kv_heads 8 < tp 16")]
+    assert note and "no KV head is replicated (the model still has 8 KV heads in total, not 16)" in note[0]
+    assert "tp ranks {2i..2i+1} use KV head i) and its 8 q heads" in note[0]
+    rc, out, _ = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
+    assert "heads 128/8 kv, head dim 128, vocab 32000, 7.42 B params" in out
+    rc, _, err = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2))
+    assert rc == 1 and "infeasible: framework torch: tp 16 with kv_heads 8: torchtitan shards wk/wv" in err
+
+
+def test_c6_40_q_10_kv_tp_4_rejected_with_the_tp_that_fit(tmp_path, capsys):
+    """40 q heads, 10 KV heads, tp 4 (C6: reject): 10 % 4 and 4 % 10 are not 0. The fix line lists
+    the tp of the world's divisors (1, 2, 4, 8) that pass q_heads % tp == 0 and (kv_heads % tp == 0
+    or tp % kv_heads == 0): 1 and 2 (8: 10 % 8, 8 % 10); dp takes the ranks tp gives up."""
+    m = ('[model]\nlayers = 2\nhidden = 5120\nffn = 20480\nq_heads = 40\nkv_heads = 10\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    rc, out, err = run(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [2, 4]', model=m))
+    assert rc == 1 and err.splitlines() == [
+        "infeasible: kv_heads 10 vs tp 4: need kv_heads % tp == 0 or tp % kv_heads == 0",
+        "fix: tp must divide q_heads 40 and divide or be a multiple of kv_heads 10 (of the divisors of the world 8): "
+        "tp 1 (mesh.shape [8, 1]); or tp 2 (mesh.shape [4, 2])"]
+    # the same with order + degrees: the degrees are what the fix names
+    rc, out, err = run(capsys, "plan", config(tmp_path, 'order = "tp-dp"\ndegrees = {tp = 4, dp = 2}', model=m))
+    assert rc == 1 and err.splitlines()[-1].endswith(
+        "tp 1 (mesh.degrees {'tp': 1, 'dp': 8}); or tp 2 (mesh.degrees {'tp': 2, 'dp': 4})")
 
 
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
@@ -210,15 +267,45 @@ def test_c8_one_chunk_schedule_with_virtual_stages_is_one_error_everywhere(tmp_p
         assert (rc, err) == (2, want), argv
 
 
-@pytest.mark.parametrize("layers,mesh,reason", [
+@pytest.mark.parametrize("layers,mesh,reason,fix", [
+    # 80 / 16 = 5 a stage: chunks of 1 layer (vpp 5) divide it; 5 itself is vpp 1, no interleaving
     (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2\npp_schedule = "interleaved_1f1b"',
-     "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"),
-    (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages"),
-    (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages"),
+     "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage",
+     "fix: 80 layers over pp 16 = 5 a stage: mesh.layers_per_virtual_stage 1 (vpp 5), a divisor of 5"),
+    # 80 / 16 = 5 a stage at vpp 12: the only vpp > 1 dividing 5 is 5
+    (80, 'shape = [16, 1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"',
+     "5 layers per stage (80 / pp 16) do not divide into vpp 12 virtual stages (0.416667 layers per chunk)",
+     "fix: 80 layers over pp 16 = 5 a stage: mesh.virtual_stages 5, a divisor of 5"),
+    # torch: 30 = 4 x 7 + 2, the 2 extra layers on the middle stages (balanced_split): [7, 8, 8, 7]
+    (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages",
+     "fix: 30 layers over pp 4: give mesh.pp_layer_split = [7, 8, 8, 7] (torchtitan's module_fqns_per_model_part, "
+     "which export --to torchtitan writes)"),
+    # 40 / 2 = 20 a stage: vpp 2, 4, 5, 10, 20 divide it (20 / 12 does not); 42 is no multiple of 2 x 12
+    (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages",
+     "fix: 40 layers over pp 2 = 20 a stage: mesh.virtual_stages 2, 4, 5, 10 or 20, a divisor of 20; or "
+     "mesh.pp_layer_split = [20, 20] with vpp 12 kept (chunks of 1 and 2 layers; torchtitan's "
+     "module_fqns_per_model_part)"),
 ])
-def test_c8_rejections(tmp_path, capsys, layers, mesh, reason):
+def test_c8_rejections(tmp_path, capsys, layers, mesh, reason, fix):
+    """Each C8 rejection names its numbers and ends with a fix line of values from the rule
+    (meshplan.plan_fix_rules.vpp_fix, split_fix); each value planned again passes (valid_reason)."""
     rc, _, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\n' + mesh, layers=layers, nodes=2))
     assert rc == 1 and reason in err
+    assert err.splitlines()[-1] == fix
+
+
+def test_c8_vpp_fixes_plan(tmp_path, capsys):
+    """The C8 fix values planned: 40 layers at pp 2 with vpp 10 (a divisor of 20) or with vpp 12 kept
+    and pp_layer_split [20, 20] (20 = 8 chunks of 2 + 4 of 1; torch) pass; under framework megatron,
+    which chunks a stage evenly, the fix offers the divisors alone."""
+    mesh = 'names = ["pp", "dp"]\nshape = [2, -1]\npp_schedule = "interleaved_1f1b"\n'
+    for extra in ("virtual_stages = 10", "virtual_stages = 12\npp_layer_split = [20, 20]"):
+        rc, out, err = run(capsys, "plan", config(tmp_path, mesh + extra, layers=40, nodes=2))
+        assert rc == 0 and "infeasible" not in err, extra
+    rc, _, err = run(capsys, "plan", config(tmp_path, mesh + "virtual_stages = 12", layers=40, nodes=2,
+                                            framework="megatron"))
+    assert rc == 1 and err.splitlines()[-1] == ("fix: 40 layers over pp 2 = 20 a stage: mesh.virtual_stages 2, 4, "
+                                                "5, 10 or 20, a divisor of 20")
     # no vpp follows from layers_per_virtual_stage: the schedule's rules are not judged at a vpp 1 it never
     # asked for (the handed-case re-run found "interleaved 1F1B needs virtual_stages > 1" after the reason)
     assert "needs virtual_stages > 1" not in err

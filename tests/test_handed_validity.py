@@ -110,12 +110,14 @@ def test_c8_interleaved_assignment():
 
 
 def test_c8_rejections():
-    assert "5 layers per stage" in vpp_from_chunk(80, 16, 2)
-    assert isinstance(stage_layers(30, 4), str)
-    assert "30 layers do not divide into pp 4" in stage_layers(30, 4)
+    """Each C8 rejection's reason, whole: 80 / 16 = 5 a stage, not a multiple of 2; 30 / 4 = 7.5;
+    8 + 7 + 7 + 7 = 29; 40 / 2 = 20 a stage, 20 / 12 = 1.66667 a chunk."""
+    assert vpp_from_chunk(80, 16, 2) == "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"
+    assert stage_layers(30, 4) == "30 layers do not divide into pp 4 stages (7.5 per stage); give an explicit pp_layer_split"
     assert stage_layers(30, 4, split=[8, 8, 7, 7])[3] == [[23, 24, 25, 26, 27, 28, 29]]
-    assert "sums to 29" in stage_layers(30, 4, split=[8, 7, 7, 7])
-    assert isinstance(stage_layers(40, 2, 12), str)
+    assert stage_layers(30, 4, split=[8, 7, 7, 7]) == "pp_layer_split [8, 7, 7, 7] sums to 29, must be 30 layers"
+    assert stage_layers(40, 2, 12) == ("20 layers per stage (40 / pp 2) do not divide into vpp 12 virtual stages "
+                                       "(1.66667 layers per chunk)")
     s = stage_layers(40, 2, 10)
     assert all(len(chunk) == 2 for stage in s for chunk in stage)
 

@@ -168,14 +168,23 @@ def test_best_rejected_never_prints_zero_percent(q1_search):
 
 # 6 ------------------------------------------------------------------ sp suggests cp
 
-def test_sp_axis_suggests_cp_first(tmp_path):
-    """xDiT's order "tp-sp-pp-cfg-dp" (handed case C2) without sp in custom_axes: sp is xDiT's
-    (and DeepSpeed-Ulysses's) sequence parallelism, meshplan's cp: suggested first."""
+def test_sp_axis_is_the_users_own_with_a_note_and_SP_suggests_cp_first(tmp_path):
+    """xDiT's order "tp-sp-pp-cfg-dp" (handed case C2) without sp in custom_axes: the case gives it
+    as the input whose groups it checks, so sp is taken as a user-named axis (rank math only), with a
+    note naming cp (the sequence split's model semantics) and Megatron's sequence_parallel flag
+    (fix36; it was refused, suggesting cp). 'SP', another case of it, is still refused, cp first."""
     from meshplan.spec.axes import canonical_names
+    names, notes = canonical_names(["tp", "sp", "pp", "cfg", "dp"], custom=["cfg"], field="mesh.order")
+    assert names == ("tp", "sp", "pp", "cfg", "dp")
+    assert notes == ("mesh.order: mesh axis 'sp' is planned as a user-named axis (rank math only, no model semantics: "
+                     "xDiT's and DeepSpeed-Ulysses's sequence-parallel group, not modelled); for the sequence split's "
+                     "memory and collectives use meshplan's 'cp' (context parallelism); Megatron-LM's sequence "
+                     "parallelism is [mesh] sequence_parallel = true",)
+    assert canonical_names(["tp", "sp"], custom=["sp"]) == (("tp", "sp"), ())  # listed: no note
     with pytest.raises(ConfigError) as e:
-        canonical_names(["tp", "sp", "pp", "cfg", "dp"], custom=["cfg"], field="mesh.order")
-    assert str(e.value).startswith("mesh.order: 'sp' is not a standard axis; did you mean 'cp', 'tp', 'pp' or 'ep'? "
-                                   "('sp' in xDiT and DeepSpeed-Ulysses splits the sequence: meshplan's 'cp'")
+        canonical_names(["tp", "SP", "pp", "cfg", "dp"], custom=["cfg"], field="mesh.order")
+    assert str(e.value).startswith("mesh.order: 'SP' is not a standard axis; did you mean 'cp', 'tp', 'pp' or 'ep'? "
+                                   "('SP' in xDiT and DeepSpeed-Ulysses splits the sequence: meshplan's 'cp'")
 
 
 # 7 ------------------------------------------------------------------ place: launch's visibility by default

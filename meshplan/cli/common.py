@@ -27,7 +27,7 @@ from meshplan.fileio import check_destination, write_output
 from meshplan.interop.file_words import file_words
 from meshplan.interop.keymaps import keymap_of
 from meshplan.plan import Infeasible, Plan
-from meshplan.plan_fix_rules import experts_fix, split_fix
+from meshplan.plan_fix_rules import experts_fix, heads_fix, split_fix, vpp_fix
 from meshplan.report.json_docs import to_json
 
 
@@ -101,13 +101,16 @@ def _verdict_exit(plan) -> None:
 
 def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     """The verdict lines of ``plan`` (and, for an ep that does not divide the experts, the
-    ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`; for layers that pp does not
-    divide without a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
+    ``fix:`` line of :func:`meshplan.plan_fix_rules.experts_fix`; for a tp that does not split the
+    heads, :func:`~meshplan.plan_fix_rules.heads_fix`'s; for layers per stage that vpp does not
+    divide, :func:`~meshplan.plan_fix_rules.vpp_fix`'s; for layers that pp does not divide without
+    a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
     _infeasible(plan)
     fix = None
-    if isinstance(plan, Infeasible):  # split_fix is built in a foreign file's keys; experts_fix's rewritten
-        experts = experts_fix(plan)
-        fix = _in_file(plan, experts) if experts else split_fix(plan, keymap_of(plan.config))
+    if isinstance(plan, Infeasible):  # split/vpp_fix are built in a foreign file's keys; the others rewritten
+        keys = keymap_of(plan.config)
+        rewritten = experts_fix(plan) or heads_fix(plan)
+        fix = _in_file(plan, rewritten) if rewritten else vpp_fix(plan, keys) or split_fix(plan, keys)
     if fix:
         _echo(fix, err=True)
     raise typer.Exit(1)

@@ -75,7 +75,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     etp with ep kept where one passes (Megatron-LM's etp defaults to tp). A pp the model's
     layers do not divide, without mesh.pp_layer_split, exits 1 with a 'fix:' line giving the split the framework
     sets (Megatron-LM's --decoder-first/last-pipeline-num-layers with their values, or that it sets none at this
-    pp; under torch a balanced split). A feasible mesh whose tp (or cp) is larger than its memory needs ends with a
+    pp; under torch a balanced split); a vpp that does not divide the layers per stage, with the vpp degrees that
+    do; a tp that does not split the attention heads, with the tp degrees that do (q_heads % tp == 0 and kv_heads
+    % tp == 0 or tp % kv_heads == 0), each with its mesh. A feasible mesh whose tp (or cp) is larger than its memory needs ends with a
     'note:' line: the smallest tp (cp) that still fits, the data axis grown by the same factor, re-planned, its peak
     and both predicted steps, and whether the configured degree is kept for the step. For a foreign CONFIG the errors, reasons and fix lines name its own keys
     where it has them (training.global_batch_size, activation_checkpoint.mode, the degrees' keys; the flags)."""

@@ -61,7 +61,8 @@ class Infeasible:
 @dataclass(frozen=True)
 class Mesh:
     """A resolved mesh. ``layout``: dense axes (ep/etp removed); ``ep``, ``etp``: expert
-    degrees; ``derivation``: how each degree was obtained, as printable lines."""
+    degrees; ``derivation``: how each degree was obtained, as printable lines; ``user_names``:
+    :attr:`given_names`."""
 
     layout: Layout
     ep: int = 1
@@ -69,6 +70,7 @@ class Mesh:
     derivation: tuple[str, ...] = ()
     sequence_parallel: bool = False
     _expert: tuple = field(default=(), compare=False, repr=False)
+    user_names: tuple[str, ...] = field(default=(), compare=False)
 
     feasible = True
 
@@ -153,8 +155,13 @@ class Mesh:
         return names, grid.reshape(shape)
 
     @property
+    def given_names(self) -> tuple[str, ...]:
+        """Every axis as the user named it, outermost first, ep/etp at degree 1 too (C1)."""
+        return self.user_names or self.layout.names
+
+    @property
     def megatron_order(self) -> str:
-        return to_megatron_order(self.layout.names)
+        return to_megatron_order(self.given_names)
 
 
 def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
@@ -293,7 +300,8 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0,
         if len(axes) > 1:
             derivation.append(f"{derived} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
                               + f" = {mesh.degree(derived)}")
-    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel)
+    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel,
+                user_names=tuple(n for n, _ in pairs if n not in filled))
 
 
 def resolved_mesh(spec: MeshSpec, world: int) -> Mesh:

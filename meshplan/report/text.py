@@ -139,7 +139,7 @@ def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
     sharding = plan.config.training.sharding
     shape = mesh_text(mesh.layout.names, mesh.layout.shape, sharding, mesh.ep, mesh.etp)
     renamed = renamed_words(mesh.layout.names, sharding)
-    con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.layout.names)}, Megatron order '{mesh.megatron_order}'"
+    con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.given_names)}, Megatron order '{mesh.megatron_order}'"
               + (f" ({renamed})" if renamed else "") + (", sequence parallel" if mesh.sequence_parallel else ""))
     for line in plan.derivation:
         con.print(f"  {line}")

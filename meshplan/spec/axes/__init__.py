@@ -16,7 +16,8 @@ single mesh axis it shards parameters, gradients and optimizer state, which is w
 ``dp_shard`` means (torchtitan's ``fsdp`` also folds in cp; with cp an axis of its own the two
 are the same). Any other name is a user-named axis (rank math only, no model semantics)
 when it is not close to a known one; a name close to a known axis (``tq``, ``TP``,
-``dp-shard``) is an error unless the mesh lists it in ``custom_axes``.
+``dp-shard``) is an error unless the mesh lists it in ``custom_axes``, but for :data:`OWN_AXES`
+(``sp``, xDiT's sequence-parallel axis), taken as the user's own with a note.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.spec.axes.registry import AXES, Axis, foreign_names
 
 __all__ = ["ALIASES", "AXES", "Axis", "DENSE_AXES", "EXPERT_AXES", "KNOWN_AXES", "MEGATRON_AXES", "TORCHTITAN_AXES",
-           "canonical_names", "close_axis"]
+           "OWN_AXES", "canonical_names", "close_axis"]
 
 #: Dense axes (multiplied into the world) and expert axes (re-factoring the dense block), in
 #: mesh order, from the registry (:mod:`meshplan.spec.axes.registry`).
@@ -53,6 +54,15 @@ ALIASES = {"fsdp": ("dp_shard", "mesh axis 'fsdp' is planned as 'dp_shard' (torc
 #: parallelism, with tp, is ``[mesh] sequence_parallel`` instead).
 KNOWN_MEANINGS = {"sp": "cp"}
 
+#: Names close to a known axis that are taken as the user's own axis without ``custom_axes`` (rank math
+#: only, no model semantics), with the note printed: handed case C2 gives xDiT's order "tp-sp-pp-cfg-dp"
+#: as the input whose groups it checks, ``sp`` unlisted. Not an alias of ``cp``: xDiT's sp is Ulysses
+#: (an all-to-all of the heads) x ring attention, not meshplan's all-gather CP, and its groups are named sp.
+OWN_AXES = {"sp": "mesh axis 'sp' is planned as a user-named axis (rank math only, no model semantics: xDiT's "
+                  "and DeepSpeed-Ulysses's sequence-parallel group, not modelled); for the sequence split's memory "
+                  "and collectives use meshplan's 'cp' (context parallelism); Megatron-LM's sequence parallelism "
+                  "is [mesh] sequence_parallel = true"}
+
 
 def close_axis(name: str) -> list[str]:
     """Known axes that ``name`` is probably a slip for (the same name in another case,
@@ -73,12 +83,15 @@ def close_axis(name: str) -> list[str]:
 
 def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(canonical names, notes): aliases renamed (``fsdp`` -> ``dp_shard``, one note each);
-    a name close to a known axis raises ConfigError unless it is in ``custom``.
+    a name of :data:`OWN_AXES` (``sp``) kept as a user-named axis, with its note where ``custom``
+    does not list it; another name close to a known axis raises ConfigError unless it is in ``custom``.
 
     >>> canonical_names(["fsdp", "tp"])[0]
     ('dp_shard', 'tp')
     >>> canonical_names(["dp_shard", "tq"], custom=["tq"])
     (('dp_shard', 'tq'), ())
+    >>> names, notes = canonical_names(["tp", "sp", "pp", "cfg", "dp"]); names, notes[0][:53]
+    (('tp', 'sp', 'pp', 'cfg', 'dp'), "mesh.names: mesh axis 'sp' is planned as a user-named")
     >>> canonical_names(["dp_shard", "tq"])
     Traceback (most recent call last):
     ...
@@ -92,6 +105,10 @@ def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[
                 raise ConfigError(field, f"{n!r} and {target!r} both given; {n!r} means {target!r}: name it once")
             out.append(target)
             notes.append(f"{field}: {note}")
+            continue
+        if n in OWN_AXES and n not in custom:
+            out.append(n)
+            notes.append(f"{field}: {OWN_AXES[n]}")
             continue
         close = close_axis(n)
         if close and n not in custom:
