@@ -52,12 +52,17 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     return header
 
 
-def _step_s(cfg) -> Optional[float]:
-    """The predicted step of ``cfg`` in seconds, None when its mesh does not resolve (export's
-    round-trip line)."""
+def _step_s(cfg) -> Optional[tuple[float, dict[str, float]]]:
+    """The predicted step of ``cfg`` in seconds and its parts as ``step`` prints them
+    (:meth:`~meshplan.schedule.step_summary.StepTime.parts_by_stream`, named by
+    :meth:`~meshplan.schedule.step_summary.StepTime.part_named`), None when its mesh does not
+    resolve (export's round-trip line)."""
     try:
         p = build_plan(cfg)
-        return None if isinstance(p, Infeasible) else step_time(p).step_s
+        if isinstance(p, Infeasible):
+            return None
+        st = step_time(p)
+        return st.step_s, {st.part_named(k): v for k, v in st.parts_by_stream().items()}
     except ConfigError:  # a pipeline the plan refuses (its own export refusal says so)
         return None
 
@@ -123,7 +128,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
 EXPORT_HELP = (
     "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML, "
     f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
-    "express is listed (re-imported and compared), with the step before and after when it differs, and "
+    "express is listed (re-imported and compared), with the step before and after when it differs and the parts "
+    "of the step that moved most, and "
     "what the framework's runtime is known to run differently as warning lines; a mesh the target cannot "
     "run is refused with the reason. From a torchtitan job TOML, a torchtitan file carries the settings "
     "meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, "
@@ -132,5 +138,6 @@ EXPORT_HELP = (
     "(--lr, --train-iters, ...), as from a meshplan TOML whose [source] (written by import) names such a file, "
     "or a warning line when that file is gone; every key of that file written with another value or dropped is listed; "
     "another target lists them as not carried. A torchtitan file's older float8 names (converter \"float8\", "
-    "[float8]) are kept, with a header note; a Megatron FSDP export says to unset CUDA_DEVICE_MAX_CONNECTIONS."
+    "[float8]) are kept, with a header note; a Megatron FSDP export says to unset CUDA_DEVICE_MAX_CONNECTIONS, "
+    "and with pp > 1 that Megatron-LM runs it as written and which zero1 plan to compare."
 )

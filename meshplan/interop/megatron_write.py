@@ -107,7 +107,7 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg) + env_note(cfg)
+    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg)
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:
@@ -133,6 +133,38 @@ def fsdp_env_note(cfg: Config) -> list[str]:
             f"export it as 1"
             + (f"; with {' and '.join(f'{a} {d}' for a, d in tp_cp.items())} it warns before Blackwell GPUs that "
                f"tp and cp prefer 1 (speed only)" if tp_cp else "")]
+
+
+def fsdp_pp_note(cfg: Config) -> list[str]:
+    """The header line of a Megatron FSDP export with pp > 1 (``export --to megatron`` of a zero3
+    plan with a pipeline): Megatron-LM runs it as written. At NVIDIA/Megatron-LM d98e8a6
+    ``validate_args`` refuses pp > 1 only under ``--use-torch-fsdp2`` (arguments.py:1034-1035), and
+    ``FullyShardedDataParallelV2._validate_config`` only under ``--megatron-fsdp-version 2``
+    (mcore_fsdp_adapter.py:627-638); v1, the default (arguments.py:3158), checks neither pp nor
+    virtual stages, and ``wrap_model_chunks_with_ddp`` (training.py:2197) wraps each virtual stage's
+    model chunk in it as in DDP. Its functional tests (tests/functional_tests/test_cases) run
+    Megatron FSDP at pp 1 only, and the usual Megatron-LM pipeline run shards the optimizer
+    alone (zero1, ``--use-distributed-optimizer``): the line names that plan, not written, as
+    the user's to compare. Nothing without Megatron FSDP or at pp 1.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = lambda sharding, pp: config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system":
+    ...     "dgx-h100", "nodes": 1}, "training": {"global_batch": 8, "seq_len": 4096, "sharding": sharding},
+    ...     "mesh": {"names": ["pp", "dp_shard"], "shape": [pp, 8 // pp]}})
+    >>> fsdp_pp_note(cfg("zero3", 2))[0][:75], fsdp_pp_note(cfg("zero1", 2)), fsdp_pp_note(cfg("zero3", 1))
+    ('Megatron FSDP (zero3) at pp 2: Megatron-LM d98e8a6 runs it as written (vali', [], [])
+    """
+    t, mesh = cfg.training, resolved(cfg)
+    pp = mesh.layout.degree("pp") if "pp" in mesh.layout.names else 1
+    if pp == 1 or (t.sharding in ("none", "zero1") and not t.megatron_fsdp):
+        return []
+    vpp = mesh_spec(cfg).virtual_stages
+    at = f"pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")
+    return [f"Megatron FSDP ({t.sharding}) at {at}: Megatron-LM d98e8a6 runs it as written (validate_args refuses "
+            f"pp > 1 only under --use-torch-fsdp2, and Megatron FSDP only in its version 2, not the default 1, "
+            f"which wraps each virtual stage like DDP), though its own tests run Megatron FSDP at pp 1 only; the "
+            f"usual Megatron-LM pipeline run is zero1 (--use-distributed-optimizer): plan training.sharding = "
+            f"\"zero1\" and meshplan compare the two before choosing"]
 
 
 def exported_model(cfg: Config) -> Config:
