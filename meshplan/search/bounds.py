@@ -9,7 +9,8 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
 
 - **Lower bound**: the largest of running totals the timeline passes through, each
   computed from terms certainly live then: (F) the end of the ``w``-th forward: init + the
-  saved activations of the ``w`` passes + the root units kept gathered; (P) the first
+  saved activations of the ``w`` passes + the root units kept gathered (and, without
+  ``reshard_after_forward``, the layers kept gathered from those forwards, also at H); (P) the first
   backward's first and second layer at their largest backward step (recomputed
   activations, the step's working set and the gradients written so far, the layer's copy
   and the next layer's prefetched output, the previous unit's reduce-scatter input);
@@ -22,7 +23,7 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   unsharded accumulators and (but under ``no_sync``) their gathered copies; with vpp > 1
   and m > pp, at the end of chunk 0's first backward, init + the kept roots + the passes
   in flight + every chunk's accumulators (and gathered layers without
-  ``reshard_after_forward``).
+  ``reshard_after_forward``: under torch's window at vpp > 3, the window's 3 chunks').
 - **Per-layer AC** (``layer`` rows): each layer keeps ``none``'s saved activations or
   ``full``'s (checkpointed); the lower bound counts ``none``'s on the layers a pass surely
   keeps (:func:`meshplan.search.layer_replays.kept_in_flight`: torchtitan checkpoints every
