@@ -33,6 +33,13 @@ new samples (``min / median / max``, 8, 16 GPUs, 8 MoE): step 0.785 / 0.940 / 0.
 0.832 / 0.951 / 1, 0.704 / 0.918 / 1, 0.806 / 0.921 / 1); upper bound 1 / 1.320 / 1.469, 1 /
 1.315 / 1.644, 1 / 1.180 / 1.359 (before 1 / 1.170 / 1.484, 1 / 1.264 / 1.58, 1 / 1.167 / 1.502).
 
+Since ttmoe's rule torch_kv_heads (fewer valid candidates: the even sample moved) the memory lower
+bound on the samples fell to 0.668 (8 GPUs: pp 2 x dp_shard 4, mb 2, full, vpp 4, zero3 kept
+gathered, where vppevict's window term counted one chunk's kept layers) and 0.657 (16 GPUs: pp 2 x
+dp_shard 8, mb 4, full, vpp 1, kept gathered: its forward-end terms counted no layer kept gathered).
+With both counted (search/bounds.py F, H and A), ``min / median / max``: 0.722 / 0.902 / 1,
+0.749 / 0.886 / 1, 0.807 / 0.897 / 1 (8, 16 GPUs, 8 MoE).
+
 Bands asserted (each with a margin below the worst measured value, so that a legitimate change
 of either model does not trip them, while a bound that loses a whole term does):
 

@@ -9,7 +9,8 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
 
 - **Lower bound**: the largest of running totals the timeline passes through, each
   computed from terms certainly live then: (F) the end of the ``w``-th forward: init + the
-  saved activations of the ``w`` passes + the root units kept gathered; (P) the first
+  saved activations of the ``w`` passes + the root units kept gathered (and, without
+  ``reshard_after_forward``, the layers kept gathered from those forwards, also at H); (P) the first
   backward's first and second layer at their largest backward step (recomputed
   activations, the step's working set and the gradients written so far, the layer's copy
   and the next layer's prefetched output, the previous unit's reduce-scatter input);
@@ -22,7 +23,7 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   unsharded accumulators and (but under ``no_sync``) their gathered copies; with vpp > 1
   and m > pp, at the end of chunk 0's first backward, init + the kept roots + the passes
   in flight + every chunk's accumulators (and gathered layers without
-  ``reshard_after_forward``).
+  ``reshard_after_forward``: under torch's window at vpp > 3, the window's 3 chunks').
 - **Per-layer AC** (``layer`` rows): each layer keeps ``none``'s saved activations or
   ``full``'s (checkpointed); the lower bound counts ``none``'s on the layers a pass surely
   keeps (:func:`meshplan.search.layer_replays.kept_in_flight`: torchtitan checkpoints every
@@ -172,6 +173,13 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     h1 = np.maximum(h1, np.where(torch_ce, f_end - hs["head_loss_saved"] + hs["loss_grad_kept"]
                                  + hs["logits_grad_temp"], 0))
     h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min_g"], 0)
+    # FSDP2 without reshard_after_forward keeps every layer it forwarded gathered until its
+    # backward (gather_passes: only a chunk's first pass gathers): at the end of the w-th forward
+    # and at the head's backward, before any layer's backward, the stage's layers at vpp 1, the
+    # running chunk's at least otherwise (torch's window keeps it); F, P and W count one or two
+    # of them (``near``, ``gathered``), so only F and H1 add them
+    kg = np.where(F & ~u["ds3"] & (c.rf[:, None] == 0), np.where(v == 1, st.n, st.n_chunk) * u["unit_min_g"], 0)
+    out = np.maximum(out, np.maximum(f_end + kg, np.where(st.last, h1 + kg, 0)))
     out = np.maximum(out, np.where(st.last, np.maximum(h1, h2), 0))
     # torchtitan's [norm, output] unit at pp 1: its reduce-scatter input allocated right after
     # the head's backward, beside its unsharded gradient, every layer's activations still saved
@@ -207,7 +215,10 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # last chunk's last one, so at its end every chunk holds its accumulators (and, without
     # reshard_after_forward, its gathered layers)
     rounds = (v > 1) & (st.m_run > g)
-    every = np.where((c.rf[:, None] > 0) | evicts, st.n_chunk, st.n) * keeps * u["unit_min_g"]
+    # (under torch's window at vpp > 3: the window's chunks, the first ``window`` distinct ones of
+    # the ops from there on, unsharded: every chunk occurs again when m > g, so ``window`` of them)
+    whole = np.where(evicts, window * st.n_chunk, st.n)
+    every = np.where(c.rf[:, None] > 0, st.n_chunk, whole) * keeps * u["unit_min_g"]
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
