@@ -27,7 +27,7 @@ from meshplan.errors import ConfigError
 from meshplan.spec.axes.registry import AXES, Axis, foreign_names
 
 __all__ = ["ALIASES", "AXES", "Axis", "DENSE_AXES", "EXPERT_AXES", "KNOWN_AXES", "MEGATRON_AXES", "TORCHTITAN_AXES",
-           "canonical_names", "close_axis"]
+           "FOREIGN_WORDS", "canonical_names", "close_axis", "foreign_word"]
 
 #: Dense axes (multiplied into the world) and expert axes (re-factoring the dense block), in
 #: mesh order, from the registry (:mod:`meshplan.spec.axes.registry`).
@@ -52,6 +52,48 @@ ALIASES = {"fsdp": ("dp_shard", "mesh axis 'fsdp' is planned as 'dp_shard' (torc
 #: DeepSpeed-Ulysses's ``sequence_parallel_size``: meshplan's context parallelism (Megatron-LM's sequence
 #: parallelism, with tp, is ``[mesh] sequence_parallel`` instead).
 KNOWN_MEANINGS = {"sp": "cp"}
+
+_TT_MG = "torchtitan/Megatron"
+#: Whole words other frameworks use for meshplan's axes -> (axis, whose word). Refused as a mesh
+#: name unless listed in ``custom_axes`` (a custom axis named ``tensor`` would silently plan no TP).
+#: Sources: torchtitan ``ParallelismConfig`` (``tensor_parallel_degree``, ``pipeline_parallel_degree``,
+#: ``context_parallel_degree``, ``expert_parallel_degree``, ``data_parallel_replicate_degree``,
+#: ``data_parallel_shard_degree``); Megatron-LM ``parallel_state`` (``tensor_model_parallel_size``,
+#: ``pipeline_model_parallel_size``, ``context_parallel_size``, ``expert_model_parallel_size``,
+#: ``expert_tensor_parallel_size``, ``get_data_parallel_group``); DeepSpeed ``PipeModelDataParallelTopology``
+#: (axes ``pipe``, ``data``, ``model``) and ``sequence_parallel_size`` (Ulysses). ``sp`` is not here: it is
+#: :data:`KNOWN_MEANINGS` (handed case C2 keeps it as a custom axis through ``custom_axes``).
+FOREIGN_WORDS = {
+    "tensor": ("tp", _TT_MG), "tensor_parallel": ("tp", _TT_MG), "tensor_model_parallel": ("tp", "Megatron"),
+    "model": ("tp", "DeepSpeed"), "model_parallel": ("tp", "DeepSpeed/Megatron"),
+    "pipeline": ("pp", _TT_MG), "pipeline_parallel": ("pp", _TT_MG), "pipeline_model_parallel": ("pp", "Megatron"),
+    "pipe": ("pp", "DeepSpeed"),
+    "data": ("dp", "Megatron/DeepSpeed"), "data_parallel": ("dp", "Megatron/DeepSpeed"),
+    "ddp": ("dp_replicate", "PyTorch"), "replicate": ("dp_replicate", "torchtitan"),
+    "data_parallel_replicate": ("dp_replicate", "torchtitan"),
+    "shard": ("dp_shard", "torchtitan"), "data_parallel_shard": ("dp_shard", "torchtitan"),
+    "context": ("cp", _TT_MG), "context_parallel": ("cp", _TT_MG),
+    "sequence": ("cp", "DeepSpeed-Ulysses"), "sequence_parallel": ("cp", "DeepSpeed-Ulysses"),
+    "expert": ("ep", _TT_MG), "expert_parallel": ("ep", _TT_MG), "expert_model_parallel": ("ep", "Megatron"),
+    "expert_tensor": ("etp", _TT_MG), "expert_tensor_parallel": ("etp", _TT_MG),
+}
+
+
+def foreign_word(name: str) -> str | None:
+    """The one-line refusal for a mesh name that is another framework's word for an axis
+    (:data:`FOREIGN_WORDS`, any case, ``-`` as ``_``), else None.
+
+    >>> print(foreign_word("tensor"))
+    "tensor" is torchtitan/Megatron's word for tp; write "tp" (or list it in mesh.custom_axes to keep a custom axis of that name)
+    >>> foreign_word("cfg") is None
+    True
+    """
+    hit = FOREIGN_WORDS.get(name.lower().replace("-", "_"))
+    if hit is None:
+        return None
+    axis, who = hit
+    return (f'"{name}" is {who}\'s word for {axis}; write "{axis}" (or list it in mesh.custom_axes to '
+            f"keep a custom axis of that name)")
 
 
 def close_axis(name: str) -> list[str]:
@@ -93,6 +135,9 @@ def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[
             out.append(target)
             notes.append(f"{field}: {note}")
             continue
+        refusal = foreign_word(n) if n not in custom else None
+        if refusal:
+            raise ConfigError(field, refusal)
         close = close_axis(n)
         if close and n not in custom:
             quoted = [repr(c) for c in close]
