@@ -40,3 +40,13 @@ def test_a_foreign_word_listed_in_custom_axes_stays_a_custom_axis(tmp_path, caps
     job.write_text(TENSOR.replace("shape = [64, 8]", 'shape = [64, 8]\ncustom_axes = ["tensor"]'))
     assert _main("plan", job) == 1  # infeasible: a custom axis shards no weight (229 GiB peak, no TP)
     assert "  axis tensor: solves no stated constraint" in capsys.readouterr().out
+
+
+def test_an_unquoted_4k_names_the_key_and_the_fix(tmp_path, capsys):
+    # was: "not valid TOML (Expected newline or end of document after a statement (at line 8, column 12))"
+    job = tmp_path / "job.toml"
+    job.write_text(TENSOR.replace('"tensor"', '"tp"').replace("seq_len = 8192", "seq_len = 4k"))
+    assert _main("plan", job) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: config: {job}: not valid TOML (training.seq_len (line 8): Expected newline or end of document "
+        f'after a statement; "4k" is not a number (TOML has no k suffix): write seq_len = 4096 (4 x 1024))')
