@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from cli_run import run_main as _main
+
+from meshplan.spec.hf import model_from_hf_config
+
+HF = Path(__file__).resolve().parent / "data" / "hf"
 
 #: Llama 3 70B, dp_shard 64 x tp 8 on 64 DGX H100, with tp spelled ``tensor`` (the trial's config).
 TENSOR = """[model]
@@ -50,3 +57,23 @@ def test_an_unquoted_4k_names_the_key_and_the_fix(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"error: config: {job}: not valid TOML (training.seq_len (line 8): Expected newline or end of document "
         f'after a statement; "4k" is not a number (TOML has no k suffix): write seq_len = 4096 (4 x 1024))')
+
+
+DSV3 = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+
+
+def test_step_says_the_ep_traffic_counts_plain_top_k_under_node_limited_routing(capsys):
+    # was: the catalog's source said so, step's ep verdict did not
+    assert _main("step", DSV3) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("verdict: network-bound") and "most on ep" in x)
+    assert lines[at + 1] == (
+        "note: ep all-to-all bytes are planned for plain top-k routing (8 copies of each token, to any of the 256 "
+        "experts); deepseek-v3's group-limited routing (n_group 8, topk_group 4: experts from 4 of 8 groups, at "
+        "most 4 nodes per token in DeepSeek-V3) is not modelled: a plain all-to-all sends the same bytes, a "
+        "dispatch that sends one copy per node (DeepEP) sends fewer across the network")
+
+
+def test_the_hf_reader_keeps_the_routing_groups():
+    spec = model_from_hf_config(json.loads((HF / "deepseek-v3" / "config.json").read_text()))
+    assert "(group-limited routing, n_group 8, topk_group 4, no size)" in spec.source
