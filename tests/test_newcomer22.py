@@ -129,3 +129,42 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
     assert ("hint: exposed fsdp is 23.2% of the step (17.2 s of 73.93 s; 128 micro-batches per step): shorter with "
             "training.reshard_after_forward = false (step 60.14 s, -18.7%, peak 22.2 GiB fits); training.micro_batch "
             "= 2 (step 67.79 s, -8.3%, peak 27.4 GiB fits)") in capsys.readouterr().out.splitlines()
+
+
+#: DeepSeek-V3 on 128 dgx-h100 under Megatron-LM, the search narrowed to pp 16 x dp 64 with ep 8 or 64.
+DSV3_SEARCH = """[model]
+catalog = "deepseek-v3"
+[cluster]
+system = "dgx-h100"
+nodes = 128
+[training]
+global_batch = 1024
+seq_len = 4096
+micro_batch = 1
+sharding = "zero1"
+framework = "megatron"
+recompute = "full"
+[search]
+pp = [16]
+cp = [1]
+tp = [1]
+dp_replicate = [1]
+ep = [8, 64]
+micro_batch = [1]
+recompute = ["full"]
+sharding = ["zero1"]
+"""
+
+
+def test_search_rows_print_the_expert_mesh_apart_and_the_routing_caveat(tmp_path, capsys):
+    # was: "pp 16 x dp 64 x ep 8 (efsdp 8, etp 1)" and "pp 16 x dp 64 x ep 64" (read as 8,192 and 65,536
+    # GPUs on 1,024), and no word that the ep traffic counts plain top-k
+    job = tmp_path / "job.toml"
+    job.write_text(DSV3_SEARCH)
+    assert _main("search", job, "--json", tmp_path / "s.json") == 0
+    out = capsys.readouterr().out
+    assert "│ 1 │ pp 16 x dp 64; experts efsdp 8 x ep 8 │" in out
+    assert "│ 2 │ pp 16 x dp 64; experts ep 64          │" in out
+    assert "note: ep all-to-all bytes are planned for plain top-k routing (8 copies of each token" in out
+    rows = json.loads((tmp_path / "s.json").read_text())["top"]
+    assert [r["expert_mesh"] for r in rows] == [{"efsdp": 8, "ep": 8, "etp": 1}, {"efsdp": 1, "ep": 64, "etp": 1}]

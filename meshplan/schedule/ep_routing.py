@@ -5,7 +5,8 @@ Report', arXiv 2412.19437, section 2.1.2: "each token will be sent to at most M 
 config.json ``topk_method noaux_tc``, ``n_group 8``, ``topk_group 4``). meshplan plans plain top-k
 (the catalog's and the Hugging Face reader's ``source`` say so): ``top_k`` copies of each token,
 spread over the ep ranks as if any expert could be chosen (:mod:`meshplan.comm.ep_rows`). The
-step says so in one line beside the ep verdict or hint, so the ep traffic figure is read with it.
+step says so in one line beside the ep verdict or hint, and the search under its table where a row
+shown has ep > 1, so the ep traffic figure is read with it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,15 @@ def routing_groups(source: str) -> Optional[tuple[int, int]]:
 
 
 def routing_caveat(plan: Plan) -> Optional[str]:
-    """The ``note:`` line for a model with group-limited routing at ep > 1, else None."""
-    model = plan.config.model
+    """The ``note:`` line for a plan whose model has group-limited routing at ep > 1, else None."""
+    return routing_note(plan.config.model, plan.mesh.ep)
+
+
+def routing_note(model, ep: int) -> Optional[str]:
+    """The ``note:`` line for ``model`` (a :class:`~meshplan.spec.model.ModelSpec`) with group-limited
+    routing at ``ep`` > 1 (step's plan, or the search's widest ep shown), else None."""
     groups = routing_groups(model.source or "")
-    if not model.experts or plan.mesh.ep < 2 or groups is None:
+    if not model.experts or ep < 2 or groups is None:
         return None
     n, k = groups
     return (f"note: ep all-to-all bytes are planned for plain top-k routing ({model.top_k} copies of each token, "
