@@ -10,7 +10,7 @@ counts them) and the link they cross (an all-to-all across nodes at each rank's 
 NIC, :attr:`meshplan.comm.row.Path.nic_bandwidth_bytes_per_s`).
 
 When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered every
-micro-batch without a pipeline), a second line names the cause: the micro-batches per step
+micro-batch; under a pipeline FSDP2's gathers, :mod:`meshplan.schedule.fsdp_knobs`), a second line names the cause: the micro-batches per step
 (``global_batch / (micro_batch x dp)``) multiply every layer's all-gather (twice with
 ``training.reshard_after_forward = true``: forward and again in backward) and its gradient
 reduce-scatter; the knobs that cut them are ``training.grad_accumulation`` (``no_sync``:
