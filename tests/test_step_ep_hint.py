@@ -114,10 +114,12 @@ def test_plan_ep_line_says_why_and_what_the_all_to_all_crosses(tmp_path):
     assert inside.endswith("its all-to-alls stay inside one node, over NVLink")
 
 
-def test_search_rows_show_the_expert_mesh_where_the_dense_mesh_does_not_imply_it(tmp_path, capsys):
+def test_search_rows_show_the_expert_mesh_after_the_dense_mesh(tmp_path, capsys):
     """The search's rows on the same workload (pp 1, tp 1-2, ep 8-32, zero1, no recompute, mb 1): the dense
-    block dp x tp is 32 ranks, efsdp = 32 / (ep x etp). Where efsdp > 1 the row names it and etp after ep
-    (dp 16 x tp 2 x ep 8: efsdp 4 at etp 1, 2 at etp 2); with efsdp 1 (ep x etp = 32) the mesh implies both."""
+    block dp x tp is 32 ranks, efsdp = 32 / (ep x etp). Every row with ep > 1 prints its expert mesh after
+    the dense one, ``; experts efsdp F x ep E x etp T`` (efsdp and etp where > 1), so the label is not read
+    as a product past the world (moved by nc22fix's with_experts: was ``dp 32 x ep 8 (efsdp 4, etp 1)``,
+    ``dp 32 x ep 32``, ``dp 16 x tp 2 x ep 16 x etp 2``)."""
     job = _toml(tmp_path, [32, 32])
     job.write_text(job.read_text() + "\n[search]\npp = [1]\ncp = [1]\ndp_replicate = [1]\ntp = [1, 2]\nep = [8, 16, 32]\n"
                    'micro_batch = [1]\nrecompute = ["none"]\nsharding = ["zero1"]\ntp_comm_overlap = [false]\n')
@@ -126,12 +128,12 @@ def test_search_rows_show_the_expert_mesh_where_the_dense_mesh_does_not_imply_it
     text = capsys.readouterr().out
     rows = json.loads((tmp_path / "s.json").read_text())["top"]
     shown = {row_mesh(d): d["expert_mesh"] for d in rows}
-    assert shown["dp 32 x ep 8 (efsdp 4, etp 1)"] == {"efsdp": 4, "ep": 8, "etp": 1}
-    assert shown["dp 16 x tp 2 x ep 8 (efsdp 4, etp 1)"] == {"efsdp": 4, "ep": 8, "etp": 1}
-    assert shown["dp 16 x tp 2 x ep 8 (efsdp 2, etp 2)"] == {"efsdp": 2, "ep": 8, "etp": 2}
-    assert shown["dp 32 x ep 32"] == {"efsdp": 1, "ep": 32, "etp": 1}
-    assert shown["dp 16 x tp 2 x ep 16 x etp 2"] == {"efsdp": 1, "ep": 16, "etp": 2}
-    assert "│ 1 │ dp 32 x ep 8 (efsdp 4, etp 1) " in text and "dp 16 x tp 2 x ep 8 (efsdp 2, etp 2)" in text
+    assert shown["dp 32; experts efsdp 4 x ep 8"] == {"efsdp": 4, "ep": 8, "etp": 1}
+    assert shown["dp 16 x tp 2; experts efsdp 4 x ep 8"] == {"efsdp": 4, "ep": 8, "etp": 1}
+    assert shown["dp 16 x tp 2; experts efsdp 2 x ep 8 x etp 2"] == {"efsdp": 2, "ep": 8, "etp": 2}
+    assert shown["dp 32; experts ep 32"] == {"efsdp": 1, "ep": 32, "etp": 1}
+    assert shown["dp 16 x tp 2; experts ep 16 x etp 2"] == {"efsdp": 1, "ep": 16, "etp": 2}
+    assert "│ 1 │ dp 32; experts efsdp 4 x ep 8 " in text and "dp 16 x tp 2; experts efsdp 2 x ep 8 x etp 2" in text
 
 
 def test_deepseek_v3_example_is_told_ep_8():

@@ -42,6 +42,7 @@ from meshplan.interop.search_export import (export_pick, missing_variant, search
                                              search_variant_refusal)
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings, export_refusals
+from meshplan.schedule.ep_routing import routing_note
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
 from meshplan.report.progress import ProgressBar
@@ -253,6 +254,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         result = search(cfg, progress=bar)
     result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
+    widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
+    if (caveat := routing_note(cfg.model, widest)) is not None:  # the ep rows' bytes count plain top-k
+        _echo(caveat)
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
         _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])

@@ -34,6 +34,8 @@ from meshplan.plan import Infeasible
 from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
 from meshplan.schedule.bubble_hint import bubble_hint
 from meshplan.schedule.ep_hint import ep_hint
+from meshplan.schedule.ep_routing import routing_caveat
+from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
@@ -202,8 +204,14 @@ def _verdict(p, st, again, bw) -> list[str]:
     net = network_verdict(p, st, again, bw=bw)
     listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
     ep = ep_hint(p, st, again, bw)
-    return (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + ep
-            + link_bound_hint(p, st, again, knobs_listed=listed, ep_listed=bool(ep)))
+    reshard = reshard_default_note(p, st.step_s, again)
+    lines = ([reshard] if reshard else []) + (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + ep
+             + link_bound_hint(p, st, again, knobs_listed=listed, ep_listed=bool(ep)))
+    caveat = routing_caveat(p)
+    if caveat is None:
+        return lines
+    at = next((i + 1 for i, x in enumerate(lines) if "most on ep" in x or x.startswith("hint: ep ")), len(lines))
+    return lines[:at] + [caveat] + lines[at:]
 
 
 def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],

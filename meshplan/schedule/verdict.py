@@ -10,7 +10,7 @@ counts them) and the link they cross (an all-to-all across nodes at each rank's 
 NIC, :attr:`meshplan.comm.row.Path.nic_bandwidth_bytes_per_s`).
 
 When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered every
-micro-batch without a pipeline), a second line names the cause: the micro-batches per step
+micro-batch; under a pipeline FSDP2's gathers, :mod:`meshplan.schedule.fsdp_knobs`), a second line names the cause: the micro-batches per step
 (``global_batch / (micro_batch x dp)``) multiply every layer's all-gather (twice with
 ``training.reshard_after_forward = true``: forward and again in backward) and its gradient
 reduce-scatter; the knobs that cut them are ``training.grad_accumulation`` (``no_sync``:
@@ -35,6 +35,7 @@ from meshplan.plan import Infeasible, Plan, build_plan, with_memory
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.schedule.comm_streams import comm_kind, step_stream
 from meshplan.schedule.comm_times import shard_group
+from meshplan.schedule.fsdp_knobs import fsdp_knobs
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.mesh_words import stage_list
@@ -194,43 +195,6 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
     if alternatives is None:
         return line + "; fewer with " + " or ".join(k for k, _ in knobs) if knobs else line
     return line + "; " + "; ".join(f"{k}: {alternatives(u).text}" for k, u in knobs)
-
-
-def fsdp_knobs(plan: Plan, stream: str) -> Optional[tuple[str, list[tuple[str, dict]]]]:
-    """(the cause line, the knobs as (its words, the ``training`` update)) for ``stream``'s
-    collectives when they are FSDP's re-gathered every micro-batch without a pipeline (module
-    docstring); None otherwise. One list for the verdict and the hint, so both re-plan the same."""
-    t, m = plan.config.training, plan.micro_batches
-    if stream not in ("fsdp", "efsdp") or t.sharding not in ("zero3", "hsdp") or m < 2 or len(plan.stages) > 1:
-        return None
-    gathers = "all-gathered in forward and again in backward (training.reshard_after_forward = true)" \
-        if t.reshard_after_forward else "all-gathered in forward (kept for backward: reshard_after_forward = false)"
-    mode: str = t.grad_accumulation
-    if mode == "no_sync_unsharded":
-        gathers = gathers.replace("all-gathered in forward", "all-gathered in micro-batch 0's forward")
-    reduce = "once per micro-batch" if mode == "sync" else f"once per step (training.grad_accumulation = {mode})"
-    line = (f"cause: FSDP re-gathers per micro-batch: each layer is {gathers} and its gradients reduce-scattered "
-            f"{reduce}, {counted(m, 'micro-batch')} per step (global_batch {t.global_batch} / (micro_batch "
-            f"{t.micro_batch} x dp {plan.mesh.dp}))")
-    knobs: list[tuple[str, dict]] = []
-    if t.zero3_engine == "deepspeed":  # DeepSpeed's ZeRO-3: per-layer calls, none of FSDP2's knobs
-        line = (f"cause: DeepSpeed ZeRO-3 all-gathers each layer's parameters in forward and again in backward and "
-                f"reduce-scatters its gradients, each micro-batch, {counted(m, 'micro-batch')} per step")
-        mode = ""
-    if t.zero3_engine == "deepspeed-2021":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
-        grads = "reduce-scatters every gradient" if t.contiguous_grads else "all-reduces every gradient in buckets"
-        line = (f"cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in backward "
-                f"and {grads}, each micro-batch, {counted(m, 'micro-batch')} per step")
-        knobs.append(('training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5)',
-                      {"zero3_engine": "fsdp2"}))
-        mode = ""
-    for other in {"sync": ("no_sync", "no_sync_unsharded"), "no_sync": ("no_sync_unsharded",)}.get(mode, ()):
-        knobs.append((f'training.grad_accumulation = "{other}"', {"grad_accumulation": other}))
-    if t.reshard_after_forward and t.zero3_engine == "fsdp2":
-        knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
-    if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:
-        knobs.append((f"training.micro_batch = {2 * t.micro_batch}", {"micro_batch": 2 * t.micro_batch}))
-    return line, knobs
 
 
 def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replanned"]]) -> list[str]:

@@ -270,7 +270,10 @@ def _deepseek_v2(k: Keys) -> dict[str, Any]:
     notes = []
     method = k.cfg.get("topk_method")
     if fields.get("experts") and isinstance(method, str) and method != "greedy":
-        notes.append(f"topk_method {printable(method)[:40]} (group-limited routing, no size) planned as top-k routing")
+        groups = (f", n_group {k.cfg['n_group']}, topk_group {k.cfg['topk_group']}"
+                  if all(isinstance(k.cfg.get(x), int) for x in ("n_group", "topk_group")) else "")
+        notes.append(f"topk_method {printable(method)[:40]} (group-limited routing{groups}, no size) planned as "
+                     f"top-k routing")
     return {**fields, "_notes": notes}
 
 

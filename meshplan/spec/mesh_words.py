@@ -94,21 +94,22 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
 
 
 def with_experts(text: str, ep: int, etp: int, efsdp: int) -> str:
-    """A :func:`mesh_text` with the routed experts' mesh after its ep where the dense mesh does not
-    imply it (the search's rows): ``ep E (efsdp F, etp T)`` where efsdp = dp_shard x cp x tp / (ep x
-    etp) is > 1, the etp axis then named only there. With efsdp 1 the expert mesh is implied (ep x
-    etp is the whole dense block, etp shown as its own axis where > 1), and ``text`` is returned as
-    it is, as at ep 1.
+    """A :func:`mesh_text` with the routed experts' mesh after the dense one (the search's rows):
+    ``; experts efsdp F x ep E x etp T`` (efsdp = dp_shard x cp x tp / (ep x etp), it and etp named
+    where > 1), the ep and etp axes taken out of the dense mesh, so the label never reads as a product
+    past the world (newcomer trial 22: ``dp_shard 256 x ep 8 (efsdp 32, etp 1)`` on 256 GPUs). At ep 1
+    the experts follow the dense mesh and ``text`` is returned as it is.
 
     >>> with_experts("pp 16 x dp 16 x cp 2 x tp 2 x ep 16", 16, 1, 4)
-    'pp 16 x dp 16 x cp 2 x tp 2 x ep 16 (efsdp 4, etp 1)'
+    'pp 16 x dp 16 x cp 2 x tp 2; experts efsdp 4 x ep 16'
     >>> with_experts("dp 8 x tp 2 x ep 4 x etp 2", 4, 2, 2), with_experts("pp 16 x dp 64 x ep 64", 64, 1, 1)
-    ('dp 8 x tp 2 x ep 4 (efsdp 2, etp 2)', 'pp 16 x dp 64 x ep 64')
+    ('dp 8 x tp 2; experts efsdp 2 x ep 4 x etp 2', 'pp 16 x dp 64; experts ep 64')
     """
-    if ep < 2 or efsdp < 2:
+    if ep < 2:
         return text
-    parts = [p for p in text.split(" x ") if p != f"etp {etp}"]
-    return " x ".join(f"{p} (efsdp {efsdp}, etp {etp})" if p == f"ep {ep}" else p for p in parts)
+    parts = [p for p in text.split(" x ") if p not in (f"ep {ep}", f"etp {etp}")]
+    experts = [w for w, on in ((f"efsdp {efsdp}", efsdp > 1), (f"ep {ep}", True), (f"etp {etp}", etp > 1)) if on]
+    return f"{' x '.join(parts)}; experts {' x '.join(experts)}"
 
 
 def shown_names(names, sharding: str, taken=()) -> dict[str, str]:

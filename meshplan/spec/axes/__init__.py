@@ -28,7 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.spec.axes.registry import AXES, Axis, foreign_names
 
 __all__ = ["ALIASES", "AXES", "Axis", "DENSE_AXES", "EXPERT_AXES", "KNOWN_AXES", "MEGATRON_AXES", "TORCHTITAN_AXES",
-           "OWN_AXES", "canonical_names", "close_axis"]
+           "FOREIGN_WORDS", "OWN_AXES", "canonical_names", "close_axis", "foreign_word"]
 
 #: Dense axes (multiplied into the world) and expert axes (re-factoring the dense block), in
 #: mesh order, from the registry (:mod:`meshplan.spec.axes.registry`).
@@ -58,10 +58,53 @@ KNOWN_MEANINGS = {"sp": "cp"}
 #: only, no model semantics), with the note printed: handed case C2 gives xDiT's order "tp-sp-pp-cfg-dp"
 #: as the input whose groups it checks, ``sp`` unlisted. Not an alias of ``cp``: xDiT's sp is Ulysses
 #: (an all-to-all of the heads) x ring attention, not meshplan's all-gather CP, and its groups are named sp.
-OWN_AXES = {"sp": "mesh axis 'sp' is planned as a user-named axis (rank math only, no model semantics: xDiT's "
-                  "and DeepSpeed-Ulysses's sequence-parallel group, not modelled); for the sequence split's memory "
-                  "and collectives use meshplan's 'cp' (context parallelism); Megatron-LM's sequence parallelism "
-                  "is [mesh] sequence_parallel = true"}
+#: DeepSpeed-Ulysses's own word (``sequence_parallel_size``) is taken the same way, for the same reason.
+_ULYSSES = ("is planned as a user-named axis (rank math only, no model semantics: xDiT's and DeepSpeed-Ulysses's "
+            "sequence-parallel group, not modelled); for the sequence split's memory and collectives use meshplan's "
+            "'cp' (context parallelism); Megatron-LM's sequence parallelism is [mesh] sequence_parallel = true")
+OWN_AXES = {n: f"mesh axis '{n}' {_ULYSSES}" for n in ("sp", "sequence", "sequence_parallel")}
+
+
+_TT_MG = "torchtitan/Megatron"
+#: Whole words other frameworks use for meshplan's axes -> (axis, whose word). Refused as a mesh
+#: name unless listed in ``custom_axes`` (a custom axis named ``tensor`` would silently plan no TP).
+#: Sources: torchtitan ``ParallelismConfig`` (``tensor_parallel_degree``, ``pipeline_parallel_degree``,
+#: ``context_parallel_degree``, ``expert_parallel_degree``, ``data_parallel_replicate_degree``,
+#: ``data_parallel_shard_degree``); Megatron-LM ``parallel_state`` (``tensor_model_parallel_size``,
+#: ``pipeline_model_parallel_size``, ``context_parallel_size``, ``expert_model_parallel_size``,
+#: ``expert_tensor_parallel_size``, ``get_data_parallel_group``); DeepSpeed ``PipeModelDataParallelTopology``
+#: (axes ``pipe``, ``data``, ``model``). ``sp``, ``sequence`` and ``sequence_parallel`` (Ulysses) are not here:
+#: they are :data:`OWN_AXES` (handed case C2 takes sp as the user's own axis, with a note).
+FOREIGN_WORDS = {
+    "tensor": ("tp", _TT_MG), "tensor_parallel": ("tp", _TT_MG), "tensor_model_parallel": ("tp", "Megatron"),
+    "model": ("tp", "DeepSpeed"), "model_parallel": ("tp", "DeepSpeed/Megatron"),
+    "pipeline": ("pp", _TT_MG), "pipeline_parallel": ("pp", _TT_MG), "pipeline_model_parallel": ("pp", "Megatron"),
+    "pipe": ("pp", "DeepSpeed"),
+    "data": ("dp", "Megatron/DeepSpeed"), "data_parallel": ("dp", "Megatron/DeepSpeed"),
+    "ddp": ("dp_replicate", "PyTorch"), "replicate": ("dp_replicate", "torchtitan"),
+    "data_parallel_replicate": ("dp_replicate", "torchtitan"),
+    "shard": ("dp_shard", "torchtitan"), "data_parallel_shard": ("dp_shard", "torchtitan"),
+    "context": ("cp", _TT_MG), "context_parallel": ("cp", _TT_MG),
+    "expert": ("ep", _TT_MG), "expert_parallel": ("ep", _TT_MG), "expert_model_parallel": ("ep", "Megatron"),
+    "expert_tensor": ("etp", _TT_MG), "expert_tensor_parallel": ("etp", _TT_MG),
+}
+
+
+def foreign_word(name: str) -> str | None:
+    """The one-line refusal for a mesh name that is another framework's word for an axis
+    (:data:`FOREIGN_WORDS`, any case, ``-`` as ``_``), else None.
+
+    >>> print(foreign_word("tensor"))
+    "tensor" is torchtitan/Megatron's word for tp; write "tp" (or list it in mesh.custom_axes to keep a custom axis of that name)
+    >>> foreign_word("cfg") is None
+    True
+    """
+    hit = FOREIGN_WORDS.get(name.lower().replace("-", "_"))
+    if hit is None:
+        return None
+    axis, who = hit
+    return (f'"{name}" is {who}\'s word for {axis}; write "{axis}" (or list it in mesh.custom_axes to '
+            f"keep a custom axis of that name)")
 
 
 def close_axis(name: str) -> list[str]:
@@ -110,6 +153,9 @@ def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[
             out.append(n)
             notes.append(f"{field}: {OWN_AXES[n]}")
             continue
+        refusal = foreign_word(n) if n not in custom else None
+        if refusal:
+            raise ConfigError(field, refusal)
         close = close_axis(n)
         if close and n not in custom:
             quoted = [repr(c) for c in close]
