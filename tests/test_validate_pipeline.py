@@ -126,7 +126,7 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path, m)
     for phase in ("forward", "backward"):
         assert [pp[phase][f"rank{k}"] for k in range(4)] == [3 * m] * 4
         assert [pp[phase][f"meshplan_rank{k}"] for k in range(4)] == [3 * m] * 4
-    assert r["comparison"]["differences"] == []  # the FSDP rows too (pipelined.label_unshard)
+    assert r["comparison"]["differences"] == []  # the FSDP rows too (pipelined_recorder.label_unshard)
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(tmp_path, reshard
     """pp 2 x vpp 4 (8 virtual stages, one layer each) x dp_shard 2, m 4: torch 2.13's window of
     3 local stages evicts chunks and unshards them again (meshplan.pipeline.unshard_window); the
     plan counts those all-gathers on the pass each UNSHARD prefetches for and the recorder names
-    them so (pipelined.label_unshard): every FSDP row matches, none left in phase schedule."""
+    them so (pipelined_recorder.label_unshard): every FSDP row matches, none left in phase schedule."""
     cfg = load_config(PP_FSDP)
     cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
                                                                      "virtual_stages": 4}),
@@ -327,7 +327,7 @@ def test_a_schedules_unshard_prefetch_is_named_forward():
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    from meshplan.runtime.execution.pipelined import PipelineRecorder, label_unshard
+    from meshplan.runtime.execution.pipelined_recorder import PipelineRecorder, label_unshard
     from meshplan.runtime.validation.dryrun import fake_process_group
 
     with fake_process_group(2):
@@ -355,7 +355,7 @@ def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(tmp_path, s
     every collective of every rank equals the plan's table (with it true ZB-V runs one
     reduce-scatter short on ranks 0 and 1, and validate refuses it: pipeline/vshape.py). Each layer
     unit is gathered once per schedule run, by the schedule's UNSHARD before the rank's first
-    forward (PipelineRecorder names it forward, as the plan: pipelined.label_unshard): 2 layer
+    forward (PipelineRecorder names it forward, as the plan: pipelined_recorder.label_unshard): 2 layer
     units per rank, 1 each of the embedding (524,288 B) and [norm, output] (525,312 B) on pp rank
     0, which holds virtual stages 0 and 3; pp send/recv as planned."""
     cfg = load_config(PP_FSDP)
@@ -405,6 +405,6 @@ def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(tmp_path):
             == [12] * 4
     assert not [d for d in r["comparison"]["differences"] if " pp " in d]
     # FSDP: the schedule's UNSHARD of both chunks before the first forward is named forward
-    # (pipelined.label_unshard), so every all-gather and reduce-scatter matches as the plan counts it
+    # (pipelined_recorder.label_unshard), so every all-gather and reduce-scatter matches as the plan counts it
     assert r["comparison"]["differences"] == []
     assert not [row for row in r["comparison"]["collectives"] if row["phase"] == "schedule"]

@@ -191,7 +191,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
         tables["memory"] = {"grad_bucket_elements": bucket_elements(d["zero_optimization"])}
-    if stage == 3 and prefetch_memory(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.passes)
+    if stage == 3 and prefetch_memory(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.unit_events)
         tables["memory"] = tables.get("memory", {}) | prefetch_memory(d["zero_optimization"])
     tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "

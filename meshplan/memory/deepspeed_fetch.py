@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-3's fetch and prefetch in one pass's memory events (``zero3_engine =
 "deepspeed"``): :func:`deepspeed_fetch` and :func:`deepspeed_prefetch`, the part of
-:class:`meshplan.memory.passes.PassBuilder` (``b``, whose events they add) that follows DeepSpeed's parameter coordinator
+:class:`meshplan.memory.unit_events.UnitEvents` (``b``, whose events they add) that follows DeepSpeed's parameter coordinator
 instead of FSDP2's unshard (its conventions are that module's docstring). The bytes its prefetch keeps gathered and the ``torch.cat`` copy of a
 prefetched part are :mod:`meshplan.spec.deepspeed_memory`'s, as the step's.
 """
@@ -20,10 +20,10 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
 if TYPE_CHECKING:  # the builder whose events these add; no import at run time (it imports this)
-    from meshplan.memory.passes import PassBuilder
+    from meshplan.memory.unit_events import UnitEvents
 
 
-def deepspeed_fetch(b: PassBuilder, key: UnitKey, u: Unit, ahead: list) -> None:
+def deepspeed_fetch(b: UnitEvents, key: UnitKey, u: Unit, ahead: list) -> None:
     """DeepSpeed ZeRO-3's fetch of ``key`` (deepspeedai/DeepSpeed edaa722 ``runtime/zero/
     partition_parameters.py``): what was not prefetched is gathered one parameter per Llama leaf
     module by ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer (one
@@ -47,7 +47,7 @@ def deepspeed_fetch(b: PassBuilder, key: UnitKey, u: Unit, ahead: list) -> None:
         b._free_output(older, f"at {u.name}'s fetch")
 
 
-def deepspeed_prefetch(b: PassBuilder, ahead: list, prefetch: int, live: int) -> None:
+def deepspeed_prefetch(b: UnitEvents, ahead: list, prefetch: int, live: int) -> None:
     """DeepSpeed ZeRO-3's prefetch after a fetch (edaa722 ``partitioned_param_coordinator.py:452-480``;
     ``prefetch`` and ``live`` bytes): the units of ``ahead`` (next in the pass) gathered or in flight
     up to :func:`~meshplan.spec.deepspeed_memory.deepspeed_ahead_bytes` past the units held (the
@@ -67,7 +67,7 @@ def deepspeed_prefetch(b: PassBuilder, ahead: list, prefetch: int, live: int) ->
         room -= b._issue(nxt, room)
 
 
-def reuse_kept_bytes(b: PassBuilder, key: UnitKey) -> int:
+def reuse_kept_bytes(b: UnitEvents, key: UnitKey) -> int:
     """Bytes of layer ``key`` that DeepSpeed's ``stage3_max_reuse_distance`` keeps gathered from its
     forward to its backward (``b.sz.deepspeed_kept``, :func:`deepspeed_reuse`; 0 for another unit
     or engine): the forward releases the rest, the backward gathers only the rest (a prefetch

@@ -3,7 +3,7 @@
 FSDP units: every layer, plus the stage's embedding (stage 0) and head (final norm and
 output on the last stage, the output counted as in :mod:`meshplan.memory.state`); on a
 stage that holds both in one chunk (pp 1) they are one unit, FSDP2's root (``root``;
-:mod:`meshplan.memory.passes`), except under torchtitan's units
+:mod:`meshplan.memory.unit_events`), except under torchtitan's units
 (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied): the embedding and the
 head apart, the embedding resharded after forward as the layers are (``embedding_reshards``,
 at every pp; tied under pp the first stage's embedding stays gathered, as torchtitan's tied

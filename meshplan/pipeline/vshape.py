@@ -47,7 +47,7 @@ from meshplan.pipeline.base import PipelineSchedule
 #: plan twice; DualPipeV runs every reduce-scatter the plan counts (its gradients are still wrong).
 #: With it false both runs issue every collective the plan counts and validate passes with no
 #: difference (the schedule's UNSHARD of each chunk before the first forward is the chunk's first
-#: forward all-gather, named so: runtime.execution.pipelined.label_unshard).
+#: forward all-gather, named so: runtime.execution.pipelined_recorder.label_unshard).
 #: Stage 0 is right every time: its ``I`` is skipped (``if not self.is_first``) and its ``W`` is a
 #: full backward. The fix is :data:`RESHARD_FIX`: torchtitan resolves its
 #: ``fsdp_reshard_after_forward = "default"`` to ``not pp_enabled`` (pytorch/torchtitan

@@ -5,7 +5,7 @@ Terms (sizes from :mod:`meshplan.search.memory`): init = persistent state less F
 sharded gradients (they appear at each unit's first reduce-scatter) + NCCL buffers +
 workspace; ``w`` chunk passes in flight at the first backward (1F1B ``min(pp - k, m)``,
 interleaved: Megatron's warm-up + 1); A the saved activations of a layer; an FSDP unit u
-is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memory.passes`).
+is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memory.unit_events`).
 
 - **Lower bound**: the largest of running totals the timeline passes through, each
   computed from terms certainly live then: (F) the end of the ``w``-th forward: init + the
@@ -190,7 +190,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
     # FSDP2 keeps each unit's all-gather output till the next copy-out in forward, explicitly
-    # prefetched or not (memory.passes); of an MoE layer whose experts gather apart under
+    # prefetched or not (memory.unit_events); of an MoE layer whose experts gather apart under
     # torchtitan (ep > 1) only theirs: not counted there
     split = (c.ep > 1)[:, None] & cfg.training.torchtitan_units if cfg.model.is_moe else False
     keep_output = ~u["ds3"] & ~split
@@ -265,7 +265,7 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     few = u["per_mb"] & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
     # copies and outputs of layers: with every layer kept gathered, its n copies and at most
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
-    # the prefetched ones: memory.passes PassBuilder._unshard)
+    # the prefetched ones: memory.unit_events UnitEvents._unshard)
     held = np.where(few, (2 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
     # DeepSpeed ZeRO-3: the units held and what its prefetch holds past them reach max live and run
     # on to the end of the parameter reaching it, one parameter past at most, the largest unsplit one

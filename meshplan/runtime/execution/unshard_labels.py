@@ -1,5 +1,5 @@
 """The phase the plan gives each FSDP all-gather a torch pipeline schedule's ``UNSHARD`` issues
-(:func:`unshard_phases`), for :func:`meshplan.runtime.execution.pipelined.label_unshard`.
+(:func:`unshard_phases`), for :func:`meshplan.runtime.execution.pipelined_recorder.label_unshard`.
 
 torch 2.13's multi-stage schedules lower each rank's order with ``_add_unshard_reshard``
 (``torch/distributed/pipelining/schedules.py`` 1285-1365, a window of 3 local stages,
