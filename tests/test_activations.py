@@ -134,4 +134,5 @@ def test_layer_options_from_mesh_and_training():
     from meshplan.spec.training import TrainingSpec
     m = resolve_mesh(MeshSpec(names=["dp", "cp", "tp"], shape=[2, 2, 2], sequence_parallel=True), 8)
     t = TrainingSpec(global_batch=8, seq_len=64, recompute="full", flash_attention=True)
-    assert layer_options(m, t) == dict(tp=2, sp=True, cp=2, recompute="full", flash=True)
+    assert layer_options(m, t) == dict(tp=2, sp=True, cp=2, recompute="full", flash=True,
+                                         framework="torch")  # megakv: Megatron keeps the gathered QKV (tp > kv_heads)
