@@ -217,6 +217,35 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     fully_shard(model, **kw)  # the root: no parameters of its own left
 
 
+def set_forward_prefetch(model: nn.Module) -> None:
+    """torchtitan's explicit forward prefetch under ep > 1 (``apply_fsdp`` of its MoE models at
+    b5bcd76: the embedding prefetches block 0, each block the next one, the last block the head),
+    on a model :func:`apply_fsdp` wrapped; what the memory timeline models
+    (:func:`meshplan.memory.units.explicit_forward_prefetch`). There a block's experts are a second
+    parameter group of the block's own FSDP state, and torch 2.13's ``FSDPState._pre_forward``
+    (``_fsdp_state.py`` 313-320) copies out every group before it prefetches; here the experts
+    are a unit of their own, so the unit copied out last in a layer (its experts' where they are
+    FSDP units) issues the prefetch of the next layer's units, in that order. Without it the
+    worker held one layer less (gathered params 23,351,296 B against the plan's 34,361,344 B at
+    world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``); prefetched from the block itself,
+    one dense group more (35,026,944 B: the block's all-gather output is freed only at its
+    experts' copy-out, ``_fsdp_param_group.py`` 430-432)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def units(block) -> list:
+        ex = block.moe.experts if hasattr(block, "moe") else None
+        return [block] + ([ex] if isinstance(ex, FSDPModule) and ex is not block else [])
+
+    layers = [units(b) for b in model.layers.values() if isinstance(b, FSDPModule)]
+    emb, head = getattr(model, "embedding", None), getattr(model, "output", None)
+    ends = [[head] if isinstance(head, FSDPModule) else []]
+    for layer, ahead in zip(layers, layers[1:] + ends):
+        if ahead:
+            layer[-1].set_modules_to_forward_prefetch(ahead)
+    if layers and isinstance(emb, FSDPModule) and emb is not head:
+        emb.set_modules_to_forward_prefetch(layers[0])
+
+
 def _placement_of(params: set, placement: Optional[Callable]) -> Optional[Callable]:
     """A block's ``shard_placement_fn``: ``placement`` for ``params`` (its experts), FSDP2's
     default ``Shard(0)`` (None) for the rest; None where ``placement`` is."""
@@ -294,6 +323,8 @@ def _apply_fsdp(run: _Apply) -> None:
         apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp,
                    run.expert_placement, reshard_head=training.reshard_head_after_forward,
                    experts_apart=experts_apart(mesh))
+        if mesh.ep > 1:
+            set_forward_prefetch(model)
     elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
         for block in model.layers.values():
             if hasattr(block, "moe"):
