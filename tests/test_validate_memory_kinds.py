@@ -121,3 +121,20 @@ def test_validate_world4_moe_memory_rows_compare_like_with_like(tmp_path):
     assert gb["measured"] == 2 * experts and -0.10 <= gb["error"] <= 0, (gb, experts)
     copy = kind[RS_COPY_KIND]  # gloo's copy of the largest reduce-scatter input: the experts'
     assert copy["predicted"] is None and copy["measured"] == experts, (copy, experts)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_validate_world4_moe_full_recompute_gathers_as_planned(tmp_path):
+    # The same config under full recompute: the replayed forward of a layer's experts unit once
+    # prefetched the units ahead, already resharded after their backward (torchtitan's block
+    # never does: runtime.execution.parallelize._prefetch_after). Measured before the gate:
+    # 3 collective differences (validate's exit 1), gathered params 34,886,656 B (+1.5%), peak
+    # +5%; now every collective as the plan counts it on all 4 ranks (exit 0) and the gathered
+    # params exact.
+    config = tmp_path / "moe_full.toml"
+    config.write_text(MOE.read_text().replace('recompute = "none"', 'recompute = "full"'))
+    assert 'recompute = "full"' in config.read_text()
+    _, kind = _validate_world4(config, tmp_path / "ev")
+    for k in ("params", "grads", "gathered_params"):
+        assert kind[k]["measured"] == kind[k]["predicted"] > 0, (k, kind[k])
