@@ -27,6 +27,7 @@ HEAVY = (
     "test_runtime_dryrun.py",           # fake process group, every rank
     "test_table_vs_torch.py",           # fake process group, DTensor/FSDP2 op by op
     "test_memory_vs_tracker.py",        # FSDPMemTracker on the fake process group
+    "test_forward_prefetch_recompute.py",  # FSDP2 prefetch under recompute, fake process group
     "test_search.py::test_verdict_equals_build_plan_for_every_candidate",  # exact plan of every candidate
 )
 

@@ -55,7 +55,10 @@ def explicit_forward_prefetch(training: TrainingSpec, mesh: Mesh) -> bool:
     """torchtitan under ep > 1 prefetches in forward explicitly (``apply_fsdp_to_decoder`` at
     b5bcd76: ``set_modules_to_forward_prefetch([next block])``, the embedding's [block 0], the last
     block's [norm, output]): each unit's all-gather issued at the previous unit's start, as the rank
-    timeline issues the next layer's (and its experts') all-gathers."""
+    timeline issues the next layer's (and its experts') all-gathers. Forward only: full recompute's
+    replay prefetches nothing (torchtitan's ``checkpoint_wrapper`` is inside the block's unit,
+    ``activation_checkpoint.py`` 152-176, and the block's state is in pre-backward, torch 2.13
+    ``_fsdp_state.py`` 295-303), so no backward all-gather is added (tests/test_forward_prefetch_recompute.py)."""
     return training.torchtitan_units and mesh.ep > 1 and any(fsdp_active(training, mesh).values())
 
 

@@ -217,6 +217,65 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     fully_shard(model, **kw)  # the root: no parameters of its own left
 
 
+def set_forward_prefetch(model: nn.Module) -> None:
+    """torchtitan's explicit forward prefetch under ep > 1 (``torchtitan/distributed/fsdp.py``
+    ``apply_fsdp_to_decoder`` at b5bcd76, lines 386-406: the embedding prefetches block 0, each
+    block the next one, the last block the head), on a model :func:`apply_fsdp` wrapped; what the
+    memory timeline models (:func:`meshplan.memory.units.explicit_forward_prefetch`). There a
+    block's experts are a second parameter group of the block's own FSDP state (fsdp.py 318-360,
+    a per-parameter mesh), and torch 2.13's ``FSDPState._pre_forward`` (``_fsdp_state.py``
+    313-320) copies out every group before it prefetches; here the experts are a unit of their
+    own, so the unit copied out last in a layer (its experts' where they are FSDP units) issues
+    the prefetch of the next layer's units, in that order (:func:`_prefetch_after`). Without it
+    the worker held one layer less (gathered params 23,351,296 B against the plan's 34,361,344 B
+    at world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``); prefetched from the block
+    itself, one dense group more (35,026,944 B: the block's all-gather output is freed only at
+    its experts' copy-out, ``_fsdp_param_group.py`` 430-432)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    def units(block) -> list:
+        ex = block.moe.experts if hasattr(block, "moe") else None
+        return [block] + ([ex] if isinstance(ex, FSDPModule) and ex is not block else [])
+
+    layers = [units(b) for b in model.layers.values() if isinstance(b, FSDPModule)]
+    emb, head = getattr(model, "embedding", None), getattr(model, "output", None)
+    ends = [[head] if isinstance(head, FSDPModule) else []]
+    for layer, ahead in zip(layers, layers[1:] + ends):
+        if ahead and len(layer) == 1:
+            layer[0].set_modules_to_forward_prefetch(ahead)
+        elif ahead:
+            _prefetch_after(layer[-1], owner=layer[0], ahead=ahead)
+    if layers and isinstance(emb, FSDPModule) and emb is not head:
+        emb.set_modules_to_forward_prefetch(layers[0])
+
+
+def _prefetch_after(unit: nn.Module, owner: nn.Module, ahead: list) -> None:
+    """``unit`` (a block's experts, an FSDP unit of its own) prefetches ``ahead`` after its
+    copy-out, as ``owner`` (the block) would if it held the experts as torchtitan does, but
+    not in full recompute's replayed forward: there ``owner`` is in pre-backward and torch
+    returns before its prefetch (``_fsdp_state.py`` 295-303; torchtitan's checkpoint wrapper is
+    inside the block's unit, ``activation_checkpoint.py`` 152-160 and 173-176, so its hooks do
+    not even run), while ``unit``'s own state, not yet in backward, would prefetch (315-320):
+    one all-gather of every unit ahead, resharded after its backward already and held to the
+    end of backward (``_fsdp_param_group.py`` 773-781), which torchtitan never issues and the
+    plan does not count (``tests/test_table_vs_torch.py``, MoE full recompute). A pre-hook on
+    ``owner`` (after FSDP's, ``prepend=True``; the replay runs it, as the runtime model
+    checkpoints the FSDP block from outside, ``model.py``) sets ``unit``'s prefetch list per
+    pass, so the prefetch stays inside FSDP's own pre-forward, where the memory tracker labels
+    it (a hook of its own on ``unit`` left the gathered params 23,351,296 B, the case above)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    unit.set_modules_to_forward_prefetch(ahead)
+    unit_state, owner_state = unit._get_fsdp_state(), owner._get_fsdp_state()
+    targets = list(unit_state._states_to_forward_prefetch)
+
+    def gate(module, args):
+        replay = owner_state._training_state == TrainingState.PRE_BACKWARD
+        unit_state._states_to_forward_prefetch = [] if replay else targets
+
+    owner.register_forward_pre_hook(gate)
+
+
 def _placement_of(params: set, placement: Optional[Callable]) -> Optional[Callable]:
     """A block's ``shard_placement_fn``: ``placement`` for ``params`` (its experts), FSDP2's
     default ``Shard(0)`` (None) for the rest; None where ``placement`` is."""
@@ -294,6 +353,8 @@ def _apply_fsdp(run: _Apply) -> None:
         apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp,
                    run.expert_placement, reshard_head=training.reshard_head_after_forward,
                    experts_apart=experts_apart(mesh))
+        if mesh.ep > 1:
+            set_forward_prefetch(model)
     elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
         for block in model.layers.values():
             if hasattr(block, "moe"):
