@@ -9,24 +9,14 @@ import pytest
 from cli_run import run_main as _main
 
 from meshplan.spec.hf import model_from_hf_config
+from tests.configs import job_toml
 
 HF = Path(__file__).resolve().parent / "data" / "hf"
 
 #: Llama 3 70B, dp_shard 64 x tp 8 on 64 DGX H100, with tp spelled ``tensor`` (the trial's config).
-TENSOR = """[model]
-catalog = "llama3-70b"
-[cluster]
-system = "dgx-h100"
-nodes = 64
-[training]
-global_batch = 512
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-[mesh]
-names = ["dp_shard", "tensor"]
-shape = [64, 8]
-"""
+TENSOR = job_toml("llama3-70b", nodes=64,
+                  training={"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3"},
+                  mesh={"names": ["dp_shard", "tensor"], "shape": [64, 8]})
 
 
 @pytest.mark.parametrize("name, axis, who", [("tensor", "tp", "torchtitan/Megatron"),
@@ -81,27 +71,12 @@ def test_the_hf_reader_keeps_the_routing_groups():
 
 #: Llama 3 405B at pp 16 x dp_shard 16 x tp 8, vpp 8 (interleaved 1F1B) on 256 dgx-h100, the trial's
 #: job: global batch 2048 (128 micro-batches), full recompute, reshard_after_forward left unset.
-PP405 = """[model]
-catalog = "llama3-405b"
-[cluster]
-system = "dgx-h100"
-nodes = 256
-[training]
-global_batch = 2048
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-param_dtype = "fp32"
-compute_dtype = "bf16"
-recompute = "full"
-[mesh]
-names = ["pp", "dp_shard", "tp"]
-shape = [16, 16, 8]
-sequence_parallel = true
-virtual_stages = 8
-pp_schedule = "interleaved_1f1b"
-pp_layer_split = [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
-"""
+PP405 = job_toml("llama3-405b", nodes=256,
+                 training={"global_batch": 2048, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                           "param_dtype": "fp32", "compute_dtype": "bf16", "recompute": "full"},
+                 mesh={"names": ["pp", "dp_shard", "tp"], "shape": [16, 16, 8], "sequence_parallel": True,
+                       "virtual_stages": 8, "pp_schedule": "interleaved_1f1b",
+                       "pp_layer_split": [7] + [8] * 14 + [7]})
 
 RESHARD_NOTE = (
     "note: training.reshard_after_forward is unset, planned true (meshplan's default); torchtitan under pp 16 runs "
@@ -132,28 +107,11 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
 
 
 #: DeepSeek-V3 on 128 dgx-h100 under Megatron-LM, the search narrowed to pp 16 x dp 64 with ep 8 or 64.
-DSV3_SEARCH = """[model]
-catalog = "deepseek-v3"
-[cluster]
-system = "dgx-h100"
-nodes = 128
-[training]
-global_batch = 1024
-seq_len = 4096
-micro_batch = 1
-sharding = "zero1"
-framework = "megatron"
-recompute = "full"
-[search]
-pp = [16]
-cp = [1]
-tp = [1]
-dp_replicate = [1]
-ep = [8, 64]
-micro_batch = [1]
-recompute = ["full"]
-sharding = ["zero1"]
-"""
+DSV3_SEARCH = job_toml("deepseek-v3", nodes=128,
+                       training={"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
+                                 "framework": "megatron", "recompute": "full"},
+                       search={"pp": [16], "cp": [1], "tp": [1], "dp_replicate": [1], "ep": [8, 64],
+                               "micro_batch": [1], "recompute": ["full"], "sharding": ["zero1"]})
 
 
 def test_search_rows_print_the_expert_mesh_apart_and_the_routing_caveat(tmp_path, capsys):
