@@ -74,3 +74,20 @@ def test_cp_4_is_more_than_memory_needs_cp_2_is_enough(tmp_path):
     assert small.timeline.peak.total_bytes == p2.timeline.peak.total_bytes
     assert need_line(p4).startswith(f"note: cp 4 is more than memory needs: cp 2 (dp_shard 4 x cp 2) also fits, "
                                     f"timeline peak {p2.timeline.peak.total_bytes / GiB:.2f} GiB of 67.06 GiB usable")
+
+
+def test_with_memory_if_fits_is_the_full_plan_or_none(tmp_path):
+    """:func:`~meshplan.plan.with_memory_if_fits`, which :func:`smaller_fit` re-plans with: the
+    plan's timelines, stage for stage, where it fits (dp_shard 4 x tp 2), None where it does not
+    (dp_shard 8 x tp 1, the mesh over memory above)."""
+    from meshplan.plan import with_memory_if_fits
+
+    for dp, tp in ((4, 2), (8, 1)):
+        path, full = _plan(tmp_path, dp, tp)
+        lean = build_plan(load_config(path), memory=False, reports=False)
+        fit = with_memory_if_fits(lean)
+        if not full.feasible:
+            assert fit is None and (dp, tp) == (8, 1)
+            continue
+        assert fit.feasible and fit.reasons == () and (dp, tp) == (4, 2)
+        assert [tl.peak for tl in fit.timelines] == [tl.peak for tl in full.timelines]

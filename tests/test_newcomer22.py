@@ -96,6 +96,31 @@ def test_an_unset_reshard_under_pp_says_what_torchtitan_runs(tmp_path, capsys, c
     assert "note: training.reshard_after_forward" not in capsys.readouterr().out
 
 
+def test_plan_notes_under_pp_are_those_of_the_meshes_planned_by_hand(tmp_path):
+    """``plan``'s two notes on the job (review37: the plan's step shared, the constraints kept, a
+    re-plan's memory planned up to its first stage over usable memory) against the plans of the
+    tp 4 and tp 2 meshes written in full: tp 4 (dp_shard 32) fits and is faster, tp 2 does not fit."""
+    from meshplan.cli.plan_cmds import closing_notes
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    from meshplan.units import GiB, step_seconds
+
+    def plan(shape: str):
+        job = tmp_path / f"{shape}.toml"
+        job.write_text(PP405.replace("shape = [16, 16, 8]", f"shape = {shape}"))
+        return build_plan(load_config(job))
+    p8, p4, p2 = plan("[16, 16, 8]"), plan("[16, 32, 4]"), plan("[16, 64, 2]")
+    assert p8.feasible and p4.feasible and not p2.feasible
+    s8, s4 = step_time(p8).step_s, step_time(p4).step_s
+    assert s4 < 0.99 * s8  # tp 4 clearly faster: "not for the step either", no "within 1%"
+    need = (f"note: tp 8 is more than memory needs: tp 4 (pp 16 x dp_shard 32 x tp 4) also fits, timeline peak "
+            f"{p4.timeline.peak.total_bytes / GiB:.2f} GiB of {p8.constraints.usable_bytes / GiB:.2f} GiB usable "
+            f"(this mesh {p8.timeline.peak.total_bytes / GiB:.2f} GiB); not for the step either: {step_seconds(s8)} "
+            f"at tp 8 against {step_seconds(s4)} at tp 4")
+    assert closing_notes(p8) == [need, RESHARD_NOTE]
+
+
 def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
     # was: no hint at 23% exposed fsdp (fsdp_knobs returned None for any pipeline), though the docs promise one
     job = tmp_path / "job.toml"
