@@ -1,8 +1,10 @@
 """Speed goal (issue 2): `meshplan plan` for Llama-3-405B on 16,384 GPUs in under 1 s wall.
 
 Prints plans per second and the ratio of the goal to the measured wall time (> 1 means the
-goal is met), for the in-process plan, the text report, the JSON, and the whole CLI
-(a fresh Python process, imports included).
+goal is met), for the in-process plan, the text report, the JSON, the ``note:`` lines `plan`
+prints after a feasible plan (:func:`meshplan.cli.plan_cmds.closing_notes`: the axis-need re-plan
+and the reshard-default re-plan, on top of build_plan) and the whole CLI (a fresh Python process,
+imports included).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from meshplan.cli.plan_cmds import closing_notes
 from meshplan.plan import build_plan
 from meshplan.report.json_out import plan_to_dict
 from meshplan.report.text import print_plan
@@ -40,7 +43,8 @@ def main() -> None:
     plan = build_plan(cfg)
     rows = [("build_plan", best_of(lambda: build_plan(cfg))),
             ("text report", best_of(lambda: print_plan(plan, console=Console(file=io.StringIO(), width=160)))),
-            ("JSON (every group)", best_of(lambda: plan_to_dict(plan)))]
+            ("JSON (every group)", best_of(lambda: plan_to_dict(plan))),
+            ("notes (axis need, reshard default)", best_of(lambda: closing_notes(plan)))]
     with tempfile.TemporaryDirectory() as d:
         cli = [sys.executable, "-m", "meshplan.cli", "plan", str(CONFIG), "--json", f"{d}/p.json", "--force"]
         rows.append(("CLI plan --json (fresh process)",

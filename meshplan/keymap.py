@@ -15,7 +15,7 @@ so that the line stays true.
 from __future__ import annotations
 
 from dataclasses import dataclass, field as _field
-from typing import Mapping
+from typing import Mapping, Optional, Sequence
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +28,10 @@ class KeyMap:
     fields: Mapping[str, str] = _field(default_factory=dict)
     settings: Mapping[str, str] = _field(default_factory=dict)
     degrees: Mapping[str, str] = _field(default_factory=dict)
+    #: axis -> the file's own key for its degree (``parallelism.tensor_parallel_degree``), and what
+    #: stands between a key and its value where the file sets it (Megatron-LM's flags: a space).
+    degree_keys: Mapping[str, str] = _field(default_factory=dict)
+    assign: str = " = "
 
     def field(self, name: str) -> str:
         """The key of dotted field ``name`` (``training.global_batch``)."""
@@ -45,6 +49,28 @@ class KeyMap:
     def axis(self, name: str) -> str:
         """The key of axis ``name``'s degree where a fix names it beside the degree."""
         return self.degrees.get(name, name)
+
+    def mesh_change(self, names: Sequence[str], old: Sequence[int], new: Sequence[int]) -> Optional[str]:
+        """The degrees of ``new`` that differ from ``old`` (shapes over the axes ``names``) as the
+        file sets them; None where none differs or the file has no key for one of them (the line
+        then keeps meshplan's ``mesh.shape [...]``).
+
+        >>> mg = KeyMap(degree_keys={"tp": "--tensor-model-parallel-size"}, assign=" ")
+        >>> mg.mesh_change(["dp", "tp"], [2, 4], [2, 2]), mg.mesh_change(["dp", "tp"], [2, 4], [4, 2])
+        ('--tensor-model-parallel-size 2', None)
+        >>> OWN.mesh_change(["dp", "tp"], [2, 4], [4, 2]) is None
+        True
+        """
+        changed = [self.degree_setting(n, d) for n, d, was in zip(names, new, old) if d != was]
+        if not changed or any(c is None for c in changed):
+            return None
+        return ", ".join(c for c in changed if c)
+
+    def degree_setting(self, axis: str, degree: int) -> Optional[str]:
+        """The file's setting of ``axis``'s degree (``parallelism.tensor_parallel_degree = 2``), or
+        None where it has no key for it."""
+        key = self.degree_keys.get(axis)
+        return None if key is None else f"{key}{self.assign}{degree}"
 
 
 #: meshplan's own names: the default of every builder that takes a :class:`KeyMap`.

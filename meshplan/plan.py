@@ -34,7 +34,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
 from meshplan.memory.state import StateBytes, state_bytes
-from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded
+from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded, stage_timelines
 from meshplan.mesh import resolve
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
@@ -292,6 +292,18 @@ def with_memory(plan: Plan) -> Plan:
     (the bubble hint's re-plans: :meth:`meshplan.schedule.verdict.Rebuilt.stepped`)."""
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
     return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
+
+
+def with_memory_if_fits(plan: Plan) -> Plan | None:
+    """:func:`with_memory` of ``plan`` where every stage fits usable memory, else None, found at
+    the first stage over it (the stages after it not planned): for callers that need only whether
+    a re-plan fits and, where it does, its timelines (:func:`meshplan.report.axis_need.smaller_fit`)."""
+    timelines = []
+    for tl in stage_timelines(plan):
+        if not tl.fits:
+            return None
+        timelines.append(tl)
+    return replace(plan, reasons=(), timelines=tuple(timelines))
 
 
 def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:

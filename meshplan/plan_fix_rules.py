@@ -232,7 +232,18 @@ def _either(items: list[str]) -> str:
     return ", ".join(items[:-1]) + (" or " if len(items) > 1 else "") + items[-1]
 
 
-def heads_fix(plan: Infeasible) -> Optional[str]:
+def _tp_choice(keys: KeyMap, spec: MeshSpec, new: MeshSpec, tp: int) -> str:
+    """One choice of :func:`heads_fix`, ``tp 2 (mesh.shape [4, 2])``; in ``keys``' names the
+    degrees it changes where the file has keys for them (``tensor_parallel_degree 2
+    (parallelism.data_parallel_shard_degree = 4, parallelism.tensor_parallel_degree = 2)``), said
+    once where tp alone changes (``--tensor-model-parallel-size 2``)."""
+    change = None if spec.names is None else keys.mesh_change(spec.names, spec.shape or [], new.shape or [])
+    if change is not None and change == keys.degree_setting("tp", tp):
+        return change
+    return f"{keys.axis('tp')} {tp} ({change or _mesh_words(new)})"
+
+
+def heads_fix(plan: Infeasible, keys: KeyMap = OWN) -> Optional[str]:
     """The ``fix:`` line of a mesh whose tp does not split the attention heads (None otherwise):
     each tp dividing the world with ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or
     ``tp % kv_heads == 0``) (:func:`~meshplan.spec.axes.tp.heads_reason`, handed case C6) whose mesh
@@ -240,7 +251,7 @@ def heads_fix(plan: Infeasible) -> Optional[str]:
 
     C6's 40 q / 10 KV heads at dp 2 x tp 4 on 8 GPUs: tp 1, 2, 4, 8 divide the world; 4 and 8 fail
     the KV rule (10 % 4, 4 % 10; 10 % 8, 8 % 10): tp 1 (mesh.shape [8, 1]) or tp 2 ([4, 2])
-    (tests/test_handed_cli.py).
+    (tests/test_handed_cli.py). The choices in ``keys``' names (:func:`_tp_choice`).
     """
     cfg, mesh, spec = plan.config, plan.mesh, plan.config.mesh
     if mesh is None or spec is None or heads_reason(cfg.model, mesh.degree("tp")) is None:
@@ -250,7 +261,7 @@ def heads_fix(plan: Infeasible) -> Optional[str]:
     for t in (t for t in range(1, plan.world + 1) if plan.world % t == 0 and t != old):
         new = None if heads_reason(cfg.model, t) else _retp(spec, t, old)
         if new is not None and valid_reason(replace(cfg, mesh=new)) is None:
-            good.append(f"tp {t} ({_mesh_words(new)})")
+            good.append(_tp_choice(keys, spec, new, t))
     if not good:
         return None
     return (f"fix: tp must divide q_heads {q} and divide or be a multiple of kv_heads {kv} (of the divisors of the "

@@ -10,31 +10,21 @@ from meshplan.report.axis_need import need_line, smaller_fit
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB, step_seconds
 from tests.cli_run import run_main
+from tests.configs import job_toml
 
 #: Llama-3-8B on one dgx-h100 (8 x H100 80 GB), zero3, seq 8192, micro-batch 2, no recompute.
 #: Usable per GPU = 80e9 B x (1 - 10% reserve) = 72e9 B = 67.06 GiB. The global batch caps dp at
 #: global_batch / micro_batch: 16 / 2 = 8 (every dp_shard x tp of 8 GPUs allowed), 4 / 2 = 2.
-CONFIG = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = {gb}
-seq_len = 8192
-micro_batch = 2
-sharding = "zero3"
-recompute = "none"
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [{dp}, {tp}]
-sequence_parallel = true
-"""
+def config(dp: int, k: int, gb: int = 16, axis: str = "tp") -> str:
+    """The job at dp_shard ``dp`` x ``axis`` ``k`` (sequence parallelism on under tp)."""
+    return job_toml(training={"global_batch": gb, "seq_len": 8192, "micro_batch": 2, "sharding": "zero3",
+                              "recompute": "none"},
+                    mesh={"names": ["dp_shard", axis], "shape": [dp, k], "sequence_parallel": axis == "tp"})
 
 
 def _plan(tmp_path, dp: int, tp: int, gb: int = 16):
     path = tmp_path / f"dp{dp}-tp{tp}-gb{gb}.toml"
-    path.write_text(CONFIG.format(dp=dp, tp=tp, gb=gb))
+    path.write_text(config(dp, tp, gb))
     return path, build_plan(load_config(path))
 
 
@@ -75,8 +65,7 @@ def test_cp_4_is_more_than_memory_needs_cp_2_is_enough(tmp_path):
     mesh written by hand; cp 1 (dp_shard 8) is the tp 1 mesh above, which does not fit."""
     def plan(dp: int, cp: int):
         path = tmp_path / f"dp{dp}-cp{cp}.toml"
-        path.write_text(CONFIG.format(dp=dp, tp=cp, gb=16).replace('"tp"]', '"cp"]')
-                        .replace("sequence_parallel = true", "sequence_parallel = false"))
+        path.write_text(config(dp, cp, axis="cp"))
         return build_plan(load_config(path))
     p4, p2 = plan(2, 4), plan(4, 2)
     assert p4.feasible and p2.feasible and p4.axis_degrees() == {"dp_shard": 2, "cp": 4}
@@ -85,3 +74,20 @@ def test_cp_4_is_more_than_memory_needs_cp_2_is_enough(tmp_path):
     assert small.timeline.peak.total_bytes == p2.timeline.peak.total_bytes
     assert need_line(p4).startswith(f"note: cp 4 is more than memory needs: cp 2 (dp_shard 4 x cp 2) also fits, "
                                     f"timeline peak {p2.timeline.peak.total_bytes / GiB:.2f} GiB of 67.06 GiB usable")
+
+
+def test_with_memory_if_fits_is_the_full_plan_or_none(tmp_path):
+    """:func:`~meshplan.plan.with_memory_if_fits`, which :func:`smaller_fit` re-plans with: the
+    plan's timelines, stage for stage, where it fits (dp_shard 4 x tp 2), None where it does not
+    (dp_shard 8 x tp 1, the mesh over memory above)."""
+    from meshplan.plan import with_memory_if_fits
+
+    for dp, tp in ((4, 2), (8, 1)):
+        path, full = _plan(tmp_path, dp, tp)
+        lean = build_plan(load_config(path), memory=False, reports=False)
+        fit = with_memory_if_fits(lean)
+        if not full.feasible:
+            assert fit is None and (dp, tp) == (8, 1)
+            continue
+        assert fit.feasible and fit.reasons == () and (dp, tp) == (4, 2)
+        assert [tl.peak for tl in fit.timelines] == [tl.peak for tl in full.timelines]

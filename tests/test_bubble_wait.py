@@ -20,6 +20,7 @@ from meshplan.schedule.pipeline_exposure import pipeline_without, stage_bubble
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict
 from meshplan.schedule.waits import bubble_wait
+from tests.configs import job_toml
 from tests.conftest import EXAMPLES
 
 
@@ -170,29 +171,11 @@ def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
     assert wait["wait_s"] == pytest.approx(wait["bubble_s"] - wait["bare_bubble_s"], abs=1e-12)
 
 
-SMALL_MOE_TOML = """[model]
-catalog = "deepseek-v2-lite"
-layers = 4
-dense_layers = 2
-expert_ffn = 512
-shared_experts = 0
-
-[cluster]
-system = "dgx-h100"
-nodes = 16
-
-[training]
-global_batch = 256
-seq_len = 4096
-sharding = "zero1"
-recompute = "full"
-framework = "torch"
-
-[mesh]
-names = ["pp", "dp_shard", "ep"]
-shape = [2, 64, 64]
-pp_layer_split = [2, 2]
-"""
+SMALL_MOE_TOML = job_toml({"catalog": "deepseek-v2-lite", "layers": 4, "dense_layers": 2, "expert_ffn": 512,
+                           "shared_experts": 0}, nodes=16,
+                          training={"global_batch": 256, "seq_len": 4096, "sharding": "zero1", "recompute": "full",
+                                    "framework": "torch"},
+                          mesh={"names": ["pp", "dp_shard", "ep"], "shape": [2, 64, 64], "pp_layer_split": [2, 2]})
 
 
 def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):

@@ -16,6 +16,7 @@ from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.search.rank import PAIR_RULE, RULE_LINE, TOWARD
 from tests.cli_run import run_main
+from tests.configs import job_toml
 
 #: Llama-3-8B on one dgx-h100 under Megatron-LM, ZeRO-1; the search narrowed to pp 1, cp 1,
 #: micro-batch 1 (tp 2 and 4: two rows, so the search explains its top against the fastest).
@@ -128,19 +129,8 @@ def test_the_pair_rule_is_the_search_rule():
 
 #: Llama-3-8B on one dgx-h100 at pp 4 x dp_shard 2, global batch 8 (m = 8 / (dp 2 x mb 1) = 4
 #: micro-batches per pipeline), no recompute; the schedule line is added per side.
-PIPE = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 8
-seq_len = 4096
-recompute = "none"
-[mesh]
-names = ["pp", "dp_shard"]
-shape = [4, 2]
-"""
+PIPE = job_toml(training={"global_batch": 8, "seq_len": 4096, "recompute": "none"},
+                mesh={"names": ["pp", "dp_shard"], "shape": [4, 2]})
 
 
 def test_a_schedule_the_search_does_not_try_counts_as_one_setting_the_user_sets(tmp_path, capsys):

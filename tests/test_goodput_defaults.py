@@ -9,28 +9,12 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.spec.search import ASSUMED_RESTART_OVERHEAD_S, LLAMA3_STORAGE_GB_PER_S, SearchOptions
+from tests.configs import job_toml
 
 #: One candidate: Llama-3-8B, dp_shard 4 x tp 2 on one DGX H100 (the mini example's mesh).
-TINY = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 64
-seq_len = 8192
-micro_batch = 1
-recompute = "none"
-[search]
-pp = [1]
-dp_replicate = [1]
-cp = [1]
-tp = [2]
-micro_batch = [1]
-sharding = ["zero3"]
-recompute = ["none"]
-reshard_after_forward = [true]
-"""
+TINY = job_toml(training={"global_batch": 64, "seq_len": 8192, "micro_batch": 1, "recompute": "none"},
+                search={"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [2], "micro_batch": [1],
+                        "sharding": ["zero3"], "recompute": ["none"], "reshard_after_forward": [True]})
 
 DEFAULTS = ("goodput (Daly, printed, not ranked): checkpoint write/read 2000/2000 GB/s (default: the Llama 3 paper's "
             "sustained storage throughput, 2 TB/s (arXiv 2407.21783, 3.3.1); set [search] checkpoint_write_gb_per_s, "

@@ -96,3 +96,39 @@ def test_split_fix_is_built_in_the_file_keys(tmp_path, origin):
                  "deepspeed": ("pp", "mesh.pp_layer_split")}[origin]
     assert built == (f"fix: 61 layers over {pp} 16: give {field} = {split} (torchtitan's module_fqns_per_model_part, "
                      f"which export --to torchtitan writes)")
+
+
+#: Handed case C6's heads (40 q, 10 KV) at tp 4 on one dgx-h100 (8 GPUs): tp 1 and 2 pass the heads
+#: rule (tests/test_handed_cli.py); the data axis takes the ranks tp gives up.
+C6 = {"layers": 2, "hidden": 5120, "ffn": 20480, "q_heads": 40, "kv_heads": 10, "head_dim": 128, "vocab": 32000}
+HEADS = "fix: tp must divide q_heads 40 and divide or be a multiple of kv_heads 10 (of the divisors of the world 8): "
+
+
+@pytest.mark.parametrize("mesh, origin, choices", [
+    # both degrees change: torchtitan sets both keys
+    ({"names": ["dp_shard", "tp"], "shape": [2, 4]}, "torchtitan",
+     "tensor_parallel_degree 1 (parallelism.data_parallel_shard_degree = 8, parallelism.tensor_parallel_degree = 1); "
+     "or tensor_parallel_degree 2 (parallelism.data_parallel_shard_degree = 4, parallelism.tensor_parallel_degree = 2)"),
+    # Megatron-LM has no dp_shard flag: the mesh keeps meshplan's words beside its tp flag
+    ({"names": ["dp_shard", "tp"], "shape": [2, 4]}, "megatron",
+     "--tensor-model-parallel-size 1 (mesh.shape [8, 1]); or --tensor-model-parallel-size 2 (mesh.shape [4, 2])"),
+    # the data axis inferred (-1): tp alone changes, said once as the setting
+    ({"names": ["dp_shard", "tp"], "shape": [-1, 4]}, "torchtitan",
+     "parallelism.tensor_parallel_degree = 1; or parallelism.tensor_parallel_degree = 2"),
+    ({"names": ["dp_shard", "tp"], "shape": [-1, 4]}, "megatron",
+     "--tensor-model-parallel-size 1; or --tensor-model-parallel-size 2"),
+    ({"names": ["dp_shard", "tp"], "shape": [2, 4]}, "deepspeed", "tp 1 (mesh.shape [8, 1]); or tp 2 (mesh.shape [4, 2])"),
+    ({"order": "tp-dp", "degrees": {"tp": 4, "dp": 2}}, "torchtitan",
+     "tensor_parallel_degree 1 (mesh.degrees {'tp': 1, 'dp': 8}); or tensor_parallel_degree 2 (mesh.degrees "
+     "{'tp': 2, 'dp': 4})"),
+])
+def test_heads_fix_is_built_in_the_file_keys(mesh, origin, choices):
+    """review37: heads_fix takes the key map as split_fix does; each line equal to file_words' rewrite
+    of meshplan's line, which ``plan`` printed before."""
+    from meshplan.plan_fix_rules import heads_fix
+    cfg = replace(config_from_dict({"model": C6, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                    "training": {"global_batch": 64, "seq_len": 4096}, "mesh": mesh}), origin=origin)
+    p = build_plan(cfg)
+    built = heads_fix(p, keymap_of(cfg))
+    assert built == HEADS + choices
+    assert built == file_words(cfg, heads_fix(p) or "")

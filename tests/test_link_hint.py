@@ -25,37 +25,20 @@ from meshplan.schedule import link_hint
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import rebuilt_step, stream_of
 from tests.cli_run import run_main
+from tests.configs import job_toml
 from tests.conftest import EXAMPLES
 
-TRIAL = """[model]
-catalog = "llama3-70b"
-
-[cluster]
-system = "dgx-a100-40gb"
-nodes = 64
-
-[training]
-global_batch = 512
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-reshard_after_forward = true
-param_dtype = "fp32"
-compute_dtype = "bf16"
-reduce_dtype = "fp32"
-recompute = "full"
-{extra}
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [64, 8]
-sequence_parallel = true
-"""
+TRIAL = job_toml("llama3-70b", system="dgx-a100-40gb", nodes=64,
+                 training={"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                           "reshard_after_forward": True, "param_dtype": "fp32", "compute_dtype": "bf16",
+                           "reduce_dtype": "fp32", "recompute": "full"},
+                 mesh={"names": ["dp_shard", "tp"], "shape": [64, 8], "sequence_parallel": True})
 
 
 def _config(tmp_path, name: str = "trial", extra: str = ""):
     """The trial's config in ``tmp_path``, each ``key = value`` line of ``extra`` set in [training]
     (replacing the key's line where the trial has one), as a user edits the file."""
-    text = TRIAL.format(extra="")
+    text = TRIAL
     for line in extra.splitlines():
         key = line.split(" = ")[0]
         text, n = re.subn(rf"^{key} = .*$", line, text, flags=re.M)

@@ -15,6 +15,7 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.spec.mesh_words import mesh_text, renamed_words
+from tests.configs import job_toml
 
 DS_OPTS = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096"]
 
@@ -77,32 +78,11 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     assert json.loads((tmp_path / "c.json").read_text())["a"]["mesh"] == "dp_shard 16"
 
 
-ZERO1 = """[model]
-catalog = "llama3-8b"
-
-[cluster]
-system = "dgx-h100"
-nodes = 2
-
-[training]
-global_batch = 256
-seq_len = 4096
-sharding = "zero1"
-framework = "megatron"
-recompute = "full"
-
-[search]
-pp = [1]
-dp_replicate = [1]
-cp = [1]
-tp = [2, 4]
-ep = [1]
-etp = [1]
-micro_batch = [1]
-sharding = ["zero1"]
-recompute = ["full"]
-tp_comm_overlap = [false]
-"""
+ZERO1 = job_toml(nodes=2, training={"global_batch": 256, "seq_len": 4096, "sharding": "zero1",
+                                    "framework": "megatron", "recompute": "full"},
+                 search={"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [2, 4], "ep": [1], "etp": [1],
+                         "micro_batch": [1], "sharding": ["zero1"], "recompute": ["full"],
+                         "tp_comm_overlap": [False]})
 
 
 def test_zero1_search_names_its_data_axis_dp_in_the_reason_and_json(tmp_path, capsys):

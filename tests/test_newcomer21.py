@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_main as _main
+from tests.configs import job_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -82,28 +83,10 @@ def test_megatron_etp_default_fix_offers_etp_1_first_each_flag_once(tmp_path, ca
 
 
 #: A small MLA model (query compression, as DeepSeek-V3) at dp_shard 4 x tp 2 on one dgx-h100 node.
-MLA_TOML = """[model]
-layers = 2
-hidden = 2048
-ffn = 8192
-q_heads = 16
-vocab = 32000
-q_lora_rank = 512
-kv_lora_rank = 512
-qk_nope_head_dim = 128
-qk_rope_head_dim = 64
-v_head_dim = 128
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 8
-seq_len = 4096
-recompute = "none"
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [4, 2]
-"""
+MLA_TOML = job_toml({"layers": 2, "hidden": 2048, "ffn": 8192, "q_heads": 16, "vocab": 32000, "q_lora_rank": 512,
+                     "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128},
+                    training={"global_batch": 8, "seq_len": 4096, "recompute": "none"},
+                    mesh={"names": ["dp_shard", "tp"], "shape": [4, 2]})
 
 
 def test_mla_hfu_gap_names_the_replicated_down_projections(tmp_path):

@@ -9,24 +9,14 @@ import pytest
 from cli_run import run_main as _main
 
 from meshplan.spec.hf import model_from_hf_config
+from tests.configs import job_toml
 
 HF = Path(__file__).resolve().parent / "data" / "hf"
 
 #: Llama 3 70B, dp_shard 64 x tp 8 on 64 DGX H100, with tp spelled ``tensor`` (the trial's config).
-TENSOR = """[model]
-catalog = "llama3-70b"
-[cluster]
-system = "dgx-h100"
-nodes = 64
-[training]
-global_batch = 512
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-[mesh]
-names = ["dp_shard", "tensor"]
-shape = [64, 8]
-"""
+TENSOR = job_toml("llama3-70b", nodes=64,
+                  training={"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3"},
+                  mesh={"names": ["dp_shard", "tensor"], "shape": [64, 8]})
 
 
 @pytest.mark.parametrize("name, axis, who", [("tensor", "tp", "torchtitan/Megatron"),
@@ -81,27 +71,12 @@ def test_the_hf_reader_keeps_the_routing_groups():
 
 #: Llama 3 405B at pp 16 x dp_shard 16 x tp 8, vpp 8 (interleaved 1F1B) on 256 dgx-h100, the trial's
 #: job: global batch 2048 (128 micro-batches), full recompute, reshard_after_forward left unset.
-PP405 = """[model]
-catalog = "llama3-405b"
-[cluster]
-system = "dgx-h100"
-nodes = 256
-[training]
-global_batch = 2048
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-param_dtype = "fp32"
-compute_dtype = "bf16"
-recompute = "full"
-[mesh]
-names = ["pp", "dp_shard", "tp"]
-shape = [16, 16, 8]
-sequence_parallel = true
-virtual_stages = 8
-pp_schedule = "interleaved_1f1b"
-pp_layer_split = [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
-"""
+PP405 = job_toml("llama3-405b", nodes=256,
+                 training={"global_batch": 2048, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                           "param_dtype": "fp32", "compute_dtype": "bf16", "recompute": "full"},
+                 mesh={"names": ["pp", "dp_shard", "tp"], "shape": [16, 16, 8], "sequence_parallel": True,
+                       "virtual_stages": 8, "pp_schedule": "interleaved_1f1b",
+                       "pp_layer_split": [7] + [8] * 14 + [7]})
 
 RESHARD_NOTE = (
     "note: training.reshard_after_forward is unset, planned true (meshplan's default); torchtitan under pp 16 runs "
@@ -121,6 +96,31 @@ def test_an_unset_reshard_under_pp_says_what_torchtitan_runs(tmp_path, capsys, c
     assert "note: training.reshard_after_forward" not in capsys.readouterr().out
 
 
+def test_plan_notes_under_pp_are_those_of_the_meshes_planned_by_hand(tmp_path):
+    """``plan``'s two notes on the job (review37: the plan's step shared, the constraints kept, a
+    re-plan's memory planned up to its first stage over usable memory) against the plans of the
+    tp 4 and tp 2 meshes written in full: tp 4 (dp_shard 32) fits and is faster, tp 2 does not fit."""
+    from meshplan.cli.plan_cmds import closing_notes
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    from meshplan.units import GiB, step_seconds
+
+    def plan(shape: str):
+        job = tmp_path / f"{shape}.toml"
+        job.write_text(PP405.replace("shape = [16, 16, 8]", f"shape = {shape}"))
+        return build_plan(load_config(job))
+    p8, p4, p2 = plan("[16, 16, 8]"), plan("[16, 32, 4]"), plan("[16, 64, 2]")
+    assert p8.feasible and p4.feasible and not p2.feasible
+    s8, s4 = step_time(p8).step_s, step_time(p4).step_s
+    assert s4 < 0.99 * s8  # tp 4 clearly faster: "not for the step either", no "within 1%"
+    need = (f"note: tp 8 is more than memory needs: tp 4 (pp 16 x dp_shard 32 x tp 4) also fits, timeline peak "
+            f"{p4.timeline.peak.total_bytes / GiB:.2f} GiB of {p8.constraints.usable_bytes / GiB:.2f} GiB usable "
+            f"(this mesh {p8.timeline.peak.total_bytes / GiB:.2f} GiB); not for the step either: {step_seconds(s8)} "
+            f"at tp 8 against {step_seconds(s4)} at tp 4")
+    assert closing_notes(p8) == [need, RESHARD_NOTE]
+
+
 def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
     # was: no hint at 23% exposed fsdp (fsdp_knobs returned None for any pipeline), though the docs promise one
     job = tmp_path / "job.toml"
@@ -132,28 +132,11 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
 
 
 #: DeepSeek-V3 on 128 dgx-h100 under Megatron-LM, the search narrowed to pp 16 x dp 64 with ep 8 or 64.
-DSV3_SEARCH = """[model]
-catalog = "deepseek-v3"
-[cluster]
-system = "dgx-h100"
-nodes = 128
-[training]
-global_batch = 1024
-seq_len = 4096
-micro_batch = 1
-sharding = "zero1"
-framework = "megatron"
-recompute = "full"
-[search]
-pp = [16]
-cp = [1]
-tp = [1]
-dp_replicate = [1]
-ep = [8, 64]
-micro_batch = [1]
-recompute = ["full"]
-sharding = ["zero1"]
-"""
+DSV3_SEARCH = job_toml("deepseek-v3", nodes=128,
+                       training={"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
+                                 "framework": "megatron", "recompute": "full"},
+                       search={"pp": [16], "cp": [1], "tp": [1], "dp_replicate": [1], "ep": [8, 64],
+                               "micro_batch": [1], "recompute": ["full"], "sharding": ["zero1"]})
 
 
 def test_search_rows_print_the_expert_mesh_apart_and_the_routing_caveat(tmp_path, capsys):

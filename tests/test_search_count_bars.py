@@ -10,29 +10,14 @@ from meshplan.config import load_config
 from meshplan.report.html_pages import search_page
 from meshplan.report.search import count_lines
 from meshplan.search.driver import search
+from tests.configs import llama8b_node_search
 
 #: Llama-3-8B on one dgx-h100, seq 8192, global batch 16, micro-batch 2, pp 1, cp 1, tp 1 or 2,
 #: recompute none or full, parameters resharded, sharding zero1 or zero3: 2 x 2 x 2 = 8 candidates.
 #: The 4 zero1 rows fall to rule 'framework' (framework torch has no engine sharding the optimizer
 #: alone); of the 4 zero3 rows, tp 1 without recompute does not fit (tests/test_search_headroom.py's
 #: same 4 rows: 3 fit), rule 'memory'.
-CONFIG = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 16
-seq_len = 8192
-[search]
-sharding = ["zero1", "zero3"]
-pp = [1]
-cp = [1]
-tp = [1, 2]
-micro_batch = [2]
-recompute = ["none", "full"]
-reshard_after_forward = [true]
-"""
+CONFIG = llama8b_node_search(["zero1", "zero3"])
 
 #: One bar row: outcome, why, count, then the bar's cell.
 BAR = re.compile(r"<tr><td>([^<]*)</td><td>([^<]*)</td><td>([\d,]+)</td><td style=\"text-align:left\"><div ")

@@ -21,33 +21,19 @@ from meshplan.report.search import headroom_lines
 from meshplan.report.search_clear import clear_lines
 from meshplan.search.driver import search
 from meshplan.units import GiB
+from tests.configs import llama8b_node_search
 
-#: Llama-3-8B on one dgx-h100, seq 8192, global batch 16, zero3 resharded, micro-batch 2, pp 1,
-#: cp 1, tp 1 or 2, recompute none or full: 4 candidates, 3 fit.
-CONFIG = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 16
-seq_len = 8192
-[search]
-sharding = ["zero3"]
-pp = [1]
-cp = [1]
-tp = [1, 2]
-micro_batch = [2]
-recompute = ["none", "full"]
-reshard_after_forward = [true]
-top = {top}
-headroom_tier = {tier}
-"""
+
+def config(top: int, tier: bool) -> str:
+    """Llama-3-8B on one dgx-h100, seq 8192, global batch 16, zero3 resharded, micro-batch 2, pp 1,
+    cp 1, tp 1 or 2, recompute none or full: 4 candidates, 3 fit; ``top`` rows shown, ranked by
+    headroom tier or by step alone."""
+    return llama8b_node_search(["zero3"], top=top, headroom_tier=tier)
 
 
 def _search(tmp_path, top: int = 10, tier: bool = False):
     path = tmp_path / "h.toml"
-    path.write_text(CONFIG.format(top=top, tier=str(tier).lower()))
+    path.write_text(config(top=top, tier=tier))
     return search(load_config(path, require_mesh=False), workers=1)
 
 
@@ -103,7 +89,7 @@ def test_export_of_a_tight_row_prints_the_same_warning(tmp_path):
 def test_search_export_cli_prints_and_writes_it(tmp_path, capsys):
     from tests.cli_run import run_main
     path = tmp_path / "h.toml"
-    path.write_text(CONFIG.format(top=10, tier="false"))
+    path.write_text(config(top=10, tier=False))
     assert run_main("search", path, "--export", 1, "-o", tmp_path / "row1.toml") == 0
     flat = " ".join(capsys.readouterr().out.split())  # the console wraps the table's line
     head = "warning: row 1 keeps less than 15% of the usable memory free"

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from meshplan.runtime.testbed import netns as T
+from tests.configs import job_toml
 from tests.testbed_gate import needs_testbed
 from meshplan.runtime.testbed.launch import launch_per_node
 from meshplan.runtime.testbed.nics import bind_shim, predict_nic_bytes
@@ -25,24 +26,9 @@ PID = os.getpid() % 10**6
 RATE_MBIT = 400          # high enough that the run is short; tbf burst 500 kB keeps GSO packets whole
 TOLERANCE = 0.05         # measured / predicted NIC bytes - 1, see test_validate_...
 
-MESH_TOML = """
-[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 64
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-recompute = "none"
-[mesh]
-world = 4
-names = ["dp_shard", "tp"]
-shape = [2, 2]
-sequence_parallel = true
-"""
+MESH_TOML = job_toml(training={"global_batch": 64, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                               "recompute": "none"},
+                     mesh={"world": 4, "names": ["dp_shard", "tp"], "shape": [2, 2], "sequence_parallel": True})
 
 NBYTES = 1 << 20
 RECV_PY = r"""

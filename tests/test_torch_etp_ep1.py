@@ -34,6 +34,7 @@ from meshplan.placement.assign import place
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from tests.gloo_grads import fork_ranks, grad_errors, join_gloo, split_model, write_errors
 
 MOE = ModelSpec(name="tiny-moe", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256,
                 experts=8, top_k=2, expert_ffn=32)
@@ -128,12 +129,9 @@ def test_runtime_expert_placements_are_the_plans():
     assert 2 * 16 * 64 == 24_576 // 3 // mesh.degree("efsdp")
 
 
-def _etp_grad_worker(rank: int, store_path: str, sp: bool, out: str) -> None:
+def _etp_grad_worker(rank: int, store_path: str, out: str, sp: bool) -> None:
     """One gloo rank of tp 2 = etp 2 at ep 1 (no FSDP): one forward and backward of the runtime
     model; writes each gradient's largest difference from the single-process model's (relative)."""
-    import json
-    from pathlib import Path
-
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -141,10 +139,8 @@ def _etp_grad_worker(rank: int, store_path: str, sp: bool, out: str) -> None:
     from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.model import Transformer
     from meshplan.runtime.execution.moe import set_routing
-    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    join_gloo(rank, store_path)
     spec = ModelSpec(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16,
                      shared_experts=1, shared_expert_ffn=16)
     training = TrainingSpec(global_batch=1, seq_len=16, recompute="none", moe_capacity_factor=1.0)
@@ -154,18 +150,9 @@ def _etp_grad_worker(rank: int, store_path: str, sp: bool, out: str) -> None:
     ref.init_weights(seed=0)
     set_routing(ref, RoutingOptions.of(training))  # every tp rank routes all 16 tokens: the same capacity
     F.cross_entropy(ref(tokens).flatten(0, 1), tokens.flatten()).backward()
-    with torch.device("meta"):
-        model = Transformer(spec, tp=2)
-    parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
+    model = split_model(spec, mesh, training)
     F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
-    errors = {}
-    for name, p in model.named_parameters():
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-        want = ref.get_parameter(name).grad
-        errors[name] = float((g - want).abs().max() / want.abs().max())
-    Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(errors))
+    write_errors(out, rank, grad_errors(model, ref))
     dist.destroy_process_group()
 
 
@@ -175,19 +162,7 @@ def _etp_grad_worker(rank: int, store_path: str, sp: bool, out: str) -> None:
 def test_etp_tp_gradients_equal_the_single_process_model(tmp_path, sp):
     """gloo, 2 ranks: at ep 1 with the experts sharded over tp 2 every gradient (the experts'
     slices, the router's Partial one summed over tp, the shared experts') equals the unsplit model's."""
-    import json
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_etp_grad_worker, args=(r, str(tmp_path / "store"), sp, str(tmp_path / "err")))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    assert [p.exitcode for p in procs] == [0, 0]
-    for r in range(2):
-        errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+    for errors in fork_ranks(_etp_grad_worker, tmp_path, sp):
         assert any("router" in k for k in errors) and any("experts.w_up" in k for k in errors)
         assert any("shared.w_down" in k for k in errors)
         assert max(errors.values()) < 1e-5, errors

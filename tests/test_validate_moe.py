@@ -17,6 +17,7 @@ import pytest
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
+from tests.gloo_grads import fork_ranks, grad_errors, join_gloo, split_model, write_errors
 
 torch = pytest.importorskip("torch")
 
@@ -206,7 +207,7 @@ def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
     return out, rows
 
 
-def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str, dropless: bool = False) -> None:
+def _grad_worker(rank: int, store_path: str, out: str, sp: bool, dropless: bool = False) -> None:
     """One gloo rank of tp 2 x ep 2 (no FSDP): one forward and backward of the runtime model;
     writes each gradient's largest difference from the single-process model's (tokens
     routed in 2 halves, as the tp ranks do) and, under ``"a2a"``, the recorded all-to-alls
@@ -217,12 +218,10 @@ def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str, dro
     from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.model import Transformer
     from meshplan.runtime.execution.moe import moe_layers, set_routing
-    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
     from meshplan.runtime.execution.recorder import CollectiveRecorder
     from meshplan.spec.model import ModelSpec
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    join_gloo(rank, store_path)
     spec = ModelSpec(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16)
     training = TrainingSpec(global_batch=1, seq_len=16, recompute="none",
                             **({} if dropless else {"moe_capacity_factor": 1.0}))
@@ -234,26 +233,15 @@ def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str, dro
     for moe in moe_layers(ref):
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(2, 1)], 1))(moe)
     F.cross_entropy(ref(tokens).flatten(0, 1), tokens.flatten()).backward()
-    with torch.device("meta"):
-        model = Transformer(spec, tp=2)
-    parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
-    model.to_empty(device="cpu")
-    model.init_weights(seed=0)
+    model = split_model(spec, mesh, training)
     with CollectiveRecorder() as rec:
         rec.phase = "forward"
         loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
         rec.phase = "backward"
         loss.backward()
-    errors = {}
-    for name, p in model.named_parameters():
-        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # router: Partial over tp
-        want = ref.get_parameter(name).grad
-        owner = model.get_submodule(name.rpartition(".")[0])
-        if getattr(owner, "full_rows", want.shape[0]) != g.shape[0]:  # routed experts held here (EP)
-            want = want[owner.offset:owner.offset + g.shape[0]]
-        errors[name] = float((g - want).abs().max() / want.abs().max())
+    errors: dict = grad_errors(model, ref)
     errors["a2a"] = [(c.phase, c.size_bytes, c.dtype) for c in rec.records if c.op == "all-to-all"]
-    Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(errors))
+    write_errors(out, rank, errors)
     dist.destroy_process_group()
 
 
@@ -264,18 +252,7 @@ def test_tp2_ep2_gradients_equal_the_single_process_model(tmp_path, sp):
     """The losses after an AdamW step cannot see a gradient scale (Adam normalises it away):
     every gradient of tp 2 x ep 2 (the router's summed over tp, the routed experts' scaled
     by tp / ep) must equal the unsplit model's."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_grad_worker, args=(r, 2, str(tmp_path / "store"), sp, str(tmp_path / "err")))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    assert [p.exitcode for p in procs] == [0, 0]
-    for r in range(2):
-        errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+    for errors in fork_ranks(_grad_worker, tmp_path, sp):
         errors.pop("a2a")
         assert any("router" in k for k in errors) and any("experts.w_up" in k for k in errors)
         assert max(errors.values()) < 1e-5, errors
@@ -290,19 +267,8 @@ def test_dropless_tp2_ep2_gradients_and_uneven_all_to_alls(tmp_path):
     x 32 x 4 B = 2048 B whatever the router picks, and its combine sends back what it received,
     which the router decides: the two ranks' combines together return the 32 copies sent
     (2 x 2048 B); every gradient equals the unsplit dropless model's."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_grad_worker, args=(r, 2, str(tmp_path / "store"), True, str(tmp_path / "err"), True))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(150)
-    assert [p.exitcode for p in procs] == [0, 0]
     a2a = {}
-    for r in range(2):
-        errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+    for r, errors in enumerate(fork_ranks(_grad_worker, tmp_path, True, True)):
         a2a[r] = [tuple(x) for x in errors.pop("a2a")]
         assert any("experts.w_up" in k for k in errors) and max(errors.values()) < 1e-5, errors
     for r in range(2):  # forward: counts, dispatch, combine; backward: the combine's, the dispatch's gradients

@@ -107,10 +107,11 @@ def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     a split, :func:`meshplan.plan_fix_rules.split_fix`'s), then exit 1."""
     _infeasible(plan)
     fix = None
-    if isinstance(plan, Infeasible):  # split/vpp_fix are built in a foreign file's keys; the others rewritten
+    if isinstance(plan, Infeasible):  # heads/split/vpp_fix built in a foreign file's keys; experts_fix rewritten
         keys = keymap_of(plan.config)
-        rewritten = experts_fix(plan) or heads_fix(plan)
-        fix = _in_file(plan, rewritten) if rewritten else vpp_fix(plan, keys) or split_fix(plan, keys)
+        experts = experts_fix(plan)  # its refusals quote the rules' reasons, which are in meshplan's words
+        fix = _in_file(plan, experts) if experts else (heads_fix(plan, keys) or vpp_fix(plan, keys)
+                                                       or split_fix(plan, keys))
     if fix:
         _echo(fix, err=True)
     raise typer.Exit(1)

@@ -3,6 +3,7 @@ what a rank prints at start-up, and the memory timeline with its PNG plots."""
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 from pathlib import Path
@@ -55,6 +56,16 @@ def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, f
     _wrote(write_output(path, plan_page(p, st, name, note), force, field))
 
 
+def closing_notes(p: Plan) -> list[str]:
+    """The ``note:`` lines after a feasible plan: a tp or cp larger than memory needs
+    (:func:`need_line`), then torchtitan's reshard default under pp (:func:`reshard_default_note`);
+    the plan's own step predicted once, for whichever needs it (benchmarks/bench_plan.py times them)."""
+    here = functools.cache(lambda: step_time(p).step_s)
+    need = need_line(p, here)
+    reshard = reshard_default_note(p, here(), rebuilt_step(p, step_time)) if reshard_default_applies(p) else None
+    return [x for x in (need, reshard) if x]
+
+
 @foreign_options()
 def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
@@ -93,10 +104,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     cal = _calibration(calibration, p.config.cluster)
     kern = _kernels_note(p.config.cluster)
     print_plan(p, rank=rank, console=_console())
-    if isinstance(p, Plan) and p.feasible and (note := need_line(p)):  # a tp or cp larger than memory needs
+    for note in closing_notes(p) if isinstance(p, Plan) and p.feasible else []:
         _echo(note)
-    if isinstance(p, Plan) and p.feasible and reshard_default_applies(p):  # torchtitan runs false under pp
-        _echo(reshard_default_note(p, step_time(p).step_s, rebuilt_step(p, step_time)) or "")
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))

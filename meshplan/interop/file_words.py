@@ -3,12 +3,13 @@ finding 2): the planner words them in meshplan's fields (``training.global_batch
 [-1, 8]``, ``recompute full``), which a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed
 JSON do not have. A builder that takes the format's :class:`~meshplan.keymap.KeyMap`
 (:func:`meshplan.interop.keymaps.keymap_of`) prints the file's keys itself (the memory fix,
-:func:`meshplan.plan_fix.memory_fix`, and the split fix, :func:`meshplan.plan_fix_rules.split_fix`);
-:func:`file_words` rewrites the other lines (the plan's reasons, the errors, the experts fix, whose
-refusals quote reasons, and the step's ``hint:`` lines, whose outcomes do) for the format
-``Config.origin`` names, from the same map (:mod:`meshplan.interop.keymaps`); the mesh degrees'
-keys are :data:`meshplan.interop.world_words.KEYS`, which the world-size error already speaks
-(:func:`~meshplan.interop.world_words.foreign_world_error`).
+:func:`meshplan.plan_fix.memory_fix`, and the split, vpp and heads fixes of
+:mod:`meshplan.plan_fix_rules`); :func:`file_words` rewrites the other lines (the plan's reasons,
+the errors, the experts fix, whose refusals quote reasons, and the step's ``hint:`` lines, whose
+outcomes do) for the format ``Config.origin`` names, from the same map
+(:mod:`meshplan.interop.keymaps`, its mesh changes by :meth:`~meshplan.keymap.KeyMap.mesh_change`);
+the mesh degrees' keys are :data:`meshplan.interop.world_words.KEYS`, which the world-size error
+already speaks (:func:`~meshplan.interop.world_words.foreign_world_error`).
 
 What is rewritten, where the format has a key for it (a field it has none for keeps meshplan's name,
 so that the line stays true):
@@ -40,7 +41,7 @@ from typing import Callable
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.keymaps import FIX_AXES, KEYMAPS, keymap_of
-from meshplan.interop.world_words import KEYS
+from meshplan.keymap import KeyMap
 
 #: The fields the batch rule and the memory fix write bare, without their table.
 BARE = ("global_batch", "micro_batch")
@@ -62,20 +63,17 @@ def _put(pattern: str, text: str, words: str) -> str:
     return re.sub(pattern, lambda _: words, text)
 
 
-def _shape(cfg: Config, m: re.Match) -> str:
-    """``mesh.shape [...]`` as the format's keys of the degrees that differ from ``cfg``'s mesh."""
-    keys, spec = KEYS.get(cfg.origin, {}), cfg.mesh
+def _shape(cfg: Config, keymap: KeyMap, m: re.Match) -> str:
+    """``mesh.shape [...]`` as the format's keys of the degrees that differ from ``cfg``'s mesh
+    (:meth:`~meshplan.keymap.KeyMap.mesh_change`)."""
+    spec = cfg.mesh
     try:
         shape = [int(x) for x in m.group(1).split(",")]
     except ValueError:
         return m.group(0)
     if spec is None or spec.names is None or spec.shape is None or len(shape) != len(spec.names):
         return m.group(0)
-    changed = [(n, d) for n, d, old in zip(spec.names, shape, spec.shape) if d != old]
-    if not changed or any(n not in keys for n, _ in changed):
-        return m.group(0)
-    sep = " " if cfg.origin == "megatron" else " = "
-    return ", ".join(f"{keys[n]}{sep}{d}" for n, d in changed)
+    return keymap.mesh_change(spec.names, spec.shape, shape) or m.group(0)
 
 
 def file_words(cfg: Config, text: str) -> str:
@@ -98,7 +96,7 @@ def file_words(cfg: Config, text: str) -> str:
         return text
     keymap = keymap_of(cfg)
     fields = dict(keymap.fields)
-    text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, m))
+    text = _sub(r"mesh\.shape \[([-\d, ]+)\]", text, lambda m: _shape(cfg, keymap, m))
     for meshplan_words, words in keymap.settings.items():
         text = _put(rf"(?<![\w.\-]){re.escape(meshplan_words)}(?![\w.])", text, words)
     for field, key in fields.items():  # dotted first, then the bare name

@@ -5,7 +5,7 @@ degrees (the readers' own mapping read backwards: the torchtitan module's table 
 DeepSpeed's keys in :mod:`meshplan.interop.deepspeed`; the degrees' keys are
 :data:`meshplan.interop.world_words.KEYS`). :func:`keymap_of` gives a config's map, which the
 builders of ``fix:`` lines take (:func:`meshplan.plan_fix.memory_fix`,
-:func:`meshplan.plan_fix_rules.split_fix`) and which
+:func:`meshplan.plan_fix_rules.split_fix`, ``vpp_fix`` and ``heads_fix``) and which
 :func:`meshplan.interop.file_words.file_words` applies to the lines not yet built with one.
 
 >>> from dataclasses import replace
@@ -20,6 +20,8 @@ builders of ``fix:`` lines take (:func:`meshplan.plan_fix.memory_fix`,
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.interop.megatron_write import sharding_flags
@@ -68,7 +70,8 @@ def _degrees(fmt: str) -> dict[str, str]:
 
 
 #: Each format's map; torchtitan's micro-batch key is set by :func:`keymap_of` (it depends on pp).
-KEYMAPS: dict[str, KeyMap] = {fmt: KeyMap(FIELDS[fmt], SETTINGS[fmt], _degrees(fmt)) for fmt in FIELDS}
+KEYMAPS: dict[str, KeyMap] = {fmt: KeyMap(FIELDS[fmt], SETTINGS[fmt], _degrees(fmt), KEYS[fmt],
+                                           " " if fmt == "megatron" else " = ") for fmt in FIELDS}
 
 
 def keymap_of(cfg: Config) -> KeyMap:
@@ -82,4 +85,4 @@ def keymap_of(cfg: Config) -> KeyMap:
         return own
     pp = dict(zip(cfg.mesh.names or [], cfg.mesh.shape or [])).get("pp", 1) if cfg.mesh is not None else 1
     micro = "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else "training.local_batch_size"
-    return KeyMap({**own.fields, "training.micro_batch": micro}, own.settings, own.degrees)
+    return replace(own, fields={**own.fields, "training.micro_batch": micro})

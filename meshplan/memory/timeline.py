@@ -307,8 +307,14 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
 
 def memory_timelines(plan) -> tuple[Timeline, ...]:
     """:func:`memory_timeline` of every stage."""
+    return tuple(stage_timelines(plan))
+
+
+def stage_timelines(plan) -> Iterator[Timeline]:
+    """:func:`memory_timeline` of stage 0, 1, ... one at a time, each planned when asked for (a
+    caller that stops at the first stage over usable memory plans no more)."""
     common = _common(plan)
-    return tuple(_timeline(plan, k, common, False) for k in range(len(plan.stages)))
+    return (_timeline(plan, k, common, False) for k in range(len(plan.stages)))
 
 
 def most_loaded(timelines) -> Timeline:

@@ -20,16 +20,18 @@ whether the axis is kept for the step: the configured mesh clearly faster, by mo
 GiB usable (this mesh 27.24 GiB); not for the step either: 10.46 s at tp 4 against 7.00 s at tp 1`` for
 ``examples/mini_2x4_tp4-dp2.toml``.
 
-Cost: one build_plan per smaller degree tried (at most log2 of the degree) and two step times.
+Cost: one build_plan per smaller degree tried (at most log2 of the degree), without the constraints
+(the plan's are kept) and with memory planned only up to the first stage that does not fit, and
+two step times (the plan's own from the caller where it has it).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Optional
+from typing import Callable, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.plan import Plan, build_plan
+from meshplan.plan import Plan, build_plan, with_memory_if_fits
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import clearly_faster
 from meshplan.units import GiB, step_seconds
@@ -57,20 +59,22 @@ def _degrees_with(plan: Plan, axis: str, k: int) -> Optional[dict[str, int]]:
 
 
 def _variant(plan: Plan, axis: str, k: int) -> Optional[Plan]:
-    """``plan``'s config re-planned with ``axis`` at ``k`` (:func:`_degrees_with`); None where it
-    does not resolve or the rules refuse it. SP stays as configured where tp > 1 and is off at tp 1."""
+    """``plan``'s config re-planned with ``axis`` at ``k`` (:func:`_degrees_with`) where it fits;
+    None where it does not resolve, the rules refuse it or a stage does not fit (its memory planned
+    up to that stage: :func:`~meshplan.plan.with_memory_if_fits`). SP stays as configured where
+    tp > 1 and is off at tp 1."""
     deg = _degrees_with(plan, axis, k)
     if deg is None:
         return None
     spec = plan.spec
     axes = {"names": list(deg), "shape": list(deg.values())} if spec.names is not None else {"degrees": deg}
     sp = spec.sequence_parallel and deg.get("tp", 1) > 1
-    try:
-        p = build_plan(replace(plan.config, mesh=spec.model_copy(update=axes | {"sequence_parallel": sp})),
-                       reports=False)
+    cfg = replace(plan.config, mesh=spec.model_copy(update=axes | {"sequence_parallel": sp}))
+    try:  # the constraints do not depend on the mesh: the plan's, not computed again
+        lean = build_plan(cfg, plan.constraints, memory=False, reports=False)
+        return with_memory_if_fits(lean) if isinstance(lean, Plan) else None
     except (ConfigError, ValueError):
         return None
-    return p if isinstance(p, Plan) else None
 
 
 def smaller_fit(plan: Plan, axis: str) -> Optional[tuple[int, Plan]]:
@@ -84,7 +88,7 @@ def smaller_fit(plan: Plan, axis: str) -> Optional[tuple[int, Plan]]:
     found = None
     for k in [k for k in range(d - 1, 0, -1) if d % k == 0]:
         p = _variant(plan, axis, k)
-        if p is None or not p.feasible:
+        if p is None:
             break
         found = (k, p)
     return found
@@ -95,17 +99,19 @@ def _mesh_words(p: Plan) -> str:
     return " x ".join(f"{n} {d}" for n, d in p.axis_degrees().items() if d > 1) or "one rank"
 
 
-def need_line(plan: Plan) -> Optional[str]:
+def need_line(plan: Plan, step_s: Optional[Callable[[], float]] = None) -> Optional[str]:
     """One line for the first of :data:`AXES` that is larger than ``plan``'s memory needs, else
     None: the smallest degree that fits, its mesh, its timeline peak against this mesh's and the
-    usable memory, and whether the configured degree is kept for the step (both steps predicted)."""
+    usable memory, and whether the configured degree is kept for the step (both steps predicted;
+    ``step_s()``, where given, is ``plan``'s own step in seconds, as the caller already has it)."""
+    step_s = step_s or (lambda: step_time(plan).step_s)
     for axis in AXES:
         found = smaller_fit(plan, axis)
         if found is None:
             continue
         k, small = found
         d, usable = plan.mesh.degree(axis), plan.constraints.usable_bytes / GiB
-        here, there = step_time(plan).step_s, step_time(small).step_s
+        here, there = step_s(), step_time(small).step_s
         steps = f"{step_seconds(here)} at {axis} {d} against {step_seconds(there)} at {axis} {k}"
         kept = (f"{axis} {d} kept for the step: {steps}" if clearly_faster(there, here) else
                 f"not for the step either: {steps}" + ("" if clearly_faster(here, there) else ", within 1%"))

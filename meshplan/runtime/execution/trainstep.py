@@ -185,19 +185,36 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
 
             tracker, name = MemTracker(), "MemTracker"
             tracker.track_external(runner.model, runner.opt)
-        runner.tracker = tracker
-        try:
-            with tracker:
-                t = runner.step(index)
-        finally:
-            runner.tracker = None
-        peak = tracker.get_tracker_snapshot("peak")
-        total = sum(int(s.get("Total", 0)) for s in peak.values())
-        return t, {"method": f"{name} (torch.distributed._tools), peak snapshot over one steady-state step",
-                   "peak_bytes": total, "by_category_bytes": _categories(peak)}
+        with _tracking(runner, tracker):
+            t = runner.step(index)
+        return t, _peak_record(tracker, name)
     except Exception as e:  # the tracker is private API: fall back to the resident set
         err = f"{type(e).__name__}: {e}"
     return _rss_memory_step(runner, index, err)
+
+
+@contextlib.contextmanager
+def _tracking(runner: Runner, tracker, handles=()):
+    """Run the body under ``tracker`` with ``runner.tracker`` set (:meth:`Runner.step` restarts
+    the root module's entry per micro-batch and labels phases through it); afterwards unset it
+    and remove ``handles`` (hooks the tracker installed), also when the step raises."""
+    runner.tracker = tracker
+    try:
+        with tracker:
+            yield tracker
+    finally:
+        runner.tracker = None
+        for h in handles:
+            h.remove()
+
+
+def _peak_record(tracker, name: str) -> dict:
+    """The memory record of a finished tracker: its peak snapshot's total (bytes, summed over
+    devices) and bytes per category; ``name`` is the tracker class named in ``method``."""
+    peak = tracker.get_tracker_snapshot("peak")
+    return {"method": f"{name} (torch.distributed._tools), peak snapshot over one steady-state step",
+            "peak_bytes": sum(int(s.get("Total", 0)) for s in peak.values()),
+            "by_category_bytes": _categories(peak)}
 
 
 def _categories(peak: dict) -> dict[str, int]:
@@ -222,21 +239,11 @@ def _labelled_memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
 
     try:
         tracker = LabelledMemTracker(runner.model, runner.opt)
-        handles = tracker.label_unsharded_grads(runner.model)
-        runner.tracker = tracker
-        try:
-            with tracker:
-                t = runner.step(index)
-        finally:
-            runner.tracker = None
-            for h in handles:
-                h.remove()
-        peak = tracker.get_tracker_snapshot("peak")
+        with _tracking(runner, tracker, tracker.label_unsharded_grads(runner.model)):
+            t = runner.step(index)
         phases: dict = {}
         kmax, top, at_top = relabelled_kinds(tracker.log, phases)
-        return t, {"method": "FSDPMemTracker (torch.distributed._tools), peak snapshot over one steady-state step",
-                   "peak_bytes": sum(int(s.get("Total", 0)) for s in peak.values()),
-                   "by_category_bytes": _categories(peak), "by_kind_bytes": at_top, "max_by_kind_bytes": kmax,
+        return t, {**_peak_record(tracker, "FSDPMemTracker"), "by_kind_bytes": at_top, "max_by_kind_bytes": kmax,
                    "max_by_kind_phase": phases, "own_peak_bytes": top}
     except Exception as e:  # the tracker is private API: fall back to the resident set
         return _rss_memory_step(runner, index, f"{type(e).__name__}: {e}")

@@ -1,0 +1,59 @@
+"""Job configs the tests share, built as TOML text from their sections: a test file names only the
+fields its job sets, and a job two files use is written once here.
+
+The text has no blank lines, one ``key = value`` line per field in the order given, so a test can
+point at a line (``training.seq_len (line 8)``) or replace one (``text.replace("seq_len = 8192", ...)``).
+"""
+
+from __future__ import annotations
+
+
+def toml_value(value) -> str:
+    """One TOML value: strings in double quotes, booleans lower case, lists inline.
+
+    >>> toml_value(["dp_shard", "tp"]), toml_value([True]), toml_value(8192)
+    ('["dp_shard", "tp"]', '[true]', '8192')
+    """
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def job_toml(model: str | dict = "llama3-8b", *, system: str = "dgx-h100", nodes: int = 1, training: dict,
+             mesh: dict | None = None, search: dict | None = None) -> str:
+    """A job's TOML: ``[model]`` (a catalog name, or the table's fields), ``[cluster]``,
+    ``[training]``, then ``[mesh]`` and ``[search]`` where given.
+
+    >>> print(job_toml(training={"global_batch": 8}, mesh={"names": ["tp"], "shape": [8]}), end="")
+    [model]
+    catalog = "llama3-8b"
+    [cluster]
+    system = "dgx-h100"
+    nodes = 1
+    [training]
+    global_batch = 8
+    [mesh]
+    names = ["tp"]
+    shape = [8]
+    """
+    sections = {"model": {"catalog": model} if isinstance(model, str) else model,
+                "cluster": {"system": system, "nodes": nodes}, "training": training, "mesh": mesh, "search": search}
+    lines = []
+    for name, table in sections.items():
+        if table is not None:
+            lines += [f"[{name}]"] + [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def llama8b_node_search(sharding: list[str], **search) -> str:
+    """Llama-3-8B on one dgx-h100, seq 8192, global batch 16; the search over ``sharding`` at
+    micro-batch 2, pp 1, cp 1, tp 1 or 2, recompute none or full, parameters resharded
+    (``len(sharding)`` x 2 x 2 candidates); ``search`` adds or overrides ``[search]`` fields.
+    tests/test_search_count_bars.py and tests/test_search_headroom.py (the same zero3 rows)."""
+    return job_toml(training={"global_batch": 16, "seq_len": 8192},
+                    search={"sharding": sharding, "pp": [1], "cp": [1], "tp": [1, 2], "micro_batch": [2],
+                            "recompute": ["none", "full"], "reshard_after_forward": [True], **search})
