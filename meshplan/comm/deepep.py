@@ -194,6 +194,17 @@ def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_
     return Call(sum(times) / 2, per * c.nvlink, per * c.other_nodes, c)
 
 
+def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int) -> Call:
+    """:func:`call` on an ep group's :class:`~meshplan.comm.row.Path` in ``cluster``: its nodes and
+    the rank's own NIC share across nodes (else the node's fabric inside one), the node's fabric
+    bandwidth for NVLink. The one call of the collective table and of the search."""
+    fabric = cluster.node.fabric.bandwidth_bytes_per_s
+    if path.kind != "network":
+        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric)
+    nic = path.nic_bandwidth_bytes_per_s or path.bandwidth_bytes_per_s
+    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric)
+
+
 def describe(model, ep: int, nodes: int) -> str:
     """What is modelled, in one phrase, for the step's routing note."""
     c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group)
