@@ -69,3 +69,20 @@ def test_deepep_shortens_the_deepseek_v3_step(tmp_path):
     a2a = step_time(build_plan(_cfg(tmp_path, "alltoall"))).step_s
     dee = step_time(build_plan(_cfg(tmp_path, "deepep"))).step_s
     assert dee < 0.8 * a2a  # 31.5 s against 46.3 s at the commit that added deepep
+
+
+def test_ep_inside_one_node_runs_the_intranode_kernels_on_nvlink_only():
+    # Mixtral 8x7B (8 experts, top 2, no groups) at ep 8 on one DGX H100 (450 GB/s NVLink per GPU):
+    # a token reaches 8 (1 - C(7,2)/C(8,2)) = 8 x 1/4 = 2 ranks, 7/8 of them another GPU
+    from meshplan.config import config_from_dict
+    cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "sharding": "zero3",
+                                         "framework": "megatron", "moe_dispatcher": "deepep"},
+                            "mesh": {"names": ["dp_shard", "ep"], "shape": [8, 8]}})
+    row = _ep(build_plan(cfg), 0)[0]
+    per = 4096 * 4096 * 2
+    assert row.path.kind == "nvlink" and row.algorithm == "deepep"
+    assert row.link_bytes == pytest.approx((per * 2 * 7 / 8, 0.0), rel=1e-12)
+    # DeepEP's logical NVLink bytes (2 x per) at 153 and 158 of its measured 160 GB/s, scaled to 450 GB/s
+    want = (per * 2 / (153 / 160 * 450e9) + per * 2 / (158 / 160 * 450e9)) / 2
+    assert row.time_s == pytest.approx(want, rel=1e-12)
