@@ -97,3 +97,15 @@ def test_deepep_refuses_a_dense_model_and_a_capacity_factor():
         config_from_dict({**base, "model": {"catalog": "mixtral-8x7b"}, "training": {**tr, "moe_capacity_factor": 1.25},
                           "mesh": {"names": ["dp", "ep"], "shape": [8, 8]}})
     assert e.value.field == "training.moe_dispatcher"
+
+
+def test_arguments_without_the_group_flags_name_what_the_catalog_model_adds(tmp_path):
+    flags = [x for x in write(load_config(DSV3)) if not x.startswith(("--moe-router-num", "--moe-router-group"))]
+    f = tmp_path / "a.args"
+    f.write_text("\n".join(flags) + "\n")
+    got = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=256))
+    assert (got.model.n_group, got.model.topk_group) == (8, 4)  # the catalog model's
+    assert ("megatron: the model flags give catalog model deepseek-v3 but not --moe-router-num-groups (Megatron-LM's "
+            "default: plain top-k routing; deepseek-v3: n_group 8, topk_group 4): planned as deepseek-v3 (the same "
+            "costs but a deepep dispatch's bytes); add --moe-router-num-groups 8 --moe-router-group-topk 4 to train "
+            "it") in got.notes

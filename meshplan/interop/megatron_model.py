@@ -232,6 +232,10 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
         differ = [(f"{flag} (Megatron-LM's default {default:g}; {name}: {getattr(ref, field):g})",
                    f"{flag} {getattr(ref, field):g}") for flag, (field, default) in CARRIED.items()
                   if field in unset and getattr(ref, field) not in (None, default)]
+        if spec.n_group is None and ref.n_group is not None:  # group-limited routing: no size, so it matched
+            differ.append((f"--moe-router-num-groups (Megatron-LM's default: plain top-k routing; {name}: n_group "
+                           f"{ref.n_group}, topk_group {ref.topk_group})", " ".join(
+                               f"{a} {getattr(ref, f)}" for a, f in GROUP_FLAGS.items())))
         if "rope_scaling" in unset and ref.rope_scaling is not None:
             differ.append((f"--use-rope-scaling (Megatron-LM's default: off; {name}: Llama 3.1's RoPE scaling, "
                            f"factor {ref.rope_scaling.factor:g})", " ".join(_scaling_flags(ref))))
@@ -239,8 +243,10 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
             notes.append(f"the model flags give catalog model {name} exactly")
         else:
             said = ", ".join(d for d, _ in differ)
-            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
-                         f"costs); add {' '.join(a for _, a in differ)} to train it")
+            same = ("the same costs but a deepep dispatch's bytes" if spec.n_group is None and ref.n_group is not None
+                    else "the same costs")
+            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} ({same}); "
+                         f"add {' '.join(a for _, a in differ)} to train it")
         return {"catalog": name}
     return model
 
