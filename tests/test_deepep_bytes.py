@@ -62,3 +62,25 @@ def test_closed_form_matches_monte_carlo(experts, top_k, units, groups, chosen):
     # 60,000 tokens: standard error <= 0.5 / sqrt(60000) = 0.002 per unit
     assert np.abs(sampled - exact).max() < 0.01
     assert abs(sampled.sum() - exact.sum()) < 0.03
+
+
+def test_the_groups_come_from_the_hf_config_and_are_checked():
+    import json
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from meshplan.spec.hf import model_from_hf_config
+    from meshplan.spec.model import ModelSpec
+    hf = Path(__file__).resolve().parent / "data" / "hf"
+    v3 = model_from_hf_config(json.loads((hf / "deepseek-v3" / "config.json").read_text()))
+    v2 = model_from_hf_config(json.loads((hf / "deepseek-v2" / "config.json").read_text()))
+    assert (v3.n_group, v3.topk_group, v2.n_group, v2.topk_group) == (8, 4, 8, 3)
+    base = dict(layers=1, hidden=64, ffn=64, q_heads=4, vocab=8, experts=16, top_k=4)
+    with pytest.raises(ValidationError, match="go together"):
+        ModelSpec(**base, n_group=4)
+    with pytest.raises(ValidationError, match="must divide experts 16"):
+        ModelSpec(**base, n_group=3, topk_group=1)
+    with pytest.raises(ValidationError, match="top_k 4 > the 1 x 2 experts"):
+        ModelSpec(**base, n_group=8, topk_group=1)
+    assert ModelSpec(**base, n_group=8, topk_group=2).topk_group == 2
