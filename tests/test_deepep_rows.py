@@ -86,3 +86,9 @@ def test_ep_inside_one_node_runs_the_intranode_kernels_on_nvlink_only():
     # DeepEP's logical NVLink bytes (2 x per) at 153 and 158 of its measured 160 GB/s, scaled to 450 GB/s
     want = (per * 2 / (153 / 160 * 450e9) + per * 2 / (158 / 160 * 450e9)) / 2
     assert row.time_s == pytest.approx(want, rel=1e-12)
+
+
+def test_compare_weighs_the_dispatcher_as_a_knob_of_the_plan(tmp_path):
+    from meshplan.compare.differences import config_differences
+    d = config_differences(_cfg(tmp_path, "alltoall"), _cfg(tmp_path, "deepep"))
+    assert d.workload == () and ("training.moe_dispatcher", "alltoall", "deepep") in d.knobs
