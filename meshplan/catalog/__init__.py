@@ -4,8 +4,8 @@ Each file holds tables keyed by name (``gpus.toml``, ``nodes.toml``, ``networks.
 ``models.toml``); every entry has a ``source`` naming the public document its numbers come
 from. ``nccl.toml`` holds measured nccl-tests bus-bandwidth curves, which a node names per
 link class (``busbw = { nvlink = "a100-nvlink3-ring", ... }``); ``deepep.toml`` DeepEP's
-published dispatch and combine bandwidths (:func:`deepep_rates`). A node entry also names its ``gpu`` and its ``network``, so a system is node + gpu +
-network:
+published dispatch and combine bandwidths (:func:`deepep_rates`). A node entry also names its
+``gpu`` and its ``network``, so a system is node + gpu + network:
 
 >>> system("dgx-h100", nodes=8).world
 64
