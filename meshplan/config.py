@@ -387,6 +387,24 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
     if p is not None and p * model.experts < 1 - 1e-9:
         raise ConfigError("training.moe_hottest_expert_share", f"{p} is below the balanced share 1 / experts "
                           f"{model.experts} = {1 / model.experts:.4g}; give a share in [1/experts, 1]")
+    if training.moe_dispatcher != "alltoall":
+        _check_dispatcher(model, training)
     if training.moe_dropless and training.moe_capacity_factor is not None:
         raise ConfigError("training.moe_capacity_factor", "dropless routing has no capacity; remove one of "
                           "moe_dropless and moe_capacity_factor")
+
+
+def _check_dispatcher(model: ModelSpec, training: TrainingSpec) -> None:
+    """``moe_dispatcher = "deepep"``: Megatron-LM's flex dispatcher (framework megatron), for an MoE
+    model, without the padded capacity buffer (Megatron-LM's TransformerConfig refuses
+    ``moe_pad_expert_input_to_capacity`` with the deepep backend, transformer_config.py:1754-1761 at
+    NVIDIA/Megatron-LM d98e8a6; meshplan plans a capacity factor as that padded buffer)."""
+    field = "training.moe_dispatcher"
+    if training.framework != "megatron":
+        raise ConfigError(field, f"\"deepep\" is Megatron-LM's flex token dispatcher with the DeepEP backend; "
+                          f"framework {training.framework!r} has none: set framework = \"megatron\" or remove it")
+    if not model.is_moe:
+        raise ConfigError(field, f"{model.name} has no experts; remove moe_dispatcher")
+    if training.moe_capacity_factor is not None:
+        raise ConfigError(field, "\"deepep\" sends the routed copies only (Megatron-LM refuses the padded "
+                          "capacity buffer with it): remove moe_capacity_factor, or set moe_dispatcher = \"alltoall\"")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshplan.comm.collectives import collective_table
+from meshplan.comm.deepep import describe as describe_deepep
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
@@ -268,8 +269,13 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         # the tp ranks split their tokens tp/etp ways before routing: a Megatron import's etp = tp
         # (Megatron-LM's default) routes twice the tokens of a TOML's default etp 1 at tp 2
         origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
-        notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
-            ro, m.top_k, m.experts, mesh.ep, origin),)
+        if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
+            notes += (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}"
+                      f"{max(1, tokens * mesh.etp // tp)}; " + describe_deepep(m, mesh.ep, ep_span(mesh, placement)[0])
+                      + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
+        else:
+            notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
+                ro, m.top_k, m.experts, mesh.ep, origin),)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,

@@ -88,7 +88,6 @@ def _args(tmp_path, cfg, *extra: str, drop: str = ""):
 
 @pytest.mark.parametrize("flag, value, planned", [
     ("--moe-token-dispatcher-type", "allgather", "alltoall"),
-    ("--moe-token-dispatcher-type", "flex", "alltoall"),
     ("--cp-comm-type", "p2p", "all_gather"),
     ("--cp-comm-type", "a2a", "all_gather"),
     ("--cp-comm-type", "a2a+p2p", "all_gather")])

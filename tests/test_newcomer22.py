@@ -60,8 +60,9 @@ def test_step_says_the_ep_traffic_counts_plain_top_k_under_node_limited_routing(
     assert lines[at + 1] == (
         "note: ep all-to-all bytes are planned for plain top-k routing (8 copies of each token, to any of the 256 "
         "experts); deepseek-v3's group-limited routing (n_group 8, topk_group 4: experts from 4 of 8 groups, at "
-        "most 4 nodes per token in DeepSeek-V3) is not modelled: a plain all-to-all sends the same bytes, a "
-        "dispatch that sends one copy per node (DeepEP) sends fewer across the network")
+        "most 4 nodes per token in DeepSeek-V3) changes no byte of an all-to-all, which sends one copy per routed "
+        "expert; training.moe_dispatcher = \"deepep\" (framework megatron) plans DeepEP's dispatch, one copy per "
+        "destination node")
 
 
 def test_the_hf_reader_keeps_the_routing_groups():

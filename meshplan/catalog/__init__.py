@@ -3,8 +3,9 @@
 Each file holds tables keyed by name (``gpus.toml``, ``nodes.toml``, ``networks.toml``,
 ``models.toml``); every entry has a ``source`` naming the public document its numbers come
 from. ``nccl.toml`` holds measured nccl-tests bus-bandwidth curves, which a node names per
-link class (``busbw = { nvlink = "a100-nvlink3-ring", ... }``). A node entry also names its ``gpu`` and its ``network``, so a system is node + gpu +
-network:
+link class (``busbw = { nvlink = "a100-nvlink3-ring", ... }``); ``deepep.toml`` DeepEP's
+published dispatch and combine bandwidths (:func:`deepep_rates`). A node entry also names its
+``gpu`` and its ``network``, so a system is node + gpu + network:
 
 >>> system("dgx-h100", nodes=8).world
 64
@@ -139,6 +140,17 @@ def gpu(name: str) -> GPUSpec:
 def _curves() -> dict[str, dict[str, Any]]:
     """Parsed ``nccl.toml``: measured busbw curves by name (cached; callers copy)."""
     return tomllib.loads(resources.files(__package__).joinpath("nccl.toml").read_text(encoding="utf-8"))
+
+
+@lru_cache(maxsize=None)
+def deepep_rates() -> dict[str, Any]:
+    """DeepEP's published normal-kernel bandwidths (``deepep.toml`` ``[normal]``, with its source;
+    cached, callers copy).
+
+    >>> deepep_rates()["internode_dispatch_gb_per_s"]
+    [43.0, 58.0, 51.0]
+    """
+    return tomllib.loads(resources.files(__package__).joinpath("deepep.toml").read_text(encoding="utf-8"))["normal"]
 
 
 def busbw_curve(name: str) -> BusbwCurve:

@@ -255,7 +255,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     result = widen(result)  # no row and [search] cp narrowed: the fastest row with every cp, for the fix
     print_search(result, _console())
     widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
-    if (caveat := routing_note(cfg.model, widest)) is not None:  # the ep rows' bytes count plain top-k
+    if (caveat := routing_note(cfg.model, widest, cfg.training.moe_dispatcher)) is not None:  # what ep rows model
         _echo(caveat)
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)

@@ -106,10 +106,12 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
     ``paths``: the paths found so far by axis (or axis and rank 0's group), filled in place."""
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None, copy_s=0.0, ds_gpu_s=0.0, ds_host_s=None):
+            list_copies=False, groups=None, copy_s=0.0, ds_gpu_s=0.0, ds_host_s=None, timer=None):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
         # no mesh axis (KV replicas), rank 0's in ranks; ds_gpu_s / ds_host_s: DeepSpeed ZeRO-3's
-        # GPU seconds added to the call and host seconds (instead of the list's) per call
+        # GPU seconds added to the call and host seconds (instead of the list's) per call; timer: a
+        # row timed by its own model, (path, cluster) -> (algorithm, seconds, (NVLink, network) bytes per
+        # call, size, cadence) (deepep)
         n = mesh.degree(axis) if ranks is None else len(ranks)
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
@@ -119,7 +121,11 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
                           else groups_path(groups, placement, cluster))
         path = paths[key]
         ds = list_copies or ds_host_s is not None
-        alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
+        split = None
+        if timer is not None:
+            alg, t, split, size, cadence = timer(path, cluster)
+        else:
+            alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
         host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu)
@@ -131,6 +137,6 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
                                   cadence, path, t, waits, depth, alg, per_mb / layers, host,
-                                  copy_s))
+                                  copy_s, split))
 
     return add

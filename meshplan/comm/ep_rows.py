@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.comm import deepep
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.mesh.layout import grid_groups
@@ -51,6 +52,9 @@ def ep_rows(add, c: StageContext) -> None:
     replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
     tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
     ro = RoutingOptions.of(t)
+    if t.moe_dispatcher == "deepep":
+        _deepep_rows(add, c, max(1, tokens), moe, replayed)
+        return
     rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
     a2a = rows * m.hidden * dtype_bytes(dt)
     add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
@@ -86,3 +90,32 @@ def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:
     add("ep", "forward", "all-gather", size, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch", ranks=rank0, groups=groups)
     add("ep", "backward", "all-gather", size, COUNT_DTYPE, replayed, DROPLESS_COUNTS, "the replayed dispatch",
         ranks=rank0, groups=groups)
+
+
+#: The cadence words of the deepep rows (the table's and the timeline's).
+DEEPEP_CADENCE = "every MoE layer (deepep dispatch, combine)"
+
+
+def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> None:
+    """``training.moe_dispatcher = "deepep"``: the dispatch and combine of every MoE layer (and their
+    gradients, a replayed layer's again) as DeepEP runs them (:func:`meshplan.comm.deepep.call`:
+    ``tokens`` distinct tokens once per destination node across nodes, fanned out over NVLink), in
+    rows of op all-to-all and algorithm ``deepep`` (the timeline's ep stream takes them as the
+    all-to-alls), timed per call as the mean of a dispatch and a combine, their bytes per link class
+    stated (:attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``size`` is the buffer whose
+    all-to-all share ``(n-1)/n`` is what the rank sends on both links. No count exchange: DeepEP's
+    layout and notify run inside its dispatch."""
+    t, m, mesh = c.training, c.model, c.mesh
+    dt = t.compute_dtype
+    token_bytes = m.hidden * dtype_bytes(dt)
+
+    def timer(path, cluster):
+        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep)
+        size = (k.nvlink_bytes + k.network_bytes) * mesh.ep / (mesh.ep - 1)
+        words = (f"{DEEPEP_CADENCE[:-1]}; per call {k.network_bytes / 1e6:,.1f} MB through the NIC, "
+                 f"{k.nvlink_bytes / 1e6:,.1f} MB on NVLink)")
+        return "deepep", k.time_s, (k.nvlink_bytes, k.network_bytes), size, words
+
+    add("ep", "forward", "all-to-all", token_bytes, dt, 2 * moe, DEEPEP_CADENCE, "expert GEMMs", timer=timer)
+    add("ep", "backward", "all-to-all", token_bytes, dt, 2 * moe + 2 * replayed, DEEPEP_CADENCE, "expert GEMMs",
+        timer=timer)

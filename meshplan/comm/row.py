@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -72,6 +73,7 @@ class CollectiveRow:
     per_layer: float = 0.0
     host_s: float = 0.0
     copy_s: float = 0.0
+    split: Optional[tuple[float, float]] = None
 
     @property
     def algorithm_shown(self) -> str:
@@ -104,7 +106,10 @@ class CollectiveRow:
         """(NVLink, network) bytes one rank of rank 0's group sends per call: all of
         :attr:`sent_bytes` on the fabric inside a node or NVLink domain, nothing with no
         peers, and across nodes the split of :func:`link_bytes` for the row's algorithm on its
-        path's ``nodes`` and ``ranks_per_node``."""
+        path's ``nodes`` and ``ranks_per_node``; a row that states its own ``split`` (DeepEP's
+        dispatch, :mod:`meshplan.comm.deepep`) gives that."""
+        if self.split is not None:
+            return self.split
         if self.path.kind == "local":
             return 0.0, 0.0
         if self.path.kind == "nvlink":

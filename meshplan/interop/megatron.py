@@ -62,6 +62,8 @@ Megatron-LM                              meshplan
 --moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
   --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
                                            an absent one a note (Megatron-LM's defaults: allgather, p2p)
+--moe-token-dispatcher-type flex,        training.moe_dispatcher deepep (also the deprecated --moe-enable-deepep;
+  --moe-flex-dispatcher-backend deepep     hybridep and ncclep are refused where ep x etp > 1)
 --overlap-grad-reduce,                   training.overlap_grad_reduce / overlap_param_gather with none / zero1
   --overlap-param-gather                   (Megatron-LM's DDP buffers); written with Megatron FSDP (zero2; zero3
                                            both), which forces them and the step models
@@ -109,6 +111,7 @@ from typing import Any, Optional
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
+from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
@@ -142,7 +145,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
-    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
     "--save-interval"}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
@@ -212,7 +215,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 **flags.grad_clip(args)}
     if model_is_moe(model):
         training |= flags.routing(args, notes)
-    flags.comm_types(args, deg, model_is_moe(model), notes)
+    training |= flags.comm_types(args, deg, model_is_moe(model), notes)
     flags.ckpt_format(args, notes)
     flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))

@@ -12,6 +12,7 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
+from meshplan.interop.megatron_dispatch import dispatcher
 from meshplan.interop.megatron_model import int_flag as _int
 
 #: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
@@ -19,15 +20,12 @@ from meshplan.interop.megatron_model import int_flag as _int
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
-#: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
-#: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
-#: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,
-#: a2a+p2p; default p2p): TransformerConfig ``moe_token_dispatcher_type`` and ``cp_comm_type``,
-#: megatron/core/transformer/transformer_config.py, and arguments.py ``--cp-comm-type`` at d98e8a6.
-PLANNED_DISPATCHER, PLANNED_CP = "alltoall", "all_gather"
+#: What meshplan plans for context parallelism (the K/V all-gather), as Megatron-LM spells it:
+#: ``--cp-comm-type`` (p2p, all_gather, a2a, a2a+p2p; default p2p): TransformerConfig ``cp_comm_type``
+#: and arguments.py ``--cp-comm-type`` at d98e8a6. The MoE dispatcher's flags:
+#: :mod:`meshplan.interop.megatron_dispatch`.
+PLANNED_CP = "all_gather"
 #: What each other value runs instead, for the one-line refusal.
-DISPATCHERS = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
-               "flex": "runs DeepEP's or HybridEP's fused dispatch kernels"}
 CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
             "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
             "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
@@ -175,19 +173,17 @@ def routing(args: dict, notes: list[str]) -> dict:
     return {"moe_capacity_factor": f}
 
 
-def comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> None:
-    """``--moe-token-dispatcher-type`` and ``--cp-comm-type`` against what meshplan plans
-    (:data:`PLANNED_DISPATCHER`, :data:`PLANNED_CP`): another value where it communicates (a
-    MoE model with ep x etp > 1; cp > 1) is a ConfigError naming the flag; absent, a note says
-    that Megatron-LM's default differs and what is planned. Of a per-layer ``--cp-comm-type``
-    list the first value is read."""
-    _planned_flag(args, "--moe-token-dispatcher-type", PLANNED_DISPATCHER, DISPATCHERS,
-                  moe and deg["ep"] * deg["etp"] > 1,
-                  ("allgather, alltoall or flex", "the all-to-all dispatch meshplan plans", "alltoall",
-                   "the all-to-all dispatch over ep"), notes)
+def comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> dict:
+    """``--moe-token-dispatcher-type`` (:func:`meshplan.interop.megatron_dispatch.dispatcher`: the
+    ``training.moe_dispatcher`` key it gives) and ``--cp-comm-type`` against what meshplan plans
+    (:data:`PLANNED_CP`): another value where it communicates (cp > 1) is a ConfigError naming the
+    flag; absent, a note says that Megatron-LM's default differs and what is planned. Of a per-layer
+    ``--cp-comm-type`` list the first value is read."""
+    out = dispatcher(args, moe and deg["ep"] * deg["etp"] > 1, notes)
     _planned_flag(args, "--cp-comm-type", PLANNED_CP, CP_TYPES, deg["cp"] > 1,
                   ("p2p, all_gather, a2a or a2a+p2p", "the K/V all-gather meshplan plans", "the K/V all-gather",
                    "the K/V all-gather of Llama 3's context parallelism"), notes)
+    return out
 
 
 def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], active: bool,

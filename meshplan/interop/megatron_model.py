@@ -10,7 +10,8 @@ ModelSpec field has its flag (``--num-layers``, ``--hidden-size``, ``--ffn-hidde
 ``--untie-embeddings-and-output-weights``, ``--disable-bias-linear``, ``--add-qkv-bias``,
 ``--qk-layernorm``, ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
 ``--moe-shared-expert-intermediate-size`` (the shared experts' total width),
-``--moe-layer-freq``, ``--use-rope-scaling`` with ``--rope-scaling-factor``: Llama 3.1's RoPE
+``--moe-layer-freq``, ``--moe-router-num-groups`` and ``--moe-router-group-topk`` (group-limited
+routing), ``--use-rope-scaling`` with ``--rope-scaling-factor``: Llama 3.1's RoPE
 scaling, whose other constants Megatron-LM fixes in ``RotaryEmbedding._apply_scaling``,
 megatron/core/models/common/embeddings/rotary_pos_embedding.py: low_freq_factor 1,
 high_freq_factor 4, original_max_position_embeddings 8192).
@@ -34,12 +35,15 @@ from meshplan.spec.model import ModelSpec
 MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
             "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
 MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
+#: Group-limited routing (TransformerConfig ``moe_router_num_groups``, ``moe_router_group_topk`` at d98e8a6;
+#: default None: none) as ModelSpec ``n_group``, ``topk_group``.
+GROUP_FLAGS = {"--moe-router-num-groups": "n_group", "--moe-router-group-topk": "topk_group"}
 MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
                "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
                "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
-               "--norm-epsilon", "--use-rope-scaling", "--rope-scaling-factor", *MLA_FLAGS}
+               "--norm-epsilon", "--use-rope-scaling", "--rope-scaling-factor", *MLA_FLAGS, *GROUP_FLAGS}
 #: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
 #: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
 #: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
@@ -147,6 +151,7 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
             model |= {"shared_experts": 1, "shared_expert_ffn": shared}
         if "--moe-layer-freq" in args:
             model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], int_flag(args, "--num-layers"))
+        model |= {f: int_flag(args, a) for a, f in GROUP_FLAGS.items()}
     model = {k: v for k, v in model.items() if v is not None}
     return _as_catalog(model, notes)
 
@@ -227,6 +232,10 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
         differ = [(f"{flag} (Megatron-LM's default {default:g}; {name}: {getattr(ref, field):g})",
                    f"{flag} {getattr(ref, field):g}") for flag, (field, default) in CARRIED.items()
                   if field in unset and getattr(ref, field) not in (None, default)]
+        if spec.n_group is None and ref.n_group is not None:  # group-limited routing: no size, so it matched
+            differ.append((f"--moe-router-num-groups (Megatron-LM's default: plain top-k routing; {name}: n_group "
+                           f"{ref.n_group}, topk_group {ref.topk_group})", " ".join(
+                               f"{a} {getattr(ref, f)}" for a, f in GROUP_FLAGS.items())))
         if "rope_scaling" in unset and ref.rope_scaling is not None:
             differ.append((f"--use-rope-scaling (Megatron-LM's default: off; {name}: Llama 3.1's RoPE scaling, "
                            f"factor {ref.rope_scaling.factor:g})", " ".join(_scaling_flags(ref))))
@@ -234,8 +243,10 @@ def _as_catalog(model: dict, notes: list[str]) -> dict:
             notes.append(f"the model flags give catalog model {name} exactly")
         else:
             said = ", ".join(d for d, _ in differ)
-            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
-                         f"costs); add {' '.join(a for _, a in differ)} to train it")
+            same = ("the same costs but a deepep dispatch's bytes" if spec.n_group is None and ref.n_group is not None
+                    else "the same costs")
+            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} ({same}); "
+                         f"add {' '.join(a for _, a in differ)} to train it")
         return {"catalog": name}
     return model
 
@@ -302,4 +313,5 @@ def model_flags(m: ModelSpec, seq_len: int) -> list[str]:
             out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
         if m.dense_layers:  # DeepSeek's leading dense layers, quoted for the shell
             out.append(f"--moe-layer-freq '[0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers}'")
+        out += [f"{a} {getattr(m, f)}" for a, f in GROUP_FLAGS.items() if getattr(m, f) is not None]
     return out

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP, PLANNED_CP,
-                                             PLANNED_DISPATCHER, SHARDING)
+                                             SHARDING)
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
 from meshplan.interop.tomlout import mesh_spec, resolved
@@ -41,7 +42,7 @@ def write(cfg: Config) -> list[str]:
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:
         out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
-    out += [f"--moe-token-dispatcher-type {PLANNED_DISPATCHER}"] * m.is_moe
+    out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
     out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)

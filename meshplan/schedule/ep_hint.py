@@ -86,7 +86,9 @@ def ep_hint(plan: Plan, st, alternatives: Optional[Callable[..., Replanned]], bw
     nodes, per_node = ep_span(mesh, plan.placement)
     if alternatives is None or nodes < 2 or plan.spec.rank_to_gpu is not None or cost < HINT_SHARE * st.step_s:
         return []
-    head = (f"ep {mesh.ep} spans {nodes} nodes ({per_node} of its ranks on each: its all-to-alls cross the NICs) and "
+    what = ("its deepep dispatches cross the NICs, once per destination node"
+            if plan.config.training.moe_dispatcher == "deepep" else "its all-to-alls cross the NICs")
+    head = (f"ep {mesh.ep} spans {nodes} nodes ({per_node} of its ranks on each: {what}) and "
             f"costs the critical stage {step_seconds(cost)} of the {step_seconds(st.step_s)} step "
             f"({cost / st.step_s:.1%}; exposed ep{' and its bubble waiting for ep' if waits else ''})")
     tried = inside_node(plan)

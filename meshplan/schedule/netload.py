@@ -75,7 +75,9 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink) -> None:
     leaf = leaf_of(p.cluster, gn)
     for nd in np.unique(gn[np.isin(gn, mine)]):
         members = group[gn == nd]
-        sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, len(members))[1]
+        off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
+            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, len(members))[1])
+        sent = len(members) * off
         used = sorted({int(x) for x in p.nic[members] if x >= 0})
         share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
         up = (_spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None

@@ -152,7 +152,7 @@ def network_share(row) -> float:
     """Share of a rank's sent bytes that cross the network on ``row``'s path: 0 inside a node; a
     ring over k ranks per node crosses nodes on 1 of its k hops per node, so 1/k (k = 8: 126 GB sent,
     15.7 GB through the rank's NIC, as the edge-load table counts it); an all-to-all over n ranks
-    sends (n - k) of its n - 1 pieces off the node.
+    sends (n - k) of its n - 1 pieces off the node; a deepep row its stated network share.
 
     >>> from types import SimpleNamespace as N
     >>> network_share(N(op="all-gather", group_size=256, path=N(kind="network", ranks_per_node=8)))
@@ -163,6 +163,9 @@ def network_share(row) -> float:
     k = max(row.path.ranks_per_node, 1)
     if row.path.kind != "network":
         return 0.0
+    split = getattr(row, "split", None)
+    if split is not None:  # a row that states its own bytes per link (DeepEP's dispatch)
+        return split[1] / max(split[0] + split[1], 1e-30)
     if row.op == "all-to-all":
         return (row.group_size - k) / max(row.group_size - 1, 1)
     return 1.0 / k

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.comm import fsdp2
+from meshplan.comm import deepep, fsdp2
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
@@ -83,12 +83,25 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     apart = (c.ep > 1) | (c.efsdp != c.fsdp)
     out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
-    if m.is_moe:
+    if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
+        tokens = np.maximum(c.mb * (t.seq_len // seq) * c.etp // c.tp, 1)
+        out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, st, tok: {"t": _deepep_s(cfg, tt, n, st, tok)}, ("t",),
+                           dtype=np.float64)["t"]
+    elif m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
     else:
         out["ep"] = np.zeros(len(c))
     return out
+
+
+def _deepep_s(cfg: Config, tt: TimeTables, ep: int, stride: int, tokens: int) -> float:
+    """Seconds per call of a deepep dispatch or combine (:func:`meshplan.comm.deepep.call_on`) over
+    ep ``ep`` ranks ``stride`` (etp) apart routing ``tokens`` tokens; 0 at ep 1."""
+    if ep <= 1:
+        return 0.0
+    token_bytes = cfg.model.hidden * dtype_bytes(cfg.training.compute_dtype)
+    return deepep.call_on(tt.path(stride, ep), cfg.cluster, cfg.model, tokens, token_bytes, ep).time_s
 
 
 def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: bool = False) -> np.ndarray:

@@ -37,8 +37,9 @@ config.json files and transformers' config classes):
   required, null for none: a missing one is an error naming it, not DeepseekV3Config's
   default, as for every other size); a
   ``moe_layer_freq`` other than 1 (dense layers between MoE layers) and ``attention_bias``
-  are refused. Named in ``source``, no size: the group-limited routing (``topk_method``,
-  ``n_group``, ``topk_group``; planned as top-k routing), and for v3 the multi-token
+  are refused. Group-limited routing (``topk_method`` other than greedy with ``n_group`` and
+  ``topk_group``): carried as ModelSpec ``n_group`` / ``topk_group`` (no size; the deepep
+  dispatch's bytes) and named in ``source``. Named in ``source``, no size: for v3 the multi-token
   prediction module (``num_nextn_predict_layers``: per depth one more MoE layer, its
   2h x h projection and two norms; the model card's 671B excludes it) and the
   ``e_score_correction_bias`` of each MoE router (``n_routed_experts`` elements per layer,
@@ -270,10 +271,13 @@ def _deepseek_v2(k: Keys) -> dict[str, Any]:
     notes = []
     method = k.cfg.get("topk_method")
     if fields.get("experts") and isinstance(method, str) and method != "greedy":
-        groups = (f", n_group {k.cfg['n_group']}, topk_group {k.cfg['topk_group']}"
-                  if all(isinstance(k.cfg.get(x), int) for x in ("n_group", "topk_group")) else "")
-        notes.append(f"topk_method {printable(method)[:40]} (group-limited routing{groups}, no size) planned as "
-                     f"top-k routing")
+        given = all(isinstance(k.cfg.get(x), int) for x in ("n_group", "topk_group"))
+        groups = f", n_group {k.cfg['n_group']}, topk_group {k.cfg['topk_group']}" if given else ""
+        if given:
+            fields |= {"n_group": k.req("n_group"), "topk_group": k.req("topk_group")}
+        notes.append(f"topk_method {printable(method)[:40]} (group-limited routing{groups}, no size) "
+                     + ("carried as n_group / topk_group: sets the deepep dispatch's bytes" if given
+                        else "planned as top-k routing"))
     return {**fields, "_notes": notes}
 
 

@@ -35,7 +35,12 @@ class ModelSpec(BaseModel):
     Sizes are element counts; ``ffn`` is the intermediate width of one MLP (per gate for a
     gated MLP). MoE: ``experts`` > 0 routed experts of width ``expert_ffn`` with ``top_k``
     active, plus ``shared_experts`` always-on experts of width ``shared_expert_ffn``; the
-    first ``dense_layers`` layers are dense. ``rope_theta`` (the RoPE base, with
+    first ``dense_layers`` layers are dense. ``n_group`` and ``topk_group`` (both or neither):
+    group-limited routing (Hugging Face DeepSeek config.json ``n_group``, ``topk_group``; Megatron-LM
+    ``--moe-router-num-groups``, ``--moe-router-group-topk``): the experts in ``n_group`` equal groups
+    of consecutive indices, each token's ``top_k`` chosen within its best ``topk_group`` groups
+    (DeepSeek-V3 Technical Report, arXiv 2412.19437, 2.1.2); no size, they set the deepep dispatch's
+    bytes (:mod:`meshplan.comm.deepep`). ``rope_theta`` (the RoPE base, with
     ``position_embedding = "rope"``) and ``norm_eps`` (the norms' epsilon) change no size or
     cost; they are carried so that an export writes the model it names (None: not stated, the
     framework's default then: Megatron-LM's ``--rotary-base`` 10000 and ``--norm-epsilon`` 1e-5);
@@ -78,6 +83,8 @@ class ModelSpec(BaseModel):
     shared_experts: int = Field(default=0, ge=0, le=_le("shared_experts"))
     shared_expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("shared_expert_ffn"))
     dense_layers: int = Field(default=0, ge=0, le=_le("dense_layers"))
+    n_group: Optional[int] = Field(default=None, gt=0, le=_le("experts"))
+    topk_group: Optional[int] = Field(default=None, gt=0, le=_le("experts"))
     q_lora_rank: Optional[int] = Field(default=None, gt=0, le=_le("q_lora_rank"))
     kv_lora_rank: Optional[int] = Field(default=None, gt=0, le=_le("kv_lora_rank"))
     qk_nope_head_dim: Optional[int] = Field(default=None, gt=0, le=_le("qk_nope_head_dim"))
@@ -95,6 +102,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"hidden {self.hidden} is not divisible by q_heads {self.q_heads}; give head_dim")
         if self.experts and not 0 < self.top_k <= self.experts:
             raise ValueError(f"top_k {self.top_k} must be in 1..experts ({self.experts}) for an MoE model")
+        if self.n_group is not None or self.topk_group is not None:
+            self._check_groups()
         if self.dense_layers > self.layers:
             raise ValueError(f"dense_layers {self.dense_layers} > layers {self.layers}")
         if self.position_embedding == "learned" and self.max_position <= 0:
@@ -103,6 +112,19 @@ class ModelSpec(BaseModel):
             if self.position_embedding != "rope" and getattr(self, rope) is not None:
                 raise ValueError(f"{rope} is set on a model without RoPE (position_embedding 'learned'); leave it out")
         return self
+
+    def _check_groups(self) -> None:
+        """Group-limited routing (class docstring): both given, on an MoE model, whole groups, and
+        room for top_k experts in topk_group groups."""
+        if self.n_group is None or self.topk_group is None or not self.experts:
+            raise ValueError("n_group and topk_group (group-limited routing) go together on an MoE model; give both "
+                             "with experts, or neither")
+        if self.experts % self.n_group or self.topk_group > self.n_group:
+            raise ValueError(f"n_group {self.n_group} must divide experts {self.experts} and be >= topk_group "
+                             f"{self.topk_group}")
+        if self.top_k > self.topk_group * (self.experts // self.n_group):
+            raise ValueError(f"top_k {self.top_k} > the {self.topk_group} x {self.experts // self.n_group} experts of "
+                             f"topk_group groups; raise topk_group")
 
     def _mla_dims_given(self) -> bool:
         return any(getattr(self, f) is not None for f in MLA_DIMS)
@@ -180,6 +202,9 @@ class ModelSpec(BaseModel):
         ``TransformerConfig.kv_channels``); the shared experts as one MLP of their total width
         (what :meth:`layer_tensors` builds, and all Megatron-LM's
         ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
+        The router's group limit (``n_group``, ``topk_group``) is left out: routing, no size, and
+        what most foreign configs do not state (a Megatron-LM argument file without
+        ``--moe-router-num-groups`` still names DeepSeek-V3).
         What ``meshplan compare`` and ``export`` judge a model by, and what the importers match
         against the catalog.
 
@@ -187,7 +212,7 @@ class ModelSpec(BaseModel):
         >>> m.architecture() == m.model_copy(update={"head_dim": 16, "kv_heads": 4, "name": "x"}).architecture()
         True
         """
-        out = self.model_dump(exclude={"name", "source"})
+        out = self.model_dump(exclude={"name", "source", "n_group", "topk_group"})  # routing, no size
         if not self.is_mla:
             out |= {"head_dim": self.d_head, "kv_heads": self.n_kv_heads}
         if self.is_moe:

@@ -258,6 +258,11 @@ class TrainingSpec(TrainingPrecision):
     under both frameworks (torchtitan's token-choice MoE has no capacity; Megatron-LM's
     ``moe_expert_capacity_factor`` defaults to None, dropless); ``moe_dropless = false`` alone:
     capacity factor 1.
+    ``moe_dispatcher``: how the routed tokens travel over ep: ``alltoall`` (default; Megatron-LM's
+    ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
+    or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+    deepep``, framework ``megatron`` only: DeepEP's normal kernels send a token once per destination
+    node over RDMA and fan it out over NVLink there; :mod:`meshplan.comm.deepep`).
     """
 
     @model_validator(mode="after")

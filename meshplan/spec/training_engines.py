@@ -28,7 +28,7 @@ from meshplan.spec.wording import runtime
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
-              "param_dtype")
+              "param_dtype", "moe_dispatcher")
 
 
 class TrainingEngines(TrainingFields):

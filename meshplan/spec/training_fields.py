@@ -126,6 +126,7 @@ class TrainingFields(BaseModel):
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0)
     moe_dropless: Optional[bool] = None
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
+    moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
 
     @model_validator(mode="before")
     @classmethod

@@ -1,0 +1,217 @@
+"""DeepEP's dispatch and combine (``training.moe_dispatcher = "deepep"``: Megatron-LM's
+``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``): one home for their
+copies per token, bytes per link class and time, which the collective table
+(:func:`meshplan.comm.ep_rows.ep_rows`), hence the timeline, and the search
+(:func:`meshplan.search.comm_bounds.comm_times`) read.
+
+**What DeepEP sends** (deepseek-ai/DeepEP README, V1 "normal kernels with NVLink and RDMA
+forwarding", the kernels Megatron-LM's ``fused_a2a.py`` calls): a token goes ONCE over RDMA to
+each node holding one of its experts (to the GPU of the same local index there), which forwards
+it over NVLink to each GPU of that node holding one of its experts; inside one node (ep on one
+NVLink domain) it goes once to each destination GPU. An all-to-all instead sends one copy per
+routed expert (:mod:`meshplan.comm.ep_rows`). The combine sends the same copies back, and the
+backward's two are the same again. Megatron-LM's flex dispatcher exchanges no counts apart
+(DeepEP's layout and notify run inside the dispatch): no count rows.
+
+**Copies per token, closed form under uniform routing.** The ep group of ``ep`` ranks spans
+``N`` nodes, ``g = ep / N`` ranks on each, in rank order; rank r holds the consecutive experts
+``[r E/ep, (r+1) E/ep)`` (Megatron-LM's local experts), so node j holds ``E/N`` consecutive
+experts and each "unit" (node or rank) a block. Group-limited routing (ModelSpec ``n_group`` G,
+``topk_group`` M; DeepSeek-V3 2.1.2) divides the experts into G groups of ``E/G`` consecutive
+ones; without it G = M = 1. The uniform model: a token's M groups are a uniform M-subset S of
+the G, and its ``k = top_k`` experts a uniform k-subset of the ``P = M E/G`` experts of S (the
+test's Monte-Carlo samples exactly this). A unit j with ``A_j(S)`` of its experts in S receives
+none of the token's experts with probability ``C(P - A_j(S), k) / C(P, k)``, so
+
+    P_j(hit) = 1 - sum over M-subsets S of C(G, M)^-1 C(P - A_j(S), k) / C(P, k)
+
+(the sum over S by a count of the subsets per value of ``A_j(S)``, :func:`hit_probabilities`).
+Expected distinct destination units per token: ``sum_j P_j(hit)``. For a token of a uniformly
+random node, its own node is each node with probability 1/N, so the expected distinct OTHER
+nodes are ``(N - 1)/N x sum_j P_j(hit)``. Two cases in closed form:
+
+- plain top-k (G = 1): every node ``1 - C(E - E/N, k)/C(E, k)``;
+- ep's node span N = G: node j holds group j exactly (the groups map to the nodes), chosen with
+  probability M/G and then hit unless the k experts all fall in the other M - 1 groups:
+  ``P(hit) = M/G (1 - C((M-1) E/G, k) / C(M E/G, k))``. 8 nodes x 8 GPUs, E 256, k 8, G 8,
+  M 4: ``1/2 (1 - C(96, 8)/C(128, 8)) = 0.45363``, 3.6290 nodes, 3.1754 other nodes per token
+  (plain top-k: 5.2947 and 4.6328).
+
+Where N differs from G the experts of a node cover part of a group or several groups; the sum
+above holds as it is under the stated layout (consecutive experts per rank, ranks g per node in
+order), which is the assumption there.
+
+**Bytes per rank per call** (T distinct tokens routed by a rank, ``b`` bytes per token, h x the
+compute dtype): through the NIC ``T x other_nodes x b``; on NVLink the fan-out copies to the
+other GPUs of a destination node, ``T x ranks x (g - 1)/g x b`` (``ranks`` = expected distinct
+destination ranks, of which on average 1/g is the forwarding GPU itself).
+
+**Time**: DeepEP's published bandwidths (catalog ``deepep.toml``, a microbenchmark on H800 with
+one CX7 400 Gb/s NIC per GPU) are logical: RDMA bytes counted as ``T x nodes x b`` (own node
+included), NVLink bytes as ``T x ranks x b``. meshplan times each at the published rate scaled
+to the path's link (the rate over the measured line, times the rank's own NIC share
+:attr:`~meshplan.comm.row.Path.nic_bandwidth_bytes_per_s`, the one-NIC-per-GPU share the
+all-to-all model uses, or the node's fabric bandwidth): across nodes the slower of the two, the
+RDMA part at the published internode rate of the nearest EP size (16, 32, 64), the NVLink part
+at the intranode rate; inside a node the NVLink part alone. No latency term (the published
+rates are whole-kernel rates at 4096 tokens). Under etp > 1 Megatron-LM's flex dispatcher runs
+over ep x etp; planned over ep (not modelled apart).
+
+>>> c = copies(256, 8, 64, 8, 8, 4)
+>>> round(c.nodes, 4), round(c.other_nodes, 4), round(c.ranks, 4)
+(3.629, 3.1754, 7.3594)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import comb, log2
+from typing import Optional
+
+from meshplan import catalog
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Copies:
+    """Expected copies of one token (module docstring): ``nodes`` distinct destination nodes (its own
+    included: DeepEP's RDMA count), ``other_nodes`` of them other than its own (through the NIC),
+    ``ranks`` distinct destination ranks (DeepEP's NVLink count), ``nvlink`` fan-out copies to
+    other GPUs of a node (``ranks (g - 1)/g``); ``span`` nodes of the ep group."""
+
+    nodes: float
+    other_nodes: float
+    ranks: float
+    nvlink: float
+    span: int
+
+
+def _subset_sums(sizes: list[int], m: int) -> dict[int, int]:
+    """{A: number of m-subsets of ``sizes`` summing to A} (a count by dynamic programming)."""
+    table: list[dict[int, int]] = [{0: 1}] + [{} for _ in range(m)]
+    for a in sizes:
+        for c in range(m, 0, -1):
+            for s, n in table[c - 1].items():
+                table[c][s + a] = table[c].get(s + a, 0) + n
+    return table[m]
+
+
+@lru_cache(maxsize=None)
+def hit_probabilities(experts: int, top_k: int, units: int, n_group: int = 1, topk_group: int = 1) -> tuple:
+    """P(unit j receives at least one of a token's ``top_k`` experts) for j = 0..units-1, the
+    units (nodes or ranks) holding equal blocks of consecutive experts, under group-limited
+    uniform routing over ``n_group`` groups of which ``topk_group`` are chosen (module
+    docstring). Plain top-k, 8 nodes of 32 experts: ``1 - C(224, 8)/C(256, 8)``:
+
+    >>> round(hit_probabilities(256, 8, 8)[0], 5), round(hit_probabilities(256, 8, 8, 8, 4)[0], 5)
+    (0.66183, 0.45363)
+    """
+    per_group, per_unit = experts // n_group, experts // units
+    pool = topk_group * per_group
+    total, denom = comb(n_group, topk_group), comb(pool, top_k)
+    out = []
+    for j in range(units):
+        lo, hi = j * per_unit, (j + 1) * per_unit
+        sizes = [max(0, min(hi, (g + 1) * per_group) - max(lo, g * per_group)) for g in range(n_group)]
+        miss = sum(n * comb(pool - a, top_k) for a, n in _subset_sums(sizes, topk_group).items())
+        out.append(1.0 - miss / (total * denom))
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def copies(experts: int, top_k: int, ep: int, nodes: int, n_group: Optional[int] = None,
+           topk_group: Optional[int] = None) -> Copies:
+    """:class:`Copies` of a token over an ep group of ``ep`` ranks on ``nodes`` nodes (module
+    docstring), ``n_group`` / ``topk_group`` None for plain top-k."""
+    g_, m_ = (n_group, topk_group) if n_group and topk_group else (1, 1)
+    span = max(1, nodes)
+    hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_))
+    hit_r = sum(hit_probabilities(experts, top_k, ep, g_, m_))
+    g = ep // span
+    return Copies(hit_n, (span - 1) / span * hit_n, hit_r, hit_r * (g - 1) / g, span)
+
+
+def _nearest(ep: int, sizes: list[int]) -> int:
+    """Index of the published EP size nearest ``ep`` on a log scale (ties: the smaller)."""
+    return min(range(len(sizes)), key=lambda i: (abs(log2(ep / sizes[i])), sizes[i]))
+
+
+def rates(ep: int, internode: bool, nic_bytes_per_s: float, fabric_bytes_per_s: float) -> dict[str, float]:
+    """Achievable bytes/s per link class and phase (module docstring: the published rate over its
+    line, times this path's line): ``rdma_dispatch``, ``rdma_combine`` (internode, at the nearest
+    published EP size), ``nvl_dispatch``, ``nvl_combine``. One CX7 400 Gb/s NIC per GPU (50 GB/s)
+    and EP 64 give the published 51 / 50 GB/s:
+
+    >>> {k: round(v / 1e9, 1) for k, v in rates(64, True, 50e9, 450e9).items()}
+    {'rdma_dispatch': 51.0, 'rdma_combine': 50.0, 'nvl_dispatch': 430.3, 'nvl_combine': 444.4}
+    """
+    r = catalog.deepep_rates()
+    out = {}
+    if internode:
+        i = _nearest(ep, r["internode_ep"])
+        for ph in ("dispatch", "combine"):
+            out[f"rdma_{ph}"] = r[f"internode_{ph}_gb_per_s"][i] / r["rdma_line_gb_per_s"] * nic_bytes_per_s
+    for ph in ("dispatch", "combine"):
+        out[f"nvl_{ph}"] = r[f"intranode_{ph}_gb_per_s"] / r["nvlink_line_gb_per_s"] * fabric_bytes_per_s
+    return out
+
+
+@dataclass(frozen=True)
+class Call:
+    """One deepep dispatch or combine of a rank (mean of the two: a layer runs one of each):
+    ``time_s`` seconds per call, ``nvlink_bytes`` and ``network_bytes`` sent per call, ``copies``."""
+
+    time_s: float
+    nvlink_bytes: float
+    network_bytes: float
+    copies: Copies
+
+
+def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_per_s: float,
+         fabric_bytes_per_s: float) -> Call:
+    """:class:`Call` of ``tokens`` distinct tokens of ``token_bytes`` each over an ep group of ``ep``
+    ranks on ``nodes`` nodes (module docstring), the rank's NIC share and the fabric's per-GPU
+    bandwidth in bytes/s. DeepSeek-V3 (E 256, k 8, G 8, M 4) at ep 64 on 8 nodes, 4096 tokens of
+    7168 x 2 B: 3.1754 x 4096 x 14336 B = 186.5 MB through the NIC; RDMA logical bytes 3.629 x
+    58.7 MB over 51 (dispatch) and 50 (combine) GB/s: 4.18 and 4.26 ms, mean 4.22 ms:
+
+    >>> from meshplan import catalog
+    >>> c = call(catalog.model("deepseek-v3"), 4096, 7168 * 2, 64, 8, 50e9, 450e9)
+    >>> round(c.network_bytes / 1e6, 1), round(c.time_s * 1e3, 2)
+    (186.5, 4.22)
+    """
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group)
+    r = rates(ep, c.span > 1, nic_bytes_per_s, fabric_bytes_per_s)
+    per = tokens * token_bytes
+    times = []
+    for ph in ("dispatch", "combine"):
+        t = per * c.ranks / r[f"nvl_{ph}"] if r[f"nvl_{ph}"] else 0.0
+        if c.span > 1:
+            t = max(t, per * c.nodes / r[f"rdma_{ph}"] if r[f"rdma_{ph}"] else float("inf"))
+        times.append(t)
+    return Call(sum(times) / 2, per * c.nvlink, per * c.other_nodes, c)
+
+
+def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int) -> Call:
+    """:func:`call` on an ep group's :class:`~meshplan.comm.row.Path` in ``cluster``: its nodes and
+    the rank's own NIC share across nodes (else the node's fabric inside one), the node's fabric
+    bandwidth for NVLink. The one call of the collective table and of the search."""
+    fabric = cluster.node.fabric.bandwidth_bytes_per_s
+    if path.kind != "network":
+        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric)
+    nic = path.nic_bandwidth_bytes_per_s or path.bandwidth_bytes_per_s
+    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric)
+
+
+def describe(model, ep: int, nodes: int) -> str:
+    """What is modelled, in one phrase, for the step's routing note."""
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group)
+    grouped = model.n_group and model.topk_group
+    how = ((f"group-limited (n_group {model.n_group}, topk_group {model.topk_group}"
+            + (f": the groups are ep's {c.span} nodes)" if model.n_group == c.span else
+               f"; ep spans {c.span} nodes, experts consecutive per rank)")) if grouped else "plain top-k")
+    return (f"deepep dispatch modelled: {c.other_nodes:.2f} of {model.top_k} copies per token cross nodes "
+            f"(once per other destination node, {how}, uniform routing), {c.nvlink:.2f} NVLink fan-out "
+            f"copies; timed at DeepEP's published bandwidths (catalog deepep.toml)")

@@ -1,0 +1,69 @@
+"""Megatron-LM's MoE token dispatcher flags <-> ``training.moe_dispatcher``.
+
+At NVIDIA/Megatron-LM d98e8a6 the flags come from TransformerConfig (arguments.py builds them
+with ``ArgumentGroupFactory(TransformerConfig)``): ``--moe-token-dispatcher-type`` (allgather,
+alltoall, flex; default allgather), ``--moe-flex-dispatcher-backend`` (deepep, hybridep, ncclep;
+default deepep; transformer_config.py:898) and the deprecated ``--moe-enable-deepep``, which
+requires flex and sets the backend to deepep (transformer_config.py:1743-1752). meshplan plans
+``alltoall`` (an all-to-all over ep, one copy per routed expert) and flex with the deepep backend
+(``moe_dispatcher = "deepep"``, :mod:`meshplan.comm.deepep`); allgather, hybridep and ncclep are
+refused where they communicate.
+
+>>> dispatcher({"--moe-token-dispatcher-type": "flex"}, True, [])
+{'moe_dispatcher': 'deepep'}
+>>> dispatcher({"--moe-token-dispatcher-type": "flex", "--moe-enable-deepep": True}, True, [])
+{'moe_dispatcher': 'deepep'}
+>>> dispatcher({"--moe-token-dispatcher-type": "alltoall"}, True, [])
+{}
+>>> dispatcher_flags("deepep")
+['--moe-token-dispatcher-type flex', '--moe-flex-dispatcher-backend deepep']
+"""
+
+from __future__ import annotations
+
+from meshplan.errors import ConfigError, printable
+
+TYPE, BACKEND, ENABLE = "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--moe-enable-deepep"
+#: The flags this module reads (for the importer's list of used flags).
+FLAGS = (TYPE, BACKEND, ENABLE)
+#: Megatron-LM's dispatcher types, its default first, with what each runs.
+TYPES = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
+         "alltoall": "the all-to-all dispatch over ep", "flex": "runs a fused dispatch backend"}
+#: The flex backends (default deepep) with what each runs.
+BACKENDS = {"deepep": "DeepEP's normal kernels", "hybridep": "HybridEP's kernels (a DeepEP branch, MNNVL)",
+            "ncclep": "NCCL EP through Transformer Engine"}
+
+
+def dispatcher(args: dict, active: bool, notes: list[str]) -> dict:
+    """``training`` keys of the dispatcher flags (module docstring): ``{"moe_dispatcher": "deepep"}``
+    for flex with the deepep backend (given or Megatron-LM's default) or ``--moe-enable-deepep``,
+    ``{}`` for alltoall; an unknown value is a ConfigError naming the flag. ``active`` (an MoE model
+    with ep x etp > 1): another planned-nothing choice (allgather, hybridep, ncclep) is a
+    ConfigError, an absent type a note (Megatron-LM's default allgather, planned as alltoall)."""
+    kind, backend = args.get(TYPE), args.get(BACKEND)
+    if kind is not None and kind not in TYPES:
+        raise ConfigError(TYPE, f"{printable(str(kind))[:40]!r} is not allgather, alltoall or flex; give alltoall "
+                          f"(the all-to-all dispatch) or flex with {BACKEND} deepep")
+    if backend is not None and backend not in BACKENDS:
+        raise ConfigError(BACKEND, f"{printable(str(backend))[:40]!r} is not deepep, hybridep or ncclep; give deepep")
+    if args.get(ENABLE) and kind != "flex":
+        raise ConfigError(ENABLE, f"needs {TYPE} flex (Megatron-LM: \"DeepEP backend is only supported with flex "
+                          f"token dispatcher\"): add {TYPE} flex")
+    deepep = kind == "flex" and (backend in (None, "deepep") or bool(args.get(ENABLE)))
+    if kind == "flex" and not deepep and active:
+        raise ConfigError(BACKEND, f"{backend} runs {BACKENDS[str(backend)]}, which meshplan does not model; use "
+                          f"{BACKEND} deepep, or {TYPE} alltoall")
+    if active and kind == "allgather":
+        raise ConfigError(TYPE, f"allgather {TYPES['allgather']}, which meshplan does not model (it plans the "
+                          f"all-to-all dispatch over ep, or flex with DeepEP); use {TYPE} alltoall")
+    if active and kind is None:
+        notes.append(f"{TYPE} not given: Megatron-LM's default allgather ({TYPES['allgather']}); planned as "
+                     f"alltoall: add {TYPE} alltoall")
+    return {"moe_dispatcher": "deepep"} if deepep else {}
+
+
+def dispatcher_flags(moe_dispatcher: str) -> list[str]:
+    """The flags that run ``training.moe_dispatcher`` (the inverse of :func:`dispatcher`)."""
+    if moe_dispatcher == "deepep":
+        return [f"{TYPE} flex", f"{BACKEND} deepep"]
+    return [f"{TYPE} alltoall"]

@@ -1,0 +1,94 @@
+"""The deepep dispatcher in the collective table, the step and the search: the DeepSeek-V3
+example (pp 16 x dp_shard 128, ep 64 over 8 DGX H100 nodes, 8 ranks on each, one 400 Gb/s NIC per
+GPU) with ``training.moe_dispatcher = "deepep"``, its ep rows derived by hand from
+meshplan.comm.deepep's module docstring and DeepEP's published rates (catalog deepep.toml)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+
+DSV3 = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+
+
+def _cfg(tmp_path, dispatcher: str):
+    f = tmp_path / f"{dispatcher}.toml"
+    f.write_text(DSV3.read_text().replace('framework = "megatron"',
+                                          f'framework = "megatron"\nmoe_dispatcher = "{dispatcher}"'))
+    return load_config(f)
+
+
+def _ep(plan, stage=1):
+    return [r for r in plan.stage(stage).collectives if r.axis == "ep"]
+
+
+def test_the_ep_rows_are_deepep_dispatch_and_combine_with_hand_derived_bytes_and_time(tmp_path):
+    plan = build_plan(_cfg(tmp_path, "deepep"))
+    rows = _ep(plan)
+    assert [(r.phase, r.op, r.algorithm) for r in rows] == [("forward", "all-to-all", "deepep"),
+                                                           ("backward", "all-to-all", "deepep")]  # no count rows
+    # T = 1 x 4096 tokens of 7168 x 2 B; node hit 1/2 (1 - C(96,8)/C(128,8)) (groups = ep's 8 nodes)
+    miss = Fraction(1)
+    for i in range(8):
+        miss *= Fraction(96 - i, 128 - i)
+    p = float(Fraction(1, 2) * (1 - miss))
+    per = 4096 * 7168 * 2
+    nvl, net = rows[0].link_bytes
+    assert net == pytest.approx(per * 7 * p, rel=1e-9)       # 186.5 MB: 3.1754 other nodes per token
+    assert net == pytest.approx(186.5e6, rel=1e-3)
+    # RDMA logical bytes 8p x per (own node counted, as DeepEP's test counts them) at the EP-64 rates
+    # 51 (dispatch) and 50 (combine) GB/s x (50 GB/s NIC share / 50 GB/s measured line); NVLink slower part
+    # is under it (7.36 x per over 153/160 x 450 GB/s = 1.0 ms), so the mean of the two RDMA times
+    want = (per * 8 * p / 51e9 + per * 8 * p / 50e9) / 2
+    assert rows[0].time_s == pytest.approx(want, rel=1e-9)   # 4.2201 ms
+    assert rows[0].time_s == pytest.approx(4.2201e-3, rel=1e-4)
+    assert rows[0].cadence.startswith("every MoE layer (deepep dispatch, combine; per call 186.5 MB through the NIC")
+    # an all-to-all of the same tokens sends 8 copies a token, 56/64 of them off the node: 7 x per
+    a2a = _ep(build_plan(_cfg(tmp_path, "alltoall")))[0]
+    assert a2a.algorithm == "pairwise" and a2a.link_bytes[1] == pytest.approx(per * 7, rel=1e-9)
+
+
+def test_step_and_search_read_the_same_deepep_time(tmp_path):
+    from meshplan.search.memory import Tables
+    from meshplan.search.comm_bounds import _deepep_s
+    from meshplan.search.time_tables import TimeTables
+    cfg = _cfg(tmp_path, "deepep")
+    row = _ep(build_plan(cfg))[0]
+    assert _deepep_s(cfg, TimeTables(cfg, Tables(cfg)), 64, 1, 4096) == pytest.approx(row.time_s, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_deepep_shortens_the_deepseek_v3_step(tmp_path):
+    a2a = step_time(build_plan(_cfg(tmp_path, "alltoall"))).step_s
+    dee = step_time(build_plan(_cfg(tmp_path, "deepep"))).step_s
+    assert dee < 0.8 * a2a  # 31.5 s against 46.3 s at the commit that added deepep
+
+
+def test_ep_inside_one_node_runs_the_intranode_kernels_on_nvlink_only():
+    # Mixtral 8x7B (8 experts, top 2, no groups) at ep 8 on one DGX H100 (450 GB/s NVLink per GPU):
+    # a token reaches 8 (1 - C(7,2)/C(8,2)) = 8 x 1/4 = 2 ranks, 7/8 of them another GPU
+    from meshplan.config import config_from_dict
+    cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "sharding": "zero3",
+                                         "framework": "megatron", "moe_dispatcher": "deepep"},
+                            "mesh": {"names": ["dp_shard", "ep"], "shape": [8, 8]}})
+    row = _ep(build_plan(cfg), 0)[0]
+    per = 4096 * 4096 * 2
+    assert row.path.kind == "nvlink" and row.algorithm == "deepep"
+    assert row.link_bytes == pytest.approx((per * 2 * 7 / 8, 0.0), rel=1e-12)
+    # DeepEP's logical NVLink bytes (2 x per) at 153 and 158 of its measured 160 GB/s, scaled to 450 GB/s
+    want = (per * 2 / (153 / 160 * 450e9) + per * 2 / (158 / 160 * 450e9)) / 2
+    assert row.time_s == pytest.approx(want, rel=1e-12)
+
+
+def test_compare_weighs_the_dispatcher_as_a_knob_of_the_plan(tmp_path):
+    from meshplan.compare.differences import config_differences
+    d = config_differences(_cfg(tmp_path, "alltoall"), _cfg(tmp_path, "deepep"))
+    assert d.workload == () and ("training.moe_dispatcher", "alltoall", "deepep") in d.knobs
