@@ -136,8 +136,10 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optiona
     """What a ``link`` class's fit of ``op`` over ``ranks`` on ``nodes`` sets, one line (the
     module docstring's rule), for ``meshplan calibrate``'s output.
 
-    >>> kinds_set("nic", "all-reduce", 2, 2)  # doctest: +ELLIPSIS
-    'nic: this file sets all-reduce, all-gather, reduce-scatter and all-to-all across nodes (from the all-reduce fit ...'
+    >>> kinds_set("nic", "all-reduce", 2, 2).split("; ")[0]
+    'nic: this file sets all-reduce, all-gather, reduce-scatter and all-to-all across nodes (from the all-reduce fit over 2 ranks on 2 nodes'
+    >>> kinds_set("nic", "all-reduce", 2, 2).split("; ")[2].split(" kept")[0]
+    "the catalog's send/recv pair (p2p) curve is"
     """
     run = f"the {op} fit over {ranks} ranks" + (f" on {nodes} nodes" if nodes else "") if op else "the fit"
     if link != "nic":
