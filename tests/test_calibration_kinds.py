@@ -174,3 +174,27 @@ def test_step_prints_the_contention_line(capsys):
     st_ = step_time(build_plan(load_config(D4)))
     assert f"includes {st_.contention_s() * 1e3:.2f} ms" in line and "hold 22% of the SMs" in line
     assert f"compute less it, {(st_.parts_s()['compute'] - st_.contention_s()) * 1e3:.2f} ms" in line
+
+
+def test_a_sendrecv_run_sets_the_pair(tmp_path):
+    """A sendrecv_perf run over 2 hosts beside the all-reduce: the all-reduce fit stays the class's
+    (calibrate keeps the all-reduce fit), and the pair reads the logged send/recv busbw itself:
+    at the logged 1 GiB, 12.00 GB/s (the file's busbw column), not S18's 15.48 scaled."""
+    ar = _catalog_log(tmp_path / "ar.txt", 0.9, 1)
+    rows = [(s, s / (30e-6 + s / 12.0e9) / 1e9) for s in SIZES]
+    text = published_text("sendrecv_perf", ["node-a", "node-b"], A100, rows, "a pair at 12 GB/s")
+    sr = tmp_path / "sr.txt"
+    sr.write_text(text.replace("     sum  ", "    none  "))
+    fits, notes, sources, curves, split = calibrate_curves([ar, sr], "nic", system="dgx-a100")
+    assert [f.op for f in fits] == ["all-reduce"] and {c.op for c in curves["nic"]} == {"all-reduce", "send/recv"}
+    out = tmp_path / "both.toml"
+    out.write_text(calibration_toml(fits, sources, curves=curves, nics_per_node=split))
+    c = apply_calibration(system("dgx-a100", nodes=2), load_calibration(out))
+    pair = c.node.busbw["p2p"]
+    assert pair.op == "send/recv" and not pair.calibrated and "sr.txt" in pair.source
+    bw = c.node.nics[0].rate_gbit_per_s / 8 * 1e9
+    _, t = collective_time("send/recv", 2, 2**30, bw, "network", nodes=2, curves=c.node.busbw, ranks_per_node=1,
+                           calibrated=True, latency_scale=c.network[0].latency_s / REFERENCE_STEP_S["network"])
+    assert round(2**30 / t / 1e9, 2) == 12.0
+    said = next(n for n in notes if n.startswith("nic: this file sets all-reduce"))
+    assert said.endswith("its send/recv pair (p2p) from the file's own run of it") and "kept" not in said

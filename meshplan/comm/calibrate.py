@@ -278,7 +278,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
         nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
-        notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes))
+        notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
     return fits, notes, sources, curves, split
 
 

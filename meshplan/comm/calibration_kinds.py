@@ -34,7 +34,7 @@ pattern): r = 18.71 / 18.65 = 1.003, the pp send/recv pair stays on S18's 15.48 
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from meshplan.comm.alphabeta import busbw_factor, measured_time
 from meshplan.spec.cluster import BusbwCurve
@@ -132,9 +132,11 @@ def nic_curves(own: Optional[BusbwCurve], others: list[BusbwCurve], fit_gb_per_s
     return out
 
 
-def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optional[int]) -> str:
+def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optional[int],
+              others: Sequence[BusbwCurve] = ()) -> str:
     """What a ``link`` class's fit of ``op`` over ``ranks`` on ``nodes`` sets, one line (the
-    module docstring's rule), for ``meshplan calibrate``'s output.
+    module docstring's rule), for ``meshplan calibrate``'s output; ``others``: the curves of the
+    class's other files (a run of a NIC pattern among them sets that pattern).
 
     >>> kinds_set("nic", "all-reduce", 2, 2).split("; ")[0]
     'nic: this file sets all-reduce, all-gather, reduce-scatter and all-to-all across nodes (from the all-reduce fit over 2 ranks on 2 nodes'
@@ -142,14 +144,20 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optiona
     "the catalog's send/recv pair (p2p) curve is"
     """
     run = f"the {op} fit over {ranks} ranks" + (f" on {nodes} nodes" if nodes else "") if op else "the fit"
+    head = (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
+            f"{'across nodes' if link == 'nic' else 'on ' + link} (from {run}; one busbw for every ring op, "
+            "nccl-tests doc/PERFORMANCE.md)")
     if link != "nic":
-        return (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all on {link} (from {run}; "
-                "one busbw for every ring op, nccl-tests doc/PERFORMANCE.md); NVLS and tree are not added to it")
+        return head + "; NVLS and tree are not added to it"
     own = pattern(BusbwCurve(op=op, ranks=ranks, nodes=nodes or 1, line_gb_per_s=1.0, sizes_bytes=[1],
                              busbw_gb_per_s=[1.0], source="-")) if op and ranks else "nic"
+    theirs = {pattern(c) for c in others}
     rest = [k for k in ("nic1", "p2p") if k != own]
-    said = " and ".join(f"{NIC_PATTERNS[k]} ({k})" for k in rest) + (" curves are" if len(rest) > 1 else " curve is")
-    return (f"nic: this file sets all-reduce, all-gather, reduce-scatter and all-to-all across nodes (from {run}; "
-            f"one busbw for every ring op, nccl-tests doc/PERFORMANCE.md); the catalog's {said} kept, "
-            "scaled by this run's busbw per NIC over the catalog's of its own pattern (a run of that pattern in the "
-            "file sets it instead: sendrecv_perf, or alltoall_perf over 2 ranks on 2 hosts, for send/recv)")
+    kept = [k for k in rest if k not in theirs]
+    parts = [f"its {NIC_PATTERNS[k]} ({k}) from the file's own run of it" for k in rest if k in theirs]
+    if kept:
+        said = " and ".join(f"{NIC_PATTERNS[k]} ({k})" for k in kept)
+        parts.append(f"the catalog's {said} {'curves are' if len(kept) > 1 else 'curve is'} kept, scaled by this "
+                     "run's busbw per NIC over the catalog's of its own pattern (a run of that pattern sets it "
+                     "instead: sendrecv_perf, or alltoall_perf over 2 ranks on 2 hosts, for send/recv)")
+    return "; ".join([head] + parts)
