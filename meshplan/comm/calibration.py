@@ -255,7 +255,7 @@ def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dic
     """:func:`~meshplan.comm.calibration_kinds.nic_curves` of the ``nic`` table ``c`` whose
     applied own curve is ``own``, against ``node``'s catalog NIC curves and NIC rate."""
     fitted = c.fitted_curve()
-    others = [x.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * c.split_nics(x)})
-              for x in c.curve if x is not fitted]
+    others = [x.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * c.split_nics(x), "calibrated": False})
+              for x in c.curve if x is not fitted]  # read as catalog curves: the fit is not theirs
     catalog_nic = {k: node.busbw[k] for k in NIC_PATTERNS if k in node.busbw}
     return nic_curves(own, others, c.bandwidth_gb_per_s, catalog_nic, node.nics[0].rate_gbit_per_s / 8)
