@@ -62,8 +62,14 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     c = apply_calibration(system("dgx-a100", nodes=2), calib)
     assert c.node.fabric.bandwidth_gb_per_s == pytest.approx(nv.bandwidth_gb_per_s)
     assert c.node.nics[0].rate_gbit_per_s == pytest.approx(8 * calib["nic"].bandwidth_gb_per_s)
-    # the catalog's curves dropped; each class's own logged curve in their place (issue 11 item 2)
-    assert set(c.node.busbw) == {"nvlink", "nic"}
+    # the catalog's curves of the fitted patterns dropped; each class's own logged curve in their place
+    # (issue 11 item 2). The send/recv pair is another pattern (calib37): S18's pair curve kept, read at
+    # r = this run's busbw at 1 GiB over S18's 2 x 1 all-reduce there: 39.98 (the file's busbw column)
+    # / 18.65 = 2.144 x its 15.48 GB/s, via the calibrated NIC rate over the scaled curve's line
+    assert set(c.node.busbw) == {"nvlink", "nic", "p2p"}
+    p2p = c.node.busbw["p2p"]
+    assert p2p.busbw_gb_per_s == [15.48] and p2p.op == "all-to-all" and not p2p.calibrated
+    assert c.node.nics[0].rate_gbit_per_s / 8 / p2p.line_gb_per_s == pytest.approx(39.98 / 18.65, rel=1e-6)
     assert c.node.busbw["nvlink"].busbw_gb_per_s == [1.31, 18.0, 72.3, 109.9, 138.5, 176.9, 222.7, 229.0, 234.9]
     assert (c.node.busbw["nic"].ranks, c.node.busbw["nic"].nodes) == (8, 8)
 

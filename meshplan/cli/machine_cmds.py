@@ -82,7 +82,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     runs name (runs on two GPU models are refused: one calibration file per model). The fit uses both the
     out-of-place and the in-place rows; each measured curve keeps, per size, the slower busbw of the two, since
     torch issues both (in place: DDP's and HSDP's all-reduce, FSDP2's all-gather; out of place: FSDP2's
-    reduce-scatter), and a `busbw columns:` line names the column kept at each file's largest size."""
+    reduce-scatter), and a `busbw columns:` line names the column kept at each file's largest size. A line per link
+    class says which collective kinds the file sets: the fit sets the ring ops (all-reduce, all-gather, reduce-scatter)
+    and all-to-all of its class, never the send/recv pair or another NIC pattern, which keep the catalog's curve scaled
+    by the measured over the catalog busbw of the fitted pattern unless a run of their own pattern
+    (sendrecv_perf) is given."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
     check_destination(out, "--out", force)

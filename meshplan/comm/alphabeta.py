@@ -240,8 +240,12 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     faster than its own measurements; the ring is read on the user's own curve of the link
     (``meshplan calibrate`` writes it, :func:`meshplan.comm.calibration.apply_calibration`
     puts it in ``curves``) between its smallest and largest logged size, and on the fit
-    outside them (:func:`_inside`). The hierarchical algorithm across nodes stays (its
-    network part on the calibrated link at 1/g of the buffer and bandwidth, on the fit).
+    outside them (:func:`_inside`). A calibrated NIC class's send/recv ("p2p") and
+    one-rank-per-node ("nic1") curves are the catalog's scaled to the measurement, or runs of
+    their own pattern (:mod:`meshplan.comm.calibration_kinds`), not the fit: the ring on them is
+    read as on a catalog curve (NCCL's latency, every size on the curve). The hierarchical
+    algorithm across nodes stays (its network part on the calibrated link at 1/g of the buffer
+    and bandwidth, on the fit).
 
     ``library`` other than "nccl" or "rccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
     (per step exactly the link's latency, full bandwidth); a reduce-scatter costs an all-reduce
@@ -267,9 +271,10 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                                            intra_bandwidth_bytes_per_s, latency_scale,
                                            {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,
                                            CALIBRATED if calibrated else NCCL_RING)
-    proto = CALIBRATED if calibrated else NCCL_RING
+    own = calibrated and (link is None or link.calibrated)  # the fit's own run, not a scaled catalog curve
+    proto = CALIBRATED if own else NCCL_RING
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
-                              _inside(link, size_bytes) if calibrated else link))
+                              _inside(link, size_bytes) if own else link))
     if n <= 1:
         return best
     options = []

@@ -52,6 +52,16 @@ Each file also gives its measured curve (:func:`measured_curve`: busbw at every 
 per op, rank count and node count), written beside the fit as ``[[link.<class>.curve]]``
 (:mod:`meshplan.comm.calibration`), so ``--calibration`` reads the logged sizes off the
 curve and the fit only outside them.
+
+Which collective kinds a file sets (one ``<class>: this file sets ...`` line per class,
+:func:`~meshplan.comm.calibration_kinds.kinds_set`): the kept fit and its curve set the class's
+all-reduce, all-gather and reduce-scatter (one busbw for every ring op, nccl-tests
+doc/PERFORMANCE.md) and all-to-all. They never replace a catalog curve of another NIC pattern:
+the send/recv pair (pipeline p2p) and the one-rank-per-node all-reduce are set by a run of
+their own pattern in the files (``sendrecv_perf``, or ``alltoall_perf`` over 2 ranks on 2
+hosts, whose curve is written too), else ``--calibration`` keeps the catalog's, scaled by this
+run's busbw per NIC over the catalog's of the same pattern
+(:mod:`meshplan.comm.calibration_kinds`): an all-reduce fit never stands in for send/recv.
 ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
@@ -72,6 +82,7 @@ from pydantic import ValidationError
 
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
+from meshplan.comm.calibration_kinds import kinds_set
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
 from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
@@ -79,7 +90,7 @@ from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, human_bytes
 
 #: The ops a measured curve can be (:class:`~meshplan.spec.cluster.BusbwCurve`'s ``op``).
-CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
+CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
 
 
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
@@ -161,7 +172,7 @@ def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, sourc
     """The busbw curve of one nccl-tests run ``rows`` over ``nodes`` hosts, read against
     ``line_gb_per_s`` (its class's fitted bandwidth): at each logged size the slower of the
     out-of-place and in-place busbw (GB/s, as printed); None for an op a curve cannot be
-    (send/recv, broadcast) or a run of fewer than 2 ranks.
+    (broadcast) or a run of fewer than 2 ranks.
 
     >>> r = [BenchRow("all-reduce", 8, s, 1e-4, 0.0, b * 1e9, p) for s, b, p in
     ...      [(1024, 0.05, False), (1024, 0.04, True), (2048, 0.1, False)]]
@@ -266,6 +277,8 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
         kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
+        nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
+        notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
     return fits, notes, sources, curves, split
 
 

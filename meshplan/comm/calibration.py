@@ -73,6 +73,7 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshplan.comm.alphabeta import OPS, steps
+from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config import parse_toml
 from meshplan.errors import ConfigError
@@ -204,10 +205,12 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
     (GB/s x 8 = Gb/s) and every network tier's per-step latency. The calibrated link classes
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
-    the "nic" curve and the single-NIC curves "p2p" (cross-node send/recv pair) and "nic1" (one
-    rank per node), which run over one NIC):
-    the user's own fit replaces them, and the user's own curve of the fitted run
-    (:meth:`CalibratedLink.fitted_curve`) becomes the "nvlink" or "nic" curve. A gloo
+    the "nic" curve): the user's own fit replaces them, and the user's own curve of the fitted
+    run (:meth:`CalibratedLink.fitted_curve`, marked ``calibrated``) becomes the "nvlink" or
+    "nic" curve. The NIC patterns the fitted run did not measure, the send/recv pair "p2p" and
+    the one-rank-per-node all-reduce "nic1", are never replaced by it: a run of their own
+    pattern in the file sets them, else the catalog's curve is kept, scaled by the measured over
+    the catalog busbw of the fitted run's pattern (:mod:`meshplan.comm.calibration_kinds`). A gloo
     measurement (``backend = "gloo"``) on a cluster whose library is not gloo is a ConfigError naming the table. Each calibrated class is marked ``calibrated`` (timed on
     the fit alone: module docstring). Other fields are kept."""
     for name, c in calib.items():
@@ -225,7 +228,10 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
         curve = c.fitted_curve() if name in dropped else None
         if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
             per = c.split_nics(curve) if name == "nic" else 1
-            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per})
+            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per,
+                                                          "calibrated": True})
+    if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
+        upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]
@@ -243,3 +249,13 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})
+
+
+def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dict[str, BusbwCurve]:
+    """:func:`~meshplan.comm.calibration_kinds.nic_curves` of the ``nic`` table ``c`` whose
+    applied own curve is ``own``, against ``node``'s catalog NIC curves and NIC rate."""
+    fitted = c.fitted_curve()
+    others = [x.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * c.split_nics(x), "calibrated": False})
+              for x in c.curve if x is not fitted]  # read as catalog curves: the fit is not theirs
+    catalog_nic = {k: node.busbw[k] for k in NIC_PATTERNS if k in node.busbw}
+    return nic_curves(own, others, c.bandwidth_gb_per_s, catalog_nic, node.nics[0].rate_gbit_per_s / 8)

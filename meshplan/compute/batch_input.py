@@ -80,6 +80,12 @@ def megatron_broadcast_bytes(micro_batch: int, seq_len: int) -> tuple[int, int]:
     return MEGATRON_MAX_DATA_DIM * TOKEN_BYTES, TOKEN_BYTES * micro_batch * (seq_len + 1)
 
 
+#: The op of :func:`megatron_batch_transfers` that is communication: the step's timeline runs it on
+#: the tp stream, blocking, so that its time is exposed tp, not compute
+#: (:func:`meshplan.schedule.rank_timeline.forward_unit`).
+BATCH_BROADCASTS = "get_batch broadcasts"
+
+
 def megatron_batch_transfers(w: Workload, host: LinkSpec, broadcast_s: float) -> list[Op]:
     """Megatron-LM 2022's ``get_batch`` transfers (module docstring): rank 0's blocking copy of
     the batch, and the two tp broadcasts taking ``broadcast_s`` seconds together (0 at tp 1)."""
@@ -87,6 +93,6 @@ def megatron_batch_transfers(w: Workload, host: LinkSpec, broadcast_s: float) ->
     ops = [Op("get_batch copy to device", "embed", "forward", "overhead", host_copy_seconds(data, host),
               size_bytes=data, note=f"tp rank 0 torch.cat(...).cuda(), {data} B over {host.name}, blocking")]
     if w.tp > 1:
-        ops.append(Op("get_batch broadcasts", "embed", "forward", "overhead", broadcast_s,
+        ops.append(Op(BATCH_BROADCASTS, "embed", "forward", "overhead", broadcast_s,
                       note=f"broadcast_data: sizes and data over the tp group of {w.tp}"))
     return ops

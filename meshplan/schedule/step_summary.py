@@ -17,6 +17,7 @@ import numpy as np
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event
 from meshplan.pipeline.trace import write_trace
+from meshplan.schedule.contention_line import contention_line
 from meshplan.schedule.host_pace_line import host_not_binding
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause
@@ -139,8 +140,8 @@ class StepTime:
           :func:`~meshplan.schedule.comm_streams.step_stream`).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
-        micro-batches, dp 1): compute 11,177.65 + bubble 676.53 + exposed tp 1,394.57 (1,394.47 in
-        the units, 0.10 the coalesced SP all-reduce) + pp 158.19 (340 transfers of 0.4156 ms, and
+        micro-batches, dp 1): compute 11,171.92 + bubble 676.53 + exposed tp 1,400.30 (1,394.47 in
+        the units, 5.73 get_batch's tp broadcasts, 0.10 the coalesced SP all-reduce) + pp 158.19 (340 transfers of 0.4156 ms, and
         16.88 the tied embedding's all-reduce) = 13,406.94 ms (tests/test_step_parts.py)."""
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
@@ -192,6 +193,18 @@ class StepTime:
         keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
         waits = np.array([self.units.by_key(k).host_wait_s for k in keys])[idx[res.stage_slice(s)]]
         return self.runs * float(waits.sum())
+
+    def contention_s(self) -> float:
+        """Seconds per step that :meth:`parts_s`'s ``compute`` on the critical stage holds beyond
+        its kernels' own time: kernels slowed while collectives hold their SM share
+        (:meth:`meshplan.schedule.unit_sim.StreamSim.compute`, the share from
+        :func:`~meshplan.schedule.comm_times.nccl_sm_share`), every schedule run; the part of a
+        slowdown an overlapped collective outlasts is in that stream's exposure. Printed by
+        :func:`~meshplan.schedule.contention_line.contention_line`."""
+        res, s = self.pipeline, self.critical_stage
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        slow = np.array([self.units.by_key(k).contention_s for k in keys])[idx[res.stage_slice(s)]]
+        return self.runs * float(slow.sum())
 
     def host_line(self) -> list[str]:
         """``host: ...`` when the device waits for the host's issue (:meth:`host_wait_s`), naming
@@ -312,7 +325,7 @@ class StepTime:
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
                 f"of the "
                 f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
-            [f"note: {n}" for n in self.notes]
+            [f"note: {n}" for n in self.notes] + contention_line(self)
 
     def _gap_text(self) -> str:
         """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of

@@ -69,6 +69,7 @@ class UnitSim:
     events: tuple[Event, ...]
     tail_stream: str = ""
     host_wait_s: float = 0.0  # the compute stream's waits for the host's issue (StreamSim.host_pace)
+    contention_s: float = 0.0  # compute slowed by collectives' SMs, where the compute stream holds it (StreamSim.compute)
 
 
 class StreamSim:
@@ -87,6 +88,7 @@ class StreamSim:
         self.reduced: Optional[Event] = None  # the last piece of the gradient reduction issued
         self.host_s = 0.0  # the host's issue clock (host_pace), from the unit's start
         self.host_wait_s = 0.0  # the compute stream's idle waiting for it
+        self.contention_s = 0.0  # compute time added by collectives' SM shares and not exposed (compute)
 
     def of(self, fn, c: Cost, *args):
         """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
@@ -147,6 +149,8 @@ class StreamSim:
             if o.end_s > start + dur and o.end_s == end:
                 self.exposed[o.stream] += end - (start + dur)
                 break
+        if end == done:  # the slowdown lands on the compute stream, not in an overlapped collective's exposure
+            self.contention_s += done - (start + dur)
         self.last = self._add("compute", name, start, end)
         return self.last
 
@@ -214,4 +218,4 @@ class StreamSim:
         final = max(self.events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
         return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "",
-                       self.host_wait_s)
+                       self.host_wait_s, self.contention_s)

@@ -161,18 +161,22 @@ class BusbwCurve(BaseModel):
     ``source``. ``rank_counts`` / ``rank_busbw_gb_per_s``: busbw at one large size for other
     rank counts (NVLS gains with the GPUs in the group), empty when busbw does not depend on
     them. How a time is read from it: :func:`meshplan.comm.alphabeta.measured_time` and
-    :func:`~meshplan.comm.alphabeta.rank_factor`."""
+    :func:`~meshplan.comm.alphabeta.rank_factor`. ``calibrated``: the run a ``--calibration``
+    fit came from (set by :func:`meshplan.comm.calibration.apply_calibration`): read between its
+    logged sizes, the fit outside them; every other curve, a calibrated class's scaled catalog
+    curves included, is read as a catalog curve (:func:`meshplan.comm.alphabeta.collective_time`)."""
 
     model_config = _STRICT
     sizes_bytes: list[int] = Field(min_length=1, max_length=1024)
     busbw_gb_per_s: list[float] = Field(min_length=1, max_length=1024)
     line_gb_per_s: float = Field(gt=0, le=_le("line_gb_per_s"))
-    op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"] = "all-reduce"
+    op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv"] = "all-reduce"
     ranks: int = Field(ge=2, le=MAX_WORLD)
     nodes: int = Field(default=1, ge=1, le=MAX_WORLD)
     rank_counts: list[int] = Field(default_factory=list, max_length=1024)
     rank_busbw_gb_per_s: list[float] = Field(default_factory=list, max_length=1024)
     source: Text = Field(min_length=1)
+    calibrated: bool = False
 
     @model_validator(mode="after")
     def _check(self):
