@@ -43,9 +43,8 @@ from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
 from meshplan.report.text import print_groups, print_plan
-from meshplan.schedule.reshard_note import reshard_default_applies, reshard_default_note
+from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.steptime import step_time
-from meshplan.schedule.verdict import rebuilt_step
 
 
 def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html",
@@ -95,8 +94,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     print_plan(p, rank=rank, console=_console())
     if isinstance(p, Plan) and p.feasible and (note := need_line(p)):  # a tp or cp larger than memory needs
         _echo(note)
-    if isinstance(p, Plan) and p.feasible and reshard_default_applies(p):  # torchtitan runs false under pp
-        _echo(reshard_default_note(p, step_time(p).step_s, rebuilt_step(p, step_time)) or "")
+    if isinstance(p, Plan) and p.feasible and (note := reshard_default_note(p)):  # false under torch pp > 1
+        _echo(note)
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
         _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal, kern))
