@@ -116,3 +116,16 @@ def test_search_row_without_a_data_axis_is_found_unset():
     c = enumerate_candidates(cfg)
     i = find(cfg, cfg.mesh, c)
     assert isinstance(i, int) and not c.reshard_varied[i]
+
+
+def test_an_unset_v_schedule_under_pp_has_no_reshard_warning():
+    """ZB-V at pp 2 x dp_shard 2: torch 2.13's defect needs units resharded after forward
+    (pipeline.vshape.RESHARD_DEFECT); unset is false there, so neither the plan nor the config's
+    warnings (export's header) name it; written true, both do."""
+    from meshplan.pipeline.vshape import RESHARD_DEFECT
+    from meshplan.plan_runtime import config_warnings
+    v = {"pp_schedule": "zbv", "virtual_stages": 2}
+    unset, true = _cfg(mesh=v), _cfg(mesh=v, reshard_after_forward=True)
+    assert not [w for w in config_warnings(unset) + build_plan(unset).notes if RESHARD_DEFECT in w]
+    assert [w for w in config_warnings(true) if RESHARD_DEFECT in w]
+    assert [w for w in build_plan(true).notes if RESHARD_DEFECT in w]
