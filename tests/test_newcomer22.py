@@ -106,8 +106,8 @@ pp_layer_split = [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
 RESHARD_NOTE = (
     "note: training.reshard_after_forward unset: planned false, torchtitan's default under pp 16 "
     "(fsdp_reshard_after_forward = \"default\" is not pp_enabled: torchtitan b5bcd76 distributed/fsdp.py:124-133), "
-    "each chunk's parameters gathered once per micro-batch forward and kept for its backward; set it to true to "
-    "reshard after forward")
+    "each chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
+    "to true to reshard after forward")
 #: The trial's job with reshard_after_forward written true (torchtitan's "always").
 PP405_RESHARDED = PP405.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = true')
 

@@ -56,8 +56,8 @@ def test_the_note_says_which_value_and_why_only_when_defaulted():
     assert reshard_default_note(unset) == (
         "note: training.reshard_after_forward unset: planned false, torchtitan's default under pp 2 "
         "(fsdp_reshard_after_forward = \"default\" is not pp_enabled: torchtitan b5bcd76 distributed/fsdp.py:124-133), "
-        "each chunk's parameters gathered once per micro-batch forward and kept for its backward; set it to true to "
-        "reshard after forward")
+        "each chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
+        "to true to reshard after forward")
     for given in (True, False):
         assert reshard_default_note(build_plan(_cfg(reshard_after_forward=given))) is None
     assert reshard_default_note(build_plan(_cfg(mesh={"names": ["dp_shard", "tp"], "shape": [4, 2]}))) is None

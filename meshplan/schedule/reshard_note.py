@@ -30,5 +30,5 @@ def reshard_default_note(plan: Plan) -> Optional[str]:
         return None
     return (f"note: training.reshard_after_forward unset: planned false, torchtitan's default under pp "
             f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {SOURCE}), each "
-            f"chunk's parameters gathered once per micro-batch forward and kept for its backward; set it to true "
-            f"to reshard after forward")
+            f"chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
+            f"to true to reshard after forward")
