@@ -239,6 +239,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):
         return Infeasible(config, spec, world, mesh.reasons, constraints)
+    t = t.at_pp(mesh.degree("pp"))  # reshard_after_forward unset: this mesh's default (TrainingSpec.at_pp)
+    config = replace(config, training=t)
     config, spec, no_pipeline = without_pipeline(config, spec, mesh)
     v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
     check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere

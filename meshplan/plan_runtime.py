@@ -159,11 +159,12 @@ def position_warning(model, seq_len: int) -> tuple[str, ...]:
 
 def config_warnings(config: Config) -> tuple[str, ...]:
     """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
-    does not resolve: nothing runs then)."""
+    does not resolve: nothing runs then), ``reshard_after_forward`` unset resolved at its pp as
+    ``build_plan`` does (:meth:`~meshplan.spec.training.TrainingSpec.at_pp`)."""
     mesh = _config_mesh(config)
     if mesh is None or config.mesh is None:  # (the second for mypy: no [mesh] resolves to None)
         return ()
-    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh, config.model)
+    return runtime_warnings(config.training.at_pp(mesh.degree("pp")), config.mesh.pp_schedule, mesh, config.model)
 
 
 def _config_mesh(config: Config) -> Mesh | None:

@@ -314,7 +314,8 @@ def test_per_layer_load_counts_pipelined_fsdp_rows():
     Before, the per-layer figure held only the pp sends (4,194,304 B per NIC)."""
     from meshplan.config import config_from_dict
     p = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
-                                     "training": {"global_batch": 32, "seq_len": 4096},
+                                     "training": {"global_batch": 32, "seq_len": 4096,
+                                                  "reshard_after_forward": True},  # unset: false under pp
                                      "mesh": {"names": ["pp", "dp_shard"], "shape": [2, 16]}}))
     dp = sorted((r.phase, r.op, r.size_bytes, r.per_microbatch, r.per_step) for r in p.collectives["stage 0"]
                 if r.axis == "dp_shard")

@@ -80,21 +80,37 @@ PP405 = job_toml("llama3-405b", nodes=256,
                        "pp_layer_split": [7] + [8] * 14 + [7]})
 
 RESHARD_NOTE = (
-    "note: training.reshard_after_forward is unset, planned true (meshplan's default); torchtitan under pp 16 runs "
-    "false (fsdp_reshard_after_forward = \"default\" is not pp_enabled: torchtitan b5bcd76 distributed/fsdp.py:124-133; "
-    "`meshplan import` writes false): step 60.14 s with false against 73.93 s with true; add reshard_after_forward = "
-    "false under [training] to plan what torchtitan runs (true to keep this and drop the note)")
+    "note: training.reshard_after_forward unset: planned false, torchtitan's default under pp 16 "
+    "(fsdp_reshard_after_forward = \"default\" is not pp_enabled: torchtitan b5bcd76 distributed/fsdp.py:124-133), "
+    "each chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
+    "to true to reshard after forward")
+#: The trial's job with reshard_after_forward written true (torchtitan's "always").
+PP405_RESHARDED = PP405.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = true')
 
 
 @pytest.mark.parametrize("command", ["plan", "step"])
 def test_an_unset_reshard_under_pp_says_what_torchtitan_runs(tmp_path, capsys, command):
+    # was: planned true with a note giving false's step (60.14 s against 73.93 s); now unset is torchtitan's false
     job = tmp_path / "job.toml"
     job.write_text(PP405)
     assert _main(command, job) == 0
     assert RESHARD_NOTE in capsys.readouterr().out.splitlines()
-    job.write_text(PP405.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = true'))
-    assert _main(command, job) == 0
-    assert "note: training.reshard_after_forward" not in capsys.readouterr().out
+    for given in ("true", "false"):
+        job.write_text(PP405.replace('recompute = "full"', f'recompute = "full"\nreshard_after_forward = {given}'))
+        assert _main(command, job) == 0
+        assert "note: training.reshard_after_forward" not in capsys.readouterr().out
+
+
+def test_an_unset_reshard_under_pp_steps_as_false(tmp_path, capsys):
+    # unset under torch pp 16 is the step the old note printed for false (60.14 s), true's stays 73.93 s
+    job = tmp_path / "job.toml"
+    steps = []
+    for text in (PP405, PP405.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = false'),
+                 PP405_RESHARDED):
+        job.write_text(text)
+        assert _main("step", job) == 0
+        steps.append(capsys.readouterr().out.splitlines()[0].split(" ms")[0])
+    assert steps == ["step 60138.52", "step 60138.52", "step 73928.56"]
 
 
 def test_plan_notes_under_pp_are_those_of_the_meshes_planned_by_hand(tmp_path):
@@ -123,9 +139,10 @@ def test_plan_notes_under_pp_are_those_of_the_meshes_planned_by_hand(tmp_path):
 
 
 def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
-    # was: no hint at 23% exposed fsdp (fsdp_knobs returned None for any pipeline), though the docs promise one
+    # was: no hint at 23% exposed fsdp (fsdp_knobs returned None for any pipeline), though the docs promise one;
+    # reshard_after_forward written true since it is no longer the default under pp (torchtitan's "always")
     job = tmp_path / "job.toml"
-    job.write_text(PP405)
+    job.write_text(PP405_RESHARDED)
     assert _main("step", job) == 0
     assert ("hint: exposed fsdp is 23.2% of the step (17.2 s of 73.93 s; 128 micro-batches per step): shorter with "
             "training.reshard_after_forward = false (step 60.14 s, -18.7%, peak 22.2 GiB fits); training.micro_batch "

@@ -47,7 +47,8 @@ def fsdp_counts(plan, stage):
 
 
 def test_table_counts_every_run_by_hand():
-    p = plan_of(runs=2)  # 8 sequences / dp 2 = 4 micro-batches: 2 runs of 2
+    # reshard_after_forward written true: the counts below re-gather after each forward (unset is false under pp)
+    p = plan_of(runs=2, reshard_after_forward=True)  # 8 sequences / dp 2 = 4 micro-batches: 2 runs of 2
     assert (p.micro_batches, p.schedule_runs, p.run_micro_batches) == (4, 2, 2)
     s0, s1 = fsdp_counts(p, 0), fsdp_counts(p, 1)
     layers = 1  # TINY has 2 layers: one per stage
@@ -65,7 +66,7 @@ def test_table_counts_every_run_by_hand():
         assert {key: s[key] for key in s if key[0].startswith("per root")} == ends[k]
     # one schedule of 4 (Megatron's way, runs 1): stage 0 F0 F1 B0 F2 B1 F3 B2 B3 gathers in F0 F1
     # (F2 and F3 find the unit left gathered by B0 and B1) and in B0 B1 B2; one reduce-scatter
-    one = fsdp_counts(plan_of(runs=1), 0)
+    one = fsdp_counts(plan_of(runs=1, reshard_after_forward=True), 0)
     assert [one[("every layer", ph, op)] for ph, op in (("forward", "all-gather"), ("backward", "all-gather"),
                                                         ("backward", "reduce-scatter"))] == [2, 3, 1]
 

@@ -21,9 +21,11 @@ MODEL = {"catalog": "llama3-8b"}
 
 
 def tables(schedule="zbv", sharding="zero3", shape=(2, 2, 2), **training):
+    """The V meshes' tables, reshard_after_forward written true (unset it is false under pp, torchtitan's
+    default, which has no warning)."""
     return {"model": MODEL, "cluster": {"system": "dgx-h100", "nodes": 1},
             "training": {"global_batch": 64, "seq_len": 8192, "micro_batch": 1, "sharding": sharding,
-                         "recompute": "none", **training},
+                         "recompute": "none", "reshard_after_forward": True, **training},
             "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": list(shape), "virtual_stages": 2,
                      "pp_schedule": schedule, "sequence_parallel": True}}
 

@@ -80,11 +80,12 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
 
 
 def _plan(names: list[str]):
-    """The row's run as ``meshplan plan`` takes it: zero3 resharded after forward (the label's
-    defaults), SP on, micro-batch 1; ``names`` over the degrees 2 x 4 x 8."""
+    """The row's run as ``meshplan plan`` takes it: zero3 resharded after forward (the label without
+    ``keep gathered``; written, since unset it is false under pp 2, torchtitan's default), SP on,
+    micro-batch 1; ``names`` over the degrees 2 x 4 x 8."""
     d = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
          "training": {"global_batch": 512, "seq_len": 32768, "recompute": "none", "sharding": "zero3",
-                      "micro_batch": 1},
+                      "micro_batch": 1, "reshard_after_forward": True},
          "mesh": {"names": names, "shape": [2, 4, 8], "sequence_parallel": True}}
     return build_plan(config_from_dict(d))
 

@@ -76,7 +76,7 @@ def test_the_hint_on_the_trials_file_tries_no_zero_bubble_schedule():
     """The file's recompute full: the hint's knobs are interleaved 1F1B (v 2 and 4) and pp 8
     only (micro_batch is 1, none halved), its line lists them fastest first; with recompute none
     zb_h1 is tried again, ZB-V and DualPipeV with reshard_after_forward false (FSDP2 over dp_shard,
-    resharded after forward in the file: their warning's fix)."""
+    resharded after forward: written true here, their warning's fix)."""
     plan = build_plan(load_config(LLAMA405B))
     words = [w for w, _, _ in bh.bubble_knobs(plan)]
     assert [w.split(" (")[0].split(",")[0] for w in words] == [
@@ -86,7 +86,9 @@ def test_the_hint_on_the_trials_file_tries_no_zero_bubble_schedule():
     steps = [float(part.split(" s,")[0]) for part in line.split("(step ")[1:]]
     assert steps == sorted(steps) and len(steps) == 3
     cfg = load_config(LLAMA405B)
-    no_ac = build_plan(dataclasses.replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"})))
+    # reshard_after_forward written true, as the file planned it before unset meant false under pp
+    no_ac = build_plan(dataclasses.replace(cfg, training=cfg.training.model_copy(update={
+        "recompute": "none", "reshard_after_forward": True})))
     no_ac_words = [w for w, _, _ in bh.bubble_knobs(no_ac)]
     assert [w for w in no_ac_words if '"zb_h1"' in w] == ['mesh.pp_schedule = "zb_h1"']
     assert [w for w in no_ac_words if '"zbv"' in w or '"dualpipev"' in w] == [

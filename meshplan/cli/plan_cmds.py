@@ -44,9 +44,8 @@ from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
 from meshplan.report.text import print_groups, print_plan
-from meshplan.schedule.reshard_note import reshard_default_applies, reshard_default_note
+from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.steptime import step_time
-from meshplan.schedule.verdict import rebuilt_step
 
 
 def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html",
@@ -58,12 +57,10 @@ def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, f
 
 def closing_notes(p: Plan) -> list[str]:
     """The ``note:`` lines after a feasible plan: a tp or cp larger than memory needs
-    (:func:`need_line`), then torchtitan's reshard default under pp (:func:`reshard_default_note`);
-    the plan's own step predicted once, for whichever needs it (benchmarks/bench_plan.py times them)."""
+    (:func:`need_line`), then torchtitan's reshard default under pp (:func:`reshard_default_note`, no re-plan);
+    the plan's own step predicted once, for the first if it needs it (benchmarks/bench_plan.py times them)."""
     here = functools.cache(lambda: step_time(p).step_s)
-    need = need_line(p, here)
-    reshard = reshard_default_note(p, here(), rebuilt_step(p, step_time)) if reshard_default_applies(p) else None
-    return [x for x in (need, reshard) if x]
+    return [x for x in (need_line(p, here), reshard_default_note(p)) if x]
 
 
 @foreign_options()

@@ -206,7 +206,7 @@ def _verdict(p, st, again, bw) -> list[str]:
     net = network_verdict(p, st, again, bw=bw)
     listed = any(line.startswith(("cause:", "hint: exposed")) for line in net)
     ep = ep_hint(p, st, again, bw)
-    reshard = reshard_default_note(p, st.step_s, again)
+    reshard = reshard_default_note(p)
     lines = ([reshard] if reshard else []) + (net + host_hint(p, st, again) + bubble_hint(p, st, again) + tp_hint(p, st, again) + ep
              + link_bound_hint(p, st, again, knobs_listed=listed, ep_listed=bool(ep)))
     caveat = routing_caveat(p)

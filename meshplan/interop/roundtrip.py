@@ -24,7 +24,8 @@ def differences(a: Config, b: Config) -> list[str]:
     out = []
     ma, mb = a.model.architecture(), b.model.architecture()
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
-    ta, tb = (_routed(t, a.model.is_moe) for t in (a.training, b.training))
+    # reshard_after_forward unset as each mesh's pp resolves it (TrainingSpec.at_pp): unset and false under pp agree
+    ta, tb = (_routed(c.training.at_pp(resolved(c).degree("pp")), a.model.is_moe) for c in (a, b))
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
     if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
         out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "

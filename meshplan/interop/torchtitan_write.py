@@ -39,15 +39,18 @@ def reshard_policy(t, pp: int) -> str:
     (tied: the unit of the three) under ``"always"`` only. So: the head resharded ->
     ``"always"``; the blocks resharded as pp says -> ``"default"``; kept -> ``"never"``; the
     blocks resharded under pp with the head kept has no policy: ``"always"`` (it reshards the
-    head too; the export's round trip says so).
+    head too; the export's round trip says so). ``reshard_after_forward`` unset is first resolved at
+    ``pp`` (:meth:`~meshplan.spec.training.TrainingSpec.at_pp`: false under pp, torchtitan's own
+    default), so it writes ``"default"``; a value given that equals torchtitan's default too.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16)
-    >>> [reshard_policy(t, 1), reshard_policy(t, 2), reshard_policy(t.model_copy(update={
-    ...     "reshard_after_forward": False}), 1), reshard_policy(t.model_copy(update={
-    ...     "reshard_head_after_forward": True}), 1)]
-    ['default', 'always', 'never', 'always']
+    >>> on, off = (t.model_copy(update={"reshard_after_forward": v}) for v in (True, False))
+    >>> [reshard_policy(t, 1), reshard_policy(t, 2), reshard_policy(on, 2), reshard_policy(off, 2),
+    ...  reshard_policy(off, 1), reshard_policy(t.model_copy(update={"reshard_head_after_forward": True}), 1)]
+    ['default', 'default', 'always', 'default', 'never', 'always']
     """
+    t = t.at_pp(pp)
     if t.reshard_head_after_forward:
         return "always"
     if t.reshard_after_forward == (pp == 1):

@@ -115,6 +115,15 @@ class Candidates:
         return self.fsdp2 & (self.fsdp * self.dpr > 1)
 
     @property
+    def reshard_varied(self) -> np.ndarray:
+        """The rows the search varies ``training.reshard_after_forward`` on: FSDP-sharded parameters
+        (zero3 or hsdp with dp_shard x cp > 1, or a MoE model's experts sharded over efsdp); the
+        other rows carry true, which gathers nothing there
+        (:func:`meshplan.search.space.enumerate_candidates`)."""
+        experts = self.moe & (self.dps * self.cp * self.tp > self.ep * self.etp)
+        return self.fsdp2 & ((self.fsdp > 1) | experts)
+
+    @property
     def sp(self) -> np.ndarray:
         """Sequence parallel: on exactly where tp > 1."""
         return self.tp > 1

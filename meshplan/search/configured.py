@@ -22,7 +22,7 @@ own planner and pool).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -147,6 +147,8 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         return "; ".join(mesh.reasons)
     if (spec.world or cfg.cluster.world) != cfg.cluster.world:
         return f"mesh.world {spec.world} < the cluster's {cfg.cluster.world} GPUs: the search uses them all"
+    t = t.at_pp(mesh.degree("pp"))  # reshard_after_forward unset: this mesh's default, as its plan resolves it
+    cfg = replace(cfg, training=t)
     if t.sharding not in SHARDING:
         return f"training.sharding {t.sharding!r}: the search shards ({', '.join(SHARDING)})"
     if t.recompute not in RECOMPUTE:
@@ -172,10 +174,15 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
         if not now.any():
             return _op_limit(cfg, mesh, key, value) or _absent(words[key], key, value, np.unique(col[sel]))
         sel = now
-    rf = np.where(fsdp, int(t.reshard_after_forward), c.rf)
+    # reshard_after_forward unset (resolved at pp above) where the search does not vary it (nothing FSDP-sharded
+    # over a data axis, the rows' neutral true): it changes nothing gathered, so any row's value is this run's
+    unset = "reshard_after_forward" not in t.model_fields_set
+    acts = fsdp & (c.reshard_varied | (not unset))
+    rf = np.where(acts, int(t.reshard_after_forward), c.rf)
     why: Optional[str] = f"reshard_after_forward {str(t.reshard_after_forward).lower()} is not searched with this mesh"
     for i in np.flatnonzero(sel & (c.rf == rf)):
-        why = _differs(cfg, spec, candidate_config(cfg, c, int(i)))
+        mine = cfg if acts[i] else replace(cfg, training=t.model_copy(update={"reshard_after_forward": bool(c.rf[i])}))
+        why = _differs(mine, spec, candidate_config(cfg, c, int(i)))
         if why is None:
             return int(i)
     return why or ""

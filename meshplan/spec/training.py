@@ -21,7 +21,9 @@ class TrainingSpec(TrainingPrecision):
     ``micro_batch``: sequences per data-parallel rank per forward pass.
     ``sharding``: ``none`` (DDP), ``zero1`` (optimizer state and fp32 master sharded),
     ``zero2`` (+ gradients), ``zero3`` (+ parameters: FSDP, ``reshard_after_forward``
-    chooses ZeRO-3 (true) or keeps gathered parameters from forward to backward (false)),
+    chooses ZeRO-3 (true) or keeps gathered parameters from forward to backward (false); unset, it
+    follows the runtime at each mesh's pp: false under framework torch with FSDP2 and pp > 1, as
+    torchtitan runs it, else true: :meth:`reshard_default`, resolved by :meth:`at_pp`),
     ``hsdp`` (zero3 within dp_shard, replicated over dp_replicate).
     ``reshard_head_after_forward`` (torchtitan's units, :attr:`torchtitan_units`, with
     ``reshard_after_forward``): the unit holding the output layer, ``[norm, output]`` (tied:

@@ -72,6 +72,51 @@ class TrainingEngines(TrainingFields):
         """
         return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine != "deepspeed-2021"
 
+    def reshard_default(self, pp: int) -> bool:
+        """``reshard_after_forward`` where the config leaves it unset, at pipeline degree ``pp``:
+        false under framework torch with FSDP2 (sharding zero3 or hsdp, ``zero3_engine = "fsdp2"``)
+        and ``pp > 1``, as torchtitan runs it: its ``fsdp_reshard_after_forward = "default"`` is
+        ``reshard_after_forward = not pp_enabled`` (pytorch/torchtitan b5bcd76,
+        ``torchtitan/distributed/fsdp.py:124-133``, ``get_fsdp_reshard_after_forward_policy``: "For
+        PP, by default do not reshard after forward to avoid per-microbatch all-gathers"), so each
+        chunk's parameters stay gathered from its forward to its backward. True elsewhere: FSDP2's
+        own default (``fully_shard(reshard_after_forward=True)``), Megatron FSDP (its post-forward
+        hook reshards every unit) and DeepSpeed's ZeRO-3 (it gathers again in backward), and with
+        ``reshard_head_after_forward`` (torchtitan's ``"always"``, which reshards the blocks too).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16)
+        >>> t.reshard_default(1), t.reshard_default(2), t.model_copy(update={"framework": "megatron"}).reshard_default(2)
+        (True, False, True)
+        """
+        fsdp2 = self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine == "fsdp2"
+        return not (fsdp2 and pp > 1 and not self.reshard_head_after_forward)
+
+    def reshard_defaulted(self, pp: int) -> bool:
+        """Whether ``reshard_after_forward`` is unset (not in the config) and its default at ``pp``
+        (:meth:`reshard_default`) is false, the value FSDP2 alone would not choose: the plan says so
+        in one line (:mod:`meshplan.schedule.reshard_note`)."""
+        return "reshard_after_forward" not in self.model_fields_set and not self.reshard_default(pp)
+
+    def at_pp(self, pp: int):
+        """This training as a mesh of ``pp`` pipeline stages runs it: ``reshard_after_forward``, where
+        the config leaves it unset, set to :meth:`reshard_default` of ``pp``; a value the config gives
+        is kept. The result still counts the field unset (``model_fields_set``), so a plan of another
+        mesh resolves it again from its own pp (the search varies pp; ``build_plan`` calls this).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16)
+        >>> [t.at_pp(p).reshard_after_forward for p in (1, 2)], t.at_pp(2).at_pp(1).reshard_after_forward
+        ([True, False], True)
+        >>> t.model_copy(update={"reshard_after_forward": True}).at_pp(2).reshard_after_forward
+        True
+        """
+        value = self.reshard_default(pp)
+        if "reshard_after_forward" in self.model_fields_set or self.reshard_after_forward == value:
+            return self
+        return type(self).model_construct(_fields_set=set(self.model_fields_set),
+                                          **{**dict(self), "reshard_after_forward": value})
+
     @property
     def searched_zero3_engine(self) -> str:
         """The engine a search's zero3 candidates run under (:func:`meshplan.search.candidate.candidate_config`):
