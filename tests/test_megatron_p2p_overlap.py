@@ -207,3 +207,26 @@ def test_fidelity_runs_did_not_overlap():
         assert cfg.training.pp_p2p_overlap is False
         spec = step_time(build_plan(cfg)).pipeline.spec
         assert spec.blocking_p2p and not spec.overlap_p2p
+
+
+def test_search_rejects_pp2_interleaved_without_overlap_as_the_plan_does():
+    """The search's rule 'interleaved' holds on the pp 2 interleaved rows of the 175B D4 config
+    that no earlier rule rejects, with pp_p2p_overlap = false, and on none with it on; a row's plan
+    gives the same reason."""
+    from meshplan.search.candidate import candidate_config
+    from meshplan.search.reasons import CODE, OK, first_reason
+    from meshplan.search.space import enumerate_candidates
+    cfg = load_config(FIDELITY / "megatron-175b_64xa100_tp8-pp8-vpp3_sp-selective.toml")
+    codes = {}
+    for overlap in (None, False):
+        c_cfg = replace(cfg, training=cfg.training.model_copy(update={"pp_p2p_overlap": overlap}))
+        c = enumerate_candidates(c_cfg)
+        codes[overlap] = first_reason(c_cfg, c)
+    micro = cfg.training.global_batch // np.maximum(c.mb * c.dp, 1)
+    pp2 = (c.pp == 2) & (c.vpp > 1) & (c.ps == 0) & (micro % 2 == 0)  # pp 2 divides m: Megatron's other rule
+    assert not (codes[None][pp2] == CODE["interleaved"]).any()
+    rows = np.flatnonzero(pp2 & (codes[None] == OK))
+    assert len(rows) > 0 and (codes[False][rows] == CODE["interleaved"]).all()
+    assert (codes[False][~pp2] == codes[None][~pp2]).all()
+    plan = build_plan(candidate_config(c_cfg, c, int(rows[0])))  # the last: overlap off
+    assert any(r.startswith("interleaved 1F1B at pp 2 needs") for r in plan.reasons)
