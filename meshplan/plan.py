@@ -46,7 +46,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.assign import Placement, place
 from meshplan.placement.flags import Flag, placement_flags
 from meshplan.plan_checks import check_runnable, without_pipeline
-from meshplan.plan_runtime import run_reasons, runtime_warnings
+from meshplan.plan_runtime import megatron_p2p_reasons, p2p_note, run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
 
@@ -248,8 +248,10 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge
     v = replace(v, reasons=v.reasons + (() if vpp_unknown else run_reasons(spec.pp_schedule, pp, v.micro_batches,
-                                                                           v.vpp, t.pp_schedule_runs, t.framework)),
-                notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m))
+                                                                           v.vpp, t.pp_schedule_runs, t.framework)
+                                        + megatron_p2p_reasons(t, spec.pp_schedule, pp, v.vpp)),
+                notes=no_pipeline + v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m)
+                + p2p_note(t, spec.pp_schedule, pp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)

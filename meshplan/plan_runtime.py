@@ -48,6 +48,67 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "
                  for r in schedule_reasons(schedule, pp, m // runs, v, framework))
 
 
+def megatron_p2p_reasons(training, schedule, pp: int, vpp: int) -> tuple[str, ...]:
+    """Why Megatron-LM refuses its pipeline p2p settings (``training.pp_p2p_overlap``,
+    ``pp_p2p_overlap_warmup_flush``) for ``schedule`` at ``pp`` stages and ``vpp`` chunks:
+    interleaving at pp 2 without overlap (arguments.py:1005-1009 at NVIDIA/Megatron-LM d98e8a6
+    asserts pp > 2: two sends and receives between the same 2 ranks in one batched call), and the
+    warm-up flush without interleaving (arguments.py:1010-1018 turns the overlap off, then
+    model_parallel_config.py:570-575 raises).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", pp_p2p_overlap=False)
+    >>> print(megatron_p2p_reasons(t, "interleaved_1f1b", 2, 2)[0][:56])
+    interleaved 1F1B at pp 2 needs Megatron-LM's p2p overlap
+    >>> megatron_p2p_reasons(t, "interleaved_1f1b", 4, 2), megatron_p2p_reasons(t, "1f1b", 2, 1)
+    ((), ())
+    """
+    if training.framework != "megatron" or pp < 2:
+        return ()
+    if get_schedule(schedule).virtual_stages and vpp > 1:
+        if pp == 2 and training.pp_p2p_overlap is False:
+            return ("interleaved 1F1B at pp 2 needs Megatron-LM's p2p overlap (its arguments.py asserts pp > 2 "
+                    "without it: two sends and receives between the same 2 ranks in one call); remove "
+                    "training.pp_p2p_overlap = false (--no-overlap-p2p-communication)",)
+        return ()
+    if training.pp_p2p_overlap_warmup_flush:
+        return ("training.pp_p2p_overlap_warmup_flush needs the interleaved schedule: Megatron-LM turns its p2p "
+                "overlap off without interleaving and then refuses --overlap-p2p-communication-warmup-flush "
+                "(model_parallel_config.py); remove it or set virtual stages",)
+    return ()
+
+
+def p2p_note(training, schedule, pp: int) -> tuple[str, ...]:
+    """The line plan and step print for Megatron-LM's pipeline p2p under ``training`` and
+    ``schedule`` (``training.pp_p2p_overlap``, :func:`meshplan.schedule.overlap_policy.p2p_mode`):
+    under the interleaved schedule how its sends and receives wait, under 1F1B only where the
+    config asks for overlap that Megatron-LM turns off; none elsewhere.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
+    >>> p2p_note(t, "interleaved_1f1b", 4)[0][:59]
+    'pipeline p2p: Megatron-LM overlap_p2p_comm on (training.pp_'
+    >>> p2p_note(t, "1f1b", 4), p2p_note(t.model_copy(update={"pp_p2p_overlap": True}), "1f1b", 4)[0][-38:]
+    ((), 'arguments.py), so every call is waited')
+    """
+    if training.framework != "megatron" or pp < 2 or not get_schedule(schedule).megatron_p2p:
+        return ()
+    if not get_schedule(schedule).virtual_stages:
+        return () if not training.pp_p2p_overlap else (
+            "pipeline p2p: training.pp_p2p_overlap has no effect under 1F1B: Megatron-LM turns overlap_p2p_comm off "
+            "without interleaving (its arguments.py), so every call is waited",)
+    if training.pp_p2p_overlap is False:
+        return ("pipeline p2p: every send/recv call waited, both stages meeting in it (training.pp_p2p_overlap = "
+                "false: --no-overlap-p2p-communication, as Megatron-LM before 2023 ran)",)
+    if training.pp_p2p_overlap_warmup_flush:
+        return ("pipeline p2p: Megatron-LM overlap_p2p_comm with its warm-up flush: every send and receive issued "
+                "without waiting, each receive waited for just before the unit that needs it",)
+    return ("pipeline p2p: Megatron-LM overlap_p2p_comm on (training.pp_p2p_overlap unset or true; "
+            "--no-overlap-p2p-communication turns it off): the steady state's sends and receives issued without "
+            "waiting, each receive waited for just before the unit that needs it; the warm-up and cool-down "
+            "calls still wait",)
+
+
 #: The warning of sharding zero1 over a data axis under framework torch without DeepSpeed's
 #: engine (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`; the search rejects such
 #: candidates, rule ``framework``).

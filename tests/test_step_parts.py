@@ -162,25 +162,35 @@ def test_step_json_holds_the_parts(tmp_path, capsys):
 
 @pytest.mark.parametrize("schedule,vpp,framework", [
     ("1f1b", 1, "torch"), ("gpipe", 1, "torch"), ("zb_h1", 1, "torch"), ("interleaved_1f1b", 2, "torch"),
-    ("zbv", 2, "torch"), ("dualpipev", 2, "torch"), ("1f1b", 1, "megatron"), ("interleaved_1f1b", 2, "megatron")])
+    ("zbv", 2, "torch"), ("dualpipev", 2, "torch"), ("1f1b", 1, "megatron"), ("interleaved_1f1b", 2, "megatron"),
+    ("interleaved_1f1b", 2, "megatron-overlap")])
 def test_parts_add_up_on_every_schedule(schedule, vpp, framework):
     """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100 (tests/test_fast_pipeline.py's mesh):
     every part >= 0 and compute + bubble + exposed = the step, under torch's asynchronous sends
-    and Megatron-LM's blocking ones (whose exposed pp is then exactly the calls' transfers)."""
+    and Megatron-LM's blocking ones (whose exposed pp is then exactly the calls' transfers:
+    ``pp_p2p_overlap = false``); with its overlap_p2p_comm (the default) the waited warm-up and
+    cool-down calls' transfers plus, for each unit that waited for an asynchronous receive, that
+    wait up to one transfer."""
     from dataclasses import replace
     from meshplan.plan import build_plan
     from tests.test_fast_pipeline import _plan
     plan = _plan(schedule, vpp)
-    if framework == "megatron":
+    if framework.startswith("megatron"):
         cfg = plan.config
-        plan = build_plan(replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron",
-                                                                              "sharding": "zero1"})))
+        plan = build_plan(replace(cfg, training=cfg.training.model_copy(update={
+            "framework": "megatron", "sharding": "zero1", "pp_p2p_overlap": framework == "megatron-overlap"})))
     st = step_time(plan)
     parts = st.parts_s()
     assert min(parts.values()) >= 0 and parts["compute"] > 0
     assert sum(parts.values()) == pytest.approx(st.step_s, rel=1e-12)
-    if framework == "megatron":
+    if framework.startswith("megatron"):
         res, s = st.pipeline, st.critical_stage
+        assert res.spec.overlap_p2p == (framework == "megatron-overlap")
         xfer = call_loads(res)[s] * res.spec.p2p_s
         last = 0.0 if not res.hold[res.stage_slice(s)][-1] else float(xfer[-1])
-        assert parts.get("exposed pp", 0.0) == pytest.approx(float(xfer.sum()) - float(xfer[-1]) + last, rel=1e-12)
+        sl = res.stage_slice(s)
+        via = res.via_at(np.arange(sl.start, sl.stop))
+        waited = float(np.where(via, np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0).sum())
+        assert (waited > 0) == (framework == "megatron-overlap")
+        assert parts.get("exposed pp", 0.0) == pytest.approx(float(xfer.sum()) - float(xfer[-1]) + last + waited,
+                                                             rel=1e-12)

@@ -67,6 +67,9 @@ Megatron-LM                              meshplan
 --overlap-grad-reduce,                   training.overlap_grad_reduce / overlap_param_gather with none / zero1
   --overlap-param-gather                   (Megatron-LM's DDP buffers); written with Megatron FSDP (zero2; zero3
                                            both), which forces them and the step models
+--no-overlap-p2p-communication,         training.pp_p2p_overlap false (unset: on, Megatron-LM's default: the
+  --overlap-p2p-communication-warmup-flush interleaved steady state's sends and receives not waited for),
+                                           pp_p2p_overlap_warmup_flush (the warm-up and cool-down too)
 --ddp-bucket-size                        memory.grad_bucket_elements with none / zero1 and --overlap-grad-reduce
                                            (Megatron-LM's DDP buckets; unset max(40e6, 1e6 x dp)); elsewhere a note
                                            (Megatron-LM's DDP ignores it without overlap; Megatron FSDP makes each
@@ -134,7 +137,8 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
-            "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion"}
+            "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
+            *flags.P2P_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -147,7 +151,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval"}
+    "--save-interval", *flags.P2P_FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -220,6 +224,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
+    training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")

@@ -228,6 +228,33 @@ def overlap_flags(args: dict, sharding: str) -> dict[str, bool]:
     return {k: True for k, on in keys.items() if on}
 
 
+#: Megatron-LM's pipeline p2p overlap switches (arguments.py:3118-3120 and model_parallel_config.py:422-428
+#: at d98e8a6): ``--no-overlap-p2p-communication`` (store_false, dest overlap_p2p_comm: on by default) and
+#: ``--overlap-p2p-communication-warmup-flush`` (default off).
+P2P_FLAGS = ("--no-overlap-p2p-communication", "--overlap-p2p-communication-warmup-flush")
+
+
+def p2p_overlap(args: dict, interleaved: bool) -> dict[str, bool]:
+    """``training.pp_p2p_overlap`` (false for ``--no-overlap-p2p-communication``; unset: on, as
+    Megatron-LM) and ``pp_p2p_overlap_warmup_flush`` (``--overlap-p2p-communication-warmup-flush``).
+    The warm-up flush needs the overlap, which Megatron-LM turns off without interleaving
+    (arguments.py:1010-1018), and then ``ModelParallelConfig.__post_init__`` raises
+    (model_parallel_config.py:570-575 at d98e8a6): refused in either case.
+
+    >>> p2p_overlap({}, True), p2p_overlap({"--no-overlap-p2p-communication": True}, True)
+    ({}, {'pp_p2p_overlap': False})
+    >>> p2p_overlap({"--overlap-p2p-communication-warmup-flush": True}, True)
+    {'pp_p2p_overlap_warmup_flush': True}
+    """
+    off, flush = (bool(args.get(f)) for f in P2P_FLAGS)
+    if flush and (off or not interleaved):
+        why = "--no-overlap-p2p-communication turns that off" if off else \
+            "Megatron-LM turns it off without interleaving (no --num-layers-per-virtual-pipeline-stage)"
+        raise ConfigError(P2P_FLAGS[1], f"needs Megatron-LM's p2p overlap and {why}; Megatron-LM raises "
+                          f"(model_parallel_config.py): remove one of the flags")
+    return {"pp_p2p_overlap": False} if off else {"pp_p2p_overlap_warmup_flush": True} if flush else {}
+
+
 def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
     """``[memory] grad_bucket_elements`` from ``--ddp-bucket-size`` (arguments.py:3125 at
     d98e8a6, ``DistributedDataParallelConfig.bucket_size``: elements per bucket). Megatron-LM's

@@ -48,6 +48,8 @@ def write(cfg: Config) -> list[str]:
     out += write_pipeline(cfg, mesh)
     out += sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
+    out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
+    out += ["--overlap-p2p-communication-warmup-flush"] * t.pp_p2p_overlap_warmup_flush
     bucket = cfg.memory.grad_bucket_elements
     out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
     if t.recompute in ("layer", "op"):

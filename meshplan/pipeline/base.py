@@ -48,9 +48,10 @@ class PipelineSchedule:
       1F1B and interleaved 1F1B, in 2022 (``megatron/schedules.py``) as at d98e8a6
       (``megatron/core/pipeline_parallel/schedules.py``, ``get_forward_backward_func``:
       without or with interleaving). Megatron-LM 2022 ran them with its blocking p2p calls,
-      so ``framework = "megatron"`` simulates them (``PipelineSpec.blocking_p2p``); the
-      others (the V-shaped ones deadlock under one combined call per unit) send
-      asynchronously.
+      so ``framework = "megatron"`` simulates them (``PipelineSpec.blocking_p2p``; today's
+      interleaved steady state asynchronous under its ``overlap_p2p_comm``,
+      ``PipelineSpec.overlap_p2p``, :meth:`p2p_calls`); the others (the V-shaped ones
+      deadlock under one combined call per unit) send asynchronously.
     """
 
     name: Schedule
@@ -153,6 +154,21 @@ class PipelineSchedule:
         [1, 1, 1]
         """
         return np.ones(length, dtype=np.int64)
+
+    def p2p_calls(self, p: int, m: int, v: int, s: int, length: int, overlap: bool = False):
+        """Per unit of stage ``s``'s order (``length`` units): (:meth:`send_delay`,
+        :meth:`recv_lead`, whether its output is sent asynchronously, whether its input is
+        received asynchronously) of Megatron-LM's p2p calls; ``overlap``: its
+        ``overlap_p2p_comm`` (``--no-overlap-p2p-communication`` absent), which only the
+        interleaved schedule runs (:meth:`meshplan.pipeline.interleaved.Interleaved1F1B.p2p_calls`;
+        without interleaving Megatron-LM turns it off, ``megatron/training/arguments.py:1010-1018``
+        at NVIDIA/Megatron-LM d98e8a6): every call blocking here.
+
+        >>> [x.tolist() for x in PipelineSchedule().p2p_calls(4, 8, 1, 0, 2, overlap=True)]
+        [[0, 0], [1, 1], [False, False], [False, False]]
+        """
+        off = np.zeros(length, dtype=bool)
+        return self.send_delay(p, m, v, s, length), self.recv_lead(p, m, v, s, length), off, off.copy()
 
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's

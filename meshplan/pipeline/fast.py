@@ -249,7 +249,8 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     (33.0, 0.375, ['F0', 'F0', 'F0', 'F0', 'B0'])
     """
     same = like is not None and (like.spec.schedule, like.spec.p, like.spec.m, like.spec.v, like.spec.blocking_p2p,
-                                 like.spec.p2p_s) == (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.p2p_s)
+                                 like.spec.overlap_p2p, like.spec.p2p_s) == \
+        (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.overlap_p2p, spec.p2p_s)
     p, f = spec.p, like.flat if like is not None and same else flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
@@ -274,10 +275,16 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
             via = (d < n) & (ready > prev)
             return via, np.where(via, d, np.where(idx % length > 0, idx - 1, -1))
     else:
+        by_input = _async_preds(pairs, end, length, n)
+
         def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
             idx = np.arange(n) if idx is None else idx
             b = bind.at(idx)
-            return b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
+            via, pred = b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
+            if by_input is None:
+                return via, pred
+            late = wait[idx] > 0  # waited beyond the call for its asynchronous input
+            return via | late, np.where(late, by_input[idx], pred)
     # each stage's busy time, its units' durations added one after another (Python's sum of
     # floats before 3.12, the reference's: a running sum along each row)
     took = (end - start).reshape(p, length)
@@ -287,6 +294,20 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     hold = np.zeros(n) if same_free else free - end
     return ArrayResult(spec, f, start, end, wait, links, float(last.max()), busy, hold, pairs,
                        log[0] if log else again)
+
+
+def _async_preds(pairs: "Transfers", end: np.ndarray, length: int, n: int) -> Optional[np.ndarray]:
+    """Per flat unit, the unit whose post started the transfer of its asynchronously received
+    input (``Transfers.recv_async``): the sender's, or its own stage's receiving one when that
+    posted later (the reference's critical predecessor); -1 elsewhere; None without any."""
+    if pairs.recv_async is None or not pairs.recv_async.any():
+        return None
+    k = pairs.recv_async
+    width = length + 2
+    snd, rcv = (x - 2 * (x // width) - 1 for x in (pairs.send[k], pairs.recv[k]))
+    out = np.full(n, -1)
+    out[pairs.cons[k]] = np.where(end[snd] >= end[rcv], snd, rcv)
+    return out
 
 
 def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:
@@ -303,13 +324,27 @@ class Transfers(NamedTuple):
     receive it, each as the slot of :func:`~meshplan.pipeline.rounds.run_rounds` it is issued
     after (``stage * (L + 2) + position + 1``; position -1: before the first unit, the stage's
     leading slot); ``cons``, the flat index of the consumer; ``delay``, how many units after its
-    producer the send is issued; ``lead``, how many units before the consumer the receive is."""
+    producer the send is issued; ``lead``, how many units before the consumer the receive is;
+    ``send_async`` and ``recv_async`` (Megatron-LM's ``overlap_p2p_comm``,
+    ``PipelineSpec.overlap_p2p``): the side is issued without waiting (its call holds nothing for
+    it), the consumer then waits for the transfer just before it, ``max(both posts) + p2p``
+    (None: every side waited)."""
 
     send: np.ndarray
     recv: np.ndarray
     cons: np.ndarray
     delay: np.ndarray
     lead: np.ndarray
+    send_async: Optional[np.ndarray] = None
+    recv_async: Optional[np.ndarray] = None
+
+    def sides(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the entries whose send is waited in its call, those whose receive is): a call's peers
+        and its load count only its waited sides (all entries without ``send_async``)."""
+        every = np.ones(len(self.cons), dtype=bool)
+        if self.send_async is None or self.recv_async is None:
+            return every, every
+        return ~self.send_async, ~self.recv_async
 
 
 def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
@@ -325,13 +360,14 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
     """
     length, p = f.length, spec.p
-    delay = np.concatenate([spec.sched.send_delay(p, spec.m, spec.v, s, length) for s in range(p)])
-    lead = np.concatenate([spec.sched.recv_lead(p, spec.m, spec.v, s, length) for s in range(p)])
+    delay, lead, send_async, recv_async = (np.concatenate(x) for x in zip(*[
+        spec.sched.p2p_calls(p, spec.m, spec.v, s, length, spec.overlap_p2p) for s in range(p)]))
     cons = np.flatnonzero(f.cross)
     prod = f.dep[cons]
     delay, lead = delay[prod], lead[cons]
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
-    return Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
+    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
+    return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if spec.overlap_p2p else out
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

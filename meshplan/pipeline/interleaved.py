@@ -85,6 +85,39 @@ class Interleaved1F1B(PipelineSchedule):
         out[warm + 1:warm + 2 * (total - warm):2] = 2
         return out
 
+    def p2p_calls(self, p: int, m: int, v: int, s: int, length: int, overlap: bool = False):
+        """:meth:`~.base.PipelineSchedule.p2p_calls`; with ``overlap`` Megatron-LM's
+        ``overlap_p2p_comm`` (``forward_backward_pipelining_with_interleaving``,
+        megatron/core/pipeline_parallel/schedules.py at NVIDIA/Megatron-LM d98e8a6): the warm-up
+        forwards still send in a waited ``send_forward_recv_forward`` after each (lines 1633-1661:
+        ``wait_on_reqs``), the last of them receiving the first steady-state forward's input, and
+        the cool-down backwards in a waited ``send_backward_recv_backward`` (lines 2042-2048);
+        the steady state issues each unit's send and the next same-direction unit's receive
+        without waiting (``pp_post_forward`` / ``pp_post_backward``, lines 1771-1880,
+        ``overlap_p2p_comm=True``: ``_communicate(wait_on_reqs=False)``, p2p_communication.py
+        lines 607-626) and waits for a receive just before the unit that needs it
+        (``pp_pre_forward`` / ``pp_pre_backward``; the first cool-down backward's receive, issued
+        by the last steady-state backward, at line 1975); the first steady-state backward's
+        receive is issued after the last warm-up call (lines 1697-1723). So a steady-state
+        unit's receive is posted two units before it (after the previous unit of its direction),
+        the first cool-down backward's one unit before. When every unit is warm-up (m v at most
+        the warm-up) every call waits, as without overlap.
+
+        >>> [x.astype(int).tolist() for x in INTERLEAVED.p2p_calls(2, 2, 2, 1, 8, overlap=True)]
+        [[0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 2, 2, 2, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 1, 0]]
+        """
+        if not overlap:
+            return super().p2p_calls(p, m, v, s, length)
+        warm, total = int(self.warmup(p, m, v, s)), m * v
+        delay, lead = np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64)
+        send_async, recv_async = np.zeros(length, dtype=bool), np.zeros(length, dtype=bool)
+        steady = slice(warm, 2 * total - warm)
+        if total > warm:
+            send_async[steady] = True
+            lead[warm + 1:2 * total - warm] = 2  # every steady-state unit after the first forward
+            recv_async[warm + 1:2 * total - warm + 1] = True  # ... and the first cool-down backward
+        return delay, lead, send_async, recv_async
+
     def chunk_forwards(self, g, v, n, chunk: int = 0):
         """Forward units of local ``chunk`` among the first ``n`` of a stage (ints or arrays):
         each round of ``g v`` units (g micro-batches per round, :func:`~.base.per_round`) runs

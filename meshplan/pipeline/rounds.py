@@ -46,16 +46,17 @@ def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np
     lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
     sends at most one output per delay (its producer ``delay`` units before the call) and posts
     at most one receive per lead (its consumer ``lead`` units after)."""
-    send, recv, _, delay, lead = pairs
-    after_send, after_recv = send + 1, recv + 1  # the slot whose unit waits for each call
-    n_send, send_row = _rows_of(delay, 1)
-    n_recv, recv_row = _rows_of(lead, 1 + n_send)
+    ws, wr = pairs.sides()  # an asynchronous side is in no call (Megatron-LM's overlap_p2p_comm)
+    send, recv, delay, lead = pairs.send, pairs.recv, pairs.delay, pairs.lead
+    after_send, after_recv = send[ws] + 1, recv[wr] + 1  # the slot whose unit waits for each call
+    n_send, send_row = _rows_of(delay[ws], 1)
+    n_recv, recv_row = _rows_of(lead[wr], 1 + n_send)
     cols = pad + 1
     table = np.full((1 + n_send + n_recv, cols), pad, dtype=np.int64)
     table[0] = np.arange(-1, pad)
     flat = table.reshape(-1)
-    flat[send_row * cols + after_send] = recv
-    flat[recv_row * cols + after_recv] = send
+    flat[send_row * cols + after_send] = recv[ws]
+    flat[recv_row * cols + after_recv] = send[wr]
     loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
     return table, loads.astype(float), loads > 0
 
@@ -192,7 +193,24 @@ def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, le
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
 
 
-def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.ndarray, p2p: np.ndarray):
+def _async_inputs(pairs, length: int, pad: int, p2p_s: float):
+    """Per slot of :func:`run_rounds`, the inputs received asynchronously (Megatron-LM's
+    ``overlap_p2p_comm``: ``pairs.recv_async``), or None without any: (the slot of the call that
+    sends each such input, the slot of the one that receives it, ``p2p_s`` for such a unit and 0
+    else); ``pad`` (posted at -inf, done) for every other slot: the unit waits for ``max(both
+    posts) + p2p_s``."""
+    if pairs.recv_async is None or not pairs.recv_async.any():
+        return None
+    k = pairs.recv_async
+    cons = pairs.cons[k]
+    at = cons + 2 * (cons // length) + 1
+    a_send, a_recv, a_add = np.full(pad + 1, pad), np.full(pad + 1, pad), np.zeros(pad + 1)
+    a_send[at], a_recv[at], a_add[at] = pairs.send[k], pairs.recv[k], p2p_s
+    return a_send, a_recv, a_add
+
+
+def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.ndarray, p2p: np.ndarray,
+                     asyn=None):
     """:func:`run_rounds` with blocking calls (``pairs``), finite times and every dependency an
     earlier unit of the same stage (the blocking path's: cross-stage inputs come in the calls),
     as :func:`_rounds_async` does it: ends NaN until done and the padding peer posted at -inf, so
@@ -202,7 +220,9 @@ def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.
     having ended before the previous unit did. ``waits`` (1 + peers, slots): per slot the slot
     before it (the previous unit, whose end posts the call) and the peers of that call (any
     order: a maximum); ``p2p``: that call's seconds (0 for a call without peers: ``e + 0 = e``);
-    ``d_dur`` NaN on the trailing slots (never run). Returns (start, end) per slot."""
+    ``d_dur`` NaN on the trailing slots (never run). ``asyn``: :func:`_async_inputs` (a unit
+    also waits for its asynchronous input, NaN until its sender posted). Returns (start, end) per
+    slot."""
     end = np.full(len(d_dur), np.nan)
     end[cur - 1], end[-1] = 0.0, -np.inf
 
@@ -211,6 +231,9 @@ def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.
     def starts(at: np.ndarray) -> np.ndarray:
         st = latest(end[waits.take(at, axis=1)], axis=0)  # NaN while one has not posted
         st += p2p[at]
+        if asyn is not None:
+            a_send, a_recv, a_add = asyn
+            st = np.maximum(st, np.maximum(end[a_send[at]], end[a_recv[at]]) + a_add[at])
         return st
 
     return _lean_rounds(starts, end, d_dur, cur, length)
@@ -286,9 +309,13 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
         return run_rounds_general(f, dur, add, pairs, p2p_s)
-    start, end = _rounds_blocking(slots(dur, np.nan), cur, length, waits, p2p)  # NaN: never runs
+    asyn = _async_inputs(pairs, length, pad, p2p_s)
+    start, end = _rounds_blocking(slots(dur, np.nan), cur, length, waits, p2p, asyn)  # NaN: never runs
     free = np.zeros(pad + 1)  # after each slot's call: its next unit's start (the call ends it waited for)
-    free[:-1] = start[1:]
+    if asyn is None:
+        free[:-1] = start[1:]
+    else:  # a unit may wait beyond the call for its asynchronous input: each call's end
+        free[:-1] = _call_end(end[:-1], waits[1:, 1:], end, pad, p2p[1:], has[1:])[0]
     last = cur + length  # each stage's trailing slot: the call after its last unit
     free[last - 1] = _call_end(end[last - 1], waits[1:, last], end, pad, p2p[last], has[last])[0]
     peers = waits[1:]
@@ -328,12 +355,17 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
     p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     free = np.zeros(pad + 1)
+    asyn = _async_inputs(pairs, length, pad, p2p_s)
     while left:  # as above, and the previous call's peers must all have posted
         dc, pc, prev = dep[cur], peers[cur], cur - 1
         ok = done[dc] & done[pc].all(axis=1)
         e = end[prev]
         free[prev] = np.where(has[cur], np.maximum(e, end[pc].max(axis=1, initial=-np.inf)) + p2p[cur], e)
         st = np.maximum(free[prev], end[dc] + d_add[cur])
+        if asyn is not None:  # and its asynchronous input (overlap_p2p_comm), once its sender posted
+            a_send, a_recv, a_add = (x[cur] for x in asyn)
+            ok &= done[a_send] & done[a_recv]
+            st = np.maximum(st, np.maximum(end[a_send], end[a_recv]) + a_add)
         left -= _commit(cur, st, ok, start, end, done, d_dur)
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
     free[last] = _call_end(end[last], peers[cur].T, end, pad, p2p[cur], has[cur])[0]

@@ -46,6 +46,14 @@ the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_fo
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
 are one call posted at once.
 
+With ``overlap_p2p`` (Megatron-LM's ``overlap_p2p_comm``; interleaved only,
+:meth:`~.base.PipelineSchedule.p2p_calls`) the steady state's sides are asynchronous: in no call
+(no hold, no load ``k``); a unit whose input is received so starts at ``max(free, max(send post,
+receive post) + p2p_s)``, and a waited send to such a receive holds its call until the receive
+is posted. Each asynchronous transfer takes ``p2p_s`` alone. Not modelled: the wait for the
+previous same-direction send one unit later (``send_next_wait_handle``), binding only when a
+transfer outlasts the units between.
+
 Bubble (named): for the busiest stage, ``idle = step - busy``; ``bubble`` = idle / ideal
 (ideal = busy), ``bubble_of_total`` = idle / step. Handed case C11, p 4, m 8:
 
@@ -82,7 +90,8 @@ class PipelineSpec:
     enum; :attr:`sched` is its registered object), ``p`` stages, ``m`` micro-batches, ``v``
     virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
     gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send; ``blocking_p2p``: sends
-    block their stage (module docstring). ``duration`` (optional) overrides:
+    block their stage (module docstring); ``overlap_p2p`` (with ``blocking_p2p``): Megatron-LM's
+    ``overlap_p2p_comm``, the steady state's transfers asynchronous (module docstring). ``duration`` (optional) overrides:
     ``duration(stage, unit) -> seconds`` for the whole unit."""
 
     schedule: Schedule
@@ -94,6 +103,7 @@ class PipelineSpec:
     weight_s: float = 0.0
     p2p_s: float = 0.0
     blocking_p2p: bool = False
+    overlap_p2p: bool = False
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -189,10 +199,11 @@ def _dep(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[t
 
 
 def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
-    """Megatron-LM 2022's combined p2p calls (module docstring) of ``orders``: (``peers``:
+    """Megatron-LM's combined p2p calls (module docstring) of ``orders``: (``peers``:
     (stage, position) of a call, position -1 before the first unit -> the sorted (stage,
-    position) of the peer call of each of its transfers; ``xfer``: (consumer stage, position) ->
-    ((producer stage, producer position), send call, receive call)).
+    position) of the peer call of each of its waited transfers (an asynchronous side, under
+    ``overlap_p2p``, is in no call); ``xfer``: (consumer stage, position) -> ((producer stage,
+    producer position), send call, receive call, send asynchronous, receive asynchronous)).
 
     >>> o = [stage_order("1f1b", 2, 2, 1, s) for s in range(2)]  # stage 0: F0 F1 B0 B1; 1: F0 B0 F1 B1
     >>> peers, _ = calls(PipelineSpec("1f1b", 2, 2, blocking_p2p=True), o)
@@ -202,8 +213,8 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
     p, m, v, sched = spec.p, spec.m, spec.v, spec.sched
     where = {(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v)): (s, i) for s, o in enumerate(orders)
              for i, u in enumerate(o)}
-    delay = [sched.send_delay(p, m, v, s, len(o)) for s, o in enumerate(orders)]
-    lead = [sched.recv_lead(p, m, v, s, len(o)) for s, o in enumerate(orders)]
+    delay, lead, send_async, recv_async = zip(*[sched.p2p_calls(p, m, v, s, len(o), spec.overlap_p2p)
+                                                for s, o in enumerate(orders)]) if orders else ((),) * 4
     peers: dict = {}
     xfer: dict = {}
     for s, order in enumerate(orders):
@@ -213,15 +224,17 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
                 continue
             a, ia = where[key]
             send, recv = (a, ia + int(delay[a][ia])), (s, i - int(lead[s][i]))
-            peers.setdefault(send, []).append(recv)
-            peers.setdefault(recv, []).append(send)
-            xfer[(s, i)] = ((a, ia), send, recv)
+            if not send_async[a][ia]:  # a waited side holds its call until the other side posts
+                peers.setdefault(send, []).append(recv)
+            if not recv_async[s][i]:
+                peers.setdefault(recv, []).append(send)
+            xfer[(s, i)] = ((a, ia), send, recv, bool(send_async[a][ia]), bool(recv_async[s][i]))
     return {k: sorted(x) for k, x in peers.items()}, xfer
 
 
 def call_loads(xfer: dict) -> dict:
-    """(stage, position) of a call -> ``k``, the larger of its sends and its receives (at least
-    1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
+    """(stage, position) of a call -> ``k``, the larger of its waited sends and receives (at
+    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
 
     1F1B's calls carry at most one send and one receive; interleaved 1F1B's steady state (p 2,
     m 4, v 2) sends a forward output and an input gradient in one call, 6 such calls of 22:
@@ -235,7 +248,8 @@ def call_loads(xfer: dict) -> dict:
     >>> loads(PipelineSpec("interleaved_1f1b", 2, 4, v=2, blocking_p2p=True))
     [(1, 16), (2, 6)]
     """
-    out, inc = Counter(x[1] for x in xfer.values()), Counter(x[2] for x in xfer.values())
+    out = Counter(x[1] for x in xfer.values() if not x[3])
+    inc = Counter(x[2] for x in xfer.values() if not x[4])
     return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
 
 
@@ -324,13 +338,20 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
                     break
                 free, best = got
                 u = orders[s][i]
+                (a, ia), send, recv, _, recv_async = xfer.get((s, i), ((s, i), (s, i), (s, i), False, False))
+                if recv_async and not posted(*send):  # its input is waited for at the unit: sent yet?
+                    break
+                start = free
                 if (s, i) in xfer and spec.p2p_s > 0:
-                    (a, ia), send, recv = xfer[(s, i)]
                     x0 = max(post(*send), post(*recv))
                     events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + spec.p2p_s))
                 pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
-                ev = Event(s, "compute", u.label(v), free, free + spec.unit_s(s, u),
-                           {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": 0.0, "pred": pred})
+                if recv_async and (ready := max(post(*send), post(*recv)) + spec.p2p_s) > free:
+                    start = ready  # the transfer, started once both sides posted, ends after the call
+                    pred, via = evs[send[0]][send[1]] if post(*send) >= post(*recv) else evs[s][recv[1]], "p2p"
+                ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
+                           {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free,
+                            "pred": pred})
                 events.append(ev)
                 evs[s].append(ev)
                 ends[s].append(ev.end_s)

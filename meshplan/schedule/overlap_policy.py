@@ -17,14 +17,41 @@ from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_pref
 from meshplan.spec.mesh import Schedule
 
 
+def p2p_mode(training, schedule: Schedule) -> tuple[bool, bool]:
+    """(``blocking_p2p``, ``overlap_p2p``) of :class:`~meshplan.pipeline.simulate.PipelineSpec`
+    for ``training`` running ``schedule``. Megatron-LM (``training.framework``) in its schedules
+    (``megatron_p2p``: 1F1B and interleaved 1F1B) waits on its p2p calls: without
+    ``overlap_p2p_comm`` its ``_communicate`` runs ``batch_isend_irecv``, waits on every request
+    and calls ``torch.cuda.synchronize`` (``batch_p2p_comm = not overlap_p2p_comm``,
+    megatron/training/argument_utils.py:307, and ``batch_p2p_sync`` default true,
+    p2p_communication.py:389-425 at NVIDIA/Megatron-LM d98e8a6; Megatron-LM 2022 the same), so
+    both stages of a transfer rendezvous (:mod:`meshplan.pipeline.simulate`). With
+    ``training.pp_p2p_overlap`` (unset: on, as Megatron-LM) the interleaved schedule's steady
+    state is asynchronous (``overlap_p2p``); 1F1B never overlaps (Megatron-LM turns it off there,
+    arguments.py:1010-1018, and ``forward_backward_pipelining_without_interleaving`` raises if
+    it is set, schedules.py:2181-2184). ``pp_p2p_overlap_warmup_flush`` makes every call
+    asynchronous: no blocking call left. torch's ``torch.distributed.pipelining`` schedules post
+    their sends asynchronously (meshplan's model for every framework but Megatron-LM).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
+    >>> [p2p_mode(t, s) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)]
+    [(True, False), (True, True)]
+    >>> p2p_mode(t.model_copy(update={"pp_p2p_overlap": False}), Schedule.INTERLEAVED_1F1B)
+    (True, False)
+    >>> p2p_mode(t.model_copy(update={"pp_p2p_overlap_warmup_flush": True}), Schedule.INTERLEAVED_1F1B)
+    (False, False)
+    """
+    if training.framework != "megatron" or not get_schedule(schedule).megatron_p2p:
+        return False, False
+    if not get_schedule(schedule).virtual_stages or training.pp_p2p_overlap is False:
+        return True, False
+    return (False, False) if training.pp_p2p_overlap_warmup_flush else (True, True)
+
+
 def blocking_p2p(training, schedule: Schedule) -> bool:
-    """Whether pipeline sends block their stage: Megatron-LM (``training.framework``) of 2022,
-    whose ``_communicate`` waits on every ``batch_isend_irecv`` request and then calls
-    ``torch.cuda.synchronize``, so both stages of a transfer rendezvous
-    (:mod:`meshplan.pipeline.simulate`), in the schedules it had (``megatron_p2p``: 1F1B and
-    interleaved 1F1B); torch's ``torch.distributed.pipelining`` schedules post their sends
-    asynchronously."""
-    return training.framework == "megatron" and get_schedule(schedule).megatron_p2p
+    """Whether any pipeline call waits (blocks its stage): :func:`p2p_mode`'s first."""
+    return p2p_mode(training, schedule)[0]
 
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:

@@ -120,8 +120,9 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     if res.transfers is None:
         return np.zeros((p, length + 1))
     width = p * (length + 2)  # per stage: the leading slot, a slot after each unit, a trailing one
-    sends = np.bincount(res.transfers.send.astype(np.int64), minlength=width)
-    recvs = np.bincount(res.transfers.recv.astype(np.int64), minlength=width)
+    ws, wr = res.transfers.sides()  # asynchronous sides (overlap_p2p_comm) hold no call
+    sends = np.bincount(res.transfers.send[ws].astype(np.int64), minlength=width)
+    recvs = np.bincount(res.transfers.recv[wr].astype(np.int64), minlength=width)
     return np.maximum(sends, recvs).reshape(p, length + 2)[:, :length + 1].astype(float)
 
 

@@ -3,7 +3,9 @@ put through the pipeline simulation (:mod:`meshplan.pipeline.simulate`), then th
 collectives and the optimizer step; critical path, exposed communication per axis, bubble,
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
-Pipeline sends block their stage under Megatron-LM (:func:`~meshplan.schedule.overlap_policy.blocking_p2p`): each call holds its
+Pipeline sends block their stage under Megatron-LM (:func:`~meshplan.schedule.overlap_policy.p2p_mode`; with its
+``overlap_p2p_comm``, ``training.pp_p2p_overlap``, the interleaved steady state's are asynchronous and a unit waits
+for its input's transfer just before it, the part of that wait up to one transfer exposed on "pp"): each call holds its
 stage until the peer stage posts its side and the transfer ends (``hold``); of a hold only the
 transfers (``k x p2p``) are exposed on "pp", the wait for the peer is bubble (:func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`,
 :meth:`~meshplan.schedule.step_summary.StepTime.parts_s`). Each
@@ -44,8 +46,8 @@ from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
-from meshplan.plan_runtime import run_reasons, runtime_warnings
-from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap, plan_overlap  # noqa: F401 (config_overlap: re-exported)
+from meshplan.plan_runtime import p2p_note, run_reasons, runtime_warnings
+from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_overlap  # noqa: F401 (config_overlap: re-exported)
 from meshplan.schedule.pipeline_exposure import ends_of, last_hold, unit_exposure, call_loads, pp_hold_split, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
@@ -82,12 +84,14 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
              for s in range(p)]
     chunks = chunk_costs(plan, w, table)
+    blocking, overlap_p2p = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
-                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
+                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking,
+                        overlap_p2p=overlap_p2p)
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p, overlap_p2p=overlap_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -160,6 +164,7 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     # plan's notes say it for its own schedule
     notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh, cfg.model)
+    notes += p2p_note(t, schedule or plan.spec.pp_schedule, p)
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {counted(mr, 'micro-batch')} per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "

@@ -64,7 +64,8 @@ _V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
-    ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
+    ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds, or pp 2 "
+                    "without p2p overlap (megatron)"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
@@ -164,7 +165,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # with vpp 1, interleaved 1F1B with vpp > 1, DualPipeV
         ("1f1b", (c.pp > 1) & (c.ps == 0) & (c.vpp == 1) & get(SEARCHED).refused(c.pp, run_micro, t.framework)),
         ("interleaved", (c.ps == 0) & (c.vpp > 1)
-         & get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)),
+         & (get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)
+            # Megatron-LM asserts pp > 2 without its p2p overlap (plan_runtime.megatron_p2p_reasons)
+            | ((t.framework == "megatron") & (t.pp_p2p_overlap is False) & (c.pp == 2)))),
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & get("dualpipev").refused(c.pp, run_micro, t.framework)),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no
         # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)

@@ -212,6 +212,20 @@ class TrainingSpec(TrainingPrecision):
     ``distributed/pipelining/stage.py``). Megatron-LM and DeepSpeed run one schedule over all the
     step's micro-batches (1, the default). With pp 1 it changes nothing (each micro-batch is its
     own forward and backward either way).
+    ``pp_p2p_overlap`` (``framework = "megatron"``, pp > 1): Megatron-LM's ``overlap_p2p_comm``,
+    on unless ``--no-overlap-p2p-communication`` (``arguments.py:3118-3120`` at NVIDIA/Megatron-LM
+    d98e8a6, ``store_false``; the default since 4eeff55, 2023-10-12; added in f9283c5, 2023-05-31,
+    so Megatron-LM 2022 ran without it: set false for such runs). Unset: on. Under the
+    interleaved schedule the steady state's sends and receives are issued without waiting and
+    each receive is waited for just before the unit that needs it; the warm-up and cool-down
+    calls still wait (:meth:`meshplan.pipeline.interleaved.Interleaved1F1B.p2p_calls`). Without
+    interleaving Megatron-LM turns it off (``arguments.py:1010-1018``), so 1F1B's calls wait
+    either way; at pp 2 Megatron-LM refuses interleaving without it (``arguments.py:1005-1009``).
+    ``pp_p2p_overlap_warmup_flush``: its ``--overlap-p2p-communication-warmup-flush`` (default off;
+    ``model_parallel_config.py:422-428``, refused without overlap, 570-575): the warm-up and
+    cool-down calls too are issued without waiting, every transfer asynchronous. Under framework
+    torch, ``torch.distributed.pipelining`` posts its transfers asynchronously
+    (:func:`meshplan.schedule.overlap_policy.p2p_mode`): ``pp_p2p_overlap = false`` is refused there.
     ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
     (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
     layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC
@@ -339,11 +353,24 @@ class TrainingSpec(TrainingPrecision):
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
+        self._check_pp_p2p()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
                              f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
                              f"schedule over the step's micro-batches: remove the key")
         return self
+
+    def _check_pp_p2p(self) -> None:
+        """``pp_p2p_overlap = false`` and ``pp_p2p_overlap_warmup_flush`` only under Megatron-LM,
+        the second only with overlap on (class docstring)."""
+        if self.pp_p2p_overlap is False and self.framework != "megatron":
+            raise ValueError(f"pp_p2p_overlap = false is Megatron-LM's --no-overlap-p2p-communication (framework "
+                             f"\"megatron\"); framework {self.framework!r} posts its pipeline sends and receives "
+                             f"asynchronously (torch.distributed.pipelining): remove it")
+        if self.pp_p2p_overlap_warmup_flush and (self.framework != "megatron" or self.pp_p2p_overlap is False):
+            raise ValueError("pp_p2p_overlap_warmup_flush is Megatron-LM's --overlap-p2p-communication-warmup-flush, "
+                             "which needs its p2p overlap on (framework \"megatron\", pp_p2p_overlap not false; "
+                             "Megatron-LM raises otherwise): remove it or set them")
 
     def _check_megatron_overlap(self) -> None:
         """``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers

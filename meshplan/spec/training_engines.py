@@ -27,7 +27,7 @@ from meshplan.spec.wording import runtime
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
+              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
               "param_dtype", "moe_dispatcher")
 
 
@@ -178,6 +178,8 @@ class TrainingEngines(TrainingFields):
             return self.sharding in ("zero1", "zero2"), value
         if knob == "overlap_comm":
             return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
+        if knob in ("pp_p2p_overlap", "pp_p2p_overlap_warmup_flush"):  # Megatron-LM's flags; unset overlap: on
+            return self.framework == "megatron", value if knob != "pp_p2p_overlap" else value is not False
         if knob == "contiguous_gradients":
             acts = deepspeed3 or self.deepspeed_zero12
             return acts, self.contiguous_grads if acts else value

@@ -119,6 +119,8 @@ class TrainingFields(BaseModel):
     megatron_fsdp: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
+    pp_p2p_overlap: Optional[bool] = None
+    pp_p2p_overlap_warmup_flush: bool = False
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
