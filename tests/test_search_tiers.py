@@ -24,7 +24,7 @@ from meshplan.report.search import search_to_dict, table_lines, top_table
 from meshplan.search.driver import search
 from meshplan.search.headroom import tiered, tight
 from meshplan.units import GiB
-from test_search_headroom import CONFIG
+from test_search_headroom import config
 
 TIGHT = "dp_shard 4 x tp 2, mb 2, none, vpp 1, zero3"
 CLEAR = "dp_shard 8, mb 2, full, vpp 1, zero3"
@@ -32,7 +32,7 @@ CLEAR = "dp_shard 8, mb 2, full, vpp 1, zero3"
 
 def _write(tmp_path, tier: bool = True):
     path = tmp_path / "t.toml"
-    path.write_text(CONFIG.format(top=10, tier=str(tier).lower()))
+    path.write_text(config(top=10, tier=tier))
     return path
 
 
