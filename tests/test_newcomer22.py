@@ -132,6 +132,31 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
             "= 2 (step 67.79 s, -8.3%, peak 27.4 GiB fits)") in capsys.readouterr().out.splitlines()
 
 
+def test_step_replans_reshard_after_forward_false_once_for_the_note_and_the_fsdp_hint(tmp_path, capsys, monkeypatch):
+    # was 4 build_plan calls: the note and the FSDP hint each re-planned reshard_after_forward = false
+    import meshplan.cli.loading
+    import meshplan.report.axis_need
+    import meshplan.schedule.link_spill
+    import meshplan.schedule.verdict
+    from meshplan.plan import build_plan
+    built: list[dict] = []
+
+    def counted(cfg, *args, **kwargs):
+        built.append({k: getattr(cfg.training, k) for k in ("reshard_after_forward", "micro_batch")})
+        return build_plan(cfg, *args, **kwargs)
+    for module in (meshplan.cli.loading, meshplan.schedule.verdict, meshplan.schedule.link_spill,
+                   meshplan.report.axis_need):
+        monkeypatch.setattr(module, "build_plan", counted)
+    job = tmp_path / "job.toml"
+    job.write_text(PP405)
+    assert _main("step", job) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert RESHARD_NOTE in out and any(x.startswith("hint: exposed fsdp is 23.2%") for x in out)  # both still there
+    # the config, then one re-plan per knob: reshard_after_forward false (the note and the hint), micro_batch 2 (the hint)
+    assert built == [{"reshard_after_forward": True, "micro_batch": 1}, {"reshard_after_forward": False, "micro_batch": 1},
+                     {"reshard_after_forward": True, "micro_batch": 2}]
+
+
 #: DeepSeek-V3 on 128 dgx-h100 under Megatron-LM, the search narrowed to pp 16 x dp 64 with ep 8 or 64.
 DSV3_SEARCH = job_toml("deepseek-v3", nodes=128,
                        training={"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
