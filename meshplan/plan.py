@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshplan.comm.collectives import collective_table
+from meshplan.comm.deepep import copies as deepep_copies
 from meshplan.comm.deepep import describe as describe_deepep
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
@@ -262,8 +263,9 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tp, tokens = mesh.degree("tp"), shapes.tokens
-    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches,
-                                   ep_span(mesh, placement)) if reports else constraints
+    span = ep_span(mesh, placement)
+    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
+                                   deepep=_deepep_copies(config, mesh, span[0])) if reports else constraints
     notes = v.notes
     if t.pp_schedule_runs > 1 and pp == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
@@ -275,7 +277,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
         if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
             notes += (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}"
-                      f"{max(1, tokens * mesh.etp // tp)}; " + describe_deepep(m, mesh.ep, ep_span(mesh, placement)[0])
+                      f"{max(1, tokens * mesh.etp // tp)}; " + describe_deepep(m, mesh.ep, span[0])
                       + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
         else:
             notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
@@ -294,6 +296,17 @@ def ep_span(mesh: Mesh, placement: Placement) -> tuple[int, int]:
         return 1, 1
     _, counts = np.unique(placement.node[mesh.group_of(0, "ep")], return_counts=True)
     return len(counts), int(counts.max())
+
+
+def _deepep_copies(config: Config, mesh: Mesh, nodes: int) -> tuple[float, float, int] | None:
+    """Under ``training.moe_dispatcher = "deepep"`` at ep > 1, a token's copies across nodes, its NVLink
+    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep group on ``nodes`` nodes) and
+    its routed copies (top_k), for the ep line (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
+    m = config.model
+    if config.training.moe_dispatcher != "deepep" or mesh.ep < 2:
+        return None
+    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group)
+    return c.other_nodes, c.nvlink, m.top_k
 
 
 def with_memory(plan: Plan) -> Plan:

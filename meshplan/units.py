@@ -5,6 +5,8 @@ these constants convert only at input and output.
 74.50580596923828
 """
 
+import math
+
 MB = 1e6
 GB = 1e9
 TB = 1e12
@@ -73,3 +75,20 @@ def step_seconds(s: float) -> str:
     ('409.6 ms', '438.2 ms', '23.61 s', '1.00 s', '52.3 ms')
     """
     return f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms"
+
+
+def rounded_to_total(values: dict, total: int) -> dict:
+    """``values`` rounded to integers that add up to ``total`` (largest remainder: floors,
+    then one more to the largest fractions; when the floors already exceed ``total``, one
+    less from the smallest), each within 1 of its value when ``total`` is the rounded sum; so
+    printed parts add up to their printed sum (``step``'s parts line and FSDP-wait line).
+
+    >>> rounded_to_total({"a": 1.4, "b": 1.4, "c": 1.2}, 4)
+    {'a': 2, 'b': 1, 'c': 1}
+    """
+    out = {k: math.floor(v) for k, v in values.items()}
+    order = sorted(values, key=lambda k: out[k] - values[k])  # the largest fraction first
+    left = total - sum(out.values())
+    for k in (order if left >= 0 else order[::-1])[:abs(left)]:
+        out[k] += 1 if left > 0 else -1
+    return out

@@ -7,6 +7,10 @@ point at a line (``training.seq_len (line 8)``) or replace one (``text.replace("
 
 from __future__ import annotations
 
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
 
 def toml_value(value) -> str:
     """One TOML value: strings in double quotes, booleans lower case, lists inline.
@@ -57,3 +61,16 @@ def llama8b_node_search(sharding: list[str], **search) -> str:
     return job_toml(training={"global_batch": 16, "seq_len": 8192},
                     search={"sharding": sharding, "pp": [1], "cp": [1], "tp": [1, 2], "micro_batch": [2],
                             "recompute": ["none", "full"], "reshard_after_forward": [True], **search})
+
+
+def example_toml(name: str, **training) -> str:
+    """The example ``examples/<name>`` as text with ``training`` fields it does not set written as
+    the first lines of its ``[training]`` table, for a tmp copy a test loads (a key the example sets
+    would be a key given twice).
+
+    >>> text = example_toml("deepseek-v3_2048xh100_pp16-ep64-dp128.toml", moe_dispatcher="deepep")
+    >>> text.split("[training]\\n", 1)[1].splitlines()[:2]
+    ['moe_dispatcher = "deepep"', 'global_batch = 15360']
+    """
+    head, rest = (EXAMPLES / name).read_text(encoding="utf-8").split("[training]\n", 1)
+    return head + "[training]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in training.items()) + rest

@@ -14,14 +14,14 @@ import pytest
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from tests.configs import example_toml
 
 DSV3 = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
 
 
 def _cfg(tmp_path, dispatcher: str):
     f = tmp_path / f"{dispatcher}.toml"
-    f.write_text(DSV3.read_text().replace('framework = "megatron"',
-                                          f'framework = "megatron"\nmoe_dispatcher = "{dispatcher}"'))
+    f.write_text(example_toml(DSV3.name, moe_dispatcher=dispatcher))  # the example's framework is megatron
     return load_config(f)
 
 
@@ -64,6 +64,30 @@ def test_step_and_search_read_the_same_deepep_time(tmp_path):
     assert _deepep_s(cfg, TimeTables(cfg, Tables(cfg)), 64, 1, 4096) == pytest.approx(row.time_s, rel=1e-12)
 
 
+def test_the_plans_ep_line_says_what_the_deepep_dispatch_crosses(tmp_path):
+    # rank 0's ep group: 8 nodes x 8 ranks; groups of 32 experts = ep's 8 nodes, 4 chosen (M/G = 1/2).
+    # Other nodes per token: 7/8 x 8 nodes x 1/2 (1 - C(96,8)/C(128,8)) = 3.1754; a rank holds 4 experts
+    # of one group: 64 ranks x 1/2 (1 - C(124,8)/C(128,8)) = 7.3594 destination ranks, 7/8 of them
+    # fan-out copies over NVLink = 6.4394 (meshplan.comm.deepep's module docstring)
+    def kept(n: int) -> Fraction:  # C(128 - n, 8) / C(128, 8)
+        out = Fraction(1)
+        for i in range(8):
+            out *= Fraction(128 - n - i, 128 - i)
+        return out
+    across, fanout = 7 * (1 - kept(32)) / 2, 64 * (1 - kept(4)) / 2 * Fraction(7, 8)
+    assert (round(float(across), 4), round(float(fanout), 4)) == (3.1754, 6.4394)
+    line = build_plan(_cfg(tmp_path, "deepep")).constraints.axes["ep"]
+    assert line.endswith(f"; its deepep dispatch crosses the NICs: the group spans 8 nodes, 8 ranks on each, and a "
+                         f"token goes once to each other node holding one of its experts: {float(across):.2f} of its 8 "
+                         f"routed copies per token cross nodes, then {float(fanout):.2f} NVLink fan-out copies inside "
+                         f"the destination nodes (meshplan.comm.deepep; ep <= 8 keeps the group inside one node)")
+    assert "3.18 of its 8" in line and "6.44 NVLink" in line and "peers" not in line
+    # the all-to-all's words are unchanged: each rank sends to the 56 ranks of the other 7 nodes
+    a2a = build_plan(_cfg(tmp_path, "alltoall")).constraints.axes["ep"]
+    assert a2a.endswith("its all-to-alls cross the NICs: the group spans 8 nodes, 8 ranks on each, so each rank "
+                        "sends to 56 of its 63 peers over the network (ep <= 8 keeps the group inside one node)")
+
+
 @pytest.mark.slow
 def test_deepep_shortens_the_deepseek_v3_step(tmp_path):
     a2a = step_time(build_plan(_cfg(tmp_path, "alltoall"))).step_s
@@ -79,7 +103,9 @@ def test_ep_inside_one_node_runs_the_intranode_kernels_on_nvlink_only():
                             "training": {"global_batch": 8, "seq_len": 4096, "sharding": "zero3",
                                          "framework": "megatron", "moe_dispatcher": "deepep"},
                             "mesh": {"names": ["dp_shard", "ep"], "shape": [8, 8]}})
-    row = _ep(build_plan(cfg), 0)[0]
+    plan = build_plan(cfg)
+    row = _ep(plan, 0)[0]
+    assert plan.constraints.axes["ep"].endswith("; its deepep dispatch stays inside one node, over NVLink")
     per = 4096 * 4096 * 2
     assert row.path.kind == "nvlink" and row.algorithm == "deepep"
     assert row.link_bytes == pytest.approx((per * 2 * 7 / 8, 0.0), rel=1e-12)

@@ -22,7 +22,7 @@ LAYERS = [
      "meshplan.fileio", "meshplan.keymap"],
     ["meshplan.spec"],
     ["meshplan.catalog"],
-    ["meshplan.config", "meshplan.config_tables"],
+    ["meshplan.config", "meshplan.config_tables", "meshplan.config_toml"],
     ["meshplan.mesh"],
     ["meshplan.interop"],
     ["meshplan.pipeline"],

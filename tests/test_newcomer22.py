@@ -149,6 +149,32 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
             "= 2 (step 67.79 s, -8.3%, peak 27.4 GiB fits)") in capsys.readouterr().out.splitlines()
 
 
+def test_step_replans_each_fsdp_knob_once(tmp_path, capsys, monkeypatch):
+    # tidy37: Rebuilt keeps each knob's re-plan (before it, the old reshard note and the FSDP hint each re-planned
+    # reshard_after_forward = false: 4 calls); since rafpp the note re-plans nothing, so the job is written resharded
+    import meshplan.cli.loading
+    import meshplan.report.axis_need
+    import meshplan.schedule.link_spill
+    import meshplan.schedule.verdict
+    from meshplan.plan import build_plan
+    built: list[dict] = []
+
+    def counted(cfg, *args, **kwargs):
+        built.append({k: getattr(cfg.training, k) for k in ("reshard_after_forward", "micro_batch")})
+        return build_plan(cfg, *args, **kwargs)
+    for module in (meshplan.cli.loading, meshplan.schedule.verdict, meshplan.schedule.link_spill,
+                   meshplan.report.axis_need):
+        monkeypatch.setattr(module, "build_plan", counted)
+    job = tmp_path / "job.toml"
+    job.write_text(PP405_RESHARDED)
+    assert _main("step", job) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert RESHARD_NOTE not in out and any(x.startswith("hint: exposed fsdp is 23.2%") for x in out)
+    # the config, then one re-plan per knob of the hint: reshard_after_forward false, micro_batch 2
+    assert built == [{"reshard_after_forward": True, "micro_batch": 1}, {"reshard_after_forward": False, "micro_batch": 1},
+                     {"reshard_after_forward": True, "micro_batch": 2}]
+
+
 #: DeepSeek-V3 on 128 dgx-h100 under Megatron-LM, the search narrowed to pp 16 x dp 64 with ep 8 or 64.
 DSV3_SEARCH = job_toml("deepseek-v3", nodes=128,
                        training={"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",

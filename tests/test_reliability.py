@@ -896,7 +896,8 @@ def test_torchtitan_checkpoint_interval_is_used(tmp_path, capsys):
 def test_megatron_save_interval_round_trips(tmp_path):
     """``--save-interval 1000`` is read (not listed unused), written back by export --to megatron
     and as ``[reliability] checkpoint_interval_steps`` by export --to meshplan."""
-    from meshplan.config import config_from_dict, parse_toml
+    from meshplan.config import config_from_dict
+    from meshplan.config_toml import parse_toml
     from meshplan.interop.common import ImportOptions
     from meshplan.interop.foreign import export, load_any
     args = (Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text()
@@ -912,7 +913,8 @@ def test_megatron_save_interval_round_trips(tmp_path):
 
 @pytest.mark.parametrize("value", ["0", "1.5", "true", '"500"'])
 def test_reliability_table_refuses_a_bad_interval(value):
-    from meshplan.config import config_from_dict, parse_toml
+    from meshplan.config import config_from_dict
+    from meshplan.config_toml import parse_toml
     from meshplan.errors import ConfigError
     tables = parse_toml(f"[reliability]\ncheckpoint_interval_steps = {value}\n", "t")
     base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},

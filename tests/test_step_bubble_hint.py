@@ -148,7 +148,8 @@ def test_memory_planned_only_for_the_knobs_shown(pp4, monkeypatch):
     """rebuilt_step's two phases: every knob stepped without its memory, and the memory planned
     only for those more than 1% faster, fastest first, until three fit. On pp4, re-planned whole
     (a plain callable), all 7 knobs have their memory planned; here 3 (pp 2 x dp_shard 2, ZB-V,
-    DualPipeV: the three the line shows, fastest first), and the line is the same."""
+    DualPipeV: the three the line shows, fastest first), and the line is the same. The object keeps each
+    knob's re-plan: called whole after the two phases, it plans the memory of the other 4 alone."""
     plan, st = pp4
     again = rebuilt_step(plan, step_time)
     planned = []
@@ -158,7 +159,10 @@ def test_memory_planned_only_for_the_knobs_shown(pp4, monkeypatch):
     assert [(str(s.pp_schedule), s.virtual_stages, s.names) for s in planned] == [
         ("1f1b", 1, ["pp", "dp_shard", "tp"]), ("zbv", 2, ["pp", "tp"]), ("dualpipev", 2, ["pp", "tp"])]
     planned.clear()
-    assert bh.bubble_hint(plan, st, lambda u, m=None: again(u, m)) == [line] and len(planned) == 7
+    whole = rebuilt_step(plan, step_time)  # a fresh one: the knobs' re-plans are kept per object
+    assert bh.bubble_hint(plan, st, lambda u, m=None: whole(u, m)) == [line] and len(planned) == 7
+    planned.clear()  # the same object keeps each knob's fitted re-plan: only the 4 not fitted above are planned
+    assert bh.bubble_hint(plan, st, lambda u, m=None: again(u, m)) == [line] and len(planned) == 7 - 3
 
 
 def test_a_faster_knob_that_does_not_fit_gives_its_place_to_the_next(pp4):

@@ -15,7 +15,8 @@ from meshplan.cli.common import (TOML_ONLY_HELP, _echo, _json_option, _refuse_ex
                                  _write_doc, _written, _wrote)
 from meshplan.cli.loading import _load
 from meshplan.compute.kernel_fragment import with_kernel_files
-from meshplan.config import config_from_dict, parse_toml
+from meshplan.config import config_from_dict
+from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError, check_number
 from meshplan.fileio import check_destination, write_output
 from meshplan.fileread import read_text_limited

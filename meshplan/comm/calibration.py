@@ -75,7 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from meshplan.comm.alphabeta import OPS, steps
 from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
-from meshplan.config import parse_toml
+from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_STRING, MAX_WORLD, bound_message

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
-from meshplan.config import Config, config_from_dict, load_config, parse_toml
+from meshplan.config import Config, config_from_dict, load_config
+from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json
 from meshplan.spec.cluster import ClusterSpec

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from math import ceil
+from typing import Optional
 
 from meshplan.memory.activations import embedding_terms, head_terms, layer_bytes
 from meshplan.memory.layer_dims import LayerDims
@@ -248,10 +249,12 @@ def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
 
 
 def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                  mesh: Mesh, stages, micro: int, ep_span: tuple[int, int] = (1, 0)) -> Constraints:
+                  mesh: Mesh, stages, micro: int, ep_span: tuple[int, int] = (1, 0),
+                  deepep: Optional[tuple[float, float, int]] = None) -> Constraints:
     """Per-axis reason and the first peak estimate for ``mesh``; axes that solve no
     constraint are listed in ``unforced``. ``ep_span``: (nodes, ranks on each) of rank 0's ep
-    group, for the ep line's words on its all-to-alls (:func:`meshplan.spec.axes.ep.ep_reason`)."""
+    group, for the ep line's words on its all-to-alls, ``deepep`` on the deepep dispatch's copies
+    instead (:func:`meshplan.spec.axes.ep.ep_reason`)."""
     est = estimate(model, training, mesh, stages, micro) if not model.is_moe else None
     axes, unforced = {}, []
     world, usable = mesh.world, cons.usable_bytes
@@ -268,7 +271,7 @@ def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, c
     axes.update(joint)
     unforced = [a for a in unforced if a not in joint]
     if mesh.ep > 1:
-        axes["ep"] = ep_reason(model.experts, mesh.ep, mesh.etp, mesh.block_size, *ep_span)
+        axes["ep"] = ep_reason(model.experts, mesh.ep, mesh.etp, mesh.block_size, *ep_span, deepep=deepep)
     return replace(cons, axes=axes, unforced=tuple(unforced), estimate=est)
 
 

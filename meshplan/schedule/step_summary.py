@@ -18,13 +18,14 @@ from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event
 from meshplan.pipeline.trace import write_trace
 from meshplan.schedule.contention_line import contention_line
+from meshplan.schedule.fsdp_waits import WAITS_BUSY, fsdp_wait_line, pipeline_without_fsdp_waits
 from meshplan.schedule.host_pace_line import host_not_binding
-from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
+from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, stage_bubble
 from meshplan.schedule.stage_balance import closed_form, imbalance_clause
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.spec.mesh_words import schedule_words
 from meshplan.spec.wording import fold_streams
-from meshplan.units import counted
+from meshplan.units import counted, rounded_to_total
 
 
 @dataclass(frozen=True)
@@ -168,12 +169,12 @@ class StepTime:
         """The step and its parts (:meth:`parts_s`) as every line prints them, ms to 0.01:
         ``{"step": ..., "compute": ..., "bubble": ..., "exposed <stream>": ...}``. One rounding
         for all: each part rounded so that the printed parts add up to the printed step
-        (largest remainder, :func:`_rounded_to_total`: every part within 0.01 ms of its
+        (largest remainder, :func:`~meshplan.units.rounded_to_total`: every part within 0.01 ms of its
         value), so the exposed-communication line, the parts line and the HTML report print
         the same number for the same quantity (a part of 8.605 ms is 8.60 or 8.61 in all)."""
         if "shown" not in self._trace_cache:
             total = round(self.step_s * 1e5)
-            cents = _rounded_to_total({k: v * 1e5 for k, v in self.parts_s().items()}, total)
+            cents = rounded_to_total({k: v * 1e5 for k, v in self.parts_s().items()}, total)
             self._trace_cache["shown"] = {k: f"{c / 100:.2f}" for k, c in {"step": total, **cents}.items()}
         return dict(self._trace_cache["shown"])
 
@@ -224,50 +225,13 @@ class StepTime:
                 f"its kernels and collectives take; training.torch_compile = true traces DTensor away"]
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
-        """The pipeline simulated again with every unit shortened by the time its compute
-        stream waits inside it for FSDP (:data:`FSDP_STREAMS`: an all-gather not hidden, and
-        after a chunk's last backward torch 2.13's ``PipelineStage.perform_reduce_grad``:
-        ``_add_reduce_grad`` schedules it right after that backward, and its
-        ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.finalize_backward`` makes the
-        compute stream wait for the chunk's reduce-scatters before the stage's next unit); None
-        with pp 1 or no such wait. Its bubble is the schedule's alone; the difference in
-        ``step_s`` is what the FSDP waits add to the pipeline (:meth:`lines`)."""
+        """The pipeline simulated again without the units' FSDP waits, built once
+        (:func:`~meshplan.schedule.fsdp_waits.pipeline_without_fsdp_waits`); None with pp 1 or no
+        such wait. Its bubble is the schedule's alone; the difference in ``step_s`` is what the
+        FSDP waits add to the pipeline (:meth:`lines`)."""
         if "no_fsdp" not in self._trace_cache:
-            self._trace_cache["no_fsdp"] = self._without_fsdp_waits()
+            self._trace_cache["no_fsdp"] = pipeline_without_fsdp_waits(self)
         return self._trace_cache["no_fsdp"]
-
-    def _without_fsdp_waits(self) -> Optional[ArrayResult]:
-        res = self.pipeline
-        if res.spec.p == 1:
-            return None
-        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
-        waits = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k in FSDP_STREAMS)
-                          for key in keys])[idx]
-        return pipeline_without(res, waits) if waits.any() else None
-
-    def _fsdp_wait_line(self) -> list[str]:
-        """The FSDP waits apart from the schedule's bubble (:meth:`without_fsdp_waits`), in
-        seconds on the busiest stage s, which add up: its idle and FSDP-wait time
-        ``step - busy_bare[s]`` = the schedule's bubble ``step_bare - busy_bare[s]`` + what the
-        waits add to the pipeline ``step - step_bare`` (>= 0: waits only lengthen units), and as
-        ratios over the stage's compute without the waits ``busy_bare[s]`` (one denominator, so
-        the ratios add up too; the bubble line's idle/ideal counts the waits as busy instead)."""
-        bare = self.without_fsdp_waits()
-        if bare is None:
-            return []
-        p, s = self.pipeline, self.pipeline.busiest_stage
-        c = float(bare.busy_s[s])
-        y, z = bare.step_s - c, p.step_s - bare.step_s
-        each = ", each run" if self.runs > 1 else ""
-        # each sum printed as its terms rounded to add up (largest remainder, as parts_line)
-        ms = _rounded_to_total({"y": y * 1e5, "z": z * 1e5}, round((y + z) * 1e5))
-        r = _rounded_to_total({"y": y / c * 1e4, "z": z / c * 1e4}, round((y + z) / c * 1e4))
-        return [f"bubble and FSDP waits on stage {s}: {(ms['y'] + ms['z']) / 100:.2f} ms = the schedule's bubble "
-                f"{ms['y'] / 100:.2f} ms (simulated without the units' FSDP waits) + {ms['z'] / 100:.2f} ms the FSDP "
-                f"waits add (all-gathers not hidden; after each chunk's last backward perform_reduce_grad's "
-                f"reduce-scatters, which the compute stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> "
-                f"{p.step_s * 1e3:.2f} ms{each}); over its compute without the waits: {(r['y'] + r['z']) / 1e4:.4f} = "
-                f"{r['y'] / 1e4:.4f} + {r['z'] / 1e4:.4f}"]
 
     def _other_stage_clause(self) -> str:
         """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
@@ -318,7 +282,7 @@ class StepTime:
             f"{self._closed_form_bubble()}"]
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
-            bubble + self._fsdp_wait_line() + [
+            bubble + fsdp_wait_line(self) + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
@@ -380,29 +344,3 @@ class StepTime:
                 "bubble_idle_over_ideal": self.pipeline.bubble}
         return write_trace(self.trace_events(detail), path, meta, force=force,
                            ranks=dict(enumerate(self.example_ranks)))
-
-
-def _rounded_to_total(values: dict, total: int) -> dict:
-    """``values`` rounded to integers that add up to ``total`` (largest remainder: floors,
-    then one more to the largest fractions; when the floors already exceed ``total``, one
-    less from the smallest), each within 1 of its value when ``total`` is the rounded sum.
-
-    >>> _rounded_to_total({"a": 1.4, "b": 1.4, "c": 1.2}, 4)
-    {'a': 2, 'b': 1, 'c': 1}
-    """
-    out = {k: int(np.floor(v)) for k, v in values.items()}
-    order = sorted(values, key=lambda k: out[k] - values[k])  # the largest fraction first
-    left = total - sum(out.values())
-    for k in (order if left >= 0 else order[::-1])[:abs(left)]:
-        out[k] += 1 if left > 0 else -1
-    return out
-
-
-#: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),
-#: efsdp (the routed experts'), dp_replicate (HSDP's all-reduce after the reduce-scatter).
-FSDP_STREAMS = ("fsdp", "efsdp", "dp_replicate")
-
-
-#: The bubble line's note where units wait for FSDP under pp: idle/ideal counts those waits as
-#: busy time (:meth:`StepTime._fsdp_wait_line` shows them apart).
-WAITS_BUSY = ", the units' FSDP waits counted as busy"

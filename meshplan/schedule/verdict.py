@@ -293,34 +293,58 @@ class Rebuilt:
     take the two phases apart: :meth:`stepped` (the step of the re-plan without its memory
     timelines: ``step_time`` reads none of them, nor the constraint rows or placement flags,
     which the re-plans leave out as the search's step-only path does, :mod:`meshplan.search.exact`),
-    then :meth:`fitted` (its memory) for the faster ones alone: the same :class:`Replanned`."""
+    then :meth:`fitted` (its memory) for the faster ones alone: the same :class:`Replanned`.
+
+    Each knob (its ``training`` update and mesh) is re-planned, stepped and fitted once per object:
+    ``step``'s reshard note, verdict and hints share one, and the note and the FSDP hint both ask
+    for ``reshard_after_forward = false`` (tests/test_newcomer22.py counts the ``build_plan`` calls)."""
 
     def __init__(self, plan: Plan, step_fn: Callable):
         self.plan, self.step_fn = plan, step_fn
+        self._lean_of: dict[str, object] = {}  # knob key -> its lean re-plan or the Replanned saying why none
+        self._stepped_of: dict[str, Stepped] = {}
+        self._fitted_of: dict[str, Replanned] = {}
 
     def __call__(self, update: dict, mesh: Optional[MeshSpec] = None) -> Replanned:
-        alt = self._lean(update, mesh)
-        return alt if isinstance(alt, Replanned) else self._fit(alt, None)
+        key = _knob_key(update, mesh)
+        if key not in self._fitted_of:
+            alt, done = self._lean(update, mesh), self._stepped_of.get(key)
+            self._fitted_of[key] = alt if isinstance(alt, Replanned) else self._fit(alt, done.step if done else None)
+        return self._fitted_of[key]
 
     def stepped(self, update: dict, mesh: Optional[MeshSpec] = None) -> Stepped:
         """The knob's re-plan and its step, its memory not planned (``step_s`` None where
         :meth:`__call__` would give no step before planning memory: refused or infeasible)."""
-        alt = self._lean(update, mesh)
-        if isinstance(alt, Replanned):
-            return Stepped(None)
-        st = self.step_fn(alt)
-        return Stepped(st.step_s, st, alt)
+        key = _knob_key(update, mesh)
+        if key not in self._stepped_of:
+            alt = self._lean(update, mesh)
+            st = None if isinstance(alt, Replanned) else self.step_fn(alt)
+            self._stepped_of[key] = Stepped(None) if st is None else Stepped(st.step_s, st, alt)
+        return self._stepped_of[key]
 
     def fitted(self, stepped: Stepped) -> Replanned:
         """What :meth:`__call__` gives for the knob of ``stepped`` (a :meth:`stepped` result with a
         step): its memory planned, its step kept where it fits."""
         if stepped.plan is None:
             raise ValueError("Rebuilt.fitted needs a stepped re-plan with a step (step_s not None)")
-        return self._fit(stepped.plan, stepped.step)
+        key = next((k for k, x in self._stepped_of.items() if x is stepped), None)
+        if key is None:
+            return self._fit(stepped.plan, stepped.step)
+        if key not in self._fitted_of:
+            self._fitted_of[key] = self._fit(stepped.plan, stepped.step)
+        return self._fitted_of[key]
 
     def _lean(self, update: dict, mesh: Optional[MeshSpec]):
         """The re-plan without memory timelines, constraint rows or placement flags (none of which a
-        step or a timeline reads), or the :class:`Replanned` that says why there is none."""
+        step or a timeline reads), or the :class:`Replanned` that says why there is none; built once
+        per knob."""
+        key = _knob_key(update, mesh)
+        if key not in self._lean_of:
+            self._lean_of[key] = self._build(update, mesh)
+        return self._lean_of[key]
+
+    def _build(self, update: dict, mesh: Optional[MeshSpec]):
+        """:meth:`_lean` uncached."""
         cfg = self.plan.config
         cfg = replace(cfg, training=cfg.training.model_copy(update=update), mesh=mesh or cfg.mesh)
         no_rows = Constraints((), usable_bytes(cfg.cluster, cfg.training))
@@ -344,6 +368,15 @@ class Rebuilt:
                              f"usable)", peak_bytes=peak)
         st = st if st is not None else self.step_fn(alt)
         return Replanned(f"step {step_seconds(st.step_s)}, peak {peak / GiB:.1f} GiB fits", st.step_s, peak, st)
+
+
+def _knob_key(update: dict, mesh: Optional[MeshSpec]) -> str:
+    """A knob's key in :class:`Rebuilt`'s caches: its ``training`` update (order-free) and its mesh spec.
+
+    >>> _knob_key({"micro_batch": 2, "reshard_after_forward": False}, None)
+    "[('micro_batch', 2), ('reshard_after_forward', False)] None"
+    """
+    return f"{sorted(update.items())!r} {mesh.model_dump_json() if mesh is not None else None}"
 
 
 def rebuilt_step(plan: Plan, step_fn: Callable) -> Rebuilt:

@@ -15,6 +15,7 @@ rule too: torchtitan's, so the collective table, the search and the runtime agre
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Optional
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn, divisors
 
@@ -309,17 +310,23 @@ def ep_choices(experts: int, block: int, etp: int = 1) -> list[int]:
     return [e for e in divisors(block) if not ep_refusal(e, experts, block, etp)]
 
 
-def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node: int) -> str:
+def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node: int,
+              deepep: Optional[tuple[float, float, int]] = None) -> str:
     """The plan's ``axis ep:`` line: the experts per rank, why this ep (the only valid one, or one of
     :func:`ep_choices` as the config's mesh gives it, where a user or ``search --export`` put it), and
     what its all-to-alls cross: one ep group (rank 0's) on ``nodes`` nodes with ``per_node`` of its
     ranks on each: NVLink inside one node, else the NICs for the ``ep - per_node`` peers of each rank
-    on other nodes (DeepSeek-V3 at ep 64 on dgx-h100: 56 of 63).
+    on other nodes (DeepSeek-V3 at ep 64 on dgx-h100: 56 of 63). Under ``training.moe_dispatcher =
+    "deepep"`` (``deepep``: a token's copies across nodes and its NVLink fan-out copies, and the
+    routed copies top_k, as :func:`meshplan.comm.deepep.copies` gives them; the spec layer takes the
+    numbers, not the model) what the dispatch crosses instead: one copy per other destination node.
 
     >>> print(ep_reason(256, 64, 1, 64, 8, 8))
     capacity: 256 experts split 64 ways (4 per rank); ep 64 as the config's mesh gives it (chosen by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8, 16, 32, 64 (ep divides the 256 experts and ep x etp 1 the dense block dp_shard x cp x tp = 64); its all-to-alls cross the NICs: the group spans 8 nodes, 8 ranks on each, so each rank sends to 56 of its 63 peers over the network (ep <= 8 keeps the group inside one node)
     >>> print(ep_reason(8, 8, 1, 8, 1, 8))
     capacity: 8 experts split 8 ways (1 per rank); ep 8 as the config's mesh gives it (chosen by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8 (ep divides the 8 experts and ep x etp 1 the dense block dp_shard x cp x tp = 8); its all-to-alls stay inside one node, over NVLink
+    >>> print(ep_reason(256, 64, 1, 64, 8, 8, (3.1754, 6.4394, 8)).split(" = 64); ", 1)[1])
+    its deepep dispatch crosses the NICs: the group spans 8 nodes, 8 ranks on each, and a token goes once to each other node holding one of its experts: 3.18 of its 8 routed copies per token cross nodes, then 6.44 NVLink fan-out copies inside the destination nodes (meshplan.comm.deepep; ep <= 8 keeps the group inside one node)
     """
     valid = ep_choices(experts, block, etp)
     why = ("the only valid ep > 1" if [e for e in valid if e > 1] == [ep] else "as the config's mesh gives it "
@@ -327,8 +334,15 @@ def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node:
     head = (f"capacity: {experts} experts split {ep} ways ({experts // ep} per rank); ep {ep} {why}: valid ep "
             f"{', '.join(map(str, valid))} (ep divides the {experts} experts and ep x etp {etp} the dense block "
             f"dp_shard x cp x tp = {block})")
+    what = "its all-to-alls" if deepep is None else "its deepep dispatch"
     if nodes <= 1:
-        return f"{head}; its all-to-alls stay inside one node, over NVLink"
-    return (f"{head}; its all-to-alls cross the NICs: the group spans {nodes} nodes, {per_node} ranks on each, so "
-            f"each rank sends to {ep - per_node} of its {ep - 1} peers over the network (ep <= {per_node} "
-            f"keeps the group inside one node)")
+        return f"{head}; {what} {'stay' if deepep is None else 'stays'} inside one node, over NVLink"
+    span = f"the group spans {nodes} nodes, {per_node} ranks on each"
+    if deepep is not None:
+        across, nvlink, top_k = deepep
+        return (f"{head}; {what} crosses the NICs: {span}, and a token goes once to each other node holding one of "
+                f"its experts: {across:.2f} of its {top_k} routed copies per token cross nodes, then {nvlink:.2f} "
+                f"NVLink fan-out copies inside the destination nodes (meshplan.comm.deepep; ep <= {per_node} keeps the group "
+                f"inside one node)")
+    return (f"{head}; {what} cross the NICs: {span}, so each rank sends to {ep - per_node} of its {ep - 1} peers "
+            f"over the network (ep <= {per_node} keeps the group inside one node)")
