@@ -17,7 +17,7 @@ from meshplan.memory.deepspeed_fetch import config_reuse
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import SHARDING
 from meshplan.pipeline.fast import order_arrays
-from meshplan.pipeline.unshard_window import evicted, pipeline_window
+from meshplan.pipeline.unshard_window import evicted
 from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
@@ -67,7 +67,10 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
     (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
     :class:`meshplan.schedule.unit_times.UnitTimes`). Under torch a pass also gathers where the
-    schedule's window evicted its chunk (vpp > 3, :func:`~meshplan.pipeline.unshard_window.evicted`)."""
+    schedule's window evicted its chunk (vpp > 3, :func:`~meshplan.pipeline.unshard_window.evicted`),
+    but from the UNSHARD torch issues ops before it (:mod:`meshplan.schedule.window_unshard`): its
+    gathers may hide behind that compute, so those passes are not counted here (the step bound
+    adds a gathering pass's first, unhidden all-gather)."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
@@ -82,12 +85,11 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
         return g[0], g[1]
     m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
     code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
-    window = pipeline_window(cfg.training.framework, p)
     for key in np.unique(code).tolist():
         rows = code == key
         j = int(np.argmax(rows))
-        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]),
-                                 window)[:, None, :]
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]),
+                                 bool(rf[j]))[:, None, :]
     return g[0], g[1]
 
 
