@@ -25,6 +25,7 @@ from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import OK, SHARDING, candidate_config, ends_short_split, enumerate_candidates
 from meshplan.search import timing
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import end_chunk_passes
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.time_tables import TimeTables
@@ -114,11 +115,12 @@ def test_only_the_head_chunk_takes_the_head_backward_off_its_gather(small14, mon
     simulation (test above)."""
     sub, lo, u, exact = small14
     st = stage_layout(_short14(), sub, 4)
-    ends = end_chunk_passes(sub, st)  # no window, as timing.step_lower_bound: re-gathers may hide (window_unshard)
+    window = pipeline_window(_short14().training.framework, 4)  # as timing.step_lower_bound passes it
+    ends = end_chunk_passes(sub, st, window)
     assert (u["b_extra_head"][:, :3] == u["b_extra"][:, :3]).all()  # no head on stages 0-2
     assert (u["b_extra_head"][:, 3] <= u["b_extra"][:, 3]).all()
     # FSDP rows whose other chunks' backwards gather in the pass: resharded after forward (a kept-gathered
-    # row's re-gathers after torch's window evicted its chunk run from the UNSHARD before: not counted)
+    # vpp 4 row's re-gathers after torch's window evicted its chunk run from the UNSHARD before: window_unshard)
     fsdp = np.isin(sub.sh, [SHARDING.index("zero3"), SHARDING.index("hsdp")]) & (sub.rf > 0)
     gain = (u["g_b"][:, 3] - ends["bl"][:, 3]) * (u["b_extra"][:, 3] - u["b_extra_head"][:, 3])
     assert (gain[fsdp] > 0).any() and (gain[~fsdp] == 0).all()

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.config import Config
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.bounds import bounds
 from meshplan.search.columns import Candidates
 from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
@@ -58,8 +59,8 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
                 continue
             part = {k: a[sel] for k, a in u.items()}
             i = idx[at[sel]]
-            # no window: torch's re-gathers may hide behind the ops before them (schedule.window_unshard)
-            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf))
+            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf,
+                                                                       pipeline_window(cfg.training.framework, int(p))))
 
 
 def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:

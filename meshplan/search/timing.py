@@ -84,6 +84,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.config import Config
+from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import end_chunk_passes
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.memory import Stages
@@ -101,9 +102,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # the gathering passes: none of a chunk without layers (the Llama 3 split at one slot per
     # virtual stage: stage 0's first chunk, the head stage's last), and the head's chunk's
     # backwards apart (the only ones whose first gather runs beside the head's backward)
-    # (torch's window re-gathers are left out: their gathers, issued at the UNSHARD ops before, may
-    # hide behind that compute, schedule.window_unshard; gather_passes.gathering_passes likewise)
-    ends = end_chunk_passes(c, st)
+    ends = end_chunk_passes(c, st, pipeline_window(cfg.training.framework, st.k.shape[1]))
     empty0, empty_l = st.first & (st.n_chunk == 0), st.last & (st.n_chunk == 0) & ~one
     g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
     g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
