@@ -16,7 +16,8 @@ So between two consecutive ops of chunk ``c`` (positions ``a < b`` in the rank's
 is evicted exactly when the ops strictly between hold ``window`` or more distinct other chunks
 (the window at ``a + 1`` then misses ``c``, and it can only miss it more later), and it is then
 unsharded again before ``b``: one more all-gather of the chunk, counted on op ``b`` (its UNSHARD
-is issued earlier, :func:`unshard_positions`). A chunk's first op always finds it sharded (the
+is issued earlier, :func:`unshard_positions`, where the timeline issues its all-gathers:
+:func:`regather_spans`, :mod:`meshplan.schedule.window_unshard`). A chunk's first op always finds it sharded (the
 step's first UNSHARD). With ``v <= window`` local stages nothing is ever evicted: ZB-V and
 DualPipeV hold 2 stages per rank, so only interleaved 1F1B at vpp >= 4 evicts.
 """
