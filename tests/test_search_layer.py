@@ -117,8 +117,10 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     Measured bound / step (min / median): 0.813 / 0.972, 0.825 / 0.967, 0.836 / 0.979 (before, with
     none's chain on every layer: 0.727 / 0.866, 0.732 / 0.862, 0.752 / 0.817), and on the rows whose
     chunks hold fewer layers than ac_freq, where every chunk's fewest is 0 (vpp 4 at pp 2 on 8
-    layers, vpp 7 at pp 2 on 14), min 0.955, 0.962 (0.849, 0.857 before, and 0.857 on 14 layers
-    without the stage's remaining replays, ``more_replays``)."""
+    layers, vpp 7 at pp 2 on 14), min 0.955, 0.937 (0.849, 0.857 before, and 0.857 on 14 layers
+    without the stage's remaining replays, ``more_replays``; 0.962 on 14 layers before the bounds
+    left out torch's window re-gathers at vpp 7, which window_unshard issues from the UNSHARD ops
+    before their pass, where they may hide: band 0.94 -> 0.93)."""
     cfg, r, plans = grid
     c = r.candidates
     rows = np.array([i for i, p in enumerate(plans) if p[0] and not refused(r, i)])
@@ -130,7 +132,7 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     ratio = r.est.step_lo[rows] / step
     assert ratio.min() >= 0.75 and np.median(ratio) >= 0.95, (ratio.min(), np.median(ratio))
     short = cfg.model.layers // (c.pp[rows] * c.vpp[rows]) < LAYER_AC_FREQ
-    assert short.any() and ratio[short].min() >= 0.94, ratio[short].min()
+    assert short.any() and ratio[short].min() >= 0.93, ratio[short].min()
 
 
 def test_layer_memory_bounds_hold_and_count_the_layers_kept(grid):

@@ -119,10 +119,9 @@ def test_only_the_head_chunk_takes_the_head_backward_off_its_gather(small14, mon
     ends = end_chunk_passes(sub, st, window)
     assert (u["b_extra_head"][:, :3] == u["b_extra"][:, :3]).all()  # no head on stages 0-2
     assert (u["b_extra_head"][:, 3] <= u["b_extra"][:, 3]).all()
-    # FSDP rows whose other chunks' backwards gather: resharded after forward, or (kept gathered)
-    # evicted by torch's window at vpp > 3 (vppevict: the kept-gathered vpp 4 rows, 2 re-gathering backwards on stage 3)
-    evicts = sub.vpp > window
-    fsdp = np.isin(sub.sh, [SHARDING.index("zero3"), SHARDING.index("hsdp")]) & ((sub.rf > 0) | evicts)
+    # FSDP rows whose other chunks' backwards gather in the pass: resharded after forward (a kept-gathered
+    # vpp 4 row's re-gathers after torch's window evicted its chunk run from the UNSHARD before: window_unshard)
+    fsdp = np.isin(sub.sh, [SHARDING.index("zero3"), SHARDING.index("hsdp")]) & (sub.rf > 0)
     gain = (u["g_b"][:, 3] - ends["bl"][:, 3]) * (u["b_extra"][:, 3] - u["b_extra_head"][:, 3])
     assert (gain[fsdp] > 0).any() and (gain[~fsdp] == 0).all()
     # the step bound with every gathering backward of the head's stage discounted (the head's

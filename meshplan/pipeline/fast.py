@@ -230,7 +230,8 @@ class ArrayResult(BubbleStats):
 
 
 def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.ndarray]] = None,
-                    like: Optional[ArrayResult] = None) -> ArrayResult:
+                    like: Optional[ArrayResult] = None,
+                    after: Optional[Callable[[Flat], tuple[np.ndarray, np.ndarray]]] = None) -> ArrayResult:
     """:func:`~meshplan.pipeline.simulate.simulate` of ``spec`` on arrays. ``durations(flat)``:
     seconds of every flat unit (default: the spec's own
     :meth:`~meshplan.pipeline.simulate.PipelineSpec.unit_s`, :func:`spec_durations`). Start,
@@ -242,7 +243,9 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     with other durations, :func:`~meshplan.schedule.pipeline_exposure.pipeline_without`: at pp 128
     x 4,096 micro-batches under ZB-H1, 1.5 million units, ``flat_units`` is 0.08 s), and with
     asynchronous sends its rounds replayed (:func:`~meshplan.pipeline.rounds.replay`): bitwise the
-    times of a new simulation.
+    times of a new simulation. ``after(flat)`` (asynchronous sends): per flat unit an earlier
+    unit of its stage (-1: none) and seconds; the unit starts no earlier than that one's end plus
+    them (:func:`~meshplan.pipeline.rounds.run_rounds`; not replayed later).
 
     >>> r = simulate_arrays(PipelineSpec("1f1b", p=4, m=8))
     >>> r.step_s, round(r.bubble, 4), [e.name for e in r.critical_path][:5]
@@ -259,7 +262,8 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     log: list = []
     again = like.rounds if like is not None and same else None
-    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again)
+    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again,
+                                                   after=after(f) if after is not None else None)
     wait = np.empty(n)  # stream free at start: after the previous unit's call, then start - that
     wait[1:] = free[:-1]
     wait[:1] = 0.0

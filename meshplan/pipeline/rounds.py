@@ -139,7 +139,7 @@ def replay(r: Rounds, d_dur: np.ndarray, cur: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int,
-                  log: Optional[list] = None):
+                  log: Optional[list] = None, after: Optional[tuple[np.ndarray, np.ndarray]] = None):
     """:func:`run_rounds` with asynchronous sends and finite times, in fewer array operations per
     round (one round per unit position: ~10^4 rounds at pp 128 x 4,096 micro-batches, so the
     per-round overhead is the cost): a unit not done has end NaN, so ``max(stream free, dep end +
@@ -147,7 +147,9 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     stage keeps its unit; the same additions and maxima as :func:`run_rounds` in the same order, so
     every time is bitwise equal. ``dep``, ``d_add``, ``d_dur``: per slot; ``cur``: each stage's
     first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot;
-    ``log``, when given, receives the run's :class:`Rounds`."""
+    ``log``, when given, receives the run's :class:`Rounds`. ``after`` (slots, seconds), per slot:
+    the unit also starts no earlier than that earlier slot of its stage ends plus those seconds
+    (:func:`run_rounds`)."""
     end = np.full(len(dep), np.nan)
     end[cur - 1], end[-1] = 0.0, 0.0  # the leading slots and the last (``dep`` of a unit without one)
     free = np.zeros(len(cur))  # end of each stage's previous unit (kept: cheaper than a gather)
@@ -155,7 +157,10 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     def starts(at: np.ndarray) -> np.ndarray:
         ready = end[dep[at]]
         ready += d_add[at]
-        return np.maximum(free, ready)
+        st = np.maximum(free, ready)
+        if after is not None:  # a same-stage earlier slot: done (never NaN) when ``at`` runs
+            np.maximum(st, end[after[0][at]] + after[1][at], out=st)
+        return st
 
     done: Optional[list] = None if log is None else []
     out = _lean_rounds(starts, end, d_dur, cur, length, free, done)
@@ -259,7 +264,8 @@ class Binding:
 
 
 def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *,
-               log: Optional[list] = None, again: Optional[Rounds] = None):
+               log: Optional[list] = None, again: Optional[Rounds] = None,
+               after: Optional[tuple[np.ndarray, np.ndarray]] = None):
     """Start and end of every flat unit by list scheduling in rounds: each round, every
     stage whose next unit's dependency is done and whose previous call's peers have all posted
     runs it (``ready = dep end + add``, ``start = max(end of the call after the previous unit,
@@ -274,7 +280,10 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     :func:`_rounds_async` and :func:`_rounds_blocking` (bitwise the same times); others
     :func:`run_rounds_general`. Asynchronous sends: ``log``, when given, receives the lean
     run's :class:`Rounds`; ``again``, the :class:`Rounds` of a run of the same units and ``add``,
-    is replayed with ``dur`` (:func:`replay`) instead of running the rounds."""
+    is replayed with ``dur`` (:func:`replay`) instead of running the rounds. ``after`` (flat unit
+    or -1, seconds) per flat unit, asynchronous sends only: it also starts no earlier than that
+    earlier unit of its stage ends plus the seconds (torch's window UNSHARD issued after it,
+    :mod:`meshplan.schedule.window_unshard`); a run with it is neither logged nor replayed."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
     pad = p * width + 1  # the padding peer of a call (p * width: a slot that never runs)
@@ -289,6 +298,12 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
         return x[:pad - 1].reshape(p, width)[:, 1:length + 1].reshape(n)
 
     finite = bool(n) and np.isfinite(dur).all() and not np.signbit(dur).any()
+    if after is not None:
+        if pairs is not None:
+            raise ValueError("run_rounds: 'after' needs asynchronous sends (pairs None)")
+        x = after[0] + 2 * (after[0] // max(length, 1)) + 1  # its slot; none (-1): the last slot, end 0
+        log, again = None, None
+        after = (slots(np.where(after[0] >= 0, x, pad), pad), slots(np.asarray(after[1], dtype=float), 0.0))
     if pairs is None and finite and again is not None:
         start, end = replay(again, slots(dur, 0.0), cur)
         end = units(end)
@@ -298,11 +313,11 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
         d *= 2
         d += f.dep
         d += 1
-        start, end = _rounds_async(slots(d, pad - 1), slots(add, 0.0), slots(dur, 0.0), cur, length, log)
+        start, end = _rounds_async(slots(d, pad - 1), slots(add, 0.0), slots(dur, 0.0), cur, length, log, after)
         end = units(end)
         return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
-        return run_rounds_general(f, dur, add, None, p2p_s)
+        return run_rounds_general(f, dur, add, None, p2p_s, after)
     waits, loads, has = _call_table(pairs, width, pad)
     p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads), 0 without transfers
     pos = np.arange(n)
@@ -328,8 +343,10 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     return units(start), units(end), units(free), free[cur - 1], Binding(n, bound)
 
 
-def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
-    """:func:`run_rounds` for any times (a ``done`` table, one round at a time)."""
+def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float,
+                       after: Optional[tuple[np.ndarray, np.ndarray]] = None):
+    """:func:`run_rounds` for any times (a ``done`` table, one round at a time); ``after`` per
+    slot as :func:`_rounds_async`'s (asynchronous sends)."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
     slot = (np.arange(n) // length) * width + np.arange(n) % length + 1
@@ -348,6 +365,8 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
             dc = dep[cur]
             ok = done[dc]
             st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
+            if after is not None:
+                st = np.maximum(st, end[after[0][cur]] + after[1][cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
         return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
     table, loads, has = _call_table(pairs, width, pad)

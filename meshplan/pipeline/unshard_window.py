@@ -16,7 +16,8 @@ So between two consecutive ops of chunk ``c`` (positions ``a < b`` in the rank's
 is evicted exactly when the ops strictly between hold ``window`` or more distinct other chunks
 (the window at ``a + 1`` then misses ``c``, and it can only miss it more later), and it is then
 unsharded again before ``b``: one more all-gather of the chunk, counted on op ``b`` (its UNSHARD
-is issued earlier, :func:`unshard_positions`). A chunk's first op always finds it sharded (the
+is issued earlier, :func:`unshard_positions`, where the timeline issues its all-gathers:
+:func:`regather_spans`, :mod:`meshplan.schedule.window_unshard`). A chunk's first op always finds it sharded (the
 step's first UNSHARD). With ``v <= window`` local stages nothing is ever evicted: ZB-V and
 DualPipeV hold 2 stages per rank, so only interleaved 1F1B at vpp >= 4 evicts.
 """
@@ -100,7 +101,25 @@ def unshard_positions(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[
     op after the chunk's previous one). Each the first such ``i``: the UNSHARD is a prefetch up to
     ``window - 1`` distinct chunks ahead of the op that needs it."""
     ch = list(chunk)
-    flags = unshards(ch, window)
+    return sorted((i, ch[b]) for i, b in _spans(ch, window, unshards(ch, window)))
+
+
+def regather_spans(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[tuple[int, int]]:
+    """(i, b) of each re-gather after an eviction (the ops :func:`evicted` flags, ``b``): torch
+    issues its UNSHARD before op ``i`` (:func:`unshard_positions`), i.e. right after op ``i - 1``
+    (``i >= 2``: the eviction happened at ``prev + 1``); in order of ``b``. The ops ``i..b-1`` run
+    while its all-gathers do (:mod:`meshplan.schedule.window_unshard`).
+
+    >>> regather_spans([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0])  # p 2, m 2, v 4, rank 0
+    [(10, 14)]
+    """
+    ch = list(chunk)
+    return _spans(ch, window, evicted(ch, window))
+
+
+def _spans(ch: list[int], window: int, flags) -> list[tuple[int, int]]:
+    """(i, b) per flagged op ``b``: the position of the UNSHARD torch issues for it
+    (:func:`unshard_positions`' rule), in order of ``b``."""
     prev = _previous_same(np.asarray(ch, dtype=np.int64))
     out = []
     for b in np.flatnonzero(flags).tolist():
@@ -108,5 +127,5 @@ def unshard_positions(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[
         i = b
         while i > lo and len(set(ch[i - 1:b]) - {ch[b]}) < window:
             i -= 1
-        out.append((i, ch[b]))
-    return sorted(out)
+        out.append((i, b))
+    return out

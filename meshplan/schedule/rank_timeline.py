@@ -65,8 +65,8 @@ frameworks issue them:
   timeline holds them in the same windows (:mod:`meshplan.memory.units`). With pp > 1 a pass gathers only when it
   finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk, and under torch at vpp > 3 again
-  after each eviction from the schedule's window of 3 local stages, gathered at that pass, where
-  torch's UNSHARD prefetches it up to 2 ops earlier: :mod:`meshplan.pipeline.unshard_window`)
+  after each eviction from the schedule's window of 3 local stages, all-gathered from torch's
+  UNSHARD up to 2 chunks of ops earlier and waited for at that pass: :mod:`~meshplan.schedule.window_unshard`)
   and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
   The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``, at every pp): the
@@ -122,6 +122,8 @@ reductions' placement).
 
 from __future__ import annotations
 
+from typing import Optional
+
 from meshplan.compute.batch_input import BATCH_BROADCASTS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
@@ -130,6 +132,7 @@ from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, redu
 from meshplan.schedule.layer_prefetch import LayerPrefetch
 from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
+from meshplan.schedule.window_unshard import unshard_chunk
 
 
 def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
@@ -168,10 +171,15 @@ class _ExpertGathers:
 
 
 def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
-                 gather_layers: bool = True, gather_root: bool = True) -> UnitSim:
+                 gather_layers: bool = True, gather_root: bool = True, lead_s: Optional[float] = None) -> UnitSim:
     """F of one micro-batch through ``chunk`` (module docstring); ``gather_layers`` /
-    ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded."""
+    ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded;
+    ``lead_s``: they were all-gathered by torch's window UNSHARD, issued that many seconds before
+    the pass (:mod:`~meshplan.schedule.window_unshard`; None: gathered in the pass)."""
     s = StreamSim(comm, w, ov)
+    if lead_s is not None and gather_layers:
+        unshard_chunk(s, chunk, "forward", lead_s, gather_root)
+        gather_layers = gather_root = False
     n = len(chunk.layers)
     emb_g, head_g = root_groups(comm)
     # the embedding's own unit (torchtitan) reshards after forward as the layers do
@@ -256,7 +264,8 @@ def block_backward_issue_s(w: Workload, c: Cost) -> float:
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                   last_grad_unit: bool = False, gather: bool = True, reduce: bool = True,
-                  deferred: bool = False, stage_last: bool = True, gather_root: bool = True) -> UnitSim:
+                  deferred: bool = False, stage_last: bool = True, gather_root: bool = True,
+                  lead_s: Optional[float] = None) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
     (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
     ``last_grad_unit`` the per-step gradient reduction is spread over its layers.
@@ -270,9 +279,13 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     goes out before (the schedule issues it after the backward, REDUCE_GRAD next), so on the
     stage's last pass (``stage_last``: the chunk whose last gradient unit ends the stage's order) the
     reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
-    pass it holds the stream in the unit (the send then waits with it: a little early)."""
+    pass it holds the stream in the unit (the send then waits with it: a little early).
+    ``lead_s``: as :func:`forward_unit`'s (B and Bx only)."""
     s = StreamSim(comm, w, ov)
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
+    if lead_s is not None and with_b and gather:
+        unshard_chunk(s, chunk, "backward", lead_s, gather_root)
+        gather = gather_root = False
     red_w = with_w and reduce and not deferred
     n = len(chunk.layers)
     emb_g, head_g = root_groups(comm)

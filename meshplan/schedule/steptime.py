@@ -55,6 +55,7 @@ from meshplan.schedule.unit_sim import ChunkCosts, Overlap
 from meshplan.schedule.step_end import later_runs_label, stage_end
 from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.unit_times import UnitTimes
+from meshplan.schedule.window_unshard import simulate_unshards
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.mesh_words import mesh_text
@@ -100,7 +101,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         indexed[:] = [keys, idx]
         return np.array([units.by_key(k).duration_s for k in keys])[idx]
 
-    res = simulate_arrays(spec, durations)
+    res = simulate_unshards(spec, units, durations)  # torch's window re-gathers wait for their UNSHARD
     ends, post, exposed = [], [], []
     memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0

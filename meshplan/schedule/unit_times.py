@@ -6,6 +6,7 @@ unit of the simulated pipeline into them (:meth:`UnitTimes.index`, on arrays).
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -15,6 +16,7 @@ from meshplan.pipeline.fast import KINDS, Flat
 from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import UnitSim
+from meshplan.schedule.window_unshard import regather_leads
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
@@ -30,7 +32,10 @@ class UnitTimes:
     and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
     resharded after every backward) or ``no_sync_unsharded`` (kept gathered). ``window``: torch's
     window of unsharded local stages (:func:`~meshplan.pipeline.unshard_window.pipeline_window`), whose
-    evictions at vpp > 3 make a chunk's next pass gather again.
+    evictions at vpp > 3 make a chunk's next pass gather again, from the UNSHARD torch issues ops
+    earlier: such a pass's key carries the seconds from the UNSHARD to the pass's start
+    (:attr:`leads`, set by :func:`~meshplan.schedule.window_unshard.simulate_unshards`; infinite,
+    the gathers hidden, until then; None for every other pass).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
@@ -40,6 +45,9 @@ class UnitTimes:
         self.cache: dict = {}
         self.shared: dict = {}
         self.flags: dict = {}
+        # stage -> ((chunk, kind, mb), i, b) of its window re-gathers; -> (chunk, kind, mb) -> lead seconds
+        self.regathers: dict = {}
+        self.leads: dict = {}
         # each stage's chunk whose last gradient unit is the stage's last unit (its FSDP reduce,
         # torch's perform_reduce_grad, is then the stage's tail; rank_timeline.backward_unit)
         self.final = {s: stage_order(spec.schedule, spec.p, spec.m, spec.v, s)[-1].chunk
@@ -49,6 +57,10 @@ class UnitTimes:
             for s in range(spec.p):
                 self.flags[s] = _flag_arrays(spec.schedule, spec.p, spec.m, spec.v, s, bool(reshard),
                                              bool(reshard_root), rab, window)
+                got = regather_leads(spec.schedule, spec.p, spec.m, spec.v, s, window) if spec.p > 1 else ()
+                if got:
+                    self.regathers[s] = got
+                    self.leads[s] = {k: math.inf for k, _, _ in got}
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
         last = kind == _grad_kind(self.spec) and mb == self.spec.m - 1
@@ -58,7 +70,8 @@ class UnitTimes:
             gather = (bool(lay[at]), bool(root[at]))
         else:
             gather = (True, True)
-        return (s, chunk, kind, last, gather, last or not self.flags)
+        lead = self.leads[s].get((chunk, kind, mb)) if s in self.leads and kind != "W" else None
+        return (s, chunk, kind, last, gather, last or not self.flags, lead)
 
     def by_key(self, k: tuple) -> UnitSim:
         if k not in self.cache:
@@ -69,11 +82,13 @@ class UnitTimes:
             sim = next((x for c, m, x in twins if c == ch and m == comm), None)
             if sim is None:
                 if kind == "F":
-                    sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1])
+                    sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1],
+                                       lead_s=k[6])
                 else:
                     uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
                     sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5],
-                                        deferred=self.spec.p > 1, stage_last=stage_last, gather_root=k[4][1])
+                                        deferred=self.spec.p > 1, stage_last=stage_last, gather_root=k[4][1],
+                                        lead_s=k[6])
                 twins.append((ch, comm, sim))
             self.cache[k] = sim
         return self.cache[k]
@@ -106,20 +121,37 @@ class UnitTimes:
         red: "int | np.ndarray" = 1
         if self.flags:
             gl, gr, red = self._flag_arrays(f, last)
-        code = f.stage  # ((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red, in place (10^6 units)
-        for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red)):
+        vals, lead = self._lead_ids(f)
+        code = f.stage  # (((((stage v + chunk) 3 + kind) 2 + last) 2 + gl) 4 + 2 gr + red) leads + lead, in place
+        for mul, x in ((sp.v, f.chunk), (len(KINDS), f.kind), (2, last), (2, gl), (2, gr), (2, red), (len(vals), lead)):
             code *= mul
             code += x
         uniq, inv = _unique_small(code)
         keys = []
         for c in uniq.tolist():
+            lead_, c = vals[c % len(vals)], c // len(vals)
             red_, gr_, gl_ = c & 1, (c >> 1) & 1, (c >> 2) & 1
             c >>= 3
             last_ = c & 1
             c >>= 1
             kind, c = c % len(KINDS), c // len(KINDS)
-            keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_)))
+            keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_), lead_))
         return keys, inv
+
+    def _lead_ids(self, f: Flat) -> tuple[list, "int | np.ndarray"]:
+        """(the distinct leads, None first; each flat unit's index into them): :attr:`leads`, W none."""
+        ids: dict = {None: 0}
+        out: "int | np.ndarray" = 0
+        for s in self.leads:
+            table = np.zeros((self.spec.v, 2, self.spec.m), dtype=np.int64)
+            for (c, kind, mb), x in self.leads[s].items():
+                table[c, int(kind != "F"), mb] = ids.setdefault(x, len(ids))
+            if isinstance(out, int):
+                out = np.zeros(len(f.kind), dtype=np.int64)
+            sl = slice(s * f.length, (s + 1) * f.length)
+            out[sl] = np.where(f.kind[sl] == KINDS.index("W"), 0,
+                               table[f.chunk[sl], np.minimum(f.kind[sl], 1), f.mb[sl]])
+        return list(ids), out
 
 
 def _unique_small(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -152,12 +152,14 @@ def _level_steps(levels: tuple, order: np.ndarray, prev: np.ndarray, dep: np.nda
 @lru_cache(maxsize=64)
 def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool, window: int = 0) -> np.ndarray:
     """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
-    backward (row 1) that all-gathers its chunk's FSDP units with pp > 1: the rule of
-    :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` (the timeline's) on arrays: a pass
+    backward (row 1) that all-gathers its chunk's FSDP units in the pass with pp > 1: the rule of
+    :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` (the timeline's) on arrays, less the window's
+    re-gathers: a pass
     gathers when it is its chunk's first on the stage, or follows a forward of the chunk that
-    resharded (``reshard``), or finds it evicted by torch's window of ``window`` local stages
-    (:func:`~meshplan.pipeline.unshard_window.evicted`, per stage; 0: none); a backward leaves
-    the chunk gathered."""
+    resharded (``reshard``), unless it finds it evicted by torch's window of ``window`` local
+    stages (:func:`~meshplan.pipeline.unshard_window.evicted`, per stage; 0: none): then it is
+    all-gathered from torch's UNSHARD ops before, where it may hide (:mod:`meshplan.schedule.window_unshard`),
+    and the bound adds nothing for it; a backward leaves the chunk gathered."""
     dag = build_dag(schedule, p, m, v)
     ev = np.concatenate([evicted(dag.chunk[s * (dag.chunk.size // p):(s + 1) * (dag.chunk.size // p)], window)
                          for s in range(p)])  # units stage-major, each stage's in its order
@@ -167,7 +169,7 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
     first = np.concatenate([[True], g[1:] != g[:-1]])
     after_f = np.concatenate([[False], k[:-1] == 0])
     flag = np.zeros(key.size)
-    flag[o] = first | (reshard & after_f) | ev[o]
+    flag[o] = (first | (reshard & after_f)) & ~ev[o]
     return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
 
 
