@@ -2,7 +2,13 @@
 JSON parsed with every failure one line. :func:`read_text_limited` (or
 :func:`read_bytes_limited`) is the one way every reader opens its input; :func:`parse_json` the
 one way a JSON input is parsed. Every failure is a one-line
-:class:`~meshplan.errors.ConfigError` naming the field and the file."""
+:class:`~meshplan.errors.ConfigError` naming the field and the file.
+
+Inside :func:`command_inputs` (the CLI runs every command in it) each file read is noted with
+the field it was read as, beside the command's own input arguments, so that
+:func:`meshplan.fileio.check_destination` refuses an output that is one of them, ``--force``
+or not (newcomer trial 23 #1: ``step job.sh --json job.sh --force`` replaced the launch script).
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,47 @@ import errno
 import json
 import os
 import stat
-from typing import Any
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any, Iterable, Iterator
 
 from meshplan.errors import ConfigError
 from meshplan.limits import FileLimit
 
 _BOMS = ((b"\xef\xbb\xbf", None), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
          (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+#: The running command's inputs, ``[(path, what it is)]``: its input arguments first, then every
+#: file read (:func:`read_bytes_limited`); None outside :func:`command_inputs`. A context variable
+#: set and reset by :func:`command_inputs` only, so one command's files never leak into another's.
+_INPUTS: ContextVar[list[tuple[str, str]] | None] = ContextVar("meshplan_command_inputs", default=None)
+
+
+@contextmanager
+def command_inputs(named: Iterable[tuple[Any, str]] = ()) -> Iterator[list[tuple[str, str]]]:
+    """Note, for the block, the command's inputs: ``named`` ((path, its name on the command line:
+    ``CONFIG``, ``--topology``)) and every file the block reads; yields that list.
+
+    >>> import tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "job.sh"
+    >>> _ = f.write_text("x")
+    >>> with command_inputs([("a.toml", "CONFIG")]) as seen:
+    ...     _ = read_bytes_limited(f, "config", 100)
+    >>> [(pathlib.Path(p).name, what) for p, what in seen]
+    [('a.toml', 'CONFIG'), ('job.sh', 'config')]
+    """
+    seen = [(os.fspath(p), what) for p, what in named]
+    token = _INPUTS.set(seen)
+    try:
+        yield seen
+    finally:
+        _INPUTS.reset(token)
+
+
+def inputs_read() -> list[tuple[str, str]]:
+    """The running command's inputs so far (:func:`command_inputs`); [] outside one."""
+    return list(_INPUTS.get() or [])
 
 
 def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path") -> bytes:
@@ -70,6 +110,9 @@ def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "ch
                errno.ENOTDIR: "a path through a file"}.get(err.errno or 0, err.strerror or "unreadable")
         raise ConfigError(field, f"cannot read {name!r} ({why}); {hint}") from None
     data = b"".join(chunks)
+    seen = _INPUTS.get()
+    if seen is not None:
+        seen.append((name, field))
     if len(data) > max_bytes:
         raise ConfigError(field, f"{name!r} is larger than {max_bytes} bytes, the limit for this input"
                                  f"{f' ({why})' if why else ''}; give the file the tool wrote")

@@ -1,0 +1,121 @@
+"""Findings of newcomer trial 23 (input handling): each test failed before its fix.
+
+#1: ``--force`` replaced the command's own input (``step job.sh --json job.sh --force`` wrote
+JSON over the launch script). Every command that writes (every command with ``--force``) is run
+with an output that is one of its inputs: refused in one line naming the option, the input's
+bytes unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+
+import pytest
+
+from meshplan import cli
+from tests.cli_run import run_main
+from tests.conftest import EXAMPLES
+
+DATA = EXAMPLES.parent / "tests" / "data"
+
+#: (command line with {toml} (a meshplan TOML), {sh} (Megatron-LM arguments), {log} (an NCCL_DEBUG
+#: log), {nccl} (nccl-tests output), {topo}, {cal}, {kern} files; the input the output names; the
+#: option refused). Every command with --force has a row (test_every_writer_has_a_case).
+SAME_FILE = [
+    ("plan {toml} --json {toml} --force", "toml", "--json"),
+    ("plan {toml} --html {toml} --force", "toml", "--html"),
+    ("plan {toml} --topology {topo} --json {topo} --force", "topo", "--json"),
+    ("plan {toml} --calibration {cal} --json {cal} --force", "cal", "--json"),
+    ("plan {toml} --kernels {kern} --html {kern} --force", "kern", "--html"),
+    ("report {toml} --out {toml} --force", "toml", "--out"),
+    ("groups {toml} --json {toml} --force", "toml", "--json"),
+    ("memory {toml} --json {toml} --force", "toml", "--json"),
+    ("step {sh} --cluster dgx-a100 --nodes 2 --json {sh} --force", "sh", "--json"),
+    ("step {toml} --trace {toml} --force", "toml", "--trace"),
+    ("reliability {toml} --json {toml} --force", "toml", "--json"),
+    ("compare {toml} {toml2} --html {toml2} --force", "toml2", "--html"),
+    ("search {toml} --json {toml} --force", "toml", "--json"),
+    ("search {toml} --export 1 --to megatron -o {toml} --force", "toml", "-o"),
+    ("import auto {sh} --cluster dgx-a100 --nodes 2 -o {sh} --force", "sh", "-o"),
+    ("import auto {sh} --cluster dgx-a100 --nodes 2 --json {sh} --force", "sh", "--json"),
+    ("export {toml} --to megatron -o {toml} --force", "toml", "-o"),
+    ("nccl-check {toml} {log} --json {log} --force", "log", "--json"),
+    ("place {toml} --bindings {toml} --force", "toml", "--bindings"),
+    ("launch {toml} --json {toml} --force", "toml", "--json"),
+    ("calibrate {nccl} --out {nccl} --force", "nccl", "--out"),
+    ("calibrate {nccl} --json {nccl} --force", "nccl", "--json"),
+    ("bench gemm {toml} --out {toml} --force", "toml", "--out"),
+    ("bench attention {toml} --json {toml} --force", "toml", "--json"),
+    ("bench rank {toml} --out {toml} --force", "toml", "--out"),
+    ("validate {toml} --json {toml} --force", "toml", "--json"),
+    ("validate-slice {toml} {toml2} --testbed mp --json {toml} --force", "toml", "--json"),
+]
+
+#: Commands with --force that read no file a user gives: nothing of theirs can be an input.
+NO_INPUT = {"catalog", "comm", "up", "down"}
+
+
+@pytest.fixture
+def inputs(tmp_path, monkeypatch):
+    """Copies of one file of each kind under ``tmp_path``: {placeholder: path}; run from
+    ``tmp_path`` (a default output under out/ lands there)."""
+    monkeypatch.chdir(tmp_path)
+    files = {"toml": EXAMPLES / "mini_2x4_tp2-dp4.toml", "toml2": EXAMPLES / "mini_2x4_tp4-dp2.toml",
+             "sh": EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args",
+             "log": DATA / "nccl" / "dgx-h100x2_world16_dp2_ok.log",
+             "nccl": DATA / "nccl" / "all_reduce_perf_8xh200_s3.txt",
+             "topo": DATA / "topo" / "seed-8gpu-2nic_topo-m.txt"}
+    out = {k: shutil.copy(src, tmp_path / f"{k}{src.suffix or '.sh'}") for k, src in files.items()}
+    (tmp_path / "cal.toml").write_text("# a calibration someone kept\n")
+    (tmp_path / "kern.toml").write_text("# a kernels table someone kept\n")
+    return {k: str(v) for k, v in out.items()} | {"cal": str(tmp_path / "cal.toml"), "kern": str(tmp_path / "kern.toml")}
+
+
+@pytest.mark.parametrize("line,kept,option", SAME_FILE, ids=[" ".join(w for w in c[0].split() if "{" not in w) for c in SAME_FILE])
+def test_force_never_replaces_an_input(inputs, capsys, line, kept, option):
+    """Trial 23 #1: an output that is one of the command's inputs is refused even with --force, in
+    one line naming the option and the fix; the input's bytes are unchanged."""
+    before = open(inputs[kept], "rb").read()
+    code = run_main(*line.format(**inputs).split())
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {option}: choose another path: {option} is the "), err[0]
+    assert "being read" in err[0] and "--force never replaces an input" in err[0]
+    assert open(inputs[kept], "rb").read() == before
+
+
+def test_the_source_of_an_imported_toml_is_not_replaced_by_its_export(inputs, tmp_path, capsys):
+    """Trial 23 #1: ``export job.toml -o job.sh --force`` where job.sh is job.toml's [source]
+    (read to carry its flags) is refused, job.sh unchanged."""
+    toml = tmp_path / "job.toml"
+    assert run_main("import", "auto", inputs["sh"], "--cluster", "dgx-a100", "--nodes", "2", "-o", toml) == 0
+    before = open(inputs["sh"], "rb").read()
+    capsys.readouterr()
+    assert run_main("export", toml, "--to", "megatron", "-o", inputs["sh"], "--force") == 2
+    assert capsys.readouterr().err.startswith("error: -o: choose another path: -o is the config being read")
+    assert open(inputs["sh"], "rb").read() == before
+
+
+def test_a_folder_holding_an_input_is_not_replaced_whole(tmp_path):
+    """A folder output replaced whole (validate, validate-slice, compare evidence, bench comm) is
+    refused when it holds an input; --force still replaces any other."""
+    from meshplan.errors import ConfigError
+    from meshplan.fileio import check_destination
+    from meshplan.fileread import command_inputs
+    ev = tmp_path / "ev"
+    ev.mkdir()
+    (ev / "job.toml").write_text("x")
+    with command_inputs([(ev / "job.toml", "CONFIG")]):
+        with pytest.raises(ConfigError, match=r"--out: choose another folder: --out .*/ev holds .*job.toml, the CONFIG"):
+            check_destination(ev, "--out", force=True, folder=True, replaced=True)
+        assert check_destination(ev, "--out", force=True, folder=True) == ev  # files written into it, not replaced
+    assert check_destination(ev, "--out", force=True, folder=True, replaced=True) == ev
+
+
+def test_every_writer_has_a_case():
+    """Each command with --force is in :data:`SAME_FILE` (or reads no user file)."""
+    writers = {name for _, name, fn in cli.COMMANDS if "force" in inspect.signature(fn).parameters}
+    covered = {line.split()[1 if line.startswith("bench") else 0] for line, _, _ in SAME_FILE}
+    assert writers - NO_INPUT <= covered, writers - NO_INPUT - covered
+    assert NO_INPUT <= writers
