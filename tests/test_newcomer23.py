@@ -119,3 +119,56 @@ def test_every_writer_has_a_case():
     covered = {line.split()[1 if line.startswith("bench") else 0] for line, _, _ in SAME_FILE}
     assert writers - NO_INPUT <= covered, writers - NO_INPUT - covered
     assert NO_INPUT <= writers
+
+
+# --------------------------------------------------------------------------- #2 DeepSpeed sub-block keys
+
+DS_OPTS = dict(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+
+
+def _ds(tmp_path, **blocks):
+    """examples/deepspeed_zero2_16xh100.json with ``blocks`` merged into its tables, as a file."""
+    import json
+    doc = json.loads((EXAMPLES / "deepspeed_zero2_16xh100.json").read_text())
+    for table, keys in blocks.items():
+        doc[table] = doc.get(table, {}) | keys
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("table,key,right", [
+    ("zero_optimization", "overlap_com", "overlap_comm"),
+    ("zero_optimization", "contiguous_gradient", "contiguous_gradients"),
+    ("zero_optimization", "reduce_bucket_sise", "reduce_bucket_size"),
+    ("zero_optimization", "round_robin_gradient", "round_robin_gradients"),
+    ("fp16", "loss_scal", "loss_scale"),
+    ("bf16", "immediate_grad_updat", "immediate_grad_update"),
+])
+def test_a_misspelt_deepspeed_field_is_an_error(tmp_path, table, key, right):
+    """Trial 23 #2: DeepSpeed's DeepSpeedZeroConfig / DeepSpeedFP16Config / DeepSpeedBF16Config
+    forbid extra keys (pydantic extra="forbid"), so a near miss of one of their fields is an
+    error naming the field, whether meshplan reads it (overlap_comm) or not (round_robin_gradients)."""
+    from meshplan.errors import ConfigError
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    with pytest.raises(ConfigError) as err:
+        load_any(_ds(tmp_path, **{table: {key: True}}), opts=ImportOptions(**DS_OPTS))
+    assert err.value.field == f"{table}.{key}"
+    assert f"did you mean {table}.{right}?" in err.value.message
+    assert ("meshplan reads" in err.value.message) == (right in ("overlap_comm", "contiguous_gradients",
+                                                                  "reduce_bucket_size"))
+
+
+def test_real_deepspeed_keys_and_free_tables_stay_unused(tmp_path):
+    """A real DeepSpeed field meshplan does not use, a far-off key, and a near miss inside a table
+    DeepSpeed does not validate strictly (activation_checkpointing, optimizer.params) are listed
+    as unused, not refused."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import read_foreign
+    path = _ds(tmp_path, zero_optimization={"round_robin_gradients": True, "my_comment": "x"},
+               activation_checkpointing={"partition_activation": True},
+               optimizer={"type": "AdamW", "params": {"lrr": 1e-4}})
+    unused = read_foreign(path, "deepspeed", ImportOptions(**DS_OPTS)).unused
+    assert {"zero_optimization.round_robin_gradients", "zero_optimization.my_comment",
+            "activation_checkpointing.partition_activation", "optimizer.params.lrr"} <= set(unused)
