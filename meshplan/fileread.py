@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Iterable, Iterator
 
+import hjson as hjson_lib
+
 from meshplan.errors import ConfigError
 from meshplan.limits import FileLimit
 
@@ -151,12 +153,19 @@ def read_text_limited(path, field: str, limit: int | FileLimit, hint: str = "che
     return decode_text(read_bytes_limited(path, field, limit, hint), field, os.fspath(path), errors)
 
 
-def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = False) -> Any:
+def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = False, hjson: bool = False) -> Any:
     """``json.loads(text)`` with every failure one ConfigError naming ``field``, the file
     ``name`` and its line, and ending with ``hint``: syntax, NaN and Infinity (not JSON
     numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
     recursion limit. ``unique_keys`` (a config a person edits): a key given twice in one
     object is a ConfigError naming its dotted path (``json`` keeps the last one silently).
+    ``hjson`` (a DeepSpeed config): read with ``hjson.loads`` as DeepSpeed reads its config
+    (deepspeedai/DeepSpeed at edaa722, runtime/config.py ``DeepSpeedConfig.__init__``:
+    ``hjson.load(open(config, "r"), object_pairs_hook=dict_raise_error_on_duplicate_keys)``), so
+    ``//`` and ``#`` comments and trailing commas are taken as DeepSpeed takes them.
+
+    >>> parse_json('{"a": 1, // a comment\\n "b": [2, 3,],}', "t", "t.json", "fix it", True, hjson=True)
+    {'a': 1, 'b': [2, 3]}
 
     >>> parse_json('{"a": NaN}', "t", "t.json", "fix it")
     Traceback (most recent call last):
@@ -172,9 +181,15 @@ def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = 
         raise ValueError(f"{word} is not a JSON number")
 
     try:
-        doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
-    except json.JSONDecodeError as err:
-        raise ConfigError(field, f"{name}:{err.lineno}: invalid JSON ({err.msg}); {hint}") from None
+        if hjson:
+            doc = hjson_lib.loads(text, object_pairs_hook=_KeyCheck if unique_keys else dict)
+        else:
+            doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
+    except (json.JSONDecodeError, hjson_lib.HjsonDecodeError) as err:
+        what = "invalid JSON (or Hjson, as DeepSpeed reads it)" if hjson else "invalid JSON"
+        raise ConfigError(field, f"{name}:{err.lineno}: {what} ({err.msg}); {hint}") from None
+    except OverflowError as err:  # hjson: 1e999
+        raise ConfigError(field, f"{name}: a number out of range ({err}); {hint}") from None
     except RecursionError:
         raise ConfigError(field, f"{name}: nested too deeply to read; {hint}") from None
     except ValueError as err:

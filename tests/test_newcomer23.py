@@ -172,3 +172,53 @@ def test_real_deepspeed_keys_and_free_tables_stay_unused(tmp_path):
     unused = read_foreign(path, "deepspeed", ImportOptions(**DS_OPTS)).unused
     assert {"zero_optimization.round_robin_gradients", "zero_optimization.my_comment",
             "activation_checkpointing.partition_activation", "optimizer.params.lrr"} <= set(unused)
+
+
+# --------------------------------------------------------------------------- #3 DeepSpeed's hjson
+
+COMMENTED = """{
+  // DeepSpeed reads this file with hjson: comments and trailing commas run
+  "train_batch_size": 256,
+  "train_micro_batch_size_per_gpu": 1,
+  "gradient_accumulation_steps": 16,
+  "zero_optimization": {
+    "stage": 2,  # hjson takes this comment too
+    "overlap_comm": true,
+    "reduce_bucket_size": 500000000,
+  },
+  "bf16": {"enabled": true},
+  "gradient_clipping": 1.0,
+  "steps_per_print": 10,
+}
+"""
+
+
+def test_a_deepspeed_json_with_comments_plans_like_one_without(tmp_path, capsys):
+    """Trial 23 #3: DeepSpeed reads its config with hjson.load (runtime/config.py), so a // comment
+    and trailing commas run there; meshplan plans the file exactly as the plain JSON
+    examples/deepspeed_zero2_16xh100.json (the same values), every line of the output the same."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    plain = shutil.copy(EXAMPLES / "deepspeed_zero2_16xh100.json", tmp_path / "a" / "ds.json")
+    commented = tmp_path / "b" / "ds.json"
+    commented.write_text(COMMENTED)
+    opts = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096"]
+    outs = []
+    for path in (plain, commented):
+        assert run_main("plan", path, *opts) == 0
+        out = capsys.readouterr()
+        outs.append((out.out.replace(str(path), "ds.json"), out.err.replace(str(path), "ds.json")))
+    assert outs[0] == outs[1]
+    assert "zero2" in outs[0][0] or "ZeRO" in outs[0][0]
+
+
+def test_a_key_given_twice_in_a_deepspeed_config_is_still_refused(tmp_path):
+    """The duplicate-key check holds under hjson, as DeepSpeed's own object_pairs_hook
+    (dict_raise_error_on_duplicate_keys) refuses it."""
+    from meshplan.errors import ConfigError
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+    path = tmp_path / "ds.json"
+    path.write_text(COMMENTED.replace('"stage": 2,', '"stage": 2, "stage": 3,'))
+    with pytest.raises(ConfigError, match=r"zero_optimization\.stage: given twice in .*ds\.json"):
+        load_any(path, opts=ImportOptions(**DS_OPTS))
