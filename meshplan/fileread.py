@@ -159,10 +159,12 @@ def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = 
     numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
     recursion limit. ``unique_keys`` (a config a person edits): a key given twice in one
     object is a ConfigError naming its dotted path (``json`` keeps the last one silently).
-    ``hjson`` (a DeepSpeed config): read with ``hjson.loads`` as DeepSpeed reads its config
-    (deepspeedai/DeepSpeed at edaa722, runtime/config.py ``DeepSpeedConfig.__init__``:
-    ``hjson.load(open(config, "r"), object_pairs_hook=dict_raise_error_on_duplicate_keys)``), so
-    ``//`` and ``#`` comments and trailing commas are taken as DeepSpeed takes them.
+    ``hjson`` (a DeepSpeed config): a text that is not JSON is read with ``hjson.loads`` as
+    DeepSpeed reads its config (deepspeedai/DeepSpeed at edaa722, runtime/config.py
+    ``DeepSpeedConfig.__init__``: ``hjson.load(open(config, "r"),
+    object_pairs_hook=dict_raise_error_on_duplicate_keys)``), so ``//`` and ``#`` comments and
+    trailing commas are taken as DeepSpeed takes them. Plain JSON is read by ``json`` first: hjson
+    turns a whole float into an int (``1.0`` -> 1), which would read as a changed value on export.
 
     >>> parse_json('{"a": 1, // a comment\\n "b": [2, 3,],}', "t", "t.json", "fix it", True, hjson=True)
     {'a': 1, 'b': [2, 3]}
@@ -180,13 +182,16 @@ def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = 
     def constant(word: str):
         raise ValueError(f"{word} is not a JSON number")
 
+    hook = _KeyCheck if unique_keys else None
     try:
-        if hjson:
-            doc = hjson_lib.loads(text, object_pairs_hook=_KeyCheck if unique_keys else dict)
-        else:
-            doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
+        try:
+            doc = json.loads(text, parse_constant=constant, object_pairs_hook=hook)
+        except json.JSONDecodeError:
+            if not hjson:
+                raise
+            doc = hjson_lib.loads(text, object_pairs_hook=hook or dict)
     except (json.JSONDecodeError, hjson_lib.HjsonDecodeError) as err:
-        what = "invalid JSON (or Hjson, as DeepSpeed reads it)" if hjson else "invalid JSON"
+        what = "invalid JSON, nor Hjson (DeepSpeed's reader)" if hjson else "invalid JSON"
         raise ConfigError(field, f"{name}:{err.lineno}: {what} ({err.msg}); {hint}") from None
     except OverflowError as err:  # hjson: 1e999
         raise ConfigError(field, f"{name}: a number out of range ({err}); {hint}") from None
