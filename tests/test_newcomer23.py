@@ -222,3 +222,51 @@ def test_a_key_given_twice_in_a_deepspeed_config_is_still_refused(tmp_path):
     path.write_text(COMMENTED.replace('"stage": 2,', '"stage": 2, "stage": 3,'))
     with pytest.raises(ConfigError, match=r"zero_optimization\.stage: given twice in .*ds\.json"):
         load_any(path, opts=ImportOptions(**DS_OPTS))
+
+
+# --------------------------------------------------------------------------- #4 Megatron-LM's flag list
+
+MEGATRON_OPTS = dict(cluster="dgx-h100", nodes=2)
+
+
+def _megatron(extra: str):
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.megatron import read
+    text = (EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text() + "\n" + extra + "\n"
+    return read(text, ImportOptions(**MEGATRON_OPTS))
+
+
+def test_a_misspelt_megatron_flag_it_does_not_use_is_an_error():
+    """Trial 23 #4: --lr-decay-stlye is not one of Megatron-LM's flags (its argparse refuses it);
+    two edits from --lr-decay-style, it is an error naming that flag."""
+    from meshplan.errors import ConfigError
+    with pytest.raises(ConfigError) as err:
+        _megatron("--lr-decay-stlye cosine")
+    assert err.value.field == "--lr-decay-stlye"
+    assert "did you mean --lr-decay-style? (a Megatron-LM flag meshplan does not use)" in err.value.message
+    with pytest.raises(ConfigError, match=r"did you mean --sequence-parallel\? \(meshplan reads that one"):
+        _megatron("--sequence-paralel")
+
+
+def test_real_megatron_flags_stay_unused_and_others_are_named():
+    """A real Megatron-LM flag meshplan does not use is listed as unused; a flag far from every
+    Megatron-LM flag (a training script's own) is listed and named in a note."""
+    imp = _megatron("--lr-decay-style cosine --my-own-flag 3")
+    assert {"--lr-decay-style", "--my-own-flag"} <= set(imp.unused)
+    assert [n for n in imp.notes if n.startswith("not flags of Megatron-LM")] == [
+        "not flags of Megatron-LM d98e8a64dd: --my-own-flag (its parser refuses them unless your training script "
+        "adds them)"]
+
+
+def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
+    """The shipped list: 877 flags (Megatron-LM d98e8a64dd's parser, as tools/megatron_flag_list.py
+    builds it); every flag meshplan reads is in it except torchrun's --nnodes and --use-custom-fsdp
+    (its name before af28b5a)."""
+    import tomllib
+    from meshplan.interop.megatron import SWITCHES, USED
+    from meshplan.interop.megatron_known import megatron_flags
+    doc = tomllib.loads((EXAMPLES.parent / "meshplan" / "interop" / "megatron_flag_list.toml").read_text())
+    assert "d98e8a64dd" in doc["source"] and len(doc["flags"]) == 877 == len(megatron_flags())
+    assert set(doc["switches"]) <= set(doc["flags"])
+    assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp"}
+    assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp"}
