@@ -270,3 +270,52 @@ def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
     assert set(doc["switches"]) <= set(doc["flags"])
     assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp"}
     assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp"}
+
+
+# --------------------------------------------------------------------------- #5 wording
+
+
+def test_a_deepspeed_batch_that_disagrees_says_what_to_set():
+    """Trial 23 #5: train_batch_size 1000 against 1 x 16 x dp 64 = 1024 has a fix: the product,
+    or the accumulation steps that give 1000 where they are whole (none here: leave it out)."""
+    from meshplan.errors import ConfigError
+    from meshplan.interop.deepspeed import batch
+    with pytest.raises(ConfigError) as err:
+        batch({"train_batch_size": 1000, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 16}, 64)
+    assert err.value.message == ("1000 != train_micro_batch_size_per_gpu 1 x gradient_accumulation_steps 16 x dp 64 = "
+                                 "1024; fix: train_batch_size = 1024 (1 x 16 x dp 64), or leave it out and DeepSpeed "
+                                 "derives it")
+    with pytest.raises(ConfigError, match=r"fix: train_batch_size = 512 \(2 x 4 x dp 64\), or "
+                                          r"gradient_accumulation_steps = 8 \(1024 / \(2 x dp 64\)\)$"):
+        batch({"train_batch_size": 1024, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 64)
+    with pytest.raises(ConfigError, match=r"fix: train_batch_size = 1024 \(a multiple of 16 x dp 64 = 1024\)$"):
+        batch({"train_batch_size": 1000, "gradient_accumulation_steps": 16}, 64)
+
+
+def test_the_distributed_optimizer_shard_is_labelled_with_megatrons_axis(capsys):
+    """Trial 23 #5: the Megatron-LM example (tp 2 x pp 2 on 16 GPUs: dp 4, --use-distributed-optimizer)
+    shards its master weights and optimizer state over dp: the table says "dp (4)", never fsdp."""
+    args = EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+    run_main("plan", args, "--cluster", "dgx-h100", "--nodes", "2")
+    rows = [line for line in capsys.readouterr().out.splitlines() if " master " in line or " optimizer " in line]
+    assert rows and all(line.rstrip(" │").endswith("dp (4)") for line in rows), rows
+    assert not [line for line in rows if "fsdp" in line]
+
+
+def test_an_unknown_node_on_a_named_network_says_how_to_describe_it():
+    """Trial 23 #5: dgx-h100-roce is dgx-h100 on RoCE: the error says how to write a node on its own
+    network inline (docs/input.md); a plain misspelling gets no such line."""
+    from meshplan import catalog
+    from meshplan.errors import ConfigError
+    with pytest.raises(ConfigError) as err:
+        catalog.node("dgx-h100-roce")
+    assert "did you mean 'dgx-h100'?" in err.value.message
+    assert err.value.message.endswith("; a dgx-h100-roce on RoCE is not a catalog system: describe it in [cluster] "
+                                      "without system, as gpu, nodes, node = { ..., nics = [...] } (its NICs' "
+                                      "rate_gbit_per_s) and network = [...] (its tiers' latency_us, oversubscription), "
+                                      "the catalog node's values as a start (meshplan catalog node), docs/input.md "
+                                      "\"Input: inline clusters\"")
+    with pytest.raises(ConfigError) as err:
+        catalog.node("dgx-h10")
+    assert "not a catalog system" not in err.value.message
+    assert "Input: inline clusters" in (EXAMPLES.parent / "docs" / "input.md").read_text().splitlines()[0]
