@@ -56,6 +56,15 @@ def command_inputs(named: Iterable[tuple[Any, str]] = ()) -> Iterator[list[tuple
         _INPUTS.reset(token)
 
 
+def note_input(path, what: str) -> None:
+    """Name ``path`` an input of the running command as ``what`` (``the [source] of job.toml``)
+    before it is read, so that an output refused for being it says so; nothing outside
+    :func:`command_inputs`."""
+    seen = _INPUTS.get()
+    if seen is not None:
+        seen.append((os.fspath(path), what))
+
+
 def inputs_read() -> list[tuple[str, str]]:
     """The running command's inputs so far (:func:`command_inputs`); [] outside one."""
     return list(_INPUTS.get() or [])

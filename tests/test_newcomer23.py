@@ -93,7 +93,8 @@ def test_the_source_of_an_imported_toml_is_not_replaced_by_its_export(inputs, tm
     before = open(inputs["sh"], "rb").read()
     capsys.readouterr()
     assert run_main("export", toml, "--to", "megatron", "-o", inputs["sh"], "--force") == 2
-    assert capsys.readouterr().err.startswith("error: -o: choose another path: -o is the config being read")
+    assert capsys.readouterr().err.startswith("error: -o: choose another path: -o is the [source] of job.toml being "
+                                              "read")
     assert open(inputs["sh"], "rb").read() == before
 
 
