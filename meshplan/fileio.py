@@ -25,7 +25,7 @@ before the work starts, and leaving nothing behind when interrupted.
   nothing outside ``out/`` (a path the user named) is ever replaced without ``force``.
 - Never an input: a destination that is (the same file as) one of the running command's inputs,
   its input arguments or any file it read (:func:`meshplan.fileread.command_inputs`), is refused
-  even with ``force`` (:func:`input_clash`); so is a folder that would be replaced whole while it
+  even with ``force`` (:func:`meshplan.fileread.input_clash`); so is a folder that would be replaced whole while it
   holds one.
 - Interrupted: the temporary file or folder is removed on any error, Ctrl-C or SIGTERM
   (:func:`meshplan.atomic_write.terminate_raises`).
@@ -48,7 +48,7 @@ from typing import Iterator
 
 from meshplan.atomic_write import FILE_MODE, temp_name, terminate_raises, write_json_atomic
 from meshplan.errors import ConfigError
-from meshplan.fileread import inputs_read, read_bytes_limited
+from meshplan.fileread import input_clash, read_bytes_limited
 
 #: The relative folder under which missing folders are created (the commands' default outputs).
 OUTPUT_ROOT = "out"
@@ -165,44 +165,6 @@ def remember(path) -> None:
         pass
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    """True when ``a`` and ``b`` are one file (``os.path.samefile``: the same device and inode,
-    through symlinks and hard links), else when their resolved paths are equal."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return a.resolve() == b.resolve()
-
-
-def input_clash(dest: Path, field: str, replaced: bool = False) -> ConfigError | None:
-    """The refusal of an output ``dest`` that is one of the running command's inputs
-    (:func:`meshplan.fileread.inputs_read`: CONFIG, --topology, --calibration, --kernels, the
-    logs read, a config's [source] file), or, when ``replaced`` (a folder replaced whole), a
-    folder holding one; None when it is none of them. ``--force`` does not lift it.
-
-    >>> import tempfile, pathlib
-    >>> from meshplan.fileread import command_inputs
-    >>> f = pathlib.Path(tempfile.mkdtemp()) / "job.sh"
-    >>> _ = f.write_text("x")
-    >>> with command_inputs([(f, "CONFIG")]):
-    ...     print(input_clash(f, "--json").message, input_clash(f.parent, "--out", replaced=True) is None)
-    choose another path: --json is the CONFIG being read (.../job.sh; --force never replaces an input) False
-    """
-    if not dest.exists():
-        return None
-    for name, what in inputs_read():
-        src = Path(name)
-        if not src.exists():
-            continue
-        if _same_file(dest, src):
-            return ConfigError(field, f"choose another path: {field} is the {what} being read ({dest}; --force "
-                                      f"never replaces an input)")
-        if replaced and dest.is_dir() and src.resolve().is_relative_to(dest.resolve()):
-            return ConfigError(field, f"choose another folder: {field} {dest} holds {src}, the {what} being read, "
-                                      f"and would be replaced whole")
-    return None
-
-
 def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False,
                       create_folders: bool = False, replaced: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
@@ -212,7 +174,7 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     ``create_folders``: a file of a command's own output folder, checked itself), or it is
     ``-`` (stdout: the CLI passes it on only for the options that print there), or it is one of
     the command's inputs, even with ``force`` (a folder ``replaced`` whole: one holding an
-    input; :func:`input_clash`). Raises ConfigError naming ``field``; returns the path.
+    input; :func:`meshplan.fileread.input_clash`). Raises ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"

@@ -6,7 +6,7 @@ one way a JSON input is parsed. Every failure is a one-line
 
 Inside :func:`command_inputs` (the CLI runs every command in it) each file read is noted with
 the field it was read as, beside the command's own input arguments, so that
-:func:`meshplan.fileio.check_destination` refuses an output that is one of them, ``--force``
+:func:`meshplan.fileio.check_destination` refuses an output that is one of them (:func:`input_clash`), ``--force``
 or not (newcomer trial 23 #1: ``step job.sh --json job.sh --force`` replaced the launch script).
 """
 
@@ -18,6 +18,7 @@ import os
 import stat
 from contextlib import contextmanager
 from contextvars import ContextVar
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import hjson as hjson_lib
@@ -68,6 +69,43 @@ def note_input(path, what: str) -> None:
 def inputs_read() -> list[tuple[str, str]]:
     """The running command's inputs so far (:func:`command_inputs`); [] outside one."""
     return list(_INPUTS.get() or [])
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """True when ``a`` and ``b`` are one file (``os.path.samefile``: the same device and inode,
+    through symlinks and hard links), else when their resolved paths are equal."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def input_clash(dest: Path, field: str, replaced: bool = False) -> ConfigError | None:
+    """The refusal of an output ``dest`` that is one of the running command's inputs
+    (:func:`meshplan.fileread.inputs_read`: CONFIG, --topology, --calibration, --kernels, the
+    logs read, a config's [source] file), or, when ``replaced`` (a folder replaced whole), a
+    folder holding one; None when it is none of them. ``--force`` does not lift it.
+
+    >>> import tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "job.sh"
+    >>> _ = f.write_text("x")
+    >>> with command_inputs([(f, "CONFIG")]):
+    ...     print(input_clash(f, "--json").message, input_clash(f.parent, "--out", replaced=True) is None)
+    choose another path: --json is the CONFIG being read (.../job.sh; --force never replaces an input) False
+    """
+    if not dest.exists():
+        return None
+    for name, what in inputs_read():
+        src = Path(name)
+        if not src.exists():
+            continue
+        if _same_file(dest, src):
+            return ConfigError(field, f"choose another path: {field} is the {what} being read ({dest}; --force "
+                                      f"never replaces an input)")
+        if replaced and dest.is_dir() and src.resolve().is_relative_to(dest.resolve()):
+            return ConfigError(field, f"choose another folder: {field} {dest} holds {src}, the {what} being read, "
+                                      f"and would be replaced whole")
+    return None
 
 
 def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path") -> bytes:
