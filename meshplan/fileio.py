@@ -23,6 +23,10 @@ before the work starts, and leaving nothing behind when interrupted.
   a destination whose digest matches its record (:func:`owned`) is replaced as with ``force``.
   A file meshplan did not write there, or one changed since, is refused as anywhere else, and
   nothing outside ``out/`` (a path the user named) is ever replaced without ``force``.
+- Never an input: a destination that is (the same file as) one of the running command's inputs,
+  its input arguments or any file it read (:func:`meshplan.fileread.command_inputs`), is refused
+  even with ``force`` (:func:`meshplan.fileread.input_clash`); so is a folder that would be replaced whole while it
+  holds one.
 - Interrupted: the temporary file or folder is removed on any error, Ctrl-C or SIGTERM
   (:func:`meshplan.atomic_write.terminate_raises`).
 
@@ -44,7 +48,7 @@ from typing import Iterator
 
 from meshplan.atomic_write import FILE_MODE, temp_name, terminate_raises, write_json_atomic
 from meshplan.errors import ConfigError
-from meshplan.fileread import read_bytes_limited
+from meshplan.fileread import input_clash, read_bytes_limited
 
 #: The relative folder under which missing folders are created (the commands' default outputs).
 OUTPUT_ROOT = "out"
@@ -162,14 +166,15 @@ def remember(path) -> None:
 
 
 def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False,
-                      create_folders: bool = False) -> Path:
+                      create_folders: bool = False, replaced: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
     ``force`` (a folder counts only when not empty, ``folder=True``), is a folder where a file
     goes or a file where a folder goes, its nearest existing ancestor is not a writable
     folder with free space, its folder does not exist (unless under :data:`OUTPUT_ROOT` or
     ``create_folders``: a file of a command's own output folder, checked itself), or it is
-    ``-`` (stdout: the CLI passes it on only for the options that print there). Raises
-    ConfigError naming ``field``; returns the path.
+    ``-`` (stdout: the CLI passes it on only for the options that print there), or it is one of
+    the command's inputs, even with ``force`` (a folder ``replaced`` whole: one holding an
+    input; :func:`meshplan.fileread.input_clash`). Raises ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -183,6 +188,9 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     if str(path) == "-":  # Unix tools' stdout: only the options that print there take it (the CLI says which)
         raise ConfigError(field, f"'-' (stdout) is not taken here; give a {'folder' if folder else 'file'} path "
                           f"(./- for one named '-')")
+    clash = input_clash(dest, field, replaced)
+    if clash is not None:
+        raise clash
     if dest.is_dir() and not folder:
         raise ConfigError(field, f"{dest} is a folder; give a file path")
     if folder and dest.exists() and not dest.is_dir():
@@ -339,7 +347,7 @@ def staged_folder(out, field: str = "--out", force: bool = False, create_folders
     >>> sorted(p.name for p in d.iterdir())
     ['ev']
     """
-    dest = check_destination(out, field, force, folder=True, create_folders=create_folders)
+    dest = check_destination(out, field, force, folder=True, create_folders=create_folders, replaced=True)
     force = force or owned(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -112,6 +112,34 @@ def other_gpu(typed: GPUVariant, known: GPUVariant, known_models: tuple[str, ...
     return not any(typed.model.startswith(m) or m.startswith(typed.model) for m in models)
 
 
+#: Words of a node name that say which network it is on (``dgx-h100-roce``): the catalog's nodes
+#: name their GPU and form, never their scale-out network (a catalog system carries its own).
+NETWORK_WORDS = {"roce": "RoCE", "rocev2": "RoCE", "ib": "InfiniBand", "infiniband": "InfiniBand",
+                 "ndr": "InfiniBand NDR", "hdr": "InfiniBand HDR", "xdr": "InfiniBand XDR", "eth": "Ethernet",
+                 "ethernet": "Ethernet", "efa": "AWS EFA", "tcp": "TCP", "spectrumx": "Spectrum-X Ethernet"}
+
+
+def network_hint(name: object, known: list[str]) -> str:
+    """For a node name that names a network (:data:`NETWORK_WORDS`) no catalog node's name has,
+    how to describe that node on its network (docs/input.md, "Input: inline clusters"): the
+    ``; ...`` end of the unknown-node message, else "".
+
+    >>> network_hint("dgx-h100-roce", ["dgx-h100"])[:60]
+    '; a dgx-h100-roce on RoCE is not a catalog system: describe '
+    >>> network_hint("dgx-h10", ["dgx-h100"])
+    ''
+    """
+    words = re.split(r"[-_.@/: ]+", name.lower()) if isinstance(name, str) else []
+    known_words = {w for n in known for w in re.split(r"[-_.@/: ]+", n.lower())}
+    nets = [NETWORK_WORDS[w] for w in words if w in NETWORK_WORDS and w not in known_words]
+    if not nets:
+        return ""
+    return (f"; a {name} on {nets[0]} is not a catalog system: describe it in [cluster] without system, as gpu, "
+            f"nodes, node = {{ ..., nics = [...] }} (its NICs' rate_gbit_per_s) and network = [...] (its tiers' "
+            f"latency_us, oversubscription), the catalog node's values as a start (meshplan catalog node), "
+            f"docs/input.md \"Input: inline clusters\"")
+
+
 def unknown_message(kind: str, name: object, known: list[str], held: dict[str, str]) -> str:
     """The message for an unknown ``name`` of ``kind`` (``known``: the catalog's names; ``held``:
     each node's GPU, for ``kind`` node): the closest entries, or those containing it
@@ -127,7 +155,8 @@ def unknown_message(kind: str, name: object, known: list[str], held: dict[str, s
     kin = [n for n in known if typed.model and typed.model in (variant[n][0].model, *variant[n][1])]
     real = typed.model in OTHER_GPUS or (kin and not set(kin) & set(same))  # a GPU no entry holds
     if guess or not (near or real):
-        return f"unknown {kind} '{name}'; {guess}known: {', '.join(known)}"
+        hint = network_hint(name, known) if kind == "node" else ""
+        return f"unknown {kind} '{name}'; {guess}known: {', '.join(known)}{hint}"
     nearest = near.split("'")[1] if near else kin[0] if kin else None
     why = [OTHER_GPUS[typed.model][0]] if typed.model in OTHER_GPUS else []
     why += [f"'{nearest}' is another GPU, not a spelling of it"] if nearest else []

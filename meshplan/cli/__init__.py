@@ -50,7 +50,7 @@ from meshplan.cli import (
     step_cmd,
     validate_cmds,
 )
-from meshplan.cli.common import _json_to_stdout
+from meshplan.cli.common import _inputs_guarded, _json_to_stdout
 from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line
 from meshplan.errors import ConfigError
 
@@ -115,10 +115,11 @@ _register()
 
 
 def _json_to_stdout_everywhere(*apps: typer.Typer) -> None:
-    """``--json -`` on every registered command of ``apps`` (:func:`_json_to_stdout`)."""
+    """``--json -`` on every registered command of ``apps`` (:func:`_json_to_stdout`), and no
+    output that is one of the command's inputs (:func:`_inputs_guarded`)."""
     for a in apps:
         for command in a.registered_commands:
-            command.callback = _json_to_stdout(command.callback)
+            command.callback = _json_to_stdout(_inputs_guarded(command.callback))
 
 
 _json_to_stdout_everywhere(app, testbed_app, bench_app)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import shutil
 import sys
+import typing
 from pathlib import Path
 from typing import Annotated, NoReturn, Optional
 
@@ -24,6 +26,7 @@ from rich.console import Console
 
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import check_destination, write_output
+from meshplan.fileread import command_inputs
 from meshplan.interop.file_words import file_words
 from meshplan.interop.keymaps import keymap_of
 from meshplan.plan import Infeasible, Plan
@@ -165,6 +168,44 @@ def _json_to_stdout(command):
         out = _Stdout(sys.stdout)
         with contextlib.redirect_stdout(sys.stderr):
             return command(*args, **{**kwargs, "json_path" if json_out else "out": out})
+    return run
+
+
+#: The parameters by which commands name what they write (files or folders); every other path a
+#: command takes is an input, which no output may be, --force or not (:func:`_inputs_guarded`).
+OUTPUT_PARAMS = frozenset({"json_path", "html_path", "out", "trace", "bindings_path", "kernels_out"})
+
+
+def _input_names(command) -> dict[str, str]:
+    """``{parameter: its name on the command line}`` for the parameters of ``command`` that are
+    not :data:`OUTPUT_PARAMS`: an argument by its metavar (``CONFIG``, ``NCCL_TESTS_OUTPUT``), an
+    option by its long flag (``--topology``)."""
+    hints = typing.get_type_hints(command, include_extras=True)
+    names = {}
+    for name, par in inspect.signature(command).parameters.items():
+        metadata = getattr(hints.get(name), "__metadata__", ())
+        info = next((m for m in (par.default, *metadata) if isinstance(m, typer.models.ParameterInfo)), None)
+        if name in OUTPUT_PARAMS or info is None:
+            continue
+        if isinstance(info, typer.models.ArgumentInfo):
+            names[name] = (info.metavar or name.upper()).rstrip(".")
+        else:
+            names[name] = max(info.param_decls or (f"--{name.replace('_', '-')}",), key=len)
+    return names
+
+
+def _inputs_guarded(command):
+    """Wrap a command so that it runs inside :func:`meshplan.fileread.command_inputs` with its
+    input paths (:func:`_input_names`) and so every file it reads: an output that is one of them
+    is refused even with --force (:func:`meshplan.fileio.input_clash`; newcomer trial 23 #1)."""
+    names = _input_names(command)
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        named = [(p, names[k]) for k, v in kwargs.items() if k in names
+                 for p in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(p, Path)]
+        with command_inputs(named):
+            return command(*args, **kwargs)
     return run
 
 

@@ -60,7 +60,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     ``force``, or cannot be written, so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
     if c.rejected:  # none when identical, equal or neither fits
-        check_destination(folder, "--out", force, folder=True, create_folders=True)  # in --out, checked first
+        check_destination(folder, "--out", force, folder=True, create_folders=True, replaced=True)  # in --out, checked first
     return folder
 
 

@@ -37,7 +37,7 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
 def detect(path: Path, text: str) -> str:
     """The format of a config file (module docstring); ConfigError asking for --format."""
     if path.suffix == ".json":
-        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
+        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"

@@ -71,7 +71,7 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
                               f"meshplan import deepspeed {path}, or --format deepspeed")
         return megatron.read(text, opts)
     if fmt == "deepspeed":
-        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
+        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
         if not isinstance(data, dict):
             raise ConfigError("config", f"{path}: a DeepSpeed config is a JSON object")
         return deepspeed.read(data, opts)
@@ -203,7 +203,7 @@ def user_source(path, fmt: str | None = None) -> UserFile | None:
         return UserFile(fmt, current_layout(raw), float8_spelling(raw))
     if fmt == "deepspeed":
         return UserFile(fmt, parse_json(config_text(p), "config", str(p), "give a DeepSpeed JSON config",
-                                        unique_keys=True))
+                                        unique_keys=True, hjson=True))
     if fmt == "megatron":
         exported: dict[str, str] = {}
         flags = parse_launch(config_text(p), megatron.SWITCHES, exported=exported)[0]

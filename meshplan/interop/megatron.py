@@ -14,8 +14,10 @@ given (a note says which one is used when both are), the others are neither read
 A flag given twice keeps its last value, as Megatron-LM's argparse parser does (a launch
 script often appends overrides to a shared list), with a note naming both values when they
 differ. A flag that is a near miss of one meshplan reads (``--sequence-paralel``;
-:func:`~meshplan.interop.common.near_miss`) is an error naming the likely flag, as
-Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are listed.
+:func:`~meshplan.interop.common.near_miss`) or, not being one of Megatron-LM's 877 flags, of any
+of them (``--lr-decay-stlye``; :mod:`~meshplan.interop.megatron_known`) is an error naming the
+likely flag, as Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are
+listed, those Megatron-LM does not have in a note of their own.
 
 This module reads; the flags one at a time are in :mod:`~meshplan.interop.megatron_flags`, the
 pipeline split both ways in :mod:`~meshplan.interop.megatron_pipeline`, the model flags both
@@ -117,7 +119,8 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
-from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss,
+from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
+from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
@@ -172,13 +175,12 @@ def read(text: str, opts: ImportOptions) -> Imported:
     repeated: dict[str, list[Any]] = {}
     exported: dict[str, str] = {}
     args, launcher = parse_launch(text, SWITCHES, repeated, exported)
-    bare = {f[2:] for f in USED}
-    for flag in args:
-        hit = None if flag in USED or flag in NEAR_FLAGS else near_miss(flag[2:], bare)
-        if hit is not None:
-            raise ConfigError(flag, f"not a Megatron-LM flag (its parser refuses it); did you mean --{hit}? "
-                              f"(meshplan reads that one: misspelt, the setting would stay at its default)")
-    notes = [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
+    for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
+        typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
+        if typo is not None:
+            raise typo
+    notes = foreign_flags_note(args, USED, SWITCHES)
+    notes += [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
     model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.fileread import note_input
 from meshplan.interop.foreign import UserFile, user_source
 from meshplan.interop.written_paths import written_path
 from meshplan.spec.hf import hf_source
@@ -43,6 +44,7 @@ def carried_source(config: Path, fmt: str | None, cfg: Config) -> tuple[UserFile
     if user is not None or cfg.source is None:
         return user, []
     path, source_fmt = cfg.source
+    note_input(path, f"[source] of {Path(config).name}")
     why = "is gone" if not Path(path).is_file() else None
     if why is None:
         try:

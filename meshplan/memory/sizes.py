@@ -15,7 +15,7 @@ from meshplan.mesh.resolve import Mesh
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-from meshplan.spec.wording import state_how
+from meshplan.spec.wording import shard_words, state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
@@ -27,15 +27,16 @@ from meshplan.memory.workingset import float8_copies, head_sizes, layer_act_size
 
 
 def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts: MemoryOptions,
-                 training: TrainingSpec, origin: str = "") -> tuple:
+                 training: TrainingSpec, origin: str = "", names: tuple[str, ...] = ()) -> tuple:
     """Persistent state (by kind, group and sharding axis, in the runtime's words:
-    :func:`meshplan.spec.wording.state_how`; ``origin``: the config's foreign format), NCCL
+    :func:`meshplan.spec.wording.state_how`, the axis as the mesh ``names`` it:
+    :func:`~meshplan.spec.wording.shard_words`; ``origin``: the config's foreign format), NCCL
     buffers and workspace."""
     out = []
     for it in state.items:
         if it.kind == "grads" and fsdp_grads:
             continue
-        how = state_how(training, it.axis, it.divisor, origin)
+        how = state_how(training, shard_words(it.axis, names), it.divisor, origin)
         out.append((None, it.kind, it.size_bytes, f"{it.kind} {it.group}: {it.count:,} x {it.bytes_per_element} B, {how}"))
     for axis in comm_axes:
         out.append((None, "comm_buffers", opts.comm_bytes_per_group,
@@ -131,5 +132,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
-        recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
+        recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin,
+                                                                   mesh.layout.names),
         step=step_entries(state, training, opts, fsdp_grads))

@@ -19,7 +19,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
-from meshplan.spec.wording import gathered_words, runtime, sharding_words, state_cell, state_title
+from meshplan.spec.wording import gathered_words, runtime, sharding_words, shard_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -233,7 +233,7 @@ def _memory(plan: Plan, con: Console) -> None:
         tab.add_row(str(s.stage), f"{s.params.total:,}", "", "", "", "", "", "")
         for i in s.items:
             tab.add_row("", "", i.kind, i.group, f"{i.count:,}", str(i.bytes_per_element), human_bytes(i.size_bytes),
-                        state_cell(t, i.axis, i.divisor, origin))
+                        state_cell(t, shard_words(i.axis, plan.mesh.layout.names), i.divisor, origin))
         tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):

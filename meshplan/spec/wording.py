@@ -93,6 +93,24 @@ def state_title(training, origin: str = "") -> str:
     return "sharded over the axis named"
 
 
+def shard_words(axis: str, names: tuple[str, ...] | list[str]) -> str:
+    """The axis a state item is sharded over (``axis``, meshplan's derived ``fsdp`` = the data
+    axis x cp), as the user's mesh ``names`` it: over a mesh whose data axis is ``dp``
+    (Megatron-LM's, and every import of its arguments), ``dp``, or ``dp x cp`` with a cp axis
+    (Megatron-LM's data-parallel group with context parallelism, over which its distributed
+    optimizer shards); ``axis`` itself otherwise (torchtitan's ``fsdp`` over dp_shard x cp).
+    Newcomer trial 23 #5: a Megatron-LM plan said ``fsdp (8)`` for its ``dp`` axis.
+
+    >>> shard_words("fsdp", ("pp", "dp", "tp")), shard_words("fsdp", ("dp", "cp", "tp"))
+    ('dp', 'dp x cp')
+    >>> shard_words("fsdp", ("dp_shard", "tp")), shard_words("efsdp", ("dp", "ep"))
+    ('fsdp', 'efsdp')
+    """
+    if axis != "fsdp" or "dp" not in names:
+        return axis
+    return " x ".join(a for a in names if a in ("dp", "cp"))
+
+
 def state_cell(training, axis: str, divisor: int, origin: str = "") -> str:
     """One "sharded over" cell: ``fsdp (16)``, or under DeepSpeed ``data-parallel group (16)``
     (its ranks); ``not sharded`` (DeepSpeed: ``not partitioned``) without an axis.

@@ -204,7 +204,7 @@ def prepare_slice_out(out: Path, force: bool) -> None:
         if not (out / MARKER).exists():
             raise ConfigError("--out", f"{out} is not a meshplan validate-slice folder (no {MARKER}); --force only "
                               "replaces those")
-    check_destination(out, "--out", force, folder=True, create_folders=True)
+    check_destination(out, "--out", force, folder=True, create_folders=True, replaced=True)
 
 
 def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:

@@ -93,7 +93,7 @@ def prepare_out(out: Path, force: bool) -> None:
         if not (out / MARKER).exists() and not any(out.glob("world*/plan.json")):
             raise ConfigError("--out", f"{out} is not a meshplan validate folder (no {MARKER}); --force only "
                               "replaces those")
-    check_destination(out, "--out", force, folder=True, create_folders=True)
+    check_destination(out, "--out", force, folder=True, create_folders=True, replaced=True)
 
 
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
