@@ -16,14 +16,15 @@ import pytest
 from meshplan.cli import main
 
 MODEL = '[model]\nlayers = {layers}\nhidden = 1024\nffn = 4096\nq_heads = 16\nvocab = 32000\n'
-REST = ('[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
-        '[training]\nglobal_batch = {batch}\nseq_len = 1024\nmicro_batch = 1\nsharding = "zero1"\n'
+CLUSTER = '[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
+REST = ('{cluster}[training]\nglobal_batch = {batch}\nseq_len = 1024\nmicro_batch = 1\nsharding = "{sharding}"\n'
         '[mesh]\n{mesh}\n')
 
 
-def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None, framework=None) -> str:
+def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None, framework=None, sharding="zero1",
+           cluster=None) -> str:
     p = tmp_path / "case.toml"
-    rest = REST.format(nodes=nodes, batch=batch, mesh=mesh)
+    rest = REST.format(cluster=cluster or CLUSTER.format(nodes=nodes), batch=batch, mesh=mesh, sharding=sharding)
     if framework:
         rest = rest.replace("[mesh]", f'framework = "{framework}"\n[mesh]')
     p.write_text((model or MODEL.format(layers=layers)) + rest)
@@ -109,6 +110,34 @@ def test_c3_tp_inside_nodes_is_feasible_without_a_fault(tmp_path, capsys):
     assert "feasible (validity, groups and the memory peak)" in out and "infeasible" not in lines
 
 
+def test_c3_hsdp_shard_inside_nodes_and_swapped_names_flagged_for_the_given_rank(tmp_path, capsys):
+    """2 nodes x 8, HSDP dp_replicate 2 x dp_shard 8 under zero3 (FSDP: every layer's all-gather on
+    dp_shard). Names (dp_replicate, dp_shard): rank = 8 * replicate + shard, so shard(9) = [8..15]
+    (node 1) and replicate(9) = [1, 9], no shard fault. Swapped names (dp_shard, dp_replicate): rank
+    = 2 * shard + replicate, shard(9) = the odd ranks [1,3,...,15], 4 on each node: a fault that
+    ``plan --rank 9`` names by rank 9's group, the one its group table shows (the fault once named
+    dp_shard(0) = [0,2,...,14]: the CLI did not pass --rank to the flags); the default --rank 0
+    names dp_shard(0). Library level: test_placement.py::test_c3_hsdp_swapped_shard_crosses_nodes."""
+    good = config(tmp_path, 'names = ["dp_replicate", "dp_shard"]\nshape = [2, 8]', nodes=2, sharding="zero3")
+    rc, g, _ = doc(capsys, "groups", good, "--rank", "9")
+    assert rc == 0 and g["group_of_rank"]["dp_shard"] == list(range(8, 16)) and g["group_of_rank"]["dp_replicate"] == [1, 9]
+    rc, p, _ = doc(capsys, "plan", good, "--rank", "9")
+    assert rc == 0 and not [f for f in p["flags"] if f["severity"] == "fault"]
+    cfg = config(tmp_path, 'names = ["dp_shard", "dp_replicate"]\nshape = [8, 2]', nodes=2, sharding="zero3")
+    fault = ("fault dp_shard: dp_shard({r}) = [{g}] crosses nodes on every layer's all-gather; dp_shard 8 fits in "
+             "one 8-GPU node: move dp_replicate outside dp_shard")
+    rc, out, _ = run(capsys, "plan", cfg, "--rank", "9")
+    flat = " ".join(out.split())
+    assert rc == 0 and fault.format(r=9, g="1,3,5,7,9,11,13,15") in flat and "dp_shard(0)" not in flat
+    assert "│ dp_shard │ 8 │ 2 │ 1,3,5,7,9,11,13,15 │" in flat  # the group table's row for rank 9
+    assert "placement fault (dp_shard): another axis order would keep these groups inside one NVLink domain" in flat
+    rc, p, _ = doc(capsys, "plan", cfg, "--rank", "9")  # --json carries the same flags
+    assert [(f["axis"], "fault " + f["axis"] + ": " + f["message"]) for f in p["flags"] if f["severity"] == "fault"] \
+        == [("dp_shard", fault.format(r=9, g="1,3,5,7,9,11,13,15"))]
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert fault.format(r=0, g="0,2,4,6,8,10,12,14") in " ".join(out.split())
+
+
 C4_ERRORS = [
     ('names = ["dp_shard", "cp"]\nshape = [8, 8]',
      "error: mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / "
@@ -143,6 +172,24 @@ def test_c4_degree_zero_or_below_minus_one_is_an_input_error(tmp_path, capsys, b
 def test_c4_minus_one_inferred(tmp_path, capsys):
     rc, out, _ = run(capsys, "plan", config(tmp_path, 'names = ["dp_replicate", "dp_shard", "tp"]\nshape = [2, -1, 2]'))
     assert "dp_shard = 8 / (dp_replicate 2 * tp 2) = 2" in out
+
+
+#: C4's world of 6: 3 nodes of 2 GPUs, written inline (docs/input.md's two-GPU workstation)
+NODES_3X2 = ('[cluster]\nnodes = 3\ngpu = "h100-sxm5-80gb"\nnode = { name = "box", gpus = 2, source = "docs/input.md '
+             'example", fabric = { name = "nvlink", bandwidth_gb_per_s = 200.0, latency_us = 3.4 }, pcie = { name = '
+             '"pcie5", bandwidth_gb_per_s = 63.0, latency_us = 5.7 }, sockets = [{ gpus = [0, 1], cores = 32 }], nics '
+             '= [{ name = "eth0", rate_gbit_per_s = 100.0, gpus = [0, 1], rail = 0 }] }\n'
+             'network = [{ name = "switch", latency_us = 14.0 }]\n')
+
+
+def test_c4_world_6_infers_dp_1(tmp_path, capsys):
+    """C4: world 6 (3 nodes x 2 GPUs), tp 2, pp 3, dp -1: dp = 6 / (tp 2 * pp 3) = 1, planned (6
+    layers, 2 a stage); the library's test: test_handed_validity.py."""
+    cfg = config(tmp_path, 'names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]', layers=6, cluster=NODES_3X2)
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert rc == 0 and "world 6" in out and "dp = 6 / (tp 2 * pp 3) = 1" in out
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert (p["world"], p["mesh"]["shape"], p["mesh"]["micro_batches"]) == (6, [1, 2, 3], 16 // (1 * 1))
 
 
 def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
