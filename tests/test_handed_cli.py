@@ -370,11 +370,26 @@ def test_c8_explicit_split_must_sum_to_the_layers_input_error(tmp_path, capsys):
 
 def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
     """Tiny GPT, tp 2, pp 2, dp 4, zero1: stage 0 3456 params, stage 1 3488 = 31392 B at 9 B/param;
-    Megatron's estimate 3400 params (30600 B), labelled as such."""
+    Megatron's estimate 3400 params (30600 B), labelled as such.
+
+    The model's own counts, by hand from the case's sizes (hidden 16, ffn 64, 4 heads of 4, no
+    GQA, vocab 32, non-gated MLP, no linear bias, LayerNorm weight and bias): per layer QKV 3 x 16
+    x 16 = 768, output 16 x 16 = 256, MLP 2 x 16 x 64 = 2048, two norms 2 x (16 + 16) = 64:
+    3136; final norm 16 + 16 = 32, embedding 32 x 16 = 512 (tied: the output is the same weight),
+    4 x 3136 + 32 + 512 = 13088. Read back from one rank's params: at tp 1, pp 4 (one layer a
+    stage) the middle stages hold one layer alone, 3136 each; stage 0 adds the embedding (3648),
+    stage 3 the final norm and its tied copy (3136 + 32 + 512 = 3680); at tp 1, pp 1 one rank
+    holds the whole model, 13088 (the tied weight once)."""
     m = ('[model]\nlayers = 4\nhidden = 16\nffn = 64\ngated_mlp = false\nq_heads = 4\nvocab = 32\n'
          'tied_embeddings = true\nnorm = "layernorm"\n')
     cfg = config(tmp_path, 'names = ["pp", "dp", "tp"]\nshape = [2, 4, 2]', nodes=2, batch=64, model=m)
     text = open(cfg).read().replace('sharding = "zero1"\n', 'sharding = "zero1"\nvocab_pad_divisor = 1\n')
+    open(cfg, "w").write(text)
+    for shape, params in (("[4, 4, 1]", [3648, 3136, 3136, 3680]), ("[1, 16, 1]", [13088])):
+        open(cfg, "w").write(text.replace("shape = [2, 4, 2]", f"shape = {shape}"))
+        rc, p, _ = doc(capsys, "plan", cfg)
+        assert rc == 0 and [s["items"][0]["numel"] for s in p["memory"]] == params
+        assert [s["items"][0]["kind"] for s in p["memory"]] == ["params"] * len(params)
     open(cfg, "w").write(text)
     rc, p, _ = doc(capsys, "plan", cfg)
     # bytes per rank: each item's elements split over its divisor (rounded up) x its bytes per element
