@@ -202,9 +202,13 @@ def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
 
 
 def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
-    """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: reject, or plan a stated
-    mechanism). Framework torch rejects it (rule torch_kv_heads, tests/test_torch_kv_heads.py);
-    framework megatron plans Megatron-LM's QKV sub-sharding (f7dfb99, read at d98e8a6
+    """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: "reject, or replicate KV heads 2x;
+    say which"). Which one meshplan does depends on the framework: torch rejects it (rule
+    torch_kv_heads: torchtitan replicates no KV head; tests/test_torch_kv_heads.py); megatron does
+    neither, it plans Megatron-LM's QKV sub-sharding and its note says it is neither option;
+    meshplan's own runtime (its dry runs) replicates each KV head 2x with a kv_replica gradient
+    all-reduce (test_handed_validity.py::test_c6_kv_heads_fewer_than_tp_a_stated_mechanism_or_rejected,
+    test_kv_replica.py). Megatron-LM's QKV sub-sharding (f7dfb99, read at d98e8a6
     attention.py:1851-1871), named in a note: no KV head replicated, each rank 1/8 of the fused QKV
     weight ((32 + 8) x 128 / 8 = 640 rows), 4 q heads, and per layer an all-gather of the fused QKV
     output over tp (its gradient reduce-scattered in backward): b 1 x s 1024 x (32 + 2 x 4) x 128 x
@@ -216,6 +220,7 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
                                           framework="megatron"))
     note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
     assert note and "Megatron-LM's QKV sub-sharding" in note[0] and "no KV head is replicated" in note[0]
+    assert "neither refusing tp 8 nor replicating each KV head 2x: no KV head is replicated" in note[0]
     assert "1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows)" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 4 q heads" in note[0]
     assert "no KV head is replicated (the model still has 4 KV heads in total, not 8)" in note[0]
@@ -230,7 +235,12 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
                                                 framework="megatron"), "--rank", "5")
     assert "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
     rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
-    assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
+    assert rc == 1 and not p["feasible"]  # framework torch: rejected (rule torch_kv_heads), the numbers named
+    assert p["reasons"] == ["framework torch: tp 8 with kv_heads 4: torchtitan shards wk/wv colwise over tp and "
+                            "views each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, "
+                            "attention.py:698-705); it replicates no KV head; fix: tp 1, 2 or 4 (a divisor of "
+                            "kv_heads 4), or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)"]
+    assert not [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
 
 
 def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
@@ -250,6 +260,7 @@ def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
     assert rc == 0 and per_layer == 199_229_440 and p["memory"][0]["params"]["layer_params"] == 2 * per_layer
     note = [n for n in p["notes"] if n.startswith("kv_heads 8 < tp 16")]
     assert note and "no KV head is replicated (the model still has 8 KV heads in total, not 16)" in note[0]
+    assert "neither refusing tp 16 nor replicating each KV head 2x" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 8 q heads" in note[0]
     rc, out, _ = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
     assert "heads 128/8 kv, head dim 128, vocab 32000, 7.42 B params" in out
