@@ -376,3 +376,14 @@ def with_rank_to_gpu(plan: Plan, rank_to_gpu) -> Plan:
     colls = _collectives(config, spec, plan.mesh, placement, plan.stages, plan.micro_batches)
     return replace(plan, config=config, spec=spec, placement=placement,
                    flags=tuple(placement_flags(plan.mesh, placement, training=config.training)), collectives=colls)
+
+
+def with_example_rank(plan: Plan | Infeasible, rank: int) -> Plan | Infeasible:
+    """``plan`` whose placement flags name the offending group holding ``rank`` where that
+    group offends (``placement_flags(..., example_rank=rank)``; the CLI's ``plan --rank``), so
+    a fault line agrees with the group table printed for the same rank (handed case C3: rank 9's
+    dp_shard group, not dp_shard(0)). Unchanged without flags (``reports=False``, no mesh)."""
+    if not plan.flags or plan.mesh is None or plan.placement is None:
+        return plan
+    return replace(plan, flags=tuple(placement_flags(plan.mesh, plan.placement, example_rank=rank,
+                                                     training=plan.config.training)))

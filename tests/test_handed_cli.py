@@ -16,14 +16,15 @@ import pytest
 from meshplan.cli import main
 
 MODEL = '[model]\nlayers = {layers}\nhidden = 1024\nffn = 4096\nq_heads = 16\nvocab = 32000\n'
-REST = ('[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
-        '[training]\nglobal_batch = {batch}\nseq_len = 1024\nmicro_batch = 1\nsharding = "zero1"\n'
+CLUSTER = '[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
+REST = ('{cluster}[training]\nglobal_batch = {batch}\nseq_len = 1024\nmicro_batch = 1\nsharding = "{sharding}"\n'
         '[mesh]\n{mesh}\n')
 
 
-def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None, framework=None) -> str:
+def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None, framework=None, sharding="zero1",
+           cluster=None) -> str:
     p = tmp_path / "case.toml"
-    rest = REST.format(nodes=nodes, batch=batch, mesh=mesh)
+    rest = REST.format(cluster=cluster or CLUSTER.format(nodes=nodes), batch=batch, mesh=mesh, sharding=sharding)
     if framework:
         rest = rest.replace("[mesh]", f'framework = "{framework}"\n[mesh]')
     p.write_text((model or MODEL.format(layers=layers)) + rest)
@@ -109,6 +110,34 @@ def test_c3_tp_inside_nodes_is_feasible_without_a_fault(tmp_path, capsys):
     assert "feasible (validity, groups and the memory peak)" in out and "infeasible" not in lines
 
 
+def test_c3_hsdp_shard_inside_nodes_and_swapped_names_flagged_for_the_given_rank(tmp_path, capsys):
+    """2 nodes x 8, HSDP dp_replicate 2 x dp_shard 8 under zero3 (FSDP: every layer's all-gather on
+    dp_shard). Names (dp_replicate, dp_shard): rank = 8 * replicate + shard, so shard(9) = [8..15]
+    (node 1) and replicate(9) = [1, 9], no shard fault. Swapped names (dp_shard, dp_replicate): rank
+    = 2 * shard + replicate, shard(9) = the odd ranks [1,3,...,15], 4 on each node: a fault that
+    ``plan --rank 9`` names by rank 9's group, the one its group table shows (the fault once named
+    dp_shard(0) = [0,2,...,14]: the CLI did not pass --rank to the flags); the default --rank 0
+    names dp_shard(0). Library level: test_placement.py::test_c3_hsdp_swapped_shard_crosses_nodes."""
+    good = config(tmp_path, 'names = ["dp_replicate", "dp_shard"]\nshape = [2, 8]', nodes=2, sharding="zero3")
+    rc, g, _ = doc(capsys, "groups", good, "--rank", "9")
+    assert rc == 0 and g["group_of_rank"]["dp_shard"] == list(range(8, 16)) and g["group_of_rank"]["dp_replicate"] == [1, 9]
+    rc, p, _ = doc(capsys, "plan", good, "--rank", "9")
+    assert rc == 0 and not [f for f in p["flags"] if f["severity"] == "fault"]
+    cfg = config(tmp_path, 'names = ["dp_shard", "dp_replicate"]\nshape = [8, 2]', nodes=2, sharding="zero3")
+    fault = ("fault dp_shard: dp_shard({r}) = [{g}] crosses nodes on every layer's all-gather; dp_shard 8 fits in "
+             "one 8-GPU node: move dp_replicate outside dp_shard")
+    rc, out, _ = run(capsys, "plan", cfg, "--rank", "9")
+    flat = " ".join(out.split())
+    assert rc == 0 and fault.format(r=9, g="1,3,5,7,9,11,13,15") in flat and "dp_shard(0)" not in flat
+    assert "│ dp_shard │ 8 │ 2 │ 1,3,5,7,9,11,13,15 │" in flat  # the group table's row for rank 9
+    assert "placement fault (dp_shard): another axis order would keep these groups inside one NVLink domain" in flat
+    rc, p, _ = doc(capsys, "plan", cfg, "--rank", "9")  # --json carries the same flags
+    assert [(f["axis"], "fault " + f["axis"] + ": " + f["message"]) for f in p["flags"] if f["severity"] == "fault"] \
+        == [("dp_shard", fault.format(r=9, g="1,3,5,7,9,11,13,15"))]
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert fault.format(r=0, g="0,2,4,6,8,10,12,14") in " ".join(out.split())
+
+
 C4_ERRORS = [
     ('names = ["dp_shard", "cp"]\nshape = [8, 8]',
      "error: mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / "
@@ -145,6 +174,24 @@ def test_c4_minus_one_inferred(tmp_path, capsys):
     assert "dp_shard = 8 / (dp_replicate 2 * tp 2) = 2" in out
 
 
+#: C4's world of 6: 3 nodes of 2 GPUs, written inline (docs/input.md's two-GPU workstation)
+NODES_3X2 = ('[cluster]\nnodes = 3\ngpu = "h100-sxm5-80gb"\nnode = { name = "box", gpus = 2, source = "docs/input.md '
+             'example", fabric = { name = "nvlink", bandwidth_gb_per_s = 200.0, latency_us = 3.4 }, pcie = { name = '
+             '"pcie5", bandwidth_gb_per_s = 63.0, latency_us = 5.7 }, sockets = [{ gpus = [0, 1], cores = 32 }], nics '
+             '= [{ name = "eth0", rate_gbit_per_s = 100.0, gpus = [0, 1], rail = 0 }] }\n'
+             'network = [{ name = "switch", latency_us = 14.0 }]\n')
+
+
+def test_c4_world_6_infers_dp_1(tmp_path, capsys):
+    """C4: world 6 (3 nodes x 2 GPUs), tp 2, pp 3, dp -1: dp = 6 / (tp 2 * pp 3) = 1, planned (6
+    layers, 2 a stage); the library's test: test_handed_validity.py."""
+    cfg = config(tmp_path, 'names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]', layers=6, cluster=NODES_3X2)
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert rc == 0 and "world 6" in out and "dp = 6 / (tp 2 * pp 3) = 1" in out
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert (p["world"], p["mesh"]["shape"], p["mesh"]["micro_batches"]) == (6, [1, 2, 3], 16 // (1 * 1))
+
+
 def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
     moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
     cfg = config(tmp_path, 'names = ["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"]\nshape = [1, 1, 2, 2, 2, 3]',
@@ -155,9 +202,13 @@ def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
 
 
 def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
-    """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: reject, or plan a stated
-    mechanism). Framework torch rejects it (rule torch_kv_heads, tests/test_torch_kv_heads.py);
-    framework megatron plans Megatron-LM's QKV sub-sharding (f7dfb99, read at d98e8a6
+    """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: "reject, or replicate KV heads 2x;
+    say which"). Which one meshplan does depends on the framework: torch rejects it (rule
+    torch_kv_heads: torchtitan replicates no KV head; tests/test_torch_kv_heads.py); megatron does
+    neither, it plans Megatron-LM's QKV sub-sharding and its note says it is neither option;
+    meshplan's own runtime (its dry runs) replicates each KV head 2x with a kv_replica gradient
+    all-reduce (test_handed_validity.py::test_c6_kv_heads_fewer_than_tp_a_stated_mechanism_or_rejected,
+    test_kv_replica.py). Megatron-LM's QKV sub-sharding (f7dfb99, read at d98e8a6
     attention.py:1851-1871), named in a note: no KV head replicated, each rank 1/8 of the fused QKV
     weight ((32 + 8) x 128 / 8 = 640 rows), 4 q heads, and per layer an all-gather of the fused QKV
     output over tp (its gradient reduce-scattered in backward): b 1 x s 1024 x (32 + 2 x 4) x 128 x
@@ -169,6 +220,7 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
                                           framework="megatron"))
     note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
     assert note and "Megatron-LM's QKV sub-sharding" in note[0] and "no KV head is replicated" in note[0]
+    assert "neither refusing tp 8 nor replicating each KV head 2x: no KV head is replicated" in note[0]
     assert "1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows)" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 4 q heads" in note[0]
     assert "no KV head is replicated (the model still has 4 KV heads in total, not 8)" in note[0]
@@ -183,7 +235,12 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
                                                 framework="megatron"), "--rank", "5")
     assert "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
     rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
-    assert not p["feasible"]  # framework torch: rejected (rule torch_kv_heads)
+    assert rc == 1 and not p["feasible"]  # framework torch: rejected (rule torch_kv_heads), the numbers named
+    assert p["reasons"] == ["framework torch: tp 8 with kv_heads 4: torchtitan shards wk/wv colwise over tp and "
+                            "views each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, "
+                            "attention.py:698-705); it replicates no KV head; fix: tp 1, 2 or 4 (a divisor of "
+                            "kv_heads 4), or training.framework = \"megatron\" (Megatron-LM runs tp > kv_heads)"]
+    assert not [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
 
 
 def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
@@ -203,6 +260,7 @@ def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
     assert rc == 0 and per_layer == 199_229_440 and p["memory"][0]["params"]["layer_params"] == 2 * per_layer
     note = [n for n in p["notes"] if n.startswith("kv_heads 8 < tp 16")]
     assert note and "no KV head is replicated (the model still has 8 KV heads in total, not 16)" in note[0]
+    assert "neither refusing tp 16 nor replicating each KV head 2x" in note[0]
     assert "tp ranks {2i..2i+1} use KV head i) and its 8 q heads" in note[0]
     rc, out, _ = run(capsys, "plan", config(tmp_path, mesh, model=m, nodes=2, framework="megatron"))
     assert "heads 128/8 kv, head dim 128, vocab 32000, 7.42 B params" in out
@@ -323,11 +381,26 @@ def test_c8_explicit_split_must_sum_to_the_layers_input_error(tmp_path, capsys):
 
 def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
     """Tiny GPT, tp 2, pp 2, dp 4, zero1: stage 0 3456 params, stage 1 3488 = 31392 B at 9 B/param;
-    Megatron's estimate 3400 params (30600 B), labelled as such."""
+    Megatron's estimate 3400 params (30600 B), labelled as such.
+
+    The model's own counts, by hand from the case's sizes (hidden 16, ffn 64, 4 heads of 4, no
+    GQA, vocab 32, non-gated MLP, no linear bias, LayerNorm weight and bias): per layer QKV 3 x 16
+    x 16 = 768, output 16 x 16 = 256, MLP 2 x 16 x 64 = 2048, two norms 2 x (16 + 16) = 64:
+    3136; final norm 16 + 16 = 32, embedding 32 x 16 = 512 (tied: the output is the same weight),
+    4 x 3136 + 32 + 512 = 13088. Read back from one rank's params: at tp 1, pp 4 (one layer a
+    stage) the middle stages hold one layer alone, 3136 each; stage 0 adds the embedding (3648),
+    stage 3 the final norm and its tied copy (3136 + 32 + 512 = 3680); at tp 1, pp 1 one rank
+    holds the whole model, 13088 (the tied weight once)."""
     m = ('[model]\nlayers = 4\nhidden = 16\nffn = 64\ngated_mlp = false\nq_heads = 4\nvocab = 32\n'
          'tied_embeddings = true\nnorm = "layernorm"\n')
     cfg = config(tmp_path, 'names = ["pp", "dp", "tp"]\nshape = [2, 4, 2]', nodes=2, batch=64, model=m)
     text = open(cfg).read().replace('sharding = "zero1"\n', 'sharding = "zero1"\nvocab_pad_divisor = 1\n')
+    open(cfg, "w").write(text)
+    for shape, params in (("[4, 4, 1]", [3648, 3136, 3136, 3680]), ("[1, 16, 1]", [13088])):
+        open(cfg, "w").write(text.replace("shape = [2, 4, 2]", f"shape = {shape}"))
+        rc, p, _ = doc(capsys, "plan", cfg)
+        assert rc == 0 and [s["items"][0]["numel"] for s in p["memory"]] == params
+        assert [s["items"][0]["kind"] for s in p["memory"]] == ["params"] * len(params)
     open(cfg, "w").write(text)
     rc, p, _ = doc(capsys, "plan", cfg)
     # bytes per rank: each item's elements split over its divisor (rounded up) x its bytes per element

@@ -70,7 +70,7 @@ def test_c6_kv_heads_fewer_than_tp_a_stated_mechanism_or_rejected():
               MeshSpec(names=["tp"], shape=[8]))
     assert v.reasons == ()
     assert any("Megatron-LM's QKV sub-sharding" in n and "no KV head is replicated" in n and "{2i..2i+1}" in n
-               for n in v.notes)
+               and "neither refusing tp 8 nor replicating each KV head 2x" in n for n in v.notes)
     v = check(m, TrainingSpec(global_batch=8, seq_len=128), mesh_of(8, tp=8), MeshSpec(names=["tp"], shape=[8]))
     assert v.reasons == ("framework torch: tp 8 with kv_heads 4: torchtitan shards wk/wv colwise over tp and views "
                          "each rank's slice as whole KV heads (b5bcd76 decoder_sharding.py:182-192, "

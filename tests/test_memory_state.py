@@ -39,6 +39,19 @@ def tiny_states(sharding, dp=4, tp=2, pp=2):
     return m, t, state_bytes(TINY, m, t, stage_layers(TINY.layers, pp))
 
 
+def test_tiny_gpt_params_per_layer_and_total():
+    """C9's counts from the case's sizes (hidden 16, ffn 64, 4 heads, no GQA, vocab 32, non-gated
+    MLP, linear layers without bias, LayerNorm weight and bias): QKV 3 x 16 x 16 = 768, output
+    16 x 16 = 256, MLP 16 x 64 + 64 x 16 = 2048, two norms 2 x (16 + 16) = 64: 3136 a layer; final
+    norm 32, embedding 32 x 16 = 512 (tied, counted once): 4 x 3136 + 32 + 512 = 13088."""
+    numel = {t.name: t.numel for t in TINY.layer_tensors(0)}
+    assert numel["wq"] + numel["wk"] + numel["wv"] == 768 and numel["wo"] == 256
+    assert numel["w_up"] + numel["w_down"] == 2048
+    assert sum(n for k, n in numel.items() if "norm" in k) == 64 and sum(numel.values()) == 3136
+    assert all(sum(t.numel for t in TINY.layer_tensors(i)) == 3136 for i in range(4))
+    assert TINY.param_count() == 13088
+
+
 def test_tiny_gpt_params_per_stage():
     m, t, _ = tiny_states("zero1")
     s0, s1 = stage_params(TINY, m, t, stage_layers(4, 2))

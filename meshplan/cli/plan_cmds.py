@@ -34,7 +34,7 @@ from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.keymaps import keymap_of
 from meshplan.mesh.tpsplit import model_groups
-from meshplan.plan import Infeasible, Plan
+from meshplan.plan import Infeasible, Plan, with_example_rank
 from meshplan.plan_capacity import checked
 from meshplan.plan_fix import memory_fix
 from meshplan.report.axis_need import need_line
@@ -68,7 +68,8 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
                                                   "to PATH, or with - to stdout (the rest of the output then on "
                                                   "stderr)"),
-         rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
+         rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed; "
+                                                 "a placement fault names this rank's group where it offends"),
          html_path: Optional[Path] = _html_option("the plan report"),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
@@ -98,6 +99,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
                       kernels=kernels))  # its own setting's capacity row from the timeline
     if p.mesh is not None:
         _check_rank(p, rank)
+        p = with_example_rank(p, rank)  # the fault lines name rank's group, as the group table does (C3)
     cal = _calibration(calibration, p.config.cluster)
     kern = _kernels_note(p.config.cluster)
     print_plan(p, rank=rank, console=_console())

@@ -88,16 +88,17 @@ def fused_qkv_local_rows(model: ModelSpec, tp: int) -> int:
 
 def qkv_note(model: ModelSpec, tp: int, q_local: int) -> str:
     """The ``heads`` rule's note for framework megatron at tp > kv_heads (handed case C6): the
-    mechanism, the model's KV heads (unchanged by tp: C6's "still has 8 KV heads in total (not 16)"),
+    mechanism, that it is neither of C6's two options (reject, or replicate the KV heads tp / kv
+    times), the model's KV heads (unchanged by tp: C6's "still has 8 KV heads in total (not 16)"),
     what one rank holds and the collectives it adds.
 
     >>> m = ModelSpec(layers=2, hidden=4096, ffn=16384, q_heads=32, kv_heads=4, head_dim=128, vocab=32000)
     >>> print(qkv_note(m, 8, 4))
-    kv_heads 4 < tp 8: Megatron-LM's QKV sub-sharding (f7dfb99, attention.py:1851-1871 at d98e8a6): no KV head is replicated (the model still has 4 KV heads in total, not 8); each rank holds 1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows), all-gathers the fused QKV output over tp in every layer (its gradient reduce-scattered in backward) and keeps its group's KV head (tp ranks {2i..2i+1} use KV head i) and its 4 q heads (collectives: tp all-gather / reduce-scatter, every layer)
+    kv_heads 4 < tp 8: Megatron-LM's QKV sub-sharding (f7dfb99, attention.py:1851-1871 at d98e8a6), neither refusing tp 8 nor replicating each KV head 2x: no KV head is replicated (the model still has 4 KV heads in total, not 8); each rank holds 1/8 of the fused QKV weight ((32 + 2 x 4) x 128 / 8 = 640 rows), all-gathers the fused QKV output over tp in every layer (its gradient reduce-scattered in backward) and keeps its group's KV head (tp ranks {2i..2i+1} use KV head i) and its 4 q heads (collectives: tp all-gather / reduce-scatter, every layer)
     """
     kv, r = model.n_kv_heads, tp // model.n_kv_heads
-    return (f"kv_heads {kv} < tp {tp}: Megatron-LM's QKV sub-sharding (f7dfb99, attention.py:1851-1871 at d98e8a6): "
-            f"no KV head is replicated (the model still has {kv} KV heads in total, not {tp}); each rank holds 1/{tp} of the fused QKV weight (({model.q_heads} + 2 x {kv}) x "
+    return (f"kv_heads {kv} < tp {tp}: Megatron-LM's QKV sub-sharding (f7dfb99, attention.py:1851-1871 at d98e8a6), "
+            f"neither refusing tp {tp} nor replicating each KV head {r}x: no KV head is replicated (the model still has {kv} KV heads in total, not {tp}); each rank holds 1/{tp} of the fused QKV weight (({model.q_heads} + 2 x {kv}) x "
             f"{model.d_head} / {tp} = {fused_qkv_local_rows(model, tp)} rows), all-gathers the fused QKV output over tp "
             f"in every layer (its gradient reduce-scattered in backward) and keeps its group's KV head (tp ranks "
             f"{{{r}i..{r}i+{r - 1}}} use KV head i) and its {q_local} q heads (collectives: tp all-gather / "
