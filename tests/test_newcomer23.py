@@ -56,3 +56,40 @@ def test_zero3_hint_names_overlap_comm_when_off_best_first(tmp_path):
     on = build_plan(_deepspeed(tmp_path))
     on_lines = exposed_hint(on, step_time(on), rebuilt_step(on, step_time))
     assert not any("overlap_comm" in x for x in on_lines)
+
+
+def _one_mesh(tmp_path, tier: bool):
+    """tests/test_search_headroom.py's space at tp 2 alone: one mesh, dp_shard 4 x tp 2, two settings."""
+    from meshplan.config import load_config
+    from meshplan.search.driver import search
+    from test_search_headroom import CONFIG
+    path = tmp_path / "one.toml"
+    path.write_text(CONFIG.format(top=10, tier=str(tier).lower()).replace("tp = [1, 2]", "tp = [2]"))
+    return search(load_config(path, require_mesh=False), workers=1)
+
+
+def test_one_mesh_search_shows_the_setting_that_keeps_the_headroom_first(tmp_path):
+    """2. One mesh, two settings (Llama-3-8B, dp_shard 4 x tp 2 on one dgx-h100, micro-batch 2): no
+    recompute peaks at 62.8 GiB of 67.06 GiB usable (72e9 B), over 0.85 x 72e9 = 61.2e9 B, so tight; full
+    recompute at 23.7 GiB keeps 64.6% free. By default the row is the full-recompute setting, the
+    faster tight one named after it; ``--rank-tight`` shows the tight one, marked. Steps and peaks
+    are the planner's (build_plan + step_time), checked against the 15% rule here."""
+    from meshplan.report.search import search_to_dict, table_lines
+    r = _one_mesh(tmp_path, True)
+    [(shown, first)] = r.safer
+    assert [e.index for e in r.top] == [shown.index]
+    labels = r.candidates.label(shown.index), r.candidates.label(first.index)
+    assert labels == ("dp_shard 4 x tp 2, mb 2, full, vpp 1, zero3", "dp_shard 4 x tp 2, mb 2, none, vpp 1, zero3")
+    usable = 0.9 * 80e9
+    assert r.usable_bytes == usable
+    assert first.peak_bytes > 0.85 * usable >= shown.peak_bytes and first.step_s < shown.step_s
+    assert (round(first.peak_bytes / GiB, 1), round(shown.peak_bytes / GiB, 1)) == (62.8, 23.7)
+    assert (f"row 1 (dp_shard 4 x tp 2) is shown at mb 2, full, vpp 1, zero3 ({shown.step_s:.3f} s, "
+            f"{1 - shown.peak_bytes / usable:.1%} free), its fastest setting that keeps 15% of the usable memory free; "
+            f"faster, mb 2, none, vpp 1, zero3 ({first.step_s:.3f} s) keeps {1 - first.peak_bytes / usable:.1%} free "
+            "(tight)") in table_lines(r)
+    assert f"{1 - first.peak_bytes / usable:.1%}" == "6.4%"
+    tiers = search_to_dict(r)["headroom_tiers"]
+    assert tiers["safer"] == [{"shown": shown.index, "tight": first.index}] and tiers["tight_rows"] == []
+    fast = _one_mesh(tmp_path, False)  # by step alone: the tight setting, no swap
+    assert [e.index for e in fast.top] == [first.index] and fast.safer == []
