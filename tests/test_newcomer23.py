@@ -138,3 +138,33 @@ def test_compare_evidence_is_named_by_the_pair(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["rejected-a-vs-b", "rejected-a-vs-c"]
     assert "Chosen: b," in (out / "rejected-a-vs-b" / "summary.md").read_text()
     assert "Chosen: c," in (out / "rejected-a-vs-c" / "summary.md").read_text()
+
+
+def test_bind_sh_without_numactl_says_so_and_runs_unbound_on_request(tmp_path):
+    """4. ``launch``'s bind.sh on a host without numactl (PATH an empty folder: sh's builtins only):
+    one line naming numactl, how to install it and MESHPLAN_NO_NUMA=1, exit 127 (the shell's "not
+    found"), before anything runs; with MESHPLAN_NO_NUMA=1 the rank execs its program without the
+    binding, its environment set. Node 0, local rank 2 of dgx-h100 x 2 (cores 28-41, socket 0)."""
+    import subprocess
+    import sys
+
+    from meshplan.catalog import system
+    from meshplan.placement.assign import place
+    from meshplan.placement.launch import LaunchOptions, write_launch
+    prog = (sys.executable, "-c", "import os, sys; print(sys.argv[1:], os.environ['CUDA_VISIBLE_DEVICES'])", "a b")
+    write_launch(tmp_path, place(system("dgx-h100", 2), 16), LaunchOptions(program=prog))
+    text = (tmp_path / "bind.sh").read_text()
+    assert "exec ${numa:+numactl --physcpubind=28-41 --membind=0} \"$@\" ;;" in text
+    (tmp_path / "empty").mkdir()
+    env = {"PATH": str(tmp_path / "empty"), "GROUP_RANK": "0", "LOCAL_RANK": "2", "RANK": "2"}
+
+    def run(**more):
+        return subprocess.run(["/bin/sh", str(tmp_path / "bind.sh"), *prog], capture_output=True, text=True,
+                              env={**env, **more}, timeout=30)
+    r = run()
+    assert (r.returncode, r.stdout) == (127, "")
+    assert r.stderr == ("meshplan bind.sh: numactl not found on this host: install it (apt-get install numactl, or "
+                        "dnf install numactl), or run with MESHPLAN_NO_NUMA=1 to start the ranks without core and "
+                        "memory binding\n")
+    r = run(MESHPLAN_NO_NUMA="1")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "['a b'] 0,1,2,3,4,5,6,7\n", "")
