@@ -25,6 +25,7 @@ from meshplan.search.frontier import Frontier
 from meshplan.search.headroom import CLEAR_MAX, clear_rows, tight as tight_peak, tiered
 from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, simplicity, variants
 from meshplan.search.reasons import CODE, OK
+from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes
 from meshplan.search.time_tables import TimeTables
 
@@ -238,8 +239,8 @@ def _tight_of(cfg: Config, run: Runner) -> Callable[[int], Optional[bool]]:
 
 def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[int, float], run: Runner) -> bool:
     """For each row whose first setting is tight, its mesh's other eligible settings planned in
-    the order of their step-time bound until the next bound is no shorter than the fastest clear
-    one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`), so that
+    the order of their step-time bound until the next bound is past the tie band (:data:`TIE`) of the
+    fastest clear one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`), so that
     :func:`~meshplan.search.headroom.clear_rows` can show the fastest that keeps the headroom;
     those that fit join ``steps``. True where one joined."""
     is_tight, lo, added = _tight_of(cfg, run), run.est.step_lo, False
@@ -250,7 +251,7 @@ def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[in
                                 for _, col in search_axes()], axis=0)]
         best = float("inf")
         for i in same[np.argsort(lo[same], kind="stable")][:CLEAR_MAX]:
-            if lo[i] >= best:
+            if lo[i] > best * (1 + TIE):  # past the tie band of the fastest clear one: cannot be listed first
                 break
             e = run.plan([int(i)], SIMULATE, label="headroom")[0] if _needs(run, int(i)) else run.exact[int(i)]
             if e.feasible and e.step_s is not None:
