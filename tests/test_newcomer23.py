@@ -168,3 +168,31 @@ def test_bind_sh_without_numactl_says_so_and_runs_unbound_on_request(tmp_path):
                         "memory binding\n")
     r = run(MESHPLAN_NO_NUMA="1")
     assert (r.returncode, r.stdout, r.stderr) == (0, "['a b'] 0,1,2,3,4,5,6,7\n", "")
+
+
+def test_tp_comm_overlap_on_a100_is_kept_with_ub_skipmc(tmp_path):
+    """6. Megatron-LM's --tp-comm-overlap is Transformer Engine's userbuffers, which run on A100
+    (compute capability 8.0) without CUDA multicast when UB_SKIPMC=1 (TE d0067d0's comm_gemm_overlap
+    README; Megatron-LM d98e8a6 checks no compute capability): the 175B A100 plan (Korthikanti et al.
+    2022's GPT-3 run, tp 8 x pp 8, sequence parallel) with the knob stays feasible, and export's header
+    and launch's torchrun.sh set UB_SKIPMC=1; the same plan on H100 (9.0, multicast) does not."""
+    from meshplan.config import load_config
+    from meshplan.interop.foreign import export
+    from meshplan.interop.megatron_env import launch_env
+    from meshplan.placement.rendezvous import env_lines
+    from tests.conftest import ROOT
+    text = (ROOT / "benchmarks" / "fidelity" / "megatron-175b_64xa100_tp8-pp8-vpp3_sp-selective.toml").read_text()
+    a100 = tmp_path / "a100.toml"
+    a100.write_text(text.replace('recompute = "selective"', 'recompute = "selective"\ntp_comm_overlap = true'))
+    h100 = tmp_path / "h100.toml"
+    h100.write_text(a100.read_text().replace('system = "dgx-a100"', 'system = "dgx-h100"'))
+    cfg, hopper = load_config(a100), load_config(h100)
+    assert cfg.cluster.gpu.name == "a100-sxm-80gb" and build_plan(cfg).feasible
+    env = dict((name, value) for name, value, _ in launch_env(cfg))
+    assert env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1", "UB_SKIPMC": "1"}
+    assert "export UB_SKIPMC=1" in env_lines(launch_env(cfg))
+    header = export(cfg, "megatron", "x")[0]
+    assert ("environment: export UB_SKIPMC=1 before launching: --tp-comm-overlap runs Transformer Engine's "
+            "userbuffers, whose CUDA-multicast path needs compute capability 9.0 (a100-sxm-80gb: 8)") in header
+    assert "UB_SKIPMC" not in export(hopper, "megatron", "x")[0]
+    assert "UB_SKIPMC" not in dict((n, v) for n, v, _ in launch_env(hopper))
