@@ -209,8 +209,8 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
         fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
         order = order_all(c, steps, peaks=_peaks(steps, run))
         rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
-        meshes = [mesh_of(c, i) for i in by_rule]  # row 1 may be its mesh's clear setting, not in by_rule
-        past = [i for i in by_rule[:meshes.index(mesh_of(c, rows[0]))] if i in rows] if rows else []  # not swapped
+        row_meshes = [mesh_of(c, i) for i in by_rule]  # row 1 may be its mesh's clear setting, not in by_rule
+        past = [i for i in by_rule[:row_meshes.index(mesh_of(c, rows[0]))] if i in rows] if rows else []  # not swapped
         swapped = clear_rows(by_rule, order, lambda i: mesh_of(c, i), _tight_of(cfg, run))[1] if o.headroom_tier else []
         swapped.sort(key=lambda pair: rows.index(pair[0]))  # by the row shown
         return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
@@ -240,15 +240,18 @@ def _tight_of(cfg: Config, run: Runner) -> Callable[[int], Optional[bool]]:
 def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[int, float], run: Runner) -> bool:
     """For each row whose first setting is tight, its mesh's other eligible settings planned in
     the order of their step-time bound until the next bound is past the tie band (:data:`TIE`) of the
-    fastest clear one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`), so that
+    fastest clear one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`; those whose memory
+    lower bound, less the bounds' margin, is already tight left out), so that
     :func:`~meshplan.search.headroom.clear_rows` can show the fastest that keeps the headroom;
     those that fit join ``steps``. True where one joined."""
     is_tight, lo, added = _tight_of(cfg, run), run.est.step_lo, False
+    usable, frac = usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
     for r in distinct(c, order_all(c, steps, peaks=_peaks(steps, run)))[:cfg.search.top]:
         if not is_tight(r):
             continue
         same = eligible[np.all([c.degree(col.column)[eligible] == c.degree(col.column)[r]
                                 for _, col in search_axes()], axis=0)]
+        same = same[~tight_peak(run.est.peak_lo[same] / (1 + run.margin), usable, frac)]  # not tight for sure
         best = float("inf")
         for i in same[np.argsort(lo[same], kind="stable")][:CLEAR_MAX]:
             if lo[i] > best * (1 + TIE):  # past the tie band of the fastest clear one: cannot be listed first

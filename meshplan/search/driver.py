@@ -63,7 +63,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -254,7 +254,7 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
 
 def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
                  fastest: Optional[Exact], tiered_past: list[Exact],
-                 safer: tuple = ()) -> Optional[Explanation]:
+                 safer: Sequence[tuple[Exact, Exact]] = ()) -> Optional[Explanation]:
     """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
     simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
     listed the top before it, or the headroom tiers did (``tiered_past``, the tight rows the rule
