@@ -44,7 +44,7 @@ def test_tp8_chosen_tp4_rejected_by_memory(seed_pair):
 def test_evidence_folder(seed_pair, tmp_path):
     c = compare(*seed_pair, names=("tp8", "tp4"))
     paths = write_evidence(c, tmp_path)
-    folder = tmp_path / "rejected-tp4"
+    folder = tmp_path / "rejected-tp4-vs-tp8"
     assert {p.name for p in paths} == {"plan.json", "predicted-trace.json", "summary.md", "comparison.json"}
     assert json.loads((folder / "comparison.json").read_text())["rejected"] == "tp4"
     assert "# Rejected: tp4 (dp_shard 16 x tp 4)" in (folder / "summary.md").read_text()
@@ -108,7 +108,7 @@ def test_same_mesh_is_identical_not_a_verdict(seed_pair, tmp_path):
 def test_summary_states_the_rule(seed_pair, tmp_path):
     c = compare(*seed_pair, names=("tp8", "tp4"))
     write_evidence(c, tmp_path)
-    text = (tmp_path / "rejected-tp4" / "summary.md").read_text()
+    text = (tmp_path / "rejected-tp4-vs-tp8" / "summary.md").read_text()
     assert ("Chosen: tp8, decided by: fits where the other does not. Rule: a mesh that does not fit (infeasible, or "
             "its memory peak above usable HBM) loses to one that fits; between two that fit, the search's order: by "
             "predicted step time; within 1% toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower "
@@ -130,7 +130,7 @@ def test_cli_refuses_existing_out_before_the_report(tmp_path):
     assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in first.stdout
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stdout == ""
-    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4'} exists; choose another path or "
+    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-vs-seed-64gpu'} exists; choose another path or "
                             "pass --force to replace it\n")
 
 
@@ -268,7 +268,7 @@ def test_json_table_holds_numbers_and_booleans(seed_pair, tmp_path):
     assert rows["wq (M,N,K) efficiency"][0] == {"m": 8192, "n": 1024, "k": 8192, "efficiency": c.a.gemms[0][4]}
     assert rows["network bytes sent per rank per step"] == [c.a.link_bytes["network"], c.b.link_bytes["network"]]
     write_evidence(c, tmp_path)
-    assert json.loads((tmp_path / "rejected-tp4" / "comparison.json").read_text())["table"][1] == ["feasible", True,
+    assert json.loads((tmp_path / "rejected-tp4-vs-tp8" / "comparison.json").read_text())["table"][1] == ["feasible", True,
                                                                                                   False]
 
 

@@ -52,8 +52,12 @@ def test_plan_page_holds_the_plans_numbers():
 
 
 def test_gantt_has_one_rect_per_unit_at_pp_2(tmp_path):
-    """The mini mesh as pp 2 x dp_shard 2 x tp 2: the Gantt holds one rect per simulated unit
-    and step-end op."""
+    """The mini mesh as pp 2 x dp_shard 2 x tp 2: the Gantt holds one rect, with its own tooltip, per
+    unit 4 px wide or more on the 1,050 px plot (the forward and backward of each of the 16 micro-batches
+    on each stage among them), and the narrower ones (the pp sends, ticks under a pixel; short step-end
+    ops) in merged runs, the tooltips counting every unit once (newcomer trial 23: one rect per unit was
+    36,564 rects, 6.3 MB, at 175B; was one rect per unit here too)."""
+    import re
     cfg = tmp_path / "pp2.toml"
     cfg.write_text(MINI.read_text().replace('names = ["dp_shard", "tp"]', 'names = ["pp", "dp_shard", "tp"]')
                    .replace("shape = [4, 2]", "shape = [2, 2, 2]"))
@@ -63,7 +67,35 @@ def test_gantt_has_one_rect_per_unit_at_pp_2(tmp_path):
     assert st.pipeline.spec.p == 2 and "<h3>Predicted pipeline timeline</h3>" in doc
     gantt = doc[doc.index('aria-label="pipeline timeline"'):]
     gantt = gantt[:gantt.index("</svg>")]
-    assert gantt.count("<rect") == len(st.pipeline.events) + len(st.post_events)
+    every = [*st.pipeline.events, *st.post_events]
+    px_per_ms = 1050 / (max(e.end_s for e in every) * 1e3)
+    wide = [e for e in every if e.dur_s * 1e3 * px_per_ms >= 4]
+    sends = [e for e in st.pipeline.events if e.stream == "pp"]
+    assert len(wide) >= 2 * 16 * 2 and max(e.dur_s * 1e3 * px_per_ms for e in sends) < 1  # F and B of 16 micro-batches
+    for e in wide:
+        assert f"<title>stage {e.stage} {e.stream}: {e.name}, {e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms</title>" in gantt
+    merged = [int(n) for n in re.findall(r"<title>stage \d [a-z]+: (\d+) units merged \(", gantt)]
+    single = [t for t in re.findall(r"<title>stage \d [a-z]+: [^,]+, [\d.]+-[\d.]+ ms</title>", gantt)
+              if "units merged" not in t]
+    assert sum(merged) + len(single) == len(every) and merged
+    assert gantt.count("<rect") == len(merged) + len(single) < len(every)
+
+
+def test_gantt_merges_sub_pixel_units_into_a_few_shapes_each_lane():
+    """2,000 forward/backward units of 1 ms back to back on one stage, 2 s on the 1,050 px plot (0.53 px
+    each): runs of at most 16 px (meshplan.report.html.RUN_PX), so at most 1,050 / 16 + 1 = 66 shapes
+    (was 2,000), each unit counted once in the tooltips; one 300 ms unit (158 px) after a 100 ms idle gap
+    keeps its own rect and its name."""
+    import re
+
+    from meshplan.pipeline.simulate import Event
+    from meshplan.report.html import gantt_svg
+    events = [Event(0, "compute", ("F" if k % 2 else "B") + str(k), k * 1e-3, (k + 1) * 1e-3) for k in range(2000)]
+    events.append(Event(0, "compute", "F9", 2.1, 2.4))
+    svg = gantt_svg(events, [], [0])
+    counts = [int(n) for n in re.findall(r"(\d+) units merged \(B \d+, F \d+;", svg)]
+    assert sum(counts) == 2000 and svg.count("<rect") == len(counts) + 1 <= 67
+    assert "<title>stage 0 compute: F9, 2100.000-2400.000 ms</title>" in svg and ">F9</text>" in svg
 
 
 def test_html_output_is_refused_when_it_exists(tmp_path):

@@ -237,7 +237,7 @@ def test_compare_evidence_of_a_failed_write_does_not_block_the_rerun(tmp_path, m
     monkeypatch.setattr(cmp, "_atomic_text", real)
     paths = cmp.write_evidence(c, tmp_path)
     assert [p.name for p in paths] == ["plan.json", "predicted-trace.json", "summary.md", "comparison.json"]
-    assert all(p.is_file() for p in paths) and sorted(x.name for x in tmp_path.iterdir()) == ["rejected-tp4"]
+    assert all(p.is_file() for p in paths) and sorted(x.name for x in tmp_path.iterdir()) == ["rejected-tp4-vs-seed"]
 
 
 def test_bench_comm_refuses_an_existing_out_before_running(tmp_path):

@@ -69,7 +69,9 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     16,777,216 elements, K and V 2 n_q (repeat_kv), no recompute: forward n_q (12 + 38) + 2 n_q x
     8 = 66 n_q, backward n_q (10 + 20) + 2 n_q (24 + 17 + 16) = 144 n_q; stage 0's 16 layers x 32
     micro-batches (64 / dp 2) x 210 n_q at the H100's Triad 2.97 TB/s (kernels.toml) are 0.607 s
-    of its step."""
+    of its step. Ranked by step alone (--rank-tight): both rows keep under 15% of memory free, and
+    the headroom tiers show each mesh at a slower setting that keeps it (trial 23: 7.741 and 7.859 s),
+    which is not what this title is about."""
     import re
 
     from meshplan import cli
@@ -82,7 +84,7 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     path.write_text((EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text()
                     + "\n[search]\ntp = [1]\npp = [1, 2]\ndp_shard = [1, 2, 4]\n")
     with pytest.raises(SystemExit) as done:
-        cli.main(["search", str(path), "--top", "2"])
+        cli.main(["search", str(path), "--top", "2", "--rank-tight"])
     text = " ".join(capsys.readouterr().out.split())
     assert done.value.code == 0 and top_heading(2) in text
     rows = [float(x) for x in re.findall(r"│ \d │ [^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│ +([\d.]+) │", text)]

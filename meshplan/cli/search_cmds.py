@@ -130,7 +130,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                rank_tight: bool = typer.Option(False, "--rank-tight", help="rank the rows by step time alone, "
                                                "the rows under 15% of usable memory free among the others ([search] "
                                                "headroom_tier = false); by default they are listed after the rows "
-                                               "that keep it"),
+                                               "that keep it, each mesh at a setting that keeps it where it has one"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
@@ -180,9 +180,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     lower by more than 1%, then the shorter step. Headroom tiers (default): the rows shown that keep under 15%
     of the usable memory free while [memory] fragmentation_fraction is below 15% (PyTorch's caching allocator
     loses about that to fragmentation, GMLake) are listed after the rows that keep it, each tier in that
-    order, marked "tight" in the peak column, with one line saying how many; --export N and --json follow the
-    order shown (--json: each row's tier, headroom_tiers); --rank-tight ([search] headroom_tier = false) ranks
-    by step time alone. The
+    order, marked "tight" in the peak column, with one line saying how many; a mesh whose first setting is
+    tight is shown at its fastest setting that keeps 15% free where it has one, a line naming the tight one;
+    --export N and --json follow the order shown (--json: each row's tier, headroom_tiers); --rank-tight
+    ([search] headroom_tier = false) ranks by step time alone. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,
     with their seconds; compute by kernel kind where its other ops differ most: 'kernels: cp ring merge 0 ms vs

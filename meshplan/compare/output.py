@@ -1,6 +1,6 @@
 """What ``meshplan compare`` writes of a :class:`~meshplan.compare.verdict.Comparison`: the
 ``--json`` document (:func:`compare_to_dict`), the HTML page (:func:`compare_html`) and the
-rejected mesh's evidence folder (:func:`write_evidence`: its plan, predicted trace, a summary
+rejected mesh's evidence folder (:func:`write_evidence`, named by the pair: its plan, predicted trace, a summary
 and the table), built under a temporary name and renamed into place.
 """
 
@@ -56,9 +56,13 @@ def compare_html(c: Comparison, note: str = "") -> str:
 
 
 def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> Path:
-    """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists (not empty) and not
-    ``force``, or cannot be written, so the CLI can refuse before printing the report."""
-    folder = Path(out_dir) / f"rejected-{c.rejected}"
+    """``out_dir/rejected-<name>-vs-<winner>/``, named by the pair (newcomer trial 23: ``compare a b``
+    then ``compare a c`` both wrote ``rejected-a/``, the second replacing the first, meshplan's own
+    unchanged output under ``out/``); ConfigError (``--out``) when it exists (not empty) and not
+    ``force``, or cannot be written, so the CLI can refuse before printing the report. The same
+    pair compared again writes the same folder (replaced under ``out/`` when unchanged, as every
+    output there is)."""
+    folder = Path(out_dir) / f"rejected-{c.rejected}-vs-{c.winner}"
     if c.rejected:  # none when identical, equal or neither fits
         check_destination(folder, "--out", force, folder=True, create_folders=True, replaced=True)  # in --out, checked first
     return folder
@@ -67,7 +71,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False,
                    calibration: Optional[dict] = None) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
-    to ``out_dir/rejected-<name>/``, built under a temporary name and renamed into place at
+    to ``out_dir/rejected-<name>-vs-<winner>/`` (:func:`evidence_folder`), built under a temporary name and renamed into place at
     the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
     that blocks the rerun). ``calibration``: ``--calibration``'s entry
     (:func:`meshplan.comm.calibration_notes.calibration_doc`), named in ``summary.md`` (its line and

@@ -33,6 +33,8 @@ or rejected; nor when the rule finds two plans that fit equal on every criterion
 the same step, simplicity and peak, e.g. a plan and its own Megatron-LM export imported back).
 When neither mesh fits, nothing is chosen either (``none_fit``, identical plans or not; each
 side's reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
+Where the shorter step decided by less than the model's max error on its development set
+(:func:`meshplan.spec.accuracy.within_error`), the verdict says so (:attr:`Comparison.caveat`).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.rank import PAIR_RULE, decide, knob_words
+from meshplan.spec.accuracy import within_error
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB
 
@@ -81,7 +84,20 @@ class Comparison:
             return "neither mesh fits"
         if self.equal:
             return "equal (no criterion separates them)"
-        return f"{self.winner} (rejected: {self.rejected})"
+        return f"{self.winner} (rejected: {self.rejected})" + self.caveat
+
+    @property
+    def caveat(self) -> str:
+        """``; 2.9% shorter, within the model's 3.3% max error on the development set: measure both
+        before choosing`` where the step decided by less than that error
+        (:func:`meshplan.spec.accuracy.within_error`, :data:`~meshplan.spec.accuracy.FIDELITY`'s one
+        home); "" otherwise (a plan that does not fit, a tie rule's criterion, a larger difference)."""
+        if not self.decided_by.startswith("shorter step by more than"):
+            return ""
+        win, lose = (self.a, self.b) if self.winner == self.a.name else (self.b, self.a)
+        shorter = shorter_by(_fit(win)[0], _fit(lose)[0])
+        words = within_error(shorter)
+        return f"; {shorter:.1%} shorter, {words}" if words else ""
 
 
 def rule_text() -> str:

@@ -66,7 +66,13 @@ pieces**, the local chunk's GEMM first (the norm writes straight into the userbu
 TE 2.0 ``set_sm_margin``: the GEMMs run on the other SMs): **4 pieces**, each piece's
 reduce-scatter after its GEMM, the last one exposed; ``bulk`` for qkv/fc1 dgrad and wgrad (the
 re-gather beside the input-gradient GEMM, the reduce-scatter beside the weight-gradient GEMM:
-what the timeline already does for Megatron-LM, ``Overlap.tp_grad``).
+what the timeline already does for Megatron-LM, ``Overlap.tp_grad``). Not Hopper-only: on
+GPUs before compute capability 9.0 (A100) userbuffers run without CUDA multicast, through CUDA IPC
+handles, with ``UB_SKIPMC=1`` (NVIDIA/TransformerEngine d0067d0, ``examples/pytorch/comm_gemm_overlap/
+README.md`` and ``userbuffers.cu``'s ``__CUDA_ARCH__ >= 900`` multicast kernels; Megatron-LM d98e8a6
+checks no compute capability for ``--tp-comm-overlap``), so the search keeps the knob on A100 and
+export and launch set the variable (:func:`meshplan.interop.megatron_env.ub_skipmc`). The timing
+here is the same on both paths: the IPC path's lower speed is not modelled.
 
 One piece's transfer: a ring all-gather or reduce-scatter of the whole tensor is tp - 1 steps
 of one shard each, so a piece's is the collective model's time / (tp - 1); a pipeline split's

@@ -43,6 +43,7 @@ FIELDS: dict[str, dict[str, str]] = {
                  "training.seq_len": "--seq-length", "training.recompute": "--recompute-granularity",
                  "mesh.sequence_parallel": "--sequence-parallel", "cluster.nodes": "--nodes"},
     "deepspeed": {"training.global_batch": "train_batch_size", "training.micro_batch": "train_micro_batch_size_per_gpu",
+                  "training.overlap_comm": "zero_optimization.overlap_comm",
                   "training.seq_len": "--seq-len", "cluster.nodes": "--nodes"},
 }
 #: A fix's setting (meshplan's words) -> the format's, per format: what to write for it.

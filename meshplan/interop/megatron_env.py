@@ -3,7 +3,8 @@ finding 1): one rule (:func:`max_connections`) for the three places that speak o
 ``export --to megatron`` (:func:`env_note`), ``launch``'s ``torchrun.sh`` for a Megatron-LM plan
 (:func:`launch_env`) and the import of a launch script that exports it (:func:`import_note`); the
 script's other exports are listed by the import as not used and carried into an export's header
-(:func:`carried_env`), as its unplanned flags are carried.
+(:func:`carried_env`), as its unplanned flags are carried. Transformer Engine's ``UB_SKIPMC``, which
+``--tp-comm-overlap`` needs on GPUs before Hopper (:data:`UB_SKIPMC`, :func:`ub_skipmc`), is set the same way.
 
 The rule, ``megatron/training/arguments.py`` ``validate_args`` at NVIDIA/Megatron-LM d98e8a6:
 
@@ -79,22 +80,57 @@ def plan_rule(cfg: Config) -> tuple[Optional[str], str]:
 def env_note(cfg: Config) -> list[str]:
     """The header line of ``export --to megatron`` where Megatron-LM asserts :data:`FSDP_ENV` is 1
     (:func:`plan_rule`; Megatron FSDP's ``unset`` line is
-    :func:`~meshplan.interop.megatron_write.fsdp_env_note`'s); nothing otherwise."""
+    :func:`~meshplan.interop.megatron_write.fsdp_env_note`'s), and :data:`UB_SKIPMC`'s where
+    :func:`ub_skipmc` says; nothing otherwise."""
     value, why = plan_rule(cfg)
+    skip = ub_skipmc(cfg)
+    out = [f"environment: export {UB_SKIPMC}=1 before launching: {skip}; meshplan launch's torchrun.sh sets it"] \
+        if skip else []
     if value != "1":
-        return []
+        return out
     return [f"environment: export {FSDP_ENV}=1 before launching: {why} ({SOURCE}); meshplan launch's torchrun.sh "
-            f"sets it"]
+            f"sets it"] + out
+
+
+#: Transformer Engine's switch off its CUDA-multicast userbuffers path (newcomer trial 23: is
+#: ``--tp-comm-overlap`` Hopper-only? It is not). NVIDIA/TransformerEngine d0067d0:
+#: ``common/comm_gemm_overlap/userbuffers/userbuffers-host.cpp`` sets up multicast only where
+#: ``!getenv("UB_SKIPMC") && cuda::supports_multicast()``, ``userbuffers.cu`` compiles the multicast
+#: kernels only under ``__CUDA_ARCH__ >= 900`` and keeps its IPC-handle kernels for sm80 (bf16 from
+#: ``__CUDA_ARCH__ >= 800``), and ``examples/pytorch/comm_gemm_overlap/README.md`` says devices older
+#: than compute capability 9.0 require ``UB_SKIPMC=1`` to fall back on the IPC implementation. Megatron-LM
+#: d98e8a6 checks no compute capability for it (``arguments.py`` asserts only ``--sequence-parallel``;
+#: ``initialize.py`` ``_initialize_tp_communicators`` the TE version). So an A100 plan keeps the knob,
+#: and export and launch set this variable for it.
+UB_SKIPMC = "UB_SKIPMC"
+#: The first compute capability major with CUDA multicast (Hopper).
+HOPPER = 9
+
+
+def ub_skipmc(cfg: Config) -> str:
+    """Why :data:`UB_SKIPMC` must be 1 for a Megatron-LM plan of ``cfg`` with ``--tp-comm-overlap`` on
+    a GPU before Hopper (:data:`ARCH_MAJOR` below :data:`HOPPER`); "" otherwise (another framework,
+    no overlap, Hopper or later, or a GPU the table does not know)."""
+    t, gpu = cfg.training, cfg.cluster.gpu.name
+    major = ARCH_MAJOR.get(gpu)
+    if t.framework != "megatron" or not t.tp_comm_overlap or major is None or major >= HOPPER:
+        return ""
+    return (f"--tp-comm-overlap runs Transformer Engine's userbuffers, whose CUDA-multicast path needs compute "
+            f"capability 9.0 ({gpu}: {major}); TE's comm_gemm_overlap README: older devices require UB_SKIPMC=1 "
+            f"(its IPC-handle path, less performant; NVIDIA/TransformerEngine d0067d0)")
 
 
 def launch_env(cfg: Config) -> tuple[tuple[str, Optional[str], str], ...]:
     """What ``torchrun.sh`` sets for a plan of ``cfg`` as (name, value or None to unset, why):
-    under ``training.framework = "megatron"`` :data:`FSDP_ENV` 1 or unset by :func:`plan_rule`;
-    nothing for another framework or where Megatron-LM asserts nothing."""
+    under ``training.framework = "megatron"`` :data:`FSDP_ENV` 1 or unset by :func:`plan_rule`, and
+    :data:`UB_SKIPMC` 1 where :func:`ub_skipmc` says so; nothing for another framework or where
+    Megatron-LM asserts nothing."""
     if cfg.training.framework != "megatron":
         return ()
     value, why = plan_rule(cfg)
-    return () if value is None else ((FSDP_ENV, None if value == "unset" else value, f"{why} ({SOURCE})"),)
+    skip = ub_skipmc(cfg)
+    return (() if value is None else ((FSDP_ENV, None if value == "unset" else value, f"{why} ({SOURCE})"),)) + (
+        ((UB_SKIPMC, "1", skip),) if skip else ())
 
 
 def import_note(exported: dict[str, str], gpu: str, tp: int, cp: int, fsdp: bool, script: bool) -> list[str]:

@@ -1,7 +1,8 @@
 """``bind.sh``'s node tables (:func:`meshplan.placement.launch.bind_script`): which nodes share one
 LOCAL_RANK table (:func:`shared_nodes`: a node-major placement on one node type repeats the same
-bindings on every node, but for the RANK, GROUP_RANK x G + LOCAL_RANK's offset), and the
-``case $LOCAL_RANK`` each table is written as (:func:`local_case`). Newcomer finding: 4,096 ranks
+bindings on every node, but for the RANK, GROUP_RANK x G + LOCAL_RANK's offset), the
+``case $LOCAL_RANK`` each table is written as (:func:`local_case`), and the numactl check before
+them with its opt-out (:data:`NUMA_CHECK`, :func:`numactl_exec`). Newcomer finding: 4,096 ranks
 on 512 dgx-h100 wrote one block per host, 18,449 lines (1.3 MB).
 """
 
@@ -9,6 +10,29 @@ from __future__ import annotations
 
 import json
 import shlex
+
+#: bind.sh's check before a rank execs under numactl (newcomer trial 23: ``exec numactl ...`` on a host
+#: without it failed with ``numactl: not found``, exit 127, naming neither the package nor a way around):
+#: ``MESHPLAN_NO_NUMA=1`` execs the program without the binding (``numa`` empty, :func:`numactl_exec`).
+NUMA_CHECK = [
+    "numa=1  # MESHPLAN_NO_NUMA=1: run the program without numactl's core and memory binding",
+    'if [ "${MESHPLAN_NO_NUMA:-}" = 1 ]; then numa=',
+    "elif ! command -v numactl >/dev/null 2>&1; then",
+    '  echo "meshplan bind.sh: numactl not found on this host: install it (apt-get install numactl, or dnf install '
+    'numactl), or run with MESHPLAN_NO_NUMA=1 to start the ranks without core and memory binding" >&2; exit 127',
+    "fi"]
+
+
+def numactl_exec(cpu: list[str]) -> str:
+    """The argv prefix ``cpu`` as bind.sh writes it before ``"$@"``: numactl's only where ``$numa``
+    is set (:data:`NUMA_CHECK`), ``${numa:+numactl --physcpubind=0-13 --membind=0}``; another
+    prefix (taskset) as it is.
+
+    >>> numactl_exec(["numactl", "--physcpubind=0-13", "--membind=0"]), numactl_exec(["taskset", "-c", "0-13"])
+    ('${numa:+numactl --physcpubind=0-13 --membind=0}', 'taskset -c 0-13')
+    """
+    words = " ".join(shlex.quote(str(a)) for a in cpu)
+    return f"${{numa:+{words}}}" if cpu[:1] == ["numactl"] else words
 
 
 def local_case(ranks: list[tuple[dict, str, str]], pad: str) -> list[str]:
@@ -20,7 +44,7 @@ def local_case(ranks: list[tuple[dict, str, str]], pad: str) -> list[str]:
                 f"socket {b['socket']}, cores {b['cores']}, NIC {b['nic'] or '-'}",
                 f"{pad}  expect {expect}",
                 f"{pad}  export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in b["env"].items()),
-                f'{pad}  exec {" ".join(shlex.quote(str(a)) for a in b["cpu"]) + " " if b["cpu"] else ""}"$@" ;;']
+                f'{pad}  exec {numactl_exec(b["cpu"]) + " " if b["cpu"] else ""}"$@" ;;']
     return out + [f'{pad}*) echo "meshplan bind.sh: no binding for node $GROUP_RANK local rank '
                   '${LOCAL_RANK:-unset}" >&2; exit 1 ;;', f"{pad}esac"]
 

@@ -9,7 +9,9 @@ Three files, in one folder (:func:`write_launch`):
   stops with one line. For the process of node ``GROUP_RANK``
   and ``LOCAL_RANK`` it checks that torchrun's ``RANK`` is the one the placement expects,
   exports that rank's environment (below) and execs the training command under ``numactl``
-  (or ``taskset``) with the rank's cores and memory node. Nodes with the same bindings by
+  (or ``taskset``) with the rank's cores and memory node; without ``numactl`` on the host it stops
+  with one line naming the package and ``MESHPLAN_NO_NUMA=1``, which runs the ranks unbound
+  (:data:`~meshplan.placement.bind_nodes.NUMA_CHECK`). Nodes with the same bindings by
   LOCAL_RANK (every node of a node-major placement on one node type) share one table, the
   RANK checked as ``GROUP_RANK x G + LOCAL_RANK``'s offset; a node that differs keeps its own.
 - ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node G`` with the static rendezvous at
@@ -78,7 +80,7 @@ from typing import Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, edited_files, edited_words, owned, remember, write_output
 from meshplan.placement.assign import Placement
-from meshplan.placement.bind_nodes import local_case, node_list, shared_nodes
+from meshplan.placement.bind_nodes import NUMA_CHECK, local_case, node_list, shared_nodes
 from meshplan.placement.bindings import LAUNCH_VISIBLE, NIC_SCOPE, all_bindings, launch_mode
 from meshplan.placement.nccl_env import env_comments
 from meshplan.placement import rendezvous
@@ -240,6 +242,8 @@ def bind_script(placement: Placement, opts: LaunchOptions) -> str:
             "esac",
             f'if [ "$node" -ge {nodes} ]; then',
             '  echo "meshplan bind.sh: no binding for node ${GROUP_RANK:-unset}" >&2; exit 1', "fi"]
+    if opts.cpu_bind == "numactl":
+        out += NUMA_CHECK
     own = sorted(set(by_node) - set(shared))
     if own:
         out.append('case "$node" in')

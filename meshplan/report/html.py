@@ -93,10 +93,88 @@ def _ticks(hi: float, n: int = 8) -> list[float]:
     return [round(i * step, 12) for i in range(int(hi / step) + 1)]
 
 
+#: Narrower than this (px) a Gantt unit is drawn merged with its narrow neighbours (:func:`gantt_runs`).
+NARROW_PX = 4.0
+#: A merged run of narrow units closes before it grows wider than this (px): at most about 1,050 / 16
+#: = 66 merged shapes a lane of the 1,050 px plot.
+RUN_PX = 16.0
+#: Narrow units further apart than this (px) start a new run (the idle time between them stays visible),
+#: but for ticks: units under 1 px (a pp send of 0.02 px, drawn at the 0.5 px floor) join a run across
+#: any gap within it, as a row of ticks reads as one band at this scale.
+GAP_PX = 1.0
+
+
+def _fill(e: Event, is_post: bool) -> str:
+    return "#9e9e9e" if is_post else ("#70ad47" if e.stream == "pp" else UNIT_COLORS.get(e.name[:1], "#9e9e9e"))
+
+
+def _blend(shares: dict[str, float]) -> str:
+    """The time-weighted mean of fills ``shares`` (hex colour -> seconds): one fill for a merged run.
+
+    >>> _blend({"#2e75b6": 1.0}), _blend({"#000000": 1.0, "#ffffff": 1.0})
+    ('#2e75b6', '#808080')
+    """
+    total = sum(shares.values()) or 1.0
+    rgb = [round(sum(int(c[1 + 2 * k:3 + 2 * k], 16) * t for c, t in shares.items()) / total) for k in range(3)]
+    return "#" + "".join(f"{v:02x}" for v in rgb)
+
+
+def gantt_runs(units: Sequence[tuple[Event, bool]], px_per_s: float) -> list[list[tuple[Event, bool]]]:
+    """One lane's units (event, is a step-end op), in time order, as the shapes the Gantt draws: a unit
+    :data:`NARROW_PX` wide or wider alone; consecutive narrower ones merged while their run is under
+    :data:`RUN_PX` wide and no gap between them exceeds :data:`GAP_PX` (a tick's, any; ``px_per_s``: the
+    chart's pixels per second). A 175B Megatron-LM plan (pp 16 x dp 8 x tp 8, vpp 3, 192 micro-batches) drew 36,564 rects, one
+    per unit at under a pixel each (6.3 MB of HTML, newcomer trial 23); merged, each lane holds at most a
+    few hundred shapes and the page keeps what a pixel can show: where each stage is busy, idle, and on what.
+
+    >>> ev = lambda a, b: (Event(0, "compute", "F", a, b), False)  # noqa: E731
+    >>> [len(r) for r in gantt_runs([ev(0, 1), ev(1, 1.001), ev(1.001, 1.002), ev(1.5, 1.501)], 1000.0)]
+    [1, 2, 1]
+    """
+    runs: list[list[tuple[Event, bool]]] = []
+    for u in units:
+        e = u[0]
+        narrow = (e.end_s - e.start_s) * px_per_s < NARROW_PX
+        last = runs[-1] if runs else None
+        tick = (e.end_s - e.start_s) * px_per_s < 1.0
+        if (narrow and last is not None and (last[-1][0].end_s - last[-1][0].start_s) * px_per_s < NARROW_PX
+                and (tick or (e.start_s - last[-1][0].end_s) * px_per_s <= GAP_PX)
+                and (e.end_s - last[0][0].start_s) * px_per_s <= RUN_PX):
+            last.append(u)
+        else:
+            runs.append([u])
+    return runs
+
+
+def _run_shape(run: list[tuple[Event, bool]], x, y: float, h: float) -> str:
+    """One rect (with its tooltip, and its name where it fits) for a unit or a merged run."""
+    first, last = run[0][0], run[-1][0]
+    w = max(x(last.end_s) - x(first.start_s), 0.5)
+    if len(run) == 1:
+        tip = f"stage {first.stage} {first.stream}: {first.name}, {first.start_s * 1e3:.3f}-{first.end_s * 1e3:.3f} ms"
+        label = (f'<text x="{x(first.start_s) + w / 2:.1f}" y="{y + h / 2 + 4:.1f}" text-anchor="middle" fill="white">'
+                 f'{esc(first.name)}</text>') if first.stream != "pp" and w > 7 * len(first.name) else ""
+        fill = _fill(first, run[0][1])
+    else:
+        shares: dict[str, float] = {}
+        kinds: dict[str, int] = {}
+        for e, post in run:
+            shares[_fill(e, post)] = shares.get(_fill(e, post), 0.0) + e.end_s - e.start_s
+            kind = "step end" if post else ("send" if e.stream == "pp" else e.name[:1])
+            kinds[kind] = kinds.get(kind, 0) + 1
+        counts = ", ".join(f"{k} {n}" for k, n in kinds.items())
+        tip = (f"stage {first.stage} {first.stream}: {len(run)} units merged ({counts}; {first.name} to {last.name}), "
+               f"{first.start_s * 1e3:.3f}-{last.end_s * 1e3:.3f} ms")
+        label, fill = "", _blend(shares)
+    return (f'<rect x="{x(first.start_s):.2f}" y="{y}" width="{w:.2f}" height="{h}" fill="{fill}">'
+            f'<title>{esc(tip)}</title></rect>{label}')
+
+
 def gantt_svg(events: Sequence[Event], post: Sequence[Event], ranks: Sequence[int], width: int = 1200) -> str:
     """The pipeline timeline as an SVG Gantt chart (see the module docstring). ``events``:
     the simulated units (streams ``compute`` and ``pp``), ``post``: the step-end ops,
-    ``ranks[s]``: the example rank of stage s. Times in seconds, drawn in ms."""
+    ``ranks[s]``: the example rank of stage s. Times in seconds, drawn in ms; units under
+    :data:`NARROW_PX` merged with their narrow neighbours (:func:`gantt_runs`)."""
     stages = len(ranks)
     end_s = max([e.end_s for e in (*events, *post)] + [1e-9])
     left, right, row_h, lane_h, top = 130, 20, 34, 8, 24
@@ -117,20 +195,24 @@ def gantt_svg(events: Sequence[Event], post: Sequence[Event], ranks: Sequence[in
     for s in range(stages):
         y = top + s * row_h
         out.append(f'<text x="4" y="{y + 16}">stage {s} (rank {ranks[s]})</text>')
+    lanes: dict[tuple[int, bool], list[tuple[Event, bool]]] = {}
     for e, is_post in [(e, False) for e in events] + [(e, True) for e in post]:
-        y = top + e.stage * row_h + (2 if e.stream != "pp" else row_h - lane_h - 4)
-        h = row_h - lane_h - 10 if e.stream != "pp" else lane_h
-        fill = "#9e9e9e" if is_post else ("#70ad47" if e.stream == "pp" else UNIT_COLORS.get(e.name[:1], "#9e9e9e"))
-        w = max(x(e.end_s) - x(e.start_s), 0.5)
-        tip = f"stage {e.stage} {e.stream}: {e.name}, {e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms"
-        label = (f'<text x="{x(e.start_s) + w / 2:.1f}" y="{y + h / 2 + 4:.1f}" text-anchor="middle" fill="white">'
-                 f'{esc(e.name)}</text>') if e.stream != "pp" and w > 7 * len(e.name) else ""
-        out.append(f'<g><title>{esc(tip)}</title><rect x="{x(e.start_s):.2f}" y="{y}" width="{w:.2f}" height="{h}" '
-                   f'fill="{fill}" stroke="white" stroke-width="0.5"/>{label}</g>')
-    out.append("</svg>")
+        lanes.setdefault((e.stage, e.stream == "pp"), []).append((e, is_post))
+    merged = 0
+    out.append('<g stroke="white" stroke-width="0.5">')
+    for (stage, pp), units in sorted(lanes.items()):
+        y = top + stage * row_h + (row_h - lane_h - 4 if pp else 2)
+        h = lane_h if pp else row_h - lane_h - 10
+        for run in gantt_runs(sorted(units, key=lambda u: (u[0].start_s, u[0].end_s)), plot_w / end_s):
+            merged += len(run) > 1
+            out.append(_run_shape(run, x, y, h))
+    out.append("</g></svg>")
     legend = " ".join(f'<span style="color:{c}">&#9632;</span> {k}' for k, c in
                       (("forward", UNIT_COLORS["F"]), ("backward", UNIT_COLORS["B"]), ("weight gradient",
                        UNIT_COLORS["W"]), ("pp send", "#70ad47"), ("step end (reduction, optimizer)", "#9e9e9e")))
+    if merged:
+        legend += (f"; units under {NARROW_PX:g} px are drawn merged with their neighbours, in their colours' "
+                   "time-weighted mix (hover for the count)")
     return "".join(out) + f'<p class="note">{legend}</p>'
 
 

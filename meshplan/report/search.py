@@ -37,8 +37,8 @@ from meshplan.plan_runtime import export_refusals
 from meshplan.report.search_clear import clear_lines, clear_to_dict
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
-                                         peak_cell, recompute_lines, split_ac_lines, table_heading, tier_lines, tight,
-                                         variants_line)
+                                         peak_cell, recompute_lines, safer_lines, split_ac_lines, table_heading,
+                                         tier_lines, tight, variants_line)
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
@@ -116,12 +116,14 @@ def tiers_to_dict(r: SearchResult) -> dict[str, Any]:
     """``--json``'s ``headroom_tiers``: ``on`` (``[search] headroom_tier``), ``tight_rows`` (the rows
     shown, 1 = the top, that keep under 15% of the usable memory free: each top row's ``tier``),
     ``moved`` (the candidate indices of the tight rows the order rule put before row 1, listed after
-    it), ``line`` (the tier line printed, null where no row shown is tight)."""
+    it), ``line`` (the tier line printed, null where no row shown is tight), ``safer`` (the candidate
+    indices of each row shown at its mesh's fastest clear setting and of that mesh's tight first one)."""
     usable = usable_bytes(r.config.cluster, r.config.training)
     line = tier_lines(r)
     return {"on": r.config.search.headroom_tier,
             "tight_rows": [k for k, e in enumerate(r.top, 1) if tight(r, e, usable)],
-            "moved": [e.index for e in r.tiered_past], "line": line[0] if line else None}
+            "moved": [e.index for e in r.tiered_past], "line": line[0] if line else None,
+            "safer": [{"shown": a.index, "tight": b.index} for a, b in r.safer]}
 
 
 def placed_rows(r: SearchResult) -> list[dict[str, Any]]:
@@ -239,13 +241,14 @@ def print_search(r: SearchResult, console: Console) -> None:
 def table_lines(r: SearchResult) -> list[str]:
     """Every line printed under the top table, before the best rejected one: where the config's
     own mesh stands, what recompute ``selective`` models, the order rule, the headroom tiers
-    (:func:`~meshplan.report.search_lines.tier_lines`), the top's other settings
+    (:func:`~meshplan.report.search_lines.tier_lines`), the rows shown at a setting that keeps the
+    headroom (:func:`~meshplan.report.search_lines.safer_lines`), the top's other settings
     (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
     warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`),
     the one pointer to the first row shown clear of every row warning
     (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one
     source for the text and the HTML page."""
-    out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + tier_lines(r) + variants_line(r)
+    out = configured_lines(r) + recompute_lines(r) + [RULE_LINE] + tier_lines(r) + safer_lines(r) + variants_line(r)
     if r.explanation is not None:
         out.append(r.explanation.line())
     out.append(goodput_line(r))

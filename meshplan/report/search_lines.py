@@ -5,7 +5,8 @@
 (:func:`goodput_line`, :func:`goodput_shared`), what the ``selective`` recompute of a row
 models in the runtime's words (:func:`recompute_lines`), the headroom warning
 (:func:`headroom_lines`), the warning on a row 1 that runs a split-backward schedule with activation
-checkpointing under torch (:func:`split_ac_lines`) and the top mesh's other settings (:func:`variants_line`);
+checkpointing under torch (:func:`split_ac_lines`), the rows shown at a setting that keeps the headroom
+(:func:`safer_lines`) and the top mesh's other settings (:func:`variants_line`);
 :func:`meshplan.report.search.table_lines` puts every line under the table in order.
 """
 
@@ -152,6 +153,25 @@ def tier_lines(r: SearchResult) -> list[str]:
     usable = usable_bytes(r.config.cluster, r.config.training)
     n = sum(tight(r, e, usable) for e in r.top)
     return [tier_line(n, len(r.top), r.config.search.headroom_tier)] if n else []
+
+
+def safer_lines(r: SearchResult) -> list[str]:
+    """One line per row the headroom tiers showed at its mesh's fastest setting that keeps the
+    headroom rather than its first by the rule, which is tight (:attr:`SearchResult.safer
+    <meshplan.search.driver.SearchResult.safer>`, :func:`meshplan.search.headroom.clear_rows`):
+    ``row 1 (dp_shard 128) is shown at mb 2, full, vpp 1, zero3 (14.708 s, 75.7% free), its fastest
+    setting that keeps 15% of the usable memory free; faster, mb 1, none, vpp 1, zero3 (11.212 s) keeps
+    3.4% free (tight)``."""
+    usable, out = usable_bytes(r.config.cluster, r.config.training), []
+    at = {e.index: k for k, e in enumerate(r.top, 1)}
+    for shown, first in r.safer:
+        mesh, _ = r.candidates.label(shown.index).split(", mb ", 1)
+        out.append(f"row {at.get(shown.index, '?')} ({mesh}) is shown at {_setting(r.candidates.label(shown.index), mesh)} "
+                   f"({shown.step_s:.3f} s, {1 - shown.peak_bytes / usable:.1%} free), its fastest setting that keeps "
+                   f"{ALLOCATOR_FRAGMENTATION:.0%} of the usable memory free; faster, "
+                   f"{_setting(r.candidates.label(first.index), mesh)} ({first.step_s:.3f} s) keeps "
+                   f"{1 - first.peak_bytes / usable:.1%} free (tight)")
+    return out
 
 
 def table_heading(r: SearchResult, n: int) -> str:

@@ -27,9 +27,9 @@ from meshplan.plan import Plan
 from meshplan.schedule.link_spill import heaviest_nic_stage
 from meshplan.schedule.linkload import EdgeLoad, edge_loads
 from meshplan.schedule.netload import network_loads
-from meshplan.schedule.verdict import Replanned, clearly_faster, fsdp_knobs, knob_outcome, knob_name, stream_of
+from meshplan.schedule.verdict import Replanned, fsdp_knobs, replanned_knobs, stream_of
 from meshplan.spec.search import TIE
-from meshplan.units import GB, GiB, step_seconds
+from meshplan.units import GB, step_seconds
 
 #: Share of its window (the stage's compute time) an edge must be busy for the step to be called
 #: bound by its traffic. A judgement, not a measured constant: at 80% the traffic has under a
@@ -114,18 +114,13 @@ def _rail(edge: EdgeLoad) -> int:
 
 def _knob_list(st, found, alternatives) -> str:
     """``: shorter with K (step ..., -7.0%, peak ... fits); ...`` for the knobs faster by more than
-    :data:`TIE`, or ``: none of its knobs ... (outcomes)``, as :func:`exposed_hint` lists them."""
-    faster, tried = [], []
-    for words, update in found:
-        alt: Replanned = alternatives(update)
-        tried.append(f"{knob_name(update)}: {knob_outcome(st.step_s, alt)}")
-        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
-            faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
-                          f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
+    :data:`TIE`, best first, or ``: none of its knobs ... (outcomes)``
+    (:func:`~meshplan.schedule.verdict.replanned_knobs`)."""
+    faster, tried = replanned_knobs(st.step_s, found, alternatives)
     if faster:
         return ": shorter with " + "; ".join(faster)
     return (f": none of the FSDP knobs re-planned fits with a step more than {TIE:.0%} shorter "
-            f"({'; '.join(tried) or 'no knob'})")
+            f"({tried or 'no knob'})")
 
 
 def link_bound_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], Replanned]], *,

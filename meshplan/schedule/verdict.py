@@ -204,7 +204,7 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     """``hint:`` line for a step under the network-bound share whose critical stage exposes
     :data:`HINT_SHARE` of the step or more on an FSDP stream with knobs (:func:`fsdp_knobs`):
     each knob re-planned by ``alternatives``, those that fit with a step shorter by more than
-    :data:`~meshplan.spec.search.TIE` (:func:`clearly_faster`) listed with
+    :data:`~meshplan.spec.search.TIE` (:func:`clearly_faster`) listed best first (shortest step) with
     their step, its change against this one and their peak (none: the line says so, with each
     knob's outcome, :func:`knob_outcome`: its peak where it does not fit, its step where it fits); no line
     without ``alternatives``. examples/llama3-70b_256xh100_dp32-tp8.toml (dp_shard 32 x tp 8, 16
@@ -214,20 +214,30 @@ def exposed_hint(plan: Plan, st, alternatives: Optional[Callable[[dict], "Replan
     found = fsdp_knobs(plan, stream) if stream and shares[stream] >= HINT_SHARE else None
     if alternatives is None or found is None:
         return []
-    faster, outcomes = [], []
-    for words, update in found[1]:
-        alt = alternatives(update)
-        outcomes.append(alt)
-        if alt.step_s is not None and clearly_faster(st.step_s, alt.step_s):
-            faster.append(f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / st.step_s - 1:+.1%}, "
-                          f"peak {alt.peak_bytes / GiB:.1f} GiB fits)")
+    faster, tried = replanned_knobs(st.step_s, found[1], alternatives)
     head = (f"hint: exposed {st.named(stream)} is {shares[stream]:.1%} of the step ({st.exposed_s[stream]:.1f} s "
             f"of {step_seconds(st.step_s)}; {counted(plan.micro_batches, 'micro-batch')} per step)")
     if not faster:
-        tried = "; ".join(f"{knob_name(u)}: {knob_outcome(st.step_s, alt)}" for (_, u), alt in zip(found[1], outcomes))
         return [f"{head}: none of its knobs re-planned fits with a step more than {TIE:.0%} shorter "
                 f"({tried or 'no knob'})"]
     return [f"{head}: shorter with " + "; ".join(faster)]
+
+
+def replanned_knobs(step_s: float, knobs: list[tuple[str, dict]],
+                    alternatives: Callable[[dict], "Replanned"]) -> tuple[list[str], str]:
+    """(the knobs that fit with a step shorter than ``step_s`` by more than :data:`TIE`, each as
+    ``words (step ..., -7.0%, peak ... fits)``, best first: shortest step, ties in the knob list's
+    order; every knob's outcome, :func:`knob_outcome`, joined by ``; ``) for the FSDP hint and the
+    link hint alike (newcomer trial 23: the 16% micro-batch knob was listed, the 25% overlap_comm
+    one was not; a list in knob order would put a smaller gain first)."""
+    faster, tried = [], []
+    for words, update in knobs:
+        alt = alternatives(update)
+        tried.append(f"{knob_name(update)}: {knob_outcome(step_s, alt)}")
+        if alt.step_s is not None and clearly_faster(step_s, alt.step_s):
+            faster.append((alt.step_s, f"{words} (step {step_seconds(alt.step_s)}, {alt.step_s / step_s - 1:+.1%}, "
+                                       f"peak {alt.peak_bytes / GiB:.1f} GiB fits)"))
+    return [w for _, w in sorted(faster, key=lambda f: f[0])], "; ".join(tried)
 
 
 def knob_name(update: dict) -> str:

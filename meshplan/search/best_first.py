@@ -22,9 +22,11 @@ from meshplan.search.estimate import Estimates, refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.frontier import Frontier
-from meshplan.search.headroom import tight as tight_peak, tiered
+from meshplan.search.headroom import CLEAR_MAX, clear_rows, tight as tight_peak, tiered
 from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, simplicity, variants
 from meshplan.search.reasons import CODE, OK
+from meshplan.spec.search import TIE
+from meshplan.spec.axes.registry import search_axes
 from meshplan.search.time_tables import TimeTables
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
@@ -46,9 +48,11 @@ class Ranking:
     first ``top`` distinct meshes by :mod:`meshplan.search.rank`'s rule); ``proven``; ``fastest``,
     the fastest feasible candidate planned (the tie rule may list it below the top, or leave it
     out); ``placed``, every candidate the rule placed up to the last row, rows and their meshes'
-    other settings, in order; ``variants``, the top mesh's other settings within 1% of the fastest;
+    other settings, in order (with the rows shown at a slower setting, ``safer``); ``variants``, the top mesh's other settings within 1% of the fastest;
     ``tiered_past``, the tight rows the rule's order put before row 1, which the headroom tiers
-    (:mod:`meshplan.search.headroom`) listed after it (empty without tiers or where they moved none)."""
+    (:mod:`meshplan.search.headroom`) listed after it (empty without tiers or where they moved none);
+    ``safer``, (row shown, its mesh's tight first setting) where the tiers showed a mesh at its first
+    clear setting instead (:func:`~meshplan.search.headroom.clear_rows`)."""
 
     top: list[Exact]
     proven: bool
@@ -56,6 +60,7 @@ class Ranking:
     placed: list[Exact] = field(default_factory=list)
     variants: list[Exact] = field(default_factory=list)
     tiered_past: list[Exact] = field(default_factory=list)
+    safer: list[tuple[Exact, Exact]] = field(default_factory=list)
 
 
 #: ``progress(label, done, total)``, called as exact plans complete.
@@ -196,15 +201,71 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
         rows_of = _rows_of(cfg, c, run)
-        if not _complete_top(c, steps, o.top, run, rows_of) or not proven:
-            fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
-            order = order_all(c, steps, peaks=_peaks(steps, run))
-            rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
-            past = by_rule[:by_rule.index(rows[0])] if rows else []
-            return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
-                           [run.exact[i] for i in _prefix(c, order, o.top)],
-                           [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [],
-                           [run.exact[i] for i in past])
+        if _complete_top(c, steps, o.top, run, rows_of) and proven:
+            continue
+        if o.headroom_tier and _plan_clear(cfg, c, eligible, steps, run) and \
+                _complete_top(c, steps, o.top, run, rows_of) and proven:
+            continue
+        fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
+        order = order_all(c, steps, peaks=_peaks(steps, run))
+        rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
+        row_meshes = [mesh_of(c, i) for i in by_rule]  # row 1 may be its mesh's clear setting, not in by_rule
+        past = [i for i in by_rule[:row_meshes.index(mesh_of(c, rows[0]))] if i in rows] if rows else []  # not swapped
+        swapped = clear_rows(by_rule, order, lambda i: mesh_of(c, i), _tight_of(cfg, run))[1] if o.headroom_tier else []
+        swapped.sort(key=lambda pair: rows.index(pair[0]))  # by the row shown
+        return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
+                       [run.exact[i] for i in _with_rows(_prefix(c, order, o.top), rows, order)],
+                       [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [],
+                       [run.exact[i] for i in past], [(run.exact[a], run.exact[b]) for a, b in swapped])
+
+
+def _with_rows(prefix: list[int], rows: list[int], order: list[int]) -> list[int]:
+    """``prefix`` (the candidates the rule placed up to the last row) with every row shown that it
+    lacks (a mesh shown at a slower setting that keeps the headroom), in ``order``'s order."""
+    pos = {i: k for k, i in enumerate(order)}
+    return sorted(set(prefix) | set(rows), key=lambda i: pos[i])
+
+
+def _tight_of(cfg: Config, run: Runner) -> Callable[[int], Optional[bool]]:
+    """Whether a planned candidate is tight (:func:`meshplan.search.headroom.tight`): True, False,
+    or None where its memory is not planned."""
+    usable, frac = usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
+
+    def is_tight(i: int) -> Optional[bool]:
+        e = run.exact.get(i)
+        return bool(tight_peak(e.peak_bytes, usable, frac)) if e is not None and e.complete else None
+    return is_tight
+
+
+def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[int, float], run: Runner) -> bool:
+    """For each row whose first setting is tight, its mesh's other eligible settings planned in
+    the order of their step-time bound until the next bound is past the tie band (:data:`TIE`) of the
+    fastest clear one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`; those whose memory
+    lower bound, less the bounds' margin, is already tight left out), so that
+    :func:`~meshplan.search.headroom.clear_rows` can show the fastest that keeps the headroom;
+    those that fit join ``steps``. True where one joined."""
+    is_tight, lo, added = _tight_of(cfg, run), run.est.step_lo, False
+    usable, frac = usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
+    for r in distinct(c, order_all(c, steps, peaks=_peaks(steps, run)))[:cfg.search.top]:
+        if not is_tight(r):
+            continue
+        same = eligible[np.all([c.degree(col.column)[eligible] == c.degree(col.column)[r]
+                                for _, col in search_axes()], axis=0)]
+        same = same[~tight_peak(run.est.peak_lo[same] / (1 + run.margin), usable, frac)]  # not tight for sure
+        best = float("inf")
+        for i in same[np.argsort(lo[same], kind="stable")][:CLEAR_MAX]:
+            if lo[i] > best * (1 + TIE):  # past the tie band of the fastest clear one: cannot be listed first
+                break
+            e = run.plan([int(i)], SIMULATE, label="headroom")[0] if _needs(run, int(i)) else run.exact[int(i)]
+            if e.feasible and e.step_s is not None:
+                added |= int(i) not in steps
+                steps[int(i)] = e.step_s
+                best = min(best, e.step_s) if is_tight(int(i)) is False else best
+    return added
+
+
+def _needs(run: Runner, i: int) -> bool:
+    return i not in run.exact or _short_of(run.exact[i], SIMULATE)
 
 
 def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, float], top: int,
@@ -233,6 +294,7 @@ def _rows_of(cfg: Config, c: Candidates, run: Runner) -> Callable[[list[int]], l
         rows = distinct(c, order)[:o.top]
         if not o.headroom_tier:
             return rows
+        rows = clear_rows(rows, order, lambda i: mesh_of(c, i), _tight_of(cfg, run))[0]
         return tiered(rows, [run.exact[i].complete and tight_peak(run.exact[i].peak_bytes, usable, frac)
                              for i in rows])
     return rows_of

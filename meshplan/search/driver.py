@@ -63,7 +63,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -104,7 +104,9 @@ class SearchResult:
     other settings within 1% of the fastest step, at most 3; ``widened``: where no candidate fits
     and ``[search] cp`` is narrowed, the fastest row with every cp (:func:`meshplan.search.widen.widen`,
     which ``meshplan search`` runs after this search; None otherwise); ``tiered_past``: the tight rows the
-    rule's order put before row 1, listed after it by the headroom tiers (:mod:`meshplan.search.headroom`)."""
+    rule's order put before row 1, listed after it by the headroom tiers (:mod:`meshplan.search.headroom`);
+    ``safer``: (row shown, its mesh's first setting by the rule, tight) where the tiers showed the mesh
+    at its fastest setting that keeps the headroom (:func:`~meshplan.search.headroom.clear_rows`)."""
 
     config: Config
     candidates: Candidates
@@ -126,6 +128,7 @@ class SearchResult:
     variants: list[Exact] = field(default_factory=list)
     widened: Optional["Widened"] = None
     tiered_past: list[Exact] = field(default_factory=list)
+    safer: list[tuple[Exact, Exact]] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
@@ -218,8 +221,9 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
     mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past),
-                        mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past)
+                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past, ranking.safer),
+                        mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past,
+                        safer=ranking.safer)
 
 
 class _Clock:
@@ -249,11 +253,13 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
 
 
 def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
-                 fastest: Optional[Exact], tiered_past: list[Exact]) -> Optional[Explanation]:
+                 fastest: Optional[Exact], tiered_past: list[Exact],
+                 safer: Sequence[tuple[Exact, Exact]] = ()) -> Optional[Explanation]:
     """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
     simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
     listed the top before it, or the headroom tiers did (``tiered_past``, the tight rows the rule
-    put first: :func:`_tier_words`)."""
+    put first: :func:`_tier_words`; ``safer``, the meshes they show at a setting that keeps the
+    headroom, whose tight first setting may be the fastest: :func:`_safer_words`)."""
     if len(top) < 2:
         return None
     a, b = top[0], top[1]
@@ -261,14 +267,14 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
         return None
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
-    criterion = _tier_words(cfg, a, tiered_past, top)
+    criterion = _tier_words(cfg, a, tiered_past, top) or _safer_words(cfg, a, f, safer, top)
     if not criterion and f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
         first, criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
                                   [a.peak_bytes, f.peak_bytes])
         criterion = criterion if first is not None else f"{criterion} (enumeration order)"  # equal on every key
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
                    fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion,
-                   tiers=bool(tiered_past))
+                   tiers=bool(tiered_past) or any(t.index == f.index for _, t in safer))
 
 
 def _tier_words(cfg: Config, a: Exact, past: list[Exact], top: list[Exact]) -> str:
@@ -283,3 +289,18 @@ def _tier_words(cfg: Config, a: Exact, past: list[Exact], top: list[Exact]) -> s
     free = ", ".join(f"{1 - e.peak_bytes / usable:.1%}" for e in past)
     return (f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free, row{'s' if len(past) > 1 else ''} "
             f"{rows} (first by the order rule) {free}, under {ALLOCATOR_FRAGMENTATION:.0%}")
+
+
+def _safer_words(cfg: Config, a: Exact, fastest: Exact, safer, top: list[Exact]) -> str:
+    """Where the fastest candidate is a mesh's tight first setting that the headroom tiers show at
+    a setting keeping the headroom (``safer``: (shown, tight) pairs): ``it keeps 57.7% of the usable
+    memory free, the fastest 6.4%, under 15% (its mesh is row 2, at its fastest setting that keeps
+    it)``; "" otherwise."""
+    shown = next((s for s, t in safer if t.index == fastest.index), None)
+    if shown is None:
+        return ""
+    usable = usable_bytes(cfg.cluster, cfg.training)
+    row = next((k for k, e in enumerate(top, 1) if e.index == shown.index), "?")
+    return (f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free, the fastest "
+            f"{1 - fastest.peak_bytes / usable:.1%}, under {ALLOCATOR_FRAGMENTATION:.0%} (its mesh is row {row}, at its "
+            f"fastest setting that keeps it)")

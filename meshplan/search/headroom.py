@@ -15,16 +15,26 @@ in the same order, marked. The rows themselves (the top N distinct meshes by ste
 same as without tiers, so the rule's guarantee on the meshes left out still holds; only their
 order changes. ``headroom_tier = false`` (``search --rank-tight``) keeps the order by step alone.
 
+Within one mesh the tiers choose too (:func:`clear_rows`; newcomer trial 23: a single-mesh DeepSpeed
+search showed its one row at no recompute, 3.3% free, while the same mesh with full recompute kept
+50 GiB free): a row whose first setting by the rule is tight is shown at the first setting of its
+mesh, in the rule's order, that keeps the headroom, where the search planned one; the tight setting
+is named after it (``SearchResult.safer``). The search plans such a mesh's other settings
+for this (:data:`CLEAR_MAX`, :func:`meshplan.search.best_first.best_first`).
+
 >>> usable = 72e9  # 80 GB of HBM less a 10% reserve
 >>> tight(62.8 * 2**30, usable, 0.0), tight(28.3 * 2**30, usable, 0.0), tight(62.8 * 2**30, usable, 0.15)
 (True, False, False)
 >>> tiered([11, 4, 9], [True, False, False])  # rows in the rule's order, the first one tight
 [4, 9, 11]
+>>> clear_rows([11, 4], [11, 4, 7, 12], {11: "A", 4: "B", 7: "A", 12: "B"}.get,
+...            {11: True, 4: False, 7: False}.get)
+([4, 7], [(7, 11)])
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -47,6 +57,34 @@ def tiered(rows: Sequence[int], is_tight: Sequence[bool]) -> list[int]:
     columns, the tier then the rule's position (a stable partition)."""
     order = np.lexsort((np.arange(len(rows)), np.asarray(is_tight, dtype=bool)))
     return [rows[int(k)] for k in order]
+
+
+#: Settings of one tight row's mesh the search plans at most, in the order of their step-time
+#: bound, looking for its fastest setting that keeps the headroom (:func:`clear_rows`). A cost
+#: cap, not a model constant: a mesh has at most a few dozen settings (micro-batch x recompute x
+#: sharding x reshard), and past the first 16 by bound none is likely to be a row worth showing.
+CLEAR_MAX = 16
+
+
+def clear_rows(rows: Sequence[int], order: Sequence[int], mesh: Callable[[int], object],
+               is_tight: Callable[[int], Optional[bool]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """(``rows`` with each tight row replaced by the first candidate of its mesh in ``order`` that
+    is known clear, the rows then in ``order``'s order; the (shown, tight) pairs replaced).
+    ``rows``: the first candidate of each mesh in ``order`` (the rule's order of every planned
+    candidate); ``mesh(i)``: candidate i's mesh; ``is_tight(i)``: True (tight), False (clear) or
+    None (memory not planned: neither). A mesh with no clear candidate keeps its tight row.
+    In the module's doctest, rows 11 (mesh A, tight) and 4 (mesh B): A's first clear setting is 7,
+    listed after 4 since the rule placed it after 4."""
+    pos = {i: k for k, i in enumerate(order)}
+    out, pairs = [], []
+    for r in rows:
+        if is_tight(r):
+            clear = next((i for i in order if mesh(i) == mesh(r) and is_tight(i) is False), None)
+            if clear is not None:
+                pairs.append((clear, r))
+                r = clear
+        out.append(r)
+    return sorted(out, key=lambda i: pos[i]), pairs
 
 
 #: How to rank by step alone, as the tier line names it.

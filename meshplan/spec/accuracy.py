@@ -70,6 +70,27 @@ FIDELITY = (
 )
 
 
+#: The development set's figures (:data:`FIDELITY`'s first): the smallest error measured, so a
+#: predicted difference within its max error is one the model cannot resolve anywhere.
+DEVELOPMENT = FIDELITY[0]
+
+
+def within_error(shorter: float) -> str:
+    """Words for a predicted step difference ``shorter`` (a fraction, :func:`meshplan.spec.search.shorter_by`)
+    within the model's max |error| on the development set (:data:`DEVELOPMENT`, 3.3%), "" beyond it
+    (newcomer trial 23: ``compare`` chose on a 2.9% difference without saying so).
+
+    >>> within_error(0.029)
+    "within the model's 3.3% max error on the development set: measure both before choosing"
+    >>> within_error(0.034)
+    ''
+    """
+    if shorter > DEVELOPMENT.max_abs_error:
+        return ""
+    return (f"within the model's {DEVELOPMENT.max_abs_error:.1%} max error on the development set: measure both "
+            "before choosing")
+
+
 def mfu_caveat() -> str:
     """The one line ``step`` and ``search`` print where their text shows MFU: the step (and so
     MFU) is the model's prediction, whose measured error depends on the setting (:data:`FIDELITY`:
