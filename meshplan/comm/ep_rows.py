@@ -109,8 +109,10 @@ def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> 
     dt = t.compute_dtype
     token_bytes = m.hidden * dtype_bytes(dt)
 
+    keep = deepep.keep_share(t, m, tokens, mesh.ep)  # a capacity's kept share (dropless: 1)
+
     def timer(path, cluster):
-        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep)
+        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep, keep)
         size = (k.nvlink_bytes + k.network_bytes) * mesh.ep / (mesh.ep - 1)
         words = (f"{DEEPEP_CADENCE[:-1]}; per call {k.network_bytes / 1e6:,.1f} MB through the NIC, "
                  f"{k.nvlink_bytes / 1e6:,.1f} MB on NVLink)")
