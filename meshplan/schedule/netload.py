@@ -9,7 +9,7 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
-from meshplan.placement.spine import exit_crosses, leaf_of, pair_crosses
+from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
 
 
 def layer_pass_calls(row, passes: int) -> float:
@@ -43,7 +43,9 @@ def network_loads(plan, rows, passes, node: int = 0):
     node's ring bytes; NCCL's double binary tree is counted as the ring (its tree edges
     between nodes also cross a scalable unit's border about once per unit, NCCL
     ``graph/trees.cc``); of an all-to-all each member's sends to peers on other nodes that sit
-    on another rail or leaf (:func:`_spine_share`)."""
+    on another rail or leaf (:func:`_spine_share`); of DeepEP's dispatch (algorithm ``deepep``) each
+    member's RDMA sends to the same-index member of the other nodes, rail-aligned
+    (:func:`~meshplan.placement.spine.aligned_share`)."""
     mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
     mine = leaf_nodes(cluster, node)
     nics: dict[int, list[float]] = {}
@@ -80,7 +82,8 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink) -> None:
         sent = len(members) * off
         used = sorted({int(x) for x in p.nic[members] if x >= 0})
         share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
-        up = (_spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
+        up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
+              else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
         for i in used:
             if nd == node:
