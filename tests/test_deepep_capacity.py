@@ -15,15 +15,17 @@ from fractions import Fraction
 from math import comb
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.routing import RoutingOptions, a2a_rows, routing
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import write
 from meshplan.plan import build_plan
+from meshplan.schedule.ep_routing import routing_caveat
 from tests.configs import example_toml
 
 NAME = "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
@@ -31,10 +33,14 @@ DSV3 = Path(__file__).resolve().parents[1] / "examples" / NAME
 PER = 4096 * 7168 * 2  # bytes of a rank's tokens per call
 
 
-def _ep(tmp_path, **training):
+def _plan(tmp_path, **training):
     f = tmp_path / "c.toml"
     f.write_text(example_toml(NAME, moe_dispatcher="deepep", **training))
-    return [r for r in build_plan(load_config(f)).stage(1).collectives if r.axis == "ep"]
+    return build_plan(load_config(f))
+
+
+def _ep(tmp_path, **training):
+    return [r for r in _plan(tmp_path, **training).stage(1).collectives if r.axis == "ep"]
 
 
 def _node_hit(keep: Fraction) -> Fraction:
@@ -54,7 +60,8 @@ def test_a_capacity_factor_that_drops_nothing_under_balanced_routing_sends_the_d
 
 def test_a_capacity_that_keeps_half_the_copies_thins_deepeps_node_and_rank_copies(tmp_path):
     # C = ceil(0.5 x 128) = 64: every expert keeps 64 of its 128 copies, q = 1/2
-    row = _ep(tmp_path, moe_capacity_factor=0.5)[0]
+    plan = _plan(tmp_path, moe_capacity_factor=0.5)
+    row = [r for r in plan.stage(1).collectives if r.axis == "ep"][0]
     nvl, net = row.link_bytes
     assert net == pytest.approx(PER * 7 * float(_node_hit(Fraction(1, 2))), rel=1e-9)
     assert net == pytest.approx(135.9e6, rel=1e-3)  # of 186.5 MB dropless: fewer nodes hit
@@ -62,6 +69,12 @@ def test_a_capacity_that_keeps_half_the_copies_thins_deepeps_node_and_rank_copie
     miss_r = sum(Fraction(comb(4, a) * comb(124, 8 - a), comb(128, 8)) * Fraction(1, 2) ** a for a in range(5))
     ranks = 64 * Fraction(1, 2) * (1 - miss_r)
     assert nvl == pytest.approx(PER * float(ranks) * 7 / 8, rel=1e-9)
+    # the step's note and the plan's say the same thinned copies: 7/8 x 8 x P(node hit) = 2.31 across nodes
+    assert round(7 * float(_node_hit(Fraction(1, 2))), 2) == 2.31
+    note = routing_caveat(plan)
+    assert "2.31 of 8 copies per token cross nodes" in note and "0.5 of the copies kept by the capacity" in note
+    assert any("16384 of the 32768 copies kept and sent (balanced), 16384 dropped per rank per layer" in n
+               for n in plan.notes)
 
 
 def test_unpadded_capacity_rows_keep_at_most_c_per_expert_with_a_hot_expert():
@@ -70,6 +83,8 @@ def test_unpadded_capacity_rows_keep_at_most_c_per_expert_with_a_hot_expert():
     r = routing(RoutingOptions(capacity_factor=1.0, hottest_share=0.4, padded=False), 100, 2, 8, 2)
     assert (r.capacity, r.send_rows, r.hot_expert_rows, r.other_expert_rows) == (25, 25 + 7 * 18, 2 * 25, 2 * 18)
     assert r.recv_rows == 2 * (25 + 3 * 18) and r.dropped == 55
+    ro = RoutingOptions(capacity_factor=1.0, hottest_share=0.4, padded=False)  # the search's vectorised form
+    assert a2a_rows(ro, np.array([100]), 2, 8, np.array([2])).tolist() == [r.recv_rows]
     padded = routing(RoutingOptions(capacity_factor=1.0, hottest_share=0.4), 100, 2, 8, 2)
     assert (padded.send_rows, padded.hot_expert_rows) == (8 * 25, 2 * 25)
 
