@@ -79,6 +79,7 @@ from math import comb, log2
 from typing import Optional
 
 from meshplan import catalog
+from meshplan.compute.routing import RoutingOptions, routing
 
 GB = 1e9
 
@@ -230,7 +231,6 @@ def keep_share(training, model, tokens: int, ep: int) -> float:
     >>> keep_share(t(1.25), m, 4096, 64), keep_share(t(0.5), m, 4096, 64)
     (1.0, 0.5)
     """
-    from meshplan.compute.routing import RoutingOptions, routing
     ro = RoutingOptions.of(training)
     if ro.dropless:
         return 1.0
