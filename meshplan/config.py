@@ -334,15 +334,13 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
 
 def _check_dispatcher(model: ModelSpec, training: TrainingSpec) -> None:
     """``moe_dispatcher = "deepep"``: Megatron-LM's flex dispatcher (framework megatron), for an MoE
-    model, without the padded capacity buffer (Megatron-LM's TransformerConfig refuses
-    ``moe_pad_expert_input_to_capacity`` with the deepep backend, transformer_config.py:1754-1761 at
-    NVIDIA/Megatron-LM d98e8a6; meshplan plans a capacity factor as that padded buffer)."""
+    model. A capacity factor is planned without the padded buffer (Megatron-LM's TransformerConfig
+    refuses ``moe_pad_expert_input_to_capacity`` with the deepep backend, transformer_config.py:1754-1761
+    at NVIDIA/Megatron-LM d98e8a6, and passes the router's dropped copies to DeepEP masked:
+    :mod:`meshplan.compute.routing`, capacity without padding)."""
     field = "training.moe_dispatcher"
     if training.framework != "megatron":
         raise ConfigError(field, f"\"deepep\" is Megatron-LM's flex token dispatcher with the DeepEP backend; "
                           f"framework {training.framework!r} has none: set framework = \"megatron\" or remove it")
     if not model.is_moe:
         raise ConfigError(field, f"{model.name} has no experts; remove moe_dispatcher")
-    if training.moe_capacity_factor is not None:
-        raise ConfigError(field, "\"deepep\" sends the routed copies only (Megatron-LM refuses the padded "
-                          "capacity buffer with it): remove moe_capacity_factor, or set moe_dispatcher = \"alltoall\"")

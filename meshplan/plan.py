@@ -28,7 +28,7 @@ import numpy as np
 
 from meshplan.comm.collectives import collective_table
 from meshplan.comm.deepep import copies as deepep_copies
-from meshplan.comm.deepep import describe as describe_deepep
+from meshplan.comm.deepep import describe as describe_deepep, keep_share
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
@@ -265,7 +265,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     tp, tokens = mesh.degree("tp"), shapes.tokens
     span = ep_span(mesh, placement)
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
-                                   deepep=_deepep_copies(config, mesh, span[0])) if reports else constraints
+                                   deepep=_deepep_copies(config, mesh, span[0], tokens)) if reports else constraints
     notes = v.notes
     if t.pp_schedule_runs > 1 and pp == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
@@ -275,12 +275,14 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         # the tp ranks split their tokens tp/etp ways before routing: a Megatron import's etp = tp
         # (Megatron-LM's default) routes twice the tokens of a TOML's default etp 1 at tp 2
         origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
+        routed = max(1, tokens * mesh.etp // tp)
         if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
-            notes += (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}"
-                      f"{max(1, tokens * mesh.etp // tp)}; " + describe_deepep(m, mesh.ep, span[0])
+            head = (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}{routed}" if ro.dropless else
+                    routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin))
+            notes += (head + "; " + describe_deepep(m, mesh.ep, span[0], keep_share(t, m, routed, mesh.ep))
                       + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
         else:
-            notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
+            notes += (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(
                 ro, m.top_k, m.experts, mesh.ep, origin),)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
@@ -298,14 +300,16 @@ def ep_span(mesh: Mesh, placement: Placement) -> tuple[int, int]:
     return len(counts), int(counts.max())
 
 
-def _deepep_copies(config: Config, mesh: Mesh, nodes: int) -> tuple[float, float, int] | None:
+def _deepep_copies(config: Config, mesh: Mesh, nodes: int, tokens: int) -> tuple[float, float, int] | None:
     """Under ``training.moe_dispatcher = "deepep"`` at ep > 1, a token's copies across nodes, its NVLink
-    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep group on ``nodes`` nodes) and
-    its routed copies (top_k), for the ep line (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
-    m = config.model
-    if config.training.moe_dispatcher != "deepep" or mesh.ep < 2:
+    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep group on ``nodes`` nodes, of the
+    copies the capacity keeps of the rank's ``tokens`` local tokens) and its routed copies (top_k), for the
+    ep line (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
+    m, t = config.model, config.training
+    if t.moe_dispatcher != "deepep" or mesh.ep < 2:
         return None
-    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group)
+    keep = keep_share(t, m, max(1, tokens * mesh.etp // mesh.degree("tp")), mesh.ep)
+    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group, keep)
     return c.other_nodes, c.nvlink, m.top_k
 
 

@@ -87,16 +87,19 @@ def test_deepep_under_framework_torch_is_a_one_line_error_naming_the_field(tmp_p
                                 "or remove it")
 
 
-def test_deepep_refuses_a_dense_model_and_a_capacity_factor():
+def test_deepep_refuses_a_dense_model_and_plans_a_capacity_factor_unpadded():
     base = {"cluster": {"system": "dgx-h100", "nodes": 1}, "mesh": {"names": ["dp"], "shape": [8]}}
     tr = {"global_batch": 8, "seq_len": 4096, "framework": "megatron", "moe_dispatcher": "deepep"}
     with pytest.raises(ConfigError, match="has no experts") as e:
         config_from_dict({**base, "model": {"catalog": "llama3-8b"}, "training": tr})
     assert e.value.field == "training.moe_dispatcher"
-    with pytest.raises(ConfigError, match="remove moe_capacity_factor") as e:
-        config_from_dict({**base, "model": {"catalog": "mixtral-8x7b"}, "training": {**tr, "moe_capacity_factor": 1.25},
-                          "mesh": {"names": ["dp", "ep"], "shape": [8, 8]}})
-    assert e.value.field == "training.moe_dispatcher"
+    # Megatron-LM refuses only the padding flag under flex + deepep (transformer_config.py:1754-1761);
+    # a capacity factor's drops go to DeepEP masked (token_dispatcher.py _DeepepManager.setup_metadata)
+    cfg = config_from_dict({**base, "model": {"catalog": "mixtral-8x7b"}, "training": {**tr, "moe_capacity_factor": 1.25},
+                            "mesh": {"names": ["dp", "ep"], "shape": [8, 8]}})
+    assert cfg.training.moe_capacity_factor == 1.25
+    flags = write(cfg)
+    assert "--moe-expert-capacity-factor 1.25" in flags and "--moe-pad-expert-input-to-capacity" not in flags
 
 
 def test_arguments_without_the_group_flags_name_what_the_catalog_model_adds(tmp_path):

@@ -112,6 +112,37 @@ def test_ep_inside_one_node_runs_the_intranode_kernels_on_nvlink_only():
     # DeepEP's logical NVLink bytes (2 x per) at 153 and 158 of its measured 160 GB/s, scaled to 450 GB/s
     want = (per * 2 / (153 / 160 * 450e9) + per * 2 / (158 / 160 * 450e9)) / 2
     assert row.time_s == pytest.approx(want, rel=1e-12)
+    # inside one node the row's size is its NVLink bytes, busbw = algbw on NVLink
+    assert row.size_bytes == pytest.approx(per * 2 * 7 / 8, rel=1e-12)
+    assert row.busbw_bytes_per_s == row.algbw_bytes_per_s == pytest.approx(per * 2 * 7 / 8 / want, rel=1e-12)
+
+
+def test_the_deepep_rows_columns_are_the_nic_part_the_nvlink_part_in_the_cadence(tmp_path, capsys):
+    """Trial 24 #3: the row's size was the NVLink and NIC bytes together over (n-1)/n (573,547,152 B),
+    a busbw of 133.8 GB/s on a 50 GB/s NIC. Now: size = the NIC bytes per call, 3.1754 x 4096 x 14336 B,
+    algbw = busbw = 186.46 MB / 4.2201 ms = 44.2 GB/s, under the 50 GB/s NIC."""
+    import json
+    from tests.cli_run import run_main
+    from tests.test_cli_json import validate
+    plan = build_plan(_cfg(tmp_path, "deepep"))
+    row = _ep(plan)[0]
+    nvl, net = row.link_bytes
+    assert row.size_bytes == net == pytest.approx(186.459e6, rel=1e-5)
+    assert row.algbw_bytes_per_s == row.busbw_bytes_per_s == pytest.approx(net / 4.2201e-3, rel=1e-4)
+    assert round(row.busbw_bytes_per_s / 1e9, 1) == 44.2 < 50.0
+    assert row.sent_bytes == pytest.approx(nvl + net, rel=1e-12)  # the traffic of every report: both links
+    f = tmp_path / "deepep.toml"
+    out = tmp_path / "plan.json"
+    assert run_main("plan", f, "--json", out) == 0
+    text = capsys.readouterr().out
+    assert "│   186,459,394 │" in text and "│         44.2 │         44.2 │" in text
+    assert "deepep rows: size = the bytes one rank sends through its NIC per call" in text
+    assert "per call 186.5 MB through the NIC, 378.1 MB on NVLink" in text
+    doc = json.loads(out.read_text())
+    assert validate("plan", doc) == []
+    ep = [r for r in doc["collectives"]["stage 1"] if r["axis"] == "ep"][0]
+    assert ep["size_bytes"] == pytest.approx(net) and ep["busbw_bytes_per_s"] == pytest.approx(row.busbw_bytes_per_s)
+    assert ep["split"] == pytest.approx([nvl, net])
 
 
 def test_compare_weighs_the_dispatcher_as_a_knob_of_the_plan(tmp_path):

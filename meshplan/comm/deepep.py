@@ -37,6 +37,15 @@ nodes are ``(N - 1)/N x sum_j P_j(hit)``. Two cases in closed form:
   M 4: ``1/2 (1 - C(96, 8)/C(128, 8)) = 0.45363``, 3.6290 nodes, 3.1754 other nodes per token
   (plain top-k: 5.2947 and 4.6328).
 
+**Dropped copies** (a capacity factor under deepep, :mod:`meshplan.compute.routing` without
+padding): Megatron-LM's router drops the copies over the capacity and ``_DeepepManager`` masks them
+(index -1) before ``fused_dispatch``, so DeepEP sends a token to a unit only for its kept copies.
+With ``q`` the routing module's kept share of the copies (kept / T k), each copy modelled as kept
+independently with probability q, a unit holding ``a`` of the token's experts misses it with
+probability ``(1 - q)^a``; ``a`` given S is hypergeometric, so the miss term becomes
+``sum_a C(A_j(S), a) C(P - A_j(S), k - a) (1 - q)^a / C(P, k)`` (q = 1: the term a = 0 alone, as
+above). Balanced routing at a capacity factor >= 1 keeps every copy (q = 1): the dropless bytes.
+
 Where N differs from G the experts of a node cover part of a group or several groups; the sum
 above holds as it is under the stated layout (consecutive experts per rank, ranks g per node in
 order), which is the assumption there.
@@ -70,6 +79,7 @@ from math import comb, log2
 from typing import Optional
 
 from meshplan import catalog
+from meshplan.compute.routing import RoutingOptions, routing
 
 GB = 1e9
 
@@ -99,14 +109,19 @@ def _subset_sums(sizes: list[int], m: int) -> dict[int, int]:
 
 
 @lru_cache(maxsize=None)
-def hit_probabilities(experts: int, top_k: int, units: int, n_group: int = 1, topk_group: int = 1) -> tuple:
+def hit_probabilities(experts: int, top_k: int, units: int, n_group: int = 1, topk_group: int = 1,
+                      keep: float = 1.0) -> tuple:
     """P(unit j receives at least one of a token's ``top_k`` experts) for j = 0..units-1, the
     units (nodes or ranks) holding equal blocks of consecutive experts, under group-limited
     uniform routing over ``n_group`` groups of which ``topk_group`` are chosen (module
-    docstring). Plain top-k, 8 nodes of 32 experts: ``1 - C(224, 8)/C(256, 8)``:
+    docstring), each copy kept with probability ``keep`` (module docstring, dropped copies). Plain
+    top-k, 8 nodes of 32 experts: ``1 - C(224, 8)/C(256, 8)``; 8 experts, top-2, 2 units of 4, half
+    the copies kept: miss ``(C(4,2) + 4 x 4 x 1/2 + C(4,2) x 1/4) / C(8,2) = 15.5/28``:
 
     >>> round(hit_probabilities(256, 8, 8)[0], 5), round(hit_probabilities(256, 8, 8, 8, 4)[0], 5)
     (0.66183, 0.45363)
+    >>> round(hit_probabilities(8, 2, 2, keep=0.5)[0], 6), round(1 - 15.5 / 28, 6)
+    (0.446429, 0.446429)
     """
     per_group, per_unit = experts // n_group, experts // units
     pool = topk_group * per_group
@@ -115,20 +130,29 @@ def hit_probabilities(experts: int, top_k: int, units: int, n_group: int = 1, to
     for j in range(units):
         lo, hi = j * per_unit, (j + 1) * per_unit
         sizes = [max(0, min(hi, (g + 1) * per_group) - max(lo, g * per_group)) for g in range(n_group)]
-        miss = sum(n * comb(pool - a, top_k) for a, n in _subset_sums(sizes, topk_group).items())
+        miss = sum(n * _miss(pool, a, top_k, keep) for a, n in _subset_sums(sizes, topk_group).items())
         out.append(1.0 - miss / (total * denom))
     return tuple(out)
 
 
+def _miss(pool: int, held: int, top_k: int, keep: float) -> float:
+    """``C(pool, k)`` x P(a unit holding ``held`` of the ``pool`` experts gets none of a token's kept
+    copies): ``sum_a C(held, a) C(pool - held, k - a) (1 - keep)^a`` (module docstring)."""
+    if keep >= 1.0:
+        return float(comb(pool - held, top_k))
+    return sum(comb(held, a) * comb(pool - held, top_k - a) * (1.0 - keep) ** a for a in range(min(held, top_k) + 1))
+
+
 @lru_cache(maxsize=None)
 def copies(experts: int, top_k: int, ep: int, nodes: int, n_group: Optional[int] = None,
-           topk_group: Optional[int] = None) -> Copies:
+           topk_group: Optional[int] = None, keep: float = 1.0) -> Copies:
     """:class:`Copies` of a token over an ep group of ``ep`` ranks on ``nodes`` nodes (module
-    docstring), ``n_group`` / ``topk_group`` None for plain top-k."""
+    docstring), ``n_group`` / ``topk_group`` None for plain top-k, ``keep`` the kept share of the
+    routed copies (1: dropless or nothing dropped)."""
     g_, m_ = (n_group, topk_group) if n_group and topk_group else (1, 1)
     span = max(1, nodes)
-    hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_))
-    hit_r = sum(hit_probabilities(experts, top_k, ep, g_, m_))
+    hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_, keep))
+    hit_r = sum(hit_probabilities(experts, top_k, ep, g_, m_, keep))
     g = ep // span
     return Copies(hit_n, (span - 1) / span * hit_n, hit_r, hit_r * (g - 1) / g, span)
 
@@ -170,10 +194,10 @@ class Call:
 
 
 def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_per_s: float,
-         fabric_bytes_per_s: float) -> Call:
+         fabric_bytes_per_s: float, keep: float = 1.0) -> Call:
     """:class:`Call` of ``tokens`` distinct tokens of ``token_bytes`` each over an ep group of ``ep``
     ranks on ``nodes`` nodes (module docstring), the rank's NIC share and the fabric's per-GPU
-    bandwidth in bytes/s. DeepSeek-V3 (E 256, k 8, G 8, M 4) at ep 64 on 8 nodes, 4096 tokens of
+    bandwidth in bytes/s, ``keep`` the routed copies' kept share (:func:`keep_share`). DeepSeek-V3 (E 256, k 8, G 8, M 4) at ep 64 on 8 nodes, 4096 tokens of
     7168 x 2 B: 3.1754 x 4096 x 14336 B = 186.5 MB through the NIC; RDMA logical bytes 3.629 x
     58.7 MB over 51 (dispatch) and 50 (combine) GB/s: 4.18 and 4.26 ms, mean 4.22 ms:
 
@@ -182,7 +206,7 @@ def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_
     >>> round(c.network_bytes / 1e6, 1), round(c.time_s * 1e3, 2)
     (186.5, 4.22)
     """
-    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group)
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep)
     r = rates(ep, c.span > 1, nic_bytes_per_s, fabric_bytes_per_s)
     per = tokens * token_bytes
     times = []
@@ -194,24 +218,45 @@ def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_
     return Call(sum(times) / 2, per * c.nvlink, per * c.other_nodes, c)
 
 
-def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int) -> Call:
+def keep_share(training, model, tokens: int, ep: int) -> float:
+    """The kept share of a rank's routed copies, kept / (T x top_k), of ``training``'s routing
+    (:func:`meshplan.compute.routing.routing` without padding: the capacity's drops); 1 dropless.
+    DeepSeek-V3, T 4096, balanced: 1 at capacity factor 1.25 (128 copies per expert, C = 160),
+    1/2 at 0.5 (C = 64):
+
+    >>> from types import SimpleNamespace as N
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> m, t = N(top_k=8, experts=256), lambda f: TrainingSpec(global_batch=8, seq_len=16, framework="megatron",
+    ...                                                         moe_dispatcher="deepep", moe_capacity_factor=f)
+    >>> keep_share(t(1.25), m, 4096, 64), keep_share(t(0.5), m, 4096, 64)
+    (1.0, 0.5)
+    """
+    ro = RoutingOptions.of(training)
+    if ro.dropless:
+        return 1.0
+    r = routing(ro, tokens, model.top_k, model.experts, ep)
+    return min(1.0, r.send_rows / r.copies)
+
+
+def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep: float = 1.0) -> Call:
     """:func:`call` on an ep group's :class:`~meshplan.comm.row.Path` in ``cluster``: its nodes and
     the rank's own NIC share across nodes (else the node's fabric inside one), the node's fabric
     bandwidth for NVLink. The one call of the collective table and of the search."""
     fabric = cluster.node.fabric.bandwidth_bytes_per_s
     if path.kind != "network":
-        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric)
+        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric, keep)
     nic = path.nic_bandwidth_bytes_per_s or path.bandwidth_bytes_per_s
-    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric)
+    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric, keep)
 
 
-def describe(model, ep: int, nodes: int) -> str:
+def describe(model, ep: int, nodes: int, keep: float = 1.0) -> str:
     """What is modelled, in one phrase, for the step's routing note."""
-    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group)
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep)
     grouped = model.n_group and model.topk_group
     how = ((f"group-limited (n_group {model.n_group}, topk_group {model.topk_group}"
             + (f": the groups are ep's {c.span} nodes)" if model.n_group == c.span else
                f"; ep spans {c.span} nodes, experts consecutive per rank)")) if grouped else "plain top-k")
     return (f"deepep dispatch modelled: {c.other_nodes:.2f} of {model.top_k} copies per token cross nodes "
-            f"(once per other destination node, {how}, uniform routing), {c.nvlink:.2f} NVLink fan-out "
+            f"(once per other destination node, {how}, uniform routing"
+            + (f", {keep:.3g} of the copies kept by the capacity" if keep < 1 else "") + f"), {c.nvlink:.2f} NVLink fan-out "
             f"copies; timed at DeepEP's published bandwidths (catalog deepep.toml)")

@@ -102,16 +102,20 @@ def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> 
     ``tokens`` distinct tokens once per destination node across nodes, fanned out over NVLink), in
     rows of op all-to-all and algorithm ``deepep`` (the timeline's ep stream takes them as the
     all-to-alls), timed per call as the mean of a dispatch and a combine, their bytes per link class
-    stated (:attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``size`` is the buffer whose
-    all-to-all share ``(n-1)/n`` is what the rank sends on both links. No count exchange: DeepEP's
-    layout and notify run inside its dispatch."""
+    stated (:attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``size`` is what one rank sends per
+    call on its bottleneck link, through its NIC across nodes (inside one node: on NVLink), so the
+    table's algbw and busbw (the same for a deepep row) compare with that link's rate; the NVLink
+    fan-out bytes are in the cadence words. No count exchange: DeepEP's layout and notify run inside
+    its dispatch."""
     t, m, mesh = c.training, c.model, c.mesh
     dt = t.compute_dtype
     token_bytes = m.hidden * dtype_bytes(dt)
 
+    keep = deepep.keep_share(t, m, tokens, mesh.ep)  # a capacity's kept share (dropless: 1)
+
     def timer(path, cluster):
-        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep)
-        size = (k.nvlink_bytes + k.network_bytes) * mesh.ep / (mesh.ep - 1)
+        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep, keep)
+        size = k.network_bytes if path.kind == "network" else k.nvlink_bytes
         words = (f"{DEEPEP_CADENCE[:-1]}; per call {k.network_bytes / 1e6:,.1f} MB through the NIC, "
                  f"{k.nvlink_bytes / 1e6:,.1f} MB on NVLink)")
         return "deepep", k.time_s, (k.nvlink_bytes, k.network_bytes), size, words

@@ -87,12 +87,20 @@ class CollectiveRow:
 
     @property
     def busbw_bytes_per_s(self) -> float:
+        """algbw x the op's busbw factor (nccl-tests PERFORMANCE.md); a deepep row's size is already
+        the bytes one rank puts on its bottleneck link (its NIC across nodes, :mod:`meshplan.comm.ep_rows`),
+        so its busbw is its algbw, comparable to that link's rate."""
+        if self.algorithm == "deepep":
+            return self.algbw_bytes_per_s
         return self.algbw_bytes_per_s * busbw_factor(self.op, self.group_size)
 
     @property
     def sent_bytes(self) -> float:
         """Bytes one rank sends per call: S x busbw factor ((n-1)/n S for all-gather,
-        reduce-scatter and all-to-all, 2(n-1)/n S for all-reduce; nccl-tests PERFORMANCE.md)."""
+        reduce-scatter and all-to-all, 2(n-1)/n S for all-reduce; nccl-tests PERFORMANCE.md); a row
+        with its own ``split`` (DeepEP's dispatch) the sum of its NVLink and network bytes."""
+        if self.split is not None:
+            return float(sum(self.split))
         return self.size_bytes * busbw_factor(self.op, self.group_size)
 
     @property

@@ -20,6 +20,15 @@ experts, ``n = E / ep`` local experts:
   expect and hang). The dispatch buffer is ``E x C`` rows, empty slots padded, so every rank
   sends and receives ``E * C`` rows and each local expert's GEMM has ``ep * C`` rows,
   whatever the routing; the hottest expert drops ``max(0, ceil(p T k) - C)`` copies per rank.
+- **capacity without padding** (``RoutingOptions.padded`` false: Megatron-LM's flex dispatcher
+  with the deepep backend, ``training.moe_dispatcher = "deepep"``, whose TransformerConfig refuses
+  ``--moe-pad-expert-input-to-capacity``; NVIDIA/Megatron-LM d98e8a6 ``transformer_config.py``
+  lines 1754-1761): the router drops the same copies over the same ``C`` per expert per source rank
+  (``moe_utils.apply_router_token_dropping``, called by ``router.py`` line 794 on the rank's own
+  tokens) and ``_DeepepManager.setup_metadata`` masks them (index -1), so only the kept copies
+  travel: each expert keeps ``min(its copies, C)``: the hottest ``min(ceil(p T k), C)``, each other
+  ``min(ceil((1 - p) T k / (E - 1)), C)``; the rank sends their sum (``send_rows``) and each local
+  expert's GEMM has ``ep`` times its kept copies.
 - **dropless**: no padding, nothing dropped; the hottest expert receives ``ep * p * T * k``
   rows, each other expert ``ep * (1 - p) * T * k / (E - 1)``; the rank holding the hottest
   expert receives ``ep * T * k * (p + (n - 1)(1 - p)/(E - 1))`` rows (balanced: ``T * k``),
@@ -55,6 +64,7 @@ class RoutingOptions:
     capacity_factor: float = 1.0
     dropless: bool = False
     hottest_share: Optional[float] = None
+    padded: bool = True
 
     @staticmethod
     def of(training) -> "RoutingOptions":
@@ -68,10 +78,13 @@ class RoutingOptions:
         >>> t().dropless, t(framework="megatron").dropless, t(moe_capacity_factor=1.25).capacity_factor
         (True, True, 1.25)
         >>> t(moe_dropless=False)
-        RoutingOptions(capacity_factor=1.0, dropless=False, hottest_share=None)
+        RoutingOptions(capacity_factor=1.0, dropless=False, hottest_share=None, padded=True)
+        >>> t(moe_capacity_factor=1.25, framework="megatron", moe_dispatcher="deepep").padded
+        False
         """
         factor, dropless = training.moe_routing  # the one rule: TrainingSpec.moe_routing
-        return RoutingOptions(factor, dropless, training.moe_hottest_expert_share)
+        return RoutingOptions(factor, dropless, training.moe_hottest_expert_share,
+                              padded=training.moe_dispatcher != "deepep")
 
 
 @dataclass(frozen=True)
@@ -104,6 +117,11 @@ class Routing:
             return (f"MoE dropless ({bal}): tokens per rank {t_is}{self.tokens}, copies T x top_k {top_k} = "
                     f"{self.copies}; all-to-alls sized by {load}; per-expert counts exchanged before each "
                     f"dispatch ({experts} int64 per rank, timed before it)")
+        if not opts.padded:
+            return (f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
+                    f"{experts}) = {self.capacity} copies per expert per source rank, tokens per rank {t_is}"
+                    f"{self.tokens}; no padding (deepep): {self.send_rows} of the {self.copies} copies kept and "
+                    f"sent ({bal}), {self.copies - self.send_rows} dropped per rank per layer")
         return ((f"MoE tokens per rank {t_is}{self.tokens}; " if origin else "")
                 + f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
                 f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
@@ -154,6 +172,8 @@ def planned_imbalance(opts: RoutingOptions, experts: int, ep: int) -> tuple[floa
 def routing(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int) -> Routing:
     """:class:`Routing` of ``tokens`` routed tokens per rank (module docstring)."""
     p, copies, local = hottest_share(opts, experts), tokens * top_k, experts // ep
+    if not opts.dropless and not opts.padded:
+        return _unpadded(opts, tokens, top_k, experts, ep)
     if not opts.dropless:
         cap = expert_capacity(tokens, top_k, experts, opts.capacity_factor)
         rows = experts * cap
@@ -161,6 +181,25 @@ def routing(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int
     other = (1 - p) / (experts - 1) if experts > 1 else 0.0
     hot, rest = int(_ceil(ep * p * copies)), int(_ceil(ep * other * copies))
     return Routing(tokens, copies, None, copies, hot + (local - 1) * rest, hot, rest, 0, p)
+
+
+def _unpadded(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int) -> Routing:
+    """:func:`routing` of a capacity without padding (module docstring): each expert keeps at most C
+    of its copies from each source rank. Balanced, f 0.5, T 4096, k 8, E 256: C = 64 of 128 copies
+    per expert, 16384 of the 32768 copies kept (recv: 64 ranks x 4 local experts x 64):
+
+    >>> r = routing(RoutingOptions(capacity_factor=0.5, padded=False), 4096, 8, 256, 64)
+    >>> r.capacity, r.send_rows, r.recv_rows, r.hot_expert_rows
+    (64, 16384, 16384, 4096)
+    """
+    p, copies, local = hottest_share(opts, experts), tokens * top_k, experts // ep
+    cap = expert_capacity(tokens, top_k, experts, opts.capacity_factor)
+    other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+    hot_in, rest_in = int(_ceil(p * copies)), int(_ceil(other * copies))
+    hot, rest = min(hot_in, cap), min(rest_in, cap)
+    kept = hot + (experts - 1) * rest
+    return Routing(tokens, copies, cap, kept, ep * (hot + (local - 1) * rest), ep * hot, ep * rest,
+                   max(0, hot_in - cap), p)
 
 
 def a2a_rows(opts: RoutingOptions, tokens, top_k: int, experts: int, ep):
@@ -172,6 +211,11 @@ def a2a_rows(opts: RoutingOptions, tokens, top_k: int, experts: int, ep):
     [10240, 32]
     """
     p, copies = hottest_share(opts, experts), np.asarray(tokens) * top_k
+    if not opts.dropless and not opts.padded:
+        cap, ep = _ceil(opts.capacity_factor * copies / experts), np.asarray(ep)
+        other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+        hot, rest = np.minimum(_ceil(p * copies), cap), np.minimum(_ceil(other * copies), cap)
+        return (ep * (hot + (experts // ep - 1) * rest)).astype(np.int64)
     if not opts.dropless:
         return experts * _ceil(opts.capacity_factor * copies / experts).astype(np.int64)
     ep = np.asarray(ep)

@@ -79,7 +79,8 @@ Megatron-LM                              meshplan
 --max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
-                                           flag Megatron-LM sends only the routed copies: a note says so)
+                                           flag Megatron-LM sends only the routed copies: a note says so);
+                                           with flex + deepep the kept copies unpadded, the padding flag refused
 --no-bias-swiglu-fusion (with --swiglu)  memory.fused_glu false (unset: Megatron-LM's fused bias-SwiGLU, the
                                            default of framework megatron)
 --hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:

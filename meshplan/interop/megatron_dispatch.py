@@ -24,6 +24,7 @@ from __future__ import annotations
 from meshplan.errors import ConfigError, printable
 
 TYPE, BACKEND, ENABLE = "--moe-token-dispatcher-type", "--moe-flex-dispatcher-backend", "--moe-enable-deepep"
+PAD = "--moe-pad-expert-input-to-capacity"
 #: The flags this module reads (for the importer's list of used flags).
 FLAGS = (TYPE, BACKEND, ENABLE)
 #: Megatron-LM's dispatcher types, its default first, with what each runs.
@@ -34,10 +35,17 @@ BACKENDS = {"deepep": "DeepEP's normal kernels", "hybridep": "HybridEP's kernels
             "ncclep": "NCCL EP through Transformer Engine"}
 
 
+def is_deepep(args: dict) -> bool:
+    """Whether the flags run flex with the deepep backend (given, Megatron-LM's default, or the
+    deprecated ``--moe-enable-deepep``)."""
+    return args.get(TYPE) == "flex" and (args.get(BACKEND) in (None, "deepep") or bool(args.get(ENABLE)))
+
+
 def dispatcher(args: dict, active: bool, notes: list[str]) -> dict:
     """``training`` keys of the dispatcher flags (module docstring): ``{"moe_dispatcher": "deepep"}``
     for flex with the deepep backend (given or Megatron-LM's default) or ``--moe-enable-deepep``,
-    ``{}`` for alltoall; an unknown value is a ConfigError naming the flag. ``active`` (an MoE model
+    ``{}`` for alltoall; an unknown value is a ConfigError naming the flag, and so is :data:`PAD` with
+    deepep (Megatron-LM refuses the padded buffer there). ``active`` (an MoE model
     with ep x etp > 1): another planned-nothing choice (allgather, hybridep, ncclep) is a
     ConfigError, an absent type a note (Megatron-LM's default allgather, planned as alltoall)."""
     kind, backend = args.get(TYPE), args.get(BACKEND)
@@ -49,7 +57,11 @@ def dispatcher(args: dict, active: bool, notes: list[str]) -> dict:
     if args.get(ENABLE) and kind != "flex":
         raise ConfigError(ENABLE, f"needs {TYPE} flex (Megatron-LM: \"DeepEP backend is only supported with flex "
                           f"token dispatcher\"): add {TYPE} flex")
-    deepep = kind == "flex" and (backend in (None, "deepep") or bool(args.get(ENABLE)))
+    deepep = is_deepep(args)
+    if deepep and args.get(PAD):  # TransformerConfig.__post_init__, transformer_config.py:1754-1761 at d98e8a6
+        raise ConfigError(PAD, "Megatron-LM refuses it with the flex dispatcher's deepep backend (\"Flex token "
+                          "dispatcher with deepep backend does not support moe_pad_expert_input_to_capacity\"): "
+                          f"remove it (the capacity's dropped copies are planned unpadded), or use {TYPE} alltoall")
     if kind == "flex" and not deepep and active:
         raise ConfigError(BACKEND, f"{backend} runs {BACKENDS[str(backend)]}, which meshplan does not model; use "
                           f"{BACKEND} deepep, or {TYPE} alltoall")

@@ -12,7 +12,7 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.megatron_dispatch import dispatcher
+from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
 from meshplan.interop.megatron_model import int_flag as _int
 
 #: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
@@ -147,7 +147,8 @@ def routing(args: dict, notes: list[str]) -> dict:
     TransformerConfig: None, the default, or a negative value is dropless; else tokens over
     ``C = ceil(f x tokens x top_k / experts)`` per expert are dropped). Without
     ``--moe-pad-expert-input-to-capacity`` Megatron-LM sends only the routed copies (at most C
-    per expert), while meshplan plans the padded ``E x C`` buffer: a note says so.
+    per expert), while meshplan plans the padded ``E x C`` buffer: a note says so (not under flex with
+    deepep, planned unpadded: :mod:`meshplan.compute.routing`).
 
     >>> routing({}, []), routing({"--moe-expert-capacity-factor": "1.25",
     ...                             "--moe-pad-expert-input-to-capacity": True}, [])
@@ -166,7 +167,7 @@ def routing(args: dict, notes: list[str]) -> dict:
     if f == 0 or f != f or f == float("inf"):
         raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} leaves no capacity; give a "
                           f"factor > 0 (e.g. 1.25), or leave it out for dropless routing")
-    if not args.get("--moe-pad-expert-input-to-capacity"):
+    if not args.get("--moe-pad-expert-input-to-capacity") and not is_deepep(args):  # deepep: planned unpadded
         notes.append(f"--moe-expert-capacity-factor {v} without --moe-pad-expert-input-to-capacity: Megatron-LM "
                      f"sends only the routed copies (at most the capacity per expert); planned with the padded "
                      f"experts x capacity buffer, an upper bound")

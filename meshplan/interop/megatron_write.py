@@ -76,7 +76,8 @@ def write(cfg: Config) -> list[str]:
     out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
     factor, dropless = t.moe_routing
     if m.is_moe and not dropless:  # Megatron-LM's default (and a plan's unset routing) is dropless
-        out += [f"--moe-expert-capacity-factor {factor!r}", "--moe-pad-expert-input-to-capacity"]
+        out += [f"--moe-expert-capacity-factor {factor!r}"]  # deepep: Megatron-LM refuses the padding flag
+        out += ["--moe-pad-expert-input-to-capacity"] * (t.moe_dispatcher != "deepep")
     return out
 
 

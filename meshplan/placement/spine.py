@@ -72,3 +72,36 @@ def pair_crosses(rail_a: np.ndarray, leaf_a: np.ndarray, rail_b: np.ndarray, lea
     """(len(a), len(b)) whether a direct send from each member a to each member b on another node
     crosses the spine (all-to-all's pairwise sends): another rail or another leaf."""
     return (rail_a[:, None] != rail_b[None, :]) | (leaf_a[:, None] != leaf_b[None, :])
+
+
+def aligned_share(p, group: np.ndarray, home: int) -> float:
+    """Share of node ``home``'s DeepEP RDMA sends within ``group`` (ranks, in group order) that
+    cross the spine. DeepEP's internode kernels send a token over RDMA to the GPU of the same local
+    index on each destination node and forward it there over NVLink (deepseek-ai/DeepEP README,
+    "Normal kernels with NVLink and RDMA forwarding"; ``internode.cu``: ``rdma_rank = rank /
+    NUM_MAX_NVL_PEERS``, the peer of ``nvl_rank`` i is ``nvl_rank`` i of the other RDMA rank): the
+    i-th member of the group on ``home`` sends to the i-th member on each other node, so a pair
+    crosses only where those two sit on different rails or leaves (:func:`pair_crosses`); the
+    share is over every such (member on ``home``, peer) pair, uniform routing weighing the peers
+    alike. 0 where ``home`` holds no member or the group is on one node. Two nodes, two rails,
+    the members of node 1 listed rail-swapped: each pair crosses rails.
+
+    >>> from types import SimpleNamespace as P
+    >>> p = P(node=np.array([0, 0, 1, 1]), rail=np.array([0, 1, 0, 1]), cluster=P(network=[P(nodes_per_domain=0)]))
+    >>> aligned_share(p, np.array([0, 1, 2, 3]), 0), aligned_share(p, np.array([0, 1, 3, 2]), 0)
+    (0.0, 1.0)
+    """
+    node = p.node[group]
+    nodes = [int(n) for n in dict.fromkeys(node.tolist())]
+    if home not in nodes or len(nodes) < 2:
+        return 0.0
+    mine = group[node == home]
+    leaf = leaf_of(p.cluster, p.node)
+    crosses, pairs = 0, 0
+    for other in (n for n in nodes if n != home):
+        theirs = group[node == other]
+        k = min(len(mine), len(theirs))
+        a, b = mine[:k], theirs[:k]
+        crosses += int(((p.rail[a] != p.rail[b]) | (leaf[a] != leaf[b])).sum())
+        pairs += k
+    return crosses / pairs if pairs else 0.0

@@ -34,7 +34,7 @@ from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
 from meshplan.report.search_lines import configured_lines, table_heading
-from meshplan.report.text import fmt_ranks, plan_replicates
+from meshplan.report.text import DEEPEP_COLUMNS, fmt_ranks, plan_replicates
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.stage_traffic import traffic_words
@@ -122,6 +122,8 @@ def _collectives(plan: Plan) -> str:
                         r.algorithm_shown, f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}",
                         f"{r.busbw_bytes_per_s / GB:.1f}", f"{r.sent_bytes_per_step / GB:,.2f}") for r in rows],
                       caption=f"collectives, {stage} (nccl-tests columns)")
+        if any(r.algorithm == "deepep" for r in rows):
+            body += lines([DEEPEP_COLUMNS])
     return section("Collectives", body)
 
 

@@ -318,6 +318,12 @@ def _cadence_lines(rows, shown: dict) -> list[str]:
     return [f"  {c}: {', '.join(items)}" for c, items in by.items()]
 
 
+#: Under a table with deepep rows: what their columns hold (:mod:`meshplan.comm.ep_rows`).
+DEEPEP_COLUMNS = ("deepep rows: size = the bytes one rank sends through its NIC per call (on NVLink inside one "
+                  "node), busbw = algbw = size / time, that link's rate (no all-to-all (n-1)/n factor); the NVLink "
+                  "fan-out bytes per call are named in the row's cadence")
+
+
 def _collectives(plan: Plan, con: Console) -> None:
     """The collective tables, one per stage; the data axis named as the mesh line names it
     (:func:`meshplan.spec.mesh_words.axis_labels`: ``dp_shard`` where zero3 shards the parameters).
@@ -333,6 +339,8 @@ def _collectives(plan: Plan, con: Console) -> None:
                         *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm_shown,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
+        if any(r.algorithm == "deepep" for r in rows):
+            con.print(DEEPEP_COLUMNS, markup=False, highlight=False)
         con.print("when each row is issued:", highlight=False)
         for line in _cadence_lines(rows, shown):
             con.print(line, markup=False, highlight=False)

@@ -72,14 +72,15 @@ def _edge_words(edge: EdgeLoad, loads: list[EdgeLoad]) -> str:
 def _traffic(plan: Plan, st, stage: int, edge: EdgeLoad) -> dict[tuple[str, str], float]:
     """Bytes per step on ``edge`` by (stream, "phase op"), from ``stage``'s collective rows as
     :func:`~meshplan.schedule.linkload.edge_loads` counts them (NVLink: each row's in-node bytes;
-    a NIC or uplink: :func:`~meshplan.schedule.linkload.network_loads` of the row alone)."""
+    a NIC or uplink: :func:`~meshplan.schedule.linkload.network_loads` of the row alone, on
+    ``stage``'s ranks; an uplink's other stages on the same leaf add their own rows, not listed)."""
     rows = [r for r in plan.stage(stage).collectives if r.per_step]
     out: dict[tuple[str, str], float] = {}
     node = int(plan.placement.node[st.example_ranks[stage]])
     passes = plan.micro_batches * len(plan.stage(stage).layers)
     for r in rows:
         if " NIC " in edge.edge or "uplink" in edge.edge:
-            nics, up = network_loads(plan, [r], passes, node)
+            nics, up = network_loads(plan, [r], passes, node, stage)  # this stage's rows on its own ranks
             key = next((i for i, n in enumerate(plan.config.cluster.node.nics) if f"NIC {n.name} " in edge.edge), -1)
             got = nics.get(key, (0.0,))[0] if " NIC " in edge.edge else up.get(_rail(edge), (0.0,))[0]
         else:

@@ -185,7 +185,7 @@ def nic_bytes_per_stage(plan: Plan, st) -> list[float]:
     out = []
     for stage, rank in enumerate(st.example_ranks):
         rows = plan.stage(stage).collectives
-        nics, _ = network_loads(plan, rows, 1, int(plan.placement.node[rank]))
+        nics, _ = network_loads(plan, rows, 1, int(plan.placement.node[rank]), stage)
         out.append(max((v[0] for v in nics.values()), default=0.0))
     return out
 

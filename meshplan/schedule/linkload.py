@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.comm.row import link_bytes
-from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads
+from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
@@ -283,8 +283,8 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     for stage 0), the NICs of that rank's node and the rail leaves' uplinks to the spine of its
     scalable unit (every node's traffic under the leaf that crosses the spine, against the
     leaf's uplinks: a non-blocking leaf has one NIC's rate per node, over the spine tier's
-    oversubscription), against
-    ``stage``'s windows (:func:`compute_window_s`), from ``stage``'s collective rows."""
+    oversubscription; each node of the leaf under its own stage's rows, :func:`_leaf_stages`),
+    against ``stage``'s windows (:func:`compute_window_s`), from ``stage``'s collective rows."""
     rows = plan.stage(stage).collectives
     compute_s = compute_window_s(st, stage)
     n_layers = len(plan.stage(stage).layers)
@@ -297,7 +297,7 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     nv_layer = sum(r.link_bytes[0] * layer_pass_calls(r, passes) for r in rows)
     out = [EdgeLoad(f"rank {rank} {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
-    nics, uplink = network_loads(plan, rows, passes, node)
+    nics, uplink = network_loads(plan, rows, passes, node, stage, _leaf_stages(plan, node, stage))
     for i, (per_step, per_layer) in sorted(nics.items()):
         nic = cluster.node.nics[i]
         out.append(EdgeLoad(f"node {node} NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
@@ -309,6 +309,16 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
         out.append(EdgeLoad(f"rail {rail} uplinks to spine (nodes {leaf[0]}-{leaf[-1]})", per_step,
                             len(leaf) * nic.bandwidth_bytes_per_s / over, compute_s, per_layer, layer_s))
     return out
+
+
+def _leaf_stages(plan: Plan, node: int, stage: int) -> dict[int, tuple]:
+    """{stage: (its collective rows, its layer passes)} of the other pipeline stages with ranks on
+    ``node``'s leaf: the uplinks carry every node's traffic under its own stage's table
+    (:func:`~meshplan.schedule.netload.network_loads`)."""
+    on_leaf = np.isin(plan.placement.node, leaf_nodes(plan.config.cluster, node))
+    present = np.unique(stage_of_ranks(plan.mesh)[on_leaf]).tolist()
+    return {k: (plan.stage(k).collectives, plan.micro_batches * len(plan.stage(k).layers))
+            for k in present if k != stage}
 
 
 def compute_window_s(st, stage: int = 0) -> float:

@@ -9,7 +9,7 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
-from meshplan.placement.spine import exit_crosses, leaf_of, pair_crosses
+from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
 
 
 def layer_pass_calls(row, passes: int) -> float:
@@ -34,28 +34,53 @@ def layer_pass_calls(row, passes: int) -> float:
     return 0.0 if row.phase == "step" else row.per_step / max(passes, 1)
 
 
-def network_loads(plan, rows, passes, node: int = 0):
+def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, others: dict | None = None):
     """{nic: (bytes/step, bytes/layer pass)} on ``node`` and {rail: ...} going up from the
     leaf (scalable unit) of ``node`` to the spine, all its nodes together (``passes``: layer
-    passes per step, :func:`layer_pass_calls`). What crosses the spine is one rule for ``place``
+    passes per step, :func:`layer_pass_calls`). ``rows`` are pipeline stage ``stage``'s
+    collective table, counted for that stage's ranks only (None: every rank, as without a pp
+    axis); ``others`` ({stage: (rows, passes)}) adds the other stages' own rows for their ranks,
+    so a leaf holding two stages carries each node's traffic under its own stage's table, never
+    one stage's rows on another's nodes. What crosses the spine is one rule for ``place``
     and ``step``, :mod:`meshplan.placement.spine`: of a ring (every op but all-to-all) only the
     hops leaving a node of the leaf for another leaf or another set of rails, each carrying the
     node's ring bytes; NCCL's double binary tree is counted as the ring (its tree edges
     between nodes also cross a scalable unit's border about once per unit, NCCL
     ``graph/trees.cc``); of an all-to-all each member's sends to peers on other nodes that sit
-    on another rail or leaf (:func:`_spine_share`)."""
+    on another rail or leaf (:func:`_spine_share`); of DeepEP's dispatch (algorithm ``deepep``) each
+    member's RDMA sends to the same-index member of the other nodes, rail-aligned
+    (:func:`~meshplan.placement.spine.aligned_share`)."""
     mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
     mine = leaf_nodes(cluster, node)
     nics: dict[int, list[float]] = {}
     uplink: dict[int, list[float]] = {}
     axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
-    for r in rows:
-        if r.path.kind != "network" or r.axis not in axis_name:
-            continue
-        groups = mesh.groups(axis_name[r.axis])
-        for g in np.flatnonzero(np.isin(p.node[groups], mine).any(axis=1)):
-            _group_loads(p, r, groups[g], passes, node, mine, nics, uplink)
+    pp = stage_of_ranks(mesh)
+    tables = [(stage, rows, passes)] + [(k, r, n) for k, (r, n) in (others or {}).items() if k != stage]
+    for s, table, n in tables:
+        ranks = None if s is None else pp == s
+        for r in table:
+            if r.path.kind != "network" or r.axis not in axis_name:
+                continue
+            groups = mesh.groups(axis_name[r.axis])
+            on = np.isin(p.node[groups], mine) & (True if ranks is None else ranks[groups])
+            for g in np.flatnonzero(on.any(axis=1)):
+                _group_loads(p, r, groups[g], n, node, mine, nics, uplink, None if ranks is None else ranks[groups[g]])
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
+
+
+def stage_of_ranks(mesh) -> np.ndarray:
+    """The pipeline stage (pp coordinate) of every rank, shape (world,); 0 without a pp axis.
+
+    >>> from types import SimpleNamespace as L
+    >>> stage_of_ranks(L(layout=L(names=("pp", "dp"), shape=(2, 3)))).tolist()
+    [0, 0, 0, 1, 1, 1]
+    """
+    names, shape = tuple(mesh.layout.names), tuple(mesh.layout.shape)
+    world = int(np.prod(shape))
+    if "pp" not in names:
+        return np.zeros(world, dtype=np.int64)
+    return np.unravel_index(np.arange(world), shape)[names.index("pp")].astype(np.int64)
 
 
 def leaf_nodes(cluster, node: int) -> np.ndarray:
@@ -64,23 +89,25 @@ def leaf_nodes(cluster, node: int) -> np.ndarray:
     return nodes[leaf_of(cluster, nodes) == leaf_of(cluster, np.array([node]))[0]]
 
 
-def _group_loads(p, r, group, passes, node, mine, nics, uplink) -> None:
+def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) -> None:
     """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
     holding the nodes ``mine``: what each of the group's nodes there sends out per call
     (link_bytes: one rank's ring bytes for a ring, each member's off-node share for all-to-all),
-    split over the NICs its members use."""
+    split over the NICs its members use; ``counted``: which members run ``r`` (its stage's; None: all)."""
     gn = p.node[group]
     n_nodes = len(np.unique(gn))
     ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r.op, group)))
     leaf = leaf_of(p.cluster, gn)
-    for nd in np.unique(gn[np.isin(gn, mine)]):
-        members = group[gn == nd]
+    mask = np.isin(gn, mine) & (True if counted is None else counted)
+    for nd in np.unique(gn[mask]):
+        members = group[(gn == nd) & (True if counted is None else counted)]
         off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
-            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, len(members))[1])
+            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == nd).sum()))[1])
         sent = len(members) * off
         used = sorted({int(x) for x in p.nic[members] if x >= 0})
         share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
-        up = (_spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
+        up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
+              else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
         for i in used:
             if nd == node:

@@ -101,7 +101,8 @@ def _deepep_s(cfg: Config, tt: TimeTables, ep: int, stride: int, tokens: int) ->
     if ep <= 1:
         return 0.0
     token_bytes = cfg.model.hidden * dtype_bytes(cfg.training.compute_dtype)
-    return deepep.call_on(tt.path(stride, ep), cfg.cluster, cfg.model, tokens, token_bytes, ep).time_s
+    keep = deepep.keep_share(cfg.training, cfg.model, tokens, ep)
+    return deepep.call_on(tt.path(stride, ep), cfg.cluster, cfg.model, tokens, token_bytes, ep, keep).time_s
 
 
 def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: bool = False) -> np.ndarray:

@@ -278,7 +278,9 @@ class TrainingSpec(TrainingPrecision):
     ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
     or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
     deepep``, framework ``megatron`` only: DeepEP's normal kernels send a token once per destination
-    node over RDMA and fan it out over NVLink there; :mod:`meshplan.comm.deepep`).
+    node over RDMA and fan it out over NVLink there; :mod:`meshplan.comm.deepep`). Under deepep a
+    capacity factor drops the same copies but sends no padding (Megatron-LM refuses
+    ``--moe-pad-expert-input-to-capacity`` there; :mod:`meshplan.compute.routing`).
     """
 
     @model_validator(mode="after")
