@@ -28,6 +28,10 @@ def reshard_default_note(plan: Plan) -> Optional[str]:
     """The line for ``plan`` where :func:`reshard_default_applies`, else None."""
     if not reshard_default_applies(plan):
         return None
+    if plan.config.origin == "torchtitan":  # the job TOML's own key (the importer leaves "default" unset)
+        return (f"note: parallelism.fsdp_reshard_after_forward = \"default\": planned false under pp {plan.pp} "
+                f"(\"default\" is not pp_enabled: {SOURCE}), each chunk's parameters kept gathered from its "
+                f"forward to its backward (no backward all-gather); set it to \"always\" to reshard after forward")
     return (f"note: training.reshard_after_forward unset: planned false, torchtitan's default under pp "
             f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {SOURCE}), each "
             f"chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
