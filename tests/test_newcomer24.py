@@ -5,12 +5,17 @@ imported as an explicit ``reshard_after_forward = false``, so the plan never sai
 was torchtitan's per-pp default (``"default"`` is ``not pp_enabled``, torchtitan b5bcd76
 distributed/fsdp.py:124-133). It is now left unset (``TrainingSpec.reshard_default`` resolves it
 per mesh), ``"always"`` -> true, ``"never"`` -> false.
+
+#5: a misspelt key of a meshplan TOML listed the table's ~50 keys on one line after its
+``did you mean``; the guess now stands alone, and the list is given only when no key is close.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
@@ -59,3 +64,20 @@ def test_torchtitan_reshard_default_note_and_round_trip(tmp_path, capsys):
     assert run_main("export", job, "--to", "torchtitan", "--cluster", "dgx-h100", "--nodes", "32", "-o", back) == 0
     assert 'fsdp_reshard_after_forward = "default"' in back.read_text()
     assert differences(load_any(job, opts=H100_32), load_any(back, opts=H100_32)) == []
+
+
+def _training_error(**extra) -> ConfigError:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 8, "seq_len": 4096, **extra},
+                          "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    return e.value
+
+
+def test_misspelt_key_gives_the_guess_alone():
+    e = _training_error(reshard_after_foward=True)
+    assert (e.field, e.message) == ("training.reshard_after_foward",
+                                    "unknown key in [training]; did you mean reshard_after_forward?")
+    e = _training_error(colour=8)  # nothing close: the whole list, in TrainingSpec's order
+    assert e.message.startswith("unknown key in [training]; allowed keys: global_batch, seq_len, micro_batch, ")
+    assert "did you mean" not in e.message and "moe_dispatcher" in e.message
