@@ -6,6 +6,9 @@ was torchtitan's per-pp default (``"default"`` is ``not pp_enabled``, torchtitan
 distributed/fsdp.py:124-133). It is now left unset (``TrainingSpec.reshard_default`` resolves it
 per mesh), ``"always"`` -> true, ``"never"`` -> false.
 
+#4: the bubble line of the DeepSeek-V3 example (pp 16, pp_layer_split [3, 4 x 14, 2]) advised Llama 3's
+split, "first and last stage one layer lighter", which is that very split (ends_short_split(61, 16)).
+
 #5: a misspelt key of a meshplan TOML listed the table's ~50 keys on one line after its
 ``did you mean``; the guess now stands alone, and the list is given only when no key is close.
 """
@@ -19,7 +22,12 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.roundtrip import differences
+from meshplan.config import load_config
+from meshplan.mesh.layers import ends_short_split
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
 from tests.cli_run import run_main
+from tests.conftest import EXAMPLES
 
 #: Llama-3-70B, pp 4 (Interleaved1F1B, 2 stages per rank), FSDP over the rest, TP 8: the trial's job.
 TT70 = """\
@@ -81,3 +89,26 @@ def test_misspelt_key_gives_the_guess_alone():
     e = _training_error(colour=8)  # nothing close: the whole list, in TrainingSpec's order
     assert e.message.startswith("unknown key in [training]; allowed keys: global_batch, seq_len, micro_batch, ")
     assert "did you mean" not in e.message and "moe_dispatcher" in e.message
+
+
+DSV3 = EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+LLAMA3_SPLIT = "which `meshplan search` tries at pp >= 3 (Llama 3's split: first and last stage one layer lighter)"
+
+
+def _bubble(path) -> str:
+    return next(x for x in step_time(build_plan(load_config(path))).lines() if x.startswith("bubble "))
+
+
+def test_bubble_hint_names_no_split_the_config_has(tmp_path):
+    # Llama 3's split of 61 layers at pp 16: 63 slots as [4 x 15, 3], one off each end
+    assert ends_short_split(61, 16) == [3] + [4] * 14 + [2]
+    line = _bubble(DSV3)  # the example's own split
+    assert "stages 1-14 take the longest forward+backward per micro-batch each" in line
+    assert LLAMA3_SPLIT not in line
+    assert line.endswith("mesh.pp_layer_split evens the stages (the first and last stages already hold no more "
+                         "layers than Llama 3's split, which `meshplan search` tries, gives them)")
+    # a first stage of 4 layers is heavier at the ends than Llama 3's 3: the split is still advised
+    heavier = tmp_path / "ds.toml"
+    heavier.write_text(DSV3.read_text().replace("pp_layer_split = [3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2]",
+                                                "pp_layer_split = [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]"))
+    assert _bubble(heavier).endswith(f"mesh.pp_layer_split evens the stages, {LLAMA3_SPLIT}")
