@@ -6,6 +6,11 @@ was torchtitan's per-pp default (``"default"`` is ``not pp_enabled``, torchtitan
 distributed/fsdp.py:124-133). It is now left unset (``TrainingSpec.reshard_default`` resolves it
 per mesh), ``"always"`` -> true, ``"never"`` -> false.
 
+#3: Megatron-LM's ``--attention-backend flash`` was listed "not used", a note said "--use-flash-attn not
+given", and export wrote both ``--use-flash-attn`` and the carried flag. It now sets
+``training.flash_attention`` (AttnBackend at d98e8a6: flash, fused, auto fused; unfused, local not)
+and is exported once.
+
 #4: the bubble line of the DeepSeek-V3 example (pp 16, pp_layer_split [3, 4 x 14, 2]) advised Llama 3's
 split, "first and last stage one layer lighter", which is that very split (ends_short_split(61, 16)).
 
@@ -112,3 +117,43 @@ def test_bubble_hint_names_no_split_the_config_has(tmp_path):
     heavier.write_text(DSV3.read_text().replace("pp_layer_split = [3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 2]",
                                                 "pp_layer_split = [4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 1]"))
     assert _bubble(heavier).endswith(f"mesh.pp_layer_split evens the stages, {LLAMA3_SPLIT}")
+
+
+MEGATRON = EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+H100_2 = ImportOptions(cluster="dgx-h100", nodes=2)
+
+
+@pytest.mark.parametrize("backend, flash", [("flash", True), ("fused", True), ("auto", True),
+                                            ("unfused", False), ("local", False)])
+def test_megatron_attention_backend_read(tmp_path, backend, flash):
+    args = tmp_path / "job.args"
+    args.write_text(MEGATRON.read_text().replace("--use-flash-attn", f"--attention-backend {backend}"))
+    cfg = load_any(args, opts=H100_2)
+    assert cfg.training.flash_attention is flash
+    assert not any("--attention-backend" in n and "not use" in n for n in cfg.notes)
+    assert not any("--use-flash-attn not given" in n for n in cfg.notes)
+    assert any(n.startswith(f"megatron: --attention-backend {backend}: planned with the attention scores materialised")
+               for n in cfg.notes) is not flash
+
+
+def test_megatron_attention_backend_refused(tmp_path):
+    args = tmp_path / "job.args"
+    args.write_text(MEGATRON.read_text().replace("--use-flash-attn", "--attention-backend flash3"))
+    with pytest.raises(ConfigError, match=r"^--attention-backend: 'flash3'; use one of flash, fused, unfused, local, "
+                                          r"auto \(AttnBackend, Megatron-LM d98e8a6\)$"):
+        load_any(args, opts=H100_2)
+
+
+@pytest.mark.parametrize("given, written", [("--attention-backend flash", ["--attention-backend flash"]),
+                                            ("--attention-backend unfused", ["--attention-backend unfused"]),
+                                            ("--use-flash-attn", ["--use-flash-attn"])])
+def test_megatron_attention_exported_once(tmp_path, given, written):
+    args = tmp_path / "job.args"
+    args.write_text(MEGATRON.read_text().replace("--use-flash-attn", given))
+    out = tmp_path / "out.args"
+    assert run_main("export", args, "--to", "megatron", "--cluster", "dgx-h100", "--nodes", "2", "-o", out) == 0
+    words = out.read_text().split()
+    flags = [f"{w} {words[i + 1]}" if w == "--attention-backend" else w for i, w in enumerate(words)
+             if w in ("--attention-backend", "--use-flash-attn")]
+    assert flags == written
+    assert differences(load_any(args, opts=H100_2), load_any(out, opts=H100_2)) == []
