@@ -6,6 +6,11 @@ was torchtitan's per-pp default (``"default"`` is ``not pp_enabled``, torchtitan
 distributed/fsdp.py:124-133). It is now left unset (``TrainingSpec.reshard_default`` resolves it
 per mesh), ``"always"`` -> true, ``"never"`` -> false.
 
+#2: at vpp > 3 (torch) the reshard note said "kept gathered ... (no backward all-gather)" while the
+collective table counted backward all-gathers: torch's 3-stage unshard window re-gathers evicted
+chunks (meshplan/pipeline/unshard_window.py). The note and the table's cadence line now count them,
+from the flags the table counts with.
+
 #3: Megatron-LM's ``--attention-backend flash`` was listed "not used", a note said "--use-flash-attn not
 given", and export wrote both ``--use-flash-attn`` and the carried flag. It now sets
 ``training.flash_attention`` (AttnBackend at d98e8a6: flash, fused, auto fused; unfused, local not)
@@ -20,6 +25,8 @@ split, "first and last stage one layer lighter", which is that very split (ends_
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from meshplan.config import config_from_dict
@@ -31,7 +38,9 @@ from meshplan.config import load_config
 from meshplan.mesh.layers import ends_short_split
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from meshplan.schedule.window_regathers import stage_regathers
 from tests.cli_run import run_main
+from tests.configs import job_toml
 from tests.conftest import EXAMPLES
 
 #: Llama-3-70B, pp 4 (Interleaved1F1B, 2 stages per rank), FSDP over the rest, TP 8: the trial's job.
@@ -157,3 +166,42 @@ def test_megatron_attention_exported_once(tmp_path, given, written):
              if w in ("--attention-backend", "--use-flash-attn")]
     assert flags == written
     assert differences(load_any(args, opts=H100_2), load_any(out, opts=H100_2)) == []
+
+
+#: Llama 3 70B at pp 4 x dp_shard 8 x tp 8, vpp 4 (interleaved 1F1B), global batch 64: m = 64 / 8 = 8
+#: micro-batches, 80 / 16 = 5 layers per chunk, 20 per stage; reshard_after_forward left unset (false).
+VPP4 = job_toml("llama3-70b", nodes=32,
+                training={"global_batch": 64, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                          "recompute": "full"},
+                mesh={"names": ["pp", "dp_shard", "tp"], "shape": [4, 8, 8], "sequence_parallel": True,
+                      "virtual_stages": 4, "pp_schedule": "interleaved_1f1b"})
+
+
+def test_window_regathers_said_in_the_note_and_the_cadence(tmp_path, capsys):
+    """By hand, stage 0's order (F of chunk c, micro-batches 0-3 for c = 0..3; then F c0 mb4-6,
+    B c3 mb0, F c0 mb7, B c3 mb1, F c1 mb4, ...): a pass re-gathers when 3 or more other chunks ran
+    since its chunk's previous op. F c0 mb4 (c1, c2, c3 since F c0 mb3), F c1 mb4 (c2, c3, c0),
+    B c2 mb0 (c3, c0, c1 since F c2 mb3), B c0 mb0 (c3, c1, c2 since F c0 mb7), then in the
+    cool-down B c2 mb4, B c1 mb4, B c0 mb4 (each after the three others): 2 forward and 5 backward
+    re-gathers. So the layer units gather 20 + 2 x 5 = 30 times in forward, 5 x 5 = 25 in backward.
+    Stage 1's order has the same pattern (7). Stage 3's (F c0-c2 mb0-3, F c3 mb0, B c3 mb0, ...,
+    F c0 mb4, B c2 mb0, ...): F c0 mb4 (c1, c2, c3), F c1 mb4 (c2, c3, c0), F c3 mb4 (c0, c2, c1
+    since B c3 mb3), B c1 mb4 and B c0 mb4 in the cool-down: 3 forward, 2 backward (5), as stage 2's."""
+    job = tmp_path / "vpp4.toml"
+    job.write_text(VPP4)
+    plan = build_plan(load_config(job))
+    assert stage_regathers(plan, 0) == Counter({(0, "F"): 1, (1, "F"): 1, (2, "B"): 2, (0, "B"): 2, (1, "B"): 1})
+    assert stage_regathers(plan, 3) == Counter({(0, "F"): 1, (1, "F"): 1, (3, "F"): 1, (1, "B"): 1, (0, "B"): 1})
+    layer = {(r.phase, r.op): r.per_step for r in plan.collectives["stage 0"]
+             if r.axis == "dp_shard" and r.cadence == "every layer"}
+    assert (layer["forward", "all-gather"], layer["backward", "all-gather"]) == (30, 25)
+    assert run_main("plan", job) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps the cadence lines
+    assert ("every layer: dp_shard forward all-gather 213,942,272 B (30 per step = 20 layers at their chunk's first "
+            "forward + 10 layers of 2 chunk re-gathers of torch's 3-stage unshard window, vpp 4), dp_shard backward "
+            "all-gather 213,942,272 B (25 per step = 25 layers of 5 chunk re-gathers of torch's 3-stage unshard "
+            "window, vpp 4)") in out
+    assert ("each chunk's parameters kept gathered from its forward to its backward, except where torch's 3-stage "
+            "unshard window at vpp 4 evicts a chunk: 7 chunk re-gathers per step on stages 0-1 (2 forward, 5 "
+            "backward), 5 on stages 2-3 (3 forward, 2 backward); see the collective table; set it to true") in out
+    assert "no backward all-gather" not in out
