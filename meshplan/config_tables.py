@@ -67,9 +67,9 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         if home:
             return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
                                       f"({home}.{loc})")
-        near = closest(loc, cls.model_fields)  # globl_batch: 0.96
-        guess = f"did you mean {near}? " if near else ""
-        return ConfigError(field, f"unknown key in [{table}]; {guess}allowed keys: {', '.join(cls.model_fields)}")
+        near = closest(loc, cls.model_fields)  # globl_batch: 0.96; the whole list only without one
+        return ConfigError(field, f"unknown key in [{table}]; did you mean {near}?" if near else
+                           f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
     if err["type"] == "missing":
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")

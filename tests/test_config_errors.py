@@ -32,11 +32,10 @@ def with_(path, value):
 
 
 CASES = [
-    (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; did you mean hidden? allowed keys: name, "
-     "layers, hidden"),
+    (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; did you mean hidden?"),
     # issue 11 (newcomer trial 5): 41 allowed keys and no suggestion for a misspelled one
     (with_("training.globl_batch", 8), "training.globl_batch", "unknown key in [training]; did you mean "
-     "global_batch? allowed keys: "),
+     "global_batch?"),
     (with_("training.colour", 8), "training.colour", "unknown key in [training]; allowed keys: "),
     (with_("training.pp_schedule", "1f1b"), "training.pp_schedule",
      "unknown key in [training]; pp_schedule belongs in [mesh]: move it there (mesh.pp_schedule)"),

@@ -234,9 +234,11 @@ def test_torchtitan_pipeline_and_hsdp_by_hand(tmp_path):
     assert (cfg.mesh.names, cfg.mesh.shape) == (["pp", "dp_replicate", "dp_shard", "tp"], [2, 2, -1, 8])
     assert (cfg.mesh.virtual_stages, str(cfg.mesh.pp_schedule)) == (2, "interleaved_1f1b")
     assert cfg.mesh.pp_layer_split == [20, 21, 20, 19]  # (80 + 2) / 4 = 20 r 2
-    # global = local 8 x dp (2 x 2) = 32; micro-batch = the pipeline micro-batch; default: no reshard under pp
+    # global = local 8 x dp (2 x 2) = 32; micro-batch = the pipeline micro-batch; "default" left unset (nc24b),
+    # resolved per mesh: no reshard under pp 2
     t = cfg.training
-    assert (t.global_batch, t.micro_batch, t.sharding, t.reshard_after_forward) == (32, 2, "hsdp", False)
+    assert (t.global_batch, t.micro_batch, t.sharding, t.at_pp(2).reshard_after_forward) == (32, 2, "hsdp", False)
+    assert "reshard_after_forward" not in t.model_fields_set
 
 
 def _tt_ac(tmp_path, option: str, tp: int = 1, mode: str = "selective", cp: int = 1):

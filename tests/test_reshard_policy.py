@@ -60,7 +60,7 @@ def _all_gathers(plan) -> list[int]:
 ])
 def test_policy_imports_and_all_gathers_per_step_by_hand(tmp_path, pp, policy, flags, gathers):
     cfg = load_any(_toml(tmp_path, policy, pp), opts=ONE_NODE)
-    t = cfg.training
+    t = cfg.training.at_pp(pp)  # "default" is read unset (nc24b), resolved per mesh as torchtitan does
     assert (t.reshard_after_forward, t.reshard_head_after_forward) == flags
     plan = build_plan(cfg)
     assert [sum(map(len, s)) for s in plan.stages] == ([32] if pp == 1 else [16, 16])
@@ -81,8 +81,9 @@ def test_policy_round_trip(tmp_path, pp, policy):
     out = tmp_path / "back.toml"
     out.write_text(text)
     again = load_any(out, "torchtitan", ONE_NODE)
-    assert (again.training.reshard_after_forward, again.training.reshard_head_after_forward) == (
-        cfg.training.reshard_after_forward, cfg.training.reshard_head_after_forward)
+    a, b = cfg.training.at_pp(pp), again.training.at_pp(pp)  # as each resolves at the mesh's pp
+    assert (b.reshard_after_forward, b.reshard_head_after_forward) == (a.reshard_after_forward,
+                                                                      a.reshard_head_after_forward)
 
 
 def test_blocks_resharded_under_pp_with_the_head_kept_has_no_policy(tmp_path):

@@ -61,6 +61,9 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--attention-backend (default auto),      training.flash_attention: flash, fused, auto true; unfused, local false
+  --use-flash-attn                         (:mod:`~meshplan.interop.megatron_attention`); exported as the user's
+                                           --attention-backend where it agrees, else --use-flash-attn / unfused
 --moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
   --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
                                            an absent one a note (Megatron-LM's defaults: allgather, p2p)
@@ -118,6 +121,7 @@ from meshplan import catalog
 from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -151,7 +155,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
-    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
+    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", ATTENTION, "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
@@ -228,9 +232,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
-    if dtype != "fp32" and not args.get("--use-flash-attn"):
-        notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
-                     "attention, Megatron-Core's default)")
+    training |= read_attention(args, dtype != "fp32", notes)
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], sharding not in ("none", "zero1")
                          or any(args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2")), bool(launcher))
     unused = tuple(k for k in args if k not in USED) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)

@@ -14,6 +14,7 @@ import shlex
 
 from meshplan.interop.common import rewritten
 from meshplan.interop.megatron import USED
+from meshplan.interop.megatron_attention import FLAG as ATTENTION, written_attention
 
 #: Megatron-LM switches that only set another flag -> that flag and its value
 #: (megatron/training/arguments.py ``validate_args``: ``if args.recompute_activations:
@@ -33,12 +34,15 @@ def not_planned(user: dict) -> list[str]:
 
 def carried(user: dict, written: list[str]) -> tuple[list[str], list[str]]:
     """(``written`` with :func:`not_planned`'s flags appended as the user gave them, those
-    flags): a switch bare, a value quoted for the shell where it needs it.
+    flags): a switch bare, a value quoted for the shell where it needs it; the user's
+    ``--attention-backend`` too where it agrees with the plan, in place of the writer's flag for
+    it (:func:`~meshplan.interop.megatron_attention.written_attention`).
 
     >>> carried({"--num-layers": "32", "--lr": "3e-4", "--data-path": "a b"}, ["--num-layers 4"])
     (['--num-layers 4', '--lr 3e-4', "--data-path 'a b'"], ['--lr', '--data-path'])
     """
-    kept = not_planned(user)
+    written, backend = written_attention(user, written)  # the user's --attention-backend says it once
+    kept = [f for f in user if f not in USED or (backend and f == ATTENTION)]
     return written + [f if user[f] is True else f"{f} {shlex.quote(str(user[f]))}" for f in kept], kept
 
 

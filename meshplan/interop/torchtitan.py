@@ -34,7 +34,8 @@ training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
   (expert_tensor_parallel_degree: removed by     (etp > 1 with ep > 1 an error, else read with a
   torchtitan in c4b409a)                         note: :func:`_etp_key`)
-parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan),
+parallelism.fsdp_reshard_after_forward         reshard_after_forward ("default": left unset, resolved
+                                                 per mesh as not pp: TrainingSpec.reshard_default),
                                                  reshard_head_after_forward (always only):
                                                  :func:`~meshplan.interop.torchtitan_write.reshard_policy`
 parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B;
@@ -239,11 +240,11 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 "sharding": ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none",
                 "compute_dtype": _dtype(tr, "mixed_precision_param", "bfloat16"),
                 "reduce_dtype": _dtype(tr, "mixed_precision_reduce", "float32"),
-                # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
-                "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 # and [norm, output] (tied: the one end unit) resharded only under "always"
                 "reshard_head_after_forward": policy == "always" and fsdp,
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
+    if policy != "default":  # "default" (not pp_enabled) left unset: TrainingSpec.reshard_default, per mesh
+        training["reshard_after_forward"] = policy == "always"
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)

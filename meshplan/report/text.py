@@ -17,6 +17,7 @@ from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
+from meshplan.schedule.window_regathers import cadence_words
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import gathered_words, runtime, sharding_words, shard_words, state_cell, state_title
@@ -308,13 +309,15 @@ def _per_layer_words(row) -> str:
     return f" (per layer {row.per_layer:.2f} = {calls} / {layers} layers: {each} per layer + {left} outside them)"
 
 
-def _cadence_lines(rows, shown: dict) -> list[str]:
+def _cadence_lines(rows, shown: dict, window=lambda r: "") -> list[str]:
     """Lines under a collective table: each cadence (the JSON's ``cadence``) and the rows issued
-    at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``."""
+    at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``; ``window``: a
+    row's count explained by torch's unshard window re-gathers
+    (:func:`meshplan.schedule.window_regathers.cadence_words`)."""
     by: dict[str, list[str]] = {}
     for r in rows:
         by.setdefault(r.cadence, []).append(f"{shown.get(r.axis, r.axis)} {r.phase} {r.op} {r.size_bytes:,.0f} B"
-                                            f"{_per_layer_words(r)}")
+                                            f"{_per_layer_words(r)}{window(r)}")
     return [f"  {c}: {', '.join(items)}" for c, items in by.items()]
 
 
@@ -342,7 +345,8 @@ def _collectives(plan: Plan, con: Console) -> None:
         if any(r.algorithm == "deepep" for r in rows):
             con.print(DEEPEP_COLUMNS, markup=False, highlight=False)
         con.print("when each row is issued:", highlight=False)
-        for line in _cadence_lines(rows, shown):
+        k = int(stage.split()[-1])  # "stage 3" (plan.table_key)
+        for line in _cadence_lines(rows, shown, lambda r, k=k: cadence_words(plan, k, r)):
             con.print(line, markup=False, highlight=False)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.plan import Plan
+from meshplan.schedule.window_regathers import note_words as window_words
 
 SOURCE = "torchtitan b5bcd76 distributed/fsdp.py:124-133"
 
@@ -28,7 +29,12 @@ def reshard_default_note(plan: Plan) -> Optional[str]:
     """The line for ``plan`` where :func:`reshard_default_applies`, else None."""
     if not reshard_default_applies(plan):
         return None
+    kept = window_words(plan) or " (no backward all-gather)"  # torch's window re-gathers at vpp > 3
+    if plan.config.origin == "torchtitan":  # the job TOML's own key (the importer leaves "default" unset)
+        return (f"note: parallelism.fsdp_reshard_after_forward = \"default\": planned false under pp {plan.pp} "
+                f"(\"default\" is not pp_enabled: {SOURCE}), each chunk's parameters kept gathered from its "
+                f"forward to its backward{kept}; set it to \"always\" to reshard after forward")
     return (f"note: training.reshard_after_forward unset: planned false, torchtitan's default under pp "
             f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {SOURCE}), each "
-            f"chunk's parameters kept gathered from its forward to its backward (no backward all-gather); set it "
+            f"chunk's parameters kept gathered from its forward to its backward{kept}; set it "
             f"to true to reshard after forward")

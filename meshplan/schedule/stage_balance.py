@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.mesh.layers import ends_short_split
 from meshplan.spec.mesh_words import stage_list
 
 #: The bubble line explains the idle by the longest stage when the measured idle/ideal exceeds
@@ -77,7 +78,8 @@ def imbalance_clause(st) -> str:
     many = len(longest) > 1
     return (f"; {stage_list(longest)} take{'' if many else 's'} the longest forward+backward per micro-batch"
             f"{' each' if many else ''}: {top * 1e3:.2f} ms, {(top - mean) * 1e3:.2f} ms ({top / mean - 1:.1%}) over "
-            f"the mean stage's {mean * 1e3:.2f} ms{_holds(st, longest)}; {_knob(longest, res.spec.p)}")
+            f"the mean stage's {mean * 1e3:.2f} ms{_holds(st, longest)}; "
+            f"{_knob(longest, res.spec.p, _ends_split_news(st))}")
 
 
 def _holds(st, stages: list[int]) -> str:
@@ -94,13 +96,30 @@ def _holds(st, stages: list[int]) -> str:
     return "; " + ", ".join(parts) if parts else ""
 
 
-def _knob(stages: list[int], p: int) -> str:
+def _ends_split_news(st) -> bool:
+    """Whether Llama 3's split (:func:`~meshplan.mesh.layers.ends_short_split` of the plan's layers,
+    pp and vpp) would be news to this plan: False where ``meshplan search`` tries it (pp >= 3) and
+    the plan's own first and last stages already hold no more layers than it gives them (the
+    split is the plan's, or lighter at the ends: DeepSeek-V3's example, [3, 4 x 14, 2] at pp 16,
+    is exactly it), or where the search tries none at that pp (None: the default split is it)."""
+    p, v = st.pipeline.spec.p, st.pipeline.spec.v
+    if p < 3:
+        return True
+    per = [sum(len(c.layers) for c in chunks) for chunks in st.units.chunks]
+    split = ends_short_split(sum(per), p, v)
+    return split is not None and (per[0] > split[0] or per[-1] > split[-1])
+
+
+def _knob(stages: list[int], p: int, ends_news: bool = True) -> str:
     """The knob that makes ``stages`` lighter: an end stage by Megatron-LM's flag for that end,
-    any stage by ``mesh.pp_layer_split``."""
-    search = "which `meshplan search` tries at pp >= 3 (Llama 3's split: first and last stage one layer lighter)"
+    any stage by ``mesh.pp_layer_split``; Llama 3's split that ``meshplan search`` tries named
+    only where it is lighter at the ends than the plan's (``ends_news``: :func:`_ends_split_news`)."""
+    search = ", which `meshplan search` tries at pp >= 3 (Llama 3's split: first and last stage one layer lighter)" \
+        if ends_news else " (the first and last stages already hold no more layers than Llama 3's split, which " \
+                          "`meshplan search` tries, gives them)"
     account = "--account-for-embedding-in-pipeline-split with --account-for-loss-in-pipeline-split"
     if stages == [p - 1] or stages == [0]:
         end = "last" if stages == [p - 1] else "first"
         return (f"a lighter {end} stage evens the pipeline: mesh.pp_layer_split (Megatron-LM: "
-                f"--decoder-{end}-pipeline-num-layers, or {account}), {search}")
-    return f"mesh.pp_layer_split evens the stages, {search}"
+                f"--decoder-{end}-pipeline-num-layers, or {account}){search}")
+    return f"mesh.pp_layer_split evens the stages{search}"

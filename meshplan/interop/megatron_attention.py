@@ -1,0 +1,68 @@
+"""Megatron-LM's attention kernel flags and ``training.flash_attention``, their one home.
+
+NVIDIA/Megatron-LM d98e8a6 chooses the attention kernel by ``--attention-backend`` (the
+``TransformerConfig.attention_backend`` field, an ``AttnBackend`` of
+``megatron/core/transformer/enums.py``: flash, fused, unfused, local, auto; default auto).
+``LanguageModule._set_attention_backend`` (``megatron/core/models/common/language_module/
+language_module.py``) turns it into Transformer Engine's switches: flash sets NVTE_FLASH_ATTN=1
+alone, fused NVTE_FUSED_ATTN=1 (cuDNN's fused attention) alone, auto both (TE picks), unfused
+NVTE_UNFUSED_ATTN=1 alone and local none (Megatron-Core's own DotProductAttention). The first
+three run a fused kernel that never holds the score matrix (meshplan's ``flash_attention =
+true``, timed from the catalog's attention rows); unfused and local materialise the scores
+(``flash_attention = false``). ``--use-flash-attn`` is still a switch of ``arguments.py`` at
+d98e8a6 but nothing reads it there (the backend decides).
+
+On export (:func:`written_attention`) the plan's choice is one flag: a user's
+``--attention-backend`` that agrees with the plan is carried as given, in place of the
+``--use-flash-attn`` or ``--attention-backend unfused`` the writer puts for ``flash_attention``.
+"""
+
+from __future__ import annotations
+
+from meshplan.errors import ConfigError
+
+FLAG = "--attention-backend"
+#: AttnBackend (enums.py at d98e8a6) -> whether the kernel is fused (meshplan's flash_attention).
+BACKENDS = {"flash": True, "fused": True, "unfused": False, "local": False, "auto": True}
+#: What the writer puts for ``flash_attention`` true / false (megatron_write).
+WRITTEN = {True: "--use-flash-attn", False: f"{FLAG} unfused"}
+
+
+def read_attention(args: dict, low_precision: bool, notes: list[str]) -> dict[str, bool]:
+    """``{"flash_attention": ...}`` of ``args`` (parsed Megatron-LM arguments) by
+    ``--attention-backend``; without it Megatron-LM's auto (a fused kernel, true), with a note
+    where neither it nor ``--use-flash-attn`` is given in a bf16 or fp16 run (``low_precision``).
+    A value outside AttnBackend is a ConfigError naming the flag.
+
+    >>> read_attention({"--attention-backend": "flash"}, True, []), read_attention({FLAG: "local"}, True, [])
+    ({'flash_attention': True}, {'flash_attention': False})
+    """
+    value = args.get(FLAG)
+    if value is None:
+        if low_precision and not args.get("--use-flash-attn"):
+            notes.append(f"{FLAG} not given: planned with a fused attention kernel (Megatron-Core's default auto: "
+                         f"Transformer Engine picks flash or cuDNN fused attention)")
+        return {"flash_attention": True}
+    if value not in BACKENDS:
+        raise ConfigError(FLAG, f"{value!r}; use one of {', '.join(BACKENDS)} (AttnBackend, Megatron-LM d98e8a6)")
+    if not BACKENDS[value]:
+        notes.append(f"{FLAG} {value}: planned with the attention scores materialised (training.flash_attention "
+                     f"= false)")
+    return {"flash_attention": BACKENDS[value]}
+
+
+def written_attention(user: dict, written: list[str]) -> tuple[list[str], bool]:
+    """(``written`` without the writer's attention flag, True) where the user's arguments give
+    an ``--attention-backend`` of the kind the export writes (fused or not, :data:`WRITTEN`) and
+    no ``--use-flash-attn`` of their own, so that the user's flag, carried, says it once; else
+    (``written``, False).
+
+    >>> written_attention({FLAG: "flash"}, ["--bf16", "--use-flash-attn"])
+    (['--bf16'], True)
+    >>> written_attention({FLAG: "local"}, ["--bf16", "--use-flash-attn"])
+    (['--bf16', '--use-flash-attn'], False)
+    """
+    value = user.get(FLAG)
+    if value not in BACKENDS or user.get("--use-flash-attn") or WRITTEN[BACKENDS[value]] not in written:
+        return written, False
+    return [w for w in written if w != WRITTEN[BACKENDS[value]]], True
