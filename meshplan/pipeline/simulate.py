@@ -46,6 +46,10 @@ the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_fo
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
 are one call posted at once.
 
+With ``torch_p2p`` the calls are torch 2.13's GPipe and 1F1B ``_step_microbatches``
+(:meth:`~.base.PipelineSchedule.torch_p2p_calls`: 1F1B's fused send + receive one call; some
+sends without a wait).
+
 With ``overlap_p2p`` (Megatron-LM's ``overlap_p2p_comm``; interleaved only,
 :meth:`~.base.PipelineSchedule.p2p_calls`) the steady state's sides are asynchronous: in no call
 (no hold, no load ``k``); a unit whose input is received so starts at ``max(free, max(send post,
@@ -129,11 +133,9 @@ class PipelineSpec:
         return get(self.schedule)
 
     def p2p_calls(self, s: int, length: int):
-        """Stage ``s``'s blocking calls, per unit of its order (``length`` units): (send delay,
-        receive lead, output sent without a wait, input received without one): torch's
-        (:meth:`~.base.PipelineSchedule.torch_p2p_calls`) under ``torch_p2p``, else Megatron-LM's
-        (:meth:`~.base.PipelineSchedule.p2p_calls`, ``overlap_p2p``). The one place
-        :func:`calls` and :func:`meshplan.pipeline.fast.rendezvous` read them from."""
+        """Stage ``s``'s blocking calls per unit of its order (``length`` units), for :func:`calls`
+        and :func:`meshplan.pipeline.fast.rendezvous`: torch's under ``torch_p2p``
+        (:meth:`~.base.PipelineSchedule.torch_p2p_calls`), else Megatron-LM's (``p2p_calls``)."""
         if self.torch_p2p:
             return self.sched.torch_p2p_calls(self.p, self.m, self.v, s, length)
         return self.sched.p2p_calls(self.p, self.m, self.v, s, length, self.overlap_p2p)
