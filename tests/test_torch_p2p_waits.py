@@ -192,6 +192,12 @@ def test_hand_case_1f1b_pp2_m4():
     split = pp_hold_split(arr, 0)
     assert split.transfer_s.tolist() == [0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.5, 0.0]
     assert split.wait_s.tolist() == [0.0, 2.5, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert split.lead_transfer_s + float(split.transfer_s.sum()) == 2.0  # exposed pp (no asynchronous receive)
+    # stage 1 is held 0.5 s after B3 by its last send (waited at the end) and not after F0 (F0's
+    # send under Megatron-LM 2022's calls would wait: s0's F1 at 1.5); in the steady state a fused
+    # call's send and receive meet the same peer call, so its receive alone already binds
+    assert arr.hold[arr.stage_slice(1)].tolist() == [0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.0, 0.5]
+    assert arr.hold[arr.stage_slice(0)][0] == 0.0
     assert stage_bubble(arr, 0) == 3.5 and arr.bubble == 5.5 / 12
     assert simulate_arrays(_hand_spec(False)).step_s == simulate(_hand_spec(False)).step_s == 17.0
 
