@@ -48,12 +48,15 @@ def blocking_runs(sch: str, p: int, m: int) -> bool:
     return sch != "interleaved_1f1b" or m % p == 0
 
 
-@pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize("blocking", [False, True, "torch"])
 @pytest.mark.parametrize("sch,p,m,v", CASES)
 def test_simulation_equals_the_reference_to_the_bit(sch, p, m, v, blocking):
     """``blocking``: Megatron-LM 2022's blocking calls, both stages of every transfer
     rendezvous (interleaved: a steady-state forward's output sent with the next backward's,
-    the backward after next's gradient received there), always with p2p time."""
+    the backward after next's gradient received there), always with p2p time; "torch": torch
+    2.13's single-stage GPipe and 1F1B calls (``torch_p2p``: some sends without a wait)."""
+    if blocking == "torch" and sch not in ("gpipe", "1f1b"):
+        return
     if blocking and not blocking_runs(sch, p, m):
         return
     if blocking and sch in V_SHAPED and m > 1:  # both simulators find the deadlock
@@ -68,7 +71,7 @@ def test_simulation_equals_the_reference_to_the_bit(sch, p, m, v, blocking):
         return table.setdefault((s, u.kind, u.chunk, u.mb == m - 1), float(rng.uniform(0.5, 2.0)))
 
     spec = PipelineSpec(sch, p, m, v, weight_s=0.3, p2p_s=0.1 if m % 2 or blocking else 0.0, duration=dur,
-                        blocking_p2p=blocking)
+                        blocking_p2p=bool(blocking), torch_p2p=blocking == "torch")
     ref, new = simulate(spec), simulate_arrays(spec)
     assert (new.step_s, new.busy_s, new.bubble) == (ref.step_s, ref.busy_s, ref.bubble)
     assert sorted(map(_key_of_event, new.events)) == sorted(map(_key_of_event, ref.events))
@@ -90,14 +93,16 @@ def _plan(schedule: str, vpp: int = 1):
         "mesh": mesh}))
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2),
-                                          ("zbv", 2), ("dualpipev", 2)])
+@pytest.mark.parametrize("schedule,vpp", [("zb_h1", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("dualpipev", 2)])
 def test_step_time_equals_the_reference_loop(schedule, vpp):
     """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100, 32 micro-batches: the step model's
     pipeline (fast path) against the reference simulation of the same spec, and the critical
-    stage's unit exposure against the reference per-event loop that step_time ran before."""
+    stage's unit exposure against the reference per-event loop that step_time ran before (the
+    schedules torch runs with asynchronous sends; its GPipe and 1F1B wait in their calls:
+    test_blocking_step_time_equals_the_reference)."""
     st = step_time(_plan(schedule, vpp), Overlap())
     res, spec = st.pipeline, st.pipeline.spec
+    assert not spec.blocking_p2p
     ref = simulate(spec)
     assert (res.step_s, res.busy_s) == (ref.step_s, ref.busy_s)
     assert [_key_of_event(e) for e in res.critical_path] == [_key_of_event(e) for e in ref.critical_path]
@@ -115,16 +120,17 @@ def test_step_time_equals_the_reference_loop(schedule, vpp):
     assert loop  # this mesh exposes tp and pp time: the comparison is not empty
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])
-def test_megatron_step_time_equals_the_reference(schedule, vpp):
-    """The same mesh under framework megatron (Megatron-LM 2022's rendezvous calls): the step
-    model's array pipeline against the reference simulation of its spec, to the bit, and the
-    rendezvous is not empty (some call waits for a late peer)."""
+@pytest.mark.parametrize("framework,schedule,vpp", [("megatron", "1f1b", 1), ("megatron", "interleaved_1f1b", 2),
+                                                    ("torch", "1f1b", 1), ("torch", "gpipe", 1)])
+def test_blocking_step_time_equals_the_reference(framework, schedule, vpp):
+    """The same mesh with blocking calls (Megatron-LM 2022's rendezvous; torch 2.13's GPipe and
+    1F1B ``_step_microbatches``): the step model's array pipeline against the reference simulation
+    of its spec, to the bit, and the rendezvous is not empty (some call waits for a late peer)."""
     cfg = _plan(schedule, vpp).config
-    cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": framework}))
     st = step_time(build_plan(cfg), Overlap())
     res, spec = st.pipeline, st.pipeline.spec
-    assert spec.blocking_p2p
+    assert spec.blocking_p2p and spec.torch_p2p == (framework == "torch")
     ref = simulate(spec)
     assert (res.step_s, res.busy_s) == (ref.step_s, ref.busy_s)
     assert sorted(map(_key_of_event, res.events)) == sorted(map(_key_of_event, ref.events))
@@ -151,7 +157,7 @@ def test_blocking_sends_by_hand():
     assert res.hold.tolist() == [0.5, 2.5, 1.5, 0.0, 0.0, 0.5, 0.0, 0.5]
 
 
-@pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize("blocking", [False, True, "torch"])
 @pytest.mark.parametrize("sch,p,m,v", [c for c in CASES if c[1] > 1 and c[2] in (3, 8)])
 def test_lean_rounds_equal_the_general_loop(sch, p, m, v, blocking):
     """The round loops the simulation runs on finite times (NaN for not done, the blocking one
@@ -159,10 +165,12 @@ def test_lean_rounds_equal_the_general_loop(sch, p, m, v, blocking):
     table, kept for other times: every output array equal to the bit, on uneven times."""
     if blocking and (sch in V_SHAPED or not blocking_runs(sch, p, m)):
         return  # they deadlock (test_simulation_equals_the_reference_to_the_bit), or Megatron-LM refuses them
+    if blocking == "torch" and sch not in ("gpipe", "1f1b"):
+        return  # torch's multi-stage runtime: asynchronous
     f = flat_units(sch, p, m, v)
     rng = np.random.default_rng(7 * p + m)
     dur = rng.uniform(0.5, 2.0, len(f.kind)).round(3)
-    spec = PipelineSpec(sch, p, m, v, p2p_s=0.1, blocking_p2p=blocking)
+    spec = PipelineSpec(sch, p, m, v, p2p_s=0.1, blocking_p2p=bool(blocking), torch_p2p=blocking == "torch")
     pairs = rendezvous(spec, f) if blocking else None
     add = np.zeros(len(dur)) if blocking else np.where(f.cross, 0.1, 0.0)
     g = replace(f, dep=np.where(f.cross, len(dur), f.dep)) if blocking else f

@@ -114,7 +114,8 @@ def test_rendezvous_by_hand():
     = 16, B1 16-18, call to receive B2 max(18, 21.5) + .5 = 22, B2 22-24. s2: max(14.5, 18) + .5
     = 18.5, F3 18.5-19.5, B3 19.5-20.5, send B3 max(20.5, 21.5) + .5 = 22. s1: call after B2
     (peers s0 posted 18, s2 posted 20.5) max(21.5, 18, 20.5) + .5 = 22, B3 22-25, send max(25,
-    24) + .5 = 25.5. s0: B3 25.5-27.5: step 27.5. Asynchronous sends (torch): 25.0."""
+    24) + .5 = 25.5. s0: B3 25.5-27.5: step 27.5. Asynchronous sends: 25.0 (torch 1F1B runs its own calls,
+    tests/test_torch_p2p_waits.py)."""
     starts = [[0.0, 1.5, 4.0, 10.0, 12.0, 16.0, 22.0, 25.5],
               [1.5, 4.0, 6.5, 10.0, 12.5, 16.0, 18.5, 22.0],
               [4.0, 5.0, 6.5, 7.5, 12.5, 13.5, 18.5, 19.5]]

@@ -120,15 +120,16 @@ def test_general_round_loop_runs_the_overlap_too():
 def test_mode_by_framework_and_schedule():
     """Megatron-LM: interleaved overlaps by default; 1F1B never (arguments.py turns it off, and
     the non-interleaved schedule raises if set); the warm-up flush leaves no waited call; torch
-    stays asynchronous."""
+    stays asynchronous under its multi-stage runtime (its single-stage 1F1B and GPipe:
+    tests/test_torch_p2p_waits.py). (blocking_p2p, overlap_p2p, torch_p2p)."""
     meg = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
     off = meg.model_copy(update={"pp_p2p_overlap": False})
     flush = meg.model_copy(update={"pp_p2p_overlap_warmup_flush": True})
-    assert p2p_mode(meg, Schedule.INTERLEAVED_1F1B) == (True, True)
-    assert p2p_mode(off, Schedule.INTERLEAVED_1F1B) == (True, False)
-    assert p2p_mode(flush, Schedule.INTERLEAVED_1F1B) == (False, False)
-    assert p2p_mode(meg.model_copy(update={"pp_p2p_overlap": True}), Schedule.ONE_F_ONE_B) == (True, False)
-    assert p2p_mode(TrainingSpec(global_batch=8, seq_len=16), Schedule.INTERLEAVED_1F1B) == (False, False)
+    assert p2p_mode(meg, Schedule.INTERLEAVED_1F1B) == (True, True, False)
+    assert p2p_mode(off, Schedule.INTERLEAVED_1F1B) == (True, False, False)
+    assert p2p_mode(flush, Schedule.INTERLEAVED_1F1B) == (False, False, False)
+    assert p2p_mode(meg.model_copy(update={"pp_p2p_overlap": True}), Schedule.ONE_F_ONE_B) == (True, False, False)
+    assert p2p_mode(TrainingSpec(global_batch=8, seq_len=16), Schedule.INTERLEAVED_1F1B) == (False, False, False)
 
 
 @pytest.mark.parametrize("update,word", [

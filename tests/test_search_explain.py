@@ -306,10 +306,12 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     must name #2 as the fastest. The seed (64 H100, global batch 512 x 8192) under torch.compile,
     searched at pp 4 or 8, tp 2 or 4, cp 2 or 4, mb 1, vpp 1, zero3 kept gathered without tp
     overlap (14 candidates, 8 fit: 4 meshes, each with and without the Llama 3 split): pp 8 x cp 4
-    x tp 2 (60.305 s, 3 axes) is listed before pp 4 x dp_shard 2 x cp 2 x tp 4 (60.120 s, 4 axes),
-    0.31% apart, by fewer axes of degree > 1, as ``search`` of the whole space ranks them #1 and
-    #2. Its exposed tp is shorter (2.48 s against 6.41 s at tp 2 against 4); its compute (52.1 s
-    against 49.6 s) and bubble (4.96 s against 3.15 s at pp 8 against 4) longer, the compute by
+    x tp 2 (61.038 s, 3 axes) is listed before pp 4 x dp_shard 2 x cp 2 x tp 4 (60.486 s, 4 axes),
+    0.91% apart, by fewer axes of degree > 1, as ``search`` of the whole space ranked them #1 and
+    #2 (60.305 and 60.120 s, 0.31% apart, before torch's 1F1B calls were simulated waited: (m - 1)
+    transfers more bubble, test_compare::test_compare_decides_as_the_search_orders). Its exposed
+    tp is shorter (2.48 s against 6.41 s at tp 2 against 4); its compute (52.1 s against 49.6 s)
+    and bubble (5.69 s against 3.51 s at pp 8 against 4) longer, the compute by
     torch's CP ring on cp 4 most (meshplan.compute.ring_attention: 2.661 s against 1.504 s on the
     critical stage, derived in test_compare::test_compare_decides_as_the_search_orders).
     (The report's own case, on 8 H200 nodes at global batch 128, cp 2 against cp 4 mb 2 at tp 4,
@@ -330,11 +332,11 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     labels = [r.candidates.label(e.index).split(",")[0] for e in r.top]
     assert labels == ["pp 8 x cp 4 x tp 2", "pp 4 x dp_shard 2 x cp 2 x tp 4", "pp 8 x cp 2 x tp 4", "pp 4 x cp 4 x tp 4"]
     assert len(r.placed) == 8 == r.counts()["feasible"] and r.variants == []  # every feasible one placed
-    assert round(steps[0], 3) == 60.305 and round(steps[1], 3) == 60.120 and steps[1] < steps[0] <= steps[1] * (1 + TIE)
+    assert round(steps[0], 3) == 61.038 and round(steps[1], 3) == 60.486 and steps[1] < steps[0] <= steps[1] * (1 + TIE)
     x = r.explanation
     assert x is not None and x.by_tie_rule and x.fastest_row == 2 and x.fastest_step_s == steps[1]
     line = x.line()
-    assert line.startswith(f"top's step {steps[0]:.3f} s is 0.31% longer than the fastest's (#2, {steps[1]:.3f} s), "
+    assert line.startswith(f"top's step {steps[0]:.3f} s is 0.91% longer than the fastest's (#2, {steps[1]:.3f} s), "
                            "within 1%: listed first by the tie rule: fewer axes of degree > 1 (3 vs 4); parts against "
                            "#2: exposed tp 2.48 s vs 6.41 s (tp 2 vs 4), compute 52.1 s vs 49.6 s")
     assert "shorter" not in line.split("; parts")[0]

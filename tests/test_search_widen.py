@@ -66,7 +66,8 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     assert not r.top and r.counts()["memory"] > 0
     w = r.widened
     assert w is not None and (w.given, w.cp, w.label) == ((1,), 4, ROW)
-    assert round(w.step_s, 3) == 384.986 and w.peak_bytes < r.usable_bytes
+    # 384.986 s before torch's 1F1B calls were simulated waited (torchp2p: its fused send + receive calls)
+    assert round(w.step_s, 3) == 385.172 and w.peak_bytes < r.usable_bytes
     plan = _plan(["pp", "cp", "tp"])
     assert plan.feasible and step_time(plan, Overlap()).step_s == pytest.approx(w.step_s, rel=1e-9)
     assert max(t.peak.total_bytes for t in plan.timelines) == pytest.approx(w.peak_bytes, rel=1e-9)
@@ -74,7 +75,7 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     assert not cp1.feasible and cp1.reasons[0].startswith("peak")
     v = infeasible_verdict(r)
     assert v["fix"].startswith(f"widen [search] cp (now 1): with every cp the fastest that fits is {ROW} (cp 4: step "
-                               f"384.986 s, peak {w.peak_bytes / GiB:.1f} GiB); or add nodes, or let [search] reach "
+                               f"385.172 s, peak {w.peak_bytes / GiB:.1f} GiB); or add nodes, or let [search] reach "
                                "less memory")
     assert v["widened"]["cp"] == 4 and v["line"].endswith(v["fix"])
 

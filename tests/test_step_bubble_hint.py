@@ -56,7 +56,9 @@ def test_share_is_the_critical_stages_idle_of_the_parts_line(pp4):
     assert bh.bubble_share(st) == pytest.approx(idle / st.step_s, rel=1e-9)
     assert f"bubble {st.shown_ms()['bubble']}" in st.parts_line()
     assert 3 / 19 < bh.bubble_share(st) < 0.5
-    assert round(bh.bubble_share(st), 3) == 0.301  # the model's value (a run), the line prints 30.1%
+    # the model's value (a run), the line prints 30.2% (30.1% with torch's 1F1B p2p modelled asynchronous,
+    # before its fused calls waited: the partner's lateness is bubble, tests/test_torch_p2p_waits.py)
+    assert round(bh.bubble_share(st), 3) == 0.302
 
 
 def test_every_hinted_knob_gives_the_step_it_prints(pp4):
@@ -87,7 +89,7 @@ def test_every_hinted_knob_gives_the_step_it_prints(pp4):
     items = [f"{w} (step {s:.2f} s, {s / st.step_s - 1:+.1%}, bubble {bh.bubble_share(a_st):.1%} of it, "
              f"peak {alt.timeline.peak.total_bytes / GiB:.1f} GiB fits)" for s, w, alt, a_st in faster[:3]]
     line, = bh.bubble_hint(plan, st, rebuilt_step(plan, step_time))
-    assert line == (f"hint: the pipeline bubble on stage {st.critical_stage} is 30.1% of the step "
+    assert line == (f"hint: the pipeline bubble on stage {st.critical_stage} is 30.2% of the step "
                     f"({st.parts_s()['bubble']:.2f} s of {st.step_s:.2f} s; 1f1b, pp 4, 16 micro-batches per step): "
                     f"shorter with " + "; ".join(items))
     # the winner here: pp 2 x dp_shard 2 (-12.6%), whose FSDP2 under pp keeps each chunk's parameters gathered
@@ -127,11 +129,12 @@ def test_threshold_edges(pp4, monkeypatch):
 
 
 def test_no_line_under_the_share_or_when_no_knob_helps(pp4):
-    """32 micro-batches of 1 on 4 stages: the bubble is 12.5% of the step (< 15%), no line and
+    """32 micro-batches of 1 on 4 stages: the bubble is 12.6% of the step (< 15%; 12.5% before torch's 1F1B
+    calls waited), no line and
     nothing re-planned; 16 micro-batches, where every knob is slower, within the 1% tie band
     (0.3% faster) or does not fit: no line."""
     plan, st = _stepped(_config(32, 1))
-    assert round(bh.bubble_share(st), 3) == 0.125 < bh.HINT_SHARE
+    assert round(bh.bubble_share(st), 3) == 0.126 < bh.HINT_SHARE
     asked = []
     assert bh.bubble_hint(plan, st, lambda u, m=None: asked.append(m)) == [] and asked == []
     plan, st = pp4

@@ -49,18 +49,20 @@ def test_exposed_line_and_parts_line_print_one_rounding():
 
 
 def test_bubble_line_names_the_stage_of_each_figure():
-    """405B example (pp 16, 1F1B, FSDP under pp): the ratios are on the busiest stage (14), the
+    """405B example (pp 16, 1F1B, FSDP under pp): the ratios are on the busiest stage (11), the
     step's parts on the critical one (0), where the step ends; the printed stages and numbers are
-    the model's."""
+    the model's. (Stages 1-14 run the same units: their busy times differ in the last bits of
+    each unit's end - start, which picks the busiest among them: 14 before torch's 1F1B calls
+    waited, 11 since, 6.503584619329027 s against 6.503584619329026 s on stage 14.)"""
     st = step_time(build_plan(load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml")))
     res = st.pipeline
-    assert (res.busiest_stage, st.critical_stage) == (14, 0)  # the case: they differ
+    assert (res.busiest_stage, st.critical_stage) == (11, 0)  # the case: they differ
     lines = st.lines()
     bubble = next(x for x in lines if x.startswith("bubble "))
     parts = next(x for x in lines if x.startswith("step on stage"))
     busy = float(res.busy_s[res.busiest_stage])
     assert bubble.startswith(f"bubble {(res.step_s - busy) / busy:.4f} as idle/ideal, "
-                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (the schedule's bubble fraction, on the busiest stage 14,")
+                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (the schedule's bubble fraction, on the busiest stage 11,")
     assert parts.startswith("step on stage 0 = ")
     bubble_ms = _numbers(parts.split(" = ", 1)[1])["bubble"]
     assert abs(float(bubble_ms) - st.parts_s()["bubble"] * 1e3) <= 0.01

@@ -52,6 +52,11 @@ class PipelineSchedule:
       interleaved steady state asynchronous under its ``overlap_p2p_comm``,
       ``PipelineSpec.overlap_p2p``, :meth:`p2p_calls`); the others (the V-shaped ones
       deadlock under one combined call per unit) send asynchronously.
+    - ``torch_waits``: torch 2.13 runs it as a single-stage schedule
+      (``PipelineScheduleSingle``) whose ``_step_microbatches`` waits on its p2p in place
+      (:meth:`torch_p2p_calls`), which ``framework = "torch"`` simulates with blocking calls;
+      the multi-stage ones (``_PipelineScheduleRuntime``) post their SEND and RECV actions and
+      wait a receive only at the compute that needs it: asynchronous, as meshplan models them.
     """
 
     name: Schedule
@@ -63,6 +68,7 @@ class PipelineSchedule:
     chunked: Schedule | None = None
     chunks: int | None = None
     megatron_p2p: bool = False
+    torch_waits: bool = False
 
     def __init_subclass__(cls, **kwargs):
         """A subclass's :meth:`order` is memoised per (p, m, v, s) for orders of at most
@@ -169,6 +175,20 @@ class PipelineSchedule:
         """
         off = np.zeros(length, dtype=bool)
         return self.send_delay(p, m, v, s, length), self.recv_lead(p, m, v, s, length), off, off.copy()
+
+    def torch_p2p_calls(self, p: int, m: int, v: int, s: int, length: int):
+        """:meth:`p2p_calls` of torch 2.13's ``_step_microbatches`` for a schedule with
+        ``torch_waits`` (:meth:`meshplan.pipeline.one_f_one_b.OneFOneB.torch_p2p_calls`,
+        :meth:`meshplan.pipeline.gpipe.GPipe.torch_p2p_calls`): per unit of stage ``s``'s order,
+        (send delay, receive lead, output sent without a wait in its call, input received
+        without one). The others run under torch's multi-stage runtime, asynchronous: no call.
+
+        >>> PipelineSchedule().torch_p2p_calls(4, 8, 1, 0, 2)
+        Traceback (most recent call last):
+        NotImplementedError: None runs under torch's multi-stage runtime: asynchronous sends, no blocking call
+        """
+        raise NotImplementedError(f"{getattr(self, 'name', None)} runs under torch's multi-stage runtime: "
+                                  "asynchronous sends, no blocking call")
 
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's

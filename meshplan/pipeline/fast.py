@@ -252,8 +252,8 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     (33.0, 0.375, ['F0', 'F0', 'F0', 'F0', 'B0'])
     """
     same = like is not None and (like.spec.schedule, like.spec.p, like.spec.m, like.spec.v, like.spec.blocking_p2p,
-                                 like.spec.overlap_p2p, like.spec.p2p_s) == \
-        (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.overlap_p2p, spec.p2p_s)
+                                 like.spec.overlap_p2p, like.spec.torch_p2p, like.spec.p2p_s) == \
+        (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.overlap_p2p, spec.torch_p2p, spec.p2p_s)
     p, f = spec.p, like.flat if like is not None and same else flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
@@ -364,14 +364,15 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
     """
     length, p = f.length, spec.p
-    delay, lead, send_async, recv_async = (np.concatenate(x) for x in zip(*[
-        spec.sched.p2p_calls(p, spec.m, spec.v, s, length, spec.overlap_p2p) for s in range(p)]))
+    delay, lead, send_async, recv_async = (np.concatenate(x) for x in zip(*[spec.p2p_calls(s, length)
+                                                                            for s in range(p)]))
     cons = np.flatnonzero(f.cross)
     prod = f.dep[cons]
     delay, lead = delay[prod], lead[cons]
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
     out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
-    return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if spec.overlap_p2p else out
+    some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
+    return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

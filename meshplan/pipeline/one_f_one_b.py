@@ -14,6 +14,8 @@ stage runs the interleaved order.
 
 from __future__ import annotations
 
+import numpy as np
+
 from meshplan.pipeline.base import PipelineSchedule, Unit
 from meshplan.spec.mesh import Schedule
 
@@ -32,10 +34,43 @@ class OneFOneB(PipelineSchedule):
     torch_class = "Schedule1F1B"
     chunked = Schedule.INTERLEAVED_1F1B
     megatron_p2p = True
+    torch_waits = True
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """1F1B on stage ``s`` (one chunk; v is ignored)."""
         return warmup_pairs_drain(int(self.warmup(p, m, 1, s)), m)
+
+    def torch_p2p_calls(self, p: int, m: int, v: int, s: int, length: int):
+        """:meth:`~.base.PipelineSchedule.torch_p2p_calls` of torch 2.13's
+        ``Schedule1F1B._step_microbatches`` (torch/distributed/pipelining/schedules.py, lines
+        cited from the 2.13.0 wheel) on stage ``s``, ``w = min(m, p - s)`` warm-up forwards
+        (line 1052; meshplan's order is the same units: its ``p - s - 1`` and the first pair's F):
+
+        - every receive is posted in the call right before its unit and waited there (lead 1):
+          the warm-up's ``fwd_recv`` (1067) and the cool-down's ``bwd_recv`` (1153) alone, the
+          steady state's inside the fused calls;
+        - the output of forward ``i < w - 1`` is sent without a wait in its call
+          (``send_work``, 1087), waited after the next forward (1081);
+        - the last warm-up forward's and every steady-state forward's output go with the next
+          backward's receive in one ``batch_isend_irecv`` waited at once
+          (``fwd_send_bwd_recv``, 1105), as a steady-state backward's with the next forward's
+          (``bwd_send_fwd_recv``, 1127): one call, both transfers with the same neighbour, whose
+          matching call on that neighbour is also one fused call;
+        - the output of backward ``m - w <= j < m - 1`` (the last of the steady state, 1147, and
+          the cool-down's, 1168) is sent without a wait, waited after the next backward (1164);
+          the last backward's is waited right after it, at the step's end (1172).
+
+        Not modelled: those later waits of an unwaited send (its transfer must end before the
+        unit after the next one starts); they bind only when the receiver posts more than the
+        next unit's duration less one transfer after the sender.
+
+        >>> [x.astype(int).tolist() for x in ONE_F_ONE_B.torch_p2p_calls(4, 6, 1, 1, 12)]  # F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5
+        [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
+        """
+        w = min(m, p - s)
+        unwaited = [u.mb < w - 1 if u.kind == "F" else m - w <= u.mb < m - 1 for u in self.order(p, m, v, s)]
+        return (np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64), np.array(unwaited, dtype=bool),
+                np.zeros(length, dtype=bool))
 
     def refused(self, p, m, framework: str = "torch"):
         """torch 2.13's ``Schedule1F1B.__init__`` raises when ``n_microbatches <

@@ -46,6 +46,10 @@ the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_fo
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
 are one call posted at once.
 
+With ``torch_p2p`` the calls are torch 2.13's GPipe and 1F1B ``_step_microbatches``
+(:meth:`~.base.PipelineSchedule.torch_p2p_calls`: 1F1B's fused send + receive one call; some
+sends without a wait).
+
 With ``overlap_p2p`` (Megatron-LM's ``overlap_p2p_comm``; interleaved only,
 :meth:`~.base.PipelineSchedule.p2p_calls`) the steady state's sides are asynchronous: in no call
 (no hold, no load ``k``); a unit whose input is received so starts at ``max(free, max(send post,
@@ -91,7 +95,9 @@ class PipelineSpec:
     virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
     gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send; ``blocking_p2p``: sends
     block their stage (module docstring); ``overlap_p2p`` (with ``blocking_p2p``): Megatron-LM's
-    ``overlap_p2p_comm``, the steady state's transfers asynchronous (module docstring). ``duration`` (optional) overrides:
+    ``overlap_p2p_comm``, the steady state's transfers asynchronous (module docstring); ``torch_p2p`` (with
+    ``blocking_p2p``): the calls are torch 2.13's single-stage ``_step_microbatches``' instead of
+    Megatron-LM's (:meth:`p2p_calls`). ``duration`` (optional) overrides:
     ``duration(stage, unit) -> seconds`` for the whole unit."""
 
     schedule: Schedule
@@ -104,6 +110,7 @@ class PipelineSpec:
     p2p_s: float = 0.0
     blocking_p2p: bool = False
     overlap_p2p: bool = False
+    torch_p2p: bool = False
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -115,11 +122,23 @@ class PipelineSpec:
         bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
         if bad:  # the rule its order needs (interleaved: torch's rounds divide m; V-shaped: v 2, DualPipeV m >= 2p)
             raise ConfigError("mesh.pp_schedule", bad[0])
+        if self.torch_p2p and not (self.blocking_p2p and not self.overlap_p2p and self.sched.torch_waits):
+            raise ConfigError("pipeline", f"torch_p2p needs blocking_p2p, no overlap_p2p and a schedule torch runs "
+                              f"single-stage (gpipe, 1f1b), not {self.schedule} with blocking_p2p {self.blocking_p2p}, "
+                              f"overlap_p2p {self.overlap_p2p}")
 
     @property
     def sched(self) -> PipelineSchedule:
         """The registered schedule object."""
         return get(self.schedule)
+
+    def p2p_calls(self, s: int, length: int):
+        """Stage ``s``'s blocking calls per unit of its order (``length`` units), for :func:`calls`
+        and :func:`meshplan.pipeline.fast.rendezvous`: torch's under ``torch_p2p``
+        (:meth:`~.base.PipelineSchedule.torch_p2p_calls`), else Megatron-LM's (``p2p_calls``)."""
+        if self.torch_p2p:
+            return self.sched.torch_p2p_calls(self.p, self.m, self.v, s, length)
+        return self.sched.p2p_calls(self.p, self.m, self.v, s, length, self.overlap_p2p)
 
     def unit_s(self, stage: int, u: Unit) -> float:
         if self.duration is not None:
@@ -213,8 +232,8 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
     p, m, v, sched = spec.p, spec.m, spec.v, spec.sched
     where = {(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v)): (s, i) for s, o in enumerate(orders)
              for i, u in enumerate(o)}
-    delay, lead, send_async, recv_async = zip(*[sched.p2p_calls(p, m, v, s, len(o), spec.overlap_p2p)
-                                                for s, o in enumerate(orders)]) if orders else ((),) * 4
+    delay, lead, send_async, recv_async = zip(*[spec.p2p_calls(s, len(o)) for s, o in enumerate(orders)]) \
+        if orders else ((),) * 4
     peers: dict = {}
     xfer: dict = {}
     for s, order in enumerate(orders):

@@ -1,13 +1,15 @@
 """What a config lets overlap, before any timeline is built: :func:`config_overlap` turns the
 training contract (framework, engines, ``tp_comm_overlap``, Megatron-LM's overlap flags) into the
-:class:`~meshplan.schedule.unit_sim.Overlap` the unit timelines read; :func:`blocking_p2p`
-says whether pipeline sends block their stage; :func:`megatron_reduce_line` names the gradient
+:class:`~meshplan.schedule.unit_sim.Overlap` the unit timelines read; :func:`p2p_mode`
+chooses how each framework's pipeline sends and receives wait (:func:`blocking_p2p`: whether any
+blocks its stage); :func:`megatron_reduce_line` names the gradient
 reduction Megatron-LM runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
@@ -17,36 +19,67 @@ from meshplan.spec.deepspeed_memory import deepspeed_ahead_bytes, deepspeed_pref
 from meshplan.spec.mesh import Schedule
 
 
-def p2p_mode(training, schedule: Schedule) -> tuple[bool, bool]:
-    """(``blocking_p2p``, ``overlap_p2p``) of :class:`~meshplan.pipeline.simulate.PipelineSpec`
-    for ``training`` running ``schedule``. Megatron-LM (``training.framework``) in its schedules
-    (``megatron_p2p``: 1F1B and interleaved 1F1B) waits on its p2p calls: without
-    ``overlap_p2p_comm`` its ``_communicate`` runs ``batch_isend_irecv``, waits on every request
-    and calls ``torch.cuda.synchronize`` (``batch_p2p_comm = not overlap_p2p_comm``,
-    megatron/training/argument_utils.py:307, and ``batch_p2p_sync`` default true,
-    p2p_communication.py:389-425 at NVIDIA/Megatron-LM d98e8a6; Megatron-LM 2022 the same), so
-    both stages of a transfer rendezvous (:mod:`meshplan.pipeline.simulate`). With
-    ``training.pp_p2p_overlap`` (unset: on, as Megatron-LM) the interleaved schedule's steady
-    state is asynchronous (``overlap_p2p``); 1F1B never overlaps (Megatron-LM turns it off there,
-    arguments.py:1010-1018, and ``forward_backward_pipelining_without_interleaving`` raises if
-    it is set, schedules.py:2181-2184). ``pp_p2p_overlap_warmup_flush`` makes every call
-    asynchronous: no blocking call left. torch's ``torch.distributed.pipelining`` schedules post
-    their sends asynchronously (meshplan's model for every framework but Megatron-LM).
+class P2PMode(NamedTuple):
+    """How a framework's pipeline p2p waits (:func:`p2p_mode`): the fields of
+    :class:`~meshplan.pipeline.simulate.PipelineSpec` of the same names."""
+
+    blocking_p2p: bool
+    overlap_p2p: bool
+    torch_p2p: bool
+
+
+def p2p_mode(training, schedule: Schedule) -> P2PMode:
+    """(``blocking_p2p``, ``overlap_p2p``, ``torch_p2p``) of
+    :class:`~meshplan.pipeline.simulate.PipelineSpec` for ``training`` running ``schedule``: the
+    one place a framework's pipeline p2p waits are chosen.
+
+    Megatron-LM (``training.framework``) in its schedules (``megatron_p2p``: 1F1B and interleaved
+    1F1B) waits on its p2p calls: without ``overlap_p2p_comm`` its ``_communicate`` runs
+    ``batch_isend_irecv``, waits on every request and calls ``torch.cuda.synchronize``
+    (``batch_p2p_comm = not overlap_p2p_comm``, megatron/training/argument_utils.py:307, and
+    ``batch_p2p_sync`` default true, p2p_communication.py:389-425 at NVIDIA/Megatron-LM d98e8a6;
+    Megatron-LM 2022 the same), so both stages of a transfer rendezvous
+    (:mod:`meshplan.pipeline.simulate`). With ``training.pp_p2p_overlap`` (unset: on, as
+    Megatron-LM) the interleaved schedule's steady state is asynchronous (``overlap_p2p``); 1F1B
+    never overlaps (Megatron-LM turns it off there, arguments.py:1010-1018, and
+    ``forward_backward_pipelining_without_interleaving`` raises if it is set,
+    schedules.py:2181-2184). ``pp_p2p_overlap_warmup_flush`` makes every call asynchronous: no
+    blocking call left.
+
+    torch 2.13 (``framework = "torch"``) waits where its schedule class does
+    (torch/distributed/pipelining/schedules.py): the single-stage ones (``torch_waits``: GPipe,
+    1F1B, ``PipelineScheduleSingle._step_microbatches``) wait on each receive right before its
+    unit and 1F1B on its fused send + receive calls at once (``_wait_batch_p2p`` right after
+    ``_batch_p2p``, lines 1105 and 1127), so they block (``torch_p2p``: the calls of
+    :meth:`~meshplan.pipeline.base.PipelineSchedule.torch_p2p_calls`); on a GPU such a wait
+    holds the compute stream until the transfer ends (NCCL's ``Work.wait`` makes the current
+    stream wait for it), and a transfer runs once both sides' kernels run, each after the compute
+    issued before it. The multi-stage runtime (``_PipelineScheduleRuntime._step_microbatches``:
+    interleaved 1F1B, ZB-H1, ZB-V, DualPipeV) posts its SEND and RECV actions and waits a receive
+    only at the compute that needs it (lines 2528, 2559, 2583), its sends at the step's end
+    (2654-2655): asynchronous sends, meshplan's model for them (the receive's own post, where
+    torch's ``_add_send_recv`` places it, not modelled).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
-    >>> [p2p_mode(t, s) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)]
-    [(True, False), (True, True)]
-    >>> p2p_mode(t.model_copy(update={"pp_p2p_overlap": False}), Schedule.INTERLEAVED_1F1B)
-    (True, False)
-    >>> p2p_mode(t.model_copy(update={"pp_p2p_overlap_warmup_flush": True}), Schedule.INTERLEAVED_1F1B)
-    (False, False)
+    >>> [tuple(p2p_mode(t, s)) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)]
+    [(True, False, False), (True, True, False)]
+    >>> tuple(p2p_mode(t.model_copy(update={"pp_p2p_overlap": False}), Schedule.INTERLEAVED_1F1B))
+    (True, False, False)
+    >>> tuple(p2p_mode(t.model_copy(update={"pp_p2p_overlap_warmup_flush": True}), Schedule.INTERLEAVED_1F1B))
+    (False, False, False)
+    >>> t = TrainingSpec(global_batch=8, seq_len=16)
+    >>> [tuple(p2p_mode(t, s)) for s in (Schedule.ONE_F_ONE_B, Schedule.GPIPE, Schedule.INTERLEAVED_1F1B)]
+    [(True, False, True), (True, False, True), (False, False, False)]
     """
-    if training.framework != "megatron" or not get_schedule(schedule).megatron_p2p:
-        return False, False
-    if not get_schedule(schedule).virtual_stages or training.pp_p2p_overlap is False:
-        return True, False
-    return (False, False) if training.pp_p2p_overlap_warmup_flush else (True, True)
+    sched = get_schedule(schedule)
+    if training.framework == "torch":
+        return P2PMode(sched.torch_waits, False, sched.torch_waits)
+    if training.framework != "megatron" or not sched.megatron_p2p:
+        return P2PMode(False, False, False)
+    if not sched.virtual_stages or training.pp_p2p_overlap is False:
+        return P2PMode(True, False, False)
+    return P2PMode(False, False, False) if training.pp_p2p_overlap_warmup_flush else P2PMode(True, True, False)
 
 
 def blocking_p2p(training, schedule: Schedule) -> bool:

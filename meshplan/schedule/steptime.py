@@ -3,7 +3,8 @@ put through the pipeline simulation (:mod:`meshplan.pipeline.simulate`), then th
 collectives and the optimizer step; critical path, exposed communication per axis, bubble,
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
-Pipeline sends block their stage under Megatron-LM (:func:`~meshplan.schedule.overlap_policy.p2p_mode`; with its
+Pipeline sends block their stage under Megatron-LM and torch's single-stage GPipe and 1F1B
+(:func:`~meshplan.schedule.overlap_policy.p2p_mode`; with Megatron-LM's
 ``overlap_p2p_comm``, ``training.pp_p2p_overlap``, the interleaved steady state's are asynchronous and a unit waits
 for its input's transfer just before it, the part of that wait up to one transfer exposed on "pp"): each call holds its
 stage until the peer stage posts its side and the transfer ends (``hold``); of a hold only the
@@ -85,14 +86,13 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
              for s in range(p)]
     chunks = chunk_costs(plan, w, table)
-    blocking, overlap_p2p = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
+    mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
-                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking,
-                        overlap_p2p=overlap_p2p)
+                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p, overlap_p2p=overlap_p2p,
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 

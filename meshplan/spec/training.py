@@ -224,7 +224,7 @@ class TrainingSpec(TrainingPrecision):
     ``pp_p2p_overlap_warmup_flush``: its ``--overlap-p2p-communication-warmup-flush`` (default off;
     ``model_parallel_config.py:422-428``, refused without overlap, 570-575): the warm-up and
     cool-down calls too are issued without waiting, every transfer asynchronous. Under framework
-    torch, ``torch.distributed.pipelining`` posts its transfers asynchronously
+    torch, ``torch.distributed.pipelining`` waits where its schedule class does, with no such flag
     (:func:`meshplan.schedule.overlap_policy.p2p_mode`): ``pp_p2p_overlap = false`` is refused there.
     ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
     (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
@@ -367,8 +367,8 @@ class TrainingSpec(TrainingPrecision):
         the second only with overlap on (class docstring)."""
         if self.pp_p2p_overlap is False and self.framework != "megatron":
             raise ValueError(f"pp_p2p_overlap = false is Megatron-LM's --no-overlap-p2p-communication (framework "
-                             f"\"megatron\"); framework {self.framework!r} posts its pipeline sends and receives "
-                             f"asynchronously (torch.distributed.pipelining): remove it")
+                             f"\"megatron\"); framework {self.framework!r} waits on its pipeline sends and receives "
+                             f"where torch.distributed.pipelining's schedule does, with no such flag: remove it")
         if self.pp_p2p_overlap_warmup_flush and (self.framework != "megatron" or self.pp_p2p_overlap is False):
             raise ValueError("pp_p2p_overlap_warmup_flush is Megatron-LM's --overlap-p2p-communication-warmup-flush, "
                              "which needs its p2p overlap on (framework \"megatron\", pp_p2p_overlap not false; "
