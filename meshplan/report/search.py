@@ -71,7 +71,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": sharding,
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
             "reshard_after_forward": bool(c.rf[i]),
-            "reshard_after_forward_default": bool(c.reshard_default[i]) if c.reshard_varied[i] else None,
+            "reshard_after_forward_default": None if c.reshard_setting(i) is None else c.reshard_default_at(i),
             "tp_comm_overlap": bool(c.ov[i]),
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,

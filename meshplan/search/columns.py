@@ -133,13 +133,20 @@ class Candidates:
         return np.ones_like(self.rf) if self.rd is None else self.rd
 
     def reshard_setting(self, i: int) -> Optional[bool]:
-        """Row ``i``'s ``reshard_after_forward`` where it acts (:attr:`reshard_varied`), else None:
-        without FSDP over a data axis the row carries true, which gathers nothing."""
-        return bool(self.rf[i]) if self.reshard_varied[i] else None
+        """Row ``i``'s ``reshard_after_forward`` where it acts (:attr:`reshard_varied`, read for the
+        one row: the tie rule calls this per candidate), else None: without FSDP over a data axis the
+        row carries true, which gathers nothing."""
+        acts = reshard_acts(int(self.sh[i]) in FSDP_SHARDINGS, int(self.dps[i]), int(self.cp[i]), int(self.tp[i]),
+                            int(self.ep[i]), int(self.etp[i]), self.moe)
+        return bool(self.rf[i]) if acts else None
+
+    def reshard_default_at(self, i: int) -> bool:
+        """Row ``i``'s :attr:`reshard_default`."""
+        return True if self.rd is None else bool(self.rd[i])
 
     def reshard_tag(self, i: int) -> str:
-        """Row ``i``'s :func:`reshard_word` against its default (:attr:`reshard_default`)."""
-        return reshard_word(self.reshard_setting(i), bool(self.reshard_default[i]))
+        """Row ``i``'s :func:`reshard_word` against its default (:meth:`reshard_default_at`)."""
+        return reshard_word(self.reshard_setting(i), self.reshard_default_at(i))
 
     @property
     def sp(self) -> np.ndarray:

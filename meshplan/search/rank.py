@@ -214,7 +214,7 @@ def simplicity(c: Candidates, i: int) -> tuple[int, ...]:
     (3, 8, 2, 0, 0, 0, 1, 0, 0, 0)
     """
     return tie_key(lambda col: int(c.degree(col)[i]), RECOMPUTE[c.rc[i]], bool(c.ov[i]), int(c.vpp[i]),
-                   c.reshard_setting(i), bool(c.us[i]), int(c.ps[i]), bool(c.reshard_default[i]))
+                   c.reshard_setting(i), bool(c.us[i]), int(c.ps[i]), c.reshard_default_at(i))
 
 
 def tie_key(degree: Callable[[str], int], recompute: str, tp_overlap: bool, vpp: int, reshard: Optional[bool],
