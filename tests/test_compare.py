@@ -113,7 +113,8 @@ def test_summary_states_the_rule(seed_pair, tmp_path):
             "its memory peak above usable HBM) loses to one that fits; between two that fit, the search's order: by "
             "predicted step time; within 1% toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower "
             "tp, then fewer and cheaper settings off their default (no recompute before selective, op, layer, full; "
-            "no tp overlap; vpp 1; parameters resharded; the even layer split; 1F1B), then a lower peak memory (peaks "
+            "no tp overlap; vpp 1; reshard_after_forward at the mesh's default, resharded, kept gathered under "
+            "torch's FSDP2 with pp > 1; the even layer split; 1F1B), then a lower peak memory (peaks "
             "within 1% count as equal), then the shorter step.") in text
     assert "see meshplan.compare" not in text
 

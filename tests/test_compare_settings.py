@@ -15,6 +15,7 @@ from meshplan.compare.sides import plan_tie_key
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.search.rank import PAIR_RULE, RULE_LINE, TOWARD
+from meshplan.units import GiB
 from tests.cli_run import run_main
 from tests.configs import job_toml
 
@@ -142,7 +143,8 @@ def test_a_schedule_the_search_does_not_try_counts_as_one_setting_the_user_sets(
     sets. So the count is kept, and the verdict follows by hand: for uniform stages GPipe and 1F1B
     run the same m forwards and m backwards per stage with the same (p - 1)(t_f + t_b) idle
     (Narayanan et al. SC21, 2.2.1: 1F1B has GPipe's bubble and holds fewer micro-batches), so the
-    steps differ by less than 1% (0.738 vs 0.740 s) and the tie key decides before the peak (GPipe
+    steps differ by less than 1% (here equal: 0.725 s each, both kept gathered, the default at pp 4
+    since rafpp; 0.738 vs 0.740 s resharded before) and the tie key decides before the peak (GPipe
     holds all 4 micro-batches' activations: 48.1 against 41.3 GiB): 0 settings against 1, for
     1F1B, in either order of the files. At pp 1 the schedule runs nothing and counts nothing."""
     from meshplan.compare.sides import plan_tie_key
@@ -152,10 +154,33 @@ def test_a_schedule_the_search_does_not_try_counts_as_one_setting_the_user_sets(
     c = _compare(tmp_path, capsys, gpipe, PIPE)
     assert (c["winner"], c["rejected"], c["decided_by"]) == ("top", "a", why)
     steps = (c["a"]["step_s"], c["b"]["step_s"])
-    assert max(steps) / min(steps) - 1 < 0.01 and (round(steps[0], 3), round(steps[1], 3)) == (0.740, 0.738)
+    assert max(steps) / min(steps) - 1 < 0.01 and (round(steps[0], 3), round(steps[1], 3)) == (0.725, 0.725)
     assert c["a"]["peak_bytes"] > c["b"]["peak_bytes"]  # the peak would pick 1F1B too, but the key decides first
     c = _compare(tmp_path, capsys, PIPE, gpipe, "2")
     assert (c["winner"], c["decided_by"]) == ("a", why)
     flat = {"names": ["dp_shard"], "shape": [8]}
     assert plan_tie_key(_plan({"recompute": "none"}, flat | {"pp_schedule": "gpipe"})) == \
         plan_tie_key(_plan({"recompute": "none"}, flat)) == (1, 1, 1, 0, 0, 0, 1, 0, 0, 0)
+
+
+def test_torch_pp2_reshard_true_is_the_setting_off_the_default(tmp_path, capsys):
+    """searchraf: under framework torch with pp > 1 an unset reshard_after_forward plans false
+    (TrainingSpec.reshard_default, torchtitan's default), so compare counts true as the setting off
+    the default, as the search does. Llama-3-8B on one dgx-h100, pp 2 x dp_shard 4, global batch 8
+    at seq 8192 (m = 8 / 4 = 2 micro-batches), recompute full: unset (kept gathered) 1.673 s, 40.9
+    GiB; true 1.687 s (0.88% longer: its backward all-gathers), 36.7 GiB. Within 1%, so the tie key
+    decides before the peak: 1 setting (full) against 2 (full, resharded), the unset plan first.
+    Before, true counted as the default and kept gathered as the setting off it: the resharded plan
+    won, "fewer settings off their default (1 vs 2: full vs full, kept gathered)"."""
+    base = job_toml(training={"global_batch": 8, "seq_len": 8192, "recompute": "full"},
+                    mesh={"names": ["pp", "dp_shard"], "shape": [2, 4]})
+    resharded = base.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = true')
+    why = "fewer settings off their default (1 vs 2: full vs full, resharded)"
+    c = _compare(tmp_path, capsys, resharded, base)
+    assert (c["winner"], c["rejected"], c["decided_by"]) == ("top", "a", why)
+    assert (round(c["a"]["step_s"], 3), round(c["b"]["step_s"], 3)) == (1.687, 1.673)
+    assert (round(c["a"]["peak_bytes"] / GiB, 1), round(c["b"]["peak_bytes"] / GiB, 1)) == (36.7, 40.9)
+    assert c["reasons"][0] == ("step times within 1% (top 1.673 s, a 1.687 s): top is listed first by the search's "
+                               f"tie rule: {why}")
+    c = _compare(tmp_path, capsys, base, resharded, "2")  # either order of the files
+    assert (c["winner"], c["decided_by"]) == ("a", why)

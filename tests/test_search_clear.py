@@ -67,13 +67,15 @@ def test_row_1_with_two_warnings_points_to_the_first_clear_row(to_pp8):
     4.88 GiB, headroom; 4 pp 4 x dp_shard 2 zbv, full, 4.53 GiB: both; 5 pp 8, full, vpp 1 (1F1B), 3.36
     GiB: none, so row 5 is the first clear row: 1 - 3.36 / 5.03 = 33.1% free. The old lines named
     row 2 (the first without a V schedule, over the margin) and no row (headroom, rows 2-4 shown
-    first) in turn."""
+    first) in turn. Every row is kept gathered, the default under torch with pp > 1
+    (TrainingSpec.reshard_default), so no label says so (searchraf: ", keep gathered" on rows 1, 2
+    and 4 before)."""
     r = to_pp8
     labels = [r.candidates.label(e.index) for e in r.top]
-    assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, keep gathered, zbv",
-                      "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 4, zero3, keep gathered",
+    assert labels == ["pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, zbv",
+                      "pp 2 x dp_shard 2 x tp 2, mb 4, none, vpp 4, zero3",
                       "pp 4 x tp 2, mb 4, none, vpp 2, zero3, zbv",
-                      "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, keep gathered, zbv",
+                      "pp 4 x dp_shard 2, mb 4, full, vpp 2, zero3, zbv",
                       "pp 8, mb 4, full, vpp 1, zero3"]
     assert usable_bytes(r.config.cluster, r.config.training) == pytest.approx(5.4e9)
     v = clear_verdict(r)

@@ -27,7 +27,7 @@ from test_search import config
 
 SPACE = dict(micro_batch=[4], tp=[1], cp=[1], sharding=["zero3"], reshard_after_forward=[False],
              tp_comm_overlap=[False], uneven_stages=[False], pp_schedules=["1f1b", "zbv", "dualpipev"])
-ZBV_PP2 = "pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, keep gathered, zbv"
+ZBV_PP2 = "pp 2 x dp_shard 4, mb 4, full, vpp 2, zero3, zbv"  # kept gathered: pp 2's default (searchraf: was tagged)
 
 
 def _search(pp, recompute=("none", "full"), **training):

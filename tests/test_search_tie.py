@@ -55,7 +55,7 @@ def test_the_knob_order_by_hand():
              (knob_key("full", False, 1, True), knob_key("op", False, 1, True), "cheaper recompute (op vs full)"),
              (knob_key("none", False, 4, True), knob_key("none", False, 2, True), "fewer virtual stages (2 vs 4)"),
              (knob_key("none", False, 1, False), knob_key("none", False, 1, True, short_ends=True),
-              "parameters resharded after forward (the default) (resharded vs kept gathered)"),
+              "reshard_after_forward at the mesh's default (default resharded vs kept gathered)"),
              (knob_key("none", False, 1, False), knob_key("none", False, 1, True),
               "fewer settings off their default (0 vs 1: none vs none, kept gathered)")]
     for slow_simple, fast_other, words in pairs:  # position 1 is 0.5% slower and simpler

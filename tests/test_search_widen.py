@@ -8,7 +8,10 @@ activations of a 32768-token micro-batch; tp 8 (the NVLink domain) splits them a
 pp does not help under 1F1B (stage 0 holds pp micro-batches of layers / pp layers), so no cp 1
 candidate fits in 67.1 GiB. ``plan``'s own fix line finds cp 4 fitting for dp_shard 8 x tp 8 of
 this workload (README's plan row: 43.4 GiB); the search with every cp lists pp 2 x cp 4 x tp 8
-first (384.986 s; the full search with ``cp`` left out, top 10, run once: its row 1). Why recompute
+first, resharded (385.172 s, peak 55.1 GiB): its kept-gathered twin, the default at pp 2, is 0.77%
+faster (382.222 s) but peaks at 62.9 GiB, under 15% of the usable memory free, so the headroom tiers
+show the mesh at its setting that keeps it (hints37; was 382.035 s kept gathered after searchraf,
+384.986 s resharded before it, both before torchp2p's waited 1F1B calls). Why recompute
 is narrowed too: with recompute full among the lists, cp 1 fits on as few as 3-4 nodes (4 nodes:
 dp_shard 16 x tp 2, full, 97.6 s, seen in a run), and on 2 nodes the state alone (16 B x 70.6e9 / 16
 GPUs = 65.7 GiB of 67.1 usable) leaves no room at any cp, so a cp-only fix needs a run that keeps
@@ -41,7 +44,7 @@ recompute = "none"
 recompute = ["none"]
 cp = [1]
 """
-ROW = "pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3"
+ROW = "pp 2 x cp 4 x tp 8, mb 1, none, vpp 1, zero3, resharded"
 
 
 def _cfg(**search):
@@ -66,7 +69,6 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     assert not r.top and r.counts()["memory"] > 0
     w = r.widened
     assert w is not None and (w.given, w.cp, w.label) == ((1,), 4, ROW)
-    # 384.986 s before torch's 1F1B calls were simulated waited (torchp2p: its fused send + receive calls)
     assert round(w.step_s, 3) == 385.172 and w.peak_bytes < r.usable_bytes
     plan = _plan(["pp", "cp", "tp"])
     assert plan.feasible and step_time(plan, Overlap()).step_s == pytest.approx(w.step_s, rel=1e-9)
@@ -81,8 +83,8 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
 
 
 def _plan(names: list[str]):
-    """The row's run as ``meshplan plan`` takes it: zero3 resharded after forward (the label without
-    ``keep gathered``; written, since unset it is false under pp 2, torchtitan's default), SP on,
+    """The row's run as ``meshplan plan`` takes it: zero3 resharded after forward (the label's
+    ``resharded``: reshard_after_forward true, off the default false under pp 2), SP on,
     micro-batch 1; ``names`` over the degrees 2 x 4 x 8."""
     d = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
          "training": {"global_batch": 512, "seq_len": 32768, "recompute": "none", "sharding": "zero3",

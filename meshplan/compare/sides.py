@@ -21,7 +21,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.stage_traffic import LINKS, busiest_stage, stage_label, stage_link_bytes
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.search.candidate import megatron_split, stage_split
-from meshplan.search.columns import PIPELINE, candidate_schedule
+from meshplan.search.columns import PIPELINE, candidate_schedule, reshard_acts
 from meshplan.search.rank import OTHER_SCHEDULE, tie_key
 from meshplan.spec.mesh_words import mesh_text
 from meshplan.units import GB
@@ -146,7 +146,9 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
 def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     """The search's tie key of a resolved plan (:func:`meshplan.search.rank.tie_key`): its
     mesh's degrees by search column, and its settings as a search candidate holds them:
-    recompute, tp overlap, vpp, reshard_after_forward, the layer split (off its default when
+    recompute, tp overlap, vpp, reshard_after_forward (against its default at the plan's pp,
+    :meth:`~meshplan.spec.training.TrainingSpec.reshard_default`; no setting where it gathers
+    nothing, :func:`~meshplan.search.columns.reshard_acts`), the layer split (off its default when
     it is neither the even split nor the search's default split,
     :func:`~meshplan.search.candidate.stage_split`, Megatron-LM's first/last cut under
     ``framework = "megatron"``, e.g. the short end stages) and the pipeline
@@ -165,7 +167,10 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     name = spec.pp_schedule.value
     schedule = (0 if pp == 1 or spec.pp_schedule == candidate_schedule(vpp) else
                 PIPELINE.index(name) if name in PIPELINE else OTHER_SCHEDULE)
-    return tie_key(deg.degree, t.recompute, t.tp_comm_overlap, vpp, t.reshard_after_forward, uneven, schedule)
+    acts = reshard_acts(t.sharding in ("zero3", "hsdp"), deg.dps, deg.cp, deg.tp, deg.ep, deg.etp,
+                        plan.config.model.is_moe)
+    return tie_key(deg.degree, t.recompute, t.tp_comm_overlap, vpp, t.reshard_after_forward if acts else None,
+                   uneven, schedule, t.reshard_default(pp))
 
 
 def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,

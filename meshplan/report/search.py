@@ -44,7 +44,7 @@ from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
 from meshplan.search.rank import RULE_LINE, mesh_of, variant_label
 from meshplan.search.candidate import candidate_config
-from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
+from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule, reshard_word
 from meshplan.search.reasons import REASONS
 from meshplan.search.space import overlap_searched
 from meshplan.memory.constraints import usable_bytes
@@ -70,7 +70,9 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
             "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": sharding,
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
-            "reshard_after_forward": bool(c.rf[i]), "tp_comm_overlap": bool(c.ov[i]),
+            "reshard_after_forward": bool(c.rf[i]),
+            "reshard_after_forward_default": None if c.reshard_setting(i) is None else c.reshard_default_at(i),
+            "tp_comm_overlap": bool(c.ov[i]),
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
@@ -321,10 +323,13 @@ def _rows(ks: list[int]) -> str:
 
 
 def knobs(d: dict) -> str:
-    """The searched training knobs that are not the default: ``keep gathered``
-    (reshard_after_forward false), ``tp overlap``, ``short ends`` (Llama 3 split), a V-shaped
-    pipeline schedule (``zbv``, ``dualpipev``)."""
-    on = [("keep gathered", not d["reshard_after_forward"]), ("tp overlap", d["tp_comm_overlap"]),
+    """The searched training knobs that are not the default: ``keep gathered`` or ``resharded``
+    (reshard_after_forward off its default at the row's pp, ``reshard_after_forward_default``, null
+    where it gathers nothing: :func:`~meshplan.search.columns.reshard_word`), ``tp overlap``,
+    ``short ends`` (Llama 3 split), a V-shaped pipeline schedule (``zbv``, ``dualpipev``)."""
+    default = d.get("reshard_after_forward_default")
+    tag = reshard_word(None if default is None else d["reshard_after_forward"], bool(default))
+    on = [(tag, bool(tag)), ("tp overlap", d["tp_comm_overlap"]),
           ("short ends", d["ends_short_stages"]), (d.get("pp_schedule", ""), "pp_schedule" in d and Schedule(d["pp_schedule"])
                                     is not candidate_schedule(d["virtual_stages"]))]
     return ", ".join(t for t, x in on if x) or "-"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from math import prod
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -69,7 +69,10 @@ class Candidates:
     pipeline schedule). The degree columns are the registered axes' search columns
     (:func:`meshplan.spec.axes.registry.search_axes`); one registered without an attribute
     here sits in ``more``. ``moe``: the model has routed experts (which FSDP2 may shard where
-    the dense parameters are not: :attr:`replicated`)."""
+    the dense parameters are not: :attr:`replicated`). ``rd``: ``reshard_after_forward``'s
+    default at the row (1/0), :meth:`~meshplan.spec.training.TrainingSpec.reshard_default` of
+    its pp under the search's training (:func:`meshplan.search.space.reshard_defaults`: false
+    under torch's FSDP2 with pp > 1); None: true on every row (FSDP2's own default)."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -88,13 +91,15 @@ class Candidates:
     ps: np.ndarray
     more: Mapping[str, np.ndarray] = field(default_factory=dict)
     moe: bool = False
+    rd: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
-        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe")}
-        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe)
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name not in ("more", "moe", "rd")}
+        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()}, moe=self.moe,
+                          rd=None if self.rd is None else self.rd[idx])
 
     def degree(self, column: str) -> np.ndarray:
         """The degree column of a registered axis by its search column name (``tp``,
@@ -120,8 +125,28 @@ class Candidates:
         (zero3 or hsdp with dp_shard x cp > 1, or a MoE model's experts sharded over efsdp); the
         other rows carry true, which gathers nothing there
         (:func:`meshplan.search.space.enumerate_candidates`)."""
-        experts = self.moe & (self.dps * self.cp * self.tp > self.ep * self.etp)
-        return self.fsdp2 & ((self.fsdp > 1) | experts)
+        return reshard_acts(self.fsdp2, self.dps, self.cp, self.tp, self.ep, self.etp, self.moe)
+
+    @property
+    def reshard_default(self) -> np.ndarray:
+        """``reshard_after_forward``'s default at each row (1/0): :attr:`rd`, else 1."""
+        return np.ones_like(self.rf) if self.rd is None else self.rd
+
+    def reshard_setting(self, i: int) -> Optional[bool]:
+        """Row ``i``'s ``reshard_after_forward`` where it acts (:attr:`reshard_varied`, read for the
+        one row: the tie rule calls this per candidate), else None: without FSDP over a data axis the
+        row carries true, which gathers nothing."""
+        acts = reshard_acts(int(self.sh[i]) in FSDP_SHARDINGS, int(self.dps[i]), int(self.cp[i]), int(self.tp[i]),
+                            int(self.ep[i]), int(self.etp[i]), self.moe)
+        return bool(self.rf[i]) if acts else None
+
+    def reshard_default_at(self, i: int) -> bool:
+        """Row ``i``'s :attr:`reshard_default`."""
+        return True if self.rd is None else bool(self.rd[i])
+
+    def reshard_tag(self, i: int) -> str:
+        """Row ``i``'s :func:`reshard_word` against its default (:meth:`reshard_default_at`)."""
+        return reshard_word(self.reshard_setting(i), self.reshard_default_at(i))
 
     @property
     def sp(self) -> np.ndarray:
@@ -163,17 +188,48 @@ class Candidates:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
         :func:`meshplan.spec.mesh_words.mesh_text` prints it, a MoE row's expert mesh by
         :func:`~meshplan.spec.mesh_words.with_experts`: ``ep 16 (efsdp 4, etp 1)``), then ``, keep gathered``
-        (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply;
+        or ``, resharded`` where reshard_after_forward is off the row's default (:meth:`reshard_tag`),
+        ``, tp overlap`` and ``, short end stages`` where they apply;
         the sharding by :meth:`sharding_word` (``ddp`` for an hsdp row that shards nothing)."""
         names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
         mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
         if self.moe:  # the routed experts' mesh where the dense one does not imply it
             mesh = with_experts(mesh, int(self.ep[i]), int(self.etp[i]), int(self.efsdp[i]))
-        extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
+        tag = self.reshard_tag(i)
+        extra = "".join(t for on, t in ((tag, f", {tag}"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{self.sharding_word(i)}{extra}")
+
+
+def reshard_acts(fsdp2, dps, cp, tp, ep, etp, moe: bool):
+    """Whether ``reshard_after_forward`` changes what a mesh gathers (arrays or ints): FSDP2 shards
+    the parameters (``fsdp2``: sharding zero3 or hsdp) over a data axis, dp_shard x cp > 1, or a MoE
+    model's experts over efsdp (dp_shard x cp x tp > ep x etp). Elsewhere the setting gathers
+    nothing: the search does not vary it (:attr:`Candidates.reshard_varied`) and the tie rule and
+    labels count no value of it (:func:`reshard_word`, :func:`meshplan.compare.sides.plan_tie_key`).
+
+    >>> reshard_acts(True, 8, 1, 1, 1, 1, False), reshard_acts(True, 1, 1, 8, 1, 1, False), reshard_acts(True, 1, 1, 8, 4, 1, True)
+    (True, False, True)
+    """
+    return fsdp2 & ((dps * cp > 1) | (moe & (dps * cp * tp > ep * etp)))
+
+
+def reshard_word(reshard: Optional[bool], default: bool) -> str:
+    """A row's tag for ``reshard_after_forward`` (``reshard``; None where it acts on nothing: no FSDP
+    over a data axis): ``keep gathered`` (false) or ``resharded`` (true) where it is off the mesh's
+    ``default`` (:meth:`~meshplan.spec.training.TrainingSpec.reshard_default`: true, false under
+    torch's FSDP2 with pp > 1), else "". The search's labels and knobs column print it.
+
+    >>> reshard_word(False, True), reshard_word(True, False), reshard_word(False, False), reshard_word(True, True)
+    ('keep gathered', 'resharded', '', '')
+    >>> reshard_word(None, False)
+    ''
+    """
+    if reshard is None or reshard == default:
+        return ""
+    return "resharded" if reshard else "keep gathered"
 
 
 def axis_shown(name, sharding: str) -> str:

@@ -6,8 +6,10 @@ candidates within :data:`TIE` (1%) of its step time, place first the one with th
 axes of degree > 1, then the lowest product of the model-parallel degrees
 ``tp * pp * cp * ep``, then the lowest tp, then the fewest and cheapest settings off their
 default (:func:`knob_key`: fewer of them, then no recompute before selective, op, layer, full; no tp
-overlap before overlap; vpp 1 before more; parameters resharded after forward before kept
-gathered; the even layer split before the short end stages; 1F1B before a V-shaped schedule),
+overlap before overlap; vpp 1 before more; ``reshard_after_forward`` at the mesh's default before
+off it (:meth:`~meshplan.spec.training.TrainingSpec.reshard_default`: resharded, kept gathered under
+torch's FSDP2 with pp > 1; no setting without FSDP over a data axis:
+:class:`~meshplan.search.reshard_key.ReshardKey`); the even layer split before the short end stages; 1F1B before a V-shaped schedule),
 then the lower planned peak memory where the peaks differ by more than :data:`MEMORY_TIE` (1%)
 of the lower one, then the shorter step, then the enumeration index. :func:`decide` is the same
 rule for a pair (``meshplan compare`` decides with it, on each plan's :func:`tie_key`) and names the
@@ -53,6 +55,7 @@ from meshplan.units import GiB
 
 from meshplan.pipeline.registry import get
 from meshplan.search.columns import PIPELINE, RECOMPUTE, Candidates
+from meshplan.search.reshard_key import reshard_key, reshard_value
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.spec.axes.registry import search_axes
@@ -73,8 +76,9 @@ RECOMPUTE_BY_COST = ("none", "selective", "op", "layer", "full")
 #: The tie rule's criteria after the step, in order (the words both :data:`RULE_LINE` and
 #: :data:`PAIR_RULE` state; :data:`KEY_TERMS` names each when it decides a pair).
 TOWARD = ("fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then fewer and cheaper settings off "
-          "their default (no recompute before selective, op, layer, full; no tp overlap; vpp 1; parameters "
-          f"resharded; the even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
+          "their default (no recompute before selective, op, layer, full; no tp overlap; vpp 1; "
+          "reshard_after_forward at the mesh's default, resharded, kept gathered under torch's FSDP2 with pp > 1; "
+          f"the even layer split; 1F1B), then a lower peak memory (peaks within {MEMORY_TIE:.0%} count as "
           "equal), then the shorter step")
 
 #: One line for the report under the top table.
@@ -128,7 +132,7 @@ KEY_TERMS: tuple[tuple[str, Callable[[int], str]], ...] = (
     ("fewer axes of degree > 1", str), ("lower tp*pp*cp*ep", str), ("lower tp", str),
     ("fewer settings off their default", str), ("cheaper recompute", lambda v: RECOMPUTE_BY_COST[v]),
     ("no tp overlap", _on_off), ("fewer virtual stages", str),
-    ("parameters resharded after forward (the default)", lambda v: "kept gathered" if v else "resharded"),
+    ("reshard_after_forward at the mesh's default", reshard_value),
     ("the even layer split", lambda v: "short end stages" if v else "even"),
     ("the default pipeline schedule", lambda v: _schedule_word(v)))
 
@@ -167,21 +171,31 @@ def implied_vpp(schedule: int) -> int | None:
     return get(Schedule(PIPELINE[schedule])).chunks if 0 < schedule < len(PIPELINE) else None
 
 
-def knob_key(recompute: str, tp_overlap: bool, vpp: int, reshard: bool, short_ends: bool = False,
-             schedule: int = 0) -> tuple[int, ...]:
+def knob_key(recompute: str, tp_overlap: bool, vpp: int, reshard: Optional[bool], short_ends: bool = False,
+             schedule: int = 0, reshard_default: bool = True) -> tuple[int, ...]:
     """The settings of one candidate as the tie rule orders them, smaller first: (how many are
     off their default, recompute's place in :data:`RECOMPUTE_BY_COST`, tp overlap, vpp,
-    parameters kept gathered, short end stages, the :data:`PIPELINE` schedule's index). A
-    V-shaped schedule's vpp 2 (:func:`implied_vpp`) is not counted apart from the schedule: ZB-V
-    is one setting, as interleaved 1F1B at vpp 2 is.
+    ``reshard_after_forward`` off the mesh's default (:class:`~meshplan.search.reshard_key.ReshardKey`),
+    short end stages, the :data:`PIPELINE` schedule's index). ``reshard``: the setting, None where it acts on nothing (no
+    FSDP over a data axis); ``reshard_default``: its default at the mesh
+    (:meth:`~meshplan.spec.training.TrainingSpec.reshard_default`: false under torch's FSDP2 with
+    pp > 1). A V-shaped schedule's vpp 2 (:func:`implied_vpp`) is not counted apart from the
+    schedule: ZB-V is one setting, as interleaved 1F1B at vpp 2 is.
 
     >>> knob_key("selective", True, 6, True), knob_key("none", True, 6, True), knob_key("none", False, 6, True)
     ((3, 1, 1, 6, 0, 0, 0), (2, 0, 1, 6, 0, 0, 0), (1, 0, 0, 6, 0, 0, 0))
     >>> knob_key("none", False, 2, True, schedule=PIPELINE.index("zbv")), knob_key("none", False, 2, True)
     ((1, 0, 0, 2, 0, 0, 1), (1, 0, 0, 2, 0, 0, 0))
+
+    Kept gathered is off the default at pp 1, resharded under torch's FSDP2 with pp > 1:
+
+    >>> knob_key("none", False, 1, False), knob_key("none", False, 1, True, reshard_default=False)
+    ((1, 0, 0, 1, 1, 0, 0), (1, 0, 0, 1, 1, 0, 0))
+    >>> knob_key("none", False, 1, False, reshard_default=False), knob_key("none", False, 1, None, reshard_default=False)
+    ((0, 0, 0, 1, 0, 0, 0), (0, 0, 0, 1, 0, 0, 0))
     """
     rc = RECOMPUTE_BY_COST.index(recompute)
-    flags = (rc, int(tp_overlap), int(vpp), int(not reshard), int(short_ends), int(schedule))
+    flags = (rc, int(tp_overlap), int(vpp), reshard_key(reshard, reshard_default), int(short_ends), int(schedule))
     own_vpp = vpp > 1 and vpp != implied_vpp(schedule)  # a V-shape's 2 chunks come with its name
     off = sum(int(x > 0) for x in flags[:2]) + int(own_vpp) + sum(int(x > 0) for x in flags[3:])
     return (int(off),) + flags
@@ -200,21 +214,23 @@ def simplicity(c: Candidates, i: int) -> tuple[int, ...]:
     (3, 8, 2, 0, 0, 0, 1, 0, 0, 0)
     """
     return tie_key(lambda col: int(c.degree(col)[i]), RECOMPUTE[c.rc[i]], bool(c.ov[i]), int(c.vpp[i]),
-                   bool(c.rf[i]), bool(c.us[i]), int(c.ps[i]))
+                   c.reshard_setting(i), bool(c.us[i]), int(c.ps[i]), c.reshard_default_at(i))
 
 
-def tie_key(degree: Callable[[str], int], recompute: str, tp_overlap: bool, vpp: int, reshard: bool,
-            short_ends: bool = False, schedule: int = 0) -> tuple[int, ...]:
+def tie_key(degree: Callable[[str], int], recompute: str, tp_overlap: bool, vpp: int, reshard: Optional[bool],
+            short_ends: bool = False, schedule: int = 0, reshard_default: bool = True) -> tuple[int, ...]:
     """The tie key of one mesh and its settings, the one the search orders its candidates by
     (:func:`simplicity`) and ``meshplan compare`` two plans by
     (:func:`meshplan.compare.sides.side_of`): :func:`simplicity_of` ``degree``, then
-    :func:`knob_key` of the settings; smaller first.
+    :func:`knob_key` of the settings (``reshard`` None where it acts on nothing, weighed against
+    ``reshard_default``); smaller first.
 
     >>> deg = {"pp": 4, "dps": 8, "tp": 2}
     >>> tie_key(lambda col: deg.get(col, 1), "layer", False, 1, True)
     (3, 8, 2, 1, 3, 0, 1, 0, 0, 0)
     """
-    return simplicity_of(degree) + knob_key(recompute, tp_overlap, vpp, reshard, short_ends, schedule)
+    return simplicity_of(degree) + knob_key(recompute, tp_overlap, vpp, reshard, short_ends, schedule,
+                                            reshard_default)
 
 
 def mesh_of(c: Candidates, i: int) -> tuple[int, ...]:
@@ -254,10 +270,11 @@ def knob_words(key: tuple) -> str:
     """The settings a full tie key holds, as a row's label names them (``selective, tp overlap``)."""
     if len(key) < len(KEY_TERMS):
         return ""
-    rc, ov, vpp, gathered, short, ps = key[4:10]
+    rc, ov, vpp, reshard, short, ps = key[4:10]  # reshard: off the mesh's default, ReshardKey's word
     own_vpp = vpp > 1 and vpp != implied_vpp(ps)  # as knob_key counts it: a V-shape's vpp 2 is its name's
     on = [RECOMPUTE_BY_COST[rc]] + [t for t, x in (("tp overlap", ov), (f"vpp {vpp}", own_vpp),
-                                                   ("kept gathered", gathered), ("short end stages", short),
+                                                   (getattr(reshard, "word", "reshard off its default"), reshard),
+                                                   ("short end stages", short),
                                                    (_schedule_word(ps), ps)) if x]
     return ", ".join(on)
 

@@ -283,7 +283,28 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)}
     more = {k: v for k, v in cols.items() if k not in own}
-    return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe)
+    return Candidates(**{k: v for k, v in cols.items() if k in own}, more=more, moe=cfg.model.is_moe,
+                      rd=reshard_defaults(cfg, cols["sh"], cols["pp"]))
+
+
+def reshard_defaults(cfg: Config, sh: np.ndarray, pp: np.ndarray) -> np.ndarray:
+    """``reshard_after_forward``'s default (1/0) of rows of sharding ``sh`` (:data:`SHARDING`
+    indices) and pipeline degree ``pp``: :meth:`~meshplan.spec.training.TrainingSpec.reshard_default`
+    of the training each row runs (:func:`~meshplan.search.candidate.sharding_training`: its
+    sharding and engine), the one rule the plan resolves an unset value by. The tie rule and the
+    labels weigh a row's setting against it (:mod:`meshplan.search.rank`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
+    >>> z3, z1 = SHARDING.index("zero3"), SHARDING.index("zero1")
+    >>> reshard_defaults(cfg, np.array([z3, z3, z1]), np.array([1, 2, 2])).tolist()
+    [1, 0, 1]
+    """
+    t = cfg.training
+    if not len(sh):
+        return np.ones(0, dtype=np.int64)
+    return lookup_pairs(sh, pp, lambda s, p: sharding_training(t, SHARDING[s]).reshard_default(p)).astype(np.int64)
 
 
 def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
