@@ -28,6 +28,7 @@ import fidelity
 import sys
 from dataclasses import replace
 
+from meshplan.compute.batch_input import GET_BATCH_CADENCES
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import layer_unit_times, step_time
@@ -69,7 +70,8 @@ def components(run: fidelity.Run) -> dict:
 
 def layer_lines(recompute: str = "none", sp: bool = False) -> list[str]:
     """D5: one 22B layer's ops (``Cost.lines``: pass, block, name, us, TFLOP, how timed), its
-    stage's tp collectives and the layer's forward and backward with them (ms) beside Table 4."""
+    stage's tp collectives (less get_batch's broadcasts, once per chunk: not the layer's) and the
+    layer's forward and backward with them (ms) beside Table 4."""
     cfg = load_config(fidelity.HERE / "megatron-22b_8xa100_tp8_sp-selective.toml")
     cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
                   mesh=cfg.mesh.model_copy(update={"sequence_parallel": sp}))
@@ -77,7 +79,7 @@ def layer_lines(recompute: str = "none", sp: bool = False) -> list[str]:
     layer = chunk_costs(plan, workload_of(plan))[0][0].layers[0]
     out = layer.lines()
     for r in plan.stage(0).collectives:
-        if r.axis == "tp" and r.phase in ("forward", "backward"):
+        if r.axis == "tp" and r.phase in ("forward", "backward") and r.cadence not in GET_BATCH_CADENCES.values():
             out.append(f"collective {r.phase:8s} {r.op:14s} {r.size_bytes / 1e6:8.1f} MB {r.time_s * 1e6:8.1f} us "
                        f"algbw {r.size_bytes / r.time_s / 1e9:6.1f} GB/s ({r.path.note}, {r.algorithm})")
     f, b = layer_unit_times(plan)

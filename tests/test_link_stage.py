@@ -90,15 +90,20 @@ def test_step_prints_both_tables(capsys):
 
 
 def test_a_heavier_stage_that_fits_prints_its_table_too(capsys):
-    """Llama-3-405B, pp 16 dense: stage 1 (8 layers) sends 122.3 GB per rank per step over the
-    network against stage 0's (7 layers) 116.2 GB, and every edge of it fits: its table follows
+    """Llama-3-405B, pp 16 dense: stage 1 (8 layers) sends 21.1 GB per rank per step over the
+    network against stage 0's (7 layers) 19.3 GB, and every edge of it fits: its table follows
     stage 0's all the same, labelled (the stage whose links are loaded most,
-    meshplan.schedule.stage_traffic), where it was left out before."""
+    meshplan.schedule.stage_traffic), where it was left out before. By hand (reshard_after_forward
+    unset: false at pp > 1, so each layer all-gathered once per step over dp_shard 128): per
+    layer an all-gather of 796,983,296 B (bf16) and a reduce-scatter of 1,593,966,592 B (fp32),
+    127/128 of each sent, 2,372.27 MB; 16 micro-batches' pp sends of 33,554,432 B, 32 per
+    neighbour. Stage 1: 8 x 2,372.27 + 64 x 33.55 = 21,125.7 MB; stage 0: 7 x 2,372.27 + the
+    embedding's 127/128 x (528,482,304 + 1,056,964,608) B + 32 x 33.55 = 19,252.7 MB."""
     assert run_main("step", EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml") == 0
     out = capsys.readouterr().out
     assert out.count("edge load per step on stage") == 2 and "does not fit: its table follows" not in out
-    assert ("edge load per step on stage 1 (rank 1024, node 128; the stage whose ranks send the most, 122.3 GB per "
-            "rank per step over the network against stage 0's 116.2 GB)") in out
+    assert ("edge load per step on stage 1 (rank 1024, node 128; the stage whose ranks send the most, 21.1 GB per "
+            "rank per step over the network against stage 0's 19.3 GB)") in out
     plan = build_plan(load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"))
     st = step_time(plan)
     other = other_stage_loads(plan, st)

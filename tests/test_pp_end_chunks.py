@@ -91,7 +91,13 @@ def test_tiny_schedule_and_collectives_count_the_empty_chunks():
     gathers = Counter(e.phase for e in plan.timelines[0].events()
                       if e.label.startswith("layer ") and e.label.endswith("all-gather output (compute dtype)"))
     assert gathers == {"forward": table[("forward", "all-gather")], "backward": table[("backward", "all-gather")]}
-    assert table[("forward", "all-gather")] == 10  # chunks 1, 2, 3 gather in 4, 3, 3 forwards (the empty chunk 0's 4 not)
+    # reshard_after_forward unset is false at pp > 1 (torchtitan's default): chunk 1 gathers in F1.0 and
+    # F1.2 (torch's window of 3 local stages evicted it between), chunks 2, 3 in their first forward
+    # (the empty chunk 0's 2 not); resharded after forward, chunks 1, 2, 3 gather in 4, 3, 3 forwards
+    assert table[("forward", "all-gather")] == 2 + 1 + 1
+    resharded = plan_of(MESH, model=TINY6, reshard_after_forward=True)
+    assert sum(r.per_step for r in resharded.stage(0).collectives if r.axis == "dp_shard" and r.cadence == "every layer"
+               and (r.phase, r.op) == ("forward", "all-gather")) == 4 + 3 + 3
 
 
 @pytest.fixture(scope="module")

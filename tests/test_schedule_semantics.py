@@ -589,13 +589,19 @@ def test_megatron_sp_gathers_the_input_again_for_the_weight_gradient(framework, 
     also all-gathers each column-parallel linear's input again (attention and MLP: 2 more), except
     where B and W are separate units (ZB, which Megatron-LM does not run: refused there). The table's per-step count equals the timeline's:
     m 4 x (2 layers x (2 or 4) + 1) all-gathers on stage 0 (the 1: the gradient of the
-    embedding output's forward reduce-scatter), 2 x 2 reduce-scatters per micro-batch."""
+    embedding output's forward reduce-scatter), 2 x 2 reduce-scatters per micro-batch.
+    Megatron-LM 2022's get_batch also broadcasts over tp on every stage, per micro-batch (2755bcb
+    mpu/data.py broadcast_data): the key sizes (_MAX_DATA_DIM 5 int64, 40 B) and the batch
+    (b 1 x (s 64 + 1) int64, 520 B): 2 x m 4 = 8 per step in the table and on the timeline."""
     mesh = {"names": ["pp", "tp"], "shape": [2, 4], "sequence_parallel": True, "pp_schedule": schedule}
     plan = plan_of(mesh, sharding="zero1", framework=framework, global_batch=4)
     st = step_time(plan)
     regather = framework == "megatron" and schedule == "1f1b"
     per_layer = 4 if regather else 2
-    row = {(r.phase, r.op): r.per_step for r in plan.stage(0).collectives if r.axis == "tp"}
+    row = Counter()
+    for r in plan.stage(0).collectives:
+        if r.axis == "tp":
+            row[(r.phase, r.op)] += r.per_step
     assert row[("backward", "all-gather")] == 4 * (2 * per_layer + 1)
     assert row[("backward", "reduce-scatter")] == 4 * 2 * 2
     assert _tp_calls(st, "backward") == Counter({"all-gather": 4 * (2 * per_layer + 1), "reduce-scatter": 4 * 2 * 2})
@@ -603,9 +609,13 @@ def test_megatron_sp_gathers_the_input_again_for_the_weight_gradient(framework, 
     # torch reduce-scatters it, Megatron-LM 2022 all-reduces it (VocabParallelEmbedding) and
     # splits the sequence; the table and the timeline agree on both
     embed = "all-reduce" if framework == "megatron" else "reduce-scatter"
-    fwd = Counter({"all-gather": 4 * 2 * 2, "reduce-scatter": 4 * 2 * 2}) + Counter({embed: 4})
+    bcast = Counter({"broadcast": 2 * 4}) if framework == "megatron" else Counter()
+    fwd = Counter({"all-gather": 4 * 2 * 2, "reduce-scatter": 4 * 2 * 2}) + Counter({embed: 4}) + bcast
     assert {op: n for (ph, op), n in row.items() if ph == "forward"} == dict(fwd)
     assert _tp_calls(st, "forward") == fwd
+    for s in range(2):
+        sizes = sorted((r.size_bytes, r.dtype, r.per_step) for r in plan.stage(s).collectives if r.op == "broadcast")
+        assert sizes == ([(40, "int64", 4), (520, "int64", 4)] if framework == "megatron" else [])
 
 
 def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_the_wgrad(no_host_pace):

@@ -30,6 +30,7 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   after combine) in forward and one of the input gradient in backward; no MLP collectives
   without shared experts. Measured with torch 2.13 (fake process group and gloo,
   ``tests/test_validate_moe.py``).
+- Framework megatron: ``get_batch``'s two tp broadcasts per chunk and micro-batch (:func:`get_batch_rows`).
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
@@ -46,6 +47,7 @@ from collections import Counter
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
 from meshplan.compute import float8
+from meshplan.compute.batch_input import BROADCAST_GROUPS, GET_BATCH_CADENCES, megatron_broadcast_bytes
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
@@ -60,13 +62,15 @@ def tp_rows(add, c: StageContext) -> None:
     :func:`_plain_rows`), the gradients of weights replicated over tp
     (:func:`meshplan.comm.tp_grads.tp_grad_rows`) and, on the last stage, the loss's
     (:func:`_loss_rows`), in that order; framework megatron at tp > kv_heads the fused QKV
-    output's all-gather and reduce-scatter (:func:`qkv_gather_rows`) after the layers'."""
+    output's all-gather and reduce-scatter (:func:`qkv_gather_rows`) after the layers', and
+    under framework megatron ``get_batch``'s broadcasts (:func:`get_batch_rows`) after those."""
     counts = _layer_counts(c)
     if c.mesh.sequence_parallel:
         _sp_rows(add, c, counts)
     else:
         _plain_rows(add, c, counts)
     qkv_gather_rows(add, c)
+    get_batch_rows(add, c)
     tp_grad_rows(add, c)
     if c.last:
         _loss_rows(add, c)
@@ -219,6 +223,19 @@ def qkv_gather_rows(add, c: StageContext) -> None:
     add("tp", "forward", "all-gather", size, dt, n, QKV_GATHER_CADENCE, "core attention")
     add("tp", "backward", "reduce-scatter", size, dt, n, QKV_GATHER_CADENCE, "previous block's backward")
     add("tp", "backward", "all-gather", size, dt, replays, QKV_GATHER_CADENCE, "core attention (recomputed)")
+
+
+def get_batch_rows(add, c: StageContext) -> None:
+    """Megatron-LM 2022's ``get_batch`` (2755bcb ``pretrain_gpt.py`` -> ``mpu/data.py``
+    ``broadcast_data``; :mod:`meshplan.compute.batch_input`) on every stage, once per chunk and
+    micro-batch: two int64 broadcasts over tp from its rank 0, the key sizes and then the
+    flattened batch (:func:`~meshplan.compute.batch_input.megatron_broadcast_bytes`), the
+    embedding's input waiting on them. b 1, s 64: 40 B and 8 x 65 = 520 B."""
+    t = c.training
+    if t.framework != "megatron":
+        return
+    for group, size in zip(BROADCAST_GROUPS, megatron_broadcast_bytes(t.micro_batch, t.seq_len)):
+        add("tp", "forward", "broadcast", size, "int64", c.vpp, GET_BATCH_CADENCES[group], "the embedding (get_batch)")
 
 
 def _loss_rows(add, c: StageContext) -> None:

@@ -80,6 +80,16 @@ def megatron_broadcast_bytes(micro_batch: int, seq_len: int) -> tuple[int, int]:
     return MEGATRON_MAX_DATA_DIM * TOKEN_BYTES, TOKEN_BYTES * micro_batch * (seq_len + 1)
 
 
+#: ``broadcast_data``'s two tp broadcasts in their order (:func:`megatron_broadcast_bytes`'s): each
+#: a row of the collective table (:func:`meshplan.comm.tp_rows.get_batch_rows`, under its
+#: :data:`GET_BATCH_CADENCES` text) and the rank timeline's group of its event
+#: (:func:`meshplan.schedule.rank_timeline.forward_unit`).
+BROADCAST_GROUPS = ("get_batch sizes", "get_batch data")
+#: Cadence of each broadcast's row: Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
+#: (``forward_step`` per model chunk) on every stage.
+GET_BATCH_CADENCES = {g: f"every micro-batch and chunk (Megatron {g})" for g in BROADCAST_GROUPS}
+
+
 #: The op of :func:`megatron_batch_transfers` that is communication: the step's timeline runs it on
 #: the tp stream, blocking, so that its time is exposed tp, not compute
 #: (:func:`meshplan.schedule.rank_timeline.forward_unit`).

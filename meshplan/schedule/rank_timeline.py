@@ -124,7 +124,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute.batch_input import BATCH_BROADCASTS
+from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
 from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
@@ -185,10 +185,11 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     # the embedding's own unit (torchtitan) reshards after forward as the layers do
     gather_emb = gather_layers if ("shard", emb_g, "backward", "all-gather") in comm.t else gather_root
     root_ag = lambda g, on: s.comm("shard", "forward", "all-gather", f"fsdp AG {g}", g) if on else None
-    if chunk.batch is not None:  # get_batch's tp broadcasts are NCCL collectives: on tp, exposed there (calib37)
+    if chunk.batch is not None:  # get_batch's tp broadcasts are NCCL collectives: on tp, exposed there (calib37),
+        # one event per row of the table (comm.tp_rows.get_batch_rows), the compute less their op's seconds
         bcast = sum(o.seconds for o in chunk.batch.ops if o.name == BATCH_BROADCASTS and o.phase == "forward")
-        ev = s.comm("tp", "forward", "broadcast", BATCH_BROADCASTS, seconds=bcast) if bcast > 0 else None
-        s.compute("get_batch and timers", chunk.batch.seconds("forward") - bcast, after=(ev,) if ev else ())
+        evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g) for g in BROADCAST_GROUPS]
+        s.compute("get_batch and timers", chunk.batch.seconds("forward") - bcast, after=tuple(e for e in evs if e))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
                                                                  + comm.copies.get((emb_g, "all-gather"), 0.0)
