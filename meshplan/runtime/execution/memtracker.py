@@ -36,7 +36,7 @@ from typing import Optional
 
 import torch
 from torch.distributed._tools.fsdp2_mem_tracker import (_TOTAL_KEY, FSDPMemTracker, _FSDPModMemStats, _FSDPRefType,
-                                                        _FSDPState, _SavedFSDPMethods)
+                                                        _FSDPState)
 from torch.distributed._tools.mem_tracker import _UpdateType
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
@@ -81,6 +81,7 @@ class UnitMemTracker(FSDPMemTracker):
 
     def _instrument_fsdp_module(self) -> None:
         self._saved_groups: list = []  # (group, its pre_backward, its post_backward)
+        self._units: list = []  # the first module of each unit instrumented
         for mod, state in fsdp_units(self._root_mod):
             groups = state._fsdp_param_groups
             state._pre_forward_hook_handle.remove()
@@ -89,7 +90,7 @@ class UnitMemTracker(FSDPMemTracker):
             pre = self._fsdp_state_pre_forward if len(groups) == 1 else self._groups_pre_forward
             _hook_forward(state, pre(mod, state._pre_forward),
                           self._fsdp_state_post_forward(mod, state._post_forward), always_call=True)
-            self._fsdp_mod_to_saved_methods[mod] = _SavedFSDPMethods(None, None)  # the unit's restore
+            self._units.append(mod)
             for group in groups:
                 self._instrument_fsdp_sharded_params_grads(group)
                 self._saved_groups.append((group, group.pre_backward, group.post_backward))
@@ -139,7 +140,7 @@ class UnitMemTracker(FSDPMemTracker):
         return inner
 
     def _deregister_module_and_optimizer_hooks(self) -> None:
-        for mod in list(self._fsdp_mod_to_saved_methods):
+        for mod in getattr(self, "_units", ()):
             state = mod._get_fsdp_state()
             state._pre_forward_hook_handle.remove()
             if state._post_forward_hook_handle is not state._pre_forward_hook_handle:
@@ -147,9 +148,8 @@ class UnitMemTracker(FSDPMemTracker):
             _hook_forward(state, state._pre_forward, state._post_forward, always_call=False)
         for group, pre, post in getattr(self, "_saved_groups", ()):
             group.pre_backward, group.post_backward = pre, post
-        self._saved_groups = []
-        self._fsdp_mod_to_saved_methods.clear()
-        super()._deregister_module_and_optimizer_hooks()  # the optimizer's hooks
+        self._saved_groups, self._units = [], []
+        super()._deregister_module_and_optimizer_hooks()  # the optimizer's hooks (no unit saved there)
 
 
 def category_label(reftype) -> str:
