@@ -62,26 +62,13 @@ def set_accumulation(model, training: TrainingSpec, mb: int, micro: int) -> None
         model.set_reshard_after_backward(last)
 
 
-def adamw(params, training: TrainingSpec) -> torch.optim.AdamW:
-    """AdamW (lr 1e-4) run as ``training.optimizer_impl`` says, as torchtitan builds it
-    (``[optimizer] implementation``, default ``"fused"``, passed by ``components/optimizer.py`` as
-    ``fused`` / ``foreach``): the step the memory timeline models, no temporaries fused, one
-    optimizer state's worth foreach
-    (:meth:`~meshplan.spec.memory.MemoryOptions.optimizer_temp_states_for`). torch's CPU default,
-    one parameter at a time, allocated 3 temporaries of the largest parameter shard at once
-    (5,505,024 B at world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``), which no plan
-    counts."""
-    impl = training.optimizer_impl
-    return torch.optim.AdamW(params, lr=1e-4, fused=impl == "fused", foreach=impl == "foreach")
-
-
 class Runner:
     """One training step at a time, with per-phase times, recorder labels and status."""
 
     def __init__(self, model, training, mesh, rank, vocab, seed, status: "Status", device: str):
         self.model, self.training, self.mesh, self.rank = model, training, mesh, rank
         self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
-        self.opt = adamw(model.parameters(), training)
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         self.micro = max(1, training.global_batch // (training.micro_batch * mesh.dp))
         self.loss_parallel = mesh.degree("tp") > 1
         self.tracker = None  # the memory step's MemTracker/FSDPMemTracker while it runs
