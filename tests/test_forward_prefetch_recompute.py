@@ -6,8 +6,9 @@ mesh), wraps the block in ``checkpoint_wrapper`` before ``fully_shard``
 (``activation_checkpoint.py`` 152-176) and, under ep > 1, has each block prefetch the next in
 forward. In recompute the block's hooks do not run, so the replayed forward prefetches nothing;
 the plan counts no such all-gather. Had the experts been a unit of their own that prefetched
-(the validate worker's layout before its gate, ``parallelize._prefetch_after``), their replayed
-pre-forward, not yet in backward (``_fsdp_state.py`` 295-320), would re-gather every unit ahead.
+(the validate worker's layout before valmoe2's gate; since valmoe3 the worker shards the block as
+torchtitan does, ``moe_parallel.per_param_mesh``), their replayed pre-forward, not yet in backward
+(``_fsdp_state.py`` 295-320), would re-gather every unit ahead.
 
 Tiny model, world 4, rank 0: 2 blocks (a bias-free 8 x 8 dense weight over the 4 ranks: 256 B
 gathered; 4 experts of 8 x 8 over efsdp = ranks {0, 2}: 1,024 B gathered) and a head (8 x 8,
@@ -70,16 +71,13 @@ class Model(nn.Module):
 
 def _build(layout: str):
     """``titan``: the experts a second group of their block's unit, the block prefetching;
-    ``apart``: the experts a unit of their own that prefetches (the worker before the gate);
-    ``gated``: the same through :func:`meshplan.runtime.execution.parallelize._prefetch_after`."""
+    ``apart``: the experts a unit of their own that prefetches."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.fsdp._fully_shard._fsdp_common import ShardPlacementResult
     from torch.distributed.fsdp._fully_shard._fsdp_init import _get_mesh_info
     from torch.distributed.tensor import Shard
-
-    from meshplan.runtime.execution.parallelize import _prefetch_after
 
     dp, edp = DeviceMesh("cpu", [0, 1, 2, 3]), DeviceMesh("cpu", [0, 2])
     dp_info, edp_info = _get_mesh_info(dp), _get_mesh_info(edp)
@@ -103,8 +101,6 @@ def _build(layout: str):
     for i, ahead in enumerate([[blocks[1], experts[1]], [model.head]]):
         if layout == "apart":
             experts[i].set_modules_to_forward_prefetch(ahead)
-        elif layout == "gated":
-            _prefetch_after(experts[i], owner=blocks[i], ahead=ahead)
     return model
 
 
@@ -129,10 +125,6 @@ def test_experts_unit_prefetching_regathers_the_units_ahead():
     """The same model with the experts a unit that prefetches: block 0's replay re-gathers
     block 1 (256 B) and its experts (1,024 B), block 1's the head (256 B), all resharded after
     their backward: two dense and one experts' all-gather more than above, the mismatch
-    (``tests/test_table_vs_torch.py``, MoE full recompute) the gate removes."""
+    (``tests/test_table_vs_torch.py``, MoE full recompute) torchtitan's layout avoids."""
     assert _backward_gathers("apart") == {((0, 1, 2, 3), DENSE_B): 4, ((0, 2), EXPERTS_B): 3}
 
-
-def test_gated_experts_unit_prefetches_as_torchtitan():
-    """The worker's layout through its gate: the counts of torchtitan's layout."""
-    assert _backward_gathers("gated") == {((0, 1, 2, 3), DENSE_B): 2, ((0, 2), EXPERTS_B): 2}

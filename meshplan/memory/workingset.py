@@ -12,7 +12,15 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   float8, under torchao's float8 TP, :func:`meshplan.compute.dtensor_sp.float8_tp`, as the
   all-gathered dY below); with full
   recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
-  ``unfused_norm``) + 3F (gated; 2F GeLU) at once;
+  ``unfused_norm``) + 3F (gated; 2F GeLU) at once; an MoE layer's routed experts (full
+  recompute) H (+ Hr) + ``a h`` per dispatched copy (the expert-sorted copies the rank sends) and
+  2 ``a h`` per received row (the all-to-all's output and its expert-major copy) + 3 ``a f``
+  per received row (gated: the two grouped GEMMs' outputs and silu's; GeLU 2) at width
+  ``expert_ffn / etp`` (torchtitan's ``GroupedExperts``: ``silu(x w1) * (x w3)``, and
+  :mod:`meshplan.runtime.execution.moe`), or the shared experts' MLP where wider. Measured:
+  2,146,944 B at world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml`` under full recompute
+  (rank 0: 147 received rows, 15% over the balanced 128 the plan takes: 1,900,544 B there);
+  before, the plan counted none (the temporaries' maximum was the backward's, 1,048,576 B);
 - backward of a dense layer, in autograd's order (:func:`backward_steps`; the incoming dY
   ``Hr`` is held by the pass): mlp w_out (SP: the all-gathered dY H, + its dX F; writes
   w_down's gradient, frees its input), activation (3F gated: d(w_out input), d(silu), d(up);
@@ -23,8 +31,12 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   attn norm. Each step writes its weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
   layer's peak is at its first step, not with all its gradients and all its activations
   at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.validation.memcheck`);
-  flash-attention and RoPE backward buffers are not counted; MoE layers keep one step
-  (dX Hr + the widest intermediate gradient + SP's re-gathered input);
+  flash-attention and RoPE backward buffers are not counted; MoE layers keep one step: the
+  widest of a dense MLP's activation and w_in steps (:func:`mlp_step_work`) over the routed
+  experts' received rows or the shared experts' tokens, + SP's re-gathered input (measured at
+  world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``: the activation step's 3 gradients of
+  161 received rows x 896 fp32 beside dY, 1,797,120 B; the plan 1,441,792 B at the balanced 128
+  rows; before, dX + 2 such gradients, 1,048,576 B);
 - recompute: the layer's activations without recompute minus those kept, at the start of
   its backward (full recompute: the whole layer's working set; selective without flash:
   the attention scores; otherwise 0), freed by the steps with the rest;
@@ -102,18 +114,12 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
-    h, gate = model.hidden, 2 if model.gated_mlp else 1
+    h = model.hidden
     dims = dense_dims(model, training, opts.dropout)
-    routed = routed_full = widest = 0
+    routed_full, widest, routed_fwd = _routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0, 0, 0)
+    routed = routed_full if training.recompute != "full" else 0
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
-        routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
-        r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
-        copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
-        kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
-        routed_full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
-        routed = routed_full if training.recompute != "full" else 0
-        widest = a * copies * width * gate
     f8 = {} if moe else float8_copies(model, training, mesh)
     kept8 = 0 if training.recompute in ("full", "op") else sum(f8.values())  # replayed with the casts
     saved = layer_bytes(dims, **lo) + routed + kept8
@@ -122,15 +128,17 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     # the all-gathered input, 1 byte a value under torchao's float8 TP (compute.dtensor_sp.float8_tp)
     ga = 1 if float8_tp(model, training, sp) else a
     gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
+    # the checkpointed forward keeps nothing: its MLP's working set (module docstring)
+    residual = a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
+    mlp_fwd = residual + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp) if dims.f else 0
     if moe:
-        widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
-        return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered,
-                        sp_input=gathered > 0)
+        if dims.f:  # the shared experts' MLP
+            widest = max(widest, *mlp_step_work(a * tok * ceil(dims.f / tp), a * tok * h, model.gated_mlp))
+        fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute == "full" else gathered
+        return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=widest + gathered,
+                        sp_input=fwd == gathered > 0)
     steps = backward_steps(model, training, mesh, opts, dims, lo, f8)
-    fwd = gathered
-    if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
-        fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
-                  + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
+    fwd = max(gathered, mlp_fwd) if training.recompute in ("full", "op") else gathered
     return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
                     steps=steps, sp_input=fwd == gathered > 0)
 
@@ -180,6 +188,35 @@ def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[
     return float8.saved_copies(model, w, layer_gemms(model, tp, tok))
 
 
+def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int, tp: int,
+                  fused: bool) -> tuple[int, int, int]:
+    """(kept activations, backward working set, checkpointed forward's working set), bytes of
+    the routed experts of one MoE layer on the busiest rank (module docstring), at the
+    received rows of :func:`meshplan.compute.routing.routing`."""
+    a, h = dtype_bytes(training.compute_dtype), model.hidden
+    routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
+    r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
+    copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
+    kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
+    full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
+    widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp))
+    fwd = a * h * (r.send_rows + 2 * copies) + (3 if model.gated_mlp else 2) * a * copies * width
+    return full, widest, fwd
+
+
+def mlp_step_work(F: int, H: int, gated: bool) -> tuple[int, int]:
+    """Working sets (bytes) of an MLP's activation and w_in backward steps over the same rows,
+    ``F`` bytes of one f-wide tensor, ``H`` of one h-wide (module docstring): gated 3F (d of
+    the w_out input, of silu's output, of up) and max(2F + H, 3H) (the two GEMMs' dX and their
+    sum); GeLU 2F and F + H. A dense layer's MLP and, per received row, an MoE layer's routed
+    experts.
+
+    >>> mlp_step_work(10, 4, True), mlp_step_work(10, 4, False)
+    ((30, 24), (20, 14))
+    """
+    return (3 * F, max(2 * F + H, 3 * H)) if gated else (2 * F, F + H)
+
+
 def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
                    dims, lo: dict, f8: Optional[dict[str, int]] = None) -> tuple:
     """:class:`BackStep` of a dense layer (see the module docstring: working sets); ``f8``: the
@@ -195,8 +232,8 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
     # the all-gathered output gradient of a row-parallel GEMM (SP; float8 under torchao's float8 TP)
     g = (tok * dims.h if float8_tp(model, training, sp) else H) if sp else 0
-    work = {"mlp w_out": g + F, "mlp activation": (3 if dims.gated else 2) * F,
-            "mlp w_in": max(2 * F + H, 3 * H) if dims.gated else F + H,
+    act, w_in = mlp_step_work(F, H, dims.gated)
+    work = {"mlp w_out": g + F, "mlp activation": act, "mlp w_in": w_in,
             "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": C + Q + K + V,
             "attention w_qkv": max(Q + K + V + lat + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
     full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}

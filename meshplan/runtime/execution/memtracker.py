@@ -30,10 +30,13 @@ wrong: relabelled, each kind compares like with like (``tests/test_validate_memo
 
 from __future__ import annotations
 
+import weakref
+from functools import wraps
 from typing import Optional
 
 import torch
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _SavedFSDPMethods
+from torch.distributed._tools.fsdp2_mem_tracker import (_TOTAL_KEY, FSDPMemTracker, _FSDPModMemStats, _FSDPRefType,
+                                                        _FSDPState)
 from torch.distributed._tools.mem_tracker import _UpdateType
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_state import _register_group_forward_hooks
@@ -43,12 +46,13 @@ from meshplan.memory.timeline import TRACKER_CATEGORIES
 
 def fsdp_units(root) -> list:
     """(first module, FSDPState) of each FSDP unit with parameters under ``root``, in module
-    order; a unit of several modules (``fully_shard([norm, output])``) appears once."""
+    order; a unit of several modules (``fully_shard([norm, output])``) appears once, as does one
+    of several parameter groups (torchtitan's MoE block under ep > 1: its experts over efsdp)."""
     seen: dict[int, tuple] = {}
     for m in root.modules():
         if isinstance(m, FSDPModule):
             state = m._get_fsdp_state()
-            if state._fsdp_param_group is not None and id(state) not in seen:
+            if state._fsdp_param_groups and id(state) not in seen:
                 seen[id(state)] = (m, state)
     return list(seen.values())
 
@@ -69,34 +73,83 @@ def _hook_forward(state, pre, post, always_call: bool) -> None:
 
 class UnitMemTracker(FSDPMemTracker):
     """``FSDPMemTracker`` instrumenting each FSDP unit once (see the module docstring); a
-    unit's statistics are kept under its first module."""
+    unit's statistics are kept under its first module. A unit of several parameter groups
+    (torchtitan's MoE block under ep > 1, a per-parameter mesh) is instrumented group by group:
+    torch 2.13's wrappers read ``FSDPState._fsdp_param_group``, which raises for such a state
+    (``_fsdp_state.py`` 84-101), so its pre-forward and post-backward wrappers are
+    :meth:`_groups_pre_forward` and :meth:`_group_post_backward`."""
 
     def _instrument_fsdp_module(self) -> None:
+        self._saved_groups: list = []  # (group, its pre_backward, its post_backward)
+        self._units: list = []  # the first module of each unit instrumented
         for mod, state in fsdp_units(self._root_mod):
-            group = state._fsdp_param_group
+            groups = state._fsdp_param_groups
             state._pre_forward_hook_handle.remove()
             if state._post_forward_hook_handle is not state._pre_forward_hook_handle:
                 state._post_forward_hook_handle.remove()
-            self._instrument_fsdp_sharded_params_grads(group)
-            _hook_forward(state, self._fsdp_state_pre_forward(mod, state._pre_forward),
+            pre = self._fsdp_state_pre_forward if len(groups) == 1 else self._groups_pre_forward
+            _hook_forward(state, pre(mod, state._pre_forward),
                           self._fsdp_state_post_forward(mod, state._post_forward), always_call=True)
-            self._fsdp_mod_to_saved_methods[mod] = _SavedFSDPMethods(group.pre_backward, group.post_backward)
-            group.pre_backward = self._fsdp_param_group_pre_backward(mod, group.pre_backward)
-            group.post_backward = self._fsdp_param_group_post_backward(mod, group.post_backward)
+            self._units.append(mod)
+            for group in groups:
+                self._instrument_fsdp_sharded_params_grads(group)
+                self._saved_groups.append((group, group.pre_backward, group.post_backward))
+                post = (self._fsdp_param_group_post_backward(mod, group.post_backward) if len(groups) == 1
+                        else self._group_post_backward(mod, group, group.post_backward))
+                group.pre_backward = self._fsdp_param_group_pre_backward(mod, group.pre_backward)
+                group.post_backward = post
         for buffer in self._root_mod.buffers():
             self._update_and_maybe_create_winfos(buffer, _FSDPRefType.BUFFER)
 
+    def _groups_pre_forward(self, mod, orig):
+        """torch 2.13's pre-forward wrapper (``fsdp2_mem_tracker.py`` 192-263) for a unit of
+        several parameter groups: the module's statistics entry, every group's unsharded
+        parameters labelled, and the recompute region entered (``_in_ac``) when it runs in backward."""
+        @wraps(orig)
+        def inner(*args, **kwargs):
+            self._fsdp_state = _FSDPState.PRE_FW
+            if mod not in self.memory_tracking:
+                stat = self.memory_tracking[mod] = _FSDPModMemStats(self._mod_tracker.get_known_fqn(mod))
+                stat.local_peak = {dev: snap[_TOTAL_KEY] for dev, snap in self.get_tracker_snapshot().items()}
+            args, kwargs = orig(*args, **kwargs)
+            for group in mod._get_fsdp_state()._fsdp_param_groups:
+                for fp in group.fsdp_params:
+                    self._update_and_maybe_create_winfos(fp.unsharded_param, _FSDPRefType.UNSHARDED_PARAM)
+            if self._mod_tracker.is_bw and self._ac_mod is None:
+                self._ac_mod, self._in_ac = weakref.ref(mod), True
+            self._fsdp_state = _FSDPState.FW
+            return args, kwargs
+
+        return inner
+
+    def _group_post_backward(self, mod, group, orig):
+        """torch 2.13's post-backward wrapper (``fsdp2_mem_tracker.py`` 326-367) for one group of
+        a unit of several: its unsharded gradients labelled before, its sharded ones after."""
+        @wraps(orig)
+        def inner(*args, **kwargs):
+            for fp in group.fsdp_params:
+                if fp._unsharded_param.grad is not None:
+                    self._update_and_maybe_create_winfos(fp._unsharded_param.grad, _FSDPRefType.UNSHARDED_GRAD,
+                                                         update_existing=True)
+            self._fsdp_state = _FSDPState.POST_BW
+            orig(*args, **kwargs)
+            for fp in group.fsdp_params:
+                if fp.sharded_param.grad is not None:
+                    self._update_and_maybe_create_winfos(fp.sharded_param.grad, _FSDPRefType.SHARDED_GRAD)
+
+        return inner
+
     def _deregister_module_and_optimizer_hooks(self) -> None:
-        for mod, saved in list(self._fsdp_mod_to_saved_methods.items()):
+        for mod in getattr(self, "_units", ()):
             state = mod._get_fsdp_state()
             state._pre_forward_hook_handle.remove()
             if state._post_forward_hook_handle is not state._pre_forward_hook_handle:
                 state._post_forward_hook_handle.remove()
             _hook_forward(state, state._pre_forward, state._post_forward, always_call=False)
-            group = state._fsdp_param_group
-            group.pre_backward, group.post_backward = saved.pre_backward, saved.post_backward
-        self._fsdp_mod_to_saved_methods.clear()
-        super()._deregister_module_and_optimizer_hooks()  # the optimizer's hooks
+        for group, pre, post in getattr(self, "_saved_groups", ()):
+            group.pre_backward, group.post_backward = pre, post
+        self._saved_groups, self._units = [], []
+        super()._deregister_module_and_optimizer_hooks()  # the optimizer's hooks (no unit saved there)
 
 
 def category_label(reftype) -> str:
@@ -136,8 +189,8 @@ class LabelledMemTracker(UnitMemTracker):
         def hook(p):
             self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.UNSHARDED_GRAD)
 
-        return [fp.unsharded_param.register_post_accumulate_grad_hook(hook)
-                for _, state in fsdp_units(model) for fp in state._fsdp_param_group.fsdp_params]
+        return [fp.unsharded_param.register_post_accumulate_grad_hook(hook) for _, state in fsdp_units(model)
+                for group in state._fsdp_param_groups for fp in group.fsdp_params]
 
 
 #: The kind of a temporary the size of a reduce-scatter's input, allocated in backward while

@@ -16,10 +16,12 @@ and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with 
   cp in every attention layer (Llama 3's all-gather CP); FSDP2 shards over ``fsdp`` =
   dp_shard x cp.
 - MoE models (:mod:`meshplan.runtime.execution.moe`): experts split over ``ep`` of the expert mesh
-  (all-to-all dispatch and combine); under ep > 1 the routed experts of each layer are their
-  own FSDP2 unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that
-  is one rank; under ep 1 they stay in the layer's unit (torchtitan); router and shared experts
-  stay in the layer's unit. With ``tp > 1`` and etp 1 the tp
+  (all-to-all dispatch and combine); under ep > 1 the routed experts of each layer are a
+  second parameter group of the layer's FSDP2 unit, over ``efsdp`` (or HSDP over (dp_replicate,
+  efsdp)), ignored by FSDP when that is one rank (torchtitan's per-parameter mesh: one state,
+  both groups reduced after the layer's backward); under ep 1 they stay in the layer's unit over
+  its mesh (torchtitan); router and shared experts stay in the layer's unit. With fsdp 1 and
+  efsdp > 1 the routed experts alone are a unit. With ``tp > 1`` and etp 1 the tp
   ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe_parallel.apply_moe_tp`:
   router replicated, shared experts colwise/rowwise); at ep 1 with etp = tp (torchtitan's) each
   expert is sharded over tp instead (:func:`~meshplan.runtime.execution.moe_parallel.apply_experts_over_tp`).
@@ -41,6 +43,7 @@ from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.runtime.execution.moe_parallel import per_param_mesh
 from meshplan.runtime.execution.tensor_parallel import apply_tp
 from meshplan.spec.axes.ep import experts_over_tp
 from meshplan.spec.axes.registry import Axis
@@ -178,9 +181,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     over pipeline stages (the last stage's output a copy, :mod:`meshplan.runtime.execution.pipelined_stage`)
     the first stage's embedding is its own unit, never resharded after forward either
     (torchtitan's tied branch wraps the ends the part holds as one unit). ``expert_mesh``: the
-    mesh the routed experts of an MoE
-    layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
-    ``expert_placement``: that unit's ``shard_placement_fn``
+    mesh the routed experts of an MoE layer are sharded over, a second parameter group of their
+    block's unit (torchtitan's per-parameter mesh under ep > 1,
+    :func:`~meshplan.runtime.execution.moe_parallel.per_param_mesh`; FSDP ignores them when it is
+    one rank); ``expert_placement``: their placement
     (:func:`meshplan.runtime.execution.moe_parallel.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
     experts, as torchtitan). ``experts_apart`` false (ep 1, :func:`meshplan.mesh.tpsplit.experts_apart`):
     the experts stay in their block's unit, over its mesh, ``expert_placement`` for their
@@ -194,8 +198,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
             fully_shard(block, **kw, shard_placement_fn=_placement_of(set(experts.parameters()), expert_placement))
             continue
         if experts is not None and expert_mesh is not None and expert_mesh.size() > 1:
-            fully_shard(experts, **{**kw, "mesh": expert_mesh, "shard_placement_fn": expert_placement})
-        elif experts is not None:
+            placement = per_param_mesh(set(experts.parameters()), expert_placement, dp_mesh, expert_mesh)
+            fully_shard(block, **kw, shard_placement_fn=placement)
+            continue
+        if experts is not None:
             kw_block = {**kw, "ignored_params": set(experts.parameters())}
             fully_shard(block, **kw_block)
             continue
@@ -221,59 +227,21 @@ def set_forward_prefetch(model: nn.Module) -> None:
     """torchtitan's explicit forward prefetch under ep > 1 (``torchtitan/distributed/fsdp.py``
     ``apply_fsdp_to_decoder`` at b5bcd76, lines 386-406: the embedding prefetches block 0, each
     block the next one, the last block the head), on a model :func:`apply_fsdp` wrapped; what the
-    memory timeline models (:func:`meshplan.memory.units.explicit_forward_prefetch`). There a
-    block's experts are a second parameter group of the block's own FSDP state (fsdp.py 318-360,
-    a per-parameter mesh), and torch 2.13's ``FSDPState._pre_forward`` (``_fsdp_state.py``
-    313-320) copies out every group before it prefetches; here the experts are a unit of their
-    own, so the unit copied out last in a layer (its experts' where they are FSDP units) issues
-    the prefetch of the next layer's units, in that order (:func:`_prefetch_after`). Without it
-    the worker held one layer less (gathered params 23,351,296 B against the plan's 34,361,344 B
-    at world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``); prefetched from the block
-    itself, one dense group more (35,026,944 B: the block's all-gather output is freed only at
-    its experts' copy-out, ``_fsdp_param_group.py`` 430-432)."""
+    memory timeline models (:func:`meshplan.memory.units.explicit_forward_prefetch`). A block's
+    experts are a second parameter group of its unit
+    (:func:`~meshplan.runtime.execution.moe_parallel.per_param_mesh`), gathered with it. In full
+    recompute's replay the block is in pre-backward and torch 2.13 returns before its prefetch
+    (``_fsdp_state.py`` 295-303), so nothing is gathered again, as the plan counts
+    (``tests/test_forward_prefetch_recompute.py``)."""
     from torch.distributed.fsdp import FSDPModule
 
-    def units(block) -> list:
-        ex = block.moe.experts if hasattr(block, "moe") else None
-        return [block] + ([ex] if isinstance(ex, FSDPModule) and ex is not block else [])
-
-    layers = [units(b) for b in model.layers.values() if isinstance(b, FSDPModule)]
+    blocks = [b for b in model.layers.values() if isinstance(b, FSDPModule)]
     emb, head = getattr(model, "embedding", None), getattr(model, "output", None)
-    ends = [[head] if isinstance(head, FSDPModule) else []]
-    for layer, ahead in zip(layers, layers[1:] + ends):
-        if ahead and len(layer) == 1:
-            layer[0].set_modules_to_forward_prefetch(ahead)
-        elif ahead:
-            _prefetch_after(layer[-1], owner=layer[0], ahead=ahead)
-    if layers and isinstance(emb, FSDPModule) and emb is not head:
-        emb.set_modules_to_forward_prefetch(layers[0])
-
-
-def _prefetch_after(unit: nn.Module, owner: nn.Module, ahead: list) -> None:
-    """``unit`` (a block's experts, an FSDP unit of its own) prefetches ``ahead`` after its
-    copy-out, as ``owner`` (the block) would if it held the experts as torchtitan does, but
-    not in full recompute's replayed forward: there ``owner`` is in pre-backward and torch
-    returns before its prefetch (``_fsdp_state.py`` 295-303; torchtitan's checkpoint wrapper is
-    inside the block's unit, ``activation_checkpoint.py`` 152-160 and 173-176, so its hooks do
-    not even run), while ``unit``'s own state, not yet in backward, would prefetch (315-320):
-    one all-gather of every unit ahead, resharded after its backward already and held to the
-    end of backward (``_fsdp_param_group.py`` 773-781), which torchtitan never issues and the
-    plan does not count (``tests/test_table_vs_torch.py``, MoE full recompute). A pre-hook on
-    ``owner`` (after FSDP's, ``prepend=True``; the replay runs it, as the runtime model
-    checkpoints the FSDP block from outside, ``model.py``) sets ``unit``'s prefetch list per
-    pass, so the prefetch stays inside FSDP's own pre-forward, where the memory tracker labels
-    it (a hook of its own on ``unit`` left the gathered params 23,351,296 B, the case above)."""
-    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
-
-    unit.set_modules_to_forward_prefetch(ahead)
-    unit_state, owner_state = unit._get_fsdp_state(), owner._get_fsdp_state()
-    targets = list(unit_state._states_to_forward_prefetch)
-
-    def gate(module, args):
-        replay = owner_state._training_state == TrainingState.PRE_BACKWARD
-        unit_state._states_to_forward_prefetch = [] if replay else targets
-
-    owner.register_forward_pre_hook(gate)
+    for block, ahead in zip(blocks, blocks[1:] + [head]):
+        if isinstance(ahead, FSDPModule):
+            block.set_modules_to_forward_prefetch([ahead])
+    if blocks and isinstance(emb, FSDPModule) and emb is not head:
+        emb.set_modules_to_forward_prefetch([blocks[0]])
 
 
 def _placement_of(params: set, placement: Optional[Callable]) -> Optional[Callable]:

@@ -118,6 +118,7 @@ class Runner:
                             logits = self.model(tokens)
                         elif name == "loss":
                             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                            del logits  # before backward, as torchtitan's train step does (``del pred``)
                         else:
                             loss.backward()
                     self._sync()

@@ -18,7 +18,8 @@
 
 Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
 ``startup.json``, ``collectives.json`` (with ``expert_counts``, the router's per-expert copies of the
-recorded step: :func:`~meshplan.runtime.execution.moe.take_expert_counts`), ``memory.json``, ``timings.json``, ``trace.json``,
+recorded step: :func:`~meshplan.runtime.execution.moe.take_expert_counts`), ``memory.json`` (with the memory
+step's ``expert_counts``: the routed rows its MoE working sets hold), ``timings.json``, ``trace.json``,
 ``checkpoint.json`` (one DCP save and load after the steps, pp 1:
 :func:`~meshplan.runtime.execution.checkpoint.measure_dcp`), ``probe.json`` and
 ``curves.json`` (the plan's collectives, then each axis's message curve, timed after the
@@ -224,7 +225,7 @@ def run(args) -> None:
     maybe_fault(args, rank, step)
     t, mem = memory_step(runner, step)
     timings.append({**t, "kind": "memory"})
-    write_json(folder / "memory.json", {"rank": rank, "step": step, **mem})
+    write_json(folder / "memory.json", {"rank": rank, "step": step, **mem, "expert_counts": take_expert_counts(model)})
     for _ in range(args.steps):
         step += 1
         maybe_fault(args, rank, step)
