@@ -1,6 +1,6 @@
 """One verdict everywhere (issue 11, searchknobs item 1): ``meshplan compare`` of two configs of
 one mesh that differ only in a setting (recompute, tp overlap) decides as the search orders
-them, through the search's own tie key (:func:`meshplan.search.rank.tie_key`), and gives the
+them, through the search's own tie key (:func:`meshplan.search.tie_key.tie_key`), and gives the
 search's reason. Before, compare weighed the mesh keys alone within 1%, so two settings of one
 mesh went to the shorter step (or the lower peak) where the search lists the fewer settings
 first."""
@@ -110,7 +110,7 @@ def test_plan_tie_key_reads_the_settings_as_the_search_holds_them():
     """A plan's key is the search's candidate key: pp 4 x dp_shard 2 (2 axes, tp*pp*cp*ep 4, tp 1);
     recompute full (index 4 of none, selective, op, layer, full), vpp 2, the Llama 3 short end
     stages [7, 9, 9, 7] (ends_short_split of 32 layers over 4), ZBV (PIPELINE index 1): 3
-    settings off the default (ZB-V's vpp 2 comes with its name: rank.implied_vpp). The even split
+    settings off the default (ZB-V's vpp 2 comes with its name: tie_key.implied_vpp). The even split
     written out ([8, 8, 8, 8]) is no setting; GPipe,
     which the search does not try, counts as one (index 3, after DualPipeV)."""
     mesh = {"names": ["pp", "dp_shard"], "shape": [4, 2]}

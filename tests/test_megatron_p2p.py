@@ -12,7 +12,8 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.pipeline.fast import simulate_arrays
-from meshplan.pipeline.simulate import PipelineSpec, call_loads, calls, simulate
+from meshplan.pipeline.rendezvous import call_loads, calls
+from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 

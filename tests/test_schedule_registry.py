@@ -28,7 +28,8 @@ from meshplan.errors import ConfigError
 from meshplan.memory.inflight import in_flight_chunks
 from meshplan.pipeline.base import PipelineSchedule, Unit
 from meshplan.pipeline.registry import SCHEDULES, get
-from meshplan.pipeline.simulate import PipelineSpec, _dep, simulate
+from meshplan.pipeline.sim_types import dependency
+from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.spec.mesh import MeshSpec, Schedule
 
 
@@ -200,13 +201,13 @@ def test_dependencies_follow_the_schedules_map():
     virtual stage 2 (rank 1's chunk 1), and its chunk-1 B is the last virtual stage's: it
     waits for its own F."""
     looped = get(Schedule.INTERLEAVED_1F1B)
-    assert _dep(looped, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 1)
-    assert _dep(looped, Unit("B", 0, 1), 0, 2, 2) == ("B", 0, 3)
+    assert dependency(looped, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 1)
+    assert dependency(looped, Unit("B", 0, 1), 0, 2, 2) == ("B", 0, 3)
     v = VShape()
-    assert _dep(v, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 2)
-    assert _dep(v, Unit("B", 0, 1), 0, 2, 2) == ("F", 0, 3)
-    assert _dep(v, Unit("B", 0, 1), 1, 2, 2) == ("B", 0, 3)
-    assert _dep(v, Unit("W", 0, 0), 1, 2, 2) == ("B", 0, 1)
+    assert dependency(v, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 2)
+    assert dependency(v, Unit("B", 0, 1), 0, 2, 2) == ("F", 0, 3)
+    assert dependency(v, Unit("B", 0, 1), 1, 2, 2) == ("B", 0, 3)
+    assert dependency(v, Unit("W", 0, 0), 1, 2, 2) == ("B", 0, 1)
 
 
 def test_one_chunk_schedules_run_their_chunked_order_with_virtual_stages():

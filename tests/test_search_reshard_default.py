@@ -16,7 +16,8 @@ nothing: 7 candidates.
 from __future__ import annotations
 
 from meshplan.report.search import knobs
-from meshplan.search.rank import decide, order_all, simplicity
+from meshplan.search.rank import decide, order_all
+from meshplan.search.tie_key import simplicity
 from meshplan.search.space import enumerate_candidates
 from meshplan.units import GiB
 from test_search import config

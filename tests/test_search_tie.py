@@ -16,7 +16,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.interop.torchtitan_write import write_notes
 from meshplan.report.json_docs import schema_of
-from meshplan.search.rank import MEMORY_TIE, decide, knob_key, mesh_of, tie_order
+from meshplan.search.rank import MEMORY_TIE, decide, mesh_of, tie_order
+from meshplan.search.tie_key import knob_key
 from meshplan.units import GiB
 from tests.cli_run import run_main
 

@@ -22,7 +22,7 @@ from meshplan.schedule.stage_traffic import LINKS, busiest_stage, stage_label, s
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.search.candidate import megatron_split, stage_split
 from meshplan.search.columns import PIPELINE, candidate_schedule, reshard_acts
-from meshplan.search.rank import OTHER_SCHEDULE, tie_key
+from meshplan.search.tie_key import OTHER_SCHEDULE, tie_key
 from meshplan.spec.mesh_words import mesh_text
 from meshplan.units import GB
 
@@ -144,7 +144,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
 
 
 def plan_tie_key(plan: Plan) -> tuple[int, ...]:
-    """The search's tie key of a resolved plan (:func:`meshplan.search.rank.tie_key`): its
+    """The search's tie key of a resolved plan (:func:`meshplan.search.tie_key.tie_key`): its
     mesh's degrees by search column, and its settings as a search candidate holds them:
     recompute, tp overlap, vpp, reshard_after_forward (against its default at the plan's pp,
     :meth:`~meshplan.spec.training.TrainingSpec.reshard_default`; no setting where it gathers
@@ -153,7 +153,7 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
     :func:`~meshplan.search.candidate.stage_split`, Megatron-LM's first/last cut under
     ``framework = "megatron"``, e.g. the short end stages) and the pipeline
     schedule (:data:`~meshplan.search.columns.PIPELINE`'s index; 1F1B or its interleaved order
-    is 0, a schedule the search does not try :data:`~meshplan.search.rank.OTHER_SCHEDULE`; any
+    is 0, a schedule the search does not try :data:`~meshplan.search.tie_key.OTHER_SCHEDULE`; any
     with pp 1). A schedule the search does not try (GPipe, ZB-H1) counts as one setting off the
     default like one it tries: the count is of what the user sets to get the run, here
     ``mesh.pp_schedule`` away from its default 1f1b (torchtitan's ``pipeline_parallel_schedule``

@@ -26,7 +26,7 @@ lower tp*pp*cp*ep, then the lower tp, then the fewer and cheaper settings off th
 ``reshard_after_forward`` at the plan's default, kept gathered under torch's FSDP2 with pp > 1
 and resharded elsewhere, the even layer split, 1F1B), then the lower peak memory where the peaks are more
 than 1% apart (more headroom), then the shorter step: each side's key is the search's own
-(:func:`meshplan.compare.sides.plan_tie_key`, :func:`meshplan.search.rank.tie_key`), so that
+(:func:`meshplan.compare.sides.plan_tie_key`, :func:`meshplan.search.tie_key.tie_key`), so that
 ``compare top1.toml row4.toml`` of rows the search exported agrees with the search's order;
 the reason names the criterion that decided with both values, in the search's words. Two
 configs of the same mesh with the same knobs are reported as identical: nothing is chosen
@@ -47,7 +47,8 @@ from meshplan.compare.reasons import evidence_lines, knob_text
 from meshplan.compare.sides import Side, check_workload, same_mesh, side_of
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.search.rank import PAIR_RULE, decide, knob_words
+from meshplan.search.rank import PAIR_RULE, decide
+from meshplan.search.tie_key import knob_words
 from meshplan.spec.accuracy import within_error
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB

@@ -352,8 +352,8 @@ class Transfers(NamedTuple):
 
 
 def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
-    """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.simulate` docstring,
-    :func:`~meshplan.pipeline.simulate.calls`) on the flat units: per cross-stage input the call
+    """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.rendezvous` docstring,
+    :func:`~meshplan.pipeline.rendezvous.calls`) on the flat units: per cross-stage input the call
     that sends it and the call that receives it (:class:`Transfers`).
 
     >>> f = flat_units("1f1b", 2, 2, 1)  # stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1

@@ -41,7 +41,7 @@ def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np
     from ``pairs`` (:class:`~meshplan.pipeline.fast.Transfers`): (shape (1 + peers, slots): the
     slot before, whose end posts the call, then the slots of the calls the call meets, ``pad``
     padding, in no particular order; how many of its transfers share its link, the larger of
-    its sends and its receives (:func:`meshplan.pipeline.simulate.call_loads`; 0 for a call
+    its sends and its receives (:func:`meshplan.pipeline.rendezvous.call_loads`; 0 for a call
     without transfers); whether it has a peer). One row per send delay and one per receive
     lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
     sends at most one output per delay (its producer ``delay`` units before the call) and posts
@@ -319,7 +319,7 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s, after)
     waits, loads, has = _call_table(pairs, width, pad)
-    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads), 0 without transfers
+    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads), 0 without transfers
     pos = np.arange(n)
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
@@ -371,7 +371,7 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
         return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
     table, loads, has = _call_table(pairs, width, pad)
     peers = table[1:].T  # a row per slot: the peers of the call before it
-    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
+    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     free = np.zeros(pad + 1)
     asyn = _async_inputs(pairs, length, pad, p2p_s)

@@ -94,7 +94,7 @@ def ends_of(res: ArrayResult) -> list[list[Event]]:
 def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
     """Per unit of stage ``s`` (flat order), seconds the blocking call issued after it spends
     on its own transfers: ``k x p2p_s``, ``k`` the larger of the call's sends and receives
-    (:func:`meshplan.pipeline.simulate.call_loads`: they share the rank's link; slot
+    (:func:`meshplan.pipeline.rendezvous.call_loads`: they share the rank's link; slot
     ``s (L + 2) + position + 1`` of :class:`~meshplan.pipeline.fast.Transfers`); 0 for a call
     without transfers and without blocking sends. A call's hold is its partner's lateness plus
     this (:func:`pp_hold_split`).
@@ -127,7 +127,7 @@ def call_loads(res: ArrayResult) -> np.ndarray:
 
 
 class HoldSplit(NamedTuple):
-    """Stage s's blocking calls (Megatron-LM 2022's rendezvous, :mod:`meshplan.pipeline.simulate`)
+    """Stage s's blocking calls (Megatron-LM 2022's rendezvous, :mod:`meshplan.pipeline.rendezvous`)
     split into their transfers and the wait for their partner, seconds: ``lead_*`` the call
     before its first unit (free at ``lead_transfer_s + lead_wait_s``), ``transfer_s`` and
     ``wait_s`` (arrays, one per unit, flat order) the call after each unit, ``hold = transfer +

@@ -23,7 +23,8 @@ from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, m
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.frontier import Frontier
 from meshplan.search.headroom import CLEAR_MAX, clear_rows, tight as tight_peak, tiered
-from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, simplicity, variants
+from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, variants
+from meshplan.search.tie_key import simplicity
 from meshplan.search.reasons import CODE, OK
 from meshplan.spec.search import TIE
 from meshplan.spec.axes.registry import search_axes

@@ -81,7 +81,8 @@ from meshplan.search.estimate import Estimates, estimate, refine
 from meshplan.search.exact import PLAN_ONLY, Exact, Planner, Pool
 from meshplan.search.explain import SPLIT_PARTS, Explanation, explain
 from meshplan.search.memory import Tables
-from meshplan.search.rank import decide, simplicity
+from meshplan.search.rank import decide
+from meshplan.search.tie_key import simplicity
 from meshplan.search.reasons import OK, REASONS, UNDECIDED, first_reason
 from meshplan.search.settings_notes import settings_notes
 from meshplan.search.split_ac import split_ac_notes

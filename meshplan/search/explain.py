@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from meshplan.search.rank import RECOMPUTE_BY_COST
+from meshplan.search.tie_key import RECOMPUTE_BY_COST
 from meshplan.search.step_parts import SPLIT_PARTS
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.schedule.kernel_kinds import largest_kinds

@@ -1,8 +1,8 @@
-"""The ``reshard_after_forward`` position of the search's tie key (:func:`meshplan.search.rank.knob_key`):
+"""The ``reshard_after_forward`` position of the search's tie key (:func:`meshplan.search.tie_key.knob_key`):
 whether the setting is off its default at the mesh, the default being
 :meth:`~meshplan.spec.training.TrainingSpec.reshard_default` (true; false under torch's FSDP2 with pp
 > 1, as torchtitan runs it), with the word that names the value where the rule prints it
-(:func:`meshplan.search.rank.decide`, :func:`meshplan.search.rank.knob_words`).
+(:func:`meshplan.search.rank.decide`, :func:`meshplan.search.tie_key.knob_words`).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Optional
 
 
 class ReshardKey(int):
-    """The ``reshard_after_forward`` position of a tie key (:func:`~meshplan.search.rank.knob_key`): 1 where the setting
+    """The ``reshard_after_forward`` position of a tie key (:func:`~meshplan.search.tie_key.knob_key`): 1 where the setting
     is off the mesh's default, else 0 (also where it acts on nothing: no FSDP over a data axis), and
     it compares and hashes as that int, so two meshes at their own defaults tie on it whichever way
     those go (pp 2 kept gathered and cp 2 resharded under torch); ``word`` names the value for
-    :func:`~meshplan.search.rank.decide` and :func:`~meshplan.search.rank.knob_words`: ``kept gathered``, ``resharded`` or :data:`NO_RESHARD`.
+    :func:`~meshplan.search.rank.decide` and :func:`~meshplan.search.tie_key.knob_words`: ``kept gathered``, ``resharded`` or :data:`NO_RESHARD`.
 
     >>> k = ReshardKey(False, "kept gathered")
     >>> k == 0, k == ReshardKey(False, "resharded"), k.word, ReshardKey(True, "resharded") > k

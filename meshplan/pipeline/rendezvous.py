@@ -1,0 +1,173 @@
+"""Megatron-LM 2022's blocking pipeline p2p in the event simulation (:func:`calls`,
+:func:`call_loads`, :func:`simulate_rendezvous`; :func:`meshplan.pipeline.simulate.simulate` runs
+it when ``blocking_p2p``).
+
+Sends are asynchronous (:mod:`~meshplan.pipeline.simulate`) unless ``blocking_p2p``: Megatron-LM
+2022 (commit 2755bcb, ``megatron/p2p_communication.py`` ``_communicate``: the call's isend/irecv
+ops go to ``torch.distributed.batch_isend_irecv``, calls ``wait`` on every request, then
+``torch.cuda.synchronize``; ``megatron/schedules.py`` issues one such call between units), where
+the two stages of every transfer rendezvous. After each unit a stage issues one combined call
+(:func:`calls`) holding the sends of the outputs it issues there (a unit's output leaves
+:meth:`~.base.PipelineSchedule.send_delay` units after it; interleaved: a steady-state forward's
+with the next backward's) and the receives it posts there (a unit's input is received
+:meth:`~.base.PipelineSchedule.recv_lead` units before it: the call right before it, interleaved
+steady-state backwards two); a stage's receives before its first unit are posted at 0. A
+transfer starts when both its calls are posted (each at the end of its issuing unit) and takes
+``p2p_s``; a call ends when all its transfers do, and the next unit starts then: ``free = max(end,
+max over the call's peers of their post time) + k p2p_s`` (``end`` alone for an empty call), where
+``k`` (:func:`call_loads`) is the larger of the call's sends and receives: a rank's transfers
+share its link (its one NIC across nodes: Megatron's interleaved steady-state call sends the
+forward output to the next stage and the input gradient to the previous one through the same
+NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve). A send
+therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
+the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
+cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
+are one call posted at once.
+
+With ``torch_p2p`` the calls are torch 2.13's GPipe and 1F1B ``_step_microbatches``
+(:meth:`~.base.PipelineSchedule.torch_p2p_calls`: 1F1B's fused send + receive one call; some
+sends without a wait).
+
+With ``overlap_p2p`` (Megatron-LM's ``overlap_p2p_comm``; interleaved only,
+:meth:`~.base.PipelineSchedule.p2p_calls`) the steady state's sides are asynchronous: in no call
+(no hold, no load ``k``); a unit whose input is received so starts at ``max(free, max(send post,
+receive post) + p2p_s)``, and a waited send to such a receive holds its call until the receive
+is posted. Each asynchronous transfer takes ``p2p_s`` alone. Not modelled: the wait for the
+previous same-direction send one unit later (``send_next_wait_handle``), binding only when a
+transfer outlasts the units between.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from meshplan.pipeline.base import Unit
+from meshplan.pipeline.sim_types import Event, PipelineResult, PipelineSpec, busy_times, critical_path_of, dependency
+
+__all__ = ["calls", "call_loads", "simulate_rendezvous"]
+
+
+def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
+    """Megatron-LM's combined p2p calls (module docstring) of ``orders``: (``peers``:
+    (stage, position) of a call, position -1 before the first unit -> the sorted (stage,
+    position) of the peer call of each of its waited transfers (an asynchronous side, under
+    ``overlap_p2p``, is in no call); ``xfer``: (consumer stage, position) -> ((producer stage,
+    producer position), send call, receive call, send asynchronous, receive asynchronous)).
+
+    >>> spec = PipelineSpec("1f1b", 2, 2, blocking_p2p=True)
+    >>> o = [spec.sched.order(2, 2, 1, s) for s in range(2)]  # stage 0: F0 F1 B0 B1; 1: F0 B0 F1 B1
+    >>> peers, _ = calls(spec, o)
+    >>> sorted(peers.items())[:3]
+    [((0, 0), [(1, -1)]), ((0, 1), [(1, 1), (1, 1)]), ((0, 2), [(1, 3)])]
+    """
+    p, m, v, sched = spec.p, spec.m, spec.v, spec.sched
+    where = {(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v)): (s, i) for s, o in enumerate(orders)
+             for i, u in enumerate(o)}
+    delay, lead, send_async, recv_async = zip(*[spec.p2p_calls(s, len(o)) for s, o in enumerate(orders)]) \
+        if orders else ((),) * 4
+    peers: dict = {}
+    xfer: dict = {}
+    for s, order in enumerate(orders):
+        for i, u in enumerate(order):
+            key = dependency(sched, u, s, p, v)
+            if key is None or sched.stage_of(key[2], p, v) == s:
+                continue
+            a, ia = where[key]
+            send, recv = (a, ia + int(delay[a][ia])), (s, i - int(lead[s][i]))
+            if not send_async[a][ia]:  # a waited side holds its call until the other side posts
+                peers.setdefault(send, []).append(recv)
+            if not recv_async[s][i]:
+                peers.setdefault(recv, []).append(send)
+            xfer[(s, i)] = ((a, ia), send, recv, bool(send_async[a][ia]), bool(recv_async[s][i]))
+    return {k: sorted(x) for k, x in peers.items()}, xfer
+
+
+def call_loads(xfer: dict) -> dict:
+    """(stage, position) of a call -> ``k``, the larger of its waited sends and receives (at
+    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
+
+    1F1B's calls carry at most one send and one receive; interleaved 1F1B's steady state (p 2,
+    m 4, v 2) sends a forward output and an input gradient in one call, 6 such calls of 22:
+
+    >>> from collections import Counter
+    >>> def loads(spec):
+    ...     o = [spec.sched.order(spec.p, spec.m, spec.v, s) for s in range(spec.p)]
+    ...     return sorted(Counter(call_loads(calls(spec, o)[1]).values()).items())
+    >>> loads(PipelineSpec("1f1b", 2, 2, blocking_p2p=True))
+    [(1, 6)]
+    >>> loads(PipelineSpec("interleaved_1f1b", 2, 4, v=2, blocking_p2p=True))
+    [(1, 16), (2, 6)]
+    """
+    out = Counter(x[1] for x in xfer.values() if not x[3])
+    inc = Counter(x[2] for x in xfer.values() if not x[4])
+    return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
+
+
+def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:
+    """:func:`~meshplan.pipeline.simulate.simulate` with Megatron-LM 2022's blocking calls (module docstring): a unit
+    starts when the call before it ends (its input arrived in that call or an earlier one)."""
+    p, v, sched = spec.p, spec.v, spec.sched
+    peers, xfer = calls(spec, orders)
+    load = call_loads(xfer)
+    ends: list[list[float]] = [[] for _ in range(p)]
+    evs: list[list[Event]] = [[] for _ in range(p)]
+
+    def posted(stage: int, pos: int) -> bool:
+        return pos < len(ends[stage])
+
+    def post(stage: int, pos: int) -> float:
+        """When ``stage`` issues its call after position ``pos`` (its unit's end; 0 before the first)."""
+        return 0.0 if pos < 0 else ends[stage][pos]
+
+    def call_end(s: int, pos: int) -> Optional[tuple[float, Optional[tuple[int, int]]]]:
+        """(end of the call after position pos, the binding peer (stage, position) or None),
+        or None while a peer has not posted."""
+        mine = peers.get((s, pos), [])
+        if not all(posted(*x) for x in mine):
+            return None
+        e, best, top = post(s, pos), None, 0.0
+        for x in mine:  # sorted: the first latest peer binds
+            t = post(*x)
+            if t > e and (best is None or t > top):
+                best, top = x, t
+        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s * load[(s, pos)] if mine else e), best
+
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while len(ends[s]) < len(orders[s]):
+                i = len(ends[s])
+                got = call_end(s, i - 1)
+                if got is None:
+                    break
+                free, best = got
+                u = orders[s][i]
+                (a, ia), send, recv, _, recv_async = xfer.get((s, i), ((s, i), (s, i), (s, i), False, False))
+                if recv_async and not posted(*send):  # its input is waited for at the unit: sent yet?
+                    break
+                start = free
+                if (s, i) in xfer and spec.p2p_s > 0:
+                    x0 = max(post(*send), post(*recv))
+                    events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + spec.p2p_s))
+                pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
+                if recv_async and (ready := max(post(*send), post(*recv)) + spec.p2p_s) > free:
+                    start = ready  # the transfer, started once both sides posted, ends after the call
+                    pred, via = evs[send[0]][send[1]] if post(*send) >= post(*recv) else evs[s][recv[1]], "p2p"
+                ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
+                           {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free,
+                            "pred": pred})
+                events.append(ev)
+                evs[s].append(ev)
+                ends[s].append(ev.end_s)
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {s: orders[s][len(ends[s])].label(v) for s in range(p) if len(ends[s]) < len(orders[s])}
+            raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
+    stage_ends = [got[0] for s in range(p) if (got := call_end(s, len(orders[s]) - 1)) is not None]
+    busy = busy_times(events, p)
+    last = [evs[s][-1] if evs[s] else None for s in range(p)]
+    return PipelineResult(spec, tuple(events), max(stage_ends), busy, critical_path_of(last, stage_ends))

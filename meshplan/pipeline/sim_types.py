@@ -1,0 +1,177 @@
+"""The pipeline simulation's input and result types (:mod:`meshplan.pipeline.simulate`,
+:mod:`meshplan.pipeline.rendezvous`, the array path :mod:`meshplan.pipeline.fast`): the abstract
+step (:class:`PipelineSpec`), one interval on a stream (:class:`Event`), the simulated step
+(:class:`PipelineResult`) with its bubble (:class:`BubbleStats`), and what both event loops
+share: a unit's dependency (:func:`dependency`), each stage's busy time (:func:`busy_times`) and
+the critical path (:func:`critical_path_of`). Seconds throughout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from meshplan.errors import ConfigError
+from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.registry import check_chunks, get
+from meshplan.spec.mesh import Schedule
+
+__all__ = ["Unit", "PipelineSpec", "Event", "BubbleStats", "PipelineResult", "dependency", "busy_times",
+           "critical_path_of"]
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """Abstract pipeline input: ``schedule`` (a :class:`Schedule` or its name, stored as the
+    enum; :attr:`sched` is its registered object), ``p`` stages, ``m`` micro-batches, ``v``
+    virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
+    gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send; ``blocking_p2p``: sends
+    block their stage (:mod:`~meshplan.pipeline.rendezvous`); ``overlap_p2p`` (with
+    ``blocking_p2p``): Megatron-LM's ``overlap_p2p_comm``, the steady state's transfers
+    asynchronous (:mod:`~meshplan.pipeline.rendezvous`); ``torch_p2p`` (with ``blocking_p2p``):
+    the calls are torch 2.13's single-stage ``_step_microbatches``' instead of Megatron-LM's
+    (:meth:`p2p_calls`). ``duration`` (optional) overrides: ``duration(stage, unit) -> seconds``
+    for the whole unit."""
+
+    schedule: Schedule
+    p: int
+    m: int
+    v: int = 1
+    forward_s: float = 1.0
+    backward_s: float = 2.0
+    weight_s: float = 0.0
+    p2p_s: float = 0.0
+    blocking_p2p: bool = False
+    overlap_p2p: bool = False
+    torch_p2p: bool = False
+    duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "schedule", get(self.schedule).name)  # a name parses to the enum
+        if self.p < 1 or self.m < 1 or self.v < 1:
+            raise ConfigError("pipeline", f"p {self.p}, m {self.m}, v {self.v} must all be >= 1")
+        check_chunks(self.schedule, self.v)
+        fixed = self.sched.chunks is not None
+        bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
+        if bad:  # the rule its order needs (interleaved: torch's rounds divide m; V-shaped: v 2, DualPipeV m >= 2p)
+            raise ConfigError("mesh.pp_schedule", bad[0])
+        if self.torch_p2p and not (self.blocking_p2p and not self.overlap_p2p and self.sched.torch_waits):
+            raise ConfigError("pipeline", f"torch_p2p needs blocking_p2p, no overlap_p2p and a schedule torch runs "
+                              f"single-stage (gpipe, 1f1b), not {self.schedule} with blocking_p2p {self.blocking_p2p}, "
+                              f"overlap_p2p {self.overlap_p2p}")
+
+    @property
+    def sched(self) -> PipelineSchedule:
+        """The registered schedule object."""
+        return get(self.schedule)
+
+    def p2p_calls(self, s: int, length: int):
+        """Stage ``s``'s blocking calls per unit of its order (``length`` units), for
+        :func:`~meshplan.pipeline.rendezvous.calls` and :func:`meshplan.pipeline.fast.rendezvous`:
+        torch's under ``torch_p2p`` (:meth:`~.base.PipelineSchedule.torch_p2p_calls`), else
+        Megatron-LM's (``p2p_calls``)."""
+        if self.torch_p2p:
+            return self.sched.torch_p2p_calls(self.p, self.m, self.v, s, length)
+        return self.sched.p2p_calls(self.p, self.m, self.v, s, length, self.overlap_p2p)
+
+    def unit_s(self, stage: int, u: Unit) -> float:
+        if self.duration is not None:
+            return self.duration(stage, u)
+        if u.kind == "F":
+            return self.forward_s / self.v
+        if u.kind == "W":
+            return self.weight_s / self.v
+        return (self.backward_s + (0.0 if self.sched.splits_backward else self.weight_s)) / self.v
+
+
+
+@dataclass(frozen=True)
+class Event:
+    """One interval on one stream of one stage (seconds)."""
+
+    stage: int
+    stream: str
+    name: str
+    start_s: float
+    end_s: float
+    args: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def dur_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+class BubbleStats:
+    """Bubble of a simulated step from ``step_s`` and each stage's ``busy_s`` (named: idle /
+    ideal and idle / total of the busiest stage). Shared by :class:`PipelineResult` and the
+    array result of :mod:`meshplan.pipeline.fast`."""
+
+    step_s: float
+    busy_s: tuple[float, ...]
+
+    @property
+    def busiest_stage(self) -> int:
+        return max(range(len(self.busy_s)), key=lambda s: self.busy_s[s])
+
+    @property
+    def idle_s(self) -> float:
+        return self.step_s - self.busy_s[self.busiest_stage]
+
+    @property
+    def bubble(self) -> float:
+        """idle / ideal of the busiest stage."""
+        return self.idle_s / self.busy_s[self.busiest_stage]
+
+    @property
+    def bubble_of_total(self) -> float:
+        """idle / step time of the busiest stage."""
+        return self.idle_s / self.step_s
+
+
+@dataclass(frozen=True)
+class PipelineResult(BubbleStats):
+    """Simulated step: ``events`` (units on "compute", sends on "pp"), ``step_s``,
+    ``busy_s`` per stage, ``critical_path`` (events from first to last, each with
+    ``args['via']``: "stream" or "p2p"), and the bubble (:mod:`~meshplan.pipeline.simulate`)."""
+
+    spec: PipelineSpec
+    events: tuple[Event, ...]
+    step_s: float
+    busy_s: tuple[float, ...]
+    critical_path: tuple[Event, ...]
+
+
+
+def dependency(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[tuple[str, int, int]]:
+    """(kind, mb, virtual stage) that ``u`` on stage ``s`` waits for, or None; the virtual
+    stage of a chunk is the schedule's (:meth:`~.base.PipelineSchedule.virtual_stage`)."""
+    j = sched.virtual_stage(u.chunk, s, p, v)
+    if u.kind == "F":
+        return ("F", u.mb, j - 1) if j > 0 else None
+    if u.kind == "W":
+        return ("B", u.mb, j)
+    return ("B", u.mb, j + 1) if j < p * v - 1 else ("F", u.mb, j)
+
+
+
+def busy_times(events, p: int) -> tuple[float, ...]:
+    """Each stage's compute time: its units' durations added one after another in event order
+    (a plain running sum, as Python's ``sum`` of floats before 3.12 and the array path's
+    ``cumsum``: the same to the bit on every Python)."""
+    busy = [0.0] * p
+    for e in events:
+        if e.stream == "compute":
+            busy[e.stage] += e.dur_s
+    return tuple(busy)
+
+
+def critical_path_of(last: list, free: list[float]) -> tuple[Event, ...]:
+    """The events from the first to ``last`` of the stage that ends latest (``free``: each stage's
+    end, seconds), following each event's ``args['pred']``."""
+    ev = last[max(range(len(free)), key=lambda s: free[s])]
+    path = []
+    while ev is not None:
+        path.append(ev)
+        ev = ev.args.get("pred")
+    return tuple(reversed(path))
+
