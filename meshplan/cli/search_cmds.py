@@ -73,7 +73,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     overlap, vpp 1, resharded, even split, 1F1B), then a peak lower by more than 1%, then the shorter step;
     "decided by:" names the criterion in the search's words. Under the verdict, the reasons: the step's parts that
     differ, under compute the frameworks' kernel choices, the GEMMs and, with the same kernel choices, the kernel
-    kinds whose seconds differ most ('of compute, cp ring merge: ...'), then peak memory and the bytes a rank sends
+    kinds outside the GEMMs and attention whose seconds differ most ('of compute, cp ring merge: ...'), and always
+    its seconds by kernel kind on each side's critical stage (GEMMs, attention, copies on the compute stream, other:
+    'of compute by kernel kind ...'), then peak memory and the bytes a rank sends
     per step on NVLink and on the network: under a pipeline each on the stage whose ranks send the most, named
     ('ep16 1.1 GB (stage 1)': a MoE model's dense stage 0 sends no ep traffic). Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""

@@ -17,6 +17,7 @@ from meshplan.plan import Infeasible
 from meshplan.schedule.kernel_kinds import kernel_kinds_s, largest_kinds
 from meshplan.schedule.stage_traffic import WHICH
 from meshplan.schedule.steptime import workload_of
+from meshplan.search.step_parts import compute_split
 from meshplan.units import MS, GiB
 
 
@@ -92,7 +93,8 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     fused QKV, Megatron-LM's own kernels ..., its seconds at least the floor; listed after the
     parts when the compute part itself is under it) and the GEMMs whose efficiency differs by
     :data:`GEMM_FLOOR` or more, and, where the frameworks choose the same kernels, the kernel kinds
-    outside the GEMMs whose seconds differ most (:func:`_kind_lines`). The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
+    outside the GEMMs whose seconds differ most (:func:`_kind_lines`), then the whole of compute by
+    kernel kind (:func:`_split_line`). The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
     10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
     if a.step is None or b.step is None:
         return []
@@ -103,11 +105,27 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
         out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
                    f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
-        if k == "compute":  # what sets it: the host's pace, the framework's kernel choices and the GEMMs, by seconds
+        if k == "compute":  # what sets it: by kernel kind, the host's pace, the framework's kernel choices and the GEMMs
             out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _recompute_lines(a, b, floor)
                                                + _kind_lines(a, b, floor) + _gemm_lines(a, b), key=lambda x: -x[0])]
+            out.append(_split_line(a, b))  # the whole of compute by kernel kind, after what itemises it
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
+
+
+def _split_line(a: Side, b: Side) -> str:
+    """The compute line's last reason: each side's compute by kernel kind, seconds per step on its
+    critical stage (:func:`~meshplan.search.step_parts.compute_split`, what the search's line on the
+    top names: GEMMs, attention, copies on the compute stream, other (memory-bound ops, optimizer
+    step); they add up to compute), the kinds ordered by their difference, largest first:
+    ``of compute by kernel kind (each side's critical stage, per step): GEMMs A 1536.0 ms, B 1600.0 ms
+    (+64.0 ms); ...``. Newcomer trial 24: pp 4 vpp 2 against dp_shard 32 x tp 8 (Llama-3-70B) said only
+    ``compute +198.7 ms``, all of it in the GEMMs and attention, which :func:`_kind_lines` leaves out."""
+    sa, sb = compute_split(a.plan, a.step), compute_split(b.plan, b.step)
+    kinds = sorted(sa, key=lambda k: -abs(sb[k] - sa[k]))
+    return "of compute by kernel kind (each side's critical stage, per step): " + "; ".join(
+        f"{k} {a.name} {sa[k] / MS:.1f} ms, {b.name} {sb[k] / MS:.1f} ms ({round((sb[k] - sa[k]) / MS, 1) + 0.0:+.1f} ms)"
+        for k in kinds)  # + 0.0: a rounding's -0.0 printed +0.0
 
 
 def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
