@@ -108,24 +108,26 @@ def _part_lines(a: Side, b: Side) -> list[str]:
         if k == "compute":  # what sets it: by kernel kind, the host's pace, the framework's kernel choices and the GEMMs
             out += [line for _, line in sorted(choices + _host_lines(a, b, floor) + _recompute_lines(a, b, floor)
                                                + _kind_lines(a, b, floor) + _gemm_lines(a, b), key=lambda x: -x[0])]
-            out.append(_split_line(a, b))  # the whole of compute by kernel kind, after what itemises it
+            out += _split_line(a, b)  # the whole of compute by kernel kind, after what itemises it
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
 
 
-def _split_line(a: Side, b: Side) -> str:
-    """The compute line's last reason: each side's compute by kernel kind, seconds per step on its
+def _split_line(a: Side, b: Side) -> list[str]:
+    """The compute line's last reason (a one-item list; none without a step on both sides): each side's compute by kernel kind, seconds per step on its
     critical stage (:func:`~meshplan.search.step_parts.compute_split`, what the search's line on the
     top names: GEMMs, attention, copies on the compute stream, other (memory-bound ops, optimizer
     step); they add up to compute), the kinds ordered by their difference, largest first:
     ``of compute by kernel kind (each side's critical stage, per step): GEMMs A 1536.0 ms, B 1600.0 ms
     (+64.0 ms); ...``. Newcomer trial 24: pp 4 vpp 2 against dp_shard 32 x tp 8 (Llama-3-70B) said only
     ``compute +198.7 ms``, all of it in the GEMMs and attention, which :func:`_kind_lines` leaves out."""
+    if a.step is None or b.step is None or isinstance(a.plan, Infeasible) or isinstance(b.plan, Infeasible):
+        return []  # no step on a side: no compute line to end
     sa, sb = compute_split(a.plan, a.step), compute_split(b.plan, b.step)
     kinds = sorted(sa, key=lambda k: -abs(sb[k] - sa[k]))
-    return "of compute by kernel kind (each side's critical stage, per step): " + "; ".join(
+    return ["of compute by kernel kind (each side's critical stage, per step): " + "; ".join(
         f"{k} {a.name} {sa[k] / MS:.1f} ms, {b.name} {sb[k] / MS:.1f} ms ({round((sb[k] - sa[k]) / MS, 1) + 0.0:+.1f} ms)"
-        for k in kinds)  # + 0.0: a rounding's -0.0 printed +0.0
+        for k in kinds)]  # + 0.0: a rounding's -0.0 printed +0.0
 
 
 def _host_lines(a: Side, b: Side, floor: float) -> list[tuple[float, str]]:
