@@ -55,7 +55,7 @@ def test_gantt_has_one_rect_per_unit_at_pp_2(tmp_path):
     """The mini mesh as pp 2 x dp_shard 2 x tp 2: the Gantt holds one rect, with its own tooltip, per
     unit 4 px wide or more on the 1,050 px plot (the forward and backward of each of the 16 micro-batches
     on each stage among them), and the narrower ones (the pp sends, ticks under a pixel; short step-end
-    ops) in merged runs, the tooltips counting every unit once (newcomer trial 23: one rect per unit was
+    ops) in merged runs where two or more fall in one run, the tooltips counting every unit once (newcomer trial 23: one rect per unit was
     36,564 rects, 6.3 MB, at 175B; was one rect per unit here too)."""
     import re
     cfg = tmp_path / "pp2.toml"
@@ -77,8 +77,10 @@ def test_gantt_has_one_rect_per_unit_at_pp_2(tmp_path):
     merged = [int(n) for n in re.findall(r"<title>stage \d [a-z]+: (\d+) units merged \(", gantt)]
     single = [t for t in re.findall(r"<title>stage \d [a-z]+: [^,]+, [\d.]+-[\d.]+ ms</title>", gantt)
               if "units merged" not in t]
-    assert sum(merged) + len(single) == len(every) and merged
-    assert gantt.count("<rect") == len(merged) + len(single) < len(every)
+    assert sum(merged) + len(single) == len(every)
+    # a run of one narrow unit keeps its own rect: since torchp2p (torch's 1F1B waits on its sends) no two
+    # narrow units of a lane fall in one 16 px run here, so nothing merges at this size (the 175B case below does)
+    assert gantt.count("<rect") == len(merged) + len(single) <= len(every)
 
 
 def test_gantt_merges_sub_pixel_units_into_a_few_shapes_each_lane():
@@ -183,7 +185,8 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     dom, console, shot = render(tmp_path / "search.html", tmp_path / "search")
     assert console == [] and (">Top 3 distinct meshes: by predicted step time; within 1% ordered toward "
                                 "fewer axes, lower degrees and fewer settings (none left out is more than 1% faster "
-                                "than a row shown); rows under 15% of usable memory free listed last (headroom "
-                                "tiers)</h2>") in dom  # the tiers' clause since they list the tight rows last
+                                "than a row shown)</h2>") in dom
+    # no tiers' clause: since hints37 each mesh is shown at its fastest setting that keeps 15% free, and the
+    # mini example's top 3 then hold no tight row (the clause came with tightrank, when one was listed last)
     assert re.search(r"<td>rejected, rule 'memory'</td><td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)
