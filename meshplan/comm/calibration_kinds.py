@@ -34,7 +34,7 @@ pattern): r = 18.71 / 18.65 = 1.003, the pp send/recv pair stays on S18's 15.48 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, cast
 
 from meshplan.comm.alphabeta import busbw_factor, measured_time
 from meshplan.spec.cluster import BusbwCurve
@@ -132,11 +132,6 @@ def nic_curves(own: Optional[BusbwCurve], others: list[BusbwCurve], fit_gb_per_s
     return out
 
 
-def _op(op: str) -> Any:
-    """``op`` as :class:`BusbwCurve`'s collective literal (validated by pydantic there)."""
-    return op
-
-
 def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optional[int],
               others: Sequence[BusbwCurve] = ()) -> str:
     """What a ``link`` class's fit of ``op`` over ``ranks`` on ``nodes`` sets, one line (the
@@ -154,7 +149,7 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optiona
             "nccl-tests doc/PERFORMANCE.md)")
     if link != "nic":
         return head + "; NVLS and tree are not added to it"
-    own = pattern(BusbwCurve(op=_op(op), ranks=ranks, nodes=nodes or 1, line_gb_per_s=1.0, sizes_bytes=[1],
+    own = pattern(BusbwCurve(op=cast(Any, op), ranks=ranks, nodes=nodes or 1, line_gb_per_s=1.0, sizes_bytes=[1],
                              busbw_gb_per_s=[1.0], source="-")) if op and ranks else "nic"
     theirs = {pattern(c) for c in others}
     rest = [k for k in ("nic1", "p2p") if k != own]
