@@ -86,7 +86,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     class says which collective kinds the file sets: the fit sets the ring ops (all-reduce, all-gather, reduce-scatter)
     and all-to-all of its class, never the send/recv pair or another NIC pattern, which keep the catalog's curve scaled
     by the measured over the catalog busbw of the fitted pattern unless a run of their own pattern
-    (sendrecv_perf) is given."""
+    (sendrecv_perf) is given. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
     check_destination(out, "--out", force)

@@ -83,8 +83,9 @@ from pydantic import ValidationError
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
 from meshplan.comm.calibration_kinds import kinds_set
-from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
-from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
+from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
+from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
+                                      trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, human_bytes
@@ -254,11 +255,19 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, NICs per host, source
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
+    latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
     for path in map(Path, paths):
-        cls, fit, rows, hosts, per_node, nics, source = _read_run(path, link, asked, system, models, notes)
+        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, link, asked, system, models, notes)
+        if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
+            notes.append(f"{path.name}: not used: {why}")
+            latency_bound.setdefault(cls, (path.name, why))
+            continue
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
         runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
         files.append((path.name, rows))
+    for cls, (name, why) in latency_bound.items():
+        if cls not in by_link:  # no other file of the class sets its beta
+            raise ConfigError(name, f"{why}; pass the whole output, or rerun nccl-tests up to 1 GiB or more (-e 1G)")
     notes += [w for w in [system_gpu_warning(system, models)] if w]
     notes.append(column_note(files))
     if nics_per_host is not None and "nic" not in by_link:
@@ -284,9 +293,10 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
 
 def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]], system: Optional[str],
               models: dict[str, str], notes: list[str]
-              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str]:
+              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
     """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
-    per host), rows, hosts, ranks per host, NICs per host, source); its notes appended to
+    per host), rows, hosts, ranks per host, NICs per host, source, why its fit sets no beta
+    (:func:`~meshplan.comm.linkfit.latency_bound_reason`, None when it does)); its notes appended to
     ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`)."""
     text = read_nccl_tests_text(path)
     rows = parse_nccl_tests(text, path.name)
@@ -305,10 +315,14 @@ def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]],
     notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                  f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                  f"{fit.rms_residual:.2f} ({fit.points} rows)")
+    cut = trailer_warning(text, rows, path.name)
+    notes += [cut] if cut else []
+    why = latency_bound_reason(fit, max(r.size_bytes for r in rows))
+    why = f"{why} (the log has no nccl-tests trailer line: cut off)" if why and cut else why
     if per_node > 1:
         fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / nics)
         notes.append(split_note(path.name, fit, per_node, nics, asked, system))
-    return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts)
+    return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts), why
 
 
 def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str]:
