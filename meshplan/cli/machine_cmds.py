@@ -65,7 +65,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
-                                                     "or / --nics-per-host)"),
+                                                     "or / --nics-per-host; all-to-all: busbw x (n - k) / (n - 1), "
+                                                     "the share leaving the host)"),
                   nics_per_host: Optional[int] = typer.Option(None, "--nics-per-host", help="NICs each host's ranks "
                                                               "drive in the log, a divisor of its ranks per host (they "
                                                               "share NICs evenly); default: one per rank; wins over "

@@ -17,6 +17,12 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   (8 HDR 200 Gb/s NICs per node): 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC.
   Its curve keeps the measured busbw, read against the node's rate (``line_gb_per_s`` =
   k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
+  An all-to-all's busbw is per rank (algbw x (n - 1) / n, nccl-tests doc/PERFORMANCE.md) and
+  each rank's bytes for other hosts leave through its own NIC, so its per-NIC fit is busbw x
+  (n - g) / (n - 1) for g ranks per host, the share of a rank's bytes that leaves the host
+  (:func:`~meshplan.comm.calibration_kinds.host_share`; 16 x 8 H100 at 37.80 GB/s: 35.72 per
+  NIC, not 37.80 / 8), which :func:`~meshplan.comm.alphabeta.all_to_all_time` puts back: its
+  (n - g) / n x S through each rank's NIC at that rate takes the logged time.
   A run with an unequal number of ranks per host is refused.
   Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
   their count: ``nics_per_host`` (``--nics-per-host N``, a divisor of k: the ranks share the
@@ -82,7 +88,7 @@ from pydantic import ValidationError
 
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
-from meshplan.comm.calibration_kinds import kinds_set
+from meshplan.comm.calibration_kinds import host_share, kinds_set, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
 from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
                                       trailer_warning)
@@ -284,7 +290,8 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         given = (per_node, nics) if asked is not None and per_node > 1 else None
         notes += [w for w in [nic_warning(fit, name, system, given)] if w]
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
-        kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
+        kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
+                               text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
         nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
         notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
@@ -319,8 +326,9 @@ def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]],
     notes += [cut] if cut else []
     why = latency_bound_reason(fit, max(r.size_bytes for r in rows))
     why = f"{why} (the log has no nccl-tests trailer line: cut off)" if why and cut else why
-    if per_node > 1:
-        fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / nics)
+    if per_node > 1:  # per NIC: the host's share of the busbw over its NICs (calibration_kinds.host_share)
+        share = host_share(fit.op, fit.n_ranks, per_node)
+        fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s * share / nics)
         notes.append(split_note(path.name, fit, per_node, nics, asked, system))
     return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts), why
 

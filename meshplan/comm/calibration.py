@@ -73,7 +73,7 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshplan.comm.alphabeta import OPS, steps
-from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves
+from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
@@ -227,9 +227,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
         if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
-            per = c.split_nics(curve) if name == "nic" else 1
-            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per,
-                                                          "calibrated": True})
+            line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
+            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": line, "calibrated": True})
     if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
         upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
@@ -255,7 +254,8 @@ def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dic
     """:func:`~meshplan.comm.calibration_kinds.nic_curves` of the ``nic`` table ``c`` whose
     applied own curve is ``own``, against ``node``'s catalog NIC curves and NIC rate."""
     fitted = c.fitted_curve()
-    others = [x.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * c.split_nics(x), "calibrated": False})
+    others = [x.model_copy(update={"line_gb_per_s": read_rate(c.bandwidth_gb_per_s, c.split_nics(x), x.op, x.ranks,
+                                                              x.nodes), "calibrated": False})
               for x in c.curve if x is not fitted]  # read as catalog curves: the fit is not theirs
     catalog_nic = {k: node.busbw[k] for k in NIC_PATTERNS if k in node.busbw}
     return nic_curves(own, others, c.bandwidth_gb_per_s, catalog_nic, node.nics[0].rate_gbit_per_s / 8)
