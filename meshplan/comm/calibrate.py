@@ -15,8 +15,10 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   node's NICs, so a node sends busbw bytes/s in all (NCCL's busbw is each rank's send rate
   on the ring's slowest hop), busbw / k per NIC for k ranks per host. [S18] 2 x 8 A100
   (8 HDR 200 Gb/s NICs per node): 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC.
-  Its curve keeps the measured busbw, read against the node's rate (``line_gb_per_s`` =
-  k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
+  Its curve keeps the measured busbw, read against the node's rate once applied (k x the
+  per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic`` against 8 x 25 = 200 GB/s;
+  :func:`~meshplan.comm.calibration_kinds.read_rate`); the file writes no ``line_gb_per_s``,
+  since nccl-tests' output gives no line rate and a fit is not one.
   An all-to-all's busbw is per rank (algbw x (n - 1) / n, nccl-tests doc/PERFORMANCE.md) and
   each rank's bytes for other hosts leave through its own NIC, so its per-NIC fit is busbw x
   (n - g) / (n - 1) for g ranks per host, the share of a rank's bytes that leaves the host
@@ -177,7 +179,8 @@ def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> st
 
 def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, source: str) -> Optional[BusbwCurve]:
     """The busbw curve of one nccl-tests run ``rows`` over ``nodes`` hosts, read against
-    ``line_gb_per_s`` (its class's fitted bandwidth): at each logged size the slower of the
+    ``line_gb_per_s`` (:func:`~meshplan.comm.calibration_kinds.read_rate` of its class's fit; the
+    calibration file leaves it out, ``apply_calibration`` sets it again): at each logged size the slower of the
     out-of-place and in-place busbw (GB/s, as printed); None for an op a curve cannot be
     (broadcast) or a run of fewer than 2 ranks.
 
