@@ -237,7 +237,7 @@ def test_a_multi_gpu_node_run_is_split_over_its_nics(tmp_path, capsys):
     nic = load_calibration(out)["nic"]
     assert nic.bandwidth_gb_per_s == pytest.approx(45.0, rel=1e-3) and nic.latency_us == pytest.approx(30.0, rel=1e-2)
     curve = nic.fitted_curve()
-    assert (curve.ranks, curve.nodes, curve.line_gb_per_s) == (16, 2, pytest.approx(360.0, rel=1e-3))
+    assert (curve.ranks, curve.nodes, curve.line_gb_per_s) == (16, 2, None)  # no line rate in the file: set when applied
     assert curve.busbw_gb_per_s[-1] == 359.76  # the 8 GiB row as logged
     # applied to 2 DGX H100: NICs at 45 x 8 = 360 Gb/s, the curve read against the node's 8 NICs
     cluster = apply_calibration(system("dgx-h100", nodes=2), load_calibration(out))

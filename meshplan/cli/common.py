@@ -45,7 +45,7 @@ TOML_ONLY_HELP = "meshplan TOML config (a torchtitan, Megatron-LM or DeepSpeed f
 
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
                     "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
-                    "and a warning line a GPU that is not the cluster's")
+                    "a line per class the catalog figure it replaced, and a warning line a GPU that is not the cluster's")
 
 
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.

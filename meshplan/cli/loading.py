@@ -97,7 +97,10 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line, where each fit came
     from (``origin``: ``  nic fitted to all-reduce over 16 ranks on 2 nodes, ...``) and a
     ``warning:`` line per GPU model of the file that is not ``cluster``'s
-    (:func:`~meshplan.comm.calibration_notes.gpu_warnings`); None without a calibration."""
+    (:func:`~meshplan.comm.calibration_notes.gpu_warnings`), then per link class the catalog
+    figure its fit replaced (``replaced``: ``  nic all-reduce busbw 45.00 GB/s per NIC measured,
+    catalog 47.00 (...)``, :func:`~meshplan.comm.calibration_notes.replaced_lines`); None without
+    a calibration."""
     if not calibration:
         return None
     doc = calibration_doc(calibration, load_calibration(calibration), cluster)
@@ -106,13 +109,16 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
         _echo(o)
     for w in doc["warnings"]:
         _echo(f"warning: {w}")
+    for r in doc["replaced"]:
+        _echo(r)
     return doc
 
 
 def _cal_note(cal: Optional[dict], kernels: str = "") -> str:
     """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings; then
     the ``kernels`` line (:func:`_kernels_note`) when given."""
-    parts = [cal["line"], *(o.strip() for o in cal["origin"]), *(f"warning: {w}" for w in cal["warnings"])] if cal else []
+    parts = [cal["line"], *(o.strip() for o in cal["origin"]), *(f"warning: {w}" for w in cal["warnings"]),
+             *(r.strip() for r in cal["replaced"])] if cal else []
     return "; ".join(parts + ([kernels] if kernels else []))
 
 

@@ -65,7 +65,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
-                                                     "or / --nics-per-host)"),
+                                                     "or / --nics-per-host; all-to-all: busbw x (n - k) / (n - 1), "
+                                                     "the share leaving the host)"),
                   nics_per_host: Optional[int] = typer.Option(None, "--nics-per-host", help="NICs each host's ranks "
                                                               "drive in the log, a divisor of its ranks per host (they "
                                                               "share NICs evenly); default: one per rank; wins over "
@@ -86,7 +87,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     class says which collective kinds the file sets: the fit sets the ring ops (all-reduce, all-gather, reduce-scatter)
     and all-to-all of its class, never the send/recv pair or another NIC pattern, which keep the catalog's curve scaled
     by the measured over the catalog busbw of the fitted pattern unless a run of their own pattern
-    (sendrecv_perf) is given."""
+    (sendrecv_perf) is given. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
     check_destination(out, "--out", force)

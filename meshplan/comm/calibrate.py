@@ -15,8 +15,16 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   node's NICs, so a node sends busbw bytes/s in all (NCCL's busbw is each rank's send rate
   on the ring's slowest hop), busbw / k per NIC for k ranks per host. [S18] 2 x 8 A100
   (8 HDR 200 Gb/s NICs per node): 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC.
-  Its curve keeps the measured busbw, read against the node's rate (``line_gb_per_s`` =
-  k x the per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic``: 8 x 25 = 200 GB/s).
+  Its curve keeps the measured busbw, read against the node's rate once applied (k x the
+  per-NIC fit, as catalog/nccl.toml's ``ib-hdr-200-8nic`` against 8 x 25 = 200 GB/s;
+  :func:`~meshplan.comm.calibration_kinds.read_rate`); the file writes no ``line_gb_per_s``,
+  since nccl-tests' output gives no line rate and a fit is not one.
+  An all-to-all's busbw is per rank (algbw x (n - 1) / n, nccl-tests doc/PERFORMANCE.md) and
+  each rank's bytes for other hosts leave through its own NIC, so its per-NIC fit is busbw x
+  (n - g) / (n - 1) for g ranks per host, the share of a rank's bytes that leaves the host
+  (:func:`~meshplan.comm.calibration_kinds.host_share`; 16 x 8 H100 at 37.80 GB/s: 35.72 per
+  NIC, not 37.80 / 8), which :func:`~meshplan.comm.alphabeta.all_to_all_time` puts back: its
+  (n - g) / n x S through each rank's NIC at that rate takes the logged time.
   A run with an unequal number of ranks per host is refused.
   Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
   their count: ``nics_per_host`` (``--nics-per-host N``, a divisor of k: the ranks share the
@@ -82,9 +90,10 @@ from pydantic import ValidationError
 
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
-from meshplan.comm.calibration_kinds import kinds_set
-from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
-from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
+from meshplan.comm.calibration_kinds import host_share, kinds_set, read_rate
+from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
+from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
+                                      trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, human_bytes
@@ -170,7 +179,8 @@ def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> st
 
 def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, source: str) -> Optional[BusbwCurve]:
     """The busbw curve of one nccl-tests run ``rows`` over ``nodes`` hosts, read against
-    ``line_gb_per_s`` (its class's fitted bandwidth): at each logged size the slower of the
+    ``line_gb_per_s`` (:func:`~meshplan.comm.calibration_kinds.read_rate` of its class's fit; the
+    calibration file leaves it out, ``apply_calibration`` sets it again): at each logged size the slower of the
     out-of-place and in-place busbw (GB/s, as printed); None for an op a curve cannot be
     (broadcast) or a run of fewer than 2 ranks.
 
@@ -254,11 +264,19 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, NICs per host, source
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
+    latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
     for path in map(Path, paths):
-        cls, fit, rows, hosts, per_node, nics, source = _read_run(path, link, asked, system, models, notes)
+        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, link, asked, system, models, notes)
+        if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
+            notes.append(f"{path.name}: not used: {why}")
+            latency_bound.setdefault(cls, (path.name, why))
+            continue
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
         runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
         files.append((path.name, rows))
+    for cls, (name, why) in latency_bound.items():
+        if cls not in by_link:  # no other file of the class sets its beta
+            raise ConfigError(name, f"{why}; pass the whole output, or rerun nccl-tests up to 1 GiB or more (-e 1G)")
     notes += [w for w in [system_gpu_warning(system, models)] if w]
     notes.append(column_note(files))
     if nics_per_host is not None and "nic" not in by_link:
@@ -275,7 +293,8 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         given = (per_node, nics) if asked is not None and per_node > 1 else None
         notes += [w for w in [nic_warning(fit, name, system, given)] if w]
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
-        kept = [measured_curve(r, k, per * fit.bandwidth_bytes_per_s / GB, text) for r, k, per, text in runs[cls]]
+        kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
+                               text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
         nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
         notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
@@ -284,9 +303,10 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
 
 def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]], system: Optional[str],
               models: dict[str, str], notes: list[str]
-              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str]:
+              ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
     """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
-    per host), rows, hosts, ranks per host, NICs per host, source); its notes appended to
+    per host), rows, hosts, ranks per host, NICs per host, source, why its fit sets no beta
+    (:func:`~meshplan.comm.linkfit.latency_bound_reason`, None when it does)); its notes appended to
     ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`)."""
     text = read_nccl_tests_text(path)
     rows = parse_nccl_tests(text, path.name)
@@ -305,10 +325,15 @@ def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]],
     notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                  f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                  f"{fit.rms_residual:.2f} ({fit.points} rows)")
-    if per_node > 1:
-        fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s / nics)
+    cut = trailer_warning(text, rows, path.name)
+    notes += [cut] if cut else []
+    why = latency_bound_reason(fit, max(r.size_bytes for r in rows))
+    why = f"{why} (the log has no nccl-tests trailer line: cut off)" if why and cut else why
+    if per_node > 1:  # per NIC: the host's share of the busbw over its NICs (calibration_kinds.host_share)
+        share = host_share(fit.op, fit.n_ranks, per_node)
+        fit = replace(fit, bandwidth_bytes_per_s=fit.bandwidth_bytes_per_s * share / nics)
         notes.append(split_note(path.name, fit, per_node, nics, asked, system))
-    return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts)
+    return cls, fit, rows, hosts, per_node, nics, _source(path, text, rows, hosts), why
 
 
 def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str]:

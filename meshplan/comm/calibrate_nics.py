@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan import catalog
+from meshplan.comm.calibration_kinds import host_share
 from meshplan.comm.calibration_notes import same_gpu
 from meshplan.comm.linkfit import LinkFit
 from meshplan.errors import ConfigError
@@ -141,8 +142,11 @@ def split_note(name: str, fit: LinkFit, per_node: int, nics: int, asked: Optiona
     (``fit`` already per NIC): ``x.txt: 8 ranks per host over 4 NICs (--nics-per-host): nic
     all-reduce 40.00 GB/s per NIC = 160.00 / 4``; one NIC per rank as it always said. With
     both options given the count is ``--nics-per-host``'s, and the note says so:
-    ``(--nics-per-host, not --system dgx-h100's 8: the explicit option wins)``."""
-    total = f"{fit.bandwidth_bytes_per_s * nics / 1e9:.2f} / {nics}"
+    ``(--nics-per-host, not --system dgx-h100's 8: the explicit option wins)``. An all-to-all's
+    busbw is per rank, the share ``(n - g) / (n - 1)`` of it leaving the host
+    (:func:`~meshplan.comm.calibration_kinds.host_share`): ``nic all-to-all 35.72 GB/s per NIC
+    = 37.80 x (128 - 8) / (128 - 1)``."""
+    total = _split_words(fit, per_node, nics)
     if asked is None:
         return f"{name}: {per_node} ranks per host, each on its own NIC: nic {fit_gbs(fit)} per NIC = {total}"
     both = (f", not --system {system}'s {len(catalog_node(system).get('nics', []))}: the explicit option wins"
@@ -150,6 +154,25 @@ def split_note(name: str, fit: LinkFit, per_node: int, nics: int, asked: Optiona
     by = (f"--nics-per-host{both}" if asked[1] == "--nics-per-host" else f"{system}'s, --system" if nics == asked[0]
           else f"{nics} of {system}'s {asked[0]}, --system: a rank drives one")
     return f"{name}: {per_node} ranks per host over {nics} NICs ({by}): nic {fit_gbs(fit)} per NIC = {total}"
+
+
+def _split_words(fit: LinkFit, g: int, nics: int) -> str:
+    """How a per-NIC ``fit`` of a run of ``g`` ranks per host over ``nics`` NICs per host came
+    from its busbw (:func:`~meshplan.comm.calibration_kinds.host_share`), as the note prints it.
+
+    >>> _split_words(LinkFit("nic", "all-to-all", 128, 0, 37.8e9 * 120 / 127, 0, 0, 2), 8, 8)
+    '37.80 x (128 - 8) / (128 - 1) (the share of its bytes that leaves the host, each rank on its own NIC)'
+    >>> _split_words(LinkFit("nic", "all-reduce", 16, 0, 45e9, 0, 0, 2), 8, 8)
+    '360.00 / 8'
+    """
+    share = host_share(fit.op, fit.n_ranks, g)
+    busbw = fit.bandwidth_bytes_per_s * nics / share / GB
+    if fit.op != "all-to-all" or share == 1.0:
+        return f"{busbw:.2f} / {nics}"
+    n = fit.n_ranks
+    ranks = "" if nics == g else f" x {g} / {nics}"
+    return (f"{busbw:.2f} x ({n} - {g}) / ({n} - 1){ranks} (the share of its bytes that leaves the host, "
+            f"each rank on its own NIC)")
 
 
 def fit_gbs(fit: LinkFit) -> str:

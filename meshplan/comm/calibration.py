@@ -19,11 +19,8 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
 
     [[link.nic.curve]]           # optional, one per nccl-tests run: its busbw at every logged size
     op = "all-reduce"            # the keys of a catalog curve (catalog/nccl.toml, BusbwCurve)
-    ranks = 8
-    nodes = 8
-    line_gb_per_s = 40.0         # the rate the curve is read against: the class's bandwidth_gb_per_s,
-                                 # x ranks / nodes for nic (a node's NICs, one per rank),
-                                 # x nics_per_node where the file gives it
+    ranks = 8                    # but line_gb_per_s: the rate it is read against is the class's
+    nodes = 8                    # calibrated one (calibration_kinds.read_rate), set when applied
     sizes_bytes = [1024, 2048]
     busbw_gb_per_s = [0.05, 0.1]
     source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
@@ -70,10 +67,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.comm.alphabeta import OPS, steps
-from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves
+from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
@@ -81,6 +78,48 @@ from meshplan.fileread import read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_STRING, MAX_WORLD, bound_message
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import GB, US
+
+
+class LoggedCurve(BaseModel):
+    """One ``[[link.<class>.curve]]`` of a calibration file: a logged nccl-tests run's busbw at
+    each size, the keys of a catalog :class:`~meshplan.spec.cluster.BusbwCurve` (and checked as
+    one) without its line rate: the run's line rate is not in nccl-tests' output, and the rate a
+    calibrated class's curve is read against is its calibrated one
+    (:func:`~meshplan.comm.calibration_kinds.read_rate`), which :func:`apply_calibration` gives
+    it (:meth:`read_at`). ``line_gb_per_s`` in a file ``meshplan calibrate`` wrote before 2026-12
+    (the fit's busbw, not a line rate) is read and ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    op: str = Field(default="all-reduce", max_length=64)
+    ranks: int
+    nodes: int = 1
+    sizes_bytes: list[int]
+    busbw_gb_per_s: list[float]
+    source: str = Field(max_length=MAX_STRING)
+    line_gb_per_s: Optional[float] = Field(default=None, exclude=True)  # older files: ignored
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_curve(cls, data: Any) -> Any:
+        """A :class:`BusbwCurve` given in code (``meshplan calibrate``'s own) as its logged keys."""
+        return data.model_dump(include=set(cls.model_fields) - {"line_gb_per_s"}) \
+            if isinstance(data, BusbwCurve) else data
+
+    @model_validator(mode="after")
+    def _check(self):
+        self.read_at(1.0)  # BusbwCurve's checks: sizes increasing, busbw in bounds, one per size
+        return self
+
+    def read_at(self, line_gb_per_s: float, calibrated: bool = False) -> BusbwCurve:
+        """This curve as a :class:`BusbwCurve` read against ``line_gb_per_s``; a ValueError with
+        BusbwCurve's first complaint where the keys are not a curve."""
+        try:
+            return BusbwCurve.model_validate({**self.model_dump(), "line_gb_per_s": line_gb_per_s,
+                                              "calibrated": calibrated})
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg'].removeprefix('Value error, ')}") from None
 
 
 class CalibratedLink(BaseModel):
@@ -96,15 +135,15 @@ class CalibratedLink(BaseModel):
     source: str = Field(max_length=MAX_STRING)
     gpu: Optional[str] = Field(default=None, min_length=1, max_length=128)
     backend: Optional[Literal["nccl", "rccl", "gloo"]] = None
-    curve: list[BusbwCurve] = Field(default_factory=list, max_length=256)
+    curve: list[LoggedCurve] = Field(default_factory=list, max_length=256)
     nics_per_node: Optional[int] = Field(default=None, ge=1, le=MAX_WORLD)
 
-    def fitted_curve(self) -> Optional[BusbwCurve]:
+    def fitted_curve(self) -> Optional[LoggedCurve]:
         """The first ``curve`` of the fitted ``op`` over the fitted ``ranks`` (the run the fit
         came from), None when there is none."""
         return next((c for c in self.curve if c.op == self.op and c.ranks == self.ranks), None)
 
-    def split_nics(self, curve: Optional[BusbwCurve]) -> int:
+    def split_nics(self, curve: Optional[LoggedCurve | BusbwCurve]) -> int:
         """The NICs per node a ``nic`` fit's busbw was split over: ``nics_per_node`` when
         given, else one per rank of ``curve``'s run (ranks / nodes; 1 without a curve)."""
         return self.nics_per_node or (curve.ranks // curve.nodes if curve is not None else 1)
@@ -161,7 +200,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
         out += [f"nics_per_node = {nics[f.link]}"] if f.link in nics else []
         for c in (curves or {}).get(f.link, []):
             out += [f"\n[[link.{f.link}.curve]]", f'op = "{c.op}"', f"ranks = {c.ranks}", f"nodes = {c.nodes}",
-                    f"line_gb_per_s = {c.line_gb_per_s:.4g}", f"sizes_bytes = {c.sizes_bytes}",
+                    f"sizes_bytes = {c.sizes_bytes}",
                     "busbw_gb_per_s = [" + ", ".join(f"{b:.6g}" for b in c.busbw_gb_per_s) + "]",
                     f"source = {json.dumps(c.source)}"]
     return "\n".join(out) + "\n"
@@ -227,9 +266,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
         if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
-            per = c.split_nics(curve) if name == "nic" else 1
-            upd["busbw"][name] = curve.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * per,
-                                                          "calibrated": True})
+            line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
+            upd["busbw"][name] = curve.read_at(line, calibrated=True)
     if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
         upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
@@ -255,7 +293,7 @@ def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dic
     """:func:`~meshplan.comm.calibration_kinds.nic_curves` of the ``nic`` table ``c`` whose
     applied own curve is ``own``, against ``node``'s catalog NIC curves and NIC rate."""
     fitted = c.fitted_curve()
-    others = [x.model_copy(update={"line_gb_per_s": c.bandwidth_gb_per_s * c.split_nics(x), "calibrated": False})
+    others = [x.read_at(read_rate(c.bandwidth_gb_per_s, c.split_nics(x), x.op, x.ranks, x.nodes))
               for x in c.curve if x is not fitted]  # read as catalog curves: the fit is not theirs
     catalog_nic = {k: node.busbw[k] for k in NIC_PATTERNS if k in node.busbw}
     return nic_curves(own, others, c.bandwidth_gb_per_s, catalog_nic, node.nics[0].rate_gbit_per_s / 8)

@@ -45,6 +45,46 @@ NIC_PATTERNS = {"nic": "all-reduce with several ranks per node", "nic1": "all-re
                 "p2p": "send/recv pair"}
 
 
+def host_share(op: str, n: int, g: int) -> float:
+    """A run's bytes per second through one host's NICs over its busbw (nccl-tests' column),
+    for ``op`` over ``n`` ranks, ``g`` on each host, each rank on its own NIC (or ``g / N`` ranks
+    on each of N); a ``nic`` fit per NIC is busbw x this / N (:mod:`meshplan.comm.calibrate`):
+
+    - ring ops (all-reduce, all-gather, reduce-scatter) and send/recv: 1. A ring leaves a host
+      once per channel and the channels spread over its NICs, so the host sends busbw bytes/s
+      in all ([S18] 2 x 8 A100 all-reduce: 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC);
+    - all-to-all: ``g (n - g) / (n - 1)``. Its busbw is per rank: ``algbw (n - 1) / n``, the
+      bytes a rank sends to its n - 1 peers per second (nccl-tests doc/PERFORMANCE.md), S/n to
+      each (:func:`~meshplan.comm.alphabeta.all_to_all_time`), so ``(n - g) / (n - 1)`` of them
+      go to ranks of other hosts, through that rank's own NIC, and g ranks send them.
+
+    16 hosts x 8 GPUs (n 128) at 37.80 GB/s all-to-all busbw: 8 x 120 / 127 = 7.559 per host,
+    35.72 GB/s per NIC over 8 NICs (not 37.80 / 8 = 4.73); one rank per host: 1.
+
+    >>> round(host_share("all-to-all", 128, 8), 3), host_share("all-to-all", 2, 1), host_share("all-reduce", 16, 8)
+    (7.559, 1.0, 1.0)
+    """
+    if op != "all-to-all" or n < 2 or g >= n:  # on one host (g = n) nothing leaves it: the busbw as is
+        return 1.0
+    g = max(1, g)
+    return g * (n - g) / (n - 1)
+
+
+def read_rate(fit_gb_per_s: float, nics: int, op: str, ranks: int, nodes: int, link: str = "nic") -> float:
+    """The rate (GB/s) a calibrated ``link`` class's logged curve of ``op`` over ``ranks`` on
+    ``nodes`` hosts is read against (its ``line_gb_per_s`` once applied,
+    :func:`~meshplan.comm.calibration.apply_calibration`), so that at the class's calibrated
+    rate the curve reads its logged busbw: for ``nic`` the fit per NIC x the ``nics`` of a host
+    over :func:`host_share` (the busbw the host's NICs carry at that rate); else the fit.
+
+    >>> read_rate(45.0, 8, "all-reduce", 16, 2), round(read_rate(35.7165, 8, "all-to-all", 128, 16), 2)
+    (360.0, 37.8)
+    """
+    if link != "nic":
+        return fit_gb_per_s
+    return fit_gb_per_s * nics / host_share(op, ranks, ranks // max(nodes, 1))
+
+
 def pattern(curve: BusbwCurve) -> str:
     """The NIC pattern key a curve was measured in: "p2p" for send/recv or a 2-rank all-to-all
     (nccl-tests' alltoall over 2 ranks is one send and one receive per rank), "nic1" for one

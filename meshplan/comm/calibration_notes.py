@@ -25,6 +25,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
+from meshplan.comm.calibration_kinds import per_nic
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
 
@@ -84,6 +85,47 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
     return out
 
 
+def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
+    """Per calibrated link class, its measured bus bandwidth beside the catalog figure it
+    replaced on ``cluster``'s node (the catalog entry of that name: nodes.toml and its
+    nccl.toml curves), one line each, printed by plan, step, search and compare under the
+    header (:func:`calibration_line`): ``nic`` per NIC against the catalog NIC curve's busbw
+    per NIC at its largest size (:func:`~meshplan.comm.calibration_kinds.per_nic`), ``nvlink``
+    against the catalog NVLink curve's busbw there, each else (and ``pcie``) against the
+    catalog line rate; a node not in the catalog says so.
+
+    >>> from meshplan.catalog import system
+    >>> replaced_lines({"nic": CalibratedLink(latency_us=30, bandwidth_gb_per_s=45.0, op="all-reduce", ranks=16,
+    ...                                      source="a")}, system("dgx-h100", nodes=2))
+    ['  nic all-reduce busbw 45.00 GB/s per NIC measured, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)']
+    """
+    name = cluster.node.name
+    if name not in catalog.names("node"):
+        return [f"  {link} busbw {c.bandwidth_gb_per_s:.2f} GB/s measured, no catalog figure: node {name} is not a "
+                "catalog node" for link, c in calib.items()]
+    node, keys = catalog.node(name), catalog.entry("node", name).get("busbw", {})
+    out = []
+    for link, c in calib.items():
+        per = " per NIC" if link == "nic" else ""
+        out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} measured, "
+                   f"catalog {_catalog_figure(link, node, keys)}")
+    return out
+
+
+def _catalog_figure(link: str, node, keys: dict) -> str:
+    """The catalog figure of ``link`` on catalog ``node`` (a NodeSpec; ``keys``: its nodes.toml
+    ``busbw`` curve names), as :func:`replaced_lines` prints it."""
+    if link == "nic" and not node.nics:
+        return "none (the node has no NIC)"
+    rate = {"nic": node.nics[0].rate_gbit_per_s / 8 if node.nics else 0.0, "nvlink": node.fabric.bandwidth_gb_per_s,
+            "pcie": node.pcie.bandwidth_gb_per_s}[link]
+    curve = node.busbw.get(link) if link in ("nic", "nvlink") else None
+    if curve is None:
+        return f"{rate:g} (line rate; no measured curve in the catalog)"
+    size = curve.sizes_bytes[-1]
+    return f"{per_nic(curve, size, rate):.2f} ({keys.get(link, link)} at {human_bytes(size)}; line rate {rate:g})"
+
+
 def _families(name: str) -> set[str]:
     """Model tokens of a GPU name: a few letters then 2 to 4 digits and an optional letter
     (``a100``, ``h200``, ``gb200``, ``mi300x``, ``l40s``), lowercased; memory sizes (``80gb``),
@@ -136,9 +178,11 @@ def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[Cl
     """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents
     and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
     class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
-    recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), and the GPU warnings against ``cluster`` (:func:`gpu_warnings`; [] without
-    one)."""
+    recorded), SI, where each fit came from (``origin``, :func:`fit_origin_lines`), the catalog
+    figure each replaced on ``cluster``'s node (``replaced``, :func:`replaced_lines`) and the GPU
+    warnings against ``cluster`` (:func:`gpu_warnings`); both [] without one."""
     return {"file": str(path), "line": calibration_line(path, calib), "origin": fit_origin_lines(calib),
+            "replaced": replaced_lines(calib, cluster) if cluster is not None else [],
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
                              "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
             "warnings": gpu_warnings(path, calib, cluster) + nic_rate_warnings(path, calib, cluster)

@@ -24,6 +24,7 @@ import numpy as np
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.comm.nccl_tests import BenchRow
 from meshplan.errors import ConfigError
+from meshplan.units import human_bytes
 
 LINK_CLASSES = ("nvlink", "pcie", "nic")
 
@@ -89,3 +90,36 @@ def fit_alpha_beta(rows: list[BenchRow], link: str, min_size_bytes: int = 1,
     return LinkFit(link, op, n, float(alpha), float(1.0 / inv_beta), float(np.sqrt(np.mean(rel ** 2))),
                    float(np.max(np.abs(rel))), len(use), bool(clamped))
 
+
+
+def bandwidth_bound_bytes(fit: LinkFit) -> float:
+    """The buffer size S (bytes) at which ``fit``'s bandwidth term equals its latency,
+    ``busbw_factor(op, n) * S / beta = alpha``, so ``S = alpha * beta / busbw_factor(op, n)``:
+    Hockney's half-performance length n_1/2 of the alpha-beta model (R. W. Hockney, "The
+    communication challenge for MPP: Intel Paragon and Meiko CS-2", Parallel Computing 20(3),
+    1994). Above it the bandwidth term carries most of the time; below it beta is read off
+    rows that latency dominates. 0 for a clamped (zero) alpha.
+
+    >>> round(bandwidth_bound_bytes(LinkFit("nic", "all-reduce", 16, 30e-6, 360e9, 0, 0, 24)))  # 2x8 H100 sample
+    5760000
+    """
+    return fit.latency_s * fit.bandwidth_bytes_per_s / busbw_factor(fit.op, fit.n_ranks)
+
+
+def latency_bound_reason(fit: LinkFit, largest_bytes: int) -> Optional[str]:
+    """Why ``fit`` does not set beta when its largest logged size ``largest_bytes`` is below
+    :func:`bandwidth_bound_bytes` (its beta then rests on latency-bound rows only: a log cut off
+    at 16 KiB fitted 342 GB/s from ten rows of ~30 us); None when the largest size reaches it.
+
+    >>> print(latency_bound_reason(LinkFit("nic", "all-reduce", 16, 30e-6, 360e9, 0, 0, 10), 16384))
+    its largest size 16.00 KiB is below 5.49 MiB = alpha 30.0 us x beta 360.00 GB/s / 1.875, where the bandwidth term passes the latency, so its beta rests on latency-bound rows and does not set the bandwidth
+    >>> latency_bound_reason(LinkFit("nic", "all-reduce", 16, 30e-6, 360e9, 0, 0, 24), 2**33) is None
+    True
+    """
+    bound = bandwidth_bound_bytes(fit)
+    if largest_bytes >= bound:
+        return None
+    return (f"its largest size {human_bytes(largest_bytes)} is below {human_bytes(bound)} = alpha "
+            f"{fit.latency_s * 1e6:.1f} us x beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s / "
+            f"{busbw_factor(fit.op, fit.n_ranks):g}, where the bandwidth term passes the latency, so its beta "
+            "rests on latency-bound rows and does not set the bandwidth")

@@ -36,7 +36,7 @@ from meshplan.comm.alphabeta import OPS, busbw_factor
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import BOUNDS, FILE_BYTES, MAX_LINE_CHARS, MAX_WORLD, over
-from meshplan.units import GB, US
+from meshplan.units import GB, US, human_bytes
 
 #: nccl-tests binary stem -> meshplan op name (reduce, gather, scatter are not modelled).
 TEST_OPS = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
@@ -255,6 +255,34 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
             rows.append(_checked(BenchRow(op, n, int(fields[0]), fields[1] * US, fields[2] * GB, fields[3] * GB,
                                           in_place=key == "in_place"), f"{source}: results[{i}].{key}"))
     return _check_ranks(rows, source)
+
+
+#: The lines nccl-tests prints after its last result row, one of which every version has
+#: (src/util.cu at a0b82b2, the end of ``run()``: ``"# %-20s : %g"`` "Avg bus bandwidth", then
+#: "# Collective test concluded: <program>", printed since dafb704 with the starting banner).
+_TRAILER = re.compile(r"^#[ \t]*(Avg bus bandwidth[ \t]*:|Collective test concluded:)", flags=re.M)
+
+
+def trailer_warning(text: str, rows: list[BenchRow], source: str) -> Optional[str]:
+    """A ``warning:`` line when text output ``text`` (not ``-J`` JSON, which does not parse
+    when cut) has neither of nccl-tests' trailer lines (:data:`_TRAILER`): the log was cut off
+    at a row boundary after its largest size in ``rows``, so its sizes stop short of the run's
+    ``-e``; None when it has one.
+
+    >>> rows = [BenchRow("all-reduce", 16, 16384, 30.09e-6, 0.54e9, 1.02e9)]
+    >>> print(trailer_warning("#  Rank  0 ...\\n   16384 ...\\n", rows, "cut.txt"))
+    warning: cut.txt: no '# Avg bus bandwidth' or '# Collective test concluded' line, which nccl-tests prints after its last row, so the log was cut off after its 16.00 KiB row; pass the whole output of the run
+    >>> trailer_warning("# Avg bus bandwidth    : 165.643\\n", rows, "a.txt") is None
+    True
+    """
+    if text.lstrip().startswith("{") or _TRAILER.search(text) or not rows:
+        return None
+    top = max(r.size_bytes for r in rows)
+    asked = re.search(r"^#.*\bmaxBytes[ \t]+([0-9]{1,16})\b", text, flags=re.M)  # the header's -e
+    of = f" of the {human_bytes(int(asked[1]))} its header's maxBytes names" if asked else ""
+    return (f"warning: {source}: no '# Avg bus bandwidth' or '# Collective test concluded' line, which nccl-tests "
+            f"prints after its last row, so the log was cut off after its {human_bytes(top)} row{of}; pass the "
+            "whole output of the run")
 
 
 def read_nccl_tests(path, op: Optional[str] = None, n_ranks: Optional[int] = None) -> list[BenchRow]:

@@ -95,7 +95,9 @@ def _write_evidence_files(c: Comparison, folder: Path, calibration: Optional[dic
     summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
                f"Chosen: {c.winner}, decided by: {c.decided_by}. Rule: {c.rule or rule_text()}.", ""]
     if calibration:  # the links both sides were timed with
-        summary += [f"{calibration['line'][0].upper()}{calibration['line'][1:]}."] + [f"Warning: {w}." for w in calibration["warnings"]] + [""]
+        summary += ([f"{calibration['line'][0].upper()}{calibration['line'][1:]}."]
+                    + [f"Warning: {w}." for w in calibration["warnings"]]
+                    + [f"- {r.strip()}" for r in calibration.get("replaced", [])] + [""])
     summary += ["| quantity | "
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]

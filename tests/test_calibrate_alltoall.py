@@ -1,0 +1,73 @@
+"""``meshplan calibrate`` of an all-to-all over 16 hosts x 8 GPUs (newcomer 25, item 2).
+
+nccl-tests' alltoall busbw is per rank, algbw x (n - 1) / n (doc/PERFORMANCE.md), and each rank
+drives its own NIC on a DGX H100, so the per-NIC figure is the busbw's share that leaves the
+host, (n - g) / (n - 1), not busbw / g. Fixture: tests/data/nccl/alltoall_perf_16x8h100.txt
+(tests/nccl_alltoall.py: t = 250 us + (127/128) S / 37.8 GB/s)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.catalog import system
+from meshplan.cli import main
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration_kinds import per_nic
+from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
+from meshplan.comm.row import Path as CommPath, path_time
+from nccl_alltoall import FILE, alltoall_text
+
+PER_NIC = 37.8 * (128 - 8) / (128 - 1)  # 35.7165 GB/s: the share of a rank's busbw that leaves its host
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_fixture_is_the_written_run():
+    assert FILE.read_text() == alltoall_text()
+
+
+@pytest.fixture
+def cal(tmp_path, capsys):
+    out = tmp_path / "a2a.toml"
+    rc, text, err = run(["calibrate", FILE, "--link", "nic", "--system", "dgx-h100", "--out", out], capsys)
+    assert rc == 0, err
+    return out, text
+
+
+def test_all_to_all_busbw_per_nic_is_its_share_leaving_the_host(cal):
+    """37.80 x 120 / 127 = 35.72 GB/s per NIC (it said 4.73 = 37.81 / 8), said with its formula."""
+    out, text = cal
+    assert ("alltoall_perf_16x8h100.txt: 8 ranks per host over 8 NICs (dgx-h100's, --system): nic all-to-all "
+            "35.72 GB/s per NIC = 37.80 x (128 - 8) / (128 - 1) (the share of its bytes that leaves the host, each "
+            "rank on its own NIC)") in text.splitlines()
+    assert "warning" not in text  # 35.72 is under the 50 GB/s of a 400G NIC
+    nic = load_calibration(out)["nic"]
+    assert nic.bandwidth_gb_per_s == pytest.approx(PER_NIC, rel=1e-3)
+    assert nic.latency_us == pytest.approx(250.0, rel=1e-3)
+
+
+def test_step_times_the_logged_all_to_all_at_its_own_time(cal):
+    """Applied to 16 DGX H100, the pairwise all-to-all over the 128 ranks (8 per node, each on
+    its own NIC at the calibrated 35.72 GB/s) takes the logged 1 GiB time: 250 us + 120/128 x
+    2^30 B / 35.7165 GB/s = 28,433.9 us (the row prints 28433.9); the NVLink part (7/128 of the
+    buffer at 450 GB/s, 0.13 ms) hides under it. At 37.81 / 8 per NIC it was 213 ms."""
+    out, _ = cal
+    cluster = apply_calibration(system("dgx-h100", nodes=16), load_calibration(out))
+    nic_bw = cluster.node.nics[0].bandwidth_bytes_per_s
+    assert nic_bw == pytest.approx(PER_NIC * 1e9, rel=1e-3)
+    path = CommPath("network", min(cluster.node.fabric.bandwidth_bytes_per_s, 8 * nic_bw), "16 nodes",
+                    cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=16, ranks_per_node=8,
+                    nic_bandwidth_bytes_per_s=nic_bw, calibrated=True)
+    algo, t = path_time("all-to-all", 128, 2**30, path, cluster)
+    assert algo == "pairwise"
+    assert t * 1e6 == pytest.approx(28433.9, rel=2e-4)  # the file keeps 4 digits: 35.72 for 35.7165 (+0.01%)
+    # the ring ops read the a2a curve against 8 NICs x 35.72 / (8 x 120 / 127) = 37.8, so per NIC it gives the
+    # logged 8 GiB busbw's share that leaves the host, 37.76 x 120 / 127 = 35.68 GB/s (it gave 37.76 / 8 = 4.72)
+    curve = cluster.node.busbw["nic"]
+    assert curve.op == "all-to-all" and curve.line_gb_per_s == pytest.approx(37.8, rel=1e-3)
+    assert per_nic(curve, 2**33, nic_bw / 1e9) == pytest.approx(37.76 * 120 / 127, rel=1e-3)
