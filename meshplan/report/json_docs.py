@@ -233,8 +233,11 @@ def _pvm(rows: Sequence[dict], quantity: str) -> Optional[dict[str, Any]]:
     return None if row is None else {k: row.get(k) for k in ("predicted", "measured", "error")}
 
 
-def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str, node_rank: int) -> dict[str, Any]:
-    """``validate``: the verdict (``ok``, ``exit_code``), per world its stage reached, message,
+def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str, node_rank: int,
+                 not_exercised: Sequence[str] = ()) -> dict[str, Any]:
+    """``validate``: the verdict (``ok``, ``exit_code``), ``not_exercised`` (the lines of the
+    config's axes no world ran at degree > 1, :mod:`meshplan.runtime.validation.coverage`), per
+    world its stage reached, message, the world's own ``not_exercised`` lines,
     errors (the gated differences of the comparison, or the failure message), step time and
     peak memory predicted against measured (seconds, bytes; ``error`` = measured / predicted
     - 1), and the evidence folder (``summary`` only on node 0, which writes it)."""
@@ -244,10 +247,12 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
         rows = comp.get("predicted_vs_measured", [])
         errors = list(comp["differences"]) if "differences" in comp else ([] if r.get("ok") else [r.get("message", "")])
         worlds.append({"world": r["world"], "ok": bool(r.get("ok")), "stage": r.get("stage"),
-                       "message": r.get("message", ""), "errors": errors, "step_s": _pvm(rows, "step time"),
+                       "message": r.get("message", ""), "errors": errors,
+                       "not_exercised": [g["line"] for g in r.get("not_exercised", [])], "step_s": _pvm(rows, "step time"),
                        "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}"})
     return envelope("validate", config=config, ok=code == 0, exit_code=code, node_rank=node_rank, evidence=evidence,
-                    summary=f"{evidence}/summary.md" if node_rank == 0 else None, worlds=worlds)
+                    summary=f"{evidence}/summary.md" if node_rank == 0 else None, not_exercised=list(not_exercised),
+                    worlds=worlds)
 
 
 def validate_slice_doc(evidence_doc: dict[str, Any], code: int, evidence: str) -> dict[str, Any]:
