@@ -122,7 +122,8 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    json_path: Optional[Path] = _json_option("validate-slice"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder and --json "
                                                                      "file")):
-    """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
+    """Run several meshes on the testbed; order measured step times against predicted; choose the measured fastest
+    of those whose own plan fits at full scale; keep each in OUT/<config stem>-<chosen|rejected>/ with why."""
     _require_torch("validate-slice")
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, None)
     check_number("--world", world, 1, 4096)
