@@ -244,6 +244,16 @@ def test_an_infeasible_mesh_is_rejected_however_fast(tmp_path):
     m = json.loads((tmp_path / "tp2-rejected" / "measurements.json").read_text())
     assert m["rejected"] and m["measured_s"] == 0.012 and m["full_feasible"] is False and m["role"] == "rejected"
     assert res[0].folder == str(tmp_path / "final" / "tp2-rejected")
+    from types import SimpleNamespace
+    from meshplan.runtime.validation.slice import _write
+
+    _write(tmp_path, res, Options(worlds=(8,)), "t", SimpleNamespace(nodes=2, rate_mbit=25.0), *order_verdict(res)[::-1],
+           table_lines(res), best, 4)
+    md = (tmp_path / "summary.md").read_text()
+    assert ("- tp2 (tp2.toml): rejected, infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable; in "
+            "tp2-rejected/\n- chosen (chosen.toml): chosen, measured fastest (20.0 ms) of the meshes that fit at full "
+            "scale; feasible at full scale: peak 60.2 GiB <= 67.1 GiB usable; in chosen-chosen/\n") in md
+    assert json.loads((tmp_path / "slice.json").read_text())["chosen"] == "chosen"
     none = [MeshResult("tp2", "tp2.toml", True, "", 0.01, 0.012, **_fits(108.4))]
     assert decide(none) is None and kept_line(none, "o") == (
         "chosen: none (no mesh ran and fits at full scale); rejected: tp2 (infeasible at full scale: peak 108.4 GiB "

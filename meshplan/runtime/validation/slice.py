@@ -341,7 +341,8 @@ def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, bat
           "of its most loaded stage against the usable HBM; a mesh infeasible at full scale is not chosen.", "",
           "Chosen: the measured fastest of the meshes that fit at full scale; each mesh is kept in <name>-<role>/ "
           "with its plan, measurements, per-NIC byte counters and summary:", "",
-          *[f"- {r.name} ({r.config}): {r.role}, {r.why}; {r.full_verdict}; in {folder_name(r)}/" for r in results],
+          *[f"- {r.name} ({r.config}): {r.role}, {r.why}" + ("" if r.why == r.full_verdict else f"; {r.full_verdict}")
+            + f"; in {folder_name(r)}/" for r in results],
           ""]
     write_atomic(out / "summary.md", "\n".join(md))
     write_atomic(out / MARKER, json.dumps(doc, indent=2, default=str) + "\n")
