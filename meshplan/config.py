@@ -282,12 +282,28 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
     if "etp" in deg or deg.get("ep", 1) <= 1 or tp <= 1:
         return spec, notes
     note = (f"mesh.etp not given: {tp}, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size to "
-            f"--tensor-model-parallel-size (framework megatron; give mesh etp = 1 for experts without tp)")
+            f"--tensor-model-parallel-size (framework megatron); for experts without tp write in [mesh] "
+            f"{_etp_one(spec, deg)}")
     if spec.names is not None:
         spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
     else:
         spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
     return spec, (*notes, note)
+
+
+def _etp_one(spec: MeshSpec, deg: dict[str, int]) -> str:
+    """The [mesh] lines of ``spec`` with etp 1 added, as the user writes them (the fix text of
+    :func:`_megatron_etp`'s note; ``etp = 1`` alone in [mesh] is no key: etp is an axis).
+
+    >>> _etp_one(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), {})
+    'names = ["dp", "tp", "ep", "etp"] and shape = [16, 2, 8, 1]'
+    >>> _etp_one(MeshSpec(order="tp-ep-dp", degrees={"tp": 2, "ep": 8, "dp": 16}), {"tp": 2, "ep": 8, "dp": 16})
+    'degrees = {tp = 2, ep = 8, dp = 16, etp = 1}'
+    """
+    if spec.names is not None:
+        names = ", ".join(f'"{n}"' for n in [*spec.names, "etp"])
+        return f"names = [{names}] and shape = [{', '.join(str(d) for d in [*(spec.shape or []), 1])}]"
+    return "degrees = {" + ", ".join(f"{k} = {v}" for k, v in (deg | {"etp": 1}).items()) + "}"
 
 
 def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:

@@ -22,6 +22,7 @@ from meshplan.limits import MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.axes import KNOWN_AXES
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
@@ -36,7 +37,7 @@ def build(cls: type[BaseModel], values: dict, table: str) -> Any:
     try:
         return cls(**values)
     except ValidationError as e:
-        raise _one_line(e, cls, table) from None
+        raise _one_line(e, cls, table, values) from None
 
 
 def _home_table(key: str, table: str) -> Optional[str]:
@@ -53,7 +54,29 @@ def _home_table(key: str, table: str) -> Optional[str]:
     return homes[0] if len(homes) == 1 else None
 
 
-def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
+def _axis_key(axis: str, values: dict) -> str:
+    """The error of a mesh axis written as a key of [mesh] (``etp = 1``, as a note once said): an
+    axis's degree goes in ``names``/``shape`` or ``degrees``, with the lines to write.
+
+    >>> _axis_key("etp", {"names": ["dp", "tp", "ep"], "shape": [16, 2, 8], "etp": 1})
+    'unknown key in [mesh]; etp is a mesh axis: write names = ["dp", "tp", "ep", "etp"] and shape = [16, 2, 8, 1]'
+    >>> _axis_key("cp", {"order": "tp-dp", "degrees": {"tp": 2, "dp": 4}, "cp": 2})
+    'unknown key in [mesh]; cp is a mesh axis: write degrees = {tp = 2, dp = 4, cp = 2}'
+    """
+    d, names, shape, degrees = values.get(axis), values.get("names"), values.get("shape"), values.get("degrees")
+    if not isinstance(d, int) or isinstance(d, bool):
+        fix = f'add "{axis}" to names and its degree to shape (or {axis} = N to degrees)'
+    elif isinstance(names, list) and isinstance(shape, list):
+        quoted = ", ".join(f'"{n}"' for n in [*names, axis])
+        fix = f"write names = [{quoted}] and shape = [{', '.join(str(x) for x in [*shape, d])}]"
+    elif isinstance(degrees, dict):
+        fix = "write degrees = {" + ", ".join(f"{k} = {v}" for k, v in (degrees | {axis: d}).items()) + "}"
+    else:
+        fix = f'add "{axis}" to names and {d} to shape (or {axis} = {d} to degrees)'
+    return f"unknown key in [mesh]; {axis} is a mesh axis: {fix}"
+
+
+def _one_line(e: ValidationError, cls: type[BaseModel], table: str, values: Optional[dict] = None) -> ConfigError:
     errs = e.errors()
     # an unknown key explains a "missing" one (a misspelled required key): report it first
     err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
@@ -62,6 +85,8 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     removed = getattr(cls, "REMOVED", {})
     if err["type"] == "extra_forbidden" and loc in removed:
         return ConfigError(field, removed[loc])
+    if err["type"] == "extra_forbidden" and table == "mesh" and loc in KNOWN_AXES:
+        return ConfigError(field, _axis_key(loc, values or {}))
     if err["type"] == "extra_forbidden":
         home = _home_table(loc, table)
         if home:

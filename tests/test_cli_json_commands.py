@@ -263,6 +263,10 @@ def test_validate_json_on_stdout_carries_the_verdict_and_the_evidence(tmp_path):
     assert f"evidence: {out / 'summary.md'}" in cp.stderr and (out / "summary.md").exists()
     [w] = doc["worlds"]
     assert (w["world"], w["ok"], w["stage"], w["errors"]) == (2, True, "compare", [])
+    # dp_shard 4 of the config runs at 2 / (tp 2) = 1: PASSED, and said (world 4 runs dp_shard 2)
+    gap = "not exercised: dp_shard (FSDP) 4 -> 1; its collectives were not run; --worlds 4 runs dp_shard 2"
+    assert doc["not_exercised"] == [gap] and w["not_exercised"] == [gap] and f"  {gap}\n" in cp.stdout + cp.stderr
+    assert f"- {gap}" in (out / "summary.md").read_text()
     marker = json.loads((out / "validate.json").read_text())  # the evidence folder says the same
     rows = {r["quantity"]: r for r in marker["worlds"][0]["comparison"]["predicted_vs_measured"]}
     for key, quantity in (("step_s", "step time"), ("peak_memory_bytes", "peak memory")):

@@ -243,6 +243,30 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert not [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
 
 
+def test_c6_under_torch_lists_no_kv_replica_group(tmp_path, capsys):
+    """C6 under framework torch (32 q / 4 KV heads, tp 8): infeasible because torchtitan
+    replicates no KV head, so no kv_replica group is listed in `plan` or `groups` (text and
+    --json; it was [[0, 1], [2, 3], [4, 5], [6, 7]], copies no torch run forms); the tp group of
+    rank 5 is still ranks 0..7. The runtime's own copies (its dry runs) keep the group:
+    rank_extra_groups gives rank 5 the pair {4, 5} (r = tp 8 / kv_heads 4 = 2 consecutive tp ranks)."""
+    from meshplan.config import load_config
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.compare import rank_extra_groups
+
+    m = ('[model]\nlayers = 2\nhidden = 4096\nffn = 16384\nq_heads = 32\nkv_heads = 4\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    cfg = config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m)
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert rc == 1 and "it replicates no KV head" in p["reasons"][0]
+    assert set(p["groups"]) == {"dp", "tp"}
+    rc, g, _ = doc(capsys, "groups", cfg, "--rank", "5")
+    assert rc == 1 and "kv_replica" not in g["group_of_rank"] and g["group_of_rank"]["tp"] == list(range(8))
+    rc, out, _ = run(capsys, "groups", cfg, "--rank", "5")
+    assert rc == 1 and "kv_replica" not in out and "│ tp " in out
+    c = load_config(cfg)
+    assert rank_extra_groups(resolve_mesh(c.mesh, 8), c.model, 5) == {"kv_replica": [4, 5]}
+
+
 def test_c6_tp_16_keeps_the_models_8_kv_heads(tmp_path, capsys):
     """128 q heads, 8 KV heads (head_dim 128), tp 16 (C6: the model still has 8 KV heads in total,
     not 16), framework megatron. By hand, hidden 16384, ffn 53248 gated, 2 layers, vocab 32000:

@@ -42,8 +42,37 @@ def test_megatron_toml_etp_defaults_to_tp(tmp_path, framework, etp_name, etp, wa
     assert f"tokens per rank T = 4096 local tokens x etp {want} / tp 2 = {4096 * want // 2}," in note
     said = [n for n in plan.config.notes if n.startswith("mesh.etp not given")]
     assert said == (["mesh.etp not given: 2, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size "
-                     "to --tensor-model-parallel-size (framework megatron; give mesh etp = 1 for experts without "
-                     "tp)"] if want == 2 else [])
+                     "to --tensor-model-parallel-size (framework megatron); for experts without tp write in [mesh] "
+                     'names = ["dp", "tp", "ep", "etp"] and shape = [16, 2, 8, 1]'] if want == 2 else [])
+
+
+@pytest.mark.parametrize("mesh", ['names = ["dp", "tp", "ep"]\nshape = [16, 2, 8]',
+                                  'order = "tp-ep-dp"\ndegrees = {tp = 2, ep = 8, dp = 16}'])
+def test_the_etp_notes_fix_followed_literally_gives_etp_1(tmp_path, mesh):
+    """Handed case C9 under megatron with MoE: the note's fix was "give mesh etp = 1", and ``etp = 1``
+    in [mesh] is an unknown key. The note now quotes the [mesh] lines to write; written as they
+    stand (each replacing the line of its key: names and shape, or degrees), the config reads with etp 1 and
+    no note; ``etp = 1`` as a key of [mesh] names the same lines."""
+    from meshplan.config import load_config
+    from meshplan.errors import ConfigError
+
+    path = tmp_path / "mix.toml"
+    head = MIXTRAL_TOML.split("[mesh]")[0] + "[mesh]\nsequence_parallel = true\n"
+    path.write_text(head.format(framework="megatron") + mesh + "\n")
+    cfg = load_config(path)
+    (note,) = [n for n in cfg.notes if n.startswith("mesh.etp not given")]
+    fix = note.split("for experts without tp write in [mesh] ")[1]
+    lines = dict(ln.split(" = ", 1) for ln in mesh.split("\n"))  # the note's lines replace the same keys
+    lines |= dict(ln.split(" = ", 1) for ln in fix.split(" and "))
+    path.write_text(head.format(framework="megatron") + "\n".join(f"{k} = {v}" for k, v in lines.items()) + "\n")
+    fixed = load_config(path)
+    deg = (dict(zip(fixed.mesh.names, fixed.mesh.shape)) if fixed.mesh.names else fixed.mesh.degrees)
+    assert deg == {"dp": 16, "tp": 2, "ep": 8, "etp": 1}
+    assert not [n for n in fixed.notes if n.startswith("mesh.etp not given")]
+    path.write_text(head.format(framework="megatron") + mesh + "\netp = 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == f"mesh.etp: unknown key in [mesh]; etp is a mesh axis: write {fix}"
 
 
 def test_megatron_zero1_groups_name_the_dp_cp_group(tmp_path, capsys):

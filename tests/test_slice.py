@@ -36,11 +36,13 @@ ACROSS = "mini_2x4_tp4-across-nodes"
 
 def test_ranks_table_and_guards(tmp_path):
     assert _ranks({"a": 0.3, "b": 0.1, "c": None}) == {"a": 2, "b": 1, "c": None}
-    rows = [MeshResult("a", "a.toml", True, "", 0.1, 0.2, 1.0, 1, 2, True, folder="x/rejected-a"),
-            MeshResult("b", "b.toml", True, "", 0.2, 0.1, -0.5, 2, 1, True, folder="x/chosen-b")]
-    lines = table_lines(rows)
-    assert lines[2].startswith("| b | 200.0 | 100.0 | -50% | 2 | 1 | match | chosen-b |")
-    assert lines[3].startswith("| a | 100.0 | 200.0 | +100% | 1 | 2 |")
+    rows = [MeshResult("a", "a.toml", True, "", 0.1, 0.2, 1.0, 1, 2, True, folder="x/a-rejected", role="rejected",
+                       full_feasible=True, full_peak_bytes=30 * 2**30, full_usable_bytes=72e9),
+            MeshResult("b", "b.toml", True, "", 0.2, 0.1, -0.5, 2, 1, True, folder="x/b-chosen", role="chosen",
+                       full_feasible=True, full_peak_bytes=61.5 * 2**30, full_usable_bytes=72e9)]
+    lines = table_lines(rows)  # 72e9 B = 67.1 GiB
+    assert lines[2] == "| b | 200.0 | 100.0 | -50% | 2 | 1 | match | 61.5 / 67.1 | fits | chosen |"
+    assert lines[3] == "| a | 100.0 | 200.0 | +100% | 1 | 2 | match | 30.0 / 67.1 | fits | rejected |"
     with pytest.raises(ConfigError, match="at least two"):
         run_slice([str(MINI[0])], "nope", tmp_path / "o")
     with pytest.raises(ConfigError, match="must differ"):
@@ -120,20 +122,21 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
                for r in res)
     assert ("EQUALS" in printed) == (code == 0) and "the predicted order" in printed
     # one chosen (measured fastest), every other mesh kept as rejected with its measurements
-    best = min(res, key=lambda r: r.measured_s)
+    best = min(res, key=lambda r: r.measured_s)  # each fits at full scale (llama3-8b on 8 H100s, zero3)
+    assert all(r.full_feasible for r in res) and {r.role for r in res if r is not best} == {"rejected"}
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(
-        ("chosen-" if r is best else "rejected-") + r.name for r in res)
+        r.name + ("-chosen" if r is best else "-rejected") for r in res)
     for r in res:
         if r is best:
             continue
-        d = out / f"rejected-{r.name}"
+        d = out / f"{r.name}-rejected"
         assert (d / "plan.json").exists() and json.loads((d / "plan.json").read_text())
         m = json.loads((d / "measurements.json").read_text())
         assert m["rejected"] and m["measured_s"] == pytest.approx(r.measured_s) and len(m["rank_step_s"]) == 8
         assert set(m["nic_bytes"]) == {"node0 nic0", "node1 nic0"} and m["nic_bytes"]["node0 nic0"]["tx_bytes"] > 0
         assert all((d / "world8" / f"rank{k}" / "timings.json").exists() for k in range(8))
         summary = (d / "summary.md").read_text()
-        assert summary.startswith(f"# Rejected: {r.name}") and "| node0 nic0 |" in summary
+        assert summary.startswith(f"# Rejected: {r.name} (") and "| node0 nic0 |" in summary
     # the per-NIC counters show why: tp across the nodes moves several times the bytes
     tx = {r.name: r.nic_bytes["node0 nic0"]["tx_bytes"] for r in res}
     assert tx[ACROSS] > 2 * max(v for k, v in tx.items() if k != ACROSS), tx
@@ -170,3 +173,88 @@ def test_slice_errors_name_its_world_option(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "o").exists()
     with pytest.raises(ConfigError, match=r"^--worlds: world 4 is not a multiple of the testbed's 3 nodes$"):
         scale_config(load_config(MINI[0]), 4, Options(testbed="fake3"))  # validate's own option
+
+
+def _fits(peak_gib: float) -> dict:
+    return dict(full_feasible=peak_gib <= 67.1, full_peak_bytes=peak_gib * 2**30, full_usable_bytes=72e9,
+                full_verdict=(f"feasible at full scale: peak {peak_gib} GiB <= 67.1 GiB usable" if peak_gib <= 67.1
+                              else f"infeasible at full scale: peak {peak_gib} GiB > 67.1 GiB usable"))
+
+
+def _workload(tmp_path, name: str, dp: int, tp: int) -> Path:
+    p = tmp_path / f"{name}.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                 'global_batch = 8\nseq_len = 8192\nmicro_batch = 1\nsharding = "zero1"\nrecompute = "none"\n'
+                 f'[mesh]\nnames = ["dp", "tp"]\nshape = [{dp}, {tp}]\n')
+    return p
+
+
+def test_full_scale_verdict_is_plans(tmp_path, capsys):
+    """The full-scale verdict is the config's own plan, as `meshplan plan` prints it: Llama-3-8B on
+    8 H100s (80 GB, the 10% reserve: 72e9 B = 67.1 GiB usable), sharding zero1, seq 8192: dp 8 does
+    not fit (its fp32 gradients and master weights are not sharded), dp 2 x tp 4 does."""
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.slice_choice import full_scale
+    from tests.cli_run import run_main
+
+    tp2, chosen = _workload(tmp_path, "tp2", 8, 1), _workload(tmp_path, "chosen", 2, 4)
+    bad, good = full_scale(load_config(tp2)), full_scale(load_config(chosen))
+    assert (bad["full_feasible"], good["full_feasible"]) == (False, True)
+    assert bad["full_usable_bytes"] == good["full_usable_bytes"] == 80e9 * 0.9
+    peak = f"{bad['full_peak_bytes'] / 2**30:.1f}"
+    assert bad["full_verdict"] == f"infeasible at full scale: peak {peak} GiB > 67.1 GiB usable"
+    assert run_main("plan", tp2) == 1
+    assert f"infeasible: peak {peak} GiB at " in capsys.readouterr().err  # the same peak, plan's words
+    assert good["full_verdict"].startswith("feasible at full scale: peak ") and good["full_peak_bytes"] < 72e9
+
+
+def test_an_infeasible_mesh_is_rejected_however_fast(tmp_path):
+    """Recorded slice (newcomer trial): tp2 measured fastest but its own plan does not fit at full
+    scale; chosen fits and is chosen, tp2 kept as rejected with its measurements and the reason; a
+    third mesh whose run failed is rejected for that. Folders: <mesh>-<role>; the one line says it."""
+    from meshplan.runtime.validation.slice import _keep, decide, order_verdict
+    from meshplan.runtime.validation.slice_choice import kept_line
+
+    res = [MeshResult("tp2", "tp2.toml", True, "", 0.010, 0.012, 0.2, **_fits(108.4)),
+           MeshResult("chosen", "chosen.toml", True, "", 0.015, 0.020, 1 / 3, **_fits(60.2)),
+           MeshResult("c", "c.toml", False, "rank 3 timed out", 0.020, **_fits(40.0))]
+    best = decide(res)
+    assert best is res[1] and [r.role for r in res] == ["rejected", "chosen", "rejected"]
+    assert [r.measured_rank for r in res] == [1, 2, None] and [r.predicted_rank for r in res] == [1, 2, 3]
+    assert res[0].why == "infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable"
+    assert res[1].why == "measured fastest (20.0 ms) of the meshes that fit at full scale"
+    assert res[2].why == "the run did not complete: rank 3 timed out"
+    assert kept_line(res, "out") == (
+        "chosen: chosen (measured fastest (20.0 ms) of the meshes that fit at full scale) in out/chosen-chosen/; "
+        "rejected: tp2 (infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable) in out/tp2-rejected/; "
+        "c (the run did not complete: rank 3 timed out) in out/c-rejected/")
+    assert order_verdict(res) == (False, "measured order tp2 < chosen < c DIFFERS FROM the predicted order tp2 < "
+                                         "chosen < c")  # c did not run
+    assert table_lines(res)[2] == "| tp2 | 10.0 | 12.0 | +20% | 1 | 1 | - | 108.4 / 67.1 | INFEASIBLE | rejected |"
+    run = tmp_path / "runs" / "tp2"
+    run.mkdir(parents=True)
+    (run / "summary.md").write_text("# meshplan validate: PASSED\n")
+    _keep(res[0], run, tmp_path / "tp2-rejected", best, 8, "t", tmp_path / "final" / "tp2-rejected")
+    md = (tmp_path / "tp2-rejected" / "summary.md").read_text().split("\n")
+    assert md[:5] == ["# Rejected: tp2 (tp2.toml)", "", "Rejected: infeasible at full scale: peak 108.4 GiB > 67.1 GiB "
+                      "usable.", "", "Full scale (the config's own plan on its cluster, as `meshplan plan` makes it): "
+                      "infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable."]
+    assert md[6] == ("On the testbed: measured 12.0 ms per step (slowest rank, median of the timed steps), measured "
+                     "rank 1; predicted 10.0 ms (rank 1), error +20%. The chosen mesh chosen measured 20.0 ms.")
+    m = json.loads((tmp_path / "tp2-rejected" / "measurements.json").read_text())
+    assert m["rejected"] and m["measured_s"] == 0.012 and m["full_feasible"] is False and m["role"] == "rejected"
+    assert res[0].folder == str(tmp_path / "final" / "tp2-rejected")
+    from types import SimpleNamespace
+    from meshplan.runtime.validation.slice import _write
+
+    _write(tmp_path, res, Options(worlds=(8,)), "t", SimpleNamespace(nodes=2, rate_mbit=25.0), *order_verdict(res)[::-1],
+           table_lines(res), best, 4)
+    md = (tmp_path / "summary.md").read_text()
+    assert ("- tp2 (tp2.toml): rejected, infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable; in "
+            "tp2-rejected/\n- chosen (chosen.toml): chosen, measured fastest (20.0 ms) of the meshes that fit at full "
+            "scale; feasible at full scale: peak 60.2 GiB <= 67.1 GiB usable; in chosen-chosen/\n") in md
+    assert json.loads((tmp_path / "slice.json").read_text())["chosen"] == "chosen"
+    none = [MeshResult("tp2", "tp2.toml", True, "", 0.01, 0.012, **_fits(108.4))]
+    assert decide(none) is None and kept_line(none, "o") == (
+        "chosen: none (no mesh ran and fits at full scale); rejected: tp2 (infeasible at full scale: peak 108.4 GiB "
+        "> 67.1 GiB usable) in o/tp2-rejected/")

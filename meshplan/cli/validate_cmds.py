@@ -15,6 +15,7 @@ from meshplan.errors import ConfigError, check_number
 from meshplan.limits import MAX_MICRO_BATCHES
 from meshplan.report.json_docs import testbed_down_doc, testbed_up_doc, validate_doc, validate_slice_doc
 from meshplan.runtime.testbed.netns import main_down, main_up
+from meshplan.runtime.validation.coverage import everywhere
 from meshplan.runtime.validation.slice import MARKER as SLICE_MARKER, main as slice_main
 from meshplan.runtime.validation.validate import Options, main as validate_main
 
@@ -65,7 +66,8 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
                                                                 "file")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times, memory and checkpoint (DCP) writes with the plan; one host, the netns testbed, or
-    several hosts (--nnodes/--node-rank/--rdzv-endpoint)."""
+    several hosts (--nnodes/--node-rank/--rdzv-endpoint). An axis of the config that a world runs at degree 1
+    is named ("not exercised: ...", with the world that runs it); it does not change the verdict."""
     _require_torch("validate")
 
     try:
@@ -86,7 +88,8 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
                   checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)
     _refuse_existing(json_path, force, "--json")
     code, results = validate_main(str(config), opt, out, force)
-    _write_doc(json_path, validate_doc(str(config), code, results, str(out), node_rank), force)
+    gaps = [g["line"] for g in everywhere(results)]
+    _write_doc(json_path, validate_doc(str(config), code, results, str(out), node_rank, gaps), force)
     raise typer.Exit(code)
 
 
@@ -119,7 +122,8 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    json_path: Optional[Path] = _json_option("validate-slice"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder and --json "
                                                                      "file")):
-    """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
+    """Run several meshes on the testbed; order measured step times against predicted; choose the measured fastest
+    of those whose own plan fits at full scale; keep each in OUT/<config stem>-<chosen|rejected>/ with why."""
     _require_torch("validate-slice")
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, None)
     check_number("--world", world, 1, 4096)

@@ -20,6 +20,9 @@ __all__ = ["KV_REPLICA", "expert_shard_dim", "fsdp_padded_numel", "fsdp_shard_le
 
 #: Name of the groups of tp ranks that hold copies of the same KV head (tp > kv_heads).
 KV_REPLICA = "kv_replica"
+#: Frameworks whose runtime keeps no copy of a KV head (:func:`model_groups`): torchtitan refuses
+#: tp past the KV heads (:data:`meshplan.spec.axes.tp.TORCH_KV`), Megatron-LM sub-shards its fused QKV.
+NO_KV_COPIES = ("torch", "megatron")
 
 
 def kv_replica_groups(mesh, model: ModelSpec) -> np.ndarray:
@@ -48,22 +51,26 @@ def kv_replica_groups(mesh, model: ModelSpec) -> np.ndarray:
     return tp_groups.reshape(-1, r)
 
 
-def model_groups(mesh, model: ModelSpec, framework: str = "torch") -> dict[str, np.ndarray]:
+def model_groups(mesh, model: ModelSpec, framework: str = "torch", own_runtime: bool = False) -> dict[str, np.ndarray]:
     """Groups that depend on the model as well as the mesh, by name, beside the mesh axes'
     (``groups`` output): ``kv_replica`` (:func:`kv_replica_groups`) when tp > kv_heads and
-    tp can split the heads, for meshplan's own runtime (``framework`` torch); empty otherwise,
-    and under framework megatron, which replicates no KV head
+    tp can split the heads, for meshplan's own runtime only (``own_runtime``: validate's
+    comparison and probe, its dry runs); empty otherwise. No framework of :data:`NO_KV_COPIES`
+    forms them (``framework``: the config's): torchtitan
+    (``framework`` torch) replicates no KV head (rule ``torch_kv_heads`` refuses such a tp,
+    :data:`meshplan.spec.axes.tp.TORCH_KV`; handed case C6), nor does Megatron-LM
     (:mod:`meshplan.spec.axes.tp_kv`: its QKV all-gather runs on the tp group).
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
     >>> m = ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
-    >>> {k: v.tolist() for k, v in model_groups(resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8), m).items()}
+    >>> tp8 = resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8)
+    >>> {k: v.tolist() for k, v in model_groups(tp8, m, own_runtime=True).items()}
     {'kv_replica': [[0, 1], [2, 3], [4, 5], [6, 7]]}
-    >>> model_groups(resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8), m, "megatron")
-    {}
+    >>> model_groups(tp8, m, "torch"), model_groups(tp8, m, "megatron")
+    ({}, {})
     """
-    if heads_reason(model, mesh.degree("tp")) or qkv_gathered(framework, mesh.degree("tp"), model.n_kv_heads):
+    if heads_reason(model, mesh.degree("tp")) or (framework in NO_KV_COPIES and not own_runtime):
         return {}
     groups = kv_replica_groups(mesh, model)
     return {KV_REPLICA: groups} if len(groups) else {}

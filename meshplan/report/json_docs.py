@@ -233,8 +233,11 @@ def _pvm(rows: Sequence[dict], quantity: str) -> Optional[dict[str, Any]]:
     return None if row is None else {k: row.get(k) for k in ("predicted", "measured", "error")}
 
 
-def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str, node_rank: int) -> dict[str, Any]:
-    """``validate``: the verdict (``ok``, ``exit_code``), per world its stage reached, message,
+def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str, node_rank: int,
+                 not_exercised: Sequence[str] = ()) -> dict[str, Any]:
+    """``validate``: the verdict (``ok``, ``exit_code``), ``not_exercised`` (the lines of the
+    config's axes no world ran at degree > 1, :mod:`meshplan.runtime.validation.coverage`), per
+    world its stage reached, message, the world's own ``not_exercised`` lines,
     errors (the gated differences of the comparison, or the failure message), step time and
     peak memory predicted against measured (seconds, bytes; ``error`` = measured / predicted
     - 1), and the evidence folder (``summary`` only on node 0, which writes it)."""
@@ -244,17 +247,21 @@ def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str,
         rows = comp.get("predicted_vs_measured", [])
         errors = list(comp["differences"]) if "differences" in comp else ([] if r.get("ok") else [r.get("message", "")])
         worlds.append({"world": r["world"], "ok": bool(r.get("ok")), "stage": r.get("stage"),
-                       "message": r.get("message", ""), "errors": errors, "step_s": _pvm(rows, "step time"),
+                       "message": r.get("message", ""), "errors": errors,
+                       "not_exercised": [g["line"] for g in r.get("not_exercised", [])], "step_s": _pvm(rows, "step time"),
                        "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}"})
     return envelope("validate", config=config, ok=code == 0, exit_code=code, node_rank=node_rank, evidence=evidence,
-                    summary=f"{evidence}/summary.md" if node_rank == 0 else None, worlds=worlds)
+                    summary=f"{evidence}/summary.md" if node_rank == 0 else None, not_exercised=list(not_exercised),
+                    worlds=worlds)
 
 
 def validate_slice_doc(evidence_doc: dict[str, Any], code: int, evidence: str) -> dict[str, Any]:
     """``validate-slice``: the order verdict, the chosen mesh and each mesh's predicted and
-    measured step (seconds; rank 1 = fastest), from the evidence folder's ``slice.json``."""
+    measured step (seconds; rank 1 = fastest), its role and why, and its own plan at full scale
+    (feasible, peak and usable bytes per rank, verdict line), from the evidence folder's ``slice.json``."""
     keep = ("name", "config", "ran", "message", "predicted_s", "measured_s", "error", "predicted_rank",
-            "measured_rank", "collectives_match", "micro_batches", "folder")
+            "measured_rank", "collectives_match", "micro_batches", "folder", "role", "why", "full_feasible",
+            "full_peak_bytes", "full_usable_bytes", "full_verdict")
     return envelope("validate-slice", ok=code == 0, exit_code=code, testbed=evidence_doc["testbed"],
                     order_matches=evidence_doc["order_matches"], verdict=evidence_doc["verdict"],
                     chosen=evidence_doc["chosen"], global_batch=evidence_doc["global_batch"],

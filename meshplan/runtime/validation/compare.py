@@ -80,7 +80,8 @@ def canonical_axis(mesh: Mesh, rank: int, axis: str, op: str = "", extra: Option
 def rank_extra_groups(mesh: Mesh, model, rank: int) -> dict[str, list[int]]:
     """``rank``'s group in each model-dependent group set
     (:func:`meshplan.mesh.tpsplit.model_groups`: ``kv_replica`` when tp > kv_heads)."""
-    return {name: [int(r) for r in g[(g == rank).any(axis=1)][0]] for name, g in model_groups(mesh, model).items()}
+    groups = model_groups(mesh, model, own_runtime=True)
+    return {name: [int(r) for r in g[(g == rank).any(axis=1)][0]] for name, g in groups.items()}
 
 
 def tally_records(records: list[Collective], mesh: Mesh, rank: int, extra: Optional[dict] = None,

@@ -56,7 +56,7 @@ def probe_spec(plan: Plan) -> list[dict]:
     (ops in :data:`PROBED_OPS`): ``{"axis", "op", "size_bytes", "groups"}``, ``groups`` every
     rank list of the axis (ascending), as :meth:`meshplan.mesh.resolve.Mesh.groups` gives them."""
     seen, out = set(), []
-    extra = model_groups(plan.mesh, plan.config.model)  # kv_replica: no mesh axis
+    extra = model_groups(plan.mesh, plan.config.model, own_runtime=True)  # kv_replica: no mesh axis
     for rows in plan.collectives.values():
         for r in rows:
             key = (r.axis, r.op, int(r.size_bytes))

@@ -19,12 +19,16 @@ then comparable: the same tokens, the same model, different meshes.
 
 Per mesh: predicted step time (:func:`meshplan.schedule.steptime.step_time` with the GEMM table
 measured before the run), measured step time (median of the timed steps, slowest rank),
-error = measured / predicted - 1, the rank of each among the meshes (1 = fastest). The
-measured-fastest mesh is kept as ``OUT/chosen-<name>/``; every other mesh is *rejected* and
-kept as ``OUT/rejected-<name>/``: the validate evidence (``world<W>/`` with ``plan.json``,
-each rank's ``timings.json`` and trace, ``predicted_vs_measured.csv``), plus ``plan.json``,
-``measurements.json`` (times per rank, per-NIC byte counters) and ``summary.md`` saying why
-it was rejected. A mesh whose run failed is rejected with its fault report and ranks last.
+error = measured / predicted - 1, the rank of each among the meshes (1 = fastest), and the
+config's own plan at full scale: its peak memory and verdict
+(:func:`~meshplan.runtime.validation.slice_choice.full_scale`). The measured-fastest mesh of those
+that fit at full scale is *chosen* and kept as ``OUT/<name>-chosen/``; every other mesh is
+*rejected* and kept as ``OUT/<name>-rejected/`` (``<name>``: the config's stem; the reason:
+infeasible at full scale, a failed run, or slower;
+:mod:`~meshplan.runtime.validation.slice_choice`): the validate evidence (``world<W>/`` with
+``plan.json``, each rank's ``timings.json`` and trace, ``predicted_vs_measured.csv``), plus
+``plan.json``, ``measurements.json`` (times per rank, per-NIC byte counters) and ``summary.md``
+saying why it was rejected. A mesh whose run failed is rejected with its fault report and ranks last.
 ``OUT/slice.json`` and ``OUT/summary.md`` hold the table. Exit code 0 when every mesh ran and
 the measured order equals the predicted order, 1 otherwise.
 """
@@ -45,8 +49,10 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
+from meshplan.units import GiB
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import scale_config
+from meshplan.runtime.validation.slice_choice import assign_roles, choose, folder_name, full_scale, kept_line
 from meshplan.runtime.validation.validate import validate
 
 MARKER = "slice.json"
@@ -75,6 +81,12 @@ class MeshResult:
     folder: str = ""
     micro_batches: int = 1
     parts: dict = field(default_factory=dict)  # step part -> [predicted s, measured s] (runtime.breakdown)
+    full_feasible: Optional[bool] = None  # the config's own plan at full scale (slice_choice.full_scale)
+    full_peak_bytes: Optional[float] = None
+    full_usable_bytes: Optional[float] = None
+    full_verdict: str = ""
+    role: str = ""  # chosen / rejected (slice_choice.assign_roles)
+    why: str = ""
 
 
 def _ranks(values: dict[str, Optional[float]]) -> dict[str, Optional[int]]:
@@ -125,14 +137,18 @@ def _ms(v: Optional[float]) -> str:
 
 
 def table_lines(results: list[MeshResult]) -> list[str]:
-    """The slice table as Markdown rows (also printed)."""
-    lines = ["| mesh | predicted ms | measured ms | error | predicted rank | measured rank | collectives | kept as |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The slice table as Markdown rows (also printed): the testbed's predicted and measured step,
+    then the config's own plan at full scale (peak GiB per rank, verdict) and the mesh's role."""
+    lines = ["| mesh | predicted ms | measured ms | error | predicted rank | measured rank | collectives | "
+             "full-scale peak GiB | full scale | role |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r.measured_rank or 99, r.name)):
         err = "-" if r.error is None else f"{r.error:+.0%}"
         coll = "-" if r.collectives_match is None else ("match" if r.collectives_match else "DIFFER")
+        peak = ("-" if r.full_peak_bytes is None or r.full_usable_bytes is None else
+                f"{r.full_peak_bytes / GiB:.1f} / {r.full_usable_bytes / GiB:.1f}")
+        fits = "-" if r.full_feasible is None else ("fits" if r.full_feasible else "INFEASIBLE")
         lines.append(f"| {r.name} | {_ms(r.predicted_s)} | {_ms(r.measured_s)} | {err} | {r.predicted_rank or '-'} | "
-                     f"{r.measured_rank or '-'} | {coll} | {Path(r.folder).name} |")
+                     f"{r.measured_rank or '-'} | {coll} | {peak} | {fits} | {r.role or '-'} |")
     return lines
 
 
@@ -170,21 +186,20 @@ def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], 
     wdir = dest / f"world{world}"
     if (wdir / "plan.json").exists():
         shutil.copy2(wdir / "plan.json", dest / "plan.json")
-    rejected = best is None or best.name != r.name
+    rejected = r.role != "chosen"
     (dest / "measurements.json").write_text(json.dumps(
         {"schema": "meshplan.slice-mesh/v1", "rejected": rejected, "testbed": testbed, **asdict(r)}, indent=2) + "\n")
     old = (dest / "summary.md").read_text() if (dest / "summary.md").exists() else ""
-    if not rejected:
-        head = [f"# Chosen: {r.name}", "", f"Measured fastest of the slice: {_ms(r.measured_s)} ms per step "
-                f"(predicted {_ms(r.predicted_s)} ms, predicted rank {r.predicted_rank})."]
-    elif not r.ran or best is None or r.measured_s is None or best.measured_s is None:  # a run gives both
-        head = [f"# Rejected: {r.name}", "", f"The run did not complete: {r.message}"]
+    head = [f"# {'Rejected' if rejected else 'Chosen'}: {r.name} ({r.config})", "", f"{r.role.capitalize()}: {r.why}.",
+            "", f"Full scale (the config's own plan on its cluster, as `meshplan plan` makes it): {r.full_verdict}."]
+    if r.ran and r.measured_s is not None:
+        head += ["", f"On the testbed: measured {_ms(r.measured_s)} ms per step (slowest rank, median of the timed "
+                 f"steps), measured rank {r.measured_rank}; predicted {_ms(r.predicted_s)} ms (rank "
+                 f"{r.predicted_rank})" + ("" if r.error is None else f", error {r.error:+.0%}") + "."]
+        if best is not None and rejected and best.measured_s:
+            head[-1] += f" The chosen mesh {best.name} measured {_ms(best.measured_s)} ms."
     else:
-        head = [f"# Rejected: {r.name}", "",
-                f"Measured {_ms(r.measured_s)} ms per step (slowest rank, median of the timed steps), measured rank "
-                f"{r.measured_rank}; the chosen mesh {best.name} measured {_ms(best.measured_s)} ms "
-                f"({r.measured_s / best.measured_s:.2f}x slower). Predicted {_ms(r.predicted_s)} ms "
-                f"(rank {r.predicted_rank}), error {r.error:+.0%}."]
+        head += ["", f"The run did not complete: {r.message}"]
     head += ["", "Per-rank step time (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r.rank_step_s.items()), "",
              f"Bytes per NIC during the run (testbed '{testbed}'):", "", *_nic_lines(r.nic_bytes), "",
              "Files: plan.json, measurements.json, world*/ (validate evidence: rank*/timings.json, traces, "
@@ -245,6 +260,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
                               "[model], [training] and the cluster size must be the same; only [mesh] may differ")
     scaled = [scale_config(c, world, opt)[0] for c in loaded]  # every mesh must scale before anything runs
     batch, micro = common_batch(scaled, opt)
+    full = [full_scale(c) for c in loaded]  # the config's own plan: the job runs at full scale
     prepare_slice_out(out, force)
     final = out
     with staged_folder(final, "--out", force, create_folders=True) as out:  # renamed to --out at the end
@@ -254,38 +270,54 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
              "for every mesh")
         results, runs = [], {}
         per_node = world // tb.nodes
-        for name, path, cfg, sc, k in zip(names, configs, loaded, scaled, micro):
+        for name, path, cfg, sc, k, fs in zip(names, configs, loaded, scaled, micro, full):
             groups = [list(g) for g in tp_groups(sc, world)]
-            echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
-                f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
+            echo(f"mesh {name} ({path}): {fs['full_verdict']} ({cfg.cluster.world} GPUs); {k} micro-batch(es) per "
+                 "step; tp groups " + (", ".join(
+                     f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
             runs[name] = out / "runs" / name
             runs[name].parent.mkdir(parents=True, exist_ok=True)  # validate refuses an --out whose parent is missing
             _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
             results.append(_result(name, str(path), res[0], runs[name], world))
-            r = results[-1]
+            r = replace(results[-1], **fs)
+            results[-1] = r
             r.tp_groups, r.micro_batches = groups, k
             echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
                  f"  run failed: {r.message}")
-        pr = _ranks({r.name: r.predicted_s for r in results})
-        mr = _ranks({r.name: r.measured_s for r in results})
+        best = decide(results)
         for r in results:
-            r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
-        ran = [r for r in results if r.ran]
-        best = min(ran, key=lambda r: r.measured_s if r.measured_s is not None else float("inf")) if ran else None
-        for r in results:
-            kind = "chosen" if best is not None and r.name == best.name else "rejected"
-            _keep(r, runs[r.name], out / f"{kind}-{r.name}", best, world, testbed, final / f"{kind}-{r.name}")
+            _keep(r, runs[r.name], out / folder_name(r), best, world, testbed, final / folder_name(r))
         shutil.rmtree(out / "runs", ignore_errors=True)
-        pred_order, meas_order = _order(results, "predicted_s"), _order(results, "measured_s")
-        same = len(ran) == len(results) and pred_order == meas_order
-        verdict = (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
-                   f" the predicted order {' < '.join(pred_order)}")
+        same, verdict = order_verdict(results)
         lines = table_lines(results)
         for ln in lines + ([""] + parts_lines(results) if parts_lines(results) else []):
             echo(ln)
         echo(verdict)
+        echo(kept_line(results, str(final)))
         _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
     return (0 if same else 1), results
+
+
+def decide(results: list[MeshResult]) -> Optional[MeshResult]:
+    """Rank the meshes by predicted and by measured step (1 = fastest), choose one and give
+    every mesh its role and reason (:mod:`meshplan.runtime.validation.slice_choice`); returns the
+    chosen mesh (None when no mesh ran and fits at full scale)."""
+    pr = _ranks({r.name: r.predicted_s for r in results})
+    mr = _ranks({r.name: r.measured_s for r in results})
+    for r in results:
+        r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
+    best = choose(results)
+    assign_roles(results, best)
+    return best
+
+
+def order_verdict(results: list[MeshResult]) -> tuple[bool, str]:
+    """Whether every mesh ran and the measured order equals the predicted one, and the line
+    saying so (the order of the testbed's steps: the full-scale verdict does not enter it)."""
+    pred_order, meas_order = _order(results, "predicted_s"), _order(results, "measured_s")
+    same = all(r.ran for r in results) and pred_order == meas_order
+    return same, (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
+                  f" the predicted order {' < '.join(pred_order)}")
 
 
 def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, batch: int) -> None:
@@ -305,8 +337,13 @@ def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, bat
           *(["Where the time went (profiled step of each mesh's slowest rank: GEMM and attention kernels, waits "
              "on collectives, and the rest, which the model does not time: framework and Python time, and time "
              "descheduled while ranks share cores):", "", *parts_lines(results), ""] if parts_lines(results) else []),
-          f"Chosen (measured fastest): {best.name if best else 'none (no mesh ran)'}; every other mesh is kept "
-          "in rejected-<name>/ with its plan, measurements, per-NIC byte counters and summary.", ""]
+          "Full scale: each config's own plan on its own cluster (as `meshplan plan` makes it), the peak per rank "
+          "of its most loaded stage against the usable HBM; a mesh infeasible at full scale is not chosen.", "",
+          "Chosen: the measured fastest of the meshes that fit at full scale; each mesh is kept in <name>-<role>/ "
+          "with its plan, measurements, per-NIC byte counters and summary:", "",
+          *[f"- {r.name} ({r.config}): {r.role}, {r.why}" + ("" if r.why == r.full_verdict else f"; {r.full_verdict}")
+            + f"; in {folder_name(r)}/" for r in results],
+          ""]
     write_atomic(out / "summary.md", "\n".join(md))
     write_atomic(out / MARKER, json.dumps(doc, indent=2, default=str) + "\n")
 

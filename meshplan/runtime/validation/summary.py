@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.runtime.execution.worker import write_atomic
+from meshplan.runtime.validation.coverage import everywhere
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.units import MiB
 
@@ -55,7 +56,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
             "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
     lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
              f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
-             f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", ""]
+             f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", "", *gap_lines(results)]
     staged = {r["world"]: r["comparison"]["staged"] for r in results if (r.get("comparison") or {}).get("staged")}
     if staged:
         lines += cross_world_lines(staged) + ["", "Per world below: the message curves, the arrival skew, the local "
@@ -66,6 +67,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
         if r.get("host"):
             lines += [host_line(r["host"]), ""]
         lines += [f"- {n}" for n in r.get("notes", [])] + [""]
+        lines += [f"- {g['line']}" for g in r.get("not_exercised", [])] + ([""] if r.get("not_exercised") else [])
         comp = r.get("comparison")
         if comp:
             lines += ["Differences:" if comp["differences"] else "No differences in collectives or groups.", ""]
@@ -96,6 +98,20 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
                   + (", collectives.csv, predicted_vs_measured.csv, staged.json, message_curves.csv, "
                      "arrival_skew.csv, kernels.csv, checkpoint.csv" if comp else "") + ")", ""]
     write_atomic(out / "summary.md", "\n".join(lines))
+
+
+def gap_lines(results: list[dict]) -> list[str]:
+    """The lines under the verdict naming the config's axes that no world ran at degree > 1
+    (:func:`meshplan.runtime.validation.coverage.everywhere`): a PASSED run did not check them.
+
+    >>> r = dict(world=4, not_exercised=[dict(axis="dp_shard", line="not exercised: dp_shard (FSDP) 128 -> 1")])
+    >>> gap_lines([r])
+    ['Not checked by this run (an axis at degree 1 in every world):', '', '- not exercised: dp_shard (FSDP) 128 -> 1', '']
+    """
+    gaps = everywhere(results)
+    if not gaps:
+        return []
+    return ["Not checked by this run (an axis at degree 1 in every world):", "", *[f"- {g['line']}" for g in gaps], ""]
 
 
 def _us(s) -> str:

@@ -74,6 +74,7 @@ from meshplan.runtime.execution.launch import diagnose, run_torchrun
 from meshplan.runtime.testbed.nics import nic_rows
 from meshplan.runtime.testbed.run import run_on_testbed
 from meshplan.runtime.validation import host
+from meshplan.runtime.validation.coverage import everywhere, not_exercised
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
 from meshplan.runtime.validation.options import Options, check_hosts
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
@@ -120,13 +121,17 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
 
 
 def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -> dict:
-    """Scale, plan, run and compare one world size; returns its result dict."""
+    """Scale, plan, run and compare one world size; returns its result dict, with
+    ``not_exercised``: the config's axes of degree > 1 this world runs at 1
+    (:func:`meshplan.runtime.validation.coverage.not_exercised`)."""
     folder = out / f"world{world}"
     if opt.node_rank > 0:  # node 0 owns (and may still be clearing) the shared OUT: nothing of ours in it yet
         with tempfile.TemporaryDirectory(prefix=f"meshplan-node{opt.node_rank}-w{world}-") as tmp:
-            return _run_world(config, world, opt, folder, Path(tmp), echo)
-    folder.mkdir(parents=True, exist_ok=True)
-    return _run_world(config, world, opt, folder, folder, echo)
+            result = _run_world(config, world, opt, folder, Path(tmp), echo)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        result = _run_world(config, world, opt, folder, folder, echo)
+    return {**result, "not_exercised": not_exercised(config, world, opt)}  # axes this world left at degree 1
 
 
 def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Path, echo) -> dict:
@@ -265,6 +270,8 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
                  "start-up alone takes tens of seconds and step times are dominated by scheduling")
         results.append(run_world(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
+        for gap in results[-1]["not_exercised"]:
+            echo(f"  {gap['line']}")
         if "host" in results[-1]:
             echo(f"  {host.line(results[-1]['host'])}")
         shaky = not results[-1].get("host", {"reliable": True})["reliable"]
@@ -281,7 +288,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
         return (0 if ok else 1), results
     write_summary(out, config, opt, results)
     write_json_atomic(out / MARKER, {"schema": "meshplan.validate.evidence/v1", "ok": ok, "config": config.path,
-                                     "options": opt.__dict__, "worlds": results})
+                                     "options": opt.__dict__, "not_exercised": everywhere(results), "worlds": results})
     return (0 if ok else 1), results
 
 

@@ -1,0 +1,101 @@
+"""Which mesh of a ``meshplan validate-slice`` is chosen, and why each other one is rejected.
+
+A slice runs every mesh scaled down to the testbed, where they all fit; the job runs at full
+scale. So the choice weighs each mesh's full-scale plan (:func:`full_scale`: the config's own
+:func:`meshplan.plan.build_plan` on its own cluster, the verdict ``meshplan plan`` prints) with its
+measured step (newcomer trial: the slice kept tp2 as chosen while ``plan tp2.toml`` said
+"infeasible: peak 108.4 GiB > 67.1 GiB"). :func:`choose`: the measured fastest of the meshes that
+ran and fit at full scale. :func:`assign_roles`: ``chosen`` or ``rejected`` with the reason, in
+this order: infeasible at full scale ("infeasible at full scale: peak X GiB > Y GiB usable"), the
+run did not complete, measured slower than the chosen mesh. Each mesh's folder is named after
+the mesh and its role (:func:`folder_name`: ``<config stem>-chosen``, ``<config stem>-rejected``).
+The functions read and set fields of :class:`meshplan.runtime.validation.slice.MeshResult`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from meshplan.config import Config
+from meshplan.plan import Infeasible, build_plan
+from meshplan.units import GiB
+
+if TYPE_CHECKING:
+    from meshplan.runtime.validation.slice import MeshResult
+
+
+def full_scale(cfg: Config) -> dict[str, Any]:
+    """``cfg``'s own plan at full scale as MeshResult fields: ``full_feasible``, the most loaded
+    stage's ``full_peak_bytes`` and ``full_usable_bytes`` (HBM less the reserve,
+    :class:`meshplan.memory.timeline.Timeline`; None when the mesh does not resolve) and
+    ``full_verdict``, one line: ``feasible at full scale: peak 60.2 GiB <= 67.1 GiB usable`` or
+    ``infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable`` (else the plan's reasons)."""
+    plan = build_plan(cfg)
+    if isinstance(plan, Infeasible):
+        return dict(full_feasible=False, full_peak_bytes=None, full_usable_bytes=None,
+                    full_verdict="infeasible at full scale: " + "; ".join(plan.reasons))
+    tl = plan.timeline
+    peak, usable = tl.peak.total_bytes, tl.usable_bytes
+    if plan.feasible:
+        verdict = f"feasible at full scale: peak {peak / GiB:.1f} GiB <= {usable / GiB:.1f} GiB usable"
+    elif peak > usable:
+        verdict = f"infeasible at full scale: peak {peak / GiB:.1f} GiB > {usable / GiB:.1f} GiB usable"
+    else:
+        verdict = "infeasible at full scale: " + "; ".join(plan.reasons)
+    return dict(full_feasible=plan.feasible, full_peak_bytes=peak, full_usable_bytes=usable, full_verdict=verdict)
+
+
+def choose(results: list[MeshResult]) -> Optional[MeshResult]:
+    """The measured fastest mesh among those that ran and fit at full scale (ties: by name);
+    None when there is none."""
+    fit = [r for r in results if r.ran and r.measured_s is not None and r.full_feasible]
+    return min(fit, key=lambda r: (r.measured_s, r.name)) if fit else None
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f} ms"
+
+
+def assign_roles(results: list[MeshResult], best: Optional[MeshResult]) -> None:
+    """Set each result's ``role`` (``chosen`` / ``rejected``) and ``why``, one clause (module
+    docstring); a mesh both infeasible at full scale and failed gives the full-scale reason."""
+    for r in results:
+        if best is not None and r.name == best.name:
+            r.role, r.why = "chosen", f"measured fastest ({_ms(r.measured_s)}) of the meshes that fit at full scale"
+            continue
+        r.role = "rejected"
+        if not r.full_feasible:
+            r.why = r.full_verdict
+        elif not r.ran or r.measured_s is None:
+            r.why = f"the run did not complete: {r.message}"
+        elif best is None or best.measured_s is None:
+            r.why = "no mesh was chosen"
+        else:
+            r.why = (f"measured {_ms(r.measured_s)}, {r.measured_s / best.measured_s:.2f}x the chosen "
+                     f"{best.name}'s {_ms(best.measured_s)}")
+
+
+def folder_name(r: MeshResult) -> str:
+    """The mesh's evidence folder: its name (the config's stem), then its role.
+
+    >>> from types import SimpleNamespace as N
+    >>> folder_name(N(name="tp2", role="rejected")), folder_name(N(name="chosen", role="chosen"))
+    ('tp2-rejected', 'chosen-chosen')
+    """
+    return f"{r.name}-{r.role}"
+
+
+def kept_line(results: list[MeshResult], out: str) -> str:
+    """The one line saying which mesh was chosen and where each is kept, with why.
+
+    >>> from types import SimpleNamespace as N
+    >>> kept_line([N(name="tp2", role="rejected", why="infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable"),
+    ...            N(name="chosen", role="chosen", why="measured fastest (12.0 ms) of the meshes that fit at full "
+    ...              "scale")], "out")
+    'chosen: chosen (measured fastest (12.0 ms) of the meshes that fit at full scale) in out/chosen-chosen/; rejected: tp2 (infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable) in out/tp2-rejected/'
+    """
+    best = [r for r in results if r.role == "chosen"]
+    head = (f"chosen: {best[0].name} ({best[0].why}) in {out}/{folder_name(best[0])}/" if best else
+            "chosen: none (no mesh ran and fits at full scale)")
+    rest = [f"{r.name} ({r.why}) in {out}/{folder_name(r)}/" for r in results if r.role != "chosen"]
+    return head + ("; rejected: " + "; ".join(rest) if rest else "")
