@@ -25,7 +25,7 @@ from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
 from meshplan.placement.topology import load_topology
-from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology
+from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology, topology_notes
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.plan_fix_rules import mesh_checker
 
@@ -82,13 +82,23 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
             _echo(f"warning: {w}", err=True)
         cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
-        node = node_from_topology(load_topology(topology), cluster.node)
-        for w in check_identity_nic_map(node):
-            _echo(f"warning: {w}", err=True)
-        cluster = cluster.model_copy(update={"node": node})
+        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node)})
     if calibration:
         cluster = apply_calibration(cluster, load_calibration(calibration))
     return replace(cfg, cluster=cluster)
+
+
+def topology_node(topology: Path, base):
+    """The node ``--topology`` gives over ``base`` (:func:`node_from_topology`), printing its
+    notes (:func:`topology_notes`) and where the index map GPU k -> NIC k lands on a farther
+    NIC (:func:`check_identity_nic_map`). The one place a command reads a topology."""
+    topo = load_topology(topology)
+    node = node_from_topology(topo, base)
+    for n in topology_notes(topo, base, node):
+        _echo(f"note: {n}", err=True)
+    for w in check_identity_nic_map(node):
+        _echo(f"warning: {w}", err=True)
+    return node
 
 
 def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:

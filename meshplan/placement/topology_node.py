@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from meshplan.errors import ConfigError
 from meshplan.limits import bound_message
 from meshplan.placement.cpus import physical_cores
-from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix
+from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix, parse_nvidia_smi_topo
 from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
 
 
@@ -97,10 +97,55 @@ def _nic_rate(topo: TopoMatrix, base: NodeSpec, name: str) -> float:
                               "use the NCCL XML dump (it has speed=) or a base node with NICs")
 
 
+#: ``NodeSpec.busbw`` classes measured on the node's NVLink (nccl-tests on its GPUs through
+#: NVSwitch, catalog/nccl.toml): a topology keeps them only when its GPU-GPU links are that NVLink.
+NVLINK_CURVES = ("nvlink", "nvls")
+
+
+def nvlink_difference(topo: TopoMatrix, base: NodeSpec) -> Optional[str]:
+    """Why ``topo``'s GPU-GPU links are not ``base``'s NVLink, or None when they match: every
+    two GPUs of one NVLink domain (``base.nvlink_domain_gpus``, the node when 0) joined by
+    ``NV#`` with one # for every pair (an NVSwitch node, as the curves were measured), equal to
+    ``base.nvlinks_per_gpu`` when the catalog states it (H100: NV18, A100: NV12). The GPU model
+    is not compared: ``nvidia-smi topo -m`` does not name it (the config's GPU stands).
+
+    >>> from meshplan.catalog import node
+    >>> text = "\\tGPU0\\tGPU1\\nGPU0\\t X \\tNV8\\nGPU1\\tNV8\\t X \\n"
+    >>> base = node("dgx-h100").model_copy(update={"gpus": 2, "nvlink_domain_gpus": 2})
+    >>> nvlink_difference(parse_nvidia_smi_topo(text), base)
+    'GPUs are joined by NV8, dgx-h100 by NV18'
+    """
+    d = min(base.nvlink_domain_gpus or base.gpus, base.gpus)
+    levels = {}
+    for i, a in enumerate(topo.gpus):
+        for j, b in enumerate(topo.gpus):
+            lvl = topo.gpu_gpu[i][j]
+            if a < b and a // d == b // d:
+                if not lvl.startswith("NV"):
+                    return f"GPUs {a} and {b} are joined by {lvl}, not NVLink"
+                levels.setdefault(lvl, (a, b))
+    if len(levels) > 1:
+        pairs = ", ".join(f"{lvl} ({a}-{b})" for lvl, (a, b) in sorted(levels.items()))
+        return f"GPU pairs have different NVLink counts: {pairs}, not one NVSwitch count"
+    want = f"NV{base.nvlinks_per_gpu}"
+    if levels and base.nvlinks_per_gpu and want not in levels:
+        return f"GPUs are joined by {next(iter(levels))}, {base.name} by {want}"
+    return None
+
+
+def _kept_busbw(topo: TopoMatrix, base: NodeSpec) -> dict:
+    """``base.busbw`` without :data:`NVLINK_CURVES` when :func:`nvlink_difference` finds one."""
+    if nvlink_difference(topo, base) is None:
+        return dict(base.busbw)
+    return {k: v for k, v in base.busbw.items() if k not in NVLINK_CURVES}
+
+
 def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]] = None,
                        threads_per_core: Optional[int] = None) -> NodeSpec:
-    """``base`` with sockets and NICs read from ``topo``; fabric, PCIe link, NVLink domain
-    and (unless the XML gives ``speed``) NIC rates stay those of ``base``.
+    """``base`` with sockets and NICs read from ``topo``; fabric, PCIe link, NVLink domain,
+    (unless the XML gives ``speed``) NIC rates and the measured ``busbw`` curves stay those of
+    ``base``, but for the NVLink curves when the GPU-GPU links differ (:func:`nvlink_difference`;
+    :func:`topology_notes` says which were dropped and why).
 
     - Sockets: one per NUMA node holding a GPU (or, from the XML, a NIC), with its GPUs
       and its physical cores = logical CPUs of the affinity / threads per core (2 when the
@@ -135,14 +180,29 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
                  for k, (n, j) in enumerate(zip(names, cols))]
         return NodeSpec(
             name=base.name, gpus=base.gpus, fabric=base.fabric, pcie=base.pcie, sockets=sockets, nics=specs,
-            nvlink_domain_gpus=base.nvlink_domain_gpus,
-            source=f"sockets and NICs from {topo.source}; fabric, PCIe and NIC rates from {base.name}")
+            nvlink_domain_gpus=base.nvlink_domain_gpus, nvlinks_per_gpu=base.nvlinks_per_gpu,
+            busbw=_kept_busbw(topo, base),
+            source=f"sockets and NICs from {topo.source}; fabric, PCIe, NIC rates and measured curves from {base.name}")
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
         why = bound_message(first) or first["msg"].removeprefix("Value error, ")
         raise ConfigError(topo.source, f"topology gives an invalid node ({where}: {why}); pass the unmodified "
                                        "output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE") from None
+
+
+def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec) -> list[str]:
+    """What ``--topology`` changed beyond sockets and NIC affinity, one line each (the CLI
+    prints them as ``note:``): the measured curves dropped (:func:`nvlink_difference`).
+    ``node``: :func:`node_from_topology`'s result for ``topo`` and ``base``."""
+    out = []
+    why = nvlink_difference(topo, base)
+    dropped = [k for k in NVLINK_CURVES if k in base.busbw]
+    if why and dropped:
+        out.append(f"{topo.source}: {why}: {base.name}'s measured {' and '.join(dropped)} busbw curves "
+                   f"(measured on its NVLink) are dropped; its intra-node collectives are timed at the fabric's "
+                   f"line rate ({base.fabric.name}, {base.fabric.bandwidth_gb_per_s:g} GB/s)")
+    return out
 
 
 def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:
