@@ -102,3 +102,76 @@ def test_plan_prints_the_dropped_curves_note(chosen, capsys):
     err = capsys.readouterr().err
     assert err.count("are dropped") == 1
     assert "note: nccl-1405_topo-m.txt: GPUs 0 and 1 are joined by PIX, not NVLink: dgx-h100's measured" in err
+
+
+# #2: a NIC with no GPU under its PCIe switch (a front-end mlx5_bond_0) was a compute NIC when the
+# topology's names were not the catalog's: `plan` said "9 NIC(s)/node" and `launch` wrote
+# NCCL_IB_HCA=...,mlx5_bond_0:1; a 3-NIC node for 8 GPUs printed six index-map warnings.
+
+ROCE = TOPO / "h100-roce-bond_topo-m.txt"   # mlx5_0..7 PIX with GPUs 0..7, mlx5_bond_0 on socket 0's host bridge
+THREE = TOPO / "h100-3nic_topo-m.txt"       # one socket; switches: GPUs 0-2 + mlx5_0, 3-5 + mlx5_1, 6-7 + mlx5_2
+
+
+def test_bond_nic_is_not_a_compute_nic():
+    topo = load_topology(ROCE)
+    assert topo.nics[-1] == "mlx5_bond_0" and len(topo.nics) == 9
+    assert [topo.level(g, "mlx5_bond_0") for g in range(8)] == ["NODE"] * 4 + ["SYS"] * 4
+    base = node("dgx-h100")
+    n = node_from_topology(topo, base)
+    assert [(x.name, x.gpus, x.socket, x.rail) for x in n.nics] == [(f"mlx5_{k}", [k], k // 4, k) for k in range(8)]
+    assert [s.cores for s in n.sockets] == [48, 48]  # 0-47,96-143: 96 CPUs, SMT 2
+    assert topology_notes(topo, base, n) == [
+        "h100-roce-bond_topo-m.txt: mlx5_bond_0 has no GPU under its PCIe switch (no PIX or PXB): not a compute NIC, "
+        "left out of the plan and of NCCL_IB_HCA"]
+    # named explicitly, it is used and no note says it is left out
+    named = node_from_topology(topo, base, nics=["mlx5_0", "mlx5_bond_0"])
+    assert [x.name for x in named.nics] == ["mlx5_0", "mlx5_bond_0"]
+    assert not any("no GPU under" in line for line in topology_notes(topo, base, named, nics=["mlx5_0", "mlx5_bond_0"]))
+
+
+def test_plan_counts_eight_nics_with_the_bond(chosen, capsys):
+    assert run_main("plan", chosen, "--topology", ROCE) == 0
+    out, err = capsys.readouterr()
+    assert ", 8 NIC(s)/node, world 512" in out
+    assert err.count("mlx5_bond_0 has no GPU under its PCIe switch") == 1 and "warning:" not in err
+
+
+def test_launch_never_writes_the_bond_into_nccl_ib_hca(tmp_path, capsys):
+    text = (ROOT / "examples" / "mini_2x4_tp4-dp2.toml").read_text()
+    cfg = tmp_path / "two.toml"
+    cfg.write_text(text.replace("nodes = 1", "nodes = 2").replace("shape = [2, 4]", "shape = [4, 4]"))
+    assert run_main("launch", cfg, "--topology", ROCE, "--out", tmp_path / "l", "--", "python", "train.py") == 0
+    written = "".join(p.read_text() for p in (tmp_path / "l").iterdir())
+    assert "mlx5_bond_0" not in written
+    import json
+    hcas = {b["env"]["NCCL_IB_HCA"] for b in json.loads((tmp_path / "l" / "bindings.json").read_text())}
+    assert hcas == {"=" + ",".join(f"mlx5_{k}:1" for k in range(8))}
+
+
+def test_three_nics_for_eight_gpus_say_the_sharing_once(chosen, capsys):
+    topo = load_topology(THREE)
+    base = node("dgx-h100")
+    n = node_from_topology(topo, base)
+    assert [(x.name, x.gpus) for x in n.nics] == [("mlx5_0", [0, 1, 2]), ("mlx5_1", [3, 4, 5]), ("mlx5_2", [6, 7])]
+    assert topology_notes(topo, base, n) == [
+        "h100-3nic_topo-m.txt: 3 compute NICs for 8 GPUs share unevenly (3/3/2 GPUs per NIC): mlx5_0 GPUs 0,1,2; "
+        "mlx5_1 GPUs 3,4,5; mlx5_2 GPUs 6,7"]
+    assert run_main("plan", chosen, "--topology", THREE) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[0] == "note: " + topology_notes(topo, base, n)[0]
+    assert err[1].startswith("warning: the index map GPU k -> NIC k (local_rank % 3) gives a farther NIC than the "
+                             "topology for 6 of 8 GPUs (GPU 1: index map gives mlx5_1 (same socket, other switch)")
+
+
+def test_even_sharing_has_no_note():
+    base = node("seed-8x8-2nic")
+    topo = load_topology(TOPO / "seed-8gpu-2nic_topo-m.txt")  # 2 NICs, 4 GPUs each
+    assert topology_notes(topo, base, node_from_topology(topo, base)) == []
+
+
+def test_no_nic_near_any_gpu_keeps_them_all():
+    text = ("\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \tNV18\tNODE\t0-7\t0\n"
+            "GPU1\tNV18\t X \tNODE\t0-7\t0\nNIC0\tNODE\tNODE\t X \n\nNIC Legend:\n\n  NIC0: eth0\n")
+    base = node("dgx-h100").model_copy(update={"gpus": 2, "nvlink_domain_gpus": 2})
+    n = node_from_topology(parse_nvidia_smi_topo(text), base)
+    assert [(x.name, x.gpus) for x in n.nics] == [("eth0", [])] and n.nic_of(1) == 0

@@ -90,14 +90,18 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
 
 def topology_node(topology: Path, base):
     """The node ``--topology`` gives over ``base`` (:func:`node_from_topology`), printing its
-    notes (:func:`topology_notes`) and where the index map GPU k -> NIC k lands on a farther
-    NIC (:func:`check_identity_nic_map`). The one place a command reads a topology."""
+    notes (:func:`topology_notes`) and, in one line, where the index map GPU k -> NIC k lands
+    on a farther NIC (:func:`check_identity_nic_map`: the count and the first GPU). The one
+    place a command reads a topology."""
     topo = load_topology(topology)
     node = node_from_topology(topo, base)
     for n in topology_notes(topo, base, node):
         _echo(f"note: {n}", err=True)
-    for w in check_identity_nic_map(node):
-        _echo(f"warning: {w}", err=True)
+    ident = check_identity_nic_map(node)
+    if ident:
+        _echo(f"warning: the index map GPU k -> NIC k (local_rank % {len(node.nics)}) gives a farther NIC than the "
+              f"topology for {len(ident)} of {node.gpus} GPUs ({ident[0]}); the bindings use the topology's",
+              err=True)
     return node
 
 

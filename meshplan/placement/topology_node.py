@@ -64,7 +64,17 @@ def _nic_socket(topo: TopoMatrix, j: int, gpu_socket: list[int], index: dict) ->
                                    "use NCCL's topology dump (NCCL_TOPO_DUMP_FILE), which names its NUMA node")
 
 
+def near_gpus(topo: TopoMatrix, name: str) -> list[int]:
+    """The GPUs under NIC ``name``'s PCIe switch: level ``PIX`` or ``PXB`` (:data:`SAME_SWITCH`).
+    Empty for a front-end or storage NIC (``mlx5_bond_0`` on the host bridge: ``NODE``/``SYS``)."""
+    j = topo.nics.index(name)
+    return [gpu for i, gpu in enumerate(topo.gpus) if topo.gpu_nic[i][j] in SAME_SWITCH]
+
+
 def _chosen_nics(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]]) -> list[str]:
+    """``nics`` when given; the base's names when the topology has them all; else the NICs
+    with a GPU under their PCIe switch (:func:`near_gpus`; every NIC when none has one), in
+    natural name order."""
     if nics is not None:
         unknown = [n for n in nics if n not in topo.nics]
         if unknown:
@@ -73,7 +83,8 @@ def _chosen_nics(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]]
         return list(nics)
     if base.nics and all(n.name in topo.nics for n in base.nics):
         return [n.name for n in base.nics]
-    return sorted(topo.nics, key=_natural)
+    near = [n for n in topo.nics if near_gpus(topo, n)]
+    return sorted(near or topo.nics, key=_natural)
 
 
 def _natural(name: str) -> list:
@@ -152,7 +163,8 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
       list is two runs with the sibling offset, ``0-55,112-167`` -> 56; see
       :func:`meshplan.placement.cpus.physical_cores`).
     - NICs: ``nics`` when given; else the base's NIC names when the topology has them all
-      (so storage NICs drop out), else every NIC in natural name order. A NIC's ``gpus``
+      (so storage NICs drop out), else the NICs with a GPU under their PCIe switch
+      (:func:`near_gpus`: a front-end ``mlx5_bond_0`` drops out) in natural name order. A NIC's ``gpus``
       are the GPUs for which it is among the nearest NICs at level PIX or PXB (same PCIe
       switch); ``rail``: the base's rails when the NICs are the base's, else the index.
 
@@ -191,10 +203,12 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
                                        "output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE") from None
 
 
-def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec) -> list[str]:
+def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec, nics: Optional[Sequence[str]] = None) -> list[str]:
     """What ``--topology`` changed beyond sockets and NIC affinity, one line each (the CLI
-    prints them as ``note:``): the measured curves dropped (:func:`nvlink_difference`).
-    ``node``: :func:`node_from_topology`'s result for ``topo`` and ``base``."""
+    prints them as ``note:``): the measured curves dropped (:func:`nvlink_difference`), the
+    NICs with no GPU under their PCIe switch left out of the compute NICs (unless ``nics``
+    names them), and NICs shared by unequal GPU counts (:meth:`NodeSpec.nic_of`). ``node``:
+    :func:`node_from_topology`'s result for ``topo`` and ``base``."""
     out = []
     why = nvlink_difference(topo, base)
     dropped = [k for k in NVLINK_CURVES if k in base.busbw]
@@ -202,7 +216,33 @@ def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec) -> list[str
         out.append(f"{topo.source}: {why}: {base.name}'s measured {' and '.join(dropped)} busbw curves "
                    f"(measured on its NVLink) are dropped; its intra-node collectives are timed at the fabric's "
                    f"line rate ({base.fabric.name}, {base.fabric.bandwidth_gb_per_s:g} GB/s)")
+    kept = {n.name for n in node.nics}
+    far = [n for n in topo.nics if n not in kept and not near_gpus(topo, n)]
+    if far and nics is None:
+        verb, them = ("has", "its") if len(far) == 1 else ("have", "their")
+        out.append(f"{topo.source}: {', '.join(far)} {verb} no GPU under {them} PCIe switch (no PIX or PXB): "
+                   f"not {'a compute NIC' if len(far) == 1 else 'compute NICs'}, left out of the plan and of "
+                   "NCCL_IB_HCA")
+    share = _sharing(node)
+    if share:
+        out.append(f"{topo.source}: {share}")
     return out
+
+
+def _sharing(node: NodeSpec) -> str:
+    """``3 compute NICs for 8 GPUs share unevenly (3/3/2 GPUs per NIC): mlx5_0 GPUs 0,1,2; ...``
+    when the NICs serve unequal GPU counts by :meth:`NodeSpec.nic_of`; "" otherwise."""
+    served: dict[int, list[int]] = {k: [] for k in range(len(node.nics))}
+    for gpu in range(node.gpus):
+        k = node.nic_of(gpu)
+        if k is not None:
+            served[k].append(gpu)
+    counts = [len(g) for g in served.values()]
+    if len(set(counts)) <= 1:
+        return ""
+    each = "; ".join(f"{node.nics[k].name} GPUs {','.join(map(str, g)) or 'none'}" for k, g in served.items())
+    return (f"{len(node.nics)} compute NICs for {node.gpus} GPUs share unevenly ({'/'.join(map(str, counts))} GPUs "
+            f"per NIC): {each}")
 
 
 def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:
