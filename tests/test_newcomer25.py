@@ -175,3 +175,72 @@ def test_no_nic_near_any_gpu_keeps_them_all():
     base = node("dgx-h100").model_copy(update={"gpus": 2, "nvlink_domain_gpus": 2})
     n = node_from_topology(parse_nvidia_smi_topo(text), base)
     assert [(x.name, x.gpus) for x in n.nics] == [("eth0", [])] and n.nic_of(1) == 0
+
+
+# #3: only plan and launch took --topology, so `place` printed the catalog's DGX NIC names (mlx5_3 for
+# GPU 1) that the newcomer's nodes do not have. place, step, search and compare now read it through
+# the one reader (meshplan.cli.loading.topology_node).
+
+@pytest.fixture
+def two_nodes(tmp_path) -> Path:
+    """Llama-3-8B on 2 x dgx-h100, dp_shard 4 x tp 4 (the mini example at two nodes)."""
+    text = (ROOT / "examples" / "mini_2x4_tp4-dp2.toml").read_text()
+    path = tmp_path / "two.toml"
+    path.write_text(text.replace("nodes = 1", "nodes = 2").replace("shape = [2, 4]", "shape = [4, 4]"))
+    return path
+
+
+def _rank_line(out: str, rank: int) -> str:
+    return next(line for line in out.splitlines() if line.startswith(f"  rank {rank}:"))
+
+
+def test_place_binds_the_topology_nics(two_nodes, capsys):
+    assert run_main("place", two_nodes, "--rank", 1) == 0
+    assert "socket 0 NIC mlx5_3;" in _rank_line(capsys.readouterr().out, 1)  # dgx-h100: GPU 1 -> mlx5_3
+    assert run_main("place", two_nodes, "--rank", 1, "--topology", ROCE) == 0
+    out, err = capsys.readouterr()
+    line = _rank_line(out, 1)
+    assert "socket 0 NIC mlx5_1;" in line and "mlx5_bond_0" not in out
+    assert 'NCCL_IB_HCA="=' + ",".join(f"mlx5_{k}:1" for k in range(8)) + '"' in line
+    assert err.count("note: h100-roce-bond_topo-m.txt: mlx5_bond_0 has no GPU") == 1
+
+
+def test_step_takes_the_topology(two_nodes, capsys):
+    assert run_main("step", two_nodes) == 0
+    plain = capsys.readouterr().out.splitlines()[0]
+    assert plain.startswith("step 5232.04 ms (no pipeline, m 16)")
+    for topo in (TOPO / "dgx-h100-like_topo-m.txt", ROCE):  # the same links: the same step
+        assert run_main("step", two_nodes, "--topology", topo) == 0
+        assert capsys.readouterr().out.splitlines()[0] == plain
+    assert run_main("step", two_nodes, "--topology", TOPO / "nccl-1405_topo-m.txt") == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] != plain and err.count("nvlink and nvls busbw curves") == 1
+
+
+def test_compare_says_the_topology_notes_once(two_nodes, tmp_path, capsys):
+    other = tmp_path / "two8.toml"
+    other.write_text(two_nodes.read_text().replace("shape = [4, 4]", "shape = [2, 8]"))
+    assert run_main("compare", two_nodes, other, "--topology", THREE, "--out", tmp_path / "cmp") == 0
+    err = capsys.readouterr().err
+    assert err.count("share unevenly (3/3/2 GPUs per NIC)") == 1 and err.count("warning: the index map") == 1
+
+
+def test_search_plans_on_the_topology_node(two_nodes, monkeypatch, capsys):
+    seen = []
+
+    def stop(cfg, progress=None):
+        seen.append([n.name for n in cfg.cluster.node.nics])
+        raise SystemExit(0)
+    monkeypatch.setattr("meshplan.cli.search_cmds.search", stop)
+    assert run_main("search", two_nodes, "--topology", ROCE) == 0
+    assert seen == [[f"mlx5_{k}" for k in range(8)]]
+    assert capsys.readouterr().err.count("mlx5_bond_0 has no GPU") == 1
+
+
+def test_one_topology_option_for_every_command():
+    import typer
+    from meshplan.cli import app
+    commands = typer.main.get_command(app).commands
+    helps = {name: next(p.help for p in commands[name].params if "--topology" in p.opts)
+             for name in ("plan", "step", "place", "launch", "search", "compare")}
+    assert len(set(helps.values())) == 1

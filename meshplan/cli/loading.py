@@ -33,7 +33,7 @@ from meshplan.plan_fix_rules import mesh_checker
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
           unresolved: bool = False, kernels: Optional[list[Path]] = None,
-          schedule: Optional[str] = None) -> Plan | Infeasible:
+          schedule: Optional[str] = None, quiet: bool = False) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
     or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
     or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
@@ -46,13 +46,14 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     configs, such a plan is returned, infeasible) and counts that disagree
     (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
     the config's ``mesh.pp_schedule`` before the plan's rules (:mod:`meshplan.cli.schedule_opt`;
-    its refusals name ``--schedule``)."""
+    its refusals name ``--schedule``). ``quiet``: the topology's notes not printed (``compare``'s
+    second config: the first printed them)."""
 
     read = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     cfg = scheduled(read, schedule)
     _notes(cfg)
     try:
-        plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
+        plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels, quiet))
     except ConfigError as e:
         raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
@@ -66,7 +67,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
 
 def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None,
-                      kernels: Optional[list[Path]] = None):
+                      kernels: Optional[list[Path]] = None, quiet: bool = False):
     """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
     NCCL topology XML), its links by ``calibration`` (:func:`apply_calibration`) and its GPU's
     kernel data laid over by the config's [kernels] files, then ``kernels`` (``--kernels``,
@@ -82,19 +83,21 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
             _echo(f"warning: {w}", err=True)
         cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
-        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node)})
+        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node, quiet)})
     if calibration:
         cluster = apply_calibration(cluster, load_calibration(calibration))
     return replace(cfg, cluster=cluster)
 
 
-def topology_node(topology: Path, base):
+def topology_node(topology: Path, base, quiet: bool = False):
     """The node ``--topology`` gives over ``base`` (:func:`node_from_topology`), printing its
     notes (:func:`topology_notes`) and, in one line, where the index map GPU k -> NIC k lands
     on a farther NIC (:func:`check_identity_nic_map`: the count and the first GPU). The one
-    place a command reads a topology."""
+    place a command reads a topology; ``quiet``: nothing printed."""
     topo = load_topology(topology)
     node = node_from_topology(topo, base)
+    if quiet:
+        return node
     for n in topology_notes(topo, base, node):
         _echo(f"note: {n}", err=True)
     ident = check_identity_nic_map(node)
