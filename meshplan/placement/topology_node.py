@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from meshplan.errors import ConfigError
 from meshplan.limits import bound_message
 from meshplan.placement.cpus import physical_cores
-from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix, parse_nvidia_smi_topo
+from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix
 from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
 
 
@@ -121,13 +121,14 @@ def nvlink_difference(topo: TopoMatrix, base: NodeSpec) -> Optional[str]:
     is not compared: ``nvidia-smi topo -m`` does not name it (the config's GPU stands).
 
     >>> from meshplan.catalog import node
+    >>> from meshplan.placement.topology import parse_nvidia_smi_topo
     >>> text = "\\tGPU0\\tGPU1\\nGPU0\\t X \\tNV8\\nGPU1\\tNV8\\t X \\n"
     >>> base = node("dgx-h100").model_copy(update={"gpus": 2, "nvlink_domain_gpus": 2})
     >>> nvlink_difference(parse_nvidia_smi_topo(text), base)
     'GPUs are joined by NV8, dgx-h100 by NV18'
     """
     d = min(base.nvlink_domain_gpus or base.gpus, base.gpus)
-    levels = {}
+    levels: dict[str, tuple[int, int]] = {}
     for i, a in enumerate(topo.gpus):
         for j, b in enumerate(topo.gpus):
             lvl = topo.gpu_gpu[i][j]
