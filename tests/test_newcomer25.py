@@ -48,7 +48,7 @@ def _times(cfg, node_spec=None) -> list[tuple[str, str, str, float]]:
 def test_shipped_topology_keeps_the_measured_curves(chosen, name):
     cfg = load_config(chosen)
     base = cfg.cluster.node
-    n = node_from_topology(load_topology(TOPO / name), base)
+    n = node_from_topology(load_topology(TOPO / name), base, gpu=cfg.cluster.gpu)  # XML: sm 90, the H100's
     assert n.busbw == base.busbw and sorted(n.busbw) == ["nic", "nvlink", "nvls"]
     plain, topo = _times(cfg), _times(cfg, n)
     assert topo == plain
@@ -68,11 +68,27 @@ def test_no_nvlink_drops_the_nvlink_curves_in_one_note(chosen):
     assert nvlink_difference(topo, base) == "GPUs 0 and 1 are joined by PIX, not NVLink"
     assert topology_notes(topo, base, n)[0] == (
         "nccl-1405_topo-m.txt: GPUs 0 and 1 are joined by PIX, not NVLink: dgx-h100's measured nvlink and nvls busbw "
-        "curves (measured on its NVLink) are dropped; its intra-node collectives are timed at the fabric's line rate "
-        "(nvlink4, 450 GB/s)")
+        "curves (measured on its GPUs and NVLink) are dropped; its intra-node collectives are timed at the fabric's "
+        "line rate (nvlink4, 450 GB/s)")
     # the same times as dgx-h100 without its NVLink curves: the network curve stays
     no_nvlink = base.model_copy(update={"busbw": {"nic": base.busbw["nic"]}})
     assert _times(cfg, n) == _times(cfg, no_nvlink.model_copy(update={"sockets": n.sockets, "nics": n.nics}))
+
+
+def test_other_gpus_in_the_xml_drop_the_nvlink_curves():
+    """NCCL's XML names each GPU's compute capability (sm="90"); nvidia-smi topo -m names none."""
+    from meshplan.catalog import gpu
+    from meshplan.placement.topology import parse_nccl_topo_xml
+    h100, base = gpu("h100-sxm5-80gb"), node("dgx-h100")
+    text = (TOPO / "dgx-h100-like_topo.xml").read_text()
+    assert text.count('sm="90"') == 8
+    a100s = parse_nccl_topo_xml(text.replace('sm="90"', 'sm="80"'), source="a100.xml")
+    n = node_from_topology(a100s, base, gpu=h100)
+    assert sorted(n.busbw) == ["nic"]
+    assert topology_notes(a100s, base, n, gpu=h100)[0].startswith(
+        "a100.xml: its GPUs are sm 80, h100-sxm5-80gb is sm 90: dgx-h100's measured nvlink and nvls busbw curves")
+    assert sorted(node_from_topology(a100s, base).busbw) == ["nic", "nvlink", "nvls"]  # no GPU given: NVLink alone
+    assert (h100.cuda_sm, gpu("a100-sxm-80gb").cuda_sm, gpu("b200-sxm-180gb").cuda_sm) == (90, 80, 100)
 
 
 def _two_gpus(level: str) -> str:

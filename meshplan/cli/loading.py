@@ -83,22 +83,22 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
             _echo(f"warning: {w}", err=True)
         cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
-        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node, quiet)})
+        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node, cluster.gpu, quiet)})
     if calibration:
         cluster = apply_calibration(cluster, load_calibration(calibration))
     return replace(cfg, cluster=cluster)
 
 
-def topology_node(topology: Path, base, quiet: bool = False):
-    """The node ``--topology`` gives over ``base`` (:func:`node_from_topology`), printing its
+def topology_node(topology: Path, base, gpu=None, quiet: bool = False):
+    """The node ``--topology`` gives over ``base`` for ``gpu`` (:func:`node_from_topology`), printing its
     notes (:func:`topology_notes`) and, in one line, where the index map GPU k -> NIC k lands
     on a farther NIC (:func:`check_identity_nic_map`: the count and the first GPU). The one
     place a command reads a topology; ``quiet``: nothing printed."""
     topo = load_topology(topology)
-    node = node_from_topology(topo, base)
+    node = node_from_topology(topo, base, gpu=gpu)
     if quiet:
         return node
-    for n in topology_notes(topo, base, node):
+    for n in topology_notes(topo, base, node, gpu=gpu):
         _echo(f"note: {n}", err=True)
     ident = check_identity_nic_map(node)
     if ident:

@@ -19,7 +19,7 @@ from meshplan.errors import ConfigError
 from meshplan.limits import bound_message
 from meshplan.placement.cpus import physical_cores
 from meshplan.placement.topology import LEVELS, SAME_SWITCH, TopoMatrix
-from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
+from meshplan.spec.cluster import GPUSpec, NICSpec, NodeSpec, SocketSpec
 
 
 def _sockets(topo: TopoMatrix, base: NodeSpec, threads_per_core) -> tuple[list[SocketSpec], dict, list[int]]:
@@ -145,18 +145,37 @@ def nvlink_difference(topo: TopoMatrix, base: NodeSpec) -> Optional[str]:
     return None
 
 
-def _kept_busbw(topo: TopoMatrix, base: NodeSpec) -> dict:
-    """``base.busbw`` without :data:`NVLINK_CURVES` when :func:`nvlink_difference` finds one."""
-    if nvlink_difference(topo, base) is None:
+def gpu_difference(topo: TopoMatrix, gpu: Optional[GPUSpec]) -> Optional[str]:
+    """Why ``topo``'s GPUs are not ``gpu``, or None when they may be: an NCCL XML's ``sm``
+    (compute capability x 10) other than ``gpu.cuda_sm``. None when either is unknown
+    (``nvidia-smi topo -m`` does not name the GPU)."""
+    if gpu is None or not gpu.cuda_sm:
+        return None
+    other = sorted({sm for sm in topo.gpu_sm if sm is not None and sm != gpu.cuda_sm})
+    if other:
+        return f"its GPUs are sm {', '.join(map(str, other))}, {gpu.name} is sm {gpu.cuda_sm}"
+    return None
+
+
+def curve_difference(topo: TopoMatrix, base: NodeSpec, gpu: Optional[GPUSpec] = None) -> Optional[str]:
+    """Why ``base``'s NVLink curves do not hold on ``topo``'s node (:func:`gpu_difference`, then
+    :func:`nvlink_difference`), or None when they do."""
+    return gpu_difference(topo, gpu) or nvlink_difference(topo, base)
+
+
+def _kept_busbw(topo: TopoMatrix, base: NodeSpec, gpu: Optional[GPUSpec]) -> dict:
+    """``base.busbw`` without :data:`NVLINK_CURVES` when :func:`curve_difference` finds one."""
+    if curve_difference(topo, base, gpu) is None:
         return dict(base.busbw)
     return {k: v for k, v in base.busbw.items() if k not in NVLINK_CURVES}
 
 
 def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]] = None,
-                       threads_per_core: Optional[int] = None) -> NodeSpec:
+                       threads_per_core: Optional[int] = None, gpu: Optional[GPUSpec] = None) -> NodeSpec:
     """``base`` with sockets and NICs read from ``topo``; fabric, PCIe link, NVLink domain,
     (unless the XML gives ``speed``) NIC rates and the measured ``busbw`` curves stay those of
-    ``base``, but for the NVLink curves when the GPU-GPU links differ (:func:`nvlink_difference`;
+    ``base``, but for the NVLink curves when the topology's GPUs are not ``gpu`` (the cluster's,
+    when given) or its GPU-GPU links are not ``base``'s NVLink (:func:`curve_difference`;
     :func:`topology_notes` says which were dropped and why).
 
     - Sockets: one per NUMA node holding a GPU (or, from the XML, a NIC), with its GPUs
@@ -179,13 +198,13 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
     names = _chosen_nics(topo, base, nics)
     cols = [topo.nics.index(n) for n in names]
     under: dict[str, list[int]] = {n: [] for n in names}
-    for i, gpu in enumerate(topo.gpus):
+    for i, dev in enumerate(topo.gpus):
         levels = [topo.gpu_nic[i][j] for j in cols]
         best = min(levels, key=LEVELS.index, default="SYS")
         if best in SAME_SWITCH:
             for n, lvl in zip(names, levels):
                 if lvl == best:
-                    under[n].append(gpu)
+                    under[n].append(dev)
     rails = {n.name: n.rail for n in base.nics} if [n.name for n in base.nics] == names else {}
     try:
         specs = [NICSpec(name=n, rate_gbit_per_s=_nic_rate(topo, base, n), gpus=sorted(under[n]),
@@ -194,7 +213,7 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
         return NodeSpec(
             name=base.name, gpus=base.gpus, fabric=base.fabric, pcie=base.pcie, sockets=sockets, nics=specs,
             nvlink_domain_gpus=base.nvlink_domain_gpus, nvlinks_per_gpu=base.nvlinks_per_gpu,
-            busbw=_kept_busbw(topo, base),
+            busbw=_kept_busbw(topo, base, gpu),
             source=f"sockets and NICs from {topo.source}; fabric, PCIe, NIC rates and measured curves from {base.name}")
     except ValidationError as err:
         first = err.errors()[0]
@@ -204,19 +223,20 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
                                        "output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE") from None
 
 
-def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec, nics: Optional[Sequence[str]] = None) -> list[str]:
+def topology_notes(topo: TopoMatrix, base: NodeSpec, node: NodeSpec, nics: Optional[Sequence[str]] = None,
+                   gpu: Optional[GPUSpec] = None) -> list[str]:
     """What ``--topology`` changed beyond sockets and NIC affinity, one line each (the CLI
-    prints them as ``note:``): the measured curves dropped (:func:`nvlink_difference`), the
+    prints them as ``note:``): the measured curves dropped (:func:`curve_difference`), the
     NICs with no GPU under their PCIe switch left out of the compute NICs (unless ``nics``
     names them), and NICs shared by unequal GPU counts (:meth:`NodeSpec.nic_of`). ``node``:
     :func:`node_from_topology`'s result for ``topo`` and ``base``."""
     out = []
-    why = nvlink_difference(topo, base)
+    why = curve_difference(topo, base, gpu)
     dropped = [k for k in NVLINK_CURVES if k in base.busbw]
     if why and dropped:
         out.append(f"{topo.source}: {why}: {base.name}'s measured {' and '.join(dropped)} busbw curves "
-                   f"(measured on its NVLink) are dropped; its intra-node collectives are timed at the fabric's "
-                   f"line rate ({base.fabric.name}, {base.fabric.bandwidth_gb_per_s:g} GB/s)")
+                   f"(measured on its GPUs and NVLink) are dropped; its intra-node collectives are timed at the "
+                   f"fabric's line rate ({base.fabric.name}, {base.fabric.bandwidth_gb_per_s:g} GB/s)")
     kept = {n.name for n in node.nics}
     far = [n for n in topo.nics if n not in kept and not near_gpus(topo, n)]
     if far and nics is None:

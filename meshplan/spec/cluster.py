@@ -42,7 +42,9 @@ class GPUSpec(BaseModel):
     ``max_gemm_fraction``: best measured GEMM throughput / peak (bf16), the ceiling of the
     compute model. ``kernels``: the user's measured kernel tables laid over the catalog's, in
     order (``--kernels``, a config's ``[kernels] files``; not a key of a GPU table, and left
-    out of the dumped spec: the commands report it as their ``kernels`` entry)."""
+    out of the dumped spec: the commands report it as their ``kernels`` entry). ``cuda_sm``: CUDA
+    compute capability x 10 (90 for H100), as NCCL's topology dump writes ``<gpu sm=>``; 0 when
+    not stated (a ``--topology`` XML of other GPUs then cannot be told apart)."""
 
     model_config = _STRICT
     name: Name
@@ -50,6 +52,7 @@ class GPUSpec(BaseModel):
     hbm_gb: float = Field(gt=0, le=_le("hbm_gb"))
     hbm_bandwidth_tb_per_s: float = Field(gt=0, le=_le("hbm_bandwidth_tb_per_s"))
     sms: int = Field(gt=0, le=_le("sms"))
+    cuda_sm: int = Field(default=0, ge=0, le=_le("cuda_sm"))
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
     source: Text
     kernels: tuple[KernelFile, ...] = Field(default=(), exclude=True)
