@@ -1,6 +1,8 @@
 """The :class:`~meshplan.spec.cluster.NodeSpec` a read topology gives (:func:`node_from_topology`:
-its sockets and NICs from a :class:`~meshplan.placement.topology.TopoMatrix`), and the check of
-the index NIC map GPU k -> NIC k against it (:func:`check_identity_nic_map`).
+its sockets and NICs from a :class:`~meshplan.placement.topology.TopoMatrix`, the catalog node's
+measured curves kept unless its GPUs or NVLink differ: :func:`curve_difference`), the lines that
+say what it changed (:func:`topology_notes`), and the check of the index NIC map GPU k -> NIC k
+against it (:func:`check_identity_nic_map`).
 
 NIC affinity is a property of the PCIe tree, not of indices (NVIDIA/nccl issue 1405: GPUs
 0-3 share a switch with NICs 1, 3, 4, 5). A GPU's NICs are those at its closest level when
@@ -118,7 +120,7 @@ def nvlink_difference(topo: TopoMatrix, base: NodeSpec) -> Optional[str]:
     two GPUs of one NVLink domain (``base.nvlink_domain_gpus``, the node when 0) joined by
     ``NV#`` with one # for every pair (an NVSwitch node, as the curves were measured), equal to
     ``base.nvlinks_per_gpu`` when the catalog states it (H100: NV18, A100: NV12). The GPU model
-    is not compared: ``nvidia-smi topo -m`` does not name it (the config's GPU stands).
+    is :func:`gpu_difference`'s.
 
     >>> from meshplan.catalog import node
     >>> from meshplan.placement.topology import parse_nvidia_smi_topo
