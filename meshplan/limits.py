@@ -88,6 +88,8 @@ BOUNDS: dict[str, Bound] = {
     "virtual_stages": Bound(MAX_LAYERS, "at most one layer per virtual stage"),
     "layers_per_virtual_stage": Bound(MAX_LAYERS, "the layer bound"),
     "sms": Bound(1 << 16, "500x the SMs of an H100 (132)"),
+    "cuda_sm": Bound(1 << 10, "10x Blackwell's compute capability 10.0 (sm 100)"),
+    "nvlinks_per_gpu": Bound(1 << 10, "50x the 18 NVLinks of an H100 or B200"),
     "cores": Bound(MAX_CPU_ID, "CPU ids below 65,536: 8x Linux's largest NR_CPUS (8,192)"),
     "hbm_gb": Bound(1e5, "500x the HBM of an H200 (141 GB)"),
     "hbm_bandwidth_tb_per_s": Bound(1e4, "2,000x an H200 (4.8 TB/s)"),

@@ -52,6 +52,16 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
 
+TOPOLOGY_HELP = ("nvidia-smi topo -m text or NCCL topology XML of the nodes: replaces their sockets, NUMA cores "
+                 "and NICs with their PCIe affinity; the catalog node's links and measured curves stay (a note says "
+                 "why when its NVLink curves are dropped, and which NICs have no GPU under their PCIe switch)")
+
+
+# Shared by plan, step, place, launch, compare (both configs) and search: one reader
+# (meshplan.cli.loading.topology_node).
+TopologyOpt = Annotated[Optional[Path], typer.Option("--topology", help=TOPOLOGY_HELP)]
+
+
 KERNELS_HELP = ("measured kernel table (kernels.toml form, as `meshplan bench gemm --grid` / `bench attention --grid` "
                 "/ `bench rank --kernels-out` write it) for the config's GPU, laid over the catalog's for this run: "
                 "its GEMM points replace the catalog's for each dtype it has, its attention rows come first, its "

@@ -25,7 +25,7 @@ from meshplan.interop.world_words import foreign_world_error
 from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
 from meshplan.placement.topology import load_topology
-from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology
+from meshplan.placement.topology_node import check_identity_nic_map, node_from_topology, topology_notes
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.plan_fix_rules import mesh_checker
 
@@ -33,7 +33,7 @@ from meshplan.plan_fix_rules import mesh_checker
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
           unresolved: bool = False, kernels: Optional[list[Path]] = None,
-          schedule: Optional[str] = None) -> Plan | Infeasible:
+          schedule: Optional[str] = None, quiet: bool = False) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
     or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
     or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
@@ -46,13 +46,14 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     configs, such a plan is returned, infeasible) and counts that disagree
     (:func:`~meshplan.mesh.validity.input_error`). ``schedule`` (``step --schedule``) replaces
     the config's ``mesh.pp_schedule`` before the plan's rules (:mod:`meshplan.cli.schedule_opt`;
-    its refusals name ``--schedule``)."""
+    its refusals name ``--schedule``). ``quiet``: the topology's notes not printed (``compare``'s
+    second config: the first printed them)."""
 
     read = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     cfg = scheduled(read, schedule)
     _notes(cfg)
     try:
-        plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels))
+        plan = build_plan(_measured_cluster(cfg, topology, calibration, kernels, quiet))
     except ConfigError as e:
         raise file_error(cfg, e if cfg is read else renamed(e, str(schedule))) from None
     if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
@@ -66,7 +67,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
 
 def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None,
-                      kernels: Optional[list[Path]] = None):
+                      kernels: Optional[list[Path]] = None, quiet: bool = False):
     """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
     NCCL topology XML), its links by ``calibration`` (:func:`apply_calibration`) and its GPU's
     kernel data laid over by the config's [kernels] files, then ``kernels`` (``--kernels``,
@@ -82,13 +83,29 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
             _echo(f"warning: {w}", err=True)
         cluster = cluster.model_copy(update={"gpu": gpu})
     if topology:
-        node = node_from_topology(load_topology(topology), cluster.node)
-        for w in check_identity_nic_map(node):
-            _echo(f"warning: {w}", err=True)
-        cluster = cluster.model_copy(update={"node": node})
+        cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node, cluster.gpu, quiet)})
     if calibration:
         cluster = apply_calibration(cluster, load_calibration(calibration))
     return replace(cfg, cluster=cluster)
+
+
+def topology_node(topology: Path, base, gpu=None, quiet: bool = False):
+    """The node ``--topology`` gives over ``base`` for ``gpu`` (:func:`node_from_topology`), printing its
+    notes (:func:`topology_notes`) and, in one line, where the index map GPU k -> NIC k lands
+    on a farther NIC (:func:`check_identity_nic_map`: the count and the first GPU). The one
+    place a command reads a topology; ``quiet``: nothing printed."""
+    topo = load_topology(topology)
+    node = node_from_topology(topo, base, gpu=gpu)
+    if quiet:
+        return node
+    for n in topology_notes(topo, base, node, gpu=gpu):
+        _echo(f"note: {n}", err=True)
+    ident = check_identity_nic_map(node)
+    if ident:
+        _echo(f"warning: the index map GPU k -> NIC k (local_rank % {len(node.nics)}) gives a farther NIC than the "
+              f"topology for {len(ident)} of {node.gpus} GPUs ({ident[0]}); the bindings use the topology's",
+              err=True)
+    return node
 
 
 def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:

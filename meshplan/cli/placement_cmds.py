@@ -10,6 +10,7 @@ import typer
 
 from meshplan.cli.common import (
     TOML_ONLY_HELP,
+    TopologyOpt,
     _check_rank,
     _echo,
     _exit_infeasible,
@@ -93,6 +94,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                                                                    "scripts use) or one (its own GPU alone, cuda:0)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
               nic_scope: str = typer.Option(NIC_SCOPE, "--nic-scope", help=NIC_SCOPE_HELP),
+              topology: TopologyOpt = None,
               json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
@@ -105,7 +107,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if bindings_path:
         check_destination(bindings_path, "--bindings", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config)
+    p = _load(config, topology)
     if p.mesh is None:
         _write_doc(json_path, envelope("place", p), force)
         _exit_infeasible(p)
@@ -168,9 +170,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit"),
                choose: bool = typer.Option(False, "--choose", help="bind the rank -> GPU permutation `place "
                                                                   "--choose` finds"),
-               topology: Optional[Path] = typer.Option(None, "--topology",
-                                                       help="nvidia-smi topo -m text or NCCL topology XML of the "
-                                                            "nodes: their sockets and NIC affinity"),
+               topology: TopologyOpt = None,
                json_path: Optional[Path] = _json_option("launch"),
                force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
     """Write a multi-node torchrun command (static rendezvous, --node-rank the host's node in the plan), a Slurm sbatch script and per-rank bindings

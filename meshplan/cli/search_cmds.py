@@ -16,6 +16,7 @@ from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
     KernelsOpt,
+    TopologyOpt,
     TOML_ONLY_HELP,
     _console,
     _echo,
@@ -63,7 +64,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
                                                                   "--json files"),
                 calibration: CalibrationOpt = None,
-                kernels: KernelsOpt = None):
+                kernels: KernelsOpt = None,
+                topology: TopologyOpt = None):
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
@@ -83,7 +85,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
-    a, b = (checked(_load(c, calibration=calibration, unresolved=True, kernels=kernels)) for c in (config_a, config_b))
+    a, b = (checked(_load(c, topology, calibration=calibration, unresolved=True, kernels=kernels, quiet=c is config_b))
+            for c in (config_a, config_b))  # the topology's notes once
     if [f.text for f in a.config.cluster.gpu.kernels] != [f.text for f in b.config.cluster.gpu.kernels]:
         raise ConfigError("kernels.files", f"{config_a} and {config_b} lay different measured kernel tables over the "
                           f"catalog; give both configs the same [kernels] files (or pass them once as --kernels)")
@@ -147,6 +150,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                   "(-: stdout, the rest of the output then on stderr)"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
+               topology: TopologyOpt = None,
                foreign: Foreign = Foreign()):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
@@ -236,7 +240,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         _refuse_existing(out, force, "-o")
     cfg = load_any(config, foreign.fmt, foreign.options(), require_mesh=False)
     _notes(cfg)
-    cfg = _measured_cluster(cfg, calibration=calibration, kernels=kernels)
+    cfg = _measured_cluster(cfg, topology, calibration=calibration, kernels=kernels)
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))

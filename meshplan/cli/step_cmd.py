@@ -13,6 +13,7 @@ from meshplan.cli.common import (
     CONFIG_HELP,
     CalibrationOpt,
     KernelsOpt,
+    TopologyOpt,
     _echo,
     _in_file,
     _exit_infeasible,
@@ -86,6 +87,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
          kernels: KernelsOpt = None,
+         topology: TopologyOpt = None,
          foreign: Foreign = Foreign()):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
@@ -138,7 +140,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
+    p = _load(config, topology, calibration=calibration, fmt=foreign.fmt, opts=foreign.options(),
               kernels=kernels, schedule=schedule)  # the plan's rules judge --schedule's schedule
     refused = rule_error(p, schedule) if schedule is not None else None
     if refused is not None:

@@ -57,7 +57,8 @@ class TopoMatrix:
     ``PIX``...) and ``nic_nic``; ``gpu_cpus[i]``: logical CPUs of GPU i's affinity (empty if
     unknown); ``gpu_numa`` / ``nic_numa``: NUMA node or None when the input does not say;
     ``nic_speed_gbit_per_s``: line rate (XML only); ``numa_cpus``: (NUMA node, CPUs) pairs
-    (XML only)."""
+    (XML only); ``gpu_sm``: each GPU's compute capability x 10 (XML ``sm``; empty for
+    ``nvidia-smi topo -m``, which does not name the GPU)."""
 
     gpus: tuple[int, ...]
     nics: tuple[str, ...]
@@ -70,6 +71,7 @@ class TopoMatrix:
     nic_speed_gbit_per_s: tuple[Optional[float], ...]
     numa_cpus: tuple[tuple[int, tuple[int, ...]], ...] = ()
     source: str = ""
+    gpu_sm: tuple[Optional[int], ...] = ()
 
     def level(self, gpu: int, nic: str) -> str:
         """Level between GPU ``gpu`` and NIC ``nic`` (by name)."""
@@ -253,6 +255,12 @@ def _speed(net: ET.Element, where: str) -> Optional[float]:
     return value
 
 
+def _sm(gpu: ET.Element) -> Optional[int]:
+    """A ``<gpu>``'s ``sm`` (compute capability x 10, ``90``); None when absent or not 1-4 digits."""
+    raw = (gpu.get("sm") or "").strip()
+    return int(raw) if re.fullmatch(r"[0-9]{1,4}", raw) else None
+
+
 def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMatrix:
     """Parse NCCL's topology dump (``NCCL_TOPO_DUMP_FILE``). GPUs are ordered by ``dev``;
     NICs keep file order (their ``dev``), named by ``name`` (with ``:port`` added when a
@@ -299,7 +307,8 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
         nic_nic=tuple(tuple("X" if a is b else _xml_level(a[1], b[1], a[2] == b[2]) for b in nets) for a in nets),
         gpu_cpus=tuple(g[3] for g in gpus), gpu_numa=tuple(g[2] for g in gpus),
         nic_numa=tuple(n[2] for n in nets), nic_speed_gbit_per_s=tuple(speed),
-        numa_cpus=tuple(numa_cpus), source=source)
+        numa_cpus=tuple(numa_cpus), source=source,
+        gpu_sm=tuple(_sm(g[0]) for g in gpus))
 
 
 def load_topology(path) -> TopoMatrix:

@@ -42,7 +42,9 @@ class GPUSpec(BaseModel):
     ``max_gemm_fraction``: best measured GEMM throughput / peak (bf16), the ceiling of the
     compute model. ``kernels``: the user's measured kernel tables laid over the catalog's, in
     order (``--kernels``, a config's ``[kernels] files``; not a key of a GPU table, and left
-    out of the dumped spec: the commands report it as their ``kernels`` entry)."""
+    out of the dumped spec: the commands report it as their ``kernels`` entry). ``cuda_sm``: CUDA
+    compute capability x 10 (90 for H100), as NCCL's topology dump writes ``<gpu sm=>``; 0 when
+    not stated (a ``--topology`` XML of other GPUs then cannot be told apart)."""
 
     model_config = _STRICT
     name: Name
@@ -50,6 +52,7 @@ class GPUSpec(BaseModel):
     hbm_gb: float = Field(gt=0, le=_le("hbm_gb"))
     hbm_bandwidth_tb_per_s: float = Field(gt=0, le=_le("hbm_bandwidth_tb_per_s"))
     sms: int = Field(gt=0, le=_le("sms"))
+    cuda_sm: int = Field(default=0, ge=0, le=_le("cuda_sm"))
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
     source: Text
     kernels: tuple[KernelFile, ...] = Field(default=(), exclude=True)
@@ -203,7 +206,10 @@ class NodeSpec(BaseModel):
     ``nic`` across nodes, ``p2p`` one GPU's send/recv pair through its own NIC to another
     node, ``nic1`` a ring or tree whose every rank is its node's only member of the group, so
     each drives one NIC, as a dp group beside tp 8); a class without one is timed at its line
-    rate (``p2p`` and ``nic1`` fall back to ``nic``)."""
+    rate (``p2p`` and ``nic1`` fall back to ``nic``). ``nvlinks_per_gpu``: NVLinks of one GPU,
+    as ``nvidia-smi topo -m`` prints them between two GPUs of an NVSwitch node (``NV18`` on
+    H100); 0 when not stated. A ``--topology`` keeps the ``nvlink``/``nvls`` curves only when
+    its GPU-GPU links match it (:func:`meshplan.placement.topology_node.nvlink_difference`)."""
 
     model_config = _STRICT
     name: Name
@@ -213,6 +219,7 @@ class NodeSpec(BaseModel):
     sockets: list[SocketSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nics: list[NICSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
+    nvlinks_per_gpu: int = Field(default=0, ge=0, le=_le("nvlinks_per_gpu"))
     busbw: dict[Literal["nvlink", "nvls", "nic", "p2p", "nic1"], BusbwCurve] = Field(default_factory=dict)
     source: Text = ""
 
