@@ -5,7 +5,6 @@ configs of ``deep_ep/buffer.py`` lines 245-287), derived here by hand at the Dee
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 

@@ -7,8 +7,8 @@ DeepSeek-V3 example re-meshed ep 32 x etp 2 (the same 64 ranks as its ep 64)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -91,3 +91,27 @@ def test_group_size_without_a_deepep_config_is_refused(tmp_path):
         _plan(tmp_path, 128, 2)
     assert e.value.field == "training.moe_dispatcher"
     assert "ep 128 x etp 2 = 256 ranks" in e.value.message and "moe_dispatcher = \"alltoall\"" in e.value.message
+
+
+def test_search_rejects_group_sizes_deepep_has_no_config_for():
+    """24 GPUs (3 DGX H100 nodes), 12 experts: an ep x etp group of 3, 6 or 12 ranks has no DeepEP config
+    (rule ``deepep``, after the rules before it); 2, 4, 8 and 24 do. build_plan gives the same reason."""
+    from meshplan.config import config_from_dict
+    from meshplan.search.driver import search
+    from meshplan.search.reasons import CODE
+    from meshplan.spec.mesh import MeshSpec
+    from tests.test_search import MOE
+
+    model = dict(MOE, name="moe12", experts=12, expert_ffn=1536)
+    training = {"global_batch": 48, "seq_len": 1024, "framework": "megatron", "moe_dispatcher": "deepep"}
+    cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 3}, "training": training,
+                            "search": {"micro_batch": [1], "recompute": ["full"], "pp": [1]}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    group, deepep = r.candidates.ep * r.candidates.etp, CODE["deepep"]
+    odd = np.isin(group, [3, 6, 12])
+    assert (r.code == deepep).any() and not (r.code[~odd] == deepep).any()
+    # every odd group is rejected, by rule deepep or by a rule before it
+    assert ((r.code[odd] >= 0) & (r.code[odd] <= deepep)).all()
+    # the search's configs carry their mesh past load_config's check (a given mesh: the ConfigError above)
+    plan = build_plan(replace(cfg, mesh=MeshSpec(names=["dp_shard", "tp", "ep", "etp"], shape=[12, 2, 6, 1])))
+    assert plan.reasons[-1].startswith("deepep: ep 6 x etp 1 = 6 ranks, a group size DeepEP has no dispatch config")

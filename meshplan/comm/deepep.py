@@ -287,6 +287,22 @@ def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep
     return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric, keep, etp)
 
 
+def group_reason(ep: int, etp: int) -> Optional[str]:
+    """The reason a plan under the deepep dispatcher is infeasible where its ep x etp group (> 1) is a
+    size DeepEP has no kernel config for (``Buffer.get_dispatch_config`` asserts, deepseek-ai/DeepEP
+    92fe2de ``deep_ep/buffer.py`` lines 245-259; catalog ``deepep.toml`` ``[buffer] group_sizes``),
+    else None; the search's rule ``deepep`` over its columns.
+
+    >>> group_reason(32, 2) is None, group_reason(12, 1).split(";")[0]
+    (True, 'deepep: ep 12 x etp 1 = 12 ranks, a group size DeepEP has no dispatch config for (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)')
+    """
+    sizes = catalog.deepep_buffer()["group_sizes"]
+    if ep * etp < 2 or ep * etp in sizes:
+        return None
+    return (f"deepep: ep {ep} x etp {etp} = {ep * etp} ranks, a group size DeepEP has no dispatch config for "
+            f"({', '.join(map(str, sizes))}); set ep x etp to one of them or training.moe_dispatcher = \"alltoall\"")
+
+
 def describe(model, ep: int, nodes: int, keep: float = 1.0, etp: int = 1) -> str:
     """What is modelled, in one phrase, for the step's routing note (``nodes``: the ep x etp group's)."""
     c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep, etp)
