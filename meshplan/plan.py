@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshplan.comm.collectives import collective_table
-from meshplan.comm.deepep import copies as deepep_copies
-from meshplan.comm.deepep import describe as describe_deepep, flex_tokens, keep_share
+from meshplan.comm.deepep import copies as deepep_copies, describe as describe_deepep, flex_tokens, keep_share
 from meshplan.comm.deepep import group_reason as deepep_group_reason
 from meshplan.comm.ep_rows import tp_ep_group
 from meshplan.comm.row import CollectiveRow
@@ -257,8 +256,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                 + p2p_note(t, spec.pp_schedule, pp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
-    if t.moe_dispatcher == "deepep" and m.is_moe and (why := deepep_group_reason(mesh.ep, mesh.etp)):
-        partition.append(why)  # DeepEP would assert at the first dispatch (the search's rule deepep)
+    if t.moe_dispatcher == "deepep" and m.is_moe:  # DeepEP asserts on a group size it has no config for (rule deepep)
+        partition += [why for why in [deepep_group_reason(mesh.ep, mesh.etp)] if why]
     failed = bool(v.reasons or partition or v.stages is None)
     flags = tuple(placement_flags(mesh, placement, training=t)) if failed or reports else ()
     if failed or v.stages is None:  # (the second for mypy: failed covers it)
