@@ -321,11 +321,16 @@ def _check_deepep_group(spec: MeshSpec) -> None:
     buffer over the ep x etp ranks (``fused_a2a.get_buffer``, NVIDIA/Megatron-LM d98e8a6), and DeepEP
     has kernel configs for some group sizes only (``Buffer.get_dispatch_config`` asserts ``num_ranks
     in config_map``, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines 245-259; catalog
-    ``deepep.toml`` ``[buffer] group_sizes``): another size fails at its first dispatch."""
+    ``deepep.toml`` ``[buffer] group_sizes``): another size fails at its first dispatch; and one rank has
+    no group (``MoEFlexTokenDispatcher`` asserts ``TPxEP > 1``, token_dispatcher.py line 1836)."""
     deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
     group = deg.get("ep", 1) * deg.get("etp", 1)
     sizes = catalog.deepep_buffer()["group_sizes"]
-    if group > 1 and group not in sizes:
+    if group == 1:
+        raise ConfigError("training.moe_dispatcher", "\"deepep\" needs an ep x etp group of 2 ranks or more "
+                          "(Megatron-LM's flex dispatcher asserts TPxEP > 1); give mesh ep > 1 or moe_dispatcher = "
+                          "\"alltoall\"")
+    if group not in sizes:
         raise ConfigError("training.moe_dispatcher", f"\"deepep\" runs DeepEP over ep {deg.get('ep', 1)} x etp "
                           f"{deg.get('etp', 1)} = {group} ranks, a size DeepEP has no dispatch config for "
                           f"(Buffer.get_dispatch_config: {', '.join(map(str, sizes))}); set mesh ep x etp to one "

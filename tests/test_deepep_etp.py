@@ -95,7 +95,8 @@ def test_group_size_without_a_deepep_config_is_refused(tmp_path):
 
 def test_search_rejects_group_sizes_deepep_has_no_config_for():
     """24 GPUs (3 DGX H100 nodes), 12 experts: an ep x etp group of 3, 6 or 12 ranks has no DeepEP config
-    (rule ``deepep``, after the rules before it); 2, 4, 8 and 24 do. build_plan gives the same reason."""
+    and one of 1 rank none at all (Megatron-LM asserts TPxEP > 1): rule ``deepep``, after the rules
+    before it; 2, 4, 8 and 24 are kept. build_plan gives the same reasons."""
     from meshplan.config import config_from_dict
     from meshplan.search.driver import search
     from meshplan.search.reasons import CODE
@@ -108,10 +109,22 @@ def test_search_rejects_group_sizes_deepep_has_no_config_for():
                             "search": {"micro_batch": [1], "recompute": ["full"], "pp": [1]}}, require_mesh=False)
     r = search(cfg, workers=1)
     group, deepep = r.candidates.ep * r.candidates.etp, CODE["deepep"]
-    odd = np.isin(group, [3, 6, 12])
+    odd = np.isin(group, [1, 3, 6, 12])
     assert (r.code == deepep).any() and not (r.code[~odd] == deepep).any()
     # every odd group is rejected, by rule deepep or by a rule before it
     assert ((r.code[odd] >= 0) & (r.code[odd] <= deepep)).all()
     # the search's configs carry their mesh past load_config's check (a given mesh: the ConfigError above)
     plan = build_plan(replace(cfg, mesh=MeshSpec(names=["dp_shard", "tp", "ep", "etp"], shape=[12, 2, 6, 1])))
     assert plan.reasons[-1].startswith("deepep: ep 6 x etp 1 = 6 ranks, a group size DeepEP has no dispatch config")
+    plan = build_plan(replace(cfg, mesh=MeshSpec(names=["dp_shard", "tp"], shape=[12, 2])))
+    assert plan.reasons[-1].startswith("deepep: ep 1 x etp 1: Megatron-LM's flex dispatcher asserts TPxEP > 1")
+
+
+def test_a_given_mesh_without_an_ep_x_etp_group_is_refused(tmp_path):
+    text = example_toml(NAME, moe_dispatcher="deepep").replace(
+        'names = ["pp", "dp_shard", "ep"]\nshape = [16, 128, 64]', 'names = ["pp", "dp_shard"]\nshape = [16, 128]')
+    f = tmp_path / "ep1.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    assert e.value.field == "training.moe_dispatcher" and "asserts TPxEP > 1" in e.value.message

@@ -288,16 +288,22 @@ def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep
 
 
 def group_reason(ep: int, etp: int) -> Optional[str]:
-    """The reason a plan under the deepep dispatcher is infeasible where its ep x etp group (> 1) is a
-    size DeepEP has no kernel config for (``Buffer.get_dispatch_config`` asserts, deepseek-ai/DeepEP
-    92fe2de ``deep_ep/buffer.py`` lines 245-259; catalog ``deepep.toml`` ``[buffer] group_sizes``),
-    else None; the search's rule ``deepep`` over its columns.
+    """The reason a plan under the deepep dispatcher is infeasible where its ep x etp group is 1 rank
+    (``MoEFlexTokenDispatcher`` asserts "DeepEP dispatcher requires TPxEP > 1", NVIDIA/Megatron-LM
+    d98e8a6 token_dispatcher.py line 1836) or a size DeepEP has no kernel config for
+    (``Buffer.get_dispatch_config`` asserts, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines
+    245-259; catalog ``deepep.toml`` ``[buffer] group_sizes``), else None; the search's rule ``deepep``.
 
     >>> group_reason(32, 2) is None, group_reason(12, 1).split(";")[0]
     (True, 'deepep: ep 12 x etp 1 = 12 ranks, a group size DeepEP has no dispatch config for (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)')
+    >>> group_reason(1, 1).split(";")[0]
+    "deepep: ep 1 x etp 1: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch over)"
     """
     sizes = catalog.deepep_buffer()["group_sizes"]
-    if ep * etp < 2 or ep * etp in sizes:
+    if ep * etp < 2:
+        return (f"deepep: ep {ep} x etp {etp}: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch "
+                f"over); set ep (or etp) > 1 or training.moe_dispatcher = \"alltoall\"")
+    if ep * etp in sizes:
         return None
     return (f"deepep: ep {ep} x etp {etp} = {ep * etp} ranks, a group size DeepEP has no dispatch config for "
             f"({', '.join(map(str, sizes))}); set ep x etp to one of them or training.moe_dispatcher = \"alltoall\"")
