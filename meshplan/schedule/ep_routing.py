@@ -37,7 +37,7 @@ def routing_note(model, ep: int, dispatcher: str = "alltoall", nodes: Optional[i
                  keep: float = 1.0, etp: int = 1) -> Optional[str]:
     """The ``note:`` line for ``model`` (a :class:`~meshplan.spec.model.ModelSpec`) at ``ep`` > 1
     (step's plan, or the search's widest ep shown): under the deepep dispatcher what
-    :func:`meshplan.comm.deepep.describe` says is modelled (``nodes``: the ep group's node span;
+    :func:`meshplan.comm.deepep.describe` says is modelled (``nodes``: the ep x etp group's node span;
     None: the search's rows, which differ); under alltoall, for a model with group-limited routing
     (``n_group``, ``topk_group``), that the all-to-all's bytes do not depend on it; else None."""
     if not model.experts or ep < 2:
