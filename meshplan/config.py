@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meshplan import catalog
 from meshplan.config_tables import build, read_cluster, read_model
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
@@ -170,6 +171,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     elif mesh is not None and model.is_moe:
         mesh, notes = _torch_etp(mesh, notes)
     _check_routing(model, training)
+    if mesh is not None and training.moe_dispatcher == "deepep":
+        _check_deepep_group(mesh)
     cluster = read_cluster(data["cluster"])
     if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
         raise ConfigError("training.linear_dtype", f"{cluster.gpu.name} has no {training.linear_dtype} peak "
@@ -327,6 +330,27 @@ def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[
     else:
         spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
     return spec, (*notes, note)
+
+
+def _check_deepep_group(spec: MeshSpec) -> None:
+    """``moe_dispatcher = "deepep"`` on a given mesh: Megatron-LM's flex dispatcher builds its DeepEP
+    buffer over the ep x etp ranks (``fused_a2a.get_buffer``, NVIDIA/Megatron-LM d98e8a6), and DeepEP
+    has kernel configs for some group sizes only (``Buffer.get_dispatch_config`` asserts ``num_ranks
+    in config_map``, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines 245-259; catalog
+    ``deepep.toml`` ``[buffer] group_sizes``): another size fails at its first dispatch; and one rank has
+    no group (``MoEFlexTokenDispatcher`` asserts ``TPxEP > 1``, token_dispatcher.py line 1836)."""
+    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
+    group = deg.get("ep", 1) * deg.get("etp", 1)
+    sizes = catalog.deepep_buffer()["group_sizes"]
+    if group == 1:
+        raise ConfigError("training.moe_dispatcher", "\"deepep\" needs an ep x etp group of 2 ranks or more "
+                          "(Megatron-LM's flex dispatcher asserts TPxEP > 1); give mesh ep > 1 or moe_dispatcher = "
+                          "\"alltoall\"")
+    if group not in sizes:
+        raise ConfigError("training.moe_dispatcher", f"\"deepep\" runs DeepEP over ep {deg.get('ep', 1)} x etp "
+                          f"{deg.get('etp', 1)} = {group} ranks, a size DeepEP has no dispatch config for "
+                          f"(Buffer.get_dispatch_config: {', '.join(map(str, sizes))}); set mesh ep x etp to one "
+                          f"of them or moe_dispatcher = \"alltoall\"")
 
 
 def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from meshplan.comm.collectives import collective_table
-from meshplan.comm.deepep import copies as deepep_copies
-from meshplan.comm.deepep import describe as describe_deepep, keep_share
+from meshplan.comm.deepep import copies as deepep_copies, describe as describe_deepep, flex_tokens, keep_share
+from meshplan.comm.deepep import group_reason as deepep_group_reason
+from meshplan.comm.ep_rows import tp_ep_group
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
@@ -255,6 +256,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                 + p2p_note(t, spec.pp_schedule, pp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
+    if t.moe_dispatcher == "deepep" and m.is_moe:  # DeepEP asserts on a group size it has no config for (rule deepep)
+        partition += [why for why in [deepep_group_reason(mesh.ep, mesh.etp)] if why]
     failed = bool(v.reasons or partition or v.stages is None)
     flags = tuple(placement_flags(mesh, placement, training=t)) if failed or reports else ()
     if failed or v.stages is None:  # (the second for mypy: failed covers it)
@@ -263,7 +266,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tp, tokens = mesh.degree("tp"), shapes.tokens
-    span = ep_span(mesh, placement)
+    span = ep_span(mesh, placement, flex=t.moe_dispatcher == "deepep")
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
                                    deepep=_deepep_copies(config, mesh, span[0], tokens)) if reports else constraints
     notes = v.notes
@@ -277,9 +280,11 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
         routed = max(1, tokens * mesh.etp // tp)
         if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
-            head = (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}{routed}" if ro.dropless else
-                    routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin))
-            notes += (head + "; " + describe_deepep(m, mesh.ep, span[0], keep_share(t, m, routed, mesh.ep))
+            own = flex_tokens(routed, mesh.etp)  # each rank dispatches its own tokens to all etp ranks
+            origin = f"{tokens} local tokens / tp {tp}" if tp > 1 else ""
+            head = (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}{own}" if ro.dropless else
+                    routing(ro, own, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin))
+            notes += (head + "; " + describe_deepep(m, mesh.ep, span[0], keep_share(t, m, own, mesh.ep), mesh.etp)
                       + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
         else:
             notes += (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(
@@ -292,24 +297,27 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     return with_memory(plan) if memory else plan
 
 
-def ep_span(mesh: Mesh, placement: Placement) -> tuple[int, int]:
-    """(nodes, ranks on the busiest of them) of rank 0's ep group under ``placement``; (1, 1) at ep 1."""
+def ep_span(mesh: Mesh, placement: Placement, flex: bool = False) -> tuple[int, int]:
+    """(nodes, ranks on the busiest of them) of rank 0's ep group under ``placement``, or with ``flex``
+    of its ep x etp group (:func:`meshplan.comm.ep_rows.tp_ep_group`, the deepep dispatch's); (1, 1) at ep 1."""
     if mesh.ep < 2:
         return 1, 1
-    _, counts = np.unique(placement.node[mesh.group_of(0, "ep")], return_counts=True)
+    ranks = list(tp_ep_group(mesh)[0]) if flex else mesh.group_of(0, "ep")
+    _, counts = np.unique(placement.node[ranks], return_counts=True)
     return len(counts), int(counts.max())
 
 
 def _deepep_copies(config: Config, mesh: Mesh, nodes: int, tokens: int) -> tuple[float, float, int] | None:
     """Under ``training.moe_dispatcher = "deepep"`` at ep > 1, a token's copies across nodes, its NVLink
-    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep group on ``nodes`` nodes, of the
-    copies the capacity keeps of the rank's ``tokens`` local tokens) and its routed copies (top_k), for the
-    ep line (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
+    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep x etp group on ``nodes`` nodes, of
+    the copies the capacity keeps of the tokens a rank dispatches, :func:`meshplan.comm.deepep.flex_tokens` of
+    its ``tokens`` local tokens) and its routed copies (top_k), for the ep line
+    (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
     m, t = config.model, config.training
     if t.moe_dispatcher != "deepep" or mesh.ep < 2:
         return None
-    keep = keep_share(t, m, max(1, tokens * mesh.etp // mesh.degree("tp")), mesh.ep)
-    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group, keep)
+    keep = keep_share(t, m, flex_tokens(tokens * mesh.etp // mesh.degree("tp"), mesh.etp), mesh.ep)
+    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group, keep, mesh.etp)
     return c.other_nodes, c.nvlink, m.top_k
 
 

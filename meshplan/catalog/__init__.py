@@ -4,7 +4,8 @@ Each file holds tables keyed by name (``gpus.toml``, ``nodes.toml``, ``networks.
 ``models.toml``); every entry has a ``source`` naming the public document its numbers come
 from. ``nccl.toml`` holds measured nccl-tests bus-bandwidth curves, which a node names per
 link class (``busbw = { nvlink = "a100-nvlink3-ring", ... }``); ``deepep.toml`` DeepEP's
-published dispatch and combine bandwidths (:func:`deepep_rates`). A node entry also names its
+published dispatch and combine bandwidths (:func:`deepep_rates`) and its buffers' sizing
+constants (:func:`deepep_buffer`). A node entry also names its
 ``gpu`` and its ``network``, so a system is node + gpu + network:
 
 >>> system("dgx-h100", nodes=8).world
@@ -150,7 +151,26 @@ def deepep_rates() -> dict[str, Any]:
     >>> deepep_rates()["internode_dispatch_gb_per_s"]
     [43.0, 58.0, 51.0]
     """
-    return tomllib.loads(resources.files(__package__).joinpath("deepep.toml").read_text(encoding="utf-8"))["normal"]
+    return _deepep()["normal"]
+
+
+@lru_cache(maxsize=None)
+def deepep_buffer() -> dict[str, Any]:
+    """DeepEP's buffer constants and per-group-size kernel configs (``deepep.toml`` ``[buffer]``, with
+    its source; cached, callers copy): what :mod:`meshplan.memory.deepep_buffers` sizes a rank's
+    ``deep_ep.Buffer`` from.
+
+    >>> b = deepep_buffer()
+    >>> b["group_sizes"][7], b["dispatch_nvl_recv_tokens"][7], b["num_sms"]
+    (64, 288, 20)
+    """
+    return _deepep()["buffer"]
+
+
+@lru_cache(maxsize=None)
+def _deepep() -> dict[str, Any]:
+    """Parsed ``deepep.toml`` (cached)."""
+    return tomllib.loads(resources.files(__package__).joinpath("deepep.toml").read_text(encoding="utf-8"))
 
 
 def busbw_curve(name: str) -> BusbwCurve:

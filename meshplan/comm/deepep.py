@@ -63,8 +63,21 @@ to the path's link (the rate over the measured line, times the rank's own NIC sh
 all-to-all model uses, or the node's fabric bandwidth): across nodes the slower of the two, the
 RDMA part at the published internode rate of the nearest EP size (16, 32, 64), the NVLink part
 at the intranode rate; inside a node the NVLink part alone. No latency term (the published
-rates are whole-kernel rates at 4096 tokens). Under etp > 1 Megatron-LM's flex dispatcher runs
-over ep x etp; planned over ep (not modelled apart).
+rates are whole-kernel rates at 4096 tokens).
+
+**Expert tensor parallelism (etp > 1)**: Megatron-LM's flex dispatcher runs over the ``tp_ep``
+group, ep x etp ranks with etp innermost (``MoEFlexTokenDispatcher``, NVIDIA/Megatron-LM d98e8a6
+token_dispatcher.py lines 1834-1843: ``group=self.tp_ep_group``, ``router_topk = tp_size x topk``,
+``num_experts = tp_size x E``, tp_size the expert tp), and ``_initialize_metadata`` (lines
+1894-1920) replicates each routed expert's column over the etp ranks of its ep rank: a token goes
+to every etp rank of each destination ep rank, and each rank dispatches its own tokens, the
+sequence-parallel share ``b s/cp / tp`` (:func:`flex_tokens`; an all-to-all instead routes ``b s/cp
+x etp/tp`` per rank, :mod:`meshplan.comm.ep_rows`). So over ``ep x etp`` ranks on N nodes (``g``
+on each): ``ranks = etp x`` the ep ranks hit; a node holds ``g / etp`` whole ep ranks (``E/N``
+consecutive experts: the node sum above) when ``etp <= g``, else each ep rank's etp ranks cover
+``etp / g`` nodes (the node sum is ``etp/g x`` the ep ranks' hits); the NVLink fan-out
+``ranks (g - 1)/g``, the published rates at the nearest size of ``ep x etp``. At ep 1 Megatron-LM
+dispatches over the etp ranks alone; meshplan has no ep rows there (as under alltoall).
 
 >>> c = copies(256, 8, 64, 8, 8, 4)
 >>> round(c.nodes, 4), round(c.other_nodes, 4), round(c.ranks, 4)
@@ -89,7 +102,7 @@ class Copies:
     """Expected copies of one token (module docstring): ``nodes`` distinct destination nodes (its own
     included: DeepEP's RDMA count), ``other_nodes`` of them other than its own (through the NIC),
     ``ranks`` distinct destination ranks (DeepEP's NVLink count), ``nvlink`` fan-out copies to
-    other GPUs of a node (``ranks (g - 1)/g``); ``span`` nodes of the ep group."""
+    other GPUs of a node (``ranks (g - 1)/g``); ``span`` nodes of the ep x etp group."""
 
     nodes: float
     other_nodes: float
@@ -145,16 +158,40 @@ def _miss(pool: int, held: int, top_k: int, keep: float) -> float:
 
 @lru_cache(maxsize=None)
 def copies(experts: int, top_k: int, ep: int, nodes: int, n_group: Optional[int] = None,
-           topk_group: Optional[int] = None, keep: float = 1.0) -> Copies:
-    """:class:`Copies` of a token over an ep group of ``ep`` ranks on ``nodes`` nodes (module
-    docstring), ``n_group`` / ``topk_group`` None for plain top-k, ``keep`` the kept share of the
-    routed copies (1: dropless or nothing dropped)."""
+           topk_group: Optional[int] = None, keep: float = 1.0, etp: int = 1) -> Copies:
+    """:class:`Copies` of a token over the flex dispatcher's group of ``ep x etp`` ranks on ``nodes``
+    nodes (module docstring; etp innermost), ``n_group`` / ``topk_group`` None for plain top-k,
+    ``keep`` the kept share of the routed copies (1: dropless or nothing dropped). DeepSeek-V3 at
+    ep 32 x etp 2 on 8 nodes: the nodes hold the same experts as at ep 64 (3.629 nodes per token);
+    an ep rank holds 8 experts of a group of 32, chosen with probability 1/2 and then hit unless the
+    8 experts all miss it among the 4 groups' 128: ``32 x 1/2 (1 - C(120, 8)/C(128, 8)) = 6.5965`` ep
+    ranks, 13.193 ranks at etp 2, of which 7/8 on GPUs other than the forwarding one: 11.544 NVLink
+    copies:
+
+    >>> from math import comb
+    >>> c = copies(256, 8, 32, 8, 8, 4, etp=2)
+    >>> round(c.nodes, 3), round(c.ranks, 4), round(2 * 32 / 2 * (1 - comb(120, 8) / comb(128, 8)), 4), round(c.nvlink, 3)
+    (3.629, 13.193, 13.193, 11.544)
+    """
     g_, m_ = (n_group, topk_group) if n_group and topk_group else (1, 1)
     span = max(1, nodes)
-    hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_, keep))
-    hit_r = sum(hit_probabilities(experts, top_k, ep, g_, m_, keep))
-    g = ep // span
+    g = ep * etp // span
+    hit_e = sum(hit_probabilities(experts, top_k, ep, g_, m_, keep))
+    hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_, keep)) if etp <= g else etp // g * hit_e
+    hit_r = etp * hit_e
     return Copies(hit_n, (span - 1) / span * hit_n, hit_r, hit_r * (g - 1) / g, span)
+
+
+def flex_tokens(tokens: int, etp: int) -> int:
+    """Tokens one rank dispatches under the flex dispatcher: its own sequence-parallel share, the
+    ``tokens = b s/cp x etp/tp`` an all-to-all rank routes (:mod:`meshplan.comm.ep_rows`) over etp
+    (module docstring), at least 1. 4096 tokens at tp 2: etp 2 routes 4096 per all-to-all rank,
+    each flex rank dispatches its own 2048:
+
+    >>> flex_tokens(4096, 2), flex_tokens(2048, 1)
+    (2048, 2048)
+    """
+    return max(1, tokens // etp)
 
 
 def _nearest(ep: int, sizes: list[int]) -> int:
@@ -194,9 +231,9 @@ class Call:
 
 
 def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_per_s: float,
-         fabric_bytes_per_s: float, keep: float = 1.0) -> Call:
+         fabric_bytes_per_s: float, keep: float = 1.0, etp: int = 1) -> Call:
     """:class:`Call` of ``tokens`` distinct tokens of ``token_bytes`` each over an ep group of ``ep``
-    ranks on ``nodes`` nodes (module docstring), the rank's NIC share and the fabric's per-GPU
+    ranks (x ``etp``: the flex dispatcher's group) on ``nodes`` nodes (module docstring), the rank's NIC share and the fabric's per-GPU
     bandwidth in bytes/s, ``keep`` the routed copies' kept share (:func:`keep_share`). DeepSeek-V3 (E 256, k 8, G 8, M 4) at ep 64 on 8 nodes, 4096 tokens of
     7168 x 2 B: 3.1754 x 4096 x 14336 B = 186.5 MB through the NIC; RDMA logical bytes 3.629 x
     58.7 MB over 51 (dispatch) and 50 (combine) GB/s: 4.18 and 4.26 ms, mean 4.22 ms:
@@ -206,8 +243,8 @@ def call(model, tokens: int, token_bytes: float, ep: int, nodes: int, nic_bytes_
     >>> round(c.network_bytes / 1e6, 1), round(c.time_s * 1e3, 2)
     (186.5, 4.22)
     """
-    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep)
-    r = rates(ep, c.span > 1, nic_bytes_per_s, fabric_bytes_per_s)
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep, etp)
+    r = rates(ep * etp, c.span > 1, nic_bytes_per_s, fabric_bytes_per_s)
     per = tokens * token_bytes
     times = []
     for ph in ("dispatch", "combine"):
@@ -238,20 +275,43 @@ def keep_share(training, model, tokens: int, ep: int) -> float:
     return min(1.0, r.send_rows / r.copies)
 
 
-def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep: float = 1.0) -> Call:
-    """:func:`call` on an ep group's :class:`~meshplan.comm.row.Path` in ``cluster``: its nodes and
+def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep: float = 1.0,
+            etp: int = 1) -> Call:
+    """:func:`call` on the ep x etp group's :class:`~meshplan.comm.row.Path` in ``cluster``: its nodes and
     the rank's own NIC share across nodes (else the node's fabric inside one), the node's fabric
     bandwidth for NVLink. The one call of the collective table and of the search."""
     fabric = cluster.node.fabric.bandwidth_bytes_per_s
     if path.kind != "network":
-        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric, keep)
+        return call(model, tokens, token_bytes, ep, 1, 0.0, fabric, keep, etp)
     nic = path.nic_bandwidth_bytes_per_s or path.bandwidth_bytes_per_s
-    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric, keep)
+    return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric, keep, etp)
 
 
-def describe(model, ep: int, nodes: int, keep: float = 1.0) -> str:
-    """What is modelled, in one phrase, for the step's routing note."""
-    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep)
+def group_reason(ep: int, etp: int) -> Optional[str]:
+    """The reason a plan under the deepep dispatcher is infeasible where its ep x etp group is 1 rank
+    (``MoEFlexTokenDispatcher`` asserts "DeepEP dispatcher requires TPxEP > 1", NVIDIA/Megatron-LM
+    d98e8a6 token_dispatcher.py line 1836) or a size DeepEP has no kernel config for
+    (``Buffer.get_dispatch_config`` asserts, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines
+    245-259; catalog ``deepep.toml`` ``[buffer] group_sizes``), else None; the search's rule ``deepep``.
+
+    >>> group_reason(32, 2) is None, group_reason(12, 1).split(";")[0]
+    (True, 'deepep: ep 12 x etp 1 = 12 ranks, a group size DeepEP has no dispatch config for (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)')
+    >>> group_reason(1, 1).split(";")[0]
+    "deepep: ep 1 x etp 1: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch over)"
+    """
+    sizes = catalog.deepep_buffer()["group_sizes"]
+    if ep * etp < 2:
+        return (f"deepep: ep {ep} x etp {etp}: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch "
+                f"over); set ep (or etp) > 1 or training.moe_dispatcher = \"alltoall\"")
+    if ep * etp in sizes:
+        return None
+    return (f"deepep: ep {ep} x etp {etp} = {ep * etp} ranks, a group size DeepEP has no dispatch config for "
+            f"({', '.join(map(str, sizes))}); set ep x etp to one of them or training.moe_dispatcher = \"alltoall\"")
+
+
+def describe(model, ep: int, nodes: int, keep: float = 1.0, etp: int = 1) -> str:
+    """What is modelled, in one phrase, for the step's routing note (``nodes``: the ep x etp group's)."""
+    c = copies(model.experts, model.top_k, ep, nodes, model.n_group, model.topk_group, keep, etp)
     grouped = model.n_group and model.topk_group
     how = ((f"group-limited (n_group {model.n_group}, topk_group {model.topk_group}"
             + (f": the groups are ep's {c.span} nodes)" if model.n_group == c.span else
@@ -259,4 +319,5 @@ def describe(model, ep: int, nodes: int, keep: float = 1.0) -> str:
     return (f"deepep dispatch modelled: {c.other_nodes:.2f} of {model.top_k} copies per token cross nodes "
             f"(once per other destination node, {how}, uniform routing"
             + (f", {keep:.3g} of the copies kept by the capacity" if keep < 1 else "") + f"), {c.nvlink:.2f} NVLink fan-out "
-            f"copies; timed at DeepEP's published bandwidths (catalog deepep.toml)")
+            f"copies" + (f" (each destination ep rank's {etp} etp ranks; the group is ep x etp = {ep * etp})"
+                         if etp > 1 else "") + "; timed at DeepEP's published bandwidths (catalog deepep.toml)")

@@ -53,7 +53,7 @@ def ep_rows(add, c: StageContext) -> None:
     tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
     ro = RoutingOptions.of(t)
     if t.moe_dispatcher == "deepep":
-        _deepep_rows(add, c, max(1, tokens), moe, replayed)
+        _deepep_rows(add, c, deepep.flex_tokens(tokens, mesh.etp), moe, replayed)
         return
     rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
     a2a = rows * m.hidden * dtype_bytes(dt)
@@ -83,13 +83,20 @@ def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:
         add("ep", "backward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, replayed, DROPLESS_COUNTS,
             "the replayed dispatch")
         return
-    names, grid = mesh.expert_grid()
-    groups = grid_groups(grid, [names.index("ep"), names.index("etp")])
-    rank0 = tuple(int(x) for x in groups[np.flatnonzero((groups == 0).any(axis=1))[0]])
+    rank0, groups = tp_ep_group(mesh)
     size = m.experts * COUNT_BYTES * len(rank0)
     add("ep", "forward", "all-gather", size, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch", ranks=rank0, groups=groups)
     add("ep", "backward", "all-gather", size, COUNT_DTYPE, replayed, DROPLESS_COUNTS, "the replayed dispatch",
         ranks=rank0, groups=groups)
+
+
+def tp_ep_group(mesh) -> tuple[tuple[int, ...], np.ndarray]:
+    """(rank 0's group, every group) of Megatron-LM's ``tp_ep`` process groups: the ep x etp ranks of
+    one expert-data-parallel slot of the expert mesh (:meth:`~meshplan.mesh.resolve.Mesh.expert_grid`,
+    etp innermost), the group of its dropless count exchange and of its flex dispatcher."""
+    names, grid = mesh.expert_grid()
+    groups = grid_groups(grid, [names.index("ep"), names.index("etp")])
+    return tuple(int(x) for x in groups[np.flatnonzero((groups == 0).any(axis=1))[0]]), groups
 
 
 #: The cadence words of the deepep rows (the table's and the timeline's).
@@ -99,7 +106,9 @@ DEEPEP_CADENCE = "every MoE layer (deepep dispatch, combine)"
 def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> None:
     """``training.moe_dispatcher = "deepep"``: the dispatch and combine of every MoE layer (and their
     gradients, a replayed layer's again) as DeepEP runs them (:func:`meshplan.comm.deepep.call`:
-    ``tokens`` distinct tokens once per destination node across nodes, fanned out over NVLink), in
+    ``tokens`` distinct tokens (:func:`meshplan.comm.deepep.flex_tokens`) once per destination node
+    across nodes, fanned out over NVLink), over the ep x etp ranks of the flex dispatcher's
+    ``tp_ep`` group (:func:`tp_ep_group`; the ep axis itself at etp 1), in
     rows of op all-to-all and algorithm ``deepep`` (the timeline's ep stream takes them as the
     all-to-alls), timed per call as the mean of a dispatch and a combine, their bytes per link class
     stated (:attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``size`` is what one rank sends per
@@ -112,14 +121,15 @@ def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> 
     token_bytes = m.hidden * dtype_bytes(dt)
 
     keep = deepep.keep_share(t, m, tokens, mesh.ep)  # a capacity's kept share (dropless: 1)
+    group = dict(zip(("ranks", "groups"), tp_ep_group(mesh))) if mesh.etp > 1 else {}
 
     def timer(path, cluster):
-        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep, keep)
+        k = deepep.call_on(path, cluster, m, tokens, token_bytes, mesh.ep, keep, mesh.etp)
         size = k.network_bytes if path.kind == "network" else k.nvlink_bytes
         words = (f"{DEEPEP_CADENCE[:-1]}; per call {k.network_bytes / 1e6:,.1f} MB through the NIC, "
                  f"{k.nvlink_bytes / 1e6:,.1f} MB on NVLink)")
         return "deepep", k.time_s, (k.nvlink_bytes, k.network_bytes), size, words
 
-    add("ep", "forward", "all-to-all", token_bytes, dt, 2 * moe, DEEPEP_CADENCE, "expert GEMMs", timer=timer)
+    add("ep", "forward", "all-to-all", token_bytes, dt, 2 * moe, DEEPEP_CADENCE, "expert GEMMs", timer=timer, **group)
     add("ep", "backward", "all-to-all", token_bytes, dt, 2 * moe + 2 * replayed, DEEPEP_CADENCE, "expert GEMMs",
-        timer=timer)
+        timer=timer, **group)

@@ -2,7 +2,7 @@
 (:func:`stage_sizes`): the layers' and the head's activations and working sets
 (:mod:`meshplan.memory.workingset`, computed once for all stages: :func:`common_sizes`), the
 stage's FSDP units (:mod:`meshplan.memory.units`), DeepSpeed's gradient buffers
-(:mod:`meshplan.memory.buffers`), the persistent state at init (:func:`init_entries`) and the
+(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), the persistent state at init (:func:`init_entries`) and the
 optimizer step's temporaries (:func:`step_entries`).
 """
 
@@ -18,6 +18,7 @@ from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import shard_words, state_how
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
+from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
@@ -27,11 +28,13 @@ from meshplan.memory.workingset import float8_copies, head_sizes, layer_act_size
 
 
 def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts: MemoryOptions,
-                 training: TrainingSpec, origin: str = "", names: tuple[str, ...] = ()) -> tuple:
+                 training: TrainingSpec, origin: str = "", names: tuple[str, ...] = (),
+                 deepep: Optional[BufferBytes] = None) -> tuple:
     """Persistent state (by kind, group and sharding axis, in the runtime's words:
     :func:`meshplan.spec.wording.state_how`, the axis as the mesh ``names`` it:
     :func:`~meshplan.spec.wording.shard_words`; ``origin``: the config's foreign format), NCCL
-    buffers and workspace."""
+    buffers, DeepEP's buffer (``deepep``: :func:`meshplan.memory.deepep_buffers.rank_buffer`) and
+    workspace."""
     out = []
     for it in state.items:
         if it.kind == "grads" and fsdp_grads:
@@ -42,6 +45,7 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
         out.append((None, "comm_buffers", opts.comm_bytes_per_group,
                     f"NCCL communicator {axis}: NCCL_BUFFSIZE {human_bytes(opts.nccl_buffsize_bytes)} x "
                     f"{opts.nccl_channels} channels x {opts.nccl_peers} peers"))
+    out.extend(deepep_entry(deepep))
     out.append((None, "workspace", opts.workspace_bytes, f"cuBLAS workspace {human_bytes(opts.workspace_bytes)}"))
     ipg = deepspeed3_ipg_bytes(training, opts)
     out.append((None, "grad_buffers", ipg, f"DeepSpeed ZeRO-3 ipg buffer: reduce_bucket_size "
@@ -109,6 +113,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
     reuse = deepspeed_reuse(model, training, mesh, opts.deepspeed_max_reuse_elements) if fsdp else None
+    deepep = rank_buffer(model, training, mesh.ep, mesh.etp, any(model.is_moe_layer(i) for i in layers))
     return StageSizes(
         stage=k, chunks=tuple(tuple(c) for c in stages[k]), acts=acts, units=us,
         embedding_saved=hs["embedding_saved"] if k == 0 else 0, head_saved=hs["head_saved"],
@@ -133,5 +138,5 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin,
-                                                                   mesh.layout.names),
+                                                                   mesh.layout.names, deepep),
         step=step_entries(state, training, opts, fsdp_grads))

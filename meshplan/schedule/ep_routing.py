@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.comm.deepep import describe, keep_share
+from meshplan.comm.deepep import describe, flex_tokens, keep_share
 from meshplan.plan import Plan, ep_span
 
 def routing_caveat(plan: Plan) -> Optional[str]:
@@ -25,17 +25,19 @@ def routing_caveat(plan: Plan) -> Optional[str]:
     mesh = plan.mesh
     if mesh.ep < 2:
         return None
+    flex = plan.config.training.moe_dispatcher == "deepep"
     tokens = max(1, plan.tokens_per_microbatch * mesh.etp // mesh.degree("tp"))  # routed per rank, as ep_rows
+    tokens = flex_tokens(tokens, mesh.etp) if flex else tokens
     keep = keep_share(plan.config.training, plan.config.model, tokens, mesh.ep) if plan.config.model.experts else 1.0
     return routing_note(plan.config.model, mesh.ep, plan.config.training.moe_dispatcher,
-                        ep_span(mesh, plan.placement)[0], keep)
+                        ep_span(mesh, plan.placement, flex)[0], keep, mesh.etp)
 
 
 def routing_note(model, ep: int, dispatcher: str = "alltoall", nodes: Optional[int] = None,
-                 keep: float = 1.0) -> Optional[str]:
+                 keep: float = 1.0, etp: int = 1) -> Optional[str]:
     """The ``note:`` line for ``model`` (a :class:`~meshplan.spec.model.ModelSpec`) at ``ep`` > 1
     (step's plan, or the search's widest ep shown): under the deepep dispatcher what
-    :func:`meshplan.comm.deepep.describe` says is modelled (``nodes``: the ep group's node span;
+    :func:`meshplan.comm.deepep.describe` says is modelled (``nodes``: the ep x etp group's node span;
     None: the search's rows, which differ); under alltoall, for a model with group-limited routing
     (``n_group``, ``topk_group``), that the all-to-all's bytes do not depend on it; else None."""
     if not model.experts or ep < 2:
@@ -46,7 +48,7 @@ def routing_note(model, ep: int, dispatcher: str = "alltoall", nodes: Optional[i
                     "crosses once to each other destination node and fans out over NVLink there, the expected "
                     "copies from top_k, experts, the group's node span and the routing groups (uniform routing), "
                     "timed at DeepEP's published bandwidths (catalog deepep.toml)")
-        return "note: " + describe(model, ep, nodes, keep)
+        return "note: " + describe(model, ep, nodes, keep, etp)
     if model.n_group is None:
         return None
     n, k = model.n_group, model.topk_group

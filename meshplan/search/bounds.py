@@ -62,7 +62,7 @@ from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.layer_replays import kept_in_flight
-from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
+from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
 from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
 from meshplan.config import Config
@@ -98,7 +98,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     kept = pick(col(a["d_saved"]), col(a["m_saved"]), np.minimum)
     lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
-    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c))
+    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c)) + deepep_bytes(cfg, c, st)
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense

@@ -85,7 +85,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
         tokens = np.maximum(c.mb * (t.seq_len // seq) * c.etp // c.tp, 1)
-        out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, st, tok: {"t": _deepep_s(cfg, tt, n, st, tok)}, ("t",),
+        out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, e, tok: {"t": _deepep_s(cfg, tt, n, e, tok)}, ("t",),
                            dtype=np.float64)["t"]
     elif m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
@@ -95,14 +95,17 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     return out
 
 
-def _deepep_s(cfg: Config, tt: TimeTables, ep: int, stride: int, tokens: int) -> float:
-    """Seconds per call of a deepep dispatch or combine (:func:`meshplan.comm.deepep.call_on`) over
-    ep ``ep`` ranks ``stride`` (etp) apart routing ``tokens`` tokens; 0 at ep 1."""
+def _deepep_s(cfg: Config, tt: TimeTables, ep: int, etp: int, tokens: int) -> float:
+    """Seconds per call of a deepep dispatch or combine (:func:`meshplan.comm.deepep.call_on`) over the
+    flex dispatcher's ep x etp consecutive ranks (the expert block, etp innermost), each rank
+    dispatching its share of the ``tokens`` an all-to-all rank routes (:func:`meshplan.comm.deepep.flex_tokens`),
+    as :func:`meshplan.comm.ep_rows.ep_rows` times it; 0 at ep 1."""
     if ep <= 1:
         return 0.0
     token_bytes = cfg.model.hidden * dtype_bytes(cfg.training.compute_dtype)
-    keep = deepep.keep_share(cfg.training, cfg.model, tokens, ep)
-    return deepep.call_on(tt.path(stride, ep), cfg.cluster, cfg.model, tokens, token_bytes, ep, keep).time_s
+    own = deepep.flex_tokens(tokens, etp)
+    keep = deepep.keep_share(cfg.training, cfg.model, own, ep)
+    return deepep.call_on(tt.path(1, ep * etp), cfg.cluster, cfg.model, own, token_bytes, ep, keep, etp).time_s
 
 
 def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: bool = False) -> np.ndarray:

@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.config import Config
+from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
@@ -338,3 +339,20 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
         if AXES[axis].rows is not None and axis != Axis.CP:
             n += c.degree(col.column) > 1
     return n
+
+
+def deepep_bytes(cfg: Config, c: Candidates, st: Stages) -> np.ndarray:
+    """DeepEP's buffer, bytes (candidates, pp), held from init on the stages with MoE layers under
+    ``training.moe_dispatcher = "deepep"`` (:func:`meshplan.memory.deepep_buffers.rank_buffer`: one
+    per ep x etp group size); 0 elsewhere and where DeepEP has no config for the size (the ep axis's
+    ``deepep_group`` rule drops those rows)."""
+    t, m = cfg.training, cfg.model
+    if t.moe_dispatcher != "deepep" or not m.is_moe:
+        return np.zeros_like(st.n_moe)
+
+    def one(ep: int, etp: int) -> int:
+        b = rank_buffer(m, t, ep, etp, True)
+        return b.total_bytes if b is not None else 0
+    sizes = {k: one(*k) for k in set(zip(c.ep.tolist(), c.etp.tolist()))}
+    per_row = np.array([sizes[k] for k in zip(c.ep.tolist(), c.etp.tolist())], dtype=np.int64)
+    return np.where(st.n_moe > 0, per_row[:, None], 0)

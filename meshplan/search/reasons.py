@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan import catalog
 from meshplan.config import Config
 from meshplan.mesh.layers import first_last_split
 from meshplan.pipeline.registry import get
@@ -59,6 +60,10 @@ V_RESHARD_REFUSED = ("zbv or dualpipev with FSDP2 over a data axis (zero3 or hsd
                      "by meshplan validate and tests/test_zbv_fsdp_torch.py), so its gradients are wrong; the same "
                      "rows with reshard_after_forward false are kept")
 #: Whether each schedule of :data:`~meshplan.search.columns.PIPELINE` is V-shaped (rule ``v-reshard``).
+#: The ``deepep`` rule under ``training.moe_dispatcher = "deepep"``: an ep x etp group of 1 rank or of a
+#: size DeepEP has no kernel config for (:func:`meshplan.comm.deepep.group_reason`, the plan's reason).
+DEEPEP_REFUSED = ("deepep: ep x etp 1 (Megatron-LM's flex dispatcher asserts TPxEP > 1) or a group size DeepEP has no "
+                  "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks)")
 _V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
 
 _SCHEDULE_REASONS = (
@@ -75,6 +80,7 @@ _SCHEDULE_REASONS = (
     ("split", MEGATRON_SPLIT_REFUSED),
     ("replicate", TORCH_DDP_REFUSED),
     ("v-reshard", V_RESHARD_REFUSED),
+    ("deepep", DEEPEP_REFUSED),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -185,6 +191,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("replicate", (t.framework == "torch") & c.replicated),
         # torch 2.13's V-shaped schedules drop weight gradients of units resharded after forward (vshape.RESHARD_DEFECT)
         ("v-reshard", _V_SHAPED[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
+        ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
+         & ~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

@@ -280,7 +280,11 @@ class TrainingSpec(TrainingPrecision):
     deepep``, framework ``megatron`` only: DeepEP's normal kernels send a token once per destination
     node over RDMA and fan it out over NVLink there; :mod:`meshplan.comm.deepep`). Under deepep a
     capacity factor drops the same copies but sends no padding (Megatron-LM refuses
-    ``--moe-pad-expert-input-to-capacity`` there; :mod:`meshplan.compute.routing`).
+    ``--moe-pad-expert-input-to-capacity`` there; :mod:`meshplan.compute.routing`). It runs over ep
+    x etp ranks (Megatron-LM's ``tp_ep`` group; etp > 1: each rank its own tokens, to every etp rank
+    of a destination ep rank), whose size must be one DeepEP has a kernel config for (a given mesh's
+    other size is an error), and each rank of a stage with MoE layers holds DeepEP's buffer from init
+    (:mod:`meshplan.memory.deepep_buffers`).
     """
 
     @model_validator(mode="after")

@@ -319,7 +319,8 @@ def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node:
     on other nodes (DeepSeek-V3 at ep 64 on dgx-h100: 56 of 63). Under ``training.moe_dispatcher =
     "deepep"`` (``deepep``: a token's copies across nodes and its NVLink fan-out copies, and the
     routed copies top_k, as :func:`meshplan.comm.deepep.copies` gives them; the spec layer takes the
-    numbers, not the model) what the dispatch crosses instead: one copy per other destination node.
+    numbers, not the model) what the dispatch crosses instead: one copy per other destination node,
+    over the ep x etp group (``nodes`` and ``per_node`` then that group's).
 
     >>> print(ep_reason(256, 64, 1, 64, 8, 8))
     capacity: 256 experts split 64 ways (4 per rank); ep 64 as the config's mesh gives it (chosen by the user, or a `meshplan search --export` row): valid ep 1, 2, 4, 8, 16, 32, 64 (ep divides the 256 experts and ep x etp 1 the dense block dp_shard x cp x tp = 64); its all-to-alls cross the NICs: the group spans 8 nodes, 8 ranks on each, so each rank sends to 56 of its 63 peers over the network (ep <= 8 keeps the group inside one node)
@@ -342,7 +343,7 @@ def ep_reason(experts: int, ep: int, etp: int, block: int, nodes: int, per_node:
         across, nvlink, top_k = deepep
         return (f"{head}; {what} crosses the NICs: {span}, and a token goes once to each other node holding one of "
                 f"its experts: {across:.2f} of its {top_k} routed copies per token cross nodes, then {nvlink:.2f} "
-                f"NVLink fan-out copies inside the destination nodes (meshplan.comm.deepep; ep <= {per_node} keeps the group "
-                f"inside one node)")
+                f"NVLink fan-out copies inside the destination nodes (meshplan.comm.deepep; "
+                f"{'ep x etp' if etp > 1 else 'ep'} <= {per_node} keeps the group inside one node)")
     return (f"{head}; {what} cross the NICs: {span}, so each rank sends to {ep - per_node} of its {ep - 1} peers "
             f"over the network (ep <= {per_node} keeps the group inside one node)")
