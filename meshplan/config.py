@@ -73,7 +73,10 @@ class Config:
     written), which an export to that format writes back; () otherwise; ``filled_axes``: the axes
     the reader appended to a names + shape (or order + degrees) [mesh] the user did not write (the etp default,
     :func:`_megatron_etp`, :func:`_torch_etp`), which a fix line leaves out of the shape it prints
-    in the user's own entries (:func:`meshplan.mesh.resolve.world_error`)."""
+    in the user's own entries (:func:`meshplan.mesh.resolve.world_error`); ``source_said``: a foreign
+    file's own words, ``(dotted key, value as written)``, for a setting the reader left unset for each
+    mesh to resolve, where the file wrote it (torchtitan's ``parallelism.fsdp_reshard_after_forward =
+    "default"``; a key the file omits is absent), which :mod:`meshplan.schedule.reshard_note` quotes."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -89,6 +92,7 @@ class Config:
     source: tuple[str, str] | None = None
     source_model: tuple[tuple[str, str], ...] = ()
     filled_axes: tuple[str, ...] = ()
+    source_said: tuple[tuple[str, str], ...] = ()
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:

@@ -331,3 +331,30 @@ def test_per_layer_load_counts_pipelined_fsdp_rows():
     assert len(nics) == 8
     for e in nics:
         assert e.per_layer_bytes == pytest.approx(fsdp / 8 + pp_sends, rel=1e-12)  # 151.2 MB, was 4.19 MB
+
+
+def test_megatron_get_batch_broadcasts_are_listed_and_loaded_on_tp():
+    """Megatron-LM 2022's get_batch at tp 8 (Llama 3 8B, one DGX H100, micro-batch 1 x 4096, 8
+    micro-batches): two tp broadcasts per micro-batch, the key sizes (5 int64: 40 B) then the
+    data (1 x 4097 int64: 32,776 B), each rank sending S once (nccl-tests' broadcast busbw factor 1).
+    Rank 0's NVLink carries them beside the tp all-reduces (b s h bf16 = 33,554,432 B, 2 x 7/8 S
+    per call, 8 x (2 x 32 + 1 embedding) = 520 calls forward and 520 backward) and the
+    vocab-parallel loss's (b s fp32 = 16,384 B, 3 per micro-batch). The readiness list had no
+    broadcast (its events' names carried no op word): it now lists the first one, the sizes
+    broadcast, issued at the step's start and waited for by the embedding (slack 0)."""
+    from meshplan.config import config_from_dict
+    p = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                     "training": {"global_batch": 8, "seq_len": 4096, "micro_batch": 1,
+                                                  "framework": "megatron"},
+                                     "mesh": {"names": ["tp"], "shape": [8]}}))
+    st = step_time(p)
+    rows = [r for r in p.collectives["stage 0"] if r.op == "broadcast"]
+    assert [(r.axis, r.phase, r.size_bytes, r.per_step, r.link_bytes) for r in rows] == [
+        ("tp", "forward", 40, 8, (40, 0)), ("tp", "forward", 32_776, 8, (32_776, 0))]
+    broadcasts = (40 + 32_776) * 8  # 262,528 B per step
+    all_reduces = 2 * 7 / 8 * 33_554_432 * 520 * 2 + 2 * 7 / 8 * 16_384 * 24
+    loads = {e.edge: e for e in edge_loads(p, st)}
+    assert loads["rank 0 nvlink4"].bytes_per_step == pytest.approx(all_reduces + broadcasts, rel=1e-12)
+    [t] = [t for t in timings(st) if t.op == "broadcast"]
+    assert (t.stream, t.phase, t.ready_s, t.slack_s) == ("tp", "forward", 0.0, pytest.approx(0.0, abs=1e-15))
+    assert t.duration_s == pytest.approx(rows[0].time_s, rel=1e-12)  # the 40 B sizes broadcast

@@ -4,7 +4,8 @@
 imported as an explicit ``reshard_after_forward = false``, so the plan never said that the value
 was torchtitan's per-pp default (``"default"`` is ``not pp_enabled``, torchtitan b5bcd76
 distributed/fsdp.py:124-133). It is now left unset (``TrainingSpec.reshard_default`` resolves it
-per mesh), ``"always"`` -> true, ``"never"`` -> false.
+per mesh), ``"always"`` -> true, ``"never"`` -> false. Left over: the note then quoted
+``= "default"`` also where the file omitted the key; it now says which (``Config.source_said``).
 
 #2: at vpp > 3 (torch) the reshard note said "kept gathered ... (no backward all-gather)" while the
 collective table counted backward all-gathers: torch's 3-stage unshard window re-gathers evicted
@@ -86,6 +87,23 @@ def test_torchtitan_reshard_default_note_and_round_trip(tmp_path, capsys):
     assert run_main("export", job, "--to", "torchtitan", "--cluster", "dgx-h100", "--nodes", "32", "-o", back) == 0
     assert 'fsdp_reshard_after_forward = "default"' in back.read_text()
     assert differences(load_any(job, opts=H100_32), load_any(back, opts=H100_32)) == []
+
+
+@pytest.mark.parametrize("policy, said", [
+    ("default", 'parallelism.fsdp_reshard_after_forward = "default"'),
+    (None, 'parallelism.fsdp_reshard_after_forward omitted (torchtitan\'s default: "default")')])
+def test_torchtitan_reshard_note_says_what_the_file_said(tmp_path, capsys, policy, said):
+    """Leftover of trial 24 #1: with the key omitted from the job TOML the note still said the file
+    set ``fsdp_reshard_after_forward = "default"``. It quotes the key where written and says it was
+    omitted (torchtitan's own default, the same value) where not; the plan is the same either way."""
+    job = _job(tmp_path, policy)
+    assert run_main("plan", job, "--cluster", "dgx-h100", "--nodes", "32") == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "fsdp_reshard_after_forward" in x]
+    assert lines == [f'note: {said}: planned false under pp 4 ("default" is not pp_enabled: torchtitan b5bcd76 '
+                     f'distributed/fsdp.py:124-133), each chunk\'s parameters kept gathered from its forward to its '
+                     f'backward (no backward all-gather); set it to "always" to reshard after forward']
+    cfg = load_any(job, opts=H100_32)
+    assert cfg.source_said == ((("parallelism.fsdp_reshard_after_forward", "default"),) if policy else ())
 
 
 def _training_error(**extra) -> ConfigError:

@@ -64,7 +64,8 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     dp_shard 2 x cp 2 at vpp 8 was the fastest at 7.581 s and not listed (within 1%); its 8 chunks
     per rank are now evicted and all-gathered again (FSDP over dp_shard, reshard_after_forward
     false): 7.850 s with each re-gather timed at its pass, 7.681 s (exposed FSDP 0.186 -> 0.040 s)
-    with it issued at torch's UNSHARD, ops before (meshplan.schedule.window_unshard). What brought it close is torch's CP ring (meshplan.compute.ring_attention),
+    with it issued at torch's UNSHARD, ops before (meshplan.schedule.window_unshard), 7.666 s with
+    each chunk's first all-gathers issued there too (nc24left). What brought it close is torch's CP ring (meshplan.compute.ring_attention),
     eager: per layer and micro-batch its local Q is n_q = 32 heads x 8192 / cp 2 x 128 =
     16,777,216 elements, K and V 2 n_q (repeat_kv), no recompute: forward n_q (12 + 38) + 2 n_q x
     8 = 66 n_q, backward n_q (10 + 20) + 2 n_q (24 + 17 + 16) = 144 n_q; stage 0's 16 layers x 32
@@ -96,7 +97,7 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
             "pp_schedule": "interleaved_1f1b"}
     training = cfg.training.model_copy(update={"reshard_after_forward": False})
     plan = build_plan(dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update=mesh), training=training))
-    assert round(step_time(plan).step_s, 3) == 7.681 > max(rows)
+    assert round(step_time(plan).step_s, 3) == 7.666 > max(rows)
     ops = [o for chunk in chunk_costs(plan, workload_of(plan))[0] for layer in chunk.layers for o in layer.ops
            if o.name.startswith("cp ring")]
     n_q = 32 * 4096 * 128

@@ -120,7 +120,9 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     layers, vpp 7 at pp 2 on 14), min 0.955, 0.937 (0.849, 0.857 before, and 0.857 on 14 layers
     without the stage's remaining replays, ``more_replays``; 0.962 on 14 layers before the bounds
     left out torch's window re-gathers at vpp 7, which window_unshard issues from the UNSHARD ops
-    before their pass, where they may hide: band 0.94 -> 0.93)."""
+    before their pass, where they may hide: band 0.94 -> 0.93). The median on 14 layers was 0.9506
+    before nc24left left each chunk's first all-gathers of torch's interleaved rows out of the bound
+    too (UNSHARDed before the pass, stage 0's first op but counted): 0.9489, band 0.95 -> 0.94."""
     cfg, r, plans = grid
     c = r.candidates
     rows = np.array([i for i, p in enumerate(plans) if p[0] and not refused(r, i)])
@@ -130,7 +132,7 @@ def test_layer_step_bound_holds_and_counts_the_replayed_layers(grid):
     refine(cfg, c, est, rows)
     assert (r.est.step_lo[rows] <= step * (1 + 1e-9)).all() and (est.step_lo[rows] <= step * (1 + 1e-9)).all()
     ratio = r.est.step_lo[rows] / step
-    assert ratio.min() >= 0.75 and np.median(ratio) >= 0.95, (ratio.min(), np.median(ratio))
+    assert ratio.min() >= 0.75 and np.median(ratio) >= 0.94, (ratio.min(), np.median(ratio))
     short = cfg.model.layers // (c.pp[rows] * c.vpp[rows]) < LAYER_AC_FREQ
     assert short.any() and ratio[short].min() >= 0.93, ratio[short].min()
 

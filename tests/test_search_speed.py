@@ -30,7 +30,7 @@ from meshplan.search.best_first import BOUND
 from meshplan.search.driver import search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
-from meshplan.schedule.window_unshard import regather_leads
+from meshplan.schedule.window_unshard import unshard_leads
 from meshplan.search.space import OK, SHARDING, candidate_config
 from meshplan.search.gather_passes import _gathers
 from test_search import MOE, config, exhaustive_rows
@@ -124,8 +124,10 @@ def test_gathering_passes_on_arrays_equal_the_gather_flags(schedule, vs):
     """The search's per-stage count of gathering passes (on the order arrays) equals the
     count of :func:`fsdp_gather_flags`, the rule the collective table and the timeline use,
     without and with torch's window of 3 local stages (which evicts at vpp 4 and 5), less the
-    window's re-gathers, which the timeline gathers from torch's UNSHARD ops before the pass
-    (schedule.window_unshard.regather_leads): the step bound counts only the gathers in the pass."""
+    passes the timeline gathers from torch's UNSHARD ops before them (schedule.window_unshard.
+    unshard_leads: the window's re-gathers and, under the multi-stage schedules, each chunk's first
+    pass but stage 0's op 0, which waits for all its gathers from the step's start): the step
+    bound counts only the gathers in the pass."""
     checked = 0
     for p in (2, 3, 4):
         for m in (2, 4, 8, 12):
@@ -135,7 +137,7 @@ def test_gathering_passes_on_arrays_equal_the_gather_flags(schedule, vs):
                 for reshard, window in itertools.product((False, True), (0, 3)):
                     want = np.zeros((2, p))
                     for s in range(p):
-                        ahead = {k for k, _, _ in regather_leads(schedule, p, m, v, s, window)}
+                        ahead = {k for k, _, b in unshard_leads(schedule, p, m, v, s, window) if s or b}
                         for key, g in fsdp_gather_flags(schedule, p, m, v, s, reshard, window=window).items():
                             want[int(key[1] != "F"), s] += g and key not in ahead
                     assert _gathers.__wrapped__(schedule, p, m, v, reshard, window).tolist() == want.tolist()
@@ -167,7 +169,8 @@ def test_gathering_units_of_the_dag_equal_the_gather_flags(schedule, p, m, v):
     dag = build_dag(schedule, p, m, v)
     for reshard, window in itertools.product((False, True), (0, 3)):
         flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard, window=window) for s in range(p)]
-        ahead = [{k for k, _, _ in regather_leads(schedule, p, m, v, s, window)} for s in range(p)]  # less these
+        ahead = [{k for k, _, b in unshard_leads(schedule, p, m, v, s, window) if s or b}  # less these
+                 for s in range(p)]
         want = np.zeros((2, dag.stage.size))
         for i in range(dag.stage.size):
             key = (int(dag.chunk[i]), "B" if dag.backward[i] else "F", int(dag.mb[i]))

@@ -62,13 +62,16 @@ class Imported:
     ``unused``: the file's fields meshplan does not use, by name (dotted for nested keys,
     ``--flag`` for Megatron-LM); ``notes``: decisions the reader made (defaults taken,
     approximations), one line each; ``model_keys``: the file's keys naming a model it reads
-    through a Hugging Face config (:attr:`meshplan.config.Config.source_model`)."""
+    through a Hugging Face config (:attr:`meshplan.config.Config.source_model`); ``said``: the
+    file's own words for the settings it leaves for each mesh to resolve
+    (:attr:`meshplan.config.Config.source_said`)."""
 
     fmt: str
     tables: dict[str, Any]
     unused: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     model_keys: tuple[tuple[str, str], ...] = ()
+    said: tuple[tuple[str, str], ...] = ()
 
     def all_notes(self) -> tuple[str, ...]:
         """The notes, then one line naming the unused fields (when any)."""

@@ -104,7 +104,8 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
                           f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
-    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt, source_model=imp.model_keys)
+    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt, source_model=imp.model_keys,
+                   source_said=imp.said)
 
 
 def import_text(path, fmt: str | None, opts: ImportOptions,

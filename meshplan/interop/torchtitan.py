@@ -334,7 +334,9 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     named = {"name": "llama3", "flavor": "debugmodel"} | d.get("model", {})  # torchtitan's defaults
     keys = tuple((k, str(named[k])) for k in ("name", "flavor", "hf_assets_path")) \
         if "model.hf_assets_path" in used else ()  # the model read through hf_assets_path: exported back
-    return Imported("torchtitan", tables, unused, tuple(notes), keys)
+    said = par.get("fsdp_reshard_after_forward")  # "default" left unset (_training): the note quotes it where written
+    return Imported("torchtitan", tables, unused, tuple(notes), keys,
+                    (("parallelism.fsdp_reshard_after_forward", said),) if said == "default" else ())
 
 
 def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:

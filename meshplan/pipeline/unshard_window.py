@@ -28,6 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
+from meshplan.pipeline.registry import get
+
 #: torch 2.13 ``_add_unshard_reshard``'s ``max_active_stages`` default, the value
 #: ``_PipelineScheduleRuntime`` lowers with (schedules.py:1287, 2317).
 TORCH_WINDOW = 3
@@ -38,6 +40,19 @@ def pipeline_window(framework: str, pp: int) -> int:
     ``training.framework = "torch"`` with pp > 1; 0 (no window) otherwise: Megatron-LM's
     interleaved schedule and pp 1 evict nothing."""
     return TORCH_WINDOW if framework == "torch" and pp > 1 else 0
+
+
+def unshards_first(schedule, window: int) -> bool:
+    """Whether torch UNSHARDs each chunk before its first pass (:func:`unshard_spans`): a window
+    (:func:`pipeline_window`, torch with pp > 1) and a multi-stage schedule, which torch 2.13 runs
+    on ``_PipelineScheduleRuntime`` and lowers with ``_add_unshard_reshard`` (interleaved 1F1B,
+    ZB-H1, ZB-V, DualPipeV); the single-stage ones (GPipe, 1F1B: ``PipelineScheduleSingle``,
+    ``torch_waits``) have no UNSHARD action, their passes gather in FSDP2's hooks.
+
+    >>> unshards_first("interleaved_1f1b", 3), unshards_first("1f1b", 3), unshards_first("interleaved_1f1b", 0)
+    (True, False, False)
+    """
+    return bool(window) and not get(schedule).torch_waits
 
 
 def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
@@ -115,6 +130,18 @@ def regather_spans(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[tup
     """
     ch = list(chunk)
     return _spans(ch, window, evicted(ch, window))
+
+
+def unshard_spans(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[tuple[int, int]]:
+    """(i, b) of every UNSHARD (:func:`unshard_positions`): each chunk's first op ``b`` (``i`` 0 for
+    the first ``window`` distinct chunks of the order, torch's UNSHARDs before op 0) and each
+    :func:`regather_spans` re-gather; in order of ``b``.
+
+    >>> unshard_spans([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0])  # chunk 3 fetched once chunk 0 leaves the window
+    [(0, 0), (0, 2), (0, 4), (2, 6), (10, 14)]
+    """
+    ch = list(chunk)
+    return _spans(ch, window, unshards(ch, window))
 
 
 def _spans(ch: list[int], window: int, flags) -> list[tuple[int, int]]:

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
+from meshplan.compute.batch_input import BATCH_BROADCASTS
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
@@ -157,10 +159,20 @@ class StageDetail:
 
 
 def _op_of(name: str) -> str:
+    """The collective of a timeline event named ``name``, as the collective table names it ("" for
+    compute): its marker (``AG``, ``RS``, ``AR``), an op word of the table
+    (:data:`~meshplan.comm.alphabeta.OPS`), or Megatron-LM's ``get_batch`` broadcasts
+    (:data:`~meshplan.compute.batch_input.BATCH_BROADCASTS`, the table's two tp "broadcast" rows).
+
+    >>> _op_of("fsdp AG L3"), _op_of("get_batch broadcasts (get_batch data)"), _op_of("attention")
+    ('all-gather', 'broadcast', '')
+    """
+    if name.startswith(BATCH_BROADCASTS):
+        return "broadcast"
     for word in name.replace("(", " ").split():
         if word in _OPS:
             return _OPS[word]
-        if word in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "send/recv"):
+        if word in OPS:
             return word
     return "all-reduce" if "all-reduce" in name else ""
 

@@ -31,10 +31,20 @@ def reshard_default_note(plan: Plan) -> Optional[str]:
         return None
     kept = window_words(plan) or " (no backward all-gather)"  # torch's window re-gathers at vpp > 3
     if plan.config.origin == "torchtitan":  # the job TOML's own key (the importer leaves "default" unset)
-        return (f"note: parallelism.fsdp_reshard_after_forward = \"default\": planned false under pp {plan.pp} "
+        return (f"note: {torchtitan_said(plan)}: planned false under pp {plan.pp} "
                 f"(\"default\" is not pp_enabled: {SOURCE}), each chunk's parameters kept gathered from its "
                 f"forward to its backward{kept}; set it to \"always\" to reshard after forward")
     return (f"note: training.reshard_after_forward unset: planned false, torchtitan's default under pp "
             f"{plan.pp} (fsdp_reshard_after_forward = \"default\" is not pp_enabled: {SOURCE}), each "
             f"chunk's parameters kept gathered from its forward to its backward{kept}; set it "
             f"to true to reshard after forward")
+
+
+def torchtitan_said(plan: Plan) -> str:
+    """What ``plan``'s torchtitan job TOML said of ``parallelism.fsdp_reshard_after_forward``
+    (:attr:`~meshplan.config.Config.source_said`): the key as written, or that it was omitted and
+    torchtitan took its default, ``"default"`` (``Parallelism.fsdp_reshard_after_forward``,
+    torchtitan b5bcd76 torchtitan/config/job_config.py)."""
+    if ("parallelism.fsdp_reshard_after_forward", "default") in plan.config.source_said:
+        return "parallelism.fsdp_reshard_after_forward = \"default\""
+    return "parallelism.fsdp_reshard_after_forward omitted (torchtitan's default: \"default\")"

@@ -16,7 +16,7 @@ from meshplan.pipeline.fast import KINDS, Flat
 from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import UnitSim
-from meshplan.schedule.window_unshard import regather_leads
+from meshplan.schedule.window_unshard import unshard_leads
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
@@ -31,9 +31,10 @@ class UnitTimes:
     :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` and the chunk's last gradient unit,
     and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
     resharded after every backward) or ``no_sync_unsharded`` (kept gathered). ``window``: torch's
-    window of unsharded local stages (:func:`~meshplan.pipeline.unshard_window.pipeline_window`), whose
-    evictions at vpp > 3 make a chunk's next pass gather again, from the UNSHARD torch issues ops
-    earlier: such a pass's key carries the seconds from the UNSHARD to the pass's start
+    window of unsharded local stages (:func:`~meshplan.pipeline.unshard_window.pipeline_window`):
+    under its multi-stage schedules a chunk's first pass, and at vpp > 3 a pass that finds its chunk
+    evicted, gathers from the UNSHARD torch issues before it (the step's start, or ops earlier):
+    such a pass's key carries the seconds from the UNSHARD to the pass's start
     (:attr:`leads`, set by :func:`~meshplan.schedule.window_unshard.simulate_unshards`; infinite,
     the gathers hidden, until then; None for every other pass).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
@@ -45,8 +46,8 @@ class UnitTimes:
         self.cache: dict = {}
         self.shared: dict = {}
         self.flags: dict = {}
-        # stage -> ((chunk, kind, mb), i, b) of its window re-gathers; -> (chunk, kind, mb) -> lead seconds
-        self.regathers: dict = {}
+        # stage -> ((chunk, kind, mb), i, b) of its UNSHARDs (window_unshard); -> (chunk, kind, mb) -> lead seconds
+        self.unshards: dict = {}
         self.leads: dict = {}
         # each stage's chunk whose last gradient unit is the stage's last unit (its FSDP reduce,
         # torch's perform_reduce_grad, is then the stage's tail; rank_timeline.backward_unit)
@@ -57,9 +58,9 @@ class UnitTimes:
             for s in range(spec.p):
                 self.flags[s] = _flag_arrays(spec.schedule, spec.p, spec.m, spec.v, s, bool(reshard),
                                              bool(reshard_root), rab, window)
-                got = regather_leads(spec.schedule, spec.p, spec.m, spec.v, s, window) if spec.p > 1 else ()
+                got = unshard_leads(spec.schedule, spec.p, spec.m, spec.v, s, window) if spec.p > 1 else ()
                 if got:
-                    self.regathers[s] = got
+                    self.unshards[s] = got
                     self.leads[s] = {k: math.inf for k, _, _ in got}
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:

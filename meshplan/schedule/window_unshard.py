@@ -1,26 +1,37 @@
-"""Where the timeline runs the all-gathers of torch's window re-gathers (interleaved 1F1B at vpp >
-3 under ``training.framework = "torch"``, :mod:`meshplan.pipeline.unshard_window`): issued at
-the UNSHARD action torch's lowering places, waited for by the pass that needs the chunk.
+"""Where the timeline runs the all-gathers of torch's UNSHARD actions (``training.framework =
+"torch"``, pp > 1, a multi-stage schedule: interleaved 1F1B, ZB-H1, ZB-V, DualPipeV, which torch 2.13
+runs on ``_PipelineScheduleRuntime``; :mod:`meshplan.pipeline.unshard_window`): each chunk's first
+all-gathers of the step and, at vpp > 3, the window's re-gathers of an evicted chunk, issued at the
+UNSHARD torch's lowering places and waited for by the pass that needs the chunk.
 
 torch 2.13 ``torch/distributed/pipelining/schedules.py``: ``_add_unshard_reshard`` (lines
-1285-1365) inserts ``UNSHARD`` of an evicted chunk before compute op ``i`` of the rank's order,
-up to ``window - 1`` distinct chunks ahead of the op ``b`` that needs it
-(:func:`~meshplan.pipeline.unshard_window.regather_spans`); ``_step_microbatches`` runs it as
+1285-1365) inserts ``UNSHARD`` of a chunk not active before compute op ``i`` of the rank's order,
+up to ``window - 1`` distinct chunks ahead of the op ``b`` that needs it: before op 0 the first
+``window`` distinct chunks of the order (every chunk at vpp <= 3), and for an evicted chunk
+:func:`~meshplan.pipeline.unshard_window.regather_spans`
+(:func:`~meshplan.pipeline.unshard_window.unshard_spans`: both); ``_step_microbatches`` runs it as
 ``submodule.unshard(async_op=True)`` of every ``FSDPModule`` of the stage (lines 2489-2500) and
 waits for every handle before the chunk's next compute (``_assert_unsharded``, lines 2394-2405,
 called by F / B / I / W at 2517, 2548, 2576, 2598). FSDP2 (``_fully_shard/_fsdp_param_group.py``
 ``get_all_gather_streams``, lines 116-126) issues an ``async_op`` all-gather from the current
-stream, so NCCL starts it once the compute issued before it (op ``i - 1``) is done; the
-handle's ``wait`` (``wait_for_unshard``) makes the compute stream wait for it and copies out.
+stream, so NCCL starts it once the compute issued before it (op ``i - 1``; at ``i = 0`` the step's
+start) is done; the handle's ``wait`` (``wait_for_unshard``) makes the compute stream wait for it
+and copies out. The pass's own FSDP pre-forward hooks then find every unit gathered: the chunk's
+first pass has no per-layer prefetch.
 
 So the chunk's all-gathers (every layer's unit, the root units this pass finds sharded; the
 routed experts' on the efsdp stream) run back to back on the FSDP stream from the end of op
-``i - 1``, while ops ``i..b-1`` compute, and op ``b`` starts with their copy-outs once all are
-done. In the unit timeline of op ``b`` (times from its start) they are issued at ``-lead_s``,
+``i - 1`` (the step's start at ``i = 0``), while ops ``i..b-1`` compute (and, at ``b = 0`` on a
+later stage, while it waits for its input), and op ``b`` starts with their copy-outs once all
+are done. In the unit timeline of op ``b`` (times from its start) they are issued at ``-lead_s``,
 ``lead_s`` the time from the end of op ``i - 1`` to the start op ``b`` has without them (ops
-``i..b-1`` and any wait between them: :func:`simulate_unshards`), so the exposed FSDP time is
-``max(0, gathers - lead_s)``. A chunk's first gathers of the step (its UNSHARD among the first
-ops) stay in the pass, as FSDP2's per-layer prefetch (:mod:`~meshplan.schedule.rank_timeline`);
+``i..b-1``, any wait between them and for op ``b``'s input, less the gathers queued ahead of
+them: :func:`simulate_unshards`), so the exposed FSDP time is ``max(0, gathers - lead_s)``: on
+stage 0 the first chunk's gathers are all exposed before its first forward (``lead_s`` 0). The
+UNSHARDs issued before one op queue on the FSDP group's NCCL stream (torch issues them one after
+another: before op 0 the first three chunks'), each chunk's gathers after those ahead of it (the
+efsdp stream's counted with them, as one queue). A pass's later gathers (a chunk resharded after
+forward) stay in the pass, as FSDP2's per-layer prefetch (:mod:`~meshplan.schedule.rank_timeline`).
 FSDP stream contention with other units' collectives is ignored, as between units everywhere.
 """
 
@@ -33,63 +44,85 @@ import numpy as np
 
 from meshplan.pipeline.fast import ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec, stage_order
-from meshplan.pipeline.unshard_window import regather_spans
+from meshplan.pipeline.unshard_window import unshard_spans, unshards_first
 from meshplan.schedule.comm_times import root_groups
 from meshplan.schedule.unit_sim import ChunkCosts, StreamSim
 
 
 @lru_cache(maxsize=256)
-def regather_leads(schedule, p: int, m: int, v: int, stage: int, window: int) -> tuple[tuple[tuple, int, int], ...]:
-    """((chunk, kind, micro-batch), i, b) of each window re-gather of ``stage``'s order whose op
-    ``b`` is an F or B pass (those :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` counts the
-    gather on; a W op that finds its chunk evicted leaves the gather to the chunk's next pass, as
-    there): torch's UNSHARD is issued after op ``i - 1``. Empty at ``v <= window``.
+def unshard_leads(schedule, p: int, m: int, v: int, stage: int, window: int) -> tuple[tuple[tuple, int, int], ...]:
+    """((chunk, kind, micro-batch), i, b) of each UNSHARD of ``stage``'s order (a chunk's first
+    op, and a window re-gather at vpp > ``window``) whose op ``b`` is an F or B pass (those
+    :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` counts the gather on; a W op that finds its
+    chunk evicted leaves the gather to the chunk's next pass, as there): torch's UNSHARD is issued
+    after op ``i - 1`` (``i = 0``: at the step's start). Empty without a window (``window`` 0) and
+    for the single-stage schedules (GPipe, 1F1B: ``PipelineScheduleSingle``, no UNSHARD action,
+    ``torch_waits``), whose passes gather as FSDP2's hooks do.
 
-    >>> regather_leads("interleaved_1f1b", 2, 2, 4, 0, 3)  # B0.c0 waits for the UNSHARD before B0.c2
-    (((0, 'B', 0), 10, 14),)
+    >>> unshard_leads("interleaved_1f1b", 2, 2, 4, 0, 3)  # F0.c0-F0.c2 UNSHARDed before op 0; B0.c0 before op 10
+    (((0, 'F', 0), 0, 0), ((1, 'F', 0), 0, 2), ((2, 'F', 0), 0, 4), ((3, 'F', 0), 2, 6), ((0, 'B', 0), 10, 14))
+    >>> unshard_leads("1f1b", 2, 2, 1, 0, 3)
+    ()
     """
-    if not window or v <= window:
+    if not unshards_first(schedule, window):
         return ()
     order = stage_order(schedule, p, m, v, stage)
-    spans = regather_spans([u.chunk for u in order], window)
+    spans = unshard_spans([u.chunk for u in order], window)
     return tuple(((order[b].chunk, order[b].kind, order[b].mb), i, b) for i, b in spans if order[b].kind in ("F", "B"))
 
 
 def simulate_unshards(spec: PipelineSpec, units, durations: Callable[[Flat], np.ndarray]) -> ArrayResult:
     """The step's pipeline simulation (:func:`~meshplan.pipeline.fast.simulate_arrays` of ``spec``
-    and ``durations``, which reads ``units``' keys) with each window re-gather's pass waiting for
-    its UNSHARD (``units``: a :class:`~meshplan.schedule.unit_times.UnitTimes`). First run: each
-    re-gather's pass timed with its gathers hidden (lead infinite) and started no earlier than op
-    ``i - 1`` ends plus its gathers' seconds (``after``); there its lead is its start without that
-    wait (after the op before it and its input) less the end of op ``i - 1``, rounded to the
-    picosecond (so the passes of a steady state share their timelines), and ``units.leads`` take
-    it. Second run, returned: every pass as its timeline, with the leads (the same times within a
-    picosecond per re-gather; the gathers and their wait in the pass's timeline, where the
-    exposure, the trace and the link loads read them). One run without re-gathers."""
-    if not units.regathers:
+    and ``durations``, which reads ``units``' keys) with each UNSHARD's pass waiting for its
+    gathers (``units``: a :class:`~meshplan.schedule.unit_times.UnitTimes`). The gathers of the
+    UNSHARDs torch issues before one op (chunks 0-2 before op 0) run one after another, in torch's
+    order (the chunks' next ops'), on the FSDP group's one NCCL stream: each starts ``before_s``,
+    the seconds of those issued ahead of it, after op ``i - 1`` ends (the step's start at ``i = 0``).
+    First run: each such pass timed with its gathers hidden (lead infinite) and started no earlier
+    than that plus its own gathers' seconds (``after``); there its lead is its start without that
+    wait (after the op before it, none for a stage's first op, and its input) less the start of its
+    gathers, rounded to the picosecond (so the passes of a steady state share their timelines), and
+    ``units.leads`` take it. Second run, returned: every pass as its timeline, with the leads (the
+    same times within a picosecond per UNSHARD; the gathers and their wait in the pass's timeline,
+    where the exposure, the trace and the link loads read them). One run without UNSHARDs."""
+    if not units.unshards:
         return simulate_arrays(spec, durations)
-    first = simulate_arrays(spec, durations, after=lambda f: _after(units, f))
+    queued = _queued(units)
+    first = simulate_arrays(spec, durations, after=lambda f: _after(queued, f))
     f, end, n = first.flat, first.end, len(first.end)
-    for s, got in units.regathers.items():
-        for key, i, b in got:
-            x, d = s * f.length + b, int(f.dep[s * f.length + b])
-            ready = end[x - 1]  # b > i - 1 >= 1: never a stage's first op
-            if d < n:
-                ready = max(ready, end[d] + (spec.p2p_s if f.cross[x] else 0.0))
-            units.leads[s][key] = round(float(ready - end[s * f.length + i - 1]), 12)
+    for s, key, i, b, before_s, _ in queued:
+        x, d = s * f.length + b, int(f.dep[s * f.length + b])
+        ready = float(end[x - 1]) if b else 0.0  # a stage's first op: after nothing on its stage
+        if d < n:
+            ready = max(ready, end[d] + (spec.p2p_s if f.cross[x] else 0.0))
+        issued = float(end[s * f.length + i - 1]) if i else 0.0
+        units.leads[s][key] = round(float(ready - issued - before_s), 12)
     return simulate_arrays(spec, durations)
 
 
-def _after(units, f: Flat) -> tuple[np.ndarray, np.ndarray]:
-    """Per flat unit (``after`` of :func:`~meshplan.pipeline.fast.simulate_arrays`): op ``i - 1``
-    of each re-gather's pass and the seconds its gathers take (its timeline with no lead less its
-    timeline with them hidden); -1 and 0 for every other unit."""
-    idx, sec = np.full(len(f.kind), -1, dtype=np.int64), np.zeros(len(f.kind))
-    for s, got in units.regathers.items():
+def _queued(units) -> list[tuple[int, tuple, int, int, float, float]]:
+    """(stage, pass key, i, b, ``before_s``, own seconds) of each UNSHARD of ``units``: its gathers'
+    seconds (the pass's timeline with no lead less its timeline with them hidden) and those of the
+    UNSHARDs its stage issues before the same op ``i`` ahead of it (in order of ``b``, torch's)."""
+    out = []
+    for s, got in units.unshards.items():
+        ahead: dict = {}
         for (chunk, kind, mb), i, b in got:
             k = units.key(s, chunk, kind, mb)
-            idx[s * f.length + b] = s * f.length + i - 1
-            sec[s * f.length + b] = units.by_key(k[:6] + (0.0,)).duration_s - units.by_key(k).duration_s
+            own = units.by_key(k[:6] + (0.0,)).duration_s - units.by_key(k).duration_s
+            out.append((s, (chunk, kind, mb), i, b, ahead.get(i, 0.0), own))
+            ahead[i] = ahead.get(i, 0.0) + own
+    return out
+
+
+def _after(queued, f: Flat) -> tuple[np.ndarray, np.ndarray]:
+    """Per flat unit (``after`` of :func:`~meshplan.pipeline.fast.simulate_arrays`): op ``i - 1``
+    of each UNSHARD's pass (-1 at ``i = 0``: the step's start) and the seconds until its gathers
+    are done (:func:`_queued`: those ahead of it and its own); -1 and 0 for every other unit."""
+    idx, sec = np.full(len(f.kind), -1, dtype=np.int64), np.zeros(len(f.kind))
+    for s, _, i, b, before_s, own in queued:
+        idx[s * f.length + b] = s * f.length + i - 1 if i else -1
+        sec[s * f.length + b] = before_s + own
     return idx, sec
 
 

@@ -17,7 +17,7 @@ from meshplan.memory.deepspeed_fetch import config_reuse
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import SHARDING
 from meshplan.pipeline.fast import order_arrays
-from meshplan.pipeline.unshard_window import evicted, pipeline_window
+from meshplan.pipeline.unshard_window import evicted, pipeline_window, unshards_first
 from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
@@ -66,11 +66,12 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
     (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
     (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
-    :class:`meshplan.schedule.unit_times.UnitTimes`). Under torch a pass whose chunk the schedule's
-    window evicted (vpp > 3, :func:`~meshplan.pipeline.unshard_window.evicted`) gathers too, but
-    from the UNSHARD torch issues ops before it (:mod:`meshplan.schedule.window_unshard`), where the
-    gathers may hide behind that compute: such a pass is not counted (the step bound adds each
-    counted pass's first all-gather, unhidden), even where a reshard after forward made it gather."""
+    :class:`meshplan.schedule.unit_times.UnitTimes`). Under torch's multi-stage schedules a chunk's
+    first pass, and a pass whose chunk the schedule's window evicted (vpp > 3,
+    :func:`~meshplan.pipeline.unshard_window.evicted`), gathers too, but from the UNSHARD torch
+    issues before it (:mod:`meshplan.schedule.window_unshard`), where the gathers may hide behind
+    the compute or the wait for input before it: such a pass is not counted (the step bound adds
+    each counted pass's first all-gather, unhidden), even where a reshard after forward made it gather."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
@@ -114,12 +115,15 @@ def _chunk_gathers(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndar
     """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
     and with resharding after forward: :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`'s
     rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
-    per stage for both): a pass gathers in the pass when it is its chunk's first, or follows a
+    per stage for both): a pass gathers in the pass when it is its chunk's first (but where torch
+    UNSHARDs it before, :func:`~meshplan.pipeline.unshard_window.unshards_first`, other than stage
+    0's first op, whose UNSHARD at the step's start it waits for whole), or follows a
     forward of the chunk that resharded, unless it finds the chunk evicted by ``window`` (torch's
     window of local stages, :func:`~meshplan.pipeline.unshard_window.evicted`, on the whole order:
     gathered from the UNSHARD before, :func:`gathering_passes`); a backward leaves the chunk
     gathered."""
     out = np.zeros((2, 2, p, v))
+    own_first = not unshards_first(schedule, window)  # the first pass gathers itself
     for s in range(p):
         kind, _, chunk = order_arrays(schedule, p, m, v, s)
         ev = evicted(chunk, window)
@@ -129,8 +133,9 @@ def _chunk_gathers(schedule, p: int, m: int, v: int, window: int = 0) -> np.ndar
             o = np.argsort(chunk, kind="stable")
             kind, chunk, ev = kind[o], chunk[o], ev[o]
         first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
-        after_f = np.concatenate([[False], kind[:-1] == 0])
+        after_f = np.concatenate([[False], kind[:-1] == 0]) & ~first  # a forward of the same chunk before
         fwd = kind == 0
+        first &= own_first | (s == 0) & (chunk == 0)  # stage 0's op 0 has no lead: its gathers all exposed
         for r, gathers in enumerate((first & ~ev, (first | after_f) & ~ev)):
             out[r, 0, s] = np.bincount(chunk[gathers & fwd], minlength=v)
             out[r, 1, s] = np.bincount(chunk[gathers & ~fwd], minlength=v)

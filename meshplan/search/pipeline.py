@@ -29,7 +29,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import flat_units, simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
-from meshplan.pipeline.unshard_window import evicted
+from meshplan.pipeline.unshard_window import evicted, unshards_first
 from meshplan.search.columns import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
@@ -159,7 +159,10 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
     resharded (``reshard``), unless it finds it evicted by torch's window of ``window`` local
     stages (:func:`~meshplan.pipeline.unshard_window.evicted`, per stage; 0: none): then it is
     all-gathered from torch's UNSHARD ops before, where it may hide (:mod:`meshplan.schedule.window_unshard`),
-    and the bound adds nothing for it; a backward leaves the chunk gathered."""
+    and the bound adds nothing for it, nor for a chunk's first pass under torch's multi-stage
+    schedules (:func:`~meshplan.pipeline.unshard_window.unshards_first`: UNSHARDed before it too)
+    but stage 0's first op's (its UNSHARD at the step's start, waited for whole); a backward
+    leaves the chunk gathered."""
     dag = build_dag(schedule, p, m, v)
     ev = np.concatenate([evicted(dag.chunk[s * (dag.chunk.size // p):(s + 1) * (dag.chunk.size // p)], window)
                          for s in range(p)])  # units stage-major, each stage's in its order
@@ -169,6 +172,9 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
     first = np.concatenate([[True], g[1:] != g[:-1]])
     after_f = np.concatenate([[False], k[:-1] == 0])
     flag = np.zeros(key.size)
+    after_f &= ~first  # a forward of the same (stage, chunk) before
+    # else UNSHARDed before it, as the window's re-gathers; stage 0's op 0 (chunk 0) waits for all of its gathers
+    first &= (not unshards_first(schedule, window)) | ((g == 0) & (k == 0))
     flag[o] = (first | (reshard & after_f)) & ~ev[o]
     return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
 
