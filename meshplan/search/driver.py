@@ -221,7 +221,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
-    mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
+    mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers, proven)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
                         wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past, ranking.safer),
                         mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past,
