@@ -23,7 +23,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.driver import search
 from meshplan.search.estimate import refine
-from meshplan.search.rank import mesh_of, order_all, ranked
+from meshplan.search.rank import mesh_of, ranked
 from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
     zero1_refused
 from meshplan.config import config_from_dict
@@ -35,22 +35,20 @@ SMALL = {"name": "small", "layers": 8, "hidden": 2048, "ffn": 5632, "q_heads": 1
 
 def exhaustive_rows(r, steps: dict, top: int, peaks: dict) -> list[int]:
     """The rows an exhaustive exact evaluation gives under the search's order: the tie rule's
-    (:func:`~meshplan.search.rank.ranked` on every feasible candidate's step and planned peak), then,
-    under ``[search] headroom_tier`` (the default) with ``[memory] fragmentation_fraction`` below
-    0.15, each row whose peak leaves under 15% of the usable memory free (above 0.85 x usable) replaced
-    by its mesh's first candidate in the rule's order that keeps it, where one does, and the rows still
-    tight listed after the others, each part in the rule's order."""
-    rows = ranked(r.candidates, steps, top, peaks=peaks)
+    (:func:`~meshplan.search.rank.ranked` on every feasible candidate's step and planned peak); under
+    ``[search] headroom_tier`` (the default) with ``[memory] fragmentation_fraction`` below 0.15, the
+    whole ranking in tiers before the cut to ``top`` (newcomer trial 24: row 1 must not depend on
+    ``top``): the rule applied to the candidates whose peak keeps 15% of the usable memory free (at
+    most 0.85 x usable) alone, so each mesh with one is a row at its first (trial 23), then the rule
+    applied alone to the candidates of the meshes with none."""
     if not r.config.search.headroom_tier or r.config.memory.fragmentation_fraction >= 0.15:
-        return rows
+        return ranked(r.candidates, steps, top, peaks=peaks)
     limit = 0.85 * r.usable_bytes
-    # trial 23: a tight row is its mesh's first clear candidate in the rule's order, where it has one
-    order = order_all(r.candidates, steps, peaks=peaks)
-    pos = {i: k for k, i in enumerate(order)}
     mesh = lambda i: mesh_of(r.candidates, i)  # noqa: E731
-    rows = sorted((next((j for j in order if mesh(j) == mesh(i) and peaks[j] <= limit), i) if peaks[i] > limit else i
-                   for i in rows), key=lambda i: pos[i])
-    return [i for i in rows if peaks[i] <= limit] + [i for i in rows if peaks[i] > limit]
+    clear = {i: s for i, s in steps.items() if peaks[i] <= limit}
+    have = {mesh(i) for i in clear}
+    rest = {i: s for i, s in steps.items() if mesh(i) not in have}
+    return (ranked(r.candidates, clear, len(clear), peaks=peaks) + ranked(r.candidates, rest, len(rest), peaks=peaks))[:top]
 
 
 def gpu(hbm_gb: float) -> dict:

@@ -121,7 +121,7 @@ def test_export_of_a_warned_row_repeats_the_pointer(to_pp8):
 
 def test_the_headroom_tiers_put_the_clear_row_first_and_the_pointer_goes(to_pp8):
     """The same search with the headroom tiers (the default): rows 1-4 above are each over the margin
-    and each mesh has a setting that keeps it (trial 23, meshplan/search/headroom.py clear_rows), so each
+    and each mesh has a setting that keeps it (trial 23, meshplan/search/headroom.py tier_order), so each
     is shown at its fastest such setting (the fastest clear candidate of its mesh planned) and its tight
     first setting is named in a line; row 5 (pp 8) is shown as it was. Every row is clear, so no pointer
     is printed and --json's first_clear_row is row 1, and no headroom warning."""

@@ -421,7 +421,8 @@ def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
     before the planned 58.6 GiB one, as the exhaustive rule with both peaks orders them."""
     from types import SimpleNamespace
 
-    from meshplan.search.best_first import _complete_top, _peaks
+    from meshplan.search.best_first import _complete_top
+    from meshplan.search.tier_rank import Tiers
     from meshplan.search.rank import order_all, ranked
     from meshplan.search.space import Candidates
     arr = lambda *v: np.array(v)  # noqa: E731
@@ -449,10 +450,11 @@ def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
             return [self.exact[int(i)] for i in idx]
 
     run = Runner()
-    assert ranked(c, steps, 1, peaks=_peaks(steps, run)) == [0]  # unplanned: inf, behind its twin
-    assert _complete_top(c, steps, 1, run) is False and run.asked == [1]  # the twin planned, not 2
-    assert ranked(c, steps, 1, peaks=_peaks(steps, run)) == [1] == ranked(c, steps, 1, peaks=true_peak)
-    assert order_all(c, steps, peaks=_peaks(steps, run)) == [1, 0, 2] == order_all(c, steps, peaks=true_peak)
+    tiers = Tiers(c, run, top=1, usable=72e9, frac=0.0, on=False)  # the rule alone (its top row's twins)
+    assert ranked(c, steps, 1, peaks=tiers.peaks(steps)) == [0]  # unplanned: inf, behind its twin
+    assert _complete_top(tiers, steps, run) is False and run.asked == [1]  # the twin planned, not 2
+    assert ranked(c, steps, 1, peaks=tiers.peaks(steps)) == [1] == ranked(c, steps, 1, peaks=true_peak)
+    assert order_all(c, steps, peaks=tiers.peaks(steps)) == [1, 0, 2] == order_all(c, steps, peaks=true_peak)
     assert ranked(c, steps, 3, peaks=true_peak) == [1, 2]  # one row per mesh: 0 is 1's mesh
 
 

@@ -183,12 +183,13 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes, then lower
     tp*pp*cp*ep, then lower tp, then fewer and cheaper settings (no recompute, no tp overlap, vpp 1,
     resharded, even split, 1F1B first; ZB-V and DualPipeV one setting, their vpp 2 implied), then a peak
-    lower by more than 1%, then the shorter step. Headroom tiers (default): the rows shown that keep under 15%
+    lower by more than 1%, then the shorter step. Headroom tiers (default): the meshes that keep under 15%
     of the usable memory free while [memory] fragmentation_fraction is below 15% (PyTorch's caching allocator
-    loses about that to fragmentation, GMLake) are listed after the rows that keep it, each tier in that
-    order, marked "tight" in the peak column, with one line saying how many; a mesh whose first setting is
-    tight is shown at its fastest setting that keeps 15% free where it has one, a line naming the tight one;
-    --export N and --json follow the order shown (--json: each row's tier, headroom_tiers); --rank-tight
+    loses about that to fragmentation, GMLake) at every setting are listed after the meshes that keep it,
+    each tier by that order applied to its settings alone and the whole ranking before it is cut to --top N
+    (row N is the same whatever N; a faster tight mesh may be left out, the title says so), marked "tight" in
+    the peak column, with one line saying how many; a mesh whose first setting is tight is shown at its
+    fastest setting that keeps 15% free, a line naming the tight one; --export N and --json follow the order shown (--json: each row's tier, headroom_tiers); --rank-tight
     ([search] headroom_tier = false) ranks by step time alone. The
     --html page carries every line the text prints under the table. The output names what makes the top faster than #2 (its step
     X% shorter than #2's: 1 - top / #2, as compare says it; compute, bubble, exposed communication per axis,

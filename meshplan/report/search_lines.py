@@ -158,7 +158,7 @@ def tier_lines(r: SearchResult) -> list[str]:
 def safer_lines(r: SearchResult) -> list[str]:
     """One line per row the headroom tiers showed at its mesh's fastest setting that keeps the
     headroom rather than its first by the rule, which is tight (:attr:`SearchResult.safer
-    <meshplan.search.driver.SearchResult.safer>`, :func:`meshplan.search.headroom.clear_rows`):
+    <meshplan.search.driver.SearchResult.safer>`, :func:`meshplan.search.headroom.tier_order`):
     ``row 1 (dp_shard 128) is shown at mb 2, full, vpp 1, zero3 (14.708 s, 75.7% free), its fastest
     setting that keeps 15% of the usable memory free; faster, mb 1, none, vpp 1, zero3 (11.212 s) keeps
     3.4% free (tight)``."""
@@ -177,11 +177,18 @@ def safer_lines(r: SearchResult) -> list[str]:
 def table_heading(r: SearchResult, n: int) -> str:
     """The top table's title (text and HTML) for its ``n`` rows: the rule's
     (:func:`meshplan.search.rank.top_heading`), and where the headroom tiers list a tight row after
-    the clear ones, that they do (the tier line, :func:`tier_lines`, says how many)."""
+    the clear ones, that they do (the tier line, :func:`tier_lines`, says how many); where they leave
+    out a tight mesh the rule put before row 1 (the tiers rank the whole list before the cut,
+    :mod:`meshplan.search.headroom`), that the rule's guarantee holds within each tier and that
+    faster meshes under the headroom are left out."""
     head = top_heading(n, left_out=r.counts()["feasible"] > n)
     usable = usable_bytes(r.config.cluster, r.config.training)
+    shown = {e.index for e in r.top}
+    tiers = f"rows under {ALLOCATOR_FRAGMENTATION:.0%} of usable memory free listed last (headroom tiers)"
+    if r.config.search.headroom_tier and any(e.index not in shown for e in r.tiered_past):
+        return head.replace("than a row shown)", "than a row shown of its tier)") + f"; {tiers}, faster ones left out"
     if r.config.search.headroom_tier and any(tight(r, e, usable) for e in r.top):
-        head += f"; rows under {ALLOCATOR_FRAGMENTATION:.0%} of usable memory free listed last (headroom tiers)"
+        head += f"; {tiers}"
     return head
 
 

@@ -20,14 +20,11 @@ from meshplan.config import Config
 from meshplan.search.columns import Candidates
 from meshplan.search.estimate import Estimates, refine
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Pool, merge
-from meshplan.memory.constraints import usable_bytes
 from meshplan.search.frontier import Frontier
-from meshplan.search.headroom import CLEAR_MAX, clear_rows, tight as tight_peak, tiered
-from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all, variants
+from meshplan.search.rank import best_of_meshes, mesh_of, variants
+from meshplan.search.tier_rank import Tiers
 from meshplan.search.tie_key import simplicity
 from meshplan.search.reasons import CODE, OK
-from meshplan.spec.search import TIE
-from meshplan.spec.axes.registry import search_axes
 from meshplan.search.time_tables import TimeTables
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
@@ -46,14 +43,16 @@ RANK_BATCH = 4
 @dataclass
 class Ranking:
     """What :func:`best_first` returns: ``top``, the rows (the first candidate of each of the
-    first ``top`` distinct meshes by :mod:`meshplan.search.rank`'s rule); ``proven``; ``fastest``,
-    the fastest feasible candidate planned (the tie rule may list it below the top, or leave it
-    out); ``placed``, every candidate the rule placed up to the last row, rows and their meshes'
-    other settings, in order (with the rows shown at a slower setting, ``safer``); ``variants``, the top mesh's other settings within 1% of the fastest;
-    ``tiered_past``, the tight rows the rule's order put before row 1, which the headroom tiers
-    (:mod:`meshplan.search.headroom`) listed after it (empty without tiers or where they moved none);
-    ``safer``, (row shown, its mesh's tight first setting) where the tiers showed a mesh at its first
-    clear setting instead (:func:`~meshplan.search.headroom.clear_rows`)."""
+    first ``top`` distinct meshes of the ranking: :mod:`meshplan.search.rank`'s rule, under the
+    headroom tiers applied to each tier apart, :func:`~meshplan.search.headroom.tier_order`);
+    ``proven``; ``fastest``, the fastest feasible candidate planned (the rule or the tiers may
+    list it below the top, or leave it out); ``placed``, every candidate the ranking placed up to
+    the last row, rows and their meshes' other settings, in order; ``variants``, the top mesh's
+    other settings within 1% of the fastest; ``tiered_past``, the first candidates of the meshes
+    with no clear candidate that the rule's order over every candidate put before row 1's mesh,
+    shown after it or left out (empty without tiers or where they moved none); ``safer``, (row
+    shown, its mesh's tight first setting by that order) where the tiers showed a mesh at its first
+    clear setting instead (:meth:`~meshplan.search.tier_rank.Tiers.moved`)."""
 
     top: list[Exact]
     proven: bool
@@ -169,15 +168,17 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
     own = replace(est, step_lo=lo)
     queue = Frontier(eligible, lo, lambda idx: refine(cfg, c, own, idx, tt), tight.copy(), block=TIGHTEN_BLOCK,
                      most=o.refine_max)
-    steps: dict[int, float] = {}    # feasible: exact step times
-    pending: dict[int, float] = {}  # near the memory limit, memory not planned yet: exact step times
+    steps: dict[int, float] = {}    # feasible: exact step times (with the tiers, tier known)
+    pending: dict[int, float] = {}  # feasible or near the memory limit, memory not planned yet: exact step times
     batch = RANK_BATCH
     planned, proven = 0, True
+    tiers = Tiers.of(cfg, c, run)
     while True:
         while len(queue):
             meshes = best_of_meshes(c, steps)  # the shortest known step of each mesh: the rows are distinct meshes
-            if len(meshes) >= o.top and planned >= o.exact_min and \
-                    needed(meshes, o.top) < queue.next_bound(batch) * (1 - BOUND_SLACK):
+            # the step up to which every candidate must be ranked (inf while the top is not fixed)
+            cut = tiers.cut(steps, tiers.open(queue.rest, pending))
+            if np.isfinite(cut) and planned >= o.exact_min and cut < queue.next_bound(batch) * (1 - BOUND_SLACK):
                 break
             if planned >= o.exact_max:
                 proven = False
@@ -194,88 +195,39 @@ def best_first(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray,
                 planned += 1
                 if r.step_s is None or not r.feasible:
                     continue
-                if r.complete or run.decided[r.index] == BOUND:
+                if r.complete or (run.decided[r.index] == BOUND and tiers.known(r.index)):
                     steps[r.index] = r.step_s
                 else:
                     pending[r.index] = r.step_s
-            _settle_pending(c, steps, pending, o.top, run)
+            _settle_pending(steps, pending, tiers.cut(steps, tiers.open(queue.rest, pending)), run)
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
-        rows_of = _rows_of(cfg, c, run)
-        if _complete_top(c, steps, o.top, run, rows_of) and proven:
+        if _complete_top(tiers, steps, run) and proven:
             continue
-        if o.headroom_tier and _plan_clear(cfg, c, eligible, steps, run) and \
-                _complete_top(c, steps, o.top, run, rows_of) and proven:
-            continue
-        fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
-        order = order_all(c, steps, peaks=_peaks(steps, run))
-        rows, by_rule = rows_of(order), distinct(c, order)[:o.top]
-        row_meshes = [mesh_of(c, i) for i in by_rule]  # row 1 may be its mesh's clear setting, not in by_rule
-        past = [i for i in by_rule[:row_meshes.index(mesh_of(c, rows[0]))] if i in rows] if rows else []  # not swapped
-        swapped = clear_rows(by_rule, order, lambda i: mesh_of(c, i), _tight_of(cfg, run))[1] if o.headroom_tier else []
-        swapped.sort(key=lambda pair: rows.index(pair[0]))  # by the row shown
-        return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
-                       [run.exact[i] for i in _with_rows(_prefix(c, order, o.top), rows, order)],
-                       [run.exact[i] for i in variants(c, order, steps, rows[0])] if rows else [],
-                       [run.exact[i] for i in past], [(run.exact[a], run.exact[b]) for a, b in swapped])
+        return _ranking(tiers, steps, run, proven)
 
 
-def _with_rows(prefix: list[int], rows: list[int], order: list[int]) -> list[int]:
-    """``prefix`` (the candidates the rule placed up to the last row) with every row shown that it
-    lacks (a mesh shown at a slower setting that keeps the headroom), in ``order``'s order."""
-    pos = {i: k for k, i in enumerate(order)}
-    return sorted(set(prefix) | set(rows), key=lambda i: pos[i])
+def _ranking(tiers: Tiers, steps: dict[int, float], run: Runner, proven: bool) -> Ranking:
+    """The :class:`Ranking` of the exact steps ``steps`` (the top complete, :func:`_complete_top`),
+    the memory of the meshes the tiers moved planned for the lines that name their free share."""
+    c, top = tiers.c, tiers.top
+    order = tiers.order(steps)
+    rows = tiers.rows(order)
+    past, safer = tiers.moved(steps, rows)
+    named = [i for i in past[:1] + [i for i in past if i in rows] + [t for _, t in safer] if not run.exact[i].complete]
+    run.plan(named, PLAN_ONLY, label="top")
+    fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
+    return Ranking([run.exact[i] for i in rows], proven, None if fastest is None else run.exact[fastest],
+                   [run.exact[i] for i in _prefix(c, order, top)],
+                   [run.exact[i] for i in variants(c, tiers.rule(steps), steps, rows[0])] if rows else [],
+                   [run.exact[i] for i in past], [(run.exact[a], run.exact[b]) for a, b in safer])
 
 
-def _tight_of(cfg: Config, run: Runner) -> Callable[[int], Optional[bool]]:
-    """Whether a planned candidate is tight (:func:`meshplan.search.headroom.tight`): True, False,
-    or None where its memory is not planned."""
-    usable, frac = usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
-
-    def is_tight(i: int) -> Optional[bool]:
-        e = run.exact.get(i)
-        return bool(tight_peak(e.peak_bytes, usable, frac)) if e is not None and e.complete else None
-    return is_tight
-
-
-def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[int, float], run: Runner) -> bool:
-    """For each row whose first setting is tight, its mesh's other eligible settings planned in
-    the order of their step-time bound until the next bound is past the tie band (:data:`TIE`) of the
-    fastest clear one found (at most :data:`~meshplan.search.headroom.CLEAR_MAX`; those whose memory
-    lower bound, less the bounds' margin, is already tight left out), so that
-    :func:`~meshplan.search.headroom.clear_rows` can show the fastest that keeps the headroom;
-    those that fit join ``steps``. True where one joined."""
-    is_tight, lo, added = _tight_of(cfg, run), run.est.step_lo, False
-    usable, frac = usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
-    for r in distinct(c, order_all(c, steps, peaks=_peaks(steps, run)))[:cfg.search.top]:
-        if not is_tight(r):
-            continue
-        same = eligible[np.all([c.degree(col.column)[eligible] == c.degree(col.column)[r]
-                                for _, col in search_axes()], axis=0)]
-        same = same[~tight_peak(run.est.peak_lo[same] / (1 + run.margin), usable, frac)]  # not tight for sure
-        best = float("inf")
-        for i in same[np.argsort(lo[same], kind="stable")][:CLEAR_MAX]:
-            if lo[i] > best * (1 + TIE):  # past the tie band of the fastest clear one: cannot be listed first
-                break
-            e = run.plan([int(i)], SIMULATE, label="headroom")[0] if _needs(run, int(i)) else run.exact[int(i)]
-            if e.feasible and e.step_s is not None:
-                added |= int(i) not in steps
-                steps[int(i)] = e.step_s
-                best = min(best, e.step_s) if is_tight(int(i)) is False else best
-    return added
-
-
-def _needs(run: Runner, i: int) -> bool:
-    return i not in run.exact or _short_of(run.exact[i], SIMULATE)
-
-
-def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, float], top: int,
-                    run: Runner) -> None:
-    """Plan the memory of the pending candidates (near the memory limit, step known) whose step
-    is within :func:`~meshplan.search.rank.needed` of the known feasible ones: those that fit
-    join ``steps``. The others cannot enter the top (``needed`` only falls as steps join), so
-    their memory verdict is left to the settle phase."""
-    cut = needed(best_of_meshes(c, steps), top)
+def _settle_pending(steps: dict[int, float], pending: dict[int, float], cut: float, run: Runner) -> None:
+    """Plan the memory of the pending candidates (near the memory limit, or with the tiers of no
+    tier known yet; step known) whose step is within ``cut`` (:meth:`Tiers.cut
+    <meshplan.search.tier_rank.Tiers.cut>`): those that fit join ``steps``. The others cannot enter
+    the top (the cut only falls as steps join), so their memory verdict is left to the settle phase."""
     due = sorted((i for i, t in pending.items() if t <= cut), key=lambda i: (pending[i], i))
     run.plan(due, PLAN_ONLY, label="ranking")
     for i in due:
@@ -284,45 +236,27 @@ def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, f
             steps[i] = step
 
 
-def _rows_of(cfg: Config, c: Candidates, run: Runner) -> Callable[[list[int]], list[int]]:
-    """The rows of the top table from an order of :func:`~meshplan.search.rank.order_all`: the first
-    candidate of each of the first ``[search] top`` distinct meshes, and under ``[search]
-    headroom_tier`` (the default) the clear ones first (:func:`meshplan.search.headroom.tiered`; a
-    row whose memory is not planned yet counts as clear until :func:`_complete_top` plans it)."""
-    o, usable, frac = cfg.search, usable_bytes(cfg.cluster, cfg.training), cfg.memory.fragmentation_fraction
-
-    def rows_of(order: list[int]) -> list[int]:
-        rows = distinct(c, order)[:o.top]
-        if not o.headroom_tier:
-            return rows
-        rows = clear_rows(rows, order, lambda i: mesh_of(c, i), _tight_of(cfg, run))[0]
-        return tiered(rows, [run.exact[i].complete and tight_peak(run.exact[i].peak_bytes, usable, frac)
-                             for i in rows])
-    return rows_of
-
-
-def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: Runner,
-                  rows_of: Optional[Callable[[list[int]], list[int]]] = None) -> bool:
+def _complete_top(tiers: Tiers, steps: dict[int, float], run: Runner) -> bool:
     """Plan the top's rows completely (peak, goodput, the step's parts), the memory of the top
     mesh's variants (:func:`~meshplan.search.rank.variants`) and of every candidate within
     :func:`~meshplan.search.rank.needed` whose tie key (mesh and settings) another candidate there
     shares and a placed one holds (its next key is the planned peak: a twin kept gathered must not
     be listed before the same mesh resharded only because its step is 0.085% shorter), until the
     top holds still; one whose plan does not fit after all (its memory bound was wrong: noted)
-    leaves ``steps``. True when the top changed and the ranking must go on. ``rows_of``: the rows
-    from an order (:func:`_rows_of`; default the first candidate of each of the first ``top`` meshes)."""
-    rows_of = rows_of or (lambda order: distinct(c, order)[:top])
+    leaves ``steps``. True when the top changed and the ranking must go on. The order, rows and
+    cut are ``tiers``' (:class:`~meshplan.search.tier_rank.Tiers`)."""
+    c, top = tiers.c, tiers.top
     changed = False
     while True:
-        order = order_all(c, steps, peaks=_peaks(steps, run))
-        rows = rows_of(order)
-        cut = needed(best_of_meshes(c, steps), top)
+        order = tiers.order(steps)
+        rows = tiers.rows(order)
+        cut = tiers.cut(steps, False)
         near = [i for i in sorted(steps) if steps[i] <= cut]
         key = {i: simplicity(c, i) for i in near}
         shared = {k for k, n in Counter(key.values()).items() if n > 1} & \
             {simplicity(c, i) for i in _prefix(c, order, top)}
         twins = [i for i in near if key[i] in shared and i not in rows]
-        shown = variants(c, order, steps, rows[0]) if rows else []
+        shown = variants(c, tiers.rule(steps), steps, rows[0]) if rows else []
         light = [i for i in rows if _short_of(run.exact[i], SIMULATE)] + \
             [i for i in dict.fromkeys(twins + shown) if not run.exact[i].complete and i not in rows]
         if not light:
@@ -347,11 +281,6 @@ def _prefix(c: Candidates, order: list[int], top: int) -> list[int]:
         if len(seen) == top:
             return order[:k + 1]
     return list(order)
-
-
-def _peaks(steps: dict[int, float], run: Runner) -> dict[int, float]:
-    """Planned peak memory (bytes) of the candidates of ``steps`` whose memory is planned."""
-    return {i: run.exact[i].peak_bytes for i in steps if run.exact[i].complete}
 
 
 def best_rejected(code: np.ndarray, est: Estimates, run: Runner, top: list[Exact]) -> Optional[Exact]:

@@ -35,6 +35,8 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING, Candidates
+from meshplan.search.configured_row import table_row
+from meshplan.memory.constraints import usable_bytes
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.rank import mesh_of
@@ -52,7 +54,9 @@ class Configured:
     not ranked, ``undecided_below`` of them with a step-time lower bound below ``step_s``),
     ``infeasible`` or ``not_ranked`` (``reason``; a step where planned) or ``absent``
     (``reason``: why no candidate is this run); ``rank_max`` the ``[search] rank_max`` the rank
-    planned with."""
+    planned with; ``would_row``: where ``absent`` and planned as given, the row of the top table it
+    would take (:func:`~meshplan.search.configured_row.table_row`), None where it would follow every
+    row shown or the top is not proven."""
 
     mesh: str
     status: str
@@ -67,6 +71,7 @@ class Configured:
     undecided: Optional[int] = None
     undecided_below: Optional[int] = None
     rank_max: Optional[int] = None
+    would_row: Optional[int] = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -88,8 +93,10 @@ class Configured:
         if self.status == "absent" and self.step_s is not None:  # planned as given (_as_given)
             lo, hi = self.rank or 0, self.rank_hi or 0  # set with step_s
             tail = f" ({left_words(hi - lo, self.rank_max)})" if hi > lo else ""
+            row = "" if self.would_row is None else \
+                f"be row #{self.would_row} of the top table (its step and peak against the rows', tiers applied), "
             return (f"your mesh ({self.mesh}) is not among the candidates: {self.reason}; planned as given (not "
-                    f"searched): {self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, would rank "
+                    f"searched): {self.step_s:.3f} s, {self.tokens_per_s:,.0f} tokens/s, would {row}rank "
                     f"{rank_words(lo, hi)} of {self.feasible:,} feasible by step time{tail}")
         if self.status == "absent":
             return f"your mesh ({self.mesh}) is not among the candidates: {self.reason}"
@@ -248,7 +255,7 @@ def _order(spec: MeshSpec, world: int) -> tuple[str, ...]:
 
 
 def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
-               top: list[Exact], workers: int = 1) -> Configured:
+               top: list[Exact], workers: int = 1, proven: bool = True) -> Configured:
     """Where ``cfg``'s mesh ranks (module docstring): ``code``, ``step_lo``, ``exact``, ``top``
     the search's verdicts, step-time lower bounds, exact evaluations and ranked top."""
     if cfg.mesh is None:
@@ -256,7 +263,7 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     words = _mesh_words(cfg.mesh, cfg.cluster.world)
     i = find(cfg, cfg.mesh, c)
     if isinstance(i, str):
-        return _as_given(cfg, c, code, step_lo, exact, words, i, workers)
+        return _as_given(cfg, c, code, step_lo, exact, words, i, workers, top if proven else [])
     texts = reason_texts(cfg.training)
     k = int(code[i])
     if k >= 0 and REASONS[k][0] not in ("memory", "gemm"):
@@ -284,11 +291,13 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
 
 
 def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
-              words: str, why: str, workers: int) -> Configured:
+              words: str, why: str, workers: int, top: list[Exact]) -> Configured:
     """A mesh no candidate runs (``why``), planned as the config gives it with the search's exact model
     (``build_plan`` + ``step_time(plan, Overlap())``, as :class:`~meshplan.search.exact.Planner`), not
-    added to the searched set: its step and where that step would rank among the feasible candidates
-    (:func:`_rank`); ``why`` alone where it does not plan or fit."""
+    added to the searched set: its step, the row of the top table ``top`` it would take
+    (:func:`~meshplan.search.configured_row.table_row`; none from an empty ``top``, a top not proven)
+    and where that step would rank among the feasible candidates (:func:`_rank`); ``why`` alone where
+    it does not plan or fit."""
     try:
         plan = build_plan(cfg)
     except ConfigError as e:
@@ -298,7 +307,10 @@ def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray,
     st = step_time(plan, Overlap())
     n = cfg.search.rank_max
     lo, hi = _rank(c, code, step_lo, exact, st.step_s, -1, Planner(cfg, c), workers, n)
-    return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()), rank_max=n)
+    row = table_row(st.step_s, plan.timeline.peak.total_bytes, top, usable_bytes(cfg.cluster, cfg.training),
+                    cfg.memory.fragmentation_fraction, cfg.search.headroom_tier)
+    return Configured(words, "absent", why, st.step_s, st.tokens_per_s, lo, hi, int((code == OK).sum()), rank_max=n,
+                      would_row=row)
 
 
 def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: int, undecided: int,

@@ -104,10 +104,11 @@ class SearchResult:
     row, in order (the rows' meshes' other settings among them); ``variants``: the top mesh's
     other settings within 1% of the fastest step, at most 3; ``widened``: where no candidate fits
     and ``[search] cp`` is narrowed, the fastest row with every cp (:func:`meshplan.search.widen.widen`,
-    which ``meshplan search`` runs after this search; None otherwise); ``tiered_past``: the tight rows the
-    rule's order put before row 1, listed after it by the headroom tiers (:mod:`meshplan.search.headroom`);
+    which ``meshplan search`` runs after this search; None otherwise); ``tiered_past``: the tight meshes the
+    rule's order over every candidate put before row 1, listed after it or left out by the headroom tiers
+    (:mod:`meshplan.search.headroom`);
     ``safer``: (row shown, its mesh's first setting by the rule, tight) where the tiers showed the mesh
-    at its fastest setting that keeps the headroom (:func:`~meshplan.search.headroom.clear_rows`)."""
+    at its fastest setting that keeps the headroom (:func:`~meshplan.search.headroom.tier_order`)."""
 
     config: Config
     candidates: Candidates
@@ -220,7 +221,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     wall_s = time.perf_counter() - t0  # the search's own: the config's mesh is ranked after it (step 8)
-    mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers)
+    mine = None if cfg.mesh is None else configured(cfg, c, code, est.step_lo, run.exact, top, workers, proven)
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
                         wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past, ranking.safer),
                         mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past,
@@ -268,7 +269,7 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
         return None
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
-    criterion = _tier_words(cfg, a, tiered_past, top) or _safer_words(cfg, a, f, safer, top)
+    criterion = _tier_words(cfg, c, a, tiered_past, top) or _safer_words(cfg, a, f, safer, top)
     if not criterion and f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
         first, criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
                                   [a.peak_bytes, f.peak_bytes])
@@ -278,18 +279,26 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
                    tiers=bool(tiered_past) or any(t.index == f.index for _, t in safer))
 
 
-def _tier_words(cfg: Config, a: Exact, past: list[Exact], top: list[Exact]) -> str:
-    """What placed the top ``a`` before the rows the rule put first (``past``, tight), where the
+def _tier_words(cfg: Config, c: Candidates, a: Exact, past: list[Exact], top: list[Exact]) -> str:
+    """What placed the top ``a`` before the meshes the rule put first (``past``, tight), where the
     headroom tiers did: its free share against theirs, ``it keeps 57.7% of the usable memory free,
-    row 2 (first by the order rule) 6.4%, under 15%``; "" where they moved no row."""
+    row 2 (first by the order rule) 6.4%, under 15%``; where one is not a row shown (the tiers rank
+    the whole list before the cut to ``--top``), how many and the first by its label: ``3 meshes first
+    by the order rule keep less (the first, dp_shard 4 x tp 2, ..., 6.4%), under 15%``; "" where they
+    moved none."""
     if not past:
         return ""
     usable = usable_bytes(cfg.cluster, cfg.training)
     at = {e.index: k for k, e in enumerate(top, 1)}
+    keeps, under = f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free", \
+        f"under {ALLOCATOR_FRAGMENTATION:.0%}"
+    if any(e.index not in at for e in past):
+        n, first = len(past), past[0]
+        return (f"{keeps}, {n} mesh{'es' if n > 1 else ''} first by the order rule keep{'' if n > 1 else 's'} less "
+                f"(the first, {c.label(first.index)}, {1 - first.peak_bytes / usable:.1%}), {under}")
     rows = ", ".join(str(at[e.index]) for e in past)
     free = ", ".join(f"{1 - e.peak_bytes / usable:.1%}" for e in past)
-    return (f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free, row{'s' if len(past) > 1 else ''} "
-            f"{rows} (first by the order rule) {free}, under {ALLOCATOR_FRAGMENTATION:.0%}")
+    return f"{keeps}, row{'s' if len(past) > 1 else ''} {rows} (first by the order rule) {free}, {under}"
 
 
 def _safer_words(cfg: Config, a: Exact, fastest: Exact, safer, top: list[Exact]) -> str:

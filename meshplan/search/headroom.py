@@ -1,5 +1,6 @@
 """The search's headroom tiers: which rows keep too little memory free to run as planned
-(:func:`tight`) and the order that lists the rows clear of that first (:func:`tiered`).
+(:func:`tight`) and the order that lists the meshes clear of that first (:func:`tier_order`; :func:`tiered`
+for rows already in the rule's order).
 
 A row is tight where its planned peak leaves under
 :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%, the one home of that threshold) of the
@@ -9,32 +10,37 @@ fragmentation in LLM training (GMLake, ASPLOS 2024), so such a row fits only if 
 fragments less than it was measured to. Two newcomer trials found ``search`` ranking first a row at
 0.5% free and ``search --export 1`` writing it; an expert would not run it.
 
-By default (``[search] headroom_tier = true``) the top table lists its rows in two tiers: the rows
-clear of that first, in the tie rule's order (:mod:`meshplan.search.rank`), then the tight ones,
-in the same order, marked. The rows themselves (the top N distinct meshes by step time) are the
-same as without tiers, so the rule's guarantee on the meshes left out still holds; only their
-order changes. ``headroom_tier = false`` (``search --rank-tight``) keeps the order by step alone.
-
-Within one mesh the tiers choose too (:func:`clear_rows`; newcomer trial 23: a single-mesh DeepSpeed
-search showed its one row at no recompute, 3.3% free, while the same mesh with full recompute kept
-50 GiB free): a row whose first setting by the rule is tight is shown at the first setting of its
-mesh, in the rule's order, that keeps the headroom, where the search planned one; the tight setting
-is named after it (``SearchResult.safer``). The search plans such a mesh's other settings
-for this (:data:`CLEAR_MAX`, :func:`meshplan.search.best_first.best_first`).
+By default (``[search] headroom_tier = true``) the ranking is in two tiers, and the tiers come
+before the tie rule (:mod:`meshplan.search.rank`) and the cut to the top N rows (:func:`tier_order`):
+a mesh with a clear candidate is a clear row, at its first clear candidate by the rule applied to
+the clear candidates alone (their 1% tie windows hold no tight candidate); the meshes with none
+follow, by the rule applied to their candidates alone. The ranking is thus one list whatever N, and
+row 1 (``search --export 1``) is the same at ``--top 3`` as at ``--top 10`` (newcomer trial 24: the
+tiers once ordered only the N rows the step order kept, so ``--top 3`` listed first a tight mesh
+that ``--top 10`` put after a clear one). The rule's guarantee on the meshes left out holds within
+each tier: a tight mesh faster than the clear rows may be left out, and the table's title says so.
+Within one mesh this shows a mesh whose fastest setting is tight at its fastest clear setting
+(newcomer trial 23: a single-mesh DeepSpeed search showed its one row at no recompute, 3.3% free,
+while the same mesh with full recompute kept 50 GiB free); the tight setting is named after it
+(``SearchResult.safer``). The search (:func:`meshplan.search.best_first.best_first`) plans every
+candidate that could be clear up to the tie band of the N-th clear mesh, so its top is this
+ranking's (``tests/test_search.py``'s exhaustive oracle). ``headroom_tier = false`` (``search
+--rank-tight``) keeps the rule's order over every candidate.
 
 >>> usable = 72e9  # 80 GB of HBM less a 10% reserve
 >>> tight(62.8 * 2**30, usable, 0.0), tight(28.3 * 2**30, usable, 0.0), tight(62.8 * 2**30, usable, 0.15)
 (True, False, False)
 >>> tiered([11, 4, 9], [True, False, False])  # rows in the rule's order, the first one tight
 [4, 9, 11]
->>> clear_rows([11, 4], [11, 4, 7, 12], {11: "A", 4: "B", 7: "A", 12: "B"}.get,
-...            {11: True, 4: False, 7: False}.get)
-([4, 7], [(7, 11)])
+>>> steps = {0: 1.0, 1: 1.005, 2: 1.2, 3: 1.1}  # candidate -> step (s); 0 and 2 of mesh A, 1 of B, 3 of C
+>>> tier_order(steps, {0: True, 1: False, 2: False, 3: True}.get, "ABAC".__getitem__,
+...            lambda part: sorted(part, key=part.get))  # 0 and 3 tight: A shown at 2, after B; C last
+[1, 2, 3]
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, Hashable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -59,32 +65,18 @@ def tiered(rows: Sequence[int], is_tight: Sequence[bool]) -> list[int]:
     return [rows[int(k)] for k in order]
 
 
-#: Settings of one tight row's mesh the search plans at most, in the order of their step-time
-#: bound, looking for its fastest setting that keeps the headroom (:func:`clear_rows`). A cost
-#: cap, not a model constant: a mesh has at most a few dozen settings (micro-batch x recompute x
-#: sharding x reshard), and past the first 16 by bound none is likely to be a row worth showing.
-CLEAR_MAX = 16
-
-
-def clear_rows(rows: Sequence[int], order: Sequence[int], mesh: Callable[[int], object],
-               is_tight: Callable[[int], Optional[bool]]) -> tuple[list[int], list[tuple[int, int]]]:
-    """(``rows`` with each tight row replaced by the first candidate of its mesh in ``order`` that
-    is known clear, the rows then in ``order``'s order; the (shown, tight) pairs replaced).
-    ``rows``: the first candidate of each mesh in ``order`` (the rule's order of every planned
-    candidate); ``mesh(i)``: candidate i's mesh; ``is_tight(i)``: True (tight), False (clear) or
-    None (memory not planned: neither). A mesh with no clear candidate keeps its tight row.
-    In the module's doctest, rows 11 (mesh A, tight) and 4 (mesh B): A's first clear setting is 7,
-    listed after 4 since the rule placed it after 4."""
-    pos = {i: k for k, i in enumerate(order)}
-    out, pairs = [], []
-    for r in rows:
-        if is_tight(r):
-            clear = next((i for i in order if mesh(i) == mesh(r) and is_tight(i) is False), None)
-            if clear is not None:
-                pairs.append((clear, r))
-                r = clear
-        out.append(r)
-    return sorted(out, key=lambda i: pos[i]), pairs
+def tier_order(steps: Mapping[int, float], is_tight: Callable[[int], Optional[bool]], mesh: Callable[[int], Hashable],
+               order: Callable[[Mapping[int, float]], list[int]]) -> list[int]:
+    """The candidates of ``steps`` (index -> step time, seconds) in the tiers' order, whose first
+    candidate of each mesh gives the rows (:func:`meshplan.search.rank.distinct`): ``order`` (the
+    tie rule, :func:`meshplan.search.rank.order_all` with the planned peaks) over the clear
+    candidates alone (``is_tight(i)`` false), then over the candidates of the meshes (``mesh(i)``)
+    with no clear candidate. ``order`` sees each tier apart, so no tight candidate moves a clear
+    one's 1% tie window, and the first k rows depend only on the candidates of their tier within
+    1% of its k-th mesh (:func:`~meshplan.search.rank.needed`), as the search's stopping rule plans them."""
+    clear = {i: s for i, s in steps.items() if not is_tight(i)}
+    have = {mesh(i) for i in clear}
+    return order(clear) + order({i: s for i, s in steps.items() if mesh(i) not in have})
 
 
 #: How to rank by step alone, as the tier line names it.

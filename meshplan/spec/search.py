@@ -130,11 +130,13 @@ class SearchOptions(BaseModel):
       :func:`meshplan.pipeline.registry.check_searched`, at the search's start).
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
-    - ``headroom_tier``: list the rows that keep under 15% of the usable memory free (while
-      ``[memory] fragmentation_fraction`` is below it) after the rows that keep it, each tier in the
-      order rule's order (default true: an expert would not run a row at 0.5% free, which two
-      newcomer trials found ranked first; :mod:`meshplan.search.headroom`); false (``search
-      --rank-tight``) ranks by step time alone. The rows are the same either way, only their order.
+    - ``headroom_tier``: rank the meshes that keep under 15% of the usable memory free at every
+      setting (while ``[memory] fragmentation_fraction`` is below it) after the meshes that keep it,
+      each at its first such setting, each tier by the order rule applied to its own settings, the
+      whole ranking before the cut to ``top`` (default true: an expert would not run a row at 0.5%
+      free, which two newcomer trials found ranked first; :mod:`meshplan.search.headroom`); false
+      (``search --rank-tight``) ranks by step time alone. The rows may differ: a faster tight mesh
+      can be left out.
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
       efficiency of the step's local GEMMs by :func:`meshplan.compute.gemm.gemm_model`, below which a
       candidate is rejected unless no candidate at or above it fits (default 0.5, half the

@@ -1,0 +1,61 @@
+"""Newcomer trial 24 (branch nc24a), finding #2: a config whose own mesh no search candidate runs
+(torchtitan's own uneven vpp split) was planned as given but placed only by step time among every
+feasible candidate, ``would rank between #66 and #4,341 of 8,822``. Its step and planned peak now
+also give the row of the top table it would take (meshplan/search/configured_row.py: the headroom
+tiers as the table applies them, after every row of its tier with a step no longer than its own;
+only within a proven top), ``--json``'s ``configured.would_row``. The first test failed at main
+dbb1e9ce (no row clause, no ``would_row``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jsonschema
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.report.json_docs import schema_of
+from meshplan.report.search import search_to_dict
+from meshplan.search.driver import search
+from test_newcomer16 import MINI
+
+
+def _search(recompute: str, searched: list[str]):
+    """examples/mini_2x4_tp2-dp4.toml (one dgx-h100, dp_shard 4 x tp 2) at ``recompute``, the search
+    over tp 2, pp 1, cp 1, micro-batch 1 and the recompute policies ``searched``."""
+    cfg = load_config(MINI)
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
+                  search=cfg.search.model_copy(update={"tp": [2], "pp": [1], "cp": [1], "micro_batch": [1],
+                                                       "recompute": searched}))
+    return cfg, search(cfg, workers=1)
+
+
+def test_a_mesh_the_search_does_not_run_gets_its_row():
+    """Searched at full recompute only, the two rows are dp_shard 4 x tp 2 (9.438 s, 26.7 GiB) and
+    dp_replicate 2 x dp_shard 2 x tp 2 (9.482 s, 41.8 GiB), both clear (under 0.85 x 72e9 B = 57.0 GiB).
+    The config's selective recompute, not searched, plans to 7.847 s with a clear peak: ahead of both,
+    row 1 (and rank #1 of the 4 feasible). The JSON carries it and meets its schema."""
+    cfg, r = _search("selective", ["full"])
+    assert [(r.candidates.label(e.index), round(e.step_s, 3), round(e.peak_bytes / 2**30, 1)) for e in r.top] == [
+        ("dp_shard 4 x tp 2, mb 1, full, vpp 1, zero3, keep gathered", 9.438, 26.7),
+        ("dp_replicate 2 x dp_shard 2 x tp 2, mb 1, full, vpp 1, hsdp, keep gathered", 9.482, 41.8)]
+    assert build_plan(cfg).timeline.peak.total_bytes < 0.85 * r.usable_bytes
+    assert r.configured.would_row == 1
+    assert r.configured.line().endswith(
+        "planned as given (not searched): 7.847 s, 66,813 tokens/s, would be row #1 of the top table (its step and "
+        "peak against the rows', tiers applied), rank #1 of 4 feasible by step time")
+    doc = search_to_dict(r)
+    assert doc["configured"]["would_row"] == 1
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
+
+
+def test_a_mesh_slower_than_every_row_keeps_the_rank_alone():
+    """Searched at no recompute or full (tests/test_newcomer16.py's case): the rows are dp_shard 4 x tp
+    2 at none (7.297 s) and dp_replicate 2 x dp_shard 2 x tp 2 at none (7.455 s); the selective plan
+    (7.847 s, clear) follows both, so no row: the line keeps the rank by step alone."""
+    _, r = _search("selective", ["none", "full"])
+    assert [round(e.step_s, 3) for e in r.top] == [7.297, 7.455]
+    assert r.configured.would_row is None
+    assert r.configured.line().endswith("planned as given (not searched): 7.847 s, 66,813 tokens/s, would rank #5 of "
+                                        "8 feasible by step time")
