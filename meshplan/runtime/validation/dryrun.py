@@ -125,7 +125,8 @@ def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bo
           micro_batches: int = 1, kv_sync=None) -> list[Collective]:
     """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel) and backward of
     each micro-batch (FSDP2's accumulation mode set before each:
-    :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then the AdamW step of ``training.optimizer_impl`` (:func:`~meshplan.runtime.execution.trainstep.adamw`), each
+    :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then the AdamW step of
+    ``training.optimizer_impl`` (:func:`~meshplan.runtime.execution.trainstep.adamw`), each
     labelled as a phase of the recorder. ``cp``: the rank holds ``seq_len / cp`` tokens of
     each sequence (:mod:`meshplan.runtime.execution.cp`). ``kv_sync``: the replicated KV
     heads' gradient all-reduces (:mod:`meshplan.runtime.execution.kvsync`), in phase
