@@ -8,8 +8,8 @@ What torch issues: the attention's intermediates stay DTensors, so the gradient 
 replicated down projection or latent norm is Partial over tp and stays so through its backward
 (no latent all-reduce; the attention input's gradient is reduced once at the block boundary, as
 for dense attention); the weight gradients of those four replicated tensors are Partial, and
-FSDP2 all-reduces each over tp in its gradient reduction (without FSDP the optimizer does, 3
-times per AdamW step). So per layer one all-reduce of each replicated MLA weight, its numel in
+FSDP2 all-reduces each over tp in its gradient reduction (without FSDP the optimizer does: once
+per step with the fused AdamW, 3 times with the foreach one). So per layer one all-reduce of each replicated MLA weight, its numel in
 compute dtype, with or without sequence parallelism.
 """
 
@@ -80,16 +80,18 @@ def test_deepseek_v2_query_compression_adds_wq_a_and_its_norm():
     assert got == {"wq_a": (15_728_640, 4), "q_a_norm": (3_072, 4), "wkv_a": (5_898_240, 4), "kv_a_norm": (1_024, 4)}
 
 
-def test_without_fsdp_the_optimizer_reduces_them_three_times():
-    """tp 2 alone (no FSDP2 to reduce them in backward): AdamW reads each Partial gradient
-    3 times, one all-reduce each (the SP norms' convention), 2 layers x 3 = 6 per step."""
+@pytest.mark.parametrize("impl, per_step", [("fused", 2), ("foreach", 6)])
+def test_without_fsdp_the_optimizer_reduces_them_at_each_read(impl, per_step):
+    """tp 2 alone (no FSDP2 to reduce them in backward): the optimizer all-reduces each Partial
+    gradient at each op that reads it (the SP norms' convention, comm.tp_grads.PARTIAL_GRAD_READS):
+    the fused AdamW once, 2 layers x 1 = 2 per step; the foreach one 3 times, 2 x 3 = 6."""
     m = ModelSpec(name="tiny-mla", layers=2, hidden=64, ffn=128, q_heads=4, vocab=256, kv_lora_rank=16,
                   qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
-    t = TrainingSpec(global_batch=1, seq_len=16, param_dtype="fp32", compute_dtype="fp32")
+    t = TrainingSpec(global_batch=1, seq_len=16, param_dtype="fp32", compute_dtype="fp32", optimizer_impl=impl)
     _, rows = _table(m, t, ("tp",), (2,))
     mla = _mla_rows(rows)
     assert {(r.phase, r.size_bytes, r.per_microbatch, r.per_step) for r in mla.values()} == {
-        ("step", 64 * 20 * 4, 0, 6), ("step", 16 * 4, 0, 6)}
+        ("step", 64 * 20 * 4, 0, per_step), ("step", 16 * 4, 0, per_step)}
 
 
 def test_the_rank_timeline_runs_them_on_the_tp_stream():
@@ -168,6 +170,7 @@ CASES = {  # q_lora_rank, mesh names, shape, SP, training changes, rank
     "V2/V3-like (q latent) tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {}, 3),
     "q latent tp2 no SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), False, {}, 2),
     "q latent tp2 alone (optimizer reduces)": (24, ("tp",), (2,), True, {}, 1),
+    "q latent tp2 alone, foreach AdamW": (24, ("tp",), (2,), True, {"optimizer_impl": "foreach"}, 1),
     "full recompute tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {"recompute": "full"}, 0),
     "bf16 gathers tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {"compute_dtype": "bf16"}, 1),
     "cp2 x tp2+SP": (24, ("cp", "tp"), (2, 2), True, {}, 1),
@@ -200,8 +203,10 @@ def test_table_matches_torch_for_mla(name):
     if mesh.degree("tp") == 1:
         return
     # the MLA rows are really there: one all-reduce of each replicated weight per layer
-    # (wkv_a: 64 x (16 + 4) elements), 3 per optimizer step without FSDP
-    phase, n = ("step", 3 * 2) if mesh.degree("fsdp") == 1 else ("backward", 2)
+    # (wkv_a: 64 x (16 + 4) elements), 2 layers; without FSDP in the step, once per layer by the
+    # fused AdamW, 3 per layer by the foreach one (its lerp_ and addcmul_ reads)
+    reads = 3 if training.optimizer_impl == "foreach" else 1
+    phase, n = ("step", reads * 2) if mesh.degree("fsdp") == 1 else ("backward", 2)
     dt = training.compute_dtype
     assert recorded[("tp", phase, "all-reduce", 64 * 20 * size, dt)] == n
     assert recorded[("tp", phase, "all-reduce", 16 * size, dt)] == n  # kv_a_norm
@@ -220,8 +225,8 @@ def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
     512 / 8 = 64, qk_rope_head_dim 64 / 8 = 8, 2 layers: one dense, one MoE) at tp 2 + SP on
     2 gloo ranks (~35 s on 2 cores): every rank's collectives equal the plan's table, with the
     MLA rows: dp 1, so no FSDP2 reduces the Partial gradients of wkv_a (256 x (64 + 8) x 4 B =
-    73,728 B) and kv_a_norm (64 x 4 B = 256 B) and AdamW all-reduces each 3 times per step,
-    2 layers x 3 = 6. The losses of both steps equal the unsplit model's (each tp rank
+    73,728 B) and kv_a_norm (64 x 4 B = 256 B) and the fused AdamW (the default optimizer_impl)
+    all-reduces each once per step, 2 layers x 1 = 2 (6 with the foreach AdamW's 3 reads). The losses of both steps equal the unsplit model's (each tp rank
     routes its own half of the sequence through the experts)."""
     import json
 
@@ -239,8 +244,8 @@ def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
     rows = comp["collectives"]
     assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(2))
     tp = {(row["phase"], row["op"], row["size_bytes"]): row["meshplan"] for row in rows if row["axis"] == "tp"}
-    assert tp[("step", "all-reduce", 256 * (64 + 8) * 4)] == 6  # wkv_a
-    assert tp[("step", "all-reduce", 64 * 4)] == 6  # kv_a_norm
+    assert tp[("step", "all-reduce", 256 * (64 + 8) * 4)] == 2  # wkv_a
+    assert tp[("step", "all-reduce", 64 * 4)] == 2  # kv_a_norm
     ref = _reference_losses(out / "world2" / "plan.json", 2, token_split=2)
     for step, kind in enumerate(("recorded", "memory")):
         got = [next(s["loss"] for s in json.loads((out / "world2" / f"rank{r}" / "timings.json").read_text())["steps"]

@@ -105,6 +105,7 @@ HOMES = {
     r"\*\s*\(\s*1\s*-\s*[\w.]*reserve\)": "memory/constraints.py",   # usable HBM: x * (1 - reserve)
     r"2\s*\*\s*\(updated \+ optimizer\)": "schedule/optimizer_step.py",   # optimizer step bytes (Adam's pass)
     r"optimizer_temp_states\s*\*": "spec/memory.py",                  # optimizer temporaries
+    r"PARTIAL_GRAD_READS\s*=": "comm/tp_grads.py",                    # Partial grads' all-reduces per AdamW step
     r"\.transpose\(rest \+ idx\)": "mesh/layout.py",                  # group enumeration
     r"-\(-\w+ // shards\) \* shards": "mesh/tpsplit.py",              # FSDP2 padding
 }

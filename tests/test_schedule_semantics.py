@@ -696,18 +696,23 @@ def test_search_counts_the_kv_replica_communicator():
 
 def test_step_rows_are_charged_every_call():
     """torch's SP norm gradients without FSDP: each of the 65 norms of Llama 3 8B (2 a layer and
-    the final one) is all-reduced over tp at each of AdamW's 3 reads (comm/tp_grads.py
-    replicated_grad_rows): 195 calls a step, all charged at the step's end, beside DDP's bucket
-    all-reduces (a new user's review found the row charged once)."""
+    the final one) is all-reduced over tp by the default fused AdamW, once (comm/tp_grads.py
+    PARTIAL_GRAD_READS): 65 calls a step, all charged at the step's end, beside DDP's bucket
+    all-reduces (a new user's review found the row charged once); 3 reads each with the foreach
+    AdamW, 195 calls."""
     from meshplan.schedule.comm_streams import comm_kind
     from meshplan.schedule.comm_times import CommTimes
     plan = plan_of({"names": ["dp", "tp"], "shape": [2, 4], "sequence_parallel": True},
                    model={"catalog": "llama3-8b"}, sharding="none", global_batch=2, seq_len=1024)
     rows = plan.stage(0).collectives
     norms = [r for r in rows if r.axis == "tp" and comm_kind(r) == "step"]
-    assert [r.per_step for r in norms] == [3 * (2 * 32 + 1)]
+    assert [r.per_step for r in norms] == [2 * 32 + 1]
     ddp = [r for r in rows if r.axis == "dp" and comm_kind(r) == "step"]  # one row per DDP bucket size
     c = CommTimes.from_rows(rows, 32)
     assert c.ddp_buckets == sum(r.per_step for r in ddp) == 98  # tests/test_ddp_buckets.py, by hand
-    assert c.step_reduce_s == pytest.approx(195 * norms[0].time_s + sum(r.time_s * r.per_step for r in ddp),
+    assert c.step_reduce_s == pytest.approx(65 * norms[0].time_s + sum(r.time_s * r.per_step for r in ddp),
                                             rel=1e-12)
+    foreach = plan_of({"names": ["dp", "tp"], "shape": [2, 4], "sequence_parallel": True},
+                      model={"catalog": "llama3-8b"}, sharding="none", global_batch=2, seq_len=1024,
+                      optimizer_impl="foreach")
+    assert [r.per_step for r in foreach.stage(0).collectives if r.axis == "tp" and comm_kind(r) == "step"] == [195]

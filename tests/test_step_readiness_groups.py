@@ -77,12 +77,13 @@ def _check(path: str, tmp_path, capsys) -> tuple[set, str]:
 
 def test_tp8_dp1_norm_gradients_are_tp(tmp_path, capsys):
     """tp 8, dp 1, SP, no FSDP to reduce them: the table's one per-step row is the norms'
-    ``tp step all-reduce`` (65 norms x 3 AdamW reads = 195 calls of h 4096 x 2 B), and the
+    ``tp step all-reduce`` (65 norms = 32 layers x 2 + the final one, each all-reduced once by the
+    default fused AdamW: 65 calls of h 4096 x 2 B; 195 = 65 x 3 reads with the foreach one), and the
     readiness list names tp, with the optimizer step as its deadline (it waits for no op)."""
     path = _config(tmp_path, "tp8", {}, {"shape": [1, 8]})
     rows = _per_step_rows(path)
     assert [(r.axis, r.phase, r.op, r.size_bytes, r.per_step) for r in rows] == \
-        [("tp", "step", "all-reduce", 8192, 195)]
+        [("tp", "step", "all-reduce", 8192, 65)]
     want, out = _check(path, tmp_path, capsys)
     assert want == {("tp", "all-reduce")}
     line = next(x for x in out.splitlines() if x.startswith("  tp            step     all-reduce"))

@@ -177,8 +177,8 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
     top = json.loads((out / MARKER).read_text())
     assert [w["world"] for w in top["worlds"]] == [2, 4]
     # world 2 is tp 2 alone (dp_shard 1, no FSDP): the SequenceParallel norm weights keep
-    # Partial gradients after backward and AdamW reduces each one at every use (3 per
-    # weight, 5 weights) in the optimizer step; the table models exactly that.
+    # Partial gradients after backward and the fused AdamW (the default optimizer_impl)
+    # all-reduces each once (5 weights) in the optimizer step; the table models exactly that.
     w2 = _world(out, 2)["comparison"]
     assert w2["ok"] and w2["differences"] == [], w2["differences"]
     assert cp.returncode == 0, cp.stdout + cp.stderr

@@ -61,7 +61,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
 
     from meshplan.runtime.execution.cp import chunk_positions
     from meshplan.runtime.execution.model import Transformer
-    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.trainstep import adamw, batch
     from meshplan.runtime.execution.worker import load_plan
     from meshplan.mesh.tpsplit import padded_vocab
 
@@ -70,7 +70,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, tp)
     model = Transformer(spec, vocab=vocab, tp=tp)
     model.init_weights(seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    opt = adamw(model.parameters(), training)  # the AdamW the worker runs
     out = []
     for step in range(steps):
         losses = []

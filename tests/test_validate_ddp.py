@@ -50,7 +50,7 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
     import torch.nn.functional as F
 
     from meshplan.runtime.execution.model import Transformer
-    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.trainstep import adamw, batch
     from meshplan.runtime.execution.worker import load_plan
     from meshplan.mesh.tpsplit import padded_vocab
 
@@ -58,7 +58,7 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, 1)
     model = Transformer(spec, vocab=vocab, tp=1)
     model.init_weights(seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    opt = adamw(model.parameters(), training)  # the AdamW the worker runs
     micro = training.global_batch // (training.micro_batch * mesh.dp)
     out = []
     for step in range(steps):

@@ -50,7 +50,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     from meshplan.runtime.execution.model import Transformer
     from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.moe import moe_layers, set_routing
-    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.trainstep import adamw, batch
     from meshplan.runtime.execution.worker import load_plan
     from meshplan.mesh.tpsplit import padded_vocab
 
@@ -61,7 +61,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     set_routing(model, RoutingOptions.of(training))
     for moe in moe_layers(model):
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    opt = adamw(model.parameters(), training)  # the AdamW the worker runs
     out = []
     for step in range(steps):
         losses = []

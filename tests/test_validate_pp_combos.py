@@ -59,7 +59,7 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
     from meshplan.runtime.execution.model import Transformer
     from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.moe import moe_layers, set_routing
-    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.trainstep import adamw, batch
     from meshplan.runtime.execution.worker import load_plan
     from meshplan.mesh.tpsplit import padded_vocab
 
@@ -71,7 +71,7 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
     set_routing(model, RoutingOptions.of(training))
     for moe in moe_layers(model) if token_split > 1 else []:
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    opt = adamw(model.parameters(), training)  # the AdamW the worker runs
     last = [r for r in range(mesh.world) if mesh.layout.coords_of(r)[mesh.layout.names.index("pp")] == pp - 1]
     out = {r: [] for r in last}
     for step in range(steps):

@@ -8,9 +8,9 @@ collective table (:func:`meshplan.comm.collectives.collective_table`).
   issues it in its gradient reduction, so with pp > 1, where ``PipelineStage`` turns gradient
   sync off for every backward but the last, once per step: measured, torch 2.13 gloo). Without
   FSDP to reduce them in backward, those gradients stay Partial DTensors and the optimizer
-  reduces them at each use: AdamW reads each 3 times (measured with torch 2.13 on gloo,
-  ``meshplan validate``). Megatron-LM 2022 coalesces them into one all-reduce per step
-  (:func:`sp_norm_grad_rows`).
+  step all-reduces each at every op that reads it: once with the fused AdamW, 3 times with
+  the foreach one (:data:`PARTIAL_GRAD_READS`, by ``training.optimizer_impl``). Megatron-LM
+  2022 coalesces them into one all-reduce per step (:func:`sp_norm_grad_rows`).
 - TP with MoE layers: the router weight, replicated over tp, gets a Partial gradient: one
   all-reduce of experts*h elements per MoE layer, issued with the SP norms'. Measured with
   torch 2.13 (fake process group and gloo, ``tests/test_validate_moe.py``).
@@ -43,18 +43,35 @@ from meshplan.units import dtype_bytes
 SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm and row-parallel bias gradients, coalesced)"
 
 
+#: All-reduces over tp of one Partial (sum) DTensor gradient in one Adam/AdamW step without FSDP,
+#: by ``training.optimizer_impl``: DTensor redistributes a Partial input to Replicate at each op
+#: that reads it (a sum, issued as an all-reduce) and keeps nothing. torch 2.13.0 (pytorch/pytorch
+#: cf30153): ``"fused"`` 1, ``_fused_adam`` (torch/optim/adam.py 877-881) passes every gradient
+#: once to ``torch._fused_adamw_``, which DTensor runs as one pointwise op
+#: (torch/distributed/tensor/_ops/_pointwise_ops.py 545-552); ``"foreach"`` 3,
+#: ``_multi_tensor_adam`` reads them in ``_foreach_lerp_`` (704-706) and twice in
+#: ``_foreach_addcmul_`` (721-723); the single-tensor loop, ``lerp_`` (456) and ``addcmul_(grad,
+#: grad)`` (475), also 3. Measured on 2 gloo ranks, Replicate parameters of 8 and 4 fp32 elements
+#: with Partial gradients, each ``AdamW`` step recorded (runtime.execution.recorder): fused 2
+#: all-reduces (32 B, 16 B), foreach and foreach=False 6 (3 of each).
+PARTIAL_GRAD_READS = {"fused": 1, "foreach": 3}
+
+
 def replicated_grad_rows(add, c: StageContext, size: int, count: int, cadence: str) -> None:
     """All-reduce over tp of ``count`` Partial gradients of weights replicated over tp (SP
     norms, an MoE router): in FSDP2's gradient reduction (once per step under a pipeline
-    schedule), else at each of AdamW's 3 reads (measured, torch 2.13)."""
+    schedule), else in the optimizer step, :data:`PARTIAL_GRAD_READS` per gradient (1 with
+    the fused AdamW, 3 with the foreach one)."""
     dt = c.training.compute_dtype
     if c.training.sharding in ("zero3", "hsdp") and c.mesh.degree("fsdp") > 1:
         pipelined = c.mesh.degree("pp") > 1
         add("tp", "backward", "all-reduce", size, dt, 0 if pipelined else count, cadence, "optimizer step", depth=0,
             per_step=count if pipelined else None)
     else:
-        add("tp", "step", "all-reduce", size, dt, 0, cadence + ", 3 per optimizer step (no FSDP)",
-            "optimizer step", depth=0, per_step=3 * count)
+        reads = PARTIAL_GRAD_READS[c.training.optimizer_impl]
+        add("tp", "step", "all-reduce", size, dt, 0,
+            f"{cadence}, {reads} per optimizer step ({c.training.optimizer_impl} AdamW, no FSDP)",
+            "optimizer step", depth=0, per_step=reads * count)
 
 
 def _mla_grad_rows(add, c: StageContext) -> None:

@@ -75,6 +75,7 @@ from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     parallelize_stage,
     tied_embedding_sync,
 )
+from meshplan.runtime.execution.trainstep import adamw
 from meshplan.spec.axes.ep import experts_over_tp
 
 BUILT = tuple(name for name, s in SCHEDULES.items() if s.runs_in_validate)  # schedules this module runs
@@ -212,7 +213,7 @@ class PipelineRunner:
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
         self.training, self.mesh, self.rank = training, mesh, rank
         self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=False)
+        self.opt = adamw(self.model.parameters(), training)
         self.micro = micro
         self.has_first = any(s.is_first for s in pstages)
         self.has_last = any(s.is_last for s in pstages)

@@ -62,13 +62,23 @@ def set_accumulation(model, training: TrainingSpec, mb: int, micro: int) -> None
         model.set_reshard_after_backward(last)
 
 
+def adamw(params, training: TrainingSpec) -> torch.optim.AdamW:
+    """The AdamW step the plan models (lr 1e-4): ``training.optimizer_impl`` ``"fused"``
+    (the default) runs torch's fused kernel (``fused=True``, ``torch._fused_adamw_``, on CPU
+    too), ``"foreach"`` the multi-tensor one (``foreach=True``), so the Partial gradients'
+    all-reduces and the step's temporaries are the ones the plan counts
+    (:data:`meshplan.comm.tp_grads.PARTIAL_GRAD_READS`)."""
+    impl = training.optimizer_impl
+    return torch.optim.AdamW(params, lr=1e-4, fused=impl == "fused", foreach=impl == "foreach")
+
+
 class Runner:
     """One training step at a time, with per-phase times, recorder labels and status."""
 
     def __init__(self, model, training, mesh, rank, vocab, seed, status: "Status", device: str):
         self.model, self.training, self.mesh, self.rank = model, training, mesh, rank
         self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
-        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        self.opt = adamw(model.parameters(), training)
         self.micro = max(1, training.global_batch // (training.micro_batch * mesh.dp))
         self.loss_parallel = mesh.degree("tp") > 1
         self.tracker = None  # the memory step's MemTracker/FSDPMemTracker while it runs

@@ -34,7 +34,7 @@ from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.parallelize import check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import Collective, CollectiveRecorder
-from meshplan.runtime.execution.trainstep import set_accumulation
+from meshplan.runtime.execution.trainstep import adamw, set_accumulation
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -125,7 +125,8 @@ def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bo
           micro_batches: int = 1, kv_sync=None) -> list[Collective]:
     """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel) and backward of
     each micro-batch (FSDP2's accumulation mode set before each:
-    :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then an AdamW step, each
+    :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then the AdamW step of
+    ``training.optimizer_impl`` (:func:`~meshplan.runtime.execution.trainstep.adamw`), each
     labelled as a phase of the recorder. ``cp``: the rank holds ``seq_len / cp`` tokens of
     each sequence (:mod:`meshplan.runtime.execution.cp`). ``kv_sync``: the replicated KV
     heads' gradient all-reduces (:mod:`meshplan.runtime.execution.kvsync`), in phase
@@ -133,7 +134,7 @@ def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bo
     b, s = training.micro_batch, training.seq_len // cp
     tokens = torch.zeros(b, s, dtype=torch.long)
     labels = torch.zeros(b, s, dtype=torch.long)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False) if optimizer_step else None
+    opt = adamw(model.parameters(), training) if optimizer_step else None
     lp = contextlib.nullcontext
     if loss_parallel:
         from torch.distributed.tensor.parallel import loss_parallel as lp

@@ -286,9 +286,8 @@ def memory_kind_rows(tl: Timeline, record: dict, rank: int) -> list[dict]:
 #: What a kind's row leaves out, measured on validate's CPU runs (examples/mini_2x4_tp2-dp4.toml, world 4).
 _ROUTED = ("; an MoE layer's routed rows at the plan's routing (balanced unless training.moe_hottest_expert_share), "
            "the run's at its router's counts (the router rows)")
-_KIND_NOTES = {"temporaries": "; the plan's working sets, not the worker's single-tensor AdamW step (optimizer "
-                              "temporaries 0 in the plan; measured up to 3 x the largest parameter shard at once, "
-                              "off the peak)" + _ROUTED,
+_KIND_NOTES = {"temporaries": "; the plan's working sets and the optimizer step's of training.optimizer_impl "
+                              "(the worker runs that AdamW: runtime.execution.trainstep.adamw)" + _ROUTED,
                "activations": _ROUTED}
 _EXTRA_NOTES = {RS_COPY_KIND: "not predicted: a temporary the size of each reduce-scatter's input that gloo's "
                              "reduce-scatter allocates (CPU runs only; absent on the fake process group, "

@@ -130,15 +130,16 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
         cluster, hw_why = cpu_cluster(world)
     from meshplan.runtime.validation.memcheck import TORCH_CPU_MEMORY
 
-    memory = config.memory.model_copy(update={**TORCH_CPU_MEMORY, "optimizer_temp_states": 0})
+    memory = config.memory.model_copy(update={**TORCH_CPU_MEMORY, "optimizer_temp_states": None})
     notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
              "mesh: " + mesh_why,
              f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
              f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {micro} "
              "micro-batch(es)" + ("" if opt.micro_batches else _fewest_why(mesh_spec, mesh, t)),
              f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
-             hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries 0 "
-             "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach); the runtime model's "
+             hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries those of "
+             f"training.optimizer_impl {t.optimizer_impl!r}, the AdamW the worker runs (fused: none; foreach: one "
+             "optimizer state); the runtime model's "
              "torch variants (memcheck.TORCH_CPU_MEMORY: fp32 logits, torch cross entropy, no dropout, SP inputs "
              "all-gathered and kept, rms_norm decomposed, K/V repeated before SDPA, embedding gradient over the "
              "whole vocabulary)"]
