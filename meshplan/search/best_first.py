@@ -276,7 +276,7 @@ def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[in
         for i, lo_i in zip(same[first].tolist(), lo[first].tolist()):
             if lo_i > best * (1 + TIE):  # past the tie band of the fastest clear one: cannot be listed first
                 break
-            e = run.plan([int(i)], SIMULATE, label="headroom")[0] if _needs(run, int(i)) else run.exact[int(i)]
+            e = run.plan([i], _completing(run, i), label="headroom")[0] if _needs(run, i) else run.exact[i]
             if e.feasible and e.step_s is not None:
                 added |= int(i) not in steps
                 steps[int(i)] = e.step_s
@@ -286,6 +286,14 @@ def _plan_clear(cfg: Config, c: Candidates, eligible: np.ndarray, steps: dict[in
 
 def _needs(run: Runner, i: int) -> bool:
     return i not in run.exact or _short_of(run.exact[i], SIMULATE)
+
+
+def _completing(run: Runner, i: int) -> str:
+    """The mode that completes candidate ``i``'s evaluation: its memory alone where the ranking's
+    step-only pass already holds its step and parts (merged, no second ``step_time``, as
+    :func:`_complete_top`), else the whole plan."""
+    e = run.exact.get(i)
+    return PLAN_ONLY if e is not None and e.breakdown is not None else SIMULATE
 
 
 def _settle_pending(c: Candidates, steps: dict[int, float], pending: dict[int, float], top: int,
