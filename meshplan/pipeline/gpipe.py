@@ -43,8 +43,9 @@ class GPipe(PipelineSchedule):
         >>> [x.astype(int).tolist() for x in GPIPE.torch_p2p_calls(2, 3, 1, 0, 6)]  # F0 F1 F2 B0 B1 B2
         [[0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]]
         """
-        unwaited = [u.mb < m - 1 for u in self.order(p, m, v, s)]
-        return (np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64), np.array(unwaited, dtype=bool),
+        from meshplan.pipeline.orders import order_arrays  # (orders imports the registry, which imports this)
+        unwaited = order_arrays(self.name, p, m, v, s)[1] < m - 1  # the order as arrays: no Unit per unit
+        return (np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64), unwaited,
                 np.zeros(length, dtype=bool))
 
     def warmup(self, p, m, v, s):

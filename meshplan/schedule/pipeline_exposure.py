@@ -1,7 +1,7 @@
 """Accounting over the simulated pipeline (:mod:`meshplan.pipeline.fast`): what each stage's
 compute stream spends idle (:func:`stage_bubble`) and exposed (:func:`unit_exposure`), the
 blocking calls of Megatron-LM 2022 split into transfers and waits for the partner
-(:func:`pp_hold_split`, :func:`call_loads`), where a stage's pipeline run ends
+(:func:`pp_hold_split`, :func:`call_loads`, :func:`transfer_loads`), where a stage's pipeline run ends
 (:func:`ends_of`, :func:`stage_run_end`), the shift between schedule runs (:func:`run_shift`), and
 the pipeline simulated again without some waits (:func:`pipeline_without`).
 """
@@ -12,7 +12,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from meshplan.pipeline.fast import KINDS, ArrayResult, simulate_arrays
+from meshplan.pipeline.fast import KINDS, ArrayResult, Transfers, simulate_arrays
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.unit_times import UnitTimes
 
@@ -119,10 +119,31 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     p, length = res.flat.p, res.flat.length
     if res.transfers is None:
         return np.zeros((p, length + 1))
+    return transfer_loads(res.transfers, p, length)
+
+
+def transfer_loads(transfers: Transfers, p: int, length: int) -> np.ndarray:
+    """:func:`call_loads` from the blocking calls alone (:func:`meshplan.pipeline.fast.rendezvous`
+    of a spec, no simulation needed), shape (p, L + 1): per stage its leading call, then the call
+    after each of its ``length`` units. Each such call holds its stage at least ``k x p2p_s``
+    after its post (:func:`meshplan.pipeline.rounds.run_rounds`: ``max(post, peer posts) + k
+    p2p_s``), which the search's step-time bound counts (:func:`meshplan.search.pipeline.call_holds`).
+
+    torch 2.13's 1F1B at p 2, m 2 (stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1): stage 0's F0 is
+    sent without a wait (the warm-up's first forward), F1 with B0's receive in one waited call,
+    B1's receive alone; stage 1 receives F0 in its leading call, sends B0 with F1's receive, and
+    waits B1's send at the step's end (its F0 and F1 feed its own backwards: no call after them):
+
+    >>> from meshplan.pipeline.fast import flat_units, rendezvous
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> spec = PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True, torch_p2p=True)
+    >>> transfer_loads(rendezvous(spec, flat_units("1f1b", 2, 2, 1)), 2, 4).astype(int).tolist()
+    [[0, 0, 1, 1, 0], [1, 0, 1, 0, 1]]
+    """
     width = p * (length + 2)  # per stage: the leading slot, a slot after each unit, a trailing one
-    ws, wr = res.transfers.sides()  # asynchronous sides (overlap_p2p_comm) hold no call
-    sends = np.bincount(res.transfers.send[ws].astype(np.int64), minlength=width)
-    recvs = np.bincount(res.transfers.recv[wr].astype(np.int64), minlength=width)
+    ws, wr = transfers.sides()  # asynchronous sides (overlap_p2p_comm) hold no call
+    sends = np.bincount(transfers.send[ws].astype(np.int64), minlength=width)
+    recvs = np.bincount(transfers.recv[wr].astype(np.int64), minlength=width)
     return np.maximum(sends, recvs).reshape(p, length + 2)[:, :length + 1].astype(float)
 
 

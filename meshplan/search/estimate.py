@@ -17,10 +17,10 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.bounds import bounds
-from meshplan.search.columns import Candidates
+from meshplan.search.columns import Candidates, candidate_schedule
 from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
 from meshplan.search.memory import Tables, stage_layout, state
-from meshplan.search.pipeline import pipeline_bound
+from meshplan.search.pipeline import blocking_mode, pipeline_bound, schedule_call_loads
 from meshplan.search.reasons import OK
 from meshplan.search.time_tables import TimeTables
 from meshplan.search.timing import step_lower_bound
@@ -59,8 +59,11 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
                 continue
             part = {k: a[sel] for k, a in u.items()}
             i = idx[at[sel]]
+            mode = blocking_mode(cfg, candidate_schedule(v)) if p > 1 else None  # waited calls (torch 1F1B)
+            loads = schedule_call_loads(candidate_schedule(v), int(p), m, v, mode) if mode else None
             est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf,
-                                                                       pipeline_window(cfg.training.framework, int(p))))
+                                                                       pipeline_window(cfg.training.framework, int(p)),
+                                                                       loads))
 
 
 def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:

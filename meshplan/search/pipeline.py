@@ -11,7 +11,9 @@ grouped by depth, and the longest paths computed for a whole group of candidates
 one depth at a time. End times grow with durations, so unit
 lower bounds (:func:`meshplan.search.layer_bounds.unit_bounds`) give stage ends no later than
 ``step_time``'s; each stage's end then gets its last unit's tail bound and its optimizer
-step, as :func:`meshplan.schedule.steptime.step_time` adds them.
+step, as :func:`meshplan.schedule.steptime.step_time` adds them. Where the pipeline's calls block
+(:func:`blocking_mode`: torch's 1F1B, Megatron-LM's), each unit's call holds its stage at least
+``k x p2p`` after it (:func:`schedule_call_loads`, the simulator's calls; :func:`_walk`).
 
 >>> import numpy as np
 >>> dag = build_dag("1f1b", p=4, m=8, v=1)
@@ -27,10 +29,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.fast import flat_units, simulate_arrays
+from meshplan.pipeline.fast import flat_units, rendezvous, simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.pipeline.unshard_window import evicted, unshards_first
-from meshplan.search.columns import candidate_schedule
+from meshplan.schedule.overlap_policy import P2PMode, p2p_mode
+from meshplan.schedule.pipeline_exposure import transfer_loads
+from meshplan.search.columns import Candidates, candidate_schedule
 from meshplan.spec.mesh import Schedule
 
 
@@ -116,20 +120,89 @@ def _durations(dag: Dag, f: np.ndarray, b: np.ndarray, extra: np.ndarray | None,
     return dur if extra is None else dur + extra
 
 
-def _walk(dag: Dag, dur: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+def _walk(dag: Dag, dur: np.ndarray, p2p: np.ndarray, hold: np.ndarray | None = None) -> np.ndarray:
     """Stage ends (candidates, p) from the units' durations ``dur`` (units, candidates) by
     row, :func:`stage_ends`'s longest paths. The rows are the units level by level
     (``dag.order``), so a level writes, and reads its durations and sends from, one
-    contiguous slice; only its predecessors are gathered."""
+    contiguous slice; only its predecessors are gathered. ``hold`` (units, candidates; by row):
+    seconds the blocking call after each unit holds its stage at least (:func:`call_holds`): the
+    stage's next unit starts no earlier than the unit's end plus them (``free``); a unit's
+    consumer on another stage still reads its end (plus the send)."""
     end = np.zeros((dag.stage.size + 1, dur.shape[1]))
+    free = end if hold is None else np.zeros_like(end)  # row ``units`` stays 0 in both
     sends = np.asarray(p2p, dtype=float).reshape(1, -1) * dag.cross_rows  # p2p x cross, 0.0 without a send
     for lo, hi, prev, dep, cross in dag.steps:
         ready = end[dep]
         if cross:
             ready += sends[lo:hi]
-        np.maximum(end[prev], ready, out=ready)
+        np.maximum(free[prev], ready, out=ready)
         np.add(ready, dur[lo:hi], out=end[lo:hi])
+        if hold is not None:
+            np.add(end[lo:hi], hold[lo:hi], out=free[lo:hi])
     return np.ascontiguousarray(end[dag.last_row].T)
+
+
+def blocking_mode(cfg, schedule: Schedule | str) -> P2PMode | None:
+    """:func:`~meshplan.schedule.overlap_policy.p2p_mode` of ``cfg``'s training for ``schedule``
+    where some pipeline call blocks its stage (torch 2.13's 1F1B and GPipe, Megatron-LM's 1F1B and
+    interleaved 1F1B) and the step runs one schedule (``training.pp_schedule_runs`` 1: the bounds'
+    single schedule over all m has more waited calls than the runs, each run's warm-up sends
+    unwaited); None otherwise."""
+    mode = p2p_mode(cfg.training, Schedule(schedule))
+    return mode if mode.blocking_p2p and cfg.training.pp_schedule_runs == 1 else None
+
+
+@lru_cache(maxsize=256)
+def schedule_call_loads(schedule: Schedule | str, p: int, m: int, v: int, mode: P2PMode) -> np.ndarray:
+    """``k`` of every blocking call of ``schedule`` at (p, m, v) under ``mode``, shape (p, L + 1):
+    per stage its leading call, then the call after each unit of its order (0: no waited side):
+    the simulator's own calls (:func:`meshplan.pipeline.fast.rendezvous` of the same
+    :class:`~meshplan.pipeline.simulate.PipelineSpec` fields ``step_time`` gives it, counted by
+    :func:`meshplan.schedule.pipeline_exposure.transfer_loads`, as ``step_time`` counts a call's
+    transfers). Each such call holds its stage at least ``k x p2p_s`` after the unit before it
+    ends (:func:`meshplan.pipeline.rounds.run_rounds`: ``max(post, peer posts) + k p2p_s``).
+
+    torch 2.13's 1F1B, p 4, m 8 (:meth:`~meshplan.pipeline.one_f_one_b.OneFOneB.torch_p2p_calls`).
+    Stage 1 (F0 F1 F2 B0 F3 B1 ... F7 B5 B6 B7) receives every unit's input in a waited call right
+    before it (F0's in its leading call) and waits B7's send at the end: every call holds (its F0,
+    F1, B5 and B6 go without a wait, w = 3, but each shares its call with the next receive).
+    Stage 0 (F0 F1 F2 F3 B0 F4 B1 ... F7 B4 B5 B6 B7) receives only gradients: its warm-up's F0-F2
+    go unwaited and a steady-state backward sends nothing, so only the calls after F3-F7 (a waited
+    send and the next backward's receive) and after B4-B6 (a receive) hold:
+
+    >>> mode = P2PMode(True, False, True)
+    >>> schedule_call_loads("1f1b", 4, 8, 1, mode)[1].astype(int).tolist()
+    [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    >>> schedule_call_loads("1f1b", 4, 8, 1, mode)[0].astype(int).tolist()
+    [0, 0, 0, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1, 1, 1, 0]
+    """
+    spec = PipelineSpec(Schedule(schedule), p, m, v, p2p_s=0.0, **mode._asdict())
+    f = flat_units(str(Schedule(schedule)), p, m, v)
+    out = transfer_loads(rendezvous(spec, f), p, f.length)
+    out.setflags(write=False)  # memoised: shared by every caller
+    return out
+
+
+def call_holds(cfg, c: Candidates, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the ``k`` of the calls between each stage's units summed, its trailing call's ``k``), per
+    candidate and stage (candidates, pp), of candidates ``c`` of one pp degree with ``m``
+    micro-batches each (:func:`schedule_call_loads`; zeros where no call blocks,
+    :func:`blocking_mode`). Times ``p2p_s`` they are seconds each stage's compute stream cannot
+    run: before its last unit ends, and after it (the stage's run ends at its last unit plus the
+    larger of its tail and that call's hold, :func:`meshplan.schedule.step_end.stage_run_end`)."""
+    p = int(c.pp[0]) if len(c) else 1
+    inner, last = np.zeros((len(c), p)), np.zeros((len(c), p))
+    if p == 1:
+        return inner, last
+    keys = np.stack([c.vpp, c.ps, np.asarray(m, dtype=np.int64)], axis=1)
+    for v, ps, mm in np.unique(keys, axis=0).tolist():
+        mode = blocking_mode(cfg, candidate_schedule(v, ps))
+        if mode is None:
+            continue
+        loads = schedule_call_loads(candidate_schedule(v, ps), p, mm, v, mode)
+        rows = np.all(keys == (v, ps, mm), axis=1)
+        inner[rows], last[rows] = loads[:, 1:-1].sum(axis=1), loads[:, -1]
+    return inner, last
 
 
 def _level_steps(levels: tuple, order: np.ndarray, prev: np.ndarray, dep: np.ndarray, cross: np.ndarray) -> tuple:
@@ -179,12 +252,15 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
     return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
 
 
-def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, window: int = 0) -> np.ndarray:
+def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, window: int = 0,
+                   loads: np.ndarray | None = None) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
     :func:`meshplan.search.layer_bounds.unit_bounds` ``u`` (module docstring); ``reshard``
     (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
     unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded); each
-    chunk's last gradient unit gets ``b_red``."""
+    chunk's last gradient unit gets ``b_red``. ``loads``: their blocking calls
+    (:func:`schedule_call_loads`; None: asynchronous sends), each unit's call holding its stage
+    ``k x p2p`` after it (:func:`_walk`), the last one's beside the tail."""
     n, p = u["f_core"].shape
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
@@ -231,7 +307,12 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
         red = waits[:, None] * np.where(hi, np.maximum(u["b_red"], w_hi).T[st], np.maximum(u["b_red"], w_lo).T[st])
         extra = red if extra is None else extra + red
     dur = _durations(dag, f, b, extra, rep)[row_class]
-    return (_walk(dag, dur, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
+    if loads is None:
+        return (_walk(dag, dur, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
+    p2p = np.asarray(u["p2p"], dtype=float).reshape(1, -1)  # (1, candidates)
+    hold = loads[:, 1:].reshape(-1)[dag.order][:, None] * p2p  # the call after each unit, by row
+    tail = np.maximum(u["tail"], loads[:, -1][None, :] * p2p.T)  # the last unit's tail or its call's hold
+    return (_walk(dag, dur, u["p2p"], hold) + tail + u["end"]).max(axis=1)
 
 
 @lru_cache(maxsize=64)

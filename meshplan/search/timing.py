@@ -54,7 +54,14 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   bound is the largest over k of ``fill_k + busy_k`` plus the larger of stage k's own
   end (optimizer step at HBM bandwidth, ZeRO-1's exposed parameter all-gather and its
   gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
-  0's end.
+  0's end;
+- the **blocking pipeline calls** (torch 2.13's single-stage 1F1B and GPipe, Megatron-LM's 1F1B and
+  interleaved 1F1B: :func:`~meshplan.schedule.overlap_policy.p2p_mode`, one schedule run per step):
+  a call a stage waits on holds it at least ``k x p2p`` after the unit before it, ``k`` its
+  waited transfers sharing the link (the simulator's own calls,
+  :func:`meshplan.search.pipeline.call_holds`): the calls between a stage's units join
+  ``busy_k``, the one after its last unit is at least beside its tail (the stage's run ends at
+  the larger of the two, as ``step_time``'s).
 
 With uneven chunks (the Llama 3 split with vpp > 1) every unit is bounded at its stage's
 shortest chunk (``Stages.n_chunk``): each unit term grows with the chunk's layers, so the
@@ -88,6 +95,7 @@ from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import end_chunk_passes
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.memory import Stages
+from meshplan.search.pipeline import call_holds
 from meshplan.search.space import Candidates
 from meshplan.search.time_tables import TimeTables
 
@@ -120,6 +128,11 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
+    # blocking pipeline calls (torch's 1F1B, Megatron-LM's): each call between a stage's units holds
+    # it k x p2p past the unit before (busy), the one after its last unit at least beside the tail
+    inner, after = call_holds(cfg, c, st.m[:, 0])
+    busy = busy + inner * p2p
+    tail = np.maximum(tail, after * p2p)
     first = f0 + ~empty0 * u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
     fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
