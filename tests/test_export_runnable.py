@@ -7,6 +7,7 @@ user ran it."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
@@ -72,3 +73,48 @@ def test_round_trip_of_an_imported_torchtitan_file_keeps_them(tmp_path):
     assert back["model"]["hf_assets_path"] == "./assets/hf/Llama-3.1-8B"
     assert (back["training"]["dataset"], back["training"]["steps"], back["optimizer"]["lr"]) == ("c4", 1000, 3e-4)
     assert "not written, set before running" not in out
+
+
+#: A small torch job (Llama-3-8B on one dgx-h100) whose [training] writes keys at their default values.
+ONE_NODE = """[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 1
+[training]
+global_batch = 16
+seq_len = 8192
+micro_batch = 1
+sharding = "zero3"
+recompute = "op"
+memory_reserve = 0.10
+framework = "torch"
+[mesh]
+names = ["dp_shard", "tp"]
+shape = [4, 2]
+sequence_parallel = true
+"""
+
+
+def test_search_export_to_meshplan_plans_the_row(tmp_path):
+    """search --export 1 --to meshplan dropped memory_reserve and sharding (equal to their defaults)
+    and wrote pp_schedule = "1f1b" at pp 1: the export now keeps every [training] key the job wrote,
+    has no pipeline key at pp 1, and plans the row's own step and peak (the search's --json row,
+    build_plan + step_time of the export as the search's exact evaluation runs them)."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.unit_sim import Overlap
+
+    job, row1 = tmp_path / "job.toml", tmp_path / "row1.toml"
+    job.write_text(ONE_NODE)
+    _cli("search", str(job), "--export", "1", "--to", "meshplan", "-o", str(row1), "--json", str(tmp_path / "s.json"))
+    row = json.loads((tmp_path / "s.json").read_text())["top"][0]
+    written = tomllib.loads(row1.read_text())
+    user = tomllib.loads(ONE_NODE)["training"]
+    assert set(user) <= set(written["training"])
+    assert {k: written["training"][k] for k in ("memory_reserve", "sharding", "framework")} == \
+        {"memory_reserve": 0.1, "sharding": "zero3", "framework": "torch"}
+    assert row["mesh"]["pp"] == 1 and not {"pp_schedule", "virtual_stages", "pp_layer_split"} & set(written["mesh"])
+    plan = build_plan(load_config(row1))
+    assert (step_time(plan, Overlap()).step_s, plan.timeline.peak.total_bytes) == (row["step_s"], row["peak_bytes"])
