@@ -267,7 +267,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
                             '--html'))
-    _echo(timing_line(result), err=True)  # measured: stderr (the report is the same on any machine); after
+    _echo(timing_line(result), err=True)  # measured: stderr (it varies by machine, the report does not); after
     # --export's refusals, so an error stays one line
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
