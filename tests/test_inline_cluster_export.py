@@ -199,7 +199,7 @@ def test_search_export_inline(ds_inline, tmp_path, capsys, to):
     if to == "meshplan":
         row = load_config(out)
         assert row.cluster == load_config(ds_inline).cluster and row.training.sharding == "zero3"
-        assert tomllib.loads(out.read_text())["mesh"] == {"names": ["dp_shard"], "shape": [16], "pp_schedule": "1f1b"}
+        assert tomllib.loads(out.read_text())["mesh"] == {"names": ["dp_shard"], "shape": [16]}
 
 
 def test_commands_read_inline_cluster(workstation, tmp_path, capsys):

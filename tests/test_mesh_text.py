@@ -49,7 +49,8 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     ds = _zero3(tmp_path)
     plan = _out(["plan", ds, *DS_OPTS], capsys)
     # imported as dp_shard since issue 11 (trial 6 item 8): no renaming to explain
-    assert "mesh (dp_shard 16) canonical ('dp_shard',), Megatron order 'dp_shard'" in plan and "printed" not in plan
+    assert ("mesh (dp_shard 16) canonical ('dp_shard',), Megatron order 'dp' (dp = dp_shard; as mesh.order, fastest "
+            "first: 'dp_shard')") in " ".join(plan.split()) and "printed" not in plan
     memory = _out(["memory", ds, *DS_OPTS, "--out", tmp_path / "m"], capsys)
     assert "llama3-8b, dp_shard 16, no pipeline" in memory
     step = _out(["step", ds, *DS_OPTS], capsys)

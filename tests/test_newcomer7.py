@@ -145,8 +145,9 @@ def test_search_without_a_feasible_mesh_gives_the_verdict_on_stderr(tmp_path, ca
     out, err = capsys.readouterr()
     assert out.startswith("no feasible mesh: of 4 candidates") or "\nno feasible mesh: of 4 candidates" in out
     timing, verdict = err.splitlines()  # the search's wall time is stderr's too (measured: not in the report)
-    assert timing.startswith("timing: the search took ") and timing.endswith(" s on this machine (not part of the "
-                                                                             "report, the same on any machine)")
+    assert timing.startswith("timing: the search took ") and timing.endswith(" s of wall time on this machine (it "
+                                                                             "varies by machine; not part of the plan "
+                                                                             "or the report)")
     assert verdict == ("infeasible: no feasible mesh: of 4 candidates rule 'batch' rejected 3 (global_batch not "
                        "divisible by micro_batch * dp), 'framework' 1; fix: set training.global_batch to a multiple of "
                        "micro_batch x dp for some [search] micro_batch and dp")

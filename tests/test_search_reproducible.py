@@ -110,7 +110,7 @@ def test_the_wall_time_is_on_stderr_not_in_the_report(tmp_path, capsys):
     first = capsys.readouterr()
     head = next(x for x in first.out.splitlines() if "planned exactly" in x)
     assert head.endswith("of them)") and not re.search(r"\d s\b", head)
-    assert re.fullmatch(r"timing: the search took \d+\.\d s on this machine \(not part of the report, the same on "
-                        r"any machine\)\n", first.err)
+    assert re.fullmatch(r"timing: the search took \d+\.\d s of wall time on this machine \(it varies by machine; not "
+                        r"part of the plan or the report\)\n", first.err)
     assert run_main("search", path) == 0
     assert capsys.readouterr().out == first.out  # a second run: the same report

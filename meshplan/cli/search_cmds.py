@@ -50,7 +50,7 @@ from meshplan.report.progress import ProgressBar
 from meshplan.report.search import print_search, search_to_dict, timing_line
 from meshplan.report.search_fix import infeasible_line
 from meshplan.report.search_clear import export_warnings
-from meshplan.search.candidate import candidate_config
+from meshplan.search.candidate import as_written, candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
 from meshplan.search.widen import widen
@@ -272,7 +272,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal, kern)), force,
                             '--html'))
-    _echo(timing_line(result), err=True)  # measured: stderr (the report is the same on any machine); after
+    _echo(timing_line(result), err=True)  # measured: stderr (it varies by machine, the report does not); after
     # --export's refusals, so an error stays one line
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
@@ -283,14 +283,15 @@ def _export_choice(result: SearchResult, pick: tuple[int, str], to: str) -> tupl
     """The config ``search --export`` writes and its words for the header (``row 2``, ``variant
     1b``): row ``pick[0]`` of the top table, or, with a letter, row
     1's variant of that label (:func:`meshplan.search.rank.variant_label`), each candidate as
-    :func:`~meshplan.search.candidate.candidate_config` gives it; a row or label the search did not
-    list, or one ``to`` cannot write, a one-line error naming --export."""
+    :func:`~meshplan.search.candidate.candidate_config` gives it, with the user's [training] keys
+    (:func:`~meshplan.search.candidate.as_written`); a row or label the search did not list, or one
+    ``to`` cannot write, a one-line error naming --export."""
     n, letter = pick
     if n > len(result.top):
         raise ConfigError("--export", _missing_row(n, len(result.top)))
 
     def config_of(e) -> Config:
-        return candidate_config(result.config, result.candidates, e.index)
+        return as_written(candidate_config(result.config, result.candidates, e.index), result.config)
 
     if letter:
         labels = [variant_label(k) for k in range(len(result.variants))]

@@ -306,6 +306,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
         head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes))
         head += spelling_note(spelling, source) if written is not tables else []
+        head += torchtitan_write.unset_notes(written)  # the data and schedule no meshplan config holds
         body = dumps(written)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":

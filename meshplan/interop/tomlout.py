@@ -141,6 +141,27 @@ def cluster_table(cfg: Config) -> dict:
     return c.model_dump(mode="json")
 
 
+#: The [mesh] keys of the pipeline, which :func:`meshplan_tables` leaves out at pp 1 (where plan notes that
+#: a schedule does not apply).
+PIPELINE_KEYS = ("pp_schedule", "virtual_stages", "layers_per_virtual_stage", "pp_layer_split")
+
+
+def training_table(t) -> dict:
+    """[training] of the :class:`~meshplan.spec.training.TrainingSpec` ``t``: every field it was given
+    (the user's keys, a search row's settings, the framework's defaults resolved when read), at its
+    default value too (``memory_reserve = 0.10``, ``sharding = "zero3"`` as the user wrote them), and
+    every field off its default; ``global_batch`` and ``seq_len`` always.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> training_table(TrainingSpec(global_batch=8, seq_len=16, memory_reserve=0.1, sharding="zero3", micro_batch=2))
+    ... # param_dtype and vocab_pad_divisor: framework torch's, resolved when built  # doctest: +NORMALIZE_WHITESPACE
+    {'global_batch': 8, 'seq_len': 16, 'micro_batch': 2, 'param_dtype': 'fp32', 'sharding': 'zero3',
+     'memory_reserve': 0.1, 'vocab_pad_divisor': 1}
+    """
+    full, given = t.model_dump(mode="json"), set(t.model_fields_set) | {"global_batch", "seq_len"}
+    return {k: v for k, v in full.items() if k in given} | t.model_dump(mode="json", exclude_defaults=True)
+
+
 def meshplan_tables(cfg: Config) -> dict[str, dict]:
     """The config as meshplan tables with the layer split written out (module docstring)."""
     mesh = resolved(cfg)
@@ -153,10 +174,10 @@ def meshplan_tables(cfg: Config) -> dict[str, dict]:
         again = stage_layers(cfg.model.layers, mesh.degree("pp"), vpp, per_stage)
         spec["pp_layer_split"] = per_stage if not isinstance(again, str) and [
             len(again[k][c]) for c in range(vpp) for k in range(mesh.degree("pp"))] == split else split
+    else:  # pp 1: no pipeline, so no pipeline key (the schedule's default is dumped as a name: written otherwise)
+        spec = {k: v for k, v in spec.items() if k not in PIPELINE_KEYS}
     spec = _named_etp(spec, mesh)
-    tables = {"model": model_table(cfg), "cluster": cluster_table(cfg),
-              "training": cfg.training.model_dump(mode="json", exclude_defaults=True) | {
-                  "global_batch": cfg.training.global_batch, "seq_len": cfg.training.seq_len},
+    tables = {"model": model_table(cfg), "cluster": cluster_table(cfg), "training": training_table(cfg.training),
               "mesh": spec}
     memory = cfg.memory.model_dump(mode="json", exclude_defaults=True)
     kernels = {"files": [str(Path(f).resolve()) for f in cfg.kernel_files]} if cfg.kernel_files else {}

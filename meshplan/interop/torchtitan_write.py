@@ -171,6 +171,31 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
         "no more than the plan")]
 
 
+#: The torchtitan keys of a run's data and schedule, which a meshplan config does not hold, with what
+#: torchtitan runs where the job TOML has none (``JobConfig`` of ``torchtitan/config/job_config.py`` at
+#: e347b1e: ``Model.hf_assets_path``, ``Training.dataset``, ``Training.steps``, ``Optimizer.lr``): an export
+#: without the user's torchtitan file to carry them from lists the absent ones (:func:`unset_notes`).
+RUN_DEFAULTS = {"model.hf_assets_path": '"./tests/assets/tokenizer", its test tokenizer',
+                "training.dataset": '"c4_test", its test slice of C4',
+                "training.steps": "10000", "optimizer.lr": "8e-4"}
+
+
+def unset_notes(tables: dict) -> list[str]:
+    """The header note listing each key of :data:`RUN_DEFAULTS` the torchtitan job ``tables`` do not
+    write (none carried from the user's file: :func:`meshplan.interop.torchtitan_carry.carried`), with the
+    value torchtitan then runs silently; none when every one is written.
+
+    >>> print(unset_notes({"model": {"hf_assets_path": "/m"}, "training": {"steps": 5, "dataset": "c4"}})[0])
+    note: not written, set before running (torchtitan's default otherwise): optimizer.lr (8e-4)
+    >>> unset_notes({"model": {"hf_assets_path": "/m"}, "training": {"steps": 5, "dataset": "c4"},
+    ...              "optimizer": {"lr": 3e-4}})
+    []
+    """
+    unset = [k for k in RUN_DEFAULTS if k.partition(".")[2] not in tables.get(k.partition(".")[0], {})]
+    return [f"note: not written, set before running (torchtitan's default otherwise): "
+            + ", ".join(f"{k} ({RUN_DEFAULTS[k]})" for k in unset)] if unset else []
+
+
 def _op_words(cfg: Config) -> str:
     """Why the plan is not torchtitan's op-level SAC, as :func:`write_notes` says it: where
     :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp or ep > 1, MLA) that rule;

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.mesh.axes import order_words
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.html import (
     esc,
@@ -63,7 +64,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
     if plan.mesh is not None:
         mesh = plan.mesh
         out.append(("mesh", mesh_text(mesh.layout.names, mesh.layout.shape, t.sharding, mesh.ep, mesh.etp)
-                    + f" (Megatron order '{mesh.megatron_order}')" + (", sequence parallel" if mesh.sequence_parallel
+                    + f" ({order_words(mesh.given_names)})" + (", sequence parallel" if mesh.sequence_parallel
                                                                        else "")))
     return out
 

@@ -168,8 +168,8 @@ def timing_line(r: SearchResult) -> str:
     ``wall_s`` and ``timings_s``)."""
     widen = r.timings.get("widen cp")
     more = "" if widen is None else f", then {widen:.1f} s for the search with every cp (the fix's)"
-    return (f"timing: the search took {r.wall_s:.1f} s on this machine{more} (not part of the report, the same on any "
-            "machine)")
+    return (f"timing: the search took {r.wall_s:.1f} s of wall time on this machine{more} (it varies by machine; not "
+            "part of the plan or the report)")
 
 
 def narrowed_lines(o) -> list[str]:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
+from meshplan.mesh.axes import order_words
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import Placement, rank_row
@@ -140,7 +141,7 @@ def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
     sharding = plan.config.training.sharding
     shape = mesh_text(mesh.layout.names, mesh.layout.shape, sharding, mesh.ep, mesh.etp)
     renamed = renamed_words(mesh.layout.names, sharding)
-    con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.given_names)}, Megatron order '{mesh.megatron_order}'"
+    con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.given_names)}, {order_words(mesh.given_names)}"
               + (f" ({renamed})" if renamed else "") + (", sequence parallel" if mesh.sequence_parallel else ""))
     for line in plan.derivation:
         con.print(f"  {line}")

@@ -167,3 +167,17 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})
     memory = cfg.memory.model_copy(update={"fsdp_reduce": None})  # each candidate's own rule (fsdp_reduce_for)
     return replace(cfg, mesh=mesh, training=training, memory=memory)
+
+
+def as_written(row: Config, cfg: Config) -> Config:
+    """The search row ``row`` (:func:`candidate_config` of ``cfg``) with its [training] counting as
+    given (``model_fields_set``) the fields ``cfg``'s training was given and the row's fields off their
+    default, not each searched knob at its default: what an export writes of it
+    (:func:`meshplan.interop.tomlout.training_table`: the user's keys and the row's settings, without
+    ``ac_freq = 1`` or ``tp_comm_overlap = false`` the user never wrote). Values unchanged; a field
+    off its default stays given, so :meth:`~meshplan.spec.training.TrainingSpec.at_pp` keeps the row's
+    ``reshard_after_forward``."""
+    t, fields = row.training, TrainingSpec.model_fields
+    off = {k for k in t.model_fields_set if getattr(t, k) != fields[k].default}
+    given = (set(cfg.training.model_fields_set) | off) & set(fields)
+    return replace(row, training=TrainingSpec.model_construct(_fields_set=given, **dict(t)))
