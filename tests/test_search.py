@@ -225,7 +225,8 @@ def test_memory_bounds_hold_within_the_margin(case):
     m = cfg.search.memory_margin
     for i, (_, _, peak, _) in enumerate(plans):
         if peak is not None and np.isfinite(r.est.peak_lo[i]):
-            assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i] * (1 + m), (r.candidates.label(i), r.est.peak_lo[i], peak)
+            assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i] * (1 + m), \
+                (r.candidates.label(i), r.est.peak_lo[i], peak)
 
 
 def test_rejection_counts_add_up(case):
