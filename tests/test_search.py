@@ -73,6 +73,10 @@ def config(nodes: int, hbm_gb: float = 6.0, model=None, training=None, **search)
 CASES = {
     "8": dict(nodes=1, micro_batch=[1, 2], top=8),
     "8-moe": dict(nodes=1, hbm_gb=2.0, model=MOE, micro_batch=[1, 2], recompute=["selective"], top=5),
+    # the same under Megatron-LM (its zero1 rows, experts in the dense buffers at ep 1 with etp = tp:
+    # issue membound, 60 rows' memory lower bound was above the exact peak)
+    "8-moe-megatron": dict(nodes=1, hbm_gb=2.0, model=MOE, micro_batch=[1, 2], recompute=["selective"], top=5,
+                           training={"framework": "megatron"}),
     "16": dict(nodes=2, hbm_gb=4.0, micro_batch=[1, 4], recompute=["none", "full"], top=8),
     # Megatron-LM's zero1 (its distributed optimizer; torch has no such engine: rule 'framework'
     # there), so that zero1's bounds stay checked against every exact plan; tp overlap searched
@@ -211,11 +215,16 @@ def test_pipeline_bound_never_exceeds_the_simulation(case):
 
 
 def test_memory_bounds_hold_within_the_margin(case):
+    """The lower bound at or under the exact peak on every candidate, no margin (a lower bound
+    above the truth prunes a mesh that fits; under megatron 60 world8-moe rows were up to 13%
+    above, beyond the 1% margin too, when the search counted an expert communicator the plan has
+    not: issue membound); the upper bound within ``[search] memory_margin``."""
     cfg, r, plans = case
     m = cfg.search.memory_margin
     for i, (_, _, peak, _) in enumerate(plans):
         if peak is not None and np.isfinite(r.est.peak_lo[i]):
-            assert r.est.peak_lo[i] / (1 + m) <= peak <= r.est.peak_hi[i] * (1 + m), r.candidates.label(i)
+            assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i] * (1 + m), \
+                (r.candidates.label(i), r.est.peak_lo[i], peak)
 
 
 def test_rejection_counts_add_up(case):

@@ -200,15 +200,33 @@ def padded_numel(rows: int, numel: int, shards: int) -> int:
 
 
 def experts_apart(mesh) -> bool:
-    """Whether an MoE layer's routed experts are all-gathered apart from the rest of its unit,
-    over efsdp: under ep > 1 (torchtitan ``apply_fsdp_to_decoder`` at b5bcd76 gives them their
-    own mesh, the block's parameter group over efsdp beside its dense one), or where efsdp is not
-    fsdp's group. Under ep 1 torchtitan shards them with the block over its FSDP mesh, one
-    all-gather of the whole layer (``Shard(1)`` past fsdp > experts).
+    """Whether an MoE layer's routed experts are all-gathered (FSDP) or reduced (ZeRO-1/2, DDP)
+    apart from the rest of their layer, over efsdp: :func:`experts_apart_degrees` of the mesh.
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
     >>> [experts_apart(resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, e]), world=4)) for e in (1, 2)]
     [False, True]
     """
-    return mesh.ep > 1 or mesh.degree("efsdp") != mesh.degree("fsdp")
+    return bool(experts_apart_degrees(mesh.ep, mesh.degree("efsdp"), mesh.degree("fsdp")))
+
+
+def experts_apart_degrees(ep, efsdp, fsdp):
+    """:func:`experts_apart` from the degrees, elementwise on numpy arrays too (the search's
+    columns): under ep > 1, or where efsdp is not fsdp's group (ep 1: etp != tp).
+
+    - torchtitan (``apply_fsdp_to_decoder`` at b5bcd76) gives the experts their own mesh under
+      ep > 1, the block's parameter group over efsdp beside its dense one; under ep 1 it shards
+      them with the block over its FSDP mesh, one all-gather of the whole layer (``Shard(1)``
+      past fsdp > experts).
+    - Megatron-LM marks expert weights ``allreduce = not use_expert_pgs``, ``use_expert_pgs`` =
+      ep > 1 or etp != tp (NVIDIA/Megatron-LM d98e8a6 ``megatron/core/extensions/transformer_engine.py``
+      110, 1235-1239, 1740-1745), and only those get their own gradient buffer over the expert
+      data-parallel group (``megatron/core/distributed/param_and_grad_buffer.py`` 896-899,
+      ``distributed_data_parallel.py`` 285-289); the others reduce with the dense ones over dp x cp.
+
+    >>> import numpy as np
+    >>> experts_apart_degrees(np.array([1, 1, 2]), np.array([8, 4, 4]), np.array([8, 8, 8])).tolist()
+    [False, True, True]
+    """
+    return (ep > 1) | (efsdp != fsdp)

@@ -16,7 +16,7 @@ from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.ops import float8_gemms
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.config import Config
-from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
+from meshplan.mesh.tpsplit import expert_shard_dim, experts_apart_degrees, local_heads, padded_numel
 from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
@@ -80,7 +80,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
     # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded; under ep 1 (efsdp
     # fsdp's group) they ride in the layer's all-gather (mesh.tpsplit.experts_apart): none apart
-    apart = (c.ep > 1) | (c.efsdp != c.fsdp)
+    apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call

@@ -24,7 +24,7 @@ from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
+from meshplan.mesh.tpsplit import experts_apart_degrees, local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.search.candidate import megatron_split, sharding_training, stage_split
 from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
@@ -328,10 +328,10 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     n = (c.tp > 1).astype(np.int64) + (c.pp > 1) + (c.ep > 1)
     n += (c.cp > 1) | ((c.fsdp > 1) & (fsdp_name == 1))
     n += (c.fsdp > 1) & (fsdp_name != 1)
-    # the experts' own rows over efsdp, none under FSDP2 where they gather with their layer (ep 1
-    # with efsdp fsdp's group: mesh.tpsplit.experts_apart)
-    fsdp2 = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
-    n += moe & (c.efsdp > 1) & ~(fsdp2 & (c.ep == 1) & (c.efsdp == c.fsdp))
+    # the experts' own rows over efsdp, only where they are apart from their layer (ep > 1, or
+    # efsdp not fsdp's group: mesh.tpsplit.experts_apart_degrees), under every engine: FSDP2
+    # gathers them with the layer, Megatron-LM's DDP buffers reduce them with the dense ones
+    n += moe & (c.efsdp > 1) & experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
     kv = cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups (not Megatron's, tp_kv)
     n += (c.tp > kv) & ~qkv_gathered(cfg.training.framework, c.tp, kv)
