@@ -18,9 +18,9 @@ $(VENV)/.test: $(VENV)/.base
 demo: $(VENV)/.base
 	$(VENV)/bin/meshplan plan examples/seed-64gpu.toml --rank 29
 
-## test: the whole test suite (CPU only; torch 2.13.0 CPU wheel)
+## test: the whole test suite (CPU only; torch 2.13.0 CPU wheel); the 25 slowest tests listed at the end
 test: $(VENV)/.test
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q --durations=25
 
 ## test-fast: the edit loop: no multi-process runs, no exhaustive or fake-process-group checks
 test-fast: $(VENV)/.test
