@@ -217,6 +217,34 @@ def test_megatron_order_echo_in_megatron_lm_names(tmp_path, capsys):
                         "'ep-tp-cp-dp_shard-dp_replicate-pp')") in " ".join(out.split())
 
 
+@pytest.mark.parametrize("mesh,given,lm,note", [
+    # HSDP: meshplan spells dp_shard and dp_replicate, Megatron-LM one dp (its distributed optimizer over dp_shard)
+    ('names = ["dp_replicate", "dp_shard", "tp"]\nshape = [2, 2, 2]', "tp-dp_shard-dp_replicate", "tp-dp",
+     "dp = dp_replicate x dp_shard"),
+    # C1: the user's Megatron order, in Megatron-LM's names already
+    ('order = "tp-cp-ep-dp-pp"\ndegrees = {tp = 1, cp = 4, ep = 1, dp = 2, pp = 1}', "tp-cp-ep-dp-pp", "tp-cp-ep-dp-pp", ""),
+    # C2: Megatron-LM has no sp nor cfg axis: no order, and why
+    ('order = "tp-sp-pp-cfg-dp"\ndegrees = {tp = 1, sp = 2, pp = 2, cfg = 1, dp = 2}', "tp-sp-pp-cfg-dp", None,
+     "Megatron-LM has no axis 'cfg'"),
+])
+def test_plan_json_has_the_megatron_lm_order_the_text_prints(tmp_path, capsys, mesh, given, lm, note):
+    """``plan --json``'s mesh keeps ``megatron_order`` in meshplan's names (mesh.order's spelling) and
+    adds ``megatron_lm_order`` / ``megatron_lm_order_note``, Megatron-LM's spelling that the text's
+    "Megatron order" prints (both from mesh.axes.megatron_lm_order)."""
+    cfg = config(tmp_path, mesh, layers=4)
+    rc, p, _ = doc(capsys, "plan", cfg)
+    m = p["mesh"]
+    assert rc == 0 and (m["megatron_order"], m["megatron_lm_order"], m["megatron_lm_order_note"]) == (given, lm, note)
+    rc, out, _ = run(capsys, "plan", cfg)
+    text = " ".join(out.split())
+    if lm is None:
+        assert f"mesh.order '{given}' (fastest first; no Megatron-LM order: {note})" in text
+    elif note:
+        assert f"Megatron order '{lm}' ({note}; as mesh.order, fastest first: '{given}')" in text
+    else:  # the same spelling: said once
+        assert f"Megatron order '{lm}'" in text and f"Megatron order '{lm}' (" not in text
+
+
 def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: "reject, or replicate KV heads 2x;
     say which"). Which one meshplan does depends on the framework: torch rejects it (rule
