@@ -217,6 +217,34 @@ def test_megatron_order_echo_in_megatron_lm_names(tmp_path, capsys):
                         "'ep-tp-cp-dp_shard-dp_replicate-pp')") in " ".join(out.split())
 
 
+@pytest.mark.parametrize("mesh,given,lm,note", [
+    # HSDP: meshplan spells dp_shard and dp_replicate, Megatron-LM one dp (its distributed optimizer over dp_shard)
+    ('names = ["dp_replicate", "dp_shard", "tp"]\nshape = [2, 2, 2]', "tp-dp_shard-dp_replicate", "tp-dp",
+     "dp = dp_replicate x dp_shard"),
+    # C1: the user's Megatron order, in Megatron-LM's names already
+    ('order = "tp-cp-ep-dp-pp"\ndegrees = {tp = 1, cp = 4, ep = 1, dp = 2, pp = 1}', "tp-cp-ep-dp-pp", "tp-cp-ep-dp-pp", ""),
+    # C2: Megatron-LM has no sp nor cfg axis: no order, and why
+    ('order = "tp-sp-pp-cfg-dp"\ndegrees = {tp = 1, sp = 2, pp = 2, cfg = 1, dp = 2}', "tp-sp-pp-cfg-dp", None,
+     "Megatron-LM has no axis 'cfg'"),
+])
+def test_plan_json_has_the_megatron_lm_order_the_text_prints(tmp_path, capsys, mesh, given, lm, note):
+    """``plan --json``'s mesh keeps ``megatron_order`` in meshplan's names (mesh.order's spelling) and
+    adds ``megatron_lm_order`` / ``megatron_lm_order_note``, Megatron-LM's spelling that the text's
+    "Megatron order" prints (both from mesh.axes.megatron_lm_order)."""
+    cfg = config(tmp_path, mesh, layers=4)
+    rc, p, _ = doc(capsys, "plan", cfg)
+    m = p["mesh"]
+    assert rc == 0 and (m["megatron_order"], m["megatron_lm_order"], m["megatron_lm_order_note"]) == (given, lm, note)
+    rc, out, _ = run(capsys, "plan", cfg)
+    text = " ".join(out.split())
+    if lm is None:
+        assert f"mesh.order '{given}' (fastest first; no Megatron-LM order: {note})" in text
+    elif note:
+        assert f"Megatron order '{lm}' ({note}; as mesh.order, fastest first: '{given}')" in text
+    else:  # the same spelling: said once
+        assert f"Megatron order '{lm}'" in text and f"Megatron order '{lm}' (" not in text
+
+
 def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     """32 q heads, 4 KV heads, head_dim 128, tp 8 (handed case C6: "reject, or replicate KV heads 2x;
     say which"). Which one meshplan does depends on the framework: torch rejects it (rule
@@ -325,17 +353,23 @@ def test_c6_40_q_10_kv_tp_4_rejected_with_the_tp_that_fit(tmp_path, capsys):
         "tp 1 (mesh.degrees {'tp': 1, 'dp': 8}); or tp 2 (mesh.degrees {'tp': 2, 'dp': 4})")
 
 
-def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
-    """V 32002, divisor 128 (Megatron-LM's, given: framework torch does not pad), tp 2 -> 32256,
-    16128 rows per rank; the loss keeps 32002."""
-    m = MODEL.format(layers=2).replace("vocab = 32000", "vocab = 32002")
-    cfg = Path(config(tmp_path, 'names = ["dp", "tp"]\nshape = [-1, 2]', model=m))
-    cfg.write_text(cfg.read_text().replace("[training]\n", "[training]\nvocab_pad_divisor = 128\n"))
+@pytest.mark.parametrize("vocab,divisor,tp,padded", [
+    (32002, 128, 2, 32256), (32002, 128, 8, 32768),
+    (50257, 128, 1, 50304), (50257, 128, 2, 50432), (50257, 128, 8, 51200),
+    (128256, 64, 8, 128512), (128256, 128, 8, 129024),
+])
+def test_c7_every_padding_of_the_case(tmp_path, capsys, vocab, divisor, tp, padded):
+    """Every row of C7, padded = ceil(V / (divisor * tp)) * divisor * tp (the divisor given: framework
+    torch does not pad), through ``plan --json``:
+    the note's padded size, rows per tp rank (the case's 16128 at tp 2 and 16064 for V 128256 at
+    divisor 64 are padded / tp) and the real V for the loss; the output GEMM's N is those rows."""
+    m = MODEL.format(layers=2).replace("vocab = 32000", f"vocab = {vocab}")
+    cfg = Path(config(tmp_path, f'names = ["dp", "tp"]\nshape = [-1, {tp}]', model=m))
+    cfg.write_text(cfg.read_text().replace("[training]\n", f"[training]\nvocab_pad_divisor = {divisor}\n"))
     rc, p, _ = doc(capsys, "plan", cfg)
-    assert ("vocab padded 32002 -> 32256 = ceil(V / (128 * tp 2)) * 256 (16128 per tp rank); "
-            "memory and FLOPs use 32256, the loss uses 32002") in p["notes"]
-    out_gemm = [g for g in p["shapes"]["gemms_forward"] if g["name"] == "output"]
-    assert out_gemm[0]["n"] == 32256 // 2
+    assert rc == 0 and (f"vocab padded {vocab} -> {padded} = ceil(V / ({divisor} * tp {tp})) * {divisor * tp} "
+                        f"({padded // tp} per tp rank); memory and FLOPs use {padded}, the loss uses {vocab}") in p["notes"]
+    assert [g["n"] for g in p["shapes"]["gemms_forward"] if g["name"] == "output"] == [padded // tp]
 
 
 def test_c8_interleaved_stages_print_their_chunks(tmp_path, capsys):
@@ -469,20 +503,24 @@ def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("tp,sp,recompute,per_layer", [
+    (1, False, "none", 956_301_312),     # no parallelism: s b h (34 + 5 a s / h)
     (8, False, "none", 192_937_984),     # s b h (10 + 24/t + 5 a s / (h t))
+    (8, True, "none", 119_537_664),      # s b h / t (34 + 5 a s / h)
     (8, True, "selective", 35_651_584),  # s b h / t * 34
     (8, True, "full", 2 * 2048 * 4096 // 8),
+    (8, False, "full", 2 * 2048 * 4096),  # the layer input alone, not divided by t without sequence parallel
 ])
 def test_c10_activation_bytes_per_layer(tmp_path, capsys, tp, sp, recompute, per_layer):
     """s 2048, b 1, h 4096, a 32, GPT layer with dropout, no flash: the timeline's activations
-    grow by the Table 2 bytes per added layer."""
+    grow by the Table 2 bytes per added layer (every row of the case; tp 1 on a world of 1)."""
     got = []
     for layers in (1, 2):
         m = (f'[model]\nlayers = {layers}\nhidden = 4096\nffn = 16384\ngated_mlp = false\nq_heads = 32\n'
              'vocab = 32000\nnorm = "layernorm"\n')
         sub = tmp_path / str(layers)
         sub.mkdir()
-        cfg = config(sub, f'names = ["dp", "tp"]\nshape = [1, {tp}]\nsequence_parallel = {str(sp).lower()}',
+        world = "\nworld = 1" if tp == 1 else ""
+        cfg = config(sub, f'names = ["dp", "tp"]\nshape = [1, {tp}]\nsequence_parallel = {str(sp).lower()}{world}',
                      batch=1, model=m)
         text = open(cfg).read().replace("seq_len = 1024", "seq_len = 2048").replace(
             'sharding = "zero1"\n', f'sharding = "zero1"\nrecompute = "{recompute}"\nflash_attention = false\n')
@@ -521,3 +559,37 @@ def test_c12_busbw_over_algbw(tmp_path, capsys):
         rows = [r for rows in p["collectives"].values() for r in rows if r["op"] in ops]
         assert rows and all(r["busbw_bytes_per_s"] / r["algbw_bytes_per_s"] == pytest.approx(ops[r["op"]])
                             for r in rows)
+
+
+#: C12's link: one node of 8 GPUs, 50 GB/s per rank and no latency (the case's ring model has none)
+NODE_C12 = ('[cluster]\nnodes = 1\ngpu = "h100-sxm5-80gb"\nnode = { name = "c12", gpus = 8, source = "handed case C12", '
+            'fabric = { name = "link", bandwidth_gb_per_s = 50.0, latency_us = 0.0 }, pcie = { name = "pcie5", '
+            'bandwidth_gb_per_s = 63.0, latency_us = 5.7 }, sockets = [{ gpus = [0, 1, 2, 3, 4, 5, 6, 7], cores = 32 }], '
+            'nics = [{ name = "eth0", rate_gbit_per_s = 100.0, gpus = [0, 1, 2, 3, 4, 5, 6, 7], rail = 0 }] }\n'
+            'network = [{ name = "switch", latency_us = 14.0 }]\n')
+
+
+@pytest.mark.parametrize("sharding,ops", [
+    ("none", {"all-reduce": (24.5e9, 0.49)}),
+    ("zero3", {"all-gather": (12.25e9, 0.245), "reduce-scatter": (12.25e9, 0.245)}),
+])
+def test_c12_volumes_and_times_of_a_14_gb_buffer(tmp_path, capsys, sharding, ops):
+    """C12's numbers through ``plan --json``: n 8 ranks, S = 14 GB, 50 GB/s per rank, ring. The
+    buffer: a tied embedding of 875000 x 4000 = 3.5e9 fp32 elements = 14 GB (+ the final norm's
+    16 kB in the same bucket / FSDP root unit), one layer beside it; its DDP bucket (a tensor over
+    the 25 MiB cap is a bucket alone) is all-reduced, under FSDP (fp32 compute) all-gathered and
+    reduce-scattered. Bytes each rank sends = busbw x time (nccl-tests: busbw = algbw x 2(n-1)/n,
+    resp. (n-1)/n): 24.5 GB in 0.49 s, 12.25 GB in 0.245 s (the 16 kB: 1.2e-6 of S, the tolerance)."""
+    m = ('[model]\nlayers = 1\nhidden = 4000\nffn = 4000\nq_heads = 32\nvocab = 875000\ntied_embeddings = true\n')
+    cfg = Path(config(tmp_path, 'names = ["dp"]\nshape = [8]', batch=8, model=m, sharding=sharding, cluster=NODE_C12))
+    cfg.write_text(cfg.read_text().replace("seq_len = 1024", 'seq_len = 128\ncompute_dtype = "fp32"'))
+    rc, p, _ = doc(capsys, "plan", cfg)
+    rows = [r for rows in p["collectives"].values() for r in rows if r["size_bytes"] >= 14e9]
+    assert rc == 0 and p["feasible"] and sorted(r["op"] for r in rows) == sorted(ops)
+    for r in rows:
+        sent, seconds = ops[r["op"]]
+        assert (r["size_bytes"], r["algorithm"], r["group_size"]) == (pytest.approx(14e9, rel=2e-6), "ring", 8)
+        assert r["busbw_bytes_per_s"] * r["time_s"] == pytest.approx(sent, rel=2e-6)
+        # plus NCCL's per-call base latency of the Simple ring, 8.4 us (tuning.cc baseLat:
+        # comm.nccl_protocols), which the case's ring model leaves out
+        assert r["time_s"] == pytest.approx(seconds + 8.4e-6, rel=2e-6)

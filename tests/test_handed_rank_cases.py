@@ -1,22 +1,26 @@
 """Handed cases C1, C2, C3 and C5 (shared/cases/handed-cases.md): their rank lists as Layout tests.
 
-Only the rank math is checked here (the node span with a local helper, C5's expert region as
-a plain Layout built by hand). The tool's own verdicts are checked elsewhere: C3's placement
-faults by meshplan.placement in test_placement.py (test_c3_*), C5's expert mesh as
-resolve_mesh builds it and its "ep 3: reject" rule (dp_shard * cp * tp) % (ep * etp) == 0 in
-test_expert_mesh.py, and every case through the CLI in test_handed_cli.py.
+The rank math is checked on Layout (the node span with a local helper); C1's micro-batches
+and C5's expert region are the tool's own values (resolve_mesh, mesh.validity.check) against
+the case text. Elsewhere: C3's placement faults by meshplan.placement in test_placement.py
+(test_c3_*), C5's derivation lines in test_expert_mesh.py, and every case through the CLI in
+test_handed_cli.py.
 """
 
 from __future__ import annotations
 
-from math import prod
-
 import pytest
 
 from meshplan.mesh.axes import from_megatron_order, to_megatron_order
-
-BATCH_AXES = ("dp_replicate", "dp", "dp_shard")  # the axes whose product is the data-parallel degree
 from meshplan.mesh.layout import Layout, check_partition
+from meshplan.mesh.resolve import Infeasible, resolve_mesh
+from meshplan.mesh.validity import check
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+#: C1 gives no model: any whose layers and heads pass the rules at tp 1, pp 1
+C1_MODEL = ModelSpec(layers=4, hidden=1024, ffn=4096, q_heads=16, vocab=32000)
 
 
 def layout_from_order(order: str, degrees: dict[str, int]) -> Layout:
@@ -44,12 +48,16 @@ def test_c1_context_parallel_is_its_own_coordinate(with_ep):
     assert lay.group_of(17, ("dp",)) == [1, 17]
     assert lay.groups(("cp",)).tolist() == [list(range(16)), list(range(16, 32))]
     assert lay.groups(("dp",)).shape == (16, 2)
-    # Batch arithmetic uses the data-parallel degree only (cp excluded): 16 / (1 * 2) = 8.
-    dp = prod(lay.degree(a) for a in BATCH_AXES)
-    assert dp == 2
-    global_batch, micro_batch = 16, 1
-    assert global_batch % (micro_batch * dp) == 0
-    assert global_batch // (micro_batch * dp) == 8
+    # the tool's mesh of the same order and degrees: the same groups, and its batch rule's value
+    # (meshplan.spec.axes.dp: dp = replicate x shard, cp excluded): 16 / (1 * 2) = 8 micro-batches,
+    # a global batch of 16 valid although no multiple of the world 32
+    spec = MeshSpec(order=order, degrees={n: lay.degree(n) for n in lay.names})
+    mesh = resolve_mesh(spec, world=32)
+    assert mesh.groups("cp").tolist() == lay.groups(("cp",)).tolist() and mesh.group_of(17, "dp") == [1, 17]
+    v = check(C1_MODEL, TrainingSpec(global_batch=16, micro_batch=1, seq_len=1024), mesh, spec)
+    assert (v.reasons, v.micro_batches) == ((), 8)
+    assert ("micro-batches per step = global_batch 16 / (micro_batch 1 * dp 2) = 8 (dp = replicate x shard, "
+            "cp excluded)") in v.notes
 
 
 # --------------------------------------------------------------------------- C2
@@ -164,19 +172,27 @@ def test_c5_dense_groups():
     assert lay.groups(("dp_shard", "cp")).tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
-@pytest.mark.parametrize("ep", [4, 8])
-def test_c5_expert_region_as_a_layout(ep):
-    """The expert region re-factors dp_shard * cp * tp = 8 as (efsdp, ep), ep fastest.
-    Checked as plain rank math; validity of ep (8 % ep == 0) is not Layout's job."""
+def c5_expert_mesh(ep: int):
+    """meshplan's mesh of C5 with ``ep``: resolve_mesh re-factors dp_shard x cp x tp into
+    (efsdp, ep), or returns Infeasible."""
+    return resolve_mesh(MeshSpec(names=list(C5_NAMES) + ["ep"], shape=list(C5_SHAPE) + [ep]), world=8)
+
+
+@pytest.mark.parametrize("ep", [4, 8, 3])
+def test_c5_expert_region_of_the_tool(ep):
+    """C5's expected expert groups, every one of them, in meshplan's own expert mesh: ep 4 gives
+    EP groups [0..3], [4..7] (EP(5) = [4,5,6,7]) and efsdp = 8 / 4 = 2 groups {r, r + 4}
+    (efsdp(0) = [0, 4]); ep 8 one EP group [0..7] and efsdp 1; ep 3 rejected by the rule
+    (dp_shard * cp * tp) % ep == 0 (8 % 3 = 2). The dense groups stay the ones above."""
+    m = c5_expert_mesh(ep)
+    if ep == 3:
+        assert isinstance(m, Infeasible)
+        assert m.reasons[0].startswith("ep(3) * etp(1) = 3 does not divide dp_shard(2) * cp(2) * tp(2) = 8")
+        return
+    want_ep = {4: [[0, 1, 2, 3], [4, 5, 6, 7]], 8: [list(range(8))]}[ep]
+    want_efsdp = {4: [[0, 4], [1, 5], [2, 6], [3, 7]], 8: [[r] for r in range(8)]}[ep]
+    assert sorted(m.groups("ep").tolist()) == want_ep and m.group_of(5, "ep") == want_ep[-1]
+    assert sorted(m.groups("efsdp").tolist()) == want_efsdp and m.degree("efsdp") == 8 // ep
     dense = Layout(C5_NAMES, C5_SHAPE)
-    region = prod(dense.degree(a) for a in ("dp_shard", "cp", "tp"))
-    assert region % ep == 0
-    expert = Layout(("pp", "dp_replicate", "efsdp", "ep"), (1, 1, region // ep, ep))
-    assert expert.world == dense.world
-    if ep == 4:
-        assert expert.group_of(0, ("ep",)) == [0, 1, 2, 3]
-        assert expert.group_of(5, ("ep",)) == [4, 5, 6, 7]
-        assert expert.group_of(0, ("efsdp",)) == [0, 4]
-    else:
-        assert expert.groups(("ep",)).tolist() == [list(range(8))]
-        assert expert.group_of(0, ("efsdp",)) == [0]
+    for axes, name in ((("tp",), "tp"), (("cp",), "cp"), (("dp_shard",), "dp_shard"), (("dp_shard", "cp"), "fsdp")):
+        assert m.groups(name).tolist() == dense.groups(axes).tolist(), name

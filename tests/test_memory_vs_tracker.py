@@ -8,6 +8,8 @@ within 10%; this test holds a looser bound (10%, 20%) so that a regression of th
 (meshplan/memory/) or of torch's behaviour fails here.
 """
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("torch")
@@ -35,3 +37,18 @@ def test_timeline_agrees_with_fsdp_mem_tracker(case):
     assert state["params"].predicted_bytes == state["params"].measured_bytes
     assert state["grads"].predicted_bytes == state["grads"].measured_bytes
     assert 0 <= state["optimizer"].measured_bytes - state["optimizer"].predicted_bytes < 4 * 64
+
+
+@pytest.mark.parametrize("impl,states", [("fused", 0), ("foreach", 1)])
+def test_optimizer_step_temporaries_follow_the_optimizer_impl(impl, states):
+    """memcheck runs the AdamW of ``training.optimizer_impl`` (runtime.execution.trainstep.adamw)
+    and predicts its step's temporaries by MemoryOptions().optimizer_temp_states_for: fused none,
+    foreach one optimizer state (``torch._foreach_sqrt(exp_avg_sqs)``). Case "dense tp2 sp fsdp4"
+    (fsdp 4 x tp 2, fp32): 459392 parameters (embedding and output 512 x 128 each, 2 layers of
+    QKV 3 x 128^2, wo 128^2, gated MLP 3 x 128 x 256, 2 norms of 128, a final norm) split over
+    8 ranks = 57424, plus the 5 norms' 640 elements being tp-replicated (640 / 4 - 640 / 8 = 80):
+    57504 per rank, one fp32 state 230016 B."""
+    case = next(c for c in CASES if c.name == "dense tp2 sp fsdp4")
+    case = dataclasses.replace(case, training={**case.training, "optimizer_impl": impl})
+    row = compare(case.config(), case.name).step_temporaries
+    assert (row.predicted_bytes, row.measured_bytes) == (states * 230016, states * 230016)

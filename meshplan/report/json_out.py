@@ -1,7 +1,10 @@
 """Versioned JSON form of a plan: every group of every axis, every rank's placement.
 
 Schema ``meshplan.plan/v1``: top-level keys ``schema``, ``meshplan_version``, ``input``
-(the four specs), ``world``, ``feasible``, ``reasons``, ``notes``, ``mesh``, ``groups``
+(the four specs), ``world``, ``feasible``, ``reasons``, ``notes``, ``mesh`` (its order twice:
+``megatron_order`` in meshplan's axis names as ``mesh.order`` takes it, ``megatron_lm_order`` in
+Megatron-LM's as the text prints it, null where it has none, ``megatron_lm_order_note`` the
+mapping or why not), ``groups``
 (axis -> list of rank lists), ``placement`` (per-rank arrays), ``flags``, ``shapes``,
 ``memory``, ``memory_timeline`` (per stage: peak bytes, when, bytes per kind at the peak and
 their maxima, headroom), ``constraints``, ``collectives``; ``input`` also holds the
@@ -18,6 +21,7 @@ from typing import Any
 from meshplan import __version__
 from meshplan.fileio import write_output
 from meshplan.memory.timeline import Timeline
+from meshplan.mesh.axes import megatron_lm_order
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import SCHEMA, Infeasible, Plan
 
@@ -38,8 +42,10 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
     mesh, p = plan.mesh, plan.placement
     if mesh is None or p is None:
         return out
+    lm_order, lm_note = megatron_lm_order(mesh.given_names)  # the text's "Megatron order" (mesh.axes.order_words)
     out["mesh"] = {"names": list(mesh.layout.names), "shape": list(mesh.layout.shape),
-                   "megatron_order": mesh.megatron_order, "ep": mesh.ep, "etp": mesh.etp,
+                   "megatron_order": mesh.megatron_order, "megatron_lm_order": lm_order,
+                   "megatron_lm_order_note": lm_note, "ep": mesh.ep, "etp": mesh.etp,
                    "sequence_parallel": mesh.sequence_parallel, "derivation": list(plan.derivation),
                    "stages": plan.stages if isinstance(plan, Plan) else None, "virtual_stages": plan.vpp,
                    "micro_batches": plan.micro_batches}

@@ -15,8 +15,10 @@ the kinds at the peak are shown too). Tracker categories become meshplan kinds b
 The prediction's ``[memory]`` table is what this run does (:data:`TORCH_CPU_MEMORY`): no
 NCCL buffers and no fragmentation are tracked
 (:data:`~meshplan.memory.timeline.UNTRACKED_KINDS`), a CPU has no cuBLAS workspace, fp32
-throughout (no mixed precision: logits fp32), no dropout, one micro-batch, AdamW
-``foreach``, torch's cross entropy, and the torch variants of
+throughout (no mixed precision: logits fp32), no dropout, one micro-batch, the AdamW of
+``training.optimizer_impl`` (:func:`~meshplan.runtime.execution.trainstep.adamw`, fused by default;
+its temporaries are :meth:`~meshplan.spec.memory.MemoryOptions.optimizer_temp_states_for`'s:
+fused none, foreach one optimizer state), torch's cross entropy, and the torch variants of
 :mod:`meshplan.memory.activations` (all-gathered SP inputs kept, ``rms_norm`` decomposed on
 CPU, K/V repeated before SDPA, the embedding gradient over the whole vocabulary).
 
@@ -56,21 +58,21 @@ import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from meshplan.config import Config
-from meshplan.memory.timeline import COMPARISON_GROUPS, UNTRACKED_KINDS, Timeline, tracker_to_kinds
+from meshplan.memory.timeline import COMPARISON_GROUPS, TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline, tracker_to_kinds
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.runtime.execution.memtracker import LabelledMemTracker as _Tracker, category_label as _label
 from meshplan.runtime.execution.memtracker import RS_COPY_KIND, relabelled_kinds as _relabelled_kinds
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+from meshplan.runtime.execution.trainstep import adamw
 from meshplan.runtime.validation.dryrun import fake_process_group
 from meshplan.units import KiB
 
 #: ``[memory]`` table of what the torch CPU run does (see the module docstring).
 TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_fraction=0.0,
                         logits_dtype="fp32", dropout=False, cross_entropy="torch", sp_gathered_input=True,
-                        unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True,
-                        optimizer_temp_states=1.0)  # stated: the default follows training.optimizer_impl
+                        unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True)
 #: Kinds compared, in print order (the untracked ones are zero on both sides).
 COMPARED_KINDS = ("params", "optimizer", "grads", "gathered_params", "grad_buffers", "activations", "temporaries")
 
@@ -80,13 +82,16 @@ class Measured:
     bytes per tracker category there (``peak_by_category``, the tracker's own labels);
     with the refined labels, bytes per meshplan kind at the peak (``peak_by_kind``) and the
     maximum of each kind over the step (``max_by_kind``). ``own_peak_bytes`` is the largest
-    total over every tracker update, equal to ``peak_bytes`` unless the tracker missed one."""
+    total over every tracker update, equal to ``peak_bytes`` unless the tracker missed one.
+    ``step_temp_bytes``: the most bytes of temporaries allocated by the optimizer step alive
+    at once (:func:`_step_temporaries`)."""
 
     peak_bytes: int
     peak_by_category: dict
     peak_by_kind: dict
     max_by_kind: dict
     own_peak_bytes: int
+    step_temp_bytes: int = 0
 
 
 def _step(model, opt, b: int, s: int, loss_parallel: bool, tracker: Optional[_Tracker] = None) -> None:
@@ -131,7 +136,7 @@ def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
         parallelize(model, dm, mesh, t)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
             model.to_empty(device="cpu")
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            opt = adamw(model.parameters(), t)
             _step(model, opt, t.micro_batch, t.seq_len, tp > 1)
             return _tracked_step(model, opt, t.micro_batch, t.seq_len, tp > 1)
 
@@ -153,7 +158,33 @@ def _tracked_step(model, opt, b: int, s: int, loss_parallel: bool) -> Measured:
     cats = {_label(k): int(v) for k, v in snap.items() if k != "Total" and v}
     kmax, top, at_top = _relabelled_kinds(mt.log)
     return Measured(peak_bytes=int(snap.get("Total", 0)), peak_by_category=cats, peak_by_kind=at_top,
-                    max_by_kind=kmax, own_peak_bytes=top)
+                    max_by_kind=kmax, own_peak_bytes=top, step_temp_bytes=_step_temporaries(mt.log))
+
+
+def _step_temporaries(log) -> int:
+    """Bytes: the largest sum of the live temporaries (tracker label ``Temp``) that the
+    optimizer step allocated, over a :class:`_Tracker` log of (storage, delta bytes, label,
+    phase); foreach AdamW's ``torch._foreach_sqrt(exp_avg_sqs)`` is one optimizer state,
+    fused AdamW allocates none (:meth:`~meshplan.spec.memory.MemoryOptions.optimizer_temp_states_for`)."""
+    born, cur, top = set(), 0, 0
+    for w, delta, label, phase in log:
+        if phase == "step" and delta > 0 and label in TRACKER_CATEGORIES["temporaries"]:
+            born.add(w)
+        if w in born:
+            cur += delta
+            top = max(top, cur)
+    return top
+
+
+def predicted_step_temporaries(tl: Timeline) -> int:
+    """Bytes: the largest sum of the temporaries the timeline's optimizer step holds at once
+    (:func:`meshplan.memory.sizes.step_entries`)."""
+    cur, top = 0, 0
+    for e in tl.events():
+        if e.phase == "step" and e.kind == "temporaries":
+            cur += e.delta_bytes
+            top = max(top, cur)
+    return top
 
 
 def _plan(config: Config) -> Plan:
@@ -193,7 +224,8 @@ class Comparison:
     """Predicted beside measured for one configuration, bytes on one rank: ``kinds`` the
     maximum of each kind over the step (each kind's model checked at its own worst moment),
     ``peak`` the largest total, ``at_peak`` the kinds at each side's peak (the two peaks
-    can fall on different events)."""
+    can fall on different events), ``step_temporaries`` the optimizer step's own temporaries
+    (hidden in ``kinds``' temporaries by the larger working sets of backward)."""
 
     name: str
     kinds: tuple
@@ -201,6 +233,7 @@ class Comparison:
     peak: KindRow
     where_predicted: str
     measured: Measured
+    step_temporaries: Optional[KindRow] = None
 
     def worst_kind(self) -> KindRow:
         """The kind with the largest relative error of its maximum."""
@@ -227,7 +260,8 @@ def compare(config: Config, name: str = "", rank: int = 0, fake: bool = False) -
     untracked = sum(tl.peak.by_kind.get(k, 0) for k in UNTRACKED_KINDS)
     return Comparison(name=name or config.model.name, kinds=kinds, at_peak=at_peak,
                       peak=KindRow("peak", tl.peak.total_bytes - untracked, m.peak_bytes),
-                      where_predicted=tl.peak.where(), measured=m)
+                      where_predicted=tl.peak.where(), measured=m,
+                      step_temporaries=KindRow("step temporaries", predicted_step_temporaries(tl), m.step_temp_bytes))
 
 
 def table(comparisons, at_peak: bool = False) -> str:
@@ -238,6 +272,7 @@ def table(comparisons, at_peak: bool = False) -> str:
     for c in comparisons:
         lines.append(f"{c.name}  (meshplan peak at {c.where_predicted})")
         rows = [(f"max {r.kind}", r) for r in c.kinds] + [("PEAK", c.peak)]
+        rows += [("optimizer step temporaries", c.step_temporaries)] if c.step_temporaries else []
         if at_peak:
             rows += [(f"at peak: {r.kind}", r) for r in c.at_peak]
         for label, r in rows:
