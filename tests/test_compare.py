@@ -200,7 +200,7 @@ def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
     a100.write_text(_seed_text().replace('system = "seed-8x8-2nic"', 'system = "dgx-a100"'))
     rc, out, err = _run(["compare", seed, a100, "--out", tmp_path / "cmp"], capsys)
     assert (rc, out) == (2, "")
-    assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 15 "
+    assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 17 "
                    "more workload fields); compare weighs two plans of one workload: give both the same [cluster] "
                    "(seed-64gpu is on 8x seed-8x8-2nic, a100 on 8x dgx-a100), or run meshplan step on each to "
                    "compare clusters\n")
