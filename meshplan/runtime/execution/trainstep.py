@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
@@ -67,9 +68,16 @@ def adamw(params, training: TrainingSpec) -> torch.optim.AdamW:
     (the default) runs torch's fused kernel (``fused=True``, ``torch._fused_adamw_``, on CPU
     too), ``"foreach"`` the multi-tensor one (``foreach=True``), so the Partial gradients'
     all-reduces and the step's temporaries are the ones the plan counts
-    (:data:`meshplan.comm.tp_grads.PARTIAL_GRAD_READS`)."""
+    (:data:`meshplan.comm.tp_grads.PARTIAL_GRAD_READS`). DTensor and plain parameters (a
+    module left unsharded beside sharded ones, e.g. the KV copies past ``kv_heads``) go in
+    separate parameter groups: torch's fused and foreach kernels take one list per group and
+    refuse a mix ("got mixed torch.Tensor and DTensor", torch 2.13); each group is its own
+    kernel call, which is what a run of either kind alone issues."""
     impl = training.optimizer_impl
-    return torch.optim.AdamW(params, lr=1e-4, fused=impl == "fused", foreach=impl == "foreach")
+    params = list(params)
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return torch.optim.AdamW([{"params": g} for g in groups if g] or params, lr=1e-4,
+                             fused=impl == "fused", foreach=impl == "foreach")
 
 
 class Runner:
