@@ -232,6 +232,29 @@ def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
     assert "rank #41 of 657 feasible by step time" in exact and "between" not in exact
 
 
+def test_rank_on_the_searchs_pool_plans_the_step_alone_to_the_bit(mini):
+    """The search ranks its mesh on its own open pool (warm workers) and plans each of the
+    rank_max candidates for the step alone (exact.STEP_ALONE): the same build_plan + step_time as
+    STEP_ONLY, so the same step to the bit, and the same #39-#45 as a pool of its own; the pool is
+    left open for its owner."""
+    from meshplan.search.configured import configured
+    from meshplan.search.exact import STEP_ALONE, STEP_ONLY, Planner, Pool
+
+    cfg, c = mini.config, mini.candidates
+    planner = Planner(cfg, c)
+    j = next(j for j in np.flatnonzero(mini.code == -1) if j not in mini.exact)  # a feasible row the search left unplanned
+    alone, only = planner((int(j), STEP_ALONE)), planner((int(j), STEP_ONLY))
+    assert alone.step_s == only.step_s and alone.tokens_per_s == only.tokens_per_s and alone.mfu == only.mfu
+    assert (alone.goodput, alone.breakdown, alone.complete) == (None, None, False) and only.goodput is not None
+    pool = Pool(planner, 2)
+    try:
+        mine = configured(cfg, c, mini.code, mini.est.step_lo, mini.exact, mini.top, pool)
+        assert (mine.rank, mine.rank_hi, mine.line()) == (39, 45, mini.configured.line())
+        assert pool.map([(int(j), STEP_ALONE), (int(j), STEP_ALONE)])[1].step_s == only.step_s  # still open
+    finally:
+        pool.close()
+
+
 def test_mesh_in_another_axis_order_is_not_a_candidate():
     """tp outermost (tp across the ranks' slowest stride) is not the searched order."""
     cfg = _cfg("mini_2x4_tp4-across-nodes.toml", narrow={"tp": [4], "pp": [1], "cp": [1], "micro_batch": [1]})

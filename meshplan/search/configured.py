@@ -9,7 +9,8 @@ with the search's own exact model (:class:`~meshplan.search.exact.Planner`, ``SI
 feasible candidates whose exact step is shorter, also where it is listed in the top (whose rows
 follow the tie rule, so its row is given beside the rank, never as it). Feasible candidates whose
 step-time lower bound is below its step and that the search did not plan are planned here
-(step only), lowest bound first, at most ``[search] rank_max`` of them (default 32); beyond that
+(the step alone, on the search's own worker processes where it passes its pool), lowest bound
+first, at most ``[search] rank_max`` of them (default 32); beyond that
 the rank is a range, ``between #lo and #hi``: each candidate left could be faster or not, so the
 range is as wide as their count, whichever are planned (a plan moves one end by one), and the line
 says how many and that ``rank_max`` plans more (newcomer trial 16: ``#162-#2,546 of 5,857`` for a
@@ -38,7 +39,7 @@ from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING
 from meshplan.search.configured_row import table_row
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.explain import relative
-from meshplan.search.exact import SIMULATE, STEP_ONLY, Exact, Planner, Pool
+from meshplan.search.exact import SIMULATE, STEP_ALONE, Exact, Planner, Pool
 from meshplan.search.rank import mesh_of
 from meshplan.search.space import searched_recompute
 from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
@@ -255,9 +256,11 @@ def _order(spec: MeshSpec, world: int) -> tuple[str, ...]:
 
 
 def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
-               top: list[Exact], workers: int = 1, proven: bool = True) -> Configured:
+               top: list[Exact], workers: int | Pool = 1, proven: bool = True) -> Configured:
     """Where ``cfg``'s mesh ranks (module docstring): ``code``, ``step_lo``, ``exact``, ``top``
-    the search's verdicts, step-time lower bounds, exact evaluations and ranked top."""
+    the search's verdicts, step-time lower bounds, exact evaluations and ranked top; ``workers``:
+    processes for the rank's plans, or the search's open :class:`~meshplan.search.exact.Pool` of
+    ``cfg`` and ``c`` (its workers' caches warm; left open)."""
     if cfg.mesh is None:
         raise ValueError("configured: the config has no [mesh]")
     words = _mesh_words(cfg.mesh, cfg.cluster.world)
@@ -291,7 +294,7 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
 
 
 def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
-              words: str, why: str, workers: int, top: list[Exact]) -> Configured:
+              words: str, why: str, workers: int | Pool, top: list[Exact]) -> Configured:
     """A mesh no candidate runs (``why``), planned as the config gives it with the search's exact model
     (``build_plan`` + ``step_time(plan, Overlap())``, as :class:`~meshplan.search.exact.Planner`), not
     added to the searched set: its step, the row of the top table ``top`` it would take
@@ -336,24 +339,26 @@ def _notes(row: Optional[int], step_s: float, top: list[Exact], k: int, left: in
 
 
 def _rank(c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact], step_s: float, i: int,
-          planner: Planner, workers: int, rank_max: int = 32) -> tuple[int, int]:
+          planner: Planner, workers: int | Pool, rank_max: int = 32) -> tuple[int, int]:
     """(lowest, highest) rank of a step of ``step_s``: 1 + the feasible candidates with a shorter
-    exact step; those unplanned whose lower bound is below it planned (step only), lowest bound
-    first, up to ``rank_max`` (``[search] rank_max``), the rest (and any plan that gives no step)
-    left as the range: highest - lowest = those left."""
+    exact step; those unplanned whose lower bound is below it planned (:data:`~meshplan.search.exact.STEP_ALONE`:
+    the step, to the bit the search's), lowest bound first, up to ``rank_max`` (``[search] rank_max``),
+    the rest (and any plan that gives no step) left as the range: highest - lowest = those left.
+    ``workers``: a process count (a pool of them forked here, closed after) or an open pool, used as it is."""
     feasible = np.flatnonzero(code == OK)
     steps = {j: exact[j].step_s for j in feasible.tolist() if j in exact and exact[j].step_s is not None}
     open_ = [j for j in feasible.tolist() if j not in steps and j != i and step_lo[j] < step_s]
     open_.sort(key=lambda j: (step_lo[j], j))
     todo, left = open_[:rank_max], len(open_) - min(len(open_), rank_max)
-    pool = Pool(planner, workers)
+    pool = workers if isinstance(workers, Pool) else Pool(planner, workers)
     try:
-        for r in pool.map([(j, STEP_ONLY) for j in todo]):
+        for r in pool.map([(j, STEP_ALONE) for j in todo]):
             if r.step_s is not None:
                 steps[r.index] = r.step_s
             else:  # no step: it may be faster, so it widens the range
                 left += 1
     finally:
-        pool.close()
+        if pool is not workers:
+            pool.close()
     faster = sum(1 for j, s in steps.items() if j != i and s is not None and s < step_s)
     return faster + 1, faster + 1 + left
