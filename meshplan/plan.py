@@ -32,7 +32,7 @@ from meshplan.comm.deepep import group_reason as deepep_group_reason
 from meshplan.comm.ep_rows import tp_ep_group
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
-from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.routing import RoutingOptions, balance_note, routing
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
@@ -289,6 +289,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         else:
             notes += (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(
                 ro, m.top_k, m.experts, mesh.ep, origin),)
+        notes += (balance_note(m, t),)  # the assumption and its key, once (as step, search, memory)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,

@@ -245,7 +245,9 @@ def test_an_error_in_a_config_file_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(tmp_path / "jobs")
     assert str(e.value) == (f"num_hidden_layers: missing from {f} (model_type llama); it is required to size "
-                            f"the model")
+                            f"the model; add \"num_hidden_layers\": N to the config.json, N as in the model's "
+                            f"published config.json (llama3-8b: 32), or use the catalog model llama3-8b instead of "
+                            f"the file (model.catalog, or --model for a foreign config)")
     f.write_text(json.dumps({**load("llama-3.1-8b"), "rope_theta": -1}))
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(f)
@@ -257,3 +259,30 @@ def test_an_error_in_a_config_file_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         model_from_hf_config(cfg)
     assert str(e.value).startswith("num_hidden_layers: missing from the llama config.json;")
+
+
+#: The published config.json each catalog model of a family was read from (its catalog source).
+_CATALOG_DATA = {"meta-llama-3-8b": "llama3-8b", "mixtral-8x7b-v0.1": "mixtral-8x7b",
+                 "deepseek-v2": "deepseek-v2", "deepseek-v3": "deepseek-v3"}
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in (Path(__file__).parent / "data" / "hf").iterdir()
+                                          if p.name != "bert-base-uncased"))  # bert: an unsupported model_type
+def test_every_missing_size_key_names_its_fix(folder):
+    """n26small #2: a required key left out named no fix. Each top-level key of each stored
+    config.json is dropped in turn; every 'missing from' error says which key to add, and for
+    the catalog's own models the example value is the one the published file holds."""
+    cfg = load(folder)
+    checked = 0
+    for key in (k for k in cfg if k != "model_type"):  # model_type's error lists the supported ones
+        try:
+            model_from_hf_config({k: v for k, v in cfg.items() if k != key})
+        except ConfigError as e:
+            if e.field != key or "missing from" not in e.message:
+                continue
+            checked += 1
+            assert f'; add "{key}": N to the config.json, N as in the model\'s published config.json' in e.message
+            name = _CATALOG_DATA.get(folder)
+            if name is not None and cfg[key] is not None:
+                assert f"({name}: {cfg[key]}), or use the catalog model {name} instead of the file" in e.message
+    assert checked >= (1 if folder == "gemma-3-1b-pt" else 4)  # layers, hidden, heads, vocab at least

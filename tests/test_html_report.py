@@ -190,3 +190,35 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     # mini example's top 3 then hold no tight row (the clause came with tightrank, when one was listed last)
     assert re.search(r"<td>rejected, rule 'memory'</td><td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)
+
+
+def _verdict_section(doc: str) -> str:
+    start = doc.index("<h2>Verdict</h2>")
+    return doc[start:doc.index("</section>", start)]
+
+
+def test_the_verdict_holds_step_mfu_tokens_and_peak(tmp_path):
+    """n26small #3: the Verdict said only "feasible"; the step, MFU, tokens/s and peak came only
+    further down. Now one line of the verdict holds them, the same numbers as the Step time
+    section (step in ms there, s here) and the Memory table (peak and usable GiB)."""
+    plan = build_plan(load_config(MINI))
+    st = step_time(plan)
+    doc = plan_page(plan, st, "mini")
+    tl = plan.timeline
+    line = (f"step {st.step_s:.3f} s, MFU {st.mfu:.1%}, tokens/s {st.tokens_per_s:,.0f}; peak "
+            f"{tl.peak.total_bytes / 2**30:.2f} GiB of {tl.usable_bytes / 2**30:.2f} GiB usable (stage 0)")
+    verdict = _verdict_section(doc)
+    assert '<p class="ok">feasible</p>' in verdict and line in verdict
+    assert f"tokens/s {st.tokens_per_s:,.0f}; MFU {st.mfu:.1%}" in doc[doc.index("<h2>Step time</h2>"):]
+    memory = doc[doc.index("<h2>Memory</h2>"):]
+    assert f"<td>{tl.peak.total_bytes / 2**30:.2f}</td>" in memory and f"<td>{tl.usable_bytes / 2**30:.2f}</td>" in memory
+    # 60% of the HBM kept free: usable < the 39.24 GiB peak, the line says what the step would be
+    tight = tmp_path / "tight.toml"
+    tight.write_text(MINI.read_text().replace("micro_batch = 1", "micro_batch = 1\nmemory_reserve = 0.6"))
+    plan = build_plan(load_config(tight))
+    st = step_time(plan)
+    verdict = _verdict_section(plan_page(plan, st, "tight"))
+    assert not plan.feasible and '<p class="bad">infeasible</p>' in verdict
+    assert f"if it fit: step {st.step_s:.3f} s, MFU {st.mfu:.1%}" in verdict
+    assert f"peak {plan.timeline.peak.total_bytes / 2**30:.2f} GiB of {plan.timeline.usable_bytes / 2**30:.2f} GiB usable" \
+           in verdict

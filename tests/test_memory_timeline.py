@@ -378,6 +378,7 @@ def test_cli_memory_writes_png_once(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    assert "backward of layer 79 (micro-batch 1)" in again.stdout  # the timeline still printed (n26small #1)
     assert subprocess.run(cmd + ["--force"], capture_output=True, text=True).returncode == 0
     plan = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(EXAMPLES / "seed-64gpu.toml")],
                           capture_output=True, text=True)

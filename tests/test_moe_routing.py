@@ -196,3 +196,38 @@ def test_runners_build_dropless_and_the_dry_run_refuses_it():
     assert unsupported_mesh(p.mesh, p.config.training, moe=True) is None
     with pytest.raises(ConfigError, match="training.moe_dropless: dropless MoE routing sizes its all-to-alls"):
         dry_run(ModelSpec(name="tiny-moe", **MODEL), p.config.training, p.mesh, rank=0)
+
+
+def _balance_job(tmp_path, **training):
+    """Model M on one dgx-h100 node, dp_shard 8 with ep 4 (8 experts: 2 per ep rank)."""
+    from tests.configs import job_toml
+    job = tmp_path / "moe.toml"
+    job.write_text(job_toml({**MODEL, "name": "m"}, training={"global_batch": 8, "seq_len": 512, **training},
+                            mesh={"names": ["dp_shard", "ep"], "shape": [8, 4]}))
+    return job
+
+
+BALANCED = ("MoE routing assumed balanced: each of the 8 experts gets 1/8 of the token copies on every rank, which "
+            "sizes the ep all-to-alls, the expert GEMMs and the routed-expert activations (a real router's per-step "
+            "counts scatter around it); set training.moe_hottest_expert_share (the busiest expert's share, 1/8 to 1) "
+            "to plan a skewed one")
+
+
+@pytest.mark.parametrize("command", [["plan"], ["step"], ["memory", "--all-stages"], ["search", "--top", "2"]])
+def test_each_moe_command_says_once_that_routing_is_balanced(tmp_path, monkeypatch, capsys, command):
+    """n26small #4: plan, step, search and memory of an MoE plan assumed balanced routing (the
+    share 1 / experts, training.moe_hottest_expert_share unset) and none said so. Each prints one
+    note naming it and the key (8 experts: 1/8); a stated share is named instead; a dense model none."""
+    from cli_run import run_main
+    monkeypatch.chdir(tmp_path)
+    run_main(command[0], _balance_job(tmp_path), *command[1:])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count(BALANCED) == 1 and out.count("moe_hottest_expert_share") == 1, out[-2000:]
+    run_main(command[0], _balance_job(tmp_path, moe_hottest_expert_share=0.25), *command[1:])
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.count("MoE routing as stated: the busiest expert gets 0.25 of the token copies on every rank "
+                     "(training.moe_hottest_expert_share; unset: balanced, 1/8)") == 1 and "assumed balanced" not in out
+    if command[0] == "memory":
+        from tests.conftest import EXAMPLES
+        run_main("memory", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--out", "dense")
+        assert "MoE routing" not in capsys.readouterr().out

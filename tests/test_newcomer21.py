@@ -24,17 +24,19 @@ def _dsv3_job(tmp_path: Path, drop: str) -> Path:
     return job
 
 
-@pytest.mark.parametrize("key, null_means", [("n_routed_experts", "a dense model"),
-                                             ("n_shared_experts", "no shared experts"),
-                                             ("first_k_dense_replace", "no dense layers")])
-def test_a_deepseek_config_without_an_expert_count_names_the_key(tmp_path, capsys, key, null_means):
+@pytest.mark.parametrize("key, null_means, value", [("n_routed_experts", "a dense model", 256),
+                                                    ("n_shared_experts", "no shared experts", 1),
+                                                    ("first_k_dense_replace", "no dense layers", 3)])
+def test_a_deepseek_config_without_an_expert_count_names_the_key(tmp_path, capsys, key, null_means, value):
     # was: n_routed_experts left out read as a dense model ("infeasible: ep 64 on a dense model"),
     # n_shared_experts and first_k_dense_replace as 0 (DeepseekV3Config's defaults are 1 and 3)
     job = _dsv3_job(tmp_path, key)
     assert _main("plan", job) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: model.hf_config: {key}: missing from {tmp_path / 'dsv3' / 'config.json'} (model_type "
-        f"deepseek_v3); it is required to size the model (give null for {null_means})")
+        f"deepseek_v3); it is required to size the model (give null for {null_means}); add \"{key}\": N to the "
+        f"config.json, N as in the model's published config.json (deepseek-v3: {value}), or use the catalog model "
+        f"deepseek-v3 instead of the file (model.catalog, or --model for a foreign config)")
 
 
 @pytest.mark.parametrize("repo, model_type, key", [("mixtral-8x7b-v0.1", "mixtral", "num_local_experts"),
@@ -48,8 +50,12 @@ def test_the_other_moe_families_name_a_missing_expert_count_too(tmp_path, repo, 
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError) as err:
         model_from_hf_config(tmp_path / "config.json")
+    fix = f'add "{key}": N to the config.json, N as in the model\'s published config.json'
+    if model_type == "mixtral":  # a catalog model of the family: its value (mistralai/Mixtral-8x7B-v0.1's 8)
+        fix += " (mixtral-8x7b: 8), or use the catalog model mixtral-8x7b instead of the file (model.catalog, " \
+               "or --model for a foreign config)"
     assert str(err.value) == (f"{key}: missing from {tmp_path / 'config.json'} (model_type {model_type}); it is "
-                              "required to size the model")
+                              f"required to size the model; {fix}")
 
 
 #: Mixtral 8x7B as Megatron-LM arguments, tp 2 x ep 8 without --expert-tensor-parallel-size (etp = tp 2).

@@ -90,3 +90,29 @@ def test_calibrate_default_moved_under_out_and_rerun_works(tmp_path, monkeypatch
         rc, out, err = _main(capsys, "calibrate", str(log))
         assert (rc, err) == (0, "") and "wrote out/calibration.toml" in out
     assert not Path("calibration.toml").exists() and owned(Path("out/calibration.toml"))
+
+
+def test_memory_prints_the_timeline_then_refuses_an_existing_png(tmp_path, monkeypatch, capsys):
+    """n26small #1: ``memory --out DIR`` a second time refused with only the one-line error, the
+    timeline computed and not shown. Now the timeline is printed, then the error (exit 2), and
+    neither the PNG nor --json is written; a PNG of a stage not shown is no conflict."""
+    monkeypatch.chdir(tmp_path)
+    png = Path("mine/mini_2x4_tp2-dp4_memory_stage0.png")
+    png.parent.mkdir()
+    png.write_bytes(b"theirs")
+    Path("mine/mini_2x4_tp2-dp4_memory_stage3.png").write_bytes(b"old stage 3")  # mini is pp 1: stage 0 only
+    rc, out, err = _main(capsys, "memory", str(MINI), "--out", "mine", "--json", "m.json")
+    assert rc == 2 and err == f"error: --out: {png} exists; choose another path or pass --force to replace it\n"
+    assert "Memory timeline per rank" in out and "headroom" in out and "wrote" not in out
+    assert png.read_bytes() == b"theirs" and not Path("m.json").exists()
+    rc, out, err = _main(capsys, "memory", str(MINI), "--out", "mine", "--force")
+    assert (rc, err) == (0, "") and f"wrote {png}" in out and png.read_bytes()[:4] == b"\x89PNG"
+    assert Path("mine/mini_2x4_tp2-dp4_memory_stage3.png").read_bytes() == b"old stage 3"
+
+
+def test_memory_help_says_which_png_is_replaced(capsys):
+    rc, out, _ = _main(capsys, "memory", "--help")
+    words = " ".join(out.replace("│", " ").split())
+    assert rc == 0 and ("Without it, a PNG meshplan wrote under out/ (the default out/memory) and unchanged since is "
+                        "replaced; any other existing PNG (as in an explicit --out) is refused after the timeline is "
+                        "printed") in words, words

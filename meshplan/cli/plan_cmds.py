@@ -4,7 +4,6 @@ what a rank prints at start-up, and the memory timeline with its PNG plots."""
 from __future__ import annotations
 
 import functools
-import glob
 import json
 from pathlib import Path
 from typing import Optional
@@ -166,13 +165,15 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
                                     help="folder for the PNG plot(s) (created; out/ is git-ignored)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            json_path: Optional[Path] = _json_option("memory"),
-           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files"),
+           force: bool = typer.Option(False, "--force", help="replace an existing PNG or --json file. Without it, a PNG "
+                                       "meshplan wrote under out/ (the default out/memory) and unchanged since is "
+                                       "replaced; any other existing PNG (as in an explicit --out) is refused after "
+                                       "the timeline is printed, an existing --json before planning (exit 2, "
+                                       "nothing written)"),
            foreign: Foreign = Foreign()):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
-    for old in _memory_plots(out, config.stem):  # before the work: which stage is plotted is known after it
-        check_destination(old, "--out", force)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=foreign.fmt, opts=foreign.options())
     if isinstance(p, Infeasible):
@@ -180,17 +181,11 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
         _exit_infeasible(p)
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
-    for path in paths:
+    print_memory(p, _console(), all_stages=all_stages)  # the timeline even when a PNG is refused (n26small #1)
+    for path in paths:  # which stage is plotted is known only now; nothing is written if one is refused
         check_destination(path, "--out", force, create_folders=True)  # in the folder checked above
-    print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         _wrote(write_png(tl, path, name=config.name, force=force))
     _write_doc(json_path, memory_doc(p, all_stages, [str(x) for x in paths]), force)
     _verdict_exit(p)
 
-
-def _memory_plots(out: Path, stem: str) -> list[Path]:
-    """The PNGs ``memory`` writes for config ``stem`` that already exist in ``out``
-    (``<stem>_memory_stage<k>.png``, any stage k: the stage shown, the most loaded, is known
-    only once planned), refused before planning unless ``--force``."""
-    return sorted(out.glob(f"{glob.escape(stem)}_memory_stage*.png")) if out.is_dir() else []

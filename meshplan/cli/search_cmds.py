@@ -43,6 +43,7 @@ from meshplan.interop.search_export import (export_pick, missing_variant, search
                                              search_variant_refusal)
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings, export_refusals
+from meshplan.compute.routing import balance_note
 from meshplan.schedule.ep_routing import routing_note
 from meshplan.report import shown
 from meshplan.report.html_pages import search_page
@@ -265,6 +266,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     widest = max((int(result.candidates.ep[e.index]) for e in result.top), default=1)
     if (caveat := routing_note(cfg.model, widest, cfg.training.moe_dispatcher)) is not None:  # what ep rows model
         _echo(caveat)
+    if (moe := balance_note(cfg.model, cfg.training)) is not None:  # once: every row is planned with it
+        _echo(f"note: {moe}")
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
         row, what = _export_choice(result, pick, to)
         _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])

@@ -27,6 +27,7 @@ from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
 from meshplan.cli.schedule_opt import refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
+from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
 from meshplan.comm.calibration_notes import uncalibrated_note
 from meshplan.errors import ConfigError
@@ -162,11 +163,13 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
         _echo(mfu_caveat())
+        _echo_balance(p)
         _write_doc(json_path, {**_calibrated(step_infeasible_doc(p, st), cal), "kernels": kd}, force)
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
     _echo(mfu_caveat())  # once, under the MFU line: predicted, with the measured error by setting
+    _echo_balance(p)
     # the config as written (TP blocking): --overlap-tp's ideal bound is no setting a hint could give
     ideal_differs = ideal_tp and p.mesh.degree("tp") > 1
     written = _step_with(p, _overlap(False, no_prefetch), table, schedule) if ideal_differs else st
@@ -199,6 +202,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _wrote(st.write_trace(trace, force=force))
     doc = _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal)
     _write_doc(json_path, {**doc, "kernels": kd}, force)
+
+
+def _echo_balance(p) -> None:
+    """An MoE plan's routing assumption and the key that changes it, once (:func:`balance_note`)."""
+    if (note := balance_note(p.config.model, p.config.training)) is not None:
+        _echo(f"note: {note}")
 
 
 def _verdict(p, st, again, bw) -> list[str]:

@@ -147,6 +147,34 @@ def expert_capacity(tokens: int, top_k: int, experts: int, factor: float = 1.0) 
     return int(_ceil(factor * tokens * top_k / experts))
 
 
+def balance_note(model, training) -> Optional[str]:
+    """The routing an MoE plan assumes, in one note that ``plan``, ``step``, ``search`` and
+    ``memory`` each print once (newcomer trial 26 #4: none said routing was balanced): unset
+    ``training.moe_hottest_expert_share`` is the balanced share 1 / experts on every rank, which
+    sizes the ep all-to-alls, the expert GEMMs and the routed-expert activations; None for a
+    dense ``model``.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> from meshplan.catalog import model
+    >>> print(balance_note(model("mixtral-8x7b"), TrainingSpec(global_batch=8, seq_len=16)))
+    MoE routing assumed balanced: each of the 8 experts gets 1/8 of the token copies on every rank, which sizes the ep all-to-alls, the expert GEMMs and the routed-expert activations (a real router's per-step counts scatter around it); set training.moe_hottest_expert_share (the busiest expert's share, 1/8 to 1) to plan a skewed one
+    >>> print(balance_note(model("mixtral-8x7b"), TrainingSpec(global_batch=8, seq_len=16, moe_hottest_expert_share=0.3)))
+    MoE routing as stated: the busiest expert gets 0.3 of the token copies on every rank (training.moe_hottest_expert_share; unset: balanced, 1/8), which sizes the ep all-to-alls, the expert GEMMs and the routed-expert activations
+    >>> balance_note(model("llama3-8b"), TrainingSpec(global_batch=8, seq_len=16)) is None
+    True
+    """
+    if not model.is_moe:
+        return None
+    sized = "the ep all-to-alls, the expert GEMMs and the routed-expert activations"
+    e, p = model.experts, training.moe_hottest_expert_share
+    if p is None:
+        return (f"MoE routing assumed balanced: each of the {e} experts gets 1/{e} of the token copies on every rank, "
+                f"which sizes {sized} (a real router's per-step counts scatter around it); set "
+                f"training.moe_hottest_expert_share (the busiest expert's share, 1/{e} to 1) to plan a skewed one")
+    return (f"MoE routing as stated: the busiest expert gets {p:g} of the token copies on every rank "
+            f"(training.moe_hottest_expert_share; unset: balanced, 1/{e}), which sizes {sized}")
+
+
 def hottest_share(opts: RoutingOptions, experts: int) -> float:
     """The stated share of the busiest expert, or ``1 / experts`` (balanced)."""
     return 1.0 / experts if opts.hottest_share is None else opts.hottest_share

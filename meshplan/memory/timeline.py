@@ -288,8 +288,7 @@ def _fast_peak(passes: PassTable, templates: list, fraction: float) -> tuple:
 def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     """Assumptions of this timeline that a reader should see beside its numbers."""
     c, out = plan.config, []
-    if c.model.is_moe:
-        out.append("MoE layers: routed-expert activations estimated for balanced routing (sizes.py)")
+    # an MoE model's routing assumption: print_memory's one note (meshplan.compute.routing.balance_note)
     sched = get(c.mesh.pp_schedule)
     if sched.splits_backward and (stage > 0 or sched.virtual_stages):
         out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "

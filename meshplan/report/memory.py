@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from meshplan.compute.routing import balance_note
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
@@ -223,5 +224,7 @@ def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = 
         con.print(peak_window_table(tl))
         for note in tl.notes:
             con.print(f"[dim]note (stage {tl.stage})[/] {escape(note)}")
+    if (moe := balance_note(c.model, c.training)) is not None:  # once, whatever the stages shown
+        con.print(f"[dim]note[/] {escape(moe)}")
     for r in plan.reasons:
         con.print(f"[bold red]infeasible[/] {r}")

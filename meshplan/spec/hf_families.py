@@ -52,6 +52,7 @@ import json
 from typing import Any, Callable
 
 from meshplan.errors import ConfigError, printable
+from meshplan.spec.hf_missing import missing_fix
 from meshplan.limits import MAX_LAYERS, over
 
 
@@ -72,11 +73,11 @@ class Keys:
         return value
 
     def req(self, key: str) -> int:
-        """A required size."""
+        """A required size; missing, the error names the fix (:func:`missing_fix`)."""
         value = self.cfg.get(key)
         if value is None:
             raise ConfigError(key, f"missing from the {self.model_type} config.json; "
-                              f"it is required to size the model")
+                              f"it is required to size the model; {missing_fix(self.model_type, key)}")
         return self._size(key, value)
 
     def opt(self, key: str, default: Any) -> Any:
@@ -92,7 +93,7 @@ class Keys:
         n_routed_experts 256), as no other required size is."""
         if key not in self.cfg:
             raise ConfigError(key, f"missing from the {self.model_type} config.json; it is required "
-                              f"to size the model (give null for {null_means})")
+                              f"to size the model (give null for {null_means}); {missing_fix(self.model_type, key)}")
         value = self.cfg[key]
         return 0 if value is None else self._size(key, value)
 
