@@ -289,7 +289,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         else:
             notes += (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(
                 ro, m.top_k, m.experts, mesh.ep, origin),)
-        notes += (balance_note(m, t),)  # the assumption and its key, once (as step, search, memory)
+        notes += tuple(n for n in (balance_note(m, t),) if n)  # the assumption and its key, once (as step, search, memory)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,

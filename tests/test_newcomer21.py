@@ -35,7 +35,7 @@ def test_a_deepseek_config_without_an_expert_count_names_the_key(tmp_path, capsy
     assert capsys.readouterr().err.strip() == (
         f"error: model.hf_config: {key}: missing from {tmp_path / 'dsv3' / 'config.json'} (model_type "
         f"deepseek_v3); it is required to size the model (give null for {null_means}); add \"{key}\": N to the "
-        f"config.json, N as in the model's published config.json (deepseek-v3: {value}), or use the catalog model "
+        f"config.json, N as in the model's published config.json, or use the catalog model "
         f"deepseek-v3 instead of the file (model.catalog, or --model for a foreign config)")
 
 
@@ -51,8 +51,8 @@ def test_the_other_moe_families_name_a_missing_expert_count_too(tmp_path, repo, 
     with pytest.raises(ConfigError) as err:
         model_from_hf_config(tmp_path / "config.json")
     fix = f'add "{key}": N to the config.json, N as in the model\'s published config.json'
-    if model_type == "mixtral":  # a catalog model of the family: its value (mistralai/Mixtral-8x7B-v0.1's 8)
-        fix += " (mixtral-8x7b: 8), or use the catalog model mixtral-8x7b instead of the file (model.catalog, " \
+    if model_type == "mixtral":  # a catalog model of the family: the alternative
+        fix += ", or use the catalog model mixtral-8x7b instead of the file (model.catalog, " \
                "or --model for a foreign config)"
     assert str(err.value) == (f"{key}: missing from {tmp_path / 'config.json'} (model_type {model_type}); it is "
                               f"required to size the model; {fix}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.pair_orders import pairs
 from meshplan.spec.mesh import Schedule
 
 
@@ -43,8 +44,7 @@ class GPipe(PipelineSchedule):
         >>> [x.astype(int).tolist() for x in GPIPE.torch_p2p_calls(2, 3, 1, 0, 6)]  # F0 F1 F2 B0 B1 B2
         [[0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0]]
         """
-        from meshplan.pipeline.orders import order_arrays  # (orders imports the registry, which imports this)
-        unwaited = order_arrays(self.name, p, m, v, s)[1] < m - 1  # the order as arrays: no Unit per unit
+        unwaited = pairs(np.array([[m]]), m)[1][0] < m - 1  # the order as arrays (all m forwards first)
         return (np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64), unwaited,
                 np.zeros(length, dtype=bool))
 

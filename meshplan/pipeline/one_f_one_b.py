@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.pair_orders import KINDS, pairs
 from meshplan.spec.mesh import Schedule
 
 
@@ -67,9 +68,8 @@ class OneFOneB(PipelineSchedule):
         >>> [x.astype(int).tolist() for x in ONE_F_ONE_B.torch_p2p_calls(4, 6, 1, 1, 12)]  # F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5
         [[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]]
         """
-        from meshplan.pipeline.orders import KINDS, order_arrays  # (orders imports the registry, which imports this)
         w = min(m, p - s)
-        kind, mb, _ = order_arrays(self.name, p, m, v, s)  # the order as arrays: no Unit per unit (64 x 4,096 units: 1 s)
+        kind, mb = (x[0] for x in pairs(np.array([[min(p - s - 1, m)]]), m))  # the order as arrays: no Unit per unit
         unwaited = np.where(kind == KINDS.index("F"), mb < w - 1, (m - w <= mb) & (mb < m - 1))
         return (np.zeros(length, dtype=np.int64), np.ones(length, dtype=np.int64), unwaited,
                 np.zeros(length, dtype=bool))
