@@ -104,3 +104,16 @@ def test_mixtral_8x22b_is_refused_in_one_line_with_megatron_to_use(tmp_path, cap
     for flag in ("--num-experts 8", "--moe-router-topk 2", "--hidden-size 6144", "--num-layers 56",
                  "--expert-model-parallel-size 8"):
         assert flag in args
+
+
+def test_search_export_takes_the_flavor_told_by_sizes():
+    """``search --export N --to torchtitan`` refused Qwen3-235B-A22B's config.json before the search
+    (its check wanted a flavor of the exact fields); now it takes it, and refuses Mixtral-8x22B with
+    the same reason as ``export``."""
+    from meshplan.interop.search_export import search_export_refusal
+    cfgs = {d: config_from_dict({k: v for k, v in _cfg(HF / d / "config.json").items() if k != "mesh"},
+                                require_mesh=False)
+            for d in ("qwen3-235b-a22b", "mixtral-8x22b-v0.1")}
+    assert search_export_refusal(cfgs["qwen3-235b-a22b"], "torchtitan") is None
+    why = search_export_refusal(cfgs["mixtral-8x22b-v0.1"], "torchtitan")
+    assert "torchtitan b5bcd76 has no Mixtral model" in why and why.endswith("; or export --to meshplan or megatron")

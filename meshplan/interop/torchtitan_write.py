@@ -124,10 +124,17 @@ def model_table(cfg: Config) -> dict[str, Any]:
     (:func:`no_flavor`)."""
     if cfg.source_model:  # the user's own keys first
         return dict(cfg.source_model)
-    flavor = flavor_of(cfg.model) or _hf_key(cfg.model)
+    flavor = model_flavor(cfg.model)
     if flavor is not None:
         return {"name": flavor[0], "flavor": flavor[1]}
     raise ConfigError("--to", no_flavor(cfg.model))
+
+
+def model_flavor(model) -> tuple[str, str] | None:
+    """torchtitan's (name, flavor) of ``model``: the flavor whose model it is
+    (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`), else for a model read from a Hugging
+    Face config.json the flavor of its model_type and sizes (:func:`_hf_key`); None when neither."""
+    return flavor_of(model) or _hf_key(model)
 
 
 def _hf_key(model) -> tuple[str, str] | None:
