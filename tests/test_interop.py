@@ -90,9 +90,9 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
     assert (cfg.training.fp8_all_gather, cfg.training.fp8_output_layer) == (True, True)
     assert not any("fields meshplan does not use" in n for n in cfg.notes)
     assert any("precompute_float8_dynamic_scale_for_fsdp is false" in n for n in cfg.notes)
-    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')  # qwen3 is mapped for its MoE 30B-A3B only
+    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')  # qwen3 is mapped for its MoE flavors only
     with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not one meshplan "
-                                          r"maps \(qwen3 30B-A3B\) .* --model"):
+                                          r"maps \(qwen3 30B-A3B, 235B-A22B\) .* --model"):
         load_any(f, opts=H100)
     f.write_text('[model]\nname = "gpt_oss"\nflavor = "20b"\n')
     with pytest.raises(ConfigError, match=r"^model.name: torchtitan model 'gpt_oss' is not one meshplan knows by name "

@@ -148,7 +148,9 @@ def test_every_export_refusal_names_only_targets_that_accept(name):
 
 def test_export_refused_by_every_format_says_so():
     """A Mixtral HSDP mesh with tp: torchtitan has no Mixtral flavor, Megatron-LM one data
-    axis, DeepSpeed no tp: each refusal says no other format takes it."""
+    axis, DeepSpeed no tp: each refusal says no other format takes it, and why each other refuses it
+    (before: "all refuse it" alone; a newcomer's Mixtral was refused by Megatron-LM for its recompute
+    only, and the line did not say so)."""
     from meshplan.config import config_from_dict
     from meshplan.interop.foreign import export
     cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
@@ -156,7 +158,7 @@ def test_export_refused_by_every_format_says_so():
                             "mesh": {"names": ["dp_replicate", "dp_shard", "tp"], "shape": [2, 4, 2],
                                      "sequence_parallel": True}})
     why = {"torchtitan": ("torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; "
-                          "qwen3 30B-A3B); model 'mixtral-8x7b' is none of them: nearest llama3 8B, which differs in "
+                          "qwen3 30B-A3B, 235B-A22B); model 'mixtral-8x7b' is none of them: nearest llama3 8B, which differs in "
                           "vocab 32000 (128256), max_position 32768 (8192), rope_theta 1000000.0 (500000.0), experts 8 "
                           "(0), top_k 2 (0), expert_ffn 14336 (None)"),
            "megatron": "Megatron-LM has one data-parallel axis; the mesh has ['dp_replicate', 'dp_shard'] (hsdp)",
@@ -165,8 +167,9 @@ def test_export_refused_by_every_format_says_so():
     for to, reason in why.items():
         with pytest.raises(ConfigError) as e:
             export(cfg, to, "x")
-        assert str(e.value) == f"--to: {reason}; torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the " \
-                               f"meshplan TOML"
+        others = "; ".join(f"--to {t}: {r}" for t, r in why.items() if t != to)
+        assert str(e.value) == f"--to: {reason}; torchtitan, Megatron-LM and DeepSpeed all refuse it ({others}): " \
+                               f"keep the meshplan TOML or change what they name"
 
 
 # -o - is stdout -------------------------------------------------------------------------------

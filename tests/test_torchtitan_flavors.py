@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
 
 #: (name, flavor) -> torchtitan's args at b5bcd76, as meshplan fields: deepseek_v3/__init__.py:395-425
-#: (16B), 465-496 (236B), 539-571 (671B); qwen3/__init__.py:520-545 (30B-A3B). Shared experts:
+#: (16B), 465-496 (236B), 539-571 (671B); qwen3/__init__.py:520-545 (30B-A3B), 557-595 (235B-A22B). Shared experts:
 #: one FFN of moe_hidden_dim x num_shared_experts (make_ffn_config, hidden_dim=...).
 ARGS = {
     ("deepseek_v3", "16B"): dict(hidden=2048, layers=27, vocab=102400, q_heads=16, q_lora_rank=None,
@@ -40,6 +40,10 @@ ARGS = {
     ("qwen3", "30B-A3B"): dict(hidden=2048, layers=48, vocab=151936, q_heads=32, kv_heads=4, head_dim=128,
                                qk_norm=True, dense_layers=0, experts=128, top_k=8, expert_ffn=768,
                                rope_theta=1e6, shared_experts=0),
+    # qwen3/__init__.py:557-595 (235B-A22B): theta 5e6 at :591, 40,960 positions at :590
+    ("qwen3", "235B-A22B"): dict(hidden=4096, layers=94, vocab=151936, q_heads=64, kv_heads=4, head_dim=128,
+                                 qk_norm=True, dense_layers=0, experts=128, top_k=8, expert_ffn=1536,
+                                 rope_theta=5e6, max_position=40960, shared_experts=0),
 }
 
 
@@ -101,7 +105,7 @@ def test_export_of_a_model_off_by_one_field_names_the_nearest_flavor():
     with pytest.raises(ConfigError) as e:
         export(cfg, "torchtitan", "x")
     assert str(e.value).startswith("--to: torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, "
-                                   "236B, 671B; qwen3 30B-A3B); model 'lite26' is none of them: nearest deepseek_v3 "
+                                   "236B, 671B; qwen3 30B-A3B, 235B-A22B); model 'lite26' is none of them: nearest deepseek_v3 "
                                    "16B, which differs in layers 26 (27)")
     assert flavor_refusal(cfg.model).endswith("layers 26 (27)")
 

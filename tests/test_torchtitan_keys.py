@@ -208,7 +208,8 @@ def test_torchtitan_moe_search_export_is_not_refused(mx):
 
 def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
     """The meshplan TOML that ``import`` wrote (hf_config, [source] naming the job TOML) exports
-    the same [model] as the job TOML itself; without the [source] it is one line saying what to set."""
+    the same [model] as the job TOML itself; without the [source] it is one line saying that torchtitan has
+    no Mixtral and why Megatron-LM refuses this one (torchtitan's default recompute, 'layer')."""
     toml = mx.parent / "mx_plan.toml"
     assert _main("import", "torchtitan", mx, "--cluster", "dgx-h100", "--nodes", 4, "-o", toml) == 0
     out = mx.parent / "r.toml"
@@ -219,11 +220,16 @@ def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
     capsys.readouterr()
     assert _main("export", bare, "--to", "torchtitan", "-o", mx.parent / "x.toml") == 2
     config = (mx.parent / "assets" / "mx" / "config.json").resolve()
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"error: --to: torchtitan knows a model by [model] name and flavor; model 'MixtralForCausalLM-46.7B' (Hugging Face config {config}, "
-        f"model_type mixtral) has none meshplan can tell: set model.name = \"transformers_modeling_backend\" with "
-        f"flavor \"full\" and [hf_transformers] model = its Hugging Face id (torchtitan's HF backend, dense models) and "
-        f"model.hf_assets_path = \"{config.parent}\" in a torchtitan job TOML and export from that file")
+    err = capsys.readouterr().err.strip().splitlines()
+    # ttexport: was "... set model.name = \"transformers_modeling_backend\" with flavor \"full\" ... (torchtitan's HF
+    # backend, dense models) ...", a flavor that runs no MoE; and "all refuse it" without Megatron-LM's reason
+    assert len(err) == 1 and err[0].startswith(
+        f"error: --to: model 'MixtralForCausalLM-46.7B' (Hugging Face config {config}, model_type mixtral) has no "
+        f"torchtitan [model] name and flavor: torchtitan b5bcd76 has no Mixtral model (torchtitan/models: llama3, "
+        f"deepseek_v3, qwen3, qwen3_5, gpt_oss, kimi_k2_7), and its transformers_modeling_backend runs an MoE config "
+        f"only as flavor full_moe, whose sizes are Qwen3-30B-A3B's (dim 2048, 48 layers, 128 experts top 8) over the "
+        f"config's; torchtitan, Megatron-LM and DeepSpeed all refuse it (--to megatron: Megatron-LM has no flag for "
+        f"torchtitan's recompute 'layer'")
 
 
 def _err(capsys) -> list[str]:

@@ -222,7 +222,8 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     docstring); it opens TOML and
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
     that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
-    do (each tried: a suggestion is never refused in turn), or saying that none does.
+    do (each tried: a suggestion is never refused in turn), or saying that none does, with why each
+    other refuses it (what to change for one of them: a Mixtral mesh's recompute for Megatron-LM).
     ``user``: the torchtitan job TOML or DeepSpeed JSON ``cfg`` was read from
     (:func:`user_source`): a file of the same format carries its settings meshplan does not
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
@@ -242,9 +243,11 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     except ConfigError as e:
         if e.field != "--to":
             raise
-        others = [t for t in FORMATS[1:] if t != to and _takes(cfg, t, source, refused or {})]
+        why = {t: _refusal(cfg, t, source, refused or {}) for t in FORMATS[1:] if t != to}
+        others = [t for t, w in why.items() if w is None]
         fix = f"export --to {' or '.join(others)} instead" if others else \
-            "torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML"
+            "torchtitan, Megatron-LM and DeepSpeed all refuse it (" + "; ".join(
+                f"--to {t}: {w}" for t, w in why.items()) + "): keep the meshplan TOML or change what they name"
         raise ConfigError("--to", f"{e.message}; {fix}") from None
 
 
@@ -264,13 +267,14 @@ def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | N
     return [h[len(pre):].split(":")[0] for h in head if h.startswith(pre)], None
 
 
-def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
-    """Whether ``cfg`` exports to ``to`` without a ConfigError."""
+def _refusal(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> str | None:
+    """Why ``to`` refuses ``cfg`` (its ConfigError's message, the field ``--to`` left out), None when
+    ``cfg`` exports to it."""
     try:
         _export(cfg, to, source, refused=refused)
-    except ConfigError:
-        return False
-    return True
+    except ConfigError as e:
+        return e.message if e.field == "--to" else str(e)
+    return None
 
 
 def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,

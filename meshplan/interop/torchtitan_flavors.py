@@ -25,6 +25,11 @@ qwen3 30B-A3B       qwen3/__init__.py:516-554: dim 2048, 48 layers,  fields of Q
                     32 heads, 4 KV heads, head_dim 128, 128 experts  config.json
                     top 8, moe_hidden_dim 768, every layer MoE,      (:data:`FIELD_FLAVORS`)
                     theta 1e6, vocab 151936, q/k norms
+qwen3 235B-A22B     qwen3/__init__.py:557-595: dim 4096, 94 layers,  fields of Qwen/Qwen3-235B-A22B's
+                    64 heads, 4 KV heads, head_dim 128, 128 experts  config.json but RoPE theta
+                    top 8, moe_hidden_dim 1536, every layer MoE,     (:data:`FIELD_FLAVORS`)
+                    theta 5e6 (the config.json: 1e6), 40,960
+                    positions, vocab 151936, q/k norms
 =================== =============================================== ========================
 
 Each is the Hugging Face model the flavor reproduces (the catalog entries' config.json values,
@@ -32,9 +37,10 @@ Each is the Hugging Face model the flavor reproduces (the catalog entries' confi
 context length and YaRN scaling (``ComplexRoPE.Config``: 16,384 positions, factor 40; no
 position table), deepseek_v3's RMSNorm eps (``RMSNorm.Config``'s default 1e-5,
 ``torchtitan/models/common/nn_modules.py``:140, against 1e-6), the routers' group limits (planned
-as top-k, as the catalog says). Not mapped: qwen3 235B-A22B (its RoPE theta 5e6,
-qwen3/__init__.py:591, is not the config.json meshplan has; give ``model.hf_assets_path``),
-gpt_oss 20b/120b (attention sinks and sliding windows, which ModelSpec has no field for),
+as top-k, as the catalog says). qwen3 235B-A22B is what torchtitan runs, RoPE theta 5e6
+(qwen3/__init__.py:591; Qwen/Qwen3-235B-A22B's config.json says 1e6, its 2507 releases 5e6 with
+262,144 positions): a plan of that config.json exports as this flavor by its sizes
+(:mod:`meshplan.interop.torchtitan_hf`), the round trip listing the theta. Not mapped: gpt_oss 20b/120b (attention sinks and sliding windows, which ModelSpec has no field for),
 kimi_k2_7's flavors and every debugmodel; b5bcd76 ships no llama4.
 """
 
@@ -69,6 +75,14 @@ FIELD_FLAVORS: dict[tuple[str, str], dict[str, Any]] = {
                   "num_attention_heads 32, num_key_value_heads 4, head_dim 128, intermediate_size 6144, "
                   "moe_intermediate_size 768, num_experts 128, num_experts_per_tok 8, vocab_size 151936, "
                   "rope_theta 1e6, max_position_embeddings 40960, rms_norm_eps 1e-6, tie_word_embeddings false)"},
+    ("qwen3", "235B-A22B"): {
+        "name": "qwen3-235b-a22b", "layers": 94, "hidden": 4096, "ffn": 12288, "q_heads": 64, "kv_heads": 4,
+        "head_dim": 128, "vocab": 151936, "qk_norm": True, "max_position": 40960, "rope_theta": 5000000.0,
+        "norm_eps": 1e-06, "experts": 128, "top_k": 8, "expert_ffn": 1536,
+        "source": "torchtitan b5bcd76 torchtitan/models/qwen3/__init__.py:557-595 (flavor 235B-A22B: dim 4096, "
+                  "n_layers 94, n_heads 64, n_kv_heads 4, head_dim 128, moe_hidden_dim 1536, num_experts 128, "
+                  "top_k 8, max_context_length 40960, theta 5e6, vocab 151936; eps 1e-6 at :65); the ffn 12288 "
+                  "(no layer's width: every layer MoE) is Qwen/Qwen3-235B-A22B's config.json intermediate_size"},
 }
 
 
@@ -129,7 +143,7 @@ def flavor_refusal(model: ModelSpec) -> str:
     it knows, the nearest with the fields that differ, and the fix.
 
     >>> print(flavor_refusal(catalog.model("deepseek-v2-lite").model_copy(update={"layers": 26, "name": "x"})))
-    torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; qwen3 30B-A3B); model 'x' is none of them: nearest deepseek_v3 16B, which differs in layers 26 (27)
+    torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; qwen3 30B-A3B, 235B-A22B); model 'x' is none of them: nearest deepseek_v3 16B, which differs in layers 26 (27)
     """
     names: dict[str, list[str]] = {}
     for n, f in shipped():

@@ -17,6 +17,7 @@ from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_float8 import write_float8
+from meshplan.interop.torchtitan_hf import hf_flavor, hf_note, hf_refusal
 from meshplan.interop.torchtitan_tables import (
     SCHEDULES,
     WRITTEN_SCHEDULES,
@@ -101,11 +102,12 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 
-#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at e347b1e (the
-#: registries ``torchtitan/models/<name>/__init__.py``, each flavor one size); another dense HF
-#: model runs under the experiment ``transformers_modeling_backend`` (flavor "full", ``[hf_transformers]
-#: model`` = the Hugging Face id; MoE "upcoming" in its README there).
-TORCHTITAN_MODELS = {"llama": ("llama3", "8B, 70B, 405B"), "llama4": ("llama4", "17bx16e, 17bx128e"),
+#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at b5bcd76 (the
+#: registries ``torchtitan/models/<name>/__init__.py``, each flavor one size; debug flavors left out);
+#: another dense HF model runs under the experiment ``transformers_modeling_backend`` (flavor "full",
+#: ``[hf_transformers] model`` = the Hugging Face id); an MoE one there only at Qwen3-30B-A3B's sizes
+#: (:data:`~meshplan.interop.torchtitan_hf.NO_MODEL`).
+TORCHTITAN_MODELS = {"llama": ("llama3", "1B, 3B, 8B, 70B, 405B"),
                      "deepseek_v2": ("deepseek_v3", "16B, 236B, 671B"),
                      "deepseek_v3": ("deepseek_v3", "16B, 236B, 671B"),
                      "qwen3": ("qwen3", "0.6B, 1.7B, 4B, 8B, 14B, 32B"),
@@ -116,13 +118,30 @@ def model_table(cfg: Config) -> dict[str, Any]:
     """torchtitan's [model] of ``cfg``: the keys of the torchtitan job TOML that read the model
     through ``model.hf_assets_path`` (:attr:`~meshplan.config.Config.source_model`: name, flavor and
     that folder, as the user wrote them), else the flavor torchtitan ships whose model is the plan's
-    (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`: llama3, deepseek_v3, qwen3 30B-A3B), else a ConfigError naming ``--to`` and what to set (:func:`no_flavor`)."""
+    (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`: llama3, deepseek_v3, qwen3 30B-A3B, 235B-A22B), else
+    for a model read from a Hugging Face config.json the flavor of its model_type and sizes
+    (:func:`~meshplan.interop.torchtitan_hf.hf_flavor`), else a ConfigError naming ``--to`` and what to set
+    (:func:`no_flavor`)."""
     if cfg.source_model:  # the user's own keys first
         return dict(cfg.source_model)
-    flavor = flavor_of(cfg.model)
+    flavor = model_flavor(cfg.model)
     if flavor is not None:
         return {"name": flavor[0], "flavor": flavor[1]}
     raise ConfigError("--to", no_flavor(cfg.model))
+
+
+def model_flavor(model) -> tuple[str, str] | None:
+    """torchtitan's (name, flavor) of ``model``: the flavor whose model it is
+    (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`), else for a model read from a Hugging
+    Face config.json the flavor of its model_type and sizes (:func:`_hf_key`); None when neither."""
+    return flavor_of(model) or _hf_key(model)
+
+
+def _hf_key(model) -> tuple[str, str] | None:
+    """torchtitan's (name, flavor) of ``model`` told by its config.json's model_type and sizes, None
+    for a model of no config.json or of no flavor."""
+    hf = hf_source(model.source)
+    return hf_flavor(hf[0], model) if hf else None
 
 
 def no_flavor(model) -> str:
@@ -136,11 +155,18 @@ def no_flavor(model) -> str:
     ...               source="Hugging Face config.json (model_type qwen3) from /m/q/config.json")
     >>> print(no_flavor(m))
     torchtitan knows a model by [model] name and flavor; model 'q' (Hugging Face config /m/q/config.json, model_type qwen3) has none meshplan can tell: set model.name = "qwen3" with its flavor (0.6B, 1.7B, 4B, 8B, 14B, 32B) and model.hf_assets_path = "/m/q" in a torchtitan job TOML and export from that file
+
+    A model_type whose flavors meshplan tells by size, or that torchtitan has no model of, is
+    refused with why (:func:`~meshplan.interop.torchtitan_hf.hf_refusal`).
     """
     hf = hf_source(model.source)
     if hf is None:
         return flavor_refusal(model)
     model_type, path = hf
+    why = hf_refusal(model_type, model)
+    if why is not None:
+        return (f"model {model.name!r} (Hugging Face config {path}, model_type {model_type}) has no torchtitan "
+                f"[model] name and flavor: {why}")
     folder = str(Path(path).parent)
     arch, flavors = TORCHTITAN_MODELS.get(model_type, ("transformers_modeling_backend", ""))
     which = f"with its flavor ({flavors})" if flavors else \
@@ -155,9 +181,12 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`),
     unless ``recompute_noted`` (the user's own [activation_checkpoint] kept, with its note:
     :func:`meshplan.interop.torchtitan_carry.kept_recompute`); torchtitan's pre-2025 norm, which
-    today's torchtitan has no key for."""
+    today's torchtitan has no key for; the model.name and flavor told from a Hugging Face config.json's
+    sizes (:func:`~meshplan.interop.torchtitan_hf.hf_note`)."""
     t = cfg.training
-    out = [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
+    key = None if cfg.source_model or flavor_of(cfg.model) else _hf_key(cfg.model)
+    out = [f"note: {hf_note(hf_source(cfg.model.source)[0], cfg.model, key)}"] if key else []
+    out += [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
            f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
         if t.torch_norm == "decomposed" else []
     if t.recompute != "selective" or recompute_noted:
