@@ -185,7 +185,8 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     sizes (:func:`~meshplan.interop.torchtitan_hf.hf_note`)."""
     t = cfg.training
     key = None if cfg.source_model or flavor_of(cfg.model) else _hf_key(cfg.model)
-    out = [f"note: {hf_note(hf_source(cfg.model.source)[0], cfg.model, key)}"] if key else []
+    src = hf_source(cfg.model.source)
+    out = [f"note: {hf_note(src[0], cfg.model, key)}"] if key and src else []
     out += [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
            f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
         if t.torch_norm == "decomposed" else []
