@@ -36,6 +36,12 @@ batch caps dp at global_batch / micro_batch (:mod:`meshplan.spec.axes.dp`); past
 node counts are planned with the smallest global batch dp splits, and the line names
 ``training.global_batch`` and the batch the nodes found need (newcomer trial: Llama-3-405B at
 dp_shard 8 x tp 8, global batch 8, on 8 dgx-h100 nodes fits from 13 nodes at global batch 13).
+Beside those, not counted in :data:`MAX_VARIANTS`, torchtitan's per-layer AC
+(``recompute = "layer"``, every ``ac_freq``-th layer checkpointed in full) at the largest
+``ac_freq`` that fits (:func:`_layer_variant`; not under Megatron-LM, which has no such policy):
+fewer layers replayed than ``full``, so a shorter step where it fits (newcomer: Mixtral-8x22B
+under torchtitan, whose line offered full, tp 2 or cp 2, never the setting a torchtitan user
+tries first).
 The search's own fix for its no-feasible-mesh verdict names the same knobs
 (:data:`meshplan.report.search_fix._FIXES` ``memory``).
 """
@@ -200,6 +206,60 @@ def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optio
 
 
 
+def _layer_fits(plan: Plan, k: int) -> Optional[Plan]:
+    """``plan``'s config at ``recompute = "layer"``, ``ac_freq = k`` planned, where it fits (None
+    otherwise, or where the rules refuse it)."""
+    t = plan.config.training
+    p = planned(replace(plan.config, training=t.model_copy(update={"recompute": "layer", "ac_freq": k})))
+    return p if p is not None and p.feasible else None
+
+
+def _layer_variant(plan: Plan, keys: KeyMap = OWN) -> Optional[tuple[str, Plan]]:
+    """(words, plan) of torchtitan's per-layer AC (``recompute = "layer"``: every ``ac_freq``-th
+    of a rank's layers checkpointed in full, :meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed`)
+    at the largest ``ac_freq`` that fits, so the fewest layers replayed (None where none from 2 up
+    fits, under Megatron-LM, which has no such policy (:mod:`meshplan.plan_checks`), or where the
+    config recomputes every layer already). torchtitan takes any whole ``selective_ac_option``
+    k >= 1 (its ``activation_checkpoint.py``: "a positive int representing layer frequency"); k = 1
+    is ``full``, and a k above the most layers a stage holds, n, checkpoints none. A larger k
+    checkpoints fewer layers (``n // k``), so the peak does not fall as k grows but where the
+    positions move at one count: bisected over 2 .. n (or below the configured ac_freq), about
+    log2(n) plans (Mixtral-8x22B's 56 layers: 6), then the larger k of the same count tried.
+
+    Llama-3-8B at seq 12288, dp_shard 8, recompute none (tests/test_plan_fix.py): each checkpointed
+    layer keeps its input (s h x 2 B) of the 2,065,170,432 B it stored, 1,964,507,136 B less; the
+    peak 89.0 GB over 72.0 GB usable needs 9 of the 32 layers: ac_freq 3 (10 layers), not 4 (8).
+    """
+    t = plan.config.training
+    if t.framework == "megatron" or t.recompute == "full":
+        return None
+    n = max(sum(len(c) for c in stage) for stage in plan.stages)
+    top = min(n, t.ac_freq - 1 if t.recompute == "layer" else n)
+    lo, hi = 2, top
+    best: Optional[tuple[int, Plan]] = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        p = _layer_fits(plan, mid)
+        if p is None:
+            hi = mid - 1
+        else:
+            best, lo = (mid, p), mid + 1
+    if best is None:
+        return None
+    k, p = best
+    for j in range(k + 1, min(top, n // (n // k)) + 1):  # as many layers checkpointed, later positions (ac_freq 16 of
+        q = _layer_fits(plan, j)               # 80 layers: 15, 31, .., 79, the last layer's replay at the peak)
+        if q is not None:
+            k, p = j, q
+    return f"{keys.setting(f'recompute layer ac_freq {k}')} (every {_nth(k)} layer of a stage in full)", p
+
+
+def _nth(k: int) -> str:
+    """``2nd``, ``3rd``, ``4th``, ``11th``, ``21st``."""
+    tail = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{tail}"
+
+
 def _step_s(p: Plan) -> Optional[float]:
     """The predicted step of a fitting variant, as ``meshplan step`` gives it (None where the
     step model refuses it)."""
@@ -239,6 +299,9 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
         if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
+    layer = _layer_variant(plan, keys)
+    if layer is not None:
+        found.append(layer)
     cp, cp_why = _cp_variant(plan, keys)
     if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
                                                   for _, p in found)):

@@ -7,11 +7,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan.config import load_config
+from meshplan.interop.keymaps import keymap_of
 from meshplan.plan import build_plan
 from meshplan.plan_fix import memory_fix
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 from tests.cli_run import plan_file, run_main
+from tests.configs import job_toml
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -22,6 +24,11 @@ def _gib(plan) -> str:
 
 def _step(plan) -> str:
     return f"step {step_time(plan).step_s:.1f} s"
+
+
+def _layer(cfg, k):
+    """``cfg`` at torchtitan's per-layer AC, every ``k``-th layer in full, planned."""
+    return build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "layer", "ac_freq": k})))
 
 
 def _meshed(cfg, names, shape):
@@ -50,8 +57,15 @@ def test_fix_lists_each_variant_with_the_peak_its_own_plan_gives():
     assert (_gib(full), _gib(seed), _gib(piped), _gib(cp2)) == ("22.0 GiB", "43.3 GiB", "112.9 GiB", "44.5 GiB")
     steps = [step_time(x).step_s for x in (full, seed, cp2)]
     assert steps == sorted(steps)  # the order the line lists them in
+    # per-layer AC (layerac): 80 layers; ac_freq 16 checkpoints 5 (15, 31, .., 79) and replays the last
+    # at the peak (67.1 GiB, over); 15 checkpoints 5 too (14, 29, .., 74) and fits at 66.7 GiB. The seed
+    # cluster's step is bound by its 2 NICs: the same 172.4 s as full's, listed after it (knob order)
+    l15, l16 = _layer(cfg, 15), _layer(cfg, 16)
+    assert l15.feasible and not l16.feasible and _gib(l15) == "66.7 GiB"
+    assert step_time(l15).step_s == step_time(full).step_s
     # pp x2 raises the peak (112.9 > 69.7 GiB): no fix, left out
-    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); tp x2 (dp_shard 8 x "
+    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); recompute layer ac_freq "
+                             f"15 (every 15th layer of a stage in full) -> peak 66.7 GiB (fits; {_step(l15)}); tp x2 (dp_shard 8 x "
                              f"tp 8) -> peak {_gib(seed)} (fits; {_step(seed)}); cp 2 (dp_shard 8 x cp 2 x tp 4) -> "
                              f"peak {_gib(cp2)} (fits; {_step(cp2)}) (usable 67.1 GiB)")
 
@@ -152,8 +166,51 @@ def test_no_sync_is_offered_back_to_sync(tmp_path):
     assert not p.feasible and seed.feasible and full.feasible and cp2.feasible
     assert (_gib(p), _gib(seed), _gib(full), _gib(cp2)) == ("71.8 GiB", "43.3 GiB", "47.7 GiB", "59.2 GiB")
     assert step_time(full).step_s < step_time(seed).step_s < step_time(cp2).step_s
-    assert memory_fix(p) == (f"fix: recompute full -> peak 47.7 GiB (fits; {_step(full)}); grad_accumulation sync -> "
+    # per-layer AC (layerac): ac_freq 5 (16 of the 80 layers) fits at 67.0 GiB, 6 (13) does not
+    l5, l6 = _layer(p.config, 5), _layer(p.config, 6)
+    assert l5.feasible and not l6.feasible and _gib(l5) == "67.0 GiB"
+    assert step_time(l5).step_s == step_time(full).step_s  # the same NIC-bound step, listed after full
+    assert memory_fix(p) == (f"fix: recompute full -> peak 47.7 GiB (fits; {_step(full)}); recompute layer ac_freq 5 "
+                             f"(every 5th layer of a stage in full) -> peak 67.0 GiB (fits; {_step(l5)}); grad_accumulation sync -> "
                              f"peak 43.3 GiB (fits; {_step(seed)}); cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 59.2 GiB "
                              f"(fits; {_step(cp2)}) (usable 67.1 GiB)")
     # sync itself offers no such variant
     assert "grad_accumulation" not in (memory_fix(plan_file(EXAMPLES / "seed-64gpu-tp4.toml")) or "")
+
+
+def test_per_layer_ac_at_the_largest_ac_freq_that_fits(tmp_path):
+    """Newcomer (layerac): under torchtitan the line offered recompute full, never per-layer AC.
+    Llama-3-8B at seq 12288, dp_shard 8, micro-batch 1, no recompute, one dgx-h100 (usable 80 GB x
+    0.9 = 72.0 GB). A layer stores, per token, 2 B x (6 x 4096 (both norms' inputs, the qkv input,
+    q, the context, w_in's input) + 2 x 1024 (k, v) + 4 x 14336 (gate, silu, up, w_out's input)) =
+    2 x 83968 B, and the flash statistics 32 heads x 4 B: 12288 x 168064 = 2,065,170,432 B; one
+    checkpointed keeps its input, 12288 x 4096 x 2 B = 100,663,296 B: 1,964,507,136 B less each.
+    The peak, 89,006,942,208 B, needs (89,006,942,208 - 72e9) / 1,964,507,136 = 8.66, so 9 of the 32
+    layers checkpointed: ac_freq 3 (32 // 3 = 10 layers, peak 89,006,942,208 - 10 x 1,964,507,136 =
+    69,361,870,848 B), not 4 (8 layers, 73,290,885,120 B). Fewer layers replayed than full's 32:
+    the shorter step of the two, listed first."""
+    f = tmp_path / "llama3-8b_8xh100_seq12k.toml"
+    f.write_text(job_toml(training={"global_batch": 8, "seq_len": 12288, "micro_batch": 1, "recompute": "none"},
+                          mesh={"names": ["dp_shard"], "shape": [8]}))
+    p = plan_file(f)
+    cfg = p.config
+    d = 1_964_507_136
+    assert (p.timeline.peak.total_bytes, p.timeline.usable_bytes) == (89_006_942_208, 72e9)
+    l3, l4 = _layer(cfg, 3), _layer(cfg, 4)
+    assert (l3.timeline.peak.total_bytes, l4.timeline.peak.total_bytes) == (89_006_942_208 - 10 * d,
+                                                                            89_006_942_208 - 8 * d)
+    assert l3.feasible and not l4.feasible
+    full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
+    assert step_time(l3).step_s < step_time(full).step_s
+    line = memory_fix(p)
+    mine = f"recompute layer ac_freq 3 (every 3rd layer of a stage in full) -> peak 64.6 GiB (fits; {_step(l3)})"
+    assert mine in line and line.index(mine) < line.index(f"recompute full -> peak {_gib(full)} (fits; {_step(full)})")
+    # read from a torchtitan TOML: its own keys (selective_ac_option, an int string: every k-th layer)
+    tt = replace(p, config=replace(cfg, origin="torchtitan"))
+    assert ('activation_checkpoint.mode = "selective", activation_checkpoint.selective_ac_option = "3" (every 3rd '
+            'layer of a stage in full) -> peak 64.6 GiB') in memory_fix(tt, keymap_of(tt.config))
+    # already at ac_freq 4: the line offers 3; under Megatron-LM (no per-layer AC) none
+    at4 = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "layer", "ac_freq": 4})))
+    assert "recompute layer ac_freq 3 (" in memory_fix(at4)
+    mg = build_plan(replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"})))
+    assert not mg.feasible and "recompute layer" not in memory_fix(mg)

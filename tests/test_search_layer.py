@@ -6,7 +6,8 @@ none's (no layer replayed) the 405B benchmark planned 891 candidates exactly ins
 40.4 s against 7.8 s, past the 10 s goal); that bound now counts the layers each stage surely
 replays and keeps (search.layer_replays: 90 planned, 7.9 s CPU on one worker against 5.6 s without
 it, medians of 3 on shared cores), too near the 10 s goal for the default, so it
-stays opt-in, and the default's note says so."""
+stays opt-in, and the default's note says so. Where op is refused for the model (ep > 1, MLA) it is
+searched by default (layerac: the dense 405B benchmark keeps its 95,604 candidates)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE
+from meshplan.report.search import header_lines
 from meshplan.search.driver import search
 from meshplan.search.estimate import refine
 from tests.cli_run import run_main
@@ -75,8 +77,37 @@ def test_layer_sits_between_none_and_full():
 def test_default_under_torch_leaves_layer_out_with_a_note():
     r = search(_cfg(ONE), workers=1)
     assert RECOMPUTE.index("layer") not in set(r.candidates.rc.tolist())
-    assert any("('layer', every 2nd layer, its default) is searched where [search] recompute lists it" in n
-               for n in r.notes)
+    # layerac: the note names where it is searched by default now (ep > 1 or MLA), this dense mesh has neither
+    assert any("('layer', every 2nd layer, its default) with ep > 1 or multi-head latent attention, where op is not "
+               "planned, and elsewhere where [search] recompute lists it" in n for n in r.notes)
+
+
+#: Mixtral-8x7B on 4 dgx-h100 under torch, seq 6144, global batch 64: dp_shard 32 at ep 1 or 8, mb 1,
+#: zero3 resharded (layerac, newcomer Mixtral-8x22B: with ep > 1 op is refused, and the search tried none
+#: and full only).
+MOE = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+       "training": {"global_batch": 64, "seq_len": 6144},
+       "search": {"micro_batch": [1], "pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1, 8],
+                  "sharding": ["zero3"], "reshard_after_forward": [True]}}
+
+
+def test_layer_is_searched_by_default_where_op_is_refused():
+    """With the default recompute list under torch, "layer" (ac_freq 2) is a row wherever ep > 1
+    (one per none row there: the ep 8 mesh) and nowhere at ep 1, where op is searched. At seq 6144
+    the ep 8 mesh does not fit without recompute; every second of its 32 layers replayed fits, and
+    its step is the midpoint of none's and full's (16 of 32 layers replayed), shorter than full's:
+    the top row, where the search used to offer full."""
+    r = search(config_from_dict(MOE, require_mesh=False), workers=1)
+    c, lay = r.candidates, RECOMPUTE.index("layer")
+    assert (c.rc == lay).sum() == ((c.rc == RECOMPUTE.index("none")) & (c.ep > 1)).sum() == 1
+    assert set(c.ep[c.rc == lay].tolist()) == {8} and set(c.ep[c.rc == RECOMPUTE.index("op")].tolist()) == {1}
+    at8 = {RECOMPUTE[c.rc[i]]: e for i, e in r.exact.items() if c.ep[i] == 8}
+    assert not at8["none"].feasible and at8["layer"].feasible and at8["full"].feasible
+    assert at8["layer"].step_s == pytest.approx((at8["none"].step_s + at8["full"].step_s) / 2, rel=1e-3)
+    assert at8["layer"].step_s < at8["full"].step_s
+    top = r.top[0].index
+    assert (RECOMPUTE[c.rc[top]], int(c.ep[top])) == ("layer", 8)
+    assert any("ep > 1, where op is not planned" in line for line in header_lines(r))
 
 
 def test_layer_listed_under_megatron_is_refused():

@@ -80,7 +80,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     timeline, the others first estimates), degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes). A mesh over
     memory exits 1 with a 'fix:' line: the knobs re-planned (grad_accumulation sync from no_sync, recompute full,
-    half the micro-batch, zero3 or resharding, tp x2, pp x2, the smallest cp from the data axis that fits, or the lowest cp peak, or why no cp), those
+    except under Megatron-LM torchtitan's per-layer AC recompute layer at the largest ac_freq that fits, half the micro-batch, zero3 or resharding, tp x2, pp x2, the smallest cp from the data axis that fits, or the lowest cp peak, or why no cp), those
     that fit first, fastest first, each with its predicted step. An ep that does not divide the routed experts, or ep x etp the dense block
     dp_shard x cp x tp: a 'fix:' line with the ep degrees that divide both and pass the rules, led by a smaller
     etp with ep kept where one passes (Megatron-LM's etp defaults to tp). A pp the model's

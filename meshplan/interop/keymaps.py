@@ -46,6 +46,9 @@ FIELDS: dict[str, dict[str, str]] = {
                   "training.overlap_comm": "zero_optimization.overlap_comm",
                   "training.seq_len": "--seq-len", "cluster.nodes": "--nodes"},
 }
+#: The largest ac_freq a torchtitan fix line names in the file's keys (more than any catalog
+#: model's layers: Llama-3-405B has 126); a larger one keeps meshplan's words.
+MAX_AC_FREQ = 256
 #: A fix's setting (meshplan's words) -> the format's, per format: what to write for it.
 SETTINGS: dict[str, dict[str, str]] = {
     "torchtitan": {"recompute full": "activation_checkpoint.mode = \"full\"",
@@ -54,7 +57,10 @@ SETTINGS: dict[str, dict[str, str]] = {
                    "training.reshard_after_forward = true": "parallelism.fsdp_reshard_after_forward = \"always\"",
                    "training.reshard_after_forward = false": "parallelism.fsdp_reshard_after_forward = \"never\""}
     | {f"mesh.pp_schedule = \"{ours}\"": f"parallelism.pipeline_parallel_schedule = \"{theirs}\""
-       for ours, theirs in SCHEDULE_NAMES.items()},
+       for ours, theirs in SCHEDULE_NAMES.items()}
+    # the fix's per-layer AC (plan_fix._layer_variant) at each ac_freq a stage's layers allow
+    | {f"recompute layer ac_freq {k}": f"activation_checkpoint.mode = \"selective\", "
+       f"activation_checkpoint.selective_ac_option = \"{k}\"" for k in range(2, MAX_AC_FREQ + 1)},
     "megatron": {"recompute full": "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1",
                  # what ``export --to megatron`` writes for zero3: Megatron FSDP's flags (megatron_write)
                  "sharding zero3": " ".join(sharding_flags("zero3")),

@@ -44,9 +44,9 @@ from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
 from meshplan.search.rank import RULE_LINE, mesh_of, variant_label
 from meshplan.search.candidate import candidate_config
-from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule, reshard_word
+from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE, SHARDING, axis_shown, candidate_schedule, reshard_word
 from meshplan.search.reasons import REASONS
-from meshplan.search.space import overlap_searched
+from meshplan.search.space import layer_for_op, overlap_searched
 from meshplan.memory.constraints import usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
@@ -150,6 +150,7 @@ def header_lines(r: SearchResult) -> list[str]:
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), "
             + ("training.tp_comm_overlap (tp > 1), " if overlap_searched(t) else "")
+            + layer_words(r)
             + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3; with vpp > 1 where "
             "(layers + 2) / (pp x vpp) is whole)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
@@ -160,6 +161,17 @@ def header_lines(r: SearchResult) -> list[str]:
         ([] if overlap_searched(t) or o.tp == [1] else [
             "not searched: training.tp_comm_overlap (torch without torch_compile: torchtitan's async TP needs "
             "torch.compile; set training.torch_compile = true to search it)"]) + narrowed_lines(o)
+
+
+def layer_words(r: SearchResult) -> str:
+    """The "also searched" part for torchtitan's per-layer AC searched in op's stead
+    (:func:`meshplan.search.space.layer_for_op`), where some candidate has it; "" otherwise."""
+    cfg = r.config
+    if not layer_for_op(cfg) or not (r.candidates.rc == RECOMPUTE.index("layer")).any():
+        return ""
+    where = "multi-head latent attention" if cfg.model.is_mla else "ep > 1"
+    return (f"recompute layer at ac_freq {LAYER_AC_FREQ} (torchtitan's per-layer AC, selective_ac_option "
+            f"\"{LAYER_AC_FREQ}\") with {where}, where op is not planned, ")
 
 
 def timing_line(r: SearchResult) -> str:

@@ -13,6 +13,7 @@ from meshplan.config import Config
 from meshplan.search.candidate import accumulates
 from meshplan.search.columns import FSDP_SHARDINGS, SHARDING, ZERO12, Candidates
 from meshplan.search.reasons import zero1_refused
+from meshplan.search.space import layer_for_op
 
 
 def settings_notes(cfg: Config, c: Candidates) -> list[str]:
@@ -60,8 +61,8 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("recompute 'selective' is not searched under training.framework \"torch\": it is Megatron-LM's "
                    "core-attention recompute, which torchtitan has no option for; searched: none, op (torchtitan's "
                    "op-level selective AC) and full; torchtitan's per-layer selective AC ('layer', every 2nd layer, "
-                   "its default) is searched where [search] recompute lists it (not by default: it adds "
-                   "about 25% to the search's time)")
+                   "its default) with ep > 1 or multi-head latent attention, where op is not planned, and elsewhere "
+                   "where [search] recompute lists it (not by default: it adds about 25% to a dense search's time)")
     elif t.has_op_recompute and "selective" in cfg.search.recompute:  # listed: searched, as plan accepts it under torch
         out.append("recompute 'selective' is searched because [search] recompute lists it: Megatron-LM's "
                    "core-attention recompute, which meshplan plan accepts under training.framework \"torch\" but "
@@ -69,14 +70,17 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "\"full\" without flash attention); for torchtitan's own options list none, op, layer, full")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
-                   "attention: which of its mms the policy saves is not modelled")
+                   "attention: which of its mms the policy saves is not modelled"
+                   + ("; 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg) else ""))
     elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
         out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
                    "only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
                    "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, "
                    "tp reduce-scatters included, which the policy saves, so it could discard such a candidate "
                    "wrongly; with cp or ep > 1 plan "
-                   "refuses it (which CP and EP collectives its replay runs is not modelled)")
+                   "refuses it (which CP and EP collectives its replay runs is not modelled)"
+                   + ("; with ep > 1 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg)
+                      and (c.ep > 1).any() else ""))
     if t.pp_schedule_runs > 1:
         out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
                    f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "

@@ -20,7 +20,9 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - micro-batch sizes; recompute none, full, Megatron-LM's selective (not by default where
   torchtitan is the runtime, which has no option for it: :func:`searched_recompute`), and under
   a framework that has it (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch
-  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`);
+  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`),
+  and where the planner refuses ``op`` for the model (ep > 1, MLA) torchtitan's per-layer AC ``layer``
+  at ac_freq 2 (:func:`layer_for_op`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -232,6 +234,43 @@ def searched_recompute(cfg: Config) -> list[str]:
             if (r not in ("op", "layer") or torchtitan) and (r != "selective" or not torchtitan or listed)]
 
 
+def layer_for_op(cfg: Config) -> bool:
+    """Whether the search adds torchtitan's per-layer AC (``layer`` at
+    :data:`~meshplan.search.columns.LAYER_AC_FREQ`) on the rows where the planner refuses ``op``
+    for the model's experts or attention (:func:`layer_rows`): ``op`` is searched
+    (:func:`searched_recompute`: torchtitan runs the rows) and ``layer`` is not listed (listed, it is
+    searched on every row). Without it such rows tried none or full only, and a torchtitan user's
+    first try, ``selective_ac_option = "2"``, was missed (newcomer: Mixtral-8x22B at dp_shard 256 x
+    ep 8 on 32 x 8 H200, 16,366.62 ms at ac_freq 2 against full recompute's ~4.3 s more).
+
+    >>> from meshplan.config import config_from_dict
+    >>> d = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...      "training": {"global_batch": 8, "seq_len": 1024}}
+    >>> layer_for_op(config_from_dict(d, require_mesh=False))
+    True
+    >>> layer_for_op(config_from_dict(d | {"search": {"recompute": ["none", "full", "op", "layer"]}}, require_mesh=False))
+    False
+    """
+    names = searched_recompute(cfg)
+    return "op" in names and "layer" not in names
+
+
+def layer_rows(cfg: Config, ep: np.ndarray) -> np.ndarray:
+    """The rows :func:`layer_for_op` adds ``layer`` on: ep > 1, or a model with multi-head latent
+    attention, where :func:`meshplan.plan.build_plan` refuses ``op`` (which EP collectives its replay
+    runs, which MLA mms it saves: not modelled; :func:`op_recompute_ok`). Not at tp or cp > 1 with
+    ep 1: those rows are the dense models' too, where ``layer`` stays opt-in (listed, the dense 405B
+    benchmark plans 90 candidates exactly against 70: ``[search] recompute``'s docstring).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
+    >>> layer_rows(cfg, np.array([1, 2, 8])).tolist()
+    [False, True, True]
+    """
+    return (ep > 1) | bool(cfg.model.is_mla)
+
+
 def enumerate_candidates(cfg: Config) -> Candidates:
     """The whole search space of ``cfg`` (module docstring), before any rule."""
     o, layers = cfg.search, cfg.model.layers
@@ -251,7 +290,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     names = [col.column for _, col in search_axes()]
     base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 3), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
-    rcs = np.array(sorted({RECOMPUTE.index(r) for r in searched_recompute(cfg)}), dtype=np.int64)
+    stand_in = layer_for_op(cfg)
+    rcs = np.array(sorted({RECOMPUTE.index(r) for r in searched_recompute(cfg) + ["layer"] * stand_in}), dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T
@@ -261,6 +301,9 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     op = cols["rc"] == RECOMPUTE.index("op")
     if op.any():
         keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
+        cols = {k: v[keep] for k, v in cols.items()}
+    if stand_in:  # layer in op's stead where the planner refuses op (layer_rows)
+        keep = (cols["rc"] != RECOMPUTE.index("layer")) | layer_rows(cfg, cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
     fsdp = np.isin(cols["sh"], FSDP_SHARDINGS) & ((cols["dps"] * cols["cp"] > 1) | (
         cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
