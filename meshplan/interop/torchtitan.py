@@ -3,7 +3,11 @@
 what an export keeps of the user's own file :mod:`meshplan.interop.torchtitan_carry`.
 
 Key names from torchtitan's ``torchtitan/config/job_config.py`` (pytorch/torchtitan at
-e347b1e, the last commit with the TOML job config; ``JobConfig`` tables ``[model]``,
+e347b1e, 2026-02-15, whose ``torchtitan/config`` is the same as release v0.2.2's (73a0e69, the
+last release reading TOML job files: 9810191, 2026-02-23, replaced them with Python config
+registries, ``--module``/``--config``); the files meshplan reads and writes are for torchtitan
+<= v0.2.2, while its runtime rules (flavors, FSDP units, the reshard default) cite b5bcd76;
+``JobConfig`` tables ``[model]``,
 ``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[quantize.linear.float8]``)
 and its preset ``torchtitan/models/llama3/train_configs/llama3_8b.toml``. How they map:
 
