@@ -156,6 +156,18 @@ def test_configured_names_its_mesh_at_its_fastest_searched_setting():
         sel.best_index, "none, keep gathered", r.top[0].step_s)
 
 
+def test_moe_mesh_at_its_fastest_setting_is_the_step_commands_plan():
+    """The Mixtral example (dp_shard 32 x ep 8, mb 1, recompute full: 6.613 s, 25.76% behind the top)
+    has no row; its mesh's fastest searched setting is recompute none, whose step is what
+    ``meshplan step`` predicts for the config at recompute none, to the bit (6.068 s)."""
+    cfg = _cfg("mixtral-8x7b_32xh100_ep8-dp32.toml")
+    mine = search(cfg, workers=1).configured
+    at_none = replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"}))
+    st = step_time(build_plan(at_none), Overlap())
+    assert (mine.row, mine.best_settings, mine.best_step_s, round(st.step_s, 3)) == (None, "none", st.step_s, 6.068)
+    assert f"at none (its fastest searched setting by the top table's rule): {st.step_s:.3f} s, " in mine.line()
+
+
 def test_configured_at_its_fastest_setting_adds_nothing():
     """At the top row's own settings (the mini mesh kept gathered) no clause: best_* are None."""
     r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"reshard_after_forward": False}), workers=1)
