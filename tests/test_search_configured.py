@@ -19,6 +19,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
+from meshplan.search.rank import mesh_of, order_all
 from meshplan.search.reasons import UNDECIDED
 from tests.cli_run import run_main
 
@@ -111,13 +112,68 @@ def test_configured_rank_counts_the_faster_feasible(mini):
     assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (207, 7)
     # 7.847 s against the top's 6.998 s (dp_shard 8): 7.847 / 6.998 - 1 = 12.13%
     assert round(mini.top[0].step_s, 3) == 6.998
+    # trial 26 #1 (configured_best): its mesh at its row's setting, mb 2, none, 7.362 / 6.998 - 1 = 5.19%
+    assert (mine.best_index, mine.best_step_s, round(mine.best_step_s, 3)) == (mini.top[1].index, mini.top[1].step_s, 7.362)
     assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank between #39 and #45 of 657 "
                            "feasible by step time, 207 undecided near the memory limit not ranked (its mesh is row #2 "
                            "in the top table, at other settings (one row per distinct mesh); 12.13% longer than the "
-                           "top's; 6 feasible candidates with a step-time lower bound below its step not planned, each "
+                           "top's; at mb 2, none (its fastest searched setting by the top table's rule): 7.362 s, 5.19% "
+                           "longer than the top's; 6 feasible candidates with a step-time lower bound below its step "
+                           "not planned, each "
                            "could rank ahead: [search] rank_max 32 planned the first by bound, each plan more narrows "
                            "the range by one; 7 of the undecided have a step-time lower bound below its step and could "
                            "rank ahead if planned: [search] settle_max plans more)")
+
+
+def test_configured_names_its_mesh_at_its_fastest_searched_setting():
+    """Newcomer trial 26 #1: the line's gap to the top was the config's settings, not its mesh. The mini
+    example (dp_shard 4 x tp 2, mb 1, recompute none, resharded: 7.424 s) is 1.74% behind the top, whose
+    row 1 is the same mesh kept gathered (7.297 s, the headroom tiers on, the default): the line adds it
+    as the top row. At recompute selective (7.847 s) with a top of 1 row (dp_shard 8, 6.998 s) the mesh
+    has no row, so its fastest setting is the first by the tie rule among its planned candidates: kept
+    gathered at recompute none, the same candidate and step as the example's row 1 (7.297 / 6.998 - 1 =
+    4.27%); the JSON holds it."""
+    r = search(_cfg("mini_2x4_tp2-dp4.toml"), workers=1)
+    mine, c = r.configured, r.candidates
+    assert (mine.best_index, mine.best_step_s, mine.best_settings) == (r.top[0].index, r.top[0].step_s, "keep gathered")
+    assert (c.label(mine.index), round(mine.step_s, 3), round(r.top[0].step_s, 3)) == (
+        "dp_shard 4 x tp 2, mb 1, none, vpp 1, zero3", 7.424, 7.297)
+    assert ("1.74% longer than the top's; at keep gathered (its fastest searched setting by the top table's rule): "
+            "7.297 s, the top row;") in mine.line()
+    s = search(_cfg("mini_2x4_tp2-dp4.toml", training=SELECTIVE, narrow=ALL_RECOMPUTE | {"top": 1, "headroom_tier": False}),
+               workers=1)
+    sel = s.configured
+    assert sel.row is None and mesh_of(s.candidates, s.top[0].index) != mesh_of(s.candidates, sel.index)
+    same = {j: e.step_s for j, e in s.exact.items() if s.code[j] == -1 and e.step_s is not None
+            and mesh_of(s.candidates, j) == mesh_of(s.candidates, sel.index)}
+    assert sel.best_index == order_all(s.candidates, same)[0] != sel.index
+    assert (s.candidates.label(sel.best_index), sel.best_step_s) == (c.label(r.top[0].index), r.top[0].step_s)
+    assert ("12.13% longer than the top's; at none, keep gathered (its fastest searched setting by the top table's "
+            "rule): 7.297 s, 4.27% longer than the top's;") in sel.line()
+    doc = search_to_dict(s)
+    assert list(jsonschema.Draft202012Validator(schema_of("search")).iter_errors(doc)) == []
+    assert (doc["configured"]["best_index"], doc["configured"]["best_settings"], doc["configured"]["best_step_s"]) == (
+        sel.best_index, "none, keep gathered", r.top[0].step_s)
+
+
+def test_moe_mesh_at_its_fastest_setting_is_the_step_commands_plan():
+    """The Mixtral example (dp_shard 32 x ep 8, mb 1, recompute full: 6.613 s, 25.76% behind the top)
+    has no row; its mesh's fastest searched setting is recompute none, whose step is what
+    ``meshplan step`` predicts for the config at recompute none, to the bit (6.068 s)."""
+    cfg = _cfg("mixtral-8x7b_32xh100_ep8-dp32.toml")
+    mine = search(cfg, workers=1).configured
+    at_none = replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"}))
+    st = step_time(build_plan(at_none), Overlap())
+    assert (mine.row, mine.best_settings, mine.best_step_s, round(st.step_s, 3)) == (None, "none", st.step_s, 6.068)
+    assert f"at none (its fastest searched setting by the top table's rule): {st.step_s:.3f} s, " in mine.line()
+
+
+def test_configured_at_its_fastest_setting_adds_nothing():
+    """At the top row's own settings (the mini mesh kept gathered) no clause: best_* are None."""
+    r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"reshard_after_forward": False}), workers=1)
+    mine = r.configured
+    assert mine.row == 1 and (mine.best_index, mine.best_settings, mine.best_step_s) == (None, None, None)
+    assert "fastest searched setting" not in mine.line()
 
 
 def test_configured_in_the_top_is_ranked_by_step_not_by_row():

@@ -201,7 +201,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     line after the table (and on the --html page) says where it ranks by step time among the feasible candidates
     the search decided (the search's exact model; its row in the table beside it; the undecided near the memory
     limit counted apart; a range, between #LO and #HI, where more candidates than [search] rank_max, default
-    32, could rank ahead unplanned), why it is infeasible, or why no candidate is that mesh. Goodput (Daly,
+    32, could rank ahead unplanned; where its settings are not its mesh's fastest searched setting, the mesh at
+    that setting, e.g. 'at mb 4, full'), why it is infeasible, or why no candidate is that mesh. Goodput (Daly,
     not ranked) is a
     column where the rows differ in it; where every row shows the same, the goodput line gives it once and says
     why (--json keeps it per row). The same input gives the

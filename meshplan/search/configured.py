@@ -17,8 +17,10 @@ says how many and that ``rank_max`` plans more (newcomer trial 16: ``#162-#2,546
 70B cp search said neither; planning them all there costs minutes). The rank is among
 the feasible candidates the search decided: those left undecided near the memory limit
 (``[search] settle_max``) are counted apart, with how many of them have a step-time lower bound
-below its step (planned, those could rank ahead). None of it changes the search's result (its
-own planner and pool).
+below its step (planned, those could rank ahead). Where the config's settings are not its mesh's
+fastest searched setting, the line adds the mesh at that setting
+(:mod:`meshplan.search.configured_best`, newcomer trial 26 #1: a micro-batch 1 read as the mesh's
+173% gap to the top). None of it changes the search's result (its own planner and pool).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import LAYER_AC_FREQ, PIPELINE, RECOMPUTE, SHARDING, Candidates
+from meshplan.search.configured_best import best_words, fastest_setting, setting_words
 from meshplan.search.configured_row import table_row
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.explain import relative
@@ -57,7 +60,10 @@ class Configured:
     (``reason``: why no candidate is this run); ``rank_max`` the ``[search] rank_max`` the rank
     planned with; ``would_row``: where ``absent`` and planned as given, the row of the top table it
     would take (:func:`~meshplan.search.configured_row.table_row`), None where it would follow every
-    row shown or the top is not proven."""
+    row shown or the top is not proven; ``best_index``, ``best_settings``, ``best_step_s``: where
+    ranked and its settings are not its mesh's fastest searched setting
+    (:func:`~meshplan.search.configured_best.fastest_setting`), that candidate, what it runs
+    otherwise (``mb 4, full``) and its step (seconds), else None."""
 
     mesh: str
     status: str
@@ -73,6 +79,9 @@ class Configured:
     undecided_below: Optional[int] = None
     rank_max: Optional[int] = None
     would_row: Optional[int] = None
+    best_index: Optional[int] = None
+    best_settings: Optional[str] = None
+    best_step_s: Optional[float] = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -288,9 +297,16 @@ def configured(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray
     mesh_row = next((n for n, t in enumerate(top, 1) if mesh_of(c, t.index) == mesh_of(c, i)), None)
     n = cfg.search.rank_max
     lo, hi = _rank(c, code, step_lo, exact, e.step_s, i, planner, workers, n)
-    note = "; ".join(_notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row, n)) or None
-    return Configured(words, "ranked", note, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row, len(undecided), below,
-                      n)
+    best = fastest_setting(cfg, c, code, step_lo, exact, top, i, e, planner)
+    best = None if best is None or best.index == i or best.step_s is None else best
+    notes = _notes(row, e.step_s, top, k, hi - lo, len(undecided), below, mesh_row, n)
+    b_words = None if best is None else setting_words(c, i, best.index)
+    if best is not None and top:
+        at = len(notes) - (k != OK) - bool(hi - lo) - bool(len(undecided))  # after the step against the top's
+        notes.insert(at, best_words(b_words or "", float(best.step_s or 0), top, best.index))
+    return Configured(words, "ranked", "; ".join(notes) or None, e.step_s, e.tokens_per_s, lo, hi, feasible, i, row,
+                      len(undecided), below, n, best_index=None if best is None else best.index,
+                      best_settings=b_words, best_step_s=None if best is None else best.step_s)
 
 
 def _as_given(cfg: Config, c: Candidates, code: np.ndarray, step_lo: np.ndarray, exact: dict[int, Exact],
