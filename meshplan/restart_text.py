@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from meshplan.restart_meshes import Proposal
 
 
-
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
                  gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False,
                  old_infeasible: str = "") -> list[str]:
@@ -148,7 +147,8 @@ def kind_passed_text(kind: Proposal, proposal: Proposal) -> str:
 def kind_kept_text(top: Proposal, faster: Optional[Proposal]) -> str:
     """Why the proposal, of the job's kind (:func:`~meshplan.restart_rank.kind_kept`), comes
     first: the least-disruptive mesh, and the fastest mesh changing pp, tp or cp (``faster``, None
-    when none plans more tokens/s) within :data:`~meshplan.spec.accuracy.REMESH_MARGIN`.
+    when none plans more tokens/s) within :data:`~meshplan.spec.accuracy.REMESH_MARGIN` (or beyond
+    it, changing the global batch the kind keeps: :func:`~meshplan.restart_rank.remeshes`).
 
     >>> from types import SimpleNamespace as N
     >>> top = N(pp=16, tp_cp=(8, 1), ep=1, etp=1, tokens_per_s=1230460.0)
@@ -162,9 +162,11 @@ def kind_kept_text(top: Proposal, faster: Optional[Proposal]) -> str:
     if faster is None:
         return head + "; no mesh changing pp, tp or cp plans more tokens/s"
     f = faster.tokens_per_s or 0.0
+    gain = f / (top.tokens_per_s or 1.0) - 1  # over the margin only where it changes a global batch the kind keeps
     return (f"{head}; the fastest mesh changing pp, tp or cp, {faster.mesh_text()} on {faster.gpus} GPUs"
-            + (f" ({faster.contract})" if faster.contract else "")
-            + f", plans {f:,.0f} tokens/s, {f / (top.tokens_per_s or 1.0) - 1:.1%} more, within the {REMESH_WORDS}")
+            + (f" ({faster.contract})" if faster.contract else "") + f", plans {f:,.0f} tokens/s, {gain:.1%} more, "
+            + (f"within the {REMESH_WORDS}" if gain <= REMESH_MARGIN else f"over the {REMESH_WORDS}, but it changes "
+               "the global batch, which the kind keeps"))
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -179,7 +181,6 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     if any(not p.keeps_global_batch for p in ranked):
         return why + " (the alternative below changes the global batch)", changer.gpus
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
-
 
 
 def kind_notes(passed: Optional[tuple[Proposal, Proposal]], kept: Optional[tuple[Proposal, Optional[Proposal]]],

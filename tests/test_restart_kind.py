@@ -179,11 +179,19 @@ def test_a_remesh_changing_the_global_batch_never_passes_a_kind_keeping_it():
     is part of the least-disruptive restart; a remesh keeping it at 130 (30% more) is proposed."""
     from types import SimpleNamespace as N
     from meshplan.restart_rank import kind_first, kind_kept, kind_passed
+    from meshplan.restart_text import kind_kept_text
     m = N(degree=lambda a: {"tp": 8}.get(a, 1))
     P = lambda pp, tp, tps, gb=True: N(pp=pp, tp_cp=(tp, 1), tokens_per_s=tps, keeps_global_batch=gb)
     kind, changer, keeper = P(1, 8, 100.0), P(7, 8, 140.0, False), P(1, 4, 130.0)
     assert kind_first([kind, changer], m)[0] is kind
     assert kind_kept([kind, changer], m) == (kind, changer) and kind_passed([kind, changer], m) is None
+    kind.ep = kind.etp = 1
+    changer.mesh_text, changer.gpus, changer.contract = lambda: "pp 7 x tp 8", 56, "global_batch 512 -> 511"
+    assert kind_kept_text(kind, changer) == (
+        "why: the job's kind, the least-disruptive mesh (pp 1, tp 8 and cp 1 kept, only the data axes shrunk); the "
+        "fastest mesh changing pp, tp or cp, pp 7 x tp 8 on 56 GPUs (global_batch 512 -> 511), plans 140 tokens/s, "
+        "40.0% more, over the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md), "
+        "but it changes the global batch, which the kind keeps")
     assert kind_first([kind, keeper, changer], m)[0] is keeper
     assert kind_passed(kind_first([kind, keeper, changer], m), m) == (kind, keeper)
     assert kind_first([kind, P(1, 4, 129.0)], m)[0] is kind  # 29.0% <= 29.4%
