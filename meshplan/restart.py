@@ -39,11 +39,13 @@ mesh; "Global semantics": hold the global batch fixed):
 - Ranking: meshes that keep the global batch first, then planned throughput (tokens/s of
   :func:`meshplan.schedule.steptime.step_time` on the new mesh's plan, memory checked);
   without an evaluator (the arithmetic alone), GPUs used. The largest mesh that changes the
-  global batch is kept when it uses more GPUs than those. Then the job's kind first
-  (:func:`~meshplan.restart_rank.kind_ranked`: the same axes, pp unchanged; its largest mesh
-  keeping the global batch and its largest changing it are always planned) unless another
-  plans more than RESTART_MARGIN (5%) more tokens/s (then a note names the two and their tokens/s;
-  a plan of the kind that fails is refused, a note each). The first is the proposal; one
+  global batch is kept when it uses more GPUs than those. Then the job's kind first, the
+  least-disruptive restart (:func:`~meshplan.restart_rank.kind_ranked`: pp, tp and cp kept, only
+  the data axes shrunk; its largest mesh keeping the global batch and its largest changing it
+  are always planned, the latter preferred only beyond RESTART_MARGIN, 5%) unless a mesh changing
+  pp, tp or cp plans more than REMESH_MARGIN (29.4%) more tokens/s and keeps the global batch
+  where the kind does (a ``why:`` note says why the kind comes first and names the fastest such
+  mesh, or a note names the kind passed over; a plan of the kind that fails is refused, a note each). The first is the proposal; one
   alternative is shown: the best keeping the global batch when the proposal changes it, else
   the larger mesh changing it, else the runner-up.
 
@@ -66,7 +68,7 @@ from meshplan.spec import mesh_words
 from meshplan.restart_degrees import (DegreeRule, PipelineRule, axes_at, degree_rule, engine_rules,  # noqa: F401
                                       pipeline_rule, pipelines, splits)
 from meshplan.restart_meshes import KEEPERS, REFUSED_SHOWN, Proposal, Where, candidates, why_not_kept  # noqa: F401
-from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, bounded, kind_passed, kind_ranked,  # noqa: F401
+from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, bounded, kind_kept, kind_passed, kind_ranked,  # noqa: F401
                                    plan_evaluator, rank, same_kind)
 from meshplan.restart_text import (KIND_REFUSED, axis_moves, batch_notes, changer_refusal, checkpoint_engine,  # noqa: F401
                                    kind_notes, pipeline_note, result_notes, state_notes)
@@ -226,7 +228,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state,
                                         changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None,
-                          old_infeasible) + kind_notes(kind_passed(ranked, mesh), kind_refused)
+                          old_infeasible) + kind_notes(kind_passed(ranked, mesh), kind_kept(ranked, mesh), kind_refused)
              + batch_notes(top, top_why, any(p.keeps_global_batch for p in ranked))
              + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),

@@ -17,7 +17,7 @@ from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, build_plan
 from meshplan.restart_text import kind_refusal
-from meshplan.spec.accuracy import RESTART_MARGIN
+from meshplan.spec.accuracy import REMESH_MARGIN, RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
@@ -112,17 +112,17 @@ def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optiona
 
 
 def same_kind(p: Proposal, mesh) -> bool:
-    """Whether ``p`` keeps the job's kind: the same pp as ``mesh`` and the same axes of degree > 1
-    (an FSDP job ``dp_shard 32 x cp 2 x tp 2`` restarted as ``dp_shard 30 x cp 2 x tp 2``, not as
-    ``pp 28 x cp 2 x tp 2``)."""
-    axes = lambda names, shape: {n for n, x in zip(names, shape) if x > 1}
-    return p.pp == mesh.degree("pp") and axes(p.names, p.shape) == axes(mesh.layout.names, mesh.layout.shape)
+    """Whether ``p`` keeps the job's kind: the model-parallel degrees of ``mesh`` (pp, tp and cp; ep
+    and etp never change), only the data axes shrunk: the least-disruptive restart, as torchtitan and
+    Megatron-LM jobs restart (an FSDP job ``dp_shard 32 x cp 2 x tp 2`` as ``dp_shard 30 x cp 2 x tp 2``,
+    not as ``pp 28 x cp 2 x tp 2``, nor as ``dp_shard 15 x cp 2 x tp 4``)."""
+    return p.pp == mesh.degree("pp") and p.tp_cp == (mesh.degree("tp"), mesh.degree("cp"))
 
 
 def kind_pick(ranked: list[Proposal], mesh) -> Optional[Proposal]:
     """The plan of the job's kind (:func:`same_kind`) that :func:`kind_first` puts first: the one
     keeping the global batch unless one changing it plans more than
-    :data:`~meshplan.restart_text.RESTART_MARGIN` more tokens/s; None without a planned one."""
+    :data:`~meshplan.spec.accuracy.RESTART_MARGIN` (5%) more tokens/s; None without a planned one."""
     kind = [p for p in ranked if same_kind(p, mesh) and p.tokens_per_s is not None]
     if not kind:
         return None
@@ -132,38 +132,60 @@ def kind_pick(ranked: list[Proposal], mesh) -> Optional[Proposal]:
     return max(kept, key=lambda p: p.tokens_per_s or 0.0) if kept else fastest
 
 
+def remeshes(ranked: list[Proposal], mesh) -> list[Proposal]:
+    """The plans of ``ranked`` (in its order) that change pp, tp or cp and plan more than
+    :data:`~meshplan.spec.accuracy.REMESH_MARGIN` more tokens/s than the kind's (:func:`kind_pick`),
+    keeping the global batch where the kind's does; empty without a plan of the kind."""
+    pick = kind_pick(ranked, mesh)
+    if pick is None:
+        return []
+    bar = (pick.tokens_per_s or 0.0) * (1 + REMESH_MARGIN)
+    return [p for p in ranked if not same_kind(p, mesh) and (p.tokens_per_s or 0.0) > bar
+            and (p.keeps_global_batch or not pick.keeps_global_batch)]
+
+
 def kind_first(ranked: list[Proposal], mesh) -> list[Proposal]:
-    """``ranked`` (:func:`rank`'s order) with the plan keeping the job's kind (:func:`kind_pick`)
-    first unless another plans more than :data:`~meshplan.restart_text.RESTART_MARGIN` (5%,
-    issue 11's step-time goal) more tokens/s: a faster plan within that margin is not
-    shown to be faster. Unchanged without tokens/s (no evaluator) or a plan of the kind.
+    """``ranked`` (:func:`rank`'s order) with the least-disruptive plan first: the job's kind's
+    (:func:`kind_pick`), unless a mesh changing pp, tp or cp plans more than
+    :data:`~meshplan.spec.accuracy.REMESH_MARGIN` (29.4%) more tokens/s; then the first such mesh in
+    ``ranked``'s order (the global batch kept first, then tokens/s). Unchanged without tokens/s (no
+    evaluator) or a plan of the kind.
 
     >>> from types import SimpleNamespace as N
-    >>> m = N(degree=lambda a: 1, layout=N(names=("dp_shard", "tp"), shape=(16, 8)))
-    >>> P = lambda shape, tps, gb=True: N(names=("pp", "dp_shard", "tp"), shape=shape, pp=shape[0],
+    >>> m = N(degree=lambda a: {"tp": 8}.get(a, 1), layout=N(names=("dp_shard", "tp"), shape=(16, 8)))
+    >>> P = lambda shape, tps, gb=True: N(names=("pp", "dp_shard", "tp"), shape=shape, pp=shape[0], tp_cp=(8, 1),
     ...                                   tokens_per_s=tps, keeps_global_batch=gb)
-    >>> ranked = [P((7, 2, 8), 100.0), P((1, 8, 8), 60.0), P((1, 14, 8), 96.0, False)]
-    >>> [p.shape for p in kind_first(ranked, m)]  # 100 / 96 - 1 = 4.2% <= 5%: the kind's 14 x 8 first
+    >>> ranked = [P((7, 2, 8), 125.0), P((1, 8, 8), 60.0), P((1, 14, 8), 100.0, False)]
+    >>> [p.shape for p in kind_first(ranked, m)]  # 125 / 100 - 1 = 25% <= 29.4%: the kind's 14 x 8 first
     [(1, 14, 8), (7, 2, 8), (1, 8, 8)]
-    >>> [p.shape for p in kind_first([P((7, 2, 8), 100.0), P((1, 14, 8), 95.0, False)], m)]  # 5.3% > 5%
+    >>> [p.shape for p in kind_first([P((7, 2, 8), 130.0), P((1, 14, 8), 100.0, False)], m)]  # 30% > 29.4%
     [(7, 2, 8), (1, 14, 8)]
     """
     top = kind_pick(ranked, mesh)
-    if top is None or any((p.tokens_per_s or 0.0) > (top.tokens_per_s or 0.0) * (1 + RESTART_MARGIN) for p in ranked):
+    if top is None:
         return ranked
-    return [top] + [p for p in ranked if p is not top]
+    first = (remeshes(ranked, mesh) or [top])[0]
+    return [first] + [p for p in ranked if p is not first]
 
 
-def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal, Proposal]]:
-    """(the job's kind's plan, a plan over RESTART_MARGIN faster, the proposal) where
-    :func:`kind_first` passed over the kind (``ranked``: its order, so its first, the proposal, is
-    not of the kind only then): the faster is the proposal where it is over 5% faster, else the
-    fastest plan; None otherwise."""
+def kind_passed(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Proposal]]:
+    """(the job's kind's plan, the proposal) where :func:`kind_first` passed over the kind for a
+    mesh over :data:`~meshplan.spec.accuracy.REMESH_MARGIN` faster (``ranked``: its order, so its
+    first, the proposal); None otherwise."""
     pick = kind_pick(ranked, mesh)
     if pick is None or same_kind(ranked[0], mesh):
         return None
-    over = lambda p: (p.tokens_per_s or 0.0) > (pick.tokens_per_s or 0.0) * (1 + RESTART_MARGIN)
-    return pick, ranked[0] if over(ranked[0]) else max(ranked, key=lambda p: p.tokens_per_s or 0.0), ranked[0]
+    return pick, ranked[0]
+
+
+def kind_kept(ranked: list[Proposal], mesh) -> Optional[tuple[Proposal, Optional[Proposal]]]:
+    """(the proposal, the fastest plan changing pp, tp or cp where it plans more tokens/s, else
+    None) where :func:`kind_first` kept the job's kind first; None otherwise."""
+    if kind_pick(ranked, mesh) is None or not same_kind(ranked[0], mesh):
+        return None
+    others = [p for p in ranked if not same_kind(p, mesh) and p.tokens_per_s is not None]
+    fastest = max(others, key=lambda p: p.tokens_per_s or 0.0, default=None)
+    return ranked[0], fastest if fastest and (fastest.tokens_per_s or 0.0) > (ranked[0].tokens_per_s or 0.0) else None
 
 
 def kind_ranked(ranked: list[Proposal], kind: list[Proposal], evaluate: Optional[Evaluator],

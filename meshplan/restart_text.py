@@ -22,15 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
-from meshplan.spec.accuracy import RESTART_MARGIN
+from meshplan.spec.accuracy import REMESH_MARGIN, RESTART_MARGIN
 from meshplan.units import counted
 
 if TYPE_CHECKING:
     from meshplan.restart_meshes import Proposal
-
-#: :data:`meshplan.spec.accuracy.RESTART_MARGIN` (5%, a judgement, not a measured accuracy): a restart
-#: mesh that plans more tokens/s than the full-size plan by this fraction or less is not called faster,
-#: so the note that blames the original mesh (:func:`faster_text`) needs a larger gain.
 
 
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
@@ -116,45 +112,61 @@ def kind_refusal(p: Proposal, why: str) -> str:
     return f"{KIND_REFUSED}{p.mesh_text()} ({p.gpus} GPUs{', ' + p.contract if p.contract else ''}): {why}"
 
 
-def kind_passed_text(kind: Proposal, faster: Proposal, proposal: Optional[Proposal] = None) -> str:
-    """Why the job's kind is not proposed, said so that the line reads against the proposal above
-    it: what ``kind`` is (a mesh of the job's kind, :func:`~meshplan.restart_rank.same_kind`: its
-    axes and pp, tried first), its plan, and the mesh that plans more than :data:`RESTART_MARGIN`
-    more tokens/s (``faster``, :func:`~meshplan.restart_rank.kind_passed`); then whether ``faster``
-    is the proposal, or why the proposal comes first instead (the restart's order: meshes keeping
-    the global batch first, then by tokens/s). A newcomer read ``the job's kind pp 4 x dp 3 x tp 8
-    ... passed over: pp 5 x dp 3 x tp 8`` under a proposal ``pp 2 x dp 4 x tp 8`` and could not
-    relate the three.
+#: How a line names :data:`~meshplan.spec.accuracy.REMESH_MARGIN` and where it comes from.
+REMESH_WORDS = f"{REMESH_MARGIN:.1%} remesh margin (the step model's largest mean error by setting, docs/fidelity.md)"
+
+
+def kind_words(p: Proposal) -> str:
+    """The job's kind in words: its model-parallel degrees (:func:`~meshplan.restart_rank.same_kind`)."""
+    tp, cp = p.tp_cp
+    kept = [f"pp {p.pp}", f"tp {tp}", f"cp {cp}"] + [f"{a} {d}" for a, d in (("ep", p.ep), ("etp", p.etp)) if d > 1]
+    return f"{', '.join(kept[:-1])} and {kept[-1]} kept, only the data axes shrunk"
+
+
+def kind_passed_text(kind: Proposal, proposal: Proposal) -> str:
+    """Why the job's kind is not proposed: what ``kind`` is (its pp, tp and cp kept,
+    :func:`~meshplan.restart_rank.same_kind`), its plan, and the proposal, which changes pp, tp or
+    cp and plans more than :data:`~meshplan.spec.accuracy.REMESH_MARGIN` more tokens/s
+    (:func:`~meshplan.restart_rank.kind_passed`).
 
     >>> from types import SimpleNamespace as N
-    >>> P = lambda text, gpus, tps, contract="": N(mesh_text=lambda: text, gpus=gpus, tokens_per_s=tps,
-    ...                                          contract=contract, keeps_global_batch=not contract, pp=int(text[3]))
-    >>> kind, faster = P("pp 2 x dp 2 x tp 2", 8, 77847.7), P("pp 1 x dp 4 x tp 2", 8, 84260.3)
-    >>> kind_passed_text(kind, faster, faster)  # doctest: +NORMALIZE_WHITESPACE
-    "the job's kind (the job's axes and pp 2, tried first): pp 2 x dp 2 x tp 2 on 8 GPUs plans 77,848 tokens/s; passed
-    over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 84,260 tokens/s, 8.2% more, over the 5% restart margin;
-    it is the proposal"
-    >>> kind = P("pp 4 x dp 3 x tp 8", 96, 100589.0, "global_batch 512 -> 504")
-    >>> faster = P("pp 5 x dp 3 x tp 8", 120, 123453.0, "global_batch 512 -> 510")
-    >>> kind_passed_text(kind, faster, P("pp 2 x dp 4 x tp 8", 64, 69542.0))  # doctest: +NORMALIZE_WHITESPACE
-    "the job's kind (the job's axes and pp 4, tried first): pp 4 x dp 3 x tp 8 on 96 GPUs, global_batch 512 -> 504, plans
-    100,589 tokens/s; passed over: pp 5 x dp 3 x tp 8 on 120 GPUs, global_batch 512 -> 510, plans 123,453 tokens/s,
-    22.7% more, over the 5% restart margin; the proposal, pp 2 x dp 4 x tp 8 on 64 GPUs (69,542
-    tokens/s), comes first as the fastest mesh keeping the global batch"
+    >>> P = lambda text, gpus, tps, contract="": N(mesh_text=lambda: text, gpus=gpus, tokens_per_s=tps, tp_cp=(2, 1), ep=1,
+    ...                                          contract=contract, keeps_global_batch=not contract, pp=int(text[3]), etp=1)
+    >>> kind_passed_text(P("pp 2 x dp 2 x tp 2", 8, 77847.7), P("pp 1 x dp 4 x tp 2", 8, 104260.3))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    "the job's kind (pp 2, tp 2 and cp 1 kept, only the data axes shrunk; tried first): pp 2 x dp 2 x tp 2 on 8 GPUs
+    plans 77,848 tokens/s; passed over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 104,260 tokens/s, 33.9% more, over the
+    29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md); it is the proposal"
     """
-    k, f = kind.tokens_per_s or 0.0, faster.tokens_per_s or 0.0
+    k, f = kind.tokens_per_s or 0.0, proposal.tokens_per_s or 0.0
     at = lambda p: f"{p.mesh_text()} on {p.gpus} GPUs" + (f", {p.contract}," if p.contract else "")
-    head = (f"{KIND_REFUSED}(the job's axes and pp {kind.pp}, tried first): {at(kind)} plans {k:,.0f} tokens/s; passed over: "
-            f"{at(faster)} plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the "
-            f"{RESTART_MARGIN:.0%} restart margin")
-    if proposal is None:
-        return head
-    if proposal is faster:
-        return f"{head}; it is the proposal"
-    why = ("as the fastest mesh keeping the global batch" if proposal.keeps_global_batch and not faster.keeps_global_batch
-           else "by the restart's order (the global batch kept first, then tokens/s)")
-    return (f"{head}; the proposal, {proposal.mesh_text()} on {proposal.gpus} GPUs "
-            f"({proposal.tokens_per_s or 0.0:,.0f} tokens/s), comes first {why}")
+    return (f"{KIND_REFUSED}({kind_words(kind)}; tried first): {at(kind)} plans {k:,.0f} tokens/s; passed over: "
+            f"{at(proposal)} plans {f:,.0f} tokens/s, {f / k - 1:.1%} more, over the {REMESH_WORDS}; it is the proposal")
+
+
+def kind_kept_text(top: Proposal, faster: Optional[Proposal]) -> str:
+    """Why the proposal, of the job's kind (:func:`~meshplan.restart_rank.kind_kept`), comes
+    first: the least-disruptive mesh, and the fastest mesh changing pp, tp or cp (``faster``, None
+    when none plans more tokens/s) within :data:`~meshplan.spec.accuracy.REMESH_MARGIN` (or beyond
+    it, changing the global batch the kind keeps: :func:`~meshplan.restart_rank.remeshes`).
+
+    >>> from types import SimpleNamespace as N
+    >>> top = N(pp=16, tp_cp=(8, 1), ep=1, etp=1, tokens_per_s=1230460.0)
+    >>> kind_kept_text(top, N(mesh_text=lambda: "pp 1 x dp_shard 2048 x tp 4", gpus=8192, tokens_per_s=1371080.0,
+    ...                       contract="")) # doctest: +NORMALIZE_WHITESPACE
+    "why: the job's kind, the least-disruptive mesh (pp 16, tp 8 and cp 1 kept, only the data axes shrunk); the
+    fastest mesh changing pp, tp or cp, pp 1 x dp_shard 2048 x tp 4 on 8192 GPUs, plans 1,371,080 tokens/s, 11.4%
+    more, within the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md)"
+    """
+    head = f"why: the job's kind, the least-disruptive mesh ({kind_words(top)})"
+    if faster is None:
+        return head + "; no mesh changing pp, tp or cp plans more tokens/s"
+    f = faster.tokens_per_s or 0.0
+    gain = f / (top.tokens_per_s or 1.0) - 1  # over the margin only where it changes a global batch the kind keeps
+    return (f"{head}; the fastest mesh changing pp, tp or cp, {faster.mesh_text()} on {faster.gpus} GPUs"
+            + (f" ({faster.contract})" if faster.contract else "") + f", plans {f:,.0f} tokens/s, {gain:.1%} more, "
+            + (f"within the {REMESH_WORDS}" if gain <= REMESH_MARGIN else f"over the {REMESH_WORDS}, but it changes "
+               "the global batch, which the kind keeps"))
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -165,18 +177,19 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
     if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
         return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
-                      f"{RESTART_MARGIN:.0%} more than the job's kind"), changer.gpus
+                      f"{REMESH_MARGIN:.1%} more than the job's kind"), changer.gpus
     if any(not p.keeps_global_batch for p in ranked):
         return why + " (the alternative below changes the global batch)", changer.gpus
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
 
 
-
-def kind_notes(passed: Optional[tuple[Proposal, Proposal, Proposal]], refused: list[tuple[str, int]]) -> list[str]:
-    """A line where the 5% rule passed over the job's kind (``passed``: its plan, the faster one and
-    the proposal, :func:`kind_passed_text`) and one per plan of the kind that failed (``refused``, from
-    :func:`kind_refusal`)."""
-    return ([kind_passed_text(*passed)] if passed else []) + [f"refused: {r}" for r, _ in refused]
+def kind_notes(passed: Optional[tuple[Proposal, Proposal]], kept: Optional[tuple[Proposal, Optional[Proposal]]],
+               refused: list[tuple[str, int]]) -> list[str]:
+    """Why the proposal comes first: a line where the job's kind was passed over (``passed``: its plan
+    and the proposal, :func:`kind_passed_text`) or kept first (``kept``: :func:`kind_kept_text`); then one
+    line per plan of the kind that failed (``refused``, from :func:`kind_refusal`)."""
+    why = [kind_passed_text(*passed)] if passed else [kind_kept_text(*kept)] if kept else []
+    return why + [f"refused: {r}" for r, _ in refused]
 
 
 def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:

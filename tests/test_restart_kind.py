@@ -1,14 +1,15 @@
-"""A restart keeps the job's kind (rs8, newcomer trial 8): the same axes, pp unchanged, first
-unless another mesh plans more than RESTART_MARGIN (5%) more tokens/s; the kind is also tried at
+"""A restart keeps the job's kind (rs8, newcomer trials 8 and 26): pp, tp and cp unchanged, first
+unless a mesh changing them plans more than REMESH_MARGIN (29.4%) more tokens/s; the kind is also tried at
 another global batch (all GPUs) and on fewer GPUs; one alternative shown at most."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.restart import PipelineRule, restart_on_fewer_nodes
-from meshplan.spec.accuracy import RESTART_MARGIN
+from meshplan.spec.accuracy import REMESH_MARGIN, RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
 
 
@@ -50,12 +51,15 @@ def _shown(r) -> list[str]:
     return [n for n in r.notes if n.startswith(("runner-up", "alternative", "with a different global batch"))]
 
 
-@pytest.mark.parametrize("gain, top", [(1.04, (1, 7)), (1.08, (7, 1))])
+@pytest.mark.parametrize("gain, top", [(1.04, (1, 7)), (1.08, (1, 7)), (1.30, (1, 7)), (1.32, (7, 1))])
 def test_kind_first_within_the_model_accuracy(gain, top):
-    """pp > 1 planned ``gain`` x faster: pp 7 x dp 1 at 55,351.4 x 1.04 = 57,565.4, 2.8% over the
-    kind's 56,000 (within RESTART_MARGIN = 5%): dp 7 stays first; x 1.08 = 59,779.5, 6.7% over: pp 7
-    first (it keeps the global batch too), and the kind is not."""
-    assert RESTART_MARGIN == 0.05
+    """pp > 1 planned ``gain`` x faster; pp 7 x dp 1 (pp 1 -> 7: a remesh) at
+    55,351.35 x gain against the kind's dp 7 at 56,000. The kind stays first unless pp 7 plans more
+    than REMESH_MARGIN (29.4%, FIDELITY's largest mean error) more: 56,000 x 1.294 = 72,464, so gain
+    > 72,464 / 55,351.35 = 1.309. x 1.04 = 57,565.4 (2.8% more), x 1.08 = 59,779.5 (6.7%; under the
+    5% rule this passed the kind over, trial 26 found such remeshes too eager) and x 1.30 = 71,956.8
+    (28.5%): dp 7 first; x 1.32 = 73,063.8, 30.5% more: pp 7 first (it keeps the global batch too)."""
+    assert RESTART_MARGIN == 0.05 and REMESH_MARGIN == 0.294
     r = _restart(gain)
     assert (r.proposals[0].pp, r.proposals[0].dp) == top
     assert round(max(p.tokens_per_s for p in r.proposals if p.pp == 7), 1) == round(55351.35 * gain, 1)
@@ -116,7 +120,7 @@ def test_larger_changer_within_the_accuracy_is_named_with_its_tokens_per_s():
     """dp_shard 4 x cp 2 x tp 8 (global batch 512) loses a node: 56 GPUs, pp 1, (tp, cp) in (8, 2)
     and (8, 1). The kind (cp 2): dp 3 on 48 GPUs at 512 // 3 x 3 = 510, dp 2 keeps 512 on 32. cp 1:
     dp 7 on 56 at 511 (the largest mesh, other kind), dp 4 keeps 512 on 32. Stand-in tokens/s: 1000
-    a GPU, x 1.12 at cp 2: dp 3 53,760, dp 7 56,000 (4.2% more, within 5%): dp 3 x cp 2 proposed,
+    a GPU, x 1.12 at cp 2: dp 3 53,760, dp 7 56,000 (4.2% more, within REMESH_MARGIN 29.4%): dp 3 x cp 2 proposed,
     dp 7 refused in the head line with its tokens/s; the alternative keeps 512: dp 2 x cp 2 at 32 x
     1000 x 1.12 = 35,840 (dp 4 x cp 1: 32,000)."""
     from meshplan.restart import DegreeRule
@@ -131,6 +135,63 @@ def test_larger_changer_within_the_accuracy_is_named_with_its_tokens_per_s():
     assert r.lines()[0] == (
         "restart: world 64 -> 48 (56 GPUs left); mesh dp_shard 4 x cp 2 x tp 8 -> dp_shard 3 x cp 2 x tp 8 (shrunk: "
         "dp_shard 4 -> 3; kept: cp 2, tp 8); not dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 = 7; "
-        "with global_batch 512 -> 511: 56,000 tokens/s, not over 5% more than the job's kind")
+        "with global_batch 512 -> 511: 56,000 tokens/s, not over 29.4% more than the job's kind")
     assert _shown(r) == ["alternative keeping the global batch: dp_shard 2 x cp 2 x tp 8 on 32 GPUs, contract kept: "
                          "step 1.00 s, 35,840 tokens/s"]
+
+
+@pytest.mark.heavy
+def test_405b_restart_drops_one_replica_and_says_why(tmp_path):
+    """Newcomer trial 26: Llama-3-405B pp 16 x dp_shard 128 x tp 8 on 2048 dgx-h100 (global batch 2048,
+    micro_batch 1) losing a node was proposed pp 1 x dp_shard 2048 x tp 4 on 8192 GPUs (every model-parallel
+    degree changed, half the GPUs idle) because that plans 11.4% more tokens/s than the job's kind. Now the
+    kind: 16376 GPUs left // (pp 16 x tp 8 = 128) = dp 127; 2048 is not a multiple of 127, so the global batch
+    becomes 2048 // 127 = 16 micro-batches x 127 = 2032 on 16 x 127 x 8 = 16256 GPUs (120 idle: 15 nodes);
+    the kind's dp keeping 2048 is 64 (8192 GPUs), about half the throughput, so over 5% below dp 127. pp 1 x
+    dp_shard 2048 x tp 4 stays within REMESH_MARGIN of it, and the why line names it with its tokens/s."""
+    import json
+    from meshplan.cli import main
+    ex = Path(__file__).resolve().parents[1] / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"
+    out = tmp_path / "r.json"
+    try:
+        main(["reliability", str(ex), "--lost-nodes", "1", "--json", str(out)])
+    except SystemExit as done:
+        assert not done.code
+    doc = json.loads(out.read_text())["restart"]
+    assert (doc["shape"], doc["new_world"], doc["gpus_left"], doc["contract"]) == (
+        [16, 127, 8], 16 * 127 * 8, 2047 * 8, "global_batch 2048 -> 2032")
+    assert doc["micro_batches"] == [2048 // 128, 2048 // 127]  # 16 before (2048 / 128), 16 after (2032 / 127)
+    props = {tuple(p["shape"]): p for p in doc["proposals"]}
+    kind, keeper, remesh = props[(16, 127, 8)], props[(16, 64, 8)], props[(1, 2048, 4)]
+    assert (keeper["gpus"], keeper["contract"], remesh["gpus"], remesh["contract"]) == (8192, "", 8192, "")
+    assert kind["tokens_per_s"] > keeper["tokens_per_s"] * (1 + RESTART_MARGIN)
+    gain = remesh["tokens_per_s"] / kind["tokens_per_s"] - 1
+    assert 0 < gain <= REMESH_MARGIN
+    assert any(n == ("why: the job's kind, the least-disruptive mesh (pp 16, tp 8 and cp 1 kept, only the data axes "
+                     "shrunk); the fastest mesh changing pp, tp or cp, pp 1 x dp_shard 2048 x tp 4 on 8192 GPUs, plans "
+                     f"{remesh['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, within the 29.4% remesh margin (the "
+                     "step model's largest mean error by setting, docs/fidelity.md)") for n in doc["notes"])
+
+
+def test_a_remesh_changing_the_global_batch_never_passes_a_kind_keeping_it():
+    """The kind's plan keeps the global batch (dp_shard 4 x tp 8, 100 tokens/s); a remesh changing it
+    plans 140 (40% more, over REMESH_MARGIN 29.4%): the kind stays first, since keeping the global batch
+    is part of the least-disruptive restart; a remesh keeping it at 130 (30% more) is proposed."""
+    from types import SimpleNamespace as N
+    from meshplan.restart_rank import kind_first, kind_kept, kind_passed
+    from meshplan.restart_text import kind_kept_text
+    m = N(degree=lambda a: {"tp": 8}.get(a, 1))
+    P = lambda pp, tp, tps, gb=True: N(pp=pp, tp_cp=(tp, 1), tokens_per_s=tps, keeps_global_batch=gb)
+    kind, changer, keeper = P(1, 8, 100.0), P(7, 8, 140.0, False), P(1, 4, 130.0)
+    assert kind_first([kind, changer], m)[0] is kind
+    assert kind_kept([kind, changer], m) == (kind, changer) and kind_passed([kind, changer], m) is None
+    kind.ep = kind.etp = 1
+    changer.mesh_text, changer.gpus, changer.contract = lambda: "pp 7 x tp 8", 56, "global_batch 512 -> 511"
+    assert kind_kept_text(kind, changer) == (
+        "why: the job's kind, the least-disruptive mesh (pp 1, tp 8 and cp 1 kept, only the data axes shrunk); the "
+        "fastest mesh changing pp, tp or cp, pp 7 x tp 8 on 56 GPUs (global_batch 512 -> 511), plans 140 tokens/s, "
+        "40.0% more, over the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md), "
+        "but it changes the global batch, which the kind keeps")
+    assert kind_first([kind, keeper, changer], m)[0] is keeper
+    assert kind_passed(kind_first([kind, keeper, changer], m), m) == (kind, keeper)
+    assert kind_first([kind, P(1, 4, 129.0)], m)[0] is kind  # 29.0% <= 29.4%

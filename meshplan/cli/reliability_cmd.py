@@ -29,6 +29,7 @@ from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
+from meshplan.spec.accuracy import REMESH_MARGIN
 from meshplan.spec.search import ASSUMED_RESTART_OVERHEAD_S, LLAMA3_STORAGE_GB_PER_S, checkpoint_inputs_words
 
 
@@ -52,9 +53,12 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                     None, "--restart-overhead-s", help="detection + rescheduling + start-up, seconds (default 600: an "
                                                        "assumption, no published figure, as search's; printed)"),
                 lost_nodes: Optional[int] = typer.Option(
-                    None, "--lost-nodes", help="nodes lost in the restart scenario (default 1); given, a restart "
-                                               "that cannot run makes the command exit 1"),
-                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
+                    None, "--lost-nodes", help="nodes lost in the restart scenario (default 1): the restart keeps "
+                                               "pp, tp and cp and shrinks the data axes unless a mesh changing them "
+                                               f"plans over {REMESH_MARGIN:.1%} more tokens/s (a why: line says which); given, a "
+                                               "restart that cannot run makes the command exit 1"),
+                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available: they replace lost "
+                                                                         "nodes first (the same mesh)"),
                 json_path: Optional[Path] = _json_option("reliability"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
                 kernels: KernelsOpt = None,

@@ -10,6 +10,12 @@ Thresholds (judgements, not measurements):
 - :data:`RESTART_MARGIN` (5%): a restart mesh (``reliability``) must plan more than 5% more tokens/s
   to pass over the job's kind or to blame the original mesh; issue 11's goal for the step model
   (within 5% on average), again a judgement of the margin, not a measured error.
+- :data:`REMESH_MARGIN` (29.4%): a restart mesh that changes a model-parallel degree (pp, tp or cp)
+  must plan more than this many more tokens/s than the job's kind (its pp, tp and cp kept, only the
+  data axes shrunk), the least-disruptive restart (newcomer trial 26). Taken from :data:`FIDELITY`: the
+  largest mean error measured in a setting, so a gain the model's own error there could account for
+  does not remesh a job (a remesh also reshards the checkpoint across the model-parallel axes and runs
+  a mesh the job never ran).
 
 Measured error (:data:`FIDELITY`, by setting; docs/fidelity.md gives each benchmark's evidence):
 the Megatron-LM A100 development set within a few percent, but torchtitan's H100 runs and LLM
@@ -73,6 +79,10 @@ FIDELITY = (
 #: The development set's figures (:data:`FIDELITY`'s first): the smallest error measured, so a
 #: predicted difference within its max error is one the model cannot resolve anywhere.
 DEVELOPMENT = FIDELITY[0]
+
+#: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): the
+#: largest mean |error| of :data:`FIDELITY` (torchtitan H100 runs, 29.4%).
+REMESH_MARGIN = max(f.mean_abs_error for f in FIDELITY)
 
 
 def within_error(shorter: float) -> str:
