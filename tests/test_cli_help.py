@@ -77,3 +77,13 @@ def test_every_option_is_in_its_readme_row():
                                                             for o in names):
                 missing.append(f"{name} {names[0]}")
     assert missing == []
+
+
+def test_python_dash_m_meshplan_runs_the_cli():
+    """``python -m meshplan`` is the console script: same command list, exit 0 on --help."""
+    r = subprocess.run([sys.executable, "-m", "meshplan", "--help"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT, env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    assert "Usage: python -m meshplan" in r.stdout
+    for cmd in ("plan", "search", "compare", "step", "reliability", "calibrate", "validate"):
+        assert f" {cmd} " in r.stdout, cmd

@@ -39,7 +39,7 @@ LAYERS = [
     ["meshplan.report"],
     ["meshplan.compare"],
     ["meshplan.runtime"],
-    ["meshplan.cli"],
+    ["meshplan.cli", "meshplan.__main__"],
 ]
 
 
