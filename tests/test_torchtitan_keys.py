@@ -263,11 +263,11 @@ def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
     # backend, dense models) ...", a flavor that runs no MoE; and "all refuse it" without Megatron-LM's reason
     assert len(err) == 1 and err[0].startswith(
         f"error: --to: model 'MixtralForCausalLM-46.7B' (Hugging Face config {config}, model_type mixtral) has no "
-        f"torchtitan [model] name and flavor: torchtitan b5bcd76 has no Mixtral model (torchtitan/models: llama3, "
-        f"deepseek_v3, qwen3, qwen3_5, gpt_oss, kimi_k2_7), and its transformers_modeling_backend runs an MoE config "
-        f"only as flavor full_moe, whose sizes are Qwen3-30B-A3B's (dim 2048, 48 layers, 128 experts top 8) over the "
-        f"config's; torchtitan, Megatron-LM and DeepSpeed all refuse it (--to megatron: Megatron-LM has no flag for "
-        f"torchtitan's recompute 'layer'")
+        f"torchtitan [model] name and flavor: torchtitan v0.2.2 (e347b1e, the job TOML's) has no Mixtral model "
+        f"(torchtitan/models: llama3, llama4, deepseek_v3, qwen3, gpt_oss, flux), and its transformers_modeling_backend "
+        f"runs dense configs only (flavors debugmodel, full); nor has b5bcd76, whose full_moe flavor fixes "
+        f"Qwen3-30B-A3B's sizes (dim 2048, 48 layers, 128 experts top 8) over the config's; torchtitan, Megatron-LM "
+        f"and DeepSpeed all refuse it (--to megatron: Megatron-LM has no flag for torchtitan's recompute 'layer'")
 
 
 def _err(capsys) -> list[str]:

@@ -115,12 +115,13 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 
-#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at b5bcd76 (the
-#: registries ``torchtitan/models/<name>/__init__.py``, each flavor one size; debug flavors left out);
+#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at e347b1e (v0.2.2, whose job
+#: TOML is written; the registries ``torchtitan/models/<name>/__init__.py``, each flavor one size; debug flavors
+#: left out): b5bcd76's but llama3 1B and 3B, which b5bcd76 added;
 #: another dense HF model runs under the experiment ``transformers_modeling_backend`` (flavor "full",
 #: ``[hf_transformers] model`` = the Hugging Face id); an MoE one there only at Qwen3-30B-A3B's sizes
 #: (:data:`~meshplan.interop.torchtitan_hf.NO_MODEL`).
-TORCHTITAN_MODELS = {"llama": ("llama3", "1B, 3B, 8B, 70B, 405B"),
+TORCHTITAN_MODELS = {"llama": ("llama3", "8B, 70B, 405B"),
                      "deepseek_v2": ("deepseek_v3", "16B, 236B, 671B"),
                      "deepseek_v3": ("deepseek_v3", "16B, 236B, 671B"),
                      "qwen3": ("qwen3", "0.6B, 1.7B, 4B, 8B, 14B, 32B"),
