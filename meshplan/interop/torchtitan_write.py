@@ -292,7 +292,9 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
                           "1D parallelism\"; shard (zero3 or hsdp) to export it")
     if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
-        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+        raise ConfigError("--to", "torchtitan runs tp with sequence parallel (v0.2.2, whose job TOML this is, has no key "
+                          "to turn it off: llama3/infra/parallelize.py:181-233 at e347b1e); set "
+                          "mesh.sequence_parallel = true")
     return deg
 
 
