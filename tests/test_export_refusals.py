@@ -66,6 +66,10 @@ def test_a_refused_target_is_never_suggested(tmp_path):
     res = _export(str(cfg), "--to", "megatron", "-o", str(tmp_path / "x.args"))
     assert res.returncode == 2 and "all refuse it (--to torchtitan: torchtitan runs tp with sequence parallel" in \
         res.stderr and res.stderr.endswith("): keep the meshplan TOML or change what they name\n")
+    # e347b1e's JobConfig (v0.2.2) has no sequence-parallel key and apply_tp always shards the norms with
+    # SequenceParallel() (llama3/infra/parallelize.py:181, 219, 233); b5bcd76 added enable_sequence_parallel
+    assert "(v0.2.2, whose job TOML this is, has no key to turn it off: llama3/infra/parallelize.py:181-233 at " \
+           "e347b1e); set mesh.sequence_parallel = true" in res.stderr
 
 
 def test_a_refusal_not_about_the_pipeline_says_what_it_refuses(tmp_path):

@@ -61,6 +61,24 @@ def test_torchtitan_export_lists_the_run_keys_it_does_not_write(tmp_path):
     assert f"# {note}" in (tmp_path / "tt.toml").read_text().splitlines()  # the file says it too
 
 
+def test_torchtitan_export_names_the_torchtitan_it_is_for(tmp_path):
+    """The job TOML is the format of torchtitan <= v0.2.2 (JobConfig at e347b1e, 2026-02-15; 9810191,
+    2026-02-23, replaced it with Python configs, --module/--config): the written file's header says so, and
+    its [parallelism] degree keys are the field names of b5bcd76's ParallelismConfig
+    (torchtitan/config/configs.py:121-293: data_parallel_shard_degree, tensor_parallel_degree, ...), the
+    way the header tells a newer torchtitan's user to carry them. CHOSEN: dp_shard 128 x tp 4."""
+    src = tmp_path / "chosen.toml"
+    src.write_text(CHOSEN)
+    out = _cli("export", str(src), "--to", "torchtitan", "-o", str(tmp_path / "tt.toml"))
+    text = (tmp_path / "tt.toml").read_text()
+    target = [line for line in text.splitlines() if line.startswith("# target: ")]
+    assert len(target) == 1 and target[0].startswith("# target: torchtitan <= v0.2.2 (TOML job config, commit "
+                                                     "e347b1e); torchtitan from 9810191 (2026-02-23) reads no job TOML")
+    assert target[0][2:] in out.splitlines()
+    par = tomllib.loads(text)["parallelism"]
+    assert (par["data_parallel_shard_degree"], par["tensor_parallel_degree"]) == (128, 4)
+
+
 def test_round_trip_of_an_imported_torchtitan_file_keeps_them(tmp_path):
     """import the example job (hf_assets_path, dataset "c4", steps 1000, lr 3e-4) -o job.toml, export
     job.toml --to torchtitan: its [source] carries the four values as the file wrote them, no note."""

@@ -87,7 +87,7 @@ def test_sizes_of_no_flavor_name_the_nearest_and_the_key(tmp_path, capsys):
 
 
 def test_mixtral_8x22b_is_refused_in_one_line_with_megatron_to_use(tmp_path, capsys):
-    """torchtitan b5bcd76 has no Mixtral (before: pointed at its HF backend "for dense models"); the
+    """torchtitan v0.2.2 and b5bcd76 have no Mixtral (before: pointed at its HF backend "for dense models"); the
     line says so and suggests Megatron-LM, whose export of the same config is written."""
     toml = tmp_path / "mx.toml"
     toml.write_text(f'[model]\nhf_config = "{HF / "mixtral-8x22b-v0.1" / "config.json"}"\n[cluster]\nsystem = '
@@ -96,8 +96,11 @@ def test_mixtral_8x22b_is_refused_in_one_line_with_megatron_to_use(tmp_path, cap
     assert run_main("export", toml, "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and not (tmp_path / "tt.toml").exists()
-    assert "torchtitan b5bcd76 has no Mixtral model (torchtitan/models: llama3, deepseek_v3, qwen3, qwen3_5, " \
-           "gpt_oss, kimi_k2_7)" in err[0] and "flavor full_moe, whose sizes are Qwen3-30B-A3B's" in err[0]
+    # e347b1e (v0.2.2, whose job TOML is written) ls torchtitan/models: deepseek_v3 flux gpt_oss llama3 llama3_ft
+    # llama4 moe qwen3; experiments/transformers_modeling_backend/__init__.py:25-37 flavors debugmodel and full only
+    assert "torchtitan v0.2.2 (e347b1e, the job TOML's) has no Mixtral model (torchtitan/models: llama3, llama4, " \
+           "deepseek_v3, qwen3, gpt_oss, flux)" in err[0] and "runs dense configs only (flavors debugmodel, full)" in err[0]
+    assert "nor has b5bcd76, whose full_moe flavor fixes Qwen3-30B-A3B's sizes" in err[0]
     assert err[0].endswith("; export --to megatron instead")
     assert run_main("export", toml, "--to", "megatron", "-o", tmp_path / "mx.args") == 0
     args = (tmp_path / "mx.args").read_text()
@@ -116,4 +119,15 @@ def test_search_export_takes_the_flavor_told_by_sizes():
             for d in ("qwen3-235b-a22b", "mixtral-8x22b-v0.1")}
     assert search_export_refusal(cfgs["qwen3-235b-a22b"], "torchtitan") is None
     why = search_export_refusal(cfgs["mixtral-8x22b-v0.1"], "torchtitan")
-    assert "torchtitan b5bcd76 has no Mixtral model" in why and why.endswith("; or export --to meshplan or megatron")
+    assert "torchtitan v0.2.2 (e347b1e, the job TOML's) has no Mixtral model" in why and why.endswith("; or export --to meshplan or megatron")
+
+
+def test_llama_config_refusal_names_v022_flavors():
+    """A Llama config.json of no flavor's sizes: the refusal names torchtitan's llama3 flavors of
+    v0.2.2, whose job TOML the export writes: e347b1e ``torchtitan/models/llama3/__init__.py``'s
+    ``llama3_args`` holds debugmodel, 8B, 70B, 405B (debug left out); 1B and 3B are b5bcd76's only."""
+    from meshplan.interop.torchtitan_write import no_flavor
+    from meshplan.spec.model import ModelSpec
+    m = ModelSpec(name="l", layers=2, hidden=64, ffn=64, q_heads=4, vocab=8,
+                  source="Hugging Face config.json (model_type llama) from /m/l/config.json")
+    assert 'set model.name = "llama3" with its flavor (8B, 70B, 405B) and model.hf_assets_path = "/m/l"' in no_flavor(m)

@@ -106,16 +106,40 @@ expert_tensor_parallel_degree = {etp}
 """
 
 
-@pytest.mark.parametrize("command", ["plan", "step", "search"])
-def test_torchtitan_file_with_etp_above_1_is_an_error(tmp_path, capsys, command):
-    """The users' file (ep 4, etp 4 = tp 4; before c4b409a torchtitan's ETP=TP): every command
-    reading it says in one line which key, the commit that removed it and what to set (exit 2)."""
+#: What torchtitan v0.2.2 (the job TOML's torchtitan) runs with ep > 1: ``ParallelDims._validate``,
+#: torchtitan/distributed/parallel_dims.py:58-59 at e347b1e, ``assert etp == tp or etp == 1, "Currently we
+#: only support ETP=TP or ETP=1"``; etp = tp is ``ExpertTensorParallel`` (llama4/infra/parallelize.py:578-580).
+V022 = ("torchtitan v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
+        f"b5bcd76, where {WHOLE}: the plan is infeasible (rule torch_etp); expert_tensor_parallel_degree = 1 plans "
+        "what both run")
+
+
+@pytest.mark.parametrize("command", ["plan", "step"])
+def test_torchtitan_file_with_etp_tp_is_infeasible_not_an_error(tmp_path, capsys, command):
+    """The users' file (ep 4, etp 4 = tp 4) is a valid v0.2.2 job TOML (etp = tp: parallel_dims.py:59
+    at e347b1e): read with a note naming the difference, then infeasible under the b5bcd76 rule
+    ``torch_etp`` (exit 1, the reason naming c4b409a), not a malformed-input error (exit 2).
+    ``search`` is left out here: it reads the file the same way and takes minutes on 2 cores."""
     job = tmp_path / "job.toml"
     job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=4))
-    assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"error: parallelism.expert_tensor_parallel_degree: 4 with expert_parallel_degree 4: {WHOLE}; "
-                       "fix: expert_tensor_parallel_degree = 1, or delete the key")
+    assert _main(command, job, "--cluster", "dgx-h100", "--nodes", 4) == 1
+    out, err = capsys.readouterr()
+    assert ("note: torchtitan: parallelism.expert_tensor_parallel_degree = 4 with expert_parallel_degree 4: "
+            f"{V022}") in err.splitlines()
+    assert f"framework torch: etp 4 with tp 4 and ep 4: {WHOLE}" in out + err
+    assert "error:" not in out + err
+
+
+def test_torchtitan_file_with_etp_neither_1_nor_tp_is_an_error(tmp_path, capsys):
+    """etp 2 with tp 4 and ep 4: v0.2.2 asserts etp is 1 or tp (parallel_dims.py:58-59 at e347b1e), so
+    the file is one line naming the key and both values it takes (exit 2)."""
+    job = tmp_path / "job.toml"
+    job.write_text(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=2))
+    assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 4) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: parallelism.expert_tensor_parallel_degree: 2 with expert_parallel_degree 4 and tensor_parallel_degree "
+        "4: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently we only support ETP=TP or ETP=1\", "
+        "parallel_dims.py:58-59 at e347b1e); fix: expert_tensor_parallel_degree = 1 or 4")
 
 
 def test_torchtitan_file_with_etp_1_or_ep_1_reads_with_a_note():
@@ -135,16 +159,30 @@ def test_torchtitan_file_with_etp_1_or_ep_1_reads_with_a_note():
 
 
 def test_export_to_torchtitan_etp():
-    """export writes no expert_tensor_parallel_degree at etp 1 (ep 4), and refuses etp 4 with
-    ep 4 (a megatron-framework mesh) in one line naming c4b409a."""
+    """export writes no expert_tensor_parallel_degree at etp 1 (ep 4: v0.2.2's default 1, job_config.py:464
+    at e347b1e); etp 4 = tp 4 with ep 4 (a megatron-framework mesh), which v0.2.2 runs (parallel_dims.py:59),
+    is written as expert_tensor_parallel_degree = 4 with the note naming b5bcd76's difference; etp 2 with
+    tp 4 and ep 4 is refused with v0.2.2's rule; and ep 4 x etp 4 = 16 must divide dp_shard x cp x tp
+    (v0.2.2's efsdp = 8 x 1 x 4 / 16 = 2 here, parallel_dims.py:138), so dp_shard 2 (2 x 4 = 8) is refused
+    (by the mesh's own rule, the same as v0.2.2's)."""
     from dataclasses import replace
-    from meshplan.interop.torchtitan_write import write
+    from meshplan.interop.torchtitan_write import etp_note, write
     src = (("name", "mixtral"), ("flavor", "8x7B"), ("hf_assets_path", "assets/mx"))
     par = write(replace(_mixtral(1), source_model=src))["parallelism"]
     assert par["expert_parallel_degree"] == 4 and "expert_tensor_parallel_degree" not in par
-    with pytest.raises(ConfigError, match=r"^--to: etp 4 with ep 4: torchtitan has no expert tensor parallelism "
-                                          r"since c4b409a \(#3167, 2026-04-30\).*; set etp 1 in \[mesh\] to export it$"):
-        write(replace(_mixtral(4, "megatron"), source_model=src))
+    par = write(replace(_mixtral(4, "megatron"), source_model=src))["parallelism"]
+    assert (par["expert_parallel_degree"], par["tensor_parallel_degree"], par["expert_tensor_parallel_degree"]) == (4, 4, 4)
+    assert etp_note(par)[0].startswith("note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards "
+                                       "each routed expert over etp too")
+    with pytest.raises(ConfigError, match=r"^--to: etp 2 with tp 4 and ep 4: torchtitan v0.2.2 runs etp 1 or tp with "
+                                          r"ep > 1 \(ParallelDims, parallel_dims.py:58-59 at e347b1e\); set etp 1 in "
+                                          r"\[mesh\] to export it$"):
+        write(replace(_mixtral(2, "megatron"), source_model=src))
+    small = config_from_dict({**_RAW, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": {
+        **_RAW["training"], "framework": "megatron"}, "mesh": {"names": ["dp_shard", "tp", "ep", "etp"],
+                                                               "shape": [2, 4, 4, 4], "sequence_parallel": True}})
+    with pytest.raises(ConfigError, match=r"ep\(4\) \* etp\(4\) = 16 does not divide dp_shard\(2\) \* tp\(4\) = 8"):
+        write(replace(small, source_model=src))
     # ep 1: etp = tp 4 is torchtitan's own layout, written without the removed key; a megatron
     # mesh's etp 1 there would run as etp 4 under torchtitan, so it is refused
     par = write(replace(_mixtral(4, ep=1), source_model=src))["parallelism"]
@@ -225,11 +263,11 @@ def test_imported_toml_with_source_exports_the_model_back(mx, capsys):
     # backend, dense models) ...", a flavor that runs no MoE; and "all refuse it" without Megatron-LM's reason
     assert len(err) == 1 and err[0].startswith(
         f"error: --to: model 'MixtralForCausalLM-46.7B' (Hugging Face config {config}, model_type mixtral) has no "
-        f"torchtitan [model] name and flavor: torchtitan b5bcd76 has no Mixtral model (torchtitan/models: llama3, "
-        f"deepseek_v3, qwen3, qwen3_5, gpt_oss, kimi_k2_7), and its transformers_modeling_backend runs an MoE config "
-        f"only as flavor full_moe, whose sizes are Qwen3-30B-A3B's (dim 2048, 48 layers, 128 experts top 8) over the "
-        f"config's; torchtitan, Megatron-LM and DeepSpeed all refuse it (--to megatron: Megatron-LM has no flag for "
-        f"torchtitan's recompute 'layer'")
+        f"torchtitan [model] name and flavor: torchtitan v0.2.2 (e347b1e, the job TOML's) has no Mixtral model "
+        f"(torchtitan/models: llama3, llama4, deepseek_v3, qwen3, gpt_oss, flux), and its transformers_modeling_backend "
+        f"runs dense configs only (flavors debugmodel, full); nor has b5bcd76, whose full_moe flavor fixes "
+        f"Qwen3-30B-A3B's sizes (dim 2048, 48 layers, 128 experts top 8) over the config's; torchtitan, Megatron-LM "
+        f"and DeepSpeed all refuse it (--to megatron: Megatron-LM has no flag for torchtitan's recompute 'layer'")
 
 
 def _err(capsys) -> list[str]:

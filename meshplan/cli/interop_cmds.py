@@ -126,7 +126,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
 
 #: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
 EXPORT_HELP = (
-    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML, "
+    "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML (for torchtitan "
+    "<= v0.2.2, the last that reads one; its header's target: line says how to carry its degrees to a newer one), "
     f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
     "express is listed (re-imported and compared), with the step before and after when it differs and the parts "
     "of the step that moved most, and "

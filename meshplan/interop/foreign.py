@@ -299,6 +299,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(_import_line(to, opts, cfg))
     if to == "torchtitan":
+        head.append(torchtitan_write.TARGET_NOTE)  # the torchtitan this file is for, and a newer one
         tables, kept = torchtitan_carry.carried(user.doc, torchtitan_write.write(cfg)) if user is not None and \
             user.fmt == to else (torchtitan_write.write(cfg), [])
         tables, ac_notes = torchtitan_carry.kept_recompute(user.doc, tables, cfg) if user is not None and \
@@ -308,7 +309,8 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(spelt_key(k, spelling) for k in kept)}")
         head += _rewritten(user and user._replace(doc=spelt(user.doc, spelling)), to, source, written)
-        head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes))
+        head += ac_notes + torchtitan_write.write_notes(cfg, recompute_noted=bool(ac_notes)) \
+            + torchtitan_write.etp_note(written.get("parallelism", {}))
         head += spelling_note(spelling, source) if written is not tables else []
         head += torchtitan_write.unset_notes(written)  # the data and schedule no meshplan config holds
         body = dumps(written)

@@ -36,8 +36,8 @@ training.seq_len                               training.seq_len
 training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no fp32 copy)
 training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
-  (expert_tensor_parallel_degree: removed by     (etp > 1 with ep > 1 an error, else read with a
-  torchtitan in c4b409a)                         note: :func:`_etp_key`)
+  (expert_tensor_parallel_degree: v0.2.2's,      (with ep > 1: etp 1, or tp with a note, infeasible
+  removed by torchtitan in c4b409a)              under b5bcd76's rule; else an error: :func:`_etp_key`)
 parallelism.fsdp_reshard_after_forward         reshard_after_forward ("default": left unset, resolved
                                                  per mesh as not pp: TrainingSpec.reshard_default),
                                                  reshard_head_after_forward (always only):
@@ -344,29 +344,35 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
 
 
 def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
-    """``parallelism.expert_tensor_parallel_degree``, a key of the TOML-era torchtitan (e347b1e's
-    ``job_config.py``:464) that c4b409a (#3167, 2026-04-30) removed with expert tensor parallelism
-    (:data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1 an etp other than 1 is a ConfigError
-    naming the key: meshplan plans torchtitan as at b5bcd76, whose experts are whole on each ep rank
-    (the planner's rule ``torch_etp`` says the same of a meshplan TOML). At ep 1 it is read as tp,
-    whatever its value, with a note: torchtitan shards the experts over tp there (``TORCH_ETP``).
-    Otherwise the key is read, with a note that torchtitan since c4b409a has no such key.
+    """``parallelism.expert_tensor_parallel_degree`` (e347b1e's ``job_config.py``:464, v0.2.2; c4b409a
+    removed it: :data:`~meshplan.spec.axes.ep.TORCH_ETP`). With ep > 1, v0.2.2 runs etp 1 or tp
+    (``parallel_dims.py``:58-59 at e347b1e), another etp a ConfigError; etp = tp is read, with a note:
+    meshplan plans torch as b5bcd76, so the plan is infeasible (rule ``torch_etp``). At ep 1 it is read
+    as tp (the experts over tp there), with a note; else as it is, with a note naming c4b409a.
 
-    >>> _etp_key({"expert_tensor_parallel_degree": 4}, {"ep": 4, "etp": 4, "tp": 4}, [])
+    >>> _etp_key({"expert_tensor_parallel_degree": 2}, {"ep": 4, "etp": 2, "tp": 4}, [])
     Traceback (most recent call last):
     ...
-    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 4 with expert_parallel_degree 4: torchtitan has no expert tensor parallelism since c4b409a (#3167, 2026-04-30): with ep > 1 each routed expert is whole on its ep rank and the tp ranks split the tokens (etp 1; moe_sharding.py at b5bcd76); fix: expert_tensor_parallel_degree = 1, or delete the key
+    meshplan.errors.ConfigError: parallelism.expert_tensor_parallel_degree: 2 with expert_parallel_degree 4 and tensor_parallel_degree 4: torchtitan v0.2.2 runs 1 or the tp degree there ("Currently we only support ETP=TP or ETP=1", parallel_dims.py:58-59 at e347b1e); fix: expert_tensor_parallel_degree = 1 or 4
     """
     if "expert_tensor_parallel_degree" not in par:
         return
-    ep, etp = deg["ep"], deg["etp"]
-    if ep > 1 and etp != 1:
-        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep}: "
-                          f"{TORCH_ETP}; fix: expert_tensor_parallel_degree = 1, or delete the key")
-    if ep == 1 and etp != deg["tp"]:  # ep 1: the experts over tp whatever the key (torch_etp)
+    ep, etp, tp = deg["ep"], deg["etp"], deg["tp"]
+    if ep > 1 and etp not in (1, tp):
+        raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep} and "
+                          f"tensor_parallel_degree {tp}: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently "
+                          f"we only support ETP=TP or ETP=1\", parallel_dims.py:58-59 at e347b1e); fix: "
+                          f"expert_tensor_parallel_degree = 1 or {tp}")
+    if ep == 1 and etp != tp:  # ep 1: the experts over tp whatever the key (torch_etp)
         notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
-                     f"{deg['tp']}, the tp degree: {TORCH_ETP_EP1}")
-        deg["etp"] = etp = deg["tp"]
+                     f"{tp}, the tp degree: {TORCH_ETP_EP1}")
+        deg["etp"] = etp = tp
+    if ep > 1 and etp > 1:
+        notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} with expert_parallel_degree {ep}: torchtitan "
+                     f"v0.2.2 runs it (ETP = TP, parallel_dims.py:58-59 at e347b1e), but meshplan plans torchtitan as "
+                     f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
+                     "expert_tensor_parallel_degree = 1 plans what both run")
+        return
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
                  "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since")
 

@@ -41,7 +41,12 @@ as top-k, as the catalog says). qwen3 235B-A22B is what torchtitan runs, RoPE th
 (qwen3/__init__.py:591; Qwen/Qwen3-235B-A22B's config.json says 1e6, its 2507 releases 5e6 with
 262,144 positions): a plan of that config.json exports as this flavor by its sizes
 (:mod:`meshplan.interop.torchtitan_hf`), the round trip listing the theta. Not mapped: gpt_oss 20b/120b (attention sinks and sliding windows, which ModelSpec has no field for),
-kimi_k2_7's flavors and every debugmodel; b5bcd76 ships no llama4.
+kimi_k2_7's flavors and every debugmodel; b5bcd76 ships no llama4 (v0.2.2 does: not mapped either).
+
+The job TOML an export writes is for torchtitan v0.2.2 (e347b1e); its flavors of the table have the same
+sizes (e347b1e ``torchtitan/models/<name>/__init__.py``: llama3's dim, n_layers, n_heads, n_kv_heads,
+ffn_dim_multiplier, multiple_of and rope_theta, deepseek_v3's and qwen3's every field named above), so
+the mapping holds for both.
 """
 
 from __future__ import annotations

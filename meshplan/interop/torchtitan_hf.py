@@ -10,7 +10,9 @@ differently); its name (``_name_or_path``, the ModelSpec's default name) is only
 when the sizes agree. Sizes that are no flavor's are refused with the nearest flavor and the keys
 that differ.
 
-torchtitan b5bcd76 ships no Mixtral (``torchtitan/models/``: llama3, deepseek_v3, qwen3, qwen3_5,
+torchtitan v0.2.2 (e347b1e), whose job TOML the export writes, ships no Mixtral and runs no MoE config
+through its ``transformers_modeling_backend`` (flavors debugmodel and full, dense: :data:`NO_MODEL`);
+nor does b5bcd76 (``torchtitan/models/``: llama3, deepseek_v3, qwen3, qwen3_5,
 gpt_oss, kimi_k2_7, flux, muse_glimmer); its ``transformers_modeling_backend`` experiment runs an
 MoE config only as flavor ``full_moe`` (``experiments/transformers_modeling_backend/__init__.py``:
 142-153), whose sizes are fixed to Qwen3-30B-A3B's and override the config's
@@ -36,11 +38,14 @@ HF_FLAVORS: dict[str, tuple[str, dict[str, tuple[int, ...]]]] = {
     "qwen3_moe": ("qwen3", {"30B-A3B": (2048, 48, 128, 8), "235B-A22B": (4096, 94, 128, 8)}),
 }
 
-#: HF ``model_type`` -> why torchtitan b5bcd76 has no model of it (the module docstring).
+#: HF ``model_type`` -> why torchtitan v0.2.2, whose job TOML the export writes, has no model of it: e347b1e's
+#: ``torchtitan/models/`` and ``experiments/transformers_modeling_backend/__init__.py``:25-37 (flavors debugmodel
+#: and full, dense); b5bcd76 neither (the module docstring).
 NO_MODEL = {
-    "mixtral": "torchtitan b5bcd76 has no Mixtral model (torchtitan/models: llama3, deepseek_v3, qwen3, qwen3_5, "
-               "gpt_oss, kimi_k2_7), and its transformers_modeling_backend runs an MoE config only as flavor "
-               "full_moe, whose sizes are Qwen3-30B-A3B's (dim 2048, 48 layers, 128 experts top 8) over the config's",
+    "mixtral": "torchtitan v0.2.2 (e347b1e, the job TOML's) has no Mixtral model (torchtitan/models: llama3, llama4, "
+               "deepseek_v3, qwen3, gpt_oss, flux), and its transformers_modeling_backend runs dense configs only "
+               "(flavors debugmodel, full); nor has b5bcd76, whose full_moe flavor fixes Qwen3-30B-A3B's sizes "
+               "(dim 2048, 48 layers, 128 experts top 8) over the config's",
 }
 
 

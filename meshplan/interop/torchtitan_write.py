@@ -27,15 +27,27 @@ from meshplan.interop.torchtitan_tables import (
 )
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
-from meshplan.spec.axes.ep import TORCH_ETP, TORCH_ETP_EP1, torch_etp
+from meshplan.spec.axes.ep import TORCH_ETP_EP1, torch_etp
 from meshplan.spec.hf import hf_source
+
+
+#: The header line of every torchtitan export (``target:``, before its notes): the torchtitan the job TOML
+#: is for, and how to carry its degrees to a newer one. 9810191 (2026-02-23) replaced the TOML job config
+#: with Python config functions picked by ``--module``/``--config``; b5bcd76's ``ParallelismConfig``
+#: (``torchtitan/config/configs.py``:121-293) keeps the ``*_degree`` fields' names, bar
+#: ``expert_tensor_parallel_degree``, while other keys moved (``pipeline_parallel_microbatch_size`` became
+#: ``num_pp_microbatches``, :232).
+TARGET_NOTE = ("target: torchtitan <= v0.2.2 (TOML job config, commit e347b1e); torchtitan from 9810191 "
+               "(2026-02-23) reads no job TOML: there set the [parallelism] *_degree values below as the same-named "
+               "fields of ParallelismConfig in its Python config (--module/--config), the other keys by hand")
 
 
 def reshard_policy(t, pp: int) -> str:
     """torchtitan's ``parallelism.fsdp_reshard_after_forward`` for ``t`` (a
     :class:`~meshplan.spec.training.TrainingSpec`) at pipeline degree ``pp``. torchtitan
     (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``get_fsdp_reshard_after_forward_policy``,
-    ``apply_fsdp_to_decoder``) reshards the blocks and the embedding's unit under ``"always"``,
+    ``apply_fsdp_to_decoder``; the same in v0.2.2's ``apply_fsdp``, ``llama3/infra/parallelize.py``:319-355 at
+    e347b1e) reshards the blocks and the embedding's unit under ``"always"``,
     under ``"default"`` when pp is off, never under ``"never"``, and the ``[norm, output]`` unit
     (tied: the unit of the three) under ``"always"`` only. So: the head resharded ->
     ``"always"``; the blocks resharded as pp says -> ``"default"``; kept -> ``"never"``; the
@@ -62,17 +74,18 @@ def reshard_policy(t, pp: int) -> str:
 def write(cfg: Config) -> dict[str, dict]:
     """torchtitan job tables of ``cfg`` (the inverse of :func:`~meshplan.interop.torchtitan.read`). ConfigError naming
     what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
-    a mesh order other than torchtitan's, tp without sequence parallel, user-named axes, etp > 1 with
-    ep > 1 (no ETP in torchtitan since c4b409a), an MoE model's etp other than tp at ep 1 (where
-    torchtitan shards the experts over tp: :data:`~meshplan.spec.axes.ep.TORCH_ETP`).
-    ``expert_tensor_parallel_degree`` is never written: torchtitan at b5bcd76 has no such key, its
-    etp following from ep and tp (:func:`~meshplan.spec.axes.ep.torch_etp`)."""
+    a mesh order other than torchtitan's, tp without sequence parallel, user-named axes, an etp
+    v0.2.2 does not run (:func:`_etp_written`). The file is a job TOML of torchtitan <= v0.2.2
+    (``JobConfig`` at e347b1e: :data:`TARGET_NOTE`); ``expert_tensor_parallel_degree``, a key of that
+    ``JobConfig`` (``job_config.py``:464) that b5bcd76 no longer has, is written only where it is not
+    its default 1: etp = tp with ep > 1, which v0.2.2 runs and b5bcd76 does not (:func:`etp_note`)."""
     mesh = resolved(cfg)
     t = cfg.training
     model = model_table(cfg)
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
-    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp"}
+    etp_on = deg["ep"] > 1 and deg["etp"] > 1  # the key's default is 1, and it acts with ep > 1 only
+    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp" or etp_on}
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
@@ -102,12 +115,13 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 
-#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at b5bcd76 (the
-#: registries ``torchtitan/models/<name>/__init__.py``, each flavor one size; debug flavors left out);
+#: HF ``model_type`` -> torchtitan's model of that architecture and its flavors at e347b1e (v0.2.2, whose job
+#: TOML is written; the registries ``torchtitan/models/<name>/__init__.py``, each flavor one size; debug flavors
+#: left out): b5bcd76's but llama3 1B and 3B, which b5bcd76 added;
 #: another dense HF model runs under the experiment ``transformers_modeling_backend`` (flavor "full",
 #: ``[hf_transformers] model`` = the Hugging Face id); an MoE one there only at Qwen3-30B-A3B's sizes
 #: (:data:`~meshplan.interop.torchtitan_hf.NO_MODEL`).
-TORCHTITAN_MODELS = {"llama": ("llama3", "1B, 3B, 8B, 70B, 405B"),
+TORCHTITAN_MODELS = {"llama": ("llama3", "8B, 70B, 405B"),
                      "deepseek_v2": ("deepseek_v3", "16B, 236B, 671B"),
                      "deepseek_v3": ("deepseek_v3", "16B, 236B, 671B"),
                      "qwen3": ("qwen3", "0.6B, 1.7B, 4B, 8B, 14B, 32B"),
@@ -260,13 +274,8 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
     if axes != canon:
         raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
                           f"outermost first); reorder the mesh to export it")
-    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
-    if mesh.ep > 1 and mesh.etp > 1:
-        raise ConfigError("--to", f"etp {mesh.etp} with ep {mesh.ep}: {TORCH_ETP}; set etp 1 in [mesh] to export it")
-    tp = deg.get("tp", 1)
-    if cfg.model.is_moe and mesh.ep == 1 and mesh.etp != torch_etp(1, tp):
-        raise ConfigError("--to", f"etp {mesh.etp} with tp {tp} at ep 1: {TORCH_ETP_EP1}; set etp {tp} in [mesh] "
-                          "to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    deg["ep"], deg["etp"] = mesh.ep, _etp_written(cfg, mesh, deg)
     shard = deg.get("dp_shard", 1) * deg.get("cp", 1)  # torchtitan's fsdp axis: FSDP2 where it is > 1
     both = deg.get("dp_replicate", 1) > 1 and shard > 1
     if t.sharding == "hsdp" and deg.get("dp_replicate", 1) > 1 and shard == 1:
@@ -283,8 +292,51 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
                           "1D parallelism\"; shard (zero3 or hsdp) to export it")
     if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
-        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+        raise ConfigError("--to", "torchtitan runs tp with sequence parallel (v0.2.2, whose job TOML this is, has no key "
+                          "to turn it off: llama3/infra/parallelize.py:181-233 at e347b1e); set "
+                          "mesh.sequence_parallel = true")
     return deg
+
+
+def _etp_written(cfg: Config, mesh: Mesh, deg: dict[str, int]) -> int:
+    """The etp of ``mesh`` as torchtitan v0.2.2 runs it (``ParallelDims`` at e347b1e,
+    ``torchtitan/distributed/parallel_dims.py``): with ep > 1, etp 1 (experts whole on each ep rank, the
+    tp ranks splitting the tokens) or etp = tp (``ExpertTensorParallel`` over ep x etp), as its
+    ``_validate`` asserts (:58-59, "Currently we only support ETP=TP or ETP=1"); its ``efsdp = dp_shard x
+    cp x tp / (etp x ep)`` (:138) is the resolved mesh's own rule (``(dp_shard * cp * tp) % (ep * etp)``,
+    checked before); at ep 1 an MoE
+    model's experts over tp whatever the key (``apply_moe_ep_tp``, ``llama4/infra/parallelize.py``:
+    559-563, as at b5bcd76: :data:`~meshplan.spec.axes.ep.TORCH_ETP_EP1`). ConfigError naming ``--to``
+    for another etp. b5bcd76 runs etp 1 with ep > 1 only (:data:`~meshplan.spec.axes.ep.TORCH_ETP`):
+    :func:`etp_note` says so where the file has etp = tp."""
+    ep, etp, tp = mesh.ep, mesh.etp, deg.get("tp", 1)
+    if ep > 1 and etp not in (1, tp):
+        raise ConfigError("--to", f"etp {etp} with tp {tp} and ep {ep}: torchtitan v0.2.2 runs etp 1 or tp with ep > 1 "
+                          "(ParallelDims, parallel_dims.py:58-59 at e347b1e); set etp 1 in [mesh] to export it")
+    if cfg.model.is_moe and ep == 1 and etp != torch_etp(1, tp):
+        raise ConfigError("--to", f"etp {etp} with tp {tp} at ep 1: {TORCH_ETP_EP1}; set etp {tp} in [mesh] "
+                          "to export it")
+    return etp
+
+
+def etp_note(par: dict) -> list[str]:
+    """The header note of a torchtitan job TOML that writes ``expert_tensor_parallel_degree``
+    (``par``: its [parallelism]; :func:`_etp_written`): the one place where the v0.2.2 the file is
+    for runs what torchtitan after c4b409a does not, and what meshplan plans of it.
+
+    >>> etp_note({"expert_parallel_degree": 4})
+    []
+    >>> print(etp_note({"expert_parallel_degree": 4, "tensor_parallel_degree": 4, "expert_tensor_parallel_degree": 4})[0])
+    note: expert_tensor_parallel_degree = 4 (= tp, ep 4): torchtitan v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, llama4/infra/parallelize.py:578-580 at e347b1e), where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run
+    """
+    etp = par.get("expert_tensor_parallel_degree", 1)
+    if etp == 1:
+        return []
+    return [f"note: expert_tensor_parallel_degree = {etp} (= tp, ep {par['expert_parallel_degree']}): torchtitan "
+            "v0.2.2 shards each routed expert over etp too (ExpertTensorParallel: parallel_dims.py:58-59, "
+            "llama4/infra/parallelize.py:578-580 at e347b1e), "
+            "where b5bcd76 has no ETP (c4b409a removed it) and meshplan plans framework torch as b5bcd76, so `plan` "
+            "of this file is infeasible (rule torch_etp): set etp 1 in [mesh] for a file both run"]
 
 
 def _no_schedule(cfg: Config) -> str:
