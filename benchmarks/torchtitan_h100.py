@@ -113,10 +113,15 @@ memory-bound kernels at the measured 2.117 TB/s instead of Triad's 2.97 (mean |e
 35.1%), then the bf16 GEMMs at 0.797 of the SXM5's rates (-> 30.0%): the three T1 steps 2121 /
 1819 / 1397 ms -> 2633 / 2209 / 1546 ms (+34.1% -> +8.0%, +35.1% -> +11.2%, +37.4% -> +24.2%),
 A70 bf16 +27.5% -> +7.3%, A8 bf16 +27.4% -> +8.6%; every row closer, none below the published
-rate. The float8 rows stay +22-43% above (T1 fp8 0.37 s a step left): their GEMMs are the 700 W
-SXM5's (no float8 GEMM of the part at 500 W is published; FBGEMM's Triton row-wise kernel is not
-the one torchao runs), as is all attention (T2's long-sequence rows, +72-79%, are attention).
-The T1 bf16 rows' 0.21 / 0.25 s a step is left to what no source here names.
+rate. Then (issue 11 item 2) the cap on the other tensor-core kernels: the float8 GEMMs at 0.840 of
+the SXM5's cuBLASLt table, the ratio of the same FBGEMM PR's fp8 GEMMs on 'H100 500W' (its Triton
+row-wise kernel, 1083-1141 TFLOP/s at the three shapes, 0.80-0.87 of the table there; not torchao's
+kernel, so the ratio mixes cap and kernel), and the attention at the bf16 GEMMs' 0.797, DERIVED (D),
+an assumption (no attention kernel under a power cap is published; FA2 may draw less than a GEMM
+and slow less): mean |error| 29.4% -> 17.1%, T1 +8.0 / +11.2 / +24.2% -> +4.2 / +6.5 / +9.4%, T2
++36.0 / +24.8 / +67.3 / +74.1% -> +13.5 / +2.8 / +36.2 / +40.8%, float8 rows +9.4-31.7%; every row
+still above the published rate. The T1 bf16 rows' 0.13 / 0.17 s a step is left to what no source
+here names.
 
 **Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
 (``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
@@ -129,7 +134,11 @@ count): T2 cp2 +28.1% -> +24.8%, cp4 +71.7% -> +67.3%, cp8 +78.7% -> +74.1% (mea
 calls are (L, L) causal and (L, L/2) or (L/2, L) unmasked at L = s / cp = 32,768 on every T2
 row; FA2's published unmasked rates are higher than the causal ones (fwd 370 against 335
 TFLOP/s at 16k), so rating the calls one by one would shorten the prediction (the rates are
-one causal lookup at S = s, held at the table's last point, 16k, beyond it); (ii) the ring's
+one causal lookup at S = s, held at the table's last point, 16k, beyond it): by 1.6-4.8 points
+on T2 cp2-cp8 with each call at its own key length (tried, not landed: at short chunks, cp meshes
+of 8k sequences, the same rule lengthens the step, FA2 bwd 291 TFLOP/s at 2k against 318 at 8k,
+and reorders search's cp meshes; which length rates a rectangular call's backward, whose loop
+runs over the queries, is open); (ii) the ring's
 collectives are not the collective table's (meshplan's runtime runs Llama 3's all-gather CP):
 it gathers K and V after ``repeat_kv`` (32 heads, 4 x the 8B's bytes) beside the first local
 SDPA call, and rotates fp32 dK, dV by all-to-all every step (1.07 GB a step at L 32,768);
@@ -138,15 +147,12 @@ forward, 3 ms against 67 ms a step backward, at cp8); (iii) the published steps 
 in cp: per GPU the attention work doubles from row to row (32,768 local tokens against a
 sequence twice as long) while the published step goes 8.42 -> 12.90 -> 30.60 -> 59.80 s
 (x1.53, x2.37, x1.95): cp2 -> cp4 more than doubles, which no per-token cost explains; nothing
-here names the cause. (iv) The 500 W cap on attention and float8 GEMMs, as a what-if only
-(no measurement of either kernel at 500 W is published; the cap lowers the SM clock by what
-each kernel would draw, which is not known for FA2 or cuBLAS float8): both at the bf16 GEMMs'
-0.797 would give mean |error| 15.7% instead of 29.4% (attention alone 21.6%, float8 alone
-22.9%), T1 +4.2 / +6.5 / +7.1%, T2 +12.2 / +2.1 / +35.7 / +40.6%, every row still above the
-published rate.
+here names the cause. (iv) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
+part" above).
 
-**Left (not modelled; no fitted constant).** (1) The GPU: its float8 GEMM and attention rates
-at 500 W are not published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
+**Left (not modelled; no fitted constant).** (1) The GPU: its attention at 500 W is not
+published (taken at the bf16 GEMMs' ratio, D), nor torchao's own float8 kernels there (FBGEMM's
+Triton one is). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
 forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the
 replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 alone); the
 backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
@@ -154,8 +160,8 @@ cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatt
 rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
 cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s at 70B bf16
 (dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
-longer on the part) against 0.25 s and 2.32 s published (+15-21% against +6-16% with bf16 or
-tensorwise, whose gathers move float8); rowwise 0.11 s and 0.84 s (dgx-h100: 0.09 s, 0.78 s) against
+longer on the part) against 0.25 s and 2.32 s published (+14-20% against +6-16% with bf16 or
+tensorwise, whose gathers move float8); rowwise 0.12 s and 0.88 s (dgx-h100: 0.09 s, 0.78 s) against
 0.18 s and 1.10 s (+5% against +4-6%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2

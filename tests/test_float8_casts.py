@@ -136,6 +136,18 @@ def test_a8_rowwise_by_hand(tmp_path):
     assert ops["float8 transpose (wq weight)", "backward_input", False] == 4 * 512 * 4096  # bf16, read + write
     assert not [r for r in p.stage(0).collectives if r.dtype == "fp64"]
     assert float8_precompute_s(p, 0) == 0.0
+    # the backward GEMMs' rescale (torchao addmm_float8_unwrapped, rowwise without fast accumulation:
+    # cuBLAS with unit scales, then output *= a_inverse_scale * b_inverse_scale), compiled: the weight
+    # gradient read and written in bf16, 4 B an element of the local weight (N / tp x K): wq 512 x 4096
+    # x 4 = 8,388,608 B; wk 128 x 4096 x 4 = 2,097,152 (one KV head of 128 at tp 8); w_gate 1792 x 4096
+    # x 4 = 29,360,128; the data gradient's pass fused into its consumer, not counted
+    assert ops["float8 rescale (wq wgrad)", "backward_weight", False] == 8_388_608
+    assert ops["float8 rescale (wk wgrad)", "backward_weight", False] == 2_097_152
+    assert ops["float8 rescale (w_gate wgrad)", "backward_weight", False] == 29_360_128
+    assert not [n for n, _, _ in ops if "dgrad" in n]
+    assert sum(v for (n, _, _), v in ops.items() if n.startswith("float8 rescale")) == 4 * 4096 * (
+        2 * 512 + 2 * 128 + 3 * 1792) == 109_051_904
+    assert not [n for n, _, _ in f8_ops(plan_of("A8 fp8tw", tmp_path)) if "rescale" in n]  # tensorwise: none
 
 
 def test_no_casts_without_float8_or_under_megatron(tmp_path):

@@ -61,7 +61,8 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     """Measured kernel data of GPU ``gpu_name`` from ``kernels.toml`` (a deep copy), with
     ``gemm_from`` / ``attention_from`` / ``norm_from`` resolved (that GPU's GEMM points per
     dtype, unless given here, with its ``bmm_head_dim`` table, its attention rows with this GPU's own rows added, or its norm times), ``gemm_scale`` applied
-    (per dtype, a factor on those GEMM rates, the point's source key marked) and the ``host``
+    (per dtype, a factor on those GEMM rates, the point's source key marked), ``attention_scale`` applied
+    (a factor on the rates of the rows taken from ``attention_from``, their source marked) and the ``host``
     table added; ``None`` when the catalog has no measurements for that GPU (e.g. a
     user-described GPU or the CPU testbed).
 
@@ -70,8 +71,9 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     ([1024, 256, 256, 30.067, 'M1'], 290.8, 4.7e-06)
     >>> sorted({r["kernel"] for r in d["attention"]["rows"]}), d["attention"]["prefer"]
     (['FA2', 'FA3', 'SDPA'], ['FA3', 'FA2'])
-    >>> kernel_data("h100-hbm2e-96gb-500w")["gemm"]["bf16"][0]   # H100 SXM5's S4 point x 0.797
-    [1024, 256, 256, 19.128, 'S4 x0.797']
+    >>> d = kernel_data("h100-hbm2e-96gb-500w")   # H100 SXM5's points x the part's ratios
+    >>> d["gemm"]["bf16"][0], d["gemm"]["fp8"][0], d["attention"]["rows"][0]["source"]
+    ([1024, 256, 256, 19.128, 'S4 x0.797'], [1024, 1024, 1024, 230.244, 'S3 x0.84'], 'S7c x0.797')
     >>> d = kernel_data("a100-sxm-40gb")   # the 80 GB part's GEMMs and head-dim ratios, its own bandwidth
     >>> d["gemm"] == kernel_data("a100-sxm-80gb")["gemm"], d["bmm_head_dim"]["head_dim"], d["stream_tb_per_s"]
     (True, [64, 80, 96, 128], 1.36)
@@ -90,11 +92,13 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
             out.setdefault("bmm_head_dim", copy.deepcopy(data["gpu"][src]["bmm_head_dim"]))
     for dt, f in out.pop("gemm_scale", {}).items():  # another GPU's points x a measured ratio (D)
         out["gemm"][dt] = [[m, n, k, rate * f, f"{key} x{f:g}"] for m, n, k, rate, key in out["gemm"][dt]]
-    src = out.pop("attention_from", None)
-    if src is not None:  # that GPU's rows, then this one's own (measured here), this one's prefer first
+    src, f = out.pop("attention_from", None), out.pop("attention_scale", None)
+    if src is not None:  # that GPU's rows (x attention_scale, D), then this one's own (measured here), this one's prefer first
         base, own = copy.deepcopy(data["gpu"][src]["attention"]), out.get("attention", {})
         prefer = own.get("prefer", base.get("prefer"))  # neither: every kernel, sorted (measured.kernel_data)
-        out["attention"] = {"rows": base.get("rows", []) + own.get("rows", []),
+        rows = base.get("rows", []) if f is None else [
+            {**r, "tflops": [t * f for t in r["tflops"]], "source": f"{r['source']} x{f:g}"} for r in base.get("rows", [])]
+        out["attention"] = {"rows": rows + own.get("rows", []),
                             **({} if prefer is None else {"prefer": prefer})}
     src = out.pop("norm_from", None)
     if src is not None:

@@ -208,7 +208,35 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
         for k, phase, nb in weight_kernels(rowwise, eager, b, w.fp8_all_gather and not rowwise):
             name = f"float8 {k} ({g.name} weight" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
             out.append((name, _bw_block(block) if phase != "forward" else block, phase, float(nb * g.n * g.k * g.count)))
+        out += [(f"float8 rescale ({g.name} {which})", _bw_block(block), phase, float(nb * rows * g.k * g.count))
+                for which, phase, nb, rows in rescale_kernels(rowwise, eager, b, g.m, g.n)]
     return out
+
+
+def rescale_kernels(rowwise: bool, eager: bool, b: int, m: int, n: int) -> list[tuple[str, str, int, int]]:
+    """(GEMM, phase, bytes per element, rows) of the rescales after a rowwise float8 Linear's two
+    backward GEMMs (M tokens, N out features; each output has K columns). torchao's rowwise recipe
+    runs them without fast accumulation (``Float8LinearConfig``: only ``gemm_config_output`` sets
+    ``use_fast_accum=True``), and ``addmm_float8_unwrapped`` (pytorch/ao ``float8_ops.py``, since
+    #1377, 2024-12-04, present in June 2025) then calls cuBLAS's tensorwise kernel with unit scales
+    ("The rowwise CUTLASS-based kernel is so slow without fast-accum that we'd rather use the
+    tensorwise cuBLAS-based kernel and do the scaling manually afterwards") and multiplies the
+    output by ``a_inverse_scale * b_inverse_scale``, an ``(M, 1) x (1, N)`` outer product. Eager:
+    the product materialised in fp32 (write 4 B) and ``output *= ...`` (read ``b`` + 4, write
+    ``b``): ``2 b + 8`` per output element, both GEMMs. Compiled: one pass over the output (read
+    ``b``, write ``b``, the scales read as vectors) for the weight gradient, an output of the
+    compiled backward; the data gradient's pass is taken fused into the pointwise op that consumes
+    it (the gradient sum or the norm's backward), so not counted. Tensorwise: none.
+
+    >>> rescale_kernels(True, False, 2, 16384, 512), rescale_kernels(True, True, 2, 16384, 512)
+    ([('wgrad', 'backward_weight', 4, 512)], [('dgrad', 'backward_input', 12, 16384), ('wgrad', 'backward_weight', 12, 512)])
+    >>> rescale_kernels(False, False, 2, 16384, 512)
+    []
+    """
+    if not rowwise:
+        return []
+    wgrad = [("wgrad", "backward_weight", 2 * b + (8 if eager else 0), n)]
+    return ([("dgrad", "backward_input", 2 * b + 8, m)] if eager else []) + wgrad
 
 
 def head_kernels(w, g, b: int) -> list[tuple[str, str, str, float]]:
@@ -242,6 +270,8 @@ def head_kernels(w, g, b: int) -> list[tuple[str, str, str, float]]:
                         "backward_input", 2.0 * m * cols))
     out += [(f"float8 {kn} (output weight)", "head", phase, float(nb * n * k))
             for kn, phase, nb in weight_kernels(rowwise, True, b, w.fp8_all_gather and not rowwise)]
+    out += [(f"float8 rescale (output {which})", "head", phase, float(nb * rows * k))
+            for which, phase, nb, rows in rescale_kernels(rowwise, True, b, m, n)]
     return out
 
 
