@@ -24,15 +24,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from meshplan.comm.collectives import collective_table
-from meshplan.comm.deepep import copies as deepep_copies, describe as describe_deepep, flex_tokens, keep_share
 from meshplan.comm.deepep import group_reason as deepep_group_reason
-from meshplan.comm.ep_rows import tp_ep_group
 from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
-from meshplan.compute.routing import RoutingOptions, balance_note, routing
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
@@ -48,6 +43,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.assign import Placement, place
 from meshplan.placement.flags import Flag, placement_flags
 from meshplan.plan_checks import check_runnable, without_pipeline
+from meshplan.plan_moe import deepep_ep_copies, ep_span, moe_notes
 from meshplan.plan_runtime import megatron_p2p_reasons, p2p_note, run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
@@ -265,61 +261,21 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
-    tp, tokens = mesh.degree("tp"), shapes.tokens
+    tokens = shapes.tokens
     span = ep_span(mesh, placement, flex=t.moe_dispatcher == "deepep")
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches, span,
-                                   deepep=_deepep_copies(config, mesh, span[0], tokens)) if reports else constraints
+                                   deepep=deepep_ep_copies(config, mesh, span[0], tokens)) if reports else constraints
     notes = v.notes
     if t.pp_schedule_runs > 1 and pp == 1:
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
                   "is its own forward and backward either way",)
-    if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
-        ro = RoutingOptions.of(t)
-        # the tp ranks split their tokens tp/etp ways before routing: a Megatron import's etp = tp
-        # (Megatron-LM's default) routes twice the tokens of a TOML's default etp 1 at tp 2
-        origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
-        routed = max(1, tokens * mesh.etp // tp)
-        if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
-            own = flex_tokens(routed, mesh.etp)  # each rank dispatches its own tokens to all etp ranks
-            origin = f"{tokens} local tokens / tp {tp}" if tp > 1 else ""
-            head = (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}{own}" if ro.dropless else
-                    routing(ro, own, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin))
-            notes += (head + "; " + describe_deepep(m, mesh.ep, span[0], keep_share(t, m, own, mesh.ep), mesh.etp)
-                      + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
-        else:
-            notes += (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(
-                ro, m.top_k, m.experts, mesh.ep, origin),)
-        notes += tuple(n for n in (balance_note(m, t),) if n)  # the assumption and its key, once (as step, search, memory)
+    notes += moe_notes(m, t, mesh, tokens, span[0])  # MoE: the capacity every ep rank uses, with its arithmetic
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
     return with_memory(plan) if memory else plan
-
-
-def ep_span(mesh: Mesh, placement: Placement, flex: bool = False) -> tuple[int, int]:
-    """(nodes, ranks on the busiest of them) of rank 0's ep group under ``placement``, or with ``flex``
-    of its ep x etp group (:func:`meshplan.comm.ep_rows.tp_ep_group`, the deepep dispatch's); (1, 1) at ep 1."""
-    if mesh.ep < 2:
-        return 1, 1
-    ranks = list(tp_ep_group(mesh)[0]) if flex else mesh.group_of(0, "ep")
-    _, counts = np.unique(placement.node[ranks], return_counts=True)
-    return len(counts), int(counts.max())
-
-
-def _deepep_copies(config: Config, mesh: Mesh, nodes: int, tokens: int) -> tuple[float, float, int] | None:
-    """Under ``training.moe_dispatcher = "deepep"`` at ep > 1, a token's copies across nodes, its NVLink
-    fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep x etp group on ``nodes`` nodes, of
-    the copies the capacity keeps of the tokens a rank dispatches, :func:`meshplan.comm.deepep.flex_tokens` of
-    its ``tokens`` local tokens) and its routed copies (top_k), for the ep line
-    (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
-    m, t = config.model, config.training
-    if t.moe_dispatcher != "deepep" or mesh.ep < 2:
-        return None
-    keep = keep_share(t, m, flex_tokens(tokens * mesh.etp // mesh.degree("tp"), mesh.etp), mesh.ep)
-    c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group, keep, mesh.etp)
-    return c.other_nodes, c.nvlink, m.top_k
 
 
 def with_memory(plan: Plan) -> Plan:

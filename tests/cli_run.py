@@ -13,6 +13,14 @@ def run_main(*argv) -> int:
     return done.value.code or 0
 
 
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``meshplan ARGV...`` run in-process (:func:`run_main`), the
+    output read from pytest's ``capsys``."""
+    code = run_main(*argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def plan_file(path):
     """The plan of the config at ``path`` (:func:`meshplan.plan.build_plan`)."""
     from meshplan.config import load_config

@@ -74,3 +74,14 @@ def example_toml(name: str, **training) -> str:
     """
     head, rest = (EXAMPLES / name).read_text(encoding="utf-8").split("[training]\n", 1)
     return head + "[training]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in training.items()) + rest
+
+
+def torch_op_job(model: str, *, nodes: int, global_batch: int, shape: list[int]) -> str:
+    """A torch job at seq 8192, micro-batch 1, zero3, op-level recompute, 10% memory reserve (some of
+    these keys at their default values, written all the same), on ``nodes`` dgx-h100, mesh dp_shard x tp
+    of ``shape`` with sequence parallelism. tests/test_export_runnable.py: the newcomer trial's Llama-3-70B
+    CHOSEN on 64 nodes and a Llama-3-8B job on one node."""
+    return job_toml(model, nodes=nodes,
+                    training={"global_batch": global_batch, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
+                              "recompute": "op", "memory_reserve": 0.10, "framework": "torch"},
+                    mesh={"names": ["dp_shard", "tp"], "shape": shape, "sequence_parallel": True})

@@ -10,21 +10,14 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.cli import main
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from meshplan.comm.calibration_kinds import per_nic
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.row import Path as CommPath, path_time
 from nccl_alltoall import FILE, alltoall_text
+from tests.cli_run import run_cli
 
 PER_NIC = 37.8 * (128 - 8) / (128 - 1)  # 35.7165 GB/s: the share of a rank's busbw that leaves its host
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
 
 
 def test_fixture_is_the_written_run():
@@ -34,7 +27,7 @@ def test_fixture_is_the_written_run():
 @pytest.fixture
 def cal(tmp_path, capsys):
     out = tmp_path / "a2a.toml"
-    rc, text, err = run(["calibrate", FILE, "--link", "nic", "--system", "dgx-h100", "--out", out], capsys)
+    rc, text, err = run_cli(["calibrate", FILE, "--link", "nic", "--system", "dgx-h100", "--out", out], capsys)
     assert rc == 0, err
     return out, text
 

@@ -9,21 +9,14 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import system
-from meshplan.cli import main
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from nccl_published import DATA, PUBLISHED, published_text
+from tests.cli_run import run_cli
 from tests.test_cli_json import H100X2
 
 EXACT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
 S15 = DATA / "all_reduce_perf_8xa100_s15.txt"
 A100 = "NVIDIA A100-SXM4-80GB"  # what S15's '#  Rank' lines name (cudaDeviceProp.name)
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main(argv)
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -36,7 +29,7 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     # the exact fixture's rows on A100s (as S15's node): one GPU model, so one calibration file
     exact = tmp_path / EXACT.name
     exact.write_text(EXACT.read_text().replace("NVIDIA H100 80GB HBM3", A100))
-    rc, text, err = run(["calibrate", str(exact), str(S15), "--out", str(out)], capsys)
+    rc, text, err = run_cli(["calibrate", str(exact), str(S15), "--out", str(out)], capsys)
     assert rc == 0, err
     assert f"wrote {out}" in text
     calib = load_calibration(out)
@@ -74,9 +67,9 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     assert (c.node.busbw["nic"].ranks, c.node.busbw["nic"].nodes) == (8, 8)
 
     # the file is not replaced without --force
-    rc, _, err = run(["calibrate", str(exact), "--out", str(out)], capsys)
+    rc, _, err = run_cli(["calibrate", str(exact), "--out", str(out)], capsys)
     assert rc == 2 and err.strip().startswith("error: --out:") and "--force" in err and err.count("\n") == 1
-    rc, _, err = run(["calibrate", str(exact), "--out", str(out), "--force"], capsys)
+    rc, _, err = run_cli(["calibrate", str(exact), "--out", str(out), "--force"], capsys)
     assert rc == 0 and set(load_calibration(out)) == {"nic"}
 
 
@@ -88,7 +81,7 @@ def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     from meshplan.comm.alphabeta import busbw_factor, collective_time
     from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
     out = tmp_path / "c.toml"
-    assert run(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0
     calib = load_calibration(out)
     c = apply_calibration(system("dgx-a100", nodes=1), calib)
     fabric = c.node.fabric
@@ -111,21 +104,21 @@ def test_two_gpu_models_are_refused(tmp_path, capsys):
     nvlink fit, the A100's (the slower, 208.91 of 439.95 GB/s), and a file that named no GPU;
     now one line names both models with their files and the fix, and nothing is written."""
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
+    rc, text, err = run_cli(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
     assert (rc, err) == (2, "error: NCCL_TESTS_OUTPUT: two GPU models, NVIDIA A100-SXM4-80GB "
                             "(all_reduce_perf_8xa100_s15.txt) and NVIDIA H200 (all_reduce_perf_8xh200_s3.txt); a "
                             "calibration file is for one GPU model: calibrate each model's files into its own --out "
                             "and give --calibration the one of the cluster's GPU\n")
     assert not out.exists()
     # across link classes too: the H100 cluster's nic run (8 nodes x 1 H100) beside the A100 node
-    rc, _, err = run(["calibrate", str(S15), str(EXACT), "--out", str(out)], capsys)
+    rc, _, err = run_cli(["calibrate", str(S15), str(EXACT), "--out", str(out)], capsys)
     assert rc == 2 and "NVIDIA A100-SXM4-80GB (all_reduce_perf_8xa100_s15.txt) and NVIDIA H100 80GB HBM3" in err
     # one run whose ranks name two models (rank 7 on an H100): its own line
     mixed = tmp_path / "mixed.txt"
     lines = S15.read_text().splitlines()
     mixed.write_text("\n".join(ln.replace(A100, "NVIDIA H100 80GB HBM3") if ln.startswith("#  Rank  7") else ln
                                for ln in lines) + "\n")
-    rc, _, err = run(["calibrate", str(mixed), "--out", str(out)], capsys)
+    rc, _, err = run_cli(["calibrate", str(mixed), "--out", str(out)], capsys)
     assert (rc, err) == (2, f"error: mixed.txt: its ranks ran on 2 GPU models ({A100}, NVIDIA H100 80GB HBM3); a "
                             "calibration file is for one GPU model: measure one model per nccl-tests run\n")
 
@@ -138,7 +131,7 @@ def test_calibration_keeps_the_slowest_all_reduce(tmp_path, capsys):
     fast.write_text(nccl_tests_text("all_reduce_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6,
                                     250e9, gpu=A100))
     out = tmp_path / "c.toml"
-    rc, text, _ = run(["calibrate", str(S15), str(fast), "--out", str(out)], capsys)
+    rc, text, _ = run_cli(["calibrate", str(S15), str(fast), "--out", str(out)], capsys)
     assert rc == 0
     assert "all_reduce_perf_8xa100_s15.txt" in load_calibration(out)["nvlink"].source
     # the note names the kept and the dropped file with their fits and why (it said '(the slowest of 2 all-reduce
@@ -156,7 +149,7 @@ def test_a_dropped_all_gather_fit_is_named(tmp_path, capsys):
     ag = tmp_path / "ag.txt"
     ag.write_text(nccl_tests_text("all_gather_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6, 150e9,
                                   gpu=A100))
-    rc, text, err = run(["calibrate", str(S15), str(ag), "--out", str(tmp_path / "c.toml")], capsys)
+    rc, text, err = run_cli(["calibrate", str(S15), str(ag), "--out", str(tmp_path / "c.toml")], capsys)
     assert rc == 0, err
     assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped ag.txt (all-gather 150.00 "
             "GB/s: the all-reduce fit is kept where there is one, as bench comm does)") in text.splitlines()
@@ -174,7 +167,7 @@ def test_a_dropped_all_gather_fit_is_named(tmp_path, capsys):
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, words):
     argv = ["calibrate", *[str(DATA / a) if a.endswith(".txt") else a for a in args], "--out", str(tmp_path / "c.toml")]
-    rc, _, err = run(argv, capsys)
+    rc, _, err = run_cli(argv, capsys)
     assert rc == 2 and words in err and err.count("\n") == 1
     assert not (tmp_path / "c.toml").exists()
 
@@ -195,12 +188,12 @@ def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
                             "devices' block\n"}
     for name, body in cut.items():
         (tmp_path / name).write_text(body)
-        rc, _, err = run(["calibrate", str(tmp_path / name), "--out", str(tmp_path / "c.toml")], capsys)
+        rc, _, err = run_cli(["calibrate", str(tmp_path / name), "--out", str(tmp_path / "c.toml")], capsys)
         assert (rc, err) == (2, want[name])
     # the banner alone missing (nccl-tests before dafb704, 2025-06): the rows name all_reduce, the same fit
     (tmp_path / "old.txt").write_text(text.replace("# Collective test starting: all_reduce_perf\n", ""))
     for name, out in (("old.txt", "old.toml"), (EXACT, "new.toml")):
-        rc, _, err = run(["calibrate", str(tmp_path / name), "--out", str(tmp_path / out)], capsys)
+        rc, _, err = run_cli(["calibrate", str(tmp_path / name), "--out", str(tmp_path / out)], capsys)
         assert rc == 0, err
     old, new = load_calibration(tmp_path / "old.toml")["nic"], load_calibration(tmp_path / "new.toml")["nic"]
     assert (old.latency_us, old.bandwidth_gb_per_s, old.op) == (new.latency_us, new.bandwidth_gb_per_s, "all-reduce")
@@ -211,7 +204,7 @@ def test_mixed_run_recorded_as_asked(tmp_path, capsys):
     # 1G 183.82 and 4G 188.18 GB/s busbw); the 4G row's time is within 2% of the fitted line,
     # whose bus bandwidth is the node's: 8 ranks per host, one HDR NIC each, so per NIC / 8
     out = tmp_path / "c.toml"
-    rc, _, err = run(["calibrate", str(DATA / "all_reduce_perf_2x8a100_s18.txt"), "--link", "nic", "--out", str(out)],
+    rc, _, err = run_cli(["calibrate", str(DATA / "all_reduce_perf_2x8a100_s18.txt"), "--link", "nic", "--out", str(out)],
                      capsys)
     assert rc == 0, err
     nic = load_calibration(out)["nic"]
@@ -230,7 +223,7 @@ def test_a_multi_gpu_node_run_is_split_over_its_nics(tmp_path, capsys):
     7x a 400G NIC. A node's ring traffic leaves it over its 8 ranks' 8 NICs: 360 / 8 = 45 GB/s
     per NIC (90% of 50 GB/s); the curve keeps the logged busbw, read against the node's 8 x 45."""
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", str(H100X16), "--link", "nic", "--out", str(out)], capsys)
+    rc, text, err = run_cli(["calibrate", str(H100X16), "--link", "nic", "--out", str(out)], capsys)
     assert rc == 0, err
     assert ("all_reduce_perf_2x8h100.txt: 8 ranks per host, each on its own NIC: nic all-reduce 45.00 GB/s per NIC "
             "= 360.00 / 8") in text.splitlines() and "warning" not in text
@@ -246,11 +239,11 @@ def test_a_multi_gpu_node_run_is_split_over_its_nics(tmp_path, capsys):
     # step on 2 DGX H100 (8 NICs per node): no warning (it said 332 GB/s per NIC)
     cfg = tmp_path / "h100x2.toml"
     cfg.write_text(H100X2)
-    rc, text, err = run(["step", str(cfg), "--calibration", str(out)], capsys)
+    rc, text, err = run_cli(["step", str(cfg), "--calibration", str(out)], capsys)
     assert rc == 0 and text.splitlines()[0].endswith("nic 45 GB/s") and "warning" not in text
     # on seed-8x8-2nic (2 NICs per node) the split over 8 NICs is not that node's: said
     seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
-    rc, text, err = run(["step", str(seed), "--calibration", str(out)], capsys)
+    rc, text, err = run_cli(["step", str(seed), "--calibration", str(out)], capsys)
     assert rc == 0 and text.splitlines()[1].startswith("  nic fitted to all-reduce over 16 ranks on 2 nodes: ") \
         and text.splitlines()[2] == (  # under the header and its origin line (words20's 240cc02)
         f"warning: --calibration {out}: nic was split over 8 NICs per node (one per rank of its 8-GPU-per-node run), "
@@ -264,7 +257,7 @@ def test_a_nic_fit_above_line_rate_is_warned(tmp_path, capsys):
     353.3 x 8 / 400 = 7.1x."""
     a100 = tmp_path / "a100x8.txt"
     a100.write_text(EXACT.read_text().replace("NVIDIA H100 80GB HBM3", A100))
-    rc, text, err = run(["calibrate", str(a100), "--out", str(tmp_path / "a.toml")], capsys)
+    rc, text, err = run_cli(["calibrate", str(a100), "--out", str(tmp_path / "a.toml")], capsys)
     assert rc == 0, err
     assert ("warning: a100x8.txt: nic 40.00 GB/s per NIC is above the 25 GB/s line rate of dgx-a100's NICs (200 "
             "Gb/s), the fastest catalog NIC for NVIDIA A100-SXM4-80GB: a NIC carries at most its line rate, so each "
@@ -274,7 +267,7 @@ def test_a_nic_fit_above_line_rate_is_warned(tmp_path, capsys):
     old.write_text('[link.nic]\nlatency_us = 30\nbandwidth_gb_per_s = 353.3\nop = "all-reduce"\nranks = 16\n'
                    'source = "x"\n')
     seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
-    rc, text, err = run(["step", str(seed), "--calibration", str(old)], capsys)
+    rc, text, err = run_cli(["step", str(seed), "--calibration", str(old)], capsys)
     assert rc == 0 and (f"warning: --calibration {old}: nic 353.3 GB/s per NIC is 7.1x the 400 Gb/s line rate of "
                         "seed-8x8-2nic's NICs: it holds several NICs' traffic; calibrate the run again with its "
                         "'#  Rank' lines (meshplan calibrate splits a node's busbw over its ranks' NICs)"
@@ -286,7 +279,7 @@ def test_unequal_ranks_per_host_are_refused_for_nic(tmp_path, capsys):
     text = "\n".join(ln.replace("dgx-b", "dgx-a") if any(ln.startswith(f"#  Rank {r:2d} ") for r in range(12, 16))
                      else ln for ln in H100X16.read_text().splitlines())
     (tmp_path / "uneven.txt").write_text(text)
-    rc, _, err = run(["calibrate", str(tmp_path / "uneven.txt"), "--link", "nic", "--out", str(tmp_path / "c.toml")],
+    rc, _, err = run_cli(["calibrate", str(tmp_path / "uneven.txt"), "--link", "nic", "--out", str(tmp_path / "c.toml")],
                      capsys)
     assert (rc, err) == (2, "error: uneven.txt: 16 ranks on 2 hosts, 4 to 12 per host: its busbw cannot be split over "
                             "the NICs of one node; give a run with the same number of ranks on every host\n")
@@ -295,7 +288,7 @@ def test_unequal_ranks_per_host_are_refused_for_nic(tmp_path, capsys):
 def test_json_output_reads_the_hosts(tmp_path, capsys):
     # -J JSON of the exact fixture: config.devices lists 8 hostnames node01..node08, one rank each
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", str(DATA / "all_reduce_perf_8nodes-x1gpu.json"), "--out", str(out)], capsys)
+    rc, text, err = run_cli(["calibrate", str(DATA / "all_reduce_perf_8nodes-x1gpu.json"), "--out", str(out)], capsys)
     assert rc == 0, err
     nic = load_calibration(out)["nic"]
     assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
@@ -308,9 +301,9 @@ def test_step_with_a_bad_calibration_file_names_the_option_once(tmp_path, capsys
     seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
     (tmp_path / "X.toml").write_text("x = [")
     (tmp_path / "Y.toml").write_text("[link.nic]\nlatency_us = -1\nbandwidth_gb_per_s = 5\nsource = 'x'\n")
-    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "X.toml")], capsys)
+    rc, out, err = run_cli(["step", str(seed), "--calibration", str(tmp_path / "X.toml")], capsys)
     assert (rc, out) == (2, "")
     assert err == "error: --calibration: X.toml: not valid TOML (Invalid value (at end of document))\n"
-    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "Y.toml")], capsys)
+    rc, out, err = run_cli(["step", str(seed), "--calibration", str(tmp_path / "Y.toml")], capsys)
     assert (rc, out) == (2, "")
     assert err.startswith("error: --calibration: Y.toml: link.nic.latency_us: ") and err.count("\n") == 1

@@ -10,21 +10,14 @@ import re
 
 import pytest
 
-from meshplan.cli import main
 from meshplan.comm.calibration import load_calibration
 from meshplan.comm.linkfit import LinkFit, bandwidth_bound_bytes, latency_bound_reason
 from nccl_published import DATA
+from tests.cli_run import run_cli
 
 FULL = DATA / "all_reduce_perf_2x8h100.txt"
 CUT16K = DATA / "all_reduce_perf_2x8h100_cut16k.txt"
 CUT64M = DATA / "all_reduce_perf_2x8h100_cut64m.txt"
-
-
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
 
 
 def test_the_bandwidth_bound_size_is_alpha_beta_over_the_bus_factor():
@@ -43,7 +36,7 @@ def test_a_log_cut_at_16k_does_not_set_beta(tmp_path, capsys):
     written; now refused in one line naming the file, the size it stops at, the bound from its
     own fit and the fix, and nothing is written."""
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", CUT16K, "--link", "nic", "--out", out], capsys)
+    rc, text, err = run_cli(["calibrate", CUT16K, "--link", "nic", "--out", out], capsys)
     assert rc == 2 and not out.exists() and len(err.strip().splitlines()) == 1
     line = err.strip()
     assert line.startswith("error: all_reduce_perf_2x8h100_cut16k.txt: its largest size 16.00 KiB is below ")
@@ -59,7 +52,7 @@ def test_a_cut_log_beside_a_whole_one_is_left_out(tmp_path, capsys):
     """With the whole log given too, the cut one is named as not used and the class keeps the
     whole log's 360 / 8 = 45 GB/s per NIC, its curve alone."""
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", CUT16K, FULL, "--link", "nic", "--out", out], capsys)
+    rc, text, err = run_cli(["calibrate", CUT16K, FULL, "--link", "nic", "--out", out], capsys)
     assert rc == 0, err
     assert any(ln.startswith("all_reduce_perf_2x8h100_cut16k.txt: not used: its largest size 16.00 KiB is below ")
                for ln in text.splitlines())
@@ -72,7 +65,7 @@ def test_a_log_cut_past_the_bound_is_warned_and_used(tmp_path, capsys):
     """Cut after 64 MiB (above the 5.49 MiB bound): the fit stands (45 GB/s per NIC), and one
     warning line names the file, where it stops and the 8 GiB its header asked for."""
     out = tmp_path / "c.toml"
-    rc, text, err = run(["calibrate", CUT64M, "--link", "nic", "--out", out], capsys)
+    rc, text, err = run_cli(["calibrate", CUT64M, "--link", "nic", "--out", out], capsys)
     assert rc == 0, err
     assert ("warning: all_reduce_perf_2x8h100_cut64m.txt: no '# Avg bus bandwidth' or '# Collective test concluded' "
             "line, which nccl-tests prints after its last row, so the log was cut off after its 64.00 MiB row of the "
@@ -81,5 +74,5 @@ def test_a_log_cut_past_the_bound_is_warned_and_used(tmp_path, capsys):
 
 
 def test_a_whole_log_has_no_cut_warning(tmp_path, capsys):
-    rc, text, err = run(["calibrate", FULL, "--link", "nic", "--out", tmp_path / "c.toml"], capsys)
+    rc, text, err = run_cli(["calibrate", FULL, "--link", "nic", "--out", tmp_path / "c.toml"], capsys)
     assert rc == 0 and "cut off" not in text and "not used" not in text

@@ -13,7 +13,8 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.comm.calibration import apply_calibration, load_calibration
-from tests.test_calibrate_cli import DATA, run
+from tests.cli_run import run_cli
+from tests.test_calibrate_cli import DATA
 from tests.test_calibration import nccl_tests_text
 from tests.test_cli_json import H100X2
 
@@ -33,7 +34,7 @@ def _warnings(text: str) -> list[str]:
 
 
 def _calibrate(capsys, log, out, *opts):
-    return run(["calibrate", str(log), "--link", "nic", "--out", str(out), *opts], capsys)
+    return run_cli(["calibrate", str(log), "--link", "nic", "--out", str(out), *opts], capsys)
 
 
 def test_nics_per_host_divides_the_busbw_by_the_given_nics(tmp_path, capsys):
@@ -54,7 +55,7 @@ def test_nics_per_host_divides_the_busbw_by_the_given_nics(tmp_path, capsys):
     # step on 2 DGX H100 (8 NICs per node) names the file's 4
     cfg = tmp_path / "h100x2.toml"
     cfg.write_text(H100X2)
-    rc, text, err = run(["step", str(cfg), "--calibration", str(out)], capsys)
+    rc, text, err = run_cli(["step", str(cfg), "--calibration", str(out)], capsys)
     assert rc == 0 and text.splitlines()[1].startswith("  nic fitted to all-reduce over 16 ranks on 2 nodes: ") \
         and text.splitlines()[2] == (  # under the header and its origin line (words20's 240cc02)
         f"warning: --calibration {out}: nic was split over 4 NICs per node (nics_per_node, of its 8-GPU-per-node "
@@ -82,7 +83,7 @@ def test_system_gives_the_catalog_nodes_nic_count(tmp_path, capsys):
             "= 80.00 / 2") in text.splitlines() and not _warnings(text)
     nic = load_calibration(out)["nic"]
     assert (nic.bandwidth_gb_per_s, nic.nics_per_node) == (pytest.approx(40.0, rel=1e-3), 2)
-    rc, text, _ = run(["step", str(DATA.parents[2] / "examples" / "seed-64gpu.toml"), "--calibration", str(out)],
+    rc, text, _ = run_cli(["step", str(DATA.parents[2] / "examples" / "seed-64gpu.toml"), "--calibration", str(out)],
                       capsys)
     assert rc == 0 and not _warnings(text) and text.splitlines()[0].endswith("nic 40 GB/s")
     # a node with more NICs than the log's ranks per host: one per rank (dgx-h100's 8 for 4 ranks)
@@ -135,7 +136,7 @@ def test_a_bad_nic_count_is_one_line(tmp_path, capsys, hosts, per_host, opts, li
 
 def test_nics_per_host_without_a_nic_run_is_refused(tmp_path, capsys):
     one_host = _log(tmp_path, 1, 8)
-    rc, _, err = run(["calibrate", str(one_host), "--nics-per-host", "4", "--out", str(tmp_path / "c.toml")], capsys)
+    rc, _, err = run_cli(["calibrate", str(one_host), "--nics-per-host", "4", "--out", str(tmp_path / "c.toml")], capsys)
     assert (rc, err) == (2, "error: --nics-per-host: no file is recorded as nic (a run over several hosts, or --link "
                             "nic); drop it, or pass --link nic\n")
 
@@ -166,7 +167,7 @@ def test_a_system_of_another_gpu_is_warned(tmp_path, capsys):
 
 
 def test_a_mixed_run_without_link_names_the_nic_options(tmp_path, capsys):
-    rc, out, err = run(["calibrate", str(_log(tmp_path, 2, 8)), "--out", str(tmp_path / "c.toml")], capsys)
+    rc, out, err = run_cli(["calibrate", str(_log(tmp_path, 2, 8)), "--out", str(tmp_path / "c.toml")], capsys)
     assert (rc, out) == (2, "")
     assert err == ("error: x.txt: 16 ranks on 2 hosts, up to 8 per host: the run mixes NVLink and NIC hops; measure "
                    "one node (nvlink) and one GPU per node (nic) separately, or pass --link nic to split its busbw "

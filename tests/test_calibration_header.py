@@ -10,8 +10,8 @@ import json
 import jsonschema
 import pytest
 
-from meshplan.cli import main
 from meshplan.report.json_docs import schema_of
+from tests.cli_run import run_cli
 from tests.conftest import EXAMPLES
 
 CAL = '''[link.nvlink]
@@ -26,13 +26,6 @@ source = "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"
 '''
 LINE = "links calibrated from {} (GPU not recorded): nvlink 450 GB/s, nic 45 GB/s"  # a file without gpu =
 MINI, MINI_TP4 = EXAMPLES / "mini_2x4_tp2-dp4.toml", EXAMPLES / "mini_2x4_tp4-dp2.toml"
-
-
-def _run(argv, capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
 
 
 def _expected(path) -> dict:
@@ -62,7 +55,7 @@ def test_calibration_is_named_in_text_json_and_html(command, tmp_path, capsys):
     args = {"plan": ["plan", MINI, "--html", tmp_path / "p.html"], "step": ["step", MINI],
             "compare": ["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp", "--html", tmp_path / "p.html"],
             "search": ["search", MINI, "--top", "1", "--html", tmp_path / "p.html"]}[command]
-    rc, out, err = _run([*args, "--calibration", cal, "--json", tmp_path / "doc.json"], capsys)
+    rc, out, err = run_cli([*args, "--calibration", cal, "--json", tmp_path / "doc.json"], capsys)
     assert rc == 0, err
     assert out.splitlines().count(LINE.format(cal)) == 1
     doc = json.loads((tmp_path / "doc.json").read_text())
@@ -72,7 +65,7 @@ def test_calibration_is_named_in_text_json_and_html(command, tmp_path, capsys):
         assert LINE.format(cal) in (tmp_path / "p.html").read_text()
     # without a calibration: no line, no entry
     (tmp_path / "doc.json").unlink()
-    rc, out, err = _run([*args, "--json", tmp_path / "doc.json", "--force"], capsys)
+    rc, out, err = run_cli([*args, "--json", tmp_path / "doc.json", "--force"], capsys)
     assert rc == 0 and "links calibrated" not in out
     assert "calibration" not in json.loads((tmp_path / "doc.json").read_text())
 
@@ -84,7 +77,7 @@ def test_the_calibration_changes_the_step_it_names(tmp_path, capsys):
     cal.write_text(CAL)
     steps = []
     for extra in ([], ["--calibration", cal]):
-        rc, out, err = _run(["step", MINI, "--json", "-", *extra], capsys)
+        rc, out, err = run_cli(["step", MINI, "--json", "-", *extra], capsys)
         assert rc == 0, err
         steps.append(json.loads(out)["step_s"])
         assert ("links calibrated" in err) == bool(extra)  # --json -: the rest of the output on stderr
@@ -112,7 +105,7 @@ def test_a_calibration_of_another_gpu_is_named_with_a_warning(command, tmp_path,
     cal.write_text(A100_CAL)
     args = {"plan": ["plan", MINI], "step": ["step", MINI], "search": ["search", MINI, "--top", "1"],
             "compare": ["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp"]}[command]
-    rc, out, err = _run([*args, "--calibration", cal, "--json", tmp_path / "doc.json"], capsys)
+    rc, out, err = run_cli([*args, "--calibration", cal, "--json", tmp_path / "doc.json"], capsys)
     assert rc == 0, err
     lines = out.splitlines()
     assert lines.count(A100_LINE.format(cal)) == 1 and lines.count("warning: " + A100_WARNING.format(cal)) == 1
@@ -122,12 +115,12 @@ def test_a_calibration_of_another_gpu_is_named_with_a_warning(command, tmp_path,
     assert doc["calibration"]["links"]["nic"]["gpu"] is None
     assert list(jsonschema.Draft202012Validator(schema_of(command)).iter_errors(doc)) == []
     if command != "step":  # the HTML page's header carries both lines
-        rc, out, err = _run([*args, "--calibration", cal, "--html", tmp_path / "p.html", "--force"], capsys)
+        rc, out, err = run_cli([*args, "--calibration", cal, "--html", tmp_path / "p.html", "--force"], capsys)
         page = (tmp_path / "p.html").read_text()
         assert rc == 0 and A100_LINE.format(cal) in page and "warning: --calibration" in page
     # an H100 fit on the H100 cluster: named, no warning
     cal.write_text(A100_CAL.replace("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"))
-    rc, out, err = _run([*args, "--calibration", cal, "--json", tmp_path / "doc.json", "--force"], capsys)
+    rc, out, err = run_cli([*args, "--calibration", cal, "--json", tmp_path / "doc.json", "--force"], capsys)
     assert rc == 0 and "warning: --calibration" not in out
     assert "nvlink 450 GB/s on NVIDIA H100 80GB HBM3, nic 45 GB/s (GPU not recorded)" in out
     assert json.loads((tmp_path / "doc.json").read_text())["calibration"]["warnings"] == []
@@ -139,7 +132,7 @@ def test_compare_evidence_names_the_calibration(tmp_path, capsys):
     whole ``calibration`` entry, as compare --json does."""
     cal = tmp_path / "a100.toml"
     cal.write_text(A100_CAL)
-    rc, out, err = _run(["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp", "--calibration", cal,
+    rc, out, err = run_cli(["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp", "--calibration", cal,
                          "--json", tmp_path / "doc.json"], capsys)
     assert rc == 0, err
     (folder,) = (tmp_path / "cmp").iterdir()  # rejected-<name>
@@ -151,7 +144,7 @@ def test_compare_evidence_names_the_calibration(tmp_path, capsys):
     assert evidence["calibration"] == json.loads((tmp_path / "doc.json").read_text())["calibration"]
     assert evidence["calibration"]["file"] == str(cal)
     # without --calibration: neither file speaks of one
-    rc, out, err = _run(["compare", MINI, MINI_TP4, "--out", tmp_path / "plain"], capsys)
+    rc, out, err = run_cli(["compare", MINI, MINI_TP4, "--out", tmp_path / "plain"], capsys)
     assert rc == 0, err
     (folder,) = (tmp_path / "plain").iterdir()
     assert "calibrat" not in (folder / "summary.md").read_text().lower()
@@ -184,7 +177,7 @@ def test_plan_says_where_the_fit_came_from(tmp_path, capsys):
     curve (1 MiB = 1048576 B, 4 GiB = 4294967296 B), its rows and its source."""
     cal = tmp_path / "fit.toml"
     cal.write_text(FITTED)
-    rc, out, err = _run(["plan", MINI, "--calibration", cal], capsys)
+    rc, out, err = run_cli(["plan", MINI, "--calibration", cal], capsys)
     assert rc == 0, err
     lines = out.splitlines()
     i = lines.index(f"links calibrated from {cal} (GPU not recorded): nic 37.32 GB/s")

@@ -24,6 +24,7 @@ from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_cli
 from tests.nccl_published import published_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,11 +166,8 @@ def test_nvlink_calibration_moves_compute_only_by_sm_contention(tmp_path, d4_pai
 
 
 def test_step_prints_the_contention_line(capsys):
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main(["step", str(D4)])
-    assert not done.value.code
-    out = capsys.readouterr().out
+    rc, out, _ = run_cli(["step", D4], capsys)
+    assert not rc
     line = next(x for x in out.splitlines() if x.startswith("SM contention:"))
     st_ = step_time(build_plan(load_config(D4)))
     assert f"includes {st_.contention_s() * 1e3:.2f} ms" in line and "hold 22% of the SMs" in line

@@ -4,13 +4,11 @@ figure it replaced (:func:`meshplan.comm.calibration_notes.replaced_lines`, one 
 
 from __future__ import annotations
 
-import pytest
-
 from meshplan.catalog import system
-from meshplan.cli import main
 from meshplan.comm.calibration import CalibratedLink
 from meshplan.comm.calibration_notes import replaced_lines
 from nccl_published import DATA
+from tests.cli_run import run_cli
 from tests.test_cli_json import H100X2
 
 #: 2 x 8 H100 at 360 GB/s all-reduce busbw: 45 GB/s per NIC; dgx-h100's catalog NIC curve (S19) is
@@ -18,20 +16,13 @@ from tests.test_cli_json import H100X2
 NIC_LINE = "  nic all-reduce busbw 45.00 GB/s per NIC measured, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)"
 
 
-def run(argv, capsys):
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
-
-
 def test_step_names_the_catalog_figure_the_fit_replaced(tmp_path, capsys):
     cal, cfg = tmp_path / "c.toml", tmp_path / "h100x2.toml"
     cfg.write_text(H100X2)
-    rc, _, err = run(["calibrate", DATA / "all_reduce_perf_2x8h100.txt", "--link", "nic", "--out", cal], capsys)
+    rc, _, err = run_cli(["calibrate", DATA / "all_reduce_perf_2x8h100.txt", "--link", "nic", "--out", cal], capsys)
     assert rc == 0, err
     for command in (["step", cfg], ["plan", cfg]):
-        rc, text, err = run([*command, "--calibration", cal], capsys)
+        rc, text, err = run_cli([*command, "--calibration", cal], capsys)
         assert rc == 0, err
         assert text.splitlines()[0].endswith("nic 45 GB/s") and NIC_LINE in text.splitlines()
 

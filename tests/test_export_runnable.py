@@ -14,28 +14,12 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from meshplan import cli
+from tests.configs import torch_op_job
 
 EX = Path(__file__).resolve().parents[1] / "examples"
 
 #: The trial's CHOSEN: Llama-3-70B on 64 dgx-h100, dp_shard 128 x tp 4, framework torch.
-CHOSEN = """[model]
-catalog = "llama3-70b"
-[cluster]
-system = "dgx-h100"
-nodes = 64
-[training]
-global_batch = 512
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-recompute = "op"
-memory_reserve = 0.10
-framework = "torch"
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [128, 4]
-sequence_parallel = true
-"""
+CHOSEN = torch_op_job("llama3-70b", nodes=64, global_batch=512, shape=[128, 4])
 
 
 def _cli(*args: str) -> str:
@@ -94,24 +78,7 @@ def test_round_trip_of_an_imported_torchtitan_file_keeps_them(tmp_path):
 
 
 #: A small torch job (Llama-3-8B on one dgx-h100) whose [training] writes keys at their default values.
-ONE_NODE = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 1
-[training]
-global_batch = 16
-seq_len = 8192
-micro_batch = 1
-sharding = "zero3"
-recompute = "op"
-memory_reserve = 0.10
-framework = "torch"
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [4, 2]
-sequence_parallel = true
-"""
+ONE_NODE = torch_op_job("llama3-8b", nodes=1, global_batch=16, shape=[4, 2])
 
 
 def test_search_export_to_meshplan_plans_the_row(tmp_path):

@@ -386,7 +386,7 @@ def test_op_recompute_outside_its_searched_meshes_names_the_limit():
     """Newcomer trial 15: a 70B job at dp_shard 32 x tp 8 with recompute "op", [search] recompute
     ["op", "selective"], read "recompute op is not searched (searched with the rest of the mesh:
     selective; widen [search] recompute)", though op was listed: the search plans op only at
-    tp = cp = ep = 1 without MLA (search.space.op_recompute_ok), which this mesh (tp 8) is not.
+    tp = cp = ep = 1 without MLA (search.space_recompute.op_recompute_ok), which this mesh (tp 8) is not.
     Where op is not listed, the line still says to widen [search] recompute."""
     from meshplan.search.configured import find
     from meshplan.search.space import enumerate_candidates

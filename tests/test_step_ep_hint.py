@@ -11,7 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from meshplan.config import load_config
-from meshplan.plan import build_plan, ep_span
+from meshplan.plan import build_plan
+from meshplan.plan_moe import ep_span
 from meshplan.report.search import row_mesh
 from meshplan.schedule.ep_hint import ep_hint
 from meshplan.schedule.steptime import step_time

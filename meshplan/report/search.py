@@ -46,7 +46,8 @@ from meshplan.search.rank import RULE_LINE, mesh_of, variant_label
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import LAYER_AC_FREQ, RECOMPUTE, SHARDING, axis_shown, candidate_schedule, reshard_word
 from meshplan.search.reasons import REASONS
-from meshplan.search.space import layer_for_op, overlap_searched
+from meshplan.search.space import overlap_searched
+from meshplan.search.space_recompute import layer_for_op
 from meshplan.memory.constraints import usable_bytes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
@@ -165,7 +166,7 @@ def header_lines(r: SearchResult) -> list[str]:
 
 def layer_words(r: SearchResult) -> str:
     """The "also searched" part for torchtitan's per-layer AC searched in op's stead
-    (:func:`meshplan.search.space.layer_for_op`), where some candidate has it; "" otherwise."""
+    (:func:`meshplan.search.space_recompute.layer_for_op`), where some candidate has it; "" otherwise."""
     cfg = r.config
     if not layer_for_op(cfg) or not (r.candidates.rc == RECOMPUTE.index("layer")).any():
         return ""

@@ -6,7 +6,7 @@ pp 16 x dp 64 x ep 64 on 128 dgx-h100 was network-bound on ep with no knob named
 The cost counted is the critical stage's exposed ep (the parts line's ``exposed ep``) plus the
 part of its bubble that waits for the ep the other stages expose
 (:func:`meshplan.schedule.waits.bubble_wait`, the verdict's ``waits ... for it in its bubble``).
-Where rank 0's ep group spans more than one node (:func:`meshplan.plan.ep_span`), every smaller
+Where rank 0's ep group spans more than one node (:func:`meshplan.plan_moe.ep_span`), every smaller
 ep that keeps the group inside a node is re-planned on its own: ``ep x etp`` dividing the GPUs per
 node, and valid by the ep rules (:func:`meshplan.spec.axes.ep.ep_refusal`: ep divides the experts
 and ``ep x etp`` the dense block ``dp_shard x cp x tp``), efsdp re-factored to
@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from meshplan.plan import Plan, ep_span
+from meshplan.plan import Plan
+from meshplan.plan_moe import ep_span
 from meshplan.schedule.verdict import HINT_SHARE, Replanned, clearly_faster, knob_outcome
 from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.ep import ep_choices, ep_refusal

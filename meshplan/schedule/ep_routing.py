@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.comm.deepep import describe, flex_tokens, keep_share
-from meshplan.plan import Plan, ep_span
+from meshplan.plan import Plan
+from meshplan.plan_moe import ep_span
 
 def routing_caveat(plan: Plan) -> Optional[str]:
     """The ``note:`` line for a plan at ep > 1 whose model has group-limited routing or whose

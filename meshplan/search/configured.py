@@ -44,7 +44,7 @@ from meshplan.memory.constraints import usable_bytes
 from meshplan.search.explain import relative
 from meshplan.search.exact import SIMULATE, STEP_ALONE, Exact, Planner, Pool
 from meshplan.search.rank import mesh_of
-from meshplan.search.space import searched_recompute
+from meshplan.search.space_recompute import searched_recompute
 from meshplan.search.reasons import CODE, OK, REASONS, UNDECIDED, reason_texts
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.search import TIE
@@ -207,7 +207,7 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
 
 def _op_limit(cfg: Config, mesh: Mesh, key: str, value: int) -> Optional[str]:
     """Why recompute "op", which ``[search] recompute`` lists, is not searched at ``mesh``: the search
-    plans it only at tp = cp = ep = 1 without MLA (:func:`meshplan.search.space.op_recompute_ok`); None
+    plans it only at tp = cp = ep = 1 without MLA (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
     for another column or value, or where that is not the reason."""
     if key != "rc" or RECOMPUTE[value] != "op" or "op" not in searched_recompute(cfg):
         return None

@@ -13,7 +13,7 @@ from meshplan.config import Config
 from meshplan.search.candidate import accumulates
 from meshplan.search.columns import FSDP_SHARDINGS, SHARDING, ZERO12, Candidates
 from meshplan.search.reasons import zero1_refused
-from meshplan.search.space import layer_for_op
+from meshplan.search.space_recompute import layer_for_op
 
 
 def settings_notes(cfg: Config, c: Candidates) -> list[str]:
@@ -21,8 +21,8 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
     ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
-    (:func:`meshplan.search.space.op_recompute_ok`), one line saying so; under torchtitan, that
-    ``selective`` is not searched (:func:`meshplan.search.space.searched_recompute`), or, where
+    (:func:`meshplan.search.space_recompute.op_recompute_ok`), one line saying so; under torchtitan, that
+    ``selective`` is not searched (:func:`meshplan.search.space_recompute.searched_recompute`), or, where
     ``[search] recompute`` lists it, that it is searched (plan accepts it under torch, so the
     search does not refuse it) and what torchtitan runs of it."""
     t, out = cfg.training, []

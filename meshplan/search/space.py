@@ -18,11 +18,13 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
 - sequence parallel: on exactly when tp > 1;
 - micro-batch sizes; recompute none, full, Megatron-LM's selective (not by default where
-  torchtitan is the runtime, which has no option for it: :func:`searched_recompute`), and under
-  a framework that has it (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch
-  with FSDP2) torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`),
-  and where the planner refuses ``op`` for the model (ep > 1, MLA) torchtitan's per-layer AC ``layer``
-  at ac_freq 2 (:func:`layer_for_op`);
+  torchtitan is the runtime, which has no option for it:
+  :func:`~meshplan.search.space_recompute.searched_recompute`), and under a framework that has it
+  (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch with FSDP2) torchtitan's
+  op-level selective AC ``op`` where meshplan plans it
+  (:func:`~meshplan.search.space_recompute.op_recompute_ok`), and where the planner refuses ``op``
+  for the model (ep > 1, MLA) torchtitan's per-layer AC ``layer`` at ac_freq 2
+  (:func:`~meshplan.search.space_recompute.layer_for_op`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -89,6 +91,7 @@ from meshplan.search.reasons import (CODE, OK, REASONS, first_reason, reason_tab
                                      reason_texts, zero1_refused)
 from meshplan.search.candidate import (accumulates, candidate_config, megatron_split,  # noqa: F401
                                        sharding_knobs, sharding_training, stage_split)
+from meshplan.search.space_recompute import layer_for_op, layer_rows, op_recompute_ok, searched_recompute
 
 
 def _allowed(values, allowed) -> list[int]:
@@ -189,86 +192,6 @@ def lookup_pairs(a: np.ndarray, b: np.ndarray, fn) -> np.ndarray:
     span = int(b.max()) + 1
     vals = np.array([fn(int(k // span), int(k % span)) for k in keys.tolist()], dtype=bool)
     return vals[inv.reshape(-1)]
-
-
-def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
-    """Where ``recompute = "op"`` is searched: tp = cp = ep = 1 and no multi-head latent attention.
-    :func:`meshplan.plan.build_plan` refuses cp or ep > 1 (which CP and EP collectives its replay
-    runs is not modelled) and MLA (which of its mms the policy saves is not modelled); it plans
-    tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the reduce-scatters'
-    outputs are saved), which the search leaves out: its step-time bound
-    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters
-    included, which the policy saves: no lower bound of such a plan's step.
-
-    >>> from meshplan.config import config_from_dict
-    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
-    >>> op_recompute_ok(cfg, np.array([1, 2, 1]), np.array([1, 1, 2]), np.array([1, 1, 1])).tolist()
-    [True, False, False]
-    """
-    return (tp == 1) & (cp == 1) & (ep == 1) & (not cfg.model.is_mla)
-
-
-def searched_recompute(cfg: Config) -> list[str]:
-    """The recompute policies the search varies: ``[search] recompute``, less ``op`` where the
-    runtime has no op-level SAC (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`),
-    and less ``selective`` where torchtitan is the runtime (the same condition) and the list is
-    the default: ``selective`` is Megatron-LM's core-attention recompute, which torchtitan has no
-    option for (:func:`meshplan.spec.recompute_words.recompute_words`), so a row with it could not be
-    exported to torchtitan as planned; listed explicitly it is searched (what the user asked).
-    ``layer`` (torchtitan's per-layer AC) only where torchtitan runs the rows, and only listed
-    (it is not in the default list, :class:`~meshplan.spec.search.SearchOptions`).
-
-    >>> from meshplan.config import config_from_dict
-    >>> d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...      "training": {"global_batch": 8, "seq_len": 1024}}
-    >>> searched_recompute(config_from_dict(d, require_mesh=False))
-    ['none', 'full', 'op']
-    >>> searched_recompute(config_from_dict(d | {"training": d["training"] | {"framework": "megatron"}},
-    ...                                     require_mesh=False))
-    ['none', 'selective', 'full']
-    """
-    t, listed = cfg.training, "recompute" in cfg.search.model_fields_set
-    torchtitan = t.has_op_recompute
-    return [r for r in cfg.search.recompute
-            if (r not in ("op", "layer") or torchtitan) and (r != "selective" or not torchtitan or listed)]
-
-
-def layer_for_op(cfg: Config) -> bool:
-    """Whether the search adds torchtitan's per-layer AC (``layer`` at
-    :data:`~meshplan.search.columns.LAYER_AC_FREQ`) on the rows where the planner refuses ``op``
-    for the model's experts or attention (:func:`layer_rows`): ``op`` is searched
-    (:func:`searched_recompute`: torchtitan runs the rows) and ``layer`` is not listed (listed, it is
-    searched on every row). Without it such rows tried none or full only, and a torchtitan user's
-    first try, ``selective_ac_option = "2"``, was missed (newcomer: Mixtral-8x22B at dp_shard 256 x
-    ep 8 on 32 x 8 H200, 16,366.62 ms at ac_freq 2 against full recompute's ~4.3 s more).
-
-    >>> from meshplan.config import config_from_dict
-    >>> d = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...      "training": {"global_batch": 8, "seq_len": 1024}}
-    >>> layer_for_op(config_from_dict(d, require_mesh=False))
-    True
-    >>> layer_for_op(config_from_dict(d | {"search": {"recompute": ["none", "full", "op", "layer"]}}, require_mesh=False))
-    False
-    """
-    names = searched_recompute(cfg)
-    return "op" in names and "layer" not in names
-
-
-def layer_rows(cfg: Config, ep: np.ndarray) -> np.ndarray:
-    """The rows :func:`layer_for_op` adds ``layer`` on: ep > 1, or a model with multi-head latent
-    attention, where :func:`meshplan.plan.build_plan` refuses ``op`` (which EP collectives its replay
-    runs, which MLA mms it saves: not modelled; :func:`op_recompute_ok`). Not at tp or cp > 1 with
-    ep 1: those rows are the dense models' too, where ``layer`` stays opt-in (listed, the dense 405B
-    benchmark plans 90 candidates exactly against 70: ``[search] recompute``'s docstring).
-
-    >>> from meshplan.config import config_from_dict
-    >>> cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-    ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
-    >>> layer_rows(cfg, np.array([1, 2, 8])).tolist()
-    [False, True, True]
-    """
-    return (ep > 1) | bool(cfg.model.is_mla)
 
 
 def enumerate_candidates(cfg: Config) -> Candidates:

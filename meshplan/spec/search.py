@@ -103,10 +103,10 @@ class SearchOptions(BaseModel):
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``; where torchtitan runs the rows the default leaves ``selective``,
       Megatron-LM's core-attention recompute, out, and a list naming it searches it:
-      :func:`meshplan.search.space.searched_recompute`; torchtitan's per-layer AC ``layer``, at
+      :func:`meshplan.search.space_recompute.searched_recompute`; torchtitan's per-layer AC ``layer``, at
       its default frequency 2 (:data:`meshplan.search.columns.LAYER_AC_FREQ`), is searched there
       by default on the rows where ``op`` is refused for the model (ep > 1, multi-head latent
-      attention: :func:`meshplan.search.space.layer_for_op`), elsewhere only where the list names it: both its bounds count the layers each stage
+      attention: :func:`meshplan.search.space_recompute.layer_for_op`), elsewhere only where the list names it: both its bounds count the layers each stage
       surely replays and keeps (:mod:`meshplan.search.layer_replays`), yet with it listed the 405B
       benchmark plans 90 candidates exactly against 70 (7.9 s CPU against 5.6 s on one worker,
       medians of 3 on shared cores; 9.0-9.3 s wall with 2 workers before the profile pass of searchprof), too near the 10 s goal to be the default; listed for another runtime it is an error naming ``search.recompute``); ``sharding``: allowed among

@@ -4,17 +4,16 @@ The class the rest of meshplan uses, :class:`TrainingSpec`, documents every fiel
 their combinations; it is built in layers, one module per concern: the fields and their
 framework defaults (:mod:`meshplan.spec.training_fields`), the engine rules
 (:mod:`meshplan.spec.training_engines`), the precision rules
-(:mod:`meshplan.spec.training_precision`).
+(:mod:`meshplan.spec.training_precision`), the checks of the fields' combinations
+(:mod:`meshplan.spec.training_checks`).
 """
 
 from __future__ import annotations
 
-from pydantic import model_validator
-
-from meshplan.spec.training_precision import TrainingPrecision
+from meshplan.spec.training_checks import TrainingChecks
 
 
-class TrainingSpec(TrainingPrecision):
+class TrainingSpec(TrainingChecks):
     """What one optimizer step must do and how state is kept.
 
     ``global_batch``: sequences per optimizer step; ``seq_len``: tokens per sequence;
@@ -286,117 +285,3 @@ class TrainingSpec(TrainingPrecision):
     other size is an error), and each rank of a stage with MoE layers holds DeepEP's buffer from init
     (:mod:`meshplan.memory.deepep_buffers`).
     """
-
-    @model_validator(mode="after")
-    def _check(self):
-        if self.micro_batch > self.global_batch:
-            raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
-        if self.grad_clip_norm is not None and not self.grad_clip:
-            raise ValueError(f"grad_clip_norm {self.grad_clip_norm} is the norm clipping bounds the gradients to; "
-                             f"grad_clip is false: remove grad_clip_norm, or set grad_clip = true")
-        if self.ac_freq != 1 and self.recompute != "layer":
-            raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
-                             f"or remove it (recompute is {self.recompute!r})")
-        if self.compute_dtype == "fp8":
-            raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
-                             "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "
-                             "\"bf16\" and linear_dtype = \"fp8\"")
-        if (self.fp8_all_gather or self.fp8_output_layer or self.fp8_recipe != "tensorwise") \
-                and self.linear_dtype != "fp8":
-            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer" if self.fp8_output_layer \
-                else "fp8_recipe"
-            raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
-        if self.torch_norm != "fused" and self.framework != "torch":
-            raise ValueError("torch_norm is the RMSNorm module of framework \"torch\" (Megatron-LM runs its own "
-                             "kernels): remove it")
-        if self.fp8_all_gather and self.fp8_recipe == "rowwise":
-            raise ValueError("fp8_all_gather is tensorwise scaling only (torchtitan refuses it with a rowwise "
-                             "recipe_name): remove it or set fp8_recipe = \"tensorwise\"")
-        if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
-            raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
-                             f"{self.sharding!r} gathers nothing: remove it")
-        if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
-            raise ValueError(f"zero3_engine {self.zero3_engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); "
-                             f"sharding {self.sharding!r} has no parameter gathers: remove the key")
-        if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
-                                             or self.fp8_all_gather):
-            raise ValueError(f"zero3_engine {self.zero3_engine!r} gathers every parameter in forward and again in "
-                             "backward and reduces every micro-batch: remove grad_accumulation, reshard_after_forward "
-                             "and fp8_all_gather (FSDP2 options)")
-        if self.contiguous_gradients and self.sharding != "zero3" and not self.deepspeed_zero12:
-            raise ValueError(f"contiguous_gradients is DeepSpeed's zero_optimization.contiguous_gradients (sharding "
-                             f"zero3, or zero1/zero2 with zero12_engine = \"deepspeed\"); sharding {self.sharding!r}"
-                             f" under zero12_engine {self.zero12_engine!r}: remove it")
-        if self.zero0_engine != "ddp" and self.sharding != "none":
-            raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
-                             f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
-        if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
-            raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
-                             f"zero2); sharding {self.sharding!r} does not run it: remove the key")
-        if self.overlap_comm and self.zero12_engine != "deepspeed" and self.zero3_engine != "deepspeed":
-            raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
-                             "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "
-                             "engine or remove it")
-        self._check_megatron_overlap()
-        if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
-            raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
-                             "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
-                             "torch_compile = true, or remove tp_comm_overlap")
-        if not self.torch_compile_loss and not self.torch_compile:
-            raise ValueError("torch_compile_loss = false leaves the loss eager beside a compiled model; without "
-                             "torch_compile everything runs eagerly already: remove the key")
-        if self.optimizer_impl != "fused" and self.framework != "torch":
-            raise ValueError(f"optimizer_impl {self.optimizer_impl!r} is torch's multi-tensor Adam; framework "
-                             f"{self.framework!r} runs apex/TE's fused Adam: remove the key")
-        if self.torch_compile and self.framework != "torch":
-            raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
-                             f"own kernels: remove the key")
-        if self.reshard_head_after_forward and not (self.torchtitan_units and self.reshard_after_forward):
-            raise ValueError("reshard_head_after_forward is torchtitan's fsdp_reshard_after_forward = \"always\" "
-                             "(framework torch, sharding zero3 or hsdp with FSDP2, reshard_after_forward true); "
-                             f"here framework {self.framework!r}, sharding {self.sharding!r}, reshard_after_forward "
-                             f"{str(self.reshard_after_forward).lower()}: remove it")
-        if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
-            raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
-                             f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
-        self._check_pp_p2p()
-        if self.pp_schedule_runs > 1 and self.framework != "torch":
-            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
-                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
-                             f"schedule over the step's micro-batches: remove the key")
-        return self
-
-    def _check_pp_p2p(self) -> None:
-        """``pp_p2p_overlap = false`` and ``pp_p2p_overlap_warmup_flush`` only under Megatron-LM,
-        the second only with overlap on (class docstring)."""
-        if self.pp_p2p_overlap is False and self.framework != "megatron":
-            raise ValueError(f"pp_p2p_overlap = false is Megatron-LM's --no-overlap-p2p-communication (framework "
-                             f"\"megatron\"); framework {self.framework!r} waits on its pipeline sends and receives "
-                             f"where torch.distributed.pipelining's schedule does, with no such flag: remove it")
-        if self.pp_p2p_overlap_warmup_flush and (self.framework != "megatron" or self.pp_p2p_overlap is False):
-            raise ValueError("pp_p2p_overlap_warmup_flush is Megatron-LM's --overlap-p2p-communication-warmup-flush, "
-                             "which needs its p2p overlap on (framework \"megatron\", pp_p2p_overlap not false; "
-                             "Megatron-LM raises otherwise): remove it or set them")
-
-    def _check_megatron_overlap(self) -> None:
-        """``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers
-        run (class docstring), the second only with the first and the distributed optimizer;
-        ``megatron_fsdp`` only under Megatron-LM's own engines."""
-        if self.megatron_fsdp and (self.framework != "megatron" or self.zero12_engine != "megatron"
-                                   or self.zero3_engine != "fsdp2" or self.zero0_engine != "ddp"):
-            raise ValueError("megatron_fsdp is Megatron-LM's --use-megatron-fsdp (framework \"megatron\", without a "
-                             "DeepSpeed engine): remove it or set framework = \"megatron\"")
-        key = "overlap_grad_reduce" if self.overlap_grad_reduce else "overlap_param_gather"
-        if not (self.overlap_grad_reduce or self.overlap_param_gather):
-            return
-        if self.framework != "megatron":
-            raise ValueError(f"{key} is Megatron-LM's --{key.replace('_', '-')} (framework \"megatron\"); framework "
-                             f"{self.framework!r} overlaps its reductions as its runtime does: remove it")
-        if self.sharding not in ("none", "zero1") or self.zero12_engine != "megatron":
-            runs = "runs DeepSpeed's engine (overlap_comm)" if self.zero12_engine != "megatron" else \
-                "runs Megatron FSDP, which forces both on"
-            raise ValueError(f"{key} applies to Megatron-LM's DDP buffers (sharding none or zero1, zero12_engine "
-                             f"\"megatron\"); sharding {self.sharding!r} {runs}: remove it")
-        if self.overlap_param_gather and not (self.overlap_grad_reduce and self.sharding == "zero1"):
-            raise ValueError("overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\" (Megatron-LM asserts "
-                             "--overlap-grad-reduce and --use-distributed-optimizer): set them or remove it")
