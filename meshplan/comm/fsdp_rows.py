@@ -37,7 +37,7 @@ from typing import Callable, Optional
 
 from meshplan.comm import fsdp2
 from meshplan.comm.stage_context import StageContext
-from meshplan.compute import float8
+from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.mesh.tpsplit import experts_apart, fsdp_padded_numel, local_numel, padded_vocab
 from meshplan.pipeline.simulate import stage_order
@@ -49,7 +49,7 @@ from meshplan.units import dtype_bytes
 
 #: Cadence of the per-step all-reduce of the float8 weights' amaxes (``fp8_all_gather``), which
 #: torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step, over
-#: fsdp and, under TP, again over tp (:func:`meshplan.compute.float8.precompute_all_reduces`).
+#: fsdp and, under TP, again over tp (:func:`meshplan.compute.float8_fsdp.precompute_all_reduces`).
 FLOAT8_PRECOMPUTE_CADENCE = "once per step (float8 amax of every float8 weight, precompute_float8_dynamic_scale_for_fsdp)"
 
 
@@ -63,7 +63,7 @@ def fsdp_rows(add, c: StageContext) -> None:
     for key, n in Counter(u[:3] + u[4:] for u in units).items():
         _unit_rows(add, c, units, key, n, copies)
     amax = sum(u[5] for u in units if u[1] == "fsdp")
-    for dim in float8.precompute_all_reduces(c.mesh.degree("tp")):  # Partial over fsdp, and over tp under TP
+    for dim in float8_fsdp.precompute_all_reduces(c.mesh.degree("tp")):  # Partial over fsdp, and over tp under TP
         add(dim, "step", "all-reduce", amax * 4, "fp32", 0, FLOAT8_PRECOMPUTE_CADENCE, "next step's forward",
             depth=0, per_step=1)
 
@@ -193,7 +193,7 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
     ``training.gather_dtype`` (float8 Linear weights beside compute-dtype norms and
     embeddings in one buffer under ``fp8_all_gather``); the casts: torchao's
     ``fsdp_pre_all_gather`` of each float8 weight's local shard
-    (:func:`meshplan.compute.float8.pre_all_gather_seconds`)."""
+    (:func:`meshplan.compute.float8_fsdp.pre_all_gather_seconds`)."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
@@ -205,7 +205,7 @@ def fsdp_units(c: StageContext, shards: dict[str, int]) -> list[tuple[str, str, 
     def unit(label, axis, tensors, chunk):
         n = [numel(x, axis) for x in tensors]
         f8 = [k // shards[axis] for k, x in zip(n, tensors) if t.gather_dtype(x) == "fp8"]
-        cast = float8.pre_all_gather_seconds(f8, pb, data, c.gpu.hbm_bandwidth_bytes_per_s) if f8 else 0.0
+        cast = float8_fsdp.pre_all_gather_seconds(f8, pb, data, c.gpu.hbm_bandwidth_bytes_per_s) if f8 else 0.0
         return (label, axis, sum(n), chunk, sum(k * dtype_bytes(t.gather_dtype(x)) for k, x in zip(n, tensors)),
                 len(f8), cast)
 

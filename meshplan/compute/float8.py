@@ -64,10 +64,10 @@ dtype (the fp32 master under torchtitan), which with the precomputed scale runs
 scale``, ``to_fp8_saturated``: ``clamp``, ``.to(float8)``) eagerly: FSDP2's hooks run outside
 the compiled blocks. Per element of the shard: ``.to(float32)`` no kernel for fp32 (else read
 ``p``, write 4), ``* scale`` 8, ``clamp`` 8, ``.to(float8)`` 5: 21 B for fp32
-(:func:`pre_all_gather_kernels`). They run in the all-gather's copy-in, on FSDP2's copy-in
+(:func:`meshplan.compute.float8_fsdp.pre_all_gather_kernels`). They run in the all-gather's copy-in, on FSDP2's copy-in
 stream (:mod:`meshplan.comm.fsdp2`), which the all-gather stream waits for: beside the compute,
 before the collective, so the collective table adds their seconds to each fsdp all-gather's time
-(:func:`pre_all_gather_seconds`, in forward and in every backward that gathers again).
+(:func:`meshplan.compute.float8_fsdp.pre_all_gather_seconds`, in forward and in every backward that gathers again).
 
 **The output layer** (``training.fp8_output_layer``: torchtitan's ``filter_fqns`` without
 ``"output"``; off by default: ``Float8Handler`` at 9dec370 converted every Linear but ``fqn !=
@@ -83,20 +83,18 @@ Not counted there: under TP the amax all-reduce of its vocabulary-sharded output
 
 Not counted: the casts' tiny scale kernels; Transformer Engine's casts under Megatron-LM;
 MoE and MLA layers (their float8 plans are not modelled). The per-step weight amax of the
-precompute is :func:`precompute_bytes`, its all-reduce the table's per-step fsdp row, both
+precompute is :func:`meshplan.compute.float8_fsdp.precompute_bytes`, its all-reduce the table's per-step fsdp row, both
 step-end events after the optimizer (:func:`meshplan.schedule.step_end.float8_precompute_s`);
 under TP (tp > 1) each weight is a DTensor sharded over (dp_shard, tp), so its
 ``_foreach_norm`` is Partial on both mesh dims and the ``clamp`` redistributes the stacked
 amaxes dim by dim: a second all-reduce of the same bytes over tp follows
-(:func:`precompute_all_reduces`).
+(:func:`meshplan.compute.float8_fsdp.precompute_all_reduces`).
 """
 
 from __future__ import annotations
 
 from math import ceil
-from typing import Optional
 
-from meshplan.compute.measured import KernelData, memory_kernel_seconds
 
 #: The tensor a float8 Linear casts as its input, by GEMM name: Linears sharing one input share
 #: its cast (compiled), and the block the cast runs in (forward, the TP gather's side).
@@ -356,58 +354,3 @@ def tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
     """
     mine = [n for n in INPUTS if n in names]
     return len({INPUTS[n][0] for n in mine}) + (0 if fp8_all_gather else len(mine)), len(mine)
-
-
-def precompute_bytes(float8_weight_numel: int, param_bytes: int) -> int:
-    """HBM bytes of ``precompute_float8_dynamic_scale_for_fsdp``'s ``torch._foreach_norm(weights,
-    inf)`` over a rank's local shards of the float8 weights (``float8_weight_numel`` elements
-    held in ``param_bytes`` each): one read; the stacked amaxes and scales are a few elements.
-
-    >>> precompute_bytes(1_000_000, 4)
-    4000000
-    """
-    return float8_weight_numel * param_bytes
-
-
-def precompute_all_reduces(tp: int) -> tuple[str, ...]:
-    """The mesh dims the precompute's stacked amaxes are all-reduced over, in order (module
-    docstring: DTensor's ``redistribute`` reduces a Partial placement per mesh dim, eab345c
-    ``fsdp_utils.py`` "it will issue a single all-reduce" on a 1-D FSDP mesh).
-
-    >>> precompute_all_reduces(1), precompute_all_reduces(8)
-    (('fsdp',), ('fsdp', 'tp'))
-    """
-    return ("fsdp", "tp") if tp > 1 else ("fsdp",)
-
-
-def pre_all_gather_kernels(param_bytes: int) -> list[tuple[str, int]]:
-    """(kernel, bytes per element) of ``fsdp_pre_all_gather``'s eager cast of one local weight
-    shard held in ``param_bytes`` a value, with the precomputed scale (module docstring).
-
-    >>> pre_all_gather_kernels(4)
-    [('* scale', 8), ('clamp', 8), ('to float8', 5)]
-    >>> sum(nb for _, nb in pre_all_gather_kernels(2))
-    27
-    """
-    up = [] if param_bytes == 4 else [("to float32", param_bytes + 4)]
-    return up + [("* scale", 8), ("clamp", 8), ("to float8", 5)]
-
-
-def pre_all_gather_seconds(shard_numels: list[int], param_bytes: int, data: Optional[KernelData],
-                           datasheet_bytes_per_s: float) -> float:
-    """Seconds of the pre-all-gather casts of one FSDP unit before its all-gather: each kernel
-    of :func:`pre_all_gather_kernels` on each float8 weight's local shard (``shard_numels``
-    elements), timed as every memory-bound kernel (:func:`meshplan.compute.measured.memory_kernel_seconds`).
-
-    Llama 3 8B's layer over dp_shard 8: 218,103,808 / 8 float8 weight elements in 7 shards,
-    fp32, 21 B each: 572.5 MB, 192.8 us at the H100's Triad (2.97 TB/s), 215.9 us with the 4.7 us
-    issue floor under the small kernels (wk's and wv's three, wq's and wo's ``.to(float8)``):
-
-    >>> from meshplan.compute.measured import kernel_data
-    >>> shards = [n // 8 for n in (4096 * 4096, 1024 * 4096, 4096 * 14336)]
-    >>> round(pre_all_gather_seconds([shards[0]] * 2 + [shards[1]] * 2 + [shards[2]] * 3, 4,
-    ...                              kernel_data("h100-sxm5-80gb"), 3.35e12) * 1e6, 1)
-    215.9
-    """
-    return sum(memory_kernel_seconds(data, n * nb, datasheet_bytes_per_s)
-               for n in shard_numels if n > 0 for _, nb in pre_all_gather_kernels(param_bytes))

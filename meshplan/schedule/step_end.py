@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute import float8
+from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
 from meshplan.compute.megatron_cost import megatron_stage_step_cost
 from meshplan.mesh.layers import last_stage
@@ -49,11 +49,11 @@ def float8_precompute_s(plan, s: int) -> float:
     """Seconds of torchao's ``precompute_float8_dynamic_scale_for_fsdp`` on stage ``s`` after the
     optimizer step (``training.fp8_all_gather``, torchtitan's ``precompute_float8_dynamic_scale_for_fsdp``
     set with it): ``torch._foreach_norm(weights, inf)`` reads the rank's local shard of every
-    float8 weight once (:func:`meshplan.compute.float8.precompute_bytes`, in the parameters'
+    float8 weight once (:func:`meshplan.compute.float8_fsdp.precompute_bytes`, in the parameters'
     dtype) at the optimizer's bandwidth, never below one issue floor; its all-reduce, the table's
     per-step fsdp row, follows it as a step-end event (exposed fsdp), and under TP the second
     all-reduce of the same amaxes over tp after that (exposed tp,
-    :func:`meshplan.compute.float8.precompute_all_reduces`). 0 without the float8 all-gather.
+    :func:`meshplan.compute.float8_fsdp.precompute_all_reduces`). 0 without the float8 all-gather.
 
     Llama 3 8B on 8 GPUs (dp_shard 8), fp32 parameters: 32 layers x 218,103,808 float8 weight
     elements / 8 x 4 B = 3.49 GB, 1.17 ms at the H100's Triad (2.97 TB/s)."""
@@ -64,7 +64,7 @@ def float8_precompute_s(plan, s: int) -> float:
     layers = [i for chunk in plan.stages[s] for i in chunk]
     numel = sum(local_numel(t, c.model, tp) for i in layers for t in c.model.layer_tensors(i)
                 if c.training.float8_linear(t) and not t.split.startswith("expert")) // shard
-    nbytes = float8.precompute_bytes(numel, dtype_bytes(c.training.param_dtype))
+    nbytes = float8_fsdp.precompute_bytes(numel, dtype_bytes(c.training.param_dtype))
     return issue_floor(c.cluster.gpu, nbytes / optimizer_bandwidth(c.cluster.gpu))
 
 
