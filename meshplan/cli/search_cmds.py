@@ -23,6 +23,7 @@ from meshplan.cli.common import (
     _html_option,
     _infeasible,
     _json_option,
+    json_path_given,
     _refuse_existing,
     _write_doc,
     _write_text,
@@ -137,7 +138,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                "the rows under 15% of usable memory free among the others ([search] "
                                                "headroom_tier = false); by default they are listed after the rows "
                                                "that keep it, each mesh at a setting that keeps it where it has one"),
-               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
+               json_path: Optional[Path] = typer.Option(None, "--json", callback=json_path_given,
+                                                        help="write the result as JSON to PATH, or "
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
