@@ -7,8 +7,9 @@ changed (at most :data:`MAX_VARIANTS`, in this order): ``grad_accumulation = "sy
 unit's unsharded gradients, and with ``no_sync_unsharded`` its parameters, across the step's
 micro-batches; sync reduce-scatters them after each), ``recompute = "full"`` (activations
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
-scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
-the data axis) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
+scale with it), each sharding above the configured one that the framework runs (:func:`_sharded`:
+``zero1`` where an engine runs it, ``zero3``: parameters, gradients and optimizer state sharded over
+every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
 whose runtime would then get the gradients wrong, rule ``v-reshard``:
 :func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
@@ -57,12 +58,13 @@ from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
-from meshplan.plan_variant import DATA_AXES, mesh_words, planned, tried, variant_mesh
+from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, tried, variant_mesh
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 
-#: Variants planned at most (each a whole build_plan: about 0.1-1 s).
-MAX_VARIANTS = 6
+#: Variants planned at most (each a whole build_plan: about 0.1-1 s): grad_accumulation, recompute,
+#: micro_batch, zero1 and zero3 (Megatron-LM under DDP), tp and pp.
+MAX_VARIANTS = 7
 #: Factors of the configured cp tried in turn (each taken from the data axis where it divides
 #: it), the first that fits offered: at most 3 more plans.
 CP_FACTORS = (2, 4, 8)
@@ -111,9 +113,7 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
         out.append((f"{keys.bare('micro_batch')} {mb}",
                     replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
     if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
-        deg = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}
-        out.append((keys.setting("sharding zero3"), replace(cfg, mesh=variant_mesh(plan, deg),
-                                                            training=t.model_copy(update={"sharding": "zero3"}))))
+        out += _sharded(plan, keys)
     elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward and not _defect_resharded(plan):
         out.append((keys.setting("reshard_after_forward true"),
                     replace(cfg, training=t.model_copy(update={"reshard_after_forward": True}))))
@@ -126,15 +126,40 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
 
 
 
+def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
+    """(words, config) of each sharding above the configured one that the framework runs, as the
+    search enumerates them: ``zero1`` where an engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`: Megatron-LM's distributed optimizer,
+    not torch without DeepSpeed's), ``zero3`` always; not ``zero2``, which the search enumerates under
+    DeepSpeed's engine alone (torch and Megatron-LM run it as their FSDP, the zero3 row), a config
+    this branch does not take (``zero12_engine = "megatron"``). Each over every data rank (:func:`~meshplan.plan_variant.folded`: DDP's
+    ``dp_replicate`` becomes the ``dp_shard`` that ZeRO shards over, its words naming the new mesh
+    where it changes). Newcomer trial 27 #A: Llama-3-8B under DDP over ``dp_replicate 32`` (121.8 GiB)
+    was told that nothing fits on up to 4 nodes while ``sharding = "zero3"`` over dp_shard 32 plans at
+    8.7 GiB."""
+    cfg, t = plan.config, plan.config.training
+    renamed = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}  # Megatron's dp
+    deg = folded(renamed)
+    moved = f" ({mesh_words(deg, keys)})" if deg != renamed else ""
+    out = []
+    for sh in ("zero1", "zero3")[1 if t.sharding != "none" else 0:]:
+        u = t.model_copy(update={"sharding": sh})
+        if sh == "zero1" and not u.has_zero1_engine:
+            continue
+        out.append((keys.setting(f"sharding {sh}") + moved, replace(cfg, mesh=variant_mesh(plan, deg), training=u)))
+    return out
+
+
 def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
     """The knob variants (not the mesh ones, tp x2 and pp x2: those alone whose training is the
     config's) applied at once."""
     cfg = plan.config
     update: dict = {}
     mesh, words = cfg.mesh, []
-    for w, v in variants:
-        if v.training == cfg.training:
-            continue
+    last = max((i for i, (_, v) in enumerate(variants) if v.training.sharding != cfg.training.sharding), default=-1)
+    for i, (w, v) in enumerate(variants):
+        if v.training == cfg.training or (v.training.sharding != cfg.training.sharding and i != last):
+            continue  # the mesh alone, or a sharding other than the most sharded
         words.append(w)
         update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
         mesh = v.mesh if v.mesh != cfg.mesh else mesh

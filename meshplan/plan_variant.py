@@ -57,3 +57,30 @@ def planned(cfg: Config) -> Optional[Plan]:
     """The plan of ``cfg`` (None where it does not resolve or is refused)."""
     p = tried(cfg)
     return p if isinstance(p, Plan) else None
+
+
+#: Every data axis whose ranks a sharded variant folds into one dp_shard (ZeRO and FSDP shard over
+#: the whole data axis; a replica axis of DDP holds none of the state's shards).
+ALL_DATA_AXES = ("dp_replicate", "dp", "dp_shard")
+
+
+def folded(degrees: dict[str, int]) -> dict[str, int]:
+    """``degrees`` with its data axes folded into one ``dp_shard`` at the first one's place, so that
+    a sharded variant shards over every data rank (newcomer trial 27 #A: DDP over ``dp_replicate 32``
+    with ``sharding = "zero3"`` kept the replica axis and sharded nothing).
+
+    >>> folded({"dp_replicate": 32}), folded({"dp_replicate": 4, "dp_shard": 8, "tp": 2}), folded({"pp": 2, "tp": 8})
+    ({'dp_shard': 32}, {'dp_shard': 32, 'tp': 2}, {'pp': 2, 'tp': 8})
+    """
+    data = [n for n in degrees if n in ALL_DATA_AXES]
+    total = 1
+    for n in data:
+        total *= degrees[n]
+    out: dict[str, int] = {}
+    for n, d in degrees.items():
+        if n not in data:
+            out[n] = d
+        elif "dp_shard" not in out:
+            out["dp_shard"] = total
+    return out
+
