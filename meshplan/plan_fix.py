@@ -22,12 +22,15 @@ by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan and th
 must split the sequence into 2 x cp chunks and, with SP, its share over tp, :mod:`meshplan.spec.axes.cp`
 and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak (the
 most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
-keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Those
-that fit come first, each with its step as ``meshplan step`` predicts it
+keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Beside those, HSDP's data axes re-split on the same nodes (:func:`_resplit_variant`, newcomer trial
+27 #B). Only
+those that fit are offered, each with its step as ``meshplan step`` predicts it
 (:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
 the fastest first: Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
 (121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
-recompute full (25.0 GiB), which replays every layer's forward. When none fits alone, the knobs together (not the mesh),
+recompute full (25.0 GiB), which replays every layer's forward. A variant that lowers the peak but
+not under usable memory is never offered as a fix: where none fits, such variants close the line,
+``over the usable 67.1 GiB, no fix alone: ...`` (newcomer trial 27 #B). When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
 axis grown with the nodes (:mod:`meshplan.plan_fix_nodes`: at most
 :data:`~meshplan.plan_fix_nodes.MAX_NODE_PLANS` node counts tried upwards with the configured
@@ -58,7 +61,7 @@ from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
-from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, tried, variant_mesh
+from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, tried, variant_mesh
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 
@@ -285,6 +288,26 @@ def _nth(k: int) -> str:
     return f"{k}{tail}"
 
 
+def _resplit_variant(plan: Plan, keys: KeyMap = OWN) -> Optional[tuple[str, Plan]]:
+    """(words, plan) of HSDP's data axes re-split on the same nodes: ``dp_replicate`` / k and
+    ``dp_shard`` x k (:func:`~meshplan.plan_variant.resplit`) for the smallest k of 2, 4, 8, ... whose
+    plan fits (the state shards k times thinner; the fewest replicas moved, so the most all-reduce
+    over replicas kept); None where the mesh has no replica axis beside dp_shard or none fits (at most
+    log2(dp_replicate) plans). Newcomer trial 27 #B: a 30B model at dp_replicate 32 x dp_shard 8 on
+    32 dgx-a100 (81.0 GiB) fits at dp_replicate 16 x dp_shard 16, where the line offered tp x2 (73.6
+    GiB, over usable) and 64 nodes."""
+    deg = plan.axis_degrees()
+    if plan.config.training.sharding not in ("zero3", "hsdp") or plan.spec.rank_to_gpu is not None:
+        return None
+    k = 2
+    while (moved := resplit(deg, k)) is not None:
+        p = planned(replace(plan.config, mesh=variant_mesh(plan, moved)))
+        if p is not None and p.feasible:
+            return f"{mesh_words(moved, keys)} (the data axes re-split on the same nodes)", p
+        k *= 2
+    return None
+
+
 def _step_s(p: Plan) -> Optional[float]:
     """The predicted step of a fitting variant, as ``meshplan step`` gives it (None where the
     step model refuses it)."""
@@ -294,18 +317,18 @@ def _step_s(p: Plan) -> Optional[float]:
         return None
 
 
-def _parts(found: list[tuple[str, Plan]]) -> list[str]:
-    """Each variant's words and peak: those that fit first, the fastest first, each with its
-    step; then the others in :func:`_variants`' order."""
+def _parts(found: list[tuple[str, Plan]]) -> tuple[list[str], list[str]]:
+    """(fits, rest): the words and peak of each variant that fits, the fastest first with its step;
+    and of those
+    that do not fit, in :func:`_variants`' order (never offered as a fix: newcomer trial 27 #B)."""
     steps = {w: _step_s(p) for w, p in found if p.feasible}
     fit = sorted((f for f in found if f[1].feasible), key=lambda f: (steps[f[0]] is None, steps[f[0]] or 0.0))
-    rest = [f for f in found if not f[1].feasible]
-    out = []
-    for words, p in fit + rest:
-        s = steps.get(words)
-        tail = "" if not p.feasible else " (fits)" if s is None else f" (fits; step {s:.1f} s)"
-        out.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
-    return out
+    fits = []
+    for words, p in fit:
+        s = steps[words]
+        tail = " (fits)" if s is None else f" (fits; step {s:.1f} s)"
+        fits.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
+    return fits, [f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" for w, p in found if not p.feasible]
 
 
 def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
@@ -331,16 +354,26 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
                                                   for _, p in found)):
         found.append(cp)  # a cp that does not fit: where it lowers the peak the most (long sequences)
-    parts = _parts(found)
+    data = _resplit_variant(plan, keys)
+    if data is not None:
+        found.append(data)
+    fits, rest = _parts(found)
     usable_words = f" (usable {usable / GiB:.1f} GiB)"
-    if any(p.feasible for _, p in found):
-        return f"fix: {'; '.join(parts)}{usable_words}"
+    if fits:
+        return f"fix: {'; '.join(fits)}{usable_words}"
     words, cfg = _together(plan, variants)
     both = planned(cfg) if " + " in words else None  # one knob alone is printed already
     if both is not None:
-        parts.append(f"all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB"
-                     + (" (fits)" if both.feasible else ""))
-        if both.feasible:
-            return f"fix: {'; '.join(parts)}{usable_words}"
-    parts.append((f"{cp_why}; " if cp_why else "") + nodes_words(plan, fewest_nodes(plan, cfg), words, keys))
-    return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"
+        all_fit, all_rest = _parts([(f"all of {words}", both)])
+        if all_fit:
+            return f"fix: {all_fit[0]}{usable_words}{_short(rest, usable)}"
+        rest += all_rest
+    nodes = (f"{cp_why}; " if cp_why else "") + nodes_words(plan, fewest_nodes(plan, cfg), words, keys)
+    return f"fix: {nodes}{_short(rest, usable)}"
+
+
+def _short(rest: list[str], usable: float) -> str:
+    """The variants that lower the peak but not under ``usable`` bytes, after the line's fix and
+    named as no fix (newcomer trial 27 #B: ``tp x2 -> peak 73.6 GiB`` was offered first over 67.1 GiB
+    usable); "" where there are none."""
+    return f"; over the usable {usable / GiB:.1f} GiB, no fix alone: {'; '.join(rest)}" if rest else ""

@@ -84,3 +84,16 @@ def folded(degrees: dict[str, int]) -> dict[str, int]:
             out["dp_shard"] = total
     return out
 
+
+def resplit(degrees: dict[str, int], k: int) -> Optional[dict[str, int]]:
+    """``degrees`` with ``k`` times fewer replicas and ``k`` times larger shards (HSDP's
+    ``dp_replicate`` / k, ``dp_shard`` x k; the data ranks and the world kept), None where
+    dp_replicate does not split by k or the mesh has no dp_shard.
+
+    >>> resplit({"dp_replicate": 32, "dp_shard": 8}, 2), resplit({"dp_replicate": 3, "dp_shard": 8}, 2)
+    ({'dp_replicate': 16, 'dp_shard': 16}, None)
+    """
+    r = degrees.get("dp_replicate", 1)
+    if "dp_shard" not in degrees or r % k or r < k:
+        return None
+    return degrees | {"dp_replicate": r // k, "dp_shard": degrees["dp_shard"] * k}

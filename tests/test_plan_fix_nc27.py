@@ -1,6 +1,7 @@
 """Newcomer trial 27 (256 A100 80GB, torchtitan, a dense ~30B model): the memory ``fix:`` line
-(:func:`meshplan.plan_fix.memory_fix`). #A: under DDP (sharding none) it offers sharding. Each printed
-peak and step is the plan (and ``step``) of the config edited by hand, as tests/test_plan_fix.py checks."""
+(:func:`meshplan.plan_fix.memory_fix`). #A: under DDP (sharding none) it offers sharding; #B: it
+offers re-splitting HSDP's data axes and never offers a variant over usable memory as a fix. Each printed peak and
+step is the plan (and ``step``) of the config edited by hand, as tests/test_plan_fix.py checks."""
 
 from __future__ import annotations
 
@@ -63,3 +64,26 @@ def test_megatron_ddp_is_offered_its_distributed_optimizer_too():
     words = {id(z1): "sharding zero1 (dp_shard 32)", id(z3): "sharding zero3 (dp_shard 32)"}
     assert memory_fix(p) == (f"fix: {words[id(first)]} -> peak {_gib(first)} (fits; {_step(first)}); "
                              f"{words[id(second)]} -> peak {_gib(second)} (fits; {_step(second)}) (usable 67.1 GiB)")
+
+
+def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_usable():
+    """#B, the trial's hsdp_full.toml: the 30B model at dp_replicate 32 x dp_shard 8 on 32 dgx-a100,
+    seq 8192, recompute full, peaks at 81.0 GiB. The line offered tp x2 (dp_replicate 32 x dp_shard 4
+    x tp 2) at 73.6 GiB, over the 67.1 usable, then 64 nodes. dp_replicate 16 x dp_shard 16 (the same
+    256 ranks, the state sharded 16 ways, not 8) fits on the same 32 nodes: the trial's hsdp16.toml."""
+    cfg = config_from_dict({
+        "model": MODEL30, "cluster": {"system": "dgx-a100", "nodes": 32},
+        "training": {"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "hsdp", "recompute": "full",
+                     "memory_reserve": 0.10},
+        "mesh": {"names": ["dp_replicate", "dp_shard"], "shape": [32, 8]}})
+    p = build_plan(cfg)
+    assert not p.feasible and _gib(p) == "81.0 GiB"
+    tp2 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_replicate", "dp_shard", "tp"],
+                                                                    "shape": [32, 4, 2], "sequence_parallel": True})))
+    assert not tp2.feasible and _gib(tp2) == "73.6 GiB"
+    r16 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 16]})))
+    assert r16.feasible
+    line = memory_fix(p)
+    assert line == (f"fix: dp_replicate 16 x dp_shard 16 (the data axes re-split on the same nodes) -> peak {_gib(r16)} "
+                    f"(fits; {_step(r16)}) (usable 67.1 GiB)")
+    assert "73.6" not in line
