@@ -26,7 +26,8 @@ keeps pp micro-batches' activations on stage 0 and the data axis shards the stat
 27 #B). Only
 those that fit are offered, each with its step as ``meshplan step`` predicts it
 (:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
-the fastest first: Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
+the fastest first, one under 15% of usable memory free marked ``tight``
+(:func:`meshplan.memory.headroom.tight`, the search's headroom rule): Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
 (121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
 recompute full (25.0 GiB), which replays every layer's forward. A variant that lowers the peak but
 not under usable memory is never offered as a fix: where none fits, such variants close the line,
@@ -61,6 +62,7 @@ from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
+from meshplan.memory.headroom import headroom_words
 from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, tried, variant_mesh
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
@@ -318,17 +320,24 @@ def _step_s(p: Plan) -> Optional[float]:
 
 
 def _parts(found: list[tuple[str, Plan]]) -> tuple[list[str], list[str]]:
-    """(fits, rest): the words and peak of each variant that fits, the fastest first with its step;
-    and of those
+    """(fits, rest): the words and peak of each variant that fits, the fastest first with its step,
+    one that keeps under 15% of the usable memory free marked ``tight`` (the search's headroom rule,
+    :func:`meshplan.memory.headroom.tight`; newcomer trial 27 #C); and of those
     that do not fit, in :func:`_variants`' order (never offered as a fix: newcomer trial 27 #B)."""
     steps = {w: _step_s(p) for w, p in found if p.feasible}
+    heads = {w: _headroom(p) for w, p in found if p.feasible}
     fit = sorted((f for f in found if f[1].feasible), key=lambda f: (steps[f[0]] is None, steps[f[0]] or 0.0))
     fits = []
     for words, p in fit:
-        s = steps[words]
-        tail = " (fits)" if s is None else f" (fits; step {s:.1f} s)"
+        s, tight = steps[words], f"; {heads[words]}" if heads[words] else ""
+        tail = f" (fits{tight})" if s is None else f" (fits; step {s:.1f} s{tight})"
         fits.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
     return fits, [f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" for w, p in found if not p.feasible]
+
+
+def _headroom(p: Plan) -> str:
+    """A fitting variant's headroom words where it is tight (:func:`meshplan.memory.headroom.headroom_words`)."""
+    return headroom_words(p.timeline.peak.total_bytes, p.timeline.usable_bytes, p.config.memory.fragmentation_fraction)
 
 
 def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:

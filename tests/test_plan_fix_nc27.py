@@ -1,6 +1,8 @@
 """Newcomer trial 27 (256 A100 80GB, torchtitan, a dense ~30B model): the memory ``fix:`` line
 (:func:`meshplan.plan_fix.memory_fix`). #A: under DDP (sharding none) it offers sharding; #B: it
-offers re-splitting HSDP's data axes and never offers a variant over usable memory as a fix. Each printed peak and
+offers re-splitting HSDP's data axes and never offers a variant over usable memory as a fix; #C: a
+fitting variant with under 15% of usable memory free is marked tight and listed after those that
+keep it (the search's headroom rule, :func:`meshplan.memory.headroom.tight`). Each printed peak and
 step is the plan (and ``step``) of the config edited by hand, as tests/test_plan_fix.py checks."""
 
 from __future__ import annotations
@@ -87,3 +89,26 @@ def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_
     assert line == (f"fix: dp_replicate 16 x dp_shard 16 (the data axes re-split on the same nodes) -> peak {_gib(r16)} "
                     f"(fits; {_step(r16)}) (usable 67.1 GiB)")
     assert "73.6" not in line
+
+
+def test_a_tight_variant_is_marked():
+    """#C: Llama-3-8B at seq 8192, micro-batch 2, dp_shard 8 on one dgx-h100 peaks at 106.4 GiB. Its
+    micro-batch 1 variant fits at 63.1 GiB of 67.06 usable (80e9 B x 0.9): 3.94 GiB = 5.9% free, under
+    the search's 15% (tight, marked); recompute full fits with more than 15% free (unmarked). The
+    line keeps its order, the fastest first."""
+    cfg = config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 16, "seq_len": 8192, "micro_batch": 2, "sharding": "zero3", "recompute": "none"},
+        "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    p = build_plan(cfg)
+    mb1 = build_plan(replace(cfg, training=cfg.training.model_copy(update={"micro_batch": 1})))
+    full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
+    assert not p.feasible and mb1.feasible and full.feasible
+    free = 80e9 * 0.9 - mb1.timeline.peak.total_bytes
+    assert (round(free / GiB, 2), round(free / (80e9 * 0.9), 3)) == (3.94, 0.059)
+    assert full.timeline.peak.total_bytes < 0.85 * 80e9 * 0.9
+    line = memory_fix(p)
+    mine = f"micro_batch 1 -> peak 63.1 GiB (fits; {_step(mb1)}; tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15%)"
+    assert mine in line and f"recompute full -> peak {_gib(full)} (fits; {_step(full)})" in line
+    first, _ = sorted((mb1, full), key=lambda q: step_time(q).step_s)
+    assert line.startswith("fix: micro_batch 1" if first is mb1 else "fix: recompute full")
