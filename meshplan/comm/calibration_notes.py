@@ -111,7 +111,7 @@ def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> li
     out = []
     for link, c in calib.items():
         per = " per NIC" if link == "nic" else ""
-        curve = node.busbw.get(link) if link in ("nic", "nvlink") else None
+        curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link)
         size = curve.sizes_bytes[-1] if curve is not None else None
         out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} calibrated fit"
                    f"{logged_at(link, c, size)}, catalog {_catalog_figure(link, node, keys)}")
