@@ -7,8 +7,9 @@ changed (at most :data:`MAX_VARIANTS`, in this order): ``grad_accumulation = "sy
 unit's unsharded gradients, and with ``no_sync_unsharded`` its parameters, across the step's
 micro-batches; sync reduce-scatters them after each), ``recompute = "full"`` (activations
 of a layer freed after its forward, only its input kept), half the micro-batch (activations
-scale with it), ``sharding = "zero3"`` (parameters, gradients and optimizer state sharded over
-the data axis) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
+scale with it), each sharding above the configured one that the framework runs (:func:`_sharded`:
+``zero1`` where an engine runs it, ``zero3``: parameters, gradients and optimizer state sharded over
+every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sharded, ``reshard_after_forward = true`` (not under a V-shaped schedule
 whose runtime would then get the gradients wrong, rule ``v-reshard``:
 :func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
@@ -21,12 +22,16 @@ by :func:`meshplan.plan.build_plan`, the same memory timeline as the plan and th
 must split the sequence into 2 x cp chunks and, with SP, its share over tp, :mod:`meshplan.spec.axes.cp`
 and :mod:`~meshplan.spec.axes.tp`; DeepSpeed's engines have no cp), and its peak (the
 most loaded stage's) is printed where it is lower than the plan's (pp x2 can raise it: 1F1B
-keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Those
-that fit come first, each with its step as ``meshplan step`` predicts it
+keeps pp micro-batches' activations on stage 0 and the data axis shards the state less). Beside those, HSDP's data axes re-split on the same nodes (:func:`_resplit_variant`, newcomer trial
+27 #B). Only
+those that fit are offered, each with its step as ``meshplan step`` predicts it
 (:func:`meshplan.schedule.steptime.step_time`, about 0.1 s a variant for Llama-3-70B on 64 GPUs),
-the fastest first: Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
+the fastest first, one under 15% of usable memory free marked ``tight``
+(:func:`meshplan.memory.headroom.tight`, the search's headroom rule): Llama-3-70B at seq 32768, dp_shard 8 x tp 8 without recompute on 8 dgx-h100
 (121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
-recompute full (25.0 GiB), which replays every layer's forward. When none fits alone, the knobs together (not the mesh),
+recompute full (25.0 GiB), which replays every layer's forward. A variant that lowers the peak but
+not under usable memory is never offered as a fix: where none fits, such variants close the line,
+``over the usable 67.1 GiB, no fix alone: ...`` (newcomer trial 27 #B). When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
 axis grown with the nodes (:mod:`meshplan.plan_fix_nodes`: at most
 :data:`~meshplan.plan_fix_nodes.MAX_NODE_PLANS` node counts tried upwards with the configured
@@ -57,12 +62,14 @@ from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
-from meshplan.plan_variant import DATA_AXES, mesh_words, planned, tried, variant_mesh
+from meshplan.memory.headroom import headroom_words
+from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, tried, variant_mesh
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 
-#: Variants planned at most (each a whole build_plan: about 0.1-1 s).
-MAX_VARIANTS = 6
+#: Variants planned at most (each a whole build_plan: about 0.1-1 s): grad_accumulation, recompute,
+#: micro_batch, zero1 and zero3 (Megatron-LM under DDP), tp and pp.
+MAX_VARIANTS = 7
 #: Factors of the configured cp tried in turn (each taken from the data axis where it divides
 #: it), the first that fits offered: at most 3 more plans.
 CP_FACTORS = (2, 4, 8)
@@ -111,9 +118,7 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
         out.append((f"{keys.bare('micro_batch')} {mb}",
                     replace(cfg, training=t.model_copy(update={"micro_batch": mb}))))
     if t.sharding in ("none", "zero1", "zero2") and t.zero12_engine == "megatron" and t.zero0_engine == "ddp":
-        deg = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}
-        out.append((keys.setting("sharding zero3"), replace(cfg, mesh=variant_mesh(plan, deg),
-                                                            training=t.model_copy(update={"sharding": "zero3"}))))
+        out += _sharded(plan, keys)
     elif t.sharding in ("zero3", "hsdp") and not t.reshard_after_forward and not _defect_resharded(plan):
         out.append((keys.setting("reshard_after_forward true"),
                     replace(cfg, training=t.model_copy(update={"reshard_after_forward": True}))))
@@ -126,15 +131,40 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
 
 
 
+def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
+    """(words, config) of each sharding above the configured one that the framework runs, as the
+    search enumerates them: ``zero1`` where an engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`: Megatron-LM's distributed optimizer,
+    not torch without DeepSpeed's), ``zero3`` always; not ``zero2``, which the search enumerates under
+    DeepSpeed's engine alone (torch and Megatron-LM run it as their FSDP, the zero3 row), a config
+    this branch does not take (``zero12_engine = "megatron"``). Each over every data rank (:func:`~meshplan.plan_variant.folded`: DDP's
+    ``dp_replicate`` becomes the ``dp_shard`` that ZeRO shards over, its words naming the new mesh
+    where it changes). Newcomer trial 27 #A: Llama-3-8B under DDP over ``dp_replicate 32`` (121.8 GiB)
+    was told that nothing fits on up to 4 nodes while ``sharding = "zero3"`` over dp_shard 32 plans at
+    8.7 GiB."""
+    cfg, t = plan.config, plan.config.training
+    renamed = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}  # Megatron's dp
+    deg = folded(renamed)
+    moved = f" ({mesh_words(deg, keys)})" if deg != renamed else ""
+    out = []
+    for sh in ("zero1", "zero3")[1 if t.sharding != "none" else 0:]:
+        u = t.model_copy(update={"sharding": sh})
+        if sh == "zero1" and not u.has_zero1_engine:
+            continue
+        out.append((keys.setting(f"sharding {sh}") + moved, replace(cfg, mesh=variant_mesh(plan, deg), training=u)))
+    return out
+
+
 def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Config]:
     """The knob variants (not the mesh ones, tp x2 and pp x2: those alone whose training is the
     config's) applied at once."""
     cfg = plan.config
     update: dict = {}
     mesh, words = cfg.mesh, []
-    for w, v in variants:
-        if v.training == cfg.training:
-            continue
+    last = max((i for i, (_, v) in enumerate(variants) if v.training.sharding != cfg.training.sharding), default=-1)
+    for i, (w, v) in enumerate(variants):
+        if v.training == cfg.training or (v.training.sharding != cfg.training.sharding and i != last):
+            continue  # the mesh alone, or a sharding other than the most sharded
         words.append(w)
         update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
         mesh = v.mesh if v.mesh != cfg.mesh else mesh
@@ -260,6 +290,26 @@ def _nth(k: int) -> str:
     return f"{k}{tail}"
 
 
+def _resplit_variant(plan: Plan, keys: KeyMap = OWN) -> Optional[tuple[str, Plan]]:
+    """(words, plan) of HSDP's data axes re-split on the same nodes: ``dp_replicate`` / k and
+    ``dp_shard`` x k (:func:`~meshplan.plan_variant.resplit`) for the smallest k of 2, 4, 8, ... whose
+    plan fits (the state shards k times thinner; the fewest replicas moved, so the most all-reduce
+    over replicas kept); None where the mesh has no replica axis beside dp_shard or none fits (at most
+    log2(dp_replicate) plans). Newcomer trial 27 #B: a 30B model at dp_replicate 32 x dp_shard 8 on
+    32 dgx-a100 (81.0 GiB) fits at dp_replicate 16 x dp_shard 16, where the line offered tp x2 (73.6
+    GiB, over usable) and 64 nodes."""
+    deg = plan.axis_degrees()
+    if plan.config.training.sharding not in ("zero3", "hsdp") or plan.spec.rank_to_gpu is not None:
+        return None
+    k = 2
+    while (moved := resplit(deg, k)) is not None:
+        p = planned(replace(plan.config, mesh=variant_mesh(plan, moved)))
+        if p is not None and p.feasible:
+            return f"{mesh_words(moved, keys)} (the data axes re-split on the same nodes)", p
+        k *= 2
+    return None
+
+
 def _step_s(p: Plan) -> Optional[float]:
     """The predicted step of a fitting variant, as ``meshplan step`` gives it (None where the
     step model refuses it)."""
@@ -269,18 +319,25 @@ def _step_s(p: Plan) -> Optional[float]:
         return None
 
 
-def _parts(found: list[tuple[str, Plan]]) -> list[str]:
-    """Each variant's words and peak: those that fit first, the fastest first, each with its
-    step; then the others in :func:`_variants`' order."""
+def _parts(found: list[tuple[str, Plan]]) -> tuple[list[str], list[str]]:
+    """(fits, rest): the words and peak of each variant that fits, the fastest first with its step,
+    one that keeps under 15% of the usable memory free marked ``tight`` (the search's headroom rule,
+    :func:`meshplan.memory.headroom.tight`; newcomer trial 27 #C); and of those
+    that do not fit, in :func:`_variants`' order (never offered as a fix: newcomer trial 27 #B)."""
     steps = {w: _step_s(p) for w, p in found if p.feasible}
+    heads = {w: _headroom(p) for w, p in found if p.feasible}
     fit = sorted((f for f in found if f[1].feasible), key=lambda f: (steps[f[0]] is None, steps[f[0]] or 0.0))
-    rest = [f for f in found if not f[1].feasible]
-    out = []
-    for words, p in fit + rest:
-        s = steps.get(words)
-        tail = "" if not p.feasible else " (fits)" if s is None else f" (fits; step {s:.1f} s)"
-        out.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
-    return out
+    fits = []
+    for words, p in fit:
+        s, tight = steps[words], f"; {heads[words]}" if heads[words] else ""
+        tail = f" (fits{tight})" if s is None else f" (fits; step {s:.1f} s{tight})"
+        fits.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
+    return fits, [f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" for w, p in found if not p.feasible]
+
+
+def _headroom(p: Plan) -> str:
+    """A fitting variant's headroom words where it is tight (:func:`meshplan.memory.headroom.headroom_words`)."""
+    return headroom_words(p.timeline.peak.total_bytes, p.timeline.usable_bytes, p.config.memory.fragmentation_fraction)
 
 
 def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
@@ -306,16 +363,26 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
                                                   for _, p in found)):
         found.append(cp)  # a cp that does not fit: where it lowers the peak the most (long sequences)
-    parts = _parts(found)
+    data = _resplit_variant(plan, keys)
+    if data is not None:
+        found.append(data)
+    fits, rest = _parts(found)
     usable_words = f" (usable {usable / GiB:.1f} GiB)"
-    if any(p.feasible for _, p in found):
-        return f"fix: {'; '.join(parts)}{usable_words}"
+    if fits:
+        return f"fix: {'; '.join(fits)}{usable_words}"
     words, cfg = _together(plan, variants)
     both = planned(cfg) if " + " in words else None  # one knob alone is printed already
     if both is not None:
-        parts.append(f"all of {words} -> peak {both.timeline.peak.total_bytes / GiB:.1f} GiB"
-                     + (" (fits)" if both.feasible else ""))
-        if both.feasible:
-            return f"fix: {'; '.join(parts)}{usable_words}"
-    parts.append((f"{cp_why}; " if cp_why else "") + nodes_words(plan, fewest_nodes(plan, cfg), words, keys))
-    return f"fix: {'; '.join(parts)}" if not parts[:-1] else f"fix: {'; '.join(parts[:-1])}{usable_words}; {parts[-1]}"
+        all_fit, all_rest = _parts([(f"all of {words}", both)])
+        if all_fit:
+            return f"fix: {all_fit[0]}{usable_words}{_short(rest, usable)}"
+        rest += all_rest
+    nodes = (f"{cp_why}; " if cp_why else "") + nodes_words(plan, fewest_nodes(plan, cfg), words, keys)
+    return f"fix: {nodes}{_short(rest, usable)}"
+
+
+def _short(rest: list[str], usable: float) -> str:
+    """The variants that lower the peak but not under ``usable`` bytes, after the line's fix and
+    named as no fix (newcomer trial 27 #B: ``tp x2 -> peak 73.6 GiB`` was offered first over 67.1 GiB
+    usable); "" where there are none."""
+    return f"; over the usable {usable / GiB:.1f} GiB, no fix alone: {'; '.join(rest)}" if rest else ""

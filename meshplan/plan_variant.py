@@ -57,3 +57,43 @@ def planned(cfg: Config) -> Optional[Plan]:
     """The plan of ``cfg`` (None where it does not resolve or is refused)."""
     p = tried(cfg)
     return p if isinstance(p, Plan) else None
+
+
+#: Every data axis whose ranks a sharded variant folds into one dp_shard (ZeRO and FSDP shard over
+#: the whole data axis; a replica axis of DDP holds none of the state's shards).
+ALL_DATA_AXES = ("dp_replicate", "dp", "dp_shard")
+
+
+def folded(degrees: dict[str, int]) -> dict[str, int]:
+    """``degrees`` with its data axes folded into one ``dp_shard`` at the first one's place, so that
+    a sharded variant shards over every data rank (newcomer trial 27 #A: DDP over ``dp_replicate 32``
+    with ``sharding = "zero3"`` kept the replica axis and sharded nothing).
+
+    >>> folded({"dp_replicate": 32}), folded({"dp_replicate": 4, "dp_shard": 8, "tp": 2}), folded({"pp": 2, "tp": 8})
+    ({'dp_shard': 32}, {'dp_shard': 32, 'tp': 2}, {'pp': 2, 'tp': 8})
+    """
+    data = [n for n in degrees if n in ALL_DATA_AXES]
+    total = 1
+    for n in data:
+        total *= degrees[n]
+    out: dict[str, int] = {}
+    for n, d in degrees.items():
+        if n not in data:
+            out[n] = d
+        elif "dp_shard" not in out:
+            out["dp_shard"] = total
+    return out
+
+
+def resplit(degrees: dict[str, int], k: int) -> Optional[dict[str, int]]:
+    """``degrees`` with ``k`` times fewer replicas and ``k`` times larger shards (HSDP's
+    ``dp_replicate`` / k, ``dp_shard`` x k; the data ranks and the world kept), None where
+    dp_replicate does not split by k or the mesh has no dp_shard.
+
+    >>> resplit({"dp_replicate": 32, "dp_shard": 8}, 2), resplit({"dp_replicate": 3, "dp_shard": 8}, 2)
+    ({'dp_replicate': 16, 'dp_shard': 16}, None)
+    """
+    r = degrees.get("dp_replicate", 1)
+    if "dp_shard" not in degrees or r % k or r < k:
+        return None
+    return degrees | {"dp_replicate": r // k, "dp_shard": degrees["dp_shard"] * k}

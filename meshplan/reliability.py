@@ -43,11 +43,36 @@ from typing import Optional
 from meshplan.checkpoint_bytes import CheckpointSize, checkpoint_size, deepspeed_write_bytes, write_time_s
 from meshplan.restart_text import checkpoint_engine
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.search import LLAMA3_STORAGE_GB_PER_S
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
 LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
 DEFAULT_RATE_PER_GPU_DAY = LLAMA3_UNEXPECTED / (LLAMA3_DAYS * LLAMA3_GPUS)
 DAY_S = 86400.0
+
+
+def storage_default_note(cluster: ClusterSpec, flags: list[str]) -> str:
+    """The note ``reliability`` prints where a checkpoint bandwidth is left at its default
+    (:data:`meshplan.spec.search.LLAMA3_STORAGE_GB_PER_S`, 2 TB/s; ``flags``: the options that set
+    those left out): that figure is the storage of Llama 3's 16,384-GPU cluster, not this cluster's,
+    and meshplan cannot cap it by what this cluster's nodes can push (nodes x a node's storage or
+    front-end NIC bandwidth): the catalog's nodes list their compute NICs alone, and a checkpoint is
+    written through the storage network (DGX A100's storage NICs mlx5_4-5 are not compute NICs,
+    catalog/nodes.toml). Newcomer trial 27 #E: 256 A100 were timed at the 16K-GPU cluster's 2 TB/s
+    with no word.
+
+    >>> from meshplan.catalog import system
+    >>> print(storage_default_note(system("dgx-a100", nodes=32), ["--write-gbps", "--read-gbps"]))  # doctest: +NORMALIZE_WHITESPACE
+    note: the 2000 GB/s checkpoint default is the storage of Llama 3's 16,384-GPU cluster (arXiv 2407.21783,
+    3.3.1), not this cluster's 32 nodes; the catalog holds no storage or front-end NIC bandwidth for dgx-a100,
+    so it is not capped at what 32 nodes can push: measure yours (fio or IOR from every node at once) and set
+    --write-gbps, --read-gbps
+    """
+    nodes = f"{cluster.nodes} node{'s' * (cluster.nodes != 1)}"
+    return (f"note: the {LLAMA3_STORAGE_GB_PER_S:g} GB/s checkpoint default is the storage of Llama 3's 16,384-GPU "
+            f"cluster (arXiv 2407.21783, 3.3.1), not this cluster's {nodes}; the catalog holds no storage or front-end "
+            f"NIC bandwidth for {cluster.node.name}, so it is not capped at what {nodes} can push: measure yours (fio "
+            f"or IOR from every node at once) and set {', '.join(flags)}")
 
 
 def interruptions_per_day(gpus: int, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY) -> float:

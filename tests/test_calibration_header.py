@@ -41,9 +41,9 @@ def _expected(path) -> dict:
                        "source: nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"],
             # newcomer 25: the catalog figure each fit replaced on dgx-h100, by hand from nccl.toml: NVLink
             # ring 368.0 GB/s at 8 GiB on its 450 line; NDR 8-NIC 376.0 at 8 GiB x 50 / 400 = 47.00 per NIC
-            "replaced": ["  nvlink busbw 450.00 GB/s measured, catalog 368.00 (h100-nvlink4-ring at 8.00 GiB; "
+            "replaced": ["  nvlink busbw 450.00 GB/s calibrated fit, catalog 368.00 (h100-nvlink4-ring at 8.00 GiB; "
                          "line rate 450)",
-                         "  nic busbw 45.00 GB/s per NIC measured, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; "
+                         "  nic busbw 45.00 GB/s per NIC calibrated fit, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; "
                          "line rate 50)"],
             "warnings": []}
 

@@ -12,8 +12,11 @@ from tests.cli_run import run_cli
 from tests.test_cli_json import H100X2
 
 #: 2 x 8 H100 at 360 GB/s all-reduce busbw: 45 GB/s per NIC; dgx-h100's catalog NIC curve (S19) is
-#: 376.0 GB/s at 8 GiB against 8 x 50 GB/s, 376 x 50 / 400 = 47.00 per NIC
-NIC_LINE = "  nic all-reduce busbw 45.00 GB/s per NIC measured, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)"
+#: 376.0 GB/s at 8 GiB against 8 x 50 GB/s, 376 x 50 / 400 = 47.00 per NIC. 45.00 is the calibrated
+#: fit (newcomer trial 27 #D: not called "measured"); the log's own busbw at 8 GiB (8589934592 B,
+#: all_reduce_perf_2x8h100.txt) is 359.76 GB/s over the node's 8 NICs: 44.97 per NIC.
+NIC_LINE = ("  nic all-reduce busbw 45.00 GB/s per NIC calibrated fit (logged 44.97 at 8.00 GiB), catalog 47.00 "
+            "(ib-ndr-400-8nic at 8.00 GiB; line rate 50)")
 
 
 def test_step_names_the_catalog_figure_the_fit_replaced(tmp_path, capsys):
@@ -34,8 +37,23 @@ def test_each_class_against_its_own_catalog_figure():
              "pcie": CalibratedLink(latency_us=10, bandwidth_gb_per_s=50.0, source="b")}
     cluster = system("dgx-h100", nodes=1)
     assert replaced_lines(calib, cluster) == [
-        "  nvlink all-reduce busbw 340.00 GB/s measured, catalog 368.00 (h100-nvlink4-ring at 8.00 GiB; line rate 450)",
-        "  pcie busbw 50.00 GB/s measured, catalog 63 (line rate; no measured curve in the catalog)"]
+        "  nvlink all-reduce busbw 340.00 GB/s calibrated fit, catalog 368.00 (h100-nvlink4-ring at 8.00 GiB; line rate 450)",
+        "  pcie busbw 50.00 GB/s calibrated fit, catalog 63 (line rate; no measured curve in the catalog)"]
     mine = cluster.model_copy(update={"node": cluster.node.model_copy(update={"name": "my-node"})})
     assert replaced_lines({"pcie": calib["pcie"]}, mine) == [
-        "  pcie busbw 50.00 GB/s measured, no catalog figure: node my-node is not a catalog node"]
+        "  pcie busbw 50.00 GB/s calibrated fit, no catalog figure: node my-node is not a catalog node"]
+
+
+def test_the_fit_is_not_called_measured_and_the_logged_value_is_beside_it():
+    """Newcomer trial 27 #D: 4 dgx-a100 nodes, nccl-tests all-reduce over 32 ranks. The file's fit is
+    163.32 GB/s a node over its 8 NICs = 20.42 per NIC (the alpha-beta line, not a logged number);
+    the log's busbw at 4 GiB, the catalog curve's largest size, is 174.96 / 8 = 21.87 per NIC. The
+    catalog's HDR 8-NIC curve: 188.18 GB/s at 4 GiB x 25 / 200 = 23.52 per NIC."""
+    from meshplan.comm.calibration import LoggedCurve
+    run = LoggedCurve(op="all-reduce", ranks=32, nodes=4, sizes_bytes=[2 ** 31, 2 ** 32, 2 ** 33],
+                      busbw_gb_per_s=[174.34, 174.96, 176.39], source="all_reduce_4nodes.log")
+    nic = CalibratedLink(latency_us=41.05, bandwidth_gb_per_s=20.42, op="all-reduce", ranks=32, points=62,
+                         source="all_reduce_4nodes.log", curve=[run])
+    assert replaced_lines({"nic": nic}, system("dgx-a100", nodes=4)) == [
+        "  nic all-reduce busbw 20.42 GB/s per NIC calibrated fit (logged 21.87 at 4.00 GiB), catalog 23.52 "
+        "(ib-hdr-200-8nic at 4.00 GiB; line rate 25)"]

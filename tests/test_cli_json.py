@@ -197,3 +197,23 @@ def test_compare_and_search_json_are_valid(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert rc == 0 and validate("search", doc) == [] and len(doc["top"]) == 2
     assert sum(doc["counts"].values()) == doc["candidates"]
+
+
+@pytest.mark.parametrize("command", ["memory", "plan", "search", "step"])
+def test_json_followed_by_an_option_is_one_line_naming_json(command, tmp_path, capsys):
+    """Newcomer trial 27 #F: ``memory X --json --out DIR`` took ``--out`` for --json's path and then
+    refused ``DIR`` as an extra argument. --json takes a path: an option given as its value is one
+    line naming --json and the fix, exit 2, before any planning and with nothing written."""
+    with pytest.raises(SystemExit) as done:
+        main([command, str(MINI), "--json", "--out", str(tmp_path / "d")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err == ("error: --json: takes a path (--json PATH), got the option --out: give the file right after "
+                   "--json (--json out.json --out ...)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_readme_names_the_json_path():
+    """The README's command table writes ``--json PATH`` (it takes a path), never a bare ``--json``."""
+    rows = [r for r in (ROOT / "README.md").read_text().splitlines() if r.startswith("| `") and "--json" in r]
+    assert rows and all("`--json`" not in r and "`--json PATH`" in r for r in rows)

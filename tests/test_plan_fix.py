@@ -26,6 +26,15 @@ def _step(plan) -> str:
     return f"step {step_time(plan).step_s:.1f} s"
 
 
+def _tight(plan) -> str:
+    """``; tight: F GiB = P% of the usable U GiB free, under 15%`` by hand: free = usable - peak, under
+    0.15 x usable (the search's headroom rule; newcomer trial 27 #C marks such a variant)."""
+    usable, peak = plan.timeline.usable_bytes, plan.timeline.peak.total_bytes
+    assert usable - peak < 0.15 * usable
+    free = usable - peak
+    return f"; tight: {free / GiB:.1f} GiB = {free / usable:.1%} of the usable {usable / GiB:.1f} GiB free, under 15%"
+
+
 def _layer(cfg, k):
     """``cfg`` at torchtitan's per-layer AC, every ``k``-th layer in full, planned."""
     return build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "layer", "ac_freq": k})))
@@ -65,7 +74,7 @@ def test_fix_lists_each_variant_with_the_peak_its_own_plan_gives():
     assert step_time(l15).step_s == step_time(full).step_s
     # pp x2 raises the peak (112.9 > 69.7 GiB): no fix, left out
     assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); recompute layer ac_freq "
-                             f"15 (every 15th layer of a stage in full) -> peak 66.7 GiB (fits; {_step(l15)}); tp x2 (dp_shard 8 x "
+                             f"15 (every 15th layer of a stage in full) -> peak 66.7 GiB (fits; {_step(l15)}{_tight(l15)}); tp x2 (dp_shard 8 x "
                              f"tp 8) -> peak {_gib(seed)} (fits; {_step(seed)}); cp 2 (dp_shard 8 x cp 2 x tp 4) -> "
                              f"peak {_gib(cp2)} (fits; {_step(cp2)}) (usable 67.1 GiB)")
 
@@ -95,7 +104,10 @@ def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
     mega = text.replace('recompute = "none"', 'recompute = "none"\nframework = "megatron"') \
         .replace('param_dtype = "fp32"', 'param_dtype = "bf16"')
     (tmp_path / "mega.toml").write_text(mega)
-    assert memory_fix(plan_file(tmp_path / "mega.toml")).startswith("fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak ")
+    mline = memory_fix(plan_file(tmp_path / "mega.toml"))
+    assert mline.startswith("fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak ")
+    # newcomer trial 27 #C: 62.8 of 67.1 GiB, (67.06 - 62.8) / 67.06 = 6.3% free, under 15%: marked tight
+    assert mline.startswith("fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 62.8 GiB (fits; step ") and "; tight: " in mline
     (tmp_path / "ds.toml").write_text(text.replace('recompute = "none"', 'recompute = "none"\nzero3_engine = "deepspeed"'))
     assert "cp " not in memory_fix(plan_file(tmp_path / "ds.toml"))
 
@@ -116,9 +128,10 @@ def test_micro_batch_variant_halves_it(tmp_path):
                                                                              [2, 4, 8])
     assert not cp2.feasible and cp4.feasible and step_time(full).step_s < step_time(cp4).step_s
     # the fitting ones first, fastest first (trial 16 #1: steps and the cp variant added; micro_batch 2 now last)
+    # micro_batch 2 lowers the peak but not under usable memory: never offered as a fix (newcomer trial 27 #B)
     assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(full)} (fits; {_step(full)}); cp 4 (dp_shard 2 x cp "
-                             f"4 x tp 8) -> peak {_gib(cp4)} (fits; {_step(cp4)}); micro_batch 2 -> peak {_gib(half)} "
-                             "(usable 67.1 GiB)")
+                             f"4 x tp 8) -> peak {_gib(cp4)} (fits; {_step(cp4)}) (usable 67.1 GiB)")
+    assert "micro_batch 2" not in memory_fix(p)
 
 
 def test_no_variant_fits_gives_the_fewest_nodes(tmp_path):
@@ -135,9 +148,10 @@ def test_no_variant_fits_gives_the_fewest_nodes(tmp_path):
                                   training=cfg.training.model_copy(update={"recompute": "full"}),
                                   mesh=cfg.mesh.model_copy(update={"shape": [nodes, 8]})))
     assert not at(1).feasible and not at(2).feasible and at(4).feasible
-    assert memory_fix(p) == (f"fix: recompute full -> peak {_gib(at(1))} (usable 67.1 GiB); does not fit even at the "
-                             f"most memory-saving settings on 1 node: 4 nodes would (recompute full, dp_shard 4 x tp 8: "
-                             f"peak {_gib(at(4))})")
+    # the fix first, the variant over usable memory after it as none (newcomer trial 27 #B)
+    assert memory_fix(p) == (f"fix: does not fit even at the most memory-saving settings on 1 node: 4 nodes would "
+                             f"(recompute full, dp_shard 4 x tp 8: peak {_gib(at(4))}); over the usable 67.1 GiB, no fix "
+                             f"alone: recompute full -> peak {_gib(at(1))}")
 
 
 def test_plan_cli_prints_fix_after_the_verdict(capsys):
@@ -171,9 +185,9 @@ def test_no_sync_is_offered_back_to_sync(tmp_path):
     assert l5.feasible and not l6.feasible and _gib(l5) == "67.0 GiB"
     assert step_time(l5).step_s == step_time(full).step_s  # the same NIC-bound step, listed after full
     assert memory_fix(p) == (f"fix: recompute full -> peak 47.7 GiB (fits; {_step(full)}); recompute layer ac_freq 5 "
-                             f"(every 5th layer of a stage in full) -> peak 67.0 GiB (fits; {_step(l5)}); grad_accumulation sync -> "
+                             f"(every 5th layer of a stage in full) -> peak 67.0 GiB (fits; {_step(l5)}{_tight(l5)}); grad_accumulation sync -> "
                              f"peak 43.3 GiB (fits; {_step(seed)}); cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 59.2 GiB "
-                             f"(fits; {_step(cp2)}) (usable 67.1 GiB)")
+                             f"(fits; {_step(cp2)}{_tight(cp2)}) (usable 67.1 GiB)")
     # sync itself offers no such variant
     assert "grad_accumulation" not in (memory_fix(plan_file(EXAMPLES / "seed-64gpu-tp4.toml")) or "")
 
@@ -203,7 +217,10 @@ def test_per_layer_ac_at_the_largest_ac_freq_that_fits(tmp_path):
     full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
     assert step_time(l3).step_s < step_time(full).step_s
     line = memory_fix(p)
-    mine = f"recompute layer ac_freq 3 (every 3rd layer of a stage in full) -> peak 64.6 GiB (fits; {_step(l3)})"
+    # 72e9 - 69,361,870,848 = 2,638,129,152 B free = 2.5 GiB, 3.7% of usable: under 15%, marked tight
+    tight = "tight: 2.5 GiB = 3.7% of the usable 67.1 GiB free, under 15%"
+    assert _tight(l3) == f"; {tight}"
+    mine = f"recompute layer ac_freq 3 (every 3rd layer of a stage in full) -> peak 64.6 GiB (fits; {_step(l3)}; {tight})"
     assert mine in line and line.index(mine) < line.index(f"recompute full -> peak {_gib(full)} (fits; {_step(full)})")
     # read from a torchtitan TOML: its own keys (selective_ac_option, an int string: every k-th layer)
     tt = replace(p, config=replace(cfg, origin="torchtitan"))

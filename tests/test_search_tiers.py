@@ -23,7 +23,8 @@ from meshplan.config import load_config
 from meshplan.report.json_docs import schema_of
 from meshplan.report.search import search_to_dict, table_lines, top_table
 from meshplan.search.driver import search
-from meshplan.search.headroom import tiered, tight
+from meshplan.memory.headroom import tight
+from meshplan.search.headroom import tiered
 from meshplan.units import GiB
 from tests.configs import llama8b_node_search
 

@@ -219,8 +219,27 @@ def _inputs_guarded(command):
     return run
 
 
+def json_path_given(value: Optional[Path]) -> Optional[Path]:
+    """``--json``'s callback: the path as given, refused where it is an option (``--json --out DIR``:
+    ``--json`` takes a path, so the parser took ``--out`` for it and then refused ``DIR`` as an extra
+    argument, newcomer trial 27 #F). Click runs the callbacks before it checks for extra arguments,
+    so this line is the one the user sees.
+
+    >>> json_path_given(Path("plan.json")).name, json_path_given(None)
+    ('plan.json', None)
+    >>> json_path_given(Path("--out"))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --json: takes a path (--json PATH), got the option --out: give the file right after --json (--json out.json --out ...)
+    """
+    if value is not None and str(value).startswith("--"):
+        raise ConfigError("--json", f"takes a path (--json PATH), got the option {value}: give the file right after "
+                          f"--json (--json out.json {value} ...)")
+    return value
+
+
 def _json_option(command: str):
-    return typer.Option(None, "--json", help=f"write the result as JSON to PATH, or with - to stdout (the rest of "
+    return typer.Option(None, "--json", callback=json_path_given, help=f"write the result as JSON to PATH, or with - to stdout (the rest of "
                                              f"the output then on stderr) (schema meshplan.{command}/v1, file "
                                              f"meshplan/schemas/{command}.v1.schema.json; SI units)")
 

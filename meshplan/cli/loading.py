@@ -115,9 +115,9 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     from (``origin``: ``  nic fitted to all-reduce over 16 ranks on 2 nodes, ...``) and a
     ``warning:`` line per GPU model of the file that is not ``cluster``'s
     (:func:`~meshplan.comm.calibration_notes.gpu_warnings`), then per link class the catalog
-    figure its fit replaced (``replaced``: ``  nic all-reduce busbw 45.00 GB/s per NIC measured,
-    catalog 47.00 (...)``, :func:`~meshplan.comm.calibration_notes.replaced_lines`); None without
-    a calibration."""
+    figure its fit replaced (``replaced``: ``  nic all-reduce busbw 45.00 GB/s per NIC calibrated fit
+    (logged 44.97 at 8.00 GiB), catalog 47.00 (...)``,
+    :func:`~meshplan.comm.calibration_notes.replaced_lines`); None without a calibration."""
     if not calibration:
         return None
     doc = calibration_doc(calibration, load_calibration(calibration), cluster)

@@ -22,6 +22,7 @@ from meshplan.cli.common import (
     _infeasible,
     _html_option,
     _json_option,
+    json_path_given,
     _refuse_existing,
     _verdict_exit,
     _write_doc,
@@ -65,7 +66,8 @@ def closing_notes(p: Plan) -> list[str]:
 
 @foreign_options()
 def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
-         json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
+         json_path: Optional[Path] = typer.Option(None, "--json", callback=json_path_given,
+                                                  help="write the whole plan (every group) as JSON "
                                                   "to PATH, or with - to stdout (the rest of the output then on "
                                                   "stderr)"),
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed; "

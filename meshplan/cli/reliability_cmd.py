@@ -24,7 +24,7 @@ from meshplan.cli.loading import _kernels_note, _load
 from meshplan.errors import ConfigError, check_number
 from meshplan.plan import Infeasible
 from meshplan.plan_runtime import run_reasons
-from meshplan.reliability import JobInterval, reliability as rel
+from meshplan.reliability import JobInterval, reliability as rel, storage_default_note
 from meshplan.report.json_docs import envelope, reliability_doc
 from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.schedule.steptime import step_time
@@ -67,6 +67,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     optimum, when the config says it), goodput, restart. Storage bandwidths and restart overhead left out
     take search's defaults, named on an 'inputs:' line with their source."""
 
+    defaults = [flag for flag, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) if v is None]
     write_gbps, read_gbps, restart_overhead_s, inputs = _storage_inputs(write_gbps, read_gbps, restart_overhead_s)
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
                                                                               if rank_gbps is not None else ()):
@@ -93,7 +94,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s,
             per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None, job=job)
-    for line in ([inputs] if inputs else []) + r.lines():
+    note = [storage_default_note(p.config.cluster, defaults)] if defaults else []
+    for line in ([inputs] if inputs else []) + note + r.lines():
         _echo(line)
     t = p.config.training
     pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)

@@ -23,6 +23,7 @@ from meshplan.cli.common import (
     _html_option,
     _infeasible,
     _json_option,
+    json_path_given,
     _refuse_existing,
     _write_doc,
     _write_text,
@@ -112,6 +113,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
+    for line in c.headroom_lines():  # a side under 15% free: the search's headroom rule
+        con.print(shown(line), highlight=False)
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
             con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
@@ -137,7 +140,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                "the rows under 15% of usable memory free among the others ([search] "
                                                "headroom_tier = false); by default they are listed after the rows "
                                                "that keep it, each mesh at a setting that keeps it where it has one"),
-               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
+               json_path: Optional[Path] = typer.Option(None, "--json", callback=json_path_given,
+                                                        help="write the result as JSON to PATH, or "
                                                         "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),

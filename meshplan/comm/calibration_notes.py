@@ -86,30 +86,58 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
 
 
 def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
-    """Per calibrated link class, its measured bus bandwidth beside the catalog figure it
-    replaced on ``cluster``'s node (the catalog entry of that name: nodes.toml and its
-    nccl.toml curves), one line each, printed by plan, step, search and compare under the
-    header (:func:`calibration_line`): ``nic`` per NIC against the catalog NIC curve's busbw
-    per NIC at its largest size (:func:`~meshplan.comm.calibration_kinds.per_nic`), ``nvlink``
-    against the catalog NVLink curve's busbw there, each else (and ``pcie``) against the
-    catalog line rate; a node not in the catalog says so.
+    """Per calibrated link class, its calibrated fit (the alpha-beta line's bus bandwidth, not a
+    logged number) with, where the file holds the fitted run's logged curve, the busbw it logged at
+    the logged size nearest the catalog figure's (:func:`logged_at`), beside the catalog figure it
+    replaced on ``cluster``'s node (the catalog entry of that name: nodes.toml and its nccl.toml
+    curves), one line each, printed by plan, step, search and compare under the header
+    (:func:`calibration_line`): ``nic`` per NIC against the catalog NIC curve's busbw per NIC at
+    its largest size (:func:`~meshplan.comm.calibration_kinds.per_nic`), ``nvlink`` against the
+    catalog NVLink curve's busbw there, each else (and ``pcie``) against the catalog line rate; a
+    node not in the catalog says so. Newcomer trial 27 #D: the line once called the fit
+    "measured" (20.42 GB/s per NIC, its 163.32 GB/s line over 8 NICs) where the log held 21.87
+    at that size (174.96 / 8).
 
     >>> from meshplan.catalog import system
     >>> replaced_lines({"nic": CalibratedLink(latency_us=30, bandwidth_gb_per_s=45.0, op="all-reduce", ranks=16,
     ...                                      source="a")}, system("dgx-h100", nodes=2))
-    ['  nic all-reduce busbw 45.00 GB/s per NIC measured, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)']
+    ['  nic all-reduce busbw 45.00 GB/s per NIC calibrated fit, catalog 47.00 (ib-ndr-400-8nic at 8.00 GiB; line rate 50)']
     """
     name = cluster.node.name
     if name not in catalog.names("node"):
-        return [f"  {link} busbw {c.bandwidth_gb_per_s:.2f} GB/s measured, no catalog figure: node {name} is not a "
-                "catalog node" for link, c in calib.items()]
+        return [f"  {link} busbw {c.bandwidth_gb_per_s:.2f} GB/s calibrated fit{logged_at(link, c, None)}, no catalog "
+                f"figure: node {name} is not a catalog node" for link, c in calib.items()]
     node, keys = catalog.node(name), catalog.entry("node", name).get("busbw", {})
     out = []
     for link, c in calib.items():
         per = " per NIC" if link == "nic" else ""
-        out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} measured, "
-                   f"catalog {_catalog_figure(link, node, keys)}")
+        curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link)
+        size = curve.sizes_bytes[-1] if curve is not None else None
+        out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} calibrated fit"
+                   f"{logged_at(link, c, size)}, catalog {_catalog_figure(link, node, keys)}")
     return out
+
+
+def logged_at(link: str, c: CalibratedLink, size_bytes: Optional[float]) -> str:
+    """`` (logged 21.87 at 4.00 GiB)``: the busbw the fitted run logged (its ``[[link.<class>.curve]]``,
+    per NIC for ``nic``: over the NICs its busbw was split over, :meth:`CalibratedLink.split_nics`)
+    at its logged size nearest ``size_bytes`` (its largest where None); "" where the file has no
+    logged curve of the fitted run.
+
+    >>> from meshplan.comm.calibration import LoggedCurve
+    >>> run = LoggedCurve(op="all-reduce", ranks=32, nodes=4, sizes_bytes=[2**31, 2**32, 2**33],
+    ...                   busbw_gb_per_s=[174.34, 174.96, 176.39], source="s")
+    >>> c = CalibratedLink(latency_us=41.05, bandwidth_gb_per_s=20.42, op="all-reduce", ranks=32, source="s", curve=[run])
+    >>> logged_at("nic", c, 2**32), logged_at("nic", c, None)  # 174.96 / 8 NICs; 176.39 / 8
+    (' (logged 21.87 at 4.00 GiB)', ' (logged 22.05 at 8.00 GiB)')
+    """
+    curve = c.fitted_curve()
+    if curve is None or not curve.sizes_bytes:
+        return ""
+    at = len(curve.sizes_bytes) - 1 if size_bytes is None else min(
+        range(len(curve.sizes_bytes)), key=lambda i: abs(curve.sizes_bytes[i] - size_bytes))
+    split = c.split_nics(curve) if link == "nic" else 1
+    return f" (logged {curve.busbw_gb_per_s[at] / split:.2f} at {human_bytes(curve.sizes_bytes[at])})"
 
 
 def _catalog_figure(link: str, node, keys: dict) -> str:

@@ -47,7 +47,8 @@ def compare_html(c: Comparison, note: str = "") -> str:
     decided = [f"decided by: {c.decided_by}"] if c.decided_by else []
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
                    + lines([gemm_basis(c)] if gemm_basis(c) else [])
-                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons])
+                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons]
+                                                                       + c.headroom_lines())
                    + lines([f"rule: {c.rule}"]))
     cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
                    + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
@@ -102,7 +103,7 @@ def _write_evidence_files(c: Comparison, folder: Path, calibration: Optional[dic
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
     summary += ["", gemm_basis(c)] if gemm_basis(c) else []
-    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]
+    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons] + [f"- {w}" for w in c.headroom_lines()]
     paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(
         {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons), "table": table_values(c),

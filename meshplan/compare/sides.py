@@ -17,6 +17,7 @@ from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.validity import degrees
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
+from meshplan.memory.headroom import headroom_words
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.stage_traffic import LINKS, busiest_stage, stage_label, stage_link_bytes
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
@@ -54,6 +55,15 @@ class Side:
     step: Optional[StepTime] = None
     simplicity: tuple[int, ...] = (0, 0, 0)
     link_stage: dict = field(default_factory=dict)
+
+    @property
+    def headroom(self) -> str:
+        """``tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15%`` for a side that fits with
+        a tight peak (:func:`meshplan.memory.headroom.headroom_words`, the rule the search's headroom
+        tiers order by); "" otherwise."""
+        if not self.feasible or self.peak_bytes is None or self.usable_bytes is None:
+            return ""
+        return headroom_words(self.peak_bytes, self.usable_bytes, self.plan.config.memory.fragmentation_fraction)
 
     @property
     def resolved(self) -> bool:

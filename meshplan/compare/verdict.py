@@ -50,6 +50,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.rank import PAIR_RULE, decide
 from meshplan.search.tie_key import knob_words
 from meshplan.spec.accuracy import within_error
+from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE, shorter_by
 from meshplan.units import GiB
 
@@ -87,6 +88,19 @@ class Comparison:
         if self.equal:
             return "equal (no criterion separates them)"
         return f"{self.winner} (rejected: {self.rejected})" + self.caveat
+
+    def headroom_lines(self) -> list[str]:
+        """One warning per side that fits with under 15% of its usable memory free
+        (:attr:`~meshplan.compare.sides.Side.headroom`: the rule ``search`` demotes such meshes by,
+        one home), the winner's included: compare chooses by the step as the search does within a
+        tier, and says what the search would (newcomer trial 27 #C: compare chose a mesh at 3.9% free
+        with no word)."""
+        frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
+        return [f"warning ({s.name}): {s.headroom} at [memory] fragmentation_fraction "
+                f"{s.plan.config.memory.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose "
+                f"about {frac} to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh "
+                f"after those that keep {frac} free" for s in ((self.a,) if self.a.name == self.b.name else (self.a, self.b))
+                if s.headroom]
 
     @property
     def caveat(self) -> str:

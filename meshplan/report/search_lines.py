@@ -19,7 +19,8 @@ from meshplan.plan_runtime import split_backward_ac_head
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
-from meshplan.search.headroom import tier_line, tight as tight_peak
+from meshplan.memory.headroom import tight as tight_peak
+from meshplan.search.headroom import tier_line
 from meshplan.search.rank import top_heading, variant_label
 from meshplan.search.split_ac import split_ac_table
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
@@ -140,7 +141,7 @@ def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:
 
 def tight(r: SearchResult, e, usable: float) -> bool:
     """Row ``e`` (planned whole) leaves under :data:`ALLOCATOR_FRAGMENTATION` of ``usable`` free
-    while ``[memory] fragmentation_fraction`` is below it (:func:`meshplan.search.headroom.tight`,
+    while ``[memory] fragmentation_fraction`` is below it (:func:`meshplan.memory.headroom.tight`,
     the rule the headroom tiers order by)."""
     return e.complete and tight_peak(e.peak_bytes, usable, r.config.memory.fragmentation_fraction)
 

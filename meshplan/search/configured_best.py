@@ -7,7 +7,7 @@ micro-batch 4 was 7.668 s, 10.6% behind the top: the gap was the settings, not t
 has one (the tie rule and the headroom tiers already applied, :mod:`meshplan.search.rank`,
 :mod:`meshplan.search.headroom`), else the first by the same rule among the mesh's feasible
 candidates the search planned, the clear ones (peak at most 85% of usable memory,
-:func:`~meshplan.search.headroom.tight`) before the tight where ``[search] headroom_tier`` is on,
+:func:`~meshplan.memory.headroom.tight`) before the tight where ``[search] headroom_tier`` is on,
 after one more plan: the mesh's unplanned feasible candidate with the lowest step-time lower bound,
 where that bound is within the rule's 1% (:data:`~meshplan.spec.search.TIE`) of the best step known.
 :func:`setting_words` names what it runs otherwise than the config (``mb 4, full``).
@@ -23,7 +23,8 @@ from meshplan.config import Config
 from meshplan.search.columns import Candidates
 from meshplan.search.exact import SIMULATE, Exact, Planner
 from meshplan.search.explain import relative
-from meshplan.search.headroom import tier_order, tight
+from meshplan.memory.headroom import tight
+from meshplan.search.headroom import tier_order
 from meshplan.search.rank import mesh_of, order_all
 from meshplan.search.reasons import OK
 from meshplan.spec.axes.registry import search_axes

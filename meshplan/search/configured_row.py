@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from meshplan.search.headroom import tight
+from meshplan.memory.headroom import tight
 
 
 def table_row(step_s: float, peak_bytes: float, top: Sequence, usable_bytes: float, fragmentation_fraction: float,
@@ -34,7 +34,7 @@ def table_row(step_s: float, peak_bytes: float, top: Sequence, usable_bytes: flo
     ahead of it, a row being ahead where (under ``tiers``) it is clear and the plan tight, or it is in
     the plan's tier (without tiers: any row) with a step no longer than ``step_s``. None where every
     row shown is ahead. ``usable_bytes`` and ``fragmentation_fraction`` decide the tiers
-    (:func:`~meshplan.search.headroom.tight`)."""
+    (:func:`~meshplan.memory.headroom.tight`)."""
     mine = tight(peak_bytes, usable_bytes, fragmentation_fraction)
     ahead = 0
     for e in top:

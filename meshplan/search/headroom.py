@@ -1,8 +1,8 @@
-"""The search's headroom tiers: which rows keep too little memory free to run as planned
-(:func:`tight`) and the order that lists the meshes clear of that first (:func:`tier_order`; :func:`tiered`
-for rows already in the rule's order).
+"""The search's headroom tiers: the order that lists the meshes that keep enough memory free to run
+as planned first (:func:`tier_order`; :func:`tiered` for rows already in the rule's order).
 
-A row is tight where its planned peak leaves under
+A row is tight (:func:`meshplan.memory.headroom.tight`, the rule's one home, which compare and
+plan's fix lines use too) where its planned peak leaves under
 :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%, the one home of that threshold) of the
 usable memory free while ``[memory] fragmentation_fraction``, the allowance the plan itself
 reserves, is below it: PyTorch's caching allocator was measured to lose about that much to
@@ -27,9 +27,6 @@ candidate that could be clear up to the tie band of the N-th clear mesh, so its 
 ranking's (``tests/test_search.py``'s exhaustive oracle). ``headroom_tier = false`` (``search
 --rank-tight``) keeps the rule's order over every candidate.
 
->>> usable = 72e9  # 80 GB of HBM less a 10% reserve
->>> tight(62.8 * 2**30, usable, 0.0), tight(28.3 * 2**30, usable, 0.0), tight(62.8 * 2**30, usable, 0.15)
-(True, False, False)
 >>> tiered([11, 4, 9], [True, False, False])  # rows in the rule's order, the first one tight
 [4, 9, 11]
 >>> steps = {0: 1.0, 1: 1.005, 2: 1.2, 3: 1.1}  # candidate -> step (s); 0 and 2 of mesh A, 1 of B, 3 of C
@@ -45,16 +42,6 @@ from typing import Callable, Hashable, Mapping, Optional, Sequence
 import numpy as np
 
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
-
-
-def tight(peak_bytes, usable_bytes: float, fragmentation_fraction: float):
-    """Whether a planned peak (bytes; a float or a numpy array of them) leaves under
-    :data:`ALLOCATOR_FRAGMENTATION` of ``usable_bytes`` free while the plan's own allowance
-    ``fragmentation_fraction`` is below it: ``usable - peak < 0.15 x usable``, i.e. a peak above
-    0.85 x usable (61.2e9 B = 57.0 GiB of H100's 72e9 B usable at a 10% reserve). A bool, or an array of them."""
-    frac = ALLOCATOR_FRAGMENTATION
-    under = (usable_bytes - np.asarray(peak_bytes, dtype=float) < frac * usable_bytes) & (fragmentation_fraction < frac)
-    return under if np.ndim(peak_bytes) else bool(under)
 
 
 def tiered(rows: Sequence[int], is_tight: Sequence[bool]) -> list[int]:

@@ -25,7 +25,8 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.columns import Candidates
-from meshplan.search.headroom import tier_order, tight as tight_peak
+from meshplan.memory.headroom import tight as tight_peak
+from meshplan.search.headroom import tier_order
 from meshplan.search.rank import best_of_meshes, distinct, mesh_of, needed, order_all
 
 if TYPE_CHECKING:

@@ -1,0 +1,45 @@
+"""The headroom rule, one home for every command (newcomer trial 27 #C): a planned peak that leaves
+under :data:`~meshplan.spec.memory.ALLOCATOR_FRAGMENTATION` (15%) of the usable memory free while
+``[memory] fragmentation_fraction``, the allowance the plan itself reserves, is below it is
+*tight*: PyTorch's caching allocator was measured to lose about that much to fragmentation in LLM
+training (GMLake, ASPLOS 2024), so such a mesh fits only if the allocator fragments less than it
+was measured to. ``search`` lists tight rows after the others (:mod:`meshplan.search.headroom`,
+its tiers), ``compare`` prints :func:`headroom_words` under its verdict per tight side, and the
+memory ``fix:`` line of ``plan`` (:mod:`meshplan.plan_fix`) marks a tight option with it.
+
+>>> usable = 72e9  # 80 GB of HBM less a 10% reserve
+>>> tight(62.8 * 2**30, usable, 0.0), tight(28.3 * 2**30, usable, 0.0), tight(62.8 * 2**30, usable, 0.15)
+(True, False, False)
+>>> headroom_words(64.5 * 2**30, 67.1 * 2**30, 0.0)  # newcomer trial 27: fsdp_tp2 on A100 80GB
+'tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15%'
+>>> headroom_words(17.9 * 2**30, 67.1 * 2**30, 0.0)
+''
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
+from meshplan.units import GiB
+
+
+def tight(peak_bytes, usable_bytes: float, fragmentation_fraction: float):
+    """Whether a planned peak (bytes; a float or a numpy array of them) leaves under
+    :data:`ALLOCATOR_FRAGMENTATION` of ``usable_bytes`` free while the plan's own allowance
+    ``fragmentation_fraction`` is below it: ``usable - peak < 0.15 x usable``, i.e. a peak above
+    0.85 x usable (61.2e9 B = 57.0 GiB of H100's 72e9 B usable at a 10% reserve). A bool, or an array of them."""
+    frac = ALLOCATOR_FRAGMENTATION
+    under = (usable_bytes - np.asarray(peak_bytes, dtype=float) < frac * usable_bytes) & (fragmentation_fraction < frac)
+    return under if np.ndim(peak_bytes) else bool(under)
+
+
+def headroom_words(peak_bytes: float, usable_bytes: float, fragmentation_fraction: float) -> str:
+    """``tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15%`` where the peak is
+    :func:`tight`, "" otherwise (a peak over usable memory does not fit: the plan's verdict
+    says so, not this)."""
+    if peak_bytes > usable_bytes or not tight(peak_bytes, usable_bytes, fragmentation_fraction):
+        return ""
+    free = usable_bytes - peak_bytes
+    return (f"tight: {free / GiB:.1f} GiB = {free / usable_bytes:.1%} of the usable {usable_bytes / GiB:.1f} GiB free, "
+            f"under {ALLOCATOR_FRAGMENTATION:.0%}")
