@@ -49,3 +49,43 @@ def test_calibration_line_when_calibrated_is_further_off():
     assert "collectives at 18.1 ms per step against the cluster description's 48.7 ms" in line
     assert "`step part: the rest` 306.9 ms measured vs 5.3 ms predicted" in line and "--worlds" in line
     assert calibration_line(_rows(0.0371, 0.0533, 0.0600)) is None  # calibrated closer: nothing to explain
+
+
+def test_collective_rows_read_each_trace_once_for_the_plain_and_calibrated_rows(tmp_path, monkeypatch):
+    """``collective time (sum)`` and its calibrated twin are measured on the same gloo events:
+    each rank's trace (megabytes of JSON after a profiled step) is read once for both. Traces by
+    hand: rank 0 two gloo events of 1 ms and 3 ms (4 ms), rank 1 one of 5 ms, plus a non-gloo
+    op: the slowest is rank 1 at 5 ms, the fastest 4 ms. Calibrated: every table call at the
+    probe's 1 ms, so its prediction is the table's calls x 1 ms."""
+    import json
+
+    from meshplan.runtime.validation import evidence
+    from meshplan.runtime.validation.options import Options
+    from meshplan.runtime.validation.probe import calibrated_plan
+    from meshplan.runtime.validation.scaling import scale_config
+
+    cfg, _ = scale_config(load_config(DATA / "validate_llama8b_tp2sp_fsdp.toml"), 2, Options(layers=2, seq_len=32))
+    plan = build_plan(cfg)
+    table = [r for rows in plan.collectives.values() for r in rows]
+    cplan, _ = calibrated_plan(plan, {"rows": [dict(axis=r.axis, op=r.op, size_bytes=int(r.size_bytes), time_s=1e-3)
+                                               for r in table]})
+    events = {0: [("gloo:all_reduce", 1000), ("gloo:all_gather", 3000), ("aten::mm", 9000)],
+              1: [("gloo:all_reduce", 5000)]}
+    for rank, evs in events.items():
+        (tmp_path / f"rank{rank}").mkdir()
+        (tmp_path / f"rank{rank}" / "trace.json").write_text(json.dumps(
+            {"traceEvents": [dict(ph="X", name=n, ts=0, dur=d) for n, d in evs]}))
+    reads = []
+    read = evidence.trace_collective_s
+    monkeypatch.setattr(evidence, "trace_collective_s", lambda p: reads.append(p) or read(p))
+    plain, cal = evidence._collective_rows(tmp_path, plan, cplan)
+    assert len(reads) == 2  # world 2: one read per rank
+    assert [r["quantity"] for r in (plain, cal)] == ["collective time (sum)", "collective time (sum) (calibrated)"]
+    for row in (plain, cal):
+        assert (row["measured"], row["measured_min"], row["rank"]) == (pytest.approx(0.005), pytest.approx(0.004), 1)
+        assert row["note"].endswith("measured: 1 gloo:* events of the profiled step (profiler on)")
+    calls = sum(r.per_step for r in plan.stage(0).collectives)
+    assert cal["predicted"] == pytest.approx(calls * 1e-3)
+    assert f"predicted: {calls} table calls x the probe's" in cal["note"]
+    assert plain["predicted"] == pytest.approx(sum(r.time_s * r.per_step for r in plan.stage(0).collectives))
+    assert evidence._collective_rows(tmp_path, plan) == [plain]  # without the probe: the plain row alone

@@ -10,7 +10,8 @@ memory comes from FSDPMemTracker. pp x tp + SP (8 ranks with dp_shard 2 under 1F
 interleaved): every collective of every rank matches the plan, the last stage's first loss
 equals the single-process model's on the same micro-batches. An interleaved split whose first
 virtual stage holds the embedding alone and whose last the head alone runs, its send/recv as
-planned.
+planned. The runs leave out the in-run collective probe (``probe=False``): nothing here reads
+its files or calibrated rows; it runs for real in tests/test_validate.py.
 """
 
 import dataclasses
@@ -74,7 +75,8 @@ def test_stage_split_computes_the_full_models_logits():
 def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
     out = tmp_path / "ev"
     code, res = validate(load_config(PP_FSDP), Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1,
-                                                       micro_batches=4, timeout_s=90), out, echo=lambda *_: None)
+                                                       micro_batches=4, timeout_s=90, probe=False), out,
+                         echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp = r["comparison"]
@@ -113,7 +115,7 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path, m)
                                                                      "virtual_stages": 2}))
     out = tmp_path / "ev"
     code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=m,
-                                      timeout_s=90), out, echo=lambda *_: None)
+                                      timeout_s=90, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())
@@ -143,7 +145,7 @@ def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(tmp_path, reshard
                               training=cfg.training.model_copy(update={"reshard_after_forward": reshard}))
     out = tmp_path / "ev"
     code, res = validate(cfg, Options(worlds=(4,), layers=8, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=200), out, echo=lambda *_: None)
+                                      timeout_s=200, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     gathers = [row for row in r["comparison"]["collectives"] if row["op"] == "all-gather" and row["axis"] != "pp"]
@@ -195,7 +197,8 @@ def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(tmp_path):
     """8 ranks: pp 2 x dp_shard 2 x tp 2 + SP, 1F1B, 4 micro-batches, loss parallel."""
     out = tmp_path / "ev"
     code, res = validate(load_config(PP_TP), Options(worlds=(8,), layers=4, seq_len=32, vocab=512, steps=1,
-                                                     micro_batches=4, timeout_s=200), out, echo=lambda *_: None)
+                                                     micro_batches=4, timeout_s=200, probe=False), out,
+                         echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world8"
@@ -241,7 +244,7 @@ def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(tmp_path):
                                                                      "virtual_stages": 2}))
     out = tmp_path / "ev"
     code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=150), out, echo=lambda *_: None)
+                                      timeout_s=150, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -275,7 +278,7 @@ def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(tmp_path, schedule
     cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": schedule, "virtual_stages": 2}))
     out = tmp_path / "ev"
     code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=170), out, echo=lambda *_: None)
+                                      timeout_s=170, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -393,7 +396,7 @@ def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(tmp_path):
         "pp_schedule": "interleaved_1f1b", "virtual_stages": 2, "pp_layer_split": [0, 1, 1, 0]}))
     out = tmp_path / "ev"
     code, res = validate(cfg, Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=120), out, echo=lambda *_: None)
+                                      timeout_s=120, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())

@@ -226,24 +226,28 @@ def trace_collective_s(path: Path) -> tuple[float, int]:
     return sum(e.get("dur", 0) for e in hits) * 1e-6, len(hits)
 
 
-def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
+def _collective_rows(folder: Path, plan, cplan=None) -> list[dict]:
     """Predicted total collective time of one step (table rows: time per call x calls per
-    step, as if none overlapped) against the gloo events of each rank's profiled step.
-    ``label`` " (calibrated)": the rows' times are the probe's, not alpha-beta."""
-    rows = plan.stage(0).collectives
-    pred = sum(r.time_s * r.per_step for r in rows)
-    calls = sum(r.per_step for r in rows)
+    step, as if none overlapped) against the gloo events of each rank's profiled step; with
+    ``cplan`` (the probe's times, not alpha-beta) a second row labelled " (calibrated)" against
+    the same events. Each rank's trace (megabytes of JSON) is read once for both rows."""
     meas = {r: trace_collective_s(folder / f"rank{r}" / "trace.json") for r in range(plan.world)}
     if not any(n for _, n in meas.values()):
         return []
     worst = max(meas, key=lambda r: meas[r][0])
-    return [dict(quantity="collective time (sum)" + label, unit="s", predicted=pred, measured=meas[worst][0],
-                 measured_min=min(v[0] for v in meas.values()), rank=worst,
-                 error=(meas[worst][0] / pred - 1) if pred else None,
-                 note=f"predicted: {calls} table calls x {'the probe' + chr(39) + 's' if label else 'the alpha-beta'} "
-                      "time per call, "
-                      "none overlapped; measured: "
-                      f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)")]
+    out = []
+    for p, label in ((plan, ""), (cplan, " (calibrated)")):
+        if p is None:
+            continue
+        pred = sum(r.time_s * r.per_step for r in p.stage(0).collectives)
+        calls = sum(r.per_step for r in p.stage(0).collectives)
+        source = "the probe's" if label else "the alpha-beta"
+        out.append(dict(quantity="collective time (sum)" + label, unit="s", predicted=pred, measured=meas[worst][0],
+                        measured_min=min(v[0] for v in meas.values()), rank=worst,
+                        error=(meas[worst][0] / pred - 1) if pred else None,
+                        note=f"predicted: {calls} table calls x {source} time per call, none overlapped; measured: "
+                             f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)"))
+    return out
 
 
 def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> list[dict]:
@@ -296,9 +300,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
     cal_rows, cal_note, cplan = calibrated_rows(plan, folder, table, meas)
     rows += cal_rows
     n_time = len(rows)
-    rows += _collective_rows(plan, folder)
-    if cplan is not None:
-        rows += _collective_rows(cplan, folder, " (calibrated)")
+    rows += _collective_rows(folder, plan, cplan)
     slow = meas["step"]["slowest_rank"]
     prof = [s["step_s"] for s in _load(folder, slow, "timings.json")["steps"] if s["kind"] == "profiled"]
     if prof:
