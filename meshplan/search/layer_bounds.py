@@ -269,7 +269,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         lo_x, hi_x = cores(n, 1), cores(st.n_chunk_hi, 1)
         out |= {"f_core_x": lo_x["f_core"], "b_core_x": lo_x["b_core"], "f_core_hi_x": hi_x["f_core"],
                 "b_core_hi_x": hi_x["b_core"]}
-    host_pace_floor(cfg, c, st, out, col(cp["root_out"] + cp["emb_out"] + cp["head_out"]))
+    # the roots' copy-outs a forward may run under the host's issue: on the stages holding them
+    # (pp 1's root unit, the embedding's on stage 0, [norm, output]'s on the head's stage)
+    roots = (st.first | st.last) * col(cp["root_out"]) + st.first * col(cp["emb_out"]) + st.last * col(cp["head_out"])
+    host_pace_floor(cfg, c, st, out, roots)
     # the stage's chunks that replay one layer more than their length's fewest
     out["more_replays"] = np.zeros(st.n.shape)
     if lay.any():
