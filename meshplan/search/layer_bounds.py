@@ -22,7 +22,7 @@ from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
-from meshplan.search.step_end_bound import stage_end_bound
+from meshplan.search.step_end_bound import final_reduce_tail, stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
 from meshplan.spec.axes.base import Dim
 
@@ -305,6 +305,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     has0 = n0 >= 1  # chunk 0 holds layers (stage 0's may hold the embedding alone)
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + has0 * (ag_b + cb) + red * n0 / np.maximum(st.n, 1),
                                         one * out["head_b"] + out["b_core0"] + has0 * fsdp_red) - b0 - root_in, 0.0)
+    # pp > 1: the unit that ends the stage's order (chunk 0's) reduces its layers after its end
+    out["tail"] = np.maximum(out["tail"], has0 * waits * final_reduce_tail(n0, ci_p, rs_p, ar_p))
     return out
 
 
