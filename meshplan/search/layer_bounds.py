@@ -22,7 +22,7 @@ from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
-from meshplan.search.step_end_bound import stage_end_bound
+from meshplan.search.step_end_bound import final_reduce_tail, stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
 from meshplan.spec.axes.base import Dim
 
@@ -269,7 +269,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         lo_x, hi_x = cores(n, 1), cores(st.n_chunk_hi, 1)
         out |= {"f_core_x": lo_x["f_core"], "b_core_x": lo_x["b_core"], "f_core_hi_x": hi_x["f_core"],
                 "b_core_hi_x": hi_x["b_core"]}
-    host_pace_floor(cfg, c, st, out, col(cp["root_out"] + cp["emb_out"] + cp["head_out"]))
+    # the roots' copy-outs a forward may run under the host's issue: on the stages holding them
+    # (pp 1's root unit, the embedding's on stage 0, [norm, output]'s on the head's stage)
+    roots = (st.first | st.last) * col(cp["root_out"]) + st.first * col(cp["emb_out"]) + st.last * col(cp["head_out"])
+    host_pace_floor(cfg, c, st, out, roots)
     # the stage's chunks that replay one layer more than their length's fewest
     out["more_replays"] = np.zeros(st.n.shape)
     if lay.any():
@@ -302,6 +305,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     has0 = n0 >= 1  # chunk 0 holds layers (stage 0's may hold the embedding alone)
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + has0 * (ag_b + cb) + red * n0 / np.maximum(st.n, 1),
                                         one * out["head_b"] + out["b_core0"] + has0 * fsdp_red) - b0 - root_in, 0.0)
+    # pp > 1: the unit that ends the stage's order (chunk 0's) reduces its layers after its end
+    out["tail"] = np.maximum(out["tail"], has0 * waits * final_reduce_tail(n0, ci_p, rs_p, ar_p))
     return out
 
 
