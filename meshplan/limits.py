@@ -92,6 +92,7 @@ BOUNDS: dict[str, Bound] = {
     "nvlinks_per_gpu": Bound(1 << 10, "50x the 18 NVLinks of an H100 or B200"),
     "cores": Bound(MAX_CPU_ID, "CPU ids below 65,536: 8x Linux's largest NR_CPUS (8,192)"),
     "hbm_gb": Bound(1e5, "500x the HBM of an H200 (141 GB)"),
+    "device_memory_gib": Bound(1e5, "700x the device memory of an H200 (139.8 GiB)"),
     "hbm_bandwidth_tb_per_s": Bound(1e4, "2,000x an H200 (4.8 TB/s)"),
     "peak_tflops": Bound(1e7, "5,000x an H100's dense fp8 peak (1,979 TFLOP/s)"),
     "bandwidth_gb_per_s": Bound(MAX_LINK_GB_PER_S, "1,000x NVLink 5 (900 GB/s per direction)"),

@@ -44,7 +44,11 @@ class GPUSpec(BaseModel):
     order (``--kernels``, a config's ``[kernels] files``; not a key of a GPU table, and left
     out of the dumped spec: the commands report it as their ``kernels`` entry). ``cuda_sm``: CUDA
     compute capability x 10 (90 for H100), as NCCL's topology dump writes ``<gpu sm=>``; 0 when
-    not stated (a ``--topology`` XML of other GPUs then cannot be told apart)."""
+    not stated (a ``--topology`` XML of other GPUs then cannot be told apart). ``hbm_gb``: the
+    datasheet's HBM, decimal GB (shown by ``catalog``); ``device_memory_gib``: the total the device
+    runtime reports, GiB (``torch.cuda.get_device_properties(i).total_memory``, the "total capacity"
+    of torch's out-of-memory message: a little below the HBM stacks' binary size, the driver keeps
+    the rest); 0 when not published. Recorded, not yet planned into: :attr:`hbm_bytes` is ``hbm_gb``."""
 
     model_config = _STRICT
     name: Name
@@ -53,6 +57,7 @@ class GPUSpec(BaseModel):
     hbm_bandwidth_tb_per_s: float = Field(gt=0, le=_le("hbm_bandwidth_tb_per_s"))
     sms: int = Field(gt=0, le=_le("sms"))
     cuda_sm: int = Field(default=0, ge=0, le=_le("cuda_sm"))
+    device_memory_gib: float = Field(default=0, ge=0, le=_le("device_memory_gib"))
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
     source: Text
     kernels: tuple[KernelFile, ...] = Field(default=(), exclude=True)
