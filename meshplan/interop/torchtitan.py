@@ -17,6 +17,9 @@ torchtitan                                     meshplan
 model.name + model.flavor (llama3 8B/70B/405B, model.catalog llama3-8b / -70b / -405b,
   deepseek_v3 16B/236B/671B, qwen3 30B-A3B,     deepseek-v2-lite / -v2 / -v3, qwen3-30b-a3b's and
   235B-A22B)                                     -235b-a22b's fields (:mod:`~meshplan.interop.torchtitan_flavors`)
+model.flavor registered by the .py beside the   the [model] its TransformerModelArgs build
+  job TOML (llama3_args[...] = ..., written by   (:mod:`~meshplan.interop.torchtitan_custom`)
+  export for a dense Llama-style model)
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
 (an MoE model: token-choice, no capacity)      training.moe_dropless = true (:data:`DROPLESS`)
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
