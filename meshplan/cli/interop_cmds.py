@@ -13,6 +13,7 @@ import typer
 from meshplan.cli.common import (
     CONFIG_HELP,
     _Stdout,
+    _echo,
     _json_option,
     _refuse_existing,
     _write_doc,
@@ -26,6 +27,8 @@ from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import UserFile, export, import_text, load_any
+from meshplan.interop.torchtitan_custom import snippet
+from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.interop.source_file import carried_source, source_table, with_source_model
 from meshplan.plan import Infeasible, build_plan
 from meshplan.plan_runtime import config_warnings, export_refusals
@@ -34,22 +37,48 @@ from meshplan.schedule.steptime import step_time
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[UserFile] = None, warnings: Sequence[str] = ()) -> list[str]:
+                  user: Optional[UserFile] = None, warnings: Sequence[str] = ()) -> tuple[list[str], list[Path]]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
     ``user``'s file carries or not, ``warning:`` lines: :func:`~meshplan.plan_runtime.config_warnings`
-    and ``warnings``, e.g. a gone [source] file or ``search --export``'s headroom warning); returns the header."""
+    and ``warnings``, e.g. a gone [source] file or ``search --export``'s headroom warning), and beside a
+    torchtitan job TOML naming a llama3 flavor of the model's own the ``.py`` registering it (:func:`_flavor_file`);
+    returns the header and the files written."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
     text, header = export(replace(cfg, notes=()), to, source, user, [*config_warnings(cfg), *warnings], refused,
                           _step_s)
+    flavor = custom_flavor(cfg) if to == "torchtitan" else None
+    py = _flavor_file(out, force) if flavor else None  # refused before anything is written
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
         out.stream.write(text)
         out.stream.flush()
-    else:
-        _wrote(write_output(out, text, force=force, field='-o'))
-    return header
+        return header, []
+    _wrote(write_output(out, text, force=force, field='-o'))
+    if py is None or flavor is None:
+        return header, [out]
+    write_output(py, snippet(flavor, out.name), force=force, field="-o")
+    module = f'"{py.stem}"' if py.stem.isidentifier() else "its module name (rename it to a Python name)"
+    _echo(f"wrote {py}: torchtitan llama3 flavor {flavor.name!r} (model.flavor of {out.name}); run it before "
+          f"training: [experimental] custom_import = {module} with its folder on PYTHONPATH, or append it to "
+          f"torchtitan/models/llama3/__init__.py")
+    return header, [out, py]
+
+
+def _flavor_file(out: Path | _Stdout, force: bool) -> Path:
+    """The ``.py`` beside the job TOML ``out`` that registers its llama3 flavor; a ConfigError naming
+    ``-o`` for stdout (two files), for an ``-o`` that is that ``.py`` itself, and (without ``--force``)
+    where the ``.py`` exists: nothing the user had is replaced."""
+    if isinstance(out, _Stdout):
+        raise ConfigError("-o", "- (stdout) holds one file; this export writes two (the job TOML and the .py "
+                          "registering its llama3 flavor): give -o FILE.toml")
+    py = out.with_suffix(".py")
+    if py == out:
+        raise ConfigError("-o", f"{out} is where the .py registering the llama3 flavor goes; name the job TOML "
+                          f"{out.with_suffix('.toml')}")
+    _refuse_existing(py, force, "-o")
+    return py
 
 
 def _step_s(cfg) -> Optional[tuple[float, dict[str, float]]]:
@@ -119,15 +148,16 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _notes(cfg)
     user, gone = carried_source(config, foreign.fmt, cfg)
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
-    header = _write_export(cfg, to, out, str(config), force, user, gone)
-    _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
-               force)
+    header, files = _write_export(cfg, to, out, str(config), force, user, gone)
+    _write_doc(json_path, export_doc(str(config), to, header, _written(files)), force)
 
 
 #: ``export --help``: the DeepSpeed scope is the one string its refusal and ``search`` use.
 EXPORT_HELP = (
     "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML (for torchtitan "
-    "<= v0.2.2, the last that reads one; its header's target: line says how to carry its degrees to a newer one), "
+    "<= v0.2.2, the last that reads one; its header's target: line says how to carry its degrees to a newer one; "
+    "a dense Llama-style model torchtitan ships no flavor of is written as model.flavor = its name, with FILE's "
+    ".py beside it registering that llama3 flavor with the model's sizes, never over an existing file), "
     f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
     "express is listed (re-imported and compared), with the step before and after when it differs and the parts "
     "of the step that moved most, and "

@@ -1,8 +1,7 @@
 """Any config in, any config out: the loader behind ``plan``/``step``/
 ``search`` (and ``meshplan import``), and export with what the target does not express.
 
-Detection (:func:`meshplan.interop.detect.detect`) tells the format where the caller gives
-no ``--format``.
+Detection (:func:`meshplan.interop.detect.detect`) tells the format where the caller gives no ``--format``.
 
 Export (:func:`export`) writes the target's file and re-imports it: every meshplan field that
 comes back different (what the target cannot say, such as ``training.memory_reserve``) is
@@ -42,6 +41,7 @@ from meshplan.interop.megatron_env import carried_env
 from meshplan.interop.roundtrip import differences
 from meshplan.interop.tomlout import cluster_table, dumps, meshplan_tables, model_table
 from meshplan.interop.torchtitan_checkpoint import without_interval
+from meshplan.interop.torchtitan_custom import sibling_flavors
 from meshplan.interop.torchtitan_legacy import current_layout
 from meshplan.interop.torchtitan_float8 import Float8Spelling, float8_spelling, spelling_note, spelt, spelt_key
 from meshplan.interop.written_paths import written_tables
@@ -64,7 +64,7 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
                           f"own: set {BATCH_FIELDS[fmt]} in {path.name}")
     text = config_text(path)
     if fmt == "torchtitan":
-        return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
+        return torchtitan.read(parse_toml(text, str(path)), path.parent, opts, sibling_flavors(path))
     if fmt == "megatron":
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
             raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
@@ -314,7 +314,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         head += spelling_note(spelling, source) if written is not tables else []
         head += torchtitan_write.unset_notes(written)  # the data and schedule no meshplan config holds
         body = dumps(written)
-        again = torchtitan.read(tomllib.loads(body), Path("."), opts)
+        again = torchtitan.read(tomllib.loads(body), Path("."), opts, torchtitan_write.flavors_back(cfg))
     elif to == "megatron":
         args, kept = megatron_carry.carried(user.doc, megatron.write(cfg)) if user is not None and user.fmt == to \
             else (megatron.write(cfg), [])

@@ -15,7 +15,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import not_expressed
-from meshplan.interop.torchtitan_write import model_flavor, no_flavor
+from meshplan.interop.torchtitan_write import custom_flavor, model_flavor, no_flavor
 
 
 def search_export_refusal(cfg: Config, to: str) -> str | None:
@@ -23,7 +23,8 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     from the config before the search runs (``search --export N --to T`` checks it first);
     None when some row may export (a row's own mesh and pipeline are checked after the search,
     :func:`~meshplan.interop.foreign.export` with :func:`meshplan.plan_runtime.export_refusals`).
-    torchtitan: a model without a torchtitan flavor (:func:`~meshplan.interop.torchtitan_write.model_flavor`), or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
+    torchtitan: a model without a torchtitan flavor (:func:`~meshplan.interop.torchtitan_write.model_flavor`) nor
+    a llama3 flavor of its own (:func:`~meshplan.interop.torchtitan_write.custom_flavor`), or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
     DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
     dtypes its config has no key for (:func:`meshplan.interop.deepspeed_write.write`).
 
@@ -40,7 +41,7 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     """
     o, t = cfg.search, cfg.training
     if to == "torchtitan":
-        if model_flavor(cfg.model) is None and not cfg.source_model:
+        if model_flavor(cfg.model) is None and not cfg.source_model and custom_flavor(cfg) is None:
             return f"{no_flavor(cfg.model)}; or export --to meshplan or megatron"
         if not {"zero3", "hsdp"} & set(o.sharding):
             return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "

@@ -17,6 +17,9 @@ torchtitan                                     meshplan
 model.name + model.flavor (llama3 8B/70B/405B, model.catalog llama3-8b / -70b / -405b,
   deepseek_v3 16B/236B/671B, qwen3 30B-A3B,     deepseek-v2-lite / -v2 / -v3, qwen3-30b-a3b's and
   235B-A22B)                                     -235b-a22b's fields (:mod:`~meshplan.interop.torchtitan_flavors`)
+model.flavor registered by the .py beside the   the [model] its TransformerModelArgs build
+  job TOML (llama3_args[...] = ..., written by   (:mod:`~meshplan.interop.torchtitan_custom`)
+  export for a dense Llama-style model)
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
 (an MoE model: token-choice, no capacity)      training.moe_dropless = true (:data:`DROPLESS`)
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
@@ -90,7 +93,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
@@ -118,6 +121,7 @@ from meshplan.interop.torchtitan_tables import (
     V_SCHEDULES,
     default_split,
     read_norm,
+    read_compile,
     read_optimizer,
     read_recompute,
 )
@@ -252,7 +256,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model_is_mla(model), notes)
-    training |= _compile(d.get("compile", {}), notes)
+    training |= read_compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
                           "torch.compile\" without [compile] enable = true (components with \"model\"): set it, or "
@@ -268,24 +272,6 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes)
 
 
-def _compile(c: dict, notes: list[str]) -> dict[str, bool]:
-    """training.torch_compile and torch_compile_loss of torchtitan's [compile]: ``enable``
-    (default false) with ``components`` (default model and loss): ["model"] compiles the
-    TransformerBlocks and leaves the loss eager (as 9dec370 always did); the loss alone compiled
-    is not modelled: planned eager, with a note."""
-    enable = c.get("enable", False)
-    if not isinstance(enable, bool):
-        raise ConfigError("compile.enable", f"{enable!r}; use true or false")
-    parts = c.get("components", ["model", "loss"])
-    if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
-        raise ConfigError("compile.components", f"{parts!r}; use a list such as [\"model\", \"loss\"]")
-    if enable and "model" not in parts:
-        notes.append(f"compile.components {parts}: meshplan does not plan the loss compiled without the model; "
-                     f"planned eager")
-        return {"torch_compile": False}
-    return {"torch_compile": enable} | ({"torch_compile_loss": False} if enable and "loss" not in parts else {})
-
-
 def _dtype(tr: dict, key: str, default: str) -> str:
     """meshplan's dtype of torchtitan's ``[training] key`` (float32 or bfloat16, its choices);
     ConfigError naming the key otherwise."""
@@ -295,9 +281,10 @@ def _dtype(tr: dict, key: str, default: str) -> str:
     return DTYPES[value]
 
 
-def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
+def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, str], dict] = {}) -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
-    file's folder (for a relative ``hf_assets_path``)."""
+    file's folder (for a relative ``hf_assets_path``); ``custom``: llama3 flavors of the ``.py``
+    beside it (:func:`~meshplan.interop.torchtitan_flavors.read_model`)."""
     d, old_notes = old_float8(d)
     typo = misspelt(flatten(d), READ, NEAR_KEYS)
     if typo:
@@ -305,7 +292,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
                           f"misspelt, the setting would stay at its default)")
     _moved(flatten(d))
     notes: list[str] = old_notes
-    model, used = read_model(d, base, opts, notes)
+    model, used = read_model(d, base, opts, notes, custom)
     used |= float8_used(d)
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})

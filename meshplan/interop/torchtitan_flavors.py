@@ -52,7 +52,7 @@ the mapping holds for both.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
@@ -160,15 +160,21 @@ def flavor_refusal(model: ModelSpec) -> str:
             f"which differs in {shown}")
 
 
-def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
+def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str],
+               custom: Mapping[tuple[str, str], dict] = {}) -> tuple[dict, set[str]]:
     """[model] table of a torchtitan job's ``d`` and the model keys it consumed: ``--model`` first,
-    then a mapped flavor (:func:`flavor_table`), then ``model.hf_assets_path``'s config.json
-    (``base``: the job file's folder); else a ConfigError naming model.name or model.flavor."""
+    then a mapped flavor (:func:`flavor_table`), then a flavor of ``custom`` ((name, flavor) -> [model]
+    table: the llama3 flavors the ``.py`` beside the job file registers,
+    :func:`~meshplan.interop.torchtitan_custom.sibling_flavors`), then ``model.hf_assets_path``'s
+    config.json (``base``: the job file's folder); else a ConfigError naming model.name or model.flavor."""
     m = d.get("model", {})
     if opts.model:
         return model_option(opts.model), set()
     name, flavor = m.get("name", "llama3"), m.get("flavor", "debugmodel")
     table = flavor_table(name, flavor)
+    if table is None and (name, flavor) in custom:
+        table = dict(custom[name, flavor])
+        notes.append(f"model {name} flavor {flavor!r} read from {table['source']}")
     if table is not None:
         return table, {"model.name", "model.flavor"}
     hf = m.get("hf_assets_path")

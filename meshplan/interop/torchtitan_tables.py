@@ -1,6 +1,7 @@
 """torchtitan's pipeline split, [activation_checkpoint], norm and optimizer tables, read and
-written (:mod:`meshplan.interop.torchtitan` maps the rest of the job TOML and names the sources;
-the float8 tables: :mod:`meshplan.interop.torchtitan_float8`).
+written, and its [compile] table read (:func:`read_compile`); :mod:`meshplan.interop.torchtitan`
+maps the rest of the job TOML and names the sources, the float8 tables:
+:mod:`meshplan.interop.torchtitan_float8`.
 
 The norm of torchtitan before 2025 (``model.norm_type``, removed by torchtitan #1131): at
 9dec370 ``torchtitan/models/norms.py`` builds "rmsnorm" (the default) as its own Python
@@ -194,3 +195,21 @@ def write_optimizer(t) -> dict[str, Any]:
     and ``name`` for Adam or AdamW."""
     names = {v: k for k, v in OPTIMIZERS.items()}
     return {"implementation": t.optimizer_impl} | ({"name": names[t.optimizer]} if t.optimizer in names else {})
+
+
+def read_compile(c: dict, notes: list[str]) -> dict[str, bool]:
+    """training.torch_compile and torch_compile_loss of torchtitan's [compile]: ``enable``
+    (default false) with ``components`` (default model and loss): ["model"] compiles the
+    TransformerBlocks and leaves the loss eager (as 9dec370 always did); the loss alone compiled
+    is not modelled: planned eager, with a note."""
+    enable = c.get("enable", False)
+    if not isinstance(enable, bool):
+        raise ConfigError("compile.enable", f"{enable!r}; use true or false")
+    parts = c.get("components", ["model", "loss"])
+    if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
+        raise ConfigError("compile.components", f"{parts!r}; use a list such as [\"model\", \"loss\"]")
+    if enable and "model" not in parts:
+        notes.append(f"compile.components {parts}: meshplan does not plan the loss compiled without the model; "
+                     f"planned eager")
+        return {"torch_compile": False}
+    return {"torch_compile": enable} | ({"torch_compile_loss": False} if enable and "loss" not in parts else {})

@@ -9,12 +9,13 @@ pipeline split, [activation_checkpoint] and the optimizer are written by
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
+from meshplan.interop.torchtitan_custom import Flavor, llama3_flavor, not_llama3, written_flavors
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_float8 import write_float8
 from meshplan.interop.torchtitan_hf import hf_flavor, hf_note, hf_refusal
@@ -134,14 +135,28 @@ def model_table(cfg: Config) -> dict[str, Any]:
     that folder, as the user wrote them), else the flavor torchtitan ships whose model is the plan's
     (:func:`~meshplan.interop.torchtitan_flavors.flavor_of`: llama3, deepseek_v3, qwen3 30B-A3B, 235B-A22B), else
     for a model read from a Hugging Face config.json the flavor of its model_type and sizes
-    (:func:`~meshplan.interop.torchtitan_hf.hf_flavor`), else a ConfigError naming ``--to`` and what to set
-    (:func:`no_flavor`)."""
+    (:func:`~meshplan.interop.torchtitan_hf.hf_flavor`), else for a dense Llama-style model a llama3
+    flavor of its own, which the ``.py`` beside the file registers (:func:`custom_flavor`), else a
+    ConfigError naming ``--to`` and what to set (:func:`no_flavor`)."""
     if cfg.source_model:  # the user's own keys first
         return dict(cfg.source_model)
     flavor = model_flavor(cfg.model)
     if flavor is not None:
         return {"name": flavor[0], "flavor": flavor[1]}
+    custom = custom_flavor(cfg)
+    if custom is not None:
+        return {"name": "llama3", "flavor": custom.name}
     raise ConfigError("--to", no_flavor(cfg.model))
+
+
+def custom_flavor(cfg: Config) -> Optional[Flavor]:
+    """The llama3 flavor an export of ``cfg`` registers beside the job TOML
+    (:func:`~meshplan.interop.torchtitan_custom.llama3_flavor`): None where the file names the model
+    otherwise (the user's own keys, a flavor torchtitan ships: :func:`model_table`) or where llama3's
+    args cannot state it (:func:`~meshplan.interop.torchtitan_custom.not_llama3`)."""
+    if cfg.source_model or model_flavor(cfg.model) is not None:
+        return None
+    return llama3_flavor(cfg.model)
 
 
 def model_flavor(model) -> tuple[str, str] | None:
@@ -158,11 +173,19 @@ def _hf_key(model) -> tuple[str, str] | None:
     return hf_flavor(hf[0], model) if hf else None
 
 
+def flavors_back(cfg: Config) -> dict[tuple[str, str], dict[str, Any]]:
+    """The llama3 flavor an export of ``cfg`` registers (:func:`custom_flavor`), as its round trip
+    reads it back from the written snippet (:func:`~meshplan.interop.torchtitan_custom.written_flavors`)."""
+    return written_flavors(custom_flavor(cfg))
+
+
 def no_flavor(model) -> str:
     """Why a torchtitan file cannot name ``model`` and what to set: the flavors meshplan maps with the
     nearest and its differing fields (:func:`~meshplan.interop.torchtitan_flavors.flavor_refusal`), or for a model
     of a Hugging Face config the torchtitan model of its architecture (:data:`TORCHTITAN_MODELS`) with
-    its flavors, its folder as ``model.hf_assets_path``, in the job TOML an export then writes it back from.
+    its flavors, its folder as ``model.hf_assets_path``, in the job TOML an export then writes it back from;
+    a dense GQA model no flavor is and no llama3 flavor can state (the only refusal of a model_type llama,
+    whose flavors would name another model) with why not (:func:`~meshplan.interop.torchtitan_custom.not_llama3`).
 
     >>> from meshplan.spec.model import ModelSpec
     >>> m = ModelSpec(name="q", layers=2, hidden=64, ffn=64, q_heads=4, vocab=8,
@@ -174,8 +197,9 @@ def no_flavor(model) -> str:
     refused with why (:func:`~meshplan.interop.torchtitan_hf.hf_refusal`).
     """
     hf = hf_source(model.source)
-    if hf is None:
-        return flavor_refusal(model)
+    if hf is None or hf[0] == "llama":  # a dense GQA model refused a llama3 flavor of its own too: why (not_llama3)
+        why = None if model.is_moe or model.is_mla else not_llama3(model)
+        return flavor_refusal(model) + (f"; nor can llama3's TransformerModelArgs state it: {why}" if why else "")
     model_type, path = hf
     why = hf_refusal(model_type, model)
     if why is not None:
@@ -196,11 +220,16 @@ def write_notes(cfg: Config, recompute_noted: bool = False) -> list[str]:
     unless ``recompute_noted`` (the user's own [activation_checkpoint] kept, with its note:
     :func:`meshplan.interop.torchtitan_carry.kept_recompute`); torchtitan's pre-2025 norm, which
     today's torchtitan has no key for; the model.name and flavor told from a Hugging Face config.json's
-    sizes (:func:`~meshplan.interop.torchtitan_hf.hf_note`)."""
+    sizes (:func:`~meshplan.interop.torchtitan_hf.hf_note`); a llama3 flavor of the model's own, registered
+    by the ``.py`` beside the file (:func:`custom_flavor`)."""
     t = cfg.training
     key = None if cfg.source_model or flavor_of(cfg.model) else _hf_key(cfg.model)
     src = hf_source(cfg.model.source)
     out = [f"note: {hf_note(src[0], cfg.model, key)}"] if key and src else []
+    custom = custom_flavor(cfg)
+    out += [f"note: model.flavor {custom.name!r} is no flavor torchtitan ships: the .py file of this file's name "
+            f"registers it in llama3_args (torchtitan/models/llama3/__init__.py at e347b1e) with this model's sizes; "
+            f"keep it beside this file (meshplan reads it back from there)"] if custom else []
     out += [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
            f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
         if t.torch_norm == "decomposed" else []
