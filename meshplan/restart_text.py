@@ -113,7 +113,7 @@ def kind_refusal(p: Proposal, why: str) -> str:
 
 
 #: How a line names :data:`~meshplan.spec.accuracy.REMESH_MARGIN` and where it comes from.
-REMESH_WORDS = f"{REMESH_MARGIN:.1%} remesh margin (the step model's largest mean error by setting, docs/fidelity.md)"
+REMESH_WORDS = f"{REMESH_MARGIN:.1%} remesh margin (the step model's largest mean error when it was set, docs/fidelity.md)"
 
 
 def kind_words(p: Proposal) -> str:
@@ -136,7 +136,7 @@ def kind_passed_text(kind: Proposal, proposal: Proposal) -> str:
     ... # doctest: +NORMALIZE_WHITESPACE
     "the job's kind (pp 2, tp 2 and cp 1 kept, only the data axes shrunk; tried first): pp 2 x dp 2 x tp 2 on 8 GPUs
     plans 77,848 tokens/s; passed over: pp 1 x dp 4 x tp 2 on 8 GPUs plans 104,260 tokens/s, 33.9% more, over the
-    29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md); it is the proposal"
+    29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md); it is the proposal"
     """
     k, f = kind.tokens_per_s or 0.0, proposal.tokens_per_s or 0.0
     at = lambda p: f"{p.mesh_text()} on {p.gpus} GPUs" + (f", {p.contract}," if p.contract else "")
@@ -156,7 +156,7 @@ def kind_kept_text(top: Proposal, faster: Optional[Proposal]) -> str:
     ...                       contract="")) # doctest: +NORMALIZE_WHITESPACE
     "why: the job's kind, the least-disruptive mesh (pp 16, tp 8 and cp 1 kept, only the data axes shrunk); the
     fastest mesh changing pp, tp or cp, pp 1 x dp_shard 2048 x tp 4 on 8192 GPUs, plans 1,371,080 tokens/s, 11.4%
-    more, within the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md)"
+    more, within the 29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md)"
     """
     head = f"why: the job's kind, the least-disruptive mesh ({kind_words(top)})"
     if faster is None:

@@ -395,7 +395,7 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
                                f"GPUs plans {kind16['tokens_per_s']:,.0f} tokens/s; passed over: pp 3 (11 layers per "
                                f"stage, 10 on the last) x dp_shard 8 x ep 8 on 24 GPUs plans {new.tokens_per_s:,.0f} tokens/s, "
                                f"{gain:.1%} more, over the 29.4% remesh margin (the step model's largest mean "
-                               "error by setting, docs/fidelity.md); it is the proposal")
+                               "error when it was set, docs/fidelity.md); it is the proposal")
     assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 8], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
 

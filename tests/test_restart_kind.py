@@ -55,7 +55,7 @@ def _shown(r) -> list[str]:
 def test_kind_first_within_the_model_accuracy(gain, top):
     """pp > 1 planned ``gain`` x faster; pp 7 x dp 1 (pp 1 -> 7: a remesh) at
     55,351.35 x gain against the kind's dp 7 at 56,000. The kind stays first unless pp 7 plans more
-    than REMESH_MARGIN (29.4%, FIDELITY's largest mean error) more: 56,000 x 1.294 = 72,464, so gain
+    than REMESH_MARGIN (29.4%, FIDELITY's largest mean error when it was set) more: 56,000 x 1.294 = 72,464, so gain
     > 72,464 / 55,351.35 = 1.309. x 1.04 = 57,565.4 (2.8% more), x 1.08 = 59,779.5 (6.7%; under the
     5% rule this passed the kind over, trial 26 found such remeshes too eager) and x 1.30 = 71,956.8
     (28.5%): dp 7 first; x 1.32 = 73,063.8, 30.5% more: pp 7 first (it keeps the global batch too)."""
@@ -170,7 +170,7 @@ def test_405b_restart_drops_one_replica_and_says_why(tmp_path):
     assert any(n == ("why: the job's kind, the least-disruptive mesh (pp 16, tp 8 and cp 1 kept, only the data axes "
                      "shrunk); the fastest mesh changing pp, tp or cp, pp 1 x dp_shard 2048 x tp 4 on 8192 GPUs, plans "
                      f"{remesh['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, within the 29.4% remesh margin (the "
-                     "step model's largest mean error by setting, docs/fidelity.md)") for n in doc["notes"])
+                     "step model's largest mean error when it was set, docs/fidelity.md)") for n in doc["notes"])
 
 
 def test_a_remesh_changing_the_global_batch_never_passes_a_kind_keeping_it():
@@ -190,7 +190,7 @@ def test_a_remesh_changing_the_global_batch_never_passes_a_kind_keeping_it():
     assert kind_kept_text(kind, changer) == (
         "why: the job's kind, the least-disruptive mesh (pp 1, tp 8 and cp 1 kept, only the data axes shrunk); the "
         "fastest mesh changing pp, tp or cp, pp 7 x tp 8 on 56 GPUs (global_batch 512 -> 511), plans 140 tokens/s, "
-        "40.0% more, over the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md), "
+        "40.0% more, over the 29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md), "
         "but it changes the global batch, which the kind keeps")
     assert kind_first([kind, keeper, changer], m)[0] is keeper
     assert kind_passed(kind_first([kind, keeper, changer], m), m) == (kind, keeper)

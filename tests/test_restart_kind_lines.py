@@ -53,7 +53,7 @@ def test_only_the_failed_plan_of_the_kind_is_refused():
     assert ("the job's kind (pp 1, tp 8 and cp 1 kept, only the data axes shrunk; tried first): dp_shard 4 x tp 8 "
             "on 32 GPUs plans 32,000 tokens/s; passed over: pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 "
             "GPUs plans 55,351 tokens/s, 73.0% more, over the 29.4% remesh margin (the step model's largest mean "
-            "error by setting, docs/fidelity.md); it is the proposal") in r.notes
+            "error when it was set, docs/fidelity.md); it is the proposal") in r.notes
 
 
 @pytest.mark.parametrize("gain, passed", [(1.04, False), (1.08, False), (1.32, True)])
@@ -69,7 +69,7 @@ def test_a_line_names_the_kind_the_remesh_rule_passes_over(gain, passed):
     assert lines == (["the job's kind (pp 1, tp 8 and cp 1 kept, only the data axes shrunk; tried first): dp_shard 7 "
                       "x tp 8 on 56 GPUs, global_batch 512 -> 511, plans 56,000 tokens/s; passed over: pp 7 (layers "
                       "per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 GPUs plans 73,064 tokens/s, 30.5% more, over the "
-                      "29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md); it is "
+                      "29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md); it is "
                       "the proposal"]
                      if passed else [])
     why = [n for n in r.notes if n.startswith("why: ")]
@@ -77,8 +77,8 @@ def test_a_line_names_the_kind_the_remesh_rule_passes_over(gain, passed):
     assert why == ([] if passed else [
         "why: the job's kind, the least-disruptive mesh (pp 1, tp 8 and cp 1 kept, only the data axes shrunk); the "
         "fastest mesh changing pp, tp or cp, pp 7 (layers per stage 11, 12 x 3, 11 x 3) x tp 8 on 56 GPUs, plans "
-        f"{pp7} tokens/s, {more} more, within the 29.4% remesh margin (the step model's largest mean error by "
-        "setting, docs/fidelity.md)"])
+        f"{pp7} tokens/s, {more} more, within the 29.4% remesh margin (the step model's largest mean error when "
+        "it was set, docs/fidelity.md)"])
     assert not passed or (pp7, more) == ("73,064", "30.5%")
     assert passed or (pp7, more) == {1.04: ("57,565", "2.8%"), 1.08: ("59,779", "6.7%")}[gain]
     assert not r.refused  # every plan of the kind ran
@@ -113,7 +113,7 @@ def test_megatron_example_keeps_the_kind(capsys):
     assert "- global batch 128 = micro_batch 1 x dp 2 x 64 micro-batches" in lines
     assert ("- why: the job's kind, the least-disruptive mesh (pp 2, tp 2 and cp 1 kept, only the data axes shrunk); "
             "the fastest mesh changing pp, tp or cp, pp 1 x dp 4 x tp 2 on 8 GPUs, plans 84,260 tokens/s, 8.2% more, "
-            "within the 29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md)") in lines
+            "within the 29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md)") in lines
 
 
 #: A Megatron-LM Llama-3-70B job (newcomer trial): tp 8 with SP, pp 4 interleaved (5 layers per
@@ -160,6 +160,6 @@ def test_megatron_70b_keeps_the_kind_and_says_why(tmp_path, capsys):
     assert (f"- why: the job's kind, the least-disruptive mesh (pp 4, tp 8 and cp 1 kept, only the data axes "
             f"shrunk); the fastest mesh changing pp, tp or cp, pp 5 (16 layers per stage) x dp 3 x tp 8 on 120 GPUs "
             f"(global_batch 512 -> 510), plans {faster['tokens_per_s']:,.0f} tokens/s, {gain:.1%} more, within the "
-            "29.4% remesh margin (the step model's largest mean error by setting, docs/fidelity.md)") in lines
+            "29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md)") in lines
     assert any(line.startswith("- alternative keeping the global batch: pp 2 (40 layers per stage) x dp 4 x tp 8 on "
                                "64 GPUs, contract kept") for line in lines)

@@ -12,8 +12,8 @@ Thresholds (judgements, not measurements):
   (within 5% on average), again a judgement of the margin, not a measured error.
 - :data:`REMESH_MARGIN` (29.4%): a restart mesh that changes a model-parallel degree (pp, tp or cp)
   must plan more than this many more tokens/s than the job's kind (its pp, tp and cp kept, only the
-  data axes shrunk), the least-disruptive restart (newcomer trial 26). Taken from :data:`FIDELITY`: the
-  largest mean error measured in a setting, so a gain the model's own error there could account for
+  data axes shrunk), the least-disruptive restart (newcomer trial 26). A judgement: the largest mean
+  error :data:`FIDELITY` held when it was set, so a gain the model's own error could account for
   does not remesh a job (a remesh also reshards the checkpoint across the model-parallel axes and runs
   a mesh the job never ran).
 
@@ -42,7 +42,7 @@ class Fidelity(NamedTuple):
     >>> FIDELITY[0].text()
     'mean |error| 2.0%, max 3.3%'
     >>> FIDELITY[2].text()
-    'mean |error| 29.4%, +7% to +74%'
+    'mean |error| 17.1%, +3% to +41%'
     """
 
     setting: str  #: the runs measured, as README's Fidelity table names them
@@ -71,8 +71,8 @@ FIDELITY = (
              "benchmarks/fidelity.py"),
     Fidelity("LLM Foundry MPT on A100", "LLM Foundry A100 runs", 0.089, 0.157, "benchmarks/llmfoundry_a100.py",
              above=True),
-    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.294, 0.74, "benchmarks/torchtitan_h100.py",
-             above=True, min_abs_error=0.07),
+    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.171, 0.408, "benchmarks/torchtitan_h100.py",
+             above=True, min_abs_error=0.028),
 )
 
 
@@ -80,9 +80,11 @@ FIDELITY = (
 #: predicted difference within its max error is one the model cannot resolve anywhere.
 DEVELOPMENT = FIDELITY[0]
 
-#: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): the
-#: largest mean |error| of :data:`FIDELITY` (torchtitan H100 runs, 29.4%).
-REMESH_MARGIN = max(f.mean_abs_error for f in FIDELITY)
+#: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a
+#: judgement, set to the largest mean |error| measured when it was set (torchtitan H100 runs, 29.4%,
+#: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%); kept fixed like
+#: :data:`TIE` so a restart's choice does not move with each benchmark.
+REMESH_MARGIN = 0.294
 
 
 def within_error(shorter: float) -> str:
@@ -107,7 +109,7 @@ def mfu_caveat() -> str:
     its smallest and largest mean |error|).
 
     >>> mfu_caveat()
-    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 29.4% on torchtitan H100 runs (docs/fidelity.md)'
+    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 17.1% on torchtitan H100 runs (docs/fidelity.md)'
     """
     low = min(FIDELITY, key=lambda f: f.mean_abs_error)
     high = max(FIDELITY, key=lambda f: f.mean_abs_error)
