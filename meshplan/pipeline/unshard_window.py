@@ -173,17 +173,28 @@ def held_after(chunk: Sequence[int] | np.ndarray, i: int, window: int = TORCH_WI
     (3, 4)
     """
     ch = np.asarray(chunk, dtype=np.int64)
-    n = len(ch)
-    if n == 0:
+    if len(ch) == 0:
         return 0
-    v, idx = int(ch.max()) + 1, np.arange(n)
+    v = int(ch.max()) + 1
+    # the ops up to twice i first (each chunk's next op is near i past the warm-up); the whole
+    # order where a chunk seen by then has none in that prefix
+    held, whole = _held_in(ch[:2 * (i + 1)], i, window, v)
+    return held if whole else _held_in(ch, i, window, v)[0]
+
+
+def _held_in(ch: np.ndarray, i: int, window: int, v: int) -> tuple[int, bool]:
+    """:func:`held_after` on the ops ``ch`` (a prefix of the order, ``v`` chunks in all) and
+    whether it is the order's: every chunk with an op at or before ``i`` has one after it in ``ch``."""
+    n = len(ch)
+    idx = np.arange(n)
     hit = ch[None, :] == np.arange(v)[:, None]  # (v, n)
     a = np.where(hit[:, :i + 1], idx[:i + 1], -1).max(axis=1, initial=-1)  # each chunk's latest op at or before i
     b = np.where(hit[:, i + 1:], idx[i + 1:], n).min(axis=1, initial=n)  # and its next one
     both = (a >= 0) & (b < n)
+    whole = bool(((a < 0) | both).all())
     if window <= 0 or v <= window:
-        return int(both.sum())
+        return int(both.sum()), whole
     cum = np.concatenate([np.zeros((v, 1), np.int64), np.cumsum(hit, axis=1)], axis=1)  # (v, n + 1)
     # distinct chunks strictly between a and b, per chunk (columns); c itself never lies there
     others = ((cum[:, b] - cum[:, a + 1]) > 0).sum(axis=0)
-    return int((both & (others < window)).sum())
+    return int((both & (others < window)).sum()), whole
