@@ -17,7 +17,7 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.memory.schedule import stage_op_arrays
-from meshplan.pipeline.unshard_window import held_after
+from meshplan.pipeline.unshard_window import held_after, released_after
 from meshplan.plan import build_plan
 from meshplan.search.bounds import bounds
 from meshplan.search.candidate import candidate_config
@@ -54,6 +54,30 @@ def test_chunks_held_at_chunk0_first_backward_by_hand():
     assert held_after(chunk, i) == 2 and held_after(chunk, i, window=0) == 4
     # at m = 4 pp the first half of the stages still has a third chunk's next op before 3 others
     assert [held_after(*_first_chunk0_backward(sched, k, 4, 16, 4)) for k in range(4)] == [3, 3, 2, 2]
+
+
+def _held_by_definition(chunk: np.ndarray, i: int, window: int) -> int:
+    """The chunks with ops on both sides of ``i`` whose latest op at or before it the timeline's
+    rule (:func:`released_after`, on the whole order) does not release after."""
+    rel = released_after(chunk, window)
+    held = 0
+    for c in set(chunk[:i + 1].tolist()):
+        at = np.flatnonzero(chunk == c)
+        held += bool((at > i).any()) and not rel[at[at <= i].max()]
+    return held
+
+
+@pytest.mark.parametrize("window", [3, 0])
+def test_held_after_is_the_timelines_release_rule(window):
+    """held_after (which reads a prefix of the order first) against the definition on whole
+    orders: interleaved 1F1B at pp 2 and 4, vpp 4 and 5, m = pp .. 4 pp, every stage, every third op."""
+    for p in (2, 4):
+        for v in (4, 5):
+            for m in range(p, 4 * p + 1, p):
+                for k in range(p):
+                    _, chunk, _ = stage_op_arrays(candidate_schedule(v), k, p, m, v)
+                    for i in range(0, len(chunk), 3):
+                        assert held_after(chunk, i, window) == _held_by_definition(chunk, i, window), (p, v, m, k, i)
 
 
 @pytest.fixture(scope="module")
