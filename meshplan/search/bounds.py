@@ -23,7 +23,8 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   unsharded accumulators and (but under ``no_sync``) their gathered copies; with vpp > 1
   and m > pp, at the end of chunk 0's first backward, init + the kept roots + the passes
   in flight + every chunk's accumulators (and gathered layers without
-  ``reshard_after_forward``: under torch's window at vpp > 3, the window's 3 chunks').
+  ``reshard_after_forward``: under torch's window at vpp > 3, those of the chunks the timeline
+  holds then, :func:`~meshplan.search.gather_passes.chunks_held`, at most the window's 3).
 - **Per-layer AC** (``layer`` rows): each layer keeps ``none``'s saved activations or
   ``full``'s (checkpointed); the lower bound counts ``none``'s on the layers a pass surely
   keeps (:func:`meshplan.search.layer_replays.kept_in_flight`: torchtitan checkpoints every
@@ -61,6 +62,7 @@ from meshplan.spec.deepspeed_reuse import DEEPSPEED_MAX_REUSE_ELEMENTS
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
+from meshplan.search.gather_passes import chunks_held
 from meshplan.search.layer_replays import kept_in_flight
 from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
 from meshplan.search.candidate import accumulates, sharding_training
@@ -215,9 +217,10 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # last chunk's last one, so at its end every chunk holds its accumulators (and, without
     # reshard_after_forward, its gathered layers)
     rounds = (v > 1) & (st.m_run > g)
-    # (under torch's window at vpp > 3: the window's chunks, the first ``window`` distinct ones of
-    # the ops from there on, unsharded: every chunk occurs again when m > g, so ``window`` of them)
-    whole = np.where(evicts, window * st.n_chunk, st.n)
+    # (under torch's window at vpp > 3: the chunks the timeline holds then, gather_passes.chunks_held:
+    # at most the window's, fewer where it evicted one the next ops need, prefetched but not counted)
+    sel = evicts & (c.rf[:, None] == 0) & rounds.any(axis=1, keepdims=True) & after.any(axis=1, keepdims=True)
+    whole = np.where(evicts, chunks_held(c, st, window, sel) * st.n_chunk, st.n)
     every = np.where(c.rf[:, None] > 0, st.n_chunk, whole) * keeps * u["unit_min_g"]
     done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down

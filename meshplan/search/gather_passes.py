@@ -2,7 +2,8 @@
 root's (:func:`gathering_passes`, from the schedule's order and
 :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`, :func:`_gathers`), the routed experts'
 (:func:`expert_gathers`), the head's own unit apart or gathered again (:func:`head_unit_apart`,
-:func:`head_regathers`), and the passes of the end chunks (:func:`end_chunk_passes`).
+:func:`head_regathers`), the passes of the end chunks (:func:`end_chunk_passes`), and the chunks
+the timeline holds gathered at chunk 0's first backward (:func:`chunks_held`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from meshplan.memory.deepspeed_fetch import config_reuse
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import SHARDING
 from meshplan.pipeline.fast import order_arrays
-from meshplan.pipeline.unshard_window import evicted, pipeline_window, unshards_first
+from meshplan.memory.schedule import stage_op_arrays
+from meshplan.pipeline.unshard_window import evicted, held_after, pipeline_window, unshards_first
 from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
@@ -160,6 +162,34 @@ def end_chunk_passes(c: Candidates, st: Stages, window: int = 0) -> dict[str, np
         g = _chunk_gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), window)[int(rf[j])]
         for name, kind, chunk in (("f0", 0, 0), ("b0", 1, 0), ("fl", 0, -1), ("bl", 1, -1)):
             out[name][rows] = g[kind, :, chunk][None, :]
+    return out
+
+
+def chunks_held(c: Candidates, st: Stages, window: int, rows: np.ndarray) -> np.ndarray:
+    """(candidates, pp) chunks the memory timeline holds gathered at the end of chunk 0's first
+    backward on each stage of the interleaved rows ``rows`` ((candidates, 1) bool; the others 0)
+    kept gathered from their forwards: :func:`~meshplan.pipeline.unshard_window.held_after` of
+    each stage's order (:func:`~meshplan.memory.schedule.stage_op_arrays`, one schedule run of
+    ``st.m_run`` micro-batches), once per (micro-batches, vpp). Under torch's window at vpp > 3
+    that is fewer than the window's 3 chunks where the next op's chunks include one the window
+    evicted (its UNSHARD prefetch not counted; 405B pp 16 vpp 4, m 32, stage 1: 2 chunks)."""
+    p = st.k.shape[1]
+    out = np.zeros((len(c), p), dtype=np.int64)
+    on = rows[:, 0] & (c.vpp > 1)
+    m, v = st.m_run[:, 0], c.vpp
+    for mm, vv in sorted(set(zip(m[on].tolist(), v[on].tolist()))):
+        out[on & (m == mm) & (v == vv)] = _held(candidate_schedule(vv), p, mm, vv, window)
+    return out
+
+
+@lru_cache(maxsize=None)
+def _held(schedule, p: int, m: int, v: int, window: int) -> np.ndarray:
+    """(p,) :func:`chunks_held` of each stage of one (schedule, pp, micro-batches, vpp, window)."""
+    out = np.zeros(p, dtype=np.int64)
+    for s in range(p):
+        phase, chunk, _ = stage_op_arrays(schedule, s, p, m, v)
+        at = np.flatnonzero((phase == 1) & (chunk == 0))
+        out[s] = held_after(chunk, int(at[0]), window) if at.size else 0
     return out
 
 
