@@ -287,6 +287,28 @@ def test_c6_tp_past_the_kv_heads_is_a_stated_mechanism(tmp_path, capsys):
     assert not [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
 
 
+def test_c6_megatron_gemm_table_is_the_fused_qkv_megatron_runs(tmp_path, capsys):
+    """C6 (32 q / 4 KV heads of 128, h 4096, tp 8, s 1024, b 1) under framework megatron: the plan's
+    GEMM table gives the QKV projection the N that Megatron-LM's fused ``linear_qkv`` runs per rank
+    (d98e8a6 attention.py:1689-1704, tensor_parallel/layers.py:1038: ``divide((q + 2 kv) d, tp)``):
+    (32 + 2 x 4) x 128 / 8 = 640 = wq 32 x 128 / 8 = 512 + wk 4 x 128 / 8 = 64 + wv 64, the 640 rows
+    the heads note names; it listed wk and wv at one whole head each (128 + 128: 768, 20% more).
+    GFLOP: wq 2 x 1024 x 512 x 4096 = 4,294,967,296, wk and wv 2 x 1024 x 64 x 4096 = 536,870,912."""
+    m = ('[model]\nlayers = 2\nhidden = 4096\nffn = 16384\nq_heads = 32\nkv_heads = 4\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    cfg = config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m, framework="megatron")
+    rc, p, _ = doc(capsys, "plan", cfg)
+    g = {x["name"]: x for x in p["shapes"]["gemms_forward"]}
+    assert rc == 0 and [(g[n]["m"], g[n]["n"], g[n]["k"], g[n]["flops"]) for n in ("wq", "wk", "wv")] == [
+        (1024, 512, 4096, 4_294_967_296), (1024, 64, 4096, 536_870_912), (1024, 64, 4096, 536_870_912)]
+    assert sum(g[n]["n"] for n in ("wq", "wk", "wv")) == (32 + 2 * 4) * 128 // 8 == 640
+    rc, out, _ = run(capsys, "plan", cfg)
+    line = "one fused linear_qkv GEMM per rank, N = wq 512 + wk 64 + wv 64 = 640 = (32 + 2 x 4) x 128 / tp 8"
+    assert line in " ".join(out.split())
+    run(capsys, "plan", cfg, "--html", tmp_path / "plan.html")  # the HTML report's shapes say the same
+    assert line in (tmp_path / "plan.html").read_text()
+
+
 def test_c6_under_torch_lists_no_kv_replica_group(tmp_path, capsys):
     """C6 under framework torch (32 q / 4 KV heads, tp 8): infeasible because torchtitan
     replicates no KV head, so no kv_replica group is listed in `plan` or `groups` (text and

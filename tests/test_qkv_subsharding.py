@@ -56,3 +56,40 @@ def test_no_kv_replica_group_or_row():
     assert not [r for rows in plan.collectives.values() for r in rows if r.axis == "kv_replica"]
     assert [(r.phase, r.op, r.size_bytes) for r in plan.stage(0).collectives if "QKV sub-sharding" in r.cadence] == \
         [("forward", "all-gather", 16384), ("backward", "reduce-scatter", 16384)]
+
+
+C6 = {"layers": 2, "hidden": 4096, "ffn": 16384, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "vocab": 32000}
+
+
+def test_c6_qkv_gemm_is_megatrons_fused_n_640():
+    """Handed case C6 (32 q / 4 KV heads of 128, h 4096, tp 8, s 1024, b 1) under framework
+    megatron: Megatron-LM's ``linear_qkv`` is one ColumnParallelLinear of output size (q + 2 kv) d
+    (d98e8a6 attention.py:1689-1704), each rank ``divide(output_size, tp)`` of it
+    (tensor_parallel/layers.py:1038): N = (32 + 2 x 4) x 128 / 8 = 640 per rank, not the 768 of
+    whole local heads (wq 4 x 128 = 512 + wk 128 + wv 128, each of 4 KV heads computed on 2 ranks).
+    wq 32 x 128 / 8 = 512, wk = wv = 4 x 128 / 8 = 64. Forward FLOP of the fused GEMM: 2 x M 1024
+    x N 640 x K 4096 = 5,368,709,120 (768 would give 6,442,450,944, 20% more); data and weight
+    gradients the same each. The step model times that one GEMM (1024 x 640 x 4096) and counts
+    its FLOP once as model FLOP (no copy). The QKV bias add (a qkv_bias model) reads and writes
+    tokens 1024 x 640 x 2 B: 2 x 2 x 1024 x 640 = 2,621,440 B."""
+    from meshplan import catalog
+    from meshplan.compute.elementwise import bias_ops
+    from meshplan.compute.layer import layer_cost
+    from meshplan.compute.ops import Workload
+    from meshplan.compute.shapes import layer_gemms
+    from meshplan.spec.model import ModelSpec
+
+    m = ModelSpec(**C6)
+    g = {x.name: x for x in layer_gemms(m, 8, 1024, framework="megatron")}
+    assert [(g[n].m, g[n].n, g[n].k) for n in ("wq", "wk", "wv")] == [(1024, 512, 4096), (1024, 64, 4096), (1024, 64, 4096)]
+    assert g["wq"].n + g["wk"].n + g["wv"].n == (32 + 2 * 4) * 128 // 8 == 640
+    assert sum(g[n].flops for n in ("wq", "wk", "wv")) == 2 * 1024 * 640 * 4096 == 5_368_709_120
+    assert [x.n for x in layer_gemms(m, 8, 1024) if x.name in ("wk", "wv")] == [128, 128]  # torch's layout: whole heads
+    h100 = catalog.gpu("h100-sxm5-80gb")
+    w = Workload(seq_len=1024, tp=8, fused_qkv=True, framework="megatron", recompute="none")
+    qkv = [o for o in layer_cost(m, h100, w).ops if o.name.split(".")[0] in ("wq", "wk", "wv")]
+    assert {o.table_key for o in qkv} == {(1024, 640, 4096, "bf16"), (1024, 4096, 640, "bf16"), (640, 4096, 1024, "bf16")}
+    assert sum(o.hardware_flops for o in qkv) == sum(o.model_flops for o in qkv) == 3 * 5_368_709_120
+    biased = ModelSpec(**C6, qkv_bias=True)
+    add = [o for o in bias_ops(biased, h100, w, False) if o.name == "qkv bias add"]
+    assert [o.size_bytes for o in add] == [2 * 2 * 1024 * 640] == [2_621_440]

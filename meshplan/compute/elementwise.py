@@ -11,7 +11,7 @@ from meshplan.compute.kernel_time import memory_op
 from meshplan.compute.megatron import norm_backward_partial_bytes, norm_backward_passes, persistent_layer_norm
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.routing import routing
-from meshplan.compute.shapes import Gemm
+from meshplan.compute.shapes import Gemm, qkv_local_features
 from meshplan.compute.torch_eager import RMSNORM_ROW_KERNELS, repeat_kv_bytes, rmsnorm_bytes, rope_bytes, \
     swiglu_bytes
 from meshplan.mesh.tpsplit import local_heads
@@ -152,14 +152,15 @@ def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, floa
 
 def bias_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, moe: bool) -> list[Op]:
     """Linear biases as Megatron-LM's GPT applies them: the QKV bias is a separate add after
-    the column-parallel GEMM (read and write ``tokens x local qkv width``); the MLP-up bias is
+    the column-parallel GEMM (read and write ``tokens x local qkv width``,
+    :func:`~meshplan.compute.shapes.qkv_local_features`); the MLP-up bias is
     fused into the bias-GeLU kernel and the row-parallel (wo, MLP-down) biases into
     bias-dropout-add (no extra forward kernel). Backward: each bias gradient is a sum over
     tokens of its output gradient, a memory-bound read: ``tokens x width`` for the column-parallel
     ones, ``row tokens x h`` (sequence shard with SP) for the row-parallel ones."""
     b, h, t, r = dtype_bytes(w.dtype), model.hidden, w.tokens, w.row_tokens
-    q_l, kv_l, _ = local_heads(model, w.tp)
-    qkv = t * (q_l + 2 * kv_l) * model.d_head
+    q_n, kv_n = qkv_local_features(model, w.tp, w.framework)  # Megatron-LM past the KV heads: its 1/tp
+    qkv = t * (q_n + 2 * kv_n)
     out = []
     if model.qkv_bias or model.linear_bias:
         out += [memory_op(gpu, "qkv bias add", "attn", "forward", 2 * b * qkv),

@@ -6,7 +6,6 @@ policy's replay (:func:`layer_costs`, :func:`layer_cost`).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Optional
 
 from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention
@@ -19,6 +18,7 @@ from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
 from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, op_sac_kept, replay
 from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
+from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.units import dtype_bytes
@@ -56,14 +56,13 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     for rc in recomputes:
         if rc not in RECOMPUTE + ("layer",):
             raise ValueError(f"recompute {rc!r} is not one of {RECOMPUTE}")
-    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
-    _, _, rep = local_heads(model, w.tp)
+    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing,
+                        framework=w.framework)  # Megatron-LM past the KV heads: 1/tp of wk and wv (tp_kv)
+    # copies of each KV head's projection: none under Megatron-LM's sub-sharding (qkv_local_features)
+    rep = 1 if qkv_gathered(w.framework, w.tp, model.n_kv_heads) else local_heads(model, w.tp)[2]
     ops = []
     qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
-    if len(qkv) == 3 and rep > 1:  # Megatron-LM's fused QKV at tp > kv_heads: 1/tp of wk and wv, no copy (tp_kv)
-        qkv = [replace(g, n=g.n // rep) if g.name in ("wk", "wv") else g for g in qkv]
-        ops += qkv_fused_ops(gpu, qkv, w, table, {})
-    elif len(qkv) == 3:
+    if len(qkv) == 3:
         ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
     for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
         if len(qkv) == 3 and g.name in ("wq", "wk", "wv"):

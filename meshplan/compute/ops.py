@@ -104,7 +104,9 @@ class Workload:
     the tp collectives that close an MoE layer's MLP block (forward; their mirrors open its
     backward): 2 where torchtitan reduce-scatters the routed and the shared experts' outputs
     apart (ep 1, etp = tp, SP, shared experts: :func:`meshplan.spec.axes.ep.experts_over_tp_ops`,
-    set by :func:`meshplan.schedule.workload.workload_of`), else 1."""
+    set by :func:`meshplan.schedule.workload.workload_of`), else 1; ``framework``: the training
+    contract's (``torch`` or ``megatron``), whose Q, K and V widths the GEMMs take
+    (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -137,6 +139,7 @@ class Workload:
     async_tp: str = ""
     torch_ring_attention: bool = False
     moe_tp_scatters: int = 1
+    framework: str = "torch"
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -268,6 +271,7 @@ def framework_kernels(training) -> dict:
     only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
     FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
     attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
+    ``framework`` itself rides along (the QKV widths past the KV heads, :class:`Workload`).
     torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
     :mod:`meshplan.compute.torch_eager`), and its norms kernel by kernel under ``training.torch_norm =
     "decomposed"`` (``decomposed_norm``); the head's final norm is never compiled
@@ -280,7 +284,7 @@ def framework_kernels(training) -> dict:
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False, 'torch_ring_attention': False}
+'sp_layout_copies': False, 'torch_ring_attention': False, 'framework': 'megatron'}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -293,7 +297,7 @@ def framework_kernels(training) -> dict:
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
-            "sp_layout_copies": not megatron, "torch_ring_attention": not megatron}
+            "sp_layout_copies": not megatron, "torch_ring_attention": not megatron, "framework": training.framework}
 
 
 @lru_cache(maxsize=64)

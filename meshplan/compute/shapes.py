@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import divisors
+from meshplan.spec.axes.tp_kv import fused_qkv_local_widths, qkv_gathered
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.resolve import DERIVED, Mesh
@@ -90,10 +91,11 @@ class Attention:
 
 def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
                 ep: int = 1, etp: int = 1, routing_options: RoutingOptions = RoutingOptions(),
-                ffn_ways: int = 0) -> list[Gemm]:
+                ffn_ways: int = 0, framework: str = "torch") -> list[Gemm]:
     """Forward GEMMs of one transformer layer on one rank for ``tokens`` local tokens;
     ``tp`` splits the heads (and the tokens routed per rank), ``ffn_ways`` the dense MLP's
-    and the shared experts' width (0: ``tp``).
+    and the shared experts' width (0: ``tp``); wq, wk, wv's widths: :func:`qkv_local_features`
+    (``framework``: the training contract's).
 
     ``layer`` selects dense or MoE (-1: the last layer). MoE experts: the rows of the
     busiest rank's local experts under ``routing_options`` (:func:`meshplan.compute.routing.routing`:
@@ -106,13 +108,13 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     (replicated over tp) runs on those ``tokens * etp / tp`` tokens too
     (:mod:`meshplan.runtime.execution.moe`).
     """
-    h, d = model.hidden, model.d_head
-    q_l, kv_l, _ = local_heads(model, tp)
+    h = model.hidden
     if model.is_mla:
         out = mla_gemms(model, tp, tokens)
     else:
-        out = [Gemm("wq", tokens, q_l * d, h), Gemm("wk", tokens, kv_l * d, h),
-               Gemm("wv", tokens, kv_l * d, h), Gemm("wo", tokens, h, q_l * d)]
+        q_n, kv_n = qkv_local_features(model, tp, framework)
+        out = [Gemm("wq", tokens, q_n, h), Gemm("wk", tokens, kv_n, h),
+               Gemm("wv", tokens, kv_n, h), Gemm("wo", tokens, h, q_n)]
     layer = model.layers - 1 if layer < 0 else layer
     if model.is_moe_layer(layer):
         routed = max(1, tokens * etp // tp)
@@ -136,6 +138,51 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
         out.append(Gemm("w_gate", tokens, f, h))
     out += [Gemm("w_up", tokens, f, h), Gemm("w_down", tokens, h, f)]
     return out
+
+
+def qkv_local_features(model: ModelSpec, tp: int, framework: str = "torch") -> tuple[int, int]:
+    """(wq, wk) output features on one tp rank (wv's as wk's; not MLA): whole local heads,
+    ``q/tp x d`` and ``kv_l x d`` with ``kv_l`` from :func:`local_heads` (one KV head, computed
+    on each of the ``tp / kv`` ranks that hold it, past the KV heads); under framework megatron at
+    tp > kv_heads Megatron-LM's fused ``linear_qkv`` columns, ``q d / tp`` and ``kv d / tp``
+    (:func:`meshplan.spec.axes.tp_kv.fused_qkv_local_widths`: one GEMM of N ``(q + 2 kv) d /
+    tp``, no K/V column computed twice).
+
+    Handed case C6 (32 q / 4 KV heads of 128, tp 8): torch's layout 4 x 128 = 512 and 1 x 128 =
+    128 (768 a rank); Megatron-LM's 512 and 4 x 128 / 8 = 64 (N 512 + 2 x 64 = 640):
+
+    >>> m = ModelSpec(layers=2, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> qkv_local_features(m, 8), qkv_local_features(m, 8, "megatron"), qkv_local_features(m, 4, "megatron")
+    ((512, 128), (512, 64), (1024, 128))
+    """
+    if qkv_gathered(framework, tp, model.n_kv_heads):
+        return fused_qkv_local_widths(model, tp)
+    q_l, kv_l, _ = local_heads(model, tp)
+    return q_l * model.d_head, kv_l * model.d_head
+
+
+def fused_qkv_words(model: ModelSpec, tp: int, framework: str) -> str:
+    """The line under the plan's GEMM table that says how framework megatron runs wq, wk and wv:
+    one fused ``linear_qkv`` GEMM (:func:`meshplan.compute.kernel_time.qkv_fused_ops`) of N their
+    widths' sum (:func:`qkv_local_features`), and past the KV heads why wk and wv are narrower
+    than one head; "" for framework torch and MLA (no fused QKV).
+
+    >>> m = ModelSpec(layers=2, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> print(fused_qkv_words(m, 8, "megatron"))
+    Q, K, V (framework megatron): one fused linear_qkv GEMM per rank, N = wq 512 + wk 64 + wv 64 = 640 = (32 + 2 x 4) x 128 / tp 8: Megatron-LM's QKV sub-sharding splits the fused columns over tp, so wk and wv are each rank's mean share (4 x 128 / 8 = 64) and no K/V column is computed twice
+    >>> fused_qkv_words(m, 4, "megatron"), fused_qkv_words(m, 8, "torch")
+    ('Q, K, V (framework megatron): one fused linear_qkv GEMM per rank, N = wq 1024 + wk 128 + wv 128 = 1280', '')
+    """
+    if framework != "megatron" or model.is_mla:
+        return ""
+    q, kv = qkv_local_features(model, tp, framework)
+    out = f"Q, K, V (framework megatron): one fused linear_qkv GEMM per rank, N = wq {q} + wk {kv} + wv {kv} = {q + 2 * kv}"
+    if not qkv_gathered(framework, tp, model.n_kv_heads):
+        return out
+    g, d = model.n_kv_heads, model.d_head
+    return (out + f" = ({model.q_heads} + 2 x {g}) x {d} / tp {tp}: Megatron-LM's QKV sub-sharding splits the fused "
+            f"columns over tp, so wk and wv are each rank's mean share ({g} x {d} / {tp} = {kv}) and no K/V column is "
+            "computed twice")
 
 
 #: MLA GEMMs whose weights every tp rank holds whole (:meth:`ModelSpec._mla_tensors`): each
@@ -235,7 +282,7 @@ def local_shapes(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> LocalS
     heads, ways = split[Dim.HEADS], split[Dim.SEQUENCE]
     tokens = t.micro_batch * t.seq_len // ways
     gemms = layer_gemms(model, heads, tokens, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN],
-                        routing_options=RoutingOptions.of(t), ffn_ways=split[Dim.FFN])
+                        routing_options=RoutingOptions.of(t), ffn_ways=split[Dim.FFN], framework=t.framework)
     vocab = split[Dim.VOCAB]
     gemms.append(output_gemm(model, vocab, tokens, padded_vocab(model.vocab, t.vocab_pad_divisor, vocab)))
     return LocalShapes(split, tokens, tuple(gemms), attention_shape(model, heads, ways, t.micro_batch, t.seq_len))

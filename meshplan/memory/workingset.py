@@ -185,7 +185,7 @@ def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[
     tok, tp = _tokens(training, mesh)[0], local_split(mesh)[Dim.HEADS]
     w = Workload(seq_len=training.seq_len, micro_batch=training.micro_batch, tp=tp, sp=mesh.sequence_parallel,
                  dtype=training.compute_dtype, **framework_kernels(training), **float8_gemms(model, training))
-    return float8.saved_copies(model, w, layer_gemms(model, tp, tok))
+    return float8.saved_copies(model, w, layer_gemms(model, tp, tok, framework=training.framework))
 
 
 def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int, tp: int,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.compute.shapes import fused_qkv_words
 from meshplan.mesh.axes import order_words
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.html import (
@@ -90,6 +91,9 @@ def _shapes(plan: Plan) -> str:
     body = table(["gemm", "M", "N", "K", "count", "GFLOP"],
                  [(g.name, g.m, g.n, g.k, g.count, f"{g.flops / 1e9:.1f}") for g in plan.gemms],
                  caption=f"local forward GEMMs per rank per micro-batch (M tokens = {plan.tokens_per_microbatch})")
+    fused = fused_qkv_words(plan.config.model, plan.mesh.degree("tp"), plan.config.training.framework)
+    if fused:
+        body += lines([fused])
     body += lines([f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, seq q "
                    f"{a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}, {a.flops() / 1e9:.1f} GFLOP forward"])
     return section("Local shapes", body)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.compute.shapes import fused_qkv_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.axes import order_words
 from meshplan.mesh.resolve import Mesh
@@ -211,6 +212,9 @@ def _shapes(plan: Plan, con: Console) -> None:
     m, tp = plan.config.model, plan.mesh.degree("tp")
     con.print(f"q projection: output width {m.q_heads * m.d_head} / tp {tp} = {m.q_heads * m.d_head // tp} "
               f"output features per rank; MLP: ffn {m.ffn} / tp {tp} = {m.ffn // tp} per gate")
+    fused = fused_qkv_words(m, tp, plan.config.training.framework)
+    if fused:
+        con.print(fused)
     a = plan.attention
     con.print(f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, "
               f"seq q {a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}"

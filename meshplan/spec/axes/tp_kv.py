@@ -3,16 +3,24 @@ runs it: Megatron-LM's QKV sub-sharding, the one home of its predicate and sizes
 collective table's rows, :func:`meshplan.comm.tp_rows.qkv_gather_rows`; the timeline's
 blocking calls, :mod:`meshplan.schedule.layer_timeline`; the weights' local shard,
 :func:`meshplan.mesh.tpsplit.local_numel`; the gathered activation,
-:func:`meshplan.memory.activations`; the search's vectorised rows, :mod:`meshplan.search.comm_bounds`).
+:func:`meshplan.memory.activations`; the search's vectorised rows, :mod:`meshplan.search.comm_bounds`;
+the GEMM table, step time and FLOPs of the QKV projection, :func:`meshplan.compute.shapes.qkv_local_features`
+through :func:`fused_qkv_local_widths`; the QKV bias add, :func:`meshplan.compute.elementwise.bias_ops`).
 
 Megatron-LM since f7dfb99 (#2565, "Support TP greater than num_kv_heads by supporting QKV
 activation sub-sharding"), read at d98e8a6, ``megatron/core/transformer/attention.py``:
 
 - :353-366: with ``num_query_groups < tp`` each rank keeps one query group
   (``num_query_groups_per_partition = 1``) and, in the end, ``q_heads / tp`` q heads;
-- ``linear_qkv`` stays a ColumnParallelLinear over the fused weight, laid out per group
-  (``q1 q2 k1 v1 | q3 q4 k2 v2 | ...``), so each rank holds 1/tp of its ``(q + 2 kv) d`` rows
-  (:func:`fused_qkv_local_rows`) and computes 1/tp of the fused output; no KV head is replicated;
+- :1689-1704: ``linear_qkv`` stays a ColumnParallelLinear (``gather_output=False``) of output
+  size ``query_projection_size + 2 kv_projection_size`` = ``(q + 2 kv) d``, laid out per group
+  (``q1 q2 k1 v1 | q3 q4 k2 v2 | ...``, :1852-1853), and ``tensor_parallel/layers.py``:1038
+  gives each rank ``output_size_per_partition = divide(output_size, world_size)`` rows (TE's
+  ``TELayerNormColumnParallelLinear``, ``extensions/transformer_engine.py``:1518-1537, passes the
+  whole ``out_features`` with ``parallel_mode="column"``, which TE splits over tp the same): one
+  GEMM of N = ``(q + 2 kv) d / tp`` per rank (:func:`fused_qkv_local_rows`), computing 1/tp of
+  the fused output; no K/V weight row is held, nor K/V column computed, on two ranks (the K/V
+  activations are: after the gather every rank of a group keeps its group's, :1864-1871);
 - :1851-1871 (``get_query_key_value_tensors``): that output is all-gathered over tp on its last
   dim (``all_gather_last_dim_from_tensor_parallel_region``, ``tensor_parallel/mappings.py``:
   forward all-gather, backward reduce-scatter), and each rank keeps its group's slice (``rank //
@@ -74,16 +82,34 @@ def qkv_gather_numel(model: ModelSpec, micro_batch, seq_len: int, cp):
     return micro_batch * (seq_len // cp) * qkv_width(model)
 
 
+def fused_qkv_local_widths(model: ModelSpec, tp: int) -> tuple[int, int]:
+    """(Q, K) output features of the fused ``linear_qkv`` GEMM on one tp rank when its columns
+    are split as a plain ColumnParallelLinear (tp > kv_heads, framework megatron): ``q d / tp``
+    and ``kv d / tp`` (V's as K's). They are the shares of the fused GEMM's N on the mean
+    rank: with the per-group layout (``q1 q2 k1 v1 | ...``) one rank's 1/tp slice may hold more
+    Q and another the K and V, but each rank's N and FLOPs are these summed, and no K or V column
+    is computed twice.
+
+    32 q / 4 KV heads of 128, tp 8 (handed case C6): 32 x 128 / 8 = 512 and 4 x 128 / 8 = 64:
+
+    >>> fused_qkv_local_widths(ModelSpec(layers=2, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1), 8)
+    (512, 64)
+    """
+    return model.q_heads * model.d_head // tp, model.n_kv_heads * model.d_head // tp
+
+
 def fused_qkv_local_rows(model: ModelSpec, tp: int) -> int:
-    """Rows of the fused ``linear_qkv`` weight on one tp rank: ``(q + 2 kv) d / tp`` (a
-    ColumnParallelLinear at every tp; the K and V share is ``2 kv d / tp``).
+    """Rows of the fused ``linear_qkv`` weight on one tp rank, the N of its GEMM: ``(q + 2 kv) d
+    / tp`` (a ColumnParallelLinear at every tp, :func:`fused_qkv_local_widths` summed; the K and
+    V share is ``2 kv d / tp``).
 
     Llama-3-70B at tp 16: (64 + 16) x 128 / 16 = 640 rows, of which 2 x 8 x 128 / 16 = 128 K/V:
 
     >>> fused_qkv_local_rows(ModelSpec(layers=80, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, vocab=1), 16)
     640
     """
-    return qkv_width(model) // tp
+    q, kv = fused_qkv_local_widths(model, tp)
+    return q + 2 * kv
 
 
 def qkv_note(model: ModelSpec, tp: int, q_local: int) -> str:
