@@ -110,6 +110,28 @@ def test_export_never_overwrites_the_snippet(tmp_path, capsys):
     assert "error: -o: - (stdout) holds one file; this export writes two" in capsys.readouterr().err
 
 
+#: A small dense Llama-style model of no shipped flavor for a fast search: FFN by torchtitan's
+#: formula, int(2 x 4 x 256 / 3) = 682, 256 x ceil(682 / 256) = 768 (multiple_of 256, multiplier 1.0).
+TINY = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 768, "q_heads": 4, "kv_heads": 2, "head_dim": 64,
+        "vocab": 1024}
+
+
+def test_search_export_refuses_the_snippet_before_the_search(tmp_path, capsys):
+    """``search --export 1 --to torchtitan -o tt.toml`` of such a model writes tt.py too: an existing
+    tt.py is refused before the search runs (as an existing -o is), not after the whole search, with
+    nothing written; exit 2."""
+    assert llama3_ffn(256, 256, 1.0) == 256 * math.ceil(682 / 256) == 768
+    src = tmp_path / "tiny.toml"
+    src.write_text(job_toml(TINY, training={"global_batch": 8, "seq_len": 512},
+                            search={"pp": [1], "micro_batch": [1], "recompute": ["none"]}))
+    (tmp_path / "tt.py").write_text("mine\n")
+    assert run_main("search", src, "--export", "1", "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 2
+    out, err = capsys.readouterr()
+    assert f"-o: {tmp_path / 'tt.py'} exists; choose another path or pass --force" in err
+    assert out == ""  # no search table: refused before the search
+    assert (tmp_path / "tt.py").read_text() == "mine\n" and not (tmp_path / "tt.toml").exists()
+
+
 @pytest.mark.parametrize("name, flavor", [("llama3-8b", "8B"), ("llama3-70b", "70B")])
 def test_shipped_flavors_stay_shipped(name, flavor):
     """Llama 3 8B and 70B are torchtitan's own flavors: no snippet, the flavor named."""
