@@ -110,6 +110,23 @@ def test_export_never_overwrites_the_snippet(tmp_path, capsys):
     assert "error: -o: - (stdout) holds one file; this export writes two" in capsys.readouterr().err
 
 
+def test_force_replaces_only_a_flavor_file_meshplan_wrote(tmp_path, capsys):
+    """``-o train.toml --force`` beside the user's own ``train.py`` (a training script): --force
+    replaces -o, never a .py meshplan did not write (exit 2, both files as they were); the .py an
+    earlier export wrote is replaced (exit 0)."""
+    src = tmp_path / "c.toml"
+    src.write_text(job_toml(MODEL30, system="dgx-a100", nodes=32, training=TRAINING, mesh=MESH))
+    (tmp_path / "train.toml").write_text("old\n")
+    (tmp_path / "train.py").write_text("import torch\n")
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "train.toml", "--force") == 2
+    assert (f"-o: {tmp_path / 'train.py'} exists and is no flavor file meshplan wrote (--force replaces only "
+            "those)") in capsys.readouterr().err
+    assert (tmp_path / "train.py").read_text() == "import torch\n" and (tmp_path / "train.toml").read_text() == "old\n"
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 0
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "tt.toml", "--force") == 0
+    assert (tmp_path / "tt.py").read_text().startswith("# meshplan export: torchtitan llama3 flavor 'llama-30b-ish'")
+
+
 #: A small dense Llama-style model of no shipped flavor for a fast search: FFN by torchtitan's
 #: formula, int(2 x 4 x 256 / 3) = 682, 256 x ceil(682 / 256) = 768 (multiple_of 256, multiplier 1.0).
 TINY = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 768, "q_heads": 4, "kv_heads": 2, "head_dim": 64,
