@@ -147,6 +147,10 @@ def test_search_export_refuses_the_snippet_before_the_search(tmp_path, capsys):
     assert f"-o: {tmp_path / 'tt.py'} exists; choose another path or pass --force" in err
     assert out == ""  # no search table: refused before the search
     assert (tmp_path / "tt.py").read_text() == "mine\n" and not (tmp_path / "tt.toml").exists()
+    assert run_main("search", src, "--export", "1", "--to", "torchtitan", "-o", "-") == 2  # two files, one stdout
+    out, err = capsys.readouterr()
+    assert out == "" and "error: -o: - (stdout) holds one file; this export writes two" in err
+    assert "candidates:" not in err  # the search's report (on stderr under -o -) never ran
 
 
 @pytest.mark.parametrize("name, flavor", [("llama3-8b", "8B"), ("llama3-70b", "70B")])
