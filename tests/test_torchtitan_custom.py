@@ -200,3 +200,19 @@ def test_snippet_reader_ignores_what_it_cannot_read():
     assert snippet_flavors("def (") == {}
     assert snippet_flavors("llama3_args['x'] = TransformerModelArgs(dim=f())\n") == {}
     assert list(snippet_flavors("llama3_args['x'] = TransformerModelArgs(dim=64, n_layers=2, n_heads=4)\n")) == ["x"]
+
+
+def test_a_flavor_no_model_has_names_its_file(tmp_path, capsys):
+    """A hand-edited .py beside the job TOML registering sizes no model has: dim 64 over n_heads 128
+    gives torchtitan's head size dim // n_heads = 64 // 128 = 0. One line naming model.flavor and
+    that file (exit 2), not the [model] field ``model.head_dim`` the user never wrote."""
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "x"\n[training]\nseq_len = 512\nglobal_batch_size = 8\n'
+                   'local_batch_size = 1\n[parallelism]\ndata_parallel_shard_degree = 8\n')
+    (tmp_path / "job.py").write_text("llama3_args['x'] = TransformerModelArgs(dim=64, n_layers=2, n_heads=128)\n")
+    assert 64 // 128 == 0
+    assert run_main("plan", job, "--cluster", "dgx-h100", "--nodes", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model.flavor: 'x', registered by {tmp_path / 'job.py'}, is "
+                                               "no model meshplan plans (model.head_dim: must be greater than 0 (got 0)")
+    assert err[0].endswith("fix its TransformerModelArgs there")
