@@ -145,7 +145,8 @@ def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     cfg, t = plan.config, plan.config.training
     renamed = {("dp_shard" if n == "dp" else n): d for n, d in plan.axis_degrees().items()}  # Megatron's dp
     deg = folded(renamed)
-    moved = f" ({mesh_words(deg, keys)})" if deg != renamed else ""
+    words = mesh_words(deg, keys)  # "" at one data rank (world 1 under DDP): nothing moves
+    moved = f" ({words})" if words and words != mesh_words(renamed, keys) else ""
     out = []
     for sh in ("zero1", "zero3")[1 if t.sharding != "none" else 0:]:
         u = t.model_copy(update={"sharding": sh})

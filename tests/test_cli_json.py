@@ -213,6 +213,20 @@ def test_json_followed_by_an_option_is_one_line_naming_json(command, tmp_path, c
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", ["plan", "search"])
+def test_json_followed_by_a_short_option_is_one_line_naming_json(command, tmp_path, capsys):
+    """As trial 27 #F with a short option: ``search X --json -o FILE`` took ``-o`` for --json's path
+    (a file named ``-o``) and refused FILE as an extra argument. Refused as ``--out`` is, with nothing
+    written; ``--json -`` (stdout) stays a path (tests/test_calibration_header.py runs ``step --json -``)."""
+    with pytest.raises(SystemExit) as done:
+        main([command, str(MINI), "--json", "-o", str(tmp_path / "x.toml")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err == ("error: --json: takes a path (--json PATH), got the option -o: give the file right after "
+                   "--json (--json out.json -o ...)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_readme_names_the_json_path():
     """The README's command table writes ``--json PATH`` (it takes a path), never a bare ``--json``."""
     rows = [r for r in (ROOT / "README.md").read_text().splitlines() if r.startswith("| `") and "--json" in r]

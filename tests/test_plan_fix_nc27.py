@@ -53,6 +53,21 @@ def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     assert memory_fix(p) == f"fix: sharding zero3 (dp_shard 32) -> peak 8.7 GiB (fits; {_step(z3)}) (usable 67.1 GiB)"
 
 
+def test_one_data_rank_names_no_mesh_it_does_not_move():
+    """#A's words at one data rank: DDP over dp_replicate 1 on 1 GPU folds into dp_shard 1, the same
+    mesh (mesh_words: the axes of degree > 1, none), so ``sharding zero3`` carries no mesh words; the
+    line said ``sharding zero3 ()``. Llama-3-8B on 1 dgx-a100 GPU, recompute none: the fp32 state
+    alone, 16 B x 8.03e9 = 128.5e9 B, is over the 72e9 B usable whatever the sharding over 1 rank, so
+    the line closes with both knobs together, its peak the plan of the config edited by hand."""
+    cfg = _ddp(**{"names": ["dp_replicate"], "shape": [1], "world": 1})
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"}))
+    p = build_plan(cfg)
+    assert not p.feasible and p.world == 1 and p.timeline.peak.total_bytes > 16 * 8.03e9 > 80e9 * 0.9
+    both = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_shard"]}),
+                              training=cfg.training.model_copy(update={"recompute": "full", "sharding": "zero3"})))
+    assert memory_fix(p).endswith(f"; all of recompute full + sharding zero3 -> peak {_gib(both)}")
+
+
 def test_megatron_ddp_is_offered_its_distributed_optimizer_too():
     """Under framework megatron, zero1 (Megatron-LM's distributed optimizer) runs too: both fit,
     zero3 (the state all sharded) and zero1 (optimizer state and master copy sharded, bf16 parameters

@@ -34,6 +34,7 @@ from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.driver import first_reason
 from meshplan.search.reasons import OK
 from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+from meshplan.search.step_end_bound import final_reduce_tail, reduce_flow_shop_s
 from meshplan.search.time_tables import TimeTables
 from test_search_vppsplit import SMALL14
 
@@ -103,6 +104,25 @@ def test_final_reduce_tail_is_the_flow_shop_less_the_copy_ins():
     assert np.isclose(sim_tail, ci + rs + ar + max(ci, rs, ar), rtol=1e-9)
     assert np.isclose(u["tail"][0, 1], rs + ar + max(ci, rs, ar) - ci, rtol=1e-12)
     assert u["tail"][0, 1] <= sim_tail - 2 * ci + 1e-15
+
+
+def test_one_flow_shop_for_the_waiting_unit_and_the_final_tail():
+    """One formula, one home (step_end_bound.reduce_flow_shop_s): the flow shop of a unit's
+    reductions, n layers of copy-in ci, reduce-scatter rs and all-reduce ar, is ci + rs + ar +
+    (n - 1) x max(ci, rs, ar). By hand, 7 layers of 1, 30 and 2 ms: 1 + 30 + 2 + 6 x 30 = 213 ms,
+    the final tail that less the 7 copy-ins, 206 ms. On the HSDP row above (stage 1, chunks of 2
+    layers) the waiting unit's ``b_wait`` is that flow shop, ci + rs + ar + max(ci, rs, ar), the
+    simulated tail of the unit, and the final tail is it less 2 ci."""
+    assert np.isclose(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 2e-3), 1e-3 + 30e-3 + 2e-3 + 6 * 30e-3, rtol=1e-12)
+    assert np.isclose(final_reduce_tail(np.array(7), 1e-3, 30e-3, 2e-3), 0.213 - 7 * 1e-3, rtol=1e-12)
+    assert reduce_flow_shop_s(np.array(0), 1e-3, 30e-3, 2e-3) == 0.0
+    c, i, st, u, cm, cp, sim = _small(lambda c: (c.vpp == 2) & (c.sh == SHARDING.index("hsdp")) & (c.dps > 1)
+                                         & (c.dpr > 1) & (c.rf == 0))
+    ci, rs, ar = float(cp["in"][0]), float(cm["fsdp_rs"][0]), float(cm["hsdp_ar"][0])
+    flow = ci + rs + ar + max(ci, rs, ar)
+    assert np.isclose(u["b_wait"][0, 1], flow, rtol=1e-12)
+    assert np.isclose(u["b_wait"][0, 1], sim.units.get(1, 0, "B", sim.units.spec.m - 1).tail_s, rtol=1e-9)
+    assert np.isclose(u["tail"][0, 1], flow - 2 * ci, rtol=1e-12)
 
 
 def _candidate(c, label: str, **cols) -> int:

@@ -110,6 +110,49 @@ def test_export_never_overwrites_the_snippet(tmp_path, capsys):
     assert "error: -o: - (stdout) holds one file; this export writes two" in capsys.readouterr().err
 
 
+def test_force_replaces_only_a_flavor_file_meshplan_wrote(tmp_path, capsys):
+    """``-o train.toml --force`` beside the user's own ``train.py`` (a training script): --force
+    replaces -o, never a .py meshplan did not write (exit 2, both files as they were); the .py an
+    earlier export wrote is replaced (exit 0)."""
+    src = tmp_path / "c.toml"
+    src.write_text(job_toml(MODEL30, system="dgx-a100", nodes=32, training=TRAINING, mesh=MESH))
+    (tmp_path / "train.toml").write_text("old\n")
+    (tmp_path / "train.py").write_text("import torch\n")
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "train.toml", "--force") == 2
+    assert (f"-o: {tmp_path / 'train.py'} exists and is no flavor file meshplan wrote (--force replaces only "
+            "those)") in capsys.readouterr().err
+    assert (tmp_path / "train.py").read_text() == "import torch\n" and (tmp_path / "train.toml").read_text() == "old\n"
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 0
+    assert run_main("export", src, "--to", "torchtitan", "-o", tmp_path / "tt.toml", "--force") == 0
+    assert (tmp_path / "tt.py").read_text().startswith("# meshplan export: torchtitan llama3 flavor 'llama-30b-ish'")
+
+
+#: A small dense Llama-style model of no shipped flavor for a fast search: FFN by torchtitan's
+#: formula, int(2 x 4 x 256 / 3) = 682, 256 x ceil(682 / 256) = 768 (multiple_of 256, multiplier 1.0).
+TINY = {"name": "tiny-llama", "layers": 2, "hidden": 256, "ffn": 768, "q_heads": 4, "kv_heads": 2, "head_dim": 64,
+        "vocab": 1024}
+
+
+def test_search_export_refuses_the_snippet_before_the_search(tmp_path, capsys):
+    """``search --export 1 --to torchtitan -o tt.toml`` of such a model writes tt.py too: an existing
+    tt.py is refused before the search runs (as an existing -o is), not after the whole search, with
+    nothing written; exit 2."""
+    assert llama3_ffn(256, 256, 1.0) == 256 * math.ceil(682 / 256) == 768
+    src = tmp_path / "tiny.toml"
+    src.write_text(job_toml(TINY, training={"global_batch": 8, "seq_len": 512},
+                            search={"pp": [1], "micro_batch": [1], "recompute": ["none"]}))
+    (tmp_path / "tt.py").write_text("mine\n")
+    assert run_main("search", src, "--export", "1", "--to", "torchtitan", "-o", tmp_path / "tt.toml") == 2
+    out, err = capsys.readouterr()
+    assert f"-o: {tmp_path / 'tt.py'} exists; choose another path or pass --force" in err
+    assert out == ""  # no search table: refused before the search
+    assert (tmp_path / "tt.py").read_text() == "mine\n" and not (tmp_path / "tt.toml").exists()
+    assert run_main("search", src, "--export", "1", "--to", "torchtitan", "-o", "-") == 2  # two files, one stdout
+    out, err = capsys.readouterr()
+    assert out == "" and "error: -o: - (stdout) holds one file; this export writes two" in err
+    assert "candidates:" not in err  # the search's report (on stderr under -o -) never ran
+
+
 @pytest.mark.parametrize("name, flavor", [("llama3-8b", "8B"), ("llama3-70b", "70B")])
 def test_shipped_flavors_stay_shipped(name, flavor):
     """Llama 3 8B and 70B are torchtitan's own flavors: no snippet, the flavor named."""
@@ -157,3 +200,19 @@ def test_snippet_reader_ignores_what_it_cannot_read():
     assert snippet_flavors("def (") == {}
     assert snippet_flavors("llama3_args['x'] = TransformerModelArgs(dim=f())\n") == {}
     assert list(snippet_flavors("llama3_args['x'] = TransformerModelArgs(dim=64, n_layers=2, n_heads=4)\n")) == ["x"]
+
+
+def test_a_flavor_no_model_has_names_its_file(tmp_path, capsys):
+    """A hand-edited .py beside the job TOML registering sizes no model has: dim 64 over n_heads 128
+    gives torchtitan's head size dim // n_heads = 64 // 128 = 0. One line naming model.flavor and
+    that file (exit 2), not the [model] field ``model.head_dim`` the user never wrote."""
+    job = tmp_path / "job.toml"
+    job.write_text('[model]\nname = "llama3"\nflavor = "x"\n[training]\nseq_len = 512\nglobal_batch_size = 8\n'
+                   'local_batch_size = 1\n[parallelism]\ndata_parallel_shard_degree = 8\n')
+    (tmp_path / "job.py").write_text("llama3_args['x'] = TransformerModelArgs(dim=64, n_layers=2, n_heads=128)\n")
+    assert 64 // 128 == 0
+    assert run_main("plan", job, "--cluster", "dgx-h100", "--nodes", "1") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: model.flavor: 'x', registered by {tmp_path / 'job.py'}, is "
+                                               "no model meshplan plans (model.head_dim: must be greater than 0 (got 0)")
+    assert err[0].endswith("fix its TransformerModelArgs there")

@@ -222,17 +222,22 @@ def _inputs_guarded(command):
 def json_path_given(value: Optional[Path]) -> Optional[Path]:
     """``--json``'s callback: the path as given, refused where it is an option (``--json --out DIR``:
     ``--json`` takes a path, so the parser took ``--out`` for it and then refused ``DIR`` as an extra
-    argument, newcomer trial 27 #F). Click runs the callbacks before it checks for extra arguments,
-    so this line is the one the user sees.
+    argument, newcomer trial 27 #F); a short option too (``--json -o FILE``), but ``-`` itself
+    (stdout). Click runs the callbacks before it checks for extra arguments, so this line is the
+    one the user sees.
 
-    >>> json_path_given(Path("plan.json")).name, json_path_given(None)
-    ('plan.json', None)
+    >>> json_path_given(Path("plan.json")).name, json_path_given(None), str(json_path_given(Path("-")))
+    ('plan.json', None, '-')
     >>> json_path_given(Path("--out"))
     Traceback (most recent call last):
     ...
     meshplan.errors.ConfigError: --json: takes a path (--json PATH), got the option --out: give the file right after --json (--json out.json --out ...)
+    >>> json_path_given(Path("-o"))
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --json: takes a path (--json PATH), got the option -o: give the file right after --json (--json out.json -o ...)
     """
-    if value is not None and str(value).startswith("--"):
+    if value is not None and str(value).startswith("-") and str(value) != "-":
         raise ConfigError("--json", f"takes a path (--json PATH), got the option {value}: give the file right after "
                           f"--json (--json out.json {value} ...)")
     return value

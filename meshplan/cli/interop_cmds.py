@@ -27,7 +27,7 @@ from meshplan.fileio import write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.deepspeed import DS_SCOPE
 from meshplan.interop.foreign import UserFile, export, import_text, load_any
-from meshplan.interop.torchtitan_custom import snippet
+from meshplan.interop.torchtitan_custom import meshplan_snippet, snippet
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.interop.source_file import carried_source, source_table, with_source_model
 from meshplan.plan import Infeasible, build_plan
@@ -68,8 +68,10 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
 
 def _flavor_file(out: Path | _Stdout, force: bool) -> Path:
     """The ``.py`` beside the job TOML ``out`` that registers its llama3 flavor; a ConfigError naming
-    ``-o`` for stdout (two files), for an ``-o`` that is that ``.py`` itself, and (without ``--force``)
-    where the ``.py`` exists: nothing the user had is replaced."""
+    ``-o`` for stdout (two files), for an ``-o`` that is that ``.py`` itself, where the ``.py`` exists
+    (without ``--force``), and, with ``--force``, where it exists and is not a flavor file meshplan
+    wrote (:func:`~meshplan.interop.torchtitan_custom.meshplan_snippet`: ``-o train.toml --force``
+    beside the user's ``train.py``): nothing the user wrote is replaced."""
     if isinstance(out, _Stdout):
         raise ConfigError("-o", "- (stdout) holds one file; this export writes two (the job TOML and the .py "
                           "registering its llama3 flavor): give -o FILE.toml")
@@ -78,6 +80,9 @@ def _flavor_file(out: Path | _Stdout, force: bool) -> Path:
         raise ConfigError("-o", f"{out} is where the .py registering the llama3 flavor goes; name the job TOML "
                           f"{out.with_suffix('.toml')}")
     _refuse_existing(py, force, "-o")
+    if force and py.is_file() and not meshplan_snippet(py.read_text(encoding="utf-8", errors="replace")):
+        raise ConfigError("-o", f"{py} exists and is no flavor file meshplan wrote (--force replaces only those): "
+                          f"move it, or name the job TOML otherwise")
     return py
 
 
@@ -135,7 +140,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
                                                                    "stderr)"),
-               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
+               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files (and a "
+                                                          "flavor .py beside -o that meshplan wrote)"),
                json_path: Optional[Path] = _json_option("export"),
                foreign: Foreign = Foreign()):
     # --help: EXPORT_HELP, given at registration (meshplan.cli.HELP)
@@ -157,7 +163,8 @@ EXPORT_HELP = (
     "Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML (for torchtitan "
     "<= v0.2.2, the last that reads one; its header's target: line says how to carry its degrees to a newer one; "
     "a dense Llama-style model torchtitan ships no flavor of is written as model.flavor = its name, with FILE's "
-    ".py beside it registering that llama3 flavor with the model's sizes, never over an existing file), "
+    ".py beside it registering that llama3 flavor with the model's sizes, never over a file meshplan did not write, "
+    "--force or not), "
     f"Megatron-LM arguments or a DeepSpeed config ({DS_SCOPE}). Every meshplan field the target does not "
     "express is listed (re-imported and compared), with the step before and after when it differs and the parts "
     "of the step that moved most, and "

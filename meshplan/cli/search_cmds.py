@@ -29,7 +29,7 @@ from meshplan.cli.common import (
     _write_text,
     _wrote,
 )
-from meshplan.cli.interop_cmds import _write_export
+from meshplan.cli.interop_cmds import _flavor_file, _write_export
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
 from meshplan.config import Config
@@ -42,6 +42,7 @@ from meshplan.interop.foreign import load_any
 from meshplan.interop.source_file import carried_source, with_source_model
 from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
                                              search_variant_refusal)
+from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.plan_capacity import checked
 from meshplan.plan_runtime import config_warnings, export_refusals
 from meshplan.compute.routing import balance_note
@@ -261,6 +262,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
     if pick is not None and (refusal := search_export_refusal(cfg, to)) is not None:
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
+    if pick is not None and out is not None and to == "torchtitan" and custom_flavor(cfg) is not None:
+        _flavor_file(out, force)  # the .py registering the model's llama3 flavor beside -o: refused as -o is
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     cal = _calibration(calibration, cfg.cluster)  # the header line, after the refusals

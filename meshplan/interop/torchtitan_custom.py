@@ -42,6 +42,9 @@ DEFAULTS: dict[str, Any] = {"n_kv_heads": None, "vocab_size": 128256, "multiple_
 MULTIPLES = tuple(2 ** k for k in range(12, -1, -1))
 #: The most decimals of a ``ffn_dim_multiplier`` tried (torchtitan ships 1.3 and 1.2).
 DECIMALS = 3
+#: How every snippet meshplan writes begins (:func:`snippet`): ``export --force`` replaces a ``.py``
+#: beside the job TOML only where it begins so (:func:`meshplan_snippet`).
+SNIPPET_MARK = "# meshplan export: torchtitan llama3 flavor "
 
 
 def llama3_ffn(dim: int, multiple_of: int, ffn_dim_multiplier: Optional[float]) -> int:
@@ -145,7 +148,7 @@ def snippet(flavor: Flavor, toml_name: str) -> str:
     inner = int(a["ffn_dim_multiplier"] * base)
     ffn = llama3_ffn(a["dim"], a["multiple_of"], a["ffn_dim_multiplier"])
     body = "".join(f"    {k}={v!r},\n" for k, v in a.items())
-    return (f"# meshplan export: torchtitan llama3 flavor {flavor.name!r} of {toml_name} (model.flavor), for "
+    return (f"{SNIPPET_MARK}{flavor.name!r} of {toml_name} (model.flavor), for "
             f"torchtitan <= v0.2.2 (e347b1e).\n"
             f"# Run it before the trainer builds the model: [experimental] custom_import = this module (its folder "
             f"on PYTHONPATH), or append it to torchtitan/models/llama3/__init__.py.\n"
@@ -154,6 +157,18 @@ def snippet(flavor: Flavor, toml_name: str) -> str:
             "from torchtitan.models.llama3 import llama3_args\n"
             "from torchtitan.models.llama3.model.args import TransformerModelArgs\n\n"
             f"llama3_args[{flavor.name!r}] = TransformerModelArgs(\n{body})\n")
+
+
+def meshplan_snippet(text: str) -> bool:
+    """Whether ``text`` is a flavor file meshplan wrote (it begins with :data:`SNIPPET_MARK`): the only
+    ``.py`` an export with ``--force`` replaces (a ``train.py`` beside ``-o train.toml`` is the user's).
+
+    >>> meshplan_snippet(snippet(Flavor("m", {"dim": 64, "multiple_of": 256, "ffn_dim_multiplier": 1.0}), "m.toml"))
+    True
+    >>> meshplan_snippet("import torch")
+    False
+    """
+    return text.startswith(SNIPPET_MARK)
 
 
 def snippet_flavors(text: str) -> dict[str, dict[str, Any]]:

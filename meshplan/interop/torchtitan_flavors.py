@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from meshplan import catalog
+from meshplan.config_tables import build
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions, model_option
 from meshplan.spec.model import ModelSpec
@@ -173,7 +174,7 @@ def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str],
     name, flavor = m.get("name", "llama3"), m.get("flavor", "debugmodel")
     table = flavor_table(name, flavor)
     if table is None and (name, flavor) in custom:
-        table = dict(custom[name, flavor])
+        table = custom_table(flavor, custom[name, flavor])
         notes.append(f"model {name} flavor {flavor!r} read from {table['source']}")
     if table is not None:
         return table, {"model.name", "model.flavor"}
@@ -194,3 +195,18 @@ def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str],
     raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not one meshplan maps "
                       f"({name} {known}) and model.hf_assets_path has no config.json; give --model "
                       f"CATALOG_NAME or --model path/config.json")
+
+
+def custom_table(flavor: str, table: dict) -> dict:
+    """The [model] table of a llama3 flavor read from the ``.py`` beside a job TOML
+    (:func:`~meshplan.interop.torchtitan_custom.sibling_flavors`; its ``source`` names that file),
+    checked as a model now: sizes no model has (``dim`` 64 over ``n_heads`` 128: head size 0) are a
+    ConfigError naming ``model.flavor`` and that file, not a [model] field the user never wrote."""
+    try:
+        build(ModelSpec, dict(table), "model")
+    except ConfigError as e:
+        where = str(table.get("source", "")).split(": ", 1)[0]
+        raise ConfigError("model.flavor", f"{flavor!r}, registered by {where}, is no model meshplan plans "
+                          f"({e}): fix its TransformerModelArgs there") from None
+    return dict(table)
+

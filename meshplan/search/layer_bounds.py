@@ -22,7 +22,7 @@ from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.columns import bound_recompute
 from meshplan.search.layer_replays import extra_replays, layer_rows, more_replays, replayed_layers
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
-from meshplan.search.step_end_bound import final_reduce_tail, stage_end_bound
+from meshplan.search.step_end_bound import final_reduce_tail, reduce_flow_shop_s, stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
 from meshplan.spec.axes.base import Dim
 
@@ -212,9 +212,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # reductions are done: per layer a copy-in (compute stream), then its reduce-scatter (fsdp
     # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
     # copy-in after the unit's last backward. n identical jobs through three serial stages take at
-    # least the three of one job plus (n - 1) x the longest (a flow shop): ``b_wait``, the unit's
-    # time past its compute (at least ``b_red``). Dense models with one schedule run only (the
-    # tail's ``fsdp_red`` restriction; with runs > 1 the DAG's last micro-batch is not each run's)
+    # least the three of one job plus (n - 1) x the longest (a flow shop,
+    # step_end_bound.reduce_flow_shop_s): ``b_wait``, the unit's time past its compute (at least
+    # ``b_red``). Dense models with one schedule run only (the tail's ``fsdp_red`` restriction; with
+    # runs > 1 the DAG's last micro-batch is not each run's)
     waits = col((c.pp > 1) & (not m.is_moe or m.dense_layers == 0) & (cfg.training.pp_schedule_runs == 1))
     rs_p, ar_p = col(cm["fsdp_rs"]), col(cm["hsdp_ar"])
 
@@ -228,8 +229,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
                 "b_core": has * np.maximum(np.maximum(ag_b * ds_1 - hb1, 0.0) + nb_c + e_ci,
                                            ds_n(n) * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
                 "b_red": has * (n * ci_p + e_ci_p),
-                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), has * waits * (ci_p + rs_p + ar_p + np.maximum(n - 1, 0)
-                                                                             * np.maximum(np.maximum(ci_p, rs_p), ar_p)))}
+                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), waits * reduce_flow_shop_s(n, ci_p, rs_p, ar_p))}
 
     def extra(n, hb):
         # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``);

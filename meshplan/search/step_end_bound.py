@@ -42,22 +42,36 @@ def stage_end_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: d
     return opt + np.where(zero12, gather, 0.0), np.where(zero1, red, 0.0)
 
 
+def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray) -> np.ndarray:
+    """Seconds torch's ``perform_reduce_grad`` takes at least over ``n`` layers of one gradient unit
+    (:func:`meshplan.schedule.grad_reduce.perform_reduce_grad`), from the unit's last backward: per
+    layer a copy-in (compute stream, ``copy_in_s``), then its reduce-scatter (fsdp stream, ``rs_s``),
+    then its HSDP all-reduce (dp_replicate stream, ``ar_s``), each stream serial in layer order.
+    ``n`` identical jobs through three serial machines take at least one job's three plus
+    ``(n - 1)`` x the longest (a flow shop). The one home of that formula: a chunk's last unit that
+    waits for it (``b_wait``, :func:`meshplan.search.layer_bounds.unit_bounds`) and the unit that
+    ends a stage's order (:func:`final_reduce_tail`). Arrays broadcast; 0 where ``n`` is 0.
+
+    Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 1 + 30 + 2 + 6 x 30 = 213 ms:
+
+    >>> round(float(reduce_flow_shop_s(np.array(7), 1e-3, 30e-3, 2e-3)) * 1e3, 6)
+    213.0
+    """
+    longest = np.maximum(np.maximum(copy_in_s, rs_s), ar_s)
+    return (n >= 1) * (copy_in_s + rs_s + ar_s + np.maximum(n - 1, 0) * longest)
+
+
 def final_reduce_tail(n: np.ndarray, copy_in_s: np.ndarray, rs_s: np.ndarray, ar_s: np.ndarray) -> np.ndarray:
     """Seconds the reductions of the unit that ends a stage's order (pp > 1: its chunk's last
-    gradient unit) run past its compute at least, less its ``n`` layers' copy-ins (the step bound
-    counts those in the stage's busy time, ``b_red``). torch's ``perform_reduce_grad`` after that
-    unit (:func:`meshplan.schedule.grad_reduce.perform_reduce_grad` with ``tail``) runs per layer a
-    copy-in (compute stream, ``copy_in_s``), then its reduce-scatter (fsdp stream, ``rs_s``),
-    then its HSDP all-reduce (dp_replicate stream, ``ar_s``), each stream in layer order, from the
-    unit's end: ``n`` identical jobs through three serial machines take at least one job's three
-    plus ``(n - 1)`` x the longest (a flow shop), the last layer's copy-ins included; the embedding's
-    and the head's own units only add to it. Arrays broadcast; 0 where ``n`` is 0.
+    gradient unit) run past its compute at least: :func:`reduce_flow_shop_s` less its ``n``
+    layers' copy-ins (the step bound counts those in the stage's busy time, ``b_red``), the
+    last layer's included; the embedding's and the head's own units only add to it. Arrays
+    broadcast; 0 where ``n`` is 0.
 
-    Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 1 + 30 + 2 + 6 x 30 =
-    213 ms, less the 7 copy-ins = 206 ms (= 30 + 2 + 6 x (30 - 1)):
+    Seven layers, copy-in 1 ms, reduce-scatter 30 ms, all-reduce 2 ms: 213 ms less the 7 copy-ins
+    = 206 ms (= 30 + 2 + 6 x (30 - 1)):
 
     >>> round(float(final_reduce_tail(np.array(7), 1e-3, 30e-3, 2e-3)) * 1e3, 6)
     206.0
     """
-    longest = np.maximum(np.maximum(copy_in_s, rs_s), ar_s)
-    return (n >= 1) * (rs_s + ar_s + np.maximum(n - 1, 0) * (longest - copy_in_s))
+    return reduce_flow_shop_s(n, copy_in_s, rs_s, ar_s) - n * copy_in_s
