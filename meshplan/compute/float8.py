@@ -45,6 +45,36 @@ produced the tensor):
   transposed copy's cast (``b + 1``); a weight 3 (forward cast ``b + 1``, backward transpose
   ``2 b`` and cast ``b + 1``).
 
+**Rowwise, checked against the versions of torchtitan's rowwise runs** (its 2025-06 async TP
+benchmark: torch 38410cf9, torchao built 2025-06-13/14, read at pytorch/ao 6243040):
+
+- Casts: ``matmul_with_hp_or_float8_args`` casts the input and the weight along rows in forward
+  and saves both in high precision; in backward the output gradient along rows and the weight
+  along the other axis (data gradient), the output gradient and the saved input along the other
+  axis (weight gradient): two casts per tensor, one per axis, as counted above with the bytes of
+  torchao's roofline (955ebb0). Whether the input's second cast runs in forward (the roofline's
+  fused kernel) or in backward from the saved input is the AOTAutograd partitioner's choice, not
+  read from a trace.
+- GEMMs: the recipe sets ``use_fast_accum`` for the forward GEMM only (``Float8LinearConfig``
+  ``gemm_config_output``), so the two backward GEMMs run cuBLAS's tensorwise kernel with unit
+  scales and a rescale (:func:`rescale_kernels`): the catalog's cuBLASLt fp8 rows time them. The
+  forward GEMM runs torch's CUTLASS kernel (``RowwiseScaledMM.cu``; pytorch#153555, 2025-05: on
+  H100 "Per-Row scaling -> RowWise Cutlass kernel"; the cuBLAS 12.9 paths came later, #158037).
+  No rate of that kernel by shape is published as numbers: pytorch#147971 (2025-02, H100, fast
+  accumulation) plots most shapes at "90-100% of tensor-wise efficiency" with "a long tail going
+  down to 50%"; pytorch/ao#2185 (2025-05) times Float8Linear forward + backward at four Llama 70B
+  shapes (M 16,384) with the backward's GEMMs on it and on the cuBLAS path: "nearly identical"
+  (a Linear's time, casts included, not a rate of the forward's kernel); pytorch#153809 names a
+  drop at K >= 16,384 (no data); torchao's README heat map (ao fdddb2c) is a LayerNorm-Linear-Sigmoid
+  speedup with the casts in it, not a GEMM rate. So the forward GEMM takes the same cuBLASLt
+  table: an upper bound on the shapes in that long tail.
+- Not modelled: under plain TP a cast whose ``torch.amax`` reduces over a tp-sharded dim (a
+  DTensor Partial max, as the tensorwise amax above) is all-reduced over tp before its scale: per
+  layer the row-parallel Linears' inputs (M scales) and weights (N) in forward, the
+  column-parallel ones' output gradients (M) and weights (K) in backward, vectors of fp64, not
+  scalars; about 0.3% of an A8 step by an estimate (18 a layer with op-level AC's replay of the
+  forward's, ~20 us each), not checked in a trace.
+
 **Eager** (not compiled): each torch op a kernel, each Linear its own casts: amax = ``abs``
 (read b, write b) + ``max`` (read b) = ``3 b``; cast = ``to(float32)`` (b + 4) + ``* scale``
 (8) + ``clamp`` (8) + ``to(float8)`` (5) = ``b + 25``; the backward's transposed copies 2 B an
