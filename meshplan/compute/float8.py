@@ -55,19 +55,9 @@ benchmark: torch 38410cf9, torchao built 2025-06-13/14, read at pytorch/ao 62430
   torchao's roofline (955ebb0). Whether the input's second cast runs in forward (the roofline's
   fused kernel) or in backward from the saved input is the AOTAutograd partitioner's choice, not
   read from a trace.
-- GEMMs: the recipe sets ``use_fast_accum`` for the forward GEMM only (``Float8LinearConfig``
-  ``gemm_config_output``), so the two backward GEMMs run cuBLAS's tensorwise kernel with unit
-  scales and a rescale (:func:`rescale_kernels`): the catalog's cuBLASLt fp8 rows time them. The
-  forward GEMM runs torch's CUTLASS kernel (``RowwiseScaledMM.cu``; pytorch#153555, 2025-05: on
-  H100 "Per-Row scaling -> RowWise Cutlass kernel"; the cuBLAS 12.9 paths came later, #158037).
-  No rate of that kernel by shape is published as numbers: pytorch#147971 (2025-02, H100, fast
-  accumulation) plots most shapes at "90-100% of tensor-wise efficiency" with "a long tail going
-  down to 50%"; pytorch/ao#2185 (2025-05) times Float8Linear forward + backward at four Llama 70B
-  shapes (M 16,384) with the backward's GEMMs on it and on the cuBLAS path: "nearly identical"
-  (a Linear's time, casts included, not a rate of the forward's kernel); pytorch#153809 names a
-  drop at K >= 16,384 (no data); torchao's README heat map (ao fdddb2c) is a LayerNorm-Linear-Sigmoid
-  speedup with the casts in it, not a GEMM rate. So the forward GEMM takes the same cuBLASLt
-  table: an upper bound on the shapes in that long tail.
+- GEMMs: the forward's runs torch's CUTLASS rowwise kernel, the backward's cuBLAS's tensorwise
+  one with a rescale (:func:`rescale_kernels`); all three take the catalog's cuBLASLt fp8 rows
+  (``meshplan/catalog/kernels.toml``, h100-sxm5-80gb: the sources, and what was searched).
 - Not modelled: under plain TP a cast whose ``torch.amax`` reduces over a tp-sharded dim (a
   DTensor Partial max, as the tensorwise amax above) is all-reduced over tp before its scale: per
   layer the row-parallel Linears' inputs (M scales) and weights (N) in forward, the
