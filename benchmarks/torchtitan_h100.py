@@ -107,6 +107,10 @@ float8 input copies kept for backward (1 B a value, the memory timeline) move no
 every row recomputes (op-level or full AC), which replays the casts.
 Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
 (A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace.
+Rowwise's casts along tp-sharded rows (row-parallel inputs and weights, column-parallel output
+gradients and weights) all-reduce their scale vectors over tp (torchao's amax of a sharded DTensor,
+as tensorwise's; :mod:`meshplan.compute.float8`): A8 fp8rw +31.6% -> +30.5%, async +30.7% -> +29.6%,
+A70 fp8rw +30.4% -> +30.1%, async +30.7% -> +30.3% (mean |error| 17.1% -> 17.0%). Not checked in a trace.
 
 **On the part** (grand-teton-h100; ``--node dgx-h100`` gives the numbers before). The
 memory-bound kernels at the measured 2.117 TB/s instead of Triad's 2.97 (mean |error| 44.5% ->

@@ -16,7 +16,7 @@ By hand (h 4096, 32 q / 8 KV heads of 128, ffn 14336; per micro-batch and layer)
   4 forward, 7 backward, and op-level AC's replay of the 4 forward ones;
 - A8 fp8rw (rowwise, plain TP): the gathered attention input 98,304 x 4096 = 402,653,184
   elements, the cast with the transposed bf16 copy (2 + 1 + 2 B) and the transposed copy's cast
-  (2 + 1 B); no amax all-reduce.
+  (2 + 1 B); the tp all-reduces of the scales of casts along tp-sharded rows (vectors, not scalars).
 """
 
 from __future__ import annotations
@@ -134,7 +134,23 @@ def test_a8_rowwise_by_hand(tmp_path):
     assert ops["float8 cast (transposed) (attn input)", "forward", False] == 3 * full
     assert not any(n.startswith(float8.AMAX) for n, _, _ in ops)
     assert ops["float8 transpose (wq weight)", "backward_input", False] == 4 * 512 * 4096  # bf16, read + write
-    assert not [r for r in p.stage(0).collectives if r.dtype == "fp64"]
+    # plain TP: a per-row amax over a tp-sharded dim is a Partial max, all-reduced over tp (torchao
+    # tensor_to_amax on a DTensor): wo's input (98,304 x 512, its K sharded) and weight (K sharded) in
+    # forward, wq's output gradient (98,304 x 512, N sharded) and weight (N sharded) in backward
+    assert ops["float8 cast + transpose (wo input, token scales over tp)", "forward", False] == 5 * 98304 * 512
+    assert ops["float8 cast (wo weight, weight scales over tp)", "forward", False] == 3 * 4096 * 512
+    assert ops["float8 cast + transpose (wq output grad, token scales over tp)", "backward_input", False] == 5 * 98304 * 512
+    assert ops["float8 cast (transposed) (wq weight, weight scales over tp)", "backward_input", False] == 3 * 512 * 4096
+    c = layer_cost(p.config.model, H100, workload_of(p))
+    calls = [float8.tp_amax_calls(c.ops, "", ph, m) for m in (float8.TOKEN_SCALES, float8.WEIGHT_SCALES)
+             for ph in ("forward", "backward_input")]
+    assert calls == [2, 5, 2, 5] and float8.rowwise_tp_per_layer(frozenset(float8.INPUTS)) == (2, 5)
+    # the table: per micro-batch 32 layers x 2 forward, x (5 + 2) backward (op-level AC replays the forward's
+    # casts: torchtitan saves aten.max, not rowwise's aten.amax), fp64: 98,304 tokens x 8 = 786,432 B, 4096
+    # hidden units x 8 = 32,768 B
+    rows = sorted((r.size_bytes, r.phase, r.per_microbatch) for r in p.stage(0).collectives if r.dtype == "fp64")
+    assert rows == [(32_768, "backward", 224), (32_768, "forward", 64), (786_432, "backward", 224),
+                    (786_432, "forward", 64)]
     assert float8_precompute_s(p, 0) == 0.0
     # the backward GEMMs' rescale (torchao addmm_float8_unwrapped, rowwise without fast accumulation:
     # cuBLAS with unit scales, then output *= a_inverse_scale * b_inverse_scale), compiled: the weight

@@ -78,16 +78,22 @@ def test_timeline_waits_the_float8_gathers(tmp_path):
     """torch's TP collectives block (no async TP): the exposed tp time of tensorwise is
     rowwise's less, for each of the 64 + 128 float8 all-gathers, the bf16 gather's seconds less
     the float8 one's (the table's times); the head's and embedding's gathers stay bf16. Plus the
-    tensorwise amax all-reduces, which block too (rowwise has none): per layer forward 4 inputs and
-    7 weights (a tp-sharded DTensor each, not gathered in float8 here), backward 7 output gradients
-    and the 11 of the forward op-level AC replays, 32 x 29 in all."""
+    tensorwise amax all-reduces, which block too: per layer forward 4 inputs and 7 weights (a
+    tp-sharded DTensor each, not gathered in float8 here), backward 7 output gradients and the 11 of
+    the forward op-level AC replays, 32 x 29 in all. Less rowwise's, blocking as well: per layer 2
+    forward (wo's and w_down's inputs and weights, sharded along K), 5 backward (the column-parallel
+    output gradients and weights, sharded along N) and the 2 replayed, 32 x 9 of each kind, the
+    tokens' scales 8192 x 8 B, the weights' 4096 x 8 B."""
     tw, rw = titan(tmp_path, float8=True, gather=False, tp=2), rowwise(tmp_path)
     t = {(r.phase, r.op, r.dtype): r.time_s for r in tw.stage(0).collectives if r.axis == "tp"}
     amax = {r.phase: r.per_step for r in tw.stage(0).collectives if r.dtype == "fp64"}
     assert amax == {"forward": 32 * 11, "backward": 32 * 18}
-    assert not [r for r in rw.stage(0).collectives if r.dtype == "fp64"]
+    scales = sorted((r.size_bytes, r.phase, r.per_step) for r in rw.stage(0).collectives if r.dtype == "fp64")
+    assert scales == [(32_768, "backward", 32 * 7), (32_768, "forward", 32 * 2), (65_536, "backward", 32 * 7),
+                      (65_536, "forward", 32 * 2)]
+    t_rw = {r.size_bytes: r.time_s for r in rw.stage(0).collectives if r.dtype == "fp64" and r.phase == "forward"}
     saved = 192 * (t["forward", "all-gather", "bf16"] - t["forward", "all-gather", "fp8"]) \
-        - 32 * 29 * t["forward", "all-reduce", "fp64"]
+        - 32 * 29 * t["forward", "all-reduce", "fp64"] + 32 * 9 * (t_rw[65_536] + t_rw[32_768])
     assert t["forward", "all-gather", "fp8"] < 0.6 * t["forward", "all-gather", "bf16"]
     exposed = [step_time(p).parts_s()["exposed tp"] for p in (rw, tw)]
     assert exposed[0] - exposed[1] == pytest.approx(saved, rel=1e-9)
@@ -124,3 +130,29 @@ def test_gathered_buffers_are_float8_in_memory():
     # cast once before the gather under tensorwise, by each Linear after it under rowwise (wk, wv
     # and w_up again)
     assert rw.saved - tw.saved == 3 * BSH
+
+
+@pytest.mark.parametrize("recompute,sp", [("none", True), ("op", True), ("full", True), ("none", False)])
+def test_rowwise_scale_all_reduces_by_hand(recompute, sp):
+    """Rowwise under plain TP (tp 2, with and without SP): the tp all-reduces of the scales of
+    casts along tp-sharded rows (:func:`meshplan.compute.float8.rowwise_tp`). A GeLU model of 4
+    layers, h 64 (wq, wk, wv, wo, w_up, w_down), s 64, micro-batch 1, dp_shard 2: 4 micro-batches
+    a step. Per layer and micro-batch, of each kind (a token's scale, 64 x 8 B; a hidden unit's,
+    64 x 8 B): forward 2 (wo and w_down, sharded along K), backward 4 (wq, wk, wv, w_up, sharded
+    along N) and, recomputed (op-level or full AC), the forward's 2 again: per step forward 4 x 2 x 4
+    = 32, backward 4 x 4 x 4 = 64 (96 recomputed). The timeline spends the table's seconds on them."""
+    model = dict(layers=4, hidden=64, ffn=256, gated_mlp=False, q_heads=4, vocab=256)
+    mesh = {"names": ["dp_shard", "tp"], "shape": [2, 2], "world": 4, "sequence_parallel": sp}
+    plan = build_plan(config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                        "training": {"global_batch": 8, "seq_len": 64, "micro_batch": 1,
+                                                     "linear_dtype": "fp8", "fp8_recipe": "rowwise",
+                                                     "recompute": recompute},
+                                        "mesh": mesh}))
+    rows = [r for r in plan.stage(0).collectives if r.dtype == "fp64"]
+    back = 96 if recompute != "none" else 64
+    assert sorted((r.size_bytes, r.phase, r.per_step) for r in rows) == [(512, "backward", back)] * 2 + [
+        (512, "forward", 32)] * 2
+    st = step_time(plan)
+    spent = sum(ie.end_s - ie.start_s for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"
+                for ie in st.units.of_event(e).events if "scales" in ie.args.get("group", ""))
+    assert spent == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9) and spent > 0

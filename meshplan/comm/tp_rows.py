@@ -19,6 +19,9 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B. Each cast of
   a tp shard all-reduces its amax over tp first (:func:`_float8_amax_rows`, one fp64 scalar: per
   Llama layer 4 forward, 7 backward, and the forward's again where the layer is recomputed).
+- Float8 Linears with rowwise scales under plain TP (torchtitan's TP plan; :func:`_rowwise_scale_rows`):
+  each cast along tp-sharded rows all-reduces its amaxes over tp, fp64 vectors (one a token, or one a
+  hidden unit): per Llama layer 2 forward and 5 backward of each, the forward's again where recomputed.
 - TP with MoE layers at ep 1 under framework torch (etp = tp,
   :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
   MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
@@ -69,6 +72,8 @@ def tp_rows(add, c: StageContext) -> None:
         _sp_rows(add, c, counts)
     else:
         _plain_rows(add, c, counts)
+    if _rowwise_tp(c):
+        _rowwise_scale_rows(add, c)
     qkv_gather_rows(add, c)
     get_batch_rows(add, c)
     tp_grad_rows(add, c)
@@ -123,6 +128,9 @@ FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the 
 #: before the ``clamp`` at which DTensor redistributes it (eab345c ``float8_utils.py``; size not
 #: checked in a trace: latency-bound either way).
 FLOAT8_AMAX_BYTES = 8
+#: Cadences of the tp all-reduces of rowwise float8 scales under plain TP (:func:`_rowwise_scale_rows`).
+FLOAT8_TOKEN_SCALES_CADENCE = "every rowwise float8 cast of tp-sharded rows (torchao rowwise: one scale a token)"
+FLOAT8_WEIGHT_SCALES_CADENCE = "every rowwise float8 cast of a tp-sharded weight (torchao rowwise: one scale a unit)"
 
 
 def _float8_amax_rows(add, c: StageContext) -> None:
@@ -143,6 +151,35 @@ def _float8_amax_rows(add, c: StageContext) -> None:
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     for phase, n in (("forward", fwd), ("backward", bwd)):
         add("tp", phase, "all-reduce", FLOAT8_AMAX_BYTES, "fp64", n, FLOAT8_AMAX_CADENCE, "the float8 cast")
+
+
+def _rowwise_scale_rows(add, c: StageContext) -> None:
+    """The tp all-reduces of rowwise float8 scales under plain TP (:func:`meshplan.compute.float8.rowwise_tp`):
+    per dense layer :func:`~meshplan.compute.float8.rowwise_tp_per_layer` of each kind (Llama 2
+    forward, 5 backward), the forward's again where the layer is recomputed (as
+    :func:`_float8_amax_rows`), fp64 as the tensorwise amax: one scale a token of the rank's
+    micro-batch (b x s/cp, gathered), or one a hidden unit (h: the K of the column-parallel
+    weights, the N of the row-parallel ones). Llama 3 8B at b 12, s 8192: 786,432 B and 32,768 B."""
+    fwd = bwd = 0
+    for k, i in enumerate(c.layers):
+        if c.model.is_moe_layer(i):
+            continue
+        names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
+        f, b = float8.rowwise_tp_per_layer(names)
+        replay = c.training.layer_recomputed(k) or c.training.recompute == "op"
+        fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
+    tokens = c.training.micro_batch * c.seq_local
+    for cadence, n_values in ((FLOAT8_TOKEN_SCALES_CADENCE, tokens), (FLOAT8_WEIGHT_SCALES_CADENCE, c.model.hidden)):
+        for phase, n in (("forward", fwd), ("backward", bwd)):
+            add("tp", phase, "all-reduce", n_values * FLOAT8_AMAX_BYTES, "fp64", n, cadence, "the float8 cast")
+
+
+def _rowwise_tp(c: StageContext) -> bool:
+    """:func:`meshplan.compute.float8.rowwise_tp` of the stage: float8 Linears with rowwise scales under
+    torch (not Megatron-LM) at tp > 1, a dense model without MLA."""
+    t, m = c.training, c.model
+    return (t.linear_dtype == "fp8" and t.fp8_recipe == "rowwise" and t.framework != "megatron"
+            and c.mesh.degree("tp") > 1 and not m.is_moe and not m.is_mla)
 
 
 def _layer_counts(c: StageContext) -> Counter[tuple]:

@@ -45,6 +45,27 @@ produced the tensor):
   transposed copy's cast (``b + 1``); a weight 3 (forward cast ``b + 1``, backward transpose
   ``2 b`` and cast ``b + 1``).
 
+**Rowwise, checked against the versions of torchtitan's rowwise runs** (its 2025-06 async TP
+benchmark: torch 38410cf9, torchao built 2025-06-13/14, read at pytorch/ao 6243040):
+
+- Casts: ``matmul_with_hp_or_float8_args`` casts the input and the weight along rows in forward
+  and saves both in high precision; in backward the output gradient along rows and the weight
+  along the other axis (data gradient), the output gradient and the saved input along the other
+  axis (weight gradient): two casts per tensor, one per axis, as counted above with the bytes of
+  torchao's roofline (955ebb0). Whether the input's second cast runs in forward (the roofline's
+  fused kernel) or in backward from the saved input is the AOTAutograd partitioner's choice, not
+  read from a trace.
+- GEMMs: the forward's runs torch's CUTLASS rowwise kernel, the backward's cuBLAS's tensorwise
+  one with a rescale (:func:`rescale_kernels`); all three take the catalog's cuBLASLt fp8 rows
+  (``meshplan/catalog/kernels.toml``, h100-sxm5-80gb: the sources, and what was searched).
+- Under plain TP (:func:`rowwise_tp`) a cast whose ``torch.amax(abs(x), dim)`` reduces over a
+  tp-sharded dim is a DTensor Partial max, all-reduced over tp before its scale as the tensorwise
+  amax is (``tensor_to_amax``, ``amax_to_scale``: the same code for both granularities): in
+  forward the row-parallel Linears' inputs (sharded along K: one scale per token) and weights
+  (one per output unit), in backward the column-parallel ones' output gradients (sharded along
+  N: one per token) and weights (one per input unit): :data:`TOKEN_SCALES`, :data:`WEIGHT_SCALES`
+  (:func:`rowwise_tp_per_layer`; the table's rows: :mod:`meshplan.comm.tp_rows`). Not checked in a trace.
+
 **Eager** (not compiled): each torch op a kernel, each Linear its own casts: amax = ``abs``
 (read b, write b) + ``max`` (read b) = ``3 b``; cast = ``to(float32)`` (b + 4) + ``* scale``
 (8) + ``clamp`` (8) + ``to(float8)`` (5) = ``b + 25``; the backward's transposed copies 2 B an
@@ -111,6 +132,12 @@ GATHERED_GRADS = {"wo": "attn_post", "w_down": "mlp_post"}
 AMAX = "float8 amax"
 #: Mark of an amax whose tensor is a tp shard: DTensor all-reduces it over tp (the timeline's wait).
 OVER_TP = "all-reduced over tp"
+#: Row-parallel Linears (torch's ``RowwiseParallel``: input and weight sharded along K); the other
+#: :data:`INPUTS` are column-parallel (weight and output gradient sharded along N).
+ROW_PARALLEL = ("wo", "w_down")
+#: Marks of a rowwise cast whose amax reduces over a tp-sharded dim (:func:`rowwise_tp`): an
+#: activation's (one scale per token) and a weight's (one per hidden unit), all-reduced over tp.
+TOKEN_SCALES, WEIGHT_SCALES = "token scales over tp", "weight scales over tp"
 
 
 def applies(w) -> bool:
@@ -123,6 +150,25 @@ def float8_tp(model, w) -> bool:
     """torchao's float8 TP styles run (:func:`meshplan.compute.dtensor_sp.float8_tp`'s rule on a
     Workload): tensorwise, sequence parallel, tp > 1, a dense model without MLA."""
     return w.sp and w.tp > 1 and not w.fp8_rowwise and not model.is_moe and not model.is_mla
+
+
+def rowwise_tp(model, w) -> bool:
+    """Rowwise float8 Linears under torch's plain TP (tp > 1; dense layers, no MLA, as
+    :func:`float8_tp`): casts of tp-sharded rows all-reduce their amaxes (module docstring)."""
+    return applies(w) and w.fp8_rowwise and w.tp > 1 and not model.is_moe and not model.is_mla
+
+
+def rowwise_tp_per_layer(names) -> tuple[int, int]:
+    """(forward, backward) tp all-reduces of each of :data:`TOKEN_SCALES` and :data:`WEIGHT_SCALES`
+    per dense layer and micro-batch under :func:`rowwise_tp`, ``names``: the layer's float8 GEMMs:
+    one each per row-parallel Linear in forward, per column-parallel one in backward. Llama: 2, 5.
+
+    >>> rowwise_tp_per_layer(frozenset(INPUTS)), rowwise_tp_per_layer(frozenset({"wq", "w_down"}))
+    ((2, 5), (1, 1))
+    """
+    mine = [n for n in INPUTS if n in names]
+    row = sum(n in ROW_PARALLEL for n in mine)
+    return row, len(mine) - row
 
 
 def activation_kernels(rowwise: bool, eager: bool, b: int, shard: bool) -> list[tuple[str, float]]:
@@ -184,27 +230,30 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
     """
     if not applies(w):
         return []
-    eager, rowwise, tp8 = w.torch_eager, w.fp8_rowwise, float8_tp(model, w)
+    eager, rowwise, tp8, rtp = w.torch_eager, w.fp8_rowwise, float8_tp(model, w), rowwise_tp(model, w)
     out: list[tuple[str, str, str, float]] = []
     done: set[str] = set()
     for g in (g for g in gemms if g.name in w.float8_gemms and g.name in INPUTS):
         what, block = INPUTS[g.name]
+        row, col = rtp and g.name in ROW_PARALLEL, rtp and g.name not in ROW_PARALLEL
         shared = what in done and (tp8 and what in GATHERED_INPUTS or not eager)
         done.add(what)
         if not shared:  # the input: cast once per shared tensor, per Linear eagerly
             out += _activation(what, block, "forward", g.m, g.k * g.count, w, rowwise, eager, b,
-                               tp8 and what in GATHERED_INPUTS, tp8)
+                               tp8 and what in GATHERED_INPUTS, tp8, TOKEN_SCALES if row else "")
         if eager and not rowwise and not (tp8 and what in GATHERED_INPUTS):  # the wgrad's transposed input (mm)
             out.append((f"float8 transpose ({what}, {g.name} wgrad)", _bw_block(block), "backward_input",
                         2.0 * g.m * g.k * g.count))
         grad_block = GATHERED_GRADS.get(g.name, _bw_block(block))
         out += _activation(f"{g.name} output grad", grad_block, "backward_input", g.m, g.n * g.count, w, rowwise,
-                           eager, b, tp8 and g.name in GATHERED_GRADS, tp8)
+                           eager, b, tp8 and g.name in GATHERED_GRADS, tp8, TOKEN_SCALES if col else "")
         if eager and not rowwise and not (tp8 and g.name in GATHERED_GRADS):
             out.append((f"float8 transpose ({g.name} output grad)", _bw_block(block), "backward_input",
                         2.0 * g.m * g.n * g.count))
         for k, phase, nb in weight_kernels(rowwise, eager, b, w.fp8_all_gather and not rowwise):
-            name = f"float8 {k} ({g.name} weight" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
+            mark = OVER_TP if k == "amax" and tp8 else WEIGHT_SCALES if (row and k == "cast") or (
+                col and k == "cast (transposed)") else ""
+            name = f"float8 {k} ({g.name} weight" + (f", {mark})" if mark else ")")
             out.append((name, _bw_block(block) if phase != "forward" else block, phase, float(nb * g.n * g.k * g.count)))
         out += [(f"float8 rescale ({g.name} {which})", _bw_block(block), phase, float(nb * rows * g.k * g.count))
                 for which, phase, nb, rows in rescale_kernels(rowwise, eager, b, g.m, g.n)]
@@ -315,29 +364,32 @@ def _bw_block(block: str) -> str:
 
 
 def _activation(what: str, block: str, phase: str, rows: int, cols: int, w, rowwise: bool, eager: bool, b: int,
-                gathered: bool, tp8: bool) -> list[tuple[str, str, str, float]]:
+                gathered: bool, tp8: bool, scales: str = "") -> list[tuple[str, str, str, float]]:
     """The kernels of one activation of ``rows x cols`` (rows: the rank's tokens, gathered);
-    ``gathered``: cast on the sequence shard before a float8 all-gather, then copied transposed."""
+    ``gathered``: cast on the sequence shard before a float8 all-gather, then copied transposed;
+    ``scales``: the mark of a rowwise cast along tp-sharded rows (its first kernel, the row cast)."""
     n = (ceil(rows / w.tp) if gathered else rows) * cols
     out = []
-    for k, nb in activation_kernels(rowwise, eager, b, gathered):
-        name = f"float8 {k} ({what}" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
+    for i, (k, nb) in enumerate(activation_kernels(rowwise, eager, b, gathered)):
+        mark = OVER_TP if k == "amax" and tp8 else scales if i == 0 else ""
+        name = f"float8 {k} ({what}" + (f", {mark})" if mark else ")")
         out.append((name, block, phase, float(nb * n)))
     if gathered:
         out.append((f"float8 transpose ({what}, gathered)", _bw_block(block), "backward_input", 2.0 * rows * cols))
     return out
 
 
-def tp_amax_calls(kernels, side: str, phase: str) -> int:
+def tp_amax_calls(kernels, side: str, phase: str, mark: str = OVER_TP) -> int:
     """The tp all-reduces of amaxes among ``kernels`` (:func:`layer_kernels` tuples or
     :class:`~meshplan.compute.ops.Op`) of ``phase`` on ``side`` ("attn": blocks attn_pre, attn,
-    attn_post; "mlp": mlp_pre, mlp, mlp_post; "" both), replayed kernels left out."""
+    attn_post; "mlp": mlp_pre, mlp, mlp_post; "" both), replayed kernels left out: the kernels
+    named with ``mark`` (:data:`OVER_TP`, or rowwise's :data:`TOKEN_SCALES`, :data:`WEIGHT_SCALES`)."""
     out = 0
     for k in kernels:
         name, block, ph = (k[0], k[1], k[2]) if isinstance(k, tuple) else (k.name, k.block, k.phase)
         if getattr(k, "recompute", False):  # a replay: its all-reduces are counted as the forward's
             continue
-        if ph == phase and name.startswith(AMAX) and OVER_TP in name and block.startswith(side):
+        if ph == phase and mark in name and block.startswith(side):
             out += 1
     return out
 

@@ -15,7 +15,7 @@ from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS
-from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE
+from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
 from meshplan.compute.batch_input import GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
@@ -35,6 +35,9 @@ FLOAT8_TP = "float8"
 
 #: Group of the tp all-reduces of float8 amaxes (:data:`meshplan.comm.tp_rows.FLOAT8_AMAX_CADENCE`).
 FLOAT8_AMAX = "float8 amax"
+#: Groups of the tp all-reduces of rowwise float8 scales (:mod:`meshplan.comm.tp_rows`), by row cadence.
+FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES = "float8 token scales", "float8 weight scales"
+_SCALE_GROUPS = {FLOAT8_TOKEN_SCALES_CADENCE: FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES_CADENCE: FLOAT8_WEIGHT_SCALES}
 
 
 #: Group of the tp rows of Megatron-LM's QKV sub-sharding at tp > kv_heads (the fused QKV output's
@@ -52,6 +55,8 @@ def _row_group(kind: str, row) -> str:
         return shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
         return FLOAT8_AMAX
+    if kind == "tp" and row.cadence in _SCALE_GROUPS:
+        return _SCALE_GROUPS[row.cadence]
     if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
         return "counts"
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""

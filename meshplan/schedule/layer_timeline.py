@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
-from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TP, QKV
+from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
 
@@ -265,20 +265,27 @@ def _mlp_scatters(w: Workload, moe: bool, phase: str) -> int:
     return n if phase == "forward" or w.recompute != "op" else 0
 
 
-def _amax_calls(c: Cost, side: str, phase: str) -> int:
+def _amax_calls(c: Cost, side: str, phase: str, mark: str) -> int:
     """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
-    return float8.tp_amax_calls(c.ops, side, phase)
+    return float8.tp_amax_calls(c.ops, side, phase, mark)
+
+
+#: The groups of the float8 amax all-reduces and the mark of the casts that issue them: torchao
+#: tensorwise's amaxes, rowwise's token and weight scales (:mod:`meshplan.compute.float8`).
+_AMAX_GROUPS = ((FLOAT8_AMAX, float8.OVER_TP), (FLOAT8_TOKEN_SCALES, float8.TOKEN_SCALES),
+                (FLOAT8_WEIGHT_SCALES, float8.WEIGHT_SCALES))
 
 
 def _amax_wait(s: StreamSim, c: Cost, side: str, phase: str) -> None:
     """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
     "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
-    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale)."""
-    t = s.c.get("tp", phase, "all-reduce", FLOAT8_AMAX)
-    n = s.of(_amax_calls, c, side, "forward" if phase == "forward" else "backward_input") if t > 0 else 0
-    if n:
-        ev = s.comm("tp", phase, "all-reduce", f"tp float8 amax all-reduce x{n}", FLOAT8_AMAX, seconds=n * t)
-        s.compute("float8 amax wait", 0.0, [ev])
+    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale), by group."""
+    for group, mark in _AMAX_GROUPS:
+        t = s.c.get("tp", phase, "all-reduce", group)
+        n = s.of(_amax_calls, c, side, "forward" if phase == "forward" else "backward_input", mark) if t > 0 else 0
+        if n:
+            ev = s.comm("tp", phase, "all-reduce", f"tp {group} all-reduce x{n}", group, seconds=n * t)
+            s.compute(f"{group} wait", 0.0, [ev])
 
 
 def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:

@@ -36,7 +36,9 @@ frameworks issue them:
   both; in backward two AG open it (their mirrors), full AC's replay re-runs the first RS.
   torchao's float8 tensorwise TP: the amax all-reduces of a block's casts of tp shards
   (:mod:`meshplan.compute.float8`) block one after the other before the block (forward and its
-  replay: the attention's 2, the MLP's 2; backward: the MLP's 3, the attention's 4 per Llama layer).
+  replay: the attention's 2, the MLP's 2; backward: the MLP's 3, the attention's 4 per Llama layer);
+  rowwise under plain TP, its casts' scale all-reduces likewise (forward: wo's, w_down's; backward:
+  the column-parallel Linears').
   The all-reduces of the Partial gradients of weights replicated over tp (SP norms, an MoE
   router, MLA's down projections and latent norms) run on the tp stream after each layer's
   backward (nothing waits for them until the step ends, but the tp stream is busy meanwhile); the vocab-parallel loss collectives block
