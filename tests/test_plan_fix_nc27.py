@@ -1,9 +1,11 @@
 """Newcomer trial 27 (256 A100 80GB, torchtitan, a dense ~30B model): the memory ``fix:`` line
 (:func:`meshplan.plan_fix.memory_fix`). #A: under DDP (sharding none) it offers sharding; #B: it
 offers re-splitting HSDP's data axes and never offers a variant over usable memory as a fix; #C: a
-fitting variant with under 15% of usable memory free is marked tight and listed after those that
-keep it (the search's headroom rule, :func:`meshplan.memory.headroom.tight`). Each printed peak and
-step is the plan (and ``step``) of the config edited by hand, as tests/test_plan_fix.py checks."""
+fitting variant with under 15% of usable memory free is marked tight, in its place among the fitting
+variants, fastest first (the search's headroom rule, :func:`meshplan.memory.headroom.tight`, by which
+the search lists such a mesh after those that keep 15% free; the fix line only marks it). Each printed
+peak and step is the plan (and ``step``) of the config edited by hand, as tests/test_plan_fix.py checks;
+the Llama-3-8B peaks are derived by hand, kind by kind."""
 
 from __future__ import annotations
 
@@ -14,6 +16,33 @@ from meshplan.plan import build_plan
 from meshplan.plan_fix import memory_fix
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
+from tests.test_compare_headroom import N8B, PEAK_8B_NONE
+
+#: The ``_ddp`` job's sequence (tokens per micro-batch) and the NCCL buffers (4 MiB x 16 channels x 2 peers)
+#: and cuBLAS workspace (8 x 4 MiB) of one data axis' communicator (meshplan/spec/memory.py's defaults).
+S = 2048
+BUFFERS = {"comm_buffers": 4 * 2 ** 20 * 16 * 2, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0}
+
+#: DDP over dp_replicate 32, full recompute, by hand: fp32 parameters, gradients and Adam's two moments
+#: whole on every rank (4 N, 4 N, 8 N B); at the head's forward (the first micro-batch) each layer's input
+#: kept, 32 x 2 S 4096, the token ids 8 S, the final-norm and output inputs 2 x 2 S 4096, the fp32 logits
+#: 4 S 128256 and the loss's 13 S; the bf16 logits beside them, 2 S 128256. 130,798,430,208 B = 121.8 GiB.
+PEAK_DDP = {"params": 4 * N8B, "master": 0, "optimizer": 8 * N8B, "grads": 4 * N8B, **BUFFERS,
+            "gathered_params": 0, "grad_buffers": 0,
+            "activations": 32 * 2 * S * 4096 + 8 * S + 2 * 2 * S * 4096 + 4 * S * 128256 + 13 * S,
+            "temporaries": 2 * S * 128256}
+assert sum(PEAK_DDP.values()) == 130_798_430_208
+
+#: ZeRO-3 over dp_shard 32, by hand: the same state / 32; at the head's backward of the last micro-batch
+#: (its gradients reduce-scattered), the head gathered in bf16 2 x (128256 x 4096 + 4096) beside the last
+#: layer's, 2 x 218,112,000 (the next unit's all-gather prefetched); the head's gradient in bf16 and its
+#: fp32 reduce-scatter input, 6 B x (128256 x 4096 + 4096); each layer's input 32 x 2 S 4096 and the token
+#: ids 8 S kept; the output layer's input gradient 2 S 4096. 9,375,516,672 B = 8.73 GiB.
+PEAK_Z3 = {"params": 4 * N8B // 32, "master": 0, "optimizer": 8 * N8B // 32, "grads": 4 * N8B // 32, **BUFFERS,
+           "gathered_params": 2 * (128256 * 4096 + 4096) + 2 * 218_112_000,
+           "grad_buffers": 6 * (128256 * 4096 + 4096),
+           "activations": 32 * 2 * S * 4096 + 8 * S, "temporaries": 2 * S * 4096}
+assert sum(PEAK_Z3.values()) == 9_375_516_672
 
 #: The trial's 30B model (its hsdp_full.toml): 60 layers, hidden 7168, ffn 20480, 56 q / 8 kv heads.
 MODEL30 = {"name": "llama-30b-ish", "layers": 60, "hidden": 7168, "ffn": 20480, "gated_mlp": True, "q_heads": 56,
@@ -39,17 +68,19 @@ def _ddp(framework: str = "torch", **mesh):
 
 def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     """#A, the trial's ddp4.toml: Llama-3-8B (8.03e9 parameters) under DDP over dp_replicate 32 on 4
-    dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9). The line said nothing fits on up to 4
+    dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9; :data:`PEAK_DDP`, by hand). The line said nothing fits on up to 4
     nodes: its zero3 variant kept dp_replicate, a replica axis, and sharded nothing. ZeRO-3 over the 32
     data ranks holds 1/32 of fp32 parameters, gradients and Adam's two moments, 16 B x 8.03e9 / 32 =
     4.0e9 B = 3.7 GiB of state a rank: the trial's own fsdp4.toml (dp_shard 32, zero3), whose plan the
-    user printed at 8.73 GiB. torch has no zero1 engine (has_zero1_engine): zero3 alone is offered."""
+    user printed at 8.73 GiB (:data:`PEAK_Z3`, by hand). torch has no zero1 engine (has_zero1_engine): zero3 alone is offered."""
     cfg = _ddp()
     p = build_plan(cfg)
     assert not p.feasible and _gib(p) == "121.8 GiB" and p.timeline.usable_bytes == 80e9 * 0.9
+    assert p.timeline.peak.by_kind == PEAK_DDP
     z3 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_shard"]}),
                             training=cfg.training.model_copy(update={"sharding": "zero3"})))
     assert z3.feasible and round(z3.timeline.peak.total_bytes / GiB, 2) == 8.73
+    assert z3.timeline.peak.by_kind == PEAK_Z3
     assert memory_fix(p) == f"fix: sharding zero3 (dp_shard 32) -> peak 8.7 GiB (fits; {_step(z3)}) (usable 67.1 GiB)"
 
 
@@ -93,7 +124,8 @@ def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_
 
 def test_a_tight_variant_is_marked():
     """#C: Llama-3-8B at seq 8192, micro-batch 2, dp_shard 8 on one dgx-h100 peaks at 106.4 GiB. Its
-    micro-batch 1 variant fits at 63.1 GiB of 67.06 usable (80e9 B x 0.9): 3.94 GiB = 5.9% free, under
+    micro-batch 1 variant fits at 63.1 GiB of 67.06 usable (80e9 B x 0.9; the peak by hand:
+    tests/test_compare_headroom.PEAK_8B_NONE, the same job): 3.94 GiB = 5.9% free, under
     the search's 15% (tight, marked); recompute full fits with more than 15% free (unmarked). The
     line keeps its order, the fastest first."""
     cfg = config_from_dict({
@@ -104,6 +136,7 @@ def test_a_tight_variant_is_marked():
     mb1 = build_plan(replace(cfg, training=cfg.training.model_copy(update={"micro_batch": 1})))
     full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
     assert not p.feasible and mb1.feasible and full.feasible
+    assert mb1.timeline.peak.by_kind == PEAK_8B_NONE
     free = 80e9 * 0.9 - mb1.timeline.peak.total_bytes
     assert (round(free / GiB, 2), round(free / (80e9 * 0.9), 3)) == (3.94, 0.059)
     assert full.timeline.peak.total_bytes < 0.85 * 80e9 * 0.9
