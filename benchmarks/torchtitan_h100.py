@@ -119,9 +119,10 @@ row-wise kernel, 1083-1141 TFLOP/s at the three shapes, 0.80-0.87 of the table t
 kernel, so the ratio mixes cap and kernel), and the attention at the bf16 GEMMs' 0.797, DERIVED (D),
 an assumption (no attention kernel under a power cap is published; FA2 may draw less than a GEMM
 and slow less): mean |error| 29.4% -> 17.1%, T1 +8.0 / +11.2 / +24.2% -> +4.2 / +6.5 / +9.4%, T2
-+36.0 / +24.8 / +67.3 / +74.1% -> +13.5 / +2.8 / +36.2 / +40.8%, float8 rows +9.4-31.7%; every row
-still above the published rate. The T1 bf16 rows' 0.13 / 0.17 s a step is left to what no source
-here names.
++36.0 / +24.8 / +67.3 / +74.1% -> +13.5 / +2.8 / +36.2 / +40.8%, float8 rows +9.4-31.6%; every row
+still above the published rate. The T1 bf16 rows' 0.11 / 0.15 s a step (16,384 tokens a GPU:
+16384 / 5762 - 16384 / 6001.5 = 0.113 s, 16384 / 6667 - 16384 / 7103.3 = 0.151 s) is left to what
+no source here names.
 
 **Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
 (``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
