@@ -17,6 +17,7 @@ from meshplan.plan_fix import memory_fix
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 from tests.test_compare_headroom import N8B, PEAK_8B_NONE
+from tests.test_plan_fix import _gib, _step
 
 #: The ``_ddp`` job's sequence (tokens per micro-batch) and the NCCL buffers (4 MiB x 16 channels x 2 peers)
 #: and cuBLAS workspace (8 x 4 MiB) of one data axis' communicator (meshplan/spec/memory.py's defaults).
@@ -50,14 +51,6 @@ MODEL30 = {"name": "llama-30b-ish", "layers": 60, "hidden": 7168, "ffn": 20480, 
            "position_embedding": "rope", "max_position": 8192}
 
 
-def _gib(plan) -> str:
-    return f"{plan.timeline.peak.total_bytes / GiB:.1f} GiB"
-
-
-def _step(plan) -> str:
-    return f"step {step_time(plan).step_s:.1f} s"
-
-
 def _ddp(framework: str = "torch", **mesh):
     return config_from_dict({
         "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 4},
@@ -68,11 +61,12 @@ def _ddp(framework: str = "torch", **mesh):
 
 def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     """#A, the trial's ddp4.toml: Llama-3-8B (8.03e9 parameters) under DDP over dp_replicate 32 on 4
-    dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9; :data:`PEAK_DDP`, by hand). The line said nothing fits on up to 4
-    nodes: its zero3 variant kept dp_replicate, a replica axis, and sharded nothing. ZeRO-3 over the 32
-    data ranks holds 1/32 of fp32 parameters, gradients and Adam's two moments, 16 B x 8.03e9 / 32 =
-    4.0e9 B = 3.7 GiB of state a rank: the trial's own fsdp4.toml (dp_shard 32, zero3), whose plan the
-    user printed at 8.73 GiB (:data:`PEAK_Z3`, by hand). torch has no zero1 engine (has_zero1_engine): zero3 alone is offered."""
+    dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9; :data:`PEAK_DDP`, by hand). The line
+    said nothing fits on up to 4 nodes: its zero3 variant kept dp_replicate, a replica axis, and
+    sharded nothing. ZeRO-3 over the 32 data ranks holds 1/32 of fp32 parameters, gradients and
+    Adam's two moments, 16 B x 8.03e9 / 32 = 4.0e9 B = 3.7 GiB of state a rank: the trial's own
+    fsdp4.toml (dp_shard 32, zero3), whose plan the user printed at 8.73 GiB (:data:`PEAK_Z3`, by
+    hand). torch has no zero1 engine (has_zero1_engine): zero3 alone is offered."""
     cfg = _ddp()
     p = build_plan(cfg)
     assert not p.feasible and _gib(p) == "121.8 GiB" and p.timeline.usable_bytes == 80e9 * 0.9
