@@ -59,6 +59,35 @@ def _ddp(framework: str = "torch", **mesh):
         "mesh": mesh or {"names": ["dp_replicate"], "shape": [32]}})
 
 
+#: MODEL30's parameters by hand: per layer q and o 7168 x 7168 each, k and v 7168 x 1024 each, gate, up and
+#: down 7168 x 20480 each, two norms of 7168: 557,856,768; x 60, plus the embedding and the output layer
+#: 128256 x 7168 each and the final norm: 35,310,091,264.
+LAYER30 = 2 * 7168 ** 2 + 2 * 7168 * 1024 + 3 * 7168 * 20480 + 2 * 7168
+N30 = 60 * LAYER30 + 2 * 128256 * 7168 + 7168
+assert (LAYER30, N30) == (557_856_768, 35_310_091_264)
+#: One MODEL30 layer's kept tensors at seq 8192 (Table 2 tensor by tensor, as PEAK_8B_NONE's; 56 q and 8 KV
+#: heads of 128): the attention norm's and QKV inputs, q and the context 4 x 2 s 7168; k and v 2 x 2 s 1024;
+#: the flash statistics 4 x 56 s; the MLP norm's and w_in's inputs 2 x 2 s 7168; gate, SiLU output, up and
+#: product 4 x 2 s 20480: 2,082,209,792 B.
+_S30 = 8192
+LAYER30_ACTS = (4 * 2 * _S30 * 7168 + 2 * 2 * _S30 * 1024 + 4 * 56 * _S30 + 2 * 2 * _S30 * 7168
+                + 4 * 2 * _S30 * 20480)
+#: hsdp_full (dp_replicate 32 x dp_shard 8, recompute full), by hand: the peak is layer 59's backward (the
+#: last layer, second micro-batch) at its SiLU-and-product step. State fp32, sharded over dp_shard 8: 4 N / 8
+#: each of parameters and gradients, 8 N / 8 of Adam's moments; two communicators' NCCL buffers (dp_replicate,
+#: dp_shard), 2 x 128 MiB, and 32 MiB of cuBLAS workspace; layer 59 gathered in bf16 and layer 58's all-gather
+#: prefetched, 2 x 2 x LAYER30; the head's fp32 reduce-scatter input 4 x (128256 x 7168 + 7168), still in
+#: flight, and layer 59's w_out gradient in bf16, 2 x 7168 x 20480; each layer's input (full recompute)
+#: 60 x 2 s 7168 and the token ids 8 s, plus layer 59 recomputed less its input (already kept) and less
+#: w_out's input, freed by w_out's backward; the head's dY 2 s 7168 and the SiLU-and-product backward's
+#: three gradients 3 x 2 s 20480. 86,924,380,160 B = 81.0 GiB.
+PEAK_HSDP = {"params": 4 * N30 // 8, "master": 0, "optimizer": 8 * N30 // 8, "grads": 4 * N30 // 8,
+             **BUFFERS, "comm_buffers": 2 * 4 * 2 ** 20 * 16 * 2, "gathered_params": 2 * 2 * LAYER30,
+             "grad_buffers": 4 * (128256 * 7168 + 7168) + 2 * 7168 * 20480,
+             "activations": 60 * 2 * _S30 * 7168 + 8 * _S30 + LAYER30_ACTS - 2 * _S30 * 7168 - 2 * _S30 * 20480,
+             "temporaries": 2 * _S30 * 7168 + 3 * 2 * _S30 * 20480}
+assert sum(PEAK_HSDP.values()) == 86_924_380_160
+
 def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     """#A, the trial's ddp4.toml: Llama-3-8B (8.03e9 parameters) under DDP over dp_replicate 32 on 4
     dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9; :data:`PEAK_DDP`, by hand). The line
@@ -95,16 +124,17 @@ def test_megatron_ddp_is_offered_its_distributed_optimizer_too():
 
 def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_usable():
     """#B, the trial's hsdp_full.toml: the 30B model at dp_replicate 32 x dp_shard 8 on 32 dgx-a100,
-    seq 8192, recompute full, peaks at 81.0 GiB. The line offered tp x2 (dp_replicate 32 x dp_shard 4
-    x tp 2) at 73.6 GiB, over the 67.1 usable, then 64 nodes. dp_replicate 16 x dp_shard 16 (the same
-    256 ranks, the state sharded 16 ways, not 8) fits on the same 32 nodes: the trial's hsdp16.toml."""
+    seq 8192, recompute full, peaks at 81.0 GiB (:data:`PEAK_HSDP`, by hand). The line offered tp x2
+    (dp_replicate 32 x dp_shard 4 x tp 2) at 73.6 GiB, over the 67.1 usable, then 64 nodes.
+    dp_replicate 16 x dp_shard 16 (the same 256 ranks, the state sharded 16 ways, not 8) fits on the
+    same 32 nodes: the trial's hsdp16.toml."""
     cfg = config_from_dict({
         "model": MODEL30, "cluster": {"system": "dgx-a100", "nodes": 32},
         "training": {"global_batch": 512, "seq_len": 8192, "micro_batch": 1, "sharding": "hsdp", "recompute": "full",
                      "memory_reserve": 0.10},
         "mesh": {"names": ["dp_replicate", "dp_shard"], "shape": [32, 8]}})
     p = build_plan(cfg)
-    assert not p.feasible and _gib(p) == "81.0 GiB"
+    assert not p.feasible and _gib(p) == "81.0 GiB" and p.timeline.peak.by_kind == PEAK_HSDP
     tp2 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_replicate", "dp_shard", "tp"],
                                                                     "shape": [32, 4, 2], "sequence_parallel": True})))
     assert not tp2.feasible and _gib(tp2) == "73.6 GiB"
