@@ -87,6 +87,26 @@ PEAK_HSDP = {"params": 4 * N30 // 8, "master": 0, "optimizer": 8 * N30 // 8, "gr
              "activations": 60 * 2 * _S30 * 7168 + 8 * _S30 + LAYER30_ACTS - 2 * _S30 * 7168 - 2 * _S30 * 20480,
              "temporaries": 2 * _S30 * 7168 + 3 * 2 * _S30 * 20480}
 assert sum(PEAK_HSDP.values()) == 86_924_380_160
+#: Its tp x2 variant (dp_replicate 32 x dp_shard 4 x tp 2, sequence parallel), by hand, at the same op: a tp
+#: rank holds half of each Linear and of the embedding and output layer, the norms whole: per layer
+#: (557,856,768 - 2 x 7168) / 2 + 2 x 7168 = 278,935,552, L = 60 x that + 128256 x 7168 / 2 x 2 + 7168 =
+#: 17,655,479,296 elements, the state 16 B x L / dp_shard 4; three communicators' buffers; layers 59 and 58
+#: gathered, 2 x 2 x 278,935,552; the head's fp32 reduce-scatter input 4 x (128256 x 7168 / 2 + 7168) and
+#: w_out's bf16 gradient 2 x 7168 x 10240; each layer's input split by SP, 60 x 2 (s / 2) 7168, the ids 8 s,
+#: layer 59 recomputed but for its input (Table 2 with SP: the QKV input and the MLP norm's and w_in's
+#: inputs 3 x 2 (s / 2) 7168, q and the context 2 s 28 x 128 each, k and v 2 s 4 x 128 each, the flash
+#: statistics 4 x 28 s, gate, SiLU output, up and product 4 x 2 s 10240) less w_out's input; the head's dY
+#: 2 (s / 2) 7168 and 3 x 2 s 10240. 79,059,304,448 B = 73.6 GiB.
+L_TP2 = 60 * ((LAYER30 - 2 * 7168) // 2 + 2 * 7168) + 128256 * 7168 + 7168
+PEAK_TP2 = {"params": 4 * L_TP2 // 4, "master": 0, "optimizer": 8 * L_TP2 // 4, "grads": 4 * L_TP2 // 4,
+            **BUFFERS, "comm_buffers": 3 * 4 * 2 ** 20 * 16 * 2,
+            "gathered_params": 2 * 2 * ((LAYER30 - 2 * 7168) // 2 + 2 * 7168),
+            "grad_buffers": 4 * (128256 * 7168 // 2 + 7168) + 2 * 7168 * 10240,
+            "activations": 60 * 2 * _S30 // 2 * 7168 + 8 * _S30 + 3 * 2 * _S30 // 2 * 7168
+            + 2 * 2 * _S30 * 28 * 128 + 2 * 2 * _S30 * 4 * 128 + 4 * 28 * _S30 + 4 * 2 * _S30 * 10240
+            - 2 * _S30 * 10240,
+            "temporaries": 2 * _S30 // 2 * 7168 + 3 * 2 * _S30 * 10240}
+assert L_TP2 == 17_655_479_296 and sum(PEAK_TP2.values()) == 79_059_304_448
 
 def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     """#A, the trial's ddp4.toml: Llama-3-8B (8.03e9 parameters) under DDP over dp_replicate 32 on 4
@@ -125,7 +145,7 @@ def test_megatron_ddp_is_offered_its_distributed_optimizer_too():
 def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_usable():
     """#B, the trial's hsdp_full.toml: the 30B model at dp_replicate 32 x dp_shard 8 on 32 dgx-a100,
     seq 8192, recompute full, peaks at 81.0 GiB (:data:`PEAK_HSDP`, by hand). The line offered tp x2
-    (dp_replicate 32 x dp_shard 4 x tp 2) at 73.6 GiB, over the 67.1 usable, then 64 nodes.
+    (dp_replicate 32 x dp_shard 4 x tp 2) at 73.6 GiB (:data:`PEAK_TP2`, by hand), over the 67.1 usable, then 64 nodes.
     dp_replicate 16 x dp_shard 16 (the same 256 ranks, the state sharded 16 ways, not 8) fits on the
     same 32 nodes: the trial's hsdp16.toml."""
     cfg = config_from_dict({
@@ -137,7 +157,7 @@ def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_
     assert not p.feasible and _gib(p) == "81.0 GiB" and p.timeline.peak.by_kind == PEAK_HSDP
     tp2 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_replicate", "dp_shard", "tp"],
                                                                     "shape": [32, 4, 2], "sequence_parallel": True})))
-    assert not tp2.feasible and _gib(tp2) == "73.6 GiB"
+    assert not tp2.feasible and _gib(tp2) == "73.6 GiB" and tp2.timeline.peak.by_kind == PEAK_TP2
     r16 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 16]})))
     assert r16.feasible
     line = memory_fix(p)
