@@ -123,9 +123,10 @@ row-wise kernel, 1083-1141 TFLOP/s at the three shapes, 0.80-0.87 of the table t
 kernel, so the ratio mixes cap and kernel), and the attention at the bf16 GEMMs' 0.797, DERIVED (D),
 an assumption (no attention kernel under a power cap is published; FA2 may draw less than a GEMM
 and slow less): mean |error| 29.4% -> 17.1%, T1 +8.0 / +11.2 / +24.2% -> +4.2 / +6.5 / +9.4%, T2
-+36.0 / +24.8 / +67.3 / +74.1% -> +13.5 / +2.8 / +36.2 / +40.8%, float8 rows +9.4-31.7%; every row
-still above the published rate. The T1 bf16 rows' 0.13 / 0.17 s a step is left to what no source
-here names.
++36.0 / +24.8 / +67.3 / +74.1% -> +13.5 / +2.8 / +36.2 / +40.8%, float8 rows +9.4-31.6%; every row
+still above the published rate. The T1 bf16 rows' 0.11 / 0.15 s a step (16,384 tokens a GPU:
+16384 / 5762 - 16384 / 6001.5 = 0.113 s, 16384 / 6667 - 16384 / 7103.3 = 0.151 s) is left to what
+no source here names.
 
 **Context parallelism (T2).** torchtitan 9dec370 runs torch's ``context_parallel``
 (``--experimental.context_parallel_rotate_method`` default ``"allgather"``; SDPA limited to the
@@ -166,7 +167,7 @@ cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s
 (dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
 longer on the part) against 0.25 s and 2.32 s published (+14-20% against +6-16% with bf16 or
 tensorwise, whose gathers move float8); rowwise 0.12 s and 0.88 s (dgx-h100: 0.09 s, 0.78 s) against
-0.18 s and 1.10 s (+5% against +4-6%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
+0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.9%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:

@@ -29,6 +29,7 @@ HEAVY = (
     "test_memory_vs_tracker.py",        # FSDPMemTracker on the fake process group
     "test_forward_prefetch_recompute.py",  # FSDP2 prefetch under recompute, fake process group
     "test_search.py::test_verdict_equals_build_plan_for_every_candidate",  # exact plan of every candidate
+    "test_search_stage_bounds.py::test_bounds_never_exceed_the_step_with_the_host_pace",  # every candidate's step
 )
 
 

@@ -17,6 +17,7 @@ from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import COMMANDS, schema_name, schema_of
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
@@ -204,10 +205,8 @@ def test_json_followed_by_an_option_is_one_line_naming_json(command, tmp_path, c
     """Newcomer trial 27 #F: ``memory X --json --out DIR`` took ``--out`` for --json's path and then
     refused ``DIR`` as an extra argument. --json takes a path: an option given as its value is one
     line naming --json and the fix, exit 2, before any planning and with nothing written."""
-    with pytest.raises(SystemExit) as done:
-        main([command, str(MINI), "--json", "--out", str(tmp_path / "d")])
-    err = capsys.readouterr().err
-    assert done.value.code == 2
+    rc, out, err = run_cli([command, MINI, "--json", "--out", tmp_path / "d"], capsys)
+    assert (rc, out) == (2, "")
     assert err == ("error: --json: takes a path (--json PATH), got the option --out: give the file right after "
                    "--json (--json out.json --out ...)\n")
     assert list(tmp_path.iterdir()) == []

@@ -29,14 +29,50 @@ def test_the_rule_at_its_threshold():
     assert headroom_words(64.5 * GiB, 67.1 * GiB, 0.0) == "tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15%"
 
 
+#: Llama-3-8B's parameters by hand (Llama 3 paper, Table 3: 32 layers, hidden 4096, FFN 14,336, 32 q and 8
+#: KV heads of 128, vocab 128,256, untied): per layer q and o 4096^2 each, k and v 4096 x 1024 each, gate, up
+#: and down 4096 x 14336 each, two norms of 4096: 218,112,000; x 32, plus the embedding and the output layer
+#: 128256 x 4096 each and the final norm: 8,030,261,248.
+N8B = 32 * (2 * 4096 ** 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096) + 2 * 128256 * 4096 + 4096
+assert N8B == 8_030_261_248
+
+#: Llama-3-8B at seq s = 8192, micro-batch 1, zero3 over dp_shard 8 on one dgx-h100, recompute none: the
+#: peak by kind, by hand. It is the head's forward of the second micro-batch (global batch 16 / dp 8 = 2;
+#: the first one's activations freed by its backward), the logits and loss saved:
+#: - state: fp32 parameters (torch's FSDP2 default, no master copy), fp32 gradients and Adam's two fp32
+#:   moments, each N / 8 a rank: 4 N / 8, 4 N / 8 and 8 N / 8 B;
+#: - NCCL buffers of the one communicator (dp_shard), NCCL_BUFFSIZE 4 MiB x 16 channels x 2 peers = 128 MiB,
+#:   and the cuBLAS workspace 8 x 4 MiB = 32 MiB (meshplan/spec/memory.py's MemoryOptions, their sources);
+#: - the [norm, output] unit gathered in bf16: 2 x (128256 x 4096 + 4096) = 1,050,681,344;
+#: - the activations kept (Korthikanti Table 2 tensor by tensor, bf16, flash, no dropout:
+#:   meshplan/memory/activations.py): per layer the attention norm's input, the QKV input, q and the
+#:   context 4 x 2 s 4096 = 268,435,456, k and v 2 x 2 s 1024 = 33,554,432, the flash statistics
+#:   4 x 32 heads x s = 1,048,576, the MLP norm's and w_in's inputs 2 x 2 s 4096 = 134,217,728, gate, SiLU
+#:   output, up and product 4 x 2 s 14336 = 939,524,096: 1,376,780,288, x 32 layers; the token ids 8 s;
+#:   the head's final-norm and output inputs 2 x 2 s 4096, fp32 logits 4 s 128256 = 4,202,692,608 and the
+#:   loss's 13 s: 48,394,051,584 in all;
+#: - the bf16 logits beside their fp32 copy, 2 s 128256 = 2,101,346,304.
+#: Sum 67,774,373,888 B = 63.12 GiB.
+_S = 8192
+PEAK_8B_NONE = {
+    "params": 4 * N8B // 8, "master": 0, "optimizer": 8 * N8B // 8, "grads": 4 * N8B // 8,
+    "comm_buffers": 4 * 2 ** 20 * 16 * 2, "workspace": 8 * 4 * 2 ** 20, "fragmentation": 0,
+    "gathered_params": 2 * (128256 * 4096 + 4096), "grad_buffers": 0,
+    "activations": 32 * (4 * 2 * _S * 4096 + 2 * 2 * _S * 1024 + 4 * 32 * _S + 2 * 2 * _S * 4096 + 4 * 2 * _S * 14336)
+    + 8 * _S + 2 * 2 * _S * 4096 + 4 * _S * 128256 + 13 * _S,
+    "temporaries": 2 * _S * 128256}
+assert PEAK_8B_NONE["activations"] == 48_394_051_584 and sum(PEAK_8B_NONE.values()) == 67_774_373_888
+
+
 def test_compare_warns_of_the_tight_side_only():
     """Llama-3-8B at seq 8192, micro-batch 1, dp_shard 8 on one dgx-h100 (usable 80e9 x 0.9 B =
-    67.06 GiB): no recompute peaks at 63.12 GiB, 3.94 GiB = 5.9% free, under 15% (tight, as the search
-    tiers it); full recompute keeps only each layer's input and is clear. The faster mesh (no recompute)
+    67.06 GiB): no recompute peaks at 67,774,373,888 B = 63.12 GiB (:data:`PEAK_8B_NONE`, by hand),
+    3.94 GiB = 5.9% free, under 15% (tight, as the search tiers it); full recompute keeps only each layer's input and is clear. The faster mesh (no recompute)
     wins by the step; the warning names it, not the other."""
     a, b = _plan("none"), _plan("full")
     usable = 80e9 * 0.9
     assert a.timeline.usable_bytes == usable
+    assert a.timeline.peak.by_kind == PEAK_8B_NONE and a.timeline.peak.total_bytes == 67_774_373_888
     assert round(a.timeline.peak.total_bytes / GiB, 2) == 63.12
     free = usable - a.timeline.peak.total_bytes
     assert (round(free / GiB, 2), round(free / usable, 3)) == (3.94, 0.059)

@@ -132,22 +132,37 @@ def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_p
                              f"nodes would with training.global_batch 13 (recompute full, dp_shard 13 x tp 8: peak "
                              f"{gib[2]} GiB); over the usable 67.1 GiB, no fix alone: recompute full -> peak 99.0 GiB")
     # on 2 nodes: 4 and 8 nodes split the batch 8 and do not fit; past 8 the same 13 nodes (the nodes part: the
-    # variants over usable memory follow it, newcomer trial 27 #B)
-    assert memory_fix(plan_file(_405b(tmp_path, 2, 2, 8))).split("; over the usable")[0].endswith(
-        f"on 2 nodes, and {cap}: 13 nodes would with training.global_batch 13 (recompute full, dp_shard 13 x tp 8: "
-        f"peak {gib[2]} GiB)")
+    # variants over usable memory follow it, newcomer trial 27 #B: recompute full first, its peak the plan of
+    # recompute full on those 2 nodes, each one over usable memory and under the mesh's own peak)
+    two = plan_file(_405b(tmp_path, 2, 2, 8))
+    nodes, tail = memory_fix(two).split("; over the usable 67.1 GiB, no fix alone: ")
+    assert nodes.endswith(f"on 2 nodes, and {cap}: 13 nodes would with training.global_batch 13 (recompute full, "
+                          f"dp_shard 13 x tp 8: peak {gib[2]} GiB)")
+    _over_usable(tail, two, f"recompute full -> peak {_at(two.config, 2, 8).timeline.peak.total_bytes / GiB:.1f} GiB")
     # one doubling and no bisection: the first count found, 16 nodes at the trial's global batch 16
     monkeypatch.setattr("meshplan.plan_fix_nodes.MAX_GROWN_PLANS", 1)
-    assert memory_fix(p).split("; over the usable")[0].endswith(
-        f"{cap}: 16 nodes would with training.global_batch 16 (recompute full, dp_shard 16 "
-        f"x tp 8: peak 52.0 GiB)")
+    assert memory_fix(p) == (f"fix: does not fit even at the most memory-saving settings on 8 nodes, and {cap}: 16 "
+                             f"nodes would with training.global_batch 16 (recompute full, dp_shard 16 x tp 8: peak "
+                             f"52.0 GiB); over the usable 67.1 GiB, no fix alone: recompute full -> peak 99.0 GiB")
     # 1 node, global batch 2: 2 nodes (dp 2) tried, the cap reached; the one plan left, 4 nodes (global batch 4),
     # does not fit
     one = plan_file(_405b(tmp_path, 1, 1, 2))
-    assert memory_fix(one).split("; over the usable")[0].endswith(
+    nodes, tail = memory_fix(one).split("; over the usable 67.1 GiB, no fix alone: ")
+    assert nodes.endswith(
         "does not fit at the most memory-saving settings on up to 4 nodes either (data axis grown with the nodes; "
         "training.global_batch 2 caps dp at 2 (global_batch / micro_batch 1): past it the global batch raised to a "
         "multiple of micro_batch x dp)")
+    _over_usable(tail, one, f"recompute full -> peak {_at(one.config, 1, 2).timeline.peak.total_bytes / GiB:.1f} GiB")
+
+
+def _over_usable(tail: str, plan, first: str) -> None:
+    """The variants a fix line lists after ``no fix alone:`` (newcomer trial 27 #B): ``first`` opens them,
+    and each lowers the mesh's peak but stays over the 67.1 GiB usable (80e9 B x 0.9 = 67.06 GiB)."""
+    assert tail.startswith(first)
+    own = plan.timeline.peak.total_bytes / GiB
+    for variant in tail.split("; "):
+        peak = float(variant.rsplit(" -> peak ", 1)[1].removesuffix(" GiB"))
+        assert 80e9 * 0.9 / GiB < peak < own, (variant, own)
 
 
 def test_search_whose_model_state_exceeds_memory_fully_sharded_names_the_gpus_it_needs(tmp_path, capsys):

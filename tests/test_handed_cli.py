@@ -304,8 +304,9 @@ def test_c6_megatron_gemm_table_is_the_fused_qkv_megatron_runs(tmp_path, capsys)
     assert sum(g[n]["n"] for n in ("wq", "wk", "wv")) == (32 + 2 * 4) * 128 // 8 == 640
     rc, out, _ = run(capsys, "plan", cfg)
     line = "one fused linear_qkv GEMM per rank, N = wq 512 + wk 64 + wv 64 = 640 = (32 + 2 x 4) x 128 / tp 8"
-    assert line in " ".join(out.split())
-    run(capsys, "plan", cfg, "--html", tmp_path / "plan.html")  # the HTML report's shapes say the same
+    assert rc == 0 and line in " ".join(out.split())
+    rc, _, err = run(capsys, "plan", cfg, "--html", tmp_path / "plan.html")  # the HTML report's shapes say the same
+    assert rc == 0, err
     assert line in (tmp_path / "plan.html").read_text()
 
 

@@ -24,6 +24,7 @@ from meshplan.spec.accuracy import REMESH_MARGIN
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from tests.cli_run import run_cli
 
 
 def test_llama3_rate():
@@ -947,13 +948,12 @@ def test_the_storage_default_is_named_as_llama3s_cluster_and_not_capped(capsys):
     no word of it. Left out, each default flag is named on a note line saying whose figure it is and
     that the catalog has no storage or front-end NIC bandwidth to cap it by (dgx-a100's nodes list
     their 8 compute NICs alone; its storage NICs mlx5_4-5 are not modelled); given, no note."""
-    from meshplan.cli import main
     cfg = Path(__file__).resolve().parents[1] / "examples" / "mini_2x4_tp2-dp4.toml"  # 1 dgx-h100 node
     notes = []
     for given in ([], ["--write-gbps", "10"], ["--write-gbps", "10", "--read-gbps", "10"]):
-        with pytest.raises(SystemExit):
-            main(["reliability", str(cfg), "--restart-overhead-s", "300", *given])
-        notes.append([x for x in capsys.readouterr().out.splitlines() if x.startswith("note: the 2000 GB/s")])
+        rc, out, err = run_cli(["reliability", cfg, "--restart-overhead-s", "300", *given], capsys)
+        assert rc == 0, err
+        notes.append([x for x in out.splitlines() if x.startswith("note: the 2000 GB/s")])
     words = ("note: the 2000 GB/s checkpoint default is the storage of Llama 3's 16,384-GPU cluster (arXiv "
              "2407.21783, 3.3.1), not this cluster's 1 node; the catalog holds no storage or front-end NIC bandwidth "
              "for dgx-h100, so it is not capped at what 1 node can push: measure yours (fio or IOR from every node at "

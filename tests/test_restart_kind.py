@@ -11,6 +11,7 @@ from meshplan.mesh.resolve import resolve_mesh
 from meshplan.restart import PipelineRule, restart_on_fewer_nodes
 from meshplan.spec.accuracy import REMESH_MARGIN, RESTART_MARGIN
 from meshplan.spec.mesh import MeshSpec
+from tests.cli_run import run_main
 
 
 def _restart(pp_gain: float):
@@ -150,13 +151,9 @@ def test_405b_restart_drops_one_replica_and_says_why(tmp_path):
     the kind's dp keeping 2048 is 64 (8192 GPUs), about half the throughput, so over 5% below dp 127. pp 1 x
     dp_shard 2048 x tp 4 stays within REMESH_MARGIN of it, and the why line names it with its tokens/s."""
     import json
-    from meshplan.cli import main
     ex = Path(__file__).resolve().parents[1] / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"
     out = tmp_path / "r.json"
-    try:
-        main(["reliability", str(ex), "--lost-nodes", "1", "--json", str(out)])
-    except SystemExit as done:
-        assert not done.code
+    assert run_main("reliability", ex, "--lost-nodes", "1", "--json", out) == 0
     doc = json.loads(out.read_text())["restart"]
     assert (doc["shape"], doc["new_world"], doc["gpus_left"], doc["contract"]) == (
         [16, 127, 8], 16 * 127 * 8, 2047 * 8, "global_batch 2048 -> 2032")

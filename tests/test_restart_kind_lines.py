@@ -12,6 +12,7 @@ from meshplan.mesh.resolve import resolve_mesh
 from meshplan.restart import PipelineRule, restart_on_fewer_nodes
 from meshplan.restart_text import pipeline_note
 from meshplan.spec.mesh import MeshSpec
+from tests.cli_run import run_cli
 
 SEED = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), world=64)
 OOM = "peak 90.0 GiB > 67.1 GiB usable"
@@ -103,12 +104,11 @@ def test_megatron_example_keeps_the_kind(capsys):
     proposed it, but within REMESH_MARGIN (29.4%): the kind is proposed and a why line names pp 1 (planned
     by this planner, the newcomer trial's numbers)."""
     from pathlib import Path
-    from meshplan.cli import main
     ex = Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
-    with pytest.raises(SystemExit):
-        main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "100",
-              "--read-gbps", "200", "--restart-overhead-s", "300"])
-    lines = capsys.readouterr().out.splitlines()
+    rc, out, err = run_cli(["reliability", ex, "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "100",
+                            "--read-gbps", "200", "--restart-overhead-s", "300"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
     assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 2 x dp 2 x tp 2 (shrunk: dp 4 -> 2; kept: pp 2, tp 2)" in lines
     assert "- global batch 128 = micro_batch 1 x dp 2 x 64 micro-batches" in lines
     assert ("- why: the job's kind, the least-disruptive mesh (pp 2, tp 2 and cp 1 kept, only the data axes shrunk); "
@@ -138,15 +138,14 @@ def test_megatron_70b_keeps_the_kind_and_says_why(tmp_path, capsys):
     plans more than it, but within REMESH_MARGIN (29.4%), and a why line names pp 5 with both numbers; pp 2 x
     dp 4 is the alternative keeping the global batch."""
     import json
-    from meshplan.cli import main
     from meshplan.spec.accuracy import REMESH_MARGIN
     args = tmp_path / "m70.args"
     args.write_text(MEGATRON_70B)
     out = tmp_path / "r.json"
-    with pytest.raises(SystemExit):
-        main(["reliability", str(args), "--cluster", "dgx-h100", "--nodes", "16", "--write-gbps", "100",
-              "--read-gbps", "100", "--restart-overhead-s", "600", "--json", str(out)])
-    lines = capsys.readouterr().out.splitlines()
+    rc, text, err = run_cli(["reliability", args, "--cluster", "dgx-h100", "--nodes", "16", "--write-gbps", "100",
+                             "--read-gbps", "100", "--restart-overhead-s", "600", "--json", out], capsys)
+    assert rc == 0, err
+    lines = text.splitlines()
     assert "mesh pp 4 x dp 4 x tp 8 -> pp 4 x dp 3 x tp 8 (shrunk: dp 4 -> 3; kept: pp 4, tp 8)" in lines[
         next(i for i, x in enumerate(lines) if x.startswith("restart:"))]
     props = {tuple(p["shape"]): p for p in json.loads(out.read_text())["restart"]["proposals"]}
