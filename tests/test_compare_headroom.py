@@ -83,3 +83,32 @@ def test_compare_warns_of_the_tight_side_only():
         "warning (none): tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15% at [memory] "
         "fragmentation_fraction 0%; PyTorch's caching allocator was measured to lose about 15% to fragmentation in "
         "LLM training (GMLake, ASPLOS 2024), and search lists such a mesh after those that keep 15% free"]
+
+
+def test_compare_json_holds_the_tight_warning(tmp_path, capsys):
+    """compare --json holds what the text prints under the reasons: each side's ``headroom`` (the
+    rule's words, null when clear) and ``headroom_warnings`` (the lines themselves). The pair above:
+    usable 80e9 x 0.9 = 72e9 B = 67.06 GiB; no recompute peaks at 63.12 GiB, so 72e9 - peak = 3.94
+    GiB free = 5.9% of usable, under 15% (tight); full recompute is clear (null)."""
+    import json
+
+    from cli_run import run_cli
+    from configs import job_toml
+
+    paths = []
+    for rc in ("none", "full"):
+        paths.append(tmp_path / f"{rc}.toml")
+        paths[-1].write_text(job_toml(training={"global_batch": 16, "seq_len": 8192, "micro_batch": 1,
+                                                "sharding": "zero3", "recompute": rc},
+                                      mesh={"names": ["dp_shard"], "shape": [8]}))
+    code, out, _ = run_cli(["compare", *paths, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
+    doc = json.loads((tmp_path / "c.json").read_text())
+    usable, peak = 80e9 * 0.9, doc["a"]["peak_bytes"]
+    assert code == 0 and doc["a"]["usable_bytes"] == usable and round(peak / GiB, 2) == 63.12
+    free = usable - peak
+    assert (round(free / GiB, 1), round(free / usable, 3)) == (3.9, 0.059) and free < 0.15 * usable
+    assert doc["a"]["headroom"] == "tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15%"
+    assert doc["b"]["headroom"] is None
+    assert len(doc["headroom_warnings"]) == 1
+    assert doc["headroom_warnings"][0].startswith("warning (none): tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free")
+    assert doc["headroom_warnings"][0] in " ".join(out.split())  # the line the text prints, word for word

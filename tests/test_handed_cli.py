@@ -571,6 +571,27 @@ def test_c11_step_names_both_bubble_definitions(tmp_path, capsys, vpp, closed):
     assert f"closed form for uniform stages: {closed}" in text
 
 
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_c11_step_prints_the_simulated_schedule_on_uniform_stages(tmp_path, capsys, vpp):
+    """C11 through `meshplan step` (tests/cli_run.py's run_cli): the schedule alone simulated on uniform
+    stages (no embedding or head, no p2p time), as test_schedule.py::test_c11_exact simulates it, is
+    printed with the definitions named. By hand, p 4, m 8: 1F1B idles (p-1) = 3 slots of F + B per
+    stage against m = 8 busy ones: 3/8 = 0.3750 idle/ideal, 3/(8 + 3) = 0.2727 idle/total;
+    interleaved with v 2 the slots are 1/v as long: 3/16 = 0.1875, 3/(16 + 3) = 0.1579."""
+    from cli_run import run_cli
+
+    p, m = 4, 8
+    x = (p - 1) / (vpp * m)
+    assert (round(x, 4), round(x / (1 + x), 4)) == ((0.375, 0.2727) if vpp == 1 else (0.1875, 0.1579))
+    mesh = 'names = ["pp", "dp"]\nshape = [4, 1]\nworld = 4'
+    if vpp > 1:
+        mesh += f'\nvirtual_stages = {vpp}\npp_schedule = "interleaved_1f1b"'
+    rc, out, _ = run_cli(["step", config(tmp_path, mesh, layers=8, batch=8)], capsys)
+    text = " ".join(out.split())  # the console wraps long lines
+    assert rc == 0 and (f"bubble simulated on uniform stages (the schedule alone: every stage F 1, B 2 per "
+                        f"micro-batch, no p2p time): {x:.4f} as idle/ideal, {x / (1 + x):.4f} as idle/total") in text
+
+
 def test_c12_busbw_over_algbw(tmp_path, capsys):
     """nccl-tests convention at n 8: busbw = algbw x 2(n-1)/n = 1.75x for all-reduce, (n-1)/n
     for all-gather and reduce-scatter."""

@@ -93,3 +93,61 @@ def test_c6_qkv_gemm_is_megatrons_fused_n_640():
     biased = ModelSpec(**C6, qkv_bias=True)
     add = [o for o in bias_ops(biased, h100, w, False) if o.name == "qkv bias add"]
     assert [o.size_bytes for o in add] == [2 * 2 * 1024 * 640] == [2_621_440]
+
+
+def _c6_job(tmp_path, tp: int):
+    """C6's model under framework megatron on one dgx-h100: dp 8 / tp x tp, s 1024, b 1."""
+    from configs import job_toml
+    path = tmp_path / f"c6_tp{tp}.toml"
+    path.write_text(job_toml(dict(C6), training={"global_batch": 8, "seq_len": 1024, "micro_batch": 1,
+                                                  "framework": "megatron"},
+                             mesh={"names": ["dp", "tp"], "shape": [8 // tp, tp]}))
+    return path
+
+
+def test_c6_compare_rows_time_the_fused_qkv(tmp_path, capsys):
+    """compare's (M,N,K) eff rows give framework megatron's Q, K and V as the step times them: one
+    fused linear_qkv GEMM per rank (issue 11: they listed wq 512, wk 64 and wv 64 apart, each at its
+    own, lower, efficiency). C6 at tp 8 (past the 4 KV heads, Megatron-LM's sub-sharding): M = b 1 x
+    s 1024 = 1024 tokens, N = (32 + 2 x 4) x 128 / 8 = 640, K = h 4096; at tp 4 (= kv_heads, plain
+    column split) N = (32 + 2 x 4) x 128 / 4 = 1280. The row's efficiency is the step's for that
+    shape (gemm_time of 1024 x 640 x 4096 in bf16, the op the step model times)."""
+    from cli_run import plan_file, run_cli
+    from meshplan.compare import compare, table_rows
+    from meshplan.compute.gemm import gemm_time
+
+    a, b = _c6_job(tmp_path, 8), _c6_job(tmp_path, 4)
+    c = compare(plan_file(a), plan_file(b))
+    gpu = c.a.plan.config.cluster.gpu
+    n8, n4 = (32 + 2 * 4) * 128 // 8, (32 + 2 * 4) * 128 // 4
+    assert (n8, n4) == (640, 1280)
+    qa, qb = (next(g for g in s.gemms if g[0] == "qkv") for s in (c.a, c.b))
+    assert qa == ("qkv", 1024, n8, 4096, gemm_time(gpu, 1024, n8, 4096, "bf16").efficiency)
+    assert qb[:4] == ("qkv", 1024, n4, 4096)
+    assert not [g for s in (c.a, c.b) for g in s.gemms if g[0] in ("wq", "wk", "wv")]
+    rows = {q: (x, y) for q, x, y in table_rows(c)}
+    assert rows["qkv (M,N,K) eff"][0].startswith("(1024,640,4096) ")
+    assert rows["qkv (M,N,K) eff"][1].startswith("(1024,1280,4096) ")
+    assert "wk (M,N,K) eff" not in rows
+    rc, out, _ = run_cli(["compare", a, b, "--out", tmp_path / "cmp"], capsys)
+    assert "(1024,640,4096)" in out and "(1024,64,4096)" not in out
+
+
+def test_c6_bench_gemm_times_the_fused_qkv(tmp_path, capsys):
+    """bench gemm times the shapes the step model looks up in its table: C6 at tp 8 under framework
+    megatron gives the fused QKV forward (M 1024, N (32 + 2 x 4) x 128 / 8 = 640, K 4096), its data
+    gradient (1024, 4096, 640) and weight gradient (640, 4096, 1024) (backward_gemms: (M, K, N) and
+    (N, K, M)); not wk's and wv's (1024, 64, 4096) nor their gradients (1024, 4096, 64) and (64, 4096,
+    1024), which no step op looks up (wq's (1024, 512, 4096) is also wo's data gradient: wo is (1024,
+    4096, 512), so it stays)."""
+    import json
+
+    import pytest
+    pytest.importorskip("torch")
+    from cli_run import run_cli
+
+    rc, _, _ = run_cli(["bench", "gemm", _c6_job(tmp_path, 8), "--device", "cpu", "--max-elements", "65536",
+                        "--out", tmp_path / "gemm.csv", "--json", tmp_path / "gemm.json"], capsys)
+    shapes = {(r["m"], r["n"], r["k"]) for r in json.loads((tmp_path / "gemm.json").read_text())["rows"]}
+    assert rc == 0 and {(1024, 640, 4096), (1024, 4096, 640), (640, 4096, 1024)} <= shapes
+    assert not shapes & {(1024, 64, 4096), (1024, 4096, 64), (64, 4096, 1024)}

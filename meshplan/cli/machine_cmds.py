@@ -29,6 +29,7 @@ from meshplan.fileio import check_destination, write_output
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_docs import bench_attention_doc, bench_comm_doc, bench_gemm_doc, calibrate_doc, catalog_doc
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
+from meshplan.schedule.workload import plan_step_gemms
 
 
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
@@ -200,7 +201,8 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
                grid: bool = typer.Option(False, "--grid", help=GRID_HELP),
                json_path: Optional[Path] = _json_option("bench-gemm"),
                force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
-    """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table
+    """Time the plan's local GEMM shapes as the step model times them (forward and backward; framework megatron's
+    Q, K and V as one fused GEMM) and write the efficiency table
     (--grid: the catalog's (M, N, K) points for the plan's GPU, written in kernels.toml form)."""
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
@@ -219,7 +221,7 @@ def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its l
         _write_doc(json_path, bench_gemm_doc(p, [], device, dt, _written([out])), force)
         return
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
-    rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
+    rows = bench(plan_step_gemms(p), dtype=dt, device=device, max_elements=limit)
     _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
     for r in rows:
         scaled = f" (run at M {r.scaled_m})" if r.scaled_m != r.gemm.m else ""

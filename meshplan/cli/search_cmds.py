@@ -82,7 +82,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     its seconds by kernel kind on each side's critical stage (GEMMs, attention, copies on the compute stream, other:
     'of compute by kernel kind ...'), then peak memory and the bytes a rank sends
     per step on NVLink and on the network: under a pipeline each on the stage whose ranks send the most, named
-    ('ep16 1.1 GB (stage 1)': a MoE model's dense stage 0 sends no ep traffic). Exit 0 when a plan that fits wins or the two are identical or equal on
+    ('ep16 1.1 GB (stage 1)': a MoE model's dense stage 0 sends no ep traffic). A side that fits with under 15% of its
+    usable memory free gets a 'warning (NAME): tight: ...' line, search's headroom rule (--json: each side's headroom and
+    headroom_warnings). Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work

@@ -25,18 +25,22 @@ def _side_dict(s: Side) -> dict:
             "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
             "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
             "sent_bytes_per_step_by_link": dict(s.link_bytes), "sent_bytes_stage_by_link": dict(s.link_stage),
-            "exposed_s": dict(s.exposed_s)}
+            "exposed_s": dict(s.exposed_s), "headroom": s.headroom or None}
 
 
 def compare_to_dict(c: Comparison) -> dict:
     """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
     (SI; traffic as bytes each rank sends per step by link class, on the stage whose rank
     sends the most, named in ``sent_bytes_stage_by_link``), the knobs that differ, the
-    verdict and the rule, and the table as values (:func:`table_values`)."""
+    verdict and the rule, the table as values (:func:`table_values`), and the headroom rule's
+    result as the text prints it (:mod:`meshplan.memory.headroom`, one home): each side's
+    ``headroom`` (``tight: ...`` or null) and ``headroom_warnings``, the ``warning (NAME): tight:
+    ...`` lines (:meth:`~meshplan.compare.verdict.Comparison.headroom_lines`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
             "equal": c.equal, "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule, "decided_by": c.decided_by,
-            "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
+            "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c),
+            "headroom_warnings": c.headroom_lines()}
 
 
 def compare_html(c: Comparison, note: str = "") -> str:

@@ -17,6 +17,7 @@ from meshplan.plan import Infeasible
 from meshplan.schedule.kernel_kinds import kernel_kinds_s, largest_kinds
 from meshplan.schedule.stage_traffic import WHICH
 from meshplan.schedule.steptime import workload_of
+from meshplan.schedule.workload import plan_step_gemms
 from meshplan.search.step_parts import compute_split
 from meshplan.units import MS, GiB
 
@@ -219,7 +220,7 @@ def _gemm_step_s(s: Side, name: str) -> float:
     plan, eff = s.plan, {g[0]: g[4] for g in s.gemms}[name]
     if isinstance(plan, Infeasible) or s.step is None or eff <= 0:
         return 0.0
-    g = next(x for x in plan.gemms if x.name == name)
+    g = next(x for x in plan_step_gemms(plan) if x.name == name)
     peak = plan.config.cluster.gpu.peak_flops(workload_of(plan).gemm_dtype(name))
     layers = 1 if name == "output" else sum(len(chunk) for chunk in plan.stages[s.step.critical_stage])  # head once
     return g.flops / (peak * eff) * layers * plan.micro_batches

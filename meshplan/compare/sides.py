@@ -21,6 +21,7 @@ from meshplan.memory.headroom import headroom_words
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.stage_traffic import LINKS, busiest_stage, stage_label, stage_link_bytes
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
+from meshplan.schedule.workload import plan_step_gemms
 from meshplan.search.candidate import megatron_split, stage_split
 from meshplan.search.columns import PIPELINE, candidate_schedule, reshard_acts
 from meshplan.search.tie_key import OTHER_SCHEDULE, tie_key
@@ -35,8 +36,9 @@ class Side:
     (:func:`~meshplan.schedule.stage_traffic.busiest_stage`; ``link_stage`` names it per class:
     a MoE model's dense stage 0 sends no ep all-to-all; the stage's table: size x busbw factor x
     count, each row split over the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
-    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency): each forward GEMM's
-    efficiency as the step times it (:func:`~meshplan.compute.gemm.gemm_time`: the catalog's
+    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency): each forward GEMM
+    (:func:`~meshplan.schedule.workload.plan_step_gemms`: framework megatron's Q, K and V as one
+    fused ``qkv``) and its efficiency as the step times it (:func:`~meshplan.compute.gemm.gemm_time`: the catalog's
     measured points for the GPU and dtype, interpolated, with --kernels files laid over them; the
     shape model only for a GPU or dtype without points); ``simplicity``: the
     search's tie key of the mesh and its settings (:func:`plan_tie_key`)."""
@@ -142,7 +144,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
         return Side(name, plan, False, plan.reasons)
     gpu, w = plan.config.cluster.gpu, workload_of(plan)  # each GEMM in its dtype (float8 Linears: fp8)
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_time(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name), g.count).efficiency)
-                  for g in plan.gemms)  # as the step times it, not the shape model alone
+                  for g in plan_step_gemms(plan))  # as the step times it (megatron: one fused qkv), not the shape model alone
     per = stage_link_bytes(plan)  # each stage's rank: its rows' bytes on the links they use
     used = [kind for kind in LINKS if any(kind in d for d in per)]
     stages = {kind: busiest_stage(per, kind) for kind in used}  # the stage sending the most, per link class

@@ -15,7 +15,7 @@ from meshplan.compare.verdict import Comparison
 from meshplan.compute.gemm import gemm_time
 from meshplan.plan import Plan
 from meshplan.schedule.stage_traffic import WHICH
-from meshplan.schedule.workload import workload_of
+from meshplan.schedule.workload import plan_step_gemms, workload_of
 from meshplan.units import GB, GiB, TFLOPS
 
 
@@ -71,7 +71,7 @@ def gemm_basis(c: Comparison) -> str:
     gpu, w = plans[0].config.cluster.gpu, workload_of(plans[0])
     used: dict[tuple[str, str], None] = {}  # (dtype, source), first seen
     for plan in plans:
-        for g in plan.gemms:
+        for g in plan_step_gemms(plan):
             dtype = w.gemm_dtype(g.name)
             used.setdefault((dtype, gemm_time(gpu, g.m, g.n, g.k, dtype, g.count).source), None)
     over = " with the --kernels files laid over them" if gpu.kernels else ""

@@ -14,7 +14,7 @@ from meshplan.compute.gemm import gemm_time
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import bandwidth, memory_kernel_seconds
 from meshplan.compute.ops import Op, PHASES, Workload
-from meshplan.compute.shapes import Gemm, backward_gemms
+from meshplan.compute.shapes import Gemm, backward_gemms, fused_qkv_gemm
 from meshplan.spec.cluster import GPUSpec
 from meshplan.units import dtype_bytes
 
@@ -118,7 +118,7 @@ def qkv_fused_ops(gpu: GPUSpec, gemms: list[Gemm], w: Workload, table, scales: d
     timed once; each pass's time is shared among the wq, wk, wv ops by their widths (the ops
     keep their names for the timeline's CP split and the column-parallel input gradients).
     ``gemms``: the wq, wk, wv Gemms (same M and K); ``scales``: model-FLOP scale by name."""
-    fused = Gemm("qkv", gemms[0].m, sum(g.n for g in gemms), gemms[0].k)
+    fused = fused_qkv_gemm(gemms)
     whole = gemm_ops(gpu, fused, "attn", w, table)
     out = []
     for g in gemms:

@@ -16,7 +16,7 @@ from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
 from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
 from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
 from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, op_sac_kept, replay
-from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, layer_gemms
+from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, fused_qkv_parts, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
 from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.cluster import GPUSpec
@@ -61,11 +61,11 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     # copies of each KV head's projection: none under Megatron-LM's sub-sharding (qkv_local_features)
     rep = 1 if qkv_gathered(w.framework, w.tp, model.n_kv_heads) else local_heads(model, w.tp)[2]
     ops = []
-    qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
-    if len(qkv) == 3:
+    qkv = fused_qkv_parts(gemms, w.fused_qkv)  # the parts step_gemms fuses
+    if qkv:
         ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
     for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
-        if len(qkv) == 3 and g.name in ("wq", "wk", "wv"):
+        if g in qkv:
             continue
         scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
         ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)

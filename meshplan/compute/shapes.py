@@ -185,6 +185,45 @@ def fused_qkv_words(model: ModelSpec, tp: int, framework: str) -> str:
             "computed twice")
 
 
+def fused_qkv_parts(gemms: list[Gemm], fused_qkv: bool) -> list[Gemm]:
+    """The wq, wk, wv GEMMs of ``gemms`` that run as one fused ``linear_qkv`` GEMM (``fused_qkv``:
+    the workload's, framework megatron), in that order; [] when they are not fused (torch, or MLA,
+    which has no wk or wv)."""
+    qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if fused_qkv else []
+    return qkv if len(qkv) == 3 else []
+
+
+def fused_qkv_gemm(parts: list[Gemm]) -> Gemm:
+    """Megatron-LM's fused ``linear_qkv`` GEMM of the wq, wk, wv ``parts`` (same M and K): one
+    (M, N, K) with N their widths' sum, ``(q + 2 kv) d / tp`` (:func:`qkv_local_features`).
+
+    Handed case C6 (32 q / 4 KV heads of 128, h 4096, tp 8, 1024 tokens): N = 512 + 64 + 64 = 640:
+
+    >>> m = ModelSpec(layers=2, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> fused_qkv_gemm(fused_qkv_parts(layer_gemms(m, 8, 1024, framework="megatron"), True))
+    Gemm(name='qkv', m=1024, n=640, k=4096, count=1)
+    """
+    return Gemm("qkv", parts[0].m, sum(g.n for g in parts), parts[0].k)
+
+
+def step_gemms(gemms: tuple[Gemm, ...] | list[Gemm], fused_qkv: bool) -> list[Gemm]:
+    """The forward GEMMs as the step model times them (:func:`meshplan.compute.layer.layer_costs`):
+    ``gemms`` with wq, wk and wv replaced, where ``fused_qkv`` fuses them
+    (:func:`fused_qkv_parts`), by the one :func:`fused_qkv_gemm` at wq's place. ``compare``'s
+    efficiency rows and ``bench gemm``'s shapes are these.
+
+    >>> m = ModelSpec(layers=2, hidden=4096, ffn=16384, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> [(g.name, g.n) for g in step_gemms(layer_gemms(m, 8, 1024, framework="megatron"), True)][:3]
+    [('qkv', 640), ('wo', 4096), ('w_gate', 2048)]
+    >>> [g.name for g in step_gemms(layer_gemms(m, 8, 1024), False)][:3]
+    ['wq', 'wk', 'wv']
+    """
+    parts = fused_qkv_parts(list(gemms), fused_qkv)
+    if not parts:
+        return list(gemms)
+    return [fused_qkv_gemm(parts) if g.name == "wq" else g for g in gemms if g not in parts[1:]]
+
+
 #: MLA GEMMs whose weights every tp rank holds whole (:meth:`ModelSpec._mla_tensors`): each
 #: rank computes them on all its tokens, so their model FLOP count once per tp group.
 MLA_REPLICATED = ("wq_a", "wkv_a")

@@ -26,6 +26,8 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.mesh.layers import ends_short_split
+from meshplan.pipeline.fast import simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.spec.mesh_words import stage_list
 
 #: The bubble line explains the idle by the longest stage when the measured idle/ideal exceeds
@@ -48,6 +50,42 @@ def closed_form(spec) -> Optional[float]:
         return None
     x = spec.sched.bubble(spec.p, spec.m, spec.v)
     return None if x != x else x
+
+
+#: The most units (p x m x v x the passes F, B and W) the step's text simulates on uniform stages
+#: (:func:`uniform_line`); above it the line is left out. Measured with
+#: :func:`~meshplan.pipeline.fast.simulate_arrays` on 2 loaded cores: 3,072 units 0.05 s for zbv and
+#: dualpipev, 1,024 units 0.004 s for 1F1B; 393,216 units of zbv 5.0 s, so a cap keeps ``step``'s
+#: own time (issue 11 item 4: at most 1 s at pp 128 x 4,096 micro-batches) from paying for a check.
+UNIFORM_MAX_UNITS = 4096
+
+
+def uniform_units(spec) -> tuple[float, float, float]:
+    """(F, B, W) seconds per micro-batch and stage of the uniform-stage simulation: F 1, B 2 (the
+    backward twice the forward, Narayanan et al. SC'21 section 3; handed case C11's 1F1B), or, for
+    a schedule that splits the backward, F = B = W = 1 (Qi et al. 2023, "Zero Bubble Pipeline
+    Parallelism", section 3: their handcrafted schedules' analysis takes the three equal)."""
+    return (1.0, 1.0, 1.0) if spec.sched.splits_backward else (1.0, 2.0, 0.0)
+
+
+def uniform_line(spec) -> list[str]:
+    """The schedule alone, simulated (:func:`~meshplan.pipeline.fast.simulate_arrays`, the
+    reference's times) on ``spec``'s p, m and v with every stage the same (:func:`uniform_units`)
+    and no p2p time, under both definitions (idle/ideal, idle/total on the busiest stage); [] at
+    pp 1 or above :data:`UNIFORM_MAX_UNITS`. Handed case C11, 1F1B at p 4, m 8:
+
+    >>> print(uniform_line(PipelineSpec("1f1b", p=4, m=8))[0])
+    bubble simulated on uniform stages (the schedule alone: every stage F 1, B 2 per micro-batch, no p2p time): 0.3750 as idle/ideal, 0.2727 as idle/total
+    """
+    f, b, w = uniform_units(spec)
+    passes = 3 if spec.sched.splits_backward else 2
+    if spec.p == 1 or spec.p * spec.m * spec.v * passes > UNIFORM_MAX_UNITS:
+        return []
+    r = simulate_arrays(PipelineSpec(spec.schedule, p=spec.p, m=spec.m, v=spec.v, forward_s=f, backward_s=b,
+                                     weight_s=w))
+    units = f"F {f:g}, B {b:g}" + (f", W {w:g}" if spec.sched.splits_backward else "")
+    return [f"bubble simulated on uniform stages (the schedule alone: every stage {units} per micro-batch, no p2p "
+            f"time): {r.bubble:.4f} as idle/ideal, {r.bubble_of_total:.4f} as idle/total"]
 
 
 def measured_idle(st) -> float:

@@ -21,7 +21,7 @@ from meshplan.schedule.contention_line import contention_line
 from meshplan.schedule.fsdp_waits import WAITS_BUSY, fsdp_wait_line, pipeline_without_fsdp_waits
 from meshplan.schedule.host_pace_line import host_not_binding
 from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, stage_bubble
-from meshplan.schedule.stage_balance import closed_form, imbalance_clause
+from meshplan.schedule.stage_balance import closed_form, imbalance_clause, uniform_line
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.spec.mesh_words import schedule_words
 from meshplan.spec.wording import fold_streams
@@ -282,7 +282,7 @@ class StepTime:
             f"{self._closed_form_bubble()}"]
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else "")] + \
-            bubble + fsdp_wait_line(self) + [
+            bubble + fsdp_wait_line(self) + uniform_line(p.spec) + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + self.host_line() + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "

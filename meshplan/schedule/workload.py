@@ -18,7 +18,7 @@ from meshplan.compute.megatron_cost import megatron_batch_cost
 from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
 from meshplan.compute.routing import RoutingOptions
-from meshplan.compute.shapes import local_split
+from meshplan.compute.shapes import Gemm, local_split, step_gemms
 from meshplan.mesh.layers import last_stage
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
@@ -43,6 +43,14 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
                     dtensor_host_source=dtensor_host_source(plan.config), moe_tp_scatters=moe_tp_scatters(plan))
+
+
+def plan_step_gemms(plan) -> list[Gemm]:
+    """The plan's forward GEMMs (:attr:`~meshplan.plan.Plan.gemms`, the last layer's and the head's)
+    as its step times them: :func:`~meshplan.compute.shapes.step_gemms` under the plan's workload
+    (framework megatron: wq, wk, wv as one fused ``qkv`` of N ``(q + 2 kv) d / tp``). ``compare``'s
+    ``(M,N,K) eff`` rows and ``bench gemm``'s shapes."""
+    return step_gemms(plan.gemms, workload_of(plan).fused_qkv)
 
 
 def moe_tp_scatters(plan) -> int:
