@@ -10,6 +10,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
+
 from meshplan.comm.dp_rows import first_chunk_share
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8_fsdp
@@ -180,11 +182,11 @@ def param_gather_exposed_s(gather_s, buckets, first_forward_s, first_chunk_share
     ``--overlap-param-gather-with-optimizer-step``, which issues chunk 0's gather after chunk 0's
     dense optimizer step, beside the rest of the step.)
 
-    >>> param_gather_exposed_s(10.0, 5, 4.0), param_gather_exposed_s(10.0, 5, 20.0), param_gather_exposed_s(10.0, 1, 20.0)
-    (6.0, 2.0, 10.0)
+    >>> [float(param_gather_exposed_s(10.0, b, f)) for b, f in ((5, 4.0), (5, 20.0), (1, 20.0))]
+    [6.0, 2.0, 10.0]
     >>> param_gather_exposed_s(70.0, 56, 0.0, 1 / 7)
     10.0
     """
     if first_chunk_share is not None:
         return gather_s * first_chunk_share
-    return max(gather_s / max(buckets, 1), gather_s - first_forward_s)
+    return np.maximum(gather_s / np.maximum(buckets, 1), gather_s - first_forward_s)
