@@ -297,7 +297,14 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     makes them ready (one twentieth of S_b after each of stage 0's 20 layers); only what is left
     when the stage's last unit ends is exposed, at most the last unit's 5 layers' share (chunk 0
     of 4); the next forward waits for the first bucket's all-gather and the others run during
-    its first forward unit F0: max(G_b / 57, G_b - F0) exposed. Everything else (compute,
+    its first forward unit F0 without virtual stages; with them (pp 4 interleaved, Megatron-LM's
+    align_param_gather) the schedule issues chunks 0 and 1's buckets before the first forward and
+    chunk 0's whole gather is waited for (test_megatron_param_gather.py): G_b x chunk 0's share of
+    the stage's elements, (embedding 129,024 x 8192 / 8 (the vocabulary padded to 128 x tp) + 5
+    layers x 106,971,136 (attention (8192^2 x 2 + 8192 x 1024 x 2) / 8, MLP 3 x 8192 x 28672 / 8,
+    two norms 2 x 8192)) / (the embedding + 20 layers) = 666,976,256 / 2,271,543,296 = 0.2936
+    exposed (until 2026-12 this test pinned max(G_b / 57, G_b - F0), 37.58 ms, the unaligned
+    order). Everything else (compute,
     bubble, tp, pp) is the same but for SP's norm-gradient all-reduce over tp, exposed after the
     last backward when off, so the steps differ by the exposed dp and that all-reduce."""
     on, off = (build_plan(_import_70b(tmp_path, t)) for t in (LLAMA70B_SH, LLAMA70B_SH.replace(OVERLAP_FLAGS, "")))
@@ -323,7 +330,10 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     assert "grad reduce (per step)" not in post["on"]
     f0 = min((e for e in st_on.pipeline.events if e.stage == 0 and e.name.startswith("F0.")), key=lambda e: e.start_s)
     gather = post["on"]["param all-gather (per step)"]
-    assert gather == pytest.approx(max(g_b / 57, g_b - (f0.end_s - f0.start_s)), rel=1e-9)  # 48.76 - 11.20 ms
+    emb, layer = 129_024 * 8192 // 8, (8192 * 8192 * 2 + 8192 * 1024 * 2) // 8 + 3 * 8192 * 28672 // 8 + 2 * 8192
+    assert (layer, numel) == (106_971_136, emb + 20 * layer) and on.stages[0][0] == list(range(5))
+    assert gather == pytest.approx(g_b * (emb + 5 * layer) / (emb + 20 * layer), rel=1e-9)  # 48.76 x 0.2936 ms
+    assert gather < g_b - (f0.end_s - f0.start_s)  # what the first-bucket order would leave: 48.76 - 11.20 ms
     tail = st_on.exposed_s["dp"] - gather
     assert 0 < tail <= (s_b + tp_norms) * 5 / 20
     parts = ("compute", "bubble", "exposed tp", "exposed pp")
@@ -334,8 +344,9 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
                                       for k in parts], abs=0.0101)
     assert st_off.step_s - st_on.step_s == pytest.approx(st_off.exposed_s["dp"] + tp_norms - st_on.exposed_s["dp"],
                                                          rel=1e-9)
-    # off: 144.76 ms while the norms' tp all-reduce was counted as dp
-    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 47.33)
+    # off: 144.76 ms while the norms' tp all-reduce was counted as dp; on: 47.33 ms with the first-bucket
+    # order's 37.58 ms of gather, 47.33 - 37.58 + 14.32 (48.76 x 0.2936) = 24.07 ms with chunk 0's
+    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 24.07)
 
 
 @pytest.mark.parametrize("training, words", [

@@ -239,8 +239,8 @@ def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, sche
         tp = ideal_tp_overlap_line(p, st, blocking)
     if tp:
         _echo(tp)
-    if megatron_reduce_line(p.config.training):
-        _echo(megatron_reduce_line(p.config.training))
+    if megatron_reduce_line(p.config.training, p.vpp):
+        _echo(megatron_reduce_line(p.config.training, p.vpp))
     if not no_prefetch and (ds := deepspeed_prefetch_line(p.config, p.stage(0).collectives)):
         _echo(ds)
     if unscheduled:

@@ -189,3 +189,18 @@ def _ddp_rows(add, c: StageContext, axis: str) -> None:
     for size, k in sorted(Counter(buckets).items(), key=lambda kv: -kv[1]):
         add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size, rs, 0,
             f"per step, {k} of {len(buckets)} buckets (DDP, bucket cap {how})", "optimizer step", per_step=k)
+
+
+def first_chunk_share(c: StageContext) -> dict[str, float]:
+    """Share of each FSDP unit axis's (``fsdp``: dense, ``efsdp``: routed experts) parameter
+    elements that the stage's first chunk (virtual stage 0, with the embedding on stage 0)
+    holds, ``{axis: fraction}``: the part of the per-step parameter all-gather that Megatron-LM's
+    interleaved schedule makes the next forward wait for under ``--overlap-param-gather``
+    (:func:`meshplan.schedule.step_end.param_gather_exposed_s`). Mixtral 8x22B at tp 2, ep 8,
+    pp 8 x vpp 7, a middle stage (7 MoE layers, one a chunk): 1/7 of either axis."""
+    total: Counter[str] = Counter()
+    first: Counter[str] = Counter()
+    for _, axis, numel, chunk, *_ in fsdp_units(c, fsdp_shards(c)):
+        total[axis] += numel
+        first[axis] += numel if chunk == 0 else 0
+    return {axis: first[axis] / n for axis, n in total.items() if n}

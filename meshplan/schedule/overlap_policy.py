@@ -241,9 +241,11 @@ def _megatron_engine(training) -> bool:
     return ddp or megatron_fsdp(training)
 
 
-def megatron_reduce_line(training) -> str:
+def megatron_reduce_line(training, vpp: int = 1) -> str:
     """Under ``training.framework = "megatron"``: which gradient reduction the step models
-    (:func:`config_overlap`), one line; empty under another framework.
+    (:func:`config_overlap`), one line; empty under another framework. ``vpp``: virtual stages,
+    which change what ``--overlap-param-gather`` leaves exposed
+    (:func:`meshplan.schedule.step_end.param_gather_exposed_s`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))[:36]
@@ -261,8 +263,11 @@ def megatron_reduce_line(training) -> str:
                 f"stream around them, unlike FSDP2: the parameters are views of the all-gather's bucket and the "
                 f"weight-gradient GEMMs write into the reduce-scatter's (meshplan.comm.fsdp2)")
     if training.overlap_grad_reduce:
-        gather = (" (--overlap-param-gather: the next forward waits for the first bucket's parameter all-gather, "
-                  "the others run beside it)") if training.overlap_param_gather else ""
+        gather = ((" (--overlap-param-gather with virtual stages: every chunk 0 and 1 bucket's parameter all-gather "
+                   "is issued before the next forward, which waits for chunk 0's whole gather; each later chunk's "
+                   "runs beside the earlier chunks' forwards)") if vpp > 1 else
+                  (" (--overlap-param-gather: the next forward waits for the first bucket's parameter all-gather, "
+                   "the others run beside it)")) if training.overlap_param_gather else ""
         return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}, --overlap-grad-reduce): each gradient "
                 f"bucket is reduced once its gradients are ready in the last backward, overlapping the rest of it"
                 f"{gather}")

@@ -7,8 +7,13 @@ its all-reduces (:func:`float8_precompute_s`), and the ZeRO-1/2 parameter all-ga
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Optional
 
+import numpy as np
+
+from meshplan.comm.dp_rows import first_chunk_share
+from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
 from meshplan.compute.megatron_cost import megatron_stage_step_cost
@@ -17,6 +22,7 @@ from meshplan.mesh.tpsplit import KV_REPLICA, local_numel
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.pipeline_exposure import stage_run_end
+from meshplan.schedule.comm_streams import step_stream
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.workload import workload_of
 from meshplan.units import dtype_bytes
@@ -104,10 +110,7 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
     steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
     steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
     steps.append(("float8 amax all-reduce over tp (precompute)", comm.float8_tp_step_s, "tp"))
-    first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
-    gather = comm.step_gather_s
-    steps += [("param all-gather (per step)", dur, stream) for stream, dur in comm.gather_parts(
-        param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s) if ov.param_gather else gather)]
+    steps += [("param all-gather (per step)", dur, stream) for stream, dur in _gather_steps(plan, s, mine, comm, ov)]
     for name, dur, stream in steps:
         if dur > 0:
             post.append(Event(s, stream, name, t, t + dur))
@@ -115,6 +118,32 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
                 exposed[stream] = exposed.get(stream, 0.0) + dur
             t += dur
     return t, post, exposed
+
+
+def _gather_steps(plan, s: int, mine, comm: CommTimes, ov) -> list[tuple[str, float]]:
+    """(stream, seconds) of the per-step parameter all-gather that stage ``s`` waits for: all of
+    it without ``Overlap.param_gather``; with it and virtual stages (Megatron-LM's interleaved
+    schedule) each stream's first-chunk share (:func:`first_chunk_shares`), else what the first
+    forward unit does not cover (:func:`param_gather_exposed_s`)."""
+    parts = comm.gather_parts(comm.step_gather_s)
+    if not ov.param_gather or not comm.step_gather_s:
+        return parts
+    if len(plan.stages[s]) > 1:
+        share = first_chunk_shares(plan, s)
+        return [(stream, param_gather_exposed_s(dur, 1, 0.0, share.get(stream, 1.0))) for stream, dur in parts]
+    first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
+    return comm.gather_parts(param_gather_exposed_s(comm.step_gather_s, comm.gather_buckets, first_f.dur_s))
+
+
+def first_chunk_shares(plan, s: int) -> dict[str, float]:
+    """{stream: share} of stage ``s``'s per-step parameter all-gather in its first chunk
+    (:func:`meshplan.comm.dp_rows.first_chunk_share`, by the stream that shows each axis's rows,
+    :func:`~meshplan.schedule.comm_streams.step_stream`)."""
+    c, chunks = plan.config, plan.stages[s]
+    ctx = StageContext(model=c.model, training=c.training, mesh=plan.mesh, layers=[i for ch in chunks for i in ch],
+                       first=s == 0, last=s == last_stage(plan.stages), gpu=c.cluster.gpu, stage=s, vpp=len(chunks),
+                       chunk_of={i: k for k, ch in enumerate(chunks) for i in ch})
+    return {step_stream(SimpleNamespace(axis=a)): f for a, f in first_chunk_share(ctx).items()}
 
 
 def step_end_reduce_s(comm: CommTimes, overlapped: bool) -> float:
@@ -131,19 +160,33 @@ def step_end_reduce_s(comm: CommTimes, overlapped: bool) -> float:
     return comm.step_reduce_s if comm.mb_reduce_s or not overlapped else 0.0
 
 
-def param_gather_exposed_s(gather_s: float, buckets: int, first_forward_s: float) -> float:
+def param_gather_exposed_s(gather_s, buckets, first_forward_s, first_chunk_share=None):
     """Exposed seconds of the per-step parameter all-gather overlapped with the next step's
-    first forward unit (``Overlap.param_gather``: Megatron-LM's ``--overlap-param-gather``):
-    ``buckets`` all-gathers of ``gather_s`` in all, issued one after another, the first waited
-    for before the forward starts (its first forward pre-hook issues it and waits), each
-    later one issued when the previous is waited for and running during the forward of the
-    previous bucket's layers; what the first forward unit (``first_forward_s``) does not
-    cover is exposed: ``max(gather / buckets, gather - first_forward)``. One bucket: all of it.
-    With virtual stages Megatron-LM issues the later chunks' gathers during earlier micro-batches
-    (``schedules.py`` ``param_sync_func``, when ``align_param_gather``), which this leaves out:
-    an upper bound on the exposure there.
+    forward (``Overlap.param_gather``: Megatron-LM's ``--overlap-param-gather``; floats or numpy
+    arrays, the search's bound calls it too). NVIDIA/Megatron-LM d98e8a6, megatron/core/distributed/
+    distributed_data_parallel.py (``_make_forward_pre_hook``, ``start_param_sync``),
+    param_and_grad_buffer.py (``finish_param_sync``), pipeline_parallel/schedules.py:1219-1221, 1341-1353.
 
-    >>> param_gather_exposed_s(10.0, 5, 4.0), param_gather_exposed_s(10.0, 5, 20.0), param_gather_exposed_s(10.0, 1, 20.0)
-    (6.0, 2.0, 10.0)
+    Without virtual stages (``first_chunk_share`` None; Megatron-LM sets ``align_param_gather``
+    off there): ``buckets`` all-gathers of ``gather_s`` in all, the first issued by the first
+    forward pre-hook and waited for, each later one issued when the previous is waited for,
+    running during the forward of the previous bucket's layers; what the first forward unit
+    (``first_forward_s``) does not cover is exposed: ``max(gather / buckets, gather - first_forward)``.
+
+    With virtual stages (interleaved 1F1B, ``align_param_gather`` on by default): the schedule
+    issues every bucket of chunks 0 and 1 (dense, then expert buffers) before the first forward,
+    in bucket order, which is the reverse of the layers (bucket 0 holds the chunk's last
+    parameters), so the first layers' pre-hooks wait for chunk 0's whole gather; chunk k + 1's is
+    issued at chunk k's first micro-batch and runs beside its forwards. Exposed: ``gather x
+    first_chunk_share``, chunk 0's share of the stream's elements. (Not modelled:
+    ``--overlap-param-gather-with-optimizer-step``, which issues chunk 0's gather after chunk 0's
+    dense optimizer step, beside the rest of the step.)
+
+    >>> [float(param_gather_exposed_s(10.0, b, f)) for b, f in ((5, 4.0), (5, 20.0), (1, 20.0))]
+    [6.0, 2.0, 10.0]
+    >>> param_gather_exposed_s(70.0, 56, 0.0, 1 / 7)
+    10.0
     """
-    return max(gather_s / max(buckets, 1), gather_s - first_forward_s)
+    if first_chunk_share is not None:
+        return gather_s * first_chunk_share
+    return np.maximum(gather_s / np.maximum(buckets, 1), gather_s - first_forward_s)

@@ -283,7 +283,8 @@ def _kind_bytes(t) -> dict[str, int]:
 
 def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:
     """Exact persistent state per stage (bytes, (candidates, pp)): ``total``, ``params``,
-    ``grads``, ``master``, ``optimizer``, ``params_numel`` and the two groups' element counts."""
+    ``grads``, ``master``, ``optimizer``, ``params_numel``, the two groups' element counts and
+    ``chunk0_dense_numel_min``, the fewest dense elements the stage's first chunk can hold."""
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
     dl = lookup([c.tp, c.ep, c.etp, np.zeros_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense"))
@@ -295,13 +296,16 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     dense = (n_d * col(dl["dense"]) + st.n_moe * col(ml["dense"]) + st.first * col(rt["emb"])
              + st.last * (col(rt["norm"]) + out_on))
     expert = st.n_moe * col(ml["expert"])
+    # chunk 0's dense elements at least: its fewest layers at the smaller kind's and stage 0's embedding
+    layer_min = np.minimum(dl["dense"], ml["dense"]) if m.is_moe else dl["dense"]
+    chunk0 = st.n_chunk * col(layer_min) + st.first * col(rt["emb"])
     # bytes per element under each row's own training (a DeepSpeed config's hsdp rows keep
     # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.candidate.sharding_training)
     per_sh = [_kind_bytes(sharding_training(t, s)) for s in SHARDING]
     per = {kind: col(np.array([p[kind] for p in per_sh])[c.sh]) for kind in per_sh[0]}
     sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)
     out = {"total": 0, "params": 0, "grads": 0, "master": 0, "optimizer": 0, "grads_dense": 0, "grads_expert": 0,
-           "dense_numel": dense, "expert_numel": expert,
+           "dense_numel": dense, "expert_numel": expert, "chunk0_dense_numel_min": chunk0,
            "params_numel": dense + expert}
     divs = {"dense": col(c.fsdp), "expert": col(c.efsdp)}
     for group, numel in (("dense", dense), ("expert", expert)):

@@ -11,6 +11,7 @@ import numpy as np
 from meshplan.compute.kernel_time import optimizer_bandwidth
 from meshplan.config import Config
 from meshplan.schedule.optimizer_step import ZEROED_GRAD_BUFFER, optimizer_step_s
+from meshplan.schedule.step_end import param_gather_exposed_s
 from meshplan.search.memory import Stages
 from meshplan.search.space import SHARDING, ZERO12, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
@@ -32,9 +33,13 @@ def stage_end_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: d
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
-    if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather: the next forward waits for one bucket at least
-        # (step_end.param_gather_exposed_s), ceil(numel / B) buckets (dp_rows._megatron_bucket_rows)
-        gather = gather / np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
+    if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather (step_end.param_gather_exposed_s): without
+        # virtual stages one bucket at least of ceil(numel / B) (dp_rows._megatron_bucket_rows); with them chunk 0's
+        # share of the stage's elements, at least its fewest (memory.state), the gather's calls at least one call's
+        buckets = np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
+        share = s["chunk0_dense_numel_min"] / np.maximum(s["dense_numel"], 1)
+        gather = np.where(c.vpp[:, None] > 1, param_gather_exposed_s(gather, 1, 0.0, share),
+                          param_gather_exposed_s(gather, buckets, np.inf))
     # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
     # DeepSpeed's model dtype, else reduce_dtype), the collective table's
     red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),

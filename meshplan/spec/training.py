@@ -167,7 +167,9 @@ class TrainingSpec(TrainingChecks):
     ``overlap_param_gather`` (zero1 with ``overlap_grad_reduce``, as Megatron-LM asserts) all-gathers
     the updated parameters bucket by bucket in the next forward: the first forward pre-hook
     issues the first bucket and waits for it, each later bucket issued when the previous one is
-    waited for (NVIDIA/Megatron-LM d98e8a6 ``megatron/core/distributed/distributed_data_parallel.py``
+    waited for; with virtual stages (``align_param_gather``, Megatron-LM's default there) the
+    schedule issues chunks 0 and 1's buckets before the forward, which waits for chunk 0's whole
+    gather (:func:`meshplan.schedule.step_end.param_gather_exposed_s`) (NVIDIA/Megatron-LM d98e8a6 ``megatron/core/distributed/distributed_data_parallel.py``
     lines 131-137 and ``_make_backward_post_hook`` / ``_make_forward_pre_hook``;
     ``param_and_grad_buffer.py`` ``register_grad_ready``, ``finish_param_sync``; ``arguments.py``
     lines 1024-1029). Under Megatron FSDP (zero2, zero3, hsdp) both are forced on whatever the
