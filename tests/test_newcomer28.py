@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from meshplan.catalog import system
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any, user_source
 from meshplan.interop.megatron import read
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.choice import choose_placement
+from meshplan.spec.mesh import MeshSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -63,3 +69,25 @@ def test_megatron_export_under_megatron_fsdp_writes_its_own_format(tmp_path):
     assert not any(f.startswith("--ckpt-format") for f in text.splitlines())
     assert any("--ckpt-format fsdp_dtensor -> dropped" in h for h in header if h.startswith("written otherwise"))
 
+
+# 2 ------------------------------------------------------------------ place's pp line follows the tally
+
+@pytest.mark.parametrize("pp_gb,line", [
+    # the trial's tally (place.txt: tp 30.6 GB, pp 22.5 GB, dp 2.4 GB): dp sends less than pp, and its groups
+    # {r, r + 8} join nodes 0-1 as pp's {r, r + 16} join nodes 0 and 2 (node-major, 8 GPUs a node)
+    (22.5, "pp 2: each micro-batch crosses a stage boundary once each way (1f1b); its 22.5 GB per rank is not the "
+           "lightest traffic: dp 2.4 GB sends less and crosses nodes too; groups span 2 node(s) where the mesh's rank "
+           "order puts them, not for being light (meshplan place --choose weighs the orders)"),
+    # pp at 1.0 GB, below dp's 2.4 GB and tp's 30.6 GB: the lightest, and said so
+    (1.0, "pp 2: each micro-batch crosses a stage boundary once each way (1f1b), the lightest traffic; groups span "
+          "2 node(s)"),
+])
+def test_place_pp_line_is_lightest_only_where_the_tally_says_so(pp_gb, line):
+    """place said "pp 8: ... the lightest traffic" beside its own tally "ep 39.5 GB, tp 30.6 GB, pp
+    22.5 GB, efsdp 11.1 GB, dp 2.4 GB" (/work/trial28/place.txt). pp 2 x dp 2 x tp 8 on 4 DGX H100
+    nodes, the placement as given (node-major, not searched), with the trial's bytes per rank as
+    weights: the words follow the numbers."""
+    mesh = resolve_mesh(MeshSpec(names=["pp", "dp", "tp"], shape=[2, 2, 8]), world=32)
+    c = choose_placement(mesh, system("dgx-h100", 4), weights={"tp": 30.6e9, "pp": pp_gb * 1e9, "dp": 2.4e9},
+                         search=False, source="collective table")
+    assert [d for d in c.decisions if d.startswith("pp 2:")] == [line]
