@@ -14,6 +14,10 @@ from meshplan.interop.megatron import read
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.choice import choose_placement
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+
+from cli_run import run_cli
+from configs import job_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -91,3 +95,42 @@ def test_place_pp_line_is_lightest_only_where_the_tally_says_so(pp_gb, line):
     c = choose_placement(mesh, system("dgx-h100", 4), weights={"tp": 30.6e9, "pp": pp_gb * 1e9, "dp": 2.4e9},
                          search=False, source="collective table")
     assert [d for d in c.decisions if d.startswith("pp 2:")] == [line]
+
+
+# 3 ------------------------------------------------------------------ active parameters beside the total
+
+#: The trial's Mixtral 8x22B as its Megatron-LM script gives it (train_mixtral_8x22b.sh).
+MIXTRAL_8X22B = {"name": "mixtral-8x22b", "layers": 56, "hidden": 6144, "ffn": 16384, "gated_mlp": True,
+                 "q_heads": 48, "kv_heads": 8, "head_dim": 128, "vocab": 32768, "tied_embeddings": False,
+                 "norm": "rmsnorm", "linear_bias": False, "position_embedding": "rope", "experts": 8, "top_k": 2}
+
+
+def test_active_parameters_of_mixtral_8x22b_by_hand(tmp_path, capsys):
+    """Active parameters, a token's (attention, norms, router, top-2 of 8 routed experts; embedding
+    and output as in the total), were never printed for an MoE model. By hand, per layer:
+    attention q 6144 x 48 x 128 = 37,748,736, k and v 6144 x 8 x 128 = 6,291,456 each, o 6144 x 6144
+    = 37,748,736: 88,080,384; two experts' SwiGLU 2 x 3 x 6144 x 16384 = 603,979,776; router 6144 x 8
+    = 49,152; two RMSNorms 2 x 6144 = 12,288; so 692,121,600 a layer, x 56 = 38,758,809,600; plus the
+    embedding and the untied output 2 x 32768 x 6144 = 402,653,184 and the final norm 6144:
+    39,161,468,928 (the trial's own count). The total has all 8 experts: 6 x 3 x 6144 x 16384 =
+    1,811,939,328 more a layer, 56 x that = 101,468,602,368 more: 140,630,071,296 (Mistral AI:
+    "141B parameters", "39B active")."""
+    m = ModelSpec(**MIXTRAL_8X22B)
+    layer = (6144 * 48 * 128 + 2 * 6144 * 8 * 128 + 6144 * 6144) + 2 * 3 * 6144 * 16384 + 6144 * 8 + 2 * 6144
+    assert layer == 692_121_600
+    assert m.active_param_count() == 56 * layer + 2 * 32768 * 6144 + 6144 == 39_161_468_928
+    assert m.param_count() == 39_161_468_928 + 56 * 6 * 3 * 6144 * 16384 == 140_630_071_296
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(MIXTRAL_8X22B, nodes=64, training={"global_batch": 1024, "seq_len": 4096,
+                                                               "sharding": "zero1", "framework": "megatron"},
+                            mesh={"names": ["pp", "dp", "tp", "ep"], "shape": [8, 32, 2, 8],
+                                  "sequence_parallel": True}))
+    _, out, _ = run_cli(["plan", job], capsys)
+    assert ", vocab 32768, 140.63 B params, 8 experts top-2\n        39.16 B active per token (attention, norms, " \
+           "router, the top-2 of 8 routed experts; embedding and output as in the total)\n" in out
+    # catalog model: Mixtral 8x7B, 32 x (41,943,040 + 2 x 3 x 4096 x 14336 + 4096 x 8 + 2 x 4096) + 2 x 32000 x 4096
+    # + 4096 = 12,879,925,248 active of 46,702,792,704 (ModelSpec.active_param_count's docstring)
+    _, out, _ = run_cli(["catalog", "model"], capsys)
+    assert ("  params: 46.70 B; 12.88 B active per token (attention, norms, router, the top-2 of 8 routed experts; "
+            "embedding and output as in the total)") in out.splitlines()
+    assert "  params: 70.55 B" in out.splitlines()  # a dense model: its total alone
