@@ -134,3 +134,50 @@ def test_active_parameters_of_mixtral_8x22b_by_hand(tmp_path, capsys):
     assert ("  params: 46.70 B; 12.88 B active per token (attention, norms, router, the top-2 of 8 routed experts; "
             "embedding and output as in the total)") in out.splitlines()
     assert "  params: 70.55 B" in out.splitlines()  # a dense model: its total alone
+
+
+# 4 ------------------------------------------------------------------ validate: every refusal in one run
+
+def _trial_job(tmp_path, **training) -> Path:
+    """The trial's job.toml (Megatron-LM import of train_mixtral_8x22b.sh): pp 8 x dp 32 x tp 2, ep 8, etp 1."""
+    job = tmp_path / "job.toml"
+    job.write_text(job_toml(MIXTRAL_8X22B, nodes=64, training={
+        "global_batch": 1024, "seq_len": 4096, "sharding": "zero1", "recompute": "selective", "framework": "megatron",
+        "overlap_grad_reduce": True, "overlap_param_gather": True, **training},
+        mesh={"names": ["pp", "dp", "tp", "ep", "etp"], "shape": [8, 32, 2, 8, 1], "sequence_parallel": True,
+              "virtual_stages": 7, "pp_schedule": "interleaved_1f1b"}))
+    return job
+
+
+def test_validate_prints_every_refusal_once_with_fixes_the_other_checks_accept(tmp_path, capsys):
+    """The trial's validate refused its job five times, one refusal a run, and twice suggested a fix
+    the next check refused. Now one run prints them all, and every fix holds. By hand: world 8 is not
+    a multiple of pp 8 x tp 2 = 16; world 16 gives dp 16 / 16 = 1, a block dp 1 x tp 2 = 2 that ep 8
+    does not divide; the smallest dp whose block holds ep 8 is 8 / gcd(8, tp 2) = 4, world 16 x 4 = 64.
+    framework "megatron": the fix names the two Megatron-LM keys framework "torch" refuses. zero1: of
+    the shardings the runtime builds, none (DDP) is refused at tp 2 > 1 and hsdp without a
+    dp_replicate axis, so zero3 alone is named. With those fixes world 64 has no refusal left."""
+    pytest.importorskip("torch")
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.options import Options
+    from meshplan.runtime.validation.refusals import refusals
+
+    code, _, err = run_cli(["validate", _trial_job(tmp_path), "--worlds", "8,16", "--out", tmp_path / "v"], capsys)
+    tail = "; validate a mesh without it (the plan itself does not need the runtime)"
+    assert code == 2 and err.splitlines() == [
+        "error: --worlds: world 8 is not a multiple of pp 8 * tp 2 = 16; the data axis dp absorbs the world size, the "
+        "other axes keep their degrees: the smallest world is --worlds 64 (dp 4), or a multiple of it",
+        "error: --worlds: world 16 makes dp(1) * tp(2) = 2, which ep 8 x etp 1 = 8 does not divide (rule: (dp_shard "
+        "* cp * tp) % (ep * etp) == 0); validate keeps ep and etp at the config's degrees and re-sizes only the data "
+        "axis dp: the smallest world that holds ep 8 is --worlds 64 (dp 4), or a multiple of it",
+        "error: mesh: worlds 8, 16: the runtime cannot build this mesh: training.framework is 'megatron': validate "
+        "runs torch.distributed, which issues torch's collectives; set framework = \"torch\" and remove "
+        "overlap_grad_reduce, overlap_param_gather (Megatron-LM's only) to validate this mesh" + tail,
+        "error: mesh: worlds 8, 16: the runtime cannot build this mesh: sharding 'zero1': ZeRO-1/2 (a sharded "
+        "optimizer) is not built; use zero3 (FSDP2 over the data axes, as torchtitan)" + tail]
+    assert not (tmp_path / "v").exists()  # nothing written before the refusals
+    fixed = tmp_path / "fixed"
+    fixed.mkdir()
+    cfg = load_config(_trial_job(fixed, framework="torch", sharding="zero3", overlap_grad_reduce=False,
+                                 overlap_param_gather=False))
+    assert refusals(cfg, Options(worlds=(64,))) == []
