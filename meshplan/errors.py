@@ -103,6 +103,25 @@ class ConfigError(ValueError):
         return type(self), (self.field, self.message)
 
 
+class ConfigErrors(ConfigError):
+    """Several malformed inputs found in one pass (every refusal of a ``meshplan validate`` run),
+    each a :class:`ConfigError` in ``errors``; the CLI prints one ``error:`` line each, ``str(err)``
+    joins them by "; " (the field is the first one's).
+
+    >>> str(ConfigErrors([ConfigError("a", "x"), ConfigError("b", "y")]))
+    'a: x; b: y'
+    """
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = list(errors)
+        first = self.errors[0]
+        super().__init__(first.field, "; ".join([first.message] + [str(e) for e in self.errors[1:]]))
+
+    def __reduce__(self):
+        """Rebuilt from its errors when pickled."""
+        return type(self), (self.errors,)
+
+
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be loaded as asked: missing or incomplete, or holding state
     that cannot be resharded to the new mesh (handed case C13). One line, as ConfigError."""

@@ -170,8 +170,10 @@ def test_slice_errors_name_its_world_option(tmp_path, monkeypatch, capsys):
                                  "burst_bytes": 32768, "state_path": str(state)}))
     slice_cmd = ["validate-slice", MINI[0], MINI[2], "--testbed", "fake3", "--out", tmp_path / "o"]
     assert run_main(*slice_cmd, "--world", 6) == 2  # tp4-dp2 keeps tp 4: 6 ranks do not hold it
+    # the smallest world: tp 4 x dp_shard 1 = 4 (no experts to hold: dp_shard 1)
     assert capsys.readouterr().err == ("error: --world: world 6 is not a multiple of tp 4 = 4; the data axis dp_shard "
-                                       "absorbs the world size, the other axes keep their degrees\n")
+                                       "absorbs the world size, the other axes keep their degrees: the smallest world "
+                                       "is --world 4 (dp_shard 1), or a multiple of it\n")
     assert run_main(*slice_cmd, "--world", 4) == 2  # 4 ranks scale (dp_shard 1 x tp 4) but 3 nodes do not hold them
     assert capsys.readouterr().err == "error: --world: world 4 is not a multiple of the testbed's 3 nodes\n"
     assert not (tmp_path / "o").exists()

@@ -160,7 +160,8 @@ def _run_app(argv: Optional[list[str]]) -> Any:
         rc = app(args=argv, standalone_mode=False)
         sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for one in getattr(e, "errors", [e]):  # ConfigErrors: one line each
+            print(f"error: {one}", file=sys.stderr)
         sys.exit(2)
     except _USAGE_ERROR as e:
         line = _usage_line(e)

@@ -36,14 +36,23 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
                 json_path: Optional[Path] = _json_option("catalog"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """List the built-in catalog entries of KIND: each one's values (scalars, and a table's scalars
-    inline), then its sources. --json has every field."""
+    inline), then its sources; a model also its total parameters and, for an MoE model, the active ones (a
+    token's: attention, norms, router, top-k routed and shared experts). --json has every field."""
 
     _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
         entry = catalog.entry(kind, name)
         _echo(f"{name}: {_catalog_values(entry)}")
+        if kind == "model":
+            _echo(f"  params: {_param_words(catalog.model(name))}")
         _echo(f"  source: {entry.get('source', '')}")
     _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
+
+
+def _param_words(m) -> str:
+    """A catalog model's total parameters and, for an MoE model, its active ones with their
+    definition (:meth:`~meshplan.spec.model.ModelSpec.active_words`)."""
+    return f"{m.param_count() / 1e9:.2f} B" + (f"; {m.active_words()}" if m.is_moe else "")
 
 
 def _catalog_values(entry: dict) -> str:

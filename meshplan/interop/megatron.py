@@ -94,7 +94,10 @@ Megatron-LM                              meshplan
 --save-interval                          [reliability] checkpoint_interval_steps (iterations between saves), which
                                            ``meshplan reliability`` sets beside the optimal interval
 --ckpt-format (default torch_dist)       not planned; written fsdp_dtensor with Megatron FSDP, which asserts it
-                                           (a mismatch on import is a note)
+                                           (a mismatch on import is a note), else carried as given (fsdp_dtensor
+                                           dropped), as --async-save needs torch_dist, torch_dcp or fsdp_dtensor
+--async-save                             not planned, carried; a note where Megatron-LM d98e8a6 would not save
+                                           asynchronously (format torch; no --use-persistent-ckpt-worker)
 CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's header (a comment line) says to
                                            unset it, as Megatron-LM asserts it is not 1 there
                                            (:data:`~meshplan.interop.megatron_flags.FSDP_ENV`); with tp or cp > 1
@@ -228,6 +231,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
     flags.ckpt_format(args, notes)
+    flags.async_save(args, notes)
     flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)

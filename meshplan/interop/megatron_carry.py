@@ -15,11 +15,21 @@ import shlex
 from meshplan.interop.common import rewritten
 from meshplan.interop.megatron import USED
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, written_attention
+from meshplan.interop.megatron_flags import FSDP_CKPT
 
 #: Megatron-LM switches that only set another flag -> that flag and its value
 #: (megatron/training/arguments.py ``validate_args``: ``if args.recompute_activations:
 #: args.recompute_granularity = 'selective'``, then ``del args.recompute_activations``).
 ALIASES = {"--recompute-activations": ("--recompute-granularity", "selective")}
+#: Flags meshplan reads (to check them against the plan) whose value the plan does not hold: carried as
+#: the user gave them where the export writes none of its own. ``--ckpt-format``: an export that dropped
+#: it kept the user's ``--async-save``, which at NVIDIA/Megatron-LM d98e8a6 works with torch_dist,
+#: torch_dcp and fsdp_dtensor only (megatron/training/checkpointing.py:764-775 raises
+#: NotImplementedError at the first save otherwise; training_config.py:517 "works only with
+#: `torch_dist`"), so the run's format must stay the user's, not whatever default Megatron-LM has.
+#: Its value fsdp_dtensor is not carried where the export writes no Megatron FSDP (arguments.py:1675-1676
+#: asserts Megatron FSDP for it): dropped, and listed as dropped.
+KEPT_UNLESS_WRITTEN = ("--ckpt-format",)
 
 
 def not_planned(user: dict) -> list[str]:
@@ -40,9 +50,18 @@ def carried(user: dict, written: list[str]) -> tuple[list[str], list[str]]:
 
     >>> carried({"--num-layers": "32", "--lr": "3e-4", "--data-path": "a b"}, ["--num-layers 4"])
     (['--num-layers 4', '--lr 3e-4', "--data-path 'a b'"], ['--lr', '--data-path'])
+
+    and the user's :data:`KEPT_UNLESS_WRITTEN` flags where ``written`` has none of its own:
+
+    >>> carried({"--ckpt-format": "torch_dist", "--async-save": True}, ["--num-layers 4"])[0]
+    ['--num-layers 4', '--ckpt-format torch_dist', '--async-save']
+    >>> carried({"--ckpt-format": "torch_dist"}, ["--ckpt-format fsdp_dtensor"])[1]
+    []
     """
     written, backend = written_attention(user, written)  # the user's --attention-backend says it once
-    kept = [f for f in user if f not in USED or (backend and f == ATTENTION)]
+    own = {w.split()[0] for w in written}
+    kept = [f for f in user if f not in USED or (backend and f == ATTENTION) or (
+        f in KEPT_UNLESS_WRITTEN and f not in own and user[f] != FSDP_CKPT)]
     return written + [f if user[f] is True else f"{f} {shlex.quote(str(user[f]))}" for f in kept], kept
 
 

@@ -44,6 +44,8 @@ DERIVED = {
     "loss": ("dp_replicate", "dp", "dp_shard", "cp"),
 }
 _BLOCK = ("dp", "dp_shard", "cp", "tp")
+#: The dense block ep x etp re-factors (:attr:`Mesh.block_size`), public for the world-size fixes of validate.
+BLOCK_AXES = _BLOCK
 
 
 @dataclass(frozen=True)

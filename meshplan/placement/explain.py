@@ -43,7 +43,7 @@ def explain(c) -> tuple[list[str], list[str]]:
         if axis in PER_LAYER_AXES:
             (dec if loc.max_domains == 1 else warn).append(_per_layer(c, axis, loc))
         elif axis == "pp":
-            dec.append(_pp_line(c, loc))
+            dec.append(_pp_line(c, loc, locs))
         else:  # data, shard and other axes (dp, dp_replicate, dp_shard, fsdp, efsdp, loss, user-named)
             line, ok = _data(c, axis, loc)
             (dec if ok else warn).append(line)
@@ -53,17 +53,45 @@ def explain(c) -> tuple[list[str], list[str]]:
     return dec, warn
 
 
-def _pp_line(c, loc: GroupLocality) -> str:
+def _pp_line(c, loc: GroupLocality, locs: dict[str, GroupLocality]) -> str:
     """The pp decision: how often a micro-batch crosses a stage boundary under the choice's
     schedule (:meth:`~meshplan.pipeline.base.PipelineSchedule.crossings`: once with one chunk
-    per rank, v times looped, twice for a V)."""
+    per rank, v times looped, twice for a V), and where pp's traffic ranks in the tally
+    (``c.weights``): "the lightest traffic" only where no axis sends less; else the lighter axes
+    with their bytes (and whether their groups cross nodes too, ``locs``), and pp's groups said to
+    span the nodes the rank order puts them on, not to be there for being light."""
     sched = get(get(c.schedule).for_chunks(c.vpp))
     n = sched.crossings(loc.size, c.vpp) if loc.size > 1 else 1
     how = "once" if n == 1 else "twice" if n == 2 else f"{n} times"
     chunks = f", {c.vpp} chunks per rank" if c.vpp > 1 else ""
-    return (f"pp {loc.size}: each micro-batch crosses a stage boundary {how} each way ({sched.name}{chunks}), the "
-            f"lightest traffic; groups span {loc.max_nodes} node(s) (assumes activations are small next to tp "
-            f"traffic)")
+    head = f"pp {loc.size}: each micro-batch crosses a stage boundary {how} each way ({sched.name}{chunks})"
+    in_bytes = c.weights_source != "default"
+    assumes = "" if in_bytes else " (assumes activations are small next to tp traffic)"
+    mine = c.weights.get("pp")
+    lighter = sorted((a for a, w in c.weights.items() if a != "pp" and mine is not None and w < mine),
+                     key=lambda a: c.weights[a])
+    if not lighter:
+        return f"{head}, the lightest traffic; groups span {loc.max_nodes} node(s){assumes}"
+    across = [a for a in lighter if a in locs and locs[a].max_nodes > 1]
+    less = "; ".join(_sends_less(c, axes, cross) for axes, cross in ((across, True),
+                     ([a for a in lighter if a not in across], False)) if axes)
+    order = "the chosen rank order" if c.changed else "the mesh's rank order"
+    return (f"{head}; its {_fmt(mine, in_bytes)} per rank is not the lightest traffic: {less}; groups span "
+            f"{loc.max_nodes} node(s) where {order} puts them, not for being light"
+            + ("" if c.searched else f" ({choose_hint()} weighs the orders)"))
+
+
+def _sends_less(c, axes: list[str], cross: bool) -> str:
+    """``dp 2.4 GB and efsdp 11.1 GB send less and cross nodes too`` (``cross``) of the axes
+    that send less than pp (:func:`_pp_line`), with their weights.
+
+    >>> from types import SimpleNamespace as S
+    >>> _sends_less(S(weights={"dp": 2.4e9}, weights_source="collective table"), ["dp"], True)
+    'dp 2.4 GB sends less and crosses nodes too'
+    """
+    one = len(axes) == 1
+    names = " and ".join(f"{a} {_fmt(c.weights[a], c.weights_source != 'default')}" for a in axes)
+    return f"{names} send{'s' * one} less" + (f" and cross{'es' * one} nodes too" if cross else "")
 
 
 def _axes(c) -> list[str]:

@@ -114,6 +114,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     con.print(f"model   {m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}{' gated' if m.gated_mlp else ''}, "
               f"{m.attention_summary}, vocab {m.vocab}, "
               f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
+    if m.is_moe:
+        con.print(f"        {m.active_words()}")
     if "; not modelled: " in m.source:  # what a Hugging Face family has that ModelSpec does not (spec.hf)
         con.print(f"        not modelled: {shown(m.source.split('; not modelled: ', 1)[1])}")
     if m.rope_scaling is not None and m.rope_scaling.note(t.seq_len):  # only past the original context

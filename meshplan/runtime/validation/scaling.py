@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
-from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh, world_error
+from meshplan.mesh.resolve import BLOCK_AXES, Infeasible, Mesh, resolve_mesh, world_error
 from meshplan.plan_runtime import run_reasons
 from meshplan.pipeline.registry import fewest_micro_batches
 from meshplan.pipeline.registry import get as get_schedule
@@ -53,8 +53,10 @@ def scale_mesh(spec: MeshSpec, base_world: int, world: int, option: str = "--wor
     rest = [f"{n} {d}" for j, (n, d) in enumerate(zip(names, shape)) if j != i and d > 1] or ["1"]
     others = prod(d for j, d in enumerate(shape) if j != i)
     if world % others:
+        least = _least_data(mesh, names, shape, i)
         raise ConfigError(option, f"world {world} is not a multiple of {' * '.join(rest)} = {others}; the "
-                          f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
+                          f"data axis {names[i]} absorbs the world size, the other axes keep their degrees: the "
+                          f"smallest world is {option} {others * least} ({names[i]} {least}), or a multiple of it")
     why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
     shape[i] = world // others
     _check_expert_block(mesh, names, shape, i, world, option)
@@ -78,14 +80,22 @@ def _check_expert_block(mesh: Mesh, names: list[str], shape: list[int], i: int, 
     experts = mesh.ep * mesh.etp
     if isinstance(dense, Infeasible) or experts == 1 or dense.block_size % experts == 0:
         return
-    rest = dense.block_size // shape[i]  # the block's other axes (cp, tp); the data axis is in it
-    least = experts // gcd(experts, rest)
+    least = _least_data(mesh, names, shape, i)
     smallest = world // shape[i] * least
     raise ConfigError(option, f"world {world} makes {dense.block_expr} = {dense.block_size}, which ep {mesh.ep} x "
                       f"etp {mesh.etp} = {experts} does not divide (rule: (dp_shard * cp * tp) % (ep * etp) == 0); "
                       f"validate keeps ep and etp at the config's degrees and re-sizes only the data axis {names[i]}: "
                       f"the smallest world that holds ep {mesh.ep} is {option} {smallest} ({names[i]} {least}), or a "
                       f"multiple of it")
+
+
+def _least_data(mesh: Mesh, names: list[str], shape: list[int], i: int) -> int:
+    """The smallest degree of the data axis ``names[i]`` whose dense block holds the config's ep x
+    etp (:func:`_check_expert_block`'s rule): ep x etp / gcd(ep x etp, the block's other axes), 1
+    without experts. pp 8 x dp x tp 2 with ep 8: 8 / gcd(8, tp 2) = 4."""
+    experts = mesh.ep * mesh.etp
+    rest = prod(d for j, (n, d) in enumerate(zip(names, shape)) if j != i and n in BLOCK_AXES)
+    return experts // gcd(experts, rest)
 
 
 def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> int:

@@ -64,9 +64,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.config import Config, load_config
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, ConfigErrors
 from meshplan.fileio import check_destination, owned, staged_folder
-from meshplan.mesh.resolve import resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan
 from meshplan.report.json_out import write_json
@@ -78,7 +77,8 @@ from meshplan.runtime.validation.coverage import everywhere, not_exercised
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
 from meshplan.runtime.validation.options import Options, check_hosts
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
-from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
+from meshplan.runtime.validation.refusals import refusals, runtime_refusals
+from meshplan.runtime.validation.scaling import scale_config
 
 MARKER = "validate.json"
 
@@ -98,26 +98,9 @@ def prepare_out(out: Path, force: bool) -> None:
 
 
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
-    """Why the runtime cannot build the scaled ``cfg``'s resolved ``mesh`` (None when it can):
-    :func:`meshplan.runtime.execution.parallelize.unsupported_mesh`, and for pp > 1
-    :func:`meshplan.runtime.execution.pipelined.unsupported`."""
-    from meshplan.runtime.execution.parallelize import unsupported_mesh
-
-    if cfg.training.framework != "torch":
-        return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
-                "issues torch's collectives; set framework = \"torch\" to validate this mesh")
-    if cfg.training.zero3_engine != "fsdp2":
-        return (f"training.zero3_engine is '{cfg.training.zero3_engine}': validate shards parameters with torch's "
-                "FSDP2; set zero3_engine = \"fsdp2\" to validate this mesh")
-    if cfg.training.zero12_engine != "megatron":
-        return (f"training.zero12_engine is '{cfg.training.zero12_engine}': validate runs torch.distributed, not "
-                "DeepSpeed's ZeRO-1/2 engine; remove the key to validate this mesh")
-    why = unsupported_mesh(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
-    if not why and mesh.degree("pp") > 1:
-        from meshplan.runtime.execution.pipelined import unsupported
-
-        why = unsupported(mesh, cfg.training, config_mesh(cfg).pp_schedule, cfg.model)
-    return why
+    """Why the runtime cannot build the scaled ``cfg``'s resolved ``mesh`` (None when it can): every
+    reason of :func:`meshplan.runtime.validation.refusals.runtime_refusals`, joined by "; "."""
+    return "; ".join(runtime_refusals(cfg, mesh)) or None
 
 
 def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -> dict:
@@ -240,12 +223,9 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     if opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
     check_hosts(opt)
-    for w in opt.worlds:  # every stage must scale, and the runtime must build it, before anything runs
-        cfg, _ = scale_config(config, w, opt)
-        why = not_runnable(cfg, resolve_mesh(config_mesh(cfg), w))
-        if why:
-            raise ConfigError("mesh", f"world {w}: the runtime cannot build this mesh: {why}; validate a mesh "
-                              "without it (the plan itself does not need the runtime)")
+    errors = refusals(config, opt)  # every stage must scale, and the runtime must build it, before anything runs
+    if errors:
+        raise ConfigErrors(errors)
     if opt.node_rank == 0:
         prepare_out(out, force)
     if opt.rendezvous is not None:  # every host's ranks write into the shared OUT itself: no staging
@@ -295,11 +275,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
 def main(config_path: str, opt: Options, out: Path, force: bool = False) -> tuple[int, list[dict]]:
     """``meshplan validate``: :func:`validate` of the config, then where the evidence is;
     returns (exit code, per-world results)."""
-    config = load_config(config_path)
-    for w in opt.worlds:  # a --micro-batches the schedule refuses: one line before anything runs
-        refused = micro_batch_refusal(config, w, opt)
-        if refused:
-            raise ConfigError("--micro-batches", refused)
+    config = load_config(config_path)  # a --micro-batches the schedule refuses: with validate's refusals
     code, results = validate(config, opt, out, force)
     if opt.node_rank > 0:
         print(f"node {opt.node_rank}: done; node 0 writes the evidence to {out / 'summary.md'}",

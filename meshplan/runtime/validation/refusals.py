@@ -1,0 +1,95 @@
+"""Every reason ``meshplan validate`` refuses to start, found in one pass before anything runs:
+a world size the mesh cannot be re-sized to (:func:`meshplan.runtime.validation.scaling.scale_mesh`,
+with the smallest world that works) and each thing the runtime does not build
+(:func:`runtime_refusals`). The trial of issue 11 (Mixtral 8x22B) met them one run at a time,
+and two fixes suggested were refused by the next check (framework "torch" with Megatron-LM's
+overlap keys left in; sharding "none" with tp > 1): each refusal here names a fix that the
+other checks accept.
+"""
+
+from __future__ import annotations
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.runtime.validation.options import Options
+from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
+
+#: Keys of [training] that only framework "megatron" takes (TrainingChecks refuses them under torch),
+#: with the value that makes each one Megatron-LM's: set to it, the key must go with the framework.
+MEGATRON_ONLY = {"overlap_grad_reduce": True, "overlap_param_gather": True, "pp_p2p_overlap": False,
+                 "pp_p2p_overlap_warmup_flush": True, "megatron_fsdp": True}
+
+
+def framework_refusal(cfg: Config) -> list[str]:
+    """The refusal of a plan in another framework's order (validate runs torch.distributed), its fix
+    naming the Megatron-LM keys that framework "torch" refuses in turn
+    (:meth:`~meshplan.spec.training_checks.TrainingChecks._check_megatron_overlap`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 4096, "sharding": "zero1", "framework": "megatron",
+    ...                  "overlap_grad_reduce": True}, "mesh": {"names": ["dp"], "shape": [8]}})
+    >>> framework_refusal(c)[0][-97:]
+    'set framework = "torch" and remove overlap_grad_reduce (Megatron-LM\\'s only) to validate this mesh'
+    """
+    t = cfg.training
+    if t.framework == "torch":
+        return []
+    keys = [k for k, v in MEGATRON_ONLY.items() if getattr(t, k) is v]
+    also = f" and remove {', '.join(keys)} (Megatron-LM's only)" if keys else ""
+    return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
+            f"collectives; set framework = \"torch\"{also} to validate this mesh"]
+
+
+def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[str]:
+    """Every reason the runtime cannot build the scaled ``cfg``'s resolved ``mesh``, each with
+    its fix: the framework and engines, :func:`meshplan.runtime.execution.parallelize.unsupported_reasons`,
+    and for pp > 1 (``pipelined``: the config is the scaled one)
+    :func:`meshplan.runtime.execution.pipelined.unsupported`."""
+    from meshplan.runtime.execution.parallelize import unsupported_reasons
+
+    t = cfg.training
+    out = framework_refusal(cfg)
+    if t.zero3_engine != "fsdp2":
+        out.append(f"training.zero3_engine is '{t.zero3_engine}': validate shards parameters with torch's FSDP2; "
+                   "set zero3_engine = \"fsdp2\" to validate this mesh")
+    if t.zero12_engine != "megatron":
+        out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
+                   "ZeRO-1/2 engine; remove the key to validate this mesh")
+    out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
+    if pipelined and not out and mesh.degree("pp") > 1:
+        from meshplan.runtime.execution.pipelined import unsupported
+
+        why = unsupported(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
+        out += [why] if why else []
+    return out
+
+
+def refusals(config: Config, opt: Options) -> list[ConfigError]:
+    """Every refusal of a validate run of ``config`` over ``opt.worlds``, one ConfigError each:
+    each world that cannot be scaled (its own line, naming the smallest world that can) or whose
+    pipeline refuses ``--micro-batches`` (:func:`~meshplan.runtime.validation.scaling.micro_batch_refusal`), then each
+    reason the runtime cannot build the mesh, once, with the worlds it holds for. A world that
+    cannot be scaled is checked on the config's own mesh (its degrees other than the data axis
+    are the same), so its other refusals come in the same run."""
+    spec = config_mesh(config)
+    base = resolve_mesh(spec, spec.world or config.cluster.world)
+    errors: list[ConfigError] = []
+    worlds: dict[str, list[int]] = {}
+    for w in opt.worlds:
+        try:
+            cfg, _ = scale_config(config, w, opt)
+            mesh, pipelined = resolve_mesh(config_mesh(cfg), w), True
+            refused = micro_batch_refusal(config, w, opt)  # a --micro-batches the schedule refuses
+            errors += [ConfigError("--micro-batches", refused)] if refused else []
+        except ConfigError as e:
+            errors.append(e)
+            cfg, mesh, pipelined = config, base, False  # the scaled model is what the pipeline checks
+        if isinstance(mesh, Infeasible):
+            continue
+        for why in runtime_refusals(cfg, mesh, pipelined):
+            worlds.setdefault(why, []).append(w)
+    return errors + [ConfigError("mesh", f"world{'s' * (len(ws) > 1)} {', '.join(map(str, ws))}: the runtime cannot "
+                                 f"build this mesh: {why}; validate a mesh without it (the plan itself does not need "
+                                 f"the runtime)") for why, ws in worlds.items()]
