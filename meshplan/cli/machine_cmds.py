@@ -84,10 +84,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     out-of-place and the in-place rows; each measured curve keeps, per size, the slower busbw of the two, since
     torch issues both (in place: DDP's and HSDP's all-reduce, FSDP2's all-gather; out of place: FSDP2's
     reduce-scatter), and a `busbw columns:` line names the column kept at each file's largest size. A line per link
-    class says which collective kinds the file sets: the fit sets the ring ops (all-reduce, all-gather, reduce-scatter)
-    and all-to-all of its class, never the send/recv pair or another NIC pattern, which keep the catalog's curve scaled
-    by the measured over the catalog busbw of the fitted pattern unless a run of their own pattern
-    (sendrecv_perf) is given. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    class says which collectives the file sets, each from a run of its own op: a ring fit (all_reduce_perf,
+    all_gather_perf or reduce_scatter_perf: one busbw for the three, nccl-tests doc/PERFORMANCE.md) sets all-reduce,
+    all-gather and reduce-scatter; an alltoall_perf run all-to-all; a sendrecv_perf run send/recv; an op no file
+    measures keeps the catalog's curve (send/recv beside a ring fit scaled by the measured over the catalog busbw of
+    the fitted pattern). A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
     fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors

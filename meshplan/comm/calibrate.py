@@ -62,15 +62,18 @@ per op, rank count and node count), written beside the fit as ``[[link.<class>.c
 curve and the fit only outside them.
 
 Which collective kinds a file sets (one ``<class>: this file sets ...`` line per class,
-:func:`~meshplan.comm.calibration_kinds.kinds_set`): the kept fit and its curve set the class's
-all-reduce, all-gather and reduce-scatter (one busbw for every ring op, nccl-tests
-doc/PERFORMANCE.md) and all-to-all. They never replace a catalog curve of another NIC pattern:
-the send/recv pair (pipeline p2p) and the one-rank-per-node all-reduce are set by a run of
-their own pattern in the files (``sendrecv_perf``, or ``alltoall_perf`` over 2 ranks on 2
-hosts, whose curve is written too), else ``--calibration`` keeps the catalog's, scaled by this
-run's busbw per NIC over the catalog's of the same pattern
-(:mod:`meshplan.comm.calibration_kinds`): an all-reduce fit never stands in for send/recv.
-``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
+:func:`~meshplan.comm.calibration_kinds.kinds_set`), per op: on ``nic`` the kept fit is a ring
+op's where there is one (all-reduce first), and it and its curve set all-reduce, all-gather and
+reduce-scatter (NCCL runs the three on one ring and nccl-tests doc/PERFORMANCE.md defines their
+busbw as the same per-link figure, :data:`~meshplan.comm.calibration_kinds.RING_OPS`);
+all-to-all is set by an ``alltoall_perf`` run over more than 2 ranks (its curve), send/recv by
+a run of the pair pattern (``sendrecv_perf``, or ``alltoall_perf`` over 2 ranks on 2 hosts); an
+op no file measures keeps the catalog's curve (send/recv and the one-rank-per-node all-reduce
+beside a ring fit: scaled by this run's busbw per NIC over the catalog's of its own pattern,
+:mod:`meshplan.comm.calibration_kinds`). An alltoall_perf log alone therefore leaves the ring
+ops and send/recv at the catalog's (trial 28: 34.66 GB/s per NIC of all-to-all is not a ring's
+46-48, NVIDIA/nccl-tests issue #290). ``nvlink`` and ``pcie`` fits still set every op of their
+class. ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
@@ -90,7 +93,7 @@ from pydantic import ValidationError
 
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
-from meshplan.comm.calibration_kinds import host_share, kinds_set, read_rate
+from meshplan.comm.calibration_kinds import RING_OPS, host_share, kinds_set, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
 from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
                                       trailer_warning)
@@ -284,20 +287,21 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
                                              "nic); drop it, or pass --link nic")
     fits, sources, curves, split = [], {}, {}, {}
     for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
-        pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
+        pool = ([c for c in candidates if c[0].op == "all-reduce"] or [c for c in candidates if c[0].op in RING_OPS]
+                or candidates)  # a ring fit sets the class's rate; the other ops' runs their own (curves)
         fit, source, name, per_node, nics = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
         sources[cls] = source
-        if len(candidates) > 1:
-            notes.append(_kept_note(cls, (fit, name), candidates, pool))
+        rivals = pool if cls == "nic" else candidates  # nvlink and pcie: one fit sets every op
+        if len(rivals) > 1:
+            notes.append(_kept_note(cls, (fit, name), rivals, pool))
         given = (per_node, nics) if asked is not None and per_node > 1 else None
         notes += [w for w in [nic_warning(fit, name, system, given)] if w]
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
         kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
                                text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
-        nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
-        notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
+        notes.append(kinds_set(cls, fit.op, fit.n_ranks, curves[cls]))
     return fits, notes, sources, curves, split
 
 

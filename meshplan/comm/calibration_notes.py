@@ -25,7 +25,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
-from meshplan.comm.calibration_kinds import per_nic
+from meshplan.comm.calibration_kinds import RING_OPS, ops_words, per_nic, sets_ops
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
 
@@ -69,9 +69,9 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
     ...                    busbw_gb_per_s=[0.05, 36.0], source="s")
     >>> fit_origin_lines({"nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=37.32, op="all-reduce", ranks=16,
     ...                                         points=25, source="nccl-tests 2.17.6, file a.txt", curve=[curve])})
-    ['  nic fitted to all-reduce over 16 ranks on 2 nodes: 25 nccl-tests rows, logged sizes 1.00 KiB to 16.00 GiB; source: nccl-tests 2.17.6, file a.txt']
+    ["  nic fitted to all-reduce over 16 ranks on 2 nodes: 25 nccl-tests rows, logged sizes 1.00 KiB to 16.00 GiB; source: nccl-tests 2.17.6, file a.txt; sets all-reduce, all-gather and reduce-scatter across nodes; all-to-all stays on the catalog curve; send/recv on the catalog curve scaled by this run's busbw per NIC over the catalog's"]
     >>> fit_origin_lines({"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a")})
-    ['  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; source: a']
+    ['  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; source: a; sets all-reduce, all-gather, reduce-scatter and all-to-all on nvlink']
     """
     out = []
     for name, c in calib.items():
@@ -81,8 +81,32 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
         rows = f"{c.points} nccl-tests rows" if c.points is not None else "rows not recorded"
         sizes = (f"logged sizes {human_bytes(min(curve.sizes_bytes))} to {human_bytes(max(curve.sizes_bytes))}"
                  if curve is not None and curve.sizes_bytes else "size range not recorded")
-        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}")
+        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}; {sets_line(name, c)}")
     return out
+
+
+def sets_line(name: str, c: CalibratedLink) -> str:
+    """Which collectives the ``name`` table ``c`` sets (:func:`~meshplan.comm.calibration_kinds.sets_ops`),
+    the others keeping the catalog's curves; a ``nic`` table without logged curves (a file from
+    before they were written) sets every op, as it did, and says how to set each from its own run.
+
+    >>> sets_line("nic", CalibratedLink(latency_us=20, bandwidth_gb_per_s=34.66, op="all-to-all", ranks=16, source="a"))
+    'sets every op across nodes: no logged curve in the file (written before per-op calibration), so its all-to-all fit stands for all; run meshplan calibrate on the logs again to set each op from its own run'
+    """
+    ops = sets_ops(name, c.op, c.curve)
+    if name != "nic":
+        return f"sets {ops_words(ops[:4])} on {name}"
+    if not c.curve:
+        return ("sets every op across nodes: no logged curve in the file (written before per-op calibration), so its "
+                f"{c.op or 'unrecorded'} fit stands for all; run meshplan calibrate on the logs again to set each op "
+                "from its own run")
+    rest = [o for o in (*RING_OPS, "all-to-all", "send/recv") if o not in ops]
+    scaled = "send/recv" in rest and c.op in RING_OPS  # calibration_kinds.nic_curves: scaled by the fit
+    rest = [o for o in rest if not scaled or o != "send/recv"]
+    return (f"sets {ops_words(ops)} across nodes" + (f"; {ops_words(rest)} stay{'s' if len(rest) == 1 else ''} on the catalog "
+                                                  f"curve{'s' if len(rest) > 1 else ''}" if rest else "")
+            + ("; send/recv on the catalog curve scaled by this run's busbw per NIC over the catalog's" if scaled
+               else ""))
 
 
 def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
