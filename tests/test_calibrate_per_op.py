@@ -98,3 +98,23 @@ def test_a_file_without_curves_still_sets_every_op(tmp_path):
     cluster = apply_calibration(system("dgx-h100", nodes=2), load_calibration(old))
     assert cluster.node.nics[0].rate_gbit_per_s == pytest.approx(34.66 * 8) and cluster.network[0].calibrated
     assert "a2a" not in cluster.node.busbw and "nic" not in cluster.node.busbw
+
+
+def test_a_log_without_its_banner_takes_the_test_as_op(tmp_path, capsys):
+    """Trial 28 #B: nccl-tests before 2025-06 never printed '# Collective test starting'; alltoall and
+    all_gather rows look alike (redop none, root -1, busbw/algbw 15/16 = 0.938 over 16 ranks), so the
+    error names --op, which reads such a log of any version, and --op alltoall reads it as the banner did."""
+    old = tmp_path / "old.log"
+    old.write_text("\n".join(ln for ln in A2A.read_text().splitlines() if not ln.startswith("# Collective test")))
+    base = ["calibrate", old, "--link", "nic", "--system", "dgx-h100", "--out", tmp_path / "c.toml"]
+    rc, _, err = run_cli(base, capsys)
+    assert rc == 2 and err.strip().endswith("its rows (redop none, root -1, busbw/algbw 0.938 over 16 ranks) fit "
+                                            "all_gather_perf and alltoall_perf alike; name the test that wrote it "
+                                            "with --op (e.g. --op alltoall), which reads the log of every "
+                                            "nccl-tests version")
+    rc, text, err = run_cli([*base, "--op", "alltoall"], capsys)
+    assert rc == 0, err
+    assert load_calibration(tmp_path / "c.toml")["nic"].curve[0].busbw_gb_per_s[-1] == 64.59
+    assert any(line.startswith("nic: this file sets, across nodes, all-to-all") for line in text.splitlines())
+    rc, _, err = run_cli([*base, "--op", "all_to_all", "--force"], capsys)
+    assert rc == 2 and err.startswith("error: --op: test 'all_to_all' is not one meshplan models; use one of ")

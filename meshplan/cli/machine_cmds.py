@@ -77,6 +77,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                        "warning compares its NICs; a warning when its GPU is not "
                                                        "the log's; a run of several ranks per host needs --link "
                                                        "nic with it"),
+                  op: Optional[str] = typer.Option(None, "--op", help="the test that wrote the text logs without "
+                                                   "nccl-tests' '# Collective test starting' line (before 2025-06): "
+                                                   "alltoall, all_reduce, all_gather, reduce_scatter, sendrecv or "
+                                                   "broadcast (with or without _perf); a log with that line is read "
+                                                   "by it"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
@@ -91,7 +96,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     the fitted pattern). A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
-    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
+    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own

@@ -95,7 +95,7 @@ from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_wa
                                           system_gpu_warning)
 from meshplan.comm.calibration_kinds import RING_OPS, host_share, kinds_set, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
-from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
+from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text, op_of_test,
                                       trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
@@ -251,16 +251,19 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: 
 
 
 def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
-                     system: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
+                     system: Optional[str] = None, op: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
                                                            dict[str, list[BusbwCurve]], dict[str, int]]:
     """:func:`calibrate`'s fits, notes and sources, per link class each file's measured curve
     (:func:`measured_curve`, read against the class's kept fit x the NICs of its run's host),
     and ``{"nic": N}`` when the kept ``nic`` run's busbw was split over N NICs per host other
     than its ranks per host (``nics_per_host`` or ``system``'s, :func:`~meshplan.comm.calibrate_nics.nic_split`; the
     calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
-    or unusable input, or the option for a bad NIC count."""
+    or unusable input, or the option for a bad NIC count. ``op`` (``--op``): the test of the text
+    logs without nccl-tests' ``# Collective test starting`` banner (before 2025-06), a program name
+    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
+    op = op_of_test(op, "--op") if op is not None else None
     asked = asked_nics(nics_per_host, system)
     by_link: dict[str, list[tuple[LinkFit, str, str, int, int]]] = {}  # fit, source, file, ranks, NICs per host
     notes: list[str] = []
@@ -269,7 +272,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
     for path in map(Path, paths):
-        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, link, asked, system, models, notes)
+        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, (link, op), asked, system, models, notes)
         if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
             notes.append(f"{path.name}: not used: {why}")
             latency_bound.setdefault(cls, (path.name, why))
@@ -305,15 +308,18 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     return fits, notes, sources, curves, split
 
 
-def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]], system: Optional[str],
+def _read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: Optional[tuple[int, str]], system: Optional[str],
               models: dict[str, str], notes: list[str]
               ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
     """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
     per host), rows, hosts, ranks per host, NICs per host, source, why its fit sets no beta
     (:func:`~meshplan.comm.linkfit.latency_bound_reason`, None when it does)); its notes appended to
-    ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`)."""
+    ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`); ``link_op``: ``--link``
+    and ``--op`` (the test of a text log without the banner)."""
+    link, op = link_op
     text = read_nccl_tests_text(path)
-    rows = parse_nccl_tests(text, path.name)
+    banner = text.lstrip().startswith("{") or re.search(r"^# Collective test starting:", text, flags=re.M)
+    rows = parse_nccl_tests(text, path.name, None if banner else op)
     hosts = hosts_of(text)
     cls = link_class(hosts, path.name, link, asked, system)
     per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
