@@ -87,6 +87,18 @@ def test_an_all_reduce_and_an_alltoall_log_set_each_its_own_ops(tmp_path, capsys
     assert cluster.node.busbw["a2a"].line_gb_per_s == pytest.approx(nic * 8 * 15 / 64, rel=1e-12)
     algo, t = path_time("all-to-all", 16, 2**32, _path(cluster, 2, 8), cluster)
     assert algo == "pairwise" and t == pytest.approx(T_4G, rel=1e-9)
+    # send/recv is no ring op and no file measures it: dgx-h100's catalog has no pair curve, so it keeps the
+    # catalog "nic" curve it read before, scaled as the catalog pair curves are (calib37) by the logged busbw per
+    # NIC over the catalog's at 8 GiB: (359.76 / 8) / (376.0 x 50 / 400) = 44.97 / 47.00 = 0.9568 (it read the
+    # all-reduce fit's own curve before)
+    catalog = system("dgx-h100", nodes=2)
+    r = (359.76 / 8) / (376.0 * 50 / 400)
+    t_cal = path_time("send/recv", 2, 2**33, _path(cluster, 2, 1), cluster)[1]
+    t_cat = path_time("send/recv", 2, 2**33, _path(catalog, 2, 1), catalog)[1]
+    # within 0.2%: the curve's 30-step reference latency (LL: 6.6 + 30 x 2.7 = 87.6 us at NCCL's per-step
+    # latency, 12 us at the fit's 1 us per step) comes off its 8 GiB time 1.875 x 2^33 / 376 GB/s = 42.8 ms
+    assert t_cat / t_cal == pytest.approx(r, rel=2e-3)
+    assert cluster.node.busbw["p2p"].busbw_gb_per_s == catalog.node.busbw["nic"].busbw_gb_per_s
 
 
 def test_a_file_without_curves_still_sets_every_op(tmp_path):
