@@ -59,7 +59,13 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     # (issue 11 item 2). The send/recv pair is another pattern (calib37): S18's pair curve kept, read at
     # r = this run's busbw at 1 GiB over S18's 2 x 1 all-reduce there: 39.98 (the file's busbw column)
     # / 18.65 = 2.144 x its 15.48 GB/s, via the calibrated NIC rate over the scaled curve's line
-    assert set(c.node.busbw) == {"nvlink", "nic", "p2p"}
+    assert set(c.node.busbw) == {"nvlink", "nic", "p2p", "a2a"}
+    # all-to-all is not a ring op (trial 28): no alltoall_perf in the files, so it keeps the catalog's
+    # ib-hdr-200-8nic curve, its line 200 GB/s x (calibrated rate / catalog 25 GB/s) so that at the calibrated
+    # NIC rate it reads the catalog busbw
+    a2a = c.node.busbw["a2a"]
+    assert a2a.busbw_gb_per_s == system("dgx-a100", nodes=2).node.busbw["nic"].busbw_gb_per_s
+    assert a2a.line_gb_per_s == pytest.approx(200.0 * calib["nic"].bandwidth_gb_per_s / 25.0, rel=1e-9)
     p2p = c.node.busbw["p2p"]
     assert p2p.busbw_gb_per_s == [15.48] and p2p.op == "all-to-all" and not p2p.calibrated
     assert c.node.nics[0].rate_gbit_per_s / 8 / p2p.line_gb_per_s == pytest.approx(39.98 / 18.65, rel=1e-6)

@@ -35,10 +35,15 @@ def _expected(path) -> dict:
                                  "source": "nccl-tests all_reduce_perf, 1 node x 8 GPUs", "gpu": None},
                       "nic": {"bandwidth_bytes_per_s": 4.5e10, "latency_s": 2.5e-5,
                               "source": "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs", "gpu": None}},
+            # trial 28: what each table sets; a nic table without logged curves (a file from before per-op
+            # calibration) still sets every op, as it did, and says so
             "origin": ["  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; "
-                       "source: nccl-tests all_reduce_perf, 1 node x 8 GPUs",
+                       "source: nccl-tests all_reduce_perf, 1 node x 8 GPUs; sets all-reduce, all-gather, "
+                       "reduce-scatter and all-to-all on nvlink",
                        "  nic fitted to op and ranks not recorded: rows not recorded, size range not recorded; "
-                       "source: nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"],
+                       "source: nccl-tests all_reduce_perf, 2 nodes x 8 GPUs; sets every op across nodes: no logged "
+                       "curve in the file (written before per-op calibration), so its unrecorded fit stands for "
+                       "all; run meshplan calibrate on the logs again to set each op from its own run"],
             # newcomer 25: the catalog figure each fit replaced on dgx-h100, by hand from nccl.toml: NVLink
             # ring 368.0 GB/s at 8 GiB on its 450 line; NDR 8-NIC 376.0 at 8 GiB x 50 / 400 = 47.00 per NIC
             "replaced": ["  nvlink busbw 450.00 GB/s calibrated fit, catalog 368.00 (h100-nvlink4-ring at 8.00 GiB; "
@@ -183,4 +188,6 @@ def test_plan_says_where_the_fit_came_from(tmp_path, capsys):
     i = lines.index(f"links calibrated from {cal} (GPU not recorded): nic 37.32 GB/s")
     assert lines[i + 1] == ("  nic fitted to all-reduce over 16 ranks on 2 nodes: 3 nccl-tests rows, logged sizes "
                             "1.00 MiB to 4.00 GiB; source: nccl-tests 2.17.6 all-reduce over 16 ranks on 2 host(s), "
-                            "file ar.txt")
+                            "file ar.txt; sets all-reduce, all-gather and reduce-scatter across nodes; all-to-all "
+                            "stays on the catalog curve; send/recv on the catalog curve scaled by this run's busbw "
+                            "per NIC over the catalog's")

@@ -194,5 +194,9 @@ def test_a_sendrecv_run_sets_the_pair(tmp_path):
     _, t = collective_time("send/recv", 2, 2**30, bw, "network", nodes=2, curves=c.node.busbw, ranks_per_node=1,
                            calibrated=True, latency_scale=c.network[0].latency_s / REFERENCE_STEP_S["network"])
     assert round(2**30 / t / 1e9, 2) == 12.0
-    said = next(n for n in notes if n.startswith("nic: this file sets all-reduce"))
-    assert said.endswith("its send/recv pair (p2p) from the file's own run of it") and "kept" not in said
+    said = next(n for n in notes if n.startswith("nic: this file sets, across nodes, all-reduce, all-gather and "
+                                                 "reduce-scatter (the all-reduce fit over 2 ranks"))
+    # trial 28: each op from its own run; all-to-all, which no file measures, keeps the catalog's curve
+    assert f"and send/recv (its own logged curve: {pair.source})" in said
+    assert said.endswith("; all-to-all keeps the catalog's curve (an alltoall_perf log over several ranks per host "
+                         "sets it)")

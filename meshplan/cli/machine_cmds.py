@@ -87,6 +87,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                        "warning compares its NICs; a warning when its GPU is not "
                                                        "the log's; a run of several ranks per host needs --link "
                                                        "nic with it"),
+                  op: Optional[str] = typer.Option(None, "--op", help="the test that wrote the text logs without "
+                                                   "nccl-tests' '# Collective test starting' line (before 2025-06): "
+                                                   "alltoall, all_reduce, all_gather, reduce_scatter, sendrecv or "
+                                                   "broadcast (with or without _perf); a log with that line is read "
+                                                   "by it"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
@@ -94,13 +99,14 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
     out-of-place and the in-place rows; each measured curve keeps, per size, the slower busbw of the two, since
     torch issues both (in place: DDP's and HSDP's all-reduce, FSDP2's all-gather; out of place: FSDP2's
     reduce-scatter), and a `busbw columns:` line names the column kept at each file's largest size. A line per link
-    class says which collective kinds the file sets: the fit sets the ring ops (all-reduce, all-gather, reduce-scatter)
-    and all-to-all of its class, never the send/recv pair or another NIC pattern, which keep the catalog's curve scaled
-    by the measured over the catalog busbw of the fitted pattern unless a run of their own pattern
-    (sendrecv_perf) is given. A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
+    class says which collectives the file sets, each from a run of its own op: a ring fit (all_reduce_perf,
+    all_gather_perf or reduce_scatter_perf: one busbw for the three, nccl-tests doc/PERFORMANCE.md) sets all-reduce,
+    all-gather and reduce-scatter; an alltoall_perf run all-to-all; a sendrecv_perf run send/recv; an op no file
+    measures keeps the catalog's curve (send/recv beside a ring fit scaled by the measured over the catalog busbw of
+    the fitted pattern). A text log without nccl-tests' trailer lines (cut off) gets a warning line, and a run
     whose largest size is below alpha x beta / busbw factor of its own fit (latency-bound rows only) sets no bandwidth."""
 
-    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system)  # before --out's errors
+    fits, notes, sources, curves, nics = calibrate_curves(logs, link, nics_per_host, system, op)  # before --out's errors
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
     source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own

@@ -231,7 +231,11 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       is one ([S18] all-reduce 2 x 1 A100: 18.65 GB/s), else on "nic";
     - ``pairwise`` for all-to-all across nodes (:func:`all_to_all_time`), in place of the ring
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
-      ``ranks_per_node`` are given.
+      ``ranks_per_node`` are given; its network part on the "a2a" curve when there is one (a
+      ``--calibration``'s alltoall_perf run, or the catalog's "nic" curve kept for it beside a
+      ring fit, :mod:`meshplan.comm.calibration_kinds`), read as a catalog curve at NCCL's latency
+      (the path's latency scale, or NCCL's own where a ring fit set the network's: that alpha is
+      the ring's, not the all-to-all's).
 
     ``calibrated``: the path's link class carries the user's nccl-tests fit (alpha per call of the
     measured collective, beta its bus bandwidth): the ring alone, timed with :data:`CALIBRATED`
@@ -267,6 +271,10 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     elif network and ranks_per_node == 1 and "nic1" in curves:
         link = curves["nic1"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
+        if "a2a" in curves:  # its own curve: read as a catalog curve, NCCL's latency (a ring fit's is not its)
+            return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
+                                               intra_bandwidth_bytes_per_s, 1.0 if calibrated else latency_scale,
+                                               {**curves, "nic": curves["a2a"]})
         return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
                                            intra_bandwidth_bytes_per_s, latency_scale,
                                            {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,

@@ -62,15 +62,18 @@ per op, rank count and node count), written beside the fit as ``[[link.<class>.c
 curve and the fit only outside them.
 
 Which collective kinds a file sets (one ``<class>: this file sets ...`` line per class,
-:func:`~meshplan.comm.calibration_kinds.kinds_set`): the kept fit and its curve set the class's
-all-reduce, all-gather and reduce-scatter (one busbw for every ring op, nccl-tests
-doc/PERFORMANCE.md) and all-to-all. They never replace a catalog curve of another NIC pattern:
-the send/recv pair (pipeline p2p) and the one-rank-per-node all-reduce are set by a run of
-their own pattern in the files (``sendrecv_perf``, or ``alltoall_perf`` over 2 ranks on 2
-hosts, whose curve is written too), else ``--calibration`` keeps the catalog's, scaled by this
-run's busbw per NIC over the catalog's of the same pattern
-(:mod:`meshplan.comm.calibration_kinds`): an all-reduce fit never stands in for send/recv.
-``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
+:func:`~meshplan.comm.calibration_kinds.kinds_set`), per op: on ``nic`` the kept fit is a ring
+op's where there is one (all-reduce first), and it and its curve set all-reduce, all-gather and
+reduce-scatter (NCCL runs the three on one ring and nccl-tests doc/PERFORMANCE.md defines their
+busbw as the same per-link figure, :data:`~meshplan.comm.calibration_kinds.RING_OPS`);
+all-to-all is set by an ``alltoall_perf`` run over more than 2 ranks (its curve), send/recv by
+a run of the pair pattern (``sendrecv_perf``, or ``alltoall_perf`` over 2 ranks on 2 hosts); an
+op no file measures keeps the catalog's curve (send/recv and the one-rank-per-node all-reduce
+beside a ring fit: scaled by this run's busbw per NIC over the catalog's of its own pattern,
+:mod:`meshplan.comm.calibration_kinds`). An alltoall_perf log alone therefore leaves the ring
+ops and send/recv at the catalog's (trial 28: 34.66 GB/s per NIC of all-to-all is not a ring's
+46-48, NVIDIA/nccl-tests issue #290). ``nvlink`` and ``pcie`` fits still set every op of their
+class. ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
@@ -90,9 +93,9 @@ from pydantic import ValidationError
 
 from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_warning, split_note,
                                           system_gpu_warning)
-from meshplan.comm.calibration_kinds import host_share, kinds_set, read_rate
+from meshplan.comm.calibration_kinds import RING_OPS, host_share, kinds_set, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
-from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
+from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text, op_of_test,
                                       trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
@@ -248,16 +251,19 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: 
 
 
 def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per_host: Optional[int] = None,
-                     system: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
+                     system: Optional[str] = None, op: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str],
                                                            dict[str, list[BusbwCurve]], dict[str, int]]:
     """:func:`calibrate`'s fits, notes and sources, per link class each file's measured curve
     (:func:`measured_curve`, read against the class's kept fit x the NICs of its run's host),
     and ``{"nic": N}`` when the kept ``nic`` run's busbw was split over N NICs per host other
     than its ranks per host (``nics_per_host`` or ``system``'s, :func:`~meshplan.comm.calibrate_nics.nic_split`; the
     calibration file's ``nics_per_node``). Raises ConfigError naming the file for unreadable
-    or unusable input, or the option for a bad NIC count."""
+    or unusable input, or the option for a bad NIC count. ``op`` (``--op``): the test of the text
+    logs without nccl-tests' ``# Collective test starting`` banner (before 2025-06), a program name
+    (``alltoall`` or ``alltoall_perf``) or meshplan's op name; a log with the banner is read by it."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
+    op = op_of_test(op, "--op") if op is not None else None
     asked = asked_nics(nics_per_host, system)
     by_link: dict[str, list[tuple[LinkFit, str, str, int, int]]] = {}  # fit, source, file, ranks, NICs per host
     notes: list[str] = []
@@ -266,7 +272,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
     for path in map(Path, paths):
-        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, link, asked, system, models, notes)
+        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, (link, op), asked, system, models, notes)
         if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
             notes.append(f"{path.name}: not used: {why}")
             latency_bound.setdefault(cls, (path.name, why))
@@ -284,32 +290,36 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
                                              "nic); drop it, or pass --link nic")
     fits, sources, curves, split = [], {}, {}, {}
     for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
-        pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
+        pool = ([c for c in candidates if c[0].op == "all-reduce"] or [c for c in candidates if c[0].op in RING_OPS]
+                or candidates)  # a ring fit sets the class's rate; the other ops' runs their own (curves)
         fit, source, name, per_node, nics = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
         sources[cls] = source
-        if len(candidates) > 1:
-            notes.append(_kept_note(cls, (fit, name), candidates, pool))
+        rivals = pool if cls == "nic" else candidates  # nvlink and pcie: one fit sets every op
+        if len(rivals) > 1:
+            notes.append(_kept_note(cls, (fit, name), rivals, pool))
         given = (per_node, nics) if asked is not None and per_node > 1 else None
         notes += [w for w in [nic_warning(fit, name, system, given)] if w]
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
         kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
                                text) for r, k, per, text in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
-        nodes = curves[cls][0].nodes if curves[cls] and curves[cls][0].source == source else None
-        notes.append(kinds_set(cls, fit.op, fit.n_ranks, nodes, curves[cls][1 if nodes else 0:]))
+        notes.append(kinds_set(cls, fit.op, fit.n_ranks, curves[cls]))
     return fits, notes, sources, curves, split
 
 
-def _read_run(path: Path, link: Optional[str], asked: Optional[tuple[int, str]], system: Optional[str],
+def _read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: Optional[tuple[int, str]], system: Optional[str],
               models: dict[str, str], notes: list[str]
               ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
     """One nccl-tests file: (link class, its fit (per NIC for a ``nic`` run of several ranks
     per host), rows, hosts, ranks per host, NICs per host, source, why its fit sets no beta
     (:func:`~meshplan.comm.linkfit.latency_bound_reason`, None when it does)); its notes appended to
-    ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`)."""
+    ``notes``, its GPU model checked against ``models`` (:func:`_one_gpu`); ``link_op``: ``--link``
+    and ``--op`` (the test of a text log without the banner)."""
+    link, op = link_op
     text = read_nccl_tests_text(path)
-    rows = parse_nccl_tests(text, path.name)
+    banner = text.lstrip().startswith("{") or re.search(r"^# Collective test starting:", text, flags=re.M)
+    rows = parse_nccl_tests(text, path.name, None if banner else op)
     hosts = hosts_of(text)
     cls = link_class(hosts, path.name, link, asked, system)
     per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1

@@ -70,7 +70,7 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.comm.alphabeta import OPS, steps
-from meshplan.comm.calibration_kinds import NIC_PATTERNS, nic_curves, read_rate
+from meshplan.comm.calibration_kinds import NIC_PATTERNS, RING_OPS, nic_curves, pattern_of, read_rate, scaled_curve
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
@@ -251,7 +251,14 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     pattern in the file sets them, else the catalog's curve is kept, scaled by the measured over
     the catalog busbw of the fitted run's pattern (:mod:`meshplan.comm.calibration_kinds`). A gloo
     measurement (``backend = "gloo"``) on a cluster whose library is not gloo is a ConfigError naming the table. Each calibrated class is marked ``calibrated`` (timed on
-    the fit alone: module docstring). Other fields are kept."""
+    the fit alone: module docstring). Other fields are kept.
+
+    Per op (:func:`~meshplan.comm.calibration_kinds.sets_ops`): a ``nic`` table with logged curves
+    whose fit is not a ring op's (an alltoall_perf or sendrecv_perf run alone) leaves the NIC rate,
+    the network latency and the catalog's ring curves as they are and sets only its own ops
+    (:func:`op_curves`); beside a ring fit, all-to-all reads the file's all-to-all curve, else the
+    catalog's. A ``nic`` table without curves (a file of before them) is applied as before: its
+    fit sets every op."""
     for name, c in calib.items():
         if c.backend == "gloo" and cluster.collective_library != "gloo":
             raise ConfigError(f"--calibration: link.{name}", f"measured with gloo ({GLOO_MEDIUM.get(name, 'TCP')}, "
@@ -261,8 +268,12 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     node, tag = cluster.node, "calibrated: {}"
     upd: dict[str, Any] = {}
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
+    per_op = {k: v for k, v in calib.items() if k == "nic" and v.curve}  # new files: each op from its own run
+    calib = {k: v for k, v in calib.items() if k not in per_op or v.op in RING_OPS}  # what sets rate and latency
     gone = {c for name in calib for c in dropped.get(name, ())}
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
+    if "nic" in per_op and node.nics:  # all-to-all (and send/recv) from the file's own runs of them
+        upd["busbw"].update(op_curves(per_op["nic"], node, "nic" in calib))
     for name, c in calib.items():  # read against the class's calibrated rate (the fit's beta)
         curve = c.fitted_curve() if name in dropped else None
         if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
@@ -284,9 +295,30 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
         upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
         network = [t.model_copy(update={"latency_us": c.step_latency_us, "calibrated": True})
                    for t in cluster.network]
-    sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
+    sources = "; ".join(f"{k}: {v.source}" for k, v in {**per_op, **calib}.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})
+
+
+def op_curves(c: CalibratedLink, node, ring: bool) -> dict[str, BusbwCurve]:
+    """The ``nic`` table ``c``'s curves of the ops it sets beside the ring fit (``ring``: its fit
+    is of a ring op and sets the NIC rate, else the NIC rate stays ``node``'s catalog one):
+    "a2a" from its all-to-all run over more than 2 ranks, read against the NIC rate as applied
+    (:func:`~meshplan.comm.calibration_kinds.read_rate`); without one, beside a ring fit, the
+    catalog's "nic" curve kept for all-to-all at the catalog NIC rate; and, without a ring fit,
+    "p2p" from its send/recv pair run (with a ring fit :func:`_other_nic_curves` sets it)."""
+    catalog_gb = node.nics[0].rate_gbit_per_s / 8
+    rate = c.bandwidth_gb_per_s if ring else catalog_gb
+    out: dict[str, BusbwCurve] = {}
+    for x in c.curve:
+        key = {"nic": "a2a" if x.op == "all-to-all" else None, "p2p": None if ring else "p2p"}.get(
+            pattern_of(x.op, x.ranks, x.nodes))
+        if key is not None and key not in out:
+            out[key] = x.read_at(read_rate(rate, c.split_nics(x), x.op, x.ranks, x.nodes), calibrated=True)
+    if ring and "a2a" not in out and "nic" in node.busbw:
+        out["a2a"] = scaled_curve(node.busbw["nic"], 1.0, rate, catalog_gb, "all-to-all: no alltoall_perf run in "
+                                  "the file, the catalog's curve at its NIC rate")
+    return out
 
 
 def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dict[str, BusbwCurve]:

@@ -6,7 +6,12 @@ The rule, per link class:
 - the fit and its own curve (``[[link.<class>.curve]]`` of the fitted run) set the class's
   ring collectives: all-reduce, all-gather and reduce-scatter, whose busbw is the same bus
   figure for every ring op (nccl-tests doc/PERFORMANCE.md: busbw "should reflect the speed of
-  the hardware", independent of the op), and the class's all-to-all bandwidth (its NIC rate);
+  the hardware", independent of the op; :data:`RING_OPS`); on ``nvlink`` and ``pcie``, and in a
+  ``nic`` table without logged curves (a file of before them), all-to-all too;
+- on ``nic``, all-to-all is set by the file's own all-to-all run over more than 2 ranks (its
+  curve, "a2a", :func:`~meshplan.comm.calibration.op_curves`), else it keeps the catalog's "nic"
+  curve; an all-to-all fit alone (trial 28: 34.66 GB/s per NIC, where rings reach 46-48, NVIDIA/
+  nccl-tests issue #290) sets neither the NIC rate nor the ring ops nor send/recv (:func:`sets_ops`);
 - a catalog NIC curve of another measured pattern is never replaced by it: the send/recv pair
   ("p2p", one rank per node sending while it receives) and the one-rank-per-node all-reduce
   ("nic1") run other algorithms over the same NIC ([S18]: 15.48 and 18.65 GB/s, against
@@ -39,6 +44,13 @@ from typing import Any, Mapping, Optional, Sequence, cast
 from meshplan.comm.alphabeta import busbw_factor, measured_time
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, human_bytes
+
+#: The ops one ring op's log stands for: NCCL runs all-reduce (a reduce-scatter then an all-gather
+#: on the same ring; tree too), all-gather and reduce-scatter on its ring, and nccl-tests
+#: doc/PERFORMANCE.md defines their busbw (algbw x 2(n-1)/n for all-reduce, x (n-1)/n for the other
+#: two) so that it is the same per-link figure for the three. all-to-all (pairwise sends to every
+#: peer, busbw algbw x (n-1)/n too) and send/recv (busbw = algbw) run no ring: only their own log sets them.
+RING_OPS = ("all-reduce", "all-gather", "reduce-scatter")
 
 #: The NIC curve keys of a catalog node's ``busbw`` (catalog/nodes.toml) and the pattern each holds.
 NIC_PATTERNS = {"nic": "all-reduce with several ranks per node", "nic1": "all-reduce with one rank per node",
@@ -85,6 +97,13 @@ def read_rate(fit_gb_per_s: float, nics: int, op: str, ranks: int, nodes: int, l
     return fit_gb_per_s * nics / host_share(op, ranks, ranks // max(nodes, 1))
 
 
+def pattern_of(op: str, ranks: int, nodes: int) -> str:
+    """:func:`pattern` of a run of ``op`` over ``ranks`` on ``nodes`` hosts."""
+    if op == "send/recv" or (op == "all-to-all" and ranks == 2):
+        return "p2p"
+    return "nic1" if ranks == nodes else "nic"
+
+
 def pattern(curve: BusbwCurve) -> str:
     """The NIC pattern key a curve was measured in: "p2p" for send/recv or a 2-rank all-to-all
     (nccl-tests' alltoall over 2 ranks is one send and one receive per rank), "nic1" for one
@@ -94,9 +113,7 @@ def pattern(curve: BusbwCurve) -> str:
     >>> [pattern(busbw_curve(k)) for k in ("ib-hdr-200-8nic", "ib-hdr-200-1nic-ring", "ib-hdr-200-1nic-pair")]
     ['nic', 'nic1', 'p2p']
     """
-    if curve.op == "send/recv" or (curve.op == "all-to-all" and curve.ranks == 2):
-        return "p2p"
-    return "nic1" if curve.ranks == curve.nodes else "nic"
+    return pattern_of(curve.op, curve.ranks, curve.nodes)
 
 
 def busbw_at(curve: BusbwCurve, size_bytes: float) -> float:
@@ -163,41 +180,74 @@ def nic_curves(own: Optional[BusbwCurve], others: list[BusbwCurve], fit_gb_per_s
         if key == mine:
             continue
         theirs = next((c for c in others if pattern(c) == key), None)
+        kept = catalog.get(key) or (catalog.get("nic") if key == "p2p" else None)  # send/recv reads "nic" without
         if theirs is not None:
             out[key] = theirs
-        elif key in catalog:
+        elif kept is not None:
             if r is None:
                 r, how = nic_ratio(own, fit_gb_per_s, catalog, nic_gb_per_s)
-            out[key] = scaled_curve(catalog[key], r, fit_gb_per_s, nic_gb_per_s, how)
+            out[key] = scaled_curve(kept, r, fit_gb_per_s, nic_gb_per_s, how)
     return out
 
 
-def kinds_set(link: str, op: Optional[str], ranks: Optional[int], nodes: Optional[int],
-              others: Sequence[BusbwCurve] = ()) -> str:
-    """What a ``link`` class's fit of ``op`` over ``ranks`` on ``nodes`` sets, one line (the
-    module docstring's rule), for ``meshplan calibrate``'s output; ``others``: the curves of the
-    class's other files (a run of a NIC pattern among them sets that pattern).
+def sets_ops(link: str, op: Optional[str], curves: Sequence[Any]) -> tuple[str, ...]:
+    """The collectives a ``link`` table of fit ``op`` with logged ``curves`` (each with ``op``,
+    ``ranks``, ``nodes``) sets: on ``nic`` with curves, the ring ops (:data:`RING_OPS`) for a
+    ring fit, all-to-all for an all-to-all run over more than 2 ranks, send/recv for a run of the
+    pair pattern (:func:`pattern_of`); every op else (``nvlink``, ``pcie``, and a file without
+    curves, written before they were: its fit sets the class's rate for every op, as it did).
 
-    >>> kinds_set("nic", "all-reduce", 2, 2).split("; ")[0]
-    'nic: this file sets all-reduce, all-gather, reduce-scatter and all-to-all across nodes (from the all-reduce fit over 2 ranks on 2 nodes'
-    >>> kinds_set("nic", "all-reduce", 2, 2).split("; ")[2].split(" kept")[0]
-    "the catalog's send/recv pair (p2p) curve is"
+    >>> sets_ops("nic", "all-to-all", [BusbwCurve(op="all-to-all", ranks=16, nodes=2, line_gb_per_s=1.0,
+    ...                                           sizes_bytes=[1], busbw_gb_per_s=[1.0], source="-")])
+    ('all-to-all',)
+    >>> sets_ops("nic", "all-reduce", [])
+    ('all-reduce', 'all-gather', 'reduce-scatter', 'all-to-all', 'send/recv')
     """
-    run = f"the {op} fit over {ranks} ranks" + (f" on {nodes} nodes" if nodes else "") if op else "the fit"
-    head = (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
-            f"{'across nodes' if link == 'nic' else 'on ' + link} (from {run}; one busbw for every ring op, "
-            "nccl-tests doc/PERFORMANCE.md)")
-    if link != "nic":
-        return head + "; NVLS and tree are not added to it"
-    own = pattern(BusbwCurve(op=cast(Any, op), ranks=ranks, nodes=nodes or 1, line_gb_per_s=1.0, sizes_bytes=[1],
-                             busbw_gb_per_s=[1.0], source="-")) if op and ranks else "nic"
-    theirs = {pattern(c) for c in others}
-    rest = [k for k in ("nic1", "p2p") if k != own]
-    kept = [k for k in rest if k not in theirs]
-    parts = [f"its {NIC_PATTERNS[k]} ({k}) from the file's own run of it" for k in rest if k in theirs]
-    if kept:
-        said = " and ".join(f"{NIC_PATTERNS[k]} ({k})" for k in kept)
-        parts.append(f"the catalog's {said} {'curves are' if len(kept) > 1 else 'curve is'} kept, scaled by this "
-                     "run's busbw per NIC over the catalog's of its own pattern (a run of that pattern sets it "
-                     "instead: sendrecv_perf, or alltoall_perf over 2 ranks on 2 hosts, for send/recv)")
-    return "; ".join([head] + parts)
+    if link != "nic" or not curves:
+        return (*RING_OPS, "all-to-all", "send/recv")
+    kinds = {pattern_of(c.op, c.ranks, c.nodes) for c in curves if c.op not in RING_OPS}
+    return (*(RING_OPS if op in RING_OPS else ()), *(("all-to-all",) if "nic" in kinds else ()),
+            *(("send/recv",) if "p2p" in kinds else ()))
+
+
+#: How to set the ops a file leaves at the catalog's curves.
+SET_BY = {"ring": "an all_reduce_perf, all_gather_perf or reduce_scatter_perf log sets the three",
+          "all-to-all": "an alltoall_perf log over several ranks per host sets it",
+          "send/recv": "a sendrecv_perf log (or alltoall_perf over 2 ranks on 2 hosts) sets it"}
+
+
+def ops_words(ops: Sequence[str]) -> str:
+    """``all-reduce, all-gather and reduce-scatter``: ``ops`` as a list in words."""
+    return ", ".join(ops[:-1]) + f" and {ops[-1]}" if len(ops) > 1 else "".join(ops)
+
+
+def kinds_set(link: str, op: Optional[str], ranks: Optional[int], curves: Sequence[Any] = ()) -> str:
+    """What a ``link`` class's fit of ``op`` over ``ranks`` with its logged ``curves`` (the fitted
+    run's first) sets, one line for ``meshplan calibrate``'s output (:func:`sets_ops`; the ops it
+    leaves keep the catalog's curves, each with the log that sets it, :data:`SET_BY`).
+
+    >>> a2a = BusbwCurve(op="all-to-all", ranks=16, nodes=2, line_gb_per_s=1.0, sizes_bytes=[1],
+    ...                  busbw_gb_per_s=[1.0], source="nccl-tests all-to-all over 16 ranks on 2 host(s), file a.log")
+    >>> kinds_set("nic", "all-to-all", 16, [a2a]).split("; ")[0]
+    'nic: this file sets, across nodes, all-to-all (its own logged curve: nccl-tests all-to-all over 16 ranks on 2 host(s), file a.log)'
+    """
+    if link != "nic" or not curves:
+        return (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
+                f"{'across nodes' if link == 'nic' else 'on ' + link} (from the {op} fit over {ranks} ranks; one "
+                "busbw for every ring op, nccl-tests doc/PERFORMANCE.md)"
+                + ("; NVLS and tree are not added to it" if link != "nic" else ""))
+    ops = sets_ops(link, op, curves)
+    said = []
+    if op in RING_OPS:
+        said.append(f"{ops_words(RING_OPS)} (the {op} fit over {ranks} ranks and its curve: {curves[0].source}; NCCL "
+                    "runs the three on one ring and nccl-tests doc/PERFORMANCE.md defines their busbw as the same "
+                    "per-link figure, so one's log stands for all three)")
+    for o in ops:
+        if o not in RING_OPS:
+            run = next(c for c in curves if o in sets_ops(link, None, [c]))
+            said.append(f"{o} (its own logged curve: {run.source})")
+    kept = [k for k in ("ring", "all-to-all", "send/recv") if k not in ops and not (k == "ring" and op in RING_OPS)]
+    tail = [f"{ops_words(RING_OPS) + ' keep' if k == 'ring' else k + ' keeps'} the catalog's "
+            f"{'curves' if k == 'ring' else 'curve'} ({SET_BY[k]})" for k in kept]
+    return "; ".join([f"{link}: this file sets, across nodes, " + ", ".join(said[:-1])
+                      + (" and " if len(said) > 1 else "") + said[-1]] + tail)

@@ -25,7 +25,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
-from meshplan.comm.calibration_kinds import per_nic
+from meshplan.comm.calibration_kinds import RING_OPS, host_share, ops_words, per_nic, sets_ops
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
 
@@ -69,9 +69,9 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
     ...                    busbw_gb_per_s=[0.05, 36.0], source="s")
     >>> fit_origin_lines({"nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=37.32, op="all-reduce", ranks=16,
     ...                                         points=25, source="nccl-tests 2.17.6, file a.txt", curve=[curve])})
-    ['  nic fitted to all-reduce over 16 ranks on 2 nodes: 25 nccl-tests rows, logged sizes 1.00 KiB to 16.00 GiB; source: nccl-tests 2.17.6, file a.txt']
+    ["  nic fitted to all-reduce over 16 ranks on 2 nodes: 25 nccl-tests rows, logged sizes 1.00 KiB to 16.00 GiB; source: nccl-tests 2.17.6, file a.txt; sets all-reduce, all-gather and reduce-scatter across nodes; all-to-all stays on the catalog curve; send/recv on the catalog curve scaled by this run's busbw per NIC over the catalog's"]
     >>> fit_origin_lines({"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a")})
-    ['  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; source: a']
+    ['  nvlink fitted to op and ranks not recorded: rows not recorded, size range not recorded; source: a; sets all-reduce, all-gather, reduce-scatter and all-to-all on nvlink']
     """
     out = []
     for name, c in calib.items():
@@ -81,8 +81,32 @@ def fit_origin_lines(calib: dict[str, CalibratedLink]) -> list[str]:
         rows = f"{c.points} nccl-tests rows" if c.points is not None else "rows not recorded"
         sizes = (f"logged sizes {human_bytes(min(curve.sizes_bytes))} to {human_bytes(max(curve.sizes_bytes))}"
                  if curve is not None and curve.sizes_bytes else "size range not recorded")
-        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}")
+        out.append(f"  {name} fitted to {run}: {rows}, {sizes}; source: {c.source}; {sets_line(name, c)}")
     return out
+
+
+def sets_line(name: str, c: CalibratedLink) -> str:
+    """Which collectives the ``name`` table ``c`` sets (:func:`~meshplan.comm.calibration_kinds.sets_ops`),
+    the others keeping the catalog's curves; a ``nic`` table without logged curves (a file from
+    before they were written) sets every op, as it did, and says how to set each from its own run.
+
+    >>> sets_line("nic", CalibratedLink(latency_us=20, bandwidth_gb_per_s=34.66, op="all-to-all", ranks=16, source="a"))
+    'sets every op across nodes: no logged curve in the file (written before per-op calibration), so its all-to-all fit stands for all; run meshplan calibrate on the logs again to set each op from its own run'
+    """
+    ops = sets_ops(name, c.op, c.curve)
+    if name != "nic":
+        return f"sets {ops_words(ops[:4])} on {name}"
+    if not c.curve:
+        return ("sets every op across nodes: no logged curve in the file (written before per-op calibration), so its "
+                f"{c.op or 'unrecorded'} fit stands for all; run meshplan calibrate on the logs again to set each op "
+                "from its own run")
+    rest = [o for o in (*RING_OPS, "all-to-all", "send/recv") if o not in ops]
+    scaled = "send/recv" in rest and c.op in RING_OPS  # calibration_kinds.nic_curves: scaled by the fit
+    rest = [o for o in rest if not scaled or o != "send/recv"]
+    return (f"sets {ops_words(ops)} across nodes" + (f"; {ops_words(rest)} stay{'s' if len(rest) == 1 else ''} on the catalog "
+                                                  f"curve{'s' if len(rest) > 1 else ''}" if rest else "")
+            + ("; send/recv on the catalog curve scaled by this run's busbw per NIC over the catalog's" if scaled
+               else ""))
 
 
 def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
@@ -113,31 +137,51 @@ def replaced_lines(calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> li
         per = " per NIC" if link == "nic" else ""
         curve = {"nic": node.busbw.get("nic"), "nvlink": node.busbw.get("nvlink")}.get(link)
         size = curve.sizes_bytes[-1] if curve is not None else None
+        own = link == "nic" and bool(c.curve) and c.op not in RING_OPS  # per op: it replaced no ring figure
         out.append(f"  {link} {c.op + ' ' if c.op else ''}busbw {c.bandwidth_gb_per_s:.2f} GB/s{per} calibrated fit"
-                   f"{logged_at(link, c, size)}, catalog {_catalog_figure(link, node, keys)}")
+                   f"{logged_at(link, c, size)}, "
+                   f"{'the ring ops keep the catalog' + chr(39) + 's ' if own else 'catalog '}"
+                   f"{_catalog_figure(link, node, keys)}")
     return out
 
 
 def logged_at(link: str, c: CalibratedLink, size_bytes: Optional[float]) -> str:
-    """`` (logged 21.87 at 4.00 GiB)``: the busbw the fitted run logged (its ``[[link.<class>.curve]]``,
-    per NIC for ``nic``: over the NICs its busbw was split over, :meth:`CalibratedLink.split_nics`)
-    at its logged size nearest ``size_bytes`` (its largest where None); "" where the file has no
-    logged curve of the fitted run.
+    """`` (logged 21.87 at 4.00 GiB = busbw 174.96 / 8 NICs)``: the busbw the fitted run logged (its
+    ``[[link.<class>.curve]]``; for ``nic`` the fit's quantity, nccl-tests' busbw per NIC: x the host
+    share over the NICs it was split over, :func:`~meshplan.comm.calibration_kinds.host_share`,
+    :meth:`CalibratedLink.split_nics`, with that formula) at its logged size nearest ``size_bytes``
+    (its largest where None); "" where the file has no logged curve of the fitted run. Trial 28:
+    an all-to-all over 2 x 8 H100 logged 64.59 GB/s at 4 GiB, 34.45 per NIC = 64.59 x 8 / 15 (it
+    said 8.07 = 64.59 / 8).
 
     >>> from meshplan.comm.calibration import LoggedCurve
     >>> run = LoggedCurve(op="all-reduce", ranks=32, nodes=4, sizes_bytes=[2**31, 2**32, 2**33],
     ...                   busbw_gb_per_s=[174.34, 174.96, 176.39], source="s")
     >>> c = CalibratedLink(latency_us=41.05, bandwidth_gb_per_s=20.42, op="all-reduce", ranks=32, source="s", curve=[run])
     >>> logged_at("nic", c, 2**32), logged_at("nic", c, None)  # 174.96 / 8 NICs; 176.39 / 8
-    (' (logged 21.87 at 4.00 GiB)', ' (logged 22.05 at 8.00 GiB)')
+    (' (logged 21.87 at 4.00 GiB = busbw 174.96 / 8 NICs)', ' (logged 22.05 at 8.00 GiB = busbw 176.39 / 8 NICs)')
+    >>> a2a = LoggedCurve(op="all-to-all", ranks=16, nodes=2, sizes_bytes=[2**32], busbw_gb_per_s=[64.59], source="s")
+    >>> logged_at("nic", CalibratedLink(latency_us=37.74, bandwidth_gb_per_s=34.66, op="all-to-all", ranks=16,
+    ...                                 source="s", curve=[a2a]), 2**33)  # 64.59 x 8 / 15 = 34.448
+    " (logged 34.45 at 4.00 GiB = busbw 64.59 x (16 - 8) / (16 - 1), the share of a rank's bytes that leaves its host, through its own NIC)"
     """
     curve = c.fitted_curve()
     if curve is None or not curve.sizes_bytes:
         return ""
     at = len(curve.sizes_bytes) - 1 if size_bytes is None else min(
         range(len(curve.sizes_bytes)), key=lambda i: abs(curve.sizes_bytes[i] - size_bytes))
-    split = c.split_nics(curve) if link == "nic" else 1
-    return f" (logged {curve.busbw_gb_per_s[at] / split:.2f} at {human_bytes(curve.sizes_bytes[at])})"
+    busbw, size = curve.busbw_gb_per_s[at], human_bytes(curve.sizes_bytes[at])
+    if link != "nic":
+        return f" (logged {busbw:.2f} at {size})"
+    g, nics = curve.ranks // curve.nodes, c.split_nics(curve)
+    share = host_share(curve.op, curve.ranks, g)
+    if share == 1.0:
+        how = f"busbw {busbw:.2f} / {nics} NICs" if nics > 1 else "busbw"
+    else:  # all-to-all: nccl-tests' busbw is per rank, the share (n - g) / (n - 1) of it leaves the host
+        n = curve.ranks
+        how = (f"busbw {busbw:.2f} x ({n} - {g}) / ({n} - 1){'' if nics == g else f' x {g} / {nics}'}, the share of "
+               "a rank's bytes that leaves its host, through its own NIC")
+    return f" (logged {busbw * share / nics:.2f} at {size} = {how})"
 
 
 def _catalog_figure(link: str, node, keys: dict) -> str:

@@ -57,7 +57,13 @@ class BenchRow:
     in_place: bool = False
 
 
-def _op_name(program: str, where: str) -> str:
+def op_of_test(program: str, where: str) -> str:
+    """meshplan's op of the nccl-tests program ``program`` (``alltoall_perf``, ``alltoall``, a path to it,
+    or the op itself); a ConfigError naming ``where`` for a test meshplan does not model.
+
+    >>> op_of_test("./build/alltoall_perf", "--op"), op_of_test("all_gather", "--op"), op_of_test("send/recv", "--op")
+    ('all-to-all', 'all-gather', 'send/recv')
+    """
     stem = Path(program.strip()).name.removesuffix("_perf").removesuffix("_mpi")
     if program.strip() in OPS:
         return program.strip()
@@ -98,8 +104,8 @@ def float_str(value: float, width: int) -> str:
 
 def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Optional[str] = None,
                           n_ranks: Optional[int] = None) -> list[BenchRow]:
-    """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` and
-    ``n_ranks`` (for callers of this function; the CLI has no such options) override what the
+    """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` (``meshplan
+    calibrate --op`` for a log without the banner) and ``n_ranks`` override what the
     header says ("Collective test starting", "# Rank" lines); without the first, the collective
     is told from the rows (:func:`_op_from_rows`).
     Raises ConfigError naming ``source:line`` for a short row or a missing header."""
@@ -110,7 +116,7 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     n = n_ranks or (max(ranks) + 1 if ranks else None)
     if op is None and not found_op:
         op = _op_from_rows(text, n, source)
-    op = _op_name(op or (found_op[1] if found_op else ""), source)
+    op = op_of_test(op or (found_op[1] if found_op else ""), source)
     if not n:
         raise ConfigError(source, "no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, which give "
                                   "the ranks; give the whole output of one nccl-tests run, with its '# Using devices' "
@@ -154,7 +160,8 @@ def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
     but each row's redop and root (:data:`ROW_SIGNATURE`) and busbw / algbw against
     ``busbw_factor(op, n)`` on its row of largest algbw. all_reduce (a reduction, 2(n-1)/n) and
     reduce_scatter ((n-1)/n) are told apart; all_gather and alltoall print the same (none, -1,
-    (n-1)/n) and are refused, as is a text without rows or ranks, naming the banner to put back."""
+    (n-1)/n) and are refused naming ``meshplan calibrate --op``, which says the test for a log of any
+    version; a text without rows or ranks is refused naming the banner."""
     cols, best = [], None
     for line in text.splitlines():
         tokens = line.split()
@@ -178,8 +185,9 @@ def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
     if len(fits) != 1:
         which = " and ".join(f"{f}_perf" for f in fits) + " alike" if fits else "no modelled test"
         raise ConfigError(source, f"{_NO_BANNER}; its rows (redop {redop}, root {root}, busbw/algbw "
-                                  f"{busbw / algbw:.3f} over {n} ranks) fit {which}; put the line "
-                                  "'# Collective test starting: <test>_perf' back at its top")
+                                  f"{busbw / algbw:.3f} over {n} ranks) fit {which}; name the test that wrote "
+                                  "it with --op (e.g. --op alltoall), which reads the log of every nccl-tests "
+                                  "version")
     return f"{fits[0]}_perf"
 
 
@@ -226,7 +234,7 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
     if op is None and not args:
         raise ConfigError(f"{source}: args", "no program name (e.g. [\"./build/all_reduce_perf\", \"-b\", \"8\"]), "
                                              "which names the collective; pass the file nccl-tests -J wrote")
-    op = _op_name(op or args[0], f"{source}: args")
+    op = op_of_test(op or args[0], f"{source}: args")
     devices, threads, gpus = cfg.get("devices", []), cfg.get("nthreads", 1), cfg.get("ngpus", 1)
     if not isinstance(devices, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1024
                                                 for x in (threads, gpus)):

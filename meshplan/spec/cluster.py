@@ -210,8 +210,10 @@ class NodeSpec(BaseModel):
     nccl-tests curves per link class (``nvlink`` ring, ``nvls`` all-reduce with NVLink SHARP,
     ``nic`` across nodes, ``p2p`` one GPU's send/recv pair through its own NIC to another
     node, ``nic1`` a ring or tree whose every rank is its node's only member of the group, so
-    each drives one NIC, as a dp group beside tp 8); a class without one is timed at its line
-    rate (``p2p`` and ``nic1`` fall back to ``nic``). ``nvlinks_per_gpu``: NVLinks of one GPU,
+    each drives one NIC, as a dp group beside tp 8, ``a2a`` the pairwise all-to-all across
+    nodes: only a ``--calibration`` sets it, from the user's alltoall_perf run,
+    :mod:`meshplan.comm.calibration_kinds`); a class without one is timed at its line
+    rate (``p2p``, ``nic1`` and ``a2a`` fall back to ``nic``). ``nvlinks_per_gpu``: NVLinks of one GPU,
     as ``nvidia-smi topo -m`` prints them between two GPUs of an NVSwitch node (``NV18`` on
     H100); 0 when not stated. A ``--topology`` keeps the ``nvlink``/``nvls`` curves only when
     its GPU-GPU links match it (:func:`meshplan.placement.topology_node.nvlink_difference`)."""
@@ -225,7 +227,7 @@ class NodeSpec(BaseModel):
     nics: list[NICSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
     nvlinks_per_gpu: int = Field(default=0, ge=0, le=_le("nvlinks_per_gpu"))
-    busbw: dict[Literal["nvlink", "nvls", "nic", "p2p", "nic1"], BusbwCurve] = Field(default_factory=dict)
+    busbw: dict[Literal["nvlink", "nvls", "nic", "p2p", "nic1", "a2a"], BusbwCurve] = Field(default_factory=dict)
     source: Text = ""
 
     @model_validator(mode="after")
