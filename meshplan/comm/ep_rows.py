@@ -5,8 +5,9 @@ before each dispatch.
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
   saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
-  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for its
-  ``T = b*s/cp * etp/tp`` distinct tokens (:mod:`meshplan.compute.routing`, capacity
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for the
+  ``T`` distinct tokens it routes (:func:`meshplan.compute.routing.routed_tokens`: its own
+  ``b*s/cp / tp`` under Megatron-LM, ``b*s/cp * etp/tp`` under torch; capacity
   factor f = ``training.moe_capacity_factor``, default 1: overflowing copies dropped, empty
   slots padded), so the bytes are known before
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
@@ -30,7 +31,7 @@ import numpy as np
 
 from meshplan.comm import deepep
 from meshplan.comm.stage_context import StageContext
-from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.mesh.layout import grid_groups
 from meshplan.units import dtype_bytes
 
@@ -50,12 +51,12 @@ def ep_rows(add, c: StageContext) -> None:
         return
     moe = sum(m.is_moe_layer(i) for i in c.layers)
     replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
-    tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
+    tokens, _ = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
     ro = RoutingOptions.of(t)
     if t.moe_dispatcher == "deepep":
-        _deepep_rows(add, c, deepep.flex_tokens(tokens, mesh.etp), moe, replayed)
+        _deepep_rows(add, c, tokens, moe, replayed)
         return
-    rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
+    rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows
     a2a = rows * m.hidden * dtype_bytes(dt)
     add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
     add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
@@ -106,7 +107,7 @@ DEEPEP_CADENCE = "every MoE layer (deepep dispatch, combine)"
 def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> None:
     """``training.moe_dispatcher = "deepep"``: the dispatch and combine of every MoE layer (and their
     gradients, a replayed layer's again) as DeepEP runs them (:func:`meshplan.comm.deepep.call`:
-    ``tokens`` distinct tokens (:func:`meshplan.comm.deepep.flex_tokens`) once per destination node
+    ``tokens`` distinct tokens, its own (:func:`meshplan.compute.routing.routed_tokens`), once per destination node
     across nodes, fanned out over NVLink), over the ep x etp ranks of the flex dispatcher's
     ``tp_ep`` group (:func:`tp_ep_group`; the ep axis itself at etp 1), in
     rows of op all-to-all and algorithm ``deepep`` (the timeline's ep stream takes them as the

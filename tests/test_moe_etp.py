@@ -1,0 +1,53 @@
+"""Expert tensor parallelism (etp > 1) as Megatron-Core runs it (MoEAlltoAllTokenDispatcher,
+NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py``): each rank routes
+its own sequence-parallel tokens, all-to-alls them over ep (:705-724), then all-gathers what it
+received over etp (``dispatch_postprocess``, :741-751) and reduce-scatters the experts' output there
+(``combine_preprocess``, :824-833) before the combine all-to-all (:864-870). The newcomer trial's
+job: Mixtral-8x22B on 512 H100, tp 2 + SP, pp 8, ep 8, etp 2 (tests/configs.py)."""
+
+from __future__ import annotations
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from tests.configs import mixtral_8x22b_etp_job
+
+# Mixtral-8x22B: hidden 6144, top-2, bf16; micro-batch 1 x seq 4096 at cp 1
+H, K, BF16, TOKENS = 6144, 2, 2, 4096
+
+
+def _plan(tmp_path, **kw):
+    f = tmp_path / "etp.toml"
+    f.write_text(mixtral_8x22b_etp_job(**kw))
+    return build_plan(load_config(f))
+
+
+def _rows(p, axis, op, phase="forward"):
+    return [r for r in p.collectives["stage 0"] if r.axis == axis and r.op == op and r.phase == phase
+            and r.dtype == "bf16"]  # not the dropless count exchange (int64)
+
+
+def test_megatron_etp2_dispatches_each_ranks_own_tokens(tmp_path):
+    p = _plan(tmp_path)
+    # T_local = 4096 x 1 / tp 2 = 2048 tokens a rank routes (its SP shard), balanced dropless: all
+    # 2048 x 2 copies leave in the dispatch: 2048 x 2 x 6144 x 2 B = 50,331,648 B per all-to-all
+    own = TOKENS // 2
+    (a2a,) = _rows(p, "ep", "all-to-all")
+    assert a2a.size_bytes == own * K * H * BF16 == 50_331_648
+    (back,) = _rows(p, "ep", "all-to-all", "backward")
+    assert back.size_bytes == 50_331_648
+    gemms = {g.name: g for g in p.gemms}
+    # the router runs on the rank's own 2048 tokens; each expert GEMM on the etp gather's
+    # 2 ranks x 2048 x 2 = 8192 rows (1 local expert at ep 8)
+    assert gemms["router"].m == own
+    assert gemms["expert_w_up"].m == gemms["expert_w_down"].m == 2 * own * K == 8192
+    assert any("T = 4096 local tokens / tp 2 = 2048" in n for n in p.notes)
+
+
+def test_torch_etp1_routes_the_tp_split_as_before(tmp_path):
+    # torchtitan (etp 1 with ep > 1): the tp ranks split the 4096 tokens, 2048 each, no etp gather
+    p = _plan(tmp_path, etp=1, framework="torch", sharding="zero3")
+    (a2a,) = _rows(p, "ep", "all-to-all")
+    assert a2a.size_bytes == 2048 * K * H * BF16
+    gemms = {g.name: g for g in p.gemms}
+    assert gemms["router"].m == 2048 and gemms["expert_w_up"].m == 2048 * K
+
