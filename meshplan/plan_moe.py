@@ -17,6 +17,7 @@ from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import Placement
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.units import dtype_bytes
 
 
 def ep_span(mesh: Mesh, placement: Placement, flex: bool = False) -> tuple[int, int]:
@@ -53,7 +54,7 @@ def moe_notes(m: ModelSpec, t: TrainingSpec, mesh: Mesh, tokens: int, nodes: int
     tp, ro = mesh.degree("tp"), RoutingOptions.of(t)
     # compute.routing.routed_tokens: Megatron-LM routes each rank's own sequence shard (its etp ranks
     # then all-gather what they received); torch's tp ranks split their tokens tp/etp ways
-    routed, _ = routed_tokens(tokens, tp, mesh.etp, t.framework)
+    routed, g = routed_tokens(tokens, tp, mesh.etp, t.framework)
     origin = ("" if tp == 1 else f"{tokens} local tokens / tp {tp}" if t.framework == "megatron"
               else f"{tokens} local tokens x etp {mesh.etp} / tp {tp}")
     if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
@@ -64,6 +65,12 @@ def moe_notes(m: ModelSpec, t: TrainingSpec, mesh: Mesh, tokens: int, nodes: int
                                                                  mesh.etp)
                                   + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
     else:
-        notes = (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin),)
+        r = routing(ro, routed, m.top_k, m.experts, mesh.ep)
+        notes = (r.describe(ro, m.top_k, m.experts, mesh.ep, origin),)
+        if g > 1:  # comm.ep_rows._etp_rows
+            notes += (f"MoE etp {g} (Megatron-LM): each rank's {r.recv_rows} received rows all-gathered over etp, "
+                      f"{g} x {r.recv_rows} = {g * r.recv_rows} rows x hidden {m.hidden} x "
+                      f"{dtype_bytes(t.compute_dtype)} B = {g * r.recv_rows * m.hidden * dtype_bytes(t.compute_dtype):,} B "
+                      "for the expert GEMMs, and their output reduce-scattered back before the combine (the etp rows)",)
     # the assumption and its key, once (as step, search, memory)
     return notes + tuple(n for n in (balance_note(m, t),) if n)

@@ -35,6 +35,9 @@ from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.mesh.layout import grid_groups
 from meshplan.units import dtype_bytes
 
+#: Cadence of Megatron-LM's etp all-gather and reduce-scatter of the dispatched tokens (:func:`_etp_rows`).
+ETP_GATHER = "every MoE layer (etp all-gather of the dispatched tokens, reduce-scatter of the experts' output)"
+
 #: Cadence of the dropless count exchange (:func:`_count_rows`); its elements' dtype and bytes.
 DROPLESS_COUNTS = "every MoE layer (per-expert token counts, before the dispatch)"
 COUNT_DTYPE, COUNT_BYTES = "int64", 8
@@ -47,21 +50,45 @@ def ep_rows(add, c: StageContext) -> None:
     dropless, the count exchange (:func:`_count_rows`)."""
     t, mesh, m = c.training, c.mesh, c.model
     dt = t.compute_dtype
+    moe = sum(m.is_moe_layer(i) for i in c.layers)
+    if not moe:
+        return
+    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
+    tokens, gathered = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
+    ro = RoutingOptions.of(t)
+    rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows
+    if gathered > 1 and t.moe_dispatcher != "deepep":
+        _etp_rows(add, c, gathered * rows * m.hidden * dtype_bytes(dt), moe + replayed)
     if mesh.ep <= 1:
         return
-    moe = sum(m.is_moe_layer(i) for i in c.layers)
-    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
-    tokens, _ = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
-    ro = RoutingOptions.of(t)
     if t.moe_dispatcher == "deepep":
         _deepep_rows(add, c, tokens, moe, replayed)
         return
-    rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows
     a2a = rows * m.hidden * dtype_bytes(dt)
     add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
     add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
     if ro.dropless:  # the per-expert counts, no gradient (a replayed forward exchanges them again)
         _count_rows(add, c, moe, replayed)
+
+
+def _etp_rows(add, c: StageContext, size: int, backward: int) -> None:
+    """Megatron-LM's etp collectives of every MoE layer (framework megatron, etp > 1, the alltoall
+    dispatcher; NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py``):
+    ``dispatch_postprocess`` all-gathers the tokens the rank received from the ep all-to-all over the
+    expert tensor-parallel group (``gather_from_sequence_parallel_region(..., group=self.tp_group)``,
+    :741-751; ``self.tp_group = pg_collection.expt_tp``, :86), so each local expert's GEMM takes its
+    etp ranks' rows, and ``combine_preprocess`` reduce-scatters the experts' partial output back
+    (``reduce_scatter_to_sequence_parallel_region``, :824-833; in the router probabilities' dtype,
+    the compute dtype unless ``--moe-router-dtype`` is set, which meshplan does not model) before the
+    combine all-to-all. ``size``: the gathered buffer, ``etp x`` the rank's received rows ``x h`` in the
+    compute dtype (nccl-tests' size of both). Backward: the reduce-scatter's gradient is an all-gather
+    and the all-gather's a reduce-scatter (tensor_parallel/mappings.py), one each per MoE layer, and a
+    recomputed layer's replay issues both again: ``backward`` calls each. The probabilities' own
+    all-to-all and all-gather (one value per row) are not listed."""
+    dt, moe = c.training.compute_dtype, sum(c.model.is_moe_layer(i) for i in c.layers)
+    for op in ("all-gather", "reduce-scatter"):
+        add("etp", "forward", op, size, dt, moe, ETP_GATHER, "expert GEMMs" if op == "all-gather" else "combine")
+        add("etp", "backward", op, size, dt, backward, ETP_GATHER, "expert GEMMs")
 
 
 def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:

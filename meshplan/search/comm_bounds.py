@@ -83,13 +83,19 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
-    tokens = routed_tokens(c.mb * (t.seq_len // seq), c.tp, c.etp, t.framework)[0]  # as comm.ep_rows
+    tokens, gathered = routed_tokens(c.mb * (t.seq_len // seq), c.tp, c.etp, t.framework)  # as comm.ep_rows
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
         out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, e, tok: {"t": _deepep_s(cfg, tt, n, e, tok)}, ("t",),
                            dtype=np.float64)["t"]
     elif m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), tokens, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
+        # Megatron-LM's etp all-gather and reduce-scatter of the received rows (comm.ep_rows._etp_rows;
+        # etp innermost: stride 1), one of each per all-to-all pair, placed on the ep queue beside them
+        # (layer_timeline): half the pair's time per all-to-all call; 0 at etp 1 and under torch
+        size, one = gathered * rows * m.hidden * cd, np.ones(len(c), dtype=np.int64)
+        out["ep"] = out["ep"] + (coll_times(tt, "all-gather", gathered, size, one)
+                                 + coll_times(tt, "reduce-scatter", gathered, size, one)) / 2
     else:
         out["ep"] = np.zeros(len(c))
     return out
