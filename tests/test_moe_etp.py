@@ -93,3 +93,16 @@ def test_the_step_issues_the_etp_calls_the_table_counts(tmp_path):
     assert issued["all-gather"] == 16 * 7 * 3
     assert not any("etp" in n for n in st.notes if "not simulated" in n)
 
+
+def test_expert_data_parallel_group_is_named_by_the_sharding(tmp_path):
+    """Under the distributed optimizer (zero1) nothing is FSDP-sharded over the experts' data axis:
+    Megatron-Core's expert data-parallel group, edp = dp 32 x tp 2 / (ep 8 x etp 2) = 4; FSDP (zero3)
+    keeps torchtitan's efsdp (there at etp 1: 32 x 2 / 8 = 8)."""
+    from meshplan.spec.mesh_words import axis_labels
+    p = _plan(tmp_path)
+    assert "edp = dp(32) * tp(2) / (ep 8 * etp 2) = 4" in p.derivation
+    assert axis_labels(p.mesh, p.config.training)["efsdp"] == "edp"
+    assert any("expert mesh edp 4 x ep 8 x etp 2" in n for n in p.notes)
+    q = _plan(tmp_path, etp=1, framework="torch", sharding="zero3")
+    assert "efsdp = dp(32) * tp(2) / (ep 8 * etp 1) = 8" in q.derivation
+    assert "efsdp" not in axis_labels(q.mesh, q.config.training)
