@@ -181,17 +181,19 @@ def stream_words(training, origin: str = "") -> dict[str, str]:
     DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (ZeRO-3's gathers and
     reduce-scatters over dp_shard) and the ``dp`` stream (ZeRO-1/2's gradient buckets over the data
     axis, named ``dp`` where the parameters are replicated) are both :data:`ZERO_STREAM`, the one
-    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); else none.
+    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); the routed experts'
+    ``efsdp`` stream by :func:`expert_data_axis` (``edp`` where nothing is FSDP-sharded over it).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
     {'fsdp': 'ZeRO data-parallel', 'dp': 'ZeRO data-parallel'}
-    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
-    {}
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16)), stream_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1"))
+    ({}, {'efsdp': 'edp'})
     """
+    experts = {} if expert_data_axis(training.sharding) == "efsdp" else {"efsdp": expert_data_axis(training.sharding)}
     if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
-        return {}
-    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM}
+        return experts
+    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM} | experts
 
 
 def fold_streams(parts: dict[str, float], names) -> dict[str, float]:
