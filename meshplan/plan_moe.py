@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.comm.deepep import copies as deepep_copies, describe as describe_deepep, flex_tokens, keep_share
+from meshplan.comm.deepep import copies as deepep_copies, describe as describe_deepep, keep_share
 from meshplan.comm.ep_rows import tp_ep_group
-from meshplan.compute.routing import RoutingOptions, balance_note, routing
+from meshplan.compute.routing import RoutingOptions, balance_note, routed_tokens, routing
 from meshplan.config import Config
 from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import Placement
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.units import dtype_bytes
 
 
 def ep_span(mesh: Mesh, placement: Placement, flex: bool = False) -> tuple[int, int]:
@@ -32,13 +33,13 @@ def ep_span(mesh: Mesh, placement: Placement, flex: bool = False) -> tuple[int, 
 def deepep_ep_copies(config: Config, mesh: Mesh, nodes: int, tokens: int) -> tuple[float, float, int] | None:
     """Under ``training.moe_dispatcher = "deepep"`` at ep > 1, a token's copies across nodes, its NVLink
     fan-out copies (:func:`meshplan.comm.deepep.copies` over rank 0's ep x etp group on ``nodes`` nodes, of
-    the copies the capacity keeps of the tokens a rank dispatches, :func:`meshplan.comm.deepep.flex_tokens` of
-    its ``tokens`` local tokens) and its routed copies (top_k), for the ep line
+    the copies the capacity keeps of the tokens a rank dispatches, :func:`meshplan.compute.routing.routed_tokens`
+    of its ``tokens`` local tokens) and its routed copies (top_k), for the ep line
     (:func:`meshplan.spec.axes.ep.ep_reason`); else None."""
     m, t = config.model, config.training
     if t.moe_dispatcher != "deepep" or mesh.ep < 2:
         return None
-    keep = keep_share(t, m, flex_tokens(tokens * mesh.etp // mesh.degree("tp"), mesh.etp), mesh.ep)
+    keep = keep_share(t, m, routed_tokens(tokens, mesh.degree("tp"), mesh.etp, t.framework)[0], mesh.ep)
     c = deepep_copies(m.experts, m.top_k, mesh.ep, nodes, m.n_group, m.topk_group, keep, mesh.etp)
     return c.other_nodes, c.nvlink, m.top_k
 
@@ -51,19 +52,25 @@ def moe_notes(m: ModelSpec, t: TrainingSpec, mesh: Mesh, tokens: int, nodes: int
     if not m.is_moe:
         return ()
     tp, ro = mesh.degree("tp"), RoutingOptions.of(t)
-    # the tp ranks split their tokens tp/etp ways before routing: a Megatron import's etp = tp
-    # (Megatron-LM's default) routes twice the tokens of a TOML's default etp 1 at tp 2
-    origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
-    routed = max(1, tokens * mesh.etp // tp)
+    # compute.routing.routed_tokens: Megatron-LM routes each rank's own sequence shard (its etp ranks
+    # then all-gather what they received); torch's tp ranks split their tokens tp/etp ways
+    routed, g = routed_tokens(tokens, tp, mesh.etp, t.framework)
+    origin = ("" if tp == 1 else f"{tokens} local tokens / tp {tp}" if t.framework == "megatron"
+              else f"{tokens} local tokens x etp {mesh.etp} / tp {tp}")
     if t.moe_dispatcher == "deepep" and mesh.ep > 1:  # its bytes replace the all-to-all's and its counts
-        own = flex_tokens(routed, mesh.etp)  # each rank dispatches its own tokens to all etp ranks
-        origin = f"{tokens} local tokens / tp {tp}" if tp > 1 else ""
+        own = routed  # each rank dispatches its own tokens to all etp ranks
         head = (f"MoE dropless, tokens per rank T = {origin + ' = ' if origin else ''}{own}" if ro.dropless else
                 routing(ro, own, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin))
         notes: tuple[str, ...] = (head + "; " + describe_deepep(m, mesh.ep, nodes, keep_share(t, m, own, mesh.ep),
                                                                  mesh.etp)
                                   + "; no count exchange apart (DeepEP's notify runs inside its dispatch)",)
     else:
-        notes = (routing(ro, routed, m.top_k, m.experts, mesh.ep).describe(ro, m.top_k, m.experts, mesh.ep, origin),)
+        r = routing(ro, routed, m.top_k, m.experts, mesh.ep)
+        notes = (r.describe(ro, m.top_k, m.experts, mesh.ep, origin),)
+        if g > 1:  # comm.ep_rows._etp_rows
+            notes += (f"MoE etp {g} (Megatron-LM): each rank's {r.recv_rows} received rows all-gathered over etp, "
+                      f"{g} x {r.recv_rows} = {g * r.recv_rows} rows x hidden {m.hidden} x "
+                      f"{dtype_bytes(t.compute_dtype)} B = {g * r.recv_rows * m.hidden * dtype_bytes(t.compute_dtype):,} B "
+                      "for the expert GEMMs, and their output reduce-scattered back before the combine (the etp rows)",)
     # the assumption and its key, once (as step, search, memory)
     return notes + tuple(n for n in (balance_note(m, t),) if n)

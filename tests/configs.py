@@ -85,3 +85,24 @@ def torch_op_job(model: str, *, nodes: int, global_batch: int, shape: list[int])
                     training={"global_batch": global_batch, "seq_len": 8192, "micro_batch": 1, "sharding": "zero3",
                               "recompute": "op", "memory_reserve": 0.10, "framework": "torch"},
                     mesh={"names": ["dp_shard", "tp"], "shape": shape, "sequence_parallel": True})
+
+
+#: Mixtral-8x22B's shape (config.json of mistralai/Mixtral-8x22B-v0.1: num_hidden_layers 56,
+#: hidden_size 6144, intermediate_size 16384, num_attention_heads 48, num_key_value_heads 8, head_dim
+#: 6144 / 48 = 128, vocab_size 32768, num_local_experts 8, num_experts_per_tok 2, rope_theta 1e6,
+#: max_position_embeddings 65536, tie_word_embeddings false), as a [model] table.
+MIXTRAL_8X22B = {"layers": 56, "hidden": 6144, "ffn": 16384, "gated_mlp": True, "q_heads": 48, "kv_heads": 8,
+                 "head_dim": 128, "vocab": 32768, "tied_embeddings": False, "norm": "rmsnorm",
+                 "position_embedding": "rope", "max_position": 65536, "rope_theta": 1000000.0, "experts": 8,
+                 "top_k": 2}
+
+
+def mixtral_8x22b_etp_job(etp: int = 2, framework: str = "megatron", sharding: str = "zero1") -> str:
+    """The newcomer trial's Megatron-Core job: Mixtral-8x22B on 64 dgx-h100 (512 H100), seq 4096,
+    micro-batch 1, global batch 512, full recompute, mesh pp 8 x dp 32 x tp 2 (SP) x ep 8 x etp
+    ``etp`` (tests/test_moe_etp.py)."""
+    return job_toml(MIXTRAL_8X22B, nodes=64,
+                    training={"global_batch": 512, "seq_len": 4096, "micro_batch": 1, "sharding": sharding,
+                              "recompute": "full", "framework": framework},
+                    mesh={"names": ["pp", "dp", "tp", "ep", "etp"], "shape": [8, 32, 2, 8, etp],
+                          "sequence_parallel": True})

@@ -71,8 +71,8 @@ token_dispatcher.py lines 1834-1843: ``group=self.tp_ep_group``, ``router_topk =
 ``num_experts = tp_size x E``, tp_size the expert tp), and ``_initialize_metadata`` (lines
 1894-1920) replicates each routed expert's column over the etp ranks of its ep rank: a token goes
 to every etp rank of each destination ep rank, and each rank dispatches its own tokens, the
-sequence-parallel share ``b s/cp / tp`` (:func:`flex_tokens`; an all-to-all instead routes ``b s/cp
-x etp/tp`` per rank, :mod:`meshplan.comm.ep_rows`). So over ``ep x etp`` ranks on N nodes (``g``
+sequence-parallel share ``b s/cp / tp`` (:func:`meshplan.compute.routing.routed_tokens`, as the
+all-to-all dispatcher's ranks do before their etp all-gather). So over ``ep x etp`` ranks on N nodes (``g``
 on each): ``ranks = etp x`` the ep ranks hit; a node holds ``g / etp`` whole ep ranks (``E/N``
 consecutive experts: the node sum above) when ``etp <= g``, else each ep rank's etp ranks cover
 ``etp / g`` nodes (the node sum is ``etp/g x`` the ep ranks' hits); the NVLink fan-out
@@ -180,18 +180,6 @@ def copies(experts: int, top_k: int, ep: int, nodes: int, n_group: Optional[int]
     hit_n = sum(hit_probabilities(experts, top_k, span, g_, m_, keep)) if etp <= g else etp // g * hit_e
     hit_r = etp * hit_e
     return Copies(hit_n, (span - 1) / span * hit_n, hit_r, hit_r * (g - 1) / g, span)
-
-
-def flex_tokens(tokens: int, etp: int) -> int:
-    """Tokens one rank dispatches under the flex dispatcher: its own sequence-parallel share, the
-    ``tokens = b s/cp x etp/tp`` an all-to-all rank routes (:mod:`meshplan.comm.ep_rows`) over etp
-    (module docstring), at least 1. 4096 tokens at tp 2: etp 2 routes 4096 per all-to-all rank,
-    each flex rank dispatches its own 2048:
-
-    >>> flex_tokens(4096, 2), flex_tokens(2048, 1)
-    (2048, 2048)
-    """
-    return max(1, tokens // etp)
 
 
 def _nearest(ep: int, sizes: list[int]) -> int:

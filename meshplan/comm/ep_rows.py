@@ -5,8 +5,9 @@ before each dispatch.
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
   saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
-  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for its
-  ``T = b*s/cp * etp/tp`` distinct tokens (:mod:`meshplan.compute.routing`, capacity
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for the
+  ``T`` distinct tokens it routes (:func:`meshplan.compute.routing.routed_tokens`: its own
+  ``b*s/cp / tp`` under Megatron-LM, ``b*s/cp * etp/tp`` under torch; capacity
   factor f = ``training.moe_capacity_factor``, default 1: overflowing copies dropped, empty
   slots padded), so the bytes are known before
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
@@ -30,9 +31,12 @@ import numpy as np
 
 from meshplan.comm import deepep
 from meshplan.comm.stage_context import StageContext
-from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.mesh.layout import grid_groups
 from meshplan.units import dtype_bytes
+
+#: Cadence of Megatron-LM's etp all-gather and reduce-scatter of the dispatched tokens (:func:`_etp_rows`).
+ETP_GATHER = "every MoE layer (etp all-gather of the dispatched tokens, reduce-scatter of the experts' output)"
 
 #: Cadence of the dropless count exchange (:func:`_count_rows`); its elements' dtype and bytes.
 DROPLESS_COUNTS = "every MoE layer (per-expert token counts, before the dispatch)"
@@ -46,21 +50,45 @@ def ep_rows(add, c: StageContext) -> None:
     dropless, the count exchange (:func:`_count_rows`)."""
     t, mesh, m = c.training, c.mesh, c.model
     dt = t.compute_dtype
+    moe = sum(m.is_moe_layer(i) for i in c.layers)
+    if not moe:
+        return
+    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
+    tokens, gathered = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
+    ro = RoutingOptions.of(t)
+    rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows
+    if gathered > 1 and t.moe_dispatcher != "deepep":
+        _etp_rows(add, c, gathered * rows * m.hidden * dtype_bytes(dt), moe + replayed)
     if mesh.ep <= 1:
         return
-    moe = sum(m.is_moe_layer(i) for i in c.layers)
-    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
-    tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
-    ro = RoutingOptions.of(t)
     if t.moe_dispatcher == "deepep":
-        _deepep_rows(add, c, deepep.flex_tokens(tokens, mesh.etp), moe, replayed)
+        _deepep_rows(add, c, tokens, moe, replayed)
         return
-    rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
     a2a = rows * m.hidden * dtype_bytes(dt)
     add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
     add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
     if ro.dropless:  # the per-expert counts, no gradient (a replayed forward exchanges them again)
         _count_rows(add, c, moe, replayed)
+
+
+def _etp_rows(add, c: StageContext, size: int, backward: int) -> None:
+    """Megatron-LM's etp collectives of every MoE layer (framework megatron, etp > 1, the alltoall
+    dispatcher; NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py``):
+    ``dispatch_postprocess`` all-gathers the tokens the rank received from the ep all-to-all over the
+    expert tensor-parallel group (``gather_from_sequence_parallel_region(..., group=self.tp_group)``,
+    :741-751; ``self.tp_group = pg_collection.expt_tp``, :86), so each local expert's GEMM takes its
+    etp ranks' rows, and ``combine_preprocess`` reduce-scatters the experts' partial output back
+    (``reduce_scatter_to_sequence_parallel_region``, :824-833; in the router probabilities' dtype,
+    the compute dtype unless ``--moe-router-dtype`` is set, which meshplan does not model) before the
+    combine all-to-all. ``size``: the gathered buffer, ``etp x`` the rank's received rows ``x h`` in the
+    compute dtype (nccl-tests' size of both). Backward: the reduce-scatter's gradient is an all-gather
+    and the all-gather's a reduce-scatter (tensor_parallel/mappings.py), one each per MoE layer, and a
+    recomputed layer's replay issues both again: ``backward`` calls each. The probabilities' own
+    all-to-all and all-gather (one value per row) are not listed."""
+    dt, moe = c.training.compute_dtype, sum(c.model.is_moe_layer(i) for i in c.layers)
+    for op in ("all-gather", "reduce-scatter"):
+        add("etp", "forward", op, size, dt, moe, ETP_GATHER, "expert GEMMs" if op == "all-gather" else "combine")
+        add("etp", "backward", op, size, dt, backward, ETP_GATHER, "expert GEMMs")
 
 
 def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:
@@ -106,7 +134,7 @@ DEEPEP_CADENCE = "every MoE layer (deepep dispatch, combine)"
 def _deepep_rows(add, c: StageContext, tokens: int, moe: int, replayed: int) -> None:
     """``training.moe_dispatcher = "deepep"``: the dispatch and combine of every MoE layer (and their
     gradients, a replayed layer's again) as DeepEP runs them (:func:`meshplan.comm.deepep.call`:
-    ``tokens`` distinct tokens (:func:`meshplan.comm.deepep.flex_tokens`) once per destination node
+    ``tokens`` distinct tokens, its own (:func:`meshplan.compute.routing.routed_tokens`), once per destination node
     across nodes, fanned out over NVLink), over the ep x etp ranks of the flex dispatcher's
     ``tp_ep`` group (:func:`tp_ep_group`; the ep axis itself at etp 1), in
     rows of op all-to-all and algorithm ``deepep`` (the timeline's ep stream takes them as the

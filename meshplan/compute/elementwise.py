@@ -10,7 +10,7 @@ from __future__ import annotations
 from meshplan.compute.kernel_time import memory_op
 from meshplan.compute.megatron import norm_backward_partial_bytes, norm_backward_passes, persistent_layer_norm
 from meshplan.compute.ops import Op, Workload
-from meshplan.compute.routing import routing
+from meshplan.compute.routing import routed_tokens, routing
 from meshplan.compute.shapes import Gemm, qkv_local_features
 from meshplan.compute.torch_eager import RMSNORM_ROW_KERNELS, repeat_kv_bytes, rmsnorm_bytes, rope_bytes, \
     swiglu_bytes
@@ -61,7 +61,9 @@ def elementwise_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gem
         if rep_f:
             spec.append(("repeat_kv", "attn", rep_f, rep_b))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
-        rows = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep).recv_rows
+        # the rows the rank's all-to-all carries (Megatron-LM permutes its own tokens before the etp gather)
+        rows = routing(w.routing, routed_tokens(t, w.tp, w.etp, w.framework)[0], model.top_k, model.experts,
+                       w.ep).recv_rows
         nb = 2 * b * rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []

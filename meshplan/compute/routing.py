@@ -11,8 +11,9 @@ the Switch Transformer's capacity factor, Fedus et al. 2021, 2.2), ``moe_droples
 ``moe_hottest_expert_share`` p, the share of all token copies the busiest expert gets
 (unset: balanced, ``1 / experts``), the same on every rank.
 
-With ``T`` distinct tokens a rank routes (``b * s/cp * etp/tp``), ``k = top_k``, ``E``
-experts, ``n = E / ep`` local experts:
+With ``T`` distinct tokens a rank routes and dispatches (:func:`routed_tokens`: ``b * s/cp / tp``
+under Megatron-LM, whose etp ranks then all-gather what they received; ``b * s/cp * etp/tp`` under
+torch), ``k = top_k``, ``E`` experts, ``n = E / ep`` local experts:
 
 - **capacity** (dropping): ``C = ceil(f * T * k / E)`` copies per expert per source rank,
   computed from the static shape, so it is the same on every rank (a rank sizing its own
@@ -127,6 +128,38 @@ class Routing:
                 f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
                 f"dispatch buffer {experts} x {self.capacity} = {self.send_rows} rows, {ep * self.capacity} per "
                 f"local expert; {bal}: {self.dropped} copies dropped per rank per layer")
+
+
+def routed_tokens(tokens, tp, etp, framework: str = "torch"):
+    """(T, g) of one MoE layer on one rank: ``T`` the tokens it routes and dispatches over ep (the
+    all-to-all carries :func:`routing` of them), ``g`` the etp ranks whose received rows each expert
+    GEMM takes (the rows of :func:`routing` times ``g``). ``tokens``: the micro-batch's ``b * s/cp``;
+    ints or numpy arrays (the search's columns) alike.
+
+    - Megatron-LM (``MoEAlltoAllTokenDispatcher``, NVIDIA/Megatron-LM d98e8a6
+      ``megatron/core/transformer/moe/token_dispatcher.py``): each rank routes its own sequence-parallel
+      shard ``b * s/cp / tp`` (the MoE layer's input under SP, which ``moe_layer.py``:636-640 requires at
+      tp > 1), all-to-alls it over the ep group (:705-724, ``self.ep_group``), then at etp > 1 all-gathers
+      what it received over the etp group (``dispatch_postprocess``, :741-751, ``self.tp_group`` =
+      ``pg_collection.expt_tp``, :86) and reduce-scatters the experts' output there before the combine
+      (``combine_preprocess``, :824-833): ``(b s/cp / tp, etp)``.
+    - torch (torchtitan b5bcd76, :data:`meshplan.spec.axes.ep.TORCH_ETP`): with ep > 1 (etp 1) the tp
+      ranks split the tokens, ``b s/cp / tp``; at ep 1 with etp = tp every tp rank takes all of them
+      (its MoE input all-gathered over tp before routing): ``(b s/cp x etp / tp, 1)``.
+
+    The newcomer trial's Mixtral-8x22B, 4096 local tokens at tp 2, etp 2: Megatron-LM dispatches
+    2048 per rank (2048 x top-2 x 6144 x 2 B = 50,331,648 B per all-to-all) and gathers 2 ranks' rows:
+
+    >>> routed_tokens(4096, 2, 2, "megatron"), routed_tokens(4096, 2, 1, "megatron"), routed_tokens(4096, 2, 2)
+    ((2048, 2), (2048, 1), (4096, 1))
+    >>> import numpy as np
+    >>> [x.tolist() for x in routed_tokens(np.array([4096, 4096]), np.array([2, 4]), np.array([2, 1]), "megatron")]
+    [[2048, 1024], [2, 1]]
+    """
+    megatron = framework == "megatron"
+    routed = np.maximum(tokens * (1 if megatron else etp) // tp, 1)
+    gathered = etp if megatron else etp * 0 + 1
+    return (int(routed), int(gathered)) if np.ndim(routed) == 0 else (routed, gathered)
 
 
 def _ceil(x):

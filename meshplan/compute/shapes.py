@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
+from meshplan.compute.routing import RoutingOptions, expert_capacity, routed_tokens, routing  # noqa: F401 (re-export)
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import divisors
 from meshplan.spec.axes.tp_kv import fused_qkv_local_widths, qkv_gathered
@@ -100,13 +100,13 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     ``layer`` selects dense or MoE (-1: the last layer). MoE experts: the rows of the
     busiest rank's local experts under ``routing_options`` (:func:`meshplan.compute.routing.routing`:
     ``ep x C`` each with a capacity; dropless, the hottest expert's rows and the others'
-    as two GEMMs when a stated imbalance makes them differ). When etp < tp the tp ranks split their (identical) tokens tp/etp ways before
-    dispatch (torchtitan's token-split sequence parallel for experts), so each rank routes
-    ``tokens * etp / tp`` distinct tokens and each local expert sees
-    ``ep * ceil(tokens * etp / tp * top_k / experts)`` rows after the all-to-all (capacity
-    factor 1, balanced); the router
-    (replicated over tp) runs on those ``tokens * etp / tp`` tokens too
-    (:mod:`meshplan.runtime.execution.moe`).
+    as two GEMMs when a stated imbalance makes them differ). Each rank routes the ``T`` tokens of
+    :func:`meshplan.compute.routing.routed_tokens` (the router's M) and each local expert's GEMM takes
+    ``g`` ranks' received rows: under torch the tp ranks split their (identical) tokens tp/etp ways
+    before dispatch (``T = tokens x etp / tp``, ``g`` 1; :mod:`meshplan.runtime.execution.moe`),
+    under Megatron-LM each rank routes its own sequence shard (``T = tokens / tp``) and its etp ranks
+    all-gather what they received (``g = etp``): at capacity factor 1, balanced, each local expert
+    sees ``g x ep x ceil(T x top_k / experts)`` rows.
     """
     h = model.hidden
     if model.is_mla:
@@ -117,13 +117,13 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
                Gemm("wv", tokens, kv_n, h), Gemm("wo", tokens, h, q_n)]
     layer = model.layers - 1 if layer < 0 else layer
     if model.is_moe_layer(layer):
-        routed = max(1, tokens * etp // tp)
+        routed, g = routed_tokens(tokens, tp, etp, framework)
         r = routing(routing_options, routed, model.top_k, model.experts, ep)
         f, n_local = model.moe_ffn // etp, model.experts // ep
         out.append(Gemm("router", routed, model.experts, h))  # each rank's own tokens
-        groups = [("", max(1, r.hot_expert_rows), n_local)]
+        groups = [("", max(1, g * r.hot_expert_rows), n_local)]
         if r.other_expert_rows != r.hot_expert_rows and n_local > 1:
-            groups = [(" (hottest)", max(1, r.hot_expert_rows), 1), ("", r.other_expert_rows, n_local - 1)]
+            groups = [(" (hottest)", max(1, g * r.hot_expert_rows), 1), ("", g * r.other_expert_rows, n_local - 1)]
         names = (["expert_w_gate"] if model.gated_mlp else []) + ["expert_w_up", "expert_w_down"]
         for suffix, rows, count in groups:
             out += [Gemm(n + suffix, rows, h if n == "expert_w_down" else f, f if n == "expert_w_down" else h, count)

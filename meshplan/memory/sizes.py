@@ -39,7 +39,7 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
     for it in state.items:
         if it.kind == "grads" and fsdp_grads:
             continue
-        how = state_how(training, shard_words(it.axis, names), it.divisor, origin)
+        how = state_how(training, shard_words(it.axis, names, training.sharding), it.divisor, origin)
         out.append((None, it.kind, it.size_bytes, f"{it.kind} {it.group}: {it.count:,} x {it.bytes_per_element} B, {how}"))
     for axis in comm_axes:
         out.append((None, "comm_buffers", opts.comm_bytes_per_group,

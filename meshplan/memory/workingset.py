@@ -48,9 +48,10 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 
 MoE layers (an estimate): attention and shared experts as a dense layer
 of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row the busiest
-rank's local experts compute (:func:`meshplan.compute.routing.routing` of the ``tokens *
-etp / tp`` each rank routes: ``experts x C`` padded rows with a capacity, the hottest
-expert's rank's share when dropless), the expert MLP terms at width
+rank's local experts compute (:func:`meshplan.compute.routing.routing` of the tokens each rank
+routes, :func:`~meshplan.compute.routing.routed_tokens`: ``experts x C`` padded rows with a
+capacity, the hottest expert's rank's share when dropless; under Megatron-LM at etp > 1 times etp,
+the rows its etp all-gather collects), the expert MLP terms at width
 ``expert_ffn / etp`` (gated: 4 columns, 3 with ``fused_glu``; GeLU: 2) plus the dispatched input and the expert output (``2 a h`` each) and
 the fp32 router logits ``4 experts`` per token.
 """
@@ -66,7 +67,7 @@ from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
 from meshplan.compute.shapes import layer_gemms
-from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
@@ -194,9 +195,11 @@ def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int
     the routed experts of one MoE layer on the busiest rank (module docstring), at the
     received rows of :func:`meshplan.compute.routing.routing`."""
     a, h = dtype_bytes(training.compute_dtype), model.hidden
-    routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
+    # the tokens a rank routes, and the etp ranks whose received rows its experts take (Megatron-LM's
+    # etp all-gather; torch: the tp ranks split the tokens, runtime.moe): compute.routing.routed_tokens
+    routed_tok, g = routed_tokens(tok, tp, mesh.etp, training.framework)
     r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
-    copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
+    copies, width = g * r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
     kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
     full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
     widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp))

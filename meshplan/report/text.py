@@ -241,7 +241,7 @@ def _memory(plan: Plan, con: Console) -> None:
         tab.add_row(str(s.stage), f"{s.params.total:,}", "", "", "", "", "", "")
         for i in s.items:
             tab.add_row("", "", i.kind, i.group, f"{i.count:,}", str(i.bytes_per_element), human_bytes(i.size_bytes),
-                        state_cell(t, shard_words(i.axis, plan.mesh.layout.names), i.divisor, origin))
+                        state_cell(t, shard_words(i.axis, plan.mesh.layout.names, t.sharding), i.divisor, origin))
         tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):

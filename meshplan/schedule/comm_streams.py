@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
-from meshplan.comm.ep_rows import DROPLESS_COUNTS
+from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
 from meshplan.comm.fsdp_rows import FLOAT8_PRECOMPUTE_CADENCE
 from meshplan.comm.pp_rows import SCATTER_GATHER_CADENCE
 from meshplan.mesh.tpsplit import KV_REPLICA
@@ -22,7 +22,7 @@ from meshplan.spec.axes.registry import AXES, Axis
 #: Groups whose rows the timeline places by hand (the built-in axes, and the derived groups
 #: their rows run over, by the name the table shows).
 BUILT_IN_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.DP_SHARD, Axis.CP, Axis.TP,
-                                      Axis.EP))) | {"fsdp", "efsdp", "loss", KV_REPLICA}
+                                      Axis.EP, Axis.ETP))) | {"fsdp", "efsdp", "loss", KV_REPLICA}
 
 
 #: Streams and kinds of the hand-placed collectives (:func:`comm_kind`), which a registered
@@ -58,7 +58,7 @@ def simulated_groups() -> frozenset[str]:
     simulated (:attr:`CommTimes.other`), never filed under a built-in stream by their op.
 
     >>> sorted(simulated_groups())
-    ['cp', 'dp', 'dp_replicate', 'dp_shard', 'efsdp', 'ep', 'fsdp', 'kv_replica', 'loss', 'pp', 'tp']
+    ['cp', 'dp', 'dp_replicate', 'dp_shard', 'efsdp', 'ep', 'etp', 'fsdp', 'kv_replica', 'loss', 'pp', 'tp']
     """
     return BUILT_IN_GROUPS | frozenset(timeline_axes())
 
@@ -102,7 +102,7 @@ def comm_kind(row) -> str:
         return "pp"
     if SCATTER_GATHER_CADENCE in c:
         return "pp_gather"
-    if row.op == "all-to-all" or c == DROPLESS_COUNTS:  # Megatron-LM's count exchange is an all-gather
+    if row.op == "all-to-all" or c in (DROPLESS_COUNTS, ETP_GATHER):  # Megatron-LM's counts: an all-gather
         return "ep"
     if row.axis == Axis.DP_REPLICATE or c.endswith("(HSDP replicas)"):
         return "replica"

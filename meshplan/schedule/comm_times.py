@@ -14,7 +14,7 @@ from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
-from meshplan.comm.ep_rows import DROPLESS_COUNTS
+from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
 from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
 from meshplan.compute.batch_input import GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
@@ -59,6 +59,8 @@ def _row_group(kind: str, row) -> str:
         return _SCALE_GROUPS[row.cadence]
     if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
         return "counts"
+    if kind == "ep" and row.cadence == ETP_GATHER:  # Megatron-LM's etp gather and scatter, beside the all-to-alls
+        return "etp"
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.comm.deepep import describe, flex_tokens, keep_share
+from meshplan.comm.deepep import describe, keep_share
+from meshplan.compute.routing import routed_tokens
 from meshplan.plan import Plan
 from meshplan.plan_moe import ep_span
 
@@ -27,8 +28,8 @@ def routing_caveat(plan: Plan) -> Optional[str]:
     if mesh.ep < 2:
         return None
     flex = plan.config.training.moe_dispatcher == "deepep"
-    tokens = max(1, plan.tokens_per_microbatch * mesh.etp // mesh.degree("tp"))  # routed per rank, as ep_rows
-    tokens = flex_tokens(tokens, mesh.etp) if flex else tokens
+    t = plan.config.training  # routed per rank, as ep_rows
+    tokens = routed_tokens(plan.tokens_per_microbatch, mesh.degree("tp"), mesh.etp, t.framework)[0]
     keep = keep_share(plan.config.training, plan.config.model, tokens, mesh.ep) if plan.config.model.experts else 1.0
     return routing_note(plan.config.model, mesh.ep, plan.config.training.moe_dispatcher,
                         ep_span(mesh, plan.placement, flex)[0], keep, mesh.etp)

@@ -50,6 +50,7 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
         pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
+        pre = s.comm("ep", phase, "all-gather", "etp all-gather", "etp", after=[pre or s.last]) or pre
     post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
     more = [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)", after=[s.last])
             for _ in range(extra)] if s.ov.tp else []
@@ -63,7 +64,8 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         s.compute(name + " Q proj", q)
         s.compute(name + " core", core, [ring])
         s.compute(name + " out proj", out, [], tp_ov)
-    if ep:
+    if ep:  # Megatron-LM's etp reduce-scatter (none without etp rows) before the combine, on one queue
+        s.comm("ep", phase, "reduce-scatter", "etp reduce-scatter", "etp")
         s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
     if not s.ov.tp and (scatter or extra):
         closing = [s.comm("tp", phase, after, f"tp {after}")] if scatter else []
@@ -136,6 +138,7 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     more = [s.comm("tp", "backward", before, f"tp {before} (routed and shared apart)", g) for _ in range(extra)]
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
+        pre = s.comm("ep", "backward", "all-gather", "etp all-gather (grad)", "etp", after=[pre or s.last]) or pre
     regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
     ag = None
     if ag_fused:
@@ -162,6 +165,8 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
         s.compute(name + " W", t_w)
     post = s.comm("tp", "backward", after, f"tp {after}")
     if ep:
+        post = s.comm("ep", "backward", "reduce-scatter", "etp reduce-scatter (grad)", "etp",
+                      after=[post or s.last]) or post
         post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
     if beside and t_w > 0:
         s.compute(name + " W", t_w, [ag], [post] if s.ov.tp else [])

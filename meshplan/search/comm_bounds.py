@@ -14,7 +14,7 @@ from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.ops import float8_gemms
-from meshplan.compute.routing import RoutingOptions, a2a_rows
+from meshplan.compute.routing import RoutingOptions, a2a_rows, routed_tokens
 from meshplan.config import Config
 from meshplan.mesh.tpsplit import expert_shard_dim, experts_apart_degrees, local_heads, padded_numel
 from meshplan.search.memory import Tables, lookup, split
@@ -83,13 +83,19 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     out["efsdp_ag"] = np.where(on & apart, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
                                               c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
+    tokens, gathered = routed_tokens(c.mb * (t.seq_len // seq), c.tp, c.etp, t.framework)  # as comm.ep_rows
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
-        tokens = np.maximum(c.mb * (t.seq_len // seq) * c.etp // c.tp, 1)
         out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, e, tok: {"t": _deepep_s(cfg, tt, n, e, tok)}, ("t",),
                            dtype=np.float64)["t"]
     elif m.is_moe:
-        rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
+        rows = a2a_rows(RoutingOptions.of(t), tokens, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
+        # Megatron-LM's etp all-gather and reduce-scatter of the received rows (comm.ep_rows._etp_rows;
+        # etp innermost: stride 1), one of each per all-to-all pair, placed on the ep queue beside them
+        # (layer_timeline): half the pair's time per all-to-all call; 0 at etp 1 and under torch
+        size, one = gathered * rows * m.hidden * cd, np.ones(len(c), dtype=np.int64)
+        out["ep"] = out["ep"] + (coll_times(tt, "all-gather", gathered, size, one)
+                                 + coll_times(tt, "reduce-scatter", gathered, size, one)) / 2
     else:
         out["ep"] = np.zeros(len(c))
     return out
@@ -98,12 +104,12 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
 def _deepep_s(cfg: Config, tt: TimeTables, ep: int, etp: int, tokens: int) -> float:
     """Seconds per call of a deepep dispatch or combine (:func:`meshplan.comm.deepep.call_on`) over the
     flex dispatcher's ep x etp consecutive ranks (the expert block, etp innermost), each rank
-    dispatching its share of the ``tokens`` an all-to-all rank routes (:func:`meshplan.comm.deepep.flex_tokens`),
+    dispatching its own ``tokens`` (:func:`meshplan.compute.routing.routed_tokens`),
     as :func:`meshplan.comm.ep_rows.ep_rows` times it; 0 at ep 1."""
     if ep <= 1:
         return 0.0
     token_bytes = cfg.model.hidden * dtype_bytes(cfg.training.compute_dtype)
-    own = deepep.flex_tokens(tokens, etp)
+    own = tokens
     keep = deepep.keep_share(cfg.training, cfg.model, own, ep)
     return deepep.call_on(tt.path(1, ep * etp), cfg.cluster, cfg.model, own, token_bytes, ep, keep, etp).time_s
 

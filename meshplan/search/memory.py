@@ -337,6 +337,11 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     # gathers them with the layer, Megatron-LM's DDP buffers reduce them with the dense ones
     n += moe & (c.efsdp > 1) & experts_apart_degrees(c.ep, c.efsdp, c.fsdp)
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
+    # Megatron-LM's etp all-gather and reduce-scatter of the dispatched tokens run over its own
+    # expert tensor-parallel group (_EXPERT_TENSOR_PARALLEL_GROUP, megatron/core/parallel_state.py:1381 at
+    # d98e8a6; comm.ep_rows._etp_rows), even where its ranks are tp's
+    t = cfg.training
+    n += moe & (c.etp > 1) & (t.framework == "megatron") & (t.moe_dispatcher != "deepep")
     kv = cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups (not Megatron's, tp_kv)
     n += (c.tp > kv) & ~qkv_gathered(cfg.training.framework, c.tp, kv)
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group

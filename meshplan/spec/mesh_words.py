@@ -11,12 +11,7 @@ restart text and the importers (which write the data axis so) all read them here
 from __future__ import annotations
 
 from meshplan.spec.axes import KNOWN_AXES  # the axis vocabulary
-from meshplan.spec.wording import group_words
-
-#: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
-#: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
-#: (torchtitan's ``dp_shard``).
-REPLICATED = ("none", "zero1", "zero2")
+from meshplan.spec.wording import REPLICATED, expert_data_axis, group_words
 
 
 def data_axis(sharding: str) -> str:
@@ -28,6 +23,17 @@ def data_axis(sharding: str) -> str:
     ('dp', 'dp_shard')
     """
     return "dp" if sharding in REPLICATED else "dp_shard"
+
+
+def derivation_words(lines, sharding: str) -> tuple[str, ...]:
+    """A resolved mesh's derivation lines (:attr:`meshplan.mesh.resolve.Mesh.derivation`) with the
+    experts' data-parallel group named by :func:`~meshplan.spec.wording.expert_data_axis`.
+
+    >>> derivation_words(("efsdp = dp(32) * tp(2) / (ep 8 * etp 1) = 8",), "zero1")
+    ('edp = dp(32) * tp(2) / (ep 8 * etp 1) = 8',)
+    """
+    name = expert_data_axis(sharding)
+    return tuple(name + line[len("efsdp"):] if line.startswith("efsdp = ") else line for line in lines)
 
 
 #: What output calls an hsdp plan that shards nothing (dp_shard x cp 1, no expert shard): its
@@ -143,7 +149,8 @@ def axis_labels(mesh, training, origin: str = "") -> dict[str, str]:
     """
     axes = mesh.all_axes()
     shown = shown_names(mesh.layout.names, training.sharding, taken=[a for a in axes if a not in mesh.layout.names])
-    return shown | {a: w for a, w in group_words(training, origin).items() if a in axes}
+    words = group_words(training, origin) | {"efsdp": expert_data_axis(training.sharding)}
+    return shown | {a: w for a, w in words.items() if a in axes and w != a}
 
 
 def renamed_words(names, sharding: str) -> str:

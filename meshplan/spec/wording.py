@@ -21,6 +21,10 @@ across the *data-parallel* processes.
 from __future__ import annotations
 
 DEEPSPEED = "deepspeed"
+#: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
+#: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
+#: (torchtitan's ``dp_shard``). :func:`meshplan.spec.mesh_words.data_axis` names it by them.
+REPLICATED = ("none", "zero1", "zero2")
 #: ``training.sharding`` -> DeepSpeed's ZeRO stage (hsdp has no DeepSpeed stage: DeepSpeed's
 #: config cannot express it, ``export --to deepspeed`` refuses it).
 ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
@@ -93,7 +97,24 @@ def state_title(training, origin: str = "") -> str:
     return "sharded over the axis named"
 
 
-def shard_words(axis: str, names: tuple[str, ...] | list[str]) -> str:
+def expert_data_axis(sharding: str) -> str:
+    """The name of the routed experts' data-parallel group (meshplan's derived ``efsdp`` = dp_shard x
+    cp x tp / (ep x etp), :mod:`meshplan.spec.axes.ep`) as output prints it, by the rule of
+    :func:`meshplan.spec.mesh_words.data_axis`: ``efsdp`` where FSDP shards the experts over it (zero3,
+    hsdp: torchtitan's ``ParallelDims`` name), ``edp`` where it replicates them (DDP, ZeRO-1/2):
+    Megatron-Core's expert data-parallel group (``_EXPERT_DATA_PARALLEL_GROUP``,
+    megatron/core/parallel_state.py:71 at NVIDIA/Megatron-LM d98e8a6), over which its distributed
+    optimizer shards the experts' state. The one home of the name: the derivation line, the groups
+    and collective tables (:func:`meshplan.spec.mesh_words.axis_labels`) and the state tables
+    (:func:`shard_words`) read it.
+
+    >>> expert_data_axis("zero1"), expert_data_axis("none"), expert_data_axis("zero3"), expert_data_axis("hsdp")
+    ('edp', 'edp', 'efsdp', 'efsdp')
+    """
+    return "edp" if sharding in REPLICATED else "efsdp"
+
+
+def shard_words(axis: str, names: tuple[str, ...] | list[str], sharding: str = "") -> str:
     """The axis a state item is sharded over (``axis``, meshplan's derived ``fsdp`` = the data
     axis x cp), as the user's mesh ``names`` it: over a mesh whose data axis is ``dp``
     (Megatron-LM's, and every import of its arguments), ``dp``, or ``dp x cp`` with a cp axis
@@ -105,7 +126,14 @@ def shard_words(axis: str, names: tuple[str, ...] | list[str]) -> str:
     ('dp', 'dp x cp')
     >>> shard_words("fsdp", ("dp_shard", "tp")), shard_words("efsdp", ("dp", "ep"))
     ('fsdp', 'efsdp')
+
+    The experts' group by ``sharding`` (:func:`expert_data_axis`; "" keeps ``efsdp``):
+
+    >>> shard_words("efsdp", ("dp", "ep"), "zero1"), shard_words("efsdp", ("dp_shard", "ep"), "zero3")
+    ('edp', 'efsdp')
     """
+    if axis == "efsdp" and sharding:
+        return expert_data_axis(sharding)
     if axis != "fsdp" or "dp" not in names:
         return axis
     return " x ".join(a for a in names if a in ("dp", "cp"))
@@ -153,17 +181,19 @@ def stream_words(training, origin: str = "") -> dict[str, str]:
     DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (ZeRO-3's gathers and
     reduce-scatters over dp_shard) and the ``dp`` stream (ZeRO-1/2's gradient buckets over the data
     axis, named ``dp`` where the parameters are replicated) are both :data:`ZERO_STREAM`, the one
-    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); else none.
+    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); the routed experts'
+    ``efsdp`` stream by :func:`expert_data_axis` (``edp`` where nothing is FSDP-sharded over it).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
     {'fsdp': 'ZeRO data-parallel', 'dp': 'ZeRO data-parallel'}
-    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
-    {}
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16)), stream_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1"))
+    ({}, {'efsdp': 'edp'})
     """
+    experts = {} if expert_data_axis(training.sharding) == "efsdp" else {"efsdp": expert_data_axis(training.sharding)}
     if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
-        return {}
-    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM}
+        return experts
+    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM} | experts
 
 
 def fold_streams(parts: dict[str, float], names) -> dict[str, float]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Optional
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn, divisors
+from meshplan.spec.wording import expert_data_axis
 
 
 def expert_shard_dim(experts: int, efsdp: int, ep: int) -> int:
@@ -88,7 +89,7 @@ def _experts(m, t, d):
     reasons = _token_split(t, d)
     efsdp = d.dps * d.cp * d.tp // (d.ep * d.etp)
     return reasons, (f"experts: {m.experts} / ep {d.ep} = {m.experts // d.ep} per rank; "
-                     f"expert mesh efsdp {efsdp} x ep {d.ep} x etp {d.etp}",)
+                     f"expert mesh {expert_data_axis(t.sharding)} {efsdp} x ep {d.ep} x etp {d.etp}",)
 
 
 def _token_split(t, d) -> tuple[str, ...]:

@@ -1,0 +1,109 @@
+"""Expert tensor parallelism (etp > 1) as Megatron-Core runs it (MoEAlltoAllTokenDispatcher,
+NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py``): each rank routes
+its own sequence-parallel tokens, all-to-alls them over ep (:705-724), then all-gathers what it
+received over etp (``dispatch_postprocess``, :741-751) and reduce-scatters the experts' output there
+(``combine_preprocess``, :824-833) before the combine all-to-all (:864-870). The newcomer trial's
+job: Mixtral-8x22B on 512 H100, tp 2 + SP, pp 8, ep 8, etp 2 (tests/configs.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from tests.configs import mixtral_8x22b_etp_job
+
+# Mixtral-8x22B: hidden 6144, top-2, bf16; micro-batch 1 x seq 4096 at cp 1
+H, K, BF16, TOKENS = 6144, 2, 2, 4096
+
+
+def _plan(tmp_path, **kw):
+    f = tmp_path / "etp.toml"
+    f.write_text(mixtral_8x22b_etp_job(**kw))
+    return build_plan(load_config(f))
+
+
+def _rows(p, axis, op, phase="forward"):
+    return [r for r in p.collectives["stage 0"] if r.axis == axis and r.op == op and r.phase == phase
+            and r.dtype == "bf16"]  # not the dropless count exchange (int64)
+
+
+def test_megatron_etp2_dispatches_each_ranks_own_tokens(tmp_path):
+    p = _plan(tmp_path)
+    # T_local = 4096 x 1 / tp 2 = 2048 tokens a rank routes (its SP shard), balanced dropless: all
+    # 2048 x 2 copies leave in the dispatch: 2048 x 2 x 6144 x 2 B = 50,331,648 B per all-to-all
+    own = TOKENS // 2
+    (a2a,) = _rows(p, "ep", "all-to-all")
+    assert a2a.size_bytes == own * K * H * BF16 == 50_331_648
+    (back,) = _rows(p, "ep", "all-to-all", "backward")
+    assert back.size_bytes == 50_331_648
+    gemms = {g.name: g for g in p.gemms}
+    # the router runs on the rank's own 2048 tokens; each expert GEMM on the etp gather's
+    # 2 ranks x 2048 x 2 = 8192 rows (1 local expert at ep 8)
+    assert gemms["router"].m == own
+    assert gemms["expert_w_up"].m == gemms["expert_w_down"].m == 2 * own * K == 8192
+    assert any("T = 4096 local tokens / tp 2 = 2048" in n for n in p.notes)
+
+
+def test_torch_etp1_routes_the_tp_split_as_before(tmp_path):
+    # torchtitan (etp 1 with ep > 1): the tp ranks split the 4096 tokens, 2048 each, no etp gather
+    p = _plan(tmp_path, etp=1, framework="torch", sharding="zero3")
+    (a2a,) = _rows(p, "ep", "all-to-all")
+    assert a2a.size_bytes == 2048 * K * H * BF16
+    gemms = {g.name: g for g in p.gemms}
+    assert gemms["router"].m == 2048 and gemms["expert_w_up"].m == 2048 * K
+
+
+def test_megatron_etp2_gathers_and_scatters_over_etp(tmp_path):
+    p = _plan(tmp_path)
+    # each rank received 2048 x 2 = 4096 rows; the etp all-gather's output (nccl-tests' size) is
+    # 2 ranks x 4096 rows x 6144 x 2 B = 100,663,296 B (each rank's 50,331,648 B in it), the
+    # reduce-scatter's input the same; over etp (ranks 0,1: one node, NVLink)
+    size = 2 * (2048 * K) * H * BF16
+    assert size == 100_663_296
+    # 7 layers a stage (56 / pp 8), every one MoE; full recompute replays each: forward 1 call per
+    # layer, backward 2 (the gradient of the other collective, and the replay's own)
+    for op in ("all-gather", "reduce-scatter"):
+        (f,) = _rows(p, "etp", op)
+        (b,) = _rows(p, "etp", op, "backward")
+        assert f.size_bytes == b.size_bytes == size and f.group_size == 2 and f.example_ranks == (0, 1)
+        assert f.path.kind == "nvlink" and f.per_microbatch == 7 and b.per_microbatch == 14
+    # etp 1: none
+    assert not _rows(_plan(tmp_path, etp=1), "etp", "all-gather")
+
+
+def test_the_step_issues_the_etp_calls_the_table_counts(tmp_path):
+    """Stage 0's rank timeline issues each etp row as often per step as the table counts it (16
+    micro-batches x 7 forward, 14 backward), on the ep stream's queue between the all-to-alls."""
+    p = _plan(tmp_path)
+    st = step_time(p)
+    table = {(r.phase, r.op): r.per_step for r in p.stage(0).collectives if r.axis == "etp"}
+    assert table == {("forward", "all-gather"): 112, ("forward", "reduce-scatter"): 112,
+                     ("backward", "all-gather"): 224, ("backward", "reduce-scatter"): 224}
+    issued = Counter()
+    for e in st.pipeline.events:
+        if e.stage == 0 and e.name[0] in "FB":
+            for ie in st.units.of_event(e).events:
+                if ie.args.get("kind") == "ep" and ie.args.get("group") == "etp":
+                    issued[ie.args["op"]] += 1
+    # the timeline files the full recompute's replay under its forward phase, the table under
+    # backward (as the all-to-alls): per op, 112 + 224 = 336 = 16 x 7 x 3 either way
+    assert issued == {op: table[("forward", op)] + table[("backward", op)] for op in ("all-gather", "reduce-scatter")}
+    assert issued["all-gather"] == 16 * 7 * 3
+    assert not any("etp" in n for n in st.notes if "not simulated" in n)
+
+
+def test_expert_data_parallel_group_is_named_by_the_sharding(tmp_path):
+    """Under the distributed optimizer (zero1) nothing is FSDP-sharded over the experts' data axis:
+    Megatron-Core's expert data-parallel group, edp = dp 32 x tp 2 / (ep 8 x etp 2) = 4; FSDP (zero3)
+    keeps torchtitan's efsdp (there at etp 1: 32 x 2 / 8 = 8)."""
+    from meshplan.spec.mesh_words import axis_labels
+    p = _plan(tmp_path)
+    assert "edp = dp(32) * tp(2) / (ep 8 * etp 2) = 4" in p.derivation
+    assert axis_labels(p.mesh, p.config.training)["efsdp"] == "edp"
+    assert any("expert mesh edp 4 x ep 8 x etp 2" in n for n in p.notes)
+    assert ", edp " in step_time(p).lines()[2] and "efsdp" not in step_time(p).lines()[2]  # exposed communication
+    q = _plan(tmp_path, etp=1, framework="torch", sharding="zero3")
+    assert "efsdp = dp(32) * tp(2) / (ep 8 * etp 1) = 8" in q.derivation
+    assert "efsdp" not in axis_labels(q.mesh, q.config.training)
