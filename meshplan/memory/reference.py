@@ -32,9 +32,12 @@ def _backward_flags(ops) -> tuple[set, set]:
     return first, set(last.values())
 
 
-def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTable, list[tuple]]:
-    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after)
-    built once; ``evict``: per op, whether the schedule's window reshards its chunk after it."""
+def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[bool] = (),
+           unshard: Sequence[tuple] = ()) -> tuple[PassTable, list[tuple]]:
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after,
+    waits, UNSHARDs before it) built once; ``evict``: per op, whether the schedule's window reshards
+    its chunk after it; ``waits`` and ``unshard``: per op, torch's UNSHARD actions
+    (:class:`~meshplan.memory.passes.PassBuilder`)."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
     cache: dict = {}
@@ -45,9 +48,12 @@ def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTabl
         keys = set(sizes.chunk_units(chunk))
         g_in = frozenset(gathered & keys)
         ev = bool(evict[i]) if len(evict) else False
-        key = (phase, chunk, g_in, i in first_b, i in last_b, ev)
+        wt = bool(waits[i]) if len(waits) else False
+        pre = tuple(unshard[i]) if len(unshard) else ()
+        key = (phase, chunk, g_in, i in first_b, i in last_b, ev, wt, pre)
         if key not in cache:
-            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev)
+            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev, waits=wt,
+                            unshard=pre)
             templates.append(b.build())
             cache[key] = (len(templates) - 1, frozenset(b.gathered))
         tid, g_out = cache[key]

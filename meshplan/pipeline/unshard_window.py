@@ -224,41 +224,32 @@ def unshards_before(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDO
 
 def held_after(chunk: Sequence[int] | np.ndarray, i: int, window: int = TORCH_WINDOW) -> int:
     """Distinct chunks the memory timeline holds unsharded right after op ``i`` of one rank's
-    order (``chunk``: (n,) local chunk of each op) when no pass reshards after forward: each chunk
-    with ops both at or before ``i`` and after it, unless the window released it after its latest
-    op ``a <= i`` (:func:`released_after`: ``window`` or more distinct other chunks strictly between
-    ``a`` and its next op ``b > i``). The timeline gathers a chunk at its first op and at each op
-    that finds it evicted and frees it after the op the window reshards it after; torch's UNSHARD
-    prefetch up to 2 ops earlier is not counted there (:class:`meshplan.memory.passes.PassBuilder`).
-    Every chunk with ops on both sides with no window (``window`` 0, or ``v <= window``).
+    order (``chunk``: (n,) local chunk of each op) when no pass reshards after forward. With a
+    window: those :func:`unsharded` both at op ``i`` and at op ``i + 1`` (torch's active set at
+    op ``i`` less the chunks it RESHARDs before op ``i + 1``; none after the last op), whether used
+    since their UNSHARD or prefetched for a later op (their all-gather outputs, the same bytes:
+    :class:`meshplan.memory.passes.PassBuilder`). With no window (``window`` 0, FSDP2's hooks
+    gather each chunk at its first op): every chunk with ops both at or before ``i`` and after it.
+    Only columns ``i`` and ``i + 1`` are built: the first ``window`` distinct chunks of the ops
+    from each.
 
     >>> order = [0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]  # p 2, m 2, v 4, rank 0
     >>> held_after(order, 8), held_after(order, 8, window=0)  # chunk 0 released after op 1
     (3, 4)
+    >>> held_after(order, 0), held_after([0, 0, 1, 1], 0), held_after([0, 0, 1, 1], 0, window=0)  # 0, 1 and 2 prefetched
+    (3, 2, 1)
     """
     ch = np.asarray(chunk, dtype=np.int64)
-    if len(ch) == 0:
-        return 0
-    v = int(ch.max()) + 1
-    # the ops up to twice i first (each chunk's next op is near i past the warm-up); the whole
-    # order where a chunk seen by then has none in that prefix
-    held, whole = _held_in(ch[:2 * (i + 1)], i, window, v)
-    return held if whole else _held_in(ch, i, window, v)[0]
+    if window <= 0:
+        return len(set(ch[:i + 1].tolist()) & set(ch[i + 1:].tolist()))
+    return len(_window_at(ch, i, window) & _window_at(ch, i + 1, window))
 
 
-def _held_in(ch: np.ndarray, i: int, window: int, v: int) -> tuple[int, bool]:
-    """:func:`held_after` on the ops ``ch`` (a prefix of the order, ``v`` chunks in all) and
-    whether it is the order's: every chunk with an op at or before ``i`` has one after it in ``ch``."""
-    n = len(ch)
-    idx = np.arange(n)
-    hit = ch[None, :] == np.arange(v)[:, None]  # (v, n)
-    a = np.where(hit[:, :i + 1], idx[:i + 1], -1).max(axis=1, initial=-1)  # each chunk's latest op at or before i
-    b = np.where(hit[:, i + 1:], idx[i + 1:], n).min(axis=1, initial=n)  # and its next one
-    both = (a >= 0) & (b < n)
-    whole = bool(((a < 0) | both).all())
-    if window <= 0 or v <= window:
-        return int(both.sum()), whole
-    cum = np.concatenate([np.zeros((v, 1), np.int64), np.cumsum(hit, axis=1)], axis=1)  # (v, n + 1)
-    # distinct chunks strictly between a and b, per chunk (columns); c itself never lies there
-    others = ((cum[:, b] - cum[:, a + 1]) > 0).sum(axis=0)
-    return int((both & (others < window)).sum()), whole
+def _window_at(ch: np.ndarray, k: int, window: int) -> set[int]:
+    """The first ``window`` distinct chunks of the ops ``k..`` (torch's ``next_stage_indices``):
+    :func:`unsharded`'s column ``k``."""
+    rest = ch[k:]
+    if not len(rest):
+        return set()
+    vals, first = np.unique(rest, return_index=True)
+    return set(vals[np.argsort(first)][:window].tolist())
