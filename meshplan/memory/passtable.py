@@ -208,6 +208,26 @@ class _Entangled(Exception):
 
 def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
                    pre_of: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:
+    """(key index of each op, the built passes): :func:`_keys_on_states` on the tokens without
+    the UNSHARDs before each pass (column 6: another chunk's all-gather outputs change no unit's
+    state), then each op that has some keyed with them, each such pass built once (a few per
+    stage: the closure over every (state, token) pair would build them all)."""
+    strip = np.column_stack([tokens[:, :6], np.zeros(len(tokens), np.int64)])
+    base, inv = np.unique(strip, axis=0, return_inverse=True)
+    key, passes = _keys_on_states(sizes, base, inv.reshape(-1)[tok], pre_of)
+    pre = tokens[tok, 6]
+    index = {k: i for i, (k, _) in enumerate(passes)}
+    for op in np.flatnonzero(pre).tolist():
+        k = passes[key[op]][0][:7] + (pre_of[pre[op]],)
+        if k not in index:
+            passes.append((k, _build(sizes, k)[0]))
+            index[k] = len(passes) - 1
+        key[op] = index[k]
+    return key, passes
+
+
+def _keys_on_states(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
+                    pre_of: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:
     """(key index of each op, the built passes): one automaton per chunk over that chunk's
     ops alone. A pass of chunk c reads and changes only the units of c (its key holds
     ``state & units of c``, and it leaves unsharded units of c only, checked), so the state a
@@ -297,21 +317,22 @@ def states_before(maps: np.ndarray) -> np.ndarray:
 
 def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray,
                evict: Optional[np.ndarray] = None, waits: Optional[np.ndarray] = None,
-               unshard: Optional[Sequence[tuple]] = None) -> tuple[PassTable, list[tuple]]:
+               unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
     """The passes (init, one per op, step) and templates of a stage whose ops are the
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`); ``evict`` (bool per op, default none):
     the ops after which the pipeline schedule's window reshards their chunk
     (:func:`meshplan.pipeline.unshard_window.released_after`); ``waits`` (bool per op) and
-    ``unshard`` (per op, the chunks UNSHARDed before it): torch's UNSHARD actions
+    ``unshard`` (op -> the chunks UNSHARDed before it, where any): torch's UNSHARD actions
     (:class:`~meshplan.memory.passes.PassBuilder`), default none."""
     first, last = backward_flags(phase, chunk)
     n = len(phase)
     ev = np.zeros(n, np.int64) if evict is None else np.asarray(evict, np.int64)
     wt = np.zeros(n, np.int64) if waits is None else np.asarray(waits, np.int64)
     pre_ids: dict[tuple, int] = {(): 0}
-    pre = np.array([pre_ids.setdefault(tuple(u), len(pre_ids)) for u in unshard], np.int64) if unshard \
-        else np.zeros(n, np.int64)
+    pre = np.zeros(n, np.int64)
+    for k, u in (unshard or {}).items():
+        pre[k] = pre_ids.setdefault(u, len(pre_ids))
     pre_of = list(pre_ids)
     width = int(np.max(chunk)) + 1 if n else 1
     code = ((((((pre * width + np.asarray(chunk, np.int64)) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev) * 2

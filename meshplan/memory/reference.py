@@ -10,7 +10,7 @@ One loop step per micro-batch and stage: slow on pp 64-128 x thousands of micro-
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -33,10 +33,10 @@ def _backward_flags(ops) -> tuple[set, set]:
 
 
 def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[bool] = (),
-           unshard: Sequence[tuple] = ()) -> tuple[PassTable, list[tuple]]:
+           unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
     """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after,
     waits, UNSHARDs before it) built once; ``evict``: per op, whether the schedule's window reshards
-    its chunk after it; ``waits`` and ``unshard``: per op, torch's UNSHARD actions
+    its chunk after it; ``waits`` (per op) and ``unshard`` (op -> chunks): torch's UNSHARD actions
     (:class:`~meshplan.memory.passes.PassBuilder`)."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
@@ -49,7 +49,7 @@ def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[b
         g_in = frozenset(gathered & keys)
         ev = bool(evict[i]) if len(evict) else False
         wt = bool(waits[i]) if len(waits) else False
-        pre = tuple(unshard[i]) if len(unshard) else ()
+        pre = (unshard or {}).get(i, ())
         key = (phase, chunk, g_in, i in first_b, i in last_b, ev, wt, pre)
         if key not in cache:
             b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev, waits=wt,

@@ -238,7 +238,7 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     torch_unshards = sizes.fsdp and sizes.deepspeed_prefetch is None and unshards_first(c.mesh.pp_schedule, window)
     waits, pre = (unshards(chunk, window), unshards_before(chunk, window)) if torch_unshards else (None, None)
     passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist(),
-                                   () if waits is None else waits.tolist(), pre or ()) if reference \
+                                   () if waits is None else waits.tolist(), pre) if reference \
         else pass_table(sizes, phase, chunk, mb, evict, waits, pre)
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)

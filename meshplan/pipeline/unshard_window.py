@@ -209,17 +209,18 @@ def held_spans(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) ->
     return sorted(out, key=lambda s: s[1])
 
 
-def unshards_before(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> list[tuple[int, ...]]:
-    """Per op, the chunks torch UNSHARDs right before it (:func:`held_spans`), in the order it
-    issues them (of their next ops'): where the memory timeline allocates their all-gather outputs.
+def unshards_before(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> dict[int, tuple[int, ...]]:
+    """The chunks torch UNSHARDs right before op ``k`` (:func:`held_spans`), in the order it issues
+    them (of their next ops'), for each ``k`` that has some: where the memory timeline allocates
+    their all-gather outputs.
 
-    >>> unshards_before([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0])[:3], unshards_before([0, 1, 0, 1], 0)[0]
-    ([(0, 1, 2), (), (3,)], ())
+    >>> unshards_before([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]), unshards_before([0, 1, 0, 1], 0)
+    ({0: (0, 1, 2), 2: (3,), 10: (0,)}, {})
     """
-    out: list[list[int]] = [[] for _ in range(len(chunk))]
+    out: dict[int, tuple[int, ...]] = {}
     for i, b, _ in held_spans(chunk, window):
-        out[i].append(int(chunk[b]))
-    return [tuple(x) for x in out]
+        out[i] = out.get(i, ()) + (int(chunk[b]),)
+    return out
 
 
 def held_after(chunk: Sequence[int] | np.ndarray, i: int, window: int = TORCH_WINDOW) -> int:
