@@ -150,9 +150,14 @@ def test_the_fsdp_hint_speaks_under_pp(tmp_path, capsys):
     # (window_unshard: the pp 16 x vpp 8 re-gathers timed from torch's UNSHARD; was 23.2%, 17.2 s of 73.93 s,
     # false 60.14 s -18.7%, mb 2 67.79 s -8.3%; nc24left's first UNSHARDs: was 21.8%, 15.9 s of 72.80 s, false
     # 58.26 s -20.0%, mb 2 67.29 s)
+    # (prefetchmem: mb 2's peak was 27.4 GiB, stage 1's forward of layer 112, micro-batch 29: 29,420,355,584 B;
+    # the memory timeline now holds torch's UNSHARD of chunk 6 (layer 96's unit: (16,384 x 34,816 attention +
+    # 3 x 16,384 x 53,248 MLP) / tp 8 + 2 norms of 16,384 = 398,491,648 parameters x 2 B = 796,983,296 B) from
+    # the start of the backward of layer 112, micro-batch 19: 28,876,013,568 + 796,983,296 = 29,672,996,864 B
+    # = 27.6 GiB there, the new peak)
     assert ("hint: exposed fsdp is 21.7% of the step (15.8 s of 72.79 s; 128 micro-batches per step): shorter with "
             "training.reshard_after_forward = false (step 56.26 s, -22.7%, peak 22.2 GiB fits); training.micro_batch "
-            "= 2 (step 67.28 s, -7.6%, peak 27.4 GiB fits)") in capsys.readouterr().out.splitlines()
+            "= 2 (step 67.28 s, -7.6%, peak 27.6 GiB fits)") in capsys.readouterr().out.splitlines()
 
 
 def test_step_replans_each_fsdp_knob_once(tmp_path, capsys, monkeypatch):

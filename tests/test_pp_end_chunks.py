@@ -88,9 +88,14 @@ def test_tiny_schedule_and_collectives_count_the_empty_chunks():
     assert "embedding" in inner and not any(n.startswith("L") or "fsdp AG L" in n for n in inner)
     table = {(r.phase, r.op): r.per_step for r in plan.stage(0).collectives
              if r.axis == "dp_shard" and r.cadence == "every layer"}
-    gathers = Counter(e.phase for e in plan.timelines[0].events()
-                      if e.label.startswith("layer ") and e.label.endswith("all-gather output (compute dtype)"))
+    # each all-gather is copied out once, by the pass that needs it: at FSDP2's hook or, under this
+    # multi-stage schedule, at its wait for torch's UNSHARD, whose all-gather outputs the pass the
+    # UNSHARD comes before allocates (up to 2 chunks ahead, so maybe a pass of the other phase)
+    layers = [e for e in plan.timelines[0].events() if e.label.startswith("layer ")]
+    gathers = Counter(e.phase for e in layers if ": copy-out" in e.label)
     assert gathers == {"forward": table[("forward", "all-gather")], "backward": table[("backward", "all-gather")]}
+    assert sum("(UNSHARD of chunk" in e.label for e in layers) == sum("copy-out at the wait" in e.label for e in layers) \
+        == sum(gathers.values())
     # reshard_after_forward unset is false at pp > 1 (torchtitan's default): chunk 1 gathers in F1.0 and
     # F1.2 (torch's window of 3 local stages evicted it between), chunks 2, 3 in their first forward
     # (the empty chunk 0's 2 not); resharded after forward, chunks 1, 2, 3 gather in 4, 3, 3 forwards

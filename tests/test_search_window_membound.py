@@ -2,12 +2,13 @@
 FSDP kept gathered from forward to backward) against the exact timeline (issue 11, membound2).
 
 Term A of :mod:`meshplan.search.bounds` (the end of chunk 0's first backward, every chunk's
-unsharded accumulators held) counted the window's 3 chunks of gathered layers. The timeline
-(:class:`meshplan.memory.passes.PassBuilder`) holds a chunk the window evicted only from its next
-pass, not from torch's UNSHARD up to 2 ops before: at that op it holds 2 chunks where the next
-ops run chunks 0 and v - 1 only (interleaved 1F1B with m = 2 pp, and the later stages with more).
-On the 405B example 6 rows had a lower bound 1.0-1.7% above the exact peak (search notes
-"outside the memory bounds"), so a mesh that fits could be rejected unplanned near the limit.
+unsharded accumulators held) counts the chunks the timeline holds gathered there. Up to
+prefetchmem the timeline (:class:`meshplan.memory.passes.PassBuilder`) held a chunk the window
+evicted only from its next pass, not from torch's UNSHARD before it (2 chunks where the next ops
+run chunks 0 and v - 1 only), and the bound counted that; on the 405B example 6 rows had had a
+lower bound 1.0-1.7% above the exact peak when it counted the window's 3. Now the timeline holds
+each chunk from torch's UNSHARD to its RESHARD (:func:`meshplan.pipeline.unshard_window.unsharded`),
+so it holds the window's 3 there: the prefetched chunk's all-gather outputs.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.memory.schedule import stage_op_arrays
-from meshplan.pipeline.unshard_window import held_after, released_after
+from meshplan.pipeline.unshard_window import held_after, held_spans, released_after, unsharded
 from meshplan.plan import build_plan
 from meshplan.search.bounds import bounds
 from meshplan.search.candidate import candidate_config
@@ -44,32 +45,38 @@ def test_chunks_held_at_chunk0_first_backward_by_hand():
     """405B example's shape, pp 16, 32 micro-batches, vpp 4, stage 1. Its order around chunk 0's
     first backward (local chunks; the exact timeline's passes): ... B1 mb 15, F3 mb 28, **B0 mb 0**,
     F3 mb 29, B0 mb 1, F3 mb 30, B0 mb 2, F3 mb 31, B0 mb 3 .. B0 mb 15, B3 mb 16 .., B2 mb 16 ..,
-    B1 mb 16 ... Chunk 3 and chunk 0 run again with no other chunk between: held. Chunk 1 (latest
-    B1 mb 15) next runs after chunks 3, 0 and 2: 3 others, the window evicted it; chunk 2 (latest
-    B2 mb 15, next after 1, 3 and 0) likewise. So 2 chunks, not the window's 3; without a window
-    all 4."""
+    B1 mb 16 ... torch's active set before an op is the first 3 distinct chunks from it on: before
+    B0 mb 0 and before F3 mb 29 both are {0, 3, 2} (2 for B2 mb 16, UNSHARDed already before F3 mb
+    28, when B1 mb 15 was done: from F3 mb 28 on the first 3 distinct are 3, 0, 2). Chunk 1 (latest
+    B1 mb 15) next runs after chunks 3, 0 and 2: RESHARDed. So 3 chunks, chunk 2 as all-gather
+    outputs (the timeline counted 2 before it held prefetched chunks); without a window all 4."""
     sched = candidate_schedule(4)
     chunk, i = _first_chunk0_backward(sched, 1, 16, 32, 4)
     assert chunk[i - 2:i + 3].tolist() == [1, 3, 0, 3, 0]
-    assert held_after(chunk, i) == 2 and held_after(chunk, i, window=0) == 4
-    # at m = 4 pp the first half of the stages still has a third chunk's next op before 3 others
-    assert [held_after(*_first_chunk0_backward(sched, k, 4, 16, 4)) for k in range(4)] == [3, 3, 2, 2]
+    assert held_after(chunk, i) == 3 and held_after(chunk, i, window=0) == 4
+    # the held chunks: 0 and 3 used since their UNSHARD, 2 prefetched before op i - 1 for its next op
+    assert sorted(c for c in range(4) if unsharded(chunk)[c, i - 1:i + 2].all()) == [0, 2, 3]
+    assert not unsharded(chunk)[2, i - 2]
+    # at m = 4 pp every stage holds the window's 3 there (before prefetchmem: 3, 3, 2, 2)
+    assert [held_after(*_first_chunk0_backward(sched, k, 4, 16, 4)) for k in range(4)] == [3, 3, 3, 3]
 
 
 def _held_by_definition(chunk: np.ndarray, i: int, window: int) -> int:
-    """The chunks with ops on both sides of ``i`` whose latest op at or before it the timeline's
-    rule (:func:`released_after`, on the whole order) does not release after."""
+    """Without a window, the chunks with ops on both sides of ``i``; with one, the chunks whose
+    span from torch's UNSHARD to its RESHARD (:func:`held_spans`, on the whole order: UNSHARD
+    before op ``s``, RESHARD after op ``a``) has ``s <= i < a``, a RESHARD after op ``a`` being
+    :func:`released_after`'s release or the chunk's last op."""
+    if not window:
+        return len(set(chunk[:i + 1].tolist()) & set(chunk[i + 1:].tolist()))
     rel = released_after(chunk, window)
-    held = 0
-    for c in set(chunk[:i + 1].tolist()):
-        at = np.flatnonzero(chunk == c)
-        held += bool((at > i).any()) and not rel[at[at <= i].max()]
-    return held
+    for s, b, a in held_spans(chunk, window):
+        assert rel[a] or not (chunk[a + 1:] == chunk[b]).any()  # the RESHARD the timeline applies
+    return sum(s <= i < a for s, _, a in held_spans(chunk, window))
 
 
 @pytest.mark.parametrize("window", [3, 0])
 def test_held_after_is_the_timelines_release_rule(window):
-    """held_after (which reads a prefix of the order first) against the definition on whole
+    """held_after (which reads two columns of the window) against the definition on whole
     orders: interleaved 1F1B at pp 2 and 4, vpp 4 and 5, m = pp .. 4 pp, every stage, every third op."""
     for p in (2, 4):
         for v in (4, 5):
@@ -101,10 +108,12 @@ def _stage_bounds(cfg, c, tables, i: int):
 def test_small_world_stage_bounds_hold_and_term_a_is_the_timeline(small30):
     """On every vpp >= 4 row kept gathered: each stage's lower bound <= its exact peak, no margin,
     and the upper bound >= it. On pp 4 x dp_shard 4 (vpp 4) stage 1's lower bound is term A, equal
-    to the timeline's running total at the end of chunk 0's first backward (4,363,386,880 B, read
-    from the exact timeline), with 2 chunks of 2 layers gathered; the window's 3 chunks added one
-    chunk, 2 layers x 45,092,864 elements x 2 B (bf16) = 180,371,456 B, above the stage's exact
-    peak (4,450,484,224 B: layer 2's backward working set)."""
+    to the timeline's running total at the end of chunk 0's first backward (4,543,758,336 B, read
+    from the exact timeline), with the window's 3 chunks of 2 layers gathered. Before prefetchmem
+    the timeline held 2 there (4,363,386,880 B) and its peak was 4,450,484,224 B (layer 2's
+    backward working set); the third chunk, prefetched from torch's UNSHARD, adds one chunk,
+    2 layers x 45,092,864 elements x 2 B (bf16) = 180,371,456 B, to both: 4,363,386,880 +
+    180,371,456 = 4,543,758,336 and 4,450,484,224 + 180,371,456 = 4,630,855,680."""
     cfg, c, tables = small30
     label = "pp 4 x dp_shard 4, mb 1, none, vpp 4, zero3, short end stages"
     rows = [i for i in range(len(c)) if c.vpp[i] >= 4 and c.rf[i] == 0 and c.pp[i] > 1]
@@ -118,14 +127,14 @@ def test_small_world_stage_bounds_hold_and_term_a_is_the_timeline(small30):
         assert all(lo[k] <= peaks[k] <= hi[k] for k in range(len(peaks))), (c.label(i), lo.tolist(), peaks)
         if c.label(i) != label:
             continue
-        assert chunks_held(g, st, 3, np.ones((1, 1), bool))[0].tolist() == [2, 2, 2, 2]
+        assert chunks_held(g, st, 3, np.ones((1, 1), bool))[0].tolist() == [3, 3, 3, 3]
         tl = plan.timelines[1]
         first = next(p for p in tl.passes if p.phase == "backward" and p.chunk == 0)
         at_a = int(tl.running().sum(axis=1)[first.first_event + len(tl.templates[first.template]) - 1])
         chunk_bytes = 2 * LAYER_NUMEL * 2
         assert chunk_bytes == 180_371_456
-        assert int(lo[1]) == at_a == 4_363_386_880
-        assert peaks[1] == 4_450_484_224 and lo[1] + chunk_bytes > peaks[1]  # the old count failed here
+        assert int(lo[1]) == at_a == 4_363_386_880 + chunk_bytes == 4_543_758_336
+        assert peaks[1] == 4_450_484_224 + chunk_bytes == 4_630_855_680
 
 
 def test_405b_example_rows_lower_bound_at_or_under_the_exact_peak():

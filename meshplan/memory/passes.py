@@ -61,12 +61,16 @@ class PassBuilder(UnitEvents):
     ``last``: first and last backward of this chunk in the step; ``evict``: torch's pipeline
     schedule reshards the chunk right after this pass (its window of 3 local stages moves past
     it, :func:`meshplan.pipeline.unshard_window.released_after`): the units still held are
-    released at the pass's end, so the chunk holds its shard only and its next pass gathers it
-    again (there, not at torch's UNSHARD up to 2 ops earlier: the prefetched bytes are not
-    counted during those ops). After :meth:`build`,
+    released at the pass's end, so the chunk holds its shard only until torch UNSHARDs it again.
+    Under torch's multi-stage schedules (:func:`~meshplan.pipeline.unshard_window.unshards_first`)
+    ``unshard``: the chunks UNSHARDed right before this pass, their all-gather outputs allocated at
+    its start (:func:`~meshplan.pipeline.unshard_window.unshards_before`, up to 2 distinct chunks
+    ahead of the op that needs them); ``waits``: this pass's chunk was UNSHARDed (at or before it)
+    and is copied out whole before it runs (:meth:`_schedule_unshards`). After :meth:`build`,
     ``gathered`` holds the units still unsharded when it ends."""
 
     def build(self) -> tuple[Entry, ...]:
+        self._schedule_unshards()
         if self.phase == "forward":
             self._forward()
         else:

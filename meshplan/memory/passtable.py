@@ -9,9 +9,11 @@ event, the peak (when, what dominates it) and the maxima per kind equal.
 
 **Which template a pass repeats.** A pass is built by
 :class:`~meshplan.memory.passes.PassBuilder` from its key (phase, chunk, FSDP units
-already unsharded when it starts, first / last backward of the chunk). The units
+already unsharded when it starts, first / last backward of the chunk, the pipeline schedule's
+RESHARD after it, its UNSHARDs before it). The units
 unsharded after a pass are a function of the units before it and of the pass's token
-(phase, chunk, first, last): ``after = (before - units of the chunk) | what the pass left
+(the key less the units; the all-gather outputs of another chunk's UNSHARD change no unit's
+state, the pass of that chunk that waits for them does): ``after = (before - units of the chunk) | what the pass left
 unsharded``. So the passes of a stage are a finite automaton over its token sequence. Its
 states (sets of unsharded units) are closed over from the empty set under the stage's
 distinct tokens (a handful: two phases x chunks x the first/last flags); each pass is then
@@ -151,11 +153,12 @@ def first_use_order(values: np.ndarray) -> np.ndarray:
     return used[np.argsort(first)]
 
 
-def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = None,
+def _automaton(sizes: StageSizes, tokens: np.ndarray, pre_of: Sequence[tuple], built: Optional[dict] = None,
                passes: Optional[list] = None, chunk: Optional[int] = None) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
     """States closed over from the empty set: ``(next state, key index)``, each (states,
     tokens), and the built passes ``(key, template)`` by key index. A token is (phase 0/1,
-    chunk, first, last, released after) as one row of ``tokens``. ``built`` and ``passes``: the
+    chunk, first, last, released after, waits for its UNSHARD, index into ``pre_of`` of the
+    chunks UNSHARDed before it) as one row of ``tokens`` (:func:`pass_table`). ``built`` and ``passes``: the
     passes built so far, by key and by key index, extended in place (default: new ones). ``chunk``: the
     tokens are that chunk's alone, and :class:`_Entangled` is raised if a pass leaves a unit
     of another chunk unsharded (its states would then not be the chunk's own)."""
@@ -168,12 +171,13 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = No
     s = 0
     while s < len(states):
         row_n, row_k = [], []
-        for ph, c, f, la, ev in tokens.tolist():
-            key = ("backward" if ph else "forward", c, states[s] & units[c], bool(f), bool(la), bool(ev))
+        for ph, c, f, la, ev, wt, pre in tokens.tolist():
+            key = ("backward" if ph else "forward", c, states[s] & units[c], bool(f), bool(la), bool(ev), bool(wt),
+                   pre_of[pre])
             if key not in built:
-                b = PassBuilder(sizes, key[0], c, key[2], first=key[3], last=key[4], evict=key[5])
-                passes.append((key, b.build()))
-                built[key] = (len(passes) - 1, frozenset(b.gathered))
+                events, g_out = _build(sizes, key)
+                passes.append((key, events))
+                built[key] = (len(passes) - 1, g_out)
             k, g_out = built[key]
             if chunk is not None and not g_out <= units[c]:
                 raise _Entangled
@@ -189,11 +193,41 @@ def _automaton(sizes: StageSizes, tokens: np.ndarray, built: Optional[dict] = No
     return np.array(nxt, dtype=np.int64), np.array(kid, dtype=np.int64), passes
 
 
+def _build(sizes: StageSizes, key: tuple) -> tuple[tuple, frozenset]:
+    """The events of the pass ``key`` (phase, chunk, units gathered when it starts, first, last,
+    released after, waits for its UNSHARD, chunks UNSHARDed before it: :class:`PassBuilder`'s
+    arguments) and the units it leaves unsharded."""
+    b = PassBuilder(sizes, key[0], key[1], key[2], first=key[3], last=key[4], evict=key[5], waits=key[6],
+                    unshard=key[7])
+    return b.build(), frozenset(b.gathered)
+
+
 class _Entangled(Exception):
     """A pass of one chunk left a unit of another chunk unsharded (:func:`_keys_by_chunk`)."""
 
 
-def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
+                   pre_of: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:
+    """(key index of each op, the built passes): :func:`_keys_on_states` on the tokens without
+    the UNSHARDs before each pass (column 6: another chunk's all-gather outputs change no unit's
+    state), then each op that has some keyed with them, each such pass built once (a few per
+    stage: the closure over every (state, token) pair would build them all)."""
+    strip = np.column_stack([tokens[:, :6], np.zeros(len(tokens), np.int64)])
+    base, inv = np.unique(strip, axis=0, return_inverse=True)
+    key, passes = _keys_on_states(sizes, base, inv.reshape(-1)[tok], pre_of)
+    pre = tokens[tok, 6]
+    index = {k: i for i, (k, _) in enumerate(passes)}
+    for op in np.flatnonzero(pre).tolist():
+        k = passes[key[op]][0][:7] + (pre_of[pre[op]],)
+        if k not in index:
+            passes.append((k, _build(sizes, k)[0]))
+            index[k] = len(passes) - 1
+        key[op] = index[k]
+    return key, passes
+
+
+def _keys_on_states(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
+                    pre_of: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:
     """(key index of each op, the built passes): one automaton per chunk over that chunk's
     ops alone. A pass of chunk c reads and changes only the units of c (its key holds
     ``state & units of c``, and it leaves unsharded units of c only, checked), so the state a
@@ -215,12 +249,12 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tu
             ops = np.flatnonzero(op_chunk == c)
             local = np.zeros(len(tokens), dtype=np.int64)
             local[rows] = np.arange(len(rows))
-            nxt, kid, _ = _automaton(sizes, tokens[rows], built, passes, chunk=c)
+            nxt, kid, _ = _automaton(sizes, tokens[rows], pre_of, built, passes, chunk=c)
             t = local[tok[ops]]
             state = states_before(nxt[:, t].T) if len(nxt) > 1 else np.zeros(len(t), np.int64)
             key[ops] = kid[state, t]
     except _Entangled:
-        nxt, kid, passes = _automaton(sizes, tokens)
+        nxt, kid, passes = _automaton(sizes, tokens, pre_of)
         state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
         key = kid[state, tok]
     return key, passes
@@ -237,11 +271,13 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tu
 WALK_MAX_OPS = 1024
 
 
-def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
+               pre_of: Sequence[tuple]) -> tuple[np.ndarray, list[tuple]]:
     """:func:`_keys_by_chunk`'s (key index of each op, the built passes) by one walk over the
     ops: the state (units unsharded) before each op, from the empty set, each (state, token)
     transition built once, each pass once, numbered by first use."""
-    rows = [(int(ph), int(c), bool(f), bool(la), bool(ev)) for ph, c, f, la, ev in tokens.tolist()]
+    rows = [(int(ph), int(c), bool(f), bool(la), bool(ev), bool(wt), pre_of[pre])
+            for ph, c, f, la, ev, wt, pre in tokens.tolist()]
     units = {c: frozenset(sizes.chunk_units(c)) for c in {r[1] for r in rows}}
     built: dict = {}
     passes: list = []
@@ -251,12 +287,12 @@ def _keys_walk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray) -> tuple[
     for t in tok.tolist():
         hit = step.get((state, t))
         if hit is None:
-            ph, c, f, la, ev = rows[t]
-            key = ("backward" if ph else "forward", c, state & units[c], f, la, ev)
+            ph, c, f, la, ev, wt, pre = rows[t]
+            key = ("backward" if ph else "forward", c, state & units[c], f, la, ev, wt, pre)
             if key not in built:
-                b = PassBuilder(sizes, key[0], c, key[2], first=f, last=la, evict=ev)
-                passes.append((key, b.build()))
-                built[key] = (len(passes) - 1, frozenset(b.gathered))
+                events, g_out = _build(sizes, key)
+                passes.append((key, events))
+                built[key] = (len(passes) - 1, g_out)
             k, g_out = built[key]
             hit = step[(state, t)] = (k, (state - units[c]) | g_out)
         out.append(hit[0])
@@ -280,28 +316,41 @@ def states_before(maps: np.ndarray) -> np.ndarray:
 
 
 def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray,
-               evict: Optional[np.ndarray] = None) -> tuple[PassTable, list[tuple]]:
+               evict: Optional[np.ndarray] = None, waits: Optional[np.ndarray] = None,
+               unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
     """The passes (init, one per op, step) and templates of a stage whose ops are the
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`); ``evict`` (bool per op, default none):
     the ops after which the pipeline schedule's window reshards their chunk
-    (:func:`meshplan.pipeline.unshard_window.released_after`)."""
+    (:func:`meshplan.pipeline.unshard_window.released_after`); ``waits`` (bool per op) and
+    ``unshard`` (op -> the chunks UNSHARDed before it, where any): torch's UNSHARD actions
+    (:class:`~meshplan.memory.passes.PassBuilder`), default none."""
     first, last = backward_flags(phase, chunk)
-    ev = np.zeros(len(phase), np.int64) if evict is None else np.asarray(evict, np.int64)
-    code = (((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev
+    n = len(phase)
+    ev = np.zeros(n, np.int64) if evict is None else np.asarray(evict, np.int64)
+    wt = np.zeros(n, np.int64) if waits is None else np.asarray(waits, np.int64)
+    pre_ids: dict[tuple, int] = {(): 0}
+    pre = np.zeros(n, np.int64)
+    for k, u in (unshard or {}).items():
+        pre[k] = pre_ids.setdefault(u, len(pre_ids))
+    pre_of = list(pre_ids)
+    width = int(np.max(chunk)) + 1 if n else 1
+    code = ((((((pre * width + np.asarray(chunk, np.int64)) * 2 + phase) * 2 + first) * 2 + last) * 2 + ev) * 2
+            + wt)
     codes = present(code)
     lut = np.zeros(codes[-1] + 1, np.int64)
     lut[codes] = np.arange(len(codes))
     tok = lut[code]
-    tokens = np.stack([(codes >> 3) & 1, codes >> 4, (codes >> 2) & 1, (codes >> 1) & 1, codes & 1], axis=1)
-    key, built = (_keys_walk if len(tok) <= WALK_MAX_OPS else _keys_by_chunk)(sizes, tokens, tok)
+    rest = codes >> 5
+    tokens = np.stack([(codes >> 4) & 1, rest % width, (codes >> 3) & 1, (codes >> 2) & 1, (codes >> 1) & 1,
+                       codes & 1, rest // width], axis=1)
+    key, built = (_keys_walk if len(tok) <= WALK_MAX_OPS else _keys_by_chunk)(sizes, tokens, tok, pre_of)
     order = first_use_order(key)
     rank = np.zeros(len(built), np.int64)
     rank[order] = np.arange(1, len(order) + 1)
     templates = [sizes.init] + [built[k][1] for k in order] + [sizes.step]
     tid = np.concatenate([[0], rank[key], [len(templates) - 1]]).astype(np.int64, copy=False)
     lengths = np.array([len(t) for t in templates], dtype=np.int64)[tid]
-    n = len(phase)
     table = PassTable(phase=np.concatenate([[0], np.asarray(phase) + 1, [3]]).astype(np.int64, copy=False),
                       chunk=np.concatenate([[0], chunk, [0]]).astype(np.int64, copy=False),
                       microbatch=np.concatenate([[-1], mb, [-1]]).astype(np.int64, copy=False), template=tid,

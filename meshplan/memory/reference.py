@@ -10,7 +10,7 @@ One loop step per micro-batch and stage: slow on pp 64-128 x thousands of micro-
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -32,9 +32,12 @@ def _backward_flags(ops) -> tuple[set, set]:
     return first, set(last.values())
 
 
-def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTable, list[tuple]]:
-    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after)
-    built once; ``evict``: per op, whether the schedule's window reshards its chunk after it."""
+def passes(sizes: StageSizes, ops, evict: Sequence[bool] = (), waits: Sequence[bool] = (),
+           unshard: Optional[dict[int, tuple]] = None) -> tuple[PassTable, list[tuple]]:
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last, released after,
+    waits, UNSHARDs before it) built once; ``evict``: per op, whether the schedule's window reshards
+    its chunk after it; ``waits`` (per op) and ``unshard`` (op -> chunks): torch's UNSHARD actions
+    (:class:`~meshplan.memory.passes.PassBuilder`)."""
     templates: list[tuple] = [sizes.init]
     out = [Pass("init", 0, None, 0, 0)]
     cache: dict = {}
@@ -45,9 +48,12 @@ def passes(sizes: StageSizes, ops, evict: Sequence[bool] = ()) -> tuple[PassTabl
         keys = set(sizes.chunk_units(chunk))
         g_in = frozenset(gathered & keys)
         ev = bool(evict[i]) if len(evict) else False
-        key = (phase, chunk, g_in, i in first_b, i in last_b, ev)
+        wt = bool(waits[i]) if len(waits) else False
+        pre = (unshard or {}).get(i, ())
+        key = (phase, chunk, g_in, i in first_b, i in last_b, ev, wt, pre)
         if key not in cache:
-            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev)
+            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b, evict=ev, waits=wt,
+                            unshard=pre)
             templates.append(b.build())
             cache[key] = (len(templates) - 1, frozenset(b.gathered))
         tid, g_out = cache[key]

@@ -46,7 +46,8 @@ from meshplan.memory.passtable import Pass, PassTable, pass_table
 from meshplan.memory.peakscan import template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
-from meshplan.pipeline.unshard_window import TORCH_WINDOW, pipeline_window, released_after
+from meshplan.pipeline.unshard_window import (TORCH_WINDOW, pipeline_window, released_after, unshards,
+                                              unshards_before, unshards_first)
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
 from meshplan.spec.mesh_words import mesh_text, schedule_words
 
@@ -230,10 +231,15 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     phase, chunk, mb = stage_op_arrays(*where)
     # torch's window of unsharded local stages: at vpp > 3 it evicts chunks (interleaved 1F1B only;
     # ZB-V and DualPipeV hold 2 stages a rank, so the F/B ops alone give the same evictions)
-    evict = released_after(chunk, pipeline_window(t.framework, len(plan.stages))) if plan.vpp > TORCH_WINDOW \
-        and sizes.fsdp else None
-    passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist()) if reference \
-        else pass_table(sizes, phase, chunk, mb, evict)
+    window = pipeline_window(t.framework, len(plan.stages))
+    evict = released_after(chunk, window) if plan.vpp > TORCH_WINDOW and sizes.fsdp else None
+    # torch's UNSHARD actions (multi-stage schedules): each chunk's all-gathers from the UNSHARD
+    # up to 2 distinct chunks ahead of the pass that waits for them
+    torch_unshards = sizes.fsdp and sizes.deepspeed_prefetch is None and unshards_first(c.mesh.pp_schedule, window)
+    waits, pre = (unshards(chunk, window), unshards_before(chunk, window)) if torch_unshards else (None, None)
+    passes, templates = ref.passes(sizes, stage_ops(*where), () if evict is None else evict.tolist(),
+                                   () if waits is None else waits.tolist(), pre) if reference \
+        else pass_table(sizes, phase, chunk, mb, evict, waits, pre)
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
     p = passes[n]

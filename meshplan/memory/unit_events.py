@@ -56,9 +56,11 @@ class UnitEvents:
     :class:`meshplan.memory.passes.PassBuilder`, which adds the pass's own events)."""
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
-                 first: bool = False, last: bool = False, evict: bool = False):
+                 first: bool = False, last: bool = False, evict: bool = False,
+                 waits: bool = False, unshard: tuple[int, ...] = ()):
         self.sz, self.phase, self.chunk = sizes, phase, chunk
         self.gathered, self.first, self.last, self.evict = set(gathered), first, last, evict
+        self.waits, self.unshard = waits, unshard
         self.events: list[Entry] = []
         self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
@@ -124,6 +126,29 @@ class UnitEvents:
                 self.issued_bytes[key] = u.deferred
         for nxt in ahead[:depth]:
             self._issue(nxt)
+
+    def _schedule_unshards(self) -> None:
+        """torch's pipeline schedule before this pass (``_add_unshard_reshard``'s actions,
+        :func:`meshplan.pipeline.unshard_window.unshards_before`): each UNSHARD of ``unshard``
+        (``unshard(async_op=True)`` of every FSDP module of that chunk, all sharded then: none
+        is in the window) allocates every unit's all-gather output; then, where this pass's chunk
+        was UNSHARDed (``waits``), ``_assert_unsharded`` waits for its handles before the pass
+        runs: each unit copied out into its unsharded parameters and, an async all-gather, its
+        output freed at once (FSDP2 ``wait_for_unshard``). Its pass then gathers nothing."""
+        for c in self.unshard:
+            for key in self.sz.chunk_units(c):
+                u = self._sharded(key)
+                if u is not None:
+                    self._add(u.layer, "gathered_params", u.gathered,
+                              f"{u.name}: all-gather output (UNSHARD of chunk {c} by the pipeline schedule)")
+        if not self.waits:
+            return
+        for key in self.keys:
+            u = self._sharded(key)
+            if u is not None and key not in self.gathered:
+                self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: copy-out at the wait for its UNSHARD")
+                self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: all-gather output freed after its copy-out")
+                self.gathered.add(key)
 
     def _release(self, key: UnitKey, why: str, keep: int = 0) -> None:
         """``key`` resharded, all but ``keep`` bytes (DeepSpeed's ``stage3_max_reuse_distance``)."""

@@ -12,12 +12,16 @@ last action it RESHARDs all. The runtime (lines 2489-2515) runs UNSHARD as ``uns
 True)`` of every ``FSDPModule`` of the stage (its all-gathers) and RESHARD as ``reshard()`` (no
 communication).
 
+After its actions before op ``k`` the active stages are exactly the first 3 distinct chunks of
+ops ``k..`` (:func:`unsharded`, the one rule read by the memory timeline, the step timeline and the
+search's memory bound): a chunk is held from its UNSHARD to its RESHARD (:func:`held_spans`).
 So between two consecutive ops of chunk ``c`` (positions ``a < b`` in the rank's order) the chunk
 is evicted exactly when the ops strictly between hold ``window`` or more distinct other chunks
 (the window at ``a + 1`` then misses ``c``, and it can only miss it more later), and it is then
 unsharded again before ``b``: one more all-gather of the chunk, counted on op ``b`` (its UNSHARD
 is issued earlier, :func:`unshard_positions`, where the timeline issues its all-gathers:
-:func:`regather_spans`, :mod:`meshplan.schedule.window_unshard`). A chunk's first op always finds it sharded (the
+:func:`regather_spans`, :mod:`meshplan.schedule.window_unshard`; where the memory timeline allocates
+its all-gather outputs: :func:`unshards_before`). A chunk's first op always finds it sharded (the
 step's first UNSHARD). With ``v <= window`` local stages nothing is ever evicted: ZB-V and
 DualPipeV hold 2 stages per rank, so only interleaved 1F1B at vpp >= 4 evicts.
 """
@@ -61,7 +65,7 @@ def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np
     previous op (module docstring: ``window`` or more distinct other chunks between them); False
     on a chunk's first op; all False for ``window`` 0 (no window). Vectorised: ``nxt[c, j]``, the first position >= j holding chunk c,
     counts for each op the other chunks that occur between its chunk's previous op and it;
-    O(v n) memory."""
+    O(v n) memory. Equal to the ops :func:`held_spans` gives as ``b`` past a chunk's first."""
     ch = np.asarray(chunk, dtype=np.int64)
     n = len(ch)
     if n == 0:
@@ -70,9 +74,7 @@ def evicted(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np
     if window <= 0 or v <= window:  # no window (0), or it holds every chunk
         return np.zeros(n, dtype=bool)
     idx = np.arange(n)
-    nxt = np.full((v, n + 1), n, dtype=np.int64)
-    hit = np.where(ch[None, :] == np.arange(v)[:, None], idx[None, :], n)
-    nxt[:, :n] = np.minimum.accumulate(hit[:, ::-1], axis=1)[:, ::-1]
+    nxt = _next_of(ch, v)
     prev = _previous_same(ch)
     has = prev >= 0
     start = np.where(has, prev + 1, 0)
@@ -145,56 +147,110 @@ def unshard_spans(chunk: Sequence[int], window: int = TORCH_WINDOW) -> list[tupl
 
 
 def _spans(ch: list[int], window: int, flags) -> list[tuple[int, int]]:
-    """(i, b) per flagged op ``b``: the position of the UNSHARD torch issues for it
-    (:func:`unshard_positions`' rule), in order of ``b``."""
-    prev = _previous_same(np.asarray(ch, dtype=np.int64))
+    """(i, b) per flagged op ``b``: the position of the UNSHARD torch issues for it (where the
+    chunk enters :func:`unsharded`'s window), in order of ``b``; ``i = b`` with no window."""
+    if window <= 0:
+        return [(b, b) for b in np.flatnonzero(flags).tolist()]
+    return [(i, b) for i, b, _ in held_spans(ch, window) if flags[b]]
+
+
+def _next_of(ch: np.ndarray, v: int) -> np.ndarray:
+    """(v, n + 1) the first position >= k holding chunk c (n where none: column n is all n)."""
+    n = len(ch)
+    nxt = np.full((v, n + 1), n, dtype=np.int64)
+    hit = np.where(ch[None, :] == np.arange(v)[:, None], np.arange(n)[None, :], n)
+    nxt[:, :n] = np.minimum.accumulate(hit[:, ::-1], axis=1)[:, ::-1]
+    return nxt
+
+
+def unsharded(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> np.ndarray:
+    """(v, n + 1) bool: chunk ``c`` unsharded when op ``k`` runs (after the UNSHARDs and
+    RESHARDs torch places before it; column ``n``: the step's end, none). torch's
+    ``_add_unshard_reshard`` RESHARDs the active stages not among ``next_stage_indices`` (the
+    first ``window`` distinct chunks of ops ``k..``) and UNSHARDs those among them not active,
+    so after its actions before op ``k`` the active set is exactly those chunks. The one rule the
+    memory timeline (:func:`unshards_before`, :func:`held_after`) and the step timeline
+    (:func:`unshard_spans`, :mod:`meshplan.schedule.window_unshard`) read. All False for ``window``
+    0 (no UNSHARD action: FSDP2's hooks gather).
+
+    >>> unsharded([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]).astype(int)[:, [0, 2, 10, 14]].T.tolist()
+    [[1, 1, 1, 0], [0, 1, 1, 1], [1, 1, 1, 0], [1, 0, 0, 0]]
+    """
+    ch = np.asarray(chunk, dtype=np.int64)
+    n = len(ch)
+    v = int(ch.max()) + 1 if n else 0
+    if window <= 0 or n == 0:
+        return np.zeros((v, n + 1), dtype=bool)
+    nxt = _next_of(ch, v)
+    rank = np.argsort(np.argsort(nxt, axis=0, kind="stable"), axis=0, kind="stable")  # by next op, per column
+    return (nxt < n) & (rank < window)
+
+
+def held_spans(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> list[tuple[int, int, int]]:
+    """(i, b, a) per UNSHARD of :func:`unsharded`: torch UNSHARDs chunk ``chunk[b]`` before op
+    ``i``, op ``b >= i`` is the first to use it, and it is RESHARDed after op ``a >= b`` (before op
+    ``a + 1``; after the last op, at the step's end): the ops ``i..a`` hold its unsharded
+    parameters. In order of ``b``; empty for ``window`` 0.
+
+    >>> held_spans([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0])  # p 2, m 2, v 4, rank 0
+    [(0, 0, 1), (0, 2, 13), (0, 4, 11), (2, 6, 9), (10, 14, 15)]
+    """
+    ch = np.asarray(chunk, dtype=np.int64)
+    held = unsharded(ch, window)
+    if not held.size:
+        return []
+    nxt = _next_of(ch, held.shape[0])
+    start = held & ~np.concatenate([np.zeros((held.shape[0], 1), bool), held[:, :-1]], axis=1)
+    stop = held & ~np.concatenate([held[:, 1:], np.zeros((held.shape[0], 1), bool)], axis=1)
     out = []
-    for b in np.flatnonzero(flags).tolist():
-        lo = int(prev[b]) + 2 if prev[b] >= 0 else 0  # evicted at prev + 1, refetched at a later op
-        i = b
-        while i > lo and len(set(ch[i - 1:b]) - {ch[b]}) < window:
-            i -= 1
-        out.append((i, b))
+    for c in range(held.shape[0]):
+        for i, a in zip(np.flatnonzero(start[c]).tolist(), np.flatnonzero(stop[c]).tolist()):
+            out.append((i, int(nxt[c, i]), a))
+    return sorted(out, key=lambda s: s[1])
+
+
+def unshards_before(chunk: Sequence[int] | np.ndarray, window: int = TORCH_WINDOW) -> dict[int, tuple[int, ...]]:
+    """The chunks torch UNSHARDs right before op ``k`` (:func:`held_spans`), in the order it issues
+    them (of their next ops'), for each ``k`` that has some: where the memory timeline allocates
+    their all-gather outputs.
+
+    >>> unshards_before([0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]), unshards_before([0, 1, 0, 1], 0)
+    ({0: (0, 1, 2), 2: (3,), 10: (0,)}, {})
+    """
+    out: dict[int, tuple[int, ...]] = {}
+    for i, b, _ in held_spans(chunk, window):
+        out[i] = out.get(i, ()) + (int(chunk[b]),)
     return out
 
 
 def held_after(chunk: Sequence[int] | np.ndarray, i: int, window: int = TORCH_WINDOW) -> int:
     """Distinct chunks the memory timeline holds unsharded right after op ``i`` of one rank's
-    order (``chunk``: (n,) local chunk of each op) when no pass reshards after forward: each chunk
-    with ops both at or before ``i`` and after it, unless the window released it after its latest
-    op ``a <= i`` (:func:`released_after`: ``window`` or more distinct other chunks strictly between
-    ``a`` and its next op ``b > i``). The timeline gathers a chunk at its first op and at each op
-    that finds it evicted and frees it after the op the window reshards it after; torch's UNSHARD
-    prefetch up to 2 ops earlier is not counted there (:class:`meshplan.memory.passes.PassBuilder`).
-    Every chunk with ops on both sides with no window (``window`` 0, or ``v <= window``).
+    order (``chunk``: (n,) local chunk of each op) when no pass reshards after forward. With a
+    window: those :func:`unsharded` both at op ``i`` and at op ``i + 1`` (torch's active set at
+    op ``i`` less the chunks it RESHARDs before op ``i + 1``; none after the last op), whether used
+    since their UNSHARD or prefetched for a later op (their all-gather outputs, the same bytes:
+    :class:`meshplan.memory.passes.PassBuilder`). With no window (``window`` 0, FSDP2's hooks
+    gather each chunk at its first op): every chunk with ops both at or before ``i`` and after it.
+    Only columns ``i`` and ``i + 1`` are built: the first ``window`` distinct chunks of the ops
+    from each.
 
     >>> order = [0, 0, 1, 1, 2, 2, 3, 3, 3, 3, 2, 2, 1, 1, 0, 0]  # p 2, m 2, v 4, rank 0
     >>> held_after(order, 8), held_after(order, 8, window=0)  # chunk 0 released after op 1
     (3, 4)
+    >>> held_after(order, 0), held_after([0, 0, 1, 1], 0), held_after([0, 0, 1, 1], 0, window=0)  # 0, 1 and 2 prefetched
+    (3, 2, 1)
     """
     ch = np.asarray(chunk, dtype=np.int64)
-    if len(ch) == 0:
-        return 0
-    v = int(ch.max()) + 1
-    # the ops up to twice i first (each chunk's next op is near i past the warm-up); the whole
-    # order where a chunk seen by then has none in that prefix
-    held, whole = _held_in(ch[:2 * (i + 1)], i, window, v)
-    return held if whole else _held_in(ch, i, window, v)[0]
+    if window <= 0:
+        return len(set(ch[:i + 1].tolist()) & set(ch[i + 1:].tolist()))
+    return len(_window_at(ch, i, window) & _window_at(ch, i + 1, window))
 
 
-def _held_in(ch: np.ndarray, i: int, window: int, v: int) -> tuple[int, bool]:
-    """:func:`held_after` on the ops ``ch`` (a prefix of the order, ``v`` chunks in all) and
-    whether it is the order's: every chunk with an op at or before ``i`` has one after it in ``ch``."""
-    n = len(ch)
-    idx = np.arange(n)
-    hit = ch[None, :] == np.arange(v)[:, None]  # (v, n)
-    a = np.where(hit[:, :i + 1], idx[:i + 1], -1).max(axis=1, initial=-1)  # each chunk's latest op at or before i
-    b = np.where(hit[:, i + 1:], idx[i + 1:], n).min(axis=1, initial=n)  # and its next one
-    both = (a >= 0) & (b < n)
-    whole = bool(((a < 0) | both).all())
-    if window <= 0 or v <= window:
-        return int(both.sum()), whole
-    cum = np.concatenate([np.zeros((v, 1), np.int64), np.cumsum(hit, axis=1)], axis=1)  # (v, n + 1)
-    # distinct chunks strictly between a and b, per chunk (columns); c itself never lies there
-    others = ((cum[:, b] - cum[:, a + 1]) > 0).sum(axis=0)
-    return int((both & (others < window)).sum()), whole
+def _window_at(ch: np.ndarray, k: int, window: int) -> set[int]:
+    """The first ``window`` distinct chunks of the ops ``k..`` (torch's ``next_stage_indices``):
+    :func:`unsharded`'s column ``k``."""
+    rest = ch[k:]
+    if not len(rest):
+        return set()
+    vals, first = np.unique(rest, return_index=True)
+    return set(vals[np.argsort(first)][:window].tolist())

@@ -218,7 +218,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # reshard_after_forward, its gathered layers)
     rounds = (v > 1) & (st.m_run > g)
     # (under torch's window at vpp > 3: the chunks the timeline holds then, gather_passes.chunks_held:
-    # at most the window's, fewer where it evicted one the next ops need, prefetched but not counted)
+    # at most the window's, prefetched ones counted as the timeline counts their all-gather outputs)
     sel = evicts & (c.rf[:, None] == 0) & rounds.any(axis=1, keepdims=True) & after.any(axis=1, keepdims=True)
     whole = np.where(evicts, chunks_held(c, st, window, sel) * st.n_chunk, st.n)
     every = np.where(c.rf[:, None] > 0, st.n_chunk, whole) * keeps * u["unit_min_g"]

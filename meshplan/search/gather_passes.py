@@ -171,8 +171,8 @@ def chunks_held(c: Candidates, st: Stages, window: int, rows: np.ndarray) -> np.
     kept gathered from their forwards: :func:`~meshplan.pipeline.unshard_window.held_after` of
     each stage's order (:func:`~meshplan.memory.schedule.stage_op_arrays`, one schedule run of
     ``st.m_run`` micro-batches), once per (micro-batches, vpp). Under torch's window at vpp > 3
-    that is fewer than the window's 3 chunks where the next op's chunks include one the window
-    evicted (its UNSHARD prefetch not counted; 405B pp 16 vpp 4, m 32, stage 1: 2 chunks)."""
+    the chunks torch keeps UNSHARDed across that op, those prefetched for a later op included
+    (405B pp 16 vpp 4, m 32, stage 1: 3 chunks, one of them all-gather outputs)."""
     p = st.k.shape[1]
     out = np.zeros((len(c), p), dtype=np.int64)
     on = rows[:, 0] & (c.vpp > 1)
