@@ -42,7 +42,7 @@ class Fidelity(NamedTuple):
     >>> FIDELITY[0].text()
     'mean |error| 2.0%, max 3.3%'
     >>> FIDELITY[2].text()
-    'mean |error| 17.1%, +3% to +41%'
+    'mean |error| 17.5%, +4% to +46%'
     """
 
     setting: str  #: the runs measured, as README's Fidelity table names them
@@ -71,8 +71,8 @@ FIDELITY = (
              "benchmarks/fidelity.py"),
     Fidelity("LLM Foundry MPT on A100", "LLM Foundry A100 runs", 0.089, 0.157, "benchmarks/llmfoundry_a100.py",
              above=True),
-    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.171, 0.408, "benchmarks/torchtitan_h100.py",
-             above=True, min_abs_error=0.028),
+    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.175, 0.456, "benchmarks/torchtitan_h100.py",
+             above=True, min_abs_error=0.042),
 )
 
 
@@ -82,7 +82,8 @@ DEVELOPMENT = FIDELITY[0]
 
 #: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a
 #: judgement, set to the largest mean |error| measured when it was set (torchtitan H100 runs, 29.4%,
-#: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%); kept fixed like
+#: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%, 17.5% since
+#: torch's ring calls are rated one by one); kept fixed like
 #: :data:`TIE` so a restart's choice does not move with each benchmark.
 REMESH_MARGIN = 0.294
 
@@ -109,7 +110,7 @@ def mfu_caveat() -> str:
     its smallest and largest mean |error|).
 
     >>> mfu_caveat()
-    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 17.1% on torchtitan H100 runs (docs/fidelity.md)'
+    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 17.5% on torchtitan H100 runs (docs/fidelity.md)'
     """
     low = min(FIDELITY, key=lambda f: f.mean_abs_error)
     high = max(FIDELITY, key=lambda f: f.mean_abs_error)
