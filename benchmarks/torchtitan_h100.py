@@ -135,15 +135,15 @@ the calls in fp32, and sums dQ, dK, dV in fp32 in backward (torch
 ``distributed/tensor/experimental/_attention.py``, read at 0123248a; the Dec 2024 commit
 1963fc8 not checked): now modelled (:mod:`meshplan.compute.ring_attention`, compiled pass
 count): T2 cp2 +28.1% -> +24.8%, cp4 +71.7% -> +67.3%, cp8 +78.7% -> +74.1% (mean |error|
-29.9% -> 29.4%; ``--node dgx-h100`` 44.3% -> 43.9%). Checked and not modelled: (i) the ring's
-calls are (L, L) causal and (L, L/2) or (L/2, L) unmasked at L = s / cp = 32,768 on every T2
-row; FA2's published unmasked rates are higher than the causal ones (fwd 370 against 335
-TFLOP/s at 16k), so rating the calls one by one would shorten the prediction (the rates are
-one causal lookup at S = s, held at the table's last point, 16k, beyond it): by 1.6-4.8 points
-on T2 cp2-cp8 with each call at its own key length (tried, not landed: at short chunks, cp meshes
-of 8k sequences, the same rule lengthens the step, FA2 bwd 291 TFLOP/s at 2k against 318 at 8k,
-and reorders search's cp meshes; which length rates a rectangular call's backward, whose loop
-runs over the queries, is open); (ii) the ring's
+29.9% -> 29.4%; ``--node dgx-h100`` 44.3% -> 43.9%). Then its SDPA calls one by
+one (:func:`meshplan.compute.ring_attention.ring_seconds`): per layer each rank issues one causal
+(L, L) call and cp - 1 unmasked (L, L/2) or (L/2, L) at L = s / cp = 32,768 on every T2 row, each
+rated at its own loop length (FA2's forward loops over the keys, its backward over the queries:
+flash-attention's launch templates), where one causal lookup at S = s was taken before: the
+unmasked forward at FA2's 370 against the causal 335 TFLOP/s (held from 16k), so T2 cp2 +2.8% ->
++4.4%, cp4 +36.2% -> +39.9%, cp8 +40.8% -> +45.6%: further from the published steps, as the
+source has it. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
+(``_context_parallel/_attention.py``) issues the same calls as the Dec 2024 one; (ii) the ring's
 collectives are not the collective table's (meshplan's runtime runs Llama 3's all-gather CP):
 it gathers K and V after ``repeat_kv`` (32 heads, 4 x the 8B's bytes) beside the first local
 SDPA call, and rotates fp32 dK, dV by all-to-all every step (1.07 GB a step at L 32,768);

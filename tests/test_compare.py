@@ -420,13 +420,22 @@ def test_reasons_ordered_by_seconds_of_effect():
 
 def test_framework_kernel_choices_itemise_compute():
     """Newcomer trial 3 finding 4 (issue 11): Llama-3-70B at 128k tokens on dp_shard 2 x cp 8 x
-    tp 8 under torch (119.7 s; 128.3 s since torch's CP ring merges are counted) against Megatron-LM
-    (85.0 s): 33.9 s (42.5 s) of the compute part moved with nothing to say why. The reasons now name the attention kernel, FlashAttention-2 under
-    torch's SDPA (335 TFLOP/s forward at S 131072) against FlashAttention-3 under Transformer
-    Engine (616), by its seconds: the attention ops of the critical stage per step, 80 layers x
-    16 micro-batches x (forward, recompute, backward), 77.32 s against 43.36 s; then torch's eager
+    tp 8 under torch (119.7 s; 128.3 s since torch's CP ring merges are counted; 126.0 s since its
+    SDPA calls are rated one by one, below) against Megatron-LM
+    (85.0 s): 33.9 s (42.5 s; 40.2 s) of the compute part moved with nothing to say why. The reasons now name the attention kernel, FlashAttention-2 under
+    torch's SDPA against FlashAttention-3 under Transformer
+    Engine (616 TFLOP/s forward), by its seconds: the attention ops of the critical stage per step, 80 layers x
+    16 micro-batches x (forward, recompute, backward), 75.02 s against 43.36 s. torch's ring
+    (meshplan.compute.ring_attention, L = 131072 / cp 8 = 16,384, 8 heads at tp 8, every call
+    8 x 16384^2 x 256 FLOP): cp rank 0 forward one causal L x L call at FA2's 335 TFLOP/s (S 16384)
+    and 7 unmasked L/2 x L at 370, backward 322 (the causal call's 16,384 queries) and 7 x 318
+    (8,192 queries): 2 x 12.042 + 34.522 = 58.606 ms a layer, 75.02 s (77.32 s when the whole
+    was one causal call at S 131072, 335 and 322 held from 16k); the kernel's line -32.36 s, its
+    counterfactual with the ring's calls on (the ring's line takes FA3's 0.71 s per-call gain,
+    derived below); then torch's eager
     elementwise ops (-6.3 s: -0.8 s before the ring merges, whose eager pass count they switch to
-    the compiled one first, telescoped), torch's ring merges compiled (-3.1 s), Megatron-LM's own
+    the compiled one first, telescoped), torch's ring compiled (-2.4 s: its merges, -3.1 s before its
+    calls were rated one by one, which the choice switches off with it), Megatron-LM's own
     kernels (+1.6 s) and the fused QKV GEMM (-0.6 s: torch's own wk and wv GEMMs, 128 wide at tp 8,
     are below H100's smallest measured M and N, 256), each choice's counterfactual seconds adding
     up to the compute they move."""
@@ -441,8 +450,11 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (128.3, 85.0)
-    assert round(pb["compute"] - pa["compute"], 1) == -42.5
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (126.0, 85.0)
+    assert round(pb["compute"] - pa["compute"], 1) == -40.2
+    pair = 8 * 16384 ** 2 * 256   # one ring call's FLOP (docstring)
+    ring = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
+    assert round(80 * 16 * ring, 2) == 75.02
 
     def attention_s(s):  # the attention ops of the critical stage's layers, every micro-batch
         chunks = chunk_costs(s.plan, workload_of(s.plan))[s.step.critical_stage]
@@ -450,16 +462,23 @@ def test_framework_kernel_choices_itemise_compute():
                                           if o.kind == "attention")
 
     att = attention_s(c.b) - attention_s(c.a)
-    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (77.32, 43.36)
+    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (75.02, 43.36)
     i = c.reasons.index(f"compute: torch {pa['compute'] * 1e3:.1f} ms, megatron {pb['compute'] * 1e3:.1f} ms "
                         f"({(pb['compute'] - pa['compute']) * 1e3:+.1f} ms)")
+    kernel_s = dict(choice_seconds(c.a, c.b))["attention_kernels"]
     assert c.reasons[i + 1] == (f"attention kernel: torch FA2 (torch's scaled_dot_product_attention), megatron FA3 "
-                                f"(Transformer Engine's fused attention) ({att * 1e3:+.1f} ms of compute)")
+                                f"(Transformer Engine's fused attention) ({kernel_s * 1e3:+.1f} ms of compute)")
+    # the kernel is switched first, with torch's ring still on: the ring's calls at FA3's rows; the ring
+    # choice after it takes FA3's per-call gain (fwd 7 unmasked calls at 648 against the causal 616,
+    # bwd 7 x 559 at 8,192 queries against 561), twice forward (full AC) and once backward, 80 x 16 times
+    fa3_ring = 2 * 7 * pair * (1 / 648e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 559e12 - 1 / 561e12)
+    assert round(80 * 16 * fa3_ring, 3) == -0.711
+    assert att == pytest.approx(kernel_s - 80 * 16 * fa3_ring, abs=2e-3)
     assert [r.split(":")[0] for r in c.reasons[i + 2:i + 6]] == [
         "elementwise ops one kernel each (torch without torch_compile)",
         "torch's context-parallel ring attention (fp32 merges and gradient sums)",
         "Megatron-LM's own kernels around the GEMMs", "Q, K and V projected by one GEMM (Megatron-LM)"]
-    # the choices' seconds add up to the compute they move: 42.35 s of the 42.45 s (the rest: the
+    # the choices' seconds add up to the compute they move: 40.06 s of the 40.15 s (the rest: the
     # vocabulary padding, 128256 -> 129024, and the dtypes that come with the framework)
     moved = sum(s for _, s in choice_seconds(c.a, c.b))
     assert abs(moved - (pb["compute"] - pa["compute"])) < 0.003 * abs(pb["compute"] - pa["compute"])
@@ -520,7 +539,17 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     2.97 TB/s (kernels.toml): 2.661 s against 1.504 s, 1.157 s more on top1. Eager the rule is
     not reached: the host's pace under DTensor TP (kernels.toml [host]) holds top1's smaller
     blocks more and its ring runs more passes (69.296 against 66.755 s, the eager search's #8
-    and #2)."""
+    and #2).
+
+    Since torch's ring SDPA calls are rated one by one (meshplan.compute.ring_attention.ring_seconds)
+    the pair is no longer within 1%: top1 62.040 s, row4 60.764 s, row4 2.1% shorter, and compare
+    picks it by the step in either order, as the search's rule does. By hand, FA2 rows (kernels.toml
+    S7c, S8) at each call's loop length, cp rank 0 (the slower): top1 at L = 2,048 (32 heads, every
+    call 32 x 2048^2 x 256 FLOP) runs one causal 2048 x 2048 call (fwd 298, bwd 291 TFLOP/s) and 3
+    unmasked 1024 x 2048 (fwd 362 at 2,048 keys, bwd 260 at 1,024 queries): 1.686 ms a layer, where
+    one causal 2048 x 8192 call at S 8192 (333, 318) was 1.493 ms; row4 at L = 4,096 (16 heads) one
+    causal (319, 310) and one 2048 x 4096 (368, 291): 1.547 ms against 1.493 ms. Stage 0: top1 10
+    layers x 512 micro-batches, +0.989 s; row4 20 x 256, +0.274 s."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -533,11 +562,22 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     rc, out, err = _run(["compare", top1, row4, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert (doc["winner"], doc["rejected"], doc["decided_by"]) == ("top1", "row4", "fewer axes of degree > 1 (3 vs 4)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (61.038, 60.486)
-    assert "verdict: top1 (rejected: row4)\ndecided by: fewer axes of degree > 1 (3 vs 4)\n" in out
-    assert doc["reasons"][0] == ("step times within 1% (top1 61.038 s, row4 60.486 s): top1 is listed first by the "
-                                 "search's tie rule: fewer axes of degree > 1 (3 vs 4)")
+    assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
+        "row4", "top1", "shorter step by more than 1% (60.764 s vs 62.040 s, 2.1% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (62.040, 60.764)
+    assert doc["reasons"][0] == "row4 predicts a 2.1% shorter step (60.764 s vs 62.040 s)"
+    # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step
+    ring = lambda pair, calls: sum(pair * (1 / f + 2.5 / b) for f, b in calls) / 1e12
+    top1_layer = ring(32 * 2048 ** 2 * 256, [(298, 291)] + [(362, 260)] * 3)
+    row4_layer = ring(16 * 4096 ** 2 * 256, [(319, 310), (368, 291)])
+    one_call = ring(4 * 32 * 2048 ** 2 * 256, [(333, 318)])   # both: 4 x top1's pairs = 2 x row4's
+    assert [round(x * 1e3, 3) for x in (top1_layer, row4_layer, one_call)] == [1.686, 1.547, 1.493]
+    assert [round(x, 3) for x in (10 * 512 * (top1_layer - one_call), 20 * 256 * (row4_layer - one_call))] == [0.989, 0.274]
+    for path, layer_s, layers in ((top1, top1_layer, 10), (row4, row4_layer, 20)):
+        plan = build_plan(config_from_dict(tomllib.loads(path.read_text())))
+        att = [o.seconds for chunk in chunk_costs(plan, workload_of(plan))[0] for layer in chunk.layers
+               for o in layer.ops if o.kind == "attention"]
+        assert sum(att) == pytest.approx(layers * layer_s, rel=1e-3)  # the issue floor aside
     # the ring's bytes on each critical stage (stage 0 of both), derived in the docstring
     n_q, ring_s = 8_388_608, []
     for path, per_layer, layers, micro_batches in ((top1, 184, 10, 512), (row4, 104, 20, 256)):
@@ -551,7 +591,7 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert [round(t, 3) for t in ring_s] == [2.661, 1.504]
     # the other order of the files gives the same verdict
     rc, out, err = _run(["compare", row4, top1, "--out", tmp_path / "cmp2"], capsys)
-    assert rc == 0 and "verdict: top1 (rejected: row4)" in out
+    assert rc == 0 and "verdict: row4 (rejected: top1)" in out
 
 
 NO_FIT = """[model]
@@ -639,12 +679,19 @@ def test_compute_line_names_the_kernel_kinds_that_differ():
     micro-batch 1 against dp_shard 8 x cp 2 x tp 4 at 2, torchtitan, compiled): compare said only
     'compute +91.4 ms'. The same frameworks' kernels on both sides, so under the compute line the three
     kernel kinds that differ most, by hand there: SP layout copies 43.38 ms, the CP ring's backward
-    accumulation 33.44 ms and forward merges 13.56 ms (90.4 of the 91.4 ms)."""
+    accumulation 33.44 ms and forward merges 13.56 ms (90.4 of the 91.4 ms). Since torch's ring
+    SDPA calls are rated one by one (meshplan.compute.ring_attention.ring_seconds) the compute is
+    +100.0 ms: cp2's attention is 8.6 ms longer, below the three. By hand: per layer cp rank 0 runs a
+    causal 4096 x 4096 call (FA2 fwd 319, bwd 310 TFLOP/s at S 4096) and an unmasked 2048 x 4096
+    (fwd 368 at its 4,096 keys, bwd 291 at its 2,048 queries), each 2 x 16 x 4096^2 x 256 =
+    137,438,953,472 FLOP, where tp4 runs one causal 8192 x 8192 call, twice that, at 333 and 318:
+    (1/319 + 1/368 - 2/333 + 2.5 (1/310 + 1/291 - 2/318)) x 1.374e11 / 1e12 = 0.107 ms, 80 layers
+    8.56 ms."""
     from test_search_explain import _trial_pair
     (p1, _), (p2, _) = _trial_pair()
     c = compare(p1, p2, names=("tp4", "cp2"))
     i = next(k for k, r in enumerate(c.reasons) if r.startswith("compute: "))
-    assert c.reasons[i].endswith("(+91.4 ms)")
+    assert c.reasons[i].endswith("(+100.0 ms)")
     assert c.reasons[i + 1:i + 4] == ("of compute, SP layout copy: tp4 0.0 ms, cp2 43.4 ms (+43.4 ms)",
                                       "of compute, cp ring gradient accumulation: tp4 0.0 ms, cp2 33.4 ms (+33.4 ms)",
                                       "of compute, cp ring merge: tp4 0.0 ms, cp2 13.6 ms (+13.6 ms)")
@@ -670,8 +717,12 @@ def test_compute_line_names_the_recompute_difference():
     the compute line was explained by cp ring and silu lines only, though ``step``'s recompute line
     differed by more than the gap. Here (128 dgx-h200, dp_shard 64 x cp 2 x tp 8, 4 micro-batches)
     the mesh and kernels are one, so the whole compute difference is the replay: ``step`` prints
-    full recompute 628.136 ms per micro-batch (2512.54 ms per step) and selective 179.779 ms
-    (719.12 ms), 2512.54 - 719.12 = 1793.42 ms, the compute line's -1793.4 ms."""
+    full recompute 619.772 ms per micro-batch (2479.09 ms per step) and selective 171.415 ms
+    (685.66 ms), 2479.09 - 685.66 = 1793.43 ms, the compute line's -1793.4 ms. (628.136 and 179.779
+    ms before torch's ring calls were rated one by one, meshplan.compute.ring_attention.ring_seconds:
+    both replay the attention's forward, cp 2 at 32k, L 16,384, 8 heads, whose second call is
+    unmasked, H200's SDPA fwd 620.73 TFLOP/s against the causal 555.19 at S 16384 (kernels.toml
+    M1): (1/620.73 - 1/555.19) x 8 x 16384^2 x 256 / 1e12 x 80 layers = -8.364 ms on each.)"""
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b", "max_position": 32768},
             "cluster": {"system": "dgx-h200", "nodes": 128},
@@ -680,7 +731,9 @@ def test_compute_line_names_the_recompute_difference():
     a, b = (build_plan(config_from_dict({**base, "training": {**base["training"], "recompute": r}}))
             for r in ("full", "selective"))
     c = compare(a, b, names=("A", "B"))
-    i = c.reasons.index("compute: A 10640.5 ms, B 8847.1 ms (-1793.4 ms)")
-    assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2512.5 ms, B 719.1 ms (-1793.4 ms)"
-    assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [628.136, 179.779]
+    i = c.reasons.index("compute: A 10589.7 ms, B 8796.3 ms (-1793.4 ms)")
+    assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2479.1 ms, B 685.7 ms (-1793.4 ms)"
+    assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [619.772, 171.415]
+    assert round((1 / 620.73e12 - 1 / 555.19e12) * 8 * 16384 ** 2 * 256 * 80 * 1e3, 3) == -8.364
+    assert round(619.772 - 628.136, 3) == round(171.415 - 179.779, 3) == -8.364
     # the same policy on both sides gets no such line: the cp8/cp16 pair's reasons[2:4] above

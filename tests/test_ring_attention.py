@@ -6,7 +6,7 @@ import pytest
 from meshplan import catalog
 from meshplan.compute import ring_attention
 from meshplan.compute.layer import layer_cost
-from meshplan.compute.ops import Workload
+from meshplan.compute.ops import SDPA_KERNELS, Workload
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes
 
 LLAMA8B = catalog.model("llama3-8b")
@@ -89,3 +89,55 @@ def test_selective_recompute_replays_the_merge_with_the_core():
     ops = _ring(layer_cost(LLAMA8B, H100_500W, _w(recompute="selective")))
     assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 4_026_531_840
     assert len(ops) == 3
+
+
+def test_ring_calls_cp4_load_balanced_from_torch_source():
+    # torch _templated_ring_attention, cp 4, causal, load-balanced, L = s / cp local tokens:
+    # step 0 IS_CAUSAL on the whole local Q, K, V (L x L); step i <= rank: Q against
+    # key.chunk(2)[0] (L x L/2); step i > rank: query.chunk(2)[1] against K (L/2 x L); all unmasked
+    L = 8192
+    assert ring_attention.ring_calls(4, L, 0) == [(L, L, True)] + [(L // 2, L, False)] * 3
+    assert ring_attention.ring_calls(4, L, 3) == [(L, L, True)] + [(L, L // 2, False)] * 3
+    assert ring_attention.ring_calls(4, L, 2) == [(L, L, True), (L, L // 2, False), (L, L // 2, False),
+                                                  (L // 2, L, False)]
+    # every call is L^2 / 2 query-key pairs; together cp L^2 / 2 = the causal (L, s = 4 L) half
+    for rank in range(4):
+        pairs = [sq * sk / (2 if causal else 1) for sq, sk, causal in ring_attention.ring_calls(4, L, rank)]
+        assert pairs == [L * L / 2] * 4
+        assert sum(pairs) == L * (4 * L) / 2
+
+
+def test_rate_lengths_forward_keys_backward_queries():
+    # FA2: forward grid over query blocks, loop over keys; backward grid over key blocks, loop over queries
+    assert ring_attention.rate_lengths(8192, 4096) == (4096, 8192)
+    assert ring_attention.rate_lengths(4096, 8192) == (8192, 4096)
+
+
+def test_ring_seconds_by_hand_h100_cp4_32k():
+    from meshplan.compute.measured import kernel_data
+    from meshplan.compute.shapes import Attention
+    d = kernel_data("h100-sxm5-80gb")
+    att = Attention(1, 32, 8, 8192, 32768, 128)  # cp 4 at 32k: L 8,192, 32 q heads, d 128
+    pair_flop = 2 * 32 * 8192 * 8192 * 256 / 2   # every call: L^2 / 2 pairs x 4 d FLOP x 32 heads
+    assert pair_flop == 549_755_813_888
+    f, b, how = ring_attention.ring_seconds(d, att, 4, ("FA2",))
+    # rank 0 (the slower): fwd causal 8192 at FA2 333 TFLOP/s, 3 x 4096x8192 unmasked at S 8192 (370);
+    # bwd causal at S 8192 (318), 3 x at S 4096 queries (310); kernels.toml S7c / S8 FA2 columns
+    assert f == pytest.approx(pair_flop / 333e12 + 3 * pair_flop / 370e12)
+    assert b == pytest.approx(2.5 * pair_flop / 318e12 + 3 * 2.5 * pair_flop / 310e12)
+    # rank 3: fwd 333 + 3 x 368 (S 4096 keys), bwd 318 + 3 x 318 (S 8192 queries): faster
+    r3 = pair_flop / 333e12 + 3 * pair_flop / 368e12 + 2.5 * pair_flop / 318e12 * 4
+    assert f + b > r3
+    assert how.endswith("(cp rank 0: 1 causal 8192x8192, 3 of 4096x8192)")
+    assert how.startswith("fwd FA2 fwd causal d128 333 TFLOP/s at S 8192")  # the first call's rows
+
+
+def test_t2_cp8_layer_attention_by_hand():
+    # T2 cp8 256k on the 500 W part: L 32,768, every call 32 x 32768^2 x 256 FLOP; rows past 16k
+    # held at 16k: FA2 fwd causal 335, unmasked 370, bwd 322 TFLOP/s, x 0.797 (kernels.toml attention_scale)
+    pair_flop = 32 * 32768 ** 2 * 256
+    assert pair_flop == 8_796_093_022_208
+    cost = layer_cost(LLAMA8B, H100_500W, _w(seq_len=262144, cp=8, attention_kernels=SDPA_KERNELS))  # torch: FA2
+    att = {(o.name, o.phase): o.seconds for o in cost.ops if o.kind == "attention"}
+    assert att[("attention", "forward")] == pytest.approx(pair_flop / (335e12 * 0.797) + 7 * pair_flop / (370e12 * 0.797))
+    assert att[("attention", "backward_input")] == pytest.approx(8 * 2.5 * pair_flop / (322e12 * 0.797))

@@ -75,12 +75,17 @@ def mini_top45(mini):
 
 
 def test_configured_rank_counts_the_faster_feasible(mini):
-    """Rank #39-#46 of the 658 feasible (a real run, top 3): 7.847 s, 12.13% longer than the top's
+    """Rank #39-#45 of the 655 feasible (a real run, top 3): 7.847 s, 12.13% longer than the top's
     6.998 s (dp_shard 8), and slower than the top's last row (dp_replicate 2 x dp_shard 2 x tp 2,
     7.342 s), so no row of its own (its mesh's row is mb 2, recompute none). 38 planned candidates
     are faster, and 7 more feasible ones have a step-time lower bound below its step beyond the
-    :data:`RANK_MAX` (32) planned for the rank: the range, #39 to #39 + 7. 207 candidates near the
-    memory limit are undecided (settle_max 32), 6 with a lower bound below its step. (benchfast: the
+    :data:`RANK_MAX` (32) planned for the rank: the range, #39 to #39 + 6. 207 candidates near the
+    memory limit are undecided (settle_max 32), 3 with a lower bound below its step. (ringcalls:
+    torch's ring SDPA calls rated one by one (meshplan.compute.ring_attention.ring_seconds: at 8k the cp rows' calls at L = 4,096 or 2,048 run below the rates one call at S 8192 had) raised the cp rows' step lower bounds, so the settle's 32 plans went to other rows: pp 2 x dp_shard 2 x cp 2, mb 1, none, vpp 2, 4 and 8,
+    resharded (settled feasible before; vpp 8 the 7th unplanned below) are left undecided, and pp 2 x
+    dp_shard 4 and pp 2 x dp_replicate 2 x dp_shard 2 at selective, resharded, and pp 2 x dp_shard 2 x
+    tp 2, mb 2, none, vpp 2, resharded (undecided below before) settled over memory: was #39-#46 of
+    658, 7 unplanned below, 6 undecided below.) (benchfast: the
     last unit's tail counts its chunk's FSDP reductions and the host-pace floor of a stage without
     the embedding or the head its whole pace, so pp > 1 bounds rose and the settle's 32 plans, the
     first by bound, went to other rows: pp 2 x dp_shard 2 x cp 2, mb 1, none, vpp 8, resharded
@@ -112,24 +117,24 @@ def test_configured_rank_counts_the_faster_feasible(mini):
     undecided: from #38-#43 of 657, 207 undecided, 2 below. The rules 'zbv-fsdp' and 'v-reshard'
     reject no row here: the search runs pp > 1 with 1F1B only, [search] pp_schedules' default.)"""
     mine = mini.configured
-    assert (mine.rank, mine.rank_hi, mine.feasible) == (39, 46, mini.counts()["feasible"]) == (39, 46, 658)
+    assert (mine.rank, mine.rank_hi, mine.feasible) == (39, 45, mini.counts()["feasible"]) == (39, 45, 655)
     faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
     assert 0 < len(faster) <= 40 and mine.step_s > mini.top[-1].step_s and mine.row is None
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = int((mini.est.step_lo[undecided] < mine.step_s).sum())
-    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (207, 6)
+    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (207, 3)
     # 7.847 s against the top's 6.998 s (dp_shard 8): 7.847 / 6.998 - 1 = 12.13%
     assert round(mini.top[0].step_s, 3) == 6.998
     # trial 26 #1 (configured_best): its mesh at its row's setting, mb 2, none, 7.362 / 6.998 - 1 = 5.19%
     assert (mine.best_index, mine.best_step_s, round(mine.best_step_s, 3)) == (mini.top[1].index, mini.top[1].step_s, 7.362)
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank between #39 and #46 of 658 "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.847 s, 66,813 tokens/s, rank between #39 and #45 of 655 "
                            "feasible by step time, 207 undecided near the memory limit not ranked (its mesh is row #2 "
                            "in the top table, at other settings (one row per distinct mesh); 12.13% longer than the "
                            "top's; at mb 2, none (its fastest searched setting by the top table's rule): 7.362 s, 5.19% "
-                           "longer than the top's; 7 feasible candidates with a step-time lower bound below its step "
+                           "longer than the top's; 6 feasible candidates with a step-time lower bound below its step "
                            "not planned, each "
                            "could rank ahead: [search] rank_max 32 planned the first by bound, each plan more narrows "
-                           "the range by one; 6 of the undecided have a step-time lower bound below its step and could "
+                           "the range by one; 3 of the undecided have a step-time lower bound below its step and could "
                            "rank ahead if planned: [search] settle_max plans more)")
 
 
@@ -189,8 +194,9 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
     tie rule (rows are distinct meshes: its mb 1 kept gathered twin, 7.297 s, is within 1% of it and
     has a setting off its default), but 3 feasible candidates have a shorter exact step (a real
     run): dp_shard 8 (6.998 s, row 1), that twin and dp_replicate 2 x dp_shard 2 x tp 2 kept
-    gathered (7.342 s, row 3, listed after it by fewer axes): rank #4, row 2 beside it. 673 feasible
-    (674 before nc24left's first UNSHARDs (each chunk's first all-gathers of torch's interleaved rows
+    gathered (7.342 s, row 3, listed after it by fewer axes): rank #4, row 2 beside it. 672 feasible,
+    179 undecided (673 and 178 before torch's ring SDPA calls rated one by one (meshplan.compute.ring_attention.ring_seconds: at 8k the cp rows' calls at L = 4,096 or 2,048 run below the rates one call at S 8192 had) raised the cp rows' step lower bounds: dp_shard 2 x cp 4, mb 4, none, zero3, feasible
+    before, its calls at L 2,048, is left undecided, its bound not below the step; 674 before nc24left's first UNSHARDs (each chunk's first all-gathers of torch's interleaved rows
     timed from the UNSHARD before it, and left out of the step lower bounds but stage 0's first), which
     left one more undecided, 178; 669 before vppevict's re-gathers at vpp >= 4 and the memory lower
     bound counting the layers kept gathered, fl36; 721 before the rule 'replicate'; 671 before efsdpmem's b43fb60 (the memory upper
@@ -212,10 +218,10 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
         "dp_replicate 2 x dp_shard 2 x tp 2, mb 1, none, vpp 1, hsdp, keep gathered",
         "dp_shard 4 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", "dp_shard 8, mb 1, none, vpp 1, zero3"]
     assert (mine.rank, mine.rank_hi) == (4, 4)
-    assert (mine.feasible, mine.undecided, mine.undecided_below) == (673, 178, 0) == \
+    assert (mine.feasible, mine.undecided, mine.undecided_below) == (672, 179, 0) == \
         (r.counts()["feasible"], r.counts()["undecided"], 0)
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.362 s, 71,216 tokens/s, rank #4 of 673 feasible by "
-                           "step time, 178 undecided near the memory limit not ranked (row #2 in the top table, whose "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.362 s, 71,216 tokens/s, rank #4 of 672 feasible by "
+                           "step time, 179 undecided near the memory limit not ranked (row #2 in the top table, whose "
                            "tie rule orders meshes within 1% toward fewer axes, lower degrees and fewer settings; "
                            "5.19% longer than the top's; no undecided candidate could rank ahead: their step-time "
                            "lower bounds are not below its step)")
@@ -232,11 +238,12 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
 
 
 def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
-    """The top-3 run's #39-#46 holds for its own 658 feasible: the --top 45 run planned every one of
-    them with a lower bound below the step; 40 are faster (#41, in the range). Of its 6 undecided with
-    a lower bound below, the --top 45 run found 2 feasible and slower (pp 2 x dp_replicate 2 x cp 2,
-    hsdp, none, vpp 1: 7.925 s; pp 2 x dp_replicate 2 x dp_shard 2, op, vpp 8: 7.910 s) and 4 still
-    undecided: #41 it gives. (Was #39-#45 of 657, 7 undecided below, 4 of them feasible (with pp 2 x
+    """The top-3 run's #39-#45 holds for its own 655 feasible: the --top 45 run planned every one of
+    them with a lower bound below the step; 39 are faster (#40, in the range). Its 3 undecided with a
+    lower bound below the --top 45 run found feasible and none faster: #40 it gives. (ringcalls: was
+    #39-#46 of 658, 40 faster (#41), 6 undecided below, 2 of them feasible (pp 2 x dp_replicate 2 x cp
+    2, hsdp, none, vpp 1: 7.925 s; pp 2 x dp_replicate 2 x dp_shard 2, op, vpp 8: 7.910 s), before
+    torch's ring SDPA calls rated one by one (meshplan.compute.ring_attention.ring_seconds: at 8k the cp rows' calls at L = 4,096 or 2,048 run below the rates one call at S 8192 had) raised the cp rows' step lower bounds, test above.) (Was #39-#45 of 657, 7 undecided below, 4 of them feasible (with pp 2 x
     dp_replicate 2 x dp_shard 2, op, vpp 2: 7.876 s, and pp 2 x dp_shard 2 x cp 2, none, vpp 8: 7.961
     s, now settled feasible in the top-3 run, or above the step by bound), before benchfast's tighter
     pp > 1 bounds, test above. Was #39-#46 of 658, 6 undecided below, 2 of them feasible, before nc24left's first UNSHARDs,
@@ -252,22 +259,25 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
     known = {j: e.step_s for ex in (mini.exact, mini_top45.exact) for j, e in ex.items() if e.step_s is not None}
     feasible = np.flatnonzero(mini.code == -1)
     assert not [j for j in feasible if j not in known and mini.est.step_lo[j] < step]
-    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 41
+    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 40
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = undecided[mini.est.step_lo[undecided] < step]
-    assert len(below) == 6 and sum(mini_top45.code[j] == -1 for j in below) == 2
+    assert len(below) == 3 and sum(mini_top45.code[j] == -1 for j in below) == 3
     assert sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 0
-    assert (mini_top45.configured.rank, mini_top45.configured.rank_hi) == (41, 41)
+    assert (mini_top45.configured.rank, mini_top45.configured.rank_hi) == (40, 40)
 
 
 def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
     """[search] rank_max (newcomer trial 16: a 70B cp search printed #162-#2,546 and said neither
-    what the range is nor how to narrow it). The top-3 run leaves 39 feasible candidates unplanned
-    with a step-time lower bound below its step: the default rank_max 32 plans 32 and leaves the 7
-    of the #39-#46 range. Each plan moves one end of the range by one (faster: the low end up;
-    slower: the high end down), so the width is 39 - rank_max whichever are planned: rank_max 0
-    gives a range of 39 around #41 (#16-#55), 34 a range of 5, and 39 plans them all: #41, the rank
-    the --top 45 run, which planned every one of them, gives (test above). (Was 38 around #41, the
+    what the range is nor how to narrow it). The top-3 run leaves 38 feasible candidates unplanned
+    with a step-time lower bound below its step: the default rank_max 32 plans 32 and leaves the 6
+    of the #39-#45 range. Each plan moves one end of the range by one (faster: the low end up;
+    slower: the high end down), so the width is 38 - rank_max whichever are planned: rank_max 0
+    gives a range of 38 around #40 (#12-#50: 11 of the search's own plans faster), 34 a range of 4,
+    and 38 plans them all: #40, the rank the --top 45 run, which planned every one of them, gives
+    (test above). (ringcalls: was 39 around #41, #16-#55, widths 39/5/0 at rank_max 0/34/39, 15 of
+    the search's own plans faster, before torch's ring SDPA calls rated one by one (meshplan.compute.ring_attention.ring_seconds: at 8k the cp rows' calls at L = 4,096 or 2,048 run below the rates one call at S 8192 had) raised the cp rows' step lower bounds and the settle's plans went to other
+    rows, test above.) (Was 38 around #41, the
     #39-#45 range, widths 38/4/0 at rank_max 0/34/38, before benchfast's tighter pp > 1 bounds sent
     the settle's plans to other rows, pp 2 x dp_shard 2 x cp 2, none, vpp 8, resharded among them,
     test above. Was 39 around #41, the
@@ -289,22 +299,22 @@ def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
         c = replace(cfg, search=cfg.search.model_copy(update={"rank_max": n}))
         return configured(c, mini.candidates, mini.code, mini.est.step_lo, mini.exact, mini.top, 1)
 
-    assert (mini.configured.rank, mini.configured.rank_hi, mini.configured.rank_max) == (39, 46, 32)
-    for n, width in ((0, 39), (34, 5), (39, 0), (64, 0)):
+    assert (mini.configured.rank, mini.configured.rank_hi, mini.configured.rank_max) == (39, 45, 32)
+    for n, width in ((0, 38), (34, 4), (38, 0), (64, 0)):
         m = at(n)
-        assert (m.rank_hi - m.rank, m.rank_max) == (width, n) and m.rank <= 41 <= m.rank_hi, (n, m.rank, m.rank_hi)
+        assert (m.rank_hi - m.rank, m.rank_max) == (width, n) and m.rank <= 40 <= m.rank_hi, (n, m.rank, m.rank_hi)
         assert ("rank_max" in m.line()) == (width > 0)
     step = mini.configured.step_s  # rank_max 0: 1 + the faster among the search's own plans
     searched = sum(1 for j, e in mini.exact.items() if mini.code[j] == -1 and e.step_s is not None and e.step_s < step)
-    assert (at(39).rank, at(0).rank) == (41, 1 + searched) == (41, 16)
-    exact = at(39).line()
-    assert "rank #41 of 658 feasible by step time" in exact and "between" not in exact
+    assert (at(38).rank, at(0).rank) == (40, 1 + searched) == (40, 12)
+    exact = at(38).line()
+    assert "rank #40 of 655 feasible by step time" in exact and "between" not in exact
 
 
 def test_rank_on_the_searchs_pool_plans_the_step_alone_to_the_bit(mini):
     """The search ranks its mesh on its own open pool (warm workers) and plans each of the
     rank_max candidates for the step alone (exact.STEP_ALONE): the same build_plan + step_time as
-    STEP_ONLY, so the same step to the bit, and the same #39-#46 as a pool of its own; the pool is
+    STEP_ONLY, so the same step to the bit, and the same #39-#45 as a pool of its own; the pool is
     left open for its owner."""
     from meshplan.search.configured import configured
     from meshplan.search.exact import STEP_ALONE, STEP_ONLY, Planner, Pool
@@ -318,7 +328,7 @@ def test_rank_on_the_searchs_pool_plans_the_step_alone_to_the_bit(mini):
     pool = Pool(planner, 2)
     try:
         mine = configured(cfg, c, mini.code, mini.est.step_lo, mini.exact, mini.top, pool)
-        assert (mine.rank, mine.rank_hi, mine.line()) == (39, 46, mini.configured.line())
+        assert (mine.rank, mine.rank_hi, mine.line()) == (39, 45, mini.configured.line())
         assert pool.map([(int(j), STEP_ALONE), (int(j), STEP_ALONE)])[1].step_s == only.step_s  # still open
     finally:
         pool.close()

@@ -59,7 +59,14 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     """The mini example's search narrowed to tp 1, pp 1 or 2 and dp_shard up to 4 (which leaves
     out its faster dp_shard 8, dp_shard 4 x tp 2, dp_replicate 2 x dp_shard 2 x tp 2 and pp 4 x
     dp_shard 2), top 2: the rows are dp_replicate 2 x dp_shard 4 (7.614 s) and dp_shard 4 x cp 2
-    (7.616 s), and they are the fastest: no title line names a faster mesh left out. Before torch's
+    (7.670 s; 7.616 s before torch's ring SDPA calls were rated one by one,
+    meshplan.compute.ring_attention.ring_seconds: per layer and micro-batch cp rank 0 runs a causal
+    4096 x 4096 call, FA2 fwd 319 and bwd 310 TFLOP/s at S 4096, and an unmasked 2048 x 4096, fwd 368
+    at its 4,096 keys and bwd 291 at its 2,048 queries, 32 x 4096^2 x 256 FLOP each, where one causal
+    call at S 8192 was rated 333 and 318: (1/319 + 1/368 - 2/333 + 2.5 (1/310 + 1/291 - 2/318)) x
+    1.374e11 / 1e12 = 0.107 ms, x 32 layers x 16 micro-batches = +0.055 s), and they are the fastest:
+    no title line names a faster mesh left out. (pp 2 x dp_shard 2 x cp 2 at vpp 8 below: 7.666 s
+    then, 7.721 s now, the same +0.055 s on its 16 layers x 32 micro-batches.) Before torch's
     window of 3 unsharded local stages was planned (meshplan.pipeline.unshard_window), pp 2 x
     dp_shard 2 x cp 2 at vpp 8 was the fastest at 7.581 s and not listed (within 1%); its 8 chunks
     per rank are now evicted and all-gathered again (FSDP over dp_shard, reshard_after_forward
@@ -91,13 +98,17 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     rows = [float(x) for x in re.findall(r"│ \d │ [^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│ +([\d.]+) │", text)]
     meshes = re.findall(r"│ \d │ ((?:pp|dp_replicate|dp_shard|cp|tp) \d[^│]*?) +│", text)
     assert meshes == ["dp_replicate 2 x dp_shard 4", "dp_shard 4 x cp 2"]
-    assert rows == [7.614, 7.616] and "longer than the fastest's" not in text
+    assert rows == [7.614, 7.67] and "longer than the fastest's" not in text
+    pair = 32 * 4096 ** 2 * 256
+    delta = (1 / 319 + 1 / 368 - 2 / 333 + 2.5 * (1 / 310 + 1 / 291 - 2 / 318)) * pair / 1e12
+    assert round(7.616 + 32 * 16 * delta, 2) == 7.67
     cfg = load_config(path)
     mesh = {"names": ["pp", "dp_shard", "cp"], "shape": [2, 2, 2], "virtual_stages": 8,
             "pp_schedule": "interleaved_1f1b"}
     training = cfg.training.model_copy(update={"reshard_after_forward": False})
     plan = build_plan(dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update=mesh), training=training))
-    assert round(step_time(plan).step_s, 3) == 7.666 > max(rows)
+    assert round(step_time(plan).step_s, 3) == 7.721 > max(rows)
+    assert round(7.666 + 16 * 32 * delta, 3) == 7.721
     ops = [o for chunk in chunk_costs(plan, workload_of(plan))[0] for layer in chunk.layers for o in layer.ops
            if o.name.startswith("cp ring")]
     n_q = 32 * 4096 * 128
@@ -317,7 +328,15 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     critical stage, derived in test_compare::test_compare_decides_as_the_search_orders).
     (The report's own case, on 8 H200 nodes at global batch 128, cp 2 against cp 4 mb 2 at tp 4,
     pp 2, listed by the lower tp*pp*cp*ep, 0.083% apart, was found before torch's CP ring merges
-    and SP layout copies were counted: with them cp 4 mb 2 is 3.2% slower, no tie.)"""
+    and SP layout copies were counted: with them cp 4 mb 2 is 3.2% slower, no tie.)
+
+    Since torch's ring SDPA calls are rated one by one (meshplan.compute.ring_attention.ring_seconds)
+    the pair is 2.1% apart, no tie: pp 4 x dp_shard 2 x cp 2 x tp 4 (60.764 s) is the top and the
+    fastest, pp 8 x cp 4 x tp 2 (62.040 s) #2, and the line calls the top shorter; cp 4's calls at
+    L = 2,048 run further below FA2's long-sequence rates than cp 2's at 4,096 (by hand in
+    test_compare::test_compare_decides_as_the_search_orders: +0.989 s against +0.274 s on the
+    critical stage). The tie rule's line itself is checked by hand in
+    test_explain_by_hand_with_the_tie_rule."""
     import dataclasses as dc
 
     from meshplan.config import load_config
@@ -331,20 +350,18 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     r = search(cfg, workers=1)
     steps = [e.step_s for e in r.top]
     labels = [r.candidates.label(e.index).split(",")[0] for e in r.top]
-    assert labels == ["pp 8 x cp 4 x tp 2", "pp 4 x dp_shard 2 x cp 2 x tp 4", "pp 8 x cp 2 x tp 4", "pp 4 x cp 4 x tp 4"]
-    assert len(r.placed) == 8 == r.counts()["feasible"] and r.variants == []  # every feasible one placed
-    assert round(steps[0], 3) == 61.038 and round(steps[1], 3) == 60.486 and steps[1] < steps[0] <= steps[1] * (1 + TIE)
+    assert labels == ["pp 4 x dp_shard 2 x cp 2 x tp 4", "pp 8 x cp 4 x tp 2", "pp 8 x cp 2 x tp 4", "pp 4 x cp 4 x tp 4"]
+    assert len(r.placed) == 8 == r.counts()["feasible"]  # every feasible one placed
+    assert round(steps[0], 3) == 60.764 and round(steps[1], 3) == 62.040 and steps[1] > steps[0] * (1 + TIE)
     x = r.explanation
-    assert x is not None and x.by_tie_rule and x.fastest_row == 2 and x.fastest_step_s == steps[1]
+    assert x is not None and not x.by_tie_rule and x.fastest_row == 1
     line = x.line()
-    assert line.startswith(f"top's step {steps[0]:.3f} s is 0.91% longer than the fastest's (#2, {steps[1]:.3f} s), "
-                           "within 1%: listed first by the tie rule: fewer axes of degree > 1 (3 vs 4); parts against "
-                           "#2: exposed tp 2.48 s vs 6.41 s (tp 2 vs 4), compute 52.1 s vs 49.6 s")
-    assert "shorter" not in line.split("; parts")[0]
+    assert line.startswith("top's step is 2.1% shorter than #2's: exposed tp 6.41 s vs 2.48 s (tp 4 vs 2), "
+                           "compute 49.9 s vs 53.1 s")
+    assert "longer than the fastest's" not in line
     doc = search_to_dict(r)
-    assert doc["top_vs_runner_up"]["by_tie_rule"] and doc["top_vs_runner_up"]["fastest_row"] == 2
-    assert doc["top_vs_runner_up"]["line"] == line
-    assert [(d["row"], d["listed"]) for d in doc["placed"][:4]] == [(1, True), (2, True), (2, False), (1, False)]
+    assert not doc["top_vs_runner_up"]["by_tie_rule"] and doc["top_vs_runner_up"]["line"] == line
+    assert [(d["row"], d["listed"]) for d in doc["placed"][:4]] == [(1, True), (1, False), (2, True), (2, False)]
 
 
 def test_blocking_pp_waits_are_bubble_the_transfers_exposed_pp():

@@ -8,8 +8,9 @@ activations of a 32768-token micro-batch; tp 8 (the NVLink domain) splits them a
 pp does not help under 1F1B (stage 0 holds pp micro-batches of layers / pp layers), so no cp 1
 candidate fits in 67.1 GiB. ``plan``'s own fix line finds cp 4 fitting for dp_shard 8 x tp 8 of
 this workload (README's plan row: 43.4 GiB); the search with every cp lists pp 2 x cp 4 x tp 8
-first, resharded (385.172 s, peak 55.1 GiB): its kept-gathered twin, the default at pp 2, is 0.77%
-faster (382.222 s) but peaks at 62.9 GiB, under 15% of the usable memory free, so the headroom tiers
+first, resharded (385.652 s, peak 55.1 GiB; 385.172 s before torch's ring SDPA calls were rated one by
+one, test below): its kept-gathered twin, the default at pp 2, is 0.77%
+faster (382.222 s then, its ring calls the same) but peaks at 62.9 GiB, under 15% of the usable memory free, so the headroom tiers
 show the mesh at its setting that keeps it (hints37; was 382.035 s kept gathered after searchraf,
 384.986 s resharded before it, both before torchp2p's waited 1F1B calls). Why recompute
 is narrowed too: with recompute full among the lists, cp 1 fits on as few as 3-4 nodes (4 nodes:
@@ -62,14 +63,23 @@ def narrowed():
 def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowed):
     """No row; the widened search's fastest row is cp 4, planned by build_plan + step_time to the
     same step, its peak under usable memory; the same mesh at cp 1 (its data axis 4 x larger:
-    pp 2 x dp_shard 4 x tp 8) is over it, which is why the narrowed search has no row."""
+    pp 2 x dp_shard 4 x tp 8) is over it, which is why the narrowed search has no row. Its step
+    385.652 s (385.172 s before torch's ring SDPA calls were rated one by one,
+    meshplan.compute.ring_attention.ring_seconds: per layer and micro-batch cp rank 0 runs one causal
+    8192 x 8192 call, FA2 fwd 333 and bwd 318 TFLOP/s at S 8192, and 3 unmasked 4096 x 8192, fwd 370
+    at their 8,192 keys and bwd 310 at their 4,096 queries, each 8 heads x 8192^2 x 256 FLOP, where
+    one causal 8192 x 32768 call was rated 335 and 322 (held from 16k): +23.4 us a layer, 40 layers
+    a stage, 512 + 2 - 1 micro-batch slots of 1F1B: +0.480 s)."""
     from meshplan.report.search_fix import infeasible_verdict
 
     r = narrowed
     assert not r.top and r.counts()["memory"] > 0
     w = r.widened
     assert w is not None and (w.given, w.cp, w.label) == ((1,), 4, ROW)
-    assert round(w.step_s, 3) == 385.172 and w.peak_bytes < r.usable_bytes
+    assert round(w.step_s, 3) == 385.652 and w.peak_bytes < r.usable_bytes
+    pair = 8 * 8192 ** 2 * 256
+    layer = pair * (1 / 333 + 3 / 370 + 2.5 * (1 / 318 + 3 / 310) - 4 / 335 - 2.5 * 4 / 322) / 1e12
+    assert round(385.172 + 40 * (512 + 2 - 1) * layer, 3) == pytest.approx(385.652, abs=0.002)
     plan = _plan(["pp", "cp", "tp"])
     assert plan.feasible and step_time(plan, Overlap()).step_s == pytest.approx(w.step_s, rel=1e-9)
     assert max(t.peak.total_bytes for t in plan.timelines) == pytest.approx(w.peak_bytes, rel=1e-9)
@@ -77,7 +87,7 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     assert not cp1.feasible and cp1.reasons[0].startswith("peak")
     v = infeasible_verdict(r)
     assert v["fix"].startswith(f"widen [search] cp (now 1): with every cp the fastest that fits is {ROW} (cp 4: step "
-                               f"385.172 s, peak {w.peak_bytes / GiB:.1f} GiB); or add nodes, or let [search] reach "
+                               f"385.652 s, peak {w.peak_bytes / GiB:.1f} GiB); or add nodes, or let [search] reach "
                                "less memory")
     assert v["widened"]["cp"] == 4 and v["line"].endswith(v["fix"])
 

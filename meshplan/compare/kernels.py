@@ -17,9 +17,9 @@ switched to B's value in :data:`CHOICES` order; a choice's seconds are the chang
 the compute of B's critical stage per step (every op of its layers, embedding, head and
 Megatron-LM's batch ops, times the micro-batches: :func:`stage_compute_s`), so the lines sum
 to the compute those choices move (positive: B's choice is slower). Llama-3-70B at 128k
-tokens on dp_shard 2 x cp 8 x tp 8 (tests/test_compare.py): torch 128.3 s against
-Megatron-LM 85.0 s, of whose 42.5 s of compute the attention kernel (FA2 333/318 TFLOP/s
-against FA3 602/559 at S 8192, ``meshplan/catalog/kernels.toml``) is most, 34.0 s.
+tokens on dp_shard 2 x cp 8 x tp 8 (tests/test_compare.py): torch 126.0 s against
+Megatron-LM 85.0 s, of whose 40.2 s of compute the attention kernel (FA2 333/318 TFLOP/s
+against FA3 602/559 at S 8192, ``meshplan/catalog/kernels.toml``) is most, 32.4 s.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The attention core's ops on one rank (:mod:`meshplan.compute.ops`' causal convention): a
 fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published FlashAttention
-rates, or the GEMM ceiling with wave quantization), or the non-flash batched products with the
+rates, each call of torch's context-parallel ring rated at its own shape
+(:func:`meshplan.compute.ring_attention.ring_seconds`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
+from meshplan.compute import ring_attention
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import attention_seconds
@@ -31,7 +33,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     data = kernel_data(gpu)
     if data is not None and data.attention:  # published FlashAttention rates (catalog)
-        f_s, b_s, how = attention_seconds(data, att, causal=True, prefer=w.attention_kernels)
+        f_s, b_s, how = (ring_attention.ring_seconds(data, att, w.cp, w.attention_kernels) if ring_attention.applies(w)
+                         else attention_seconds(data, att, causal=True, prefer=w.attention_kernels))
         fwd = att.flops(causal_half=True)
         rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                           phase, "attention", issue_floor(gpu, t), model, hw,

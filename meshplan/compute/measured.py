@@ -321,10 +321,13 @@ def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int,
 
 
 def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
-                      prefer: tuple[str, ...] = (), dtype: str = "bf16") -> tuple[float, float, str]:
+                      prefer: tuple[str, ...] = (), dtype: str = "bf16",
+                      lengths: Optional[tuple[int, int]] = None) -> tuple[float, float, str]:
     """(forward s, backward s, how) of one fused attention call ``att`` (module docstring);
     ``prefer``: kernels tried before the GPU's ``prefer`` list (the framework's, e.g. torch's
-    SDPA runs FA2); ``dtype``: rows of that dtype first, else the bf16 rows. Raises KeyError
+    SDPA runs FA2); ``dtype``: rows of that dtype first, else the bf16 rows; ``lengths``: the
+    (forward, backward) sequence lengths the rows are read at, ``(seq_kv, seq_kv)`` unless given
+    (a rectangular call's: :func:`meshplan.compute.ring_attention.rate_lengths`). Raises KeyError
     when ``data`` has no attention rows for the mask.
 
     >>> from meshplan.compute.shapes import Attention
@@ -338,16 +341,16 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
     mask = "causal" if causal else "none"
     fwd_flops = att.flops(causal_half=causal)
     out, how = [], []
-    for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
+    for (pass_, factor), length in zip((("fwd", 1.0), ("bwd", 2.5)), lengths or (att.seq_kv, att.seq_kv)):
         row = _attention_row(data, pass_, mask, att.head_dim, prefer, dtype)
         if row is None:
             row = _attention_row(data, "fwd+bwd", mask, att.head_dim, prefer, dtype)
         if row is None:
             raise KeyError(f"{data.gpu}: no attention rows for a {mask} mask")
-        rate = _interp_log(row.seq, row.tflops, att.seq_kv)
+        rate = _interp_log(row.seq, row.tflops, length)
         out.append(factor * fwd_flops / (rate * TFLOPS))
         dt = "" if row.dtype == "bf16" else f" {row.dtype}"
-        how.append(f"{pass_} {row.kernel}{dt} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {att.seq_kv} "
+        how.append(f"{pass_} {row.kernel}{dt} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {length} "
                    f"[{row.source}]")
     return out[0], out[1], "; ".join(how)
 

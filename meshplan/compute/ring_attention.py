@@ -15,6 +15,21 @@ then ``out - sigmoid(block_lse - lse) * (out - block_out)``); it concatenates K 
 every step (an all-to-all ring), ``_partial_update`` re-concatenates the dK and dV halves of the
 load-balanced steps, and casts all three back at the end.
 
+The SDPA calls (:func:`ring_calls`, same source): the rank's local Q, K and V are its two
+load-balanced chunks of ``L / 2`` (``L = s / cp``) side by side. Step 0 (``_is_causal_behavior``:
+``IS_CAUSAL``) is one causal ``L x L`` call; every later step is unmasked (``NOT_IS_CAUSAL``
+with load balance): at step ``i <= rank`` the whole Q against the first half of the received
+K/V (``key.chunk(2, dim=2)[0]``: ``L x L/2``), at ``i > rank`` the second half of Q against the
+whole K/V (``query.chunk(2, dim=2)[1]``: ``L/2 x L``); ``_templated_ring_attention_backward``
+issues the same calls' gradients (the same branches). Every call is ``L^2 / 2`` query-key pairs,
+together the causal ``(L, s)`` of :func:`meshplan.compute.shapes.attention_shape`. Each is rated
+at its own loop length (:func:`rate_lengths`): FlashAttention-2 (torch's SDPA flash backend)
+runs a forward block per 128 queries looping over the keys (``flash_fwd_launch_template.h``,
+``grid(num_m_block, b, h)``) and a backward block per 128 keys looping over the queries
+(``flash_bwd_launch_template.h`` ``run_flash_bwd_seqk_parallel``: ``grid_n(num_n_block, b, h)``,
+Dao-AILab/flash-attention), while the catalog's rows are square calls at a constant 16k tokens
+(the benchmark's batch x length), so a square row at a call's loop length has its work per block.
+
 Sizes: ``n_q`` elements of Q (= of the output, ``d_v = d``) and ``n_kv`` of K and V together on
 the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
 the log-sum-exp rows (``1/d`` of the output) are left out. The rank counted is cp rank cp - 1,
@@ -25,7 +40,10 @@ whole output, 27 B an element of Q against 38).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from meshplan.compute.kernel_time import memory_op
+from meshplan.compute.measured import KernelData, attention_seconds
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.shapes import Attention
 from meshplan.spec.cluster import GPUSpec
@@ -93,3 +111,70 @@ def ring_ops(gpu: GPUSpec, att: Attention, w: Workload) -> list[Op]:
     fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager)
     return [memory_op(gpu, MERGE, "attn", "forward", fwd),
             memory_op(gpu, GRAD_ACCUMULATION, "attn", "backward_input", bwd)]
+
+
+def ring_calls(cp: int, seq_local: int, rank: int) -> list[tuple[int, int, bool]]:
+    """(seq_q, seq_kv, causal) of each SDPA call cp rank ``rank`` issues per layer in torch's
+    load-balanced ring (module docstring), ``seq_local`` = ``L``, its own tokens (even).
+
+    >>> ring_calls(4, 8, 1)   # cp 4, L 8: step 0 causal, step 1 <= rank, steps 2, 3 > rank
+    [(8, 8, True), (8, 4, False), (4, 8, False), (4, 8, False)]
+    >>> ring_calls(1, 8, 0)
+    [(8, 8, True)]
+    """
+    half = seq_local // 2
+    return ([(seq_local, seq_local, True)] + [(seq_local, half, False)] * rank
+            + [(half, seq_local, False)] * (cp - 1 - rank))
+
+
+def rate_lengths(seq_q: int, seq_kv: int) -> tuple[int, int]:
+    """(forward, backward) lengths at which a call's square rows are read: the forward's loop
+    over the keys, the backward's over the queries (module docstring).
+
+    >>> rate_lengths(8192, 4096)
+    (4096, 8192)
+    """
+    return (seq_kv, seq_q)
+
+
+def ring_seconds(data: KernelData, att: Attention, cp: int, prefer: tuple[str, ...] = ()) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of the ring's SDPA calls on one layer (``att``: the rank's
+    causal ``(s / cp, s)`` shape), each rated by :func:`~meshplan.compute.measured.attention_seconds`
+    at its :func:`rate_lengths`, on the slower of cp ranks 0 and cp - 1 (forward plus backward:
+    the calls' time is linear in the rank, so one of the two is the slowest; every layer's K/V
+    all-gather holds the ranks together).
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> d = kernel_data("h100-sxm5-80gb")
+    >>> a = Attention(1, 32, 8, 8192, 32768, 128)          # cp 4 at 32k: L 8,192
+    >>> f, b, how = ring_seconds(d, a, 4, ("FA2",))
+    >>> how.split(" (cp ")[1]            # rank 0's 3 backward calls loop over 4,096 queries: slower
+    'rank 0: 1 causal 8192x8192, 3 of 4096x8192)'
+    >>> round(f * 1e3, 3), round(b * 1e3, 3)   # FA2 fwd 333 causal + 3 x 370; bwd 318 + 3 x 310 (S 4096)
+    (6.108, 17.623)
+    """
+    return max((_rank_seconds(data, att, cp, rank, prefer) for rank in sorted({0, cp - 1})),
+               key=lambda t: t[0] + t[1])
+
+
+def _rank_seconds(data: KernelData, att: Attention, cp: int, rank: int,
+                  prefer: tuple[str, ...]) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of cp rank ``rank``'s calls (:func:`ring_seconds`)."""
+    f = b = 0.0
+    hows = []
+    calls = ring_calls(cp, att.seq_q, rank)
+    for sq, sk, causal in calls:
+        cf, cb, how = attention_seconds(data, replace(att, seq_q=sq, seq_kv=sk), causal, prefer,
+                                        lengths=rate_lengths(sq, sk))
+        f, b = f + cf, b + cb
+        hows.append(how)
+    last = f"; the last: {hows[-1]}" if len(hows) > 1 else ""
+    return f, b, f"{hows[0]}{last} (cp rank {rank}: {_call_counts(calls)})"
+
+
+def _call_counts(calls: list[tuple[int, int, bool]]) -> str:
+    """``calls`` as one phrase: "1 causal LxL, k of LxL/2, m of L/2xL"."""
+    seen: dict = {}
+    for c in calls:
+        seen[c] = seen.get(c, 0) + 1
+    return ", ".join(f"{n}{' causal' if c[2] else ' of'} {c[0]}x{c[1]}" for c, n in seen.items())

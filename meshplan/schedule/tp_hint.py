@@ -13,9 +13,9 @@ rule of every ``hint:`` line), with its step, its change, its exposed tp and its
 overlap decomposes the GEMMs it overlaps, and their smaller pieces run slower
 (:mod:`meshplan.compute.asynctp`), so a large exposed tp can give a small gain: Llama-3-70B at
 seq 32768, dp_shard 2 x cp 4 x tp 8, full recompute, compiled, global batch 40, exposes 6.03 s of
-tp in a 36.98 s step (16.3%), and async TP hides 2.18 s of it but adds 2.33 s of compute: the
+tp in a 36.83 s step (16.4%), and async TP hides 2.18 s of it but adds 2.33 s of compute: the
 step is 0.2% shorter, and no hint is shown but a ``note: no tp hint`` line with the re-plan's step
-and why (:func:`silent_note`; ``step --overlap-tp``'s ideal overlap of whole GEMMs, 32.80 s, is a
+and why (:func:`silent_note`; ``step --overlap-tp``'s ideal overlap of whole GEMMs, 32.65 s, is a
 bound no runtime reaches).
 """
 

@@ -7,11 +7,9 @@ Thresholds (judgements, not measurements):
   meshes, ``compare`` names its tie rule, ``place --choose`` keeps the given placement and a
   ``hint:`` line offers no knob. A choice of where a predicted gain stops deciding anything, not
   the model's error.
-- :data:`RESTART_MARGIN` (5%): a restart mesh (``reliability``) of the job's kind that changes the
-  global batch must plan more than 5% more tokens/s than the kind's mesh keeping it to come first,
-  and a restart mesh more than 5% more than the full-size plan to blame the original mesh (passing
-  over the job's kind takes :data:`REMESH_MARGIN`); issue 11's goal for the step model (within 5% on
-  average), again a judgement of the margin, not a measured error.
+- :data:`RESTART_MARGIN` (5%): a restart mesh (``reliability``) must plan more than 5% more tokens/s
+  to pass over the job's kind or to blame the original mesh; issue 11's goal for the step model
+  (within 5% on average), again a judgement of the margin, not a measured error.
 - :data:`REMESH_MARGIN` (29.4%): a restart mesh that changes a model-parallel degree (pp, tp or cp)
   must plan more than this many more tokens/s than the job's kind (its pp, tp and cp kept, only the
   data axes shrunk), the least-disruptive restart (newcomer trial 26). A judgement: the largest mean
@@ -44,7 +42,7 @@ class Fidelity(NamedTuple):
     >>> FIDELITY[0].text()
     'mean |error| 2.0%, max 3.3%'
     >>> FIDELITY[2].text()
-    'mean |error| 17.0%, +3% to +41%'
+    'mean |error| 17.4%, +4% to +46%'
     """
 
     setting: str  #: the runs measured, as README's Fidelity table names them
@@ -73,8 +71,8 @@ FIDELITY = (
              "benchmarks/fidelity.py"),
     Fidelity("LLM Foundry MPT on A100", "LLM Foundry A100 runs", 0.089, 0.157, "benchmarks/llmfoundry_a100.py",
              above=True),
-    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.170, 0.408, "benchmarks/torchtitan_h100.py",
-             above=True, min_abs_error=0.028),
+    Fidelity("torchtitan Llama 3.1 on H100", "torchtitan H100 runs", 0.174, 0.456, "benchmarks/torchtitan_h100.py",
+             above=True, min_abs_error=0.042),
 )
 
 
@@ -84,7 +82,8 @@ DEVELOPMENT = FIDELITY[0]
 
 #: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a
 #: judgement, set to the largest mean |error| measured when it was set (torchtitan H100 runs, 29.4%,
-#: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%); kept fixed like
+#: before the 500 W part's fp8 and attention scales brought that benchmark to 17.1%, 17.4% since
+#: torch's ring calls are rated one by one); kept fixed like
 #: :data:`TIE` so a restart's choice does not move with each benchmark.
 REMESH_MARGIN = 0.294
 
@@ -111,7 +110,7 @@ def mfu_caveat() -> str:
     its smallest and largest mean |error|).
 
     >>> mfu_caveat()
-    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 17.0% on torchtitan H100 runs (docs/fidelity.md)'
+    'note: MFU and step times are predicted; measured error by setting: 2.0% mean on the Megatron-LM A100 development set to 17.4% on torchtitan H100 runs (docs/fidelity.md)'
     """
     low = min(FIDELITY, key=lambda f: f.mean_abs_error)
     high = max(FIDELITY, key=lambda f: f.mean_abs_error)
