@@ -11,6 +11,16 @@ from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
+#: The suite's mesh that does not fit: the seed's tensor-4 alternative at micro-batch 2
+#: (examples/seed-64gpu-tp4-mb2.toml; Llama-3-70B, dp_shard 16 x tp 4 on 8 x 8 H100, zero3, selective).
+#: usable = 79.11 GiB (catalog h100-sxm5-80gb device_memory_gib) x (1 - reserve 0.10) = 71.199 GiB.
+#: Its peak, at the head's forward of the second micro-batch: activations = 2 x 50.63 GiB (micro-batch
+#: 1's saved activations, two sequences instead of one) + the head's 2.08 GiB (norm/output inputs,
+#: logits, loss) = 103.34 GiB, plus params 4.11 + optimizer 8.21 + grads 4.11 + gathered 0.49 +
+#: temporaries 0.98 + NCCL/cuBLAS 0.28 = 18.18 GiB: 121.5 GiB > 71.2 GiB, 50.3 GiB short.
+#: (examples/seed-64gpu-tp4.toml, micro-batch 1, peaks at 69.72 GiB: it fits, 1.48 GiB free, tight.)
+TP4_MB2 = EXAMPLES / "seed-64gpu-tp4-mb2.toml"
+
 
 def toml_value(value) -> str:
     """One TOML value: strings in double quotes, booleans lower case, lists inline.
