@@ -22,6 +22,15 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TP4_MB2 = EXAMPLES / "seed-64gpu-tp4-mb2.toml"
 
 
+def seed_mb2_toml() -> str:
+    """examples/seed-64gpu.toml (dp_shard 8 x tp 8) at micro-batch 2, TP4_MB2's training on the seed's
+    mesh: its peak, 69.1 GiB (tests/test_seed_example.py's verdict line), fits 71.2 GiB usable, so a
+    pair with TP4_MB2 differs in the mesh alone and only the tp 8 side fits."""
+    text = (EXAMPLES / "seed-64gpu.toml").read_text(encoding="utf-8")
+    assert "micro_batch = 1\n" in text
+    return text.replace("micro_batch = 1\n", "micro_batch = 2\n", 1)
+
+
 def toml_value(value) -> str:
     """One TOML value: strings in double quotes, booleans lower case, lists inline.
 
