@@ -19,7 +19,7 @@ from meshplan.schedule.steptime import step_time
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import search
-from meshplan.search.rank import mesh_of, order_all
+from meshplan.search.rank import mesh_of
 from meshplan.search.reasons import UNDECIDED
 from tests.cli_run import run_main
 
@@ -160,7 +160,12 @@ def test_configured_names_its_mesh_at_its_fastest_searched_setting():
     assert sel.row is None and mesh_of(s.candidates, s.top[0].index) != mesh_of(s.candidates, sel.index)
     same = {j: e.step_s for j, e in s.exact.items() if s.code[j] == -1 and e.step_s is not None
             and mesh_of(s.candidates, j) == mesh_of(s.candidates, sel.index)}
-    assert sel.best_index == order_all(s.candidates, same)[0] != sel.index
+    # hbmswitch: at 71.20 GiB usable (79.11 x 0.9, not 67.06) the top-1 search planned none of the mesh's
+    # candidates, so the fastest setting is configured_best's one more plan: the mesh's unplanned feasible
+    # candidate with the lowest step-time lower bound (before, the first of the search's own plans of it)
+    rest = [j for j in np.flatnonzero(s.code == -1) if mesh_of(s.candidates, j) == mesh_of(s.candidates, sel.index)
+            and j not in s.exact and j != sel.index]
+    assert same == {} and sel.best_index == min(rest, key=lambda k: (s.est.step_lo[k], k)) != sel.index
     assert (s.candidates.label(sel.best_index), sel.best_step_s) == (c.label(r.top[0].index), r.top[0].step_s)
     assert ("12.13% longer than the top's; at none, keep gathered (its fastest searched setting by the top table's "
             "rule): 7.297 s, 4.27% longer than the top's;") in sel.line()
