@@ -11,6 +11,25 @@ from pathlib import Path
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
+#: The suite's mesh that does not fit: the seed's tensor-4 alternative at micro-batch 2
+#: (examples/seed-64gpu-tp4-mb2.toml; Llama-3-70B, dp_shard 16 x tp 4 on 8 x 8 H100, zero3, selective).
+#: usable = 79.11 GiB (catalog h100-sxm5-80gb device_memory_gib) x (1 - reserve 0.10) = 71.199 GiB.
+#: Its peak, at the head's forward of the second micro-batch: activations = 2 x 50.63 GiB (micro-batch
+#: 1's saved activations, two sequences instead of one) + the head's 2.08 GiB (norm/output inputs,
+#: logits, loss) = 103.34 GiB, plus params 4.11 + optimizer 8.21 + grads 4.11 + gathered 0.49 +
+#: temporaries 0.98 + NCCL/cuBLAS 0.28 = 18.18 GiB: 121.5 GiB > 71.2 GiB, 50.3 GiB short.
+#: (examples/seed-64gpu-tp4.toml, micro-batch 1, peaks at 69.72 GiB: it fits, 1.48 GiB free, tight.)
+TP4_MB2 = EXAMPLES / "seed-64gpu-tp4-mb2.toml"
+
+
+def seed_mb2_toml() -> str:
+    """examples/seed-64gpu.toml (dp_shard 8 x tp 8) at micro-batch 2, TP4_MB2's training on the seed's
+    mesh: its peak, 69.1 GiB (tests/test_seed_example.py's verdict line), fits 71.2 GiB usable, so a
+    pair with TP4_MB2 differs in the mesh alone and only the tp 8 side fits."""
+    text = (EXAMPLES / "seed-64gpu.toml").read_text(encoding="utf-8")
+    assert "micro_batch = 1\n" in text
+    return text.replace("micro_batch = 1\n", "micro_batch = 2\n", 1)
+
 
 def toml_value(value) -> str:
     """One TOML value: strings in double quotes, booleans lower case, lists inline.

@@ -89,8 +89,12 @@ def test_plan_on_dgx_a100_40gb_times_memory_bound_ops_at_its_bandwidth():
     assert norm40.seconds == pytest.approx(d.norm_fixed_s + norm40.size_bytes / (0.773 * kernel_data(
         "a100-sxm-80gb").norm_bytes_per_s))
     assert norm40.seconds > norm80.seconds
-    # the peak is judged against 40 GB: 90% usable under the default 10% reserve
-    assert (p40.timeline.usable_bytes, p80.timeline.usable_bytes) == (36e9, 72e9)
+    # the peak is judged against the runtime's device total (catalog device_memory_gib): A100 40GB
+    # 42,298,834,944 B (= 39.394 GiB), A100 80GB 79.25 GiB; 90% usable under the default 10% reserve:
+    # 42,298,834,944 x 0.9 = 38,068,951,449.6 B and 79.25 x 2**30 x 0.9 = 76,584,635,596.8 B (were 36e9, 72e9)
+    assert (p40.timeline.usable_bytes, p80.timeline.usable_bytes) == (pytest.approx(42_298_834_944 * 0.9),
+                                                                      pytest.approx(79.25 * 2**30 * 0.9))
+    assert 79.25 * 2**30 * 0.9 == pytest.approx(76_584_635_596.8)
 
 
 def test_shape_model_memory_floor_is_the_1555_datasheet():

@@ -10,6 +10,7 @@ import pytest
 
 from meshplan import cli
 from meshplan.errors import ConfigError
+from tests.configs import TP4_MB2
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -29,10 +30,11 @@ def test_unknown_schedule_is_one_line_exit_2():
 
 
 def test_plan_of_a_mesh_that_does_not_fit_says_why_on_stderr():
-    r = _run("plan", EXAMPLES / "seed-64gpu-tp4.toml")
+    # tests/configs.py TP4_MB2: peak 121.5 GiB at the head's forward > 79.11 GiB x 0.9 = 71.2 GiB usable
+    r = _run("plan", TP4_MB2)
     assert r.returncode == 1
-    assert r.stderr.startswith("infeasible: peak 69.7 GiB")  # at the head's reduce-scatter (torchtitan's units)
-    assert "> 67.1 GiB usable (74.5 GiB - 10% reserve)" in r.stderr
+    assert r.stderr.startswith("infeasible: peak 121.5 GiB at forward of the head (micro-batch 1) on stage 0")
+    assert "> 71.2 GiB usable (79.1 GiB - 10% reserve)" in r.stderr
 
 
 def test_plan_json_refused_before_the_report(tmp_path):

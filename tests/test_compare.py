@@ -8,6 +8,8 @@ from meshplan.compare import compare, table_rows, write_evidence
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.config import load_config
+from meshplan.memory.headroom import headroom_words
+from tests.configs import TP4_MB2, seed_mb2_toml
 
 
 @pytest.fixture(scope="module")
@@ -17,11 +19,35 @@ def seed_pair():
             build_plan(load_config(EXAMPLES / "seed-64gpu-tp4.toml")))
 
 
-def test_tp8_chosen_tp4_rejected_by_memory(seed_pair):
+@pytest.fixture(scope="module")
+def mb2_pair(tmp_path_factory):
+    """The seed's mesh and its tensor-4 alternative at micro-batch 2 (tests/configs.py): tp 8 peaks
+    at 69.1 GiB and fits 79.11 GiB x 0.9 = 71.2 GiB usable, tp 4 at 121.5 GiB does not (50.3 GiB
+    short); the mesh is their only difference."""
+    seed2 = tmp_path_factory.mktemp("mb2") / "seed-64gpu-mb2.toml"
+    seed2.write_text(seed_mb2_toml())
+    return build_plan(load_config(seed2)), build_plan(load_config(TP4_MB2))
+
+
+def test_tp4_fits_tight_and_wins_at_micro_batch_1(seed_pair):
+    """At micro-batch 1 the tensor-4 alternative fits (69.7 GiB of 79.11 x 0.9 = 71.2 GiB usable)
+    and its step is shorter: it wins, with the headroom warning (1.5 GiB = 2.1% free, under 15%)."""
     c = compare(*seed_pair, names=("tp8", "tp4"))
+    assert (c.winner, c.rejected) == ("tp4", "tp8") and c.b.step_s < 0.99 * c.a.step_s
+    assert c.decided_by.startswith("shorter step by more than 1%")
+    usable = 79.11 * 2**30 * 0.9
+    assert c.b.headroom == headroom_words(c.b.peak_bytes, usable, 0.0) == \
+        "tight: 1.5 GiB = 2.1% of the usable 71.2 GiB free, under 15%"
+    assert c.a.headroom == ""  # tp 8: 43.3 GiB, 27.9 GiB = 39% free
+
+
+def test_tp8_chosen_tp4_rejected_by_memory(seed_pair, mb2_pair):
+    c = compare(*mb2_pair, names=("tp8", "tp4"))
     assert (c.winner, c.rejected) == ("tp8", "tp4")
-    # 69.7 GiB at the head's reduce-scatter (torchtitan's FSDP2 units; one root unit: 70.2 GiB)
-    assert c.reasons[0].startswith("tp4 (dp_shard 16 x tp 4) is infeasible: peak 69.7 GiB")
+    # tests/configs.py TP4_MB2: 121.5 GiB at the head's forward > 79.11 x 0.9 = 71.2 GiB usable
+    assert c.reasons[0] == ("tp4 (dp_shard 16 x tp 4) is infeasible: peak 121.5 GiB at forward of the head "
+                            "(micro-batch 1) on stage 0 > 71.2 GiB usable (79.1 GiB - 10% reserve)")
+    c = compare(*seed_pair, names=("tp8", "tp4"))  # micro-batch 1: both fit; the shapes and traffic
     rows = dict((q, (x, y)) for q, x, y in table_rows(c))
     assert rows["wq (M,N,K) eff"][0].startswith("(8192,1024,8192)")
     assert rows["wq (M,N,K) eff"][1].startswith("(8192,2048,8192)")
@@ -41,8 +67,8 @@ def test_tp8_chosen_tp4_rejected_by_memory(seed_pair):
     assert float(rows["network GB/rank/step"][1]) == pytest.approx(across / 1e9, abs=0.05)
 
 
-def test_evidence_folder(seed_pair, tmp_path):
-    c = compare(*seed_pair, names=("tp8", "tp4"))
+def test_evidence_folder(mb2_pair, tmp_path):
+    c = compare(*mb2_pair, names=("tp8", "tp4"))
     paths = write_evidence(c, tmp_path)
     folder = tmp_path / "rejected-tp4-vs-tp8"
     assert {p.name for p in paths} == {"plan.json", "predicted-trace.json", "summary.md", "comparison.json"}
@@ -105,8 +131,8 @@ def test_same_mesh_is_identical_not_a_verdict(seed_pair, tmp_path):
     assert write_evidence(c, tmp_path) == [] and not list(tmp_path.iterdir())
 
 
-def test_summary_states_the_rule(seed_pair, tmp_path):
-    c = compare(*seed_pair, names=("tp8", "tp4"))
+def test_summary_states_the_rule(mb2_pair, tmp_path):
+    c = compare(*mb2_pair, names=("tp8", "tp4"))
     write_evidence(c, tmp_path)
     text = (tmp_path / "rejected-tp4-vs-tp8" / "summary.md").read_text()
     assert ("Chosen: tp8, decided by: fits where the other does not. Rule: a mesh that does not fit (infeasible, or "
@@ -125,20 +151,21 @@ def test_cli_refuses_existing_out_before_the_report(tmp_path):
 
     from tests.conftest import EXAMPLES
     argv = [sys.executable, "-m", "meshplan.cli", "compare", str(EXAMPLES / "seed-64gpu.toml"),
-            str(EXAMPLES / "seed-64gpu-tp4.toml"), "--out", str(tmp_path)]
+            str(TP4_MB2), "--out", str(tmp_path)]  # TP4_MB2 does not fit (121.5 > 71.2 GiB usable)
     first = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
-    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in first.stdout
+    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in first.stdout
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stdout == ""
-    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-vs-seed-64gpu'} exists; choose another path or "
-                            "pass --force to replace it\n")
+    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-mb2-vs-seed-64gpu'} exists; choose another "
+                            "path or pass --force to replace it\n")
 
 
-def test_advice_for_the_faster_mesh_that_does_not_fit(seed_pair):
+def test_advice_for_the_faster_mesh_that_does_not_fit(mb2_pair):
     """tp 4 would be faster but does not fit; tp 8, the larger tensor degree, fits: the advice
-    names the larger tp as a way to fit (at tp 8's longer step), not as one that does not help."""
-    c = compare(*seed_pair, names=("tp8", "tp4"))
+    names the larger tp as a way to fit (at tp 8's longer step), not as one that does not help.
+    Both at micro-batch 2 (tp 4 fits at micro-batch 1), so the mesh is the only difference."""
+    c = compare(*mb2_pair, names=("tp8", "tp4"))
     assert c.reasons[1] == (f"tp4 would predict a {1 - c.b.step_s / c.a.step_s:.0%} shorter step "
                             f"({c.b.step_s:.3f} s vs {c.a.step_s:.3f} s) if it fit: a larger tensor degree fits "
                             f"(tp8, tp 8 against tp 4) but gives up that step; to keep it, tp4 needs another axis "
@@ -255,19 +282,20 @@ def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
     assert rows["peak memory (B)"] == [doc["a"]["peak_bytes"], doc["b"]["peak_bytes"]]
 
 
-def test_json_table_holds_numbers_and_booleans(seed_pair, tmp_path):
+def test_json_table_holds_numbers_and_booleans(mb2_pair, tmp_path):
     """--json's table (and the evidence's comparison.json) in SI: numbers, booleans, a GEMM as
     its shape and efficiency, null where unresolved; not the printed strings."""
     from meshplan.compare import compare_to_dict
     from meshplan.units import GiB
-    c = compare(*seed_pair, names=("tp8", "tp4"))
+    c = compare(*mb2_pair, names=("tp8", "tp4"))
     rows = {r[0]: r[1:] for r in compare_to_dict(c)["table"]}
     assert rows["feasible"] == [True, False]
     assert rows["step time (s)"] == [c.a.step_s, c.b.step_s] and isinstance(c.a.step_s, float)
     assert rows["MFU (fraction of peak)"] == [c.a.mfu, c.b.mfu]
     assert rows["peak memory (B)"] == [c.a.peak_bytes, c.b.peak_bytes]
     assert f"{rows['peak memory (B)'][1] / GiB:.1f}" == dict((q, y) for q, x, y in table_rows(c))["peak memory (GiB)"]
-    assert rows["wq (M,N,K) efficiency"][0] == {"m": 8192, "n": 1024, "k": 8192, "efficiency": c.a.gemms[0][4]}
+    # wq at micro-batch 2: M = 2 x 8192 tokens, N = 8192 / tp 8, K = hidden 8192
+    assert rows["wq (M,N,K) efficiency"][0] == {"m": 16384, "n": 1024, "k": 8192, "efficiency": c.a.gemms[0][4]}
     assert rows["network bytes sent per rank per step"] == [c.a.link_bytes["network"], c.b.link_bytes["network"]]
     write_evidence(c, tmp_path)
     assert json.loads((tmp_path / "rejected-tp4-vs-tp8" / "comparison.json").read_text())["table"][1] == ["feasible", True,
@@ -314,10 +342,11 @@ def test_framework_and_its_vocabulary_padding_are_knobs(seed_pair):
     assert ("training.vocab_pad_divisor", 1, 128) in c.knobs and ("training.framework", "torch", "megatron") in c.knobs
 
 
-def test_advice_does_not_credit_the_mesh_for_a_knob(seed_pair):
+def test_advice_does_not_credit_the_mesh_for_a_knob(mb2_pair):
     """tp 8 with full recompute fits where tp 4 with selective does not: the advice names the
-    mesh and the recompute together; it said 'a larger tensor degree fits' as if tp alone did."""
-    c = compare(_seed_with(recompute="full"), seed_pair[1], names=("tp8-full", "tp4"))
+    mesh and the recompute together; it said 'a larger tensor degree fits' as if tp alone did.
+    Both at micro-batch 2 (tp 4 with selective fits at micro-batch 1: 69.7 of 71.2 GiB)."""
+    c = compare(_seed_with(recompute="full", micro_batch=2), mb2_pair[1], names=("tp8-full", "tp4"))
     assert (c.winner, c.rejected) == ("tp8-full", "tp4")
     assert c.reasons[1] == (f"tp4 would predict a {1 - c.b.step_s / c.a.step_s:.0%} shorter step ({c.b.step_s:.3f} "
                             f"s vs {c.a.step_s:.3f} s) if it fit: tp8-full fits with dp_shard 8 x tp 8 against "
@@ -610,14 +639,15 @@ shape = [8]
 
 def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
     """Issue 11 (newcomer trial 5) item 1: ``compare A.toml A.toml`` of a mesh ``plan`` calls
-    infeasible (Llama-3-405B on one 8-GPU node: peak 782.6 GiB against 67.1 GiB usable) printed
+    infeasible (Llama-3-405B on one 8-GPU node: peak 782.6 GiB against 71.2 GiB usable) printed
     ``verdict: identical plans`` and exited 0; --help says 1 when neither fits."""
     a = tmp_path / "A.toml"
     a.write_text(NO_FIT)
     rc, out, err = _run(["compare", a, a, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     assert rc == 1
     assert "verdict: identical plans; neither fits\n" in out
-    reason = "peak 782.6 GiB at backward of layer 1 (micro-batch 0) on stage 0 > 67.1 GiB usable (74.5 GiB - 10% reserve)"
+    # usable: the H100's runtime total 79.11 GiB (catalog device_memory_gib) x (1 - 0.10) = 71.2 GiB
+    reason = "peak 782.6 GiB at backward of layer 1 (micro-batch 0) on stage 0 > 71.2 GiB usable (79.1 GiB - 10% reserve)"
     assert f"  - A (dp_shard 8) is infeasible: {reason}\n" in out
     assert err.splitlines() == [f"infeasible: A: {reason}"]  # one file given twice: its reasons once
     doc = json.loads((tmp_path / "c.json").read_text())

@@ -65,22 +65,23 @@ assert PEAK_8B_NONE["activations"] == 48_394_051_584 and sum(PEAK_8B_NONE.values
 
 
 def test_compare_warns_of_the_tight_side_only():
-    """Llama-3-8B at seq 8192, micro-batch 1, dp_shard 8 on one dgx-h100 (usable 80e9 x 0.9 B =
-    67.06 GiB): no recompute peaks at 67,774,373,888 B = 63.12 GiB (:data:`PEAK_8B_NONE`, by hand),
-    3.94 GiB = 5.9% free, under 15% (tight, as the search tiers it); full recompute keeps only each layer's input and is clear. The faster mesh (no recompute)
+    """Llama-3-8B at seq 8192, micro-batch 1, dp_shard 8 on one dgx-h100 (usable: the H100's runtime
+    total 79.11 GiB x 0.9 = 71.20 GiB): no recompute peaks at 67,774,373,888 B = 63.12 GiB (:data:`PEAK_8B_NONE`, by hand), 71.20 - 63.12 = 8.08 GiB =
+    8.08 / 71.20 = 11.3% free, under 15% (tight, as the search tiers it; at the datasheet's 80e9 x 0.9 B
+    = 67.06 GiB it was 3.94 GiB = 5.9%); full recompute keeps only each layer's input and is clear. The faster mesh (no recompute)
     wins by the step; the warning names it, not the other."""
     a, b = _plan("none"), _plan("full")
-    usable = 80e9 * 0.9
+    usable = 79.11 * 2**30 * 0.9
     assert a.timeline.usable_bytes == usable
     assert a.timeline.peak.by_kind == PEAK_8B_NONE and a.timeline.peak.total_bytes == 67_774_373_888
     assert round(a.timeline.peak.total_bytes / GiB, 2) == 63.12
     free = usable - a.timeline.peak.total_bytes
-    assert (round(free / GiB, 2), round(free / usable, 3)) == (3.94, 0.059)
+    assert (round(free / GiB, 2), round(free / usable, 3)) == (8.08, 0.113)
     assert not tight(b.timeline.peak.total_bytes, usable, 0.0)
     c = compare(a, b, names=("none", "full"))
     assert c.winner == "none"
     assert c.headroom_lines() == [
-        "warning (none): tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15% at [memory] "
+        "warning (none): tight: 8.1 GiB = 11.3% of the usable 71.2 GiB free, under 15% at [memory] "
         "fragmentation_fraction 0%; PyTorch's caching allocator was measured to lose about 15% to fragmentation in "
         "LLM training (GMLake, ASPLOS 2024), and search lists such a mesh after those that keep 15% free"]
 
@@ -88,8 +89,8 @@ def test_compare_warns_of_the_tight_side_only():
 def test_compare_json_holds_the_tight_warning(tmp_path, capsys):
     """compare --json holds what the text prints under the reasons: each side's ``headroom`` (the
     rule's words, null when clear) and ``headroom_warnings`` (the lines themselves). The pair above:
-    usable 80e9 x 0.9 = 72e9 B = 67.06 GiB; no recompute peaks at 63.12 GiB, so 72e9 - peak = 3.94
-    GiB free = 5.9% of usable, under 15% (tight); full recompute is clear (null)."""
+    usable 79.11 GiB x 0.9 = 71.20 GiB (the H100's runtime total); no recompute peaks at 63.12 GiB, so
+    71.20 - 63.12 = 8.08 GiB free = 11.3% of usable, under 15% (tight); full recompute is clear (null)."""
     import json
 
     from cli_run import run_cli
@@ -103,12 +104,12 @@ def test_compare_json_holds_the_tight_warning(tmp_path, capsys):
                                       mesh={"names": ["dp_shard"], "shape": [8]}))
     code, out, _ = run_cli(["compare", *paths, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     doc = json.loads((tmp_path / "c.json").read_text())
-    usable, peak = 80e9 * 0.9, doc["a"]["peak_bytes"]
+    usable, peak = 79.11 * 2**30 * 0.9, doc["a"]["peak_bytes"]
     assert code == 0 and doc["a"]["usable_bytes"] == usable and round(peak / GiB, 2) == 63.12
     free = usable - peak
-    assert (round(free / GiB, 1), round(free / usable, 3)) == (3.9, 0.059) and free < 0.15 * usable
-    assert doc["a"]["headroom"] == "tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15%"
+    assert (round(free / GiB, 1), round(free / usable, 3)) == (8.1, 0.113) and free < 0.15 * usable
+    assert doc["a"]["headroom"] == "tight: 8.1 GiB = 11.3% of the usable 71.2 GiB free, under 15%"
     assert doc["b"]["headroom"] is None
     assert len(doc["headroom_warnings"]) == 1
-    assert doc["headroom_warnings"][0].startswith("warning (none): tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free")
+    assert doc["headroom_warnings"][0].startswith("warning (none): tight: 8.1 GiB = 11.3% of the usable 71.2 GiB free")
     assert doc["headroom_warnings"][0] in " ".join(out.split())  # the line the text prints, word for word

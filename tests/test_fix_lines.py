@@ -115,39 +115,40 @@ def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_p
     """Finding 1: Llama-3-405B, dp_shard 8 x tp 8, global batch 8 on 8 nodes. Recompute full
     peaks at 99.0 GiB; more nodes need dp > 8 = global_batch / micro_batch, which the batch rule
     refuses (the search used to stop there, "on up to 16 nodes"). With the batch raised to
-    dp: 12 nodes (global batch 12) peak over 67.1 GiB usable, 13 (global batch 13) fit, and 16
-    (global batch 16, the trial's hand check) fit at 52.0 GiB."""
+    dp: 11 nodes (global batch 11) peak at 73.3 GiB, over 79.11 x 0.9 = 71.2 GiB usable, 12 (global
+    batch 12) fit at 67.6 GiB, and 16 (global batch 16, the trial's hand check) fit at 52.0 GiB. (At the
+    datasheet's 67.1 GiB usable 12 nodes did not fit, and 13 were named.)"""
     from meshplan.plan_fix import memory_fix
     from tests.cli_run import plan_file
     p = plan_file(_405b(tmp_path, 8, 8, 8))
     cfg = p.config
     assert _at(cfg, 16, 8).reasons == ("global_batch 8 is not divisible by micro_batch 1 * dp 16 = 16",)
-    p12, p13, p16 = _at(cfg, 12, 12), _at(cfg, 13, 13), _at(cfg, 16, 16)
-    assert not p12.feasible and p13.feasible and p16.feasible
-    gib = [f"{x.timeline.peak.total_bytes / GiB:.1f}" for x in (_at(cfg, 8, 8), p12, p13, p16)]
-    assert gib[0] == "99.0" and float(gib[1]) > 67.1 and gib[3] == "52.0"
+    p11, p12, p16 = _at(cfg, 11, 11), _at(cfg, 12, 12), _at(cfg, 16, 16)
+    assert not p11.feasible and p12.feasible and p16.feasible
+    gib = [f"{x.timeline.peak.total_bytes / GiB:.1f}" for x in (_at(cfg, 8, 8), p11, p12, p16)]
+    assert gib[0] == "99.0" and float(gib[1]) > 71.2 and gib[2] == "67.6" and gib[3] == "52.0"
     cap = "training.global_batch 8 caps dp at 8 (global_batch / micro_batch 1)"
     # the fix first, the variant over usable memory after it as none (newcomer trial 27 #B)
-    assert memory_fix(p) == (f"fix: does not fit even at the most memory-saving settings on 8 nodes, and {cap}: 13 "
-                             f"nodes would with training.global_batch 13 (recompute full, dp_shard 13 x tp 8: peak "
-                             f"{gib[2]} GiB); over the usable 67.1 GiB, no fix alone: recompute full -> peak 99.0 GiB")
-    # on 2 nodes: 4 and 8 nodes split the batch 8 and do not fit; past 8 the same 13 nodes (the nodes part: the
+    assert memory_fix(p) == (f"fix: does not fit even at the most memory-saving settings on 8 nodes, and {cap}: 12 "
+                             f"nodes would with training.global_batch 12 (recompute full, dp_shard 12 x tp 8: peak "
+                             f"{gib[2]} GiB); over the usable 71.2 GiB, no fix alone: recompute full -> peak 99.0 GiB")
+    # on 2 nodes: 4 and 8 nodes split the batch 8 and do not fit; past 8 the same 12 nodes (the nodes part: the
     # variants over usable memory follow it, newcomer trial 27 #B: recompute full first, its peak the plan of
     # recompute full on those 2 nodes, each one over usable memory and under the mesh's own peak)
     two = plan_file(_405b(tmp_path, 2, 2, 8))
-    nodes, tail = memory_fix(two).split("; over the usable 67.1 GiB, no fix alone: ")
-    assert nodes.endswith(f"on 2 nodes, and {cap}: 13 nodes would with training.global_batch 13 (recompute full, "
-                          f"dp_shard 13 x tp 8: peak {gib[2]} GiB)")
+    nodes, tail = memory_fix(two).split("; over the usable 71.2 GiB, no fix alone: ")
+    assert nodes.endswith(f"on 2 nodes, and {cap}: 12 nodes would with training.global_batch 12 (recompute full, "
+                          f"dp_shard 12 x tp 8: peak {gib[2]} GiB)")
     _over_usable(tail, two, f"recompute full -> peak {_at(two.config, 2, 8).timeline.peak.total_bytes / GiB:.1f} GiB")
     # one doubling and no bisection: the first count found, 16 nodes at the trial's global batch 16
     monkeypatch.setattr("meshplan.plan_fix_nodes.MAX_GROWN_PLANS", 1)
     assert memory_fix(p) == (f"fix: does not fit even at the most memory-saving settings on 8 nodes, and {cap}: 16 "
                              f"nodes would with training.global_batch 16 (recompute full, dp_shard 16 x tp 8: peak "
-                             f"52.0 GiB); over the usable 67.1 GiB, no fix alone: recompute full -> peak 99.0 GiB")
+                             f"52.0 GiB); over the usable 71.2 GiB, no fix alone: recompute full -> peak 99.0 GiB")
     # 1 node, global batch 2: 2 nodes (dp 2) tried, the cap reached; the one plan left, 4 nodes (global batch 4),
     # does not fit
     one = plan_file(_405b(tmp_path, 1, 1, 2))
-    nodes, tail = memory_fix(one).split("; over the usable 67.1 GiB, no fix alone: ")
+    nodes, tail = memory_fix(one).split("; over the usable 71.2 GiB, no fix alone: ")
     assert nodes.endswith(
         "does not fit at the most memory-saving settings on up to 4 nodes either (data axis grown with the nodes; "
         "training.global_batch 2 caps dp at 2 (global_batch / micro_batch 1): past it the global batch raised to a "
@@ -157,19 +158,20 @@ def test_global_batch_cap_on_dp_is_named_with_the_nodes_and_batch_that_fit(tmp_p
 
 def _over_usable(tail: str, plan, first: str) -> None:
     """The variants a fix line lists after ``no fix alone:`` (newcomer trial 27 #B): ``first`` opens them,
-    and each lowers the mesh's peak but stays over the 67.1 GiB usable (80e9 B x 0.9 = 67.06 GiB)."""
+    and each lowers the mesh's peak but stays over the 71.2 GiB usable (the H100's runtime total 79.11 GiB x 0.9 = 71.20 GiB)."""
     assert tail.startswith(first)
     own = plan.timeline.peak.total_bytes / GiB
     for variant in tail.split("; "):
         peak = float(variant.rsplit(" -> peak ", 1)[1].removesuffix(" GiB"))
-        assert 80e9 * 0.9 / GiB < peak < own, (variant, own)
+        assert 79.11 * 0.9 < peak < own, (variant, own)
 
 
 def test_search_whose_model_state_exceeds_memory_fully_sharded_names_the_gpus_it_needs(tmp_path, capsys):
     """Finding 2: Llama-3-405B (405,853,388,800 parameters) at 16 B each (fp32 parameters and
     gradients, two fp32 Adam moments) is 6,493,654,220,800 B; over 16 GPUs 377.98 GiB per rank,
-    past 80e9 B x 0.9 = 67.06 GiB usable, so no batch fits. 6,493,654,220,800 / 90 = 67.20 GiB
-    does not fit, / 91 = 66.46 GiB does: 91 GPUs, 12 dgx-h100 nodes. The search's rule 'batch'
+    past 79.11 GiB x 0.9 = 76,449,344,126.976 B = 71.20 GiB usable (the H100's runtime total), so no
+    batch fits. 6,493,654,220,800 / 84 = 77,305,407,390 B = 72.00 GiB does not fit, / 85 =
+    76,395,931,998 B = 71.15 GiB does: 85 GPUs, 11 dgx-h100 nodes (at 80e9 x 0.9 B it took 91, 12). The search's rule 'batch'
     rejects the most candidates (global batch 12), yet the fix names memory, not the batch."""
     from meshplan.config import load_config
     from meshplan.memory.constraints import sharded_state_bytes, state_floor_fix
@@ -179,11 +181,12 @@ def test_search_whose_model_state_exceeds_memory_fully_sharded_names_the_gpus_it
     m, t = cfg.model, cfg.training
     assert m.param_count() == 405_853_388_800 and sharded_state_bytes(m, t, 1) == 16 * 405_853_388_800
     assert sharded_state_bytes(m, t, 16) == 16 * 405_853_388_800 / 16
-    fix = ("add nodes: the model state alone is 378.0 GiB per rank even fully sharded (zero3 over all 16 GPUs) > 67.1 "
-           "GiB usable, whatever the batch; the state fits fully sharded from 91 GPUs (12 nodes of 8) on, activations "
+    fix = ("add nodes: the model state alone is 378.0 GiB per rank even fully sharded (zero3 over all 16 GPUs) > 71.2 "
+           "GiB usable, whatever the batch; the state fits fully sharded from 85 GPUs (11 nodes of 8) on, activations "
            "not counted")
     assert state_floor_fix(m, t, cfg.cluster) == fix
-    assert state_floor_fix(m, t, cfg.cluster.model_copy(update={"nodes": 12})) is None
+    assert state_floor_fix(m, t, cfg.cluster.model_copy(update={"nodes": 11})) is None
+    assert state_floor_fix(m, t, cfg.cluster.model_copy(update={"nodes": 10})) is not None
     assert run_main("search", f) == 1
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("infeasible: no feasible mesh"))
     assert "rule 'batch' rejected" in line and line.endswith(f"; fix: {fix}")

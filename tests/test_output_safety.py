@@ -24,10 +24,12 @@ import meshplan.fileio as fileio
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, staged_folder, write_output
 from tests.conftest import EXAMPLES
+from tests.configs import TP4_MB2
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = EXAMPLES / "seed-64gpu.toml"
-TP4 = EXAMPLES / "seed-64gpu-tp4.toml"
+#: the seed's tp-4 alternative at micro-batch 2 (tests/configs.py: 121.5 > 71.2 GiB usable): rejected by memory
+TP4 = TP4_MB2
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -6,11 +6,14 @@ The newcomer's case: a torchtitan job TOML for Llama-3-70B (FSDP, tp 8, local ba
 compile on, activation checkpointing "none") on 8 dgx-h100. Before this change `plan` printed
 `sharding zero3, recompute none: no tp x pp split of 64 GPUs fits | infeasible` (first estimate
 16.43 + 51.71 + 0.40 = 68.53 GiB > 67.06 usable) above a timeline peak of 65.04 GiB, feasible.
+Usable is now the H100's runtime total, 79.11 GiB x 0.9 = 71.2 GiB, above the estimate: the
+library test recreates the case at a 15% reserve (79.11 x 0.85 = 67.24 GiB, between the two).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from meshplan.plan import Plan, build_plan
 from meshplan.plan_capacity import checked, smallest_split
 from meshplan.units import GiB
 from tests.conftest import EXAMPLES
+from tests.configs import TP4_MB2, seed_mb2_toml
 
 H100_8 = ImportOptions(cluster="dgx-h100", nodes=8)
 #: The foreign examples and the options their header comments plan them with.
@@ -60,13 +64,15 @@ def _row_says_fits(text: str) -> bool:
 
 def test_newcomer_row_agrees_with_the_timeline(tmp_path):
     """The estimate (state 16.43 + activations 51.71 + two gathered layers 0.40 = 68.53 GiB)
-    says no split fits; the timeline's peak, 65.04 GiB at the head's forward (the sharded
-    gradients 4.11 GiB appear only at the first reduce-scatter), fits 67.06 GiB: the row is now
-    the timeline's. tp 1, 2 and 4 leave dp 64, 32 and 16 for a global batch of 16 sequences of 2:
+    says no split fits at a 15% reserve (79.11 x 0.85 = 67.24 GiB usable); the timeline's peak,
+    65.04 GiB at the head's forward (the sharded gradients 4.11 GiB appear only at the first
+    reduce-scatter), fits 67.24 GiB: the row is now the timeline's. tp 1, 2 and 4 leave dp 64, 32 and 16 for a global batch of 16 sequences of 2:
     the batch rule refuses them, so tp 8 x pp 1 (this mesh) is the smallest split."""
     cfg = load_any(_newcomer(tmp_path, 'mode = "none"'), opts=H100_8)
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"memory_reserve": 0.15}))
     t = cfg.training
     assert (t.sharding, t.recompute, t.micro_batch, t.torch_compile) == ("zero3", "none", 2, True)
+    assert 65.04 * GiB < 79.11 * GiB * 0.85 < 68.53 * GiB
     estimated = {r.text: r.requires for r in constraints(cfg.model, t, cfg.cluster, 64).rows}
     assert estimated[f"sharding zero3, recompute none{ESTIMATE}: no tp x pp split of 64 GPUs fits"] == "infeasible"
     plan = checked(build_plan(cfg))
@@ -98,21 +104,30 @@ def test_newcomer_plan_command_prints_no_contradiction(tmp_path, capsys, monkeyp
     assert "sharding zero3, recompute none (this plan's setting, memory timeline): smallest split" in out
     assert "this mesh, timeline peak 65.04 GiB, fits tp*pp >= 8" in out
     assert "sharding zero3, recompute none: no tp x pp split" not in out
-    assert f"sharding none, recompute none{ESTIMATE}: no tp x pp split of 64 GPUs fits infeasible" in out
+    # at the 10% reserve the importer writes, usable 79.11 x 0.9 = 71.2 GiB: DDP's state per rank fits
+    # only split 64 ways (no split fit the datasheet's 67.1 GiB)
+    assert (f"sharding none, recompute none{ESTIMATE}: smallest split (tp inside a node) that fits is tp 8 x pp 8 "
+            f"(peak 68.6 GiB) tp*pp >= 64") in out
 
 
-def test_smallest_split_is_found_by_memory_not_by_this_mesh():
-    """seed-64gpu-tp4 (Llama-3-70B, dp_shard 16 x tp 4, selective recompute): its own timeline
-    peak 69.72 GiB is over 67.06 usable, and tp 8 x pp 1 (seed-64gpu's mesh, 43.30 GiB) is the
-    smallest split that fits; the row says both, and requires tp*pp >= 8."""
-    plan = checked(build_plan(load_any(EXAMPLES / "seed-64gpu-tp4.toml")))
+def test_smallest_split_is_found_by_memory_not_by_this_mesh(tmp_path):
+    """tests/configs.py TP4_MB2 (Llama-3-70B, dp_shard 16 x tp 4, micro-batch 2, selective recompute):
+    its own timeline peak 121.51 GiB is over 79.11 x 0.9 = 71.20 usable, and tp 8 x pp 1 (the seed's
+    mesh at micro-batch 2, configs.seed_mb2_toml, 69.11 GiB) is the smallest split that fits; the row
+    says both, and requires tp*pp >= 8. At micro-batch 1 the tp-4 file's own mesh is the smallest."""
+    plan = checked(build_plan(load_any(TP4_MB2)))
     assert not plan.feasible
     text, requires = _own(plan)
-    assert text.endswith("smallest split (tp inside a node) that fits is tp 8 x pp 1 (timeline peak 43.30 GiB); "
-                         "this mesh (tp 4 x pp 1): timeline peak 69.72 GiB, over usable 67.06 GiB, does not fit")
+    assert text.endswith("smallest split (tp inside a node) that fits is tp 8 x pp 1 (timeline peak 69.11 GiB); "
+                         "this mesh (tp 4 x pp 1): timeline peak 121.51 GiB, over usable 71.20 GiB, does not fit")
     assert requires == "tp*pp >= 8"
-    seed = build_plan(load_any(EXAMPLES / "seed-64gpu.toml"))
+    (tmp_path / "seed-mb2.toml").write_text(seed_mb2_toml())
+    seed = build_plan(load_any(tmp_path / "seed-mb2.toml"))
     assert smallest_split(plan) == (8, 1, seed.timeline.peak.total_bytes)
+    tp4 = checked(build_plan(load_any(EXAMPLES / "seed-64gpu-tp4.toml")))  # 69.72 GiB, fits 71.20
+    assert tp4.feasible and _own(tp4) == ("sharding zero3, recompute selective (this plan's setting, memory timeline): "
+                                          "smallest split (tp inside a node) that fits is tp 4 x pp 1: this mesh, "
+                                          "timeline peak 69.72 GiB, fits", "tp*pp >= 4")
 
 
 def _examples():

@@ -110,7 +110,7 @@ assert L_TP2 == 17_655_479_296 and sum(PEAK_TP2.values()) == 79_059_304_448
 
 def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     """#A, the trial's ddp4.toml: Llama-3-8B (8.03e9 parameters) under DDP over dp_replicate 32 on 4
-    dgx-a100 peaks at 121.8 GiB (> 67.1 usable: 80e9 B x 0.9; :data:`PEAK_DDP`, by hand). The line
+    dgx-a100 peaks at 121.8 GiB (> 71.3 usable: the A100 80GB's runtime total 79.25 GiB x 0.9 = 71.325 GiB; :data:`PEAK_DDP`, by hand). The line
     said nothing fits on up to 4 nodes: its zero3 variant kept dp_replicate, a replica axis, and
     sharded nothing. ZeRO-3 over the 32 data ranks holds 1/32 of fp32 parameters, gradients and
     Adam's two moments, 16 B x 8.03e9 / 32 = 4.0e9 B = 3.7 GiB of state a rank: the trial's own
@@ -118,25 +118,25 @@ def test_ddp_over_memory_is_offered_sharding_over_every_data_rank():
     hand). torch has no zero1 engine (has_zero1_engine): zero3 alone is offered."""
     cfg = _ddp()
     p = build_plan(cfg)
-    assert not p.feasible and _gib(p) == "121.8 GiB" and p.timeline.usable_bytes == 80e9 * 0.9
+    assert not p.feasible and _gib(p) == "121.8 GiB" and p.timeline.usable_bytes == 79.25 * 2**30 * 0.9
     assert p.timeline.peak.by_kind == PEAK_DDP
     z3 = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_shard"]}),
                             training=cfg.training.model_copy(update={"sharding": "zero3"})))
     assert z3.feasible and round(z3.timeline.peak.total_bytes / GiB, 2) == 8.73
     assert z3.timeline.peak.by_kind == PEAK_Z3
-    assert memory_fix(p) == f"fix: sharding zero3 (dp_shard 32) -> peak 8.7 GiB (fits; {_step(z3)}) (usable 67.1 GiB)"
+    assert memory_fix(p) == f"fix: sharding zero3 (dp_shard 32) -> peak 8.7 GiB (fits; {_step(z3)}) (usable 71.3 GiB)"
 
 
 def test_one_data_rank_names_no_mesh_it_does_not_move():
     """#A's words at one data rank: DDP over dp_replicate 1 on 1 GPU folds into dp_shard 1, the same
     mesh (mesh_words: the axes of degree > 1, none), so ``sharding zero3`` carries no mesh words; the
     line said ``sharding zero3 ()``. Llama-3-8B on 1 dgx-a100 GPU, recompute none: the fp32 state
-    alone, 16 B x 8.03e9 = 128.5e9 B, is over the 72e9 B usable whatever the sharding over 1 rank, so
+    alone, 16 B x 8.03e9 = 128.5e9 B, is over the 79.25 GiB x 0.9 = 76.6e9 B usable whatever the sharding over 1 rank, so
     the line closes with both knobs together, its peak the plan of the config edited by hand."""
     cfg = _ddp(**{"names": ["dp_replicate"], "shape": [1], "world": 1})
     cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": "none"}))
     p = build_plan(cfg)
-    assert not p.feasible and p.world == 1 and p.timeline.peak.total_bytes > 16 * 8.03e9 > 80e9 * 0.9
+    assert not p.feasible and p.world == 1 and p.timeline.peak.total_bytes > 16 * 8.03e9 > 79.25 * 2**30 * 0.9
     both = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"names": ["dp_shard"]}),
                               training=cfg.training.model_copy(update={"recompute": "full", "sharding": "zero3"})))
     assert memory_fix(p).endswith(f"; all of recompute full + sharding zero3 -> peak {_gib(both)}")
@@ -154,13 +154,13 @@ def test_megatron_ddp_is_offered_its_distributed_optimizer_too():
     first, second = sorted((z1, z3), key=lambda q: step_time(q).step_s)
     words = {id(z1): "sharding zero1 (dp_shard 32)", id(z3): "sharding zero3 (dp_shard 32)"}
     assert memory_fix(p) == (f"fix: {words[id(first)]} -> peak {_gib(first)} (fits; {_step(first)}); "
-                             f"{words[id(second)]} -> peak {_gib(second)} (fits; {_step(second)}) (usable 67.1 GiB)")
+                             f"{words[id(second)]} -> peak {_gib(second)} (fits; {_step(second)}) (usable 71.3 GiB)")
 
 
 def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_usable():
     """#B, the trial's hsdp_full.toml: the 30B model at dp_replicate 32 x dp_shard 8 on 32 dgx-a100,
     seq 8192, recompute full, peaks at 81.0 GiB (:data:`PEAK_HSDP`, by hand). The line offered tp x2
-    (dp_replicate 32 x dp_shard 4 x tp 2) at 73.6 GiB (:data:`PEAK_TP2`, by hand), over the 67.1 usable, then 64 nodes.
+    (dp_replicate 32 x dp_shard 4 x tp 2) at 73.6 GiB (:data:`PEAK_TP2`, by hand), over the usable (67.1 GiB then; 79.25 x 0.9 = 71.3 GiB now), then 64 nodes.
     dp_replicate 16 x dp_shard 16 (the same 256 ranks, the state sharded 16 ways, not 8) fits on the
     same 32 nodes: the trial's hsdp16.toml."""
     cfg = config_from_dict({
@@ -177,15 +177,16 @@ def test_hsdp_over_memory_is_offered_its_data_axes_re_split_and_no_variant_over_
     assert r16.feasible
     line = memory_fix(p)
     assert line == (f"fix: dp_replicate 16 x dp_shard 16 (the data axes re-split on the same nodes) -> peak {_gib(r16)} "
-                    f"(fits; {_step(r16)}) (usable 67.1 GiB)")
+                    f"(fits; {_step(r16)}) (usable 71.3 GiB)")
     assert "73.6" not in line
 
 
 def test_a_tight_variant_is_marked():
     """#C: Llama-3-8B at seq 8192, micro-batch 2, dp_shard 8 on one dgx-h100 peaks at 106.4 GiB. Its
-    micro-batch 1 variant fits at 63.1 GiB of 67.06 usable (80e9 B x 0.9; the peak by hand:
-    tests/test_compare_headroom.PEAK_8B_NONE, the same job): 3.94 GiB = 5.9% free, under
-    the search's 15% (tight, marked); recompute full fits with more than 15% free (unmarked). The
+    micro-batch 1 variant fits at 63.1 GiB of 71.20 usable (the H100's runtime total 79.11 GiB x 0.9; the peak by hand:
+    tests/test_compare_headroom.PEAK_8B_NONE, the same job):
+    71.20 - 63.12 = 8.08 GiB = 11.3% free, under the search's 15% (tight, marked; 3.94 GiB = 5.9% of the
+    datasheet's 67.06 GiB before); recompute full fits with more than 15% free (unmarked). The
     line keeps its order, the fastest first."""
     cfg = config_from_dict({
         "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -196,11 +197,12 @@ def test_a_tight_variant_is_marked():
     full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
     assert not p.feasible and mb1.feasible and full.feasible
     assert mb1.timeline.peak.by_kind == PEAK_8B_NONE
-    free = 80e9 * 0.9 - mb1.timeline.peak.total_bytes
-    assert (round(free / GiB, 2), round(free / (80e9 * 0.9), 3)) == (3.94, 0.059)
-    assert full.timeline.peak.total_bytes < 0.85 * 80e9 * 0.9
+    usable = 79.11 * 2**30 * 0.9
+    free = usable - mb1.timeline.peak.total_bytes
+    assert (round(free / GiB, 2), round(free / usable, 3)) == (8.08, 0.113)
+    assert full.timeline.peak.total_bytes < 0.85 * usable
     line = memory_fix(p)
-    mine = f"micro_batch 1 -> peak 63.1 GiB (fits; {_step(mb1)}; tight: 3.9 GiB = 5.9% of the usable 67.1 GiB free, under 15%)"
+    mine = f"micro_batch 1 -> peak 63.1 GiB (fits; {_step(mb1)}; tight: 8.1 GiB = 11.3% of the usable 71.2 GiB free, under 15%)"
     assert mine in line and f"recompute full -> peak {_gib(full)} (fits; {_step(full)})" in line
     first, _ = sorted((mb1, full), key=lambda q: step_time(q).step_s)
     assert line.startswith("fix: micro_batch 1" if first is mb1 else "fix: recompute full")

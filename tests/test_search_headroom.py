@@ -38,30 +38,31 @@ def _search(tmp_path, top: int = 10, tier: bool = False):
 
 
 def test_tight_top_names_its_free_memory_and_the_pointer_the_first_row_that_keeps_the_margin(tmp_path):
-    """Usable: 80e9 B of H100 SXM5 HBM less the 10% reserve = 72e9 B = 67.06 GiB; the 15% margin
-    leaves a peak of at most 0.85 x 72e9 = 61.2e9 B = 57.0 GiB. Row 1 (dp_shard 4 x tp 2, no
-    recompute, 1.852 s) peaks at 62.8 GiB (its memory timeline, a real run): over 57.0, so tight,
-    67.06 - 62.8 = 4.3 GiB = 6.4% free. Row 2 (dp_shard 8, full recompute, 2.195 s) peaks at 28.3
-    GiB: under 57.0, so it is the first row that keeps the margin, 57.7% free, and (pp 1: no
+    """Usable: the H100 SXM5's runtime total 79.11 GiB (catalog device_memory_gib) less the 10% reserve
+    = 76,449,344,126.976 B = 71.20 GiB; the 15% margin leaves a peak of at most 0.85 x 71.20 = 60.52
+    GiB. Row 1 (dp_shard 4 x tp 2, no recompute, 1.852 s) peaks at 62.76 GiB (its memory timeline, a
+    real run): over 60.52, so tight, 71.20 - 62.76 = 8.44 GiB = 11.9% free. Row 2 (dp_shard 8, full
+    recompute, 2.195 s) peaks at 28.35 GiB: under 60.52, so it is the first row that keeps the margin,
+    1 - 28.35 / 71.20 = 60.2% free (at the datasheet's 67.06 GiB: 6.4% and 57.7%), and (pp 1: no
     pipeline schedule) the first clear of every row warning: the pointer line names it. The
     warning names row 1 and the knob; with the tiers off the order is by step (row 1 is the faster,
     however tight)."""
     r = _search(tmp_path)
     usable = usable_bytes(r.config.cluster, r.config.training)
-    assert usable == pytest.approx(0.9 * 80e9) and round(usable / GiB, 2) == 67.06
+    assert usable == pytest.approx(0.9 * 79.11 * 2**30) and round(usable / GiB, 2) == 71.20
     assert [round(e.step_s, 3) for e in r.top] == [1.852, 2.195]
     one, two = r.top
     assert one.peak_bytes > 0.85 * usable > two.peak_bytes
-    assert (round((usable - one.peak_bytes) / GiB, 1), round(1 - one.peak_bytes / usable, 3)) == (4.3, 0.064)
+    assert (round((usable - one.peak_bytes) / GiB, 1), round(1 - one.peak_bytes / usable, 3)) == (8.4, 0.119)
     assert headroom_lines(r) == [
         "warning: row 1 keeps less than 15% of the usable memory free (#1 dp_shard 4 x tp 2, mb 2, none, vpp 1, zero3: "
-        "peak 62.8 of 67.1 GiB, 4.3 GiB = 6.4% free) at [memory] fragmentation_fraction 0%; PyTorch's caching "
+        "peak 62.8 of 71.2 GiB, 8.4 GiB = 11.9% free) at [memory] fragmentation_fraction 0%; PyTorch's caching "
         "allocator was measured to lose about 15% to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] "
         "fragmentation_fraction = 0.15 to plan with it"]
     (pointer,) = clear_lines(r)  # 2.195 / 1.852 - 1 = 18.5% longer (18.50% from the unrounded steps)
     assert pointer.startswith("warning: row 1 has 1 of the search's row warnings (under 15% of usable memory free); "
                               "row 2 is the first row shown with none of them (dp_shard 8, mb 2, full, vpp 1, zero3: "
-                              "peak 28.3 GiB, 57.7% free; step 2.195 s, 18.50% longer than row 1's 1.852 s); ")
+                              "peak 28.3 GiB, 60.2% free; step 2.195 s, 18.50% longer than row 1's 1.852 s); ")
     page = search_page(r, "h.toml")
     assert html.escape(headroom_lines(r)[0]) in page and html.escape(pointer) in page  # one source for the page
 

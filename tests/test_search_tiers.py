@@ -7,10 +7,11 @@ to lose about that to fragmentation, GMLake, ASPLOS 2024) come first, the tight 
 The space is tests/test_search_headroom.py's with tp 2 or 4 and no recompute (trial 23: with full
 recompute in the space each mesh is shown at its fastest setting that keeps the headroom,
 tests/test_newcomer23_choose.py, so the tight mesh here has no other setting): Llama-3-8B on one dgx-h100,
-2 feasible candidates. Usable: 80e9 B less the 10% reserve = 72e9 B; a row is tight where its peak
-exceeds 0.85 x 72e9 = 61.2e9 B (57.0 GiB). The fastest row, dp_shard 4 x tp 2 (1.852 s), peaks at
-62.8 GiB = 67.4e9 B: tight (6.4% free). The next, dp_shard 2 x tp 4 (2.095 s), peaks at 39.0 GiB:
-clear (41.8% free). Steps and peaks are the plan's (build_plan + step_time).
+2 feasible candidates. Usable: the H100's runtime total 79.11 GiB less the 10% reserve =
+76,449,344,126.976 B (71.20 GiB); a row is tight where its peak exceeds 0.85 x that = 64.98e9 B (60.52
+GiB). The fastest row, dp_shard 4 x tp 2 (1.852 s), peaks at 62.8 GiB = 67.38e9 B: tight (1 - 67.38 /
+76.45 = 11.9% free). The next, dp_shard 2 x tp 4 (2.095 s), peaks at 39.0 GiB = 41.87e9 B: clear
+(45.2% free). (At the datasheet's 72e9 B usable: 6.4% and 41.8%.) Steps and peaks are the plan's (build_plan + step_time).
 """
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ def test_clear_row_first_tight_row_after_with_its_mark(tmp_path):
     assert _labels(r) == [CLEAR, TIGHT] and r.safer == []
     assert [round(e.step_s, 3) for e in r.top] == [2.095, 1.852]
     assert [round(e.peak_bytes / GiB, 1) for e in r.top] == [39.0, 62.8]
-    assert 0.85 * r.usable_bytes == pytest.approx(61.2e9)
+    # usable: the H100's runtime total 79.11 GiB x 0.9 = 76,449,344,126.976 B; tight above 0.85 of it =
+    # 64,981,942,507.9 B = 60.52 GiB (was 0.85 x 72e9 = 61.2e9 B): 62.8 GiB is over, 39.0 under
+    assert 0.85 * r.usable_bytes == pytest.approx(0.85 * 79.11 * 2**30 * 0.9) == pytest.approx(64_981_942_507.9)
     cols, rows = top_table(r)
     peak = cols.index("peak GiB")
     assert [x[peak] for x in rows] == ["39.0", "62.8 tight"]
@@ -72,7 +75,7 @@ def test_clear_row_first_tight_row_after_with_its_mark(tmp_path):
             "column) and is listed after the 1 that keeps it, each tier by the order rule; search --rank-tight (or "
             "[search] headroom_tier = false) ranks by step time alone") in lines
     assert ("top's step 2.095 s is 13.11% longer than the fastest's (#2, 1.852 s): listed first by the headroom tiers: "
-            "it keeps 41.8% of the usable memory free, row 2 (first by the order rule) 6.4%, under 15%; parts against "
+            "it keeps 45.2% of the usable memory free, row 2 (first by the order rule) 11.9%, under 15%; parts against "
             "#2: ") in r.explanation.line()
     assert not any(x.startswith("warning: row 1 ") for x in lines)  # row 1 has no row warning: no pointer
     assert any(x.startswith("warning: row 2 keeps less than 15%") for x in lines)

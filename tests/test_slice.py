@@ -197,7 +197,7 @@ def _workload(tmp_path, name: str, dp: int, tp: int) -> Path:
 
 def test_full_scale_verdict_is_plans(tmp_path, capsys):
     """The full-scale verdict is the config's own plan, as `meshplan plan` prints it: Llama-3-8B on
-    8 H100s (80 GB, the 10% reserve: 72e9 B = 67.1 GiB usable), sharding zero1, seq 8192: dp 8 does
+    8 H100s (the runtime's total 79.11 GiB, the 10% reserve: 71.2 GiB usable), sharding zero1, seq 8192: dp 8 does
     not fit (its fp32 gradients and master weights are not sharded), dp 2 x tp 4 does."""
     from meshplan.config import load_config
     from meshplan.runtime.validation.slice_choice import full_scale
@@ -206,12 +206,12 @@ def test_full_scale_verdict_is_plans(tmp_path, capsys):
     tp2, chosen = _workload(tmp_path, "tp2", 8, 1), _workload(tmp_path, "chosen", 2, 4)
     bad, good = full_scale(load_config(tp2)), full_scale(load_config(chosen))
     assert (bad["full_feasible"], good["full_feasible"]) == (False, True)
-    assert bad["full_usable_bytes"] == good["full_usable_bytes"] == 80e9 * 0.9
+    assert bad["full_usable_bytes"] == good["full_usable_bytes"] == 79.11 * 2**30 * 0.9
     peak = f"{bad['full_peak_bytes'] / 2**30:.1f}"
-    assert bad["full_verdict"] == f"infeasible at full scale: peak {peak} GiB > 67.1 GiB usable"
+    assert bad["full_verdict"] == f"infeasible at full scale: peak {peak} GiB > 71.2 GiB usable"
     assert run_main("plan", tp2) == 1
     assert f"infeasible: peak {peak} GiB at " in capsys.readouterr().err  # the same peak, plan's words
-    assert good["full_verdict"].startswith("feasible at full scale: peak ") and good["full_peak_bytes"] < 72e9
+    assert good["full_verdict"].startswith("feasible at full scale: peak ") and good["full_peak_bytes"] < 79.11 * 2**30 * 0.9
 
 
 def test_an_infeasible_mesh_is_rejected_however_fast(tmp_path):

@@ -329,8 +329,11 @@ mode = "none"
 
 def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
     """Llama-3-70B at dp_shard 4 x tp 2, local batch 2, no AC on one node does not fit: the fix's
-    knobs are activation_checkpoint.mode = "full", training.local_batch_size 1 and the degrees' keys,
-    and the batch cap names training.global_batch_size (8 = 2 x 4, torchtitan's -1 default)."""
+    knobs are activation_checkpoint.mode = "full", training.local_batch_size 1 and the degrees' keys.
+    At seq 8192, 2 nodes (dp 8 at local batch 1: global 8) fit at 70.9 GiB of 79.11 x 0.9 = 71.2 GiB
+    usable, within the batch; at seq 16384 they do not, and the batch cap names
+    training.global_batch_size (8 = 2 x 4, torchtitan's -1 default). (At the datasheet's 67.1 GiB the
+    seq-8192 job needed more nodes than the batch allowed, and its line named the cap.)"""
     job = tmp_path / "mem.toml"
     job.write_text(MEM)
     assert _main("plan", job, "--cluster", "dgx-h100", "--nodes", 1) == 1
@@ -339,9 +342,16 @@ def test_torchtitan_memory_fix_names_the_file_keys(tmp_path, capsys):
     assert "no fix alone: activation_checkpoint.mode = \"full\" -> peak " in fix
     assert "; training.local_batch_size 1 -> peak " in fix
     assert "; tensor_parallel_degree x2 (data_parallel_shard_degree 2 x tensor_parallel_degree 4) -> peak " in fix
-    assert "training.global_batch_size 8 caps dp at 4 (training.global_batch_size / training.local_batch_size 2)" in fix
-    for meshplan_words in ("recompute full", "micro_batch", "training.global_batch ", "dp_shard 2"):
-        assert meshplan_words not in fix
+    assert ("2 nodes would (activation_checkpoint.mode = \"full\" + training.local_batch_size 1, "
+            "data_parallel_shard_degree 8 x tensor_parallel_degree 2: peak 70.9 GiB)") in fix
+    long = tmp_path / "mem16.toml"
+    long.write_text(MEM.replace("seq_len = 8192", "seq_len = 16384"))
+    assert _main("plan", long, "--cluster", "dgx-h100", "--nodes", 1) == 1
+    capped = _err(capsys)[-1]
+    assert "training.global_batch_size 8 caps dp at 4 (training.global_batch_size / training.local_batch_size 2)" in capped
+    for line in (fix, capped):
+        for meshplan_words in ("recompute full", "micro_batch", "training.global_batch ", "dp_shard 2"):
+            assert meshplan_words not in line
 
 
 def test_megatron_batch_error_names_the_flags(tmp_path, capsys):

@@ -2,9 +2,10 @@
 mesh treats a mesh whose memory does not fit as ``meshplan plan`` does: exit 1 and the plan's
 own reason on stderr as ``infeasible: <reason>``.
 
-The infeasible case is the seed's tensor-4 alternative (examples/seed-64gpu-tp4.toml:
-Llama-3-70B, dp_shard 16 x tp 4 on 64 H100): its memory timeline peaks above usable HBM
-(74.5 GiB x 0.9 = 67.1 GiB), so ``plan`` exits 1. The reasons asserted below are taken from
+The infeasible case is the seed's tensor-4 alternative at micro-batch 2 (tests/configs.py TP4_MB2,
+examples/seed-64gpu-tp4-mb2.toml: Llama-3-70B, dp_shard 16 x tp 4 on 64 H100): its memory timeline
+peaks at 121.5 GiB, above usable HBM (the runtime's 79.11 GiB x 0.9 = 71.2 GiB), so ``plan`` exits 1.
+(At micro-batch 1 it peaks at 69.72 GiB and fits, tight.) The reasons asserted below are taken from
 the plan built in-process, never typed in: the commands must print exactly what plan says.
 """
 
@@ -23,8 +24,9 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.mesh_words import schedule_words
 from tests.conftest import EXAMPLES
+from tests.configs import TP4_MB2
 
-TP4 = EXAMPLES / "seed-64gpu-tp4.toml"
+TP4 = TP4_MB2
 SEED = EXAMPLES / "seed-64gpu.toml"
 
 
@@ -138,20 +140,20 @@ def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_pa
     r = _run("compare", str(TP4), str(tp2), "--out", str(out))
     assert r.returncode == 1
     assert "verdict: neither mesh fits" in r.stdout
-    assert r.stderr == _reason_lines(tp4_plan, "seed-64gpu-tp4") + _reason_lines(tp2_plan, "seed-tp2")
+    assert r.stderr == _reason_lines(tp4_plan, "seed-64gpu-tp4-mb2") + _reason_lines(tp2_plan, "seed-tp2")
     assert not out.exists()
 
 
 def test_compare_with_a_feasible_winner_exits_0_and_names_the_loser_reason(tp4_plan, tmp_path):
     r = _run("compare", str(SEED), str(TP4), "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in r.stdout
+    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in r.stdout
     assert tp4_plan.reasons[0] in " ".join(r.stdout.split())
 
 
 def test_search_with_nothing_that_fits_exits_1(tmp_path):
     """Llama-3-70B on one DGX H100 (8 GPUs): parameters, gradients and Adam state alone are
-    70.6e9 x 16 B / 8 = 141 GB per GPU > 80 GB, whatever the mesh, so no candidate fits."""
+    70.6e9 x 16 B / 8 = 141 GB per GPU > 79.11 GiB (84.9 GB), whatever the mesh, so no candidate fits."""
     cfg = tmp_path / "one-node.toml"
     cfg.write_text('[model]\ncatalog = "llama3-70b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
                    '[training]\nglobal_batch = 64\nseq_len = 4096\n')

@@ -106,7 +106,9 @@ def usable_hbm_bytes(hbm_bytes, reserve):
 
 
 def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
-    """HBM x (1 - memory_reserve), bytes (:func:`usable_hbm_bytes`)."""
+    """HBM x (1 - memory_reserve), bytes (:func:`usable_hbm_bytes`), HBM being the total the
+    device runtime reports where the catalog has it (:attr:`GPUSpec.hbm_bytes`): an A100 80GB's
+    79.25 GiB x 0.9 = 71.3 GiB, not 80e9 B x 0.9 = 67.1 GiB."""
     return usable_hbm_bytes(cluster.gpu.hbm_bytes, training.memory_reserve)
 
 

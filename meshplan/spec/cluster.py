@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.spec.names import Name, Text
 from meshplan.limits import BOUNDS, MAX_GPUS_PER_NODE, MAX_STRING, MAX_WORLD, over
-from meshplan.units import GB, GBIT_PER_S, TB, TFLOPS, US
+from meshplan.units import GB, GBIT_PER_S, GiB, TB, TFLOPS, US
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=MAX_STRING)
 
@@ -48,7 +48,7 @@ class GPUSpec(BaseModel):
     datasheet's HBM, decimal GB (shown by ``catalog``); ``device_memory_gib``: the total the device
     runtime reports, GiB (``torch.cuda.get_device_properties(i).total_memory``, the "total capacity"
     of torch's out-of-memory message: a little below the HBM stacks' binary size, the driver keeps
-    the rest); 0 when not published. Recorded, not yet planned into: :attr:`hbm_bytes` is ``hbm_gb``."""
+    the rest); 0 when not published. :attr:`hbm_bytes` is the memory plans fit into."""
 
     model_config = _STRICT
     name: Name
@@ -72,6 +72,18 @@ class GPUSpec(BaseModel):
 
     @property
     def hbm_bytes(self) -> float:
+        """Device memory a rank's memory must fit into, bytes: ``device_memory_gib`` x 2**30 where
+        the catalog has the runtime's figure, else the datasheet's ``hbm_gb`` x 1e9.
+
+        >>> g = dict(name="g", peak_tflops={"bf16": 312.0}, hbm_gb=80, hbm_bandwidth_tb_per_s=2.0, sms=108, source="-")
+        >>> GPUSpec(**g).hbm_bytes, GPUSpec(**g, device_memory_gib=79.25).hbm_bytes   # 79.25 x 2**30
+        (80000000000.0, 85094039552.0)
+        """
+        return self.device_memory_gib * GiB if self.device_memory_gib else self.datasheet_hbm_bytes
+
+    @property
+    def datasheet_hbm_bytes(self) -> float:
+        """The datasheet's HBM, ``hbm_gb`` x 1e9 bytes (shown, not planned into)."""
         return self.hbm_gb * GB
 
     @property
