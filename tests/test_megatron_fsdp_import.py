@@ -37,9 +37,15 @@ def test_megatron_toml_etp_defaults_to_tp(tmp_path, framework, etp_name, etp, wa
     path.write_text(MIXTRAL_TOML.format(framework=framework, etp_name=etp_name, etp=etp))
     plan = _plan(path)
     assert plan.mesh.etp == want
-    # MoE tokens per rank T = 4096 x etp / tp (2)
+    # MoE tokens per rank (compute.routing.routed_tokens): Megatron-LM routes each rank's own SP shard
+    # at any etp, T = 4096 / tp 2 = 2048 (token_dispatcher.py:705-724 at d98e8a6; the etp ranks then
+    # all-gather what they received, moeetp f09458e3); torch at etp 1: T = 4096 x etp 1 / tp 2 = 2048
     note = [n for n in plan.notes if n.startswith("MoE dropless")][0]
-    assert f"tokens per rank T = 4096 local tokens x etp {want} / tp 2 = {4096 * want // 2}," in note
+    assert ("tokens per rank T = 4096 local tokens / tp 2 = 2048," if framework == "megatron" else
+            "tokens per rank T = 4096 local tokens x etp 1 / tp 2 = 2048,") in note
+    # the etp all-gather only at etp 2: T x top_k = 2048 x 2 = 4096 received rows, 2 x 4096 = 8192 gathered
+    assert [n.split(",")[0] for n in plan.notes if n.startswith("MoE etp")] == (
+        ["MoE etp 2 (Megatron-LM): each rank's 4096 received rows all-gathered over etp"] if want == 2 else [])
     said = [n for n in plan.config.notes if n.startswith("mesh.etp not given")]
     assert said == (["mesh.etp not given: 2, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size "
                      "to --tensor-model-parallel-size (framework megatron); for experts without tp write in [mesh] "

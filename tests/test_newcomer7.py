@@ -66,8 +66,13 @@ def test_megatron_args_moe_tp_without_sp_is_infeasible(tmp_path, capsys):
 
 def test_moe_note_says_how_tokens_per_rank_follow_from_etp(tmp_path):
     """The args import keeps Megatron-LM's default etp = tp (2), and so does a TOML under
-    framework megatron without etp (issue 11); given etp 1: T = 4096 x etp / tp is 4096
-    against 2048, and the note says so."""
+    framework megatron without etp (issue 11); given etp 1 it is 1, and the notes say what etp
+    changes. Megatron-Core's MoEAlltoAllTokenDispatcher (NVIDIA/Megatron-LM d98e8a6,
+    token_dispatcher.py:705-724) routes and all-to-alls each rank's own SP shard at any etp:
+    T = b s/cp / tp = 1 x 4096 / 2 = 2048 (before moeetp f09458e3 the note said 4096 x etp / tp,
+    4096 at etp 2). At etp 2 the received rows are then all-gathered over etp (dispatch_postprocess,
+    :741-751): dropless balanced, a rank receives T x top_k = 2048 x 2 = 4096 rows (512 from each
+    of ep 8 peers), gathered 2 x 4096 = 8192 rows x hidden 4096 x 2 B (bf16) = 67,108,864 B."""
     args = tmp_path / "mixtral.args"
     args.write_text(MIXTRAL_ARGS.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 2 "
                                          "--sequence-parallel"))
@@ -76,9 +81,15 @@ def test_moe_note_says_how_tokens_per_rank_follow_from_etp(tmp_path):
                     .replace("[16, 2, 8]", "[16, 2, 8, 1]"))
     out = tmp_path / "imported.toml"
     assert _main("import", "megatron", args, "--cluster", "dgx-h100", "--nodes", 4, "-o", out) == 0
-    notes = [[n for n in _plan(p).notes if n.startswith("MoE dropless")][0] for p in (out, toml)]
-    assert "tokens per rank T = 4096 local tokens x etp 2 / tp 2 = 4096," in notes[0]
-    assert "tokens per rank T = 4096 local tokens x etp 1 / tp 2 = 2048," in notes[1]
+    plans = [_plan(p).notes for p in (out, toml)]
+    notes = [[n for n in ns if n.startswith("MoE dropless")][0] for ns in plans]
+    assert "tokens per rank T = 4096 local tokens / tp 2 = 2048," in notes[0]
+    assert "tokens per rank T = 4096 local tokens / tp 2 = 2048," in notes[1]
+    gathers = [[n for n in ns if n.startswith("MoE etp")] for ns in plans]
+    assert gathers[0] == ["MoE etp 2 (Megatron-LM): each rank's 4096 received rows all-gathered over etp, "
+                          "2 x 4096 = 8192 rows x hidden 4096 x 2 B = 67,108,864 B for the expert GEMMs, and their "
+                          "output reduce-scattered back before the combine (the etp rows)"]
+    assert gathers[1] == []
 
 
 def test_compare_of_deepspeed_jsons_hints_model_and_seq_len(capsys):

@@ -2,7 +2,7 @@
 in `--json`'s ``collectives``) names each per-step collective by the group it runs on, as the
 plan's collective table does: the SP norms' weight-gradient all-reduce over tp (without FSDP,
 at the optimizer's reads; Megatron-LM: one coalesced call), the tied embedding's all-reduce
-between the first and last stage over pp, the routed experts' ZeRO-1 reduction over efsdp; the
+between the first and last stage over pp, the routed experts' ZeRO-1 reduction over efsdp (printed edp); the
 dense data axes' reductions and gathers on "dp". Newcomer trial: at tp 8 and dp 1 the norms'
 all-reduce was listed as ``dp``, the event stream filing every per-step reduction under dp."""
 
@@ -15,6 +15,7 @@ import pytest
 from meshplan.cli import main
 from meshplan.config import load_config
 from meshplan.plan import build_plan
+from meshplan.spec.wording import stream_words
 from tests.conftest import ROOT
 
 #: The table's dense data axes (meshplan.mesh.resolve.DERIVED's dp, fsdp and Megatron-LM's DDP
@@ -71,7 +72,9 @@ def _check(path: str, tmp_path, capsys) -> tuple[set, str]:
     assert any(r.axis in DENSE_DATA for r in rows) or not any(s == "dp" for s, _ in got)
     printed = {tuple(x.split()[:3]) for x in out.split("collectives on stage 0", 1)[1].splitlines()[1:]
                if x.startswith("  ")}
-    assert {(c["stream"], c["phase"], c["op"]) for c in listed} <= printed
+    # printed under the stream's name in the text (spec.wording.stream_words: efsdp as edp under ZeRO-1/2, DDP)
+    names = stream_words(load_config(path).training)
+    assert {(names.get(c["stream"], c["stream"]), c["phase"], c["op"]) for c in listed} <= printed
     return want, out
 
 
@@ -114,17 +117,24 @@ def test_megatron_tied_embedding_is_pp_and_sp_norms_tp(capsys, tmp_path):
     assert "exposed dp" not in out
 
 
-def test_zero1_moe_expert_reduction_is_efsdp(tmp_path, capsys):
+def test_zero1_moe_expert_reduction_is_edp(tmp_path, capsys):
     """Mixtral 8x7B at dp_shard 32 x ep 8 under ZeRO-1: the routed experts' per-step
-    reduce-scatter and all-gather run over efsdp (the expert data axis), the dense parameters'
-    over dp_shard; each pair is listed on its own group."""
+    reduce-scatter and all-gather run over the expert data axis, the dense parameters' over
+    dp_shard; each pair is listed on its own group. The text names the experts' group edp, not
+    efsdp: ZeRO-1 shards only the optimizer state over it, no FSDP runs there (Megatron-Core's
+    _EXPERT_DATA_PARALLEL_GROUP, spec.wording.expert_data_axis); the table's rows and --json keep
+    the internal stream name efsdp."""
     base = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
             "training": {"global_batch": 256, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
                          "recompute": "full"},
             "mesh": {"names": ["dp_shard", "ep"], "shape": [32, 8]}}
     path = _config(tmp_path, "moe", {}, {}, base=base)
-    want, _ = _check(path, tmp_path, capsys)
+    want, out = _check(path, tmp_path, capsys)
     assert want == {(g, op) for g in ("dp", "efsdp") for op in ("reduce-scatter", "all-gather")}
+    listed = out.split("collectives on stage 0", 1)[1].splitlines()[1:]
+    assert {tuple(x.split()[:3]) for x in listed if x.startswith("  edp ")} == {
+        ("edp", "step", op) for op in ("reduce-scatter", "all-gather")}
+    assert not any(x.startswith("  efsdp ") for x in listed)
 
 
 def test_tp_past_the_kv_heads_under_megatron_has_no_kv_replica_step_row(tmp_path, capsys):
