@@ -63,6 +63,20 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
 
 
+def param_number(n: int) -> str:
+    """A parameter count for printing: ``X.XX B`` from 1e9, ``X.XX M`` from 1e6, else the exact
+    count with thousands separators (a tiny test model's 13,088 would print as 0.00 B).
+
+    >>> param_number(140_630_071_296), param_number(7_500_000), param_number(13_088)
+    ('140.63 B', '7.50 M', '13,088')
+    """
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    return f"{n:,}"
+
+
 def step_seconds(s: float) -> str:
     """A step time for the ``hint:`` and ``cause:`` lines with at least 3 significant figures, so two
     re-planned steps that differ by the 1% tie threshold never print alike: seconds to 2 decimals

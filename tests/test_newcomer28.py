@@ -129,7 +129,7 @@ def test_active_parameters_of_mixtral_8x22b_by_hand(tmp_path, capsys):
     assert ", vocab 32768, 140.63 B params, 8 experts top-2\n        39.16 B active per token (attention, norms, " \
            "router, the top-2 of 8 routed experts; embedding and output as in the total)\n" in out
     # catalog model: Mixtral 8x7B, 32 x (41,943,040 + 2 x 3 x 4096 x 14336 + 4096 x 8 + 2 x 4096) + 2 x 32000 x 4096
-    # + 4096 = 12,879,925,248 active of 46,702,792,704 (ModelSpec.active_param_count's docstring)
+    # + 4096 = 12,879,925,248 active of 46,702,792,704 (meshplan.spec.params.active_param_count's docstring)
     _, out, _ = run_cli(["catalog", "model"], capsys)
     assert ("  params: 46.70 B; 12.88 B active per token (attention, norms, router, the top-2 of 8 routed experts; "
             "embedding and output as in the total)") in out.splitlines()

@@ -30,6 +30,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_docs import bench_attention_doc, bench_comm_doc, bench_gemm_doc, calibrate_doc, catalog_doc
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
 from meshplan.schedule.workload import plan_step_gemms
+from meshplan.units import param_number
 
 
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
@@ -52,7 +53,7 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
 def _param_words(m) -> str:
     """A catalog model's total parameters and, for an MoE model, its active ones with their
     definition (:meth:`~meshplan.spec.model.ModelSpec.active_words`)."""
-    return f"{m.param_count() / 1e9:.2f} B" + (f"; {m.active_words()}" if m.is_moe else "")
+    return param_number(m.param_count()) + (f"; {m.active_words()}" if m.is_moe else "")
 
 
 def _catalog_values(entry: dict) -> str:

@@ -45,7 +45,7 @@ from meshplan.search.driver import SearchResult
 from meshplan.spec.mesh_words import axis_labels, mesh_text
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import runtime, sharding_words
-from meshplan.units import GB, US, GiB, counted
+from meshplan.units import GB, US, GiB, counted, param_number
 
 
 def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
@@ -54,7 +54,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
     out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, {m.attention_summary}, "
-                     f"vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
+                     f"vocab {m.vocab}, {param_number(m.param_count())} params"
                      + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),

@@ -23,7 +23,7 @@ from meshplan.schedule.window_regathers import cadence_words
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import gathered_words, runtime, sharding_words, shard_words, state_cell, state_title
-from meshplan.units import GB, US, GiB, counted, human_bytes
+from meshplan.units import GB, US, GiB, counted, human_bytes, param_number
 
 MAX_LIST = 8
 
@@ -113,7 +113,7 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     con.rule(f"[bold]meshplan plan[/] {shown(c.path or '')}")
     con.print(f"model   {m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}{' gated' if m.gated_mlp else ''}, "
               f"{m.attention_summary}, vocab {m.vocab}, "
-              f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
+              f"{param_number(m.param_count())} params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
     if m.is_moe:
         con.print(f"        {m.active_words()}")
     if "; not modelled: " in m.source:  # what a Hugging Face family has that ModelSpec does not (spec.hf)

@@ -6,5 +6,5 @@ names). Unknown keys are rejected; :mod:`meshplan.config` turns validation error
 :mod:`meshplan.units`.
 """
 
-__all__ = ["axes", "cluster", "hf", "hf_families", "memory", "mesh", "model", "search", "training",
+__all__ = ["axes", "cluster", "hf", "hf_families", "memory", "mesh", "model", "params", "search", "training",
            "training_engines", "training_fields", "training_precision"]

@@ -15,6 +15,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.spec import params
 from meshplan.spec.names import Name, Text
 from meshplan.spec.rope import RopeScaling
 from meshplan.limits import BOUNDS, MAX_STRING
@@ -314,59 +315,16 @@ class ModelSpec(BaseModel):
         return norm + [Tensor("output", padded_vocab * h, "vocab", tied=self.tied_embeddings, rows=padded_vocab)]
 
     def param_count(self, padded_vocab: Optional[int] = None) -> int:
-        """Total parameters (one copy of a tied embedding). ``padded_vocab`` defaults to vocab.
-
-        >>> tiny = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32,
-        ...                  tied_embeddings=True, norm="layernorm")
-        >>> tiny.param_count()
-        13088
-        """
-        v = padded_vocab or self.vocab
-        n = sum(t.numel for i in range(self.layers) for t in self.layer_tensors(i))
-        n += sum(t.numel for t in self.embedding_tensors(v))
-        n += sum(t.numel for t in self.head_tensors(v) if not t.tied)
-        return n
+        """Total parameters (:func:`meshplan.spec.params.param_count`, its derivation there)."""
+        return params.param_count(self, padded_vocab)
 
     def active_param_count(self, padded_vocab: Optional[int] = None) -> int:
-        """Active parameters: those one token passes through, the total (:meth:`param_count`, its
-        embedding and output layer counted the same way) less, in each MoE layer, the routed
-        experts it is not sent to (``experts - top_k`` of them); the attention, norms, router,
-        shared experts and dense layers all count. A dense model's is its total.
-
-        Mixtral 8x7B (its config.json): 32 x (attention 4096 x (4096 + 2 x 1024 + 4096) = 41,943,040
-        + top-2 experts 2 x 3 x 4096 x 14336 = 352,321,536 + router 4096 x 8 = 32,768 + norms 2 x 4096)
-        + embedding and output 2 x 32000 x 4096 + final norm 4096 = 12,879,925,248 of 46,702,792,704
-        (Mistral AI, "Mixtral of experts", 2023-12-11: "46.7B total parameters but only uses 12.9B
-        parameters per token"; arXiv 2401.04088: 47B and 13B). Publishers differ on the input
-        embedding, a lookup: DeepSeek-V2-Lite's "2.4B activated" (arXiv 2405.04434) leaves it out,
-        2.66 B here with it.
-
-        >>> from meshplan.catalog import model
-        >>> model("mixtral-8x7b").active_param_count(), model("mixtral-8x7b").param_count()
-        (12879925248, 46702792704)
-        """
-        total = self.param_count(padded_vocab)
-        if not self.is_moe:
-            return total
-        moe_layers = sum(self.is_moe_layer(i) for i in range(self.layers))
-        per_expert = self.hidden * self.moe_ffn * ((2 if self.gated_mlp else 1) + 1)
-        return total - moe_layers * per_expert * (self.experts - self.top_k)
+        """Parameters one token passes through (:func:`meshplan.spec.params.active_param_count`)."""
+        return params.active_param_count(self, padded_vocab)
 
     def active_words(self, padded_vocab: Optional[int] = None) -> str:
-        """``12.88 B active (...)``: :meth:`active_param_count` with its definition, for an MoE
-        model (empty for a dense one), printed beside the total.
-
-        >>> from meshplan.catalog import model
-        >>> model("mixtral-8x7b").active_words()[:60]
-        '12.88 B active per token (attention, norms, router, the top-'
-        """
-        if not self.is_moe:
-            return ""
-        shared = f", {self.shared_experts} shared" if self.shared_experts else ""
-        dense = f", {self.dense_layers} dense layer(s)" if self.dense_layers else ""
-        return (f"{self.active_param_count(padded_vocab) / 1e9:.2f} B active per token (attention, norms, router, "
-                f"the top-{self.top_k} of {self.experts} routed experts{shared}{dense}; embedding and output as in "
-                f"the total)")
+        """The active parameters with their definition (:func:`meshplan.spec.params.active_words`)."""
+        return params.active_words(self, padded_vocab)
 
 
 Split = Literal["replicated", "column", "kv_column", "row", "vocab", "expert_column", "expert_row"]
