@@ -116,6 +116,16 @@ MIXTRAL_8X22B = {"layers": 56, "hidden": 6144, "ffn": 16384, "gated_mlp": True, 
                  "top_k": 2}
 
 
+def mixtral_ep1_etp2_node_job() -> str:
+    """A small Megatron-Core job at ep 1, etp 2 (etp = tp): Mixtral-8x22B cut to 2 layers on one
+    dgx-h100, seq 4096, micro-batch 1, global batch 4 (one micro-batch a rank), zero1, no
+    recompute, mesh dp 4 x tp 2 (SP) x ep 1 x etp 2 (tests/test_moe_etp.py)."""
+    return job_toml({**MIXTRAL_8X22B, "layers": 2}, nodes=1,
+                    training={"global_batch": 4, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
+                              "recompute": "none", "framework": "megatron"},
+                    mesh={"names": ["dp", "tp", "ep", "etp"], "shape": [4, 2, 1, 2], "sequence_parallel": True})
+
+
 def mixtral_8x22b_etp_job(etp: int = 2, framework: str = "megatron", sharding: str = "zero1") -> str:
     """The newcomer trial's Megatron-Core job: Mixtral-8x22B on 64 dgx-h100 (512 H100), seq 4096,
     micro-batch 1, global batch 512, full recompute, mesh pp 8 x dp 32 x tp 2 (SP) x ep 8 x etp

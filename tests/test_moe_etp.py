@@ -9,10 +9,18 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
+import pytest
+
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
-from tests.configs import mixtral_8x22b_etp_job
+from meshplan.search.comm_bounds import comm_times
+from meshplan.search.layer_bounds import chains, layer_ops
+from meshplan.search.memory import Tables
+from meshplan.search.space import candidate_config, enumerate_candidates
+from meshplan.search.time_tables import TimeTables
+from tests.configs import mixtral_8x22b_etp_job, mixtral_ep1_etp2_node_job
 
 # Mixtral-8x22B: hidden 6144, top-2, bf16; micro-batch 1 x seq 4096 at cp 1
 H, K, BF16, TOKENS = 6144, 2, 2, 4096
@@ -108,3 +116,53 @@ def test_expert_data_parallel_group_is_named_by_the_sharding(tmp_path):
     q = _plan(tmp_path, etp=1, framework="torch", sharding="zero3")
     assert "efsdp = dp(32) * tp(2) / (ep 8 * etp 1) = 8" in q.derivation
     assert "efsdp" not in axis_labels(q.mesh, q.config.training)
+
+
+def test_megatron_ep1_forward_waits_for_the_etp_reduce_scatter(tmp_path):
+    """At ep 1 (etp = tp) there is no combine all-to-all, but the experts' output the etp
+    reduce-scatter returns is what unpermute and the residual add read (combine_preprocess,
+    token_dispatcher.py :824-833): the forward waits for it, so with nothing beside it its whole
+    time is exposed on the ep stream."""
+    f = tmp_path / "ep1.toml"
+    f.write_text(mixtral_ep1_etp2_node_job())
+    p = build_plan(load_config(f))
+    # T_local = 4096 x 1 / tp 2 = 2048 tokens a rank routes, x top-2 = 4096 rows kept (ep 1: no
+    # all-to-all); gathered over etp 2: 2 x 4096 = 8192 rows x 6144 x 2 B = 100,663,296 B
+    (row,) = _rows(p, "etp", "reduce-scatter")
+    assert row.size_bytes == 2 * (TOKENS // 2) * K * H * BF16 == 100_663_296
+    assert row.group_size == 2 and row.example_ranks == (0, 1) and row.path.kind == "nvlink"
+    assert row.per_microbatch == 2  # one call per layer, 2 layers
+    assert not _rows(p, "ep", "all-to-all")
+    st = step_time(p)
+    (fwd,) = [e for e in st.pipeline.events if e.stage == 0 and e.name[0] == "F"]
+    ev = st.units.of_event(fwd).events
+    seen = 0
+    for i, e in enumerate(ev):
+        if e.args.get("group") == "etp" and e.args.get("op") == "reduce-scatter":
+            mlp = next(x for x in reversed(ev[:i]) if x.name == "mlp")
+            wait = next(x for x in ev[i + 1:] if x.name == "mlp combine wait")
+            # issued when the expert GEMMs end, nothing else on the compute stream until it lands:
+            # exposed = the row's time (0.150 ms at its NVLink bandwidth), not 0 as without the wait
+            assert e.start_s == mlp.end_s and wait.start_s == e.end_s
+            assert wait.start_s - mlp.end_s == pytest.approx(row.time_s, rel=1e-9)
+            seen += 1
+    assert seen == 2
+
+
+def test_search_bound_counts_the_ep1_forward_etp_reduce_scatter(tmp_path):
+    """The search's layer chain waits where the timeline does: at ep 1 its forward adds the etp
+    reduce-scatter (comm_times "ep_out": the all-to-all's 0 + the reduce-scatter) after the expert
+    GEMMs, the table row's time, here dp 4 x tp 2 x etp 2, mb 1, no recompute, no tp overlap."""
+    f = tmp_path / "ep1.toml"
+    f.write_text(mixtral_ep1_etp2_node_job())
+    cfg = load_config(f, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    i = next(int(j) for j in np.flatnonzero(c.ep == 1) if c.label(int(j)) == "dp 4 x tp 2 x etp 2, mb 1, none, vpp 1, zero1")
+    g, tt = c.take(np.array([i])), TimeTables(cfg, Tables(cfg))
+    (row,) = _rows(build_plan(candidate_config(cfg, c, i)), "etp", "reduce-scatter")
+    cm = comm_times(cfg, tt, g)
+    assert cm["ep_out"][0] == pytest.approx(row.time_s, rel=1e-9) and row.time_s > 0
+    o = layer_ops(cfg, tt, g, True)
+    fwd, _ = chains(g, o, cm, True)
+    without, _ = chains(g, o, {**cm, "ep_out": np.zeros(1)}, True)
+    assert fwd[0] - without[0] == pytest.approx(row.time_s, rel=1e-9)

@@ -64,9 +64,11 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         s.compute(name + " Q proj", q)
         s.compute(name + " core", core, [ring])
         s.compute(name + " out proj", out, [], tp_ov)
-    if ep:  # Megatron-LM's etp reduce-scatter (none without etp rows) before the combine, on one queue
-        s.comm("ep", phase, "reduce-scatter", "etp reduce-scatter", "etp")
-        s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
+    if ep:  # Megatron-LM's etp reduce-scatter (none without etp rows) before the combine, on one queue;
+        # the next op reads its output through the combine, or directly at ep 1 (no combine): the
+        # compute waits for both (NVIDIA/Megatron-LM d98e8a6 token_dispatcher.py 824-833)
+        rs = s.comm("ep", phase, "reduce-scatter", "etp reduce-scatter", "etp")
+        s.compute(name + " combine wait", 0.0, [rs, s.comm("ep", phase, "all-to-all", "ep combine")])
     if not s.ov.tp and (scatter or extra):
         closing = [s.comm("tp", phase, after, f"tp {after}")] if scatter else []
         closing += [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)") for _ in range(extra)]

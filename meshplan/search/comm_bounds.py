@@ -88,23 +88,20 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     if m.is_moe and t.moe_dispatcher == "deepep":  # DeepEP's dispatch, the collective table's one call
         out["ep"] = lookup([c.ep, c.etp, tokens], lambda n, e, tok: {"t": _deepep_s(cfg, tt, n, e, tok)}, ("t",),
                            dtype=np.float64)["t"]
-        out["ep_out"] = out["ep_out_f"] = out["ep"]
+        out["ep_out"] = out["ep"]
     elif m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), tokens, m.top_k, m.experts, c.ep)
         a2a = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
         # Megatron-LM's etp all-gather and reduce-scatter of the received rows (comm.ep_rows._etp_rows;
         # etp innermost: stride 1), 0 at etp 1 and under torch: the all-gather after the dispatch
         # ("ep": the blocking calls before the expert GEMMs), the reduce-scatter before the combine
-        # ("ep_out"). In forward (layer_timeline._block) the compute stream waits for the
-        # reduce-scatter only through the combine all-to-all queued after it on the ep queue: at ep 1
-        # (etp = tp) no combine, nothing waits for it ("ep_out_f" = the all-to-all's 0 there); in
-        # backward (_block_backward) the "grad wait" waits for it at any ep
+        # ("ep_out"), which the compute waits for at any ep: in forward (layer_timeline._block) for the
+        # reduce-scatter and the combine (none at ep 1), in backward (_block_backward) the "grad wait"
         size, one = gathered * rows * m.hidden * cd, np.ones(len(c), dtype=np.int64)
         out["ep"] = a2a + coll_times(tt, "all-gather", gathered, size, one)
         out["ep_out"] = a2a + coll_times(tt, "reduce-scatter", gathered, size, one)
-        out["ep_out_f"] = np.where(c.ep > 1, out["ep_out"], a2a)
     else:
-        out["ep"] = out["ep_out"] = out["ep_out_f"] = zero
+        out["ep"] = out["ep_out"] = zero
     return out
 
 

@@ -47,8 +47,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     # the EP calls before the expert GEMMs (dispatch, etp all-gather) and after them (etp
-    # reduce-scatter, combine; forward's "ep_out_f": comm_bounds.comm_times)
-    e, e_out, e_out_f = (cm["ep"], cm["ep_out"], cm["ep_out_f"]) if moe else (0.0, 0.0, 0.0)
+    # reduce-scatter, combine: comm_bounds.comm_times)
+    e, e_out = (cm["ep"], cm["ep_out"]) if moe else (0.0, 0.0)
     # float8 TP: the casts wait for their amaxes' tp all-reduces (layer_timeline._amax_wait), the
     # forward's again in a replay (full and op-level AC); none in MoE models
     amax_f, amax_b = (0.0, 0.0) if moe else (cm["amax_f"], cm["amax_b"])
@@ -61,13 +61,13 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         # for it; only the Q projection runs beside it
         attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
-                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e_out_f + post_mlp + o[f"{p}_mlp_post"])
+                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
         # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
         # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
         # after the block's compute and still blocks
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
-                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e_out_f
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e_out
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
@@ -102,7 +102,7 @@ def stage_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dic
         return col(fd), col(bd)
     om = layer_ops(cfg, tt, c, True)
     fm, bm = chains(c, om, cm, True, serial)
-    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c)), "ep_out_f": np.zeros(len(c))}, True, serial)
+    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial)
     # a stage's collective table may be stage 0's (step_time's older convention for the
     # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
     ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
