@@ -163,9 +163,13 @@ def _rank_seconds(data: KernelData, att: Attention, cp: int, rank: int,
     f = b = 0.0
     hows = []
     calls = ring_calls(cp, att.seq_q, rank)
-    for sq, sk, causal in calls:
-        cf, cb, how = attention_seconds(data, replace(att, seq_q=sq, seq_kv=sk), causal, prefer,
-                                        lengths=rate_lengths(sq, sk))
+    rated: dict = {}  # each distinct (sq, sk, causal) rated once: the search rates every cp candidate's ring
+    for call in calls:
+        if call not in rated:
+            sq, sk, causal = call
+            rated[call] = attention_seconds(data, replace(att, seq_q=sq, seq_kv=sk), causal, prefer,
+                                            lengths=rate_lengths(sq, sk))
+        cf, cb, how = rated[call]
         f, b = f + cf, b + cb
         hows.append(how)
     last = f"; the last: {hows[-1]}" if len(hows) > 1 else ""
