@@ -167,7 +167,7 @@ cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s
 (dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
 longer on the part) against 0.25 s and 2.32 s published (+14-20% against +6-16% with bf16 or
 tensorwise, whose gathers move float8); rowwise 0.12 s and 0.88 s (dgx-h100: 0.09 s, 0.78 s) against
-0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.9%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
+0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.8%: 5,072.0 / 4,839.1). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:

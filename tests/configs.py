@@ -17,14 +17,15 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 #: Its peak, at the head's forward of the second micro-batch: activations = 2 x 50.63 GiB (micro-batch
 #: 1's saved activations, two sequences instead of one) + the head's 2.08 GiB (norm/output inputs,
 #: logits, loss) = 103.34 GiB, plus params 4.11 + optimizer 8.21 + grads 4.11 + gathered 0.49 +
-#: temporaries 0.98 + NCCL/cuBLAS 0.28 = 18.18 GiB: 121.5 GiB > 71.2 GiB, 50.3 GiB short.
+#: temporaries 0.98 + NCCL/cuBLAS 0.28 = 18.18 GiB: 121.5 GiB > 71.2 GiB, 50.3 GiB short (each kind to the
+#: byte by hand, 130,469,699,584 B: tests/test_seed_mb2_peaks.py).
 #: (examples/seed-64gpu-tp4.toml, micro-batch 1, peaks at 69.72 GiB: it fits, 1.48 GiB free, tight.)
 TP4_MB2 = EXAMPLES / "seed-64gpu-tp4-mb2.toml"
 
 
 def seed_mb2_toml() -> str:
     """examples/seed-64gpu.toml (dp_shard 8 x tp 8) at micro-batch 2, TP4_MB2's training on the seed's
-    mesh: its peak, 69.1 GiB (tests/test_seed_example.py's verdict line), fits 71.2 GiB usable, so a
+    mesh: its peak, 69.1 GiB (74,207,051,776 B by hand: tests/test_seed_mb2_peaks.py), fits 71.2 GiB usable, so a
     pair with TP4_MB2 differs in the mesh alone and only the tp 8 side fits."""
     text = (EXAMPLES / "seed-64gpu.toml").read_text(encoding="utf-8")
     assert "micro_batch = 1\n" in text

@@ -14,6 +14,7 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration_notes import fit_origin_lines
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.row import Path as CommPath, path_time
 from nccl_published import DATA
@@ -110,6 +111,12 @@ def test_a_file_without_curves_still_sets_every_op(tmp_path):
     cluster = apply_calibration(system("dgx-h100", nodes=2), load_calibration(old))
     assert cluster.node.nics[0].rate_gbit_per_s == pytest.approx(34.66 * 8) and cluster.network[0].calibrated
     assert "a2a" not in cluster.node.busbw and "nic" not in cluster.node.busbw
+    # the origin line under plan's / step's header says the one fit stands for every op, and how to set each
+    assert fit_origin_lines(load_calibration(old)) == [
+        "  nic fitted to all-to-all over 16 ranks: rows not recorded, size range not recorded; source: nccl-tests "
+        "all-to-all over 16 ranks on 2 host(s); sets every op across nodes: no logged curve in the file (written "
+        "before per-op calibration), so its all-to-all fit stands for all; run meshplan calibrate on the logs again "
+        "to set each op from its own run"]
 
 
 def test_a_log_without_its_banner_takes_the_test_as_op(tmp_path, capsys):

@@ -97,9 +97,11 @@ def test_link_bound_line_from_the_nics_bytes(tmp_path, capsys):
     136.86 GB backward all-gather, 277.86 GB reduce-scatter (fp32) = 553.6 GB at 200 Gb/s = 25 GB/s:
     22.15 s, 96% of the 23.05 s window (stage 0's compute time). The knobs re-planned are the
     FSDP hint's, those that fit and are more than 1% shorter (no_sync's peak 36.9 GiB does not fit
-    the 33.5 GiB usable; no_sync_unsharded likewise)."""
+    the 35.5 GiB usable, the A100 40GB's runtime total 42,298,834,944 B x 0.9 = 38,068,951,449.6 B (33.5
+    GiB at the datasheet's 40e9 B before hbmswitch); no_sync_unsharded, 51.7 GiB, likewise)."""
     cfg = _config(tmp_path)
     plan = build_plan(load_config(cfg))
+    assert plan.timeline.usable_bytes == 42_298_834_944 * 0.9
     sent = sum(r.sent_bytes_per_step for r in plan.stage(0).collectives if stream_of(r) == "fsdp")
     assert f"{sent / 1e9:.1f}" == "553.6"
     busy = sent / (200e9 / 8)

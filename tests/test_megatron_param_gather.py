@@ -29,13 +29,11 @@ from meshplan.search.step_end_bound import stage_end_bound
 from meshplan.search.time_tables import TimeTables
 from meshplan.search.timing import step_lower_bound
 from test_search import MOE, config
+from tests.configs import MIXTRAL_8X22B
 
-#: /work/trial28/job.toml as `meshplan import megatron` wrote it: Mixtral 8x22B, 64 DGX H100,
-#: pp 8 x vpp 7 (one layer a chunk), dp 32, tp 2 + SP, ep 8, the distributed optimizer, both overlaps
-MIXTRAL_8X22B = {"layers": 56, "hidden": 6144, "ffn": 16384, "gated_mlp": True, "q_heads": 48, "kv_heads": 8,
-                 "head_dim": 128, "vocab": 32768, "tied_embeddings": False, "norm": "rmsnorm", "linear_bias": False,
-                 "qkv_bias": False, "position_embedding": "rope", "max_position": 65536, "rope_theta": 1e6,
-                 "norm_eps": 1e-5, "experts": 8, "top_k": 2}
+#: /work/trial28/job.toml as `meshplan import megatron` wrote it: Mixtral 8x22B (tests/configs.py's shape;
+#: the import's linear_bias and qkv_bias false are the defaults, its norm_eps 1e-5 changes no size), 64 DGX
+#: H100, pp 8 x vpp 7 (one layer a chunk), dp 32, tp 2 + SP, ep 8, the distributed optimizer, both overlaps
 TRAINING = {"global_batch": 1024, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1", "recompute": "selective",
             "param_dtype": "bf16", "compute_dtype": "bf16", "grad_reduce_dtype": "fp32", "framework": "megatron",
             "vocab_pad_divisor": 128, "moe_dropless": True, "overlap_grad_reduce": True, "flash_attention": True}

@@ -17,7 +17,7 @@ from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 
 from cli_run import run_cli
-from configs import job_toml
+from configs import MIXTRAL_8X22B as MIXTRAL_SHAPE, job_toml
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -99,10 +99,9 @@ def test_place_pp_line_is_lightest_only_where_the_tally_says_so(pp_gb, line):
 
 # 3 ------------------------------------------------------------------ active parameters beside the total
 
-#: The trial's Mixtral 8x22B as its Megatron-LM script gives it (train_mixtral_8x22b.sh).
-MIXTRAL_8X22B = {"name": "mixtral-8x22b", "layers": 56, "hidden": 6144, "ffn": 16384, "gated_mlp": True,
-                 "q_heads": 48, "kv_heads": 8, "head_dim": 128, "vocab": 32768, "tied_embeddings": False,
-                 "norm": "rmsnorm", "linear_bias": False, "position_embedding": "rope", "experts": 8, "top_k": 2}
+#: The trial's Mixtral 8x22B as its Megatron-LM script gives it (train_mixtral_8x22b.sh): the shape of
+#: tests/configs.py's MIXTRAL_8X22B (its config.json), named.
+MIXTRAL_8X22B = {"name": "mixtral-8x22b", **MIXTRAL_SHAPE}
 
 
 def test_active_parameters_of_mixtral_8x22b_by_hand(tmp_path, capsys):

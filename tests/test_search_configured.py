@@ -75,7 +75,9 @@ def mini_top45(mini):
 
 
 def test_configured_rank_counts_the_faster_feasible(mini):
-    """Rank #39-#45 of the 655 feasible (a real run, top 3): 7.847 s, 12.13% longer than the top's
+    """Rank #42-#60 of the 718 feasible (a real run, top 3; the counts, by the rule, in the last
+    paragraph). Before hbmswitch (usable 80e9 B x 0.9 = 67.06 GiB, not 79.11 GiB x 0.9 = 71.20): rank
+    #39-#45 of the 655 feasible: 7.847 s, 12.13% longer than the top's
     6.998 s (dp_shard 8), and slower than the top's last row (dp_replicate 2 x dp_shard 2 x tp 2,
     7.342 s), so no row of its own (its mesh's row is mb 2, recompute none). 38 planned candidates
     are faster, and 7 more feasible ones have a step-time lower bound below its step beyond the
@@ -254,7 +256,8 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
 
 
 def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
-    """The top-3 run's #39-#45 holds for its own 655 feasible: the --top 45 run planned every one of
+    """The top-3 run's #42-#60 holds for its own 718 feasible (the last paragraph). Before hbmswitch
+    (67.06 GiB usable, not 71.20): the top-3 run's #39-#45 held for its own 655 feasible: the --top 45 run planned every one of
     them with a lower bound below the step; 39 are faster (#40, in the range). Its 3 undecided with a
     lower bound below the --top 45 run found feasible and none faster: #40 it gives. (ringcalls: was
     #39-#46 of 658, 40 faster (#41), 6 undecided below, 2 of them feasible (pp 2 x dp_replicate 2 x cp
@@ -291,7 +294,9 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
 
 def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
     """[search] rank_max (newcomer trial 16: a 70B cp search printed #162-#2,546 and said neither
-    what the range is nor how to narrow it). The top-3 run leaves 38 feasible candidates unplanned
+    what the range is nor how to narrow it). The top-3 run leaves 50 feasible candidates unplanned
+    with a step-time lower bound below its step (the last paragraph). Before hbmswitch (67.06 GiB
+    usable, not 71.20) it left 38 feasible candidates unplanned
     with a step-time lower bound below its step: the default rank_max 32 plans 32 and leaves the 6
     of the #39-#45 range. Each plan moves one end of the range by one (faster: the low end up;
     slower: the high end down), so the width is 38 - rank_max whichever are planned: rank_max 0

@@ -7,9 +7,11 @@ Thresholds (judgements, not measurements):
   meshes, ``compare`` names its tie rule, ``place --choose`` keeps the given placement and a
   ``hint:`` line offers no knob. A choice of where a predicted gain stops deciding anything, not
   the model's error.
-- :data:`RESTART_MARGIN` (5%): a restart mesh (``reliability``) must plan more than 5% more tokens/s
-  to pass over the job's kind or to blame the original mesh; issue 11's goal for the step model
-  (within 5% on average), again a judgement of the margin, not a measured error.
+- :data:`RESTART_MARGIN` (5%): a restart mesh (``reliability``) of the job's kind that changes the
+  global batch must plan more than 5% more tokens/s than the kind's mesh keeping it to come first,
+  and a restart mesh more than 5% more than the full-size plan to blame the original mesh (passing
+  over the job's kind takes :data:`REMESH_MARGIN`); issue 11's goal for the step model (within 5% on
+  average), again a judgement of the margin, not a measured error.
 - :data:`REMESH_MARGIN` (29.4%): a restart mesh that changes a model-parallel degree (pp, tp or cp)
   must plan more than this many more tokens/s than the job's kind (its pp, tp and cp kept, only the
   data axes shrunk), the least-disruptive restart (newcomer trial 26). A judgement: the largest mean
