@@ -11,9 +11,11 @@ import json
 
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from meshplan.cli import main
+from meshplan.report.json_docs import schema_of
 
 MODEL = '[model]\nlayers = {layers}\nhidden = 1024\nffn = 4096\nq_heads = 16\nvocab = 32000\n'
 CLUSTER = '[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
@@ -590,6 +592,29 @@ def test_c11_step_prints_the_simulated_schedule_on_uniform_stages(tmp_path, caps
     text = " ".join(out.split())  # the console wraps long lines
     assert rc == 0 and (f"bubble simulated on uniform stages (the schedule alone: every stage F 1, B 2 per "
                         f"micro-batch, no p2p time): {x:.4f} as idle/ideal, {x / (1 + x):.4f} as idle/total") in text
+
+
+def test_c11_step_json_holds_the_closed_form_and_uniform_stage_bubbles(tmp_path, capsys):
+    """C11, pp 4 x 1F1B with m 8, through `step --json`: the two bubble lines the text prints under
+    the simulated one are in the JSON with the same numbers. By hand: the closed form (Narayanan et
+    al. SC'21 section 2.2.1) idles p - 1 = 3 slots of F + B against m = 8 busy ones, 3/8 = 0.375
+    idle/ideal, (p - 1)/(m + p - 1) = 3/11 idle/total; the schedule alone on uniform stages (F 1,
+    B 2, no p2p time) idles the same 3 slots, so the same 3/8 and 3/11. At pp 1 neither line is
+    printed, and both are null."""
+    p, m = 4, 8
+    mesh = 'names = ["pp", "dp"]\nshape = [4, 1]\nworld = 4'
+    rc, d, err = doc(capsys, "step", config(tmp_path, mesh, layers=8, batch=8))
+    assert rc == 0 and (d["stages"], d["micro_batches"], d["schedule"]) == (p, m, "1f1b")
+    hand = {"idle_over_ideal": pytest.approx((p - 1) / m), "idle_over_total": pytest.approx((p - 1) / (m + p - 1))}
+    assert d["bubble_closed_form"] == hand and d["bubble_uniform_stages"] == hand
+    assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(d)) == []
+    rc, out, _ = run(capsys, "step", config(tmp_path, mesh, layers=8, batch=8))
+    text = " ".join(out.split() + err.split())  # the console wraps long lines
+    assert "closed form for uniform stages: 0.3750 idle/ideal, 0.2727 idle/total" in text
+    assert "bubble simulated on uniform stages (the schedule alone: every stage F 1, B 2 per micro-batch, no p2p " \
+           "time): 0.3750 as idle/ideal, 0.2727 as idle/total" in text
+    rc, d, _ = doc(capsys, "step", config(tmp_path, 'names = ["pp", "dp"]\nshape = [1, 4]\nworld = 4', batch=8))
+    assert rc == 0 and d["bubble_closed_form"] is None and d["bubble_uniform_stages"] is None
 
 
 def test_c12_busbw_over_algbw(tmp_path, capsys):

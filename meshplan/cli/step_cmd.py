@@ -92,7 +92,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          foreign: Foreign = Foreign()):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp; a line under it gives the
-    schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units), MFU; how much of the
+    schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
+    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU; how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or

@@ -58,9 +58,9 @@ from types import MappingProxyType
 from typing import Any, Mapping, Optional
 
 from meshplan.comm.nccl_protocols import (CALIBRATED, GLOO_RING, NCCL_RING, NCCL_TREE, NVLS, NVLS_GAIN, NVLS_STEPS,
-                                          Protocol)
+                                          REFERENCE_STEP_S, Protocol)
 from meshplan.spec.cluster import BusbwCurve
-from meshplan.units import GB
+from meshplan.units import GB, US
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
 
@@ -72,6 +72,34 @@ def steps(op: str, n: int) -> int:
     if n <= 1:
         return 0
     return {"all-reduce": 2 * (n - 1), "send/recv": 1}.get(op, n - 1)
+
+
+def step_latency(latency: float, op: str, n: int) -> float:
+    """A fitted per-call alpha ``latency`` of ``op`` over ``n`` ranks per algorithm step
+    (:func:`steps`), in its unit: what a calibrated link's ``latency_us`` holds
+    (:class:`meshplan.comm.calibration.CalibratedLink`) and a curve read at its own alpha takes.
+
+    >>> step_latency(28.0, "all-reduce", 8), step_latency(30.0, "all-to-all", 16)
+    (2.0, 2.0)
+    """
+    return latency / max(steps(op, n), 1)
+
+
+def own_alpha(curve: BusbwCurve, network: bool, fallback: float) -> tuple[tuple[Protocol, ...], float]:
+    """(protocols, latency scale) a calibrated class's curve of its own run (its ``a2a`` or per-op
+    curve) is read at: its run's fitted alpha (``curve.latency_us``, ``meshplan calibrate``) per step,
+    one protocol with no base (:data:`CALIBRATED`), so at the run's op and ranks the latency is that
+    alpha; a curve without one (a file of before it) at ``fallback``, the class fit's scale.
+
+    >>> c = BusbwCurve(op="all-to-all", ranks=16, line_gb_per_s=50.0, sizes_bytes=[1], busbw_gb_per_s=[1.0],
+    ...                source="x", latency_us=30.0)
+    >>> round(own_alpha(c, True, 1.0)[1] * REFERENCE_STEP_S["network"] * 1e6, 6)
+    2.0
+    """
+    if curve.latency_us is None:
+        return CALIBRATED, fallback
+    return CALIBRATED, step_latency(curve.latency_us * US, curve.op, curve.ranks) / REFERENCE_STEP_S[
+        "network" if network else "nvlink"]
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -233,9 +261,10 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
       ``ranks_per_node`` are given; its network part on the "a2a" curve when there is one (a
       ``--calibration``'s alltoall_perf run, or the catalog's "nic" curve kept for it beside a
-      ring fit, :mod:`meshplan.comm.calibration_kinds`), read as a catalog curve at NCCL's latency
-      (the path's latency scale, or NCCL's own where a ring fit set the network's: that alpha is
-      the ring's, not the all-to-all's).
+      ring fit, :mod:`meshplan.comm.calibration_kinds`), read as a catalog curve at its run's own
+      fitted alpha (:func:`own_alpha`; a ring fit's alpha is the ring's, not the all-to-all's), or,
+      for a curve without one (the catalog's kept for it, a file of before it), at NCCL's latency
+      (the path's latency scale, or NCCL's own where a ring fit set the network's).
 
     ``calibrated``: the path's link class carries the user's nccl-tests fit (alpha per call of the
     measured collective, beta its bus bandwidth): the ring alone, timed with :data:`CALIBRATED`
@@ -247,7 +276,10 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     outside them (:func:`_inside`). A calibrated NIC class's send/recv ("p2p") and
     one-rank-per-node ("nic1") curves are the catalog's scaled to the measurement, or runs of
     their own pattern (:mod:`meshplan.comm.calibration_kinds`), not the fit: the ring on them is
-    read as on a catalog curve (NCCL's latency, every size on the curve). The hierarchical
+    read as on a catalog curve (NCCL's latency, every size on the curve). A calibrated NVLink (or
+    NIC-less PCIe) class's op with a run of its own (``"nvlink <op>"``, ``"pcie <op>"`` in ``curves``,
+    :func:`meshplan.comm.calibration_kinds.own_runs`) is the ring on that run's curve, every size, at
+    its fitted alpha (:func:`own_alpha`). The hierarchical
     algorithm across nodes stays (its network part on the calibrated link at 1/g of the buffer
     and bandwidth, on the fit).
 
@@ -265,16 +297,22 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     if library not in ("nccl", "rccl"):  # gloo runs rings only, with one protocol; reduce-scatter as a full all-reduce
         run = "all-reduce" if op == "reduce-scatter" else op
         return "ring", ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
+    op_curve = curves.get(f"{'pcie' if network else 'nvlink'} {op}") if calibrated else None
+    if op_curve is not None and n > 1:  # this op's own run on a calibrated NVLink or PCIe class
+        return "ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network,
+                                 *own_alpha(op_curve, network, latency_scale), op_curve)
     link = curves.get("nic" if network else "nvlink")
     if op == "send/recv" and network and "p2p" in curves:
         link = curves["p2p"]
     elif network and ranks_per_node == 1 and "nic1" in curves:
         link = curves["nic1"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
-        if "a2a" in curves:  # its own curve: read as a catalog curve, NCCL's latency (a ring fit's is not its)
+        if "a2a" in curves:  # its own curve at its own fitted alpha (a ring fit's is not its), else NCCL's
+            a2a = curves["a2a"]
+            proto, scale = (own_alpha(a2a, True, latency_scale) if a2a.latency_us is not None else
+                            (NCCL_RING, 1.0 if calibrated else latency_scale))
             return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
-                                               intra_bandwidth_bytes_per_s, 1.0 if calibrated else latency_scale,
-                                               {**curves, "nic": curves["a2a"]})
+                                               intra_bandwidth_bytes_per_s, scale, {**curves, "nic": a2a}, proto)
         return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
                                            intra_bandwidth_bytes_per_s, latency_scale,
                                            {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,

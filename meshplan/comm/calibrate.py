@@ -72,8 +72,12 @@ op no file measures keeps the catalog's curve (send/recv and the one-rank-per-no
 beside a ring fit: scaled by this run's busbw per NIC over the catalog's of its own pattern,
 :mod:`meshplan.comm.calibration_kinds`). An alltoall_perf log alone therefore leaves the ring
 ops and send/recv at the catalog's (trial 28: 34.66 GB/s per NIC of all-to-all is not a ring's
-46-48, NVIDIA/nccl-tests issue #290). ``nvlink`` and ``pcie`` fits still set every op of their
-class. ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
+46-48, NVIDIA/nccl-tests issue #290). On ``nvlink`` and ``pcie`` the kept fit (all-reduce first)
+sets the class's rate and every op no file measures; an op with a run of its own is timed on that
+run (:func:`~meshplan.comm.calibration_kinds.own_runs`: on an NVSwitch node NCCL runs all-reduce on
+NVLS and the other ops on the ring), so such a run is no rival of the kept fit. Each curve records
+its run's own fitted alpha (``latency_us``), which an all-to-all or per-op curve is read at in
+place of NCCL's latency. ``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
@@ -99,7 +103,7 @@ from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_te
                                       trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
-from meshplan.units import GB, human_bytes
+from meshplan.units import GB, US, human_bytes
 
 #: The ops a measured curve can be (:class:`~meshplan.spec.cluster.BusbwCurve`'s ``op``).
 CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/recv")
@@ -180,12 +184,13 @@ def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> st
             f"file {path.name}")
 
 
-def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, source: str) -> Optional[BusbwCurve]:
+def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, source: str,
+                   latency_us: Optional[float] = None) -> Optional[BusbwCurve]:
     """The busbw curve of one nccl-tests run ``rows`` over ``nodes`` hosts, read against
     ``line_gb_per_s`` (:func:`~meshplan.comm.calibration_kinds.read_rate` of its class's fit; the
     calibration file leaves it out, ``apply_calibration`` sets it again): at each logged size the slower of the
-    out-of-place and in-place busbw (GB/s, as printed); None for an op a curve cannot be
-    (broadcast) or a run of fewer than 2 ranks.
+    out-of-place and in-place busbw (GB/s, as printed), with ``latency_us``, the run's own fitted
+    alpha per call; None for an op a curve cannot be (broadcast) or a run of fewer than 2 ranks.
 
     >>> r = [BenchRow("all-reduce", 8, s, 1e-4, 0.0, b * 1e9, p) for s, b, p in
     ...      [(1024, 0.05, False), (1024, 0.04, True), (2048, 0.1, False)]]
@@ -202,7 +207,8 @@ def measured_curve(rows: list[BenchRow], nodes: int, line_gb_per_s: float, sourc
     if not sizes:
         return None
     fields = {"op": rows[0].op, "ranks": rows[0].n_ranks, "nodes": max(nodes, 1), "line_gb_per_s": line_gb_per_s,
-              "sizes_bytes": sizes, "busbw_gb_per_s": [round(slowest[s], 6) for s in sizes], "source": source}
+              "sizes_bytes": sizes, "busbw_gb_per_s": [round(slowest[s], 6) for s in sizes], "source": source,
+              "latency_us": None if latency_us is None else round(latency_us, 4)}
     try:
         return BusbwCurve.model_validate(fields)
     except ValidationError as err:
@@ -267,7 +273,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     asked = asked_nics(nics_per_host, system)
     by_link: dict[str, list[tuple[LinkFit, str, str, int, int]]] = {}  # fit, source, file, ranks, NICs per host
     notes: list[str] = []
-    runs: dict[str, list[tuple[list[BenchRow], int, int, str]]] = {}  # rows, hosts, NICs per host, source
+    runs: dict[str, list[tuple[list[BenchRow], int, int, str, float]]] = {}  # rows, hosts, NICs per host, source, alpha
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
@@ -278,7 +284,7 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
             latency_bound.setdefault(cls, (path.name, why))
             continue
         by_link.setdefault(cls, []).append((fit, source, path.name, per_node, nics))
-        runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source))
+        runs.setdefault(cls, []).append((rows, len(set(hosts)), nics, source, fit.latency_s / US))
         files.append((path.name, rows))
     for cls, (name, why) in latency_bound.items():
         if cls not in by_link:  # no other file of the class sets its beta
@@ -295,14 +301,14 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
         fit, source, name, per_node, nics = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
         sources[cls] = source
-        rivals = pool if cls == "nic" else candidates  # nvlink and pcie: one fit sets every op
+        rivals = [c for c in pool if cls == "nic" or c[0].op == fit.op]  # nvlink, pcie: other ops from their own runs
         if len(rivals) > 1:
             notes.append(_kept_note(cls, (fit, name), rivals, pool))
         given = (per_node, nics) if asked is not None and per_node > 1 else None
         notes += [w for w in [nic_warning(fit, name, system, given)] if w]
         split.update({cls: nics} if cls == "nic" and nics != per_node else {})
         kept = [measured_curve(r, k, read_rate(fit.bandwidth_bytes_per_s / GB, per, r[0].op, r[0].n_ranks, k, cls),
-                               text) for r, k, per, text in runs[cls]]
+                               text, alpha) for r, k, per, text, alpha in runs[cls]]
         curves[cls] = sorted((c for c in kept if c is not None), key=lambda c: c.source != source)  # kept file first
         notes.append(kinds_set(cls, fit.op, fit.n_ranks, curves[cls]))
     return fits, notes, sources, curves, split

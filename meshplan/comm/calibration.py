@@ -24,6 +24,7 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     sizes_bytes = [1024, 2048]
     busbw_gb_per_s = [0.05, 0.1]
     source = "nccl-tests 2.17.6 all-reduce over 8 ranks on 8 host(s), file a.txt"
+    latency_us = 20.0            # optional: the run's own fitted alpha per call
 
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
 :func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
@@ -69,8 +70,9 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from meshplan.comm.alphabeta import OPS, steps
-from meshplan.comm.calibration_kinds import NIC_PATTERNS, RING_OPS, nic_curves, pattern_of, read_rate, scaled_curve
+from meshplan.comm.alphabeta import OPS, step_latency
+from meshplan.comm.calibration_kinds import (NIC_PATTERNS, RING_OPS, nic_curves, own_runs, pattern_of, read_rate,
+                                             scaled_curve)
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
@@ -97,6 +99,7 @@ class LoggedCurve(BaseModel):
     busbw_gb_per_s: list[float]
     source: str = Field(max_length=MAX_STRING)
     line_gb_per_s: Optional[float] = Field(default=None, exclude=True)  # older files: ignored
+    latency_us: Optional[float] = Field(default=None, ge=0, le=BOUNDS["latency_us"].value)  # the run's own alpha
 
     @model_validator(mode="before")
     @classmethod
@@ -158,7 +161,7 @@ class CalibratedLink(BaseModel):
         ``op`` or ``ranks`` is not given."""
         if self.op is None or self.ranks is None:
             return self.latency_us
-        return self.latency_us / max(steps(self.op, self.ranks), 1)
+        return step_latency(self.latency_us, self.op, self.ranks)
 
 
 #: What a gloo measurement of each link class ran over (``meshplan bench comm`` without a GPU).
@@ -203,6 +206,7 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
                     f"sizes_bytes = {c.sizes_bytes}",
                     "busbw_gb_per_s = [" + ", ".join(f"{b:.6g}" for b in c.busbw_gb_per_s) + "]",
                     f"source = {json.dumps(c.source)}"]
+            out += [f"latency_us = {c.latency_us:.4g}"] if c.latency_us is not None else []
     return "\n".join(out) + "\n"
 
 
@@ -258,7 +262,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     the network latency and the catalog's ring curves as they are and sets only its own ops
     (:func:`op_curves`); beside a ring fit, all-to-all reads the file's all-to-all curve, else the
     catalog's. A ``nic`` table without curves (a file of before them) is applied as before: its
-    fit sets every op."""
+    fit sets every op. An ``nvlink`` or ``pcie`` table's logged runs of ops other than its fit's set
+    those ops, each on its own curve at its own fitted alpha (:func:`_own_op_curves`)."""
     for name, c in calib.items():
         if c.backend == "gloo" and cluster.collective_library != "gloo":
             raise ConfigError(f"--calibration: link.{name}", f"measured with gloo ({GLOO_MEDIUM.get(name, 'TCP')}, "
@@ -279,6 +284,7 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
         if curve is not None:  # a nic curve of k ranks per node ran on k (or nics_per_node) NICs of a node
             line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
             upd["busbw"][name] = curve.read_at(line, calibrated=True)
+        upd["busbw"].update(_own_op_curves(name, c, node))
     if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
         upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
@@ -319,6 +325,18 @@ def op_curves(c: CalibratedLink, node, ring: bool) -> dict[str, BusbwCurve]:
         out["a2a"] = scaled_curve(node.busbw["nic"], 1.0, rate, catalog_gb, "all-to-all: no alltoall_perf run in "
                                   "the file, the catalog's curve at its NIC rate")
     return out
+
+
+def _own_op_curves(name: str, c: CalibratedLink, node) -> dict[str, BusbwCurve]:
+    """``"<class> <op>"``: an ``nvlink`` or ``pcie`` table ``c``'s runs of the ops other than its
+    fit's (:func:`~meshplan.comm.calibration_kinds.own_runs`), each read against the class's
+    calibrated rate (the fit's beta: the logged busbw at the path's full rate) and at its own fitted
+    alpha; PCIe's only on a node without NICs, the one where a path runs on PCIe
+    (:func:`meshplan.comm.row.groups_path`)."""
+    if name == "pcie" and node.nics:
+        return {}
+    return {f"{name} {op}": x.read_at(read_rate(c.bandwidth_gb_per_s, 1, x.op, x.ranks, x.nodes, name), calibrated=True)
+            for op, x in own_runs(name, c.op, c.curve).items()}
 
 
 def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dict[str, BusbwCurve]:

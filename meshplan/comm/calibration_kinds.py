@@ -12,6 +12,12 @@ The rule, per link class:
   curve, "a2a", :func:`~meshplan.comm.calibration.op_curves`), else it keeps the catalog's "nic"
   curve; an all-to-all fit alone (trial 28: 34.66 GB/s per NIC, where rings reach 46-48, NVIDIA/
   nccl-tests issue #290) sets neither the NIC rate nor the ring ops nor send/recv (:func:`sets_ops`);
+- on ``nvlink`` and ``pcie`` (links inside one node), per op too: the fit and its curve set every op
+  the file has no run of, and an op with a run of its own is timed on that run's curve at that
+  run's fitted alpha (:func:`own_runs`). NCCL does not run every op of a node alike: on an
+  NVSwitch node all-reduce runs on NVLS, the others on the ring (catalog h100-nvlink4-nvls 478.87
+  GB/s busbw at 8 GiB against h100-nvlink4-ring 368.0, [S3] and [S17]), so an all-reduce log does
+  not stand for an all-gather;
 - a catalog NIC curve of another measured pattern is never replaced by it: the send/recv pair
   ("p2p", one rank per node sending while it receives) and the one-rank-per-node all-reduce
   ("nic1") run other algorithms over the same NIC ([S18]: 15.48 and 18.65 GB/s, against
@@ -210,6 +216,23 @@ def sets_ops(link: str, op: Optional[str], curves: Sequence[Any]) -> tuple[str, 
             *(("send/recv",) if "p2p" in kinds else ()))
 
 
+def own_runs(link: str, op: Optional[str], curves: Sequence[Any]) -> dict[str, Any]:
+    """The ops an ``nvlink`` or ``pcie`` table of fit ``op`` times on runs of their own: each op of
+    ``curves`` (each with ``op``) other than the fit's, with its first curve in the file (module
+    docstring); {} on ``nic``, whose ops :func:`sets_ops` gives.
+
+    >>> c = [BusbwCurve(op=o, ranks=8, line_gb_per_s=1.0, sizes_bytes=[1], busbw_gb_per_s=[1.0], source=o)
+    ...      for o in ("all-reduce", "all-gather", "all-gather")]
+    >>> list(own_runs("nvlink", "all-reduce", c)), own_runs("nic", "all-reduce", c)
+    (['all-gather'], {})
+    """
+    out: dict[str, Any] = {}
+    for c in curves if link != "nic" else ():
+        if c.op != op:
+            out.setdefault(c.op, c)
+    return out
+
+
 #: How to set the ops a file leaves at the catalog's curves.
 SET_BY = {"ring": "an all_reduce_perf, all_gather_perf or reduce_scatter_perf log sets the three",
           "all-to-all": "an alltoall_perf log over several ranks per host sets it",
@@ -231,6 +254,12 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], curves: Sequen
     >>> kinds_set("nic", "all-to-all", 16, [a2a]).split("; ")[0]
     'nic: this file sets, across nodes, all-to-all (its own logged curve: nccl-tests all-to-all over 16 ranks on 2 host(s), file a.log)'
     """
+    own = own_runs(link, op, curves)
+    if own:
+        return f"{link}: this file sets, on {link}, " + "; ".join(
+            [f"{ops_words([o for o in (*RING_OPS, 'all-to-all', 'send/recv') if o not in own])} from the {op} fit "
+             f"over {ranks} ranks (no run of their own)"]
+            + [f"{o} from its own run (its logged curve at its fitted alpha: {c.source})" for o, c in own.items()])
     if link != "nic" or not curves:
         return (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
                 f"{'across nodes' if link == 'nic' else 'on ' + link} (from the {op} fit over {ranks} ranks; one "

@@ -1,6 +1,6 @@
 """``meshplan compare``'s side-by-side table: one :class:`Row` per quantity (mesh, each differing
 knob, feasibility, step time, MFU, peak memory, bytes per link class, each GEMM's local shape and
-efficiency), printed in human units (:func:`table_rows`) or written to ``--json`` in SI
+efficiency, the Q, K, V projection where one side fuses it), printed in human units (:func:`table_rows`) or written to ``--json`` in SI
 (:func:`table_values`).
 """
 
@@ -13,6 +13,7 @@ from meshplan.compare.reasons import knob
 from meshplan.compare.sides import Side
 from meshplan.compare.verdict import Comparison
 from meshplan.compute.gemm import gemm_time
+from meshplan.compute.shapes import Gemm
 from meshplan.plan import Plan
 from meshplan.schedule.stage_traffic import WHICH
 from meshplan.schedule.workload import plan_step_gemms, workload_of
@@ -36,8 +37,9 @@ class Row:
 def rows(c: Comparison) -> list[Row]:
     """The comparison's quantities: mesh, each differing knob, feasibility, step time (s), MFU
     (fraction), peak memory (B), bytes sent per rank per step by link class (under a pipeline
-    with the stage they are on: each side's stage whose ranks send the most on that class), and
-    each GEMM's local (M, N, K) and efficiency."""
+    with the stage they are on: each side's stage whose ranks send the most on that class),
+    each GEMM's local (M, N, K) and efficiency, and, where one side fuses Q, K and V into one GEMM
+    and the other does not, their FLOP and efficiency side by side (:func:`_projection`)."""
     out = [Row("mesh", "mesh", c.a.mesh_text, c.b.mesh_text)]
     out += [Row(k, k, x, y, knob, "unset") for k, x, y in c.knobs]
     out += [Row("feasible", "feasible", c.a.feasible, c.b.feasible),
@@ -56,6 +58,10 @@ def rows(c: Comparison) -> list[Row]:
         if (name in ga and name in gb) or not both:
             out.append(Row(f"{name} (M,N,K) eff", f"{name} (M,N,K) efficiency", _gemm(ga.get(name)),
                            _gemm(gb.get(name)), _g))
+    qa, qb = _projection(c.a), _projection(c.b)
+    if both and qa is not None and qb is not None and qa["gemms"] != qb["gemms"]:  # fused on one side only
+        out.append(Row("Q,K,V projection GFLOP eff", "Q, K, V projection (one fused qkv GEMM, or wq + wk + wv "
+                       "summed): FLOP, efficiency", qa, qb, _p))
     return out
 
 
@@ -105,6 +111,33 @@ def _stage(s: Side, kind: str) -> Optional[int]:
     """The stage of ``s``'s ``kind`` bytes (:attr:`~meshplan.compare.sides.Side.link_stage`);
     None when unresolved."""
     return s.link_stage.get(kind, 0) if s.resolved else None
+
+
+def _projection(s: Side) -> Optional[dict]:
+    """The Q, K, V projection of ``s`` as one quantity, so a plan whose framework fuses it into one
+    GEMM (Megatron-LM's ``qkv``, :func:`~meshplan.compute.shapes.fused_qkv_gemm`) lines up with one that
+    runs wq, wk and wv apart (torch): ``gemms`` (``qkv`` or ``wq+wk+wv``), ``flop`` their forward FLOP
+    summed (:attr:`~meshplan.compute.shapes.Gemm.flops`, 2 M N K each) and ``efficiency`` the
+    FLOP-weighted one the step times them at: FLOP over the sum of each GEMM's FLOP / efficiency (one
+    dtype, so one peak); None without wq, wk and wv (MLA) or a fused qkv.
+
+    wq 2 GFLOP at 50%, wk 2 and wv 4 GFLOP at 75%: 8 / (2 / 0.5 + 6 / 0.75) = 8 / 12, 67%:
+
+    >>> g = (("wq", 1000, 1000, 1000, 0.5), ("wk", 1000, 1000, 1000, 0.75), ("wv", 1000, 2000, 1000, 0.75))
+    >>> _p(_projection(Side("A", None, True, (), gemms=g)))
+    'wq+wk+wv: 8.0 GFLOP at 67%'
+    """
+    by = {g[0]: g for g in s.gemms}
+    names = ("qkv",) if "qkv" in by else ("wq", "wk", "wv")
+    if not all(n in by for n in names):
+        return None
+    flops = [Gemm(*by[n][:4]).flops for n in names]
+    return {"gemms": "+".join(names), "flop": sum(flops),
+            "efficiency": sum(flops) / sum(f / by[n][4] for f, n in zip(flops, names))}
+
+
+def _p(q: dict) -> str:
+    return f"{q['gemms']}: {q['flop'] / 1e9:.1f} GFLOP at {q['efficiency']:.0%}"
 
 
 def _gemm(g) -> Optional[dict]:

@@ -25,6 +25,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
 from meshplan.schedule.waits import BubbleWait
 
@@ -107,7 +108,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     return envelope("step", plan, step_s=st.step_s, schedule=_schedule(st), stages=p.spec.p,
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
                     stage_end_s=list(st.stage_end_s), bubble_idle_over_ideal=p.bubble,
-                    bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s),
+                    bubble_idle_over_total=p.bubble_of_total, **_bubbles(p.spec), exposed_s=dict(st.exposed_s),
                     step_parts_s={"step": st.step_s, **st.parts_s()}, host_wait_s=st.host_wait_s(),
                     sm_contention_s=st.contention_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu,
@@ -118,6 +119,23 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
                     sent_bytes_stage=traffic_stage(plan),
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
+
+
+def _bubbles(spec) -> dict[str, Optional[dict[str, float]]]:
+    """The two bubble lines step's text prints under the simulated one, each under both
+    definitions (``idle_over_ideal`` x, ``idle_over_total`` x / (1 + x)): ``bubble_closed_form``,
+    the schedule's closed form for uniform stages (:func:`~meshplan.schedule.stage_balance.closed_form`),
+    and ``bubble_uniform_stages``, the schedule alone simulated on uniform stages
+    (:func:`~meshplan.schedule.stage_balance.uniform_bubble`); each null where the text has no line.
+
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> _bubbles(PipelineSpec("1f1b", p=4, m=8))["bubble_closed_form"]
+    {'idle_over_ideal': 0.375, 'idle_over_total': 0.2727272727272727}
+    """
+    x, uniform = closed_form(spec), uniform_bubble(spec)
+    pair = None if x is None else (x, x / (1 + x))
+    return {name: None if v is None else {"idle_over_ideal": v[0], "idle_over_total": v[1]}
+            for name, v in (("bubble_closed_form", pair), ("bubble_uniform_stages", uniform))}
 
 
 def _schedule(st) -> Optional[str]:

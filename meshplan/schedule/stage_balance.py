@@ -77,15 +77,30 @@ def uniform_line(spec) -> list[str]:
     >>> print(uniform_line(PipelineSpec("1f1b", p=4, m=8))[0])
     bubble simulated on uniform stages (the schedule alone: every stage F 1, B 2 per micro-batch, no p2p time): 0.3750 as idle/ideal, 0.2727 as idle/total
     """
+    bubble = uniform_bubble(spec)
+    if bubble is None:
+        return []
+    f, b, w = uniform_units(spec)
+    units = f"F {f:g}, B {b:g}" + (f", W {w:g}" if spec.sched.splits_backward else "")
+    return [f"bubble simulated on uniform stages (the schedule alone: every stage {units} per micro-batch, no p2p "
+            f"time): {bubble[0]:.4f} as idle/ideal, {bubble[1]:.4f} as idle/total"]
+
+
+def uniform_bubble(spec) -> Optional[tuple[float, float]]:
+    """(idle/ideal, idle/total) of the schedule alone simulated on uniform stages, as
+    :func:`uniform_line` prints them (``step --json``'s ``bubble_uniform_stages``); None at pp 1
+    or above :data:`UNIFORM_MAX_UNITS`. 1F1B at p 4, m 8: 3/8 and 3/11.
+
+    >>> [round(x, 4) for x in uniform_bubble(PipelineSpec("1f1b", p=4, m=8))]
+    [0.375, 0.2727]
+    """
     f, b, w = uniform_units(spec)
     passes = 3 if spec.sched.splits_backward else 2
     if spec.p == 1 or spec.p * spec.m * spec.v * passes > UNIFORM_MAX_UNITS:
-        return []
+        return None
     r = simulate_arrays(PipelineSpec(spec.schedule, p=spec.p, m=spec.m, v=spec.v, forward_s=f, backward_s=b,
                                      weight_s=w))
-    units = f"F {f:g}, B {b:g}" + (f", W {w:g}" if spec.sched.splits_backward else "")
-    return [f"bubble simulated on uniform stages (the schedule alone: every stage {units} per micro-batch, no p2p "
-            f"time): {r.bubble:.4f} as idle/ideal, {r.bubble_of_total:.4f} as idle/total"]
+    return r.bubble, r.bubble_of_total
 
 
 def measured_idle(st) -> float:

@@ -184,7 +184,10 @@ class BusbwCurve(BaseModel):
     :func:`~meshplan.comm.alphabeta.rank_factor`. ``calibrated``: the run a ``--calibration``
     fit came from (set by :func:`meshplan.comm.calibration.apply_calibration`): read between its
     logged sizes, the fit outside them; every other curve, a calibrated class's scaled catalog
-    curves included, is read as a catalog curve (:func:`meshplan.comm.alphabeta.collective_time`)."""
+    curves included, is read as a catalog curve (:func:`meshplan.comm.alphabeta.collective_time`).
+    ``latency_us``: the per-call alpha of the run's own alpha-beta fit (``meshplan calibrate`` writes it
+    with each logged curve); a curve read on its own run (a calibrated class's ``a2a`` or per-op curve)
+    takes it in place of NCCL's latency; None for the catalog's curves and files of before it."""
 
     model_config = _STRICT
     sizes_bytes: list[int] = Field(min_length=1, max_length=1024)
@@ -197,6 +200,7 @@ class BusbwCurve(BaseModel):
     rank_busbw_gb_per_s: list[float] = Field(default_factory=list, max_length=1024)
     source: Text = Field(min_length=1)
     calibrated: bool = False
+    latency_us: Optional[float] = Field(default=None, ge=0, le=_le("latency_us"))
 
     @model_validator(mode="after")
     def _check(self):
@@ -217,6 +221,15 @@ class BusbwCurve(BaseModel):
         return self
 
 
+#: ``NodeSpec.busbw``'s keys: the link classes' curves, and a calibrated NVLink (or, on a node
+#: without NICs, PCIe) class's per-op curves, ``"<class> <op>"``, each from the user's run of that op
+#: (:func:`meshplan.comm.calibration_kinds.own_runs`).
+CurveKey = Literal["nvlink", "nvls", "nic", "p2p", "nic1", "a2a",
+                   "nvlink all-reduce", "nvlink all-gather", "nvlink reduce-scatter", "nvlink all-to-all",
+                   "nvlink send/recv", "pcie all-reduce", "pcie all-gather", "pcie reduce-scatter", "pcie all-to-all",
+                   "pcie send/recv"]
+
+
 class NodeSpec(BaseModel):
     """A server: GPUs, the intra-node fabric, CPU sockets and NICs. ``busbw``: measured
     nccl-tests curves per link class (``nvlink`` ring, ``nvls`` all-reduce with NVLink SHARP,
@@ -224,8 +237,9 @@ class NodeSpec(BaseModel):
     node, ``nic1`` a ring or tree whose every rank is its node's only member of the group, so
     each drives one NIC, as a dp group beside tp 8, ``a2a`` the pairwise all-to-all across
     nodes: only a ``--calibration`` sets it, from the user's alltoall_perf run,
-    :mod:`meshplan.comm.calibration_kinds`); a class without one is timed at its line
-    rate (``p2p``, ``nic1`` and ``a2a`` fall back to ``nic``). ``nvlinks_per_gpu``: NVLinks of one GPU,
+    :mod:`meshplan.comm.calibration_kinds`; ``nvlink <op>`` and ``pcie <op>`` likewise, a calibrated
+    class's op from the user's run of it, :data:`CurveKey`); a class without one is timed at its line
+    rate (``p2p``, ``nic1`` and ``a2a`` fall back to ``nic``, an op without its own curve to its class's). ``nvlinks_per_gpu``: NVLinks of one GPU,
     as ``nvidia-smi topo -m`` prints them between two GPUs of an NVSwitch node (``NV18`` on
     H100); 0 when not stated. A ``--topology`` keeps the ``nvlink``/``nvls`` curves only when
     its GPU-GPU links match it (:func:`meshplan.placement.topology_node.nvlink_difference`)."""
@@ -239,7 +253,7 @@ class NodeSpec(BaseModel):
     nics: list[NICSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
     nvlinks_per_gpu: int = Field(default=0, ge=0, le=_le("nvlinks_per_gpu"))
-    busbw: dict[Literal["nvlink", "nvls", "nic", "p2p", "nic1", "a2a"], BusbwCurve] = Field(default_factory=dict)
+    busbw: dict[CurveKey, BusbwCurve] = Field(default_factory=dict)
     source: Text = ""
 
     @model_validator(mode="after")

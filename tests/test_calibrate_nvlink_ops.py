@@ -1,0 +1,90 @@
+"""A calibration times each NVLink op on a run of its own, and an all-to-all curve at its own alpha.
+
+NCCL does not run every op of an NVSwitch node alike (all-reduce on NVLS, the others on the ring: the
+catalog's h100-nvlink4-nvls 478.87 GB/s busbw at 8 GiB against h100-nvlink4-ring 368.0), so an
+all-reduce log no longer sets the all-gather on nvlink where the file has an all-gather run; and a
+logged curve is read at its run's own fitted alpha, not NCCL's latency model (meshplan.comm.alphabeta
+own_alpha)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.catalog import system
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
+from meshplan.comm.row import Path as CommPath, path_time
+from nccl_alltoall import FILE as A2A
+from nccl_published import DATA
+from test_calibration import nccl_tests_text
+from tests.cli_run import run_cli
+
+S15 = DATA / "all_reduce_perf_8xa100_s15.txt"  # 8 x A100 on one host, all_reduce_perf (stas00/ml-engineering)
+A100 = "NVIDIA A100-SXM4-80GB"
+
+
+def _nvlink(cluster) -> CommPath:
+    """A group of the node's 8 GPUs on its calibrated NVLink."""
+    fabric = cluster.node.fabric
+    return CommPath("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"],
+                    calibrated=fabric.calibrated)
+
+
+def test_two_nvlink_ops_two_calibrated_rates(tmp_path, capsys):
+    """S15's all-reduce beside an all-gather run of the same 8 A100 written exactly at t = 15 us +
+    (7/8) S / 150 GB/s (nccl_tests_text). Each op reads its own log at 1 GiB: all-reduce S15's
+    229.00 GB/s busbw, all-gather 0.875 x 2^30 / (15 us + 0.875 x 2^30 / 150 GB/s) = 149.64 GB/s
+    (before: the all-gather run was dropped and the all-gather read the all-reduce's 229.00)."""
+    ag = tmp_path / "ag.txt"
+    ag.write_text(nccl_tests_text("all_gather_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6,
+                                  150e9, gpu=A100))
+    out = tmp_path / "c.toml"
+    rc, text, err = run_cli(["calibrate", S15, ag, "--out", out], capsys)
+    assert rc == 0, err
+    assert not any("dropped" in line for line in text.splitlines())  # another op's run is no rival
+    assert ("nvlink: this file sets, on nvlink, all-reduce, reduce-scatter, all-to-all and send/recv from the "
+            "all-reduce fit over 8 ranks (no run of their own); all-gather from its own run (its logged curve at its "
+            "fitted alpha: nccl-tests 2.17.6 all-gather over 8 ranks on 1 host(s), file ag.txt)") in text.splitlines()
+    calib = load_calibration(out)
+    cluster = apply_calibration(system("dgx-a100", nodes=1), calib)
+    path, gib = _nvlink(cluster), 2 ** 30
+    assert path.calibrated and cluster.node.busbw["nvlink all-gather"].op == "all-gather"
+    t_ar, t_ag = (path_time(op, 8, gib, path, cluster)[1] for op in ("all-reduce", "all-gather"))
+    hand = 0.875 * gib / (15e-6 + 0.875 * gib / 150e9) / 1e9
+    assert round(hand, 2) == 149.64
+    assert 1.75 * gib / t_ar / 1e9 == pytest.approx(229.00, abs=0.005)  # S15's 1 GiB row
+    assert 0.875 * gib / t_ag / 1e9 == pytest.approx(hand, abs=0.005)  # within the log's 2 decimals
+    # the all-gather's own alpha: the file's fit of ag.txt, 15 us (as written); over 4 ranks at 1 MiB,
+    # 3 of its 7 steps, 3 x 15 / 7 = 6.43 us, then the log's 1 MiB bandwidth term (busbw 43.45 as printed:
+    # 0.875 x 2^20 / (15 us + 0.875 x 2^20 / 150 GB/s) = 43.449) at 0.75 / 0.875 of the bytes
+    alpha = next(c for c in calib["nvlink"].curve if c.op == "all-gather").latency_us
+    assert alpha == pytest.approx(15.0, rel=1e-3)
+    t_meas = 0.875 * 2 ** 20 / 43.45e9
+    t4 = 3 * alpha * 1e-6 / 7 + 0.75 / 0.875 * (t_meas - alpha * 1e-6)
+    assert path_time("all-gather", 4, 2 ** 20, path, cluster)[1] == pytest.approx(t4, rel=1e-9)
+
+
+def test_an_alltoall_curve_is_read_at_its_own_alpha(tmp_path, capsys):
+    """tests/data/nccl/alltoall_perf_16x8h100.txt (t = 250 us + (127/128) S / 37.8 GB/s over 16 x 8 H100)
+    as the only log: over 2 nodes x 8 at 1 MiB the all-to-all's network part pays 15 of the fit's 127 steps,
+    15 x 250 / 127 = 29.5 us, and half the buffer through each rank's 50 GB/s NIC at the logged busbw
+    (3.75 GB/s at 1 MiB) read against the NIC's share of it, the curve's line 50 x 8 / (8 x 120 / 127)
+    = 52.92 GB/s: 44.2 us. Before, NCCL's latency: LL's 6.6 + 15 x 2.7 = 47.1 us, its 127-step
+    reference (349.5 us) above the logged 277.4 us, so 47.1 us at every size up to it."""
+    out = tmp_path / "c.toml"
+    rc, _, err = run_cli(["calibrate", A2A, "--link", "nic", "--system", "dgx-h100", "--out", out], capsys)
+    assert rc == 0, err
+    calib = load_calibration(out)
+    alpha = calib["nic"].curve[0].latency_us * 1e-6
+    assert alpha == pytest.approx(250e-6, rel=1e-3)
+    cluster = apply_calibration(system("dgx-h100", nodes=2), calib)
+    path = CommPath("network", 50e9, "2 nodes", cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=2,
+                    ranks_per_node=8, nic_bandwidth_bytes_per_s=50e9, calibrated=cluster.network[0].calibrated)
+    size, f = 2 ** 20, 127 / 128
+    t_meas = f * size / 3.75e9
+    line = 50 * 8 / (8 * 120 / 127)
+    assert round(line, 2) == 52.92 and cluster.node.busbw["a2a"].line_gb_per_s == pytest.approx(line, rel=1e-12)
+    hand = 15 * alpha / 127 + size / 2 * line * (t_meas - alpha) / (f * size * 50)
+    assert round(hand * 1e6, 1) == 44.2
+    algo, t = path_time("all-to-all", 16, size, path, cluster)
+    assert algo == "pairwise" and t == pytest.approx(hand, rel=1e-9)
