@@ -428,7 +428,9 @@ def test_batched_gemm_reads_the_points_plane_at_another_batch_count():
     slots) against 16,384 in 152 (16,416): ratio 1. PV (N 128) in 128x128 tiles, 512 tiles in 5
     waves (540) against 2,048 in 19 (2,052): (512 / 540) / (2048 / 2052) = 0.950, 88.35 TFLOP/s.
     On the plane itself (S7a's own batch) and for a single GEMM nothing changes; a batched query
-    whose nearest points are not all on one plane (8 x 1024^3: S3's cubes nearest) is Shepard's."""
+    whose nearest points are not all on one plane (8 x 1024^3: S3's cubes nearest) is Shepard's,
+    and so is one whose nearest points share an M but whose (N, K) were also measured at other M
+    (H200's M1 grid: 3072x7168x8192's four nearest at M 2048, each also at 8192 and 16384)."""
     from meshplan.compute.measured import gemm_tflops, kernel_data
 
     d = kernel_data("a100-sxm-80gb")
@@ -448,6 +450,11 @@ def test_batched_gemm_reads_the_points_plane_at_another_batch_count():
     assert gemm_tflops(d, 262144, 128, 2048, "bf16", eff, batched=True)[0] == 93.0          # S7a's own batch
     cube = gemm_tflops(d, 8192, 1024, 1024, "bf16", eff, batched=True)
     assert cube == gemm_tflops(d, 8192, 1024, 1024, "bf16", eff) and "off the points' plane" not in cube[1]
+    h = kernel_data("h200-sxm-141gb")
+    h200 = lambda m, n, k: compute_efficiency(catalog.gpu("h200-sxm-141gb"), m, n, k)
+    near = {(p[0], p[1], p[2]) for p in h.gemm["bf16"] if (p[1], p[2]) in ((7168, 8192), (6144, 4096))}
+    assert {(2048, 7168, 8192), (8192, 7168, 8192), (2048, 6144, 4096), (16384, 6144, 4096)} <= near
+    assert gemm_tflops(h, 3072, 7168, 8192, "bf16", h200, batched=True) == gemm_tflops(h, 3072, 7168, 8192, "bf16", h200)
 
 
 def test_ac24_head_dim_64_agrees_with_s7a_pytorch_attention():

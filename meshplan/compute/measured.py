@@ -269,7 +269,7 @@ def _head_dim_ratio(data: KernelData, shape: tuple[int, int, int],
 
 def _batched_plane(pts, shape: tuple[int, int, int], model: Callable[[int, int, int], float]) -> tuple[float, str]:
     """(TFLOP/s, how) of a batched GEMM ``shape`` = (count M, N, K): :func:`_interpolate`, unless its
-    :data:`NEIGHBOURS` nearest points all lie at one M0 other than its own (measured at one batch
+    :data:`NEIGHBOURS` nearest points' (N, K) were measured at one M0 alone, not its own (one batch
     count: A100 "D S7a", M0 262,144 at every S). Off that plane Shepard's weights flatten toward the
     points' mean (22B: 32 batches of 2048x2048x128 at 86.5 TFLOP/s, 128 of them measured at 93.0),
     so: the plane at (M0, N, K) x ``min(1, model(shape) / model(M0, N, K))``, the waves of the same
@@ -283,11 +283,12 @@ def _batched_plane(pts, shape: tuple[int, int, int], model: Callable[[int, int, 
     >>> round(_batched_plane(pts, (65536, 128, 2048), eff)[0], 2)   # 512 tiles in 5 waves of 108 SMs
     88.35
     """
-    planes = {p[0] for _, p in _nearest(pts, *shape)}
+    near = {(p[1], p[2]) for _, p in _nearest(pts, *shape)}
+    planes = {p[0] for p in pts if (p[1], p[2]) in near}   # every M their (N, K) were measured at
     if len(planes) != 1 or shape[0] in planes:
         return _interpolate(pts, *shape)
     m0 = planes.pop()
-    rate, how = _interpolate(pts, m0, shape[1], shape[2])
+    rate, how = _interpolate([p for p in pts if p[0] == m0], m0, shape[1], shape[2])   # on the plane alone
     ratio = min(1.0, model(*shape) / model(m0, shape[1], shape[2]))
     return rate * ratio, (f"{rate * ratio:.1f} TFLOP/s: x{ratio:.3f} (shape model, batch M {shape[0]} off the "
                           f"points' plane M {m0}, capped at 1) of {m0}x{shape[1]}x{shape[2]}: {how}")
