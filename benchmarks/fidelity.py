@@ -113,7 +113,8 @@ def sources(gpu: str) -> list[str]:
             f"efficiency ratio, capped at 1), memory roofline at Triad",
             "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points (A100: the 'D S7a' "
             "points, S7a's PyTorch standard attention less its softmax and copies, one rate for all six products; dV "
-            "looked up as dK, (s_kv, d, s_q)); below head dim 128 on A100 (22B: d 96) the measured head-dim ratio "
+            "looked up as dK, (s_kv, d, s_q); another batch count than S7a's read on the points' plane, M 262,144, x the shape "
+            "model's waves); below head dim 128 on A100 (22B: d 96) the measured head-dim ratio "
             "of AC24 Fig. 7 (QK^T x0.886 at K 96, PV x0.775 at N 96) in place of the shape model's; fused softmax and dropout over the "
             "scores as memory-bound kernels",
             f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms "

@@ -388,8 +388,11 @@ def test_bmm_head_dim_ratio_replaces_the_shape_model_for_the_22b_attention():
     """kernels.toml bmm_head_dim (A100, AC24 Fig. 7, read off the figure): QK^T at K 96 runs at
     93 / 105 = 0.886 of K 128, PV at N 96 at 107 / 138 = 0.775 of N 128. The 22B's batched GEMMs
     (head dim 96, micro-batch 4 x 8 heads at tp 8 = 32 per call, S 2048) take these in place of the
-    shape model's x1.000 (K) and x0.750 (N), on the edge's 86.5 TFLOP/s: 76.6 and 67.1 TFLOP/s.
-    A single (not batched) GEMM of the same shape keeps the shape model's ratio."""
+    shape model's x1.000 (K) and x0.750 (N), on their edges read on the "D S7a" plane (M 262,144,
+    test_batched_gemm_reads_the_points_plane_at_another_batch_count): QK^T's 93.0 (x1.000 for 32
+    batches), PV's 93.0 x (512 / 540) / (2048 / 2052) = 88.35: 93.0 x 93 / 105 = 82.4 and 88.35 x
+    107 / 138 = 68.5 TFLOP/s (before the plane rule, both edges 86.5: 76.6 and 67.1). A single (not
+    batched) GEMM of the same shape keeps the shape model's ratio, on Shepard's 86.5."""
     from meshplan.compute.measured import gemm_tflops, kernel_data
 
     d = kernel_data("a100-sxm-80gb")
@@ -401,15 +404,57 @@ def test_bmm_head_dim_ratio_replaces_the_shape_model_for_the_22b_attention():
     eff = lambda m, n, k: compute_efficiency(a100, m, n, k)
     edge = gemm_tflops(d, 65536, 2048, 128, "bf16", eff)[0]
     assert edge == pytest.approx(86.5, abs=0.05)
+    qk_edge = gemm_tflops(d, 65536, 2048, 128, "bf16", eff, batched=True)[0]
+    pv_edge = gemm_tflops(d, 65536, 128, 2048, "bf16", eff, batched=True)[0]
+    assert qk_edge == 93.0 and pv_edge == pytest.approx(93.0 * (512 / 540) / (2048 / 2052))
     qk, how = gemm_tflops(d, 65536, 2048, 96, "bf16", eff, batched=True)
     pv = gemm_tflops(d, 65536, 96, 2048, "bf16", eff, batched=True)[0]
-    assert qk == pytest.approx(edge * 93 / 105) and qk == pytest.approx(76.6, abs=0.05)
-    assert pv == pytest.approx(edge * 107 / 138) and pv == pytest.approx(67.1, abs=0.05)
+    assert qk == pytest.approx(qk_edge * 93 / 105) and qk == pytest.approx(82.4, abs=0.05)
+    assert pv == pytest.approx(pv_edge * 107 / 138) and pv == pytest.approx(68.5, abs=0.05)
     assert "measured head-dim ratio, K 96 of 128" in how
     single = gemm_tflops(d, 65536, 96, 2048, "bf16", eff)[0]
     assert single == pytest.approx(edge * 0.75)   # the shape model: N 96 in tiles of 128
     t_pv = gemm_time(a100, 2048, 96, 2048, "bf16", count=32).seconds
     assert t_pv == pytest.approx(2 * 2048 * 96 * 2048 * 32 / (pv * 1e12))
+
+
+def test_batched_gemm_reads_the_points_plane_at_another_batch_count():
+    """The A100 "D S7a" points sit at one M, 262,144 = B x S x heads of S7a's run (16,384 tokens x
+    16 heads), whatever S: they were measured at one batch count. The 22B's QK^T edge, 32 batches of
+    2048x2048x128 (M 65,536), is that very GEMM in fewer batches; Shepard off the plane weighs
+    S 1024 and 4096 (distance sqrt(2^2 + 1)) nearly as much as S 2048 (distance 2) and S 512 next:
+    86.5 TFLOP/s. On the plane it is the measured 93.0 x the shape model's waves (A100, 108 SMs,
+    ceiling 0.8692 = 271.2 / 312): QK^T in 128x256 tiles, 32 x 16 x 8 = 4,096 tiles in 38 waves (4,104
+    slots) against 16,384 in 152 (16,416): ratio 1. PV (N 128) in 128x128 tiles, 512 tiles in 5
+    waves (540) against 2,048 in 19 (2,052): (512 / 540) / (2048 / 2052) = 0.950, 88.35 TFLOP/s.
+    On the plane itself (S7a's own batch) and for a single GEMM nothing changes; a batched query
+    whose nearest points are not all on one plane (8 x 1024^3: S3's cubes nearest) is Shepard's,
+    and so is one whose nearest points share an M but whose (N, K) were also measured at other M
+    (H200's M1 grid: 3072x7168x8192's four nearest at M 2048, each also at 8192 and 16384)."""
+    from meshplan.compute.measured import gemm_tflops, kernel_data
+
+    d = kernel_data("a100-sxm-80gb")
+    a100 = catalog.gpu("a100-sxm-80gb")
+    eff = lambda m, n, k: compute_efficiency(a100, m, n, k)
+    assert {p[0] for p in d.gemm["bf16"] if p[4] == "D S7a"} == {16384 * 16}
+    w = 0.8692   # gpus.toml max_gemm_fraction: 271.2 / 312 to 4 places
+    assert eff(65536, 2048, 128) == pytest.approx(w * 4096 / 4104) and eff(262144, 2048, 128) == pytest.approx(
+        w * 16384 / 16416)
+    assert eff(65536, 128, 2048) == pytest.approx(w * 512 / 540) and eff(262144, 128, 2048) == pytest.approx(
+        w * 2048 / 2052)
+    qk, how = gemm_tflops(d, 65536, 2048, 128, "bf16", eff, batched=True)
+    assert qk == pytest.approx(93.0) and "off the points' plane M 262144" in how
+    pv = gemm_tflops(d, 65536, 128, 2048, "bf16", eff, batched=True)[0]
+    assert pv == pytest.approx(93.0 * (512 / 540) / (2048 / 2052)) and pv == pytest.approx(88.35, abs=0.005)
+    assert gemm_tflops(d, 65536, 2048, 128, "bf16", eff)[0] == pytest.approx(86.5, abs=0.05)  # single: Shepard
+    assert gemm_tflops(d, 262144, 128, 2048, "bf16", eff, batched=True)[0] == 93.0          # S7a's own batch
+    cube = gemm_tflops(d, 8192, 1024, 1024, "bf16", eff, batched=True)
+    assert cube == gemm_tflops(d, 8192, 1024, 1024, "bf16", eff) and "off the points' plane" not in cube[1]
+    h = kernel_data("h200-sxm-141gb")
+    h200 = lambda m, n, k: compute_efficiency(catalog.gpu("h200-sxm-141gb"), m, n, k)
+    near = {(p[0], p[1], p[2]) for p in h.gemm["bf16"] if (p[1], p[2]) in ((7168, 8192), (6144, 4096))}
+    assert {(2048, 7168, 8192), (8192, 7168, 8192), (2048, 6144, 4096), (16384, 6144, 4096)} <= near
+    assert gemm_tflops(h, 3072, 7168, 8192, "bf16", h200, batched=True) == gemm_tflops(h, 3072, 7168, 8192, "bf16", h200)
 
 
 def test_ac24_head_dim_64_agrees_with_s7a_pytorch_attention():

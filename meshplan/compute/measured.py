@@ -36,7 +36,9 @@ below in N or K alone, at a head dim the GPU's ``bmm_head_dim`` table covers (A1
 QK^T and PV at head dim 64-128, kernels.toml "AC24"), takes that measured ratio instead of the model's.
 
 A grouped call of ``count``
-GEMMs is looked up as one GEMM of ``(count M, N, K)`` (the same tiles in more waves). The time
+GEMMs is looked up as one GEMM of ``(count M, N, K)`` (the same tiles in more waves); off the
+one M its nearest points were measured at, on their plane x the shape model's ratio
+(:func:`_batched_plane`). The time
 is ``max(2 M N K count / rate, bytes / achievable bandwidth)`` with ``bytes = dtype (M K + K N
 + M N) count``: interpolating between compute-bound points must not beat the memory roofline.
 
@@ -237,7 +239,7 @@ def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str,
     whole estimate above it (``_catalog_time``)."""
     pts = data.gemm[dtype]
     edge = tuple(max(q, min(p[i] for p in pts)) for i, q in enumerate((m, n, k)))
-    rate, how = _interpolate(pts, *edge)
+    rate, how = _batched_plane(pts, edge, model) if batched else _interpolate(pts, *edge)
     if edge == (m, n, k):
         return rate, how
     measured = _head_dim_ratio(data, (m, n, k), edge) if batched else None
@@ -265,11 +267,43 @@ def _head_dim_ratio(data: KernelData, shape: tuple[int, int, int],
             f"measured head-dim ratio, {'N' if i == 1 else 'K'} {shape[i]} of {edge[i]}: {t.source.split(' (')[0]}")
 
 
+def _batched_plane(pts, shape: tuple[int, int, int], model: Callable[[int, int, int], float]) -> tuple[float, str]:
+    """(TFLOP/s, how) of a batched GEMM ``shape`` = (count M, N, K): :func:`_interpolate`, unless its
+    :data:`NEIGHBOURS` nearest points' (N, K) were measured at one M0 alone, not its own (one batch
+    count: A100 "D S7a", M0 262,144 at every S). Off that plane Shepard's weights flatten toward the
+    points' mean (22B: 32 batches of 2048x2048x128 at 86.5 TFLOP/s, 128 of them measured at 93.0),
+    so: the plane at (M0, N, K) x ``min(1, model(shape) / model(M0, N, K))``, the waves of the same
+    tiles, as below the box.
+
+    >>> from meshplan.compute.gemm import compute_efficiency
+    >>> pts = kernel_data("a100-sxm-80gb").gemm["bf16"]
+    >>> eff = lambda m, n, k: compute_efficiency(catalog.gpu("a100-sxm-80gb"), m, n, k)
+    >>> _batched_plane(pts, (65536, 2048, 128), eff)[0]   # 4,096 tiles in 38 waves, as 16,384 in 152
+    93.0
+    >>> round(_batched_plane(pts, (65536, 128, 2048), eff)[0], 2)   # 512 tiles in 5 waves of 108 SMs
+    88.35
+    """
+    near = {(p[1], p[2]) for _, p in _nearest(pts, *shape)}
+    planes = {p[0] for p in pts if (p[1], p[2]) in near}   # every M their (N, K) were measured at
+    if len(planes) != 1 or shape[0] in planes:
+        return _interpolate(pts, *shape)
+    m0 = planes.pop()
+    rate, how = _interpolate([p for p in pts if p[0] == m0], m0, shape[1], shape[2])   # on the plane alone
+    ratio = min(1.0, model(*shape) / model(m0, shape[1], shape[2]))
+    return rate * ratio, (f"{rate * ratio:.1f} TFLOP/s: x{ratio:.3f} (shape model, batch M {shape[0]} off the "
+                          f"points' plane M {m0}, capped at 1) of {m0}x{shape[1]}x{shape[2]}: {how}")
+
+
+def _nearest(pts, m: int, n: int, k: int) -> list:
+    """The :data:`NEIGHBOURS` points nearest (m, n, k) in log2 space, as (distance, point), nearest first."""
+    q = (log2(m), log2(n), log2(k))
+    return sorted(((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p) for p in pts),
+                  key=lambda x: x[0])[:NEIGHBOURS]
+
+
 def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
     """Shepard interpolation of ``pts`` (M, N, K, TFLOP/s, source) at (m, n, k), log2 axes."""
-    q = (log2(m), log2(n), log2(k))
-    dist = sorted(((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p) for p in pts),
-                  key=lambda x: x[0])[:NEIGHBOURS]
+    dist = _nearest(pts, m, n, k)
     if dist[0][0] < 1e-9:
         p = dist[0][1]
         return float(p[3]), f"measured {p[3]:g} TFLOP/s at {m}x{n}x{k} [{p[4]}]"

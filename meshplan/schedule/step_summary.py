@@ -141,9 +141,9 @@ class StepTime:
           :func:`~meshplan.schedule.comm_streams.step_stream`).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
-        micro-batches, dp 1): compute 11,171.92 + bubble 676.53 + exposed tp 1,400.30 (1,394.47 in
+        micro-batches, dp 1): compute 11,165.84 + bubble 676.31 + exposed tp 1,400.30 (1,394.47 in
         the units, 5.73 get_batch's tp broadcasts, 0.10 the coalesced SP all-reduce) + pp 158.19 (340 transfers of 0.4156 ms, and
-        16.88 the tied embedding's all-reduce) = 13,406.94 ms (tests/test_step_parts.py)."""
+        16.88 the tied embedding's all-reduce) = 13,400.64 ms (tests/test_step_parts.py)."""
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])
@@ -179,8 +179,8 @@ class StepTime:
         return dict(self._trace_cache["shown"])
 
     def parts_line(self) -> str:
-        """``step on stage 0 = compute 11177.23 + bubble 676.52 + exposed tp 1394.47 + ... =
-        13406.51 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
+        """``step on stage 0 = compute 11165.84 + bubble 676.31 + exposed tp 1400.30 + ... =
+        13400.64 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
         printed step)."""
         shown = self.shown_ms()
         terms = " + ".join(f"{self.part_named(k)} {v}" for k, v in shown.items() if k != "step")
