@@ -290,21 +290,21 @@ def test_megatron_overlap_flags_megatron_refuses_are_refused(tmp_path, text, fie
 def test_megatron_overlapped_reduce_by_hand(tmp_path):
     """The step's exposed dp with and without the flags, from the step's parts. dp = 64 / (8 x 4)
     = 2, so a bucket is max(40e6, 1e6 x 2) = 40,000,000 elements (``DistributedDataParallel``,
-    d98e8a6 lines 131-137); stage 0's fp32 gradient buffer (the unbucketed reduce-scatter's
-    bytes / 4) makes ceil(numel / 4e7) = 57 buckets: 56 full and one of the rest.
+    d98e8a6 lines 131-137). Stage 0 (pp 4 interleaved, 4 chunks of 5 layers) buckets only its
+    chunk 0 (Megatron turns bucketing off for every local chunk after the first,
+    megatron_buckets.megatron_bucketed): the embedding 129,024 x 8192 / 8 (the vocabulary padded to
+    128 x tp) + 5 layers x 106,971,136 (attention (8192^2 x 2 + 8192 x 1024 x 2) / 8, MLP 3 x 8192 x
+    28672 / 8, two norms 2 x 8192) = 666,976,256 elements = 16 x 4e7 + 26,976,256; chunks 1-3 one
+    bucket each of 5 x 106,971,136 = 534,855,680 (fp32 4 B reduced, bf16 2 B gathered).
     Off: the reduce-scatter S and the all-gather G run after the last backward, both exposed.
     On: the buckets' reduce-scatters run on the dp stream as the last backward of each chunk
     makes them ready (one twentieth of S_b after each of stage 0's 20 layers); only what is left
     when the stage's last unit ends is exposed, at most the last unit's 5 layers' share (chunk 0
-    of 4); the next forward waits for the first bucket's all-gather and the others run during
-    its first forward unit F0 without virtual stages; with them (pp 4 interleaved, Megatron-LM's
-    align_param_gather) the schedule issues chunks 0 and 1's buckets before the first forward and
-    chunk 0's whole gather is waited for (test_megatron_param_gather.py): G_b x chunk 0's share of
-    the stage's elements, (embedding 129,024 x 8192 / 8 (the vocabulary padded to 128 x tp) + 5
-    layers x 106,971,136 (attention (8192^2 x 2 + 8192 x 1024 x 2) / 8, MLP 3 x 8192 x 28672 / 8,
-    two norms 2 x 8192)) / (the embedding + 20 layers) = 666,976,256 / 2,271,543,296 = 0.2936
-    exposed (until 2026-12 this test pinned max(G_b / 57, G_b - F0), 37.58 ms, the unaligned
-    order). Everything else (compute,
+    of 4); with virtual stages (Megatron-LM's align_param_gather) the schedule issues chunks 0 and
+    1's buckets before the first forward and chunk 0's whole gather is waited for
+    (test_megatron_param_gather.py): chunk 0's 17 buckets' seconds are exposed (until 2026-12 this
+    test pinned max(G_b / 57, G_b - F0), 37.58 ms, the unaligned order; then G_b x chunk 0's share
+    of the elements, 0.2936, with 57 equal buckets on the stage). Everything else (compute,
     bubble, tp, pp) is the same but for SP's norm-gradient all-reduce over tp, exposed after the
     last backward when off, so the steps differ by the exposed dp and that all-reduce."""
     on, off = (build_plan(_import_70b(tmp_path, t)) for t in (LLAMA70B_SH, LLAMA70B_SH.replace(OVERLAP_FLAGS, "")))
@@ -314,8 +314,9 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     numel = rs.size_bytes // 4
     assert (rs.dtype, -(-numel // 40_000_000)) == ("fp32", 57)
     assert sorted((r.op, r.size_bytes, r.per_step) for r in rows_on) == [
-        ("all-gather", 2 * (numel - 56 * 40_000_000), 1), ("all-gather", 2 * 40_000_000, 56),
-        ("reduce-scatter", 4 * (numel - 56 * 40_000_000), 1), ("reduce-scatter", 4 * 40_000_000, 56)]
+        ("all-gather", 2 * 26_976_256, 1), ("all-gather", 2 * 40_000_000, 16), ("all-gather", 2 * 534_855_680, 3),
+        ("reduce-scatter", 4 * 26_976_256, 1), ("reduce-scatter", 4 * 40_000_000, 16),
+        ("reduce-scatter", 4 * 534_855_680, 3)]
     s_b = sum(r.time_s * r.per_step for r in rows_on if r.op == "reduce-scatter")
     g_b = sum(r.time_s * r.per_step for r in rows_on if r.op == "all-gather")
     st_on, st_off = step_time(on), step_time(off)
@@ -332,7 +333,9 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     gather = post["on"]["param all-gather (per step)"]
     emb, layer = 129_024 * 8192 // 8, (8192 * 8192 * 2 + 8192 * 1024 * 2) // 8 + 3 * 8192 * 28672 // 8 + 2 * 8192
     assert (layer, numel) == (106_971_136, emb + 20 * layer) and on.stages[0][0] == list(range(5))
-    assert gather == pytest.approx(g_b * (emb + 5 * layer) / (emb + 20 * layer), rel=1e-9)  # 48.76 x 0.2936 ms
+    assert emb + 5 * layer == 16 * 40_000_000 + 26_976_256 and 5 * layer == 534_855_680
+    g0 = sum(r.time_s * r.per_step for r in rows_on if r.op == "all-gather" and r.size_bytes < 2 * 5 * layer)
+    assert gather == pytest.approx(g0, rel=1e-9)
     assert gather < g_b - (f0.end_s - f0.start_s)  # what the first-bucket order would leave: 48.76 - 11.20 ms
     tail = st_on.exposed_s["dp"] - gather
     assert 0 < tail <= (s_b + tp_norms) * 5 / 20
@@ -345,8 +348,11 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     assert st_off.step_s - st_on.step_s == pytest.approx(st_off.exposed_s["dp"] + tp_norms - st_on.exposed_s["dp"],
                                                          rel=1e-9)
     # off: 144.76 ms while the norms' tp all-reduce was counted as dp; on: 47.33 ms with the first-bucket
-    # order's 37.58 ms of gather, 47.33 - 37.58 + 14.32 (48.76 x 0.2936) = 24.07 ms with chunk 0's
-    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 24.07)
+    # order's 37.58 ms of gather, 47.33 - 37.58 + 14.32 (48.76 x 0.2936) = 24.07 ms with chunk 0's share of
+    # 57 equal buckets; with chunks 1-3 one bucket each (G_b 48.76 -> 48.42 ms, the larger calls nearer the
+    # bus bandwidth) chunk 0's 17 buckets' own 14.32 ms + the reduce-scatters' tail 9.67 ms (9.75 before)
+    assert (round(gather * 1e3, 2), round(tail * 1e3, 2)) == (14.32, 9.67)
+    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 23.99)
 
 
 @pytest.mark.parametrize("training, words", [

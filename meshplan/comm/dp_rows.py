@@ -17,7 +17,7 @@ the parameters whole: ZeRO-1, ZeRO-2, DDP and Megatron-LM's DDP buffers.
   step (25 MiB, the first 1 MiB, or ``[memory] grad_bucket_elements``; :func:`_ddp_rows`; the very
   first step sends one bucket of all, :func:`meshplan.runtime.execution.parallelize.apply_ddp`);
   Megatron-LM 2022 (``framework = "megatron"``): one all-reduce of its contiguous gradient buffer,
-  or with ``--overlap-grad-reduce`` its buckets (:func:`_megatron_bucket_rows`).
+  or with ``--overlap-grad-reduce`` its buckets (:mod:`meshplan.comm.megatron_buckets`).
   DeepSpeed's own ZeRO-1/2 (``training.zero12_engine = "deepspeed"``): one all-reduce per
   bucket of whole parameters, every micro-batch (zero2) or once per step (zero1), then one
   all-gather of the padded flat parameters (:mod:`meshplan.comm.deepspeed_zero12`).
@@ -33,6 +33,7 @@ from collections import Counter
 from meshplan.comm import deepspeed_zero12
 from meshplan.comm.deepspeed_rows import zero3_2021_rows
 from meshplan.comm.fsdp_rows import fsdp_rows, fsdp_shards, fsdp_units
+from meshplan.comm.megatron_buckets import megatron_bucket_rows
 from meshplan.comm.stage_context import StageContext, registered_tensors, registration_numels
 from meshplan.mesh.tpsplit import local_numel
 from meshplan.spec.memory import MemoryOptions
@@ -65,11 +66,13 @@ def _unsharded_rows(add, c: StageContext) -> None:
     t = c.training
     rs = t.gradient_reduce_dtype
     by_axis: Counter[str] = Counter()
-    for _, axis, numel, *_ in fsdp_units(c, fsdp_shards(c)):
+    by_chunk: dict[str, Counter[int]] = {}
+    for _, axis, numel, chunk, *_ in fsdp_units(c, fsdp_shards(c)):
         by_axis[axis] += numel
+        by_chunk.setdefault(axis, Counter())[chunk] += numel
     for axis, numel in by_axis.items():
         if t.overlap_grad_reduce and t.sharding in ("none", "zero1"):  # Megatron-LM's DDP buffers: bucketed
-            _megatron_bucket_rows(add, c, axis, numel)
+            megatron_bucket_rows(add, c, axis, dict(by_chunk[axis]))
         elif t.sharding in ("zero1", "zero2"):
             if t.sharding == "zero1":
                 add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
@@ -84,41 +87,6 @@ def _unsharded_rows(add, c: StageContext) -> None:
                 per_step=1)
         else:
             _ddp_rows(add, c, axis)
-
-
-#: Cadence mark of the bucketed reductions of Megatron-LM's DDP buffers under
-#: ``training.overlap_grad_reduce`` (:func:`_megatron_bucket_rows`); "(DDP" places them as DDP's
-#: buckets in the rank timeline (:func:`meshplan.schedule.grad_reduce.reduce_pieces`).
-MEGATRON_BUCKET_CADENCE = "(DDP buffer bucket"
-
-
-def _megatron_bucket_rows(add, c: StageContext, axis: str, numel: int) -> None:
-    """Megatron-LM's DDP buffers under ``--overlap-grad-reduce`` (``training.overlap_grad_reduce``,
-    sharding none or zero1): the stage's ``numel`` gradient elements over ``axis`` in buckets of
-    ``B`` = :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements` of the data-parallel
-    degree (``max(40e6, 1e6 x dp)``: ``DistributedDataParallel.__init__``, NVIDIA/Megatron-LM
-    d98e8a6 ``megatron/core/distributed/distributed_data_parallel.py`` lines 131-137), ``numel // B``
-    of ``B`` and one of the rest (Megatron closes a bucket at the first whole parameter that
-    reaches ``B``: ``_compute_default_per_buffer_param_layout``, so each holds up to one
-    parameter more). Each is reduced once per step, in the last micro-batch's backward, when its
-    gradients are all ready (``register_grad_ready``): an all-reduce (none) or a reduce-scatter
-    (zero1, the distributed optimizer), then zero1 all-gathers the updated parameters bucket by
-    bucket. E.g. 2.2e9 elements at dp 8: 55 buckets of 4e7."""
-    t, rs = c.training, c.training.gradient_reduce_dtype
-    bucket = MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
-    full, rest = divmod(numel, bucket)
-    sizes = [(n, k) for n, k in ((bucket, full), (rest, 1 if rest else 0)) if k]
-    how = f"{full + (1 if rest else 0)} buckets {MEGATRON_BUCKET_CADENCE} {bucket:,} elements, --overlap-grad-reduce)"
-    for size, k in sizes:
-        if t.sharding == "zero1":
-            add(axis, "step", "reduce-scatter", size * dtype_bytes(rs), rs, 0, f"once per step, {k} of {how}",
-                "optimizer step", per_step=k)
-        else:
-            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size * dtype_bytes(rs), rs, 0,
-                f"once per step, {k} of {how}", "optimizer step", per_step=k)
-    for size, k in sizes if t.sharding == "zero1" else []:
-        add(axis, "step", "all-gather", size * dtype_bytes(t.param_dtype), t.param_dtype, 0,
-            f"once per step (updated params), {k} of {how}", "next step's forward", per_step=k)
 
 
 #: Cadence mark of ZeRO-2's per-micro-batch bucket reduce-scatters (:func:`_zero2_rows`).
@@ -189,18 +157,3 @@ def _ddp_rows(add, c: StageContext, axis: str) -> None:
     for size, k in sorted(Counter(buckets).items(), key=lambda kv: -kv[1]):
         add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size, rs, 0,
             f"per step, {k} of {len(buckets)} buckets (DDP, bucket cap {how})", "optimizer step", per_step=k)
-
-
-def first_chunk_share(c: StageContext) -> dict[str, float]:
-    """Share of each FSDP unit axis's (``fsdp``: dense, ``efsdp``: routed experts) parameter
-    elements that the stage's first chunk (virtual stage 0, with the embedding on stage 0)
-    holds, ``{axis: fraction}``: the part of the per-step parameter all-gather that Megatron-LM's
-    interleaved schedule makes the next forward wait for under ``--overlap-param-gather``
-    (:func:`meshplan.schedule.step_end.param_gather_exposed_s`). Mixtral 8x22B at tp 2, ep 8,
-    pp 8 x vpp 7, a middle stage (7 MoE layers, one a chunk): 1/7 of either axis."""
-    total: Counter[str] = Counter()
-    first: Counter[str] = Counter()
-    for _, axis, numel, chunk, *_ in fsdp_units(c, fsdp_shards(c)):
-        total[axis] += numel
-        first[axis] += numel if chunk == 0 else 0
-    return {axis: first[axis] / n for axis, n in total.items() if n}

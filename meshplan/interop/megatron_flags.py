@@ -263,7 +263,7 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
     sets it to None without (one bucket; ``resolve_ddp_bucket_size``, megatron/training/
     training.py:2179-2194 at d98e8a6): read with none / zero1 and
     ``training.overlap_grad_reduce``, where meshplan plans those buckets
-    (:func:`meshplan.comm.dp_rows._megatron_bucket_rows`); elsewhere a note says why not.
+    (:func:`meshplan.comm.megatron_buckets.megatron_bucket_rows`); elsewhere a note says why not.
 
     Under Megatron FSDP (zero2, zero3) it is ignored, with a note: ``FullyShardedDataParallel``
     makes every ``TransformerLayer`` an FSDP unit (megatron/core/distributed/fsdp/

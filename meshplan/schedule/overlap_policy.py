@@ -100,7 +100,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     only accumulate into the main-gradient buffer; today's Megatron-LM does the same unless
     ``--overlap-grad-reduce``, default off). With ``training.overlap_grad_reduce``
     (``--overlap-grad-reduce`` on its DDP buffers, sharding none or zero1) ``grad_reduce`` stays
-    on: the buffer's buckets (:func:`meshplan.comm.dp_rows._megatron_bucket_rows`) are
+    on: the buffer's buckets (:func:`meshplan.comm.megatron_buckets.megatron_bucket_rows`) are
     reduced as their gradients are ready in the last backward, which the timeline places as
     DDP's (:func:`meshplan.schedule.grad_reduce.reduce_pieces`); ``training.overlap_param_gather``
     turns ``param_gather`` on (:func:`~meshplan.schedule.step_end.param_gather_exposed_s`). Except under

@@ -7,19 +7,18 @@ its all-reduces (:func:`float8_precompute_s`), and the ZeRO-1/2 parameter all-ga
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Optional
 
 import numpy as np
 
-from meshplan.comm.dp_rows import first_chunk_share
-from meshplan.comm.stage_context import StageContext
+from meshplan.comm.megatron_buckets import CHUNK0_MARK
 from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
 from meshplan.compute.megatron_cost import megatron_stage_step_cost
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import KV_REPLICA, local_numel
 from meshplan.pipeline.simulate import Event
+from meshplan.plan import table_key, table_stage
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.pipeline_exposure import stage_run_end
 from meshplan.schedule.comm_streams import step_stream
@@ -136,14 +135,19 @@ def _gather_steps(plan, s: int, mine, comm: CommTimes, ov) -> list[tuple[str, fl
 
 
 def first_chunk_shares(plan, s: int) -> dict[str, float]:
-    """{stream: share} of stage ``s``'s per-step parameter all-gather in its first chunk
-    (:func:`meshplan.comm.dp_rows.first_chunk_share`, by the stream that shows each axis's rows,
-    :func:`~meshplan.schedule.comm_streams.step_stream`)."""
-    c, chunks = plan.config, plan.stages[s]
-    ctx = StageContext(model=c.model, training=c.training, mesh=plan.mesh, layers=[i for ch in chunks for i in ch],
-                       first=s == 0, last=s == last_stage(plan.stages), gpu=c.cluster.gpu, stage=s, vpp=len(chunks),
-                       chunk_of={i: k for k, ch in enumerate(chunks) for i in ch})
-    return {step_stream(SimpleNamespace(axis=a)): f for a, f in first_chunk_share(ctx).items()}
+    """{stream: share} of stage ``s``'s per-step parameter all-gather seconds that its first
+    chunk's buckets take (the rows :func:`meshplan.comm.megatron_buckets.megatron_bucket_rows`
+    marks :data:`~meshplan.comm.megatron_buckets.CHUNK0_MARK`, each bucket at its own size's
+    seconds, over all the stream's per-step all-gather rows; by the stream that shows each
+    axis's rows, :func:`~meshplan.schedule.comm_streams.step_stream`)."""
+    total: dict[str, float] = {}
+    first: dict[str, float] = {}
+    for r in plan.collectives[table_key(table_stage(s, len(plan.stages)))]:  # no Stage view (memory may be unbuilt)
+        if r.phase == "step" and r.op == "all-gather":
+            k, dur = step_stream(r), r.time_s * max(r.per_step, 1)
+            total[k] = total.get(k, 0.0) + dur
+            first[k] = first.get(k, 0.0) + (dur if CHUNK0_MARK in r.cadence else 0.0)
+    return {k: first[k] / v for k, v in total.items() if v}
 
 
 def step_end_reduce_s(comm: CommTimes, overlapped: bool) -> float:
@@ -178,7 +182,7 @@ def param_gather_exposed_s(gather_s, buckets, first_forward_s, first_chunk_share
     in bucket order, which is the reverse of the layers (bucket 0 holds the chunk's last
     parameters), so the first layers' pre-hooks wait for chunk 0's whole gather; chunk k + 1's is
     issued at chunk k's first micro-batch and runs beside its forwards. Exposed: ``gather x
-    first_chunk_share``, chunk 0's share of the stream's elements. (Not modelled:
+    first_chunk_share``, chunk 0's buckets' share of the stream's seconds. (Not modelled:
     ``--overlap-param-gather-with-optimizer-step``, which issues chunk 0's gather after chunk 0's
     dense optimizer step, beside the rest of the step.)
 

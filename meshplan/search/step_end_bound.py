@@ -34,7 +34,7 @@ def stage_end_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: d
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
     if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather (step_end.param_gather_exposed_s): without
-        # virtual stages one bucket at least of ceil(numel / B) (dp_rows._megatron_bucket_rows); with them chunk 0's
+        # virtual stages one bucket at least of ceil(numel / B) (megatron_buckets.bucket_sizes); with them chunk 0's
         # share of the stage's elements, at least its fewest (memory.state), the gather's calls at least one call's
         buckets = np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
         share = s["chunk0_dense_numel_min"] / np.maximum(s["dense_numel"], 1)

@@ -1,0 +1,95 @@
+"""Megatron-LM's DDP gradient buffers under ``--overlap-grad-reduce`` (``training.overlap_grad_reduce``,
+sharding none or zero1): which model chunks are split into buckets (:func:`megatron_bucketed`) and
+the collective table's rows of their reductions and, under the distributed optimizer, their
+parameter all-gathers (:func:`megatron_bucket_rows`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from meshplan.comm.stage_context import StageContext
+from meshplan.spec.memory import MemoryOptions
+from meshplan.units import dtype_bytes
+
+#: Cadence mark of the bucketed reductions of Megatron-LM's DDP buffers under
+#: ``training.overlap_grad_reduce`` (:func:`megatron_bucket_rows`); "(DDP" places them as DDP's
+#: buckets in the rank timeline (:func:`meshplan.schedule.grad_reduce.reduce_pieces`).
+MEGATRON_BUCKET_CADENCE = "(DDP buffer bucket"
+
+#: Cadence mark of the rows of a stage's first model chunk (virtual stage 0 of the rank), whose
+#: parameter all-gather Megatron-LM's interleaved schedule makes the next forward wait for
+#: (:func:`meshplan.schedule.step_end.first_chunk_shares`).
+CHUNK0_MARK = "model chunk 0"
+
+
+def megatron_bucketed(stage: int, chunk: int) -> bool:
+    """Whether Megatron-LM splits the gradient buffers of pipeline rank ``stage``'s local model
+    chunk ``chunk`` into buckets of ``--ddp-bucket-size``: only pipeline rank 0's first chunk.
+    ``DistributedDataParallel.__init__`` sets ``bucket_size = None`` (one bucket per buffer) on
+    pipeline ranks > 0 ("data-parallel communication on these stages is not on the critical
+    path") or under ``disable_bucketing``, which ``get_model`` sets for every local chunk after the
+    first (NVIDIA/Megatron-LM d98e8a6, megatron/core/distributed/distributed_data_parallel.py lines
+    159-171; megatron/training/training.py lines 2503-2510: also under
+    ``--overlap-param-gather-with-optimizer-step``, which meshplan does not plan).
+
+    >>> [megatron_bucketed(s, k) for s, k in ((0, 0), (0, 1), (1, 0), (3, 2))]
+    [True, False, False, False]
+    """
+    return stage == 0 and chunk == 0
+
+
+def bucket_sizes(c: StageContext, numel_by_chunk: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(elements, calls, chunk) of one buffer's buckets over the stage's local chunks
+    (``numel_by_chunk``: chunk -> the buffer's gradient elements in it), chunk by chunk: a bucketed
+    chunk (:func:`megatron_bucketed`) in buckets of ``B`` = :func:`bucket_cap`, ``numel // B`` of
+    ``B`` and one of the rest (Megatron closes a bucket at the first whole parameter that reaches
+    ``B``: ``_compute_default_per_buffer_param_layout``, so each holds up to one parameter more);
+    any other chunk in one bucket of all its elements.
+
+    2.2e9 elements at dp 8 (B = 4e7) in stage 0's one chunk: 55 buckets of 4e7; the same on stage 1:
+    one of 2.2e9.
+    """
+    out = []
+    for chunk, numel in sorted(numel_by_chunk.items()):
+        if numel and megatron_bucketed(c.stage, chunk):
+            full, rest = divmod(numel, bucket_cap(c))
+            out += [(bucket_cap(c), full, chunk)] * bool(full) + [(rest, 1, chunk)] * bool(rest)
+        elif numel:
+            out.append((numel, 1, chunk))
+    return out
+
+
+def bucket_cap(c: StageContext) -> int:
+    """``B``, the bucket cap in elements: :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements`
+    of the data-parallel degree (``max(40e6, 1e6 x dp)``: ``DistributedDataParallel.__init__``,
+    d98e8a6 lines 131-137, or ``--ddp-bucket-size``)."""
+    return MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
+
+
+def megatron_bucket_rows(add, c: StageContext, axis: str, numel_by_chunk: dict[int, int]) -> None:
+    """The rows of one buffer kind's (``axis``: fsdp dense, efsdp routed experts) buckets
+    (:func:`bucket_sizes`; one row per size and chunk kind). Each is reduced once per step, in
+    the last micro-batch's backward, when its gradients are all ready (``register_grad_ready``):
+    an all-reduce (none) or a reduce-scatter (zero1, the distributed optimizer), then zero1
+    all-gathers the updated parameters bucket by bucket. Rows of the stage's first chunk carry
+    :data:`CHUNK0_MARK`. E.g. 2.2e9 elements at dp 8 on stage 0: 55 buckets of 4e7."""
+    t, rs = c.training, c.training.gradient_reduce_dtype
+    rows: Counter[tuple[int, int, bool]] = Counter()
+    for size, k, chunk in bucket_sizes(c, numel_by_chunk):
+        rows[(size, chunk == 0, megatron_bucketed(c.stage, chunk))] += k
+    total = sum(rows.values())
+    word = {True: f"{bucket_cap(c):,} elements", False: "one per chunk: pipeline rank > 0 or chunk > 0"}
+    hows = {key: f"{k} of {total} buckets {MEGATRON_BUCKET_CADENCE} {word[key[2]]}"
+                 + (f", {CHUNK0_MARK}" if key[1] else "") + ", --overlap-grad-reduce)" for key, k in rows.items()}
+    for key, k in rows.items():
+        size, how = key[0], hows[key]
+        if t.sharding == "zero1":
+            add(axis, "step", "reduce-scatter", size * dtype_bytes(rs), rs, 0, f"once per step, {how}",
+                "optimizer step", per_step=k)
+        else:
+            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size * dtype_bytes(rs), rs, 0,
+                f"once per step, {how}", "optimizer step", per_step=k)
+    for key, k in rows.items() if t.sharding == "zero1" else ():
+        add(axis, "step", "all-gather", key[0] * dtype_bytes(t.param_dtype), t.param_dtype, 0,
+            f"once per step (updated params), {hows[key]}", "next step's forward", per_step=k)
