@@ -14,17 +14,13 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
-
-#: Keys of [training] that only framework "megatron" takes (TrainingChecks refuses them under torch),
-#: with the value that makes each one Megatron-LM's: set to it, the key must go with the framework.
-MEGATRON_ONLY = {"overlap_grad_reduce": True, "overlap_param_gather": True, "pp_p2p_overlap": False,
-                 "pp_p2p_overlap_warmup_flush": True, "megatron_fsdp": True}
+from meshplan.spec.training_checks import megatron_only_keys
 
 
 def framework_refusal(cfg: Config) -> list[str]:
     """The refusal of a plan in another framework's order (validate runs torch.distributed), its fix
     naming the Megatron-LM keys that framework "torch" refuses in turn
-    (:meth:`~meshplan.spec.training_checks.TrainingChecks._check_megatron_overlap`).
+    (:func:`~meshplan.spec.training_checks.megatron_only_keys`).
 
     >>> from meshplan.config import config_from_dict
     >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -36,7 +32,7 @@ def framework_refusal(cfg: Config) -> list[str]:
     t = cfg.training
     if t.framework == "torch":
         return []
-    keys = [k for k, v in MEGATRON_ONLY.items() if getattr(t, k) is v]
+    keys = megatron_only_keys(t)
     also = f" and remove {', '.join(keys)} (Megatron-LM's only)" if keys else ""
     return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
             f"collectives; set framework = \"torch\"{also} to validate this mesh"]

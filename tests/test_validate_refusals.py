@@ -1,0 +1,35 @@
+"""validate's refusals (meshplan.runtime.validation.refusals), decided before anything runs: each
+names a fix that the config checks and the other refusals accept. Review of stop 41's source diff."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.runtime.validation.refusals import framework_refusal
+from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_checks import MEGATRON_ONLY
+
+
+def _cfg(training: dict, names: list[str], shape: list[int], model: str = "llama3-8b", **mesh):
+    return config_from_dict({"model": {"catalog": model}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                             "training": {"global_batch": 64, "seq_len": 4096, **training},
+                             "mesh": {"names": names, "shape": shape, **mesh}})
+
+
+def test_megatron_only_keys_have_one_home():
+    """spec.training_checks.MEGATRON_ONLY is the one list: TrainingSpec refuses each key at its
+    Megatron-LM value under framework "torch" in that key's line, and validate's framework refusal
+    names the keys a Megatron-LM plan sets, in the list's order. By hand: the plan below sets
+    overlap_grad_reduce true, overlap_param_gather true and pp_p2p_overlap false (megatron_fsdp
+    and the warmup flush left at their defaults), so those three, in that order."""
+    for key, (value, line) in MEGATRON_ONLY.items():
+        with pytest.raises(ValueError) as e:  # pydantic's ValidationError is a ValueError
+            TrainingSpec(global_batch=8, seq_len=16, **{key: value})
+        assert line.format(framework="torch") in str(e.value)
+    cfg = _cfg({"sharding": "zero1", "framework": "megatron", "overlap_grad_reduce": True,
+                "overlap_param_gather": True, "pp_p2p_overlap": False}, ["pp", "dp"], [2, 4])
+    assert framework_refusal(cfg) == [
+        "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
+        "framework = \"torch\" and remove overlap_grad_reduce, overlap_param_gather, pp_p2p_overlap (Megatron-LM's "
+        "only) to validate this mesh"]
