@@ -33,3 +33,27 @@ def test_megatron_only_keys_have_one_home():
         "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
         "framework = \"torch\" and remove overlap_grad_reduce, overlap_param_gather, pp_p2p_overlap (Megatron-LM's "
         "only) to validate this mesh"]
+
+
+def test_refusals_are_decided_without_torch(tmp_path):
+    """validate's refusals import what the runtime builds from runtime/execution/buildable.py, which
+    imports no torch (refusals.py imported parallelize inside a function, loading torch for every
+    check). A fresh interpreter lists the refusals of a zero1 mesh and has not loaded torch: by hand,
+    dp 8 under zero1 is refused (ZeRO-1/2 not built), and of none, zero3, hsdp the mesh builds none
+    (dense, tp = cp = 1) and zero3 (hsdp needs a dp_replicate axis)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from meshplan.config import config_from_dict\n"
+            "from meshplan.mesh.resolve import resolve_mesh\n"
+            "from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals\n"
+            "cfg = config_from_dict({'model': {'catalog': 'llama3-8b'}, 'cluster': {'system': 'dgx-h100', "
+            "'nodes': 1}, 'training': {'global_batch': 64, 'seq_len': 4096, 'sharding': 'zero1'}, "
+            "'mesh': {'names': ['dp'], 'shape': [8]}})\n"
+            "print(runtime_refusals(cfg, resolve_mesh(config_mesh(cfg), 8)))\n"
+            "print('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines() == [
+        "[\"sharding 'zero1': ZeRO-1/2 (a sharded optimizer) is not built; use none (DDP) or zero3 (FSDP2 over the "
+        "data axes, as torchtitan)\"]", "False"]
