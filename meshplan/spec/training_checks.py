@@ -44,6 +44,25 @@ def megatron_only_keys(training) -> list[str]:
     return [k for k, (value, _) in MEGATRON_ONLY.items() if getattr(training, k) is value]
 
 
+def async_tp_uncompiled(training) -> bool:
+    """``tp_comm_overlap`` without ``torch_compile``: refused under framework "torch" (torchtitan's
+    async TP needs torch.compile), Megatron-LM's TE overlap under framework "megatron"."""
+    return bool(training.tp_comm_overlap and not training.torch_compile)
+
+
+def torch_refused_keys(training) -> list[str]:
+    """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
+    then ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
+    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
+    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True))
+    ['overlap_grad_reduce', 'tp_comm_overlap']
+    """
+    return megatron_only_keys(training) + (["tp_comm_overlap"] if async_tp_uncompiled(training) else [])
+
+
 class TrainingChecks(TrainingPrecision):
     """The combination checks of a training (module docstring), as one validator run after the fields."""
 
@@ -99,7 +118,7 @@ class TrainingChecks(TrainingPrecision):
                              "engine or remove it")
         self._check_megatron_only()
         self._check_megatron_overlap()
-        if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
+        if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
                              "torch_compile = true, or remove tp_comm_overlap")

@@ -15,13 +15,14 @@ from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
 from meshplan.runtime.execution.buildable import unsupported_pipeline, unsupported_reasons
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
-from meshplan.spec.training_checks import megatron_only_keys
+from meshplan.spec.training_checks import torch_refused_keys
 
 
 def framework_refusal(cfg: Config) -> list[str]:
     """The refusal of a plan in another framework's order (validate runs torch.distributed), its fix
-    naming the Megatron-LM keys that framework "torch" refuses in turn
-    (:func:`~meshplan.spec.training_checks.megatron_only_keys`).
+    naming the keys that framework "torch" refuses in turn
+    (:func:`~meshplan.spec.training_checks.torch_refused_keys`: Megatron-LM's only, and its
+    ``tp_comm_overlap``, which under torch needs torch.compile).
 
     >>> from meshplan.config import config_from_dict
     >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -33,7 +34,7 @@ def framework_refusal(cfg: Config) -> list[str]:
     t = cfg.training
     if t.framework == "torch":
         return []
-    keys = megatron_only_keys(t)
+    keys = torch_refused_keys(t)
     also = f" and remove {', '.join(keys)} (Megatron-LM's only)" if keys else ""
     return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
             f"collectives; set framework = \"torch\"{also} to validate this mesh"]
