@@ -79,3 +79,24 @@ def test_framework_fix_names_tp_comm_overlap_which_torch_refuses_uncompiled():
         "torchtitan)"]
     fixed = _cfg({"sharding": "zero3", "framework": "torch"}, ["dp", "tp"], [4, 2], sequence_parallel=True)
     assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
+
+
+def test_pipeline_refusals_come_with_the_others_and_fixes_hold_under_pp():
+    """pp 2 x dp 4, 1F1B, zero1, recompute 'layer' (torchtitan's per-layer AC). The pipelined runtime
+    builds neither DDP nor per-layer checkpointing on its stages. Before: the one run said only
+    "sharding 'zero1' ... use none (DDP) or zero3", and the pipeline's own checks ran only once
+    nothing else was refused; following it (sharding none) the next run refused recompute 'layer',
+    and the next DDP under pp. By hand: of none, zero3, hsdp the mesh builds zero3 alone (none:
+    pp 2 > 1; hsdp: no dp_replicate axis); recompute under pp: 'full' or 'none'. Both in one run;
+    with zero3 and recompute full nothing is refused."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
+
+    cfg = _cfg({"sharding": "zero1", "recompute": "layer"}, ["pp", "dp"], [2, 4], pp_schedule="1f1b")
+    assert runtime_refusals(cfg, resolve_mesh(config_mesh(cfg), 8)) == [
+        "recompute 'layer' (torchtitan selective AC) under pp: the stage modules checkpoint all layers or none; use "
+        "'full' or 'none'",
+        "sharding 'zero1': ZeRO-1/2 (a sharded optimizer) is not built; use zero3 (FSDP2 over the data axes, as "
+        "torchtitan)"]
+    fixed = _cfg({"sharding": "zero3", "recompute": "full"}, ["pp", "dp"], [2, 4], pp_schedule="1f1b")
+    assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []

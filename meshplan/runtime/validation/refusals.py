@@ -12,7 +12,7 @@ from __future__ import annotations
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
-from meshplan.runtime.execution.buildable import unsupported_pipeline, unsupported_reasons
+from meshplan.runtime.execution.buildable import pipeline_reasons, unsupported_reasons
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
 from meshplan.spec.training_checks import torch_refused_keys
@@ -43,8 +43,8 @@ def framework_refusal(cfg: Config) -> list[str]:
 def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[str]:
     """Every reason the runtime cannot build the scaled ``cfg``'s resolved ``mesh``, each with
     its fix: the framework and engines, :func:`meshplan.runtime.execution.buildable.unsupported_reasons`,
-    and for pp > 1 (``pipelined``: the config is the scaled one)
-    :func:`meshplan.runtime.execution.buildable.unsupported_pipeline`."""
+    and for pp > 1 (``pipelined``: the config is the scaled one) the pipeline's own,
+    :func:`meshplan.runtime.execution.buildable.pipeline_reasons`, whatever else is refused."""
     t = cfg.training
     out = framework_refusal(cfg)
     if t.zero3_engine != "fsdp2":
@@ -54,9 +54,8 @@ def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[st
         out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
                    "ZeRO-1/2 engine; remove the key to validate this mesh")
     out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
-    if pipelined and not out and mesh.degree("pp") > 1:
-        why = unsupported_pipeline(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
-        out += [why] if why else []
+    if pipelined and mesh.degree("pp") > 1:  # the pipeline's own, beside the others
+        out += pipeline_reasons(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
     return out
 
 
