@@ -100,3 +100,30 @@ def test_pipeline_refusals_come_with_the_others_and_fixes_hold_under_pp():
         "torchtitan)"]
     fixed = _cfg({"sharding": "zero3", "recompute": "full"}, ["pp", "dp"], [2, 4], pp_schedule="1f1b")
     assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
+
+
+def test_engine_fix_names_the_deepspeed_keys_the_config_refuses_without_it():
+    """A DeepSpeed ZeRO-3 plan with overlap_comm (zero_optimization.overlap_comm, which every
+    DeepSpeed import may carry): validate's fix "set zero3_engine = fsdp2" left a config that fails
+    to load ("overlap_comm is DeepSpeed's ...: set the engine or remove it"). By hand: zero3 keeps
+    contiguous_gradients (DeepSpeed ZeRO-3's and FSDP2's sharding alike), so only overlap_comm; under
+    zero2 with zero12_engine deepspeed both keys go (contiguous_gradients needs zero3 or DeepSpeed's
+    ZeRO-1/2), and zero2 itself is refused (ZeRO-1/2 not built; of none, zero3, hsdp at dp 8: none
+    and zero3). With the fixes applied the config loads and nothing is refused."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
+
+    ds3 = _cfg({"sharding": "zero3", "zero3_engine": "deepspeed", "overlap_comm": True,
+                "contiguous_gradients": True}, ["dp"], [8])
+    assert runtime_refusals(ds3, resolve_mesh(config_mesh(ds3), 8)) == [
+        "training.zero3_engine is 'deepspeed': validate shards parameters with torch's FSDP2; set zero3_engine = "
+        "\"fsdp2\" and remove overlap_comm (DeepSpeed's only) to validate this mesh"]
+    ds2 = _cfg({"sharding": "zero2", "zero12_engine": "deepspeed", "overlap_comm": True,
+                "contiguous_gradients": True}, ["dp"], [8])
+    assert runtime_refusals(ds2, resolve_mesh(config_mesh(ds2), 8)) == [
+        "training.zero12_engine is 'deepspeed': validate runs torch.distributed, not DeepSpeed's ZeRO-1/2 engine; "
+        "remove zero12_engine, overlap_comm, contiguous_gradients to validate this mesh",
+        "sharding 'zero2': ZeRO-1/2 (a sharded optimizer) is not built; use none (DDP) or zero3 (FSDP2 over the data "
+        "axes, as torchtitan)"]
+    fixed = _cfg({"sharding": "zero3", "contiguous_gradients": True}, ["dp"], [8])
+    assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []

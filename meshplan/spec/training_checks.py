@@ -63,6 +63,20 @@ def torch_refused_keys(training) -> list[str]:
     return megatron_only_keys(training) + (["tp_comm_overlap"] if async_tp_uncompiled(training) else [])
 
 
+def deepspeed_refused_keys(training) -> list[str]:
+    """The keys of ``training`` refused once it runs no DeepSpeed engine (``zero3_engine = "fsdp2"``,
+    ``zero12_engine = "megatron"``, the engines validate runs): ``overlap_comm`` (DeepSpeed's alone),
+    and ``contiguous_gradients`` outside sharding zero3, by :class:`TrainingChecks`' rules.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> deepspeed_refused_keys(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed",
+    ...                                     overlap_comm=True, contiguous_gradients=True))
+    ['overlap_comm', 'contiguous_gradients']
+    """
+    return ((["overlap_comm"] if training.overlap_comm else [])
+            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else []))
+
+
 class TrainingChecks(TrainingPrecision):
     """The combination checks of a training (module docstring), as one validator run after the fields."""
 

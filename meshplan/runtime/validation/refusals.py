@@ -15,7 +15,7 @@ from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
 from meshplan.runtime.execution.buildable import pipeline_reasons, unsupported_reasons
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
-from meshplan.spec.training_checks import torch_refused_keys
+from meshplan.spec.training_checks import deepspeed_refused_keys, torch_refused_keys
 
 
 def framework_refusal(cfg: Config) -> list[str]:
@@ -47,12 +47,14 @@ def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[st
     :func:`meshplan.runtime.execution.buildable.pipeline_reasons`, whatever else is refused."""
     t = cfg.training
     out = framework_refusal(cfg)
+    keys = deepspeed_refused_keys(t)  # refused with the DeepSpeed engine gone
+    also = f" and remove {', '.join(keys)} (DeepSpeed's only)" if keys else ""
     if t.zero3_engine != "fsdp2":
         out.append(f"training.zero3_engine is '{t.zero3_engine}': validate shards parameters with torch's FSDP2; "
-                   "set zero3_engine = \"fsdp2\" to validate this mesh")
+                   f"set zero3_engine = \"fsdp2\"{also} to validate this mesh")
     if t.zero12_engine != "megatron":
         out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
-                   "ZeRO-1/2 engine; remove the key to validate this mesh")
+                   f"ZeRO-1/2 engine; remove {', '.join(['zero12_engine'] + keys)} to validate this mesh")
     out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
     if pipelined and mesh.degree("pp") > 1:  # the pipeline's own, beside the others
         out += pipeline_reasons(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
