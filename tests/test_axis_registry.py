@@ -349,7 +349,7 @@ APPLIED_ELSEWHERE = {Axis.PP: "pipeline stages (runtime/execution/pipelined.py)"
                      Axis.DP: "DDP on the materialized model (parallelize.apply_ddp, by the worker)",
                      Axis.DP_REPLICATE: "HSDP's replica dimension, in the dp_shard apply (fsdp_mesh)",
                      Axis.ETP: "at ep 1 etp = tp in the tp apply (moe_parallel.apply_experts_over_tp, "
-                               "torchtitan's); other etp > 1 refused (parallelize.unsupported_mesh)"}
+                               "torchtitan's); other etp > 1 refused (buildable.unsupported_mesh)"}
 
 
 def test_every_axis_has_a_runtime_apply():

@@ -125,6 +125,7 @@ from meshplan.errors import ConfigError, printable
 from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
+from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -230,8 +231,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
-    flags.ckpt_format(args, notes)
-    flags.async_save(args, notes)
+    ckpt_format(args, notes)
+    async_save(args, notes)
     flags.accumulation_fusion(args, notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)

@@ -22,7 +22,7 @@ from meshplan.pipeline.base import PipelineSchedule
 #: FSDP2 over a data axis and ``reshard_after_forward`` true: the rule of one home, read by the
 #: search (rule ``v-reshard``, :func:`reshard_defect` over its columns), the plan's warning
 #: (:meth:`VShaped.warnings`: plan, step, compare, export) and ``validate``'s refusal
-#: (:func:`meshplan.runtime.execution.pipelined.unsupported`).
+#: (:func:`meshplan.runtime.execution.buildable.unsupported_pipeline`).
 #:
 #: Why, read in torch's source (torch 2.13.0 as installed, torch/distributed/pipelining/, the same
 #: code as pytorch/pytorch's schedules.py at 00722e648b74 for what is cited here; re-checked

@@ -11,6 +11,71 @@ from pydantic import model_validator
 
 from meshplan.spec.training_precision import TrainingPrecision
 
+#: The keys of [training] that only framework "megatron" takes (Megatron-LM's flags), each with the
+#: value that makes it Megatron-LM's and the line that refuses it under another framework
+#: (``{framework}``: that one): the one list :meth:`TrainingChecks._check_megatron_only` refuses and
+#: validate's refusal of a Megatron-LM plan names (:func:`megatron_only_keys`).
+MEGATRON_ONLY: dict[str, tuple[bool, str]] = {
+    "megatron_fsdp": (True, "megatron_fsdp is Megatron-LM's --use-megatron-fsdp (framework \"megatron\", without a "
+                            "DeepSpeed engine): remove it or set framework = \"megatron\""),
+    "overlap_grad_reduce": (True, "overlap_grad_reduce is Megatron-LM's --overlap-grad-reduce (framework \"megatron\"); "
+                                  "framework {framework!r} overlaps its reductions as its runtime does: remove it"),
+    "overlap_param_gather": (True, "overlap_param_gather is Megatron-LM's --overlap-param-gather (framework "
+                                   "\"megatron\"); framework {framework!r} overlaps its reductions as its runtime "
+                                   "does: remove it"),
+    "pp_p2p_overlap": (False, "pp_p2p_overlap = false is Megatron-LM's --no-overlap-p2p-communication (framework "
+                              "\"megatron\"); framework {framework!r} waits on its pipeline sends and receives where "
+                              "torch.distributed.pipelining's schedule does, with no such flag: remove it"),
+    "pp_p2p_overlap_warmup_flush": (True, "pp_p2p_overlap_warmup_flush is Megatron-LM's "
+                                          "--overlap-p2p-communication-warmup-flush, which needs its p2p overlap on "
+                                          "(framework \"megatron\", pp_p2p_overlap not false; Megatron-LM raises "
+                                          "otherwise): remove it or set them"),
+}
+
+
+def megatron_only_keys(training) -> list[str]:
+    """The :data:`MEGATRON_ONLY` keys ``training`` sets to Megatron-LM's value, in that list's order.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> megatron_only_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
+    ...                                 overlap_grad_reduce=True, pp_p2p_overlap=False))
+    ['overlap_grad_reduce', 'pp_p2p_overlap']
+    """
+    return [k for k, (value, _) in MEGATRON_ONLY.items() if getattr(training, k) is value]
+
+
+def async_tp_uncompiled(training) -> bool:
+    """``tp_comm_overlap`` without ``torch_compile``: refused under framework "torch" (torchtitan's
+    async TP needs torch.compile), Megatron-LM's TE overlap under framework "megatron"."""
+    return bool(training.tp_comm_overlap and not training.torch_compile)
+
+
+def torch_refused_keys(training) -> list[str]:
+    """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
+    then ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
+    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
+    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True))
+    ['overlap_grad_reduce', 'tp_comm_overlap']
+    """
+    return megatron_only_keys(training) + (["tp_comm_overlap"] if async_tp_uncompiled(training) else [])
+
+
+def deepspeed_refused_keys(training) -> list[str]:
+    """The keys of ``training`` refused once it runs no DeepSpeed engine (``zero3_engine = "fsdp2"``,
+    ``zero12_engine = "megatron"``, the engines validate runs): ``overlap_comm`` (DeepSpeed's alone),
+    and ``contiguous_gradients`` outside sharding zero3, by :class:`TrainingChecks`' rules.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> deepspeed_refused_keys(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed",
+    ...                                     overlap_comm=True, contiguous_gradients=True))
+    ['overlap_comm', 'contiguous_gradients']
+    """
+    return ((["overlap_comm"] if training.overlap_comm else [])
+            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else []))
+
 
 class TrainingChecks(TrainingPrecision):
     """The combination checks of a training (module docstring), as one validator run after the fields."""
@@ -65,8 +130,9 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
                              "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "
                              "engine or remove it")
+        self._check_megatron_only()
         self._check_megatron_overlap()
-        if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
+        if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
                              "torch_compile = true, or remove tp_comm_overlap")
@@ -95,31 +161,30 @@ class TrainingChecks(TrainingPrecision):
         return self
 
     def _check_pp_p2p(self) -> None:
-        """``pp_p2p_overlap = false`` and ``pp_p2p_overlap_warmup_flush`` only under Megatron-LM,
-        the second only with overlap on (:class:`~meshplan.spec.training.TrainingSpec`)."""
-        if self.pp_p2p_overlap is False and self.framework != "megatron":
-            raise ValueError(f"pp_p2p_overlap = false is Megatron-LM's --no-overlap-p2p-communication (framework "
-                             f"\"megatron\"); framework {self.framework!r} waits on its pipeline sends and receives "
-                             f"where torch.distributed.pipelining's schedule does, with no such flag: remove it")
-        if self.pp_p2p_overlap_warmup_flush and (self.framework != "megatron" or self.pp_p2p_overlap is False):
-            raise ValueError("pp_p2p_overlap_warmup_flush is Megatron-LM's --overlap-p2p-communication-warmup-flush, "
-                             "which needs its p2p overlap on (framework \"megatron\", pp_p2p_overlap not false; "
-                             "Megatron-LM raises otherwise): remove it or set them")
+        """``pp_p2p_overlap_warmup_flush`` only with Megatron-LM's p2p overlap on
+        (:class:`~meshplan.spec.training.TrainingSpec`; under another framework
+        :meth:`_check_megatron_only` refuses it)."""
+        if self.pp_p2p_overlap_warmup_flush and self.pp_p2p_overlap is False:
+            raise ValueError(MEGATRON_ONLY["pp_p2p_overlap_warmup_flush"][1])
+
+    def _check_megatron_only(self) -> None:
+        """Under a framework other than "megatron", the first of :data:`MEGATRON_ONLY`'s keys set to
+        Megatron-LM's value, refused in its line."""
+        keys = megatron_only_keys(self) if self.framework != "megatron" else []
+        if keys:
+            raise ValueError(MEGATRON_ONLY[keys[0]][1].format(framework=self.framework))
 
     def _check_megatron_overlap(self) -> None:
-        """``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers
+        """Under framework "megatron" (:meth:`_check_megatron_only` refuses them elsewhere):
+        ``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers
         run (:class:`~meshplan.spec.training.TrainingSpec`), the second only with the first and the
         distributed optimizer; ``megatron_fsdp`` only under Megatron-LM's own engines."""
-        if self.megatron_fsdp and (self.framework != "megatron" or self.zero12_engine != "megatron"
-                                   or self.zero3_engine != "fsdp2" or self.zero0_engine != "ddp"):
-            raise ValueError("megatron_fsdp is Megatron-LM's --use-megatron-fsdp (framework \"megatron\", without a "
-                             "DeepSpeed engine): remove it or set framework = \"megatron\"")
+        if self.megatron_fsdp and (self.zero12_engine != "megatron" or self.zero3_engine != "fsdp2"
+                                   or self.zero0_engine != "ddp"):
+            raise ValueError(MEGATRON_ONLY["megatron_fsdp"][1])
         key = "overlap_grad_reduce" if self.overlap_grad_reduce else "overlap_param_gather"
         if not (self.overlap_grad_reduce or self.overlap_param_gather):
             return
-        if self.framework != "megatron":
-            raise ValueError(f"{key} is Megatron-LM's --{key.replace('_', '-')} (framework \"megatron\"); framework "
-                             f"{self.framework!r} overlaps its reductions as its runtime does: remove it")
         if self.sharding not in ("none", "zero1") or self.zero12_engine != "megatron":
             runs = "runs DeepSpeed's engine (overlap_comm)" if self.zero12_engine != "megatron" else \
                 "runs Megatron FSDP, which forces both on"

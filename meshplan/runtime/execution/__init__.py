@@ -5,5 +5,5 @@ parallelization on a DeviceMesh (:mod:`.parallelize`, its TP/SP plan :mod:`.tens
 limit (:mod:`.launch`) and DCP checkpoints (:mod:`.checkpoint`).
 """
 
-__all__ = ["checkpoint", "cp", "launch", "model", "moe", "parallelize", "pipelined", "pipelined_stage", "recorder",
+__all__ = ["buildable", "checkpoint", "cp", "launch", "model", "moe", "parallelize", "pipelined", "pipelined_stage", "recorder",
            "tensor_parallel", "trainstep", "worker"]

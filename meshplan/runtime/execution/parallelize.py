@@ -43,6 +43,7 @@ from meshplan.mesh.tpsplit import experts_apart
 from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.runtime.execution.buildable import unsupported_mesh
 from meshplan.runtime.execution.moe_parallel import per_param_mesh
 from meshplan.runtime.execution.tensor_parallel import apply_tp
 from meshplan.spec.axes.ep import experts_over_tp
@@ -89,68 +90,6 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     if device_mesh.mesh.flatten().tolist() != list(range(mesh.world)):
         out.append(f"DeviceMesh ranks {device_mesh.mesh.flatten().tolist()[:8]}... are not 0..{mesh.world - 1}")
     return out
-
-
-#: The shardings the runtime builds: DDP, FSDP2, HSDP (:func:`sharding_refusal`).
-BUILT_SHARDINGS = ("none", "zero3", "hsdp")
-
-
-def unsupported_mesh(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
-    """Why the runtime cannot build ``mesh`` (the first of :func:`unsupported_reasons`), None when it can."""
-    return next(iter(unsupported_reasons(mesh, training, pipeline, moe)), None)
-
-
-def unsupported_reasons(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> list[str]:
-    """Every reason the runtime cannot build ``mesh``, each with its fix; ``pipeline``: pp > 1 is
-    built elsewhere (:mod:`meshplan.runtime.execution.pipelined`, which checks its own limits);
-    ``moe``: the model has MoE layers. A sharding refused names only the shardings this mesh
-    can be built with (:func:`sharding_refusal` of each of :data:`BUILT_SHARDINGS`), never one
-    that another check then refuses."""
-    if mesh.degree("pp") > 1 and not pipeline:
-        return ["pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"]
-    out = []
-    if moe and mesh.degree("cp") > 1:
-        out.append("cp > 1 with MoE layers: context parallelism is built for dense models only")
-    if training.linear_dtype is not None:
-        out.append("linear_dtype fp8: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
-                   "model (and float8 GEMMs need an sm89+ GPU)")
-    if training.recompute == "op":
-        out.append("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
-                   "only; use 'layer', 'full' or 'none'")
-    if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
-        out.append("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
-                   "the experts are whole on each ep rank (etp 1)")
-    why = sharding_refusal(mesh, training.sharding, moe)
-    if why is not None:
-        fixes = [s for s in BUILT_SHARDINGS if s != training.sharding and sharding_refusal(mesh, s, moe) is None]
-        words = {"none": "none (DDP)", "zero3": "zero3 (FSDP2 over the data axes, as torchtitan)", "hsdp": "hsdp"}
-        out.append(f"{why}; " + (f"use {' or '.join(words[s] for s in fixes)}" if fixes else
-                                 "no sharding the runtime builds runs this mesh"))
-    return out
-
-
-def sharding_refusal(mesh: Mesh, sharding: str, moe: bool = False) -> Optional[str]:
-    """Why the runtime cannot shard ``mesh`` as ``sharding`` (None when it can): DDP (apply_ddp)
-    is plain data parallelism of a dense model; HSDP replicates over a dp_replicate axis
-    (:func:`fsdp_mesh`); ZeRO-1/2 are not built.
-
-    >>> from meshplan.mesh.resolve import resolve_mesh
-    >>> from meshplan.spec.mesh import MeshSpec
-    >>> m = resolve_mesh(MeshSpec(names=["dp", "tp"], shape=[2, 2]), world=4)
-    >>> [s for s in BUILT_SHARDINGS if sharding_refusal(m, s) is None]
-    ['zero3']
-    """
-    if sharding == "none":
-        if mesh.degree("tp") > 1:
-            return "sharding 'none' with tp > 1: DDP over DTensor TP parameters leaves their gradients None (torch 2.13)"
-        if mesh.degree("cp") > 1:
-            return "sharding 'none' with cp > 1: DDP is built for plain data parallelism only (tp = cp = 1)"
-        return "sharding 'none' with MoE layers: DDP is built for dense models only" if moe else None
-    if sharding == "hsdp" and "dp_replicate" not in mesh.layout.names:
-        return "sharding 'hsdp' needs a dp_replicate axis to replicate over"
-    if sharding not in ("zero3", "hsdp"):
-        return f"sharding {sharding!r}: ZeRO-1/2 (a sharded optimizer) is not built"
-    return None
 
 
 def fsdp_mesh(device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec) -> DeviceMesh:

@@ -29,7 +29,7 @@ stages, run by the schedule the config names.
 - Context parallelism, experts (EP) and tied embeddings on the stages:
   :mod:`meshplan.runtime.execution.pipelined_stage` (the first stage embeds this cp rank's chunks, the
   activation between stages is (b, s/cp[/tp], h); the tied copies' gradients are all-reduced
-  over the embedding group after the schedule). :func:`unsupported` names what is refused.
+  over the embedding group after the schedule). :func:`~meshplan.runtime.execution.buildable.unsupported_pipeline` names what is refused.
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
   (``mesh.pp_schedule``: the registered schedule's ``torch_class``, :mod:`meshplan.pipeline`:
   gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B,
@@ -64,8 +64,8 @@ from torch import nn
 from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
-from meshplan.pipeline.registry import SCHEDULES, get
-from meshplan.pipeline.vshape import RESHARD_DEFECT, RESHARD_FIX, VShaped, reshard_defect
+from meshplan.pipeline.registry import get
+from meshplan.runtime.execution.buildable import unsupported_pipeline as unsupported  # callers' name
 from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.pipelined_recorder import PipelineRecorder, instrument
@@ -76,44 +76,6 @@ from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     tied_embedding_sync,
 )
 from meshplan.runtime.execution.trainstep import adamw
-from meshplan.spec.axes.ep import experts_over_tp
-
-BUILT = tuple(name for name, s in SCHEDULES.items() if s.runs_in_validate)  # schedules this module runs
-
-
-def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]:
-    """Why this module cannot run ``mesh`` with pipeline ``schedule`` (None when it can)."""
-    if mesh.degree("pp") <= 1:
-        return "pp is 1: use parallelize()"
-    if schedule not in BUILT:
-        return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
-    if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
-        return ("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
-                "the experts are whole on each ep rank (etp 1)")
-    if training.linear_dtype is not None:
-        return "linear_dtype fp8: torchtitan's float8 training is not built in the runtime model"
-    if training.recompute in ("layer", "op"):
-        return (f"recompute {training.recompute!r} (torchtitan selective AC) under pp: the stage modules checkpoint "
-                "all layers or none; use 'full' or 'none'")
-    if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
-            and mesh.degree("efsdp") > 1):
-        return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "
-                "without an FSDP root on the stage module, which the schedule does not hold back from "
-                "reduce-scattering and resharding every micro-batch (torch 2.13), unlike the plan's table")
-    if training.sharding not in ("zero3", "hsdp"):
-        return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
-    if isinstance(get(schedule), VShaped) and reshard_defect(  # the runtime is torch whatever training.framework
-            "torch", mesh.degree("pp"), mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1,
-            training.reshard_after_forward):
-        return (f"{schedule} with FSDP2 over a data axis and reshard_after_forward true: {RESHARD_DEFECT}; "
-                f"fix: {RESHARD_FIX}")
-    if model_spec is not None and model_spec.tied_embeddings and get(schedule).last_stage(mesh.degree("pp"), 2) == 0:
-        return (f"tied embeddings with {schedule}: the embedding and the output layer are two chunks of rank 0 "
-                "(a V); sharing one weight across two pipeline stages is not built")
-    if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
-        return ("tied embeddings with pp > 2: the embedding group (first and last stage) is no axis of the mesh, "
-                "so the comparison cannot name it; pp = 2 is built")
-    return None
 
 
 def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: int, device: str):

@@ -179,7 +179,7 @@ class TiedEmbeddingSync:
 def tied_embedding_sync(modules: list[StageModule], mesh, dm) -> Optional[TiedEmbeddingSync]:
     """:class:`TiedEmbeddingSync` of this rank when the model ties its embeddings (None
     otherwise). The embedding group is the pp group itself, as pp = 2 has it; pp > 2 is
-    refused by :func:`meshplan.runtime.execution.pipelined.unsupported`."""
+    refused by :func:`meshplan.runtime.execution.buildable.unsupported_pipeline`."""
     if not modules[0].spec.tied_embeddings:
         return None
     if mesh.degree("pp") != 2:

@@ -12,19 +12,17 @@ from __future__ import annotations
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.runtime.execution.buildable import pipeline_reasons, unsupported_reasons
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import config_mesh, micro_batch_refusal, scale_config
-
-#: Keys of [training] that only framework "megatron" takes (TrainingChecks refuses them under torch),
-#: with the value that makes each one Megatron-LM's: set to it, the key must go with the framework.
-MEGATRON_ONLY = {"overlap_grad_reduce": True, "overlap_param_gather": True, "pp_p2p_overlap": False,
-                 "pp_p2p_overlap_warmup_flush": True, "megatron_fsdp": True}
+from meshplan.spec.training_checks import deepspeed_refused_keys, torch_refused_keys
 
 
 def framework_refusal(cfg: Config) -> list[str]:
     """The refusal of a plan in another framework's order (validate runs torch.distributed), its fix
-    naming the Megatron-LM keys that framework "torch" refuses in turn
-    (:meth:`~meshplan.spec.training_checks.TrainingChecks._check_megatron_overlap`).
+    naming the keys that framework "torch" refuses in turn
+    (:func:`~meshplan.spec.training_checks.torch_refused_keys`: Megatron-LM's only, and its
+    ``tp_comm_overlap``, which under torch needs torch.compile).
 
     >>> from meshplan.config import config_from_dict
     >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -36,7 +34,7 @@ def framework_refusal(cfg: Config) -> list[str]:
     t = cfg.training
     if t.framework == "torch":
         return []
-    keys = [k for k, v in MEGATRON_ONLY.items() if getattr(t, k) is v]
+    keys = torch_refused_keys(t)
     also = f" and remove {', '.join(keys)} (Megatron-LM's only)" if keys else ""
     return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
             f"collectives; set framework = \"torch\"{also} to validate this mesh"]
@@ -44,25 +42,22 @@ def framework_refusal(cfg: Config) -> list[str]:
 
 def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[str]:
     """Every reason the runtime cannot build the scaled ``cfg``'s resolved ``mesh``, each with
-    its fix: the framework and engines, :func:`meshplan.runtime.execution.parallelize.unsupported_reasons`,
-    and for pp > 1 (``pipelined``: the config is the scaled one)
-    :func:`meshplan.runtime.execution.pipelined.unsupported`."""
-    from meshplan.runtime.execution.parallelize import unsupported_reasons
-
+    its fix: the framework and engines, :func:`meshplan.runtime.execution.buildable.unsupported_reasons`,
+    and for pp > 1 (``pipelined``: the config is the scaled one) the pipeline's own,
+    :func:`meshplan.runtime.execution.buildable.pipeline_reasons`, whatever else is refused."""
     t = cfg.training
     out = framework_refusal(cfg)
+    keys = deepspeed_refused_keys(t)  # refused with the DeepSpeed engine gone
+    also = f" and remove {', '.join(keys)} (DeepSpeed's only)" if keys else ""
     if t.zero3_engine != "fsdp2":
         out.append(f"training.zero3_engine is '{t.zero3_engine}': validate shards parameters with torch's FSDP2; "
-                   "set zero3_engine = \"fsdp2\" to validate this mesh")
+                   f"set zero3_engine = \"fsdp2\"{also} to validate this mesh")
     if t.zero12_engine != "megatron":
         out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
-                   "ZeRO-1/2 engine; remove the key to validate this mesh")
+                   f"ZeRO-1/2 engine; remove {', '.join(['zero12_engine'] + keys)} to validate this mesh")
     out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
-    if pipelined and not out and mesh.degree("pp") > 1:
-        from meshplan.runtime.execution.pipelined import unsupported
-
-        why = unsupported(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
-        out += [why] if why else []
+    if pipelined and mesh.degree("pp") > 1:  # the pipeline's own, beside the others
+        out += pipeline_reasons(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
     return out
 
 
