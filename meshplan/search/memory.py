@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
@@ -341,7 +342,11 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     # expert tensor-parallel group (_EXPERT_TENSOR_PARALLEL_GROUP, megatron/core/parallel_state.py:1381 at
     # d98e8a6; comm.ep_rows._etp_rows), even where its ranks are tp's
     t = cfg.training
-    n += moe & (c.etp > 1) & (t.framework == "megatron") & (t.moe_dispatcher != "deepep")
+    megatron_a2a = moe & (t.framework == "megatron") & (t.moe_dispatcher != "deepep")
+    n += megatron_a2a & (c.etp > 1)
+    # and, dropless, its count exchange over the tp_ep group (_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP,
+    # parallel_state.py:1388-1396; the table's ep row) at ep 1 too where etp > 1 (comm.ep_rows._count_rows)
+    n += megatron_a2a & RoutingOptions.of(t).dropless & (c.ep == 1) & (c.etp > 1)
     kv = cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups (not Megatron's, tp_kv)
     n += (c.tp > kv) & ~qkv_gathered(cfg.training.framework, c.tp, kv)
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group
