@@ -48,7 +48,8 @@ def ep_rows(add, c: StageContext) -> None:
     every MoE layer, their gradients and a recomputed layer's replay, of the routing model's
     received rows (:func:`meshplan.compute.routing.routing`), and dropless, the count exchange
     (:func:`_count_rows`); under Megatron-LM at etp > 1 the etp all-gather and reduce-scatter
-    (:func:`_etp_rows`). With ep 1 only the last two (Megatron-LM at etp > 1), else none."""
+    (:func:`_etp_rows`). With ep 1 only those of Megatron-LM at etp > 1 (its count exchange and etp
+    collectives, or the deepep dispatcher's calls over the etp ranks), else none."""
     t, mesh, m = c.training, c.mesh, c.model
     dt = t.compute_dtype
     moe = sum(m.is_moe_layer(i) for i in c.layers)
@@ -62,7 +63,8 @@ def ep_rows(add, c: StageContext) -> None:
         _etp_rows(add, c, gathered * rows * m.hidden * dtype_bytes(dt), moe + replayed)
         if mesh.ep <= 1 and ro.dropless:  # Megatron-LM exchanges its counts at ep 1 too (over the etp ranks)
             _count_rows(add, c, moe, replayed)
-    if mesh.ep <= 1:
+    deepep_group = t.moe_dispatcher == "deepep" and mesh.ep * mesh.etp > 1  # tp_ep: at ep 1 too (deepep.group_reason)
+    if mesh.ep <= 1 and not deepep_group:
         return
     if t.moe_dispatcher == "deepep":
         _deepep_rows(add, c, tokens, moe, replayed)
