@@ -20,14 +20,15 @@ SIZES = [2**k for k in range(16, 34)]  # 64 KiB .. 8 GiB: count / 128 ranks is w
 HEAD = "# " + "  ".join("{:>%d}" % w for w in (10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 6, 6, 6)) + " "
 
 
-def alltoall_text() -> str:
-    n = HOSTS * GPUS
+def alltoall_text(hosts: int = HOSTS, gpus: int = GPUS) -> str:
+    """The log over ``hosts`` x ``gpus`` ranks (default the fixture's 16 x 8)."""
+    n = hosts * gpus
     lines = ["# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703",
              "# Collective test starting: alltoall_perf",
              f"# nThread 1 nGpus 1 minBytes {SIZES[0]} maxBytes {SIZES[-1]} step: 2(factor) warmup iters: 5 "
              "iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
     for r in range(n):
-        host, d = f"dgx-{r // GPUS + 1:02d}", r % GPUS
+        host, d = f"dgx-{r // gpus + 1:02d}", r % gpus
         lines.append(f"#  Rank {r:2d} Group {0:2d} Pid {41233 + 17 * d:6d} on {host:>10s} device {d:2d} "
                      f"[0000:{0x18 + 2 * d:02x}:00] NVIDIA H100 80GB HBM3")
     lines += ["#", HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",

@@ -17,6 +17,7 @@ from meshplan.comm.calibration import apply_calibration, load_calibration
 from meshplan.comm.calibration_notes import fit_origin_lines
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.row import Path as CommPath, path_time
+from nccl_alltoall import alltoall_text
 from nccl_published import DATA
 from tests.cli_run import run_cli
 
@@ -137,3 +138,25 @@ def test_a_log_without_its_banner_takes_the_test_as_op(tmp_path, capsys):
     assert any(line.startswith("nic: this file sets, across nodes, all-to-all") for line in text.splitlines())
     rc, _, err = run_cli([*base, "--op", "all_to_all", "--force"], capsys)
     assert rc == 2 and err.startswith("error: --op: test 'all_to_all' is not one meshplan models; use one of ")
+
+
+def test_an_alltoall_log_of_one_rank_per_host_sets_all_to_all(tmp_path, capsys):
+    """alltoall_perf over 4 hosts x 1 GPU (``mpirun -npernode 1``; written by tests/nccl_alltoall.py from
+    t = 250 us + (3/4) S / 37.8 GB/s): one rank a host sends all its (n - 1) / n = 3/4 of the buffer through its
+    own NIC, as each rank of several a host does (all_to_all_time reads one curve for both), so the log sets
+    all-to-all. It was read as the one-rank-per-node ring pattern "nic1": alone, calibrate stopped with an
+    IndexError (it set no op); beside an all-reduce log, it became the "nic1" all-reduce curve."""
+    log = tmp_path / "alltoall_perf_4x1.txt"
+    log.write_text(alltoall_text(hosts=4, gpus=1))
+    calib, text = _calibrate(tmp_path, capsys, log)
+    assert any(line.startswith("nic: this file sets, across nodes, all-to-all (its own logged curve: nccl-tests "
+                               "2.17.6 all-to-all over 4 ranks on 4 host(s)") for line in text.splitlines())
+    cluster = apply_calibration(system("dgx-h100", nodes=4), calib)
+    # read against the catalog NIC's 50 GB/s x 1 NIC / host share 1 x (4 - 1) / (4 - 1) = 50 GB/s
+    assert cluster.node.busbw["a2a"].line_gb_per_s == 50.0 and not cluster.network[0].calibrated
+    # at 4 GiB the logged time, 250 us + 3/4 x 2^32 / 37.8 GB/s = 85.468 ms (busbw printed 37.69 to 4 digits)
+    algo, t = path_time("all-to-all", 4, 2**32, _path(cluster, 4, 1), cluster)
+    assert algo == "pairwise" and t == pytest.approx(250e-6 + 0.75 * 2**32 / 37.8e9, rel=1e-4)
+    (tmp_path / "both").mkdir()
+    both = apply_calibration(system("dgx-h100", nodes=4), _calibrate(tmp_path / "both", capsys, AR, log)[0])
+    assert both.node.busbw["a2a"].op == "all-to-all" and "nic1" not in both.node.busbw  # dgx-h100 has no nic1

@@ -14,7 +14,7 @@ import pytest
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
-from tests.configs import example_toml
+from tests.configs import MIXTRAL_8X22B, example_toml, job_toml
 
 DSV3 = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
 
@@ -149,3 +149,29 @@ def test_compare_weighs_the_dispatcher_as_a_knob_of_the_plan(tmp_path):
     from meshplan.compare.differences import config_differences
     d = config_differences(_cfg(tmp_path, "alltoall"), _cfg(tmp_path, "deepep"))
     assert d.workload == () and ("training.moe_dispatcher", "alltoall", "deepep") in d.knobs
+
+
+def test_deepep_at_ep_1_dispatches_over_the_etp_ranks(tmp_path):
+    """ep 1 x etp 2 is a group DeepEP runs (deepep.group_reason: TPxEP = 2 > 1, a configured size):
+    Megatron-LM's flex dispatcher replicates each expert over the etp ranks (token_dispatcher.py
+    1894-1920), so every token goes to both ranks of its tp_ep group. Mixtral-8x22B cut to 2 layers, dp 4
+    x tp 2 (SP) x etp 2 on one DGX H100, no recompute: a rank's own 4096 / tp 2 = 2048 tokens of 6144 x 2 B,
+    per = 25,165,824 B, half of the 2 ranks' copies on NVLink (per x 2 x 1/2), timed as DeepEP's logical
+    2 x per at 153 and 158 of its 160 GB/s scaled to 450 GB/s (the ep 8 case above): 115.1 us; 2 calls
+    (dispatch, combine) x 2 layers forward. The table had no row at ep 1, the step no dispatch."""
+    f = tmp_path / "ep1.toml"
+    f.write_text(job_toml({**MIXTRAL_8X22B, "layers": 2}, nodes=1,
+                          training={"global_batch": 4, "seq_len": 4096, "micro_batch": 1, "sharding": "zero1",
+                                    "recompute": "none", "framework": "megatron", "moe_dispatcher": "deepep"},
+                          mesh={"names": ["dp", "tp", "ep", "etp"], "shape": [4, 2, 1, 2], "sequence_parallel": True}))
+    plan = build_plan(load_config(f))
+    rows = _ep(plan, 0)
+    assert [(r.phase, r.algorithm, r.per_microbatch, r.example_ranks) for r in rows] == [
+        ("forward", "deepep", 4, (0, 1)), ("backward", "deepep", 4, (0, 1))]
+    per = 4096 // 2 * 6144 * 2
+    want = (per * 2 / (153 / 160 * 450e9) + per * 2 / (158 / 160 * 450e9)) / 2
+    assert rows[0].link_bytes == (per * 2 * 1 / 2, 0.0) == (25_165_824, 0.0)
+    assert rows[0].time_s == pytest.approx(want, rel=1e-12) and round(want * 1e6, 1) == 115.1
+    st = step_time(plan)
+    (fwd,) = [e for e in st.pipeline.events if e.stage == 0 and e.name[0] == "F"]
+    assert [e.name for e in st.units.of_event(fwd).events if e.args.get("kind") == "ep"] == ["ep dispatch", "ep combine"] * 2

@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from meshplan.comm.ep_rows import DROPLESS_COUNTS
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
@@ -166,3 +167,22 @@ def test_search_bound_counts_the_ep1_forward_etp_reduce_scatter(tmp_path):
     fwd, _ = chains(g, o, cm, True)
     without, _ = chains(g, o, {**cm, "ep_out": np.zeros(1)}, True)
     assert fwd[0] - without[0] == pytest.approx(row.time_s, rel=1e-9)
+
+
+def test_megatron_ep1_etp2_dropless_exchanges_its_counts(tmp_path):
+    """Megatron-LM's dropless dispatcher all-gathers its per-expert counts over tp_ep_group wherever
+    ``ep_size > 1 or tp_size > 1`` (token_dispatcher.py:557-574; tp_size is the etp group's, :86-89),
+    so at ep 1, etp 2 too: each rank's 8 experts' int64 counts (``routing_map.sum(dim=0).long()``,
+    :543) from the 2 etp ranks, an all-gather output of 8 x 8 B x 2 = 128 B, once per MoE layer
+    (2 layers) before the dispatch, none in backward (no recompute); the timeline issues it before
+    each layer's etp all-gather. The table had no such row at ep 1."""
+    f = tmp_path / "ep1.toml"
+    f.write_text(mixtral_ep1_etp2_node_job())
+    p = build_plan(load_config(f))
+    counts = [r for r in p.collectives["stage 0"] if r.cadence == DROPLESS_COUNTS]
+    assert [(r.axis, r.phase, r.op, r.size_bytes, r.per_microbatch, r.group_size, r.example_ranks)
+            for r in counts] == [("ep", "forward", "all-gather", 8 * 8 * 2, 2, 2, (0, 1))]
+    st = step_time(p)
+    (fwd,) = [e for e in st.pipeline.events if e.stage == 0 and e.name[0] == "F"]
+    order = [e.args.get("group") for e in st.units.of_event(fwd).events if e.args.get("kind") == "ep"]
+    assert order == ["counts", "etp", "etp"] * 2

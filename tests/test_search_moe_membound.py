@@ -37,14 +37,16 @@ def megatron():
     ("dp 8, mb 1, selective, vpp 1, zero1", ["dp"]),
     # ep 1, etp 2 = tp 2: the same, beside tp's and the etp group's (Megatron-LM's expert tensor-parallel
     # group, its own communicator, over which its dispatcher all-gathers the routed tokens and
-    # reduce-scatters the experts' output: comm.ep_rows._etp_rows)
-    ("dp 4 x tp 2 x etp 2, mb 1, selective, vpp 1, zero1", ["dp", "tp", "etp"]),
+    # reduce-scatters the experts' output: comm.ep_rows._etp_rows), and, dropless, the tp_ep group's
+    # (_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP, the etp ranks at ep 1: its own communicator, over which
+    # it all-gathers the per-expert counts, token_dispatcher.py:557-574; the table's "ep" row)
+    ("dp 4 x tp 2 x etp 2, mb 1, selective, vpp 1, zero1", ["dp", "tp", "ep", "etp"]),
     # ep 1, etp 1 != tp 2: the experts' own buffer over efsdp 8 (dp 4 x tp 2)
     ("dp 4 x tp 2, mb 1, selective, vpp 1, zero1", ["dp", "tp", "efsdp"]),
     # ep 2: their own buffer over efsdp 4, and ep's all-to-alls
     ("dp 8; experts efsdp 4 x ep 2, mb 1, selective, vpp 1, zero1", ["dp", "efsdp", "ep"]),
-    # Megatron FSDP (zero3) at ep 1, etp = tp: the experts gathered with their layer; etp's group as above
-    ("dp_shard 4 x tp 2 x etp 2, mb 1, selective, vpp 1, zero3", ["dp_shard", "tp", "etp"]),
+    # Megatron FSDP (zero3) at ep 1, etp = tp: the experts gathered with their layer; etp's and tp_ep's groups as above
+    ("dp_shard 4 x tp 2 x etp 2, mb 1, selective, vpp 1, zero3", ["dp_shard", "tp", "ep", "etp"]),
 ])
 def test_communicators_are_the_plans(megatron, label, axes):
     cfg, c, n, at = megatron

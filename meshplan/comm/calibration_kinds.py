@@ -104,16 +104,23 @@ def read_rate(fit_gb_per_s: float, nics: int, op: str, ranks: int, nodes: int, l
 
 
 def pattern_of(op: str, ranks: int, nodes: int) -> str:
-    """:func:`pattern` of a run of ``op`` over ``ranks`` on ``nodes`` hosts."""
+    """:func:`pattern` of a run of ``op`` over ``ranks`` on ``nodes`` hosts. "nic1" is the ring
+    ops' one-rank-per-node pattern only: an all-to-all over more than 2 ranks is "nic" however
+    many ranks a host holds (:func:`~meshplan.comm.alphabeta.all_to_all_time` reads one curve
+    for every group, each rank's bytes for other hosts through its own NIC, :func:`host_share`).
+
+    >>> pattern_of("all-reduce", 4, 4), pattern_of("all-to-all", 4, 4), pattern_of("all-to-all", 2, 2)
+    ('nic1', 'nic', 'p2p')
+    """
     if op == "send/recv" or (op == "all-to-all" and ranks == 2):
         return "p2p"
-    return "nic1" if ranks == nodes else "nic"
+    return "nic1" if ranks == nodes and op != "all-to-all" else "nic"
 
 
 def pattern(curve: BusbwCurve) -> str:
     """The NIC pattern key a curve was measured in: "p2p" for send/recv or a 2-rank all-to-all
-    (nccl-tests' alltoall over 2 ranks is one send and one receive per rank), "nic1" for one
-    rank per node, else "nic".
+    (nccl-tests' alltoall over 2 ranks is one send and one receive per rank), "nic1" for a ring
+    op's one rank per node, else "nic" (:func:`pattern_of`).
 
     >>> from meshplan.catalog import busbw_curve
     >>> [pattern(busbw_curve(k)) for k in ("ib-hdr-200-8nic", "ib-hdr-200-1nic-ring", "ib-hdr-200-1nic-pair")]

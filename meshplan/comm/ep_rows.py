@@ -44,10 +44,12 @@ COUNT_DTYPE, COUNT_BYTES = "int64", 8
 
 
 def ep_rows(add, c: StageContext) -> None:
-    """The stage's ep rows (the table's builder for ep; none with ep 1): the dispatch and
-    combine all-to-alls of every MoE layer, their gradients and a recomputed layer's replay,
-    of the routing model's received rows (:func:`meshplan.compute.routing.routing`), and
-    dropless, the count exchange (:func:`_count_rows`)."""
+    """The stage's ep rows (the table's builder for ep): the dispatch and combine all-to-alls of
+    every MoE layer, their gradients and a recomputed layer's replay, of the routing model's
+    received rows (:func:`meshplan.compute.routing.routing`), and dropless, the count exchange
+    (:func:`_count_rows`); under Megatron-LM at etp > 1 the etp all-gather and reduce-scatter
+    (:func:`_etp_rows`). With ep 1 only those of Megatron-LM at etp > 1 (its count exchange and etp
+    collectives, or the deepep dispatcher's calls over the etp ranks), else none."""
     t, mesh, m = c.training, c.mesh, c.model
     dt = t.compute_dtype
     moe = sum(m.is_moe_layer(i) for i in c.layers)
@@ -59,7 +61,10 @@ def ep_rows(add, c: StageContext) -> None:
     rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows
     if gathered > 1 and t.moe_dispatcher != "deepep":
         _etp_rows(add, c, gathered * rows * m.hidden * dtype_bytes(dt), moe + replayed)
-    if mesh.ep <= 1:
+        if mesh.ep <= 1 and ro.dropless:  # Megatron-LM exchanges its counts at ep 1 too (over the etp ranks)
+            _count_rows(add, c, moe, replayed)
+    deepep_group = t.moe_dispatcher == "deepep" and mesh.ep * mesh.etp > 1  # tp_ep: at ep 1 too (deepep.group_reason)
+    if mesh.ep <= 1 and not deepep_group:
         return
     if t.moe_dispatcher == "deepep":
         _deepep_rows(add, c, tokens, moe, replayed)
@@ -100,7 +105,8 @@ def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:
     to each peer: ``8 E`` bytes. Megatron-LM (``MoEAlltoAllTokenDispatcher.preprocess``,
     NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py`` lines 541-590):
     ``gather_from_sequence_parallel_region`` of the ``E`` counts over ``tp_ep_group``, the ep x etp
-    ranks of one expert-data-parallel slot: an all-gather of ``8 E ep etp`` bytes (output); its
+    ranks of one expert-data-parallel slot, wherever ``ep_size > 1 or tp_size > 1`` (line 557; its
+    ``tp_size`` is the etp group's, so at ep 1 too where etp > 1): an all-gather of ``8 E ep etp`` bytes (output); its
     drop-and-pad path (``--moe-pad-expert-input-to-capacity``, a capacity plan) exchanges nothing.
     A few hundred bytes to a few hundred KB: the comm model's latency term sets the time
     (:func:`meshplan.comm.row.path_time` on the group's path). The device-to-host copy of the split sizes that

@@ -18,6 +18,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
@@ -341,7 +342,12 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     # expert tensor-parallel group (_EXPERT_TENSOR_PARALLEL_GROUP, megatron/core/parallel_state.py:1381 at
     # d98e8a6; comm.ep_rows._etp_rows), even where its ranks are tp's
     t = cfg.training
-    n += moe & (c.etp > 1) & (t.framework == "megatron") & (t.moe_dispatcher != "deepep")
+    megatron, deepep = moe & (t.framework == "megatron"), t.moe_dispatcher == "deepep"
+    n += megatron & (not deepep) & (c.etp > 1)
+    # and at ep 1 where etp > 1 the tp_ep group's (_EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP,
+    # parallel_state.py:1388-1396; the table's ep rows): the dropless count exchange's, or DeepEP's
+    # dispatch and combine (comm.ep_rows._count_rows, _deepep_rows)
+    n += megatron & (deepep or RoutingOptions.of(t).dropless) & (c.ep == 1) & (c.etp > 1)
     kv = cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups (not Megatron's, tp_kv)
     n += (c.tp > kv) & ~qkv_gathered(cfg.training.framework, c.tp, kv)
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group
