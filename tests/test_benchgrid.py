@@ -8,7 +8,8 @@ import pytest
 from meshplan import catalog
 from meshplan.compute.gemm import compute_efficiency
 from meshplan.compute.kernel_fragment import load_fragment, parse_fragment, with_fragment
-from meshplan.compute.measured import attention_row, attention_seconds, gemm_tflops, kernel_data
+from meshplan.compute.gemm_points import gemm_tflops
+from meshplan.compute.measured import attention_row, attention_seconds, kernel_data
 from meshplan.compute.shapes import Attention
 from meshplan.errors import ConfigError
 

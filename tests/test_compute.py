@@ -285,7 +285,8 @@ def test_catalog_gemm_interpolation_by_hand():
     """Shepard interpolation over the 4 nearest A100 points in log2 (M, N, K), weights 1/d^2
     (meshplan.compute.measured). 22B fc1 at tp 8, micro-batch 4: (8192, 3072, 6144)."""
     from math import log2
-    from meshplan.compute.measured import gemm_seconds, gemm_tflops, kernel_data
+    from meshplan.compute.gemm_points import gemm_seconds, gemm_tflops
+    from meshplan.compute.measured import kernel_data
 
     d = kernel_data("a100-sxm-80gb")
     eff = lambda m, n, k: compute_efficiency(A100, m, n, k)  # noqa: E731 (below the points only)
@@ -393,7 +394,8 @@ def test_bmm_head_dim_ratio_replaces_the_shape_model_for_the_22b_attention():
     batches), PV's 93.0 x (512 / 540) / (2048 / 2052) = 88.35: 93.0 x 93 / 105 = 82.4 and 88.35 x
     107 / 138 = 68.5 TFLOP/s (before the plane rule, both edges 86.5: 76.6 and 67.1). A single (not
     batched) GEMM of the same shape keeps the shape model's ratio, on Shepard's 86.5."""
-    from meshplan.compute.measured import gemm_tflops, kernel_data
+    from meshplan.compute.gemm_points import gemm_tflops
+    from meshplan.compute.measured import kernel_data
 
     d = kernel_data("a100-sxm-80gb")
     t = d.bmm_head_dim
@@ -431,7 +433,8 @@ def test_batched_gemm_reads_the_points_plane_at_another_batch_count():
     whose nearest points are not all on one plane (8 x 1024^3: S3's cubes nearest) is Shepard's,
     and so is one whose nearest points share an M but whose (N, K) were also measured at other M
     (H200's M1 grid: 3072x7168x8192's four nearest at M 2048, each also at 8192 and 16384)."""
-    from meshplan.compute.measured import gemm_tflops, kernel_data
+    from meshplan.compute.gemm_points import gemm_tflops
+    from meshplan.compute.measured import kernel_data
 
     d = kernel_data("a100-sxm-80gb")
     a100 = catalog.gpu("a100-sxm-80gb")

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from meshplan import catalog
 from meshplan.compute.gemm import compute_efficiency, gemm_time
-from meshplan.compute.measured import gemm_tflops, kernel_data
+from meshplan.compute.gemm_points import gemm_tflops
+from meshplan.compute.measured import kernel_data
 
 A100 = "a100-sxm-80gb"
 GPUS = [g for g in catalog.names("gpu") if kernel_data(g) is not None]

@@ -112,7 +112,7 @@ def test_bf16_gemms_from_the_500w_measurements_by_hand():
     """pytorch/FBGEMM PR #2546 ('H100 500W', torch.matmul bf16): 585.23, 575.12, 546.31 TFLOP/s at
     8192^3, 65536x8192x7168, 65536x3584x8192; H100 SXM5's table there 718.15, 711.62, 712.60:
     ratios 0.8149, 0.8082, 0.7666, mean 0.7966 -> 0.797, the part's scale on every bf16 point."""
-    from meshplan.compute.measured import gemm_tflops
+    from meshplan.compute.gemm_points import gemm_tflops
     sxm, part = kernel_data("h100-sxm5-80gb"), kernel_data(PART)
     eff = lambda m, n, k: 1.0  # noqa: E731: every shape here is inside the measured points (no model)
     measured = {(8192, 8192, 8192): 585.23, (65536, 8192, 7168): 575.12, (65536, 3584, 8192): 546.31}
@@ -131,7 +131,7 @@ def test_fp8_gemms_from_the_500w_measurements_by_hand():
     table (S3 cuBLASLt, 700 W) there: 1290.10 (a measured point), 1352.27, 1347.72 (interpolated);
     ratios 1125.51 / 1290.10 = 0.8724, 1082.75 / 1352.27 = 0.8007, 1141.38 / 1347.72 = 0.8469, mean
     0.8400 -> 0.840, the part's scale on every fp8 point: 274.1 x 0.840 = 230.244 at 1024^3."""
-    from meshplan.compute.measured import gemm_tflops
+    from meshplan.compute.gemm_points import gemm_tflops
     sxm, part = kernel_data("h100-sxm5-80gb"), kernel_data(PART)
     eff = lambda m, n, k: 1.0  # noqa: E731: every shape here is inside the measured points (no model)
     measured = {(8192, 8192, 8192): 1125.51, (65536, 8192, 7168): 1082.75, (65536, 3584, 8192): 1141.38}

@@ -55,7 +55,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.compute.kernel_fragment import kernel_data, overlaid
-from meshplan.compute.measured import gemm_seconds
+from meshplan.compute.gemm_points import gemm_seconds
 from meshplan.errors import ConfigError
 from meshplan.fileread import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, MAX_STRING
@@ -90,7 +90,7 @@ def _compute_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], d
 def compute_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16") -> float:
     """The shape model's efficiency of one GEMM (M, N, K) without its memory roofline: tile and
     wave quantization at the ceiling, best of :data:`TILES` (the catalog's measured points are
-    scaled by its ratio below their smallest shapes, :func:`meshplan.compute.measured.gemm_tflops`,
+    scaled by its ratio below their smallest shapes, :func:`meshplan.compute.gemm_points.gemm_tflops`,
     and meet the roofline at measured bandwidth there).
 
     >>> from meshplan import catalog
@@ -318,7 +318,7 @@ def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: 
     """Seconds of ``count`` GEMMs (M, N, K), first of: the measured entry when ``table`` (a
     user's ``meshplan bench gemm``) has this exact shape and dtype (``count`` calls of it); the
     catalog's measured points for this GPU and dtype, interpolated
-    (:func:`meshplan.compute.measured.gemm_seconds`, source "catalog"); :func:`gemm_model`."""
+    (:func:`meshplan.compute.gemm_points.gemm_seconds`, source "catalog"); :func:`gemm_model`."""
     hit = table.lookup(m, n, k, dtype) if table is not None else None
     if hit is None:
         data = kernel_data(gpu)
@@ -336,7 +336,7 @@ def _catalog_time(gpu_name: str, kernels: tuple, peak_flops: float, m: int, n: i
                   count: int) -> GemmEstimate:
     """:func:`gemm_time` from the catalog's points of ``gpu_name`` with the run's measured
     ``kernels`` files laid over them (:func:`meshplan.compute.kernel_fragment.overlaid`;
-    :func:`meshplan.compute.measured.gemm_seconds`; below the measured points, scaled by
+    :func:`meshplan.compute.gemm_points.gemm_seconds`; below the measured points, scaled by
     :func:`compute_efficiency` of the catalog GPU ``gpu_name``), efficiency against ``peak_flops``;
     memoised on everything it reads (the catalog entry by GPU, the files by text): the search times the
     same shapes for every recompute policy and across thousands of meshes. The flow's one GEMM
