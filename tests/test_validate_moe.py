@@ -21,6 +21,8 @@ from tests.gloo_grads import fork_ranks, grad_errors, join_gloo, split_model, wr
 
 torch = pytest.importorskip("torch")
 
+from tests.reference import per_token_losses  # noqa: E402
+
 MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
 MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
 MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
@@ -44,9 +46,8 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     separately, the mean loss backward, one AdamW step (the worker's settings) per step.
     ``token_split``: the MoE layers route the sequence in that many pieces, each with its own
     capacity, as tp ranks that split the tokens do (equal to the runtime's split for
-    micro-batch 1, with or without SP)."""
-    import torch.nn.functional as F
-
+    micro-batch 1, with or without SP). Each distinct batch runs once, all in one batch without
+    capacity routing (tests/reference.py)."""
     from meshplan.runtime.execution.model import Transformer
     from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.moe import moe_layers, set_routing
@@ -62,12 +63,11 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     for moe in moe_layers(model):
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
     opt = adamw(model.parameters(), training)  # the AdamW the worker runs
+    batched = token_split == 1 and all(moe.dropless for moe in moe_layers(model))  # tests/reference.py
     out = []
     for step in range(steps):
-        losses = []
-        for r in range(world):
-            tokens, labels = batch(training, mesh, r, step, 0, vocab, 0)
-            losses.append(F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten()))
+        pairs = [batch(training, mesh, r, step, 0, vocab, 0) for r in range(world)]
+        losses = [per_token.mean() for per_token in per_token_losses(model, pairs, batched)]
         torch.stack(losses).mean().backward()
         opt.step()
         opt.zero_grad()

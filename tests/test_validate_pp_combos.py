@@ -26,6 +26,7 @@ torch = pytest.importorskip("torch")
 
 from meshplan.runtime.validation.validate import Options, validate  # noqa: E402
 from meshplan.config import load_config  # noqa: E402
+from tests.reference import per_token_losses  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -58,9 +59,8 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
     averaged over the rank's own cp chunks, then the mean over micro-batches; backward of
     the mean over last-stage ranks, one AdamW step (the worker's settings) per step.
     ``token_split``: the MoE layers route the sequence in that many pieces, each with its own
-    capacity, as tp ranks under SP route their own sequence shard (micro-batch 1, cp 1)."""
-    import torch.nn.functional as F
-
+    capacity, as tp ranks under SP route their own sequence shard (micro-batch 1, cp 1). Each
+    distinct micro-batch runs once, all in one batch without capacity routing (tests/reference.py)."""
     from meshplan.runtime.execution.cp import chunk_positions
     from meshplan.runtime.execution.model import Transformer
     from meshplan.compute.routing import RoutingOptions
@@ -79,16 +79,16 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
     opt = adamw(model.parameters(), training)  # the AdamW the worker runs
     last = [r for r in range(mesh.world) if mesh.layout.coords_of(r)[mesh.layout.names.index("pp")] == pp - 1]
+    micro = plan["mesh"]["micro_batches"]
+    batched = token_split == 1 and all(moe.dropless for moe in moe_layers(model))  # tests/reference.py
     out = {r: [] for r in last}
     for step in range(steps):
+        per_token = per_token_losses(model, [batch(training, mesh, r, step, mb, vocab, 0) for r in last
+                                             for mb in range(micro)], batched)
         losses = []
-        for r in last:
+        for i, r in enumerate(last):
             mine = chunk_positions(training.seq_len, cp, mesh.group_of(r, "cp").index(r) if cp > 1 else 0)
-            per_mb = []
-            for mb in range(plan["mesh"]["micro_batches"]):
-                tokens, labels = batch(training, mesh, r, step, mb, vocab, 0)
-                per_token = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten(), reduction="none")
-                per_mb.append(per_token.view(tokens.shape)[:, mine].mean())
+            per_mb = [per_token[i * micro + mb][:, mine].mean() for mb in range(micro)]
             losses.append(torch.stack(per_mb).mean())
             out[r].append(float(losses[-1].detach()))
         torch.stack(losses).mean().backward()
