@@ -6,6 +6,11 @@ from pathlib import Path
 
 import pytest
 from cli_run import run_main as _main, plan_file as _plan
+from test_newcomer21 import MIXTRAL_ARGS
+
+from meshplan.config import config_from_dict
+from meshplan.interop import megatron
+from meshplan.interop.foreign import ImportOptions
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -205,3 +210,21 @@ def test_sharded_data_axis_is_dp_shard_in_every_table(tmp_path):
         # collective table: FSDP's gathers and reduce-scatters over the 4 data ranks
         rows = [line for line in out.splitlines() if "all-gather │ 4 │" in line or "reduce-scatter │ 4 │" in line]
         assert rows and {r.split("│")[1].strip() for r in rows} == {"dp_shard"}
+
+
+def test_megatron_etp_defaults_to_tp_at_ep_1_too():
+    """Megatron-LM sets ``--expert-tensor-parallel-size`` to the tp size when it is absent, whatever
+    ep (``if args.expert_tensor_parallel_size is None: ... = args.tensor_model_parallel_size``,
+    megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM d98e8a6). Mixtral arguments at tp 2
+    without --expert-model-parallel-size (ep 1) read as etp 2, as Megatron-LM runs them; with the flag
+    at 1 as etp 1, and that plan exports the flag, since without it Megatron-LM would run etp 2.
+    Before, the import read etp 1 at ep 1 and the export left the flag out."""
+    text = MIXTRAL_ARGS.replace("--expert-model-parallel-size 8 ", "")
+    one = text.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 2 --expert-tensor-parallel-size 1")
+    meshes, written = [], []
+    for t in (text, one):
+        tables = megatron.read(t, ImportOptions(cluster="dgx-h100", nodes=4)).tables
+        meshes.append(dict(zip(tables["mesh"]["names"], tables["mesh"]["shape"])))
+        written.append([a for a in megatron.write(config_from_dict(tables)) if a.startswith("--expert")])
+    assert meshes == [{"dp": 16, "tp": 2, "etp": 2}, {"dp": 16, "tp": 2}]  # 4 nodes x 8 GPUs = 32 = dp 16 x tp 2
+    assert written == [["--expert-tensor-parallel-size 2"], ["--expert-tensor-parallel-size 1"]]

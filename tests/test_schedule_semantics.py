@@ -246,14 +246,65 @@ def test_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts(schedule
         assert timeline_counts(st, s, kinds) == counts, (s, counts)
         rows = [r for r in plan.stage(s).collectives if comm_kind(r) == "tp"]
         assert {r.size_bytes for r in rows} == {8192}
-        spent = sum(ie.end_s - ie.start_s for e in st.pipeline.events if e.stage == s and e.stream == "compute"
-                    for ie in st.units.of_event(e).events if ie.args.get("kind") == "tp"
-                    and ie.args["phase"] != "loss" and "norm-grad" not in ie.name)
-        assert spent == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9)
+        assert tp_seconds(st, s) == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9)
     if vpp == 1:
         by_hand = {0: [16, 4 * (1 + 2 + 2 + shared), 4 * (1 + 2 + 2 + shared), 16],
                    1: [20, 4 * (4 + 2 * shared), 4 * (4 + 2 * shared), 20]}
         assert {s: [table_counts(plan, s, kinds)[("tp", "", *k)] for k in TP_KEYS] for s in range(2)} == by_hand
+
+
+def tp_seconds(st, s: int) -> float:
+    """Seconds stage s's rank timeline spends on its blocking tp collectives per step (the
+    compute stream's units' events of kind tp, not the loss's nor the norm-gradient all-reduces)."""
+    return sum(ie.end_s - ie.start_s for e in st.pipeline.events if e.stage == s and e.stream == "compute"
+               for ie in st.units.of_event(e).events if ie.args.get("kind") == "tp"
+               and ie.args["phase"] != "loss" and "norm-grad" not in ie.name)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])  # Megatron-LM's (no zb_h1)
+@pytest.mark.parametrize("shared", [0, 1])
+@pytest.mark.parametrize("etp", [1, 2])
+def test_megatron_moe_ep1_tp_timeline_issues_the_tp_collectives_the_table_counts(schedule, vpp, shared, etp):
+    """The torch test above under framework megatron (SP, ZeRO-1), at etp 1 (meshplan's default
+    at ep 1) and etp 2 (Megatron-LM's default, arguments.py:587-588 at d98e8a6). Megatron-LM's
+    MoE layer gathers nothing over tp: the router and the alltoall dispatcher take the rank's
+    sequence shard, the dispatcher moves tokens over ep and etp (its etp rows) and only a shared
+    expert (a dense tp MLP) all-gathers and reduce-scatters over tp (meshplan.spec.axes.ep.moe_mlp_tp_ops).
+    Before this fix the timeline issued a dense MLP's tp AG/RS around every MoE block without a
+    shared expert: forward AG and RS, backward RS and AG, 4 of each per MoE layer and step (the
+    table: stage 0 [12, 12, 28, 12], timeline [16, 16, 32, 16]). By hand per micro-batch, s the
+    shared experts (vpp 1: stage 0 the embedding, dense layer 0 and MoE layer 1; stage 1 MoE
+    layers 2-3 and the head), as (fwd AG, fwd RS, bwd AG, bwd RS): a dense layer (2, 2, 2 + 2
+    re-gathers for wgrad, 2); an MoE layer (1 + s, 1 + s, 1 + s + 1 re-gather, 1 + s); the
+    embedding a forward all-reduce (its backward AG +1); the head (1, 0, 1 + 1 re-gather, 1).
+    Stage 0: (3 + s, 3 + s, 7 + s, 3 + s) x m 4 = [12 + 4s, 12 + 4s, 28 + 4s, 12 + 4s] and 4
+    all-reduces; stage 1: (3 + 2s, 2 + 2s, 5 + 2s, 3 + 2s) x 4 = [12 + 8s, 8 + 8s, 20 + 8s, 12 + 8s].
+    Every AG/RS and the all-reduce move b 1 x s 64 x h 64 x 2 B = 8192 B. At etp 2 the etp rows:
+    per MoE layer and micro-batch one AG and one RS each way of etp 2 x (32 tokens x top-2 = 64
+    rows) x 64 x 2 B = 16,384 B, 4 (stage 0) and 8 (stage 1) of each per step, on the timeline
+    too. The timeline spends the tp rows' seconds (get_batch's broadcasts included)."""
+    mesh = {"names": ["pp", "dp_shard", "tp", "etp"], "shape": [2, 2, 2, etp], "world": 8,
+            "sequence_parallel": True, "pp_schedule": schedule, "virtual_stages": vpp}
+    plan = plan_of(mesh, model=dict(MOE, shared_experts=shared), global_batch=8, framework="megatron",
+                   sharding="zero1")
+    st, keys = step_time(plan), TP_KEYS + [("forward", "all-reduce")]
+    for s in range(2):
+        table, timeline = table_counts(plan, s, ("tp",)), timeline_counts(st, s, ("tp",))
+        assert [timeline[("tp", "", *k)] for k in keys] == [table[("tp", "", *k)] for k in keys], s
+        etp_rows = [r for r in plan.stage(s).collectives if r.axis == "etp"]
+        on_timeline = Counter((ie.args["phase"], ie.args["op"]) for e in st.pipeline.events
+                              if e.stage == s and e.stream == "compute" for ie in st.units.of_event(e).events
+                              if ie.args.get("group") == "etp")
+        assert on_timeline == Counter({(r.phase, r.op): r.per_step for r in etp_rows})
+        assert {r.size_bytes for r in etp_rows} == ({16384} if etp == 2 else set())
+        assert len(etp_rows) == (4 if etp == 2 else 0) and all(r.per_step == 4 * (s + 1) for r in etp_rows)
+        rows = [r for r in plan.stage(s).collectives if comm_kind(r) == "tp"]
+        assert {r.size_bytes for r in rows if r.op != "broadcast"} == {8192}
+        assert tp_seconds(st, s) == pytest.approx(sum(r.time_s * r.per_step for r in rows), rel=1e-9)
+    if vpp == 1:
+        by_hand = {0: [12 + 4 * shared, 12 + 4 * shared, 28 + 4 * shared, 12 + 4 * shared, 4],
+                   1: [12 + 8 * shared, 8 + 8 * shared, 20 + 8 * shared, 12 + 8 * shared, 0]}
+        assert {s: [table_counts(plan, s, ("tp",))[("tp", "", *k)] for k in keys] for s in range(2)} == by_hand
 
 
 @pytest.mark.parametrize("recompute,replayed", [("full", (32, 28)), ("op", (32, 0))])

@@ -26,7 +26,8 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   :func:`meshplan.spec.axes.ep.experts_over_tp_ops`): the routed experts sharded over tp as a dense
   MLP, so the layer's collectives are a dense layer's (with SP and shared experts, one more
   reduce-scatter forward and all-gather backward: torchtitan reduces the two outputs apart).
-- TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
+- TP with MoE layers otherwise (etp 1, and framework megatron at any etp, :func:`_tp_layer_ops`; the rule:
+  :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
   the routed path has no tp collective under SP (a rank routes its own sequence shard) and
   without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
@@ -54,7 +55,7 @@ from meshplan.compute.batch_input import BROADCAST_GROUPS, GET_BATCH_CADENCES, m
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.spec.axes.ep import experts_over_tp, experts_over_tp_ops
+from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -93,16 +94,17 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     column-parallel weight gradient)."""
     sp, m = c.mesh.sequence_parallel, c.model
     part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
-    moe = m.is_moe_layer(layer)
-    if moe and experts_over_tp(c.training.framework, c.mesh.etp, c.mesh.degree("tp")):
-        fwd = part + experts_over_tp_ops(sp, bool(m.shared_experts))  # torchtitan at ep 1: like a dense MLP
+    moe, fw, etp, tp = m.is_moe_layer(layer), c.training.framework, c.mesh.etp, c.mesh.degree("tp")
+    mlp = moe_mlp_tp_ops(fw, etp, tp, sp, bool(m.shared_experts)) if moe else part
+    if moe and experts_over_tp(fw, etp, tp):
+        fwd = part + mlp  # torchtitan at ep 1: like a dense MLP
         bwd = [_MIRROR[o] for o in fwd]
         if c.training.layer_recomputed(c.layers.index(layer)):
             bwd += fwd[:-1]
         elif c.training.recompute == "op" and sp:
             bwd += [o for o in fwd if o == "all-gather"]
         return fwd, bwd
-    fwd = part + (["all-gather+"] if moe and not sp else []) + (part if not moe or m.shared_experts else [])
+    fwd = part + (["all-gather+"] + mlp[1:] if moe and not sp else mlp)  # +: the routed outputs' (etp 1, no SP)
     bwd = [_MIRROR[o] for o in fwd]
     if sp and c.training.framework == "megatron" and not get_schedule(c.schedule).splits_backward:
         # Megatron-LM saves only the sequence shard of a column-parallel linear's input and

@@ -100,11 +100,12 @@ class Workload:
     rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
-    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``moe_tp_scatters``:
-    the tp collectives that close an MoE layer's MLP block (forward; their mirrors open its
-    backward): 2 where torchtitan reduce-scatters the routed and the shared experts' outputs
-    apart (ep 1, etp = tp, SP, shared experts: :func:`meshplan.spec.axes.ep.experts_over_tp_ops`,
-    set by :func:`meshplan.schedule.workload.workload_of`), else 1; ``framework``: the training
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``moe_tp_ops``:
+    the forward collectives over tp of an MoE layer's MLP block, in issue order (their mirrors
+    in backward; :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`, set by
+    :func:`meshplan.schedule.workload.workload_of`): none where the routed experts issue nothing
+    over tp and the layer has no shared expert; torchtitan's two reduce-scatters at ep 1, etp = tp,
+    SP with shared experts; ``framework``: the training
     contract's (``torch`` or ``megatron``), whose Q, K and V widths the GEMMs take
     (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads)."""
 
@@ -138,7 +139,7 @@ class Workload:
     fp8_all_gather: bool = False
     async_tp: str = ""
     torch_ring_attention: bool = False
-    moe_tp_scatters: int = 1
+    moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"
 
     def gemm_dtype(self, name: str) -> str:

@@ -194,8 +194,9 @@ def read(text: str, opts: ImportOptions) -> Imported:
     model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
-    if "--expert-tensor-parallel-size" not in args:
-        deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
+    if "--expert-tensor-parallel-size" not in args:  # Megatron-LM: expert tp defaults to tp at any ep
+        # (arguments.py:587-588 at d98e8a6); a dense model has no experts to split
+        deg["etp"] = deg["tp"] if deg["ep"] > 1 or model_is_moe(model) else 1
     dense = deg["tp"] * deg["cp"] * deg["pp"]
     if world % dense:
         raise megatron_world_error(deg, world, int(cluster["nodes"]), model_layers(model))

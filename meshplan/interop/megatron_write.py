@@ -41,8 +41,9 @@ def write(cfg: Config) -> list[str]:
     out = model_flags(m, t.seq_len)
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
             f"--context-parallel-size {deg.get('cp', 1)}"]
-    if mesh.ep > 1:
-        out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
+    out += [f"--expert-model-parallel-size {mesh.ep}"] * (mesh.ep > 1)
+    # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
+    out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
     out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
     out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel

@@ -34,26 +34,28 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
 
 
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
-           cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True, extra: int = 0) -> None:
+           cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0)) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
     under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
-    ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay);
-    ``extra``: closing tp collectives issued after it (an MoE block's second reduce-scatter,
-    :func:`_mlp_scatters`), the next op waiting for them all."""
-    if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and scatter)):
-        _fused_block(s, name, t, phase, fused, scatter)
+    ``tp_ops``: (opening collective issued, closing ones, routed outputs' all-gathers) of the
+    block (:func:`_mlp_tp`): a dense block's one and one; no closing one in op-level AC's
+    replay; an MoE block's as the collective table counts them (none without a shared expert
+    where the routed experts issue nothing over tp), the next op waiting for them all."""
+    opens, closes, routed = tp_ops
+    if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and closes)):
+        _fused_block(s, name, t, phase, fused, bool(closes))
         return
     before, after = tp_collectives(s.w)
-    pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
+    pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase)) if opens else None
     if ep:  # a dropless dispatch's count exchange first (ep_rows._count_rows)
         n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
         pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-gather", "etp all-gather", "etp", after=[pre or s.last]) or pre
-    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
+    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and closes else None
     more = [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)", after=[s.last])
-            for _ in range(extra)] if s.ov.tp else []
+            for _ in range(closes - 1)] if s.ov.tp else []
     tp_ov = [x for x in (pre, post, *more) if x] if s.ov.tp else []
     if cp is None:
         s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
@@ -69,10 +71,13 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         # compute waits for both (NVIDIA/Megatron-LM d98e8a6 token_dispatcher.py 824-833)
         rs = s.comm("ep", phase, "reduce-scatter", "etp reduce-scatter", "etp")
         s.compute(name + " combine wait", 0.0, [rs, s.comm("ep", phase, "all-to-all", "ep combine")])
-    if not s.ov.tp and (scatter or extra):
-        closing = [s.comm("tp", phase, after, f"tp {after}")] if scatter else []
-        closing += [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)") for _ in range(extra)]
-        s.compute(name + " tp wait", 0.0, closing)
+    # torch at etp 1 without SP: the routed outputs of each rank's tokens all-gathered (tp_rows)
+    gathered = [s.comm("tp", phase, "all-gather", "tp all-gather (routed outputs)") for _ in range(routed)]
+    if gathered or (not s.ov.tp and closes):
+        closing = [s.comm("tp", phase, after, f"tp {after}")] if closes and not s.ov.tp else []
+        closing += [s.comm("tp", phase, after, f"tp {after} (routed and shared apart)")
+                    for _ in range(closes - 1)] if not s.ov.tp else []
+        s.compute(name + " tp wait", 0.0, gathered + closing)
 
 
 def _fused_block(s: StreamSim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
@@ -115,7 +120,8 @@ def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, 
 
 
 def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
-                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None, extra: int = 0) -> None:
+                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None,
+                    tp_ops: tuple = (True, 1, 0)) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
     and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
     weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
@@ -130,14 +136,18 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     ``Overlap.tp`` overlaps it with the weight gradients whatever the framework.
     ``fused``: async TP's gathered output gradient fused with the row-parallel input-gradient
     GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it.
-    ``extra``: the mirrors of the forward's extra closing collectives (:func:`_block`; torch's
-    autograd of a reduce-scatter all-gathers the gradient), issued after the opening one; the
-    input gradients wait for them all."""
+    ``tp_ops``: the forward's (:func:`_block`), whose mirrors the backward issues: with SP an
+    all-gather opening it per forward reduce-scatter (torch's autograd of a reduce-scatter
+    all-gathers the gradient; the input gradients wait for them all) and a reduce-scatter
+    closing it where the forward opened with an all-gather; without SP an all-reduce per
+    forward all-reduce and an all-gather of the input gradient per routed outputs' all-gather,
+    closing it."""
+    opens, closes, routed = tp_ops
     before, after = tp_collectives(s.w)
     ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
     g = _gather_group(s, "backward")
-    pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}", g)
-    more = [s.comm("tp", "backward", before, f"tp {before} (routed and shared apart)", g) for _ in range(extra)]
+    pre = None if ag_fused or not closes else s.comm("tp", "backward", before, f"tp {before}", g)
+    more = [s.comm("tp", "backward", before, f"tp {before} (routed and shared apart)", g) for _ in range(closes - 1)]
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
         pre = s.comm("ep", "backward", "all-gather", "etp all-gather (grad)", "etp", after=[pre or s.last]) or pre
@@ -165,14 +175,15 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     beside = s.ov.tp or s.ov.tp_grad
     if not beside and t_w > 0:
         s.compute(name + " W", t_w)
-    post = s.comm("tp", "backward", after, f"tp {after}")
+    post = s.comm("tp", "backward", after, f"tp {after}") if (opens if s.w.sp else closes) else None
     if ep:
         post = s.comm("ep", "backward", "reduce-scatter", "etp reduce-scatter (grad)", "etp",
                       after=[post or s.last]) or post
         post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
     if beside and t_w > 0:
         s.compute(name + " W", t_w, [ag], [post] if s.ov.tp else [])
-    s.compute(name + " grad wait", 0.0, [post])
+    gathered = [s.comm("tp", "backward", "all-gather", "tp all-gather (routed input gradients)") for _ in range(routed)]
+    s.compute(name + " grad wait", 0.0, [post, *gathered])
 
 
 _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
@@ -254,22 +265,33 @@ def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
     return True, w.megatron_ops
 
 
-def _mlp_scatters(w: Workload, moe: bool, phase: str) -> int:
-    """Closing tp collectives of a layer's MLP block after its first (``_block``'s ``extra``): an
-    MoE layer's ``Workload.moe_tp_scatters`` less one (torchtitan's ep 1, etp = tp with SP and
-    shared experts: the routed and the shared outputs reduce-scattered apart), in forward and in
-    a replay as the collective table counts them (:func:`meshplan.comm.tp_rows._tp_layer_ops`):
-    full or per-layer AC replays all but the layer's last collective (so the first of the two),
-    op-level AC none; 0 for a dense layer.
+def _mlp_tp(w: Workload, moe: bool, phase: str, scatter: bool = True) -> tuple[bool, int, int]:
+    """``tp_ops`` of a layer's MLP block (:func:`_block`): (opening collective issued, closing
+    ones, routed outputs' all-gathers), a dense block's (True, 1, 0) and an MoE block's from
+    ``Workload.moe_tp_ops``, the collective table's rule
+    (:func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`). A replay (``phase`` not "forward") issues as
+    the table counts it (:func:`meshplan.comm.tp_rows._tp_layer_ops`): ``scatter``
+    (:func:`replay_scatters`) False drops the last closing collective (full or per-layer AC:
+    all but the layer's last collective; op-level AC, ``recompute = "op"``: none).
 
-    >>> two = Workload(seq_len=8, tp=2, sp=True, moe_tp_scatters=2, recompute="full")
-    >>> _mlp_scatters(two, True, "forward"), _mlp_scatters(two, True, "backward_input"), _mlp_scatters(two, False, "forward")
-    (1, 1, 0)
-    >>> _mlp_scatters(Workload(seq_len=8, tp=2, sp=True, moe_tp_scatters=2, recompute="op"), True, "backward_input")
-    0
+    >>> two = Workload(seq_len=8, tp=2, sp=True, moe_tp_ops=("all-gather", "reduce-scatter", "reduce-scatter"),
+    ...                recompute="full")
+    >>> _mlp_tp(two, True, "forward"), _mlp_tp(two, True, "backward_input", False), _mlp_tp(two, False, "forward")
+    ((True, 2, 0), (True, 1, 0), (True, 1, 0))
+    >>> _mlp_tp(Workload(seq_len=8, tp=2, sp=True, moe_tp_ops=()), True, "forward")
+    (False, 0, 0)
+    >>> _mlp_tp(Workload(seq_len=8, tp=2, sp=True, moe_tp_ops=two.moe_tp_ops, recompute="op"), True, "backward_input", False)
+    (True, 0, 0)
     """
-    n = w.moe_tp_scatters - 1 if moe else 0
-    return n if phase == "forward" or w.recompute != "op" else 0
+    before, after = tp_collectives(w)
+    ops = w.moe_tp_ops if moe else tuple(o for o in (before, after) if o)
+    opens, closes = before in ops, ops.count(after)
+    routed = 0 if w.sp else ops.count("all-gather")
+    if phase != "forward" and not scatter and w.recompute == "op":
+        closes = routed = 0
+    elif phase != "forward" and not scatter:  # the last: the closing all-reduce or reduce-scatter, else the routed
+        closes, routed = (closes - 1, routed) if closes else (0, max(routed - 1, 0))
+    return opens, closes, routed
 
 
 def _amax_calls(c: Cost, side: str, phase: str, mark: str) -> int:
@@ -319,14 +341,13 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     _slots(s, own, At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "forward")
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
-           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), scatter=scatter)
+           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), tp_ops=(True, int(scatter), 0))
     _qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "forward")
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp,
-           extra=_mlp_scatters(s.w, moe, phase))
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp))
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
@@ -358,7 +379,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     _slots(s, "backward", At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "backward")
     _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
-                    fused=f.get("mlp"), extra=_mlp_scatters(s.w, moe, "forward"))
+                    fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, "forward"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None

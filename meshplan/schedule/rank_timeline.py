@@ -31,8 +31,11 @@ frameworks issue them:
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
-  torch MoE at ep 1, etp = tp with SP and shared experts: the MLP block closes with two RS (the
-  routed and the shared outputs reduced apart, ``Workload.moe_tp_scatters``), the add waiting for
+  An MoE layer's MLP block issues the tp collectives the table counts (``Workload.moe_tp_ops``,
+  :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`): none where the routed experts issue nothing over
+  tp (etp 1, and Megatron-LM at any etp: its tokens move over ep and etp) and there is no shared
+  expert; torch MoE at ep 1, etp = tp with SP and shared experts: the MLP block closes with two RS (the
+  routed and the shared outputs reduced apart), the add waiting for
   both; in backward two AG open it (their mirrors), full AC's replay re-runs the first RS.
   torchao's float8 tensorwise TP: the amax all-reduces of a block's casts of tp shards
   (:mod:`meshplan.compute.float8`) block one after the other before the block (forward and its

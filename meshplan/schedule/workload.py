@@ -22,7 +22,7 @@ from meshplan.compute.shapes import Gemm, local_split, step_gemms
 from meshplan.mesh.layers import last_stage
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
-from meshplan.spec.axes.ep import experts_over_tp, experts_over_tp_ops
+from meshplan.spec.axes.ep import moe_mlp_tp_ops
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -42,7 +42,7 @@ def workload_of(plan, dropout: bool = False) -> Workload:
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
-                    dtensor_host_source=dtensor_host_source(plan.config), moe_tp_scatters=moe_tp_scatters(plan))
+                    dtensor_host_source=dtensor_host_source(plan.config), moe_tp_ops=moe_tp_ops(plan))
 
 
 def plan_step_gemms(plan) -> list[Gemm]:
@@ -53,15 +53,14 @@ def plan_step_gemms(plan) -> list[Gemm]:
     return step_gemms(plan.gemms, workload_of(plan).fused_qkv)
 
 
-def moe_tp_scatters(plan) -> int:
-    """The tp collectives closing an MoE layer's MLP block on the rank timeline
-    (``Workload.moe_tp_scatters``): the reduce-scatters of :func:`~meshplan.spec.axes.ep.experts_over_tp_ops`
-    under torchtitan's ep 1, etp = tp with SP (2 with shared experts: routed and shared outputs
-    reduced apart, as the collective table counts them), else 1."""
-    mesh, t = plan.mesh, plan.config.training
-    if not (mesh.sequence_parallel and experts_over_tp(t.framework, mesh.etp, mesh.degree("tp"))):
-        return 1
-    return experts_over_tp_ops(True, bool(plan.config.model.shared_experts)).count("reduce-scatter")
+def moe_tp_ops(plan) -> tuple[str, ...]:
+    """The forward tp collectives of an MoE layer's MLP block on the rank timeline
+    (``Workload.moe_tp_ops``): :func:`~meshplan.spec.axes.ep.moe_mlp_tp_ops`, the rule the
+    collective table counts by; none at tp 1."""
+    mesh, t, tp = plan.mesh, plan.config.training, plan.mesh.degree("tp")
+    if tp <= 1:
+        return ()
+    return tuple(moe_mlp_tp_ops(t.framework, mesh.etp, tp, mesh.sequence_parallel, bool(plan.config.model.shared_experts)))
 
 
 def dtensor_host_s(config, tp: int) -> tuple[float, float]:

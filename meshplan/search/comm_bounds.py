@@ -21,6 +21,7 @@ from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.ep import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -102,6 +103,8 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
         out["ep_out"] = a2a + coll_times(tt, "reduce-scatter", gathered, size, one)
     else:
         out["ep"] = out["ep_out"] = zero
+    # 1/0: an MoE layer's MLP block opens and closes with the tp collectives (spec.axes.ep.moe_mlp_tp_ops)
+    out["moe_mlp_tp"] = moe_mlp_blocks_tp(t.framework, c.etp, c.tp, bool(m.shared_experts)).astype(np.float64)
     return out
 
 

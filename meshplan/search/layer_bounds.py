@@ -44,8 +44,11 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
     the next block waits for it (layer_timeline._block_backward without ``Overlap.tp`` or
     ``tp_grad``: torch, with or without tp_comm_overlap), so the two add up; otherwise the collective may
-    run beside the weight gradients (the larger of the two)."""
+    run beside the weight gradients (the larger of the two). An MoE layer's MLP block opens and
+    closes with the tp collectives only where ``cm["moe_mlp_tp"]`` (1/0 per candidate,
+    :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
+    pre_mlp, post_mlp_tp = (pre * cm["moe_mlp_tp"], post * cm["moe_mlp_tp"]) if moe else (pre, post)
     # the EP calls before the expert GEMMs (dispatch, etp all-gather) and after them (etp
     # reduce-scatter, combine: comm_bounds.comm_times)
     e, e_out = (cm["ep"], cm["ep_out"]) if moe else (0.0, 0.0)
@@ -56,18 +59,18 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # compute stream, with or without tp_comm_overlap (layer_timeline._qkv_gather)
     qkv_ag, qkv_rs = cm.get("tp_qkv_ag", 0.0), cm.get("tp_qkv_rs", 0.0)
 
-    def forward(p, post_mlp=post):
+    def forward(p, post_mlp=post_mlp_tp):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
         # for it; only the Q projection runs beside it
         attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
-                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
+                    + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
         # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
         # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
         # after the block's compute and still blocks
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
-                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e_out
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp) + e_out
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
@@ -78,14 +81,15 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # tp_comm_overlap: async TP fuses the gathered output gradient with the row-parallel
     # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
     # the whole's); the other input gradients follow it
-    gathered = lambda blk: np.where(c.ov > 0, np.maximum(pre, b[blk]), pre + b[blk])
+    gathered = lambda blk, g=pre: np.where(c.ov > 0, np.maximum(g, b[blk]), g + b[blk])
     beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
-    back = (amax_b + b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e_out) + b["mlp_pre"] + b["attn_post"]
+    back = (amax_b + b["mlp_post"] + e + gathered("mlp", pre_mlp) + beside(o["bw_mlp"], post_mlp_tp + e_out)
+            + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True)
-    replay = forward("br", np.where(serial, 0.0, post))
+    replay = forward("br", np.where(serial, 0.0, post_mlp_tp))
     return forward("f"), back + np.where(full, replay, 0.0)
 
 

@@ -196,6 +196,50 @@ def experts_over_tp_ops(sp: bool, shared_experts: bool) -> list[str]:
     return ["all-gather"] + ["reduce-scatter"] * (1 + bool(shared_experts)) if sp else ["all-reduce"]
 
 
+def moe_mlp_tp_ops(framework: str, etp: int, tp: int, sp: bool, shared_experts: bool) -> list[str]:
+    """Forward collectives over the dense tp group of one MoE layer's MLP block (tp > 1), in
+    issue order: the one home of the rule the collective table (``comm.tp_rows._tp_layer_ops``)
+    and the rank timeline (``Workload.moe_tp_ops``) both follow; the backward is the mirror.
+
+    - :func:`experts_over_tp` (torchtitan at ep 1): :func:`experts_over_tp_ops`.
+    - Otherwise the routed experts issue nothing over tp: each rank routes its own sequence shard
+      (SP), and Megatron-LM moves the tokens over other groups. NVIDIA/Megatron-LM d98e8a6
+      ``megatron/core/transformer/moe/moe_layer.py`` ``MoELayer.forward`` (:614-719) runs the router
+      on the ``[s/tp, b, h]`` input and gathers nothing; ``token_dispatcher.py``'s dispatchers take
+      ``self.tp_group = pg_collection.expt_tp`` (:86) and ``tp_ep`` (:87): ``MoEAlltoAllTokenDispatcher``
+      all-to-alls over ep, all-gathers over etp (``dispatch_postprocess``, :741-751) and
+      reduce-scatters back (``combine_preprocess``, :824-833), the table's etp rows
+      (``comm.ep_rows._etp_rows``); none at ep = etp = 1. Megatron-LM defaults etp to tp
+      (``megatron/training/arguments.py``:587-588), so a Megatron-LM run at ep 1 without
+      ``--expert-tensor-parallel-size`` gathers the tokens over etp = tp on the etp rows, never
+      twice over tp. A shared expert is a dense tp MLP (``shared_experts.py`` ``SharedExpertMLP(MLP)``
+      on ``pg_collection.tp``, :102-135; torchtitan's likewise): with SP its input's all-gather
+      and output's reduce-scatter, without SP one all-reduce.
+    - torch without SP, etp 1: the tp ranks split the replicated tokens and all-gather the routed
+      outputs (:mod:`meshplan.runtime.execution.moe`), first.
+
+    >>> moe_mlp_tp_ops("megatron", 2, 2, True, False), moe_mlp_tp_ops("megatron", 1, 2, True, True)
+    ([], ['all-gather', 'reduce-scatter'])
+    >>> moe_mlp_tp_ops("torch", 2, 2, True, False), moe_mlp_tp_ops("torch", 1, 2, False, True)
+    (['all-gather', 'reduce-scatter'], ['all-gather', 'all-reduce'])
+    """
+    if experts_over_tp(framework, etp, tp):
+        return experts_over_tp_ops(sp, shared_experts)
+    shared = (["all-gather", "reduce-scatter"] if sp else ["all-reduce"]) if shared_experts else []
+    return ([] if sp else ["all-gather"]) + shared
+
+
+def moe_mlp_blocks_tp(framework: str, etp, tp, shared_experts: bool):
+    """Whether an MoE layer's MLP block opens and closes with the dense tp collectives under SP
+    (:func:`moe_mlp_tp_ops` non-empty): the search's columns (arrays of degrees) or scalars.
+
+    >>> import numpy as np
+    >>> moe_mlp_blocks_tp("torch", np.array([1, 2, 4]), np.array([2, 2, 4]), False).tolist()
+    [False, True, True]
+    """
+    return ((framework == "torch") & (tp > 1) & (tp == etp)) | bool(shared_experts)
+
+
 def _torch_etp_bad(m, t, d):
     """Framework torch with an etp other than torchtitan's (:func:`torch_etp`): etp > 1 with ep > 1
     on any model, or etp other than tp at ep 1 on an MoE model."""
