@@ -1,0 +1,47 @@
+"""Newcomer trial 29 (a torchtitan user, Llama-3.1-70B at 128k tokens on 256 H200): what it found,
+each fixed and asserted here on a small job of the same kind.
+
+1. ``meshplan compare`` of a bf16 config against its float8 twin exited 2 with ``training.linear_dtype
+   differs: job_bf16 None, job fp8``: a Python None in a user message, and a refusal of a comparison
+   both of whose plans are complete (the float8 GEMMs are timed at the fp8 peak, memory in full).
+   ``linear_dtype`` is now a knob compared as ``recompute`` is: a row, named in the verdict's reasons.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli_run import run_cli
+from tests.configs import job_toml
+
+#: Llama-3-8B on one dgx-h100, FSDP over 8 GPUs (torchtitan's default: zero3, the head not
+#: converted to float8, filter_fqns = ["output"]).
+_TRAINING = {"global_batch": 8, "seq_len": 1024}
+_MESH = {"names": ["dp_shard"], "shape": [8]}
+
+
+def test_compare_weighs_float8_against_bf16(tmp_path, capsys):
+    """bf16 against float8 Linears with the float8 all-gather (trial 29's job_bf16.toml against
+    job.toml): exit 0; one knob, ``training.linear_dtype``, bf16 (unset: the Linears run in the
+    compute dtype, bf16) against fp8; ``fp8_all_gather`` (false on the bf16 side, where it cannot
+    be set) is no second knob: it refines float8 and acts only where both sides run it. The
+    caption names each side's GEMM dtypes: llama's seven Linears (wq, wk, wv, wo, w_gate, w_up,
+    w_down) in fp8 and the head (``output``, excluded by default) in bf16, and MFU's peaks: H100
+    SXM dense 989 TFLOP/s bf16 and 1979 TFLOP/s fp8 (NVIDIA H100 datasheet, half the sparse
+    1979 and 3958)."""
+    (tmp_path / "bf16.toml").write_text(job_toml(training=_TRAINING, mesh=_MESH))
+    (tmp_path / "fp8.toml").write_text(job_toml(training={**_TRAINING, "linear_dtype": "fp8",
+                                                          "fp8_all_gather": True}, mesh=_MESH))
+    code, out, err = run_cli(["compare", tmp_path / "bf16.toml", tmp_path / "fp8.toml", "--out", tmp_path / "o",
+                              "--json", tmp_path / "c.json"], capsys)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["knobs"] == [{"knob": "training.linear_dtype", "a": "bf16", "b": "fp8"}]
+    assert ["training.linear_dtype", "bf16", "fp8"] in doc["table"]
+    text = " ".join(out.split())
+    assert ("same mesh (dp_shard 8); the plans differ in training.linear_dtype bf16 against fp8 (bf16 against fp8): "
+            "the difference comes from these knobs, not from the mesh") in text
+    assert ("(M,N,K) eff: forward GEMM FLOP/s over the 989 TFLOP/s bf16, 1979 TFLOP/s fp8 dense peak" in text)
+    assert ("each over its own dtype's peak: bf16 bf16 every GEMM; fp8 fp8 wq, wk, wv, wo, w_gate, w_up, w_down, "
+            "bf16 output; MFU over bf16's bf16, fp8's fp8 peak") in text
+    assert "None" not in out + err
