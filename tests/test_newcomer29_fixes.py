@@ -5,6 +5,8 @@ each fixed and asserted here on a small job of the same kind.
    differs: job_bf16 None, job fp8``: a Python None in a user message, and a refusal of a comparison
    both of whose plans are complete (the float8 GEMMs are timed at the fp8 peak, memory in full).
    ``linear_dtype`` is now a knob compared as ``recompute`` is: a row, named in the verdict's reasons.
+3. ``meshplan step job_pp4.toml --schedule interleaved_1f1b`` said "set the config's virtual stages"
+   without naming the key: it names ``mesh.virtual_stages`` and a value that runs.
 """
 
 from __future__ import annotations
@@ -45,3 +47,21 @@ def test_compare_weighs_float8_against_bf16(tmp_path, capsys):
     assert ("each over its own dtype's peak: bf16 bf16 every GEMM; fp8 fp8 wq, wk, wv, wo, w_gate, w_up, w_down, "
             "bf16 output; MFU over bf16's bf16, fp8's fp8 peak") in text
     assert "None" not in out + err
+
+
+def test_interleaved_schedule_refusal_names_the_key_and_a_value_that_works(tmp_path, capsys):
+    """``step --schedule interleaved_1f1b`` of a pp 4 mesh with one chunk per rank (trial 29's
+    job_pp4.toml: "set the config's virtual stages", no key): the fix names mesh.virtual_stages and
+    the fewest chunks that run, 2 (Llama-3-8B's 32 layers / (pp 4 x 2) = 4 per virtual stage; 8
+    micro-batches = global_batch 8 / (micro_batch 1 x dp 1), a multiple of torch's rounds max(1,
+    8 // 4) = 2); the config with that value runs the schedule."""
+    mesh = {"names": ["pp", "tp"], "shape": [4, 2]}
+    (tmp_path / "pp4.toml").write_text(job_toml(training=_TRAINING, mesh=mesh))
+    code, _, err = run_cli(["step", tmp_path / "pp4.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 2
+    assert err == ("error: --schedule: interleaved_1f1b: interleaved 1F1B needs virtual_stages > 1; choose a schedule "
+                   "this mesh allows, or set mesh.virtual_stages = 2 (32 layers / (pp 4 x 2) = 4 per virtual "
+                   "stage)\n")
+    (tmp_path / "vpp2.toml").write_text(job_toml(training=_TRAINING, mesh={**mesh, "virtual_stages": 2}))
+    code, _, err = run_cli(["step", tmp_path / "vpp2.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 0, err
