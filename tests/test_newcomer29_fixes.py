@@ -5,6 +5,9 @@ each fixed and asserted here on a small job of the same kind.
    differs: job_bf16 None, job fp8``: a Python None in a user message, and a refusal of a comparison
    both of whose plans are complete (the float8 GEMMs are timed at the fp8 peak, memory in full).
    ``linear_dtype`` is now a knob compared as ``recompute`` is: a row, named in the verdict's reasons.
+2. ``meshplan import torchtitan`` listed ``checkpoint.interval`` as unused: the file spelled
+   ``enable_checkpoint`` (torchtitan's name before cd337db); it is read as ``enable`` and the
+   interval round-trips through [reliability] checkpoint_interval_steps.
 3. ``meshplan step job_pp4.toml --schedule interleaved_1f1b`` said "set the config's virtual stages"
    without naming the key: it names ``mesh.virtual_stages`` and a value that runs.
 """
@@ -12,6 +15,7 @@ each fixed and asserted here on a small job of the same kind.
 from __future__ import annotations
 
 import json
+import tomllib
 
 from tests.cli_run import run_cli
 from tests.configs import job_toml
@@ -65,3 +69,44 @@ def test_interleaved_schedule_refusal_names_the_key_and_a_value_that_works(tmp_p
     (tmp_path / "vpp2.toml").write_text(job_toml(training=_TRAINING, mesh={**mesh, "virtual_stages": 2}))
     code, _, err = run_cli(["step", tmp_path / "vpp2.toml", "--schedule", "interleaved_1f1b"], capsys)
     assert code == 0, err
+
+
+#: A torchtitan job TOML of before cd337db (2025-08-22), whose [checkpoint] still spells
+#: ``enable_checkpoint`` (trial 29's tt_70b_128k.toml, at Llama-3-8B on one node).
+_TT_OLD_CHECKPOINT = """[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 1
+seq_len = 8192
+[parallelism]
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 8
+[checkpoint]
+enable_checkpoint = true
+folder = "checkpoint"
+interval = 200
+"""
+
+
+def test_torchtitan_checkpoint_interval_round_trips(tmp_path, capsys):
+    """``checkpoint.enable_checkpoint = true`` (``enable``'s name before torchtitan cd337db) with
+    ``interval = 200``: imported as [reliability] checkpoint_interval_steps = 200 (no longer listed
+    as unused), exported back in the file's spelling with the folder carried; the plan's interval
+    edited to 300 is the exported one, and the header says so."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT)
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    assert "[reliability]\ncheckpoint_interval_steps = 200\n" in text
+    assert "checkpoint.interval" not in text and "checkpoint.enable_checkpoint" not in text  # not "unused"
+    for interval in (200, 300):
+        (tmp_path / "j.toml").write_text(text.replace("checkpoint_interval_steps = 200",
+                                                      f"checkpoint_interval_steps = {interval}"))
+        out = tmp_path / f"e{interval}.toml"
+        code, _, err = run_cli(["export", tmp_path / "j.toml", "--to", "torchtitan", "-o", out], capsys)
+        assert code == 0, err
+        written = tomllib.loads(out.read_text())
+        assert written["checkpoint"] == {"enable_checkpoint": True, "folder": "checkpoint", "interval": interval}
+    assert "checkpoint.interval 200 -> 300" in (tmp_path / "e300.toml").read_text()

@@ -67,7 +67,8 @@ training.max_norm                              training.grad_clip = true whateve
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
-checkpoint.interval (with enable true)         [reliability] checkpoint_interval_steps (500 unset)
+checkpoint.interval (with enable true;         [reliability] checkpoint_interval_steps (500 unset);
+  enable_checkpoint before cd337db)              export writes it back, in the file's spelling
 ============================================== ==============================================
 
 The pipeline split and [activation_checkpoint] are read and written by
