@@ -5,7 +5,9 @@ each fixed and asserted here on a small job of the same kind.
    differs: job_bf16 None, job fp8``: a Python None in a user message, and a refusal of a comparison
    both of whose plans are complete (the float8 GEMMs are timed at the fp8 peak, memory in full).
    ``linear_dtype`` is now a knob compared as ``recompute`` is: a row, named in the verdict's reasons.
-2. ``meshplan import torchtitan`` listed ``checkpoint.interval`` as unused: the file spelled
+2. ``meshplan import torchtitan`` mapped flavor 70B to catalog llama3-70b (8,192 positions), so every
+   command warned of seq_len 131072: the import carries the context torchtitan runs the flavor at.
+   It also listed ``checkpoint.interval`` as unused: the file spelled
    ``enable_checkpoint`` (torchtitan's name before cd337db); it is read as ``enable`` and the
    interval round-trips through [reliability] checkpoint_interval_steps.
 3. ``meshplan step job_pp4.toml --schedule interleaved_1f1b`` said "set the config's virtual stages"
@@ -110,3 +112,28 @@ def test_torchtitan_checkpoint_interval_round_trips(tmp_path, capsys):
         written = tomllib.loads(out.read_text())
         assert written["checkpoint"] == {"enable_checkpoint": True, "folder": "checkpoint", "interval": interval}
     assert "checkpoint.interval 200 -> 300" in (tmp_path / "e300.toml").read_text()
+
+
+def test_torchtitan_flavor_runs_at_the_jobs_context(tmp_path, capsys):
+    """llama3 flavor 8B at training.seq_len 16384: catalog llama3-8b states Meta-Llama-3-8B's 8192
+    positions, but torchtitan sizes the flavor's RoPE to the job's sequence (b5bcd76
+    models/common/decoder.py:218-230; e347b1e model/args.py:49-55): the import carries
+    ``max_position = 16384`` with that source, the plan warns of no missing positions, and the
+    export writes flavor "8B" back (not a custom flavor of another max_position)."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("seq_len = 8192", "seq_len = 16384"))
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    assert '[model]\ncatalog = "llama3-8b"\nmax_position = 16384\n' in text
+    assert ("# note: torchtitan: model.max_position = 16384 (training.seq_len; the model states 8192): torchtitan "
+            "sizes RoPE to training.seq_len (b5bcd76 models/common/decoder.py:218-230; e347b1e "
+            "models/llama3/model/args.py:49-55)") in text
+    code, out, err = run_cli(["plan", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    assert "max_position" not in out + err
+    code, _, err = run_cli(["export", tmp_path / "j.toml", "--to", "torchtitan", "-o", tmp_path / "e.toml"], capsys)
+    assert code == 0, err
+    model = tomllib.loads((tmp_path / "e.toml").read_text())["model"]
+    assert (model["name"], model["flavor"]) == ("llama3", "8B")
+    assert not (tmp_path / "e.py").exists()
