@@ -99,7 +99,8 @@ def _side_dtypes(s: Side) -> str:
     """The dtypes ``s``'s forward GEMMs run in, each with the GEMMs in it
     (:meth:`~meshplan.schedule.workload.Workload.gemm_dtype`): ``fp8 wq, wk, wv, wo, w_gate, w_up,
     w_down, bf16 output`` for float8 Linears with the head excluded, ``bf16 every GEMM`` for one dtype."""
-    w, by = workload_of(s.plan), {}
+    w = workload_of(s.plan)
+    by: dict[str, list[str]] = {}
     for g in plan_step_gemms(s.plan):
         by.setdefault(w.gemm_dtype(g.name), []).append(g.name)
     if len(by) == 1:
