@@ -134,8 +134,8 @@ def test_schedule_refusal_names_the_option(tmp_path, capsys):
     rc, out, err = run(["step", toml, "--schedule", "zbv"], capsys)
     assert rc == 2 and out == ""
     assert err.splitlines()[-1] == ("error: --schedule: zbv: ZB-V needs virtual_stages = 2 (two chunks per rank, a "
-                                    "V), got 1; choose a schedule this mesh allows, or set the config's virtual "
-                                    "stages to what zbv needs")
+                                    "V), got 1; choose a schedule this mesh allows, or set mesh.virtual_stages = 2 "
+                                    "(32 layers / (pp 2 x 2) = 8 per virtual stage)")  # llama3-8b's 32 layers
 
 
 def test_compare_shows_dash_for_every_quantity_of_an_unresolved_mesh(tmp_path, capsys):

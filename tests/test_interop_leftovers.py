@@ -159,7 +159,7 @@ def test_export_refused_by_every_format_says_so():
                                      "sequence_parallel": True}})
     why = {"torchtitan": ("torchtitan knows models by flavor (llama3 8B, 70B, 405B; deepseek_v3 16B, 236B, 671B; "
                           "qwen3 30B-A3B, 235B-A22B); model 'mixtral-8x7b' is none of them: nearest llama3 8B, which differs in "
-                          "vocab 32000 (128256), max_position 32768 (8192), rope_theta 1000000.0 (500000.0), experts 8 "
+                          "vocab 32000 (128256), rope_theta 1000000.0 (500000.0), experts 8 "
                           "(0), top_k 2 (0), expert_ffn 14336 (None)"),
            "megatron": "Megatron-LM has one data-parallel axis; the mesh has ['dp_replicate', 'dp_shard'] (hsdp)",
            "deepspeed": "a DeepSpeed config applies to ZeRO over one data axis, without TP/PP/CP/EP or HSDP; this mesh has "

@@ -57,12 +57,14 @@ def test_a_micro_batch_refusal_names_the_micro_batches_not_the_virtual_stages(tm
 
 
 def test_dualpipev_names_both_of_its_rules(tmp_path, capsys):
-    """DualPipeV needs a V (virtual_stages 2) and 2 pp = 4 micro-batches (torch ScheduleDualPipeV)."""
+    """DualPipeV needs a V (virtual_stages 2) and 2 pp = 4 micro-batches (torch ScheduleDualPipeV);
+    the fix names the key and the value: Llama-3-8B's 32 layers / (pp 2 x 2) = 8 per virtual stage
+    (newcomer trial 29: "the config's virtual stages" named no key)."""
     rc, _, err = run(["step", _pp2(tmp_path, "gpipe"), "--schedule", "DualPipeV"], capsys)
     assert rc == 2
     assert err == ("error: --schedule: dualpipev: DualPipeV needs virtual_stages = 2 (two chunks per rank, a V), got "
-                   "1; DualPipeV needs micro-batches (1) >= 2 pp (4) (torch ScheduleDualPipeV); set the config's "
-                   "virtual stages to what dualpipev needs, and raise training.global_batch, or lower "
+                   "1; DualPipeV needs micro-batches (1) >= 2 pp (4) (torch ScheduleDualPipeV); set mesh.virtual_stages = 2 "
+                   "(32 layers / (pp 2 x 2) = 8 per virtual stage), and raise training.global_batch, or lower "
                    "training.micro_batch or pp, until the step's micro-batches (now 1: global_batch / (micro_batch x "
                    "dp)) meet the rule (the fewest dualpipev runs at pp 2: 4), or choose a schedule this mesh "
                    "allows\n")

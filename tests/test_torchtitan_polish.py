@@ -132,7 +132,9 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
     assert out["parallelism"]["context_parallel_rotate_method"] == "allgather"
     # what meshplan planned: dp_shard 64 / (cp 2 x tp 8) = 4, global batch 1 x 4
     assert (out["parallelism"]["data_parallel_shard_degree"], out["training"]["global_batch_size"]) == (4, 4)
-    assert (f"carried unchanged from {path}: [lr_scheduler], [metrics], [checkpoint], job.dump_folder, "
+    # [checkpoint] (enable, interval: all it holds) is read as [reliability] checkpoint_interval_steps 500
+    # and written back as the plan's (the same table, above), so no longer "carried unchanged"
+    assert (f"carried unchanged from {path}: [lr_scheduler], [metrics], job.dump_folder, "
             "job.description, model.hf_assets_path, optimizer.lr, training.max_norm, training.steps, training.dataset, "
             "parallelism.context_parallel_rotate_method, model.converters ['quantize.linear.mx']") in head
     # the re-import of the carried file gives the same plan: the user's op-level SAC is kept as written

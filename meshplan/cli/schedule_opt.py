@@ -38,8 +38,8 @@ def renamed(e: ConfigError, schedule: str) -> ConfigError:
     if e.field == "mesh.pp_schedule":
         return ConfigError("--schedule", e.message)
     if e.field == "mesh.virtual_stages":
-        return ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set the "
-                           f"config's virtual stages to what {schedule} needs")
+        return ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set "
+                           f"mesh.virtual_stages to the chunks per rank {schedule} runs")
     return e
 
 
@@ -60,19 +60,42 @@ def rule_error(plan, schedule: str) -> Optional[ConfigError]:
     (the fewest 1f1b runs at pp 2: 2), or choose a schedule this mesh allows``."""
     if plan.mesh is None or plan.feasible or str(plan.spec.pp_schedule) != schedule:  # not scheduled: pp 1
         return None
-    return refusal(schedule, plan.mesh.degree("pp"), plan.micro_batches, plan.vpp, plan.config.training)
+    return refusal(schedule, plan.mesh.degree("pp"), plan.micro_batches, plan.vpp, plan.config.training,
+                   plan.config.model.layers)
 
 
-def refusal(schedule: str, pp: int, m: int, v: int, t) -> Optional[ConfigError]:
+def chunks_fix(schedule: str, pp: int, m: int, layers: int, framework: str = "torch") -> str:
+    """The fix of a schedule's virtual-stage rule, naming the key and a value it takes: the fewest
+    chunks per rank ``v`` that ``schedule`` runs at ``pp`` stages and ``m`` micro-batches per
+    schedule run, or at the fewest it runs with ``v`` (:func:`~meshplan.pipeline.registry.reasons`
+    empty: the micro-batches are a fix of their own), with the ``layers`` split
+    evenly (``layers`` a multiple of pp x v). Newcomer trial 29 (Llama-3.1-70B, pp 4, 32
+    micro-batches, interleaved_1f1b) was told "set the config's virtual stages" without the key:
+
+    >>> chunks_fix("interleaved_1f1b", 4, 32, 80)
+    'set mesh.virtual_stages = 2 (80 layers / (pp 4 x 2) = 10 per virtual stage)'
+    >>> chunks_fix("1f1b", 4, 32, 80)
+    'set mesh.virtual_stages = 1 (80 layers / (pp 4 x 1) = 20 per virtual stage)'
+    """
+    for v in range(1, layers // max(pp, 1) + 1):  # at m, or at the fewest the schedule runs (m its own fix)
+        ms = (m, fewest_micro_batches(schedule, pp, v, framework))
+        if layers % (pp * v) == 0 and any(not schedule_reasons(schedule, pp, x, v, framework) for x in ms):
+            return f"set mesh.virtual_stages = {v} ({layers} layers / (pp {pp} x {v}) = {layers // (pp * v)} per " \
+                   f"virtual stage)"
+    return f"set mesh.virtual_stages to chunks per rank that {schedule} runs at pp {pp}"
+
+
+def refusal(schedule: str, pp: int, m: int, v: int, t, layers: int) -> Optional[ConfigError]:
     """:func:`rule_error` of ``schedule`` at ``pp`` stages, ``m`` micro-batches per step, ``v``
-    chunks per rank, under training ``t`` (its framework and ``pp_schedule_runs``)."""
+    chunks per rank, under training ``t`` (its framework and ``pp_schedule_runs``), for a model
+    of ``layers`` layers (the virtual stages' fix: :func:`chunks_fix`)."""
     runs = t.pp_schedule_runs
     bad = run_reasons(schedule, pp, m, v, runs, t.framework)
     if not bad or m % runs:  # runs not dividing m is the config's, whatever the schedule: the plan's reason
         return None
     least = fewest_micro_batches(schedule, pp, v, t.framework)
     chunks = bool(schedule_reasons(schedule, pp, least, v, t.framework))  # the virtual-stage rule
-    vs_fix = f"set the config's virtual stages to what {schedule} needs"
+    vs_fix = chunks_fix(schedule, pp, m // runs, layers, t.framework)
     if not get_schedule(get_schedule(schedule).for_chunks(v)).refused(pp, m // runs, t.framework):
         return ConfigError("--schedule", f"{schedule}: {bad[0]}; choose a schedule this mesh allows, or {vs_fix}")
     per_run = f", {runs} schedule runs: training.pp_schedule_runs" if runs > 1 else ""

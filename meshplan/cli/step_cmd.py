@@ -272,7 +272,7 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
     except ConfigError as e:
         if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
             raise
-        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training)
+        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers)
                or renamed(e, schedule)) from None
 
 

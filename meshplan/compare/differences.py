@@ -123,3 +123,14 @@ def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         return [d for i, (x, y) in enumerate(zip(a, b)) for d in _leaf_differences(f"{where}[{i}]", x, y)]
     return [] if a == b else [(where, a, b)]
+
+
+def knob(v: Any) -> str:
+    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
+    return str(v)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshplan.compare.differences import knob
 from meshplan.compare.kernels import choice_lines, choice_seconds
 from meshplan.compare.sides import Side
 from meshplan.compute.measured import host_pace_label
@@ -26,17 +27,6 @@ def knob_text(knobs: tuple[tuple[str, Any, Any], ...], a_first: bool) -> str:
     """``training.recompute full against none, ...``: each knob's value on A's side against
     B's, or B's against A's when not ``a_first``."""
     return ", ".join(f"{k} {knob(x if a_first else y)} against {knob(y if a_first else x)}" for k, x, y in knobs)
-
-
-def knob(v: Any) -> str:
-    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
-    if v is None:
-        return "unset"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, list):
-        return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
-    return str(v)
 
 
 #: A part of the step (compute, bubble, exposed <stream>) whose difference between the two

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from meshplan.compute.gemm import gemm_time
-from meshplan.compare.differences import Differences, config_differences
+from meshplan.compare.differences import Differences, config_differences, knob
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.validity import degrees
@@ -219,6 +219,13 @@ def _split(plan: Plan | Infeasible, split: Optional[list[int]]) -> Optional[list
 
 
 def _short(v: Any) -> str:
-    """A config value for a one-line message: tables and long lists abridged."""
+    """A config value for a one-line message as the TOML spells it: tables and long lists
+    abridged, an unset field ``unset`` (no Python ``None`` in a user's message).
+
+    >>> _short(None), _short(True), _short([1, 2])
+    ('unset', 'true', '[1, 2]')
+    """
+    if v is None or isinstance(v, bool):
+        return knob(v)
     text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
     return text if len(text) <= 60 else text[:57] + "..."

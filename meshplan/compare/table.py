@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from meshplan.compare.reasons import knob
+from meshplan.compare.differences import knob
 from meshplan.compare.sides import Side
 from meshplan.compare.verdict import Comparison
 from meshplan.compute.gemm import gemm_time
@@ -70,22 +70,42 @@ def gemm_basis(c: Comparison) -> str:
     FLOP/s over its dtype's dense peak as the step times it
     (:func:`~meshplan.compute.gemm.gemm_time`), and from which data: the catalog's measured
     points of the GPU and dtype, interpolated (``--kernels`` files laid over them), or the shape
-    model where there are none; "" when neither side resolved."""
-    plans = [s.plan for s in (c.a, c.b) if isinstance(s.plan, Plan)]
-    if not plans:
+    model where there are none; "" when neither side resolved. Where the sides run their GEMMs in
+    different dtypes (``training.linear_dtype`` differs), each side's dtypes by GEMM follow
+    (:func:`_side_dtypes`), and so does the peak each side's MFU divides by."""
+    sides = [s for s in (c.a, c.b) if isinstance(s.plan, Plan)]
+    if not sides:
         return ""
-    gpu, w = plans[0].config.cluster.gpu, workload_of(plans[0])
+    gpu = sides[0].plan.config.cluster.gpu
     used: dict[tuple[str, str], None] = {}  # (dtype, source), first seen
-    for plan in plans:
-        for g in plan_step_gemms(plan):
+    for s in sides:
+        w = workload_of(s.plan)  # each side's own GEMM dtypes (float8 Linears on one side only)
+        for g in plan_step_gemms(s.plan):
             dtype = w.gemm_dtype(g.name)
             used.setdefault((dtype, gemm_time(gpu, g.m, g.n, g.k, dtype, g.count).source), None)
     over = " with the --kernels files laid over them" if gpu.kernels else ""
     words = {"catalog": f"the catalog's {gpu.name} {{0}} points{over}, interpolated",
              "model": f"the shape model (tile and wave quantization; no measured {gpu.name} {{0}} points)"}
     peaks = ", ".join(f"{gpu.peak_flops(d) / TFLOPS:.0f} TFLOP/s {d}" for d in dict.fromkeys(d for d, _ in used))
+    dtypes = [_side_dtypes(s) for s in sides]
+    per_side = "" if len(set(dtypes)) < 2 else (
+        "; each over its own dtype's peak: " + "; ".join(f"{s.name} {d}" for s, d in zip(sides, dtypes))
+        + "; MFU over " + ", ".join(f"{s.name}'s {s.plan.config.training.peak_dtype}" for s in sides) + " peak")
     return (f"(M,N,K) eff: forward GEMM FLOP/s over the {peaks} dense peak, as the step times it: "
-            + "; ".join(words[src].format(d) for d, src in used))
+            + "; ".join(words[src].format(d) for d, src in used) + per_side)
+
+
+def _side_dtypes(s: Side) -> str:
+    """The dtypes ``s``'s forward GEMMs run in, each with the GEMMs in it
+    (:meth:`~meshplan.schedule.workload.Workload.gemm_dtype`): ``fp8 wq, wk, wv, wo, w_gate, w_up,
+    w_down, bf16 output`` for float8 Linears with the head excluded, ``bf16 every GEMM`` for one dtype."""
+    w = workload_of(s.plan)
+    by: dict[str, list[str]] = {}
+    for g in plan_step_gemms(s.plan):
+        by.setdefault(w.gemm_dtype(g.name), []).append(g.name)
+    if len(by) == 1:
+        return f"{next(iter(by))} every GEMM"
+    return ", ".join(f"{d} {', '.join(names)}" for d, names in by.items())
 
 
 def table_rows(c: Comparison) -> list[tuple[str, str, str]]:

@@ -67,7 +67,8 @@ training.max_norm                              training.grad_clip = true whateve
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
-checkpoint.interval (with enable true)         [reliability] checkpoint_interval_steps (500 unset)
+checkpoint.interval (with enable true;         [reliability] checkpoint_interval_steps (500 unset);
+  enable_checkpoint before cd337db)              export writes it back, in the file's spelling
 ============================================== ==============================================
 
 The pipeline split and [activation_checkpoint] are read and written by
@@ -83,7 +84,9 @@ listed as unused.
 RoPE scaling has no job-config key: torchtitan's llama3 flavors set Llama 3.1's in code
 (b5bcd76 ``torchtitan/models/llama3/__init__.py``, ``scaling="llama"`` with ``RoPE.Config``'s
 factor 8, low 1, high 4, 8192 original positions), so ``model.rope_scaling`` is neither read nor
-written (it costs nothing: :class:`~meshplan.spec.rope.RopeScaling`).
+written (it costs nothing: :class:`~meshplan.spec.rope.RopeScaling`). Its context is the job's: a flavor at a
+``training.seq_len`` above its catalog model's positions is read with ``model.max_position`` = seq_len
+(:func:`~meshplan.interop.torchtitan_flavors.flavor_context`).
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
@@ -111,7 +114,7 @@ from meshplan.interop.common import (
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
-from meshplan.interop.torchtitan_flavors import read_model
+from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
 from meshplan.interop.torchtitan_tables import (
@@ -316,6 +319,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
                      f"parallelism.{fix}")
     tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
+    tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)

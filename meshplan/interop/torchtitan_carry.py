@@ -14,6 +14,7 @@ from meshplan.config import Config
 from meshplan.interop.common import flatten, merge_tables, strip_keys
 from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan import READ
+from meshplan.interop.torchtitan_checkpoint import in_users_spelling, without_interval
 from meshplan.interop.torchtitan_float8 import LINEAR_CONVERTERS
 from meshplan.interop.torchtitan_tables import op_limits, read_recompute
 
@@ -48,13 +49,15 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     """
     moved = "model" in written and _model_key(user) != _model_key(written)
     keep = strip_keys(user, (READ - KEPT) | ({"model.hf_assets_path"} if moved else set()))
+    if "checkpoint" in written:  # the plan's interval ([reliability]) replaces the file's, in its spelling
+        keep, written = without_interval(keep), in_users_spelling(user, written)
     tables = merge_tables(keep, strip_keys(written, set(flatten(keep))))  # the user's description of the job stays
     other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
     if other:
         model = tables.get("model", {})
         tables["model"] = {**model, "converters": [*model.get("converters", []), *other]}
-    # the user's [checkpoint] is carried whole, the interval meshplan read from it included (written
-    # only for a plan without the user's file: torchtitan_write.write)
+    # the user's [checkpoint] is carried, but the keys meshplan reads (enable, interval) where the
+    # plan has an interval: those are the plan's (torchtitan_write.write)
     read = {r.partition(".")[0] for r in READ} | (set(written) - ({"checkpoint"} if "checkpoint" in keep else set()))
     names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
     return tables, names + [f"model.converters {other}"] * bool(other)

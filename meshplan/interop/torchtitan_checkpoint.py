@@ -14,25 +14,37 @@ from meshplan.errors import ConfigError
 #: ``enable = False`` (no checkpoint is saved), ``interval = 500`` steps between saves.
 CHECKPOINT_INTERVAL_DEFAULT = 500
 
+#: ``checkpoint.enable``'s name before pytorch/torchtitan cd337db (#1607, 2025-08-22:
+#: "Refactor ``checkpoint.enable_checkpoint -> checkpoint.enable``"), which job TOMLs of that
+#: time still spell (newcomer trial 29's).
+OLD_ENABLE = "enable_checkpoint"
+
 
 def read_checkpoint(d: dict) -> tuple[dict[str, Any], set[str]]:
     """(meshplan's [reliability] table, the keys read) of a job whose ``checkpoint.enable`` is
-    true: ``checkpoint_interval_steps`` = ``checkpoint.interval`` (torchtitan's default 500); nothing, and
-    the keys left unused, when the job saves no checkpoint. ConfigError naming the key.
+    true (or its older name :data:`OLD_ENABLE`): ``checkpoint_interval_steps`` = ``checkpoint.interval``
+    (torchtitan's default 500); nothing, and the keys left unused, when the job saves no checkpoint.
+    ConfigError naming the key.
 
     >>> table, keys = read_checkpoint({"checkpoint": {"enable": True, "interval": 100}})
     >>> table, sorted(keys)
     ({'checkpoint_interval_steps': 100}, ['checkpoint.enable', 'checkpoint.interval'])
+    >>> table, keys = read_checkpoint({"checkpoint": {"enable_checkpoint": True, "interval": 200}})
+    >>> table, sorted(keys)
+    ({'checkpoint_interval_steps': 200}, ['checkpoint.enable_checkpoint', 'checkpoint.interval'])
     >>> read_checkpoint({"checkpoint": {"interval": 100}})
     ({}, set())
     """
     ck = d.get("checkpoint", {})
-    if not isinstance(ck, dict) or ck.get("enable") is not True:
+    if not isinstance(ck, dict):
+        return {}, set()
+    enable = "enable" if "enable" in ck or OLD_ENABLE not in ck else OLD_ENABLE
+    if ck.get(enable) is not True:
         return {}, set()
     n = ck.get("interval", CHECKPOINT_INTERVAL_DEFAULT)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError("checkpoint.interval", f"{n!r}: give the steps between checkpoint saves, a whole number >= 1")
-    return {"checkpoint_interval_steps": n}, {"checkpoint.enable"} | ({"checkpoint.interval"} if "interval" in ck else set())
+    return {"checkpoint_interval_steps": n}, {f"checkpoint.{enable}"} | ({"checkpoint.interval"} if "interval" in ck else set())
 
 
 def without_interval(d: dict) -> dict:
@@ -46,3 +58,18 @@ def without_interval(d: dict) -> dict:
     ck = {k: v for k, v in d.get("checkpoint", {}).items() if k not in keys}
     return {k: v for k, v in d.items() if k != "checkpoint"} | ({"checkpoint": ck} if ck else {})
 
+
+def in_users_spelling(user: dict, written: dict) -> dict:
+    """``written`` (an export's tables) with ``checkpoint.enable`` spelled as the user's job
+    TOML ``user`` spells it: :data:`OLD_ENABLE` where the file has that and no ``enable``, so an
+    export of an older file does not hold both names.
+
+    >>> in_users_spelling({"checkpoint": {"enable_checkpoint": True}}, {"checkpoint": {"enable": True, "interval": 9}})
+    {'checkpoint': {'interval': 9, 'enable_checkpoint': True}}
+    """
+    ck = user.get("checkpoint", {})
+    if not isinstance(ck, dict) or OLD_ENABLE not in ck or "enable" in ck or "checkpoint" not in written:
+        return written
+    table = dict(written["checkpoint"])
+    table[OLD_ENABLE] = table.pop("enable")
+    return written | {"checkpoint": table}

@@ -116,21 +116,62 @@ def flavor_model(key: tuple[str, str]) -> ModelSpec:
     return catalog.model(FLAVORS[key]) if key in FLAVORS else ModelSpec(**FIELD_FLAVORS[key])
 
 
+#: Where torchtitan sets a model's positions: from the job, not the flavor. Its llama3 flavors are
+#: Llama 3.1 (RoPE ``scaling="llama"``, ``max_context_length=131072``: b5bcd76
+#: ``torchtitan/models/llama3/__init__.py``:267, 308, 349) and the trainer sizes every decoder's
+#: RoPE to the job's sequence length (b5bcd76 ``torchtitan/models/common/decoder.py``:218-230;
+#: v0.2.2, e347b1e ``torchtitan/models/llama3/model/args.py``:40, 49-55: ``max_seq_len = 131072``,
+#: ``update_from_config`` sets it to ``training.seq_len``).
+CONTEXT_SOURCE = ("torchtitan sizes RoPE to training.seq_len (b5bcd76 models/common/decoder.py:218-230; e347b1e "
+                  "models/llama3/model/args.py:49-55), its llama3 flavors being Llama 3.1 (RoPE scaling \"llama\", "
+                  "131072 positions: b5bcd76 models/llama3/__init__.py:267, 308, 349)")
+
+
+def _flavor_fields(model: ModelSpec) -> dict:
+    """:meth:`~ModelSpec.architecture` without ``max_position``: torchtitan takes a flavor's
+    positions from the job (:data:`CONTEXT_SOURCE`), so a flavor is its sizes whatever the context."""
+    return {k: v for k, v in model.architecture().items() if k != "max_position"}
+
+
 def flavor_of(model: ModelSpec) -> Optional[tuple[str, str]]:
     """The (name, flavor) whose model is ``model`` (equal :meth:`~ModelSpec.architecture`:
-    every field but name and source), None when none is.
+    every field but name, source and ``max_position``, :func:`_flavor_fields`), None when none is.
 
     >>> flavor_of(catalog.model("deepseek-v2-lite")), flavor_of(catalog.model("mixtral-8x7b"))
     (('deepseek_v3', '16B'), None)
+    >>> flavor_of(catalog.model("llama3-70b").model_copy(update={"max_position": 131072}))
+    ('llama3', '70B')
     """
-    arch = model.architecture()
-    return next((k for k in shipped() if flavor_model(k).architecture() == arch), None)
+    arch = _flavor_fields(model)
+    return next((k for k in shipped() if _flavor_fields(flavor_model(k)) == arch), None)
 
 
 def differing(model: ModelSpec, key: tuple[str, str]) -> list[str]:
     """The fields in which ``model`` differs from flavor ``key``'s model, as ``field A (flavor B)``."""
-    a, b = model.architecture(), flavor_model(key).architecture()
+    a, b = _flavor_fields(model), _flavor_fields(flavor_model(key))
     return [f"{k} {a[k]} ({b[k]})" for k in a if a[k] != b[k]]
+
+
+def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) -> dict:
+    """The [model] ``table`` read from a flavor (``used`` holds ``model.flavor``, not
+    ``model.hf_assets_path``) with ``max_position = seq_len`` where the job's ``seq_len`` is more
+    than the positions the table's model states: torchtitan runs the flavor at that context
+    (:data:`CONTEXT_SOURCE`), with a note; ``table`` itself otherwise. Newcomer trial 29: flavor
+    70B at 131,072 tokens, catalog llama3-70b stating Meta-Llama-3-70B's 8,192:
+
+    >>> notes = []
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 131072, notes)
+    {'catalog': 'llama3-70b', 'max_position': 131072}
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 8192, notes)
+    {'catalog': 'llama3-70b'}
+    """
+    if "model.flavor" not in used or "model.hf_assets_path" in used:
+        return table
+    rows = catalog.model(table["catalog"]).max_position if "catalog" in table else table.get("max_position", 0)
+    if not rows or seq_len <= rows:
+        return table
+    notes.append(f"model.max_position = {seq_len} (training.seq_len; the model states {rows}): {CONTEXT_SOURCE}")
+    return table | {"max_position": seq_len}
 
 
 def nearest(model: ModelSpec) -> tuple[tuple[str, str], list[str]]:

@@ -19,16 +19,21 @@ from meshplan.spec.wording import runtime
 # MoE routing, the HBM kept free) and must be equal on both sides. ``vocab_pad_divisor`` is
 # the framework's layout of the same vocabulary (the loss is over V either way; unset it
 # follows ``framework``), so a knob with it.
-# ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
-# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype``, ``fp8_recipe``
-# and ``fp8_output_layer`` (which GEMMs run in float8, how scaled) are the workload's numerics.
+# The float8 settings are knobs: ``linear_dtype`` (which GEMMs run in float8), ``fp8_recipe``
+# and ``fp8_output_layer`` (how scaled, whether the head is converted), ``fp8_all_gather``
+# (the bytes FSDP gathers): a float8 step and a bf16 step of one model, batch and sequence are
+# both timed and sized in full (the GEMMs at the fp8 peak, :meth:`float8_linear`), so compare
+# weighs float8 against bf16 as it weighs recompute (newcomer trial 29 was refused it).
 # ``param_dtype`` is how the runtime stores the weights that its optimizer updates (unset it
 # follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher")
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer")
+
+#: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
+_FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
 
 
 class TrainingEngines(TrainingFields):
@@ -161,7 +166,9 @@ class TrainingEngines(TrainingFields):
         sharding and engine, its value as it acts): ``zero3_engine`` at sharding zero3 only,
         ``zero12_engine`` at zero1 and zero2 only, ``overlap_comm`` under a DeepSpeed engine that
         reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
-        (:attr:`contiguous_grads`); every other knob applies, as given. ``meshplan compare`` lists
+        (:attr:`contiguous_grads`), ``linear_dtype`` as the dtype the Linear GEMMs run in (unset:
+        the compute dtype), ``fp8_recipe``, ``fp8_output_layer`` and ``fp8_all_gather`` under
+        ``linear_dtype = "fp8"`` only; every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
         (:func:`meshplan.compare.differences.config_differences`).
 
@@ -169,8 +176,15 @@ class TrainingEngines(TrainingFields):
         >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
         >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
         ((False, 'fsdp2'), (True, False), (True, True))
+        >>> bf16 = TrainingSpec(global_batch=8, seq_len=16, compute_dtype="bf16")
+        >>> bf16.knob_acts("linear_dtype"), bf16.knob_acts("fp8_recipe")
+        ((True, 'bf16'), (False, 'tensorwise'))
         """
         value = getattr(self, knob)
+        if knob == "linear_dtype":
+            return True, self.linear_dtype or self.compute_dtype
+        if knob in _FP8_REFINEMENTS:
+            return self.linear_dtype == "fp8", value
         deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
         if knob == "zero3_engine":
             return self.sharding == "zero3", value
