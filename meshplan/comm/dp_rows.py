@@ -106,7 +106,7 @@ def _megatron_bucket_rows(add, c: StageContext, axis: str, numel: int) -> None:
     bucket. E.g. 2.2e9 elements at dp 8: 55 buckets of 4e7."""
     t, rs = c.training, c.training.gradient_reduce_dtype
     bucket = MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
-    full, rest = divmod(numel, bucket)
+    full, rest = megatron_buckets(numel, bucket)
     sizes = [(n, k) for n, k in ((bucket, full), (rest, 1 if rest else 0)) if k]
     how = f"{full + (1 if rest else 0)} buckets {MEGATRON_BUCKET_CADENCE} {bucket:,} elements, --overlap-grad-reduce)"
     for size, k in sizes:
@@ -119,6 +119,18 @@ def _megatron_bucket_rows(add, c: StageContext, axis: str, numel: int) -> None:
     for size, k in sizes if t.sharding == "zero1" else []:
         add(axis, "step", "all-gather", size * dtype_bytes(t.param_dtype), t.param_dtype, 0,
             f"once per step (updated params), {k} of {how}", "next step's forward", per_step=k)
+
+
+def megatron_buckets(numel, bucket):
+    """(full buckets, elements of the last) of a Megatron-LM DDP buffer of ``numel`` elements in
+    buckets of ``bucket`` (:func:`_megatron_bucket_rows`): ``numel // bucket`` of ``bucket`` and one
+    of the rest when there is a rest. Ints, or numpy arrays (the search's bound,
+    :func:`meshplan.search.step_end_bound.per_step_gather`).
+
+    >>> megatron_buckets(73_671_552, 40_000_000), megatron_buckets(80_000_000, 40_000_000)
+    ((1, 33671552), (2, 0))
+    """
+    return divmod(numel, bucket)
 
 
 #: Cadence mark of ZeRO-2's per-micro-batch bucket reduce-scatters (:func:`_zero2_rows`).
