@@ -65,25 +65,26 @@ def per_step_gather(cfg: Config, tt: TimeTables, c: Candidates, s: dict):
     bucket of the fsdp degree for both, as ``_megatron_bucket_rows``), else one call per axis; an
     axis of one rank or no elements has none (the table adds no row)."""
     t = cfg.training
-    apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)[:, None] & (t.zero12_engine != "deepspeed")
     expert = s["expert_numel"]
-    numel_fsdp = s["dense_numel"] + np.where(apart, 0, expert)
+    apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)[:, None] & (t.zero12_engine != "deepspeed")
+    numel_fsdp = s["dense_numel"] + np.where(apart, 0, expert) if cfg.model.is_moe else s["dense_numel"]
     bucketed = (c.sh == SHARDING.index("zero1"))[:, None] & t.overlap_grad_reduce
-    bucket = np.broadcast_to(cfg.memory.bucket_elements(c.fsdp)[:, None], numel_fsdp.shape)
     out, calls = [], np.zeros(numel_fsdp.shape, dtype=np.int64)
-    for ranks, apart_of, numel in ((c.fsdp, c.tp, numel_fsdp), (c.efsdp, c.ep * c.etp, np.where(apart, expert, 0))):
-        if not numel.any():  # a dense model's experts
-            out.append(np.zeros(numel.shape))
-            continue
+    axes = ((c.fsdp, c.tp, numel_fsdp),) + (((c.efsdp, c.ep * c.etp, np.where(apart, expert, 0)),)
+                                            if cfg.model.is_moe else ())
+    for ranks, apart_of, numel in axes:
         n = np.broadcast_to(ranks[:, None], numel.shape).ravel()
         stride = np.broadcast_to(apart_of[:, None], numel.shape).ravel()
         at = lambda k: coll_times(tt, "all-gather", n, np.ravel(k) * dtype_bytes(t.param_dtype),  # noqa: E731
                                   stride).reshape(numel.shape)
-        full, rest = megatron_buckets(numel, bucket)
-        full = np.where(bucketed, full, 0)  # a row not bucketed: one call of all, its ``rest``
-        rest = np.where(bucketed, rest, numel)
+        full, rest = np.zeros_like(numel), numel  # a row not bucketed: one call of all, its ``rest``
+        if bucketed.any():
+            bucket = cfg.memory.bucket_elements(c.fsdp)[:, None]
+            full, rest = megatron_buckets(numel, bucket)
+            full, rest = np.where(bucketed, full, 0), np.where(bucketed, rest, numel)
         out.append(at(rest) + (full * at(np.where(full > 0, bucket, 0)) if full.any() else 0.0))
         calls += ((ranks[:, None] > 1) & (numel > 0)) * (full + (rest > 0))
+    out += [np.zeros(numel_fsdp.shape)] * (2 - len(out))  # a dense model: nothing over efsdp
     return out[0], out[1], calls, numel_fsdp
 
 
