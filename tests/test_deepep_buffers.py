@@ -89,13 +89,14 @@ def test_only_deepep_allocates_the_buffer_in_init(tmp_path):
     assert not any("DeepEP" in w for w in init_labels("alltoall"))
 
 
-def test_search_upper_bound_holds_with_the_buffer():
-    """The search's memory upper bound counts the buffer on the MoE stages
+def test_search_memory_bounds_hold_with_the_buffer():
+    """The search's memory bounds count the buffer on the MoE stages
     (:func:`meshplan.search.memory.deepep_bytes`): on a small MoE on one node (every ep x etp group
-    of 2, 4 or 8 ranks has a DeepEP config) no exact peak exceeds it; without the term 207 of the
-    rows did. (The lower bound is not asserted here: under framework megatron this MoE workload has
-    60 rows whose lower bound is above the exact peak with the alltoall dispatcher too, the same
-    rows with deepep.)"""
+    of 2, 4 or 8 ranks has a DeepEP config) no exact peak exceeds the upper bound; without the term
+    207 of the rows did. The lower bound is at or under the exact peak on every row (buffer or not), no margin:
+    under framework megatron 60 rows' lower bound was above it, with the alltoall dispatcher too,
+    until the search counted the experts' communicator only where the plan keeps them apart
+    (cd98ab97, :func:`meshplan.mesh.tpsplit.experts_apart_degrees`)."""
     from tests.test_search import MOE, config, plan_all
     from meshplan.search.driver import search
 
@@ -106,6 +107,8 @@ def test_search_upper_bound_holds_with_the_buffer():
     m, c = cfg.search.memory_margin, r.candidates
     checked = 0
     for i, (_, _, peak, _) in enumerate(plans):
+        if peak is not None and np.isfinite(r.est.peak_lo[i]):
+            assert r.est.peak_lo[i] <= peak, (c.label(i), r.est.peak_lo[i], peak)
         if peak is not None and np.isfinite(r.est.peak_hi[i]) and c.ep[i] * c.etp[i] > 1:
             assert peak <= r.est.peak_hi[i] * (1 + m), c.label(i)
             checked += 1

@@ -39,6 +39,18 @@ def megatron_bucketed(stage: int, chunk: int) -> bool:
     return stage == 0 and chunk == 0
 
 
+def split_buckets(numel, bucket):
+    """(full buckets, elements of the last) of a bucketed buffer of ``numel`` elements in buckets of
+    ``bucket`` (:func:`bucket_sizes`): ``numel // bucket`` of ``bucket`` and one of the rest when
+    there is a rest. Ints, or numpy arrays (the search's bound,
+    :func:`meshplan.search.step_end_bound.per_step_gather`).
+
+    >>> split_buckets(73_671_552, 40_000_000), split_buckets(80_000_000, 40_000_000)
+    ((1, 33671552), (2, 0))
+    """
+    return divmod(numel, bucket)
+
+
 def bucket_sizes(c: StageContext, numel_by_chunk: dict[int, int]) -> list[tuple[int, int, int]]:
     """(elements, calls, chunk) of one buffer's buckets over the stage's local chunks
     (``numel_by_chunk``: chunk -> the buffer's gradient elements in it), chunk by chunk: a bucketed
@@ -53,7 +65,7 @@ def bucket_sizes(c: StageContext, numel_by_chunk: dict[int, int]) -> list[tuple[
     out = []
     for chunk, numel in sorted(numel_by_chunk.items()):
         if numel and megatron_bucketed(c.stage, chunk):
-            full, rest = divmod(numel, bucket_cap(c))
+            full, rest = split_buckets(numel, bucket_cap(c))
             out += [(bucket_cap(c), full, chunk)] * bool(full) + [(rest, 1, chunk)] * bool(rest)
         elif numel:
             out.append((numel, 1, chunk))

@@ -1,7 +1,9 @@
 """Each stage's step-end ops for the bound, per candidate: the optimizer step at HBM bandwidth,
 ZeRO-1/2's exposed parameter all-gather and ZeRO-1's gradient reduce-scatter
 (:func:`stage_end_bound`, the vectorised counterpart of :func:`meshplan.schedule.step_end.stage_end`,
-through the same :func:`~meshplan.schedule.optimizer_step.optimizer_step_s`).
+through the same :func:`~meshplan.schedule.optimizer_step.optimizer_step_s` and
+:func:`~meshplan.schedule.step_end.param_gather_exposed_s`, the gather's calls as the collective
+table's: :func:`per_step_gather`).
 """
 
 from __future__ import annotations
@@ -9,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.compute.kernel_time import optimizer_bandwidth
+from meshplan.comm.megatron_buckets import split_buckets
 from meshplan.config import Config
+from meshplan.mesh.tpsplit import experts_apart_degrees
 from meshplan.schedule.optimizer_step import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.schedule.step_end import param_gather_exposed_s
 from meshplan.search.memory import Stages
@@ -28,23 +32,64 @@ def stage_end_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: d
     # zero1 and zero2 gather the updated parameters once per step (Megatron-LM's distributed
     # optimizer, DeepSpeed's all_gather_dp_groups); zero2 reduces in the backward (not counted)
     zero12 = np.isin(c.sh, ZERO12)[:, None]
-    # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
-    numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
+    # the middle stages' table is stage 0's or their own: the smaller of the two
+    mid = lambda a: np.where(st.last, a, np.minimum(a, a[:, :1]))  # noqa: E731
+    numel = mid(s["dense_numel"])
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
-    gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
+    g_fsdp, g_efsdp, calls, numel_fsdp = per_step_gather(cfg, tt, c, s)
+    gather = mid(g_fsdp + g_efsdp)
     if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather (step_end.param_gather_exposed_s): without
-        # virtual stages one bucket at least of ceil(numel / B) (megatron_buckets.bucket_sizes); with them chunk 0's
-        # share of the stage's elements, at least its fewest (memory.state), the gather's calls at least one call's
-        buckets = np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
-        share = s["chunk0_dense_numel_min"] / np.maximum(s["dense_numel"], 1)
-        gather = np.where(c.vpp[:, None] > 1, param_gather_exposed_s(gather, 1, 0.0, share),
-                          param_gather_exposed_s(gather, buckets, np.inf))
+        # virtual stages the mean call of all the stage's buckets, both axes' (what the first forward covers
+        # left out, as the exact gathers' max(gather / buckets, gather - first forward) may leave it); with
+        # them chunk 0's share of the fsdp axis's elements, at least its fewest dense ones (memory.state),
+        # and none of the experts' (chunk 0 may hold no MoE layer)
+        share = s["chunk0_dense_numel_min"] / np.maximum(numel_fsdp, 1)
+        gather = np.where(c.vpp[:, None] > 1, param_gather_exposed_s(mid(g_fsdp), 1, 0.0, share),
+                          mid(param_gather_exposed_s(g_fsdp + g_efsdp, calls, np.inf)))
     # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
     # DeepSpeed's model dtype, else reduce_dtype), the collective table's
     red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),
                      stride).reshape(numel.shape)
     return opt + np.where(zero12, gather, 0.0), np.where(zero1, red, 0.0)
+
+
+def per_step_gather(cfg: Config, tt: TimeTables, c: Candidates, s: dict):
+    """ZeRO-1/2's per-step parameter all-gather of each stage as the collective table has it
+    (:func:`meshplan.comm.dp_rows._unsharded_rows`), (candidates, pp) arrays: (seconds over fsdp,
+    seconds over efsdp, calls of both, elements over fsdp). The routed experts ride in the dense
+    gather over fsdp unless they are apart (:func:`~meshplan.mesh.tpsplit.experts_apart_degrees`:
+    ep > 1 or etp != tp), then over efsdp (ranks ``ep x etp`` apart); DeepSpeed's engine gathers
+    its one flat group over fsdp. Under ``training.overlap_grad_reduce`` a zero1 row's gather is
+    Megatron-LM's buckets of each axis (:func:`~meshplan.comm.megatron_buckets.split_buckets`, the
+    bucket of the fsdp degree for both, as :func:`~meshplan.comm.megatron_buckets.bucket_sizes`) on
+    stage 0 without virtual stages, the only stage whose every chunk Megatron buckets
+    (:func:`~meshplan.comm.megatron_buckets.megatron_bucketed`); else one call per axis, no
+    slower than the table's calls of its chunks (one per chunk, or chunk 0's buckets at vpp > 1);
+    an axis of one rank or no elements has none (the table adds no row)."""
+    t = cfg.training
+    expert = s["expert_numel"]
+    apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)[:, None] & (t.zero12_engine != "deepspeed")
+    numel_fsdp = s["dense_numel"] + np.where(apart, 0, expert) if cfg.model.is_moe else s["dense_numel"]
+    stage0 = np.arange(numel_fsdp.shape[1])[None, :] == 0
+    bucketed = (c.sh == SHARDING.index("zero1"))[:, None] & t.overlap_grad_reduce & stage0 & (c.vpp[:, None] == 1)
+    out, calls = [], np.zeros(numel_fsdp.shape, dtype=np.int64)
+    axes = ((c.fsdp, c.tp, numel_fsdp),) + (((c.efsdp, c.ep * c.etp, np.where(apart, expert, 0)),)
+                                            if cfg.model.is_moe else ())
+    for ranks, apart_of, numel in axes:
+        n = np.broadcast_to(ranks[:, None], numel.shape).ravel()
+        stride = np.broadcast_to(apart_of[:, None], numel.shape).ravel()
+        at = lambda k: coll_times(tt, "all-gather", n, np.ravel(k) * dtype_bytes(t.param_dtype),  # noqa: E731
+                                  stride).reshape(numel.shape)
+        full, rest = np.zeros_like(numel), numel  # a row not bucketed: one call of all, its ``rest``
+        if bucketed.any():
+            bucket = cfg.memory.bucket_elements(c.fsdp)[:, None]
+            full, rest = split_buckets(numel, bucket)
+            full, rest = np.where(bucketed, full, 0), np.where(bucketed, rest, numel)
+        out.append(at(rest) + (full * at(np.where(full > 0, bucket, 0)) if full.any() else 0.0))
+        calls += ((ranks[:, None] > 1) & (numel > 0)) * (full + (rest > 0))
+    out += [np.zeros(numel_fsdp.shape)] * (2 - len(out))  # a dense model: nothing over efsdp
+    return out[0], out[1], calls, numel_fsdp
 
 
 def reduce_flow_shop_s(n, copy_in_s, rs_s: np.ndarray, ar_s: np.ndarray) -> np.ndarray:
