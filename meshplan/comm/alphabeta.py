@@ -34,9 +34,12 @@ size S (:func:`measured_time`):
 where ``t_meas`` is the measured time of the curve's op over its n_ref ranks (``f =
 busbw_factor`` of that op), linear in S between two measured sizes (the alpha-beta line
 through them), and ``bandwidth / line_rate`` scales the curve to a path with another share of
-the links. At the measured rank count and line rate the predicted busbw equals the measured
-one at every measured size; at other rank counts busbw is kept (nccl-tests' convention) and
-the latency is NCCL's for that many steps. Outside the measured sizes: below the smallest,
+the links; across nodes it scales the size too (:func:`read_bytes`): ``beta`` is read at ``S' =
+S line_rate / bandwidth``, where each of the run's links carried the bytes this collective puts
+on the path's (a 2 x 8-GPU run's 8 NICs per node for one rank per node: at 8 S; at S each NIC
+carried an eighth of it). At the measured rank count and line rate the predicted busbw equals
+the measured one at every measured size; at other rank counts busbw is kept (nccl-tests'
+convention) and the latency is NCCL's for that many steps. Outside the measured sizes: below the smallest,
 ``t_meas`` runs linearly from ``lat(n_ref)`` at S = 0 to the first measurement (NCCL's latency
 plus the first measurement's bandwidth term); above the largest, it continues along the last
 segment (the plateau's slope).
@@ -115,12 +118,13 @@ def busbw_factor(op: str, n: int) -> float:
 
 
 def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, latency_s: float,
-                  reference_latency_s: float, bandwidth_bytes_per_s: float) -> float:
+                  reference_latency_s: float, bandwidth_bytes_per_s: float,
+                  read_bytes: Optional[float] = None) -> float:
     """Seconds for a rank to send ``sent_bytes`` of a ``size_bytes`` collective, read from the
-    measured ``curve`` (see the module docstring):
+    measured ``curve`` at ``S' = read_bytes`` (default ``size_bytes``; the module docstring):
 
-        t = latency_s + sent_bytes / (beta(S) * bandwidth / line)
-        beta(S) = f S / (t_meas(S) - reference_latency_s)
+        t = latency_s + sent_bytes / (beta(S') * bandwidth / line)
+        beta(S') = f S' / (t_meas(S') - reference_latency_s)
 
     ``t_meas``: the curve's times ``t_i = f S_i / busbw_i`` (``f = busbw_factor(curve.op,
     curve.ranks)``) after the point (0, ``reference_latency_s``), joined by straight lines in S
@@ -142,15 +146,16 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     (2291.4, 205.0)
     """
     f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
+    read = size_bytes if read_bytes is None else read_bytes
     sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
     times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
     times = list(accumulate(times, max))  # a larger buffer is never faster (flat noisy rows)
-    k = max(0, min(bisect.bisect_right(sizes, size_bytes) - 1, len(sizes) - 2))
-    t_meas = times[k] + (times[k + 1] - times[k]) * (size_bytes - sizes[k]) / (sizes[k + 1] - sizes[k])
+    k = max(0, min(bisect.bisect_right(sizes, read) - 1, len(sizes) - 2))
+    t_meas = times[k] + (times[k + 1] - times[k]) * (read - sizes[k]) / (sizes[k + 1] - sizes[k])
     spent = t_meas - reference_latency_s  # the measurement's bandwidth term
-    if spent <= 0 or size_bytes <= 0:
+    if spent <= 0 or read <= 0:
         return latency_s
-    return latency_s + sent_bytes * line * spent / (f * size_bytes * bandwidth_bytes_per_s)
+    return latency_s + sent_bytes * line * spent / (f * read * bandwidth_bytes_per_s)
 
 
 def rank_factor(curve: Optional[BusbwCurve], n: int) -> float:
@@ -176,19 +181,30 @@ def rank_factor(curve: Optional[BusbwCurve], n: int) -> float:
     return at(n) / at(curve.ranks)
 
 
+def read_bytes(curve: Optional[BusbwCurve], size_bytes: float, bandwidth_bytes_per_s: float, shared: bool) -> float:
+    """The size ``curve`` is read at for a ``size_bytes`` collective: ``S line / bandwidth`` where
+    ``shared`` (across nodes, module docstring), else S. The 2 x 8 H200 all-gather log of 8 NICs
+    (line 8 x 42.78 GB/s) for one rank per node on its 42.78 GB/s NIC: 64 MiB at 512 MiB."""
+    if curve is None or not shared:
+        return size_bytes
+    return size_bytes * curve.line_gb_per_s * GB / bandwidth_bytes_per_s
+
+
 def _time(size_bytes: float, sent_bytes: float, k: int, network: bool, bandwidth_bytes_per_s: float,
           latency=NCCL_RING, latency_scale: float = 1.0, curve: Optional[BusbwCurve] = None,
-          k_ref: int = 0) -> float:
+          k_ref: int = 0, shared: bool = False) -> float:
     """The module docstring's two formulas for one algorithm of ``k`` latency steps (``k_ref``
     at the curve's rank count): line rate minimised over ``latency``'s protocols, or the
-    measured ``curve`` with the fastest protocol's latency."""
+    measured ``curve`` with the fastest protocol's latency, read at ``S line / bandwidth`` where
+    ``shared`` (a ring or tree across nodes on its share of the curve's NICs), else at S."""
     def lat(p: Protocol, steps_: int) -> float:
         return p.base_s + steps_ * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
 
     if curve is None:
         return min(lat(p, k) + sent_bytes / (bandwidth_bytes_per_s * p.efficiency) for p in latency)
     return measured_time(curve, size_bytes, sent_bytes, min(lat(p, k) for p in latency),
-                         min(lat(p, k_ref) for p in latency), bandwidth_bytes_per_s)
+                         min(lat(p, k_ref) for p in latency), bandwidth_bytes_per_s,
+                         read_bytes(curve, size_bytes, bandwidth_bytes_per_s, shared))
 
 
 def ring_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float,
@@ -203,7 +219,7 @@ def ring_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float,
         return 0.0
     k_ref = steps(curve.op, curve.ranks) if curve else 0
     return _time(size_bytes, busbw_factor(op, n) * size_bytes, steps(op, n), network, bandwidth_bytes_per_s,
-                 latency, latency_scale, curve, k_ref)
+                 latency, latency_scale, curve, k_ref, shared=network)
 
 
 def algbw(size_bytes: float, time_s: float) -> float:
@@ -229,7 +245,7 @@ def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: 
         return 0.0
     k_ref = _tree_depth(curve.ranks) if curve else 0
     return _time(size_bytes, busbw_factor("all-reduce", n) * size_bytes, _tree_depth(n), network,
-                 bandwidth_bytes_per_s, NCCL_TREE, latency_scale, curve, k_ref)
+                 bandwidth_bytes_per_s, NCCL_TREE, latency_scale, curve, k_ref, shared=network)
 
 
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
@@ -320,7 +336,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     own = calibrated and (link is None or link.calibrated)  # the fit's own run, not a scaled catalog curve
     proto = CALIBRATED if own else NCCL_RING
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
-                              _inside(link, size_bytes) if own else link))
+                              _inside(link, read_bytes(link, size_bytes, bandwidth_bytes_per_s, network)) if own else link))
     if n <= 1:
         return best
     options = []
@@ -348,8 +364,9 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
 
 
 def _inside(curve: Optional[BusbwCurve], size_bytes: float) -> Optional[BusbwCurve]:
-    """``curve`` when ``size_bytes`` lies between its smallest and largest size, else None: a
-    calibrated link's own curve is read where it was logged, its alpha-beta fit elsewhere.
+    """``curve`` when ``size_bytes`` (the size it is read at, :func:`read_bytes`) lies between its
+    smallest and largest size, else None: a calibrated link's own curve is read where it was
+    logged, its alpha-beta fit elsewhere.
 
     >>> from meshplan.catalog import busbw_curve
     >>> c = busbw_curve("a100-nvlink3-ring")
