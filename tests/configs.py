@@ -136,3 +136,23 @@ def mixtral_8x22b_etp_job(etp: int = 2, framework: str = "megatron", sharding: s
                               "recompute": "full", "framework": framework},
                     mesh={"names": ["pp", "dp", "tp", "ep", "etp"], "shape": [8, 32, 2, 8, etp],
                           "sequence_parallel": True})
+
+
+#: Newcomer trial 29's float8 job (``meshplan import torchtitan`` of its torchtitan TOML, /tmp/nc29/job.toml,
+#: comments and [source] left out): Llama-3-70B at seq 131,072 on 32 x 8 H200, dp_shard 4 x cp 8 x tp 8, zero3,
+#: full AC, float8 Linears with float8 all-gathers. :func:`nc29_bf16_toml` is its bf16 variant.
+NC29_FP8_TOML = job_toml("llama3-70b", system="dgx-h200", nodes=32, training={
+    "global_batch": 32, "seq_len": 131072, "micro_batch": 1, "param_dtype": "fp32", "sharding": "zero3",
+    "compute_dtype": "bf16", "reduce_dtype": "fp32", "reshard_head_after_forward": False, "tp_comm_overlap": True,
+    "recompute": "full", "torch_compile": True, "grad_clip": True, "grad_clip_norm": 1.0, "linear_dtype": "fp8",
+    "fp8_output_layer": False, "fp8_all_gather": True, "optimizer": "adamw", "optimizer_impl": "fused"},
+    mesh={"names": ["dp_shard", "cp", "tp"], "shape": [-1, 8, 8], "sequence_parallel": True, "loss_parallel": True})
+
+
+def nc29_bf16_toml() -> str:
+    """:data:`NC29_FP8_TOML` without float8 (newcomer trial 29's /tmp/nc29/job_bf16.toml)."""
+    out = NC29_FP8_TOML
+    for line in ('linear_dtype = "fp8"\n', "fp8_output_layer = false\n", "fp8_all_gather = true\n"):
+        assert line in out
+        out = out.replace(line, "", 1)
+    return out

@@ -2,10 +2,13 @@
 appendix A): one sequence's model FLOP (:func:`sequence_model_flops`), that paper's closed form
 and its published 22B measurements (:func:`korthikanti_model_flops`,
 :data:`KORTHIKANTI_22B_MEASURED`), utilization (:func:`utilization`) and why hardware FLOP exceed
-model FLOP (:func:`flop_gap`).
+model FLOP (:func:`flop_gap`); torchtitan's logged MFU, its FLOP per token and peak
+(:func:`torchtitan_flops_per_token`, :func:`torchtitan_peak_flops`, :func:`torchtitan_mfu`).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from meshplan.compute.shapes import MLA_REPLICATED, attention_shape, layer_gemms
 from meshplan.spec.cluster import GPUSpec
@@ -104,3 +107,62 @@ def flop_gap(ops) -> dict[str, float]:
         out[cause] = out.get(cause, 0.0) + d
     named = {FLOP_GAP_CAUSES[5]: f"{FLOP_GAP_CAUSES[5]} ({', '.join(n for n in MLA_REPLICATED if n in mla)})"}
     return {named.get(c, c): out[c] for c in FLOP_GAP_CAUSES if c in out}
+
+
+#: torchtitan's ``get_peak_flops`` (v0.2.2, e347b1e ``torchtitan/tools/utils.py``:76-144): the bf16
+#: dense peak by device-name substring, tried in its order, for every dtype (a float8 run's MFU too),
+#: FLOP/s. Its first step swaps the CUDA device name for ``lspci``'s NVIDIA line when that line holds
+#: "H100" (lines 78-88): Hopper parts list as "GH100", so an H800 counts as an H100 there.
+TORCHTITAN_PEAKS = (("A100", 312e12), ("H100 NVL", 835e12), ("H100 PCIE", 756e12), ("H100", 989e12),
+                    ("H800", 989e12), ("H200", 989e12), ("H20", 148e12), ("B200", 2.25e15), ("MI355X", 2500e12),
+                    ("MI300X", 1300e12), ("MI325X", 1300e12), ("MI250X", 191.5e12), ("L40S", 362e12))
+
+#: What torchtitan falls back to for a device name it does not know: the A100's (utils.py:142-144).
+TORCHTITAN_FALLBACK_PEAK = 312e12
+
+
+def torchtitan_peak_flops(gpu_name: str) -> float:
+    """The peak torchtitan's logged MFU divides by for a GPU named ``gpu_name`` (a catalog name),
+    FLOP/s: the first :data:`TORCHTITAN_PEAKS` substring it holds (case-insensitive, "-" read as
+    " "), else :data:`TORCHTITAN_FALLBACK_PEAK`. A GB200's name holds "B200".
+
+    >>> [torchtitan_peak_flops(n) / 1e12 for n in ("h100-sxm5-80gb", "h200-sxm-141gb", "b200-gb200-186gb")]
+    [989.0, 989.0, 2250.0]
+    """
+    name = gpu_name.upper().replace("-", " ")
+    return next((peak for key, peak in TORCHTITAN_PEAKS if key in name), TORCHTITAN_FALLBACK_PEAK)
+
+
+def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> Optional[float]:
+    """torchtitan's FLOP per token for MFU (v0.2.2, e347b1e ``torchtitan/models/utils.py``:388-431,
+    ``get_dense_model_nparams_and_flops``, with llama3's ``head_dims = 2 * (dim // n_heads)``,
+    ``models/llama3/model/args.py``:67-73): ``6 (N - N_emb) + 6 l h (2 q) t`` with N every
+    parameter (a tied output once), N_emb the nn.Embedding tables, l layers, h query heads,
+    q = hidden // h, t = training.seq_len; attention not halved for causal, recompute not
+    counted. None for a MoE or MLA model (torchtitan counts those with other formulas).
+
+    Llama-3-8B at t 8192: 6 x (8,030,261,248 - 128,256 x 4,096) + 12 x 32 x 32 x 128 x 8192
+    = 6 x 7,504,924,672 + 12,884,901,888 = 57,914,449,920.
+
+    >>> from meshplan import catalog
+    >>> torchtitan_flops_per_token(catalog.model("llama3-8b"), 8192)
+    57914449920.0
+    """
+    if model.is_moe or model.is_mla:
+        return None
+    n_emb = sum(t.numel for t in model.embedding_tensors(model.vocab))
+    q = model.hidden // model.q_heads
+    return 6.0 * (model.param_count() - n_emb) + 6.0 * model.layers * model.q_heads * (2 * q) * seq_len
+
+
+def torchtitan_mfu(flops_per_token: float, tokens_per_step: int, step_s: float, world: int,
+                   peak_flops: float) -> float:
+    """torchtitan's logged MFU as a fraction (e347b1e ``torchtitan/components/metrics.py``:421-428:
+    ``tps = ntokens / (time x (cp x tp x pp))`` with ntokens a data-parallel rank's tokens,
+    so tokens per second per GPU = ``tokens_per_step / (step_s x world)``; ``mfu = flops_per_token
+    x tps / peak``).
+
+    >>> round(torchtitan_mfu(57914449920.0, 8 * 8192, 1.0, 8, 989e12), 4)
+    0.4797
+    """
+    return flops_per_token * tokens_per_step / (step_s * world) / peak_flops

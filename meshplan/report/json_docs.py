@@ -98,7 +98,8 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
              bw: Optional[BubbleWait]) -> dict[str, Any]:
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
-    stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU, critical path, readiness of
+    stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
+MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch), critical path, readiness of
     each collective, concurrency, load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
     :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the
@@ -111,7 +112,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     bubble_idle_over_total=p.bubble_of_total, **_bubbles(p.spec), exposed_s=dict(st.exposed_s),
                     step_parts_s={"step": st.step_s, **st.parts_s()}, host_wait_s=st.host_wait_s(),
                     sm_contention_s=st.contention_s(),
-                    most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu,
+                    most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],

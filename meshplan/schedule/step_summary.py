@@ -14,6 +14,7 @@ from typing import Optional
 
 import numpy as np
 
+from meshplan.compute.flops import torchtitan_mfu
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event
 from meshplan.pipeline.trace import write_trace
@@ -52,6 +53,8 @@ class StepTime:
     runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
     stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
     mesh_text: str = ""  # the mesh as every output prints it (mesh_words.mesh_text), on the first line
+    tt_flops_per_token: float = 0.0  # torchtitan's MFU FLOP per token (flops.torchtitan_flops_per_token); 0: no line
+    tt_peak_flops: float = 0.0  # the peak torchtitan divides by (flops.torchtitan_peak_flops), FLOP/s
 
     def named(self, stream: str) -> str:
         """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
@@ -81,6 +84,27 @@ class StepTime:
     @property
     def hfu(self) -> float:
         return self.hardware_flops / (self.step_s * self.world * self.peak_flops)
+
+    @property
+    def torchtitan_mfu(self) -> Optional[float]:
+        """The MFU torchtitan would log for this predicted step (:func:`~meshplan.compute.flops.torchtitan_mfu`:
+        its FLOP per token, tokens per second per GPU and bf16 peak), a fraction; None where the
+        config is not framework torch or the model is not one torchtitan's dense formula counts."""
+        if not self.tt_flops_per_token:
+            return None
+        return torchtitan_mfu(self.tt_flops_per_token, self.tokens, self.step_s, self.world, self.tt_peak_flops)
+
+    def torchtitan_line(self) -> list[str]:
+        """``torchtitan's MFU formula: 36.52% (...)``: :attr:`torchtitan_mfu` with its inputs, two decimals as
+        torchtitan logs ``mfu(%)``; none where it is None."""
+        mfu = self.torchtitan_mfu
+        if mfu is None:
+            return []
+        tps = self.tokens / (self.step_s * self.world)
+        return [f"torchtitan's MFU formula: {mfu * 100:.2f}% (what its log's mfu would read: "
+                f"{self.tt_flops_per_token:,.0f} FLOP/token (6 x non-embedding params + 12 x layers x heads x head dim "
+                f"x seq, attention not halved) x {tps:,.0f} tokens/s per GPU / its {self.tt_peak_flops / 1e12:,.0f} "
+                f"TFLOP/s bf16 peak, whatever the dtype)"]
 
     def critical_path(self) -> list[str]:
         """Pipeline units on the critical path, then the critical stage's step-end ops (built
@@ -289,7 +313,7 @@ class StepTime:
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
                 f"of the "
                 f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
-            [f"note: {n}" for n in self.notes] + contention_line(self)
+            self.torchtitan_line() + [f"note: {n}" for n in self.notes] + contention_line(self)
 
     def _gap_text(self) -> str:
         """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of

@@ -19,7 +19,9 @@ gradients, at achievable bandwidth (:func:`meshplan.compute.kernel_time.optimize
 
 MFU uses model FLOP (:func:`meshplan.compute.flops.sequence_model_flops` x global batch: causal
 half attention, no recompute); HFU the FLOP each rank executes (recompute, full non-flash
-attention, replicated KV heads, padded vocabulary), both over ``step x world x peak``.
+attention, replicated KV heads, padded vocabulary), both over ``step x world x peak``. Under
+framework torch, also the MFU torchtitan would log for the predicted step, by its own formula
+(:func:`meshplan.compute.flops.torchtitan_mfu`).
 
 This module runs the whole step (:func:`step_time`); its parts live beside it, in flow order:
 :mod:`~meshplan.schedule.workload` (the per-rank workload and chunk costs),
@@ -40,7 +42,7 @@ import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.compute.gemm import GemmTable
-from meshplan.compute.flops import flop_gap, sequence_model_flops
+from meshplan.compute.flops import flop_gap, sequence_model_flops, torchtitan_flops_per_token, torchtitan_peak_flops
 from meshplan.errors import ConfigError
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
@@ -128,7 +130,16 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
-                    mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp))
+                    mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
+                    *_torchtitan_terms(cfg))
+
+
+def _torchtitan_terms(cfg) -> tuple[float, float]:
+    """(FLOP per token, peak FLOP/s) of torchtitan's logged MFU under framework torch for a model
+    its dense formula counts (:func:`~meshplan.compute.flops.torchtitan_flops_per_token`,
+    :func:`~meshplan.compute.flops.torchtitan_peak_flops`); (0, 0) otherwise: no line."""
+    fpt = torchtitan_flops_per_token(cfg.model, cfg.training.seq_len) if cfg.training.framework == "torch" else None
+    return (0.0, 0.0) if fpt is None else (fpt, torchtitan_peak_flops(cfg.cluster.gpu.name))
 
 
 def _check_schedule(training, schedule: str, p: int, m: int, v: int, runs: int) -> None:

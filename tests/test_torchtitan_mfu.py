@@ -1,0 +1,83 @@
+"""``step``'s "torchtitan's MFU formula" line and ``--json`` ``torchtitan_mfu``: the MFU torchtitan v0.2.2
+(e347b1e) would log for the predicted step, derived here by hand from its formula
+(``models/utils.py``:388-431, ``components/metrics.py``:421-428, ``tools/utils.py``:77-144)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from configs import NC29_FP8_TOML, job_toml, nc29_bf16_toml
+from cli_run import run_cli
+from meshplan.compute.flops import torchtitan_peak_flops
+
+#: Llama-3-8B's shape at 2 layers, seq 2048, on one DGX H100 as dp_shard 8.
+#: Per layer: wq 4096 x 4096 = 16,777,216; wk + wv 2 x 4096 x 1024 = 8,388,608; wo 16,777,216;
+#: w1, w2, w3 3 x 4096 x 14336 = 176,160,768; two RMSNorms 8,192: 218,112,000 (x 32 + 2 x 525,336,576
+#: + 4,096 = 8,030,261,248, Llama-3-8B's published count). Two layers: 436,224,000; embedding and
+#: output 128,256 x 4,096 = 525,336,576 each; final norm 4,096: N = 1,486,901,248, of which
+#: 961,564,672 not the embedding. FLOP per token = 6 x 961,564,672 + 12 x l 2 x h 32 x q 128 x t 2048
+#: = 5,769,388,032 + 201,326,592 = 5,970,714,624.
+SMALL = job_toml({"catalog": "llama3-8b", "layers": 2}, training={"global_batch": 8, "seq_len": 2048},
+                 mesh={"names": ["dp_shard"], "shape": [8]})
+SMALL_FLOP_PER_TOKEN = 5_970_714_624
+#: Llama-3-70B at t 131,072: per layer wq, wo 2 x 8192^2 = 134,217,728, wk + wv 2 x 8192 x 1024 = 16,777,216,
+#: MLP 3 x 8192 x 28672 = 704,643,072, norms 16,384: 855,654,400; x 80 = 68,452,352,000, + embedding and
+#: output 2 x 128,256 x 8,192 + final norm 8,192: N = 70,553,706,496 (torchtitan logs 70.55B); not the
+#: embedding 69,503,033,344. 6 x that = 417,018,200,064; 12 x 80 x 64 x 128 x 131,072 = 1,030,792,151,040.
+NC29_FLOP_PER_TOKEN = 1_447_810_351_104
+
+
+def _step(tmp_path, capsys, text: str, name: str) -> tuple[dict, str]:
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(text, encoding="utf-8")
+    code, out, err = run_cli(["step", cfg, "--json", tmp_path / f"{name}.json"], capsys)
+    assert code == 0, err
+    return json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8")), out
+
+
+def _line(out: str) -> str:
+    lines = [x for x in out.splitlines() if x.startswith("torchtitan's MFU formula: ")]
+    assert len(lines) == 1, out
+    return lines[0]
+
+
+def test_small_llama_by_hand(tmp_path, capsys):
+    doc, out = _step(tmp_path, capsys, SMALL, "small")
+    # tokens/s per GPU = global batch 8 x seq 2048 / (step x 8 GPUs); H100 SXM: torchtitan's 989e12
+    tps = 8 * 2048 / (doc["step_s"] * 8)
+    want = SMALL_FLOP_PER_TOKEN * tps / 989e12
+    assert doc["torchtitan_mfu"] == pytest.approx(want, rel=1e-12)
+    line = _line(out)
+    assert line.startswith(f"torchtitan's MFU formula: {want * 100:.2f}% ")
+    assert "5,970,714,624 FLOP/token" in line and f"{tps:,.0f} tokens/s per GPU" in line and "989 TFLOP/s" in line
+
+
+def test_float8_divides_by_the_bf16_peak(tmp_path, capsys):
+    """Newcomer 29: meshplan's MFU of the float8 run is against the fp8 peak; torchtitan's is against
+    989e12 (H200) for both, so the faster run has the higher torchtitan MFU, by the ratio of the steps."""
+    fp8, out = _step(tmp_path, capsys, NC29_FP8_TOML, "fp8")
+    bf16, _ = _step(tmp_path, capsys, nc29_bf16_toml(), "bf16")
+    for doc in (fp8, bf16):  # 32 sequences x 131,072 tokens over 256 GPUs
+        want = NC29_FLOP_PER_TOKEN * (32 * 131072 / (doc["step_s"] * 256)) / 989e12
+        assert doc["torchtitan_mfu"] == pytest.approx(want, rel=1e-12)
+    assert fp8["torchtitan_mfu"] / bf16["torchtitan_mfu"] == pytest.approx(bf16["step_s"] / fp8["step_s"], rel=1e-12)
+    assert fp8["step_s"] < bf16["step_s"] and fp8["mfu"] < bf16["mfu"]  # meshplan's own MFU: the fp8 peak
+    assert "1,447,810,351,104 FLOP/token" in _line(out)
+
+
+def test_megatron_has_no_line(tmp_path, capsys):
+    doc, out = _step(tmp_path, capsys, SMALL.replace("[training]\n", '[training]\nframework = "megatron"\n', 1), "mg")
+    assert doc["torchtitan_mfu"] is None
+    assert "torchtitan's MFU formula" not in out
+
+
+@pytest.mark.parametrize("name, tflops", [("h100-sxm5-80gb", 989), ("h200-sxm-141gb", 989), ("h800-sxm-80gb", 989),
+                                          ("a100-sxm-80gb", 312), ("b200-gb200-186gb", 2250),
+                                          ("mi300x-oam-192gb", 1300), ("h100-pcie-80gb", 756), ("h20", 148),
+                                          ("unknown-gpu", 312)])
+def test_peak_by_name_as_get_peak_flops(name, tflops):
+    """tools/utils.py:91-144: A100 312, H100 SXM 989 (PCIe 756), H200 989, H20 148, B200 2250 (a GB200's
+    name holds it), MI300X 1300, anything else the A100's 312."""
+    assert torchtitan_peak_flops(name) == tflops * 1e12
