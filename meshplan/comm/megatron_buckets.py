@@ -45,7 +45,7 @@ def split_buckets(numel, bucket):
     there is a rest. Ints, or numpy arrays (the search's bound,
     :func:`meshplan.search.step_end_bound.per_step_gather`).
 
-    >>> split_buckets(73_671_552, 40_000_000), split_buckets(80_000_000, 40_000_000)
+    >>> split_buckets(73_671_552, 4 * 10**7), split_buckets(8 * 10**7, 4 * 10**7)
     ((1, 33671552), (2, 0))
     """
     return divmod(numel, bucket)
