@@ -142,7 +142,12 @@ rated at its own loop length (FA2's forward loops over the keys, its backward ov
 flash-attention's launch templates), where one causal lookup at S = s was taken before: the
 unmasked forward at FA2's 370 against the causal 335 TFLOP/s (held from 16k), so T2 cp2 +2.8% ->
 +4.4%, cp4 +36.2% -> +39.9%, cp8 +40.8% -> +45.6%: further from the published steps, as the
-source has it. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
+source has it. Then the block one cp rank's, the slowest of all by SDPA plus ring kernels
+(:func:`meshplan.compute.ring_attention.slowest_rank`; before, rank 0's calls with rank cp - 1's
+bytes): on T2 every rank's calls rate the same (rows held from 16k) and compiled the bytes tie,
+so rank 0's, (cp - 1) n_kv B under rank cp - 1's count before, which took its half dK/dV adds at
+the whole's 10 B (9 B): T2 cp2 +4.4% -> +4.5%,
+cp4 +39.9% -> +40.0%, cp8 +45.6% -> +45.8%. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
 (``_context_parallel/_attention.py``) issues the same calls as the Dec 2024 one; (ii) the ring's
 collectives are not the collective table's (meshplan's runtime runs Llama 3's all-gather CP):
 it gathers K and V after ``repeat_kv`` (32 heads, 4 x the 8B's bytes) beside the first local

@@ -467,7 +467,15 @@ def test_framework_kernel_choices_itemise_compute():
     calls were rated one by one, which the choice switches off with it), Megatron-LM's own
     kernels (+1.6 s) and the fused QKV GEMM (-0.6 s: torch's own wk and wv GEMMs, 128 wide at tp 8,
     are below H100's smallest measured M and N, 256), each choice's counterfactual seconds adding
-    up to the compute they move."""
+    up to the compute they move. Since the block is one cp rank's (meshplan.compute.ring_attention.
+    slowest_rank) 125.5 s: eager, cp rank 7's ring kernels move 14 n_q more a later step than rank 0's
+    (forward merge 38 - 27, dQ 10 - 13, dK/dV 2 x (13 - 10)), 7 x 14 x 16,777,216 B / 2.97 TB/s =
+    553.6 us a layer, above rank 0's 375.8 us of slower SDPA (7 x 2.5 x pair x (1/318 - 1/322)), so
+    rank 7's calls, with the rank 7 bytes counted before: forward 335 and 7 x 370 (its 8,192 keys),
+    backward 8 x 322 (16,384 queries): 74.53 s of attention, compute -39.7 s; under FA3 rank 7 again
+    (7 x 2.5 x pair x (1/559 - 1/561) = 43 us of slower SDPA on rank 0), its forward at 646 (8,192 keys)
+    against the causal 616 and its backward at 561 (no gain): the ring's line -0.743 s; torch's eager
+    elementwise ops -6.4 s, its ring compiled -2.3 s."""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -479,11 +487,14 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (126.0, 85.0)
-    assert round(pb["compute"] - pa["compute"], 1) == -40.2
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (125.5, 85.0)
+    assert round(pb["compute"] - pa["compute"], 1) == -39.7
     pair = 8 * 16384 ** 2 * 256   # one ring call's FLOP (docstring)
-    ring = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
-    assert round(80 * 16 * ring, 2) == 75.02
+    rank0 = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
+    assert round(80 * 16 * rank0, 2) == 75.02
+    assert 7 * 14 * 8 * 16384 * 128 / 2.97e12 > 7 * 2.5 * pair * (1 / 318e12 - 1 / 322e12)   # rank 7 is the block
+    ring = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * 8 / 322e12
+    assert round(80 * 16 * ring, 2) == 74.53
 
     def attention_s(s):  # the attention ops of the critical stage's layers, every micro-batch
         chunks = chunk_costs(s.plan, workload_of(s.plan))[s.step.critical_stage]
@@ -491,7 +502,7 @@ def test_framework_kernel_choices_itemise_compute():
                                           if o.kind == "attention")
 
     att = attention_s(c.b) - attention_s(c.a)
-    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (75.02, 43.36)
+    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (74.53, 43.36)
     i = c.reasons.index(f"compute: torch {pa['compute'] * 1e3:.1f} ms, megatron {pb['compute'] * 1e3:.1f} ms "
                         f"({(pb['compute'] - pa['compute']) * 1e3:+.1f} ms)")
     kernel_s = dict(choice_seconds(c.a, c.b))["attention_kernels"]
@@ -500,8 +511,10 @@ def test_framework_kernel_choices_itemise_compute():
     # the kernel is switched first, with torch's ring still on: the ring's calls at FA3's rows; the ring
     # choice after it takes FA3's per-call gain (fwd 7 unmasked calls at 648 against the causal 616,
     # bwd 7 x 559 at 8,192 queries against 561), twice forward (full AC) and once backward, 80 x 16 times
-    fa3_ring = 2 * 7 * pair * (1 / 648e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 559e12 - 1 / 561e12)
-    assert round(80 * 16 * fa3_ring, 3) == -0.711
+    # (rank 0's, before the block was one rank's); rank 7's: fwd 7 x 646 (8,192 keys), bwd 7 x 561 as the causal
+    assert round(80 * 16 * (2 * 7 * pair * (1 / 648e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 559e12 - 1 / 561e12)), 3) == -0.711
+    fa3_ring = 2 * 7 * pair * (1 / 646e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 561e12 - 1 / 561e12)
+    assert round(80 * 16 * fa3_ring, 3) == -0.743
     assert att == pytest.approx(kernel_s - 80 * 16 * fa3_ring, abs=2e-3)
     assert [r.split(":")[0] for r in c.reasons[i + 2:i + 6]] == [
         "elementwise ops one kernel each (torch without torch_compile)",
@@ -578,7 +591,14 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     unmasked 1024 x 2048 (fwd 362 at 2,048 keys, bwd 260 at 1,024 queries): 1.686 ms a layer, where
     one causal 2048 x 8192 call at S 8192 (333, 318) was 1.493 ms; row4 at L = 4,096 (16 heads) one
     causal (319, 310) and one 2048 x 4096 (368, 291): 1.547 ms against 1.493 ms. Stage 0: top1 10
-    layers x 512 micro-batches, +0.989 s; row4 20 x 256, +0.274 s."""
+    layers x 512 micro-batches, +0.989 s; row4 20 x 256, +0.274 s.
+
+    Since the block is one cp rank's (meshplan.compute.ring_attention.slowest_rank): compiled, the
+    ring bytes of every rank tie (n_kv = 2 n_q) and rank 0's SDPA is the slower, so both take rank
+    0's bytes, its half-Q steps 9 B (a merge, a dQ half) and its dK/dV steps 10 B, where rank
+    cp - 1's were counted with 10 B half dK/dV adds: cp 4 forward n_q (12 + 3 x 9) + 2 n_q x 4 = 47,
+    backward n_q 39 + 2 n_q (16 + 3 x 10) = 131, 178 n_q; cp 2 29 and 73, 102 n_q: top1 -6 n_q x 10 x
+    512, -0.087 s, 61.952 s; row4 -2 n_q x 20 x 256, -0.029 s, 60.735 s; row4 2.0% shorter."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -592,9 +612,11 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
-        "row4", "top1", "shorter step by more than 1% (60.764 s vs 62.040 s, 2.1% shorter)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (62.040, 60.764)
-    assert doc["reasons"][0] == "row4 predicts a 2.1% shorter step (60.764 s vs 62.040 s)"
+        "row4", "top1", "shorter step by more than 1% (60.735 s vs 61.952 s, 2.0% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (61.952, 60.735)
+    assert doc["reasons"][0] == "row4 predicts a 2.0% shorter step (60.735 s vs 61.952 s)"
+    assert [round(62.040 - 6 * 8_388_608 * 10 * 512 / 2.97e12, 3), round(60.764 - 2 * 8_388_608 * 20 * 256 / 2.97e12, 3)
+            ] == [61.953, 60.735]   # 61.952 unrounded: 62.0395
     # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step
     ring = lambda pair, calls: sum(pair * (1 / f + 2.5 / b) for f, b in calls) / 1e12
     top1_layer = ring(32 * 2048 ** 2 * 256, [(298, 291)] + [(362, 260)] * 3)
@@ -609,7 +631,7 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
         assert sum(att) == pytest.approx(layers * layer_s, rel=1e-3)  # the issue floor aside
     # the ring's bytes on each critical stage (stage 0 of both), derived in the docstring
     n_q, ring_s = 8_388_608, []
-    for path, per_layer, layers, micro_batches in ((top1, 184, 10, 512), (row4, 104, 20, 256)):
+    for path, per_layer, layers, micro_batches in ((top1, 178, 10, 512), (row4, 102, 20, 256)):
         plan = build_plan(config_from_dict(tomllib.loads(path.read_text())))
         ops = [o for chunk in chunk_costs(plan, workload_of(plan))[0] for layer in chunk.layers
                for o in layer.ops if o.name.startswith("cp ring")]
@@ -617,7 +639,7 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
         triad = kernel_data(plan.config.cluster.gpu).stream_bytes_per_s
         ring_s.append(micro_batches * sum(o.seconds for o in ops))
         assert ring_s[-1] == pytest.approx(micro_batches * layers * per_layer * n_q / triad)
-    assert [round(t, 3) for t in ring_s] == [2.661, 1.504]
+    assert [round(t, 3) for t in ring_s] == [2.574, 1.475]
     # the other order of the files gives the same verdict
     rc, out, err = _run(["compare", row4, top1, "--out", tmp_path / "cmp2"], capsys)
     assert rc == 0 and "verdict: row4 (rejected: top1)" in out
@@ -716,15 +738,20 @@ def test_compute_line_names_the_kernel_kinds_that_differ():
     (fwd 368 at its 4,096 keys, bwd 291 at its 2,048 queries), each 2 x 16 x 4096^2 x 256 =
     137,438,953,472 FLOP, where tp4 runs one causal 8192 x 8192 call, twice that, at 333 and 318:
     (1/319 + 1/368 - 2/333 + 2.5 (1/310 + 1/291 - 2/318)) x 1.374e11 / 1e12 = 0.107 ms, 80 layers
-    8.56 ms."""
+    8.56 ms. Since the block is one cp rank's (meshplan.compute.ring_attention.slowest_rank) +99.1 ms:
+    compiled, every rank's ring bytes tie and rank 0's SDPA is the slower, so rank 0's bytes, its
+    half-Q merge and dQ steps 9 B where rank 1 was counted with a 10 B half dK/dV add: forward n_q
+    (12 + 9) + 2 n_q x 4 = 29 n_q (30 before), backward n_q 21 + 2 n_q (16 + 10) = 73 n_q (74):
+    13.56 x 29 / 30 = 13.1 ms and 33.44 x 73 / 74 = 33.0 ms."""
     from test_search_explain import _trial_pair
     (p1, _), (p2, _) = _trial_pair()
     c = compare(p1, p2, names=("tp4", "cp2"))
     i = next(k for k, r in enumerate(c.reasons) if r.startswith("compute: "))
-    assert c.reasons[i].endswith("(+100.0 ms)")
+    assert c.reasons[i].endswith("(+99.1 ms)")
+    assert (round(13.56 * 29 / 30, 1), round(33.44 * 73 / 74, 1)) == (13.1, 33.0)
     assert c.reasons[i + 1:i + 4] == ("of compute, SP layout copy: tp4 0.0 ms, cp2 43.4 ms (+43.4 ms)",
-                                      "of compute, cp ring gradient accumulation: tp4 0.0 ms, cp2 33.4 ms (+33.4 ms)",
-                                      "of compute, cp ring merge: tp4 0.0 ms, cp2 13.6 ms (+13.6 ms)")
+                                      "of compute, cp ring gradient accumulation: tp4 0.0 ms, cp2 33.0 ms (+33.0 ms)",
+                                      "of compute, cp ring merge: tp4 0.0 ms, cp2 13.1 ms (+13.1 ms)")
 
 
 def test_no_kernel_kind_lines_where_a_framework_choice_differs():
@@ -752,7 +779,14 @@ def test_compute_line_names_the_recompute_difference():
     ms before torch's ring calls were rated one by one, meshplan.compute.ring_attention.ring_seconds:
     both replay the attention's forward, cp 2 at 32k, L 16,384, 8 heads, whose second call is
     unmasked, H200's SDPA fwd 620.73 TFLOP/s against the causal 555.19 at S 16384 (kernels.toml
-    M1): (1/620.73 - 1/555.19) x 8 x 16384^2 x 256 / 1e12 x 80 layers = -8.364 ms on each.)"""
+    M1): (1/620.73 - 1/555.19) x 8 x 16384^2 x 256 / 1e12 x 80 layers = -8.364 ms on each.)
+    Since the block is one cp rank's (meshplan.compute.ring_attention.slowest_rank): 620.438 and
+    172.081 ms (2481.75 and 688.32 ms a step), compute 10575.5 and 8782.1 ms. Eager, cp rank 1's ring
+    kernels move 14 n_q more than rank 0's (forward merge 38 - 27, dQ 10 - 13, dK/dV 2 x (13 - 10)),
+    14 x 16,777,216 B / 4.15 TB/s = 56.6 us, above rank 0's 52.7 us of slower SDPA (M1: fwd 1/620.73
+    - 1/614.95, bwd 2.5 (1/508.08 - 1/519.8) at rank 0's 8,192 queries), so rank 1's calls: its
+    unmasked forward at 8,192 keys, 614.95 TFLOP/s, replayed by both: (1/614.95 - 1/620.73) x pair x 80
+    = +0.666 ms on each."""
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b", "max_position": 32768},
             "cluster": {"system": "dgx-h200", "nodes": 128},
@@ -761,9 +795,13 @@ def test_compute_line_names_the_recompute_difference():
     a, b = (build_plan(config_from_dict({**base, "training": {**base["training"], "recompute": r}}))
             for r in ("full", "selective"))
     c = compare(a, b, names=("A", "B"))
-    i = c.reasons.index("compute: A 10589.7 ms, B 8796.3 ms (-1793.4 ms)")
-    assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2479.1 ms, B 685.7 ms (-1793.4 ms)"
-    assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [619.772, 171.415]
+    i = c.reasons.index("compute: A 10575.5 ms, B 8782.1 ms (-1793.4 ms)")
+    assert c.reasons[i + 1] == "of compute, recompute (forward replayed in backward): A 2481.8 ms, B 688.3 ms (-1793.4 ms)"
+    assert [round(s.step.recompute_s() * 1e3, 3) for s in (c.a, c.b)] == [620.438, 172.081]
+    pair = 8 * 16384 ** 2 * 256
+    assert 14 * 16_777_216 / 4.15e12 > pair * (1 / 620.73e12 - 1 / 614.95e12 + 2.5 * (1 / 508.08e12 - 1 / 519.8e12))
+    assert round(620.438 - 619.772, 3) == round(172.081 - 171.415, 3) == round(
+        (1 / 614.95e12 - 1 / 620.73e12) * pair * 80 * 1e3, 3) == 0.666
     assert round((1 / 620.73e12 - 1 / 555.19e12) * 8 * 16384 ** 2 * 256 * 80 * 1e3, 3) == -8.364
     assert round(619.772 - 628.136, 3) == round(171.415 - 179.779, 3) == -8.364
     # the same policy on both sides gets no such line: the cp8/cp16 pair's reasons[2:4] above

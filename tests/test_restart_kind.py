@@ -104,7 +104,12 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     rated one by one at their shapes (cpring, meshplan.compute.ring_attention.ring_seconds: at seq 8192 and cp 2 each
     call is 4,096 or 2,048 long, rated below one call at S 8192) the cp 2 meshes are slower again: the kind 32.36 ->
     32.50 s (128,558 tokens/s; the 128-GPU plan 30.45 -> 30.58 s), the alternative 35.06 -> 35.18 s (119,223
-    tokens/s); the same proposal, the kind 7.8% over the alternative."""
+    tokens/s); the same proposal, the kind 7.8% over the alternative. Since the block is one cp rank's
+    (meshplan.compute.ring_attention.slowest_rank): eager, cp rank 1's ring kernels move 14 n_q more
+    than rank 0's (n_q = 32 heads x 4096 x 128), 14 x 16,777,216 B / 2.97 TB/s = 79.1 us a layer, above
+    rank 0's 66.2 us of slower SDPA, so rank 1's calls with the rank 1 bytes counted before: -66.2 us
+    a layer and micro-batch, the kind x 80 x 17 = -0.090 s, 32.41 s (128,910 tokens/s; the 128-GPU plan
+    x 80 x 16, 30.50 s), the alternative 35.11 s (119,471 tokens/s)."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -114,10 +119,14 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     lines = out.splitlines()
     assert ("restart: world 128 -> 120; mesh dp_shard 32 x cp 2 x tp 2 -> dp_shard 30 x cp 2 x tp 2 (shrunk: "
             "dp_shard 32 -> 30; kept: cp 2, tp 2)") in lines
-    assert "- planned step 32.50 s, 128,558 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
-           "128-GPU plan: step 30.58 s, 137,159 tokens/s)" in lines
+    pair = 32 * 4096 ** 2 * 256   # one ring call's FLOP; rank 1's calls against rank 0's (FA2 rows, S7c / S8)
+    layer = pair * (1 / 362 - 1 / 368 + 2.5 * (1 / 310 - 1 / 291)) / 1e12
+    assert 14 * 32 * 4096 * 128 / 2.97e12 > -layer and round(80 * 17 * layer, 3) == -0.090
+    assert round(32.50 + 80 * 17 * layer, 2) == 32.41 and round(30.58 + 80 * 16 * layer, 2) == 30.50
+    assert "- planned step 32.41 s, 128,910 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
+           "128-GPU plan: step 30.50 s, 137,534 tokens/s)" in lines
     assert "- alternative keeping the global batch: pp 28 (layers per stage 2, 3 x 24, 2 x 3) x cp 2 x tp 2 on 112 " \
-           "GPUs, contract kept: step 35.18 s, 119,223 tokens/s" in lines
+           "GPUs, contract kept: step 35.11 s, 119,471 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 

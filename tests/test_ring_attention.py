@@ -17,23 +17,33 @@ def test_eager_counts_by_hand_at_cp4():
     # one element of Q, two of K and V together, cp 4 (cp rank 3: three full later steps)
     # forward: Q 6 (first cast) + 3 x (6 + 12 + 8 + 12) + 6 (cast back) = 126; K/V 4 x 4 = 16 each
     # backward: Q 4 (zeros) + 4 x 10 + 6 = 50; K/V 4 + 4 + 10 + 3 x 13 + 3 x 4 + 4 x 8 + 6 = 107 each
-    assert ring_bytes(1, 2, 4, eager=True) == (126 + 2 * 16, 50 + 2 * 107)
+    assert ring_bytes(1, 2, 4, eager=True, rank=3) == (126 + 2 * 16, 50 + 2 * 107)
+    # cp rank 0: three half-Q steps (torch i > rank, partial): forward Q 6 + 3 x (19 + 8 cat) + 6 = 93;
+    # backward Q 4 + 10 + 3 x (5 + 8 cat) + 6 = 59; K/V 4 + 4 + 10 + 3 x 10 (whole add) + 3 x 4 + 4 x 8 + 6 = 98
+    assert ring_bytes(1, 2, 4, eager=True, rank=0) == (93 + 2 * 16, 59 + 2 * 98)
 
 
 def test_compiled_counts_at_torchtitan_t2_cp8():
     # T2 cp8 256k: one sequence, 32 heads (K, V repeated to 32), local 32,768 tokens, d 128
     n_q = 32 * 32768 * 128
     assert n_q == 134_217_728
-    fwd, bwd = ring_bytes(n_q, 2 * n_q, 8, eager=False)
+    # cp rank 7: forward Q 6 + 7 x 10 + 6 = 82, K/V 4; backward Q 82, K/V 6 + 7 x 9 (a half dK/dV
+    # added: fp32 read 4 + written 4 over the whole, bf16 2 over half) + 6 + 4 = 79 (86 when the
+    # half-K steps were counted at the whole-K 10 B)
+    fwd, bwd = ring_bytes(n_q, 2 * n_q, 8, eager=False, rank=7)
     assert fwd == 134_217_728 * 82 + 268_435_456 * 4 == 12_079_595_520
-    assert bwd == 134_217_728 * 82 + 268_435_456 * 86 == 34_091_302_912
+    assert bwd == 134_217_728 * 82 + 268_435_456 * 79 == 32_212_254_720
+    # cp rank 0: Q 6 + 7 x 9 (half-Q merge: the kept half copied 4 + 5) + 6 = 75; K/V 6 + 7 x 10 + 6 + 4 = 86
+    assert ring_bytes(n_q, 2 * n_q, 8, eager=False, rank=0) == (
+        134_217_728 * 75 + 268_435_456 * 4, 134_217_728 * 75 + 268_435_456 * 86)
 
 
 def test_no_ring_at_cp1_and_compiled_below_eager():
-    assert ring_bytes(10, 20, 1, eager=False) == (0, 0)
+    assert ring_bytes(10, 20, 1, eager=False, rank=0) == (0, 0)
     for cp in (2, 4, 8):
-        e, c = ring_bytes(10, 20, cp, True), ring_bytes(10, 20, cp, False)
-        assert c[0] < e[0] and c[1] < e[1]
+        for rank in range(cp):
+            e, c = ring_bytes(10, 20, cp, True, rank), ring_bytes(10, 20, cp, False, rank)
+            assert c[0] < e[0] and c[1] < e[1]
 
 
 def _w(**kw) -> Workload:
@@ -46,15 +56,17 @@ def _ring(cost):
 
 
 def test_layer_ops_t2_cp2_compiled_with_full_ac():
-    # local Q 32 x 32,768 x 128 = 134,217,728 elements, K and V twice that (repeat_kv)
-    # forward 22 Q + 4 K/V = 4,026,531,840 B; backward 22 Q + 26 K/V = 9,932,111,872 B
+    # local Q 32 x 32,768 x 128 = 134,217,728 elements, K and V twice that (repeat_kv). Both ranks'
+    # SDPA calls are rated at S 16,384 (the rows end there), and compiled their ring bytes tie
+    # (rank 0: forward 12 + 9 Q + 4 K/V = 29 Q, backward 21 Q + (16 + 10) K/V = 73 Q; rank 1: 30 and
+    # 72 Q): the lower rank, 0. forward 29 x 134,217,728 = 3,892,314,112 B; backward 73 x = 9,797,894,144 B
     ops = _ring(layer_cost(LLAMA8B, H100_500W, _w()))
-    assert ops[(MERGE, "forward")].size_bytes == 4_026_531_840
-    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 9_932_111_872
+    assert ops[(MERGE, "forward")].size_bytes == 3_892_314_112
+    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 9_797_894_144
     # timed at the part's measured streaming bandwidth, 2.117 TB/s (kernels.toml S12)
-    assert ops[(MERGE, "forward")].seconds == pytest.approx(4_026_531_840 / 2.117e12)
+    assert ops[(MERGE, "forward")].seconds == pytest.approx(3_892_314_112 / 2.117e12)
     # full AC replays the forward's merge
-    assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 4_026_531_840
+    assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 3_892_314_112
     assert set(ops) == {(MERGE, "forward"), (GRAD_ACCUMULATION, "backward_input"),
                         (MERGE + " (recompute)", "backward_input")}
 
@@ -65,6 +77,8 @@ def test_op_sac_saves_the_merged_output():
 
 
 def test_eager_layer_uses_eager_count():
+    # eager cp 2: rank 1 merges the whole Q (12 + 38 Q + 8 K/V = 66 Q) against rank 0's half (12 + 27
+    # + 16 = 55 Q); SDPA the same on both (S 16,384 rows): rank 1
     n_q = 32 * 32768 * 128
     ops = _ring(layer_cost(LLAMA8B, H100_500W, _w(torch_eager=True)))
     assert ops[(MERGE, "forward")].size_bytes == n_q * (12 + 38) + 2 * n_q * 8
@@ -87,7 +101,7 @@ def test_megatron_has_no_torch_ring():
 
 def test_selective_recompute_replays_the_merge_with_the_core():
     ops = _ring(layer_cost(LLAMA8B, H100_500W, _w(recompute="selective")))
-    assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 4_026_531_840
+    assert ops[(MERGE + " (recompute)", "backward_input")].size_bytes == 3_892_314_112  # rank 0 (test above)
     assert len(ops) == 3
 
 
@@ -120,16 +134,100 @@ def test_ring_seconds_by_hand_h100_cp4_32k():
     att = Attention(1, 32, 8, 8192, 32768, 128)  # cp 4 at 32k: L 8,192, 32 q heads, d 128
     pair_flop = 2 * 32 * 8192 * 8192 * 256 / 2   # every call: L^2 / 2 pairs x 4 d FLOP x 32 heads
     assert pair_flop == 549_755_813_888
-    f, b, how = ring_attention.ring_seconds(d, att, 4, ("FA2",))
-    # rank 0 (the slower): fwd causal 8192 at FA2 333 TFLOP/s, 3 x 4096x8192 unmasked at S 8192 (370);
+    f, b, how = ring_attention.ring_seconds(d, att, 4, 0, ("FA2",))
+    # rank 0: fwd causal 8192 at FA2 333 TFLOP/s, 3 x 4096x8192 unmasked at S 8192 (370);
     # bwd causal at S 8192 (318), 3 x at S 4096 queries (310); kernels.toml S7c / S8 FA2 columns
     assert f == pytest.approx(pair_flop / 333e12 + 3 * pair_flop / 370e12)
     assert b == pytest.approx(2.5 * pair_flop / 318e12 + 3 * 2.5 * pair_flop / 310e12)
-    # rank 3: fwd 333 + 3 x 368 (S 4096 keys), bwd 318 + 3 x 318 (S 8192 queries): faster
-    r3 = pair_flop / 333e12 + 3 * pair_flop / 368e12 + 2.5 * pair_flop / 318e12 * 4
-    assert f + b > r3
     assert how.endswith("(cp rank 0: 1 causal 8192x8192, 3 of 4096x8192)")
     assert how.startswith("fwd FA2 fwd causal d128 333 TFLOP/s at S 8192")  # the first call's rows
+    # rank 3: fwd 333 + 3 x 368 (S 4096 keys), bwd 318 + 3 x 318 (S 8192 queries): faster
+    f3, b3, how3 = ring_attention.ring_seconds(d, att, 4, 3, ("FA2",))
+    assert f3 + b3 == pytest.approx(pair_flop / 333e12 + 3 * pair_flop / 368e12 + 2.5 * pair_flop / 318e12 * 4)
+    assert f + b > f3 + b3
+    assert how3.endswith("(cp rank 3: 1 causal 8192x8192, 3 of 8192x4096)")
+
+
+H100 = catalog.gpu("h100-sxm5-80gb")
+
+
+def _small(cp: int, eager: bool) -> dict:
+    """Llama 3 8B at seq 4,096 on the H100 SXM (Triad 2.97 TB/s, FA2 rows of kernels.toml S7c / S8), cp ``cp``."""
+    w = Workload(seq_len=4096, micro_batch=1, cp=cp, recompute="none", torch_ring_attention=True,
+                 torch_eager=eager, attention_kernels=SDPA_KERNELS)
+    return {(o.name, o.phase): o for o in layer_cost(LLAMA8B, H100, w).ops
+            if o.block == "attn" and (o.kind == "attention" or o.name.startswith("cp ring"))}
+
+
+def test_small_cp4_block_is_one_rank_by_hand():
+    # cp 4, L 1,024: n_q = 32 x 1024 x 128 = 4,194,304, n_kv = 2 n_q; every call 2^33 FLOP forward
+    n_q, call = 4_194_304, 2 ** 33
+    # SDPA, TFLOP/s: rank 0 fwd causal 260 (S 1024) + 3 x 512x1024 unmasked at 1024 keys 350;
+    # bwd causal 260 + 3 x at 512 queries 214. Rank 3: fwd 260 + 3 x at 512 keys 309; bwd 4 x 260
+    f0, b0 = call * (1 / 260 + 3 / 350) / 1e12, 2.5 * call * (1 / 260 + 3 / 214) / 1e12
+    f3, b3 = call * (1 / 260 + 3 / 309) / 1e12, 2.5 * call * 4 / 260 / 1e12
+    assert (f0 + b0) - (f3 + b3) == pytest.approx(4.37e-5, rel=1e-2)   # rank 0's SDPA is slower
+    # ring bytes in Q elements (ring_bytes). Compiled: rank 0 forward 12 + 3 x 9 + 4 x 2 = 47, backward
+    # 12 + 3 x 9 + (16 + 3 x 10) x 2 = 131; rank 3 forward 12 + 3 x 10 + 8 = 50, backward 42 + (16 + 27) x 2
+    # = 128: a tie (178), so rank 0, the slower SDPA, is the block: its calls and its bytes
+    ops = _small(4, eager=False)
+    assert ops[("attention", "forward")].seconds == pytest.approx(f0)
+    assert ops[("attention", "backward_input")].seconds == pytest.approx(b0)
+    assert ops[(MERGE, "forward")].size_bytes == 47 * n_q == 197_132_288
+    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 131 * n_q == 549_453_824
+    # eager: rank 0 forward 12 + 3 x 27 + 4 x 4 x 2 = 125, backward 20 + 3 x 13 + (24 + 3 x 10 + 12 + 32) x 2
+    # = 255; rank 3 forward 12 + 3 x 38 + 32 = 158, backward 50 + 107 x 2 = 264: 42 Q more, 42 x 4,194,304 B
+    # / 2.97 TB/s = 59.3 us > rank 0's 43.7 us of SDPA: rank 3 is the block, its calls and its bytes
+    assert 42 * n_q / 2.97e12 == pytest.approx(5.93e-5, rel=1e-2)
+    ops = _small(4, eager=True)
+    assert ops[("attention", "forward")].seconds == pytest.approx(f3)
+    assert ops[("attention", "backward_input")].seconds == pytest.approx(b3)
+    assert ops[(MERGE, "forward")].size_bytes == 158 * n_q
+    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 264 * n_q
+    assert ops[(MERGE, "forward")].note.startswith("cp rank 3: ")
+
+
+def test_small_cp2_block_is_one_rank_by_hand():
+    # cp 2, L 2,048: n_q = 32 x 2048 x 128 = 8,388,608; every call 2^35 FLOP forward
+    n_q, call = 8_388_608, 2 ** 35
+    # rank 0: fwd causal 298 (S 2048) + 1024x2048 at 2048 keys 362; bwd 291 + at 1024 queries 260
+    # rank 1: fwd 298 + 2048x1024 at 1024 keys 350; bwd 291 + at 2048 queries 291
+    f0, b0 = call * (1 / 298 + 1 / 362) / 1e12, 2.5 * call * (1 / 291 + 1 / 260) / 1e12
+    f1, b1 = call * (1 / 298 + 1 / 350) / 1e12, 2.5 * call * 2 / 291 / 1e12
+    assert (f0 + b0) - (f1 + b1) == pytest.approx(3.19e-5, rel=1e-2)
+    # compiled: rank 0 forward 12 + 9 + 8 = 29, backward 21 + 26 x 2 = 73; rank 1 30 and 22 + 25 x 2 = 72: tie
+    ops = _small(2, eager=False)
+    assert (ops[("attention", "forward")].seconds, ops[("attention", "backward_input")].seconds) == (
+        pytest.approx(f0), pytest.approx(b0))
+    assert ops[(MERGE, "forward")].size_bytes == 29 * n_q
+    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 73 * n_q
+    # eager: rank 0 forward 12 + 27 + 16 = 55, backward 33 + 54 x 2 = 141; rank 1 66 and 30 + 57 x 2 = 144:
+    # 14 Q more, 14 x 8,388,608 B / 2.97 TB/s = 39.5 us > 31.9 us: rank 1
+    ops = _small(2, eager=True)
+    assert (ops[("attention", "forward")].seconds, ops[("attention", "backward_input")].seconds) == (
+        pytest.approx(f1), pytest.approx(b1))
+    assert ops[(MERGE, "forward")].size_bytes == 66 * n_q
+    assert ops[(GRAD_ACCUMULATION, "backward_input")].size_bytes == 144 * n_q
+
+
+def test_slowest_rank_considers_every_rank():
+    # the choice is the argmax over all cp ranks of SDPA + ring kernels (not only ranks 0 and cp - 1)
+    from meshplan.compute.kernel_time import issue_floor, memory_op_seconds
+    from meshplan.compute.measured import kernel_data
+    from meshplan.compute.shapes import Attention
+    d = kernel_data("h100-sxm5-80gb")
+    att = Attention(1, 32, 8, 1024, 4096, 128)
+    for eager in (False, True):
+        w = Workload(seq_len=4096, cp=4, torch_ring_attention=True, torch_eager=eager, attention_kernels=SDPA_KERNELS)
+        totals = []
+        for rank in range(4):
+            f, b, _ = ring_attention.ring_seconds(d, att, 4, rank, SDPA_KERNELS)
+            fb, bb = ring_bytes(4_194_304, 8_388_608, 4, eager, rank)
+            totals.append(issue_floor(H100, f) + issue_floor(H100, b) + memory_op_seconds(H100, fb)
+                          + memory_op_seconds(H100, bb))
+        chosen = ring_attention.slowest_rank(H100, att, w, d)
+        assert totals[chosen.rank] == pytest.approx(max(totals))
+        assert chosen.rank == (3 if eager else 0)
 
 
 def test_t2_cp8_layer_attention_by_hand():

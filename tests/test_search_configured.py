@@ -124,14 +124,16 @@ def test_configured_rank_counts_the_faster_feasible(mini):
     Now #42-#60 of 718: 14 of the search's own plans faster, 50 feasible candidates unplanned with a
     bound below the step, rank_max 32 planning 32 of them (18 left: the range's width), 196 undecided,
     11 of them below (with prefetchmem's memory bound and cpring's ring calls together:
-    #42-#61, 51, 19 and 14 on hbmswitch alone)."""
+    #42-#61, 51, 19 and 14 on hbmswitch alone). (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2, mb 1, none, vpp 2, resharded settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4 x dp_shard 2, mb 1, none, vpp 8 (7.840 s, faster, bound
+    7.7945 s) and pp 2 x dp_replicate 2 x dp_shard 2, op, vpp 8, resharded (feasible) and pp 2 x dp_shard 2 x tp 2,
+    mb 2, none, vpp 2, resharded (over memory) left undecided below: 12 undecided below, was 11.)"""
     mine = mini.configured
     assert (mine.rank, mine.rank_hi, mine.feasible) == (42, 60, mini.counts()["feasible"]) == (42, 60, 718)
     faster = [e for i, e in mini.exact.items() if mini.code[i] == -1 and e.step_s is not None and e.step_s < mine.step_s]
     assert 0 < len(faster) <= 40 and mine.step_s > mini.top[-1].step_s and mine.row is None
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = int((mini.est.step_lo[undecided] < mine.step_s).sum())
-    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (196, 11)
+    assert (mine.undecided, mine.undecided_below) == (len(undecided), below) == (196, 12)
     # 7.847 s against the top's 6.998 s (dp_shard 8): 7.847 / 6.998 - 1 = 12.13%
     assert round(mini.top[0].step_s, 3) == 6.998
     # trial 26 #1 (configured_best): its mesh at its row's setting, mb 2, none, 7.362 / 6.998 - 1 = 5.19%
@@ -143,7 +145,7 @@ def test_configured_rank_counts_the_faster_feasible(mini):
                            "longer than the top's; 18 feasible candidates with a step-time lower bound below its step "
                            "not planned, each "
                            "could rank ahead: [search] rank_max 32 planned the first by bound, each plan more narrows "
-                           "the range by one; 11 of the undecided have a step-time lower bound below its step and could "
+                           "the range by one; 12 of the undecided have a step-time lower bound below its step and could "
                            "rank ahead if planned: [search] settle_max plans more)")
 
 
@@ -222,7 +224,9 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
     with them the cp meshes fall behind and that candidate is no row.) (hbmswitch: at the H100's runtime
     total, 79.11 GiB x 0.9 = 71.20 GiB usable, not 67.06, its own mb 2 kept-gathered twin fits too and is
     faster: 4 faster, rank #5 of 726 feasible, 179 undecided, none below; with prefetchmem's
-    memory bound and cpring's ring calls too: 730 feasible, 175 undecided, none below.)"""
+    memory bound and cpring's ring calls too: 730 feasible, 175 undecided, none below.) (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to other rows: pp 2 x dp_shard 2 x tp 2, mb 2,
+    none, vpp 1 and pp 4 x dp_shard 2, mb 1, none, vpp 8, resharded, settled feasible before, are left
+    undecided, their bounds not below its step: 728 feasible, 178 undecided, none below.)"""
     # ranked by step alone: the rows 1 and 3 named keep under 15% of usable memory free, and the
     # headroom tiers (the default) list them after the clear rows, the mesh then row #4
     r = search(_cfg("mini_2x4_tp2-dp4.toml", training={"micro_batch": 2},
@@ -236,10 +240,10 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
         "dp_shard 4 x tp 2, mb 1, none, vpp 1, zero3, keep gathered",
         "dp_shard 4 x tp 2, mb 2, none, vpp 1, zero3, keep gathered", "dp_shard 8, mb 1, none, vpp 1, zero3"]
     assert (mine.rank, mine.rank_hi) == (5, 5)
-    assert (mine.feasible, mine.undecided, mine.undecided_below) == (730, 175, 0) == \
+    assert (mine.feasible, mine.undecided, mine.undecided_below) == (728, 178, 0) == \
         (r.counts()["feasible"], r.counts()["undecided"], 0)
-    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.362 s, 71,216 tokens/s, rank #5 of 730 feasible by "
-                           "step time, 175 undecided near the memory limit not ranked (row #2 in the top table, whose "
+    assert mine.line() == ("your mesh (dp_shard 4 x tp 2): 7.362 s, 71,216 tokens/s, rank #5 of 728 feasible by "
+                           "step time, 178 undecided near the memory limit not ranked (row #2 in the top table, whose "
                            "tie rule orders meshes within 1% toward fewer axes, lower degrees and fewer settings; "
                            "5.19% longer than the top's; no undecided candidate could rank ahead: their step-time "
                            "lower bounds are not below its step)")
@@ -279,16 +283,19 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
     at 7.410 s now the top's row 3, and the settle's and the rank's plans went to other rows.)
     Now the top-3 run's #42-#60 holds for its own 718 feasible: the --top 45 run planned every one of
     them with a lower bound below the step; 48 are faster (#49, in the range). Of its 11 undecided with
-    a lower bound below, the --top 45 run found 6 feasible, none of them faster: #49 it gives (hbmswitch alone: 14, 8, 1, #50)."""
+    a lower bound below, the --top 45 run found 6 feasible, none of them faster: #49 it gives (hbmswitch alone: 14, 8, 1, #50).
+    (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2, mb 1, none, vpp 2, resharded settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4 x dp_shard 2, mb 1, none, vpp 8 (7.840 s, faster)
+    is left undecided in the top-3 run: 47 of its feasible faster (#48), 12 undecided below, 6 of them
+    found feasible by the --top 45 run, that one faster: #49 it gives, as before.)"""
     step = mini.configured.step_s
     known = {j: e.step_s for ex in (mini.exact, mini_top45.exact) for j, e in ex.items() if e.step_s is not None}
     feasible = np.flatnonzero(mini.code == -1)
     assert not [j for j in feasible if j not in known and mini.est.step_lo[j] < step]
-    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 49
+    assert 1 + sum(known.get(j, np.inf) < step for j in feasible) == 48
     undecided = np.flatnonzero(mini.code == UNDECIDED)
     below = undecided[mini.est.step_lo[undecided] < step]
-    assert len(below) == 11 and sum(mini_top45.code[j] == -1 for j in below) == 6
-    assert sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 0
+    assert len(below) == 12 and sum(mini_top45.code[j] == -1 for j in below) == 6
+    assert sum(mini_top45.code[j] == -1 and known.get(j, np.inf) < step for j in below) == 1
     assert (mini_top45.configured.rank, mini_top45.configured.rank_hi) == (49, 49)
 
 
@@ -322,7 +329,8 @@ def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
     GiB: candidates peaking between the two became feasible, 718 of them in all (was 658), pp 2 x dp_shard 4
     at 7.410 s now the top's row 3, and the settle's and the rank's plans went to other rows.)
     Now 50 unplanned with a bound below the step: rank_max 32 leaves 18, the #42-#60 range; widths 50/16/0
-    at rank_max 0/34/50, around #49 (#15-#65 at 0: 1 + the 14 faster among the search's own plans)."""
+    at rank_max 0/34/50, around #49 (#15-#65 at 0: 1 + the 14 faster among the search's own plans).
+    (ringrank: around #48, pp 4 x dp_shard 2, mb 1, none, vpp 8, faster, left undecided, test above.)"""
     from meshplan.search.configured import configured
 
     cfg = mini.config
@@ -334,13 +342,13 @@ def test_rank_max_plans_more_and_each_plan_narrows_the_range_by_one(mini):
     assert (mini.configured.rank, mini.configured.rank_hi, mini.configured.rank_max) == (42, 60, 32)
     for n, width in ((0, 50), (34, 16), (50, 0), (64, 0)):
         m = at(n)
-        assert (m.rank_hi - m.rank, m.rank_max) == (width, n) and m.rank <= 49 <= m.rank_hi, (n, m.rank, m.rank_hi)
+        assert (m.rank_hi - m.rank, m.rank_max) == (width, n) and m.rank <= 48 <= m.rank_hi, (n, m.rank, m.rank_hi)
         assert ("rank_max" in m.line()) == (width > 0)
     step = mini.configured.step_s  # rank_max 0: 1 + the faster among the search's own plans
     searched = sum(1 for j, e in mini.exact.items() if mini.code[j] == -1 and e.step_s is not None and e.step_s < step)
-    assert (at(50).rank, at(0).rank) == (49, 1 + searched) == (49, 15)
+    assert (at(50).rank, at(0).rank) == (48, 1 + searched) == (48, 15)
     exact = at(50).line()
-    assert "rank #49 of 718 feasible by step time" in exact and "between" not in exact
+    assert "rank #48 of 718 feasible by step time" in exact and "between" not in exact
 
 
 def test_rank_on_the_searchs_pool_plans_the_step_alone_to_the_bit(mini):

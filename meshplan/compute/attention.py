@@ -1,7 +1,7 @@
 """The attention core's ops on one rank (:mod:`meshplan.compute.ops`' causal convention): a
 fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published FlashAttention
 rates, each call of torch's context-parallel ring rated at its own shape
-(:func:`meshplan.compute.ring_attention.ring_seconds`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
+(:func:`meshplan.compute.ring_attention.slowest_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 """
 
@@ -22,25 +22,41 @@ from meshplan.units import dtype_bytes
 
 
 def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=None) -> list[Op]:
+    """The fused attention core's ops (forward, backward, the forward's replay with
+    ``recompute``): a measured call (``table``), the catalog's published rates, or the GEMM
+    ceiling (module docstring); on torch's ring (:func:`~meshplan.compute.ring_attention.applies`)
+    then the ring's two kernels, the calls and kernels both of the slowest cp rank
+    (:func:`~meshplan.compute.ring_attention.slowest_rank`, its calls rated per rank from the
+    published rates, else its kernels alone decide)."""
     key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
     measured = getattr(table, "attention", {}).get(key) if table is not None else None
+    data = kernel_data(gpu)
+    rated = data if measured is None and data is not None and data.attention else None
+    ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
         timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
                                                           "attention", issue_floor(gpu, t), model, hw, recompute=rec,
                                                           note=note, table_key=key)  # floored like a measured GEMM (gemm_ops)
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
-        return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
-    data = kernel_data(gpu)
-    if data is not None and data.attention:  # published FlashAttention rates (catalog)
-        f_s, b_s, how = (ring_attention.ring_seconds(data, att, w.cp, w.attention_kernels) if ring_attention.applies(w)
-                         else attention_seconds(data, att, causal=True, prefer=w.attention_kernels))
+        out += [timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else []
+    elif rated is not None:  # published FlashAttention rates (catalog)
+        f_s, b_s, how = (ring.sdpa if ring is not None and ring.sdpa is not None
+                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels))
         fwd = att.flops(causal_half=True)
-        rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
-                                                          phase, "attention", issue_floor(gpu, t), model, hw,
-                                                          recompute=rec, note=how, table_key=key)
-        out = [rated("forward", f_s, fwd, fwd), rated("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
-        return out + ([rated("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
+        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
+                                                       phase, "attention", issue_floor(gpu, t), model, hw,
+                                                       recompute=rec, note=how, table_key=key)
+        out = [mk("forward", f_s, fwd, fwd), mk("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
+        out += [mk("backward_input", f_s, 0.0, fwd, True)] if recompute else []
+    else:
+        out = _ceiling_ops(gpu, att, w, recompute, key)
+    return out + (ring_attention.ring_ops(gpu, ring) if ring is not None else [])
+
+
+def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key: tuple) -> list[Op]:
+    """Flash attention on a GPU without published rates: the GEMM ceiling with wave quantization
+    over one block per 128 queries, never below streaming its inputs and output twice."""
     peak = gpu.peak_flops(w.dtype)
     tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
     waves = ceil(tiles / gpu.sms)

@@ -33,7 +33,7 @@ def memory_op(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, re
     bytes for ``kind`` (a norm's fitted fixed time + bytes at its fitted bandwidth, else Triad,
     never below the issue floor), or the datasheet bandwidth for a GPU without catalog data."""
     data = kernel_data(gpu)
-    t = memory_kernel_seconds(data, nbytes, gpu.hbm_bandwidth_bytes_per_s, kind)
+    t = memory_op_seconds(gpu, nbytes, kind)
     if data is None:
         bw, what = gpu.hbm_bandwidth_bytes_per_s, "datasheet"
     else:
@@ -41,6 +41,12 @@ def memory_op(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, re
         what = f"fused norm, + {data.norm_fixed_s * 1e6:.1f} us" if kind == "norm" else "Triad"
     return Op(name, block, phase, "memory", t, size_bytes=nbytes, recompute=recompute,
               note=f"{nbytes / 1e6:.1f} MB / {bw / 1e12:.3g} TB/s ({what})")
+
+
+def memory_op_seconds(gpu: GPUSpec, nbytes: float, kind: str = "elementwise") -> float:
+    """The seconds :func:`memory_op` gives a memory-bound kernel of ``nbytes`` (read + written):
+    :func:`meshplan.compute.measured.memory_kernel_seconds` on ``gpu``'s catalog data."""
+    return memory_kernel_seconds(kernel_data(gpu), nbytes, gpu.hbm_bandwidth_bytes_per_s, kind)
 
 
 def optimizer_bandwidth(gpu: GPUSpec) -> float:

@@ -72,10 +72,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
     attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
-    attn_plain = [o for o in attn_sel if not o.recompute]
-    ring = ring_attention.ring_ops(gpu, att, w)  # torch CP's merges and fp32 gradient sums
-    attn_plain += ring
-    attn_sel = attn_sel + ring + [replay(o) for o in ring if o.phase == "forward"]  # the core's replay merges again
+    attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
+    attn_sel = attn_sel + [replay(o) for o in attn_sel if o.name == ring_attention.MERGE]  # the core's replay merges again
     rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
     rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(

@@ -32,17 +32,20 @@ Dao-AILab/flash-attention), while the catalog's rows are square calls at a const
 
 Sizes: ``n_q`` elements of Q (= of the output, ``d_v = d``) and ``n_kv`` of K and V together on
 the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
-the log-sum-exp rows (``1/d`` of the output) are left out. The rank counted is cp rank cp - 1,
-whose every later step takes the whole local Q (``i <= rank``: no partial merge), the most
-merged bytes of the cp ranks (a partial step merges half the rows and re-concatenates the
-whole output, 27 B an element of Q against 38).
+the log-sum-exp rows (``1/d`` of the output) are left out. The work differs by rank: at a step
+``i <= rank`` the whole Q is merged and the dK/dV half added and re-concatenated, at ``i > rank``
+half of Q is merged and re-concatenated (``partial``), its dQ half added and re-concatenated, the
+whole dK/dV added (:func:`ring_bytes`). The block counted is one rank's, the slowest of all cp
+ranks by its SDPA calls plus its ring kernels (:func:`slowest_rank`): every layer's K/V all-gather
+holds the ranks together.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 
-from meshplan.compute.kernel_time import memory_op
+from meshplan.compute.kernel_time import issue_floor, memory_op, memory_op_seconds
 from meshplan.compute.measured import KernelData, attention_seconds
 from meshplan.compute.ops import Op, Workload
 from meshplan.compute.shapes import Attention
@@ -55,42 +58,104 @@ MERGE = "cp ring merge"
 GRAD_ACCUMULATION = "cp ring gradient accumulation"
 
 
-def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool) -> tuple[int, int]:
+def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int) -> tuple[int, int]:
     """(forward, backward) bytes read + written per layer per micro-batch by the ring's own
-    kernels (module docstring) on cp rank cp - 1, bf16 inputs.
+    kernels (module docstring) on cp rank ``rank``, bf16 inputs; ``r = rank`` later steps take the
+    whole Q (``i <= rank``), ``p = cp - 1 - rank`` half of it (``i > rank``).
 
     Eager, one kernel per op: forward, the first call's output cast to fp32 (2 + 4 B) and the
-    merged output cast back (4 + 2 B), and for each of the cp - 1 later calls the cast (6 B),
-    ``out - block_out`` (12 B), the product with the broadcast sigmoid (8 B) and the subtraction
-    (12 B): ``n_q (12 + 38 (cp - 1))``; K and V made contiguous once and concatenated before
-    cp - 1 exchanges (2 + 2 B each): ``n_kv 4 cp``. Backward: dQ zeroed (4 B), accumulated
-    every call (4 + 2 + 4 B) and cast back (6 B): ``n_q (10 + 10 cp)``; dK and dV zeroed,
-    K and V made contiguous (4 B each), the first call's gradients added (10 B), each later
-    call's half added in place (5 B) and the halves re-concatenated (8 B), K and V concatenated
-    before cp - 1 exchanges (4 B), the fp32 gradients concatenated for the rotation every call
-    (8 B) and cast back (6 B): ``n_kv (24 + 17 (cp - 1) + 8 cp)``.
+    merged output cast back (4 + 2 B); a whole-Q merge the cast (6 B), ``out - block_out`` (12 B),
+    the product with the broadcast sigmoid (8 B) and the subtraction (12 B): 38 B; a half-Q merge
+    the same on half the rows (19 B) and ``_partial_update``'s ``torch.cat`` of the fp32 output
+    (8 B): 27 B; ``n_q (12 + 38 r + 27 p)``; K and V made contiguous once and concatenated before
+    cp - 1 exchanges (2 + 2 B each): ``n_kv 4 cp``. Backward: dQ zeroed (4 B), the first call's
+    and each whole-Q call's added (4 + 2 + 4 B), each half-Q call's added to its half (5 B) and
+    re-concatenated (8 B), cast back (6 B): ``n_q (20 + 10 r + 13 p)``; dK and dV zeroed, K and V
+    made contiguous (4 B each), the first call's gradients added (10 B), at ``i <= rank`` the
+    half added in place (5 B) and the halves re-concatenated (8 B), at ``i > rank`` the whole
+    added (10 B), K and V concatenated before cp - 1 exchanges (4 B), the fp32 gradients
+    concatenated for the rotation every call (8 B) and cast back (6 B):
+    ``n_kv (24 + 13 r + 10 p + 4 (cp - 1) + 8 cp)``.
 
     Compiled (inductor fuses each step's elementwise ops into one pass, the all-gather
-    rotater's unused later concatenations dropped): forward, the first cast (6 B), each later
-    merge reading the fp32 output and the bf16 call output and writing fp32 (10 B) and the
-    cast back (6 B): ``n_q (2 + 10 cp)``, K and V concatenated once (4 B); backward, dQ the
-    same ``n_q (2 + 10 cp)``, dK and dV first written (6 B), each later step's received fp32
-    gradients read, added and written (10 B), cast back (6 B), K and V concatenated once (4 B):
-    ``n_kv (6 + 10 cp)``.
+    rotater's unused later concatenations dropped): forward, the first cast (6 B), a whole-Q merge
+    reading the fp32 output and the bf16 call output and writing fp32 (10 B), a half-Q merge
+    copying the kept fp32 half (4 B over the whole) and merging the other (5 B): 9 B, the cast
+    back (6 B): ``n_q (12 + 10 r + 9 p)``, K and V concatenated once (4 B); backward, dQ the same
+    ``n_q (12 + 10 r + 9 p)``, dK and dV first written (6 B), each later step's received fp32
+    gradients read and written with the call's bf16 gradients added, whole (10 B, ``i > rank``)
+    or half (9 B, ``i <= rank``), cast back (6 B), K and V concatenated once (4 B):
+    ``n_kv (16 + 9 r + 10 p)``.
 
-    >>> ring_bytes(100, 200, 2, eager=True)     # 100 (12 + 38), 200 * 8; 100 * 30, 200 (24 + 17 + 16)
+    >>> ring_bytes(100, 200, 2, eager=True, rank=1)   # 100 (12 + 38), 200 * 8; 100 * 30, 200 (24 + 13 + 4 + 16)
     (6600, 14400)
-    >>> ring_bytes(100, 200, 2, eager=False)    # 100 * 22 + 200 * 4; 100 * 22 + 200 * 26
-    (3000, 7400)
-    >>> ring_bytes(100, 200, 1, eager=True)     # no ring at cp 1
+    >>> ring_bytes(100, 200, 2, eager=True, rank=0)   # 100 (12 + 27), 200 * 8; 100 * 33, 200 (24 + 10 + 4 + 16)
+    (5500, 14100)
+    >>> ring_bytes(100, 200, 2, eager=False, rank=1)  # 100 * 22 + 200 * 4; 100 * 22 + 200 * 25
+    (3000, 7200)
+    >>> ring_bytes(100, 200, 1, eager=True, rank=0)   # no ring at cp 1
     (0, 0)
     """
     if cp <= 1:
         return (0, 0)
+    r, p = rank, cp - 1 - rank
     if eager:
-        return (n_q * (12 + 38 * (cp - 1)) + n_kv * 4 * cp,
-                n_q * (10 + 10 * cp) + n_kv * (24 + 17 * (cp - 1) + 8 * cp))
-    return (n_q * (2 + 10 * cp) + n_kv * 4, n_q * (2 + 10 * cp) + n_kv * (6 + 10 * cp))
+        return (n_q * (12 + 38 * r + 27 * p) + n_kv * 4 * cp,
+                n_q * (20 + 10 * r + 13 * p) + n_kv * (24 + 13 * r + 10 * p + 4 * (cp - 1) + 8 * cp))
+    return (n_q * (12 + 10 * r + 9 * p) + n_kv * 4, n_q * (12 + 10 * r + 9 * p) + n_kv * (16 + 9 * r + 10 * p))
+
+
+@dataclass(frozen=True)
+class RingRank:
+    """One cp rank's share of a layer's attention block on torch's ring: ``rank``; ``sdpa``, its
+    SDPA calls' (forward s, backward s, how) (:func:`ring_seconds`), None where the calls are not
+    rated per rank (a measured call, the GEMM ceiling: the whole causal shape); its ring kernels'
+    ``forward_bytes`` and ``backward_bytes`` (:func:`ring_bytes`)."""
+
+    rank: int
+    sdpa: Optional[tuple[float, float, str]]
+    forward_bytes: int
+    backward_bytes: int
+
+
+def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData] = None) -> RingRank:
+    """The cp rank whose attention block is longest, every rank of ``w.cp`` considered: its SDPA
+    calls (each :func:`~meshplan.compute.kernel_time.issue_floor`-ed, as the attention ops are;
+    rated from ``data``'s published rates, or rank-independent where ``data`` is None) plus its
+    two ring kernels (:func:`~meshplan.compute.kernel_time.memory_op_seconds` of :func:`ring_bytes`);
+    the lowest such rank on a tie. ``att``: the rank's causal ``(s / cp, s)`` shape.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.measured import kernel_data
+    >>> h100 = catalog.gpu("h100-sxm5-80gb")
+    >>> a = Attention(1, 32, 8, 8192, 32768, 128)          # cp 4 at 32k: L 8,192
+    >>> w = Workload(seq_len=32768, cp=4, torch_ring_attention=True, attention_kernels=("FA2",))
+    >>> slowest_rank(h100, a, w, kernel_data("h100-sxm5-80gb")).rank   # its backward calls loop over L/2 queries
+    0
+    >>> slowest_rank(h100, a, replace(w, torch_eager=True)).rank   # SDPA the same on every rank: the most ring bytes
+    3
+    """
+    n_q, n_kv = _elements(att)
+    rated = _rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
+    best: Optional[tuple[float, int]] = None
+    for rank in range(w.cp):
+        fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank)
+        t = memory_op_seconds(gpu, fwd) + memory_op_seconds(gpu, bwd)
+        if rated is not None:
+            f, b = _rank_sums(rated, w.cp, att.seq_q, rank)
+            t += issue_floor(gpu, f) + issue_floor(gpu, b)
+        if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
+            best = (t, rank)
+    rank = 0 if best is None else best[1]
+    fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank)
+    return RingRank(rank, _rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
+
+
+def _elements(att: Attention) -> tuple[int, int]:
+    """(n_q, n_kv) of ``att`` (module docstring): Q's (= the output's) elements, K's and V's
+    together after ``repeat_kv`` (q heads)."""
+    n_q = att.batch * att.q_heads * att.seq_q * att.d_v
+    return n_q, att.batch * att.q_heads * att.seq_q * (att.head_dim + att.d_v)
 
 
 def applies(w: Workload) -> bool:
@@ -100,17 +165,15 @@ def applies(w: Workload) -> bool:
     return w.cp > 1 and w.flash and w.torch_ring_attention
 
 
-def ring_ops(gpu: GPUSpec, att: Attention, w: Workload) -> list[Op]:
+def ring_ops(gpu: GPUSpec, chosen: RingRank) -> list[Op]:
     """The ring's forward merge and backward gradient accumulation as two memory-bound ops of
-    the attention block (:func:`ring_bytes` of ``att``'s local Q and K/V, the compiled pass count
-    unless ``w.torch_eager``); none where it does not apply (:func:`applies`)."""
-    if not applies(w):
-        return []
-    n_q = att.batch * att.q_heads * att.seq_q * att.d_v
-    n_kv = att.batch * att.q_heads * att.seq_q * (att.head_dim + att.d_v)  # repeat_kv: q heads
-    fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager)
-    return [memory_op(gpu, MERGE, "attn", "forward", fwd),
-            memory_op(gpu, GRAD_ACCUMULATION, "attn", "backward_input", bwd)]
+    the attention block: ``chosen``'s :func:`ring_bytes` (:func:`slowest_rank`), its rank named."""
+    out = []
+    for name, phase, nbytes in ((MERGE, "forward", chosen.forward_bytes),
+                                (GRAD_ACCUMULATION, "backward_input", chosen.backward_bytes)):
+        op = memory_op(gpu, name, "attn", phase, nbytes)
+        out.append(replace(op, note=f"cp rank {chosen.rank}: {op.note}"))
+    return out
 
 
 def ring_calls(cp: int, seq_local: int, rank: int) -> list[tuple[int, int, bool]]:
@@ -137,38 +200,51 @@ def rate_lengths(seq_q: int, seq_kv: int) -> tuple[int, int]:
     return (seq_kv, seq_q)
 
 
-def ring_seconds(data: KernelData, att: Attention, cp: int, prefer: tuple[str, ...] = ()) -> tuple[float, float, str]:
-    """(forward s, backward s, how) of the ring's SDPA calls on one layer (``att``: the rank's
-    causal ``(s / cp, s)`` shape), each rated by :func:`~meshplan.compute.measured.attention_seconds`
-    at its :func:`rate_lengths`, on the slower of cp ranks 0 and cp - 1 (forward plus backward:
-    the calls' time is linear in the rank, so one of the two is the slowest; every layer's K/V
-    all-gather holds the ranks together).
+def ring_seconds(data: KernelData, att: Attention, cp: int, rank: int,
+                 prefer: tuple[str, ...] = ()) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of cp rank ``rank``'s SDPA calls on one layer (``att``: the
+    rank's causal ``(s / cp, s)`` shape, :func:`ring_calls`), each rated by
+    :func:`~meshplan.compute.measured.attention_seconds` at its :func:`rate_lengths`.
 
     >>> from meshplan.compute.measured import kernel_data
     >>> d = kernel_data("h100-sxm5-80gb")
     >>> a = Attention(1, 32, 8, 8192, 32768, 128)          # cp 4 at 32k: L 8,192
-    >>> f, b, how = ring_seconds(d, a, 4, ("FA2",))
-    >>> how.split(" (cp ")[1]            # rank 0's 3 backward calls loop over 4,096 queries: slower
+    >>> f, b, how = ring_seconds(d, a, 4, 0, ("FA2",))
+    >>> how.split(" (cp ")[1]
     'rank 0: 1 causal 8192x8192, 3 of 4096x8192)'
     >>> round(f * 1e3, 3), round(b * 1e3, 3)   # FA2 fwd 333 causal + 3 x 370; bwd 318 + 3 x 310 (S 4096)
     (6.108, 17.623)
     """
-    return max((_rank_seconds(data, att, cp, rank, prefer) for rank in sorted({0, cp - 1})),
-               key=lambda t: t[0] + t[1])
+    return _rank_seconds(_rated_calls(data, att, cp, prefer), cp, att.seq_q, rank)
 
 
-def _rank_seconds(data: KernelData, att: Attention, cp: int, rank: int,
-                  prefer: tuple[str, ...]) -> tuple[float, float, str]:
-    """(forward s, backward s, how) of cp rank ``rank``'s calls (:func:`ring_seconds`)."""
+def _rated_calls(data: KernelData, att: Attention, cp: int, prefer: tuple[str, ...]) -> dict:
+    """(forward s, backward s, how) of each distinct call any cp rank issues (:func:`ring_calls`
+    of ranks 0 and cp - 1 hold all three), by (seq_q, seq_kv, causal): rated once, the search
+    rates every cp candidate's ring on every rank."""
+    calls = dict.fromkeys(ring_calls(cp, att.seq_q, 0) + ring_calls(cp, att.seq_q, cp - 1))
+    return {(sq, sk, causal): attention_seconds(data, replace(att, seq_q=sq, seq_kv=sk), causal, prefer,
+                                                lengths=rate_lengths(sq, sk)) for sq, sk, causal in calls}
+
+
+def _rank_sums(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, float]:
+    """(forward s, backward s) of cp rank ``rank``'s calls from ``rated`` (:func:`_rated_calls`):
+    the causal call, ``rank`` of ``L x L/2``, ``cp - 1 - rank`` of ``L/2 x L``, as :func:`ring_calls`."""
+    half = seq_local // 2
+    f = b = 0.0
+    for call, n in (((seq_local, seq_local, True), 1), ((seq_local, half, False), rank),
+                    ((half, seq_local, False), cp - 1 - rank)):
+        if n:
+            f, b = f + n * rated[call][0], b + n * rated[call][1]
+    return f, b
+
+
+def _rank_seconds(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of cp rank ``rank``'s calls from ``rated`` (:func:`_rated_calls`)."""
     f = b = 0.0
     hows = []
-    calls = ring_calls(cp, att.seq_q, rank)
-    rated: dict = {}  # each distinct (sq, sk, causal) rated once: the search rates every cp candidate's ring
+    calls = ring_calls(cp, seq_local, rank)
     for call in calls:
-        if call not in rated:
-            sq, sk, causal = call
-            rated[call] = attention_seconds(data, replace(att, seq_q=sq, seq_kv=sk), causal, prefer,
-                                            lengths=rate_lengths(sq, sk))
         cf, cb, how = rated[call]
         f, b = f + cf, b + cb
         hows.append(how)
