@@ -169,8 +169,9 @@ def test_step_cli_prints_verdict():
     out = r.stdout.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
     t = next(k for k, line in enumerate(out) if line.startswith("tokens/s"))
-    # the summary, its notes, the kernel data's line, the verdict
-    assert t < i and all(line.startswith(("note: ", "kernels: ")) for line in out[t + 1:i])
+    # the summary, torchtitan's MFU formula (framework torch: ttmfu), its notes, the kernel data's line, the verdict
+    assert out[t + 1].startswith("torchtitan's MFU formula: ")
+    assert t < i and all(line.startswith(("note: ", "kernels: ")) for line in out[t + 2:i])
     assert out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
 
 
