@@ -59,6 +59,19 @@ def published_text(program: str, hosts: list[str], gpu: str, rows, source: str) 
     return "\n".join(lines)
 
 
+def ndr_ring_s(n: int, nics: int, size_bytes: float) -> float:
+    """By hand, seconds of an uncalibrated ring all-gather or reduce-scatter across the nodes whose
+    NIC curve is the NDR 8-NIC one (dgx-h100, dgx-h200: catalog nodes.toml) (``n`` ranks, their ring through ``nics`` of a node's 50 GB/s NICs: the path's bandwidth / 50 GB/s)
+    of a ``size_bytes`` buffer (nccl-tests S). The catalog's one point of the 8-NIC curve
+    (ib-ndr-400-8nic, S19: all-reduce over 2 x 8 ranks, busbw 376 GB/s at 8 GiB, t = 1.875 x 2^33 /
+    376e9 = 42,835.4 us), below which the time runs linearly from NCCL's LL latency for its 30 steps
+    (6.6 + 30 x 2.7 = 87.6 us): 1.875 x 2^33 / (42,835.4 - 87.6 us) / 8 = 47.10 GB/s per NIC, whatever
+    size it is read at (tests/test_calibrate_nic_share.py). The ring: LL's 6.6 + (n - 1) x 2.7 us, then
+    (n - 1) / n x S through ``nics`` x 47.10 GB/s."""
+    per_nic = 1.875 * 2**33 / (1.875 * 2**33 / 376e9 - 87.6e-6) / 8
+    return (6.6 + (n - 1) * 2.7) * 1e-6 + (n - 1) / n * size_bytes / (nics * per_nic)
+
+
 if __name__ == "__main__":  # rewrite the fixtures
     for name, spec in PUBLISHED.items():
         (DATA / name).write_text(published_text(*spec))
