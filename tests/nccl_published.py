@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.nccl_tests import float_str
+from meshplan.comm.row import Path as CommPath
 
 DATA = Path(__file__).parent / "data" / "nccl"
 K, M, G = 2**10, 2**20, 2**30
@@ -57,6 +59,17 @@ def published_text(program: str, hosts: list[str], gpu: str, rows, source: str) 
         lines.append(f"{size:12d}  {size // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}" + body + body)
     lines += ["# Out of bounds values : 0 OK", f"# Collective test concluded: {program}", ""]
     return "\n".join(lines)
+
+
+def nic_path(cluster, nodes: int, per_node: int) -> CommPath:
+    """The path :func:`meshplan.comm.row.axis_path` gives a group of ``nodes`` x ``per_node`` ranks of
+    ``cluster``, each rank on its own NIC, every group of the axis at once: per rank min(fabric, the
+    node's NICs the groups use / the groups on the node) = min(fabric, ``per_node`` x NIC); a rank's
+    own NIC for all-to-all's cross-node bytes; the network tier's latency and calibration."""
+    nic = cluster.node.nics[0].bandwidth_bytes_per_s
+    return CommPath("network", min(cluster.node.fabric.bandwidth_bytes_per_s, per_node * nic), f"{nodes} nodes",
+                    cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=nodes, ranks_per_node=per_node,
+                    nic_bandwidth_bytes_per_s=nic, calibrated=cluster.network[0].calibrated)
 
 
 def ndr_ring_s(n: int, nics: int, size_bytes: float) -> float:
