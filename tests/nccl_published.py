@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.nccl_tests import float_str
+from meshplan.comm.row import Path as CommPath
 
 DATA = Path(__file__).parent / "data" / "nccl"
 K, M, G = 2**10, 2**20, 2**30
@@ -57,6 +59,30 @@ def published_text(program: str, hosts: list[str], gpu: str, rows, source: str) 
         lines.append(f"{size:12d}  {size // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}" + body + body)
     lines += ["# Out of bounds values : 0 OK", f"# Collective test concluded: {program}", ""]
     return "\n".join(lines)
+
+
+def nic_path(cluster, nodes: int, per_node: int) -> CommPath:
+    """The path :func:`meshplan.comm.row.axis_path` gives a group of ``nodes`` x ``per_node`` ranks of
+    ``cluster``, each rank on its own NIC, every group of the axis at once: per rank min(fabric, the
+    node's NICs the groups use / the groups on the node) = min(fabric, ``per_node`` x NIC); a rank's
+    own NIC for all-to-all's cross-node bytes; the network tier's latency and calibration."""
+    nic = cluster.node.nics[0].bandwidth_bytes_per_s
+    return CommPath("network", min(cluster.node.fabric.bandwidth_bytes_per_s, per_node * nic), f"{nodes} nodes",
+                    cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=nodes, ranks_per_node=per_node,
+                    nic_bandwidth_bytes_per_s=nic, calibrated=cluster.network[0].calibrated)
+
+
+def ndr_ring_s(n: int, nics: int, size_bytes: float) -> float:
+    """By hand, seconds of an uncalibrated ring all-gather or reduce-scatter across the nodes whose
+    NIC curve is the NDR 8-NIC one (dgx-h100, dgx-h200: catalog nodes.toml) (``n`` ranks, their ring through ``nics`` of a node's 50 GB/s NICs: the path's bandwidth / 50 GB/s)
+    of a ``size_bytes`` buffer (nccl-tests S). The catalog's one point of the 8-NIC curve
+    (ib-ndr-400-8nic, S19: all-reduce over 2 x 8 ranks, busbw 376 GB/s at 8 GiB, t = 1.875 x 2^33 /
+    376e9 = 42,835.4 us), below which the time runs linearly from NCCL's LL latency for its 30 steps
+    (6.6 + 30 x 2.7 = 87.6 us): 1.875 x 2^33 / (42,835.4 - 87.6 us) / 8 = 47.10 GB/s per NIC, whatever
+    size it is read at (tests/test_calibrate_nic_share.py). The ring: LL's 6.6 + (n - 1) x 2.7 us, then
+    (n - 1) / n x S through ``nics`` x 47.10 GB/s."""
+    per_nic = 1.875 * 2**33 / (1.875 * 2**33 / 376e9 - 87.6e-6) / 8
+    return (6.6 + (n - 1) * 2.7) * 1e-6 + (n - 1) / n * size_bytes / (nics * per_nic)
 
 
 if __name__ == "__main__":  # rewrite the fixtures

@@ -12,9 +12,9 @@ import pytest
 from meshplan.catalog import system
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from meshplan.comm.calibration_kinds import per_nic
-from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
-from meshplan.comm.row import Path as CommPath, path_time
+from meshplan.comm.row import path_time
 from nccl_alltoall import FILE, alltoall_text
+from nccl_published import nic_path
 from tests.cli_run import run_cli
 
 PER_NIC = 37.8 * (128 - 8) / (128 - 1)  # 35.7165 GB/s: the share of a rank's busbw that leaves its host
@@ -58,9 +58,7 @@ def test_step_times_the_logged_all_to_all_at_its_own_time(cal):
     cluster = apply_calibration(system("dgx-h100", nodes=16), load_calibration(out))
     nic_bw = cluster.node.nics[0].bandwidth_bytes_per_s
     assert nic_bw == 50e9 and not cluster.network[0].calibrated  # 400 Gb/s / 8
-    path = CommPath("network", min(cluster.node.fabric.bandwidth_bytes_per_s, 8 * nic_bw), "16 nodes",
-                    cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=16, ranks_per_node=8,
-                    nic_bandwidth_bytes_per_s=nic_bw)
+    path = nic_path(cluster, 16, 8)
     algo, t = path_time("all-to-all", 128, 2**30, path, cluster)
     assert algo == "pairwise"
     assert t * 1e6 == pytest.approx(250 + 127 / 128 * 2**30 / 37.8e3, rel=2e-4)  # 28,433.9 us; busbw logged 2 dp

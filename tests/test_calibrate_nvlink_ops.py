@@ -15,7 +15,7 @@ from meshplan.comm.calibration import apply_calibration, load_calibration
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.comm.row import Path as CommPath, path_time
 from nccl_alltoall import FILE as A2A
-from nccl_published import DATA
+from nccl_published import DATA, nic_path
 from test_calibration import nccl_tests_text
 from tests.cli_run import run_cli
 
@@ -78,8 +78,7 @@ def test_an_alltoall_curve_is_read_at_its_own_alpha(tmp_path, capsys):
     alpha = calib["nic"].curve[0].latency_us * 1e-6
     assert alpha == pytest.approx(250e-6, rel=1e-3)
     cluster = apply_calibration(system("dgx-h100", nodes=2), calib)
-    path = CommPath("network", 50e9, "2 nodes", cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=2,
-                    ranks_per_node=8, nic_bandwidth_bytes_per_s=50e9, calibrated=cluster.network[0].calibrated)
+    path = nic_path(cluster, 2, 8)
     size, f = 2 ** 20, 127 / 128
     t_meas = f * size / 3.75e9
     line = 50 * 8 / (8 * 120 / 127)

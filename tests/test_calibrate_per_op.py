@@ -15,10 +15,9 @@ import pytest
 from meshplan.catalog import system
 from meshplan.comm.calibration import apply_calibration, load_calibration
 from meshplan.comm.calibration_notes import fit_origin_lines
-from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
-from meshplan.comm.row import Path as CommPath, path_time
+from meshplan.comm.row import path_time
 from nccl_alltoall import alltoall_text
-from nccl_published import DATA
+from nccl_published import DATA, nic_path
 from tests.cli_run import run_cli
 
 A2A, AR = DATA / "alltoall_perf_2x8h100_trial28.txt", DATA / "all_reduce_perf_2x8h100.txt"
@@ -32,14 +31,6 @@ def _calibrate(tmp_path, capsys, *logs):
     rc, text, err = run_cli(["calibrate", *logs, "--link", "nic", "--system", "dgx-h100", "--out", out], capsys)
     assert rc == 0, err
     return load_calibration(out), text
-
-
-def _path(cluster, nodes: int, per_node: int) -> CommPath:
-    """The path of a group of ``nodes`` x ``per_node`` ranks, each rank on its own NIC of ``cluster``."""
-    nic = cluster.node.nics[0].bandwidth_bytes_per_s
-    return CommPath("network", min(cluster.node.fabric.bandwidth_bytes_per_s, nic), f"{nodes} nodes",
-                    cluster.network[0].latency_s / REFERENCE_STEP_S["network"], nodes=nodes, ranks_per_node=per_node,
-                    nic_bandwidth_bytes_per_s=nic, calibrated=cluster.network[0].calibrated)
 
 
 def test_an_alltoall_log_sets_all_to_all_only(tmp_path, capsys):
@@ -60,14 +51,14 @@ def test_an_alltoall_log_sets_all_to_all_only(tmp_path, capsys):
     # sides cancels), the curve read at 50 GB/s x 8 / (8 x 8 / 15) = 93.75 so a rank's 8/16 of the buffer at
     # its own NIC's 50 GB/s takes 15/16 x 2^32 / 64.59 GB/s
     assert cluster.node.busbw["a2a"].line_gb_per_s == pytest.approx(93.75, rel=1e-12)
-    algo, t = path_time("all-to-all", 16, 2**32, _path(cluster, 2, 8), cluster)
+    algo, t = path_time("all-to-all", 16, 2**32, nic_path(cluster, 2, 8), cluster)
     assert algo == "pairwise" and t == pytest.approx(T_4G, rel=1e-9)  # 62,339.4 us
     # the ring ops and send/recv across nodes: the catalog's time, not the all-to-all's 34.66 GB/s per NIC
     # (the trial's efsdp reduce-scatter over 8 nodes, 160 MB: 46.7 GB/s busbw before and after, not 34.0)
     for op, n, nodes, g, size in [("reduce-scatter", 8, 8, 1, 160e6), ("all-reduce", 16, 2, 8, 2**30),
                                   ("all-gather", 8, 8, 1, 2**28), ("send/recv", 2, 2, 1, 25165824)]:
-        assert path_time(op, n, size, _path(cluster, nodes, g), cluster) == \
-            path_time(op, n, size, _path(catalog, nodes, g), catalog), op
+        assert path_time(op, n, size, nic_path(cluster, nodes, g), cluster) == \
+            path_time(op, n, size, nic_path(catalog, nodes, g), catalog), op
 
 
 def test_an_all_reduce_and_an_alltoall_log_set_each_its_own_ops(tmp_path, capsys):
@@ -87,7 +78,7 @@ def test_an_all_reduce_and_an_alltoall_log_set_each_its_own_ops(tmp_path, capsys
     # NIC its 8/16 of the buffer again takes the logged 4 GiB time
     nic = calib["nic"].bandwidth_gb_per_s
     assert cluster.node.busbw["a2a"].line_gb_per_s == pytest.approx(nic * 8 * 15 / 64, rel=1e-12)
-    algo, t = path_time("all-to-all", 16, 2**32, _path(cluster, 2, 8), cluster)
+    algo, t = path_time("all-to-all", 16, 2**32, nic_path(cluster, 2, 8), cluster)
     assert algo == "pairwise" and t == pytest.approx(T_4G, rel=1e-9)
     # send/recv is no ring op and no file measures it: dgx-h100's catalog has no pair curve, so it keeps the
     # catalog "nic" curve it read before, scaled as the catalog pair curves are (calib37) by the logged busbw per
@@ -95,8 +86,8 @@ def test_an_all_reduce_and_an_alltoall_log_set_each_its_own_ops(tmp_path, capsys
     # all-reduce fit's own curve before)
     catalog = system("dgx-h100", nodes=2)
     r = (359.76 / 8) / (376.0 * 50 / 400)
-    t_cal = path_time("send/recv", 2, 2**33, _path(cluster, 2, 1), cluster)[1]
-    t_cat = path_time("send/recv", 2, 2**33, _path(catalog, 2, 1), catalog)[1]
+    t_cal = path_time("send/recv", 2, 2**33, nic_path(cluster, 2, 1), cluster)[1]
+    t_cat = path_time("send/recv", 2, 2**33, nic_path(catalog, 2, 1), catalog)[1]
     # within 0.2%: the curve's 30-step reference latency (LL: 6.6 + 30 x 2.7 = 87.6 us at NCCL's per-step
     # latency, 12 us at the fit's 1 us per step) comes off its 8 GiB time 1.875 x 2^33 / 376 GB/s = 42.8 ms
     assert t_cat / t_cal == pytest.approx(r, rel=2e-3)
@@ -155,7 +146,7 @@ def test_an_alltoall_log_of_one_rank_per_host_sets_all_to_all(tmp_path, capsys):
     # read against the catalog NIC's 50 GB/s x 1 NIC / host share 1 x (4 - 1) / (4 - 1) = 50 GB/s
     assert cluster.node.busbw["a2a"].line_gb_per_s == 50.0 and not cluster.network[0].calibrated
     # at 4 GiB the logged time, 250 us + 3/4 x 2^32 / 37.8 GB/s = 85.468 ms (busbw printed 37.69 to 4 digits)
-    algo, t = path_time("all-to-all", 4, 2**32, _path(cluster, 4, 1), cluster)
+    algo, t = path_time("all-to-all", 4, 2**32, nic_path(cluster, 4, 1), cluster)
     assert algo == "pairwise" and t == pytest.approx(250e-6 + 0.75 * 2**32 / 37.8e9, rel=1e-4)
     (tmp_path / "both").mkdir()
     both = apply_calibration(system("dgx-h100", nodes=4), _calibrate(tmp_path / "both", capsys, AR, log)[0])

@@ -28,6 +28,7 @@ from meshplan.search.space import SHARDING, candidate_config, enumerate_candidat
 from meshplan.search.step_end_bound import stage_end_bound
 from meshplan.search.time_tables import TimeTables
 from meshplan.search.timing import step_lower_bound
+from nccl_published import ndr_ring_s
 from test_search import MOE, config
 from tests.configs import MIXTRAL_8X22B
 
@@ -58,7 +59,11 @@ def test_interleaved_overlap_param_gather_exposes_chunk_zero_by_hand():
     the others one of 301,989,888 each (bf16: x 2 B in the table). The expert group (8 ranks, one per
     node, one NIC each: 50 GB/s) moves 7/8 of each bucket through its NIC: chunk 0's 603,979,776 B is
     >= 603,979,776 x 7/8 / 50e9 = 10.57 ms at line rate. Exposed: chunk 0's buckets, each at its own
-    size's seconds, dense then expert; off, all of it, and nothing else moves."""
+    size's seconds, dense then expert; off, all of it, and nothing else moves. On the catalog's NIC
+    curve (47.10 GB/s per NIC: tests/nccl_published.py ndr_ring_s), a ring of 8 at LL's 6.6 + 7 x
+    2.7 us: experts 7 x (25.5 us + 7/8 x 80,000,000 B / 47.10 GB/s = 1,511.8 us) + 842.6 us for the
+    43,979,776 B bucket = 11.43 ms (11.41 while chunk 0's bytes were timed at the 80 MB bucket's
+    busbw); dense over dp 32 (4 ranks a node on 4 NICs, 6.6 + 31 x 2.7 us): 3 x 501.7 + 345.0 us = 1.85 ms."""
     on, off = _plan(True), _plan(False)
     assert on.stages[0] == [[0], [8], [16], [24], [32], [40], [48]]
     expert_layer, dense_layer, emb = 3 * 6144 * 16384, (6144 * 6144 * 2 + 6144 * 1024 * 2) // 2 + 6144 * 8 + 2 * 6144, 32768 * 6144 // 2
@@ -84,6 +89,10 @@ def test_interleaved_overlap_param_gather_exposes_chunk_zero_by_hand():
     for k, dur in gathers:
         assert dur == pytest.approx(g0[k], rel=1e-9)
     assert 2 * expert_layer * 7 / 8 / 50e9 <= dict(gathers)["efsdp"]
+    efsdp = 7 * ndr_ring_s(8, 1, 2 * 40_000_000) + ndr_ring_s(8, 1, 2 * 21_989_888)
+    dense = 3 * ndr_ring_s(32, 4, 2 * 40_000_000) + ndr_ring_s(32, 4, 2 * 24_764_928)
+    assert dict(gathers) == {"efsdp": pytest.approx(efsdp, rel=1e-9), "dp": pytest.approx(dense, rel=1e-9)}
+    assert (round(efsdp * 1e3, 2), round(dense * 1e3, 2)) == (11.43, 1.85)
     # off: the whole gather after the optimizer step; every other part the same
     assert st_off.step_s - st_on.step_s == pytest.approx(sum(g[k] - g0[k] for k in g), rel=1e-6)
     assert "chunk 0" in megatron_reduce_line(on.config.training, vpp=7)

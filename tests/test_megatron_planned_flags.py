@@ -27,6 +27,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
+from nccl_published import ndr_ring_s
 
 
 def _cfg(model: str, nodes: int, training: dict, mesh: dict):
@@ -328,6 +329,9 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     # SP's coalesced norm-gradient all-reduce (0.04 ms) runs over tp beside them, exposed as tp
     assert post["off"]["grad reduce: all-reduce (per step)"] == pytest.approx(tp_norms, rel=1e-9)
     assert st_off.exposed_s["dp"] == pytest.approx(rs.time_s + ag.time_s, rel=1e-9)
+    # off by hand: the whole buffer in one call each, 4 B (fp32) reduced and 2 B (bf16) gathered: 144.71 ms
+    off_hand = ndr_ring_s(2, 1, 4 * numel) + ndr_ring_s(2, 1, 2 * numel)
+    assert rs.time_s + ag.time_s == pytest.approx(off_hand, rel=1e-9) and round(off_hand * 1e3, 2) == 144.71
     assert "grad reduce (per step)" not in post["on"]
     f0 = min((e for e in st_on.pipeline.events if e.stage == 0 and e.name.startswith("F0.")), key=lambda e: e.start_s)
     gather = post["on"]["param all-gather (per step)"]
@@ -336,6 +340,10 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     assert emb + 5 * layer == 16 * 40_000_000 + 26_976_256 and 5 * layer == 534_855_680
     g0 = sum(r.time_s * r.per_step for r in rows_on if r.op == "all-gather" and r.size_bytes < 2 * 5 * layer)
     assert gather == pytest.approx(g0, rel=1e-9)
+    # by hand on the catalog's NIC curve (tests/nccl_published.py ndr_ring_s: 47.10 GB/s per NIC): dp 2,
+    # one rank a node on its own NIC, LL's 6.6 + 2.7 us + half the buffer: 16 x 858.6 us + 582.1 us = 14.32 ms
+    hand = 16 * ndr_ring_s(2, 1, 2 * 40_000_000) + ndr_ring_s(2, 1, 2 * 26_976_256)
+    assert gather == pytest.approx(hand, rel=1e-9) and round(hand * 1e3, 2) == 14.32
     assert gather < g_b - (f0.end_s - f0.start_s)  # what the first-bucket order would leave: 48.76 - 11.20 ms
     tail = st_on.exposed_s["dp"] - gather
     assert 0 < tail <= (s_b + tp_norms) * 5 / 20

@@ -124,7 +124,12 @@ def test_configured_rank_counts_the_faster_feasible(mini):
     Now #42-#60 of 718: 14 of the search's own plans faster, 50 feasible candidates unplanned with a
     bound below the step, rank_max 32 planning 32 of them (18 left: the range's width), 196 undecided,
     11 of them below (with prefetchmem's memory bound and cpring's ring calls together:
-    #42-#61, 51, 19 and 14 on hbmswitch alone). (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2, mb 1, none, vpp 2, resharded settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4 x dp_shard 2, mb 1, none, vpp 8 (7.840 s, faster, bound
+    #42-#61, 51, 19 and 14 on hbmswitch alone). (ringrank: the block one cp rank's,
+    meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower
+    SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans
+    went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2, mb 1, none, vpp 2, resharded
+    settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4 x dp_shard 2, mb 1, none,
+    vpp 8 (7.840 s, faster, bound
     7.7945 s) and pp 2 x dp_replicate 2 x dp_shard 2, op, vpp 8, resharded (feasible) and pp 2 x dp_shard 2 x tp 2,
     mb 2, none, vpp 2, resharded (over memory) left undecided below: 12 undecided below, was 11.)"""
     mine = mini.configured
@@ -224,7 +229,10 @@ def test_configured_in_the_top_is_ranked_by_step_not_by_row():
     with them the cp meshes fall behind and that candidate is no row.) (hbmswitch: at the H100's runtime
     total, 79.11 GiB x 0.9 = 71.20 GiB usable, not 67.06, its own mb 2 kept-gathered twin fits too and is
     faster: 4 faster, rank #5 of 726 feasible, 179 undecided, none below; with prefetchmem's
-    memory bound and cpring's ring calls too: 730 feasible, 175 undecided, none below.) (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to other rows: pp 2 x dp_shard 2 x tp 2, mb 2,
+    memory bound and cpring's ring calls too: 730 feasible, 175 undecided, none below.) (ringrank: the block one
+    cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank
+    0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the
+    settle's plans went to other rows: pp 2 x dp_shard 2 x tp 2, mb 2,
     none, vpp 1 and pp 4 x dp_shard 2, mb 1, none, vpp 8, resharded, settled feasible before, are left
     undecided, their bounds not below its step: 728 feasible, 178 undecided, none below.)"""
     # ranked by step alone: the rows 1 and 3 named keep under 15% of usable memory free, and the
@@ -284,7 +292,11 @@ def test_configured_range_bounds_the_rank_among_the_decided(mini, mini_top45):
     Now the top-3 run's #42-#60 holds for its own 718 feasible: the --top 45 run planned every one of
     them with a lower bound below the step; 48 are faster (#49, in the range). Of its 11 undecided with
     a lower bound below, the --top 45 run found 6 feasible, none of them faster: #49 it gives (hbmswitch alone: 14, 8, 1, #50).
-    (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower bounds fall and the settle's plans went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2, mb 1, none, vpp 2, resharded settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4 x dp_shard 2, mb 1, none, vpp 8 (7.840 s, faster)
+    (ringrank: the block one cp rank's, meshplan.compute.ring_attention.slowest_rank: eager, cp rank cp - 1's
+    ring kernels outweigh rank 0's slower SDPA, so the cp rows take rank cp - 1's faster calls, their step lower
+    bounds fall and the settle's plans went to them: pp 2 x dp_shard 2 x cp 2 and pp 2 x dp_replicate 2 x cp 2,
+    mb 1, none, vpp 2, resharded settled feasible, pp 2 x dp_shard 2 x cp 2, mb 2, none, vpp 4 over memory; pp 4
+    x dp_shard 2, mb 1, none, vpp 8 (7.840 s, faster)
     is left undecided in the top-3 run: 47 of its feasible faster (#48), 12 undecided below, 6 of them
     found feasible by the --top 45 run, that one faster: #49 it gives, as before.)"""
     step = mini.configured.step_s

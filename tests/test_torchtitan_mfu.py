@@ -44,6 +44,11 @@ def _line(out: str) -> str:
 
 
 def test_small_llama_by_hand(tmp_path, capsys):
+    # the count above: a layer, the 2-layer model's N, the 32-layer one's published 8,030,261,248
+    layer = 4096 * 4096 + 2 * 4096 * 1024 + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    n, emb = 2 * layer + 2 * 128256 * 4096 + 4096, 128256 * 4096
+    assert (layer, n, 32 * layer + 2 * emb + 4096) == (218_112_000, 1_486_901_248, 8_030_261_248)
+    assert SMALL_FLOP_PER_TOKEN == 6 * (n - emb) + 12 * 2 * 32 * 128 * 2048
     doc, out = _step(tmp_path, capsys, SMALL, "small")
     # tokens/s per GPU = global batch 8 x seq 2048 / (step x 8 GPUs); H100 SXM: torchtitan's 989e12
     tps = 8 * 2048 / (doc["step_s"] * 8)
@@ -57,6 +62,10 @@ def test_small_llama_by_hand(tmp_path, capsys):
 def test_float8_divides_by_the_bf16_peak(tmp_path, capsys):
     """Newcomer 29: meshplan's MFU of the float8 run is against the fp8 peak; torchtitan's is against
     989e12 (H200) for both, so the faster run has the higher torchtitan MFU, by the ratio of the steps."""
+    layer = 2 * 8192 ** 2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192  # the count above
+    n, emb = 80 * layer + 2 * 128256 * 8192 + 8192, 128256 * 8192
+    assert (layer, n) == (855_654_400, 70_553_706_496)
+    assert NC29_FLOP_PER_TOKEN == 6 * (n - emb) + 12 * 80 * 64 * 128 * 131072
     fp8, out = _step(tmp_path, capsys, NC29_FP8_TOML, "fp8")
     bf16, _ = _step(tmp_path, capsys, nc29_bf16_toml(), "bf16")
     for doc in (fp8, bf16):  # 32 sequences x 131,072 tokens over 256 GPUs
