@@ -28,3 +28,19 @@ def test_bucket_cap_counts_the_cp_ranks_as_megatron_lm_resolves_it():
             if r.phase == "step" and r.axis == "fsdp"}
     assert rows == {("reduce-scatter", 256_000_000, 62), ("reduce-scatter", 189_054_976, 1),
                     ("all-gather", 128_000_000, 62), ("all-gather", 94_527_488, 1)}
+
+
+def test_zero2_buckets_split_by_the_same_cap():
+    """ZeRO-2's per-micro-batch reduce-scatters (comm.dp_rows._zero2_rows) split the stage's gradients
+    with the same cap and split as Megatron's buckets (megatron_buckets.bucket_cap, split_buckets):
+    Llama 3 8B over dp_shard 8 (8 H100, tp 1): B = max(4e7, 1e6 x 8) = 4e7; 8,030,261,248 elements =
+    200 x 4e7 + 30,261,248, reduced in fp32 (4 B): 200 of 160,000,000 B and one of 121,044,992 B, each
+    in every micro-batch."""
+    training = {**TRAINING, "framework": "torch", "sharding": "zero2", "overlap_grad_reduce": False,
+                "reduce_dtype": "fp32"}
+    del training["grad_reduce_dtype"]
+    plan = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                        "training": training, "mesh": {"names": ["dp_shard"], "shape": [8]}}))
+    rows = {(r.size_bytes, r.per_microbatch) for r in plan.collectives["stage 0"]
+            if r.op == "reduce-scatter" and r.phase == "backward" and r.axis == "dp_shard"}
+    assert rows == {(160_000_000, 200), (121_044_992, 1)}
