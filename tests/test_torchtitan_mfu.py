@@ -10,7 +10,8 @@ import pytest
 
 from configs import NC29_FP8_TOML, job_toml, nc29_bf16_toml
 from cli_run import run_cli
-from meshplan.compute.flops import torchtitan_peak_flops
+from meshplan.compute.flops import torchtitan_flops_per_token, torchtitan_peak_flops
+from meshplan.spec.model import ModelSpec
 
 #: Llama-3-8B's shape at 2 layers, seq 2048, on one DGX H100 as dp_shard 8.
 #: Per layer: wq 4096 x 4096 = 16,777,216; wk + wv 2 x 4096 x 1024 = 8,388,608; wo 16,777,216;
@@ -90,3 +91,17 @@ def test_peak_by_name_as_get_peak_flops(name, tflops):
     """tools/utils.py:91-144: A100 312, H100 SXM 989 (PCIe 756), H200 989, H20 148, B200 2250 (a GB200's
     name holds it), MI300X 1300, anything else the A100's 312."""
     assert torchtitan_peak_flops(name) == tflops * 1e12
+
+
+def test_flops_per_token_reads_a_head_dim_of_its_own():
+    """A dense model whose head dim is not hidden / heads (Qwen3's decoupled ``head_dim``): torchtitan's
+    qwen3 counts attention at ``head_dims = 2 x head_dim`` (e347b1e ``models/qwen3/model/args.py``:62-63,
+    ``get_moe_model_nparams_and_flops`` with no experts: ``6 (N - N_emb) + 6 l h head_dims t``), as llama3's
+    ``2 x (dim // n_heads)`` is its head dim. 2 layers, hidden 64, 4 q / 2 KV heads of 32, SwiGLU ffn 128,
+    vocab 100: per layer wq 64 x 128 = 8,192, wk + wv 2 x 64 x 64 = 8,192, wo 8,192, MLP 3 x 64 x 128 =
+    24,576, norms 128: 49,280; N = 2 x 49,280 + 2 x 100 x 64 + 64 = 111,424, of which 105,024 not the
+    embedding. At t 16: 6 x 105,024 + 6 x 2 x 4 x (2 x 32) x 16 = 630,144 + 49,152 = 679,296 (hidden / heads,
+    16, gave 654,720)."""
+    model = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, head_dim=32, vocab=100)
+    assert model.param_count() == 111_424
+    assert torchtitan_flops_per_token(model, 16) == 679_296

@@ -33,7 +33,7 @@ from collections import Counter
 from meshplan.comm import deepspeed_zero12
 from meshplan.comm.deepspeed_rows import zero3_2021_rows
 from meshplan.comm.fsdp_rows import fsdp_rows, fsdp_shards, fsdp_units
-from meshplan.comm.megatron_buckets import megatron_bucket_rows
+from meshplan.comm.megatron_buckets import bucket_cap, megatron_bucket_rows, split_buckets
 from meshplan.comm.stage_context import StageContext, registered_tensors, registration_numels
 from meshplan.mesh.tpsplit import local_numel
 from meshplan.spec.memory import MemoryOptions
@@ -95,12 +95,13 @@ ZERO2_CADENCE = "(ZeRO-2 bucket"
 
 def _zero2_rows(add, c: StageContext, axis: str, numel: int) -> None:
     """ZeRO-2's gradient reduce-scatters of the stage's ``numel`` gradient elements over
-    ``axis`` in one micro-batch: ``numel // B`` buckets of ``B`` elements and one of the rest,
-    ``B`` = :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements` of the fsdp degree (the
-    bucket the memory model holds during every backward). Issued in every micro-batch's
-    backward as each bucket fills; e.g. 8.03e9 elements, B 5e8: 16 of 5e8 and 1 of 3e7."""
-    bucket = MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
-    full, rest = divmod(numel, bucket)
+    ``axis`` in one micro-batch: ``numel // B`` buckets of ``B`` elements and one of the rest
+    (:func:`~meshplan.comm.megatron_buckets.split_buckets`), ``B`` =
+    :func:`~meshplan.comm.megatron_buckets.bucket_cap`, the fsdp degree's (the bucket the memory
+    model holds during every backward). Issued in every micro-batch's backward as each bucket
+    fills; e.g. 8.03e9 elements, B 5e8: 16 of 5e8 and 1 of 3e7."""
+    bucket = bucket_cap(c)
+    full, rest = split_buckets(numel, bucket)
     rs = c.training.gradient_reduce_dtype
     for size, k in ((bucket, full), (rest, 1 if rest else 0)):
         add(axis, "backward", "reduce-scatter", size * dtype_bytes(rs), rs, k,

@@ -74,8 +74,11 @@ def bucket_sizes(c: StageContext, numel_by_chunk: dict[int, int]) -> list[tuple[
 
 def bucket_cap(c: StageContext) -> int:
     """``B``, the bucket cap in elements: :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements`
-    of the data-parallel degree (``max(40e6, 1e6 x dp)``: ``DistributedDataParallel.__init__``,
-    d98e8a6 lines 131-137, or ``--ddp-bucket-size``)."""
+    of the fsdp degree, dp x cp (``max(40e6, 1e6 x dp x cp)``: ``get_model`` sets ``bucket_size``
+    by ``resolve_ddp_bucket_size`` over the ``dp_cp`` group before ``DistributedDataParallel`` is built,
+    d98e8a6 megatron/training/training.py lines 2179-2193 and 2497-2502, so DDP's own default over
+    the dp group without cp, distributed_data_parallel.py lines 131-134, does not apply; or
+    ``--ddp-bucket-size``). dp_shard 8 x cp 8: 64,000,000."""
     return MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
 
 

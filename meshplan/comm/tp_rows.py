@@ -85,9 +85,12 @@ def tp_rows(add, c: StageContext) -> None:
 def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     """(forward, backward) tp collectives of one layer, forward in issue order (backward: the
     forward's mirror, then Megatron's re-gathers with SP); ``+``: the
-    routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
+    routed outputs' all-gather (no SP). torch's full recompute replays the forward up to the layer's
     last saved tensor: all but its last collective, or all when the layer ends in the routed
-    experts (SP, no shared experts: the gate multiply saves the combine's output). torchtitan's
+    experts (SP, no shared experts: the gate multiply saves the combine's output); Megatron-LM's
+    ``CheckpointFunction`` re-runs the whole layer: all
+    (:func:`meshplan.compute.recompute.full_ac_not_replayed`, the timeline's
+    :func:`meshplan.schedule.layer_timeline.replay_scatters`). torchtitan's
     op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
     the all-gathers' (``_save_list`` of torchtitan's llama3 ``parallelize``), so its recompute
     replays the forward's all-gathers (the inputs of the recomputed wk and w3 and of every
@@ -112,7 +115,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         # (schedule/layer_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
     if c.training.layer_recomputed(c.layers.index(layer)):
-        bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
+        bwd += fwd if (moe and sp and not m.shared_experts) or fw == "megatron" else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]

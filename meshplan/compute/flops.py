@@ -136,10 +136,12 @@ def torchtitan_peak_flops(gpu_name: str) -> float:
 def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> Optional[float]:
     """torchtitan's FLOP per token for MFU (v0.2.2, e347b1e ``torchtitan/models/utils.py``:388-431,
     ``get_dense_model_nparams_and_flops``, with llama3's ``head_dims = 2 * (dim // n_heads)``,
-    ``models/llama3/model/args.py``:67-73): ``6 (N - N_emb) + 6 l h (2 q) t`` with N every
+    ``models/llama3/model/args.py``:67-73; qwen3's ``2 * head_dim``, ``models/qwen3/model/args.py``:62-63,
+    the same count for a dense model): ``6 (N - N_emb) + 6 l h (2 q) t`` with N every
     parameter (a tied output once), N_emb the nn.Embedding tables, l layers, h query heads,
-    q = hidden // h, t = training.seq_len; attention not halved for causal, recompute not
-    counted. None for a MoE or MLA model (torchtitan counts those with other formulas).
+    q the head dim (``head_dim``, else hidden // h: :attr:`~meshplan.spec.model.ModelSpec.d_head`),
+    t = training.seq_len; attention not halved for causal, recompute not counted. None for a MoE or
+    MLA model (torchtitan counts those with other formulas).
 
     Llama-3-8B at t 8192: 6 x (8,030,261,248 - 128,256 x 4,096) + 12 x 32 x 32 x 128 x 8192
     = 6 x 7,504,924,672 + 12,884,901,888 = 57,914,449,920.
@@ -151,7 +153,7 @@ def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> Optional[float
     if model.is_moe or model.is_mla:
         return None
     n_emb = sum(t.numel for t in model.embedding_tensors(model.vocab))
-    q = model.hidden // model.q_heads
+    q = model.d_head
     return 6.0 * (model.param_count() - n_emb) + 6.0 * model.layers * model.q_heads * (2 * q) * seq_len
 
 
