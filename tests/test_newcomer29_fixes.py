@@ -137,3 +137,17 @@ def test_torchtitan_flavor_runs_at_the_jobs_context(tmp_path, capsys):
     model = tomllib.loads((tmp_path / "e.toml").read_text())["model"]
     assert (model["name"], model["flavor"]) == ("llama3", "8B")
     assert not (tmp_path / "e.py").exists()
+
+
+def test_torchtitan_flavor_context_with_a_malformed_seq_len_is_a_one_line_error(tmp_path, capsys):
+    """A job TOML whose ``training.seq_len`` is no whole number (``"long"``, ``16384.5``) is malformed
+    input: exit 2 and one line naming ``training.seq_len``, never a traceback from comparing it with the
+    flavor's positions (the context check compares only a whole number; 8192 < 16384.5 would otherwise
+    make ``model.max_position`` the field blamed)."""
+    for bad in ('"long"', "16384.5"):
+        (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("seq_len = 8192", f"seq_len = {bad}"))
+        code, out, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100",
+                                  "--nodes", "1", "-o", tmp_path / "j.toml"], capsys)
+        assert code == 2
+        assert err.startswith("error: training.seq_len: ") and err.count("\n") == 1, err
+        assert not (tmp_path / "j.toml").exists()

@@ -164,8 +164,16 @@ def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) 
     {'catalog': 'llama3-70b', 'max_position': 131072}
     >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 8192, notes)
     {'catalog': 'llama3-70b'}
+
+    A ``seq_len`` that is no whole number is left to the config's check, which names
+    ``training.seq_len`` (no comparison with the positions, no traceback):
+
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, "long", notes)
+    {'catalog': 'llama3-70b'}
     """
     if "model.flavor" not in used or "model.hf_assets_path" in used:
+        return table
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int):
         return table
     rows = catalog.model(table["catalog"]).max_position if "catalog" in table else table.get("max_position", 0)
     if not rows or seq_len <= rows:
