@@ -127,3 +127,24 @@ def test_engine_fix_names_the_deepspeed_keys_the_config_refuses_without_it():
         "axes, as torchtitan)"]
     fixed = _cfg({"sharding": "zero3", "contiguous_gradients": True}, ["dp"], [8])
     assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
+
+
+def test_framework_fix_names_the_deepep_dispatcher_which_torch_refuses():
+    """A Megatron-LM MoE plan with --moe-token-dispatcher-type flex and the DeepEP backend
+    (moe_dispatcher "deepep"): the config check refuses it under framework "torch" ("deepep" is
+    Megatron-LM's flex dispatcher, config._check_dispatcher), so validate's fix "set framework = torch
+    and remove ..." must name it too. Before, it named only overlap_grad_reduce, and the config then
+    failed to load: ``training.moe_dispatcher: "deepep" ...: set framework = "megatron" or remove it``,
+    the opposite of validate's fix. By hand: overlap_grad_reduce (MEGATRON_ONLY), then moe_dispatcher;
+    with both removed, framework torch and sharding zero3 the config loads and nothing is refused."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
+
+    meg = {"sharding": "zero1", "framework": "megatron", "overlap_grad_reduce": True, "moe_dispatcher": "deepep"}
+    cfg = _cfg(meg, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
+    assert framework_refusal(cfg) == [
+        "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
+        "framework = \"torch\" and remove overlap_grad_reduce, moe_dispatcher (Megatron-LM's only) to validate this "
+        "mesh"]
+    fixed = _cfg({"sharding": "zero3", "framework": "torch"}, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
+    assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
