@@ -81,3 +81,18 @@ def test_peak_by_name_as_get_peak_flops(name, tflops):
     """tools/utils.py:91-144: A100 312, H100 SXM 989 (PCIe 756), H200 989, H20 148, B200 2250 (a GB200's
     name holds it), MI300X 1300, anything else the A100's 312."""
     assert torchtitan_peak_flops(name) == tflops * 1e12
+
+
+def test_moe_has_no_line_as_help_says(tmp_path, capsys):
+    """torchtitan counts an MoE model's FLOP with another formula (models/utils.py's dense one is
+    what the line derives), so a framework torch MoE plan (Mixtral-8x7B's shape at 2 layers, dp_shard
+    8) prints no line and --json torchtitan_mfu is null; step --help said the line comes "under
+    framework torch", with no word of the model, and now says so."""
+    moe = job_toml({"catalog": "mixtral-8x7b", "layers": 2}, training={"global_batch": 8, "seq_len": 2048},
+                   mesh={"names": ["dp_shard"], "shape": [8]})
+    doc, out = _step(tmp_path, capsys, moe, "moe")
+    assert doc["torchtitan_mfu"] is None
+    assert "torchtitan's MFU formula" not in out
+    code, help_text, _ = run_cli(["step", "--help"], capsys)
+    assert code == 0
+    assert "under framework torch, for a dense model without MLA, also" in " ".join(help_text.split())

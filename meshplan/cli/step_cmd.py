@@ -93,9 +93,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp; a line under it gives the
     schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
-    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch
-    also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token and bf16 peak; --json
-    torchtitan_mfu); how much of the
+    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch, for
+    a dense model without MLA, also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per
+    token and bf16 peak; --json torchtitan_mfu, null otherwise); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
