@@ -151,3 +151,20 @@ def test_torchtitan_flavor_context_with_a_malformed_seq_len_is_a_one_line_error(
         assert code == 2
         assert err.startswith("error: training.seq_len: ") and err.count("\n") == 1, err
         assert not (tmp_path / "j.toml").exists()
+
+
+def test_torchtitan_export_names_the_checkpoint_keys_it_carries(tmp_path, capsys):
+    """The export's header said ``carried unchanged from tt.toml ...: [checkpoint]`` beside
+    ``checkpoint.interval 200 -> 300``: the table was not carried unchanged, its interval (and
+    enable) being the plan's. It names the keys carried as they were, ``checkpoint.folder`` (the
+    only other key of _TT_OLD_CHECKPOINT's [checkpoint]), and not the table."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT)
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    (tmp_path / "j.toml").write_text(text.replace("checkpoint_interval_steps = 200", "checkpoint_interval_steps = 300"))
+    code, _, err = run_cli(["export", tmp_path / "j.toml", "--to", "torchtitan", "-o", tmp_path / "e.toml"], capsys)
+    assert code == 0, err
+    head = [x for x in (tmp_path / "e.toml").read_text().splitlines() if x.startswith("# carried unchanged from ")]
+    assert len(head) == 1 and head[0].endswith(": checkpoint.folder"), head
