@@ -140,11 +140,12 @@ def test_torchtitan_flavor_runs_at_the_jobs_context(tmp_path, capsys):
 
 
 def test_torchtitan_flavor_context_with_a_malformed_seq_len_is_a_one_line_error(tmp_path, capsys):
-    """A job TOML whose ``training.seq_len`` is no whole number (``"long"``, ``16384.5``) is malformed
-    input: exit 2 and one line naming ``training.seq_len``, never a traceback from comparing it with the
-    flavor's positions (the context check compares only a whole number; 8192 < 16384.5 would otherwise
-    make ``model.max_position`` the field blamed)."""
-    for bad in ('"long"', "16384.5"):
+    """A job TOML whose ``training.seq_len`` is no whole number (``"long"``, ``16384.5``) or above its
+    bound (100,000,000 > 2^24 = 16,777,216, meshplan.limits.MAX_SEQ_LEN) is malformed input: exit 2 and
+    one line naming ``training.seq_len``, never a traceback from comparing it with the flavor's
+    positions, nor an error on ``model.max_position`` (which the user did not write, set from seq_len
+    above the flavor's 8192 positions: that line blamed it for 100,000,000)."""
+    for bad in ('"long"', "16384.5", "100000000"):
         (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("seq_len = 8192", f"seq_len = {bad}"))
         code, out, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100",
                                   "--nodes", "1", "-o", tmp_path / "j.toml"], capsys)
