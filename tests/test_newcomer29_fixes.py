@@ -169,3 +169,23 @@ def test_torchtitan_export_names_the_checkpoint_keys_it_carries(tmp_path, capsys
     assert code == 0, err
     head = [x for x in (tmp_path / "e.toml").read_text().splitlines() if x.startswith("# carried unchanged from ")]
     assert len(head) == 1 and head[0].endswith(": checkpoint.folder"), head
+
+
+def test_interleaved_refusal_names_a_value_for_an_uneven_layer_split(tmp_path, capsys):
+    """The same refusal for a model whose layers are no multiple of pp x v but split by
+    mesh.pp_layer_split, as examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (126 layers at pp 16,
+    [7, 8 x 14, 7]): it named no value ("set mesh.virtual_stages to chunks per rank that
+    interleaved_1f1b runs at pp 4"), since 30 layers / (pp 4 x 2) = 3.75 is not whole, while the plan
+    gives each stage's 7 or 8 layers to its 2 chunks (mesh.layers.stage_layers: 3 + 4, 4 + 4, 4 + 4,
+    4 + 3). It names 2, and the config with that value runs the schedule."""
+    model = {"catalog": "llama3-8b", "layers": 30}
+    mesh = {"names": ["pp", "tp"], "shape": [4, 2], "pp_layer_split": [7, 8, 8, 7]}
+    (tmp_path / "pp4.toml").write_text(job_toml(model, training=_TRAINING, mesh=mesh))
+    code, _, err = run_cli(["step", tmp_path / "pp4.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 2
+    assert err == ("error: --schedule: interleaved_1f1b: interleaved 1F1B needs virtual_stages > 1; choose a schedule "
+                   "this mesh allows, or set mesh.virtual_stages = 2 (mesh.pp_layer_split's layers of each stage over "
+                   "its 2 chunks)\n")
+    (tmp_path / "vpp2.toml").write_text(job_toml(model, training=_TRAINING, mesh={**mesh, "virtual_stages": 2}))
+    code, _, err = run_cli(["step", tmp_path / "vpp2.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 0, err

@@ -25,7 +25,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
-from meshplan.cli.schedule_opt import refusal, renamed, rule_error
+from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
@@ -274,8 +274,8 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
     except ConfigError as e:
         if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
             raise
-        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers)
-               or renamed(e, schedule)) from None
+        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers,
+                       layer_split(p.config)) or renamed(e, schedule)) from None
 
 
 def _print_links(p, st, step_fn) -> None:
