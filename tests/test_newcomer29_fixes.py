@@ -189,3 +189,20 @@ def test_interleaved_refusal_names_a_value_for_an_uneven_layer_split(tmp_path, c
     (tmp_path / "vpp2.toml").write_text(job_toml(model, training=_TRAINING, mesh={**mesh, "virtual_stages": 2}))
     code, _, err = run_cli(["step", tmp_path / "vpp2.toml", "--schedule", "interleaved_1f1b"], capsys)
     assert code == 0, err
+
+
+def test_torchtitan_interval_in_seconds_is_not_read_as_steps(tmp_path, capsys):
+    """The older job TOMLs this import now reads (``enable_checkpoint``) include torchtitan's argparse
+    config, whose ``checkpoint.interval_type = "seconds"`` makes ``interval`` seconds ("in steps or
+    seconds depending on --checkpoint.interval_type"). 600 seconds were imported as
+    checkpoint_interval_steps = 600; now no [reliability] interval is read and the keys are listed
+    unused (reliability then plans Daly's interval alone)."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("interval = 200", 'interval_type = "seconds"\n'
+                                                                                    "interval = 600"))
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    assert "checkpoint_interval_steps" not in text
+    assert ("# note: torchtitan: fields meshplan does not use: checkpoint.enable_checkpoint, checkpoint.folder, "
+            "checkpoint.interval_type, checkpoint.interval\n") in text
