@@ -47,6 +47,7 @@ from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_checks import megatron_dispatcher
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability", "source")
@@ -369,7 +370,7 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
     if p is not None and p * model.experts < 1 - 1e-9:
         raise ConfigError("training.moe_hottest_expert_share", f"{p} is below the balanced share 1 / experts "
                           f"{model.experts} = {1 / model.experts:.4g}; give a share in [1/experts, 1]")
-    if training.moe_dispatcher != "alltoall":
+    if megatron_dispatcher(training):
         _check_dispatcher(model, training)
     if training.moe_dropless and training.moe_capacity_factor is not None:
         raise ConfigError("training.moe_capacity_factor", "dropless routing has no capacity; remove one of "

@@ -137,3 +137,72 @@ def test_torchtitan_flavor_runs_at_the_jobs_context(tmp_path, capsys):
     model = tomllib.loads((tmp_path / "e.toml").read_text())["model"]
     assert (model["name"], model["flavor"]) == ("llama3", "8B")
     assert not (tmp_path / "e.py").exists()
+
+
+def test_torchtitan_flavor_context_with_a_malformed_seq_len_is_a_one_line_error(tmp_path, capsys):
+    """A job TOML whose ``training.seq_len`` is no whole number (``"long"``, ``16384.5``) or above its
+    bound (100,000,000 > 2^24 = 16,777,216, meshplan.limits.MAX_SEQ_LEN) is malformed input: exit 2 and
+    one line naming ``training.seq_len``, never a traceback from comparing it with the flavor's
+    positions, nor an error on ``model.max_position`` (which the user did not write, set from seq_len
+    above the flavor's 8192 positions: that line blamed it for 100,000,000)."""
+    for bad in ('"long"', "16384.5", "100000000"):
+        (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("seq_len = 8192", f"seq_len = {bad}"))
+        code, out, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100",
+                                  "--nodes", "1", "-o", tmp_path / "j.toml"], capsys)
+        assert code == 2
+        assert err.startswith("error: training.seq_len: ") and err.count("\n") == 1, err
+        assert not (tmp_path / "j.toml").exists()
+
+
+def test_torchtitan_export_names_the_checkpoint_keys_it_carries(tmp_path, capsys):
+    """The export's header said ``carried unchanged from tt.toml ...: [checkpoint]`` beside
+    ``checkpoint.interval 200 -> 300``: the table was not carried unchanged, its interval (and
+    enable) being the plan's. It names the keys carried as they were, ``checkpoint.folder`` (the
+    only other key of _TT_OLD_CHECKPOINT's [checkpoint]), and not the table."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT)
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    (tmp_path / "j.toml").write_text(text.replace("checkpoint_interval_steps = 200", "checkpoint_interval_steps = 300"))
+    code, _, err = run_cli(["export", tmp_path / "j.toml", "--to", "torchtitan", "-o", tmp_path / "e.toml"], capsys)
+    assert code == 0, err
+    head = [x for x in (tmp_path / "e.toml").read_text().splitlines() if x.startswith("# carried unchanged from ")]
+    assert len(head) == 1 and head[0].endswith(": checkpoint.folder"), head
+
+
+def test_interleaved_refusal_names_a_value_for_an_uneven_layer_split(tmp_path, capsys):
+    """The same refusal for a model whose layers are no multiple of pp x v but split by
+    mesh.pp_layer_split, as examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml (126 layers at pp 16,
+    [7, 8 x 14, 7]): it named no value ("set mesh.virtual_stages to chunks per rank that
+    interleaved_1f1b runs at pp 4"), since 30 layers / (pp 4 x 2) = 3.75 is not whole, while the plan
+    gives each stage's 7 or 8 layers to its 2 chunks (mesh.layers.stage_layers: 3 + 4, 4 + 4, 4 + 4,
+    4 + 3). It names 2, and the config with that value runs the schedule."""
+    model = {"catalog": "llama3-8b", "layers": 30}
+    mesh = {"names": ["pp", "tp"], "shape": [4, 2], "pp_layer_split": [7, 8, 8, 7]}
+    (tmp_path / "pp4.toml").write_text(job_toml(model, training=_TRAINING, mesh=mesh))
+    code, _, err = run_cli(["step", tmp_path / "pp4.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 2
+    assert err == ("error: --schedule: interleaved_1f1b: interleaved 1F1B needs virtual_stages > 1; choose a schedule "
+                   "this mesh allows, or set mesh.virtual_stages = 2 (mesh.pp_layer_split's layers of each stage over "
+                   "its 2 chunks)\n")
+    (tmp_path / "vpp2.toml").write_text(job_toml(model, training=_TRAINING, mesh={**mesh, "virtual_stages": 2}))
+    code, _, err = run_cli(["step", tmp_path / "vpp2.toml", "--schedule", "interleaved_1f1b"], capsys)
+    assert code == 0, err
+
+
+def test_torchtitan_interval_in_seconds_is_not_read_as_steps(tmp_path, capsys):
+    """The older job TOMLs this import now reads (``enable_checkpoint``) include torchtitan's argparse
+    config, whose ``checkpoint.interval_type = "seconds"`` makes ``interval`` seconds ("in steps or
+    seconds depending on --checkpoint.interval_type"). 600 seconds were imported as
+    checkpoint_interval_steps = 600; now no [reliability] interval is read and the keys are listed
+    unused (reliability then plans Daly's interval alone)."""
+    (tmp_path / "tt.toml").write_text(_TT_OLD_CHECKPOINT.replace("interval = 200", 'interval_type = "seconds"\n'
+                                                                                    "interval = 600"))
+    code, _, err = run_cli(["import", "torchtitan", tmp_path / "tt.toml", "--cluster", "dgx-h100", "--nodes", "1",
+                            "-o", tmp_path / "j.toml"], capsys)
+    assert code == 0, err
+    text = (tmp_path / "j.toml").read_text()
+    assert "checkpoint_interval_steps" not in text
+    assert ("# note: torchtitan: fields meshplan does not use: checkpoint.enable_checkpoint, checkpoint.folder, "
+            "checkpoint.interval_type, checkpoint.interval\n") in text

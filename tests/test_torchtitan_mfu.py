@@ -105,3 +105,18 @@ def test_flops_per_token_reads_a_head_dim_of_its_own():
     model = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, head_dim=32, vocab=100)
     assert model.param_count() == 111_424
     assert torchtitan_flops_per_token(model, 16) == 679_296
+
+
+def test_moe_has_no_line_as_help_says(tmp_path, capsys):
+    """torchtitan counts an MoE model's FLOP with another formula (models/utils.py's dense one is
+    what the line derives), so a framework torch MoE plan (Mixtral-8x7B's shape at 2 layers, dp_shard
+    8) prints no line and --json torchtitan_mfu is null; step --help said the line comes "under
+    framework torch", with no word of the model, and now says so."""
+    moe = job_toml({"catalog": "mixtral-8x7b", "layers": 2}, training={"global_batch": 8, "seq_len": 2048},
+                   mesh={"names": ["dp_shard"], "shape": [8]})
+    doc, out = _step(tmp_path, capsys, moe, "moe")
+    assert doc["torchtitan_mfu"] is None
+    assert "torchtitan's MFU formula" not in out
+    code, help_text, _ = run_cli(["step", "--help"], capsys)
+    assert code == 0
+    assert "under framework torch, for a dense model without MLA, also" in " ".join(help_text.split())

@@ -64,7 +64,8 @@ def test_framework_fix_names_tp_comm_overlap_which_torch_refuses_uncompiled():
     torch_compile): framework "torch" refuses tp_comm_overlap without torch.compile, so the fix
     "set framework = torch and remove ..." must name it too (it named only the Megatron-LM keys, and
     the config then failed to load on tp_comm_overlap). By hand: overlap_grad_reduce (MEGATRON_ONLY),
-    then tp_comm_overlap; with both removed, framework torch and sharding zero3 (the sharding
+    then tp_comm_overlap, named apart: it is no Megatron-LM-only key (framework torch takes it with
+    torch_compile, as async TP), as the message said of both; with both removed, framework torch and sharding zero3 (the sharding
     refusal's fix at tp 2: DDP is refused with tp > 1, hsdp without dp_replicate) nothing is refused."""
     from meshplan.mesh.resolve import resolve_mesh
     from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
@@ -73,8 +74,8 @@ def test_framework_fix_names_tp_comm_overlap_which_torch_refuses_uncompiled():
     cfg = _cfg(meg, ["dp", "tp"], [4, 2], sequence_parallel=True)
     assert runtime_refusals(cfg, resolve_mesh(config_mesh(cfg), 8)) == [
         "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
-        "framework = \"torch\" and remove overlap_grad_reduce, tp_comm_overlap (Megatron-LM's only) to validate this "
-        "mesh",
+        "framework = \"torch\" and remove overlap_grad_reduce (Megatron-LM's only) and tp_comm_overlap (under "
+        "torch, async TP, which needs torch_compile) to validate this mesh",
         "sharding 'zero1': ZeRO-1/2 (a sharded optimizer) is not built; use zero3 (FSDP2 over the data axes, as "
         "torchtitan)"]
     fixed = _cfg({"sharding": "zero3", "framework": "torch"}, ["dp", "tp"], [4, 2], sequence_parallel=True)
@@ -126,4 +127,25 @@ def test_engine_fix_names_the_deepspeed_keys_the_config_refuses_without_it():
         "sharding 'zero2': ZeRO-1/2 (a sharded optimizer) is not built; use none (DDP) or zero3 (FSDP2 over the data "
         "axes, as torchtitan)"]
     fixed = _cfg({"sharding": "zero3", "contiguous_gradients": True}, ["dp"], [8])
+    assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
+
+
+def test_framework_fix_names_the_deepep_dispatcher_which_torch_refuses():
+    """A Megatron-LM MoE plan with --moe-token-dispatcher-type flex and the DeepEP backend
+    (moe_dispatcher "deepep"): the config check refuses it under framework "torch" ("deepep" is
+    Megatron-LM's flex dispatcher, config._check_dispatcher), so validate's fix "set framework = torch
+    and remove ..." must name it too. Before, it named only overlap_grad_reduce, and the config then
+    failed to load: ``training.moe_dispatcher: "deepep" ...: set framework = "megatron" or remove it``,
+    the opposite of validate's fix. By hand: overlap_grad_reduce (MEGATRON_ONLY), then moe_dispatcher;
+    with both removed, framework torch and sharding zero3 the config loads and nothing is refused."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
+
+    meg = {"sharding": "zero1", "framework": "megatron", "overlap_grad_reduce": True, "moe_dispatcher": "deepep"}
+    cfg = _cfg(meg, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
+    assert framework_refusal(cfg) == [
+        "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
+        "framework = \"torch\" and remove overlap_grad_reduce, moe_dispatcher (Megatron-LM's only) to validate this "
+        "mesh"]
+    fixed = _cfg({"sharding": "zero3", "framework": "torch"}, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
     assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []

@@ -11,6 +11,7 @@ from typing import Optional
 
 from meshplan.errors import ConfigError
 from meshplan.mesh import resolve
+from meshplan.mesh.layers import stage_layers
 from meshplan.pipeline.registry import fewest_micro_batches
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
@@ -61,41 +62,58 @@ def rule_error(plan, schedule: str) -> Optional[ConfigError]:
     if plan.mesh is None or plan.feasible or str(plan.spec.pp_schedule) != schedule:  # not scheduled: pp 1
         return None
     return refusal(schedule, plan.mesh.degree("pp"), plan.micro_batches, plan.vpp, plan.config.training,
-                   plan.config.model.layers)
+                   plan.config.model.layers, layer_split(plan.config))
 
 
-def chunks_fix(schedule: str, pp: int, m: int, layers: int, framework: str = "torch") -> str:
+def layer_split(cfg) -> Optional[list[int]]:
+    """``cfg``'s ``mesh.pp_layer_split``, None without one (or without a [mesh])."""
+    return cfg.mesh.pp_layer_split if cfg.mesh is not None else None
+
+
+def chunks_fix(schedule: str, pp: int, m: int, layers: int, framework: str = "torch",
+               split: Optional[list[int]] = None) -> str:
     """The fix of a schedule's virtual-stage rule, naming the key and a value it takes: the fewest
     chunks per rank ``v`` that ``schedule`` runs at ``pp`` stages and ``m`` micro-batches per
     schedule run, or at the fewest it runs with ``v`` (:func:`~meshplan.pipeline.registry.reasons`
-    empty: the micro-batches are a fix of their own), with the ``layers`` split
-    evenly (``layers`` a multiple of pp x v). Newcomer trial 29 (Llama-3.1-70B, pp 4, 32
-    micro-batches, interleaved_1f1b) was told "set the config's virtual stages" without the key:
+    empty: the micro-batches are a fix of their own), whose virtual stages the ``layers`` fill
+    (:func:`~meshplan.mesh.layers.stage_layers`, the plan's rule: without ``split`` evenly, a
+    multiple of pp x v; with the config's ``mesh.pp_layer_split`` each stage's layers over its
+    chunks). Newcomer trial 29 (Llama-3.1-70B, pp 4, 32 micro-batches, interleaved_1f1b) was told
+    "set the config's virtual stages" without the key:
 
     >>> chunks_fix("interleaved_1f1b", 4, 32, 80)
     'set mesh.virtual_stages = 2 (80 layers / (pp 4 x 2) = 10 per virtual stage)'
     >>> chunks_fix("1f1b", 4, 32, 80)
     'set mesh.virtual_stages = 1 (80 layers / (pp 4 x 1) = 20 per virtual stage)'
+
+    Llama 3 405B's 126 layers at pp 16 (examples/llama3-405b_16384xh100_tp8-pp16-dp128.toml) are
+    no multiple of 16 x v, but its split [7, 8 x 14, 7] gives each stage's 7 or 8 layers to 2 chunks:
+
+    >>> chunks_fix("interleaved_1f1b", 16, 16, 126, split=[7] + [8] * 14 + [7])
+    "set mesh.virtual_stages = 2 (mesh.pp_layer_split's layers of each stage over its 2 chunks)"
     """
     for v in range(1, layers // max(pp, 1) + 1):  # at m, or at the fewest the schedule runs (m its own fix)
         ms = (m, fewest_micro_batches(schedule, pp, v, framework))
-        if layers % (pp * v) == 0 and any(not schedule_reasons(schedule, pp, x, v, framework) for x in ms):
-            return f"set mesh.virtual_stages = {v} ({layers} layers / (pp {pp} x {v}) = {layers // (pp * v)} per " \
-                   f"virtual stage)"
+        if not isinstance(stage_layers(layers, pp, v, split), str) and any(
+                not schedule_reasons(schedule, pp, x, v, framework) for x in ms):
+            return (f"set mesh.virtual_stages = {v} ({layers} layers / (pp {pp} x {v}) = {layers // (pp * v)} per "
+                    f"virtual stage)") if split is None else \
+                f"set mesh.virtual_stages = {v} (mesh.pp_layer_split's layers of each stage over its {v} chunks)"
     return f"set mesh.virtual_stages to chunks per rank that {schedule} runs at pp {pp}"
 
 
-def refusal(schedule: str, pp: int, m: int, v: int, t, layers: int) -> Optional[ConfigError]:
+def refusal(schedule: str, pp: int, m: int, v: int, t, layers: int,
+            split: Optional[list[int]] = None) -> Optional[ConfigError]:
     """:func:`rule_error` of ``schedule`` at ``pp`` stages, ``m`` micro-batches per step, ``v``
     chunks per rank, under training ``t`` (its framework and ``pp_schedule_runs``), for a model
-    of ``layers`` layers (the virtual stages' fix: :func:`chunks_fix`)."""
+    of ``layers`` layers split by ``split`` (the virtual stages' fix: :func:`chunks_fix`)."""
     runs = t.pp_schedule_runs
     bad = run_reasons(schedule, pp, m, v, runs, t.framework)
     if not bad or m % runs:  # runs not dividing m is the config's, whatever the schedule: the plan's reason
         return None
     least = fewest_micro_batches(schedule, pp, v, t.framework)
     chunks = bool(schedule_reasons(schedule, pp, least, v, t.framework))  # the virtual-stage rule
-    vs_fix = chunks_fix(schedule, pp, m // runs, layers, t.framework)
+    vs_fix = chunks_fix(schedule, pp, m // runs, layers, t.framework, split)
     if not get_schedule(get_schedule(schedule).for_chunks(v)).refused(pp, m // runs, t.framework):
         return ConfigError("--schedule", f"{schedule}: {bad[0]}; choose a schedule this mesh allows, or {vs_fix}")
     per_run = f", {runs} schedule runs: training.pp_schedule_runs" if runs > 1 else ""

@@ -25,7 +25,7 @@ from meshplan.cli.common import (
 )
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _calibrated, _calibration, _kernels, _load
-from meshplan.cli.schedule_opt import refusal, renamed, rule_error
+from meshplan.cli.schedule_opt import layer_split, refusal, renamed, rule_error
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.routing import balance_note
 from meshplan.compute.table_use import as_json as table_json, table_use
@@ -93,9 +93,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp; a line under it gives the
     schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
-    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch
-    also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token and bf16 peak; --json
-    torchtitan_mfu); how much of the
+    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch, for
+    a dense model without MLA, also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per
+    token and bf16 peak; --json torchtitan_mfu, null otherwise); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or
@@ -274,8 +274,8 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
     except ConfigError as e:
         if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
             raise
-        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers)
-               or renamed(e, schedule)) from None
+        raise (refusal(schedule, len(p.stages), p.micro_batches, p.vpp, p.config.training, p.config.model.layers,
+                       layer_split(p.config)) or renamed(e, schedule)) from None
 
 
 def _print_links(p, st, step_fn) -> None:

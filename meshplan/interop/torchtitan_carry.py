@@ -57,8 +57,9 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
         model = tables.get("model", {})
         tables["model"] = {**model, "converters": [*model.get("converters", []), *other]}
     # the user's [checkpoint] is carried, but the keys meshplan reads (enable, interval) where the
-    # plan has an interval: those are the plan's (torchtitan_write.write)
-    read = {r.partition(".")[0] for r in READ} | (set(written) - ({"checkpoint"} if "checkpoint" in keep else set()))
+    # plan has an interval: those are the plan's (torchtitan_write.write), so a table the plan
+    # writes is named by the keys carried in it, never as a table carried unchanged
+    read = {r.partition(".")[0] for r in READ} | set(written)
     names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
     return tables, names + [f"model.converters {other}"] * bool(other)
 

@@ -19,6 +19,13 @@ CHECKPOINT_INTERVAL_DEFAULT = 500
 #: time still spell (newcomer trial 29's).
 OLD_ENABLE = "enable_checkpoint"
 
+#: ``checkpoint.interval_type`` of torchtitan's argparse job config (torchtitan/config_manager.py
+#: before its dataclass config: "Checkpointing interval unit of measurement ['step', 'seconds']",
+#: ``--checkpoint.interval`` "in steps or seconds depending on --checkpoint.interval_type"; gone by
+#: 391ddd3, whose ``interval`` is "Checkpointing interval in steps"): with this value the interval is
+#: seconds, not the steps meshplan plans, so it is not read (the keys listed unused).
+SECONDS_INTERVAL = "seconds"
+
 
 def read_checkpoint(d: dict) -> tuple[dict[str, Any], set[str]]:
     """(meshplan's [reliability] table, the keys read) of a job whose ``checkpoint.enable`` is
@@ -34,12 +41,14 @@ def read_checkpoint(d: dict) -> tuple[dict[str, Any], set[str]]:
     ({'checkpoint_interval_steps': 200}, ['checkpoint.enable_checkpoint', 'checkpoint.interval'])
     >>> read_checkpoint({"checkpoint": {"interval": 100}})
     ({}, set())
+    >>> read_checkpoint({"checkpoint": {"enable_checkpoint": True, "interval_type": "seconds", "interval": 600}})
+    ({}, set())
     """
     ck = d.get("checkpoint", {})
     if not isinstance(ck, dict):
         return {}, set()
     enable = "enable" if "enable" in ck or OLD_ENABLE not in ck else OLD_ENABLE
-    if ck.get(enable) is not True:
+    if ck.get(enable) is not True or ck.get("interval_type") == SECONDS_INTERVAL:
         return {}, set()
     n = ck.get("interval", CHECKPOINT_INTERVAL_DEFAULT)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

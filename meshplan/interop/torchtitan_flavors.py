@@ -58,6 +58,7 @@ from meshplan import catalog
 from meshplan.config_tables import build
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions, model_option
+from meshplan.limits import BOUNDS
 from meshplan.spec.model import ModelSpec
 
 #: (model.name, model.flavor) -> meshplan catalog model (module docstring's table).
@@ -164,8 +165,19 @@ def flavor_context(table: dict, used: set[str], seq_len: int, notes: list[str]) 
     {'catalog': 'llama3-70b', 'max_position': 131072}
     >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 8192, notes)
     {'catalog': 'llama3-70b'}
+
+    A ``seq_len`` that is no whole number, or above ``max_position``'s bound (:data:`~meshplan.limits.BOUNDS`),
+    is left to the config's check, which names ``training.seq_len`` (no traceback; no error on a
+    ``model.max_position`` the user never wrote):
+
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, "long", notes)
+    {'catalog': 'llama3-70b'}
+    >>> flavor_context({"catalog": "llama3-70b"}, {"model.flavor"}, 10**8, notes)
+    {'catalog': 'llama3-70b'}
     """
     if "model.flavor" not in used or "model.hf_assets_path" in used:
+        return table
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len > BOUNDS["max_position"].value:
         return table
     rows = catalog.model(table["catalog"]).max_position if "catalog" in table else table.get("max_position", 0)
     if not rows or seq_len <= rows:

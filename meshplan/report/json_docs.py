@@ -99,7 +99,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
              bw: Optional[BubbleWait]) -> dict[str, Any]:
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
-MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch), critical path, readiness of
+    MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch and for an MoE or MLA
+    model), critical path, readiness of
     each collective, concurrency, load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
     :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the

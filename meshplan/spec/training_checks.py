@@ -50,17 +50,26 @@ def async_tp_uncompiled(training) -> bool:
     return bool(training.tp_comm_overlap and not training.torch_compile)
 
 
+def megatron_dispatcher(training) -> bool:
+    """``moe_dispatcher`` other than the default "alltoall": "deepep", Megatron-LM's flex token
+    dispatcher, which only framework "megatron" runs (:func:`meshplan.config._check_dispatcher`
+    refuses it under another framework)."""
+    return training.moe_dispatcher != "alltoall"
+
+
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
-    then ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
+    then ``moe_dispatcher`` where :func:`megatron_dispatcher` (the config's check), then
+    ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
     ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
-    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True))
-    ['overlap_grad_reduce', 'tp_comm_overlap']
+    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep"))
+    ['overlap_grad_reduce', 'moe_dispatcher', 'tp_comm_overlap']
     """
-    return megatron_only_keys(training) + (["tp_comm_overlap"] if async_tp_uncompiled(training) else [])
+    return (megatron_only_keys(training) + (["moe_dispatcher"] if megatron_dispatcher(training) else [])
+            + (["tp_comm_overlap"] if async_tp_uncompiled(training) else []))
 
 
 def deepspeed_refused_keys(training) -> list[str]:

@@ -21,8 +21,9 @@ from meshplan.spec.training_checks import deepspeed_refused_keys, torch_refused_
 def framework_refusal(cfg: Config) -> list[str]:
     """The refusal of a plan in another framework's order (validate runs torch.distributed), its fix
     naming the keys that framework "torch" refuses in turn
-    (:func:`~meshplan.spec.training_checks.torch_refused_keys`: Megatron-LM's only, and its
-    ``tp_comm_overlap``, which under torch needs torch.compile).
+    (:func:`~meshplan.spec.training_checks.torch_refused_keys`): Megatron-LM's only, and its
+    ``tp_comm_overlap``, named apart (not Megatron-LM's only: under torch it is async TP, which
+    needs torch.compile).
 
     >>> from meshplan.config import config_from_dict
     >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -35,7 +36,10 @@ def framework_refusal(cfg: Config) -> list[str]:
     if t.framework == "torch":
         return []
     keys = torch_refused_keys(t)
-    also = f" and remove {', '.join(keys)} (Megatron-LM's only)" if keys else ""
+    megatron = [k for k in keys if k != "tp_comm_overlap"]  # tp_comm_overlap: torch's too, with torch_compile
+    parts = [f"{', '.join(megatron)} (Megatron-LM's only)"] * bool(megatron) + [
+        "tp_comm_overlap (under torch, async TP, which needs torch_compile)"] * ("tp_comm_overlap" in keys)
+    also = f" and remove {' and '.join(parts)}" if parts else ""
     return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
             f"collectives; set framework = \"torch\"{also} to validate this mesh"]
 

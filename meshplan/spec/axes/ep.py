@@ -175,11 +175,16 @@ def torch_etp(ep, tp):
     return 1 + (ep == 1) * (tp - 1)
 
 
-def experts_over_tp(framework: str, etp: int, tp: int) -> bool:
+def experts_over_tp(framework: str, etp, tp):
     """Whether an MoE layer runs torchtitan's dense family at ep 1 (:data:`TORCH_ETP`): framework
     torch with etp = tp > 1, every routed expert sharded over tp and every tp rank taking all the
-    tokens. Megatron-LM's etp > 1 is planned as expert shapes only (no etp rows)."""
-    return framework == "torch" and 1 < tp == etp
+    tokens. Megatron-LM's etp > 1 is planned as expert shapes only (no etp rows). Scalars, or
+    arrays of degrees (the search's columns, :func:`moe_mlp_blocks_tp`) alike.
+
+    >>> experts_over_tp("torch", 2, 2), experts_over_tp("megatron", 2, 2), experts_over_tp("torch", 1, 1)
+    (True, False, False)
+    """
+    return (framework == "torch") & (tp > 1) & (tp == etp)
 
 
 def experts_over_tp_ops(sp: bool, shared_experts: bool) -> list[str]:
@@ -237,7 +242,7 @@ def moe_mlp_blocks_tp(framework: str, etp, tp, shared_experts: bool):
     >>> moe_mlp_blocks_tp("torch", np.array([1, 2, 4]), np.array([2, 2, 4]), False).tolist()
     [False, True, True]
     """
-    return ((framework == "torch") & (tp > 1) & (tp == etp)) | bool(shared_experts)
+    return experts_over_tp(framework, etp, tp) | bool(shared_experts)
 
 
 def _torch_etp_bad(m, t, d):
