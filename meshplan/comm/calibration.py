@@ -58,8 +58,8 @@ fitted op and rank count into the node's ``busbw`` (``nvlink`` or ``nic``), and 
 class is then read on it exactly as a catalog curve (:func:`meshplan.comm.alphabeta.measured_time`)
 between its smallest and largest size, so the fitted op over the fitted ranks is predicted at
 the logged busbw at each logged size (S15 on A100: the alpha-beta line alone is 12.5% slow at
-16 GiB); outside the logged sizes the alpha-beta fit times it
-(:func:`meshplan.comm.alphabeta.collective_time`).
+16 GiB); above the largest size the curve continues along its last segment (continuous there), and
+below the smallest the alpha-beta fit times it (:func:`meshplan.comm.alphabeta.collective_time`).
 """
 
 from __future__ import annotations
