@@ -88,7 +88,8 @@ def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     jump from the logged 234.90 at 16 GiB): t(1G) = 1.75 x 2^30 / 229.0 GB/s = 8205.4506 us,
     t(16G) = 1.75 x 2^34 / 234.9 GB/s = 127989.6597 us, t(32G) = t(16G) + (t(16G) - t(1G)) x 16 / 15
     = 255759.4828 us, busbw 1.75 x 2^35 / t(32G) = 235.102 GB/s."""
-    from meshplan.comm.alphabeta import busbw_factor, collective_time
+    from meshplan.comm.alphabeta import busbw_factor
+    from meshplan.comm.nccl_algorithms import collective_time
     from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
     out = tmp_path / "c.toml"
     assert run_cli(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0

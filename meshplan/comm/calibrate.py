@@ -23,7 +23,7 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   each rank's bytes for other hosts leave through its own NIC, so its per-NIC fit is busbw x
   (n - g) / (n - 1) for g ranks per host, the share of a rank's bytes that leaves the host
   (:func:`~meshplan.comm.calibration_kinds.host_share`; 16 x 8 H100 at 37.80 GB/s: 35.72 per
-  NIC, not 37.80 / 8), which :func:`~meshplan.comm.alphabeta.all_to_all_time` puts back: its
+  NIC, not 37.80 / 8), which :func:`~meshplan.comm.nccl_algorithms.all_to_all_time` puts back: its
   (n - g) / n x S through each rank's NIC at that rate takes the logged time.
   A run with an unequal number of ranks per host is refused.
   Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
