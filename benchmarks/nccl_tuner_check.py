@@ -5,7 +5,7 @@ and 175B on DGX A100; TP all-reduce / reduce-scatter / all-gather over 8 GPUs on
 pp send/recv and the embedding all-reduce across nodes) and for the small-message and
 2-node rows of public-microbenchmarks.md 4b, one line: size, link, the measured busbw (S15
 and S3 for the 8-GPU all-reduce, linear in S between their sizes as the model reads its own
-curve; S18 for the rest), meshplan's busbw (:func:`meshplan.comm.alphabeta.collective_time`
+curve; S18 for the rest), meshplan's busbw (:func:`meshplan.comm.nccl_algorithms.collective_time`
 on the dgx-a100 curves) and NCCL's tuner model with the protocol it picks.
 
 NCCL's tuner model (NVIDIA/nccl src/graph/tuning.cc at 5067397, v2.30.7;
@@ -55,7 +55,8 @@ from __future__ import annotations
 import math
 
 from meshplan.catalog import busbw_curve
-from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.nccl_algorithms import collective_time
 
 #: NCCL tuning.cc @5067397 defaults, Ampere (protocol order LL, LL128, Simple); us and GB/s.
 TUNER = {

@@ -31,7 +31,8 @@ the fastest first, one under 15% of usable memory free marked ``tight``
 (121.3 GiB) fits with cp 4 (dp_shard 2 x cp 4 x tp 8, 43.4 GiB) at a shorter step than with
 recompute full (25.0 GiB), which replays every layer's forward. A variant that lowers the peak but
 not under usable memory is never offered as a fix: where none fits, such variants close the line,
-``over the usable 67.1 GiB, no fix alone: ...`` (newcomer trial 27 #B). When none fits alone, the knobs together (not the mesh),
+``over the usable 71.2 GiB, no fix alone: recompute full -> peak 99.0 GiB`` (newcomer trial 27 #B;
+Llama-3-405B at dp_shard 8 x tp 8 on 8 dgx-h100, tests/test_fix_lines.py). When none fits alone, the knobs together (not the mesh),
 and when that does not fit either, the fewest nodes that would, the same mesh with its data
 axis grown with the nodes (:mod:`meshplan.plan_fix_nodes`: at most
 :data:`~meshplan.plan_fix_nodes.MAX_NODE_PLANS` node counts tried upwards with the configured
@@ -384,6 +385,6 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
 
 def _short(rest: list[str], usable: float) -> str:
     """The variants that lower the peak but not under ``usable`` bytes, after the line's fix and
-    named as no fix (newcomer trial 27 #B: ``tp x2 -> peak 73.6 GiB`` was offered first over 67.1 GiB
-    usable); "" where there are none."""
+    named as no fix (newcomer trial 27 #B: ``tp x2 -> peak 73.6 GiB`` was offered first over the usable
+    memory, then 67.1 GiB, 80e9 B x 0.9; 71.3 GiB now, 79.25 GiB x 0.9); "" where there are none."""
     return f"; over the usable {usable / GiB:.1f} GiB, no fix alone: {'; '.join(rest)}" if rest else ""

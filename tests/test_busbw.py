@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from meshplan.catalog import busbw_curve, node, system
-from meshplan.comm.alphabeta import all_to_all_time, collective_time, measured_time, ring_time
+from meshplan.comm.alphabeta import measured_time, ring_time
+from meshplan.comm.nccl_algorithms import all_to_all_time, collective_time
 from meshplan.comm.nccl_protocols import NCCL_LATENCY_US, NCCL_RING, REFERENCE_STEP_S
 from meshplan.errors import ConfigError
 

@@ -82,9 +82,14 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
 def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     """The busbw the step model gives the calibrated 8-GPU all-reduce at a logged size is the
     logged one (S15, by hand from the file's busbw column: 8M 109.90, 128M 176.90, 16G 234.90
-    GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. Outside the logged sizes the
-    fit times it: at 32 GiB busbw = 1.75 S / (alpha + 1.75 S / beta)."""
-    from meshplan.comm.alphabeta import busbw_factor, collective_time
+    GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. Below the smallest logged size
+    (32 KiB) the fit times it: at 16 KiB busbw = 1.75 S / (alpha + 1.75 S / beta). Above the largest
+    the curve continues along its last segment (it took the fit there too, 208.86 GB/s at 32 GiB, a
+    jump from the logged 234.90 at 16 GiB): t(1G) = 1.75 x 2^30 / 229.0 GB/s = 8205.4506 us,
+    t(16G) = 1.75 x 2^34 / 234.9 GB/s = 127989.6597 us, t(32G) = t(16G) + (t(16G) - t(1G)) x 16 / 15
+    = 255759.4828 us, busbw 1.75 x 2^35 / t(32G) = 235.102 GB/s."""
+    from meshplan.comm.alphabeta import busbw_factor
+    from meshplan.comm.nccl_algorithms import collective_time
     from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
     out = tmp_path / "c.toml"
     assert run_cli(["calibrate", str(S15), "--out", str(out)], capsys)[0] == 0
@@ -101,8 +106,13 @@ def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     for size, logged in ((8 * 2**20, 109.90), (128 * 2**20, 176.90), (16 * 2**30, 234.90)):
         assert bus(size) == pytest.approx(logged, rel=1e-9)
     nv = calib["nvlink"]
-    beyond = 1.75 * 2**35 / (nv.latency_us * 1e-6 + 1.75 * 2**35 / (nv.bandwidth_gb_per_s * 1e9)) / 1e9
-    assert bus(2**35) == pytest.approx(beyond, rel=1e-9) and beyond < 234.9
+    below = 1.75 * 2**14 / (nv.latency_us * 1e-6 + 1.75 * 2**14 / (nv.bandwidth_gb_per_s * 1e9)) / 1e9
+    assert bus(2**14) == pytest.approx(below, rel=1e-9)
+    t1, t16 = 1.75 * 2**30 / 229.0e9, 1.75 * 2**34 / 234.9e9
+    assert (t1 * 1e6, t16 * 1e6) == (pytest.approx(8205.4506, abs=1e-4), pytest.approx(127989.6597, abs=1e-4))
+    assert bus(2**35) == pytest.approx(1.75 * 2**35 / (t16 + (t16 - t1) * 16 / 15) / 1e9, rel=1e-9)
+    assert bus(2**35) == pytest.approx(235.102, abs=1e-3)
+    assert bus(16 * 2**30 + 1) == pytest.approx(234.90, rel=1e-6)  # continuous at the largest logged size
 
 
 def test_two_gpu_models_are_refused(tmp_path, capsys):

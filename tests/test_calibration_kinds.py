@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from meshplan.catalog import system
-from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.nccl_algorithms import collective_time
 from meshplan.comm.calibrate import calibrate_curves
 from meshplan.comm.calibration import apply_calibration, calibration_toml, load_calibration
 from meshplan.comm.calibration_kinds import per_nic

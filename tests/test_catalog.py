@@ -179,7 +179,7 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72_gpus_across_trays():
 
 
 def test_mi300x_node_uses_rccl_timed_as_nccl_not_as_gloo():
-    from meshplan.comm.alphabeta import collective_time
+    from meshplan.comm.nccl_algorithms import collective_time
 
     cl = catalog.system("mi300x-azure-nd-v5", 2)
     assert cl.collective_library == "rccl" and catalog.system("dgx-b200", 1).collective_library == "nccl"

@@ -44,7 +44,8 @@ def test_unknown_op():
 
 
 def test_algorithm_choice():
-    from meshplan.comm.alphabeta import collective_time, tree_time
+    from meshplan.comm.alphabeta import tree_time
+    from meshplan.comm.nccl_algorithms import collective_time
     from meshplan.comm.nccl_protocols import NVLS_GAIN
     # a 1 GiB all-reduce inside an NVLS-capable node: in-switch reduction beats the ring
     alg, t = collective_time("all-reduce", 8, 2**30, 450e9, "nvlink", nvls=True)
@@ -65,7 +66,7 @@ def test_algorithm_choice():
 
 
 def test_gloo_runs_rings_only():
-    from meshplan.comm.alphabeta import collective_time
+    from meshplan.comm.nccl_algorithms import collective_time
     assert collective_time("all-gather", 16, 65536, 50e9, "network", nodes=2, intra_bandwidth_bytes_per_s=450e9,
                            library="gloo")[0] == "ring"
 
@@ -76,7 +77,7 @@ def test_gloo_ring_step_costs_the_link_latency_with_one_protocol():
     over 2 ranks is 2 steps + 2 * (1/2) * 256 B / 0.5 GB/s = 450 us + 0.512 us; the
     2-rank gloo measurement it was taken from is 0.45 ms. NCCL's LL protocol (0.6 us per step
     at 0.5 efficiency) must not be applied to gloo."""
-    from meshplan.comm.alphabeta import collective_time
+    from meshplan.comm.nccl_algorithms import collective_time
 
     alg, t = collective_time("all-reduce", 2, 256, 0.5e9, "nvlink", latency_scale=225 / 3.4, library="gloo")
     assert alg == "ring" and t == pytest.approx(2 * 225e-6 + 256 / 0.5e9, rel=1e-12)

@@ -12,7 +12,8 @@ benchmarks/nccl_tuner_check.py prints the same rows beside NCCL's own tuner mode
 import pytest
 
 from meshplan.catalog import busbw_curve
-from meshplan.comm.alphabeta import busbw, collective_time
+from meshplan.comm.alphabeta import busbw
+from meshplan.comm.nccl_algorithms import collective_time
 
 CURVES = {"nvlink": busbw_curve("a100-nvlink3-ring"), "nic": busbw_curve("ib-hdr-200-8nic"),
           "p2p": busbw_curve("ib-hdr-200-1nic-pair"), "nic1": busbw_curve("ib-hdr-200-1nic-ring")}

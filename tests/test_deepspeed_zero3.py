@@ -14,7 +14,7 @@ import pytest
 
 from meshplan import catalog
 from meshplan.comm import deepspeed
-from meshplan.comm.alphabeta import collective_time
+from meshplan.comm.nccl_algorithms import collective_time
 from meshplan.comm.row import path_time
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.measured import kernel_data

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
-from meshplan.comm.alphabeta import collective_time
+from meshplan.comm.nccl_algorithms import collective_time
 from meshplan.compute.measured import kernel_data
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError

@@ -91,7 +91,7 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     """Trial 8's q1top (Llama-3-70B, seq 8192, dp_shard 32 x cp 2 x tp 2 on 16 dgx-h100, global
     batch 512) loses a node: 120 GPUs. It proposed pp 28 x dp_shard 1 x cp 2 x tp 2 (121,380
     tokens/s, global batch kept, 8 GPUs idle): dp_shard x cp 2 x tp 2 keeps 512 only at dp 16
-    (64 GPUs: 72.2 GiB > 67.1 usable). Now the kind at another global batch: dp_shard 30 x cp 2 x
+    (64 GPUs: 72.2 GiB > 71.2 usable, 79.11 GiB x 0.9). Now the kind at another global batch: dp_shard 30 x cp 2 x
     tp 2, 512 -> 510 (17 micro-batches), 135,843 tokens/s, 11.9% over pp 28: pp 1 kept, pp 28 the
     one alternative. Since torch's CP ring merges are counted (meshplan.compute.ring_attention) the cp
     2 meshes are slower: the kind 129,127 tokens/s, and the alternative keeping the batch is pp 15 x

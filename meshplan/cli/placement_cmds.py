@@ -37,6 +37,7 @@ from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
 from meshplan.report.place_text import launch_lines, place_lines
 from meshplan.schedule.placement_score import step_scorer
+from meshplan.spec.wording import expert_data_axis
 
 
 NIC_SCOPE_HELP = ("NICs each rank's NCCL may use (NCCL_IB_HCA, or NCCL_SOCKET_IFNAME with --transport socket): "
@@ -82,6 +83,17 @@ def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its p
     raise typer.Exit(1 if diffs else 0)
 
 
+
+def _choice(p, choose: bool):
+    """The placement choice of ``p`` (``--choose``: scored by its step model), weighted by its
+    collective table, its axes named as ``plan`` names them (the experts' data axis by the sharding,
+    :func:`meshplan.spec.wording.expert_data_axis`: ``edp`` under DDP and ZeRO-1/2)."""
+    score = step_scorer(p) if choose and isinstance(p, Plan) else None
+    return choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                            rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                            schedule=p.spec.pp_schedule, vpp=p.vpp,
+                            labels={"efsdp": expert_data_axis(p.config.training.sharding)})
+
 def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file (the environment launch's bind.sh exports, and its cores and NIC)"),
@@ -114,12 +126,7 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
-    score = None
-    if choose and isinstance(p, Plan):
-        score = step_scorer(p)
-    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
-                         schedule=p.spec.pp_schedule, vpp=p.vpp)
+    c = _choice(p, choose)
     for line in place_lines(c, shown, visible=visible, nic_scope=nic_scope):
         _echo(line)
     if nic_scope == "rank":
@@ -189,10 +196,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if p.mesh is None or not p.feasible:
         _write_doc(json_path, launch_doc(p, 0, [], ""), force)
         _exit_infeasible(p)
-    score = step_scorer(p) if choose and isinstance(p, Plan) else None
-    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
-                         schedule=p.spec.pp_schedule, vpp=p.vpp)
+    c = _choice(p, choose)
     c = for_command(c, "launch")  # its warnings name launch --choose
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,

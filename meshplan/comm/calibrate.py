@@ -23,7 +23,7 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   each rank's bytes for other hosts leave through its own NIC, so its per-NIC fit is busbw x
   (n - g) / (n - 1) for g ranks per host, the share of a rank's bytes that leaves the host
   (:func:`~meshplan.comm.calibration_kinds.host_share`; 16 x 8 H100 at 37.80 GB/s: 35.72 per
-  NIC, not 37.80 / 8), which :func:`~meshplan.comm.alphabeta.all_to_all_time` puts back: its
+  NIC, not 37.80 / 8), which :func:`~meshplan.comm.nccl_algorithms.all_to_all_time` puts back: its
   (n - g) / n x S through each rank's NIC at that rate takes the logged time.
   A run with an unequal number of ranks per host is refused.
   Hosts whose ranks share NICs (8 GPUs on 4 NICs, two GPUs under each NIC's PCIe switch) give
@@ -59,7 +59,7 @@ its ``source`` names that file, and a note names each dropped file with its fit 
 Each file also gives its measured curve (:func:`measured_curve`: busbw at every logged size,
 per op, rank count and node count), written beside the fit as ``[[link.<class>.curve]]``
 (:mod:`meshplan.comm.calibration`), so ``--calibration`` reads the logged sizes off the
-curve and the fit only outside them.
+curve (and above the largest along its last segment) and the fit only below the smallest.
 
 Which collective kinds a file sets (one ``<class>: this file sets ...`` line per class,
 :func:`~meshplan.comm.calibration_kinds.kinds_set`), per op: on ``nic`` the kept fit is a ring

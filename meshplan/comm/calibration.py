@@ -45,7 +45,7 @@ the cluster's catalog NIC line rate is warned
 (:func:`meshplan.comm.calibration_notes.nic_rate_warnings`). Applying a
 calibration writes the bandwidth, the per-step latency ``latency_us / steps(op, ranks)`` (the
 meaning of :class:`LinkSpec.latency_us`) and marks the class ``calibrated``:
-:func:`meshplan.comm.alphabeta.collective_time` then times it as
+:func:`meshplan.comm.nccl_algorithms.collective_time` then times it as
 ``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
 NCCL base latency or protocol choice and no NVLS or tree (the fit holds whatever algorithm
 NCCL ran), so the measured op over the measured ranks is predicted at the fit itself
@@ -58,8 +58,8 @@ fitted op and rank count into the node's ``busbw`` (``nvlink`` or ``nic``), and 
 class is then read on it exactly as a catalog curve (:func:`meshplan.comm.alphabeta.measured_time`)
 between its smallest and largest size, so the fitted op over the fitted ranks is predicted at
 the logged busbw at each logged size (S15 on A100: the alpha-beta line alone is 12.5% slow at
-16 GiB); outside the logged sizes the alpha-beta fit times it
-(:func:`meshplan.comm.alphabeta.collective_time`).
+16 GiB); above the largest size the curve continues along its last segment (continuous there), and
+below the smallest the alpha-beta fit times it (:func:`meshplan.comm.nccl_algorithms.collective_time`).
 """
 
 from __future__ import annotations

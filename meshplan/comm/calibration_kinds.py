@@ -73,7 +73,7 @@ def host_share(op: str, n: int, g: int) -> float:
       in all ([S18] 2 x 8 A100 all-reduce: 188.18 GB/s busbw at 4 GiB, 23.5 GB/s per 25 GB/s NIC);
     - all-to-all: ``g (n - g) / (n - 1)``. Its busbw is per rank: ``algbw (n - 1) / n``, the
       bytes a rank sends to its n - 1 peers per second (nccl-tests doc/PERFORMANCE.md), S/n to
-      each (:func:`~meshplan.comm.alphabeta.all_to_all_time`), so ``(n - g) / (n - 1)`` of them
+      each (:func:`~meshplan.comm.nccl_algorithms.all_to_all_time`), so ``(n - g) / (n - 1)`` of them
       go to ranks of other hosts, through that rank's own NIC, and g ranks send them.
 
     16 hosts x 8 GPUs (n 128) at 37.80 GB/s all-to-all busbw: 8 x 120 / 127 = 7.559 per host,
@@ -106,7 +106,7 @@ def read_rate(fit_gb_per_s: float, nics: int, op: str, ranks: int, nodes: int, l
 def pattern_of(op: str, ranks: int, nodes: int) -> str:
     """:func:`pattern` of a run of ``op`` over ``ranks`` on ``nodes`` hosts. "nic1" is the ring
     ops' one-rank-per-node pattern only: an all-to-all over more than 2 ranks is "nic" however
-    many ranks a host holds (:func:`~meshplan.comm.alphabeta.all_to_all_time` reads one curve
+    many ranks a host holds (:func:`~meshplan.comm.nccl_algorithms.all_to_all_time` reads one curve
     for every group, each rank's bytes for other hosts through its own NIC, :func:`host_share`).
 
     >>> pattern_of("all-reduce", 4, 4), pattern_of("all-to-all", 4, 4), pattern_of("all-to-all", 2, 2)

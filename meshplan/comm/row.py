@@ -1,7 +1,7 @@
 """One row of the collective table (:class:`CollectiveRow`): a collective kind on one group
 axis in one phase, its payload, counts and dtype, the link class its group crosses
 (:class:`Path`, :func:`axis_path`), the NCCL algorithm (ring, tree, NVLS, hierarchical) and
-its alpha-beta time there (:func:`path_time`, :func:`meshplan.comm.alphabeta.collective_time`,
+its alpha-beta time there (:func:`path_time`, :func:`meshplan.comm.nccl_algorithms.collective_time`,
 on the node's measured nccl-tests curves where the catalog has them), and the bytes it puts
 on NVLink and on the network (:func:`link_bytes`).
 
@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.nccl_algorithms import collective_time
 from meshplan.comm.nccl_protocols import REFERENCE_STEP_S
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.cluster import ClusterSpec
@@ -32,7 +33,7 @@ class Path:
     ``nic_bandwidth_bytes_per_s``, the share of its own NIC a rank gets while every group of
     the axis runs (all-to-all's cross-node bytes leave through it). ``calibrated``: the link
     class carries the user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`),
-    timed as :func:`meshplan.comm.alphabeta.collective_time` says."""
+    timed as :func:`meshplan.comm.nccl_algorithms.collective_time` says."""
 
     kind: str  # "local" | "nvlink" | "network"
     bandwidth_bytes_per_s: float
@@ -139,7 +140,7 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
       one): of the rank's ring bytes ``sent = busbw_factor(op, n) S`` (nccl-tests
       PERFORMANCE.md), ``(g-1)/g`` go to its NVLink neighbour and ``1/g`` through a NIC, so a
       node sends one rank's ring bytes, as each ring edge carries them;
-    - hierarchical (:func:`meshplan.comm.alphabeta.collective_time`): inside the node the
+    - hierarchical (:func:`meshplan.comm.nccl_algorithms.collective_time`): inside the node the
       reduce-scatter and/or all-gather over g ranks on S (``(g-1)/g S`` each), across nodes
       the op over the ``nodes`` ranks of the same local index on S/g;
     - tree all-reduce (NCCL's double binary tree: inside a node a chain of g ranks, across
@@ -148,7 +149,7 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
       NVLink; the N - 1 tree edges between nodes carry S/2 each way per tree, so a node sends
       ``2 (N-1)/N S`` on average, ``2 (N-1)/N S / g`` per rank: the hierarchical all-reduce's
       split;
-    - pairwise all-to-all (:func:`meshplan.comm.alphabeta.all_to_all_time`): S/n to each
+    - pairwise all-to-all (:func:`meshplan.comm.nccl_algorithms.all_to_all_time`): S/n to each
       peer, ``(g-1)/n S`` to the node's own and ``(n-g)/n S`` through the NIC;
     - send/recv along a pipeline of n stages, g consecutive ones per node: N - 1 of the n - 1
       hops cross nodes, so ``(N-1)/(n-1)`` of the bytes go through a NIC on average over the
@@ -246,7 +247,7 @@ def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSp
               nccl_era: str = "current") -> tuple[str, float]:
     """(algorithm, seconds) of ``op`` over ``n`` ranks on a ``size_bytes`` buffer (nccl-tests
     ``S``) along ``path`` (:func:`axis_path`) of ``cluster``:
-    :func:`meshplan.comm.alphabeta.collective_time` with the path's bandwidth, kind, latency
+    :func:`meshplan.comm.nccl_algorithms.collective_time` with the path's bandwidth, kind, latency
     scale, nodes and NIC share, and the cluster's fabric, library and measured curves. The
     one call behind every table row and the predicted message curves of ``validate``
     (:mod:`meshplan.runtime.validation.staged`). ``nccl_era`` "2021": NCCL 2.8-2.9, the

@@ -53,6 +53,7 @@ from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
 from meshplan.compute import float8
 from meshplan.compute.batch_input import BROADCAST_GROUPS, GET_BATCH_CADENCES, megatron_broadcast_bytes
 from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
@@ -180,11 +181,12 @@ def _rowwise_scale_rows(add, c: StageContext) -> None:
 
 
 def _rowwise_tp(c: StageContext) -> bool:
-    """:func:`meshplan.compute.float8.rowwise_tp` of the stage: float8 Linears with rowwise scales under
-    torch (not Megatron-LM) at tp > 1, a dense model without MLA."""
-    t, m = c.training, c.model
-    return (t.linear_dtype == "fp8" and t.fp8_recipe == "rowwise" and t.framework != "megatron"
-            and c.mesh.degree("tp") > 1 and not m.is_moe and not m.is_mla)
+    """:func:`meshplan.compute.float8.rowwise_tp` (the rule's one home) of the stage: its float8
+    Linears (:func:`meshplan.compute.ops.float8_gemms`), tp degree and framework as a Workload."""
+    t = c.training
+    w = Workload(seq_len=t.seq_len, tp=c.mesh.degree("tp"), megatron_ops=t.framework == "megatron",
+                 **float8_gemms(c.model, t))
+    return float8.rowwise_tp(c.model, w)
 
 
 def _layer_counts(c: StageContext) -> Counter[tuple]:

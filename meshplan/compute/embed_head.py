@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
-from meshplan.compute import float8
+from meshplan.compute import float8_head
 from meshplan.compute.batch_input import torch_batch_copy
 from meshplan.compute.elementwise import norm_finalize_ops, norm_spec
 from meshplan.compute.gemm import GemmTable
@@ -79,7 +79,7 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
            for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     ops += norm_finalize_ops(model, gpu, wn, (("final norm", "head"),))
     ops += gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
-    ops += [memory_op(gpu, name, "head", ph, nb) for name, _, ph, nb in float8.head_kernels(w, g, b)]  # fp8_output_layer
+    ops += [memory_op(gpu, name, "head", ph, nb) for name, _, ph, nb in float8_head.head_kernels(w, g, b)]  # fp8_output_layer
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)
         ops += [memory_op(gpu, "cross entropy", "head", "forward", fwd_b * logits),

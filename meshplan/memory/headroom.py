@@ -10,7 +10,7 @@ memory ``fix:`` line of ``plan`` (:mod:`meshplan.plan_fix`) marks a tight option
 >>> usable = 72e9  # 80 GB of HBM less a 10% reserve
 >>> tight(62.8 * 2**30, usable, 0.0), tight(28.3 * 2**30, usable, 0.0), tight(62.8 * 2**30, usable, 0.15)
 (True, False, False)
->>> headroom_words(64.5 * 2**30, 67.1 * 2**30, 0.0)  # newcomer trial 27: fsdp_tp2 on A100 80GB
+>>> headroom_words(64.5 * 2**30, 67.1 * 2**30, 0.0)  # newcomer trial 27's fsdp_tp2, A100 80GB then at 80e9 B x 0.9
 'tight: 2.6 GiB = 3.9% of the usable 67.1 GiB free, under 15%'
 >>> headroom_words(17.9 * 2**30, 67.1 * 2**30, 0.0)
 ''

@@ -158,7 +158,9 @@ class Choice:
     placement when the choice was scored by the step-time model (None otherwise);
     ``decisions`` and ``warnings``: one line each; ``schedule`` and ``vpp``: the plan's
     pipeline schedule and chunks per rank (the pp line counts the schedule's own boundary
-    crossings per micro-batch)."""
+    crossings per micro-batch); ``labels``: {axis: printed} for the axes the plan prints under
+    another name (``efsdp`` as ``edp``, :func:`meshplan.spec.wording.expert_data_axis`), which the
+    decisions, warnings and ``place``'s axis rows print."""
 
     mesh: Mesh
     rank_to_gpu: np.ndarray
@@ -178,6 +180,7 @@ class Choice:
     warnings: tuple[str, ...] = field(default=())
     schedule: Schedule = Schedule.ONE_F_ONE_B
     vpp: int = 1
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 def for_command(c: Choice, command: str) -> Choice:
@@ -208,7 +211,8 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
 def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping[str, float]] = None,
                      rank_to_gpu=None, search: bool = True, source: str = "given",
                      step_s: Optional[Callable[[np.ndarray], float]] = None,
-                     schedule: Schedule | str = Schedule.ONE_F_ONE_B, vpp: int = 1) -> Choice:
+                     schedule: Schedule | str = Schedule.ONE_F_ONE_B, vpp: int = 1,
+                     labels: Optional[Mapping[str, str]] = None) -> Choice:
     """Choose the rank -> GPU permutation with the fewest weak-path bytes (:func:`weak_bytes`),
     or, with ``step_s``, the shortest predicted step.
 
@@ -223,7 +227,8 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
 
     ``weights``: bytes per step per rank by axis (:func:`~meshplan.placement.score.weights_from_table`),
     default the frequency order :data:`~meshplan.placement.score.DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
-    ``schedule``, ``vpp``: the pipeline schedule and chunks per rank (the explanation's pp line).
+    ``schedule``, ``vpp``: the pipeline schedule and chunks per rank (the explanation's pp line);
+    ``labels``: {axis: printed} for the axes output names otherwise (the plan's words).
     ``rank_to_gpu``: the placement to compare with
     and keep on a tie (default node-major); ``search=False`` only scores and explains it.
     Candidates: for each fill order
@@ -264,6 +269,6 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
                     weights_source=source if given else "default", changed=changed, searched=search,
                     inner=tuple(inner), outer=tuple(outer), step_before_s=t_before, step_after_s=t_best,
                     equivalent_names=_equivalent_names(mesh, inner, outer, r2g) if changed else None,
-                    schedule=Schedule(schedule), vpp=vpp)
+                    schedule=Schedule(schedule), vpp=vpp, labels=dict(labels or {}))
     decisions, warnings = explain(choice)
     return replace(choice, decisions=tuple(decisions), warnings=tuple(warnings))

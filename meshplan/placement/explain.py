@@ -27,6 +27,12 @@ def _fmt(x: float, in_bytes: bool) -> str:
     return traffic_gb(x) if in_bytes else f"{x:.6g}"
 
 
+def _name(c, axis: str) -> str:
+    """``axis`` as output prints it (``c.labels``: the experts' data axis ``efsdp`` is ``edp`` where
+    the sharding replicates the experts, :func:`meshplan.spec.wording.expert_data_axis`)."""
+    return c.labels.get(axis, axis)
+
+
 def _where(c) -> tuple[int, int, str]:
     """(GPUs per domain, GPUs per node, the domain's name) of the choice's cluster."""
     node = c.placement.cluster.node
@@ -86,11 +92,11 @@ def _sends_less(c, axes: list[str], cross: bool) -> str:
     that send less than pp (:func:`_pp_line`), with their weights.
 
     >>> from types import SimpleNamespace as S
-    >>> _sends_less(S(weights={"dp": 2.4e9}, weights_source="collective table"), ["dp"], True)
+    >>> _sends_less(S(weights={"dp": 2.4e9}, weights_source="collective table", labels={}), ["dp"], True)
     'dp 2.4 GB sends less and crosses nodes too'
     """
     one = len(axes) == 1
-    names = " and ".join(f"{a} {_fmt(c.weights[a], c.weights_source != 'default')}" for a in axes)
+    names = " and ".join(f"{_name(c, a)} {_fmt(c.weights[a], c.weights_source != 'default')}" for a in axes)
     return f"{names} send{'s' * one} less" + (f" and cross{'es' * one} nodes too" if cross else "")
 
 
@@ -103,7 +109,7 @@ def _axes(c) -> list[str]:
 
 def _weights_line(c) -> str:
     in_bytes = c.weights_source != "default"
-    parts = ", ".join(f"{a} {_fmt(w, in_bytes)}" for a, w in sorted(c.weights.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{_name(c, a)} {_fmt(w, in_bytes)}" for a, w in sorted(c.weights.items(), key=lambda kv: -kv[1]))
     if in_bytes:
         return f"weights: bytes each rank sends per step by axis ({c.weights_source}; GB = 1e9 B): {parts}"
     return (f"weights: no collective table, so the frequency order tp > cp > ep > dp_shard > dp_replicate > pp "
@@ -172,22 +178,23 @@ def _units(c, axis: str) -> str:
 def _data(c, axis: str, loc: GroupLocality) -> tuple[str, bool]:
     """(line, is it a decision) for a data or shard axis."""
     d_gpus, n_gpus, dom = _where(c)
+    name = _name(c, axis)
     if loc.max_domains == 1:
-        return (f"{axis} {loc.size} stays inside one {dom}: no NIC traffic, rails unused"
+        return (f"{name} {loc.size} stays inside one {dom}: no NIC traffic, rails unused"
                 + (" (data groups can stay inside a large NVLink domain)" if d_gpus > n_gpus else ""), True)
     same = same_rails(c.placement, loc.groups)
     if not same.all():
         row = int(np.flatnonzero(~same)[0])
         cost = c.after.by_axis.get(axis)
         extra = f"; {_fmt(cost.spine_bytes, c.weights_source != 'default')} per step cross the spine" if cost else ""
-        return (f"{axis} group {_short(loc.groups[row])} uses rails {_rails_of(c, loc, row)} that differ between "
+        return (f"{name} group {_short(loc.groups[row])} uses rails {_rails_of(c, loc, row)} that differ between "
                 f"nodes ({int((~same).sum())} of {loc.n_groups} groups): its inter-node hops go through the spine"
                 f"{extra}; place members on the same local GPUs in every node", False)
     if loc.max_per_node == 1 and loc.max_rails <= 1:
-        return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'}, one member per "
+        return (f"{name} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'}, one member per "
                 f"node at the same local GPU: each group on one rail ({_rail_counts(c, loc)}) "
                 f"(assumes a rail-optimized fabric: NIC k of every node on leaf k){_units(c, axis)}", True)
-    return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'} with "
+    return (f"{name} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'} with "
             f"{loc.max_per_node} members per node on the same local GPUs in every node: group 0 uses rails "
             f"{_rails_of(c, loc, 0)} in every node, so each ring channel can stay on one rail (a group of "
             f"{loc.size} over {loc.max_nodes} nodes cannot use one rail; assumes NCCL keeps a channel on one NIC "

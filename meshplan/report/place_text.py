@@ -18,7 +18,9 @@ def axis_rows(c: Choice) -> list[str]:
     """One line per axis of degree > 1: size, groups, link class, nodes spanned, rails
     (most per group; "same" when every node of a group uses the same rails), sockets (1, or
     "cross" when a group holds members on both sockets of a node), weak-path traffic: the bytes
-    per step all the axis's groups send over weak links (ring hops x bytes each rank sends), GB."""
+    per step all the axis's groups send over weak links (ring hops x bytes each rank sends), GB;
+    each axis named as the plan names it (``c.labels``: ``edp`` for the experts' data axis under
+    DDP or ZeRO-1/2)."""
     b = c.weights_source != "default"
     head = f"{'axis':<13}{'size':>6}{'groups':>8}  {'link':<8}{'nodes':>6}{'rails':>7}{'':<6}{'sockets':>8}  weak-path GB/step, all ranks"
     out = [head]
@@ -28,7 +30,7 @@ def axis_rows(c: Choice) -> list[str]:
         same = "same" if same_rails(c.placement, loc.groups).all() else "mixed"
         cost = c.after.by_axis.get(a)
         weak = _num(cost.network_bytes + cost.spine_bytes + cost.socket_bytes, b) if cost else "-"
-        out.append(f"{a:<13}{loc.size:>6}{loc.n_groups:>8}  {loc.link:<8}{loc.max_nodes:>6}{loc.max_rails:>7} "
+        out.append(f"{c.labels.get(a, a):<13}{loc.size:>6}{loc.n_groups:>8}  {loc.link:<8}{loc.max_nodes:>6}{loc.max_rails:>7} "
                    f"{same:<5}{'cross' if loc.crosses_sockets else '1':>8}  {weak}")
     return out
 

@@ -106,7 +106,7 @@ class TimeTables:
 
 
 def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
-    """Seconds of one ``op`` per candidate: :func:`meshplan.comm.alphabeta.collective_time` (the
+    """Seconds of one ``op`` per candidate: :func:`meshplan.comm.nccl_algorithms.collective_time` (the
     algorithm NCCL would pick, as the collective table times it) on the path of an axis of
     ``n`` ranks ``stride`` apart, once per distinct (n, size, stride)."""
     n, size = np.asarray(n, dtype=np.int64), np.asarray(size, dtype=np.int64)

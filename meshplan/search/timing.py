@@ -3,7 +3,7 @@ efficiency of their local GEMMs, as numpy arrays.
 
 The bound uses the same numbers as :func:`meshplan.schedule.steptime.step_time`: op times from
 :func:`meshplan.compute.layer.layer_costs` (one call per distinct (tp, cp, micro-batch, ep,
-etp), every recompute policy from the same ops), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
+etp), every recompute policy from the same ops), collective times from :func:`meshplan.comm.nccl_algorithms.collective_time` on the path
 :func:`meshplan.comm.row.axis_path` gives each axis (one call per distinct (stride,
 degree): with the canonical order and node-major placement an axis's groups are ranks
 ``r0 + i * stride``), with the sizes of :func:`meshplan.comm.collectives.collective_table`.

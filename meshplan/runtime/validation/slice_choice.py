@@ -3,8 +3,9 @@
 A slice runs every mesh scaled down to the testbed, where they all fit; the job runs at full
 scale. So the choice weighs each mesh's full-scale plan (:func:`full_scale`: the config's own
 :func:`meshplan.plan.build_plan` on its own cluster, the verdict ``meshplan plan`` prints) with its
-measured step (newcomer trial: the slice kept tp2 as chosen while ``plan tp2.toml`` said
-"infeasible: peak 108.4 GiB > 67.1 GiB"). :func:`choose`: the measured fastest of the meshes that
+measured step (newcomer trial: the slice kept tp2 as chosen while ``plan tp2.toml`` said it did not
+fit; tests/test_slice.py's tp2, Llama-3-8B at dp 8 under zero1 on 8 H100, prints today "infeasible: peak
+103.3 GiB at forward of the head (micro-batch 0) on stage 0 > 71.2 GiB usable"). :func:`choose`: the measured fastest of the meshes that
 ran and fit at full scale. :func:`assign_roles`: ``chosen`` or ``rejected`` with the reason, in
 this order: infeasible at full scale ("infeasible at full scale: peak X GiB > Y GiB usable"), the
 run did not complete, measured slower than the chosen mesh. Each mesh's folder is named after
@@ -28,8 +29,9 @@ def full_scale(cfg: Config) -> dict[str, Any]:
     """``cfg``'s own plan at full scale as MeshResult fields: ``full_feasible``, the most loaded
     stage's ``full_peak_bytes`` and ``full_usable_bytes`` (HBM less the reserve,
     :class:`meshplan.memory.timeline.Timeline`; None when the mesh does not resolve) and
-    ``full_verdict``, one line: ``feasible at full scale: peak 60.2 GiB <= 67.1 GiB usable`` or
-    ``infeasible at full scale: peak 108.4 GiB > 67.1 GiB usable`` (else the plan's reasons)."""
+    ``full_verdict``, one line: ``feasible at full scale: peak 40.6 GiB <= 71.2 GiB usable`` or
+    ``infeasible at full scale: peak 103.3 GiB > 71.2 GiB usable`` (else the plan's reasons; tests/test_slice.py's
+    Llama-3-8B at dp 2 x tp 4 and dp 8 on 8 H100: 79.11 GiB x 0.9 usable)."""
     plan = build_plan(cfg)
     if isinstance(plan, Infeasible):
         return dict(full_feasible=False, full_peak_bytes=None, full_usable_bytes=None,
