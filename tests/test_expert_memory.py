@@ -126,15 +126,13 @@ def test_fsdp2_keeps_the_output_under_explicit_forward_prefetch():
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshplan.runtime.validation.dryrun import fake_process_group
 
     if dist.is_initialized():
         pytest.skip("a process group is already initialized")
-    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
-    try:
+    with fake_process_group(4):  # destroyed on exit, DTensor's caches of its mesh cleared
         assert _held_at_forward(torch, fully_shard) == [(True, [1]), (True, [2]), (True, [])]
-    finally:
-        dist.destroy_process_group()
 
 
 def _held_at_forward(torch, fully_shard) -> list:
