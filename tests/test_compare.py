@@ -145,20 +145,16 @@ def test_summary_states_the_rule(mb2_pair, tmp_path):
     assert "see meshplan.compare" not in text
 
 
-def test_cli_refuses_existing_out_before_the_report(tmp_path):
-    import subprocess
-    import sys
-
+def test_cli_refuses_existing_out_before_the_report(tmp_path, capsys):
     from tests.conftest import EXAMPLES
-    argv = [sys.executable, "-m", "meshplan.cli", "compare", str(EXAMPLES / "seed-64gpu.toml"),
-            str(TP4_MB2), "--out", str(tmp_path)]  # TP4_MB2 does not fit (121.5 > 71.2 GiB usable)
-    first = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert first.returncode == 0, first.stderr
-    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in first.stdout
-    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 2 and again.stdout == ""
-    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-mb2-vs-seed-64gpu'} exists; choose another "
-                            "path or pass --force to replace it\n")
+    argv = ["compare", EXAMPLES / "seed-64gpu.toml", TP4_MB2, "--out", tmp_path]  # TP4_MB2 does not fit (121.5 > 71.2 GiB usable)
+    rc, out, err = _run(argv, capsys)  # in-process: no interpreter start-up
+    assert rc == 0, err
+    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in out
+    rc, out, err = _run(argv, capsys)
+    assert rc == 2 and out == ""
+    assert err == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-mb2-vs-seed-64gpu'} exists; choose another "
+                   "path or pass --force to replace it\n")
 
 
 def test_advice_for_the_faster_mesh_that_does_not_fit(mb2_pair):
