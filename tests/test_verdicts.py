@@ -24,7 +24,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.mesh_words import schedule_words
-from tests.cli_run import run_cli
+from tests.cli_run import run_captured
 from tests.conftest import EXAMPLES
 from tests.configs import TP4_MB2
 
@@ -32,11 +32,8 @@ TP4 = TP4_MB2
 SEED = EXAMPLES / "seed-64gpu.toml"
 
 
-@pytest.fixture
-def cli(capsys):
-    """``meshplan ARGS...`` in this process (:func:`tests.cli_run.run_cli`: no interpreter start-up)
-    as ``returncode`` (the exit status), ``stdout`` and ``stderr``."""
-    return lambda *args: SimpleNamespace(**dict(zip(("returncode", "stdout", "stderr"), run_cli(args, capsys))))
+def _run(*args: str) -> SimpleNamespace:
+    return run_captured(*args)  # in-process: the exit status and output the console script gives
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +48,11 @@ def _reason_lines(p, who: str = "") -> str:
     return "".join(f"infeasible: {who + ': ' if who else ''}{r}\n" for r in p.reasons)
 
 
-def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan, cli):
+def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
     """step exits 1 like plan, with plan's reason; the step it prints is labelled as the one
     the mesh would take if it fit, and is the step model's own number."""
-    assert cli("plan", str(TP4)).returncode == 1
-    r = cli("step", str(TP4))
+    assert _run("plan", str(TP4)).returncode == 1
+    r = _run("step", str(TP4))
     assert r.returncode == 1
     would = step_time(tp4_plan, Overlap())
     sched = schedule_words(would.pipeline.spec.schedule, would.pipeline.spec.p)  # pp 1 here: "no pipeline"
@@ -66,19 +63,19 @@ def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan, cli):
     assert r.stderr == _reason_lines(tp4_plan)
 
 
-def test_step_of_a_feasible_mesh_exits_0(cli):
-    r = cli("step", str(SEED))
+def test_step_of_a_feasible_mesh_exits_0():
+    r = _run("step", str(SEED))
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("step ") and "would be" not in r.stdout and "infeasible" not in r.stderr
 
 
-def test_groups_and_place_print_then_give_the_verdict(tp4_plan, cli):
+def test_groups_and_place_print_then_give_the_verdict(tp4_plan):
     """groups and place still print what they show (rank 5's tp group is 4..7 under tp 4), then
     the verdict line, and exit 1 (they exited 0 before: issue 13)."""
-    g = cli("groups", str(TP4), "--rank", "5")
+    g = _run("groups", str(TP4), "--rank", "5")
     assert g.returncode == 1
     assert "4..7" in g.stdout and g.stderr == _reason_lines(tp4_plan)
-    pl = cli("place", str(TP4))
+    pl = _run("place", str(TP4))
     assert pl.returncode == 1
     assert "CUDA_VISIBLE_DEVICES" in pl.stdout and pl.stderr == _reason_lines(tp4_plan)
 
@@ -93,23 +90,23 @@ def _world_log(path: Path, world: int, per_node: int = 8) -> Path:
     return path
 
 
-def test_nccl_check_checks_then_gives_the_verdict(tp4_plan, tmp_path, cli):
+def test_nccl_check_checks_then_gives_the_verdict(tp4_plan, tmp_path):
     """nccl-check on a mesh that does not fit exited 1 and printed nothing (114 cases of
     issue 13): it now checks the log against the placement and ends with plan's reasons."""
     log = _world_log(tmp_path / "world64.log", 64)
-    r = cli("nccl-check", str(TP4), str(log))
+    r = _run("nccl-check", str(TP4), str(log))
     assert r.returncode == 1
     assert r.stdout == "0 difference(s) between the NCCL log and the placement\n"
     assert r.stderr == _reason_lines(tp4_plan)
-    seed = cli("nccl-check", str(SEED), str(log))
+    seed = _run("nccl-check", str(SEED), str(log))
     assert seed.returncode == 0 and seed.stdout == r.stdout and seed.stderr == ""
 
 
-def test_nccl_check_of_another_worlds_log_cannot_check(tmp_path, cli):
+def test_nccl_check_of_another_worlds_log_cannot_check(tmp_path):
     """A 16-rank run's log against a 64-rank config: its ranks are not the config's global
     ranks, so no check (exit 2, one line), where it reported 22 differences before."""
     log = Path(__file__).parent / "data" / "nccl" / "dgx-h100x2_world16_dp2_ok.log"
-    r = cli("nccl-check", str(SEED), str(log))
+    r = _run("nccl-check", str(SEED), str(log))
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("error: dgx-h100x2_world16_dp2_ok.log: cannot check: no communicator of all 64 ranks in the "
                         "log (the largest, commId 0x7d2f3c1b8e4a9a10, has 16), so its ranks are not global ranks; log "
@@ -117,7 +114,7 @@ def test_nccl_check_of_another_worlds_log_cannot_check(tmp_path, cli):
                         "e.g. dist.barrier(), creates it) with NCCL_DEBUG=INFO\n")
 
 
-def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path, cli):
+def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path):
     """Degrees that do not make the world: no placement to check. The library's plan keeps the
     rejection as a result (search ranks such meshes away); the CLI treats the config as malformed
     input since clinits (exit 2, one line naming mesh.shape and the fix: 3 x 8 = 24 of 64 GPUs,
@@ -126,13 +123,13 @@ def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path, cli):
     cfg.write_text(SEED.read_text().replace("shape = [8, 8]", "shape = [3, 8]"))
     p = build_plan(load_config(cfg))
     assert p.placement is None and p.reasons
-    r = cli("nccl-check", str(cfg), str(tmp_path / "no.log"))
+    r = _run("nccl-check", str(cfg), str(tmp_path / "no.log"))
     assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
     assert r.stderr.startswith("error: mesh.shape: ") and "= 24 ranks, but the cluster has 64 GPUs" in r.stderr
     assert "fix: shape [8, 8]" in r.stderr
 
 
-def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_path, cli):
+def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_path):
     """dp_shard 32 x tp 2 fits even less than tp 4 (more weight and activation memory per
     rank). Before: a ConfigError (exit 2, as if the input were malformed); now a result: no
     winner, both reasons, exit 1, no evidence folder."""
@@ -141,27 +138,27 @@ def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_pa
     tp2_plan = build_plan(load_config(tp2))
     assert not tp2_plan.feasible
     out = tmp_path / "out"
-    r = cli("compare", str(TP4), str(tp2), "--out", str(out))
+    r = _run("compare", str(TP4), str(tp2), "--out", str(out))
     assert r.returncode == 1
     assert "verdict: neither mesh fits" in r.stdout
     assert r.stderr == _reason_lines(tp4_plan, "seed-64gpu-tp4-mb2") + _reason_lines(tp2_plan, "seed-tp2")
     assert not out.exists()
 
 
-def test_compare_with_a_feasible_winner_exits_0_and_names_the_loser_reason(tp4_plan, tmp_path, cli):
-    r = cli("compare", str(SEED), str(TP4), "--out", str(tmp_path))
+def test_compare_with_a_feasible_winner_exits_0_and_names_the_loser_reason(tp4_plan, tmp_path):
+    r = _run("compare", str(SEED), str(TP4), "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in r.stdout
     assert tp4_plan.reasons[0] in " ".join(r.stdout.split())
 
 
-def test_search_with_nothing_that_fits_exits_1(tmp_path, cli):
+def test_search_with_nothing_that_fits_exits_1(tmp_path):
     """Llama-3-70B on one DGX H100 (8 GPUs): parameters, gradients and Adam state alone are
     70.6e9 x 16 B / 8 = 141 GB per GPU > 79.11 GiB (84.9 GB), whatever the mesh, so no candidate fits."""
     cfg = tmp_path / "one-node.toml"
     cfg.write_text('[model]\ncatalog = "llama3-70b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
                    '[training]\nglobal_batch = 64\nseq_len = 4096\n')
-    r = cli("search", str(cfg))
+    r = _run("search", str(cfg))
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr
 
 
