@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+from types import SimpleNamespace
+
 import pytest
 
 
@@ -19,6 +23,18 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     code = run_main(*argv)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def run_captured(*argv) -> SimpleNamespace:
+    """``meshplan ARGV...`` in-process (:func:`run_main`), its output captured, read as the console
+    script's ``subprocess.CompletedProcess`` would be: ``returncode``, ``stdout``, ``stderr``. For tests
+    that ran ``python -m meshplan.cli`` only to read these: each such run re-imported meshplan and
+    re-read the catalogs and kernel tables, 1.5-2.5 s of CPU (``main`` is the console script's whole
+    body, meshplan/cli/__main__.py)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run_main(*argv)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def plan_file(path):

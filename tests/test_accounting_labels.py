@@ -2,16 +2,15 @@
 count (the table), the ZeRO paper's textbook bytes and, under framework megatron only, Megatron-LM's
 estimate, each labelled."""
 
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.cli_run import run_captured
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _plan_out(path) -> str:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(path)],
-                          capture_output=True, text=True, timeout=120).stdout
+    return run_captured("plan", path).stdout  # in-process: what the console script prints
 
 
 def test_seed_plan_prints_zero_accounting_and_no_megatron_estimate():
@@ -66,8 +65,6 @@ def test_moe_with_ep_prints_why_the_megatron_estimate_is_not_shown():
     assert lines[1] == ("Megatron-LM report_theoretical_memory estimate: not shown: its formula ignores expert "
                         "parallelism and counts all 256 experts of every MoE layer on every rank, where ep 64 x etp 1 "
                         "leaves 4 per rank (the exact count above holds them)")
-    out = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan",
-                          str(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")],
-                         capture_output=True, text=True, timeout=300).stdout
+    out = _plan_out(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     flat = " ".join(out.split())
     assert "242.58 GiB" not in flat and "(approximation)" not in flat and lines[1] in flat

@@ -2,22 +2,20 @@
 one line and the exit code the README documents."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from meshplan import cli
 from meshplan.errors import ConfigError
+from tests.cli_run import run_captured
 from tests.configs import TP4_MB2
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def _run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+def _run(*args):
+    return run_captured(*args)  # in-process: the exit status and output the console script gives
 
 
 def test_unknown_schedule_is_one_line_exit_2():

@@ -3,20 +3,23 @@ users), shell completion on (typer's --install-completion / --show-completion)."
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+
+from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
 
 
-def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=cwd)
+def cli(*args: str, cwd: Path | None = None) -> SimpleNamespace:
+    """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`), run in ``cwd`` when given."""
+    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
+        return run_captured(*args)
 
 
 def mode(p: Path) -> str:

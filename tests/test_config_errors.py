@@ -9,6 +9,7 @@ import pytest
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.config import config_from_dict, load_config
+from tests.cli_run import run_captured
 
 BASE = {
     "model": {"catalog": "llama3-8b"},
@@ -215,14 +216,12 @@ def test_mistyped_axis_is_an_error_unless_custom(tmp_path):
     body = ('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
             '[training]\nglobal_batch = 8\nseq_len = 512\n[mesh]\nnames = ["dp_shard", "tq"]\nshape = [4, 2]\n')
     p.write_text(body)
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", str(p), "--rank", "0"], capture_output=True,
-                       text=True, timeout=60)
+    r = run_captured("groups", p, "--rank", "0")  # in-process; the console script's no-traceback line: above
     assert r.returncode == 2
     assert r.stderr.startswith("error: mesh.names: 'tq' is not a standard axis; did you mean 'tp'?")
     assert r.stderr.count("\n") == 1
     p.write_text(body + 'custom_axes = ["tq"]\n')
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", str(p), "--rank", "0"], capture_output=True,
-                       text=True, timeout=60)
+    r = run_captured("groups", p, "--rank", "0")
     assert (r.returncode, r.stderr) == (0, "")
 
 

@@ -10,8 +10,6 @@ requires flex, sets the backend to deepep), and ``moe_router_num_groups`` / ``mo
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any
 from meshplan.interop.megatron import write
+from tests.cli_run import run_captured
 
 DSV3 = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
 
@@ -79,8 +78,7 @@ def test_import_refuses_a_flex_backend_it_does_not_model(tmp_path, extra, flag):
 
 def test_deepep_under_framework_torch_is_a_one_line_error_naming_the_field(tmp_path):
     f = _deepep(tmp_path, framework="torch")
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(f)], capture_output=True, text=True,
-                       timeout=300)
+    r = run_captured("plan", f)  # in-process: the exit status and output the console script gives
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == ('error: training.moe_dispatcher: "deepep" is Megatron-LM\'s flex token dispatcher '
                                 "with the DeepEP backend; framework 'torch' has none: set framework = \"megatron\" "

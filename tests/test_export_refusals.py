@@ -6,13 +6,12 @@ Megatron-LM, and the refusal never suggests a target that refuses it too."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from meshplan.config import config_from_dict
 from meshplan.plan_runtime import export_refusals
+from tests.cli_run import run_captured
 
 
 def _tables(global_batch: int, sp: bool = True) -> dict:
@@ -31,11 +30,10 @@ def test_refusals_follow_each_target_framework():
     assert export_refusals(six, "deepspeed") == export_refusals(six, "meshplan") == ()
 
 
-def _export(*args: str) -> subprocess.CompletedProcess:
-    """``meshplan export ARGS`` as the user runs it (the CLI's one-line error and exit status)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", "export", *args], capture_output=True, text=True,
-                          timeout=120, env=env)
+def _export(*args: str) -> SimpleNamespace:
+    """``meshplan export ARGS`` as the user runs it (the CLI's one-line error and exit status), in-process
+    (:func:`tests.cli_run.run_captured`)."""
+    return run_captured("export", *args)
 
 
 def _write(tmp_path: Path, tables: dict) -> Path:

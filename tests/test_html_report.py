@@ -5,12 +5,12 @@ page is left in the test's tmp folder. The browser tests skip with a reason with
 
 from __future__ import annotations
 
-import os
+import contextlib
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +19,7 @@ from meshplan.plan import build_plan
 from meshplan.report.html_pages import plan_page
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
@@ -27,9 +28,10 @@ MINI_TP4 = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
 HOSTILE = "mesh<img src=x onerror=console.error(1)>.toml"
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=cwd)
+def cli(*args: str, cwd: Path) -> SimpleNamespace:
+    """``meshplan ARGS`` in-process in ``cwd`` (:func:`tests.cli_run.run_captured`: no interpreter start-up)."""
+    with contextlib.chdir(cwd):
+        return run_captured(*args)
 
 
 def test_plan_page_holds_the_plans_numbers():

@@ -9,10 +9,11 @@ x dp). Round trips compare the plans: mesh, memory peak and step time.
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import contextlib
+import os
 from dataclasses import replace
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -33,6 +34,7 @@ from meshplan.interop.torchtitan_tables import default_split
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -43,8 +45,11 @@ H100 = ImportOptions(cluster="dgx-h100", nodes=1)
 
 
 def _cli(*args: str, cwd=None):
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`: no interpreter start-up) under the
+    bare environment its subprocess had (PATH /usr/bin:/bin, OMP_NUM_THREADS 1), in ``cwd`` when given."""
+    with mock.patch.dict(os.environ, {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}, clear=True), \
+            contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
+        return run_captured(*args)
 
 
 def _outcome(cfg):

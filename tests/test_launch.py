@@ -5,6 +5,7 @@ quoting, and the torchrun command run in two netns testbed "hosts" where the ran
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from meshplan.catalog import system
 from meshplan.errors import ConfigError
 from meshplan.placement.assign import place
 from meshplan.placement.launch import LaunchOptions, launch_bindings, parse_endpoint, write_launch
+from tests.cli_run import run_captured
 from tests.testbed_gate import needs_testbed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -360,8 +362,10 @@ def test_parse_endpoint_port_digits_python_int_refuses_are_a_one_line_error(port
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", "launch", *args], capture_output=True, text=True,
-                          env=ENV, cwd=cwd, timeout=120)
+    """``meshplan launch ARGS`` in-process (:func:`tests.cli_run.run_captured`: no interpreter start-up; ENV
+    is this process's environment), in ``cwd`` when given."""
+    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
+        return run_captured("launch", *args)
 
 
 @pytest.mark.slow
@@ -520,8 +524,7 @@ def test_place_bindings_visible_all_orders_the_node_gpus(tmp_path):
     """``place --bindings --format sh --visible all``: every rank of the 2-GPU testbed node sees
     both GPUs in LOCAL_RANK order ("0,1"), the default as launch's, instead of its own alone
     (``--visible one``)."""
-    run = lambda *a: subprocess.run([sys.executable, "-m", "meshplan.cli", "place", str(CFG), *a],  # noqa: E731
-                                    capture_output=True, text=True, env=ENV, timeout=120)
+    run = lambda *a: run_captured("place", CFG, *a)  # noqa: E731  (in-process: no interpreter start-up)
     r = run("--bindings", str(tmp_path / "all.json"), "--visible", "all")
     assert r.returncode == 0, r.stderr
     rows = json.loads((tmp_path / "all.json").read_text())

@@ -15,8 +15,6 @@ workspace 500 B.
 """
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,6 +27,7 @@ from meshplan.config import config_from_dict
 from meshplan.units import GiB
 from meshplan.errors import ConfigError
 
+from tests.cli_run import run_cli
 from tests.conftest import EXAMPLES
 from tests.configs import TP4_MB2
 
@@ -376,20 +375,19 @@ def test_seed_example_peak_and_headroom(capsys):
     assert len(tl.passes) == 2 * 64 + 2 and tl.n_events > 80_000  # run-length, expanded on demand
 
 
-def test_cli_memory_writes_png_once(tmp_path):
-    cmd = [sys.executable, "-m", "meshplan.cli", "memory", str(EXAMPLES / "seed-64gpu.toml"), "--out", str(tmp_path)]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert "backward of layer 79 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
+def test_cli_memory_writes_png_once(tmp_path, capsys):
+    cmd = ["memory", EXAMPLES / "seed-64gpu.toml", "--out", tmp_path]  # in-process (tests/cli_run.py): no start-up
+    rc, out, err = run_cli(cmd, capsys)
+    assert rc == 0, err
+    assert "backward of layer 79 (micro-batch 1)" in out and "events around the peak" in out
     png = tmp_path / "seed-64gpu_memory_stage0.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    again = subprocess.run(cmd, capture_output=True, text=True)
-    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
-    assert "backward of layer 79 (micro-batch 1)" in again.stdout  # the timeline still printed (n26small #1)
-    assert subprocess.run(cmd + ["--force"], capture_output=True, text=True).returncode == 0
-    plan = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(EXAMPLES / "seed-64gpu.toml")],
-                          capture_output=True, text=True)
-    assert "Memory timeline per rank" in plan.stdout and "headroom" in plan.stdout
+    rc, out, err = run_cli(cmd, capsys)
+    assert rc == 2 and "exists" in err and "--force" in err
+    assert "backward of layer 79 (micro-batch 1)" in out  # the timeline still printed (n26small #1)
+    assert run_cli(cmd + ["--force"], capsys)[0] == 0
+    rc, out, err = run_cli(["plan", EXAMPLES / "seed-64gpu.toml"], capsys)
+    assert "Memory timeline per rank" in out and "headroom" in out
 
 
 @pytest.mark.parametrize("mesh, lf, logits", [

@@ -17,12 +17,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 import meshplan.fileio as fileio
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, staged_folder, write_output
+from tests.cli_run import run_captured
 from tests.conftest import EXAMPLES
 from tests.configs import TP4_MB2
 
@@ -32,12 +34,11 @@ SEED = EXAMPLES / "seed-64gpu.toml"
 TP4 = TP4_MB2
 
 
-def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _cli(*args: str) -> SimpleNamespace:
+    return run_captured(*args)  # in-process: the exit status and output the console script gives
 
 
-def _one_error_line(r: subprocess.CompletedProcess, field: str) -> str:
+def _one_error_line(r: SimpleNamespace, field: str) -> str:
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {field}: "), r.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +29,7 @@ from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
 from meshplan.placement.topology import load_topology
 from meshplan.placement.topology_node import node_from_topology
+from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "data" / "topo"
@@ -367,15 +367,15 @@ def test_write_bindings_never_overwrites(tmp_path):
 # --------------------------------------------------------------------------- CLI
 
 
-def test_cli_place_choose_and_bindings(tmp_path):
+def test_cli_place_choose_and_bindings(tmp_path, monkeypatch):
     cfg = tmp_path / "bad.toml"
     text = (ROOT / "examples" / "seed-64gpu.toml").read_text().replace(
         'names = ["dp_shard", "tp"]', 'names = ["tp", "dp_shard"]')
     cfg.write_text(text)
     out = tmp_path / "bind.sh"
-    cmd = [sys.executable, "-m", "meshplan.cli", "place", str(cfg), "--choose", "--bindings", str(out),
-           "--format", "sh", "--rank", "1"]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    cmd = ["place", cfg, "--choose", "--bindings", out, "--format", "sh", "--rank", "1"]
+    monkeypatch.chdir(ROOT)
+    r = run_captured(*cmd)  # in-process: the exit status and output the console script gives
     assert r.returncode == 0, r.stderr
     assert "chosen rank_to_gpu: [0, 8, 16, 24, 32, 40, 48, 56, 1, 9," in r.stdout
     assert "weak-path bytes per step: config" in r.stdout and "tp 8 fits the 8-GPU NVLink domain" in r.stdout
@@ -383,9 +383,9 @@ def test_cli_place_choose_and_bindings(tmp_path):
            '"0,1,2,3,4,5,6,7" CUDA_DEVICE_ORDER="PCI_BUS_ID" NCCL_IB_HCA="=nic0:1,nic1:1" numactl --physcpubind=0-13 --membind=0 PROGRAM (or, cores ' \
            'only: taskset -c 0-13 PROGRAM)\n' in r.stdout and "| taskset" not in r.stdout
     assert out.read_text().startswith("#!/bin/sh\n# meshplan bindings: 64 ranks on 8 node(s) x 8 GPUs")
-    again = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    again = run_captured(*cmd)
     assert again.returncode == 2 and "exists; choose another path or pass --force" in again.stderr
-    plain = subprocess.run(cmd[:5], capture_output=True, text=True, cwd=ROOT)
+    plain = run_captured(*cmd[:2])
     assert plain.returncode == 0 and "tp 8 fits the 8-GPU node but the axis order puts it across" in plain.stdout
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -28,6 +26,7 @@ from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, candid
     zero1_refused
 from meshplan.config import config_from_dict
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_captured
 
 SMALL = {"name": "small", "layers": 8, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
          "head_dim": 128, "vocab": 32000}
@@ -308,14 +307,14 @@ def test_cli_search_writes_json_and_refuses_to_overwrite(tmp_path):
                     '[training]\nglobal_batch = 16\nseq_len = 1024\n[search]\nmicro_batch = [1]\n'
                     'recompute = ["selective"]\n[mesh]\nnames = ["tp"]\nshape = [8]\n')
     out = tmp_path / "s.json"
-    cmd = [sys.executable, "-m", "meshplan.cli", "search", str(toml), "--top", "3", "--json", str(out)]
-    run = subprocess.run(cmd, capture_output=True, text=True)
+    cmd = ["search", toml, "--top", "3", "--json", out]
+    run = run_captured(*cmd)  # in-process: no interpreter start-up
     assert run.returncode == 0, run.stderr
     assert "candidates per outcome" in run.stdout and "best rejected" in run.stdout
     doc = json.loads(out.read_text())
     assert doc["schema"] == "meshplan.search.driver/v1" and len(doc["top"]) == 3
     assert sum(doc["counts"].values()) == doc["candidates"]
-    again = subprocess.run(cmd, capture_output=True, text=True)
+    again = run_captured(*cmd)
     assert again.returncode == 2 and "error: --json" in again.stderr
 
 

@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from meshplan.placement.topology import parse_nccl_topo_xml
 from meshplan.placement.topology_node import node_from_topology
 from meshplan.spec.cluster import NICSpec
 from meshplan.spec.names import check_name
+from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,8 +155,10 @@ def test_printable_escapes_terminal_controls():
 
 
 def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`: every character the console
+    script would write to its stdout and stderr), run in ``cwd`` when given."""
+    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
+        return run_captured(*args)
 
 
 def test_cli_error_line_from_hostile_catalog_name(tmp_path):

@@ -2,8 +2,6 @@
 mesh (dp_shard 8, tp 8) against the tensor-4 alternative (dp_shard 16, tp 4)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -11,6 +9,7 @@ from meshplan.plan import SCHEMA, build_plan
 from meshplan.report.json_out import plan_to_dict, write_json
 from meshplan.config import load_config
 from meshplan.memory.headroom import headroom_words
+from tests.cli_run import run_cli
 
 
 @pytest.fixture(scope="module")
@@ -96,24 +95,21 @@ def test_json_has_every_group_and_schema(plan8, tmp_path):
         write_json(plan8, out)
 
 
-def test_cli_plan_and_groups(tmp_path):
+def test_cli_plan_and_groups(tmp_path, capsys):
     from tests.conftest import EXAMPLES
-    cfg = str(EXAMPLES / "seed-64gpu.toml")
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", cfg, "--rank", "29"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert "dp_shard=3, tp=5" in r.stdout
-    assert "[(3,0)..(3,7)]" in r.stdout and "[(0,5)..(7,5)]" in r.stdout
-    assert "24..31" in r.stdout and "5,13,21,29,37,45,53,61" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", cfg, "--json", str(tmp_path / "p.json")],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert "feasible" in r.stdout and "busbw (GB/s)" in r.stdout
+    cfg = EXAMPLES / "seed-64gpu.toml"  # in-process (tests/cli_run.py): no interpreter start-up
+    rc, out, err = run_cli(["groups", cfg, "--rank", "29"], capsys)
+    assert rc == 0, err
+    assert "dp_shard=3, tp=5" in out
+    assert "[(3,0)..(3,7)]" in out and "[(0,5)..(7,5)]" in out
+    assert "24..31" in out and "5,13,21,29,37,45,53,61" in out
+    rc, out, err = run_cli(["plan", cfg, "--json", tmp_path / "p.json"], capsys)
+    assert rc == 0, err
+    assert "feasible" in out and "busbw (GB/s)" in out
     assert (tmp_path / "p.json").exists()
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", cfg, "--rank", "64"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert r.stderr.strip() == "error: --rank: 64 outside 0..63"
+    rc, out, err = run_cli(["groups", cfg, "--rank", "64"], capsys)
+    assert rc == 2
+    assert err.strip() == "error: --rank: 64 outside 0..63"
 
 
 def test_step_verdict_names_fsdp_regather(plan8):
@@ -161,12 +157,11 @@ def test_step_verdict_names_fsdp_regather(plan8):
     assert 'training.grad_accumulation = "no_sync": does not fit (peak 71.8 GiB > 71.2 GiB usable)' in lines[1]
 
 
-def test_step_cli_prints_verdict():
+def test_step_cli_prints_verdict(capsys):
     from tests.conftest import EXAMPLES
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "step", str(EXAMPLES / "seed-64gpu.toml")],
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    out = r.stdout.splitlines()
+    rc, out, err = run_cli(["step", EXAMPLES / "seed-64gpu.toml"], capsys)  # in-process: no start-up
+    assert rc == 0, err
+    out = out.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
     t = next(k for k, line in enumerate(out) if line.startswith("tokens/s"))
     # the summary, torchtitan's MFU formula (framework torch: ttmfu), its notes, the kernel data's line, the verdict

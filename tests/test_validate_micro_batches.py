@@ -18,6 +18,7 @@ import pytest
 from meshplan.config import load_config
 from meshplan.runtime.validation.options import Options
 from meshplan.runtime.validation.scaling import scale_config
+from tests.cli_run import run_captured
 
 DATA = Path(__file__).parent / "data"
 PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"  # pp 2 x dp_shard 4, 1F1B, global batch 64
@@ -78,7 +79,7 @@ def _validate(*args, timeout=200):
 
 def test_micro_batches_the_schedule_refuses_are_one_line_exit_2(tmp_path):
     pytest.importorskip("torch")
-    r = _validate("--worlds", "4", "--micro-batches", "1", "--out", tmp_path / "ev", timeout=60)
+    r = run_captured("validate", PP_FSDP, "--worlds", "4", "--micro-batches", "1", "--out", tmp_path / "ev")  # refused: no run
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == ("error: --micro-batches: 1 at world 4: 1F1B needs micro-batches (1) >= pp (2) (torch "
                         "Schedule1F1B); give --micro-batches 2 (the fewest it runs), or leave it out\n")

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -23,6 +24,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.mesh_words import schedule_words
+from tests.cli_run import run_captured
 from tests.conftest import EXAMPLES
 from tests.configs import TP4_MB2
 
@@ -30,9 +32,8 @@ TP4 = TP4_MB2
 SEED = EXAMPLES / "seed-64gpu.toml"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
-                          timeout=300)
+def _run(*args: str) -> SimpleNamespace:
+    return run_captured(*args)  # in-process: the exit status and output the console script gives
 
 
 @pytest.fixture(scope="module")
