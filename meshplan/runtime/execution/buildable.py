@@ -40,6 +40,10 @@ def unsupported_reasons(mesh: Mesh, training: TrainingSpec, pipeline: bool = Fal
     out = []
     if moe and mesh.degree("cp") > 1:
         out.append("cp > 1 with MoE layers: context parallelism is built for dense models only")
+    if mesh.degree("cp") > 1 and training.cp_ring:
+        out.append("cp > 1 with training.cp_attention 'ring' (torch's context_parallel ring attention, the default "
+                   "under framework torch): the runtime builds Llama 3's all-gather CP only; set cp_attention = "
+                   "\"allgather\"")
     if training.linear_dtype is not None:
         out.append("linear_dtype fp8: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
                    "model (and float8 GEMMs need an sm89+ GPU)")
