@@ -125,6 +125,7 @@ from meshplan.interop.torchtitan_tables import (
     default_split,
     read_norm,
     read_compile,
+    read_cp_attention,
     read_optimizer,
     read_recompute,
 )
@@ -272,24 +273,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training |= {"grad_clip_norm": float(norm)} if "max_norm" in tr else {}
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes) | _cp_attention(
+    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes) | read_cp_attention(
         par, deg["cp"])
-
-
-def _cp_attention(par: dict, cp: int) -> dict[str, str]:
-    """``cp_attention`` of a job with context parallelism: torchtitan runs torch's
-    ``context_parallel`` ring attention (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`),
-    whose K/V rotation ``parallelism.context_parallel_rotate_method`` chooses (default
-    "allgather"; the key stays listed as not read: it changes nothing modelled). Only the
-    all-gather rotation is modelled: "alltoall" (K and V passed round the ring each step) is an
-    error, not planned as something else."""
-    if cp <= 1:
-        return {}
-    rotate = par.get("context_parallel_rotate_method", "allgather")
-    if rotate != "allgather":
-        raise ConfigError("parallelism.context_parallel_rotate_method", f"{rotate!r}: meshplan models torch's ring "
-                          f"attention with its all-gather rotation only (torchtitan's default); set \"allgather\"")
-    return {"cp_attention": "ring"}
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:

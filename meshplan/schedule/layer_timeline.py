@@ -1,8 +1,8 @@
 """One transformer layer on the rank timeline: its forward (:func:`forward_layer`) and backward
 (:func:`backward_layer`) block by block, with the TP collectives around each block (and async
 TP's fused GEMMs, :func:`fused_gemms`), CP's K/V gathers and dK/dV reduce-scatter or torch's
-ring shifts (:func:`cp_parts`, :func:`ring_cp`), EP's all-to-alls, float8 amax all-reduces and the registered axes' slots,
-as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
+ring shifts (:func:`cp_parts`, :mod:`meshplan.schedule.ring_timeline`), EP's all-to-alls, float8
+amax all-reduces and the registered axes' slots, as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
-from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
+from meshplan.schedule.ring_timeline import RING_OPS, ring_backward, ring_cp, ring_forward
 from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
@@ -34,25 +34,12 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
     return ("all-gather", "reduce-scatter") if w.sp else ("", "all-reduce")
 
 
-#: Name suffixes of the compute events of torch's ring attention (:func:`ring_cp`) that a cp
-#: collective runs beside: a forward SDPA call, a backward one (each ``1/cp`` of the calls' seconds).
-RING_CALL, RING_CALL_B = " ring call", " ring call B"
-#: Name of the last dK/dV shift of a layer's ring backward, which nothing overlaps.
-LAST_SHIFT = "cp dK/dV last shift"
-
-
-def ring_cp(s: StreamSim) -> bool:
-    """Whether the stage's table has torch's ring attention rows (the dK/dV shifts,
-    :func:`meshplan.spec.axes.cp.ring_rows`): the timeline issues what the table counts."""
-    return s.c.get("cp", "backward", "send/recv") > 0
-
-
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
            cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0)) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj, SDPA calls
     and ring kernels) seconds under CP (module docstring; torch's ring attention,
-    :func:`ring_cp`: the K/V all-gather issued after all three projections, the core past the
-    first of its ``cp`` SDPA calls waiting for it); ``fused``: the block's async-TP GEMMs
+    :func:`~meshplan.schedule.ring_timeline.ring_cp`: the K/V all-gather issued after all three
+    projections, the core past the first of its ``cp`` SDPA calls waiting for it); ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
     ``tp_ops``: (opening collective issued, closing ones, routed outputs' all-gathers) of the
     block (:func:`_mlp_tp`): a dense block's one and one; no closing one in op-level AC's
@@ -79,9 +66,7 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
         kv, q, core, out, sdpa = cp
         s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
         s.compute(name + " Q proj", q)
-        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
-        s.compute(name + RING_CALL, sdpa / s.w.cp)
-        s.compute(name + " core", core - sdpa / s.w.cp, [ring])
+        ring_forward(s, name, cp_phase, core, sdpa)
         s.compute(name + " out proj", out, [], tp_ov)
     else:
         kv, q, core, out, _ = cp
@@ -191,7 +176,7 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     elif ring_cp(s):
         core, q, kv, sdpa = cp
         s.compute(name + " core B", core - sdpa + t_w_row, [pre])
-        _ring_backward(s, name, sdpa)
+        ring_backward(s, name, sdpa)
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv)
     else:
@@ -216,27 +201,6 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     s.compute(name + " grad wait", 0.0, [post, *gathered])
 
 
-def _ring_backward(s: StreamSim, name: str, sdpa: float) -> None:
-    """torch's ring attention backward (:func:`meshplan.spec.axes.cp.ring_rows`): its own K/V
-    all-gather issued before the first of ``cp`` SDPA backward calls (``sdpa``: their seconds and
-    the ring's accumulation kernels, ``1/cp`` each) and waited for before the second; after each
-    call the fp32 dK/dV shift to the next rank, waited for after the next call; the last one
-    after the loop, exposed."""
-    cp, step = s.w.cp, sdpa / s.w.cp
-    ring = s.comm("cp", "backward", "all-gather", "cp K/V all-gather", after=[s.last])
-    s.compute(name + RING_CALL_B, step)
-    shift = s.comm("cp", "backward", "send/recv", "cp dK/dV shift" if cp > 1 else LAST_SHIFT, after=[s.last])
-    for k in range(1, cp):
-        s.compute(name + RING_CALL_B, step, [ring])
-        s.compute("dK/dV wait", 0.0, [shift])
-        shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else "cp dK/dV shift", after=[s.last])
-    s.compute("dK/dV wait", 0.0, [shift])
-
-
-#: The ops of torch's ring attention that run as its ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
-#: the SDPA calls and the ring's merge and gradient accumulation kernels.
-_RING_OPS = ("attention", MERGE, GRAD_ACCUMULATION)
-
 _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
 
 
@@ -244,7 +208,8 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
     torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
     (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), and ``sdpa``, the
-    part of ``core`` torch's ring attention runs as its steps (:data:`_RING_OPS`). Op names from :mod:`meshplan.compute.ops`."""
+    part of ``core`` torch's ring attention runs as its steps
+    (:data:`~meshplan.schedule.ring_timeline.RING_OPS`). Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
     out = dict.fromkeys(("kv", "q", "core", "out", "sdpa"), 0.0)
     for o in c.ops:
@@ -255,7 +220,7 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
         if fwd and base in ("rope", "repeat_kv", "wo"):
             part = "out" if base == "wo" else "kv"
         out[part] += o.seconds
-        ring = o.name.removesuffix(" (recompute)") in _RING_OPS and bool(o.recompute) == bool(recompute)
+        ring = o.name.removesuffix(" (recompute)") in RING_OPS and bool(o.recompute) == bool(recompute)
         out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
     return out
 

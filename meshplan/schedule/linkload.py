@@ -39,7 +39,7 @@ import numpy as np
 from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
 from meshplan.compute.batch_input import BATCH_BROADCASTS
-from meshplan.schedule.layer_timeline import LAST_SHIFT, RING_CALL, RING_CALL_B
+from meshplan.schedule.ring_timeline import LAST_SHIFT, RING_CALL, RING_CALL_B
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan

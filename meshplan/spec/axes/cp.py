@@ -31,6 +31,13 @@ def _seq(m, t, d):
                 f"(load-balanced causal split)",)
 
 
+def kv_elements(model, micro_batch, seq_len, heads):
+    """Elements of the whole sequence's K and V at ``heads`` local heads, ``b x s x heads x
+    (d_head + d_v)`` (scalars or numpy arrays alike): the one size of every cp row
+    (:func:`cp_rows`) and of the search's bound (:mod:`meshplan.search.comm_bounds`)."""
+    return micro_batch * seq_len * heads * (model.d_head + model.d_v)
+
+
 def cp_rows(add, c) -> None:
     """The cp rows of one stage's collective table (:data:`~meshplan.spec.axes.base.RowBuilder`),
     torch's ring attention (:func:`ring_rows`) where ``training.cp_ring``
@@ -58,7 +65,7 @@ def cp_rows(add, c) -> None:
         return
     t = c.training
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
-    kv_full = t.micro_batch * t.seq_len * kv_l * (c.model.d_head + c.model.d_v) * dtype_bytes(t.compute_dtype)
+    kv_full = kv_elements(c.model, t.micro_batch, t.seq_len, kv_l) * dtype_bytes(t.compute_dtype)
     nl, replayed = len(c.layers), _replayed(c)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
     if replayed:  # the checkpoint's replay of the forward gathers K and V again
@@ -102,7 +109,7 @@ def ring_rows(add, c) -> None:
       return: exposed."""
     t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
     q_l, _, _ = local_heads(c.model, c.mesh.degree("tp"))
-    elems = t.micro_batch * t.seq_len * q_l * (c.model.d_head + c.model.d_v)
+    elems = kv_elements(c.model, t.micro_batch, t.seq_len, q_l)
     kv, replayed = elems * dtype_bytes(t.compute_dtype), _replayed(c)
     add("cp", "forward", "all-gather", kv, t.compute_dtype, nl, "every layer, torch ring attention (K and V)",
         "the second SDPA call (beside the first)")
