@@ -38,11 +38,12 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     heads = np.array([local_heads(m, x)[:2] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1]) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
-    # torch's ring attention (training.cp_ring; spec.axes.cp.ring_rows): its gathers may run beside
-    # the first SDPA call, which the bound does not split out (0 here); of its fp32 dK/dV shifts of
-    # the local tokens the last is exposed, counted as cp_rs (never above the exact step)
-    shift = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) // c.cp * dtype_bytes("fp32")
+    # torch's ring attention (training.cp_ring; spec.axes.cp.ring_rows): K and V gathered at the
+    # q heads, and "cp_x", one fp32 dK/dV shift of the local tokens (0 under all-gather CP)
     ring = t.cp_ring
+    if ring:
+        kv = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) * cd
+    shift = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) // c.cp * dtype_bytes("fp32")
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)
@@ -50,9 +51,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
            "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
-           "cp_ag": np.zeros(len(c)) if ring else coll_times(tt, "all-gather", c.cp, kv, c.tp),
-           "cp_rs": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else
-           coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
+           "cp_rs": np.zeros(len(c)) if ring else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
+           "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)
