@@ -216,13 +216,13 @@ def read_compile(c: dict, notes: list[str]) -> dict[str, bool]:
 
 
 def read_cp_attention(par: dict, cp: int) -> dict[str, str]:
-    """``cp_attention`` "ring" at cp > 1 (torchtitan runs torch's ring attention); its
-    ``context_parallel_rotate_method`` "alltoall" is an error (only "allgather", the default, is
-    modelled; the key is listed as not read: it changes nothing planned)."""
-    if cp <= 1:
-        return {}
+    """Nothing to set at cp > 1: torchtitan runs torch's ring attention, what ``cp_attention`` unset
+    plans under framework torch (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`; written
+    out, the key would be refused once the user switches the framework to megatron). Its
+    ``context_parallel_rotate_method`` "alltoall" is an error: only "allgather", the default, is
+    modelled (the key is listed as not read: it changes nothing planned)."""
     rotate = par.get("context_parallel_rotate_method", "allgather")
-    if rotate != "allgather":
+    if cp > 1 and rotate != "allgather":
         raise ConfigError("parallelism.context_parallel_rotate_method", f"{rotate!r}: meshplan models torch's ring "
                           f"attention with its all-gather rotation only (torchtitan's default); set \"allgather\"")
-    return {"cp_attention": "ring"}
+    return {}
