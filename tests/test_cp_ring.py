@@ -190,4 +190,3 @@ def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
                                           r"torch's ring attention with its all-gather rotation only"):
         load_any(path, opts=H100)
     assert load_any(TT, opts=H100).training.cp_attention is None  # cp 1: nothing to say
-
