@@ -147,17 +147,20 @@ source has it. Then the block one cp rank's, the slowest of all by SDPA plus rin
 bytes): on T2 every rank's calls rate the same (rows held from 16k) and compiled the bytes tie,
 so rank 0's, (cp - 1) n_kv B under rank cp - 1's count before, which took its half dK/dV adds at
 the whole's 10 B (9 B): T2 cp2 +4.4% -> +4.5%,
-cp4 +39.9% -> +40.0%, cp8 +45.6% -> +45.8%. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
-(``_context_parallel/_attention.py``) issues the same calls as the Dec 2024 one; (ii) the ring's
-collectives are not the collective table's (meshplan's runtime runs Llama 3's all-gather CP):
-it gathers K and V after ``repeat_kv`` (32 heads, 4 x the 8B's bytes) beside the first local
-SDPA call, and rotates fp32 dK, dV by all-to-all every step (1.07 GB a step at L 32,768);
-both fit under that step's attention by an estimate (about 10 ms against 27 ms a layer
-forward, 3 ms against 67 ms a step backward, at cp8); (iii) the published steps are not linear
+cp4 +39.9% -> +40.0%, cp8 +45.6% -> +45.8%. Then the ring's collectives the table's
+(``training.cp_attention = "ring"``, :func:`meshplan.spec.axes.cp.ring_rows`, read in torch 2.13's
+``_context_parallel/_attention.py``): per layer K and V after ``repeat_kv`` (32 heads, 4 x the
+8B's bytes) all-gathered beside the first SDPA call, again in backward, and the fp32 dK, dV
+shifted cp times, each beside the next SDPA backward call but the last, exposed (1.07 GB at L
+32,768, 2.93 ms over NVLink; 32 layers: 93.9 ms a step on every T2 row, 0.2-0.8% of its step;
+the gathers and the other shifts fit beside their SDPA steps, their NCCL SMs slowing them): T2
+cp2 +4.5% -> +3.4%, cp4 +40.0% -> +38.7%, cp8 +45.8% -> +44.9%. The issue's +45.8% is not the
+ring's traffic. Checked and not modelled: (i) nothing else of the calls: torch 2.13's ring
+issues the same calls as the Dec 2024 one; (ii) the published steps are not linear
 in cp: per GPU the attention work doubles from row to row (32,768 local tokens against a
 sequence twice as long) while the published step goes 8.42 -> 12.90 -> 30.60 -> 59.80 s
 (x1.53, x2.37, x1.95): cp2 -> cp4 more than doubles, which no per-token cost explains; nothing
-here names the cause. (iv) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
+here names the cause. (iii) The 500 W cap on attention and float8 GEMMs: now modelled ("On the
 part" above).
 
 **Left (not modelled; no fitted constant).** (1) The GPU: its attention at 500 W is not

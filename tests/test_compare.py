@@ -395,7 +395,13 @@ def test_reasons_ordered_by_seconds_of_effect():
     than 0.1% of the longer step (exposed fsdp: 171.0 ms vs 178.1 ms of 132.0 s) is left out.
     Since torch's CP ring merges are counted (meshplan.compute.ring_attention: eager, cp steps of
     fp32 merges and gradient sums per layer), cp 16's compute is 8.4 s longer, the largest part,
-    and cp 8 wins by 2.8% (cp 16 won by 4.2% before, on exposed tp: 114.587 s against 119.669 s)."""
+    and cp 8 wins by 2.8% (cp 16 won by 4.2% before, on exposed tp: 114.587 s against 119.669 s).
+    Since torch's ring traffic is the table's (issue 11, cp_attention "ring": spec.axes.cp.ring_rows;
+    cp crosses nodes at both) each layer gathers K/V at the q heads three times (forward, the
+    backward's own, full recompute's replay: 537 MB over 8 ranks, 10.0 ms, at cp 8; 1.07 GB over 16,
+    10.7 ms, at cp 16), beside one SDPA step each, and shifts the fp32 dK/dV cp times (134 MB each,
+    2.86 ms at cp 8 and 1.43 ms at cp 16): exposed cp 31.7 s against 37.3 s, a larger difference
+    (5.6 s) than exposed tp's (5.2 s), so it comes second; cp 8 wins by 5.7%."""
     from meshplan.compare.reasons import PART_FLOOR
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
@@ -409,7 +415,7 @@ def test_reasons_ordered_by_seconds_of_effect():
     assert c.winner == "cp8" and c.reasons[0].startswith(f"cp8 predicts a {1 - c.a.step_s / c.b.step_s:.1%} shorter")
     # the parts that differ by 0.1% of the longer step or more, largest difference first
     big = sorted((k for k in pa if abs(pb[k] - pa[k]) >= PART_FLOOR * c.b.step_s), key=lambda k: -abs(pb[k] - pa[k]))
-    assert big == ["compute", "exposed tp", "exposed cp"]
+    assert big == ["compute", "exposed cp", "exposed tp"]
     assert [r.split(":")[0] for r in (c.reasons[1], c.reasons[9], c.reasons[10])] == big
     assert c.reasons[8].startswith("of compute by kernel kind (each side's critical stage, per step): ")  # trial 24 #3
     # under compute, by seconds: the kernel kinds that differ most (meshplan.schedule.kernel_kinds), the ring's
@@ -422,7 +428,7 @@ def test_reasons_ordered_by_seconds_of_effect():
     assert c.reasons[2] == (f"of compute, cp ring merge: cp8 {merge(8, 8) * 1e3:.1f} ms, cp16 "
                             f"{merge(4, 16) * 1e3:.1f} ms ({(merge(4, 16) - merge(8, 8)) * 1e3:+.1f} ms)")
     assert c.reasons[3].startswith("of compute, cp ring gradient accumulation: cp8 3644.2 ms, cp16 7114.9 ms")
-    assert c.reasons[9] == (f"exposed tp: cp8 {pa['exposed tp'] * 1e3:.1f} ms, cp16 {pb['exposed tp'] * 1e3:.1f} ms "
+    assert c.reasons[10] == (f"exposed tp: cp8 {pa['exposed tp'] * 1e3:.1f} ms, cp16 {pb['exposed tp'] * 1e3:.1f} ms "
                             f"({(pb['exposed tp'] - pa['exposed tp']) * 1e3:+.1f} ms)")
     # every GEMM of the layer whose efficiency differs by a point or more (issue 11 nits 2: wk and
     # wv were never listed), under the compute part, by the seconds of their effect: the forward's
@@ -471,7 +477,9 @@ def test_framework_kernel_choices_itemise_compute():
     backward 8 x 322 (16,384 queries): 74.53 s of attention, compute -39.7 s; under FA3 rank 7 again
     (7 x 2.5 x pair x (1/559 - 1/561) = 43 us of slower SDPA on rank 0), its forward at 646 (8,192 keys)
     against the causal 616 and its backward at 561 (no gain): the ring's line -0.743 s; torch's eager
-    elementwise ops -6.4 s, its ring compiled -2.3 s."""
+    elementwise ops -6.4 s, its ring compiled -2.3 s. Since torch's ring traffic is the table's (issue 11,
+    cp_attention "ring"; Megatron-LM keeps all-gather CP's rows) torch's side exposes 31.7 s of cp
+    (3.3 s before: test_reasons_ordered_by_seconds_of_effect derives it), its compute unchanged: 153.9 s."""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -483,7 +491,8 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (125.5, 85.0)
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (153.9, 85.0)
+    assert round(pa["exposed cp"], 1) == 31.7  # 3.3 s under all-gather CP's rows
     assert round(pb["compute"] - pa["compute"], 1) == -39.7
     pair = 8 * 16384 ** 2 * 256   # one ring call's FLOP (docstring)
     rank0 = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
@@ -594,7 +603,13 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     0's bytes, its half-Q steps 9 B (a merge, a dQ half) and its dK/dV steps 10 B, where rank
     cp - 1's were counted with 10 B half dK/dV adds: cp 4 forward n_q (12 + 3 x 9) + 2 n_q x 4 = 47,
     backward n_q 39 + 2 n_q (16 + 3 x 10) = 131, 178 n_q; cp 2 29 and 73, 102 n_q: top1 -6 n_q x 10 x
-    512, -0.087 s, 61.952 s; row4 -2 n_q x 20 x 256, -0.029 s, 60.735 s; row4 2.0% shorter."""
+    512, -0.087 s, 61.952 s; row4 -2 n_q x 20 x 256, -0.029 s, 60.735 s; row4 2.0% shorter.
+
+    Since torch's ring traffic is the table's (issue 11, cp_attention "ring": spec.axes.cp.ring_rows),
+    each layer's last fp32 dK/dV shift is exposed: row4 (cp 2 on NVLink, 67,108,864 B, 202.1 us) adds
+    256 x 20 x 202.1 us = 1.035 s exposed cp and 0.012 s bubble, 61.782 s; top1 (cp 4: 3 of its 4 shifts
+    also outlast the SDPA step they run beside) 1.844 s and 0.025 s, 63.821 s; row4 3.2% shorter
+    (tests/test_search_explain.py test_no_row_is_faster_than_the_line_says_llama3_70b, the same meshes)."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -608,9 +623,11 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
-        "row4", "top1", "shorter step by more than 1% (60.735 s vs 61.952 s, 2.0% shorter)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (61.952, 60.735)
-    assert doc["reasons"][0] == "row4 predicts a 2.0% shorter step (60.735 s vs 61.952 s)"
+        "row4", "top1", "shorter step by more than 1% (61.782 s vs 63.821 s, 3.2% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.821, 61.782)
+    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.782 s vs 63.821 s)"
+    assert 8192 // 2 * 16 * 256 * 4 == 67_108_864  # row4's shift: 8,192 / cp 2 tokens x 16 heads x (128 + 128) x 4 B
+    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782
     assert [round(62.040 - 6 * 8_388_608 * 10 * 512 / 2.97e12, 3), round(60.764 - 2 * 8_388_608 * 20 * 256 / 2.97e12, 3)
             ] == [61.953, 60.735]   # 61.952 unrounded: 62.0395
     # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step
@@ -743,12 +760,17 @@ def test_compute_line_names_the_kernel_kinds_that_differ():
     compiled, every rank's ring bytes tie and rank 0's SDPA is the slower, so rank 0's bytes, its
     half-Q merge and dQ steps 9 B where rank 1 was counted with a 10 B half dK/dV add: forward n_q
     (12 + 9) + 2 n_q x 4 = 29 n_q (30 before), backward n_q 21 + 2 n_q (16 + 10) = 73 n_q (74):
-    13.56 x 29 / 30 = 13.1 ms and 33.44 x 73 / 74 = 33.0 ms."""
+    13.56 x 29 / 30 = 13.1 ms and 33.44 x 73 / 74 = 33.0 ms. Since torch's ring traffic is the table's
+    (issue 11, cp_attention "ring") +109.3 ms: cp2's compute is slowed while NCCL holds 24 of the 132
+    SMs (schedule.comm_times.nccl_sm_share) over the overlapped ring collectives, per layer 2 K/V
+    gathers of 195.7 us and the first dK/dV shift of 384.3 us instead of 2 x 36.3 us:
+    80 x (775.7 - 72.6) us x 24 / 132 = 10.2 ms."""
     from test_search_explain import _trial_pair
     (p1, _), (p2, _) = _trial_pair()
     c = compare(p1, p2, names=("tp4", "cp2"))
     i = next(k for k, r in enumerate(c.reasons) if r.startswith("compute: "))
-    assert c.reasons[i].endswith("(+99.1 ms)")
+    assert c.reasons[i].endswith("(+109.3 ms)")
+    assert round(99.1 + 80 * (2 * 195.7 + 384.3 - 2 * 36.3) * 24 / 132 / 1e3, 1) == 109.3
     assert (round(13.56 * 29 / 30, 1), round(33.44 * 73 / 74, 1)) == (13.1, 33.0)
     assert c.reasons[i + 1:i + 4] == ("of compute, SP layout copy: tp4 0.0 ms, cp2 43.4 ms (+43.4 ms)",
                                       "of compute, cp ring gradient accumulation: tp4 0.0 ms, cp2 33.0 ms (+33.0 ms)",

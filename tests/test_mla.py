@@ -270,10 +270,11 @@ def test_megatron_export_round_trips_mla(tmp_path):
 
 def test_validate_runs_mla_with_tp_and_cp():
     """The runtime builds MLA (meshplan.runtime.execution.mla; tests/test_mla_tp.py), with tp
-    and with cp; what it still refuses is refused for the mesh, not for MLA."""
+    and with cp (all-gather CP, the runtime's: cp_attention = "allgather"); what it still refuses is
+    refused for the mesh, not for MLA."""
     from meshplan.runtime.validation.validate import not_runnable
     for mesh in ({"names": ["dp_shard"], "shape": [8]}, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 2, 2]}):
-        cfg = config_from_dict({**BASE, "mesh": mesh})
+        cfg = config_from_dict({**BASE, "training": {**BASE["training"], "cp_attention": "allgather"}, "mesh": mesh})
         assert not_runnable(cfg, build_plan(cfg).mesh) is None
     op = config_from_dict({**BASE, "training": {**BASE["training"], "recompute": "layer", "ac_freq": 1},
                            "mesh": {"names": ["pp", "dp_shard"], "shape": [2, 4]}})

@@ -164,7 +164,8 @@ def test_the_step_counts_the_mla_gradient_all_reduces(no_host_pace):
 # against the table.
 TINY = dict(name="tiny-mla", layers=2, hidden=64, ffn=128, q_heads=4, vocab=256, kv_lora_rank=16,
             qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
-FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+# the dry run's runtime runs all-gather CP (meshplan.runtime.execution.cp): cp_attention = "allgather"
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none", cp_attention="allgather")
 CASES = {  # q_lora_rank, mesh names, shape, SP, training changes, rank
     "V2-Lite-like tp2+SP x dp_shard2": (None, ("dp_shard", "tp"), (2, 2), True, {}, 1),
     "V2/V3-like (q latent) tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {}, 3),

@@ -131,6 +131,30 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
         assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
 
 
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("recompute", ["none", "full", "layer"])
+@pytest.mark.parametrize("cp_attention", ["ring", "allgather"])
+def test_cp_timeline_issues_the_collectives_the_table_counts(schedule, vpp, recompute, cp_attention):
+    """pp 2 (x vpp) x cp 2 x dp_shard 2, m 8 per stage: the rank timeline's cp calls (and the
+    FSDP ones) equal the table's per-step counts under torch's ring attention (per layer and
+    micro-batch a forward all-gather, the backward's own, a checkpointed layer's replay, cp = 2
+    dK/dV shifts) and under all-gather CP (forward all-gather, replay, reduce-scatter)."""
+    plan = plan_of({"names": ["pp", "cp", "dp_shard"], "shape": [2, 2, 2], "world": 8, "pp_schedule": schedule,
+                    "virtual_stages": vpp}, global_batch=16, recompute=recompute, cp_attention=cp_attention,
+                   **({"ac_freq": 2} if recompute == "layer" else {}))
+    st = step_time(plan)
+    ring = cp_attention == "ring"
+    for s in range(2):
+        t = table_counts(plan, s)
+        assert timeline_counts(st, s) == t, (s, t)
+        layers, m = 2, 8  # TINY's 4 layers over pp 2; global batch 16 over dp_shard 2, b 1
+        replayed = {"none": 0, "full": layers, "layer": layers // 2}[recompute]
+        assert t[("cp", "", "forward", "all-gather")] == layers * m
+        assert t[("cp", "", "backward", "all-gather")] == (layers * ring + replayed) * m
+        assert t[("cp", "", "backward", "send/recv")] == 2 * layers * m * ring
+        assert t[("cp", "", "backward", "reduce-scatter")] == layers * m * (not ring)
+
+
 # TINY with 4 routed experts (top 2) in layers 1-3, layer 0 dense
 MOE = dict(TINY, experts=4, top_k=2, dense_layers=1)
 EXPERT, LAYER = ("shard", "expert"), ("shard", "layer")
@@ -436,9 +460,11 @@ def test_interleaved_chunks_gather_by_their_own_order():
 # CP: the K/V all-gather lands before the attention that uses it -----------------------------
 
 def _cp_plan(**training):
-    """Llama-3-8B, cp 2 across two DGX H100 nodes (cp outermost) x dp_shard 8, s 8192, b 1."""
+    """Llama-3-8B, cp 2 across two DGX H100 nodes (cp outermost) x dp_shard 8, s 8192, b 1;
+    all-gather CP unless ``training`` says otherwise (torch's ring: tests/test_cp_ring.py)."""
     return plan_of({"names": ["cp", "dp_shard"], "shape": [2, 8]}, model={"catalog": "llama3-8b"}, nodes=2,
-                   **{"global_batch": 16, "seq_len": 8192, "recompute": "selective", **training})
+                   **{"global_batch": 16, "seq_len": 8192, "recompute": "selective", "cp_attention": "allgather",
+                      **training})
 
 
 def _one_layer(plan):

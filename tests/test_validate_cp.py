@@ -45,9 +45,13 @@ def test_runner_refuses_cp_with_moe_by_name_and_builds_cp_with_pp():
     from meshplan.runtime.execution.parallelize import unsupported_mesh
     from meshplan.runtime.execution.pipelined import unsupported
 
-    training = TrainingSpec(global_batch=8, seq_len=16)
+    training = TrainingSpec(global_batch=8, seq_len=16, cp_attention="allgather")
     cp = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[2, 2, 2]), world=8)
     assert unsupported_mesh(cp, training) is None
+    # torch's ring attention (cp_attention unset under framework torch) is planned, not built
+    assert unsupported_mesh(cp, TrainingSpec(global_batch=8, seq_len=16)) == (
+        "cp > 1 with training.cp_attention 'ring' (torch's context_parallel ring attention, the default under "
+        "framework torch): the runtime builds Llama 3's all-gather CP only; set cp_attention = \"allgather\"")
     assert unsupported_mesh(cp, training, moe=True).startswith("cp > 1 with MoE layers")
     pp = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "cp"], shape=[2, 2, 2]), world=8)
     assert unsupported(pp, training, "1f1b") is None  # tests/test_validate_pp_combos.py runs it

@@ -279,7 +279,8 @@ def framework_kernels(training) -> dict:
     (``decomposed_head_norm``) and the loss eager unless compiled with ``torch_compile_loss``
     (``eager_loss``; both: torchtitan compiles the TransformerBlocks alone, TrainingSpec); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
     torch's context parallelism is its ring attention (``torch_ring_attention``,
-    :mod:`meshplan.compute.ring_attention`).
+    :mod:`meshplan.compute.ring_attention`) unless ``training.cp_attention = "allgather"``
+    (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`, the rule the CP rows read too).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
@@ -298,7 +299,7 @@ def framework_kernels(training) -> dict:
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
-            "sp_layout_copies": not megatron, "torch_ring_attention": not megatron, "framework": training.framework}
+            "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring, "framework": training.framework}
 
 
 @lru_cache(maxsize=64)

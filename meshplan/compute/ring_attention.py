@@ -160,8 +160,9 @@ def _elements(att: Attention) -> tuple[int, int]:
 
 def applies(w: Workload) -> bool:
     """Whether ``w`` runs torch's ring attention: cp > 1, the fused attention, and torch's
-    context parallelism (``w.torch_ring_attention``: not Megatron-LM, whose Transformer Engine
-    rings K/V in its own kernels)."""
+    context parallelism (``w.torch_ring_attention``: ``training.cp_ring``, the rule the CP rows of
+    :func:`meshplan.spec.axes.cp.cp_rows` follow; not Megatron-LM, whose Transformer Engine rings
+    K/V in its own kernels, nor all-gather CP)."""
     return w.cp > 1 and w.flash and w.torch_ring_attention
 
 

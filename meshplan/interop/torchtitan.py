@@ -125,6 +125,7 @@ from meshplan.interop.torchtitan_tables import (
     default_split,
     read_norm,
     read_compile,
+    read_cp_attention,
     read_optimizer,
     read_recompute,
 )
@@ -272,7 +273,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training |= {"grad_clip_norm": float(norm)} if "max_norm" in tr else {}
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes)
+    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes) | read_cp_attention(
+        par, deg["cp"])
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:

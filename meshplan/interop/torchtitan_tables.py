@@ -213,3 +213,16 @@ def read_compile(c: dict, notes: list[str]) -> dict[str, bool]:
                      f"planned eager")
         return {"torch_compile": False}
     return {"torch_compile": enable} | ({"torch_compile_loss": False} if enable and "loss" not in parts else {})
+
+
+def read_cp_attention(par: dict, cp: int) -> dict[str, str]:
+    """Nothing to set at cp > 1: torchtitan runs torch's ring attention, what ``cp_attention`` unset
+    plans under framework torch (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`; written
+    out, the key would be refused once the user switches the framework to megatron). Its
+    ``context_parallel_rotate_method`` "alltoall" is an error: only "allgather", the default, is
+    modelled (the key is listed as not read: it changes nothing planned)."""
+    rotate = par.get("context_parallel_rotate_method", "allgather")
+    if cp > 1 and rotate != "allgather":
+        raise ConfigError("parallelism.context_parallel_rotate_method", f"{rotate!r}: meshplan models torch's ring "
+                          f"attention with its all-gather rotation only (torchtitan's default); set \"allgather\"")
+    return {}

@@ -98,6 +98,8 @@ def comm_kind(row) -> str:
     if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c or DEEPSPEED_BUCKET_CADENCE in c:
         # DDP, ZeRO-2, DeepSpeed ZeRO-1/2: issued in backward, bucketed
         return "step"
+    if "(K and V)" in c or "(dK and dV)" in c:  # before send/recv: torch's ring shifts dK/dV by send/recv
+        return "cp"
     if row.op == "send/recv":
         return "pp"
     if SCATTER_GATHER_CADENCE in c:
@@ -112,8 +114,6 @@ def comm_kind(row) -> str:
         if "norm" in c or "weight gradient" in c:  # once per step under FSDP2 at pp > 1: "step"
             return "tp_async" if row.per_microbatch or not row.per_step else "step"
         return "tp"
-    if "(K and V)" in c or "(dK and dV)" in c:
-        return "cp"
     if row.op in ("all-gather", "reduce-scatter") and row.phase in ("forward", "backward"):
         return "shard"
     if DEEPSPEED_CADENCE in c and row.op == "all-reduce" and row.phase == "backward":

@@ -1,8 +1,8 @@
 """One transformer layer on the rank timeline: its forward (:func:`forward_layer`) and backward
 (:func:`backward_layer`) block by block, with the TP collectives around each block (and async
-TP's fused GEMMs, :func:`fused_gemms`), all-gather CP's K/V gather and dK/dV reduce-scatter
-(:func:`cp_parts`), EP's all-to-alls, float8 amax all-reduces and the registered axes' slots,
-as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
+TP's fused GEMMs, :func:`fused_gemms`), CP's K/V gathers and dK/dV reduce-scatter or torch's
+ring shifts (:func:`cp_parts`, :mod:`meshplan.schedule.ring_timeline`), EP's all-to-alls, float8
+amax all-reduces and the registered axes' slots, as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
+from meshplan.schedule.ring_timeline import RING_OPS, ring_backward, ring_cp, ring_forward
 from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
@@ -35,8 +36,10 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
 
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
            cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0)) -> None:
-    """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
-    under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
+    """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj, SDPA calls
+    and ring kernels) seconds under CP (module docstring; torch's ring attention,
+    :func:`~meshplan.schedule.ring_timeline.ring_cp`: the K/V all-gather issued after all three
+    projections, the core past the first of its ``cp`` SDPA calls waiting for it); ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
     ``tp_ops``: (opening collective issued, closing ones, routed outputs' all-gathers) of the
     block (:func:`_mlp_tp`): a dense block's one and one; no closing one in op-level AC's
@@ -59,8 +62,14 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
     tp_ov = [x for x in (pre, post, *more) if x] if s.ov.tp else []
     if cp is None:
         s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
+    elif ring_cp(s):  # torch's ring: wq, wk, wv, RoPE, repeat_kv, then the gather beside the first SDPA call
+        kv, q, core, out, sdpa = cp
+        s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
+        s.compute(name + " Q proj", q)
+        ring_forward(s, name, cp_phase, core, sdpa)
+        s.compute(name + " out proj", out, [], tp_ov)
     else:
-        kv, q, core, out = cp
+        kv, q, core, out, _ = cp
         s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
         ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
         s.compute(name + " Q proj", q)
@@ -164,8 +173,14 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
             s.compute(name + " column B", t_b_col)
+    elif ring_cp(s):
+        core, q, kv, sdpa = cp
+        s.compute(name + " core B", core - sdpa + t_w_row, [pre])
+        ring_backward(s, name, sdpa)
+        s.compute(name + " Q proj B", q)
+        s.compute(name + " K/V proj B", kv)
     else:
-        core, q, kv = cp
+        core, q, kv, _ = cp
         s.compute(name + " core B", core + t_w_row, [pre])
         rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
         if regather:
@@ -192,9 +207,11 @@ _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a"
 def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
     torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
-    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
+    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), and ``sdpa``, the
+    part of ``core`` torch's ring attention runs as its steps
+    (:data:`~meshplan.schedule.ring_timeline.RING_OPS`). Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
-    out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
+    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa"), 0.0)
     for o in c.ops:
         if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
             continue
@@ -203,6 +220,8 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
         if fwd and base in ("rope", "repeat_kv", "wo"):
             part = "out" if base == "wo" else "kv"
         out[part] += o.seconds
+        ring = o.name.removesuffix(" (recompute)") in RING_OPS and bool(o.recompute) == bool(recompute)
+        out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
     return out
 
 
@@ -340,7 +359,7 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "forward")
-    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
+    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"], p["sdpa"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), tp_ops=(True, int(scatter), 0))
     _qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
     _slots(s, own, At.AFTER, Block.ATTN)
@@ -385,7 +404,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
-    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
+    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")
     _slots(s, "backward", At.AFTER, Block.ATTN)

@@ -39,13 +39,15 @@ import numpy as np
 from meshplan.comm.alphabeta import OPS
 from meshplan.comm.row import link_bytes
 from meshplan.compute.batch_input import BATCH_BROADCASTS
+from meshplan.schedule.ring_timeline import LAST_SHIFT, RING_CALL, RING_CALL_B
 from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_loads, stage_of_ranks
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
-#: The compute ops a CP collective runs beside (:mod:`meshplan.schedule.rank_timeline`): its deadline.
-Q_OPS = (" Q proj", " Q proj B")
+#: The compute ops a CP collective runs beside (:mod:`meshplan.schedule.rank_timeline`): its deadline
+#: (torch's ring attention: the SDPA call after it).
+Q_OPS = (" Q proj", " Q proj B", RING_CALL, RING_CALL_B)
 
 
 @dataclass(frozen=True)
@@ -248,10 +250,13 @@ def _deadline(d, i: int, opt: float) -> float:
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
+    if stream == "cp" and name == LAST_SHIFT:
+        return float(d.end[i])  # torch's ring: a layer's last dK/dV shift blocks its backward's end
     if stream == "cp":
         # all-gather CP (layer_timeline._block): the K/V all-gather runs beside the Q projection and
         # the core attention waits for it; the dK/dV reduce-scatter beside wq's input gradient,
-        # and the K/V projections' input gradients wait for it. Needed when that Q op ends.
+        # and the K/V projections' input gradients wait for it; torch's ring: each beside the SDPA
+        # call after it. Needed when that op ends.
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n.endswith(Q_OPS)]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit == d.unit[i]))
         return float(d.end[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])

@@ -53,7 +53,11 @@ frameworks issue them:
   Backward: the dK/dV reduce-scatter is issued after the core attention's backward (wo's
   input gradient, attention, RoPE) and may overlap only wq's input gradient; the K/V
   projections' input gradients wait for it. Full recompute replays the gather (phase
-  backward, as the table counts it).
+  backward, as the table counts it). torch's ring attention (``training.cp_attention = "ring"``,
+  torchtitan's; :mod:`meshplan.schedule.ring_timeline`): the gather is issued after all three
+  projections and runs beside the first of the core's cp SDPA calls; backward gathers again
+  beside its first call and shifts the fp32 dK/dV after each call, beside the next, the last
+  one exposed.
 - **EP**: the dispatch all-to-all blocks the expert block; the combine follows it.
 - **FSDP** (zero3/hsdp): the all-gather of the next layer is issued when a layer starts
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when

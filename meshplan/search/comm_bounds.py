@@ -21,6 +21,7 @@ from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.cp import kv_elements
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
@@ -34,9 +35,15 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
     tps, at = np.unique(c.tp, return_inverse=True)
-    kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
-    kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
+    heads = np.array([local_heads(m, x)[:2] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
+    kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1]) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
+    # torch's ring attention (training.cp_ring; spec.axes.cp.ring_rows): K and V gathered at the
+    # q heads, and "cp_x", one fp32 dK/dV shift of the local tokens (0 under all-gather CP)
+    ring = t.cp_ring
+    if ring:
+        kv = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) * cd
+    shift = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) // c.cp * dtype_bytes("fp32")
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)
@@ -45,7 +52,9 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
            "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
            "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
-           "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "cp_rs": np.zeros(len(c)) if ring else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
+           "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)

@@ -59,10 +59,13 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # compute stream, with or without tp_comm_overlap (layer_timeline._qkv_gather)
     qkv_ag, qkv_rs = cm.get("tp_qkv_ag", 0.0), cm.get("tp_qkv_rs", 0.0)
 
+    x = cm.get("cp_x", 0.0)  # torch's ring attention's dK/dV shift (schedule.ring_timeline), 0 under all-gather CP
+    ring = np.asarray(x) > 0
+
     def forward(p, post_mlp=post_mlp_tp):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
-        # for it; only the Q projection runs beside it
-        attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
+        # for it; only the Q projection runs beside it (the ring: only its first SDPA step)
+        attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"]), 0.0)
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
@@ -75,9 +78,14 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
-    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
+    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq", "cps")}
     # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
-    # projections' input gradients wait for it; only the Q projection's runs beside it
+    # projections' input gradients wait for it; only the Q projection's runs beside it. The
+    # ring (schedule.ring_timeline.ring_backward): its gather beside the first of cp steps of s
+    # seconds, each of cp - 1 shifts X beside the next step, the last exposed:
+    # max(AG - s, 0) + (cp - 1) max(X - s, 0) + X
+    cp_b = np.where(ring, np.maximum(cm["cp_ag"] - b["cps"], 0.0) + cm.get("cp_n", 0) * np.maximum(x - b["cps"], 0.0)
+                    + x, np.maximum(cm["cp_rs"] - b["cpq"], 0.0))
     # tp_comm_overlap: async TP fuses the gathered output gradient with the row-parallel
     # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
     # the whole's); the other input gradients follow it
@@ -85,7 +93,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
     back = (amax_b + b["mlp_post"] + e + gathered("mlp", pre_mlp) + beside(o["bw_mlp"], post_mlp_tp + e_out)
             + b["mlp_pre"] + b["attn_post"]
-            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
+            + gathered("attn") + cp_b + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True)

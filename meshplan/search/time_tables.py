@@ -33,7 +33,8 @@ PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backw
           "br": ("backward_input", True), "bw": ("backward_weight", None)}
 
 
-OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(f"{p}_cpq" for p in PHASES if p != "bw")
+OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(
+    f"{p}_{x}" for x in ("cpq", "cps") for p in PHASES if p != "bw")
 
 
 EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_peak_s", "gemm_s")
@@ -85,6 +86,10 @@ class TimeTables:
         # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
         # whatever q: not asked
         out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
+                    for p, (ph, rec) in PHASES.items() if p != "bw"})
+        # one of torch's ring attention's cp steps (SDPA call and ring kernels), which its K/V
+        # all-gather and each dK/dV shift run beside (schedule.ring_timeline)
+        out.update({f"{p}_cps": cp_parts(cost, ph, rec)["sdpa"] / cp if cp > 1 else 0.0
                     for p, (ph, rec) in PHASES.items() if p != "bw"})
         out.update(shared)
         return out

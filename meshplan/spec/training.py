@@ -275,6 +275,15 @@ class TrainingSpec(TrainingChecks):
     under both frameworks (torchtitan's token-choice MoE has no capacity; Megatron-LM's
     ``moe_expert_capacity_factor`` defaults to None, dropless); ``moe_dropless = false`` alone:
     capacity factor 1.
+    ``cp_attention`` (cp > 1): ``ring``, torch's ``context_parallel`` ring attention as torchtitan
+    runs it (torch 2.13 ``_templated_ring_attention``: per layer one all-gather of the local K and
+    V after ``repeat_kv``, at the q heads, in the compute dtype; its backward gathers them again
+    and shifts the fp32 dK/dV accumulators round the cp ring, cp all-to-alls;
+    :func:`meshplan.spec.axes.cp.cp_rows`), or ``allgather``, Llama 3's all-gather CP as
+    meshplan's own runtime runs it (K and V at the KV heads gathered, dK/dV reduce-scattered), the
+    only one ``validate`` runs. Unset: ``ring`` under ``framework = "torch"``, ``allgather`` under
+    ``megatron`` (:attr:`cp_ring`; Megatron-LM's Transformer Engine p2p ring is not modelled apart:
+    it keeps the all-gather rows; ``ring`` is refused there).
     ``moe_dispatcher``: how the routed tokens travel over ep: ``alltoall`` (default; Megatron-LM's
     ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
     or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend

@@ -162,6 +162,9 @@ class TrainingChecks(TrainingPrecision):
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
+        if self.cp_attention == "ring" and self.framework != "torch":
+            raise ValueError("cp_attention \"ring\" is torch's context_parallel ring attention (framework \"torch\"); "
+                             f"framework {self.framework!r} runs its own CP: remove the key")
         self._check_pp_p2p()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "

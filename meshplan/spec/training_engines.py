@@ -311,6 +311,21 @@ class TrainingEngines(TrainingFields):
         return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
 
     @property
+    def cp_ring(self) -> bool:
+        """Whether context parallelism runs torch's ring attention (``cp_attention = "ring"``; unset:
+        under ``framework = "torch"``, torchtitan's ``context_parallel``) rather than Llama 3's
+        all-gather CP (``"allgather"``; unset under Megatron-LM, whose Transformer Engine ring is
+        not modelled apart). The one rule the CP rows (:func:`meshplan.spec.axes.cp.cp_rows`) and
+        the ring's kernels (:func:`meshplan.compute.ops.framework_kernels`) read.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_ring for kw in (
+        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"})]
+        [True, False, False]
+        """
+        return (self.cp_attention or ("ring" if self.framework == "torch" else "allgather")) == "ring"
+
+    @property
     def has_zero1_engine(self) -> bool:
         """Whether a runtime runs sharding ``zero1`` (optimizer state and master weights sharded,
         parameters and gradients whole) under this training: not under ``framework = "torch"``

@@ -1,5 +1,6 @@
-"""Context parallelism (``cp``): each sequence split over cp ranks as 2 load-balanced chunks
-(Llama 3's all-gather CP; K and V all-gathered over cp in every attention layer).
+"""Context parallelism (``cp``): each sequence split over cp ranks as 2 load-balanced chunks;
+K and V all-gathered over cp in every attention layer, by torch's ring attention or Llama 3's
+all-gather CP (``training.cp_attention``, :func:`cp_rows`).
 
 >>> from types import SimpleNamespace as N
 >>> t = N(seq_len=8192)
@@ -30,12 +31,21 @@ def _seq(m, t, d):
                 f"(load-balanced causal split)",)
 
 
+def kv_elements(model, micro_batch, seq_len, heads):
+    """Elements of the whole sequence's K and V at ``heads`` local heads, ``b x s x heads x
+    (d_head + d_v)`` (scalars or numpy arrays alike): the one size of every cp row
+    (:func:`cp_rows`) and of the search's bound (:mod:`meshplan.search.comm_bounds`)."""
+    return micro_batch * seq_len * heads * (model.d_head + model.d_v)
+
+
 def cp_rows(add, c) -> None:
-    """The cp rows of one stage's collective table (:data:`~meshplan.spec.axes.base.RowBuilder`):
-    per layer, K and V of the whole sequence all-gathered in the forward
+    """The cp rows of one stage's collective table (:data:`~meshplan.spec.axes.base.RowBuilder`),
+    torch's ring attention (:func:`ring_rows`) where ``training.cp_ring``
+    (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`), else all-gather CP: per layer, K and V
+    of the whole sequence all-gathered in the forward
     (``b x s x local KV heads x (d_head + d_v)`` in the compute dtype; MLA: the up-projected
     per-head K and V), again in the backward of a recomputed layer, and dK, dV
-    reduce-scattered in the backward (Llama 3's all-gather CP; torchtitan's context parallel).
+    reduce-scattered in the backward (Llama 3's all-gather CP, meshplan's runtime).
 
     All-gather CP (Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.execution.cp`): per
     layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
@@ -46,21 +56,73 @@ def cp_rows(add, c) -> None:
     which comes after the gather), so backward also has one all-gather per layer; the
     reduce-scatter stays one per layer (only the replayed graph is differentiated). Measured
     with torch 2.13 on the fake process group and gloo (``tests/test_table_vs_torch.py``,
-    ``tests/test_validate_cp.py``)."""
+    ``tests/test_validate_cp.py``). Megatron-LM (``cp_attention`` unset) keeps these rows: its
+    Transformer Engine p2p ring is not modelled apart."""
     if c.mesh.degree("cp") <= 1:
+        return
+    if c.training.cp_ring:
+        ring_rows(add, c)
         return
     t = c.training
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
-    kv_full = t.micro_batch * t.seq_len * kv_l * (c.model.d_head + c.model.d_v) * dtype_bytes(t.compute_dtype)
-    nl = len(c.layers)
-    replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
+    kv_full = kv_elements(c.model, t.micro_batch, t.seq_len, kv_l) * dtype_bytes(t.compute_dtype)
+    nl, replayed = len(c.layers), _replayed(c)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
     if replayed:  # the checkpoint's replay of the forward gathers K and V again
-        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed,
-            "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)",
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
             "recomputed attention")
     add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
         "previous layer's backward")
+
+
+def _replayed(c) -> int:
+    """The stage's checkpointed layers (full, torchtitan per-layer AC), whose replay gathers K and V again."""
+    return sum(c.training.layer_recomputed(k) for k in range(len(c.layers)))
+
+
+def _replay_cadence(replayed: int, nl: int) -> str:
+    return "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)"
+
+
+def ring_rows(add, c) -> None:
+    """torch's ring attention rows (``training.cp_ring``), read in torch 2.13
+    ``distributed/tensor/experimental/_context_parallel/_attention.py`` with ``_cp_options``'
+    defaults (``convert_to_f32`` True, load balance on, ``rotate_method`` ALL_GATHER: torchtitan's
+    ``context_parallel_rotate_method`` default "allgather"). K and V are the SDPA's, after
+    torchtitan's ``repeat_kv``: at the local q heads (``models/llama3/model/model.py``).
+    ``S = b x s x local q heads x (d_head + d_v)`` elements, the whole sequence's K and V.
+    Per layer and micro-batch:
+
+    - forward, one all-gather of ``S`` in the compute dtype: ``_templated_ring_attention`` step 0
+      calls ``rotater.exchange_buffers`` (``_AllGatherRotater``: one ``all_gather_single`` of the
+      concatenated local K and V) before the first SDPA call and waits for it
+      (``next_buffer``) at step 1, before the second: it runs beside the first (causal, local) call;
+    - backward, one more all-gather of ``S`` (``_templated_ring_attention_backward``'s own
+      ``kv_rotater``, whatever the recompute), likewise beside the first SDPA backward call, and
+      one more of a checkpointed layer's replayed forward;
+    - backward, ``cp`` shifts of the fp32 dK and dV accumulators (``dkv_rotater``,
+      ``_AllToAllRotater``: ``permute_tensor`` to rank + 1, an ``all_to_all_single`` in which each
+      rank sends its whole buffer to one peer, nccl-tests' ``sendrecv_perf`` pattern: a
+      send/recv of ``4 S / cp`` bytes, the local ``b x s/cp`` tokens' dK and dV in fp32,
+      ``accum_dtype``), one at the end of every step ``i`` of ``range(cp)``, each waited for at the
+      next step after its SDPA backward call, the last after the loop, before the gradients
+      return: exposed."""
+    t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
+    q_l, _, _ = local_heads(c.model, c.mesh.degree("tp"))
+    elems = kv_elements(c.model, t.micro_batch, t.seq_len, q_l)
+    kv, replayed = elems * dtype_bytes(t.compute_dtype), _replayed(c)
+    add("cp", "forward", "all-gather", kv, t.compute_dtype, nl, "every layer, torch ring attention (K and V)",
+        "the second SDPA call (beside the first)")
+    add("cp", "backward", "all-gather", kv, t.compute_dtype, nl, "every layer, ring backward's own gather (K and V)",
+        "the second SDPA backward call (beside the first)")
+    if replayed:
+        add("cp", "backward", "all-gather", kv, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
+            "the replayed second SDPA call")
+    shift = elems // cp * dtype_bytes("fp32")
+    add("cp", "backward", "send/recv", shift, "fp32", nl * (cp - 1),
+        f"every layer, {cp - 1} of its {cp} ring shifts, fp32 (dK and dV)", "the next SDPA backward call (beside it)")
+    add("cp", "backward", "send/recv", shift, "fp32", nl, "every layer, its last ring shift, fp32 (dK and dV)",
+        "the attention backward's end (exposed)")
 
 
 CP = AxisDef(
@@ -70,8 +132,11 @@ CP = AxisDef(
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence"),
-                 CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed"),
-                 CollectiveKind("reduce-scatter", "cp", "backward", "dK and dV")),
+                 CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed (ring: "
+                                "and in every backward)"),
+                 CollectiveKind("reduce-scatter", "cp", "backward", "dK and dV (all-gather CP)"),
+                 CollectiveKind("send/recv", "cp", "backward", "fp32 dK and dV shifted cp times round the ring "
+                                "(torch's ring attention)")),
     rows=cp_rows,
     search=SearchColumn(column="cp", option="cp"),
     weights={"cp": 1e4},

@@ -1,0 +1,192 @@
+"""torch's context-parallel ring attention in the collective table and the rank timeline
+(``training.cp_attention = "ring"``, the default under framework torch: what torchtitan runs;
+meshplan.spec.axes.cp.ring_rows), checked against torch 2.13's own ``_templated_ring_attention``
+on the fake process group, and by hand; validate refuses it, the torchtitan import sets it."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.foreign import load_any
+from meshplan.plan import build_plan
+from meshplan.schedule.comm_streams import comm_kind
+from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.workload import chunk_costs, workload_of
+from meshplan.spec.training import TrainingSpec
+from tests.test_interop import H100, TT
+
+# 2 layers, h 64, 4 q heads of 16 and 2 KV heads (GQA: torchtitan's repeat_kv doubles K and V)
+GQA = dict(layers=2, hidden=64, ffn=256, gated_mlp=False, q_heads=4, kv_heads=2, vocab=256)
+
+
+def _plan(model, mesh: dict, nodes: int = 1, **training):
+    t = {"global_batch": 8, "seq_len": 32, "micro_batch": 1, "sharding": "zero3", "param_dtype": "bf16",
+         "recompute": "none", **training}
+    return build_plan(config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": nodes},
+                                        "training": t, "mesh": mesh}))
+
+
+def _cp_rows(plan):
+    return [r for r in plan.stage(0).collectives if comm_kind(r) == "cp"]
+
+
+def _per_layer(rows, layers: int) -> list[tuple[str, str, float, str, float]]:
+    """(phase, op, size_bytes, dtype, calls per layer and micro-batch) of the cp rows, sorted."""
+    return sorted((r.phase, r.op, r.size_bytes, r.dtype, r.per_microbatch / layers) for r in rows)
+
+
+def test_ring_rows_by_hand():
+    """GQA, cp 4, b 1, s 32, tp 1: K and V at the q heads (4, after repeat_kv), d 16 each:
+    S = 1 x 32 x 4 x (16 + 16) = 4,096 elements. Forward all-gather 4,096 x 2 B = 8,192 B, the
+    backward's own the same; cp = 4 shifts of the fp32 dK/dV of the rank's 32 / 4 = 8 tokens:
+    4,096 / 4 x 4 B = 4,096 B each. All-gather CP would gather the 2 KV heads only: 4,096 B."""
+    plan = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]})
+    assert _per_layer(_cp_rows(plan), 2) == [("backward", "all-gather", 8192.0, "bf16", 1.0),
+                                             ("backward", "send/recv", 4096.0, "fp32", 1.0),
+                                             ("backward", "send/recv", 4096.0, "fp32", 3.0),
+                                             ("forward", "all-gather", 8192.0, "bf16", 1.0)]
+    full = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, recompute="full")
+    assert sum(r.per_microbatch for r in _cp_rows(full) if r.phase == "backward" and r.op == "all-gather") == 2 * 2
+    gather = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, cp_attention="allgather")
+    assert _per_layer(_cp_rows(gather), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+                                               ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    megatron = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, framework="megatron")
+    assert _per_layer(_cp_rows(megatron), 2) == _per_layer(_cp_rows(gather), 2)  # Megatron keeps today's rows
+
+
+def test_ring_rows_match_torchs_own_ring_attention():
+    """torch 2.13's ``_templated_ring_attention`` and its backward, run on one rank of a fake
+    process group of cp 4 with the CPU flash SDPA, issue per layer: forward one all-gather of the
+    local K and V (bf16), backward one more and 4 all_to_all_single of the fp32 dK and dV
+    (``permute_tensor``: each rank's whole buffer to the next rank, the table's send/recv rows).
+    Shapes: GQA's local q heads (4) x 8 tokens x d 16, as the table's rank sees them."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.distributed.tensor.experimental._context_parallel import _attention as ring
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Calls(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "_c10d_functional" and func.__name__.split(".")[0] in (
+                    "all_gather_into_tensor", "all_to_all_single"):
+                self.calls.append((func.__name__.split(".")[0], args[0].numel() * args[0].element_size()))
+            return func(*args, **(kwargs or {}))
+
+    cp, (b, h, n, d) = 4, (1, 4, 8, 16)
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=cp)
+    try:
+        q, k, v = (torch.randn(b, h, n, d, dtype=torch.bfloat16) for _ in range(3))
+        fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+        def bwd(query, key, value, out, logsumexp, is_causal, grad_out):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad_out, query, key, value, out, logsumexp, 0.0, bool(is_causal))
+
+        with Calls() as f:
+            out, lse = ring._templated_ring_attention(dist.group.WORLD, 2, fwd, q, k, v, is_causal=True)
+        with Calls() as g:
+            ring._templated_ring_attention_backward(dist.group.WORLD, 2, bwd, torch.randn_like(q), "grad_out", q, k, v,
+                                                    out, lse, True)
+    finally:
+        dist.destroy_process_group()
+    rows = _cp_rows(_plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}))
+    # all_gather_into_tensor's input is the rank's part: the table's all-gather size is the whole buffer
+    torch_rows = sorted([("forward", "all-gather", float(x * cp)) for _, x in f.calls]
+                        + [("backward", "all-gather" if op == "all_gather_into_tensor" else "send/recv",
+                            float(x * cp if op == "all_gather_into_tensor" else x)) for op, x in g.calls])
+    table = sorted((r.phase, r.op, r.size_bytes) for r in rows for _ in range(int(r.per_microbatch / 2)))
+    assert torch_rows == table
+    assert len(g.calls) == 1 + cp
+
+
+def _one_layer(**training):
+    """Llama-3-8B, cp 2 across two DGX H100 nodes x dp_shard 8, s 8192, b 1: one layer's cost
+    and cp rows, as tests/test_schedule_semantics.py's all-gather CP case."""
+    plan = _plan({"catalog": "llama3-8b"}, {"names": ["cp", "dp_shard"], "shape": [2, 8]}, nodes=2,
+                 **{"global_batch": 16, "seq_len": 8192, "recompute": "selective", **training})
+    w = workload_of(plan)
+    ch = chunk_costs(plan, w)[0][0]
+    return w, type(ch)(ch.layers[:1], ch.moe[:1]), ch.layers[0], _cp_rows(plan)
+
+
+def _ring_s(cost, phase: str) -> float:
+    """Seconds of the ring's cp steps in ``phase``: the SDPA calls and the ring's own kernels."""
+    return sum(o.seconds for o in cost.ops if o.phase == phase and o.block == "attn"
+               and o.name in ("attention", "cp ring merge", "cp ring gradient accumulation"))
+
+
+def test_ring_exposed_time_by_hand():
+    """One layer, cp rows only, cp 2. K/V at 32 q heads: S = 1 x 8192 x 32 x 256 = 67,108,864
+    elements; all-gather 134,217,728 B (bf16), each shift 67,108,864 / 2 x 4 B = 134,217,728 B.
+    Forward: the gather (A) is issued after wq, wk, wv, RoPE and repeat_kv and waited for before
+    the second of 2 SDPA calls: exposed max(A - c_f, 0), c_f half the calls' and merges' seconds.
+    Backward: its own gather beside call 0 (c_b each), shift 1 (X) after call 0 on the same
+    stream (after the gather), waited for after call 1; shift 2 after that wait, waited for at
+    the end. By the streams: call 1 starts at max(A, c_b), shift 1 ends at max(A, c_b) + X, shift 2 ends X later:
+    exposed = max(A, c_b) - c_b + max(X - c_b, 0) + X. (recompute "selective": the recomputed
+    core's forward runs before the ring's backward steps, not among them.)"""
+    w, one, cost, rows = _one_layer()
+    ag = next(r for r in rows if r.phase == "forward")
+    x = next(r for r in rows if r.op == "send/recv")
+    assert ag.size_bytes == 2 * 8192 * 32 * 128 * 2 and x.size_bytes == 8192 // 2 * 32 * 256 * 4
+    comm = CommTimes.from_rows(rows, layers=1)
+    c_f, c_b = _ring_s(cost, "forward") / 2, _ring_s(cost, "backward_input") / 2
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(max(ag.time_s - c_f, 0.0))
+    assert f.duration_s == pytest.approx(cost.forward_s + max(ag.time_s - c_f, 0.0))
+    b = backward_unit("B", one, comm, w, Overlap())
+    want = max(ag.time_s, c_b) - c_b + max(x.time_s - c_b, 0.0) + x.time_s
+    assert b.exposed_s["cp"] == pytest.approx(want)
+    assert b.duration_s == pytest.approx(cost.backward_s + want)
+    names = [e.name for e in b.events if e.stream == "cp"]
+    assert names == ["cp K/V all-gather", "cp dK/dV shift", "cp dK/dV last shift"]
+
+
+def test_ring_full_recompute_replays_the_forward_gather():
+    """Full recompute: the replayed forward gathers again (beside its first SDPA call) before
+    the backward's own gather and shifts: 2 all-gathers and 2 shifts on the cp stream."""
+    w, one, cost, rows = _one_layer(recompute="full")
+    comm = CommTimes.from_rows(rows, layers=1)
+    b = backward_unit("B", one, comm, w, Overlap())
+    names = [e.name for e in b.events if e.stream == "cp"]
+    assert names == ["cp K/V all-gather", "cp K/V all-gather", "cp dK/dV shift", "cp dK/dV last shift"]
+
+
+def test_megatron_refuses_ring_and_validate_names_the_field():
+    with pytest.raises(ValueError, match="cp_attention \"ring\" is torch's context_parallel ring attention"):
+        TrainingSpec(global_batch=8, seq_len=16, framework="megatron", cp_attention="ring")
+    from meshplan.runtime.validation.refusals import runtime_refusals
+    from meshplan.mesh.resolve import resolve_mesh
+    def config(**training):
+        return config_from_dict({"model": GQA, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                 "training": {"global_batch": 8, "seq_len": 32, **training},
+                                 "mesh": {"names": ["cp"], "shape": [4]}})
+    cfg = config()
+    mesh = resolve_mesh(cfg.mesh, 4)
+    why = [r for r in runtime_refusals(cfg, mesh) if "cp_attention" in r]
+    assert len(why) == 1 and why[0].endswith("set cp_attention = \"allgather\"")
+    assert not [r for r in runtime_refusals(config(cp_attention="allgather"), mesh) if "cp_attention" in r]
+
+
+def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
+    text = TT.read_text()
+    assert "context_parallel_degree = 1" in text
+    path = tmp_path / "cp.toml"
+    path.write_text(text.replace("context_parallel_degree = 1", "context_parallel_degree = 2"))
+    t = load_any(path, opts=H100).training  # torch's ring, the key left unset (framework torch's default)
+    assert t.cp_attention is None and t.cp_ring
+    path.write_text(text.replace("context_parallel_degree = 1", "context_parallel_degree = 2\n"
+                                 "context_parallel_rotate_method = \"alltoall\""))
+    with pytest.raises(ConfigError, match=r"^parallelism.context_parallel_rotate_method: 'alltoall': meshplan models "
+                                          r"torch's ring attention with its all-gather rotation only"):
+        load_any(path, opts=H100)
+    assert load_any(TT, opts=H100).training.cp_attention is None  # cp 1: nothing to say
