@@ -190,3 +190,22 @@ def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
                                           r"torch's ring attention with its all-gather rotation only"):
         load_any(path, opts=H100)
     assert load_any(TT, opts=H100).training.cp_attention is None  # cp 1: nothing to say
+
+
+def test_a_shift_across_nodes_moves_at_one_nics_rate():
+    """A dK/dV shift is one message from a rank to the next: it leaves through the sender's one NIC
+    whether its cp group has 1 or 2 ranks on a node (newcomer 30: dp_shard 2 x cp 8 x tp 4 on 8
+    dgx-h100 timed the shift at 93.9 GB/s, the group's 2 NICs, where one rank a node gave 47.0).
+    8 x 8 = 64 GPUs, tp 4, cp 8, s 16,384 (b 1), 8 q and 4 KV heads of 32 (h 256): shift =
+    16,384 x (8 / 4 = 2 local q heads) x (32 + 32) x 4 B / 8 = 1,048,576 B. Mesh (dp_shard, cp, tp): cp stride 4, ranks 0, 4 on node 0 (2 a node); mesh (cp,
+    dp_shard, tp): cp stride 8, one a node. Same bytes, same single-NIC time; at 400 Gb/s (50 GB/s)
+    a rank's NIC line, algbw 1,048,576 B / t stays below it."""
+    model = {**GQA, "hidden": 256, "q_heads": 8, "kv_heads": 4}
+    kw = dict(seq_len=16384, global_batch=2)
+    two = _plan(model, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 8, 4]}, nodes=8, **kw)
+    one = _plan(model, {"names": ["cp", "dp_shard", "tp"], "shape": [8, 2, 4]}, nodes=8, **kw)
+    shifts = [[r for r in _cp_rows(p) if r.op == "send/recv"] for p in (two, one)]
+    assert {r.size_bytes for s in shifts for r in s} == {1_048_576.0}
+    assert {r.path.ranks_per_node for r in shifts[0]} == {2} and {r.path.ranks_per_node for r in shifts[1]} == {1}
+    assert shifts[0][0].time_s == pytest.approx(shifts[1][0].time_s, rel=1e-12)
+    assert 1_048_576 / shifts[0][0].time_s < 50e9

@@ -115,7 +115,11 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     while NCCL holds 24 of the 132 SMs over the overlapped 2 K/V gathers at the q heads (195.7 us) and
     the first shift instead of all-gather CP's 2 x 36.3 us: 384.3 + (775.7 - 72.6) x 24 / 132 = 512.1 us,
     the kind x 80 x 17 = +0.696 s, 33.10 s (126,203 tokens/s; the 128-GPU plan x 80 x 16, 31.15 s), the
-    alternative 35.69 s (117,521 tokens/s): the same proposal."""
+    alternative 35.69 s (117,521 tokens/s): the same proposal. Since a send/recv crosses nodes at its sender's one
+    NIC (meshplan.comm.nccl_algorithms; pp 28 beside cp 2 x tp 2 has 2 ranks of each pp group on a node, whose group
+    path is 2 NICs, 100 GB/s), the alternative's stage-to-stage sends (1 x 8192 / cp 2 / SP 2 x 8192 x 2 B =
+    33,554,432 B each) move at one NIC's 50 GB/s: 35.69 -> 36.07 s (116,273 tokens/s); the kind (pp 1) is unchanged:
+    the same proposal."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -134,7 +138,7 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     assert "- planned step 33.10 s, 126,203 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 31.15 s, 134,647 tokens/s)" in lines
     assert "- alternative keeping the global batch: pp 28 (layers per stage 2, 3 x 24, 2 x 3) x cp 2 x tp 2 on 112 " \
-           "GPUs, contract kept: step 35.69 s, 117,521 tokens/s" in lines
+           "GPUs, contract kept: step 36.07 s, 116,273 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 

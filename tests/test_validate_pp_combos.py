@@ -44,7 +44,10 @@ def test_what_pipelines_still_refuse_is_named():
     pp2 = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "cp"], shape=[2, 2, 2]), world=8)
     pp4 = resolve_mesh(MeshSpec(names=["pp", "dp_shard"], shape=[4, 2]), world=8)
     pp2_tp = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "tp"], shape=[2, 2, 2]), world=8)
-    assert unsupported(pp2, training, "1f1b", tied) is None
+    # cp 2 beside pp: torch's ring attention (cp_attention unset under framework torch) is refused,
+    # the all-gather CP the runtime builds is not
+    assert unsupported(pp2, training, "1f1b", tied).startswith("cp > 1 with training.cp_attention 'ring'")
+    assert unsupported(pp2, TrainingSpec(global_batch=8, seq_len=16, cp_attention="allgather"), "1f1b", tied) is None
     assert unsupported(pp4, training, "1f1b", tied).startswith("tied embeddings with pp > 2")
     assert unsupported(pp4, training, "1f1b", moe) is None
     assert unsupported(pp2_tp, training, "1f1b", moe) is None

@@ -285,8 +285,9 @@ def _print_links(p, st, step_fn) -> None:
 
     _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
           "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
-          "deadline is the end of the Q projection it runs beside, under torch's ring attention of the SDPA step "
-          "after it)")
+          "deadline is the end of the Q projection it runs beside; under torch's ring attention a K/V all-gather or "
+          "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
+          "last shift, waited for at once, is in the parts line's exposed cp)")
     for t in timings(st):
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (issued {t.issued})" if t.issued else ""))

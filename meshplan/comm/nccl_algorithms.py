@@ -39,7 +39,12 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       the ring only, ``tuning.cc`` ``ncclTopoTuneModel`` at v2.9.9-1);
     - send/recv across nodes on the "p2p" curve when there is one (a single GPU's pair
       through its own NIC, slower than a NIC's share of the 8-NIC all-reduce: [S18] 15.48
-      against 23.0 GB/s on HDR), else on "nic"; the other ops across nodes with one rank per
+      against 23.0 GB/s on HDR), else on "nic", at most at the rank's own NIC share
+      ``nic_bandwidth_bytes_per_s`` where given: one message between two GPUs leaves through the
+      sender's NIC (the catalog's nodes give each GPU its own, ``nic`` in the placement), where a
+      group of ``k`` ranks on a node spreads a ring collective over their ``k`` NICs
+      (:func:`meshplan.comm.row.groups_path`): a cp ring's dK/dV shift with 2 cp ranks a node
+      moves at one NIC's rate, not two; the other ops across nodes with one rank per
       node (``ranks_per_node`` 1: each rank drives its own NIC) on the "nic1" curve when there
       is one ([S18] all-reduce 2 x 1 A100: 18.65 GB/s), else on "nic";
     - ``pairwise`` for all-to-all across nodes (:func:`all_to_all_time`), in place of the ring
@@ -86,6 +91,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     if op_curve is not None and n > 1:  # this op's own run on a calibrated NVLink or PCIe class
         return "ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network,
                                  *own_alpha(op_curve, network, latency_scale), op_curve)
+    if op == "send/recv" and network and nic_bandwidth_bytes_per_s:  # one message leaves through one NIC
+        bandwidth_bytes_per_s = min(bandwidth_bytes_per_s, nic_bandwidth_bytes_per_s)
     link = curves.get("nic" if network else "nvlink")
     if op == "send/recv" and network and "p2p" in curves:
         link = curves["p2p"]

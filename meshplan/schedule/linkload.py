@@ -44,7 +44,9 @@ from meshplan.schedule.netload import leaf_nodes, layer_pass_calls, network_load
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
-_OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
+#: Event-name markers of the table's ops: FSDP's and the other axes' ``AG``/``RS``/``AR``, and torch's
+#: ring attention's dK/dV ``shift`` (:mod:`meshplan.schedule.ring_timeline`: the table's cp send/recv).
+_OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce", "shift": "send/recv"}
 #: The compute ops a CP collective runs beside (:mod:`meshplan.schedule.rank_timeline`): its deadline
 #: (torch's ring attention: the SDPA call after it).
 Q_OPS = (" Q proj", " Q proj B", RING_CALL, RING_CALL_B)
@@ -168,6 +170,8 @@ def _op_of(name: str) -> str:
 
     >>> _op_of("fsdp AG L3"), _op_of("get_batch broadcasts (get_batch data)"), _op_of("attention")
     ('all-gather', 'broadcast', '')
+    >>> _op_of("cp dK/dV last shift")
+    'send/recv'
     """
     if name.startswith(BATCH_BROADCASTS):
         return "broadcast"
