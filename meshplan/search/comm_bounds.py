@@ -36,14 +36,14 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
     tps, at = np.unique(c.tp, return_inverse=True)
     heads = np.array([local_heads(m, x)[:2] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
-    kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1]) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
-    # torch's ring attention (training.cp_ring; spec.axes.cp.ring_rows): K and V gathered at the
-    # q heads, and "cp_x", one fp32 dK/dV shift of the local tokens (0 under all-gather CP)
+    # K and V (MLA: value head dim d_v) at the KV heads; torch's ring attention (training.cp_ring;
+    # spec.axes.cp.ring_rows) gathers them at the q heads, and "cp_x" is one fp32 dK/dV shift of the
+    # local tokens (0 under all-gather CP)
     ring = t.cp_ring
-    if ring:
-        kv = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) * cd
-    shift = kv_elements(m, c.mb, t.seq_len, heads[:, 0]) // c.cp * dtype_bytes("fp32")
+    at_q = kv_elements(m, c.mb, t.seq_len, heads[:, 0])
+    kv = (at_q if ring else kv_elements(m, c.mb, t.seq_len, heads[:, 1])) * cd
+    shift = at_q // c.cp * dtype_bytes("fp32")
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)
