@@ -229,3 +229,17 @@ def test_ring_shifts_cross_nodes_round_a_closed_ring():
     assert [r.link_bytes for r in shifts] == [(1024.0, 1024.0)] * len(shifts)
     nics, _ = network_loads(plan, shifts, 1)
     assert sum(b[0] for b in nics.values()) == pytest.approx(4 * 65_536)
+
+
+def test_no_ring_without_the_fused_attention():
+    """torch's ring runs the flash, efficient or cuDNN SDPA kernels only (torch 2.13
+    ``_sdpa_handler``: "CP only supports flash attention and memory efficient attention now"),
+    and meshplan's ring kernels need the fused attention (compute.ring_attention.applies). With
+    ``flash_attention = false`` the table's rows are all-gather CP's, as its ops are: GQA, cp 4, s 32,
+    tp 1: K and V at the 2 KV heads, 1 x 32 x 2 x (16 + 16) x 2 B = 4,096 B gathered forward and
+    reduce-scattered backward, no shift; an explicit "ring" is refused."""
+    plan = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, flash_attention=False)
+    assert _per_layer(_cp_rows(plan), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+                                             ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    with pytest.raises(ValueError, match="cp_attention \"ring\" runs torch's fused SDPA kernels only"):
+        TrainingSpec(global_batch=8, seq_len=16, cp_attention="ring", flash_attention=False)
