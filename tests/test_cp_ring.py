@@ -13,6 +13,7 @@ from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.netload import network_loads
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of
@@ -221,7 +222,6 @@ def test_ring_shifts_cross_nodes_round_a_closed_ring():
     micro-batches, 2 layers x 4 shifts x 4 = 32 a step: 65,536 B per rank. Node 0 holds 2 members
     of each of the 4 cp groups, and each group's ring leaves it once (4 -> 8): 4 x 65,536 =
     262,144 B a step over node 0's NICs (a chain's 4 x 2 x 65,536 / 3 = 174,763)."""
-    from meshplan.schedule.netload import network_loads
     plan = _plan(GQA, {"names": ["cp", "dp_shard", "tp"], "shape": [4, 2, 2]}, nodes=2)
     shifts = [r for r in _cp_rows(plan) if r.op == "send/recv"]
     assert {r.size_bytes for r in shifts} == {2048.0} and sum(r.per_step for r in shifts) == 32

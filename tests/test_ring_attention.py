@@ -7,7 +7,8 @@ from meshplan import catalog
 from meshplan.compute import ring_attention
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import SDPA_KERNELS, Workload
-from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes
+from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes, slowest_rank
+from meshplan.compute.shapes import attention_shape
 
 LLAMA8B = catalog.model("llama3-8b")
 H100_500W = catalog.gpu("h100-hbm2e-96gb-500w")
@@ -249,10 +250,6 @@ def test_mla_ring_accumulates_dq_at_qs_head_dim():
     against 39 n_q, the K/V terms equal; backward 30 n_dq + 57 n_kv against 33 n_dq + 54 n_kv).
     Its backward: 30 x 3,145,728 + 57 x 5,242,880 = 94,371,840 + 298,844,160 = 393,216,000 B (dQ
     at d_v would give 361,758,720); forward 50 x 2,097,152 + 8 x 5,242,880 = 146,800,640 B."""
-    from meshplan import catalog
-    from meshplan.compute.ops import Workload
-    from meshplan.compute.ring_attention import slowest_rank
-    from meshplan.compute.shapes import attention_shape
     model = catalog.model("deepseek-v2-lite")
     att = attention_shape(model, 2, 2, 1, 4096)
     assert (att.q_heads, att.seq_q, att.head_dim, att.d_v) == (8, 2048, 192, 128)
