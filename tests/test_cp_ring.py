@@ -13,6 +13,7 @@ from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.netload import network_loads
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of
@@ -209,3 +210,36 @@ def test_a_shift_across_nodes_moves_at_one_nics_rate():
     assert {r.path.ranks_per_node for r in shifts[0]} == {2} and {r.path.ranks_per_node for r in shifts[1]} == {1}
     assert shifts[0][0].time_s == pytest.approx(shifts[1][0].time_s, rel=1e-12)
     assert 1_048_576 / shifts[0][0].time_s < 50e9
+
+
+def test_ring_shifts_cross_nodes_round_a_closed_ring():
+    """torch's dK/dV shifts go from cp rank i to i + 1 and from rank cp - 1 back to rank 0
+    (``_AllToAllRotater``: ``dsts = list(range(1, size)) + [0]``): a closed ring, not pp's chain.
+    cp 4 x dp_shard 2 x tp 2 on 2 dgx-h100: cp stride 4, group 0 = ranks 0, 4 (node 0), 8, 12
+    (node 1), g = 2: hops 0->4 in, 4->8 across, 8->12 in, 12->0 across: 2 of 4 hops cross, half a
+    rank's bytes on average through a NIC (a chain's 1 of 3 would be a third). GQA at tp 2: 2 local
+    q heads, shift = 1 x 32 tokens x 2 heads x (16 + 16) x 4 B / 4 = 2,048 B; 8 / dp 2 = 4
+    micro-batches, 2 layers x 4 shifts x 4 = 32 a step: 65,536 B per rank. Node 0 holds 2 members
+    of each of the 4 cp groups, and each group's ring leaves it once (4 -> 8): 4 x 65,536 =
+    262,144 B a step over node 0's NICs (a chain's 4 x 2 x 65,536 / 3 = 174,763)."""
+    plan = _plan(GQA, {"names": ["cp", "dp_shard", "tp"], "shape": [4, 2, 2]}, nodes=2)
+    shifts = [r for r in _cp_rows(plan) if r.op == "send/recv"]
+    assert {r.size_bytes for r in shifts} == {2048.0} and sum(r.per_step for r in shifts) == 32
+    assert {r.path.ranks_per_node for r in shifts} == {2} and {r.path.nodes for r in shifts} == {2}
+    assert [r.link_bytes for r in shifts] == [(1024.0, 1024.0)] * len(shifts)
+    nics, _ = network_loads(plan, shifts, 1)
+    assert sum(b[0] for b in nics.values()) == pytest.approx(4 * 65_536)
+
+
+def test_no_ring_without_the_fused_attention():
+    """torch's ring runs the flash, efficient or cuDNN SDPA kernels only (torch 2.13
+    ``_sdpa_handler``: "CP only supports flash attention and memory efficient attention now"),
+    and meshplan's ring kernels need the fused attention (compute.ring_attention.applies). With
+    ``flash_attention = false`` the table's rows are all-gather CP's, as its ops are: GQA, cp 4, s 32,
+    tp 1: K and V at the 2 KV heads, 1 x 32 x 2 x (16 + 16) x 2 B = 4,096 B gathered forward and
+    reduce-scattered backward, no shift; an explicit "ring" is refused."""
+    plan = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, flash_attention=False)
+    assert _per_layer(_cp_rows(plan), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+                                             ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    with pytest.raises(ValueError, match="cp_attention \"ring\" runs torch's fused SDPA kernels only"):
+        TrainingSpec(global_batch=8, seq_len=16, cp_attention="ring", flash_attention=False)

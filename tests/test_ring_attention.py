@@ -7,7 +7,8 @@ from meshplan import catalog
 from meshplan.compute import ring_attention
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import SDPA_KERNELS, Workload
-from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes
+from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE, ring_bytes, slowest_rank
+from meshplan.compute.shapes import attention_shape
 
 LLAMA8B = catalog.model("llama3-8b")
 H100_500W = catalog.gpu("h100-hbm2e-96gb-500w")
@@ -239,3 +240,19 @@ def test_t2_cp8_layer_attention_by_hand():
     att = {(o.name, o.phase): o.seconds for o in cost.ops if o.kind == "attention"}
     assert att[("attention", "forward")] == pytest.approx(pair_flop / (335e12 * 0.797) + 7 * pair_flop / (370e12 * 0.797))
     assert att[("attention", "backward_input")] == pytest.approx(8 * 2.5 * pair_flop / (322e12 * 0.797))
+
+
+def test_mla_ring_accumulates_dq_at_qs_head_dim():
+    """MLA's Q (and dQ, torch's ``grad_query = zeros_like(query, dtype=float32)``) has d_qk = 128 +
+    64 = 192 per head, its output d_v = 128. DeepSeek-V2-Lite at tp 2 (8 local heads), cp 2, s 4096,
+    b 1: L 2048; output 8 x 2048 x 128 = 2,097,152 elements, Q 8 x 2048 x 192 = 3,145,728, K and V
+    8 x 2048 x 320 = 5,242,880. Eager, no rates: rank 1 holds the most ring bytes (forward 50 n_q
+    against 39 n_q, the K/V terms equal; backward 30 n_dq + 57 n_kv against 33 n_dq + 54 n_kv).
+    Its backward: 30 x 3,145,728 + 57 x 5,242,880 = 94,371,840 + 298,844,160 = 393,216,000 B (dQ
+    at d_v would give 361,758,720); forward 50 x 2,097,152 + 8 x 5,242,880 = 146,800,640 B."""
+    model = catalog.model("deepseek-v2-lite")
+    att = attention_shape(model, 2, 2, 1, 4096)
+    assert (att.q_heads, att.seq_q, att.head_dim, att.d_v) == (8, 2048, 192, 128)
+    w = Workload(seq_len=4096, cp=2, torch_ring_attention=True, torch_eager=True)
+    chosen = slowest_rank(catalog.gpu("h100-sxm5-80gb"), att, w)
+    assert (chosen.rank, chosen.forward_bytes, chosen.backward_bytes) == (1, 146_800_640, 393_216_000)

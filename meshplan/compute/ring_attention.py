@@ -30,8 +30,8 @@ runs a forward block per 128 queries looping over the keys (``flash_fwd_launch_t
 Dao-AILab/flash-attention), while the catalog's rows are square calls at a constant 16k tokens
 (the benchmark's batch x length), so a square row at a call's loop length has its work per block.
 
-Sizes: ``n_q`` elements of Q (= of the output, ``d_v = d``) and ``n_kv`` of K and V together on
-the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
+Sizes: ``n_q`` elements of the output (``d_v``), ``n_dq`` of Q and of dQ (``d``, the same but
+for MLA's ``d_qk``) and ``n_kv`` of K and V together on the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
 the log-sum-exp rows (``1/d`` of the output) are left out. The work differs by rank: at a step
 ``i <= rank`` the whole Q is merged and the dK/dV half added and re-concatenated, at ``i > rank``
 half of Q is merged and re-concatenated (``partial``), its dQ half added and re-concatenated, the
@@ -58,10 +58,13 @@ MERGE = "cp ring merge"
 GRAD_ACCUMULATION = "cp ring gradient accumulation"
 
 
-def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int) -> tuple[int, int]:
+def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int, n_dq: Optional[int] = None) -> tuple[int, int]:
     """(forward, backward) bytes read + written per layer per micro-batch by the ring's own
     kernels (module docstring) on cp rank ``rank``, bf16 inputs; ``r = rank`` later steps take the
-    whole Q (``i <= rank``), ``p = cp - 1 - rank`` half of it (``i > rank``).
+    whole Q (``i <= rank``), ``p = cp - 1 - rank`` half of it (``i > rank``). ``n_q``: the
+    output's elements, which the forward merges; ``n_dq``: Q's, which dQ accumulates (default
+    ``n_q``; MLA's Q at ``d_qk`` 192 against its output at ``d_v`` 128: ``grad_query`` is
+    ``zeros_like(query, dtype=float32)``).
 
     Eager, one kernel per op: forward, the first call's output cast to fp32 (2 + 4 B) and the
     merged output cast back (4 + 2 B); a whole-Q merge the cast (6 B), ``out - block_out`` (12 B),
@@ -85,7 +88,7 @@ def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int) -> tuple[in
     ``n_q (12 + 10 r + 9 p)``, dK and dV first written (6 B), each later step's received fp32
     gradients read and written with the call's bf16 gradients added, whole (10 B, ``i > rank``)
     or half (9 B, ``i <= rank``), cast back (6 B), K and V concatenated once (4 B):
-    ``n_kv (16 + 9 r + 10 p)``.
+    ``n_kv (16 + 9 r + 10 p)``. Each backward ``n_q`` term is ``n_dq``'s.
 
     >>> ring_bytes(100, 200, 2, eager=True, rank=1)   # 100 (12 + 38), 200 * 8; 100 * 30, 200 (24 + 13 + 4 + 16)
     (6600, 14400)
@@ -95,14 +98,17 @@ def ring_bytes(n_q: int, n_kv: int, cp: int, eager: bool, rank: int) -> tuple[in
     (3000, 7200)
     >>> ring_bytes(100, 200, 1, eager=True, rank=0)   # no ring at cp 1
     (0, 0)
+    >>> ring_bytes(100, 200, 2, eager=True, rank=1, n_dq=150)   # dQ of 150 elements: 150 * 30 + 200 * 57
+    (6600, 15900)
     """
     if cp <= 1:
         return (0, 0)
     r, p = rank, cp - 1 - rank
+    dq = n_q if n_dq is None else n_dq
     if eager:
         return (n_q * (12 + 38 * r + 27 * p) + n_kv * 4 * cp,
-                n_q * (20 + 10 * r + 13 * p) + n_kv * (24 + 13 * r + 10 * p + 4 * (cp - 1) + 8 * cp))
-    return (n_q * (12 + 10 * r + 9 * p) + n_kv * 4, n_q * (12 + 10 * r + 9 * p) + n_kv * (16 + 9 * r + 10 * p))
+                dq * (20 + 10 * r + 13 * p) + n_kv * (24 + 13 * r + 10 * p + 4 * (cp - 1) + 8 * cp))
+    return (n_q * (12 + 10 * r + 9 * p) + n_kv * 4, dq * (12 + 10 * r + 9 * p) + n_kv * (16 + 9 * r + 10 * p))
 
 
 @dataclass(frozen=True)
@@ -135,11 +141,11 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     >>> slowest_rank(h100, a, replace(w, torch_eager=True)).rank   # SDPA the same on every rank: the most ring bytes
     3
     """
-    n_q, n_kv = _elements(att)
+    n_q, n_kv, n_dq = _elements(att)
     rated = _rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
     best: Optional[tuple[float, int]] = None
     for rank in range(w.cp):
-        fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank)
+        fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank, n_dq)
         t = memory_op_seconds(gpu, fwd) + memory_op_seconds(gpu, bwd)
         if rated is not None:
             f, b = _rank_sums(rated, w.cp, att.seq_q, rank)
@@ -147,15 +153,15 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
         if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
             best = (t, rank)
     rank = 0 if best is None else best[1]
-    fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank)
+    fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank, n_dq)
     return RingRank(rank, _rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
 
 
-def _elements(att: Attention) -> tuple[int, int]:
-    """(n_q, n_kv) of ``att`` (module docstring): Q's (= the output's) elements, K's and V's
-    together after ``repeat_kv`` (q heads)."""
-    n_q = att.batch * att.q_heads * att.seq_q * att.d_v
-    return n_q, att.batch * att.q_heads * att.seq_q * (att.head_dim + att.d_v)
+def _elements(att: Attention) -> tuple[int, int, int]:
+    """(n_q, n_kv, n_dq) of ``att`` (module docstring): the output's elements (``d_v``), K's and
+    V's together after ``repeat_kv`` (q heads), Q's (``head_dim``: MLA's ``d_qk``)."""
+    rows = att.batch * att.q_heads * att.seq_q
+    return rows * att.d_v, rows * (att.head_dim + att.d_v), rows * att.head_dim
 
 
 def applies(w: Workload) -> bool:

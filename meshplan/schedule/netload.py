@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.errors import ConfigError
-from meshplan.comm.row import link_bytes
+from meshplan.comm.row import closed_ring, link_bytes
 from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
 
 
@@ -96,13 +96,14 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) ->
     split over the NICs its members use; ``counted``: which members run ``r`` (its stage's; None: all)."""
     gn = p.node[group]
     n_nodes = len(np.unique(gn))
-    ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r.op, group)))
+    closed = closed_ring(r.axis, r.op)
+    ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r.op, group, closed)))
     leaf = leaf_of(p.cluster, gn)
     mask = np.isin(gn, mine) & (True if counted is None else counted)
     for nd in np.unique(gn[mask]):
         members = group[(gn == nd) & (True if counted is None else counted)]
         off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
-            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == nd).sum()))[1])
+            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == nd).sum()), closed)[1])
         sent = len(members) * off
         used = sorted({int(x) for x in p.nic[members] if x >= 0})
         share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
@@ -116,11 +117,12 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) ->
                 _acc(uplink, p.cluster.node.nics[i].rail, [up * x for x in share])
 
 
-def _exits(p, op: str, group) -> np.ndarray:
+def _exits(p, op: str, group, closed: bool = False) -> np.ndarray:
     """:func:`~meshplan.placement.spine.exit_crosses` of ``group``; a pipeline's send/recv runs
-    along a chain of stages, not a ring: no hop from the last stage back to the first."""
+    along a chain of stages, not a ring: no hop from the last stage back to the first (a
+    ``closed`` one, :func:`~meshplan.comm.row.closed_ring`, keeps it)."""
     out = exit_crosses(p, group)
-    if op == "send/recv" and len(out):
+    if op == "send/recv" and not closed and len(out):
         out[-1] = False
     return out
 

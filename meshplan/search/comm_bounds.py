@@ -21,7 +21,7 @@ from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.spec.axes.base import Dim
-from meshplan.spec.axes.cp import kv_elements
+from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
@@ -43,7 +43,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     ring = t.cp_ring
     at_q = kv_elements(m, c.mb, t.seq_len, heads[:, 0])
     kv = (at_q if ring else kv_elements(m, c.mb, t.seq_len, heads[:, 1])) * cd
-    shift = at_q // c.cp * dtype_bytes("fp32")
+    shift = ring_shift_bytes(at_q, c.cp)
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)

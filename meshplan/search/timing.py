@@ -15,7 +15,9 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   blocking EP all-to-alls, the CP exchange beside the Q projection only (the K/V
   all-gather after the K/V projection, before the core attention: ``attention + max(0, ring -
   Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients; torch's ring
-  attention: no forward exchange, backward its last fp32 dK/dV shift), the backward's
+  attention, :func:`~meshplan.search.layer_bounds.chains`: the gather beside its first SDPA step of
+  s seconds, ``attention + max(0, AG - s)``, backward ``max(0, AG - s) + (cp - 1) max(0, X - s) + X``
+  for its own gather and cp fp32 dK/dV shifts X, the last exposed), the backward's
   weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay (under
   torchtitan's per-layer AC, ``layer``, on the layers a stage surely replays: each chunk of n
   layers ``n // ac_freq`` of them, the stage's remaining ``N // ac_freq`` at the smaller increase

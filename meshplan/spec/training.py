@@ -281,9 +281,10 @@ class TrainingSpec(TrainingChecks):
     and shifts the fp32 dK/dV accumulators round the cp ring, cp all-to-alls;
     :func:`meshplan.spec.axes.cp.cp_rows`), or ``allgather``, Llama 3's all-gather CP as
     meshplan's own runtime runs it (K and V at the KV heads gathered, dK/dV reduce-scattered), the
-    only one ``validate`` runs. Unset: ``ring`` under ``framework = "torch"``, ``allgather`` under
-    ``megatron`` (:attr:`cp_ring`; Megatron-LM's Transformer Engine p2p ring is not modelled apart:
-    it keeps the all-gather rows; ``ring`` is refused there).
+    only one ``validate`` runs. Unset: ``ring`` under ``framework = "torch"`` with
+    ``flash_attention`` (torch's ring runs the fused SDPA kernels only: ``ring`` is refused without
+    it), ``allgather`` otherwise (:attr:`cp_ring`; Megatron-LM's Transformer Engine p2p ring is not
+    modelled apart: it keeps the all-gather rows; ``ring`` is refused there).
     ``moe_dispatcher``: how the routed tokens travel over ep: ``alltoall`` (default; Megatron-LM's
     ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
     or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend

@@ -165,6 +165,9 @@ class TrainingChecks(TrainingPrecision):
         if self.cp_attention == "ring" and self.framework != "torch":
             raise ValueError("cp_attention \"ring\" is torch's context_parallel ring attention (framework \"torch\"); "
                              f"framework {self.framework!r} runs its own CP: remove the key")
+        if self.cp_attention == "ring" and not self.flash_attention:
+            raise ValueError("cp_attention \"ring\" runs torch's fused SDPA kernels only (flash, efficient, cuDNN); "
+                             "flash_attention false: remove one of the two keys")
         self._check_pp_p2p()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "

@@ -313,17 +313,22 @@ class TrainingEngines(TrainingFields):
     @property
     def cp_ring(self) -> bool:
         """Whether context parallelism runs torch's ring attention (``cp_attention = "ring"``; unset:
-        under ``framework = "torch"``, torchtitan's ``context_parallel``) rather than Llama 3's
-        all-gather CP (``"allgather"``; unset under Megatron-LM, whose Transformer Engine ring is
-        not modelled apart). The one rule the CP rows (:func:`meshplan.spec.axes.cp.cp_rows`) and
-        the ring's kernels (:func:`meshplan.compute.ops.framework_kernels`) read.
+        under ``framework = "torch"`` with the fused attention, torchtitan's ``context_parallel``)
+        rather than Llama 3's all-gather CP (``"allgather"``; unset under Megatron-LM, whose
+        Transformer Engine ring is not modelled apart, and without ``flash_attention``: torch's ring
+        runs the flash, efficient or cuDNN SDPA kernels only, ``_sdpa_handler`` raising "CP only
+        supports flash attention and memory efficient attention now" for any other, torch 2.13
+        ``_context_parallel/_attention.py``). The one rule the CP rows
+        (:func:`meshplan.spec.axes.cp.cp_rows`) and the ring's kernels
+        (:func:`meshplan.compute.ops.framework_kernels`) read.
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_ring for kw in (
-        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"})]
-        [True, False, False]
+        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"}, {"flash_attention": False})]
+        [True, False, False, False]
         """
-        return (self.cp_attention or ("ring" if self.framework == "torch" else "allgather")) == "ring"
+        torch_ring = self.framework == "torch" and self.flash_attention
+        return (self.cp_attention or ("ring" if torch_ring else "allgather")) == "ring"
 
     @property
     def has_zero1_engine(self) -> bool:

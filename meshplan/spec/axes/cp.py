@@ -38,6 +38,17 @@ def kv_elements(model, micro_batch, seq_len, heads):
     return micro_batch * seq_len * heads * (model.d_head + model.d_v)
 
 
+def ring_shift_bytes(kv_elems, cp):
+    """Bytes of one of torch's ring dK/dV shifts (:func:`ring_rows`): the fp32 dK and dV of the
+    rank's ``1/cp`` of the sequence, ``kv_elems`` (:func:`kv_elements` at the q heads) ``// cp x 4 B``;
+    scalars or numpy arrays alike (the table's row, the search's bound).
+
+    >>> ring_shift_bytes(4096, 4)
+    4096
+    """
+    return kv_elems // cp * dtype_bytes("fp32")
+
+
 def cp_rows(add, c) -> None:
     """The cp rows of one stage's collective table (:data:`~meshplan.spec.axes.base.RowBuilder`),
     torch's ring attention (:func:`ring_rows`) where ``training.cp_ring``
@@ -118,7 +129,7 @@ def ring_rows(add, c) -> None:
     if replayed:
         add("cp", "backward", "all-gather", kv, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
             "the replayed second SDPA call")
-    shift = elems // cp * dtype_bytes("fp32")
+    shift = ring_shift_bytes(elems, cp)
     add("cp", "backward", "send/recv", shift, "fp32", nl * (cp - 1),
         f"every layer, {cp - 1} of its {cp} ring shifts, fp32 (dK and dV)", "the next SDPA backward call (beside it)")
     add("cp", "backward", "send/recv", shift, "fp32", nl, "every layer, its last ring shift, fp32 (dK and dV)",
