@@ -11,6 +11,7 @@ from meshplan.config import load_config
 from meshplan.memory.headroom import headroom_words
 from tests.cli_run import run_cli
 from tests.configs import TP4_MB2, seed_mb2_toml
+from tests.nccl_published import ndr_ring_s
 
 
 @pytest.fixture(scope="module")
@@ -414,6 +415,16 @@ def test_reasons_ordered_by_seconds_of_effect():
     assert big == ["exposed cp", "compute", "exposed tp"]
     assert [r.split(":")[0] for r in (c.reasons[1], c.reasons[2], c.reasons[10])] == big
     assert c.reasons[9].startswith("of compute by kernel kind (each side's critical stage, per step): ")  # trial 24 #3
+    # each fp32 dK/dV shift, 131072 / cp x 64 / tp q heads x 256 x 4 B = 134,217,728 B at both, is one message
+    # through its sender's one NIC, whether its cp group has 1 rank a node (cp 8) or 2 (cp 16): 6.6 + 2.7 us + S /
+    # 47.10 GB/s = 2.859 ms (tests/nccl_published.py ndr_ring_s: a pair's ring moves S of 2 S at LL's one step)
+    shift = ndr_ring_s(2, 1, 2 * 134_217_728)
+    assert round(shift * 1e3, 3) == 2.859
+    for p, cp, tp, per_node in ((a, 8, 8, 1), (b, 16, 4, 2)):
+        rows = [r for r in p.stage(0).collectives if r.axis == "cp" and r.op == "send/recv"]
+        assert 131072 // cp * 64 // tp * 256 * 4 == 134_217_728 and {r.size_bytes for r in rows} == {134_217_728}
+        assert {r.path.ranks_per_node for r in rows} == {per_node}
+        assert [r.time_s for r in rows] == pytest.approx([shift] * len(rows), rel=1e-9) and rows
     # under compute, by seconds: the kernel kinds that differ most (meshplan.schedule.kernel_kinds), the ring's
     # merges first: per layer and micro-batch on cp rank cp - 1, eager (ring_attention.ring_bytes), n_q = 1 x 64 / tp
     # heads x 131072 / cp tokens x 128 and n_kv = 2 n_q (K and V after repeat_kv), n_q (12 + 38 (cp - 1)) + 4 cp n_kv
