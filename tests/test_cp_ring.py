@@ -210,6 +210,11 @@ def test_a_shift_across_nodes_moves_at_one_nics_rate():
     assert {r.path.ranks_per_node for r in shifts[0]} == {2} and {r.path.ranks_per_node for r in shifts[1]} == {1}
     assert shifts[0][0].time_s == pytest.approx(shifts[1][0].time_s, rel=1e-12)
     assert 1_048_576 / shifts[0][0].time_s < 50e9
+    # by hand: LL's 6.6 + 2.7 us, then 1,048,576 B at one NIC's 47.10 GB/s (ndr_ring_s: a pair's ring moves S
+    # of 2 S), 31.6 us; its 2 NICs would give 20.4 us
+    one = ndr_ring_s(2, 1, 2 * 1_048_576)
+    assert (round(one * 1e6, 1), round(ndr_ring_s(2, 2, 2 * 1_048_576) * 1e6, 1)) == (31.6, 20.4)
+    assert [r.time_s for s in shifts for r in s] == pytest.approx([one] * sum(map(len, shifts)), rel=1e-9)
 
 
 def _cp_times(plan) -> dict:
