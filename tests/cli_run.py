@@ -25,14 +25,16 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def run_captured(*argv) -> SimpleNamespace:
+def run_captured(*argv, cwd=None) -> SimpleNamespace:
     """``meshplan ARGV...`` in-process (:func:`run_main`), its output captured, read as the console
-    script's ``subprocess.CompletedProcess`` would be: ``returncode``, ``stdout``, ``stderr``. For tests
+    script's ``subprocess.CompletedProcess`` would be: ``returncode``, ``stdout``, ``stderr``; run in
+    ``cwd`` when given (as the subprocess's ``cwd``). For tests
     that ran ``python -m meshplan.cli`` only to read these: each such run re-imported meshplan and
     re-read the catalogs and kernel tables, 1.5-2.5 s of CPU (``main`` is the console script's whole
     body, meshplan/cli/__main__.py)."""
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext(), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
         code = run_main(*argv)
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 

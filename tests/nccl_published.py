@@ -85,6 +85,22 @@ def ndr_ring_s(n: int, nics: int, size_bytes: float) -> float:
     return (6.6 + (n - 1) * 2.7) * 1e-6 + (n - 1) / n * size_bytes / (nics * per_nic)
 
 
+def h100_nvlink_s(op: str, n: int, size_bytes: float) -> float:
+    """By hand, seconds of an uncalibrated ring ``op`` ("all-gather", "reduce-scatter" or
+    "send/recv") over ``n`` ranks inside a dgx-h100 (NVLink 450 GB/s, the catalog's
+    h100-nvlink4-ring curve at its own line rate) of a ``size_bytes`` buffer from 1 MiB to 8 GiB.
+    The curve's all-reduce rows over 8 ranks, t = 1.75 S / busbw: 64K 1.75 x 65,536 / 2.72e9 =
+    42.17 us (the 1M row's 1.75 x 1,048,576 / 43.70e9 = 41.99 us raised to it: a larger buffer is
+    never faster), 8G 1.75 x 2^33 / 368e9 = 40,848.9 us, linear in S between 1 MiB and 8 GiB; less
+    the curve's own latency, LL's 6.6 + 14 x 0.6 = 15.0 us (14 ring steps), its bandwidth term
+    carries 1.75 S. The op: LL's 6.6 + k x 0.6 us (k = n - 1 steps, 1 for send/recv), then its bytes
+    sent, (n - 1) / n x S (S for send/recv), at that term's rate."""
+    t1, t8 = max(1.75 * M / 43.70e9, 1.75 * 64 * K / 2.72e9), 1.75 * 8 * G / 368e9
+    spent = t1 + (t8 - t1) * (size_bytes - M) / (8 * G - M) - 15.0e-6
+    k, sent = (1, 1.0) if op == "send/recv" else (n - 1, (n - 1) / n)
+    return (6.6 + k * 0.6) * 1e-6 + sent * spent / 1.75
+
+
 if __name__ == "__main__":  # rewrite the fixtures
     for name, spec in PUBLISHED.items():
         (DATA / name).write_text(published_text(*spec))

@@ -3,10 +3,8 @@ users), shell completion on (typer's --install-completion / --show-completion)."
 
 from __future__ import annotations
 
-import contextlib
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,12 +12,6 @@ from tests.cli_run import run_captured
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
-
-
-def cli(*args: str, cwd: Path | None = None) -> SimpleNamespace:
-    """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`), run in ``cwd`` when given."""
-    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
-        return run_captured(*args)
 
 
 def mode(p: Path) -> str:
@@ -76,7 +68,7 @@ def test_show_completion_prints_a_script(shell):
     # script is asked for by the shell's name
     from typer.completion import get_completion_script
 
-    assert "--show-completion" in cli("--help").stdout
+    assert "--show-completion" in run_captured("--help").stdout
     assert "_MESHPLAN_COMPLETE" in get_completion_script(prog_name="meshplan", complete_var="_MESHPLAN_COMPLETE",
                                                          shell=shell)
 
@@ -89,7 +81,7 @@ def test_place_states_traffic_as_bytes_sent_per_rank_per_step_in_gb():
     from meshplan.config import load_config
     from meshplan.plan import build_plan
 
-    r = cli("place", str(MINI))
+    r = run_captured("place", str(MINI))
     assert r.returncode == 0, r.stderr
     assert "TiB" not in r.stdout and "GiB" not in r.stdout
     line = next(x for x in r.stdout.splitlines() if "weights:" in x)
@@ -128,7 +120,7 @@ def test_a_missing_folder_is_refused_not_created(tmp_path, capsys, argv, field):
 
 
 def test_default_outputs_under_out_are_created(tmp_path):
-    r = cli("export", str(MINI), "--to", "megatron", "-o", "out/a/b/x.args", cwd=tmp_path)
+    r = run_captured("export", str(MINI), "--to", "megatron", "-o", "out/a/b/x.args", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "a" / "b" / "x.args").is_file()
 

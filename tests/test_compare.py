@@ -9,7 +9,9 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.config import load_config
 from meshplan.memory.headroom import headroom_words
+from tests.cli_run import run_cli
 from tests.configs import TP4_MB2, seed_mb2_toml
+from tests.nccl_published import ndr_ring_s
 
 
 @pytest.fixture(scope="module")
@@ -148,10 +150,10 @@ def test_summary_states_the_rule(mb2_pair, tmp_path):
 def test_cli_refuses_existing_out_before_the_report(tmp_path, capsys):
     from tests.conftest import EXAMPLES
     argv = ["compare", EXAMPLES / "seed-64gpu.toml", TP4_MB2, "--out", tmp_path]  # TP4_MB2 does not fit (121.5 > 71.2 GiB usable)
-    rc, out, err = _run(argv, capsys)  # in-process: no interpreter start-up
+    rc, out, err = run_cli(argv, capsys)  # in-process: no interpreter start-up
     assert rc == 0, err
     assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4-mb2)" in out
-    rc, out, err = _run(argv, capsys)
+    rc, out, err = run_cli(argv, capsys)
     assert rc == 2 and out == ""
     assert err == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4-mb2-vs-seed-64gpu'} exists; choose another "
                    "path or pass --force to replace it\n")
@@ -170,15 +172,6 @@ def test_advice_for_the_faster_mesh_that_does_not_fit(mb2_pair):
 
 
 # --- compare weighs plans of one workload: the cluster and the workload must match, the knobs may differ ---
-
-def _run(argv, capsys) -> tuple[int, str, str]:
-    """``meshplan ARGV`` in this process: (exit status, stdout, stderr)."""
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
-
 
 def _seed_text() -> str:
     from tests.conftest import EXAMPLES
@@ -222,7 +215,7 @@ def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
     seed = EXAMPLES / "seed-64gpu.toml"
     a100 = tmp_path / "a100.toml"
     a100.write_text(_seed_text().replace('system = "seed-8x8-2nic"', 'system = "dgx-a100"'))
-    rc, out, err = _run(["compare", seed, a100, "--out", tmp_path / "cmp"], capsys)
+    rc, out, err = run_cli(["compare", seed, a100, "--out", tmp_path / "cmp"], capsys)
     assert (rc, out) == (2, "")
     assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 18 "
                    "more workload fields); compare weighs two plans of one workload: give both the same [cluster] "
@@ -230,11 +223,11 @@ def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
                    "compare clusters\n")
     nodes = tmp_path / "n16.toml"
     nodes.write_text(_seed_text().replace("nodes = 8", "nodes = 16").replace("shape = [8, 8]", "shape = [16, 8]"))
-    rc, out, err = _run(["compare", seed, nodes, "--out", tmp_path / "cmp"], capsys)
+    rc, out, err = run_cli(["compare", seed, nodes, "--out", tmp_path / "cmp"], capsys)
     assert rc == 2 and err.startswith("error: compare: cluster.nodes differs: seed-64gpu 8, n16 16; ")
     batch = tmp_path / "gb256.toml"
     batch.write_text(_seed_text().replace("global_batch = 512", "global_batch = 256"))
-    rc, out, err = _run(["compare", seed, batch, "--out", tmp_path / "cmp"], capsys)
+    rc, out, err = run_cli(["compare", seed, batch, "--out", tmp_path / "cmp"], capsys)
     assert (rc, err) == (2, "error: compare: training.global_batch differs: seed-64gpu 512, gb256 256; compare "
                             "weighs two plans of one workload: give both the same training.global_batch; only the "
                             "mesh and the plan's knobs (micro_batch, recompute, sharding ...) may differ\n")
@@ -248,7 +241,7 @@ def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
     seed, top = EXAMPLES / "seed-64gpu.toml", tmp_path / "top.toml"
     top.write_text(TOP)
     doc_path = tmp_path / "c.json"
-    rc, out, err = _run(["compare", seed, top, "--out", tmp_path / "cmp", "--json", doc_path], capsys)
+    rc, out, err = run_cli(["compare", seed, top, "--out", tmp_path / "cmp", "--json", doc_path], capsys)
     assert rc == 0, err
     doc = json.loads(doc_path.read_text())
     # the top's explicit pp_layer_split [20, 20, 20, 20] is the even split of 80 layers over pp 4: no knob
@@ -267,7 +260,7 @@ def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
     for side, path in (("a", seed), ("b", top)):
         for cmd in ("step", "memory"):
             extra = ["--out", tmp_path / f"png-{side}"] if cmd == "memory" else []
-            rc, _, err = _run([cmd, path, "--json", tmp_path / f"{cmd}-{side}.json", *extra], capsys)
+            rc, _, err = run_cli([cmd, path, "--json", tmp_path / f"{cmd}-{side}.json", *extra], capsys)
             assert rc == 0, err
         step = json.loads((tmp_path / f"step-{side}.json").read_text())
         memory = json.loads((tmp_path / f"memory-{side}.json").read_text())
@@ -422,6 +415,16 @@ def test_reasons_ordered_by_seconds_of_effect():
     assert big == ["exposed cp", "compute", "exposed tp"]
     assert [r.split(":")[0] for r in (c.reasons[1], c.reasons[2], c.reasons[10])] == big
     assert c.reasons[9].startswith("of compute by kernel kind (each side's critical stage, per step): ")  # trial 24 #3
+    # each fp32 dK/dV shift, 131072 / cp x 64 / tp q heads x 256 x 4 B = 134,217,728 B at both, is one message
+    # through its sender's one NIC, whether its cp group has 1 rank a node (cp 8) or 2 (cp 16): 6.6 + 2.7 us + S /
+    # 47.10 GB/s = 2.859 ms (tests/nccl_published.py ndr_ring_s: a pair's ring moves S of 2 S at LL's one step)
+    shift = ndr_ring_s(2, 1, 2 * 134_217_728)
+    assert round(shift * 1e3, 3) == 2.859
+    for p, cp, tp, per_node in ((a, 8, 8, 1), (b, 16, 4, 2)):
+        rows = [r for r in p.stage(0).collectives if r.axis == "cp" and r.op == "send/recv"]
+        assert 131072 // cp * 64 // tp * 256 * 4 == 134_217_728 and {r.size_bytes for r in rows} == {134_217_728}
+        assert {r.path.ranks_per_node for r in rows} == {per_node}
+        assert [r.time_s for r in rows] == pytest.approx([shift] * len(rows), rel=1e-9) and rows
     # under compute, by seconds: the kernel kinds that differ most (meshplan.schedule.kernel_kinds), the ring's
     # merges first: per layer and micro-batch on cp rank cp - 1, eager (ring_attention.ring_bytes), n_q = 1 x 64 / tp
     # heads x 131072 / cp tokens x 128 and n_kv = 2 n_q (K and V after repeat_kv), n_q (12 + 38 (cp - 1)) + 4 cp n_kv
@@ -623,7 +626,7 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     top1, row4 = tmp_path / "top1.toml", tmp_path / "row4.toml"
     top1.write_text(compiled(TOP1))
     row4.write_text(compiled(TOP))
-    rc, out, err = _run(["compare", top1, row4, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
+    rc, out, err = run_cli(["compare", top1, row4, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
@@ -687,7 +690,7 @@ def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
     ``verdict: identical plans`` and exited 0; --help says 1 when neither fits."""
     a = tmp_path / "A.toml"
     a.write_text(NO_FIT)
-    rc, out, err = _run(["compare", a, a, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
+    rc, out, err = run_cli(["compare", a, a, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
     assert rc == 1
     assert "verdict: identical plans; neither fits\n" in out
     # usable: the H100's runtime total 79.11 GiB (catalog device_memory_gib) x (1 - 0.10) = 71.2 GiB
@@ -699,7 +702,7 @@ def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
     b = tmp_path / "B.toml"  # two files of the plan: both reasons
     b.write_text(NO_FIT)
-    rc, out, err = _run(["compare", a, b, "--out", tmp_path / "cmp"], capsys)
+    rc, out, err = run_cli(["compare", a, b, "--out", tmp_path / "cmp"], capsys)
     assert rc == 1 and err.splitlines() == [f"infeasible: A: {reason}", f"infeasible: B: {reason}"]
 
 
@@ -712,9 +715,9 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     r1 = tmp_path / "r1.toml"
     r1.write_text((EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text().replace(
         "[training]\n", '[training]\nframework = "megatron"\nparam_dtype = "bf16"\n'))
-    rc, _, err = _run(["export", r1, "--to", "megatron", "-o", tmp_path / "r1.args"], capsys)
+    rc, _, err = run_cli(["export", r1, "--to", "megatron", "-o", tmp_path / "r1.args"], capsys)
     assert rc == 0, err
-    rc, _, err = _run(["import", "megatron", tmp_path / "r1.args", "--cluster", "dgx-h100", "--nodes", "1", "-o",
+    rc, _, err = run_cli(["import", "megatron", tmp_path / "r1.args", "--cluster", "dgx-h100", "--nodes", "1", "-o",
                        tmp_path / "r1_mg_back.toml"], capsys)
     assert rc == 0, err
     # the import names the zero3 data axis dp_shard (issue 11); spelt dp, as Megatron-LM's own word,
@@ -722,7 +725,7 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     back = (tmp_path / "r1_mg_back.toml").read_text()
     assert 'names = ["dp_shard", "tp"]' in back
     (tmp_path / "r1_mg_back.toml").write_text(back.replace('names = ["dp_shard", "tp"]', 'names = ["dp", "tp"]'))
-    rc, out, err = _run(["compare", r1, tmp_path / "r1_mg_back.toml", "--out", tmp_path / "cmp", "--json",
+    rc, out, err = run_cli(["compare", r1, tmp_path / "r1_mg_back.toml", "--out", tmp_path / "cmp", "--json",
                          tmp_path / "c.json"], capsys)
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())

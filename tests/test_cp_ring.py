@@ -18,6 +18,7 @@ from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.training import TrainingSpec
+from tests.nccl_published import h100_nvlink_s, ndr_ring_s
 from tests.test_interop import H100, TT
 
 # 2 layers, h 64, 4 q heads of 16 and 2 KV heads (GQA: torchtitan's repeat_kv doubles K and V)
@@ -210,6 +211,55 @@ def test_a_shift_across_nodes_moves_at_one_nics_rate():
     assert {r.path.ranks_per_node for r in shifts[0]} == {2} and {r.path.ranks_per_node for r in shifts[1]} == {1}
     assert shifts[0][0].time_s == pytest.approx(shifts[1][0].time_s, rel=1e-12)
     assert 1_048_576 / shifts[0][0].time_s < 50e9
+    # by hand: LL's 6.6 + 2.7 us, then 1,048,576 B at one NIC's 47.10 GB/s (ndr_ring_s: a pair's ring moves S
+    # of 2 S), 31.6 us; its 2 NICs would give 20.4 us
+    one = ndr_ring_s(2, 1, 2 * 1_048_576)
+    assert (round(one * 1e6, 1), round(ndr_ring_s(2, 2, 2 * 1_048_576) * 1e6, 1)) == (31.6, 20.4)
+    assert [r.time_s for s in shifts for r in s] == pytest.approx([one] * sum(map(len, shifts)), rel=1e-9)
+
+
+def _cp_times(plan) -> dict:
+    """(op, size_bytes) -> seconds of stage 0's cp rows."""
+    return {(r.op, r.size_bytes): r.time_s for r in _cp_rows(plan)}
+
+
+def test_ring_rows_timed_by_hand_on_nvlink_and_the_nics():
+    """The ring's row times that the pinned steps of test_newcomer8, test_restart_kind, test_compare
+    and test_search_explain quote (195.7, 384.3, 202.1 us; all-gather CP's 36.3 and 59.1 us) and
+    test_step_tp_hint's trial exposes (2.15 and 1.43 ms), by hand from the catalog's curves.
+    NVLink (tests/nccl_published.py h100_nvlink_s, the h100-nvlink4-ring rows; LL 6.6 + 0.6 us a
+    step): Llama-3-70B at seq 8192, dp_shard 2 x cp 2 x tp 2 on one dgx-h100 (trial 8's q1top
+    layout): K/V at 64 / tp 2 = 32 q heads, 8192 x 32 x 256 x 2 B = 134,217,728 B gathered over 2
+    ranks, 7.2 + 1/2 x (674.9 - 15.0) / 1.75 = 195.7 us; each fp32 dK/dV shift of the rank's 4,096
+    tokens, 4096 x 32 x 256 x 4 B = 134,217,728 B, 7.2 + 659.9 / 1.75 = 384.3 us; all-gather CP
+    gathers the 8 / tp 2 = 4 KV heads, 16,777,216 B: 36.3 us. At tp 4, 16 q heads: a 67,108,864 B
+    shift, 202.1 us; Llama-3-8B under all-gather CP (8 KV heads, tp 1): 33,554,432 B, 59.1 us.
+    NICs (ndr_ring_s: 47.10 GB/s a NIC): seq 32768, dp_shard 2 x cp 4 x tp 8 on 8 dgx-h100 (cp
+    stride 8: one rank a node), 8 q heads, 32768 x 8 x 256 x 2 B = 134,217,728 B over 4 ranks:
+    6.6 + 3 x 2.7 us + 3/4 x S / 47.10 GB/s = 2.152 ms; the 8,192-token shift, 67,108,864 B,
+    through its sender's one NIC: 6.6 + 2.7 us + S / 47.10 GB/s = 1.434 ms."""
+    seq = {"global_batch": 8, "seq_len": 8192, "recompute": "none"}
+    seventy = {"catalog": "llama3-70b"}
+    q1 = _cp_times(_plan(seventy, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 2, 2]}, **seq))
+    ag, x = h100_nvlink_s("all-gather", 2, 134_217_728), h100_nvlink_s("send/recv", 2, 134_217_728)
+    assert (round(ag * 1e6, 1), round(x * 1e6, 1)) == (195.7, 384.3)
+    assert q1 == pytest.approx({("all-gather", 134_217_728.0): ag, ("send/recv", 134_217_728.0): x}, rel=1e-9)
+    gather = _cp_times(_plan(seventy, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 2, 2]}, cp_attention="allgather",
+                             **seq))
+    assert gather[("all-gather", 16_777_216.0)] == pytest.approx(h100_nvlink_s("all-gather", 2, 16_777_216), rel=1e-9)
+    assert round(h100_nvlink_s("all-gather", 2, 16_777_216) * 1e6, 1) == 36.3
+    tp4 = _cp_times(_plan(seventy, {"names": ["cp", "tp"], "shape": [2, 4]}, **seq))
+    assert tp4[("send/recv", 67_108_864.0)] == pytest.approx(h100_nvlink_s("send/recv", 2, 67_108_864), rel=1e-9)
+    assert round(h100_nvlink_s("send/recv", 2, 67_108_864) * 1e6, 1) == 202.1
+    eight = _cp_times(_plan({"catalog": "llama3-8b"}, {"names": ["cp", "dp_shard"], "shape": [2, 4]},
+                            cp_attention="allgather", **seq))
+    assert eight[("all-gather", 33_554_432.0)] == pytest.approx(h100_nvlink_s("all-gather", 2, 33_554_432), rel=1e-9)
+    assert round(h100_nvlink_s("all-gather", 2, 33_554_432) * 1e6, 1) == 59.1
+    nic = _cp_times(_plan(seventy, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 4, 8]}, nodes=8,
+                          **{**seq, "seq_len": 32768}))
+    ag, x = ndr_ring_s(4, 1, 134_217_728), ndr_ring_s(2, 1, 2 * 67_108_864)  # a pair's ring: S / 2 of 2 S
+    assert (round(ag * 1e3, 3), round(x * 1e3, 3)) == (2.152, 1.434)
+    assert nic == pytest.approx({("all-gather", 134_217_728.0): ag, ("send/recv", 67_108_864.0): x}, rel=1e-9)
 
 
 def test_ring_shifts_cross_nodes_round_a_closed_ring():

@@ -17,6 +17,7 @@ from meshplan.interop.roundtrip import differences
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
+from tests.cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EX = ROOT / "examples"
@@ -283,15 +284,6 @@ GPT3_175B = """--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --ff
 """
 
 
-def _cli(argv, capsys) -> tuple[int, str, str]:
-    """``meshplan ARGV`` in this process: (exit status, stdout, stderr)."""
-    from meshplan.cli import main
-    with pytest.raises(SystemExit) as done:
-        main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return done.value.code or 0, out.out, out.err
-
-
 @pytest.mark.parametrize("args, cluster, nodes, name", [
     (EX / "megatron_llama3-8b_16xh100_tp2-pp2.args", "dgx-h100", "2", "llama3-8b"),
     (None, "dgx-a100", "128", "megatron-175b")])
@@ -307,16 +299,16 @@ def test_megatron_round_trip_is_the_identical_plan(tmp_path, capsys, args, clust
         args.write_text(GPT3_175B)
     where = ["--cluster", cluster, "--nodes", nodes]
     a, b, c = tmp_path / "a.toml", tmp_path / "b.args", tmp_path / "c.toml"
-    assert _cli(["import", "megatron", args, *where, "-o", a], capsys)[0] == 0
-    assert _cli(["export", a, "--to", "megatron", "-o", b], capsys)[0] == 0
+    assert run_cli(["import", "megatron", args, *where, "-o", a], capsys)[0] == 0
+    assert run_cli(["export", a, "--to", "megatron", "-o", b], capsys)[0] == 0
     flags = b.read_text().splitlines()
     assert "--kv-channels 128" in flags
     # the 8B example's even split written out (32 / 2 = 16), which read back is mesh.pp_layer_split [16, 16]
     assert ("--decoder-first-pipeline-num-layers 16" in flags) == (name == "llama3-8b")
-    rc, out, err = _cli(["import", "megatron", b, *where, "-o", c], capsys)
+    rc, out, err = run_cli(["import", "megatron", b, *where, "-o", c], capsys)
     assert rc == 0 and f"the model flags give catalog model {name} exactly" in out + err
     assert f'[model]\ncatalog = "{name}"\n' in c.read_text()
-    rc, out, err = _cli(["compare", a, c, "--json", tmp_path / "c.json"], capsys)
+    rc, out, err = run_cli(["compare", a, c, "--json", tmp_path / "c.json"], capsys)
     assert rc == 0, err
     assert "verdict: identical plans\n" in out
     doc = __import__("json").loads((tmp_path / "c.json").read_text())

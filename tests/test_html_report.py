@@ -5,12 +5,10 @@ page is left in the test's tmp folder. The browser tests skip with a reason with
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -26,12 +24,6 @@ MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
 MINI_TP4 = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
 #: A file name that is markup: unescaped, the browser would run its handler and log to the console.
 HOSTILE = "mesh<img src=x onerror=console.error(1)>.toml"
-
-
-def cli(*args: str, cwd: Path) -> SimpleNamespace:
-    """``meshplan ARGS`` in-process in ``cwd`` (:func:`tests.cli_run.run_captured`: no interpreter start-up)."""
-    with contextlib.chdir(cwd):
-        return run_captured(*args)
 
 
 def test_plan_page_holds_the_plans_numbers():
@@ -105,7 +97,7 @@ def test_gantt_merges_sub_pixel_units_into_a_few_shapes_each_lane():
 def test_html_output_is_refused_when_it_exists(tmp_path):
     out = tmp_path / "r.html"
     out.write_text("mine")
-    r = cli("report", str(MINI), "--out", str(out), cwd=tmp_path)
+    r = run_captured("report", str(MINI), "--out", str(out), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: --out:") and "--force" in r.stderr
     assert out.read_text() == "mine"
 
@@ -156,7 +148,7 @@ def test_the_console_check_sees_errors(tmp_path):
 def test_plan_report_renders_in_chromium(tmp_path):
     cfg = tmp_path / HOSTILE
     cfg.write_text(MINI.read_text())
-    r = cli("report", cfg.name, "--out", "report.html", cwd=tmp_path)
+    r = run_captured("report", cfg.name, "--out", "report.html", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     page = tmp_path / "report.html"
     assert oct(page.stat().st_mode & 0o777) == "0o644"
@@ -173,9 +165,9 @@ def test_plan_report_renders_in_chromium(tmp_path):
 
 @pytest.mark.slow
 def test_compare_and_search_pages_render_in_chromium(tmp_path):
-    r = cli("compare", str(MINI), str(MINI_TP4), "--out", "cmp", "--html", "compare.html", cwd=tmp_path)
+    r = run_captured("compare", str(MINI), str(MINI_TP4), "--out", "cmp", "--html", "compare.html", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = cli("search", str(MINI), "--top", "3", "--html", "search.html", cwd=tmp_path)
+    r = run_captured("search", str(MINI), "--top", "3", "--html", "search.html", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     dom, console, shot = render(tmp_path / "compare.html", tmp_path / "compare")
     assert console == [] and ">Side by side</h2>" in dom

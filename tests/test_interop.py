@@ -9,7 +9,6 @@ x dp). Round trips compare the plans: mesh, memory peak and step time.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -47,9 +46,8 @@ H100 = ImportOptions(cluster="dgx-h100", nodes=1)
 def _cli(*args: str, cwd=None):
     """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`: no interpreter start-up) under the
     bare environment its subprocess had (PATH /usr/bin:/bin, OMP_NUM_THREADS 1), in ``cwd`` when given."""
-    with mock.patch.dict(os.environ, {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}, clear=True), \
-            contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
-        return run_captured(*args)
+    with mock.patch.dict(os.environ, {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}, clear=True):
+        return run_captured(*args, cwd=cwd)
 
 
 def _outcome(cfg):

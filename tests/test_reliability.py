@@ -339,8 +339,8 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     8,388,608 elements, K and V 2 n_q (repeat_kv), forward merge n_q (12 + 38) + 2 n_q x 8 =
     553,648,128 B (replayed once more by the recompute), backward n_q (10 + 20) + 2 n_q (24 + 17 +
     16) = 1,207,959,552 B; stage 0's 11 layers x 64 micro-batches at the H100's Triad 2.97 TB/s
-    (kernels.toml) add 0.549 s to cp 2's compute (its step 9.55 s), against 9.13 s for pp 3 x
-    dp_shard 8, which has no ring; without that term cp 2 would be first (the proposal before the
+    (kernels.toml) add 0.549 s to cp 2's compute (its step 9.55 s), against 9.10 s for pp 3 x
+    dp_shard 8 (9.104 s, 115,172 tokens/s, as docs/commands.md's sample), which has no ring; without that term cp 2 would be first (the proposal before the
     ring was counted, 1d93a21). Since torch's ring traffic is the table's too (issue 11, cp_attention
     "ring": spec.axes.cp.ring_rows) cp 2 also exposes each layer's last fp32 dK/dV shift: 9.70 s, and
     it stays second without the merge term (9.15 s)."""

@@ -8,8 +8,8 @@ activations of a 32768-token micro-batch; tp 8 (the NVLink domain) splits them a
 pp does not help under 1F1B (stage 0 holds pp micro-batches of layers / pp layers), so no cp 1
 candidate fits in 67.1 GiB. ``plan``'s own fix line finds cp 4 fitting for dp_shard 8 x tp 8 of
 this workload (README's plan row: 43.4 GiB); the search with every cp lists pp 2 x cp 4 x tp 8
-first, resharded (384.060 s, peak 55.1 GiB; 385.652 s before the ring block was one cp rank's and
-385.172 s before torch's ring SDPA calls were rated one by one, test below): its kept-gathered twin, the default at pp 2, is 0.77%
+first, resharded (472.820 s, peak 55.1 GiB; 384.060 s before torch's ring traffic was the table's,
+385.652 s before the ring block was one cp rank's and 385.172 s before torch's ring SDPA calls were rated one by one, test below): its kept-gathered twin, the default at pp 2, is 0.77%
 faster (382.222 s then, its ring calls the same) but peaks at 62.9 GiB, under 15% of the usable memory free, so the headroom tiers
 show the mesh at its setting that keeps it (hints37; was 382.035 s kept gathered after searchraf,
 384.986 s resharded before it, both before torchp2p's waited 1F1B calls). Why recompute

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -154,18 +153,11 @@ def test_printable_escapes_terminal_controls():
     assert str(err) == "model.catalog: unknown model 'x\\x1b[2J\\x0aerror: fake'"
 
 
-def _cli(*args, cwd=None):
-    """``meshplan ARGS`` in-process (:func:`tests.cli_run.run_captured`: every character the console
-    script would write to its stdout and stderr), run in ``cwd`` when given."""
-    with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
-        return run_captured(*args)
-
-
 def test_cli_error_line_from_hostile_catalog_name(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text('[model]\ncatalog = "llama\\u001b[2J\\nrm -rf"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
                    '[training]\nglobal_batch = 8\nseq_len = 1024\n[mesh]\nnames = ["tp"]\nshape = [8]\n')
-    r = _cli("plan", str(cfg))
+    r = run_captured("plan", str(cfg))
     assert r.returncode == 2 and r.stdout == ""
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: model.catalog: ")
@@ -175,7 +167,7 @@ def test_cli_error_line_from_hostile_catalog_name(tmp_path):
 
 def test_cli_output_path_with_control_characters_is_escaped(tmp_path):
     out = tmp_path / "p\x1b[2J.json"
-    r = _cli("place", str(ROOT / "examples" / "seed-64gpu.toml"), "--bindings", str(out))
+    r = run_captured("place", str(ROOT / "examples" / "seed-64gpu.toml"), "--bindings", str(out))
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "p\\x1b[2J.json" in r.stdout
     assert json.loads(out.read_text())[0]["rank"] == 0
@@ -185,6 +177,6 @@ def test_report_header_escapes_a_hostile_config_path(tmp_path):
     """The plan report's header echoes the config path: ESC and rich markup come out escaped."""
     cfg = tmp_path / "x\x1b[2J[red]y.toml"
     cfg.write_text((ROOT / "examples" / "seed-64gpu.toml").read_text())
-    r = _cli("plan", cfg.name, cwd=tmp_path)
+    r = run_captured("plan", cfg.name, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "meshplan plan x\\x1b[2J[red]y.toml" in r.stdout.splitlines()[0]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import tomllib
 
+import pytest
+
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
@@ -97,9 +99,21 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     assert round(80 * 20 * merge, 3) == -0.041
     assert _hint(trial) == []  # under the share
     assert f"{on.step_s:.2f} {on.exposed_s['tp']:.2f}" == "47.11 3.85"
+    ring = st
     data["training"] |= {"tp_comm_overlap": False, "cp_attention": "allgather"}
     gather = build_plan(config_from_dict(data))
     st = step_time(gather)
+    # ring against all-gather CP: compute differs by the ring's SDPA calls rated one by one (layer, above)
+    # and rank 0's compiled ring bytes, 225 n_q a layer (n_q = 8 x 8192 x 128) at 2.97 TB/s: 80 x 20 x
+    # (-90.6 + 635.5) us = -0.145 + 1.017 = 0.872 s; every other part but exposed cp the same
+    n_q = 8 * 8192 * 128
+    hand = 80 * 20 * (layer / 1e12 + 225 * n_q / 2.97e12)
+    assert round(hand, 3) == 0.872
+    assert ring.parts_s()["compute"] - st.parts_s()["compute"] == pytest.approx(hand, abs=5e-4)
+    assert {k: v for k, v in ring.parts_s().items() if k not in ("compute", "exposed cp")} == pytest.approx(
+        {k: v for k, v in st.parts_s().items() if k not in ("compute", "exposed cp")}, rel=1e-12)
+    # so the ringrank step (36.98 - 0.145 - 0.041 = 36.79 s) is the ring's step with all-gather CP's exposed cp
+    assert round(ring.step_s - ring.exposed_s["cp"] + st.exposed_s["cp"], 2) == round(36.98 - 0.145 - 0.041, 2) == 36.79
     data["training"]["tp_comm_overlap"] = True
     on = step_time(build_plan(config_from_dict(data)))
     assert _hint(gather) == [  # no hint: a note says why (hints19 #2), async TP's decomposed GEMMs
