@@ -165,6 +165,10 @@ class TrainingChecks(TrainingPrecision):
         if self.cp_attention == "ring" and self.framework != "torch":
             raise ValueError("cp_attention \"ring\" is torch's context_parallel ring attention (framework \"torch\"); "
                              f"framework {self.framework!r} runs its own CP: remove the key")
+        if self.cp_attention == "p2p" and self.framework != "megatron":
+            raise ValueError("cp_attention \"p2p\" is Transformer Engine's p2p ring as Megatron-LM runs it (framework "
+                             f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
+                             "\"allgather\"")
         self._check_pp_p2p()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "

@@ -311,19 +311,45 @@ class TrainingEngines(TrainingFields):
         return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
 
     @property
+    def cp_kind(self) -> str:
+        """How context parallelism runs attention: ``cp_attention``, or unset the framework's own:
+        torch's ring attention under ``framework = "torch"`` (torchtitan's ``context_parallel``),
+        Transformer Engine's p2p ring under ``"megatron"`` (Megatron-LM's ``--cp-comm-type``
+        default ``p2p``: arguments.py and ``TEDotProductAttention`` at NVIDIA/Megatron-LM d98e8a6,
+        which passes ``cp_comm_type = "p2p"`` for None). The one rule the CP rows
+        (:func:`meshplan.spec.axes.cp.cp_rows`), the ring's kernels
+        (:func:`meshplan.compute.ops.framework_kernels`) and the search's bound read.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_kind for kw in (
+        ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"},
+        ...  {"framework": "megatron", "cp_attention": "allgather"})]
+        ['ring', 'allgather', 'p2p', 'allgather']
+        """
+        return self.cp_attention or ("ring" if self.framework == "torch" else "p2p")
+
+    @property
     def cp_ring(self) -> bool:
-        """Whether context parallelism runs torch's ring attention (``cp_attention = "ring"``; unset:
-        under ``framework = "torch"``, torchtitan's ``context_parallel``) rather than Llama 3's
-        all-gather CP (``"allgather"``; unset under Megatron-LM, whose Transformer Engine ring is
-        not modelled apart). The one rule the CP rows (:func:`meshplan.spec.axes.cp.cp_rows`) and
-        the ring's kernels (:func:`meshplan.compute.ops.framework_kernels`) read.
+        """Whether context parallelism runs torch's ring attention (:attr:`cp_kind` ``"ring"``).
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_ring for kw in (
         ...  {}, {"cp_attention": "allgather"}, {"framework": "megatron"})]
         [True, False, False]
         """
-        return (self.cp_attention or ("ring" if self.framework == "torch" else "allgather")) == "ring"
+        return self.cp_kind == "ring"
+
+    @property
+    def cp_p2p(self) -> bool:
+        """Whether context parallelism runs Transformer Engine's p2p ring (:attr:`cp_kind` ``"p2p"``:
+        Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).cp_p2p for kw in (
+        ...  {}, {"framework": "megatron"}, {"framework": "megatron", "cp_attention": "allgather"})]
+        [False, True, False]
+        """
+        return self.cp_kind == "p2p"
 
     @property
     def has_zero1_engine(self) -> bool:
