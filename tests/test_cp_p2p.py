@@ -11,10 +11,16 @@ backward (line 2717)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.steptime import step_time
+from meshplan.search.driver import search
+from meshplan.search.space import candidate_config
 from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.spec.training import TrainingSpec
@@ -113,3 +119,22 @@ def test_p2p_timeline_order_cp4():
     # each send starts with a step's call (the first three replay sends with calls 0-2, the backward's with 4-7)
     assert [round(e.start_s, 12) for e in sends] == [round(c.start_s, 12) for c in calls[:3] + calls[4:]]
     assert all(a.end_s <= b_.start_s + 1e-12 for a, b_ in zip(sends, sends[1:]))
+
+
+def test_search_bound_holds_under_p2p():
+    """The search's step lower bound (search/layer_bounds.chains: per send max(send - step, 0), as
+    the timeline's p2p_steps) stays at or below the exact step of every sampled Megatron-LM cp
+    candidate (Llama-3-8B, 2 DGX H100 nodes, s 16,384), with each candidate's cp rows the p2p ring's."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 16384, "framework": "megatron"},
+                            "search": {"cp": [2, 4], "pp": [1], "tp": [1, 2], "dp_replicate": [1], "micro_batch": [1],
+                                       "recompute": ["selective", "full"], "vpp": [1]}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    valid = np.flatnonzero(np.isfinite(r.est.step_lo))
+    ratios = []
+    for i in valid[np.linspace(0, len(valid) - 1, min(6, len(valid))).astype(int)]:
+        plan = build_plan(candidate_config(cfg, r.candidates, int(i)))
+        assert {x.op for x in _cp_rows(plan)} == {"send/recv"}
+        if plan.feasible:
+            ratios.append(r.est.step_lo[i] / step_time(plan).step_s)
+    assert len(ratios) >= 3 and max(ratios) <= 1 + 1e-9, ratios
