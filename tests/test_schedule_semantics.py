@@ -160,19 +160,28 @@ def test_cp_timeline_issues_the_collectives_the_table_counts(schedule, vpp, reco
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_p2p_timeline_issues_the_collectives_the_table_counts(schedule, vpp, recompute):
-    """pp 2 (x vpp) x cp 4 x dp 2 under framework megatron (Transformer Engine's p2p ring,
+    """pp 2 (x vpp) x cp 4 x tp 2 with SP under framework megatron (Transformer Engine's p2p ring,
     Megatron-LM's default; tests/test_cp_p2p.py), m 8 per stage: the rank timeline's cp sends
-    equal the table's per-step counts. Per layer and micro-batch: forward cp - 1 = 3 K/V sends;
+    and tp collectives equal the table's per-step counts (the tp re-gather of the QKV input for
+    its weight gradient too). Per layer and micro-batch: forward cp - 1 = 3 K/V sends;
     backward 2 K/V (or dK/dV) sends and cp - 2 = 2 of K, V, dK and dV, and a replayed core
     attention's (selective: Megatron-LM's checkpointed core_attention; full: the layer) 3 K/V more."""
-    plan = plan_of({"names": ["pp", "dp", "cp"], "shape": [2, 2, 4], "world": 16, "pp_schedule": schedule,
-                    "virtual_stages": vpp}, nodes=2, global_batch=16, recompute=recompute, framework="megatron",
-                   sharding="zero1", seq_len=64)
-    st = step_time(plan)
+    plan = plan_of({"names": ["pp", "cp", "tp"], "shape": [2, 4, 2], "world": 16, "pp_schedule": schedule,
+                    "virtual_stages": vpp, "sequence_parallel": True}, nodes=2, global_batch=8, recompute=recompute,
+                   framework="megatron", sharding="none")
+    st, kinds = step_time(plan), tuple(k for k in COUNTED if k != "step") + ("tp",)
+    # get_batch's broadcasts left out (the timeline keys them by their own group, this table count by ""),
+    # tp's counted per op (a replay's tp events carry phase "forward", their rows "backward")
+    def calls(counts: Counter) -> Counter:
+        out: Counter = Counter()
+        for k, n in counts.items():
+            if k[3] != "broadcast":
+                out[(k[0], k[1], "" if k[0] == "tp" else k[2], k[3])] += n
+        return out
     for s in range(2):
+        assert calls(timeline_counts(st, s, kinds)) == calls(table_counts(plan, s, kinds)), s
         t = table_counts(plan, s)
-        assert timeline_counts(st, s) == t, (s, t)
-        lm = 2 * 8  # TINY's 4 layers over pp 2; global batch 16 over dp 2, b 1
+        lm = 2 * 8  # TINY's 4 layers over pp 2; global batch 8, b 1, no data axis
         replays = 0 if recompute == "none" else 3
         assert t[("cp", "", "forward", "send/recv")] == 3 * lm
         assert t[("cp", "", "backward", "send/recv")] == (2 + replays) * lm

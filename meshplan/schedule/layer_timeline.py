@@ -176,6 +176,8 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
     elif ring_cp(s):
         core, q, kv, sdpa, replay = cp
         ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre])
+        if regather:  # Megatron-LM (TE's p2p ring): the QKV input gathered again during its input gradient
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv)
     else:
