@@ -2,9 +2,9 @@
 (``--cp-comm-type p2p``; ``training.cp_attention`` unset or "p2p" under framework megatron,
 meshplan.spec.axes.cp.p2p_rows), by hand from TE's ``AttnFuncWithCPAndKVP2P``
 (NVIDIA/TransformerEngine d0067d0, transformer_engine/pytorch/attention/dot_product_attention/
-context_parallel.py): forward lines 1658-1676 (``p2p_comm_buffers[0] = torch.cat((k.view(-1),
+context_parallel.py): forward lines 1690-1715 (``p2p_comm_buffers[0] = torch.cat((k.view(-1),
 v.view(-1)))``; at step ``i < cp - 1`` ``flash_attn_p2p_communicate`` of buffer ``i`` before the
-step's attention, waited for at step ``i + 1``), backward lines 2396-2401 (buffers of ``(2,
+step's attention, waited for at step ``i + 1``), backward lines 2397-2401 (buffers of ``(2,
 *kv.shape)`` in ``kv.dtype``) and 2459-2495 (step 0 sends ``send_tensor[0]``, K and V; the last
 step ``send_tensor[1]``, dK and dV; the others both), waited for after the step's attention
 backward (line 2717)."""

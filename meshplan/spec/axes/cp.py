@@ -139,7 +139,8 @@ def p2p_rows(add, c) -> None:
     """Transformer Engine's p2p ring rows (``training.cp_p2p``: Megatron-LM's default
     ``--cp-comm-type p2p``), read in NVIDIA/TransformerEngine d0067d0
     ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``
-    ``AttnFuncWithCPAndKVP2P`` (fp8 attention off). K and V are the attention's inputs at the KV
+    ``AttnFuncWithCPAndKVP2P`` (fp8 attention off; forward lines 1690-1715, backward 2397-2401 and
+    2459-2495, 2717). K and V are the attention's inputs at the KV
     heads (Megatron-LM passes ``num_query_groups`` per tp rank; TE's flash and fused backends take
     them as they are, no GQA repeat), the rank's own ``s / cp`` tokens: ``KV = b x s/cp x local KV
     heads x (d_head + d_v)`` elements in the compute dtype (``fwd_nominal_dtype = q.dtype``),
@@ -165,8 +166,9 @@ def p2p_rows(add, c) -> None:
     add("cp", "forward", "send/recv", kv, d, nl * (cp - 1), f"every layer, {cp - 1} of its {cp} p2p ring steps "
         "(K and V)", "the step's attention call (beside it)")
     if replayed:
-        add("cp", "backward", "send/recv", kv, d, replayed * (cp - 1), ("every layer" if replayed == nl else
-            "every checkpointed layer") + f", recomputed, {cp - 1} p2p ring step{'s' * (cp > 2)} (K and V)", "the replayed step's attention call")
+        which = "every layer" if replayed == nl else "every checkpointed layer"
+        add("cp", "backward", "send/recv", kv, d, replayed * (cp - 1),
+            f"{which}, recomputed, {cp - 1} p2p ring step{'s' * (cp > 2)} (K and V)", "the replayed step's attention call")
     add("cp", "backward", "send/recv", kv, d, nl, "every layer, the first p2p ring step of its backward (K and V)",
         "the step's attention backward call (beside it)")
     if cp > 2:
