@@ -13,6 +13,7 @@ and ``overlap_param_gather`` for optim_grads_params
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 import sys
 from pathlib import Path
 
@@ -56,9 +57,11 @@ def _lost(header: list[str]) -> list[str]:
 def test_export_writes_the_dispatcher_and_cp_comm_type_the_plan_models():
     flags = write(MIXTRAL)
     assert "--moe-token-dispatcher-type alltoall" in flags and not any(f.startswith("--cp-comm") for f in flags)
-    flags = write(LONG)
-    assert "--cp-comm-type all_gather" in flags and not any(f.startswith("--moe-token") for f in flags)
+    flags = write(LONG)  # torch's ring: Megatron-LM runs Transformer Engine's p2p ring, its default
+    assert "--cp-comm-type p2p" in flags and not any(f.startswith("--moe-token") for f in flags)
     assert _lost(_header(MIXTRAL)) == [] and _lost(_header(LONG)) == []
+    gather = replace(LONG, training=LONG.training.model_copy(update={"cp_attention": "allgather"}))
+    assert "--cp-comm-type all_gather" in write(gather) and _lost(_header(gather)) == []
 
 
 def test_export_raises_max_position_to_the_sequence_and_says_so():
@@ -89,9 +92,8 @@ def _args(tmp_path, cfg, *extra: str, drop: str = ""):
 
 @pytest.mark.parametrize("flag, value, planned", [
     ("--moe-token-dispatcher-type", "allgather", "alltoall"),
-    ("--cp-comm-type", "p2p", "all_gather"),
-    ("--cp-comm-type", "a2a", "all_gather"),
-    ("--cp-comm-type", "a2a+p2p", "all_gather")])
+    ("--cp-comm-type", "a2a", "p2p or --cp-comm-type all_gather"),
+    ("--cp-comm-type", "a2a+p2p", "p2p or --cp-comm-type all_gather")])
 def test_import_refuses_a_dispatch_or_cp_meshplan_does_not_model(tmp_path, flag, value, planned):
     cfg = MIXTRAL if flag.startswith("--moe") else LONG
     f = _args(tmp_path, cfg, f"{flag} {value}", drop=flag)  # the last given wins, as argparse
@@ -113,8 +115,13 @@ def test_import_reads_the_planned_values_and_notes_megatron_defaults(tmp_path):
     assert any(n.startswith("megatron: --moe-token-dispatcher-type not given: Megatron-LM's default allgather")
                and n.endswith("planned as alltoall: add --moe-token-dispatcher-type alltoall") for n in bare.notes)
     opts = ImportOptions(cluster="dgx-h100", nodes=16)
+    # --cp-comm-type: absent, Megatron-LM's default p2p, planned as such (Transformer Engine's ring); given, read
     bare = load_any(_args(tmp_path, LONG, drop="--cp-comm-type"), "megatron", opts)
-    assert any(n.startswith("megatron: --cp-comm-type not given: Megatron-LM's default p2p") for n in bare.notes)
+    assert not any("--cp-comm-type" in n for n in bare.notes)
+    assert bare.training.cp_attention is None and bare.training.cp_kind == "p2p"
+    for value, key in (("p2p", "p2p"), ("all_gather", "allgather")):
+        given = load_any(_args(tmp_path, LONG, f"--cp-comm-type {value}", drop="--cp-comm-type"), "megatron", opts)
+        assert given.training.cp_attention == key and not any("--cp-comm-type" in n for n in given.notes)
     # a value meshplan does not model is fine where it does not communicate: cp 1
     dense = _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]})
     assert load_any(_args(tmp_path, dense, "--cp-comm-type p2p"), "megatron",

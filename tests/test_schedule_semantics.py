@@ -15,7 +15,8 @@ from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.schedule.comm_times import shard_group
+from meshplan.schedule.comm_times import CP_PACKED, shard_group
+from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.schedule.steptime import layer_unit_times, step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import dtype_bytes
@@ -39,7 +40,8 @@ def table_counts(plan, s: int, kinds=COUNTED) -> Counter:
     for r in plan.stage(s).collectives:
         kind = comm_kind(r)
         if kind in kinds:
-            group = shard_group(r.cadence) if kind in ("shard", "replica") else ""
+            group = shard_group(r.cadence) if kind in ("shard", "replica") else \
+                CP_PACKED if kind == "cp" and P2P_PACKED in r.cadence else ""
             out[(kind, group, r.phase if kind != "step" else "step", "all-gather" if r.op == "all-gather" else
                  r.op if kind != "step" else "reduce")] += r.per_step
     return out
@@ -153,6 +155,38 @@ def test_cp_timeline_issues_the_collectives_the_table_counts(schedule, vpp, reco
         assert t[("cp", "", "backward", "all-gather")] == (layers * ring + replayed) * m
         assert t[("cp", "", "backward", "send/recv")] == 2 * layers * m * ring
         assert t[("cp", "", "backward", "reduce-scatter")] == layers * m * (not ring)
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_p2p_timeline_issues_the_collectives_the_table_counts(schedule, vpp, recompute):
+    """pp 2 (x vpp) x cp 4 x tp 2 with SP under framework megatron (Transformer Engine's p2p ring,
+    Megatron-LM's default; tests/test_cp_p2p.py), m 8 per stage: the rank timeline's cp sends
+    and tp collectives equal the table's per-step counts (the tp re-gather of the QKV input for
+    its weight gradient too). Per layer and micro-batch: forward cp - 1 = 3 K/V sends;
+    backward 2 K/V (or dK/dV) sends and cp - 2 = 2 of K, V, dK and dV, and a replayed core
+    attention's (selective: Megatron-LM's checkpointed core_attention; full: the layer) 3 K/V more."""
+    plan = plan_of({"names": ["pp", "cp", "tp"], "shape": [2, 4, 2], "world": 16, "pp_schedule": schedule,
+                    "virtual_stages": vpp, "sequence_parallel": True}, nodes=2, global_batch=8, recompute=recompute,
+                   framework="megatron", sharding="none")
+    st, kinds = step_time(plan), tuple(k for k in COUNTED if k != "step") + ("tp",)
+    # get_batch's broadcasts left out (the timeline keys them by their own group, this table count by ""),
+    # tp's counted per op (a replay's tp events carry phase "forward", their rows "backward")
+    def calls(counts: Counter) -> Counter:
+        out: Counter = Counter()
+        for k, n in counts.items():
+            if k[3] != "broadcast":
+                out[(k[0], k[1], "" if k[0] == "tp" else k[2], k[3])] += n
+        return out
+    for s in range(2):
+        assert calls(timeline_counts(st, s, kinds)) == calls(table_counts(plan, s, kinds)), s
+        t = table_counts(plan, s)
+        lm = 2 * 8  # TINY's 4 layers over pp 2; global batch 8, b 1, no data axis
+        replays = 0 if recompute == "none" else 3
+        assert t[("cp", "", "forward", "send/recv")] == 3 * lm
+        assert t[("cp", "", "backward", "send/recv")] == (2 + replays) * lm
+        assert t[("cp", CP_PACKED, "backward", "send/recv")] == 2 * lm
+        assert not any(k[0] == "cp" and k[3] != "send/recv" for k in t)
 
 
 # TINY with 4 routed experts (top 2) in layers 1-3, layer 0 dense

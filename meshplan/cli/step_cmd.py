@@ -287,7 +287,9 @@ def _print_links(p, st, step_fn) -> None:
           "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
           "deadline is the end of the Q projection it runs beside; under torch's ring attention a K/V all-gather or "
           "dK/dV shift (send/recv) runs beside the SDPA step after it, whose end is its deadline, and each layer's "
-          "last shift, waited for at once, is in the parts line's exposed cp)")
+          "last shift, waited for at once, is in the parts line's exposed cp; under Transformer Engine's p2p ring "
+          "(Megatron-LM's) each K/V or dK/dV send/recv runs beside the attention step it precedes, whose end is its "
+          "deadline)")
     for t in timings(st):
         _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}" + (f"  (issued {t.issued})" if t.issued else ""))

@@ -64,9 +64,11 @@ Megatron-LM                              meshplan
 --attention-backend (default auto),      training.flash_attention: flash, fused, auto true; unfused, local false
   --use-flash-attn                         (:mod:`~meshplan.interop.megatron_attention`); exported as the user's
                                            --attention-backend where it agrees, else --use-flash-attn / unfused
---moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
-  --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
-                                           an absent one a note (Megatron-LM's defaults: allgather, p2p)
+--moe-token-dispatcher-type alltoall     what the plan models (ep's all-to-all dispatch): written so; another value
+                                           where it communicates is a ConfigError naming the flag, an absent one a
+                                           note (Megatron-LM's default: allgather)
+--cp-comm-type p2p, all_gather           training.cp_attention p2p (Megatron-LM's default, also when absent:
+                                           Transformer Engine's ring), allgather; a2a and a2a+p2p are refused at cp > 1
 --moe-token-dispatcher-type flex,        training.moe_dispatcher deepep (also the deprecated --moe-enable-deepep;
   --moe-flex-dispatcher-backend deepep     hybridep and ncclep are refused where ep x etp > 1)
 --overlap-grad-reduce,                   training.overlap_grad_reduce / overlap_param_gather with none / zero1

@@ -20,14 +20,13 @@ from meshplan.interop.megatron_model import int_flag as _int
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
-#: What meshplan plans for context parallelism (the K/V all-gather), as Megatron-LM spells it:
-#: ``--cp-comm-type`` (p2p, all_gather, a2a, a2a+p2p; default p2p): TransformerConfig ``cp_comm_type``
-#: and arguments.py ``--cp-comm-type`` at d98e8a6. The MoE dispatcher's flags:
+#: ``--cp-comm-type`` (p2p, all_gather, a2a, a2a+p2p; default p2p: TransformerConfig ``cp_comm_type`` and
+#: arguments.py ``--cp-comm-type`` at d98e8a6) -> ``training.cp_attention`` for the values meshplan plans:
+#: Transformer Engine's p2p ring and its all-gather CP. The MoE dispatcher's flags:
 #: :mod:`meshplan.interop.megatron_dispatch`.
-PLANNED_CP = "all_gather"
-#: What each other value runs instead, for the one-line refusal.
-CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
-            "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
+CP_COMM = {"p2p": "p2p", "all_gather": "allgather"}
+#: What each other value runs, for the one-line refusal.
+CP_TYPES = {"a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
             "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
 #: The overlap flags a Megatron FSDP export writes per --data-parallel-sharding-strategy: what the plan
 #: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.steptime.config_overlap`).
@@ -176,37 +175,30 @@ def routing(args: dict, notes: list[str]) -> dict:
 
 def comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> dict:
     """``--moe-token-dispatcher-type`` (:func:`meshplan.interop.megatron_dispatch.dispatcher`: the
-    ``training.moe_dispatcher`` key it gives) and ``--cp-comm-type`` against what meshplan plans
-    (:data:`PLANNED_CP`): another value where it communicates (cp > 1) is a ConfigError naming the
-    flag; absent, a note says that Megatron-LM's default differs and what is planned. Of a per-layer
-    ``--cp-comm-type`` list the first value is read."""
-    out = dispatcher(args, moe and deg["ep"] * deg["etp"] > 1, notes)
-    _planned_flag(args, "--cp-comm-type", PLANNED_CP, CP_TYPES, deg["cp"] > 1,
-                  ("p2p, all_gather, a2a or a2a+p2p", "the K/V all-gather meshplan plans", "the K/V all-gather",
-                   "the K/V all-gather of Llama 3's context parallelism"), notes)
-    return out
+    ``training.moe_dispatcher`` key it gives) and ``--cp-comm-type`` (:func:`cp_comm_type`)."""
+    return dispatcher(args, moe and deg["ep"] * deg["etp"] > 1, notes) | cp_comm_type(args, deg["cp"] > 1)
 
 
-def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], active: bool,
-                  words: tuple[str, str, str, str], notes: list[str]) -> None:
-    """One of :func:`comm_types`' flags: a value that is neither ``planned`` nor one of
-    ``others`` (Megatron-LM's choices, its default first, each with what it runs) is a
-    ConfigError; where the flag communicates (``active``) another known value is one too, and
-    an absent flag a note. ``words``: (Megatron-LM's choices, what meshplan plans, planned as,
-    what meshplan plans in full)."""
-    choices, plans, planned_as, plans_full = words
-    v = args.get(flag)
-    if v is not None and v not in (planned, *others):
-        raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not {choices}; give {planned} ({plans})")
-    if not active:
-        return
-    if v is None:
-        default = next(iter(others))
-        notes.append(f"{flag} not given: Megatron-LM's default {default} ({others[default]}); planned as "
-                     f"{planned_as}: add {flag} {planned}")
-    elif v != planned:
-        raise ConfigError(flag, f"{v} {others[v]}, which meshplan does not model (it plans {plans_full}); "
-                          f"use {flag} {planned}")
+def cp_comm_type(args: dict, active: bool) -> dict:
+    """``training.cp_attention`` of ``--cp-comm-type`` where context parallelism communicates
+    (``active``: cp > 1): ``p2p`` (Transformer Engine's ring; absent, Megatron-LM's default: no
+    key, which plans it under framework megatron) or ``allgather`` (:data:`CP_COMM`); ``a2a`` and
+    ``a2a+p2p`` a ConfigError naming the flag, as is a value Megatron-LM does not have. Of a
+    per-layer list the first value is read.
+
+    >>> cp_comm_type({"--cp-comm-type": "all_gather"}, True), cp_comm_type({}, True)
+    ({'cp_attention': 'allgather'}, {})
+    """
+    v, flag = args.get("--cp-comm-type"), "--cp-comm-type"
+    if v is None or (v in CP_TYPES and not active):
+        return {}
+    if v in CP_COMM:
+        return {"cp_attention": CP_COMM[v]} if active else {}
+    if v not in CP_TYPES:
+        raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not p2p, all_gather, a2a or a2a+p2p; give p2p "
+                                f"(Megatron-LM's default) or all_gather")
+    raise ConfigError(flag, f"{v} {CP_TYPES[v]}, which meshplan does not model (it plans Transformer Engine's p2p "
+                            f"ring and all_gather); use {flag} p2p or {flag} all_gather")
 
 
 def overlap_flags(args: dict, sharding: str) -> dict[str, bool]:

@@ -12,7 +12,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.megatron_attention import WRITTEN
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
-from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP, PLANNED_CP,
+from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
                                              SHARDING)
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
@@ -45,7 +45,8 @@ def write(cfg: Config) -> list[str]:
     # at ep 1 too: Megatron-LM defaults etp to tp (arguments.py:587-588), so the planned etp is written
     out += [f"--expert-tensor-parallel-size {mesh.etp}"] * (mesh.ep > 1 or (m.is_moe and deg.get("tp", 1) > 1))
     out += dispatcher_flags(t.moe_dispatcher) if m.is_moe else []
-    out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
+    # all-gather CP, or Transformer Engine's p2p ring (Megatron-LM's default; also what torch's ring becomes)
+    out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
     out += sharding_flags(t.sharding, t.megatron_fsdp)

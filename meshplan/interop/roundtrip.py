@@ -59,9 +59,13 @@ def _routed(training, moe: bool) -> dict[str, Any]:
     (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a plan's unset routing is the
     dropless routing a re-import states), and without routing keys for a dense model; the
     clipping norm as it resolves (:attr:`~meshplan.spec.training.TrainingSpec.clip_norm`: unset
-    is the 1.0 a DeepSpeed export writes)."""
+    is the 1.0 a DeepSpeed export writes); ``cp_attention`` unset where it names the framework's own
+    (:attr:`~meshplan.spec.training.TrainingSpec.cp_kind`: Megatron-LM's ``p2p``, which an import of
+    ``--cp-comm-type p2p`` states)."""
     out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
     out["grad_clip_norm"] = training.clip_norm
+    if training.cp_attention == training.model_copy(update={"cp_attention": None}).cp_kind:
+        out["cp_attention"] = None
     if moe:
         factor, dropless = training.moe_routing
         out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)

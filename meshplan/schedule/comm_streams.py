@@ -17,6 +17,7 @@ from meshplan.comm.fsdp_rows import FLOAT8_PRECOMPUTE_CADENCE
 from meshplan.comm.pp_rows import SCATTER_GATHER_CADENCE
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.spec.axes.base import Timeline
+from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.spec.axes.registry import AXES, Axis
 
 #: Groups whose rows the timeline places by hand (the built-in axes, and the derived groups
@@ -98,7 +99,7 @@ def comm_kind(row) -> str:
     if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c or DEEPSPEED_BUCKET_CADENCE in c:
         # DDP, ZeRO-2, DeepSpeed ZeRO-1/2: issued in backward, bucketed
         return "step"
-    if "(K and V)" in c or "(dK and dV)" in c:  # before send/recv: torch's ring shifts dK/dV by send/recv
+    if "(K and V)" in c or "(dK and dV)" in c or P2P_PACKED in c:  # before send/recv: the cp rings send by send/recv
         return "cp"
     if row.op == "send/recv":
         return "pp"

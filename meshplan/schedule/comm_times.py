@@ -19,6 +19,7 @@ from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADEN
 from meshplan.compute.batch_input import GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
+from meshplan.spec.axes.cp import P2P_PACKED
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE
 from meshplan.spec.axes.registry import Axis
 
@@ -40,6 +41,11 @@ FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES = "float8 token scales", "float8 weigh
 _SCALE_GROUPS = {FLOAT8_TOKEN_SCALES_CADENCE: FLOAT8_TOKEN_SCALES, FLOAT8_WEIGHT_SCALES_CADENCE: FLOAT8_WEIGHT_SCALES}
 
 
+#: Group of the cp send/recv rows of Transformer Engine's p2p backward steps that carry K, V, dK and dV in
+#: one buffer (:data:`meshplan.spec.axes.cp.P2P_PACKED`: twice the size of its K/V-only sends).
+CP_PACKED = "kv+dkv"
+
+
 #: Group of the tp rows of Megatron-LM's QKV sub-sharding at tp > kv_heads (the fused QKV output's
 #: all-gather and reduce-scatter, :data:`meshplan.spec.axes.tp_kv.QKV_GATHER_CADENCE`).
 QKV = "qkv"
@@ -49,6 +55,8 @@ def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
         return QKV
+    if kind == "cp" and P2P_PACKED in row.cadence:
+        return CP_PACKED
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
         return next(g for g, text in GET_BATCH_CADENCES.items() if text == row.cadence)
     if kind in ("shard", "replica"):

@@ -174,13 +174,14 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
             s.compute(name + " column B", t_b_col)
     elif ring_cp(s):
-        core, q, kv, sdpa = cp
-        s.compute(name + " core B", core - sdpa + t_w_row, [pre])
-        ring_backward(s, name, sdpa)
+        core, q, kv, sdpa, replay = cp
+        ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre])
+        if regather:  # Megatron-LM (TE's p2p ring): the QKV input gathered again during its input gradient
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv)
     else:
-        core, q, kv, _ = cp
+        core, q, kv, _, _ = cp
         s.compute(name + " core B", core + t_w_row, [pre])
         rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
         if regather:
@@ -207,11 +208,12 @@ _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a"
 def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
     torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
-    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), and ``sdpa``, the
-    part of ``core`` torch's ring attention runs as its steps
-    (:data:`~meshplan.schedule.ring_timeline.RING_OPS`). Op names from :mod:`meshplan.compute.ops`."""
+    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), ``sdpa``, the
+    part of ``core`` a cp ring runs as its steps (:data:`~meshplan.schedule.ring_timeline.RING_OPS`),
+    and ``replay``, the part a selective recompute replays in backward (``recompute`` None), which
+    Transformer Engine's p2p ring runs as its forward's steps. Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
-    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa"), 0.0)
+    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa", "replay"), 0.0)
     for o in c.ops:
         if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
             continue
@@ -222,6 +224,8 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
         out[part] += o.seconds
         ring = o.name.removesuffix(" (recompute)") in RING_OPS and bool(o.recompute) == bool(recompute)
         out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
+        replayed = recompute is None and o.recompute and o.name.removesuffix(" (recompute)") in RING_OPS
+        out["replay"] += o.seconds if replayed else 0.0
     return out
 
 
@@ -404,7 +408,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
-    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"]) if p else None,
+    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")
     _slots(s, "backward", At.AFTER, Block.ATTN)

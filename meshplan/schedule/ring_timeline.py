@@ -1,49 +1,110 @@
-"""torch's context-parallel ring attention on the rank timeline (``training.cp_attention =
-"ring"``, the rows of :func:`meshplan.spec.axes.cp.ring_rows`): the attention block's core as the
-ring's ``cp`` steps, each ``1/cp`` of its SDPA calls and ring kernels (:data:`RING_OPS`), with
-the K/V all-gather beside the first and the fp32 dK/dV shifts beside the next
-(:func:`ring_forward`, :func:`ring_backward`), called by :mod:`meshplan.schedule.layer_timeline`.
+"""The context-parallel rings on the rank timeline, torch's ring attention (``training.cp_attention
+= "ring"``, the rows of :func:`meshplan.spec.axes.cp.ring_rows`) and Transformer Engine's p2p ring
+(``"p2p"``, Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`): the attention block's
+core as the ring's ``cp`` steps, each ``1/cp`` of its attention calls (and torch's ring kernels,
+:data:`RING_OPS`), torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
+next, TE's sends each beside its own step (:func:`ring_forward`, :func:`ring_backward`), called by
+:mod:`meshplan.schedule.layer_timeline`.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
+from meshplan.schedule.comm_times import CP_PACKED
 from meshplan.schedule.unit_sim import StreamSim
 
-#: The ops of torch's ring attention that run as its ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
-#: the SDPA calls and the ring's merge and gradient accumulation kernels.
+#: The ops of the cp rings that run as their ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
+#: the attention calls and torch's ring merge and gradient accumulation kernels.
 RING_OPS = ("attention", MERGE, GRAD_ACCUMULATION)
 
-#: Name suffixes of the compute events of torch's ring attention (:func:`ring_cp`) that a cp
-#: collective runs beside: a forward SDPA call, a backward one (each ``1/cp`` of the calls' seconds).
+#: Name suffixes of the compute events of a ring's steps (:func:`ring_cp`) that a cp
+#: collective runs beside: a forward attention call, a backward one (each ``1/cp`` of the calls' seconds).
 RING_CALL, RING_CALL_B = " ring call", " ring call B"
 #: Name of the last dK/dV shift of a layer's ring backward, which nothing overlaps.
 LAST_SHIFT = "cp dK/dV last shift"
 
 
 def ring_cp(s: StreamSim) -> bool:
-    """Whether the stage's table has torch's ring attention rows (the dK/dV shifts,
-    :func:`meshplan.spec.axes.cp.ring_rows`): the timeline issues what the table counts."""
+    """Whether the stage's table has a ring's rows (send/recv in backward: torch's dK/dV shifts,
+    :func:`meshplan.spec.axes.cp.ring_rows`, or TE's p2p sends, :func:`p2p_cp`): the timeline
+    issues what the table counts."""
     return s.c.get("cp", "backward", "send/recv") > 0
+
+
+def p2p_cp(s: StreamSim) -> bool:
+    """Whether the stage's table has Transformer Engine's p2p ring rows (send/recv in forward,
+    :func:`meshplan.spec.axes.cp.p2p_rows`; torch's ring gathers K and V in forward)."""
+    return s.c.get("cp", "forward", "send/recv") > 0
 
 
 def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float) -> None:
     """The forward (``phase`` "forward", or "backward": a checkpointed layer's replay) core of
     block ``name`` (``core`` seconds, ``sdpa`` of them the ring's steps), after the Q, K and V
-    projections: ``_templated_ring_attention`` issues the K/V all-gather before its first SDPA
-    call and waits for it before the second."""
+    projections. torch: ``_templated_ring_attention`` issues the K/V all-gather before its first
+    SDPA call and waits for it before the second. TE's p2p ring (:func:`p2p_steps`): ``cp - 1``
+    K/V sends, one beside each step but the last, then the rest of the core."""
+    if p2p_cp(s):
+        p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"))
+        s.compute(name + " core", core - sdpa)
+        return
     ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather", after=[s.last])
     s.compute(name + RING_CALL, sdpa / s.w.cp)
     s.compute(name + " core", core - sdpa / s.w.cp, [ring])
 
 
-def ring_backward(s: StreamSim, name: str, sdpa: float) -> None:
-    """torch's ring attention backward (:func:`meshplan.spec.axes.cp.ring_rows`): its own K/V
-    all-gather issued before the first of ``cp`` SDPA backward calls (``sdpa``: their seconds and
-    the ring's accumulation kernels, ``1/cp`` each) and waited for before the second; after each
-    call the fp32 dK/dV shift to the next rank, waited for after the next call; the last one
-    after the loop, exposed."""
+def p2p_sends(cp: int, phase: str) -> list[Optional[tuple[str, str]]]:
+    """(table group, event name) of the send/recv at each of the ``cp`` steps of Transformer
+    Engine's p2p ring (:func:`meshplan.spec.axes.cp.p2p_rows`), None where a step sends nothing:
+    ``phase`` "forward" (also a replay) K and V at all but the last; "backward" K and V, ``cp - 2``
+    K and V with dK and dV (:data:`~meshplan.schedule.comm_times.CP_PACKED`), then dK and dV.
+
+    >>> [x and x[1] for x in p2p_sends(3, "forward")]
+    ['cp K/V send/recv', 'cp K/V send/recv', None]
+    >>> [x and x[1] for x in p2p_sends(3, "backward")]
+    ['cp K/V send/recv', 'cp K/V+dK/dV send/recv', 'cp dK/dV send/recv']
+    """
+    kv: Optional[tuple[str, str]] = ("", "cp K/V send/recv")
+    if phase == "forward":
+        return [kv] * (cp - 1) + [None]
+    packed: Optional[tuple[str, str]] = (CP_PACKED, "cp K/V+dK/dV send/recv")
+    return [kv] + [packed] * (cp - 2) + [("", "cp dK/dV send/recv")]
+
+
+def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Optional[tuple[str, str]]]) -> None:
+    """Transformer Engine's p2p ring steps (``AttnFuncWithCPAndKVP2P``, :func:`meshplan.spec.axes.cp.p2p_rows`):
+    at step ``i`` the send/recv ``sends[i]`` (:func:`p2p_sends`; row ``phase``) issued on the cp
+    stream before the step's attention call (``call``, ``sdpa / cp`` seconds) and waited for after
+    it, before the next step: each exposes ``max(send - call, 0)``."""
+    for x in sends:
+        send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=[s.last])
+        s.compute(call, sdpa / s.w.cp)
+        if send is not None:
+            s.compute("K/V wait", 0.0, [send])
+
+
+def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: float, wait: list) -> None:
+    """A ring's attention core backward (:func:`ring_cp`): ``rest`` seconds of the core's backward
+    off the steps (wo's input gradient, RoPE, a recomputed core's forward) first, after ``wait``,
+    then the steps (``sdpa``: their seconds).
+
+    torch's ring attention (:func:`meshplan.spec.axes.cp.ring_rows`): its own K/V all-gather
+    issued before the first of ``cp`` SDPA backward calls (``sdpa``: their seconds and the ring's
+    accumulation kernels, ``1/cp`` each) and waited for before the second; after each call the
+    fp32 dK/dV shift to the next rank, waited for after the next call; the last one after the
+    loop, exposed. TE's p2p ring (:func:`p2p_steps`): ``replay`` of ``rest``, the forward a
+    selective recompute replays (Megatron-LM's checkpointed core attention), runs as its
+    forward's steps with their sends, then the backward's ``cp`` steps, each beside its send: K/V,
+    ``cp - 2`` K/V with dK/dV, dK/dV."""
     cp, step = s.w.cp, sdpa / s.w.cp
+    if p2p_cp(s):
+        s.compute(name + " core B", rest - replay, wait)
+        if replay > 0:
+            p2p_steps(s, name + RING_CALL, "backward", replay, p2p_sends(cp, "forward"))
+        p2p_steps(s, name + RING_CALL_B, "backward", sdpa, p2p_sends(cp, "backward"))
+        return
+    s.compute(name + " core B", rest, wait)
     ring = s.comm("cp", "backward", "all-gather", "cp K/V all-gather", after=[s.last])
     s.compute(name + RING_CALL_B, step)
     shift = s.comm("cp", "backward", "send/recv", "cp dK/dV shift" if cp > 1 else LAST_SHIFT, after=[s.last])
@@ -52,4 +113,3 @@ def ring_backward(s: StreamSim, name: str, sdpa: float) -> None:
         s.compute("dK/dV wait", 0.0, [shift])
         shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else "cp dK/dV shift", after=[s.last])
     s.compute("dK/dV wait", 0.0, [shift])
-

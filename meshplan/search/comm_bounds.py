@@ -40,10 +40,14 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     # K and V (MLA: value head dim d_v) at the KV heads; torch's ring attention (training.cp_ring;
     # spec.axes.cp.ring_rows) gathers them at the q heads, and "cp_x" is one fp32 dK/dV shift of the
     # local tokens (0 under all-gather CP)
-    ring = t.cp_ring
+    # Transformer Engine's p2p ring (training.cp_p2p; spec.axes.cp.p2p_rows) gathers nothing: "cp_kv" is
+    # one send of the local K/V at the KV heads, "cp_kv2" one of K, V, dK and dV (0 otherwise)
+    ring, p2p = t.cp_ring, t.cp_p2p
     at_q = kv_elements(m, c.mb, t.seq_len, heads[:, 0])
-    kv = (at_q if ring else kv_elements(m, c.mb, t.seq_len, heads[:, 1])) * cd
+    at_kv = kv_elements(m, c.mb, t.seq_len, heads[:, 1])
+    kv = (at_q if ring else at_kv) * cd
     shift = ring_shift_bytes(at_q, c.cp)
+    local = at_kv // c.cp * cd
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)
@@ -51,10 +55,12 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
            "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
-           "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
-           "cp_rs": np.zeros(len(c)) if ring else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "cp_ag": np.zeros(len(c)) if p2p else coll_times(tt, "all-gather", c.cp, kv, c.tp),
+           "cp_rs": np.zeros(len(c)) if ring or p2p else coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
            "cp_x": coll_times(tt, "send/recv", c.cp, shift, c.tp) if ring else np.zeros(len(c)),
            "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
+           "cp_kv": coll_times(tt, "send/recv", c.cp, local, c.tp) if p2p else np.zeros(len(c)),
+           "cp_kv2": coll_times(tt, "send/recv", c.cp, 2 * local, c.tp) if p2p else np.zeros(len(c)),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)

@@ -61,11 +61,17 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
 
     x = cm.get("cp_x", 0.0)  # torch's ring attention's dK/dV shift (schedule.ring_timeline), 0 under all-gather CP
     ring = np.asarray(x) > 0
+    # Transformer Engine's p2p ring (ring_timeline.p2p_steps): each send beside one step of s seconds
+    # exposes max(send - s, 0); forward cp - 1 K/V sends, backward one K/V, cp - 2 K/V with dK/dV,
+    # one dK/dV, and a selective recompute's replay (steps of r seconds) cp - 1 K/V sends again
+    kv, kv2, n = cm.get("cp_kv", 0.0), cm.get("cp_kv2", 0.0), np.maximum(c.cp - 1, 0)
+    p2p = lambda send, step, k: k * np.maximum(send - step, 0.0)
 
     def forward(p, post_mlp=post_mlp_tp):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
         # for it; only the Q projection runs beside it (the ring: only its first SDPA step)
-        attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"]), 0.0)
+        attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"]), 0.0)
+                + p2p(kv, o[f"{p}_cps"], n))
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
@@ -78,7 +84,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
-    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq", "cps")}
+    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq", "cps", "cpr")}
     # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
     # projections' input gradients wait for it; only the Q projection's runs beside it. The
     # ring (schedule.ring_timeline.ring_backward): its gather beside the first of cp steps of s
@@ -86,6 +92,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # max(AG - s, 0) + (cp - 1) max(X - s, 0) + X
     cp_b = np.where(ring, np.maximum(cm["cp_ag"] - b["cps"], 0.0) + cm.get("cp_n", 0) * np.maximum(x - b["cps"], 0.0)
                     + x, np.maximum(cm["cp_rs"] - b["cpq"], 0.0))
+    cp_b = cp_b + (p2p(kv, b["cps"], 2 * (c.cp > 1)) + p2p(kv2, b["cps"], np.maximum(n - 1, 0))
+                   + p2p(kv, b["cpr"], np.where(b["cpr"] > 0, n, 0)))
     # tp_comm_overlap: async TP fuses the gathered output gradient with the row-parallel
     # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
     # the whole's); the other input gradients follow it

@@ -34,7 +34,7 @@ PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backw
 
 
 OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(
-    f"{p}_{x}" for x in ("cpq", "cps") for p in PHASES if p != "bw")
+    f"{p}_{x}" for x in ("cpq", "cps", "cpr") for p in PHASES if p != "bw")
 
 
 EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_peak_s", "gemm_s")
@@ -90,6 +90,10 @@ class TimeTables:
         # one of torch's ring attention's cp steps (SDPA call and ring kernels), which its K/V
         # all-gather and each dK/dV shift run beside (schedule.ring_timeline)
         out.update({f"{p}_cps": cp_parts(cost, ph, rec)["sdpa"] / cp if cp > 1 else 0.0
+                    for p, (ph, rec) in PHASES.items() if p != "bw"})
+        # one step of a selective recompute's replayed core forward, which Transformer Engine's p2p
+        # ring runs as its forward's steps, each beside a K/V send (ring_timeline.ring_backward)
+        out.update({f"{p}_cpr": cp_parts(cost, ph, rec)["replay"] / cp if cp > 1 else 0.0
                     for p, (ph, rec) in PHASES.items() if p != "bw"})
         out.update(shared)
         return out

@@ -281,10 +281,13 @@ class TrainingSpec(TrainingChecks):
     and shifts the fp32 dK/dV accumulators round the cp ring, cp all-to-alls;
     :func:`meshplan.spec.axes.cp.cp_rows`), or ``allgather``, Llama 3's all-gather CP as
     meshplan's own runtime runs it (K and V at the KV heads gathered, dK/dV reduce-scattered), the
-    only one ``validate`` runs. Unset: ``ring`` under ``framework = "torch"`` with
+    only one ``validate`` runs, or ``p2p``, Transformer Engine's p2p ring as Megatron-LM runs it
+    (``--cp-comm-type p2p``: the local K/V at the KV heads sent to the next cp rank beside each of
+    cp attention steps, the backward sending K/V and dK/dV in the compute dtype;
+    :func:`meshplan.spec.axes.cp.p2p_rows`). Unset: ``ring`` under ``framework = "torch"`` with
     ``flash_attention`` (torch's ring runs the fused SDPA kernels only: ``ring`` is refused without
-    it), ``allgather`` otherwise (:attr:`cp_ring`; Megatron-LM's Transformer Engine p2p ring is not
-    modelled apart: it keeps the all-gather rows; ``ring`` is refused there).
+    it; ``allgather`` then), ``p2p``
+    under ``megatron`` (:attr:`cp_kind`; ``ring`` is refused under megatron, ``p2p`` under torch).
     ``moe_dispatcher``: how the routed tokens travel over ep: ``alltoall`` (default; Megatron-LM's
     ``--moe-token-dispatcher-type alltoall``, torchtitan's all-to-all: one copy per routed expert)
     or ``deepep`` (Megatron-LM's ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend

@@ -168,6 +168,10 @@ class TrainingChecks(TrainingPrecision):
         if self.cp_attention == "ring" and not self.flash_attention:
             raise ValueError("cp_attention \"ring\" runs torch's fused SDPA kernels only (flash, efficient, cuDNN); "
                              "flash_attention false: remove one of the two keys")
+        if self.cp_attention == "p2p" and self.framework != "megatron":
+            raise ValueError("cp_attention \"p2p\" is Transformer Engine's p2p ring as Megatron-LM runs it (framework "
+                             f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
+                             "\"allgather\"")
         self._check_pp_p2p()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "

@@ -129,7 +129,7 @@ class TrainingFields(BaseModel):
     moe_dropless: Optional[bool] = None
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
-    cp_attention: Optional[Literal["ring", "allgather"]] = None  # unset: the framework's (TrainingEngines.cp_ring)
+    cp_attention: Optional[Literal["ring", "p2p", "allgather"]] = None  # unset: the framework's (TrainingEngines.cp_kind)
 
     @model_validator(mode="before")
     @classmethod

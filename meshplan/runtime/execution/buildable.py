@@ -58,10 +58,11 @@ def unsupported_reasons(mesh: Mesh, training: TrainingSpec, pipeline: bool = Fal
         words = {"none": "none (DDP)", "zero3": "zero3 (FSDP2 over the data axes, as torchtitan)", "hsdp": "hsdp"}
         out.append(f"{why}; " + (f"use {' or '.join(words[s] for s in fixes)}" if fixes else
                                  "no sharding the runtime builds runs this mesh"))
-    if mesh.degree("cp") > 1 and training.cp_ring:  # last: a fix of the config, not of the mesh
-        out.append("cp > 1 with training.cp_attention 'ring' (torch's context_parallel ring attention, the default "
-                   "under framework torch): the runtime builds Llama 3's all-gather CP only; set cp_attention = "
-                   "\"allgather\"")
+    if mesh.degree("cp") > 1 and training.cp_kind != "allgather":  # last: a fix of the config, not of the mesh
+        what = {"ring": "torch's context_parallel ring attention, the default under framework torch",
+                "p2p": "Transformer Engine's p2p ring, the default under framework megatron"}[training.cp_kind]
+        out.append(f"cp > 1 with training.cp_attention '{training.cp_kind}' ({what}): the runtime builds Llama 3's "
+                   "all-gather CP only; set cp_attention = \"allgather\"")
     return out
 
 

@@ -1,6 +1,7 @@
 """Context parallelism (``cp``): each sequence split over cp ranks as 2 load-balanced chunks;
-K and V all-gathered over cp in every attention layer, by torch's ring attention or Llama 3's
-all-gather CP (``training.cp_attention``, :func:`cp_rows`).
+K and V exchanged over cp in every attention layer, by torch's ring attention, Transformer
+Engine's p2p ring (Megatron-LM's) or Llama 3's all-gather CP (``training.cp_attention``,
+:func:`cp_rows`).
 
 >>> from types import SimpleNamespace as N
 >>> t = N(seq_len=8192)
@@ -67,12 +68,16 @@ def cp_rows(add, c) -> None:
     which comes after the gather), so backward also has one all-gather per layer; the
     reduce-scatter stays one per layer (only the replayed graph is differentiated). Measured
     with torch 2.13 on the fake process group and gloo (``tests/test_table_vs_torch.py``,
-    ``tests/test_validate_cp.py``). Megatron-LM (``cp_attention`` unset) keeps these rows: its
-    Transformer Engine p2p ring is not modelled apart."""
+    ``tests/test_validate_cp.py``). Megatron-LM's ``--cp-comm-type all_gather``
+    (``cp_attention = "allgather"``) has these rows; its default, Transformer Engine's p2p ring,
+    :func:`p2p_rows`."""
     if c.mesh.degree("cp") <= 1:
         return
     if c.training.cp_ring:
         ring_rows(add, c)
+        return
+    if c.training.cp_p2p:
+        p2p_rows(add, c)
         return
     t = c.training
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
@@ -136,18 +141,68 @@ def ring_rows(add, c) -> None:
         "the attention backward's end (exposed)")
 
 
+#: Cadence mark of Transformer Engine's p2p backward steps that send K, V, dK and dV in one buffer
+#: (:func:`p2p_rows`): twice the size of its other sends, kept apart by the rank timeline.
+P2P_PACKED = "(K, V, dK and dV)"
+
+
+def p2p_rows(add, c) -> None:
+    """Transformer Engine's p2p ring rows (``training.cp_p2p``: Megatron-LM's default
+    ``--cp-comm-type p2p``), read in NVIDIA/TransformerEngine d0067d0
+    ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``
+    ``AttnFuncWithCPAndKVP2P`` (fp8 attention off; forward lines 1690-1715, backward 2397-2401 and
+    2459-2495, 2717). K and V are the attention's inputs at the KV
+    heads (Megatron-LM passes ``num_query_groups`` per tp rank; TE's flash and fused backends take
+    them as they are, no GQA repeat), the rank's own ``s / cp`` tokens: ``KV = b x s/cp x local KV
+    heads x (d_head + d_v)`` elements in the compute dtype (``fwd_nominal_dtype = q.dtype``),
+    concatenated into one buffer (``torch.cat((k.view(-1), v.view(-1)))``). Each send/recv goes to
+    rank + 1 and comes from rank - 1 (``flash_attn_p2p_communicate``, isend/irecv). Per layer and
+    micro-batch:
+
+    - forward, ``cp`` steps; at step ``i < cp - 1`` the current K/V buffer is sent before the
+      step's attention call and waited for at step ``i + 1`` (``send_recv_reqs[(i + 1) % 2]``):
+      ``cp - 1`` send/recv of ``KV``, each beside one call;
+    - backward, ``cp`` steps, each send issued before the step's attention backward call and
+      waited for after it (``wait until dKV is received``): step 0 sends K and V (``KV``), steps 1 to
+      ``cp - 2`` the K and V with the dK and dV accumulated so far in one buffer of
+      ``(2, *kv.shape)``, ``kv.dtype`` (``2 KV``), the last step the dK and dV alone (``KV``): ``2
+      (cp - 1) KV`` bytes in ``cp`` calls, nothing after the loop;
+    - a replayed core attention (Megatron-LM's selective recompute checkpoints
+      ``core_attention``, attention.py ``_checkpointed_attention_forward``; full recompute the whole
+      layer) runs the forward again in backward: ``cp - 1`` more sends of ``KV``."""
+    t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
+    _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
+    kv = kv_elements(c.model, t.micro_batch, t.seq_len // cp, kv_l) * dtype_bytes(t.compute_dtype)
+    d, replayed = t.compute_dtype, nl if t.recompute == "selective" else _replayed(c)
+    add("cp", "forward", "send/recv", kv, d, nl * (cp - 1), f"every layer, {cp - 1} of its {cp} p2p ring steps "
+        "(K and V)", "the step's attention call (beside it)")
+    if replayed:
+        which = "every layer" if replayed == nl else "every checkpointed layer"
+        add("cp", "backward", "send/recv", kv, d, replayed * (cp - 1),
+            f"{which}, recomputed, {cp - 1} p2p ring step{'s' * (cp > 2)} (K and V)", "the replayed step's attention call")
+    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the first p2p ring step of its backward (K and V)",
+        "the step's attention backward call (beside it)")
+    if cp > 2:
+        add("cp", "backward", "send/recv", 2 * kv, d, nl * (cp - 2), f"every layer, {cp - 2} middle p2p ring steps "
+            + P2P_PACKED, "the step's attention backward call (beside it)")
+    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the last p2p ring step (dK and dV)",
+        "the step's attention backward call (beside it)")
+
+
 CP = AxisDef(
     doc="context parallel (sequence split for attention)",
     torchtitan=("cp",), megatron=("cp",),
     rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
-    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence"),
+    collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),
+                 CollectiveKind("send/recv", "cp", "forward", "K and V to the next rank, cp - 1 times (Transformer "
+                                "Engine's p2p ring)"),
                  CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed (ring: "
                                 "and in every backward)"),
                  CollectiveKind("reduce-scatter", "cp", "backward", "dK and dV (all-gather CP)"),
                  CollectiveKind("send/recv", "cp", "backward", "fp32 dK and dV shifted cp times round the ring "
-                                "(torch's ring attention)")),
+                                "(torch's ring attention); K, V, dK and dV cp times (the p2p ring)")),
     rows=cp_rows,
     search=SearchColumn(column="cp", option="cp"),
     weights={"cp": 1e4},

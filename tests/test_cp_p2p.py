@@ -1,0 +1,140 @@
+"""Transformer Engine's p2p ring as Megatron-LM runs context parallelism by default
+(``--cp-comm-type p2p``; ``training.cp_attention`` unset or "p2p" under framework megatron,
+meshplan.spec.axes.cp.p2p_rows), by hand from TE's ``AttnFuncWithCPAndKVP2P``
+(NVIDIA/TransformerEngine d0067d0, transformer_engine/pytorch/attention/dot_product_attention/
+context_parallel.py): forward lines 1690-1715 (``p2p_comm_buffers[0] = torch.cat((k.view(-1),
+v.view(-1)))``; at step ``i < cp - 1`` ``flash_attn_p2p_communicate`` of buffer ``i`` before the
+step's attention, waited for at step ``i + 1``), backward lines 2397-2401 (buffers of ``(2,
+*kv.shape)`` in ``kv.dtype``) and 2459-2495 (step 0 sends ``send_tensor[0]``, K and V; the last
+step ``send_tensor[1]``, dK and dV; the others both), waited for after the step's attention
+backward (line 2717)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
+from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.steptime import step_time
+from meshplan.search.driver import search
+from meshplan.search.space import candidate_config
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.workload import chunk_costs, workload_of
+from meshplan.spec.training import TrainingSpec
+from tests.test_cp_ring import GQA, _cp_rows, _per_layer, _plan
+
+
+def _megatron(cp: int, **training):
+    return _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [cp, 8 // cp]}, framework="megatron", **training)
+
+
+def test_p2p_rows_by_hand_cp2_and_cp4():
+    """GQA (2 layers, 4 q heads and 2 KV heads of d 16), b 1, s 32, tp 1, bf16. K and V at the
+    KV heads (Megatron-LM passes num_query_groups; TE's flash and fused backends take GQA as is),
+    the rank's s / cp tokens: KV = 1 x (32 / cp) x 2 x (16 + 16) elements x 2 B.
+    cp 2: KV = 16 x 64 x 2 = 2,048 B; forward cp - 1 = 1 send per layer; backward step 0 sends K/V
+    (2,048 B), step 1 = cp - 1 the dK/dV alone (2,048 B): 2 per layer, 2 (cp - 1) KV = 4,096 B.
+    cp 4: KV = 8 x 64 x 2 = 1,024 B; forward 3 per layer; backward K/V (1,024 B), cp - 2 = 2 of
+    K, V, dK and dV in one (2, *kv.shape) buffer (2,048 B), dK/dV (1,024 B): 2 (cp - 1) KV = 6,144 B."""
+    assert _per_layer(_cp_rows(_megatron(2, recompute="none")), 2) == [
+        ("backward", "send/recv", 2048.0, "bf16", 1.0), ("backward", "send/recv", 2048.0, "bf16", 1.0),
+        ("forward", "send/recv", 2048.0, "bf16", 1.0)]
+    rows = _cp_rows(_megatron(4, recompute="none"))
+    assert _per_layer(rows, 2) == [
+        ("backward", "send/recv", 1024.0, "bf16", 1.0), ("backward", "send/recv", 1024.0, "bf16", 1.0),
+        ("backward", "send/recv", 2048.0, "bf16", 2.0), ("forward", "send/recv", 1024.0, "bf16", 3.0)]
+    assert sum(r.size_bytes * r.per_microbatch for r in rows if r.phase == "backward") / 2 == 2 * (4 - 1) * 1024
+    # Megatron-LM's selective recompute checkpoints core_attention (attention.py
+    # _checkpointed_attention_forward): the replay sends K/V cp - 1 = 3 more times per layer; full too
+    for rc in ("selective", "full"):
+        replay = [r for r in _cp_rows(_megatron(4, recompute=rc)) if "recomputed" in r.cadence]
+        assert [(r.phase, r.size_bytes, r.per_microbatch / 2) for r in replay] == [("backward", 1024.0, 3.0)]
+    # --cp-comm-type all_gather: all-gather CP's rows, the 2 KV heads' whole sequence: 32 x 64 x 2 = 4,096 B
+    gather = _megatron(4, recompute="none", cp_attention="allgather")
+    assert _per_layer(_cp_rows(gather), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+                                               ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    assert _per_layer(_cp_rows(_megatron(4, recompute="none", cp_attention="p2p")), 2) == _per_layer(rows, 2)
+
+
+def test_p2p_is_megatrons_alone():
+    with pytest.raises(ValueError, match="cp_attention \"p2p\" is Transformer Engine's p2p ring"):
+        TrainingSpec(global_batch=8, seq_len=16, cp_attention="p2p")
+    assert TrainingSpec(global_batch=8, seq_len=16, framework="megatron").cp_kind == "p2p"
+
+
+def _one_layer(cp: int, **training):
+    """Llama-3-8B over two DGX H100 nodes, cp x dp_shard 16 / cp, s 8192, b 1, framework megatron:
+    one layer's cost and cp rows (as tests/test_cp_ring.py's torch ring case)."""
+    plan = _plan({"catalog": "llama3-8b"}, {"names": ["cp", "dp_shard"], "shape": [cp, 16 // cp]}, nodes=2,
+                 **{"global_batch": 16, "seq_len": 8192, "framework": "megatron", **training})
+    w = workload_of(plan)
+    ch = chunk_costs(plan, w)[0][0]
+    return w, type(ch)(ch.layers[:1], ch.moe[:1]), ch.layers[0], _cp_rows(plan)
+
+
+def _attention_s(cost, phase: str, recompute: bool = False) -> float:
+    return sum(o.seconds for o in cost.ops if o.phase == phase and o.name.startswith("attention")
+               and bool(o.recompute) == recompute)
+
+
+def test_p2p_exposed_time_by_hand():
+    """cp 2, one layer, selective recompute (Megatron-LM's default here). KV = 8192 / 2 tokens x
+    8 KV heads x (128 + 128) x 2 B = 16,777,216 B per send (X seconds: cp's two ranks are 8 GPUs
+    apart, on two nodes: one NIC). Each send runs beside one attention step of 1/cp of the
+    attention's seconds and is waited for after it: forward 1 send beside step 0 (c_f):
+    max(X - c_f, 0); backward the replayed forward's 1 send beside its step 0 (r = c_f) and 2
+    sends beside the 2 backward steps (c_b each): max(X - r, 0) + 2 max(X - c_b, 0)."""
+    w, one, cost, rows = _one_layer(2, recompute="selective")
+    assert {r.size_bytes for r in rows} == {8192 // 2 * 8 * 256 * 2}
+    x = rows[0].time_s
+    comm = CommTimes.from_rows(rows, layers=1)
+    c_f, c_b = _attention_s(cost, "forward") / 2, _attention_s(cost, "backward_input") / 2
+    r = _attention_s(cost, "backward_input", True) / 2
+    assert r == pytest.approx(c_f) and x > c_f  # the replay is the forward's call; the send is exposed
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(max(x - c_f, 0.0))
+    assert f.duration_s == pytest.approx(cost.forward_s + max(x - c_f, 0.0))
+    b = backward_unit("B", one, comm, w, Overlap())
+    want = max(x - r, 0.0) + 2 * max(x - c_b, 0.0)
+    assert b.exposed_s.get("cp", 0.0) == pytest.approx(want)
+    assert b.duration_s == pytest.approx(cost.backward_s + want)
+
+
+def test_p2p_timeline_order_cp4():
+    """cp 4, full recompute: forward 3 K/V sends, each before an attention step and waited for
+    after it; backward the replayed forward's 3, then K/V, 2 of K/V with dK/dV, dK/dV, each
+    issued after the step before it ended (TE's ring never has two sends in flight)."""
+    w, one, _, rows = _one_layer(4, recompute="full")
+    comm = CommTimes.from_rows(rows, layers=1)
+    f = forward_unit(one, comm, w, Overlap())
+    assert [e.name for e in f.events if e.stream == "cp"] == ["cp K/V send/recv"] * 3
+    b = backward_unit("B", one, comm, w, Overlap())
+    sends = [e for e in b.events if e.stream == "cp"]
+    assert [e.name for e in sends] == ["cp K/V send/recv"] * 4 + ["cp K/V+dK/dV send/recv"] * 2 + ["cp dK/dV send/recv"]
+    calls = [e for e in b.events if e.stream == "compute" and "ring call" in e.name]
+    assert len(calls) == 8  # 4 replayed forward steps, 4 backward steps
+    # each send starts with a step's call (the first three replay sends with calls 0-2, the backward's with 4-7)
+    assert [round(e.start_s, 12) for e in sends] == [round(c.start_s, 12) for c in calls[:3] + calls[4:]]
+    assert all(a.end_s <= b_.start_s + 1e-12 for a, b_ in zip(sends, sends[1:]))
+
+
+def test_search_bound_holds_under_p2p():
+    """The search's step lower bound (search/layer_bounds.chains: per send max(send - step, 0), as
+    the timeline's p2p_steps) stays at or below the exact step of every sampled Megatron-LM cp
+    candidate (Llama-3-8B, 2 DGX H100 nodes, s 16,384), with each candidate's cp rows the p2p ring's."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 16384, "framework": "megatron"},
+                            "search": {"cp": [2, 4], "pp": [1], "tp": [1, 2], "dp_replicate": [1], "micro_batch": [1],
+                                       "recompute": ["selective", "full"], "vpp": [1]}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    valid = np.flatnonzero(np.isfinite(r.est.step_lo))
+    ratios = []
+    for i in valid[np.linspace(0, len(valid) - 1, min(6, len(valid))).astype(int)]:
+        plan = build_plan(candidate_config(cfg, r.candidates, int(i)))
+        assert {x.op for x in _cp_rows(plan)} == {"send/recv"}
+        if plan.feasible:
+            ratios.append(r.est.step_lo[i] / step_time(plan).step_s)
+    assert len(ratios) >= 3 and max(ratios) <= 1 + 1e-9, ratios
