@@ -151,9 +151,16 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
       split;
     - pairwise all-to-all (:func:`meshplan.comm.nccl_algorithms.all_to_all_time`): S/n to each
       peer, ``(g-1)/n S`` to the node's own and ``(n-g)/n S`` through the NIC;
-    - send/recv along a pipeline of n stages, g consecutive ones per node: N - 1 of the n - 1
-      hops cross nodes, so ``(N-1)/(n-1)`` of the bytes go through a NIC on average over the
-      stages (all of them with one stage per node).
+    - send/recv (a pipeline's activations and gradients, the cp ring's dK/dV shift): each call moves
+      its S once, from the rank to one peer, on the one link between them: NVLink, or the
+      sender's NIC (and the receiver's) when the peer is on another node. With the g members of
+      a node consecutive in the group's order (the placement fills a node with consecutive
+      coordinates), one of a node's g hops leaves it (a ring's, and a chain's but at its end),
+      so a node sends S through a NIC per call, the boundary rank's whole message: per rank
+      ``(g-1)/g S`` on NVLink and ``S/g`` on the network, the ring's split with busbw factor 1.
+      (Averaging the chain's N - 1 crossing hops over its n - 1 hops instead, ``(N-1)/(n-1) S``
+      per rank, left a node sending ``g (N-1)/(n-1) S``, 8/15 S at 2 x 8, where its boundary
+      rank's NIC carries S.)
 
     2 nodes x 8 GPUs, ring all-gather of 16 GB: 15 GB sent, 7/8 on NVLink, 1/8 on the NIC;
     hierarchical: 7/8 x 16 GB inside, (1/2) x 16/8 GB across:
@@ -166,6 +173,11 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
     (28000000000.0, 2000000000.0)
     >>> link_bytes("all-to-all", "pairwise", 16, 16e9, 2, 8)
     (7000000000.0, 8000000000.0)
+
+    A send/recv of 16 GB between 2 x 8 ranks: 7 of a node's 8 sends on NVLink, one leaves it:
+
+    >>> link_bytes("send/recv", "ring", 16, 16e9, 2, 8)
+    (14000000000.0, 2000000000.0)
     """
     sent = size_bytes * busbw_factor(op, n)
     g = min(max(ranks_per_node, 1), n)
@@ -174,10 +186,7 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
         return 0.0, sent
     if algorithm == "pairwise" or op == "all-to-all":
         return (g - 1) / n * size_bytes, (n - g) / n * size_bytes
-    if op == "send/recv":
-        cross = (big_n - 1) / (n - 1)
-        return sent * (1 - cross), sent * cross
-    if algorithm in ("hierarchical", "tree"):
+    if algorithm in ("hierarchical", "tree") and op != "send/recv":  # a send/recv: one message, any curve
         local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
                  "reduce-scatter": ("reduce-scatter",)}.get(op, (op,))
         return (sum(busbw_factor(o, g) for o in local) * size_bytes,
