@@ -82,8 +82,11 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
 def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     """The busbw the step model gives the calibrated 8-GPU all-reduce at a logged size is the
     logged one (S15, by hand from the file's busbw column: 8M 109.90, 128M 176.90, 16G 234.90
-    GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. Below the smallest logged size
-    (32 KiB) the fit times it: at 16 KiB busbw = 1.75 S / (alpha + 1.75 S / beta). Above the largest
+    GB/s); at 16 GiB the alpha-beta line alone was 12.5% slow. At the smallest logged size (32 KiB,
+    1.31 GB/s: t = 1.75 x 32768 / 1.31 GB/s = 43.7740 us) the logged busbw too (it was 1.05 GB/s, the
+    fit's alpha, above that time); below it the time holds at 43.7740 us, latency-bound (the fit's
+    alpha exceeds it), so at 16 KiB busbw = 1.75 x 16384 / 43.7740 us = 0.655 GB/s (it was the fit,
+    1.75 S / (alpha + 1.75 S / beta) = 0.523 GB/s, slower than the logged 32 KiB). Above the largest
     the curve continues along its last segment (it took the fit there too, 208.86 GB/s at 32 GiB, a
     jump from the logged 234.90 at 16 GiB): t(1G) = 1.75 x 2^30 / 229.0 GB/s = 8205.4506 us,
     t(16G) = 1.75 x 2^34 / 234.9 GB/s = 127989.6597 us, t(32G) = t(16G) + (t(16G) - t(1G)) x 16 / 15
@@ -106,8 +109,11 @@ def test_calibrated_step_reads_the_logged_busbw(tmp_path, capsys):
     for size, logged in ((8 * 2**20, 109.90), (128 * 2**20, 176.90), (16 * 2**30, 234.90)):
         assert bus(size) == pytest.approx(logged, rel=1e-9)
     nv = calib["nvlink"]
-    below = 1.75 * 2**14 / (nv.latency_us * 1e-6 + 1.75 * 2**14 / (nv.bandwidth_gb_per_s * 1e9)) / 1e9
-    assert bus(2**14) == pytest.approx(below, rel=1e-9)
+    t_small = 1.75 * 2**15 / 1.31e9
+    assert t_small * 1e6 == pytest.approx(43.7740, abs=1e-4) and nv.latency_us * 1e-6 > t_small
+    assert bus(2**15) == pytest.approx(1.31, rel=1e-9)  # the smallest logged point, met exactly
+    assert bus(2**14) == pytest.approx(1.75 * 2**14 / t_small / 1e9, rel=1e-9) == pytest.approx(0.655, rel=1e-9)
+    assert bus(2**15 - 1) == pytest.approx(1.31, rel=1e-4)  # continuous at the smallest logged size
     t1, t16 = 1.75 * 2**30 / 229.0e9, 1.75 * 2**34 / 234.9e9
     assert (t1 * 1e6, t16 * 1e6) == (pytest.approx(8205.4506, abs=1e-4), pytest.approx(127989.6597, abs=1e-4))
     assert bus(2**35) == pytest.approx(1.75 * 2**35 / (t16 + (t16 - t1) * 16 / 15) / 1e9, rel=1e-9)

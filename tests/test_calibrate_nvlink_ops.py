@@ -54,13 +54,16 @@ def test_two_nvlink_ops_two_calibrated_rates(tmp_path, capsys):
     assert round(hand, 2) == 149.64
     assert 1.75 * gib / t_ar / 1e9 == pytest.approx(229.00, abs=0.005)  # S15's 1 GiB row
     assert 0.875 * gib / t_ag / 1e9 == pytest.approx(hand, abs=0.005)  # within the log's 2 decimals
-    # the all-gather's own alpha: the file's fit of ag.txt, 15 us (as written); over 4 ranks at 1 MiB,
-    # 3 of its 7 steps, 3 x 15 / 7 = 6.43 us, then the log's 1 MiB bandwidth term (busbw 43.45 as printed:
-    # 0.875 x 2^20 / (15 us + 0.875 x 2^20 / 150 GB/s) = 43.449) at 0.75 / 0.875 of the bytes
+    # the all-gather's own alpha: the file's fit of ag.txt, 15 us (as written), above the log's smallest
+    # time as printed (1 KiB at busbw 0.06: 0.875 x 1024 / 0.06 GB/s = 14.933 us), which bounds it
+    # (alphabeta.measured_time): over 4 ranks at 1 MiB, 3 of its 7 steps, 3 x 14.933 / 7 = 6.40 us, then
+    # the log's 1 MiB bandwidth term (busbw 43.45 as printed: 0.875 x 2^20 / (15 us + 0.875 x 2^20 / 150 GB/s)
+    # = 43.449) over that latency, at 0.75 / 0.875 of the bytes
     alpha = next(c for c in calib["nvlink"].curve if c.op == "all-gather").latency_us
     assert alpha == pytest.approx(15.0, rel=1e-3)
-    t_meas = 0.875 * 2 ** 20 / 43.45e9
-    t4 = 3 * alpha * 1e-6 / 7 + 0.75 / 0.875 * (t_meas - alpha * 1e-6)
+    t_meas, t_1 = 0.875 * 2 ** 20 / 43.45e9, 0.875 * 1024 / 0.06e9
+    assert t_1 < alpha * 1e-6 and round(t_1 * 1e6, 3) == 14.933
+    t4 = 3 * t_1 / 7 + 0.75 / 0.875 * (t_meas - t_1)
     assert path_time("all-gather", 4, 2 ** 20, path, cluster)[1] == pytest.approx(t4, rel=1e-9)
 
 

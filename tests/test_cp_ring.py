@@ -190,6 +190,12 @@ def test_torchtitan_import_plans_ring_and_refuses_alltoall_rotation(tmp_path):
     t = load_any(path, opts=H100).training  # torch's ring, the key left unset (framework torch's default)
     assert t.cp_attention is None and t.cp_ring
     path.write_text(text.replace("context_parallel_degree = 1", "context_parallel_degree = 2\n"
+                                 "context_parallel_rotate_method = \"allgather\""))
+    cfg = load_any(path, opts=H100)  # written and read: a note, not among the unused fields
+    assert ("torchtitan: parallelism.context_parallel_rotate_method 'allgather' read: planned as torch's ring "
+            "attention with the K/V all-gather rotation at cp 2") in cfg.notes
+    assert "context_parallel_rotate_method" not in cfg.notes[-1]
+    path.write_text(text.replace("context_parallel_degree = 1", "context_parallel_degree = 2\n"
                                  "context_parallel_rotate_method = \"alltoall\""))
     with pytest.raises(ConfigError, match=r"^parallelism.context_parallel_rotate_method: 'alltoall': meshplan models "
                                           r"torch's ring attention with its all-gather rotation only"):

@@ -18,7 +18,8 @@ from meshplan.compute.layer import layer_cost, layer_costs
 from meshplan.compute.ops import BLOCKS, PHASES, RECOMPUTE, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_not_replayed
 from meshplan.compute.routing import RoutingOptions
-from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.schedule.layer_timeline import LAYER_BLOCKS
+from meshplan.schedule.ring_timeline import cp_parts
 from meshplan.search.memory import Tables
 from meshplan.search.space import RECOMPUTE as SEARCHED
 from meshplan.search.time_tables import UNIFORM

@@ -70,12 +70,15 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
         "pipeline_parallel_schedule_csv = \"\"\nexpert_parallel_comm_backend = \"standard\"") + extra
     cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
     unused = cfg.notes[-1]
-    for key in ("training.steps", "optimizer.lr", "parallelism.context_parallel_rotate_method",
-                "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
+    for key in ("training.steps", "optimizer.lr", "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
                 "lr_scheduler.warmup_steps", "compile.backend", "quantize.linear.mx.recipe_name"):
         assert key in unused, key
     assert "compile.enable" not in unused and cfg.training.torch_compile   # read: torch.compile on
     assert "training.max_norm" not in unused and cfg.training.grad_clip  # read: torchtitan clips every step
+    # read (refused as "alltoall" at cp > 1): no longer listed as unused, its note says what it did at cp 1
+    assert "parallelism.context_parallel_rotate_method" not in unused
+    assert ("torchtitan: parallelism.context_parallel_rotate_method 'allgather' read: no effect at "
+            "context_parallel_degree 1 (no ring attention runs)") in cfg.notes
 
 
 @pytest.mark.parametrize("old,new,error", [

@@ -246,10 +246,58 @@ def test_link_split_of_each_algorithm():
     assert link_bytes("all-reduce", "ring", 32, S, 4, 8) == pytest.approx((2 * 31 / 32 * S * 7 / 8, 2 * 31 / 32 * S / 8))
     # one rank per node: everything through the NIC
     assert link_bytes("all-gather", "ring", 4, S, 4, 1) == (0.0, 3 / 4 * S)
-    # pipeline of 4 stages, 2 per node: 1 of 3 hops crosses nodes
-    assert link_bytes("send/recv", "ring", 4, S, 2, 2) == pytest.approx((2 / 3 * S, 1 / 3 * S))
+    # a send/recv moves S once, to one peer: pp 2 with one stage per node, stage 0's activation
+    # goes whole through its NIC (and into stage 1's), nothing on NVLink
+    assert link_bytes("send/recv", "ring", 2, S, 2, 1) == (0.0, S)
+    # pipeline of 4 stages, 2 per node (stages 0,1 | 2,3): node 0's one hop out is stage 1 -> 2, S
+    # through stage 1's NIC; stage 0 -> 1 is S on NVLink: per rank of the node (S/2, S/2), a node
+    # sending 2 x S/2 = S. (Was (2/3 S, 1/3 S), the chain's 1 crossing of 3 hops averaged over the
+    # ranks, so node 0 sent 2/3 S where its boundary rank's NIC carries S.)
+    assert link_bytes("send/recv", "ring", 4, S, 2, 2) == pytest.approx((S / 2, S / 2))
+    # the cp ring's dK/dV shift, cp 16 over 2 x 8 (ranks 0-7 | 8-15): of node 0's 8 shifts 7 stay on
+    # NVLink, 7 -> 8 leaves (as 15 -> 0 leaves node 1): (7/8 S, 1/8 S) per rank (was 14/15 S, 1/15 S)
+    assert link_bytes("send/recv", "ring", 16, S, 2, 8) == pytest.approx((7 / 8 * S, S / 8))
+    # whatever curve timed it, a send/recv is one message: no hierarchical split
+    assert link_bytes("send/recv", "hierarchical", 16, S, 2, 8) == link_bytes("send/recv", "ring", 16, S, 2, 8)
     # all-to-all over 16 = 2 x 8: S/16 to each peer, 7 on the node, 8 on the other
     assert link_bytes("all-to-all", "pairwise", 16, S, 2, 8) == pytest.approx((7 / 16 * S, 8 / 16 * S))
+
+
+def test_cp_ring_shift_across_two_nodes_sends_one_message_per_node():
+    from meshplan.config import config_from_dict
+    from meshplan.schedule.netload import network_loads
+    # Llama-3-8B, cp 16 over 2 DGX H100 (ranks 0-7 on node 0), seq 32768, micro-batch 1
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 1, "seq_len": 32768, "sharding": "none"},
+         "mesh": {"names": ["cp"], "shape": [16]}}
+    p = build_plan(config_from_dict(d))
+    shifts = [r for r in p.collectives["stage 0"] if r.op == "send/recv"]
+    # fp32 dK and dV of the rank's 32768 / 16 = 2048 tokens at the 32 q heads x 128: 4 x 2 x 2048 x 4096 B
+    S = 4 * 2 * 2048 * 32 * 128
+    assert {r.size_bytes for r in shifts} == {S} and sum(r.per_step for r in shifts) == 32 * 16  # 16 per layer
+    assert all(r.link_bytes == pytest.approx((7 / 8 * S, S / 8)) for r in shifts)
+    # node 0 sends one whole S per shift, rank 7's to rank 8, through rank 7's own NIC (its 8th):
+    # 512 shifts x 64 MiB = 34.4 GB on it, nothing on the other seven (ranks 0-6 shift on NVLink)
+    nics, _ = network_loads(p, shifts, 32)
+    assert list(nics) == [7] and nics[7][0] == pytest.approx(32 * 16 * S, rel=1e-12)
+
+
+def test_pp_send_across_nodes_loads_the_boundary_stages_nic():
+    from meshplan.config import config_from_dict
+    from meshplan.schedule.netload import network_loads
+    # Llama-3-8B, pp 16 over 2 DGX H100 (stages 0-7 on node 0, rank = stage), 16 micro-batches
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 16, "seq_len": 8192, "sharding": "zero3"},
+         "mesh": {"names": ["pp"], "shape": [16]}}
+    p = build_plan(config_from_dict(d))
+    S = 1 * 8192 * 4096 * 2  # the bf16 activation b x s x h one send carries
+    for stage, calls in ((0, 16), (7, 2 * 16)):  # stage 0 sends only; 7 sends forward and receives
+        rows = [r for r in p.stage(stage).collectives if r.axis == "pp" and r.op == "send/recv"]
+        assert {r.size_bytes for r in rows} == {S} and [r.per_step for r in rows] == [calls, calls]
+        nics, _ = network_loads(p, rows, 16 * 2, 0, stage)
+        # stage 0 talks to stage 1 on NVLink only; stage 7 half its calls (forward: its sends to 8,
+        # backward: its receives of 8's gradients) through its own NIC, the 8th: 2 x 32 x S / 2
+        assert nics == ({} if stage == 0 else {7: pytest.approx((2 * calls * S / 2, 2 * calls * S / 2 / 32))})
 
 
 def test_all_to_all_across_nodes_sends_each_members_off_node_share():

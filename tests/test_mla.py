@@ -225,7 +225,7 @@ def test_the_deepseek_v3_example_plans():
 
 
 def test_cp_parts_put_the_latent_projections_with_q_and_kv():
-    from meshplan.schedule.layer_timeline import _cp_parts
+    from meshplan.schedule.ring_timeline import cp_parts as _cp_parts
     m, gpu = catalog.model("deepseek-v3"), catalog.gpu("h100-sxm5-80gb")
     c = layer_cost(m, gpu, Workload(seq_len=4096, tp=4, sp=True, cp=2), layer=0)
     sec = {o.name: o.seconds for o in c.ops if o.phase == "forward" and o.block == "attn"}

@@ -78,5 +78,7 @@ def test_pipeline_chain_has_no_wrap_hop():
     from types import SimpleNamespace as P
     from meshplan.schedule.netload import _exits
     p = P(domain=np.arange(4), node=np.arange(4), rail=np.zeros(4, int), cluster=P(network=[P(nodes_per_domain=2)]))
-    assert _exits(p, "all-gather", np.arange(4)).tolist() == [False, True, False, True]
-    assert _exits(p, "send/recv", np.arange(4)).tolist() == [False, True, False, False]
+    assert _exits(p, P(op="all-gather", axis="dp_shard"), np.arange(4)).tolist() == [False, True, False, True]
+    assert _exits(p, P(op="send/recv", axis="pp"), np.arange(4)).tolist() == [False, True, False, False]
+    # the cp ring's dK/dV shift goes round: rank 3 sends to rank 0, across the spine
+    assert _exits(p, P(op="send/recv", axis="cp"), np.arange(4)).tolist() == [False, True, False, True]

@@ -41,8 +41,9 @@ carried an eighth of it). At the measured rank count and line rate the predicted
 the measured one at every measured size; at other rank counts busbw is kept (nccl-tests'
 convention) and the latency is NCCL's for that many steps. Outside the measured sizes: below the smallest,
 ``t_meas`` runs linearly from ``lat(n_ref)`` at S = 0 to the first measurement (NCCL's latency
-plus the first measurement's bandwidth term); above the largest, it continues along the last
-segment (the plateau's slope).
+plus the first measurement's bandwidth term), held at the first measurement where ``lat(n_ref)``
+exceeds it (latency-bound: the measurement wins, :func:`measured_time`); above the largest, it
+continues along the last segment (the plateau's slope).
 
 Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 s.
 
@@ -130,8 +131,18 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     largest time before it (measured rows are flat between 64 KiB and 1 MiB and can dip: a
     larger buffer is never modelled faster than a smaller one); ``beta`` is infinite where
     ``t_meas`` does not exceed the latency. ``latency_s`` and ``reference_latency_s``: NCCL's
-    latency for this group and for the curve's rank count (same algorithm and link); ``line``:
-    the curve's ``line_gb_per_s``.
+    latency (or a calibrated run's fitted alpha) for this group and for the curve's rank count
+    (same algorithm and link); ``line``: the curve's ``line_gb_per_s``.
+
+    Below the smallest logged size ``S_1`` the collective is latency-bound: no smaller buffer
+    takes longer than the logged ``t_1`` (a larger one's measured time), and none less than the
+    latency. Where the latency exceeds ``t_1`` (a least-squares alpha, whose intercept the large
+    sizes pull up, above the smallest logged time; or NCCL's model above a fast fabric's
+    measurement) the measurement wins: the reference latency is lowered to ``t_1``, and
+    ``latency_s`` by the same ratio (the per-step latency lowered alike), so ``t_meas`` holds
+    ``t_1`` from S = 0 to ``S_1`` and the logged point is met exactly at its own size; otherwise
+    ``t_meas`` runs linearly from the latency at S = 0 to ``t_1``. Either way the time is
+    continuous at ``S_1`` and never falls as S grows.
 
     8-GPU A100 all-reduce of 256 MiB, between the S15 rows 128M (176.9 GB/s) and 512M (222.7):
     t(128M) = 1.75 * 2^27 / 176.9e9 = 1327.8 us, t(512M) = 4218.7 us, a third of the way:
@@ -146,8 +157,10 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
     read = size_bytes if read_bytes is None else read_bytes
     sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
-    times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
-    times = list(accumulate(times, max))  # a larger buffer is never faster (flat noisy rows)
+    logged = [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
+    if 0 < logged[0] < reference_latency_s:  # the smallest logged time bounds the latency (latency-bound)
+        latency_s, reference_latency_s = latency_s * logged[0] / reference_latency_s, logged[0]
+    times = list(accumulate([reference_latency_s] + logged, max))  # a larger buffer is never faster
     k = max(0, min(bisect.bisect_right(sizes, read) - 1, len(sizes) - 2))
     t_meas = times[k] + (times[k + 1] - times[k]) * (read - sizes[k]) / (sizes[k + 1] - sizes[k])
     spent = t_meas - reference_latency_s  # the measurement's bandwidth term

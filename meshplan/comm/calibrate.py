@@ -59,7 +59,8 @@ its ``source`` names that file, and a note names each dropped file with its fit 
 Each file also gives its measured curve (:func:`measured_curve`: busbw at every logged size,
 per op, rank count and node count), written beside the fit as ``[[link.<class>.curve]]``
 (:mod:`meshplan.comm.calibration`), so ``--calibration`` reads the logged sizes off the
-curve (and above the largest along its last segment) and the fit only below the smallest.
+curve (above the largest along its last segment, below the smallest latency-bound: never slower
+than the smallest logged time), with the fit's alpha.
 
 Which collective kinds a file sets (one ``<class>: this file sets ...`` line per class,
 :func:`~meshplan.comm.calibration_kinds.kinds_set`), per op: on ``nic`` the kept fit is a ring

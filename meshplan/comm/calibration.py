@@ -56,10 +56,11 @@ ops and rank counts scale alpha per algorithm step.
 slower of out-of-place and in-place): :func:`apply_calibration` puts the class's curve of the
 fitted op and rank count into the node's ``busbw`` (``nvlink`` or ``nic``), and a calibrated
 class is then read on it exactly as a catalog curve (:func:`meshplan.comm.alphabeta.measured_time`)
-between its smallest and largest size, so the fitted op over the fitted ranks is predicted at
-the logged busbw at each logged size (S15 on A100: the alpha-beta line alone is 12.5% slow at
-16 GiB); above the largest size the curve continues along its last segment (continuous there), and
-below the smallest the alpha-beta fit times it (:func:`meshplan.comm.nccl_algorithms.collective_time`).
+at every size, so the fitted op over the fitted ranks is predicted at the logged busbw at each
+logged size (S15 on A100: the alpha-beta line alone is 12.5% slow at 16 GiB); above the largest
+size the curve continues along its last segment, below the smallest it is latency-bound (from
+the fit's alpha at S = 0, or held at the smallest logged time where that alpha exceeds it),
+continuous at both ends (:func:`meshplan.comm.nccl_algorithms.collective_time`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Which NCCL algorithm times a collective on a path, and how long it takes
 (:func:`collective_time`): the ring on every op, NVLS inside an NVSwitch domain, the double
 binary tree and the hierarchical algorithm across nodes, the pairwise all-to-all
-(:func:`all_to_all_time`), gloo's ring, and a calibrated link read on its own logged curve
-(:func:`_inside`). Each algorithm's time is :mod:`meshplan.comm.alphabeta`'s formula for it
+(:func:`all_to_all_time`), gloo's ring, and a calibrated link read on its own logged curve.
+Each algorithm's time is :mod:`meshplan.comm.alphabeta`'s formula for it
 (line rate over NCCL's protocols, or a measured busbw curve); this module picks among them.
 """
 
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from meshplan.comm.alphabeta import (algorithm_time, busbw_factor, own_alpha, rank_factor, read_bytes, ring_time,
                                      steps, tree_time)
@@ -62,8 +62,10 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     already holds (nccl-tests ran whatever NCCL picked): a calibrated class is never predicted
     faster than its own measurements; the ring is read on the user's own curve of the link
     (``meshplan calibrate`` writes it, :func:`meshplan.comm.calibration.apply_calibration`
-    puts it in ``curves``) from its smallest logged size up, continued along its last segment
-    above the largest (continuous there), and on the fit below the smallest (:func:`_inside`). A calibrated NIC class's send/recv ("p2p") and
+    puts it in ``curves``) at every size: continued along its last segment above the largest and
+    held latency-bound below the smallest (:func:`~meshplan.comm.alphabeta.measured_time`: the
+    fit's alpha where it is below the smallest logged time, else that time), so every logged
+    point is met at its own size. A calibrated NIC class's send/recv ("p2p") and
     one-rank-per-node ("nic1") curves are the catalog's scaled to the measurement, or runs of
     their own pattern (:mod:`meshplan.comm.calibration_kinds`), not the fit: the ring on them is
     read as on a catalog curve (NCCL's latency, every size on the curve). A calibrated NVLink (or
@@ -112,7 +114,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     own = calibrated and (link is None or link.calibrated)  # the fit's own run, not a scaled catalog curve
     proto = CALIBRATED if own else NCCL_RING
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
-                              _inside(link, read_bytes(link, size_bytes, bandwidth_bytes_per_s, network)) if own else link))
+                              link))
     if n <= 1:
         return best
     options = []
@@ -137,25 +139,6 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
         if t < best[1]:
             best = (name, t)
     return best
-
-
-def _inside(curve: Optional[BusbwCurve], size_bytes: float) -> Optional[BusbwCurve]:
-    """``curve`` when ``size_bytes`` (the size it is read at, :func:`read_bytes`) is at least its
-    smallest size, else None: a calibrated link's own curve is read where it was logged and above
-    its largest size along its last segment (:func:`measured_time`, as a catalog curve: the
-    largest logged busbw is met at its size from both sides), its alpha-beta fit below the logged
-    sizes. The fit is a least-squares line over every row, not through the last one: read above
-    the largest size it jumped (S15, 8 A100, all-reduce: 234.9 GB/s logged at 16 GiB, the fit's
-    208.8 one byte above).
-
-    >>> from meshplan.catalog import busbw_curve
-    >>> c = busbw_curve("a100-nvlink3-ring")
-    >>> _inside(c, 2**34) is c, _inside(c, 2**35) is c, _inside(c, 1024)
-    (True, True, None)
-    """
-    if curve is None or size_bytes < curve.sizes_bytes[0]:
-        return None
-    return curve
 
 
 def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,

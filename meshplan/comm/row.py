@@ -124,23 +124,11 @@ class CollectiveRow:
         if self.path.kind == "nvlink":
             return self.sent_bytes, 0.0
         return link_bytes(self.op, self.algorithm, self.group_size, self.size_bytes, self.path.nodes,
-                          self.path.ranks_per_node, closed_ring(self.axis, self.op))
-
-
-def closed_ring(axis: str, op: str) -> bool:
-    """Whether a send/recv row of ``axis`` runs round a closed ring, its last rank sending to its
-    first: cp's (torch's ring attention shifts dK/dV from each cp rank to the next, rank cp - 1 to
-    rank 0: ``_AllToAllRotater``'s ``dsts = list(range(1, size)) + [0]``, torch 2.13
-    ``_context_parallel/_attention.py``), not pp's chain of stages.
-
-    >>> closed_ring("cp", "send/recv"), closed_ring("pp", "send/recv"), closed_ring("cp", "all-gather")
-    (True, False, False)
-    """
-    return op == "send/recv" and axis == "cp"
+                          self.path.ranks_per_node)
 
 
 def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
-               ranks_per_node: int, ring: bool = False) -> tuple[float, float]:
+               ranks_per_node: int) -> tuple[float, float]:
     """(NVLink, network) bytes one rank sends per call of ``op`` on ``size_bytes`` (nccl-tests
     S) over a group of ``n`` ranks spread on ``nodes`` nodes, ``ranks_per_node`` (g) of them
     on each, when ``algorithm`` (the table's choice, :func:`path_time`) runs it. The two
@@ -163,11 +151,16 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
       split;
     - pairwise all-to-all (:func:`meshplan.comm.nccl_algorithms.all_to_all_time`): S/n to each
       peer, ``(g-1)/n S`` to the node's own and ``(n-g)/n S`` through the NIC;
-    - send/recv along a pipeline of n stages, g consecutive ones per node: N - 1 of the n - 1
-      hops cross nodes, so ``(N-1)/(n-1)`` of the bytes go through a NIC on average over the
-      stages (all of them with one stage per node); round a closed ``ring`` of n ranks
-      (:func:`closed_ring`: cp's dK/dV shifts) N of the n hops cross, the last rank's back to
-      the first included: ``N/n``, one hop's bytes leaving each node.
+    - send/recv (a pipeline's activations and gradients, the cp ring's dK/dV shift): each call moves
+      its S once, from the rank to one peer, on the one link between them: NVLink, or the
+      sender's NIC (and the receiver's) when the peer is on another node. With the g members of
+      a node consecutive in the group's order (the placement fills a node with consecutive
+      coordinates), one of a node's g hops leaves it (a ring's, and a chain's but at its end),
+      so a node sends S through a NIC per call, the boundary rank's whole message: per rank
+      ``(g-1)/g S`` on NVLink and ``S/g`` on the network, the ring's split with busbw factor 1.
+      (Averaging the chain's N - 1 crossing hops over its n - 1 hops instead, ``(N-1)/(n-1) S``
+      per rank, left a node sending ``g (N-1)/(n-1) S``, 8/15 S at 2 x 8, where its boundary
+      rank's NIC carries S.)
 
     2 nodes x 8 GPUs, ring all-gather of 16 GB: 15 GB sent, 7/8 on NVLink, 1/8 on the NIC;
     hierarchical: 7/8 x 16 GB inside, (1/2) x 16/8 GB across:
@@ -181,10 +174,10 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
     >>> link_bytes("all-to-all", "pairwise", 16, 16e9, 2, 8)
     (7000000000.0, 8000000000.0)
 
-    4 ranks, 2 a node: a pipeline's 3 hops, 1 across (1/3); a closed ring's 4 hops, 2 across (1/2):
+    A send/recv of 16 GB between 2 x 8 ranks: 7 of a node's 8 sends on NVLink, one leaves it:
 
-    >>> link_bytes("send/recv", "ring", 4, 12e9, 2, 2)[1], link_bytes("send/recv", "ring", 4, 12e9, 2, 2, ring=True)
-    (4000000000.0, (6000000000.0, 6000000000.0))
+    >>> link_bytes("send/recv", "ring", 16, 16e9, 2, 8)
+    (14000000000.0, 2000000000.0)
     """
     sent = size_bytes * busbw_factor(op, n)
     g = min(max(ranks_per_node, 1), n)
@@ -193,10 +186,7 @@ def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
         return 0.0, sent
     if algorithm == "pairwise" or op == "all-to-all":
         return (g - 1) / n * size_bytes, (n - g) / n * size_bytes
-    if op == "send/recv":
-        cross = big_n / n if ring else (big_n - 1) / (n - 1)
-        return sent * (1 - cross), sent * cross
-    if algorithm in ("hierarchical", "tree"):
+    if algorithm in ("hierarchical", "tree") and op != "send/recv":  # a send/recv: one message, any curve
         local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
                  "reduce-scatter": ("reduce-scatter",)}.get(op, (op,))
         return (sum(busbw_factor(o, g) for o in local) * size_bytes,

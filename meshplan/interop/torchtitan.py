@@ -150,7 +150,8 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
-        "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused"} | \
+        "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused",
+        "parallelism.context_parallel_rotate_method"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -274,7 +275,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes) | read_cp_attention(
-        par, deg["cp"])
+        par, deg["cp"], notes)
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:

@@ -24,9 +24,11 @@ AC_KEYS = ("mode", "selective_ac_option")
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
 #: folder; the clipping bound, read as clipping on and as training.grad_clip_norm, which no plan
 #: changes; whether torchao precomputes the float8
-#: scales, read for a note, the plan's float8 all-gather timed with the precompute either way):
+#: scales, read for a note, the plan's float8 all-gather timed with the precompute either way; the
+#: ring attention's K/V rotation, read for a refusal or a note, which no plan sets):
 #: carried by :func:`carried`, not rewritten.
-KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"}
+KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp",
+        "parallelism.context_parallel_rotate_method"}
 
 
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:

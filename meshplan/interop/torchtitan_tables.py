@@ -215,14 +215,20 @@ def read_compile(c: dict, notes: list[str]) -> dict[str, bool]:
     return {"torch_compile": enable} | ({"torch_compile_loss": False} if enable and "loss" not in parts else {})
 
 
-def read_cp_attention(par: dict, cp: int) -> dict[str, str]:
+def read_cp_attention(par: dict, cp: int, notes: list[str]) -> dict[str, str]:
     """Nothing to set at cp > 1: torchtitan runs torch's ring attention, what ``cp_attention`` unset
     plans under framework torch (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`; written
     out, the key would be refused once the user switches the framework to megatron). Its
-    ``context_parallel_rotate_method`` "alltoall" is an error: only "allgather", the default, is
-    modelled (the key is listed as not read: it changes nothing planned)."""
+    ``context_parallel_rotate_method`` is read: "alltoall" at cp > 1 is an error (only "allgather",
+    the default, is modelled); written, the key adds a note saying what was planned (the K/V
+    all-gather rotation at cp > 1, nothing at cp 1, where no ring runs) and is carried unchanged
+    on export (:data:`~meshplan.interop.torchtitan_carry.KEPT`)."""
     rotate = par.get("context_parallel_rotate_method", "allgather")
     if cp > 1 and rotate != "allgather":
         raise ConfigError("parallelism.context_parallel_rotate_method", f"{rotate!r}: meshplan models torch's ring "
                           f"attention with its all-gather rotation only (torchtitan's default); set \"allgather\"")
+    if "context_parallel_rotate_method" in par:
+        notes.append(f"parallelism.context_parallel_rotate_method {rotate!r} read: " + (
+            f"planned as torch's ring attention with the K/V all-gather rotation at cp {cp}" if cp > 1 else
+            "no effect at context_parallel_degree 1 (no ring attention runs)"))
     return {}

@@ -1,7 +1,7 @@
 """One transformer layer on the rank timeline: its forward (:func:`forward_layer`) and backward
 (:func:`backward_layer`) block by block, with the TP collectives around each block (and async
-TP's fused GEMMs, :func:`fused_gemms`), CP's K/V gathers and dK/dV reduce-scatter or torch's
-ring shifts (:func:`cp_parts`, :mod:`meshplan.schedule.ring_timeline`), EP's all-to-alls, float8
+TP's fused GEMMs, :func:`fused_gemms`), the attention under CP (its K/V gathers and dK/dV
+reduce-scatter or torch's ring shifts: :mod:`meshplan.schedule.ring_timeline`), EP's all-to-alls, float8
 amax all-reduces and the registered axes' slots, as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
 """
 
@@ -12,7 +12,7 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
-from meshplan.schedule.ring_timeline import RING_OPS, ring_backward, ring_cp, ring_forward
+from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
 from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
@@ -37,9 +37,8 @@ def tp_collectives(w: Workload) -> tuple[str, str]:
 def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
            cp_phase: str = "forward", fused: Optional[dict] = None, tp_ops: tuple = (True, 1, 0)) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj, SDPA calls
-    and ring kernels) seconds under CP (module docstring; torch's ring attention,
-    :func:`~meshplan.schedule.ring_timeline.ring_cp`: the K/V all-gather issued after all three
-    projections, the core past the first of its ``cp`` SDPA calls waiting for it); ``fused``: the block's async-TP GEMMs
+    and ring kernels) seconds under CP, run by
+    :func:`~meshplan.schedule.ring_timeline.cp_attention_forward`; ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
     ``tp_ops``: (opening collective issued, closing ones, routed outputs' all-gathers) of the
     block (:func:`_mlp_tp`): a dense block's one and one; no closing one in op-level AC's
@@ -62,19 +61,8 @@ def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: 
     tp_ov = [x for x in (pre, post, *more) if x] if s.ov.tp else []
     if cp is None:
         s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
-    elif ring_cp(s):  # torch's ring: wq, wk, wv, RoPE, repeat_kv, then the gather beside the first SDPA call
-        kv, q, core, out, sdpa = cp
-        s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
-        s.compute(name + " Q proj", q)
-        ring_forward(s, name, cp_phase, core, sdpa)
-        s.compute(name + " out proj", out, [], tp_ov)
     else:
-        kv, q, core, out, _ = cp
-        s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
-        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
-        s.compute(name + " Q proj", q)
-        s.compute(name + " core", core, [ring])
-        s.compute(name + " out proj", out, [], tp_ov)
+        cp_attention_forward(s, name, cp, cp_phase, [] if s.ov.tp else [pre], tp_ov)
     if ep:  # Megatron-LM's etp reduce-scatter (none without etp rows) before the combine, on one queue;
         # the next op reads its output through the combine, or directly at ep 1 (no combine): the
         # compute waits for both (NVIDIA/Megatron-LM d98e8a6 token_dispatcher.py 824-833)
@@ -132,7 +120,8 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
                     t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None,
                     tp_ops: tuple = (True, 1, 0)) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
-    and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
+    and RoPE, Q proj, K/V proj, SDPA calls) under CP, run by
+    :func:`~meshplan.schedule.ring_timeline.cp_attention_backward`. ``t_w_row``: the
     weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
     with its input gradient at the block's start (one autograd node, before the core);
     ``t_w``: the rest (the column-parallel linears' wgrad); ``t_b_col``: the column-parallel
@@ -173,21 +162,8 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
             s.compute(name + " column B", t_b_col)
-    elif ring_cp(s):
-        core, q, kv, sdpa, replay = cp
-        ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre])
-        if regather:  # Megatron-LM (TE's p2p ring): the QKV input gathered again during its input gradient
-            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
-        s.compute(name + " Q proj B", q)
-        s.compute(name + " K/V proj B", kv)
     else:
-        core, q, kv, _, _ = cp
-        s.compute(name + " core B", core + t_w_row, [pre])
-        rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
-        if regather:
-            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
-        s.compute(name + " Q proj B", q)
-        s.compute(name + " K/V proj B", kv, [rs])
+        ag = cp_attention_backward(s, name, cp, t_w_row, pre, regather)
     beside = s.ov.tp or s.ov.tp_grad
     if not beside and t_w > 0:
         s.compute(name + " W", t_w)
@@ -200,36 +176,6 @@ def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, c
         s.compute(name + " W", t_w, [ag], [post] if s.ov.tp else [])
     gathered = [s.comm("tp", "backward", "all-gather", "tp all-gather (routed input gradients)") for _ in range(routed)]
     s.compute(name + " grad wait", 0.0, [post, *gathered])
-
-
-_CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
-
-
-def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
-    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
-    torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
-    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), ``sdpa``, the
-    part of ``core`` a cp ring runs as its steps (:data:`~meshplan.schedule.ring_timeline.RING_OPS`),
-    and ``replay``, the part a selective recompute replays in backward (``recompute`` None), which
-    Transformer Engine's p2p ring runs as its forward's steps. Op names from :mod:`meshplan.compute.ops`."""
-    fwd = phase == "forward" or recompute
-    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa", "replay"), 0.0)
-    for o in c.ops:
-        if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
-            continue
-        base = o.name.split(" ")[0].split(".")[0]
-        part = _CP_PART.get(base, "core")
-        if fwd and base in ("rope", "repeat_kv", "wo"):
-            part = "out" if base == "wo" else "kv"
-        out[part] += o.seconds
-        ring = o.name.removesuffix(" (recompute)") in RING_OPS and bool(o.recompute) == bool(recompute)
-        out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
-        replayed = recompute is None and o.recompute and o.name.removesuffix(" (recompute)") in RING_OPS
-        out["replay"] += o.seconds if replayed else 0.0
-    return out
-
-
-_cp_parts = cp_parts
 
 
 def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:

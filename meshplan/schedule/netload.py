@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.errors import ConfigError
-from meshplan.comm.row import closed_ring, link_bytes
+from meshplan.comm.row import link_bytes
 from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
 
 
@@ -93,36 +93,77 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) ->
     """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
     holding the nodes ``mine``: what each of the group's nodes there sends out per call
     (link_bytes: one rank's ring bytes for a ring, each member's off-node share for all-to-all),
-    split over the NICs its members use; ``counted``: which members run ``r`` (its stage's; None: all)."""
+    split over the NICs its members use; a send/recv's each member's own crossing messages on its
+    own NIC (:func:`_p2p_cross`); ``counted``: which members run ``r`` (its stage's; None: all)."""
     gn = p.node[group]
     n_nodes = len(np.unique(gn))
-    closed = closed_ring(r.axis, r.op)
-    ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r.op, group, closed)))
+    ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r, group)))
     leaf = leaf_of(p.cluster, gn)
     mask = np.isin(gn, mine) & (True if counted is None else counted)
     for nd in np.unique(gn[mask]):
-        members = group[(gn == nd) & (True if counted is None else counted)]
-        off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
-            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == nd).sum()), closed)[1])
-        sent = len(members) * off
-        used = sorted({int(x) for x in p.nic[members] if x >= 0})
-        share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
+        idx = np.flatnonzero((gn == nd) & (True if counted is None else counted))
+        members = group[idx]
         up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
               else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
-        for i in used:
+        for i, per_call in _nic_bytes(p, r, gn, idx, members, n_nodes).items():
+            share = [per_call * r.per_step, per_call * layer_pass_calls(r, passes)]
             if nd == node:
                 _acc(nics, i, share)
             if up:
                 _acc(uplink, p.cluster.node.nics[i].rail, [up * x for x in share])
 
 
-def _exits(p, op: str, group, closed: bool = False) -> np.ndarray:
-    """:func:`~meshplan.placement.spine.exit_crosses` of ``group``; a pipeline's send/recv runs
-    along a chain of stages, not a ring: no hop from the last stage back to the first (a
-    ``closed`` one, :func:`~meshplan.comm.row.closed_ring`, keeps it)."""
+def _nic_bytes(p, r, gn, idx, members, n_nodes: int) -> dict[int, float]:
+    """{NIC: bytes per call of row ``r``} that the ``members`` (at positions ``idx`` of a group on
+    nodes ``gn``) of one node send out: a send/recv's crossing messages each through its
+    member's own NIC (NCCL's point-to-point goes through the GPU's nearest NIC), any other row's
+    node bytes (:func:`~meshplan.comm.row.link_bytes`) split evenly over the NICs the members use."""
+    nic = p.nic[members]
+    if r.op == "send/recv" and r.split is None:
+        out: dict[int, float] = {}
+        for i, cross in zip(nic.tolist(), _p2p_cross(gn, idx, chain=r.axis == "pp")):
+            if i >= 0 and cross:
+                out[i] = out.get(i, 0.0) + cross * r.size_bytes
+        return out
+    off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
+        link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == gn[idx[0]]).sum()))[1])
+    used = sorted({int(x) for x in nic if x >= 0})
+    return {i: len(members) * off / len(used) for i in used}
+
+
+def _p2p_cross(gn, idx, chain: bool) -> np.ndarray:
+    """Per member at positions ``idx`` of a group whose members sit on nodes ``gn`` (group order):
+    the share of its send/recv calls whose peer is on another node, each call moving its bytes
+    once on the link between the two. The cp ring's dK/dV shift (``chain`` False): each call
+    sends to the next member round the ring, 1 where that one is on another node. A pipeline's
+    (``chain``): its calls are the sends to the next stage and the receives from the previous
+    one (the row counts both; backward the reverse), the crossing neighbours of the member over
+    its neighbours (the sender's NIC carries the message out, the receiver's in).
+
+    pp 4, stages 0,1 on node 0 and 2,3 on node 1: stage 1 sends to 2 across, receives from 0
+    inside; a cp ring of 4 on the same nodes: ranks 1 and 3 send across (3 -> 0 round the ring).
+
+    >>> gn = np.array([0, 0, 1, 1])
+    >>> _p2p_cross(gn, np.arange(4), chain=True).tolist(), _p2p_cross(gn, np.arange(4), chain=False).tolist()
+    ([0.0, 0.5, 0.5, 0.0], [0.0, 1.0, 0.0, 1.0])
+    """
+    n = len(gn)
+    if not chain:
+        return (gn[(idx + 1) % n] != gn[idx]).astype(float)
+    out = np.zeros(len(idx))
+    for k, i in enumerate(idx.tolist()):
+        peers = [j for j in (i - 1, i + 1) if 0 <= j < n]
+        out[k] = sum(int(gn[j] != gn[i]) for j in peers) / max(len(peers), 1)
+    return out
+
+
+def _exits(p, row, group) -> np.ndarray:
+    """:func:`~meshplan.placement.spine.exit_crosses` of ``group`` for collective-table ``row``; a
+    pipeline's send/recv runs along a chain of stages, not a ring: no hop from the last stage
+    back to the first (the cp ring's dK/dV shift does wrap: rank cp - 1 sends to rank 0)."""
     out = exit_crosses(p, group)
-    if op == "send/recv" and not closed and len(out):
+    if row.op == "send/recv" and row.axis == "pp" and len(out):
         out[-1] = False
     return out
 

@@ -5,12 +5,18 @@ core as the ring's ``cp`` steps, each ``1/cp`` of its attention calls (and torch
 :data:`RING_OPS`), torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
 next, TE's sends each beside its own step (:func:`ring_forward`, :func:`ring_backward`), called by
 :mod:`meshplan.schedule.layer_timeline`.
+
+The attention block under CP as :mod:`meshplan.schedule.layer_timeline` calls it: its seconds by
+part (:func:`cp_parts`), its forward and backward (:func:`cp_attention_forward`,
+:func:`cp_attention_backward`), all-gather CP's K/V all-gather after the K/V projections and its
+dK/dV reduce-scatter beside the Q and K/V projections' input gradients, or a ring's steps.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.compute.ops import Cost
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
 from meshplan.schedule.comm_times import CP_PACKED
 from meshplan.schedule.unit_sim import StreamSim
@@ -113,3 +119,77 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
         s.compute("dK/dV wait", 0.0, [shift])
         shift = s.comm("cp", "backward", "send/recv", LAST_SHIFT if k == cp - 1 else "cp dK/dV shift", after=[s.last])
     s.compute("dK/dV wait", 0.0, [shift])
+
+
+_CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
+
+
+def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
+    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
+    torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
+    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), ``sdpa``, the
+    part of ``core`` a cp ring runs as its steps (:data:`RING_OPS`), and ``replay``, the part a
+    selective recompute replays in backward (``recompute`` None), which Transformer Engine's p2p
+    ring runs as its forward's steps. Op names from :mod:`meshplan.compute.ops`."""
+    fwd = phase == "forward" or recompute
+    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa", "replay"), 0.0)
+    for o in c.ops:
+        if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
+            continue
+        base = o.name.split(" ")[0].split(".")[0]
+        part = _CP_PART.get(base, "core")
+        if fwd and base in ("rope", "repeat_kv", "wo"):
+            part = "out" if base == "wo" else "kv"
+        out[part] += o.seconds
+        ring = o.name.removesuffix(" (recompute)") in RING_OPS and bool(o.recompute) == bool(recompute)
+        out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
+        replayed = recompute is None and o.recompute and o.name.removesuffix(" (recompute)") in RING_OPS
+        out["replay"] += o.seconds if replayed else 0.0
+    return out
+
+
+def cp_attention_forward(s: StreamSim, name: str, cp: tuple, cp_phase: str, waits: list, tp_ov: list) -> None:
+    """The attention block ``name``'s forward under CP (``cp``: its K/V proj, Q proj, core, out
+    proj, SDPA calls and ring kernels seconds, :func:`cp_parts`; ``cp_phase``: the cp rows' phase,
+    "backward" for a checkpointed layer's replay): the K/V projections first (after ``waits``,
+    the tp all-gather opening the block unless TP overlaps), then torch's ring (wq, then the
+    gather beside the first SDPA call, :func:`ring_forward`) or all-gather CP's K/V all-gather
+    issued beside the Q projection, the core waiting for it; the out projection last, the
+    block's overlapped tp collectives ``tp_ov`` beside it."""
+    kv, q, core, out, sdpa = cp
+    s.compute(name + " K/V proj", kv, waits)
+    if ring_cp(s):
+        s.compute(name + " Q proj", q)
+        ring_forward(s, name, cp_phase, core, sdpa)
+    else:
+        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
+        s.compute(name + " Q proj", q)
+        s.compute(name + " core", core, [ring])
+    s.compute(name + " out proj", out, [], tp_ov)
+
+
+def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pre, regather: bool):
+    """The attention block ``name``'s input gradients under CP (``cp``: core incl. wo and RoPE,
+    Q proj, K/V proj, the SDPA calls' and a selective recompute's replayed calls' seconds;
+    ``t_w_row``: wo's weight gradient, computed with its input gradient before the core;
+    ``pre``: the tp collective opening the block): a ring's backward (:func:`ring_backward`)
+    between the core and the projections, or all-gather CP's dK/dV reduce-scatter issued after
+    the core, the K/V projections' input gradients waiting for it. With ``regather``
+    (Megatron-LM's SP re-gather for the weight gradients) the tp all-gather is issued after the
+    ring (Megatron-LM under TE's p2p ring: during the QKV input gradient) or after the
+    reduce-scatter, and returned; None otherwise."""
+    core, q, kv, sdpa, replay = cp
+    ag = None
+    if ring_cp(s):
+        ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre])
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+        s.compute(name + " Q proj B", q)
+        s.compute(name + " K/V proj B", kv)
+        return ag
+    s.compute(name + " core B", core + t_w_row, [pre])
+    rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
+    ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)") if regather else None
+    s.compute(name + " Q proj B", q)
+    s.compute(name + " K/V proj B", kv, [rs])
+    return ag

@@ -19,7 +19,8 @@ from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place
-from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.schedule.layer_timeline import LAYER_BLOCKS
+from meshplan.schedule.ring_timeline import cp_parts
 from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
 from meshplan.spec.mesh import MeshSpec
@@ -82,7 +83,7 @@ class TimeTables:
         cost = costs[RECOMPUTE[rc]]
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
         # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (layer_timeline.cp_parts, the timeline's split); with
+        # (dK/dV reduce-scatter) may overlap (ring_timeline.cp_parts, the timeline's split); with
         # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
         # whatever q: not asked
         out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0

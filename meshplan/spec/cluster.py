@@ -182,8 +182,9 @@ class BusbwCurve(BaseModel):
     rank counts (NVLS gains with the GPUs in the group), empty when busbw does not depend on
     them. How a time is read from it: :func:`meshplan.comm.alphabeta.measured_time` and
     :func:`~meshplan.comm.alphabeta.rank_factor`. ``calibrated``: the run a ``--calibration``
-    fit came from (set by :func:`meshplan.comm.calibration.apply_calibration`): read from its
-    smallest logged size up (above the largest along its last segment), the fit below it; every other curve, a calibrated class's scaled catalog
+    fit came from (set by :func:`meshplan.comm.calibration.apply_calibration`): read at every size
+    at its fit's alpha (above the largest along its last segment, below the smallest latency-bound,
+    never above the smallest logged time); every other curve, a calibrated class's scaled catalog
     curves included, is read as a catalog curve (:func:`meshplan.comm.nccl_algorithms.collective_time`).
     ``latency_us``: the per-call alpha of the run's own alpha-beta fit (``meshplan calibrate`` writes it
     with each logged curve); a curve read on its own run (a calibrated class's ``a2a`` or per-op curve)
