@@ -80,10 +80,10 @@ def test_4_ranks_ddp_dp4_match_the_plan_and_the_reference(tmp_path):
     from meshplan.runtime.validation.validate import Options, validate
     from meshplan.config import load_config
 
-    out = tmp_path / "ev"
+    out = tmp_path / "ev"  # no in-run probe: nothing here reads it (it runs in tests/test_validate.py)
     code, res = validate(load_config(DATA / "validate_llama8b_ddp4.toml"),
                          Options(worlds=(4,), layers=2, seq_len=32, vocab=512, micro_batches=2, steps=1,
-                                 timeout_s=200), out, echo=lambda *_: None)
+                                 timeout_s=200, probe=False), out, echo=lambda *_: None)
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}
