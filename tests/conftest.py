@@ -98,3 +98,25 @@ def moe_ep2_fsdp(tmp_path_factory):
     code, res = validate(load_config(MOE_EP2), Options(worlds=(4,), layers=2, seq_len=64, vocab=512, steps=1,
                                                        timeout_s=200, probe=False), out, echo=lambda *_: None)
     return out, code, res
+
+
+#: Llama-3-8B shapes scaled down, DDP (sharding "none") over dp 4.
+DDP4 = Path(__file__).parent / "data" / "validate_llama8b_ddp4.toml"
+
+
+@pytest.fixture(scope="session")
+def ddp4_world4(tmp_path_factory):
+    """One ``validate`` of :data:`DDP4` at world 4 (2 layers, seq 32, vocab 512, 2 micro-batches,
+    one timed step, no probe; checkpoint bandwidth 1 GB/s per rank for the DCP rows' predicted
+    times), run once for tests/test_validate_ddp.py (collectives, losses) and
+    tests/test_checkpoint_writes.py (DCP bytes per rank): the worker saves and loads a DCP
+    checkpoint after the steps of every pp-1 run. Returns (evidence folder, exit code, results)."""
+    pytest.importorskip("torch")
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+
+    out = tmp_path_factory.mktemp("ddp4_world4") / "ev"
+    code, res = validate(load_config(DDP4), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, micro_batches=2,
+                                                    steps=1, timeout_s=200, probe=False, checkpoint_bytes_per_s=1e9),
+                         out, echo=lambda *_: None)
+    return out, code, res
