@@ -58,3 +58,65 @@ def spawn_ranks(fn, world: int, *args, timeout_s: float = 90.0) -> None:
             for p in ctx.processes:
                 p.kill()
             pytest.fail(f"{world}-rank run did not finish in {timeout_s:g} s")
+
+
+#: tp 2 + SP inside, FSDP2 over dp_shard outside (Llama-3-8B shapes): the same tables as
+#: examples/mini_2x4_tp2-dp4.toml, the mesh newcomer trial 21 validated at world 4.
+TP2_FSDP = Path(__file__).parent / "data" / "validate_llama8b_tp2sp_fsdp.toml"
+
+
+@pytest.fixture(scope="session")
+def staged_tp2_fsdp(tmp_path_factory):
+    """One ``meshplan validate`` of :data:`TP2_FSDP` at worlds 2 and 4 (one timed step, validate's
+    seq 64, the in-run probe and message curves after the steps), run once for every test that reads its
+    evidence (tests/test_validate.py's staged worlds, tests/test_validate_memory_kinds.py's memory
+    rows): each launch pays torch's start-up on every rank. The CLI runs in this process
+    (tests/cli_run.py); the ranks under torchrun. Returns (evidence folder, the CLI's
+    ``returncode``/``stdout``/``stderr``)."""
+    from tests.cli_run import run_captured
+
+    out = tmp_path_factory.mktemp("staged_tp2_fsdp") / "ev"
+    return out, run_captured("validate", TP2_FSDP, "--worlds", "2,4", "--steps", "1", "--out", out,
+                             "--timeout-s", "90")
+
+
+#: Mixtral-8x7B shapes scaled down: FSDP2 over dp_shard 4, the 8 experts over ep 2 and efsdp 2.
+MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
+
+
+@pytest.fixture(scope="session")
+def moe_ep2_fsdp(tmp_path_factory):
+    """One ``validate`` of :data:`MOE_EP2` at world 4 (2 layers, seq 64, vocab 512: validate's
+    defaults; one timed step, no in-run probe), run once for every test that reads its evidence
+    (tests/test_validate_moe.py's collectives, losses and router load,
+    tests/test_validate_memory_kinds.py's memory rows by kind). Returns (evidence folder, exit
+    code, the worlds' results)."""
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+
+    out = tmp_path_factory.mktemp("moe_ep2_fsdp") / "ev"
+    code, res = validate(load_config(MOE_EP2), Options(worlds=(4,), layers=2, seq_len=64, vocab=512, steps=1,
+                                                       timeout_s=200, probe=False), out, echo=lambda *_: None)
+    return out, code, res
+
+
+#: Llama-3-8B shapes scaled down, DDP (sharding "none") over dp 4.
+DDP4 = Path(__file__).parent / "data" / "validate_llama8b_ddp4.toml"
+
+
+@pytest.fixture(scope="session")
+def ddp4_world4(tmp_path_factory):
+    """One ``validate`` of :data:`DDP4` at world 4 (2 layers, seq 32, vocab 512, 2 micro-batches,
+    one timed step, no probe; checkpoint bandwidth 1 GB/s per rank for the DCP rows' predicted
+    times), run once for tests/test_validate_ddp.py (collectives, losses) and
+    tests/test_checkpoint_writes.py (DCP bytes per rank): the worker saves and loads a DCP
+    checkpoint after the steps of every pp-1 run. Returns (evidence folder, exit code, results)."""
+    pytest.importorskip("torch")
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+
+    out = tmp_path_factory.mktemp("ddp4_world4") / "ev"
+    code, res = validate(load_config(DDP4), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, micro_batches=2,
+                                                    steps=1, timeout_s=200, probe=False, checkpoint_bytes_per_s=1e9),
+                         out, echo=lambda *_: None)
+    return out, code, res

@@ -144,9 +144,9 @@ def test_validate_two_schedule_runs_match_the_plan(tmp_path):
 
     base = load_config(Path(__file__).parent / "data" / "validate_llama8b_pp2_fsdp.toml")
     cfg = dataclasses.replace(base, training=base.training.model_copy(update={"pp_schedule_runs": 2}))
-    out = tmp_path / "ev"
+    out = tmp_path / "ev"  # no in-run probe: nothing here reads it (it runs in tests/test_validate.py)
     code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=150), out, echo=lambda *_: None)
+                                      timeout_s=150, probe=False), out, echo=lambda *_: None)
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp = r["comparison"]

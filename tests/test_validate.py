@@ -1,7 +1,8 @@
 """`meshplan validate` on the real engine: torchrun + gloo on CPU, real collectives.
 
 Multi-process tests (marked ``slow``): staged worlds 2 and 4 of tensor 2 + SP x FSDP2 in one
-CLI call (the 4-rank world is tp 2 x dp_shard 2), 8-rank HSDP 2 x 2 x tp 2 + SP; in each,
+CLI call (the 4-rank world is tp 2 x dp_shard 2; tests/conftest.py's run, whose world 4
+tests/test_validate_memory_kinds.py also reads), 8-rank HSDP 2 x 2 x tp 2 + SP; in each,
 every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype), and
 the staged run's evidence holds, per world, the message curves, arrival skew, kernel and
 checkpoint rows with finite values and the cross-world table;
@@ -15,8 +16,6 @@ the torchrun failure parser, diagnosis from status files, the evidence-folder gu
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -168,11 +167,8 @@ torch = pytest.importorskip("torch")
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
-    out = tmp_path / "ev"
-    cmd = [sys.executable, "-m", "meshplan.cli", "validate", str(TP_FSDP), "--worlds", "2,4", "--steps", "1",
-           "--seq-len", "32", "--out", str(out), "--timeout-s", "90"]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=190)
+def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(staged_tp2_fsdp):
+    out, cp = staged_tp2_fsdp  # TP_FSDP at worlds 2,4, one step, seq 64 (tests/conftest.py)
     assert "dp_shard = 4 / (tp 2) = 2 (config: dp_shard 4)" in cp.stdout
     top = json.loads((out / MARKER).read_text())
     assert [w["world"] for w in top["worlds"]] == [2, 4]

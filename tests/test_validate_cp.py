@@ -113,9 +113,9 @@ def _run(config: Path, tmp_path: Path):
     from meshplan.runtime.validation.validate import Options, validate
     from meshplan.config import load_config
 
-    out = tmp_path / "ev"
+    out = tmp_path / "ev"  # no in-run probe: nothing here reads it (it runs in tests/test_validate.py)
     code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                      timeout_s=200), out, echo=lambda *_: None)
+                                                      timeout_s=200, probe=False), out, echo=lambda *_: None)
     assert code == 0, res[0]["message"]
     return out, res
 

@@ -24,8 +24,6 @@ from meshplan.spec.training import TrainingSpec
 
 torch = pytest.importorskip("torch")
 
-DATA = Path(__file__).parent / "data"
-
 
 @pytest.mark.parametrize("names, shape, moe, why", [
     (["dp", "tp"], [2, 2], False, "sharding 'none' with tp > 1"),
@@ -76,14 +74,10 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_4_ranks_ddp_dp4_match_the_plan_and_the_reference(tmp_path):
-    from meshplan.runtime.validation.validate import Options, validate
-    from meshplan.config import load_config
-
-    out = tmp_path / "ev"
-    code, res = validate(load_config(DATA / "validate_llama8b_ddp4.toml"),
-                         Options(worlds=(4,), layers=2, seq_len=32, vocab=512, micro_batches=2, steps=1,
-                                 timeout_s=200), out, echo=lambda *_: None)
+def test_4_ranks_ddp_dp4_match_the_plan_and_the_reference(ddp4_world4):
+    # tests/conftest.py's run (no in-run probe: nothing here reads it, it runs in tests/test_validate.py),
+    # which tests/test_checkpoint_writes.py reads too: one launch for both
+    out, code, res = ddp4_world4
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}

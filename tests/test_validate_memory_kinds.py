@@ -20,8 +20,6 @@ per-row bytes, derived below.
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -30,6 +28,7 @@ import pytest
 pytest.importorskip("torch")
 
 from meshplan.runtime.execution.memtracker import RS_COPY_KIND, relabelled_kinds  # noqa: E402
+from tests.cli_run import run_captured  # noqa: E402
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mini_2x4_tp2-dp4.toml"
 
@@ -64,20 +63,35 @@ def _assert_temporaries(tmp: dict, want: Optional[int] = None) -> None:
 
 def _validate_world4(config: Path, out: Path) -> tuple[dict, dict]:
     """validate ``config`` at world 4 for one step into ``out``: (its rows by quantity, the
-    ``memory max: KIND`` rows by kind)."""
-    cmd = [sys.executable, "-m", "meshplan.cli", "validate", str(config), "--worlds", "4", "--steps", "1",
-           "--no-probe", "--out", str(out), "--timeout-s", "80"]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=85)
+    ``memory max: KIND`` rows by kind). The CLI runs in this process (tests/cli_run.py: a
+    subprocess re-imported torch and meshplan, about 5 CPU-s a run); torchrun's ranks are
+    processes of their own either way."""
+    cp = run_captured("validate", config, "--worlds", "4", "--steps", "1", "--no-probe", "--out", out,
+                      "--timeout-s", "80")
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    return _memory_rows(out)
+
+
+def _memory_rows(out: Path) -> tuple[dict, dict]:
+    """World 4's rows of the evidence in ``out`` by quantity, and its ``memory max: KIND`` rows by kind."""
     rows = {r["quantity"]: r for r in json.loads((out / "world4" / "predicted_vs_measured.json").read_text())}
     return rows, {q.removeprefix("memory max: "): r for q, r in rows.items() if q.startswith("memory max: ")}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_validate_world4_memory_rows_compare_like_with_like(tmp_path):
-    out = tmp_path / "ev"
-    rows, kind = _validate_world4(EXAMPLE, out)
+@pytest.mark.timeout(200)
+def test_validate_world4_memory_rows_compare_like_with_like(staged_tp2_fsdp):
+    # EXAMPLE's tables at world 4, read from the staged run tests/test_validate.py checks too
+    # (tests/conftest.py: tests/data/validate_llama8b_tp2sp_fsdp.toml holds the same tables;
+    # validate's seq 64 as before, the probe after the steps, which the memory step does not see):
+    # one launch for both. At seq 32 (tried for this merge) the temporaries row reads +39%, 262,144 B
+    # measured against 188,416 B predicted, outside the 20% below: not looked into yet
+    tables = [[ln for ln in f.read_text().splitlines() if not ln.startswith("#")]
+              for f in (EXAMPLE, Path(__file__).parent / "data" / "validate_llama8b_tp2sp_fsdp.toml")]
+    assert tables[0] == tables[1]
+    out, cp = staged_tp2_fsdp
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    rows, kind = _memory_rows(out)
     assert not any(q.startswith("peak memory: ") for q in rows)  # the raw tracker-label rows are gone
     for k in ("params", "grads", "gathered_params", "grad_buffers"):
         assert kind[k]["measured"] == kind[k]["predicted"] > 0, (k, kind[k])
@@ -153,16 +167,19 @@ def _received_rows(out: Path, rank: int, replayed: bool) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_validate_world4_moe_memory_rows_compare_like_with_like(tmp_path):
+@pytest.mark.timeout(240)
+def test_validate_world4_moe_memory_rows_compare_like_with_like(moe_ep2_fsdp):
     # Mixtral's shapes scaled down, dp_shard 4 x ep 2 at world 4: the experts Shard(0) over efsdp 2
     # (efsdp x ep = 4 <= 8 experts), a second parameter group of their block's unit. Before: gathered
     # params -32% (the worker lacked torchtitan's explicit forward prefetch under ep > 1, which the
     # plan models) and temporaries +1698% (SelectBackward's zero (E, n, k) gradient per expert of
     # the per-expert loop; now one grouped mm, as torchtitan's grouped_mm): runtime.execution.parallelize.
     # set_forward_prefetch and runtime.execution.moe._GroupedMM.
-    out = tmp_path / "ev"
-    _, kind = _validate_world4(MOE, out)
+    # MOE at world 4, seq 64, one step, no probe: tests/conftest.py's run, which
+    # tests/test_validate_moe.py checks too (collectives, losses, router load): one launch for both
+    out, code, res = moe_ep2_fsdp
+    assert code == 0, res[0]["message"]
+    _, kind = _memory_rows(out)
     # grad_buffers: torchtitan's block (one FSDP state, the experts a second parameter group,
     # moe_parallel.per_param_mesh) reduces both groups after its whole backward, as the plan counts;
     # the worker's experts as a unit of their own reduced alone, before the dense gradients

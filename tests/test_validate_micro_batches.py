@@ -9,8 +9,6 @@ meshplan starts at pp (below it no stage reaches the steady state)."""
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -72,11 +70,6 @@ def test_pp1_keeps_one_micro_batch():
     assert scaled.training.global_batch == scaled.training.micro_batch * 2  # dp_shard 2 x 1 micro-batch
 
 
-def _validate(*args, timeout=200):
-    return subprocess.run([sys.executable, "-m", "meshplan.cli", "validate", str(PP_FSDP), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_micro_batches_the_schedule_refuses_are_one_line_exit_2(tmp_path):
     pytest.importorskip("torch")
     r = run_captured("validate", PP_FSDP, "--worlds", "4", "--micro-batches", "1", "--out", tmp_path / "ev")  # refused: no run
@@ -93,7 +86,9 @@ def test_cli_runs_a_pp2_1f1b_mesh_with_two_micro_batches(tmp_path):
     1 (world 2) with gloo: 2 micro-batches, the run matches the plan, exit 0."""
     pytest.importorskip("torch")
     out = tmp_path / "ev"
-    r = _validate("--worlds", "2", "--steps", "1", "--no-probe", "--seq-len", "32", "--out", out, "--timeout-s", "150")
+    # in-process (tests/cli_run.py): a subprocess only re-imported torch and meshplan; the ranks run under torchrun
+    r = run_captured("validate", PP_FSDP, "--worlds", "2", "--steps", "1", "--no-probe", "--seq-len", "32", "--out", out,
+                     "--timeout-s", "150")
     assert ("global_batch 64 -> 2 = micro_batch 1 x dp 1 x 2 micro-batch(es) (the fewest pp_schedule 1f1b runs at "
             "pp 2; --micro-batches N sets them)") in r.stdout
     assert r.returncode == 0, r.stdout + r.stderr

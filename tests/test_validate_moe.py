@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 from tests.reference import per_token_losses  # noqa: E402
 
-MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
+# dp_shard 4 x ep 2 (validate_mixtral_ep2_fsdp.toml): tests/conftest.py moe_ep2_fsdp, one run shared
 MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
 MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
 
@@ -77,12 +77,14 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
+def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(moe_ep2_fsdp):
     """Dropless (the config sets no routing: a torch plan's default) over gloo: each MoE layer
     exchanges the per-expert counts (8 experts x 8 B int64), then dispatches and combines
     with those split sizes; the token all-to-alls are compared by count (their bytes are the
-    router's), and the losses equal the unsplit dropless model's."""
-    out, rows = _validated_exactly(MOE_EP2, tmp_path)
+    router's), and the losses equal the unsplit dropless model's. The run (seq 64) is
+    tests/conftest.py's, which tests/test_validate_memory_kinds.py reads too: one launch."""
+    out, code, res = moe_ep2_fsdp
+    rows = _exactly(code, res)
     assert {row["axis"] for row in rows} == {"dp_shard", "efsdp", "ep"}
     # 2 MoE layers: forward counts + dispatch + combine, backward the two gradients
     a2a = {(row["phase"], row["dtype"]): row for row in rows if row["op"] == "all-to-all"}
@@ -90,10 +92,11 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
     assert a2a[("forward", "fp32")]["size_bytes"] == a2a[("backward", "fp32")]["size_bytes"] == "routed"
     assert a2a[("forward", "fp32")]["meshplan"] == a2a[("backward", "fp32")]["meshplan"] == 4
     assert ("backward", "int64") not in a2a
-    # the plan's balanced expectation: 32 tokens x top_k 2 = 64 rows x 256 x 4 B per rank
+    # the plan's balanced expectation: micro-batch 1 x seq 64 = 64 tokens x top_k 2 = 128 rows x
+    # hidden 256 x 4 B per rank (32 tokens, 64 rows when this run was at seq 32)
     recs = json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"]
     dispatch = [r["size_bytes"] for r in recs if r["op"] == "all-to-all" and r["dtype"] == "fp32"][0]
-    assert dispatch == 64 * 256 * 4
+    assert dispatch == 128 * 256 * 4
     # routed experts: 4 per rank, their own FSDP2 unit over efsdp 2 (gather, re-gather, reduce)
     experts = sorted((row["phase"], row["op"], row["meshplan"]) for row in rows if row["axis"] == "efsdp")
     assert experts == [("backward", "all-gather", 2), ("backward", "reduce-scatter", 2), ("forward", "all-gather", 2)]
@@ -118,8 +121,8 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
 
 def _check_router_load(out: Path) -> None:
     """Issue 11 (moemore): the router's imbalance in the evidence. Each rank wrote the copies its
-    router sent to each of the 8 experts per MoE layer in the recorded step: 32 tokens x top_k 2
-    = 64 per layer and micro-batch. By hand from those counts: per layer and ep group ({0, 1},
+    router sent to each of the 8 experts per MoE layer in the recorded step: 64 tokens (seq 64)
+    x top_k 2 = 128 per layer and micro-batch. By hand from those counts: per layer and ep group ({0, 1},
     {2, 3}) the experts receive the members' sum; max / mean over the 8 experts and over the 2 ep
     ranks (4 experts each), the worst layer and group, against the plan's balanced 1."""
     import numpy as np
@@ -128,7 +131,7 @@ def _check_router_load(out: Path) -> None:
     counts = {r: json.loads((ev / f"rank{r}" / "collectives.json").read_text())["expert_counts"] for r in range(4)}
     micro = json.loads((ev / "plan.json").read_text())["mesh"]["micro_batches"]
     assert all(sorted(c) == ["layers.0.moe", "layers.1.moe"] for c in counts.values())
-    assert {sum(v) for c in counts.values() for v in c.values()} == {64 * micro}
+    assert {sum(v) for c in counts.values() for v in c.values()} == {128 * micro}
     expert, rank = 0.0, 0.0
     for group in ((0, 1), (2, 3)):
         for layer in ("layers.0.moe", "layers.1.moe"):
@@ -190,7 +193,8 @@ def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
 
 
 def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
-    """Run validate on 4 ranks (2 layers, seq 32, vocab 512, one timed step); assert it passed
+    """Run validate on 4 ranks (2 layers, seq 32, vocab 512, one timed step; no in-run collective
+    probe: nothing here reads its files, it runs in tests/test_validate.py); assert it passed
     with no collective or group difference and every rank's count equal to the plan's.
     Returns (evidence folder, the collective rows)."""
     from meshplan.runtime.validation.validate import Options, validate
@@ -198,13 +202,19 @@ def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
 
     out = tmp_path / "ev"
     code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                      timeout_s=200), out, echo=lambda *_: None)
+                                                      timeout_s=200, probe=False), out, echo=lambda *_: None)
+    return out, _exactly(code, res)
+
+
+def _exactly(code: int, res: list) -> list[dict]:
+    """World 4 of a validate result ``(code, res)`` passed with no collective or group
+    difference and every rank's count equal to the plan's; returns its collective rows."""
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}
     rows = comp["collectives"]
     assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(4))
-    return out, rows
+    return rows
 
 
 def _grad_worker(rank: int, store_path: str, out: str, sp: bool, dropless: bool = False) -> None:
