@@ -57,6 +57,14 @@ def test_p2p_rows_by_hand_cp2_and_cp4():
     assert _per_layer(_cp_rows(gather), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
                                                ("forward", "all-gather", 4096.0, "bf16", 1.0)]
     assert _per_layer(_cp_rows(_megatron(4, recompute="none", cp_attention="p2p")), 2) == _per_layer(rows, 2)
+    # under selective recompute TE's gather (AttnFuncWithCPAndKVAllGather, inside the checkpointed
+    # core_attention) runs again in backward: one more 4,096 B all-gather per layer; meshplan's own
+    # all-gather CP (framework torch) gathers before the core, outside the replay: none
+    sel = _per_layer(_cp_rows(_megatron(4, recompute="selective", cp_attention="allgather")), 2)
+    assert sel == [("backward", "all-gather", 4096.0, "bf16", 1.0), ("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+                   ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    torch_sel = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, recompute="selective", cp_attention="allgather")
+    assert [r.phase for r in _cp_rows(torch_sel) if r.op == "all-gather"] == ["forward"]
 
 
 def test_p2p_is_megatrons_alone():

@@ -159,16 +159,20 @@ def test_cp_timeline_issues_the_collectives_the_table_counts(schedule, vpp, reco
 
 @pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
-def test_p2p_timeline_issues_the_collectives_the_table_counts(schedule, vpp, recompute):
+@pytest.mark.parametrize("cp_attention", ["p2p", "allgather"])
+def test_p2p_timeline_issues_the_collectives_the_table_counts(schedule, vpp, recompute, cp_attention):
     """pp 2 (x vpp) x cp 4 x tp 2 with SP under framework megatron (Transformer Engine's p2p ring,
     Megatron-LM's default; tests/test_cp_p2p.py), m 8 per stage: the rank timeline's cp sends
     and tp collectives equal the table's per-step counts (the tp re-gather of the QKV input for
     its weight gradient too). Per layer and micro-batch: forward cp - 1 = 3 K/V sends;
     backward 2 K/V (or dK/dV) sends and cp - 2 = 2 of K, V, dK and dV, and a replayed core
-    attention's (selective: Megatron-LM's checkpointed core_attention; full: the layer) 3 K/V more."""
+    attention's (selective: Megatron-LM's checkpointed core_attention; full: the layer) 3 K/V more.
+    ``--cp-comm-type all_gather`` (Transformer Engine's AttnFuncWithCPAndKVAllGather, inside the
+    core attention): per layer and micro-batch a forward all-gather, a dK/dV reduce-scatter, and
+    the replayed core's all-gather again under selective as under full recompute."""
     plan = plan_of({"names": ["pp", "cp", "tp"], "shape": [2, 4, 2], "world": 16, "pp_schedule": schedule,
                     "virtual_stages": vpp, "sequence_parallel": True}, nodes=2, global_batch=8, recompute=recompute,
-                   framework="megatron", sharding="none")
+                   framework="megatron", sharding="none", cp_attention=cp_attention)
     st, kinds = step_time(plan), tuple(k for k in COUNTED if k != "step") + ("tp",)
     # get_batch's broadcasts left out (the timeline keys them by their own group, this table count by ""),
     # tp's counted per op (a replay's tp events carry phase "forward", their rows "backward")
@@ -182,6 +186,12 @@ def test_p2p_timeline_issues_the_collectives_the_table_counts(schedule, vpp, rec
         assert calls(timeline_counts(st, s, kinds)) == calls(table_counts(plan, s, kinds)), s
         t = table_counts(plan, s)
         lm = 2 * 8  # TINY's 4 layers over pp 2; global batch 8, b 1, no data axis
+        if cp_attention == "allgather":
+            assert t[("cp", "", "forward", "all-gather")] == lm
+            assert t[("cp", "", "backward", "all-gather")] == (recompute != "none") * lm
+            assert t[("cp", "", "backward", "reduce-scatter")] == lm
+            assert not any(k[0] == "cp" and k[3] == "send/recv" for k in t)
+            continue
         replays = 0 if recompute == "none" else 3
         assert t[("cp", "", "forward", "send/recv")] == 3 * lm
         assert t[("cp", "", "backward", "send/recv")] == (2 + replays) * lm

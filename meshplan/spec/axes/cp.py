@@ -70,7 +70,10 @@ def cp_rows(add, c) -> None:
     with torch 2.13 on the fake process group and gloo (``tests/test_table_vs_torch.py``,
     ``tests/test_validate_cp.py``). Megatron-LM's ``--cp-comm-type all_gather``
     (``cp_attention = "allgather"``) has these rows; its default, Transformer Engine's p2p ring,
-    :func:`p2p_rows`."""
+    :func:`p2p_rows`. Under Megatron-LM the gather is Transformer Engine's, inside the attention
+    function (``AttnFuncWithCPAndKVAllGather``), so selective recompute, which checkpoints
+    ``core_attention``, replays it too (:func:`_core_replayed`); meshplan's runtime gathers before
+    the core, outside what its selective recompute replays."""
     if c.mesh.degree("cp") <= 1:
         return
     if c.training.cp_ring:
@@ -82,7 +85,7 @@ def cp_rows(add, c) -> None:
     t = c.training
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
     kv_full = kv_elements(c.model, t.micro_batch, t.seq_len, kv_l) * dtype_bytes(t.compute_dtype)
-    nl, replayed = len(c.layers), _replayed(c)
+    nl, replayed = len(c.layers), _core_replayed(c) if t.framework == "megatron" else _replayed(c)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
     if replayed:  # the checkpoint's replay of the forward gathers K and V again
         add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
@@ -94,6 +97,15 @@ def cp_rows(add, c) -> None:
 def _replayed(c) -> int:
     """The stage's checkpointed layers (full, torchtitan per-layer AC), whose replay gathers K and V again."""
     return sum(c.training.layer_recomputed(k) for k in range(len(c.layers)))
+
+
+def _core_replayed(c) -> int:
+    """The stage's layers whose backward replays Megatron-LM's core attention, with the CP
+    exchange Transformer Engine runs inside it (:func:`p2p_rows`, all-gather CP under Megatron-LM):
+    every layer under selective recompute (Megatron-LM's default ``--recompute-modules
+    core_attn``: attention.py ``_checkpointed_attention_forward``), else the checkpointed ones
+    (:func:`_replayed`)."""
+    return len(c.layers) if c.training.recompute == "selective" else _replayed(c)
 
 
 def _replay_cadence(replayed: int, nl: int) -> str:
@@ -173,7 +185,7 @@ def p2p_rows(add, c) -> None:
     t, nl, cp = c.training, len(c.layers), c.mesh.degree("cp")
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
     kv = kv_elements(c.model, t.micro_batch, t.seq_len // cp, kv_l) * dtype_bytes(t.compute_dtype)
-    d, replayed = t.compute_dtype, nl if t.recompute == "selective" else _replayed(c)
+    d, replayed = t.compute_dtype, _core_replayed(c)
     add("cp", "forward", "send/recv", kv, d, nl * (cp - 1), f"every layer, {cp - 1} of its {cp} p2p ring steps "
         "(K and V)", "the step's attention call (beside it)")
     if replayed:
