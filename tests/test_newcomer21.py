@@ -127,8 +127,12 @@ NODES_TAIL = ("does not fit as configured on up to 4096 nodes either (data axis 
     # (the activation step, as torch measured), not dX + 2. Newcomer trial 27 #B: the variants over usable
     # memory close the line, after its fix, as no fix alone (they opened it)
     # (usable: the H100's runtime total 79.11 GiB x 0.9 = 71.2 GiB)
+    # cpmem: cp 8's peak, layer 31's backward, 896.8 -> 1063.7 GiB: its one backward step is now the ring's attention
+    # core (memory.cp_buffers), L = 1.25M local tokens: d(context) + dq 2 B x L x 32 x 256 + local dK/dV 2 x L x 8 x 256
+    # + gathered K/V 2 x 10M x 32 x 256 + its 1/8 concatenated + fp32 dQ 4 x L x 32 x 128 + four fp32 dK/dV
+    # 4 x 4 x 10M x 32 x 256 / 8 = 394,240,000,000 B, over the routed experts' 215,040,000,000: +166.9 GiB
     (10_000_000, "", "; over the usable 71.2 GiB, no fix alone: tp x2 (dp_shard 16 x ep 8 x tp 2) -> peak 3591.2 GiB; "
-                     "cp 8 (dp_shard 4 x cp 8 x ep 8) -> peak 896.8 GiB"),
+                     "cp 8 (dp_shard 4 x cp 8 x ep 8) -> peak 1063.7 GiB"),
     (10_000_001, "cp not offered (cp 2: seq_len 10000001 is not divisible by 2 * cp (4) for load-balanced causal "
                  "CP); ", ""),
 ])

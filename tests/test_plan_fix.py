@@ -71,8 +71,12 @@ def test_fix_lists_each_variant_with_the_peak_its_own_plan_gives(tmp_path):
     assert p.timeline.usable_bytes == 79.11 * 2**30 * 0.9
     # pp x2: 163.8 GiB, above the mesh's own 121.5 GiB (stage 0 holds its 40 layers gathered from forward
     # to backward, reshard_after_forward unset being false at pp > 1): no fix, left out
+    # cpmem: cp 2's peak 74,996,686,848 -> 75,003,518,976 B (69.8 -> 69.9 GiB), from the head's backward to layer
+    # 79's attention core step, which holds torch's ring buffers (memory.cp_buffers; 2 x 4096 local tokens, 16 q
+    # heads): the gathered K/V 2 B x 2 x 8192 x 16 x 256 = 128 MiB, fp32 dQ 4 x 8192 x 16 x 128 = 64 MiB, four fp32
+    # dK/dV buffers of 4 x 2 x 8192 x 16 x 256 / 2 = 128 MiB: 704 MiB beside its 72 MiB of gradients
     assert (_gib(p), _gib(full), _gib(seed), _gib(mb1), _gib(piped), _gib(cp2)) == \
-        ("121.5 GiB", "25.3 GiB", "69.1 GiB", "69.7 GiB", "163.8 GiB", "69.8 GiB")
+        ("121.5 GiB", "25.3 GiB", "69.1 GiB", "69.7 GiB", "163.8 GiB", "69.9 GiB")
     steps = [step_time(x).step_s for x in (full, seed, mb1, cp2)]
     assert steps == sorted(steps)  # the order the line lists them in
     # per-layer AC (layerac): ac_freq 2 checkpoints 40 of the 80 layers, each keeping its 64 MiB input
@@ -91,7 +95,7 @@ def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
     dgx-h100 (121.3 GiB > 79.11 x 0.9 = 71.2 GiB usable) printed only recompute full. cp from the
     data axis: cp 2 (dp_shard 4 x cp 2 x tp 8; 32768 tokens in 2 x 2 chunks of 8192, 16384 per rank)
     fits at 69.3 GiB (1.9 GiB = 2.7% free: tight), the smallest cp that does (at the datasheet's 67.1
-    GiB usable it did not, and cp 4 at 43.4 GiB was offered), and its step is shorter than recompute
+    GiB usable it did not, and cp 4, then 43.4 GiB, was offered), and its step is shorter than recompute
     full's, which replays every layer's forward: it is listed first; cp 4 is not offered. (cpring: with
     torch's ring CP traffic in the table, spec.axes.cp.ring_rows, cp 4 beside tp 8 spans nodes and its
     K/V gathers and dK/dV shifts through the NICs make it slower than recompute full; cp 2 stays
@@ -104,7 +108,11 @@ def test_cp_from_the_data_axis_is_offered_where_it_fits_and_is_faster(tmp_path):
     cfg = p.config
     full = build_plan(replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"})))
     cp2, cp4 = _meshed(cfg, ["dp_shard", "cp", "tp"], [4, 2, 8]), _meshed(cfg, ["dp_shard", "cp", "tp"], [2, 4, 8])
-    assert (_gib(p), _gib(cp2), _gib(cp4), _gib(full)) == ("121.3 GiB", "69.3 GiB", "43.4 GiB", "25.0 GiB")
+    # cpmem: cp 4's peak 46,649,753,600 -> 46,662,352,896 B (43.4 -> 43.5 GiB), now at layer 79's attention core
+    # step with torch's ring buffers (8192 local tokens, 8 q heads): the gathered K/V 2 B x 32768 x 8 x 256 = 128
+    # MiB, its 1/4 concatenated 32 MiB, fp32 dQ 4 x 8192 x 8 x 128 = 32 MiB, four fp32 dK/dV of 64 MiB: 448 MiB;
+    # cp 2's stays the head's forward (74,383,212,544 B)
+    assert (_gib(p), _gib(cp2), _gib(cp4), _gib(full)) == ("121.3 GiB", "69.3 GiB", "43.5 GiB", "25.0 GiB")
     assert cp2.feasible and cp4.feasible and full.feasible
     assert step_time(cp2).step_s < step_time(full).step_s < step_time(cp4).step_s
     assert memory_fix(p) == (f"fix: cp 2 (dp_shard 4 x cp 2 x tp 8) -> peak 69.3 GiB (fits; {_step(cp2)}{_tight(cp2)}); "

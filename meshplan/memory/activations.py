@@ -62,7 +62,8 @@ Further conventions:
   them: it keeps Q, K, V, the output and the fp32 softmax statistics (log-sum-exp, 4 bytes
   per query row per head: ``4 a s b / t``, small) and regenerates dropout from the RNG
   state; the statistics are counted. Full recompute keeps the layer input only.
-- Context parallel: every per-token tensor holds ``s / cp`` tokens. The score terms hold
+- Context parallel: every per-token tensor holds ``s / cp`` tokens, but for all-gather CP's K
+  and V, kept for the whole sequence (``cp_kv``; :mod:`meshplan.memory.cp_buffers`). The score terms hold
   ``(s / cp)`` query rows against all ``s`` keys (a non-fused ring keeps every step's
   scores); Megatron-Core and torchtitan context parallel need a fused/flash kernel, where
   the terms vanish.
@@ -108,6 +109,7 @@ from math import ceil
 
 from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
+from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
@@ -167,21 +169,25 @@ def _norm_and_gemm_input(dims: LayerDims, lc: _Local, norm: str, gemm: str, v: d
 
 
 def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v: dict,
-                     gathered: bool = False) -> list[Term]:
+                     gathered: bool = False, cp_kv: bool = False) -> list[Term]:
     """The attention block's kept tensors; ``gathered``: Megatron-LM's QKV sub-sharding at tp >
     kv_heads (:mod:`meshplan.spec.axes.tp_kv`): v is a view of the all-gathered fused QKV output
     (attention.py:1864-1905 at d98e8a6: slice, view and split, no copy), which the core attention
     keeps for its backward, so the whole gathered tensor, ``s b (a + 2 g) d``, is held in v's place
-    (q and k are RoPE's new tensors)."""
+    (q and k are RoPE's new tensors). ``cp_kv``: all-gather CP, whose SDPA keeps the whole
+    sequence's K and V, ``s`` tokens (:func:`meshplan.memory.cp_buffers.saves_gathered_kv`), in
+    place of the local ones (and of the fused QKV output, which then is not what it reads)."""
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
+    kv_rows, KS = (dims.s * b, "s") if cp_kv else (rows, S)
     kv, g = (lc.aq, "a") if v.get("kv_expanded") else (lc.akv, "g")
     dv, dvs = dims.d_v, ("d_v" if dims.d_v != d else "d")
     value = (Term("fused QKV output (all-gathered over tp; v is a view of it)", e * rows * (dims.a + 2 * dims.g) * d,
-                  f"{e}*{S}*b*(a+2g)*d") if gathered else Term("v", e * rows * kv * dv, f"{e}*{S}*b*{g}*{dvs}/t"))
+                  f"{e}*{S}*b*(a+2g)*d") if gathered and not cp_kv
+             else Term("v", e * kv_rows * kv * dv, f"{e}*{KS}*b*{g}*{dvs}/t"))
     out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + _mla_latent_terms(dims, lc) + [
         Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
-        Term("k", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t"), value]
+        Term("k", e * kv_rows * kv * d, f"{e}*{KS}*b*{g}*d/t"), value]
     if recompute != "selective" and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
@@ -246,11 +252,12 @@ VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
 
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
                 recompute: str = "none", flash: bool = False, fused_glu: bool = False, framework: str = "torch",
-                **variants: bool) -> list[Term]:
+                cp_kv: bool = False, **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
     derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
     ``framework``: megatron at tp > kv_heads keeps the all-gathered fused QKV output
-    (:func:`_attention_terms`); ``variants``: :data:`VARIANTS` (module docstring).
+    (:func:`_attention_terms`); ``cp_kv``: K and V kept for the whole sequence (all-gather CP,
+    :func:`_attention_terms`); ``variants``: :data:`VARIANTS` (module docstring).
 
     4 q / 2 KV heads of 16 (h 64), s 64, b 1, tp 4, bf16: v (64 x 1 x 16 x 2 = 2,048 B) becomes the
     gathered 64 x (4 + 4) x 16 x 2 = 16,384 B under Megatron:
@@ -270,7 +277,8 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
     if recompute == "op":
         return op_sac_terms(dims, lc, flash)
     gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
-    return _attention_terms(dims, lc, recompute, flash, variants, gathered) + _mlp_terms(dims, lc, fused_glu, variants)
+    return (_attention_terms(dims, lc, recompute, flash, variants, gathered, cp_kv and cp > 1)
+            + _mlp_terms(dims, lc, fused_glu, variants))
 
 
 def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
@@ -374,4 +382,5 @@ def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False
     rc = training.recompute if training.recompute != "layer" else ("full" if checkpointed else "none")
     split = local_split(mesh)
     return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
-                recompute=rc, flash=training.flash_attention, framework=training.framework)
+                recompute=rc, flash=training.flash_attention, framework=training.framework,
+                cp_kv=saves_gathered_kv(training, split[Dim.SEQUENCE]))

@@ -29,6 +29,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.memory.activations import embedding_terms, head_terms, layer_bytes
+from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims
 from meshplan.memory.inflight import in_flight_chunks
 from meshplan.memory.state import state_bytes
@@ -119,7 +120,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     dense = next(i for i in range(model.layers) if not model.is_moe_layer(i)) if model.dense_layers or not model.is_moe else 0
     dims = LayerDims.from_model(model, training.seq_len, training.micro_batch, layer=dense)
     tp, cp, sp = mesh.degree("tp"), mesh.degree("cp"), mesh.sequence_parallel
-    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework)
+    kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework,
+              cp_kv=saves_gathered_kv(training, cp))
     if training.recompute == "layer":  # torchtitan per-layer AC: 1 in ac_freq layers checkpointed, on average
         k = training.ac_freq
         per_layer = (layer_bytes(dims, recompute="full", **kw) + (k - 1) * layer_bytes(dims, recompute="none", **kw)) // k

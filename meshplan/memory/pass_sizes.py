@@ -34,16 +34,17 @@ class ActSizes:
     backward under the recompute policy), ``rework`` (recomputed at the start of the
     layer's backward, freed by its steps), ``fwd_temp`` and ``bwd_temp`` (working sets;
     ``bwd_temp`` the largest step's), ``steps`` the backward (:class:`BackStep`, whose
-    ``frees`` sum to ``saved + rework``; empty: one step with everything); ``sp_input``:
-    ``fwd_temp`` is sequence parallelism's all-gathered layer input (tp > 1 with SP), named so
-    in the events, else it is the forward's working set."""
+    ``frees`` sum to ``saved + rework``; empty: one step with everything); ``fwd_what``:
+    ``fwd_temp``'s name in the events: sequence parallelism's all-gathered layer input (tp > 1
+    with SP), context parallelism's K/V buffers (:mod:`meshplan.memory.cp_buffers`) or the
+    forward's working set."""
 
     saved: int
     rework: int
     fwd_temp: int
     bwd_temp: int
     steps: tuple = ()
-    sp_input: bool = False
+    fwd_what: str = "forward working set"
 
 
 @dataclass(frozen=True)

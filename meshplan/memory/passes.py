@@ -100,7 +100,7 @@ class PassBuilder(UnitEvents):
         for i, layer in enumerate(layers):
             self._unshard(layer, list(layers[i + 1:]) + [k for k in keys if k == "head"], depth, keep)
             a = sz.acts[layer]
-            work = "SP all-gathered input" if a.sp_input else "forward working set"
+            work = a.fwd_what
             self._add(layer, "temporaries", a.fwd_temp, f"layer {layer} forward: {work}")
             self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {sz.recompute})")
             self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: {work} freed")

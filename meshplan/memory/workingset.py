@@ -7,6 +7,8 @@ Activations per layer come from :func:`~meshplan.memory.activations.layer_terms`
 a is the activation dtype size; per rank H = ``a s b h`` with the full local sequence,
 Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV likewise):
 
+- forward, cp > 1: cp's K/V buffers while the attention runs (:mod:`meshplan.memory.cp_buffers`),
+  the working set where larger than the others below (they are not alive at once);
 - forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
   QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept; ``s b h`` bytes,
   float8, under torchao's float8 TP, :func:`meshplan.compute.dtensor_sp.float8_tp`, as the
@@ -26,7 +28,9 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   w_down's gradient, frees its input), activation (3F gated: d(w_out input), d(silu), d(up);
   2F GeLU), w_in (max(2F + H, 3H): the two GEMMs' dX and their sum; w_gate, w_up), mlp norm
   (:func:`norm_work`), attention w_o (SP H + Q), core (2Q + 2KV: d(context), dq, dk, dv;
-  q, k, v, statistics freed; MLA: d(context) + dq + dk + dv with the value head dim), w_qkv
+  q, k, v, statistics freed; MLA: d(context) + dq + dk + dv with the value head dim; cp > 1:
+  with cp's buffers, :mod:`meshplan.memory.cp_buffers`, all-gather CP's dK and dV of the whole
+  sequence; :func:`attention_core_work`), w_qkv
   (max(Q + 2KV + H, 3H); MLA adds the latents' gradients ``a s b (2 c_q + 2 c_kv + r)``),
   attn norm. Each step writes its weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
   layer's peak is at its first step, not with all its gradients and all its activations
@@ -78,6 +82,7 @@ from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes
 from meshplan.memory.activations import (MLA_LATENT_TERMS, embedding_terms, head_terms, layer_bytes, layer_options,
                                          layer_terms)
+from meshplan.memory.cp_buffers import CpBuffers, cp_buffers
 from meshplan.memory.layer_dims import LayerDims, mla_dims
 from meshplan.memory.pass_sizes import ActSizes, BackStep
 from meshplan.memory.buffers import ipg_elements
@@ -132,16 +137,27 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     # the checkpointed forward keeps nothing: its MLP's working set (module docstring)
     residual = a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
     mlp_fwd = residual + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp) if dims.f else 0
+    cpb = cp_buffers(model, training, cp=lo["cp"], tp=tp, kv_expanded=opts.kv_expanded,
+                     checkpointed=training.recompute == "full")
     if moe:
         if dims.f:  # the shared experts' MLP
             widest = max(widest, *mlp_step_work(a * tok * ceil(dims.f / tp), a * tok * h, model.gated_mlp))
         fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute == "full" else gathered
-        return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=widest + gathered,
-                        sp_input=fwd == gathered > 0)
-    steps = backward_steps(model, training, mesh, opts, dims, lo, f8)
+        core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cpb.backward if cpb.backward else 0
+        return ActSizes(saved=saved, rework=full - saved, fwd_temp=max(fwd, cpb.forward),
+                        bwd_temp=max(widest + gathered, core), fwd_what=_fwd_what(fwd, gathered, cpb))
+    steps = backward_steps(model, training, mesh, opts, dims, lo, f8, cpb.backward)
     fwd = max(gathered, mlp_fwd) if training.recompute in ("full", "op") else gathered
-    return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
-                    steps=steps, sp_input=fwd == gathered > 0)
+    return ActSizes(saved=saved, rework=full - saved, fwd_temp=max(fwd, cpb.forward),
+                    bwd_temp=max(st.work for st in steps), steps=steps, fwd_what=_fwd_what(fwd, gathered, cpb))
+
+
+def _fwd_what(fwd: int, gathered: int, cpb: CpBuffers) -> str:
+    """The forward working set's label: cp's buffers where they are the larger, SP's all-gathered
+    input where that is all of it, else the forward's working set."""
+    if cpb.forward > fwd:
+        return cpb.what
+    return "SP all-gathered input" if fwd == gathered > 0 else "forward working set"
 
 
 #: Backward steps of a dense layer, autograd's order, and the weights whose gradients each
@@ -220,10 +236,33 @@ def mlp_step_work(F: int, H: int, gated: bool) -> tuple[int, int]:
     return (3 * F, max(2 * F + H, 3 * H)) if gated else (2 * F, F + H)
 
 
+def attention_core_work(dims, lo: dict, tok: int, kv_expanded: bool) -> int:
+    """Bytes of the attention core's backward gradients, ``C + Q + K + V`` (module docstring):
+    d(context), dq, dk, dv at the rank's ``tok`` tokens, K and V at the KV heads (the q heads with
+    ``kv_expanded``); under all-gather CP (``lo["cp_kv"]``) dK and dV of the whole sequence, ``s b``
+    tokens (:mod:`meshplan.memory.cp_buffers`). ``dims``: :class:`LayerDims`; ``lo``:
+    :func:`~meshplan.memory.activations.layer_options`.
+
+    4 q and 2 KV heads of 16, bf16, 32 of 64 tokens (cp 2): 2 x 32 x 4 x 32 = 8,192 B of d(context)
+    and dq, 2 x 32 x 2 x 32 = 4,096 B of local dK and dV, 8,192 B for the whole sequence's:
+
+    >>> d = LayerDims(s=64, b=1, h=64, a=4, g=2, d=16, f=128)
+    >>> attention_core_work(d, {"tp": 1, "cp_kv": False}, 32, False), attention_core_work(d, {"tp": 1, "cp_kv": True}, 32, False)
+    (12288, 16384)
+    """
+    a, tp = dims.act_bytes, lo["tp"]
+    aq = dims.a // tp
+    kv = aq if kv_expanded else (dims.g // tp if tp <= dims.g else 1)
+    kv_tok = dims.s * dims.b if lo.get("cp_kv") else tok
+    return a * tok * aq * (dims.d + dims.d_v) + a * kv_tok * kv * (dims.d + dims.d_v)
+
+
 def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
-                   dims, lo: dict, f8: Optional[dict[str, int]] = None) -> tuple:
+                   dims, lo: dict, f8: Optional[dict[str, int]] = None, cp_extra: int = 0) -> tuple:
     """:class:`BackStep` of a dense layer (see the module docstring: working sets); ``f8``: the
-    float8 input copies (:func:`float8_copies`), each freed by the step that reads it."""
+    float8 input copies (:func:`float8_copies`), each freed by the step that reads it;
+    ``cp_extra``: cp's buffers beside the attention core's gradients
+    (:attr:`meshplan.memory.cp_buffers.CpBuffers.backward`)."""
     a, tp = dims.act_bytes, lo["tp"]
     tok, rtok = _tokens(training, mesh)
     sp = lo["sp"] and tp > 1
@@ -232,12 +271,13 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     kv = aq if opts.kv_expanded else (dims.g // tp if tp <= dims.g else 1)
     Q, K = a * tok * aq * dims.d, a * tok * kv * dims.d
     V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
+    core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cp_extra
     lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
     # the all-gathered output gradient of a row-parallel GEMM (SP; float8 under torchao's float8 TP)
     g = (tok * dims.h if float8_tp(model, training, sp) else H) if sp else 0
     act, w_in = mlp_step_work(F, H, dims.gated)
     work = {"mlp w_out": g + F, "mlp activation": act, "mlp w_in": w_in,
-            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": C + Q + K + V,
+            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": core,
             "attention w_qkv": max(Q + K + V + lat + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
     full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
     kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}

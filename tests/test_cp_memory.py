@@ -1,0 +1,136 @@
+"""Context parallelism's buffers in the memory timeline (meshplan.memory.cp_buffers, issue 11):
+all-gather CP keeps the whole sequence's K and V for backward and holds its gathered K/V beside;
+torch's ring holds its gathered K/V, the fp32 merged output, the fp32 dQ accumulator and four fp32
+dK/dV buffers (the received one, the re-concatenated halves, the one sent, the next received).
+Every expected value below is derived by hand from the sizes in the module docstring.
+"""
+
+from __future__ import annotations
+
+from meshplan.config import load_config
+from meshplan.memory.timeline import memory_timeline
+from meshplan.memory.workingset import layer_act_sizes
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.plan import build_plan
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from tests.configs import job_toml
+
+GiB = 2 ** 30
+#: 4 q heads and 2 KV heads of d = 16 (hidden 64), MLP 128, bf16 (a = 2 B), seq 64, micro-batch 1
+SMALL = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
+
+
+def _small(cp: int, attention: str, framework: str = "torch", **memory):
+    t = TrainingSpec(global_batch=8, seq_len=64, micro_batch=1, compute_dtype="bf16", recompute="none",
+                     flash_attention=True, cp_attention=attention, framework=framework)
+    mesh = resolve_mesh(MeshSpec(names=["cp"], shape=[cp]), cp)
+    return layer_act_sizes(SMALL, t, mesh, MemoryOptions(**memory))
+
+
+def _core(sizes) -> int:
+    return next(st.work for st in sizes.steps if st.name == "attention core")
+
+
+def test_small_model_allgather_cp_by_hand():
+    ag, ring = _small(2, "allgather"), _small(2, "ring")
+    # cp 2: 32 local tokens. The ring saves local K and V at the 2 KV heads, 2 B x 32 x 2 x (16 + 16) =
+    # 4,096 B; all-gather CP the whole sequence's, 2 x 64 x 2 x 32 = 8,192 B: 4,096 B more
+    assert ag.saved - ring.saved == 8192 - 4096
+    # forward: the gathered K/V G = 2 x 64 x 2 x 32 = 8,192 B beside the saved ones (no SP, no recompute: nothing else)
+    assert ag.fwd_temp == 8192 and ag.fwd_what == "cp all-gathered K and V"
+    # attention core backward: d(context) + dq 2 x 32 x 4 x (16 + 16) = 8,192, the whole sequence's dK and dV
+    # 8,192, and G = 8,192 the reduce-scatter reads: 24,576 B
+    assert _core(ag) == 8192 + 8192 + 8192
+    # kv_expanded (the runtime's repeat_interleave): SDPA's K and V at the 4 q heads, 2 x 64 x 4 x 32 = 16,384
+    # saved and as dK/dV; G stays at the KV heads: 8,192 + 16,384 + 8,192
+    wide = _small(2, "allgather", kv_expanded=True)
+    assert wide.fwd_temp == 8192 and _core(wide) == 8192 + 16384 + 8192
+    # Megatron-LM (its rows are all-gather CP's) runs Transformer Engine's p2p ring: local K/V kept, no buffer
+    # modelled: only local tensors saved (half of them at cp 4), no forward working set, the local core 8,192 + 4,096
+    meg, meg4 = _small(2, "allgather", framework="megatron"), _small(4, "allgather", framework="megatron")
+    assert (meg.saved, meg.fwd_temp, _core(meg)) == (2 * meg4.saved, 0, 8192 + 4096)
+
+
+def test_small_model_ring_by_hand():
+    ring2, ring4 = _small(2, "ring"), _small(4, "ring")
+    # cp 2, L = 32: R = 2 B x 64 x 4 q heads x 32 = 16,384 (gathered, at the q heads), its concatenated local
+    # input R / 2 = 8,192, the fp32 merged output 4 x 32 x 4 x 16 = 8,192
+    assert ring2.fwd_temp == 16384 + 8192 + 8192 and ring2.fwd_what.startswith("cp ring")
+    # backward core: local d(context) + dq 8,192 and dK + dV 2 x 32 x 2 x 32 = 4,096; R 16,384; no K/V
+    # concatenation at step 1 of cp 2 (the last step); fp32 dQ 4 x 32 x 4 x 16 = 8,192; four fp32 dK/dV
+    # buffers of 4 x (64 x 4 x 32 / 2) = 16,384 each
+    assert _core(ring2) == 8192 + 4096 + 16384 + 8192 + 4 * 16384
+    # cp 4, L = 16: forward 16,384 + 4,096 + 4 x 16 x 4 x 16 = 4,096; backward 4,096 + 2,048 + 16,384 + the
+    # step's K/V concatenation 4,096 (cp > 2) + dQ 4,096 + 4 x 4 x 2,048
+    assert ring4.fwd_temp == 16384 + 4096 + 4096
+    assert _core(ring4) == 4096 + 2048 + 16384 + 4096 + 4096 + 4 * 8192
+    assert ring2.saved == 2 * ring4.saved  # the ring keeps only local tensors: half the tokens, half the bytes
+
+
+def _job(tmp_path, cp: int, attention: str, recompute: str):
+    path = tmp_path / f"llama8b_256k_cp{cp}_{attention}_{recompute}.toml"
+    path.write_text(job_toml(nodes=cp // 8, training={
+        "global_batch": 2, "seq_len": 262144, "micro_batch": 1, "sharding": "zero3", "recompute": recompute,
+        "cp_attention": attention}, mesh={"names": ["cp"], "shape": [cp]}), encoding="utf-8")
+    return memory_timeline(build_plan(load_config(path)), 0)
+
+
+def test_llama8b_256k_allgather_keeps_the_whole_sequences_kv(tmp_path):
+    # Llama-3-8B at 256k, no recompute: the activations are largest at the head's forward, every layer's saved.
+    # All-gather CP keeps each layer's K and V of the whole sequence, G = 2 B x 262,144 x 8 KV heads x 256 =
+    # 1 GiB, where the ring keeps the local G / cp: 32 layers x 1 GiB x (1 - 1/cp) more, 28 GiB at cp 8 and
+    # 31 GiB at cp 32
+    for cp, more in ((8, 28 * GiB), (32, 31 * GiB)):
+        ag, ring = _job(tmp_path, cp, "allgather", "none"), _job(tmp_path, cp, "ring", "none")
+        assert ag.max_by_kind["activations"] - ring.max_by_kind["activations"] == more == 32 * GiB * (cp - 1) // cp
+        assert ag.peak.where() == "forward of the head (micro-batch 1)"
+    # cp 8: both peak there (the ring's buffers are freed by then), 28 GiB apart; cp 32: the ring's peak is its
+    # last layer's attention core backward (below)
+    ag, ring = _job(tmp_path, 8, "allgather", "none"), _job(tmp_path, 8, "ring", "none")
+    assert ring.peak.where() == ag.peak.where() and ag.peak.total_bytes - ring.peak.total_bytes == 28 * GiB
+
+
+def test_llama8b_256k_ring_buffers_in_the_attention_core(tmp_path, monkeypatch):
+    # torchtitan's default (ring), full recompute. The attention core step's working set, by hand, with
+    # L = 262,144 / cp local tokens, 32 q heads, 8 KV heads, d 128, bf16:
+    #   d(context) + dq 2 x 2 B x L x 32 x 128, local dK + dV 2 B x L x 8 x 256,
+    #   R = 2 B x 262,144 x 32 x 256 = 4 GiB (whatever cp), the step's K/V concatenation R / cp,
+    #   fp32 dQ 4 B x L x 32 x 128, four fp32 dK/dV buffers 4 x 4 B x L x 32 x 256
+    def core(cp: int) -> int:
+        L = 262144 // cp
+        return (2 * 2 * L * 32 * 128 + 2 * L * 8 * 256 + 4 * GiB + 4 * GiB // cp + 4 * L * 32 * 128
+                + 4 * 4 * L * 32 * 256)
+    assert core(8) == int(9.625 * GiB) and core(32) == int(5.40625 * GiB)
+    tls = {cp: _job(tmp_path, cp, "ring", "full") for cp in (8, 32)}
+    for cp, tl in tls.items():
+        works = {e.delta_bytes for e in tl.events() if e.label.endswith("attention core: working set (gradients of "
+                                                                          "activations)")}
+        assert works == {core(cp)}
+    # cp 32: the peak moves to the last layer's attention core backward; with the buffers zeroed it was the
+    # head's forward, 1.78 GiB lower
+    assert tls[32].peak.label == "layer 31 backward attention core: working set (gradients of activations)"
+    from meshplan.memory import workingset
+    from meshplan.memory.cp_buffers import CpBuffers
+    monkeypatch.setattr(workingset, "cp_buffers", lambda *a, **k: CpBuffers())
+    before = _job(tmp_path, 32, "ring", "full")
+    assert before.peak.where() == "forward of the head (micro-batch 1)"
+    assert tls[32].peak.total_bytes > before.peak.total_bytes
+    # cp 8: the fp32 logits of 32,768 tokens x 128,256 (16 GiB) at the head's forward stay the peak
+    assert tls[8].peak.where() == "forward of the head (micro-batch 1)"
+
+
+def test_search_reads_the_same_attention_core(tmp_path):
+    from meshplan.search.columns import RECOMPUTE
+    from meshplan.search.memory import Tables
+    path = tmp_path / "job.toml"
+    path.write_text(job_toml(nodes=4, training={"global_batch": 2, "seq_len": 262144, "micro_batch": 1,
+                                                "sharding": "zero3", "recompute": "full"},
+                             mesh={"names": ["cp"], "shape": [32]}), encoding="utf-8")
+    cfg = load_config(path)
+    acts = Tables(cfg).acts(1, 32, 1, RECOMPUTE.index("full"), 1, 1)
+    tl = memory_timeline(build_plan(cfg), 0)
+    core = next(e.delta_bytes for e in tl.events() if "attention core: working set" in e.label)
+    assert acts["d_bwd"] == core == int(5.40625 * GiB)  # the widest step: the ring's core, as above
