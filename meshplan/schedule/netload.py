@@ -57,6 +57,7 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
     axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
     pp = stage_of_ranks(mesh)
     tables = [(stage, rows, passes)] + [(k, r, n) for k, (r, n) in (others or {}).items() if k != stage]
+    seen: dict = {}  # (stage, axis, op, deepep, group) -> its _geometry: a stage's rows share their groups
     for s, table, n in tables:
         ranks = None if s is None else pp == s
         for r in table:
@@ -64,8 +65,11 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
                 continue
             groups = mesh.groups(axis_name[r.axis])
             on = np.isin(p.node[groups], mine) & (True if ranks is None else ranks[groups])
-            for g in np.flatnonzero(on.any(axis=1)):
-                _group_loads(p, r, groups[g], n, node, mine, nics, uplink, None if ranks is None else ranks[groups[g]])
+            for g in np.flatnonzero(on.any(axis=1)).tolist():
+                key = (s, r.axis, r.op, r.algorithm == "deepep", g)
+                if key not in seen:
+                    seen[key] = _geometry(p, r, groups[g], mine, None if ranks is None else ranks[groups[g]])
+                _group_loads(r, seen[key], n, node, nics, uplink)
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
 
 
@@ -89,31 +93,44 @@ def leaf_nodes(cluster, node: int) -> np.ndarray:
     return nodes[leaf_of(cluster, nodes) == leaf_of(cluster, np.array([node]))[0]]
 
 
-def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) -> None:
-    """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
-    holding the nodes ``mine``: what each of the group's nodes there sends out per call
-    (link_bytes: one rank's ring bytes for a ring, each member's off-node share for all-to-all),
-    split over the NICs its members use; ``counted``: which members run ``r`` (its stage's; None: all)."""
+def _geometry(p, r, group, mine, counted=None) -> tuple[int, list[tuple[int, int, int, list, float]]]:
+    """Where one group of row ``r`` sends from the nodes ``mine`` (:func:`_group_loads`): (its
+    nodes, per node of it there (node, members running ``r``, members on it, the NICs those
+    use with their rails, the share of its sends that goes up to the spine)). The same for every row of one
+    op on the group (``r.op`` and whether ``r.algorithm`` is DeepEP's decide the share);
+    ``counted``: which members run ``r`` (its stage's; None: all)."""
     gn = p.node[group]
     n_nodes = len(np.unique(gn))
     ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r.op, group)))
     leaf = leaf_of(p.cluster, gn)
     mask = np.isin(gn, mine) & (True if counted is None else counted)
+    out = []
     for nd in np.unique(gn[mask]):
         members = group[(gn == nd) & (True if counted is None else counted)]
-        off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
-            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == nd).sum()))[1])
-        sent = len(members) * off
         used = sorted({int(x) for x in p.nic[members] if x >= 0})
-        share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
         up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
               else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
-        for i in used:
+        out.append((int(nd), len(members), int((gn == nd).sum()), [(i, p.cluster.node.nics[i].rail) for i in used], up))
+    return n_nodes, out
+
+
+def _group_loads(r, geometry, passes, node, nics, uplink) -> None:
+    """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
+    holding the nodes :func:`_geometry` (the group's ``geometry``) was taken on: what each of the
+    group's nodes there sends out per call (link_bytes: one rank's ring bytes for a ring, each
+    member's off-node share for all-to-all), split over the NICs its members use."""
+    n_nodes, at = geometry
+    for nd, n_members, here, used, up in at:
+        off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
+            link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, here)[1])
+        sent = n_members * off
+        share = [sent * r.per_step / max(len(used), 1), sent * layer_pass_calls(r, passes) / max(len(used), 1)]
+        for i, rail in used:
             if nd == node:
                 _acc(nics, i, share)
             if up:
-                _acc(uplink, p.cluster.node.nics[i].rail, [up * x for x in share])
+                _acc(uplink, rail, [up * x for x in share])
 
 
 def _exits(p, op: str, group) -> np.ndarray:
