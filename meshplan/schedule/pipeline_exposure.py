@@ -115,10 +115,15 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     """``k`` of every stage's calls (:func:`call_transfer_s`), shape (p, L + 1): per stage its
     leading call (receives posted before its first unit), then the call after each unit;
     zeros without blocking sends. One count over all transfers (pass it to
-    :func:`pp_hold_split` when splitting every stage)."""
+    :func:`pp_hold_split` when splitting every stage): the simulation's call table's
+    (:func:`meshplan.pipeline.rounds.call_table`, kept on ``res.transfers``, indexed by the slot
+    after each call), else :func:`transfer_loads`. Read-only (a view of that table)."""
     p, length = res.flat.p, res.flat.length
     if res.transfers is None:
         return np.zeros((p, length + 1))
+    if res.transfers.calls is not None:  # the simulation's own count: per slot after each call (one on)
+        width = p * (length + 2)
+        return res.transfers.calls[1][1:width + 1].reshape(p, length + 2)[:, :length + 1]
     return transfer_loads(res.transfers, p, length)
 
 
