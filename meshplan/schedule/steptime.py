@@ -85,8 +85,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a
     # plan of the search's step-only path has no memory timelines)
-    comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
-             for s in range(p)]
+    comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
@@ -132,6 +131,20 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
                     *_torchtitan_terms(cfg))
+
+
+def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
+    """Each stage's :class:`CommTimes` from its collective table (:func:`~meshplan.plan.table_stage`)
+    and layer count, one per distinct pair: the middle stages share stage 1's table, so at pp 128
+    three are built, not 128 (read-only after :meth:`CommTimes.from_rows`)."""
+    built: dict[tuple[int, int], CommTimes] = {}
+    out = []
+    for s in range(p):
+        key = (table_stage(s, p), sum(map(len, plan.stages[s])))
+        if key not in built:
+            built[key] = CommTimes.from_rows(plan.collectives[table_key(key[0])], key[1], share)
+        out.append(built[key])
+    return out
 
 
 def _torchtitan_terms(cfg) -> tuple[float, float]:
