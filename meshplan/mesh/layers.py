@@ -83,15 +83,20 @@ def last_stage(stages: list[list[list[int]]]) -> int:
     >>> last_stage([[[], [1], [3], [5]], [[0], [2], [4], []]]), last_stage([[[], [2, 3]], [[0, 1], []]])
     (1, 1)
     """
-    head_only = [k for k, chunks in enumerate(stages) for c, chunk in enumerate(chunks)
-                 if not chunk and (k, c) != (0, 0)]
-    if head_only:
-        return head_only[0]
     # chunks are ascending runs of layers (stage_layers): each chunk's last layer is its largest,
-    # so one look per chunk, not a scan of every layer (called per stage: O(p^2 v) at pp 128)
-    ends = [(chunk[-1], k) for k, chunks in enumerate(stages) for chunk in chunks if chunk]
-    top = max(e for e, _ in ends)
-    return next(k for e, k in ends if e == top)
+    # so one look per chunk, not a scan of every layer (called per stage: O(p^2 v) at pp 128);
+    # one pass: the first head-only chunk, else the first stage holding the top layer
+    top, at = -1, -1
+    for k, chunks in enumerate(stages):
+        for c, chunk in enumerate(chunks):
+            if not chunk:
+                if k or c:
+                    return k
+            elif chunk[-1] > top:
+                top, at = chunk[-1], k
+    if at < 0:
+        raise ValueError("last_stage: no stage holds a layer")
+    return at
 
 
 def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],

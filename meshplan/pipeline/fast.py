@@ -39,7 +39,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from meshplan.pipeline.orders import KINDS, Flat, flat_units, order_arrays, stage_orders
-from meshplan.pipeline.rounds import Rounds, run_rounds
+from meshplan.pipeline.rounds import Rounds, call_table, run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
@@ -258,6 +258,8 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
     pairs = (like.transfers if like is not None and same else rendezvous(spec, f)) if spec.blocking_p2p else None
+    if pairs is not None and pairs.calls is None:  # kept in the result: a run ``like`` it reads it again
+        pairs = pairs._replace(calls=call_table(pairs, p, length))
     add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     log: list = []
@@ -332,7 +334,8 @@ class Transfers(NamedTuple):
     ``send_async`` and ``recv_async`` (Megatron-LM's ``overlap_p2p_comm``,
     ``PipelineSpec.overlap_p2p``): the side is issued without waiting (its call holds nothing for
     it), the consumer then waits for the transfer just before it, ``max(both posts) + p2p``
-    (None: every side waited)."""
+    (None: every side waited); ``calls``: :func:`~meshplan.pipeline.rounds.call_table` of these
+    transfers, kept once :func:`simulate_arrays` has built it (None: not yet)."""
 
     send: np.ndarray
     recv: np.ndarray
@@ -341,6 +344,7 @@ class Transfers(NamedTuple):
     lead: np.ndarray
     send_async: Optional[np.ndarray] = None
     recv_async: Optional[np.ndarray] = None
+    calls: Optional[tuple] = None
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """(the entries whose send is waited in its call, those whose receive is): a call's peers

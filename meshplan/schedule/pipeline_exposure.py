@@ -115,10 +115,15 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     """``k`` of every stage's calls (:func:`call_transfer_s`), shape (p, L + 1): per stage its
     leading call (receives posted before its first unit), then the call after each unit;
     zeros without blocking sends. One count over all transfers (pass it to
-    :func:`pp_hold_split` when splitting every stage)."""
+    :func:`pp_hold_split` when splitting every stage): the simulation's call table's
+    (:func:`meshplan.pipeline.rounds.call_table`, kept on ``res.transfers``, indexed by the slot
+    after each call), else :func:`transfer_loads`. Read-only (a view of that table)."""
     p, length = res.flat.p, res.flat.length
     if res.transfers is None:
         return np.zeros((p, length + 1))
+    if res.transfers.calls is not None:  # the simulation's own count: per slot after each call (one on)
+        width = p * (length + 2)
+        return res.transfers.calls[1][1:width + 1].reshape(p, length + 2)[:, :length + 1]
     return transfer_loads(res.transfers, p, length)
 
 
@@ -188,6 +193,25 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     hold = res.hold[sl]
     moved = np.minimum(hold, xfer[1:])
     return HoldSplit(lead, lead_free - lead, moved, hold - moved)
+
+
+def last_transfer_s(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) -> float:
+    """``pp_hold_split(res, s, loads).transfer_s[-1]`` (seconds: the transfers of the call after
+    stage s's last unit) without splitting the stage's other calls: ``min(hold, k x p2p)`` of
+    that one call, the same operands (:func:`~meshplan.schedule.steptime.step_time` asks it of
+    every stage: 128 stages x 8,192 units at pp 128).
+
+    >>> from meshplan.pipeline.fast import simulate_arrays
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5, blocking_p2p=True))
+    >>> [last_transfer_s(r, s) for s in (0, 1)] == [float(pp_hold_split(r, s).transfer_s[-1]) for s in (0, 1)]
+    True
+    """
+    sl = res.stage_slice(s)
+    if res.hold is None or sl.stop == sl.start:
+        return 0.0
+    xfer = (call_loads(res) if loads is None else loads)[s, -1] * res.spec.p2p_s
+    return float(np.minimum(res.hold[sl.stop - 1], xfer))
 
 
 def unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:

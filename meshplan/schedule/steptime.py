@@ -51,7 +51,7 @@ from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import p2p_note, run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_overlap  # noqa: F401 (config_overlap: re-exported)
-from meshplan.schedule.pipeline_exposure import ends_of, last_hold, unit_exposure, call_loads, pp_hold_split, run_shift
+from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_loads, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
@@ -85,8 +85,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a
     # plan of the search's step-only path has no memory timelines)
-    comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
-             for s in range(p)]
+    comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
@@ -109,7 +108,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     run_s = run_shift(res, units) if runs > 1 else 0.0
     loads = call_loads(res) if res.hold is not None else None
     for s, mine in enumerate(ends_of(res)):
-        last_xfer = float(pp_hold_split(res, s, loads).transfer_s[-1]) if loads is not None else 0.0
+        last_xfer = last_transfer_s(res, s, loads) if loads is not None else 0.0
         end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
                                  last_xfer)
         ends.append(end)
@@ -132,6 +131,20 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
                     *_torchtitan_terms(cfg))
+
+
+def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
+    """Each stage's :class:`CommTimes` from its collective table (:func:`~meshplan.plan.table_stage`)
+    and layer count, one per distinct pair: the middle stages share stage 1's table, so at pp 128
+    three are built, not 128 (read-only after :meth:`CommTimes.from_rows`)."""
+    built: dict[tuple[int, int], CommTimes] = {}
+    out = []
+    for s in range(p):
+        key = (table_stage(s, p), sum(map(len, plan.stages[s])))
+        if key not in built:
+            built[key] = CommTimes.from_rows(plan.collectives[table_key(key[0])], key[1], share)
+        out.append(built[key])
+    return out
 
 
 def _torchtitan_terms(cfg) -> tuple[float, float]:

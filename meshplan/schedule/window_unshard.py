@@ -84,7 +84,8 @@ def simulate_unshards(spec: PipelineSpec, units, durations: Callable[[Flat], np.
     gathers, rounded to the picosecond (so the passes of a steady state share their timelines), and
     ``units.leads`` take it. Second run, returned: every pass as its timeline, with the leads (the
     same times within a picosecond per UNSHARD; the gathers and their wait in the pass's timeline,
-    where the exposure, the trace and the link loads read them). One run without UNSHARDs."""
+    where the exposure, the trace and the link loads read them; on the first run's flat units and
+    blocking calls, ``like``: a run with ``after`` logs no rounds to replay). One run without UNSHARDs."""
     if not units.unshards:
         return simulate_arrays(spec, durations)
     queued = _queued(units)
@@ -97,7 +98,7 @@ def simulate_unshards(spec: PipelineSpec, units, durations: Callable[[Flat], np.
             ready = max(ready, end[d] + (spec.p2p_s if f.cross[x] else 0.0))
         issued = float(end[s * f.length + i - 1]) if i else 0.0
         units.leads[s][key] = round(float(ready - issued - before_s), 12)
-    return simulate_arrays(spec, durations)
+    return simulate_arrays(spec, durations, like=first)  # first's flat units and blocking calls, built once
 
 
 def _queued(units) -> list[tuple[int, tuple, int, int, float, float]]:
