@@ -122,7 +122,7 @@ def _nic_bytes(p, r, gn, idx, members, n_nodes: int) -> dict[int, float]:
     nic = p.nic[members]
     if r.op == "send/recv" and r.split is None:
         out: dict[int, float] = {}
-        for i, cross in zip(nic.tolist(), _p2p_cross(gn, idx, chain=r.axis == "pp")):
+        for i, cross in zip(nic.tolist(), _p2p_cross(gn, idx, chain=r.axis == "pp").tolist()):
             if i >= 0 and cross:
                 out[i] = out.get(i, 0.0) + cross * r.size_bytes
         return out
