@@ -54,15 +54,20 @@ def test_p2p_rows_by_hand_cp2_and_cp4():
         assert [(r.phase, r.size_bytes, r.per_microbatch / 2) for r in replay] == [("backward", 1024.0, 3.0)]
     # --cp-comm-type all_gather: all-gather CP's rows, the 2 KV heads' whole sequence: 32 x 64 x 2 = 4,096 B
     gather = _megatron(4, recompute="none", cp_attention="allgather")
-    assert _per_layer(_cp_rows(gather), 2) == [("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
+    assert _per_layer(_cp_rows(gather), 2) == [("backward", "all-gather", 4096.0, "bf16", 1.0),
+                                               ("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
                                                ("forward", "all-gather", 4096.0, "bf16", 1.0)]
     assert _per_layer(_cp_rows(_megatron(4, recompute="none", cp_attention="p2p")), 2) == _per_layer(rows, 2)
-    # under selective recompute TE's gather (AttnFuncWithCPAndKVAllGather, inside the checkpointed
-    # core_attention) runs again in backward: one more 4,096 B all-gather per layer; meshplan's own
-    # all-gather CP (framework torch) gathers before the core, outside the replay: none
-    sel = _per_layer(_cp_rows(_megatron(4, recompute="selective", cp_attention="allgather")), 2)
-    assert sel == [("backward", "all-gather", 4096.0, "bf16", 1.0), ("backward", "reduce-scatter", 4096.0, "bf16", 1.0),
-                   ("forward", "all-gather", 4096.0, "bf16", 1.0)]
+    # TE's AttnFuncWithCPAndKVAllGather saves the local K/V and its backward gathers them again
+    # (gather_along_first_dim of k and v): one 4,096 B backward all-gather per layer; under selective
+    # recompute its forward's gather, inside the checkpointed core_attention, runs once more;
+    # meshplan's own all-gather CP (framework torch) gathers before the core, outside the replay: none
+    for rc, again in (("none", 1.0), ("selective", 2.0)):
+        sel = _per_layer(_cp_rows(_megatron(4, recompute=rc, cp_attention="allgather")), 2)
+        gathers = [x for x in sel if x[:2] == ("backward", "all-gather")]
+        assert sum(x[4] for x in gathers) == again and {x[2] for x in gathers} == {4096.0}
+        assert [x for x in sel if x[:2] != ("backward", "all-gather")] == [
+            ("backward", "reduce-scatter", 4096.0, "bf16", 1.0), ("forward", "all-gather", 4096.0, "bf16", 1.0)]
     torch_sel = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [4, 2]}, recompute="selective", cp_attention="allgather")
     assert [r.phase for r in _cp_rows(torch_sel) if r.op == "all-gather"] == ["forward"]
 

@@ -177,10 +177,10 @@ def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pr
     the core, the K/V projections' input gradients waiting for it. With ``regather``
     (Megatron-LM's SP re-gather for the weight gradients) the tp all-gather is issued after the
     ring (Megatron-LM under TE's p2p ring: during the QKV input gradient) or after the
-    reduce-scatter, and returned; None otherwise. Where the table has a backward all-gather and
-    the core is replayed (``replay`` > 0: Megatron-LM's selective recompute of Transformer Engine's
-    all-gather CP, :func:`meshplan.spec.axes.cp.cp_rows`), the gather is issued after wo's and the
-    core's other gradients, and the replayed attention and its backward wait for it."""
+    reduce-scatter, and returned; None otherwise. Under Megatron-LM (Transformer Engine's
+    all-gather CP, :func:`meshplan.spec.axes.cp.cp_rows`) after wo's and the core's other
+    gradients: a selective recompute's replayed attention (``replay`` seconds) after its own
+    gather, then the attention backward (``sdpa``) after the gather TE's backward issues."""
     core, q, kv, sdpa, replay = cp
     ag = None
     if ring_cp(s):
@@ -190,10 +190,13 @@ def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pr
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv)
         return ag
-    if replay > 0 and s.c.get("cp", "backward", "all-gather") > 0:  # Megatron-LM: TE's gather in the replayed core
+    if s.w.framework == "megatron":  # TE's all-gather CP: the replayed core's gather, then its backward's own
         s.compute(name + " core B", core + t_w_row - replay - sdpa, [pre])
-        again = s.comm("cp", "backward", "all-gather", "cp K/V all-gather (replayed core)", after=[s.last])
-        s.compute(name + " replayed core B", replay + sdpa, [again])
+        if replay > 0:
+            again = s.comm("cp", "backward", "all-gather", "cp K/V all-gather (replayed core)", after=[s.last])
+            s.compute(name + " replayed core", replay, [again])
+        own = s.comm("cp", "backward", "all-gather", "cp K/V all-gather (backward)", after=[s.last])
+        s.compute(name + " attention B", sdpa, [own])
     else:
         s.compute(name + " core B", core + t_w_row, [pre])
     rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])

@@ -71,9 +71,13 @@ def cp_rows(add, c) -> None:
     ``tests/test_validate_cp.py``). Megatron-LM's ``--cp-comm-type all_gather``
     (``cp_attention = "allgather"``) has these rows; its default, Transformer Engine's p2p ring,
     :func:`p2p_rows`. Under Megatron-LM the gather is Transformer Engine's, inside the attention
-    function (``AttnFuncWithCPAndKVAllGather``), so selective recompute, which checkpoints
-    ``core_attention``, replays it too (:func:`_core_replayed`); meshplan's runtime gathers before
-    the core, outside what its selective recompute replays."""
+    function (``AttnFuncWithCPAndKVAllGather``, NVIDIA/TransformerEngine d0067d0
+    ``dot_product_attention/context_parallel.py``): its forward saves the local K and V
+    (``f16_tensors = (q, k, v, out_f16)``) and its backward gathers them again
+    (``gather_along_first_dim`` of k and v) before reduce-scattering dK and dV, so backward has one
+    more all-gather per layer; and selective recompute, which checkpoints ``core_attention``,
+    replays the forward's gather too (:func:`_core_replayed`). meshplan's runtime gathers before the
+    core, outside what its selective recompute replays."""
     if c.mesh.degree("cp") <= 1:
         return
     if c.training.cp_ring:
@@ -90,6 +94,9 @@ def cp_rows(add, c) -> None:
     if replayed:  # the checkpoint's replay of the forward gathers K and V again
         add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed, _replay_cadence(replayed, nl),
             "recomputed attention")
+    if t.framework == "megatron":  # TE's AttnFuncWithCPAndKVAllGather saves the local K/V and gathers them again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, nl,
+            "every layer, again in Transformer Engine's backward (K and V)", "the attention backward")
     add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
         "previous layer's backward")
 
