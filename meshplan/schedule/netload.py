@@ -57,6 +57,7 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
     axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
     pp = stage_of_ranks(mesh)
     tables = [(stage, rows, passes)] + [(k, r, n) for k, (r, n) in (others or {}).items() if k != stage]
+    seen: dict = {}  # (stage, axis, op, deepep, group) -> its _geometry
     for s, table, n in tables:
         ranks = None if s is None else pp == s
         for r in table:
@@ -64,8 +65,11 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
                 continue
             groups = mesh.groups(axis_name[r.axis])
             on = np.isin(p.node[groups], mine) & (True if ranks is None else ranks[groups])
-            for g in np.flatnonzero(on.any(axis=1)):
-                _group_loads(p, r, groups[g], n, node, mine, nics, uplink, None if ranks is None else ranks[groups[g]])
+            for g in np.flatnonzero(on.any(axis=1)).tolist():
+                key = (s, r.axis, r.op, r.algorithm == "deepep", g)  # a stage's rows share their groups' geometry
+                if key not in seen:
+                    seen[key] = _geometry(p, r, groups[g], mine, None if ranks is None else ranks[groups[g]])
+                _group_loads(p, r, seen[key], n, node, nics, uplink)
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
 
 
@@ -89,24 +93,39 @@ def leaf_nodes(cluster, node: int) -> np.ndarray:
     return nodes[leaf_of(cluster, nodes) == leaf_of(cluster, np.array([node]))[0]]
 
 
-def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) -> None:
-    """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
-    holding the nodes ``mine``: what each of the group's nodes there sends out per call
-    (link_bytes: one rank's ring bytes for a ring, each member's off-node share for all-to-all),
-    split over the NICs its members use; a send/recv's each member's own crossing messages on its
-    own NIC (:func:`_p2p_cross`); ``counted``: which members run ``r`` (its stage's; None: all)."""
+def _geometry(p, r, group, mine, counted=None) -> tuple[int, list]:
+    """Where one group of row ``r`` sends from the nodes ``mine`` (:func:`_group_loads`): (its
+    number of nodes, per node of it there (node, the NICs of its members running ``r``, their
+    send/recv crossing shares (:func:`_p2p_cross`; None for other ops), the group's members on the
+    node, the share of its sends that goes up to the spine)). The same for every row of one op on
+    one axis of the group (``r.op``, ``r.axis`` and whether ``r.algorithm`` is DeepEP's decide it);
+    ``counted``: which members run ``r`` (its stage's; None: all)."""
     gn = p.node[group]
     n_nodes = len(np.unique(gn))
     ring = None if r.op == "all-to-all" else dict(zip(_ring_domains(p, group), _exits(p, r, group)))
     leaf = leaf_of(p.cluster, gn)
     mask = np.isin(gn, mine) & (True if counted is None else counted)
+    out = []
     for nd in np.unique(gn[mask]):
         idx = np.flatnonzero((gn == nd) & (True if counted is None else counted))
         members = group[idx]
         up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
               else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
-        for i, per_call in _nic_bytes(p, r, gn, idx, members, n_nodes).items():
+        cross = _p2p_cross(gn, idx, chain=r.axis == "pp").tolist() if r.op == "send/recv" else None
+        out.append((int(nd), p.nic[members].tolist(), cross, int((gn == nd).sum()), up))
+    return n_nodes, out
+
+
+def _group_loads(p, r, geometry, passes, node, nics, uplink) -> None:
+    """Add one group's traffic of row ``r`` to ``node``'s NICs and to the uplinks of the leaf
+    holding the nodes its ``geometry`` (:func:`_geometry`) was taken on: what each of the
+    group's nodes there sends out per call (link_bytes: one rank's ring bytes for a ring, each
+    member's off-node share for all-to-all), split over the NICs its members use; a send/recv's
+    each member's own crossing messages on its own NIC (:func:`_p2p_cross`)."""
+    n_nodes, at = geometry
+    for nd, nic, cross, here, up in at:
+        for i, per_call in _nic_bytes(r, nic, cross, here, n_nodes).items():
             share = [per_call * r.per_step, per_call * layer_pass_calls(r, passes)]
             if nd == node:
                 _acc(nics, i, share)
@@ -114,22 +133,22 @@ def _group_loads(p, r, group, passes, node, mine, nics, uplink, counted=None) ->
                 _acc(uplink, p.cluster.node.nics[i].rail, [up * x for x in share])
 
 
-def _nic_bytes(p, r, gn, idx, members, n_nodes: int) -> dict[int, float]:
-    """{NIC: bytes per call of row ``r``} that the ``members`` (at positions ``idx`` of a group on
-    nodes ``gn``) of one node send out: a send/recv's crossing messages each through its
-    member's own NIC (NCCL's point-to-point goes through the GPU's nearest NIC), any other row's
-    node bytes (:func:`~meshplan.comm.row.link_bytes`) split evenly over the NICs the members use."""
-    nic = p.nic[members]
+def _nic_bytes(r, nic: list, cross, here: int, n_nodes: int) -> dict[int, float]:
+    """{NIC: bytes per call of row ``r``} that the members of one node running it (their NICs
+    ``nic``; ``here`` of the group's members on the node) send out: a send/recv's crossing
+    messages (``cross``, :func:`_p2p_cross`) each through its member's own NIC (NCCL's
+    point-to-point goes through the GPU's nearest NIC), any other row's node bytes
+    (:func:`~meshplan.comm.row.link_bytes`) split evenly over the NICs the members use."""
     if r.op == "send/recv" and r.split is None:
         out: dict[int, float] = {}
-        for i, cross in zip(nic.tolist(), _p2p_cross(gn, idx, chain=r.axis == "pp").tolist()):
-            if i >= 0 and cross:
-                out[i] = out.get(i, 0.0) + cross * r.size_bytes
+        for i, c in zip(nic, cross):
+            if i >= 0 and c:
+                out[i] = out.get(i, 0.0) + c * r.size_bytes
         return out
     off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
-        link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, int((gn == gn[idx[0]]).sum()))[1])
+        link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, here)[1])
     used = sorted({int(x) for x in nic if x >= 0})
-    return {i: len(members) * off / len(used) for i in used}
+    return {i: len(nic) * off / len(used) for i in used}
 
 
 def _p2p_cross(gn, idx, chain: bool) -> np.ndarray:
