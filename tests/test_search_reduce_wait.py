@@ -92,6 +92,6 @@ def test_backward_chain_adds_the_tp_collective_after_the_weight_gradients_under_
     cm = {k: one(0) for k in ("tp_ar", "cp_ag", "cp_rs", "ep")}
     cm["tp_sp"] = cm["tp_ag"] = one(1)  # tp_ag: the gathers before the blocks (float8 ones apart)
     cm["amax_f"] = cm["amax_b"] = one(0)  # no float8 amax all-reduces (bf16 GEMMs; fp8rest added the keys)
-    c = type("C", (), {"ov": np.array([0]), "rc": np.array([0])})()
+    c = type("C", (), {"ov": np.array([0]), "rc": np.array([0]), "cp": np.array([1])})()  # cp 1: no CP
     assert chains(c, o, cm, False, np.array([True]))[1].tolist() == [18.0]
     assert chains(c, o, cm, False, np.array([False]))[1].tolist() == [16.0]
