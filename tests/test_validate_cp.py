@@ -90,7 +90,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
     return out
 
 
-def _check(out: Path, res, world: int, axes: set[str]) -> list[dict]:
+def _check(out: Path, res, world: int, axes: set[str], act_within: float = 0.02) -> list[dict]:
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}
     rows = comp["collectives"]
@@ -107,7 +107,7 @@ def _check(out: Path, res, world: int, axes: set[str]) -> list[dict]:
     # maximum within 2% of FSDPMemTracker's (measured 943,180 B against 938,320 cp2 x dp_shard2, 514,988 against
     # 510,288 cp2 x tp2; with the local K/V the plan was 65,536 and 32,768 B short: +8.1% and +7.8%)
     act = next(r for r in res[0]["comparison"]["predicted_vs_measured"] if r["quantity"] == "memory max: activations")
-    assert abs(act["error"]) < 0.02, act
+    assert abs(act["error"]) < act_within, act
     # cp peers see the same sequence, each its own chunks: different losses
     peer = json.loads((out / f"world{world}" / "rank0" / "startup.json").read_text())["groups"]["cp"][1]
     assert ref[0][0] != ref[0][peer]
