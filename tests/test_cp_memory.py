@@ -23,8 +23,8 @@ GiB = 2 ** 30
 SMALL = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
 
 
-def _small(cp: int, attention: str, framework: str = "torch", **memory):
-    t = TrainingSpec(global_batch=8, seq_len=64, micro_batch=1, compute_dtype="bf16", recompute="none",
+def _small(cp: int, attention: str, framework: str = "torch", recompute: str = "none", **memory):
+    t = TrainingSpec(global_batch=8, seq_len=64, micro_batch=1, compute_dtype="bf16", recompute=recompute,
                      flash_attention=True, cp_attention=attention, framework=framework)
     mesh = resolve_mesh(MeshSpec(names=["cp"], shape=[cp]), cp)
     return layer_act_sizes(SMALL, t, mesh, MemoryOptions(**memory))
@@ -48,10 +48,10 @@ def test_small_model_allgather_cp_by_hand():
     # saved and as dK/dV; G stays at the KV heads: 8,192 + 16,384 + 8,192
     wide = _small(2, "allgather", kv_expanded=True)
     assert wide.fwd_temp == 8192 and _core(wide) == 8192 + 16384 + 8192
-    # Megatron-LM (its rows are all-gather CP's) runs Transformer Engine's p2p ring: local K/V kept, no buffer
-    # modelled: only local tensors saved (half of them at cp 4), no forward working set, the local core 8,192 + 4,096
+    # Megatron-LM's all-gather CP is Transformer Engine's (AttnFuncWithCPAndKVAllGather): only local tensors saved
+    # (half of them at cp 4); its buffers: test_small_model_te_allgather_by_hand
     meg, meg4 = _small(2, "allgather", framework="megatron"), _small(4, "allgather", framework="megatron")
-    assert (meg.saved, meg.fwd_temp, _core(meg)) == (2 * meg4.saved, 0, 8192 + 4096)
+    assert meg.saved == 2 * meg4.saved == _small(2, "p2p", framework="megatron").saved  # as its p2p ring
 
 
 def test_small_model_ring_by_hand():
@@ -68,6 +68,87 @@ def test_small_model_ring_by_hand():
     assert ring4.fwd_temp == 16384 + 4096 + 4096
     assert _core(ring4) == 4096 + 2048 + 16384 + 4096 + 4096 + 4 * 8192
     assert ring2.saved == 2 * ring4.saved  # the ring keeps only local tensors: half the tokens, half the bytes
+
+
+# Transformer Engine under Megatron-LM (NVIDIA/TransformerEngine d0067d0, dot_product_attention/context_parallel.py;
+# meshplan.memory.cp_buffers). SMALL at cp 2: L = 32 local tokens, a = 2 B, 4 q and 2 KV heads of d = d_v = 16:
+#   KV = 2 x 32 x 2 x 32 = 4,096 (local K and V), Q = C = 2 x 32 x 4 x 16 = 4,096 (local q, attention output),
+#   G = 2 x 64 x 2 x 32 = 8,192 (the whole sequence's K and V), K_s = 2 x 64 x 2 x 16 = 4,096 (its K);
+# at cp 4: L = 16, KV = Q = C = 2,048, G = 8,192, K_s = 4,096. The attention core step's own set (no CP buffer):
+# d(context) + dq + local dK/dV = C + Q + KV (12,288 at cp 2, 6,144 at cp 4).
+
+
+def test_small_model_te_p2p_by_hand():
+    p2, p4 = _small(2, "p2p", framework="megatron"), _small(4, "p2p", framework="megatron")
+    # forward, cp rank cp - 1 (every step a full-q tile): p2p_comm_buffers keeps cp K/V buffers (lines 1685-1706)
+    # and out_per_step cp outputs (lines 1672, 1810-1898) to the function's end: cp (KV + C)
+    assert p2.fwd_temp == 2 * (4096 + 4096) == 16384 and p2.fwd_what.startswith("cp p2p ring")
+    assert p4.fwd_temp == 4 * (2048 + 2048) == 16384
+    # backward: dq_buffer = empty_like(q), Q in bf16, and two (2, *kv.shape) send/recv buffers, 4 KV (lines 2396-2399)
+    assert _core(p2) == (4096 + 4096 + 4096) + 4096 + 4 * 4096 == 32768
+    assert _core(p4) == (2048 + 2048 + 2048) + 2048 + 4 * 2048 == 16384
+    # selective recompute replays the core (checkpointed core_attention): its last received buffer, KV, kept beside
+    # the checkpoint's local k and v; at cp 8 (L = 8, KV = Q = C = 1,024) the replayed forward's 8 (KV + C) = 16,384
+    # without the step's own dq, dk, dv (Q + KV) beats Q + 4 KV + KV = 6,144: the core step holds
+    # C + 16,384 = 17,408 (the step's C + Q + KV 3,072 + 16,384 - 2,048)
+    assert _core(_small(2, "p2p", framework="megatron", recompute="selective")) == 32768 + 4096
+    assert _core(_small(8, "p2p", framework="megatron", recompute="selective")) == 3072 + 16384 - 2048
+    assert _core(_small(8, "p2p", framework="megatron")) == 3072 + 1024 + 4 * 1024  # no replay: 8,192
+
+
+def test_small_model_te_allgather_by_hand():
+    ag2, ag4 = _small(2, "allgather", framework="megatron"), _small(4, "allgather", framework="megatron")
+    # forward: k_ag, v_ag (G, lines 3215-3230) beside out = zeros (C, line 3263), the two half out_per_step (C) and a
+    # step's q.select().contiguous() (Q / 2, line 3352): G + 2C + Q/2, or the reorder's G + K_s where larger
+    assert ag2.fwd_temp == 8192 + 2 * 4096 + 2048 == 18432 and ag2.fwd_what.endswith("(Transformer Engine)")
+    assert ag4.fwd_temp == 8192 + max(2 * 2048 + 1024, 4096) == 13312
+    # backward: dK, dV of the whole sequence G (lines 3768-3777), k_ag, v_ag again G (3788-3807), both steps' dq
+    # (Q) and dk, dv (G (2 cp + 1) / (2 cp)), the last step's q, out and dout halves (Q/2 + C, 3874-3889), the dK/dV
+    # reorder K_s (4116-4117): beyond C + Q + KV, 3G - G / (2 cp) + 3Q/2 + C + K_s
+    assert _core(ag2) == 12288 + 3 * 8192 - 8192 // 4 + 6144 + 4096 + 4096 == 49152
+    assert _core(ag4) == 6144 + 3 * 8192 - 8192 // 8 + 3072 + 2048 + 4096 == 38912
+    # full recompute: the checkpointed forward holds its local q, k, v and output too, Q + KV + C
+    full = _small(2, "allgather", framework="megatron", recompute="full")
+    assert full.fwd_temp == 18432 + 3 * 4096
+
+
+def _megatron_8b(tmp_path, cp: int, attention: str):
+    path = tmp_path / f"megatron_8b_128k_cp{cp}_{attention}.toml"
+    path.write_text(job_toml(nodes=cp // 8, training={
+        "framework": "megatron", "global_batch": 8, "seq_len": 131072, "micro_batch": 1, "sharding": "zero1",
+        "recompute": "selective", "cp_attention": attention}, mesh={"names": ["cp"], "shape": [cp]}), encoding="utf-8")
+    return memory_timeline(build_plan(load_config(path)), 0)
+
+
+MiB = 2 ** 20
+
+
+def test_megatron_8b_128k_te_buffers(tmp_path, monkeypatch):
+    # Llama-3-8B at 128k, selective recompute, cp 8: L = 16,384, 32 q and 8 KV heads of 128, bf16:
+    #   KV = 2 x 16,384 x 8 x 256 = 64 MiB, Q = C = 2 x 16,384 x 32 x 128 = 128 MiB, G = 512 MiB, K_s = 256 MiB.
+    # p2p: forward 8 (64 + 128) = 1,536 MiB; core step 320 + max(128 + 256 + 64, 1,536 - 192) = 1,664 MiB.
+    # all-gather: forward 512 + max(256 + 64, 256) = 832 MiB; core 320 + 1,536 - 32 + 192 + 128 + 256 = 2,400 MiB.
+    from meshplan.memory import workingset
+    for kind, fwd, core in (("p2p", 1536, 1664), ("allgather", 832, 2400)):
+        tl = _megatron_8b(tmp_path, 8, kind)
+        deltas = {e.label: e.delta_bytes for e in tl.events()}
+        what = "cp p2p ring (Transformer Engine): K/V and output of every step" if kind == "p2p" else \
+            "cp all-gathered K and V (Transformer Engine)"
+        assert deltas[f"layer 31 forward: {what}"] == fwd * MiB
+        assert deltas["layer 31 backward attention core: working set (gradients of activations)"] == core * MiB
+        # the peak stays the head's (its fp32 logits, 4 B x 16,384 x 128,256 = 7.8 GiB, beside every layer's saved)
+        assert tl.peak.label == "head: final norm and output inputs, logits and loss saved"
+    # cp 128 (16 nodes, L = 1,024): the p2p ring's forward is 128 (4 + 8) = 1,536 MiB whatever cp; the head's logits
+    # are 16 x smaller: the peak moves from the head (before, 51,947.0 MiB) to the last layer's forward, its total
+    # there 1,536 MiB above the same moment without the buffers
+    after = _megatron_8b(tmp_path, 128, "p2p")
+    monkeypatch.setattr(workingset, "cp_buffers", lambda *a, **k: workingset.CpBuffers())
+    before = _megatron_8b(tmp_path, 128, "p2p")
+    assert before.peak.label == "head: final norm and output inputs, logits and loss saved"
+    assert after.peak.label == "layer 31: saved activations (recompute selective)"
+    moment = next(e.t_index for e in before.events() if e.label == after.peak.label)  # the same event, no buffers
+    there = int(before.running()[moment].sum())
+    assert after.peak.total_bytes == there + 1536 * MiB > before.peak.total_bytes
 
 
 def _job(tmp_path, cp: int, attention: str, recompute: str):
