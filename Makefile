@@ -31,7 +31,6 @@ bench: $(VENV)/.base
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_step.py
-	$(PY) benchmarks/bench_trace.py
 	$(PY) benchmarks/fidelity.py
 	$(PY) benchmarks/fidelity_components.py
 	$(PY) benchmarks/zero3_sc21.py

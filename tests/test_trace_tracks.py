@@ -7,11 +7,9 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 from meshplan.config import load_config
 from meshplan.pipeline.simulate import Event
-from meshplan.pipeline.trace import trace_dict, trace_json, tracks
+from meshplan.pipeline.trace import trace_dict, tracks
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 
@@ -70,20 +68,3 @@ def test_step_trace_slices_nest_on_every_track(tmp_path):
     assert sum(len(s) for s in tracks_.values()) == len(st.trace_events())
     names = {e["args"]["name"] for e in doc["traceEvents"] if e["name"] == "process_name"}
     assert names == {f"rank {st.example_ranks[0]}, stage 0"}
-
-
-def test_trace_json_is_the_bytes_of_json_dumps():
-    """The one-pass writer (what write_trace writes) against json.dumps of trace_dict on the values
-    json treats apart: ASCII-escaped strings, bools before ints, -0.0, NaN and infinities (a zero
-    start with an infinite end), an np.float64 (a float subclass), a non-string args key, and args
-    that are not kept (an Event, None)."""
-    other = Event(0, "compute", "x", 0.0, 1.0)
-    ev = [Event(0, "compute", "F0 \u00e9\"q\"", 0.0, 1.5, {"unit": "F0 c0"}),
-          Event(0, "compute", "F1", 1.5, 2.0, {"unit": "F0 c0"}),
-          Event(1, "tp", "AR", -0.0, float("inf"), {"kind": "F", "mb": 3, "ok": True, "w": np.float64(0.25)}),
-          Event(1, "pp", "recv", 2.0, float("nan"), {"pred": other, "none": None}),
-          Event(2, "odd stream", "B", 3.0, 4.0, {1: "x"}),
-          Event(2, "odd stream", "B", 3.0, 4.0, {})]
-    for meta, ranks in ((None, None), ({"step_ms": 1.25, "mfu": 0.5}, {0: 0, 1: 8, 2: 16})):
-        assert trace_json(ev, meta, ranks) == json.dumps(trace_dict(ev, meta, ranks), separators=(",", ":"))
-    assert trace_json(ev).count('"ph":"X"') == 6
