@@ -151,3 +151,24 @@ def test_search_bound_holds_under_p2p():
         if plan.feasible:
             ratios.append(r.est.step_lo[i] / step_time(plan).step_s)
     assert len(ratios) >= 3 and max(ratios) <= 1 + 1e-9, ratios
+
+
+def test_megatron_allgather_cp_is_exposed_by_hand():
+    """--cp-comm-type all_gather under Megatron-LM (fused linear_qkv, TE's blocking gather and
+    reduce-scatter): cp 2, one layer, no recompute. K/V of the whole sequence at the 8 KV heads,
+    8192 x 8 x (128 + 128) x 2 B = 33,554,432 B per gather and per reduce-scatter. No Q
+    projection runs apart (the fused GEMM is one kernel), so the forward gather (G) is wholly
+    exposed; backward TE's own gather (G) before the attention backward and the dK/dV
+    reduce-scatter (R) before the QKV input gradient, both wholly exposed: forward G,
+    backward G + R. (Under framework torch the gather runs beside the Q projection.)"""
+    w, one, cost, rows = _one_layer(2, recompute="none", cp_attention="allgather")
+    assert {(r.phase, r.op, r.size_bytes, r.per_microbatch) for r in rows} == {
+        ("forward", "all-gather", 33_554_432.0, 32), ("backward", "all-gather", 33_554_432.0, 32),
+        ("backward", "reduce-scatter", 33_554_432.0, 32)}  # one of each per layer, 32 layers
+    g = next(r.time_s for r in rows if r.op == "all-gather")
+    rs = next(r.time_s for r in rows if r.op == "reduce-scatter")
+    comm = CommTimes.from_rows(rows, layers=1)
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(g)
+    b = backward_unit("B", one, comm, w, Overlap())
+    assert b.exposed_s.get("cp", 0.0) == pytest.approx(g + rs)

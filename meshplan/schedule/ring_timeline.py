@@ -155,8 +155,18 @@ def cp_attention_forward(s: StreamSim, name: str, cp: tuple, cp_phase: str, wait
     the tp all-gather opening the block unless TP overlaps), then torch's ring (wq, then the
     gather beside the first SDPA call, :func:`ring_forward`) or all-gather CP's K/V all-gather
     issued beside the Q projection, the core waiting for it; the out projection last, the
-    block's overlapped tp collectives ``tp_ov`` beside it."""
+    block's overlapped tp collectives ``tp_ov`` beside it. With Megatron-LM's fused QKV GEMM
+    (``Workload.fused_qkv``; its seconds shared among wq, wk, wv,
+    :func:`meshplan.compute.kernel_time.qkv_fused_ops`) no Q projection runs apart: Transformer
+    Engine's all-gather (``gather_along_first_dim`` in ``AttnFuncWithCPAndKVAllGather.forward``,
+    blocking) follows the one GEMM and the core waits for it, nothing beside it."""
     kv, q, core, out, sdpa = cp
+    if s.w.fused_qkv and not ring_cp(s):  # Megatron-LM: one linear_qkv GEMM, then TE's blocking gather
+        s.compute(name + " QKV proj", kv + q, waits)
+        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
+        s.compute(name + " core", core, [ring])
+        s.compute(name + " out proj", out, [], tp_ov)
+        return
     s.compute(name + " K/V proj", kv, waits)
     if ring_cp(s):
         s.compute(name + " Q proj", q)
@@ -174,7 +184,8 @@ def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pr
     ``t_w_row``: wo's weight gradient, computed with its input gradient before the core;
     ``pre``: the tp collective opening the block): a ring's backward (:func:`ring_backward`)
     between the core and the projections, or all-gather CP's dK/dV reduce-scatter issued after
-    the core, the K/V projections' input gradients waiting for it. With ``regather``
+    the core, the K/V projections' input gradients waiting for it (with Megatron-LM's fused QKV
+    GEMM, the whole QKV input gradient: TE's ``reduce_scatter_along_first_dim`` blocks). With ``regather``
     (Megatron-LM's SP re-gather for the weight gradients) the tp all-gather is issued after the
     ring (Megatron-LM under TE's p2p ring: during the QKV input gradient) or after the
     reduce-scatter, and returned; None otherwise. Under Megatron-LM (Transformer Engine's
@@ -201,6 +212,9 @@ def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pr
         s.compute(name + " core B", core + t_w_row, [pre])
     rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
     ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)") if regather else None
+    if s.w.fused_qkv:  # the fused QKV input gradient reads dQ, dK and dV together: it waits for the reduce-scatter
+        s.compute(name + " QKV proj B", q + kv, [rs])
+        return ag
     s.compute(name + " Q proj B", q)
     s.compute(name + " K/V proj B", kv, [rs])
     return ag
