@@ -172,3 +172,13 @@ def test_megatron_allgather_cp_is_exposed_by_hand():
     assert f.exposed_s["cp"] == pytest.approx(g)
     b = backward_unit("B", one, comm, w, Overlap())
     assert b.exposed_s.get("cp", 0.0) == pytest.approx(g + rs)
+
+
+def test_distributed_optimizer_words_count_cp():
+    """Megatron-LM's distributed optimizer shards over the data-parallel-with-cp group (dp x cp),
+    as the memory model shards the state over the fsdp axis (meshplan.memory.state): cp 4 x
+    dp_shard 2 steps on its own 1/8 (newcomer 31 #7: `memory` printed the dp axis alone, 1/1 at dp 1 x cp 8)."""
+    from meshplan.report.memory import kind_notes
+
+    plan = _megatron(4, recompute="none", sharding="zero1")
+    assert kind_notes(plan)["grads"].endswith("the distributed optimizer steps on its own 1/8")

@@ -88,11 +88,12 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
 
 def kind_notes(plan: Plan) -> dict[str, str]:
     """What each memory kind holds, in the words of the plan's runtime (DeepSpeed's under
-    DeepSpeed: :func:`meshplan.spec.wording.kind_words`), else :data:`KIND_NOTES`."""
+    DeepSpeed: :func:`meshplan.spec.wording.kind_words`, its partition over the ranks the state is
+    sharded over, the fsdp axis: dp x cp, :mod:`meshplan.memory.state`), else :data:`KIND_NOTES`."""
     deepep = ({"comm_buffers": "NCCL buffers per communicator and, on the stages with MoE layers, DeepEP's NVL and "
                                "RDMA buffers and workspace (outside PyTorch's allocator)"}
               if plan.config.training.moe_dispatcher == "deepep" and plan.config.model.is_moe else {})
-    return KIND_NOTES | deepep | kind_words(plan.config.training, plan.config.origin, plan.mesh.degree("dp"))
+    return KIND_NOTES | deepep | kind_words(plan.config.training, plan.config.origin, plan.mesh.degree("fsdp"))
 
 
 def kinds_table(tl: Timeline, notes: dict[str, str] = KIND_NOTES) -> Table:
