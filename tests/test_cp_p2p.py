@@ -182,3 +182,17 @@ def test_distributed_optimizer_words_count_cp():
 
     plan = _megatron(4, recompute="none", sharding="zero1")
     assert kind_notes(plan)["grads"].endswith("the distributed optimizer steps on its own 1/8")
+
+
+def test_compare_weighs_p2p_against_all_gather():
+    """--cp-comm-type is how Megatron-LM runs CP's attention, not the workload: compare takes a p2p
+    plan and an all_gather one and lists the knob as it acts (unset under megatron: p2p), where it
+    refused "training.cp_attention differs" (newcomer 31 #3); unset against an explicit "p2p" is
+    no difference."""
+    from meshplan.compare.sides import check_workload
+
+    p2p, gather = _megatron(4, recompute="none"), _megatron(4, recompute="none", cp_attention="allgather")
+    d = check_workload(p2p, gather)
+    assert d.workload == () and ("training.cp_attention", "p2p", "allgather") in d.knobs
+    assert not any(k[0] == "training.cp_attention"
+                   for k in check_workload(p2p, _megatron(4, recompute="none", cp_attention="p2p")).knobs)

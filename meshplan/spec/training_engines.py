@@ -26,11 +26,13 @@ from meshplan.spec.wording import runtime
 # weighs float8 against bf16 as it weighs recompute (newcomer trial 29 was refused it).
 # ``param_dtype`` is how the runtime stores the weights that its optimizer updates (unset it
 # follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
-# Megatron-LM's bf16 with fp32 main copies), so a knob with them.
+# Megatron-LM's bf16 with fp32 main copies), so a knob with them. ``cp_attention`` is how the
+# runtime runs CP's attention (Megatron-LM's ``--cp-comm-type``), not what it computes: a knob
+# (newcomer trial 31 was refused p2p against all_gather).
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer")
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
@@ -168,7 +170,8 @@ class TrainingEngines(TrainingFields):
         reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
         (:attr:`contiguous_grads`), ``linear_dtype`` as the dtype the Linear GEMMs run in (unset:
         the compute dtype), ``fp8_recipe``, ``fp8_output_layer`` and ``fp8_all_gather`` under
-        ``linear_dtype = "fp8"`` only; every other knob applies, as given. ``meshplan compare`` lists
+        ``linear_dtype = "fp8"`` only, ``cp_attention`` as :attr:`cp_kind` (unset: the framework's
+        default); every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
         (:func:`meshplan.compare.differences.config_differences`).
 
@@ -183,6 +186,8 @@ class TrainingEngines(TrainingFields):
         value = getattr(self, knob)
         if knob == "linear_dtype":
             return True, self.linear_dtype or self.compute_dtype
+        if knob == "cp_attention":  # how CP runs attention, as it acts (unset: the framework's own)
+            return True, self.cp_kind
         if knob in _FP8_REFINEMENTS:
             return self.linear_dtype == "fp8", value
         deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
