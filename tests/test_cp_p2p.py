@@ -196,3 +196,17 @@ def test_compare_weighs_p2p_against_all_gather():
     assert d.workload == () and ("training.cp_attention", "p2p", "allgather") in d.knobs
     assert not any(k[0] == "training.cp_attention"
                    for k in check_workload(p2p, _megatron(4, recompute="none", cp_attention="p2p")).knobs)
+
+
+def test_te_backward_gathers_read_as_blocking():
+    """step's readiness list for Megatron-LM's all-gather CP under selective recompute: the first
+    backward all-gather is the replayed core's, which the replayed attention waits for right after
+    it: slack 0 (newcomer 31 #5: it read 28.5 ms of slack, before the fused QKV had no Q projection apart, the deadline of the reduce-scatter's
+    Q projection at the block's end)."""
+    from meshplan.schedule.linkload import timings
+
+    plan = _plan({"catalog": "llama3-8b"}, {"names": ["cp", "dp_shard"], "shape": [2, 8]}, nodes=2,
+                 **{"global_batch": 16, "seq_len": 8192, "framework": "megatron", "recompute": "selective",
+                    "cp_attention": "allgather"})
+    (t,) = [x for x in timings(step_time(plan)) if (x.stream, x.phase, x.op) == ("cp", "backward", "all-gather")]
+    assert t.slack_s == pytest.approx(0.0, abs=1e-12)
