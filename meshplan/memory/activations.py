@@ -147,7 +147,7 @@ def _local(dims: LayerDims, tp: int, sp: bool, cp: int) -> _Local:
         raise ConfigError("tp", f"kv heads {dims.g} vs tp {tp}: need g % tp == 0 or tp % g == 0")
     tok = ceil(dims.s / cp)
     return _Local(tok=tok, rtok=ceil(tok / tp) if sp else tok, aq=dims.a // tp,
-                  akv=dims.g // tp if tp <= dims.g else 1, f=ceil(dims.f / tp),
+                  akv=dims.kv_local(tp), f=ceil(dims.f / tp),
                   seq="(s/cp)" if cp > 1 else "s", r="/t" if sp and tp > 1 else "")
 
 

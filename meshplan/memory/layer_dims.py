@@ -33,6 +33,15 @@ class LayerDims:
     kv_lora: int = 0  # MLA KV latent width (0: not MLA)
     rope: int = 0     # MLA RoPE key width (qk_rope_head_dim)
 
+    def kv_local(self, tp: int) -> int:
+        """KV heads on one tp rank: ``g / tp``, or 1 where tp exceeds ``g`` (each KV head replicated
+        over ``tp / g`` ranks, as :func:`meshplan.spec.axes.tp.local_heads`).
+
+        >>> LayerDims(s=8, b=1, h=64, a=8, g=2, d=8, f=16).kv_local(1), LayerDims(s=8, b=1, h=64, a=8, g=2, d=8, f=16).kv_local(4)
+        (2, 1)
+        """
+        return self.g // tp if tp <= self.g else 1
+
     @property
     def d_v(self) -> int:
         return self.dv or self.d
