@@ -82,20 +82,18 @@ class TimeTables:
         costs, shared = self.shape(tp, cp, mb, ep, etp, layer)
         cost = costs[RECOMPUTE[rc]]
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
-        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (ring_timeline.cp_parts, the timeline's split); with
-        # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
-        # whatever q: not asked
-        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
-                    for p, (ph, rec) in PHASES.items() if p != "bw"})
-        # one of torch's ring attention's cp steps (SDPA call and ring kernels), which its K/V
-        # all-gather and each dK/dV shift run beside (schedule.ring_timeline)
-        out.update({f"{p}_cps": cp_parts(cost, ph, rec)["sdpa"] / cp if cp > 1 else 0.0
-                    for p, (ph, rec) in PHASES.items() if p != "bw"})
-        # one step of a selective recompute's replayed core forward, which Transformer Engine's p2p
-        # ring runs as its forward's steps, each beside a K/V send (ring_timeline.ring_backward)
-        out.update({f"{p}_cpr": cp_parts(cost, ph, rec)["replay"] / cp if cp > 1 else 0.0
-                    for p, (ph, rec) in PHASES.items() if p != "bw"})
+        # per phase (not the weight gradients'), the timeline's split of the attention (ring_timeline.cp_parts),
+        # taken once: "cpq" the Q projection (input gradient in backward), all the CP K/V all-gather
+        # (dK/dV reduce-scatter) may overlap; "cps" one of a ring's cp steps (SDPA call and ring kernels),
+        # which torch's K/V all-gather and each dK/dV shift run beside; "cpr" one step of a selective
+        # recompute's replayed core forward, which Transformer Engine's p2p ring runs as its forward's
+        # steps, each beside a K/V send (ring_timeline.ring_backward). With the sequence unsplit (cp 1)
+        # there is no exchange and ``chains`` adds max(0 - x, 0) = 0 whatever x: not asked
+        for p, (ph, rec) in PHASES.items():
+            if p == "bw":
+                continue
+            parts = cp_parts(cost, ph, rec) if cp > 1 else {"q": 0.0, "sdpa": 0.0, "replay": 0.0}
+            out.update({f"{p}_cpq": parts["q"], f"{p}_cps": parts["sdpa"] / cp, f"{p}_cpr": parts["replay"] / cp})
         out.update(shared)
         return out
 
