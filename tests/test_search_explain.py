@@ -557,3 +557,25 @@ def test_other_part_names_the_kernel_kinds_that_differ():
     line = explain({"step": s1.step_s, **s1.parts_s()}, {"step": s2.step_s, **s2.parts_s()}, d1, d2).line()
     assert ("largest: other (memory-bound ops, optimizer step) 94 ms vs 195 ms (kernels: SP layout copy 0 ms vs "
             "43.4 ms, cp ring gradient accumulation 0 ms vs 33 ms, cp ring merge 0 ms vs 13.1 ms)") in line
+
+
+def test_the_fastest_tight_mesh_not_shown_is_named_by_the_tiers(monkeypatch):
+    """Newcomer 32 (Megatron-DeepSpeed 34B on 128 A100 40GB): the fastest, pp 2 x dp 16 x tp 4 at
+    36,965,230,592 B, tight (under 15% of the usable memory free), is 0.024% faster than the top at
+    28,726,110,208 B; its mesh is no row. The ranking plans the fastest's memory (it had none:
+    NaN, and the pair rule failed on it), and the line says the tiers placed the top first, not
+    a tie key that favours the fastest. Usable taken as 35.5 GiB = 38,117,834,752 B here."""
+    from types import SimpleNamespace
+
+    import meshplan.search.driver as drv
+    usable = 35.5 * 2 ** 30
+    monkeypatch.setattr(drv, "usable_bytes", lambda cluster, training: usable)
+    cfg = SimpleNamespace(memory=SimpleNamespace(fragmentation_fraction=0.0), search=SimpleNamespace(headroom_tier=True),
+                          cluster=None, training=None)
+    top = SimpleNamespace(index=1044, peak_bytes=28_726_110_208)
+    fast = SimpleNamespace(index=564, peak_bytes=36_965_230_592)
+    assert drv._tight_only(cfg, top, fast, usable) and not drv._tight_only(cfg, fast, top, usable)
+    # 1 - 28,726,110,208 / 38,117,834,752 = 24.6% free; 1 - 36,965,230,592 / 38,117,834,752 = 3.0% (< 15%)
+    assert drv._safer_words(cfg, top, fast, (), [top]) == (
+        "it keeps 24.6% of the usable memory free, the fastest 3.0%, under 15% (its mesh is not a row: its settings "
+        "that keep it are slower than the rows shown)")

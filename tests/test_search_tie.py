@@ -226,3 +226,14 @@ def test_a_variant_is_exported_by_its_label_as_a_row(tmp_path, capsys):
         assert run_main("search", job, "--export", label, "--to", "meshplan", "-o", tmp_path / "x.toml") == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == err
         assert not (tmp_path / "x.toml").exists()
+
+
+def test_an_unplanned_peak_is_no_crash():
+    """Newcomer 32: a candidate the memory bound admitted carries peak NaN (not planned); the
+    pair rule read it and ``min()`` of nothing raised. NaN counts as unplanned (inf, as
+    :func:`~meshplan.search.rank.order_all` has it): the simpler key still decides, and between
+    twins the planned peak is the lower."""
+    key = (2, 8, 8) + knob_key("none", False, 1, True)
+    more = (3, 8, 8) + knob_key("none", False, 1, True)
+    assert decide([10.0, 10.05], [key, more], [float("nan"), 50.0 * GiB]) == (0, "fewer axes of degree > 1 (2 vs 3)")
+    assert decide([10.0, 10.05], [key, key], [float("nan"), 50.0 * GiB])[0] == 1

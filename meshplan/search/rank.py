@@ -163,6 +163,7 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     >>> decide([6.17, 6.17], [(2, 2, 2), (2, 2, 2)], [38.1 * GiB, 38.1 * GiB])
     (None, 'no criterion separates them')
     """
+    peaks = [p if p == p else float("inf") for p in peaks]  # NaN, a peak not planned: unplanned, as order_all's inf
     fast, slow = (0, 1) if steps[0] <= steps[1] else (1, 0)
     if steps[slow] > steps[fast] * (1 + rel):
         return fast, (f"shorter step by more than {rel:.0%} ({steps[fast]:.3f} s vs {steps[slow]:.3f} s, "
