@@ -210,3 +210,32 @@ def test_te_backward_gathers_read_as_blocking():
                     "cp_attention": "allgather"})
     (t,) = [x for x in timings(step_time(plan)) if (x.stream, x.phase, x.op) == ("cp", "backward", "all-gather")]
     assert t.slack_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_megatron_cp_needs_te_flash_or_fused_attention():
+    """Megatron-LM runs CP only in Transformer Engine's attention with the flash or fused backend:
+    Megatron-Core's local DotProductAttention asserts context_parallel_size == 1
+    (megatron/core/transformer/dot_product_attention.py:57-59 at d98e8a6) and TE's
+    get_attention_backend disables UnfusedDotProductAttention under CP (dot_product_attention/utils.py:1169-1173
+    at d0067d0). flash_attention false at cp 2 is an infeasible mesh with the fix, under either
+    --cp-comm-type; at cp 1, or with flash attention, the mesh plans (was: planned with p2p rows it
+    cannot run). The search rejects such candidates by the same rule."""
+    from types import SimpleNamespace
+
+    from meshplan.spec.axes.registry import rules
+
+    for kind in ("p2p", "allgather"):
+        plan = _megatron(2, recompute="none", cp_attention=kind, flash_attention=False)
+        assert not plan.feasible
+        assert any(r.startswith("framework megatron: cp 2 runs only in Transformer Engine's flash or fused attention")
+                   and r.endswith("fix: set training.flash_attention = true (--attention-backend flash, fused or auto)"
+                                  " or cp 1") for r in plan.reasons), plan.reasons
+        assert _megatron(2, recompute="none", cp_attention=kind).feasible
+    assert _megatron(1, recompute="none", flash_attention=False).feasible
+    torch_ag = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [2, 4]}, flash_attention=False)
+    assert torch_ag.feasible  # torch's all-gather CP runs meshplan's own SDPA call: not this rule
+    # the search's vectorised form over a cp column: cp 1 passes, cp 2 and 4 are refused
+    (rule,) = [r for r in rules() if r.key == "megatron_cp_attention"]
+    slow = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", flash_attention=False)
+    assert rule.bad(None, slow, SimpleNamespace(cp=np.array([1, 2, 4]))).tolist() == [False, True, True]
+    assert not rule.bad(None, slow.model_copy(update={"flash_attention": True}), SimpleNamespace(cp=np.array([2]))).any()

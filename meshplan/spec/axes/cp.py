@@ -32,6 +32,25 @@ def _seq(m, t, d):
                 f"(load-balanced causal split)",)
 
 
+def _te_backend_bad(m, t, d):
+    """Megatron-LM runs context parallelism only inside Transformer Engine's attention with its
+    flash or fused backend (``flash_attention`` true): Megatron-Core's own DotProductAttention
+    (``--attention-backend local``) asserts ``context_parallel_size == 1`` ("Context parallelism
+    is only supported by TEDotProductAttention!", ``megatron/core/transformer/dot_product_attention.py``:57-59
+    at NVIDIA/Megatron-LM d98e8a6), and Transformer Engine's ``get_attention_backend`` disables
+    UnfusedDotProductAttention under CP (``dot_product_attention/utils.py``:1169-1173 at
+    NVIDIA/TransformerEngine d0067d0), which leaves ``--attention-backend unfused`` no backend."""
+    return (d.cp > 1) & (t.framework == "megatron") & (not t.flash_attention)
+
+
+def _te_backend(m, t, d):
+    if not _te_backend_bad(m, t, d):
+        return (), ()
+    return (f"framework megatron: cp {d.cp} runs only in Transformer Engine's flash or fused attention (Megatron-Core's "
+            "local attention asserts cp 1, TE's unfused backend refuses CP); fix: set training.flash_attention = true "
+            "(--attention-backend flash, fused or auto) or cp 1",), ()
+
+
 def kv_elements(model, micro_batch, seq_len, heads):
     """Elements of the whole sequence's K and V at ``heads`` local heads, ``b x s x heads x
     (d_head + d_v)`` (scalars or numpy arrays alike): the one size of every cp row
@@ -211,7 +230,9 @@ def p2p_rows(add, c) -> None:
 CP = AxisDef(
     doc="context parallel (sequence split for attention)",
     torchtitan=("cp",), megatron=("cp",),
-    rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),),
+    rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),
+           Rule("megatron_cp_attention", 72, "framework megatron: cp > 1 without flash or fused attention",
+                _te_backend_bad, _te_backend)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),
