@@ -239,3 +239,22 @@ def test_megatron_cp_needs_te_flash_or_fused_attention():
     slow = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", flash_attention=False)
     assert rule.bad(None, slow, SimpleNamespace(cp=np.array([1, 2, 4]))).tolist() == [False, True, True]
     assert not rule.bad(None, slow.model_copy(update={"flash_attention": True}), SimpleNamespace(cp=np.array([2]))).any()
+
+
+def test_export_to_megatron_refuses_cp_without_flash_attention():
+    """A torch plan at cp 2 with flash_attention false runs meshplan's all-gather CP (torch's ring
+    needs the fused SDPA kernels), which Megatron-LM cannot run (rule megatron_cp_attention): the
+    export to megatron is refused with the rule's reason (it wrote --attention-backend unfused with
+    --cp-comm-type p2p); with flash attention, or to torchtitan, nothing is refused."""
+    from meshplan.plan_runtime import export_refusals
+
+    d = {"model": GQA, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 8, "seq_len": 32, "micro_batch": 1, "flash_attention": False},
+         "mesh": {"names": ["cp", "dp_shard"], "shape": [2, 4]}}
+    assert export_refusals(config_from_dict(d), "megatron") == (
+        "framework megatron: cp 2 runs only in Transformer Engine's flash or fused attention (Megatron-Core's local "
+        "attention asserts cp 1, TE's unfused backend refuses CP); fix: set training.flash_attention = true "
+        "(--attention-backend flash, fused or auto) or cp 1: megatron's runtime refuses CP without flash attention",)
+    assert export_refusals(config_from_dict(d), "torchtitan") == ()
+    assert export_refusals(config_from_dict({**d, "training": {**d["training"], "flash_attention": True}}),
+                           "megatron") == ()

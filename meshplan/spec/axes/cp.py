@@ -43,12 +43,16 @@ def _te_backend_bad(m, t, d):
     return (d.cp > 1) & (t.framework == "megatron") & (not t.flash_attention)
 
 
-def _te_backend(m, t, d):
-    if not _te_backend_bad(m, t, d):
-        return (), ()
-    return (f"framework megatron: cp {d.cp} runs only in Transformer Engine's flash or fused attention (Megatron-Core's "
+def megatron_cp_attention_reason(cp: int) -> str:
+    """The reason (with its fix) of the ``megatron_cp_attention`` rule (:func:`_te_backend_bad`),
+    which ``export --to megatron`` gives too (:func:`meshplan.plan_runtime.export_refusals`)."""
+    return (f"framework megatron: cp {cp} runs only in Transformer Engine's flash or fused attention (Megatron-Core's "
             "local attention asserts cp 1, TE's unfused backend refuses CP); fix: set training.flash_attention = true "
-            "(--attention-backend flash, fused or auto) or cp 1",), ()
+            "(--attention-backend flash, fused or auto) or cp 1")
+
+
+def _te_backend(m, t, d):
+    return ((megatron_cp_attention_reason(d.cp),) if _te_backend_bad(m, t, d) else ()), ()
 
 
 def kv_elements(model, micro_batch, seq_len, heads):
