@@ -258,3 +258,34 @@ def test_export_to_megatron_refuses_cp_without_flash_attention():
     assert export_refusals(config_from_dict(d), "torchtitan") == ()
     assert export_refusals(config_from_dict({**d, "training": {**d["training"], "flash_attention": True}}),
                            "megatron") == ()
+
+
+def test_search_chain_p2p_terms_by_hand():
+    """Tightness of the search's p2p terms (search/layer_bounds.chains), not only bound <= exact:
+    one layer whose only seconds are the attention steps and the sends (everything else 0), as the
+    timeline's p2p_steps runs them, each send beside one step, exposing max(send - step, 0).
+    cp 4, K/V send 1.0 s, packed K/V + dK/dV send 2.0 s; forward step 0.25 s, backward step 0.5 s,
+    a selective recompute's replayed step 0.25 s:
+    forward 3 x (1.0 - 0.25) = 2.25; backward 2 x (1.0 - 0.5) [K/V, dK/dV] + 2 x (2.0 - 0.5) [cp - 2
+    packed] + 3 x (1.0 - 0.25) [the replay's K/V] = 1 + 3 + 2.25 = 6.25. Full recompute: no replay
+    in the backward's own steps, the replayed forward's 3 x 0.75 = 2.25 after them: 1 + 3 + 2.25 = 6.25.
+    cp 2 (no packed step), selective: forward 0.75, backward 2 x 0.5 + 0.75 = 1.75. (A chain
+    without the p2p terms gives 0 everywhere: this fails.)"""
+    from meshplan.search.layer_bounds import chains
+    from meshplan.search.space import RECOMPUTE
+    from meshplan.search.time_tables import OP_FIELDS
+
+    one = lambda v: np.array([float(v)])
+    o = {k: one(0) for k in OP_FIELDS}
+    o.update(f_cps=one(0.25), bi_cps=one(0.5), bi_cpr=one(0.25), bin_cps=one(0.5), br_cps=one(0.25))
+    cm = {k: one(0) for k in ("tp_ar", "cp_ag", "cp_rs", "ep", "tp_sp", "tp_ag", "amax_f", "amax_b")}
+    cm.update(cp_kv=one(1.0), cp_kv2=one(2.0))
+
+    def chain(cp: int, rc: str) -> list[float]:
+        c = type("C", (), {"ov": np.array([0]), "rc": np.array([RECOMPUTE.index(rc)]), "cp": np.array([cp])})()
+        f, b = chains(c, o, cm, False, np.array([False]))
+        return [float(f[0]), float(b[0])]
+
+    assert chain(4, "selective") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
+    assert chain(4, "full") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
+    assert chain(2, "selective") == pytest.approx([0.75, 2 * 0.5 + 0.75])
