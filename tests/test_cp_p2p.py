@@ -289,3 +289,29 @@ def test_search_chain_p2p_terms_by_hand():
     assert chain(4, "selective") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
     assert chain(4, "full") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
     assert chain(2, "selective") == pytest.approx([0.75, 2 * 0.5 + 0.75])
+
+
+def test_p2p_backward_ring_leaves_through_the_other_boundary_ranks_nic():
+    """Transformer Engine's p2p backward runs its ring the other way round: send_dst rank - 1, recv_src
+    rank + 1 (AttnFuncWithCPAndKVP2P.backward, d0067d0 lines 2229-2230), where the forward sends to
+    rank + 1 (lines 1418-1419). Llama-3-8B, framework megatron, cp 4 x tp 4 on 2 DGX H100 (cp ranks 0, 1
+    on node 0: GPUs 0-3 and 4-7, each GPU its own NIC), s 32,768, recompute none. KV = 32768 / 4 tokens x
+    8 / 4 KV heads x (128 + 128) x 2 B = 8,388,608 B. Node 0's crossing forward sends are cp rank 1's
+    (1 -> 2): 32 layers x 3 x KV = 805,306,368 B on each NIC of GPUs 4-7; its crossing backward ones cp
+    rank 0's (0 -> 3): 32 x (KV + 2 x 2 KV + KV) = 1,610,612,736 B on each NIC of GPUs 0-3 (before: all on
+    GPUs 4-7's NICs, 2,415,919,104 B each, nothing on 0-3)."""
+    from meshplan.schedule.netload import network_loads
+
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 1, "seq_len": 32768, "sharding": "none", "framework": "megatron",
+                      "recompute": "none"},
+         "mesh": {"names": ["cp", "tp"], "shape": [4, 4], "sequence_parallel": True}}
+    plan = build_plan(config_from_dict(d))
+    rows = [r for r in plan.collectives["stage 0"] if r.axis == "cp" and r.op == "send/recv"]
+    kv = 32768 // 4 * (8 // 4) * (128 + 128) * 2
+    assert kv == 8_388_608 and sorted((r.phase, r.size_bytes, r.per_step) for r in rows) == [
+        ("backward", kv, 32), ("backward", kv, 32), ("backward", 2 * kv, 64), ("forward", kv, 96)]
+    nics, _ = network_loads(plan, rows, 32)
+    assert {i: b[0] for i, b in nics.items()} == pytest.approx(
+        {**{i: 32 * (kv + 2 * 2 * kv + kv) for i in range(4)}, **{i: 32 * 3 * kv for i in range(4, 8)}}, rel=1e-12)
+    assert 32 * 3 * kv == 805_306_368 and 32 * 6 * kv == 1_610_612_736

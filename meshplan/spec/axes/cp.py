@@ -186,6 +186,24 @@ def ring_rows(add, c) -> None:
 #: Cadence mark of Transformer Engine's p2p backward steps that send K, V, dK and dV in one buffer
 #: (:func:`p2p_rows`): twice the size of its other sends, kept apart by the rank timeline.
 P2P_PACKED = "(K, V, dK and dV)"
+#: Cadence mark of Transformer Engine's p2p backward steps (:func:`p2p_rows`), whose ring runs the
+#: other way round (:func:`send_step`).
+P2P_BACKWARD = "backward p2p ring step"
+
+
+def send_step(row) -> int:
+    """Which neighbour round the cp ring each rank of a cp send/recv ``row`` sends to: ``-1``
+    (rank - 1) for Transformer Engine's p2p backward steps (:data:`P2P_BACKWARD`:
+    ``AttnFuncWithCPAndKVP2P.backward`` sets ``send_dst = cp_global_ranks[(rank - 1) % cp_size ...]``
+    and ``recv_src`` rank + 1, d0067d0 lines 2229-2230), ``+1`` otherwise: TE's forward and a
+    replayed forward (lines 1418-1419), torch's dK/dV shifts (``_AllToAllRotater``'s ``dsts``
+    ``[1, ..., cp - 1, 0]``).
+
+    >>> from types import SimpleNamespace as N
+    >>> send_step(N(cadence="every layer, the last " + P2P_BACKWARD + " (dK and dV)")), send_step(N(cadence="x"))
+    (-1, 1)
+    """
+    return -1 if P2P_BACKWARD in row.cadence else 1
 
 
 def p2p_rows(add, c) -> None:
@@ -197,8 +215,9 @@ def p2p_rows(add, c) -> None:
     heads (Megatron-LM passes ``num_query_groups`` per tp rank; TE's flash and fused backends take
     them as they are, no GQA repeat), the rank's own ``s / cp`` tokens: ``KV = b x s/cp x local KV
     heads x (d_head + d_v)`` elements in the compute dtype (``fwd_nominal_dtype = q.dtype``),
-    concatenated into one buffer (``torch.cat((k.view(-1), v.view(-1)))``). Each send/recv goes to
-    rank + 1 and comes from rank - 1 (``flash_attn_p2p_communicate``, isend/irecv). Per layer and
+    concatenated into one buffer (``torch.cat((k.view(-1), v.view(-1)))``). Each forward send/recv goes
+    to rank + 1 and comes from rank - 1 (``flash_attn_p2p_communicate``, isend/irecv; lines 1418-1419),
+    each backward one the other way round (lines 2229-2230, :func:`send_step`). Per layer and
     micro-batch:
 
     - forward, ``cp`` steps; at step ``i < cp - 1`` the current K/V buffer is sent before the
@@ -222,12 +241,12 @@ def p2p_rows(add, c) -> None:
         which = "every layer" if replayed == nl else "every checkpointed layer"
         add("cp", "backward", "send/recv", kv, d, replayed * (cp - 1),
             f"{which}, recomputed, {cp - 1} p2p ring step{'s' * (cp > 2)} (K and V)", "the replayed step's attention call")
-    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the first p2p ring step of its backward (K and V)",
+    add("cp", "backward", "send/recv", kv, d, nl, f"every layer, the first {P2P_BACKWARD} (K and V)",
         "the step's attention backward call (beside it)")
     if cp > 2:
-        add("cp", "backward", "send/recv", 2 * kv, d, nl * (cp - 2), f"every layer, {cp - 2} middle p2p ring steps "
+        add("cp", "backward", "send/recv", 2 * kv, d, nl * (cp - 2), f"every layer, {cp - 2} middle {P2P_BACKWARD}s "
             + P2P_PACKED, "the step's attention backward call (beside it)")
-    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the last p2p ring step (dK and dV)",
+    add("cp", "backward", "send/recv", kv, d, nl, f"every layer, the last {P2P_BACKWARD} (dK and dV)",
         "the step's attention backward call (beside it)")
 
 
