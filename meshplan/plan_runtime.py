@@ -22,6 +22,7 @@ from meshplan.mesh import resolve
 from meshplan.mesh.resolve import Mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
+from meshplan.spec.axes.cp import megatron_cp_attention_reason
 from meshplan.spec.axes.dp import micro_batches
 from meshplan.spec.axes.ep import megatron_sp_reason
 from meshplan.spec.axes.tp import torch_kv_reason, torch_kv_refused
@@ -247,7 +248,8 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B at pp 4 with 6
     micro-batches, Megatron-LM needs pp to divide them: "... refuses this pipeline schedule"),
     or Megatron-LM's MoE with tp > 1 without sequence parallelism ("... refuses this MoE mesh
-    without sequence parallelism"), or torchtitan's tp past the KV heads, which a megatron plan
+    without sequence parallelism"), or Megatron-LM's CP without flash or fused attention (rule
+    ``megatron_cp_attention``: "... refuses CP without flash attention"), or torchtitan's tp past the KV heads, which a megatron plan
     holds as copies (rule ``torch_kv_heads``: "... refuses tp past the KV heads"); empty when they agree, pp is 1, or the mesh does not resolve.
 
     >>> from meshplan.config import config_from_dict
@@ -269,6 +271,11 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
         if whole is not None and whole.degree("tp") > 1:
             return (f"{megatron_sp_reason(whole.degree('tp'), whole.ep)}: {to}'s runtime refuses this MoE mesh "
                     "without sequence parallelism",)
+    if to == "megatron" and not config.training.flash_attention and config.mesh is not None:
+        whole = _config_mesh(config)  # Transformer Engine's CP needs its flash or fused backend (rule megatron_cp_attention)
+        if whole is not None and whole.degree("cp") > 1:
+            return (f"{megatron_cp_attention_reason(whole.degree('cp'))}: {to}'s runtime refuses CP without flash "
+                    "attention",)
     mesh = None if target in (None, config.training.framework) else _config_mesh(config)
     if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
         return ()

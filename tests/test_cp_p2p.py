@@ -210,3 +210,108 @@ def test_te_backward_gathers_read_as_blocking():
                     "cp_attention": "allgather"})
     (t,) = [x for x in timings(step_time(plan)) if (x.stream, x.phase, x.op) == ("cp", "backward", "all-gather")]
     assert t.slack_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_megatron_cp_needs_te_flash_or_fused_attention():
+    """Megatron-LM runs CP only in Transformer Engine's attention with the flash or fused backend:
+    Megatron-Core's local DotProductAttention asserts context_parallel_size == 1
+    (megatron/core/transformer/dot_product_attention.py:57-59 at d98e8a6) and TE's
+    get_attention_backend disables UnfusedDotProductAttention under CP (dot_product_attention/utils.py:1169-1173
+    at d0067d0). flash_attention false at cp 2 is an infeasible mesh with the fix, under either
+    --cp-comm-type; at cp 1, or with flash attention, the mesh plans (was: planned with p2p rows it
+    cannot run). The search rejects such candidates by the same rule."""
+    from types import SimpleNamespace
+
+    from meshplan.spec.axes.registry import rules
+
+    for kind in ("p2p", "allgather"):
+        plan = _megatron(2, recompute="none", cp_attention=kind, flash_attention=False)
+        assert not plan.feasible
+        assert any(r.startswith("framework megatron: cp 2 runs only in Transformer Engine's flash or fused attention")
+                   and r.endswith("fix: set training.flash_attention = true (--attention-backend flash, fused or auto)"
+                                  " or cp 1") for r in plan.reasons), plan.reasons
+        assert _megatron(2, recompute="none", cp_attention=kind).feasible
+    assert _megatron(1, recompute="none", flash_attention=False).feasible
+    torch_ag = _plan(GQA, {"names": ["cp", "dp_shard"], "shape": [2, 4]}, flash_attention=False)
+    assert torch_ag.feasible  # torch's all-gather CP runs meshplan's own SDPA call: not this rule
+    # the search's vectorised form over a cp column: cp 1 passes, cp 2 and 4 are refused
+    (rule,) = [r for r in rules() if r.key == "megatron_cp_attention"]
+    slow = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", flash_attention=False)
+    assert rule.bad(None, slow, SimpleNamespace(cp=np.array([1, 2, 4]))).tolist() == [False, True, True]
+    assert not rule.bad(None, slow.model_copy(update={"flash_attention": True}), SimpleNamespace(cp=np.array([2]))).any()
+
+
+def test_export_to_megatron_refuses_cp_without_flash_attention():
+    """A torch plan at cp 2 with flash_attention false runs meshplan's all-gather CP (torch's ring
+    needs the fused SDPA kernels), which Megatron-LM cannot run (rule megatron_cp_attention): the
+    export to megatron is refused with the rule's reason (it wrote --attention-backend unfused with
+    --cp-comm-type p2p); with flash attention, or to torchtitan, nothing is refused."""
+    from meshplan.plan_runtime import export_refusals
+
+    d = {"model": GQA, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 8, "seq_len": 32, "micro_batch": 1, "flash_attention": False},
+         "mesh": {"names": ["cp", "dp_shard"], "shape": [2, 4]}}
+    assert export_refusals(config_from_dict(d), "megatron") == (
+        "framework megatron: cp 2 runs only in Transformer Engine's flash or fused attention (Megatron-Core's local "
+        "attention asserts cp 1, TE's unfused backend refuses CP); fix: set training.flash_attention = true "
+        "(--attention-backend flash, fused or auto) or cp 1: megatron's runtime refuses CP without flash attention",)
+    assert export_refusals(config_from_dict(d), "torchtitan") == ()
+    assert export_refusals(config_from_dict({**d, "training": {**d["training"], "flash_attention": True}}),
+                           "megatron") == ()
+
+
+def test_search_chain_p2p_terms_by_hand():
+    """Tightness of the search's p2p terms (search/layer_bounds.chains), not only bound <= exact:
+    one layer whose only seconds are the attention steps and the sends (everything else 0), as the
+    timeline's p2p_steps runs them, each send beside one step, exposing max(send - step, 0).
+    cp 4, K/V send 1.0 s, packed K/V + dK/dV send 2.0 s; forward step 0.25 s, backward step 0.5 s,
+    a selective recompute's replayed step 0.25 s:
+    forward 3 x (1.0 - 0.25) = 2.25; backward 2 x (1.0 - 0.5) [K/V, dK/dV] + 2 x (2.0 - 0.5) [cp - 2
+    packed] + 3 x (1.0 - 0.25) [the replay's K/V] = 1 + 3 + 2.25 = 6.25. Full recompute: no replay
+    in the backward's own steps, the replayed forward's 3 x 0.75 = 2.25 after them: 1 + 3 + 2.25 = 6.25.
+    cp 2 (no packed step), selective: forward 0.75, backward 2 x 0.5 + 0.75 = 1.75. (A chain
+    without the p2p terms gives 0 everywhere: this fails.)"""
+    from meshplan.search.layer_bounds import chains
+    from meshplan.search.space import RECOMPUTE
+    from meshplan.search.time_tables import OP_FIELDS
+
+    one = lambda v: np.array([float(v)])
+    o = {k: one(0) for k in OP_FIELDS}
+    o.update(f_cps=one(0.25), bi_cps=one(0.5), bi_cpr=one(0.25), bin_cps=one(0.5), br_cps=one(0.25))
+    cm = {k: one(0) for k in ("tp_ar", "cp_ag", "cp_rs", "ep", "tp_sp", "tp_ag", "amax_f", "amax_b")}
+    cm.update(cp_kv=one(1.0), cp_kv2=one(2.0))
+
+    def chain(cp: int, rc: str) -> list[float]:
+        c = type("C", (), {"ov": np.array([0]), "rc": np.array([RECOMPUTE.index(rc)]), "cp": np.array([cp])})()
+        f, b = chains(c, o, cm, False, np.array([False]))
+        return [float(f[0]), float(b[0])]
+
+    assert chain(4, "selective") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
+    assert chain(4, "full") == pytest.approx([3 * 0.75, 2 * 0.5 + 2 * 1.5 + 3 * 0.75])
+    assert chain(2, "selective") == pytest.approx([0.75, 2 * 0.5 + 0.75])
+
+
+def test_p2p_backward_ring_leaves_through_the_other_boundary_ranks_nic():
+    """Transformer Engine's p2p backward runs its ring the other way round: send_dst rank - 1, recv_src
+    rank + 1 (AttnFuncWithCPAndKVP2P.backward, d0067d0 lines 2229-2230), where the forward sends to
+    rank + 1 (lines 1418-1419). Llama-3-8B, framework megatron, cp 4 x tp 4 on 2 DGX H100 (cp ranks 0, 1
+    on node 0: GPUs 0-3 and 4-7, each GPU its own NIC), s 32,768, recompute none. KV = 32768 / 4 tokens x
+    8 / 4 KV heads x (128 + 128) x 2 B = 8,388,608 B. Node 0's crossing forward sends are cp rank 1's
+    (1 -> 2): 32 layers x 3 x KV = 805,306,368 B on each NIC of GPUs 4-7; its crossing backward ones cp
+    rank 0's (0 -> 3): 32 x (KV + 2 x 2 KV + KV) = 1,610,612,736 B on each NIC of GPUs 0-3 (before: all on
+    GPUs 4-7's NICs, 2,415,919,104 B each, nothing on 0-3)."""
+    from meshplan.schedule.netload import network_loads
+
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 1, "seq_len": 32768, "sharding": "none", "framework": "megatron",
+                      "recompute": "none"},
+         "mesh": {"names": ["cp", "tp"], "shape": [4, 4], "sequence_parallel": True}}
+    plan = build_plan(config_from_dict(d))
+    rows = [r for r in plan.collectives["stage 0"] if r.axis == "cp" and r.op == "send/recv"]
+    kv = 32768 // 4 * (8 // 4) * (128 + 128) * 2
+    assert kv == 8_388_608 and sorted((r.phase, r.size_bytes, r.per_step) for r in rows) == [
+        ("backward", kv, 32), ("backward", kv, 32), ("backward", 2 * kv, 64), ("forward", kv, 96)]
+    nics, _ = network_loads(plan, rows, 32)
+    assert {i: b[0] for i, b in nics.items()} == pytest.approx(
+        {**{i: 32 * (kv + 2 * 2 * kv + kv) for i in range(4)}, **{i: 32 * 3 * kv for i in range(4, 8)}}, rel=1e-12)
+    assert 32 * 3 * kv == 805_306_368 and 32 * 6 * kv == 1_610_612_736

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.errors import ConfigError
+from meshplan.spec.axes.tp import kv_heads_local
 from meshplan.spec.model import ModelSpec
 
 
@@ -35,12 +36,12 @@ class LayerDims:
 
     def kv_local(self, tp: int) -> int:
         """KV heads on one tp rank: ``g / tp``, or 1 where tp exceeds ``g`` (each KV head replicated
-        over ``tp / g`` ranks, as :func:`meshplan.spec.axes.tp.local_heads`).
+        over ``tp / g`` ranks: :func:`meshplan.spec.axes.tp.kv_heads_local`, as ``local_heads``).
 
         >>> LayerDims(s=8, b=1, h=64, a=8, g=2, d=8, f=16).kv_local(1), LayerDims(s=8, b=1, h=64, a=8, g=2, d=8, f=16).kv_local(4)
         (2, 1)
         """
-        return self.g // tp if tp <= self.g else 1
+        return kv_heads_local(self.g, tp)
 
     @property
     def d_v(self) -> int:

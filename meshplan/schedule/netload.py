@@ -10,6 +10,7 @@ import numpy as np
 from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
 from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
+from meshplan.spec.axes.cp import send_step
 
 
 def layer_pass_calls(row, passes: int) -> float:
@@ -57,7 +58,7 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
     axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
     pp = stage_of_ranks(mesh)
     tables = [(stage, rows, passes)] + [(k, r, n) for k, (r, n) in (others or {}).items() if k != stage]
-    seen: dict = {}  # (stage, axis, op, deepep, group) -> its _geometry
+    seen: dict = {}  # (stage, axis, op, deepep, group, send direction) -> its _geometry
     for s, table, n in tables:
         ranks = None if s is None else pp == s
         for r in table:
@@ -66,7 +67,8 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
             groups = mesh.groups(axis_name[r.axis])
             on = np.isin(p.node[groups], mine) & (True if ranks is None else ranks[groups])
             for g in np.flatnonzero(on.any(axis=1)).tolist():
-                key = (s, r.axis, r.op, r.algorithm == "deepep", g)  # a stage's rows share their groups' geometry
+                # a stage's rows share their groups' geometry (a send/recv's: per direction round the ring)
+                key = (s, r.axis, r.op, r.algorithm == "deepep", g, send_step(r) if r.op == "send/recv" else 0)
                 if key not in seen:
                     seen[key] = _geometry(p, r, groups[g], mine, None if ranks is None else ranks[groups[g]])
                 _group_loads(p, r, seen[key], n, node, nics, uplink)
@@ -112,7 +114,7 @@ def _geometry(p, r, group, mine, counted=None) -> tuple[int, list]:
         up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
               else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
-        cross = _p2p_cross(gn, idx, chain=r.axis == "pp").tolist() if r.op == "send/recv" else None
+        cross = _p2p_cross(gn, idx, r.axis == "pp", send_step(r)).tolist() if r.op == "send/recv" else None
         out.append((int(nd), p.nic[members].tolist(), cross, int((gn == nd).sum()), up))
     return n_nodes, out
 
@@ -151,11 +153,12 @@ def _nic_bytes(r, nic: list, cross, here: int, n_nodes: int) -> dict[int, float]
     return {i: len(nic) * off / len(used) for i in used}
 
 
-def _p2p_cross(gn, idx, chain: bool) -> np.ndarray:
+def _p2p_cross(gn, idx, chain: bool, step: int = 1) -> np.ndarray:
     """Per member at positions ``idx`` of a group whose members sit on nodes ``gn`` (group order):
     the share of its send/recv calls whose peer is on another node, each call moving its bytes
-    once on the link between the two. The cp ring's dK/dV shift (``chain`` False): each call
-    sends to the next member round the ring, 1 where that one is on another node. A pipeline's
+    once on the link between the two. A cp ring's sends (``chain`` False): each call sends to the
+    member ``step`` places on round the ring (:func:`~meshplan.spec.axes.cp.send_step`: the next one, or
+    the previous one in Transformer Engine's p2p backward), 1 where that one is on another node. A pipeline's
     (``chain``): its calls are the sends to the next stage and the receives from the previous
     one (the row counts both; backward the reverse), the crossing neighbours of the member over
     its neighbours (the sender's NIC carries the message out, the receiver's in).
@@ -166,10 +169,12 @@ def _p2p_cross(gn, idx, chain: bool) -> np.ndarray:
     >>> gn = np.array([0, 0, 1, 1])
     >>> _p2p_cross(gn, np.arange(4), chain=True).tolist(), _p2p_cross(gn, np.arange(4), chain=False).tolist()
     ([0.0, 0.5, 0.5, 0.0], [0.0, 1.0, 0.0, 1.0])
+    >>> _p2p_cross(gn, np.arange(4), False, step=-1).tolist()  # the other way round: ranks 0 and 2 send across
+    [1.0, 0.0, 1.0, 0.0]
     """
     n = len(gn)
     if not chain:
-        return (gn[(idx + 1) % n] != gn[idx]).astype(float)
+        return (gn[(idx + step) % n] != gn[idx]).astype(float)
     out = np.zeros(len(idx))
     for k, i in enumerate(idx.tolist()):
         peers = [j for j in (i - 1, i + 1) if 0 <= j < n]

@@ -32,6 +32,29 @@ def _seq(m, t, d):
                 f"(load-balanced causal split)",)
 
 
+def _te_backend_bad(m, t, d):
+    """Megatron-LM runs context parallelism only inside Transformer Engine's attention with its
+    flash or fused backend (``flash_attention`` true): Megatron-Core's own DotProductAttention
+    (``--attention-backend local``) asserts ``context_parallel_size == 1`` ("Context parallelism
+    is only supported by TEDotProductAttention!", ``megatron/core/transformer/dot_product_attention.py``:57-59
+    at NVIDIA/Megatron-LM d98e8a6), and Transformer Engine's ``get_attention_backend`` disables
+    UnfusedDotProductAttention under CP (``dot_product_attention/utils.py``:1169-1173 at
+    NVIDIA/TransformerEngine d0067d0), which leaves ``--attention-backend unfused`` no backend."""
+    return (d.cp > 1) & (t.framework == "megatron") & (not t.flash_attention)
+
+
+def megatron_cp_attention_reason(cp: int) -> str:
+    """The reason (with its fix) of the ``megatron_cp_attention`` rule (:func:`_te_backend_bad`),
+    which ``export --to megatron`` gives too (:func:`meshplan.plan_runtime.export_refusals`)."""
+    return (f"framework megatron: cp {cp} runs only in Transformer Engine's flash or fused attention (Megatron-Core's "
+            "local attention asserts cp 1, TE's unfused backend refuses CP); fix: set training.flash_attention = true "
+            "(--attention-backend flash, fused or auto) or cp 1")
+
+
+def _te_backend(m, t, d):
+    return ((megatron_cp_attention_reason(d.cp),) if _te_backend_bad(m, t, d) else ()), ()
+
+
 def kv_elements(model, micro_batch, seq_len, heads):
     """Elements of the whole sequence's K and V at ``heads`` local heads, ``b x s x heads x
     (d_head + d_v)`` (scalars or numpy arrays alike): the one size of every cp row
@@ -163,6 +186,24 @@ def ring_rows(add, c) -> None:
 #: Cadence mark of Transformer Engine's p2p backward steps that send K, V, dK and dV in one buffer
 #: (:func:`p2p_rows`): twice the size of its other sends, kept apart by the rank timeline.
 P2P_PACKED = "(K, V, dK and dV)"
+#: Cadence mark of Transformer Engine's p2p backward steps (:func:`p2p_rows`), whose ring runs the
+#: other way round (:func:`send_step`).
+P2P_BACKWARD = "backward p2p ring step"
+
+
+def send_step(row) -> int:
+    """Which neighbour round the cp ring each rank of a cp send/recv ``row`` sends to: ``-1``
+    (rank - 1) for Transformer Engine's p2p backward steps (:data:`P2P_BACKWARD`:
+    ``AttnFuncWithCPAndKVP2P.backward`` sets ``send_dst = cp_global_ranks[(rank - 1) % cp_size ...]``
+    and ``recv_src`` rank + 1, d0067d0 lines 2229-2230), ``+1`` otherwise: TE's forward and a
+    replayed forward (lines 1418-1419), torch's dK/dV shifts (``_AllToAllRotater``'s ``dsts``
+    ``[1, ..., cp - 1, 0]``).
+
+    >>> from types import SimpleNamespace as N
+    >>> send_step(N(cadence="every layer, the last " + P2P_BACKWARD + " (dK and dV)")), send_step(N(cadence="x"))
+    (-1, 1)
+    """
+    return -1 if P2P_BACKWARD in row.cadence else 1
 
 
 def p2p_rows(add, c) -> None:
@@ -174,8 +215,9 @@ def p2p_rows(add, c) -> None:
     heads (Megatron-LM passes ``num_query_groups`` per tp rank; TE's flash and fused backends take
     them as they are, no GQA repeat), the rank's own ``s / cp`` tokens: ``KV = b x s/cp x local KV
     heads x (d_head + d_v)`` elements in the compute dtype (``fwd_nominal_dtype = q.dtype``),
-    concatenated into one buffer (``torch.cat((k.view(-1), v.view(-1)))``). Each send/recv goes to
-    rank + 1 and comes from rank - 1 (``flash_attn_p2p_communicate``, isend/irecv). Per layer and
+    concatenated into one buffer (``torch.cat((k.view(-1), v.view(-1)))``). Each forward send/recv goes
+    to rank + 1 and comes from rank - 1 (``flash_attn_p2p_communicate``, isend/irecv; lines 1418-1419),
+    each backward one the other way round (lines 2229-2230, :func:`send_step`). Per layer and
     micro-batch:
 
     - forward, ``cp`` steps; at step ``i < cp - 1`` the current K/V buffer is sent before the
@@ -199,19 +241,21 @@ def p2p_rows(add, c) -> None:
         which = "every layer" if replayed == nl else "every checkpointed layer"
         add("cp", "backward", "send/recv", kv, d, replayed * (cp - 1),
             f"{which}, recomputed, {cp - 1} p2p ring step{'s' * (cp > 2)} (K and V)", "the replayed step's attention call")
-    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the first p2p ring step of its backward (K and V)",
+    add("cp", "backward", "send/recv", kv, d, nl, f"every layer, the first {P2P_BACKWARD} (K and V)",
         "the step's attention backward call (beside it)")
     if cp > 2:
-        add("cp", "backward", "send/recv", 2 * kv, d, nl * (cp - 2), f"every layer, {cp - 2} middle p2p ring steps "
+        add("cp", "backward", "send/recv", 2 * kv, d, nl * (cp - 2), f"every layer, {cp - 2} middle {P2P_BACKWARD}s "
             + P2P_PACKED, "the step's attention backward call (beside it)")
-    add("cp", "backward", "send/recv", kv, d, nl, "every layer, the last p2p ring step (dK and dV)",
+    add("cp", "backward", "send/recv", kv, d, nl, f"every layer, the last {P2P_BACKWARD} (dK and dV)",
         "the step's attention backward call (beside it)")
 
 
 CP = AxisDef(
     doc="context parallel (sequence split for attention)",
     torchtitan=("cp",), megatron=("cp",),
-    rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),),
+    rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),
+           Rule("megatron_cp_attention", 72, "framework megatron: cp > 1 without flash or fused attention",
+                _te_backend_bad, _te_backend)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),

@@ -79,6 +79,17 @@ def tp_misfit(model: ModelSpec, tp: int, node_gpus: int) -> Optional[str]:
             f"inside a node){use}")
 
 
+def kv_heads_local(kv_heads: int, tp: int) -> int:
+    """KV heads on one tp rank: ``kv_heads / tp``, or 1 where tp exceeds them (each KV head
+    replicated over ``tp / kv_heads`` ranks): the one rule :func:`local_heads` and
+    :meth:`meshplan.memory.layer_dims.LayerDims.kv_local` read.
+
+    >>> kv_heads_local(8, 2), kv_heads_local(2, 8)
+    (4, 1)
+    """
+    return kv_heads // tp if tp <= kv_heads else 1
+
+
 def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
     """(local q heads, local KV heads, KV replication factor) on one tp rank.
 
@@ -86,9 +97,7 @@ def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
     (4, 1, 2)
     """
     kv = model.n_kv_heads
-    if tp <= kv:
-        return model.q_heads // tp, kv // tp, 1
-    return model.q_heads // tp, 1, tp // kv
+    return model.q_heads // tp, kv_heads_local(kv, tp), 1 if tp <= kv else tp // kv
 
 
 def _heads_bad(m, t, d):
