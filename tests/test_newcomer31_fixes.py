@@ -1,0 +1,40 @@
+"""Newcomer trial 31's leftovers (a Megatron-LM user planning Llama-3-70B at seq 131072 on 256 H100;
+the job in tests/configs.py, :data:`~tests.configs.NC31_MEGATRON_SH` and :func:`~tests.configs.nc31_toml`)."""
+
+from __future__ import annotations
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.units import GiB
+from tests.cli_run import run_cli
+from tests.configs import nc31_toml
+
+
+def _planned(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(text)
+    return build_plan(load_config(path))
+
+
+def test_fix_line_offers_cp_from_pp_before_the_slower_full_recompute(tmp_path, capsys):
+    # #1: pp 8 x dp 1 x cp 4 x tp 8 peaks at 100.5 GiB over the usable 79.11 GiB x 0.9 = 71.2 GiB. The line offered
+    # only recompute full (54.0 s) while cp 8 from pp (pp 4 x cp 8 x tp 8, the constraint table's "cp >= 8") fits
+    # at a shorter step. Each variant's step and peak here is its own config planned and stepped in the test; the
+    # line must list both, ordered by those steps.
+    job = tmp_path / "p2p_cp4.toml"
+    job.write_text(nc31_toml())
+    variants = {"cp 8 (pp 4 x cp 8 x tp 8)": _planned(tmp_path, "cp8.toml", nc31_toml((4, 1, 8, 8))),
+                "recompute full": _planned(tmp_path, "full.toml", nc31_toml(recompute="full"))}
+    assert all(p.feasible for p in variants.values())
+    steps = {w: step_time(p).step_s for w, p in variants.items()}
+    order = sorted(steps, key=steps.get)
+    code, _, err = run_cli(["plan", job], capsys)
+    assert code == 1
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("fix: ")
+    parts = line.removeprefix("fix: ").split("; ")
+    listed = [next(w for w in variants if p.startswith(w + " -> ")) for p in parts if " -> " in p]
+    assert listed == order
+    for w, p in variants.items():
+        assert f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB (fits; step {steps[w]:.1f} s" in line
