@@ -3,12 +3,15 @@ the job in tests/configs.py, :data:`~tests.configs.NC31_MEGATRON_SH` and :func:`
 
 from __future__ import annotations
 
+import tomllib
+
+from meshplan import catalog
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 from tests.cli_run import run_cli
-from tests.configs import nc31_toml
+from tests.configs import NC31_MEGATRON_SH, nc31_toml
 
 
 def _planned(tmp_path, name: str, text: str):
@@ -38,3 +41,30 @@ def test_fix_line_offers_cp_from_pp_before_the_slower_full_recompute(tmp_path, c
     assert listed == order
     for w, p in variants.items():
         assert f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB (fits; step {steps[w]:.1f} s" in line
+
+
+def _imported(tmp_path, capsys, *extra) -> tuple[dict, str]:
+    """(the TOML ``meshplan import megatron`` writes of :data:`NC31_MEGATRON_SH` with ``--model llama3-70b``,
+    its stderr notes)."""
+    script, out = tmp_path / "train_70b.sh", tmp_path / "job.toml"
+    script.write_text(NC31_MEGATRON_SH)
+    code, out_text, err = run_cli(["import", "megatron", script, "--model", "llama3-70b", "--cluster", "dgx-h100",
+                            "--nodes", "32", "-o", out, *extra], capsys)
+    assert code == 0, err
+    return tomllib.loads(out.read_text()), out_text + err
+
+
+def test_import_keeps_the_scripts_max_position_embeddings(tmp_path, capsys):
+    # #2: the script sets --max-position-embeddings 131072 (= its --seq-length); the catalog's llama3-70b has
+    # max_position 8192 (Llama 3's context). The import replaced the script's value by 8192, then noted that
+    # Megatron-LM asserts max_position_embeddings >= seq_length and asked to raise it: the script's own value is
+    # kept beside the catalog model, and no such note.
+    assert catalog.model("llama3-70b").max_position == 8192
+    job, err = _imported(tmp_path, capsys)
+    assert job["model"] == {"catalog": "llama3-70b", "max_position": 131072}
+    assert "asserts max_position_embeddings" not in err
+    replaced = next(line for line in err.splitlines() if "replaces the model flags" in line)
+    assert "--max-position-embeddings" not in replaced and "--num-layers" in replaced
+    # and the plan of it says nothing of a context longer than the model's
+    plan = build_plan(load_config(tmp_path / "job.toml"))
+    assert plan.config.model.max_position == 131072 == plan.config.training.seq_len

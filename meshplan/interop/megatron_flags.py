@@ -101,7 +101,7 @@ def check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
         m = catalog.model(model["catalog"]) if "catalog" in model else None
         if m is None:
             return  # a Hugging Face config: its max_position is not Megatron-LM's flag
-        pos, rows = m.position_embedding, m.max_position
+        pos, rows = m.position_embedding, model.get("max_position", m.max_position)  # the script's own, kept
     else:
         pos, rows = spec.get("position_embedding", "rope"), spec.get("max_position", 0)
     if not rows or seq <= rows:
