@@ -68,3 +68,18 @@ def test_import_keeps_the_scripts_max_position_embeddings(tmp_path, capsys):
     # and the plan of it says nothing of a context longer than the model's
     plan = build_plan(load_config(tmp_path / "job.toml"))
     assert plan.config.model.max_position == 131072 == plan.config.training.seq_len
+
+
+def test_distributed_optimizer_run_is_not_said_to_run_fsdp(tmp_path, capsys):
+    # #3: sharding zero1 under framework megatron is Megatron-LM's distributed optimizer (--use-distributed-optimizer),
+    # which shards the fp32 master weights and Adam moments over the data-parallel group with context parallel,
+    # dp 1 x cp 4 = 4 ranks; no FSDP runs. The mesh derivation said "fsdp = dp 1 * cp 4 = 4"; it names the group as
+    # the groups table does.
+    job = tmp_path / "p2p_cp4.toml"
+    job.write_text(nc31_toml())
+    _, out, err = run_cli(["plan", job], capsys)
+    lines = [line.strip() for line in (out + err).splitlines()]
+    assert "dp x cp (distributed optimizer) = dp 1 * cp 4 = 4" in lines
+    assert not [line for line in lines if line.startswith("fsdp")]
+    assert build_plan(load_config(job)).derivation == ("dp x cp (distributed optimizer) = dp 1 * cp 4 = 4",
+                                                       "loss = dp 1 * cp 4 = 4")
