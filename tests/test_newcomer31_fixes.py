@@ -83,3 +83,34 @@ def test_distributed_optimizer_run_is_not_said_to_run_fsdp(tmp_path, capsys):
     assert not [line for line in lines if line.startswith("fsdp")]
     assert build_plan(load_config(job)).derivation == ("dp x cp (distributed optimizer) = dp 1 * cp 4 = 4",
                                                        "loss = dp 1 * cp 4 = 4")
+
+
+def _exported(tmp_path, capsys, job) -> list[str]:
+    """The argument lines of ``meshplan export JOB --to megatron`` (its header comments left out)."""
+    out = tmp_path / f"{job.stem}.sh"
+    code, _, err = run_cli(["export", job, "--to", "megatron", "-o", out], capsys)
+    assert code == 0, err
+    return [line for line in out.read_text().splitlines() if line.startswith("--")]
+
+
+def test_import_names_megatrons_dropout_defaults_and_export_writes_them_back(tmp_path, capsys):
+    # #4: the script sets neither --attention-dropout nor --hidden-dropout, so Megatron-LM runs its TransformerConfig
+    # defaults, 0.1 each (megatron_flags.DROPOUT), and the import plans dropout on ([memory] dropout = true): a note
+    # now says so and names the flags a Llama-style run sets to turn it off.
+    job, notes = _imported(tmp_path, capsys)
+    assert job["memory"] == {"dropout": True}
+    said = [line for line in notes.splitlines() if "dropout" in line]
+    assert len(said) == 1
+    assert "--hidden-dropout and --attention-dropout not given: Megatron-LM's default 0.1 each" in said[0]
+    assert said[0].endswith("Llama-style runs set --attention-dropout 0 --hidden-dropout 0")
+    # export writes no dropout flag: Megatron-LM's default 0.1 is the plan's dropout on
+    assert not [a for a in _exported(tmp_path, capsys, tmp_path / "job.toml") if "dropout" in a]
+    # with the flags the note names, no note, dropout off, and export writes them back as 0.0
+    script = tmp_path / "train_70b.sh"
+    script.write_text(NC31_MEGATRON_SH.replace("--recompute-activations", "--recompute-activations "
+                                               "--attention-dropout 0 --hidden-dropout 0"))
+    code, out_text, err = run_cli(["import", "megatron", script, "--model", "llama3-70b", "--cluster", "dgx-h100",
+                                   "--nodes", "32", "-o", tmp_path / "off.toml"], capsys)
+    assert code == 0 and "dropout" not in out_text + err
+    assert "memory" not in tomllib.loads((tmp_path / "off.toml").read_text())  # dropout false, the default
+    assert {"--hidden-dropout 0.0", "--attention-dropout 0.0"} <= set(_exported(tmp_path, capsys, tmp_path / "off.toml"))
