@@ -259,7 +259,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     flags = tuple(placement_flags(mesh, placement, training=t)) if failed or reports else ()
     if failed or v.stages is None:  # (the second for mypy: failed covers it)
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
-                          derivation=derivation_words(mesh.derivation, t.sharding), mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
+                          derivation=derivation_words(mesh.derivation, t, config.origin), mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tokens = shapes.tokens
@@ -271,7 +271,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
                   "is its own forward and backward either way",)
     notes += moe_notes(m, t, mesh, tokens, span[0])  # MoE: the capacity every ep rank uses, with its arithmetic
-    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t.sharding),
+    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=derivation_words(mesh.derivation, t, config.origin),
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,

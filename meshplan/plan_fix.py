@@ -13,8 +13,8 @@ every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sh
 whose runtime would then get the gradients wrong, rule ``v-reshard``:
 :func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
-parallelism taken from the data axis (:func:`_cp_variant`: the smallest cp, 2, 4 or 8 times the
-configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
+parallelism taken from the data axis, or from pp where the data axis has one rank (:func:`_cp_variant`:
+the smallest cp, 2, 4 or 8 times the configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
 over dp_shard x cp; where none fits, the largest the rules take when its peak is the lowest of
 the line's, and, where nothing fits and activations dominate the peak, why no cp is offered:
 newcomer trial 21 #4, Mixtral-8x7B at seq 10,000,000). Each is planned
@@ -191,7 +191,8 @@ def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
 
 
 def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan]], str]:
-    """((words, plan), why) of context parallelism taken from the data axis: the smallest cp,
+    """((words, plan), why) of context parallelism taken from the data axis (from pp where the data
+    axis does not split in 2, :func:`_pp_source`): the smallest cp,
     :data:`CP_FACTORS` times the configured, whose plan fits; where none fits, the largest the
     rules take, whose peak the line prints where it is lower than the plan's (as tp x2's; the
     sequence's activations scale with 1 / cp). ``why``: where no cp is offered, why, for a
@@ -200,14 +201,15 @@ def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Pla
     does not split into 2 x cp chunks, an engine without cp)."""
     deg = plan.axis_degrees()
     data = next((n for n in DATA_AXES if deg.get(n, 1) > 1), next((n for n in DATA_AXES if n in deg), None))
-    if data is None or deg[data] % CP_FACTORS[0] or plan.spec.rank_to_gpu is not None:
+    source = data if data is not None and deg[data] % CP_FACTORS[0] == 0 else _pp_source(plan, deg)
+    if source is None or plan.spec.rank_to_gpu is not None:
         return None, _cp_why(plan, deg, data, None)
     best: Optional[tuple[str, Plan]] = None
     refused: Optional[str] = None
     for k in CP_FACTORS:
-        if deg[data] % k:
+        if deg[source] % k:
             break
-        moved = _with_cp(deg, data, k)
+        moved = _with_cp(deg, source, k)
         p = tried(replace(plan.config, mesh=variant_mesh(plan, moved)))
         if isinstance(p, str):
             refused = refused or f"cp {moved['cp']}: {p}"
@@ -219,6 +221,15 @@ def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Pla
     if best is not None and best[1].timeline.peak.total_bytes < plan.timeline.peak.total_bytes:
         return best, ""
     return None, _cp_why(plan, deg, data, refused)
+
+
+def _pp_source(plan: Plan, deg: dict[str, int]) -> Optional[str]:
+    """``"pp"`` where cp may be taken from the pipeline axis instead of a data axis of one rank (or
+    one that does not split in 2): pp even and its layers split evenly (no ``pp_layer_split``);
+    None otherwise. Newcomer trial 31 #1: Llama-3-70B at seq 131072, pp 8 x dp 1 x cp 4 x tp 8 on
+    32 dgx-h100 (peak 100.5 GiB) fits at pp 4 x cp 8 x tp 8 (the constraint table's "cp >= 8"),
+    where the line offered only recompute full, the slower step."""
+    return "pp" if deg.get("pp", 1) % CP_FACTORS[0] == 0 and plan.spec.pp_layer_split is None else None
 
 
 def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optional[str]) -> str:

@@ -156,3 +156,41 @@ def nc29_bf16_toml() -> str:
         assert line in out
         out = out.replace(line, "", 1)
     return out
+
+
+#: Newcomer trial 31's Megatron-LM script (/tmp/nc31/train_70b.sh): Llama-3-70B at seq 131072 on 32 x 8 H100,
+#: tp 8 x pp 8 x cp 4 (p2p), the distributed optimizer, selective recompute, Megatron's dropout defaults.
+NC31_MEGATRON_SH = """#!/bin/bash
+torchrun --nproc_per_node 8 --nnodes 32 pretrain_gpt.py \\
+  --num-layers 80 --hidden-size 8192 --num-attention-heads 64 \\
+  --group-query-attention --num-query-groups 8 --ffn-hidden-size 28672 \\
+  --seq-length 131072 --max-position-embeddings 131072 \\
+  --position-embedding-type rope --rotary-base 500000 \\
+  --normalization RMSNorm --swiglu --untie-embeddings-and-output-weights \\
+  --disable-bias-linear \\
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model meta-llama/Meta-Llama-3-70B \\
+  --micro-batch-size 1 --global-batch-size 32 \\
+  --tensor-model-parallel-size 8 --sequence-parallel \\
+  --pipeline-model-parallel-size 8 \\
+  --context-parallel-size 4 --cp-comm-type p2p \\
+  --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather \\
+  --bf16 --transformer-impl transformer_engine --use-flash-attn \\
+  --recompute-activations \\
+  --lr 1e-5 --min-lr 1e-6 --lr-decay-style cosine --train-iters 1000 \\
+  --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 \\
+  --data-path /data/llama_text_document --save /ckpt --load /ckpt
+"""
+
+
+def nc31_toml(shape: tuple[int, int, int, int] = (8, 1, 4, 8), **training) -> str:
+    """Newcomer trial 31's imported job (/tmp/nc31/p2p_cp4.toml, :data:`NC31_MEGATRON_SH` as
+    ``meshplan import megatron`` wrote it, less its [source] table): mesh ``(pp, dp, cp, tp)`` =
+    ``shape``; ``training`` overrides fields (``recompute="full"``)."""
+    fields = {"global_batch": 32, "seq_len": 131072, "micro_batch": 1, "sharding": "zero1",
+              "recompute": "selective", "param_dtype": "bf16", "compute_dtype": "bf16", "grad_reduce_dtype": "fp32",
+              "tp_comm_overlap": False, "framework": "megatron", "vocab_pad_divisor": 128, "grad_clip": True,
+              "grad_clip_norm": 1.0, "cp_attention": "p2p", "overlap_grad_reduce": True,
+              "overlap_param_gather": True, "flash_attention": True}
+    text = job_toml("llama3-70b", nodes=32, training=fields | training,
+                    mesh={"names": ["pp", "dp", "cp", "tp"], "shape": list(shape), "sequence_parallel": True})
+    return text + "[memory]\ndropout = true\n"

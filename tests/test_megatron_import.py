@@ -46,7 +46,11 @@ def _saved(cfg) -> int:
 def test_dropout_is_on_by_default_and_off_only_when_both_are_zero(tmp_path):
     on = _load(tmp_path, GPT3)
     assert on.memory.dropout is True
-    assert not any("--hidden-dropout" in n or "--attention-dropout" in n for n in on.notes)
+    # newcomer trial 31 #4: dropout planned from Megatron-LM's defaults is said (was: no note at all)
+    assert [n for n in on.notes if "--hidden-dropout" in n or "--attention-dropout" in n] == [
+        "megatron: --hidden-dropout and --attention-dropout not given: Megatron-LM's default 0.1 each "
+        "(TransformerConfig), planned with dropout ([memory] dropout = true: its masks and kernels); Llama-style "
+        "runs set --attention-dropout 0 --hidden-dropout 0"]
     off = _load(tmp_path, GPT3 + "--hidden-dropout 0.0 --attention-dropout 0\n")
     assert off.memory.dropout is False
     # the two residual-dropout masks, 1 byte per element of s b h / t (sequence parallel):

@@ -135,7 +135,10 @@ def small_pages() -> None:
     than the TLB saves: ``benchmarks/bench_step.py`` on GPT-1T 1F1B under Megatron-LM at pp 128
     x 4,096 micro-batches, 0.63 -> 0.47 CPU s of the command, the process's system time 0.74 ->
     0.35 s (2 loaded cores). numpy's own switch (``NUMPY_MADVISE_HUGEPAGE=0``); the results are
-    the same arrays."""
+    the same arrays. Both settings (this and :func:`heap_kept`'s) are the whole process's, so
+    only the CLI's entry (:func:`main`, the console script and ``python -m meshplan``) makes them,
+    never an import of meshplan: a program that uses meshplan as a library keeps its own
+    (tests/test_small_pages.py)."""
     core = getattr(np, "_core", None) or getattr(np, "core")  # (numpy < 2: numpy.core)
     getattr(core.multiarray, "_set_madvise_hugepage")(False)  # (not in numpy's type stubs)
     heap_kept()
@@ -157,7 +160,7 @@ def heap_kept() -> None:
     process. ``benchmarks/bench_step.py`` on GPT-1T 1F1B at pp 128 x 4,096 micro-batches: 103,305
     -> 83,388 minor page faults of the command's first run, about 0.1 CPU s (2 loaded cores). Not
     glibc (no ``mallopt``: macOS, Windows): nothing; musl's ``mallopt`` does nothing. The results
-    are the same arrays."""
+    are the same arrays. Process-wide: called by :func:`small_pages` at the CLI's entry only."""
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
     except (OSError, AttributeError, TypeError):

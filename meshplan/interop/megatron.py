@@ -90,7 +90,8 @@ Megatron-LM                              meshplan
                                            default of framework megatron)
 --hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
   (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
-                                           embedding masks, and the attention-score mask of non-flash attention)
+                                           embedding masks, and the attention-score mask of non-flash attention);
+                                           a note names a flag left at its default and the flags that turn it off
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed),
                                            grad_clip_norm (the value, > 0)
 --save-interval                          [reliability] checkpoint_interval_steps (iterations between saves), which

@@ -101,7 +101,7 @@ def check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
         m = catalog.model(model["catalog"]) if "catalog" in model else None
         if m is None:
             return  # a Hugging Face config: its max_position is not Megatron-LM's flag
-        pos, rows = m.position_embedding, m.max_position
+        pos, rows = m.position_embedding, model.get("max_position", m.max_position)  # the script's own, kept
     else:
         pos, rows = spec.get("position_embedding", "rope"), spec.get("max_position", 0)
     if not rows or seq <= rows:
@@ -117,7 +117,8 @@ def check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
 def dropout(args: dict, notes: list[str]) -> bool:
     """``[memory] dropout`` from ``--hidden-dropout`` and ``--attention-dropout`` (default 0.1
     each, :data:`DROPOUT`): on unless both are 0.0. meshplan has one switch for both; when one
-    is 0.0 and the other not, a note says both are planned on. ConfigError naming the flag
+    is 0.0 and the other not, a note says both are planned on; a flag left at its default (0.1)
+    is named in a note with the flags that turn dropout off. ConfigError naming the flag
     for a value that is not a probability in [0, 1).
 
     >>> dropout({}, []), dropout({"--hidden-dropout": "0.0", "--attention-dropout": "0"}, [])
@@ -134,6 +135,11 @@ def dropout(args: dict, notes: list[str]) -> bool:
             raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not a dropout probability; give a number in "
                               f"[0, 1) (0.0: no dropout)")
     on = [f for f, v in p.items() if v > 0.0]
+    unset = [f for f in on if f not in args]
+    if unset:  # newcomer trial 31 #4: dropout planned from the defaults without a word
+        notes.append(f"{' and '.join(unset)} not given: Megatron-LM's default {DROPOUT[unset[0]]:g}"
+                     f"{' each' * (len(unset) > 1)} (TransformerConfig), planned with dropout ([memory] dropout = "
+                     f"true: its masks and kernels); Llama-style runs set --attention-dropout 0 --hidden-dropout 0")
     if len(on) == 1:
         off = next(f for f in p if f not in on)
         notes.append(f"{off} 0.0 but {on[0]} {p[on[0]]}: meshplan has one dropout switch ([memory] dropout), "

@@ -103,12 +103,17 @@ def num_flag(args: dict, flag: str, default: int) -> int:
 
 
 def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
-    """[model] table of Megatron-LM arguments ``args``: ``--model`` (``opts``) or the model flags."""
+    """[model] table of Megatron-LM arguments ``args``: ``--model`` (``opts``) or the model flags.
+    With ``--model``, the script's own ``--max-position-embeddings`` is kept beside the model
+    (``max_position``): how far the run's positions reach is a training setting, not the model's
+    shape (newcomer trial 31 #2: Llama-3-70B's catalog 8192 replaced the script's 131072, then a
+    note asked to raise it)."""
     if opts.model:
-        given = sorted(f for f in MODEL_FLAGS if f in args)
+        given = sorted(f for f in MODEL_FLAGS if f in args and f != "--max-position-embeddings")
         if given:
             notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
-        return model_option(opts.model)
+        rows = int_flag(args, "--max-position-embeddings")
+        return model_option(opts.model) | ({"max_position": rows} if rows else {})
     vocab = int_flag(args, "--vocab-size") or gpt2_vocab(args, notes)
     need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads") if f not in args]
     need += [] if vocab else ["--vocab-size"]
