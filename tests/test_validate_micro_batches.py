@@ -97,3 +97,20 @@ def test_cli_runs_a_pp2_1f1b_mesh_with_two_micro_batches(tmp_path):
     for rank in (0, 1):
         steps = json.loads((out / "world2" / f"rank{rank}" / "timings.json").read_text())["steps"]
         assert steps and all(s["micro_batches"] == 2 for s in steps)
+
+
+def test_a_bf16_gradient_reduction_runs_and_is_planned_in_fp32():
+    """Newcomer 32: a DeepSpeed import sets ``grad_reduce_dtype = "bf16"``; the CPU run reduces in
+    fp32 (every dtype fp32) while the scaled plan kept bf16 rows, so validate failed on six
+    reduce-scatters of its own making (1,352,704 B bf16 planned, 2,705,408 B fp32 run: 2 x). The
+    scaled training reduces in fp32 and the dtypes line names the config's reduction, bf16."""
+    from meshplan.plan import build_plan
+
+    cfg = load_config(DATA / "validate_llama8b_tp2sp_fsdp.toml")
+    cfg = dataclasses.replace(cfg, training=cfg.training.model_copy(update={"grad_reduce_dtype": "bf16"}))
+    assert cfg.training.gradient_reduce_dtype == "bf16"
+    scaled, notes = scale_config(cfg, 4, Options())
+    assert scaled.training.gradient_reduce_dtype == "fp32"
+    assert next(n for n in notes if n.startswith("dtypes:")).endswith("reduce bf16)")
+    rows = [r for r in build_plan(scaled).stage(0).collectives if r.op == "reduce-scatter" and r.axis in ("fsdp", "dp_shard")]
+    assert rows and {r.dtype for r in rows} == {"fp32"}

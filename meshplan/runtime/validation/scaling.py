@@ -26,7 +26,11 @@ from meshplan.spec.training import TrainingSpec
 DATA_AXES = ("dp_replicate", "dp", "dp_shard")
 
 
-FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32")
+#: Every dtype field of the CPU run (gloo, fp32 kernels): the gradient reduction's too, which a config's
+#: ``grad_reduce_dtype`` (bf16 in newcomer 32's DeepSpeed import) would otherwise keep in the table's rows while
+#: the run reduces in fp32 (:attr:`~meshplan.spec.training.TrainingSpec.gradient_reduce_dtype`).
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32",
+            grad_reduce_dtype="fp32")
 
 
 def scale_mesh(spec: MeshSpec, base_world: int, world: int, option: str = "--worlds") -> tuple[MeshSpec, str]:
@@ -146,7 +150,7 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
              f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
              f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {micro} "
              "micro-batch(es)" + ("" if opt.micro_batches else _fewest_why(mesh_spec, mesh, t)),
-             f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
+             f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.gradient_reduce_dtype})",
              hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries those of "
              f"training.optimizer_impl {t.optimizer_impl!r}, the AdamW the worker runs (fused: none; foreach: one "
              "optimizer state); the runtime model's "
