@@ -188,9 +188,14 @@ def test_latent_norms_and_rope_are_memory_ops():
 
 
 def test_one_layer_activation_bytes_by_hand():
+    """DeepSeek-V3's first layer, tp 4 + SP, 4,096 tokens, bf16, flash. Under Megatron-LM v is its
+    own ``value.contiguous()`` (multi_latent_attention.py at 003b4ce), 2 s a/t d_v; under torch
+    (meshplan's runtime and torchtitan: ``k_nope, v = torch.split(kv, ...)``) v is a view of the
+    wkv_b output, so the attention keeps all of it, 2 s a/t (d_nope 128 + d_v 128): 2 x 4,096 x 32
+    x 256 = 67,108,864 B in place of 33,554,432 (measured on the runtime's CPU run:
+    meshplan.memory.mla_terms), the layer 412,090,368 + 33,554,432 = 445,644,800 B."""
     m = catalog.model("deepseek-v3")
     dims = LayerDims.from_model(m, seq_len=4096, micro_batch=1, layer=0)
-    terms = {t.name: t.size_bytes for t in layer_terms(dims, tp=4, sp=True, flash=True)}
     s, h, t, a = 4096, 7168, 4, 128
     hand = {
         "attn norm input": 2 * s * h // t, "qkv input": 2 * s * h // t,  # [r]: sequence-sharded
@@ -202,8 +207,13 @@ def test_one_layer_activation_bytes_by_hand():
         "gate": 2 * s * 18432 // t, "silu output": 2 * s * 18432 // t, "up": 2 * s * 18432 // t,
         "w_out input": 2 * s * 18432 // t,
     }
-    assert terms == hand
-    assert sum(terms.values()) == 412_090_368
+    megatron = {x.name: x.size_bytes for x in layer_terms(dims, tp=4, sp=True, flash=True, framework="megatron")}
+    assert megatron == hand
+    assert sum(megatron.values()) == 412_090_368
+    terms = {x.name: x.size_bytes for x in layer_terms(dims, tp=4, sp=True, flash=True)}
+    torch_hand = {**{k: v for k, v in hand.items() if k != "v"}, "v (a view of the wkv_b output)": 2 * s * a // t * 256}
+    assert terms == torch_hand
+    assert sum(terms.values()) == 412_090_368 + 33_554_432 == 445_644_800
     full = layer_terms(dims, tp=4, sp=True, flash=True, recompute="full")
     assert [x.size_bytes for x in full] == [2 * s * h // t]
 
