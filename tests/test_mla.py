@@ -188,9 +188,14 @@ def test_latent_norms_and_rope_are_memory_ops():
 
 
 def test_one_layer_activation_bytes_by_hand():
+    """DeepSeek-V3's first layer, tp 4 + SP, 4,096 tokens, bf16, flash. Under Megatron-LM v is its
+    own ``value.contiguous()`` (multi_latent_attention.py at 003b4ce), 2 s a/t d_v; under torch
+    (meshplan's runtime and torchtitan: ``k_nope, v = torch.split(kv, ...)``) v is a view of the
+    wkv_b output, so the attention keeps all of it, 2 s a/t (d_nope 128 + d_v 128): 2 x 4,096 x 32
+    x 256 = 67,108,864 B in place of 33,554,432 (measured on the runtime's CPU run:
+    meshplan.memory.mla_terms), the layer 412,090,368 + 33,554,432 = 445,644,800 B."""
     m = catalog.model("deepseek-v3")
     dims = LayerDims.from_model(m, seq_len=4096, micro_batch=1, layer=0)
-    terms = {t.name: t.size_bytes for t in layer_terms(dims, tp=4, sp=True, flash=True)}
     s, h, t, a = 4096, 7168, 4, 128
     hand = {
         "attn norm input": 2 * s * h // t, "qkv input": 2 * s * h // t,  # [r]: sequence-sharded
@@ -202,10 +207,61 @@ def test_one_layer_activation_bytes_by_hand():
         "gate": 2 * s * 18432 // t, "silu output": 2 * s * 18432 // t, "up": 2 * s * 18432 // t,
         "w_out input": 2 * s * 18432 // t,
     }
-    assert terms == hand
-    assert sum(terms.values()) == 412_090_368
+    megatron = {x.name: x.size_bytes for x in layer_terms(dims, tp=4, sp=True, flash=True, framework="megatron")}
+    assert megatron == hand
+    assert sum(megatron.values()) == 412_090_368
+    terms = {x.name: x.size_bytes for x in layer_terms(dims, tp=4, sp=True, flash=True)}
+    torch_hand = {**{k: v for k, v in hand.items() if k != "v"}, "v (a view of the wkv_b output)": 2 * s * a // t * 256}
+    assert terms == torch_hand
+    assert sum(terms.values()) == 412_090_368 + 33_554_432 == 445_644_800
     full = layer_terms(dims, tp=4, sp=True, flash=True, recompute="full")
     assert [x.size_bytes for x in full] == [2 * s * h // t]
+
+
+def test_the_validate_run_of_mla_with_cp_keeps_what_the_plan_counts():
+    """The CPU run of ``tests/data/validate_dense_mla_cp2_tp2sp.toml`` at world 4 (cp 2 x tp 2 + SP,
+    hidden 256, 8 heads, c_q 96, c_kv 64, d 16 + 8, d_v 16, ffn 704, 32 tokens, fp32), term by term
+    against the tensors autograd saved on one rank (FSDPMemTracker and the graph's saved tensors,
+    issue 11): 16 local tokens, 8 after SP, 4 local heads. Torch's CPU flash kernel needs d_qk ==
+    d_v, so the run's SDPA is the math path (validate plans it with flash_attention false): q * scale
+    (16 x 4 x 24 x 4 B), k * scale of the whole sequence (32 x 4 x 24 x 4), the softmax output
+    (4 x 16 x 32 x 4) and v, a view of the gathered buffer (32 x 4 x (24 + 16) x 4), are kept; the
+    latent norms keep x * rstd (16 x 96 x 4, 16 x 64 x 4) as the other decomposed norms do."""
+    from meshplan.memory.activations import layer_options
+    from meshplan.memory.workingset import dense_dims
+    from meshplan.runtime.validation.options import Options
+    from meshplan.runtime.validation.scaling import scale_config
+
+    cfg, notes = scale_config(load_config(Path(__file__).parent / "data" / "validate_dense_mla_cp2_tp2sp.toml"), 4,
+                              Options(worlds=(4,), layers=2, seq_len=32, vocab=512))
+    assert cfg.training.flash_attention is False and any("math SDPA" in n for n in notes)
+    plan = build_plan(cfg)
+    lo = {**layer_options(plan.mesh, cfg.training), **cfg.memory.variants}
+    terms = {t.name: t.size_bytes for t in layer_terms(dense_dims(cfg.model, cfg.training, False), **lo)}
+    hand = {"attn norm input": 4 * 8 * 256, "attn norm normalised input (x*rstd)": 4 * 8 * 256,
+            "qkv input (all-gathered)": 4 * 16 * 256,
+            "q latent (q_a output)": 4 * 16 * 96, "q_b input (q_a norm output)": 4 * 16 * 96,
+            "q_a norm normalised input (x*rstd)": 4 * 16 * 96, "kv latent and rope key (kv_a output)": 4 * 16 * (64 + 8),
+            "kv_b input (kv_a norm output)": 4 * 16 * 64, "kv_a norm normalised input (x*rstd)": 4 * 16 * 64,
+            "q": 4 * 16 * 4 * 24, "k": 4 * 32 * 4 * 24, "v (a view of the gathered K/V buffer)": 4 * 32 * 4 * (24 + 16),
+            "softmax output": 4 * 4 * 16 * 32, "context (out-proj input)": 4 * 16 * 4 * 16,
+            "mlp norm input": 4 * 8 * 256, "mlp norm normalised input (x*rstd)": 4 * 8 * 256,
+            "w_in input (all-gathered)": 4 * 16 * 256, "gate": 4 * 16 * 352, "silu output": 4 * 16 * 352,
+            "up": 4 * 16 * 352, "w_out input": 4 * 16 * 352}
+    assert terms == hand and sum(terms.values()) == 238_080
+    # 2 layers + token ids 8 x 16 + the head (final norm 2 x 8,192, output-layer input 16,384, fp32
+    # logits 16 x 256 x 4, loss 13 x 16): 476,160 + 128 + 49,360 = 525,648 B; FSDPMemTracker measured
+    # 526,508 (+0.16%: the norms' rstd and the RoPE tables, not counted). Before, 464,720 (-11.7%).
+    assert plan.timelines[0].max_by_kind["activations"] == 2 * 238_080 + 128 + 49_360 == 525_648
+    # with a fused kernel (a GPU's) k is a view of the same buffer: one term of 20,480 B in k's and v's place
+    fused = {t.name: t.size_bytes for t in layer_terms(dense_dims(cfg.model, cfg.training, False),
+                                                        **{**lo, "flash": True})}
+    assert fused["k and v (views of the gathered K/V buffer)"] == 4 * 32 * 4 * (24 + 16) and "k" not in fused
+    # cp 1 (dp_shard 2 x tp 2, measured the same way on the fake process group: 979,276 B): v keeps the
+    # whole wkv_b output, 32 tokens x 4 heads x (16 + 16) x 4 B = 16,384
+    cp1 = {t.name: t.size_bytes for t in layer_terms(dense_dims(cfg.model, cfg.training, False),
+                                                      **{**lo, "cp": 1, "cp_kv": False})}
+    assert cp1["v (a view of the wkv_b output)"] == 4 * 32 * 4 * (16 + 16) and cp1["k"] == 4 * 32 * 4 * 24
 
 
 def test_op_recompute_is_refused_for_mla():

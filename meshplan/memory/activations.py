@@ -53,7 +53,10 @@ parallelism; then as above Q 2sb(ad)/t and K 2sb(ad)/t (the no-RoPE part from ``
 and the shared RoPE key concatenated per head), V 2sb(a d_v)/t and the context 2sb(a d_v)/t.
 Without query compression (V2-Lite) the query latent terms are absent. Sum (no dropout,
 flash, no recompute): ``[r] 2 s b h x 2 + 2 s b (2 c_q + 2 c_kv + r) + 2 s b a (2 d + 2 d_v) / t``
-plus the flash statistics ``4 a s b / t``.
+plus the flash statistics ``4 a s b / t``. Under ``framework = "torch"`` v is a view of the
+``wkv_b`` output, ``2 s b a (d_nope + d_v) / t`` kept in its place (under all-gather CP of the
+gathered K/V buffer), and ``unfused_norm`` adds the latent norms' ``x * rstd``:
+:mod:`meshplan.memory.mla_terms`, where each is measured.
 
 Further conventions:
 - KV heads: per-rank K and V hold ``g/t`` heads, or one head when t > g (KV heads
@@ -103,14 +106,14 @@ torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.validati
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
 from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.memory.cp_buffers import saves_gathered_kv
-from meshplan.memory.layer_dims import LayerDims
+from meshplan.memory.layer_dims import LayerDims, LocalSizes, Term
+from meshplan.memory.mla_terms import mla_kv_terms, mla_latent_terms
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -120,35 +123,15 @@ from meshplan.units import dtype_bytes
 RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer" is "full" or "none" per layer
 
 
-@dataclass(frozen=True)
-class Term:
-    """One stored tensor: ``size_bytes`` on one rank per micro-batch and its ``formula``."""
-
-    name: str
-    size_bytes: int
-    formula: str
-
-
-@dataclass(frozen=True)
-class _Local:
-    tok: int   # tokens per rank along the sequence: ceil(s / cp)
-    rtok: int  # tokens of an [r] tensor: ceil(tok / t) with sequence parallel, else tok
-    aq: int    # query heads per rank
-    akv: int   # KV heads per rank
-    f: int     # MLP columns per rank (per gate)
-    seq: str   # "s" or "(s/cp)" for formulas
-    r: str     # "/t" or "" for [r] formulas
-
-
-def _local(dims: LayerDims, tp: int, sp: bool, cp: int) -> _Local:
+def _local(dims: LayerDims, tp: int, sp: bool, cp: int) -> LocalSizes:
     if dims.a % tp:
         raise ConfigError("tp", f"q heads {dims.a} are not divisible by tp {tp}")
     if dims.g % tp and tp % dims.g:
         raise ConfigError("tp", f"kv heads {dims.g} vs tp {tp}: need g % tp == 0 or tp % g == 0")
     tok = ceil(dims.s / cp)
-    return _Local(tok=tok, rtok=ceil(tok / tp) if sp else tok, aq=dims.a // tp,
-                  akv=dims.kv_local(tp), f=ceil(dims.f / tp),
-                  seq="(s/cp)" if cp > 1 else "s", r="/t" if sp and tp > 1 else "")
+    return LocalSizes(tok=tok, rtok=ceil(tok / tp) if sp else tok, aq=dims.a // tp,
+                      akv=dims.kv_local(tp), f=ceil(dims.f / tp),
+                      seq="(s/cp)" if cp > 1 else "s", r="/t" if sp and tp > 1 else "")
 
 
 def _check_recompute(recompute: str) -> None:
@@ -156,7 +139,7 @@ def _check_recompute(recompute: str) -> None:
         raise ConfigError("training.recompute", f"{recompute!r} is not one of {RECOMPUTE}")
 
 
-def _norm_and_gemm_input(dims: LayerDims, lc: _Local, norm: str, gemm: str, v: dict) -> list[Term]:
+def _norm_and_gemm_input(dims: LayerDims, lc: LocalSizes, norm: str, gemm: str, v: dict) -> list[Term]:
     """A norm's kept input (+ its normalised input with ``unfused_norm``) and the input of
     the GEMMs after it (the all-gathered one with ``sp_gathered_input``)."""
     e, b, h, S, r = dims.act_bytes, dims.b, dims.h, lc.seq, lc.r
@@ -168,15 +151,17 @@ def _norm_and_gemm_input(dims: LayerDims, lc: _Local, norm: str, gemm: str, v: d
     return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
 
 
-def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v: dict,
-                     gathered: bool = False, cp_kv: bool = False) -> list[Term]:
+def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: bool, v: dict,
+                     gathered: bool = False, cp_kv: bool = False, mla_views: bool = False) -> list[Term]:
     """The attention block's kept tensors; ``gathered``: Megatron-LM's QKV sub-sharding at tp >
     kv_heads (:mod:`meshplan.spec.axes.tp_kv`): v is a view of the all-gathered fused QKV output
     (attention.py:1864-1905 at d98e8a6: slice, view and split, no copy), which the core attention
     keeps for its backward, so the whole gathered tensor, ``s b (a + 2 g) d``, is held in v's place
     (q and k are RoPE's new tensors). ``cp_kv``: all-gather CP, whose SDPA keeps the whole
     sequence's K and V, ``s`` tokens (:func:`meshplan.memory.cp_buffers.saves_gathered_kv`), in
-    place of the local ones (and of the fused QKV output, which then is not what it reads)."""
+    place of the local ones (and of the fused QKV output, which then is not what it reads).
+    ``mla_views``: MLA under torch, whose v is a view of a wider tensor
+    (:func:`~meshplan.memory.mla_terms.mla_kv_terms`)."""
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
     kv_rows, KS = (dims.s * b, "s") if cp_kv else (rows, S)
@@ -185,9 +170,10 @@ def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v
     value = (Term("fused QKV output (all-gathered over tp; v is a view of it)", e * rows * (dims.a + 2 * dims.g) * d,
                   f"{e}*{S}*b*(a+2g)*d") if gathered and not cp_kv
              else Term("v", e * kv_rows * kv * dv, f"{e}*{KS}*b*{g}*{dvs}/t"))
-    out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + _mla_latent_terms(dims, lc) + [
-        Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
-        Term("k", e * kv_rows * kv * d, f"{e}*{KS}*b*{g}*d/t"), value]
+    k = Term("k", e * kv_rows * kv * d, f"{e}*{KS}*b*{g}*d/t")
+    kv_terms = mla_kv_terms(dims, lc, k, kv, flash, cp_kv) if mla_views else [k, value]
+    out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + mla_latent_terms(dims, lc, bool(v.get("unfused_norm"))) + [
+        Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")] + kv_terms
     if recompute != "selective" and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
@@ -202,33 +188,7 @@ def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v
     return out
 
 
-#: Names of the MLA latent terms (:func:`_mla_latent_terms`), freed by the up/down projections' backward.
-MLA_LATENT_TERMS = ("q latent (q_a output)", "q_b input (q_a norm output)",
-                    "kv latent and rope key (kv_a output)", "kv_b input (kv_a norm output)")
-
-
-def _mla_latent_terms(dims: LayerDims, lc: _Local) -> list[Term]:
-    """MLA's latents kept for backward (module docstring): on all ``tok`` tokens of the rank,
-    whole on every tp rank (the down projections are replicated).
-
-    >>> dims = LayerDims(s=8, b=1, h=64, a=4, g=4, d=6, f=1, dropout=False, dv=4, q_lora=16, kv_lora=8, rope=2)
-    >>> [(t.name, t.size_bytes) for t in _mla_latent_terms(dims, _local(dims, 2, True, 1))]
-    ... # doctest: +NORMALIZE_WHITESPACE
-    [('q latent (q_a output)', 256), ('q_b input (q_a norm output)', 256),
-     ('kv latent and rope key (kv_a output)', 160), ('kv_b input (kv_a norm output)', 128)]
-    """
-    if not dims.kv_lora:
-        return []
-    e, rows, S = dims.act_bytes, lc.tok * dims.b, lc.seq
-    out = []
-    if dims.q_lora:
-        out += [Term(MLA_LATENT_TERMS[0], e * rows * dims.q_lora, f"{e}*{S}*b*c_q"),
-                Term(MLA_LATENT_TERMS[1], e * rows * dims.q_lora, f"{e}*{S}*b*c_q")]
-    return out + [Term(MLA_LATENT_TERMS[2], e * rows * (dims.kv_lora + dims.rope), f"{e}*{S}*b*(c_kv+r)"),
-                  Term(MLA_LATENT_TERMS[3], e * rows * dims.kv_lora, f"{e}*{S}*b*c_kv")]
-
-
-def _mlp_terms(dims: LayerDims, lc: _Local, fused_glu: bool, v: dict) -> list[Term]:
+def _mlp_terms(dims: LayerDims, lc: LocalSizes, fused_glu: bool, v: dict) -> list[Term]:
     e, b, h, S, r = dims.act_bytes, dims.b, dims.h, lc.seq, lc.r
     rows = lc.tok * b
     out = _norm_and_gemm_input(dims, lc, "mlp norm", "w_in", v)
@@ -277,11 +237,12 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
     if recompute == "op":
         return op_sac_terms(dims, lc, flash)
     gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
-    return (_attention_terms(dims, lc, recompute, flash, variants, gathered, cp_kv and cp > 1)
+    views = bool(dims.kv_lora) and framework == "torch"
+    return (_attention_terms(dims, lc, recompute, flash, variants, gathered, cp_kv and cp > 1, views)
             + _mlp_terms(dims, lc, fused_glu, variants))
 
 
-def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
+def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
     """Kept by torchtitan's op-level selective AC (``selective_ac_option = "op"``): the
     checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
     ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is

@@ -20,7 +20,8 @@ for a moment, then the copy alone; ``repeat_interleave`` to the q heads (GQA) ma
 V the SDPA reads and saves for backward (the copy freed), so autograd keeps the whole
 sequence's K and V, at the q heads with ``[memory] kv_expanded`` (the repeat) else at the
 KV heads (:func:`saves_gathered_kv`: the layer's ``k`` and ``v`` terms hold ``s`` tokens,
-:mod:`meshplan.memory.activations`). Forward: ``G`` beside the saved activations (the
+:mod:`meshplan.memory.activations`; MLA, not repeated: v is a view of the copy, which the
+SDPA keeps whole, ``(b, s, heads, d + d_v)``, :mod:`meshplan.memory.mla_terms`). Forward: ``G`` beside the saved activations (the
 all-gather output beside its copy; with GQA the copy beside the repeated K/V); a layer that
 saves nothing (full recompute's checkpointed forward) holds the K/V the SDPA reads too:
 ``G + E``, ``E`` the whole-sequence K/V at the SDPA's heads. Backward (the attention core step):

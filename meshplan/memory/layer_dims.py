@@ -1,6 +1,7 @@
 """Global sizes of one transformer layer's activations (:class:`LayerDims`: tokens, micro-batch,
 widths, heads, MLP, dropout, activation bytes, MLA's latent widths), from Korthikanti et al.'s
-GPT layer or a :class:`~meshplan.spec.model.ModelSpec`; what the layer stores at those sizes:
+GPT layer or a :class:`~meshplan.spec.model.ModelSpec`; one rank's share of them
+(:class:`LocalSizes`) and one stored tensor (:class:`Term`); what the layer stores at those sizes:
 :mod:`meshplan.memory.activations`.
 """
 
@@ -11,6 +12,28 @@ from dataclasses import dataclass
 from meshplan.errors import ConfigError
 from meshplan.spec.axes.tp import kv_heads_local
 from meshplan.spec.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class Term:
+    """One stored tensor: ``size_bytes`` on one rank per micro-batch and its ``formula``."""
+
+    name: str
+    size_bytes: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class LocalSizes:
+    """One rank's share of a layer (:func:`meshplan.memory.activations.layer_terms` builds it)."""
+
+    tok: int   # tokens per rank along the sequence: ceil(s / cp)
+    rtok: int  # tokens of an [r] tensor: ceil(tok / t) with sequence parallel, else tok
+    aq: int    # query heads per rank
+    akv: int   # KV heads per rank
+    f: int     # MLP columns per rank (per gate)
+    seq: str   # "s" or "(s/cp)" for formulas
+    r: str     # "/t" or "" for [r] formulas
 
 
 @dataclass(frozen=True)

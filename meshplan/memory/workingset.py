@@ -80,10 +80,11 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes
-from meshplan.memory.activations import (MLA_LATENT_TERMS, embedding_terms, head_terms, layer_bytes, layer_options,
+from meshplan.memory.activations import (embedding_terms, head_terms, layer_bytes, layer_options,
                                          layer_terms)
 from meshplan.memory.cp_buffers import CpBuffers, cp_buffers
 from meshplan.memory.layer_dims import LayerDims, mla_dims
+from meshplan.memory.mla_terms import MLA_KV_TERMS, MLA_LATENT_TERMS
 from meshplan.memory.pass_sizes import ActSizes, BackStep
 from meshplan.memory.buffers import ipg_elements
 from meshplan.memory.units import fsdp_active
@@ -173,7 +174,7 @@ STEP_TERMS = {"mlp w_out": ("w_out input", "mlp residual dropout mask"),
               "mlp norm": ("mlp norm input", "mlp norm normalised input (x*rstd)"),
               "attention w_o": ("context (out-proj input)", "attn residual dropout mask"),
               "attention core": ("q", "k", "v", "softmax output", "softmax dropout mask",
-                                 "softmax dropout output", "flash softmax statistics (fp32)"),
+                                 "softmax dropout output", "flash softmax statistics (fp32)") + MLA_KV_TERMS,
               "attention w_qkv": ("qkv input", "qkv input (all-gathered)") + MLA_LATENT_TERMS,
               "attn norm": ("attn norm input", "attn norm normalised input (x*rstd)", "layer input (checkpoint)")}
 

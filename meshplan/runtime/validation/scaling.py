@@ -20,6 +20,7 @@ from meshplan.runtime.testbed.cpu import cpu_cluster
 from meshplan.runtime.testbed.run import testbed_cluster
 from meshplan.runtime.validation.options import Options
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
 
@@ -136,8 +137,9 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     t = config.training
     recompute = "none" if t.recompute == "selective" else t.recompute
     mb, micro = min(t.micro_batch, 2), opt.micro_batches or micro_batches_for(mesh_spec, mesh, t)
+    flash, flash_why = cpu_flash(scaled.spec, t.flash_attention)
     training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
-                               "global_batch": mb * mesh.dp * micro, "recompute": recompute})
+                               "global_batch": mb * mesh.dp * micro, "recompute": recompute, "flash_attention": flash})
     if opt.testbed:
         cluster, hw_why = testbed_cluster(opt.testbed, world, opt.world_option)
     else:
@@ -159,6 +161,7 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
              "whole vocabulary)"]
     if recompute != t.recompute:
         notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
+    notes += [flash_why] if flash_why else []
     if t.sharding == "none":  # the recorded first step: one bucket of every gradient (table: one row)
         memory = memory.model_copy(update={"grad_bucket_elements": BOUNDS["bytes"].value})
         notes.append("DDP (sharding none): the recorded first step all-reduces every gradient as one bucket "
@@ -168,6 +171,25 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
                  memory=memory)
     return cfg, notes
+
+
+def cpu_flash(model: ModelSpec, flash: bool) -> tuple[bool, str]:
+    """(``training.flash_attention`` of the CPU run, the note saying why it changed or ""): torch's
+    CPU flash kernel needs one head dim for q, k and v (``check_head_dim_size_cpp`` in
+    ``aten/src/ATen/native/transformers/sdp_utils_cpp.cpp``), so an MLA model with ``d_qk != d_v``
+    runs the math SDPA, which keeps the attention scores (torch 2.13+cpu: d 24 with d_v 24 gives
+    ``ScaledDotProductFlashAttentionForCpuBackward0``, with d_v 16 the math path's matmuls).
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> mla = ModelSpec(layers=1, hidden=64, ffn=1, q_heads=4, vocab=1, kv_lora_rank=8, qk_nope_head_dim=6,
+    ...                 qk_rope_head_dim=2, v_head_dim=4)
+    >>> cpu_flash(mla, True)[0], cpu_flash(mla.model_copy(update={"v_head_dim": 8}), True)[0]
+    (False, True)
+    """
+    if not flash or not model.is_mla or model.d_head == model.d_v:
+        return flash, ""
+    return False, (f"attention: torch's math SDPA (its CPU flash kernel needs d_qk {model.d_head} == d_v "
+                   f"{model.d_v}): planned with flash_attention false, the scores kept for backward")
 
 
 def micro_batches_for(spec: MeshSpec, mesh, training: TrainingSpec) -> int:
