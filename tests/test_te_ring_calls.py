@@ -17,6 +17,7 @@ lengths linear in log2(S).
 
 from __future__ import annotations
 
+import tomllib
 from math import log2
 
 import pytest
@@ -25,7 +26,11 @@ from meshplan import catalog
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import Workload, framework_kernels
 from meshplan.compute.ring_attention import MERGE
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
 from meshplan.spec.training import TrainingSpec
+from tests.configs import NC31_TOP1_TOML, nc31_cp16_toml
 
 LLAMA70B = catalog.model("llama3-70b")
 H100 = catalog.gpu("h100-sxm5-80gb")
@@ -110,3 +115,25 @@ def test_te_ring_runs_no_torch_ring_kernels():
     fwd, bwd = _attention_ms(_megatron(1))
     pair = 4 * S ** 2 * 8 * 128 / 2   # one causal S x S call: 4 S^2 H d, halved
     assert (fwd, bwd) == pytest.approx((pair / CAUSAL[-1] / 1e9, 2.5 * pair / BWD[-1] / 1e9), rel=1e-9)
+
+
+def test_newcomer31_ranking_turns_to_the_longer_calls():
+    """Newcomer trial 31: ``meshplan search`` of Llama-3-70B at 128k on 256 H100 (Megatron-LM, TE's p2p
+    ring) put dp_shard 4 x cp 32 x tp 2 first at 28.829 s, dp_shard 4 x cp 16 x tp 4 (tp overlap) second at
+    29.056 s: every cp's attention at the held 616 / 561. Now, per layer and micro-batch (cp rank 0 both):
+    cp 32 (L 4,096, 64 / 2 = 32 q heads, pair = 2 x 4096^2 x 32 x 128) forward pair (1/579 + 31/638) =
+    6.915 ms (7.140 before), backward 2.5 pair (1/542 + 31/501) = 21.894 ms (19.599: its 31 upper-triangle
+    backward calls loop over 2,048 queries, 501 TFLOP/s); cp 16 (L 8,192, 16 q heads, pair' = 2 x 8192^2 x
+    16 x 128) forward pair' (1/602 + 15/646) = 6.839 ms, backward 2.5 pair' (1/559 + 15/542) = 20.248 ms
+    (7.140 and 19.599 before, the same as cp 32's: cp x pair is the rank's whole causal call). x 80 layers x
+    8 micro-batches (32 / dp_shard 4): +1.325 s and +0.223 s, all of each step's change (no send is
+    exposed either way): cp 32 30.154 s, cp 16 29.279 s, which now ranks first (search row 1)."""
+    p32, p16 = 2 * 4096 ** 2 * 32 * 128, 2 * 8192 ** 2 * 16 * 128
+    d32 = p32 * (1 / 579 + 31 / 638 - 32 / 616) + 2.5 * p32 * (1 / 542 + 31 / 501 - 32 / 561)
+    d16 = p16 * (1 / 602 + 15 / 646 - 16 / 616) + 2.5 * p16 * (1 / 559 + 15 / 542 - 16 / 561)
+    assert [round(x / 1e9, 3) for x in (p32 * (1 / 579 + 31 / 638), 2.5 * p32 * (1 / 542 + 31 / 501),
+                                        p16 * (1 / 602 + 15 / 646), 2.5 * p16 * (1 / 559 + 15 / 542))] == [
+        6.915, 21.894, 6.839, 20.248]
+    assert (round(640 * d32 / 1e12, 3), round(640 * d16 / 1e12, 3)) == (1.325, 0.223)
+    steps = [step_time(build_plan(config_from_dict(tomllib.loads(t)))).step_s for t in (NC31_TOP1_TOML, nc31_cp16_toml())]
+    assert [round(x, 3) for x in steps] == [round(28.829 + 1.325, 3), round(29.056 + 0.223, 3)] == [30.154, 29.279]
