@@ -194,3 +194,24 @@ def nc31_toml(shape: tuple[int, int, int, int] = (8, 1, 4, 8), **training) -> st
     text = job_toml("llama3-70b", nodes=32, training=fields | training,
                     mesh={"names": ["pp", "dp", "cp", "tp"], "shape": list(shape), "sequence_parallel": True})
     return text + "[memory]\ndropout = true\n"
+
+
+#: Newcomer trial 31's search top (/tmp/nc31/top1.toml, ``meshplan export`` of its search's row 1, comments
+#: and [source] left out): Llama-3-70B at seq 131,072 on 32 x 8 H100 under Megatron-LM, Transformer Engine's
+#: p2p ring, dp_shard 4 x cp 32 x tp 2, zero3, no recompute. :func:`nc31_cp16_toml` is its runner-up mesh.
+NC31_TOP1_TOML = job_toml("llama3-70b", nodes=32, training={
+    "global_batch": 32, "seq_len": 131072, "micro_batch": 1, "param_dtype": "bf16", "compute_dtype": "bf16",
+    "sharding": "zero3", "recompute": "none", "flash_attention": True, "vocab_pad_divisor": 128,
+    "grad_reduce_dtype": "fp32", "tp_comm_overlap": False, "grad_clip": True, "grad_clip_norm": 1.0,
+    "framework": "megatron", "overlap_grad_reduce": False, "overlap_param_gather": False, "cp_attention": "p2p"},
+    mesh={"names": ["dp_shard", "cp", "tp"], "shape": [4, 32, 2], "sequence_parallel": True}) + "[memory]\ndropout = true\n"
+
+
+def nc31_cp16_toml() -> str:
+    """:data:`NC31_TOP1_TOML` on newcomer trial 31's search row 2 before ringshape: dp_shard 4 x cp 16 x tp 4
+    with ``tp_comm_overlap`` (the rest the same)."""
+    out = NC31_TOP1_TOML
+    for old, new in (("shape = [4, 32, 2]", "shape = [4, 16, 4]"), ("tp_comm_overlap = false", "tp_comm_overlap = true")):
+        assert old in out
+        out = out.replace(old, new, 1)
+    return out

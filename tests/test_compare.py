@@ -492,7 +492,14 @@ def test_framework_kernel_choices_itemise_compute():
     73.038 + fsdp 0.335 + tp 8.557, no exposed cp: each send of the local K/V, 16,384 tokens x 1 KV head x
     256 x 2 B = 8 MiB, 0.19 ms across nodes, runs beside an attention step of about 1 ms; compute
     +0.029 s, all of it SM contention (0.5755 -> 0.6045 s: NVLink tp collectives now beside other
-    kernels), so the compute difference is -39.6 s, -39.7 s before.)"""
+    kernels), so the compute difference is -39.6 s, -39.7 s before. ringshape: Transformer Engine's
+    ring's calls rated one by one as torch's are (meshplan.compute.ring_attention.te_ring, its cp rank
+    0 by its calls alone, no merge kernels: forward the causal L x L at 616 and 7 upper-triangle L/2 x
+    L at 648 (16,384 keys), backward 561 and 7 x 559 (8,192 queries), where the whole causal call was
+    rated at 616 and 561 held from 16k): 43.36 -> 42.65 s of attention, the step 81.9 -> 81.2 s, the
+    compute difference -40.4 s; the choice lines the same (TE's ring, switched on while torch's is
+    still on, moves nothing), torch's ring's line -3.0 s: its merges, and its rank 7's FA3 calls
+    against TE's rank 0's, +0.03 s.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -504,10 +511,10 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (153.9, 81.9)
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (153.9, 81.2)
     assert "exposed cp" not in pb and 16384 * 1 * 256 * 2 == 8 * 2 ** 20
     assert round(pa["exposed cp"], 1) == 31.7  # 3.3 s under all-gather CP's rows
-    assert round(pb["compute"] - pa["compute"], 1) == -39.6
+    assert round(pb["compute"] - pa["compute"], 1) == -40.4
     pair = 8 * 16384 ** 2 * 256   # one ring call's FLOP (docstring)
     rank0 = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
     assert round(80 * 16 * rank0, 2) == 75.02
@@ -521,7 +528,13 @@ def test_framework_kernel_choices_itemise_compute():
                                           if o.kind == "attention")
 
     att = attention_s(c.b) - attention_s(c.a)
-    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (74.53, 43.36)
+    # Megatron-LM's: Transformer Engine's ring, cp rank 0 (its 7 upper-triangle backward calls loop
+    # over 8,192 queries, 559 against the lower triangle's 561, and outweigh the forward's 646 against
+    # 648), forward twice (full AC): 80 x 16 x 33.32 ms = 42.65 s (43.36 s when one causal call at 616 / 561)
+    te_rank0 = 2 * pair * (1 / 616e12 + 7 / 648e12) + 2.5 * pair * (1 / 561e12 + 7 / 559e12)
+    assert round(80 * 16 * te_rank0, 2) == 42.65
+    assert round(80 * 16 * (2 * pair * 8 / 616e12 + 2.5 * pair * 8 / 561e12), 2) == 43.36
+    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (74.53, 42.65)
     i = c.reasons.index(f"compute: torch {pa['compute'] * 1e3:.1f} ms, megatron {pb['compute'] * 1e3:.1f} ms "
                         f"({(pb['compute'] - pa['compute']) * 1e3:+.1f} ms)")
     kernel_s = dict(choice_seconds(c.a, c.b))["attention_kernels"]
@@ -534,7 +547,10 @@ def test_framework_kernel_choices_itemise_compute():
     assert round(80 * 16 * (2 * 7 * pair * (1 / 648e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 559e12 - 1 / 561e12)), 3) == -0.711
     fa3_ring = 2 * 7 * pair * (1 / 646e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 561e12 - 1 / 561e12)
     assert round(80 * 16 * fa3_ring, 3) == -0.743
-    assert att == pytest.approx(kernel_s - 80 * 16 * fa3_ring, abs=2e-3)
+    # the kernel's line ends at torch's ring's rank 7 under FA3; Megatron-LM's attention is TE's rank 0
+    fa3_rank7 = 2 * pair * (1 / 616e12 + 7 / 646e12) + 2.5 * pair * 8 / 561e12
+    assert att == pytest.approx(kernel_s + 80 * 16 * (te_rank0 - fa3_rank7), abs=2e-3)
+    assert round(80 * 16 * (te_rank0 - fa3_rank7), 3) == 0.031
     assert [r.split(":")[0] for r in c.reasons[i + 2:i + 6]] == [
         "elementwise ops one kernel each (torch without torch_compile)",
         "torch's context-parallel ring attention (fp32 merges and gradient sums)",

@@ -315,3 +315,44 @@ def test_p2p_backward_ring_leaves_through_the_other_boundary_ranks_nic():
     assert {i: b[0] for i, b in nics.items()} == pytest.approx(
         {**{i: 32 * (kv + 2 * 2 * kv + kv) for i in range(4)}, **{i: 32 * 3 * kv for i in range(4, 8)}}, rel=1e-12)
     assert 32 * 3 * kv == 805_306_368 and 32 * 6 * kv == 1_610_612_736
+
+
+def test_search_bound_exposes_te_allgather():
+    """--cp-comm-type all_gather under Megatron-LM: the search's bound (search/layer_bounds.chains) runs
+    Transformer Engine's gathers and reduce-scatter beside nothing, as the timeline does since
+    bc4c7788 (test_megatron_allgather_cp_is_exposed_by_hand): per layer forward the whole gather G
+    (was max(G - wq's share, 0)), backward the reduce-scatter R, TE's own backward gather G, and under
+    selective recompute the replayed core's gather G again (was max(R - wq's input-gradient share, 0)).
+    So per candidate the chains grow by min(G, q_f) forward and min(R, q_b) + G (1 + replay) backward
+    (q: the Q projection's share the bound let them hide beside), and the bound stays at or below
+    the exact step of every sampled candidate (Llama-3-8B, 2 DGX H100 nodes, s 16,384)."""
+    from meshplan.search.comm_bounds import comm_times
+    from meshplan.search.layer_bounds import chains, layer_ops
+    from meshplan.search.memory import Tables
+    from meshplan.search.time_tables import TimeTables
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 16384, "framework": "megatron",
+                                         "cp_attention": "allgather"},
+                            "search": {"cp": [2, 4], "pp": [1], "tp": [1, 2], "dp_replicate": [1], "micro_batch": [1],
+                                       "recompute": ["none", "selective"], "vpp": [1]}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    valid = np.flatnonzero(np.isfinite(r.est.step_lo) & (r.candidates.cp > 1))
+    c = r.candidates.take(valid)
+    tt = TimeTables(cfg, Tables(cfg))
+    o, cm = layer_ops(cfg, tt, c, False), comm_times(cfg, tt, c)
+    assert set(cm["cp_te_ag"].tolist()) == {1.0} and (cm["cp_ag"] > 0).all()
+    f, b = chains(c, o, cm, False)
+    f0, b0 = chains(c, o, {**cm, "cp_te_ag": np.zeros(len(c))}, False)   # the bound before
+    g, rs = cm["cp_ag"], cm["cp_rs"]
+    replay = (o["bi_cpr"] > 0).astype(float)
+    assert set(replay.tolist()) == {0.0, 1.0}   # none and selective among the candidates
+    assert (np.minimum(g, o["f_cpq"]) > 0).all()   # the bound grows on every candidate (fails before: f == f0)
+    np.testing.assert_allclose(f - f0, np.minimum(g, o["f_cpq"]), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(b - b0, np.minimum(rs, o["bi_cpq"]) + g * (1 + replay), rtol=1e-9, atol=1e-12)
+    ratios = []
+    for i in valid[np.linspace(0, len(valid) - 1, min(6, len(valid))).astype(int)]:
+        plan = build_plan(candidate_config(cfg, r.candidates, int(i)))
+        if plan.feasible:
+            ratios.append(r.est.step_lo[i] / step_time(plan).step_s)
+    assert len(ratios) >= 3 and max(ratios) <= 1 + 1e-9, ratios

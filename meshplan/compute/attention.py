@@ -1,6 +1,6 @@
 """The attention core's ops on one rank (:mod:`meshplan.compute.ops`' causal convention): a
 fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published FlashAttention
-rates, each call of torch's context-parallel ring rated at its own shape
+rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) rated at its own shape
 (:func:`meshplan.compute.ring_attention.slowest_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 """
@@ -24,15 +24,15 @@ from meshplan.units import dtype_bytes
 def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=None) -> list[Op]:
     """The fused attention core's ops (forward, backward, the forward's replay with
     ``recompute``): a measured call (``table``), the catalog's published rates, or the GEMM
-    ceiling (module docstring); on torch's ring (:func:`~meshplan.compute.ring_attention.applies`)
-    then the ring's two kernels, the calls and kernels both of the slowest cp rank
-    (:func:`~meshplan.compute.ring_attention.slowest_rank`, its calls rated per rank from the
-    published rates, else its kernels alone decide)."""
+    ceiling (module docstring); on a ring (torch's or Transformer Engine's p2p ring,
+    :func:`~meshplan.compute.ring_attention.rated_per_call`) the calls of the slowest cp rank
+    (:func:`~meshplan.compute.ring_attention.slowest_rank`, each call rated at its own shape from
+    the published rates, else its kernels alone decide), on torch's then the ring's two kernels."""
     key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
     measured = getattr(table, "attention", {}).get(key) if table is not None else None
     data = kernel_data(gpu)
     rated = data if measured is None and data is not None and data.attention else None
-    ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
+    ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.rated_per_call(w) else None
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
         timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
@@ -51,7 +51,7 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [mk("backward_input", f_s, 0.0, fwd, True)] if recompute else []
     else:
         out = _ceiling_ops(gpu, att, w, recompute, key)
-    return out + (ring_attention.ring_ops(gpu, ring) if ring is not None else [])
+    return out + (ring_attention.ring_ops(gpu, ring) if ring is not None and ring_attention.applies(w) else [])
 
 
 def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key: tuple) -> list[Op]:

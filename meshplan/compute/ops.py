@@ -100,7 +100,10 @@ class Workload:
     rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
     ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`);
     ``torch_ring_attention``: at cp > 1 torch's context-parallel ring attention merges and
-    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``moe_tp_ops``:
+    accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``te_ring_attention``:
+    at cp > 1 Transformer Engine's p2p ring (Megatron-LM's default ``--cp-comm-type``) runs the
+    rank's attention as ``cp`` calls, one per ring step, each rated at its own shape as torch's are
+    (:func:`meshplan.compute.ring_attention.slowest_rank`; no merge kernels counted); ``moe_tp_ops``:
     the forward collectives over tp of an MoE layer's MLP block, in issue order (their mirrors
     in backward; :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`, set by
     :func:`meshplan.schedule.workload.workload_of`): none where the routed experts issue nothing
@@ -139,6 +142,7 @@ class Workload:
     fp8_all_gather: bool = False
     async_tp: str = ""
     torch_ring_attention: bool = False
+    te_ring_attention: bool = False
     moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"
 
@@ -280,13 +284,15 @@ def framework_kernels(training) -> dict:
     (``eager_loss``; both: torchtitan compiles the TransformerBlocks alone, TrainingSpec); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
     torch's context parallelism is its ring attention (``torch_ring_attention``,
     :mod:`meshplan.compute.ring_attention`) unless ``training.cp_attention = "allgather"``
-    (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`, the rule the CP rows read too).
+    (:attr:`~meshplan.spec.training.TrainingSpec.cp_ring`, the rule the CP rows read too);
+    Megatron-LM's is Transformer Engine's p2p ring (``te_ring_attention``,
+    :attr:`~meshplan.spec.training.TrainingSpec.cp_p2p`) unless ``cp_attention = "allgather"``.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False, 'torch_ring_attention': False, 'framework': 'megatron'}
+'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron'}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -299,7 +305,8 @@ def framework_kernels(training) -> dict:
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
-            "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring, "framework": training.framework}
+            "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
+            "te_ring_attention": training.cp_p2p, "framework": training.framework}
 
 
 @lru_cache(maxsize=64)

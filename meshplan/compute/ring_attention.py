@@ -1,5 +1,7 @@
-"""The memory-bound kernels torch's context-parallel ring attention adds around the fused
-attention calls on one rank (:func:`ring_bytes`, :func:`ring_ops`).
+"""The attention calls of a context-parallel ring on one rank, each rated at its own shape
+(:func:`ring_calls`, :func:`slowest_rank`), torch's ring attention and Transformer Engine's p2p
+ring alike, and the memory-bound kernels torch's ring adds around them (:func:`ring_bytes`,
+:func:`ring_ops`).
 
 Source: pytorch/pytorch ``torch/distributed/tensor/experimental/_attention.py`` (read at
 0123248a; the Dec 2024 commit torchtitan's Table 2 ran, 1963fc8, not checked):
@@ -29,6 +31,21 @@ runs a forward block per 128 queries looping over the keys (``flash_fwd_launch_t
 (``flash_bwd_launch_template.h`` ``run_flash_bwd_seqk_parallel``: ``grid_n(num_n_block, b, h)``,
 Dao-AILab/flash-attention), while the catalog's rows are square calls at a constant 16k tokens
 (the benchmark's batch x length), so a square row at a call's loop length has its work per block.
+FlashAttention-3 (Hopper) splits the work the same way: ``hopper/flash_bwd_launch_template.h``
+schedules one backward tile per ``kBlockN`` keys (``num_blocks_n = ceil_div(seqlen_k, kBlockN)``)
+and loops over the queries (Dao-AILab/flash-attention 000786d). A length outside the rows' range
+takes the nearest row's rate (:func:`meshplan.compute.measured.attention_seconds`: clamped at the
+ends): above 16,384 the rates have flattened (FA3 causal d128 602 at 8,192, 616 at 16,384); below
+512 no published rate exists, so the 512 rate there is an upper bound on the rate.
+
+Transformer Engine's p2p ring (Megatron-LM's ``--cp-comm-type p2p``, :func:`te_ring`) issues the
+same calls (``AttnFuncWithCPAndKVP2P.forward``, NVIDIA/TransformerEngine d0067d0
+``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``: with the
+load-balanced chunks and a causal mask, step ``i == 0`` the "diagonal" section, ``i <= rank`` the
+"lower-triangle" (``cp_p2p_fwd_prepare_qkv``: the whole Q against ``k_part[:, 0]``, the first half
+of the received K/V), ``i > rank`` the "upper-triangle" (``q_part[:, 1]`` against the whole K/V);
+the backward the same sections, ``cp_p2p_bwd_*``), rated the same way; TE's own output and
+log-sum-exp corrections around them are not counted (no kernel of :func:`ring_bytes`).
 
 Sizes: ``n_q`` elements of the output (``d_v``), ``n_dq`` of Q and of dQ (``d``, the same but
 for MLA's ``d_qk``) and ``n_kv`` of K and V together on the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
@@ -127,9 +144,11 @@ class RingRank:
 def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData] = None) -> RingRank:
     """The cp rank whose attention block is longest, every rank of ``w.cp`` considered: its SDPA
     calls (each :func:`~meshplan.compute.kernel_time.issue_floor`-ed, as the attention ops are;
-    rated from ``data``'s published rates, or rank-independent where ``data`` is None) plus its
-    two ring kernels (:func:`~meshplan.compute.kernel_time.memory_op_seconds` of :func:`ring_bytes`);
-    the lowest such rank on a tie. ``att``: the rank's causal ``(s / cp, s)`` shape.
+    rated from ``data``'s published rates, or rank-independent where ``data`` is None) plus, on
+    torch's ring (:func:`applies`), its two ring kernels
+    (:func:`~meshplan.compute.kernel_time.memory_op_seconds` of :func:`ring_bytes`; none on
+    Transformer Engine's, :func:`te_ring`); the lowest such rank on a tie. ``att``: the rank's
+    causal ``(s / cp, s)`` shape.
 
     >>> from meshplan import catalog
     >>> from meshplan.compute.measured import kernel_data
@@ -140,12 +159,18 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     0
     >>> slowest_rank(h100, a, replace(w, torch_eager=True)).rank   # SDPA the same on every rank: the most ring bytes
     3
+    >>> te = slowest_rank(h100, a, replace(w, torch_ring_attention=False, te_ring_attention=True,
+    ...                                    attention_kernels=()), kernel_data("h100-sxm5-80gb"))
+    >>> te.rank, te.forward_bytes, te.backward_bytes   # FA3's calls alone: rank 0's 3 bwd calls loop over L/2
+    (0, 0, 0)
     """
     n_q, n_kv, n_dq = _elements(att)
     rated = _rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
+    # torch's merge and accumulation kernels; Transformer Engine's ring: none counted
+    kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq) if applies(w) else (0, 0)
     best: Optional[tuple[float, int]] = None
     for rank in range(w.cp):
-        fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank, n_dq)
+        fwd, bwd = kernel_bytes(rank)
         t = memory_op_seconds(gpu, fwd) + memory_op_seconds(gpu, bwd)
         if rated is not None:
             f, b = _rank_sums(rated, w.cp, att.seq_q, rank)
@@ -153,7 +178,7 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
         if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
             best = (t, rank)
     rank = 0 if best is None else best[1]
-    fwd, bwd = ring_bytes(n_q, n_kv, w.cp, w.torch_eager, rank, n_dq)
+    fwd, bwd = kernel_bytes(rank)
     return RingRank(rank, _rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
 
 
@@ -168,8 +193,23 @@ def applies(w: Workload) -> bool:
     """Whether ``w`` runs torch's ring attention: cp > 1, the fused attention, and torch's
     context parallelism (``w.torch_ring_attention``: ``training.cp_ring``, the rule the CP rows of
     :func:`meshplan.spec.axes.cp.cp_rows` follow; not Megatron-LM, whose Transformer Engine rings
-    K/V in its own kernels, nor all-gather CP)."""
+    K/V in its own kernels, :func:`te_ring`, nor all-gather CP): the ring's merge and gradient
+    accumulation kernels (:func:`ring_bytes`) run."""
     return w.cp > 1 and w.flash and w.torch_ring_attention
+
+
+def te_ring(w: Workload) -> bool:
+    """Whether ``w`` runs Transformer Engine's p2p ring (cp > 1, the fused attention,
+    ``w.te_ring_attention``: Megatron-LM's ``--cp-comm-type p2p``,
+    :attr:`~meshplan.spec.training.TrainingSpec.cp_p2p`, the rule of
+    :func:`meshplan.spec.axes.cp.p2p_rows`): its calls are :func:`ring_calls`, no ring kernels."""
+    return w.cp > 1 and w.flash and w.te_ring_attention
+
+
+def rated_per_call(w: Workload) -> bool:
+    """Whether ``w``'s attention runs as a ring's ``cp`` calls per layer, each rated at its own
+    shape (:func:`slowest_rank`): torch's ring (:func:`applies`) or Transformer Engine's (:func:`te_ring`)."""
+    return applies(w) or te_ring(w)
 
 
 def ring_ops(gpu: GPUSpec, chosen: RingRank) -> list[Op]:

@@ -81,7 +81,8 @@ def p2p_sends(cp: int, phase: str) -> list[Optional[tuple[str, str]]]:
 def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Optional[tuple[str, str]]]) -> None:
     """Transformer Engine's p2p ring steps (``AttnFuncWithCPAndKVP2P``, :func:`meshplan.spec.axes.cp.p2p_rows`):
     at step ``i`` the send/recv ``sends[i]`` (:func:`p2p_sends`; row ``phase``) issued on the cp
-    stream before the step's attention call (``call``, ``sdpa / cp`` seconds) and waited for after
+    stream before the step's attention call (``call``, ``sdpa / cp`` seconds: an equal share of the
+    slowest cp rank's calls, each rated at its shape, :func:`meshplan.compute.ring_attention.slowest_rank`) and waited for after
     it, before the next step: each exposes ``max(send - call, 0)``."""
     for x in sends:
         send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=[s.last])

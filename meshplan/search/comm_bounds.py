@@ -61,6 +61,9 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "cp_n": (c.cp - 1) * ring,  # the shifts that run beside a later step (the last: exposed)
            "cp_kv": coll_times(tt, "send/recv", c.cp, local, c.tp) if p2p else np.zeros(len(c)),
            "cp_kv2": coll_times(tt, "send/recv", c.cp, 2 * local, c.tp) if p2p else np.zeros(len(c)),
+           # Megatron-LM's all-gather CP: Transformer Engine's gathers and reduce-scatter block, nothing
+           # beside them (fused linear_qkv; schedule.ring_timeline.cp_attention_forward/_backward)
+           "cp_te_ag": np.full(len(c), float(t.framework == "megatron" and not ring and not p2p)),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)

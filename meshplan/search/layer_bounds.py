@@ -65,12 +65,13 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # exposes max(send - s, 0); forward cp - 1 K/V sends, backward one K/V, cp - 2 K/V with dK/dV,
     # one dK/dV, and a selective recompute's replay (steps of r seconds) cp - 1 K/V sends again
     kv, kv2, n = cm.get("cp_kv", 0.0), cm.get("cp_kv2", 0.0), np.maximum(c.cp - 1, 0)
+    te_ag = cm.get("cp_te_ag", 0.0)  # Megatron-LM's all-gather CP: no Q projection apart, TE's gathers exposed
     p2p = lambda send, step, k: k * np.maximum(send - step, 0.0)
 
     def forward(p, post_mlp=post_mlp_tp):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
-        # for it; only the Q projection runs beside it (the ring: only its first SDPA step)
-        attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"]), 0.0)
+        # for it; only the Q projection runs beside it (the ring: only its first SDPA step; TE's: nothing)
+        attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"] * (1 - te_ag)), 0.0)
                 + p2p(kv, o[f"{p}_cps"], n))
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
@@ -85,13 +86,14 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq", "cps", "cpr")}
-    # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
-    # projections' input gradients wait for it; only the Q projection's runs beside it. The
-    # ring (schedule.ring_timeline.ring_backward): its gather beside the first of cp steps of s
-    # seconds, each of cp - 1 shifts X beside the next step, the last exposed:
-    # max(AG - s, 0) + (cp - 1) max(X - s, 0) + X
+    # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V projections'
+    # input gradients wait for it; only the Q projection's runs beside it (TE's all-gather CP: nothing,
+    # and its backward's own gather and a selective replay's, cpr > 0, exposed too). The ring
+    # (schedule.ring_timeline.ring_backward): its gather beside the first of cp steps of s seconds,
+    # each of cp - 1 shifts X beside the next step, the last exposed: max(AG - s, 0) + (cp - 1) max(X - s, 0) + X
     cp_b = np.where(ring, np.maximum(cm["cp_ag"] - b["cps"], 0.0) + cm.get("cp_n", 0) * np.maximum(x - b["cps"], 0.0)
-                    + x, np.maximum(cm["cp_rs"] - b["cpq"], 0.0))
+                    + x, np.maximum(cm["cp_rs"] - b["cpq"] * (1 - te_ag), 0.0)
+                    + te_ag * cm["cp_ag"] * (1 + (b["cpr"] > 0)))
     cp_b = cp_b + (p2p(kv, b["cps"], 2 * (c.cp > 1)) + p2p(kv2, b["cps"], np.maximum(n - 1, 0))
                    + p2p(kv, b["cpr"], np.where(b["cpr"] > 0, n, 0)))
     # tp_comm_overlap: async TP fuses the gathered output gradient with the row-parallel

@@ -17,7 +17,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients; torch's ring
   attention, :func:`~meshplan.search.layer_bounds.chains`: the gather beside its first SDPA step of
   s seconds, ``attention + max(0, AG - s)``, backward ``max(0, AG - s) + (cp - 1) max(0, X - s) + X``
-  for its own gather and cp fp32 dK/dV shifts X, the last exposed), the backward's
+  for its own gather and cp fp32 dK/dV shifts X, the last exposed; Megatron-LM's all-gather CP,
+  whose fused QKV GEMM leaves no Q projection apart: the gather, TE's backward gather (a selective
+  replay's again) and the reduce-scatter whole; Transformer Engine's p2p ring: each send beside one
+  of cp equal steps of the rank's calls, ``max(0, send - s)``), the backward's
   weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay (under
   torchtitan's per-layer AC, ``layer``, on the layers a stage surely replays: each chunk of n
   layers ``n // ac_freq`` of them, the stage's remaining ``N // ac_freq`` at the smaller increase
