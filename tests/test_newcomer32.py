@@ -1,0 +1,61 @@
+"""Findings of newcomer trial 32 (issue 11; a DeepSpeed user planning a 34B Llama-style model on
+128 A100 40GB): each test failed on main before its fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.foreign import load_any
+from tests.cli_run import run_captured
+from tests.test_interop import DS
+from tests.test_interop_strict import DSOPTS
+
+
+def _hpz_json(tmp_path, stage: int, hpz: int):
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= {"stage": stage, "zero_hpz_partition_size": hpz}
+    f = tmp_path / "hpz.json"
+    f.write_text(json.dumps(d))
+    return f
+
+
+def test_deepspeed_hpz_is_refused_by_name(tmp_path):
+    """ZeRO++ hpZ (DeepSpeed's ZeRO++ tutorial: zero_hpz_partition_size, a secondary bf16 parameter
+    partition within the node, backward all-gathers inside it; arXiv 2306.10209) changes ZeRO-3's
+    memory (+2 B x params / 8 per rank) and its backward gathers; meshplan models neither. Was:
+    listed among the fields meshplan does not use, plain ZeRO-3 planned, and export wrote the key
+    back, so the exported JSON ran hpZ while the plan was plain ZeRO-3."""
+    with pytest.raises(ConfigError) as e:
+        load_any(_hpz_json(tmp_path, 3, 8), opts=DSOPTS)
+    assert e.value.field == "zero_optimization.zero_hpz_partition_size"
+    assert e.value.message.startswith("8: meshplan does not model ZeRO++ hpZ")
+    assert "remove the key (or set 1) to plan plain ZeRO-3" in e.value.message
+    r = run_captured("import", "deepspeed", _hpz_json(tmp_path, 3, 8), "--cluster", "dgx-h100", "--nodes", 2,
+                     "--model", "llama3-8b", "--seq-len", 4096, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: zero_optimization.zero_hpz_partition_size: 8: ")
+
+
+@pytest.mark.parametrize("stage,hpz", [(3, 1), (2, 8)])
+def test_deepspeed_hpz_of_one_or_below_stage3_plans(tmp_path, stage, hpz):
+    """Size 1 is DeepSpeed's default (no secondary partition); stages 1-2 never read the key."""
+    cfg = load_any(_hpz_json(tmp_path, stage, hpz), opts=DSOPTS)
+    assert cfg.training.sharding == f"zero{stage}"
+    assert "zero_optimization.zero_hpz_partition_size" in cfg.notes[-1]  # read, not used
+
+
+def test_hsdp_with_deepspeed_zero3_engine_says_what_hsdp_is():
+    """HSDP gathers parameters (within dp_shard): the error used to say it "has no parameter
+    gathers". It now names the conflict (DeepSpeed's ZeRO-3 engine runs sharding zero3 only)."""
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 16, "seq_len": 1024, "sharding": "hsdp", "zero3_engine": "deepspeed"},
+         "mesh": {"names": ["dp_replicate", "dp_shard"], "shape": [2, 8]}}
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d)
+    assert "no parameter gathers" not in str(e.value)
+    assert "sharding 'hsdp' is FSDP2's hybrid sharding (gathers within dp_shard" in str(e.value)
+    assert str(e.value).endswith('remove the key to plan FSDP2, or set sharding = "zero3"')
