@@ -11,6 +11,7 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import load_any
 from tests.cli_run import run_captured
+from tests.configs import job_toml
 from tests.test_interop import DS
 from tests.test_interop_strict import DSOPTS
 
@@ -59,3 +60,20 @@ def test_hsdp_with_deepspeed_zero3_engine_says_what_hsdp_is():
     assert "no parameter gathers" not in str(e.value)
     assert "sharding 'hsdp' is FSDP2's hybrid sharding (gathers within dp_shard" in str(e.value)
     assert str(e.value).endswith('remove the key to plan FSDP2, or set sharding = "zero3"')
+
+
+def test_compare_names_every_differing_workload_field(tmp_path):
+    """z3_4nic.toml against mds_4nic.toml differed in training.grad_reduce_dtype and memory.dropout;
+    the error named the first and said "(and 1 more workload fields)". Each field now comes with
+    its two values (the first four; the rest counted)."""
+    mesh = {"names": ["dp_shard"], "shape": [8]}
+    a = job_toml(training={"global_batch": 8, "seq_len": 1024, "grad_reduce_dtype": "bf16"}, mesh=mesh)
+    b = job_toml(training={"global_batch": 8, "seq_len": 1024, "grad_reduce_dtype": "fp32"}, mesh=mesh)
+    (tmp_path / "a.toml").write_text(a)
+    (tmp_path / "b.toml").write_text(b + "[memory]\ndropout = true\n")
+    r = run_captured("compare", tmp_path / "a.toml", tmp_path / "b.toml", "--out", tmp_path / "cmp")
+    assert r.returncode == 2
+    assert r.stderr == ("error: compare: training.grad_reduce_dtype differs: a bf16, b fp32; memory.dropout differs: "
+                        "a false, b true; compare weighs two plans of one workload: give both the same "
+                        "training.grad_reduce_dtype, memory.dropout; only the mesh and the plan's knobs (micro_batch, "
+                        "recompute, sharding ...) may differ\n")
