@@ -4,14 +4,19 @@
 from __future__ import annotations
 
 import json
+import re
+import tomllib
 
 import pytest
+
+from meshplan import catalog
 
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import load_any
 from tests.cli_run import run_captured
 from tests.configs import job_toml
+from tests.docs_text import docs_text
 from tests.test_interop import DS
 from tests.test_interop_strict import DSOPTS
 
@@ -77,3 +82,47 @@ def test_compare_names_every_differing_workload_field(tmp_path):
                         "a false, b true; compare weighs two plans of one workload: give both the same "
                         "training.grad_reduce_dtype, memory.dropout; only the mesh and the plan's knobs (micro_batch, "
                         "recompute, sharding ...) may differ\n")
+
+
+def _four_nic_cluster() -> str:
+    """docs/input.md's example of a node the catalog lacks (8 A100 40GB, 4 HDR NICs, one per GPU
+    pair: newcomer 32's nodes), as the docs give it (the third of the docs' [cluster] examples)."""
+    blocks = re.findall(r"```toml\n(\[cluster\].*?)```", docs_text(), re.S)
+    assert len(blocks) == 3 and "4 HDR NICs" in blocks[2]
+    return blocks[2]
+
+
+def _job(cluster: str) -> dict:
+    d = tomllib.loads('[model]\ncatalog = "llama3-8b"\n' + cluster)
+    return {**d, "training": {"global_batch": 128, "seq_len": 4096, "sharding": "zero3"},
+            "mesh": {"names": ["dp_shard"], "shape": [128]}}
+
+
+def test_inline_node_names_catalog_network_and_curve():
+    """An inline [cluster] may name a catalog network and a catalog busbw curve where the tables
+    go (the loader resolves them: spec/ does not read the catalog). Was: pydantic's "Input should be
+    a valid list" and "Input should be a valid dictionary or instance of BusbwCurve"."""
+    cfg = config_from_dict(_job(_four_nic_cluster()))
+    c = cfg.cluster
+    assert [t.model_dump() for t in c.network] == [t.model_dump() for t in catalog.network("superpod-hdr-su20")]
+    assert c.node.busbw["nvlink"] == catalog.busbw_curve("a100-nvlink3-ring")
+    assert set(c.node.busbw) == {"nvlink"}  # the 8-NIC nic curve left out, as the docs say
+    # 4 NICs x 200 Gb/s for 8 GPUs: each NIC shared by a GPU pair
+    assert [n.gpus for n in c.node.nics] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert c.world == 16 * 8
+
+
+@pytest.mark.parametrize("old,new,field,start", [
+    ('network = "superpod-hdr-su20"', "network = 3", "cluster.network", "give a catalog network name"),
+    ('network = "superpod-hdr-su20"', 'network = "superpod-hdr"', "cluster.network", "unknown network 'superpod-hdr'"),
+    ('busbw = { nvlink = "a100-nvlink3-ring" }', "busbw = { nvlink = 3 }", "cluster.node.busbw.nvlink",
+     "give a catalog curve name"),
+    ('"a100-nvlink3-ring"', '"a100-nvlink3"', "cluster.node.busbw.nvlink", "unknown busbw curve 'a100-nvlink3'"),
+])
+def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
+    text = _four_nic_cluster()
+    assert old in text
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(_job(text.replace(old, new)))
+    assert (e.value.field, e.value.message[:len(start)]) == (field, start)
+    assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
