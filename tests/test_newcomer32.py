@@ -15,7 +15,7 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.foreign import load_any
 from tests.cli_run import run_captured
-from tests.configs import job_toml
+from tests.configs import job_toml, megatron_deepspeed_script
 from tests.docs_text import docs_text
 from tests.test_interop import DS
 from tests.test_interop_strict import DSOPTS
@@ -126,3 +126,66 @@ def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
         config_from_dict(_job(text.replace(old, new)))
     assert (e.value.field, e.value.message[:len(start)]) == (field, start)
     assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
+
+
+def _import_mds(tmp_path, script: str):
+    (tmp_path / "train.sh").write_text(script)
+    return run_captured("import", "megatron", tmp_path / "train.sh", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                        "-o", tmp_path / "mds.toml", cwd=tmp_path)
+
+
+def test_megatron_deepspeed_engine_and_checkpoint_activations_are_read_and_written_back(tmp_path):
+    """Megatron-DeepSpeed's --deepspeed --zero-stage 1 is DeepSpeed's ZeRO-1 engine
+    (zero12_engine = "deepspeed"), its --checkpoint-activations full recompute of every layer
+    (--checkpoint-num-layers default 1). Was: both listed as unused, planned as sharding "none"
+    and recompute "none", and the export wrote --use-distributed-optimizer beside the carried
+    --deepspeed --zero-stage 1 --checkpoint-activations, and --use-flash-attn beside the carried
+    --use-flash-attn-v2 (FlashAttention 1 and 2 both asked for)."""
+    r = _import_mds(tmp_path, megatron_deepspeed_script(zero_stage=1, pp=2))
+    assert r.returncode == 0, r.stderr
+    cfg = load_any(tmp_path / "mds.toml")
+    t = cfg.training
+    assert (t.sharding, t.zero12_engine, t.recompute, t.framework) == ("zero1", "deepspeed", "full", "megatron")
+    assert t.gradient_reduce_dtype == "bf16"  # DeepSpeed's default communication_data_type: the model's dtype
+    header = (tmp_path / "mds.toml").read_text()
+    unused = header.split("fields meshplan does not use: ")[1].split("\n")[0]
+    assert not {"--deepspeed", "--zero-stage", "--checkpoint-activations"} & set(unused.split(", "))
+    assert "ds_zero1.json is not read: its zero_optimization.stage must be 1" in header
+    r = run_captured("export", tmp_path / "mds.toml", "--to", "megatron", "-o", tmp_path / "out.sh", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    flags = [line.split()[0] for line in (tmp_path / "out.sh").read_text().splitlines()
+             if line.startswith("--")]
+    assert len(flags) == len(set(flags))  # no flag twice
+    for present in ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--use-flash-attn-v2",
+                    "--deepspeed_config"):
+        assert present in flags
+    for absent in ("--use-distributed-optimizer", "--recompute-granularity", "--use-flash-attn",
+                   "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16"):
+        assert absent not in flags
+
+
+def test_checkpoint_activations_alone_is_full_recompute(tmp_path):
+    script = megatron_deepspeed_script().replace("--deepspeed --deepspeed_config ds_zero1.json --zero-stage 1", "")
+    assert "--deepspeed " not in script
+    assert _import_mds(tmp_path, script).returncode == 0
+    t = load_any(tmp_path / "mds.toml").training
+    assert (t.sharding, t.zero12_engine, t.recompute) == ("none", "megatron", "full")
+
+
+@pytest.mark.parametrize("script,start", [
+    (megatron_deepspeed_script(zero_stage=2, pp=2), "error: --zero-stage: 2 at --pipeline-model-parallel-size 2: "
+                                                    "DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3"),
+    (megatron_deepspeed_script(extra="--use-distributed-optimizer"),
+     "error: --deepspeed: given with --use-distributed-optimizer"),
+    (megatron_deepspeed_script().replace("--zero-stage 1", ""), "error: --zero-stage: not given with --deepspeed"),
+])
+def test_megatron_deepspeed_refusals_are_one_line(tmp_path, script, start):
+    r = _import_mds(tmp_path, script)
+    assert r.returncode == 2 and r.stderr.startswith(start) and r.stderr.count("\n") == 1
+
+
+def test_megatron_deepspeed_zero3_at_pp1_is_deepspeed_zero3(tmp_path):
+    assert _import_mds(tmp_path, megatron_deepspeed_script(zero_stage=3, pp=1)).returncode == 0
+    cfg = load_any(tmp_path / "mds.toml")
+    assert (cfg.training.sharding, cfg.training.zero3_engine) == ("zero3", "deepspeed")
+    assert cfg.mesh.names == ["dp_shard", "tp"]  # ZeRO-3 shards the parameters over the data axis

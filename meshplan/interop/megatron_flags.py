@@ -12,6 +12,7 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
+from meshplan.interop.megatron_deepspeed import recompute_granularity
 from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
 from meshplan.interop.megatron_model import int_flag as _int
 
@@ -336,7 +337,7 @@ def megatron_fsdp(args: dict, sharding_: str) -> dict[str, bool]:
 
 
 def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
-    gran = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
+    gran = recompute_granularity(args)  # --checkpoint-activations too (megatron_deepspeed)
     if gran is None:
         return "none"
     if gran not in ("full", "selective"):
