@@ -170,6 +170,7 @@ def test_checkpoint_activations_alone_is_full_recompute(tmp_path):
     assert _import_mds(tmp_path, script).returncode == 0
     t = load_any(tmp_path / "mds.toml").training
     assert (t.sharding, t.zero12_engine, t.recompute) == ("none", "megatron", "full")
+    assert "Megatron-LM d98e8a6 refuses it" in (tmp_path / "mds.toml").read_text()  # validate_args asserts
 
 
 @pytest.mark.parametrize("script,start", [

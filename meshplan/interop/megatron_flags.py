@@ -340,6 +340,10 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
     gran = recompute_granularity(args)  # --checkpoint-activations too (megatron_deepspeed)
     if gran is None:
         return "none"
+    if args.get("--checkpoint-activations") and not args.get("--deepspeed") and "--recompute-granularity" not in args:
+        notes.append("--checkpoint-activations: planned as full recompute of every layer, its meaning before 2022 "
+                     "and in Megatron-DeepSpeed; Megatron-LM d98e8a6 refuses it (validate_args: \"no longer valid\"): "
+                     "export writes --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     if gran not in ("full", "selective"):
         raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
     n = _int(args, "--recompute-num-layers")
