@@ -110,6 +110,8 @@ def test_inline_node_names_catalog_network_and_curve():
     # 4 NICs x 200 Gb/s for 8 GPUs: each NIC shared by a GPU pair
     assert [n.gpus for n in c.node.nics] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert c.world == 16 * 8
+    named = _job('[cluster]\nnodes = 2\ngpu = "a100-sxm-40gb"\nnode = "dgx-a100-40gb"\nnetwork = "superpod-hdr-su20"\n')
+    assert config_from_dict(named).cluster.node == catalog.node("dgx-a100-40gb")  # a catalog node by name
 
 
 @pytest.mark.parametrize("old,new,field,start", [
