@@ -257,7 +257,50 @@ def read_cluster(t: dict) -> ClusterSpec:
     if isinstance(t.get("gpu"), str):
         with _as_field("cluster.gpu"):
             t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
-    return build(ClusterSpec, t, "cluster")
+    return build(ClusterSpec, _named_parts(t), "cluster")
+
+
+def _named_parts(t: dict) -> dict:
+    """An inline [cluster] table with the catalog's names resolved where a table or list goes:
+    ``network = "superpod-hdr-su20"`` (a catalog network's tiers), ``node = "dgx-a100-40gb"`` (a catalog
+    node) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a catalog ``nccl.toml`` curve). A
+    value of another type is a ConfigError naming the field and both forms.
+
+    >>> t = _named_parts({"network": "superpod-hdr-su20", "node": {"busbw": {"nvlink": "a100-nvlink3-ring"}}})
+    >>> [tier["name"] for tier in t["network"]], t["node"]["busbw"]["nvlink"]["ranks"]
+    (['leaf', 'spine'], 8)
+    >>> _named_parts({"network": 3})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: cluster.network: give a catalog network name (meshplan catalog network) or a list of tier tables [{ name = ..., latency_us = ..., nodes_per_domain = ..., oversubscription = ... }, ...] (got int 3)
+    """
+    t = dict(t)
+    net = t.get("network")
+    if isinstance(net, str):
+        with _as_field("cluster.network"):
+            t["network"] = [tier.model_dump() for tier in catalog.network(net)]
+    elif net is not None and not isinstance(net, list):
+        raise ConfigError("cluster.network", f"give a catalog network name (meshplan catalog network) or a list of "
+                                             f"tier tables [{{ name = ..., latency_us = ..., nodes_per_domain = ..., "
+                                             f"oversubscription = ... }}, ...] (got {type(net).__name__} {net!r:.40})")
+    node = t.get("node")
+    if isinstance(node, str):
+        with _as_field("cluster.node"):
+            t["node"] = catalog.node(node).model_dump()
+    elif isinstance(node, dict) and isinstance(node.get("busbw"), dict):
+        t["node"] = {**node, "busbw": {k: _curve(k, v) for k, v in node["busbw"].items()}}
+    return t
+
+
+def _curve(key: str, value: Any) -> Any:
+    """``node.busbw``'s ``key`` entry: a catalog curve's name resolved (:func:`_named_parts`)."""
+    if isinstance(value, str):
+        with _as_field(f"cluster.node.busbw.{key}"):
+            return catalog.busbw_curve(value).model_dump()
+    if not isinstance(value, dict):
+        raise ConfigError(f"cluster.node.busbw.{key}", f"give a catalog curve name (meshplan/catalog/nccl.toml, e.g. "
+                                                       f"\"a100-nvlink3-ring\") or a table of a measured curve (got "
+                                                       f"{type(value).__name__} {value!r:.40})")
+    return value
 
 
 def _with_fabric(cluster: ClusterSpec, given, system: str) -> ClusterSpec:
@@ -293,7 +336,7 @@ def _as_field(field: str, where: str = ""):
     except ConfigError as e:
         if e.field.startswith(field):
             raise
-        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system") \
+        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system", "busbw") \
             else f"{e.field}: {e.message}"
         if where and msg.startswith("no such file"):
             msg = msg.replace(";", where + ";", 1)

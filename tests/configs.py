@@ -215,3 +215,16 @@ def nc31_cp16_toml() -> str:
         assert old in out
         out = out.replace(old, new, 1)
     return out
+
+
+def megatron_deepspeed_script(zero_stage: int = 1, pp: int = 2, extra: str = "") -> str:
+    """A Megatron-DeepSpeed launch (newcomer trial 32's train_mds.sh, shrunk to 16 GPUs and llama3-8b's
+    shape): tp 2 x pp ``pp``, DeepSpeed's engine at ZeRO stage ``zero_stage`` with its ds config, the
+    old ``--checkpoint-activations`` and Megatron-DeepSpeed's ``--use-flash-attn-v2``; ``extra`` flags
+    appended."""
+    return ("torchrun --nnodes 2 --nproc_per_node 8 pretrain_gpt.py \\\n"
+            f"  --tensor-model-parallel-size 2 --pipeline-model-parallel-size {pp} \\\n"
+            "  --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 \\\n"
+            "  --bf16 --sequence-parallel --use-flash-attn-v2 --lr 3e-4 \\\n"
+            f"  --deepspeed --deepspeed_config ds_zero{zero_stage}.json --zero-stage {zero_stage} \\\n"
+            f"  --deepspeed-activation-checkpointing --checkpoint-activations {extra}\n")

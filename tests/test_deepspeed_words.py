@@ -200,10 +200,10 @@ def test_a_tp_row_under_deepspeeds_engine_names_the_first_row_deepspeed_takes():
     assert search_row_refusal(3, rows, "deepspeed", _refused) is None
     assert search_row_refusal(1, rows, "deepspeed", _refused) == (
         "row 1 cannot be written --to deepspeed: a DeepSpeed config applies to ZeRO over one data axis, without "
-        "TP/PP/CP/EP or HSDP; this mesh has tp 2 (zero1); row 3 is the first row it takes (--export 3) (--to megatron would "
-        "write row 1 without its ZeRO engine, DeepSpeed's ZeRO-1: meshplan writes no Megatron-DeepSpeed arguments)")
-    assert search_row_refusal(1, rows[:2], "deepspeed", _refused).split("; ")[2].startswith(
-        "none of the 2 rows shown exports --to deepspeed (--to megatron would write row 1 without")
+        "TP/PP/CP/EP or HSDP; this mesh has tp 2 (zero1); row 3 is the first row it takes (--export 3), or export row 1 "
+        "--to megatron")  # Megatron-DeepSpeed's --deepspeed --zero-stage 1 keeps DeepSpeed's ZeRO-1 (megatron_deepspeed)
+    assert search_row_refusal(1, rows[:2], "deepspeed", _refused).split("; ")[2] == (
+        "none of the 2 rows shown exports --to deepspeed, or export row 1 --to megatron")
     with pytest.raises(ConfigError, match="--to: a DeepSpeed config applies to ZeRO over one data axis"):
         export(rows[0], "deepspeed", "x")  # export alone keeps its own refusal
 

@@ -117,7 +117,7 @@ def _with(cluster: dict, world: int) -> dict:
 
 
 def test_readme_cluster_examples_parse():
-    fabric, inline = _readme_clusters()
+    fabric, inline, four_nic = _readme_clusters()  # four_nic: tests/test_newcomer32.py
     c = config_from_dict(_with(fabric, 32)).cluster
     a100 = catalog.system("dgx-a100", nodes=4)
     assert (c.node.fabric.bandwidth_gb_per_s, c.node.fabric.nccl_channels, c.world) == (200.0, 24, 32)

@@ -185,24 +185,33 @@ def plan_tie_key(plan: Plan) -> tuple[int, ...]:
                    uneven, schedule, t.reshard_default(pp))
 
 
+#: How many differing workload fields the error of :func:`check_workload` names with their values
+#: (the rest counted).
+WORKLOAD_SHOWN = 4
+
+
 def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
                    names: tuple[str, str] = ("A", "B")) -> Differences:
-    """The two configs' :class:`~meshplan.compare.differences.Differences`; a ConfigError naming the first
-    workload field that differs and its two values (a comparison weighs plans of one workload
+    """The two configs' :class:`~meshplan.compare.differences.Differences`; a ConfigError naming each
+    workload field that differs (the first :data:`WORKLOAD_SHOWN`, the rest counted; one when the
+    cluster differs) with its two values (a comparison weighs plans of one workload
     on one cluster: a faster GPU or a larger batch is not a better mesh)."""
     d = config_differences(plan_a.config, plan_b.config)
     d = Differences(d.workload, tuple(k for k in d.knobs if k[0] != "mesh.pp_layer_split"
                                       or _split(plan_a, k[1]) != _split(plan_b, k[2])))
     if d.workload:
-        where, va, vb = d.workload[0]
-        more = f" (and {len(d.workload) - 1} more workload fields)" if len(d.workload) > 1 else ""
+        cluster = d.workload[0][0].startswith("cluster.")  # one cluster field says it: the hint names [cluster]
+        shown = d.workload[:1 if cluster else WORKLOAD_SHOWN]
+        more = f" (and {len(d.workload) - len(shown)} more workload fields)" if len(d.workload) > len(shown) else ""
+        each = "; ".join(f"{where} differs: {names[0]} {_short(va)}, {names[1]} {_short(vb)}"
+                         for where, va, vb in shown)
+        fields = ", ".join(where for where, _, _ in shown) + (" ..." if more else "")
         ca, cb = plan_a.config.cluster, plan_b.config.cluster
         hint = (f"give both the same [cluster] ({names[0]} is on {ca.name}, {names[1]} on {cb.name}), or run "
-                f"meshplan step on each to compare clusters" if where.startswith("cluster.") else
-                f"give both the same {where}; only the mesh and the plan's knobs (micro_batch, recompute, "
+                f"meshplan step on each to compare clusters" if cluster else
+                f"give both the same {fields}; only the mesh and the plan's knobs (micro_batch, recompute, "
                 f"sharding ...) may differ")
-        raise ConfigError("compare", f"{where} differs: {names[0]} {_short(va)}, {names[1]} {_short(vb)}{more}; "
-                                     f"compare weighs two plans of one workload: {hint}")
+        raise ConfigError("compare", f"{each}{more}; compare weighs two plans of one workload: {hint}")
     return d
 
 

@@ -31,7 +31,7 @@ deepspeed`` can write; a note says so, and widening ``[search]`` in an imported 
 beyond it.
 
 The ZeRO knobs of stages 1, 2 and 3 (buckets, streams, gradient dtypes, ZeRO-3's prefetch) and
-the refused offload are read by :mod:`meshplan.interop.deepspeed_zero`; the writer (``export
+the refused offload and ZeRO++ hpZ are read by :mod:`meshplan.interop.deepspeed_zero`; the writer (``export
 --to deepspeed``) is :mod:`meshplan.interop.deepspeed_write`, and what it carries of the user's
 own file :mod:`meshplan.interop.deepspeed_carry`.
 
@@ -65,6 +65,7 @@ from meshplan.interop.deepspeed_zero import (
     ZERO12_USED,
     bucket_elements,
     prefetch_memory,
+    refuse_hpz,
     refuse_offload,
     zero3_training,
     zero12_training,
@@ -219,6 +220,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if field_typo is not None:
         raise field_typo
     refuse_offload(d.get("zero_optimization", {}))
+    refuse_hpz(d.get("zero_optimization", {}))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")

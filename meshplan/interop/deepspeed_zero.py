@@ -73,6 +73,13 @@ their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zer
 them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
 and planning the state as GPU-resident would report a fitting config infeasible: the error names
 the key; removing it plans the GPU-resident equivalent.
+
+ZeRO++ hpZ is refused too (:func:`refuse_hpz`): ``zero_optimization.zero_hpz_partition_size`` above 1
+at stage 3 keeps a secondary bf16 copy of the parameters sharded within each group of that many
+ranks (a node) and runs the backward all-gathers inside it (DeepSpeed's ZeRO++ tutorial;
+``runtime/zero/partition_parameters.py``; arXiv 2306.10209): 2 B x parameters / hpz more per rank and
+node-local backward gathers, neither of which meshplan's ZeRO-3 rows or memory timeline hold. Planning
+plain ZeRO-3 in its place would make export write the key back and run a job other than the plan.
 """
 
 from __future__ import annotations
@@ -261,3 +268,25 @@ def refuse_offload(zero: Any) -> None:
     for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
         if zero.get(key):
             raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
+
+
+def refuse_hpz(zero: Any) -> None:
+    """ConfigError naming ``zero_optimization.zero_hpz_partition_size`` when ``zero`` (the
+    ``zero_optimization`` table) asks for ZeRO++ hpZ at stage 3 (a size above 1; DeepSpeed's
+    default 1 is no secondary partition; module docstring).
+
+    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 1}); refuse_hpz({"stage": 2, "zero_hpz_partition_size": 8})
+    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 8})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.zero_hpz_partition_size: 8: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over 8 ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML (sharding = "hsdp" on a mesh with dp_shard 8)
+    """
+    if not isinstance(zero, dict) or zero.get("stage") != 3:
+        return
+    size = zero.get("zero_hpz_partition_size", 1)
+    if size == 1:
+        return
+    raise ConfigError("zero_optimization.zero_hpz_partition_size",
+                      f"{size!r}: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over "
+                      f"{size} ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain "
+                      f"ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML "
+                      f"(sharding = \"hsdp\" on a mesh with dp_shard {size})")

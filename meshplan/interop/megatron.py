@@ -43,9 +43,11 @@ Megatron-LM                              meshplan
                                            not DDP and the distributed optimizer); Megatron FSDP
                                            written with --use-distributed-optimizer (its optimizer:
                                            :data:`~meshplan.interop.megatron_flags.FSDP_OPTIMIZER`)
+--deepspeed --zero-stage N               Megatron-DeepSpeed: sharding none/zero1/zero2/zero3 under
+                                           DeepSpeed's engine (:mod:`~meshplan.interop.megatron_deepspeed`)
 --recompute-activations,                 recompute selective / full (--recompute-method and
---recompute-granularity                    --recompute-num-layers: partial full recompute is
-                                           planned as full, with a note)
+--recompute-granularity,                   --recompute-num-layers: partial full recompute is
+--checkpoint-activations                   planned as full, with a note); --checkpoint-activations full
 --num-layers-per-virtual-pipeline-stage, mesh.virtual_stages, pp_schedule interleaved_1f1b
 --num-virtual-stages-per-pipeline-rank
 --decoder-first/last-pipeline-num-layers mesh.pp_layer_split (with virtual stages each stage's layers
@@ -129,6 +131,7 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
+from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -153,7 +156,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            *flags.P2P_FLAGS}
+            "--deepspeed", "--checkpoint-activations", *flags.P2P_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -166,7 +169,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
     "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
-    "--save-interval", *flags.P2P_FLAGS}
+    "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--moe-router-dtype", "--num-channels", "--save"}
@@ -209,7 +212,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
     # (config._megatron_etp, Megatron-LM's default), so the flag's 1 would come back as tp
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
              or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
-    sharding = flags.sharding(args)
+    deepspeed = deepspeed_engine(args, deg["pp"], notes)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
+    sharding = deepspeed.get("sharding", flags.sharding(args))
     data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
     mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],
                             "shape": [dp if a == "dp" else deg[a] for a in names],
@@ -232,6 +236,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128),
                 **flags.grad_clip(args)}
+    if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
+        training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
@@ -242,8 +248,9 @@ def read(text: str, opts: ImportOptions) -> Imported:
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
     training |= read_attention(args, dtype != "fp32", notes)
-    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], sharding not in ("none", "zero1")
-                         or any(args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2")), bool(launcher))
+    fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
+        args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
+    notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
     unused = tuple(k for k in args if k not in USED) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
     memory |= flags.bucket(args, training, notes)

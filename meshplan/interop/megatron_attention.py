@@ -24,6 +24,9 @@ from meshplan.errors import ConfigError
 FLAG = "--attention-backend"
 #: AttnBackend (enums.py at d98e8a6) -> whether the kernel is fused (meshplan's flash_attention).
 BACKENDS = {"flash": True, "fused": True, "unfused": False, "local": False, "auto": True}
+#: Megatron-DeepSpeed's FlashAttention-2 switch (its arguments.py: ``--use-flash-attn`` is an alias of
+#: ``--use-flash-attn-v1`` there); not a Megatron-LM flag, carried on export as the user's.
+FLASH_V2 = "--use-flash-attn-v2"
 #: What the writer puts for ``flash_attention`` true / false (megatron_write).
 WRITTEN = {True: "--use-flash-attn", False: f"{FLAG} unfused"}
 
@@ -39,7 +42,7 @@ def read_attention(args: dict, low_precision: bool, notes: list[str]) -> dict[st
     """
     value = args.get(FLAG)
     if value is None:
-        if low_precision and not args.get("--use-flash-attn"):
+        if low_precision and not args.get("--use-flash-attn") and not args.get(FLASH_V2):
             notes.append(f"{FLAG} not given: planned with a fused attention kernel (Megatron-Core's default auto: "
                          f"Transformer Engine picks flash or cuDNN fused attention)")
         return {"flash_attention": True}
@@ -61,8 +64,16 @@ def written_attention(user: dict, written: list[str]) -> tuple[list[str], bool]:
     (['--bf16'], True)
     >>> written_attention({FLAG: "local"}, ["--bf16", "--use-flash-attn"])
     (['--bf16', '--use-flash-attn'], False)
+
+    Megatron-DeepSpeed's ``--use-flash-attn-v2`` (:data:`FLASH_V2`), carried, stands for the writer's
+    ``--use-flash-attn``, which is FlashAttention 1 there (``--use-flash-attn-v1``'s alias):
+
+    >>> written_attention({FLASH_V2: True}, ["--bf16", "--use-flash-attn"])
+    (['--bf16'], False)
     """
     value = user.get(FLAG)
+    if user.get(FLASH_V2) and WRITTEN[True] in written:  # the user's FlashAttention-2 switch says it
+        return [w for w in written if w != WRITTEN[True]], False
     if value not in BACKENDS or user.get("--use-flash-attn") or WRITTEN[BACKENDS[value]] not in written:
         return written, False
     return [w for w in written if w != WRITTEN[BACKENDS[value]]], True

@@ -12,6 +12,7 @@ import math
 
 from meshplan import catalog
 from meshplan.errors import ConfigError, printable
+from meshplan.interop.megatron_deepspeed import recompute_granularity
 from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
 from meshplan.interop.megatron_model import int_flag as _int
 
@@ -342,9 +343,13 @@ def megatron_fsdp(args: dict, sharding_: str) -> dict[str, bool]:
 
 
 def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
-    gran = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
+    gran = recompute_granularity(args)  # --checkpoint-activations too (megatron_deepspeed)
     if gran is None:
         return "none"
+    if args.get("--checkpoint-activations") and not args.get("--deepspeed") and "--recompute-granularity" not in args:
+        notes.append("--checkpoint-activations: planned as full recompute of every layer, its meaning before 2022 "
+                     "and in Megatron-DeepSpeed; Megatron-LM d98e8a6 refuses it (validate_args: \"no longer valid\"): "
+                     "export writes --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     if gran not in ("full", "selective"):
         raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
     n = _int(args, "--recompute-num-layers")

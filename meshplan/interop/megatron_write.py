@@ -10,6 +10,7 @@ from dataclasses import replace
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_attention import WRITTEN
+from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
@@ -49,7 +50,8 @@ def write(cfg: Config) -> list[str]:
     out += [f"--cp-comm-type {'all_gather' if t.cp_attention == 'allgather' else 'p2p'}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
-    out += sharding_flags(t.sharding, t.megatron_fsdp)
+    deepspeed = deepspeed_flags(t)  # Megatron-DeepSpeed's engine, in place of Megatron-LM's sharding flags
+    out += deepspeed if deepspeed else sharding_flags(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
     out += ["--overlap-p2p-communication-warmup-flush"] * t.pp_p2p_overlap_warmup_flush
@@ -60,16 +62,14 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "
                           f"--recompute-method block recomputes the first n layers of each stage): set "
                           f"training.recompute to full or selective")
-    if t.recompute != "none":
-        out.append(f"--recompute-granularity {t.recompute}")
-        out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []
+    out += recompute_flags(t.recompute, bool(deepspeed))
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])
     out += ["--fp8-format hybrid"] * (t.linear_dtype == "fp8")
-    out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32")
-    # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise
-    out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
+    # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise; DeepSpeed's engine as its config says
+    out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32" and not deepspeed)
+    out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]]
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
@@ -114,7 +114,7 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg)
+    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg) + deepspeed_note(cfg.training)
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:

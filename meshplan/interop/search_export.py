@@ -101,8 +101,9 @@ def search_row_refusal(n: int, rows: Sequence[Config], to: str,
     """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
     search's top, in order), naming the first row it can write, and the other formats that
     write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
-    format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
-    distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
+    format that would drop the engine (``--to megatron`` of a ``deepspeed-2021`` ZeRO-3 row:
+    Megatron-DeepSpeed's ``--deepspeed`` is written for the current engines only,
+    :mod:`meshplan.interop.megatron_deepspeed`) is named as such.
     None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan_runtime.export_refusals` per
     format."""
     cfg = rows[n - 1]
@@ -142,8 +143,8 @@ def _other_formats(what: str, cfg: Config, to: str,
     msg = f", or export {what} --to {' or '.join(keep)}" if keep else ""
     if drop:
         msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write {what} without its ZeRO engine, "
-                f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
-                                          else ")"))
+                f"{_engine_name(cfg)}" + (": meshplan writes Megatron-DeepSpeed's --deepspeed for DeepSpeed's "
+                                          "current engines only)" if "megatron" in drop else ")"))
     return msg
 
 

@@ -33,6 +33,21 @@ MEGATRON_ONLY: dict[str, tuple[bool, str]] = {
 }
 
 
+def zero3_engine_sharding_error(engine: str, sharding: str) -> str:
+    """The error for a DeepSpeed ``zero3_engine`` under a ``sharding`` other than zero3: what
+    that sharding is (HSDP does gather parameters, within dp_shard), and the two fixes.
+
+    >>> print(zero3_engine_sharding_error("deepspeed", "zero1").split("; ")[1])
+    sharding 'zero1' runs no ZeRO-3 parameter gathers: remove the key, or set sharding = "zero3"
+    """
+    what = ("is FSDP2's hybrid sharding (gathers within dp_shard, replicas over dp_replicate), which DeepSpeed's "
+            "ZeRO-3 does not run (its node-local variant, ZeRO++ hpZ, is not modelled)"
+            if sharding == "hsdp" else "runs no ZeRO-3 parameter gathers")
+    fsdp2 = " to plan FSDP2" if sharding == "hsdp" else ""
+    return (f"zero3_engine {engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); sharding {sharding!r} {what}: "
+            f"remove the key{fsdp2}, or set sharding = \"zero3\"")
+
+
 def megatron_only_keys(training) -> list[str]:
     """The :data:`MEGATRON_ONLY` keys ``training`` sets to Megatron-LM's value, in that list's order.
 
@@ -118,8 +133,7 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
-            raise ValueError(f"zero3_engine {self.zero3_engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); "
-                             f"sharding {self.sharding!r} has no parameter gathers: remove the key")
+            raise ValueError(zero3_engine_sharding_error(self.zero3_engine, self.sharding))
         if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
                                              or self.fp8_all_gather):
             raise ValueError(f"zero3_engine {self.zero3_engine!r} gathers every parameter in forward and again in "

@@ -1,0 +1,121 @@
+"""Megatron-DeepSpeed's own flags (microsoft/Megatron-DeepSpeed, ``megatron/arguments.py``), both ways.
+
+``--deepspeed`` with ``--zero-stage N`` hands the data-parallel gradients and the optimizer to
+DeepSpeed's engine (``deepspeed.initialize`` with ``--deepspeed_config``) in place of Megatron-LM's
+DDP and distributed optimizer: read as ``training.sharding`` none / zero1 / zero2 / zero3 under
+DeepSpeed's engine for that stage (``zero0_engine``, ``zero12_engine`` or ``zero3_engine =
+"deepspeed"``, the engines a DeepSpeed JSON imports to, :mod:`meshplan.interop.deepspeed`), and
+written back as ``--deepspeed --zero-stage N`` by ``export --to megatron`` (never beside
+``--use-distributed-optimizer``). With pp > 1 Megatron-DeepSpeed runs DeepSpeed's
+``PipelineEngine``, which asserts ZeRO stage < 2 (``deepspeed/runtime/pipe/engine.py``: "ZeRO-2
+and ZeRO-3 are incompatible with pipeline parallelism"): refused by name, as is ``--deepspeed``
+beside Megatron-LM's own sharding flags. The ds config (``--deepspeed_config``) is not read (the
+reader has the script's text, not its folder): a note says so, the reduce dtype and bucket are
+DeepSpeed's defaults (the model's dtype, 5e8 elements), and the export carries the flag as given.
+
+``--checkpoint-activations`` (Megatron-LM before 2022; Megatron-DeepSpeed keeps it, its
+deprecation commented out in ``arguments.py`` because DeepSpeed's activation checkpointing relies
+on it) checkpoints every transformer layer (chunks of ``--checkpoint-num-layers``, default 1): the
+predecessor of ``--recompute-granularity full --recompute-method uniform --recompute-num-layers
+1``, read as recompute ``full`` (:func:`recompute_granularity`) and written as itself under
+DeepSpeed's engine (:func:`recompute_flags`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from meshplan.errors import ConfigError
+
+#: The flags of this module that :mod:`meshplan.interop.megatron` reads.
+FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations")
+#: ZeRO stage -> (``training.sharding``, the engine key that names DeepSpeed's engine for it).
+STAGES = {0: ("none", "zero0_engine"), 1: ("zero1", "zero12_engine"), 2: ("zero2", "zero12_engine"),
+          3: ("zero3", "zero3_engine")}
+#: Megatron-LM's own data-parallel sharding flags, which ``--deepspeed`` replaces.
+MEGATRON_SHARDING = ("--use-distributed-optimizer", "--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2")
+
+
+def recompute_granularity(args: dict) -> Optional[str]:
+    """``--recompute-granularity`` of parsed arguments, ``selective`` for ``--recompute-activations``,
+    ``full`` for ``--checkpoint-activations`` (module docstring); None without any.
+
+    >>> recompute_granularity({"--checkpoint-activations": True}), recompute_granularity({})
+    ('full', None)
+    """
+    given = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
+    return given if given is not None else "full" if args.get("--checkpoint-activations") else None
+
+
+def deepspeed_engine(args: dict, pp: int, notes: list[str]) -> dict[str, Any]:
+    """``[training]`` keys of Megatron-DeepSpeed's ``--deepspeed --zero-stage N`` (module docstring):
+    ``{}`` without ``--deepspeed``; a ConfigError naming the flag for a stage outside 0-3, none
+    given, a stage of 2 or more at pp > 1, or Megatron-LM's own sharding flag beside it.
+
+    >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "1"}, 4, [])
+    {'sharding': 'zero1', 'zero12_engine': 'deepspeed'}
+    >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "2"}, 4, [])
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: --zero-stage: 2 at --pipeline-model-parallel-size 4: DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (runtime/pipe/engine.py asserts stage < 2); use --zero-stage 0 or 1, or pp 1
+    """
+    if not args.get("--deepspeed"):
+        return {}
+    own = next((f for f in MEGATRON_SHARDING if args.get(f)), None)
+    if own:
+        raise ConfigError("--deepspeed", f"given with {own}: DeepSpeed's engine (--zero-stage) shards instead of "
+                                         f"Megatron-LM's; keep one")
+    given = args.get("--zero-stage")
+    if given is None:
+        raise ConfigError("--zero-stage", "not given with --deepspeed; give --zero-stage N, your --deepspeed_config's "
+                                          "zero_optimization.stage")
+    stage = int(float(given)) if str(given).replace(".", "", 1).isdigit() else -1
+    if stage not in STAGES or float(given) != stage:
+        raise ConfigError("--zero-stage", f"{given!r}; use 0, 1, 2 or 3")
+    if pp > 1 and stage >= 2:
+        raise ConfigError("--zero-stage", f"{stage} at --pipeline-model-parallel-size {pp}: DeepSpeed's PipelineEngine "
+                                          f"refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (runtime/pipe/engine.py "
+                                          f"asserts stage < 2); use --zero-stage 0 or 1, or pp 1")
+    sharding, engine = STAGES[stage]
+    ds = args.get("--deepspeed_config", args.get("--deepspeed-config"))
+    notes.append(f"--deepspeed --zero-stage {stage}: planned as DeepSpeed's engine at ZeRO stage {stage} (sharding "
+                 f"{sharding}, {engine} = \"deepspeed\")" + (f"; {ds} is not read: its zero_optimization.stage must be "
+                 f"{stage}, and its reduce dtype and bucket are planned at DeepSpeed's defaults (meshplan import "
+                 f"deepspeed {ds} reads them)" if ds else ""))
+    return {"sharding": sharding, engine: "deepspeed"}
+
+
+def deepspeed_flags(training) -> Optional[list[str]]:
+    """``--deepspeed --zero-stage N`` for a ``training`` (TrainingSpec) whose sharding runs under
+    DeepSpeed's engine (``zero0_engine``, ``zero12_engine`` or ``zero3_engine = "deepspeed"``), in
+    place of Megatron-LM's sharding flags; None otherwise."""
+    stage = next((s for s, (sharding, engine) in STAGES.items() if training.sharding == sharding), None)
+    if stage is None or getattr(training, STAGES[stage][1]) != "deepspeed":
+        return None
+    return ["--deepspeed", f"--zero-stage {stage}"]
+
+
+def recompute_flags(recompute: str, deepspeed: bool) -> list[str]:
+    """Megatron-LM's flags of ``training.recompute`` (none, selective or full); full under
+    DeepSpeed's engine as ``--checkpoint-activations`` (module docstring).
+
+    >>> recompute_flags("full", False), recompute_flags("full", True), recompute_flags("none", True)
+    (['--recompute-granularity full', '--recompute-method uniform', '--recompute-num-layers 1'], ['--checkpoint-activations'], [])
+    """
+    if recompute == "none":
+        return []
+    if recompute == "full" and deepspeed:
+        return ["--checkpoint-activations"]
+    return [f"--recompute-granularity {recompute}"] + (["--recompute-method uniform", "--recompute-num-layers 1"]
+                                                        if recompute == "full" else [])
+
+
+def deepspeed_note(training) -> list[str]:
+    """The header line of a Megatron-LM export under DeepSpeed's engine (:func:`deepspeed_flags`):
+    the arguments are for Megatron-DeepSpeed, whose parser has ``--deepspeed`` and ``--zero-stage``
+    (Megatron-LM's has neither), while the model flags keep Megatron-LM's spelling."""
+    flags = deepspeed_flags(training)
+    if flags is None:
+        return []
+    return [f"{' '.join(flags)}: Megatron-DeepSpeed's flags (Megatron-LM has neither); give --deepspeed_config your "
+            f"ds config at that stage; the model flags are written in Megatron-LM's spelling: check them against "
+            f"your Megatron-DeepSpeed's arguments.py"]
