@@ -6,12 +6,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.cli_run import run_captured
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _help(cmd: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", cmd, "--help"], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    """``meshplan CMD --help`` at 200 columns, words joined by one space. In-process
+    (tests/cli_run.py: a ``python -m meshplan.cli`` subprocess re-imported meshplan, about 2 CPU-s
+    each); the same text but the usage line's program name. The console script itself:
+    :func:`test_python_dash_m_meshplan_runs_the_cli`."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")
+        r = run_captured(cmd, "--help")
     assert r.returncode == 0, r.stderr
     return " ".join(r.stdout.split())
 
