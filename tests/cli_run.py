@@ -39,6 +39,17 @@ def run_captured(*argv, cwd=None) -> SimpleNamespace:
     return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
+def help_words(*argv) -> str:
+    """``meshplan ARGV... --help`` at 200 columns (:func:`run_captured`), its words joined by one
+    space; fails the test on a non-zero exit. The text a ``python -m meshplan.cli`` subprocess
+    prints but the usage line's program name, without its interpreter start-up (about 2 CPU-s)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COLUMNS", "200")
+        r = run_captured(*argv, "--help")
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.split())
+
+
 def plan_file(path):
     """The plan of the config at ``path`` (:func:`meshplan.plan.build_plan`)."""
     from meshplan.config import load_config

@@ -6,14 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.cli_run import help_words
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _help(cmd: str) -> str:
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", cmd, "--help"], capture_output=True, text=True,
-                       timeout=60, env={**os.environ, "COLUMNS": "200"})
-    assert r.returncode == 0, r.stderr
-    return " ".join(r.stdout.split())
 
 
 def test_validate_help_names_both_backends():
@@ -22,11 +17,11 @@ def test_validate_help_names_both_backends():
     src = inspect.getsource(worker._init)
     assert src.index('init_process_group("nccl"') < src.index('init_process_group("gloo"')
     assert "torch.cuda.is_available()" in src
-    assert "(torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU)" in _help("validate")
+    assert "(torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU)" in help_words("validate")
 
 
 def test_compare_help_names_the_default_out():
-    assert "--out <path> folder for the rejected mesh's evidence [default: out/compare]" in _help("compare")
+    assert "--out <path> folder for the rejected mesh's evidence [default: out/compare]" in help_words("compare")
 
 
 def test_config_argument_help_says_what_each_command_reads():

@@ -20,7 +20,7 @@ from meshplan.catalog import system
 from meshplan.errors import ConfigError
 from meshplan.placement.assign import place
 from meshplan.placement.launch import LaunchOptions, launch_bindings, parse_endpoint, write_launch
-from tests.cli_run import run_captured
+from tests.cli_run import help_words, run_captured
 from tests.testbed_gate import needs_testbed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -504,17 +504,12 @@ def test_validate_runs_across_two_testbed_hosts(tmp_path):
 
 
 def test_help_documents_the_launch_and_multi_host_options():
-    def words(cmd):
-        r = subprocess.run([sys.executable, "-m", "meshplan.cli", cmd, "--help"], capture_output=True, text=True,
-                           env={**ENV, "COLUMNS": "200"}, timeout=120)
-        assert r.returncode == 0, r.stderr
-        return " ".join(r.stdout.split())
-    launch = words("launch")
+    launch = help_words("launch")
     for opt in ("--out", "--rdzv-endpoint", "--port", "--hosts", "--transport", "--nic-scope", "--socket-ifname",
                 "--cpu-bind", "--job-name", "--partition", "--time", "--choose", "--topology", "--force"):
         assert f"{opt} <" in launch or f"{opt} " in launch, opt
     assert "cuda:{LOCAL_RANK}" in launch
-    validate = words("validate")
+    validate = help_words("validate")
     for opt in ("--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr"):
         assert opt in validate, opt
 

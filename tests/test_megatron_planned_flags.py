@@ -12,9 +12,7 @@ and ``overlap_param_gather`` for optim_grads_params
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +27,7 @@ from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
 from nccl_published import ndr_ring_s
+from tests.cli_run import run_captured
 
 
 def _cfg(model: str, nodes: int, training: dict, mesh: dict):
@@ -101,8 +100,7 @@ def test_import_refuses_a_dispatch_or_cp_meshplan_does_not_model(tmp_path, flag,
     with pytest.raises(ConfigError, match=rf"does not model .*; use {flag} {planned}$") as e:
         load_any(f, "megatron", opts)
     assert e.value.field == flag
-    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "import", "megatron", str(f), "--cluster", "dgx-h100",
-                        "--nodes", str(cfg.cluster.nodes), "-o", "-"], capture_output=True, text=True, timeout=120)
+    r = run_captured("import", "megatron", f, "--cluster", "dgx-h100", "--nodes", cfg.cluster.nodes, "-o", "-")
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith(f"error: {flag}: {value} ")
 

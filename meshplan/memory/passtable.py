@@ -212,9 +212,10 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
     the UNSHARDs before each pass (column 6: another chunk's all-gather outputs change no unit's
     state), then each op that has some keyed with them, each such pass built once (a few per
     stage: the closure over every (state, token) pair would build them all)."""
-    strip = np.column_stack([tokens[:, :6], np.zeros(len(tokens), np.int64)])
-    base, inv = np.unique(strip, axis=0, return_inverse=True)
-    key, passes = _keys_on_states(sizes, base, inv.reshape(-1)[tok], pre_of)
+    base, inv = _unique_rows(np.column_stack([tokens[:, :6], np.zeros(len(tokens), np.int64)]))
+    key, passes = _keys_on_states(sizes, base, inv[tok], pre_of)
+    if not tokens[:, 6].any():  # no UNSHARD before any pass
+        return key, passes
     pre = tokens[tok, 6]
     index = {k: i for i, (k, _) in enumerate(passes)}
     for op in np.flatnonzero(pre).tolist():
@@ -224,6 +225,21 @@ def _keys_by_chunk(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
             index[k] = len(passes) - 1
         key[op] = index[k]
     return key, passes
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_inverse=True)`` of a (tokens, columns) array of small
+    non-negative ints, through one int per row (each column a digit of base its maximum + 1,
+    the first the most significant: the same ascending order): a 1-d unique, not a sort of
+    row views.
+
+    >>> [a.tolist() for a in _unique_rows(np.array([[1, 0], [0, 2], [1, 0]]))]
+    [[[0, 2], [1, 0]], [1, 0, 1]]
+    """
+    base = rows.max(axis=0) + 1 if len(rows) else np.ones(rows.shape[1], np.int64)
+    weight = np.concatenate([np.cumprod(base[:0:-1])[::-1], [1]]).astype(np.int64)
+    _, first, inv = np.unique(rows @ weight, return_index=True, return_inverse=True)
+    return rows[first], inv.reshape(-1)
 
 
 def _keys_on_states(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
@@ -238,18 +254,21 @@ def _keys_on_states(sizes: StageSizes, tokens: np.ndarray, tok: np.ndarray,
     passes: list = []
     key = np.empty(len(tok), dtype=np.int64)
     tchunk = tokens[:, 1]
-    op_chunk = tchunk[tok]
-    chunks = present(op_chunk).tolist()
+    chunks = present(tchunk).tolist()  # every token is some op's (pass_table's)
     every = [u for c in chunks for u in sizes.chunk_units(c)]
     try:
         if len(set(every)) < len(every):  # a unit in two chunks: the states do not split
             raise _Entangled
         for c in chunks:
             rows = np.flatnonzero(tchunk == c)
-            ops = np.flatnonzero(op_chunk == c)
+            nxt, kid, _ = _automaton(sizes, tokens[rows], pre_of, built, passes, chunk=c)
+            if len(chunks) == 1:  # the chunk's ops are all the ops, its tokens all the tokens
+                key = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
+                key = kid[key, tok]
+                break
+            ops = np.flatnonzero(tchunk[tok] == c)
             local = np.zeros(len(tokens), dtype=np.int64)
             local[rows] = np.arange(len(rows))
-            nxt, kid, _ = _automaton(sizes, tokens[rows], pre_of, built, passes, chunk=c)
             t = local[tok[ops]]
             state = states_before(nxt[:, t].T) if len(nxt) > 1 else np.zeros(len(t), np.int64)
             key[ops] = kid[state, t]

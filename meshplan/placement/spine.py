@@ -41,18 +41,17 @@ def exit_crosses(p, group: np.ndarray) -> np.ndarray:
     whether the ring hop leaving it for the next domain crosses the spine (another leaf, or
     another set of rails: members without a NIC count as rail -1). Shape (domains,); all False
     for a group inside one domain."""
-    dom = p.domain[group]
-    _, first = np.unique(dom, return_index=True)
-    first = np.sort(first)
-    if len(first) < 2:
-        return np.zeros(len(first), dtype=bool)
-    order = dom[first]
-    pos = {int(d): i for i, d in enumerate(order)}
-    mask = np.zeros(len(order), dtype=np.int64)
-    for d, r in zip(dom.tolist(), p.rail[group].tolist()):
-        mask[pos[d]] |= 1 << (r + 1)
-    leaf = leaf_of(p.cluster, p.node[group][first])
-    nxt = np.roll(np.arange(len(order)), -1)
+    _, first, inv = np.unique(p.domain[group], return_index=True, return_inverse=True)
+    n = len(first)
+    if n < 2:
+        return np.zeros(n, dtype=bool)
+    ring = np.argsort(first)  # ring position -> distinct domain (ascending id)
+    pos = np.empty(n, dtype=np.int64)
+    pos[ring] = np.arange(n)  # distinct domain -> ring position
+    mask = np.zeros(n, dtype=np.int64)  # the rails of each domain's members, one bit each
+    np.bitwise_or.at(mask, pos[inv.reshape(-1)], np.left_shift(1, p.rail[group].astype(np.int64) + 1))
+    leaf = leaf_of(p.cluster, p.node[group][first[ring]])
+    nxt = np.append(np.arange(1, n), 0)
     return (leaf != leaf[nxt]) | (mask != mask[nxt])
 
 
