@@ -43,7 +43,7 @@ from meshplan.pipeline.rounds import Rounds, call_table, run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
-           "rendezvous", "Transfers", "spec_durations"]
+           "rendezvous", "Transfers", "spec_durations", "input_seconds"]
 
 
 #: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
@@ -158,12 +158,21 @@ class ArrayResult(BubbleStats):
                                                                f.chunk[idx].tolist())]
         return [f"{KINDS[k]}{mb}" for k, mb in zip(f.kind[idx].tolist(), f.mb[idx].tolist())]
 
-    def _send(self, d: Event, xfer: Optional[float]) -> Event:
-        """The "pp" event of the transfer of producer ``d``'s output: from the producer's end
-        (asynchronous: ``xfer`` None) or from the rendezvous of both calls (blocking: ``xfer``,
-        the consumer's :attr:`xfer`)."""
+    def _send(self, d: Event, xfer: Optional[float], link_s: float) -> Event:
+        """The "pp" event of the transfer of producer ``d``'s output, ``link_s`` long (its
+        boundary's, :attr:`input_s`): from the producer's end (asynchronous: ``xfer`` None) or from
+        the rendezvous of both calls (blocking: ``xfer``, the consumer's :attr:`xfer`)."""
         t0 = d.end_s if xfer is None else xfer
-        return Event(d.stage, "pp", f"send {d.name}", t0, t0 + self.spec.p2p_s)
+        return Event(d.stage, "pp", f"send {d.name}", t0, t0 + link_s)
+
+    @cached_property
+    def input_s(self) -> np.ndarray:
+        """Per flat unit, seconds of the transfer bringing its input from another stage (its
+        boundary's, :meth:`~meshplan.pipeline.sim_types.PipelineSpec.transfer_s`); 0 for a unit
+        whose input is local. Read-only."""
+        out = input_seconds(self.spec, self.flat)
+        out.flags.writeable = False
+        return out
 
     @cached_property
     def events(self) -> tuple[Event, ...]:
@@ -171,13 +180,14 @@ class ArrayResult(BubbleStats):
         ``args['pred']`` links the critical predecessor as the reference does."""
         n, f = len(self.end), self.flat
         units = self._events(np.arange(n))
-        send = (f.cross & (self.spec.p2p_s > 0)).tolist()
+        link = self.input_s.tolist()
+        send = (f.cross & (self.input_s > 0)).tolist()
         xfer = [None] * n if self.xfer is None else self.xfer.tolist()
         out = []
         for i, (ev, pred, dep) in enumerate(zip(units, self.pred.tolist(), f.dep.tolist())):
             ev.args["pred"] = units[pred] if pred >= 0 else None
             if send[i]:
-                out.append(self._send(units[dep], xfer[i]))
+                out.append(self._send(units[dep], xfer[i], link[i]))
             out.append(ev)
         return tuple(out)
 
@@ -186,8 +196,9 @@ class ArrayResult(BubbleStats):
         makes, each before the unit that waits on it), built for that stage alone."""
         f, n = self.flat, len(self.end)
         sl = self.stage_slice(s)
-        if self.spec.p2p_s > 0:
-            waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n))
+        if self.spec.max_p2p_s > 0:
+            waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n)
+                                     & (self.input_s > 0))
         else:
             waiting = np.zeros(0, dtype=np.int64)
         units = self._events(np.arange(sl.start, sl.stop))
@@ -196,8 +207,10 @@ class ArrayResult(BubbleStats):
         producers = dict(zip(waiting.tolist(), self._events(f.dep[waiting])))
         xfer = self.xfer_at(waiting)
         at = dict(zip(waiting.tolist(), xfer.tolist())) if xfer is not None else {}
+        link = self.input_s
         items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(i, 0) for i in producers])
-        return [units[i - sl.start] if unit else self._send(producers[i], at.get(i)) for i, unit in items]
+        return [units[i - sl.start] if unit else self._send(producers[i], at.get(i), float(link[i]))
+                for i, unit in items]
 
     @cached_property
     def critical_units(self) -> np.ndarray:
@@ -260,11 +273,11 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     pairs = (like.transfers if like is not None and same else rendezvous(spec, f)) if spec.blocking_p2p else None
     if pairs is not None and pairs.calls is None:  # kept in the result: a run ``like`` it reads it again
         pairs = pairs._replace(calls=call_table(pairs, p, length))
-    add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
+    add = input_seconds(spec, f) if pairs is None else np.zeros(n)  # each input's boundary's transfer
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     log: list = []
     again = like.rounds if like is not None and same else None
-    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again,
+    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.max_p2p_s, log=log, again=again,
                                                    after=after(f) if after is not None else None)
     wait = np.empty(n)  # stream free at start: after the previous unit's call, then start - that
     wait[1:] = free[:-1]
@@ -302,6 +315,24 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
                        log[0] if log else again)
 
 
+def input_seconds(spec: PipelineSpec, f: Flat) -> np.ndarray:
+    """Per flat unit, seconds of the transfer that brings its input from another stage: its
+    boundary's (:meth:`~meshplan.pipeline.sim_types.PipelineSpec.transfer_s`, producer stage to
+    consumer stage), 0 where the input is local; ``spec.p2p_s`` on every such unit when one value.
+
+    >>> f = flat_units("1f1b", 3, 1, 1)  # each stage F0 B0: stage 1's F0 from 0, B0 from 2
+    >>> input_seconds(PipelineSpec("1f1b", p=3, m=1, p2p_s=(0.1, 0.7, 0.0)), f).tolist()
+    [0.0, 0.1, 0.1, 0.7, 0.7, 0.0]
+    """
+    if not spec.per_boundary:
+        return np.where(f.cross, spec.p2p_s, 0.0)
+    n = len(f.dep)
+    if not n:
+        return np.zeros(0)
+    link = spec.transfer_s(np.minimum(f.dep, n - 1) // f.length, np.arange(n) // f.length)
+    return np.where(f.cross, link, 0.0)
+
+
 def _async_preds(pairs: "Transfers", end: np.ndarray, length: int, n: int) -> Optional[np.ndarray]:
     """Per flat unit, the unit whose post started the transfer of its asynchronously received
     input (``Transfers.recv_async``): the sender's, or its own stage's receiving one when that
@@ -335,7 +366,9 @@ class Transfers(NamedTuple):
     ``PipelineSpec.overlap_p2p``): the side is issued without waiting (its call holds nothing for
     it), the consumer then waits for the transfer just before it, ``max(both posts) + p2p``
     (None: every side waited); ``calls``: :func:`~meshplan.pipeline.rounds.call_table` of these
-    transfers, kept once :func:`simulate_arrays` has built it (None: not yet)."""
+    transfers, kept once :func:`simulate_arrays` has built it (None: not yet); ``xfer_s``: with a
+    time per boundary (``PipelineSpec.p2p_s`` a tuple), each entry's seconds, its boundary's
+    (None: every transfer takes the one ``p2p_s``)."""
 
     send: np.ndarray
     recv: np.ndarray
@@ -345,6 +378,7 @@ class Transfers(NamedTuple):
     send_async: Optional[np.ndarray] = None
     recv_async: Optional[np.ndarray] = None
     calls: Optional[tuple] = None
+    xfer_s: Optional[np.ndarray] = None
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """(the entries whose send is waited in its call, those whose receive is): a call's peers
@@ -375,6 +409,8 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     delay, lead = delay[prod], lead[cons]
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
     out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
+    if spec.per_boundary:  # each transfer on its own boundary's pair
+        out = out._replace(xfer_s=np.asarray(spec.transfer_s(prod // length, cons // length), dtype=float))
     some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
     return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 

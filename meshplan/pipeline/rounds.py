@@ -36,13 +36,15 @@ def _rows_of(key: np.ndarray, first: int) -> tuple[int, "int | np.ndarray"]:
     return int(present.sum()), (np.cumsum(present) + (first - 1))[key - low]
 
 
-def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _call_table(pairs, width: int, pad: int) -> tuple:
     """Per slot of :func:`run_rounds`, the call issued just before it (after the slot before),
     from ``pairs`` (:class:`~meshplan.pipeline.fast.Transfers`): (shape (1 + peers, slots): the
     slot before, whose end posts the call, then the slots of the calls the call meets, ``pad``
     padding, in no particular order; how many of its transfers share its link, the larger of
     its sends and its receives (:func:`meshplan.pipeline.rendezvous.call_loads`; 0 for a call
-    without transfers); whether it has a peer). One row per send delay and one per receive
+    without transfers); whether it has a peer; with a time per boundary (``pairs.xfer_s``) the
+    seconds of its transfers, the larger of its sends' times added and its receives'
+    (:func:`meshplan.pipeline.rendezvous.call_seconds`), else None: ``k x p2p_s``). One row per send delay and one per receive
     lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
     sends at most one output per delay (its producer ``delay`` units before the call) and posts
     at most one receive per lead (its consumer ``lead`` units after)."""
@@ -58,10 +60,13 @@ def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np
     flat[send_row * cols + after_send] = recv[ws]
     flat[recv_row * cols + after_recv] = send[wr]
     loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
-    return table, loads.astype(float), loads > 0
+    xs = getattr(pairs, "xfer_s", None)
+    secs = None if xs is None else np.maximum(np.bincount(after_send, xs[ws], minlength=cols),
+                                              np.bincount(after_recv, xs[wr], minlength=cols))
+    return table, loads.astype(float), loads > 0, secs
 
 
-def call_table(pairs, p: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def call_table(pairs, p: int, length: int) -> tuple:
     """:func:`_call_table` of ``pairs`` in the slots of :func:`run_rounds` for ``p`` stages of
     ``length`` units (width ``length + 2``, padding peer ``p (length + 2) + 1``); ``pairs.calls``
     when it holds one (the pipeline simulated again with other durations: 0.02 s and 25 MB of
@@ -70,6 +75,20 @@ def call_table(pairs, p: int, length: int) -> tuple[np.ndarray, np.ndarray, np.n
         return pairs.calls
     width = length + 2
     return _call_table(pairs, width, p * width + 1)
+
+
+def stage_calls(per_slot: np.ndarray, p: int, length: int) -> np.ndarray:
+    """A value per call of :func:`call_table` (indexed by the slot after the call: its ``loads``
+    or seconds) as (p, L + 1): per stage its leading call (receives posted before its first unit),
+    then the call after each of its ``length`` units (the trailing slot's call, after the last
+    unit, last). The one reader of the table's slot layout (width ``length + 2`` per stage) outside
+    the round loops; a view.
+
+    >>> stage_calls(np.arange(9), 2, 2).tolist()  # slots: stage 0 at 0-3, stage 1 at 4-7, the padding 8
+    [[1, 2, 3], [5, 6, 7]]
+    """
+    width = length + 2
+    return per_slot[1:p * width + 1].reshape(p, width)[:, :length + 1]
 
 
 def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -212,8 +231,8 @@ def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, le
 def _async_inputs(pairs, length: int, pad: int, p2p_s: float):
     """Per slot of :func:`run_rounds`, the inputs received asynchronously (Megatron-LM's
     ``overlap_p2p_comm``: ``pairs.recv_async``), or None without any: (the slot of the call that
-    sends each such input, the slot of the one that receives it, ``p2p_s`` for such a unit and 0
-    else); ``pad`` (posted at -inf, done) for every other slot: the unit waits for ``max(both
+    sends each such input, the slot of the one that receives it, ``p2p_s`` for such a unit (its
+    boundary's, ``pairs.xfer_s``, where given) and 0 else); ``pad`` (posted at -inf, done) for every other slot: the unit waits for ``max(both
     posts) + p2p_s``."""
     if pairs.recv_async is None or not pairs.recv_async.any():
         return None
@@ -221,7 +240,8 @@ def _async_inputs(pairs, length: int, pad: int, p2p_s: float):
     cons = pairs.cons[k]
     at = cons + 2 * (cons // length) + 1
     a_send, a_recv, a_add = np.full(pad + 1, pad), np.full(pad + 1, pad), np.zeros(pad + 1)
-    a_send[at], a_recv[at], a_add[at] = pairs.send[k], pairs.recv[k], p2p_s
+    a_send[at], a_recv[at] = pairs.send[k], pairs.recv[k]
+    a_add[at] = p2p_s if getattr(pairs, "xfer_s", None) is None else pairs.xfer_s[k]  # per boundary: its own
     return a_send, a_recv, a_add
 
 
@@ -331,8 +351,8 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
         return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s, after)
-    waits, loads, has = call_table(pairs, p, length)
-    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads), 0 without transfers
+    waits, loads, has, secs = call_table(pairs, p, length)
+    p2p = p2p_s * loads if secs is None else secs  # per call: k p2p_s (rendezvous.call_seconds), 0 without transfers
     pos = np.arange(n)
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
@@ -382,9 +402,9 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
                 st = np.maximum(st, end[after[0][cur]] + after[1][cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
         return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
-    table, loads, has = call_table(pairs, p, length)
+    table, loads, has, secs = call_table(pairs, p, length)
     peers = table[1:].T  # a row per slot: the peers of the call before it
-    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads)
+    p2p = p2p_s * loads if secs is None else secs  # per call: k p2p_s (rendezvous.call_seconds)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     free = np.zeros(pad + 1)
     asyn = _async_inputs(pairs, length, pad, p2p_s)

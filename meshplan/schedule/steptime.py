@@ -51,7 +51,7 @@ from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import p2p_note, run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_overlap  # noqa: F401 (config_overlap: re-exported)
-from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_loads, run_shift
+from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_seconds, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
@@ -106,7 +106,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     ends, post, exposed = [], [], []
     memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0
-    loads = call_loads(res) if res.hold is not None else None
+    loads = call_seconds(res) if res.hold is not None else None
     for s, mine in enumerate(ends_of(res)):
         last_xfer = last_transfer_s(res, s, loads) if loads is not None else 0.0
         end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
