@@ -76,9 +76,16 @@ def test_pp28_cp2_tp2_each_boundary_on_its_pair():
     (send it on, receive its gradient), after each backward one on boundary s - 1 (send the gradient
     back, receive the next input), the first input in its leading call, on boundary s - 1; all
     but the last backward's: 512 calls on each boundary, 512 x (111.0 + 721.8 us) = 426.4 ms on both
-    stage 22 (boundaries 21 across, 22 inside) and stage 23 (22 inside, 23 across)."""
+    stage 22 (boundaries 21 across, 22 inside) and stage 23 (22 inside, 23 across). The table's rows: stage 0's
+    and stage 27's (boundary 26, node 13) on the NVLink pair, the middle stages' (stage 1's table) on a NIC pair."""
     plan = _llama70b_pp28()
     assert [r.size_bytes for r in plan.collectives["stage 1"] if r.axis == "pp" and r.op == "send/recv"] == [S, S]
+    # the table: each stage's rows on its slowest boundary's pairs, the pp group kept (28 ranks, 112 / 28 groups)
+    rows = {k: {(r.phase, r.path.kind, r.group_size, r.n_groups, round(r.time_s * 1e6, 1)) for r in plan.collectives[k]
+                if r.axis == "pp" and r.op == "send/recv"} for k in ("stage 0", "stage 1", "stage 27")}
+    nv, nic = round(NVLINK * 1e6, 1), round(NIC * 1e6, 1)
+    assert rows["stage 0"] == rows["stage 27"] == {(ph, "nvlink", 28, 4, nv) for ph in ("forward", "backward")}
+    assert rows["stage 1"] == {(ph, "network", 28, 4, nic) for ph in ("forward", "backward")}  # boundary 1 across
     st = step_time(plan)
     res = st.pipeline
     expected = [NVLINK if b % 2 == 0 else NIC for b in range(27)] + [NIC]

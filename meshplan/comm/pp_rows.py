@@ -105,9 +105,10 @@ def stage_pairs(c: StageContext):
     pp = c.mesh.degree("pp")
     if c.domain is None:
         return None
-    sched = get_schedule(c.schedule)
-    stages = range(1, pp - 1) if 0 < c.stage < pp - 1 else (c.stage,)
-    crossed = sorted({int(boundary_of(s, t, pp)) for s in stages for t in peers(sched, pp, c.vpp, s)})
+    if 0 < c.stage < pp - 1:  # a middle stage's chunks hand on to its neighbours only (no wrap): 0 .. pp - 2
+        crossed = list(range(pp - 1))
+    else:
+        crossed = sorted({int(boundary_of(c.stage, t, pp)) for t in peers(get_schedule(c.schedule), pp, c.vpp, c.stage)})
     if not crossed:
         return None
     pairs = boundary_pairs(c.mesh)
@@ -136,16 +137,21 @@ def boundary_seconds(mesh: Mesh, placement, cluster, size_bytes: float) -> np.nd
     (:func:`~meshplan.comm.row.groups_path` of its pairs, all running at once: NVLink where every
     pair shares an NVLink domain, else the network, the sender's NIC), timed as a table row is
     (:func:`~meshplan.comm.row.path_time`, a pair: n 2). pp 28 x cp 2 x tp 2 on dgx-h100: stages
-    2k and 2k + 1 share a node (NVLink pair), 2k + 1 -> 2k + 2 cross (a NIC pair). The NVLink
-    boundaries share one path (the fabric's); the others are timed one by one, each path once."""
+    2k and 2k + 1 share a node (NVLink pair), 2k + 1 -> 2k + 2 cross (a NIC pair). Each distinct
+    path is found and timed once."""
     pairs = boundary_pairs(mesh)
     dom = placement.domain[pairs]
     inside = (dom[..., 0] == dom[..., 1]).all(axis=1)
     times: dict = {}
     out = np.empty(len(pairs))
-    paths: dict = {}  # by boundary; the NVLink ones share one (the fabric's)
+    # a path is a function of its pairs' nodes (relative to the first), NICs and rails: boundaries
+    # alike in those share it (pp 128 across 16-GPU strides: one path, not 128); the NVLink ones the fabric's
+    node = placement.node[pairs]
+    alike = np.concatenate([(node - node[:, :1, :1]).reshape(len(pairs), -1), placement.nic[pairs].reshape(len(pairs), -1),
+                            placement.rail[pairs].reshape(len(pairs), -1)], axis=1)
+    paths: dict = {}
     for b in range(len(pairs)):
-        key = -1 if inside[b] else b
+        key = b"" if inside[b] else alike[b].tobytes()
         if key not in paths:
             paths[key] = groups_path(pairs[b], placement, cluster)
         path = paths[key]
