@@ -27,19 +27,20 @@ sends, 1F1B at pp 128 x 4,096 micro-batches 0.43 s -> 0.31 s, interleaved at pp 
 Durations depend only on (stage, chunk, kind, last gradient unit), the step model's unit
 key, given as a table. Events are built only when asked for (trace, evidence). The orders and
 dependencies are :mod:`meshplan.pipeline.orders` (re-exported here), the round loops
-:mod:`meshplan.pipeline.rounds`.
+:mod:`meshplan.pipeline.rounds`, the blocking calls :mod:`meshplan.pipeline.calls` (re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from meshplan.pipeline.orders import KINDS, Flat, flat_units, order_arrays, stage_orders
-from meshplan.pipeline.rounds import Rounds, call_table, run_rounds
+from meshplan.pipeline.calls import Transfers, call_table, input_seconds, rendezvous
+from meshplan.pipeline.rounds import Rounds, run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
@@ -315,24 +316,6 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
                        log[0] if log else again)
 
 
-def input_seconds(spec: PipelineSpec, f: Flat) -> np.ndarray:
-    """Per flat unit, seconds of the transfer that brings its input from another stage: its
-    boundary's (:meth:`~meshplan.pipeline.sim_types.PipelineSpec.transfer_s`, producer stage to
-    consumer stage), 0 where the input is local; ``spec.p2p_s`` on every such unit when one value.
-
-    >>> f = flat_units("1f1b", 3, 1, 1)  # each stage F0 B0: stage 1's F0 from 0, B0 from 2
-    >>> input_seconds(PipelineSpec("1f1b", p=3, m=1, p2p_s=(0.1, 0.7, 0.0)), f).tolist()
-    [0.0, 0.1, 0.1, 0.7, 0.7, 0.0]
-    """
-    if not spec.per_boundary:
-        return np.where(f.cross, spec.p2p_s, 0.0)
-    n = len(f.dep)
-    if not n:
-        return np.zeros(0)
-    link = spec.transfer_s(np.minimum(f.dep, n - 1) // f.length, np.arange(n) // f.length)
-    return np.where(f.cross, link, 0.0)
-
-
 def _async_preds(pairs: "Transfers", end: np.ndarray, length: int, n: int) -> Optional[np.ndarray]:
     """Per flat unit, the unit whose post started the transfer of its asynchronously received
     input (``Transfers.recv_async``): the sender's, or its own stage's receiving one when that
@@ -353,66 +336,6 @@ def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:
     width = length + 2
     pos = slot % width  # position + 1
     return np.where(pos > 0, end[np.maximum(slot - 2 * (slot // width) - 1, 0)], 0.0)
-
-
-class Transfers(NamedTuple):
-    """Megatron-LM 2022's rendezvous p2p (:func:`rendezvous`): per cross-stage input, one entry
-    per unit with ``f.cross`` in flat order: ``send`` and ``recv``, the calls that send and
-    receive it, each as the slot of :func:`~meshplan.pipeline.rounds.run_rounds` it is issued
-    after (``stage * (L + 2) + position + 1``; position -1: before the first unit, the stage's
-    leading slot); ``cons``, the flat index of the consumer; ``delay``, how many units after its
-    producer the send is issued; ``lead``, how many units before the consumer the receive is;
-    ``send_async`` and ``recv_async`` (Megatron-LM's ``overlap_p2p_comm``,
-    ``PipelineSpec.overlap_p2p``): the side is issued without waiting (its call holds nothing for
-    it), the consumer then waits for the transfer just before it, ``max(both posts) + p2p``
-    (None: every side waited); ``calls``: :func:`~meshplan.pipeline.rounds.call_table` of these
-    transfers, kept once :func:`simulate_arrays` has built it (None: not yet); ``xfer_s``: with a
-    time per boundary (``PipelineSpec.p2p_s`` a tuple), each entry's seconds, its boundary's
-    (None: every transfer takes the one ``p2p_s``)."""
-
-    send: np.ndarray
-    recv: np.ndarray
-    cons: np.ndarray
-    delay: np.ndarray
-    lead: np.ndarray
-    send_async: Optional[np.ndarray] = None
-    recv_async: Optional[np.ndarray] = None
-    calls: Optional[tuple] = None
-    xfer_s: Optional[np.ndarray] = None
-
-    def sides(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the entries whose send is waited in its call, those whose receive is): a call's peers
-        and its load count only its waited sides (all entries without ``send_async``)."""
-        every = np.ones(len(self.cons), dtype=bool)
-        if self.send_async is None or self.recv_async is None:
-            return every, every
-        return ~self.send_async, ~self.recv_async
-
-
-def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
-    """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.rendezvous` docstring,
-    :func:`~meshplan.pipeline.rendezvous.calls`) on the flat units: per cross-stage input the call
-    that sends it and the call that receives it (:class:`Transfers`).
-
-    >>> f = flat_units("1f1b", 2, 2, 1)  # stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1
-    >>> t = rendezvous(PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True), f)
-    >>> t.cons.tolist()  # stage 0's B0, B1; stage 1's F0, F1
-    [2, 3, 4, 6]
-    >>> [(int(x) // 6, int(x) % 6 - 1) for x in t.send], [(int(x) // 6, int(x) % 6 - 1) for x in t.recv]
-    ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
-    """
-    length, p = f.length, spec.p
-    delay, lead, send_async, recv_async = (np.concatenate(x) for x in zip(*[spec.p2p_calls(s, length)
-                                                                            for s in range(p)]))
-    cons = np.flatnonzero(f.cross)
-    prod = f.dep[cons]
-    delay, lead = delay[prod], lead[cons]
-    slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
-    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
-    if spec.per_boundary:  # each transfer on its own boundary's pair
-        out = out._replace(xfer_s=np.asarray(spec.transfer_s(prod // length, cons // length), dtype=float))
-    some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
-    return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

@@ -1,6 +1,6 @@
 """List scheduling of the array simulation (:mod:`meshplan.pipeline.fast`) in rounds: each round,
 every stage whose next unit's inputs are there runs it, all stages at once in numpy; with
-Megatron-LM 2022's blocking sends (:func:`~meshplan.pipeline.fast.rendezvous`) each stage also
+Megatron-LM 2022's blocking sends (:func:`~meshplan.pipeline.calls.rendezvous`) each stage also
 waits for the peers of the call before the unit. Times bitwise equal to the reference
 simulation (:func:`meshplan.pipeline.simulate.simulate`): the same additions and maxima in the
 same order.
@@ -12,83 +12,8 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from meshplan.pipeline.calls import call_table
 from meshplan.pipeline.orders import Flat
-
-def _rows_of(key: np.ndarray, first: int) -> tuple[int, "int | np.ndarray"]:
-    """(how many distinct values the small integers ``key`` take, the row of each entry:
-    ``first`` plus the rank of its value among them): from the least and the largest value when
-    they are at most one apart (1F1B: one value; interleaved 1F1B: two), else by a count per
-    value in their range; no sort.
-
-    >>> _rows_of(np.array([5, 5]), 1)
-    (1, 1)
-    >>> [(n, r.tolist()) for n, r in (_rows_of(np.array([2, 1, 2]), 1), _rows_of(np.array([0, 3, 7, 3]), 2))]
-    [(2, [2, 1, 2]), (3, [2, 3, 4, 3])]
-    """
-    if not len(key):
-        return 0, first
-    low, high = int(key.min()), int(key.max())
-    if high - low <= 1:  # both values occur
-        return high - low + 1, (first if high == low else key + (first - low))
-    present = np.bincount(key - low) > 0
-    if present.all():  # consecutive values (1F1B: one)
-        return len(present), (first if len(present) == 1 else key + (first - low))
-    return int(present.sum()), (np.cumsum(present) + (first - 1))[key - low]
-
-
-def _call_table(pairs, width: int, pad: int) -> tuple:
-    """Per slot of :func:`run_rounds`, the call issued just before it (after the slot before),
-    from ``pairs`` (:class:`~meshplan.pipeline.fast.Transfers`): (shape (1 + peers, slots): the
-    slot before, whose end posts the call, then the slots of the calls the call meets, ``pad``
-    padding, in no particular order; how many of its transfers share its link, the larger of
-    its sends and its receives (:func:`meshplan.pipeline.rendezvous.call_loads`; 0 for a call
-    without transfers); whether it has a peer; with a time per boundary (``pairs.xfer_s``) the
-    seconds of its transfers, the larger of its sends' times added and its receives'
-    (:func:`meshplan.pipeline.rendezvous.call_seconds`), else None: ``k x p2p_s``). One row per send delay and one per receive
-    lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
-    sends at most one output per delay (its producer ``delay`` units before the call) and posts
-    at most one receive per lead (its consumer ``lead`` units after)."""
-    ws, wr = pairs.sides()  # an asynchronous side is in no call (Megatron-LM's overlap_p2p_comm)
-    send, recv, delay, lead = pairs.send, pairs.recv, pairs.delay, pairs.lead
-    after_send, after_recv = send[ws] + 1, recv[wr] + 1  # the slot whose unit waits for each call
-    n_send, send_row = _rows_of(delay[ws], 1)
-    n_recv, recv_row = _rows_of(lead[wr], 1 + n_send)
-    cols = pad + 1
-    table = np.full((1 + n_send + n_recv, cols), pad, dtype=np.int64)
-    table[0] = np.arange(-1, pad)
-    flat = table.reshape(-1)
-    flat[send_row * cols + after_send] = recv[ws]
-    flat[recv_row * cols + after_recv] = send[wr]
-    loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
-    xs = getattr(pairs, "xfer_s", None)
-    secs = None if xs is None else np.maximum(np.bincount(after_send, xs[ws], minlength=cols),
-                                              np.bincount(after_recv, xs[wr], minlength=cols))
-    return table, loads.astype(float), loads > 0, secs
-
-
-def call_table(pairs, p: int, length: int) -> tuple:
-    """:func:`_call_table` of ``pairs`` in the slots of :func:`run_rounds` for ``p`` stages of
-    ``length`` units (width ``length + 2``, padding peer ``p (length + 2) + 1``); ``pairs.calls``
-    when it holds one (the pipeline simulated again with other durations: 0.02 s and 25 MB of
-    call table at pp 128 x 4,096 micro-batches)."""
-    if getattr(pairs, "calls", None) is not None:
-        return pairs.calls
-    width = length + 2
-    return _call_table(pairs, width, p * width + 1)
-
-
-def stage_calls(per_slot: np.ndarray, p: int, length: int) -> np.ndarray:
-    """A value per call of :func:`call_table` (indexed by the slot after the call: its ``loads``
-    or seconds) as (p, L + 1): per stage its leading call (receives posted before its first unit),
-    then the call after each of its ``length`` units (the trailing slot's call, after the last
-    unit, last). The one reader of the table's slot layout (width ``length + 2`` per stage) outside
-    the round loops; a view.
-
-    >>> stage_calls(np.arange(9), 2, 2).tolist()  # slots: stage 0 at 0-3, stage 1 at 4-7, the padding 8
-    [[1, 2, 3], [5, 6, 7]]
-    """
-    width = length + 2
-    return per_slot[1:p * width + 1].reshape(p, width)[:, :length + 1]
 
 
 def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -306,7 +231,7 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     (its successors wait for ``done``) and is computed again. Slots: each stage's units between a
     leading slot (end 0, done: the step's start, where the receives of the first unit are
     posted) and a trailing one that never runs. ``pairs``: the blocking calls
-    (:class:`~meshplan.pipeline.fast.Transfers`, in these slots), None for asynchronous sends
+    (:class:`~meshplan.pipeline.calls.Transfers`, in these slots), None for asynchronous sends
     (cross-stage inputs then wait ``add``). Returns (start, end, stream free after each
     unit's call, free after each stage's leading call, the peer that bound the call before each
     unit: :class:`Binding`). Finite, non-negative times run the leaner loops

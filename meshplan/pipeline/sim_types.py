@@ -112,7 +112,7 @@ class PipelineSpec:
 
     def p2p_calls(self, s: int, length: int):
         """Stage ``s``'s blocking calls per unit of its order (``length`` units), for
-        :func:`~meshplan.pipeline.rendezvous.calls` and :func:`meshplan.pipeline.fast.rendezvous`:
+        :func:`~meshplan.pipeline.rendezvous.calls` and :func:`meshplan.pipeline.calls.rendezvous`:
         torch's under ``torch_p2p`` (:meth:`~.base.PipelineSchedule.torch_p2p_calls`), else
         Megatron-LM's (``p2p_calls``)."""
         if self.torch_p2p:

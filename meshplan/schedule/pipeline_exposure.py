@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from meshplan.pipeline.fast import KINDS, ArrayResult, Transfers, simulate_arrays
-from meshplan.pipeline.rounds import call_table, stage_calls
+from meshplan.pipeline.calls import call_table, stage_calls
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.unit_times import UnitTimes
 
@@ -115,7 +115,7 @@ def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
 def call_seconds(res: ArrayResult) -> np.ndarray:
     """Seconds every stage's calls spend on their own transfers (:func:`call_transfer_s`), shape
     (p, L + 1) as :func:`call_loads`: ``k x p2p_s`` with one ``p2p_s``; per boundary the
-    simulation's call table's seconds (:func:`meshplan.pipeline.rounds.call_table`, each transfer
+    simulation's call table's seconds (:func:`meshplan.pipeline.calls.call_table`, each transfer
     its boundary's: :func:`meshplan.pipeline.rendezvous.call_seconds`).
 
     >>> from meshplan.pipeline.simulate import PipelineSpec
@@ -139,7 +139,7 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     leading call (receives posted before its first unit), then the call after each unit;
     zeros without blocking sends. One count over all transfers (pass it to
     :func:`pp_hold_split` when splitting every stage): the simulation's call table's
-    (:func:`meshplan.pipeline.rounds.call_table`, kept on ``res.transfers``, indexed by the slot
+    (:func:`meshplan.pipeline.calls.call_table`, kept on ``res.transfers``, indexed by the slot
     after each call), else :func:`transfer_loads`. Read-only (a view of that table)."""
     p, length = res.flat.p, res.flat.length
     if res.transfers is None:
@@ -150,7 +150,7 @@ def call_loads(res: ArrayResult) -> np.ndarray:
 
 
 def transfer_loads(transfers: Transfers, p: int, length: int) -> np.ndarray:
-    """:func:`call_loads` from the blocking calls alone (:func:`meshplan.pipeline.fast.rendezvous`
+    """:func:`call_loads` from the blocking calls alone (:func:`meshplan.pipeline.calls.rendezvous`
     of a spec, no simulation needed), shape (p, L + 1): per stage its leading call, then the call
     after each of its ``length`` units. Each such call holds its stage at least ``k x p2p_s``
     after its post (:func:`meshplan.pipeline.rounds.run_rounds`: ``max(post, peer posts) + k
