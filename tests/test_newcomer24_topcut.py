@@ -40,13 +40,19 @@ def test_top_3_and_top_10_list_the_same_first_3_rows():
     the fp32 dQ 4 x 1024 x 16 x 128 = 8 MiB and four fp32 dK/dV buffers of 4 x 2048 x 16 x 256 / 2 = 16 MiB
     each) the cp 2 mesh's vpp 2 setting peaks there, 3,063,439,360 B (was 3,042,467,840 at its MLP's
     activation step), over 0.85 x 3.6e9 = 3,060,000,000 B: tight, so its mesh is shown at vpp 1 (73.8 ms, 12th)
-    and dp_replicate 4 x dp_shard 4 at full recompute (72.6 ms) is 9th."""
+    and dp_replicate 4 x dp_shard 4 at full recompute (72.6 ms) is 9th. Since each stage boundary takes its own
+    pair's path (ppbound: pp 4 x dp_shard 4 puts stages 0-1 on node 0 and 2-3 on node 1, so boundaries 0 and 2
+    move a 1 x 2048 x 2048 x 2 B = 8,388,608 B activation on the NVLink pair, 7.2 + (42.17 + 40,806.7 x 7 MiB /
+    8,191 MiB - 15.0) / 1.75 = 42.65 us (tests/nccl_published.h100_nvlink_s), instead of the NIC pair's
+    9.3 + 8,388,608 B / 47.10 GB/s = 187.42 us;
+    boundary 1 keeps the NIC) pp 4 x dp_shard 4 is 66.5 ms, row 2 at both cuts, and the two meshes with
+    neither pp nor cp follow, unchanged (69.3 and 69.9 ms)."""
     want = [("dp_shard 16, mb 1, none, vpp 1, zero3", 54.6),
-            ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 69.3),
-            ("dp_shard 8 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", 69.9)]
+            ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 66.5),
+            ("dp_replicate 2 x dp_shard 8, mb 1, full, vpp 1, hsdp, keep gathered", 69.3)]
     ten = _rows(10)
     assert _rows(3) == ten[:3] == want
-    assert ten[3] == ("pp 4 x dp_shard 4, mb 1, none, vpp 1, zero3, short end stages", 69.2)
+    assert ten[3] == ("dp_shard 8 x tp 2, mb 1, none, vpp 1, zero3, keep gathered", 69.9)
     assert ten[8] == ("dp_replicate 4 x dp_shard 4, mb 1, full, vpp 1, hsdp", 72.6)
     assert not any("cp 2" in label for label, _ in ten)
 

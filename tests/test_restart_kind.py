@@ -119,7 +119,11 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     NIC (meshplan.comm.nccl_algorithms; pp 28 beside cp 2 x tp 2 has 2 ranks of each pp group on a node, whose group
     path is 2 NICs, 100 GB/s), the alternative's stage-to-stage sends (1 x 8192 / cp 2 / SP 2 x 8192 x 2 B =
     33,554,432 B each) move at one NIC's 50 GB/s: 35.69 -> 36.07 s (116,273 tokens/s); the kind (pp 1) is unchanged:
-    the same proposal."""
+    the same proposal. Since each stage boundary takes its own pair's path (ppbound: stages 2k and 2k + 1 share a
+    node, NVLink pair 111.0 us; 2k + 1 -> 2k + 2 a NIC pair, 721.8 us; tests/test_pp_boundary.py), the critical
+    stage 0 spends its 512 calls' transfers at 111.0 us, -512 x 610.8 us = -312.7 ms, and the critical path's first
+    forward out and last backward back cross the 14 NVLink boundaries once each, -2 x 14 x 610.8 us = -17.1 ms:
+    36.07 -> 35.74 s (117,344 tokens/s), the same proposal."""
     from typer.testing import CliRunner
     from meshplan import cli
     cfg = tmp_path / "q1top.toml"
@@ -138,7 +142,8 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     assert "- planned step 33.10 s, 126,203 tokens/s, memory peak 64.6 GiB: 6.3% of the throughput lost (the " \
            "128-GPU plan: step 31.15 s, 134,647 tokens/s)" in lines
     assert "- alternative keeping the global batch: pp 28 (layers per stage 2, 3 x 24, 2 x 3) x cp 2 x tp 2 on 112 " \
-           "GPUs, contract kept: step 36.07 s, 116,273 tokens/s" in lines
+           "GPUs, contract kept: step 35.74 s, 117,344 tokens/s" in lines
+    assert round(36.07 - (512 + 2 * 14) * (721.8 - 111.0) * 1e-6, 2) == 35.74
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
 
 

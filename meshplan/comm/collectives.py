@@ -15,7 +15,8 @@ torchtitan's Llama plan), each module's docstring giving its conventions and sou
   DDP and Megatron-LM's buffers (:mod:`meshplan.comm.dp_rows`), FSDP2 and HSDP
   (:mod:`meshplan.comm.fsdp_rows`), DeepSpeed's ZeRO-3 of 2021 (:mod:`meshplan.comm.deepspeed_rows`)
   and its ZeRO-1/2 (:mod:`meshplan.comm.deepspeed_zero12`);
-- pp: sends and receives, scatter/gather, tied embeddings (:mod:`meshplan.comm.pp_rows`);
+- pp: sends and receives (each stage's on its boundary pairs' path), scatter/gather, tied embeddings
+  (:mod:`meshplan.comm.pp_rows`);
 - ep: the MoE all-to-alls and the dropless count exchange (:mod:`meshplan.comm.ep_rows`).
 
 ``size_bytes`` is the full buffer S as nccl-tests prints it (all-gather output,
@@ -87,7 +88,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                        micro=micro_batches, chunk_of=chunk_of, loss_parallel=loss_parallel,
                        bucket_elements=grad_bucket_elements,
                        deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training),
-                       deepspeed_reuse=deepspeed_reuse)
+                       deepspeed_reuse=deepspeed_reuse, domain=placement.domain)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -115,7 +116,7 @@ def _row_adder(rows: list[CollectiveRow], mesh: Mesh, placement, cluster: Cluste
         n = mesh.degree(axis) if ranks is None else len(ranks)
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
-        key = axis if groups is None else (axis, tuple(ranks))
+        key = axis if groups is None else (axis, tuple(ranks), tuple(groups[0].tolist()))  # (a pp boundary's pairs)
         if key not in paths:  # once per axis (or set of groups) and table: a path reads every group's ranks
             paths[key] = (axis_path(mesh, placement, cluster, axis) if groups is None
                           else groups_path(groups, placement, cluster))

@@ -10,6 +10,10 @@ embedding's gradient all-reduce between the first and last stage.
   stage, and without SP every tp rank sends the whole (b, s, h) activation (no Megatron
   scatter/gather across tp): measured with ``torch.distributed.pipelining`` 2.13.
   With cp the activation is this rank's b * s/cp * h (its two chunks; /tp under SP).
+  Each transfer moves between one pair, the stage's rank and its peer stage's at the same position
+  on the other axes: the stage's rows are timed on its slowest boundary's pairs (NVLink where both
+  stages share a node, the sender's NIC where not; :func:`stage_pairs`), the pipeline simulator
+  times every boundary on its own (:func:`boundary_seconds`).
 - Tied embeddings with pp > 1 (embedding on the first stage, its copy as the output layer on
   the last): once per step, after the schedule, the two copies' gradients are all-reduced
   (sum) over the embedding group, the first and last rank of a pp group (Megatron-LM
@@ -20,10 +24,14 @@ embedding's gradient all-reduce between the first and last stage.
 
 from __future__ import annotations
 
+import numpy as np
+
+from meshplan.comm.row import groups_path, path_time
 from meshplan.comm.stage_context import StageContext
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import fsdp_padded_numel, padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
+from meshplan.pipeline.sim_types import boundary_of
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -44,9 +52,11 @@ def pp_rows(add, c: StageContext) -> None:
     # one send per chunk whose next virtual stage is on another rank, one receive per chunk whose
     # previous one is (the schedule's chunk map: looped 2 vpp - first - last; a V turns locally on pp - 1)
     n = get_schedule(c.schedule).p2p_per_microbatch(pp, c.vpp, c.stage)
-    add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
+    pairs = stage_pairs(c)  # its boundaries' slowest pairs' path (None: the pp axis's)
+    on = {} if pairs is None else {"ranks": tuple(mesh.group_of(0, "pp")), "groups": pairs}
+    add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward", **on)
     add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
-        "previous stage's backward")
+        "previous stage's backward", **on)
     if sg:  # each receive is the 1/tp slice a tp peer also received: all-gathered over tp
         add("tp", "forward", "all-gather", c.act_bytes, dt, n, f"every {SCATTER_GATHER_CADENCE}",
             "the received chunk's forward")
@@ -57,6 +67,98 @@ def pp_rows(add, c: StageContext) -> None:
         add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.grad_dtype, 0,
             "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,
             per_step=1, ranks=(pp0[0], pp0[-1]))
+
+
+def peers(schedule, pp: int, vpp: int, stage: int) -> dict[int, int]:
+    """{peer stage: chunk boundaries per micro-batch} of ``stage`` in one direction: for each local
+    chunk, its previous virtual stage's rank (a forward receive, a backward send) and its next one's
+    (a forward send, a backward receive) when that is another rank; the counts add up to
+    :meth:`~meshplan.pipeline.base.PipelineSchedule.p2p_per_microbatch`. Looped (interleaved),
+    stage 0's chunk k > 0 receives from stage pp - 1's chunk k - 1 (the wrap); a V turns on pp - 1.
+
+    >>> [peers(get_schedule("1f1b"), 4, 1, s) for s in range(4)]
+    [{1: 1}, {0: 1, 2: 1}, {1: 1, 3: 1}, {2: 1}]
+    >>> [peers(get_schedule("interleaved_1f1b"), p, 2, s) for p, s in ((4, 0), (4, 3), (2, 0))]
+    [{1: 2, 3: 1}, {2: 2, 0: 1}, {1: 3}]
+    >>> peers(get_schedule("zbv"), 4, 2, 3)
+    {2: 2}
+    """
+    out: dict[int, int] = {}
+    for k in range(vpp):
+        j = schedule.virtual_stage(k, stage, pp, vpp)
+        for nb in (j - 1, j + 1):
+            if 0 <= nb < pp * vpp and (t := schedule.stage_of(nb, pp, vpp)) != stage:
+                out[t] = out.get(t, 0) + 1
+    return out
+
+
+def stage_pairs(c: StageContext):
+    """The pairs (n_groups, 2) whose path times the stage's pp send/recv rows: of the boundaries its
+    transfers cross (:func:`peers`; the middle table, shared by stages 1 .. pp - 2
+    (:func:`meshplan.plan.table_stage`), every middle stage's), the first whose pairs do not all
+    share an NVLink domain (``c.domain``), else the first: the stage's slowest link, NVLink only
+    where every transfer stays on it, so the table's link loads (the network rows,
+    :mod:`meshplan.schedule.netload`) count what they did on the pp axis. The pipeline simulator
+    times each boundary on its own pairs (:func:`boundary_seconds`). None without ``c.domain``
+    (the pp axis's path) or a peer. pp 4 with 2 stages a node (0-1 and 2-3 on NVLink): stage 0 its
+    NVLink pair, the middle table (stage 1's across to 2, stage 2's) and stage 3 theirs."""
+    pp = c.mesh.degree("pp")
+    if c.domain is None:
+        return None
+    if 0 < c.stage < pp - 1:  # a middle stage's chunks hand on to its neighbours only (no wrap): 0 .. pp - 2
+        crossed = list(range(pp - 1))
+    else:
+        crossed = sorted({int(boundary_of(c.stage, t, pp)) for t in peers(get_schedule(c.schedule), pp, c.vpp, c.stage)})
+    if not crossed:
+        return None
+    pairs = boundary_pairs(c.mesh)
+    apart = [b for b in crossed if (c.domain[pairs[b][:, 0]] != c.domain[pairs[b][:, 1]]).any()]
+    return pairs[(apart or crossed)[0]]
+
+
+def boundary_pairs(mesh: Mesh) -> np.ndarray:
+    """Each stage boundary's pairs of ranks, shape (pp, n_groups, 2): boundary b the rank of stage b
+    and the rank of stage b + 1 of every pp group (the same position on the other axes), boundary
+    pp - 1 the looped schedules' wrap from the last stage to stage 0 (the boundaries of
+    :func:`meshplan.pipeline.sim_types.boundary_of`).
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> boundary_pairs(resolve_mesh(MeshSpec(names=["pp", "tp"], shape=[3, 2]), 6)).tolist()
+    [[[0, 2], [1, 3]], [[2, 4], [3, 5]], [[4, 0], [5, 1]]]
+    """
+    groups = mesh.groups("pp")
+    return np.stack([groups, np.roll(groups, -1, axis=1)], axis=-1).transpose(1, 0, 2)
+
+
+def boundary_seconds(mesh: Mesh, placement, cluster, size_bytes: float) -> np.ndarray:
+    """Seconds of one pp send/recv of ``size_bytes`` across each stage boundary, shape (pp,)
+    (:func:`boundary_pairs`' order, the wrap last): each boundary on its own pairs' path
+    (:func:`~meshplan.comm.row.groups_path` of its pairs, all running at once: NVLink where every
+    pair shares an NVLink domain, else the network, the sender's NIC), timed as a table row is
+    (:func:`~meshplan.comm.row.path_time`, a pair: n 2). pp 28 x cp 2 x tp 2 on dgx-h100: stages
+    2k and 2k + 1 share a node (NVLink pair), 2k + 1 -> 2k + 2 cross (a NIC pair). Each distinct
+    path is found and timed once."""
+    pairs = boundary_pairs(mesh)
+    dom = placement.domain[pairs]
+    inside = (dom[..., 0] == dom[..., 1]).all(axis=1)
+    times: dict = {}
+    out = np.empty(len(pairs))
+    # a path is a function of its pairs' nodes (relative to the first), NICs and rails: boundaries
+    # alike in those share it (pp 128 across 16-GPU strides: one path, not 128); the NVLink ones the fabric's
+    node = placement.node[pairs]
+    alike = np.concatenate([(node - node[:, :1, :1]).reshape(len(pairs), -1), placement.nic[pairs].reshape(len(pairs), -1),
+                            placement.rail[pairs].reshape(len(pairs), -1)], axis=1)
+    paths: dict = {}
+    for b in range(len(pairs)):
+        key = b"" if inside[b] else alike[b].tobytes()
+        if key not in paths:
+            paths[key] = groups_path(pairs[b], placement, cluster)
+        path = paths[key]
+        if path not in times:
+            times[path] = path_time("send/recv", 2, size_bytes, path, cluster)[1]
+        out[b] = times[path]
+    return out
 
 
 #: Cadence of the tp all-gather rebuilding a pp receive (read by the rank timeline's comm_kind).

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
@@ -31,7 +33,9 @@ class StageContext:
     with ``micro`` micro-batches per step, ``chunk_of`` (layer -> local chunk),
     ``loss_parallel`` (mesh option), ``bucket_elements`` (``[memory] grad_bucket_elements``,
     DDP's bucket cap; None: torch's), ``deepspeed_prefetch`` (DeepSpeed ZeRO-3's
-    (prefetch, max live) bytes) and ``deepspeed_reuse`` (its ``stage3_max_reuse_distance``)."""
+    (prefetch, max live) bytes), ``deepspeed_reuse`` (its ``stage3_max_reuse_distance``) and
+    ``domain`` (each rank's NVLink domain, shape (world,): which pp boundaries stay on NVLink,
+    :func:`meshplan.comm.pp_rows.pp_rows`)."""
 
     model: ModelSpec
     training: TrainingSpec
@@ -49,6 +53,7 @@ class StageContext:
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
     deepspeed_prefetch: Optional[tuple[int, int]] = None  # DeepSpeed ZeRO-3's (prefetch, max live) bytes
     deepspeed_reuse: Optional[int] = None  # its stage3_max_reuse_distance, elements (None: DeepSpeed's 1e9)
+    domain: Optional[np.ndarray] = None  # rank -> NVLink domain (placement.domain; None: pp rows on the pp axis's path)
 
     @property
     def runs(self) -> int:

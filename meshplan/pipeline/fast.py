@@ -27,23 +27,24 @@ sends, 1F1B at pp 128 x 4,096 micro-batches 0.43 s -> 0.31 s, interleaved at pp 
 Durations depend only on (stage, chunk, kind, last gradient unit), the step model's unit
 key, given as a table. Events are built only when asked for (trace, evidence). The orders and
 dependencies are :mod:`meshplan.pipeline.orders` (re-exported here), the round loops
-:mod:`meshplan.pipeline.rounds`.
+:mod:`meshplan.pipeline.rounds`, the blocking calls :mod:`meshplan.pipeline.calls` (re-exported here).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from meshplan.pipeline.orders import KINDS, Flat, flat_units, order_arrays, stage_orders
-from meshplan.pipeline.rounds import Rounds, call_table, run_rounds
+from meshplan.pipeline.calls import Transfers, call_table, input_seconds, rendezvous
+from meshplan.pipeline.rounds import Rounds, run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
-           "rendezvous", "Transfers", "spec_durations"]
+           "rendezvous", "Transfers", "spec_durations", "input_seconds"]
 
 
 #: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
@@ -158,12 +159,21 @@ class ArrayResult(BubbleStats):
                                                                f.chunk[idx].tolist())]
         return [f"{KINDS[k]}{mb}" for k, mb in zip(f.kind[idx].tolist(), f.mb[idx].tolist())]
 
-    def _send(self, d: Event, xfer: Optional[float]) -> Event:
-        """The "pp" event of the transfer of producer ``d``'s output: from the producer's end
-        (asynchronous: ``xfer`` None) or from the rendezvous of both calls (blocking: ``xfer``,
-        the consumer's :attr:`xfer`)."""
+    def _send(self, d: Event, xfer: Optional[float], link_s: float) -> Event:
+        """The "pp" event of the transfer of producer ``d``'s output, ``link_s`` long (its
+        boundary's, :attr:`input_s`): from the producer's end (asynchronous: ``xfer`` None) or from
+        the rendezvous of both calls (blocking: ``xfer``, the consumer's :attr:`xfer`)."""
         t0 = d.end_s if xfer is None else xfer
-        return Event(d.stage, "pp", f"send {d.name}", t0, t0 + self.spec.p2p_s)
+        return Event(d.stage, "pp", f"send {d.name}", t0, t0 + link_s)
+
+    @cached_property
+    def input_s(self) -> np.ndarray:
+        """Per flat unit, seconds of the transfer bringing its input from another stage (its
+        boundary's, :meth:`~meshplan.pipeline.sim_types.PipelineSpec.transfer_s`); 0 for a unit
+        whose input is local. Read-only."""
+        out = input_seconds(self.spec, self.flat)
+        out.flags.writeable = False
+        return out
 
     @cached_property
     def events(self) -> tuple[Event, ...]:
@@ -171,13 +181,14 @@ class ArrayResult(BubbleStats):
         ``args['pred']`` links the critical predecessor as the reference does."""
         n, f = len(self.end), self.flat
         units = self._events(np.arange(n))
-        send = (f.cross & (self.spec.p2p_s > 0)).tolist()
+        link = self.input_s.tolist()
+        send = (f.cross & (self.input_s > 0)).tolist()
         xfer = [None] * n if self.xfer is None else self.xfer.tolist()
         out = []
         for i, (ev, pred, dep) in enumerate(zip(units, self.pred.tolist(), f.dep.tolist())):
             ev.args["pred"] = units[pred] if pred >= 0 else None
             if send[i]:
-                out.append(self._send(units[dep], xfer[i]))
+                out.append(self._send(units[dep], xfer[i], link[i]))
             out.append(ev)
         return tuple(out)
 
@@ -186,8 +197,9 @@ class ArrayResult(BubbleStats):
         makes, each before the unit that waits on it), built for that stage alone."""
         f, n = self.flat, len(self.end)
         sl = self.stage_slice(s)
-        if self.spec.p2p_s > 0:
-            waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n))
+        if self.spec.max_p2p_s > 0:
+            waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n)
+                                     & (self.input_s > 0))
         else:
             waiting = np.zeros(0, dtype=np.int64)
         units = self._events(np.arange(sl.start, sl.stop))
@@ -196,8 +208,10 @@ class ArrayResult(BubbleStats):
         producers = dict(zip(waiting.tolist(), self._events(f.dep[waiting])))
         xfer = self.xfer_at(waiting)
         at = dict(zip(waiting.tolist(), xfer.tolist())) if xfer is not None else {}
+        link = self.input_s
         items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(i, 0) for i in producers])
-        return [units[i - sl.start] if unit else self._send(producers[i], at.get(i)) for i, unit in items]
+        return [units[i - sl.start] if unit else self._send(producers[i], at.get(i), float(link[i]))
+                for i, unit in items]
 
     @cached_property
     def critical_units(self) -> np.ndarray:
@@ -260,11 +274,11 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     pairs = (like.transfers if like is not None and same else rendezvous(spec, f)) if spec.blocking_p2p else None
     if pairs is not None and pairs.calls is None:  # kept in the result: a run ``like`` it reads it again
         pairs = pairs._replace(calls=call_table(pairs, p, length))
-    add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
+    add = input_seconds(spec, f) if pairs is None else np.zeros(n)  # each input's boundary's transfer
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     log: list = []
     again = like.rounds if like is not None and same else None
-    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s, log=log, again=again,
+    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.max_p2p_s, log=log, again=again,
                                                    after=after(f) if after is not None else None)
     wait = np.empty(n)  # stream free at start: after the previous unit's call, then start - that
     wait[1:] = free[:-1]
@@ -322,61 +336,6 @@ def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:
     width = length + 2
     pos = slot % width  # position + 1
     return np.where(pos > 0, end[np.maximum(slot - 2 * (slot // width) - 1, 0)], 0.0)
-
-
-class Transfers(NamedTuple):
-    """Megatron-LM 2022's rendezvous p2p (:func:`rendezvous`): per cross-stage input, one entry
-    per unit with ``f.cross`` in flat order: ``send`` and ``recv``, the calls that send and
-    receive it, each as the slot of :func:`~meshplan.pipeline.rounds.run_rounds` it is issued
-    after (``stage * (L + 2) + position + 1``; position -1: before the first unit, the stage's
-    leading slot); ``cons``, the flat index of the consumer; ``delay``, how many units after its
-    producer the send is issued; ``lead``, how many units before the consumer the receive is;
-    ``send_async`` and ``recv_async`` (Megatron-LM's ``overlap_p2p_comm``,
-    ``PipelineSpec.overlap_p2p``): the side is issued without waiting (its call holds nothing for
-    it), the consumer then waits for the transfer just before it, ``max(both posts) + p2p``
-    (None: every side waited); ``calls``: :func:`~meshplan.pipeline.rounds.call_table` of these
-    transfers, kept once :func:`simulate_arrays` has built it (None: not yet)."""
-
-    send: np.ndarray
-    recv: np.ndarray
-    cons: np.ndarray
-    delay: np.ndarray
-    lead: np.ndarray
-    send_async: Optional[np.ndarray] = None
-    recv_async: Optional[np.ndarray] = None
-    calls: Optional[tuple] = None
-
-    def sides(self) -> tuple[np.ndarray, np.ndarray]:
-        """(the entries whose send is waited in its call, those whose receive is): a call's peers
-        and its load count only its waited sides (all entries without ``send_async``)."""
-        every = np.ones(len(self.cons), dtype=bool)
-        if self.send_async is None or self.recv_async is None:
-            return every, every
-        return ~self.send_async, ~self.recv_async
-
-
-def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
-    """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.rendezvous` docstring,
-    :func:`~meshplan.pipeline.rendezvous.calls`) on the flat units: per cross-stage input the call
-    that sends it and the call that receives it (:class:`Transfers`).
-
-    >>> f = flat_units("1f1b", 2, 2, 1)  # stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1
-    >>> t = rendezvous(PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True), f)
-    >>> t.cons.tolist()  # stage 0's B0, B1; stage 1's F0, F1
-    [2, 3, 4, 6]
-    >>> [(int(x) // 6, int(x) % 6 - 1) for x in t.send], [(int(x) // 6, int(x) % 6 - 1) for x in t.recv]
-    ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
-    """
-    length, p = f.length, spec.p
-    delay, lead, send_async, recv_async = (np.concatenate(x) for x in zip(*[spec.p2p_calls(s, length)
-                                                                            for s in range(p)]))
-    cons = np.flatnonzero(f.cross)
-    prod = f.dep[cons]
-    delay, lead = delay[prod], lead[cons]
-    slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
-    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
-    some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
-    return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

@@ -18,7 +18,8 @@ max over the call's peers of their post time) + k p2p_s`` (``end`` alone for an 
 ``k`` (:func:`call_loads`) is the larger of the call's sends and receives: a rank's transfers
 share its link (its one NIC across nodes: Megatron's interleaved steady-state call sends the
 forward output to the next stage and the input gradient to the previous one through the same
-NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve). A send
+NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve); with a time
+per boundary the call spends its sends' times added, or its receives' (:func:`call_seconds`). A send
 therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
 the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
@@ -45,7 +46,7 @@ from typing import Optional
 from meshplan.pipeline.base import Unit
 from meshplan.pipeline.sim_types import Event, PipelineResult, PipelineSpec, busy_times, critical_path_of, dependency
 
-__all__ = ["calls", "call_loads", "simulate_rendezvous"]
+__all__ = ["calls", "call_loads", "call_seconds", "simulate_rendezvous"]
 
 
 def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
@@ -104,12 +105,39 @@ def call_loads(xfer: dict) -> dict:
     return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
 
 
+def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
+    """(stage, position) of a call -> seconds it spends on its own transfers: ``k x p2p_s``
+    (:func:`call_loads`) with one ``p2p_s``; per boundary, the larger of its waited sends' times
+    added and its waited receives' (each its boundary's, :meth:`~.sim_types.PipelineSpec.transfer_s`;
+    in flat order, as the array path's weighted counts add them).
+
+    Interleaved 1F1B's steady-state call on the middle stage of 3 sends a forward output to stage
+    2 and an input gradient to stage 0: 0.1 + 0.7 s where boundary 0 takes 0.1 s and 1 0.7 s.
+
+    >>> spec = PipelineSpec("interleaved_1f1b", 3, 6, v=2, p2p_s=(0.1, 0.7, 0.7), blocking_p2p=True)
+    >>> o = [spec.sched.order(3, 6, 2, s) for s in range(3)]
+    >>> max(t for (s, _), t in call_seconds(spec, calls(spec, o)[1]).items() if s == 1)
+    0.7999999999999999
+    """
+    if not spec.per_boundary:
+        return {k: spec.p2p_s * n for k, n in call_loads(xfer).items()}
+    out: dict = {}
+    inc: dict = {}
+    for (s, _), ((a, _), send, recv, send_async, recv_async) in sorted(xfer.items()):
+        t = spec.transfer_s(a, s)
+        if not send_async:
+            out[send] = out.get(send, 0.0) + t
+        if not recv_async:
+            inc[recv] = inc.get(recv, 0.0) + t
+    return {k: max(out.get(k, 0.0), inc.get(k, 0.0)) for k in out.keys() | inc.keys()}
+
+
 def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:
     """:func:`~meshplan.pipeline.simulate.simulate` with Megatron-LM 2022's blocking calls (module docstring): a unit
     starts when the call before it ends (its input arrived in that call or an earlier one)."""
     p, v, sched = spec.p, spec.v, spec.sched
     peers, xfer = calls(spec, orders)
-    load = call_loads(xfer)
+    load = call_seconds(spec, xfer)
     ends: list[list[float]] = [[] for _ in range(p)]
     evs: list[list[Event]] = [[] for _ in range(p)]
 
@@ -131,7 +159,7 @@ def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipelin
             t = post(*x)
             if t > e and (best is None or t > top):
                 best, top = x, t
-        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s * load[(s, pos)] if mine else e), best
+        return (max([e] + [post(*x) for x in mine]) + load[(s, pos)] if mine else e), best
 
     events: list[Event] = []
     remaining = sum(len(o) for o in orders)
@@ -149,11 +177,12 @@ def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipelin
                 if recv_async and not posted(*send):  # its input is waited for at the unit: sent yet?
                     break
                 start = free
-                if (s, i) in xfer and spec.p2p_s > 0:
+                link = spec.transfer_s(a, s) if (s, i) in xfer else 0.0  # its boundary's
+                if link > 0:
                     x0 = max(post(*send), post(*recv))
-                    events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + spec.p2p_s))
+                    events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + link))
                 pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
-                if recv_async and (ready := max(post(*send), post(*recv)) + spec.p2p_s) > free:
+                if recv_async and (ready := max(post(*send), post(*recv)) + link) > free:
                     start = ready  # the transfer, started once both sides posted, ends after the call
                     pred, via = evs[send[0]][send[1]] if post(*send) >= post(*recv) else evs[s][recv[1]], "p2p"
                 ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),

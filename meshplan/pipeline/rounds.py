@@ -1,6 +1,6 @@
 """List scheduling of the array simulation (:mod:`meshplan.pipeline.fast`) in rounds: each round,
 every stage whose next unit's inputs are there runs it, all stages at once in numpy; with
-Megatron-LM 2022's blocking sends (:func:`~meshplan.pipeline.fast.rendezvous`) each stage also
+Megatron-LM 2022's blocking sends (:func:`~meshplan.pipeline.calls.rendezvous`) each stage also
 waits for the peers of the call before the unit. Times bitwise equal to the reference
 simulation (:func:`meshplan.pipeline.simulate.simulate`): the same additions and maxima in the
 same order.
@@ -12,64 +12,8 @@ from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
+from meshplan.pipeline.calls import call_table
 from meshplan.pipeline.orders import Flat
-
-def _rows_of(key: np.ndarray, first: int) -> tuple[int, "int | np.ndarray"]:
-    """(how many distinct values the small integers ``key`` take, the row of each entry:
-    ``first`` plus the rank of its value among them): from the least and the largest value when
-    they are at most one apart (1F1B: one value; interleaved 1F1B: two), else by a count per
-    value in their range; no sort.
-
-    >>> _rows_of(np.array([5, 5]), 1)
-    (1, 1)
-    >>> [(n, r.tolist()) for n, r in (_rows_of(np.array([2, 1, 2]), 1), _rows_of(np.array([0, 3, 7, 3]), 2))]
-    [(2, [2, 1, 2]), (3, [2, 3, 4, 3])]
-    """
-    if not len(key):
-        return 0, first
-    low, high = int(key.min()), int(key.max())
-    if high - low <= 1:  # both values occur
-        return high - low + 1, (first if high == low else key + (first - low))
-    present = np.bincount(key - low) > 0
-    if present.all():  # consecutive values (1F1B: one)
-        return len(present), (first if len(present) == 1 else key + (first - low))
-    return int(present.sum()), (np.cumsum(present) + (first - 1))[key - low]
-
-
-def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per slot of :func:`run_rounds`, the call issued just before it (after the slot before),
-    from ``pairs`` (:class:`~meshplan.pipeline.fast.Transfers`): (shape (1 + peers, slots): the
-    slot before, whose end posts the call, then the slots of the calls the call meets, ``pad``
-    padding, in no particular order; how many of its transfers share its link, the larger of
-    its sends and its receives (:func:`meshplan.pipeline.rendezvous.call_loads`; 0 for a call
-    without transfers); whether it has a peer). One row per send delay and one per receive
-    lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
-    sends at most one output per delay (its producer ``delay`` units before the call) and posts
-    at most one receive per lead (its consumer ``lead`` units after)."""
-    ws, wr = pairs.sides()  # an asynchronous side is in no call (Megatron-LM's overlap_p2p_comm)
-    send, recv, delay, lead = pairs.send, pairs.recv, pairs.delay, pairs.lead
-    after_send, after_recv = send[ws] + 1, recv[wr] + 1  # the slot whose unit waits for each call
-    n_send, send_row = _rows_of(delay[ws], 1)
-    n_recv, recv_row = _rows_of(lead[wr], 1 + n_send)
-    cols = pad + 1
-    table = np.full((1 + n_send + n_recv, cols), pad, dtype=np.int64)
-    table[0] = np.arange(-1, pad)
-    flat = table.reshape(-1)
-    flat[send_row * cols + after_send] = recv[ws]
-    flat[recv_row * cols + after_recv] = send[wr]
-    loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
-    return table, loads.astype(float), loads > 0
-
-
-def call_table(pairs, p: int, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_call_table` of ``pairs`` in the slots of :func:`run_rounds` for ``p`` stages of
-    ``length`` units (width ``length + 2``, padding peer ``p (length + 2) + 1``); ``pairs.calls``
-    when it holds one (the pipeline simulated again with other durations: 0.02 s and 25 MB of
-    call table at pp 128 x 4,096 micro-batches)."""
-    if getattr(pairs, "calls", None) is not None:
-        return pairs.calls
-    width = length + 2
-    return _call_table(pairs, width, p * width + 1)
 
 
 def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -212,8 +156,8 @@ def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, le
 def _async_inputs(pairs, length: int, pad: int, p2p_s: float):
     """Per slot of :func:`run_rounds`, the inputs received asynchronously (Megatron-LM's
     ``overlap_p2p_comm``: ``pairs.recv_async``), or None without any: (the slot of the call that
-    sends each such input, the slot of the one that receives it, ``p2p_s`` for such a unit and 0
-    else); ``pad`` (posted at -inf, done) for every other slot: the unit waits for ``max(both
+    sends each such input, the slot of the one that receives it, ``p2p_s`` for such a unit (its
+    boundary's, ``pairs.xfer_s``, where given) and 0 else); ``pad`` (posted at -inf, done) for every other slot: the unit waits for ``max(both
     posts) + p2p_s``."""
     if pairs.recv_async is None or not pairs.recv_async.any():
         return None
@@ -221,7 +165,8 @@ def _async_inputs(pairs, length: int, pad: int, p2p_s: float):
     cons = pairs.cons[k]
     at = cons + 2 * (cons // length) + 1
     a_send, a_recv, a_add = np.full(pad + 1, pad), np.full(pad + 1, pad), np.zeros(pad + 1)
-    a_send[at], a_recv[at], a_add[at] = pairs.send[k], pairs.recv[k], p2p_s
+    a_send[at], a_recv[at] = pairs.send[k], pairs.recv[k]
+    a_add[at] = p2p_s if getattr(pairs, "xfer_s", None) is None else pairs.xfer_s[k]  # per boundary: its own
     return a_send, a_recv, a_add
 
 
@@ -286,7 +231,7 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
     (its successors wait for ``done``) and is computed again. Slots: each stage's units between a
     leading slot (end 0, done: the step's start, where the receives of the first unit are
     posted) and a trailing one that never runs. ``pairs``: the blocking calls
-    (:class:`~meshplan.pipeline.fast.Transfers`, in these slots), None for asynchronous sends
+    (:class:`~meshplan.pipeline.calls.Transfers`, in these slots), None for asynchronous sends
     (cross-stage inputs then wait ``add``). Returns (start, end, stream free after each
     unit's call, free after each stage's leading call, the peer that bound the call before each
     unit: :class:`Binding`). Finite, non-negative times run the leaner loops
@@ -331,8 +276,8 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float, *
         return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s, after)
-    waits, loads, has = call_table(pairs, p, length)
-    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads), 0 without transfers
+    waits, loads, has, secs = call_table(pairs, p, length)
+    p2p = p2p_s * loads if secs is None else secs  # per call: k p2p_s (rendezvous.call_seconds), 0 without transfers
     pos = np.arange(n)
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
@@ -382,9 +327,9 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
                 st = np.maximum(st, end[after[0][cur]] + after[1][cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
         return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
-    table, loads, has = call_table(pairs, p, length)
+    table, loads, has, secs = call_table(pairs, p, length)
     peers = table[1:].T  # a row per slot: the peers of the call before it
-    p2p = p2p_s * loads  # per call: k p2p_s (rendezvous.call_loads)
+    p2p = p2p_s * loads if secs is None else secs  # per call: k p2p_s (rendezvous.call_seconds)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     free = np.zeros(pad + 1)
     asyn = _async_inputs(pairs, length, pad, p2p_s)

@@ -9,7 +9,9 @@ the critical path (:func:`critical_path_of`). Seconds throughout.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
+
+import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.pipeline.base import PipelineSchedule, Unit
@@ -17,7 +19,19 @@ from meshplan.pipeline.registry import check_chunks, get
 from meshplan.spec.mesh import Schedule
 
 __all__ = ["Unit", "PipelineSpec", "Event", "BubbleStats", "PipelineResult", "dependency", "busy_times",
-           "critical_path_of"]
+           "critical_path_of", "boundary_of"]
+
+
+def boundary_of(a, c, p: int):
+    """The stage boundary a transfer from stage ``a`` to stage ``c`` crosses (ints or arrays): ``b``
+    for the pair (b, b + 1), either way (a forward to the next stage, a gradient to the previous
+    one, a V-shaped chunk's way back); ``p - 1`` for the looped schedules' wrap, the last stage's
+    chunk k handing chunk k + 1 to stage 0 (its gradients back).
+
+    >>> [int(boundary_of(a, c, 4)) for a, c in ((0, 1), (2, 1), (3, 0), (0, 3))]
+    [0, 1, 3, 3]
+    """
+    return np.where(c == a + 1, a, np.where(a == c + 1, c, p - 1))
 
 
 @dataclass(frozen=True)
@@ -25,7 +39,10 @@ class PipelineSpec:
     """Abstract pipeline input: ``schedule`` (a :class:`Schedule` or its name, stored as the
     enum; :attr:`sched` is its registered object), ``p`` stages, ``m`` micro-batches, ``v``
     virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
-    gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send; ``blocking_p2p``: sends
+    gradient) and ``weight_s`` (W); ``p2p_s``: seconds of one stage-to-stage send, one value for
+    every boundary, or one per boundary (a tuple of ``p``: entry b the pair of stages (b, b + 1)
+    either way, entry p - 1 the looped schedules' wrap (p - 1, 0), :func:`boundary_of`; each
+    boundary on its own pair's link); ``blocking_p2p``: sends
     block their stage (:mod:`~meshplan.pipeline.rendezvous`); ``overlap_p2p`` (with
     ``blocking_p2p``): Megatron-LM's ``overlap_p2p_comm``, the steady state's transfers
     asynchronous (:mod:`~meshplan.pipeline.rendezvous`); ``torch_p2p`` (with ``blocking_p2p``):
@@ -40,7 +57,7 @@ class PipelineSpec:
     forward_s: float = 1.0
     backward_s: float = 2.0
     weight_s: float = 0.0
-    p2p_s: float = 0.0
+    p2p_s: Union[float, tuple] = 0.0
     blocking_p2p: bool = False
     overlap_p2p: bool = False
     torch_p2p: bool = False
@@ -48,6 +65,11 @@ class PipelineSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "schedule", get(self.schedule).name)  # a name parses to the enum
+        if not isinstance(self.p2p_s, (int, float)):  # per boundary: a tuple of p floats (hashable, comparable)
+            object.__setattr__(self, "p2p_s", tuple(float(x) for x in self.p2p_s))
+            if len(self.p2p_s) != self.p:
+                raise ConfigError("pipeline", f"p2p_s has {len(self.p2p_s)} boundary times; give one per "
+                                  f"boundary, p = {self.p} (the last: the wrap from stage p - 1 to 0)")
         if self.p < 1 or self.m < 1 or self.v < 1:
             raise ConfigError("pipeline", f"p {self.p}, m {self.m}, v {self.v} must all be >= 1")
         check_chunks(self.schedule, self.v)
@@ -65,9 +87,32 @@ class PipelineSpec:
         """The registered schedule object."""
         return get(self.schedule)
 
+    @property
+    def per_boundary(self) -> bool:
+        """Whether ``p2p_s`` gives each boundary its own time (a tuple), not one for all."""
+        return isinstance(self.p2p_s, tuple)
+
+    @property
+    def max_p2p_s(self) -> float:
+        """The slowest boundary's transfer, seconds (``p2p_s`` itself when one value)."""
+        return max(self.p2p_s, default=0.0) if isinstance(self.p2p_s, tuple) else float(self.p2p_s)
+
+    def transfer_s(self, a, c):
+        """Seconds of a transfer from stage ``a`` to stage ``c`` (ints or arrays: its boundary's,
+        :func:`boundary_of`); ``p2p_s`` itself when one value for all.
+
+        >>> spec = PipelineSpec("1f1b", p=3, m=3, p2p_s=(0.1, 0.7, 0.0))
+        >>> spec.transfer_s(0, 1), spec.transfer_s(2, 1), spec.transfer_s(np.array([1, 1]), np.array([0, 2])).tolist()
+        (0.1, 0.7, [0.1, 0.7])
+        """
+        if not isinstance(self.p2p_s, tuple):
+            return self.p2p_s
+        b = boundary_of(a, c, self.p)
+        return np.asarray(self.p2p_s)[b] if np.ndim(b) else self.p2p_s[int(b)]
+
     def p2p_calls(self, s: int, length: int):
         """Stage ``s``'s blocking calls per unit of its order (``length`` units), for
-        :func:`~meshplan.pipeline.rendezvous.calls` and :func:`meshplan.pipeline.fast.rendezvous`:
+        :func:`~meshplan.pipeline.rendezvous.calls` and :func:`meshplan.pipeline.calls.rendezvous`:
         torch's under ``torch_p2p`` (:meth:`~.base.PipelineSchedule.torch_p2p_calls`), else
         Megatron-LM's (``p2p_calls``)."""
         if self.torch_p2p:

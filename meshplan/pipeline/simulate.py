@@ -19,12 +19,12 @@ keeps the inputs and output gradients, less than all of B's activations).
 
 Dependencies, by virtual stage (the schedule's map of a stage's chunk to its model
 position, :meth:`~.base.PipelineSchedule.virtual_stage`): F of virtual stage j needs F of
-j-1 (plus ``p2p_s`` across stages); B of j needs B of j+1 (the last virtual stage needs its
+j-1 (plus ``p2p_s`` across stages: the boundary's, :meth:`~.sim_types.PipelineSpec.transfer_s`); B of j needs B of j+1 (the last virtual stage needs its
 own F); W needs its B. Each stage runs its order on one compute stream; a unit starts when
 the stream is free and its dependency is done (list scheduling with fixed orders: exact
 earliest times).
 
-Sends are asynchronous (each takes ``p2p_s`` after its unit ends, on the "pp" stream) unless
+Sends are asynchronous (each takes its boundary's ``p2p_s`` after its unit ends, on the "pp" stream) unless
 ``blocking_p2p``: then the two stages of every transfer rendezvous in Megatron-LM 2022's
 blocking calls, or torch's under ``torch_p2p`` (:mod:`meshplan.pipeline.rendezvous`).
 
@@ -80,12 +80,13 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
                 if key is not None and key not in done:
                     break
                 dep = done.get(key) if key is not None else None
-                ready = (dep.end_s + (spec.p2p_s if cross else 0.0)) if dep else 0.0
+                link = spec.transfer_s(dep.stage, s) if dep is not None and cross else 0.0  # its boundary's
+                ready = (dep.end_s + link) if dep else 0.0
                 start = max(free[s], ready)
                 via = "p2p" if dep is not None and ready > free[s] else "stream"
                 pred = dep if via == "p2p" else last[s]
-                if dep is not None and cross and spec.p2p_s > 0:
-                    events.append(Event(dep.stage, "pp", f"send {dep.name}", dep.end_s, dep.end_s + spec.p2p_s))
+                if dep is not None and cross and link > 0:
+                    events.append(Event(dep.stage, "pp", f"send {dep.name}", dep.end_s, dep.end_s + link))
                 ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
                            {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free[s],
                             "pred": pred})

@@ -135,7 +135,7 @@ class StageDetail:
         base = res.start[sl][unit]
         f, length = res.flat, res.flat.length
         waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, len(f.dep) - 1) // length == stage)
-                                 & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
+                                 & (f.dep < len(f.dep)) & (res.input_s > 0)) if res.spec.max_p2p_s > 0 else np.zeros(0, dtype=np.int64)
         # a transfer starts at its producer's end, or at the rendezvous of both calls (blocking: ArrayResult._send)
         xfer = res.xfer_at(waiting)
         send_s = res.end[f.dep[waiting]] if xfer is None else xfer
@@ -145,7 +145,7 @@ class StageDetail:
                    tuple(e.stream for e in flat) + ("pp",) + tuple(e.stream for e in post),
                    tuple(e.name for e in flat) + ("send",) + tuple(e.name for e in post),
                    np.concatenate([base + rel_s[src], send_s, [e.start_s for e in post]]),
-                   np.concatenate([base + rel_e[src], send_s + res.spec.p2p_s, [e.end_s for e in post]]),
+                   np.concatenate([base + rel_e[src], send_s + res.input_s[waiting], [e.end_s for e in post]]),
                    np.concatenate([unit, np.full(rest, -1)]),
                    np.concatenate([f.kind[sl][unit], np.full(rest, -1)]))
 

@@ -1,7 +1,7 @@
 """Accounting over the simulated pipeline (:mod:`meshplan.pipeline.fast`): what each stage's
 compute stream spends idle (:func:`stage_bubble`) and exposed (:func:`unit_exposure`), the
 blocking calls of Megatron-LM 2022 split into transfers and waits for the partner
-(:func:`pp_hold_split`, :func:`call_loads`, :func:`transfer_loads`), where a stage's pipeline run ends
+(:func:`pp_hold_split`, :func:`call_loads`, :func:`call_seconds`, :func:`transfer_loads`), where a stage's pipeline run ends
 (:func:`ends_of`, :func:`stage_run_end`), the shift between schedule runs (:func:`run_shift`), and
 the pipeline simulated again without some waits (:func:`pipeline_without`).
 """
@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from meshplan.pipeline.fast import KINDS, ArrayResult, Transfers, simulate_arrays
+from meshplan.pipeline.calls import call_table, stage_calls
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.unit_times import UnitTimes
 
@@ -62,7 +63,7 @@ def stage_bubble(res: ArrayResult, s: int, tail_s: float = 0.0, later_runs: int 
     split = pp_hold_split(res, s)
     wait = res.wait[sl]
     via = res.via_at(np.arange(sl.start, sl.stop)) if wait.any() else np.zeros(len(wait), dtype=bool)
-    received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (unit_exposure)
+    received = np.where(via, np.minimum(res.input_s[sl], wait), 0.0)  # exposed on "pp" (unit_exposure)
     i = sl.stop - 1
     hold = float(res.hold[i]) if res.hold is not None else 0.0
     last_wait = float(split.wait_s[-1]) if hold and not (tail_s >= hold and tail_s) else 0.0
@@ -94,8 +95,8 @@ def ends_of(res: ArrayResult) -> list[list[Event]]:
 def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
     """Per unit of stage ``s`` (flat order), seconds the blocking call issued after it spends
     on its own transfers: ``k x p2p_s``, ``k`` the larger of the call's sends and receives
-    (:func:`meshplan.pipeline.rendezvous.call_loads`: they share the rank's link; slot
-    ``s (L + 2) + position + 1`` of :class:`~meshplan.pipeline.fast.Transfers`); 0 for a call
+    (:func:`meshplan.pipeline.rendezvous.call_loads`: they share the rank's link), or with a time
+    per boundary its sends' or its receives' times added (:func:`call_seconds`); 0 for a call
     without transfers and without blocking sends. A call's hold is its partner's lateness plus
     this (:func:`pp_hold_split`).
 
@@ -108,7 +109,29 @@ def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
     (F 1 s, B 2 s: stage 0's call after F1, posted at 2.5, meets stage 1's after its B0, posted
     at 4.5: free at 4.5 + 0.5, hold 2.5 = 2 waiting for stage 1 + 0.5 transfer.)
     """
-    return call_loads(res)[s, 1:] * res.spec.p2p_s
+    return call_seconds(res)[s, 1:]
+
+
+def call_seconds(res: ArrayResult) -> np.ndarray:
+    """Seconds every stage's calls spend on their own transfers (:func:`call_transfer_s`), shape
+    (p, L + 1) as :func:`call_loads`: ``k x p2p_s`` with one ``p2p_s``; per boundary the
+    simulation's call table's seconds (:func:`meshplan.pipeline.calls.call_table`, each transfer
+    its boundary's: :func:`meshplan.pipeline.rendezvous.call_seconds`).
+
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=3, m=2, p2p_s=(0.5, 0.25, 0.25), blocking_p2p=True))
+    >>> call_seconds(r)[1].tolist()  # stage 1: leading call, then after F0 F1 B0 B1
+    [0.5, 0.5, 0.25, 0.5, 0.5]
+
+    (Stage 1 receives F0's input from stage 0 first (0.5); after F0 it sends to stage 2 (0.25)
+    and receives F1's input (0.5); after F1 it sends to 2 and receives B0's gradient from 2 (0.25
+    each); after B0 it sends to 0 (0.5) and receives B1's from 2; after B1 it sends to 0.)
+    """
+    if res.transfers is None:
+        return call_loads(res)  # zeros: no blocking call
+    if not res.spec.per_boundary:
+        return call_loads(res) * res.spec.p2p_s
+    return stage_calls(call_table(res.transfers, res.flat.p, res.flat.length)[3], res.flat.p, res.flat.length)
 
 
 def call_loads(res: ArrayResult) -> np.ndarray:
@@ -116,19 +139,18 @@ def call_loads(res: ArrayResult) -> np.ndarray:
     leading call (receives posted before its first unit), then the call after each unit;
     zeros without blocking sends. One count over all transfers (pass it to
     :func:`pp_hold_split` when splitting every stage): the simulation's call table's
-    (:func:`meshplan.pipeline.rounds.call_table`, kept on ``res.transfers``, indexed by the slot
+    (:func:`meshplan.pipeline.calls.call_table`, kept on ``res.transfers``, indexed by the slot
     after each call), else :func:`transfer_loads`. Read-only (a view of that table)."""
     p, length = res.flat.p, res.flat.length
     if res.transfers is None:
         return np.zeros((p, length + 1))
-    if res.transfers.calls is not None:  # the simulation's own count: per slot after each call (one on)
-        width = p * (length + 2)
-        return res.transfers.calls[1][1:width + 1].reshape(p, length + 2)[:, :length + 1]
+    if res.transfers.calls is not None:  # the simulation's own count: per slot after each call
+        return stage_calls(res.transfers.calls[1], p, length)
     return transfer_loads(res.transfers, p, length)
 
 
 def transfer_loads(transfers: Transfers, p: int, length: int) -> np.ndarray:
-    """:func:`call_loads` from the blocking calls alone (:func:`meshplan.pipeline.fast.rendezvous`
+    """:func:`call_loads` from the blocking calls alone (:func:`meshplan.pipeline.calls.rendezvous`
     of a spec, no simulation needed), shape (p, L + 1): per stage its leading call, then the call
     after each of its ``length`` units. Each such call holds its stage at least ``k x p2p_s``
     after its post (:func:`meshplan.pipeline.rounds.run_rounds`: ``max(post, peer posts) + k
@@ -145,11 +167,11 @@ def transfer_loads(transfers: Transfers, p: int, length: int) -> np.ndarray:
     >>> transfer_loads(rendezvous(spec, flat_units("1f1b", 2, 2, 1)), 2, 4).astype(int).tolist()
     [[0, 0, 1, 1, 0], [1, 0, 1, 0, 1]]
     """
-    width = p * (length + 2)  # per stage: the leading slot, a slot after each unit, a trailing one
+    width = p * (length + 2) + 1  # per stage: the leading slot, a slot after each unit, a trailing one
     ws, wr = transfers.sides()  # asynchronous sides (overlap_p2p_comm) hold no call
-    sends = np.bincount(transfers.send[ws].astype(np.int64), minlength=width)
-    recvs = np.bincount(transfers.recv[wr].astype(np.int64), minlength=width)
-    return np.maximum(sends, recvs).reshape(p, length + 2)[:, :length + 1].astype(float)
+    sends = np.bincount(transfers.send[ws].astype(np.int64) + 1, minlength=width)  # by the slot after the call
+    recvs = np.bincount(transfers.recv[wr].astype(np.int64) + 1, minlength=width)
+    return stage_calls(np.maximum(sends, recvs), p, length).astype(float)
 
 
 class HoldSplit(NamedTuple):
@@ -165,13 +187,13 @@ class HoldSplit(NamedTuple):
     wait_s: np.ndarray
 
 
-def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) -> HoldSplit:
+def pp_hold_split(res: ArrayResult, s: int, seconds: Optional[np.ndarray] = None) -> HoldSplit:
     """Each blocking call of stage ``s`` as (its transfers on the critical path: ``k x p2p``,
-    :func:`call_transfer_s`; the rest of its hold: waiting for the partner stage to post its
+    :func:`call_transfer_s`, each transfer its boundary's; the rest of its hold: waiting for the partner stage to post its
     call, pipeline bubble): a call ends at ``max(own post, partner posts) + k p2p``, so a hold
     is the partner's lateness plus ``k p2p``. The step exposes the transfers on "pp"
     (:func:`unit_exposure`, :func:`~meshplan.schedule.step_end.stage_end`), the waits are bubble (:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`).
-    ``loads``: :func:`call_loads` (default: counted here).
+    ``seconds``: :func:`call_seconds` (default: counted here).
 
     >>> from meshplan.pipeline.fast import simulate_arrays
     >>> from meshplan.pipeline.simulate import PipelineSpec
@@ -187,7 +209,7 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     n = sl.stop - sl.start
     if res.hold is None or not n:
         return HoldSplit(0.0, 0.0, np.zeros(n), np.zeros(n))
-    xfer = (call_loads(res) if loads is None else loads)[s] * res.spec.p2p_s
+    xfer = (call_seconds(res) if seconds is None else seconds)[s]
     lead_free = float(res.start[sl.start] - res.wait[sl.start])  # the leading call's end (0 without)
     lead = min(lead_free, float(xfer[0]))
     hold = res.hold[sl]
@@ -195,8 +217,8 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     return HoldSplit(lead, lead_free - lead, moved, hold - moved)
 
 
-def last_transfer_s(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) -> float:
-    """``pp_hold_split(res, s, loads).transfer_s[-1]`` (seconds: the transfers of the call after
+def last_transfer_s(res: ArrayResult, s: int, seconds: Optional[np.ndarray] = None) -> float:
+    """``pp_hold_split(res, s, seconds).transfer_s[-1]`` (seconds: the transfers of the call after
     stage s's last unit) without splitting the stage's other calls: ``min(hold, k x p2p)`` of
     that one call, the same operands (:func:`~meshplan.schedule.steptime.step_time` asks it of
     every stage: 128 stages x 8,192 units at pp 128).
@@ -210,13 +232,13 @@ def last_transfer_s(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None
     sl = res.stage_slice(s)
     if res.hold is None or sl.stop == sl.start:
         return 0.0
-    xfer = (call_loads(res) if loads is None else loads)[s, -1] * res.spec.p2p_s
+    xfer = (call_seconds(res) if seconds is None else seconds)[s, -1]
     return float(np.minimum(res.hold[sl.stop - 1], xfer))
 
 
 def unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
     """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
-    that waited on a p2p receive, ``min(p2p, wait)`` on "pp", and with blocking sends the
+    that waited on a p2p receive, ``min(p2p, wait)`` on "pp" (its boundary's transfer, :attr:`~meshplan.pipeline.fast.ArrayResult.input_s`), and with blocking sends the
     transfers of the stage's calls (its leading call's and every unit's but the last's,
     :func:`pp_hold_split`; the last's: :func:`~meshplan.schedule.step_end.stage_end`); added in unit order, so the
     sums are the per-event loop's to the bit."""
@@ -226,10 +248,10 @@ def unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_id
     for k in streams:
         vals = np.array([units.by_key(key).exposed_s.get(k, 0.0) for key in keys])[kidx]
         if k == "pp":
-            vals = np.stack([vals, np.where(via, np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
+            vals = np.stack([vals, np.where(via, np.minimum(res.input_s[sl], res.wait[sl]), 0.0)], 1)
         ex[k] = sum(vals.reshape(-1).tolist(), ex.get(k, 0.0))
     if "pp" not in streams and via.any():
-        waits = np.minimum(res.spec.p2p_s, res.wait[sl][via])
+        waits = np.minimum(res.input_s[sl][via], res.wait[sl][via])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
     if res.hold is not None:  # blocking sends: their transfers (the last call's: step_end.stage_end)
         split = pp_hold_split(res, s)

@@ -41,6 +41,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
+from meshplan.comm.pp_rows import boundary_seconds
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import flop_gap, sequence_model_flops, torchtitan_flops_per_token, torchtitan_peak_flops
 from meshplan.errors import ConfigError
@@ -51,7 +52,8 @@ from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.plan_runtime import p2p_note, run_reasons, runtime_warnings
 from meshplan.schedule.overlap_policy import config_overlap, p2p_mode, plan_overlap  # noqa: F401 (config_overlap: re-exported)
-from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_loads, run_shift
+from meshplan.schedule.pipeline_exposure import ends_of, last_hold, last_transfer_s, unit_exposure, call_seconds, run_shift
+from meshplan.schedule.comm_streams import comm_kind
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
@@ -88,8 +90,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
-                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), **mode._asdict())
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=boundary_p2p_s(plan, comms),
+                        **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
@@ -106,7 +108,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     ends, post, exposed = [], [], []
     memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0
-    loads = call_loads(res) if res.hold is not None else None
+    loads = call_seconds(res) if res.hold is not None else None
     for s, mine in enumerate(ends_of(res)):
         last_xfer = last_transfer_s(res, s, loads) if loads is not None else 0.0
         end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
@@ -131,6 +133,21 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
                     *_torchtitan_terms(cfg))
+
+
+def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "float | tuple[float, ...]":
+    """Seconds of one pp send across each stage boundary (:attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`):
+    each boundary's pairs on their own path at the size of the tables' send/recv rows
+    (:func:`meshplan.comm.pp_rows.boundary_seconds`: NVLink where the two stages share a node, the
+    sender's NIC where not), plus the tp all-gather rebuilding a receive under Megatron-LM's
+    scatter/gather (``p2p_gather_s``, the same at every boundary); one value when every boundary
+    takes the same (then the simulation's one-value path), 0 at pp 1."""
+    sizes = [r.size_bytes for r in plan.collectives[table_key(0)] if comm_kind(r) == "pp"]
+    if len(comms) < 2 or not sizes:
+        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0)
+    gather = max(c.p2p_gather_s for c in comms)
+    times = [t + gather for t in boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, max(sizes)).tolist()]
+    return times[0] if len(set(times)) == 1 else tuple(times)
 
 
 def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:

@@ -95,7 +95,7 @@ def simulate_unshards(spec: PipelineSpec, units, durations: Callable[[Flat], np.
         x, d = s * f.length + b, int(f.dep[s * f.length + b])
         ready = float(end[x - 1]) if b else 0.0  # a stage's first op: after nothing on its stage
         if d < n:
-            ready = max(ready, end[d] + (spec.p2p_s if f.cross[x] else 0.0))
+            ready = max(ready, end[d] + (spec.transfer_s(d // f.length, s) if f.cross[x] else 0.0))
         issued = float(end[s * f.length + i - 1]) if i else 0.0
         units.leads[s][key] = round(float(ready - issued - before_s), 12)
     return simulate_arrays(spec, durations, like=first)  # first's flat units and blocking calls, built once

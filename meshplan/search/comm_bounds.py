@@ -27,6 +27,19 @@ from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
 
+def p2p_bound(tt: TimeTables, c: Candidates, size: np.ndarray) -> np.ndarray:
+    """Seconds of one pp send/recv of ``size`` bytes per candidate, at most every boundary's
+    simulated transfer (each on its own pairs' path, :func:`meshplan.comm.pp_rows.boundary_seconds`):
+    where the pp stride (dp x cp x tp ranks) is below the NVLink domain, stages 0 and 1 of rank 0's
+    group share it, so the bound takes a pair on NVLink (2 ranks 1 apart), the fastest boundary's;
+    else every boundary crosses nodes and the pp axis's path (each rank its own NIC share) is the
+    pairs'."""
+    stride = c.dpr * c.dps * c.cp * c.tp
+    near = (c.pp > 1) & (stride < tt.domain_gpus) & (tt.world % 2 == 0)
+    return np.where(near, coll_times(tt, "send/recv", np.where(near, 2, 1), size, np.ones_like(stride)),
+                    coll_times(tt, "send/recv", np.where(near, 1, c.pp), size, stride))
+
+
 def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
     """Seconds per call of each collective the bound uses, per candidate (sizes of
     :func:`meshplan.comm.collectives.collective_table`)."""
@@ -64,7 +77,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            # Megatron-LM's all-gather CP: Transformer Engine's gathers and reduce-scatter block, nothing
            # beside them (fused linear_qkv; schedule.ring_timeline.cp_attention_forward/_backward)
            "cp_te_ag": np.full(len(c), float(t.framework == "megatron" and not ring and not p2p)),
-           "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
+           "p2p": p2p_bound(tt, c, act // np.where(sp, c.tp, 1))}
     # framework megatron at tp > kv_heads: the fused QKV output's all-gather (forward) and its
     # gradient's reduce-scatter (backward), blocking, once per layer (tp_rows.qkv_gather_rows)
     qkv = qkv_gathered(t.framework, c.tp, m.n_kv_heads) & (not m.is_mla)

@@ -156,7 +156,7 @@ def blocking_mode(cfg, schedule: Schedule | str) -> P2PMode | None:
 def schedule_call_loads(schedule: Schedule | str, p: int, m: int, v: int, mode: P2PMode) -> np.ndarray:
     """``k`` of every blocking call of ``schedule`` at (p, m, v) under ``mode``, shape (p, L + 1):
     per stage its leading call, then the call after each unit of its order (0: no waited side):
-    the simulator's own calls (:func:`meshplan.pipeline.fast.rendezvous` of the same
+    the simulator's own calls (:func:`meshplan.pipeline.calls.rendezvous` of the same
     :class:`~meshplan.pipeline.simulate.PipelineSpec` fields ``step_time`` gives it, counted by
     :func:`meshplan.schedule.pipeline_exposure.transfer_loads`, as ``step_time`` counts a call's
     transfers). Each such call holds its stage at least ``k x p2p_s`` after the unit before it

@@ -48,6 +48,7 @@ class TimeTables:
         self.cfg, self.tables = cfg, tables
         self.world = cfg.cluster.world
         self.placement = place(cfg.cluster, self.world)
+        self.domain_gpus = int((self.placement.domain == self.placement.domain[0]).sum())  # rank 0's NVLink domain
         self.ops = lru_cache(maxsize=None)(self._ops)
         self.shape = lru_cache(maxsize=None)(self._shape)
         self.path = lru_cache(maxsize=None)(self._path)
