@@ -156,3 +156,14 @@ def nc29_bf16_toml() -> str:
         assert line in out
         out = out.replace(line, "", 1)
     return out
+
+
+#: Newcomer trial 31's search top (/tmp/nc31/top1.toml, ``meshplan search`` of its Megatron-LM job exported,
+#: comments and [source] left out): Llama-3-70B at seq 131,072 on 32 x 8 H100, dp_shard 4 x cp 32 x tp 2,
+#: Megatron FSDP (zero3), Transformer Engine's p2p CP ring: the cp sends and the FSDP all-gathers share NICs.
+NC31_TOP1_TOML = job_toml("llama3-70b", nodes=32, training={
+    "global_batch": 32, "seq_len": 131072, "micro_batch": 1, "param_dtype": "bf16", "compute_dtype": "bf16",
+    "sharding": "zero3", "recompute": "none", "flash_attention": True, "vocab_pad_divisor": 128,
+    "grad_reduce_dtype": "fp32", "tp_comm_overlap": False, "grad_clip": True, "grad_clip_norm": 1.0,
+    "framework": "megatron", "overlap_grad_reduce": False, "overlap_param_gather": False, "cp_attention": "p2p"},
+    mesh={"names": ["dp_shard", "cp", "tp"], "shape": [4, 32, 2], "sequence_parallel": True}) + "[memory]\ndropout = true\n"
