@@ -31,15 +31,30 @@ def nic_waits(st, stage: int = 0) -> dict[tuple[str, str], float]:
 def concurrent_lines(st, stage: int = 0) -> list[str]:
     """One ``concurrent:`` line per pair of streams whose collectives overlap on ``stage``
     (:func:`~meshplan.schedule.linkload.concurrency`), with what sharing NICs cost each of the two
-    (:func:`nic_waits`), or that it cost nothing."""
+    (:func:`nic_waits`), or that it cost nothing; then one per stream whose collectives of two
+    queues shared NICs (the gradient reduction's pieces shown on the group they run over, beside
+    that group's own collectives: a ZeRO-1 reduce-scatter over dp x cp beside the cp ring's sends)."""
     waits = nic_waits(st, stage)
     out = []
     for (a, b), sec in sorted(concurrency(st, stage).items()):
-        cost = [(x, waits.get((x, y), 0.0)) for x, y in ((a, b), (b, a))]
-        paid = [f"{st.named(x)}'s collectives by {s * 1e3:.1f} ms" for x, s in cost if round(s * 1e4) > 0]
-        how = (f"sharing NICs lengthens {' and '.join(paid)} per step (the later issued runs on the NIC share the "
-               "earlier leaves; the parts line's exposure holds what compute waited for)" if paid else
+        paid = _paid(st, waits, ((a, b), (b, a)))
+        how = (f"sharing NICs lengthens {paid} per step ({LATER})" if paid else
                "nothing charged: they do not both cross a NIC, or its line rate carries both; NVLink and copy "
                "engines are not shared in the model")
         out.append(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step ({how})")
+    for a in sorted({a for a, b in waits if a == b}):
+        if paid := _paid(st, waits, ((a, a),)):
+            out.append(f"concurrent: {st.named(a)}'s collectives of two queues (its own and the gradient reduction's "
+                       f"pieces over its group): sharing NICs lengthens {paid} per step ({LATER})")
     return out
+
+
+#: How the lengthening is charged (:meth:`~meshplan.schedule.unit_sim.StreamSim._nic`).
+LATER = "the later issued runs on the NIC share the earlier leaves; the parts line's exposure holds what compute waited for"
+
+
+def _paid(st, waits: dict, pairs) -> str:
+    """``cp's collectives by 12.3 ms`` for each (stream, other) of ``pairs`` lengthened 0.1 ms or
+    more per step (:func:`nic_waits`), joined by ``and``; "" for none."""
+    return " and ".join(f"{st.named(x)}'s collectives by {waits[(x, y)] * 1e3:.1f} ms" for x, y in pairs
+                        if round(waits.get((x, y), 0.0) * 1e4) > 0)
