@@ -79,14 +79,16 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     nodes, and per layer and micro-batch its K/V gathers at the 8 q heads (134 MB, 2.15 ms through the
     NICs, forward and backward) outlast the SDPA step beside them and its 4 fp32 dK/dV shifts (67 MB,
     1.43 ms each) the steps beside 3 of them, the last exposed whole: exposed cp 3.134 -> 91.722 s
-    (4.48 ms a layer, 40 layers x 512 micro-batches), 0.173 s more bubble."""
+    (4.48 ms a layer, 40 layers x 512 micro-batches), 0.173 s more bubble. 473.016 s since the rank
+    timeline shares NICs (schedule/unit_sim.py StreamSim._nic): the cp transfers issued beside the
+    prefetched FSDP all-gathers over the same NICs run on the share those leave."""
     from meshplan.report.search_fix import infeasible_verdict
 
     r = narrowed
     assert not r.top and r.counts()["memory"] > 0
     w = r.widened
     assert w is not None and (w.given, w.cp, w.label) == ((1,), 4, ROW)
-    assert round(w.step_s, 3) == 472.820 and w.peak_bytes < r.usable_bytes
+    assert round(w.step_s, 3) == 473.016 and w.peak_bytes < r.usable_bytes  # 472.820 without NIC sharing
     pair = 8 * 8192 ** 2 * 256
     layer = pair * (1 / 333 + 3 / 370 + 2.5 * (1 / 318 + 3 / 310) - 4 / 335 - 2.5 * 4 / 322) / 1e12
     assert round(385.172 + 40 * (512 + 2 - 1) * layer, 3) == pytest.approx(385.652, abs=0.002)

@@ -74,6 +74,9 @@ class Overlap:
     fsdp_backward: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
+    #: concurrent network collectives share their NICs (:meth:`StreamSim._nic`); False: each at its
+    #: table time, as the search's step-time bounds take them (a bound's tightness is checked without it)
+    nic_sharing: bool = True
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,7 @@ class StreamSim:
             if a is not None and a.end_s > start:
                 start = a.end_s
         end = start + t
-        if (g := self.c.nic_share(kind, phase, op, group, label or stream)) > 0:
+        if self.ov.nic_sharing and (g := self.c.nic_share(kind, phase, op, group, label or stream)) > 0:
             end = self._nic(stream, label or stream, start, t, g)
         if (f := self.c.sm_share(kind, phase, op, group)) > 0:
             self.busy.append((start, end, f))
