@@ -244,7 +244,11 @@ class StreamSim:
         link each at half and together at the link's rate (NVIDIA/nccl issue #204); NCCL splits a
         transfer over its channels' connections, two per NIC to keep it near its rate (issue #438).
         The lengthening (``nic_wait``) is charged to the streams of the collectives it ran beside, by
-        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here."""
+        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here.
+        Issue order is a bound on each side of fair sharing: the later one ends no earlier than fair
+        sharing would end it, the earlier no later; where the earlier has slack (an FSDP all-gather
+        prefetched a layer ahead) and the later none (a cp ring's send), fair sharing would expose less
+        than this charges (the earlier stretched into its slack instead): an upper estimate there."""
         running: list = []
         for ends, held in self.nic.values():
             if ends and ends[-1] > start:
