@@ -23,17 +23,15 @@ from meshplan.schedule.comm_times import CommTimes
 MAX_SM_SHARE = 0.9
 
 
-def progress(busy, start: float, dur: float, cap: float, own: float = 1.0) -> tuple[float, list]:
+def progress(busy, start: float, dur: float, cap: float, own: float = 1.0, fair: bool = False) -> tuple[float, list]:
     """(end, segments) of ``dur`` seconds of work from ``start`` on a resource that the tasks in
     ``busy`` ((start, end, share, ...) each, issued earlier) hold shares of: in each interval
     between their edges the work progresses at ``min(1, (1 - min(cap, sum of the shares held)) /
-    own)``, ``own`` being the share it needs itself at full speed; ``segments``: (t0, t1, rate)
-    of the intervals it ran in. A kernel (own 1) under SM-holding collectives runs at ``1 - sum``
-    (:meth:`StreamSim._finish`); a network collective (own: its NIC share) runs at full speed while
-    the NIC has its share free and takes what is left otherwise (:meth:`StreamSim.comm`).
-
-    Work of 2 s needing all of the resource, a task holding half of it over [1, 3): its first
-    second at full rate over [0, 1), its second at half rate over [1, 3): ends at 3 s.
+    own)``, ``own`` being the share it needs itself at full speed, and with ``fair`` at least at
+    ``1 / (k + 1) / own``, the fair share of the k tasks running and itself; ``segments``: (t0, t1,
+    rate) of the intervals it ran in. A kernel (own 1) under SM-holding collectives runs at ``1 - sum``
+    (:meth:`StreamSim._finish`); a network collective (own: its NIC share, fair) as
+    :meth:`StreamSim._nic` says.
 
     >>> progress([(1.0, 3.0, 0.5)], 0.0, 2.0, 1.0)
     (3.0, [(0.0, 1.0, 1.0), (1.0, 3.0, 0.5)])
@@ -41,7 +39,8 @@ def progress(busy, start: float, dur: float, cap: float, own: float = 1.0) -> tu
     t, left, segs = start, dur, []
     edges = sorted({x for b in busy for x in (b[0], b[1]) if x > start})
     for nxt in edges + [float("inf")]:
-        rate = min(1.0, (1.0 - min(cap, sum(b[2] for b in busy if b[0] <= t < b[1]))) / own)
+        held = [b[2] for b in busy if b[0] <= t < b[1]]
+        rate = min(1.0, max(1.0 - min(cap, sum(held)), 1.0 / (1 + len(held)) if fair else 0.0) / own)
         if (nxt - t) * rate >= left:
             segs.append((t, t + left / rate, rate))
             return t + left / rate, segs
@@ -233,22 +232,24 @@ class StreamSim:
         holding ``share`` of its NICs at full speed (:func:`~meshplan.schedule.comm_times.nic_share`),
         while the network collectives issued before it hold theirs.
 
-        The rule, work-conserving and in issue order: the earlier keep their end times; this one runs
-        at full speed while the NIC has its share free and at what is left otherwise, ``min(1, (1 -
-        sum of the others' shares) / share)`` (:func:`progress`, the rule compute follows under the
-        SMs' shares), and holds ``rate x share`` meanwhile. Two bandwidth-bound collectives (share 1)
-        issued together end together at the sum of their times, as fair sharing of the NIC would
-        end the pair; two that leave the NIC idle half their time (share 0.5) do not slow each other.
-        NCCL gives concurrent communicators no priority: each posts its transfers on its own queue
-        pairs and the NIC serves them together, measured as two concurrent nccl-tests broadcasts on one
-        link each at half and together at the link's rate (NVIDIA/nccl issue #204); NCCL splits a
-        transfer over its channels' connections, two per NIC to keep it near its rate (issue #438).
+        The rule (:func:`progress` with ``fair``, the loop compute's SM slowdown runs on too): this one
+        runs at full speed while the NIC has its share free, and otherwise at what is left or at its fair
+        share of the NIC, ``1 / (k + 1)`` with k others running, whichever is more: ``min(1, max(1 - sum
+        of their shares, 1 / (k + 1)) / share)``, holding ``rate x share`` meanwhile; the earlier keep their
+        end times (issue order: their events are placed). NCCL gives concurrent communicators no priority:
+        each posts its transfers on its own queue pairs and the NIC serves them together, measured as two
+        concurrent nccl-tests broadcasts on one link each at half and together at the link's rate
+        (NVIDIA/nccl issue #204); NCCL splits a transfer over its channels' connections, two per NIC to keep
+        it near its rate (issue #438). So the later one gets what fair sharing gives it (two bandwidth-bound
+        collectives of 10 and 5 ms issued together: the second ends at 10 ms, as under fair sharing); the
+        earlier one, not slowed here, would be by fair sharing (the first ends at 10 ms, not 15): the NIC's
+        work is not conserved where the earlier ones hold more than their fair share, optimistic for them,
+        which in the timelines are mostly FSDP all-gathers prefetched a layer ahead, with slack to absorb it.
+        Charging the later one all of the sharing instead (what is left alone, ``1 - sum``) exposed cp
+        sends issued beside a prefetched all-gather as if they waited for it (Llama-3-70B at 32k tokens,
+        dp_shard 2 x cp 4 x tp 8 under Megatron-LM: 30.29 -> 40.14 s, where fair sharing exposes nothing).
         The lengthening (``nic_wait``) is charged to the streams of the collectives it ran beside, by
-        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here.
-        Issue order is a bound on each side of fair sharing: the later one ends no earlier than fair
-        sharing would end it, the earlier no later; where the earlier has slack (an FSDP all-gather
-        prefetched a layer ahead) and the later none (a cp ring's send), fair sharing would expose less
-        than this charges (the earlier stretched into its slack instead): an upper estimate there."""
+        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here."""
         running: list = []
         for ends, held in self.nic.values():
             if ends and ends[-1] > start:
@@ -258,7 +259,7 @@ class StreamSim:
             ends.append(start + dur)
             held.append((start, start + dur, share, shown))
             return start + dur
-        end, segs = progress(running, start, dur, 1.0, share)
+        end, segs = progress(running, start, dur, 1.0, share, fair=True)
         for a, b, rate in segs:
             ends.append(b)
             held.append((a, b, rate * share, shown))
