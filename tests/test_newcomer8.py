@@ -191,9 +191,9 @@ def test_best_rejected_never_prints_zero_percent(q1_search):
     """The best rejected (dp_replicate 2 x dp_shard 16 x tp 4, hsdp) against the top (29.261 s): at
     29.254 s, -0.026%, it printed as "-0.0%"; two significant figures under 0.1% as the explanation
     line's helper writes them. Since the rank timeline shares NICs (schedule/unit_sim.py StreamSim._nic)
-    its step is 29.276 s, +0.050% ("0.05% longer"): each unit's HSDP all-reduce across the replicas
+    its step is 29.265 s, +0.012% ("0.012% longer"): each unit's HSDP all-reduce across the replicas
     holds the NICs the next unit's FSDP all-gather, prefetched beside it, crosses (exposed fsdp 155.1 ->
-    176.1 ms, dp_replicate 19.0 -> 20.3 ms); the top, one FSDP stream on the network, is unchanged."""
+    165.6 ms, dp_replicate 19.0 -> 19.6 ms); the top, one FSDP stream on the network, is unchanged."""
     from meshplan.report.search import rejected_lines
     b, top = q1_search.best_rejected, q1_search.top[0]
     rel = b.step_s / top.step_s - 1
