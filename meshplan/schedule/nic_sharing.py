@@ -50,7 +50,8 @@ def concurrent_lines(st, stage: int = 0) -> list[str]:
 
 
 #: How the lengthening is charged (:meth:`~meshplan.schedule.unit_sim.StreamSim._nic`).
-LATER = "the later issued runs on the NIC share the earlier leaves; the parts line's exposure holds what compute waited for"
+LATER = ("the later issued runs on what the earlier leave, at least its fair share of the NIC; the parts line's "
+         "exposure holds what compute waited for")
 
 
 def _paid(st, waits: dict, pairs) -> str:
