@@ -78,19 +78,27 @@ def test_small_moe_wait_by_hand(small):
     exposed pp; with asynchronous sends, as meshplan modelled torch before, - 2 p2p at m 4).
     Without the exposed ep the bubble loses m (e_f + e_b): all of stage 1's exposed ep. Megatron-LM's
     blocking sends hold each stage for its partner but leave stage 1 back to back, so the wait
-    is all of it there too."""
+    is all of it there too. (NIC sharing, schedule/unit_sim.py StreamSim._nic: under torch the last
+    backward's ep all-to-alls run beside the gradient reduction's pieces over dp on the same NICs, so
+    its exposed ep is 0.2527 ms more than the other micro-batches': all of stage 1's exposed ep is the
+    sum over them, m e where the micro-batches agree.)"""
     plan, st = small
     u, m, p2p = st.units, st.pipeline.spec.m, st.pipeline.spec.p2p_s
     f0, b0, f1, b1 = (u.get(s, 0, k, 0).duration_s for s, k in ((0, "F"), (0, "B"), (1, "F"), (1, "B")))
     e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
+    every = sum(u.get(1, 0, k, j).exposed_s["ep"] for k in "FB" for j in range(m))  # m e, or more (torch)
+    assert every - m * e == pytest.approx(2.527e-4 if plan.config.training.framework == "torch" else 0.0, abs=1e-7)
     assert st.critical_stage == 0 and "ep" not in st.exposed_s and f1 + b1 - e > f0 + b0 + 2 * p2p
     bw = bubble_wait(st)
     assert (bw.stream, bw.stage, bw.stages) == ("ep", 1, (1,))
-    assert bw.exposed_s == pytest.approx(m * e, rel=1e-9)
-    assert bw.wait_s == pytest.approx(m * e, rel=1e-9)
+    assert bw.exposed_s == pytest.approx(every, rel=1e-9)
+    assert bw.wait_s == pytest.approx(every, rel=1e-9)
     assert bw.bubble_s == st.parts_s()["bubble"]
     if plan.config.training.framework == "torch":
-        assert bw.bubble_s == pytest.approx(m * (f1 + b1) - (m - 1) * (f0 + b0) + p2p, rel=1e-9)
+        # stage 1's units summed over the micro-batches: m (f1 + b1), and the last backward's 0.2527 ms more
+        one = sum(u.get(1, 0, k, j).duration_s for k in "FB" for j in range(m))
+        assert one - m * (f1 + b1) == pytest.approx(every - m * e, abs=1e-9)
+        assert bw.bubble_s == pytest.approx(one - (m - 1) * (f0 + b0) + p2p, rel=1e-9)
         # e: 24.563 ms of token all-to-alls before the count exchange was timed, + 4 x 176.7 us (2 MoE
         # layers, forward and replay: 512 B over ep 64 on 8 nodes, 63 network latency steps)
         # f0 + b0: stage 0's embedding forward holds torchtitan's batch copy to the GPU (17.1 us over
@@ -102,14 +110,18 @@ def test_schedule_runs_wait_each_run():
     """training.pp_schedule_runs 2: each run of 2 micro-batches repeats the first (stage 0 the
     critical stage, so the run shift is its run and a later run idles as run 1 does): the bubble
     counted by stage_bubble with the later run equals the step's parts, and each run waits for
-    its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run."""
+    its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run, and each run's
+    last backward the 0.2527 ms more its ep all-to-alls wait on the NICs beside the gradient reduction's
+    pieces (NIC sharing, test_small_moe_wait_by_hand)."""
     from meshplan.schedule.pipeline_exposure import last_tail_s, run_shift
     st = step_time(small_moe("torch", pp_schedule_runs=2))
     res, u = st.pipeline, st.units
     assert (st.runs, res.spec.m, st.critical_stage) == (2, 2, 0)
     assert stage_bubble(res, 0, last_tail_s(res, 0, u), 1, run_shift(res, u)) == st.parts_s()["bubble"]
     e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
-    assert bubble_wait(st).wait_s == pytest.approx(4 * e, rel=1e-9)
+    last = sum(u.get(1, 0, k, 1).exposed_s["ep"] for k in "FB") - e  # 0.2527 ms
+    assert last == pytest.approx(2.527e-4, abs=1e-7)
+    assert bubble_wait(st).wait_s == pytest.approx(4 * e + 2 * last, rel=1e-9)
 
 
 def test_small_moe_verdict_names_the_waited_all_to_all(small):
@@ -161,9 +173,11 @@ def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
     assert bw.stream == "ep" and sorted(bw.stages) == list(range(1, 15))  # tied within 1e-9, any first
     assert bw.wait_s > 0.5 * bw.bubble_s and bw.bubble_s > 0.5 * st.step_s
     lines = network_verdict(plan, st, bw=bw)
-    assert "(stages 1-14 the most: 25814.30 ms each per step)" in lines[0]
-    assert lines[1].startswith("verdict: network-bound: 28.8 s of the 51.7 s step is exposed communication or "
-                               "waiting for it, most on ep (stage 0 waits 28.6 s for it in its bubble; stages 1-14 "
+    # 25814.30 ms before NIC sharing: the last backward's ep all-to-alls beside the gradient reduction's pieces
+    assert "(stages 1-14 the most: 25821.10 ms each per step)" in lines[0]
+    # 28.8 s of 51.7 s, stage 0 waiting 28.6 s, before NIC sharing (each expert stage's last backward longer)
+    assert lines[1].startswith("verdict: network-bound: 28.9 s of the 51.8 s step is exposed communication or "
+                               "waiting for it, most on ep (stage 0 waits 28.7 s for it in its bubble; stages 1-14 "
                                "expose 25.8 s of it per step each): each rank of stage 1 sends 1,332 GB per step on "
                                "it (forward all-to-all 444 GB, backward all-to-all 888 GB (444 GB of it the "
                                "recompute's replay)), 1,183.8 GB of it across the network (the rest over NVLink) "
@@ -218,5 +232,6 @@ def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):
         "stream": bw.stream, "stages": list(bw.stages), "bubble_s": pytest.approx(bw.bubble_s, rel=1e-12),
         "wait_s": pytest.approx(bw.wait_s, rel=1e-12), "bare_bubble_s": pytest.approx(bw.bare_bubble_s, rel=1e-12)}
     assert doc["verdict"][0] == network_verdict(plan, st, bw=bw)[0] in printed
-    # 147.68 ms before torch's 1F1B calls waited (+ 3 transfers of 0.37 ms: test_small_moe_wait_by_hand)
-    assert doc["verdict"][0].startswith("bubble on stage 0: 148.77 ms, of which 101.08 ms waiting for the ep")
+    # 147.68 ms before torch's 1F1B calls waited (+ 3 transfers of 0.37 ms: test_small_moe_wait_by_hand);
+    # 148.77 and 101.08 ms before NIC sharing (the last backward's 0.2527 ms more exposed ep, both)
+    assert doc["verdict"][0].startswith("bubble on stage 0: 149.02 ms, of which 101.33 ms waiting for the ep")

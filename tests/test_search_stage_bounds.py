@@ -133,7 +133,12 @@ def _candidate(c, label: str, **cols) -> int:
 def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
     """The two candidates of the module docstring: refined bound / exact step 0.9897 and 0.9971
     (8.7559 / 8.8471 s, 8.6793 / 8.7048 s when written; 0.9568 and 0.9490 before), and never
-    above it."""
+    above it. The bounds take each collective at its table time; the rank timeline shares NICs between
+    concurrent network collectives (schedule/unit_sim.py StreamSim._nic), which only adds time (the
+    first candidate's HSDP all-reduces and cp transfers beside the FSDP all-gathers, 10.692 s against
+    10.489 s of bound when the later one ran only on what the earlier left): the tightness is checked
+    against the step without it (Overlap.nic_sharing),
+    the bound against the step with it."""
     cfg = load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", require_mesh=False)
     c = enumerate_candidates(cfg)
     base = dict(tp=8, mb=1, vpp=2, rf=0, us=1, sh=SHARDING.index("hsdp"))
@@ -151,8 +156,8 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
         cc = candidate_config(cfg, c, int(i))
         plan = build_plan(cc, cons.Constraints((), cons.usable_bytes(cc.cluster, cc.training)), memory=False,
                           reports=False)
-        exact = step_time(plan, Overlap()).step_s
-        assert 0.985 * exact <= est.step_lo[i] <= exact, (c.label(int(i)), est.step_lo[i], exact)
+        exact, unshared = step_time(plan, Overlap()).step_s, step_time(plan, Overlap(nic_sharing=False)).step_s
+        assert 0.985 * unshared <= est.step_lo[i] <= unshared <= exact, (c.label(int(i)), est.step_lo[i], exact)
 
 
 def test_bounds_never_exceed_the_step_with_the_host_pace():

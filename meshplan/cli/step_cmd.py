@@ -41,7 +41,8 @@ from meshplan.schedule.reshard_note import reshard_default_note
 from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
-from meshplan.schedule.linkload import concurrency, edge_loads, p2p_calls, timings
+from meshplan.schedule.linkload import edge_loads, p2p_calls, timings
+from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
 from meshplan.schedule.stage_traffic import traffic_words
 from meshplan.schedule.steptime import step_time
@@ -132,7 +133,10 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     more (a MoE model's expert stages beside a dense stage 0), that stage's table follows, labelled, whether or not
     its links fit; --json's sent_bytes_per_step is that stage's (sent_bytes_stage). The collectives' readiness list
     gives each in the plan table's phase, a per-step row issued inside the last backward with '(issued in the
-    last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. A mesh that does not fit exits 1
+    last backward)' and, with pp > 1, a 'not listed:' line for the pp send/recv, counted in exposed pp. Each
+    'concurrent:' line names two streams whose collectives run at once and what sharing NICs cost them in the
+    timeline (ms per step their collectives ran longer: one issued while another holds a share of its NICs runs
+    on what is left, at least its fair share), or 'nothing charged'. A mesh that does not fit exits 1
     with its reasons after one line 'step would be X s ... if it fit'. A line 'kernels: ...' names the kernel data
     the step was timed with (the catalog's, or --kernels files laid over it, and --gemm-table's file with how many of
     the plan's GEMM shapes it timed)."""
@@ -296,8 +300,8 @@ def _print_links(p, st, step_fn) -> None:
     if sends := p2p_calls(st):
         _echo(f"  not listed: pp send/recv between stages (stage 0 sends {sends} per schedule run): counted in the "
               f"parts line's exposed pp (their transfers; a blocking call's wait for its partner stage is bubble)")
-    for (a, b), sec in sorted(concurrency(st).items()):
-        _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+    for line in concurrent_lines(st):
+        _echo(line)
     other = other_stage_loads(p, st)
     more = "" if other is None or stage_fits(other[1]) else " and a NIC or uplink of it does not fit"
     where = "" if other is None else f"; stage {other[0]}'s ranks send more{more}: its table follows"

@@ -1,7 +1,8 @@
 """A stage's collective rows as the rank timeline reads them: each row's seconds per call keyed
 (kind, group, phase, op) in :class:`CommTimes`, with the per-step, per-micro-batch, pp, loss and
 DeepSpeed figures apart, and the FSDP unit group a row belongs to (:func:`shard_group`); the SM
-share a collective's NCCL kernel takes from compute (:func:`nccl_sm_share`). Each row's kind and
+share a collective's NCCL kernel takes from compute (:func:`nccl_sm_share`) and the share of its
+NICs a network collective holds (:func:`nic_share`). Each row's kind and
 stream: :mod:`meshplan.schedule.comm_streams`.
 """
 
@@ -114,6 +115,9 @@ class CommTimes:
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
+    #: NIC share per key as ``share`` (:func:`nic_share`), per kind under (kind,), the per-step
+    #: reduction's under ("dp", its stream) (:meth:`nic_share`)
+    nic: dict = field(default_factory=dict)
     loss_s: float = 0.0
     async_s: float = 0.0
     step_reduce_s: float = 0.0
@@ -184,6 +188,7 @@ class CommTimes:
         c, other = cls(layers=layers), []
         for r in rows:
             kind = comm_kind(r)
+            _keep_nic(c.nic, kind, r)
             if sm_share is not None and (f := sm_share(r)) > 0:
                 op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
                 key = (kind, _row_group(kind, r), r.phase, op)
@@ -256,6 +261,12 @@ class CommTimes:
     def get(self, kind: str, phase: str, op: str, group: str = "") -> float:
         return self.t.get((kind, group, phase, op), 0.0)
 
+    def nic_share(self, kind: str, phase: str, op: str, group: str = "", stream: str = "") -> float:
+        """Share of its NICs a collective of this key holds while it runs (:func:`nic_share`; 0
+        off the network): the key's row's, else the per-step reduction's rows on ``stream`` (its
+        pieces, kind "dp"), else its kind's largest."""
+        return self.nic.get((kind, group, phase, op)) or self.nic.get((kind, stream)) or self.nic.get((kind,), 0.0)
+
     def sm_share(self, kind: str, phase: str, op: str, group: str = "") -> float:
         """Fraction of the SMs a collective of this key holds (its kind's largest when the key
         has no row: the loss and norm-gradient collectives, the per-step reduction pieces)."""
@@ -270,6 +281,47 @@ def _one_op(ops) -> str:
     """The one all-reduce or reduce-scatter of ``ops``, else "" (none, several, another)."""
     (op,) = ops if len(ops) == 1 else ("",)
     return op if op in ("all-reduce", "reduce-scatter") else ""
+
+
+def nic_share(row) -> float:
+    """Share of a NIC that collective-table ``row`` holds while it runs: the bytes one call puts
+    through the busiest NIC its members send by, at the rank's share of that NIC's line rate
+    (``path.nic_bandwidth_bytes_per_s``: the NIC's rate over the axis's ranks on it, :func:`~meshplan.comm.row.groups_path`),
+    over the call's time, at most 1. The bytes: a send/recv's whole message (the member whose
+    peer is on another node sends it all through its NIC, and the ring or pipeline waits for that
+    member), any other row's network part of :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`
+    (a ring's ``sent / g``: with one NCCL channel leaving by each GPU's NIC, each member's NIC
+    carries 1/g of the node's ring bytes). 0 for a row that stays on NVLink or inside the GPU; a
+    latency-bound call holds little. Each collective is taken at its own busiest NIC, so two rows
+    whose busiest NICs differ are counted as sharing one (rail-aligned nodes, one NIC per GPU:
+    a ring crosses every member's NIC, so it meets any other row's busiest).
+
+    An all-gather over 16 ranks on 2 nodes (8 a node) of 1.6 GB in 10 ms, 200 Gb/s NICs: each
+    rank's NIC carries 15/16 x 1.6 GB / 8 = 187.5 MB, 7.5 ms at 25 GB/s: 0.75 of the NIC.
+
+    >>> from types import SimpleNamespace as R
+    >>> path = R(kind="network", nic_bandwidth_bytes_per_s=25e9, bandwidth_bytes_per_s=200e9)
+    >>> nic_share(R(path=path, op="all-gather", split=None, size_bytes=1.6e9, time_s=0.01, link_bytes=(0.0, 1.875e8)))
+    0.75
+    """
+    if row.path.kind != "network" or row.time_s <= 0:
+        return 0.0
+    rate = row.path.nic_bandwidth_bytes_per_s or row.path.bandwidth_bytes_per_s
+    through = row.size_bytes if row.op == "send/recv" and row.split is None else row.link_bytes[1]
+    return min(1.0, through / rate / row.time_s) if rate > 0 else 0.0
+
+
+def _keep_nic(nic: dict, kind: str, r) -> None:
+    """Keep row ``r``'s :func:`nic_share` in ``nic`` under its key (the one
+    :meth:`CommTimes.from_rows` times it under), its kind and, for a per-step reduction row, ("dp",
+    its stream) (:meth:`CommTimes.nic_share`)."""
+    if (f := nic_share(r)) <= 0:
+        return
+    op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
+    nic[(kind, _row_group(kind, r), r.phase, op)] = f
+    nic[(kind,)] = max(f, nic.get((kind,), 0.0))
+    if kind == "step" and r.op != "all-gather":
+        nic[("dp", step_stream(r))] = max(f, nic.get(("dp", step_stream(r)), 0.0))
 
 
 def nccl_sm_share(cluster):

@@ -1,14 +1,16 @@
 """The event simulation under every unit timeline: :class:`StreamSim` runs compute and collectives
 on their streams in issue order, each task after its dependencies, compute slowed by the SMs the
-running collectives hold (:data:`MAX_SM_SHARE`), and counts the time the compute stream waits on
+running collectives hold (:data:`MAX_SM_SHARE`), network collectives slowed by the NIC shares
+the running ones hold (:meth:`StreamSim._nic`), and counts the time the compute stream waits on
 each stream (exposed); :class:`UnitSim` is its result; :class:`Overlap` which communication may
 overlap compute; :class:`ChunkCosts` the compute of one chunk per micro-batch.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.compute import asynctp
@@ -19,6 +21,34 @@ from meshplan.schedule.comm_times import CommTimes
 
 #: At most this fraction of the SMs is taken from compute by concurrent collectives.
 MAX_SM_SHARE = 0.9
+
+
+def progress(busy, start: float, dur: float, cap: float, own: float = 1.0, fair: bool = False) -> tuple[float, list]:
+    """(end, segments) of ``dur`` seconds of work from ``start`` on a resource that the tasks in
+    ``busy`` ((start, end, share, ...) each, issued earlier) hold shares of: in each interval
+    between their edges the work progresses at ``min(1, (1 - min(cap, sum of the shares held)) /
+    own)``, ``own`` being the share it needs itself at full speed, and with ``fair`` at least at
+    ``1 / (k + 1) / own``, the fair share of the k tasks running and itself; ``segments``: (t0, t1,
+    rate) of the intervals it ran in. A kernel (own 1) under SM-holding collectives runs at ``1 - sum``
+    (:meth:`StreamSim._finish`); a network collective (own: its NIC share, fair) as
+    :meth:`StreamSim._nic` says.
+
+    >>> progress([(1.0, 3.0, 0.5)], 0.0, 2.0, 1.0)
+    (3.0, [(0.0, 1.0, 1.0), (1.0, 3.0, 0.5)])
+    """
+    t, left, segs = start, dur, []
+    edges = sorted({x for b in busy for x in (b[0], b[1]) if x > start})
+    for nxt in edges + [float("inf")]:
+        held = [b[2] for b in busy if b[0] <= t < b[1]]
+        rate = min(1.0, max(1.0 - min(cap, sum(held)), 1.0 / (1 + len(held)) if fair else 0.0) / own)
+        if (nxt - t) * rate >= left:
+            segs.append((t, t + left / rate, rate))
+            return t + left / rate, segs
+        left -= (nxt - t) * rate
+        if nxt > t and rate > 0:
+            segs.append((t, nxt, rate))
+        t = nxt
+    return t, segs  # unreachable: the last segment is unbounded
 
 
 @dataclass(frozen=True)
@@ -43,6 +73,9 @@ class Overlap:
     fsdp_backward: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
+    #: concurrent network collectives share their NICs (:meth:`StreamSim._nic`); False: each at its
+    #: table time, as the search's step-time bounds take them (a bound's tightness is checked without it)
+    nic_sharing: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,6 +103,9 @@ class UnitSim:
     tail_stream: str = ""
     host_wait_s: float = 0.0  # the compute stream's waits for the host's issue (StreamSim.host_pace)
     contention_s: float = 0.0  # compute slowed by collectives' SMs, where the compute stream holds it (StreamSim.compute)
+    #: {(stream, other stream): seconds} the stream's collectives ran longer sharing their NICs with the
+    #: other's running before them (:meth:`StreamSim.comm`)
+    nic_wait: dict = field(default_factory=dict)
 
 
 class StreamSim:
@@ -89,6 +125,10 @@ class StreamSim:
         self.host_s = 0.0  # the host's issue clock (host_pace), from the unit's start
         self.host_wait_s = 0.0  # the compute stream's idle waiting for it
         self.contention_s = 0.0  # compute time added by collectives' SM shares and not exposed (compute)
+        #: queue -> (ends, (start, end, NIC share, shown stream) per interval) of its network collectives,
+        #: in issue order (a queue's collectives never overlap: ends sorted)
+        self.nic: dict[str, tuple[list, list]] = {}
+        self.nic_wait: defaultdict[tuple[str, str], float] = defaultdict(float)
 
     def of(self, fn, c: Cost, *args):
         """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
@@ -101,20 +141,12 @@ class StreamSim:
     def _finish(self, start: float, dur: float) -> float:
         """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
         hold their SM shares: the kernel progresses at ``1 - sum of the shares`` (at most
-        :data:`MAX_SM_SHARE` taken) while they run, at full rate otherwise."""
+        :data:`MAX_SM_SHARE` taken) while they run, at full rate otherwise (:func:`progress`)."""
         if self.busy:
             self.busy = [b for b in self.busy if b[1] > start]
         if dur <= 0 or not self.busy:
             return start + dur
-        t, left = start, dur
-        edges = sorted({x for a, b, _ in self.busy for x in (a, b) if x > start})
-        for nxt in edges + [float("inf")]:
-            rate = 1.0 - min(MAX_SM_SHARE, sum(f for a, b, f in self.busy if a <= t < b))
-            if (nxt - t) * rate >= left:
-                return t + left / rate
-            left -= (nxt - t) * rate
-            t = nxt
-        return t  # unreachable: the last segment is unbounded
+        return progress(self.busy, start, dur, MAX_SM_SHARE)[0]
 
     def _add(self, stream, name, start, end, args=None, queue: Optional[str] = None) -> Event:
         ev = Event(0, stream, name, start, end, dict(args) if args else {})
@@ -187,10 +219,59 @@ class StreamSim:
         for a in ((self.last,) if after is None else after):
             if a is not None and a.end_s > start:
                 start = a.end_s
+        end = start + t
+        if self.ov.nic_sharing and (g := self.c.nic_share(kind, phase, op, group, label or stream)) > 0:
+            end = self._nic(stream, label or stream, start, t, g)
         if (f := self.c.sm_share(kind, phase, op, group)) > 0:
-            self.busy.append((start, start + t, f))
-        return self._add(label or stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase,
-                                                                   "op": op}, queue=stream)
+            self.busy.append((start, end, f))
+        return self._add(label or stream, name, start, end, {"kind": kind, "group": group, "phase": phase,
+                                                             "op": op}, queue=stream)
+
+    def _nic(self, queue: str, shown: str, start: float, dur: float, share: float) -> float:
+        """End of a network collective of ``dur`` seconds alone, issued on ``queue`` at ``start``,
+        holding ``share`` of its NICs at full speed (:func:`~meshplan.schedule.comm_times.nic_share`),
+        while the network collectives issued before it hold theirs.
+
+        The rule (:func:`progress` with ``fair``, the loop compute's SM slowdown runs on too): this one
+        runs at full speed while the NIC has its share free, and otherwise at what is left or at its fair
+        share of the NIC, ``1 / (k + 1)`` with k others running, whichever is more: ``min(1, max(1 - sum
+        of their shares, 1 / (k + 1)) / share)``, holding ``rate x share`` meanwhile; the earlier keep their
+        end times (issue order: their events are placed). NCCL gives concurrent communicators no priority:
+        each posts its transfers on its own queue pairs and the NIC serves them together, measured as two
+        concurrent nccl-tests broadcasts on one link each at half and together at the link's rate
+        (NVIDIA/nccl issue #204); NCCL splits a transfer over its channels' connections, two per NIC to keep
+        it near its rate (issue #438). So the later one gets what fair sharing gives it (two bandwidth-bound
+        collectives of 10 and 5 ms issued together: the second ends at 10 ms, as under fair sharing); the
+        earlier one, not slowed here, would be by fair sharing (the first ends at 10 ms, not 15): the NIC's
+        work is not conserved where the earlier ones hold more than their fair share, optimistic for them,
+        which in the timelines are mostly FSDP all-gathers prefetched a layer ahead, with slack to absorb it.
+        Charging the later one all of the sharing instead (what is left alone, ``1 - sum``) exposed cp
+        sends issued beside a prefetched all-gather as if they waited for it (Llama-3-70B at 32k tokens,
+        dp_shard 2 x cp 4 x tp 8 under Megatron-LM: 30.29 -> 40.14 s, where fair sharing exposes nothing).
+        The lengthening (``nic_wait``) is charged to the streams of the collectives it ran beside, by
+        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here."""
+        running: list = []
+        for ends, held in self.nic.values():
+            if ends and ends[-1] > start:
+                running += held[bisect_right(ends, start):]
+        ends, held = self.nic.setdefault(queue, ([], []))
+        if not running:  # the NIC to itself
+            ends.append(start + dur)
+            held.append((start, start + dur, share, shown))
+            return start + dur
+        end, segs = progress(running, start, dur, 1.0, share, fair=True)
+        for a, b, rate in segs:
+            ends.append(b)
+            held.append((a, b, rate * share, shown))
+        late = end - start - dur
+        weights: defaultdict[str, float] = defaultdict(float)
+        for a, b, f, who in running:
+            weights[who] += f * max(0.0, min(b, end) - max(a, start))
+        total = sum(weights.values())
+        if late > 0 and total > 0:
+            for who, w in weights.items():
+                self.nic_wait[(shown, who)] += late * w / total
+        return end
 
     def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
         """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
@@ -218,4 +299,4 @@ class StreamSim:
         final = max(self.events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
         return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "",
-                       self.host_wait_s, self.contention_s)
+                       self.host_wait_s, self.contention_s, dict(self.nic_wait))

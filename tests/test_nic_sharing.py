@@ -1,0 +1,99 @@
+"""Concurrent network collectives share their NICs in the rank timeline (issue 11, open item 1a;
+newcomer trial 31, finding #2: the cp ring's sends and the FSDP all-gathers each ran at the full NIC
+rate): :func:`meshplan.schedule.comm_times.nic_share` and :meth:`meshplan.schedule.unit_sim.StreamSim._nic`."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from meshplan.comm.row import CollectiveRow, Path
+from meshplan.schedule.comm_times import CommTimes, nic_share
+from meshplan.schedule.unit_sim import Overlap, StreamSim
+from tests.cli_run import run_cli
+from tests.configs import NC31_TOP1_TOML
+
+#: 200 Gb/s NICs, one per GPU, 2 nodes of 8 GPUs: 25 GB/s each.
+NIC = Path("network", 200e9, "2 nodes", nodes=2, ranks_per_node=8, nic_bandwidth_bytes_per_s=25e9)
+AG = ("shard", "layer", "forward", "all-gather")
+SEND = ("cp", "", "forward", "send/recv")
+
+
+def _row(op: str, size_bytes: float, time_s: float, path: Path = NIC) -> CollectiveRow:
+    return CollectiveRow("fsdp", "forward", op, 16, 1, (0,), size_bytes, "bf16", 1, 1, "", path, time_s)
+
+
+def _sim(ag_share: float, send_share: float, ag_s: float = 0.010, send_s: float = 0.005) -> StreamSim:
+    comm = CommTimes(t={AG: ag_s, SEND: send_s}, nic={AG: ag_share, SEND: send_share})
+    return StreamSim(comm, None, Overlap())
+
+
+def test_nic_share_by_hand():
+    """An FSDP all-gather over 16 ranks (2 nodes x 8) of X = 1.6 GB timed 10 ms: a rank's ring
+    bytes 15/16 X = 1.5 GB, 1/8 of them through its own NIC (one ring channel leaves by each GPU's
+    NIC) = 187.5 MB = 7.5 ms at 25 GB/s: 0.75 of the NIC. A cp send of Y = 100 MB timed 5 ms: the
+    boundary member sends all of Y through its NIC, 4 ms: 0.8. The same all-gather on NVLink: 0."""
+    assert nic_share(_row("all-gather", 1.6e9, 0.010)) == pytest.approx(0.75)
+    assert nic_share(_row("send/recv", 100e6, 0.005)) == pytest.approx(0.8)
+    assert nic_share(_row("all-gather", 1.6e9, 0.010, Path("nvlink", 450e9, "nvlink4"))) == 0.0
+    # bandwidth-bound beyond the line rate (a faster measured curve): at most the whole NIC
+    assert nic_share(_row("send/recv", 100e6, 0.002)) == 1.0
+
+
+def test_two_collectives_on_one_nic_by_hand():
+    """The all-gather (share 0.75, 10 ms) issued at 0, 1 ms of compute, then the cp send (share 0.8,
+    5 ms alone) at 1 ms. The earlier keeps its end (10 ms); the NIC leaves the send 1 - 0.75 = 0.25,
+    less than its fair half (two running), so it runs at 0.5 / 0.8 = 0.625 of its speed: its 5 ms take
+    8, it ends at 9 ms, not 6: 3 ms longer, charged to fsdp. (What is left alone, 0.25 / 0.8 = 0.3125,
+    would end it at 12.1875 ms.)"""
+    s = _sim(0.75, 0.8)
+    ag = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+    s.compute("L0", 0.001)
+    send = s.comm("cp", "forward", "send/recv", "cp send")
+    assert (ag.start_s, ag.end_s) == (0.0, pytest.approx(0.010))
+    assert send.start_s == pytest.approx(0.001)
+    assert send.end_s == pytest.approx(0.009)
+    assert s.finish().nic_wait == {("cp", "fsdp"): pytest.approx(0.003)}
+
+
+def test_room_on_the_nic_costs_nothing():
+    """Shares 0.5 and 0.5: the NIC carries both at full speed; the send ends at 1 + 5 = 6 ms. The
+    all-gather off the network (share 0): the same. Both bandwidth-bound (share 1) and issued
+    together: the send runs at its fair half, its 5 ms in 10, and ends at 10 ms, as fair sharing ends
+    it (the all-gather keeps its 10 ms, where fair sharing would end it at 15)."""
+    for ag_share in (0.5, 0.0):
+        s = _sim(ag_share, 0.5)
+        s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+        s.compute("L0", 0.001)
+        assert s.comm("cp", "forward", "send/recv", "cp send").end_s == pytest.approx(0.006)
+        assert s.finish().nic_wait == {}
+    s = _sim(1.0, 1.0)
+    s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+    assert s.comm("cp", "forward", "send/recv", "cp send", after=[]).end_s == pytest.approx(0.010)
+
+
+def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
+    """Newcomer 31's top mesh (dp_shard 4 x cp 32 x tp 2 on 32 DGX H100, 400 Gb/s = 50 GB/s per GPU's
+    NIC). Its table: the layer's FSDP all-gather of 855,670,784 B over 128 ranks, 4 a node, 4,856.1 us:
+    through each member's NIC 127/128 x 855,670,784 / 4 = 212,246,425 B = 4.2449 ms at 50 GB/s, share
+    0.87415; the cp K/V send of 8,388,608 B, 187.4 us: the boundary member's NIC 0.16777 ms, share
+    0.8953. The forward's first cp send is issued while the next layer's all-gather (prefetched) runs
+    and ends before it: the NIC leaves it 1 - 0.87415 = 0.12585, less than its fair half, so it runs at
+    0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.223 ms ring step
+    beside it (its slack alone was 0.036 ms). The step's concurrent line says what the sharing cost cp;
+    the parts line exposes cp."""
+    cfg = tmp_path / "nc31.toml"
+    cfg.write_text(NC31_TOP1_TOML)
+    code, out, _ = run_cli(["step", cfg], capsys)
+    assert code == 0
+    ag_share = 855_670_784 * 127 / 128 / 4 / 50e9 / 4856.1e-6
+    send_share = 8_388_608 / 50e9 / 187.4e-6
+    assert (round(ag_share, 4), round(send_share, 4)) == (0.8741, 0.8953)
+    want_ms = 0.1874 / (max(1 - ag_share, 0.5) / send_share)
+    row = re.search(r"^  cp +forward +send/recv +[\d.]+ +[\d.]+ +([\d.]+)", out, re.M)
+    assert float(row.group(1)) == pytest.approx(want_ms, abs=0.002)  # 0.336 ms; alone 0.187
+    line = next(x for x in out.splitlines() if x.startswith("concurrent: cp and fsdp"))
+    lengthened = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms per step", line).group(1))
+    assert lengthened > 0
+    assert re.search(r"exposed cp [\d.]+", out.splitlines()[2])
