@@ -29,6 +29,7 @@ from meshplan.compute.ring_attention import MERGE
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.spec.training import TrainingSpec
 from tests.configs import NC31_TOP1_TOML, nc31_cp16_toml
 
@@ -135,5 +136,11 @@ def test_newcomer31_ranking_turns_to_the_longer_calls():
                                         p16 * (1 / 602 + 15 / 646), 2.5 * p16 * (1 / 559 + 15 / 542))] == [
         6.915, 21.894, 6.839, 20.248]
     assert (round(640 * d32 / 1e12, 3), round(640 * d16 / 1e12, 3)) == (1.325, 0.223)
-    steps = [step_time(build_plan(config_from_dict(tomllib.loads(t)))).step_s for t in (NC31_TOP1_TOML, nc31_cp16_toml())]
+    plans = [build_plan(config_from_dict(tomllib.loads(t))) for t in (NC31_TOP1_TOML, nc31_cp16_toml())]
+    # the attention's change alone: NIC sharing off (it came in beside this change, nicshare)
+    steps = [step_time(p, Overlap(nic_sharing=False)).step_s for p in plans]
     assert [round(x, 3) for x in steps] == [round(28.829 + 1.325, 3), round(29.056 + 0.223, 3)] == [30.154, 29.279]
+    # with NIC sharing (the default) cp 32's forward sends beside its FSDP all-gathers are exposed too
+    # (tests/test_nic_sharing.py): cp 16 stays first
+    shared = [step_time(p).step_s for p in plans]
+    assert shared[1] < shared[0] and shared[0] > steps[0] and round(shared[1], 3) == 29.279
