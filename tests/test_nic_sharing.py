@@ -4,11 +4,14 @@ rate): :func:`meshplan.schedule.comm_times.nic_share` and :meth:`meshplan.schedu
 
 from __future__ import annotations
 
+import json
 import re
 
+import jsonschema
 import pytest
 
 from meshplan.comm.row import CollectiveRow, Path
+from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_times import CommTimes, nic_share
 from meshplan.schedule.unit_sim import Overlap, StreamSim
 from tests.cli_run import run_cli
@@ -97,3 +100,22 @@ def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
     lengthened = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms per step", line).group(1))
     assert lengthened > 0
     assert re.search(r"exposed cp [\d.]+", out.splitlines()[2])
+
+
+def test_step_json_carries_the_sharing_cost(capsys, tmp_path):
+    """``step --json``'s ``nic_sharing_s`` holds what the text's concurrent line prints: cp's
+    collectives lengthened beside fsdp's, in seconds (the line's ms / 1000, to its 0.1 ms), and
+    at least the forward sends' lengthening beside the next layer's prefetched all-gather: 32 / 4 =
+    8 micro-batches x 79 layers with a next layer, (0.3356 - 0.1874) ms for at least the first send
+    of each: 632 x 0.1482 ms = 93.7 ms. The document validates against the step schema."""
+    cfg, doc = tmp_path / "nc31.toml", tmp_path / "s.json"
+    cfg.write_text(NC31_TOP1_TOML)
+    code, out, _ = run_cli(["step", cfg, "--json", doc], capsys)
+    assert code == 0
+    data = json.loads(doc.read_text())
+    assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(data)) == []
+    got = {(x["stream"], x["beside"]): x["seconds"] for x in data["nic_sharing_s"]}
+    line = next(x for x in out.splitlines() if x.startswith("concurrent: cp and fsdp"))
+    ms = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms per step", line).group(1))
+    assert round(got[("cp", "fsdp")] * 1e3, 1) == ms
+    assert got[("cp", "fsdp")] >= 8 * 79 * (0.3356 - 0.1874) * 1e-3

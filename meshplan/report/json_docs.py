@@ -25,6 +25,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.schedule.link_spill import other_stage_loads
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.nic_sharing import nic_waits
 from meshplan.schedule.stage_balance import closed_form, uniform_bubble
 from meshplan.schedule.stage_traffic import traffic_stage
 from meshplan.schedule.waits import BubbleWait
@@ -101,7 +102,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
     MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch and for an MoE or MLA
     model), critical path, readiness of
-    each collective, concurrency, load per physical link, bytes each rank sends per step by axis on
+    each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
+    :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
     :func:`meshplan.schedule.stage_traffic.traffic_stage`: not a MoE model's dense stage 0), the
     network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
@@ -117,6 +119,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
+                    nic_sharing_s=[{"stream": a, "beside": b, "seconds": v} for (a, b), v in sorted(nic_waits(st).items())],
                     links=[_link(e) for e in edge_loads(plan, st)], other_stage_links=_other_links(plan, st),
                     sent_bytes_per_step=weights_from_table(plan.stage(traffic_stage(plan)).collectives),
                     sent_bytes_stage=traffic_stage(plan),
