@@ -169,9 +169,9 @@ def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Conf
     return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update))
 
 
-def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
-    """``deg`` with cp ``k`` times larger and ``data`` ``k`` times smaller (a new cp axis inside
-    the the rules refuse it)."""
+def _layer_fits(plan: Plan, k: int) -> Optional[Plan]:
+    """``plan``'s config at ``recompute = "layer"``, ``ac_freq = k`` planned, where it fits (None
+    otherwise, or where the rules refuse it)."""
     t = plan.config.training
     p = planned(replace(plan.config, training=t.model_copy(update={"recompute": "layer", "ac_freq": k})))
     return p if p is not None and p.feasible else None
