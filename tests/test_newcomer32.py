@@ -181,6 +181,8 @@ def test_checkpoint_activations_alone_is_full_recompute(tmp_path):
     (megatron_deepspeed_script(extra="--use-distributed-optimizer"),
      "error: --deepspeed: given with --use-distributed-optimizer"),
     (megatron_deepspeed_script().replace("--zero-stage 1", ""), "error: --zero-stage: not given with --deepspeed"),
+    (megatron_deepspeed_script().replace("--zero-stage 1", "--zero-stage"),
+     "error: --zero-stage: given without a value; give --zero-stage N"),
     (megatron_deepspeed_script(zero_stage=3, pp=1), "error: --zero-stage: 3 without --no-pipeline-parallel: "
                                                     "Megatron-DeepSpeed builds its model as a PipelineModule even at pp 1"),
     (megatron_deepspeed_script(pp=2, extra="--no-pipeline-parallel"),

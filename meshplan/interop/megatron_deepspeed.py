@@ -86,6 +86,9 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str]) -> dict[str, Any]:
     if given is None:
         raise ConfigError("--zero-stage", "not given with --deepspeed; give --zero-stage N, your --deepspeed_config's "
                                           "zero_optimization.stage")
+    if given is True:  # the flag with no value after it (the parser reads it as a switch)
+        raise ConfigError("--zero-stage", "given without a value; give --zero-stage N (0, 1, 2 or 3), your "
+                                          "--deepspeed_config's zero_optimization.stage")
     stage = int(float(given)) if str(given).replace(".", "", 1).isdigit() else -1
     if stage not in STAGES or float(given) != stage:
         raise ConfigError("--zero-stage", f"{given!r}; use 0, 1, 2 or 3")
