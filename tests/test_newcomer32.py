@@ -120,6 +120,8 @@ def test_inline_node_names_catalog_network_and_curve():
     ('busbw = { nvlink = "a100-nvlink3-ring" }', "busbw = { nvlink = 3 }", "cluster.node.busbw.nvlink",
      "give a catalog curve name"),
     ('"a100-nvlink3-ring"', '"a100-nvlink3"', "cluster.node.busbw.nvlink", "unknown busbw curve 'a100-nvlink3'"),
+    ('busbw = { nvlink = "a100-nvlink3-ring" }', 'busbw = "a100-nvlink3-ring"', "cluster.node.busbw",
+     "give a table of link class -> catalog curve name"),  # was pydantic's "Input should be a valid dictionary"
 ])
 def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
     text = _four_nic_cluster()
@@ -127,6 +129,16 @@ def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
     with pytest.raises(ConfigError) as e:
         config_from_dict(_job(text.replace(old, new)))
     assert (e.value.field, e.value.message[:len(start)]) == (field, start)
+    assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
+
+
+def test_inline_node_of_another_type_is_a_one_line_error():
+    """``node = 3`` was pydantic's "Input should be a valid dictionary or instance of NodeSpec"; now
+    both forms are named, as for ``network``."""
+    bad = _job('[cluster]\nnodes = 2\ngpu = "a100-sxm-40gb"\nnode = 3\nnetwork = "superpod-hdr-su20"\n')
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(bad)
+    assert (e.value.field, e.value.message[:28]) == ("cluster.node", "give a catalog node name (me")
     assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
 
 
