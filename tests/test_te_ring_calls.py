@@ -54,6 +54,22 @@ def _attention_ms(w: Workload) -> tuple[float, float]:
     return ops["forward"].seconds * 1e3, ops["backward_input"].seconds * 1e3
 
 
+def _between_points(cp: int, k: int):
+    """The docstring's derivation for a cp whose ``L = S / cp`` is 1.5 x the table's k-th length (512
+    x 2^k, so ``L / 2`` is 1.5 x the (k - 1)-th): rates (TFLOP/s) F of the way up from those points,
+    causal at L, unmasked at L and L/2, backward at L and L/2; the pair's forward FLOP ``2 L^2 H d``
+    (H 8, d 128); and rank r's (forward, backward) ms: ``pair (1/causal + r/unmasked(L/2) + (cp - 1 -
+    r)/unmasked(L))``, ``2.5 pair ((1 + r)/bwd(L) + (cp - 1 - r)/bwd(L/2))``."""
+    L = S // cp
+    assert L == 1.5 * 512 * 2 ** k
+    up = lambda row, i: row[i] + F * (row[i + 1] - row[i])
+    causal, whole, half, bwd, bwd_half = up(CAUSAL, k), up(NONE, k), up(NONE, k - 1), up(BWD, k), up(BWD, k - 1)
+    pair = 2 * L ** 2 * 8 * 128
+    rank = lambda r: (pair * (1 / causal + r / half + (cp - 1 - r) / whole) / 1e9,
+                      2.5 * pair * ((1 + r) / bwd + (cp - 1 - r) / bwd_half) / 1e9)
+    return (causal, whole, half, bwd, bwd_half), pair, rank
+
+
 def test_te_ring_calls_rated_at_their_shapes_by_hand():
     """Llama-3-70B at tp 8 (64 / 8 = 8 q heads of d 128 on a rank), b 1, s 98,304.
 
@@ -83,29 +99,18 @@ def test_te_ring_calls_rated_at_their_shapes_by_hand():
     assert (round(fwd2, 3), round(bwd2, 3)) == (15.668, 44.098)
     assert _attention_ms(_megatron(2)) == pytest.approx((fwd2, bwd2), rel=1e-9)
 
-    c8, n8, b8 = CAUSAL[4] + F * (CAUSAL[5] - CAUSAL[4]), NONE[4] + F * (NONE[5] - NONE[4]), BWD[4] + F * (BWD[5] - BWD[4])
-    n8h, b8h = NONE[3] + F * (NONE[4] - NONE[3]), BWD[3] + F * (BWD[4] - BWD[3])
-    assert [round(x, 2) for x in (c8, n8, n8h, b8, b8h)] == [610.19, 647.17, 642.68, 560.17, 551.94]
-    pair8 = 2 * 12288 ** 2 * 8 * 128
-    rank8 = lambda r: (pair8 * (1 / c8 + r / n8h + (7 - r) / n8) / 1e9,
-                       2.5 * pair8 * ((1 + r) / b8 + (7 - r) / b8h) / 1e9)
-    assert max(range(8), key=lambda r: sum(rank8(r))) == 0
-    assert [round(x, 3) for x in rank8(0)] == [3.852, 11.185]
-    assert _attention_ms(_megatron(8)) == pytest.approx(rank8(0), rel=1e-9)
-
-    c32, n32, b32 = CAUSAL[2] + F * (CAUSAL[3] - CAUSAL[2]), NONE[2] + F * (NONE[3] - NONE[2]), BWD[2] + F * (BWD[3] - BWD[2])
-    n32h, b32h = NONE[1] + F * (NONE[2] - NONE[1]), BWD[1] + F * (BWD[2] - BWD[1])
-    assert [round(x, 2) for x in (c32, n32, n32h, b32, b32h)] == [554.93, 632.60, 600.10, 524.98, 469.04]
-    pair32 = 2 * 3072 ** 2 * 8 * 128
-    rank32 = lambda r: (pair32 * (1 / c32 + r / n32h + (31 - r) / n32) / 1e9,
-                        2.5 * pair32 * ((1 + r) / b32 + (31 - r) / b32h) / 1e9)
-    assert max(range(32), key=lambda r: sum(rank32(r))) == 0
-    assert [round(x, 3) for x in rank32(0)] == [0.982, 3.286]
-    assert _attention_ms(_megatron(32)) == pytest.approx(rank32(0), rel=1e-9)
+    pairs = {}
+    for cp, k, rates, ms in ((8, 4, [610.19, 647.17, 642.68, 560.17, 551.94], [3.852, 11.185]),
+                             (32, 2, [554.93, 632.60, 600.10, 524.98, 469.04], [0.982, 3.286])):
+        got, pairs[cp], rank = _between_points(cp, k)
+        assert [round(x, 2) for x in got] == rates
+        assert max(range(cp), key=lambda r: sum(rank(r))) == 0
+        assert [round(x, 3) for x in rank(0)] == ms
+        assert _attention_ms(_megatron(cp)) == pytest.approx(rank(0), rel=1e-9)
     # before: the whole causal (L, s) call at the held 616 / 561, the same rate at every cp
     before = lambda cp, pair: (cp * pair / CAUSAL[-1] / 1e9, 2.5 * cp * pair / BWD[-1] / 1e9)
-    assert [round(x, 3) for x in before(32, pair32)] == [1.004, 2.756]
-    assert [round(x, 3) for x in before(8, pair8)] == [4.016, 11.025]
+    assert [round(x, 3) for x in before(32, pairs[32])] == [1.004, 2.756]
+    assert [round(x, 3) for x in before(8, pairs[8])] == [4.016, 11.025]
 
 
 def test_te_ring_runs_no_torch_ring_kernels():

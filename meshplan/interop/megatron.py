@@ -44,7 +44,8 @@ Megatron-LM                              meshplan
                                            written with --use-distributed-optimizer (its optimizer:
                                            :data:`~meshplan.interop.megatron_flags.FSDP_OPTIMIZER`)
 --deepspeed --zero-stage N               Megatron-DeepSpeed: sharding none/zero1/zero2/zero3 under
-                                           DeepSpeed's engine (:mod:`~meshplan.interop.megatron_deepspeed`)
+                                           DeepSpeed's engine (:mod:`~meshplan.interop.megatron_deepspeed`;
+--no-pipeline-parallel                     stage 2 and 3 need --no-pipeline-parallel, pp 1)
 --recompute-activations,                 recompute selective / full (--recompute-method and
 --recompute-granularity,                   --recompute-num-layers: partial full recompute is
 --checkpoint-activations                   planned as full, with a note); --checkpoint-activations full
@@ -156,7 +157,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", *flags.P2P_FLAGS}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",

@@ -6,10 +6,19 @@ DDP and distributed optimizer: read as ``training.sharding`` none / zero1 / zero
 DeepSpeed's engine for that stage (``zero0_engine``, ``zero12_engine`` or ``zero3_engine =
 "deepspeed"``, the engines a DeepSpeed JSON imports to, :mod:`meshplan.interop.deepspeed`), and
 written back as ``--deepspeed --zero-stage N`` by ``export --to megatron`` (never beside
-``--use-distributed-optimizer``). With pp > 1 Megatron-DeepSpeed runs DeepSpeed's
-``PipelineEngine``, which asserts ZeRO stage < 2 (``deepspeed/runtime/pipe/engine.py``: "ZeRO-2
-and ZeRO-3 are incompatible with pipeline parallelism"): refused by name, as is ``--deepspeed``
-beside Megatron-LM's own sharding flags. The ds config (``--deepspeed_config``) is not read (the
+``--use-distributed-optimizer``). Under ``--deepspeed`` Megatron-DeepSpeed builds its model as
+``GPTModelPipe``, a ``PipelineModule``, unless ``--no-pipeline-parallel`` is given, at any pp, pp 1
+included (microsoft/Megatron-DeepSpeed 0782d75 ``pretrain_gpt.py`` ``model_provider``: ``if
+args.deepspeed and not args.no_pipeline_parallel``), and ``deepspeed.initialize`` wraps a
+``PipelineModule`` in DeepSpeed's ``PipelineEngine``, whose ``__init__`` asserts ZeRO stage < 2
+(microsoft/DeepSpeed 0050fda ``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are
+incompatible with pipeline parallelism"); ``--no-pipeline-parallel`` in turn asserts pp 1
+(Megatron-DeepSpeed 060fb40 ``megatron/arguments.py`` ``parse_args``). So ZeRO-2 and ZeRO-3 need
+``--no-pipeline-parallel`` and pp 1: refused by name without it, as is ``--no-pipeline-parallel`` at
+pp > 1 and ``--deepspeed`` beside Megatron-LM's own sharding flags; the export writes it beside
+``--zero-stage 2`` or ``3``. ``--zero-stage`` has a parser default, 1 (``_add_zero_args``), but
+DeepSpeed's engine takes its stage from the ds config, so a script without the flag is refused and
+asked for the config's stage. The ds config (``--deepspeed_config``) is not read (the
 reader has the script's text, not its folder): a note says so, the reduce dtype and bucket are
 DeepSpeed's defaults (the model's dtype, 5e8 elements), and the export carries the flag as given.
 
@@ -28,7 +37,10 @@ from typing import Any, Optional
 from meshplan.errors import ConfigError
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
-FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations")
+FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel")
+#: Megatron-DeepSpeed's switch that builds ``GPTModel`` in place of ``GPTModelPipe`` (no
+#: ``PipelineEngine``; pp 1 only): module docstring.
+NO_PIPE = "--no-pipeline-parallel"
 #: ZeRO stage -> (``training.sharding``, the engine key that names DeepSpeed's engine for it).
 STAGES = {0: ("none", "zero0_engine"), 1: ("zero1", "zero12_engine"), 2: ("zero2", "zero12_engine"),
           3: ("zero3", "zero3_engine")}
@@ -50,14 +62,20 @@ def recompute_granularity(args: dict) -> Optional[str]:
 def deepspeed_engine(args: dict, pp: int, notes: list[str]) -> dict[str, Any]:
     """``[training]`` keys of Megatron-DeepSpeed's ``--deepspeed --zero-stage N`` (module docstring):
     ``{}`` without ``--deepspeed``; a ConfigError naming the flag for a stage outside 0-3, none
-    given, a stage of 2 or more at pp > 1, or Megatron-LM's own sharding flag beside it.
+    given, a stage of 2 or more under DeepSpeed's PipelineEngine (without ``--no-pipeline-parallel``,
+    at any pp), ``--no-pipeline-parallel`` at pp > 1, or Megatron-LM's own sharding flag beside it.
 
     >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "1"}, 4, [])
     {'sharding': 'zero1', 'zero12_engine': 'deepspeed'}
+    >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "3", "--no-pipeline-parallel": True}, 1, [])["sharding"]
+    'zero3'
     >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "2"}, 4, [])
     Traceback (most recent call last):
-    meshplan.errors.ConfigError: --zero-stage: 2 at --pipeline-model-parallel-size 4: DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (runtime/pipe/engine.py asserts stage < 2); use --zero-stage 0 or 1, or pp 1
+    meshplan.errors.ConfigError: --zero-stage: 2 at --pipeline-model-parallel-size 4: DeepSpeed's PipelineEngine refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (runtime/pipe/engine.py asserts stage < 2); use --zero-stage 0 or 1, or pp 1 with --no-pipeline-parallel
     """
+    if args.get(NO_PIPE) and pp > 1:
+        raise ConfigError(NO_PIPE, f"given at --pipeline-model-parallel-size {pp}: Megatron-DeepSpeed asserts pp 1 "
+                                   f"without its pipeline (arguments.py); drop it, or use pp 1")
     if not args.get("--deepspeed"):
         return {}
     own = next((f for f in MEGATRON_SHARDING if args.get(f)), None)
@@ -68,13 +86,21 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str]) -> dict[str, Any]:
     if given is None:
         raise ConfigError("--zero-stage", "not given with --deepspeed; give --zero-stage N, your --deepspeed_config's "
                                           "zero_optimization.stage")
+    if given is True:  # the flag with no value after it (the parser reads it as a switch)
+        raise ConfigError("--zero-stage", "given without a value; give --zero-stage N (0, 1, 2 or 3), your "
+                                          "--deepspeed_config's zero_optimization.stage")
     stage = int(float(given)) if str(given).replace(".", "", 1).isdigit() else -1
     if stage not in STAGES or float(given) != stage:
         raise ConfigError("--zero-stage", f"{given!r}; use 0, 1, 2 or 3")
-    if pp > 1 and stage >= 2:
+    if stage >= 2 and pp > 1:
         raise ConfigError("--zero-stage", f"{stage} at --pipeline-model-parallel-size {pp}: DeepSpeed's PipelineEngine "
                                           f"refuses ZeRO-2 and ZeRO-3 with pipeline parallelism (runtime/pipe/engine.py "
-                                          f"asserts stage < 2); use --zero-stage 0 or 1, or pp 1")
+                                          f"asserts stage < 2); use --zero-stage 0 or 1, or pp 1 with {NO_PIPE}")
+    if stage >= 2 and not args.get(NO_PIPE):
+        raise ConfigError("--zero-stage", f"{stage} without {NO_PIPE}: Megatron-DeepSpeed builds its model as a "
+                                          f"PipelineModule even at pp 1 (pretrain_gpt.py), and DeepSpeed's "
+                                          f"PipelineEngine refuses ZeRO-2 and ZeRO-3 (runtime/pipe/engine.py asserts "
+                                          f"stage < 2); add {NO_PIPE}")
     sharding, engine = STAGES[stage]
     ds = args.get("--deepspeed_config", args.get("--deepspeed-config"))
     notes.append(f"--deepspeed --zero-stage {stage}: planned as DeepSpeed's engine at ZeRO stage {stage} (sharding "
@@ -87,11 +113,12 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str]) -> dict[str, Any]:
 def deepspeed_flags(training) -> Optional[list[str]]:
     """``--deepspeed --zero-stage N`` for a ``training`` (TrainingSpec) whose sharding runs under
     DeepSpeed's engine (``zero0_engine``, ``zero12_engine`` or ``zero3_engine = "deepspeed"``), in
-    place of Megatron-LM's sharding flags; None otherwise."""
+    place of Megatron-LM's sharding flags, with ``--no-pipeline-parallel`` at stage 2 or 3 (module
+    docstring); None otherwise."""
     stage = next((s for s, (sharding, engine) in STAGES.items() if training.sharding == sharding), None)
     if stage is None or getattr(training, STAGES[stage][1]) != "deepspeed":
         return None
-    return ["--deepspeed", f"--zero-stage {stage}"]
+    return ["--deepspeed", f"--zero-stage {stage}"] + [NO_PIPE] * (stage >= 2)  # no PipelineEngine (docstring)
 
 
 def recompute_flags(recompute: str, deepspeed: bool) -> list[str]:
