@@ -123,7 +123,8 @@ class PipelineSpec:
         """The link (``p2p_link``) a transfer from stage ``a`` to stage ``c`` takes (ints or arrays:
         its boundary's); 0 for all without ``p2p_link``.
 
-        >>> PipelineSpec("1f1b", p=3, m=3, p2p_s=(0.1, 0.7, 0.7), p2p_link=(0, 1, 1)).link_of(np.array([1, 1]), np.array([0, 2])).tolist()
+        >>> spec = PipelineSpec("1f1b", p=3, m=3, p2p_s=(0.1, 0.7, 0.7), p2p_link=(0, 1, 1))
+        >>> spec.link_of(np.array([1, 1]), np.array([0, 2])).tolist()
         [0, 1]
         """
         if not self.p2p_link:

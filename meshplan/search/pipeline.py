@@ -329,7 +329,8 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
     two = np.broadcast_to(np.asarray(apart), (n,))
     k = loads[:, 1:].reshape(-1)[dag.order][:, None]
     hold = hold_loads(k, two[None, :]) * p2p  # the call after each unit, by row
-    tail = np.maximum(u["tail"], hold_loads(loads[:, -1][None, :], two[:, None]) * p2p.T)  # the last unit's tail or its call's hold
+    # the last unit's tail or its call's hold
+    tail = np.maximum(u["tail"], hold_loads(loads[:, -1][None, :], two[:, None]) * p2p.T)
     return (_walk(dag, dur, u["p2p"], hold) + tail + u["end"]).max(axis=1)
 
 

@@ -68,7 +68,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   a call a stage waits on holds it at least ``k x p2p`` after the unit before it, ``k`` its
   waited transfers sharing the link (the simulator's own calls,
   :func:`meshplan.search.pipeline.call_holds`; ``ceil(k / 2)`` where the boundaries may take
-  NVLink and the NIC, which run at once: :func:`~meshplan.search.comm_bounds.p2p_links_apart`): the calls between a stage's units join
+  NVLink and the NIC, which run at once: :func:`~meshplan.search.comm_bounds.p2p_links_apart`):
+  the calls between a stage's units join
   ``busy_k``, the one after its last unit is at least beside its tail (the stage's run ends at
   the larger of the two, as ``step_time``'s).
 
