@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
-from meshplan.comm.pp_rows import boundary_seconds
+from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import flop_gap, sequence_model_flops, torchtitan_flops_per_token, torchtitan_peak_flops
 from meshplan.errors import ConfigError
@@ -90,12 +90,13 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=boundary_p2p_s(plan, comms),
+    p2p_s, p2p_link = boundary_p2p_s(plan, comms)
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
                         **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, **mode._asdict(),
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -135,19 +136,24 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     *_torchtitan_terms(cfg))
 
 
-def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "float | tuple[float, ...]":
-    """Seconds of one pp send across each stage boundary (:attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`):
-    each boundary's pairs on their own path at the size of the tables' send/recv rows
+def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
+    """(seconds of one pp send across each stage boundary, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`;
+    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`): each
+    boundary's pairs on their own path at the size of the tables' send/recv rows
     (:func:`meshplan.comm.pp_rows.boundary_seconds`: NVLink where the two stages share a node, the
-    sender's NIC where not), plus the tp all-gather rebuilding a receive under Megatron-LM's
-    scatter/gather (``p2p_gather_s``, the same at every boundary); one value when every boundary
-    takes the same (then the simulation's one-value path), 0 at pp 1."""
+    sender's NIC where not; :func:`meshplan.comm.pp_rows.boundary_links`), plus the tp all-gather
+    rebuilding a receive under Megatron-LM's scatter/gather (``p2p_gather_s``, the same at every
+    boundary); one value and no links when every boundary takes the same time on the same link
+    (then the simulation's one-value path), 0 at pp 1."""
     sizes = [r.size_bytes for r in plan.collectives[table_key(0)] if comm_kind(r) == "pp"]
     if len(comms) < 2 or not sizes:
-        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0)
+        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), ()
     gather = max(c.p2p_gather_s for c in comms)
     times = [t + gather for t in boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, max(sizes)).tolist()]
-    return times[0] if len(set(times)) == 1 else tuple(times)
+    links = tuple(boundary_links(plan.mesh, plan.placement).tolist())
+    if len(set(times)) == 1 and len(set(links)) == 1:
+        return times[0], ()
+    return tuple(times), links
 
 
 def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
