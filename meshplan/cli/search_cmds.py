@@ -57,6 +57,8 @@ from meshplan.search.candidate import as_written, candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
 from meshplan.search.widen import widen
+from meshplan.search.frameworks import FRAMEWORKS, cross_search, framework_config, framework_names
+from meshplan.report.search_frameworks import cross_to_dict, print_cross
 
 
 def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
@@ -156,6 +158,13 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row (or variant) is "
                                                   "written to "
                                                   "(-: stdout, the rest of the output then on stderr)"),
+               framework: Optional[str] = typer.Option(None, "--framework", metavar="NAME[,NAME...]",
+                                                       help="plan the candidates under this framework's runtime "
+                                                       "(" + ", ".join(FRAMEWORKS) + ") in place of the config's "
+                                                       "training.framework and engines; several, comma-separated, "
+                                                       "are searched each with its own rules and ranked in one "
+                                                       "table, each row naming its framework (then no --export "
+                                                       "or --html)"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
                topology: TopologyOpt = None,
@@ -242,6 +251,11 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
     FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
+    names = framework_names(framework) if framework is not None else ()
+    if len(names) > 1 and (export_rank is not None or html_path is not None):
+        raise ConfigError("--export" if export_rank is not None else "--html",
+                          f"not with several frameworks ({framework}): search the row's framework alone, "
+                          f"--framework NAME, to export it or write its page")
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
     if pick is not None:
         if out is None:
@@ -257,6 +271,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if rank_tight:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    if len(names) > 1:
+        _search_frameworks(cfg, names, json_path, force, calibration)
+    if names:
+        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
@@ -291,6 +309,26 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
     raise typer.Exit(0 if result.top else 1)
+
+
+def _search_frameworks(cfg: Config, names: tuple[str, ...], json_path: Optional[Path], force: bool,
+                       calibration) -> None:
+    """``search --framework a,b``: each framework searched with its own rules, every row ranked
+    together (:func:`meshplan.search.frameworks.cross_search`), the report
+    (:func:`meshplan.report.search_frameworks.print_cross`) and --json; exit 0 when a row fits, 1
+    when no framework has one."""
+    _refuse_existing(json_path, force, "--json")
+    cal = _calibration(calibration, cfg.cluster)
+    with ProgressBar() as bar:
+        result = cross_search(cfg, names, lambda c, p: search(c, progress=p), bar)
+    print_cross(result, _console())
+    _write_text(json_path, json.dumps(_calibrated(cross_to_dict(result), cal), indent=1), force)
+    _echo(f"timing: the searches took {result.wall_s:.1f} s of wall time on this machine (it varies by machine; "
+          f"not part of the plan or the report)", err=True)
+    if not result.rows:
+        _echo("infeasible: no framework searched has a candidate that fits (each framework's line says why)",
+              err=True)
+    raise typer.Exit(0 if result.rows else 1)
 
 
 def _export_choice(result: SearchResult, pick: tuple[int, str], to: str) -> tuple[Config, str]:
