@@ -42,12 +42,14 @@ def explanation(x: CrossResult) -> Optional[Explanation]:
     """Row 1 against row 2 (:func:`meshplan.search.explain.explain` on their step parts, each
     described under its own framework's config), naming the fastest row where the rule listed a
     slower one first; None with fewer than two rows or a row without its parts."""
-    if len(x.rows) < 2 or any(r.exact.breakdown is None for r in x.rows[:2]):
+    if len(x.rows) < 2:
         return None
     a, b = x.rows[0], x.rows[1]
-    k = min(range(len(x.rows)), key=lambda j: (x.rows[j].exact.step_s, j))
+    if a.exact.breakdown is None or b.exact.breakdown is None:
+        return None
+    k = min(range(len(x.rows)), key=lambda j: (x.rows[j].step, j))
     return explain(a.exact.breakdown, b.exact.breakdown, _describe(a), _describe(b),
-                   fastest_step_s=x.rows[k].exact.step_s, fastest_row=k + 1,
+                   fastest_step_s=x.rows[k].step, fastest_row=k + 1,
                    tie_criterion=x.decided_by if k else "")
 
 
@@ -117,7 +119,8 @@ def print_cross(x: CrossResult, console: Console) -> None:
             tab.add_row(*cells)
         console.print(tab)
         lines = [RULE_LINE] + ([f"decided by: {x.decided_by}"] if x.decided_by else [])
-        lines += [line] if (line := explanation_line(x)) else []
+        vs = explanation_line(x)
+        lines += [vs] if vs else []
     else:
         lines = ["no framework has a candidate that fits"]
     for line in lines + framework_lines(x) + [f"note: {n}" for n in x.notes] + [mfu_caveat()]:

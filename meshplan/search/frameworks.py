@@ -163,6 +163,16 @@ class Row:
     exact: Exact
 
     @property
+    def step(self) -> float:
+        """The exact step, seconds (every row of a search's top has one)."""
+        return float("inf") if self.exact.step_s is None else float(self.exact.step_s)
+
+    @property
+    def peak(self) -> float:
+        """The planned peak, bytes (inf where not planned)."""
+        return float("inf") if self.exact.peak_bytes is None else float(self.exact.peak_bytes)
+
+    @property
     def key(self) -> tuple[int, ...]:
         """The tie rule's key of the row (:func:`~meshplan.search.tie_key.simplicity`)."""
         return simplicity(self.result.candidates, self.exact.index)
@@ -197,7 +207,7 @@ def rank_rows(rows: list[Row], top: int, tiers: bool) -> list[Row]:
     groups = [[r for r in rows if not r.tight()], [r for r in rows if r.tight()]] if tiers else [rows]
     out: list[Row] = []
     for g in groups:
-        order = tie_order([r.exact.step_s for r in g], [r.key for r in g], peaks=[r.exact.peak_bytes for r in g])
+        order = tie_order([r.step for r in g], [r.key for r in g], peaks=[r.peak for r in g])
         out += [g[j] for j in order]
     return out[:top]
 
@@ -214,7 +224,7 @@ def cross_search(cfg: Config, names: tuple[str, ...], search_one, progress=None)
     decided = ""
     if len(ranked) > 1:
         a, b = ranked[0], ranked[1]
-        _, decided = decide([a.exact.step_s, b.exact.step_s], [a.key, b.key], [a.exact.peak_bytes, b.exact.peak_bytes])
+        _, decided = decide([a.step, b.step], [a.key, b.key], [a.peak, b.peak])
         if a.tight() != b.tight():
             decided = "the headroom tiers: #2 keeps under 15% of usable memory free"
     return CrossResult(results, ranked, decided, notes)
