@@ -96,6 +96,26 @@ def test_cli_rows_name_their_framework_and_the_line_the_difference(tmp_path):
     assert set(d["frameworks"]) == {"deepspeed", "megatron_deepspeed"}
 
 
+def test_export_of_a_cross_framework_row_is_its_framework_s(tmp_path):
+    """--export 1 --to megatron of the 16-GPU case's row 1 (megatron_deepspeed dp_shard 16 zero3,
+    the ranking test's) writes Megatron-DeepSpeed's --deepspeed --zero-stage 3 at tp 1 and pp 1, the
+    header naming the framework; no Megatron FSDP line (DeepSpeed's engine shards: its export
+    writes no --use-megatron-fsdp, so CUDA_DEVICE_MAX_CONNECTIONS is no concern)."""
+    (tmp_path / "c.toml").write_text(
+        '[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-a100-40gb"\nnodes = 2\n'
+        '[training]\nglobal_batch = 64\nseq_len = 4096\n'
+        '[search]\nmicro_batch = [1]\nrecompute = ["full"]\npp = [1, 2]\ntp = [1, 2]\n')
+    r = run_captured("search", tmp_path / "c.toml", "--framework", "deepspeed,megatron_deepspeed", "--top", "3",
+                     "--export", "1", "--to", "megatron", "-o", tmp_path / "row1.sh", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "row1.sh").read_text()
+    assert "row 1 (megatron_deepspeed)" in text.splitlines()[0]
+    flags = [line.strip() for line in text.splitlines() if line.startswith("--")]
+    for f in ("--deepspeed", "--zero-stage 3", "--tensor-model-parallel-size 1", "--pipeline-model-parallel-size 1"):
+        assert f in flags
+    assert "--use-megatron-fsdp" not in flags and "CUDA_DEVICE_MAX_CONNECTIONS" not in text
+
+
 def test_framework_refusals_are_one_line(tmp_path):
     with pytest.raises(ConfigError) as e:
         framework_names("deepspeed,fsdp")
@@ -106,9 +126,10 @@ def test_framework_refusals_are_one_line(tmp_path):
     assert e.value.field == "search.tp"
     (tmp_path / "c.toml").write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
                                      '[training]\nglobal_batch = 8\nseq_len = 4096\n')
-    r = run_captured("search", tmp_path / "c.toml", "--framework", "torch,megatron", "--export", "1", "--to",
+    r = run_captured("search", tmp_path / "c.toml", "--framework", "torch,megatron", "--export", "1b", "--to",
                      "megatron", "-o", tmp_path / "x.sh", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: --export: not with several frameworks")
+    assert r.stderr.count("\n") == 1
 
 
 def test_megatron_deepspeed_reads_its_ds_config_beside_the_script(tmp_path):

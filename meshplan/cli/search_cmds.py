@@ -5,7 +5,7 @@ step (``--export`` writes a row, or row 1's mesh at a labelled other setting, th
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -38,7 +38,7 @@ from meshplan.compare import (compare, compare_html, compare_to_dict, evidence_f
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
-from meshplan.interop.foreign import load_any
+from meshplan.interop.foreign import UserFile, load_any
 from meshplan.interop.source_file import carried_source, with_source_model
 from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
                                              search_variant_refusal)
@@ -163,8 +163,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                        "(" + ", ".join(FRAMEWORKS) + ") in place of the config's "
                                                        "training.framework and engines; several, comma-separated, "
                                                        "are searched each with its own rules and ranked in one "
-                                                       "table, each row naming its framework (then no --export "
-                                                       "or --html)"),
+                                                       "table, each row naming its framework (then --export N "
+                                                       "writes row N under its framework; no --html)"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
                topology: TopologyOpt = None,
@@ -252,11 +252,11 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
     names = framework_names(framework) if framework is not None else ()
-    if len(names) > 1 and (export_rank is not None or html_path is not None):
-        raise ConfigError("--export" if export_rank is not None else "--html",
-                          f"not with several frameworks ({framework}): search the row's framework alone, "
-                          f"--framework NAME, to export it or write its page")
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({framework}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
     if pick is not None:
         if out is None:
             raise ConfigError("-o", "--export needs -o FILE")
@@ -271,15 +271,16 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if rank_tight:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
-    if len(names) > 1:
-        _search_frameworks(cfg, names, json_path, force, calibration)
-    if names:
+    if len(names) == 1:
         cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
     user, carried = carried_source(config, foreign.fmt, cfg) if pick is not None else (None, [])
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
+    if len(names) > 1:
+        _search_frameworks(cfg, names, json_path, force, calibration,
+                           None if pick is None or out is None else _CrossExport(pick[0], to, out, config, user, carried))
     if pick is not None and (refusal := search_export_refusal(cfg, to)) is not None:
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     if pick is not None and out is not None and to == "torchtitan" and custom_flavor(cfg) is not None:
@@ -311,17 +312,41 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     raise typer.Exit(0 if result.top else 1)
 
 
+@dataclass(frozen=True)
+class _CrossExport:
+    """``--export N --to T -o OUT`` of a search across frameworks: row ``n`` of the one ranking."""
+
+    n: int
+    to: str
+    out: Path
+    config: Path
+    user: Optional[UserFile]
+    carried: list
+
+
 def _search_frameworks(cfg: Config, names: tuple[str, ...], json_path: Optional[Path], force: bool,
-                       calibration) -> None:
+                       calibration, export: Optional[_CrossExport] = None) -> None:
     """``search --framework a,b``: each framework searched with its own rules, every row ranked
     together (:func:`meshplan.search.frameworks.cross_search`), the report
-    (:func:`meshplan.report.search_frameworks.print_cross`) and --json; exit 0 when a row fits, 1
-    when no framework has one."""
+    (:func:`meshplan.report.search_frameworks.print_cross`), ``--export N`` of row N (its own
+    framework's row, as a search of that framework alone writes it: :func:`_export_choice`) and
+    --json; exit 0 when a row fits, 1 when no framework has one."""
     _refuse_existing(json_path, force, "--json")
     cal = _calibration(calibration, cfg.cluster)
     with ProgressBar() as bar:
         result = cross_search(cfg, names, lambda c, p: search(c, progress=p), bar)
     print_cross(result, _console())
+    if export is not None:
+        if export.n > len(result.rows):
+            raise ConfigError("--export", _missing_row(export.n, len(result.rows)))
+        row = result.rows[export.n - 1]
+        k = row.result.top.index(row.exact) + 1  # its row in its own framework's search
+        try:
+            written, _ = _export_choice(row.result, (k, ""), export.to)
+        except ConfigError as e:
+            raise ConfigError(e.field, f"row {export.n} is {row.framework}'s row {k}: {e.message}") from None
+        _write_export(written, export.to, export.out, f"search {export.config} row {export.n} ({row.framework})",
+                      force, export.user, [*export.carried, *export_warnings(row.result, (k, ""))])
     _write_text(json_path, json.dumps(_calibrated(cross_to_dict(result), cal), indent=1), force)
     _echo(f"timing: the searches took {result.wall_s:.1f} s of wall time on this machine (it varies by machine; "
           f"not part of the plan or the report)", err=True)
