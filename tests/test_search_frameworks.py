@@ -18,6 +18,7 @@ from meshplan.interop.foreign import load_any
 from meshplan.search.driver import search
 from meshplan.search.frameworks import cross_search, framework_config, framework_names
 from tests.cli_run import run_captured
+from tests.test_cli_json import validate
 
 DATA = Path(__file__).parent / "data" / "megatron_deepspeed"
 SMALL = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100-40gb", "nodes": 2},
@@ -94,6 +95,13 @@ def test_cli_rows_name_their_framework_and_the_line_the_difference(tmp_path):
     assert [t["framework"] for t in d["top"][:2]] == ["megatron_deepspeed", "deepspeed"]
     assert d["top_vs_runner_up"]["framework_difference"].startswith("framework megatron_deepspeed vs deepspeed")
     assert set(d["frameworks"]) == {"deepspeed", "megatron_deepspeed"}
+    assert validate("search", d) == []  # search's schema, its across-frameworks form
+    assert validate("search", {k: v for k, v in d.items() if k != "decided_by"}) != []  # which requires it
+    toml = (tmp_path / "c.toml").read_text().replace('tp = [1, 2]\n', 'tp = [1, 2]\nframeworks = ["deepspeed", '
+                                                     '"megatron_deepspeed"]\n')
+    (tmp_path / "c.toml").write_text(toml)  # [search] frameworks: the same search without the option
+    r2 = run_captured("search", tmp_path / "c.toml", "--top", "3", cwd=tmp_path)
+    assert r2.returncode == 0 and r2.stdout == r.stdout.replace("wrote " + str(tmp_path / "o.json") + "\n", "")
 
 
 def test_export_of_a_cross_framework_row_is_its_framework_s(tmp_path):
@@ -143,6 +151,7 @@ def test_megatron_deepspeed_reads_its_ds_config_beside_the_script(tmp_path):
     assert (t.sharding, t.zero12_engine, t.micro_batch, t.global_batch) == ("zero1", "deepspeed", 2, 64)
     assert (t.grad_reduce_dtype, t.overlap_comm, cfg.memory.grad_bucket_elements) == ("fp32", False, 200_000_000)
     assert any("read from" in n and "ds_zero1.json" in n for n in cfg.notes)
+    assert any("give the script --micro-batch-size 2 too" in n for n in cfg.notes)  # Megatron-DeepSpeed asserts it
     shutil.copy(DATA / "train_mds.sh", tmp_path / "train_mds.sh")  # the script alone: a note, DeepSpeed's defaults
     cfg = load_any(tmp_path / "train_mds.sh", "megatron", opts, require_mesh=False)
     assert (cfg.training.micro_batch, cfg.training.gradient_reduce_dtype) == (1, "bf16")

@@ -57,7 +57,7 @@ from meshplan.search.candidate import as_written, candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
 from meshplan.search.widen import widen
-from meshplan.search.frameworks import FRAMEWORKS, cross_search, framework_config, framework_names
+from meshplan.search.frameworks import FRAMEWORKS, configured_names, cross_search, framework_config, framework_names
 from meshplan.report.search_frameworks import cross_to_dict, print_cross
 
 
@@ -164,7 +164,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                                                        "training.framework and engines; several, comma-separated, "
                                                        "are searched each with its own rules and ranked in one "
                                                        "table, each row naming its framework (then --export N "
-                                                       "writes row N under its framework; no --html)"),
+                                                       "writes row N under its framework; no --html); default: "
+                                                       "[search] frameworks, else the config's own"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
                topology: TopologyOpt = None,
@@ -253,7 +254,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
     names = framework_names(framework) if framework is not None else ()
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
-    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):  # before loading
         raise ConfigError("--html" if html_path is not None else "--export",
                           f"not with several frameworks ({framework}): search the row's framework alone, "
                           f"--framework NAME, to write its page or export its other settings")
@@ -271,6 +272,11 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if rank_tight:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    names = names or configured_names(cfg)  # --framework, else [search] frameworks
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
     if len(names) == 1:
         cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it

@@ -232,7 +232,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     flags.check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
-    ds_keys = _ds_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None)
+    ds_keys = _ds_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None,
+                       notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
                 "sharding": sharding, "recompute": flags.recompute(args, layers // deg["pp"], notes),
@@ -274,13 +275,21 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     return Imported("megatron", tables, unused, tuple(notes))
 
 
-def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[int]) -> tuple[dict, dict, Optional[int]]:
+def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[int],
+             notes: list[str]) -> tuple[dict, dict, Optional[int]]:
     """What a Megatron-DeepSpeed script's ds config at ``path`` sets
-    (:func:`~meshplan.interop.megatron_deepspeed.ds_tables`); nothing where it did not resolve."""
+    (:func:`~meshplan.interop.megatron_deepspeed.ds_tables`); nothing where it did not resolve. A
+    micro-batch from the JSON alone gets a note: Megatron-DeepSpeed asserts ``--micro-batch-size``
+    is given (``megatron/arguments.py:164`` at f4157be), its data loader's size."""
     if path is None:
         return {}, {}, None
     stage = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}[sharding]
-    return ds_tables(ds_config(path, stage), stage, dtype, micro)
+    out = ds_tables(ds_config(path, stage), stage, dtype, micro)
+    if micro is None and out[2] is not None:
+        notes.append(f"micro-batch {out[2]} from {path.name}'s train_micro_batch_size_per_gpu: give the script "
+                     f"--micro-batch-size {out[2]} too (Megatron-DeepSpeed asserts it is given; its data loader "
+                     f"reads it)")
+    return out
 
 
 def _gpu_name(cluster: dict) -> str:

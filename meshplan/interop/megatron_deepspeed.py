@@ -18,8 +18,11 @@ relative to the script's folder (:func:`ds_config`): its ``zero_optimization.sta
 the flag: ``zero.Init`` at 3, ``pretrain_gpt.py``), its reduce dtype, gradient dtype, overlap and
 buckets are read as a DeepSpeed JSON's are (:mod:`meshplan.interop.deepspeed_zero`, one home:
 :func:`ds_tables`), its ``train_micro_batch_size_per_gpu`` is the micro-batch where
-``--micro-batch-size`` is not given (given, they must agree: DeepSpeed's engine counts its
-gradient-accumulation boundary with its own). A path that does not resolve (a shell variable, a
+``--micro-batch-size`` is not given (given, they must agree: each iteration Megatron-DeepSpeed sets
+the engine's global batch from its own arguments, ``megatron/training.py:1253-1258``
+``set_train_batch_size``, which DeepSpeed meets by changing the gradient-accumulation steps and keeps
+the JSON's micro-batch, while the data loader yields ``--micro-batch-size`` samples; so the JSON's
+``train_batch_size`` and ``gradient_accumulation_steps`` give way to ``--global-batch-size``). A path that does not resolve (a shell variable, a
 file not beside the script, a script read as text alone) is a note: the reduce dtype and bucket
 are then DeepSpeed's defaults (the model's dtype, 5e8 elements). The export carries the flag as given.
 

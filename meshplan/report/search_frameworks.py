@@ -7,7 +7,8 @@ of :func:`meshplan.report.search.top_table`: mesh, micro-batch, recompute, vpp, 
 step, MFU, tokens/s), the order rule, what placed row 1 before row 2, what makes the top faster than #2
 (:func:`explanation`: the step's parts, led by the framework difference where they differ), then per
 framework its candidates per outcome and its own fastest row or, where none fits, the line naming
-the rules that rejected the most. JSON (schema ``meshplan.search.frameworks/v1``): ``top``, each row
+the rules that rejected the most. JSON (``search --json``'s schema, ``meshplan.search.driver/v1``, its
+across-frameworks form, marked by ``frameworks_searched``): ``top``, each row
 as ``search --json`` writes one (:func:`meshplan.report.search.row`, with its ``input``) and its
 ``framework``; ``top_vs_runner_up`` with ``framework_difference``; ``frameworks``, each framework's
 whole ``search --json`` document.
@@ -21,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshplan import __version__
-from meshplan.report.search import knobs, row, row_mesh, search_to_dict
+from meshplan.report.search import SCHEMA, knobs, row, row_mesh, search_to_dict
 from meshplan.report.search_fix import infeasible_line
 from meshplan.report.search_lines import peak_cell
 from meshplan.memory.constraints import usable_bytes
@@ -33,7 +34,6 @@ from meshplan.search.rank import RULE_LINE
 from meshplan.spec.accuracy import mfu_caveat
 from meshplan.units import GiB
 
-SCHEMA = "meshplan.search.frameworks/v1"
 COLUMNS = ("#", "framework", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU",
            "tokens/s")
 
@@ -139,7 +139,7 @@ def cross_to_dict(x: CrossResult) -> dict[str, Any]:
     e = explanation(x)
     vs = None if e is None else e.to_dict() | {
         "framework_difference": framework_difference(x.rows[0], x.rows[1]), "line": explanation_line(x)}
-    return {"schema": SCHEMA, "meshplan_version": __version__, "frameworks_searched": list(x.results),
+    return {"schema": SCHEMA, "meshplan_version": __version__, "frameworks_searched": list(x.results),  # the if/then form
             "order_rule": RULE_LINE, "decided_by": x.decided_by, "top": top, "top_vs_runner_up": vs,
             "wall_s": x.wall_s, "notes": list(x.notes),
             "frameworks": {n: search_to_dict(r) for n, r in x.results.items()}}

@@ -82,6 +82,17 @@ FRAMEWORKS: dict[str, Framework] = {
 }
 
 
+def configured_names(cfg: Config) -> tuple[str, ...]:
+    """``[search] frameworks`` of ``cfg``, each once (``()`` unset: the config's own framework).
+
+    >>> from typing import get_args
+    >>> from meshplan.spec.search import SearchedFramework
+    >>> tuple(FRAMEWORKS) == get_args(SearchedFramework)  # one list of names
+    True
+    """
+    return tuple(dict.fromkeys(cfg.search.frameworks or ()))
+
+
 def framework_names(text: str) -> tuple[str, ...]:
     """The names of ``--framework`` (comma-separated, each once, in the order given); a
     ConfigError naming ``--framework`` for an unknown one or none.
