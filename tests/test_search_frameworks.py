@@ -40,7 +40,8 @@ def test_each_framework_searches_what_its_runtime_runs(cross):
     """deepspeed: ZeRO over one data axis (pp = tp = cp = 1; 16 GPUs: dp_shard 16 at zero1,
     zero2, zero3 resharded and kept gathered = 4 candidates). megatron_deepspeed: Megatron's
     TP and PP under DeepSpeed's engines, which reject ZeRO-2/3 beside pp > 1 (DeepSpeed's
-    PipelineEngine asserts stage < 2): no row with pp 2 is zero2 or zero3; no hsdp, no cp."""
+    PipelineEngine asserts stage < 2): no row with pp 2 is zero2 or zero3; no hsdp, no cp, and no
+    candidate with tp overlap or short end stages (Megatron-DeepSpeed has neither flag)."""
     _, x = cross
     ds, mds = x.results["deepspeed"], x.results["megatron_deepspeed"]
     assert len(ds.candidates) == 4
@@ -49,6 +50,8 @@ def test_each_framework_searches_what_its_runtime_runs(cross):
     assert mds.counts()["engine"] > 0
     assert not any(int(c.pp[e.index]) > 1 and c.sharding_word(e.index) != "zero1" for e in mds.top)
     assert all(int(c.cp[e.index]) == 1 and c.sharding_word(e.index) != "hsdp" for e in mds.top)
+    # no --tp-comm-overlap, no --decoder-first/last-pipeline-num-layers in its arguments.py
+    assert not (c.ov.any() or c.us.any())
 
 
 def test_one_ranking_the_top_framework_from_the_step_parts(cross):

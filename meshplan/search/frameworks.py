@@ -18,9 +18,13 @@ to the meshes it runs:
   engines, what ``--deepspeed --zero-stage N`` imports to, :mod:`meshplan.interop.megatron_deepspeed`):
   Megatron-LM's TP/SP and pipeline stages under DeepSpeed's ZeRO and PipelineEngine; the search's
   rule ``engine`` rejects what that engine refuses (ZeRO-2/3 or vpp > 1 beside pp > 1: its
-  ``runtime/pipe/engine.py``); no HSDP (``dp_replicate`` 1) and no CP (its
-  ``--ds-sequence-parallel-size`` is DeepSpeed-Ulysses, an all-to-all meshplan does not model as cp:
-  ``cp`` 1), both narrowed here.
+  ``runtime/pipe/engine.py``); narrowed here to what its arguments have (microsoft/Megatron-DeepSpeed
+  f4157be ``megatron/arguments.py``): no HSDP (``dp_replicate`` 1), no CP (no
+  ``--context-parallel-size``; its ``--ds-sequence-parallel-size`` is DeepSpeed-Ulysses, an all-to-all
+  meshplan does not model as cp: ``cp`` 1), no ``--tp-comm-overlap`` (``tp_comm_overlap`` false) and no
+  ``--decoder-first/last-pipeline-num-layers`` (``uneven_stages`` false: with pp > 1 its GPTModelPipe
+  partitions the transformer layers with DeepSpeed's ``partition_method="type:transformer"``,
+  ``megatron/model/gpt_model.py:463``).
 
 Every candidate of a framework is planned by that framework's search (:func:`cross_search` runs
 :func:`~meshplan.search.driver.search` once per framework on :func:`framework_config`); the rows
@@ -76,9 +80,10 @@ FRAMEWORKS: dict[str, Framework] = {
     "deepspeed": Framework({"framework": "torch"} | _DS, {k: list(v) for k, v in DEEPSPEED_SEARCH.items()},
                            f"DeepSpeed's ZeRO-1/2/3 on the model's code: {DS_SCOPE}"),
     "megatron_deepspeed": Framework({"framework": "megatron"} | _DS,
-                                    {"dp_replicate": [1], "cp": [1], "sharding": ["zero1", "zero2", "zero3"]},
+                                    {"dp_replicate": [1], "cp": [1], "sharding": ["zero1", "zero2", "zero3"],
+                                     "tp_comm_overlap": [False], "uneven_stages": [False]},
                                     "Megatron-DeepSpeed: Megatron-LM's TP/SP and PP (DeepSpeed's PipelineEngine, "
-                                    "1F1B, ZeRO-1 beside pp > 1) with DeepSpeed's ZeRO; no HSDP, no CP"),
+                                    "1F1B, ZeRO-1 beside pp > 1) with DeepSpeed's ZeRO; no HSDP, CP or TP overlap"),
 }
 
 
