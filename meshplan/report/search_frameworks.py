@@ -28,7 +28,7 @@ from meshplan.report.search_lines import peak_cell
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.candidate import candidate_config
 from meshplan.search.driver import describe
-from meshplan.search.explain import Explanation, explain
+from meshplan.search.explain import Explanation, explain, relative
 from meshplan.search.frameworks import FRAMEWORKS, CrossResult, Row, framework_difference
 from meshplan.search.rank import RULE_LINE
 from meshplan.spec.accuracy import mfu_caveat
@@ -91,7 +91,9 @@ def header_lines(x: CrossResult) -> list[str]:
 
 
 def framework_lines(x: CrossResult) -> list[str]:
-    """Per framework: candidates, how many fit, and its fastest row (or why none fits)."""
+    """Per framework: candidates, how many fit, and its first row (or why none fits); for a
+    framework other than row 1's, that row against row 1: its step relative to row 1's and the
+    parts that differ most (:meth:`~meshplan.search.explain.Explanation.parts_text`, row 1 first)."""
     out = []
     for n, r in x.results.items():
         c = r.counts()
@@ -101,7 +103,13 @@ def framework_lines(x: CrossResult) -> list[str]:
             continue
         at = next((k for k, y in enumerate(x.rows, 1) if y.framework == n), None)
         where = f"row {at}" if at else "not among the rows shown"
-        out.append(f"{head}; its first row {r.candidates.label(r.top[0].index)}, {r.top[0].step_s:.3f} s ({where})")
+        line = f"{head}; its first row {r.candidates.label(r.top[0].index)}, {r.top[0].step_s:.3f} s ({where})"
+        top = x.rows[0] if x.rows else None
+        first = Row(n, r, r.top[0])
+        if top is not None and top.framework != n and top.exact.breakdown and first.exact.breakdown:
+            vs = explain(top.exact.breakdown, first.exact.breakdown, _describe(top), _describe(first))
+            line += f", {relative(first.step / top.step - 1, 'row 1')}: {vs.parts_text()}"
+        out.append(line)
     return out
 
 
