@@ -173,3 +173,22 @@ def test_ds_config_disagreeing_with_the_flags_is_refused(tmp_path, edit, field):
         load_any(tmp_path / "train_mds.sh", "megatron", ImportOptions(model="llama3-8b", cluster="dgx-h100"),
                  require_mesh=False)
     assert e.value.field == field
+
+
+def test_a_deepspeed_json_searched_by_framework_drops_its_importer_narrowing(tmp_path):
+    """examples/deepspeed_zero2_16xh100.json read directly: its import narrows [search] to ZeRO over
+    one data axis and sets overlap_comm (DeepSpeed's zero_optimization knob). Under --framework
+    megatron_deepspeed that narrowing is the importer's, not the user's: tp 2 and pp 2 are searched;
+    under --framework torch overlap_comm (which FSDP2 has not) is left out, with a note, instead of
+    the training's error."""
+    from meshplan.search.frameworks import dropped_note
+    ex = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_zero2_16xh100.json"
+    cfg = load_any(ex, "deepspeed", ImportOptions(model="llama3-8b", cluster="dgx-h100", nodes=2, seq_len=4096),
+                   require_mesh=False)
+    assert cfg.search.tp == [1] and cfg.training.overlap_comm is True
+    mds = framework_config(cfg, "megatron_deepspeed")
+    assert mds.search.tp is None and mds.search.pp is None and mds.search.cp == [1]
+    torch = framework_config(cfg, "torch")
+    assert torch.training.overlap_comm is None and torch.training.framework == "torch"
+    assert dropped_note(cfg, "torch").startswith("--framework torch runs without training.overlap_comm")
+    assert dropped_note(cfg, "deepspeed") == ""

@@ -57,7 +57,8 @@ from meshplan.search.candidate import as_written, candidate_config
 from meshplan.search.driver import SearchResult, search
 from meshplan.search.rank import variant_label
 from meshplan.search.widen import widen
-from meshplan.search.frameworks import FRAMEWORKS, configured_names, cross_search, framework_config, framework_names
+from meshplan.search.frameworks import (FRAMEWORKS, ORIGIN_NOTE, configured_names, cross_search, dropped_note, framework_config,
+                                        framework_names)
 from meshplan.report.search_frameworks import cross_to_dict, print_cross
 
 
@@ -278,6 +279,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                           f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
                           f"--framework NAME, to write its page or export its other settings")
     if len(names) == 1:
+        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
+            if note:
+                _echo(f"note: {note}")
         cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "

@@ -48,7 +48,9 @@ from meshplan.memory.headroom import tight as tight_peak
 from meshplan.search.exact import Exact
 from meshplan.search.rank import decide, tie_order
 from meshplan.search.tie_key import simplicity
+from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_checks import MEGATRON_ONLY
 
 #: The ``[training]`` keys that name the runtime: each framework sets all of them.
 ENGINE_KEYS = ("framework", "zero3_engine", "zero12_engine", "zero0_engine")
@@ -56,6 +58,14 @@ ENGINE_KEYS = ("framework", "zero3_engine", "zero12_engine", "zero0_engine")
 #: ``grad_dtype``: :mod:`meshplan.spec.training_fields`): left to the new framework where the config's
 #: value is its own framework's default (:func:`_given_keys`).
 DERIVED = ("vocab_pad_divisor", "param_dtype", "grad_dtype")
+
+
+#: ``[training]`` keys of one runtime's own knobs, dropped (with a note, :func:`dropped_keys`) where
+#: the framework searched does not run that runtime: DeepSpeed's ``zero_optimization`` knobs
+#: (``overlap_comm``, ``contiguous_gradients``), which only its engines take, and Megatron-LM's own
+#: flags (:data:`meshplan.spec.training_checks.MEGATRON_ONLY`: its DDP, FSDP and p2p knobs), which
+#: DeepSpeed's engine replaces under Megatron-DeepSpeed and torch has not.
+DEEPSPEED_KEYS = ("overlap_comm", "contiguous_gradients")
 
 
 @dataclass(frozen=True)
@@ -115,6 +125,22 @@ def framework_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def dropped_keys(training: TrainingSpec, name: str) -> list[str]:
+    """The ``[training]`` keys ``training`` gives that framework ``name`` does not run
+    (:data:`DEEPSPEED_KEYS`, :data:`~meshplan.spec.training_checks.MEGATRON_ONLY`), each left out of
+    its search.
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", overlap_comm=True)
+    >>> dropped_keys(t, "torch"), dropped_keys(t, "megatron_deepspeed")
+    (['overlap_comm'], [])
+    """
+    f = FRAMEWORKS[name].training
+    deepspeed = f.get("zero3_engine") == "deepspeed"
+    megatron = f["framework"] == "megatron" and not deepspeed
+    given = training.model_dump(exclude_unset=True)
+    return [k for k in given if (k in DEEPSPEED_KEYS and not deepspeed) or (k in MEGATRON_ONLY and not megatron)]
+
+
 def _given_keys(training: TrainingSpec) -> dict[str, Any]:
     """The ``[training]`` keys the config gave, less :data:`ENGINE_KEYS` and the :data:`DERIVED` keys
     whose value is what its own framework fills in unset (so the new framework fills its own)."""
@@ -142,6 +168,21 @@ def _ds_engine(sharding: str) -> dict[str, str]:
     return {"zero3_engine": "deepspeed", "sharding": "zero3"}
 
 
+#: The note of a search by framework of a DeepSpeed JSON read directly (:func:`_user_search`).
+ORIGIN_NOTE = ("the DeepSpeed config's [search] (ZeRO over one data axis, its import's note) is not applied under "
+               "--framework: each framework searches what its runtime runs")
+
+
+def _user_search(cfg: Config) -> SearchOptions:
+    """``cfg``'s ``[search]`` as the user gave it: a DeepSpeed JSON read directly (``origin``
+    ``deepspeed``) has none, its importer's narrowing to what DeepSpeed runs
+    (:data:`meshplan.interop.deepspeed.SEARCH`) is left out, so that ``--framework`` names the runtimes."""
+    if cfg.origin != "deepspeed":
+        return cfg.search
+    given = cfg.search.model_dump(exclude_unset=True)
+    return SearchOptions(**{k: v for k, v in given.items() if k not in DEEPSPEED_SEARCH})
+
+
 def framework_config(cfg: Config, name: str, keep_mesh: bool = True) -> Config:
     """``cfg`` under framework ``name`` (:data:`FRAMEWORKS`): its ``[training]`` keys set, its
     ``[search]`` lists narrowed to what the framework runs (a list the config narrowed is kept
@@ -150,22 +191,24 @@ def framework_config(cfg: Config, name: str, keep_mesh: bool = True) -> Config:
     framework. ``keep_mesh`` False: without the config's ``[mesh]`` (a cross-framework search ranks
     no mesh of one framework's)."""
     f = FRAMEWORKS[name]
-    keys = _given_keys(cfg.training) | f.training
+    drop = dropped_keys(cfg.training, name)
+    keys = {k: v for k, v in _given_keys(cfg.training).items() if k not in drop} | f.training
     if "zero3_engine" in f.training and f.training["zero3_engine"] == "deepspeed":
         keys |= _ds_engine(cfg.training.sharding)
     try:
         training = build(TrainingSpec, keys, "training")
     except ConfigError as e:
         raise ConfigError(e.field, f"{e.message} (under --framework {name}: {f.runs})") from None
+    search = _user_search(cfg)
     update: dict[str, list[Any]] = {}
     for key, allowed in f.search.items():
-        given = getattr(cfg.search, key)
-        kept = allowed if given is None or key not in cfg.search.model_fields_set else [v for v in given if v in allowed]
+        given = getattr(search, key)
+        kept = allowed if given is None or key not in search.model_fields_set else [v for v in given if v in allowed]
         if not kept:
             raise ConfigError(f"search.{key}", f"{given} leaves --framework {name} nothing to search: it runs "
                               f"{key} {allowed} only ({f.runs}); widen the list or leave {name} out")
         update[key] = kept
-    return replace(cfg, training=training, search=cfg.search.model_copy(update=update),
+    return replace(cfg, training=training, search=search.model_copy(update=update),
                    mesh=cfg.mesh if keep_mesh else None)
 
 
@@ -237,6 +280,8 @@ def cross_search(cfg: Config, names: tuple[str, ...], search_one, progress=None)
     ranked = rank_rows(rows, cfg.search.top, cfg.search.headroom_tier)
     notes = [] if cfg.mesh is None else ["the config's [mesh] is not ranked in a search of several frameworks "
                                          "(search one, --framework NAME, to rank it)"]
+    notes += [line for n in names if (line := dropped_note(cfg, n))]
+    notes += [ORIGIN_NOTE] if cfg.origin == "deepspeed" else []
     decided = ""
     if len(ranked) > 1:
         a, b = ranked[0], ranked[1]
@@ -244,6 +289,13 @@ def cross_search(cfg: Config, names: tuple[str, ...], search_one, progress=None)
         if a.tight() != b.tight():
             decided = "the headroom tiers: #2 keeps under 15% of usable memory free"
     return CrossResult(results, ranked, decided, notes)
+
+
+def dropped_note(cfg: Config, name: str) -> str:
+    """The note on the keys :func:`dropped_keys` leaves out of framework ``name``'s search; "" without any."""
+    keys = dropped_keys(cfg.training, name)
+    return (f"--framework {name} runs without training.{', training.'.join(keys)}: another runtime's knob"
+            f"{'s' if len(keys) > 1 else ''}, left out of its search") if keys else ""
 
 
 def framework_difference(a: Row, b: Row) -> Optional[str]:
