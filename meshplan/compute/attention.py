@@ -11,6 +11,7 @@ from dataclasses import replace
 from math import ceil
 
 from meshplan.compute import ring_attention
+from meshplan.compute.attention_points import FLASH_BLOCK, flash_waves
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import attention_seconds
@@ -56,11 +57,12 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
 
 def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key: tuple) -> list[Op]:
     """Flash attention on a GPU without published rates: the GEMM ceiling with wave quantization
-    over one block per 128 queries, never below streaming its inputs and output twice."""
+    over one block per 128 queries (:func:`meshplan.compute.attention_points.flash_waves`), never
+    below streaming its inputs and output twice."""
     peak = gpu.peak_flops(w.dtype)
-    tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
+    tiles = att.batch * att.q_heads * ceil(att.seq_q / FLASH_BLOCK)
     waves = ceil(tiles / gpu.sms)
-    rate = peak * gpu.max_gemm_fraction * tiles / (waves * gpu.sms)
+    rate = peak * gpu.max_gemm_fraction * flash_waves(gpu.sms, att.batch * att.q_heads, att.seq_q)
     # q and the output (seq_q rows), k and v (seq_kv rows): q, k of head_dim, v and the output of d_v
     io = dtype_bytes(w.dtype) * att.batch * (att.seq_q * att.q_heads + att.seq_kv * att.kv_heads) * (
         att.head_dim + att.d_v)
