@@ -1,11 +1,11 @@
 """Transformer Engine's p2p ring step by step (meshplan.compute.te_ring, schedule.ring_timeline.p2p_steps):
 each step's own call and TE's correction kernels, read in NVIDIA/TransformerEngine d0067d0
 ``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``
-(``AttnFuncWithCPAndKVP2P``): the forward's softmax_lse corrections per step (lines 1924-1964) and
-output corrections after the loop (1981-2025, ``flash_attn_fwd_out_correction_init``,
+(``AttnFuncWithCPAndKVP2P``): the forward's softmax_lse corrections per step (lines 1913-1968) and
+output corrections after the loop (1980-2025, ``flash_attn_fwd_out_correction_init``,
 ``flash_attn_fwd_out_correction``, ``flash_attn_fwd_second_half_out_correction``, lines 139-195);
-the backward's reversed steps (sections at lines 2580-2620) and dQ, dK and dV accumulation (2663-2690,
-2750-2800). Before, every step was an equal 1/cp share of the rank's calls and TE's kernels were not
+the backward's reversed steps (sections at lines 2577-2620) and dQ, dK and dV accumulation (2643-2690,
+2721-2811). Before, every step was an equal 1/cp share of the rank's calls and TE's kernels were not
 counted."""
 
 from __future__ import annotations

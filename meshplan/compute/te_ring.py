@@ -14,31 +14,33 @@ the KV heads (TE takes them as they are, no GQA repeat).
 Forward (lines 1698-2030): step ``i`` issues the K/V send, then its call: ``i == 0`` the causal
 ``L x L`` diagonal, ``i <= rank`` ``L x L/2``, else ``L/2 x L``
 (:func:`meshplan.compute.ring_attention.ring_calls`). At iteration ``i >= 1`` the softmax_lse
-correction of step ``i - 1`` runs on the other flash stream (lines 1924-1964): ``i = 1`` a clone
+correction of step ``i - 1`` runs on the other flash stream (lines 1913-1968): ``i = 1`` a clone
 (8 B a row), later ``flash_attn_fwd_softmax_lse_correction`` (read both, write one: 12 B a row) at
 ``i - 1 <= rank``, its second-half form on half the rows (6 B a row) above; the last one (step
-``cp - 1``) after the loop's last call. After the loop (lines 1981-2025), the output corrections:
+``cp - 1``) after the loop's last call. After the loop (lines 1980-2025), the output corrections:
 ``flash_attn_fwd_out_correction_init`` (read step 0's bf16 output, write ``out``, read two lse rows:
 ``4 n_o + 8 rows``), ``flash_attn_fwd_out_correction`` at ``i <= rank`` (read ``out`` and the step's
 output, write ``out``: ``6 n_o + 8 rows``), the second-half form above (``3 n_o + 4 rows``);
 ``out`` is bf16 (``.to(out_init_step.dtype)``), so ``out.to(fwd_nominal_dtype)`` copies nothing.
-Each function is ``@jit_fuser`` (``transformer_engine/pytorch/jit.py``: ``torch.compile`` on torch
-2): one kernel. Before step 0 ``torch.cat((k.view(-1), v.view(-1)))`` (line 1690): ``4 (n_k + n_v)``.
+Each function is ``@jit_fuser`` (``transformer_engine/pytorch/jit.py`` lines 40-42: ``torch.compile``
+on torch 2): one kernel. Before step 0 ``torch.cat((k.view(-1), v.view(-1)))`` (line 1690): ``4 (n_k + n_v)``.
 
 Backward (lines 2460-2811): the steps reversed, ``j = cp - 1 - rank``: step ``i < j`` the ``L/2 x
 L`` call, ``j <= i < cp - 1`` ``L x L/2``, ``i = cp - 1`` the diagonal; at each the send is issued
 before the call, dQ accumulated after it, then the receive waited for and the received dK/dV
 (bf16, ``kv.dtype``) accumulated with the step's (eager ``copy_``/``add_``, one kernel each; an
-add reads two and writes one: 6 B an element, a copy 4 B). dQ (lines 2663-2690): ``i > j`` the
+add reads two and writes one: 6 B an element, a copy 4 B). dQ (lines 2643-2690): ``i > j`` the
 whole added (``6 n_dq``); ``i == j`` copied whole at rank ``cp - 1`` (``4 n_dq``), else half
 copied and half added (``2 n_dq`` + ``3 n_dq``, two kernels); ``0 < i < j`` the second half added
-(``3 n_dq``), ``i = 0`` copied (``2 n_dq``). dK and dV each (lines 2750-2800): ``i = cp - 1`` added
+(``3 n_dq``), ``i = 0`` copied (``2 n_dq``). dK and dV each (lines 2721-2811): ``i = cp - 1`` added
 (``6 n``), at rank 0 half added and half copied (``3 n`` + ``2 n``); ``j <= i < cp - 1`` the first
 half added (``3 n``), copied at ``i = 0`` (rank ``cp - 1``: ``2 n``); ``0 < i < j`` added
 (``6 n``); ``i = 0`` copied (``4 n``). Before the loop ``p2p_comm_buffers[0][0].copy_(kv)`` (line
-2408): ``4 (n_k + n_v)``.
+2401): ``4 (n_k + n_v)``.
 
-Each kernel is timed by :func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's
+The lse corrections run on the flash stream the next call does not use, so they may overlap that
+call; they are counted in the step beside its send (each at the issue floor: a pessimistic few
+microseconds a step). Each kernel is timed by :func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's
 Triad bandwidth, never below the issue floor), each call floored by
 :func:`~meshplan.compute.kernel_time.issue_floor`. The rank counted is the one whose calls and
 kernels take longest (every layer's ring holds the ranks together), the lowest on a tie.
