@@ -36,7 +36,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
     data = kernel_data(gpu)
     rated = data if measured is None and data is not None and data.attention else None
     ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
-    te = te_ring.te_rank(gpu, att, w, rated) if ring_attention.te_ring(w) else None
+    # TE's ring where torch's is off (a comparison's counterfactual may switch both on: torch's then)
+    te = te_ring.te_rank(gpu, att, w, rated) if ring_attention.te_ring(w) and ring is None else None
     if te is not None and te.calls is not None:  # TE's calls by step, each rated at its shape
         ring = ring_attention.RingRank(te.rank, (sum(te.calls[0]), sum(te.calls[1]), te.how), 0, 0)
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
