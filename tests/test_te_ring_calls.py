@@ -162,7 +162,7 @@ def test_newcomer31_ranking_turns_to_the_longer_calls():
     16 floored lse kernels (75.2 us), the init and 15 whole corrections (6 n_o + 8 rows = 101.7 MB, 34.25
     us): 611.9 us; backward dQ 4 n_dq (22.60 us) + 15 x 6 n_dq (33.89 us), 32 floored dK/dV kernels
     (150.4 us): 681.4 us; +1.3045 ms of kernels - 0.4983 ms of calls = +0.806 ms a layer: +0.516 s,
-    29.795 s, still first (search row 1)."""
+    29.795 s, still ahead of cp 32."""
     p32, p16 = 2 * 4096 ** 2 * 32 * 128, 2 * 8192 ** 2 * 16 * 128
     d32 = p32 * (1 / 579 + 31 / 638 - 32 / 616) + 2.5 * p32 * (1 / 542 + 31 / 501 - 32 / 561)
     d16 = p16 * (1 / 602 + 15 / 646 - 16 / 616) + 2.5 * p16 * (1 / 559 + 15 / 542 - 16 / 561)
