@@ -86,8 +86,9 @@ def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
     0.87415; the cp K/V send of 8,388,608 B, 187.4 us: the boundary member's NIC 0.16777 ms, share
     0.8953. The forward's first cp send is issued while the next layer's all-gather (prefetched) runs
     and ends before it: the NIC leaves it 1 - 0.87415 = 0.12585, less than its fair half, so it runs at
-    0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.223 ms ring step
-    beside it (its slack alone was 0.036 ms). The step's concurrent line says what the sharing cost cp;
+    0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.2374 ms ring step
+    beside it (step 0, the causal 4,096 x 4,096 diagonal: 2 x 4096^2 x 32 x 128 FLOP at FA3's 579 TFLOP/s;
+    its slack alone 0.050 ms; 0.036 ms beside the equal 0.223 ms share of the steps before te_ring). The step's concurrent line says what the sharing cost cp;
     the parts line exposes cp."""
     cfg = tmp_path / "nc31.toml"
     cfg.write_text(NC31_TOP1_TOML)
