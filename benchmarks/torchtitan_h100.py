@@ -182,7 +182,7 @@ allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py``
 ``reserved_bytes.all.peak``), which holds the allocator's cached and fragmented segments too;
 meshplan predicts the peak *allocated* bytes, so the published figure is an upper reference, not
 a target. The eager fp32 loss of 9dec370 (``train.py`` lines 131-134, ``del pred`` at 307) is
-planned as torch runs it (``memory.cross_entropy`` unset under framework torch: ``torch``;
+planned as torch runs it (the importer states ``memory.cross_entropy = "torch"``;
 measured on CPU by tests/test_loss_memory.py): the logits' fp32 ``.float()`` copy beside the kept
 log-softmax in forward, and in backward the nll and log-softmax gradients beside it, 3 fp32 logits
 at once; before, Megatron's in-place loss was taken (fp32 logits kept, one bf16 gradient).
@@ -191,7 +191,7 @@ head's forward to the loss's backward, 44.3 / 44.5 / 44.5 / 44.3 -> 67.8 / 68.0 
 (published 83.9 / 84.2 / 84.0 / 84.5 reserved); T1 55.4 -> 67.2 (82.4 / 77.0 / 76.8), T3 44.9 ->
 56.6 (67.0 / 62.0 / 61.8), T4 35.9 -> 55.4 GiB (71.9 / 67.6; loss_parallel at tp 8, 4 fp32
 logit shards at once); T5's peak is in a layer's backward (58.2 / 47.5 GiB, published 82.5 /
-72.7), unchanged. The async TP runs (820504e) compile the loss (``compiled``: the bf16 logits
+72.7), unchanged. The async TP runs (820504e) compile the loss (stated ``compiled``: the bf16 logits
 kept, one bf16 gradient, no fp32 logits; measured on CPU inductor): A70 35.9 -> 32.9-35.0 GiB,
 A8 61.1 -> 58.2 GiB (not published). The rest of each gap (16-20 GiB on T1, T2 and T4, 10-16 GiB on T3 and T5) is
 not itemised: the allocator's reserve over its allocated peak is not modelled (``[memory]
