@@ -14,6 +14,7 @@ from typing import Optional
 
 from meshplan.runtime.execution.worker import write_atomic
 from meshplan.runtime.validation.coverage import everywhere
+from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.units import MiB
 
@@ -54,6 +55,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
     gate = ("collectives, groups, and step time and peak memory within the tolerance "
             f"{opt.tolerance:.0%}" if opt.tolerance is not None else
             "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
+    gate += f"; checkpoint bytes per rank within {CHECKPOINT_BYTES_TOLERANCE:.0%}"
     lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
              f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
              f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", "", *gap_lines(results)]
