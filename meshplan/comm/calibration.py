@@ -244,6 +244,25 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     return out
 
 
+def load_calibrations(paths) -> dict[str, CalibratedLink]:
+    """Several ``--calibration`` files as one (a path alone: :func:`load_calibration`): each
+    link class from the file that has it, the common case a 1-node file (``nvlink``) beside a
+    2-node one (``nic``); a class in two files is a ConfigError naming both (which of two fits
+    of one link stands is the user's to choose: ``meshplan calibrate`` keeps one per class)."""
+    if isinstance(paths, (str, Path)):
+        return load_calibration(paths)
+    out: dict[str, CalibratedLink] = {}
+    came: dict[str, str] = {}
+    for p in paths:
+        for name, c in load_calibration(p).items():
+            if name in out:
+                raise ConfigError(f"--calibration: link.{name}", f"set by both {came[name]} and {Path(p).name}; give "
+                                  "each link class in one file only (drop the table from one, or calibrate its logs "
+                                  "together)")
+            out[name], came[name] = c, Path(p).name
+    return out
+
+
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
     """A new cluster whose link figures come from ``calib``: ``nvlink`` -> the node's fabric,
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
