@@ -218,3 +218,30 @@ def test_two_calibration_files_of_two_link_classes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert done.value.code == 2
     assert "error: --calibration: link.nic: set by both calib_nic.toml and again.toml" in err and err.count("\n") == 1
+
+
+def test_report_and_place_take_calibration(tmp_path, capsys):
+    """README calls report the same as plan --html, but report had no --calibration or --topology
+    ('No such option'; newcomer nc33: report 2561.47 ms against plan --html --calibration 2579.75 ms),
+    and place --choose scored its candidates on the catalog links. Both now take the file: report's
+    page equals plan --html's with the same file, and place prints the calibrated header."""
+    import re
+
+    from meshplan.cli import main
+
+    data = Path(__file__).parent / "data" / "nc33"
+    cfg, nvl = data / "dsv2lite_ep8.toml", data / "calib_nvl.toml"
+    steps = []
+    for argv in (["report", str(cfg), "--calibration", str(nvl), "--out", str(tmp_path / "r.html")],
+                 ["plan", str(cfg), "--calibration", str(nvl), "--html", str(tmp_path / "p.html")]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        html = Path(argv[-1]).read_text()
+        assert "links calibrated from" in html
+        steps.append(re.search(r"step ([0-9.]+) ms", html).group(1))
+    assert steps[0] == steps[1]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["place", str(cfg), "--calibration", str(nvl)])
+    assert "links calibrated from" in capsys.readouterr().out
