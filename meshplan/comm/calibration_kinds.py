@@ -286,13 +286,13 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], curves: Sequen
     >>> kinds_set("nic", "all-to-all", 16, [a2a]).split("; ")[0]
     'nic: this file sets, across nodes, all-to-all (its own logged curve: nccl-tests all-to-all over 16 ranks on 2 host(s), file a.log)'
     """
-    own, kept = own_runs(link, op, curves), nvls_kept(link, op, curves)
-    if own or kept:
+    own, nvls = own_runs(link, op, curves), nvls_kept(link, op, curves)
+    if own or nvls:
         return f"{link}: this file sets, on {link}, " + "; ".join(
             [f"{ops_words([o for o in (*RING_OPS, 'all-to-all', 'send/recv') if o not in own])} from the {op} fit "
              f"over {ranks} ranks (no run of their own)"]
             + [f"{o} from its own run (its logged curve at its fitted alpha: {c.source})" for o, c in own.items()]
-            + ([NVLS_KEPT_WORDS] if kept else []))
+            + ([NVLS_KEPT_WORDS] if nvls else []))
     if link != "nic" or not curves:
         return (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
                 f"{'across nodes' if link == 'nic' else 'on ' + link} (from the {op} fit over {ranks} ranks; one "
