@@ -315,7 +315,7 @@ def _per_layer_words(row, moe_layers: int = 0) -> str:
     outside them)."""
     if not row.per_microbatch or not row.per_layer or float(row.per_layer).is_integer():
         return ""
-    if row.axis in EXPERT_ROW_AXES and moe_layers and row.per_microbatch % moe_layers == 0:
+    if getattr(row, "axis", None) in EXPERT_ROW_AXES and moe_layers and row.per_microbatch % moe_layers == 0:
         return (f" ({row.per_microbatch} calls per micro-batch: {row.per_microbatch // moe_layers} per MoE layer x "
                 f"{moe_layers} MoE layers)")
     layers = round(row.per_microbatch / row.per_layer)
