@@ -51,7 +51,7 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 
 
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.
-CalibrationOpt = Annotated[Optional[list[Path]], typer.Option("--calibration", help=CALIBRATION_HELP)]
+CalibrationOpt = Annotated[Optional[list[Path]], typer.Option("--calibration", metavar="<path>", help=CALIBRATION_HELP)]
 
 
 TOPOLOGY_HELP = ("nvidia-smi topo -m text or NCCL topology XML of the nodes: replaces their sockets, NUMA cores "

@@ -366,10 +366,14 @@ def _nvls_ring_curves(name: str, c: CalibratedLink, node) -> dict[str, BusbwCurv
     (:func:`~meshplan.comm.calibration_kinds.nvls_kept`): the catalog's ring curve ("nvlink"),
     scaled so that at the calibrated rate it reads the catalog's busbw (``scaled_curve`` at r 1:
     line x fit / catalog rate). Newcomer nc33: an 8 x H100 all_reduce_perf fit (468.84 GB/s, on
-    NVLS) timed tp's 64 MiB all-gather at 434.7 GB/s busbw instead of the ring's 325.7."""
+    NVLS) timed tp's 64 MiB all-gather at 434.7 GB/s busbw instead of the ring's 325.7. A fit at or below
+    the catalog ring's busbw at its largest size holds no NVLS gain and still sets them, so a measured
+    fabric slower than the catalog's never reads the catalog's ring."""
     kept = nvls_kept(name, c.op, c.curve)
     if not kept or not getattr(node.fabric, "nvls", False) or "nvlink" not in node.busbw:
         return {}
+    if node.busbw["nvlink"].busbw_gb_per_s[-1] >= c.bandwidth_gb_per_s:  # a fit no faster than the ring is no
+        return {}  # NVLS gain: it stands for the ring ops (a measured fabric slower than the catalog's stays slower)
     ring = scaled_curve(node.busbw["nvlink"], 1.0, c.bandwidth_gb_per_s, node.fabric.bandwidth_gb_per_s,
                         "an all-reduce fit on NVLS does not time the ring's all-gather and reduce-scatter")
     return {f"nvlink {op}": ring for op in kept}
