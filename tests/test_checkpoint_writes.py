@@ -140,7 +140,7 @@ def _moe_model(names, shape, seed):
     return mesh, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def _ep_save_worker(rank, world, tmp, tag):
+def _ep_save_worker(rank, world, tmp, tag, shape=(4, 2)):
     import torch.distributed as dist
 
     from meshplan.runtime.execution import checkpoint as C
@@ -148,7 +148,7 @@ def _ep_save_worker(rank, world, tmp, tag):
 
     _init(rank, world, tmp, tag)
     try:
-        mesh, model, opt = _moe_model(("dp_shard", "ep"), (4, 2), seed=0)
+        mesh, model, opt = _moe_model(("dp_shard", "ep"), shape, seed=0)
         C.save_checkpoint(tmp / "ckpt", model, opt, mesh, step=0)
     finally:
         dist.destroy_process_group()
@@ -191,3 +191,38 @@ def test_experts_saved_under_ep2_load_whole_at_ep1(tmp_path):
 
     _spawn(_ep_save_worker, 4, tmp_path, "store0")
     _spawn(_ep1_load_worker, 2, tmp_path, "store1")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_experts_saved_at_efsdp1_load_whole_at_ep1(tmp_path):
+    """Saved on 2 ranks at dp_shard 2 x ep 2 (efsdp = 2 / 2 = 1: each rank holds 2 of the 4
+    experts whole, left out of FSDP2 as plain tensors), loaded on 2 ranks at ep 1: all 4
+    experts equal the single-process model's. Before the efsdp-1 branch of
+    ``checkpoint.ep_global`` both ranks saved key ``...moe.experts.w_gate`` as a plain
+    [2, 16, 32] tensor at offset 0, DCP kept one copy, and the load gave experts 0-1 twice
+    (the newcomer's world-8 validate: one rank's 8 of 64 experts on disk)."""
+    pytest.importorskip("torch")
+    from tests.test_checkpoint import _spawn
+
+    _spawn(_ep_save_worker, 2, tmp_path, "store0", (2, 2))
+    _spawn(_ep1_load_worker, 2, tmp_path, "store1")
+
+
+def test_validate_gates_checkpoint_bytes():
+    """The newcomer's world-8 run (dp_shard 8 x ep 8, efsdp 1) PASSED with the busiest rank
+    writing 6,046,554 B against 16,022,592 B predicted (6,046,554 / 16,022,592 - 1 = -62.3%):
+    checkpoint bytes were reported, never gated. Now outside 20% fails the world; its world-16
+    run (+2%) stays inside."""
+    from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE, checkpoint_gate
+
+    def row(pred, meas):
+        return dict(quantity="checkpoint bytes written per rank", unit="B", predicted=pred, measured=meas,
+                    error=meas / pred - 1)
+
+    assert CHECKPOINT_BYTES_TOLERANCE == 0.20
+    bad = checkpoint_gate([row(16_022_592, 6_046_554)])
+    assert len(bad) == 1 and "(-62%, tolerance 20%)" in bad[0]
+    assert checkpoint_gate([row(16_022_592, 16_022_592 * 1.02)]) == []
+    assert checkpoint_gate([dict(quantity="checkpoint save time", unit="s", predicted=1.0, measured=9.0,
+                                 error=8.0)]) == []

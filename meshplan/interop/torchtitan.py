@@ -374,8 +374,9 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
                      "expert_tensor_parallel_degree = 1 plans what both run")
         return
-    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
-                 "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since")
+    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
+                 "reads the key (meshplan export writes it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                 "tensor parallelism, so delete it for a torchtitan after that commit")
 
 
 def _moved(keys) -> None:

@@ -124,10 +124,15 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
     hw, gap = _executed_flops(chunks, m, plan.world, p)
     t = cfg.training
+    model_total = _sequence_flops(cfg.model, t.seq_len) * t.global_batch
+    if t.moe_hottest_expert_share and hw - model_total - sum(gap.values()) > 0:
+        # every rank's expert GEMMs are the busiest ep rank's (compute.shapes: the hottest expert's
+        # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
+        gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = _step_notes(plan, comms, schedule, runs, mr, run_s)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
-                    _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
+                    model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
                     recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
@@ -186,6 +191,12 @@ def _check_schedule(training, schedule: str, p: int, m: int, v: int, runs: int) 
     bad = run_reasons(schedule, p, m, v, runs, training.framework)
     if bad:
         raise ConfigError("mesh.pp_schedule", bad[0])
+
+
+#: HFU above MFU's cause under ``training.moe_hottest_expert_share``: the step times every rank as
+#: the busiest ep rank (its hottest expert's rows, :func:`meshplan.compute.shapes.layer_gemms`), the
+#: model FLOP count balanced routing.
+HOT_EXPERT_GAP = "the busiest ep rank's extra expert rows (moe_hottest_expert_share, every rank timed as it)"
 
 
 def _executed_flops(chunks: list[list[ChunkCosts]], m: int, world: int, p: int) -> tuple[float, dict[str, float]]:

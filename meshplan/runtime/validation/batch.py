@@ -59,8 +59,8 @@ def check_batch(jobs: Sequence[Job]) -> int:
 
 def validate_batch(jobs: Sequence[Job], force: bool = False, echo=print) -> list[tuple[int, list[dict]]]:
     """Per job, ``validate(config, opt, out, force)``'s (exit code, per-world results), the
-    jobs' workers sharing one torchrun launch (module docstring); limit: the jobs'
-    ``timeout_s`` summed."""
+    jobs' workers sharing one torchrun launch (module docstring); limit: the jobs' wall-clock
+    limits (``Prepared.limit_s``: ``timeout_s``, or its default scaled with the ranks per core) summed."""
     world = check_batch(jobs)
     for config, opt, out in jobs:
         errors = refusals(config, opt)
@@ -89,7 +89,7 @@ def _launch(preps: list, opts: list[Options], world: int, work: Path) -> list[di
     (work / "jobs.json").write_text(json.dumps([p.argv[1:] for p, _ in ready]))
     before = host.state()
     outcome = run_torchrun(world, ["meshplan.runtime.execution.worker", "--jobs", str(work / "jobs.json")],
-                           work / "torchrun.log", sum(o.timeout_s for _, o in ready),
+                           work / "torchrun.log", sum(p.limit_s for p, _ in ready),
                            env={"PYTHONPATH": _pythonpath()})
     done = {}
     for p, o in ready:

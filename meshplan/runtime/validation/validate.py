@@ -75,7 +75,7 @@ from meshplan.runtime.testbed.run import run_on_testbed
 from meshplan.runtime.validation import host
 from meshplan.runtime.validation.coverage import everywhere, not_exercised
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
-from meshplan.runtime.validation.options import Options, check_hosts
+from meshplan.runtime.validation.options import Options, check_hosts, world_timeout_s
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
 from meshplan.runtime.validation.refusals import refusals, runtime_refusals
 from meshplan.runtime.validation.scaling import scale_config
@@ -127,10 +127,10 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
     before = host.state()
     nic_bytes = None
     if opt.testbed:
-        outcome, nic_bytes = run_on_testbed(opt.testbed, world, prep.argv, folder, opt.timeout_s,
+        outcome, nic_bytes = run_on_testbed(opt.testbed, world, prep.argv, folder, prep.limit_s,
                                             env={"PYTHONPATH": _pythonpath()})
     else:
-        outcome = run_torchrun(world, prep.argv, work / "torchrun.log", opt.timeout_s,
+        outcome = run_torchrun(world, prep.argv, work / "torchrun.log", prep.limit_s,
                                env={"PYTHONPATH": _pythonpath()}, rdzv=opt.rendezvous)
     if work != folder:  # another host: its log beside node 0's evidence; node 0 compares
         folder.mkdir(parents=True, exist_ok=True)
@@ -147,7 +147,8 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
 class Prepared:
     """One world ready to launch: the scaled ``plan``, its measured GEMM ``table``, the worker's
     ``argv`` (module first), the scaling ``notes``, the process-group timeout (s), the evidence
-    ``folder`` the ranks write into."""
+    ``folder`` the ranks write into, the wall-clock ``limit_s`` (s,
+    :func:`~meshplan.runtime.validation.options.world_timeout_s`)."""
 
     world: int
     plan: object
@@ -156,6 +157,7 @@ class Prepared:
     notes: list[str]
     pg_timeout_s: float
     folder: Path
+    limit_s: float
 
 
 def prepare_world(config: Config, world: int, opt: Options, folder: Path, work: Path, echo) -> "Prepared | dict":
@@ -186,7 +188,8 @@ def prepare_world(config: Config, world: int, opt: Options, folder: Path, work: 
         att, att_rows = measure_attention(plan, share)
         table, rows = replace(table, attention=att), rows + att_rows
     write_json_atomic(work / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
-    pg_timeout = opt.pg_timeout_s or max(5.0, opt.timeout_s / 2)
+    limit, how = world_timeout_s(opt, world)
+    pg_timeout = opt.pg_timeout_s or max(5.0, limit / 2)
     argv = ["meshplan.runtime.execution.worker", "--plan-json", str(work / "plan.json"), "--out", str(folder),
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
@@ -197,8 +200,8 @@ def prepare_world(config: Config, world: int, opt: Options, folder: Path, work: 
             write_json_atomic(work / "curve_spec.json", curve_spec(plan))
             argv += ["--curve-spec", str(work / "curve_spec.json")]
     here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
-    echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
-    return Prepared(world, plan, table, argv, notes, pg_timeout, folder)
+    echo(f"  torchrun: {world} ranks{here}, limit {limit:g} s ({how}; process-group timeout {pg_timeout:g} s)")
+    return Prepared(world, plan, table, argv, notes, pg_timeout, folder, limit)
 
 
 def finish_world(prep: Prepared, opt: Options, outcome, before: dict, nic_bytes=None) -> dict:
@@ -219,7 +222,7 @@ def finish_world(prep: Prepared, opt: Options, outcome, before: dict, nic_bytes=
                json.loads((folder / f"rank{r}" / "status.json").read_text()).get("state") == "done"
                for r in range(world))
     if not (outcome.ok and done):
-        fault = diagnose(outcome, folder, opt.timeout_s, prep.pg_timeout_s)
+        fault = diagnose(outcome, folder, prep.limit_s, prep.pg_timeout_s)
         missing = [r for r in range(world) if not (folder / f"rank{r}").exists()]
         if opt.rendezvous is not None and missing:
             fault["message"] += (f" No rank<r>/ folders for ranks {missing} in {folder}: --out must be a folder "
@@ -254,7 +257,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     to ``out`` at the end: an interrupted run (Ctrl-C, SIGTERM) leaves no partial folder."""
     if not opt.worlds or any(w < 1 for w in opt.worlds):
         raise ConfigError(opt.world_option, f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
-    if opt.timeout_s <= 0:
+    if opt.timeout_s is not None and opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
     check_hosts(opt)
     errors = refusals(config, opt)  # every stage must scale, and the runtime must build it, before anything runs
