@@ -350,8 +350,9 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
             "head_saved": sum(head.values()),
             "head_loss_saved": sum(v for n, v in head.items() if n.startswith(("logits", "loss"))),
             "head_output_saved": sum(v for n, v in head.items() if n.startswith("output layer input")),
-            # torch's: the GEMM's logits and their .float() copy (tp > 1: + x - max) beside the kept log-softmax
-            "logits_temp": (logits + lf + (lf if parallel else 0) if torch_ce
+            # torch's: the GEMM's logits and their .float() copy (tp > 1: + x - max) beside the kept log-softmax;
+            # no copy where the logits are fp32 already (Tensor.float() returns self when self is float32)
+            "logits_temp": (logits + (lf if training.compute_dtype != "fp32" else 0) + (lf if parallel else 0) if torch_ce
                             else logits if kept != training.compute_dtype else 0),
             "logits_extra": lf if torch_ce and parallel else 0,
             # torch's backward (module docstring): nll gradient + log-softmax gradient; loss_parallel's
