@@ -212,8 +212,10 @@ def test_experts_saved_at_efsdp1_load_whole_at_ep1(tmp_path):
 def test_validate_gates_checkpoint_bytes():
     """The newcomer's world-8 run (dp_shard 8 x ep 8, efsdp 1) PASSED with the busiest rank
     writing 6,046,554 B against 16,022,592 B predicted (6,046,554 / 16,022,592 - 1 = -62.3%):
-    checkpoint bytes were reported, never gated. Now outside 20% fails the world; its world-16
-    run (+2%) stays inside."""
+    checkpoint bytes were reported, never gated. Now more than 20% under fails the world; its
+    world-16 run (+2%) passes, and so does an excess: validate-slice's mini tp 4 x dp 2 (2 x 4
+    testbed) wrote 295,000 B on its busiest rank against 185,300 B (+59%), DCP giving each whole
+    replicated tensor of the small scaled model to one replica where the plan splits them evenly."""
     from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE, checkpoint_gate
 
     def row(pred, meas):
@@ -224,5 +226,7 @@ def test_validate_gates_checkpoint_bytes():
     bad = checkpoint_gate([row(16_022_592, 6_046_554)])
     assert len(bad) == 1 and "(-62%, tolerance 20%)" in bad[0]
     assert checkpoint_gate([row(16_022_592, 16_022_592 * 1.02)]) == []
+    assert checkpoint_gate([row(185_300, 295_000)]) == []   # an excess is reported, not gated
+    assert len(checkpoint_gate([row(185_300, 185_300 * 0.79)])) == 1
     assert checkpoint_gate([dict(quantity="checkpoint save time", unit="s", predicted=1.0, measured=9.0,
                                  error=8.0)]) == []

@@ -257,13 +257,18 @@ def _collective_rows(folder: Path, plan, cplan=None) -> list[dict]:
 #: replicated whole tensors between replicas unevenly: +0.6% to +4.0% measured
 #: (tests/test_checkpoint_writes.py, DDP at world 4), +2% at dp_shard 16 x ep 8 (world 16).
 #: 20% is the margin the memory rows give the state (memcheck). A rank whose experts DCP
-#: dropped as replicas wrote -62% (dp_shard 8 x ep 8, efsdp 1, before ep_global's fix).
+#: dropped as replicas wrote -62% (dp_shard 8 x ep 8, efsdp 1, before ep_global's fix). Only a
+#: deficit is gated: the plan splits replicated tensors evenly between their replicas, while
+#: DCP's deduplication gives each whole tensor to one of them, so the busiest rank writes at
+#: least the even split and, on a small scaled model of few tensors, much more (validate-slice's
+#: mini tp 4 x dp 2 on the 2 x 4 testbed: +59%); state that is missing only shows as less.
 CHECKPOINT_BYTES_TOLERANCE = 0.20
 
 
 def checkpoint_gate(rows: list[dict]) -> list[str]:
-    """One line per ``checkpoint bytes written per rank`` row whose error is outside
-    :data:`CHECKPOINT_BYTES_TOLERANCE`; empty when none (or no checkpoint was written).
+    """One line per ``checkpoint bytes written per rank`` row more than
+    :data:`CHECKPOINT_BYTES_TOLERANCE` under the plan (an excess is DCP's uneven deduplication, reported
+    in the table, not gated); empty when none (or no checkpoint was written).
 
     >>> checkpoint_gate([dict(quantity="checkpoint bytes written per rank", unit="B",
     ...                       predicted=16_022_592, measured=6_046_554, error=6_046_554 / 16_022_592 - 1)])
@@ -272,7 +277,7 @@ def checkpoint_gate(rows: list[dict]) -> list[str]:
     return [f"{r['quantity']}: measured {r['measured']:.4g} {r['unit']} vs predicted {r['predicted']:.4g} "
             f"({r['error']:+.0%}, tolerance {CHECKPOINT_BYTES_TOLERANCE:.0%}): state is missing from or extra in "
             "the DCP files" for r in rows if r["quantity"] == "checkpoint bytes written per rank"
-            and r.get("error") is not None and abs(r["error"]) > CHECKPOINT_BYTES_TOLERANCE]
+            and r.get("error") is not None and r["error"] < -CHECKPOINT_BYTES_TOLERANCE]
 
 
 def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> list[dict]:

@@ -56,7 +56,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
     gate = ("collectives, groups, and step time and peak memory within the tolerance "
             f"{opt.tolerance:.0%}" if opt.tolerance is not None else
             "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
-    gate += f"; checkpoint bytes per rank within {CHECKPOINT_BYTES_TOLERANCE:.0%}"
+    gate += f"; checkpoint bytes per rank not more than {CHECKPOINT_BYTES_TOLERANCE:.0%} under the plan"
     lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
              f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
              f"wall-clock limit {', '.join(f'{world_timeout_s(opt, w)[0]:g}' for w in opt.worlds)} s per world. Checked: {gate}.", "", *gap_lines(results)]
