@@ -272,10 +272,10 @@ def checkpoint_gate(rows: list[dict]) -> list[str]:
 
     >>> checkpoint_gate([dict(quantity="checkpoint bytes written per rank", unit="B",
     ...                       predicted=16_022_592, measured=6_046_554, error=6_046_554 / 16_022_592 - 1)])
-    ['checkpoint bytes written per rank: measured 6.047e+06 B vs predicted 1.602e+07 (-62%, tolerance 20%): state is missing from or extra in the DCP files']
+    ['checkpoint bytes written per rank: measured 6.047e+06 B vs predicted 1.602e+07 (-62%, tolerance 20%): state is missing from the DCP files']
     """
     return [f"{r['quantity']}: measured {r['measured']:.4g} {r['unit']} vs predicted {r['predicted']:.4g} "
-            f"({r['error']:+.0%}, tolerance {CHECKPOINT_BYTES_TOLERANCE:.0%}): state is missing from or extra in "
+            f"({r['error']:+.0%}, tolerance {CHECKPOINT_BYTES_TOLERANCE:.0%}): state is missing from "
             "the DCP files" for r in rows if r["quantity"] == "checkpoint bytes written per rank"
             and r.get("error") is not None and r["error"] < -CHECKPOINT_BYTES_TOLERANCE]
 
