@@ -68,6 +68,24 @@ def test_a100_tp_all_reduce_of_the_22b_layer_between_the_64m_and_128m_rows():
     assert 1.75 * 96 * MiB / t / 1e9 == pytest.approx(175.1, abs=0.05)
 
 
+#: S15's time column (us), one per row of its sweep (stas00/ml-engineering network/README.md,
+#: "Real network throughput": all_reduce_perf -b 32k -e 16G -f 2 -g 8 on one 8x A100 80GB node).
+S15_TIMES_US = [43.83, 46.80, 51.76, 61.38, 80.40, 101.9, 101.4, 101.5, 133.5, 276.6, 424.0, 684.6, 1327.6,
+                2420.6, 4218.4, 8203.9, 16240, 32136, 64074, 127997]
+
+
+def test_a100_curve_is_every_row_of_s15():
+    """The catalog curve holds each of S15's 20 sizes (32 KiB .. 16 GiB, doubling: nccl-tests -f 2)
+    and each busbw agrees with the source's own time column through nccl-tests' definition
+    busbw = 2 (n - 1) / n x S / t (n = 8: 1.75): the two columns were printed from one run, so a
+    misread row, a decimal size (1M = 10^6) or a dropped row shows here. Tolerance 0.2%: busbw
+    rounded to 0.1 GB/s (72.3 for 72.33: 0.04%) and times printed to 4-5 figures (101.9 us: 0.05%)."""
+    c = busbw_curve("a100-nvlink3-ring")
+    assert list(c.sizes_bytes) == [2**k for k in range(15, 35)]
+    for size, bw, t_us in zip(c.sizes_bytes, c.busbw_gb_per_s, S15_TIMES_US):
+        assert ar_time(size, bw * 1e9) * 1e6 == pytest.approx(t_us, rel=2e-3), size
+
+
 def test_fewer_ranks_shift_by_nccl_latency_and_keep_busbw():
     # 4-rank all-gather of 1 GiB on the A100 curve (S15 1G row, 229.0 GB/s): NCCL's fastest
     # latency (LL) is 6.6 + 3 * 0.6 = 8.4 us for its 3 steps and 6.6 + 14 * 0.6 = 15 us for
