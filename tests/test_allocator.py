@@ -21,6 +21,7 @@ from meshplan.config import config_from_dict
 from meshplan.memory.allocator import AllocatorConfig, simulate
 from meshplan.memory.reserved import Reserved, allocator_ops, bounded_passes, reserved_of, step_events
 from meshplan.plan import build_plan
+from meshplan.report.memory import reserved_line
 from meshplan.units import GiB
 
 MiB = 2**20
@@ -178,3 +179,16 @@ def test_reserved_verdict_holds_the_reserved_peak_against_usable_memory():
 def test_memory_options_read_the_allocator_flags(flag):
     """[memory] expandable_segments reaches the timeline's allocator."""
     assert _plan(expandable_segments=flag).timeline.allocator.expandable_segments is flag
+
+
+def test_memory_prints_the_reserved_peak_beside_the_allocated_one():
+    """meshplan memory's allocator line carries the simulated reserved and allocated peaks (GiB, 2
+    decimals), their difference and which peak the verdict holds."""
+
+    tl = _plan().timeline
+    r = tl.reserved_memory()
+    line = reserved_line(tl)
+    assert f"reserved peak {r.reserved_bytes / GiB:.2f} GiB" in line
+    assert f"beside the allocated peak {r.stats.allocated_peak_bytes / GiB:.2f} GiB" in line
+    assert f"{(r.reserved_bytes - r.stats.allocated_peak_bytes) / GiB:.2f} GiB ({r.fragmentation:.1%})" in line
+    assert line.endswith("the verdict holds the allocated peak; [memory] reserved_verdict = true holds this")

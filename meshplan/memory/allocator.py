@@ -8,7 +8,8 @@ the constants and defaults in torch 2.13.0's shipped header ``c10/core/Allocator
 (cf30153; lines 16-25 and 340-353):
 
 - **rounding** (``round_size``): a request is rounded up to a multiple of ``kMinBlockSize`` = 512 B
-  (at least 512 B); ``roundup_power2_divisions`` is off by default (its vector of zeros).
+  (at least 512 B); ``roundup_power2_divisions`` is off by default (``c10/core/AllocatorConfig.cpp``,
+  the ``AcceleratorAllocatorConfig`` constructor: ``roundup_power2_divisions_.assign(..., 0)``).
 - **pools** (``get_pool``): rounded sizes <= ``kSmallSize`` = 1 MiB go to the small pool, the rest
   to the large pool; each block also belongs to the stream it was allocated on, and a free block
   serves only requests of its own stream (``get_free_block``: ``(*it)->stream != p.stream()``).
@@ -16,7 +17,8 @@ the constants and defaults in torch 2.13.0's shipped header ``c10/core/Allocator
   holds the request (``std::set`` ordered by stream, size, address: on a tie the lowest address).
   With ``max_split_size`` set (``PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb``; unlimited by default,
   AllocatorConfig.h line 342) a request under it takes no block at or over it, and a request at or
-  over it takes only a block under ``size + max_non_split_rounding`` (20 MiB by default).
+  over it takes only a block under ``size + max_non_split_rounding`` (the constructor sets it to
+  ``large_segment_size_``, 20 MiB).
 - **new segment** (``alloc_block`` with ``get_allocation_size``): when no cached block fits, a
   ``cudaMalloc`` of 2 MiB (``kSmallBuffer``) for a small request, 20 MiB (``kLargeBuffer``,
   ``large_segment_size``) for a large one under 10 MiB (``kMinLargeAlloc``), else the request
@@ -63,7 +65,8 @@ ROUND_LARGE_BYTES = 2 << 20
 #: ``large_segment_size_`` (AllocatorConfig.h line 340; ``kLargeBuffer``): large segments under 10 MiB
 #: and the page of an expandable large segment.
 LARGE_BUFFER_BYTES = 20 << 20
-#: ``max_non_split_rounding_size`` default, 20 MiB (AllocatorConfig.h line 186 comment).
+#: ``max_non_split_rounding_size`` default, 20 MiB (AllocatorConfig.h lines 184-186; the constructor in
+#: AllocatorConfig.cpp sets it to ``large_segment_size_``).
 MAX_NON_SPLIT_ROUNDING_BYTES = 20 << 20
 
 
