@@ -184,7 +184,6 @@ def test_memory_options_read_the_allocator_flags(flag):
 def test_memory_prints_the_reserved_peak_beside_the_allocated_one():
     """meshplan memory's allocator line carries the simulated reserved and allocated peaks (GiB, 2
     decimals), their difference and which peak the verdict holds."""
-
     tl = _plan().timeline
     r = tl.reserved_memory()
     line = reserved_line(tl)
