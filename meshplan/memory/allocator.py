@@ -29,7 +29,8 @@ the constants and defaults in torch 2.13.0's shipped header ``c10/core/Allocator
 - **free** (``free_block``, ``try_merge_blocks``): the block returns to its pool and merges with
   its free neighbours of the same segment; the segment stays reserved (cached). Only
   ``release_cached_blocks`` (``torch.cuda.empty_cache``, or ``malloc``'s retry after a failed
-  ``cudaMalloc``) returns whole unsplit free segments to the driver (``release_blocks``).
+  ``cudaMalloc``) returns whole unsplit free segments to the driver (``release_blocks``; of an
+  expandable segment it unmaps the whole pages inside free blocks, ``unmap_block``).
 - **expandable segments** (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``, Note [Expandable
   Segments]; off by default, AllocatorConfig.h line 353): one segment per stream and pool whose
   physical pages (2 MiB small, 20 MiB large) are mapped as it grows (``map_block``): a request no

@@ -191,11 +191,13 @@ class Timeline:
         return f"peak {self.peak.total_bytes / GiB:.1f} GiB at {self.peak.where()} on stage {self.stage} > {usable}"
 
     def summary(self) -> str:
-        """One line: peak, when, what dominates it, headroom."""
+        """One line: peak, when, what dominates it, headroom (under ``[memory] reserved_verdict``
+        to the allocator's reserved peak and the communication buffers, :attr:`verdict_bytes`)."""
         p = self.peak
         dom = ", ".join(f"{k} {v / GiB:.2f}" for k, v in p.dominant())
+        held = "" if self.reserved is None else f" (reserved {self.verdict_bytes / GiB:.2f} GiB)"
         return (f"stage {self.stage}: peak {p.total_bytes / GiB:.2f} GiB at {p.where()}, event {p.t_index} of "
-                f"{self.n_events}; dominated by {dom} GiB; headroom {self.headroom_bytes / GiB:.2f} GiB to "
+                f"{self.n_events}; dominated by {dom} GiB; headroom{held} {self.headroom_bytes / GiB:.2f} GiB to "
                 f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB HBM - {self.reserve:.0%})")
 
     def by_group(self, by_kind: Optional[dict] = None) -> dict[str, int]:
