@@ -92,8 +92,18 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
     """The memory timeline summary of each stage shown (most loaded, or all), with the
     persistent state per stage and the PNG files written."""
     shown = plan.timelines if all_stages else (plan.timeline,)
-    return envelope("memory", plan, stages=[timeline_summary(tl) for tl in shown],
+    return envelope("memory", plan, stages=[timeline_summary(tl) | {"allocator": _allocator(tl)} for tl in shown],
                     persistent_bytes={str(s.stage): s.total_bytes for s in plan.state}, pngs=list(pngs))
+
+
+def _allocator(tl) -> dict[str, Any]:
+    """The caching allocator's simulated bytes of one stage (:func:`meshplan.report.memory.reserved_line`)."""
+    r = tl.reserved_memory()
+    s = r.stats
+    return {"reserved_peak_bytes": s.reserved_peak_bytes, "allocated_peak_bytes": s.allocated_peak_bytes,
+            "reserved_unallocated_bytes": s.cached_at_peak_bytes, "fragmentation": r.fragmentation,
+            "segments": s.segments, "communication_buffer_bytes": r.untracked_bytes, "device_bytes": r.device_bytes,
+            "expandable_segments": r.config.expandable_segments, "in_verdict": tl.reserved is not None}
 
 
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
