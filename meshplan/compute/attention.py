@@ -37,7 +37,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
     rated = data if measured is None and data is not None and data.attention else None
     ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
     # TE's ring where torch's is off (a comparison's counterfactual may switch both on: torch's then)
-    te = te_ring.te_rank(gpu, att, w, rated) if ring_attention.te_ring(w) and ring is None else None
+    te_on = ring_attention.te_ring(w) and ring is None
+    te = te_ring.te_rank(gpu, att, w, rated) if te_on and rated is not None else None
     if te is not None and te.calls is not None:  # TE's calls by step, each rated at its shape
         ring = ring_attention.RingRank(te.rank, (sum(te.calls[0]), sum(te.calls[1]), te.how), 0, 0)
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
@@ -58,7 +59,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [mk("backward_input", f_s, 0.0, fwd, True)] if recompute else []
     else:
         out = _ceiling_ops(gpu, att, w, recompute, key)
-    if te is not None:  # its calls' seconds by step, its correction kernels (compute.te_ring)
+    if te_on:  # its calls' seconds by step (else the forward call's spread over them), its correction kernels
+        te = te or te_ring.te_rank(gpu, att, w, None, next(o.seconds for o in out if o.phase == "forward"))
         return te_ring.with_steps(out, te) + te_ring.kernel_ops(gpu, te)
     return out + (ring_attention.ring_ops(gpu, ring) if ring is not None else [])
 
