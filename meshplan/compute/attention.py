@@ -3,6 +3,14 @@ fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published 
 rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) rated at its own shape
 (:func:`meshplan.compute.ring_attention.slowest_rank`, :func:`meshplan.compute.te_ring.te_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
+
+All-gather CP's one causal call of the rank's ``L = s / cp`` queries against the gathered ``s``
+keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
+forward (a block per 128 queries) at its loop over the keys, ``s`` (causal: ``s / 2`` on average
+over the rank's two load-balanced chunks, as a causal square row at ``s``), the backward (a block
+per 128 keys) at its loop over the queries, ``L`` (``L s / 2`` pairs over ``s`` keys: ``L / 2`` on
+average, as a causal square row at ``L``); before, both passes were read at ``s``, held at the
+rows' 16,384 end above it.
 """
 
 from __future__ import annotations
@@ -49,8 +57,10 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         out += [timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else []
     elif rated is not None:  # published FlashAttention rates (catalog)
+        # one call (all-gather CP's (s / cp, s), or cp 1's square): each pass read at its loop length
         f_s, b_s, how = (ring.sdpa if ring is not None and ring.sdpa is not None
-                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels))
+                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
+                                                lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv)))
         fwd = att.flops(causal_half=True)
         mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                        phase, "attention", issue_floor(gpu, t), model, hw,
