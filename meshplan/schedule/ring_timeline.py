@@ -105,7 +105,8 @@ def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Opti
     steps = steps or ((0.0, 0.0),) * cp
     extra = (sdpa - sum(a + b for a, b in steps)) / cp
     after_name = call.split(RING_CALL)[0] + RING_AFTER
-    entry, calls = s.last, []
+    entry = s.last
+    calls: list = []  # each step's call event
     for i, (x, (beside, after)) in enumerate(zip(sends, steps)):
         dep = ([calls[i - 2]] if i >= 2 else [entry]) if two_streams else [s.last]
         send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=dep)
