@@ -50,8 +50,10 @@ previous correction (``wait_event(fwd_results_correction_done)``, lines 1916-191
 1968): beside call ``i``, on the other stream (:func:`side_stream`). The last one (``i = cp``)
 follows the last call on its own stream and the current stream waits for ``cp_stream`` (line
 1970) before the output corrections: those run in series after the loop. A send issued at
-iteration ``i`` waits, by stream order (torch's ``ProcessGroupNCCL`` makes its NCCL stream wait for
-the issuing stream, and ``Work.wait`` makes the issuing stream wait for the NCCL stream), for the
+iteration ``i`` waits, by stream order (pytorch/pytorch
+``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp``, commit not pinned: ``collective`` and
+``pointToPoint`` make the NCCL stream wait for the issuing stream, ``syncStream``;
+``WorkNCCL::wait`` blocks the calling stream on the work's end event, ``synchronizeStream``), for the
 previous send's receive and for call ``i - 2`` and its correction, not for call ``i - 1``
 (:func:`meshplan.schedule.ring_timeline.p2p_steps`). Each correction kernel is timed by
 :func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's Triad bandwidth, never below
