@@ -23,7 +23,6 @@ torch = pytest.importorskip("torch")
 
 from tests.reference import per_token_losses  # noqa: E402
 
-from tests.conftest import WORLD4_TIMEOUT_S  # noqa: E402
 
 # dp_shard 4 x ep 2 (validate_mixtral_ep2_fsdp.toml): tests/conftest.py moe_ep2_fsdp, one run shared
 
@@ -76,7 +75,6 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)  # may be the first to wait for the shared 4-rank launch
 def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(moe_ep2_fsdp):
     """Dropless (the config sets no routing: a torch plan's default) over gloo: each MoE layer
     exchanges the per-expert counts (8 experts x 8 B int64), then dispatches and combines
@@ -148,7 +146,6 @@ def _check_router_load(out: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)
 def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
     """2 experts over ep 2 and efsdp 2: 2 x 2 > 2, so FSDP2 shards each rank's one expert on
     dim 1 (torchtitan's shard_placement_fn), unpadded: one MoE layer's gather is 1 expert x 3
@@ -168,7 +165,6 @@ def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)
 def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(world4_runs):
     """tp 2 + SP x dp_shard 2 with ep 2 (the ep group is the tp group, efsdp the dp_shard
     group): each tp rank routes its own sequence shard, so the MoE layers issue no tp
