@@ -258,7 +258,7 @@ def _labelled_memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
 
     try:
         tracker = LabelledMemTracker(runner.model, runner.opt)
-        with _tracking(runner, tracker, tracker.label_unsharded_grads(runner.model)):
+        with _tracking(runner, tracker, tracker.label_grads(runner.model)):
             t = runner.step(index)
         phases: dict = {}
         kmax, top, at_top = relabelled_kinds(tracker.log, phases)
