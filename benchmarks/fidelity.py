@@ -145,7 +145,10 @@ def sources(gpu: str) -> list[str]:
             "a column-parallel backward, the loss's 22 + 10 tiny kernels per micro-batch); grad buffer /= dp in place before the optimizer (distributed.py "
             "allreduce_gradients): 58 B per parameter; per step (optimizer.py): the bf16 master -> model copy one "
             "copy_ per parameter (no multi-tensor copy for bf16), under SP the sequence_parallel gradients "
-            "flattened and copied back one kernel each, the 11 step timers' syncs and the grad norm's .item()",
+            "flattened and copied back one kernel each, the 11 step timers' syncs and the grad norm's .item(); "
+            "per pipeline p2p call (schedules.py: one per warm-up forward and steady pair, one per cool-down "
+            "backward) its timer's 2 syncs and _communicate's own, one issue floor each (compute/megatron_cost.py "
+            "p2p_calls)",
             "GEMM interpolation nodes: measurements of their own shape; the MAMF maximum (S1) is the ceiling only"]
 
 
