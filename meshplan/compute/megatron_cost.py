@@ -98,7 +98,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = No
 
 
 def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
-                       clip: bool, loss_micro_batches: int = 0) -> Cost:
+                       clip: bool, loss_micro_batches: int = 0, grad_scaler: bool = False) -> Cost:
     """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
     (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`), on one rank holding ``tensors``
     (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
@@ -117,6 +117,13 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
       ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
       ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
       :func:`megatron_batch_cost`);
+    - ``grad_scaler`` (fp16: ``optimizer/__init__.py`` gives ``--fp16`` a ``DynamicGradScaler``; bf16 none
+      without ``--loss-scale``): ``optimizer.py`` ``_unscale_main_grads_and_check_for_nan`` (lines
+      392-412) zeroes ``found_inf`` (``fill_``: one kernel) and reads ``found_inf.item()`` after its
+      all-reduce, between the ``optimizer-unscale-and-check-inf`` timer's start and stop: 4 issue
+      floors (its unscale pass over the main gradients is a bulk pass, 8 B per parameter,
+      :func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`; the 4-byte all-reduce over the
+      model-parallel group, like the grad norm's, is not timed: tens of microseconds);
     - on the last stage (``loss_micro_batches``: the micro-batches whose losses it holds) the
       loss averaged over them (``training.py`` ``train_step``: ``sum(losses) / len(losses)``,
       Python's ``sum`` from 0: one add per micro-batch and the division) and ``training_log``'s
@@ -153,7 +160,7 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
             ops.append(Op("SP gradients copy back", "head", "step", "memory",
                           sum(issue_floor(gpu, 8 * n / bw) for n in shared), size_bytes=8 * sum(shared),
                           note=f"{len(shared)} copy_ kernels"))
-    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0)
+    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0) + (4 if grad_scaler else 0)
     ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
                   note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
     if loss_micro_batches:
@@ -168,14 +175,14 @@ def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, traini
     """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
     ``training``: the :class:`~meshplan.spec.training.TrainingSpec`; ``micro_batches`` per step);
     empty unless ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with
-    master weights."""
+    master weights, the grad scaler's syncs to fp16 parameters."""
     if not w.megatron_ops:
         return Cost(())
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
     tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
     per_param = training.param_dtype == "bf16" and training.keeps_master
     return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip,
-                              micro_batches if last else 0)
+                              micro_batches if last else 0, grad_scaler=training.param_dtype == "fp16")
 
 
 #: ``torch.cuda.synchronize`` calls per pipeline p2p call of Megatron-LM 2022 (NVIDIA/Megatron-LM 2755bcb):
