@@ -73,3 +73,31 @@ def test_steps_time_their_own_calls_and_agree_with_the_table_cp4():
     steps = names[names.index("attention ring call B"):]
     assert [n for n in steps if "ring" in n or n == "K/V wait"] == [
         "attention ring call B", "K/V wait", "attention ring step after its wait"] * 4
+
+
+def test_slowest_rank_memoised_per_shape_as_rated_uncached():
+    """te_rank memoises per shape (te_ring._slowest, keyed on the GPU's name, kernel files and HBM
+    bandwidth, the shape, cp and the kernel preference): the search asks the same shapes for many
+    candidates. Llama-3-70B's cp 8 rank shape at 96k tokens (tp 8: 8 q heads, 1 KV head; L = 12,288):
+    a second call returns the first's object, and it equals the uncached rating (_slowest_rank) field
+    by field; kernel data other than the GPU's own (a copy) is rated uncached, to the same values;
+    another cp is another entry (cp 4 rates its own ranks: 4 forward calls, not 8)."""
+    from dataclasses import replace
+
+    from meshplan import catalog
+    from meshplan.compute import te_ring
+    from meshplan.compute.kernel_fragment import kernel_data
+    from meshplan.compute.ops import Workload
+    from meshplan.compute.shapes import Attention
+
+    h100 = catalog.gpu("h100-sxm5-80gb")
+    att = Attention(1, 8, 1, 12_288, 98_304, 128)
+    w = Workload(seq_len=98_304, cp=8, attention_kernels=("FA3",))
+    data = kernel_data(h100)
+    first = te_ring.te_rank(h100, att, w, data)
+    assert te_ring.te_rank(h100, att, w, data) is first
+    assert first == te_ring._slowest_rank(h100, att, 8, ("FA3",), data)
+    other = te_ring.te_rank(h100, att, w, replace(data))
+    assert other == first and other is not first
+    assert len(first.calls[0]) == 8 and len(te_ring.te_rank(h100, att, replace(w, cp=4), data).calls[0]) == 4
+    assert te_ring.te_rank(h100, att, w) == te_ring._slowest_rank(h100, att, 8, ("FA3",), None)
