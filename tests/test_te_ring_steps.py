@@ -75,6 +75,21 @@ def test_steps_time_their_own_calls_and_agree_with_the_table_cp4():
         "attention ring call B", "K/V wait", "attention ring step after its wait"] * 4
 
 
+def test_te_kernel_bytes_by_hand_cp4_last_rank():
+    """cp 4, rank 3 (the last; same sizes as the rank 1 case above), which takes branches rank 1 does
+    not. Forward: every step ``i - 1 <= rank``, so the lse corrections are whole (12 B a row: 120)
+    after step 1's clone (80), and every output correction is whole (6 n_o + 8 rows = 6,080) after
+    the init (4,080). Backward, j = cp - 1 - rank = 0: step 0 is the lower triangle (L x L/2) with
+    i == j at rank cp - 1, so dQ is copied whole (4 n_dq = 4,000, context_parallel.py's ``if rank ==
+    (cp_size - 1): dq.copy_(dq_)``) and dK/dV's first half copied (``i == 0 and rank == (cp_size -
+    1)``: 2 n = 200, 400); steps 1, 2 (lower) add dQ whole (6,000) and dK/dV's first half (3 n = 300,
+    600); step 3, the diagonal at a rank other than 0, adds all three whole (6,000; 600, 1,200)."""
+    assert forward_kernels(1000, 10, 4, 3) == [
+        ([], []), ([80], []), ([120], []), ([120], [120, 4080, 6080, 6080, 6080])]
+    assert backward_kernels(1000, 100, 200, 4, 3) == [
+        ([4000], [200, 400]), ([6000], [300, 600]), ([6000], [300, 600]), ([6000], [600, 1200])]
+    assert backward_calls(4, 8, 3) == [(8, 4, False)] * 3 + [(8, 8, True)]
+
 def test_slowest_rank_memoised_per_shape_as_rated_uncached():
     """te_rank memoises per shape (te_ring._slowest, keyed on the GPU's name, kernel files and HBM
     bandwidth, the shape, cp and the kernel preference): the search asks the same shapes for many
