@@ -1,8 +1,8 @@
 """Reports (layer 14): readers of a :class:`~meshplan.plan.Plan` and of search results: JSON
 (:mod:`.json_out` for the plan, :mod:`.json_docs` for the other commands, each with its
 schema file in ``meshplan/schemas/``), terminal text (:mod:`.text`, its tables' per-layer counts
-:mod:`.layer_counts`, :mod:`.memory`, :mod:`.place_text`, :mod:`.search` with :mod:`.search_lines`; the search's progress bar
-:mod:`.progress`), the memory plot (:mod:`.memory_plot`) and the HTML pages (:mod:`.html`
+:mod:`.layer_counts`, :mod:`.memory`, :mod:`.place_text`, :mod:`.search` with :mod:`.search_lines`;
+the search's progress bar :mod:`.progress`), the memory plot (:mod:`.memory_plot`) and the HTML pages (:mod:`.html`
 pieces, :mod:`.html_pages` plan and search pages).
 """
 

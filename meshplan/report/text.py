@@ -340,7 +340,8 @@ def _collectives(plan: Plan, con: Console) -> None:
         con.print("when each row is issued:", highlight=False)
         k = int(stage.split()[-1])  # "stage 3" (plan.table_key)
         moe = sum(plan.config.model.is_moe_layer(i) for ch in plan.stages[k] for i in ch)
-        for line in _cadence_lines(rows, shown, lambda r, k=k: cadence_words(plan, k, r), moe, experts_apart(plan.mesh)):
+        words = lambda r, k=k: cadence_words(plan, k, r)  # noqa: E731
+        for line in _cadence_lines(rows, shown, words, moe, experts_apart(plan.mesh)):
             con.print(line, markup=False, highlight=False)
 
 
