@@ -102,3 +102,46 @@ def test_forward_send_waits_for_the_call_two_steps_back():
         got[two] = (max(e.end_s for e in u.events), u.exposed_s["cp"])
     assert got[False] == pytest.approx((0.724832e-3, 0.274832e-3), abs=1e-9)
     assert got[True] == pytest.approx((0.612248e-3, 0.162248e-3), abs=1e-9)
+
+
+def test_te_kernel_bytes_by_hand_cp4_last_rank():
+    """cp 4, rank 3 (the last; same sizes as the rank 1 case above), which takes branches rank 1 does
+    not. Forward: every step ``i - 1 <= rank``, so the lse corrections are whole (12 B a row: 120)
+    after step 1's clone (80), and every output correction is whole (6 n_o + 8 rows = 6,080) after
+    the init (4,080). Backward, j = cp - 1 - rank = 0: step 0 is the lower triangle (L x L/2) with
+    i == j at rank cp - 1, so dQ is copied whole (4 n_dq = 4,000, context_parallel.py's ``if rank ==
+    (cp_size - 1): dq.copy_(dq_)``) and dK/dV's first half copied (``i == 0 and rank == (cp_size -
+    1)``: 2 n = 200, 400); steps 1, 2 (lower) add dQ whole (6,000) and dK/dV's first half (3 n = 300,
+    600); step 3, the diagonal at a rank other than 0, adds all three whole (6,000; 600, 1,200)."""
+    assert forward_kernels(1000, 10, 4, 3) == [
+        ([], []), ([80], []), ([120], []), ([120], [120, 4080, 6080, 6080, 6080])]
+    assert backward_kernels(1000, 100, 200, 4, 3) == [
+        ([4000], [200, 400]), ([6000], [300, 600]), ([6000], [300, 600]), ([6000], [600, 1200])]
+    assert backward_calls(4, 8, 3) == [(8, 4, False)] * 3 + [(8, 8, True)]
+
+def test_slowest_rank_memoised_per_shape_as_rated_uncached():
+    """te_rank memoises per shape (te_ring._slowest, keyed on the GPU's name, kernel files and HBM
+    bandwidth, the shape, cp and the kernel preference): the search asks the same shapes for many
+    candidates. Llama-3-70B's cp 8 rank shape at 96k tokens (tp 8: 8 q heads, 1 KV head; L = 12,288):
+    a second call returns the first's object, and it equals the uncached rating (_slowest_rank) field
+    by field; kernel data other than the GPU's own (a copy) is rated uncached, to the same values;
+    another cp is another entry (cp 4 rates its own ranks: 4 forward calls, not 8)."""
+    from dataclasses import replace
+
+    from meshplan import catalog
+    from meshplan.compute import te_ring
+    from meshplan.compute.kernel_fragment import kernel_data
+    from meshplan.compute.ops import Workload
+    from meshplan.compute.shapes import Attention
+
+    h100 = catalog.gpu("h100-sxm5-80gb")
+    att = Attention(1, 8, 1, 12_288, 98_304, 128)
+    w = Workload(seq_len=98_304, cp=8, attention_kernels=("FA3",))
+    data = kernel_data(h100)
+    first = te_ring.te_rank(h100, att, w, data)
+    assert te_ring.te_rank(h100, att, w, data) is first
+    assert first == te_ring._slowest_rank(h100, att, 8, ("FA3",), data)
+    other = te_ring.te_rank(h100, att, w, replace(data))
+    assert other == first and other is not first
+    assert len(first.calls[0]) == 8 and len(te_ring.te_rank(h100, att, replace(w, cp=4), data).calls[0]) == 4
+    assert te_ring.te_rank(h100, att, w) == te_ring._slowest_rank(h100, att, 8, ("FA3",), None)

@@ -66,6 +66,7 @@ together), the lowest on a tie.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional
 
 from meshplan.compute.kernel_fragment import kernel_data
@@ -154,8 +155,9 @@ class TeRank:
     kv_buffer: int
 
 
-def _timed(gpu: GPUSpec, kernels: list[tuple[list[int], list[int]]]) -> Steps:
-    t = lambda ks: sum(memory_op_seconds(gpu, b) for b in ks)
+def _timed(seconds, kernels: list[tuple[list[int], list[int]]]) -> Steps:
+    """Each step's (beside, after) seconds of ``kernels``' bytes, ``seconds(bytes)`` a kernel."""
+    t = lambda ks: sum(seconds(b) for b in ks)
     return tuple((t(a), t(b)) for a, b in kernels)
 
 
@@ -190,30 +192,73 @@ def te_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData
     published rates (:func:`meshplan.compute.ring_attention.rated_calls`), or none without them
     (``spread``: the forward call's seconds then, an equal ``1/cp`` a step beside which the lse
     corrections run, :func:`side_stream`), and its correction kernels. ``att``: the rank's causal
-    ``(s / cp, s)`` shape."""
-    cp, L = w.cp, att.seq_q
+    ``(s / cp, s)`` shape.
+
+    Memoised per shape (:func:`_slowest`) where ``data`` is None or ``gpu``'s own kernel data
+    (:func:`meshplan.compute.kernel_fragment.kernel_data`, as :func:`meshplan.compute.attention.flash_ops`
+    passes it): the result is a pure function of ``gpu``'s name, laid-over kernel files and HBM
+    bandwidth (all that :func:`~meshplan.compute.kernel_time.memory_op_seconds`,
+    :func:`~meshplan.compute.kernel_time.issue_floor` and :func:`side_stream` read), ``att``,
+    ``w.cp``, ``w.attention_kernels`` and ``spread``; the search rates the same shapes for every
+    candidate that shares them. Other ``data`` is rated uncached."""
+    if data is not None and data is not kernel_data(gpu):
+        return _slowest_rank(gpu, att, w.cp, w.attention_kernels, data, spread)
+    return _slowest(_Gpu(gpu), att, w.cp, w.attention_kernels, data is not None, spread)
+
+
+class _Gpu:
+    """``gpu`` keyed by what :func:`_slowest_rank` reads of it (name, laid-over kernel files, HBM
+    bandwidth): :class:`~meshplan.spec.cluster.GPUSpec` holds dicts and is not hashable."""
+
+    __slots__ = ("gpu", "key")
+
+    def __init__(self, gpu: GPUSpec) -> None:
+        self.gpu, self.key = gpu, (gpu.name, gpu.kernels, gpu.hbm_bandwidth_tb_per_s)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Gpu) and other.key == self.key
+
+
+@lru_cache(maxsize=4096)
+def _slowest(g: _Gpu, att: Attention, cp: int, prefer: tuple[str, ...], rated: bool,
+             spread: float) -> TeRank:
+    """:func:`_slowest_rank` with ``g``'s kernel data (``rated``) or none; memoised (a pure
+    function of its arguments: a cache, not state)."""
+    return _slowest_rank(g.gpu, att, cp, prefer, kernel_data(g.gpu) if rated else None, spread)
+
+
+def _slowest_rank(gpu: GPUSpec, att: Attention, cp: int, prefer: tuple[str, ...],
+                  data: Optional[KernelData], spread: float = 0.0) -> TeRank:
+    """:func:`te_rank` uncached: every rank of ``cp`` rated, the longest kept, the lowest on a tie."""
+    L = att.seq_q
     rows = att.batch * att.q_heads * L
     kv_rows = att.batch * att.kv_heads * L
     n_o, n_dq, n_k, n_v = rows * att.d_v, rows * att.head_dim, kv_rows * att.head_dim, kv_rows * att.d_v
-    rated = rated_calls(data, att, cp, w.attention_kernels) if data is not None else None
+    rated = rated_calls(data, att, cp, prefer) if data is not None else None
+    # the ranks' kernels come in a few sizes (forward_kernels, backward_kernels), their calls in
+    # three shapes (rated_calls): each timed and floored once
+    seconds = lru_cache(maxsize=None)(lambda nbytes: memory_op_seconds(gpu, nbytes))
+    floored = {c: (issue_floor(gpu, f), issue_floor(gpu, b)) for c, (f, b, _) in (rated or {}).items()}
     best: Optional[tuple[float, TeRank]] = None
     for r in range(cp):
         fk, bk = forward_kernels(n_o, rows, cp, r), backward_kernels(n_dq, n_k, n_v, cp, r)
-        calls, how = None, ""
+        calls = None
         if rated is not None:
-            fwd = tuple(issue_floor(gpu, rated[c][0]) for c in ring_calls(cp, L, r))
-            bwd = tuple(issue_floor(gpu, rated[c][1]) for c in backward_calls(cp, L, r))
-            calls, how = (fwd, bwd), rank_seconds(rated, cp, L, r)[2]
+            calls = (tuple(floored[c][0] for c in ring_calls(cp, L, r)),
+                     tuple(floored[c][1] for c in backward_calls(cp, L, r)))
         fwd_calls = calls[0] if calls is not None else (spread / cp,) * cp
-        forward = tuple((side_stream(gpu, a, c), sum(memory_op_seconds(gpu, x) for x in b))
-                        for (a, b), c in zip(fk, fwd_calls))
-        one = TeRank(r, calls, how, forward, _timed(gpu, bk),
+        forward = tuple((side_stream(gpu, a, c), sum(seconds(x) for x in b)) for (a, b), c in zip(fk, fwd_calls))
+        one = TeRank(r, calls, "", forward, _timed(seconds, bk),
                      (sum(sum(a) + sum(b) for a, b in fk), sum(sum(a) + sum(b) for a, b in bk)), 4 * (n_k + n_v))
         t = sum(map(sum, one.calls or ())) + sum(a + b for a, b in one.forward + one.backward)
         if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
             best = (t, one)
     assert best is not None
-    return best[1]
+    # the chosen rank's words (rank_seconds) alone
+    return replace(best[1], how=rank_seconds(rated, cp, L, best[1].rank)[2]) if rated is not None else best[1]
 
 
 def with_steps(ops: list[Op], te: TeRank) -> list[Op]:

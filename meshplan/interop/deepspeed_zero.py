@@ -247,6 +247,26 @@ def bucket_elements(zero: dict) -> int:
     return int(v)
 
 
+def zero_section(d: dict) -> dict:
+    """The ``zero_optimization`` object of DeepSpeed config ``d`` (``{}`` absent); a ConfigError
+    naming it where it is not an object (a string or null: DeepSpeed's own reader fails on it;
+    DeepSpeed's deprecated boolean form too, which microsoft/DeepSpeed's
+    ``deepspeed/runtime/zero/config.py`` ``get_zero_config`` reads through
+    ``read_zero_config_deprecated``, ``true`` as stage 1: meshplan asks for the object).
+
+    >>> zero_section({"zero_optimization": {"stage": 2}}), zero_section({})
+    ({'stage': 2}, {})
+    >>> zero_section({"zero_optimization": "2"})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization: '2': give a JSON object of ZeRO keys, {"stage": N, ...}
+    """
+    zero = d.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        old = " (DeepSpeed's deprecated boolean form: write {\"stage\": 1} for true)" if isinstance(zero, bool) else ""
+        raise ConfigError("zero_optimization", f"{zero!r}: give a JSON object of ZeRO keys, {{\"stage\": N, ...}}{old}")
+    return zero
+
+
 def refuse_offload(zero: Any) -> None:
     """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
     that moves state off the GPU (module docstring).
