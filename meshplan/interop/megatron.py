@@ -194,6 +194,12 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     repeated: dict[str, list[Any]] = {}
     exported: dict[str, str] = {}
     args, launcher = parse_launch(text, SWITCHES, repeated, exported)
+    for flag in args:  # a "--flag value" word: argparse's positional (shell_words), Megatron-LM exits
+        if any(c.isspace() for c in flag):
+            raise ConfigError(flag.split()[0], f"{flag!r} reaches pretrain_gpt.py as one word (a quoted \"${{ARR[@]}}\" "
+                              f"keeps each array element whole); Megatron-LM's argparse takes a word holding a space "
+                              f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
+                              f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
     for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
         typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
         if typo is not None:

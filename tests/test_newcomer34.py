@@ -1,0 +1,118 @@
+"""Findings of newcomer trial 34 (issue 11; a Megatron-LM user on 128 x 8 H200, scripts in
+tests/data/nc34/: theirs and two of Megatron-LM's examples at d98e8a6): each test failed on main
+before its fix."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import export, load_any, user_source
+from meshplan.interop.launch import parse_launch
+from meshplan.interop.megatron import SWITCHES
+NC34 = Path(__file__).parent / "data" / "nc34"
+H200 = ImportOptions(cluster="dgx-h200", nodes=128)
+TORCHRUN = ("--nproc_per_node", "--nnodes", "--node_rank", "--master_addr", "--master_port")
+
+
+def test_torchrun_options_in_a_bash_array_are_the_launchers():
+    """Finding 1. ``DISTRIBUTED_ARGS=(--nproc_per_node 8 ... )`` expanded by ``torchrun
+    ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py`` (Megatron-LM's examples/gpt3/train_gpt3_175b_distributed.sh):
+    bash puts the array's words where it is expanded, between torchrun and the script, so they are
+    torchrun's. Was: read where the array is defined, as pretrain_gpt.py's flags, and ``--master_addr
+    $(scontrol show hostnames ... | head -n 1)`` cut at its first space ('$(scontrol')."""
+    text = (NC34 / "train_llama3_70b.sh").read_text().replace(
+        "--master_addr $MASTER_ADDR", '--master_addr $(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)')
+    args, launcher = parse_launch(text, SWITCHES)
+    assert not set(TORCHRUN) & set(args)
+    assert launcher["--master_addr"] == '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+    assert (launcher["--nproc_per_node"], launcher["--node_rank"], launcher["--master_port"]) == (
+        "8", "${SLURM_NODEID:-0}", "6000")
+    assert (args["--tensor-model-parallel-size"], args["--num-layers"], args["--save"]) == (
+        "4", "80", "/lustre/ckpt/llama3-70b")  # MODEL_ARGS etc. still the script's
+
+
+def test_export_writes_no_torchrun_option(capsys):
+    """Finding 1, the export: the flags carried from the script are pretrain_gpt.py's only (the
+    newcomer's l70.export.sh had --nproc_per_node 8, --node_rank '${SLURM_NODEID:-0}' and
+    --master_addr '$(scontrol')."""
+    src = NC34 / "train_llama3_70b.sh"
+    cfg = load_any(src, "megatron", H200)
+    assert not any(f in n for n in cfg.notes for f in TORCHRUN[:1] + TORCHRUN[2:])  # not "fields not used"
+    text, _ = export(cfg, "megatron", str(src), user_source(src, "megatron"))
+    body = [line for line in text.splitlines() if not line.startswith("#")]
+    assert not [line for line in body if line.split(" ")[0] in TORCHRUN]
+    assert "--tensorboard-dir /lustre/tb/llama3-70b" in body
+
+
+def test_vpp_chunk_flag_counts_the_embedding_and_loss_layers():
+    """Finding 2. Megatron-LM arguments.py 953-975 (d98e8a6) adds one layer for each of
+    --account-for-embedding/loss-in-pipeline-split before its checks: (126 + 2) / pp 8 = 16 per
+    stage, / --num-layers-per-virtual-pipeline-stage 2 = vpp 8; each virtual stage 128 / 64 = 2
+    slots, the first and last giving one to the embedding and the loss: [1, 2 x 62, 1]. Was refused:
+    126 does not divide over pp 8."""
+    cfg = load_any(NC34 / "train_llama3_405b.sbatch", "megatron", H200)
+    assert (cfg.mesh.virtual_stages, cfg.mesh.pp_schedule) == (8, "interleaved_1f1b")
+    assert cfg.mesh.pp_layer_split == [1] + [2] * 62 + [1]
+    bad = (NC34 / "train_llama3_405b.sbatch").read_text().replace("pipeline-stage 2", "pipeline-stage 3")
+    with pytest.raises(ConfigError, match=r"^--num-layers-per-virtual-pipeline-stage: 3 does not divide the 126 "
+                                          r"layers \+ embedding \+ loss = 128 / pp 8 = 16 per stage"):
+        load_any(_write(bad), "megatron", H200)
+
+
+def _write(text: str, name: str = "job.sh") -> Path:
+    d = Path(tempfile.mkdtemp())
+    (d / name).write_text(text)
+    return d / name
+
+
+def test_megatron_fp8_example_reads_the_branch_that_runs():
+    """Finding 3. examples/llama/train_llama3_8b_h100_fp8.sh (d98e8a6): DTYPE="fp8" makes its first
+    if add --fp8-format hybrid; TOKENIZER_ARG=${3:-"MOCK"} (no argument given) takes the mock-data
+    branch, whose quoted items ("--num-workers 1", "--vocab-size 128256") the unquoted
+    ${DATA_ARGS_LIST[@]} splits into words (bash word splitting), so Megatron-LM sees --vocab-size
+    128256. Llama 3 8B: 32 layers, hidden 4096; 1 node of 8: dp 8."""
+    cfg = load_any(NC34 / "train_llama3_8b_h100_fp8.sh", "megatron", ImportOptions(cluster="dgx-h100"))
+    assert (cfg.model.layers, cfg.model.hidden, cfg.model.vocab, cfg.training.linear_dtype) == (32, 4096, 128256, "fp8")
+    assert (cfg.mesh.names, cfg.mesh.shape, cfg.cluster.nodes) == (["dp"], [8], 1)
+    assert not any("--tokenizer-model" in n for n in cfg.notes)  # the real-data branch is not read
+
+
+def test_quoted_array_item_is_one_word_as_argparse_sees_it():
+    """Finding 3. "${ARR[@]}" keeps "--num-workers 1" one word; CPython's argparse (_parse_optional:
+    "if it contains a space, it was meant to be a positional") leaves it unrecognized and Megatron-LM's
+    parse_args exits: refused, naming the flag."""
+    text = ('A=("--num-layers 32" --bf16)\ntorchrun pretrain_gpt.py "${A[@]}" --hidden-size 4096 '
+            '--num-attention-heads 32 --seq-length 4096 --vocab-size 128256\n')
+    with pytest.raises(ConfigError, match=r"^--num-layers: '--num-layers 32' reaches pretrain_gpt.py as one word"):
+        load_any(_write(text), "megatron", ImportOptions(cluster="dgx-h100"))
+
+
+def test_if_with_an_unknown_test_is_refused_with_its_line():
+    """Finding 3: an if whose test meshplan cannot evaluate, choosing flags: a one-line error naming
+    its line; an if that sets no flag (the example's pretrain_gpt.py check) is skipped."""
+    text = ('#!/bin/bash\nif [ -n "$SLURM_JOB_ID" ]; then\n  TP=8\nelse\n  TP=4\nfi\n'
+            'torchrun pretrain_gpt.py --tensor-model-parallel-size $TP\n')
+    with pytest.raises(ConfigError, match=r"^megatron: line 2: 'if \[ -n \"\$SLURM_JOB_ID\" \]' chooses flags"):
+        load_any(_write(text), "megatron", ImportOptions(cluster="dgx-h100"))
+
+
+def test_export_of_a_default_is_carried_back_unchanged():
+    """Finding 3: ``export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}`` is carried into the export's
+    header as written (was '${NCCL_IB_TIMEOUT:-19}' in single quotes: the literal string), and
+    ``CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}`` is read as 1 (not "set it to 1")."""
+    text = (NC34 / "train_llama3_70b.sh").read_text().replace(
+        "NCCL_IB_TIMEOUT=19", "NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}").replace(
+        "CUDA_DEVICE_MAX_CONNECTIONS=1", "CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}")
+    src = _write(text)
+    cfg = load_any(src, "megatron", H200)
+    note = next(n for n in cfg.notes if "CUDA_DEVICE_MAX_CONNECTIONS" in n)
+    assert ": read (" in note and "set it to 1" not in note
+    _, head = export(cfg, "megatron", str(src), user_source(src, "megatron"))
+    line = next(h for h in head if h.startswith("environment carried"))
+    assert line.endswith("export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19} NCCL_IB_QPS_PER_CONNECTION=4 "
+                         "NVTE_FWD_LAYERNORM_SM_MARGIN=16 NVTE_BWD_LAYERNORM_SM_MARGIN=16")
