@@ -20,6 +20,11 @@ LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 SWITCHES = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
             "--virtual-local-rank", "--virtual_local_rank")
 
+#: Flags that take one or more values (argparse ``nargs="+"``), kept as one space-joined string:
+#: Megatron-LM's ``--recompute-modules`` (TransformerConfig.recompute_modules, a ``List[str]``, which
+#: megatron/training/argument_utils.py ``_extract_type`` turns into ``nargs="+"`` at d98e8a6).
+LISTS = ("--recompute-modules",)
+
 
 def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[dict[str, list[Any]]] = None,
                  exported: Optional[dict[str, str]] = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -70,6 +75,8 @@ def pairs(tokens: list[str], switches: Collection[str],
     >>> seen = {}
     >>> pairs(["--seq-length", "2048", "--bf16", "--seq-length=4096"], ["--bf16"], seen), seen
     ({'--seq-length': '4096', '--bf16': True}, {'--seq-length': ['2048', '4096']})
+    >>> pairs(["--recompute-modules", "core_attn", "mlp", "--bf16"], ["--bf16"])
+    {'--recompute-modules': 'core_attn mlp', '--bf16': True}
     """
     out: dict[str, Any] = {}
     every: dict[str, list[Any]] = {}
@@ -85,8 +92,11 @@ def pairs(tokens: list[str], switches: Collection[str],
         elif tok in switches or i >= len(tokens) or _is_option(tokens[i]) or tokens[i] in ("(", ")"):
             out[tok] = True
         else:
-            out[tok] = _bare(tokens[i])
-            i += 1
+            j = i + 1
+            while tok in LISTS and j < len(tokens) and not _is_option(tokens[j]) and tokens[j] not in ("(", ")"):
+                j += 1
+            out[tok] = " ".join(_bare(t) for t in tokens[i:j])
+            i = j
         key = tok.split("=", 1)[0]
         every.setdefault(key, []).append(out[key])
     if repeated is not None:
