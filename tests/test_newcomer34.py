@@ -131,3 +131,32 @@ def test_recompute_modules_beyond_core_attn_are_refused():
     cfg = load_any(_write(src.read_text().replace("core_attn mlp", "core_attn")), "megatron", H200)
     assert cfg.training.recompute == "selective"
     assert not any("--recompute-modules" in n for n in cfg.notes)  # read, not "not used"
+
+
+def test_nccl_nvls_enable_0_times_the_all_reduce_on_the_ring():
+    """Finding 5. ``export NCCL_NVLS_ENABLE=0`` (the 405B sbatch): NCCL sets up no NVLS (nccl
+    src/transport/nvls.cc:262, ``if (!ncclParamNvlsEnable() ...) return``), so the tp all-reduce of
+    128 MiB on 8 H200s runs on the NVLink ring. Was: listed as "not used" and timed on NVLS."""
+    from meshplan.plan import build_plan
+    cfg = load_any(NC34 / "train_llama3_405b.sbatch", "megatron", H200)
+    assert cfg.cluster.node.fabric.nvls is False
+    assert not any("export NCCL_NVLS_ENABLE" in n and "not use" in n for n in cfg.notes)
+    rows = [r for table in build_plan(cfg, memory=False).collectives.values() for r in table]
+    algos = {r.algorithm for r in rows if r.axis == "tp" and r.op == "all-reduce"}
+    assert "NVLS" not in algos and "ring" in algos
+
+
+def test_launch_carries_the_scripts_nccl_and_nvte_exports(tmp_path):
+    """Finding 5: launch's torchrun.sh exports the script's NCCL_* / NVTE_* variables (it already set
+    CUDA_DEVICE_MAX_CONNECTIONS), a ``${NAME:-default}`` in that form."""
+    from tests.cli_run import run_main
+    src = tmp_path / "train.sh"
+    src.write_text((NC34 / "train_llama3_70b.sh").read_text().replace(
+        "NCCL_IB_TIMEOUT=19", "NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}"))
+    toml = tmp_path / "l70.toml"
+    assert run_main("import", "megatron", src, "--cluster", "dgx-h200", "--nodes", "128", "-o", toml) == 0
+    assert run_main("launch", toml, "--out", tmp_path / "out", "--", "python", "pretrain_gpt.py") == 0
+    text = (tmp_path / "out" / "torchrun.sh").read_text()
+    for line in ("export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}", "export NCCL_IB_QPS_PER_CONNECTION=4",
+                 "export NVTE_FWD_LAYERNORM_SM_MARGIN=16", "export CUDA_DEVICE_MAX_CONNECTIONS=1"):
+        assert line in text.splitlines()

@@ -135,7 +135,7 @@ from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attentio
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
     ds_tables
-from meshplan.interop.megatron_env import import_note
+from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
@@ -210,6 +210,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
     model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
+    cluster = _with_nvls(cluster, exported, notes)
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:  # Megatron-LM: expert tp defaults to tp at any ep
         # (arguments.py:587-588 at d98e8a6); a dense model has no experts to split
@@ -267,7 +268,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
     used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
-    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
+    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ())
+    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
     memory |= flags.bucket(args, training, notes) | ds_keys[1]
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
@@ -298,6 +300,24 @@ def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[in
                      f"--micro-batch-size {out[2]} too (Megatron-DeepSpeed asserts it is given; its data loader "
                      f"reads it)")
     return out
+
+
+def _nvls(cluster: dict) -> bool:
+    """Whether the NVLink fabric of a [cluster] table reduces in the switch (NVLS)."""
+    if "node" in cluster:
+        return bool(cluster["node"]["fabric"].get("nvls"))
+    return bool(catalog.node(str(cluster["system"])).fabric.nvls)
+
+
+def _with_nvls(cluster: dict, exported: dict[str, str], notes: list[str]) -> dict:
+    """``cluster`` without NVLS where the script exports ``NCCL_NVLS_ENABLE=0``
+    (:func:`~meshplan.interop.megatron_env.nvls_off`): a resolved cluster's fabric changed in place
+    of the ``fabric`` keys beside a catalog ``system``."""
+    off = nvls_off(exported, _nvls(cluster), notes)
+    if not off or "node" not in cluster:
+        return cluster | off
+    node = cluster["node"] | {"fabric": cluster["node"]["fabric"] | off["fabric"]}
+    return cluster | {"node": node}
 
 
 def _gpu_name(cluster: dict) -> str:

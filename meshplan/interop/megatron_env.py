@@ -181,3 +181,42 @@ def carried_env(exported: tuple[tuple[str, str], ...], source: str) -> list[str]
     """
     kept = [f"{k}={v if '$' in v or '`' in v else shlex.quote(v)}" for k, v in exported if k != FSDP_ENV]
     return [f"environment carried unchanged from {source}: export {' '.join(kept)}"] if kept else []
+
+
+#: The script's exports ``launch`` carries into ``torchrun.sh`` (newcomer trial 34 finding 5): NCCL's
+#: (NCCL's environment variables, docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html) and
+#: Transformer Engine's (``NVTE_*``), which change what the ranks run.
+CARRIED_PREFIXES = ("NCCL_", "NVTE_")
+#: NCCL's switch for NVLink SHARP: ``NCCL_PARAM(NvlsEnable, "NVLS_ENABLE", 2)`` and ``if
+#: (!ncclParamNvlsEnable() ...) return ncclSuccess;`` before NVLS is set up (NVIDIA/nccl 5067397c,
+#: src/transport/nvls.cc:159 and 262): 0 leaves the communicator without NVLS, so the all-reduce
+#: runs on the NVLink ring (or tree).
+NVLS_ENV = "NCCL_NVLS_ENABLE"
+
+
+def script_env(exported: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, Optional[str], str], ...]:
+    """``launch``'s ``torchrun.sh`` lines (as :func:`launch_env`'s) for the script's exports of
+    :data:`CARRIED_PREFIXES`, values as the script gives them (``${NAME:-d}`` kept so:
+    :func:`meshplan.placement.rendezvous.env_lines` writes it); one holding what only the run knows
+    otherwise (``$(...)``, another variable) is left out.
+
+    >>> script_env((("NCCL_IB_TIMEOUT", "19"), ("NVTE_X", "${NVTE_X:-16}"), ("NCCL_Y", "$(id)"), ("A", "1")), "j.sh")
+    (('NCCL_IB_TIMEOUT', '19', 'exported by j.sh'), ('NVTE_X', '${NVTE_X:-16}', 'exported by j.sh'))
+    """
+    out = []
+    for name, raw in exported:
+        value = run_value(name, raw)
+        if name.startswith(CARRIED_PREFIXES) and value is not None and "$" not in value and "`" not in value:
+            out.append((name, raw, f"exported by {source}"))
+    return tuple(out)
+
+
+def nvls_off(exported: dict[str, str], nvls: bool, notes: list[str]) -> dict:
+    """The [cluster] ``fabric`` keys of a script exporting :data:`NVLS_ENV` ``0`` on a node whose
+    fabric reduces in the switch (``nvls``): ``nvls = false``, so the plan times the all-reduce on the
+    NVLink ring as NCCL then runs it, with a note; nothing otherwise."""
+    if run_value(NVLS_ENV, exported.get(NVLS_ENV)) != "0" or not nvls:
+        return {}
+    notes.append(f"export {NVLS_ENV}=0 in the script: NCCL sets up no NVLS (NVLink SHARP; nccl src/transport/"
+                 f"nvls.cc), so the plan times the all-reduce on the NVLink ring ([cluster] fabric nvls = false)")
+    return {"fabric": {"nvls": False, "source": f"{NVLS_ENV}=0 exported by the launch script: no NVLS"}}
