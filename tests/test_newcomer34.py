@@ -160,3 +160,20 @@ def test_launch_carries_the_scripts_nccl_and_nvte_exports(tmp_path):
     for line in ("export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}", "export NCCL_IB_QPS_PER_CONNECTION=4",
                  "export NVTE_FWD_LAYERNORM_SM_MARGIN=16", "export CUDA_DEVICE_MAX_CONNECTIONS=1"):
         assert line in text.splitlines()
+
+
+def test_search_compares_the_llama3_split_per_virtual_stage():
+    """Finding 7. The 405B sbatch's split per virtual stage, [1, 2 x 62, 1] (pp 8 x vpp 8, 128 slots of
+    2), is the search's Llama 3 candidate per stage: ends_short_split(126, 8, 8) = balanced 128 / 8 = 16
+    less one at each end, [15, 16 x 6, 15], spread over 8 chunks with the short ones at the model's ends:
+    [1, 2, ..., 2, 1] again. Was: compared literally, so "the user's mesh is not among the candidates"."""
+    from dataclasses import replace as dc_replace
+    from meshplan.mesh.layers import ends_short_split
+    from meshplan.search.configured import _differs
+    cfg = load_any(NC34 / "train_llama3_405b.sbatch", "megatron", H200)
+    per_stage = ends_short_split(126, 8, 8)
+    assert per_stage == [15] + [16] * 6 + [15]
+    row = dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": per_stage}))
+    assert _differs(cfg, cfg.mesh, row) is None
+    other = dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": [16] * 8}))
+    assert _differs(cfg, cfg.mesh, other).startswith("mesh.pp_layer_split [1, 2, 2")
