@@ -177,3 +177,18 @@ def test_search_compares_the_llama3_split_per_virtual_stage():
     assert _differs(cfg, cfg.mesh, row) is None
     other = dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": [16] * 8}))
     assert _differs(cfg, cfg.mesh, other).startswith("mesh.pp_layer_split [1, 2, 2")
+
+
+def test_place_names_megatrons_dp_cp_group_as_plan_does(tmp_path, capsys):
+    """Finding 8. The 70B plan (Megatron-LM, zero1: the distributed optimizer over dp 32 x cp 2 = 64)
+    named that group ``fsdp 64`` in place's table and lines, ``dp x cp (distributed optimizer)`` in
+    plan's groups table (meshplan.spec.wording.group_words): one name now."""
+    from tests.cli_run import run_cli
+    toml = tmp_path / "l70.toml"
+    cfg_src = tmp_path / "train.sh"
+    cfg_src.write_text((NC34 / "train_llama3_70b.sh").read_text())
+    assert run_cli(["import", "megatron", cfg_src, "--cluster", "dgx-h200", "--nodes", "128", "-o", toml], capsys)[0] == 0
+    code, out, _ = run_cli(["place", toml], capsys)
+    assert code == 0
+    assert "dp x cp (distributed optimizer) 64 spans 32 nodes" in out
+    assert not [line for line in out.splitlines() if line.strip().startswith("fsdp ") or " fsdp " in line]

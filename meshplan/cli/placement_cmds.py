@@ -39,7 +39,7 @@ from meshplan.plan import Plan
 from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
 from meshplan.report.place_text import launch_lines, place_lines
 from meshplan.schedule.placement_score import step_scorer
-from meshplan.spec.wording import expert_data_axis
+from meshplan.spec.wording import expert_data_axis, group_words
 
 
 NIC_SCOPE_HELP = ("NICs each rank's NCCL may use (NCCL_IB_HCA, or NCCL_SOCKET_IFNAME with --transport socket): "
@@ -101,12 +101,15 @@ def _script_env(config: Path, cfg) -> tuple:
 def _choice(p, choose: bool):
     """The placement choice of ``p`` (``--choose``: scored by its step model), weighted by its
     collective table, its axes named as ``plan`` names them (the experts' data axis by the sharding,
-    :func:`meshplan.spec.wording.expert_data_axis`: ``edp`` under DDP and ZeRO-1/2)."""
+    :func:`meshplan.spec.wording.expert_data_axis`: ``edp`` under DDP and ZeRO-1/2; Megatron-LM's dp x cp
+    group by :func:`~meshplan.spec.wording.group_words`, ``dp x cp (distributed optimizer)`` as ``plan``'s
+    groups table has it, not ``fsdp``: newcomer trial 34 finding 8)."""
     score = step_scorer(p) if choose and isinstance(p, Plan) else None
     return choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                             rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                             schedule=p.spec.pp_schedule, vpp=p.vpp,
-                            labels={"efsdp": expert_data_axis(p.config.training.sharding)})
+                            labels={"efsdp": expert_data_axis(p.config.training.sharding),
+                                    **group_words(p.config.training, p.config.origin)})
 
 def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
