@@ -192,3 +192,25 @@ def test_place_names_megatrons_dp_cp_group_as_plan_does(tmp_path, capsys):
     assert code == 0
     assert "dp x cp (distributed optimizer) 64 spans 32 nodes" in out
     assert not [line for line in out.splitlines() if line.strip().startswith("fsdp ") or " fsdp " in line]
+
+
+def test_calibrate_takes_the_test_per_file(tmp_path, capsys):
+    """Finding 6. The newcomer's logs predate nccl-tests' '# Collective test starting' banner (dafb704,
+    2025-06): all_gather rows (redop none, root -1, busbw/algbw 7/8 = 0.875 over 8 ranks) fit all_gather
+    and alltoall alike, and --op applied to every log, so ``--op all_gather`` read the all_reduce log
+    (busbw/algbw 2 x 7/8 = 1.750) as all-gather and failed on its rank count. Now ``FILE:TEST`` names
+    one log's test, and --op meant for one log refuses another whose rows fit another test, naming it."""
+    from tests.cli_run import run_cli
+    logs = sorted((NC34 / "nccl").glob("*.txt"))
+    ag = next(p for p in logs if p.name.startswith("all_gather"))
+    out = ["--out", tmp_path / "c.toml", "--force"]
+    code, _, err = run_cli(["calibrate", *logs, "--op", "all_gather", *out], capsys)
+    assert code == 2 and "all_reduce_perf_1x8h200.txt: read as all-gather (--op), but its rows (redop sum, root -1, " \
+        "busbw/algbw 1.750 over 8 ranks) fit all_reduce_perf" in err
+    code, text, err = run_cli(["calibrate", f"{ag}:all_gather", *[p for p in logs if p != ag], *out], capsys)
+    assert code == 0, err
+    assert "all_gather_perf_1x8h200.txt: nvlink all-gather over 8 ranks" in text
+    assert "all_reduce_perf_1x8h200.txt: nvlink all-reduce over 8 ranks" in text
+    own = [f"{p}:{p.name.split('_perf')[0]}" for p in logs]  # each log its own test: --op reads none
+    code, text, _ = run_cli(["calibrate", *own, "--op", "alltoall", *out], capsys)
+    assert code == 0 and "--op all-to-all: read no log" in text
