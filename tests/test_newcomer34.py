@@ -214,3 +214,13 @@ def test_calibrate_takes_the_test_per_file(tmp_path, capsys):
     own = [f"{p}:{p.name.split('_perf')[0]}" for p in logs]  # each log its own test: --op reads none
     code, text, _ = run_cli(["calibrate", *own, "--op", "alltoall", *out], capsys)
     assert code == 0 and "--op all-to-all: read no log" in text
+
+
+def test_if_tests_joined_by_or_and_and_are_evaluated():
+    """Finding 3: the fp8 example's data test is ``[[ A == MOCK ]] || [[ B == MOCK ]] || [[ -z A ]]``:
+    with A=real and B=MOCK (bash: false || true) the mock branch runs; with ``&&`` (false && true) the
+    else branch does."""
+    script = ('A=real\nB=MOCK\nif [[ "$A" == "MOCK" ]] {op} [[ "$B" == "MOCK" ]]; then\n  X=(--vocab-size 1)\n'
+              'else\n  X=(--vocab-size 2)\nfi\ntorchrun pretrain_gpt.py ${{X[@]}}\n')
+    assert parse_launch(script.format(op="||"))[0] == {"--vocab-size": "1"}
+    assert parse_launch(script.format(op="&&"))[0] == {"--vocab-size": "2"}

@@ -264,7 +264,7 @@ def run(text: str, exported: dict[str, str] | None = None) -> list[str]:
     """
     env: dict[str, Value] = {}
     out: list[str] = []
-    _block(lex(text), 0, env, out, exported if exported is not None else {})
+    _block(lex(text), env, out, exported if exported is not None else {})
     return out
 
 
@@ -272,26 +272,38 @@ def _commands(toks: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
     """``toks`` cut into commands at newlines, ``;``, ``|`` and ``&`` (an array's ``( ... )``
     kept whole across lines)."""
     cmds: list[list[tuple[str, int]]] = [[]]
-    depth = 0
-    for w, n in toks:
+    depth, k = 0, 0
+    while k < len(toks):
+        w, n = toks[k]
         depth += (w == "(") - (w == ")")
-        if w in _ENDS and depth <= 0:
+        if w in "|&" and k + 1 < len(toks) and toks[k + 1][0] == w:  # || and &&: one word (an if's test)
+            cmds[-1].append((w + w, n))
+            k += 1
+        elif w in _ENDS and depth <= 0:
             cmds.append([])
         elif w != "\n":
             cmds[-1].append((w, n))
+        k += 1
     return [c for c in cmds if c]
 
 
-def _block(toks: list[tuple[str, int]], _: int, env: dict[str, Value], out: list[str],
-           exported: dict[str, str]) -> None:
+def _block(toks: list[tuple[str, int]], env: dict[str, Value], out: list[str], exported: dict[str, str]) -> None:
+    """Run the commands of ``toks`` (:func:`run`): an ``if`` by :func:`_if`, the others by :func:`_command`,
+    each part of an ``a && b`` or ``a || b`` list in turn."""
     cmds = _commands(toks)
     k = 0
     while k < len(cmds):
-        head = cmds[k][0][0]
-        if head == "if":
+        if cmds[k][0][0] == "if":
             k = _if(cmds, k, env, out, exported)
             continue
-        _command(cmds[k], env, out, exported)
+        part: list[tuple[str, int]] = []
+        for w in cmds[k] + [("&&", 0)]:
+            if w[0] in ("&&", "||"):
+                if part:
+                    _command(part, env, out, exported)
+                part = []
+            else:
+                part.append(w)
         k += 1
 
 
@@ -363,15 +375,14 @@ def _if(cmds: list[list[tuple[str, int]]], k: int, env: dict[str, Value], out: l
                               f"not evaluate (only string tests of known variables); keep the branch that runs "
                               f"and remove the if")
         if ok:
-            _block(flat, 0, env, out, exported)
+            _block(flat, env, out, exported)
             break
     return j + 1
 
 
 def _matters(toks: list[tuple[str, int]]) -> bool:
     """Whether a branch sets a variable or gives a flag (its words otherwise touch no flag)."""
-    return any(w.startswith("-") and w.lstrip("\"'").startswith("--") or _ASSIGN.match(w) or
-               w.lstrip("\"'").startswith("--") for w, _ in toks)
+    return any(_ASSIGN.match(w) or w.lstrip("\"'").startswith("--") for w, _ in toks)
 
 
 def _test(test: list[tuple[str, int]], env: dict[str, Value]) -> bool | None:
@@ -400,8 +411,8 @@ def _test(test: list[tuple[str, int]], env: dict[str, Value]) -> bool | None:
         result = one if op is None else (result or one) if op == "||" else (result and one)
         i = end + 1
         if i < len(words):
-            op = "".join(words[i:i + 2])
+            op = words[i]
             if op not in ("||", "&&"):
                 return None
-            i += 2
+            i += 1
     return result
