@@ -6,8 +6,10 @@ turned into ``--dashed-names`` by its ``ArgumentGroupFactory``) and the rank ord
 ``megatron/core/parallel_state.py`` (``order="tp-cp-ep-dp-pp"``, tp fastest). Read from an
 arguments file (one or more flags a line) or a launch script: lines joined at ``\\``, a
 quoted string spanning lines read whole (``GPT_ARGS="`` of Megatron-LM's
-``examples/pretrain_gpt.sh``), comments dropped, ``NAME=value`` shell variables substituted,
-then every ``--flag [value]`` token pair collected. The options between a launcher
+``examples/pretrain_gpt.sh``), comments dropped, ``NAME=value`` shell variables and ``NAME=(...)``
+arrays expanded where they are used, as bash does (:mod:`~meshplan.interop.shell_words`: ``$(...)`` kept
+whole, an ``if`` read where its test compares known strings), then every ``--flag [value]`` token pair
+collected (``--recompute-modules`` takes one or more values). The options between a launcher
 (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``) and its script are the
 launcher's, not Megatron-LM's: its ``--nnodes`` gives the node count when ``--nodes`` is not
 given (a note says which one is used when both are), the others are neither read nor listed.
