@@ -104,7 +104,8 @@ def lex(text: str) -> list[tuple[str, int]]:
         if opening is not None:
             end = _closing(text, i, opening)
             if end < 0:
-                first = text.splitlines()[line - 1].strip()[:60]
+                lines = text.split("\n")
+                first = lines[min(line, len(lines)) - 1].strip()[:60]
                 what = "quotation" if opening in "'\"`" else f"{opening}...{ {'$(': ')', '${': '}'}[opening] }"
                 raise ConfigError("megatron", f"cannot split {first!r} (line {line}) into words (No closing {what}); "
                                   f"close the quote or give the flags without it")
@@ -198,7 +199,7 @@ def expand(raw: str, env: dict[str, Value]) -> list[str]:
             quoted, has, i = not quoted, True, i + 1
             continue
         if c == "'" and not quoted:
-            j = raw.find("'", i + 1)
+            j = raw.find("'", i + 1) % (len(raw) + 1)
             cur, has, i = cur + raw[i + 1:j], True, j + 1
             continue
         if c == "\\" and i + 1 < len(raw):
@@ -207,6 +208,7 @@ def expand(raw: str, env: dict[str, Value]) -> list[str]:
             continue
         if raw.startswith("$(", i) or c == "`":
             end = _closing(raw, i, "$(" if c == "$" else "`")
+            end = len(raw) if end < 0 else end
             cur, i = cur + raw[i:end], end
             continue
         m = _VAR.match(raw, i)
@@ -264,7 +266,11 @@ def run(text: str, exported: dict[str, str] | None = None) -> list[str]:
     """
     env: dict[str, Value] = {}
     out: list[str] = []
-    _block(lex(text), env, out, exported if exported is not None else {})
+    try:
+        _block(lex(text), env, out, exported if exported is not None else {})
+    except RecursionError:
+        raise ConfigError("megatron", "quotes, $(...) or if blocks nested too deep to read; give the flags "
+                                      "without them") from None
     return out
 
 
