@@ -224,3 +224,13 @@ def test_if_tests_joined_by_or_and_and_are_evaluated():
               'else\n  X=(--vocab-size 2)\nfi\ntorchrun pretrain_gpt.py ${{X[@]}}\n')
     assert parse_launch(script.format(op="||"))[0] == {"--vocab-size": "1"}
     assert parse_launch(script.format(op="&&"))[0] == {"--vocab-size": "2"}
+
+
+def test_megatrons_gpt3_example_gives_torchrun_its_array():
+    """Finding 1 on Megatron-LM's own examples/gpt3/train_gpt3_175b_distributed.sh (d98e8a6), whose
+    ``torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py ${GPT_MODEL_ARGS[@]} ...`` the newcomer copied:
+    --nproc_per_node $GPUS_PER_NODE (8) and --nnodes $NUM_NODES (1) are torchrun's; the model's 96 layers
+    pretrain_gpt.py's."""
+    args, launcher = parse_launch((NC34 / "train_gpt3_175b_distributed.sh").read_text(), SWITCHES)
+    assert (launcher["--nproc_per_node"], launcher["--nnodes"]) == ("8", "1")
+    assert not set(TORCHRUN) & set(args) and args["--num-layers"] == "96"
