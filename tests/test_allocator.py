@@ -191,3 +191,35 @@ def test_memory_prints_the_reserved_peak_beside_the_allocated_one():
     assert f"beside the allocated peak {r.stats.allocated_peak_bytes / GiB:.2f} GiB" in line
     assert f"{(r.reserved_bytes - r.stats.allocated_peak_bytes) / GiB:.2f} GiB ({r.fragmentation:.1%})" in line
     assert line.endswith("the verdict holds the allocated peak; [memory] reserved_verdict = true holds this")
+
+
+def test_the_fix_line_prints_what_decides_the_fit():
+    """Llama-3-8B at seq 16384, FSDP over 4 x tp 2 on one dgx-h100 (usable 71.2 GiB, 79.11 GiB x 0.9):
+    allocated peak 72.75 GiB, over usable either way. Under memory.reserved_verdict the fix line's
+    numbers are each variant's reserved peak + communication buffers (Timeline.verdict_bytes), which
+    decide its fit, never its allocated peak: recompute full prints its reserved 29.3 GiB, not its
+    allocated 27.7 GiB (re-planned here with and without the flag), and no allocated "-> peak" is left;
+    pp x2 (66.2 GiB allocated, 5.0 GiB free) fits by the allocated peak only, so only that line offers it."""
+    from meshplan.plan_fix import _variants, memory_fix
+    from meshplan.plan_variant import planned
+
+    held, alloc = _plan16(reserved_verdict=True), _plan16()
+    assert not held.feasible and not alloc.feasible
+    line = memory_fix(held)
+    full = _plan16(recompute="full", reserved_verdict=True).timeline
+    assert f"recompute full -> reserved peak {full.verdict_bytes / GiB:.1f} GiB (fits" in line
+    assert f"{full.verdict_bytes / GiB:.1f}" != f"{full.peak.total_bytes / GiB:.1f}" and "-> peak" not in line
+    assert "recompute full -> peak " in memory_fix(alloc) and "reserved peak" not in memory_fix(alloc)
+    # pp x2 fits by its allocated peak, not by its reserved one: offered only where the allocated peak decides
+    pp = next(cfg for words, cfg in _variants(held) if words.startswith("pp x2"))
+    assert not planned(pp).feasible
+    assert planned(replace(pp, memory=pp.memory.model_copy(update={"reserved_verdict": False}))).feasible
+    assert "pp x2 (pp 2 x dp 2 x tp 2) -> peak" in memory_fix(alloc) and "pp x2" not in line
+
+
+def _plan16(recompute="none", **memory):
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 8, "seq_len": 16384, "micro_batch": 1, "sharding": "zero3",
+                      "param_dtype": "bf16", "recompute": recompute},
+         "mesh": {"names": ["dp", "tp"], "shape": [4, 2]}, "memory": memory}
+    return build_plan(config_from_dict(d))

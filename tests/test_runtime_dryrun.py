@@ -331,3 +331,51 @@ def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
             runner.step(index + 1)
         for _, state in fsdp_units(model):
             assert state._fsdp_param_group.pre_backward.__func__ is FSDPParamGroup.pre_backward
+
+
+@pytest.mark.parametrize("failing", ["_instrument_optimizer", "_track_resize"])
+def test_a_tracker_failing_on_entry_leaves_the_model_to_the_resident_set_fallback(monkeypatch, failing):
+    # torch 2.13's FSDPMemTracker.__enter__ (fsdp2_mem_tracker.py 503-518) installs the units'
+    # hooks (_instrument_fsdp_module), then the optimizer's (_instrument_optimizer), then patches
+    # UntypedStorage.resize_ (_track_resize); a raise in either of the last two leaves what came
+    # before installed, and no __exit__ runs to remove it. The memory step falls back to the
+    # resident set: its method names the error, and the model's forward hooks, the units' backward
+    # methods and resize_ are as before the step (the same counts as the test above), so the
+    # fallback's step and the steps after run.
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from meshplan.runtime.execution.memtracker import UnitMemTracker, fsdp_units
+    from meshplan.runtime.execution.trainstep import Runner, memory_step
+
+    class Status:
+        def set(self, *a, **k):
+            pass
+
+    def boom(self):
+        raise RuntimeError("boom")
+
+    tr = TrainingSpec(global_batch=4, seq_len=16, micro_batch=1, **FP32)
+    mesh = mesh_of(("dp_shard", "tp"), (2, 2), sp=True)
+    resize = torch.UntypedStorage.resize_
+    with fake_process_group(4, rank=3):
+        dm = init_mesh(mesh)
+        with torch.device("meta"):
+            model = Transformer(TINY, vocab=256, tp=2)
+        parallelize(model, dm, mesh, tr, loss_parallel=True)
+        model.to_empty(device="cpu")
+        model.init_weights(seed=0)
+        named = dict(model.named_modules())
+        hooks = lambda: {n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
+                         for n in ("", "embedding", "layers.0", "final_norm", "output")}
+        before = hooks()
+        runner = Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu")
+        runner.step(0)
+        monkeypatch.setattr(UnitMemTracker, failing, boom)
+        _, mem = memory_step(runner, 1)
+        assert mem["method"].startswith("resident-set growth") and mem["method"].endswith("RuntimeError: boom")
+        assert hooks() == before and torch.UntypedStorage.resize_ is resize
+        assert not runner.opt._optimizer_step_pre_hooks and not runner.opt._optimizer_step_post_hooks
+        for _, state in fsdp_units(model):
+            assert state._fsdp_param_group.pre_backward.__func__ is FSDPParamGroup.pre_backward
+        runner.step(2)

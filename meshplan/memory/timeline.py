@@ -168,6 +168,12 @@ class Timeline:
         (:attr:`meshplan.memory.reserved.Reserved.device_bytes`)."""
         return self.peak.total_bytes if self.reserved is None else self.reserved.device_bytes
 
+    def verdict_words(self) -> str:
+        """:attr:`verdict_bytes` as the ``fix:`` lines print it (GiB, 1 decimal): ``peak 45.1 GiB``,
+        or under ``[memory] reserved_verdict`` ``reserved peak 47.3 GiB`` (the allocator's reserved
+        peak plus the communication buffers, what decides the fit, not the allocated peak)."""
+        return f"{'peak' if self.reserved is None else 'reserved peak'} {self.verdict_bytes / GiB:.1f} GiB"
+
     @property
     def headroom_bytes(self) -> float:
         """Usable bytes left at the peak (negative: does not fit); under ``[memory]

@@ -104,10 +104,10 @@ class UnitMemTracker(FSDPMemTracker):
             state._pre_forward_hook_handle.remove()
             if state._post_forward_hook_handle is not state._pre_forward_hook_handle:
                 state._post_forward_hook_handle.remove()
+            self._units.append(mod)  # before the wrappers: a failed entry re-hooks FSDP's own (trainstep._enter)
             pre = self._fsdp_state_pre_forward if len(groups) == 1 else self._groups_pre_forward
             _hook_forward(state, pre(mod, state._pre_forward),
                           self._fsdp_state_post_forward(mod, state._post_forward), always_call=True)
-            self._units.append(mod)
             for group in groups:
                 self._instrument_fsdp_sharded_params_grads(group)
                 self._saved_groups.append((group, group.pre_backward, group.post_backward))
