@@ -104,7 +104,7 @@ class Comparison:
 
     @property
     def caveat(self) -> str:
-        """``; 2.8% shorter, within the model's 3.0% max error on the development set: measure both
+        """``; 2.8% shorter, within the model's 2.9% max error on the development set: measure both
         before choosing`` where the step decided by less than that error
         (:func:`meshplan.spec.accuracy.within_error`, :data:`~meshplan.spec.accuracy.FIDELITY`'s one
         home); "" otherwise (a plan that does not fit, a tie rule's criterion, a larger difference)."""
