@@ -111,7 +111,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
     MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch and for an MoE or MLA
-    model), critical path, readiness of
+    model; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
+    StepTime.megatron_throughput, null off framework megatron), critical path, readiness of
     each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
@@ -126,6 +127,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     step_parts_s={"step": st.step_s, **st.parts_s()}, host_wait_s=st.host_wait_s(),
                     sm_contention_s=st.contention_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
+                    megatron_throughput_flops_per_s=st.megatron_throughput,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
