@@ -7,12 +7,10 @@ here by hand from ``num_floating_point_operations`` (NVIDIA/Megatron-LM d98e8a64
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from configs import job_toml
-from cli_run import run_cli
+from cli_run import step_json as _step
 from meshplan.compute.flops import megatron_flops_per_iteration
 from meshplan.spec.model import ModelSpec
 
@@ -34,14 +32,6 @@ MG = job_toml({"catalog": "llama3-70b", "layers": 2},
 #:   = 13,194,139,533,312.
 #: Total 557,452,395,282,432 FLOP per iteration.
 MG_FLOP = 557_452_395_282_432
-
-
-def _step(tmp_path, capsys, text: str, name: str) -> tuple[dict, str]:
-    cfg = tmp_path / f"{name}.toml"
-    cfg.write_text(text, encoding="utf-8")
-    code, out, err = run_cli(["step", cfg, "--json", tmp_path / f"{name}.json"], capsys)
-    assert code == 0, err
-    return json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8")), out
 
 
 def _lines(out: str) -> list[str]:

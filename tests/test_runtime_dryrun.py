@@ -15,6 +15,7 @@ Conventions of the hand derivations (torch 2.13, see meshplan/runtime/execution/
   fp32 values on tp (max, sum of exp, target logit).
 """
 
+import contextlib
 from collections import Counter
 
 import pytest
@@ -290,18 +291,14 @@ def test_tied_embeddings_gathered_once():
     assert t[("backward", "reduce-scatter", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
 
 
-def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
-    # [final_norm, output] is one FSDP unit of two modules. torch 2.13's FSDPMemTracker
-    # instruments module by module, keeps one hook handle per unit, leaves its hook on
-    # final_norm after exit and the next forward raises ("multiple iterative calls");
-    # meshplan's UnitMemTracker instruments the unit once. The forward hooks on each module
-    # (FSDP's, and TP's on the embedding, final_norm and output) are the same after two
-    # tracked steps, the unit's backward methods are FSDP's own, and the steps after run.
+@contextlib.contextmanager
+def _tiny_fsdp_tp_runner():
+    """TINY at dp_shard 2 x tp 2 with SP, rank 3 of a fake process group, fp32, loss parallel: yields
+    ``(model, Runner, hooks)``, ``hooks()`` the forward pre-hook and hook counts of the root, the
+    embedding, layer 0, the final norm and the output (the memory-step tests' before/after check)."""
     import torch
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-    from meshplan.runtime.execution.memtracker import fsdp_units
-    from meshplan.runtime.execution.trainstep import Runner, memory_step
+    from meshplan.runtime.execution.trainstep import Runner
 
     class Status:
         def set(self, *a, **k):
@@ -317,12 +314,27 @@ def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
         model.to_empty(device="cpu")
         model.init_weights(seed=0)
         named = dict(model.named_modules())
-        hooks = lambda: {n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
-                         for n in ("", "embedding", "layers.0", "final_norm", "output")}
+        yield model, Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu"), lambda: {
+            n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
+            for n in ("", "embedding", "layers.0", "final_norm", "output")}
+
+
+def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
+    # [final_norm, output] is one FSDP unit of two modules. torch 2.13's FSDPMemTracker
+    # instruments module by module, keeps one hook handle per unit, leaves its hook on
+    # final_norm after exit and the next forward raises ("multiple iterative calls");
+    # meshplan's UnitMemTracker instruments the unit once. The forward hooks on each module
+    # (FSDP's, and TP's on the embedding, final_norm and output) are the same after two
+    # tracked steps, the unit's backward methods are FSDP's own, and the steps after run.
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from meshplan.runtime.execution.memtracker import fsdp_units
+    from meshplan.runtime.execution.trainstep import memory_step
+
+    with _tiny_fsdp_tp_runner() as (model, runner, hooks):
         before = hooks()
         assert before == {"": (1, 1), "embedding": (2, 2), "layers.0": (1, 1), "final_norm": (2, 2), "output": (2, 2)}
         assert [len(s._modules) for _, s in fsdp_units(model)] == [1, 1, 1, 2]  # embedding, 2 layers, head
-        runner = Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu")
         runner.step(0)
         for index in (1, 3):
             _, mem = memory_step(runner, index)
@@ -346,30 +358,14 @@ def test_a_tracker_failing_on_entry_leaves_the_model_to_the_resident_set_fallbac
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     from meshplan.runtime.execution.memtracker import UnitMemTracker, fsdp_units
-    from meshplan.runtime.execution.trainstep import Runner, memory_step
-
-    class Status:
-        def set(self, *a, **k):
-            pass
+    from meshplan.runtime.execution.trainstep import memory_step
 
     def boom(self):
         raise RuntimeError("boom")
 
-    tr = TrainingSpec(global_batch=4, seq_len=16, micro_batch=1, **FP32)
-    mesh = mesh_of(("dp_shard", "tp"), (2, 2), sp=True)
     resize = torch.UntypedStorage.resize_
-    with fake_process_group(4, rank=3):
-        dm = init_mesh(mesh)
-        with torch.device("meta"):
-            model = Transformer(TINY, vocab=256, tp=2)
-        parallelize(model, dm, mesh, tr, loss_parallel=True)
-        model.to_empty(device="cpu")
-        model.init_weights(seed=0)
-        named = dict(model.named_modules())
-        hooks = lambda: {n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
-                         for n in ("", "embedding", "layers.0", "final_norm", "output")}
+    with _tiny_fsdp_tp_runner() as (model, runner, hooks):
         before = hooks()
-        runner = Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu")
         runner.step(0)
         monkeypatch.setattr(UnitMemTracker, failing, boom)
         _, mem = memory_step(runner, 1)
