@@ -50,7 +50,7 @@ under torchtitan, whose line offered full, tp 2 or cp 2, never the setting a tor
 tries first).
 Under ``[memory] reserved_verdict = true`` what decides the fit is the caching allocator's reserved
 peak plus the communication buffers (:attr:`meshplan.memory.timeline.Timeline.verdict_bytes`), so
-the line compares, orders and prints those (``-> reserved peak 47.3 GiB``), not the allocated peaks.
+the line compares, orders and prints those (``-> reserved peak 47.3 GiB``), not the peaks incl. communication buffers.
 The search's own fix for its no-feasible-mesh verdict names the same knobs
 (:data:`meshplan.report.search_fix._FIXES` ``memory``).
 """

@@ -183,23 +183,28 @@ def test_memory_options_read_the_allocator_flags(flag):
 
 def test_memory_prints_the_reserved_peak_beside_the_allocated_one():
     """meshplan memory's allocator line carries the simulated reserved and allocated peaks (GiB, 2
-    decimals), their difference and which peak the verdict holds."""
+    decimals), their difference and which peak the verdict holds: the timeline's peak incl.
+    communication buffers (Timeline.verdict_bytes), named apart from the allocator's allocated peak
+    (torch.cuda.max_memory_allocated, without the buffers; "the allocated peak" named both before)."""
     tl = _plan().timeline
     r = tl.reserved_memory()
     line = reserved_line(tl)
     assert f"reserved peak {r.reserved_bytes / GiB:.2f} GiB" in line
-    assert f"beside the allocated peak {r.stats.allocated_peak_bytes / GiB:.2f} GiB" in line
+    assert f"beside the allocated peak {r.stats.allocated_peak_bytes / GiB:.2f} GiB (torch.cuda.max_memory_allocated)" \
+        in line
+    assert tl.verdict_bytes == tl.peak.total_bytes and tl.peak.by_kind["comm_buffers"] > 0
     assert f"{(r.reserved_bytes - r.stats.allocated_peak_bytes) / GiB:.2f} GiB ({r.fragmentation:.1%})" in line
-    assert line.endswith("the verdict holds the allocated peak; [memory] reserved_verdict = true holds this")
+    assert line.endswith("the verdict holds the peak incl. communication buffers; [memory] reserved_verdict = true "
+                         "holds this")
 
 
 def test_the_fix_line_prints_what_decides_the_fit():
     """Llama-3-8B at seq 16384, FSDP over 4 x tp 2 on one dgx-h100 (usable 71.2 GiB, 79.11 GiB x 0.9):
-    allocated peak 72.75 GiB, over usable either way. Under memory.reserved_verdict the fix line's
+    peak incl. communication buffers 72.75 GiB, over usable either way. Under memory.reserved_verdict the fix line's
     numbers are each variant's reserved peak + communication buffers (Timeline.verdict_bytes), which
-    decide its fit, never its allocated peak: recompute full prints its reserved 29.3 GiB, not its
-    allocated 27.7 GiB (re-planned here with and without the flag), and no allocated "-> peak" is left;
-    pp x2 (66.2 GiB allocated, 5.0 GiB free) fits by the allocated peak only, so only that line offers it."""
+    decide its fit, never its peak incl. communication buffers: recompute full prints its reserved 29.3 GiB,
+    not its 27.7 GiB peak (re-planned here with and without the flag), and no "-> peak" is left; pp x2
+    (66.2 GiB peak, 5.0 GiB free) fits by the peak incl. communication buffers only, so only that line offers it."""
     from meshplan.plan_fix import _variants, memory_fix
     from meshplan.plan_variant import planned
 

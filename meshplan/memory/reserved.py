@@ -31,6 +31,12 @@ costs as much again. Long groups of passes that change no kind's bytes (the 1F1B
 cut to :data:`KEEP` repeats (:func:`bounded_passes`, so ``meshplan memory`` stays under a second on
 232,664 events a step): the reserved and allocated peaks equal those of every pass on 16 timelines
 (stages 0-2 of the examples and T2), with and without expandable segments, at 3 repeats and at 2.
+
+**Terms.** The *allocated peak* is the allocator's (``AllocatorStats.allocated_peak_bytes``,
+``torch.cuda.max_memory_allocated``: rounded live blocks, no communication buffers); the memory
+timeline's peak over every kind, the communication buffers included, is the *peak incl.
+communication buffers* (what the verdict holds without ``[memory] reserved_verdict``, the HTML
+report's first column). ``meshplan memory``'s allocator line and the report use these two names.
 """
 
 from __future__ import annotations

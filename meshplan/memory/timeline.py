@@ -163,7 +163,8 @@ class Timeline:
 
     @property
     def verdict_bytes(self) -> int:
-        """The bytes held against usable memory: the allocated peak (all kinds), or under
+        """The bytes held against usable memory: the peak incl. communication buffers (all kinds;
+        :mod:`meshplan.memory.reserved`'s terms), or under
         ``[memory] reserved_verdict`` the allocator's reserved peak plus the communication buffers
         (:attr:`meshplan.memory.reserved.Reserved.device_bytes`)."""
         return self.peak.total_bytes if self.reserved is None else self.reserved.device_bytes
@@ -171,7 +172,8 @@ class Timeline:
     def verdict_words(self) -> str:
         """:attr:`verdict_bytes` as the ``fix:`` lines print it (GiB, 1 decimal): ``peak 45.1 GiB``,
         or under ``[memory] reserved_verdict`` ``reserved peak 47.3 GiB`` (the allocator's reserved
-        peak plus the communication buffers, what decides the fit, not the allocated peak)."""
+        peak plus the communication buffers, what decides the fit, not the peak incl. communication
+        buffers)."""
         return f"{'peak' if self.reserved is None else 'reserved peak'} {self.verdict_bytes / GiB:.1f} GiB"
 
     @property

@@ -100,7 +100,8 @@ def _shapes(plan: Plan) -> str:
 
 
 def _memory(plan: Plan, name: str) -> str:
-    """The Memory section: per stage the allocated peak (the timeline's, all kinds) beside the
+    """The Memory section: per stage the peak incl. communication buffers (the timeline's, all
+    kinds; not the allocator's allocated peak, :mod:`meshplan.memory.reserved`'s terms) beside the
     caching allocator's simulated reserved peak (``torch.cuda.max_memory_reserved``,
     :meth:`~meshplan.memory.timeline.Timeline.reserved_memory`), the headroom to what the verdict
     holds (:attr:`~meshplan.memory.timeline.Timeline.verdict_bytes`), then the most loaded stage's
@@ -110,11 +111,12 @@ def _memory(plan: Plan, name: str) -> str:
              f"{tl.headroom_bytes / GiB:.2f}", f"{tl.usable_bytes / GiB:.2f}", "yes" if tl.fits else "NO")
             for tl in plan.timelines]
     held = ("the reserved peak + communication buffers ([memory] reserved_verdict)"
-            if plan.timeline.reserved is not None else "the allocated peak")
-    body = table(["stage", "allocated peak (GiB)", "reserved peak (GiB)", "when", "dominated by (GiB)",
+            if plan.timeline.reserved is not None else "the peak incl. communication buffers")
+    body = table(["stage", "peak incl. comm. buffers (GiB)", "reserved peak (GiB)", "when", "dominated by (GiB)",
                   "headroom (GiB)", "usable (GiB)", "fits"], rows,
-                 caption=f"memory timeline per rank, one training step; allocated: every kind, communication "
-                         f"buffers included; reserved: PyTorch's caching allocator, simulated, without them; "
+                 caption=f"memory timeline per rank, one training step; peak incl. comm. buffers: every kind, "
+                         f"communication buffers included; reserved: PyTorch's caching allocator, simulated, "
+                         f"without them; "
                          f"headroom to {held}")
     body += table(["stage", "persistent state per rank (GiB)"],
                   [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])

@@ -111,7 +111,7 @@ class MemoryOptions(BaseModel):
       so the torchtitan importer states it). Read by the simulated allocator whose reserved bytes
       ``meshplan memory`` prints beside the allocated peak (:mod:`meshplan.memory.allocator`).
     - ``reserved_verdict``: hold the allocator's simulated reserved peak plus the communication
-      buffers, instead of the allocated peak, against usable memory (``plan``'s verdict, ``memory``,
+      buffers, instead of the peak incl. communication buffers, against usable memory (``plan``'s verdict, ``memory``,
       ``step``, ``compare``). Default False: an allocator over the device's memory first frees its
       cached segments and retries (``malloc``'s ``release_cached_blocks``), so a reserved peak over
       it is a slower step (``num_alloc_retries``), an OOM only if the retry fails too, which the
