@@ -118,6 +118,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         con.print(f"  - {shown(r)}")
     for line in c.headroom_lines():  # a side under 15% free: the search's headroom rule
         con.print(shown(line), highlight=False)
+    for line in c.setting_lines():  # a side where the model's measured error is larger (spec/accuracy.py)
+        con.print(shown(line), highlight=False)
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
             con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
