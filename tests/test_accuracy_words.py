@@ -27,7 +27,7 @@ def test_thresholds_are_one_constant_each_and_the_measured_error_is_readmes():
     # the remesh margin: a judgement fixed at the largest mean error measured when it was set (torchtitan
     # H100, 29.4%), above today's (17.3%, benchmarks/torchtitan_h100.py: mean |error| 17.265% over its 26 rows, +3.4% (T2 cp2)
     # to +44.9% (T2 cp8); 17.377%, +4.2% to +45.6% before torch's ring collectives were the table's), and README says so
-    # (newcomer 47 added the SC'21 ZeRO-3 row, 34.4%, to FIDELITY: above the margin, which stays fixed by design and
+    # (newcomer 34 added the SC'21 ZeRO-3 row, 34.4%, to FIDELITY: above the margin, which stays fixed by design and
     # was set from the torchtitan row)
     assert accuracy.REMESH_MARGIN == 0.294 > accuracy.TORCHTITAN_H100.mean_abs_error == 0.173
     assert max(f.mean_abs_error for f in accuracy.FIDELITY) == accuracy.ZERO3_SC21.mean_abs_error == 0.344

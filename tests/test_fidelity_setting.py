@@ -1,4 +1,4 @@
-"""Newcomer trial 47: ``meshplan search`` of Llama-3-70B on 1,024 H200 under framework megatron ranked
+"""Newcomer trial 34: ``meshplan search`` of Llama-3-70B on 1,024 H200 under framework megatron ranked
 first a Megatron FSDP mesh (zero3, dp_shard 512 x cp 2, its sharding group across 128 nodes) and printed
 only the development set's error, while docs/fidelity.md measures ZeRO-3 across nodes far worse
 (benchmarks/zero3_sc21.py: the SC'21 runs' steps predicted 27.7%, 40.8% and 34.8% short). The plan's

@@ -78,7 +78,7 @@ def test_clear_row_first_tight_row_after_with_its_mark(tmp_path):
             "it keeps 45.2% of the usable memory free, row 2 (first by the order rule) 11.9%, under 15%; parts against "
             "#2: ") in r.explanation.line()
     assert not any(x.startswith("warning: row 1 has") for x in lines)  # row 1 has no row warning: no pointer
-    # its one row-1 line is the setting caveat (newcomer 47: framework torch on an H100 is torchtitan's measured
+    # its one row-1 line is the setting caveat (newcomer 34: framework torch on an H100 is torchtitan's measured
     # setting, spec/accuracy.settings_of), which the pointer does not count
     assert [x for x in lines if x.startswith("warning: row 1 ")] == [
         x for x in lines if x.startswith("warning: row 1 (") and "lies where meshplan's step error" in x] != []

@@ -108,7 +108,7 @@ class Comparison:
         setting whose step error was measured larger than the development set's
         (:func:`meshplan.plan_fidelity.plan_setting_line`, figures from
         :data:`~meshplan.spec.accuracy.FIDELITY`): the verdict's step difference may be within that
-        error (newcomer trial 47)."""
+        error (newcomer trial 34)."""
         sides = (self.a,) if self.a.name == self.b.name else (self.a, self.b)
         return [line for s in sides if (line := plan_setting_line(s.name, s.plan))]
 

@@ -130,7 +130,7 @@ def setting_lines(r: SearchResult) -> list[str]:
     """Where row 1 lies in a setting whose step error was measured larger than the development set's
     (:func:`meshplan.plan_fidelity.plan_setting_line`: ZeRO-3 sharded across nodes, torch FSDP on A100,
     torch on H100, as :data:`~meshplan.spec.accuracy.FIDELITY` lists them), one ``warning:`` line naming
-    it with its figures (newcomer trial 47: a Megatron FSDP mesh at dp_shard 512 across nodes ranked
+    it with its figures (newcomer trial 34: a Megatron FSDP mesh at dp_shard 512 across nodes ranked
     first with only the development set's error printed). Not a rank: the order stays the step's."""
     if not r.top:
         return []

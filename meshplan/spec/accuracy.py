@@ -95,7 +95,7 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
     ``training.sharding`` and ``training.framework``, its GPU's catalog name and ``shard_nodes``, the
     most nodes one group of its sharded data axis spans (the ``fsdp`` group, ``dp_shard`` (or ``dp``)
     x ``cp``; 1 where it stays in a node or nothing is sharded). Only the settings measured
-    (newcomer trial 47: ``search`` ranked first a Megatron FSDP mesh at dp_shard 512 across nodes
+    (newcomer trial 34: ``search`` ranked first a Megatron FSDP mesh at dp_shard 512 across nodes
     and printed only the development set's error):
 
     - :data:`ZERO3_SC21`: ``zero3`` whose sharding group spans nodes, any framework and GPU: the
