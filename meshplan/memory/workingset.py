@@ -40,7 +40,8 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   experts' received rows or the shared experts' tokens, + SP's re-gathered input (measured at
   world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``: the activation step's 3 gradients of
   161 received rows x 896 fp32 beside dY, 1,797,120 B; the plan 1,441,792 B at the balanced 128
-  rows; before, dX + 2 such gradients, 1,048,576 B);
+  rows; before, dX + 2 such gradients, 1,048,576 B), + under torch the routing scores' gradient
+  (:func:`_scores_grad`: the 512 B left there, 256 B at world 2);
 - recompute: the layer's activations without recompute minus those kept, at the start of
   its backward (full recompute: the whole layer's working set; selective without flash:
   the attention scores; otherwise 0), freed by the steps with the rest;
@@ -219,9 +220,24 @@ def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int
     copies, width = g * r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
     kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
     full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
-    widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp))
+    widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp)) + _scores_grad(model, training,
+                                                                                                   routed_tok)
     fwd = a * h * (r.send_rows + 2 * copies) + (3 if model.gated_mlp else 2) * a * copies * width
     return full, widest, fwd
+
+
+def _scores_grad(model: ModelSpec, training: TrainingSpec, routed_tok: int) -> int:
+    """Bytes of the routing scores' gradient that waits through the routed experts' backward under
+    torch: the combine multiplies the experts' output by the top-k scores (fp32 in torchtitan,
+    ``routed_output.to(torch.float32) * top_scores_experts_sorted.reshape(-1, 1)``,
+    ``torchtitan/models/moe.py``; :mod:`meshplan.runtime.execution.moe` ``_dropless``), so its backward,
+    the layer's first, writes a (tokens x top_k) fp32 gradient for the scores, which autograd holds
+    in the router's node (made before the experts' in forward, so run after them) until the
+    experts' backward is done: ``4 routed_tok top_k``. Measured: at world 2 and 4 of
+    ``tests/data/validate_mixtral_ep2_fsdp.toml`` the temporaries row was 256 B (32 tokens x 2 x 4 B)
+    and 512 B (64 x 2 x 4 B) over the plan's step once the received rows were the run's. Megatron-LM
+    applies the probabilities in its unpermute (not read here): 0."""
+    return 4 * routed_tok * model.top_k if training.framework == "torch" else 0
 
 
 def mlp_step_work(F: int, H: int, gated: bool) -> tuple[int, int]:
