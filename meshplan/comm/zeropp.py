@@ -70,7 +70,7 @@ MARK = "ZeRO++"
 WEIGHT_GROUP_ELEMENTS = 8000
 #: Bytes of one quantization scale (``torch.float32`` in ``quantize_kernel`` and ``ds_swizzle_quant``).
 SCALE_BYTES = 4
-#: qgZ's bits per gradient element, both hops (``coalesced_collectives.py:57, 64``: ``num_bits`` 4).
+#: qgZ's bits per gradient element, both hops (``coalesced_collectives.py:57, 65``: ``num_bits`` 4).
 QGZ_BITS = 4
 #: Bytes per element the quantization kernels read and write as fp16 (``__half``).
 HALF = 2
@@ -171,7 +171,8 @@ def qwz_dequantize_bytes(gathered_numel: int, param_dtype: str) -> float:
 
 def qgz_quantized(numel: int, rows: int, world: int) -> bool:
     """Whether qgZ all-to-alls a gradient of ``numel`` elements and ``rows`` (dim 0; 0 or ``numel``:
-    1-D) over ``world`` ranks, or reduce-scatters it alone (``all_to_all_quant_reduce`` lines 44-55).
+    1-D) over ``world`` ranks, or reduce-scatters it alone (``all_to_all_quant_reduce``,
+    ``coalesced_collectives.py:43-52``).
 
     >>> qgz_quantized(4096 * 4096, 4096, 16), qgz_quantized(4096, 4096, 16), qgz_quantized(100 * 3, 100, 16)
     (True, False, False)
@@ -181,7 +182,7 @@ def qgz_quantized(numel: int, rows: int, world: int) -> bool:
 
 
 def qgz_scale_groups(numel: int, rows: int, world: int) -> int:
-    """G, the int4 scales of the first hop: ``max(dim 0, dim 1, world)`` (line 57).
+    """G, the int4 scales of the first hop: ``max(dim 0, dim 1, world)`` (``coalesced_collectives.py:54``).
 
     >>> qgz_scale_groups(4096 * 14336, 14336, 16)
     14336
