@@ -65,7 +65,6 @@ from meshplan.interop.deepspeed_zero import (
     ZERO12_USED,
     bucket_elements,
     prefetch_memory,
-    refuse_hpz,
     refuse_offload,
     zero3_training,
     zero12_training,
@@ -222,7 +221,6 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if field_typo is not None:
         raise field_typo
     refuse_offload(zero_section(d))
-    refuse_hpz(d.get("zero_optimization", {}))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")

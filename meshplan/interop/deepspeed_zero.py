@@ -74,12 +74,14 @@ them to device ``cpu``). meshplan models neither the CPU optimizer step nor the 
 and planning the state as GPU-resident would report a fitting config infeasible: the error names
 the key; removing it plans the GPU-resident equivalent.
 
-ZeRO++ hpZ is refused too (:func:`refuse_hpz`): ``zero_optimization.zero_hpz_partition_size`` above 1
-at stage 3 keeps a secondary bf16 copy of the parameters sharded within each group of that many
-ranks (a node) and runs the backward all-gathers inside it (DeepSpeed's ZeRO++ tutorial;
-``runtime/zero/partition_parameters.py``; arXiv 2306.10209): 2 B x parameters / hpz more per rank and
-node-local backward gathers, neither of which meshplan's ZeRO-3 rows or memory timeline hold. Planning
-plain ZeRO-3 in its place would make export write the key back and run a job other than the plan.
+ZeRO++ (:func:`zeropp_training`, :mod:`meshplan.comm.zeropp`) is read at stage 3:
+``zero_optimization.zero_hpz_partition_size`` (above 1: hpZ's secondary partition over that many
+consecutive ranks, its backward and later gathers inside them), ``zero_quantized_weights`` (qwZ:
+int8 parameter all-gathers) and ``zero_quantized_gradients`` (qgZ: the gradient reduce-scatter
+replaced by the hierarchical int4 all-to-all across nodes) into the ``[training]`` keys of the same
+names, and written back by ``export --to deepspeed``. ``zeropp_loco_param`` (LoCo's error-feedback
+variant of qgZ, ``all_to_all_loco_quant_reduce``) is refused by name beside qgZ: its error buffers
+and kernels are not modelled.
 """
 
 from __future__ import annotations
@@ -100,7 +102,8 @@ ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
     f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
                                        "stage3_max_live_parameters", "max_live_parameters",
-                                       "stage3_max_reuse_distance", "max_reuse_distance")}
+                                       "stage3_max_reuse_distance", "max_reuse_distance", "zero_hpz_partition_size",
+                                       "zero_quantized_weights", "zero_quantized_gradients")}
 #: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
 #: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
 PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements",
@@ -175,7 +178,8 @@ def zero3_training(d: dict, dtype: str) -> dict[str, Any]:
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
     out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
                            "grad_reduce_dtype": comm.lower() if comm else dtype}
-    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
+    zero = d.get("zero_optimization", {})
+    return out | _contiguous(zero) | _overlap(zero) | zeropp_training(zero)
 
 
 def _contiguous(zero: dict) -> dict[str, Any]:
@@ -326,23 +330,39 @@ def refuse_offload(zero: Any) -> None:
             raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
 
 
-def refuse_hpz(zero: Any) -> None:
-    """ConfigError naming ``zero_optimization.zero_hpz_partition_size`` when ``zero`` (the
-    ``zero_optimization`` table) asks for ZeRO++ hpZ at stage 3 (a size above 1; DeepSpeed's
-    default 1 is no secondary partition; module docstring).
+#: ZeRO++'s ``zero_optimization`` keys meshplan reads at stage 3 (:func:`zeropp_training`).
+ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
 
-    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 1}); refuse_hpz({"stage": 2, "zero_hpz_partition_size": 8})
-    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 8})
+
+def zeropp_training(zero: Any) -> dict[str, Any]:
+    """The ``[training]`` keys of ZeRO++ in ``zero`` (the ``zero_optimization`` table; module
+    docstring): ``zero_hpz_partition_size`` above 1 (DeepSpeed's 0 and 1 are no secondary
+    partition: ``stage3.py`` tests ``> 1``), the two quantization switches when true. A
+    ConfigError names a key of the wrong type, and ``zeropp_loco_param`` beside qgZ.
+
+    >>> zeropp_training({"zero_hpz_partition_size": 8, "zero_quantized_weights": True}), zeropp_training({"zero_hpz_partition_size": 1})
+    ({'zero_hpz_partition_size': 8, 'zero_quantized_weights': True}, {})
+    >>> zeropp_training({"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}})
     Traceback (most recent call last):
-    meshplan.errors.ConfigError: zero_optimization.zero_hpz_partition_size: 8: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over 8 ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML (sharding = "hsdp" on a mesh with dp_shard 8)
+    meshplan.errors.ConfigError: zero_optimization.zeropp_loco_param: LoCo's error-feedback qgZ (all_to_all_loco_quant_reduce: error buffers and their int8 kernels) is not modelled; remove it to plan qgZ (all_to_all_quant_reduce)
     """
-    if not isinstance(zero, dict) or zero.get("stage") != 3:
-        return
-    size = zero.get("zero_hpz_partition_size", 1)
-    if size == 1:
-        return
-    raise ConfigError("zero_optimization.zero_hpz_partition_size",
-                      f"{size!r}: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over "
-                      f"{size} ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain "
-                      f"ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML "
-                      f"(sharding = \"hsdp\" on a mesh with dp_shard {size})")
+    if not isinstance(zero, dict):
+        return {}
+    out: dict[str, Any] = {}
+    g = zero.get("zero_hpz_partition_size", 1)
+    if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g <= BOUNDS["world"].value:
+        raise ConfigError("zero_optimization.zero_hpz_partition_size", f"{g!r}: a whole number of ranks >= 0 "
+                          f"(0 and 1: no secondary partition)")
+    if g > 1:
+        out["zero_hpz_partition_size"] = g
+    for key in ZEROPP_KEYS[1:]:
+        v = zero.get(key, False)
+        if not isinstance(v, bool):
+            raise ConfigError(f"zero_optimization.{key}", f"{v!r}: true or false")
+        if v:
+            out[key] = True
+    if out.get("zero_quantized_gradients") and zero.get("zeropp_loco_param") is not None:
+        raise ConfigError("zero_optimization.zeropp_loco_param", "LoCo's error-feedback qgZ "
+                          "(all_to_all_loco_quant_reduce: error buffers and their int8 kernels) is not modelled; "
+                          "remove it to plan qgZ (all_to_all_quant_reduce)")
+    return out

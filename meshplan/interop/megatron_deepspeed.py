@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_hpz, refuse_offload,
+from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_offload,
                                              zero3_training, zero12_training, zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
@@ -121,7 +121,6 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     """
     zero = d.get("zero_optimization", {})
     refuse_offload(zero)
-    refuse_hpz(zero)
     training, memory = {}, {}
     if stage in (1, 2):
         training, memory = zero12_training(d, dtype), {"grad_bucket_elements": bucket_elements(zero)}

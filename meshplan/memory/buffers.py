@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-3's gradient buffers on one rank: the 2021 engine's ipg buffers or flattened
 bucket during each backward (:func:`deepspeed3_bucket_bytes`), current DeepSpeed's ipg buffer
 kept from init (:func:`deepspeed3_ipg_bytes`), and their label in the memory timeline
-(:func:`bucket_what`). FSDP2's and ZeRO-1/2's buckets are
+(:func:`bucket_what`); and ZeRO++ hpZ's secondary parameter partition (:func:`hpz_secondary_bytes`). FSDP2's and ZeRO-1/2's buckets are
 :meth:`~meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`.
 """
 
@@ -87,6 +87,27 @@ def deepspeed3_ipg_bytes(training: TrainingSpec, opts: MemoryOptions) -> int:
     if training.sharding != "zero3" or training.zero3_engine != "deepspeed" or not training.contiguous_grads:
         return 0
     return opts.deepspeed_bucket_elements() * dtype_bytes(training.gradient_reduce_dtype)
+
+
+def hpz_secondary_bytes(training: TrainingSpec, params: int) -> int:
+    """Bytes of DeepSpeed ZeRO++ hpZ's secondary partition on one rank holding ``params`` parameters
+    (``training.zero_hpz_partition_size`` g > 1 under ``zero3_engine = "deepspeed"``, else 0):
+    ``_partition_param_sec`` (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partition_parameters.py``
+    1872-1925) keeps ``aligned numel / g`` elements of every parameter in its dtype
+    (``torch.empty(secondary_partition_size, dtype=param.dtype)``) from the first forward of a step
+    to ``_post_step``'s ``invalidate_secondary_tensor`` (``stage3.py:2566-2577``): ``params / g x``
+    the parameter bytes (the alignment to the world, under ``world`` elements a tensor, left out).
+
+    Llama 3 8B (8,030,261,248 parameters, bf16) with g = 8: 2.01 GB a rank:
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", zero_hpz_partition_size=8)
+    >>> hpz_secondary_bytes(t, 8_030_261_248), hpz_secondary_bytes(t.model_copy(update={"zero_hpz_partition_size": 1}), 8)
+    (2007565312, 0)
+    """
+    g = training.zero_hpz_partition_size
+    if g <= 1 or training.sharding != "zero3" or training.zero3_engine != "deepspeed":
+        return 0
+    return -(-params // g) * dtype_bytes(training.param_dtype)
 
 
 def ipg_elements(training: TrainingSpec, opts: MemoryOptions) -> int:

@@ -17,7 +17,8 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import shard_words, state_how
 from meshplan.units import dtype_bytes, human_bytes
-from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
+from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, hpz_secondary_bytes, \
+    ipg_elements
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
@@ -47,6 +48,10 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
                     f"{opts.nccl_channels} channels x {opts.nccl_peers} peers"))
     out.extend(deepep_entry(deepep))
     out.append((None, "workspace", opts.workspace_bytes, f"cuBLAS workspace {human_bytes(opts.workspace_bytes)}"))
+    sec = hpz_secondary_bytes(training, state.params.total)
+    out.append((None, "params", sec, f"DeepSpeed ZeRO++ hpZ secondary partition: {state.params.total:,} / "
+                f"zero_hpz_partition_size {training.zero_hpz_partition_size} x {dtype_bytes(training.param_dtype)} B, "
+                "held from the step's first forward to the optimizer step"))
     ipg = deepspeed3_ipg_bytes(training, opts)
     out.append((None, "grad_buffers", ipg, f"DeepSpeed ZeRO-3 ipg buffer: reduce_bucket_size "
                 f"{opts.deepspeed_bucket_elements():,} x {dtype_bytes(training.gradient_reduce_dtype)} B "

@@ -153,7 +153,9 @@ def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
     stream: it ends after the others)."""
     shares = s.ov.fsdp_backward[i] if phase == "backward" and s.ov.fsdp_backward else None
     if shares is not None:
-        whole_s, ev = s.c.get("shard", "forward", "all-gather", "layer"), None
+        # the backward's whole call where the table has one (ZeRO++ hpZ: the secondary group's), else the forward's
+        whole_s = s.c.get("shard", "backward", "all-gather", "layer") or s.c.get("shard", "forward", "all-gather", "layer")
+        ev = None
         for x in shares:
             ev = s.comm("shard", phase, "all-gather", f"fsdp AG L{i} ({part * x:.0%}, stage3_max_reuse_distance)",
                         "layer", seconds=whole_s * part * x)

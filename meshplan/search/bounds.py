@@ -100,7 +100,8 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     kept = pick(col(a["d_saved"]), col(a["m_saved"]), np.minimum)
     lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
-    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c)) + deepep_bytes(cfg, c, st)
+    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c)) + deepep_bytes(cfg, c, st) \
+        + _hpz(cfg, c, s)
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
@@ -369,6 +370,17 @@ def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
     t = cfg.training
     zero3 = t.model_copy(update={"sharding": "zero3", "zero3_engine": t.searched_zero3_engine, "zero12_engine": "megatron"})
     return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
+
+
+def _hpz(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
+    """ZeRO++ hpZ's secondary partition, bytes (candidates, stages), held from init
+    (:func:`meshplan.memory.buffers.hpz_secondary_bytes` of each stage's parameters on a rank): on the
+    zero3 candidates of a config with ``zero_hpz_partition_size`` above 1, 0 elsewhere."""
+    t = cfg.training
+    if t.zero_hpz_partition_size <= 1 or t.searched_zero3_engine != "deepspeed":
+        return np.zeros_like(s["params_numel"])
+    per = -(-s["params_numel"] // t.zero_hpz_partition_size) * dtype_bytes(t.param_dtype)
+    return np.where((c.sh == SHARDING.index("zero3"))[:, None], per, 0)
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

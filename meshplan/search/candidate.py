@@ -16,6 +16,7 @@ from meshplan.search.columns import FSDP_SHARDINGS, LAYER_AC_FREQ, RECOMPUTE, SH
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_checks import zeropp_keys_set
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
 def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last: bool = False):
@@ -114,6 +115,7 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
         out["contiguous_gradients"] = False  # DeepSpeed's key: no other engine reads it
     if t.zero3_engine != "fsdp2" and sharding != "zero3":
         out["zero3_engine"] = "fsdp2"
+        out |= {k: type(t).model_fields[k].default for k in zeropp_keys_set(t)}  # ZeRO++: stage 3's
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
         if deepspeed12:  # DeepSpeed's own ZeRO-1/2, the config's contiguous_gradients (one key for every stage)

@@ -132,7 +132,11 @@ def engine_texts(training) -> dict[str, str]:
     """The ``engine`` rule's words per sharding family (``zero12``, ``zero3``) of the engines
     ``training`` plans, so a count can name the rule that rejected its rows alone."""
     planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
-    return {k[0]: _ENGINE_TEXT[k] for k in _ENGINE_TEXT if k in planned}
+    out = {k[0]: _ENGINE_TEXT[k] for k in _ENGINE_TEXT if k in planned}
+    if "zero3" in out and _zeropp_groups(training):
+        out["zero3"] += (f", or ZeRO++ groups (hpZ {training.zero_hpz_partition_size}, qgZ) on a data axis that is not "
+                         "the whole world or that hpZ's group does not divide")
+    return out
 
 
 #: :func:`reason_table` of the registered axes.
@@ -179,6 +183,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
+         # ZeRO++ hpZ / qgZ: groups of world ranks, the data axis the whole world, g dividing it (plan_checks.check_zeropp)
+         | (_zeropp_groups(t) & (c.sh == SHARDING.index("zero3"))
+            & ((c.tp > 1) | (c.ep > 1) | (c.dpr > 1) | ((c.dps * c.cp) % t.zero_hpz_partition_size != 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
          # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
          # (overlap_comm as given, else stages 1 and 2's default false: TrainingSpec.overlaps_comm)
@@ -199,6 +206,12 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     for key, bad in reversed(checks):
         out[np.broadcast_to(bad, out.shape)] = code[key]
     return out
+
+
+def _zeropp_groups(t) -> bool:
+    """Whether ``t`` runs a ZeRO++ switch that builds groups of world ranks (hpZ, qgZ;
+    :func:`meshplan.plan_checks.check_zeropp`), which every zero3 row then needs whole."""
+    return t.zero_hpz_partition_size > 1 or t.zero_quantized_gradients
 
 
 def _no_first_last(layers: int, pp: np.ndarray) -> np.ndarray:

@@ -132,6 +132,11 @@ class TrainingSpec(TrainingChecks):
     its ipg buffers (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`: none when
     false); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
+    ``zero_hpz_partition_size``, ``zero_quantized_weights``, ``zero_quantized_gradients``
+    (``zero3_engine = "deepspeed"`` only): DeepSpeed ZeRO++'s hpZ (a secondary parameter partition
+    over that many consecutive ranks; default 1, none), qwZ (int8 parameter all-gathers) and qgZ
+    (across nodes, int4 all-to-alls in place of the gradient reduce-scatter), as DeepSpeed runs them
+    (:mod:`meshplan.comm.zeropp`; docs/input.md "DeepSpeed ZeRO++").
     ``zero0_engine`` (sharding none): ``ddp`` or ``deepspeed``, DeepSpeed's engine without ZeRO
     (what a DeepSpeed stage 0 config imports to). It changes nothing in the plan of sharding none
     (one data-parallel all-reduce of the gradients either way); it tells a search which runtime the

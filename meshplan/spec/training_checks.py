@@ -33,6 +33,21 @@ MEGATRON_ONLY: dict[str, tuple[bool, str]] = {
 }
 
 
+#: DeepSpeed ZeRO++'s [training] keys (:mod:`meshplan.comm.zeropp`), DeepSpeed's own names.
+ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
+
+
+def zeropp_keys_set(training) -> list[str]:
+    """The :data:`ZEROPP_KEYS` ``training`` turns on (hpZ's size above 1, the switches true), in that order.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> zeropp_keys_set(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", zero_quantized_weights=True))
+    ['zero_quantized_weights']
+    """
+    return [k for k in ZEROPP_KEYS if (training.zero_hpz_partition_size > 1 if k == "zero_hpz_partition_size"
+                                        else getattr(training, k) is True)]
+
+
 def zero3_engine_sharding_error(engine: str, sharding: str) -> str:
     """The error for a DeepSpeed ``zero3_engine`` under a ``sharding`` other than zero3: what
     that sharding is (HSDP does gather parameters, within dp_shard), and the two fixes.
@@ -41,7 +56,7 @@ def zero3_engine_sharding_error(engine: str, sharding: str) -> str:
     sharding 'zero1' runs no ZeRO-3 parameter gathers: remove the key, or set sharding = "zero3"
     """
     what = ("is FSDP2's hybrid sharding (gathers within dp_shard, replicas over dp_replicate), which DeepSpeed's "
-            "ZeRO-3 does not run (its node-local variant, ZeRO++ hpZ, is not modelled)"
+            "ZeRO-3 does not run (its node-local variant is ZeRO++ hpZ: zero_hpz_partition_size under sharding zero3)"
             if sharding == "hsdp" else "runs no ZeRO-3 parameter gathers")
     fsdp2 = " to plan FSDP2" if sharding == "hsdp" else ""
     return (f"zero3_engine {engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); sharding {sharding!r} {what}: "
@@ -187,6 +202,7 @@ class TrainingChecks(TrainingPrecision):
                              f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
                              "\"allgather\"")
         self._check_pp_p2p()
+        self._check_zeropp()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
                              f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
@@ -199,6 +215,17 @@ class TrainingChecks(TrainingPrecision):
         :meth:`_check_megatron_only` refuses it)."""
         if self.pp_p2p_overlap_warmup_flush and self.pp_p2p_overlap is False:
             raise ValueError(MEGATRON_ONLY["pp_p2p_overlap_warmup_flush"][1])
+
+    def _check_zeropp(self) -> None:
+        """DeepSpeed ZeRO++'s keys (``zero_hpz_partition_size`` above 1, ``zero_quantized_weights``,
+        ``zero_quantized_gradients``) only under DeepSpeed's ZeRO-3 of today (sharding zero3,
+        ``zero3_engine = "deepspeed"``; :mod:`meshplan.comm.zeropp`): stage3.py alone reads them
+        (deepspeedai/DeepSpeed edaa722 ``runtime/engine.py:2441-2457`` passes them to stage 3 only)."""
+        key = next(iter(zeropp_keys_set(self)), None)
+        if key and (self.sharding != "zero3" or self.zero3_engine != "deepspeed"):
+            raise ValueError(f"{key} is DeepSpeed ZeRO++ (zero_optimization.{key}), which DeepSpeed's ZeRO-3 runs "
+                             f"(sharding \"zero3\", zero3_engine \"deepspeed\"); here sharding {self.sharding!r}, "
+                             f"zero3_engine {self.zero3_engine!r}: set them or remove {key}")
 
     def _check_megatron_only(self) -> None:
         """Under a framework other than "megatron", the first of :data:`MEGATRON_ONLY`'s keys set to

@@ -28,11 +28,13 @@ from meshplan.spec.wording import runtime
 # follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them. ``cp_attention`` is how the
 # runtime runs CP's attention (Megatron-LM's ``--cp-comm-type``), not what it computes: a knob
-# (newcomer trial 31 was refused p2p against all_gather).
+# (newcomer trial 31 was refused p2p against all_gather). DeepSpeed ZeRO++'s three keys are how
+# DeepSpeed's ZeRO-3 moves the same gathers and reductions (meshplan.comm.zeropp): knobs.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention")
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention",
+              "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
@@ -202,6 +204,8 @@ class TrainingEngines(TrainingFields):
         if knob == "contiguous_gradients":
             acts = deepspeed3 or self.deepspeed_zero12
             return acts, self.contiguous_grads if acts else value
+        if knob.startswith("zero_hpz") or knob.startswith("zero_quantized"):  # DeepSpeed ZeRO++ (comm.zeropp)
+            return self.sharding == "zero3" and self.zero3_engine == "deepspeed", value
         return True, value
 
     @property
