@@ -40,6 +40,7 @@ from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, over
+from meshplan.spec import recompute_modules
 from meshplan.spec.axes import canonical_names
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.memory import MemoryOptions
@@ -176,6 +177,7 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     elif mesh is not None and model.is_moe:
         mesh, notes = _torch_etp(mesh, notes)
     _check_routing(model, training)
+    notes = (*notes, *recompute_modules.config_notes(model, training))
     if mesh is not None and training.moe_dispatcher == "deepep":
         _check_deepep_group(mesh)
     cluster = read_cluster(data["cluster"])

@@ -100,15 +100,22 @@ def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle()
     Megatron-LM 2022's p2p calls' syncs, stage 0's 120 + 15 calls x 3 x 4.7 us = 1.90 ms of compute
     13013.91 -> 13015.81 ms, and the last stage's loss scale multiply and its backward, 120 x 9.4 us
     there, of which 0.01 ms reaches stage 0's bubble: the step 46270.96 -> 46272.87 ms; the tie among
-    stages 1-14 now falls on 4, was 10.)"""
+    stages 1-14 now falls on 4, was 10. recomp48: the shared expert's activation counted at its own
+    width, 2,048, not its fused gate/up GEMM's 4,096 columns (compute.elementwise.activation_elements):
+    per MoE layer and micro-batch its forward, full recompute's replay and backward move 8,388,608 x
+    2 B x (3 + 3 + 5) = 184.5 MB less, 62 us at H100's Triad 2.97 TB/s, so stages 1-14 (4 MoE layers
+    each) take 343.24 -> 342.99 ms per micro-batch; stage 0's bubble carries that about 133 times (120
+    micro-batches and the 13 stages between): 33044.49 -> 33011.37 ms, step 46272.87 -> 46239.76 ms,
+    stage 0 idle 33011.37 / 46239.76 = 0.7139, 33011.37 / 13228.39 = 2.4955 as idle/ideal; the tie
+    among stages 1-14 now falls on 12.)"""
     r = _cli("step", EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     head = next(x for x in r.output.splitlines() if x.startswith("bubble "))
     assert head.startswith("bubble 0.1217 as idle/ideal, 0.1085 as idle/total (the schedule's bubble fraction, on the "
-                           "busiest stage 4, pipeline only; the step's parts below are on stage 0, where the step "
-                           "ends: bubble 33044.49 ms is its idle, 0.7141 of the step (2.4980 as idle/ideal))")
-    assert "step on stage 0 = compute 13015.81 + bubble 33044.49 + exposed dp 43.00 + exposed pp 169.57 = 46272.87 ms" \
+                           "busiest stage 12, pipeline only; the step's parts below are on stage 0, where the step "
+                           "ends: bubble 33011.37 ms is its idle, 0.7139 of the step (2.4955 as idle/ideal))")
+    assert "step on stage 0 = compute 13015.81 + bubble 33011.37 + exposed dp 43.00 + exposed pp 169.58 = 46239.76 ms" \
         in r.output
-    assert round(33044.49 / 46272.87, 4) == 0.7141 and round(33044.49 / (46272.87 - 33044.49), 4) == 2.4980
+    assert round(33011.37 / 46239.76, 4) == 0.7139 and round(33011.37 / (46239.76 - 33011.37), 4) == 2.4955
 
 
 def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path):

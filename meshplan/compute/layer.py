@@ -15,12 +15,13 @@ from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
 from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
 from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
-from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, op_sac_kept, replay
+from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, op_sac_kept, replay
 from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, fused_qkv_parts, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
 from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.recompute_modules import layer_parts
 from meshplan.units import dtype_bytes
 
 
@@ -42,7 +43,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     is not read), by policy. The ops no policy changes (GEMMs, the attention's own ops,
     memory-bound ops, Megatron-LM's kernels) are built once; each policy adds its recompute
     ops where :func:`layer_cost` has them (``selective``: the attention's replay after the
-    attention ops; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
+    attention ops where ``w.recompute_modules`` has core_attn, then the other modules' replays,
+    :func:`~meshplan.compute.recompute.module_replays`; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
     same ops in the same order (the search asks every policy of each shape).
 
     >>> from dataclasses import replace
@@ -88,9 +90,12 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
         rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
     order = {b: i for i, b in enumerate(BLOCKS)}
+    parts = layer_parts(w.recompute_modules, model.is_moe_layer(model.layers - 1 if layer < 0 else layer), model.is_mla)
     out = {}
     for rc in recomputes:
-        every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
+        every = ops + (attn_sel if rc == "selective" and "core_attn" in parts else attn_plain) + rest
+        if rc == "selective" and parts - {"core_attn"}:  # Megatron-LM's other recompute modules
+            every += module_replays(gpu, model, gemms, every, parts)
         if rc in ("full", "op"):
             kept = op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
             every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept

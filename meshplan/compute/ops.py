@@ -38,7 +38,10 @@ Conventions (named so a number lines up with another tool's):
   (:func:`~meshplan.compute.kernel_time.issue_floor`); the batch's transfers to the GPU per micro-batch (:mod:`~meshplan.compute.batch_input`); the optimizer step
   streams its bytes at Triad (:func:`~meshplan.compute.kernel_time.optimizer_bandwidth`).
 - **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
-  et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in
+  et al. 2022, section 5), and the forward kernels of the other modules of
+  ``Workload.recompute_modules`` (Megatron-LM's ``--recompute-modules``:
+  :func:`meshplan.compute.recompute.module_replays`; without ``core_attn`` the core is not
+  re-run); ``full`` re-runs the whole layer forward. Recomputed ops count in
   hardware FLOP and time, never in model FLOP.
 - **MFU / HFU**: model FLOP per step / (step time x ranks x dense peak), hardware FLOP
   likewise (Korthikanti et al. 2022, appendix A: model FLOP exclude recompute, hardware
@@ -121,6 +124,7 @@ class Workload:
     etp: int = 1
     dtype: str = "bf16"
     recompute: str = "selective"
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     flash: bool = True
     dropout: bool = False
     vocab_pad_divisor: int = 128

@@ -1,7 +1,8 @@
 """What a recompute policy replays in a layer's backward (:mod:`meshplan.compute.ops`'
 conventions): a forward op re-run (:func:`replay`), the GEMMs torchtitan's op-level selective AC
-saves (:func:`op_sac_kept`), the ops full AC leaves out (:func:`full_ac_not_replayed`), and
-torchtitan's per-layer AC as a per-layer policy (:func:`layer_workload`).
+saves (:func:`op_sac_kept`), the ops full AC leaves out (:func:`full_ac_not_replayed`),
+torchtitan's per-layer AC as a per-layer policy (:func:`layer_workload`), and the forward kernels
+Megatron-LM's selective recompute modules replay beyond the attention core (:func:`module_replays`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.compute import float8, ring_attention
+from meshplan.compute.elementwise import activation_elements
+from meshplan.compute.kernel_time import memory_op
 from meshplan.compute.ops import Op, Workload
+from meshplan.compute.shapes import Gemm
+from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 
 
@@ -71,3 +76,49 @@ def layer_workload(w: Workload, checkpointed: bool) -> Workload:
     """The workload of one layer under torchtitan's per-layer AC (``recompute = "layer"``):
     ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged."""
     return replace(w, recompute="full" if checkpointed else "none") if w.recompute == "layer" else w
+
+
+#: Forward ops of ``mla_up_proj``'s function (multi_latent_attention.py 850-980 at NVIDIA/Megatron-LM
+#: d98e8a6, ``qkv_up_proj_and_rope_apply``): the q up-projection (``linear_q_up_proj``, or
+#: ``linear_q_proj`` without a query latent: ``wq``), the kv up-projection, each with its fused
+#: latent norm (``TELayerNormColumnParallelLinear`` under ``--qk-layernorm``), and RoPE.
+MLA_UP_PROJ = ("wq_b", "wq", "wkv_b", "q_a norm", "kv_a norm", "rope")
+#: The forward activation kernels of an MLP (:func:`meshplan.compute.elementwise.elementwise_ops`).
+ACTIVATIONS = ("silu x up", "silu", "gelu")
+
+
+def module_replays(gpu: GPUSpec, model: ModelSpec, gemms: list[Gemm], ops: list[Op], parts: frozenset) -> list[Op]:
+    """The forward ops of one layer (``ops``, its forward and backward; ``gemms`` its forward
+    GEMMs) that Megatron-LM's selective recompute ``parts`` (:func:`meshplan.spec.recompute_modules.layer_parts`)
+    replay in backward, as :func:`replay` ops, beyond the attention core's (``core_attn``,
+    :func:`meshplan.compute.layer.layer_costs`): ``attn_norm``, ``mlp_norm`` the norm;
+    ``mla_up_proj`` :data:`MLA_UP_PROJ`; ``mlp`` the dense MLP's forward with its fused norm
+    (Transformer Engine's ``linear_fc1``); ``moe`` the MoE block's whole forward (router,
+    permutations, routed and shared experts); ``shared_experts`` the shared experts' GEMMs and
+    their share of the activation; ``moe_act`` the routed experts' share of the activation (shares
+    by :func:`~meshplan.compute.elementwise.activation_elements`). Inside ``moe``, ``shared_experts``
+    and ``moe_act`` replay once more (their checkpoints run again in ``moe``'s replay:
+    :mod:`meshplan.spec.recompute_modules`). The replayed modules' tensor-parallel and expert
+    collectives (the MLP's all-gather and reduce-scatter, ``moe``'s dispatch and combine) are not
+    issued again by the step's timeline.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.layer import layer_cost
+    >>> w = Workload(seq_len=4096, recompute_modules=("core_attn", "mlp"), framework="megatron", megatron_ops=True)
+    >>> c = layer_cost(catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb"), w)
+    >>> [o.name for o in c.ops if o.recompute and o.block != "attn"]
+    ['mlp norm (recompute)', 'w_gate (recompute)', 'w_up (recompute)', 'w_down (recompute)', 'silu x up (recompute)']
+    """
+    fwd = [o for o in ops if o.phase == "forward" and not o.recompute]
+    out = [o for o in fwd if (o.name == "attn norm" and "attn_norm" in parts) or (
+        o.name == "mlp norm" and ("mlp_norm" in parts or "mlp" in parts)) or (
+        o.name in MLA_UP_PROJ and "mla_up_proj" in parts) or (o.block == "mlp" and parts & {"mlp", "moe"})]
+    act = activation_elements(model, gemms)
+    total = sum(act.values())
+    for part, share in (("shared_experts", "shared_w_up"), ("moe_act", "expert_w_up")):
+        if part not in parts or not total:
+            continue
+        out += [o for o in fwd if part == "shared_experts" and o.name.startswith("shared_") and o.kind == "gemm"]
+        out += [memory_op(gpu, f"{o.name} ({part})", o.block, "forward", o.size_bytes * act.get(share, 0.0) / total)
+                for o in fwd if o.name in ACTIVATIONS and act.get(share)]
+    return [replay(o) for o in out]

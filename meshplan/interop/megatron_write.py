@@ -11,6 +11,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_attention import WRITTEN
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
+from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
 from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
@@ -63,6 +64,7 @@ def write(cfg: Config) -> list[str]:
                           f"--recompute-method block recomputes the first n layers of each stage): set "
                           f"training.recompute to full or selective")
     out += recompute_flags(t.recompute, bool(deepspeed))
+    out += recompute_module_flags(t.recompute_modules) * (t.recompute == "selective")
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])

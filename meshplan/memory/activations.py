@@ -113,7 +113,7 @@ from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims, LocalSizes, Term
-from meshplan.memory.mla_terms import mla_kv_terms, mla_latent_terms
+from meshplan.memory.mla_terms import MLA_KV_TERMS, MLA_LATENT_TERMS, mla_kv_terms, mla_latent_terms
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -151,7 +151,7 @@ def _norm_and_gemm_input(dims: LayerDims, lc: LocalSizes, norm: str, gemm: str, 
     return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
 
 
-def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: bool, v: dict,
+def _attention_terms(dims: LayerDims, lc: LocalSizes, core: bool, flash: bool, v: dict,
                      gathered: bool = False, cp_kv: bool = False, mla_views: bool = False) -> list[Term]:
     """The attention block's kept tensors; ``gathered``: Megatron-LM's QKV sub-sharding at tp >
     kv_heads (:mod:`meshplan.spec.axes.tp_kv`): v is a view of the all-gathered fused QKV output
@@ -161,7 +161,8 @@ def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: boo
     sequence's K and V, ``s`` tokens (:func:`meshplan.memory.cp_buffers.saves_gathered_kv`), in
     place of the local ones (and of the fused QKV output, which then is not what it reads).
     ``mla_views``: MLA under torch, whose v is a view of a wider tensor
-    (:func:`~meshplan.memory.mla_terms.mla_kv_terms`)."""
+    (:func:`~meshplan.memory.mla_terms.mla_kv_terms`). ``core``: the attention core is
+    recomputed (selective recompute with core_attn), so its scores or flash statistics are not kept."""
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
     kv_rows, KS = (dims.s * b, "s") if cp_kv else (rows, S)
@@ -174,13 +175,13 @@ def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: boo
     kv_terms = mla_kv_terms(dims, lc, k, kv, flash, cp_kv) if mla_views else [k, value]
     out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + mla_latent_terms(dims, lc, bool(v.get("unfused_norm"))) + [
         Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")] + kv_terms
-    if recompute != "selective" and not flash:
+    if not core and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
         if dims.dropout:
             out.append(Term("softmax dropout mask", n, f"a*{S}*s*b/t"))
             out.append(Term("softmax dropout output", e * n, f"{e}*a*{S}*s*b/t"))
-    elif recompute != "selective":
+    elif not core:
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
     out.append(Term("context (out-proj input)", e * rows * lc.aq * dv, f"{e}*{S}*b*a*{dvs}/t"))
     if dims.dropout:
@@ -212,12 +213,15 @@ VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
 
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
                 recompute: str = "none", flash: bool = False, fused_glu: bool = False, framework: str = "torch",
-                cp_kv: bool = False, **variants: bool) -> list[Term]:
+                cp_kv: bool = False, parts: frozenset = frozenset({"core_attn"}), **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
     derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
     ``framework``: megatron at tp > kv_heads keeps the all-gathered fused QKV output
     (:func:`_attention_terms`); ``cp_kv``: K and V kept for the whole sequence (all-gather CP,
-    :func:`_attention_terms`); ``variants``: :data:`VARIANTS` (module docstring).
+    :func:`_attention_terms`); ``parts``: under ``selective``, what Megatron-LM's recompute modules
+    recompute in this layer (:func:`meshplan.spec.recompute_modules.layer_parts`; default: the
+    attention core), whose terms are not kept (:data:`DISCARDED`); ``variants``: :data:`VARIANTS`
+    (module docstring).
 
     4 q / 2 KV heads of 16 (h 64), s 64, b 1, tp 4, bf16: v (64 x 1 x 16 x 2 = 2,048 B) becomes the
     gathered 64 x (4 + 4) x 16 x 2 = 16,384 B under Megatron:
@@ -238,8 +242,27 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
         return op_sac_terms(dims, lc, flash)
     gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
     views = bool(dims.kv_lora) and framework == "torch"
-    return (_attention_terms(dims, lc, recompute, flash, variants, gathered, cp_kv and cp > 1, views)
-            + _mlp_terms(dims, lc, fused_glu, variants))
+    parts = parts if recompute == "selective" else frozenset()
+    terms = (_attention_terms(dims, lc, "core_attn" in parts, flash, variants, gathered, cp_kv and cp > 1, views)
+             + _mlp_terms(dims, lc, fused_glu, variants))
+    dropped = {n for p in parts for n in DISCARDED.get(p, ())}
+    return [t for t in terms if t.name not in dropped]
+
+
+_MLP_INSIDE = ("activation input", "fc1 output (gate, up)", "gate", "silu output", "up", "w_out input")
+#: Terms a selective recompute part (:func:`meshplan.spec.recompute_modules.layer_parts`) does not
+#: keep, beyond the attention core's scores (``core_attn``): the outputs an output-discarding
+#: checkpoint frees (``attn_norm``, ``mlp_norm``: the norm's output, its GEMMs' saved input;
+#: ``mla_up_proj``: Q, K, V and the normalised latents inside the fused up-projections), and what a
+#: normal checkpoint's module saves inside it (``mlp``: all but its input, the norm's input;
+#: ``moe`` and ``shared_experts``: the shared experts' own tensors, their input kept; the routed
+#: experts' in :func:`meshplan.memory.workingset.layer_act_sizes`). Megatron-LM d98e8a6, cited in
+#: :mod:`meshplan.spec.recompute_modules`.
+DISCARDED = {"attn_norm": ("qkv input", "qkv input (all-gathered)"),
+             "mlp_norm": ("w_in input", "w_in input (all-gathered)"),
+             "mla_up_proj": ("q", "k", "v", *MLA_KV_TERMS, *(MLA_LATENT_TERMS[i] for i in (1, 3, 4, 5))),
+             "mlp": ("w_in input", "w_in input (all-gathered)", *_MLP_INSIDE),
+             "moe": _MLP_INSIDE, "shared_experts": _MLP_INSIDE}
 
 
 def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:

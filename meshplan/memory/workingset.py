@@ -78,6 +78,7 @@ from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.recompute_modules import layer_parts
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes
@@ -119,13 +120,17 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if training.recompute == "layer":
         training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
     fused = opts.fused_glu_for(training) and model.gated_mlp
-    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused}
+    parts = layer_parts(training.recompute_modules, moe, model.is_mla)
+    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused, "parts": parts}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
     h = model.hidden
     dims = dense_dims(model, training, opts.dropout)
     routed_full, widest, routed_fwd = _routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0, 0, 0)
     routed = routed_full if training.recompute != "full" else 0
+    if moe and training.recompute == "selective":
+        routed = routed_kept(model, training, mesh, tok, tp, fused, lo["parts"]) if lo["parts"] & {"moe", "moe_act"} \
+            else routed
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
     f8 = {} if moe else float8_copies(model, training, mesh)
@@ -238,6 +243,38 @@ def _scores_grad(model: ModelSpec, training: TrainingSpec, routed_tok: int) -> i
     and 512 B (64 x 2 x 4 B) over the plan's step once the received rows were the run's. Megatron-LM
     applies the probabilities in its unpermute (not read here): 0."""
     return 4 * routed_tok * model.top_k if training.framework == "torch" else 0
+
+
+def routed_kept(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int, tp: int, fused: bool,
+                parts: frozenset) -> int:
+    """Bytes the routed experts of one MoE layer keep under selective recompute ``parts``
+    (:func:`meshplan.spec.recompute_modules.layer_parts`): none under ``moe`` (the whole MoE layer
+    checkpointed with its input, the norm's output, counted with the layer's terms); under
+    ``moe_act`` those of :func:`_routed_sizes` less the activation's output, fc2's input, one
+    f-wide column per received row (Megatron-LM's ``TEGroupedMLP`` discards it and keeps the
+    activation's input, fc1's output: :mod:`meshplan.spec.recompute_modules`).
+
+    Mixtral (h 4096, 8 experts, top 2, expert ffn 14336), 4,096 tokens at ep 1, bf16, fused SwiGLU:
+    8,192 rows x (3 x 14,336 + 2 x 4,096) x 2 B + 4 B x 4,096 tokens x 8 experts = 838,991,872 B kept
+    without recompute; moe_act frees fc2's input, 8,192 x 14,336 x 2 B = 234,881,024 B of them (gated
+    unfused: the SiLU output and the product, two columns; GeLU: one):
+
+    >>> from meshplan import catalog
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> m, t = catalog.model("mixtral-8x7b"), TrainingSpec(global_batch=8, seq_len=4096, framework="megatron")
+    >>> mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[1]), 1)
+    >>> _routed_sizes(m, t, mesh, 4096, 1, True)[0], routed_kept(m, t, mesh, 4096, 1, True, frozenset({"moe_act"}))
+    (838991872, 604110848)
+    """
+    if "moe" in parts:
+        return 0
+    full = _routed_sizes(model, training, mesh, tok, tp, fused)[0]
+    routed_tok, g = routed_tokens(tok, tp, mesh.etp, training.framework)
+    r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
+    kept = 3 if fused else 4 if model.gated_mlp else 2  # as _routed_sizes; the checkpoint keeps fc1's output
+    freed = kept - (2 if model.gated_mlp else 1)
+    return full - freed * dtype_bytes(training.compute_dtype) * g * r.recv_rows * ceil(model.moe_ffn / mesh.etp)
 
 
 def mlp_step_work(F: int, H: int, gated: bool) -> tuple[int, int]:

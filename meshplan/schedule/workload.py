@@ -38,7 +38,7 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
-                    recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
+                    recompute=t.recompute, recompute_modules=tuple(t.recompute_modules), flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),

@@ -66,6 +66,9 @@ DERIVED = ("vocab_pad_divisor", "param_dtype", "grad_dtype")
 #: flags (:data:`meshplan.spec.training_checks.MEGATRON_ONLY`: its DDP, FSDP and p2p knobs), which
 #: DeepSpeed's engine replaces under Megatron-DeepSpeed and torch has not.
 DEEPSPEED_KEYS = ("overlap_comm", "contiguous_gradients")
+#: Megatron-LM's ``--recompute-modules`` (:mod:`meshplan.spec.recompute_modules`), which neither torch nor
+#: Megatron-DeepSpeed has: dropped there like the :data:`MEGATRON_ONLY` keys.
+RECOMPUTE_MODULES = ("recompute_modules",)
 
 
 @dataclass(frozen=True)
@@ -127,8 +130,8 @@ def framework_names(text: str) -> tuple[str, ...]:
 
 def dropped_keys(training: TrainingSpec, name: str) -> list[str]:
     """The ``[training]`` keys ``training`` gives that framework ``name`` does not run
-    (:data:`DEEPSPEED_KEYS`, :data:`~meshplan.spec.training_checks.MEGATRON_ONLY`), each left out of
-    its search.
+    (:data:`DEEPSPEED_KEYS`, :data:`~meshplan.spec.training_checks.MEGATRON_ONLY`,
+    :data:`RECOMPUTE_MODULES`), each left out of its search.
 
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", overlap_comm=True)
     >>> dropped_keys(t, "torch"), dropped_keys(t, "megatron_deepspeed")
@@ -138,7 +141,8 @@ def dropped_keys(training: TrainingSpec, name: str) -> list[str]:
     deepspeed = f.get("zero3_engine") == "deepspeed"
     megatron = f["framework"] == "megatron" and not deepspeed
     given = training.model_dump(exclude_unset=True)
-    return [k for k in given if (k in DEEPSPEED_KEYS and not deepspeed) or (k in MEGATRON_ONLY and not megatron)]
+    return [k for k in given if (k in DEEPSPEED_KEYS and not deepspeed) or (
+        (k in MEGATRON_ONLY or k in RECOMPUTE_MODULES) and not megatron)]
 
 
 def _given_keys(training: TrainingSpec) -> dict[str, Any]:

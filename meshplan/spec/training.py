@@ -242,6 +242,9 @@ class TrainingSpec(TrainingChecks):
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
     (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the runtime's words
     (:mod:`meshplan.spec.recompute_words`).
+    ``recompute_modules`` (``selective`` under ``framework = "megatron"``): Megatron-LM's
+    ``--recompute-modules``, default ``("core_attn",)``; which activations each module does not keep
+    and which forward kernels it replays: :mod:`meshplan.spec.recompute_modules` (docs/input.md).
     ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
     and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
     ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meshplan.limits import BOUNDS
+from meshplan.spec.recompute_modules import check_names
 
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -96,6 +97,7 @@ class TrainingFields(BaseModel):
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
@@ -134,6 +136,24 @@ class TrainingFields(BaseModel):
     zero_hpz_partition_size: int = Field(default=1, ge=1, le=BOUNDS["world"].value)
     zero_quantized_weights: bool = False
     zero_quantized_gradients: bool = False
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _modules(cls, v):
+        """``recompute_modules`` as a TOML list (a tuple inside), each a module meshplan models
+        (:func:`meshplan.spec.recompute_modules.check_names`: one line otherwise).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, recompute_modules=["core_attn", "mlp"]).recompute_modules
+        ('core_attn', 'mlp')
+        """
+        if isinstance(v, list):
+            v = tuple(v)
+        if isinstance(v, tuple) and all(isinstance(m, str) for m in v):
+            why = check_names(v)
+            if why is not None:
+                raise ValueError(why)
+        return v
 
     @model_validator(mode="before")
     @classmethod
