@@ -1,0 +1,105 @@
+"""DeepSpeed's PipelineEngine and BF16_Optimizer per micro-batch (``training.pp_engine =
+"deepspeed"``, :mod:`meshplan.compute.deepspeed_pipe`), values derived by hand from DeepSpeed v0.6.5's
+source (``runtime/bf16_optimizer.py:390-407``, ``runtime/pipe/engine.py:639-1031``,
+``runtime/utils.py:660-760``) and the catalog's A100 rates: BabelStream Triad 1.70 TB/s
+(kernels.toml S3) and the 4.7 us issue floor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute.deepspeed_pipe import engine_cost, hp_grad_ops
+from tests.cli_run import run_cli
+
+BLOOM = Path(__file__).resolve().parent.parent / "benchmarks" / "bloom" / "bloom-176b_384xa100_tp4-pp12-dp8.toml"
+A100 = catalog.gpu("a100-sxm-80gb")
+TRIAD, FLOOR = 1.70e12, 4.7e-6
+
+
+def test_hp_grad_accumulation_of_one_bloom_stage():
+    """update_hp_grads on BLOOM-176B's stage 1 (6 layers, tp 4, h = 14336), per micro-batch. Per
+    layer, Megatron's GPT at tp 4 holds (local elements): query_key_value 3h x h / 4 = 154,140,672,
+    dense (wo) h x h / 4 = 51,380,224, dense_h_to_4h 4h x h / 4 = 205,520,896, dense_4h_to_h the
+    same: 616,562,688 weight elements; biases 3h/4 = 10,752, h, 4h/4 and h (14,336 each); two
+    LayerNorms of weight and bias (4 x 14,336). Each tensor: a cast (6 B an element) and an add
+    (12 B): the four weights move 18 x 616,562,688 = 11,098,128,384 B, 6.5283 ms at 1.70 TB/s; the
+    8 small tensors' 16 kernels each sit at the 4.7 us floor (at most 57,344 x 12 B = 0.69 MB, 0.40
+    us). A layer: 6.5283 + 16 x 0.0047 = 6.6035 ms; 6 layers: 39.621 ms."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.workload import deepspeed_pipe_costs, workload_of
+
+    plan = build_plan(load_config(BLOOM))
+    costs = deepspeed_pipe_costs(plan, workload_of(plan))
+    hp = [o for o in costs[1].ops if "hp_grad" in o.name]
+    assert len(hp) == 6 * 12 * 2
+    weights = 18 * 616_562_688
+    assert sum(o.size_bytes for o in hp) == pytest.approx(6 * (weights + 18 * (10_752 + 3 * 14_336 + 4 * 14_336)))
+    assert sum(o.seconds for o in hp) == pytest.approx(6 * (weights / TRIAD + 16 * FLOOR), rel=1e-9)
+    assert sum(o.seconds for o in hp) * 1e3 == pytest.approx(39.621, abs=1e-3)
+
+
+def test_hp_grad_kernels_at_the_floor():
+    """A tensor of 100 elements: the cast moves 600 B (0.35 ns at 1.70 TB/s), the add 1,200 B: both
+    at the 4.7 us issue floor."""
+    ops = hp_grad_ops(A100, [("b", 100, False)])
+    assert [(o.size_bytes, o.seconds) for o in ops] == [(600, FLOOR), (1200, FLOOR)]
+
+
+def test_partitioned_tensor_ops_by_stage_position():
+    """BLOOM's activation, micro-batch 2 x seq 2048 x h 14336 x 2 B = 117,440,512 B; its tp 4 slice
+    29,360,128 B. Middle stage forward: the received slice cloned (2 x 29,360,128 B), the input
+    tuple cloned (the same), ``full()`` of the input (zeros 117,440,512, slice copy 2 x 29,360,128,
+    clone 2 x 117,440,512) and the output's slice (2 x 29,360,128): 8 x 29,360,128 + 3 x
+    117,440,512 = 587,202,560 B. Backward: ``full()`` of the output and of its gradient (2 x
+    411,041,792 B) and the input gradient's slice (58,720,256 B): 880,803,840 B, with the re-gather
+    given (1 ms). The first stage has no input ops, the last none of its output (no re-gather);
+    the syncs: forward 2 (input tolist, output to_meta), backward 3 on a middle stage."""
+    act, part = 117_440_512, 29_360_128
+    mid = engine_cost(A100, [], act, 4, False, False, 1e-3, False)
+    fwd = [o for o in mid.ops if o.phase == "forward"]
+    bwd = [o for o in mid.ops if o.phase == "backward_input"]
+    assert sum(o.size_bytes for o in fwd) == 8 * part + 3 * act == 587_202_560
+    assert sum(o.size_bytes for o in bwd) == 2 * (act + 2 * part + 2 * act) + 2 * part == 880_803_840
+    assert [o.seconds for o in bwd if "re-gather" in o.name] == [1e-3]
+    assert sum(o.kind == "overhead" for o in fwd) == 2 and sum(o.kind == "overhead" and "re-gather" not in o.name
+                                                               for o in bwd) == 3
+    first = engine_cost(A100, [], act, 4, True, False, 1e-3, False)
+    last = engine_cost(A100, [], act, 4, False, True, 1e-3, False)
+    assert not any(o.name.startswith(("input", "received")) for o in first.ops)
+    assert not any(o.name.startswith("output") for o in last.ops)
+    assert engine_cost(A100, [("w", 10, False)], act, 1, False, False, 0.0, False).ops == ()
+
+
+def test_bloom_step_moves_by_the_engine(capsys):
+    """The BLOOM plan with ``pp_engine = "deepspeed"`` against ``"framework"``: each stage's
+    forward + backward per micro-batch grows by its engine cost (stage 1: 39.62 ms of hp grads,
+    0.50 ms of re-gather, 0.89 ms of copies and syncs, benchmarks/bloom_176b.py); the 1F1B step of
+    m 128 and p 12 grows by about (m + p - 1) x 41 ms = 5.7 s: 83.93 -> 89.63 s (the step's own
+    figures, as that benchmark prints them), between 5 and 6.5 s."""
+    from dataclasses import replace
+
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+
+    cfg = load_config(BLOOM)
+    ds = step_time(build_plan(cfg)).step_s
+    fw = step_time(build_plan(replace(cfg, training=cfg.training.model_copy(update={"pp_engine": "framework"})))).step_s
+    assert 5.0 < ds - fw < 6.5
+
+
+def test_pp_engine_needs_megatron_under_deepspeed(tmp_path, capsys):
+    """``pp_engine = "deepspeed"`` without DeepSpeed's engine is a one-line error naming the field and
+    the fix (a check across fields, as zero0_engine's: its line starts ``error: training:``)."""
+    text = BLOOM.read_text().replace('zero12_engine = "deepspeed"\n', "")
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    rc, out, err = run_cli(["step", str(path)], capsys)
+    assert rc != 0 and "Traceback" not in err
+    line = [x for x in err.splitlines() if x.startswith("error:")]
+    assert len(line) == 1 and line[0].startswith('error: training: pp_engine "deepspeed"')
+    assert "zero12_engine" in line[0] and "remove pp_engine" in line[0]
