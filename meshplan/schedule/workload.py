@@ -141,13 +141,14 @@ def get_batch_broadcast_s(plan, w: Workload) -> float:
 
 def deepspeed_pipe_costs(plan, w: Workload) -> list[Optional[Cost]]:
     """Per stage, :func:`meshplan.compute.deepspeed_pipe.engine_cost` of one micro-batch under
-    ``training.pp_engine = "deepspeed"`` at pp > 1 (None per stage otherwise): the stage's
+    ``training.pp_engine = "deepspeed"`` (None per stage otherwise; at pp 1 the one stage is first and
+    last: ``BF16_Optimizer``'s accumulation alone, as ``_exec_backward_pass`` runs it there): the stage's
     parameters as Megatron-LM's GPT holds them (:func:`~meshplan.compute.megatron.stage_param_tensors`),
     the activation a stage sends (micro-batch x sequence / cp x hidden in the compute dtype), its
     re-gather timed as the tp axis's all-gather row (:func:`~meshplan.comm.collectives.path_time`), and
     ``BF16_Optimizer``'s accumulation where the compute is bf16 and the gradients fp32."""
     t, model, p = plan.config.training, plan.config.model, len(plan.stages)
-    if t.pp_engine != "deepspeed" or p <= 1:
+    if t.pp_engine != "deepspeed":
         return [None] * p
     act = w.micro_batch * (t.seq_len // max(w.cp, 1)) * model.hidden * dtype_bytes(t.compute_dtype)
     regather = 0.0
