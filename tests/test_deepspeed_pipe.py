@@ -103,3 +103,17 @@ def test_pp_engine_needs_megatron_under_deepspeed(tmp_path, capsys):
     line = [x for x in err.splitlines() if x.startswith("error:")]
     assert len(line) == 1 and line[0].startswith('error: training: pp_engine "deepspeed"')
     assert "zero12_engine" in line[0] and "remove pp_engine" in line[0]
+
+
+def test_bloom_script_imports_deepspeed_pipeline(capsys):
+    """BigScience's tr11-176B-ml command (tests/data/megatron_deepspeed/tr11_176b.sh, its ds config
+    at ZeRO stage 0 with bf16) imports under DeepSpeed's PipelineEngine (``pp_engine = "deepspeed"``:
+    --deepspeed without --no-pipeline-parallel), split as DeepSpeed's ``partition_balanced`` splits
+    GPTModelPipe's 72 specs weighted by 'type:transformer|embedding' (the embedding, 70 layers, the
+    tied embedding: 6 a stage, so [embed | 5], 10 x 6, [5 | embed], the README's table), without
+    flash attention (no --use-flash-attn*: Megatron-DeepSpeed's CoreAttention)."""
+    script = Path(__file__).resolve().parent / "data" / "megatron_deepspeed" / "tr11_176b.sh"
+    rc, out, err = run_cli(["import", "megatron", str(script), "--cluster", "dgx-a100"], capsys)
+    assert rc == 0, err
+    assert 'pp_engine = "deepspeed"' in out and "flash_attention = false" in out
+    assert "pp_layer_split = [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]" in out

@@ -52,11 +52,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_partition import pipe_split
 from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_hpz, refuse_offload,
                                              zero3_training, zero12_training, zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
-FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel")
+FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel", "--pp-partition-method")
 #: Megatron-DeepSpeed's switch that builds ``GPTModel`` in place of ``GPTModelPipe`` (no
 #: ``PipelineEngine``; pp 1 only): module docstring.
 NO_PIPE = "--no-pipeline-parallel"
@@ -194,6 +195,31 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str], base: Optional[Path]
                  f"{sharding}, {engine} = \"deepspeed\"" + (", its PipelineEngine: pp_engine = \"deepspeed\")"
                                                             if pipe else ")") + read)
     return {"sharding": sharding, engine: "deepspeed"} | ({"pp_engine": "deepspeed"} if pipe else {})
+
+
+def pipe_layer_split(args: dict, training: dict, pp: int, layers: int, mesh: dict, notes: list[str]) -> dict:
+    """``{"pp_layer_split": [...]}`` of DeepSpeed's partition of ``GPTModelPipe`` under its
+    PipelineEngine (``training`` holds ``pp_engine = "deepspeed"``, pp > 1, no split or virtual
+    stages already in ``mesh``) where it is not Megatron-LM's even split
+    (:func:`meshplan.interop.deepspeed_partition.pipe_split`, by ``--pp-partition-method`` or
+    GPTModelPipe's ``type:transformer``), with a note; ``{}`` otherwise.
+
+    >>> notes = []
+    >>> pipe_layer_split({}, {"pp_engine": "deepspeed"}, 12, 70, {}, notes)
+    {'pp_layer_split': [6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4]}
+    >>> pipe_layer_split({}, {"pp_engine": "deepspeed"}, 8, 96, {}, notes)
+    {}
+    """
+    method = args.get("--pp-partition-method")
+    if training.get("pp_engine") != "deepspeed" or pp <= 1 or "pp_layer_split" in mesh or "virtual_stages" in mesh:
+        return {}
+    given = str(method).strip("'\"") if isinstance(method, str) else "type:transformer"
+    split = pipe_split(layers, pp, given)
+    if split == [layers // pp] * pp:
+        return {}
+    notes.append(f"pipeline split {split}: DeepSpeed's PipelineModule partitions GPTModelPipe by "
+                 f"partition_method {given!r} (runtime/pipe/module.py, partition_balanced), not evenly")
+    return {"pp_layer_split": split}
 
 
 def deepspeed_flags(training) -> Optional[list[str]]:
