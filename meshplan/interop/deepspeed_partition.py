@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from itertools import accumulate
+from typing import Sequence
 
 from meshplan.errors import ConfigError
 
@@ -41,7 +42,7 @@ LAYER = "ParallelTransformerLayerPipe"
 EPS = 1e-3
 
 
-def _probe(prefix: list[float], parts: int, bottleneck: float) -> tuple[list[int], bool]:
+def _probe(prefix: Sequence[float], parts: int, bottleneck: float) -> tuple[list[int], bool]:
     """The greedy cut of the specs whose inclusive prefix weights are ``prefix`` into ``parts`` parts,
     each at most ``bottleneck`` heavier than where the previous one ended; whether it fits."""
     n, cut, target = len(prefix), [0] + [len(prefix)] * parts, bottleneck
@@ -53,7 +54,7 @@ def _probe(prefix: list[float], parts: int, bottleneck: float) -> tuple[list[int
     return cut, target >= prefix[-1]
 
 
-def balanced(weights: list[float], parts: int) -> list[int]:
+def balanced(weights: Sequence[float], parts: int) -> list[int]:
     """The ``parts + 1`` boundaries DeepSpeed's ``partition_balanced`` gives ``weights`` (module
     docstring); at most one spec a part when there are no more specs than parts.
 
