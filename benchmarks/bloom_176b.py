@@ -22,14 +22,16 @@ and what this benchmark prints as ``pp_engine = "framework"`` (before) and ``"de
   fp32 gradients += the bf16 ones cast, 18 B an element: ~39 ms a micro-batch on a 6-layer stage);
   ``PartitionedTensor``: each stage re-gathers its own output over tp before its backward (one
   more all-gather of the 117 MB activation than Megatron-LM's scatter-gather p2p) and every
-  rebuild zero-fills and clones the whole tensor; Megatron-LM 2022's p2p timer syncs dropped.
-- Checked, the same as meshplan already models: ``TrainSchedule`` (engine.py ``train_batch``,
-  schedule.py:182-250) is 1F1B in ``2 (m + p - 1)`` steps whose sends and receives block
-  (``p2p.send``/``recv`` are ``dist.send``/``dist.recv`` on torch >= 1.8, p2p.py:47-85); a
-  rendezvous simulation of its instruction order (each stage: receive activation, send gradient,
-  forward / send activation, receive gradient, backward) gives ``(m + p - 1)(F + B)`` without
-  transfer time, Megatron-LM's 1F1B, and about two transfers a micro-batch on the end stages and
-  four on the middle ones, as meshplan's blocking calls count them; activations sent as ``1/tp``
+  rebuild zero-fills and clones the whole tensor; Megatron-LM 2022's p2p timer syncs dropped;
+  the sends and receives one blocking call each (``PipelineSpec.serial_p2p``): ``TrainSchedule``
+  (engine.py ``train_batch``, schedule.py:182-250) is 1F1B in ``2 (m + p - 1)`` steps whose
+  ``p2p.send``/``recv`` are ``dist.send``/``dist.recv`` on torch >= 1.8 (p2p.py:47-85), one tensor
+  each, a step's receive and send (or send and receive) in turn, where Megatron-LM's
+  ``batch_isend_irecv`` runs a send and a receive at once; a rendezvous simulation of its
+  instruction order gives ``(m + p - 1)(F + B)`` without transfer time (Megatron-LM's 1F1B) and
+  with it what meshplan's simulation with ``serial_p2p`` gives (582.4 against 582.9 at p 12, m 128,
+  F 1, B 3 and 0.05 a transfer; Megatron-LM's calls: 569.75).
+- Checked, the same as meshplan already models: activations sent as ``1/tp``
   slices and gathered on arrival, as Megatron-LM's scatter-gather; the tied embedding's gradient
   all-reduced in fp32 between the first and last stages (``_exec_reduce_tied_grads``,
   ``weight._hp_grad``); the data-parallel reduction once per step in bf16
