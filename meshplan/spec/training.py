@@ -230,7 +230,8 @@ class TrainingSpec(TrainingChecks):
     ``pp_engine``: who runs the pipeline: ``framework`` (default: Megatron-LM's or torch's own
     schedule) or ``deepspeed``, DeepSpeed's ``PipelineEngine`` running Megatron-DeepSpeed's
     ``GPTModelPipe`` (framework ``megatron`` under ``zero0_engine`` or ``zero12_engine = "deepspeed"``):
-    its ``TrainSchedule`` (1F1B, one chunk a stage, blocking sends as Megatron-LM 2022's), the
+    its ``TrainSchedule`` (1F1B, one chunk a stage, each send and receive a blocking call of its
+    own, :attr:`meshplan.pipeline.sim_types.PipelineSpec.serial_p2p`), the
     tp-partitioned activations rebuilt on every use, with one more all-gather of each stage's own
     output in backward, and, with bf16 and fp32 gradients, ``BF16_Optimizer``'s fp32 accumulation
     after every micro-batch (:mod:`meshplan.compute.deepspeed_pipe`); Megatron-LM's p2p timer syncs
