@@ -31,6 +31,10 @@ and what this benchmark prints as ``pp_engine = "framework"`` (before) and ``"de
   instruction order gives ``(m + p - 1)(F + B)`` without transfer time (Megatron-LM's 1F1B) and
   with it what meshplan's simulation with ``serial_p2p`` gives (582.4 against 582.9 at p 12, m 128,
   F 1, B 3 and 0.05 a transfer; Megatron-LM's calls: 569.75).
+- ALiBi (``model.position_embedding = "alibi"``, :func:`meshplan.compute.attention.score_ops`):
+  BigScience's ``baddbmm`` takes the bias as its input with beta 1, so torch copies it, expanded,
+  into the scores and the GEMM reads them as C: ~1.1 ms a layer a micro-batch (forward and
+  recompute), +0.90 s a step under either engine.
 - Checked, the same as meshplan already models: activations sent as ``1/tp``
   slices and gathered on arrival, as Megatron-LM's scatter-gather; the tied embedding's gradient
   all-reduced in fp32 between the first and last stages (``_exec_reduce_tied_grads``,
@@ -39,11 +43,14 @@ and what this benchmark prints as ``pp_engine = "framework"`` (before) and ``"de
   bf16 parameters (``all_gather_dp_groups``).
 - Not modelled (doubtful or small): ``CUDA_LAUNCH_BLOCKING=1`` (each kernel then waits for the
   host's launch: at the 4.7 us issue floor and ~600 kernels a micro-batch on a stage, ~0.4 s a
-  step; the README measured "a tiny impact or no impact at all"); ALiBi's ``baddbmm`` with beta 1
-  (the bias expanded into the scores before the GEMM and read by it: ~1 ms a layer-pass, ~1% of the
-  step); the fp32 gradients' flatten, cast and copies around the bf16 all-reduce (32 B an element
-  once per step, ~70 ms); GEMM rates of cuBLAS in CUDA 11.5 (the catalog's A100 points are CUDA
-  12.x measurements; none of 2022 is at hand).
+  step; the README measured "a tiny impact or no impact at all"); the fp32 gradients' flatten, cast
+  and copies around the bf16 all-reduce (32 B an element once per step, ~70 ms) and BF16_Optimizer's
+  norm, clip and zeroing over the stage's whole fp32 gradients (16 B an element, ~35 ms); GEMM rates
+  of cuBLAS in CUDA 11.5 (the catalog's A100 points are CUDA 12.x measurements; none of 2022 is at
+  hand); the Omni-Path links (4 x 100 Gb/s a node, one per GPU pair assumed) at line rate, an upper
+  bound, for want of an nccl-tests curve of them (the data-parallel, tied-embedding and pipeline
+  transfers expose ~8 s of the step); Megatron-LM's get_batch charged on every stage where
+  DeepSpeed loads on the first and last only (~0.1 ms a micro-batch).
 
 Run: ``PYTHONPATH=. .venv/bin/python benchmarks/bloom_176b.py``.
 """
@@ -102,7 +109,7 @@ def main() -> None:
     for line in engine_lines(plan):
         print(line)
     print("parts on the stage where the step ends; exposed: communication the compute waited on. What is left "
-          "(CUDA_LAUNCH_BLOCKING, ALiBi's baddbmm, CUDA 11.5 GEMM rates): this file's docstring.")
+          "(CUDA_LAUNCH_BLOCKING, CUDA 11.5 GEMM rates, Omni-Path at line rate): this file's docstring.")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def test_bloom_step_moves_by_the_engine(capsys):
     one blocking call each (serial_p2p): in the uniform simulation of F 1, B 3 at p 12, m 128 that
     adds 263 transfers to the step (582.90 against 569.75 at 0.05 a transfer), 263 x 4.707 ms (the
     plan's 29.4 MB send through a 100 Gb/s NIC shared by two GPUs) = 1.24 s: about 6.94 s in all
-    (83.93 -> 91.00 s, 7.07 s, as the benchmark prints), between 6.5 and 7.5 s."""
+    (84.83 -> 91.90 s, 7.07 s, as the benchmark prints), between 6.5 and 7.5 s."""
     from dataclasses import replace
 
     from meshplan.config import load_config
@@ -114,11 +114,13 @@ def test_bloom_script_imports_deepspeed_pipeline(capsys):
     --deepspeed without --no-pipeline-parallel), split as DeepSpeed's ``partition_balanced`` splits
     GPTModelPipe's 72 specs weighted by 'type:transformer|embedding' (the embedding, 70 layers, the
     tied embedding: 6 a stage, so [embed | 5], 10 x 6, [5 | embed], the README's table), without
-    flash attention (no --use-flash-attn*: Megatron-DeepSpeed's CoreAttention)."""
+    flash attention (no --use-flash-attn*: Megatron-DeepSpeed's CoreAttention), with ALiBi
+    (--position-embedding-type alibi, BigScience's fork)."""
     script = Path(__file__).resolve().parent / "data" / "megatron_deepspeed" / "tr11_176b.sh"
     rc, out, err = run_cli(["import", "megatron", str(script), "--cluster", "dgx-a100"], capsys)
     assert rc == 0, err
     assert 'pp_engine = "deepspeed"' in out and "flash_attention = false" in out
+    assert 'position_embedding = "alibi"' in out
     assert "pp_layer_split = [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]" in out
 
 
@@ -142,3 +144,29 @@ def test_serial_p2p_is_deepspeeds_train_schedule():
     per_boundary = PipelineSpec("1f1b", p=4, m=8, forward_s=1.0, backward_s=3.0, p2p_s=(0.05, 0.02, 0.07, 0.0),
                                 blocking_p2p=True, serial_p2p=True)
     assert simulate(per_boundary).step_s == pytest.approx(simulate_arrays(per_boundary).step_s, abs=1e-12)
+
+
+def test_alibi_bias_in_baddbmm():
+    """ALiBi without flash attention (BigScience's Megatron-DeepSpeed: the bias as baddbmm's input,
+    beta 1; torch copies the expanded input into the scores, then the batched GEMM reads it as C).
+    BLOOM's layer at tp 4, micro-batch 2: 2 x 112 / 4 = 56 score matrices of 2048 x 2048 in bf16,
+    234,881,024 elements: the copy writes 469,762,048 B and reads the [56, 1, 2048] source,
+    229,376 B (469,991,424 B, 0.27647 ms at 1.70 TB/s); the C read 469,762,048 B (0.27633 ms);
+    each in forward and in its recompute: 1.1056 ms a layer a micro-batch. A RoPE model has neither."""
+    from meshplan.compute.layer import layer_cost
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.workload import workload_of
+
+    plan = build_plan(load_config(BLOOM))
+    model, w = plan.config.model, workload_of(plan)
+    ops = [o for o in layer_cost(model, A100, w).ops if o.name.startswith("alibi")]
+    assert sorted((o.name, o.size_bytes, o.recompute) for o in ops) == [
+        ("alibi bias copy (baddbmm beta 1)", 469_991_424, False),
+        ("alibi bias copy (baddbmm beta 1) (recompute)", 469_991_424, True),
+        ("alibi bias read as C (baddbmm beta 1)", 469_762_048, False),
+        ("alibi bias read as C (baddbmm beta 1) (recompute)", 469_762_048, True)]
+    assert sum(o.seconds for o in ops) * 1e3 == pytest.approx(2 * (469_991_424 + 469_762_048) / TRIAD * 1e3, rel=1e-9)
+    assert sum(o.seconds for o in ops) * 1e3 == pytest.approx(1.1056, abs=1e-4)
+    rope = model.model_copy(update={"position_embedding": "rope"})
+    assert not [o for o in layer_cost(rope, A100, w).ops if o.name.startswith("alibi")]
