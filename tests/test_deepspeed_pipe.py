@@ -170,3 +170,20 @@ def test_alibi_bias_in_baddbmm():
     assert sum(o.seconds for o in ops) * 1e3 == pytest.approx(1.1056, abs=1e-4)
     rope = model.model_copy(update={"position_embedding": "rope"})
     assert not [o for o in layer_cost(rope, A100, w).ops if o.name.startswith("alibi")]
+
+
+def test_validate_refuses_alibi():
+    """validate's torch model has RoPE or learned positions: an ALiBi model is refused with its fix."""
+    from meshplan.config import config_from_dict
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import runtime_refusals
+    from meshplan.runtime.validation.scaling import config_mesh
+
+    model = {"layers": 2, "hidden": 256, "ffn": 1024, "gated_mlp": False, "q_heads": 4, "vocab": 1024,
+             "norm": "layernorm", "position_embedding": "alibi", "source": "test"}
+    cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 128}, "mesh": {"names": ["dp"], "shape": [8]}})
+    reasons = runtime_refusals(cfg, resolve_mesh(config_mesh(cfg), 8))
+    assert [r for r in reasons if r.startswith("model.position_embedding is 'alibi'")] == [
+        "model.position_embedding is 'alibi': validate's model runs RoPE or learned positions, not an ALiBi bias on "
+        "the scores; set position_embedding = \"rope\" to validate this mesh"]
