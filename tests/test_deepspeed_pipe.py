@@ -187,3 +187,22 @@ def test_validate_refuses_alibi():
     assert [r for r in reasons if r.startswith("model.position_embedding is 'alibi'")] == [
         "model.position_embedding is 'alibi': validate's model runs RoPE or learned positions, not an ALiBi bias on "
         "the scores; set position_embedding = \"rope\" to validate this mesh"]
+
+
+def test_bloom_exports_to_megatron_deepspeed_and_back(tmp_path, capsys):
+    """``export --to megatron`` of the BLOOM plan writes Megatron-DeepSpeed's flags: the split as
+    BigScience's --pp-partition-method 'type:transformer|embedding' (Megatron-DeepSpeed has no
+    --decoder-first/last-pipeline-num-layers), ALiBi as --position-embedding-type alibi, no
+    --attention-backend (not in its parser; without a flash switch it runs CoreAttention); imported
+    back: the same split, engine, positions and attention."""
+    out = tmp_path / "bloom.args"
+    rc, _, err = run_cli(["export", str(BLOOM), "--to", "megatron", "-o", str(out)], capsys)
+    assert rc == 0, err
+    text = out.read_text()
+    assert "--pp-partition-method 'type:transformer|embedding'" in text and "--position-embedding-type alibi" in text
+    assert "--decoder-first-pipeline-num-layers" not in text and "--attention-backend" not in text
+    rc, toml, err = run_cli(["import", "megatron", str(out), "--cluster", "dgx-a100", "--nodes", "48"], capsys)
+    assert rc == 0, err
+    for line in ("pp_layer_split = [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]", 'pp_engine = "deepspeed"',
+                 'position_embedding = "alibi"', "flash_attention = false"):
+        assert line in toml

@@ -38,6 +38,8 @@ from meshplan.errors import ConfigError
 BEFORE = ("_to_float16", "EmbeddingPipe", "<lambda>")
 AFTER = ("undo", "MixedFusedLayerNorm", "EmbeddingPipe")
 LAYER = "ParallelTransformerLayerPipe"
+#: BigScience's partition method for BLOOM-176B (tr11-176B-ml.slurm): the embeddings counted as layers.
+EMBEDDING_METHOD = "type:transformer|embedding"
 #: The tolerance of DeepSpeed's binary search (``partition_balanced``'s ``eps``).
 EPS = 1e-3
 
