@@ -206,3 +206,19 @@ def test_bloom_exports_to_megatron_deepspeed_and_back(tmp_path, capsys):
     for line in ("pp_layer_split = [5, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 5]", 'pp_engine = "deepspeed"',
                  'position_embedding = "alibi"', "flash_attention = false"):
         assert line in toml
+
+
+def test_search_rows_leave_the_pipeline_engine_outside_zero0_and_zero1():
+    """A Megatron-DeepSpeed config under DeepSpeed's PipelineEngine searched: its zero2 and zero3 rows
+    run without it (the engine asserts ZeRO stage < 2; Megatron-DeepSpeed's --no-pipeline-parallel),
+    so their training is valid; its zero1 rows keep it."""
+    from meshplan.search.candidate import sharding_knobs, sharding_training
+    from meshplan.spec.training import TrainingSpec
+
+    t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1", zero12_engine="deepspeed",
+                     pp_engine="deepspeed")
+    assert sharding_knobs(t, "zero2")["pp_engine"] == sharding_knobs(t, "zero3")["pp_engine"] == "framework"
+    assert "pp_engine" not in sharding_knobs(t, "zero1")
+    for sharding in ("zero2", "zero3"):
+        knobs = sharding_training(t, sharding).model_dump(exclude_unset=True)
+        TrainingSpec(**knobs)  # validates: no pp_engine "deepspeed" beside ZeRO-2/3
