@@ -36,6 +36,10 @@ bigscience-workshop/bigscience 9e64ede ``train/tr11-176B-ml/README.md`` "Softwar
   bf16 gradients to None before each backward, so the backward writes them fresh: no bf16
   accumulation.)
 
+- Every forward starts its ``ThroughputTimer`` (engine.py:640, ``self.tput_timer.start()``), whose
+  ``start`` calls ``torch.cuda.synchronize()`` from the third step on (``utils/timer.py:173-178``):
+  one host sync a micro-batch on every stage.
+
 Each memory-bound kernel is timed at the GPU's measured streaming rate, never below the issue
 floor (:func:`~meshplan.compute.kernel_time.memory_op`); each host sync (``tolist``, the metadata's
 host-to-device copy) at one issue floor (as :mod:`meshplan.compute.megatron_cost` times Megatron-LM's
@@ -113,8 +117,8 @@ def engine_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], act_bytes: f
     ``last`` whether it has no previous / next stage, ``regather_s`` the seconds of one all-gather
     of ``act_bytes`` over the tp group (the output's re-gather in backward, a stage with a next
     stage), ``hp_grads``: ``BF16_Optimizer``'s per-micro-batch fp32 accumulation. Forward ops in
-    phase ``forward``, backward ones in ``backward_input``. Empty at tp 1 without ``hp_grads``
-    (no partitioning).
+    phase ``forward``, backward ones in ``backward_input``. At tp 1 without ``hp_grads`` (no
+    partitioning) the timer's sync alone.
 
     A middle stage at tp 4 with an activation of 400 B (a slice of 100 B): forward, the received
     slice cloned twice (2 x 200 B read + written), ``full()`` (400 + 200 + 800 B) and the output's
@@ -126,7 +130,9 @@ def engine_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], act_bytes: f
     >>> sum(o.size_bytes for o in c.ops if o.phase == "forward"), sum(o.size_bytes for o in c.ops if o.phase != "forward")
     (2000.0, 3000.0)
     """
-    ops: list[Op] = []
+    data = kernel_data(gpu)
+    ops = [Op("ThroughputTimer.start synchronize", "pipe", "forward", "overhead",
+              0.0 if data is None else data.kernel_issue_s, note="torch.cuda.synchronize, one issue floor")]
     if tp > 1:
         part = act_bytes / tp
         if not first:
