@@ -98,9 +98,18 @@ def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key
     return out
 
 
-def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
+def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool, alibi: bool = False) -> list[Op]:
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
     with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`).
+    ``alibi`` (``model.position_embedding``): BigScience's Megatron-DeepSpeed (3d5d151
+    ``megatron/model/transformer.py:283-326``) passes its ALiBi tensor, ``[b x heads, 1, s_kv]``, as
+    ``baddbmm``'s input with beta 1 (``apply_query_key_layer_scaling`` off; 1 / layer_number on:
+    non-zero either way), and torch expands it to the scores' shape and copies it into the result
+    before the batched GEMM, which then reads it as C (pytorch/pytorch 002253ce
+    ``aten/src/ATen/native/cuda/Blas.cpp`` ``baddbmm_out_cuda``: ``expand_size``; ``baddbmm_out_cuda_impl``:
+    ``result.copy_(self)`` when beta != 0, then ``bgemm`` with beta): a copy writing the scores (its
+    broadcast source read once) and the scores read again in the GEMM, both memory-bound passes in
+    forward (and its recompute); the bias takes no gradient.
 
     The six batched products per head, (M, N, K), a batch of ``n = batch x heads`` looked up as
     ``(n M, N, K)`` (:mod:`meshplan.compute.measured`): QK^T (s_q, s_kv, d) and its gradients dQ
@@ -120,6 +129,9 @@ def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[
     b = dtype_bytes(w.dtype)
     sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
     fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    if alibi:  # baddbmm's input expanded and copied into the scores, then read as the GEMM's C (docstring)
+        fwd_mem += [("alibi bias copy (baddbmm beta 1)", b * (scores + n * att.seq_kv)),
+                    ("alibi bias read as C (baddbmm beta 1)", b * scores)]
     bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
     out = []
     if w.megatron_ops:  # context permute copy; alpha on dQ and dK; the QKV split's backward (compute.megatron)

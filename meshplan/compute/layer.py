@@ -77,7 +77,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
-    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
+    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else \
+        score_ops(gpu, att, w, table, True, model.position_embedding == "alibi")
     attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
     # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
     attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]

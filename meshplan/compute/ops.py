@@ -306,7 +306,11 @@ def framework_kernels(training) -> dict:
     ('SDPA', 'FA2')
     """
     megatron = training.framework == "megatron"
-    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
+    # under DeepSpeed's PipelineEngine (Megatron-DeepSpeed's GPTModelPipe) no Megatron DDP keeps a main_grad:
+    # the weight-gradient GEMMs write the bf16 .grad, which BF16_Optimizer accumulates in fp32 after the
+    # backward (compute.deepspeed_pipe)
+    fp32_wgrad = megatron and training.grad_dtype == "fp32" and training.pp_engine != "deepspeed"
+    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": fp32_wgrad,
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",

@@ -136,7 +136,7 @@ from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
-    ds_tables
+    ds_tables, pipe_layer_split
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -256,6 +256,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                 **flags.grad_clip(args)}
     if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
         training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_keys[0]
+        mesh |= pipe_layer_split(args, deepspeed, deg["pp"], layers, mesh, notes)  # DeepSpeed's partition
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
@@ -265,7 +266,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
-    training |= read_attention(args, dtype != "fp32", notes)
+    training |= read_attention(args, dtype != "fp32", notes, bool(deepspeed))
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))

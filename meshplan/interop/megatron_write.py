@@ -72,7 +72,9 @@ def write(cfg: Config) -> list[str]:
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise; DeepSpeed's engine as its config says
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32" and not deepspeed)
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)
-    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]]
+    # Megatron-DeepSpeed has no --attention-backend: without a flash switch it runs its CoreAttention
+    # (microsoft/Megatron-DeepSpeed f4157be megatron/model/transformer.py:528-531)
+    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]] * (t.flash_attention or not deepspeed)
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
     out += [f"--save-interval {cfg.checkpoint_interval_steps}"] * bool(cfg.checkpoint_interval_steps)

@@ -63,7 +63,8 @@ def _call_table(pairs, width: int, pad: int) -> tuple:
     flat = table.reshape(-1)
     flat[send_row * cols + after_send] = recv[ws]
     flat[recv_row * cols + after_recv] = send[wr]
-    loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
+    n_out, n_in = np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols)
+    loads = n_out + n_in if pairs.serial else np.maximum(n_out, n_in)
     return table, loads.astype(float), loads > 0, _call_seconds(pairs, after_send, after_recv, cols)
 
 
@@ -85,7 +86,11 @@ def _call_seconds(pairs, after_send: np.ndarray, after_recv: np.ndarray, cols: i
         on, t = link[side], xs[side]
         for k in np.unique(on).tolist():
             mine = on == k
-            np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
+            load = np.bincount(at[mine], t[mine], minlength=cols)
+            if pairs.serial:  # one blocking call per transfer: they add (rendezvous.call_seconds)
+                secs += load
+            else:
+                np.maximum(secs, load, out=secs)
     return secs
 
 
@@ -141,6 +146,7 @@ class Transfers(NamedTuple):
     calls: Optional[tuple] = None
     xfer_s: Optional[np.ndarray] = None
     link: Optional[np.ndarray] = None
+    serial: bool = False  # PipelineSpec.serial_p2p: a call's transfers add (rendezvous.call_loads)
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """(the entries whose send is waited in its call, those whose receive is): a call's peers
@@ -170,7 +176,7 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     prod = f.dep[cons]
     delay, lead = delay[prod], lead[cons]
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
-    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
+    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead, serial=spec.serial_p2p)
     if spec.per_boundary:  # each transfer on its own boundary's pair
         a, c = prod // length, cons // length
         out = out._replace(xfer_s=np.asarray(spec.transfer_s(a, c), dtype=float),

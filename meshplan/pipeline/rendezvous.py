@@ -86,9 +86,12 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
     return {k: sorted(x) for k, x in peers.items()}, xfer
 
 
-def call_loads(xfer: dict) -> dict:
+def call_loads(xfer: dict, serial: bool = False) -> dict:
     """(stage, position) of a call -> ``k``, the larger of its waited sends and receives (at
-    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
+    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link;
+    with ``serial`` (``PipelineSpec.serial_p2p``, DeepSpeed's one blocking call per transfer) their
+    sum: a 1F1B middle stage's steady-state call, a send and a receive, counts 2 (p 3, m 4: 12 of the
+    20 calls; stage 0's two steady calls, stage 1's seven after its first unit, stage 2's three).
 
     1F1B's calls carry at most one send and one receive; interleaved 1F1B's steady state (p 2,
     m 4, v 2) sends a forward output and an input gradient in one call, 6 such calls of 22:
@@ -101,10 +104,13 @@ def call_loads(xfer: dict) -> dict:
     [(1, 6)]
     >>> loads(PipelineSpec("interleaved_1f1b", 2, 4, v=2, blocking_p2p=True))
     [(1, 16), (2, 6)]
+    >>> o = [PipelineSpec("1f1b", 3, 4).sched.order(3, 4, 1, s) for s in range(3)]
+    >>> sorted(Counter(call_loads(calls(PipelineSpec("1f1b", 3, 4, blocking_p2p=True), o)[1], serial=True).values()).items())
+    [(1, 8), (2, 12)]
     """
     out = Counter(x[1] for x in xfer.values() if not x[3])
     inc = Counter(x[2] for x in xfer.values() if not x[4])
-    return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
+    return {k: out[k] + inc[k] if serial else max(out[k], inc[k]) for k in out.keys() | inc.keys()}
 
 
 def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
@@ -139,7 +145,7 @@ def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
     0.7
     """
     if not spec.per_boundary:
-        return {k: spec.p2p_s * n for k, n in call_loads(xfer).items()}
+        return {k: spec.p2p_s * n for k, n in call_loads(xfer, spec.serial_p2p).items()}
     load: dict = {}  # (call, 0 sends / 1 receives, link) -> seconds
     for (s, _), ((a, _), send, recv, send_async, recv_async) in sorted(xfer.items()):
         t, link = spec.transfer_s(a, s), spec.link_of(a, s)
@@ -148,8 +154,8 @@ def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
         if not recv_async:
             load[(recv, 1, link)] = load.get((recv, 1, link), 0.0) + t
     out: dict = {}
-    for (call, _, _), t in load.items():
-        out[call] = max(out.get(call, 0.0), t)
+    for (call, _, _), t in load.items():  # serial_p2p: one blocking call per transfer, so they add
+        out[call] = out.get(call, 0.0) + t if spec.serial_p2p else max(out.get(call, 0.0), t)
     return out
 
 

@@ -51,7 +51,11 @@ class PipelineSpec:
     ``blocking_p2p``): Megatron-LM's ``overlap_p2p_comm``, the steady state's transfers
     asynchronous (:mod:`~meshplan.pipeline.rendezvous`); ``torch_p2p`` (with ``blocking_p2p``):
     the calls are torch 2.13's single-stage ``_step_microbatches``' instead of Megatron-LM's
-    (:meth:`p2p_calls`). ``duration`` (optional) overrides: ``duration(stage, unit) -> seconds``
+    (:meth:`p2p_calls`); ``serial_p2p`` (with ``blocking_p2p``): every send and receive is a blocking
+    call of its own, one after the other (DeepSpeed's PipelineEngine, ``runtime/pipe/p2p.py``
+    ``send``/``recv``: one ``dist.send``/``dist.recv`` per tensor, its TrainSchedule issuing a step's
+    receive and send, or send and receive, in turn), so a call's transfers add whatever their
+    direction or link (:func:`~meshplan.pipeline.rendezvous.call_loads`). ``duration`` (optional) overrides: ``duration(stage, unit) -> seconds``
     for the whole unit."""
 
     schedule: Schedule
@@ -66,6 +70,7 @@ class PipelineSpec:
     overlap_p2p: bool = False
     torch_p2p: bool = False
     p2p_link: tuple = ()
+    serial_p2p: bool = False
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):

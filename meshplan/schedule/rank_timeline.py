@@ -201,6 +201,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         bcast = sum(o.seconds for o in chunk.batch.ops if o.name == BATCH_BROADCASTS and o.phase == "forward")
         evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g) for g in BROADCAST_GROUPS]
         s.compute("get_batch and timers", chunk.batch.seconds("forward") - bcast, after=tuple(e for e in evs if e))
+    if chunk.engine is not None and chunk.engine.seconds("forward"):
+        s.compute("DeepSpeed pipe: input rebuilt, output partitioned", chunk.engine.seconds("forward"))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
                                                                  + comm.copies.get((emb_g, "all-gather"), 0.0)
@@ -377,6 +379,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.batch is not None and with_b:
         s.compute("timers", chunk.batch.seconds("backward_input"))
+    if chunk.engine is not None and with_b and chunk.engine.seconds("backward_input"):
+        s.compute("DeepSpeed pipe: output and grad rebuilt, fp32 grad accumulation", chunk.engine.seconds("backward_input"))
     if embed_ag is not None and not with_w:  # Bx (ZB): the embedding's pre-backward gathers it
         ag_e = emb_ev if emb_ev is not None else embed_ag()
         s.compute("embedding unshard", comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0,

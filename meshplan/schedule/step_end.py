@@ -60,7 +60,8 @@ def megatron_p2p_syncs_s(plan, s: int, spec) -> float:
     Counted once per step after the stage's last unit: on a stage that never waits for a partner
     each sync delays its next unit by the same, where it waits anyway the sync would hide in the
     wait (so at most this much later)."""
-    if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p:
+    if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p \
+            or plan.config.training.pp_engine == "deepspeed":  # DeepSpeed's p2p.send/recv: no timers
         return 0.0
     calls = p2p_calls(str(spec.schedule), spec.p, spec.m, spec.v, s)
     return p2p_sync_cost(plan.config.cluster.gpu, calls).seconds()

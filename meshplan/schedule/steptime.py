@@ -94,13 +94,16 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
+    # DeepSpeed's PipelineEngine: one blocking dist.send / dist.recv per transfer (compute.deepspeed_pipe)
+    serial = mode.blocking_p2p and cfg.training.pp_engine == "deepspeed"
     p2p_s, p2p_link = boundary_p2p_s(plan, comms)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
-                        **mode._asdict())
+                        serial_p2p=serial, **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, **mode._asdict(),
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, serial_p2p=serial,
+                        **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 

@@ -14,7 +14,10 @@ from meshplan.compute.gemm import GemmTable
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.deepspeed_pipe import engine_cost
+from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.megatron_cost import megatron_batch_cost
+from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
 from meshplan.compute.routing import RoutingOptions
@@ -23,6 +26,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.ep import moe_mlp_tp_ops
+from meshplan.units import dtype_bytes
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -105,10 +109,11 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
     host = plan.config.cluster.node.pcie
     # Megatron-LM's get_batch in every chunk's forward on every stage (2755bcb)
     batch = megatron_batch_cost(gpu, w, host, get_batch_broadcast_s(plan, w)) if w.megatron_ops else None
+    engine = deepspeed_pipe_costs(plan, w)
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w, host) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
-                        batch=batch)
+                        batch=batch, engine=engine[s])
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
 
 
@@ -117,7 +122,7 @@ def plan_ops(plan, table: Optional[GemmTable] = None) -> list[Op]:
     embedding, the head and the framework's per-chunk batch ops), as :func:`step_time` times
     them with ``table``: what :func:`meshplan.compute.table_use.table_use` counts."""
     costs = [c for stage in chunk_costs(plan, workload_of(plan), table) for chunk in stage
-             for c in (*chunk.layers, chunk.embed, chunk.head, chunk.batch) if c is not None]
+             for c in (*chunk.layers, chunk.embed, chunk.head, chunk.batch, chunk.engine) if c is not None]
     return [o for c in costs for o in c.ops]
 
 
@@ -132,3 +137,27 @@ def get_batch_broadcast_s(plan, w: Workload) -> float:
     path = axis_path(plan.mesh, plan.placement, cluster, "tp")
     return sum(path_time("broadcast", w.tp, nb, path, cluster)[1]
                for nb in megatron_broadcast_bytes(w.micro_batch, w.seq_len))
+
+
+def deepspeed_pipe_costs(plan, w: Workload) -> list[Optional[Cost]]:
+    """Per stage, :func:`meshplan.compute.deepspeed_pipe.engine_cost` of one micro-batch under
+    ``training.pp_engine = "deepspeed"`` (None per stage otherwise; at pp 1 the one stage is first and
+    last: ``BF16_Optimizer``'s accumulation alone, as ``_exec_backward_pass`` runs it there): the stage's
+    parameters as Megatron-LM's GPT holds them (:func:`~meshplan.compute.megatron.stage_param_tensors`),
+    the activation a stage sends (micro-batch x sequence / cp x hidden in the compute dtype), its
+    re-gather timed as the tp axis's all-gather row (:func:`~meshplan.comm.collectives.path_time`), and
+    ``BF16_Optimizer``'s accumulation where the compute is bf16 and the gradients fp32."""
+    t, model, p = plan.config.training, plan.config.model, len(plan.stages)
+    if t.pp_engine != "deepspeed":
+        return [None] * p
+    act = w.micro_batch * (t.seq_len // max(w.cp, 1)) * model.hidden * dtype_bytes(t.compute_dtype)
+    regather = 0.0
+    if w.tp > 1:
+        path = axis_path(plan.mesh, plan.placement, plan.config.cluster, "tp")
+        regather = path_time("all-gather", w.tp, act, path, plan.config.cluster)[1]
+    rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
+    hp = t.compute_dtype == "bf16" and t.grad_dtype == "fp32"
+    last = p - 1
+    return [engine_cost(plan.config.cluster.gpu,
+                        stage_param_tensors(model, w.tp, rows, [i for ch in chunks for i in ch], s == 0, s == last, p),
+                        act, w.tp, s == 0, s == last, regather, hp) for s, chunks in enumerate(plan.stages)]

@@ -97,7 +97,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
     ``zero0_engine`` back to ``ddp`` (DeepSpeed without ZeRO, a stage 0 config: its zero1/zero2 and
     zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
-    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags). The plan's (:func:`candidate_config`) and the memory bound's
+    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags), and ``pp_engine``
+    back to ``framework`` there (DeepSpeed's PipelineEngine runs ZeRO-0/1 only: a Megatron-DeepSpeed
+    ZeRO-2/3 row is ``--no-pipeline-parallel``). The plan's (:func:`candidate_config`) and the memory bound's
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -138,6 +140,8 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
                     "grad_dtype": deepspeed_grad_dtype(stage, t.param_dtype)}
     if sharding != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
+        if t.pp_engine == "deepspeed":  # DeepSpeed's PipelineEngine refuses ZeRO-2/3: such a row runs
+            out["pp_engine"] = "framework"  # Megatron-DeepSpeed's --no-pipeline-parallel, pp 1
     return out
 
 

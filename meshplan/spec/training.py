@@ -232,6 +232,15 @@ class TrainingSpec(TrainingChecks):
     cool-down calls too are issued without waiting, every transfer asynchronous. Under framework
     torch, ``torch.distributed.pipelining`` waits where its schedule class does, with no such flag
     (:func:`meshplan.schedule.overlap_policy.p2p_mode`): ``pp_p2p_overlap = false`` is refused there.
+    ``pp_engine``: who runs the pipeline: ``framework`` (default: Megatron-LM's or torch's own
+    schedule) or ``deepspeed``, DeepSpeed's ``PipelineEngine`` running Megatron-DeepSpeed's
+    ``GPTModelPipe`` (framework ``megatron`` under ``zero0_engine`` or ``zero12_engine = "deepspeed"``):
+    its ``TrainSchedule`` (1F1B, one chunk a stage, each send and receive a blocking call of its
+    own, :attr:`meshplan.pipeline.sim_types.PipelineSpec.serial_p2p`), the
+    tp-partitioned activations rebuilt on every use, with one more all-gather of each stage's own
+    output in backward, and, with bf16 and fp32 gradients, ``BF16_Optimizer``'s fp32 accumulation
+    after every micro-batch (:mod:`meshplan.compute.deepspeed_pipe`); Megatron-LM's p2p timer syncs
+    are not run under it.
     ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
     (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
     layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC

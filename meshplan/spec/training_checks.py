@@ -161,6 +161,12 @@ class TrainingChecks(TrainingPrecision):
         if self.zero0_engine != "ddp" and self.sharding != "none":
             raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
                              f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
+        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
+                                              not in (self.zero0_engine, self.zero12_engine)):
+            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
+                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
+                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
+                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")

@@ -122,6 +122,7 @@ class TrainingFields(BaseModel):
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     pp_p2p_overlap: Optional[bool] = None
+    pp_engine: Literal["framework", "deepspeed"] = "framework"
     pp_p2p_overlap_warmup_flush: bool = False
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"

@@ -60,6 +60,9 @@ def runtime_refusals(cfg: Config, mesh: Mesh, pipelined: bool = True) -> list[st
         out.append(f"training.zero12_engine is '{t.zero12_engine}': validate runs torch.distributed, not DeepSpeed's "
                    f"ZeRO-1/2 engine; remove {', '.join(['zero12_engine'] + keys)} to validate this mesh")
     out += unsupported_reasons(mesh, t, pipeline=True, moe=cfg.model.is_moe)
+    if cfg.model.position_embedding == "alibi":
+        out.append("model.position_embedding is 'alibi': validate's model runs RoPE or learned positions, not an "
+                   "ALiBi bias on the scores; set position_embedding = \"rope\" to validate this mesh")
     if pipelined and mesh.degree("pp") > 1:  # the pipeline's own, beside the others
         out += pipeline_reasons(mesh, t, config_mesh(cfg).pp_schedule, cfg.model)
     return out
