@@ -174,7 +174,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", ATTENTION, "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
+    flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
     "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
@@ -265,6 +265,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
+    training |= flags.runtime(args, bool(deepspeed))
     training |= read_attention(args, dtype != "fp32", notes)
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))

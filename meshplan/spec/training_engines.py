@@ -32,7 +32,8 @@ from meshplan.spec.wording import runtime
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention")
+              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention",
+              "megatron_runtime", "dataloader_attention_mask")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
@@ -53,6 +54,35 @@ class TrainingEngines(TrainingFields):
         if self.recompute == "layer":
             return (position + 1) % self.ac_freq == 0
         return self.recompute == "full"
+
+    @property
+    def megatron_core(self) -> bool:
+        """Whether the step model follows Megatron Core (``megatron_runtime = "core"``, framework
+        "megatron") where it differs from Megatron-LM 2022 (unset: 2022; the differences:
+        :mod:`meshplan.compute.megatron_core`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, framework="megatron", **kw).megatron_core
+        ...  for kw in ({}, {"megatron_runtime": "2022"}, {"megatron_runtime": "core"})]
+        [False, False, True]
+        """
+        return self.framework == "megatron" and self.megatron_runtime == "core"
+
+    @property
+    def core_attention_mask(self) -> bool:
+        """Whether Megatron Core's data loader builds the ``[b, 1, s, s]`` boolean attention mask that
+        its ``get_batch`` copies to the GPU and broadcasts over tp (``dataloader_attention_mask``;
+        unset: on, ``--create-attention-mask-in-dataloader``'s default, ``arguments.py:3332-3334``
+        at NVIDIA/Megatron-LM d98e8a6, ``store_false`` of ``--no-create-attention-mask-in-dataloader``);
+        False outside the core generation.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> core = {"framework": "megatron", "megatron_runtime": "core"}
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).core_attention_mask
+        ...  for kw in (core, {**core, "dataloader_attention_mask": False}, {"framework": "megatron"})]
+        [True, False, False]
+        """
+        return self.megatron_core and self.dataloader_attention_mask is not False
 
     @property
     def torchtitan_units(self) -> bool:

@@ -105,6 +105,8 @@ class TrainingFields(BaseModel):
     grad_clip: bool = True
     grad_clip_norm: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     framework: Literal["torch", "megatron"] = "torch"
+    megatron_runtime: Optional[Literal["2022", "core"]] = None  # unset: "2022" (TrainingSpec.megatron_core)
+    dataloader_attention_mask: Optional[bool] = None  # unset: true under megatron_runtime "core"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
     torch_compile_loss: bool = True
