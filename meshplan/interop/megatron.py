@@ -114,7 +114,10 @@ CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's h
                                            as not used (:mod:`~meshplan.interop.megatron_env`)
 --no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
                                            default): a note; not written, carried from the user's arguments
-(Megatron-LM's own linears)              training.framework megatron (its backward order)
+(Megatron-LM's own linears)              training.framework megatron (its backward order), megatron_runtime core
+                                           (today's get_batch, timers, p2p syncs; 2022 under --deepspeed)
+--no-create-attention-mask-in-dataloader training.dataloader_attention_mask false (unset: the mask travels with
+                                           every batch, Megatron-LM's default); written back under core
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
                                            --rope-scaling-factor) model.rope_scaling (unset: a catalog model still

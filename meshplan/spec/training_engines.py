@@ -56,35 +56,6 @@ class TrainingEngines(TrainingFields):
         return self.recompute == "full"
 
     @property
-    def megatron_core(self) -> bool:
-        """Whether the step model follows Megatron Core (``megatron_runtime = "core"``, framework
-        "megatron") where it differs from Megatron-LM 2022 (unset: 2022; the differences:
-        :mod:`meshplan.compute.megatron_core`).
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> [TrainingSpec(global_batch=8, seq_len=16, framework="megatron", **kw).megatron_core
-        ...  for kw in ({}, {"megatron_runtime": "2022"}, {"megatron_runtime": "core"})]
-        [False, False, True]
-        """
-        return self.framework == "megatron" and self.megatron_runtime == "core"
-
-    @property
-    def core_attention_mask(self) -> bool:
-        """Whether Megatron Core's data loader builds the ``[b, 1, s, s]`` boolean attention mask that
-        its ``get_batch`` copies to the GPU and broadcasts over tp (``dataloader_attention_mask``;
-        unset: on, ``--create-attention-mask-in-dataloader``'s default, ``arguments.py:3332-3334``
-        at NVIDIA/Megatron-LM d98e8a6, ``store_false`` of ``--no-create-attention-mask-in-dataloader``);
-        False outside the core generation.
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> core = {"framework": "megatron", "megatron_runtime": "core"}
-        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).core_attention_mask
-        ...  for kw in (core, {**core, "dataloader_attention_mask": False}, {"framework": "megatron"})]
-        [True, False, False]
-        """
-        return self.megatron_core and self.dataloader_attention_mask is not False
-
-    @property
     def torchtitan_units(self) -> bool:
         """Whether the model's ends are FSDP2 units as torchtitan wraps them (framework torch,
         FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,
