@@ -126,7 +126,7 @@ def sources(gpu: str) -> list[str]:
             "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's); "
             "pp send/recv across nodes on the single-NIC pair curve (S18 2 x 1 A100 HDR alltoall 15.48 GB/s busbw, "
             "catalog nccl.toml ib-hdr-200-1nic-pair)",
-            "Megatron-LM 2022 (framework = megatron; NVIDIA/Megatron-LM 2755bcb): blocking pp sends (training."
+            "Megatron-LM 2022 (framework = megatron, megatron_runtime = 2022; NVIDIA/Megatron-LM 2755bcb): blocking pp sends (training."
             "pp_p2p_overlap = false: overlap_p2p_comm came in f9283c5, 2023) "
             "(p2p_communication._communicate: batch_isend_irecv, wait, cuda.synchronize: both stages of a transfer "
             "rendezvous, each call ends at max(own post, peers' posts) + k p2p, k the larger of its sends and "

@@ -601,7 +601,9 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     The comparison was refused (training.grad_reduce_dtype unset against the "fp32" Megatron-LM's
     arguments spell, the same reduction) and then called the meshes different (dp_shard 4 x tp 2
     against Megatron-LM's dp 4 x tp 2). Now: the same mesh, the framework and param_dtype knobs,
-    and the compute line itemised, the attention kernel first (FA2 against FA3)."""
+    and the compute line itemised, the attention kernel first (FA2 against FA3). Since mcore48 the
+    import plans today's Megatron-LM (training.megatron_runtime "core", unset on the torch side): a
+    third knob, listed after those two (PLAN_KNOBS' order)."""
     from meshplan.interop.foreign import export, load_any, reimport_options
     from tests.conftest import EXAMPLES
     cfg = load_config(EXAMPLES / "mini_2x4_tp2-dp4.toml")
@@ -614,7 +616,8 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     # (the import names Megatron FSDP's sharded data axis dp_shard itself since issue 11)
     assert (c.a.plan.mesh.layout.names, c.b.plan.mesh.layout.names) == (("dp_shard", "tp"), ("dp_shard", "tp"))
     assert (c.a.mesh_text, c.b.mesh_text) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2")
-    assert c.knobs == (("training.framework", "torch", "megatron"), ("training.param_dtype", "fp32", "bf16"))
+    assert c.knobs == (("training.framework", "torch", "megatron"), ("training.param_dtype", "fp32", "bf16"),
+                       ("training.megatron_runtime", None, "core"))
     assert c.reasons[1].startswith("same mesh (dp_shard 4 x tp 2); the plans differ in training.framework torch "
                                    "against megatron, training.param_dtype fp32 against bf16")
     assert c.reasons[2].startswith("compute: ") and c.reasons[3].startswith(
@@ -765,12 +768,17 @@ def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
 def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     """Issue 11 (newcomer trial 5) item 2: a Megatron-LM plan against its own export imported back
     (the mesh spelled dp_shard 4 x tp 2 against dp 4 x tp 2, no knob differs) is equal on every
-    number: 6.172 s, keys (2, 2, 2), 38.1 GiB. It printed ``verdict: r1 (rejected: r1_mg_back)``,
+    number: keys (2, 2, 2), 38.1 GiB, 6.185 s (r1 plans Megatron Core since mcore48, the generation its
+    export runs on and the import plans; under 2022 6.172 s: compute 5789.27 -> 5799.72 ms, 16 micro-batches
+    x (1097.36 - 437.87) us, get_batch's five copies over PCIe 5.0 with the loader's 64 MiB mask against
+    2022's copy, mask kernels and syncs, less the 22 step-timer syncs x 4.7 us; exposed tp 329.40 -> 331.96
+    ms, the three broadcasts (288.15 us a micro-batch against 30.16) less the embedding's reduce-scatter in
+    place of its all-reduce). It printed ``verdict: r1 (rejected: r1_mg_back)``,
     ``decided by: listed first (equal on every key)`` and wrote rejected evidence."""
     from tests.conftest import EXAMPLES
     r1 = tmp_path / "r1.toml"
     r1.write_text((EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text().replace(
-        "[training]\n", '[training]\nframework = "megatron"\nparam_dtype = "bf16"\n'))
+        "[training]\n", '[training]\nframework = "megatron"\nmegatron_runtime = "core"\nparam_dtype = "bf16"\n'))
     rc, _, err = run_cli(["export", r1, "--to", "megatron", "-o", tmp_path / "r1.args"], capsys)
     assert rc == 0, err
     rc, _, err = run_cli(["import", "megatron", tmp_path / "r1.args", "--cluster", "dgx-h100", "--nodes", "1", "-o",
@@ -788,7 +796,8 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     assert (doc["a"]["mesh"], doc["b"]["mesh"], doc["knobs"]) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2", [])
     assert (doc["equal"], doc["winner"], doc["rejected"], doc["decided_by"]) == (True, "", "", "")
     assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
-    assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "
+    assert round(5789.27 + (16 * (1097.36 - 437.87) - 22 * 4.7) / 1e3, 2) == 5799.72
+    assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.185 s, "
                                  "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, settings none, peak memory 38.1 GiB): "
                                  "nothing to choose")
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())

@@ -77,7 +77,11 @@ def test_import_refuses_a_flex_backend_it_does_not_model(tmp_path, extra, flag):
 
 
 def test_deepep_under_framework_torch_is_a_one_line_error_naming_the_field(tmp_path):
+    """The example under framework torch with DeepEP: the dispatcher's line (the example's Megatron-LM
+    generation, megatron_runtime, dropped with the framework, as the user would: it is refused under
+    torch in a line of its own, tests/test_megatron_core.py)."""
     f = _deepep(tmp_path, framework="torch")
+    f.write_text(f.read_text().replace('megatron_runtime = "core"', ""))
     r = run_captured("plan", f)  # in-process: the exit status and output the console script gives
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == ('error: training.moe_dispatcher: "deepep" is Megatron-LM\'s flex token dispatcher '

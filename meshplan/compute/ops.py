@@ -113,7 +113,14 @@ class Workload:
     over tp and the layer has no shared expert; torchtitan's two reduce-scatters at ep 1, etp = tp,
     SP with shared experts; ``framework``: the training
     contract's (``torch`` or ``megatron``), whose Q, K and V widths the GEMMs take
-    (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads)."""
+    (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads);
+    ``megatron_core``: with ``megatron_ops``, the step follows Megatron Core where it differs from
+    2022 (``training.megatron_runtime = "core"``, :mod:`meshplan.compute.megatron_core`), and
+    ``core_attention_mask``: its data loader's attention mask travels with the batch
+    (``training.dataloader_attention_mask``); ``embed_reduce_scatter``: Megatron-LM reduce-scatters
+    the embedding's output over tp instead of all-reducing it
+    (:func:`meshplan.compute.megatron_core.embedding_reduce_scatter`, set by
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -149,6 +156,9 @@ class Workload:
     te_ring_attention: bool = False
     moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"
+    megatron_core: bool = False
+    core_attention_mask: bool = False
+    embed_reduce_scatter: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -299,7 +309,8 @@ def framework_kernels(training) -> dict:
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron'}
+'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
+'megatron_core': False, 'core_attention_mask': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -317,7 +328,8 @@ def framework_kernels(training) -> dict:
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
-            "te_ring_attention": training.cp_p2p, "framework": training.framework}
+            "te_ring_attention": training.cp_p2p, "framework": training.framework,
+            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask}
 
 
 @lru_cache(maxsize=64)

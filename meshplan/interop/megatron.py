@@ -114,7 +114,10 @@ CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's h
                                            as not used (:mod:`~meshplan.interop.megatron_env`)
 --no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
                                            default): a note; not written, carried from the user's arguments
-(Megatron-LM's own linears)              training.framework megatron (its backward order)
+(Megatron-LM's own linears)              training.framework megatron (its backward order), megatron_runtime core
+                                           (today's get_batch, timers, p2p syncs; 2022 under --deepspeed)
+--no-create-attention-mask-in-dataloader training.dataloader_attention_mask false (unset: the mask travels with
+                                           every batch, Megatron-LM's default); written back under core
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
                                            --rope-scaling-factor) model.rope_scaling (unset: a catalog model still
@@ -174,7 +177,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", ATTENTION, "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
+    flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
     "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
@@ -266,6 +269,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
+    training |= flags.runtime(args, bool(deepspeed))
     training |= read_attention(args, dtype != "fp32", notes, bool(deepspeed))
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))

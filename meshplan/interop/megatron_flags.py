@@ -392,3 +392,23 @@ def modules(args: dict) -> tuple[str, ...]:
     if why is not None:
         raise ConfigError("--recompute-modules", f"{' '.join(names) or '(none)'}: {why}")
     return names
+
+
+#: Megatron Core's flag that keeps the attention mask out of the batch (``training.dataloader_attention_mask``).
+NO_MASK = "--no-create-attention-mask-in-dataloader"
+
+
+def runtime(args: dict, deepspeed: bool) -> dict:
+    """``training.megatron_runtime`` of an imported script: ``core``, the generation of the flags
+    read here (NVIDIA/Megatron-LM d98e8a6: its ``pretrain_gpt.py`` runs Megatron Core's
+    ``get_batch``, :mod:`meshplan.compute.megatron_core`), with ``dataloader_attention_mask``
+    false for :data:`NO_MASK` (``arguments.py:3332-3334``); ``2022`` under ``--deepspeed``
+    (Megatron-DeepSpeed's ``pretrain_gpt.py`` keeps 2022's ``get_batch`` with ``broadcast_data``),
+    where the mask flag does not exist.
+
+    >>> runtime({}, False), runtime({NO_MASK: True}, False), runtime({}, True)
+    ({'megatron_runtime': 'core'}, {'megatron_runtime': 'core', 'dataloader_attention_mask': False}, {'megatron_runtime': '2022'})
+    """
+    if deepspeed:
+        return {"megatron_runtime": "2022"}
+    return {"megatron_runtime": "core", **({"dataloader_attention_mask": False} if args.get(NO_MASK) else {})}

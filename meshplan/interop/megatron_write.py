@@ -14,7 +14,7 @@ from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note,
 from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
-from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
+from meshplan.interop.megatron_flags import (NO_MASK, DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
                                              SHARDING)
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
@@ -56,6 +56,7 @@ def write(cfg: Config) -> list[str]:
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
     out += ["--overlap-p2p-communication-warmup-flush"] * t.pp_p2p_overlap_warmup_flush
+    out += [NO_MASK] * (t.megatron_core and not t.core_attention_mask)
     bucket = cfg.memory.grad_bucket_elements
     out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
     if t.recompute in ("layer", "op"):
@@ -118,7 +119,27 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg) + deepspeed_note(cfg.training)
+    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg) + deepspeed_note(cfg.training) \
+        + runtime_note(cfg.training)
+
+
+def runtime_note(t) -> list[str]:
+    """The header line of a Megatron-LM export of a plan that follows Megatron-LM 2022
+    (``training.megatron_runtime`` unset or "2022", :mod:`meshplan.compute.megatron_core`): the flags
+    are today's, which Megatron Core runs; nothing for a core plan or under DeepSpeed's engine
+    (Megatron-DeepSpeed runs 2022's code).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> runtime_note(TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))[0][:61]
+    'training.megatron_runtime: this plan follows Megatron-LM 2022'
+    >>> runtime_note(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", megatron_runtime="core"))
+    []
+    """
+    if t.framework != "megatron" or t.megatron_core or deepspeed_flags(t) is not None:
+        return []
+    return ["training.megatron_runtime: this plan follows Megatron-LM 2022 (2755bcb); these flags run on today's "
+            "Megatron-LM (Megatron Core), whose get_batch, timers, pipeline syncs and SP embedding differ: plan "
+            "the file's import (megatron_runtime = \"core\") to see its step"]
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:

@@ -17,7 +17,7 @@ from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
 from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
-from meshplan.compute.batch_input import GET_BATCH_CADENCES
+from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
 from meshplan.spec.axes.cp import P2P_PACKED
@@ -68,7 +68,7 @@ def _row_group(kind: str, row) -> str:
     if kind == "cp" and P2P_PACKED in row.cadence:
         return CP_PACKED
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
-        return next(g for g, text in GET_BATCH_CADENCES.items() if text == row.cadence)
+        return next(g for g, text in {**GET_BATCH_CADENCES, **CORE_CADENCES}.items() if text == row.cadence)
     if kind in ("shard", "replica"):
         return shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:

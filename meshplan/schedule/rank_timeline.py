@@ -133,7 +133,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS
+from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS, CORE_KEY_BYTES
 from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
 from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
@@ -199,7 +199,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     if chunk.batch is not None:  # get_batch's tp broadcasts are NCCL collectives: on tp, exposed there (calib37),
         # one event per row of the table (comm.tp_rows.get_batch_rows), the compute less their op's seconds
         bcast = sum(o.seconds for o in chunk.batch.ops if o.name == BATCH_BROADCASTS and o.phase == "forward")
-        evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g) for g in BROADCAST_GROUPS]
+        evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g)
+               for g in (CORE_KEY_BYTES if w.megatron_core else BROADCAST_GROUPS)]  # core: one per tensor
         s.compute("get_batch and timers", chunk.batch.seconds("forward") - bcast, after=tuple(e for e in evs if e))
     if chunk.engine is not None and chunk.engine.seconds("forward"):
         s.compute("DeepSpeed pipe: input rebuilt, output partitioned", chunk.engine.seconds("forward"))
@@ -207,7 +208,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
                                                                  + comm.copies.get((emb_g, "all-gather"), 0.0)
                                                                  if gather_emb else 0.0), [root_ag(emb_g, gather_emb)])
-        op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
+        # Megatron 2022 all-reduces it under SP too, Megatron Core reduce-scatters it without learned positions
+        op = "all-reduce" if w.megatron_ops and not w.embed_reduce_scatter else tp_collectives(w)[1]
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
     pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,

@@ -75,6 +75,20 @@ class TrainingSpec(TrainingChecks):
     the gradients reduced after the backward, except Megatron FSDP's overlapped reduce-scatters
     under zero2, zero3 and hsdp: :func:`meshplan.schedule.overlap_policy.config_overlap`).
     ``validate`` runs torch: it takes ``torch`` only.
+    ``megatron_runtime`` (framework ``megatron``): the Megatron-LM generation the step model
+    follows where they differ, ``"2022"`` (NVIDIA/Megatron-LM 2755bcb, June 2022: ``get_batch``
+    with its mask kernels and timer syncs in every chunk on every stage, the SP embedding
+    all-reduced, the step timers' and three syncs per pipeline p2p call) or ``"core"`` (Megatron
+    Core at d98e8a6: ``get_batch`` on the first and last stages only, each tensor copied and
+    broadcast on its own, the embedding reduce-scattered under SP, no timer syncs, one sync per
+    blocking p2p call; :mod:`meshplan.compute.megatron_core` lists each difference with its source
+    lines, and what stays 2022's). Unset: ``"2022"``, the generation the development set's runs
+    measured (Korthikanti et al. 2022, Narayanan et al. 2021), so that the accuracy meshplan reports
+    is the accuracy of what it runs; ``meshplan import megatron`` of a current script sets ``"core"``.
+    ``dataloader_attention_mask`` (``megatron_runtime = "core"``): the data loader builds the
+    ``[b, 1, s, s]`` boolean attention mask that ``get_batch`` copies and broadcasts (Megatron-LM's
+    ``--create-attention-mask-in-dataloader``; unset: true, its default; false:
+    ``--no-create-attention-mask-in-dataloader``).
     ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each

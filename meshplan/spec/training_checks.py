@@ -90,15 +90,18 @@ def megatron_dispatcher(training) -> bool:
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
     then ``moe_dispatcher`` where :func:`megatron_dispatcher` (the config's check), then
+    ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`), then
     ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
     ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
-    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep"))
-    ['overlap_grad_reduce', 'moe_dispatcher', 'tp_comm_overlap']
+    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep",
+    ...                                 megatron_runtime="core"))
+    ['overlap_grad_reduce', 'moe_dispatcher', 'megatron_runtime', 'tp_comm_overlap']
     """
     return (megatron_only_keys(training) + (["moe_dispatcher"] if megatron_dispatcher(training) else [])
+            + [k for k in ("megatron_runtime", "dataloader_attention_mask") if getattr(training, k) is not None]
             + (["tp_comm_overlap"] if async_tp_uncompiled(training) else []))
 
 
@@ -176,6 +179,7 @@ class TrainingChecks(TrainingPrecision):
                              "engine or remove it")
         self._check_megatron_only()
         self._check_megatron_overlap()
+        self._check_megatron_runtime()
         if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -239,6 +243,18 @@ class TrainingChecks(TrainingPrecision):
         keys = megatron_only_keys(self) if self.framework != "megatron" else []
         if keys:
             raise ValueError(MEGATRON_ONLY[keys[0]][1].format(framework=self.framework))
+
+    def _check_megatron_runtime(self) -> None:
+        """``megatron_runtime`` only under framework "megatron", ``dataloader_attention_mask`` only
+        under its "core" generation (Megatron-LM 2022 builds the mask on the GPU in every
+        ``get_batch``, whatever the data loader does)."""
+        if self.megatron_runtime is not None and self.framework != "megatron":
+            raise ValueError(f"megatron_runtime is the Megatron-LM generation the step model follows (framework "
+                             f"\"megatron\"); framework {self.framework!r}: remove it or set framework = \"megatron\"")
+        if self.dataloader_attention_mask is not None and not self.megatron_core:
+            raise ValueError("dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader "
+                             "(framework \"megatron\", megatron_runtime = \"core\"): set megatron_runtime = \"core\" "
+                             "or remove it")
 
     def _check_megatron_overlap(self) -> None:
         """Under framework "megatron" (:meth:`_check_megatron_only` refuses them elsewhere):

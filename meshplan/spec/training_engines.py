@@ -34,7 +34,8 @@ PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
               "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention",
-              "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
+              "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
+              "megatron_runtime", "dataloader_attention_mask")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")

@@ -1,7 +1,9 @@
 """The ``[training]`` fields as data, and the defaults that follow the framework and engine.
 
 :class:`TrainingFields` holds the fields, their bounds and the defaults of the fields left
-unset (``vocab_pad_divisor``, ``param_dtype``, ``grad_dtype``: each the runtime's own); what
+unset (``vocab_pad_divisor``, ``param_dtype``, ``grad_dtype``: each the runtime's own; the Megatron-LM
+generation and its data loader's mask, :attr:`TrainingFields.megatron_core`,
+:attr:`~TrainingFields.core_attention_mask`); what
 each field means is documented on :class:`meshplan.spec.training.TrainingSpec`, the class the
 rest of meshplan uses. :func:`deepspeed_grad_dtype` is the one rule of DeepSpeed's gradient
 dtype (also read by :mod:`meshplan.interop.deepspeed`).
@@ -107,6 +109,8 @@ class TrainingFields(BaseModel):
     grad_clip: bool = True
     grad_clip_norm: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     framework: Literal["torch", "megatron"] = "torch"
+    megatron_runtime: Optional[Literal["2022", "core"]] = None  # unset: "2022" (TrainingSpec.megatron_core)
+    dataloader_attention_mask: Optional[bool] = None  # unset: true under megatron_runtime "core"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
     torch_compile_loss: bool = True
@@ -155,6 +159,35 @@ class TrainingFields(BaseModel):
             if why is not None:
                 raise ValueError(why)
         return v
+
+    @property
+    def megatron_core(self) -> bool:
+        """Whether the step model follows Megatron Core (``megatron_runtime = "core"``, framework
+        "megatron") where it differs from Megatron-LM 2022 (unset: 2022; the differences:
+        :mod:`meshplan.compute.megatron_core`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, framework="megatron", **kw).megatron_core
+        ...  for kw in ({}, {"megatron_runtime": "2022"}, {"megatron_runtime": "core"})]
+        [False, False, True]
+        """
+        return self.framework == "megatron" and self.megatron_runtime == "core"
+
+    @property
+    def core_attention_mask(self) -> bool:
+        """Whether Megatron Core's data loader builds the ``[b, 1, s, s]`` boolean attention mask that
+        its ``get_batch`` copies to the GPU and broadcasts over tp (``dataloader_attention_mask``;
+        unset: on, ``--create-attention-mask-in-dataloader``'s default, ``arguments.py:3332-3334``
+        at NVIDIA/Megatron-LM d98e8a6, ``store_false`` of ``--no-create-attention-mask-in-dataloader``);
+        False outside the core generation.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> core = {"framework": "megatron", "megatron_runtime": "core"}
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).core_attention_mask
+        ...  for kw in (core, {**core, "dataloader_attention_mask": False}, {"framework": "megatron"})]
+        [True, False, False]
+        """
+        return self.megatron_core and self.dataloader_attention_mask is not False
 
     @model_validator(mode="before")
     @classmethod
