@@ -68,7 +68,7 @@ training.max_norm                              training.grad_clip = true whateve
                                                  skipped: torch clip_grads_with_norm_); the value
                                                  as training.grad_clip_norm (unset: 1.0)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
-  + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
+  + selective_ac_option                          option "op" -> op (cp 1; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 checkpoint.interval (with enable true;         [reliability] checkpoint_interval_steps (500 unset);
   enable_checkpoint before cd337db)              export writes it back, in the file's spelling

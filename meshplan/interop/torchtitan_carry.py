@@ -87,7 +87,7 @@ def kept_recompute(user: dict, tables: dict, cfg: Config) -> tuple[dict, list[st
     >>> print(notes[0])  # doctest: +NORMALIZE_WHITESPACE
     note: activation_checkpoint kept as written (mode "selective", selective_ac_option "op": op-level SAC); the plan
     assumed Megatron-LM's selective recompute (attention core recomputed, the other activations kept), as op-level SAC
-    is planned with cp = ep = 1 and no MLA only and this mesh has cp 4
+    is planned with cp = 1 only and this mesh has cp 4
     """
     m, t = resolved(cfg), cfg.training
     deg = {"cp": m.degree("cp"), "ep": m.ep}
@@ -100,13 +100,13 @@ def kept_recompute(user: dict, tables: dict, cfg: Config) -> tuple[dict, list[st
     tables = {**tables, "activation_checkpoint": table}  # in its place
     if not table:  # the user wrote none: torchtitan's defaults, which read back as the plan's
         del tables["activation_checkpoint"]
-    if t.recompute != "selective":  # op-level SAC at cp or ep > 1 or with MLA (read_recompute)
+    if t.recompute != "selective":  # op-level SAC at cp > 1 (read_recompute)
         return tables, []
     written = ", ".join(f"{k} {json.dumps(v)}" for k, v in mine.items())
     return tables, [f"note: activation_checkpoint kept as written ({written}: op-level SAC); the plan assumed "
                     f"Megatron-LM's selective recompute (attention core recomputed, the other activations kept), as "
-                    f"op-level SAC is planned with cp = ep = 1 and no MLA only and this mesh has "
-                    f"{' and '.join(op_limits(deg, cfg.model.is_mla))}"]
+                    f"op-level SAC is planned with cp = 1 only and this mesh has "
+                    f"{' and '.join(op_limits(deg))}"]
 
 
 def _model_key(d: dict) -> tuple:

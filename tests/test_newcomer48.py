@@ -1,0 +1,120 @@
+"""Findings of newcomer trial 48 (a torchtitan MoE user: DeepSeek-V3 16B and Qwen3-30B-A3B on 64 x 8
+H100); each test failed before its fix.
+
+#1 (high): torchtitan's own ``deepseek_v3_16b`` job (``tests/data/nc48/tt_dsv3_16b_default.toml``:
+selective AC "op", ep 8, local batch 4, seq 4096 on 8 H100) was called infeasible at 115.9 GiB: op-level
+SAC with MLA or ep > 1 was planned as Megatron-LM's selective recompute (every activation but the
+attention core's kept). It is now planned as torchtitan runs it (pytorch/torchtitan 238fa99, the last
+commit that reads TOML job configs: ``distributed/activation_checkpoint.py`` ``_apply_op_sac``, the
+``_op_sac_save_list`` of ``models/deepseek_v3/infra/parallelize.py``): every odd-numbered ``aten.mm`` of
+the block saved (the router's gate force-recomputed, not counted), SDPA/flex attention's output and
+log-sum-exp, the ep ``all_to_all_single`` outputs; the routed experts' ``_grouped_mm`` and the rest
+recomputed. The fix line no longer offers cp for an MoE model under framework torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
+from meshplan.config import config_from_dict
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.interop.keymaps import keymap_of
+from meshplan.memory.workingset import layer_act_sizes
+from meshplan.plan import build_plan
+from meshplan.plan_fix import memory_fix
+from meshplan.plan_fix_cp import MOE_CP, cp_variant
+
+DATA = Path(__file__).parent / "data" / "nc48"
+
+#: A small MoE + MLA model: MLA without a query latent (as DeepSeek-V2-Lite), 1 dense layer, then an
+#: MoE layer of 8 experts (top-2, width 16) and one shared expert (width 16).
+SMALL = {"name": "tiny-moe-mla", "layers": 2, "dense_layers": 1, "hidden": 64, "ffn": 128, "q_heads": 4,
+         "vocab": 256, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+         "experts": 8, "top_k": 2, "expert_ffn": 16, "shared_experts": 1}
+
+
+def _small(recompute: str):
+    return config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                             "training": {"global_batch": 2, "seq_len": 16, "micro_batch": 1, "recompute": recompute,
+                                          "moe_dropless": True, "compute_dtype": "bf16"},
+                             "mesh": {"names": ["dp_shard", "ep"], "shape": [2, 2], "world": 2}})
+
+
+def test_op_sac_saves_the_mla_moe_layers_odd_mms_attention_and_all_to_alls():
+    """#1: per-layer bytes torchtitan's op-level SAC keeps of the small MoE + MLA layer, by hand
+    (bf16, 2 B; T = 16 tokens a rank, tp 1, ep 2, flash attention; a = 4 heads, d = 8 + 4 = 12, d_v 8,
+    c_kv 16 + r 4; shared expert f 16; h 64). The layer's mms in order (MoE.forward runs the routed
+    experts, then the shared one): wq, wkv_a, wkv_b, wo, shared w1, w3, w2 (the router's gate is
+    force-recomputed, not counted; the routed experts' _grouped_mm is no aten.mm); the odd ones saved:
+
+    - layer input (the checkpoint's) 2 x 16 x 64 = 2,048
+    - wq output 2 x 16 x 4 x 12 = 1,536; wkv_b output 2 x 16 x 4 x (8 + 8) = 2,048
+    - attention output 2 x 16 x 4 x 8 = 1,024 and its fp32 log-sum-exp 4 x 16 x 4 = 256
+    - shared w1 output 2 x 16 x 16 = 512; shared w2 output 2 x 16 x 64 = 2,048
+    - the dispatch's and combine's all_to_all_single outputs: dropless, balanced, 16 x top-2 = 32 copies
+      sent and 32 received, 2 x 64 x (32 + 32) = 8,192
+
+    17,664 B in all. Before: ConfigError ('op' ... planned with cp = ep = 1 only)."""
+    cfg = _small("op")
+    plan = build_plan(cfg)
+    moe = layer_act_sizes(cfg.model, cfg.training, plan.mesh, cfg.memory, moe=True)
+    assert moe.saved == 2048 + 1536 + 2048 + 1024 + 256 + 512 + 2048 + 8192
+    # the dense layer: wq, wkv_a, wkv_b, wo, w1 (128 wide), w3, w2: input, wq, wkv_b, attention, w1, w2
+    dense = layer_act_sizes(cfg.model, cfg.training, plan.mesh, cfg.memory)
+    assert dense.saved == 2048 + 1536 + 2048 + 1024 + 256 + 2 * 16 * 128 + 2048
+
+
+def test_op_sac_replays_the_recomputed_mms_and_the_routed_experts():
+    """#1, time: the MoE layer's replay under op runs wkv_a, wo, the router's gate, the routed experts'
+    three grouped GEMMs and half of the shared expert's fused gate-and-up GEMM (w3; w1 is saved), at
+    that half's time; not wq, wkv_b nor the shared w2, whose outputs are saved, nor the attention."""
+    m, h100 = catalog.model("deepseek-v2-lite"), catalog.gpu("h100-sxm5-80gb")
+    w = Workload(seq_len=4096, micro_batch=4, ep=8, recompute="op")
+    c = layer_cost(m, h100, w, layer=1)
+    replayed = {o.name.removesuffix(" (recompute)"): o for o in c.ops if o.recompute and o.kind == "gemm"}
+    assert set(replayed) == {"wkv_a", "wo", "router", "expert_w_gate", "expert_w_up", "expert_w_down", "shared_w_up"}
+    fwd = next(o for o in c.ops if o.name == "shared_w_up" and o.phase == "forward")
+    assert replayed["shared_w_up"].seconds == pytest.approx(fwd.seconds / 2)
+    assert not any(o.recompute and o.kind == "attention" for o in c.ops)
+
+
+def test_torchtitans_16b_default_plans_op_sac():
+    """#1 on torchtitan's own deepseek_v3_16b (local batch 4 x seq 4096 = T 16,384 tokens a rank, ep 8,
+    bf16): the import keeps selective_ac_option "op" as op (before: planned as Megatron-LM's selective,
+    with a note), and an MoE layer keeps (MLA without a query latent: a 16 heads, d 192, d_v 128; 2
+    shared experts, f 2 x 1408 = 2816; top-6):
+
+    - layer input 2 x 16,384 x 2048 = 67,108,864; wq 2 x 16,384 x 16 x 192 = 100,663,296
+    - wkv_b 2 x 16,384 x 16 x 256 = 134,217,728; attention 2 x 16,384 x 16 x 128 = 67,108,864 + lse
+      4 x 16,384 x 16 = 1,048,576
+    - shared w1 2 x 16,384 x 2816 = 92,274,688; shared w2 67,108,864
+    - all-to-alls 2 x 2048 x (98,304 + 98,304) = 805,306,368 (16,384 x top-6 = 98,304 copies each way)
+
+    1,334,837,248 B a layer (1.24 GiB), where Megatron-LM's selective kept 3.1 GiB."""
+    cfg = load_any(DATA / "tt_dsv3_16b_default.toml", "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.training.recompute == "op"
+    assert not any("op-level SAC" in n for n in cfg.notes)
+    plan = build_plan(cfg)
+    moe = layer_act_sizes(cfg.model, cfg.training, plan.mesh, cfg.memory, moe=True)
+    assert moe.saved == 1_334_837_248
+
+
+def test_fix_line_offers_no_cp_for_moe_under_torch():
+    """#1: the 16B default's fix line offered ``context_parallel_degree 4`` (peak 53.4 GiB), which
+    meshplan validate refuses (cp with MoE layers) and torchtitan 238fa99 refuses for the 16B flavour
+    (attn_type "flex": NotImplementedError). No cp variant is planned now; where activations
+    dominate the peak the line says why."""
+    cfg = load_any(DATA / "tt_dsv3_16b_default.toml", "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1))
+    plan = build_plan(cfg)
+    assert not plan.feasible
+    found, why = cp_variant(plan)
+    assert found is None and why in ("", MOE_CP)
+    line = memory_fix(plan, keymap_of(plan.config)) or ""
+    assert line.startswith("fix: ") and "context_parallel" not in line
+
