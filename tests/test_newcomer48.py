@@ -10,6 +10,9 @@ commit that reads TOML job configs: ``distributed/activation_checkpoint.py`` ``_
 the block saved (the router's gate force-recomputed, not counted), SDPA/flex attention's output and
 log-sum-exp, the ep ``all_to_all_single`` outputs; the routed experts' ``_grouped_mm`` and the rest
 recomputed. The fix line no longer offers cp for an MoE model under framework torch.
+
+#2 (high): a torchtitan Python job config got "cannot tell the format" or "not valid TOML"; now one line
+says torchtitan's Python config registry (9810191 on) is not read, and what to write instead.
 """
 
 from __future__ import annotations
@@ -117,4 +120,20 @@ def test_fix_line_offers_no_cp_for_moe_under_torch():
     assert found is None and why in ("", MOE_CP)
     line = memory_fix(plan, keymap_of(plan.config)) or ""
     assert line.startswith("fix: ") and "context_parallel" not in line
+
+
+@pytest.mark.parametrize("fmt", [None, "torchtitan"])
+def test_a_torchtitan_python_job_config_is_one_clear_line(fmt):
+    """#2: torchtitan's Python job config (``tests/data/nc48/deepseek_v3_16b_tt.py``): ``import auto``
+    said "cannot tell the format; pass --format ..." and ``import torchtitan`` "not valid TOML
+    (Expected '=' ...)". torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML to
+    Python Dataclass Registry") replaced the TOML job files (v0.2.2 the last release with them); both
+    now say that, naming field ``config``, and what to write instead."""
+    from meshplan.errors import ConfigError
+    with pytest.raises(ConfigError) as e:
+        load_any(DATA / "deepseek_v3_16b_tt.py", fmt, ImportOptions(cluster="dgx-h100", nodes=1))
+    line = str(e.value)
+    assert line.startswith("config: ") and "\n" not in line
+    assert "torchtitan Python job config (its config registry, 9810191 on) is not read" in line
+    assert "as such a TOML and import that" in line and "not valid TOML" not in line
 
