@@ -13,6 +13,9 @@ recomputed. The fix line no longer offers cp for an MoE model under framework to
 
 #2 (high): a torchtitan Python job config got "cannot tell the format" or "not valid TOML"; now one line
 says torchtitan's Python config registry (9810191 on) is not read, and what to write instead.
+
+#3 (medium): export to torchtitan wrote ``filter_fqns = ["output"]`` for the user's ``["output",
+"router.gate"]``; the user's list is kept.
 """
 
 from __future__ import annotations
@@ -136,4 +139,33 @@ def test_a_torchtitan_python_job_config_is_one_clear_line(fmt):
     assert line.startswith("config: ") and "\n" not in line
     assert "torchtitan Python job config (its config registry, 9810191 on) is not read" in line
     assert "as such a TOML and import that" in line and "not valid TOML" not in line
+
+
+def _export_full(tmp_path: Path) -> tuple[dict, list[str], object, object]:
+    """(written tables, header, config read from the trial's own job, config read back) of ``export
+    --to torchtitan`` of ``tests/data/nc48/dsv3_16b_ep8_full.toml`` (AC full, ep 8, float8 Linears
+    with ``filter_fqns = ["output", "router.gate"]``, ``expert_tensor_parallel_degree = 1``) on 64
+    dgx-h100, unchanged."""
+    import tomllib
+
+    from meshplan.interop.foreign import export, user_source
+    src, opts = DATA / "dsv3_16b_ep8_full.toml", ImportOptions(cluster="dgx-h100", nodes=64)
+    cfg = load_any(src, "torchtitan", opts)
+    text, header = export(cfg, "torchtitan", str(src), user_source(src))
+    out = tmp_path / "out.toml"
+    out.write_text(text)
+    return tomllib.loads(text), header, cfg, load_any(out, "torchtitan", opts)
+
+
+def test_export_keeps_the_users_float8_filter(tmp_path):
+    """#3: the export wrote ``filter_fqns = ["output"]`` and listed ``["output", "router.gate"] ->
+    ["output"]``: the exported job would convert the router's gate to float8, which the user kept in
+    bf16. The plan models only whether the output layer is filtered (``fp8_output_layer`` false
+    either way), so the user's list is kept whole; the file reads back as the same plan."""
+    from meshplan.interop.roundtrip import differences
+    tables, header, cfg, back = _export_full(tmp_path)
+    assert tables["quantize"]["linear"]["float8"]["filter_fqns"] == ["output", "router.gate"]
+    assert not any("filter_fqns" in h for h in header if h.startswith("written otherwise"))
+    assert cfg.training.linear_dtype == "fp8" and not cfg.training.fp8_output_layer
+    assert differences(cfg, back) == []
 

@@ -15,7 +15,7 @@ from meshplan.interop.common import flatten, merge_tables, strip_keys
 from meshplan.interop.tomlout import resolved
 from meshplan.interop.torchtitan import READ
 from meshplan.interop.torchtitan_checkpoint import in_users_spelling, without_interval
-from meshplan.interop.torchtitan_float8 import LINEAR_CONVERTERS
+from meshplan.interop.torchtitan_float8 import LINEAR_CONVERTERS, filters_output
 from meshplan.interop.torchtitan_tables import op_limits, read_recompute
 
 #: The [activation_checkpoint] keys that say the recompute (:func:`kept_recompute`).
@@ -54,6 +54,7 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     if "checkpoint" in written:  # the plan's interval ([reliability]) replaces the file's, in its spelling
         keep, written = without_interval(keep), in_users_spelling(user, written)
     tables = merge_tables(keep, strip_keys(written, set(flatten(keep))))  # the user's description of the job stays
+    tables = _kept_filter(user, tables)
     other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
     if other:
         model = tables.get("model", {})
@@ -64,6 +65,28 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     read = {r.partition(".")[0] for r in READ} | set(written)
     names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
     return tables, names + [f"model.converters {other}"] * bool(other)
+
+
+def _kept_filter(user: dict, tables: dict) -> dict:
+    """``tables`` with the user's ``quantize.linear.float8.filter_fqns`` in place of the written
+    one where both filter the output layer alike (:func:`~meshplan.interop.torchtitan_float8.filters_output`,
+    what the plan models of the list): the other entries (``router.gate``, module names meshplan
+    does not plan apart) stay the user's, so the exported job converts no Linear the user kept out
+    of float8 (newcomer trial 48 #3: ``["output", "router.gate"]`` was written ``["output"]``).
+
+    >>> user = {"quantize": {"linear": {"float8": {"filter_fqns": ["output", "router.gate"]}}}}
+    >>> _kept_filter(user, {"quantize": {"linear": {"float8": {"filter_fqns": ["output"]}}}})
+    {'quantize': {'linear': {'float8': {'filter_fqns': ['output', 'router.gate']}}}}
+    >>> _kept_filter(user, {"quantize": {"linear": {"float8": {"filter_fqns": []}}}})  # the plan converts the output
+    {'quantize': {'linear': {'float8': {'filter_fqns': []}}}}
+    """
+    mine = user.get("quantize", {}).get("linear", {}).get("float8", {}).get("filter_fqns")
+    f8 = tables.get("quantize", {}).get("linear", {}).get("float8", {})
+    mine = mine.split(",") if isinstance(mine, str) else mine
+    if not isinstance(mine, list) or "filter_fqns" not in f8 or filters_output(mine) != filters_output(f8["filter_fqns"]):
+        return tables
+    quantize = tables["quantize"]
+    return {**tables, "quantize": {**quantize, "linear": {**quantize["linear"], "float8": {**f8, "filter_fqns": mine}}}}
 
 
 def kept_recompute(user: dict, tables: dict, cfg: Config) -> tuple[dict, list[str]]:
