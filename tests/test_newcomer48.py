@@ -16,6 +16,9 @@ says torchtitan's Python config registry (9810191 on) is not read, and what to w
 
 #3 (medium): export to torchtitan wrote ``filter_fqns = ["output"]`` for the user's ``["output",
 "router.gate"]``; the user's list is kept.
+
+#4 (low-medium): one search row got both the SC'21 ZeRO-3 ("predicted short") and the torchtitan H100
+("predicted long") setting warnings; a torch plan on H100 gets its engine's alone.
 """
 
 from __future__ import annotations
@@ -168,4 +171,19 @@ def test_export_keeps_the_users_float8_filter(tmp_path):
     assert not any("filter_fqns" in h for h in header if h.startswith("written otherwise"))
     assert cfg.training.linear_dtype == "fp8" and not cfg.training.fp8_output_layer
     assert differences(cfg, back) == []
+
+
+def test_one_setting_warning_per_row_the_engines_own():
+    """#4: search's row 1 and compare's sides (framework torch, FSDP2 over dp_shard 512 across 64
+    dgx-h100) printed two setting warnings at once: SC'21 ZeRO-3 "the step predicted short" and
+    torchtitan H100 "the step predicted long". The SC'21 runs are DeepSpeed ZeRO-3 on A100; a torch plan
+    on H100 runs torchtitan's engine, whose measured runs shard across nodes too (benchmarks/
+    torchtitan_h100.py), so that setting alone applies; SC'21's still applies where no torch setting
+    does (Megatron-LM, or torch on H200)."""
+    from meshplan.spec import accuracy
+    assert accuracy.settings_of("zero3", "torch", "h100-sxm5-80gb", 64) == (accuracy.TORCHTITAN_H100,)
+    line = accuracy.setting_line("row 1", accuracy.settings_of("zero3", "torch", "h100-sxm5-80gb", 64))
+    assert "predicted long" in line and "predicted short" not in line
+    assert accuracy.settings_of("zero3", "megatron", "h100-sxm5-80gb", 64) == (accuracy.ZERO3_SC21,)
+    assert accuracy.settings_of("zero3", "torch", "h200-sxm-141gb", 64) == (accuracy.ZERO3_SC21,)
 
