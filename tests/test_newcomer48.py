@@ -19,6 +19,9 @@ says torchtitan's Python config registry (9810191 on) is not read, and what to w
 
 #4 (low-medium): one search row got both the SC'21 ZeRO-3 ("predicted short") and the torchtitan H100
 ("predicted long") setting warnings; a torch plan on H100 gets its engine's alone.
+
+#5 (low): cosmetic lines (etp fix "= 1 or 1", flavor "16b", validate's field for float8, place's
+all-to-all wording, the etp the import note says export writes).
 """
 
 from __future__ import annotations
@@ -187,3 +190,41 @@ def test_one_setting_warning_per_row_the_engines_own():
     assert accuracy.settings_of("zero3", "megatron", "h100-sxm5-80gb", 64) == (accuracy.ZERO3_SC21,)
     assert accuracy.settings_of("zero3", "torch", "h200-sxm-141gb", 64) == (accuracy.ZERO3_SC21,)
 
+
+def test_export_keeps_etp_1_as_the_import_note_says(tmp_path):
+    """#5: the import's note says torchtitan up to v0.2.2 reads ``expert_tensor_parallel_degree``
+    (meshplan export keeps it); the export listed it ``1 -> dropped``. It is written as the user had
+    it (1: experts whole on each of the ep 8 ranks), and the note says "keeps"."""
+    tables, header, cfg, _ = _export_full(tmp_path)
+    assert tables["parallelism"]["expert_tensor_parallel_degree"] == 1
+    assert not any("expert_tensor_parallel_degree" in h for h in header if h.startswith("written otherwise"))
+    assert any("torchtitan up to v0.2.2 reads the key (meshplan export keeps it)" in n for n in cfg.notes)
+
+
+def test_cosmetics(tmp_path):
+    """#5: (a) an etp torchtitan v0.2.2 refuses at tp 1 said "fix: expert_tensor_parallel_degree = 1 or 1";
+    now "= 1". (b) flavor "16b" named the known flavors but not the near one; now "did you mean '16B'?".
+    (c) validate refused float8 naming field ``mesh``; now ``training.linear_dtype``. (d) place's all-to-all
+    line read "396.4 ranks' all-to-all bytes off their NVLink domain ..."; 396.4 is the sum over the 512
+    ranks of (n - g)/(n - 1) = 24/31 (ep 32 over 4 nodes of 8), and the line now says so."""
+    from meshplan.errors import ConfigError
+    from meshplan.placement.explain import _hops
+    from meshplan.placement.score import AxisCost
+    from meshplan.runtime.validation.options import Options
+    from meshplan.runtime.validation.refusals import refusals
+    text = (DATA / "tt_dsv3_16b_default.toml").read_text()
+    opts = ImportOptions(cluster="dgx-h100", nodes=1)
+    (tmp_path / "etp.toml").write_text(text.replace("expert_tensor_parallel_degree = 1", "expert_tensor_parallel_degree = 2"))
+    with pytest.raises(ConfigError) as e:
+        load_any(tmp_path / "etp.toml", "torchtitan", opts)
+    assert str(e.value).endswith("fix: expert_tensor_parallel_degree = 1")
+    (tmp_path / "flavor.toml").write_text(text.replace('flavor = "16B"', 'flavor = "16b"'))
+    with pytest.raises(ConfigError, match=r"^model\.flavor: .* did you mean '16B'\? else give --model"):
+        load_any(tmp_path / "flavor.toml", "torchtitan", opts)
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 1024, "linear_dtype": "fp8"},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    fields = [err.field for err in refusals(cfg, Options(worlds=(2,)))]
+    assert fields == ["training.linear_dtype"]
+    words = _hops(AxisCost("ep", weight=1.0, network_hops=512 * 24 / 31, spine_hops=0, socket_hops=0.0, kind="all-to-all"))
+    assert words.startswith("396.4 (the sum over the ranks of (n - g)/(n - 1), the share of its all-to-all bytes")

@@ -54,7 +54,7 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     if "checkpoint" in written:  # the plan's interval ([reliability]) replaces the file's, in its spelling
         keep, written = without_interval(keep), in_users_spelling(user, written)
     tables = merge_tables(keep, strip_keys(written, set(flatten(keep))))  # the user's description of the job stays
-    tables = _kept_filter(user, tables)
+    tables = _kept_etp(user, _kept_filter(user, tables))
     other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
     if other:
         model = tables.get("model", {})
@@ -87,6 +87,23 @@ def _kept_filter(user: dict, tables: dict) -> dict:
         return tables
     quantize = tables["quantize"]
     return {**tables, "quantize": {**quantize, "linear": {**quantize["linear"], "float8": {**f8, "filter_fqns": mine}}}}
+
+
+def _kept_etp(user: dict, tables: dict) -> dict:
+    """``tables`` with the user's ``parallelism.expert_tensor_parallel_degree`` where the plan writes
+    none (:func:`meshplan.interop.torchtitan_write.write` writes the key only for etp = tp > 1 at ep >
+    1) and the user's value is one torchtitan v0.2.2 takes at the written degrees, 1 or the tp degree,
+    as the import's note says the export keeps it (newcomer trial 48 #5: it was listed "1 -> dropped").
+
+    >>> _kept_etp({"parallelism": {"expert_tensor_parallel_degree": 1}}, {"parallelism": {"expert_parallel_degree": 8}})
+    {'parallelism': {'expert_parallel_degree': 8, 'expert_tensor_parallel_degree': 1}}
+    >>> _kept_etp({"parallelism": {"expert_tensor_parallel_degree": 4}}, {"parallelism": {"tensor_parallel_degree": 2}})
+    {'parallelism': {'tensor_parallel_degree': 2}}
+    """
+    par, etp = tables.get("parallelism", {}), user.get("parallelism", {}).get("expert_tensor_parallel_degree")
+    if etp not in (1, par.get("tensor_parallel_degree", 1)) or "expert_tensor_parallel_degree" in par:
+        return tables
+    return {**tables, "parallelism": {**par, "expert_tensor_parallel_degree": etp}}
 
 
 def kept_recompute(user: dict, tables: dict, cfg: Config) -> tuple[dict, list[str]]:
