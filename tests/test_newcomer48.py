@@ -131,16 +131,20 @@ def test_fix_line_offers_no_cp_for_moe_under_torch():
     assert line.startswith("fix: ") and "context_parallel" not in line
 
 
-@pytest.mark.parametrize("fmt", [None, "torchtitan"])
-def test_a_torchtitan_python_job_config_is_one_clear_line(fmt):
-    """#2: torchtitan's Python job config (``tests/data/nc48/deepseek_v3_16b_tt.py``): ``import auto``
+@pytest.mark.parametrize("fmt, name", [(None, "deepseek_v3_16b_tt.py"), ("torchtitan", "deepseek_v3_16b_tt.py"),
+                                       (None, "job.txt")])
+def test_a_torchtitan_python_job_config_is_one_clear_line(tmp_path, fmt, name):
+    """#2: torchtitan's Python job config (``tests/data/nc48/deepseek_v3_16b_tt.py.txt``): ``import auto``
     said "cannot tell the format; pass --format ..." and ``import torchtitan`` "not valid TOML
     (Expected '=' ...)". torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML to
     Python Dataclass Registry") replaced the TOML job files (v0.2.2 the last release with them); both
-    now say that, naming field ``config``, and what to write instead."""
+    now say that, naming field ``config``, and what to write instead; so does the same text under another
+    name (it imports torchtitan). The data file is stored as ``.py.txt``: pytest's --doctest-modules would
+    import a ``.py`` under tests/."""
     from meshplan.errors import ConfigError
+    (tmp_path / name).write_text((DATA / "deepseek_v3_16b_tt.py.txt").read_text())
     with pytest.raises(ConfigError) as e:
-        load_any(DATA / "deepseek_v3_16b_tt.py", fmt, ImportOptions(cluster="dgx-h100", nodes=1))
+        load_any(tmp_path / name, fmt, ImportOptions(cluster="dgx-h100", nodes=1))
     line = str(e.value)
     assert line.startswith("config: ") and "\n" not in line
     assert "torchtitan Python job config (its config registry, 9810191 on) is not read" in line
