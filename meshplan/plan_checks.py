@@ -93,7 +93,7 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
     modes under pp, an explicit ``[memory] fsdp_reduce``, DeepSpeed's ZeRO-3
     (:func:`check_deepspeed_zero3`) and ZeRO-1/2 (:func:`meshplan.comm.deepspeed_zero12.check_mesh`)
     beside other axes, and the recompute policies a framework or engine does not have."""
-    m, t = config.model, config.training
+    t = config.training
     if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
@@ -112,18 +112,14 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
         raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
     if t.recompute == "op" and not t.has_op_recompute:
         raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker].format(engine=t.zero3_engine))
-    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
-                          "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("cp") > 1:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = 1 "
+                          "only: which CP collectives its recompute replays is not modelled yet; use 'layer', "
                           "'selective' or 'full'")
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("tp") > 1 and \
             not mesh.sequence_parallel:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) with tp > 1 is planned with "
                           "sequence parallelism, as torchtitan applies TP: set mesh.sequence_parallel = true")
-    if t.recompute == "op" and m.is_mla:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
-                          "multi-head latent attention (which of its mms the policy saves); use 'layer', "
-                          "'selective' or 'full'")
 
 
 def without_pipeline(config: Config, spec: MeshSpec, mesh: Mesh) -> tuple[Config, MeshSpec, tuple[str, ...]]:

@@ -280,7 +280,7 @@ def test_torchtitan_activation_checkpointing_options(tmp_path):
     t = _tt_ac(tmp_path, "3").training
     assert (t.recompute, t.ac_freq) == ("layer", 3)
     assert _tt_ac(tmp_path, "3", mode="full").training.recompute == "full"
-    # op-level SAC is modelled with cp = ep = 1 only (tp > 1 under SP, as torchtitan applies TP):
+    # op-level SAC is modelled with cp = 1 only (tp > 1 under SP, as torchtitan applies TP):
     # cp 2 is planned as selective, and says so
     assert _tt_ac(tmp_path, "op", tp=2).training.recompute == "op"
     cfg = _tt_ac(tmp_path, "op", cp=2)

@@ -6,6 +6,7 @@ policy's replay (:func:`layer_costs`, :func:`layer_cost`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention, te_ring
@@ -15,7 +16,8 @@ from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
 from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
 from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
-from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, op_sac_kept, replay
+from meshplan.compute.recompute import (OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, op_sac_replayed,
+                                        replay)
 from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, fused_qkv_parts, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -97,11 +99,28 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         every = ops + (attn_sel if rc == "selective" and "core_attn" in parts else attn_plain) + rest
         if rc == "selective" and parts - {"core_attn"}:  # Megatron-LM's other recompute modules
             every += module_replays(gpu, model, gemms, every, parts)
-        if rc in ("full", "op"):
-            kept = op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
-            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (rc == "op" and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
+        if rc == "full":
+            kept = full_ac_not_replayed(w)
+            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
+        elif rc == "op":
+            every += op_replays(every, op_sac_replayed(model, model.is_moe_layer(model.layers - 1 if layer < 0 else layer)))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    return out
+
+
+def op_replays(ops: list[Op], shares: dict[str, float]) -> list[Op]:
+    """The replay of ``ops``' forward under torchtitan's op-level selective AC: every forward op
+    but the attention kernel (its output saved), the kernels of :data:`OP_SAC_NOT_REPLAYED` and
+    the saved share of each GEMM (``shares``: :func:`meshplan.compute.recompute.op_sac_replayed`;
+    a GEMM half replayed, the fused shared-expert gate and up, at half its time and FLOP)."""
+    out = []
+    for o in ops:
+        share = shares.get(o.name, 1.0)
+        if o.phase != "forward" or o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED) or not share:
+            continue
+        r = replay(o)
+        out.append(r if share == 1.0 else replace(r, seconds=r.seconds * share, hardware_flops=r.hardware_flops * share,
+                                                  size_bytes=r.size_bytes * share))
     return out
 
 

@@ -27,9 +27,10 @@ def replay(o: Op) -> Op:
               steps=o.steps)
 
 
-#: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the
+#: Forward GEMMs of a Llama layer whose outputs torchtitan's op-level selective AC saves (the
 #: odd-numbered mms of a Llama block: wq, wk, wv, wo, w1 gate, w3 up, w2 down; GeLU MLP: w_up,
-#: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
+#: w_down): :func:`op_sac_saved_mms` of :func:`op_sac_mms`, kept by
+#: :func:`meshplan.memory.activations.op_sac_terms`.
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
@@ -65,11 +66,77 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
+def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool) -> tuple[str, ...]:
+    """The ``aten.mm`` calls of one layer's forward in the order torchtitan's op-level SAC policy
+    counts them (meshplan's GEMM names): the attention's (MLA: ``wq`` or ``wq_a, wq_b``, then
+    ``wkv_a, wkv_b, wo``; else ``wq, wk, wv, wo``), then the MLP's (``mlp``: a dense MLP or an MoE
+    layer's shared experts; gated ``w_gate`` (w1), ``w_up`` (w3), ``w_down`` (w2), GeLU ``w_up,
+    w_down``). Not counted: the MoE router's gate, which the policy force-recomputes by shape
+    before counting (``per_op_sac_force_recompute_mm_shapes_by_fqns``, default
+    ``["moe.router.gate"]``), and the routed experts, whose ``torch._grouped_mm`` is not an
+    ``aten.mm`` (and not in the save list: recomputed). The shared experts run after the routed
+    ones (``MoE.forward``), so their mms follow the attention's.
+
+    Source: pytorch/torchtitan 238fa99 (the parent of 9810191, the last commit that reads TOML
+    job configs): ``distributed/activation_checkpoint.py`` ``_apply_op_sac`` lines 99-122 (the mm
+    counter restarts per checkpointed block; ``to_save = func in op_sac_save_list and not (func ==
+    aten.mm and count % 2 == 0)``); ``models/deepseek_v3/model/model.py`` ``Attention.forward``
+    lines 270-322 (wq or wq_a/wq_b, wkv_a, wkv_b, attention, wo); ``models/moe/moe.py``
+    ``FeedForward.forward`` line 68 (``w2(silu(w1(x)) * w3(x))``) and ``MoE.forward`` lines 473-529.
+
+    >>> op_sac_mms(mla=True, q_lora=False, gated=True, mlp=True)
+    ('wq', 'wkv_a', 'wkv_b', 'wo', 'w_gate', 'w_up', 'w_down')
+    >>> op_sac_mms(mla=False, q_lora=False, gated=True, mlp=False)  # Qwen3 MoE: no shared expert
+    ('wq', 'wk', 'wv', 'wo')
+    """
+    attn = ((("wq_a", "wq_b") if q_lora else ("wq",)) + ("wkv_a", "wkv_b", "wo")) if mla else ("wq", "wk", "wv", "wo")
+    return attn + (((("w_gate",) if gated else ()) + ("w_up", "w_down")) if mlp else ())
+
+
+def op_sac_saved_mms(mms: tuple[str, ...]) -> tuple[str, ...]:
+    """The mms of ``mms`` (:func:`op_sac_mms`) whose outputs the policy saves: the odd-numbered
+    (1st, 3rd, ...); every second one is recomputed.
+
+    >>> op_sac_saved_mms(op_sac_mms(mla=False, q_lora=False, gated=True, mlp=True)) == OP_SAC_SAVED_GEMMS
+    True
+    >>> op_sac_saved_mms(op_sac_mms(mla=True, q_lora=True, gated=True, mlp=True))
+    ('wq_a', 'wkv_a', 'wo', 'w_up')
+    """
+    return mms[0::2]
+
+
+def layer_mms(model: ModelSpec, moe: bool) -> tuple[str, ...]:
+    """:func:`op_sac_mms` of a dense (``moe`` False) or MoE layer of ``model``."""
+    return op_sac_mms(mla=model.is_mla, q_lora=model.q_lora_rank is not None, gated=model.gated_mlp,
+                      mlp=not moe or bool(model.shared_experts))
+
+
+def op_sac_replayed(model: ModelSpec, moe: bool) -> dict[str, float]:
+    """The share of each forward GEMM (meshplan's names, :func:`meshplan.compute.shapes.layer_gemms`)
+    that torchtitan's op-level selective AC replays in backward: 0 for a saved mm, 1 for a
+    recomputed one; an MoE layer's shared experts run as one fused gate-and-up GEMM here
+    (``shared_w_up``, twice the width), half of which replays where one of w1 and w3 is saved.
+    GEMMs not listed (the router, the routed experts) replay whole.
+
+    DeepSeek-V2-Lite (MLA without a query latent, 2 shared experts): wq, wkv_b, w1 and w2 saved:
+
+    >>> from meshplan import catalog
+    >>> op_sac_replayed(catalog.model("deepseek-v2-lite"), True)
+    {'wq': 0.0, 'wkv_a': 1.0, 'wkv_b': 0.0, 'wo': 1.0, 'shared_w_up': 0.5, 'shared_w_down': 0.0}
+    """
+    mms = layer_mms(model, moe)
+    saved = set(op_sac_saved_mms(mms))
+    out = {n: 0.0 if n in saved else 1.0 for n in mms}
+    if moe and "w_up" in out:
+        out["shared_w_up"] = sum(out.pop(n) for n in ("w_gate", "w_up") if n in out) / (2 if model.gated_mlp else 1)
+        out["shared_w_down"] = out.pop("w_down")
+    return out
+
+
 def op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
-    """Forward GEMMs whose outputs torchtitan's op-level selective AC saves, so its recompute
-    skips them (:func:`meshplan.memory.activations.op_sac_terms`); the attention kernel is
-    saved too. Everything else of the forward is recomputed in backward."""
-    return OP_SAC_SAVED_GEMMS if model.gated_mlp else OP_SAC_SAVED_GEMMS_GELU
+    """Forward GEMMs of a dense layer whose outputs torchtitan's op-level selective AC saves, so
+    its recompute skips them (:func:`op_sac_replayed`); the attention kernel is saved too."""
+    return op_sac_saved_mms(layer_mms(model, False))
 
 
 def layer_workload(w: Workload, checkpointed: bool) -> Workload:

@@ -68,7 +68,7 @@ training.max_norm                              training.grad_clip = true whateve
                                                  skipped: torch clip_grads_with_norm_); the value
                                                  as training.grad_clip_norm (unset: 1.0)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
-  + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
+  + selective_ac_option                          option "op" -> op (cp 1; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 checkpoint.interval (with enable true;         [reliability] checkpoint_interval_steps (500 unset);
   enable_checkpoint before cd337db)              export writes it back, in the file's spelling
@@ -366,7 +366,7 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
         raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep} and "
                           f"tensor_parallel_degree {tp}: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently "
                           f"we only support ETP=TP or ETP=1\", parallel_dims.py:58-59 at e347b1e); fix: "
-                          f"expert_tensor_parallel_degree = 1 or {tp}")
+                          f"expert_tensor_parallel_degree = {'1' if tp == 1 else f'1 or {tp}'}")
     if ep == 1 and etp != tp:  # ep 1: the experts over tp whatever the key (torch_etp)
         notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
                      f"{tp}, the tp degree: {TORCH_ETP_EP1}")
@@ -378,7 +378,7 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      "expert_tensor_parallel_degree = 1 plans what both run")
         return
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
-                 "reads the key (meshplan export writes it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                 "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "
                  "tensor parallelism, so delete it for a torchtitan after that commit")
 
 

@@ -271,15 +271,12 @@ def unset_notes(tables: dict) -> list[str]:
 
 def _op_words(cfg: Config) -> str:
     """Why the plan is not torchtitan's op-level SAC, as :func:`write_notes` says it: where
-    :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp or ep > 1, MLA) that rule;
+    :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp > 1) that rule;
     elsewhere that the config chose ``selective`` and ``op`` plans at this mesh."""
     m = cfg.mesh
     deg = dict(zip(m.names, m.shape)) if m is not None and m.names and m.shape else {}
-    if cfg.model.is_mla:
-        return "op-level SAC \"op\" is not modelled with multi-head latent attention"
-    big = [f"{a} {deg[a]}" for a in ("cp", "ep") if deg.get(a, 1) > 1]
-    if big:
-        return f"op-level SAC \"op\" is planned with cp = ep = 1 only, and this mesh has {' and '.join(big)}"
+    if deg.get("cp", 1) > 1:
+        return f"op-level SAC \"op\" is planned with cp = 1 only, and this mesh has cp {deg['cp']}"
     return ("training.recompute is \"selective\"; torchtitan's op-level SAC plans at this mesh: set "
             "training.recompute = \"op\" to plan what torchtitan runs")
 

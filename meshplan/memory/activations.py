@@ -109,6 +109,7 @@ from __future__ import annotations
 from fractions import Fraction
 from math import ceil
 
+from meshplan.compute.recompute import op_sac_mms, op_sac_saved_mms
 from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.memory.cp_buffers import saves_gathered_kv
@@ -269,12 +270,18 @@ def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
     """Kept by torchtitan's op-level selective AC (``selective_ac_option = "op"``): the
     checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
     ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is
-    recomputed), the SDPA kernel (output and, for flash, its fp32 log-sum-exp) and the
-    reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
-    ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
-    then w1 (gate), w3 (up), w2 (down), so wq, wv, w1 and w2 are saved; a GeLU MLP (w_up,
-    w_down): w_up (:data:`meshplan.compute.recompute.OP_SAC_SAVED_GEMMS`, whose recompute skips
-    them). Norms, RoPE, SiLU and the residual adds are recomputed.
+    recomputed; :func:`meshplan.compute.recompute.op_sac_mms` gives the order: a Llama block's
+    wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down) saves wq, wv, w1 and w2; MLA without a query
+    latent wq, wkv_a, wkv_b, wo then the MLP's saves wq, wkv_b, w1, w2; with one wq_a, wkv_a, wo,
+    w3), the SDPA kernel (output, ``d_v`` wide per head, and for flash its fp32 log-sum-exp) and
+    the reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
+    ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward).
+    ``dims.f`` 0: no MLP mms (an MoE layer without shared experts; the routed experts' grouped
+    GEMMs are recomputed, their all-to-alls' outputs saved: :mod:`meshplan.memory.workingset`).
+    Each mm's output at the rank's tokens: wq and wq_b ``a d / t``, wq_a ``c_q`` and wkv_a ``c_kv +
+    r`` (replicated down projections), wkv_b ``a (d - r + d_v) / t``, wk ``g d / t``, wv ``g d_v /
+    t``, wo and w_down ``h`` (the partial sums before a reduce-scatter), w_gate and w_up ``f / t``.
+    Norms, RoPE, SiLU and the residual adds are recomputed.
 
     >>> lc = _local(LayerDims(s=8, b=1, h=16, a=4, g=2, d=4, f=64, gated=True, dropout=False), 1, False, 1)
     >>> [(t.name, t.size_bytes) for t in op_sac_terms(LayerDims(8, 1, 16, 4, 2, 4, 64, True, False), lc, True)]
@@ -283,21 +290,24 @@ def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
      ('attention output (saved SDPA)', 256), ('flash softmax statistics (fp32)', 128),
      ('w_gate output (saved mm)', 1024), ('w_down output (saved mm)', 256)]
     """
-    e, b, d, S, r = dims.act_bytes, dims.b, dims.d, lc.seq, lc.r
+    e, b, S, r = dims.act_bytes, dims.b, lc.seq, lc.r
     rows = lc.tok * b
-    out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}"),
-           Term("wq output (saved mm)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
-           Term("wv output (saved mm)", e * rows * lc.akv * d, f"{e}*{S}*b*g*d/t"),
-           Term("attention output (saved SDPA)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")]
+    width = {"wq": (lc.aq * dims.d, "a*d/t"), "wq_b": (lc.aq * dims.d, "a*d/t"), "wq_a": (dims.q_lora, "c_q"),
+             "wkv_a": (dims.kv_lora + dims.rope, "(c_kv+r)"), "wk": (lc.akv * dims.d, "g*d/t"),
+             "wkv_b": (lc.aq * (dims.d - dims.rope + dims.d_v), "a*(d-r+d_v)/t"), "wv": (lc.akv * dims.d_v, "g*d_v/t"),
+             "wo": (dims.h, "h"), "w_gate": (lc.f, "f/t"), "w_up": (lc.f, "f/t"), "w_down": (dims.h, "h")}
+    mms = op_sac_saved_mms(op_sac_mms(mla=bool(dims.kv_lora), q_lora=bool(dims.q_lora), gated=dims.gated,
+                                      mlp=bool(dims.f)))
+    saved = [Term(f"{n} output (saved mm)", e * rows * width[n][0], f"{e}*{S}*b*{width[n][1]}") for n in mms]
+    n_attn = sum(n.startswith("wq") or n.startswith("wk") or n in ("wv", "wo") for n in mms)
+    out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")] + saved[:n_attn] + [
+        Term("attention output (saved SDPA)", e * rows * lc.aq * dims.d_v, f"{e}*{S}*b*a*d_v/t")]
     if flash:
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
     # with tp > 1 (sequence parallel): the reduce-scatters after wo and w_down, each tokens/tp x h
     scattered = [Term(f"{g} reduce-scatter output (saved)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")
                  for g in ("wo", "w_down")] if r else []
-    if dims.gated:
-        return out + [Term("w_gate output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t"),
-                      Term("w_down output (saved mm)", e * rows * dims.h, f"{e}*{S}*b*h")] + scattered
-    return out + [Term("w_up output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t")] + scattered
+    return out + saved[n_attn:] + scattered
 
 
 def layer_bytes(dims: LayerDims, **options) -> int:

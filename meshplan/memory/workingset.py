@@ -126,8 +126,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     tok, rtok = _tokens(training, mesh)
     h = model.hidden
     dims = dense_dims(model, training, opts.dropout)
-    routed_full, widest, routed_fwd = _routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0, 0, 0)
-    routed = routed_full if training.recompute != "full" else 0
+    routed_full, widest, routed_fwd, exchanged = _routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0,) * 4
+    routed = {"full": 0, "op": exchanged}.get(training.recompute, routed_full)
     if moe and training.recompute == "selective":
         routed = routed_kept(model, training, mesh, tok, tp, fused, lo["parts"]) if lo["parts"] & {"moe", "moe_act"} \
             else routed
@@ -149,7 +149,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if moe:
         if dims.f:  # the shared experts' MLP
             widest = max(widest, *mlp_step_work(a * tok * ceil(dims.f / tp), a * tok * h, model.gated_mlp))
-        fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute == "full" else gathered
+        fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute in ("full", "op") else gathered
         core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cpb.backward if cpb.backward else 0
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=max(fwd, cpb.forward),
                         bwd_temp=max(widest + gathered, core), fwd_what=_fwd_what(fwd, gathered, cpb))
@@ -213,10 +213,16 @@ def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[
 
 
 def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int, tp: int,
-                  fused: bool) -> tuple[int, int, int]:
-    """(kept activations, backward working set, checkpointed forward's working set), bytes of
-    the routed experts of one MoE layer on the busiest rank (module docstring), at the
-    received rows of :func:`meshplan.compute.routing.routing`."""
+                  fused: bool) -> tuple[int, int, int, int]:
+    """(kept activations, backward working set, checkpointed forward's working set, all-to-all
+    outputs), bytes of the routed experts of one MoE layer on the busiest rank (module docstring),
+    at the received rows of :func:`meshplan.compute.routing.routing`. The last is what torchtitan's
+    op-level selective AC keeps of them: the outputs of the ep dispatch's and combine's
+    ``all_to_all_single`` (in its save list: torchtitan 238fa99
+    ``models/deepseek_v3/infra/parallelize.py`` lines 33-48, ``distributed/expert_parallel.py``
+    lines 138 and 175), ``a h`` per received and per returned row; none at ep 1 (no all-to-all);
+    the grouped GEMMs' outputs are recomputed (``torch._grouped_mm`` is not in the list). The
+    per-expert counts' all-to-all output (``experts`` int64) is not counted."""
     a, h = dtype_bytes(training.compute_dtype), model.hidden
     # the tokens a rank routes, and the etp ranks whose received rows its experts take (Megatron-LM's
     # etp all-gather; torch: the tp ranks split the tokens, runtime.moe): compute.routing.routed_tokens
@@ -228,7 +234,7 @@ def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int
     widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp)) + _scores_grad(model, training,
                                                                                                    routed_tok)
     fwd = a * h * (r.send_rows + 2 * copies) + (3 if model.gated_mlp else 2) * a * copies * width
-    return full, widest, fwd
+    return full, widest, fwd, a * h * (copies + r.send_rows) if mesh.ep > 1 else 0
 
 
 def _scores_grad(model: ModelSpec, training: TrainingSpec, routed_tok: int) -> int:

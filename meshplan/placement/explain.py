@@ -286,6 +286,6 @@ def _hops(cost) -> str:
     """What an axis's network hops count (:class:`~meshplan.placement.score.AxisCost`): ring hops,
     or an all-to-all's rank-buffers off the domain ((n - g)/(n - 1) of each rank's bytes)."""
     if cost.kind == "all-to-all":
-        return (f"{cost.network_hops:.1f} ranks' all-to-all bytes off their NVLink domain (each rank sends "
-                f"(n - g)/(n - 1) of them to peers of other domains)")
+        return (f"{cost.network_hops:.1f} (the sum over the ranks of (n - g)/(n - 1), the share of its all-to-all "
+                f"bytes a rank sends outside its NVLink domain of g members)")
     return f"{cost.network_hops} ring hops"

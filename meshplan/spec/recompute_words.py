@@ -74,8 +74,9 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
-                  "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
-                  "recomputed, tp all-gathers included)",
+                  "matmul outputs saved but every second mm (the MoE router's gate always recomputed), SDPA, tp "
+                  "reduce-scatter and ep all-to-all outputs saved, the rest recomputed, tp all-gathers and the "
+                  "routed experts' grouped GEMMs included)",
             }[training.recompute]
 
 
