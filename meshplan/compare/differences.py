@@ -126,11 +126,16 @@ def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
 
 
 def knob(v: Any) -> str:
-    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
+    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None; a tuple, as
+    ``recompute_modules`` holds its TOML list, as that list).
+
+    >>> knob(None), knob(True), knob(("core_attn", "mlp"))
+    ('unset', 'true', '[core_attn, mlp]')
+    """
     if v is None:
         return "unset"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
     return str(v)

@@ -30,12 +30,16 @@ from meshplan.spec.wording import runtime
 # runtime runs CP's attention (Megatron-LM's ``--cp-comm-type``), not what it computes: a knob
 # (newcomer trial 31 was refused p2p against all_gather). DeepSpeed ZeRO++'s three keys are how
 # DeepSpeed's ZeRO-3 moves the same gathers and reductions (meshplan.comm.zeropp): knobs.
+# ``recompute_modules`` refines ``recompute = "selective"`` as the float8 knobs refine linear_dtype
+# (what Megatron-LM recomputes, not what the step computes), ``pp_engine`` is who runs the pipeline
+# schedule (as zero3_engine is who runs ZeRO-3), ``megatron_runtime`` and ``dataloader_attention_mask``
+# how Megatron-LM's generation loads the batch: knobs (each refused before as a workload difference).
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
               "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
               "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention",
               "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients",
-              "megatron_runtime", "dataloader_attention_mask")
+              "megatron_runtime", "dataloader_attention_mask", "recompute_modules", "pp_engine")
 
 #: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
 _FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
@@ -174,7 +178,11 @@ class TrainingEngines(TrainingFields):
         (:attr:`contiguous_grads`), ``linear_dtype`` as the dtype the Linear GEMMs run in (unset:
         the compute dtype), ``fp8_recipe``, ``fp8_output_layer`` and ``fp8_all_gather`` under
         ``linear_dtype = "fp8"`` only, ``cp_attention`` as :attr:`cp_kind` (unset: the framework's
-        default); every other knob applies, as given. ``meshplan compare`` lists
+        default), ``megatron_runtime`` under framework megatron as the generation it plans (unset:
+        ``"2022"``), ``dataloader_attention_mask`` under that ``"core"`` generation as
+        :attr:`core_attention_mask` (unset: true), ``recompute_modules`` under Megatron-LM's
+        ``selective`` only (what it reads them under, :func:`meshplan.spec.recompute_modules.config_notes`);
+        every other knob applies, as given. ``meshplan compare`` lists
         a knob only where it applies to both sides, by the value it acts with
         (:func:`meshplan.compare.differences.config_differences`).
 
@@ -185,6 +193,9 @@ class TrainingEngines(TrainingFields):
         >>> bf16 = TrainingSpec(global_batch=8, seq_len=16, compute_dtype="bf16")
         >>> bf16.knob_acts("linear_dtype"), bf16.knob_acts("fp8_recipe")
         ((True, 'bf16'), (False, 'tensorwise'))
+        >>> mg = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
+        >>> mg.knob_acts("megatron_runtime"), bf16.knob_acts("megatron_runtime"), mg.knob_acts("dataloader_attention_mask")
+        ((True, '2022'), (False, None), (False, None))
         """
         value = getattr(self, knob)
         if knob == "linear_dtype":
@@ -207,6 +218,18 @@ class TrainingEngines(TrainingFields):
             return acts, self.contiguous_grads if acts else value
         if knob.startswith("zero_hpz") or knob.startswith("zero_quantized"):  # DeepSpeed ZeRO++ (comm.zeropp)
             return self.sharding == "zero3" and self.zero3_engine == "deepspeed", value
+        return self._megatron_knob_acts(knob, value)
+
+    def _megatron_knob_acts(self, knob: str, value: object) -> tuple[bool, object]:
+        """:meth:`knob_acts` of Megatron-LM's generation, its data loader's mask and its recompute
+        modules (that method's docstring); every other knob applies, as given."""
+        if knob == "megatron_runtime":  # unset plans 2022 (TrainingFields.megatron_core)
+            return self.framework == "megatron", ("core" if self.megatron_core else "2022") \
+                if self.framework == "megatron" else value
+        if knob == "dataloader_attention_mask":
+            return self.megatron_core, self.core_attention_mask if self.megatron_core else value
+        if knob == "recompute_modules":
+            return self.framework == "megatron" and self.recompute == "selective", value
         return True, value
 
     @property
