@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 from meshplan.spec.training_precision import TrainingPrecision
 
 #: The keys of [training] that only framework "megatron" takes (Megatron-LM's flags), each with the
@@ -247,10 +248,21 @@ class TrainingChecks(TrainingPrecision):
     def _check_megatron_runtime(self) -> None:
         """``megatron_runtime`` only under framework "megatron", ``dataloader_attention_mask`` only
         under its "core" generation (Megatron-LM 2022 builds the mask on the GPU in every
-        ``get_batch``, whatever the data loader does)."""
+        ``get_batch``, whatever the data loader does), and "core" not under a DeepSpeed engine:
+        framework "megatron" there is Megatron-DeepSpeed, whose ``get_batch`` and ``get_batch_pipe``
+        (microsoft/Megatron-DeepSpeed f4157be ``pretrain_gpt.py``) broadcast ``['text']`` with
+        ``broadcast_data`` and build the masks on the GPU as Megatron-LM 2022 did (its import plans
+        "2022": :func:`meshplan.interop.megatron_flags.runtime`)."""
         if self.megatron_runtime is not None and self.framework != "megatron":
             raise ValueError(f"megatron_runtime is the Megatron-LM generation the step model follows (framework "
                              f"\"megatron\"); framework {self.framework!r}: remove it or set framework = \"megatron\"")
+        deepspeed = self.pp_engine == "deepspeed" or "deepspeed" in (self.zero0_engine, self.zero12_engine) or (
+            self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3)
+        if self.megatron_core and deepspeed:
+            raise ValueError("megatron_runtime \"core\" is Megatron Core's get_batch, timers and p2p; a DeepSpeed engine "
+                             "under framework \"megatron\" is Megatron-DeepSpeed, whose pretrain_gpt.py get_batch and "
+                             "get_batch_pipe run 2022's broadcast_data and GPU masks: set megatron_runtime = \"2022\" "
+                             "or remove it")
         if self.dataloader_attention_mask is not None and not self.megatron_core:
             raise ValueError("dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader "
                              "(framework \"megatron\", megatron_runtime = \"core\"): set megatron_runtime = \"core\" "
