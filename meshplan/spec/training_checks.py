@@ -91,25 +91,30 @@ def megatron_dispatcher(training) -> bool:
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
     then ``moe_dispatcher`` where :func:`megatron_dispatcher` (the config's check), then
-    ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`), then
+    ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`),
+    ``recompute_modules`` other than Megatron-LM's default (:func:`meshplan.spec.recompute_modules.config_notes`)
+    and ``pp_engine`` other than the framework's (:meth:`TrainingChecks._check_pp_engine`), then
     ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
     ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
     ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep",
-    ...                                 megatron_runtime="core"))
-    ['overlap_grad_reduce', 'moe_dispatcher', 'megatron_runtime', 'tp_comm_overlap']
+    ...                                 megatron_runtime="core", recompute_modules=("core_attn", "mlp")))
+    ['overlap_grad_reduce', 'moe_dispatcher', 'megatron_runtime', 'recompute_modules', 'tp_comm_overlap']
     """
     return (megatron_only_keys(training) + (["moe_dispatcher"] if megatron_dispatcher(training) else [])
             + [k for k in ("megatron_runtime", "dataloader_attention_mask") if getattr(training, k) is not None]
+            + (["recompute_modules"] if tuple(training.recompute_modules) != ("core_attn",) else [])
+            + (["pp_engine"] if training.pp_engine != "framework" else [])
             + (["tp_comm_overlap"] if async_tp_uncompiled(training) else []))
 
 
 def deepspeed_refused_keys(training) -> list[str]:
     """The keys of ``training`` refused once it runs no DeepSpeed engine (``zero3_engine = "fsdp2"``,
     ``zero12_engine = "megatron"``, the engines validate runs): ``overlap_comm`` (DeepSpeed's alone),
-    and ``contiguous_gradients`` outside sharding zero3, by :class:`TrainingChecks`' rules.
+    ``contiguous_gradients`` outside sharding zero3, and ZeRO++'s keys set (:func:`zeropp_keys_set`:
+    DeepSpeed's ZeRO-3 alone), by :class:`TrainingChecks`' rules.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> deepspeed_refused_keys(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed",
@@ -117,7 +122,8 @@ def deepspeed_refused_keys(training) -> list[str]:
     ['overlap_comm', 'contiguous_gradients']
     """
     return ((["overlap_comm"] if training.overlap_comm else [])
-            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else []))
+            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else [])
+            + zeropp_keys_set(training))
 
 
 class TrainingChecks(TrainingPrecision):
@@ -165,12 +171,7 @@ class TrainingChecks(TrainingPrecision):
         if self.zero0_engine != "ddp" and self.sharding != "none":
             raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
                              f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
-        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
-                                              not in (self.zero0_engine, self.zero12_engine)):
-            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
-                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
-                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
-                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
+        self._check_pp_engine()
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -226,6 +227,16 @@ class TrainingChecks(TrainingPrecision):
         :meth:`_check_megatron_only` refuses it)."""
         if self.pp_p2p_overlap_warmup_flush and self.pp_p2p_overlap is False:
             raise ValueError(MEGATRON_ONLY["pp_p2p_overlap_warmup_flush"][1])
+
+    def _check_pp_engine(self) -> None:
+        """``pp_engine = "deepspeed"`` only where DeepSpeed's PipelineEngine runs: framework "megatron"
+        (Megatron-DeepSpeed's GPTModelPipe) under DeepSpeed's engine without ZeRO or with ZeRO-1."""
+        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
+                                              not in (self.zero0_engine, self.zero12_engine)):
+            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
+                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
+                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
+                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
 
     def _check_zeropp(self) -> None:
         """DeepSpeed ZeRO++'s keys (``zero_hpz_partition_size`` above 1, ``zero_quantized_weights``,
