@@ -79,23 +79,40 @@ def _call_seconds(pairs, after_send: np.ndarray, after_recv: np.ndarray, cols: i
         return None
     ws, wr = pairs.sides()
     link = getattr(pairs, "link", None)
-    if link is None:
-        link = np.zeros(len(xs), dtype=np.int64)
     pair = getattr(pairs, "xfer_pair", None)
     secs = np.zeros(cols)
     for at, side in ((after_send, ws), (after_recv, wr)):
-        on, t = link[side], xs[side]
-        for k in np.unique(on).tolist():
-            mine = on == k
-            if pair is None:
+        t, two = xs[side], None if pair is None else pair[side]
+        for k in ([None] if link is None else np.unique(link[side]).tolist()):
+            mine = slice(None) if k is None else link[side] == k
+            if two is None:
                 np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
                 continue
             # rendezvous.link_load: the largest fixed part (2 t - pair) once, each share (pair - t) added
-            two = pair[side][mine]
-            fixed = np.zeros(cols)
-            np.maximum.at(fixed, at[mine], 2 * t[mine] - two)
-            np.maximum(secs, fixed + np.bincount(at[mine], two - t[mine], minlength=cols), out=secs)
+            slot, tk, pk = at[mine], t[mine], two[mine]
+            np.maximum(secs, _largest(slot, 2 * tk - pk, cols) + np.bincount(slot, pk - tk, minlength=cols), out=secs)
     return secs
+
+
+def _largest(slot: np.ndarray, value: np.ndarray, cols: int) -> np.ndarray:
+    """Per slot the largest of ``value`` over its entries, at least 0 (0 for a slot without one):
+    one value for all (one boundary path: a single write), else by distinct value, largest last
+    (a few: one per boundary path), not ``np.maximum.at``.
+
+    >>> _largest(np.array([0, 0, 2]), np.array([1.0, 3.0, 2.0]), 4).tolist()
+    [3.0, 0.0, 2.0, 0.0]
+    """
+    out = np.zeros(cols)
+    if not len(value):
+        return out
+    lo, hi = float(value.min()), float(value.max())
+    if lo == hi:
+        out[slot] = max(hi, 0.0)
+        return out
+    for v in np.unique(value).tolist():  # ascending: a later (larger) value overwrites
+        if v > 0:
+            out[slot[value == v]] = v
+    return out
 
 
 def call_table(pairs, p: int, length: int) -> tuple:
