@@ -83,8 +83,9 @@ def _call_seconds(pairs, after_send: np.ndarray, after_recv: np.ndarray, cols: i
     secs = np.zeros(cols)
     for at, side in ((after_send, ws), (after_recv, wr)):
         t, two = xs[side], None if pair is None else pair[side]
-        for k in ([None] if link is None else np.unique(link[side]).tolist()):
-            mine = slice(None) if k is None else link[side] == k
+        on = None if link is None else link[side]
+        for k in ([None] if on is None else np.unique(on).tolist()):
+            mine = slice(None) if on is None else on == k
             if two is None:
                 np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
                 continue
