@@ -96,14 +96,14 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
     # DeepSpeed's PipelineEngine: one blocking dist.send / dist.recv per transfer (compute.deepspeed_pipe)
     serial = mode.blocking_p2p and cfg.training.pp_engine == "deepspeed"
-    p2p_s, p2p_link = boundary_p2p_s(plan, comms)
+    p2p_s, p2p_link, p2p_pair_s = boundary_p2p_s(plan, comms)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
-                        serial_p2p=serial, **mode._asdict())
+                        p2p_pair_s=p2p_pair_s, serial_p2p=serial, **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, serial_p2p=serial,
-                        **mode._asdict(),
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link,
+                        p2p_pair_s=base.p2p_pair_s, serial_p2p=serial, **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -148,24 +148,30 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     *_torchtitan_terms(cfg), _megatron_flops(cfg, plan))
 
 
-def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
+def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> tuple:
     """(seconds of one pp send across each stage boundary, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`;
-    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`): each
+    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`; seconds of
+    two such sends at once, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_pair_s`): each
     boundary's pairs on their own path at the size of the tables' send/recv rows
     (:func:`meshplan.comm.pp_rows.boundary_seconds`: NVLink where the two stages share a node, the
     sender's NIC where not; :func:`meshplan.comm.pp_rows.boundary_links`), plus the tp all-gather
     rebuilding a receive under Megatron-LM's scatter/gather (``p2p_gather_s``, the same at every
-    boundary); one value and no links when every boundary takes the same time on the same link
-    (then the simulation's one-value path), 0 at pp 1."""
+    boundary); two at once (a blocking call's two sends, or two receives, on one link: interleaved
+    1F1B's steady call) as one transfer of both sizes on the same path, their two gathers, never
+    more than two apart (:func:`meshplan.pipeline.rendezvous.link_load`); one value and no links
+    when every boundary takes the same time on the same link (then the simulation's one-value
+    path), 0 and no pair time at pp 1."""
     sizes = [r.size_bytes for r in plan.collectives[table_key(0)] if comm_kind(r) == "pp"]
     if len(comms) < 2 or not sizes:
-        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), ()
+        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), (), None
     gather = max(c.p2p_gather_s for c in comms)
-    times = [t + gather for t in boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, max(sizes)).tolist()]
+    one, two = (boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, k * max(sizes)) for k in (1, 2))
+    times = [t + gather for t in one.tolist()]
+    pairs = [min(t2 + 2 * gather, 2 * t) for t2, t in zip(two.tolist(), times)]
     links = tuple(boundary_links(plan.mesh, plan.placement).tolist())
-    if len(set(times)) == 1 and len(set(links)) == 1:
-        return times[0], ()
-    return tuple(times), links
+    if len(set(times)) == 1 and len(set(links)) == 1 and len(set(pairs)) == 1:
+        return times[0], (), pairs[0]
+    return tuple(times), links, tuple(pairs)
 
 
 def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
