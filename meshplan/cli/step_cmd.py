@@ -94,9 +94,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp; a line under it gives the
     schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
-    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch, for
-    a dense model without MLA, also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per
-    token and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
+    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch also
+    'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token (its dense formula, or
+    get_moe_model_nparams_and_flops for an MoE or MLA model), tps and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
     --log-throughput formula: X TFLOP/s/GPU', what its log's throughput per GPU would read; --json
     megatron_throughput_flops_per_s, null otherwise); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense

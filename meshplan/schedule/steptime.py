@@ -46,7 +46,8 @@ from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import (flop_gap, megatron_flops_per_iteration, sequence_model_flops,
-                                    torchtitan_flops_per_token, torchtitan_peak_flops)
+                                    torchtitan_flops_per_token, torchtitan_flops_words,
+                                    torchtitan_peak_flops)
 from meshplan.errors import ConfigError
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.fast import Flat, simulate_arrays
@@ -142,7 +143,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
-                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan))
+                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan), tt_words=torchtitan_flops_words(cfg.model))
 
 
 def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
@@ -180,11 +181,12 @@ def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
 
 
 def _torchtitan_terms(cfg) -> tuple[float, float]:
-    """(FLOP per token, peak FLOP/s) of torchtitan's logged MFU under framework torch for a model
-    its dense formula counts (:func:`~meshplan.compute.flops.torchtitan_flops_per_token`,
+    """(FLOP per token, peak FLOP/s) of torchtitan's logged MFU under framework torch, its dense or MoE
+    formula by the model (:func:`~meshplan.compute.flops.torchtitan_flops_per_token`,
     :func:`~meshplan.compute.flops.torchtitan_peak_flops`); (0, 0) otherwise: no line."""
-    fpt = torchtitan_flops_per_token(cfg.model, cfg.training.seq_len) if cfg.training.framework == "torch" else None
-    return (0.0, 0.0) if fpt is None else (fpt, torchtitan_peak_flops(cfg.cluster.gpu.name))
+    if cfg.training.framework != "torch":
+        return (0.0, 0.0)
+    return torchtitan_flops_per_token(cfg.model, cfg.training.seq_len), torchtitan_peak_flops(cfg.cluster.gpu.name)
 
 
 def _megatron_flops(cfg, plan: Plan) -> float:

@@ -1,0 +1,68 @@
+"""Newcomer trial 48 (a torchtitan MoE user: DeepSeek-V3 16B / Qwen3-30B-A3B on 64 x 8 H100), findings
+fixed on branch nc48fix2; each test failed before its fix. The trial's files: /work/nc48/mine (copies under
+tests/data/nc48b/ where a test reads one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs import job_toml
+from cli_run import step_json
+from meshplan import catalog
+from meshplan.compute.flops import torchtitan_flops_per_token
+from meshplan.spec.model import ModelSpec
+
+#: A small MoE + MLA model: hidden 64, 4 heads, q latent 16, kv latent 8, qk 6 + rope 2, v 4; layer 0
+#: dense (SwiGLU ffn 128), layer 1 8 routed experts of width 32 (top 2) and one shared of width 32; vocab 100.
+TINY = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, vocab=100, q_lora_rank=16, kv_lora_rank=8,
+                 qk_nope_head_dim=6, qk_rope_head_dim=2, v_head_dim=4, experts=8, top_k=2, expert_ffn=32,
+                 shared_experts=1, shared_expert_ffn=32, dense_layers=1)
+
+
+def test_torchtitan_moe_mla_flops_by_hand():
+    """Finding 4 (Medium): step printed no torchtitan MFU for an MoE or MLA model ("meshplan prints
+    nothing for a MoE job that can be set directly beside torchtitan's log"). torchtitan v0.2.2 (e347b1e)
+    counts them with ``get_moe_model_nparams_and_flops`` (``torchtitan/models/utils.py``:434-498;
+    deepseek_v3's ``get_nparams_and_flops``, ``models/deepseek_v3/model/args.py``:118-124, passes
+    ``head_dims = qk_nope + qk_rope + v``): ``6 (N_dense - N_emb + router + shared + experts x top_k // E)
+    + 6 l h head_dims t``.
+
+    By hand: MLA wq_a 64 x 16 = 1,024, q norm 16, wq_b 16 x 4 x 8 = 512, wkv_a 64 x (8 + 2) = 640, kv norm
+    8, wkv_b 8 x 4 x (6 + 4) = 320, wo 4 x 4 x 64 = 1,024: 3,544; two norms 128. Layer 0: + MLP 3 x 64 x 128
+    = 24,576: 28,248. Layer 1: + router 64 x 8 = 512, experts 3 x 8 x 64 x 32 = 49,152, shared 3 x 64 x 32
+    = 6,144: 59,480. Embedding and output 2 x 6,400, final norm 64: N = 100,592. Active non-embedding:
+    100,592 - 6,400 - 49,152 + 49,152 x 2 // 8 (12,288) = 57,328. At t 16: 6 x 57,328 + 6 x 2 x 4 x
+    (6 + 2 + 4) x 16 = 343,968 + 9,216 = 353,184."""
+    assert TINY.param_count() == 100_592
+    assert torchtitan_flops_per_token(TINY, 16) == 353_184
+
+
+#: DeepSeek-V2-Lite's shape (torchtitan's deepseek_v3 16B flavor) at 2 layers: layer 0 dense, layer 1 MoE.
+V2_LITE_2L = job_toml({"catalog": "deepseek-v2-lite", "layers": 2}, training={"global_batch": 8, "seq_len": 4096},
+                      mesh={"names": ["dp_shard"], "shape": [8]})
+
+
+def test_step_prints_torchtitan_mfu_for_deepseek_v3_16b_shape(tmp_path, capsys):
+    """Finding 4: ``step`` and ``--json torchtitan_mfu`` for torchtitan's DeepSeek-V3 16B shape
+    (DeepSeek-V2-Lite's: hidden 2048, 16 heads, no q latent, kv latent 512, qk 128 + 64, v 128; 64
+    experts of 1408, top 6, 2 shared of 1408, layer 0 dense of 10944; vocab 102,400), 2 layers, t 4096.
+
+    By hand: MLA wq 2048 x 16 x 192 = 6,291,456, wkv_a 2048 x 576 = 1,179,648, kv norm 512, wkv_b
+    512 x 16 x 256 = 2,097,152, wo 16 x 128 x 2048 = 4,194,304: 13,763,072; norms 4,096. Layer 0 + MLP
+    3 x 2048 x 10944 = 67,239,936: 81,007,104. Layer 1 + router 2048 x 64 = 131,072, experts 3 x 64 x
+    2048 x 1408 = 553,648,128, shared 3 x 2048 x 2816 = 17,301,504: 584,847,872. Embedding, output
+    2 x 209,715,200, final norm 2,048: N = 1,085,287,424. Active non-embedding 1,085,287,424 - 209,715,200
+    - 553,648,128 + 553,648,128 x 6 // 64 (51,904,512) = 373,828,608. FLOP/token 6 x 373,828,608 + 6 x
+    2 x 16 x 320 x 4096 = 2,242,971,648 + 251,658,240 = 2,494,629,888. tps = 8 x 4096 / (step x 8 GPUs);
+    MFU = FLOP/token x tps / 989e12 (H100 SXM, get_peak_flops)."""
+    fpt = 6 * (1_085_287_424 - 209_715_200 - 553_648_128 + 553_648_128 * 6 // 64) + 6 * 2 * 16 * 320 * 4096
+    assert fpt == 2_494_629_888
+    assert torchtitan_flops_per_token(catalog.model("deepseek-v2-lite").model_copy(update={"layers": 2}), 4096) == fpt
+    doc, out = step_json(tmp_path, capsys, V2_LITE_2L, "v2lite")
+    tps = 8 * 4096 / (doc["step_s"] * 8)
+    want = fpt * tps / 989e12
+    assert doc["torchtitan_mfu"] == pytest.approx(want, rel=1e-12)
+    line = next(x for x in out.splitlines() if x.startswith("torchtitan's MFU formula: "))
+    assert line.startswith(f"torchtitan's MFU formula: {want * 100:.2f}% ")
+    assert "2,494,629,888 FLOP/token" in line and f"{tps:,.0f} tokens/s per GPU (its log's tps)" in line
+    assert "top_k 6 / 64" in line
