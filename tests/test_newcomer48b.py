@@ -4,10 +4,13 @@ tests/data/nc48b/ where a test reads one)."""
 
 from __future__ import annotations
 
+from math import comb
+from pathlib import Path
+
 import pytest
 
 from configs import job_toml
-from cli_run import step_json
+from cli_run import run_cli, step_json
 from meshplan import catalog
 from meshplan.compute.flops import torchtitan_flops_per_token
 from meshplan.spec.model import ModelSpec
@@ -66,3 +69,61 @@ def test_step_prints_torchtitan_mfu_for_deepseek_v3_16b_shape(tmp_path, capsys):
     assert line.startswith(f"torchtitan's MFU formula: {want * 100:.2f}% ")
     assert "2,494,629,888 FLOP/token" in line and f"{tps:,.0f} tokens/s per GPU (its log's tps)" in line
     assert "top_k 6 / 64" in line
+
+
+NC48 = Path(__file__).parent / "data" / "nc48b"
+#: torchtitan's DeepSeek-V3 16B shape at 2 layers on one DGX H100, dp_shard 8 x ep 8 (ep borrowed from dp_shard).
+V2_LITE_EP8 = job_toml({"catalog": "deepseek-v2-lite", "layers": 2},
+                       training={"global_batch": 8, "seq_len": 4096, "moe_dispatcher": "deepep"},
+                       mesh={"names": ["dp_shard", "ep"], "shape": [8, 8]})
+
+
+def test_torch_runs_deepep_as_torchtitan_does(tmp_path, capsys):
+    """Finding 2 (High): ``moe_dispatcher = "deepep"`` under framework torch errored "framework 'torch' has
+    none", though torchtitan e347b1e (v0.2.2) runs DeepEP's same V1 normal kernels with
+    ``expert_parallel_comm_backend = "deepep"`` (``torchtitan/distributed/deepep/deepep.py``: ``buffer.dispatch``
+    / ``combine``, the Buffer sized as Megatron-LM's ``fused_a2a.get_buffer``). Now it plans DeepEP's dispatch
+    (meshplan.comm.deepep). At ep 8 in one node, 64 experts of which rank r holds 8, top 6 uniform: a token
+    reaches a rank with probability 1 - C(56, 6) / C(64, 6), 8 x that = 4.5355 distinct ranks, of which
+    7/8 over NVLink: 3.97 fan-out copies; none crosses a node."""
+    ranks = 8 * (1 - comb(56, 6) / comb(64, 6))
+    assert f"{ranks * 7 / 8:.2f}" == "3.97"
+    doc, out = step_json(tmp_path, capsys, V2_LITE_EP8, "deepep")
+    line = next(x for x in out.splitlines() if x.startswith("note: deepep dispatch modelled"))
+    assert "0.00 of 6 copies per token cross nodes" in line and "3.97 NVLink fan-out copies" in line
+
+
+def test_torch_deepep_refused_at_ep_1_as_torchtitan(tmp_path, capsys):
+    """Finding 2: torchtitan raises "DeepEP requires expert parallelism (ep_degree > 1)" (e347b1e
+    ``models/deepseek_v3/infra/parallelize.py``:100-106): one line naming the field, exit 2."""
+    cfg = tmp_path / "ep1.toml"
+    cfg.write_text(V2_LITE_EP8.replace("[8, 8]", "[8, 1]"), encoding="utf-8")
+    code, out, err = run_cli(["plan", cfg], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == ["error: training.moe_dispatcher: ep 1: torchtitan raises \"DeepEP requires "
+                                        "expert parallelism (ep_degree > 1)\"; set mesh ep > 1 or "
+                                        "training.moe_dispatcher = \"alltoall\""]
+
+
+def test_import_maps_expert_parallel_comm_backend(tmp_path, capsys):
+    """Finding 2: the trial's ``dsv3_deepep.toml`` (``[parallelism] expert_parallel_comm_backend = "deepep"``,
+    torchtitan's ``job_config.py``:474 at e347b1e: ``Literal["standard", "deepep"]``) was imported with the key
+    in the unused list and planned as torch's all-to-all; now ``moe_dispatcher = "deepep"``, and export writes
+    the key back. "hybridep" (torchtitan's later Python configs, HybridEP for GB200 NVL72) is refused in one
+    line: no job TOML takes it and meshplan does not model it."""
+    out_toml = tmp_path / "dd.toml"
+    code, out, err = run_cli(["import", "torchtitan", NC48 / "dsv3_deepep.toml", "--cluster", "dgx-h100",
+                              "--nodes", "64", "-o", out_toml], capsys)
+    assert code == 0, err
+    assert 'moe_dispatcher = "deepep"' in out_toml.read_text(encoding="utf-8")
+    assert "expert_parallel_comm_backend" not in out + err
+    back = tmp_path / "back.toml"
+    code, _, err = run_cli(["export", out_toml, "--to", "torchtitan", "-o", back], capsys)
+    assert code == 0, err
+    assert 'expert_parallel_comm_backend = "deepep"' in back.read_text(encoding="utf-8")
+    hyb = tmp_path / "hyb.toml"
+    hyb.write_text((NC48 / "dsv3_deepep.toml").read_text(encoding="utf-8").replace('"deepep"', '"hybridep"'),
+                   encoding="utf-8")
+    code, _, err = run_cli(["import", "torchtitan", hyb, "--cluster", "dgx-h100", "--nodes", "64"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert err.startswith("error: parallelism.expert_parallel_comm_backend: 'hybridep' runs HybridEP's")
