@@ -127,3 +127,19 @@ def test_import_maps_expert_parallel_comm_backend(tmp_path, capsys):
     code, _, err = run_cli(["import", "torchtitan", hyb, "--cluster", "dgx-h100", "--nodes", "64"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert err.startswith("error: parallelism.expert_parallel_comm_backend: 'hybridep' runs HybridEP's")
+
+
+def test_step_says_the_experts_run_in_the_compute_dtype(tmp_path, capsys):
+    """Finding 6: torchtitan's ``quantize.grouped_mm.float8`` (fqns ["experts"]: torchao's fp8 grouped GEMMs of
+    the routed experts) was only an import note; the step showed fp8 MFU with no word of the experts. The
+    catalog (kernels.toml) has no measured fp8 grouped-GEMM rate, so the experts stay timed in the compute
+    dtype (TrainingSpec.float8_linear converts nn.Linear weights only: the experts' GEMM names are not
+    among LINEAR_WEIGHTS), and the step now says so. Without fp8, or for a dense model, no such line."""
+    fp8 = V2_LITE_2L.replace("[training]\n", '[training]\nlinear_dtype = "fp8"\n', 1)
+    _, out = step_json(tmp_path, capsys, fp8, "fp8")
+    want = ("note: float8: the routed experts' grouped GEMMs are timed in bf16 (the float8 converter converts "
+            "nn.Linear layers only); torchtitan's quantize.grouped_mm.float8 converter, which runs them in fp8, is not "
+            "modelled: the catalog has no measured fp8 grouped-GEMM rate")
+    assert want in out.splitlines()
+    _, out = step_json(tmp_path, capsys, V2_LITE_2L, "bf16")
+    assert "grouped GEMMs are timed" not in out

@@ -252,6 +252,7 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"micro-batch (stage {host.index(max(host))}): each per-parameter gather's partition views and list "
                   f"copies issued and its zero fill waited for, each gradient bucket's calls issued "
                   f"(meshplan.comm.deepspeed)",)
+    notes += expert_dtype_note(t, cfg.model)
     copies = [sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))])
               for s in range(p)]
     if any(copies):
@@ -259,6 +260,21 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return notes
+
+
+def expert_dtype_note(t, model) -> tuple[str, ...]:
+    """Under ``linear_dtype = "fp8"`` with routed experts: the experts' grouped GEMMs are timed in the
+    compute dtype (:meth:`~meshplan.spec.training.TrainingSpec.float8_linear` converts ``nn.Linear``
+    weights only), as torchtitan's ``quantize.linear.float8`` runs them; its ``quantize.grouped_mm.float8``
+    (torchao's fp8 grouped GEMMs of the routed experts) and Megatron-LM's fp8 grouped linear are not
+    modelled: the catalog (``kernels.toml``) has no measured fp8 grouped-GEMM rate (newcomer 48)."""
+    if t.linear_dtype != "fp8" or not model.is_moe:
+        return ()
+    conv = ("torchtitan's quantize.grouped_mm.float8 converter" if t.framework == "torch" else
+            "Megatron-LM's fp8 grouped linear under --fp8-format")
+    return (f"float8: the routed experts' grouped GEMMs are timed in {t.compute_dtype} (the float8 converter "
+            f"converts nn.Linear layers only); {conv}, which runs them in fp8, is not modelled: the catalog has "
+            f"no measured fp8 grouped-GEMM rate",)
 
 
 @lru_cache(maxsize=16)
