@@ -143,3 +143,55 @@ def test_step_says_the_experts_run_in_the_compute_dtype(tmp_path, capsys):
     assert want in out.splitlines()
     _, out = step_json(tmp_path, capsys, V2_LITE_2L, "bf16")
     assert "grouped GEMMs are timed" not in out
+
+
+NCCL = NC48 / "nccl"  # the trial's INVENTED nccl-tests 2.18.3 logs (gen_nccl.py beside them wrote them)
+
+
+def test_calibrate_takes_1_and_8_node_logs_in_one_call(tmp_path, capsys):
+    """Finding 9: a 1-node and an 8-node (8 ranks per host) log could not go in one call: the 8-node run
+    needs --link nic, which then applied to the 1-node run too. A run whose '#  Rank' lines name one host
+    crossed no NIC, so --link nic now leaves it nvlink, with a note. rs_1n.txt's fit stays nvlink's 353.26
+    GB/s; rs_8n.txt's nic fit 338.33 / 8 NICs = 42.29 GB/s per NIC (the trial's separate calls gave the
+    same two figures)."""
+    out_toml = tmp_path / "both.toml"
+    code, out, err = run_cli(["calibrate", NCCL / "rs_1n.txt", NCCL / "rs_8n.txt", "--system", "dgx-h100",
+                              "--link", "nic", "--out", out_toml], capsys)
+    assert code == 0, err
+    assert ("rs_1n.txt: ran on one host (gpu-001): --link nic is for the runs over several hosts; read as nvlink, "
+            "the link it crossed") in out.splitlines()
+    text = out_toml.read_text(encoding="utf-8")
+    assert "[link.nvlink]" in text and "[link.nic]" in text
+    assert "bandwidth_gb_per_s = 353.3" in text and "bandwidth_gb_per_s = 42.29" in text
+
+
+def test_calibrate_warns_a_nic_fit_far_below_line_rate(tmp_path, capsys):
+    """Finding 9: the trial's first 8-node all-gather log (busbw 45.77 GB/s over 64 ranks, 8 per host)
+    is 45.77 / 8 = 5.72 GB/s per NIC, 11% of an NDR NIC's 50 GB/s (400 Gb/s), and was fitted without a word.
+    A ring over NDR reaches 92-96% (catalog nccl.toml ib-ndr-400-8nic, nccl-tests issue #290); below half
+    (calibrate_nics.LOW_SHARE, a plain ratio) a warning names sockets or the wrong HCAs. The healthy log
+    (43.53 per NIC, 87%) gets none."""
+    assert f"{45.77 / 8:.2f}" == "5.72" and f"{5.72 / 50:.0%}" == "11%"
+    code, out, err = run_cli(["calibrate", NCCL / "ag_8n_slow.txt", "--system", "dgx-h100", "--link", "nic",
+                              "--out", tmp_path / "slow.toml"], capsys)
+    assert code == 0, err
+    warn = [x for x in out.splitlines() if x.startswith("warning: ag_8n_slow.txt: nic 5.72 GB/s per NIC is 11% of "
+                                                        "the 50 GB/s line rate of dgx-h100's NICs (400 Gb/s)")]
+    assert len(warn) == 1 and "sockets" in warn[0] and "HCAs" in warn[0]
+    code, out, err = run_cli(["calibrate", NCCL / "ag_8n.txt", "--system", "dgx-h100", "--link", "nic",
+                              "--out", tmp_path / "ok.toml"], capsys)
+    assert code == 0 and "warning:" not in out
+
+
+def test_calibrate_says_what_the_dropped_all_gather_log_times(tmp_path, capsys):
+    """Finding 9: with reduce_scatter and all_gather logs over 8 nodes, the kept fit is the slower, the
+    reduce-scatter's 42.29 GB/s per NIC (one busbw for the three ring ops, nccl-tests doc/PERFORMANCE.md);
+    the all-gather's curve was written to the file but timed nothing, and the note only said "dropped".
+    Now the note says its curve times nothing and which file times all-gather."""
+    code, out, err = run_cli(["calibrate", NCCL / "rs_8n.txt", NCCL / "ag_8n.txt", "--system", "dgx-h100",
+                              "--link", "nic", "--out", tmp_path / "nic.toml"], capsys)
+    assert code == 0, err
+    kept = next(x for x in out.splitlines() if x.startswith("nic: kept rs_8n.txt (reduce-scatter 42.29 GB/s)"))
+    assert ("ag_8n.txt (all-gather 43.53 GB/s: faster than the kept one; a collective over every link waits for the "
+            "slowest; its curve is written to the file but times nothing: rs_8n.txt's fit and curve time all-reduce, "
+            "all-gather and reduce-scatter across nodes)") in kept
