@@ -195,3 +195,28 @@ def test_calibrate_says_what_the_dropped_all_gather_log_times(tmp_path, capsys):
     assert ("ag_8n.txt (all-gather 43.53 GB/s: faster than the kept one; a collective over every link waits for the "
             "slowest; its curve is written to the file but times nothing: rs_8n.txt's fit and curve time all-reduce, "
             "all-gather and reduce-scatter across nodes)") in kept
+
+
+#: torchtitan's DeepSeek-V3 16B shape at 2 layers on 4 DGX H100 (one scalable unit of superpod-ndr-su32),
+#: dp_shard 32 x ep 32: each ep group spans the 4 nodes, 8 members on each, one on every rail.
+V2_LITE_EP32 = job_toml({"catalog": "deepseek-v2-lite", "layers": 2}, nodes=4,
+                        training={"global_batch": 32, "seq_len": 4096},
+                        mesh={"names": ["dp_shard", "ep"], "shape": [32, 32]})
+
+
+def test_pxn_keeps_all_to_all_on_rails_inside_a_scalable_unit(tmp_path, capsys):
+    """Finding 7: the rail uplinks carried each cross-node all-to-all send between GPUs of different local
+    index (7/8 of them with one member per rail), as if it went NIC -> leaf -> spine -> leaf. NCCL's PXN
+    (NCCL_PXN_DISABLE 0 and NCCL_P2P_PXN_LEVEL 2, defaults: NVIDIA/nccl 5067397 src/graph/search.cc:1398-1470)
+    sends to a peer through the NIC local to the GPU of the peer's local index, relayed over NVLink, so on a
+    rail-optimized fabric every send stays on the peer's rail: inside one scalable unit (4 nodes of a
+    32-node SU) nothing reaches the spine. By hand: the ep rows' uplink share was 7/8 (8 rails, a peer on
+    another node on the sender's rail 1 time in 8); now 0, and the 4 nodes' ring rows (dp_shard 32 over 4
+    nodes, rails aligned) never crossed, so no uplink row at all. Node 0's NICs carry what they did (each
+    sends 1/8 of the node's off-node bytes either way: the peers sit on all 8 rails alike)."""
+    doc, out = step_json(tmp_path, capsys, V2_LITE_EP32, "ep32")
+    links = {x["edge"]: x["bytes_per_step"] for x in doc["links"]}
+    assert not [e for e in links if "uplinks to spine" in e], links
+    nics = [v for e, v in links.items() if " NIC " in e]
+    assert len(nics) == 8 and max(nics) == pytest.approx(min(nics), rel=1e-12)
+    assert any(x.startswith("  all-to-all across nodes routed as NCCL's PXN does") for x in out.splitlines())

@@ -42,6 +42,7 @@ from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
 from meshplan.schedule.linkload import edge_loads, p2p_calls, timings
+from meshplan.schedule.netload import pxn_line
 from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
 from meshplan.schedule.stage_traffic import traffic_words
@@ -328,4 +329,6 @@ def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
+    for line in pxn_line(p, p.stage(stage).collectives) if loads else []:
+        _echo(line)
     return loads
