@@ -220,3 +220,21 @@ def test_pxn_keeps_all_to_all_on_rails_inside_a_scalable_unit(tmp_path, capsys):
     nics = [v for e, v in links.items() if " NIC " in e]
     assert len(nics) == 8 and max(nics) == pytest.approx(min(nics), rel=1e-12)
     assert any(x.startswith("  all-to-all across nodes routed as NCCL's PXN does") for x in out.splitlines())
+
+
+def test_step_names_torchtitans_host_sync_before_each_all_to_all(tmp_path, capsys):
+    """Finding 10: torchtitan's ExpertParallel._token_dispatch (e347b1e
+    torchtitan/distributed/expert_parallel.py:102-135) copies the all-to-all's split sizes to the host with
+    ``non_blocking=False`` ("would incur a device-to-host sync") before every dispatch; step said nothing.
+    Now a note counts them: DeepSeek-V2-Lite's shape at 2 layers (layer 1 the one MoE layer), global batch 8
+    over dp_shard 8 (1 micro-batch), ep 8: 1 sync per step; under full recompute the layer's forward runs
+    twice: 2. At the catalog's issue floor (kernels.toml [host] kernel_issue_s 4.7 us) 0.0047 and 0.0094 ms.
+    Under DeepEP (no split sizes on the host) no note."""
+    a2a = V2_LITE_EP8.replace('moe_dispatcher = "deepep"\n', "")
+    for text, n in ((a2a, 1), (a2a.replace("[training]\n", '[training]\nrecompute = "full"\n', 1), 2)):
+        _, out = step_json(tmp_path, capsys, text, f"sync{n}")
+        line = next(x for x in out.splitlines() if "split sizes to the host" in x)
+        assert (f"{n} device-to-host syncs per step on stage 0" in line
+                and f"4.7 us) that is {n * 4.7e-3:.3g} ms per step" in line), line
+    _, out = step_json(tmp_path, capsys, V2_LITE_EP8, "deepep")
+    assert "split sizes to the host" not in out

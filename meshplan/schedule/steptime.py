@@ -49,6 +49,7 @@ from meshplan.compute.flops import (flop_gap, megatron_flops_per_iteration, sequ
                                     torchtitan_flops_per_token, torchtitan_flops_words,
                                     torchtitan_peak_flops)
 from meshplan.errors import ConfigError
+from meshplan.schedule.ep_sync import ep_sync_note
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
@@ -135,7 +136,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
         gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
-    notes = _step_notes(plan, comms, schedule, runs, mr, run_s)
+    notes = _step_notes(plan, comms, schedule, runs, mr, run_s) + ep_sync_note(plan, crit)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
