@@ -145,7 +145,7 @@ def test_step_says_the_experts_run_in_the_compute_dtype(tmp_path, capsys):
     assert "grouped GEMMs are timed" not in out
 
 
-NCCL = NC48 / "nccl"  # the trial's INVENTED nccl-tests 2.18.3 logs (gen_nccl.py beside them wrote them)
+NCCL = NC48 / "nccl"  # the trial's INVENTED nccl-tests 2.18.3 logs (its gen_nccl.py wrote them; not copied)
 
 
 def test_calibrate_takes_1_and_8_node_logs_in_one_call(tmp_path, capsys):
