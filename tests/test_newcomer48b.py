@@ -220,6 +220,11 @@ def test_pxn_keeps_all_to_all_on_rails_inside_a_scalable_unit(tmp_path, capsys):
     nics = [v for e, v in links.items() if " NIC " in e]
     assert len(nics) == 8 and max(nics) == pytest.approx(min(nics), rel=1e-12)
     assert any(x.startswith("  all-to-all across nodes routed as NCCL's PXN does") for x in out.splitlines())
+    cfg = tmp_path / "ep32.toml"  # place says so too (its spine bytes count an all-to-all's leaf crossings only)
+    cfg.write_text(V2_LITE_EP32, encoding="utf-8")
+    code, out, err = run_cli(["place", cfg], capsys)
+    assert code == 0, err
+    assert any(x.startswith("  - ep's all-to-all across nodes: NCCL's PXN") for x in out.splitlines()), out
 
 
 def test_step_names_torchtitans_host_sync_before_each_all_to_all(tmp_path, capsys):

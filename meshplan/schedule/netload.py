@@ -9,27 +9,8 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
-from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
+from meshplan.placement.spine import PXN_SOURCE, aligned_share, exit_crosses, leaf_of, pair_crosses, pxn
 from meshplan.spec.axes.cp import send_step
-
-
-#: NCCL's PXN for point-to-point sends (an all-to-all is one send/recv per peer): NVIDIA/nccl 5067397
-#: ``src/graph/search.cc``:1398-1470 (``ncclTopoGetNetDev``): with ``NCCL_PXN_DISABLE`` 0 (its default,
-#: ``src/graph/paths.cc``:668) and ``NCCL_P2P_PXN_LEVEL`` 2 (its default, "use PXN as much as possible"),
-#: a send to a peer leaves through the NIC local to the GPU of the peer's local index on the sender's node,
-#: relayed to that GPU over NVLink (the proxy rank), when that GPU reaches the NIC over PCIe with GPUDirect
-#: RDMA and the sender over NVLink. On a rail-optimized fabric the NIC of the peer's local index is on
-#: the peer's rail, so every cross-node send stays on one rail: it crosses the spine only between scalable
-#: units. Applied where the node's GPUs share an NVLink fabric (``fabric.name`` nvlink...). The relay's
-#: NVLink copy (a send to another rail's peer crosses NVLink once more) is not added to the NVLink edge.
-PXN_SOURCE = "NVIDIA/nccl 5067397 src/graph/search.cc:1398-1470, src/graph/paths.cc:668 (NCCL_PXN_DISABLE=0)"
-
-
-def pxn(cluster) -> bool:
-    """Whether NCCL's PXN routes ``cluster``'s cross-node sends (:data:`PXN_SOURCE`): its node's GPUs on
-    an NVLink fabric with NICs."""
-    node = cluster.node
-    return bool(node.nics) and node.fabric.name.startswith("nvlink")
 
 
 def pxn_line(plan, rows) -> list[str]:
