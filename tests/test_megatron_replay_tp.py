@@ -3,7 +3,9 @@
 d98e8a6 megatron/core/tensor_parallel/random.py, megatron/core/transformer/transformer_block.py
 ``_checkpointed_forward``), its closing tp collective too, as compute.recompute.full_ac_not_replayed
 and the rank timeline (schedule.layer_timeline.replay_scatters) have it: the collective table counts
-the same replay (comm.tp_rows._tp_layer_ops)."""
+the same replay (comm.tp_rows._tp_layer_ops). Its selective ``--recompute-modules`` mlp, moe and
+shared_experts use the same checkpoint on one module: the module's collectives replay too
+(spec.recompute_modules.replayed_tp_ops; the timeline's layer_timeline.module_replay)."""
 
 from __future__ import annotations
 
