@@ -93,13 +93,26 @@ def engine_lines(plan) -> list[str]:
     return out
 
 
+def memory_line(plan) -> str:
+    """The plan's predicted peak (its most loaded stage) against the A100's HBM and the usable share,
+    with BF16_Optimizer's state on that stage (:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`)."""
+    tl = max(plan.timelines, key=lambda t: t.peak.total_bytes)
+    gib = 2 ** 30
+    return (f"memory (BF16_Optimizer: bf16 params, bf16 + fp32 grads whole, fp32 master + Adam / dp 8): peak "
+            f"{tl.peak.total_bytes / gib:.2f} GiB on stage {tl.stage} at {tl.peak.where()}, usable "
+            f"{tl.usable_bytes / gib:.2f} GiB of {tl.hbm_bytes / gib:.1f} GiB HBM: "
+            f"{'fits' if tl.fits else 'does not fit'}")
+
+
 def main() -> None:
     print("BLOOM-176B, 384 A100 80GB, tp 4 x pp 12 x dp 8, micro-batch 2, global batch 2048, seq 2048 "
           "(bigscience tr11-176B-ml; external check)")
     print(f"{'pp_engine':>10} | {'published':>9} | {'predicted':>9} {'error':>7} | {'compute':>8} {'bubble':>8} "
           f"{'exposed':>8}")
+    plans = {}
     for engine in ("framework", "deepspeed"):
         plan, st = predict(engine)
+        plans[engine] = plan
         parts = st.parts_s()
         exposed = sum(v for k, v in parts.items() if k not in ("compute", "bubble"))
         print(f"{engine:>10} | {PUBLISHED_S:>8.2f}s | {st.step_s:>8.2f}s {st.step_s / PUBLISHED_S - 1:>+7.1%} | "
@@ -108,6 +121,7 @@ def main() -> None:
           "meshplan.compute.deepspeed_pipe):")
     for line in engine_lines(plan):
         print(line)
+    print(memory_line(plans["deepspeed"]))
     print("parts on the stage where the step ends; exposed: communication the compute waited on. What is left "
           "(CUDA_LAUNCH_BLOCKING, CUDA 11.5 GEMM rates, Omni-Path at line rate): this file's docstring.")
 

@@ -287,6 +287,38 @@ class TrainingEngines(TrainingFields):
         return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
 
     @property
+    def bf16_optimizer(self) -> bool:
+        """Whether DeepSpeed's ``BF16_Optimizer`` runs this training: bf16 parameters with fp32
+        gradients under DeepSpeed's engine with ZeRO-1 sharding (sharding ``zero1``,
+        ``zero12_engine = "deepspeed"``, ``param_dtype`` bf16, ``grad_dtype`` fp32), which is what a
+        DeepSpeed JSON of ZeRO stage 0 with ``bf16.enabled`` imports to
+        (:mod:`meshplan.interop.deepspeed_zero`, :func:`~meshplan.interop.deepspeed_zero.bf16_optimizer_training`).
+        DeepSpeed picks it for bf16 without ZeRO (microsoft/DeepSpeed v0.6.5 8164ea9
+        ``runtime/engine.py:1143-1146`` ``_configure_optimizer``: ``elif self.bfloat16_enabled():
+        self._configure_bf16_optimizer``; at 38327e0 ``engine.py:1316-1348``
+        ``_do_optimizer_sanity_check``: bf16 with fp32 ``grad_accum_dtype``, the default without
+        ZeRO, ``engine.py:1017-1021``, at stage 0, or at stage 1 when given) and, as
+        ``runtime/bf16_optimizer.py`` (v0.6.5: 130-220; 38327e0: 126-200) builds it, holds on each
+        rank the bf16 parameters (flattened), an fp32 master copy of its ``1/dp`` partition and the
+        Adam states of that partition (the ZeRO-1 sharding), and an fp32 gradient of every
+        parameter (``torch.zeros_like(bf16_groups_flat, dtype=float32)``: ``grad_dtype`` fp32, whole),
+        plus the bf16 ``param.grad`` autograd writes, which ``update_hp_grads(clear_lp_grads=False)``
+        adds into the fp32 gradients and leaves allocated until the next backward's
+        ``clear_lp_grads`` (:func:`meshplan.memory.buffers.bf16_lp_grad_bytes`). Once a step the
+        fp32 gradients are all-reduced over dp in buckets cast to ``communication_data_type`` (bf16
+        unset: ``engine.py:733-742`` at v0.6.5), the rank's partition updated, and the bf16
+        parameters all-gathered (``all_gather_dp_groups``): the rows of DeepSpeed's ZeRO-1
+        (:mod:`meshplan.comm.deepspeed_zero12`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
+        >>> t.bf16_optimizer, t.model_copy(update={"grad_dtype": "bf16"}).bf16_optimizer
+        (True, False)
+        """
+        return (self.sharding == "zero1" and self.zero12_engine == "deepspeed" and self.param_dtype == "bf16"
+                and self.grad_dtype == "fp32")
+
+    @property
     def has_op_recompute(self) -> bool:
         """Whether the training's framework has torchtitan's op-level selective AC
         (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine
