@@ -41,6 +41,11 @@ and what this benchmark prints as ``pp_engine = "framework"`` (before) and ``"de
   ``weight._hp_grad``); the data-parallel reduction once per step in bf16
   (``communication_data_type`` for bf16, engine.py:733-742) and the all-gather of the updated
   bf16 parameters (``all_gather_dp_groups``).
+- Memory: ``BF16_Optimizer`` (:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`, the config's
+  zero1 + ``zero12_engine = "deepspeed"`` + fp32 gradients, what a stage 0 bf16 import plans): bf16
+  parameters (2 B), fp32 and bf16 gradients whole (4 + 2 B), fp32 master and Adam states over dp 8
+  (12 / 8 B), and the step's flattened all-reduce bucket (5e8 x (4 + 2) B); the last line prints the
+  peak (43.52 GiB on stage 0, usable 71.3 GiB of the A100 80GB: it fits, as it ran).
 - Not modelled (doubtful or small): ``CUDA_LAUNCH_BLOCKING=1`` (each kernel then waits for the
   host's launch: at the 4.7 us issue floor and ~600 kernels a micro-batch on a stage, ~0.4 s a
   step; the README measured "a tiny impact or no impact at all"); the fp32 gradients' flatten, cast

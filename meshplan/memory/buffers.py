@@ -154,8 +154,9 @@ def bf16_lp_grad_bytes(training: TrainingSpec, params_numel: int) -> int:
     ``runtime/bf16_optimizer.py:374-407, 445-448``; at 38327e0 ``pipe/engine.py:852-866`` and
     ``bf16_optimizer.py:316-365``, where ``clear_lp_grads=True`` zeroes them in place but frees none).
     So from the first backward on the rank holds them to the step and through the next forwards:
-    planned as persistent state from init (the first forward of a step is the only time they are
-    absent; a rank's peak comes later, in a backward).
+    planned as persistent state from init. A step of two or more micro-batches reaches the same peak
+    in a later micro-batch (whose forward or backward holds them all), though the peak's place may
+    then name micro-batch 0; with one micro-batch a step this overstates the first forward only.
 
     A rank of 1,000 parameters: 1,000 x 2 B = 2,000 B; none under ZeRO-1's own optimizer:
 
