@@ -199,3 +199,15 @@ def test_bloom_peak_with_bf16_optimizer():
     tl = plan.timelines[0]
     assert tl.peak.by_kind["grads"] == 3_982_522_880 * 6
     assert tl.fits and tl.peak.total_bytes / 2 ** 30 == pytest.approx(43.52, abs=0.005)
+
+
+def test_search_bounds_hold_bf16_optimizer_gradients(tmp_path):
+    """A stage 0 bf16 JSON (Llama 3 8B, 16 H100) searched: its zero1 rows run BF16_Optimizer, whose
+    bf16 gradients (8.03e9 x 2 B at dp 16, tp 1) the search's state bound now counts, so no row's
+    planned peak falls outside its memory bounds (three did: 7.47e10 B planned against 5.87e10-5.91e10
+    B, the 1.61e10 B of bf16 gradients missing)."""
+    from meshplan.search.driver import search
+    cfg = load_any(_json(tmp_path, "z0", {"zero_optimization": {"stage": 0}, "bf16": {"enabled": True}}), opts=OPTS)
+    notes = search(cfg.__class__(**{**cfg.__dict__, "search": cfg.search.model_copy(update={"top": 2})}),
+                   workers=1).notes
+    assert not [n for n in notes if "outside the memory bounds" in n]
