@@ -10,9 +10,9 @@ default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
 DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
 ``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
-path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
-engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
-are refused by name (the latter no longer: it is ``BF16_Optimizer``, below). Export writes them back: the plan's bucket, ``overlap_comm``, and
+path before PR #4695) is refused by name; ``data_types.grad_accum_dtype = "fp32"`` with bf16 at
+stage 1 makes the engine run ``BF16_Optimizer``, not ZeRO's (``engine.py``
+``_do_optimizer_sanity_check``), read as such (below). Export writes them back: the plan's bucket, ``overlap_comm``, and
 ``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
 model's (``overlap_comm`` when set). Other stages list these keys as unused.
 

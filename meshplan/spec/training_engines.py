@@ -288,27 +288,17 @@ class TrainingEngines(TrainingFields):
 
     @property
     def bf16_optimizer(self) -> bool:
-        """Whether DeepSpeed's ``BF16_Optimizer`` runs this training: bf16 parameters with fp32
-        gradients under DeepSpeed's engine with ZeRO-1 sharding (sharding ``zero1``,
-        ``zero12_engine = "deepspeed"``, ``param_dtype`` bf16, ``grad_dtype`` fp32), which is what a
-        DeepSpeed JSON of ZeRO stage 0 with ``bf16.enabled`` imports to
-        (:mod:`meshplan.interop.deepspeed_zero`, :func:`~meshplan.interop.deepspeed_zero.bf16_optimizer_training`).
-        DeepSpeed picks it for bf16 without ZeRO (microsoft/DeepSpeed v0.6.5 8164ea9
-        ``runtime/engine.py:1143-1146`` ``_configure_optimizer``: ``elif self.bfloat16_enabled():
-        self._configure_bf16_optimizer``; at 38327e0 ``engine.py:1316-1348``
-        ``_do_optimizer_sanity_check``: bf16 with fp32 ``grad_accum_dtype``, the default without
-        ZeRO, ``engine.py:1017-1021``, at stage 0, or at stage 1 when given) and, as
-        ``runtime/bf16_optimizer.py`` (v0.6.5: 130-220; 38327e0: 126-200) builds it, holds on each
-        rank the bf16 parameters (flattened), an fp32 master copy of its ``1/dp`` partition and the
-        Adam states of that partition (the ZeRO-1 sharding), and an fp32 gradient of every
-        parameter (``torch.zeros_like(bf16_groups_flat, dtype=float32)``: ``grad_dtype`` fp32, whole),
-        plus the bf16 ``param.grad`` autograd writes, which ``update_hp_grads(clear_lp_grads=False)``
-        adds into the fp32 gradients and leaves allocated until the next backward's
-        ``clear_lp_grads`` (:func:`meshplan.memory.buffers.bf16_lp_grad_bytes`). Once a step the
-        fp32 gradients are all-reduced over dp in buckets cast to ``communication_data_type`` (bf16
-        unset: ``engine.py:733-742`` at v0.6.5), the rank's partition updated, and the bf16
-        parameters all-gathered (``all_gather_dp_groups``): the rows of DeepSpeed's ZeRO-1
-        (:mod:`meshplan.comm.deepspeed_zero12`).
+        """Whether DeepSpeed's ``BF16_Optimizer`` runs this training: sharding ``zero1`` under
+        ``zero12_engine = "deepspeed"`` with bf16 parameters and fp32 gradients, what a DeepSpeed JSON
+        of ZeRO stage 0 with bf16 imports to (:func:`meshplan.interop.deepspeed_zero.bf16_optimizer_training`).
+        DeepSpeed picks it for bf16 without ZeRO (microsoft/DeepSpeed v0.6.5 8164ea9 ``runtime/engine.py:1111-1146``;
+        38327e0 ``engine.py:1300-1348``, also at stage 1 with fp32 ``grad_accum_dtype``). Per rank
+        (``runtime/bf16_optimizer.py``, v0.6.5 130-220) it holds the bf16 parameters, the fp32 master
+        and Adam states of its ``1/dp`` partition, fp32 gradients of every parameter, and the bf16
+        ``param.grad`` (:func:`meshplan.memory.buffers.bf16_lp_grad_bytes`); once a step it all-reduces
+        the fp32 gradients in ``communication_data_type`` (bf16 unset, v0.6.5 ``engine.py:733-742``;
+        its bucket: :func:`meshplan.memory.buffers.bf16_step_bucket_bytes`), updates its partition and
+        all-gathers the bf16 parameters: DeepSpeed's ZeRO-1 rows (:mod:`meshplan.comm.deepspeed_zero12`).
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
