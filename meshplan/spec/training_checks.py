@@ -187,6 +187,11 @@ class TrainingChecks(TrainingPrecision):
         if self.zero0_engine != "ddp" and self.sharding != "none":
             raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
                              f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
+        if self.zero0_engine == "deepspeed" and self.param_dtype == "bf16":
+            raise ValueError("zero0_engine \"deepspeed\" with bf16 parameters is DeepSpeed's BF16_Optimizer, which "
+                             "partitions the fp32 master weights and Adam states over dp as ZeRO-1 (runtime/"
+                             "bf16_optimizer.py): write sharding = \"zero1\", zero12_engine = \"deepspeed\", "
+                             "grad_dtype = \"fp32\" in place of zero0_engine")
         if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
                                               not in (self.zero0_engine, self.zero12_engine)):
             raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
