@@ -41,6 +41,11 @@ and what this benchmark prints as ``pp_engine = "framework"`` (before) and ``"de
   ``weight._hp_grad``); the data-parallel reduction once per step in bf16
   (``communication_data_type`` for bf16, engine.py:733-742) and the all-gather of the updated
   bf16 parameters (``all_gather_dp_groups``).
+- Memory: ``BF16_Optimizer`` (:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`, the config's
+  zero1 + ``zero12_engine = "deepspeed"`` + fp32 gradients, what a stage 0 bf16 import plans): bf16
+  parameters (2 B), fp32 and bf16 gradients whole (4 + 2 B), fp32 master and Adam states over dp 8
+  (12 / 8 B), and the step's flattened all-reduce bucket (5e8 x (4 + 2) B); the last line prints the
+  peak (43.52 GiB on stage 0, usable 71.3 GiB of the A100 80GB: it fits, as it ran).
 - Not modelled (doubtful or small): ``CUDA_LAUNCH_BLOCKING=1`` (each kernel then waits for the
   host's launch: at the 4.7 us issue floor and ~600 kernels a micro-batch on a stage, ~0.4 s a
   step; the README measured "a tiny impact or no impact at all"); the fp32 gradients' flatten, cast
@@ -93,13 +98,26 @@ def engine_lines(plan) -> list[str]:
     return out
 
 
+def memory_line(plan) -> str:
+    """The plan's predicted peak (its most loaded stage) against the A100's HBM and the usable share,
+    with BF16_Optimizer's state on that stage (:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`)."""
+    tl = max(plan.timelines, key=lambda t: t.peak.total_bytes)
+    gib = 2 ** 30
+    return (f"memory (BF16_Optimizer: bf16 params, bf16 + fp32 grads whole, fp32 master + Adam / dp 8): peak "
+            f"{tl.peak.total_bytes / gib:.2f} GiB on stage {tl.stage} at {tl.peak.where()}, usable "
+            f"{tl.usable_bytes / gib:.2f} GiB of {tl.hbm_bytes / gib:.1f} GiB HBM: "
+            f"{'fits' if tl.fits else 'does not fit'}")
+
+
 def main() -> None:
     print("BLOOM-176B, 384 A100 80GB, tp 4 x pp 12 x dp 8, micro-batch 2, global batch 2048, seq 2048 "
           "(bigscience tr11-176B-ml; external check)")
     print(f"{'pp_engine':>10} | {'published':>9} | {'predicted':>9} {'error':>7} | {'compute':>8} {'bubble':>8} "
           f"{'exposed':>8}")
+    plans = {}
     for engine in ("framework", "deepspeed"):
         plan, st = predict(engine)
+        plans[engine] = plan
         parts = st.parts_s()
         exposed = sum(v for k, v in parts.items() if k not in ("compute", "bubble"))
         print(f"{engine:>10} | {PUBLISHED_S:>8.2f}s | {st.step_s:>8.2f}s {st.step_s / PUBLISHED_S - 1:>+7.1%} | "
@@ -108,6 +126,7 @@ def main() -> None:
           "meshplan.compute.deepspeed_pipe):")
     for line in engine_lines(plan):
         print(line)
+    print(memory_line(plans["deepspeed"]))
     print("parts on the stage where the step ends; exposed: communication the compute waited on. What is left "
           "(CUDA_LAUNCH_BLOCKING, CUDA 11.5 GEMM rates, Omni-Path at line rate): this file's docstring.")
 

@@ -933,6 +933,6 @@ def test_megatron_generation_and_recompute_modules_are_knobs_as_they_act():
     assert diff(cfg(), cfg(recompute_modules=["core_attn", "mlp"])) == (
         (), (("training.recompute_modules", ("core_attn",), ("core_attn", "mlp")),))
     assert diff(cfg(recompute="full"), cfg(recompute="full", recompute_modules=["core_attn", "mlp"])) == ((), ())
-    ds = {"zero0_engine": "deepspeed"}
+    ds = {"sharding": "zero1", "zero12_engine": "deepspeed"}
     assert diff(cfg(**ds), cfg(**ds, pp_engine="deepspeed")) == (
         (), (("training.pp_engine", "framework", "deepspeed"),))

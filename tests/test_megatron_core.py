@@ -117,8 +117,9 @@ def test_core_step_by_hand_on_one_node_of_data_parallelism():
     ({"megatron_runtime": "2022", "dataloader_attention_mask": False},
      "dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader"),
     ({"megatron_runtime": "2023"}, "training.megatron_runtime"),
-    ({"zero0_engine": "deepspeed"}, "megatron_runtime \"core\" is Megatron Core's get_batch"),
-    ({"zero0_engine": "deepspeed", "pp_engine": "deepspeed"}, "set megatron_runtime = \"2022\" or remove it"),
+    ({"sharding": "zero3", "zero3_engine": "deepspeed"}, "megatron_runtime \"core\" is Megatron Core's get_batch"),
+    ({"sharding": "zero1", "zero12_engine": "deepspeed", "pp_engine": "deepspeed"},
+     "set megatron_runtime = \"2022\" or remove it"),
     ({"sharding": "zero1", "zero12_engine": "deepspeed"}, "is Megatron-DeepSpeed")])
 def test_runtime_keys_are_refused_in_one_line(training, words):
     """The generation applies under framework megatron only, the mask key under its core generation

@@ -43,6 +43,10 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
   (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
   under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
+- Megatron-LM's selective recompute modules: ``mlp`` replays a dense MLP's forward collectives
+  (SP: its input's all-gather and output's reduce-scatter; else its all-reduce), ``moe`` an MoE
+  layer's MLP block's (the shared experts'), ``shared_experts`` the shared experts' (again inside
+  a ``moe`` replay): :func:`meshplan.spec.recompute_modules.replayed_tp_ops`.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
+from meshplan.spec.recompute_modules import layer_parts, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -98,7 +103,10 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
     the all-gathers' (``_save_list`` of torchtitan's llama3 ``parallelize``), so its recompute
     replays the forward's all-gathers (the inputs of the recomputed wk and w3 and of every
-    column-parallel weight gradient)."""
+    column-parallel weight gradient). Megatron-LM's selective ``--recompute-modules`` ``mlp``,
+    ``moe`` and ``shared_experts`` replay their modules' forward collectives
+    (:func:`meshplan.spec.recompute_modules.replayed_tp_ops`; the timeline's
+    :func:`meshplan.schedule.layer_timeline.module_replay`)."""
     sp, m = c.mesh.sequence_parallel, c.model
     part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
     moe, fw, etp, tp = m.is_moe_layer(layer), c.training.framework, c.mesh.etp, c.mesh.degree("tp")
@@ -122,6 +130,9 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         bwd += fwd if (moe and sp and not m.shared_experts) or fw == "megatron" else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
+    elif c.training.recompute == "selective":  # Megatron-LM's mlp, moe, shared_experts modules
+        shared = (["all-gather", "reduce-scatter"] if sp else ["all-reduce"]) if m.shared_experts else []
+        bwd += replayed_tp_ops(layer_parts(tuple(c.training.recompute_modules), moe, m.is_mla), mlp, shared)
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
 

@@ -4,8 +4,11 @@ rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) 
 (:func:`meshplan.compute.ring_attention.slowest_rank`, :func:`meshplan.compute.te_ring.te_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 
-All-gather CP's one causal call of the rank's ``L = s / cp`` queries against the gathered ``s``
-keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
+Transformer Engine's all-gather CP (Megatron-LM's ``--cp-comm-type all_gather``) runs two calls
+a layer, one per load-balanced chunk, each rated at its own shape and run in series (FA3) or on
+two streams at once (:mod:`meshplan.compute.te_allgather`). Otherwise (meshplan's runtime,
+torchtitan) all-gather CP's one causal call of the rank's ``L = s / cp`` queries against the
+gathered ``s`` keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
 forward (a block per 128 queries) at its loop over the keys, ``s`` (causal: ``s / 2`` on average
 over the rank's two load-balanced chunks, as a causal square row at ``s``), the backward (a block
 per 128 keys) at its loop over the queries, ``L`` (``L s / 2`` pairs over ``s`` keys: ``L / 2`` on
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
-from meshplan.compute import ring_attention, te_ring
+from meshplan.compute import ring_attention, te_allgather, te_ring
 from meshplan.compute.attention_points import FLASH_BLOCK, flash_waves
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
@@ -58,9 +61,14 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else []
     elif rated is not None:  # published FlashAttention rates (catalog)
         # one call (all-gather CP's (s / cp, s), or cp 1's square): each pass read at its loop length
-        f_s, b_s, how = (ring.sdpa if ring is not None and ring.sdpa is not None
-                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
-                                                lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv)))
+        if ring is not None and ring.sdpa is not None:
+            f_s, b_s, how = ring.sdpa
+        elif te_allgather.applies(w):  # TE's all-gather CP: two calls, each at its shape, in series or at once
+            ag = te_allgather.te_allgather_rank(gpu, att, w, rated)
+            (f_s, b_s), how = ag.seconds, ag.how
+        else:
+            f_s, b_s, how = attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
+                                              lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv))
         fwd = att.flops(causal_half=True)
         mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                        phase, "attention", issue_floor(gpu, t), model, hw,

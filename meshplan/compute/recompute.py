@@ -12,7 +12,7 @@ from dataclasses import replace
 from meshplan.compute import float8, ring_attention
 from meshplan.compute.elementwise import activation_elements
 from meshplan.compute.kernel_time import memory_op
-from meshplan.compute.ops import Op, Workload
+from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.compute.shapes import Gemm
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
@@ -166,8 +166,10 @@ def module_replays(gpu: GPUSpec, model: ModelSpec, gemms: list[Gemm], ops: list[
     by :func:`~meshplan.compute.elementwise.activation_elements`). Inside ``moe``, ``shared_experts``
     and ``moe_act`` replay once more (their checkpoints run again in ``moe``'s replay:
     :mod:`meshplan.spec.recompute_modules`). The replayed modules' tensor-parallel and expert
-    collectives (the MLP's all-gather and reduce-scatter, ``moe``'s dispatch and combine) are not
-    issued again by the step's timeline.
+    collectives (the MLP's all-gather and reduce-scatter, ``moe``'s dispatch and combine) are the
+    collective table's (:func:`meshplan.spec.recompute_modules.replayed_tp_ops`), issued around
+    these ops by the timeline (:func:`meshplan.schedule.layer_timeline.module_replay`, with
+    :func:`shared_replay_seconds`).
 
     >>> from meshplan import catalog
     >>> from meshplan.compute.layer import layer_cost
@@ -189,3 +191,23 @@ def module_replays(gpu: GPUSpec, model: ModelSpec, gemms: list[Gemm], ops: list[
         out += [memory_op(gpu, f"{o.name} ({part})", o.block, "forward", o.size_bytes * act.get(share, 0.0) / total)
                 for o in fwd if o.name in ACTIVATIONS and act.get(share)]
     return [replay(o) for o in out]
+
+
+def shared_replay_seconds(c: Cost) -> float:
+    """Seconds of one replay of the shared experts under ``shared_experts`` (:func:`module_replays`'
+    ops, among the layer cost ``c``'s): their GEMMs once each (a ``moe`` replay runs them once more, counted
+    with the MoE block's) and their share of the activation (``(shared_experts)``); 0 without
+    shared experts. DeepSeek-V2-Lite's (2 shared experts, s 4096, tp 2 + SP, H100 catalog kernels):
+    shared_w_up 68.96 + shared_w_down 36.96 + its activation share 11.65 = 117.57 us, once though ``moe`` lists
+    the GEMMs twice:
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.layer import layer_cost
+    >>> w = Workload(seq_len=4096, tp=2, sp=True, recompute="selective", framework="megatron",
+    ...              megatron_ops=True, recompute_modules=("core_attn", "moe", "shared_experts"))
+    >>> c = layer_cost(catalog.model("deepseek-v2-lite"), catalog.gpu("h100-sxm5-80gb"), w, layer=5)
+    >>> round(shared_replay_seconds(c) * 1e6, 1)
+    117.6
+    """
+    gemms = {o.name: o.seconds for o in c.ops if o.recompute and o.kind == "gemm" and o.name.startswith("shared_")}
+    return sum(gemms.values()) + sum(o.seconds for o in c.ops if o.recompute and "(shared_experts)" in o.name)

@@ -10,9 +10,9 @@ default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
 DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
 ``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
-path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
-engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
-are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
+path before PR #4695) is refused by name; ``data_types.grad_accum_dtype = "fp32"`` with bf16 at
+stage 1 makes the engine run ``BF16_Optimizer``, not ZeRO's (``engine.py``
+``_do_optimizer_sanity_check``), read as such (below). Export writes them back: the plan's bucket, ``overlap_comm``, and
 ``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
 model's (``overlap_comm`` when set). Other stages list these keys as unused.
 
@@ -28,6 +28,13 @@ at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training
 which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
 so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
 when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
+
+DeepSpeed's ``BF16_Optimizer`` (:func:`runs_bf16_optimizer`: bf16 at stage 0, BLOOM-176B's setting, or
+at stage 1 with ``grad_accum_dtype`` fp32) keeps the fp32 master weights and Adam states in ``1/dp``
+partitions, as ZeRO-1, and fp32 gradients of every parameter: read as sharding ``zero1`` under
+``zero12_engine = "deepspeed"`` with ``grad_dtype = "fp32"`` (:func:`bf16_optimizer_training`;
+:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer` says what it holds and runs), and
+written back as ZeRO stage 0 with bf16 (:mod:`meshplan.interop.deepspeed_write`).
 
 ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
 model's dtype, and reduce-scatters in ``communication_data_type``, unset the model's dtype
@@ -148,12 +155,53 @@ def zero12_training(d: dict, dtype: str) -> dict[str, Any]:
                           "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
                           "remove it (default true: one all-reduce per bucket)")
     accum = _accum_dtype(d)
-    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
-        raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
-                          "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
+    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":  # the engine runs BF16_Optimizer
+        return bf16_optimizer_training(d, dtype)
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
                                                                                             dtype, accum)}
     out |= _overlap(zero) | _contiguous(zero)
+    comm = d.get("communication_data_type")
+    if comm is not None:
+        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
+            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+        out["grad_reduce_dtype"] = comm.lower()
+    return out
+
+
+def runs_bf16_optimizer(d: dict, stage: int, dtype: str) -> bool:
+    """Whether DeepSpeed's engine runs ``BF16_Optimizer`` for config ``d`` at ZeRO ``stage`` with
+    the model in ``dtype``: bf16 at stage 0, or at stage 1 with ``data_types.grad_accum_dtype``
+    fp32 (microsoft/DeepSpeed 38327e0 ``runtime/engine.py:1316-1348`` ``_do_optimizer_sanity_check``;
+    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO).
+
+    >>> runs_bf16_optimizer({}, 0, "bf16"), runs_bf16_optimizer({}, 1, "bf16"), runs_bf16_optimizer({}, 0, "fp16")
+    (True, False, False)
+    """
+    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32")
+
+
+def bf16_optimizer_training(d: dict, dtype: str) -> dict[str, Any]:
+    """The ``[training]`` keys of DeepSpeed's ``BF16_Optimizer`` (:func:`runs_bf16_optimizer`;
+    :attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`): ZeRO-1's sharding of the fp32
+    master weights and Adam states under DeepSpeed's engine, fp32 gradients, reduced in
+    ``communication_data_type`` when given (unset: bf16, the engine's default for bf16,
+    ``engine.py:733-742`` at v0.6.5, 939-950 at 38327e0). ``data_types.grad_accum_dtype`` bf16
+    at stage 0 (``BF16_Optimizer`` accumulating in bf16 under the pipeline engine, refused
+    without it: "Bfloat16 wrapper must use a gradient accumulation type of fp32") is refused
+    by name: meshplan plans the fp32 accumulation only.
+
+    >>> bf16_optimizer_training({"zero_optimization": {"stage": 0}}, "bf16")
+    {'sharding': 'zero1', 'zero12_engine': 'deepspeed', 'grad_dtype': 'fp32'}
+    >>> bf16_optimizer_training({"data_types": {"grad_accum_dtype": "bf16"}}, "bf16")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: data_types.grad_accum_dtype: bf16 with bf16.enabled at ZeRO stage 0 is BF16_Optimizer accumulating in bf16 (DeepSpeed refuses it without its PipelineEngine; meshplan models the fp32 accumulation only); remove it (fp32, the default without ZeRO)
+    """
+    if _accum_dtype(d) not in (None, "fp32"):
+        raise ConfigError("data_types.grad_accum_dtype", f"{_accum_dtype(d)} with bf16.enabled at ZeRO stage 0 is "
+                          f"BF16_Optimizer accumulating in {_accum_dtype(d)} (DeepSpeed refuses it without its "
+                          f"PipelineEngine; meshplan models the fp32 accumulation only); remove it (fp32, the default "
+                          f"without ZeRO)")
+    out: dict[str, Any] = {"sharding": "zero1", "zero12_engine": "deepspeed", "grad_dtype": "fp32"}
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:

@@ -138,8 +138,8 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
-from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
-    ds_tables, pipe_layer_split
+from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
+    ds_config, ds_path, ds_tables, pipe_layer_split
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -259,6 +259,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                 **flags.grad_clip(args)}
     if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
         training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_keys[0]
+        training = bf16_optimizer_keys(training, notes)  # --zero-stage 0 with --bf16: BF16_Optimizer
         mesh |= pipe_layer_split(args, deepspeed, deg["pp"], layers, mesh, notes)  # DeepSpeed's partition
     if model_is_moe(model):
         training |= flags.routing(args, notes)

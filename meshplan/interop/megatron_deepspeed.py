@@ -53,8 +53,9 @@ from typing import Any, Optional
 
 from meshplan.errors import ConfigError
 from meshplan.interop.deepspeed_partition import pipe_split
-from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_offload,
-                                             zero3_training, zero12_training, zero_stage)
+from meshplan.interop.deepspeed_zero import (bf16_optimizer_training, bucket_elements, prefetch_memory,
+                                             refuse_offload, runs_bf16_optimizer, zero3_training, zero12_training,
+                                             zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
 FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel", "--pp-partition-method")
@@ -125,7 +126,9 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     zero = d.get("zero_optimization", {})
     refuse_offload(zero)
     training, memory = {}, {}
-    if stage in (1, 2):
+    if runs_bf16_optimizer(d, stage, dtype):  # BF16_Optimizer (bf16_optimizer_keys)
+        training = bf16_optimizer_training(d, dtype)
+    elif stage in (1, 2):
         training, memory = zero12_training(d, dtype), {"grad_bucket_elements": bucket_elements(zero)}
     elif stage == 3:
         training = zero3_training(d, dtype)
@@ -138,6 +141,27 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
         raise ConfigError("train_micro_batch_size_per_gpu", f"must be a whole number >= 1; got {m!r}")
     return training, memory, micro if micro is not None else m
+
+
+def bf16_optimizer_keys(training: dict, notes: list[str]) -> dict:
+    """The ``[training]`` keys ``training`` of a Megatron-DeepSpeed script under DeepSpeed's engine,
+    with ``BF16_Optimizer`` where the engine runs it: ``--deepspeed --zero-stage 0`` with ``--bf16``
+    (BigScience's BLOOM-176B, tr11-176B-ml.slurm: "bf16 must use z0! it implements its own zero stage
+    1 equivalent") is sharding zero1 under ``zero12_engine = "deepspeed"`` with fp32 gradients
+    (:func:`~meshplan.interop.deepspeed_zero.bf16_optimizer_training`; a resolved ds config's
+    ``communication_data_type`` read by :func:`ds_tables`), in place of ``zero0_engine``; a note says so.
+
+    >>> bf16_optimizer_keys({"sharding": "none", "zero0_engine": "deepspeed", "param_dtype": "bf16"}, [])
+    {'sharding': 'zero1', 'param_dtype': 'bf16', 'zero12_engine': 'deepspeed', 'grad_dtype': 'fp32'}
+    """
+    if training.get("zero0_engine") != "deepspeed" or training.get("param_dtype") != "bf16":
+        return training
+    notes.append("--deepspeed --zero-stage 0 with --bf16 runs DeepSpeed's BF16_Optimizer: fp32 master weights and Adam "
+                 "states partitioned over dp as ZeRO-1, fp32 gradients of every parameter beside the bf16 ones "
+                 "(planned as sharding \"zero1\", zero12_engine \"deepspeed\", grad_dtype \"fp32\"; exported back "
+                 "as --zero-stage 0)")
+    return {k: v for k, v in training.items() if k != "zero0_engine"} | {
+        "sharding": "zero1", "zero12_engine": "deepspeed", "grad_dtype": "fp32"}
 
 
 def deepspeed_engine(args: dict, pp: int, notes: list[str], base: Optional[Path] = None) -> dict[str, Any]:
@@ -225,7 +249,10 @@ def deepspeed_flags(training) -> Optional[list[str]]:
     """``--deepspeed --zero-stage N`` for a ``training`` (TrainingSpec) whose sharding runs under
     DeepSpeed's engine (``zero0_engine``, ``zero12_engine`` or ``zero3_engine = "deepspeed"``), in
     place of Megatron-LM's sharding flags, with ``--no-pipeline-parallel`` at stage 2 or 3 (module
-    docstring); None otherwise."""
+    docstring), ``--zero-stage 0`` for DeepSpeed's ``BF16_Optimizer`` (sharding zero1 with bf16 parameters
+    and fp32 gradients: :attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`); None otherwise."""
+    if training.bf16_optimizer:  # bf16 at stage 0 (bf16_optimizer_keys)
+        return ["--deepspeed", "--zero-stage 0"]
     stage = next((s for s, (sharding, engine) in STAGES.items() if training.sharding == sharding), None)
     if stage is None or getattr(training, STAGES[stage][1]) != "deepspeed":
         return None

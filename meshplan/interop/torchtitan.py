@@ -54,6 +54,8 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+parallelism.expert_parallel_comm_backend       training.moe_dispatcher "deepep" (standard: alltoall;
+                                                 :mod:`~meshplan.interop.torchtitan_ep`)
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
                                                  components ["model"]: torch_compile_loss false;
                                                  memory.cross_entropy "torch" (the eager loss's
@@ -117,6 +119,7 @@ from meshplan.interop.common import (
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_ep import read_backend
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
@@ -154,7 +157,7 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
         "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused",
-        "parallelism.context_parallel_rotate_method"} | \
+        "parallelism.context_parallel_rotate_method", "parallelism.expert_parallel_comm_backend"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -336,6 +339,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
+    tables["training"] |= read_backend(par, model_is_moe(model), notes)
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)

@@ -63,7 +63,8 @@ V_RESHARD_REFUSED = ("zbv or dualpipev with FSDP2 over a data axis (zero3 or hsd
 #: The ``deepep`` rule under ``training.moe_dispatcher = "deepep"``: an ep x etp group of 1 rank or of a
 #: size DeepEP has no kernel config for (:func:`meshplan.comm.deepep.group_reason`, the plan's reason).
 DEEPEP_REFUSED = ("deepep: ep x etp 1 (Megatron-LM's flex dispatcher asserts TPxEP > 1) or a group size DeepEP has no "
-                  "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks)")
+                  "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks); "
+                  "under framework torch also ep 1 or etp > 1 (torchtitan raises on both)")
 _V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
 
 _SCHEDULE_REASONS = (
@@ -199,7 +200,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # torch 2.13's V-shaped schedules drop weight gradients of units resharded after forward (vshape.RESHARD_DEFECT)
         ("v-reshard", _V_SHAPED[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
-         & ~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])),
+         & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
+            | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

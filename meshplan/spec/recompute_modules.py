@@ -40,6 +40,24 @@ Read in NVIDIA/Megatron-LM d98e8a6:
 - ``mla_up_proj``: multi_latent_attention.py 171-174, 455-458 and 983-988: the q and kv
   up-projections (with their fused latent norms) and RoPE under ``CheckpointWithoutOutput``; the
   latents kept, Q, K and V discarded after the core attention.
+- Collectives replayed (:func:`replayed_tp_ops`; ``CheckpointFunction`` at random.py 591-672 keeps
+  only its arguments, 616-627, and its backward runs ``run_function`` again whole, 652-659, with no
+  early stop): ``mlp``'s argument is the pre-MLP norm's output, under TE's fused norm the layer's
+  hidden states, the sequence shard ``[s/tp, b, h]`` under SP, so the replayed ``linear_fc1``
+  all-gathers it again (TransformerEngine d0067d0 ``pytorch/module/layernorm_linear.py`` 174 and
+  283-312; the gathered copy is freed after the forward, 430-435, and gathered once more for the
+  weight gradient, 473-475 and 773-790, as without recompute) and ``linear_fc2`` reduce-scatters
+  its output again (``pytorch/module/linear.py`` 568-577; all-reduce without SP). ``moe`` replays
+  ``custom_forward`` (moe_layer.py 658-699): the shared experts' tp collectives, the dispatcher's
+  count exchange, all-to-alls and etp gathers and scatters, as in the forward. ``shared_experts``
+  (moe_layer.py 517-530, its argument the norm's output, the sequence shard under SP) the shared
+  MLP's all-gather and reduce-scatter (an ``SharedExpertMLP(MLP)`` on the tp group,
+  shared_experts.py 102-207), once more inside a ``moe`` replay. ``core_attn`` (q, k, v kept; the
+  context-parallel calls inside the core: :mod:`meshplan.spec.axes.cp`), ``layernorm`` and
+  ``moe_act`` replay none; ``mla_up_proj``'s column-parallel up-projections
+  (multi_latent_attention.py 557-563, 604-610; run inside the checkpoint, 855-988) all-gather
+  their sequence-sharded latents under SP, which meshplan's tp rows do not list for Megatron-LM's
+  MLA in the forward either: not issued.
 - Nested: a module checkpointed inside ``moe`` (``shared_experts``, ``moe_act``) runs its
   forward once more in ``moe``'s replay and once more in its own (the replay runs the inner
   checkpoint again, which saves only its inputs and replays before its backward).
@@ -136,6 +154,33 @@ def layer_parts(modules: tuple[str, ...], moe_layer: bool, mla: bool) -> frozens
     out |= {m for m in modules if m in ("moe", "shared_experts", "moe_act")} if moe_layer else \
         {m for m in modules if m == "mlp"}
     return frozenset(out)
+
+
+def replayed_tp_ops(parts: frozenset, mlp_ops: list[str], shared_ops: list[str]) -> list[str]:
+    """The tp collectives one layer's selective replays (``parts``, :func:`layer_parts`) issue
+    again in backward, in issue order (module docstring): the MLP block's forward ones
+    (``mlp_ops``: a dense MLP's, or an MoE layer's, :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`)
+    under ``mlp`` or ``moe``, then the shared experts' (``shared_ops``: empty without shared
+    experts) under ``shared_experts``, inside ``moe``'s replay and again in their own. The ep
+    calls of ``moe``'s replay: :func:`moe_replayed`.
+
+    >>> replayed_tp_ops(frozenset({"core_attn", "mlp"}), ["all-gather", "reduce-scatter"], [])
+    ['all-gather', 'reduce-scatter']
+    >>> replayed_tp_ops(frozenset({"moe", "shared_experts"}), ["all-gather", "reduce-scatter"], ["all-gather", "reduce-scatter"])
+    ['all-gather', 'reduce-scatter', 'all-gather', 'reduce-scatter']
+    """
+    return (list(mlp_ops) if parts & {"mlp", "moe"} else []) + (list(shared_ops) if "shared_experts" in parts else [])
+
+
+def moe_replayed(training, moe_layer: bool) -> bool:
+    """Whether an MoE layer's dispatch, combine (and their count exchange and etp calls) run again
+    in backward under selective recompute: Megatron-LM's ``moe`` module (module docstring).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> moe_replayed(TrainingSpec(global_batch=8, seq_len=16, recompute="selective", recompute_modules=["moe"]), True)
+    True
+    """
+    return moe_layer and training.recompute == "selective" and "moe" in training.recompute_modules
 
 
 def flags(modules: tuple[str, ...]) -> list[str]:

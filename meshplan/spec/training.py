@@ -157,7 +157,9 @@ class TrainingSpec(TrainingChecks):
     config runs, so that its zero1 and zero2 rows run DeepSpeed's ZeRO-1/2 and its zero3 rows its
     ZeRO-3 (:attr:`searched_zero12_engine`, :attr:`searched_zero3_engine`), as the search of a
     stage 1, 2 or 3 DeepSpeed config plans them: the stages a DeepSpeed user switches to by
-    changing ``zero_optimization.stage``.
+    changing ``zero_optimization.stage``. Not with bf16 parameters (a config error): DeepSpeed then
+    runs ``BF16_Optimizer``, written sharding ``zero1`` under ``zero12_engine = "deepspeed"`` with
+    ``grad_dtype = "fp32"`` (:attr:`bf16_optimizer`).
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.dp_rows._zero2_rows`) or ``deepspeed`` (DeepSpeed's

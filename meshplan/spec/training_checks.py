@@ -7,6 +7,8 @@ on :class:`meshplan.spec.training.TrainingSpec`, the class every caller uses.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import model_validator
 
 from meshplan.spec.training_fields import DEEPSPEED_ZERO3
@@ -82,28 +84,49 @@ def async_tp_uncompiled(training) -> bool:
 
 
 def megatron_dispatcher(training) -> bool:
-    """``moe_dispatcher`` other than the default "alltoall": "deepep", Megatron-LM's flex token
-    dispatcher, which only framework "megatron" runs (:func:`meshplan.config._check_dispatcher`
-    refuses it under another framework)."""
+    """``moe_dispatcher`` other than the default "alltoall": "deepep", DeepEP's dispatch and combine
+    (Megatron-LM's flex token dispatcher, or torchtitan's ``expert_parallel_comm_backend = "deepep"``
+    under framework torch: :func:`meshplan.config._check_dispatcher`)."""
     return training.moe_dispatcher != "alltoall"
+
+
+#: torchtitan's DeepEP path (``parallelism.expert_parallel_comm_backend = "deepep"``, pytorch/torchtitan
+#: 36a4b69 to 238fa99, e347b1e (v0.2.2) included): ``models/deepseek_v3/infra/parallelize.py``:100-121 at e347b1e
+#: (llama4's the same, lines 114-135) raises on ep 1 and on etp > 1.
+TORCH_DEEPEP_SOURCE = "pytorch/torchtitan e347b1e torchtitan/models/deepseek_v3/infra/parallelize.py:100-111"
+
+
+def torch_deepep_reason(ep: int, etp: int) -> Optional[str]:
+    """Why torchtitan refuses its DeepEP backend on ep x etp (:data:`TORCH_DEEPEP_SOURCE`), else None.
+
+    >>> torch_deepep_reason(8, 1) is None, torch_deepep_reason(1, 1).split(";")[0]
+    (True, 'deepep: ep 1: torchtitan raises "DeepEP requires expert parallelism (ep_degree > 1)"')
+    """
+    if ep < 2:
+        return (f"deepep: ep {ep}: torchtitan raises \"DeepEP requires expert parallelism (ep_degree > 1)\"; set "
+                f"mesh ep > 1 or training.moe_dispatcher = \"alltoall\"")
+    if etp > 1:
+        return (f"deepep: etp {etp}: torchtitan raises \"DeepEP with Expert Tensor Parallelism (ETP) is not supported "
+                f"yet\"; set etp 1 or training.moe_dispatcher = \"alltoall\"")
+    return None
 
 
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
-    then ``moe_dispatcher`` where :func:`megatron_dispatcher` (the config's check), then
-    ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`),
+    then ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`),
     ``recompute_modules`` other than Megatron-LM's default (:func:`meshplan.spec.recompute_modules.config_notes`)
     and ``pp_engine`` other than the framework's (:meth:`TrainingChecks._check_pp_engine`), then
     ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
-    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
+    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's
+    (``moe_dispatcher = "deepep"`` is torchtitan's DeepEP backend there, since newcomer trial 48).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
     ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep",
     ...                                 megatron_runtime="core", recompute_modules=("core_attn", "mlp")))
-    ['overlap_grad_reduce', 'moe_dispatcher', 'megatron_runtime', 'recompute_modules', 'tp_comm_overlap']
+    ['overlap_grad_reduce', 'megatron_runtime', 'recompute_modules', 'tp_comm_overlap']
     """
-    return (megatron_only_keys(training) + (["moe_dispatcher"] if megatron_dispatcher(training) else [])
+    return (megatron_only_keys(training)
             + [k for k in ("megatron_runtime", "dataloader_attention_mask") if getattr(training, k) is not None]
             + (["recompute_modules"] if tuple(training.recompute_modules) != ("core_attn",) else [])
             + (["pp_engine"] if training.pp_engine != "framework" else [])
@@ -171,6 +194,11 @@ class TrainingChecks(TrainingPrecision):
         if self.zero0_engine != "ddp" and self.sharding != "none":
             raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
                              f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
+        if self.zero0_engine == "deepspeed" and self.param_dtype == "bf16":
+            raise ValueError("zero0_engine \"deepspeed\" with bf16 parameters is DeepSpeed's BF16_Optimizer, which "
+                             "partitions the fp32 master weights and Adam states over dp as ZeRO-1 (runtime/"
+                             "bf16_optimizer.py): write sharding = \"zero1\", zero12_engine = \"deepspeed\", "
+                             "grad_dtype = \"fp32\" in place of zero0_engine")
         self._check_pp_engine()
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "

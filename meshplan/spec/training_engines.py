@@ -310,6 +310,28 @@ class TrainingEngines(TrainingFields):
         return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
 
     @property
+    def bf16_optimizer(self) -> bool:
+        """Whether DeepSpeed's ``BF16_Optimizer`` runs this training: sharding ``zero1`` under
+        ``zero12_engine = "deepspeed"`` with bf16 parameters and fp32 gradients, what a DeepSpeed JSON
+        of ZeRO stage 0 with bf16 imports to (:func:`meshplan.interop.deepspeed_zero.bf16_optimizer_training`).
+        DeepSpeed picks it for bf16 without ZeRO (microsoft/DeepSpeed v0.6.5 8164ea9 ``runtime/engine.py:1111-1146``;
+        38327e0 ``engine.py:1300-1348``, also at stage 1 with fp32 ``grad_accum_dtype``). Per rank
+        (``runtime/bf16_optimizer.py``, v0.6.5 130-220) it holds the bf16 parameters, the fp32 master
+        and Adam states of its ``1/dp`` partition, fp32 gradients of every parameter, and the bf16
+        ``param.grad`` (:func:`meshplan.memory.buffers.bf16_lp_grad_bytes`); once a step it all-reduces
+        the fp32 gradients in ``communication_data_type`` (bf16 unset, v0.6.5 ``engine.py:733-742``;
+        its bucket: :func:`meshplan.memory.buffers.bf16_step_bucket_bytes`), updates its partition and
+        all-gathers the bf16 parameters: DeepSpeed's ZeRO-1 rows (:mod:`meshplan.comm.deepspeed_zero12`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
+        >>> t.bf16_optimizer, t.model_copy(update={"grad_dtype": "bf16"}).bf16_optimizer
+        (True, False)
+        """
+        return (self.sharding == "zero1" and self.zero12_engine == "deepspeed" and self.param_dtype == "bf16"
+                and self.grad_dtype == "fp32")
+
+    @property
     def has_op_recompute(self) -> bool:
         """Whether the training's framework has torchtitan's op-level selective AC
         (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine

@@ -33,7 +33,7 @@ def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) ->
     - ``runtime/engine.py:1485-1496`` ``get_data_types``: ``grad_accum_dtype`` unset is the model's
       dtype; ``_do_optimizer_sanity_check`` (1978-2021) runs ZeRO's own optimizer for every stage,
       except bf16 with fp32 ``grad_accum_dtype`` at stage 1 (``BF16_Optimizer``, which the reader
-      refuses).
+      plans as such: :attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`).
     - stage 2 (``runtime/zero/stage_1_and_2.py:1678-1680``): ``grads_in_partition`` is allocated in
       ``self.dtype``, the parameters' dtype, whatever ``grad_accum_dtype`` says: the model's dtype.
     - stage 1 (``stage_1_and_2.py:354-360``, ``_fill_param_grad_accum_attribute``): ``param.grad``

@@ -23,7 +23,8 @@ def framework_refusal(cfg: Config) -> list[str]:
     naming the keys that framework "torch" refuses in turn
     (:func:`~meshplan.spec.training_checks.torch_refused_keys`): Megatron-LM's only, and its
     ``tp_comm_overlap``, named apart (not Megatron-LM's only: under torch it is async TP, which
-    needs torch.compile).
+    needs torch.compile), and ``moe_dispatcher = "deepep"`` (torch's too, torchtitan's DeepEP backend,
+    but the runtime builds torch's all-to-all: :func:`~meshplan.runtime.execution.buildable.unsupported_reasons`).
 
     >>> from meshplan.config import config_from_dict
     >>> c = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -39,7 +40,9 @@ def framework_refusal(cfg: Config) -> list[str]:
     megatron = [k for k in keys if k not in ("tp_comm_overlap", "pp_engine")]  # tp_comm_overlap: torch's too
     parts = [f"{', '.join(megatron)} (Megatron-LM's only)"] * bool(megatron) + [
         "pp_engine (DeepSpeed's PipelineEngine under Megatron-DeepSpeed)"] * ("pp_engine" in keys) + [
-        "tp_comm_overlap (under torch, async TP, which needs torch_compile)"] * ("tp_comm_overlap" in keys)
+        "tp_comm_overlap (under torch, async TP, which needs torch_compile)"] * ("tp_comm_overlap" in keys) + [
+        "moe_dispatcher (torchtitan's DeepEP under torch, but the runtime dispatches with torch's all-to-all)"] * (
+        t.moe_dispatcher == "deepep")
     also = f" and remove {' and '.join(parts)}" if parts else ""
     return [f"training.framework is '{t.framework}': validate runs torch.distributed, which issues torch's "
             f"collectives; set framework = \"torch\"{also} to validate this mesh"]
