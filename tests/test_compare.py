@@ -604,7 +604,7 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     and the compute line itemised, the attention kernel first (FA2 against FA3). Since mcore48 the
     import plans today's Megatron-LM (training.megatron_runtime "core", unset on the torch side), which
     was a third knob printed "None" against "core"; since review rv48 a knob counts only where it
-    acts on both sides (TrainingEngines.knob_acts): Megatron-LM's generation does not act on a torch
+    acts on both sides (TrainingKnobs.knob_acts): Megatron-LM's generation does not act on a torch
     plan, and the framework knob already says the runtimes differ."""
     from meshplan.interop.foreign import export, load_any, reimport_options
     from tests.conftest import EXAMPLES
