@@ -602,8 +602,10 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     arguments spell, the same reduction) and then called the meshes different (dp_shard 4 x tp 2
     against Megatron-LM's dp 4 x tp 2). Now: the same mesh, the framework and param_dtype knobs,
     and the compute line itemised, the attention kernel first (FA2 against FA3). Since mcore48 the
-    import plans today's Megatron-LM (training.megatron_runtime "core", unset on the torch side): a
-    third knob, listed after those two (PLAN_KNOBS' order)."""
+    import plans today's Megatron-LM (training.megatron_runtime "core", unset on the torch side), which
+    was a third knob printed "None" against "core"; since review rv48 a knob counts only where it
+    acts on both sides (TrainingKnobs.knob_acts): Megatron-LM's generation does not act on a torch
+    plan, and the framework knob already says the runtimes differ."""
     from meshplan.interop.foreign import export, load_any, reimport_options
     from tests.conftest import EXAMPLES
     cfg = load_config(EXAMPLES / "mini_2x4_tp2-dp4.toml")
@@ -616,8 +618,7 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     # (the import names Megatron FSDP's sharded data axis dp_shard itself since issue 11)
     assert (c.a.plan.mesh.layout.names, c.b.plan.mesh.layout.names) == (("dp_shard", "tp"), ("dp_shard", "tp"))
     assert (c.a.mesh_text, c.b.mesh_text) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2")
-    assert c.knobs == (("training.framework", "torch", "megatron"), ("training.param_dtype", "fp32", "bf16"),
-                       ("training.megatron_runtime", None, "core"))
+    assert c.knobs == (("training.framework", "torch", "megatron"), ("training.param_dtype", "fp32", "bf16"))
     assert c.reasons[1].startswith("same mesh (dp_shard 4 x tp 2); the plans differ in training.framework torch "
                                    "against megatron, training.param_dtype fp32 against bf16")
     assert c.reasons[2].startswith("compute: ") and c.reasons[3].startswith(
@@ -900,3 +901,38 @@ def test_compute_line_names_the_recompute_difference():
     assert round((1 / 620.73e12 - 1 / 555.19e12) * 8 * 16384 ** 2 * 256 * 80 * 1e3, 3) == -8.364
     assert round(619.772 - 628.136, 3) == round(171.415 - 179.779, 3) == -8.364
     # the same policy on both sides gets no such line: the cp8/cp16 pair's reasons[2:4] above
+
+
+def test_megatron_generation_and_recompute_modules_are_knobs_as_they_act():
+    """Review rv48: the keys the session added are design choices, weighed as knobs as they act.
+    ``megatron_runtime`` unset plans Megatron-LM 2022 (TrainingFields.megatron_core), so unset and
+    ``"2022"`` are the same plan (before: a knob row 'unset' against '2022'); ``"core"`` is a knob
+    (2022 against core). ``recompute_modules`` refines Megatron-LM's ``selective`` as the float8
+    knobs refine linear_dtype (before: refused as a workload difference, "give both the same
+    training.recompute_modules"); under ``recompute = "full"`` Megatron-LM does not read it, so it
+    is no difference there. ``pp_engine`` (who runs the pipeline) is a knob as zero3_engine is
+    (before: a workload difference)."""
+    from meshplan.compare.differences import config_differences
+    from meshplan.config import config_from_dict
+
+    base = {"model": {"catalog": "megatron-22b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
+            "mesh": {"names": ["tp"], "shape": [8]}}
+    tr = {"global_batch": 4, "seq_len": 2048, "micro_batch": 4, "framework": "megatron", "sharding": "none"}
+
+    def cfg(**kw):
+        return config_from_dict({**base, "training": {**tr, **kw}})
+
+    def diff(a, b):
+        d = config_differences(a, b)
+        return d.workload, d.knobs
+
+    assert diff(cfg(), cfg(megatron_runtime="2022")) == ((), ())
+    assert diff(cfg(), cfg(megatron_runtime="core")) == ((), (("training.megatron_runtime", "2022", "core"),))
+    # the data loader's mask only under core, unset on
+    assert diff(cfg(megatron_runtime="core"), cfg(megatron_runtime="core", dataloader_attention_mask=True)) == ((), ())
+    assert diff(cfg(), cfg(recompute_modules=["core_attn", "mlp"])) == (
+        (), (("training.recompute_modules", ("core_attn",), ("core_attn", "mlp")),))
+    assert diff(cfg(recompute="full"), cfg(recompute="full", recompute_modules=["core_attn", "mlp"])) == ((), ())
+    ds = {"sharding": "zero1", "zero12_engine": "deepspeed"}
+    assert diff(cfg(**ds), cfg(**ds, pp_engine="deepspeed")) == (
+        (), (("training.pp_engine", "framework", "deepspeed"),))

@@ -105,7 +105,7 @@ def test_mixtral_example_peak():
     beside layer 30's copy: 2 x 436,289,536 B gathered, before and after. Its temporaries: the
     activation step's 3 gradients of the 8,192 received rows x 14,336 bf16, the layer's dY 4,096 x 4,096
     bf16, and the routing scores' fp32 gradient that waits in the router's backward node, 4,096 tokens x
-    top 2 x 4 B = 32,768 B (workingset._scores_grad; 29,006,415,872 B before it, measured at world 2
+    top 2 x 4 B = 32,768 B (routed_sizes.scores_grad; 29,006,415,872 B before it, measured at world 2
     and 4 of validate's Mixtral run as the temporaries' residual once the run's routing is taken). (valmoe3: 28,805,089,280
     B before, when the MoE backward step held dX 33,554,432 B + 2 gradients of the 8,192 received
     rows x 14,336 bf16 (234,881,024 B each); it holds 3 of them, the activation step's,

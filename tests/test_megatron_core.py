@@ -116,11 +116,18 @@ def test_core_step_by_hand_on_one_node_of_data_parallelism():
      "'torch': remove it or set framework = \"megatron\""),
     ({"megatron_runtime": "2022", "dataloader_attention_mask": False},
      "dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader"),
-    ({"megatron_runtime": "2023"}, "training.megatron_runtime")])
+    ({"megatron_runtime": "2023"}, "training.megatron_runtime"),
+    ({"sharding": "zero3", "zero3_engine": "deepspeed"}, "megatron_runtime \"core\" is Megatron Core's get_batch"),
+    ({"sharding": "zero1", "zero12_engine": "deepspeed", "pp_engine": "deepspeed"},
+     "set megatron_runtime = \"2022\" or remove it"),
+    ({"sharding": "zero1", "zero12_engine": "deepspeed"}, "is Megatron-DeepSpeed")])
 def test_runtime_keys_are_refused_in_one_line(training, words):
     """The generation applies under framework megatron only, the mask key under its core generation
     only (2022 builds the mask on the GPU whatever the loader does), and the values are "2022" and
-    "core": each a one-line ConfigError naming the key."""
+    "core": each a one-line ConfigError naming the key. Review rv48: "core" under a DeepSpeed
+    engine (Megatron-DeepSpeed, whose get_batch and get_batch_pipe in microsoft/Megatron-DeepSpeed's
+    pretrain_gpt.py broadcast ['text'] with broadcast_data and build the masks on the GPU, 2022's
+    way, as its import already plans) was planned with Megatron Core's end-stage get_batch."""
     with pytest.raises(ConfigError) as e:
         _cfg({"names": ["dp"], "shape": [8]}, **training)
     assert words in str(e.value) and "\n" not in str(e.value)

@@ -184,9 +184,9 @@ def test_efsdp1_temporaries_are_the_plan_at_the_run_s_routing(world2_runs):
     tokens x top 2 = 64 received rows per ep rank, while the run's untrained router (its ``memory.json``
     ``expert_counts``) sent rank 0's experts 0-3 (ep 2: 4 each) 22 + 29 = 51 rows in layer 0 and 49 + 29 = 78
     in layer 1. The MoE backward's activation step holds 3 gradients of width 896 fp32 per received row
-    (10,752 B, workingset.mlp_step_work), so 14 rows more are 150,528 B. The 256 B left was a real tensor
+    (10,752 B, routed_sizes.mlp_step_work), so 14 rows more are 150,528 B. The 256 B left was a real tensor
     the plan lacked: the routing scores' gradient (32 tokens x 2 x 4 B, fp32), written by the combine's
-    backward and held in the router's node until the experts' backward is done (workingset._scores_grad).
+    backward and held in the router's node until the experts' backward is done (routed_sizes.scores_grad).
     Now the plan's 721,152 B + the rows' 150,528 B = 871,680 B, the measured bytes exactly."""
     run = world2_runs["moe_efsdp1"]
     assert run.code == 0, run.stdout

@@ -155,3 +155,28 @@ def test_framework_fix_names_the_deepep_dispatcher_which_torch_refuses():
     assert runtime_refusals(kept, resolve_mesh(config_mesh(kept), 8)) == [
         "moe_dispatcher deepep: the runtime model dispatches with torch's all-to-all (DeepEP's kernels need deep_ep "
         "on NVLink/RDMA GPUs); set moe_dispatcher = \"alltoall\" to validate the mesh"]
+
+
+def test_fixes_name_the_session_s_keys_and_alibi_names_its_field():
+    """Review rv48. Each fix must leave a config that loads: (1) a DeepSpeed ZeRO-3 plan with ZeRO++
+    (zero_hpz_partition_size 8, zero_quantized_weights) was told "set zero3_engine = fsdp2", and the
+    ZeRO++ keys are then refused (DeepSpeed's ZeRO-3 alone reads them): the fix names them; (2) a
+    Megatron-DeepSpeed plan with DeepSpeed's PipelineEngine and Megatron-LM's recompute modules was
+    told "set framework = torch" without pp_engine and recompute_modules, each refused under torch;
+    (3) the ALiBi refusal (bloom48) was raised naming the field "mesh" (refused_field's default):
+    it names model.position_embedding. By hand, from the rules' words: ZeRO++'s keys in ZEROPP_KEYS'
+    order; the framework's keys as torch_refused_keys lists them, pp_engine apart (DeepSpeed's)."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, refused_field, runtime_refusals
+
+    zpp = _cfg({"sharding": "zero3", "zero3_engine": "deepspeed", "zero_hpz_partition_size": 8,
+                "zero_quantized_weights": True}, ["dp"], [8])
+    assert ("set zero3_engine = \"fsdp2\" and remove zero_hpz_partition_size, zero_quantized_weights (DeepSpeed's "
+            "only)") in runtime_refusals(zpp, resolve_mesh(config_mesh(zpp), 8))[0]
+    mds = _cfg({"sharding": "zero1", "framework": "megatron", "zero12_engine": "deepspeed", "pp_engine": "deepspeed",
+                "recompute_modules": ["core_attn", "mlp"]}, ["pp", "dp"], [2, 4])
+    assert framework_refusal(mds) == [
+        "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
+        "framework = \"torch\" and remove recompute_modules (Megatron-LM's only) and pp_engine (DeepSpeed's "
+        "PipelineEngine under Megatron-DeepSpeed) to validate this mesh"]
+    assert refused_field("model.position_embedding is 'alibi': validate's model runs RoPE") == "model.position_embedding"

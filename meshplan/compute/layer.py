@@ -85,15 +85,15 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
     attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]
     rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
-    rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)  # layer -1: the last layer's kind
+    rest += bias_ops(model, gpu, w, moe)
     rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
         model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
     if w.megatron_ops:
         rest += main_grad_hooks(model, gpu, w, layer)
-        moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
         rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
     order = {b: i for i, b in enumerate(BLOCKS)}
-    parts = layer_parts(w.recompute_modules, model.is_moe_layer(model.layers - 1 if layer < 0 else layer), model.is_mla)
+    parts = layer_parts(w.recompute_modules, moe, model.is_mla)
     out = {}
     for rc in recomputes:
         every = ops + (attn_sel if rc == "selective" and "core_attn" in parts else attn_plain) + rest
@@ -103,7 +103,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             kept = full_ac_not_replayed(w)
             every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
         elif rc == "op":
-            every += op_replays(every, op_sac_replayed(model, model.is_moe_layer(model.layers - 1 if layer < 0 else layer)))
+            every += op_replays(every, op_sac_replayed(model, moe))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 

@@ -318,7 +318,7 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "forward")
-    # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (workingset._routed_sizes)
+    # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (routed_sizes.routed_sizes)
     _block(s, "mlp", t["mlp"], "forward", ep=moe and (phase == "forward" or s.w.recompute != "op"), fused=f.get("mlp"),
            tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp))
     _slots(s, own, At.AFTER, Block.MLP)

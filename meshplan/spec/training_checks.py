@@ -11,6 +11,7 @@ from typing import Optional
 
 from pydantic import model_validator
 
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 from meshplan.spec.training_precision import TrainingPrecision
 
 #: The keys of [training] that only framework "megatron" takes (Megatron-LM's flags), each with the
@@ -112,7 +113,9 @@ def torch_deepep_reason(ep: int, etp: int) -> Optional[str]:
 
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
-    then ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`), then
+    then ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`),
+    ``recompute_modules`` other than Megatron-LM's default (:func:`meshplan.spec.recompute_modules.config_notes`)
+    and ``pp_engine`` other than the framework's (:meth:`TrainingChecks._check_pp_engine`), then
     ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
     ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's
     (``moe_dispatcher = "deepep"`` is torchtitan's DeepEP backend there, since newcomer trial 48).
@@ -120,18 +123,21 @@ def torch_refused_keys(training) -> list[str]:
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
     ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep",
-    ...                                 megatron_runtime="core"))
-    ['overlap_grad_reduce', 'megatron_runtime', 'tp_comm_overlap']
+    ...                                 megatron_runtime="core", recompute_modules=("core_attn", "mlp")))
+    ['overlap_grad_reduce', 'megatron_runtime', 'recompute_modules', 'tp_comm_overlap']
     """
     return (megatron_only_keys(training)
             + [k for k in ("megatron_runtime", "dataloader_attention_mask") if getattr(training, k) is not None]
+            + (["recompute_modules"] if tuple(training.recompute_modules) != ("core_attn",) else [])
+            + (["pp_engine"] if training.pp_engine != "framework" else [])
             + (["tp_comm_overlap"] if async_tp_uncompiled(training) else []))
 
 
 def deepspeed_refused_keys(training) -> list[str]:
     """The keys of ``training`` refused once it runs no DeepSpeed engine (``zero3_engine = "fsdp2"``,
     ``zero12_engine = "megatron"``, the engines validate runs): ``overlap_comm`` (DeepSpeed's alone),
-    and ``contiguous_gradients`` outside sharding zero3, by :class:`TrainingChecks`' rules.
+    ``contiguous_gradients`` outside sharding zero3, and ZeRO++'s keys set (:func:`zeropp_keys_set`:
+    DeepSpeed's ZeRO-3 alone), by :class:`TrainingChecks`' rules.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> deepspeed_refused_keys(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed",
@@ -139,7 +145,8 @@ def deepspeed_refused_keys(training) -> list[str]:
     ['overlap_comm', 'contiguous_gradients']
     """
     return ((["overlap_comm"] if training.overlap_comm else [])
-            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else []))
+            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else [])
+            + zeropp_keys_set(training))
 
 
 class TrainingChecks(TrainingPrecision):
@@ -192,12 +199,7 @@ class TrainingChecks(TrainingPrecision):
                              "partitions the fp32 master weights and Adam states over dp as ZeRO-1 (runtime/"
                              "bf16_optimizer.py): write sharding = \"zero1\", zero12_engine = \"deepspeed\", "
                              "grad_dtype = \"fp32\" in place of zero0_engine")
-        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
-                                              not in (self.zero0_engine, self.zero12_engine)):
-            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
-                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
-                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
-                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
+        self._check_pp_engine()
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -254,6 +256,16 @@ class TrainingChecks(TrainingPrecision):
         if self.pp_p2p_overlap_warmup_flush and self.pp_p2p_overlap is False:
             raise ValueError(MEGATRON_ONLY["pp_p2p_overlap_warmup_flush"][1])
 
+    def _check_pp_engine(self) -> None:
+        """``pp_engine = "deepspeed"`` only where DeepSpeed's PipelineEngine runs: framework "megatron"
+        (Megatron-DeepSpeed's GPTModelPipe) under DeepSpeed's engine without ZeRO or with ZeRO-1."""
+        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
+                                              not in (self.zero0_engine, self.zero12_engine)):
+            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
+                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
+                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
+                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
+
     def _check_zeropp(self) -> None:
         """DeepSpeed ZeRO++'s keys (``zero_hpz_partition_size`` above 1, ``zero_quantized_weights``,
         ``zero_quantized_gradients``) only under DeepSpeed's ZeRO-3 of today (sharding zero3,
@@ -275,10 +287,21 @@ class TrainingChecks(TrainingPrecision):
     def _check_megatron_runtime(self) -> None:
         """``megatron_runtime`` only under framework "megatron", ``dataloader_attention_mask`` only
         under its "core" generation (Megatron-LM 2022 builds the mask on the GPU in every
-        ``get_batch``, whatever the data loader does)."""
+        ``get_batch``, whatever the data loader does), and "core" not under a DeepSpeed engine:
+        framework "megatron" there is Megatron-DeepSpeed, whose ``get_batch`` and ``get_batch_pipe``
+        (microsoft/Megatron-DeepSpeed f4157be ``pretrain_gpt.py``) broadcast ``['text']`` with
+        ``broadcast_data`` and build the masks on the GPU as Megatron-LM 2022 did (its import plans
+        "2022": :func:`meshplan.interop.megatron_flags.runtime`)."""
         if self.megatron_runtime is not None and self.framework != "megatron":
             raise ValueError(f"megatron_runtime is the Megatron-LM generation the step model follows (framework "
                              f"\"megatron\"); framework {self.framework!r}: remove it or set framework = \"megatron\"")
+        deepspeed = self.pp_engine == "deepspeed" or "deepspeed" in (self.zero0_engine, self.zero12_engine) or (
+            self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3)
+        if self.megatron_core and deepspeed:
+            raise ValueError("megatron_runtime \"core\" is Megatron Core's get_batch, timers and p2p; a DeepSpeed engine "
+                             "under framework \"megatron\" is Megatron-DeepSpeed, whose pretrain_gpt.py get_batch and "
+                             "get_batch_pipe run 2022's broadcast_data and GPU masks: set megatron_runtime = \"2022\" "
+                             "or remove it")
         if self.dataloader_attention_mask is not None and not self.megatron_core:
             raise ValueError("dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader "
                              "(framework \"megatron\", megatron_runtime = \"core\"): set megatron_runtime = \"core\" "

@@ -37,8 +37,9 @@ def framework_refusal(cfg: Config) -> list[str]:
     if t.framework == "torch":
         return []
     keys = torch_refused_keys(t)
-    megatron = [k for k in keys if k != "tp_comm_overlap"]  # tp_comm_overlap: torch's too, with torch_compile
+    megatron = [k for k in keys if k not in ("tp_comm_overlap", "pp_engine")]  # tp_comm_overlap: torch's too
     parts = [f"{', '.join(megatron)} (Megatron-LM's only)"] * bool(megatron) + [
+        "pp_engine (DeepSpeed's PipelineEngine under Megatron-DeepSpeed)"] * ("pp_engine" in keys) + [
         "tp_comm_overlap (under torch, async TP, which needs torch_compile)"] * ("tp_comm_overlap" in keys) + [
         "moe_dispatcher (torchtitan's DeepEP under torch, but the runtime dispatches with torch's all-to-all)"] * (
         t.moe_dispatcher == "deepep")
@@ -104,7 +105,8 @@ def refusals(config: Config, opt: Options) -> list[ConfigError]:
 #: others are the mesh's (newcomer trial 48 #5: float8 was refused naming ``mesh``).
 REFUSED_FIELDS = (("linear_dtype", "training.linear_dtype"), ("recompute", "training.recompute"),
                   ("training.framework", "training.framework"), ("training.zero3_engine", "training.zero3_engine"),
-                  ("training.zero12_engine", "training.zero12_engine"), ("sharding", "training.sharding"))
+                  ("training.zero12_engine", "training.zero12_engine"), ("sharding", "training.sharding"),
+                  ("model.position_embedding", "model.position_embedding"))
 
 
 def refused_field(why: str) -> str:
