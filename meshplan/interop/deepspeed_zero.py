@@ -160,12 +160,23 @@ def zero12_training(d: dict, dtype: str) -> dict[str, Any]:
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
                                                                                             dtype, accum)}
     out |= _overlap(zero) | _contiguous(zero)
+    return out | comm_dtype(d)
+
+
+def comm_dtype(d: dict) -> dict[str, Any]:
+    """``{"grad_reduce_dtype": ...}`` from DeepSpeed's top-level ``communication_data_type`` (the
+    dtype its engine reduces gradients in), empty where unset; a one-line ConfigError naming the key
+    for a value outside :data:`COMM_DTYPES`.
+
+    >>> comm_dtype({"communication_data_type": "FP32"}), comm_dtype({})
+    ({'grad_reduce_dtype': 'fp32'}, {})
+    """
     comm = d.get("communication_data_type")
-    if comm is not None:
-        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
-            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-        out["grad_reduce_dtype"] = comm.lower()
-    return out
+    if comm is None:
+        return {}
+    if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
+        raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+    return {"grad_reduce_dtype": comm.lower()}
 
 
 def runs_bf16_optimizer(d: dict, stage: int, dtype: str) -> bool:
@@ -202,12 +213,7 @@ def bf16_optimizer_training(d: dict, dtype: str) -> dict[str, Any]:
                           f"PipelineEngine; meshplan models the fp32 accumulation only); remove it (fp32, the default "
                           f"without ZeRO)")
     out: dict[str, Any] = {"sharding": "zero1", "zero12_engine": "deepspeed", "grad_dtype": "fp32"}
-    comm = d.get("communication_data_type")
-    if comm is not None:
-        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
-            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-        out["grad_reduce_dtype"] = comm.lower()
-    return out
+    return out | comm_dtype(d)
 
 
 def zero3_training(d: dict, dtype: str) -> dict[str, Any]:
