@@ -18,12 +18,12 @@ from meshplan.compute.deepspeed_pipe import engine_cost
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.megatron_cost import megatron_batch_cost
-from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms
 from meshplan.mesh.layers import last_stage
+from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.ep import moe_mlp_tp_ops
@@ -45,7 +45,8 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
-                    recompute=t.recompute, recompute_modules=tuple(t.recompute_modules), flash=t.flash_attention, dropout=dropout,
+                    recompute=t.recompute, recompute_modules=tuple(t.recompute_modules), flash=t.flash_attention,
+                    dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
@@ -179,7 +180,8 @@ def deepspeed_pipe_costs(plan, w: Workload) -> list[Optional[Cost]]:
     parameters as Megatron-LM's GPT holds them (:func:`~meshplan.compute.megatron.stage_param_tensors`),
     the activation a stage sends (micro-batch x sequence / cp x hidden in the compute dtype), its
     re-gather timed as the tp axis's all-gather row (:func:`~meshplan.comm.collectives.path_time`), and
-    ``BF16_Optimizer``'s accumulation where the compute is bf16 and the gradients fp32."""
+    ``BF16_Optimizer``'s accumulation where the training runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`)."""
     t, model, p = plan.config.training, plan.config.model, len(plan.stages)
     if t.pp_engine != "deepspeed":
         return [None] * p
@@ -189,7 +191,7 @@ def deepspeed_pipe_costs(plan, w: Workload) -> list[Optional[Cost]]:
         path = axis_path(plan.mesh, plan.placement, plan.config.cluster, "tp")
         regather = path_time("all-gather", w.tp, act, path, plan.config.cluster)[1]
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
-    hp = t.compute_dtype == "bf16" and t.grad_dtype == "fp32"
+    hp = t.bf16_optimizer  # BF16_Optimizer's per-micro-batch fp32 accumulation (its one home: TrainingSpec)
     last = p - 1
     return [engine_cost(plan.config.cluster.gpu,
                         stage_param_tensors(model, w.tp, rows, [i for ch in chunks for i in ch], s == 0, s == last, p),
