@@ -32,6 +32,8 @@ home; this module holds the rules that are not the batch's:
    ``forward_backward_pipelining_without_interleaving`` and ``..._with_interleaving`` make the same
    calls, the first stage's receives and the last's sends returning before ``_communicate``.
 
+The mask's GPU copy (or tp broadcast buffer) in the memory timeline: :func:`meshplan.memory.sizes.batch_mask_bytes`.
+
 Not changed by the generation (already modelled as core runs them): the DDP buckets' overlapped
 reduce-scatter and parameter all-gather (``training.overlap_grad_reduce`` / ``overlap_param_gather``,
 d98e8a6), Transformer Engine's p2p CP ring, the QKV sub-sharding, the fp32 main-gradient hooks.
