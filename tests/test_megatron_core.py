@@ -175,6 +175,24 @@ def test_core_syncs_once_per_blocking_p2p_call():
     assert got == {"2022": {0: 239.7, 1: 239.7}, "core": {0: 79.9, 1: 79.9}}
 
 
+def test_core_interleaved_at_m_equal_p_counts_core_s_warm_up():
+    """pp 4 x tp 2, interleaved 1F1B with 2 chunks a stage, m = 4 = p micro-batches, the p2p overlap off
+    (blocking calls, each synchronised). Megatron-LM 2022 puts every unit in warm-up at m == p
+    (w = m v = 8 on every stage): m v + w + [s > 0] + [s < p - 1] = 17, 18, 18, 17 calls, 3 syncs each
+    x 4.7 us = 239.7, 253.8, 253.8, 239.7 us. Megatron Core (d98e8a64dd ``schedules.py``
+    ``get_pp_rank_microbatches`` 929-987) has no m == p case: w = min(8, 2 (3 - s) + 4) = 8, 8, 6, 4,
+    the receive before the cool-down only where w = m v (1960-1972, stages 0 and 1): 17, 18, 15, 13
+    calls, one sync each: 79.9, 84.6, 70.5, 61.1 us. Before, core counted 2022's calls (84.6 us on
+    stages 2 and 3)."""
+    mesh = {"names": ["pp", "tp"], "shape": [4, 2], "sequence_parallel": True, "pp_schedule": "interleaved_1f1b",
+            "virtual_stages": 2}
+    got = {}
+    for runtime in ("2022", "core"):
+        st = step_time(build_plan(_cfg(mesh, runtime, global_batch=4, pp_p2p_overlap=False)))
+        got[runtime] = {e.stage: round(e.dur_s * 1e6, 4) for e in st.post_events if e.name == "pipeline p2p calls' syncs"}
+    assert got == {"2022": {0: 239.7, 1: 253.8, 2: 253.8, 3: 239.7}, "core": {0: 79.9, 1: 84.6, 2: 70.5, 3: 61.1}}
+
+
 @pytest.mark.parametrize("mesh, kept", [(PP2_TP4, 2048 * 2048), ({"names": ["pp", "cp", "tp"], "shape": [2, 2, 2],
                                                                    "sequence_parallel": True}, 2048 * 2048 // 2)])
 def test_core_loader_mask_on_the_gpu_of_the_end_stages(mesh, kept):
