@@ -300,10 +300,8 @@ def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:
 
 
 def _mla_up_gathers(s: StreamSim) -> None:
-    """Megatron-LM's ``mla_up_proj`` replay (:func:`meshplan.spec.recompute_modules.mla_up_gathers`):
-    each latent's tp all-gather (rows of :func:`meshplan.comm.tp_rows.mla_up_rows`, one group a
-    latent), issued inside its column-parallel up-projection on the compute stream before the
-    attention's backward reads Q, K and V: the compute waits for them (no row: nothing)."""
+    """Megatron-LM's ``mla_up_proj`` replay: each latent's tp all-gather (:func:`meshplan.comm.tp_rows.mla_up_rows`),
+    the compute waiting for them before the attention's backward (no row: nothing)."""
     evs = [e for g in MLA_UP_CADENCES if (e := s.comm("tp", "backward", "all-gather", f"tp {g} all-gather", g))]
     if evs:
         s.compute("mla_up_proj replay gathers wait", 0.0, evs)
@@ -395,7 +393,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
     if not full:  # Megatron-LM's mla_up_proj replay: its up-projections gather their latents again
-        _mla_up_gathers(s)
+        _mla_up_gathers(s)  # (spec.recompute_modules.mla_up_gathers)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"], p["steps"], p["replay_steps"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")
