@@ -64,7 +64,7 @@ from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
-from meshplan.spec.recompute_modules import layer_parts, replayed_tp_ops
+from meshplan.spec.recompute_modules import layer_parts, mla_up_gathers, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -85,6 +85,7 @@ def tp_rows(add, c: StageContext) -> None:
     if _rowwise_tp(c):
         _rowwise_scale_rows(add, c)
     qkv_gather_rows(add, c)
+    mla_up_rows(add, c)
     get_batch_rows(add, c)
     tp_grad_rows(add, c)
     if c.last:
@@ -284,6 +285,25 @@ def qkv_gather_rows(add, c: StageContext) -> None:
     add("tp", "forward", "all-gather", size, dt, n, QKV_GATHER_CADENCE, "core attention")
     add("tp", "backward", "reduce-scatter", size, dt, n, QKV_GATHER_CADENCE, "previous block's backward")
     add("tp", "backward", "all-gather", size, dt, replays, QKV_GATHER_CADENCE, "core attention (recomputed)")
+
+
+#: Cadence of each latent's all-gather in Megatron-LM's ``mla_up_proj`` replay (:func:`mla_up_rows`), by its
+#: name in :func:`meshplan.spec.recompute_modules.mla_up_gathers`: also the group of its row and event.
+MLA_UP_CADENCES = {"q latent": "every MLA layer (mla_up_proj recompute: the query latent)",
+                   "q (hidden states)": "every MLA layer (mla_up_proj recompute: linear_q_proj's input)",
+                   "kv latent": "every MLA layer (mla_up_proj recompute: the key/value latent)"}
+
+
+def mla_up_rows(add, c: StageContext) -> None:
+    """Megatron-LM's ``mla_up_proj`` recompute (:func:`meshplan.spec.recompute_modules.mla_up_gathers`):
+    per MLA layer and micro-batch, in backward, one tp all-gather of each latent its replayed
+    up-projections gather again under SP, ``b x s/cp x r`` values in the compute dtype.
+    DeepSeek-V3 at b 1, s 4096, bf16: the query latent's 1536 x 4096 x 2 = 12,582,912 B, the key/value
+    latent's 512 x 4096 x 2 = 4,194,304 B."""
+    t, tokens = c.training, c.training.micro_batch * c.seq_local
+    for which, width in mla_up_gathers(c.model, t, c.mesh.degree("tp"), c.mesh.sequence_parallel):
+        add("tp", "backward", "all-gather", tokens * width * dtype_bytes(t.compute_dtype), t.compute_dtype,
+            len(c.layers), MLA_UP_CADENCES[which], "the replayed up-projection")
 
 
 def get_batch_rows(add, c: StageContext) -> None:

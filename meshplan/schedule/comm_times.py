@@ -16,7 +16,8 @@ from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
-from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
+from meshplan.comm.tp_rows import (FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE,
+                                   MLA_UP_CADENCES)
 from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
@@ -65,6 +66,8 @@ def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
         return QKV
+    if kind == "tp" and row.cadence in MLA_UP_CADENCES.values():  # each latent's replayed all-gather its own
+        return next(g for g, text in MLA_UP_CADENCES.items() if text == row.cadence)
     if kind == "cp" and P2P_PACKED in row.cadence:
         return CP_PACKED
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.comm.tp_rows import MLA_UP_CADENCES
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
@@ -298,6 +299,14 @@ def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:
         s.compute(f"QKV {op} wait", 0.0, [ev])
 
 
+def _mla_up_gathers(s: StreamSim) -> None:
+    """Megatron-LM's ``mla_up_proj`` replay: each latent's tp all-gather (:func:`meshplan.comm.tp_rows.mla_up_rows`),
+    the compute waiting for them before the attention's backward (no row: nothing)."""
+    evs = [e for g in MLA_UP_CADENCES if (e := s.comm("tp", "backward", "all-gather", f"tp {g} all-gather", g))]
+    if evs:
+        s.compute("mla_up_proj replay gathers wait", 0.0, evs)
+
+
 def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     """Issue one transformer layer's forward on ``s`` (its streams; seconds from ``c``, the
     layer's :class:`Cost`): norms, attention and MLP blocks with their TP/CP/EP collectives and
@@ -383,6 +392,8 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
+    if not full:  # Megatron-LM's mla_up_proj replay: its up-projections gather their latents again
+        _mla_up_gathers(s)  # (spec.recompute_modules.mla_up_gathers)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"], p["steps"], p["replay_steps"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")

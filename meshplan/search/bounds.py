@@ -300,7 +300,11 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     phase = np.maximum(phase, fwd)
     phase = np.maximum(phase, hs["dy"] + hi["rework"] + hi["bwd"])
     fsdp_terms = np.where(F, 2 * u["roots"] + held + accum, bucket_bytes(cfg, c, s))
-    return s["total"] + fixed + acts + fsdp_terms + phase
+    # Megatron Core's data-loader mask, b x s x s B on the end stages through their end chunks' forward
+    # (memory.sizes.batch_mask_bytes): beside any phase at most
+    mask = np.maximum(st.first, st.last) * (c.mb[:, None] * cfg.training.seq_len ** 2) \
+        if cfg.training.core_attention_mask else 0
+    return s["total"] + fixed + acts + fsdp_terms + phase + mask
 
 
 def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:

@@ -99,7 +99,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
     ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags), and ``pp_engine``
     back to ``framework`` there (DeepSpeed's PipelineEngine runs ZeRO-0/1 only: a Megatron-DeepSpeed
-    ZeRO-2/3 row is ``--no-pipeline-parallel``). The plan's (:func:`candidate_config`) and the memory bound's
+    ZeRO-2/3 row is ``--no-pipeline-parallel``), its zero1 rows under
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_pp_engine` (Megatron-DeepSpeed's: DeepSpeed's
+    PipelineEngine, ``pp_engine = "deepspeed"``, whatever the config's own sharding). The plan's (:func:`candidate_config`) and the memory bound's
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -142,6 +144,8 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
         if t.pp_engine == "deepspeed":  # DeepSpeed's PipelineEngine refuses ZeRO-2/3: such a row runs
             out["pp_engine"] = "framework"  # Megatron-DeepSpeed's --no-pipeline-parallel, pp 1
+    elif t.searched_pp_engine != t.pp_engine:  # Megatron-DeepSpeed's ZeRO-1 rows: GPTModelPipe under
+        out["pp_engine"] = t.searched_pp_engine  # DeepSpeed's PipelineEngine, as its import plans them
     return out
 
 
