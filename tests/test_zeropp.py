@@ -127,6 +127,21 @@ def test_zeropp_config_errors():
     assert e.value.field == "training.zero_quantized_gradients" and "fsdp 8 of 16 ranks" in e.value.message
 
 
+def test_hpz_error_names_the_deepspeed_json_key(tmp_path):
+    """A DeepSpeed JSON's hpZ g = 5 on 3 nodes x 8 (world 24, which 5 does not divide:
+    groups.py _ensure_divisibility) is refused naming the key the user wrote,
+    zero_optimization.zero_hpz_partition_size, not meshplan's training.zero_hpz_partition_size
+    (which a meshplan TOML's error keeps: test_zeropp_config_errors)."""
+    opts = ImportOptions(cluster="dgx-h100", nodes=3, model="llama3-8b", seq_len=4096)
+    path = tmp_path / "z.json"
+    path.write_text(json.dumps({"train_batch_size": 48, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 5}}))
+    with pytest.raises(ConfigError) as e:
+        build_plan(load_any(path, opts=opts))
+    assert e.value.field == "zero_optimization.zero_hpz_partition_size"
+    assert "5 does not divide the world 24" in e.value.message
+
+
 def test_deepspeed_json_keys_round_trip(tmp_path):
     """import deepspeed reads the three keys at stage 3 (no longer refused nor unused) and export
     writes them back; stage 2 does not read them (DeepSpeed passes them to stage 3 only)."""
