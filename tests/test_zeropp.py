@@ -189,11 +189,12 @@ def test_deepspeed_json_keys_round_trip(tmp_path):
 
 def test_search_bounds_hold_the_zeropp_rows(tmp_path):
     """A stage 3 JSON with hpZ 8, qwZ and qgZ searched on 2 x 8 H100 (one data axis: zero1, zero2,
-    zero3): its zero3 rows run ZeRO++, its zero1/zero2 rows drop the keys (DeepSpeed reads them at
+    zero3): its zero3 rows run ZeRO++ (qwZ and qgZ as given; hpZ varied, the config's 8 and 1:
+    search/space.py hpz_applies), its zero1/zero2 rows drop the keys (DeepSpeed reads them at
     stage 3 only). Every row planned exactly lies within the search's bounds: the step bound below
     the step (ZeRO++'s gathers and reductions are not bounded by plain ZeRO-3's), the peak between
-    the memory bounds (hpZ's secondary partition, 2,007,565,312 B, in both), so the search notes
-    neither a bound it broke nor a ranking it cannot vouch for."""
+    the memory bounds (hpZ's secondary partition, 2,007,565,312 B, in both on its hpZ 8 rows), so the
+    search notes neither a bound it broke nor a ranking it cannot vouch for."""
     opts = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
     path = tmp_path / "z.json"
     path.write_text(json.dumps({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
@@ -201,11 +202,13 @@ def test_search_bounds_hold_the_zeropp_rows(tmp_path):
                                                       "zero_quantized_weights": True, "zero_quantized_gradients": True}}))
     r = search(load_any(path, opts=opts))
     assert not [n for n in r.notes if "outside the memory bounds" in n or "may not be exact" in n]
-    zero3 = [i for i in r.exact if SHARDING[r.candidates.sh[i]] == "zero3"]
-    assert zero3
+    c = r.candidates
+    zero3 = [i for i in r.exact if SHARDING[c.sh[i]] == "zero3"]
+    assert zero3 and {c.hpz(i) for i in range(len(c)) if SHARDING[c.sh[i]] == "zero3"} == {1, 8}
     for i in r.exact:
-        t = candidate_config(r.config, r.candidates, i).training
-        assert t.zero_hpz_partition_size == (8 if i in zero3 else 1) and t.zero_quantized_gradients == (i in zero3)
+        t = candidate_config(r.config, c, i).training
+        assert t.zero_hpz_partition_size == (c.hpz(i) if i in zero3 else 1)
+        assert t.zero_quantized_gradients == (i in zero3)
         e = r.exact[i]
         assert e.step_s is None or e.step_s >= r.est.step_lo[i]
         assert not e.complete or r.est.peak_lo[i] <= e.peak_bytes <= r.est.peak_hi[i]
