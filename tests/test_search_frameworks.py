@@ -38,13 +38,14 @@ def cross():
 
 def test_each_framework_searches_what_its_runtime_runs(cross):
     """deepspeed: ZeRO over one data axis (pp = tp = cp = 1; 16 GPUs: dp_shard 16 at zero1,
-    zero2, zero3 resharded and kept gathered = 4 candidates). megatron_deepspeed: Megatron's
+    zero2, zero3 resharded and kept gathered, the zero3 ones each at DeepSpeed ZeRO++ hpZ g 1 and 8,
+    the data axis the world of 2 nodes: search/space.py hpz_applies = 6 candidates). megatron_deepspeed: Megatron's
     TP and PP under DeepSpeed's engines, which reject ZeRO-2/3 beside pp > 1 (DeepSpeed's
     PipelineEngine asserts stage < 2): no row with pp 2 is zero2 or zero3; no hsdp, no cp, and no
     candidate with tp overlap or short end stages (Megatron-DeepSpeed has neither flag)."""
     _, x = cross
     ds, mds = x.results["deepspeed"], x.results["megatron_deepspeed"]
-    assert len(ds.candidates) == 4
+    assert len(ds.candidates) == 6 and sorted(ds.candidates.hz.tolist()) == [1, 1, 1, 1, 8, 8]
     assert all(int(ds.candidates.pp[e.index]) == int(ds.candidates.tp[e.index]) == 1 for e in ds.top)
     c = mds.candidates
     assert mds.counts()["engine"] > 0

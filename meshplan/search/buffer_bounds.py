@@ -31,12 +31,14 @@ def ipg_bytes(cfg: Config, c: Candidates) -> np.ndarray:
 def hpz_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
     """ZeRO++ hpZ's secondary partition, bytes (candidates, stages), held from init
     (:func:`meshplan.memory.buffers.hpz_secondary_bytes` of each stage's parameters on a rank): on the
-    zero3 candidates of a config with ``zero_hpz_partition_size`` above 1, 0 elsewhere."""
+    zero3 candidates whose hpZ g (:attr:`~meshplan.search.columns.Candidates.hz`, None: the config's
+    ``zero_hpz_partition_size``) is above 1, 0 elsewhere."""
     t = cfg.training
-    if t.zero_hpz_partition_size <= 1 or t.searched_zero3_engine != "deepspeed":
+    g = (np.full(len(c), t.zero_hpz_partition_size) if c.hz is None else c.hz)[:, None]
+    if t.searched_zero3_engine != "deepspeed" or not (g > 1).any():
         return np.zeros_like(s["params_numel"])
-    per = -(-s["params_numel"] // t.zero_hpz_partition_size) * dtype_bytes(t.param_dtype)
-    return np.where((c.sh == SHARDING.index("zero3"))[:, None], per, 0)
+    per = -(-s["params_numel"] // g) * dtype_bytes(t.param_dtype)
+    return np.where(((c.sh == SHARDING.index("zero3"))[:, None]) & (g > 1), per, 0)
 
 
 def bucket_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

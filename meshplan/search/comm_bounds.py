@@ -140,10 +140,11 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
     out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
-    if zeropp_keys_set(t) and t.searched_zero3_engine == "deepspeed":
+    hpz = np.zeros(len(c), dtype=bool) if c.hz is None else c.hz > 1  # the search's hpZ rows (space.hpz_applies)
+    if (zeropp_keys_set(t) or hpz.any()) and t.searched_zero3_engine == "deepspeed":
         # ZeRO++ (comm.zeropp_rows) moves the zero3 rows' gathers and reductions onto other groups and
         # dtypes: their seconds here are no lower bound of its, so none is counted (a looser bound)
-        z3 = c.sh == SHARDING.index("zero3")
+        z3 = (c.sh == SHARDING.index("zero3")) & (hpz | bool(zeropp_keys_set(t)))
         for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag"):
             out[k] = np.where(z3, 0.0, out[k])
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
