@@ -76,12 +76,13 @@ def test_c2_custom_axes_through_the_config(tmp_path, capsys):
     rc, g, err = doc(capsys, "groups", cfg, "--rank", "3")
     assert rc == 0 and g["names"] == ["dp", "cfg", "pp", "sp", "tp"] and g["shape"] == [2, 2, 2, 2, 1]
     assert "note: mesh.order: mesh axis 'sp' is planned as a user-named axis (rank math only" in " ".join(err.split())
-    # stride of an axis = product of the degrees after it (fastest first in the order string)
-    strides = {n: 1 for n in g["names"]}
-    for i, n in enumerate(g["names"]):
-        for d in g["shape"][i + 1:]:
-            strides[n] *= d
-    assert strides == {"tp": 1, "sp": 1, "pp": 2, "cfg": 4, "dp": 8}
+    # the tool's own strides (it printed none: the test derived them from the shape). By hand, the
+    # stride of an axis is the product of the degrees after it (row-major): tp 1, sp tp 1 = 1, pp
+    # sp 2 x tp 1 = 2, cfg pp 2 x 2 = 4, dp cfg 2 x 4 = 8; rank 3 = 2 pp + 1 sp = 3 (pp 1, sp 1)
+    assert g["strides"] == {"tp": 1, "sp": 1, "pp": 2, "cfg": 4, "dp": 8}
+    assert sum(g["coordinates"][n] * g["strides"][n] for n in g["names"]) == 3
+    rc, out, _ = run(capsys, "groups", cfg, "--rank", "3")  # the text names dp as the mesh line does (zero1: dp)
+    assert "strides (row-major, rank = sum of coordinate x stride): dp 8, cfg 4, pp 2, sp 1, tp 1" in out
     assert len(g["groups"]["dp"]) == 8 and all(len(x) == 2 for x in g["groups"]["dp"])  # world / degree groups
     assert g["group_of_rank"]["dp"] == [3, 11]
     assert doc(capsys, "groups", cfg, "--rank", "9")[1]["group_of_rank"]["cfg"] == [9, 13]
