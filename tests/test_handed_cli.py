@@ -528,6 +528,41 @@ def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
             "shards the gradients and parameters over the data axes, which the formula does not count)") in " ".join(out.split())
 
 
+def test_c9_dense_and_expert_bytes_per_param_through_megatron_order(tmp_path, capsys):
+    """C9's dense vs expert tensors as a Megatron-LM user writes them: tp 2, cp 2, dp 8, ep 4, etp 1
+    (world 32, 4 nodes), distributed optimizer (zero1). Written first as ``order = "tp-cp-ep-dp-pp"``
+    with etp in the degrees, the error gave no fix; the one line now says where etp goes (the
+    fastest axis, as Megatron-LM's expert grid puts it) and the plan of that order holds the case's values.
+
+    By hand (MODEL's 2 layers, hidden 1024, 16 heads of 64, vocab 32000 = 125 x 128 x tp 2, not
+    padded; 8 experts of width 1024, gated): per layer and tp rank, attention (3 + 1) x 1024 x 1024
+    / 2 = 2,097,152, two norms 2,048 and the router 1024 x 8 = 8,192 (both whole on every tp rank):
+    2,107,392; 2 layers 4,214,784, embedding and output 2 x 32000 x 1024 / 2 = 32,768,000, final
+    norm 1,024: dense 36,983,808 per rank. Experts: 8 / ep 4 = 2 a rank, 3 x 1024 x 1024 each, 2
+    layers: 12,582,912. The fp32 main params (4 B) and Adam moments (8 B) are sharded over dp x cp
+    = 16 for the dense tensors, over world / (etp x ep x pp) = 32 / 4 = 8 for the experts; the bf16
+    params (2 B) and fp32 grads (4 B) are whole: 6 + 12 / 16 = 6.75 and 6 + 12 / 8 = 7.5 B/param."""
+    moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
+    degrees = "degrees = {etp = 1, tp = 2, cp = 2, ep = 4, dp = 8, pp = 1}\nsequence_parallel = true"
+    bad = config(tmp_path, f'order = "tp-cp-ep-dp-pp"\n{degrees}', model=moe, nodes=4, framework="megatron")
+    rc, out, err = run(capsys, "plan", bad)
+    assert (rc, out) == (2, "") and err == (
+        "error: mesh.degrees: axes ['etp'] are not in order 'tp-cp-ep-dp-pp'; add them to mesh.order where they "
+        'vary (fastest first), e.g. order = "etp-tp-cp-ep-dp-pp", or leave them out of mesh.degrees\n')
+    cfg = config(tmp_path, f'order = "etp-tp-cp-ep-dp-pp"\n{degrees}', model=moe, nodes=4, framework="megatron")
+    rc, p, _ = doc(capsys, "plan", cfg)
+    items = {(i["group"], i["kind"]): i for i in p["memory"][0]["items"]}
+    assert rc == 0 and p["world"] == 32
+    assert {g: items[(g, "params")]["numel"] for g in ("dense", "expert")} == {"dense": 36_983_808,
+                                                                              "expert": 12_582_912}
+    assert {(g, k): (i["axis"], i["divisor"]) for (g, k), i in items.items() if k in ("master", "optimizer")} == {
+        ("dense", "master"): ("fsdp", 16), ("dense", "optimizer"): ("fsdp", 16),
+        ("expert", "master"): ("efsdp", 8), ("expert", "optimizer"): ("efsdp", 8)}
+    per_param = {g: sum(i["bytes_per_element"] / i["divisor"] for (h, _), i in items.items() if h == g)
+                 for g in ("dense", "expert")}
+    assert per_param == {"dense": 6.75, "expert": 7.5}
+
+
 @pytest.mark.parametrize("tp,sp,recompute,per_layer", [
     (1, False, "none", 956_301_312),     # no parallelism: s b h (34 + 5 a s / h)
     (8, False, "none", 192_937_984),     # s b h (10 + 24/t + 5 a s / (h t))
