@@ -388,7 +388,9 @@ def test_c7_every_padding_of_the_case(tmp_path, capsys, vocab, divisor, tp, padd
     """Every row of C7, padded = ceil(V / (divisor * tp)) * divisor * tp (the divisor given: framework
     torch does not pad), through ``plan --json``:
     the note's padded size, rows per tp rank (the case's 16128 at tp 2 and 16064 for V 128256 at
-    divisor 64 are padded / tp) and the real V for the loss; the output GEMM's N is those rows."""
+    divisor 64 are padded / tp) and the real V for the loss; the output GEMM's N is those rows, and
+    the persistent state counts them ("memory and FLOPs use the padded size"): e.g. V 32002 at tp 2,
+    16128 x 1024 = 16,515,072 embedding parameters a rank, not 16001 x 1024."""
     m = MODEL.format(layers=2).replace("vocab = 32000", f"vocab = {vocab}")
     cfg = Path(config(tmp_path, f'names = ["dp", "tp"]\nshape = [-1, {tp}]', model=m))
     cfg.write_text(cfg.read_text().replace("[training]\n", f"[training]\nvocab_pad_divisor = {divisor}\n"))
@@ -396,6 +398,9 @@ def test_c7_every_padding_of_the_case(tmp_path, capsys, vocab, divisor, tp, padd
     assert rc == 0 and (f"vocab padded {vocab} -> {padded} = ceil(V / ({divisor} * tp {tp})) * {divisor * tp} "
                         f"({padded // tp} per tp rank); memory and FLOPs use {padded}, the loss uses {vocab}") in p["notes"]
     assert [g["n"] for g in p["shapes"]["gemms_forward"] if g["name"] == "output"] == [padded // tp]
+    # memory too: the embedding and (untied) output weights hold padded / tp rows of hidden 1024
+    params = p["memory"][0]["params"]
+    assert (params["embedding_params"], params["output_params"]) == (padded // tp * 1024, padded // tp * 1024)
 
 
 def test_c8_interleaved_stages_print_their_chunks(tmp_path, capsys):
