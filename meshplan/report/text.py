@@ -171,6 +171,8 @@ def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict 
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
               + ", ".join(f"{shown.get(n, n)}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
+    con.print("strides (row-major, rank = sum of coordinate x stride): "
+              + ", ".join(f"{shown.get(n, n)} {s}" for n, s in zip(mesh.layout.names, mesh.layout.strides)))
     renamed = renamed_words(mesh.layout.names, sharding) if shown else ""
     tab = Table(title=f"Process groups (of rank {rank}; all groups in --json). Each axis's groups partition the "
                       f"ranks; members are ordered by their coordinates, outermost axis first"
