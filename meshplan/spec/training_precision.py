@@ -103,8 +103,23 @@ class TrainingPrecision(TrainingKnobs):
 
     @property
     def keeps_master(self) -> bool:
-        """An fp32 master copy exists when parameters are stored below fp32."""
+        """A master copy exists when parameters are stored below fp32."""
         return self.master_weights and self.param_dtype != "fp32"
+
+    @property
+    def master_bytes(self) -> int:
+        """Bytes a master copy keeps per parameter (0 without one, :attr:`keeps_master`):
+        ``master_dtype`` fp32 4, fp16 2, int16 2 (Transformer Engine's ``FusedAdam`` with
+        ``store_param_remainders``: beside a bf16 parameter only the 16 low bits of its fp32 master,
+        ``torch.zeros_like(param, dtype=torch.int16)``; NVIDIA/TransformerEngine d0067d0
+        ``transformer_engine/pytorch/optimizers/fused_adam.py`` lines 213-215, 414-415, 626).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, param_dtype="bf16")
+        >>> [t.model_copy(update={"master_dtype": d}).master_bytes for d in ("fp32", "fp16", "int16")]
+        [4, 2, 2]
+        """
+        return {"fp32": 4, "fp16": 2, "int16": 2}[self.master_dtype] if self.keeps_master else 0
 
     @property
     def fsdp_reduce_dtype(self) -> Dtype:
