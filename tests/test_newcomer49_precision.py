@@ -8,6 +8,9 @@ The trial's launch scripts are in ``tests/data/nc49`` (``--nnodes`` written 128 
 listed as fields meshplan does not use, beside ``--lr``; the dtypes now set the state
 (:mod:`meshplan.interop.megatron_precision`, NVIDIA/Megatron-LM d98e8a6), the env line
 ``[memory] expandable_segments``, the rest one "NOT modelled" note.
+#3: fp8 under Megatron-LM/TE was invisible in ``plan`` (the setting line now names the Linear GEMMs' dtype)
+and its tp all-gathers moved bf16 (TE quantizes before them: 1 byte a value).
+#4: ``--tp-comm-overlap``'s userbuffers were not in the memory timeline (kind ``userbuffers`` now).
 #8: ``--transformer-impl local`` was "not used" and the plan ran TE's fp8 and userbuffers.
 """
 
@@ -120,3 +123,70 @@ def test_transformer_impl_local_plans_without_te():
     assert "linear_dtype" not in t and t["tp_comm_overlap"] is False and t["flash_attention"] is False
     assert any(n.startswith("--transformer-impl local") for n in imp.notes)
     assert "--transformer-impl" not in imp.unused
+
+
+def _tp_rows(linear_dtype, overlap: bool):
+    from meshplan import catalog
+    from meshplan.comm.collectives import collective_table
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.placement.assign import place
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.training import TrainingSpec
+    cl = catalog.system("dgx-h100", nodes=1)
+    mesh = resolve_mesh(MeshSpec(names=["tp"], shape=[8], sequence_parallel=True), world=8)
+    t = TrainingSpec(global_batch=1, seq_len=8192, sharding="none", framework="megatron", megatron_runtime="core",
+                     linear_dtype=linear_dtype, tp_comm_overlap=overlap)
+    rows = collective_table(catalog.model("llama3-8b"), t, mesh, cl, place(cl, 8), [0, 1], micro_batches=1)
+    return {(r.phase, r.dtype): (r.size_bytes, r.per_microbatch) for r in rows if r.axis == "tp" and r.op == "all-gather"}
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_te_fp8_all_gathers_move_one_byte(overlap):
+    """#3: under Megatron-LM with --fp8-format, Transformer Engine quantizes before each SP all-gather of
+    its linears (TE d0067d0: layernorm_linear.py:292-313 and 776-792, base.py grad_output_preprocess
+    1718-1749; through userbuffers initialize_ub's uint8 buffers, base.py:336-345, 391, 472-476, and
+    fill_userbuffers_buffer_for_all_gather 657-677; through NCCL distributed.py:1735-1745 _all_gather_fp8).
+    Llama 3 8B, two layers on one stage, seq 8192, tp 8: a gathered activation is 8192 x 4096 values,
+    67,108,864 B in bf16, 33,554,432 B in fp8. Per layer 2 forward (qkv and fc1 inputs) and 4 backward
+    (their re-gathers for the weight gradients, proj's and fc2's output gradients) in fp8: 4 and 8 for
+    two layers; the output layer's input gather stays bf16 (Megatron-Core's own linear: 1 forward, and
+    backward with the embedding's 2)."""
+    rows = _tp_rows("fp8", overlap)
+    assert rows[("forward", "fp8")] == (33_554_432, 4) and rows[("backward", "fp8")] == (33_554_432, 8)
+    assert rows[("forward", "bf16")] == (67_108_864, 1) and rows[("backward", "bf16")] == (67_108_864, 2)
+    assert ("forward", "fp8") not in _tp_rows(None, overlap)
+
+
+def test_plan_names_the_linear_dtype():
+    """#3: fp8 was invisible in plan's setting line; it now says the Linear GEMMs run in fp8 (and the
+    precision-aware optimizer's moments and master where not fp32)."""
+    from meshplan.config import config_from_dict
+    t = config_from_dict(_read("train_llama3_70b_fp8.sh").tables).training
+    assert t.dtype_words == "params bf16, linear GEMMs fp8, grads fp32, reduce fp32"
+    t = config_from_dict(_read("train_variants.sh").tables).training
+    assert t.dtype_words == "params bf16, grads bf16, reduce bf16, moments bf16, master fp16"
+
+
+@pytest.mark.parametrize("name, fp8, want", [("train_llama3_70b.sh", False, 1_610_612_736),
+                                             ("train_llama3_70b_fp8.sh", True, 1_073_741_824)])
+def test_userbuffers_in_the_timeline(name, fp8, want):
+    """#4: --tp-comm-overlap's userbuffers were not in the memory timeline. Megatron-LM d98e8a6
+    initialize.py:217-246 calls TE's initialize_ub(shape=[seq 8192 x micro-batch 1 / cp 1, hidden 8192]),
+    which (TE d0067d0 base.py:336-360, 391, 472-476) registers one buffer per GEMM pass of its 12 default
+    methods, 67,108,864 elements each (comm_gemm_overlap.cpp:410-425, 805-828): bf16 12 x 2 B =
+    1,610,612,736 B; with fp8 the 8 all-gather buffers uint8: 8 x 1 + 4 x 2 B = 1,073,741,824 B. The
+    init of every stage holds them (kind userbuffers, outside PyTorch's allocator), and the search's
+    fixed memory counts them too."""
+    import numpy as np
+    from meshplan.config import config_from_dict
+    from meshplan.memory.timeline import UNTRACKED_KINDS
+    from meshplan.plan import build_plan
+    from meshplan.search.buffer_bounds import userbuffers_bytes
+    cfg = config_from_dict(_read(name).tables)
+    assert cfg.training.linear_dtype == ("fp8" if fp8 else None)
+    plan = build_plan(cfg)
+    assert all(tl.max_by_kind["userbuffers"] == want for tl in plan.timelines)
+    assert "userbuffers" in UNTRACKED_KINDS
+    c = type("C", (), {"tp": np.array([8, 1, 8]), "mb": np.array([1, 1, 1]), "cp": np.array([1, 1, 1]),
+                       "ov": np.array([1, 1, 0])})()
+    assert userbuffers_bytes(cfg, c).tolist() == [want, 0, 0]

@@ -92,6 +92,11 @@ def precision_keys(args: dict[str, Any], param_dtype: str, notes: list[str]) -> 
             raise ConfigError(given[0], f"{dt[given[0]]} without {PAO}: Megatron-LM asserts it is fp32 then "
                               f"(optimizer_config.py:467-477); fix: add {PAO} or remove {given[0]}")
         return {}
+    fsdp = next((f for f in ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2") if args.get(f)), None)
+    if fsdp:  # Megatron FSDP keeps its own main weights and gradients (--megatron-fsdp-main-*-dtype)
+        notes.append(f"changes memory/communication, NOT modelled: {PAO} under {fsdp} (its optimizer's dtypes are "
+                     f"planned as fp32)")
+        return {}
     if not args.get("--use-distributed-optimizer"):
         raise ConfigError(PAO, "needs --use-distributed-optimizer: Megatron-LM raises \"--use-precision-aware-"
                           "optimizer only supported with distributed optimizer\" (optimizer/__init__.py:1057-1060)")
@@ -126,7 +131,7 @@ def local_keys(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     if impl != "local":
         return {}
     dropped = [w for f, w in (("--tp-comm-overlap", "--tp-comm-overlap (initialize_ub still allocates its buffers, "
-                                                    "no GEMM uses them)"),
+                                                    "no GEMM uses them: their memory is not counted)"),
                               ("--fp8-format", "--fp8-format (no fp8 GEMM: the local linears ignore TE's "
                                                "fp8_autocast)")) if args.get(f)]
     notes.append("--transformer-impl local: Megatron-Core's own layers (get_gpt_layer_local_spec: ColumnParallelLinear/"

@@ -97,6 +97,26 @@ class TrainingPrecision(TrainingKnobs):
         return self.linear_dtype or self.compute_dtype
 
     @property
+    def dtype_words(self) -> str:
+        """The dtypes of the plan's setting line (``plan``'s ``train`` line and the HTML report's):
+        parameters, the Linear GEMMs where they differ from the compute dtype (``linear_dtype``:
+        fp8 runs only those GEMMs, newcomer trial 49 #3), gradients, their reduction, and the Adam
+        moments and master copy where not fp32.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron", linear_dtype="fp8").dtype_words
+        'params bf16, linear GEMMs fp8, grads fp32, reduce fp32'
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="bf16", optimizer_dtype="bf16",
+        ...              master_dtype="int16").dtype_words
+        'params bf16, grads bf16, reduce fp32, moments bf16, master int16'
+        """
+        out = [f"params {self.param_dtype}"] + ([f"linear GEMMs {self.linear_dtype}"] if self.linear_dtype else [])
+        out += [f"grads {self.grad_dtype}", f"reduce {self.gradient_reduce_dtype}"]
+        out += [f"moments {self.optimizer_dtype}"] * (self.optimizer_states > 0 and self.optimizer_dtype != "fp32")
+        out += [f"master {self.master_dtype}"] * (self.keeps_master and self.master_dtype != "fp32")
+        return ", ".join(out)
+
+    @property
     def optimizer_states(self) -> int:
         """Optimizer state tensors per parameter: Adam keeps two moments (Kingma & Ba 2015)."""
         return 2 if self.optimizer in ("adam", "adamw") else 0
