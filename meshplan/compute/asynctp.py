@@ -97,6 +97,35 @@ TE_PIPELINE_SMS = 16
 FRAMEWORKS = ("torch", "megatron")
 
 
+def te_fp8_gathers(model, training, sp: bool) -> bool:
+    """Whether a dense layer's tp all-gathers move fp8, 1 byte a value, under Megatron-LM with
+    ``--fp8-format`` (``training.linear_dtype = "fp8"``, framework megatron: Transformer Engine's
+    linears, per-tensor scaling) and sequence parallelism ``sp``, with or without
+    ``--tp-comm-overlap``. NVIDIA/TransformerEngine d0067d0: the layer norm's output is quantized
+    before its gather for qkv and fc1 (``pytorch/module/layernorm_linear.py:292-313``), again for
+    their weight gradients (776-792), and the output gradient before proj's and fc2's
+    input-gradient GEMM (``module/base.py`` ``grad_output_preprocess`` 1718-1749); through
+    userbuffers (``--tp-comm-overlap``) ``fill_userbuffers_buffer_for_all_gather`` (base.py:657-677)
+    copies the quantized shard's 1-byte ``_data`` into buffers ``initialize_ub`` allocates in uint8
+    for every all-gather GEMM when the fp8 mode is on (lines 336-345, 391, 472-476; Megatron-LM
+    d98e8a6 ``initialize.py:228-246`` passes ``UserBufferQuantizationMode.FP8`` under ``args.fp8``),
+    through NCCL ``gather_along_first_dim`` gathers a ``Float8Quantizer``'s tensor with
+    ``_all_gather_fp8`` (``pytorch/distributed.py:1735-1745``). The reduce-scatters stay in the
+    compute dtype, and so do the embedding's and the output layer's collectives (Megatron-Core's own
+    linears). Dense, non-MLA models only, as :func:`meshplan.compute.dtensor_sp.float8_tp` (an MoE
+    layer's MLP is not planned so).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", linear_dtype="fp8")
+    >>> m = catalog.model("llama3-8b")
+    >>> te_fp8_gathers(m, t, True), te_fp8_gathers(m, t, False), te_fp8_gathers(m, t.model_copy(update={"linear_dtype": None}), True)
+    (True, False, False)
+    """
+    return (training.framework == "megatron" and training.linear_dtype == "fp8" and sp
+            and not model.is_mla and not model.is_moe)
+
+
 def model_name(framework: str, sequence_parallel: bool) -> str:
     """What ``training.tp_comm_overlap`` is modelled as, in the runtime's words (the one text
     ``plan`` and ``step`` print, :func:`meshplan.schedule.tp_overlap_lines.tp_overlap_line`).

@@ -2,7 +2,8 @@
 (:func:`stage_sizes`): the layers' and the head's activations and working sets
 (:mod:`meshplan.memory.workingset`, computed once for all stages: :func:`common_sizes`), the
 stage's FSDP units (:mod:`meshplan.memory.units`), DeepSpeed's gradient buffers
-(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), the persistent state at init (:func:`init_entries`) and the
+(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), Transformer Engine's
+userbuffers (:mod:`meshplan.memory.userbuffers`), the persistent state at init (:func:`init_entries`) and the
 optimizer step's temporaries (:func:`step_entries`).
 """
 
@@ -22,6 +23,7 @@ from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, 
     deepspeed3_ipg_bytes, hpz_secondary_bytes, ipg_elements
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
+from meshplan.memory.userbuffers import entry as ub_entry
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import explicit_forward_prefetch, units
@@ -181,5 +183,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin,
-                                                                   mesh.layout.names, deepep),
+                                                                   mesh.layout.names, deepep)
+        + ub_entry(model, training, mesh),
         step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

@@ -60,7 +60,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
                         f"{sharding_words(t, c.origin, plan_replicates(plan))}, recompute {t.recompute} "
-                        f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
+                        f"({recompute_words(t, runtime(t, c.origin))}), {t.dtype_words}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh

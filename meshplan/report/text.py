@@ -127,8 +127,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
               f"recompute {t.recompute} "
-              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}), params {t.param_dtype}, "
-              f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
+              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}), {t.dtype_words}, "
+              f"reserve {t.memory_reserve:.0%}")
 
 
 def _constraints(plan: Plan | Infeasible, con: Console) -> None:

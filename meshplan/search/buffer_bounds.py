@@ -1,7 +1,7 @@
 """The buffers a rank holds whatever the step does, per search candidate (bytes, numpy arrays over
 the candidates of :class:`meshplan.search.columns.Candidates`, and over their stages where a stage's
 parameters set them): DeepSpeed ZeRO-3's ipg buffer (:func:`ipg_bytes`), ZeRO++ hpZ's secondary
-parameter partition (:func:`hpz_bytes`) and the gradient bucket of the stages without FSDP
+parameter partition (:func:`hpz_bytes`), Transformer Engine's userbuffers (:func:`userbuffers_bytes`) and the gradient bucket of the stages without FSDP
 (:func:`bucket_bytes`), each as :mod:`meshplan.memory.buffers` sizes it for a plan. Read by the
 search's memory bounds (:func:`meshplan.search.bounds.bounds`); split from that module (review rv48:
 past the project's 400 lines).
@@ -13,6 +13,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.memory.buffers import deepspeed3_ipg_bytes
+from meshplan.memory.userbuffers import allocated, ub_bytes
 from meshplan.search.candidate import sharding_training
 from meshplan.search.columns import SHARDING, Candidates
 from meshplan.units import dtype_bytes
@@ -26,6 +27,19 @@ def ipg_bytes(cfg: Config, c: Candidates) -> np.ndarray:
     t = cfg.training
     zero3 = t.model_copy(update={"sharding": "zero3", "zero3_engine": t.searched_zero3_engine, "zero12_engine": "megatron"})
     return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
+
+
+def userbuffers_bytes(cfg: Config, c: Candidates) -> np.ndarray:
+    """Transformer Engine's userbuffers, bytes per candidate, held from init
+    (:func:`meshplan.memory.userbuffers.ub_bytes` at the row's micro-batch and cp): under framework
+    megatron on the rows with tp overlap (``ov``, the search's ``tp_comm_overlap``) and tp > 1
+    (sequence parallel there, as the search plans it: :func:`meshplan.memory.userbuffers.allocated`),
+    0 elsewhere."""
+    t = cfg.training
+    if not allocated(t.model_copy(update={"tp_comm_overlap": True}), 2, True):
+        return np.zeros(len(c.tp), dtype=np.int64)
+    on = (c.tp > 1) & (np.asarray(c.ov) > 0)
+    return np.where(on, ub_bytes(t.seq_len, c.mb, c.cp, cfg.model.hidden, t.linear_dtype == "fp8"), 0)
 
 
 def hpz_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

@@ -12,6 +12,7 @@ from meshplan.comm import deepep, fsdp2
 from meshplan.comm.pp_rows import boundary_seconds
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
+from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.ops import float8_gemms
@@ -96,7 +97,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     local = at_kv // c.cp * cd
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
-    f8 = float8_tp(m, t)
+    f8 = float8_tp(m, t) or te_fp8_gathers(m, t, True)  # Transformer Engine gathers fp8 too (compute.asynctp)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
            "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
@@ -120,7 +121,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
     # (tp_rows._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
     # Llama against 11), as the candidates without FSDP plan it off
-    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if f8 else frozenset()
+    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if float8_tp(m, t) else frozenset()
     n_f, n_b = float8.tp_amax_per_layer(names, True)
     amax = np.where(sp, coll_times(tt, "all-reduce", c.tp, one * FLOAT8_AMAX_BYTES, one), 0.0)
     out.update(amax_f=n_f * amax, amax_b=n_b * amax)

@@ -92,6 +92,7 @@ class TrainingFields(BaseModel):
     compute_dtype: Dtype = "bf16"
     grad_dtype: Dtype = "fp32"
     optimizer_dtype: Dtype = "fp32"
+    master_dtype: Literal["fp32", "fp16", "int16"] = "fp32"
     reduce_dtype: Dtype = "fp32"
     master_weights: bool = True
     optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
