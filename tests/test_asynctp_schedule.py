@@ -109,13 +109,16 @@ def test_restride_of_wo_input_by_hand():
 
 def test_restride_only_where_the_source_copies():
     """One sequence a micro-batch (both orders the same bytes), a float8 wo (its input cast by
-    inductor first, written in the asked order), no async TP, Megatron-LM (TE's
-    userbuffers): no restride."""
+    inductor first, written in the asked order), torch's ring attention at cp 2 (its merge, an
+    inductor kernel, writes wo's input), no async TP, Megatron-LM (TE's userbuffers): no
+    restride."""
     h100, m = catalog.gpu("h100-sxm5-80gb"), catalog.model("llama3-8b")
     assert restrides(layer_cost(m, h100, llama8b(micro_batch=1))) == []
     f8 = llama8b(linear_dtype="fp8", float8_gemms=frozenset({"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}))
     assert f8.gemm_dtype("wo") == "fp8"
     assert restrides(layer_cost(m, h100, f8)) == []
+    assert restrides(layer_cost(m, h100, llama8b(cp=2, torch_ring_attention=True))) == []
+    assert restrides(layer_cost(m, h100, llama8b(cp=2))) != []
     assert restrides(layer_cost(m, h100, llama8b(async_tp=""))) == []
     assert restrides(layer_cost(m, h100, llama8b(async_tp="megatron", framework="megatron"))) == []
 

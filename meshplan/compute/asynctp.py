@@ -231,7 +231,7 @@ def torch_extra_bytes(tokens: int, hidden: int, tp: int, dtype_bytes: int) -> di
     return {"shard copy": 2.0 * shard, "partial sum": shard * (tp + 1)}
 
 
-def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int, cast_first: bool) -> int:
+def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int, inductor_writes: bool) -> int:
     """HBM bytes (read + written) of the copy inductor puts before the fused reduce-scatter of
     row-parallel GEMM ``name`` (its left operand ``m x k``: tokens x in-features / tp) to give
     that operand the order the fused op wants: ``fuse_matmul_reduce_scatter`` wraps it in
@@ -240,8 +240,10 @@ def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int
     ``A.movedim(scatter_dim, 0)`` is contiguous (torch 2.13 ``_inductor/fx_passes/micro_pipeline_tp.py``
     ``fuse_matmul_reduce_scatter``, ``distributed/_symmetric_memory/__init__.py``; the same in the
     stored mid-2025 version of the latter). Where inductor's own kernel writes the operand it
-    writes it in that order (free): w_down's input (SiLU x up), a float8 Linear's cast input
-    (``cast_first``). wo's input is the attention kernel's output (torchtitan 820504e
+    writes it in that order (free): w_down's input (SiLU x up), and wo's where an inductor kernel
+    writes it last (``inductor_writes``: a float8 Linear's cast of it; torch's ring attention under
+    CP, whose fp32 merge of the SDPA calls ends in a cast, ``meshplan.compute.ring_attention``).
+    Otherwise wo's input is the attention kernel's output (torchtitan 820504e
     ``models/llama3/model.py`` ``Attention.forward``: ``output.transpose(1, 2).contiguous().view(bs,
     seqlen, -1)``), an extern kernel's fixed ``[batch, seq, heads, head_dim]`` layout: with more
     than one sequence a micro-batch that order is not the sequence-outermost one, so it is
@@ -254,7 +256,7 @@ def restride_bytes(name: str, m: int, k: int, dtype_bytes: int, micro_batch: int
     >>> restride_bytes("w_down", 98304, 1792, 2, 12, False), restride_bytes("wo", 98304, 512, 1, 12, True)
     (0, 0)
     """
-    if name != "wo" or micro_batch < 2 or cast_first:
+    if name != "wo" or micro_batch < 2 or inductor_writes:
         return 0
     return 2 * m * k * dtype_bytes
 

@@ -142,7 +142,7 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             out.append(memory_op(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
         if rs in by:
             nb = asynctp.restride_bytes(rs, by[rs].m, by[rs].k, dtype_bytes(w.dtype), w.micro_batch,
-                                        w.gemm_dtype(rs) == "fp8")
+                                        w.gemm_dtype(rs) == "fp8" or (w.torch_ring_attention and w.cp > 1))
             out += [memory_op(gpu, f"{asynctp.RESTRIDE} ({rs} input)", block, "forward", nb)] if nb else []
             out.append(memory_op(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
             if fused(rs + ".dgrad", "backward_input"):
