@@ -185,11 +185,14 @@ step; 70B twice a layer under full AC), 8B bf16 +20.3% -> +20.1%, 70B +17.1% -> 
 +20.9% -> +20.8%, +18.6% -> +18.4%). Nothing else the source shows accounts for predicting about
 twice the published bf16 gains. Not modelled (no measurement here): copy-engine traffic slowing
 the GEMMs beside it, two pieces' GEMMs at once on torch's two streams, the pieces' wave
-quantization (the bf16 GEMM table has no M above 4,096). Not checked, on the baseline's side:
-op-level SAC replays wo and the scatters' layout copies in the compiled vanilla rows, which
-AOTAutograd's partitioner would drop as full AC's w_down (the reduce-scatter's output is saved,
-:func:`meshplan.compute.recompute.full_ac_not_replayed`): 73.6 ms of the vanilla 8B step
-against 29.1 ms of the async one.
+quantization (the bf16 GEMM table has no M above 4,096). Left, on the baseline's side: op-level
+SAC replays wo and the scatters' layout copies in the compiled vanilla rows, which AOTAutograd's
+partitioner drops as full AC's w_down (:func:`meshplan.compute.recompute.full_ac_not_replayed`;
+the reduce-scatter's output is saved, so nothing in backward reads them): 73.6 ms of the vanilla
+8B step against 29.1 ms of the async one (gain +20.1% -> about +18%). Seen on torch 2.13 on CPU
+(aot_eager, ``min_cut_rematerialization_partition``; not 38410cf9): a block of 4 mms under
+torchtitan's op policy, checkpointed and compiled, re-runs in backward the second mm, which
+relu's backward reads, not the fourth, which no backward op reads.
 
 **Memory** (the last column). Tables 1-5 publish torchtitan's logged memory, the caching
 allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py`` line 62:
