@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshplan.compute import float8, ring_attention
+from meshplan.compute import asynctp, float8, ring_attention
 from meshplan.compute.elementwise import activation_elements
 from meshplan.compute.kernel_time import memory_op
 from meshplan.compute.ops import Cost, Op, Workload
@@ -34,11 +34,12 @@ def replay(o: Op) -> Op:
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
-#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves; the
+#: partial sum and the restride of wo's input belong to the fused GEMM + reduce-scatter, whose
+#: output the policy saves (:func:`meshplan.compute.asynctp.restride_bytes`); the
 #: float8 amaxes, whose ``aten.abs`` and ``aten.max`` outputs torchtitan's ``_save_list`` saves
 #: "for low precision training" (9dec370 ``parallelisms/parallelize_llama.py``); torch CP's ring
 #: merge, inside the SDPA op whose output the policy saves.
-OP_SAC_NOT_REPLAYED = ("async-TP partial sum", float8.AMAX, ring_attention.MERGE)
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum", asynctp.RESTRIDE, float8.AMAX, ring_attention.MERGE)
 
 
 def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
