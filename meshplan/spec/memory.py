@@ -83,7 +83,7 @@ class MemoryOptions(MemoryBuckets):
       (:func:`meshplan.comm.dp_rows.ddp_buckets`, :func:`meshplan.schedule.grad_reduce.reduce_pieces`);
       None there: torch's ``bucket_cap_mb`` 25 MiB, the first bucket 1 MiB. For the memory
       model (the bucket held during backward by zero2, or by a reduce-dtype cast) None is
-      Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)`` elements
+      Megatron-Core's default ``max(40 M, 1 M x dp_size)`` elements (:meth:`bucket_elements`)
       (``DistributedDataParallelConfig.bucket_size``; dp_size includes cp). ZeRO-1/2's per-step
       reduce-scatter and all-gather are timed as one call per stage whatever the bucket. Under
       ``training.zero12_engine = "deepspeed"`` it is ``reduce_bucket_size``, None there:
