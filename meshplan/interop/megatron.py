@@ -153,6 +153,7 @@ from meshplan.interop.common import (Imported, ImportOptions, cluster_table, mod
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
+from meshplan.interop.megatron_recompute import recompute as read_recompute
 from meshplan.interop.megatron_write import exported_model, write, write_notes
 from meshplan.interop.world_words import megatron_world_error
 from meshplan.spec.mesh_words import data_axis
@@ -255,7 +256,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": sharding, **flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, **read_recompute(args, layers // deg["pp"], notes),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
