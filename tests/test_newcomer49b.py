@@ -121,3 +121,28 @@ def test_nnodes_default_is_read_and_sbatch_names_the_script(tmp_path, capsys, mo
     assert rc == 2 and err.strip().splitlines()[-1] == (
         "error: config: train_llama3_70b.sbatch: a Slurm batch script without Megatron-LM's flags: import the "
         "script its srun runs, meshplan import auto train_llama3_70b.sh (its torchrun and pretrain_gpt.py flags)")
+
+
+def test_max_position_alone_keeps_the_catalog_model_and_compare_takes_both(tmp_path, capsys, monkeypatch):
+    """#7: train_llama3_70b_32k.sh gives Llama-3-70B's shape (80 layers, hidden 8192, ffn 28672, 64/8
+    heads, vocab 128256, RoPE base 500000) with --max-position-embeddings 32768, where the catalog's
+    llama3-70b states 8192: the import is ``catalog = "llama3-70b"`` with ``max_position = 32768``
+    (how far the run's positions reach, a training setting), and compare takes it beside the catalog
+    model at the same seq_len 32768 (RoPE: max_position sets no weight). The catalog side's step says
+    Megatron-LM's assertion (max_position_embeddings >= seq_length, arguments.py) and the fix."""
+    shutil.copy(DATA / "train_llama3_70b_32k.sh", tmp_path)
+    shutil.copy(DATA / "job32k_cat.toml", tmp_path)
+    rc, _, err = _run(["import", "megatron", "train_llama3_70b_32k.sh", "--cluster", "dgx-h100", "--out", "imp.toml"],
+                      capsys, tmp_path, monkeypatch)
+    toml = (tmp_path / "imp.toml").read_text()
+    assert rc == 0, err
+    assert '[model]\ncatalog = "llama3-70b"\nmax_position = 32768\n' in toml
+    assert ("the model flags give catalog model llama3-70b exactly, with max_position 32768 "
+            "(--max-position-embeddings; the catalog's 8192)") in toml
+    rc, _, err = _run(["compare", "imp.toml", "job32k_cat.toml"], capsys)
+    assert rc == 0, err
+    rc, out, _ = _run(["step", "job32k_cat.toml"], capsys)
+    assert ("but Megatron-LM asserts max_position_embeddings >= seq_length: run it with --max-position-embeddings "
+            "32768 or more") in out
+    rc, out, _ = _run(["step", "imp.toml"], capsys)
+    assert "max_position" not in out
