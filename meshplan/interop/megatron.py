@@ -251,7 +251,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": sharding, **flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, **flags.recompute(args, layers // deg["pp"], notes, mesh.get("virtual_stages", 1)),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
