@@ -162,3 +162,24 @@ def test_block_recompute_note_counts_per_model_chunk(tmp_path, capsys, monkeypat
     assert ("recomputes the first 2 layers of each model chunk (Megatron-Core's TransformerBlock counts its own "
             "layers): 2 of every 5 at 4 virtual stages, 8 of 20 per stage; planned as full recompute of every layer "
             "(20 of 20), which export writes as --recompute-method uniform --recompute-num-layers 1") in toml
+
+
+def test_launch_appends_the_plans_megatron_flags_and_export_stdout_is_flags_only(tmp_path, capsys, monkeypatch):
+    """#5: ``launch job.toml -- python pretrain_gpt.py`` wrote a torchrun line running pretrain_gpt.py
+    with no flags (Megatron-LM's defaults: tp 1, pp 1). Now the plan's export words follow the
+    program: the line holds ``--tensor-model-parallel-size 8 --pipeline-model-parallel-size 4`` (the
+    job's tp 8 x pp 4) and the [source]'s ``--lr 1.5e-4`` carried. ``export --to megatron -o -`` writes
+    the flags alone (no ``#`` line, which argparse would take as a positional), the header on stderr."""
+    job = _job(tmp_path)
+    rc, out, err = _run(["launch", job, "--out", "L", "--", "python", "pretrain_gpt.py"], capsys, tmp_path, monkeypatch)
+    assert rc == 0, err
+    line = (tmp_path / "L" / "torchrun.sh").read_text().splitlines()[-1]
+    program = line.split('"$here/bind.sh" ', 1)[1].split()
+    assert program[:2] == ["python", "pretrain_gpt.py"]
+    for pair in (["--tensor-model-parallel-size", "8"], ["--pipeline-model-parallel-size", "4"], ["--lr", "1.5e-4"]):
+        k = program.index(pair[0])
+        assert program[k:k + 2] == pair
+    assert "Megatron-LM flags (export --to megatron" in out + err
+    rc, out, err = _run(["export", job, "--to", "megatron", "-o", "-"], capsys)
+    assert rc == 0 and out.startswith("--num-layers 80\n") and "#" not in out
+    assert "import with: meshplan import megatron FILE" in err
