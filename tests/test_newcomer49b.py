@@ -50,12 +50,12 @@ def test_megatron_on_h100_names_the_h100_evidence_of_its_settings(tmp_path, caps
     order fp8, tp overlap, pp; the bf16 job names two."""
     rc, out, _ = _run(["step", _job(tmp_path, "jobfp8.toml")], capsys, tmp_path, monkeypatch)
     rows = (accuracy.H100_ROWS["fp8"], accuracy.H100_ROWS["tp_overlap"], accuracy.H100_ROWS["pp"])
-    want = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows)
+    want = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows, "note")
     assert rc == 0 and want in out.splitlines()
     assert "framework megatron on H100, whose runs there were not measured" in want
     assert "+9% to +31%" in want and "+19% to +24%" in want and "+14% to +20% where +6% to +16%" in want
     rc, out, _ = _run(["plan", _job(tmp_path)], capsys)
-    two = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows[1:])
+    two = accuracy.setting_line("this mesh", (accuracy.TORCHTITAN_H100,), "megatron", rows[1:], "note")
     assert rc == 0 and " ".join(two.split()) in " ".join(out.split())  # plan's console wraps its lines
 
 
@@ -117,10 +117,11 @@ def test_nnodes_default_is_read_and_sbatch_names_the_script(tmp_path, capsys, mo
     assert rc == 0, err
     assert "nodes = 128" in toml and "--nnodes ${SLURM_NNODES:-128} read as its default, 128 nodes" in toml
     shutil.copy(DATA / "train_llama3_70b.sbatch", tmp_path)
-    rc, _, err = _run(["import", "auto", "train_llama3_70b.sbatch"], capsys)
-    assert rc == 2 and err.strip().splitlines()[-1] == (
-        "error: config: train_llama3_70b.sbatch: a Slurm batch script without Megatron-LM's flags: import the "
-        "script its srun runs, meshplan import auto train_llama3_70b.sh (its torchrun and pretrain_gpt.py flags)")
+    for fmt in ("auto", "megatron"):  # named as Megatron-LM's too: the same line, not "lack the model flags"
+        rc, _, err = _run(["import", fmt, "train_llama3_70b.sbatch", "--cluster", "dgx-h100"], capsys)
+        assert rc == 2 and err.strip().splitlines()[-1] == (
+            "error: config: train_llama3_70b.sbatch: a Slurm batch script without Megatron-LM's flags: import the "
+            "script its srun runs, meshplan import auto train_llama3_70b.sh (its torchrun and pretrain_gpt.py flags)")
 
 
 def test_max_position_alone_keeps_the_catalog_model_and_compare_takes_both(tmp_path, capsys, monkeypatch):

@@ -8,8 +8,9 @@ its setting's step error was measured larger, where ``search`` and ``compare`` d
   (:func:`meshplan.schedule.tp_overlap_lines.tp_overlap_line`);
 - :func:`plan_warnings`: the headroom rule's ``warning (this mesh): tight: ...``
   (:func:`meshplan.memory.headroom.tight_warning`, compare's line) and the measured-error setting's
-  ``warning: this mesh lies where ...`` (:func:`meshplan.plan_fidelity.plan_setting_line`, search's
-  and compare's line)."""
+  ``note: this mesh lies where ...`` (:func:`meshplan.plan_fidelity.plan_setting_line`, the line
+  search and compare print as a warning, since they choose; here a caveat on the model beside the
+  MFU caveat, not a warning on the config)."""
 
 from __future__ import annotations
 
@@ -43,5 +44,5 @@ def plan_warnings(plan: Plan | Infeasible) -> list[str]:
         return []
     tl = plan.timeline
     lines = [tight_warning(WHO, tl.peak.total_bytes, tl.usable_bytes, plan.config.memory.fragmentation_fraction),
-             plan_setting_line(WHO, plan)]
+             plan_setting_line(WHO, plan, "note")]
     return [line for line in lines if line]

@@ -156,12 +156,14 @@ def settings_of(sharding: str, framework: str, gpu: str, shard_nodes: int) -> tu
 
 
 def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "torch",
-                 rows: tuple[str, ...] = ()) -> str:
+                 rows: tuple[str, ...] = (), head: str = "warning") -> str:
     """One ``warning:`` line where ``who`` (``row 1 (dp_shard 512 x cp 2 ...)``, ``b``) lies in
     settings measured less well than the development set (:func:`settings_of`), naming each with
     its figures from :data:`FIDELITY` (the one home) and benchmark; "" where it lies in none. Under
     another ``framework`` than torch on H100 it says that its H100 runs were not measured, and
-    ``rows`` (:func:`h100_rows`) names the H100 benchmark's rows of the job's settings.
+    ``rows`` (:func:`h100_rows`) names the H100 benchmark's rows of the job's settings. ``head``: the
+    line's first word (``plan``, ``step`` and the page print it as a ``note``, beside their MFU caveat:
+    a caveat on the model, not on the config; ``search`` and ``compare`` warn, since they choose).
 
     >>> setting_line("row 1", (ZERO3_SC21,))
     "warning: row 1 lies where meshplan's step error was measured larger than on the development set (mean |error| 1.9%, max 2.9%): ZeRO-3 sharded across nodes as on the SC'21 ZeRO-3 runs (DeepSpeed ZeRO-3 GPT-3 175B on 384-1,536 A100 (SC'21)): mean |error| 34.4%, -28% to -41%, the step predicted short (benchmarks/zero3_sc21.py; docs/fidelity.md); measure before choosing"
@@ -178,7 +180,7 @@ def setting_line(who: str, settings: tuple[Fidelity, ...], framework: str = "tor
              + (", the step predicted short" if f.below else ", the step predicted long" if f.above else "")
              + "".join(f"; {r}" for r in (rows if f is TORCHTITAN_H100 else ()))
              + f" ({f.source}; docs/fidelity.md)" for f in settings]
-    return (f"warning: {who} lies where meshplan's step error was measured larger than on the development set "
+    return (f"{head}: {who} lies where meshplan's step error was measured larger than on the development set "
             f"({DEVELOPMENT.text()}): {'; '.join(parts)}; measure before choosing")
 
 #: Tokens/s a restart mesh changing pp, tp or cp must plan beyond the job's kind (module docstring): a
