@@ -98,8 +98,11 @@ def test_c3_tp_across_nodes_is_flagged(tmp_path, capsys):
     cfg = config(tmp_path, 'names = ["dp", "tp", "pp"]\nshape = [1, 8, 2]', nodes=2)
     rc, out, _ = run(capsys, "plan", cfg)
     assert "fault tp: tp groups span 2 nodes" in out and "tp(0) = [0,2,4,6,8,10,12,14]" in out
-    # flagged, not refused: the severity word agrees with the verdict (issue 11, trial 4)
-    assert rc == 0 and "feasible (validity, groups and the memory peak)" in out and "error" not in out
+    # flagged, not refused: the severity word agrees with the verdict (issue 11, trial 4); the one
+    # "error" is the model's measured step error on H100 (the note plan prints since nc49 #2), no severity
+    said = " ".join(out.split())
+    said = said.replace("meshplan's step error was measured", "").replace("mean |error|", "")
+    assert rc == 0 and "feasible (validity, groups and the memory peak)" in out and "error" not in said
     assert ("placement fault (tp): another axis order would keep these groups inside one NVLink domain (see "
             "placement above); the mesh runs as placed, its step timed so") in " ".join(out.split())
 

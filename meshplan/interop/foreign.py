@@ -35,7 +35,7 @@ from meshplan.interop import (
     torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
-from meshplan.interop.detect import config_text, detect, python_job_refusal
+from meshplan.interop.detect import MEGATRON_HINT, config_text, detect, python_job_refusal, sbatch_refusal
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_env import carried_env
 from meshplan.interop.roundtrip import StepOf, differences, step_line
@@ -72,6 +72,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
             raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
                               f"meshplan import deepspeed {path}, or --format deepspeed")
+        sbatch = None if MEGATRON_HINT.search(text) else sbatch_refusal(path, text)
+        if sbatch is not None:  # a Slurm script whose srun runs the launch script (newcomer trial 49)
+            raise sbatch
         return megatron.read(text, opts, path.parent)
     if fmt == "deepspeed":
         data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)

@@ -151,6 +151,7 @@ from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
                                      seq_len_of)
 from meshplan.interop.launch import parse_launch
+from meshplan.interop.shell_words import default_of
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num, unstated
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_recompute import recompute as read_recompute
@@ -256,7 +257,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": sharding, **read_recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, **read_recompute(args, layers // deg["pp"], notes, mesh.get("virtual_stages", 1)),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
@@ -358,15 +359,21 @@ def _gpu_name(cluster: dict) -> str:
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
-    given: then a note when they differ); an elastic range or an unresolved variable asks
-    for ``--nodes``."""
+    given: then a note when they differ); ``${VAR:-N}`` (or ``${VAR-N}``) is read as ``N``, what
+    bash gives where ``VAR`` is unset (Bash Reference Manual 3.5.3; a note says so: newcomer trial 49,
+    ``--nnodes ${SLURM_NNODES:-128}``); an elastic range or another unresolved variable asks for
+    ``--nodes``."""
     v = args.get("--nnodes")
     if v is None:
         return None
+    word, v = str(v), default_of(str(v))
     if opts.nodes is not None:
-        if str(v) != str(opts.nodes):
-            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {v} is not")
+        if v != str(opts.nodes):
+            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {word} is not")
         return None
-    if not (str(v).isascii() and str(v).isdigit() and len(str(v)) <= 9) or int(v) < 1:
-        raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
+    if not (v.isascii() and v.isdigit() and len(v) <= 9) or int(v) < 1:
+        raise ConfigError("--nodes", f"the launch script's --nnodes is {word!r}, not a node count; give --nodes N")
+    if v != word:
+        notes.append(f"the launch script's --nnodes {word} read as its default, {v} nodes (bash's value where the "
+                     f"variable is unset); give --nodes N to plan another count")
     return int(v)

@@ -32,6 +32,7 @@ from meshplan.report.html import (
 )
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes, reserved_line
+from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
@@ -198,7 +199,7 @@ def verdict_numbers(plan: Plan | Infeasible, st: Optional[StepTime]) -> list[str
 def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> list[str]:
     """The plan page's sections (also one side of the compare page)."""
     out = [section("Verdict", verdict_html(plan.feasible, plan.reasons) + lines(verdict_numbers(plan, st))
-                   + lines(f"note: {n}" for n in plan.notes)),
+                   + lines(f"note: {n}" for n in plan_notes(plan, st)) + lines(plan_warnings(plan))),
            section("Input", table(["", ""], summary_rows(plan))),
            section("Constraints (before any mesh)",
                    table(["kind", "constraint", "requires"], [(r.kind, r.text, r.requires)

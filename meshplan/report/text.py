@@ -18,8 +18,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.layer_counts import per_layer_words
 from meshplan.report.memory import timeline_table
-from meshplan.schedule.steptime import step_time
-from meshplan.schedule.tp_overlap_lines import tp_overlap_line
+from meshplan.report.plan_warnings import plan_notes, plan_warnings
 from meshplan.schedule.window_regathers import cadence_words
 from meshplan.spec.mesh_words import axis_labels, mesh_text, renamed_words, replicates, shown_names
 from meshplan.spec.recompute_words import recompute_words
@@ -353,12 +352,10 @@ def _collectives(plan: Plan, con: Console) -> None:
 
 
 def _verdict(plan: Plan | Infeasible, con: Console) -> None:
-    for n in plan.notes:
+    for n in plan_notes(plan):
         con.print(f"[dim]note[/] {n}")
-    tp = tp_overlap_line(plan, step_time(plan), step_time) \
-        if isinstance(plan, Plan) and plan.config.training.tp_comm_overlap else ""
-    if tp:
-        con.print(f"[dim]note[/] {tp}")
+    for w in plan_warnings(plan):
+        con.print(w, markup=False, highlight=False)
     faults = sorted({f.axis for f in plan.flags if f.severity == "fault"})
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
