@@ -120,7 +120,9 @@ class Workload:
     (``training.dataloader_attention_mask``); ``embed_reduce_scatter``: Megatron-LM reduce-scatters
     the embedding's output over tp instead of all-reducing it
     (:func:`meshplan.compute.megatron_core.embedding_reduce_scatter`, set by
-    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model); ``op_sac_policy``: the
+    torchtitan commit whose op-level selective AC ``recompute = "op"`` follows
+    (``training.op_sac_policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -159,6 +161,7 @@ class Workload:
     megatron_core: bool = False
     core_attention_mask: bool = False
     embed_reduce_scatter: bool = False
+    op_sac_policy: str = "238fa99"
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -310,7 +313,7 @@ def framework_kernels(training) -> dict:
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
 'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
-'megatron_core': False, 'core_attention_mask': False}
+'megatron_core': False, 'core_attention_mask': False, 'op_sac_policy': '238fa99'}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -329,7 +332,8 @@ def framework_kernels(training) -> dict:
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
             "te_ring_attention": training.cp_p2p, "framework": training.framework,
-            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask}
+            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
+            "op_sac_policy": training.op_sac_policy}
 
 
 @lru_cache(maxsize=64)
