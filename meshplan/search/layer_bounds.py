@@ -68,19 +68,19 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     te_ag = cm.get("cp_te_ag", 0.0)  # Megatron-LM's all-gather CP: no Q projection apart, TE's gathers exposed
     p2p = lambda send, step, k: k * np.maximum(send - step, 0.0)
 
-    def forward(p, post_mlp=post_mlp_tp):
+    def forward(p, post_mlp=post_mlp_tp, post_attn=post, ep_in=e, ep_out=e_out):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
         # for it; only the Q projection runs beside it (the ring: only its first SDPA step; TE's: nothing)
         attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"] * (1 - te_ag)), 0.0)
                 + p2p(kv, o[f"{p}_cps"], n))
-        blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
-                    + o[f"{p}_mlp_pre"] + pre_mlp + e + o[f"{p}_mlp"] + e_out + post_mlp + o[f"{p}_mlp_post"])
+        blocking = (o[f"{p}_attn_pre"] + pre + attn + post_attn + o[f"{p}_attn_post"]
+                    + o[f"{p}_mlp_pre"] + pre_mlp + ep_in + o[f"{p}_mlp"] + ep_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
         # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
         # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
         # after the block's compute and still blocks
-        overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
-                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp) + e_out
+        overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post_attn)
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp) + ep_out
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
@@ -106,8 +106,11 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
             + gathered("attn") + cp_b + beside(o["bw_attn"], post)
             + b["attn_pre"] + qkv_rs)
     # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
-    # candidates of one search share the framework, which ``serial`` carries (torch: all True)
-    replay = forward("br", np.where(serial, 0.0, post_mlp_tp))
+    # candidates of one search share the framework, which ``serial`` carries (torch: all True).
+    # op-level AC's replay issues neither block's closing TP collective nor the EP all-to-alls
+    # (their outputs saved: layer_timeline.replay_scatters, forward_layer), only the TP all-gathers
+    op = c.rc == RECOMPUTE.index("op")
+    replay = np.where(op, forward("br", 0.0, 0.0, 0.0, 0.0), forward("br", np.where(serial, 0.0, post_mlp_tp)))
     return forward("f"), back + np.where(full, replay, 0.0)
 
 
