@@ -41,14 +41,14 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
 
 
 def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False,
-           beside: bool = False) -> tuple[np.ndarray, np.ndarray]:
+           shared_beside: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
     the next block waits for it (layer_timeline._block_backward without ``Overlap.tp`` or
     ``tp_grad``: torch, with or without tp_comm_overlap), so the two add up; otherwise the collective may
     run beside the weight gradients (the larger of the two). An MoE layer's MLP block opens and
     closes with the tp collectives only where ``cm["moe_mlp_tp"]`` (1/0 per candidate,
-    :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them). ``beside``: the
+    :func:`~meshplan.search.comm_bounds.comm_times`: as the rank timeline issues them). ``shared_beside``: the
     shared experts run beside the forward's EP combine (torchtitan's DeepEPMoE,
     :func:`meshplan.comm.deepep.shared_forward_s`): the block lasts ``(mlp - shared) + max(shared,
     combine)``, at least ``max(mlp, combine)``, which stands for ``mlp + combine``."""
@@ -78,7 +78,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         # for it; only the Q projection runs beside it (the ring: only its first SDPA step; TE's: nothing)
         attn = (o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - np.where(ring, o[f"{p}_cps"], o[f"{p}_cpq"] * (1 - te_ag)), 0.0)
                 + p2p(kv, o[f"{p}_cps"], n))
-        mlp_out = np.maximum(o[f"{p}_mlp"], ep_out) if beside else o[f"{p}_mlp"] + ep_out
+        mlp_out = np.maximum(o[f"{p}_mlp"], ep_out) if shared_beside else o[f"{p}_mlp"] + ep_out
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post_attn + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre_mlp + ep_in + mlp_out + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
@@ -87,7 +87,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         # after the block's compute and still blocks
         mlp_tp = np.maximum(o[f"{p}_mlp"], pre_mlp + post_mlp)
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post_attn) + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"]
-                      + (np.maximum(mlp_tp, ep_out) if beside else mlp_tp + ep_out) + o[f"{p}_mlp_post"])
+                      + (np.maximum(mlp_tp, ep_out) if shared_beside else mlp_tp + ep_out) + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking) + amax_f + qkv_ag
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
@@ -132,9 +132,9 @@ def stage_chains(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, cm: dic
     if not cfg.model.is_moe:
         return col(fd), col(bd)
     om = layer_ops(cfg, tt, c, True)
-    beside = framework_kernels(cfg.training)["shared_beside_combine"]  # the timeline's one rule
-    fm, bm = chains(c, om, cm, True, serial, beside)
-    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial, beside)
+    shared = framework_kernels(cfg.training)["shared_beside_combine"]  # the timeline's one rule
+    fm, bm = chains(c, om, cm, True, serial, shared)
+    f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c)), "ep_out": np.zeros(len(c))}, True, serial, shared)
     # a stage's collective table may be stage 0's (step_time's older convention for the
     # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
     ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
