@@ -15,7 +15,6 @@ from typing import Optional
 from meshplan.keymap import OWN, KeyMap
 from meshplan.plan import Plan
 from meshplan.plan_variant import DATA_AXES, mesh_words, tried, variant_mesh
-from meshplan.spec.axes.cp import TORCH_FLEX_CP
 
 #: Factors of the configured cp tried in turn (each taken from the data axis where it divides
 #: it), the first that fits offered: at most 3 more plans.
@@ -77,7 +76,10 @@ def cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan
 #: Why no cp is offered for a model with multi-head latent attention under ``training.framework = "torch"``
 #: (:func:`moe_cp_refused`), in torchtitan's words (newcomer trial 48: the line offered
 #: context_parallel_degree 4 for torchtitan's DeepSeek-V3 16B).
-MOE_CP = f"cp not offered: torchtitan refuses it for this model's attention: {TORCH_FLEX_CP}"
+MOE_CP = ("cp not offered: torchtitan runs its DeepSeek-V3 flavours (MLA) with flex attention, where its "
+          "parallelize refuses CP: \"Context Parallel only supports SDPA attention. Got attn_type='flex'. "
+          "FlexAttention and varlen attention are not supported with CP.\" (models/deepseek_v3/infra/"
+          "parallelize.py:67-73 at e347b1e, v0.2.2)")
 
 
 def moe_cp_refused(plan: Plan) -> bool:

@@ -67,19 +67,18 @@ def test_registry_is_complete_and_rules_are_ordered():
     for r in rules():  # every rule gives its exact reason or names where it is produced
         assert r.check is not None or r.where, r.key
     # the search's categories are the registered rules with a vectorised form, then the schedules'
-    assert [k for k, _ in REASONS][:15] == ["expert_block", "heads", "torch_kv_heads", "ffn", "expert_ffn", "layers",
+    assert [k for k, _ in REASONS][:14] == ["expert_block", "heads", "torch_kv_heads", "ffn", "expert_ffn", "layers",
                                             "experts", "expert_dim1", "megatron_moe_sp", "torch_etp", "seq_cp",
-                                            "megatron_cp_attention", "torch_cp_flex", "seq_tp", "batch"]
+                                            "megatron_cp_attention", "seq_tp", "batch"]
     assert [c.column for _, c in search_axes()] == ["pp", "dpr", "dps", "cp", "tp", "ep", "etp"]
     assert [c.column for _, c in search_axes() if c.remainder] == ["dps"]
 
 
 MODELS = [SimpleNamespace(q_heads=q, n_kv_heads=kv, ffn=ffn, is_moe=moe, dense_layers=dl, moe_ffn=mf, experts=e,
-                          layers=lay, hidden=h, is_mla=mla)
-          for q, kv, ffn, moe, dl, mf, e, lay, h, mla in [(32, 8, 14336, False, 0, 0, 0, 32, 4096, False),
-                                                          (40, 10, 5000, True, 1, 1536, 6, 27, 5120, False),
-                                                          (16, 16, 3072, True, 1, 1408, 8, 27, 2048, True),
-                                                          (12, 12, 3072, False, 0, 0, 0, 12, 768, False)]]
+                          layers=lay, hidden=h)
+          for q, kv, ffn, moe, dl, mf, e, lay, h in [(32, 8, 14336, False, 0, 0, 0, 32, 4096),
+                                                     (40, 10, 5000, True, 1, 1536, 6, 27, 5120),
+                                                     (12, 12, 3072, False, 0, 0, 0, 12, 768)]]
 TRAINING = [SimpleNamespace(global_batch=gb, micro_batch=1, seq_len=s, sharding=sh, zero3_engine="fsdp2", framework=f,
                             flash_attention=fa)
             for gb, s, sh, f, fa in [(64, 4096, "zero3", "torch", True), (48, 1000, "zero1", "megatron", False)]]

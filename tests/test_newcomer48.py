@@ -254,24 +254,3 @@ def test_fix_line_names_torchtitans_refusal_for_mla_only():
                             "training": {"global_batch": 8, "seq_len": 4096},
                             "mesh": {"names": ["dp_shard"], "shape": [8]}})
     assert mix.model.is_moe and not moe_cp_refused(build_plan(mix))
-
-
-def _cp2(model: str, framework: str):
-    return build_plan(config_from_dict({"model": {"catalog": model}, "cluster": {"system": "dgx-h100", "nodes": 1},
-                                        "training": {"global_batch": 32, "seq_len": 8192, "recompute": "full",
-                                                     "framework": framework},
-                                        "mesh": {"names": ["dp_shard", "cp"], "shape": [4, 2]}}))
-
-
-def test_cp_with_mla_under_torch_is_torchtitans_refusal():
-    """tt49, rule torch_cp_flex: DeepSeek-V2-Lite (torchtitan's DeepSeek-V3 16B flavour, attn_type "flex") at
-    dp_shard 4 x cp 2 under framework torch is infeasible with torchtitan's NotImplementedError text
-    (models/deepseek_v3/infra/parallelize.py:67-73 at e347b1e); under megatron (Transformer Engine's CP runs
-    MLA) and for Mixtral under torch (SDPA, as torchtitan's Qwen3 MoE) the rule does not act."""
-    p = _cp2("deepseek-v2-lite", "torch")
-    assert not p.feasible and p.reasons[0].startswith("framework torch: cp 2 with multi-head latent attention: "
-                                                      "\"Context Parallel only supports SDPA attention. Got "
-                                                      "attn_type='flex'.")
-    assert p.reasons[0].endswith("fix: cp 1, or training.framework = \"megatron\"")
-    assert not any("Context Parallel" in r for r in _cp2("deepseek-v2-lite", "megatron").reasons)
-    assert not any("Context Parallel" in r for r in _cp2("mixtral-8x7b", "torch").reasons)

@@ -94,7 +94,7 @@ CASES = {
 }
 
 #: How build_plan's first reason starts -> the search's rejection category.
-STARTS = (("framework torch: tp ", "torch_kv_heads"), ("framework torch: cp ", "torch_cp_flex"), ("ep(", "expert_block"), ("q_heads", "heads"), ("kv_heads", "heads"), ("expert_ffn", "expert_ffn"),
+STARTS = (("framework torch: tp ", "torch_kv_heads"), ("ep(", "expert_block"), ("q_heads", "heads"), ("kv_heads", "heads"), ("expert_ffn", "expert_ffn"),
           ("ffn", "ffn"), ("pp_layer_split", "layers"), ("experts", "experts"),
           ("routed experts sharded on dim 1", "expert_dim1"), ("seq_len", "seq_cp"),
           ("sequence parallel", "seq_tp"), ("global_batch", "batch"), ("interleaved", "interleaved"),

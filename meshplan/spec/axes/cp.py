@@ -55,28 +55,6 @@ def _te_backend(m, t, d):
     return ((megatron_cp_attention_reason(d.cp),) if _te_backend_bad(m, t, d) else ()), ()
 
 
-#: torchtitan's refusal of CP where the attention is not SDPA, in its words: pytorch/torchtitan e347b1e
-#: (v0.2.2, the job TOML meshplan reads and writes; 238fa99 the same) ``models/deepseek_v3/infra/parallelize.py``
-#: lines 67-73 raise it at ``context_parallel_degree > 1`` unless ``attn_type == "sdpa"``, and
-#: ``models/deepseek_v3/__init__.py`` gives the 16B, 236B and 671B flavours ``attn_type="flex"`` (lines 100,
-#: 127, 154). DeepSeek-V3 is torchtitan's one model with multi-head latent attention; Qwen3's MoE flavours
-#: keep "sdpa" (``models/qwen3/model/args.py``:39, the same check at ``qwen3/infra/parallelize.py``:69-75).
-TORCH_FLEX_CP = ("\"Context Parallel only supports SDPA attention. Got attn_type='flex'. FlexAttention and varlen "
-                 "attention are not supported with CP.\" (torchtitan's DeepSeek-V3 flavours run flex attention: "
-                 "models/deepseek_v3/infra/parallelize.py:67-73 at e347b1e, v0.2.2)")
-
-
-def _flex_bad(m, t, d):
-    """torchtitan refuses CP for its models with multi-head latent attention (:data:`TORCH_FLEX_CP`);
-    Megatron-LM runs MLA under CP (Transformer Engine's attention)."""
-    return (d.cp > 1) & (t.framework == "torch") & bool(m.is_mla)
-
-
-def _flex(m, t, d):
-    return ((f"framework torch: cp {d.cp} with multi-head latent attention: {TORCH_FLEX_CP}; fix: cp 1, or "
-             "training.framework = \"megatron\"",) if _flex_bad(m, t, d) else ()), ()
-
-
 def kv_elements(model, micro_batch, seq_len, heads):
     """Elements of the whole sequence's K and V at ``heads`` local heads, ``b x s x heads x
     (d_head + d_v)`` (scalars or numpy arrays alike): the one size of every cp row
@@ -277,9 +255,7 @@ CP = AxisDef(
     torchtitan=("cp",), megatron=("cp",),
     rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),
            Rule("megatron_cp_attention", 72, "framework megatron: cp > 1 without flash or fused attention",
-                _te_backend_bad, _te_backend),
-           Rule("torch_cp_flex", 73, "framework torch: cp > 1 with multi-head latent attention (torchtitan's "
-                "DeepSeek-V3 flavours run flex attention, which its CP refuses)", _flex_bad, _flex)),
+                _te_backend_bad, _te_backend)),
     divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence (p2p ring: none)"),
