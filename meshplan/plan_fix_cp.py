@@ -83,8 +83,8 @@ MOE_CP = ("cp not offered: torchtitan runs its DeepSeek-V3 flavours (MLA) with f
 
 
 def moe_cp_refused(plan: Plan) -> bool:
-    """Whether cp is not offered for ``plan`` because torchtitan refuses it: a model with multi-head
-    latent attention under ``training.framework = "torch"``. pytorch/torchtitan e347b1e (v0.2.2, the job
+    """Whether cp is not offered for ``plan`` because torchtitan refuses it: an MoE model with multi-head
+    latent attention (a DeepSeek-V3 flavour's shape) under ``training.framework = "torch"``. pytorch/torchtitan e347b1e (v0.2.2, the job
     TOML meshplan reads and writes; 238fa99 the same) ``models/deepseek_v3/infra/parallelize.py`` lines
     67-73 raise NotImplementedError at ``context_parallel_degree > 1`` unless ``attn_type == "sdpa"``,
     and ``models/deepseek_v3/__init__.py`` gives the 16B, 236B and 671B flavours ``attn_type="flex"``
@@ -93,9 +93,13 @@ def moe_cp_refused(plan: Plan) -> bool:
     lines 69-75 the same rule), so CP is offered there, and for the other MoE models, whose attention
     meshplan plans as SDPA. (meshplan validate builds context parallelism for dense models only:
     :func:`meshplan.runtime.execution.buildable.unsupported_reasons` says so for the plan it
-    runs.) torchtitan b5bcd76 reversed the rule (``models/common/decoder.py`` 173-183: CP with SDPA
-    or varlen raises, flex is required); meshplan plans torch's CP as the SDPA ring of <= v0.2.2."""
-    return plan.config.model.is_mla and plan.config.training.framework == "torch"
+    runs.) A dense MLA model is no torchtitan flavour; meshplan's own runtime runs it with cp (torch's ring
+    over SDPA: tests/test_mla.py), so cp stays offered; ``plan`` itself refuses no cp (a refusal rule broke
+    those validated meshes: tt49). torchtitan b5bcd76 reversed the rule (``models/common/decoder.py``
+    173-183: CP with SDPA or varlen raises, flex is required); meshplan plans torch's CP as the SDPA
+    ring of <= v0.2.2."""
+    m = plan.config.model
+    return m.is_moe and m.is_mla and plan.config.training.framework == "torch"
 
 
 def _pp_source(plan: Plan, deg: dict[str, int]) -> Optional[str]:

@@ -239,7 +239,7 @@ def test_fix_line_names_torchtitans_refusal_for_mla_only():
     """tt49: torchtitan (e347b1e, v0.2.2) refuses CP where the attention is not SDPA
     (models/deepseek_v3/infra/parallelize.py:67-73; its DeepSeek flavours set attn_type "flex",
     __init__.py:100, 127, 154), not for MoE as such (Qwen3's MoE flavours run SDPA, qwen3/model/args.py:39):
-    the fix line's cp refusal is for the MLA model under torch and quotes torchtitan's words; under
+    the fix line's cp refusal is for the MLA MoE model under torch and quotes torchtitan's words; under
     megatron (Transformer Engine's CP runs MLA) it is not refused; a non-MLA MoE model under torch is offered
     cp (tests/test_newcomer21.py::test_long_sequence_fix_offers_cp_with_moe_layers)."""
     from meshplan.plan_fix_cp import moe_cp_refused
@@ -254,3 +254,11 @@ def test_fix_line_names_torchtitans_refusal_for_mla_only():
                             "training": {"global_batch": 8, "seq_len": 4096},
                             "mesh": {"names": ["dp_shard"], "shape": [8]}})
     assert mix.model.is_moe and not moe_cp_refused(build_plan(mix))
+    # a dense MLA model is no torchtitan flavour; meshplan's runtime runs it with cp (tests/test_mla.py)
+    dense = config_from_dict({"model": {"name": "dense-mla", "layers": 4, "hidden": 2048, "ffn": 10944, "q_heads": 16,
+                                        "vocab": 102400, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                                        "qk_rope_head_dim": 64, "v_head_dim": 128},
+                              "cluster": {"system": "dgx-h100", "nodes": 1},
+                              "training": {"global_batch": 8, "seq_len": 4096},
+                              "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    assert dense.model.is_mla and not dense.model.is_moe and not moe_cp_refused(build_plan(dense))
