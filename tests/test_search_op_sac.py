@@ -33,7 +33,7 @@ def test_op_bound_holds_at_ep_and_with_mla(model, training):
     """Every feasible candidate's step lower bound <= its simulated step, op rows at ep > 1 among them
     (measured at this commit: 0 violations; the op rows' bound / step at most 0.988 on both). With DeepEP
     under torch the shared experts run beside the combine (comm.deepep.shared_forward_s), which the bound
-    takes as max(mlp, combine) (layer_bounds.chains ``shared_beside``): 0 violations on its 142 feasible rows."""
+    takes as max(mlp, combine) (layer_bounds.chains ``shared_beside``): 0 violations on its 330 feasible rows."""
     cfg = config(1, 2.0, model=model, micro_batch=[1], recompute=["none", "full", "op"], pp=[1, 2], top=3,
                  training=training)
     r = search(cfg, workers=1)
