@@ -45,7 +45,7 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
   saved tensor, so it repeats every forward TP collective except the last one of the layer;
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
-  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
+  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = 1; with tp > 1
   under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
 - Megatron-LM's selective recompute modules: ``mlp`` replays a dense MLP's forward collectives
   (SP: its input's all-gather and output's reduce-scatter; else its all-reduce), ``moe`` an MoE

@@ -103,7 +103,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             kept = full_ac_not_replayed(w)
             every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
         elif rc == "op":
-            every += op_replays(every, op_sac_replayed(model, moe))
+            every += op_replays(every, op_sac_replayed(model, moe, w.op_sac_policy))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 

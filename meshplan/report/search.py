@@ -175,14 +175,14 @@ def hpz_words(r: SearchResult) -> str:
 
 
 def layer_words(r: SearchResult) -> str:
-    """The "also searched" part for torchtitan's per-layer AC searched in op's stead
+    """The "also searched" part for torchtitan's per-layer AC searched beside op
     (:func:`meshplan.search.space_recompute.layer_for_op`), where some candidate has it; "" otherwise."""
     cfg = r.config
     if not layer_for_op(cfg) or not (r.candidates.rc == RECOMPUTE.index("layer")).any():
         return ""
     where = "multi-head latent attention" if cfg.model.is_mla else "ep > 1"
     return (f"recompute layer at ac_freq {LAYER_AC_FREQ} (torchtitan's per-layer AC, selective_ac_option "
-            f"\"{LAYER_AC_FREQ}\") with {where}, where op is not planned, ")
+            f"\"{LAYER_AC_FREQ}\") with {where}, beside op, ")
 
 
 def timing_line(r: SearchResult) -> str:

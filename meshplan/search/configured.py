@@ -209,17 +209,15 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
 
 def _op_limit(cfg: Config, mesh: Mesh, key: str, value: int) -> Optional[str]:
     """Why recompute "op", which ``[search] recompute`` lists, is not searched at ``mesh``: the search
-    plans it only at tp = cp = ep = 1 without MLA (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
+    plans it only at tp = cp = 1 (:func:`meshplan.search.space_recompute.op_recompute_ok`); None
     for another column or value, or where that is not the reason."""
     if key != "rc" or RECOMPUTE[value] != "op" or "op" not in searched_recompute(cfg):
         return None
-    over = [f"{n} {mesh.degree(n) if n != 'ep' else mesh.ep}" for n in ("tp", "cp", "ep")
-            if (mesh.degree(n) if n != "ep" else mesh.ep) > 1]
-    if not over and not cfg.model.is_mla:
+    over = [f"{n} {mesh.degree(n)}" for n in ("tp", "cp") if mesh.degree(n) > 1]
+    if not over:
         return None
-    has = ", ".join(over) if over else "multi-head latent attention"
-    return (f"recompute op is searched only at tp = cp = ep = 1 without multi-head latent attention (its "
-            f"step-time bound does not hold otherwise); this mesh has {has}")
+    return (f"recompute op is searched only at tp = cp = 1 (its step-time bound is not checked otherwise); this "
+            f"mesh has {', '.join(over)}")
 
 
 def _absent(word: str, key: str, value: int, searched) -> str:

@@ -228,7 +228,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     if op.any():
         keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
-    if stand_in:  # layer in op's stead where the planner refuses op (layer_rows)
+    if stand_in:  # layer beside op at ep > 1 and with MLA (layer_rows)
         keep = (cols["rc"] != RECOMPUTE.index("layer")) | layer_rows(cfg, cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
     fsdp = np.isin(cols["sh"], FSDP_SHARDINGS) & ((cols["dps"] * cols["cp"] > 1) | (
