@@ -46,6 +46,7 @@ step, against 8 per layer), MoE blocks (their collectives are the experts'), Meg
 
 from __future__ import annotations
 
+from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -108,5 +109,4 @@ def fp8_tp_gathers(model: ModelSpec, training: TrainingSpec, sp: bool = True) ->
     before their gathers (:func:`meshplan.compute.asynctp.te_fp8_gathers`, framework megatron). The
     one rule the collective table (:mod:`meshplan.comm.tp_rows`) and the search's step bound
     (:mod:`meshplan.search.comm_bounds`) read; the reduce-scatters stay in the compute dtype."""
-    from meshplan.compute.asynctp import te_fp8_gathers
     return float8_tp(model, training, sp) or te_fp8_gathers(model, training, sp)
