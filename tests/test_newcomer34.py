@@ -170,7 +170,7 @@ def test_search_compares_the_llama3_split_per_virtual_stage():
     [1, 2, ..., 2, 1] again. Was: compared literally, so "the user's mesh is not among the candidates"."""
     from dataclasses import replace as dc_replace
     from meshplan.mesh.layers import ends_short_split
-    from meshplan.search.configured import _differs
+    from meshplan.search.configured_find import _differs
     cfg = load_any(NC34 / "train_llama3_405b.sbatch", "megatron", H200)
     per_stage = ends_short_split(126, 8, 8)
     assert per_stage == [15] + [16] * 6 + [15]

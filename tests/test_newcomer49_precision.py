@@ -190,3 +190,17 @@ def test_userbuffers_in_the_timeline(name, fp8, want):
     c = type("C", (), {"tp": np.array([8, 1, 8]), "mb": np.array([1, 1, 1]), "cp": np.array([1, 1, 1]),
                        "ov": np.array([1, 1, 0])})()
     assert userbuffers_bytes(cfg, c).tolist() == [want, 0, 0]
+
+
+def test_int16_master_needs_bf16_parameters():
+    """``master_dtype = "int16"`` is Transformer Engine's ``store_param_remainders``: the 16 low bits of the
+    fp32 master, whose 16 high bits are the bf16 parameter (bf16 is fp32's upper half: 1 sign, 8 exponent,
+    7 mantissa bits). An fp16 parameter (5 exponent bits) is no half of an fp32, so the remainder cannot
+    rebuild the master: one line naming the field and the fix. The importer already writes int16 beside bf16
+    only (megatron_precision: ``"int16" if param_dtype == "bf16"``); a bf16 plan keeps 2 B a parameter."""
+    from pydantic import ValidationError
+
+    from meshplan.spec.training import TrainingSpec
+    with pytest.raises(ValidationError, match='master_dtype "int16".*param_dtype is \'fp16\'.*set param_dtype'):
+        TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", master_dtype="int16")
+    assert TrainingSpec(global_batch=8, seq_len=16, param_dtype="bf16", master_dtype="int16").master_bytes == 2

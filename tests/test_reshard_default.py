@@ -14,7 +14,7 @@ from meshplan.config import config_from_dict
 from meshplan.interop.torchtitan_write import write
 from meshplan.plan import build_plan
 from meshplan.schedule.reshard_note import reshard_default_note
-from meshplan.search.configured import find
+from meshplan.search.configured_find import find
 from meshplan.search.space import enumerate_candidates
 from meshplan.spec.training import TrainingSpec
 

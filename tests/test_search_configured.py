@@ -483,7 +483,7 @@ def test_op_recompute_outside_its_searched_meshes_names_the_limit():
     tp = cp = 1 (search.space_recompute.op_recompute_ok; any ep and MLA since tt49), which this mesh
     (tp 8) is not.
     Where op is not listed, the line still says to widen [search] recompute."""
-    from meshplan.search.configured import find
+    from meshplan.search.configured_find import find
     from meshplan.search.space import enumerate_candidates
     cfg = _cfg("llama3-70b_256xh100_dp32-tp8.toml", training={"recompute": "op"},
                narrow={"recompute": ["op", "selective"], "tp": [8], "pp": [1], "cp": [1]})

@@ -63,7 +63,7 @@ from meshplan.compute import float8
 from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_KEY_BYTES, GET_BATCH_CADENCES,
                                           core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes)
 from meshplan.compute.asynctp import te_fp8_gathers
-from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
@@ -214,10 +214,10 @@ def _rowwise_tp(c: StageContext) -> bool:
 
 def _layer_counts(c: StageContext) -> Counter[tuple]:
     """Calls per micro-batch of the stage's layers' tp collectives by (phase, op, "fp8" for the
-    all-gathers that move float8 under :func:`meshplan.compute.dtensor_sp.float8_tp`, else "")."""
+    all-gathers that move 1 byte a value under :func:`meshplan.compute.dtensor_sp.fp8_tp_gathers`, else "")."""
     counts: Counter[tuple] = Counter()
     sp = c.mesh.sequence_parallel
-    f8 = "fp8" if float8_tp(c.model, c.training, sp) or te_fp8_gathers(c.model, c.training, sp) else ""  # apart
+    f8 = "fp8" if fp8_tp_gathers(c.model, c.training, sp) else ""  # apart
     for i in c.layers:
         fwd, bwd = _tp_layer_ops(c, i)
         counts.update(("forward", o, f8 if o == "all-gather" else "") for o in fwd)

@@ -46,6 +46,7 @@ step, against 8 per layer), MoE blocks (their collectives are the experts'), Meg
 
 from __future__ import annotations
 
+from meshplan.compute.asynctp import te_fp8_gathers
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -100,3 +101,12 @@ def float8_tp(model: ModelSpec, training: TrainingSpec, sp: bool = True) -> bool
     mirror) and every replayed one. MoE and MLA models are planned in the compute dtype
     (their float8 TP plans are not modelled)."""
     return training.float8_tp_gathers and sp and not model.is_mla and not model.is_moe
+
+
+def fp8_tp_gathers(model: ModelSpec, training: TrainingSpec, sp: bool = True) -> bool:
+    """Whether the layers' tp all-gathers move 1 byte a value, under either runtime: torchao's
+    float8 TP (:func:`float8_tp`, framework torch) or Transformer Engine's fp8 linears quantizing
+    before their gathers (:func:`meshplan.compute.asynctp.te_fp8_gathers`, framework megatron). The
+    one rule the collective table (:mod:`meshplan.comm.tp_rows`) and the search's step bound
+    (:mod:`meshplan.search.comm_bounds`) read; the reduce-scatters stay in the compute dtype."""
+    return float8_tp(model, training, sp) or te_fp8_gathers(model, training, sp)

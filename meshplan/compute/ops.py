@@ -125,7 +125,7 @@ class Workload:
     (``training.op_sac_policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`);
     ``shared_beside_combine``: an MoE layer's shared experts run while DeepEP's combine is in flight
     (torchtitan's ``DeepEPMoE``, framework torch with ``moe_dispatcher = "deepep"``:
-    :func:`meshplan.schedule.layer_timeline.shared_forward_s`)."""
+    :func:`meshplan.comm.deepep.shared_forward_s`)."""
 
     seq_len: int
     micro_batch: int = 1

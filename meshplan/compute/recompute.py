@@ -8,6 +8,7 @@ Megatron-LM's selective recompute modules replay beyond the attention core (:fun
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import get_args
 
 from meshplan.compute import asynctp, float8, ring_attention
 from meshplan.compute.elementwise import activation_elements
@@ -16,6 +17,7 @@ from meshplan.compute.ops import Cost, Op, Workload
 from meshplan.compute.shapes import Gemm
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.training_fields import OpSacPolicy
 
 
 def replay(o: Op) -> Op:
@@ -110,9 +112,10 @@ def op_sac_saved_mms(mms: tuple[str, ...]) -> tuple[str, ...]:
     return mms[0::2]
 
 
-#: torchtitan's op-level SAC policies meshplan models (``training.op_sac_policy``): the commit each
-#: follows, and what differs (:func:`op_sac_fuses_qkv`).
-OP_SAC_POLICIES = ("238fa99", "b5bcd76")
+#: torchtitan's op-level SAC policies meshplan models (``training.op_sac_policy``, its one list:
+#: :data:`meshplan.spec.training_fields.OpSacPolicy`): the commit each follows, and what differs
+#: (:func:`op_sac_fuses_qkv`).
+OP_SAC_POLICIES: tuple[str, ...] = get_args(OpSacPolicy)
 
 
 def op_sac_fuses_qkv(policy: str, mla: bool) -> bool:

@@ -24,6 +24,12 @@ from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.units import GiB
 
 
+#: The measurement behind :data:`ALLOCATOR_FRAGMENTATION`, in the words every tight line quotes
+#: (``plan``, ``step``, ``compare``: :func:`tight_warning`; ``search``'s headroom warning).
+FRAGMENTATION_SOURCE = (f"PyTorch's caching allocator was measured to lose about {ALLOCATOR_FRAGMENTATION:.0%} to "
+                        f"fragmentation in LLM training (GMLake, ASPLOS 2024)")
+
+
 def tight(peak_bytes, usable_bytes: float, fragmentation_fraction: float):
     """Whether a planned peak (bytes; a float or a numpy array of them) leaves under
     :data:`ALLOCATOR_FRAGMENTATION` of ``usable_bytes`` free while the plan's own allowance
@@ -57,6 +63,5 @@ def tight_warning(name: str, peak_bytes: float, usable_bytes: float, fragmentati
     if not words:
         return ""
     frac = f"{ALLOCATOR_FRAGMENTATION:.0%}"
-    return (f"warning ({name}): {words} at [memory] fragmentation_fraction {fragmentation_fraction:.0%}; PyTorch's "
-            f"caching allocator was measured to lose about {frac} to fragmentation in LLM training (GMLake, ASPLOS "
-            f"2024), and search lists such a mesh after those that keep {frac} free")
+    return (f"warning ({name}): {words} at [memory] fragmentation_fraction {fragmentation_fraction:.0%}; "
+            f"{FRAGMENTATION_SOURCE}, and search lists such a mesh after those that keep {frac} free")

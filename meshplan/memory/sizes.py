@@ -182,7 +182,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
-        recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin,
-                                                                   mesh.layout.names, deepep)
+        recompute=training.recompute,
+        init=init_entries(state, fsdp, comm_axes, opts, training, origin, mesh.layout.names, deepep)
         + ub_entry(model, training, mesh),
         step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

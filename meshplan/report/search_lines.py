@@ -21,7 +21,7 @@ from meshplan.plan_runtime import split_backward_ac_head
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
 from meshplan.search.driver import SearchResult
-from meshplan.memory.headroom import tight as tight_peak
+from meshplan.memory.headroom import FRAGMENTATION_SOURCE, tight as tight_peak
 from meshplan.search.headroom import tier_line
 from meshplan.search.rank import top_heading, variant_label
 from meshplan.search.split_ac import split_ac_table
@@ -229,8 +229,7 @@ def _headroom_text(r: SearchResult, rows: str, tag: str, e, usable: float) -> st
     return (f"{rows} less than {frac:.0%} of the usable memory free (#{tag} "
             f"{r.candidates.label(e.index)}: peak {e.peak_bytes / GiB:.1f} of {usable / GiB:.1f} GiB, "
             f"{free / GiB:.1f} GiB = {free / usable:.1%} free) at [memory] fragmentation_fraction "
-            f"{r.config.memory.fragmentation_fraction:.0%}; PyTorch's caching allocator was measured to lose "
-            f"about {frac:.0%} to fragmentation in LLM training (GMLake, ASPLOS 2024): set [memory] "
+            f"{r.config.memory.fragmentation_fraction:.0%}; {FRAGMENTATION_SOURCE}: set [memory] "
             f"fragmentation_fraction = {frac:g} to plan with it")
 
 

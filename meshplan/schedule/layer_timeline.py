@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.comm.deepep import shared_forward_s
-from meshplan.comm.tp_rows import MLA_UP_CADENCES
-from meshplan.compute import asynctp, float8
+from meshplan.compute import asynctp
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.compute.recompute import shared_replay_seconds
 from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
-from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
+from meshplan.schedule.comm_times import FLOAT8_TP
+from meshplan.schedule.layer_waits import amax_wait, mla_up_gathers, qkv_gather
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
 from meshplan.spec.recompute_modules import layer_parts
@@ -273,47 +273,6 @@ def _mlp_tp(w: Workload, moe: bool, phase: str, scatter: bool = True) -> tuple[b
     return opens, closes, routed
 
 
-def _amax_calls(c: Cost, side: str, phase: str, mark: str) -> int:
-    """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
-    return float8.tp_amax_calls(c.ops, side, phase, mark)
-
-
-#: The groups of the float8 amax all-reduces and the mark of the casts that issue them: torchao
-#: tensorwise's amaxes, rowwise's token and weight scales (:mod:`meshplan.compute.float8`).
-_AMAX_GROUPS = ((FLOAT8_AMAX, float8.OVER_TP), (FLOAT8_TOKEN_SCALES, float8.TOKEN_SCALES),
-                (FLOAT8_WEIGHT_SCALES, float8.WEIGHT_SCALES))
-
-
-def _amax_wait(s: StreamSim, c: Cost, side: str, phase: str) -> None:
-    """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
-    "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
-    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale), by group."""
-    for group, mark in _AMAX_GROUPS:
-        t = s.c.get("tp", phase, "all-reduce", group)
-        n = s.of(_amax_calls, c, side, "forward" if phase == "forward" else "backward_input", mark) if t > 0 else 0
-        if n:
-            ev = s.comm("tp", phase, "all-reduce", f"tp {group} all-reduce x{n}", group, seconds=n * t)
-            s.compute(f"{group} wait", 0.0, [ev])
-
-
-def _qkv_gather(s: StreamSim, phase: str, op: str) -> None:
-    """Megatron-LM's QKV sub-sharding at tp > kv_heads (:mod:`meshplan.spec.axes.tp_kv`): the
-    fused QKV output's all-gather (forward, and a recomputed layer's replay: row phase
-    ``backward``) or its gradient's reduce-scatter (backward), issued in the attention's autograd
-    function on the compute stream: the compute waits for it (no row: nothing)."""
-    ev = s.comm("tp", phase, op, f"tp QKV {op}", QKV)
-    if ev is not None:
-        s.compute(f"QKV {op} wait", 0.0, [ev])
-
-
-def _mla_up_gathers(s: StreamSim) -> None:
-    """Megatron-LM's ``mla_up_proj`` replay: each latent's tp all-gather (:func:`meshplan.comm.tp_rows.mla_up_rows`),
-    the compute waiting for them before the attention's backward (no row: nothing)."""
-    evs = [e for g in MLA_UP_CADENCES if (e := s.comm("tp", "backward", "all-gather", f"tp {g} all-gather", g))]
-    if evs:
-        s.compute("mla_up_proj replay gathers wait", 0.0, evs)
-
-
 def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     """Issue one transformer layer's forward on ``s`` (its streams; seconds from ``c``, the
     layer's :class:`Cost`): norms, attention and MLP blocks with their TP/CP/EP collectives and
@@ -326,14 +285,14 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     s.compute("norm", t["attn_pre"])
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
-    _amax_wait(s, c, "attn", "forward")
+    amax_wait(s, c, "attn", "forward")
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"], p["sdpa"], p["steps"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), tp_ops=(True, int(scatter), 0))
-    _qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
+    qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
-    _amax_wait(s, c, "mlp", "forward")
+    amax_wait(s, c, "mlp", "forward")
     # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (routed_sizes.routed_sizes)
     ep = moe and (phase == "forward" or s.w.recompute != "op")
     shared = s.of(shared_forward_s, c, phase, recompute) if ep and s.w.shared_beside_combine else 0.0
@@ -393,19 +352,19 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     replayed = 0.0 if full else module_replay(s, c, moe)  # Megatron-LM's mlp, moe, shared_experts
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)
-    _amax_wait(s, c, "mlp", "backward")
+    amax_wait(s, c, "mlp", "backward")
     _block_backward(s, "mlp", b["mlp"] - replayed, w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
                     fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, "forward"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
-    _amax_wait(s, c, "attn", "backward")
+    amax_wait(s, c, "attn", "backward")
     if not full:  # Megatron-LM's mla_up_proj replay: its up-projections gather their latents again
-        _mla_up_gathers(s)  # (spec.recompute_modules.mla_up_gathers)
+        mla_up_gathers(s)  # (spec.recompute_modules.mla_up_gathers)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"], p["steps"], p["replay_steps"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
-    _qkv_gather(s, "backward", "reduce-scatter")
+    qkv_gather(s, "backward", "reduce-scatter")
     _slots(s, "backward", At.AFTER, Block.ATTN)
     s.compute("norm grad", b["attn_pre"])
     _slots(s, "backward", At.OVERLAPPED)

@@ -14,8 +14,7 @@ from meshplan.comm import deepep, fsdp2
 from meshplan.comm.pp_rows import boundary_seconds
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
-from meshplan.compute.asynctp import te_fp8_gathers
-from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.dtensor_sp import float8_tp, fp8_tp_gathers
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import KernelData
 from meshplan.compute.ops import float8_gemms
@@ -107,7 +106,7 @@ def _tp_times(cfg: Config, tt: TimeTables, c: Candidates, act: np.ndarray, seq: 
     sp, one = c.tp > 1, np.ones_like(c.tp)
     # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
-    f8 = float8_tp(m, t) or te_fp8_gathers(m, t, True)  # Transformer Engine gathers fp8 too (compute.asynctp)
+    f8 = fp8_tp_gathers(m, t)  # torchao's float8 TP or Transformer Engine's fp8 (compute.dtensor_sp)
     return {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
             "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
             "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),

@@ -57,11 +57,11 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # the EP calls before the expert GEMMs (dispatch, etp all-gather) and after them (etp
     # reduce-scatter, combine: comm_bounds.comm_times)
     e, e_out = (cm["ep"], cm["ep_out"]) if moe else (0.0, 0.0)
-    # float8 TP: the casts wait for their amaxes' tp all-reduces (layer_timeline._amax_wait), the
+    # float8 TP: the casts wait for their amaxes' tp all-reduces (layer_waits.amax_wait), the
     # forward's again in a replay (full and op-level AC); none in MoE models
     amax_f, amax_b = (0.0, 0.0) if moe else (cm["amax_f"], cm["amax_b"])
     # Megatron's QKV sub-sharding (tp > kv_heads): its all-gather and reduce-scatter block the
-    # compute stream, with or without tp_comm_overlap (layer_timeline._qkv_gather)
+    # compute stream, with or without tp_comm_overlap (layer_waits.qkv_gather)
     qkv_ag, qkv_rs = cm.get("tp_qkv_ag", 0.0), cm.get("tp_qkv_rs", 0.0)
 
     x = cm.get("cp_x", 0.0)  # torch's ring attention's dK/dV shift (schedule.ring_timeline), 0 under all-gather CP

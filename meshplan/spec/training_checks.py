@@ -162,6 +162,10 @@ class TrainingChecks(TrainingPrecision):
         if self.ac_freq != 1 and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")
+        if self.master_dtype == "int16" and self.keeps_master and self.param_dtype != "bf16":
+            raise ValueError(f"master_dtype \"int16\" keeps the 16 low bits of an fp32 master whose high 16 bits "
+                             f"are the bf16 parameter (TE FusedAdam store_param_remainders); param_dtype is "
+                             f"{self.param_dtype!r}: set param_dtype = \"bf16\", or master_dtype \"fp32\"/\"fp16\"")
         if self.compute_dtype == "fp8":
             raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
                              "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "

@@ -20,6 +20,9 @@ from meshplan.spec.recompute_modules import check_names
 
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+#: torchtitan's op-level SAC policies meshplan models, by the commit each follows
+#: (:func:`meshplan.compute.recompute.op_sac_fuses_qkv`); ``training.op_sac_policy``'s values.
+OpSacPolicy = Literal["238fa99", "b5bcd76"]
 
 
 def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) -> str:
@@ -100,8 +103,8 @@ class TrainingFields(BaseModel):
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
-    recompute_modules: tuple[str, ...] = ("core_attn",)
-    op_sac_policy: Literal["238fa99", "b5bcd76"] = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv  # recompute "selective": meshplan.spec.recompute_modules
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
+    op_sac_policy: OpSacPolicy = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
