@@ -53,12 +53,15 @@ def test_mask_follows_the_rank_rows_with_sequence_parallel():
 
 def test_only_megatron_2022_without_deepspeed_pipe_and_with_dropout():
     """Megatron-DeepSpeed forks call the fused function under ``torch.enable_grad()`` (autodiff:
-    mask written), so DeepSpeed's pipeline engine keeps the mask; Core is not claimed; without
+    mask written; bigscience-workshop/Megatron-DeepSpeed 06dc2d7 ``megatron/model/transformer.py``, "re-enable
+    torch grad to enable fused optimization"), so a DeepSpeed engine (pipeline or ZeRO) keeps the mask; Core is not claimed; without
     dropout there is no mask to leave out; selective recompute runs its first forward with grad."""
     t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32")
     assert framework_kernels(t)["no_grad_bda"] is True
     assert framework_kernels(t.model_copy(update={"megatron_runtime": "core"}))["no_grad_bda"] is False
     assert framework_kernels(t.model_copy(update={"pp_engine": "deepspeed"}))["no_grad_bda"] is False
+    zero3 = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero3", zero3_engine="deepspeed-2021")
+    assert framework_kernels(zero3)["no_grad_bda"] is False  # SC'21's Megatron-DeepSpeed (2021)
     assert framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["no_grad_bda"] is False
     n = 4 * 2048 * 6144
     no_dropout = layer_cost(GPT22B, A100, replace(W22, dropout=False, recompute="full"))

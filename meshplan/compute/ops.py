@@ -70,6 +70,7 @@ from typing import Optional
 
 from meshplan.compute.routing import RoutingOptions
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.wording import DEEPSPEED, zero_runtime
 
 PHASES = ("forward", "backward_input", "backward_weight")
 BLOCKS = ("embed", "attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post", "head")
@@ -127,8 +128,10 @@ class Workload:
     (torchtitan's ``DeepEPMoE``, framework torch with ``moe_dispatcher = "deepep"``:
     :func:`meshplan.comm.deepep.shared_forward_s`); ``no_grad_bda``: Megatron-LM 2022's TorchScript
     bias-dropout-add runs without autograd in full recompute's ``no_grad`` forward and writes no
-    dropout mask there (:func:`meshplan.compute.recompute.no_grad_forward`; not under DeepSpeed's
-    pipeline engine, whose Megatron-DeepSpeed forks call it under ``torch.enable_grad()``, nor Core)."""
+    dropout mask there (:func:`meshplan.compute.recompute.no_grad_forward`; not under a DeepSpeed
+    engine, pipeline or ZeRO (:func:`meshplan.spec.wording.zero_runtime`), whose Megatron-DeepSpeed
+    calls it under ``torch.enable_grad()``: bigscience-workshop/Megatron-DeepSpeed 06dc2d7
+    ``megatron/model/transformer.py`` ``ParallelTransformerLayer.forward``; nor Core, not read)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -344,7 +347,8 @@ def framework_kernels(training) -> dict:
             "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
             "op_sac_policy": training.op_sac_policy,
             "shared_beside_combine": training.framework == "torch" and training.moe_dispatcher == "deepep",
-            "no_grad_bda": megatron and not training.megatron_core and training.pp_engine != "deepspeed"}
+            "no_grad_bda": megatron and not training.megatron_core and training.pp_engine != "deepspeed"
+            and zero_runtime(training) != DEEPSPEED}
 
 
 @lru_cache(maxsize=64)
