@@ -16,8 +16,8 @@ from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
 from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
 from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
-from meshplan.compute.recompute import (OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, op_sac_replayed,
-                                        replay)
+from meshplan.compute.recompute import (OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, no_grad_forward,
+                                        op_sac_replayed, replay)
 from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, fused_qkv_parts, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -46,8 +46,9 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     memory-bound ops, Megatron-LM's kernels) are built once; each policy adds its recompute
     ops where :func:`layer_cost` has them (``selective``: the attention's replay after the
     attention ops where ``w.recompute_modules`` has core_attn, then the other modules' replays,
-    :func:`~meshplan.compute.recompute.module_replays`; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
-    same ops in the same order (the search asks every policy of each shape).
+    :func:`~meshplan.compute.recompute.module_replays`; ``full``, ``op``: the forward's replay at the end; ``full`` under
+    Megatron-LM 2022 runs its first forward under no_grad, :func:`~meshplan.compute.recompute.no_grad_forward`), so
+    each Cost lists the same ops in the same order (the search asks every policy of each shape).
 
     >>> from dataclasses import replace
     >>> from meshplan import catalog
@@ -101,7 +102,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             every += module_replays(gpu, model, gemms, every, parts)
         if rc == "full":
             kept = full_ac_not_replayed(w)
-            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
+            every = no_grad_forward(gpu, w, every, model.hidden) + [
+                replay(o) for o in every if o.phase == "forward" and o.name not in kept]
         elif rc == "op":
             every += op_replays(every, op_sac_replayed(model, moe, w.op_sac_policy))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))

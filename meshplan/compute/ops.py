@@ -70,6 +70,7 @@ from typing import Optional
 
 from meshplan.compute.routing import RoutingOptions
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.wording import DEEPSPEED, zero_runtime
 
 PHASES = ("forward", "backward_input", "backward_weight")
 BLOCKS = ("embed", "attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post", "head")
@@ -125,7 +126,12 @@ class Workload:
     (``training.op_sac_policy``, :func:`meshplan.compute.recompute.op_sac_fuses_qkv`);
     ``shared_beside_combine``: an MoE layer's shared experts run while DeepEP's combine is in flight
     (torchtitan's ``DeepEPMoE``, framework torch with ``moe_dispatcher = "deepep"``:
-    :func:`meshplan.comm.deepep.shared_forward_s`)."""
+    :func:`meshplan.comm.deepep.shared_forward_s`); ``no_grad_bda``: Megatron-LM 2022's TorchScript
+    bias-dropout-add runs without autograd in full recompute's ``no_grad`` forward and writes no
+    dropout mask there (:func:`meshplan.compute.recompute.no_grad_forward`; not under a DeepSpeed
+    engine, pipeline or ZeRO (:func:`meshplan.spec.wording.zero_runtime`), whose Megatron-DeepSpeed
+    calls it under ``torch.enable_grad()``: bigscience-workshop/Megatron-DeepSpeed 06dc2d7
+    ``megatron/model/transformer.py`` ``ParallelTransformerLayer.forward``; nor Core, not read)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -166,6 +172,7 @@ class Workload:
     embed_reduce_scatter: bool = False
     op_sac_policy: str = "238fa99"
     shared_beside_combine: bool = False
+    no_grad_bda: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -318,7 +325,7 @@ def framework_kernels(training) -> dict:
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
 'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
 'megatron_core': False, 'core_attention_mask': False, 'op_sac_policy': '238fa99', \
-'shared_beside_combine': False}
+'shared_beside_combine': False, 'no_grad_bda': True}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -339,7 +346,9 @@ def framework_kernels(training) -> dict:
             "te_ring_attention": training.cp_p2p, "framework": training.framework,
             "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask,
             "op_sac_policy": training.op_sac_policy,
-            "shared_beside_combine": training.framework == "torch" and training.moe_dispatcher == "deepep"}
+            "shared_beside_combine": training.framework == "torch" and training.moe_dispatcher == "deepep",
+            "no_grad_bda": megatron and not training.megatron_core and training.pp_engine != "deepspeed"
+            and zero_runtime(training) != DEEPSPEED}
 
 
 @lru_cache(maxsize=64)

@@ -69,6 +69,38 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
+#: The forward op of Megatron-LM's JIT'd bias-dropout-add (:func:`meshplan.compute.elementwise.elementwise_ops`).
+BIAS_DROPOUT_ADD = "residual add + dropout"
+
+
+def no_grad_forward(gpu: GPUSpec, w: Workload, ops: list[Op], hidden: int) -> list[Op]:
+    """``ops`` as the first forward of a full-recompute layer runs them under Megatron-LM 2022
+    (``w.no_grad_bda``): ``CheckpointFunction.forward`` runs the layer under ``torch.no_grad()``
+    (NVIDIA/Megatron-LM 2755bcb ``megatron/mpu/random.py`` lines 310-321), and the TorchScript
+    ``bias_dropout_add_fused_train`` is called without ``enable_grad`` (``model/transformer.py``
+    lines 592-596: ``bias_dropout_add_exec_handler`` is ``nullcontext`` at torch >= 1.10, nvfuser),
+    so no autodiff graph: nvfuser's rule for ``aten::dropout`` makes the dropout's output alone a
+    fusion output, where autodiff's ``aten::native_dropout`` also outputs the mask
+    (pytorch/pytorch 004700b ``torch/csrc/jit/codegen/cuda/parser.cpp``, the two parse rules'
+    ``value_map.emplace``). Each :data:`BIAS_DROPOUT_ADD` forward op then writes no bool mask:
+    ``row_tokens x hidden`` x 1 B fewer (in, residual and out remain). The replay in backward runs
+    with grad and keeps its mask (:func:`replay` of the unchanged op); the attention's dropout is
+    eager ``native_dropout`` and writes its mask either way.
+
+    >>> from meshplan import catalog
+    >>> a100 = catalog.gpu("a100-sxm-80gb")
+    >>> w = Workload(seq_len=2048, micro_batch=4, tp=8, dropout=True, megatron_ops=True, no_grad_bda=True)
+    >>> o = memory_op(a100, BIAS_DROPOUT_ADD, "attn_post", "forward", 7 * 8192 * 6144)
+    >>> [round(x.size_bytes / 8192 / 6144) for x in no_grad_forward(a100, w, [o], 6144)]
+    [6]
+    """
+    if not (w.no_grad_bda and w.dropout):
+        return ops
+    mask = w.row_tokens * hidden  # bool, 1 B an element
+    return [memory_op(gpu, o.name, o.block, o.phase, o.size_bytes - mask)
+            if o.phase == "forward" and o.name == BIAS_DROPOUT_ADD else o for o in ops]
+
+
 def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool, fused_qkv: bool = False) -> tuple[str, ...]:
     """The ``aten.mm`` calls of one layer's forward in the order torchtitan's op-level SAC policy
     counts them (meshplan's GEMM names): the attention's (MLA: ``wq`` or ``wq_a, wq_b``, then
