@@ -31,6 +31,9 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str], vpp: int = 1)
     >>> recompute({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "2"},
     ...           20, notes, 4), notes
     ({'recompute': 'full', 'recompute_num_layers': 2}, [])
+    >>> recompute({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "4"},
+    ...           20, notes), notes[0].split(";")[0]
+    ({'recompute': 'full'}, '--recompute-method uniform --recompute-num-layers 4 checkpoints 4 consecutive layers together (one input kept per 4 layers, the 4 replayed at once in backward)')
 
     >>> recompute({"--recompute-granularity": "selective", "--recompute-modules": "core_attn mlp"}, 4, [])
     {'recompute': 'selective', 'recompute_modules': ['core_attn', 'mlp']}
@@ -53,6 +56,11 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str], vpp: int = 1)
     chunk = -(-max(layers_per_stage, 1) // max(vpp, 1))
     if args.get("--recompute-method") == "block" and n is not None and n < chunk:
         return {"recompute": gran, "recompute_num_layers": n}
+    if args.get("--recompute-method") == "uniform" and n is not None and n > 1:
+        notes.append(f"--recompute-method uniform --recompute-num-layers {n} checkpoints {n} consecutive layers "
+                     f"together (one input kept per {n} layers, the {n} replayed at once in backward); planned as "
+                     f"full recompute of each layer (one input per layer, one layer replayed at a time), which export "
+                     f"writes as --recompute-method uniform --recompute-num-layers 1")
     return {"recompute": gran}
 
 
