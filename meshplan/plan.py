@@ -42,7 +42,7 @@ from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.assign import Placement, place
 from meshplan.placement.flags import Flag, placement_flags
-from meshplan.plan_checks import check_runnable, without_pipeline
+from meshplan.plan_checks import check_block_recompute, check_runnable, without_pipeline
 from meshplan.plan_moe import deepep_ep_copies, ep_span, moe_notes
 from meshplan.plan_runtime import megatron_p2p_reasons, p2p_note, run_reasons, runtime_warnings
 from meshplan.spec.mesh import MeshSpec
@@ -243,6 +243,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     config, spec, no_pipeline = without_pipeline(config, spec, mesh)
     v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
     check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
+    if v.stages is not None:
+        check_block_recompute(t, v.stages)  # n past every model chunk
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     vpp_unknown = bool(spec.layers_per_virtual_stage) and v.stages is None  # its reason says why; no vpp to judge

@@ -139,3 +139,29 @@ def without_pipeline(config: Config, spec: MeshSpec, mesh: Mesh) -> tuple[Config
             "forward and backward (gradient accumulation), planned so")
     spec = spec.model_copy(update={"pp_schedule": Schedule.ONE_F_ONE_B})
     return dataclasses.replace(config, mesh=spec), spec, (note,)
+
+
+def check_block_recompute(training, stages) -> None:
+    """ConfigError where Megatron-LM's block recompute (``training.recompute_num_layers`` n) asks
+    for more layers than the largest model chunk of ``stages`` (``stage_layers`` output) holds:
+    Megatron-Core checkpoints ``layer_idx < recompute_num_layers`` over a chunk's own layers
+    (:meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed`), so an n past every chunk
+    asks for nothing that n = its size does not (its TransformerConfig's message: "between 1 and
+    num_layers_per_pipeline_rank", megatron/core/transformer/transformer_config.py:1919-1925, d98e8a6).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", recompute="full", recompute_num_layers=3)
+    >>> check_block_recompute(t, [[[0, 1], [4, 5]], [[2, 3], [6, 7]]])
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: training.recompute_num_layers: 3 > 2, the layers of the largest model chunk (2 stages x 2 chunks); Megatron-LM's block recompute checkpoints the first n layers of each chunk: use 1 to 2, or remove it (every layer recomputed)
+    """
+    n = training.recompute_num_layers
+    if n is None or training.recompute != "full":
+        return
+    most = max((len(chunk) for stage in stages for chunk in stage), default=0)
+    if n > most:
+        raise ConfigError("training.recompute_num_layers",
+                          f"{n} > {most}, the layers of the largest model chunk ({len(stages)} stages x "
+                          f"{len(stages[0])} chunks); Megatron-LM's block recompute checkpoints the first n layers "
+                          f"of each chunk: use 1 to {most}, or remove it (every layer recomputed)")

@@ -112,8 +112,9 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     if t.grad_accumulation != "sync":  # no_sync keeps unsharded gradients (and no_sync_unsharded parameters) a step
         out.append((keys.setting("grad_accumulation sync"),
                     replace(cfg, training=t.model_copy(update={"grad_accumulation": "sync"}))))
-    if t.recompute != "full":
-        out.append((keys.setting("recompute full"), replace(cfg, training=t.model_copy(update={"recompute": "full"}))))
+    if t.recompute != "full" or t.recompute_num_layers is not None:  # block recompute: every layer instead
+        out.append((keys.setting("recompute full"), replace(cfg, training=t.model_copy(
+            update={"recompute": "full", "recompute_num_layers": None}))))
     if t.micro_batch > 1:
         mb = t.micro_batch // 2 if t.micro_batch % 2 == 0 else 1
         out.append((f"{keys.bare('micro_batch')} {mb}",

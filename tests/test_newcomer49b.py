@@ -153,19 +153,19 @@ def test_max_position_alone_keeps_the_catalog_model_and_compare_takes_both(tmp_p
 
 
 def test_block_recompute_note_counts_per_model_chunk(tmp_path, capsys, monkeypatch):
-    """#6 (the note; block recompute itself is still planned as full): train_full.sh runs 80 layers at
-    pp 4 with --num-layers-per-virtual-pipeline-stage 5 (vpp 4: 20 layers a stage, 5 a chunk) and
-    --recompute-method block --recompute-num-layers 2. Megatron-Core checkpoints the first 2 layers of
-    each TransformerBlock, one per model chunk (transformer_block.py, d98e8a6): 2 of every 5, 4 x 2 = 8
-    of a stage's 20, not "2 of 20"."""
+    """#6: train_full.sh runs 80 layers at pp 4 with --num-layers-per-virtual-pipeline-stage 5 (vpp 4: 20
+    layers a stage, 5 a chunk) and --recompute-method block --recompute-num-layers 2. Megatron-Core
+    checkpoints the first 2 layers of each TransformerBlock, one per model chunk (megatron/core/recompute.py
+    167-181, d98e8a6): 2 of every 5, 4 x 2 = 8 of a stage's 20, not "2 of 20". The note that counted them
+    (block recompute then planned as full) is gone since blk50: the import sets training.recompute_num_layers
+    2, which the plan counts per chunk (tests/test_block_recompute.py)."""
     shutil.copy(DATA / "train_full.sh", tmp_path)
     rc, _, err = _run(["import", "megatron", "train_full.sh", "--cluster", "dgx-h100", "--out", "f.toml"], capsys,
                       tmp_path, monkeypatch)
     toml = (tmp_path / "f.toml").read_text()
     assert rc == 0, err
-    assert ("recomputes the first 2 layers of each model chunk (Megatron-Core's TransformerBlock counts its own "
-            "layers): 2 of every 5 at 4 virtual stages, 8 of 20 per stage; planned as full recompute of every layer "
-            "(20 of 20), which export writes as --recompute-method uniform --recompute-num-layers 1") in toml
+    assert 'recompute = "full"\nrecompute_num_layers = 2\n' in toml
+    assert "planned as full recompute of every layer" not in toml
 
 
 def test_launch_appends_the_plans_megatron_flags_and_export_stdout_is_flags_only(tmp_path, capsys, monkeypatch):

@@ -33,7 +33,7 @@ def zero3_2021_rows(add, c: StageContext) -> None:
     for k, i in reversed(list(enumerate(c.layers))):
         params = model_code_params(c, [i], False, False)
         for name, numel in params:
-            fwd, bwd, _ = deepspeed.layer_calls(params, t.layer_recomputed(k), 2 * later)[name]
+            fwd, bwd, _ = deepspeed.layer_calls(params, c.layer_recomputed(k), 2 * later)[name]
             size = deepspeed.padded(numel, n)
             calls[("layer", "forward", "all-gather", size)] += fwd
             calls[("layer", "backward", "all-gather", size)] += bwd

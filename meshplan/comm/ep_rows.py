@@ -58,7 +58,7 @@ def ep_rows(add, c: StageContext) -> None:
     moe = sum(m.is_moe_layer(i) for i in c.layers)
     if not moe:
         return
-    replayed = sum(m.is_moe_layer(i) and (t.layer_recomputed(k) or moe_replayed(t, True))  # full, or Megatron's moe
+    replayed = sum(m.is_moe_layer(i) and (c.layer_recomputed(k) or moe_replayed(t, True))  # full, or Megatron's moe
                    for k, i in enumerate(c.layers))
     tokens, gathered = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
     ro = RoutingOptions.of(t)

@@ -59,6 +59,15 @@ class StageContext:
     placement: Optional[object] = None  # the plan's placement (the pp rows' other boundaries timed on it)
     cluster: Optional[object] = None  # its ClusterSpec
 
+    def layer_recomputed(self, k: int) -> bool:
+        """Whether the stage's ``k``-th layer (``layers[k]``) is checkpointed in full
+        (:meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed` at its stage position and at
+        its position within its chunk, ``chunk_of``; without ``chunk_of`` the stage is one chunk)."""
+        if self.chunk_of is None:
+            return self.training.layer_recomputed(k)
+        chunk = self.chunk_of[self.layers[k]]
+        return self.training.layer_recomputed(k, sum(self.chunk_of[i] == chunk for i in self.layers[:k]))
+
     @property
     def runs(self) -> int:
         """Pipeline schedule runs per step (``training.pp_schedule_runs`` with pp > 1, else 1)."""

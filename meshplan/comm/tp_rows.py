@@ -120,7 +120,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     if moe and experts_over_tp(fw, etp, tp):
         fwd = part + mlp  # torchtitan at ep 1: like a dense MLP
         bwd = [_MIRROR[o] for o in fwd]
-        if c.training.layer_recomputed(c.layers.index(layer)):
+        if c.layer_recomputed(c.layers.index(layer)):
             bwd += fwd[:-1]
         elif c.training.recompute == "op" and sp:
             bwd += [o for o in fwd if o == "all-gather"]
@@ -132,7 +132,7 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         # all-gathers it again for the weight gradient: the attention's and a dense MLP's
         # (schedule/layer_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
-    if c.training.layer_recomputed(c.layers.index(layer)):
+    if c.layer_recomputed(c.layers.index(layer)):
         bwd += fwd if (moe and sp and not m.shared_experts) or fw == "megatron" else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
@@ -176,7 +176,7 @@ def _float8_amax_rows(add, c: StageContext) -> None:
             continue
         names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
         f, b = float8.tp_amax_per_layer(names, c.training.fp8_all_gather)
-        replay = c.training.layer_recomputed(k) or c.training.recompute == "op"
+        replay = c.layer_recomputed(k) or c.training.recompute == "op"
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     for phase, n in (("forward", fwd), ("backward", bwd)):
         add("tp", phase, "all-reduce", FLOAT8_AMAX_BYTES, "fp64", n, FLOAT8_AMAX_CADENCE, "the float8 cast")
@@ -195,7 +195,7 @@ def _rowwise_scale_rows(add, c: StageContext) -> None:
             continue
         names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
         f, b = float8.rowwise_tp_per_layer(names)
-        replay = c.training.layer_recomputed(k) or c.training.recompute == "op"
+        replay = c.layer_recomputed(k) or c.training.recompute == "op"
         fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
     tokens = c.training.micro_batch * c.seq_local
     for cadence, n_values in ((FLOAT8_TOKEN_SCALES_CADENCE, tokens), (FLOAT8_WEIGHT_SCALES_CADENCE, c.model.hidden)):
@@ -292,7 +292,7 @@ def qkv_gather_rows(add, c: StageContext) -> None:
     dt = t.compute_dtype
     size = qkv_gather_numel(m, t.micro_batch, t.seq_len, c.mesh.degree("cp")) * dtype_bytes(dt)
     n = len(c.layers)
-    replays = sum(bool(t.layer_recomputed(k)) for k in range(n))
+    replays = sum(bool(c.layer_recomputed(k)) for k in range(n))
     add("tp", "forward", "all-gather", size, dt, n, QKV_GATHER_CADENCE, "core attention")
     add("tp", "backward", "reduce-scatter", size, dt, n, QKV_GATHER_CADENCE, "previous block's backward")
     add("tp", "backward", "all-gather", size, dt, replays, QKV_GATHER_CADENCE, "core attention (recomputed)")

@@ -219,7 +219,7 @@ def _to_fit(win: Side, lose: Side, knobs: tuple = (), win_is_a: bool = True) -> 
     if knobs:
         mesh = (f"the same mesh and " if win.mesh_key == lose.mesh_key
                 else f"{win.mesh_text} against {lose.mesh_text} and ")
-        full = lose.plan.config.training.recompute == "full"
+        full = lose.plan.config.training.recompute == "full" and lose.plan.config.training.recompute_num_layers is None
         return (f"{win.name} fits with {mesh}{knob_text(knobs, win_is_a)}, but gives up that step; to keep it, "
                 f"{lose.name} needs another axis (cp, pp), a larger tensor degree, "
                 f"{'' if full else 'more recompute, '}or more memory")

@@ -225,9 +225,20 @@ def op_sac_kept(model: ModelSpec, policy: str = "238fa99") -> tuple[str, ...]:
 
 
 def layer_workload(w: Workload, checkpointed: bool) -> Workload:
-    """The workload of one layer under torchtitan's per-layer AC (``recompute = "layer"``):
-    ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged."""
-    return replace(w, recompute="full" if checkpointed else "none") if w.recompute == "layer" else w
+    """The workload of one layer under a per-layer recompute
+    (:meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed`): torchtitan's per-layer AC
+    (``recompute = "layer"``) or Megatron-LM's block recompute (``full`` with
+    ``recompute_num_layers``, where ``checkpointed`` is false past the chunk's first n layers):
+    ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged (under
+    ``full`` every layer is ``checkpointed``).
+
+    >>> from meshplan.compute.ops import Workload
+    >>> [layer_workload(Workload(seq_len=8, recompute=r), k).recompute for r, k in (("layer", True), ("full", False), ("op", False))]
+    ['full', 'none', 'op']
+    """
+    if w.recompute in ("layer", "full"):
+        return replace(w, recompute="full" if checkpointed else "none")
+    return w
 
 
 #: Forward ops of ``mla_up_proj``'s function (multi_latent_attention.py 850-980 at NVIDIA/Megatron-LM

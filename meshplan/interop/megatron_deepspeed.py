@@ -259,15 +259,22 @@ def deepspeed_flags(training) -> Optional[list[str]]:
     return ["--deepspeed", f"--zero-stage {stage}"] + [NO_PIPE] * (stage >= 2)  # no PipelineEngine (docstring)
 
 
-def recompute_flags(recompute: str, deepspeed: bool) -> list[str]:
+def recompute_flags(recompute: str, deepspeed: bool, block: int | None = None) -> list[str]:
     """Megatron-LM's flags of ``training.recompute`` (none, selective or full); full under
-    DeepSpeed's engine as ``--checkpoint-activations`` (module docstring).
+    DeepSpeed's engine as ``--checkpoint-activations`` (module docstring); ``block``
+    (``training.recompute_num_layers``) as ``--recompute-method block --recompute-num-layers n``
+    under either (Megatron-DeepSpeed's ParallelTransformer has the same ``recompute_method ==
+    'block'`` branch, microsoft/Megatron-DeepSpeed megatron/model/transformer.py).
 
     >>> recompute_flags("full", False), recompute_flags("full", True), recompute_flags("none", True)
     (['--recompute-granularity full', '--recompute-method uniform', '--recompute-num-layers 1'], ['--checkpoint-activations'], [])
+    >>> recompute_flags("full", False, 2)
+    ['--recompute-granularity full', '--recompute-method block', '--recompute-num-layers 2']
     """
     if recompute == "none":
         return []
+    if recompute == "full" and block is not None:
+        return ["--recompute-granularity full", "--recompute-method block", f"--recompute-num-layers {block}"]
     if recompute == "full" and deepspeed:
         return ["--checkpoint-activations"]
     return [f"--recompute-granularity {recompute}"] + (["--recompute-method uniform", "--recompute-num-layers 1"]

@@ -17,19 +17,23 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str], vpp: int = 1)
     ``--recompute-activations``, ``--checkpoint-activations``), and under selective
     ``training.recompute_modules`` of ``--recompute-modules`` where it is not Megatron-LM's default
     (:func:`modules`). ``--recompute-method block --recompute-num-layers n`` checkpoints the first
-    n layers of each model chunk: Megatron-Core's ``TransformerBlock._checkpointed_forward`` counts
-    ``l < recompute_num_layers`` over the block's own layers, and each of a rank's ``vpp`` virtual
-    stages is its own block (megatron/core/transformer/transformer_block.py, NVIDIA/Megatron-LM
-    d98e8a6); meshplan plans it as full recompute of every layer and its note counts per chunk
-    (newcomer trial 49: "2 of 20 layers per stage" at vpp 4, where Megatron-LM recomputes 2 of
-    every 5, 8 of 20).
+    n layers of each model chunk (Megatron-Core's ``checkpointed_forward`` counts
+    ``layer_idx < recompute_num_layers`` over the TransformerBlock's own layers, one block per
+    virtual stage: :meth:`~meshplan.spec.training.TrainingSpec.layer_recomputed`): read into
+    ``training.recompute_num_layers`` where n is below a chunk's ``ceil(layers_per_stage / vpp)``
+    layers (newcomer trial 49: 2 of every 5 at vpp 4, 8 of a stage's 20), else every layer is
+    recomputed, as ``full`` plans it. ``--recompute-method uniform --recompute-num-layers n``
+    checkpoints every layer, n consecutive layers under one checkpoint (one input kept per n
+    layers, n layers replayed together): planned as ``full`` of every layer, one input kept per
+    layer (the n > 1 grouping not modelled).
 
     >>> notes = []
     >>> recompute({"--recompute-granularity": "full", "--recompute-method": "block", "--recompute-num-layers": "2"},
-    ...           20, notes, 4)
-    {'recompute': 'full'}
-    >>> print(notes[0])
-    --recompute-method block --recompute-num-layers 2 recomputes the first 2 layers of each model chunk (Megatron-Core's TransformerBlock counts its own layers): 2 of every 5 at 4 virtual stages, 8 of 20 per stage; planned as full recompute of every layer (20 of 20), which export writes as --recompute-method uniform --recompute-num-layers 1
+    ...           20, notes, 4), notes
+    ({'recompute': 'full', 'recompute_num_layers': 2}, [])
+    >>> recompute({"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "4"},
+    ...           20, notes), notes[0].split(";")[0]
+    ({'recompute': 'full'}, '--recompute-method uniform --recompute-num-layers 4 checkpoints 4 consecutive layers together (one input kept per 4 layers, the 4 replayed at once in backward)')
 
     >>> recompute({"--recompute-granularity": "selective", "--recompute-modules": "core_attn mlp"}, 4, [])
     {'recompute': 'selective', 'recompute_modules': ['core_attn', 'mlp']}
@@ -49,15 +53,14 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str], vpp: int = 1)
         mods = modules(args)
         return {"recompute": gran} | ({"recompute_modules": list(mods)} if mods != rm.DEFAULT else {})
     n = _int(args, "--recompute-num-layers")
-    method = args.get("--recompute-method")
-    chunk = max(layers_per_stage // max(vpp, 1), 1)
-    if method == "block" and n is not None and n < chunk:
-        each = (f"{n} of every {chunk} at {vpp} virtual stages, {n * vpp} of {layers_per_stage} per stage" if vpp > 1
-                else f"{n} of {layers_per_stage} per stage")
-        notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes the first {n} layers of each "
-                     f"model chunk (Megatron-Core's TransformerBlock counts its own layers): {each}; planned as full "
-                     f"recompute of every layer ({layers_per_stage} of {layers_per_stage}), which export writes as "
-                     f"--recompute-method uniform --recompute-num-layers 1")
+    chunk = -(-max(layers_per_stage, 1) // max(vpp, 1))
+    if args.get("--recompute-method") == "block" and n is not None and n < chunk:
+        return {"recompute": gran, "recompute_num_layers": n}
+    if args.get("--recompute-method") == "uniform" and n is not None and n > 1:
+        notes.append(f"--recompute-method uniform --recompute-num-layers {n} checkpoints {n} consecutive layers "
+                     f"together (one input kept per {n} layers, the {n} replayed at once in backward); planned as "
+                     f"full recompute of each layer (one input per layer, one layer replayed at a time), which export "
+                     f"writes as --recompute-method uniform --recompute-num-layers 1")
     return {"recompute": gran}
 
 

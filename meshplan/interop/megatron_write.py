@@ -62,9 +62,9 @@ def write(cfg: Config) -> list[str]:
     if t.recompute in ("layer", "op"):
         what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "
-                          f"--recompute-method block recomputes the first n layers of each stage): set "
-                          f"training.recompute to full or selective")
-    out += recompute_flags(t.recompute, bool(deepspeed))
+                          f"--recompute-method block recomputes the first n layers of each model chunk: "
+                          f"training.recompute_num_layers): set training.recompute to full or selective")
+    out += recompute_flags(t.recompute, bool(deepspeed), t.recompute_num_layers)
     out += recompute_module_flags(t.recompute_modules) * (t.recompute == "selective")
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]

@@ -379,10 +379,11 @@ def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = Fa
 
 def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False) -> dict:
     """Keyword options of :func:`layer_terms` for a mesh and training contract; under
-    torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` says whether this
-    layer is (``full``) or not (``none``). ``cp``: the ways the registered axes split the
+    torchtitan's per-layer AC (``recompute = "layer"``) and Megatron-LM's block recompute
+    (``recompute_num_layers``) ``checkpointed`` says whether this layer is (``full``) or not
+    (``none``) (:meth:`~meshplan.spec.training.TrainingSpec.layer_policy`). ``cp``: the ways the registered axes split the
     sequence, ``tp`` the heads (and the MLP with them) (:func:`meshplan.compute.shapes.local_split`)."""
-    rc = training.recompute if training.recompute != "layer" else ("full" if checkpointed else "none")
+    rc = training.layer_policy(checkpointed)
     split = local_split(mesh)
     return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
                 recompute=rc, flash=training.flash_attention, framework=training.framework,

@@ -124,9 +124,10 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     kw = dict(tp=tp, sp=sp, cp=cp, flash=training.flash_attention, framework=training.framework,
               cp_kv=saves_gathered_kv(training, cp), parts=layer_parts(training.recompute_modules, False, model.is_mla),
               op_sac_policy=training.op_sac_policy)
+    full, none = (layer_bytes(dims, recompute=rc, **kw) for rc in ("full", "none"))
     if training.recompute == "layer":  # torchtitan per-layer AC: 1 in ac_freq layers checkpointed, on average
         k = training.ac_freq
-        per_layer = (layer_bytes(dims, recompute="full", **kw) + (k - 1) * layer_bytes(dims, recompute="none", **kw)) // k
+        per_layer = (full + (k - 1) * none) // k
     else:
         per_layer = layer_bytes(dims, recompute=training.recompute, **kw)
     if training.recompute in ("full", "layer", "op"):  # one layer's working set while recomputing it
@@ -141,6 +142,10 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
         rep: list[int] = next((ch for ch in stages[k] if ch), [])
         chunk = len(rep)
         act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
+        if training.recompute_num_layers is not None and training.recompute == "full":
+            # Megatron-LM's block recompute: the chunk's first n layers checkpointed, the rest whole
+            ck = min(training.recompute_num_layers, chunk)
+            act += (chunk - ck) * (none - full) * in_flight_chunks(k, pp, max(micro, 1), vpp)
         if k == 0:
             act += sum(t.size_bytes for t in embedding_terms(dims, tp=tp, sp=sp, cp=cp))
         if k == pp - 1:

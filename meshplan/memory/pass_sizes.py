@@ -98,6 +98,8 @@ class StageSizes:
     recompute: str
     init: tuple
     step: tuple
+    # per-layer recompute (TrainingSpec.per_layer_recompute): layer -> "full" or "none", its event's word
+    layer_recompute: Optional[dict] = None
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
     embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
     head_reshards: bool = False  # the unit holding the output layer too (training.reshard_head_after_forward)

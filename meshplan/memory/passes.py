@@ -107,7 +107,8 @@ class PassBuilder(UnitEvents):
             a = sz.acts[layer]
             work = a.fwd_what
             self._add(layer, "temporaries", a.fwd_temp, f"layer {layer} forward: {work}")
-            self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {sz.recompute})")
+            rc = sz.layer_recompute[layer] if sz.layer_recompute else sz.recompute
+            self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {rc})")
             self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: {work} freed")
             if sz.reshard_after_forward:
                 self._release(layer, "after forward", reuse_kept_bytes(self, layer))

@@ -89,12 +89,13 @@ class CommonSizes:
     dense: ActSizes
     moe: ActSizes
     head: dict
-    dense_checkpointed: Optional[ActSizes] = None  # recompute "layer": the layers checkpointed in full
+    dense_checkpointed: Optional[ActSizes] = None  # per-layer recompute: the layers checkpointed in full
     moe_checkpointed: Optional[ActSizes] = None
 
-    def layer(self, training: TrainingSpec, moe: bool, position: int) -> ActSizes:
-        """The sizes of the layer at ``position`` among the stage's layers."""
-        if training.recompute == "layer" and training.layer_recomputed(position):
+    def layer(self, training: TrainingSpec, moe: bool, checkpointed: bool) -> ActSizes:
+        """The sizes of a layer, ``checkpointed`` or not
+        (:meth:`~meshplan.spec.training.TrainingSpec.stage_recomputed`)."""
+        if training.per_layer_recompute and checkpointed:
             return (self.moe_checkpointed if moe else self.dense_checkpointed) or (self.moe if moe else self.dense)
         return self.moe if moe else self.dense
 
@@ -104,7 +105,7 @@ def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Mem
     dense = layer_act_sizes(model, training, mesh, opts)
     moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
     ck = ck_moe = None
-    if training.recompute == "layer":
+    if training.per_layer_recompute:
         ck = layer_act_sizes(model, training, mesh, opts, checkpointed=True)
         ck_moe = layer_act_sizes(model, training, mesh, opts, moe=True, checkpointed=True) if model.is_moe else ck
     return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts), ck, ck_moe)
@@ -152,7 +153,8 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     fsdp = any(u.gathered for u in us.values())
     layers = [i for chunk in stages[k] for i in chunk]
     common = common or common_sizes(model, training, mesh, opts)
-    acts = {i: common.layer(training, model.is_moe_layer(i), pos) for pos, i in enumerate(layers)}
+    checkpointed = dict(zip(layers, training.stage_recomputed(stages[k])))
+    acts = {i: common.layer(training, model.is_moe_layer(i), checkpointed[i]) for i in layers}
     hs = common.head
     bucket = deepspeed3_bucket_bytes(model, training, mesh, stages, k, opts, state.params.total) if fsdp \
         else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
@@ -183,6 +185,8 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         deepspeed_params=layer_param_bytes(model, training, mesh) if opts.deepspeed_prefetch_bytes(training) else (),
         deepspeed_kept=reuse.kept if reuse is not None else (),
         recompute=training.recompute,
+        layer_recompute={i: training.layer_policy(ck) for i, ck in checkpointed.items()}
+        if training.per_layer_recompute else None,
         init=init_entries(state, fsdp, comm_axes, opts, training, origin, mesh.layout.names, deepep)
         + ub_entry(model, training, mesh),
         step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

@@ -110,10 +110,12 @@ def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> Layer
 def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
                     moe: bool = False, checkpointed: bool = False) -> ActSizes:
     """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring.
-    Under torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` picks a
-    layer checkpointed in full or one that keeps everything."""
-    if training.recompute == "layer":
-        training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
+    Under torchtitan's per-layer AC (``recompute = "layer"``) and Megatron-LM's block recompute
+    (``recompute_num_layers``: :attr:`~meshplan.spec.training.TrainingSpec.per_layer_recompute`)
+    ``checkpointed`` picks a layer checkpointed in full or one that keeps everything."""
+    if training.per_layer_recompute:
+        training = training.model_copy(update={"recompute": training.layer_policy(checkpointed),
+                                               "recompute_num_layers": None})
     fused = opts.fused_glu_for(training) and model.gated_mlp
     parts = layer_parts(training.recompute_modules, moe, model.is_mla)
     lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused, "parts": parts}

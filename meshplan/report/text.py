@@ -126,8 +126,17 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {sharding_words(t, c.origin, plan_replicates(plan))}, "
               f"recompute {t.recompute} "
-              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}), {t.dtype_words}, "
+              f"({recompute_words(t, runtime(t, c.origin), short=bool(plan.timelines))}{_block_layers(plan)}), "
+              f"{t.dtype_words}, "
               f"reserve {t.memory_reserve:.0%}")
+
+
+def _block_layers(plan) -> str:
+    """``; recomputed: ...`` under Megatron-LM's block recompute
+    (:meth:`~meshplan.spec.training.TrainingSpec.block_layers_text`), "" otherwise or without stages."""
+    stages = getattr(plan, "stages", None)
+    text = plan.config.training.block_layers_text(stages) if stages else ""
+    return f"; {text}" if text else ""
 
 
 def _constraints(plan: Plan | Infeasible, con: Console) -> None:

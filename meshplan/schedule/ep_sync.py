@@ -24,7 +24,7 @@ def ep_syncs(plan, stage: int) -> int:
     if t.framework != "torch" or not cfg.model.is_moe or plan.mesh.ep < 2 or t.moe_dispatcher != "alltoall":
         return 0
     layers = [i for chunk in plan.stages[stage] for i in chunk]  # no Stage view: the search's plans have none
-    per = sum(1 + t.layer_recomputed(k) for k, i in enumerate(layers) if cfg.model.is_moe_layer(i))
+    per = sum(1 + ck for i, ck in zip(layers, t.stage_recomputed(plan.stages[stage])) if cfg.model.is_moe_layer(i))
     return plan.micro_batches * per
 
 

@@ -143,7 +143,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
-                    recompute_words(t, runtime(t, cfg.origin)),
+                    "; ".join(w for w in (recompute_words(t, runtime(t, cfg.origin)), t.block_layers_text(plan.stages)) if w),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),

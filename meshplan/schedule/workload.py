@@ -106,12 +106,12 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
     cache: dict[tuple, Cost] = {}
 
     def cost(i: int, s: int) -> Cost:
-        key = (model.is_moe_layer(i), t.layer_recomputed(position[s][i]))  # torchtitan per-layer AC
+        key = (model.is_moe_layer(i), recomputed[s][i])  # per-layer AC: torchtitan's, Megatron-LM's block
         if key not in cache:
             cache[key] = layer_cost(model, gpu, layer_workload(w, key[1]), layer=i, table=table)
         return cache[key]
 
-    position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
+    recomputed = [dict(zip((i for chunk in chunks for i in chunk), t.stage_recomputed(chunks))) for chunks in plan.stages]
     v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
     host = plan.config.cluster.node.pcie
     batch = _batch_costs(plan, w, last)

@@ -162,7 +162,8 @@ def sharding_training(t: TrainingSpec, sharding: str) -> TrainingSpec:
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
-    candidate's micro-batch, recompute (``layer`` at :data:`~meshplan.search.columns.LAYER_AC_FREQ`), sharding, reshard_after_forward and tp_comm_overlap
+    candidate's micro-batch, recompute (``layer`` at :data:`~meshplan.search.columns.LAYER_AC_FREQ`, ``full``
+    of every layer: Megatron-LM's block recompute is not searched), sharding, reshard_after_forward and tp_comm_overlap
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
     (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
     pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
@@ -176,6 +177,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     rc = RECOMPUTE[c.rc[i]]
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": rc,
                                                "ac_freq": LAYER_AC_FREQ if rc == "layer" else 1,
+                                               "recompute_num_layers": None,  # full: every layer (configured_find)
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})

@@ -45,6 +45,9 @@ def find(cfg: Config, spec: MeshSpec, c: Candidates) -> int | str:
     if t.recompute == "layer" and t.ac_freq != LAYER_AC_FREQ:
         return (f"training.ac_freq {t.ac_freq}: the search tries recompute 'layer' at ac_freq {LAYER_AC_FREQ} "
                 "(torchtitan's default selective_ac_option)")
+    if t.recompute_num_layers is not None:
+        return (f"training.recompute_num_layers {t.recompute_num_layers} (Megatron-LM's block recompute): the search "
+                "tries recompute 'full' of every layer (--recompute-method uniform --recompute-num-layers 1)")
     dps = mesh.degree("dp") // mesh.degree("dp_replicate")
     want = {"pp": mesh.degree("pp"), "dpr": mesh.degree("dp_replicate"), "dps": dps, "cp": mesh.degree("cp"),
             "tp": mesh.degree("tp"), "ep": mesh.ep, "etp": mesh.etp}

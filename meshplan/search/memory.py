@@ -135,7 +135,7 @@ class Tables:
         # FSDP2's unsharded gradients, all of them (a DeepSpeed ZeRO-3 row moves most into its ipg
         # buffer: the lower bound leaves them out there, search.bounds._layer_peak)
         t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3",
-                                      "zero3_engine": "fsdp2"})
+                                      "zero3_engine": "fsdp2", "recompute_num_layers": None})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense

@@ -39,8 +39,19 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
     >>> recompute_words(t, "megatron").split(":")[0]
     'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
 
-    ``short``: the same in a few words, where the output says it in full elsewhere.
+    ``short``: the same in a few words, where the output says it in full elsewhere. Megatron-LM's
+    block recompute (``recompute_num_layers``) in its flags under any runtime (framework megatron,
+    Megatron-DeepSpeed's the same):
+
+    >>> b = TrainingSpec(global_batch=8, seq_len=16, recompute="full", framework="megatron", recompute_num_layers=2)
+    >>> recompute_words(b, "megatron")
+    'Megatron-LM block recompute (--recompute-granularity full --recompute-method block --recompute-num-layers 2: the first 2 layers of each model chunk keep their input only and are recomputed in backward, the others keep all their activations)'
     """
+    if training.recompute == "full" and training.recompute_num_layers is not None:
+        n = training.recompute_num_layers
+        return (f"Megatron-LM block recompute (--recompute-granularity full --recompute-method block "
+                f"--recompute-num-layers {n}: the first {n} layers of each model chunk keep their input only and are "
+                f"recomputed in backward, the others keep all their activations)")
     if rt == DEEPSPEED:
         return _deepspeed_recompute(training)
     if rt == "torch" and training.recompute == "selective":

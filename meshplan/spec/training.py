@@ -265,7 +265,12 @@ class TrainingSpec(TrainingChecks):
     the blocks it wraps, 1-based, and wraps those whose count is a multiple of ac_freq; the
     count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
-    (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the runtime's words
+    (``selective_ac_option = "op"``). ``recompute_num_layers`` n (``full`` under framework megatron):
+    Megatron-LM's block recompute (``--recompute-method block --recompute-num-layers n``), the first n
+    layers of each model chunk checkpointed in full, the others keeping all their activations
+    (:meth:`layer_recomputed`); unset, every layer (``--recompute-method uniform
+    --recompute-num-layers 1``; uniform with n > 1, n layers under one checkpoint, is planned as that
+    too). :attr:`recompute_name` names each in the runtime's words
     (:mod:`meshplan.spec.recompute_words`).
     ``recompute_modules`` (``selective`` under ``framework = "megatron"``): Megatron-LM's
     ``--recompute-modules``, default ``("core_attn",)``; which activations each module does not keep

@@ -162,6 +162,11 @@ class TrainingChecks(TrainingPrecision):
         if self.ac_freq != 1 and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")
+        if self.recompute_num_layers is not None and (self.recompute != "full" or self.framework != "megatron"):
+            raise ValueError(f"recompute_num_layers is Megatron-LM's --recompute-method block --recompute-num-layers "
+                             f"(the first n layers of each model chunk checkpointed in full): set recompute = \"full\" "
+                             f"and framework = \"megatron\", or remove it (recompute {self.recompute!r}, framework "
+                             f"{self.framework!r})")
         if self.master_dtype == "int16" and self.keeps_master and self.param_dtype != "bf16":
             raise ValueError(f"master_dtype \"int16\" keeps the 16 low bits of an fp32 master whose high 16 bits "
                              f"are the bf16 parameter (TE FusedAdam store_param_remainders); param_dtype is "

@@ -1,33 +1,21 @@
 """Which runtime runs what under a training: the engine a sharding runs on (FSDP2, DeepSpeed's
 ZeRO-1/2 and ZeRO-3, Megatron-LM's distributed optimizer), the DeepSpeed defaults in effect,
 the engine a search's candidates run under, recompute and routing as the runtime resolves them,
-(which plan knobs act: :mod:`meshplan.spec.training_knobs`). :class:`TrainingEngines` adds them to the fields
+(which plan knobs act: :mod:`meshplan.spec.training_knobs`; which layers are checkpointed:
+:mod:`meshplan.spec.training_recompute`). :class:`TrainingEngines` adds them to the fields
 (:class:`meshplan.spec.training_fields.TrainingFields`) as properties; every caller reaches them
 through :class:`meshplan.spec.training.TrainingSpec`.
 """
 
 from __future__ import annotations
 
-from meshplan.spec.training_fields import TrainingFields
+from meshplan.spec.training_recompute import TrainingRecompute
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import runtime
 
 
-class TrainingEngines(TrainingFields):
+class TrainingEngines(TrainingRecompute):
     """The engine rules of a training (module docstring), as properties of its fields."""
-
-    def layer_recomputed(self, position: int) -> bool:
-        """Whether the layer at ``position`` (0-based, among the rank's stage layers) is
-        checkpointed in full: every layer under ``full``, every ``ac_freq``-th under ``layer``.
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="layer", ac_freq=3)
-        >>> [t.layer_recomputed(i) for i in range(6)]
-        [False, False, True, False, False, True]
-        """
-        if self.recompute == "layer":
-            return (position + 1) % self.ac_freq == 0
-        return self.recompute == "full"
 
     @property
     def torchtitan_units(self) -> bool:

@@ -106,6 +106,7 @@ class TrainingFields(BaseModel):
     recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
     op_sac_policy: OpSacPolicy = "238fa99"  # recompute "op": compute.recompute.op_sac_fuses_qkv
     ac_freq: int = Field(default=1, ge=1)
+    recompute_num_layers: Optional[int] = Field(default=None, ge=1)  # Megatron-LM --recompute-method block
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
     vocab_pad_divisor: int = Field(gt=0, le=BOUNDS["vocab_pad_divisor"].value)

@@ -46,6 +46,9 @@ def unsupported_reasons(mesh: Mesh, training: TrainingSpec, pipeline: bool = Fal
     if mesh.degree("pp") > 1 and training.recompute in ("layer", "op"):
         out.append(f"recompute {training.recompute!r} (torchtitan selective AC) under pp: the stage modules "
                    "checkpoint all layers or none; use 'full' or 'none'")
+    elif mesh.degree("pp") > 1 and training.per_layer_recompute:
+        out.append(f"recompute_num_layers {training.recompute_num_layers} (Megatron-LM's block recompute) under pp: the "
+                   "stage modules checkpoint all layers or none; remove it (every layer) or use 'none'")
     elif training.recompute == "op":
         out.append("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
                    "only; use 'layer', 'full' or 'none'")

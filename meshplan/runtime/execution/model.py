@@ -163,7 +163,8 @@ class Transformer(nn.Module):
     tensor-parallel degree the model will be split over, used only to copy KV heads when
     ``tp > kv_heads``. ``recompute``: full activation recomputation of every layer
     (non-reentrant ``torch.utils.checkpoint``), or a function of the layer's position saying
-    which (``TrainingSpec.layer_recomputed``: torchtitan's per-layer AC, every ``ac_freq``-th)."""
+    which (``TrainingSpec.layer_recomputed``: torchtitan's per-layer AC, every ``ac_freq``-th; at pp 1
+    Megatron-LM's block recompute, the rank's first ``recompute_num_layers``)."""
 
     def __init__(self, spec: ModelSpec, vocab: Optional[int] = None, tp: int = 1,
                  recompute: Union[bool, Callable[[int], bool]] = False):

@@ -125,8 +125,9 @@ def cp_rows(add, c) -> None:
 
 
 def _replayed(c) -> int:
-    """The stage's checkpointed layers (full, torchtitan per-layer AC), whose replay gathers K and V again."""
-    return sum(c.training.layer_recomputed(k) for k in range(len(c.layers)))
+    """The stage's checkpointed layers (full, torchtitan's per-layer AC, Megatron-LM's block recompute:
+    :meth:`~meshplan.comm.stage_context.StageContext.layer_recomputed`), whose replay gathers K and V again."""
+    return sum(c.layer_recomputed(k) for k in range(len(c.layers)))
 
 
 def _core_replayed(c) -> int:
