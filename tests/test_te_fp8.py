@@ -10,9 +10,11 @@ parallel, seq 32, micro-batch 2, the distributed optimizer (zero1). A layer's li
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
 
 MODEL = {"layers": 2, "hidden": 64, "ffn": 128, "q_heads": 4, "kv_heads": 4, "vocab": 128, "gated_mlp": True}
 FP8_VALUES = 2 * (4 * 64 * 64 + 3 * 64 * 128) // 2  # 40,960: two layers' linear weights at tp 2
@@ -45,3 +47,73 @@ def test_working_set_gathers_fp8_under_te():
         a = layer_act_sizes(cfg.model, cfg.training, p.mesh, cfg.memory)
         assert (a.fwd_temp, a.fwd_what) == (gathered, "SP all-gathered input")
         assert {s.name: s.work for s in a.steps}["mlp w_out"] == w_out
+
+
+@pytest.mark.parametrize("system, per", [("dgx-h100", 2), ("dgx-b200", 1)])
+def test_fp8_weight_cache_in_the_init(system, per):
+    """Task 3: Megatron-Core passes is_first_microbatch to TE's linears, so TE keeps each weight's fp8 copy in
+    _fp8_workspaces["weight"] for the run (TE linear.py:1958-1960, 2068-2071), cast again only on a step's first
+    micro-batch (linear.py:479). With gradients its column-wise form is kept too: on Hopper (sm 90, TN-only fp8
+    GEMMs) a transpose of 1 B more (float8_tensor.py:423-427), on Blackwell (sm 100) none (utils.py:658-664).
+    40,960 values x 2 B = 81,920 B on H100, x 1 B = 40,960 B on B200, kind params, beside the bf16 parameters
+    (the state unchanged: params dense 40,960 fp8 values + 64 x 64 embedding + output 128 x 64 / 2 + norms...)."""
+    p = _plan(system=system)
+    init = [e for e in p.timelines[0].events() if e.phase == "init" and "fp8 weight cache" in e.label]
+    assert [(e.kind, e.delta_bytes) for e in init] == [("params", FP8_VALUES * per)]
+    assert p.state[0].params.fp8_params == FP8_VALUES
+    assert p.state[0].bytes_of("params") == 2 * p.state[0].params.total  # no part of it in fp8
+
+
+def test_fp8_param_gather_state_and_transpose():
+    """Task 2: under --fp8-param-gather TE's linear weights are Float8Tensor parameters in a uint8 DDP buffer
+    (Megatron d98e8a6 param_and_grad_buffer.py:921-923): 40,960 x 1 B, the rest of the dense parameters at
+    2 B; TE keeps only the transpose beside them on H100 (post_all_gather_processing, TE utils.py:1404-1427):
+    40,960 x 1 B. The rest: embedding 128 x 64 / 2 = 4,096 (vocab-parallel), output 4,096, norms 2 x 2 x 64 +
+    64 = 320: 8,512 values, 17,024 B. Gradients stay 4 B (fp32 main grads) on all 49,472 values."""
+    p = _plan(fp8_param_gather=True)
+    st = p.state[0]
+    assert st.params.total == FP8_VALUES + 8512
+    parts = {i.name: i.size_bytes for i in st.items if i.kind == "params"}
+    assert parts == {"params dense (TE fp8 weights)": 40960, "params dense (other)": 17024}
+    assert st.bytes_of("grads") == 4 * 49472
+    init = [e for e in p.timelines[0].events() if e.phase == "init" and "transposes of the fp8 parameters" in e.label]
+    assert [e.delta_bytes for e in init] == [40960]
+
+
+@pytest.mark.parametrize("training, field", [({"fp8_param_gather": True, "framework": "torch"}, "fp8_param_gather"),
+                                             ({"fp8_param_gather": True, "linear_dtype": None}, "fp8_param_gather"),
+                                             ({"fp8_param_gather": True, "sharding": "none"}, "fp8_param_gather")])
+def test_fp8_param_gather_refused_where_megatron_has_none(training, field):
+    """fp8_param_gather is Megatron-LM's distributed optimizer's (arguments.py:1095-1097), of TE's fp8 linears:
+    one line naming the field and the fix, not a traceback."""
+    with pytest.raises(ConfigError) as e:
+        _cfg(**training)
+    assert field in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("pg", [False, True], ids=["cache", "fp8-param-gather"])
+def test_search_bounds_hold_with_te_fp8(pg):
+    """The search's state counts TE's fp8 weights as the plan does (search.memory.state through
+    memory.te_fp8.stage_bytes: the cache, and under --fp8-param-gather the parameters at 1 B) and its step
+    bound gathers the zero1 rows' parameters at 1 B a value under --fp8-param-gather (a lower bound of the
+    table's two buffers): on every feasible candidate of tests.test_search's 8-GPU Megatron case in fp8 the
+    memory lower bound <= the exact peak <= the upper bound (within the margin) and the step bound <= the
+    simulated step (the GPU: tests.test_search's 6 GB H100 with the catalog H100's fp8 peak and sm 90). Without
+    the search's count of the cache the "cache" case fails (an upper bound under the exact peak; tried)."""
+    from meshplan.search.driver import search
+    from tests.test_search import SMALL, gpu, plan_all, refused
+    h100 = gpu(6.0) | {"peak_tflops": {"bf16": 989.4, "fp8": 1978.9}, "cuda_sm": 90}  # fp8 peak: catalog H100's
+    cfg = config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1, "gpu": h100},
+                            "training": {"global_batch": 64, "seq_len": 2048, "framework": "megatron", "sharding": "zero1",
+                                         "linear_dtype": "fp8", "fp8_param_gather": pg},
+                            "search": {"settle_max": 1_000_000, "micro_batch": [1, 2], "recompute": ["selective"],
+                                       "sharding": ["zero1"], "top": 4}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    m, checked = cfg.search.memory_margin, 0
+    for i, (feasible, _, peak, step) in enumerate(plan_all(cfg, r)):
+        if peak is not None and np.isfinite(r.est.peak_lo[i]):
+            assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i] * (1 + m), r.candidates.label(i)
+        if feasible and not refused(r, i):
+            assert r.est.step_lo[i] <= step * (1 + 1e-9), r.candidates.label(i)
+            checked += 1
+    assert checked > 0
