@@ -80,6 +80,22 @@ def test_fp8_param_gather_state_and_transpose():
     assert [e.delta_bytes for e in init] == [40960]
 
 
+def test_fp8_param_gather_all_gathers_one_byte():
+    """Task 2: the distributed optimizer all-gathers the fp8 buffer's 40,960 values at 1 B (40,960 B) and the
+    other buffer's 8,512 at bf16 (17,024 B), each buffer reduce-scattered apart in fp32 (163,840 B and 34,048
+    B); before, one all-gather of 49,472 x 2 = 98,944 B. Under --overlap-grad-reduce the same buffers in
+    Megatron's buckets (here each one bucket: 40e6 elements a bucket), the fp8 one's rows marked."""
+    for extra in ({}, {"overlap_grad_reduce": True}):
+        rows = [r for r in _plan(fp8_param_gather=True, **extra).collectives["stage 0"]
+                if r.phase == "step" and r.axis in ("dp", "fsdp")]
+        ag = sorted((r.size_bytes, r.dtype) for r in rows if r.op == "all-gather")
+        rs = sorted((r.size_bytes, r.dtype) for r in rows if r.op == "reduce-scatter")
+        assert ag == [(17024, "bf16"), (40960, "fp8")] and rs == [(34048, "fp32"), (163840, "fp32")]
+        assert all("fp8 parameters" in r.cadence for r in rows if r.dtype == "fp8")
+    rows = [r for r in _plan().collectives["stage 0"] if r.phase == "step" and r.op == "all-gather"]
+    assert [(r.size_bytes, r.dtype) for r in rows] == [(98944, "bf16")]
+
+
 @pytest.mark.parametrize("training, field", [({"fp8_param_gather": True, "framework": "torch"}, "fp8_param_gather"),
                                              ({"fp8_param_gather": True, "linear_dtype": None}, "fp8_param_gather"),
                                              ({"fp8_param_gather": True, "sharding": "none"}, "fp8_param_gather")])
@@ -89,6 +105,24 @@ def test_fp8_param_gather_refused_where_megatron_has_none(training, field):
     with pytest.raises(ConfigError) as e:
         _cfg(**training)
     assert field in str(e.value) and "\n" not in str(e.value)
+
+
+def test_import_reads_and_export_writes_fp8_param_gather():
+    """nc49 train_fp8pg.sh: --fp8-param-gather with --fp8-format hybrid and --use-distributed-optimizer is
+    training.fp8_param_gather (no NOT-modelled note for it now), and an export writes the flag back. Without
+    the distributed optimizer Megatron-LM asserts (arguments.py:1095-1097): one line."""
+    from pathlib import Path
+    from meshplan.interop import megatron
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.megatron_precision import fp8_param_gather_keys
+    from meshplan.interop.megatron_write import write
+    text = (Path(__file__).parent / "data" / "nc49" / "train_fp8pg.sh").read_text()
+    imp = megatron.read(text, ImportOptions(cluster="dgx-h100"))
+    assert imp.tables["training"]["fp8_param_gather"] is True
+    assert not any("--fp8-param-gather" in n for n in imp.notes)
+    assert "--fp8-param-gather" in " ".join(write(config_from_dict(imp.tables)))
+    with pytest.raises(ConfigError, match="--fp8-param-gather"):
+        fp8_param_gather_keys({"--fp8-param-gather": True, "--fp8-format": "hybrid"}, [])
 
 
 @pytest.mark.parametrize("pg", [False, True], ids=["cache", "fp8-param-gather"])
