@@ -96,6 +96,23 @@ def test_fp8_param_gather_all_gathers_one_byte():
     assert [(r.size_bytes, r.dtype) for r in rows] == [(98944, "bf16")]
 
 
+def test_te_casts_once_a_step():
+    """Task 3's compute: one cast of each weight a step (the cache reused by the later micro-batches), the bf16
+    read and the fp8 data and transpose written (delayed scaling's fused cast-transpose): 40,960 x 4 B =
+    163,840 B; under --fp8-param-gather the fp32 main shard cast into the fp8 shard (40,960 / 4 = 10,240 x 5 B)
+    and the transpose after the all-gather (40,960 x 2 B): 133,120 B. Seconds: at the H100's optimizer
+    bandwidth, never below one issue floor (these are tiny: the floor)."""
+    from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
+    from meshplan.memory.te_fp8 import cast_bytes
+    from meshplan.schedule.step_end import te_fp8_cast_s
+    for pg, nbytes in ((False, 163840), (True, 133120)):
+        p = _plan(fp8_param_gather=pg)
+        gpu = p.config.cluster.gpu
+        assert cast_bytes(FP8_VALUES, FP8_VALUES // 4, p.config.training, gpu.cuda_sm, 2) == nbytes
+        assert te_fp8_cast_s(p, 0) == issue_floor(gpu, nbytes / optimizer_bandwidth(gpu)) > 0
+    assert te_fp8_cast_s(_plan(linear_dtype=None), 0) == 0.0
+
+
 @pytest.mark.parametrize("training, field", [({"fp8_param_gather": True, "framework": "torch"}, "fp8_param_gather"),
                                              ({"fp8_param_gather": True, "linear_dtype": None}, "fp8_param_gather"),
                                              ({"fp8_param_gather": True, "sharding": "none"}, "fp8_param_gather")])
