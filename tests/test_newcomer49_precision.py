@@ -103,13 +103,14 @@ def test_expandable_segments_from_the_env_line():
     assert "export PYTORCH_CUDA_ALLOC_CONF" not in imp.unused
 
 
-def test_fp8_param_gather_is_noted_not_unused():
+def test_fp8_param_gather_is_read_not_unused():
     """train_fp8pg.sh: --fp8-param-gather and --fp8-recipe delayed. The recipe is per-tensor scaling, what
-    the plan's fp8 GEMMs model (not noted); --fp8-param-gather changes the parameters' bytes and the
-    distributed optimizer's all-gather, which the plan does not model: named in the NOT modelled note."""
+    the plan's fp8 GEMMs model (not noted). --fp8-param-gather was named in the NOT modelled note until te50
+    modelled it (meshplan.memory.te_fp8: the parameters' bytes and the distributed optimizer's all-gather):
+    now training.fp8_param_gather, in no note, not unused (its bytes by hand: tests/test_te_fp8.py)."""
     imp = _read("train_fp8pg.sh")
-    note = next(x for x in imp.notes if x.startswith("changes memory/communication, NOT modelled"))
-    assert "--fp8-param-gather" in note and "--fp8-recipe" not in note
+    assert imp.tables["training"]["fp8_param_gather"] is True
+    assert not any("--fp8-param-gather" in x or "--fp8-recipe" in x for x in imp.notes)
     assert "--fp8-param-gather" not in imp.unused and "--fp8-recipe" not in imp.unused
 
 

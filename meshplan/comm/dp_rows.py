@@ -35,6 +35,7 @@ from meshplan.comm.deepspeed_rows import zero3_2021_rows
 from meshplan.comm.fsdp_rows import fsdp_rows, fsdp_shards, fsdp_units
 from meshplan.comm.megatron_buckets import bucket_cap, megatron_bucket_rows, split_buckets
 from meshplan.comm.stage_context import StageContext, registered_tensors, registration_numels
+from meshplan.memory import te_fp8
 from meshplan.mesh.tpsplit import local_numel
 from meshplan.spec.memory import MemoryOptions
 from meshplan.units import dtype_bytes
@@ -70,23 +71,47 @@ def _unsharded_rows(add, c: StageContext) -> None:
     for _, axis, numel, chunk, *_ in fsdp_units(c, fsdp_shards(c)):
         by_axis[axis] += numel
         by_chunk.setdefault(axis, Counter())[chunk] += numel
+    f8 = te_fp8_by_chunk(c)
     for axis, numel in by_axis.items():
+        # the buffers (elements by chunk, fp8): under --fp8-param-gather TE's fp8 parameters apart
+        bufs = [(by_chunk[axis] - f8, False), (f8, True)] if f8 and axis == "fsdp" else [(by_chunk[axis], False)]
         if t.overlap_grad_reduce and t.sharding in ("none", "zero1"):  # Megatron-LM's DDP buffers: bucketed
-            megatron_bucket_rows(add, c, axis, dict(by_chunk[axis]))
+            for chunks, fp8 in bufs:
+                megatron_bucket_rows(add, c, axis, dict(chunks), fp8)
         elif t.sharding in ("zero1", "zero2"):
-            if t.sharding == "zero1":
-                add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
-                    per_step=1)
-            else:
+            if t.sharding == "zero2":
                 _zero2_rows(add, c, axis, numel)
-            add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
-                "once per step (updated params)", "next step's forward", per_step=1)
+            for chunks, fp8 in bufs:
+                n, gdt, what = sum(chunks.values()), "fp8" if fp8 else t.param_dtype, ", fp8 parameters" * fp8
+                if t.sharding == "zero1":
+                    add(axis, "step", "reduce-scatter", n * dtype_bytes(rs), rs, 0, f"once per step{what}",
+                        "optimizer step", per_step=1)
+                add(axis, "step", "all-gather", n * dtype_bytes(gdt), gdt, 0,
+                    f"once per step (updated params{what})", "next step's forward", per_step=1)
         elif t.framework == "megatron":  # Megatron-LM 2022's local DDP: one all-reduce of its contiguous buffer
             add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(rs),
                 rs, 0, "once per step (DDP, one bucket: Megatron-LM's contiguous buffer)", "optimizer step",
                 per_step=1)
         else:
             _ddp_rows(add, c, axis)
+
+
+def te_fp8_by_chunk(c: StageContext) -> Counter[int]:
+    """Elements of Transformer Engine's fp8 weights on the stage by local chunk
+    (:func:`meshplan.memory.te_fp8.is_weight`, dense), which ``--fp8-param-gather`` keeps as uint8
+    parameters in a DDP buffer of their own (:mod:`meshplan.memory.te_fp8`); empty without it."""
+    m, t, out = c.model, c.training, Counter[int]()
+    if not (t.fp8_param_gather and te_fp8.applies(t)):
+        return out
+    tp, ep, etp = c.mesh.degree("tp"), c.mesh.ep, c.mesh.etp
+    per: dict[bool, int] = {}  # a layer's tensors depend on it only through is_moe_layer
+    for i in c.layers:
+        moe = m.is_moe_layer(i)
+        if moe not in per:
+            per[moe] = sum(local_numel(x, m, tp, ep, etp, t.framework) for x in m.layer_tensors(i)
+                           if te_fp8.is_weight(t, x) and not x.expert)
+        out[(c.chunk_of or {}).get(i, 0)] += per[moe]
+    return +out
 
 
 #: Cadence mark of ZeRO-2's per-micro-batch bucket reduce-scatters (:func:`_zero2_rows`).

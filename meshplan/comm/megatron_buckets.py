@@ -82,20 +82,26 @@ def bucket_cap(c: StageContext) -> int:
     return MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
 
 
-def megatron_bucket_rows(add, c: StageContext, axis: str, numel_by_chunk: dict[int, int]) -> None:
+def megatron_bucket_rows(add, c: StageContext, axis: str, numel_by_chunk: dict[int, int],
+                         fp8_buffer: bool = False) -> None:
     """The rows of one buffer kind's (``axis``: fsdp dense, efsdp routed experts) buckets
     (:func:`bucket_sizes`; one row per size and chunk kind). Each is reduced once per step, in
     the last micro-batch's backward, when its gradients are all ready (``register_grad_ready``):
     an all-reduce (none) or a reduce-scatter (zero1, the distributed optimizer), then zero1
     all-gathers the updated parameters bucket by bucket. Rows of the stage's first chunk carry
-    :data:`CHUNK0_MARK`. E.g. 2.2e9 elements at dp 8 on stage 0: 55 buckets of 4e7."""
+    :data:`CHUNK0_MARK`. E.g. 2.2e9 elements at dp 8 on stage 0: 55 buckets of 4e7.
+    ``fp8_buffer``: the buffer of Transformer Engine's fp8 parameters under ``--fp8-param-gather``
+    (uint8 parameters, a buffer apart: d98e8a6 ``param_and_grad_buffer.py:921-923``; its own
+    buckets, its gradients in the reduce dtype), whose all-gather moves 1 B a value
+    (:mod:`meshplan.memory.te_fp8`)."""
     t, rs = c.training, c.training.gradient_reduce_dtype
+    gdt = "fp8" if fp8_buffer else t.param_dtype
     rows: Counter[tuple[int, int, bool]] = Counter()
     for size, k, chunk in bucket_sizes(c, numel_by_chunk):
         rows[(size, chunk == 0, megatron_bucketed(c.stage, chunk))] += k
     total = sum(rows.values())
     word = {True: f"{bucket_cap(c):,} elements", False: "one per chunk: pipeline rank > 0 or chunk > 0"}
-    hows = {key: f"{k} of {total} buckets {MEGATRON_BUCKET_CADENCE} {word[key[2]]}"
+    hows = {key: f"{k} of {total} buckets {MEGATRON_BUCKET_CADENCE} {word[key[2]]}" + ", fp8 parameters" * fp8_buffer
                  + (f", {CHUNK0_MARK}" if key[1] else "") + ", --overlap-grad-reduce)" for key, k in rows.items()}
     for key, k in rows.items():
         size, how = key[0], hows[key]
@@ -106,5 +112,5 @@ def megatron_bucket_rows(add, c: StageContext, axis: str, numel_by_chunk: dict[i
             add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size * dtype_bytes(rs), rs, 0,
                 f"once per step, {how}", "optimizer step", per_step=k)
     for key, k in rows.items() if t.sharding == "zero1" else ():
-        add(axis, "step", "all-gather", key[0] * dtype_bytes(t.param_dtype), t.param_dtype, 0,
+        add(axis, "step", "all-gather", key[0] * dtype_bytes(gdt), gdt, 0,
             f"once per step (updated params), {hows[key]}", "next step's forward", per_step=k)

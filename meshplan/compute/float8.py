@@ -93,7 +93,8 @@ before the collective, so the collective table adds their seconds to each fsdp a
 **The output layer** (``training.fp8_output_layer``): its casts run eagerly, outside the compiled
 blocks, counted in :mod:`meshplan.compute.float8_head` with this module's per-tensor kernels.
 
-Not counted: the casts' tiny scale kernels; Transformer Engine's casts under Megatron-LM;
+Not counted: the casts' tiny scale kernels; Transformer Engine's activation casts under Megatron-LM (its
+weight casts, once a step: :func:`meshplan.schedule.step_end.te_fp8_cast_s`);
 MoE and MLA layers (their float8 plans are not modelled). The per-step weight amax of the
 precompute is :func:`meshplan.compute.float8_fsdp.precompute_bytes`, its all-reduce the table's per-step fsdp row, both
 step-end events after the optimizer (:func:`meshplan.schedule.step_end.float8_precompute_s`);

@@ -63,6 +63,7 @@ Megatron-LM                              meshplan
 --bf16, --fp16                           compute/param dtype (fp32 main parameters kept)
 --fp8-format                             training.linear_dtype fp8 (Transformer Engine's linears; activations,
                                          attention, output layer and router in bf16 or fp16)
+--fp8-param-gather                       training.fp8_param_gather (with --fp8-format and the distributed optimizer)
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
@@ -307,7 +308,7 @@ def _precision(args: dict, training: dict, dtype: str, notes: list[str], deepspe
     (:mod:`~meshplan.interop.megatron_precision`; not under DeepSpeed's engine, whose config
     says its dtypes), and the note on the flags that change memory or communication unplanned."""
     if not deepspeed:
-        training = training | precision.precision_keys(args, dtype, notes)
+        training = training | precision.precision_keys(args, dtype, notes) | precision.fp8_param_gather_keys(args, notes)
     training = {k: v for k, v in (training | precision.local_keys(args, notes)).items() if v is not None}
     notes += precision.not_modelled_note(args)
     return training

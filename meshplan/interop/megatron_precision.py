@@ -26,6 +26,11 @@ NVIDIA/TransformerEngine d0067d0:
   softmax, ``FusedScaleMaskSoftmax``). Megatron-LM asserts none of fp8 or ``--tp-comm-overlap``
   against it: ``initialize_ub`` still runs (``initialize.py:164-166``) but no GEMM uses its buffers.
   The plan follows: tp_comm_overlap false, no fp8 GEMM, flash_attention false, with a note.
+- ``--fp8-param-gather`` (:func:`fp8_param_gather_keys`): training.fp8_param_gather with
+  ``--fp8-format`` and the distributed optimizer (``arguments.py:1095-1097`` refuses it otherwise,
+  unless an FSDP: Megatron FSDP or torch FSDP2 gather their own way, noted, not planned; under
+  ``--use-torch-fsdp2`` with TE >= 2.0 Megatron-LM turns it off, 1051-1056); without ``--fp8-format``
+  no TE linear is fp8 (noted, dropped). What it changes: :mod:`meshplan.memory.te_fp8`.
 - ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` exported by the script
   (:func:`alloc_conf`): ``[memory] expandable_segments``.
 - The rest change memory or communication in ways meshplan does not plan (:data:`NOT_MODELLED`):
@@ -52,16 +57,15 @@ NOT_MODELLED = {
                                        "their inputs and output gradients kept until then",
     "--num-distributed-optimizer-instances": "optimizer state sharded over dp / N and kept N times, gradients "
                                              "reduce-scattered within an instance and all-reduced across them",
-    "--fp8-param-gather": "TE linear weights kept in fp8 with no bf16 copy and the distributed optimizer's "
-                          "parameter all-gather moving 1 B a value",
     "--fp8-recipe": "block scales (mxfp8, blockwise) or a custom recipe; planned as per-tensor scaling",
 }
 #: --fp8-recipe values the plan's per-tensor fp8 GEMMs model (TransformerConfig.fp8_recipe, default delayed).
 PER_TENSOR_RECIPES = ("delayed", "tensorwise")
+FP8PG = "--fp8-param-gather"
 #: store_true flags among these (the parser's switches).
-SWITCHES = {PAO, "--defer-embedding-wgrad-compute", "--fp8-param-gather"}
+SWITCHES = {PAO, "--defer-embedding-wgrad-compute", FP8PG}
 #: Every flag this module reads (none is listed as unused).
-FLAGS = {PAO, "--transformer-impl", *DTYPE_FLAGS, *NOT_MODELLED}
+FLAGS = {PAO, "--transformer-impl", FP8PG, *DTYPE_FLAGS, *NOT_MODELLED}
 ALLOC_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 
@@ -120,6 +124,34 @@ def precision_keys(args: dict[str, Any], param_dtype: str, notes: list[str]) -> 
     return {k: v for k, v in out.items() if not (k == "master_dtype" and v == "fp32")}
 
 
+def fp8_param_gather_keys(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """[training] fp8_param_gather of ``--fp8-param-gather`` (module docstring): true with
+    ``--fp8-format`` under the distributed optimizer; under an FSDP a note (not planned); without
+    ``--fp8-format`` a note (no fp8 linear to keep); nothing without the switch.
+
+    >>> fp8_param_gather_keys({FP8PG: True, "--fp8-format": "hybrid", "--use-distributed-optimizer": True}, [])
+    {'fp8_param_gather': True}
+    >>> n = []; fp8_param_gather_keys({FP8PG: True, "--use-distributed-optimizer": True}, n), n[0][:40]
+    ({}, '--fp8-param-gather without --fp8-format:')
+    """
+    if not args.get(FP8PG):
+        return {}
+    fsdp = next((f for f in ("--use-megatron-fsdp", "--use-custom-fsdp", "--use-torch-fsdp2") if args.get(f)), None)
+    if fsdp:
+        notes.append(f"changes memory/communication, NOT modelled: {FP8PG} under {fsdp} (its fp8 gathers are planned "
+                     f"in the parameter dtype)")
+        return {}
+    if not args.get("--use-distributed-optimizer"):
+        raise ConfigError(FP8PG, "needs --use-distributed-optimizer (or an FSDP): Megatron-LM asserts \"--fp8-param-"
+                          "gather only supported with distributed optimizer, torch fsdp2, megatron fsdp, or inference "
+                          "mode\" (arguments.py:1095-1097)")
+    if not args.get("--fp8-format"):
+        notes.append(f"{FP8PG} without --fp8-format: no Transformer Engine linear runs fp8, so no parameter is kept "
+                     f"in fp8; planned without it")
+        return {}
+    return {"fp8_param_gather": True}
+
+
 def local_keys(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """[training] keys of ``--transformer-impl local`` (module docstring): tp_comm_overlap and
     flash_attention false, no fp8 GEMM (``linear_dtype`` None: the caller drops it), with a note
@@ -138,7 +170,7 @@ def local_keys(args: dict[str, Any], notes: list[str]) -> dict[str, Any]:
                  "RowParallelLinear, unfused DotProductAttention), no Transformer Engine module: planned with the "
                  "attention core unfused (flash_attention false)" + (f", without {' and '.join(dropped)}"
                                                                     if dropped else ""))
-    return {"tp_comm_overlap": False, "flash_attention": False, "linear_dtype": None}
+    return {"tp_comm_overlap": False, "flash_attention": False, "linear_dtype": None, "fp8_param_gather": None}
 
 
 def not_modelled_note(args: dict[str, Any]) -> list[str]:

@@ -69,7 +69,7 @@ def write(cfg: Config) -> list[str]:
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])
-    out += ["--fp8-format hybrid"] * (t.linear_dtype == "fp8")
+    out += ["--fp8-format hybrid"] * (t.linear_dtype == "fp8") + ["--fp8-param-gather"] * t.fp8_param_gather
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise; DeepSpeed's engine as its config says
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32" and not deepspeed)
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)

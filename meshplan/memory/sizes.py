@@ -2,8 +2,9 @@
 (:func:`stage_sizes`): the layers' and the head's activations and working sets
 (:mod:`meshplan.memory.workingset`, computed once for all stages: :func:`common_sizes`), the
 stage's FSDP units (:mod:`meshplan.memory.units`), DeepSpeed's gradient buffers
-(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), Transformer Engine's
-userbuffers (:mod:`meshplan.memory.userbuffers`), the persistent state at init (:func:`init_entries`) and the
+(:mod:`meshplan.memory.buffers`), DeepEP's buffer (:mod:`meshplan.memory.deepep_buffers`), Transformer
+Engine's userbuffers (:mod:`meshplan.memory.userbuffers`) and fp8 weight copies
+(:mod:`meshplan.memory.te_fp8`), the persistent state at init (:func:`init_entries`) and the
 optimizer step's temporaries (:func:`step_entries`).
 """
 
@@ -24,6 +25,7 @@ from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, 
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.userbuffers import entry as ub_entry
+from meshplan.memory import te_fp8
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import explicit_forward_prefetch, units
@@ -44,7 +46,7 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
         if it.kind == "grads" and fsdp_grads:
             continue
         how = state_how(training, shard_words(it.axis, names, training.sharding), it.divisor, origin)
-        out.append((None, it.kind, it.size_bytes, f"{it.kind} {it.group}: {it.count:,} x {it.bytes_per_element} B, {how}"))
+        out.append((None, it.kind, it.size_bytes, f"{it.name}: {it.count:,} x {it.bytes_per_element} B, {how}"))
     for axis in comm_axes:
         out.append((None, "comm_buffers", opts.comm_bytes_per_group,
                     f"NCCL communicator {axis}: NCCL_BUFFSIZE {human_bytes(opts.nccl_buffsize_bytes)} x "
@@ -143,11 +145,12 @@ def batch_mask_bytes(training: TrainingSpec, mesh: Mesh, stage: int) -> tuple[in
 
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
                 opts: MemoryOptions, comm_axes: list[str], common: Optional[CommonSizes] = None,
-                origin: str = "") -> StageSizes:
+                origin: str = "", cuda_sm: int = 0) -> StageSizes:
     """All sizes of stage ``state.stage`` (``stages``: ``pipeline.stage_layers`` output);
     ``common``: :func:`common_sizes` of the same arguments when already computed; ``origin``:
     the config's foreign format (:attr:`meshplan.config.Config.origin`), for the words of the
-    state's notes."""
+    state's notes; ``cuda_sm``: the GPU's compute capability x 10 (whether Transformer Engine keeps
+    fp8 weight transposes, :func:`meshplan.memory.te_fp8.tn_only`; 0 unknown: kept)."""
     k = state.stage
     us = units(model, training, mesh, stages, state, ipg_elements(training, opts))
     fsdp = any(u.gathered for u in us.values())
@@ -188,5 +191,5 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         layer_recompute={i: training.layer_policy(ck) for i, ck in checkpointed.items()}
         if training.per_layer_recompute else None,
         init=init_entries(state, fsdp, comm_axes, opts, training, origin, mesh.layout.names, deepep)
-        + ub_entry(model, training, mesh),
+        + ub_entry(model, training, mesh) + te_fp8.cache_entry(state.params.fp8_params, training, cuda_sm),
         step=step_entries(state, training, opts, fsdp_grads), batch_mask=batch_mask_bytes(training, mesh, k))

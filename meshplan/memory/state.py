@@ -79,6 +79,7 @@ from meshplan.spec.axes.base import Dim
 from meshplan.spec.model import ModelSpec, Tensor
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.memory import te_fp8
 from meshplan.units import dtype_bytes
 
 FRAMEWORK_LABEL = "framework accounting (explicit dtypes)"
@@ -104,7 +105,9 @@ class StageParams:
     and expert), ``norm_params`` (layer norms, qk-norms and the final norm, replicated over
     tp), ``embedding_params`` (input and learned position embeddings, stage 0),
     ``output_params`` (output layer on the last stage; ``tied_copy`` when it is the copy of
-    a tied embedding). ``expert_params`` is the part of ``layer_params`` split by ep x etp.
+    a tied embedding). ``expert_params`` is the part of ``layer_params`` split by ep x etp;
+    ``fp8_params`` the part that is Transformer Engine's fp8 linear weights (framework megatron
+    with ``linear_dtype = "fp8"``: :func:`meshplan.memory.te_fp8.is_weight`), dense.
     """
 
     stage: int
@@ -115,6 +118,7 @@ class StageParams:
     output_params: int
     expert_params: int
     tied_copy: bool = False
+    fp8_params: int = 0
 
     @property
     def total(self) -> int:
@@ -149,13 +153,13 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     last = last_stage(stages)  # the output layer's stage (0 under a V)
     for k, chunks in enumerate(stages):
         ids = tuple(i for chunk in chunks for i in chunk)
-        counts = {"layer": 0, "norm": 0, "expert": 0, "embedding": 0, "output": 0}
+        counts = {"layer": 0, "norm": 0, "expert": 0, "fp8": 0, "embedding": 0, "output": 0}
         n_moe = 0
         for i in ids:
             if i not in moe_of:
                 moe_of[i] = model.is_moe_layer(i)
                 if moe_of[i] not in per_layer:
-                    per_layer[moe_of[i]] = _layer_counts(model, i, tp, ep, etp, training.framework)
+                    per_layer[moe_of[i]] = _layer_counts(model, i, tp, ep, etp, training)
             n_moe += moe_of[i]
         for moe, n_layers in ((False, len(ids) - n_moe), (True, n_moe)):  # integer sums: n x one layer's counts
             for key, n in per_layer.get(moe, {}).items():
@@ -173,17 +177,19 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
         out.append(StageParams(stage=k, layer_ids=ids, layer_params=counts["layer"],
                                norm_params=counts["norm"], embedding_params=counts["embedding"],
                                output_params=counts["output"], expert_params=counts["expert"],
-                               tied_copy=tied_copy))
+                               tied_copy=tied_copy, fp8_params=counts["fp8"]))
     return out
 
 
-def _layer_counts(model: ModelSpec, layer: int, tp: int, ep: int, etp: int, framework: str = "torch") -> dict[str, int]:
-    """Elements per rank of one transformer layer: ``layer`` (non-norm), ``norm``, ``expert``."""
-    out = {"layer": 0, "norm": 0, "expert": 0}
+def _layer_counts(model: ModelSpec, layer: int, tp: int, ep: int, etp: int, training: TrainingSpec) -> dict[str, int]:
+    """Elements per rank of one transformer layer: ``layer`` (non-norm), ``norm``, ``expert``,
+    ``fp8`` (Transformer Engine's fp8 linear weights, :func:`meshplan.memory.te_fp8.is_weight`)."""
+    out = {"layer": 0, "norm": 0, "expert": 0, "fp8": 0}
     for t in model.layer_tensors(layer):
-        n = local_numel(t, model, tp, ep, etp, framework)
+        n = local_numel(t, model, tp, ep, etp, training.framework)
         out["norm" if _is_norm(t) else "layer"] += n
         out["expert"] += n if t.expert else 0
+        out["fp8"] += n if te_fp8.is_weight(training, t) and not t.expert else 0
     return out
 
 
@@ -194,7 +200,9 @@ class StateItem:
     ``kind``: params, grads, master or optimizer; ``group``: dense or expert; ``numel``:
     elements per rank before data-parallel sharding; ``axis``/``divisor``: the axis that
     shards it and its degree ("" and 1 when not sharded); ``bytes_per_element``: dtype
-    bytes (optimizer: states x dtype bytes, 8 for Adam in fp32).
+    bytes (optimizer: states x dtype bytes, 8 for Adam in fp32); ``what``: the part of the
+    group where a kind is split by dtype (under ``--fp8-param-gather`` the dense parameters:
+    Transformer Engine's fp8 weights at 1 B, :mod:`meshplan.memory.te_fp8`, and the rest).
     """
 
     kind: str
@@ -203,6 +211,12 @@ class StateItem:
     axis: str
     divisor: int
     bytes_per_element: int
+    what: str = ""
+
+    @property
+    def name(self) -> str:
+        """``params dense``, ``params dense (TE fp8 weights)``: kind, group and part."""
+        return f"{self.kind} {self.group}" + (f" ({self.what})" if self.what else "")
 
     @property
     def count(self) -> int:
@@ -215,9 +229,9 @@ class StateItem:
 
     def line(self) -> str:
         if self.divisor == 1:
-            return (f"{self.kind} {self.group}: {self.numel} x {self.bytes_per_element} B = "
+            return (f"{self.name}: {self.numel} x {self.bytes_per_element} B = "
                     f"{self.size_bytes} B (not sharded)")
-        return (f"{self.kind} {self.group}: ceil({self.numel} / {self.axis} {self.divisor}) = "
+        return (f"{self.name}: ceil({self.numel} / {self.axis} {self.divisor}) = "
                 f"{self.count} x {self.bytes_per_element} B = {self.size_bytes} B")
 
 
@@ -275,9 +289,16 @@ def stage_state_bytes(params: StageParams, mesh: Mesh, training: TrainingSpec) -
     return _stage_state_bytes(params, _item_specs(mesh, training))
 
 
-def _item_specs(mesh: Mesh, training: TrainingSpec) -> tuple[tuple[str, str, str, int, int], ...]:
-    """(group, kind, axis, divisor, bytes per element) of every item with bytes, in
-    :func:`stage_state_bytes`'s order: what every stage of one mesh shares."""
+#: The parts of the dense parameters under ``--fp8-param-gather`` (:func:`_item_specs`): TE's fp8
+#: weights and the rest, each with its own bytes per element.
+FP8_PART, OTHER_PART = "TE fp8 weights", "other"
+
+
+def _item_specs(mesh: Mesh, training: TrainingSpec) -> tuple[tuple[str, str, str, int, int, str], ...]:
+    """(group, kind, axis, divisor, bytes per element, part) of every item with bytes, in
+    :func:`stage_state_bytes`'s order: what every stage of one mesh shares. ``part`` "" for the
+    whole group; under ``--fp8-param-gather`` the dense parameters in two parts, :data:`FP8_PART`
+    at :func:`meshplan.memory.te_fp8.param_bytes_per_element` and :data:`OTHER_PART`."""
     sharded = SHARDED_KINDS[training.sharding]
     out = []
     for group in ("dense", "expert"):
@@ -287,14 +308,21 @@ def _item_specs(mesh: Mesh, training: TrainingSpec) -> tuple[tuple[str, str, str
                 continue
             axis = SHARD_AXIS[group] if kind in sharded else ""
             divisor = mesh.degree(axis) if axis else 1
-            out.append((group, kind, axis if divisor > 1 else "", divisor, per))
+            axis = axis if divisor > 1 else ""
+            if kind == "params" and group == "dense" and training.fp8_param_gather and te_fp8.applies(training):
+                out.append((group, kind, axis, divisor, te_fp8.param_bytes_per_element(True, per), FP8_PART))
+                out.append((group, kind, axis, divisor, per, OTHER_PART))
+            else:
+                out.append((group, kind, axis, divisor, per, ""))
     return tuple(out)
 
 
 def _stage_state_bytes(params: StageParams, specs: tuple) -> StateBytes:
     numel = {"dense": params.count("dense"), "expert": params.count("expert")}
-    items = tuple(StateItem(kind, group, numel[group], axis, divisor, per)
-                  for group, kind, axis, divisor, per in specs if numel[group])
+    part = {"": lambda g: numel[g], FP8_PART: lambda g: params.fp8_params,
+            OTHER_PART: lambda g: numel[g] - params.fp8_params}
+    items = tuple(StateItem(kind, group, part[p](group), axis, divisor, per, p if params.fp8_params else "")
+                  for group, kind, axis, divisor, per, p in specs if part[p](group))
     return StateBytes(stage=params.stage, params=params, items=items)
 
 

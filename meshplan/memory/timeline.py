@@ -259,7 +259,8 @@ def _common(plan) -> tuple[list[str], CommonSizes]:
 def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference: bool) -> Timeline:
     c = plan.config
     t, opts = c.training, c.memory
-    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1], c.origin)
+    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1], c.origin,
+                        c.cluster.gpu.cuda_sm)
     # one pipeline schedule run (training.pp_schedule_runs): each run starts from sharded parameters
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.run_micro_batches, plan.vpp)
     phase, chunk, mb = stage_op_arrays(*where)

@@ -11,8 +11,12 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   the working set where larger than the others below (they are not alive at once);
 - forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
   QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept; ``s b h`` bytes,
-  float8, under torchao's float8 TP, :func:`meshplan.compute.dtensor_sp.float8_tp`, as the
-  all-gathered dY below); with full
+  1 a value, where the layers' tp all-gathers move fp8, as the all-gathered dY below:
+  :func:`meshplan.compute.dtensor_sp.fp8_tp_gathers`, the one rule the collective table reads,
+  under torchao's float8 TP or Transformer Engine's fp8 linears under Megatron-LM, which
+  quantize the norm's output on the sequence shard and gather the 1-byte data, NVIDIA/
+  TransformerEngine d0067d0 ``module/layernorm_linear.py:292-313``, and the output gradient
+  before proj's and fc2's dgrad, ``module/base.py:1718-1749``); with full
   recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
   ``unfused_norm``) + 3F (gated; 2F GeLU) at once; an MoE layer's routed experts (full
   recompute) H (+ Hr) + ``a h`` per dispatched copy (the expert-sorted copies the rank sends) and
@@ -64,7 +68,7 @@ from typing import Optional
 from math import ceil
 
 from meshplan.compute import float8
-from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.dtensor_sp import fp8_tp_gathers
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
 from meshplan.compute.shapes import layer_gemms
 from meshplan.compute.shapes import local_split
@@ -135,8 +139,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     saved = layer_bytes(dims, **lo) + routed + kept8
     full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full + sum(f8.values())
     sp = mesh.sequence_parallel and tp > 1
-    # the all-gathered input, 1 byte a value under torchao's float8 TP (compute.dtensor_sp.float8_tp)
-    ga = 1 if float8_tp(model, training, sp) else a
+    # the all-gathered input, 1 byte a value where the tp all-gathers move fp8 (compute.dtensor_sp.fp8_tp_gathers)
+    ga = 1 if fp8_tp_gathers(model, training, sp) else a
     gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
     # the checkpointed forward keeps nothing: its MLP's working set (module docstring)
     residual = a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
@@ -246,8 +250,8 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
     core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cp_extra
     lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
-    # the all-gathered output gradient of a row-parallel GEMM (SP; float8 under torchao's float8 TP)
-    g = (tok * dims.h if float8_tp(model, training, sp) else H) if sp else 0
+    # the all-gathered output gradient of a row-parallel GEMM (SP; 1 byte a value: dtensor_sp.fp8_tp_gathers)
+    g = (tok * dims.h if fp8_tp_gathers(model, training, sp) else H) if sp else 0
     act, w_in = mlp_step_work(F, H, dims.gated)
     work = {"mlp w_out": g + F, "mlp activation": act, "mlp w_in": w_in,
             "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": core,

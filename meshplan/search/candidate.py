@@ -68,7 +68,8 @@ def accumulates(cfg: Config, pp, sh) -> np.ndarray:
 def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
-    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay),
+    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``fp8_param_gather`` off
+    outside zero1 (Megatron-LM's distributed optimizer's),
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, the
     fields of its sharding (:func:`sharding_knobs`), as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config, and on a zero3 row under
@@ -78,6 +79,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["grad_accumulation"] = "sync"
     if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
         out["fp8_all_gather"] = False
+    if t.fp8_param_gather and SHARDING[c.sh[i]] != "zero1":
+        out["fp8_param_gather"] = False  # Megatron-LM's distributed optimizer's (training_checks)
     if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
     out |= sharding_knobs(t, SHARDING[c.sh[i]])

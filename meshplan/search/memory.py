@@ -21,6 +21,7 @@ import numpy as np
 from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.memory.deepep_buffers import rank_buffer
+from meshplan.memory import te_fp8
 from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import balanced_split, ends_short_split, stage_layers
@@ -46,7 +47,8 @@ class LayerNumel:
     element, dim 1 of a routed expert (:func:`~meshplan.mesh.tpsplit.local_dim1`, else 0)) per
     weight, local; ``dense_gather``, ``expert_gather``: the groups' bytes in the
     dtype FSDP2 all-gathers each weight in (``training.gather_dtype``: 1 for float8 Linear
-    weights under ``fp8_all_gather``, else the compute dtype's)."""
+    weights under ``fp8_all_gather``, else the compute dtype's); ``fp8``: the elements of
+    Transformer Engine's fp8 weights (:func:`meshplan.memory.te_fp8.is_weight`, dense)."""
 
     nonnorm: int
     norm: int
@@ -54,6 +56,7 @@ class LayerNumel:
     tensors: tuple
     dense_gather: int = 0
     expert_gather: int = 0
+    fp8: int = 0
 
     @property
     def dense(self) -> int:
@@ -77,7 +80,7 @@ class Tables:
     def _layer(self, tp: int, ep: int, etp: int, moe: bool) -> LayerNumel:
         m = self.model
         idx = m.dense_layers if moe else 0
-        nonnorm = norm = expert = 0
+        nonnorm = norm = expert = fp8 = 0
         tensors, gather = [], {False: 0, True: 0}
         for t in m.layer_tensors(idx):
             n, gb = local_numel(t, m, tp, ep, etp, self.t.framework), dtype_bytes(self.t.gather_dtype(t))
@@ -88,7 +91,8 @@ class Tables:
             else:
                 nonnorm += n
             expert += n if t.expert else 0
-        return LayerNumel(nonnorm, norm, expert, tuple(tensors), gather[False], gather[True])
+            fp8 += n if te_fp8.is_weight(self.t, t) and not t.expert else 0
+        return LayerNumel(nonnorm, norm, expert, tuple(tensors), gather[False], gather[True], fp8)
 
     def _roots(self, tp: int) -> tuple:
         """(embedding elements, head norm elements, output elements, embedding tensors,
@@ -288,8 +292,9 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     ``chunk0_dense_numel_min``, the fewest dense elements the stage's first chunk can hold."""
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
-    dl = lookup([c.tp, c.ep, c.etp, np.zeros_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense"))
-    ml = lookup([c.tp, c.ep, c.etp, np.ones_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense")) \
+    fields = ("nonnorm", "norm", "expert", "dense", "fp8")
+    dl = lookup([c.tp, c.ep, c.etp, np.zeros_like(c.tp)], tables.layer, fields)
+    ml = lookup([c.tp, c.ep, c.etp, np.ones_like(c.tp)], tables.layer, fields) \
         if m.is_moe else {k: np.zeros_like(v) for k, v in dl.items()}
     rt = lookup([c.tp], lambda tp: dict(zip(("emb", "norm", "out"), tables.roots(tp)[:3])), ("emb", "norm", "out"))
     n_d = st.n - st.n_moe
@@ -322,7 +327,19 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     # DeepSpeed's BF16_Optimizer rows: the bf16 gradients beside the fp32 ones, whole (memory.buffers.bf16_lp_grad_bytes)
     lp = col(np.array([sharding_training(t, s).bf16_optimizer for s in SHARDING])[c.sh])
     out["total"] = out["total"] + lp * (dense + expert) * dtype_bytes(t.param_dtype)
+    if te_fp8.applies(t):  # TE's fp8 weights: parameters at 1 B under --fp8-param-gather, and their cache
+        saved, cache = te_fp8.stage_bytes(n_d * col(dl["fp8"]) + st.n_moe * col(ml["fp8"]), fp8_param_rows(cfg, c)[:, None],
+                                          dtype_bytes(t.param_dtype), cfg.cluster.gpu.cuda_sm)
+        out |= {"params": out["params"] - saved, "total": out["total"] - saved + cache}
     return out
+
+
+def fp8_param_rows(cfg: Config, c: Candidates) -> np.ndarray:
+    """Whether each candidate keeps Transformer Engine's fp8 weights as fp8 parameters
+    (``--fp8-param-gather``, :mod:`meshplan.memory.te_fp8`): the config's, on its zero1 rows
+    (:func:`meshplan.search.candidate._training_knobs` turns it off on the others)."""
+    t = cfg.training
+    return (c.sh == SHARDING.index("zero1")) & (t.fp8_param_gather and te_fp8.applies(t))
 
 
 def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:

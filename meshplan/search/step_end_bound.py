@@ -16,7 +16,7 @@ from meshplan.config import Config
 from meshplan.mesh.tpsplit import experts_apart_degrees
 from meshplan.schedule.optimizer_step import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.schedule.step_end import param_gather_exposed_s
-from meshplan.search.memory import Stages
+from meshplan.search.memory import Stages, fp8_param_rows
 from meshplan.search.space import SHARDING, ZERO12, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.units import dtype_bytes
@@ -66,7 +66,9 @@ def per_step_gather(cfg: Config, tt: TimeTables, c: Candidates, s: dict):
     stage 0 without virtual stages, the only stage whose every chunk Megatron buckets
     (:func:`~meshplan.comm.megatron_buckets.megatron_bucketed`); else one call per axis, no
     slower than the table's calls of its chunks (one per chunk, or chunk 0's buckets at vpp > 1);
-    an axis of one rank or no elements has none (the table adds no row)."""
+    an axis of one rank or no elements has none (the table adds no row). Under ``--fp8-param-gather``
+    (:func:`~meshplan.search.memory.fp8_param_rows`) the fsdp axis's elements at 1 B each, a lower
+    bound of the table's two buffers (TE's fp8 parameters at 1 B, the rest at the parameter dtype's)."""
     t = cfg.training
     expert = s["expert_numel"]
     apart = experts_apart_degrees(c.ep, c.efsdp, c.fsdp)[:, None] & (t.zero12_engine != "deepspeed")
@@ -76,10 +78,12 @@ def per_step_gather(cfg: Config, tt: TimeTables, c: Candidates, s: dict):
     out, calls = [], np.zeros(numel_fsdp.shape, dtype=np.int64)
     axes = ((c.fsdp, c.tp, numel_fsdp),) + (((c.efsdp, c.ep * c.etp, np.where(apart, expert, 0)),)
                                             if cfg.model.is_moe else ())
+    pg = np.broadcast_to(fp8_param_rows(cfg, c)[:, None], numel_fsdp.shape)
     for ranks, apart_of, numel in axes:
         n = np.broadcast_to(ranks[:, None], numel.shape).ravel()
         stride = np.broadcast_to(apart_of[:, None], numel.shape).ravel()
-        at = lambda k: coll_times(tt, "all-gather", n, np.ravel(k) * dtype_bytes(t.param_dtype),  # noqa: E731
+        per = np.where(pg, 1, dtype_bytes(t.param_dtype)) if ranks is c.fsdp else dtype_bytes(t.param_dtype)
+        at = lambda k: coll_times(tt, "all-gather", n, np.ravel(k * per),  # noqa: E731
                                   stride).reshape(numel.shape)
         full, rest = np.zeros_like(numel), numel  # a row not bucketed: one call of all, its ``rest``
         if bucketed.any():

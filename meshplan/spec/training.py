@@ -303,6 +303,10 @@ class TrainingSpec(TrainingChecks):
     dtype.
     ``fp8_output_layer``: the output layer is converted too (torchtitan's ``filter_fqns``
     without "output"; default: excluded, as torchtitan's presets and Megatron-LM do).
+    ``fp8_param_gather``: Megatron-LM's ``--fp8-param-gather`` (framework megatron, sharding zero1):
+    Transformer Engine's linear weights are fp8 parameters (1 B a value, with their transpose on a
+    TN-only GPU, no bf16 copy) and the distributed optimizer all-gathers them at 1 B a value
+    (:mod:`meshplan.memory.te_fp8`).
     ``fp8_all_gather``: torchtitan's ``enable_fsdp_float8_all_gather``: FSDP2 all-gathers the
     float8 Linear weights in float8 (1 byte), while norms and embeddings stay in the compute
     dtype in the same unit's buffer (one uint8 all-gather per unit), and the float8 scales

@@ -175,10 +175,10 @@ class TrainingChecks(TrainingPrecision):
             raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
                              "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "
                              "\"bf16\" and linear_dtype = \"fp8\"")
-        if (self.fp8_all_gather or self.fp8_output_layer or self.fp8_recipe != "tensorwise") \
+        if (self.fp8_all_gather or self.fp8_output_layer or self.fp8_param_gather or self.fp8_recipe != "tensorwise") \
                 and self.linear_dtype != "fp8":
             key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer" if self.fp8_output_layer \
-                else "fp8_recipe"
+                else "fp8_param_gather" if self.fp8_param_gather else "fp8_recipe"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
         if self.torch_norm != "fused" and self.framework != "torch":
             raise ValueError("torch_norm is the RMSNorm module of framework \"torch\" (Megatron-LM runs its own "
@@ -189,6 +189,10 @@ class TrainingChecks(TrainingPrecision):
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
+        if self.fp8_param_gather and (self.framework != "megatron" or self.sharding != "zero1"):
+            raise ValueError(f"fp8_param_gather is Megatron-LM's --fp8-param-gather, planned with its distributed "
+                             f"optimizer (framework \"megatron\", sharding \"zero1\"); framework {self.framework!r}, "
+                             f"sharding {self.sharding!r}: remove it, or set those")
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
             raise ValueError(zero3_engine_sharding_error(self.zero3_engine, self.sharding))
         if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward

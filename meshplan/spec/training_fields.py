@@ -138,6 +138,7 @@ class TrainingFields(BaseModel):
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
+    fp8_param_gather: bool = False
     moe_capacity_factor: Optional[float] = Field(default=None, gt=0)
     moe_dropless: Optional[bool] = None
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
