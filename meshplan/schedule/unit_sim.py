@@ -8,7 +8,6 @@ overlap compute; :class:`ChunkCosts` the compute of one chunk per micro-batch.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
@@ -17,21 +16,19 @@ from meshplan.compute import asynctp
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.nic_fair import NicBook, agree
 
 
 #: At most this fraction of the SMs is taken from compute by concurrent collectives.
 MAX_SM_SHARE = 0.9
 
 
-def progress(busy, start: float, dur: float, cap: float, own: float = 1.0, fair: bool = False) -> tuple[float, list]:
+def progress(busy, start: float, dur: float, cap: float) -> tuple[float, list]:
     """(end, segments) of ``dur`` seconds of work from ``start`` on a resource that the tasks in
     ``busy`` ((start, end, share, ...) each, issued earlier) hold shares of: in each interval
-    between their edges the work progresses at ``min(1, (1 - min(cap, sum of the shares held)) /
-    own)``, ``own`` being the share it needs itself at full speed, and with ``fair`` at least at
-    ``1 / (k + 1) / own``, the fair share of the k tasks running and itself; ``segments``: (t0, t1,
-    rate) of the intervals it ran in. A kernel (own 1) under SM-holding collectives runs at ``1 - sum``
-    (:meth:`StreamSim._finish`); a network collective (own: its NIC share, fair) as
-    :meth:`StreamSim._nic` says.
+    between their edges the work progresses at ``1 - min(cap, sum of the shares held)``;
+    ``segments``: (t0, t1, rate) of the intervals it ran in. A kernel under SM-holding collectives
+    (:meth:`StreamSim._finish`).
 
     >>> progress([(1.0, 3.0, 0.5)], 0.0, 2.0, 1.0)
     (3.0, [(0.0, 1.0, 1.0), (1.0, 3.0, 0.5)])
@@ -39,8 +36,7 @@ def progress(busy, start: float, dur: float, cap: float, own: float = 1.0, fair:
     t, left, segs = start, dur, []
     edges = sorted({x for b in busy for x in (b[0], b[1]) if x > start})
     for nxt in edges + [float("inf")]:
-        held = [b[2] for b in busy if b[0] <= t < b[1]]
-        rate = min(1.0, max(1.0 - min(cap, sum(held)), 1.0 / (1 + len(held)) if fair else 0.0) / own)
+        rate = 1.0 - min(cap, sum(b[2] for b in busy if b[0] <= t < b[1]))
         if (nxt - t) * rate >= left:
             segs.append((t, t + left / rate, rate))
             return t + left / rate, segs
@@ -76,6 +72,15 @@ class Overlap:
     #: concurrent network collectives share their NICs (:meth:`StreamSim._nic`); False: each at its
     #: table time, as the search's step-time bounds take them (a bound's tightness is checked without it)
     nic_sharing: bool = True
+    #: FSDP2's reduce-scatters on their own queue beside its all-gathers' (torch 2.13
+    #: ``_fsdp_param_group.py`` ``FSDPCommContext.lazy_init`` lines 89-92: ``all_gather_stream`` and
+    #: ``reduce_scatter_stream``, one of each for every unit, experts' included; ``_fsdp_collectives.py`` lines
+    #: 362-363 and 607-611 issue each on its own), so a unit's reduce-scatter and the next unit's all-gather run
+    #: at once and share the NIC, and one reduce-scatter in flight: the compute stream waits for the previous
+    #: before the next copy-in (``reduce_scatter_max_input_buffers`` 1, lines 639-658;
+    #: :func:`~meshplan.schedule.grad_reduce.unit_reduce`); False: one queue
+    #: (:func:`~meshplan.schedule.overlap_policy.config_overlap` says which runtimes)
+    fsdp_rs_queue: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,7 @@ class StreamSim:
     dependencies (``after``) are done. A compute task may ``overlap`` communication: it
     starts no earlier than the first of them starts and ends no earlier than all end."""
 
-    def __init__(self, comm: CommTimes, w: Workload, ov: Overlap):
+    def __init__(self, comm: CommTimes, w: Workload, ov: Overlap, forecast: Optional[list] = None):
         self.c, self.w, self.ov = comm, w, ov
         self.free: defaultdict[str, float] = defaultdict(float)
         self.events: list[Event] = []
@@ -122,13 +127,12 @@ class StreamSim:
         self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
         self.memo: dict = {}  # per-Cost sums of this unit (its layers share Cost objects)
         self.reduced: Optional[Event] = None  # the last piece of the gradient reduction issued
+        self.rs_prev: Optional[Event] = None  # the last FSDP reduce-scatter issued (Overlap.fsdp_rs_queue)
         self.host_s = 0.0  # the host's issue clock (host_pace), from the unit's start
         self.host_wait_s = 0.0  # the compute stream's idle waiting for it
         self.contention_s = 0.0  # compute time added by collectives' SM shares and not exposed (compute)
-        #: queue -> (ends, (start, end, NIC share, shown stream) per interval) of its network collectives,
-        #: in issue order (a queue's collectives never overlap: ends sorted)
-        self.nic: dict[str, tuple[list, list]] = {}
-        self.nic_wait: defaultdict[tuple[str, str], float] = defaultdict(float)
+        self.book = NicBook(self.free, forecast)  # the network collectives placed (comm, nic_fair.NicBook)
+        self.queue_last: dict[str, Event] = {}  # each queue's last collective
 
     def of(self, fn, c: Cost, *args):
         """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
@@ -177,6 +181,11 @@ class StreamSim:
         for o in ov:
             if o.end_s > end:
                 end = o.end_s
+        for a in after:
+            if a is not None:
+                self.book.read(a, start)
+        for o in ov:
+            self.book.read(o, end)
         for o in ov:
             if o.end_s > start + dur and o.end_s == end:
                 self.exposed[o.stream] += end - (start + dur)
@@ -215,63 +224,26 @@ class StreamSim:
             return None
         stream = ("efsdp" if group == "expert" else "fsdp") if kind == "shard" else \
             "dp_replicate" if kind == "replica" else kind
-        start = self.free[stream]
-        for a in ((self.last,) if after is None else after):
-            if a is not None and a.end_s > start:
+        queue = "shard reduce-scatter" if kind == "shard" and op == "reduce-scatter" and self.ov.fsdp_rs_queue \
+            else stream
+        start = self.free[queue]
+        deps = [a for a in ((self.last,) if after is None else after) if a is not None]
+        for a in deps:
+            if a.end_s > start:
                 start = a.end_s
-        end = start + t
+        for a in deps + ([self.queue_last[queue]] if queue in self.queue_last else []):
+            self.book.read(a, start)
+        end, j = start + t, None
         if self.ov.nic_sharing and (g := self.c.nic_share(kind, phase, op, group, label or stream)) > 0:
-            end = self._nic(stream, label or stream, start, t, g)
+            j, end = self.book.place(queue, label or stream, start, t, g)
         if (f := self.c.sm_share(kind, phase, op, group)) > 0:
             self.busy.append((start, end, f))
-        return self._add(label or stream, name, start, end, {"kind": kind, "group": group, "phase": phase,
-                                                             "op": op}, queue=stream)
-
-    def _nic(self, queue: str, shown: str, start: float, dur: float, share: float) -> float:
-        """End of a network collective of ``dur`` seconds alone, issued on ``queue`` at ``start``,
-        holding ``share`` of its NICs at full speed (:func:`~meshplan.schedule.comm_times.nic_share`),
-        while the network collectives issued before it hold theirs.
-
-        The rule (:func:`progress` with ``fair``, the loop compute's SM slowdown runs on too): this one
-        runs at full speed while the NIC has its share free, and otherwise at what is left or at its fair
-        share of the NIC, ``1 / (k + 1)`` with k others running, whichever is more: ``min(1, max(1 - sum
-        of their shares, 1 / (k + 1)) / share)``, holding ``rate x share`` meanwhile; the earlier keep their
-        end times (issue order: their events are placed). NCCL gives concurrent communicators no priority:
-        each posts its transfers on its own queue pairs and the NIC serves them together, measured as two
-        concurrent nccl-tests broadcasts on one link each at half and together at the link's rate
-        (NVIDIA/nccl issue #204); NCCL splits a transfer over its channels' connections, two per NIC to keep
-        it near its rate (issue #438). So the later one gets what fair sharing gives it (two bandwidth-bound
-        collectives of 10 and 5 ms issued together: the second ends at 10 ms, as under fair sharing); the
-        earlier one, not slowed here, would be by fair sharing (the first ends at 10 ms, not 15): the NIC's
-        work is not conserved where the earlier ones hold more than their fair share, optimistic for them,
-        which in the timelines are mostly FSDP all-gathers prefetched a layer ahead, with slack to absorb it.
-        Charging the later one all of the sharing instead (what is left alone, ``1 - sum``) exposed cp
-        sends issued beside a prefetched all-gather as if they waited for it (Llama-3-70B at 32k tokens,
-        dp_shard 2 x cp 4 x tp 8 under Megatron-LM: 30.29 -> 40.14 s, where fair sharing exposes nothing).
-        The lengthening (``nic_wait``) is charged to the streams of the collectives it ran beside, by
-        share x overlap. Collectives of two units of the timeline (simulated apart) do not meet here."""
-        running: list = []
-        for ends, held in self.nic.values():
-            if ends and ends[-1] > start:
-                running += held[bisect_right(ends, start):]
-        ends, held = self.nic.setdefault(queue, ([], []))
-        if not running:  # the NIC to itself
-            ends.append(start + dur)
-            held.append((start, start + dur, share, shown))
-            return start + dur
-        end, segs = progress(running, start, dur, 1.0, share, fair=True)
-        for a, b, rate in segs:
-            ends.append(b)
-            held.append((a, b, rate * share, shown))
-        late = end - start - dur
-        weights: defaultdict[str, float] = defaultdict(float)
-        for a, b, f, who in running:
-            weights[who] += f * max(0.0, min(b, end) - max(a, start))
-        total = sum(weights.values())
-        if late > 0 and total > 0:
-            for who, w in weights.items():
-                self.nic_wait[(shown, who)] += late * w / total
-        return end
+        ev = self._add(label or stream, name, start, end, {"kind": kind, "group": group, "phase": phase,
+                                                           "op": op}, queue=queue)
+        self.queue_last[queue] = ev
+        if j is not None:
+            self.book.attach(j, ev)
+        return ev
 
     def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
         """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
@@ -299,4 +271,29 @@ class StreamSim:
         final = max(self.events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
         return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "",
-                       self.host_wait_s, self.contention_s, dict(self.nic_wait))
+                       self.host_wait_s, self.contention_s, self.book.waits())
+
+
+#: At most this many passes of a unit (:func:`settle`).
+MAX_PASSES = 4
+
+
+def settle(build, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:
+    """The unit ``build(s)`` issues on a :class:`StreamSim` ``s``, its network collectives each at
+    its max-min fair share of the NIC beside the others running (:class:`~meshplan.schedule.nic_fair.NicBook`):
+    a later one slows an earlier one, whose event's end moves. Where something already placed had read
+    that end (``NicBook.moved``), the unit is issued again with this pass's intervals as the forecast
+    of the later collectives, until a pass moves nothing or two agree
+    (:func:`~meshplan.schedule.nic_fair.agree`), at most :data:`MAX_PASSES` (the last taken)."""
+    s = StreamSim(comm, w, ov)
+    build(s)
+    for _ in range(MAX_PASSES - 1):
+        if not s.book.moved:
+            break
+        nxt = StreamSim(comm, w, ov, forecast=s.book.intervals())
+        build(nxt)
+        done = agree(nxt.book.intervals(), s.book.intervals())
+        s = nxt
+        if done:
+            break
+    return s.finish()
