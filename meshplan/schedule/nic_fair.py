@@ -169,8 +169,9 @@ class NicBook:
         self.nets.append([start, start + work, work, demand, shown, queue, [], None, []])
         self.by_queue.setdefault(queue, []).append(j)
         self.starts.setdefault(queue, []).append(start)
-        others = self._running(start)
-        others.remove(j)
+        if not math.isfinite(start):  # issued infinitely early (a window UNSHARD hidden: window_unshard)
+            return j, start + work
+        others = [k for k in self._running(start) if k != j]
         bg = self._background(j, start, start + work * (len(self.by_queue) + len(self.ahead) + 1))
         if not others and not bg:
             self.nets[j][6] = [(start, start + work, 1.0)]
@@ -219,7 +220,7 @@ class NicBook:
         out: dict = {}
         for j, (a, b, work, _, who, _, _, _, _) in enumerate(self.nets):
             late = b - a - work
-            if late <= EPS_S:
+            if not late > EPS_S:  # nan: issued infinitely early (place)
                 continue
             weights: dict = {}
             for k in self._overlapping(j, a, b):
