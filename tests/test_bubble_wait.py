@@ -78,7 +78,7 @@ def test_small_moe_wait_by_hand(small):
     exposed pp; with asynchronous sends, as meshplan modelled torch before, - 2 p2p at m 4).
     Without the exposed ep the bubble loses m (e_f + e_b): all of stage 1's exposed ep. Megatron-LM's
     blocking sends hold each stage for its partner but leave stage 1 back to back, so the wait
-    is all of it there too. (NIC sharing, schedule/unit_sim.py StreamSim._nic: under torch the last
+    is all of it there too. (NIC sharing, schedule/nic_fair.py NicBook: under torch the last
     backward's ep all-to-alls run beside the gradient reduction's pieces over dp on the same NICs, so
     its exposed ep is 0.2527 ms more than the other micro-batches': all of stage 1's exposed ep is the
     sum over them, m e where the micro-batches agree.)"""

@@ -1,6 +1,6 @@
 """Concurrent network collectives share their NICs in the rank timeline (issue 11, open item 1a;
 newcomer trial 31, finding #2: the cp ring's sends and the FSDP all-gathers each ran at the full NIC
-rate): :func:`meshplan.schedule.comm_times.nic_share` and :meth:`meshplan.schedule.unit_sim.StreamSim._nic`."""
+rate): :func:`meshplan.schedule.comm_times.nic_share` and :class:`meshplan.schedule.nic_fair.NicBook`."""
 
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ def test_405b_interleaved_bounds_within_1_5_percent_of_the_step():
     """The two candidates of the module docstring: refined bound / exact step 0.9897 and 0.9971
     (8.7559 / 8.8471 s, 8.6793 / 8.7048 s when written; 0.9568 and 0.9490 before), and never
     above it. The bounds take each collective at its table time; the rank timeline shares NICs between
-    concurrent network collectives (schedule/unit_sim.py StreamSim._nic), which only adds time (the
+    concurrent network collectives (schedule/nic_fair.py NicBook), which only adds time (the
     first candidate's HSDP all-reduces and cp transfers beside the FSDP all-gathers, 10.692 s against
     10.489 s of bound when the later one ran only on what the earlier left): the tightness is checked
     against the step without it (Overlap.nic_sharing),

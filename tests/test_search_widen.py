@@ -80,7 +80,7 @@ def test_cp_narrowed_to_1_fits_nothing_and_the_fix_names_the_widened_row(narrowe
     NICs, forward and backward) outlast the SDPA step beside them and its 4 fp32 dK/dV shifts (67 MB,
     1.43 ms each) the steps beside 3 of them, the last exposed whole: exposed cp 3.134 -> 91.722 s
     (4.48 ms a layer, 40 layers x 512 micro-batches), 0.173 s more bubble. 472.918 s since the rank
-    timeline shares NICs (schedule/unit_sim.py StreamSim._nic): the cp transfers issued beside the
+    timeline shares NICs (schedule/nic_fair.py NicBook): the cp transfers issued beside the
     prefetched FSDP all-gathers over the same NICs run at their fair half of the NIC: exposed cp 91.722 ->
     91.818 s, bubble 0.002 s more."""
     from meshplan.report.search_fix import infeasible_verdict

@@ -79,7 +79,7 @@ def test_no_hint_under_the_share_or_within_one_percent_or_already_on():
     under all-gather CP's rows; the compute unchanged): 36.79 - 0.36 + 10.54 = 46.97 s, of which tp is
     12.8%, under the share: no hint. Under all-gather CP (cp_attention = "allgather", without the ring's
     kernels: 35.92 s) it exposes 16.8% and async TP gives 35.85 s (-0.2%): the note. Since the rank
-    timeline shares NICs (schedule/unit_sim.py StreamSim._nic) the ring's K/V all-gathers, issued beside
+    timeline shares NICs (schedule/nic_fair.py NicBook) the ring's K/V all-gathers, issued beside
     the prefetched FSDP all-gathers on the same NICs, run at most at their fair half: exposed cp 10.54 ->
     15.99 s, the step 52.41 s, of which tp (6.03 s) is 11.5%, under the share: no hint (async TP +0.0%);
     all-gather CP's gathers likewise, exposed cp 0.36 -> 1.07 s, 36.63 s, tp 16.5%: the note, 36.56 s."""

@@ -1,7 +1,7 @@
 """How concurrent network collectives share a NIC (issue 11 item 2): max-min fair sharing of the
 NIC's capacity given each one's demand (:func:`max_min_shares`), and the progress of the collectives
 that run at once under it (:func:`fluid`), by which
-:meth:`~meshplan.schedule.unit_sim.StreamSim._nic` places each collective and moves the ones it
+:class:`~meshplan.schedule.nic_fair.NicBook` places each collective and moves the ones it
 runs beside (earlier ones slowed by a later one too).
 
 The rule's source: NCCL gives concurrent communicators no priority. Each posts its transfers on its
@@ -117,7 +117,7 @@ EPS_S = 1e-12
 
 
 class NicBook:
-    """One unit's network collectives as placed (:meth:`~meshplan.schedule.unit_sim.StreamSim._nic`):
+    """One unit's network collectives as placed (:class:`~meshplan.schedule.nic_fair.NicBook`):
     each one's start, end, seconds of work alone, demand, shown stream, queue, segments, event and the
     times its consumers read its end (``after``: the consumer's start; ``overlap``: its end). Placing a
     collective runs :func:`fluid` over it and every one still running at its start (or starting later),

@@ -1,7 +1,7 @@
 """The event simulation under every unit timeline: :class:`StreamSim` runs compute and collectives
 on their streams in issue order, each task after its dependencies, compute slowed by the SMs the
 running collectives hold (:data:`MAX_SM_SHARE`), network collectives slowed by the NIC shares
-the running ones hold (:meth:`StreamSim._nic`), and counts the time the compute stream waits on
+the running ones hold (:class:`~meshplan.schedule.nic_fair.NicBook`), and counts the time the compute stream waits on
 each stream (exposed); :class:`UnitSim` is its result; :class:`Overlap` which communication may
 overlap compute; :class:`ChunkCosts` the compute of one chunk per micro-batch.
 """
@@ -69,7 +69,7 @@ class Overlap:
     fsdp_backward: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
-    #: concurrent network collectives share their NICs (:meth:`StreamSim._nic`); False: each at its
+    #: concurrent network collectives share their NICs (:class:`~meshplan.schedule.nic_fair.NicBook`); False: each at its
     #: table time, as the search's step-time bounds take them (a bound's tightness is checked without it)
     nic_sharing: bool = True
     #: FSDP2's reduce-scatters on their own queue beside its all-gathers' (torch 2.13
@@ -109,7 +109,7 @@ class UnitSim:
     host_wait_s: float = 0.0  # the compute stream's waits for the host's issue (StreamSim.host_pace)
     contention_s: float = 0.0  # compute slowed by collectives' SMs, where the compute stream holds it (StreamSim.compute)
     #: {(stream, other stream): seconds} the stream's collectives ran longer sharing their NICs with the
-    #: other's running before them (:meth:`StreamSim.comm`)
+    #: other's running beside them (:meth:`~meshplan.schedule.nic_fair.NicBook.waits`)
     nic_wait: dict = field(default_factory=dict)
 
 
