@@ -140,6 +140,7 @@ class NicBook:
             starts.append(a)
             held.append((a, b, f, k))
         self.queues = [x[4] for x in forecast or ()]
+        self.forecast_start = [x[0] for x in forecast or ()]
 
     def _running(self, t: float) -> list[int]:
         """Indices of the collectives placed that end after ``t`` (a queue's collectives run one
@@ -158,30 +159,36 @@ class NicBook:
         if self.ahead and (j >= len(self.queues) or self.queues[j] != self.nets[j][5]):
             self.ahead = {}  # this pass issues other collectives than the last: no forecast past here
         out = []
-        for starts, held in self.ahead.values():
-            out += [h[:3] for h in held[:bisect_left(starts, horizon)] if h[3] > j and h[1] > start]
+        for q, (starts, held) in self.ahead.items():
+            if q != self.nets[j][5]:  # a later one on j's own queue starts after j ends: never beside it
+                out += [h[:3] for h in held[:bisect_left(starts, horizon)] if h[3] > j and h[1] > start]
         return out
 
     def place(self, queue: str, shown: str, start: float, work: float, demand: float) -> tuple[int, float]:
         """(index, end) of a collective of ``work`` seconds alone and ``demand`` issued on ``queue`` at
-        ``start``; the collectives running beside it are moved (:class:`NicBook`)."""
+        ``start``; the collectives running beside it are moved (:class:`NicBook`). Under a forecast the
+        ones beside it run again from the earlier of its start and its forecast start (where it starts
+        later than forecast they ran slowed by its forecast interval, which it no longer has), and
+        a later collective forecast on its own queue is never beside it (it starts after it ends)."""
         j = len(self.nets)
         self.nets.append([start, start + work, work, demand, shown, queue, [], None, []])
         self.by_queue.setdefault(queue, []).append(j)
         self.starts.setdefault(queue, []).append(start)
         if not math.isfinite(start):  # issued infinitely early (a window UNSHARD hidden: window_unshard)
             return j, start + work
-        others = [k for k in self._running(start) if k != j]
         bg = self._background(j, start, start + work * (len(self.by_queue) + len(self.ahead) + 1))
+        # where the forecast had this one start earlier, the ones beside it ran slowed by it since then
+        t0 = min(start, self.forecast_start[j]) if self.ahead else start
+        others = [k for k in self._running(t0) if k != j]
         if not others and not bg:
             self.nets[j][6] = [(start, start + work, 1.0)]
             return j, start + work
         ids = [*others, j]
-        parts = [(max(self.nets[k][0], start), self.nets[k][2] - done_by(self.nets[k][6], start), self.nets[k][3])
+        parts = [(max(self.nets[k][0], t0), self.nets[k][2] - done_by(self.nets[k][6], t0), self.nets[k][3])
                  for k in ids]
-        for k, (end, segs) in zip(ids, fluid(parts, start, bg)):
+        for k, (end, segs) in zip(ids, fluid(parts, t0, bg)):
             net = self.nets[k]
-            net[6] = [(a, min(b, start), r) for a, b, r in net[6] if a < start] + segs
+            net[6] = [(a, min(b, t0), r) for a, b, r in net[6] if a < t0] + segs
             if k != j and abs(end - net[1]) > EPS_S:
                 self._move(k, end)
             net[1] = end
