@@ -177,6 +177,27 @@ longer on the part) against 0.25 s and 2.32 s published (+14-20% against +6-16% 
 tensorwise, whose gathers move float8); rowwise 0.12 s and 0.88 s (dgx-h100: 0.09 s, 0.78 s) against
 0.18 s and 1.10 s (+4-5% against +4-6%: A70 +4.4%, A8 +4.8%: 5,072.0 / 4,839.1). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
+**Memory** (the last column). Tables 1-5 publish torchtitan's logged memory, the caching
+allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py`` line 62:
+``reserved_bytes.all.peak``), which holds the allocator's cached and fragmented segments too;
+meshplan predicts the peak *allocated* bytes, so the published figure is an upper reference, not
+a target. The eager fp32 loss of 9dec370 (``train.py`` lines 131-134, ``del pred`` at 307) is
+planned as torch runs it (the importer states ``memory.cross_entropy = "torch"``;
+measured on CPU by tests/test_loss_memory.py): the logits' fp32 ``.float()`` copy beside the kept
+log-softmax in forward, and in backward the nll and log-softmax gradients beside it, 3 fp32 logits
+at once; before, Megatron's in-place loss was taken (fp32 logits kept, one bf16 gradient).
+T2's 32,768 tokens a rank x 128,256 fp32 logits are 15.66 GiB each: its peak moves from the
+head's forward to the loss's backward, 44.3 / 44.5 / 44.5 / 44.3 -> 67.8 / 68.0 / 68.0 / 67.8 GiB
+(published 83.9 / 84.2 / 84.0 / 84.5 reserved); T1 55.4 -> 67.2 (82.4 / 77.0 / 76.8), T3 44.9 ->
+56.6 (67.0 / 62.0 / 61.8), T4 35.9 -> 55.4 GiB (71.9 / 67.6; loss_parallel at tp 8, 4 fp32
+logit shards at once); T5's peak is in a layer's backward (58.2 / 47.5 GiB, published 82.5 /
+72.7), unchanged. The async TP runs (820504e) compile the loss (stated ``compiled``: the bf16 logits
+kept, one bf16 gradient, no fp32 logits; measured on CPU inductor): A70 35.9 -> 32.9-35.0 GiB,
+A8 61.1 -> 58.2 GiB (not published). The rest of each gap (16-20 GiB on T1, T2 and T4, 10-16 GiB on T3 and T5) is
+not itemised: the allocator's reserve over its allocated peak is not modelled (``[memory]
+fragmentation_fraction`` 0; GMLake measured 15% on average in LLM training), and no T row was
+measured allocated.
+
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:
 see the printed list).
@@ -212,7 +233,10 @@ NODE = "grand-teton-h100"
 class Row:
     """One published row: ``id``, flavor, GPUs, degrees (dp_shard, tp, pp, cp), local batch,
     seq_len, AC mode ("op" = selective per op, "full"), compile, float8 ("", "tensorwise",
-    "rowwise"), async TP, PP schedule, published TPS/GPU, and a note."""
+    "rowwise"), async TP, PP schedule, published TPS/GPU, a note, and the published memory
+    (``published_gib``, Tables 1-5's "Memory(GiB)": torchtitan 9dec370 logs
+    ``max_reserved_gib``, the caching allocator's ``reserved_bytes.all.peak``,
+    ``torchtitan/metrics.py`` line 62 and ``train.py`` line 393; 0: not published)."""
 
     id: str
     flavor: str
@@ -231,29 +255,32 @@ class Row:
     schedule: str = "1F1B"
     stages_per_rank: int = 1
     note: str = ""
+    published_gib: float = 0.0
 
 
 ROWS = (
     # Table 1: Llama 3.1 8B, 8 GPUs, FSDP, local batch 2, selective AC (per op)
-    Row("T1 FSDP", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", False, "", False, 5762),
-    Row("T1 FSDP+compile", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", True, "", False, 6667),
-    Row("T1 FSDP+compile+fp8", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", True, "tensorwise", False, 8532),
+    Row("T1 FSDP", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", False, "", False, 5762, published_gib=82.4),
+    Row("T1 FSDP+compile", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", True, "", False, 6667, published_gib=77.0),
+    Row("T1 FSDP+compile+fp8", "8B", 8, 8, 1, 1, 1, 2, 8192, "op", True, "tensorwise", False, 8532, published_gib=76.8),
     # Table 2: 8B, 8 GPUs, FSDP + CP + compile + float8, local batch 1, full AC
-    Row("T2 cp1 32k", "8B", 8, 8, 1, 1, 1, 1, 32768, "full", True, "tensorwise", False, 3890),
-    Row("T2 cp2 64k", "8B", 8, 4, 1, 1, 2, 1, 65536, "full", True, "tensorwise", False, 2540),
-    Row("T2 cp4 128k", "8B", 8, 2, 1, 1, 4, 1, 131072, "full", True, "tensorwise", False, 1071),
-    Row("T2 cp8 256k", "8B", 8, 1, 1, 1, 8, 1, 262144, "full", True, "tensorwise", False, 548),
+    Row("T2 cp1 32k", "8B", 8, 8, 1, 1, 1, 1, 32768, "full", True, "tensorwise", False, 3890, published_gib=83.9),
+    Row("T2 cp2 64k", "8B", 8, 4, 1, 1, 2, 1, 65536, "full", True, "tensorwise", False, 2540, published_gib=84.2),
+    Row("T2 cp4 128k", "8B", 8, 2, 1, 1, 4, 1, 131072, "full", True, "tensorwise", False, 1071, published_gib=84.0),
+    Row("T2 cp8 256k", "8B", 8, 1, 1, 1, 8, 1, 262144, "full", True, "tensorwise", False, 548, published_gib=84.5),
     # Table 3: 8B, 128 GPUs, FSDP, local batch 2, selective AC
-    Row("T3 FSDP", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", False, "", False, 5605),
-    Row("T3 FSDP+compile", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", True, "", False, 6514),
-    Row("T3 FSDP+compile+fp8", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", True, "tensorwise", False, 8380),
+    Row("T3 FSDP", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", False, "", False, 5605, published_gib=67.0),
+    Row("T3 FSDP+compile", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", True, "", False, 6514, published_gib=62.0),
+    Row("T3 FSDP+compile+fp8", "8B", 128, 128, 1, 1, 1, 2, 8192, "op", True, "tensorwise", False, 8380,
+        published_gib=61.8),
     # Table 4: 70B, 256 GPUs, FSDP 32 x TP 8, compile + float8, local batch 16, full AC
-    Row("T4 2D", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "tensorwise", False, 829),
-    Row("T4 2D+asyncTP", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "tensorwise", True, 876),
+    Row("T4 2D", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "tensorwise", False, 829, published_gib=71.9),
+    Row("T4 2D+asyncTP", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "tensorwise", True, 876, published_gib=67.6),
     # Table 5: 405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, compile + float8 + async TP, local batch 32, full AC
-    Row("T5 1F1B", "405B", 512, 8, 8, 8, 1, 32, 8192, "full", True, "tensorwise", True, 100),
+    Row("T5 1F1B", "405B", 512, 8, 8, 8, 1, 32, 8192, "full", True, "tensorwise", True, 100, published_gib=82.5),
     Row("T5 Interleaved1F1B", "405B", 512, 8, 8, 8, 1, 32, 8192, "full", True, "tensorwise", True, 128,
-        schedule="Interleaved1F1B", stages_per_rank=2, note="v 2 assumed: split points not published"),
+        schedule="Interleaved1F1B", stages_per_rank=2, note="v 2 assumed: split points not published",
+        published_gib=72.7),
     # async TP 2025-06: 70B, 256 GPUs, FSDP 32 x TP 8, compile, full AC, local batch 16
     Row("A70 bf16", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "", False, 597.3),
     Row("A70 bf16 async", "70B", 256, 32, 8, 1, 1, 16, 8192, "full", True, "", True, 652.4),
@@ -359,11 +386,9 @@ def predict(r: Row, folder: Path, node: str = NODE) -> Result:
     except ConfigError as e:
         return Result(r, error=str(e))
     per_gpu = st.tokens_per_s / st.world
-    mem = getattr(plan, "memory", None)
-    peak = getattr(mem, "peak_bytes", 0.0) if mem is not None else 0.0
     return Result(r, per_gpu, st.mfu, {k: v * 1e3 for k, v in st.parts_s().items()},
                   {k: v * 1e3 for k, v in by_source(plan).items()},
-                  fits=getattr(plan, "feasible", None), peak_gib=peak / 2**30)
+                  fits=plan.feasible, peak_gib=plan.timeline.peak.total_bytes / 2**30)
 
 
 def sources_lines(node: str) -> list[str]:
@@ -381,17 +406,18 @@ def sources_lines(node: str) -> list[str]:
 def table(results: list[Result]) -> list[str]:
     """Markdown rows: published vs predicted TPS/GPU, error, MFU, parts (ms)."""
     out = ["| row | published TPS/GPU | predicted | error | MFU (pred, bf16 or fp8 peak) | step parts (ms) | "
-           "kernels (ms, stage 0; sources above) |",
-           "|---|---:|---:|---:|---:|---|---|"]
+           "kernels (ms, stage 0; sources above) | memory GiB: published reserved / predicted allocated peak |",
+           "|---|---:|---:|---:|---:|---|---|---:|"]
     for x in results:
         if x.error:
-            out.append(f"| {x.row.id} | {x.row.published_tps:,.1f} | - | - | - | {x.error} | - |")
+            out.append(f"| {x.row.id} | {x.row.published_tps:,.1f} | - | - | - | {x.error} | - | - |")
             continue
+        pub = f"{x.row.published_gib:.1f}" if x.row.published_gib else "-"
         parts = ", ".join(f"{k} {v:.1f}" for k, v in x.parts_ms.items())
         srcs = ", ".join(f"{k} {v:.0f}" for k, v in sorted(x.by_source_ms.items()))
         err = x.tps / x.row.published_tps - 1
         out.append(f"| {x.row.id}{' *' if x.row.note else ''} | {x.row.published_tps:,.1f} | {x.tps:,.1f} | "
-                   f"{err:+.1%} | {x.mfu:.1%} | {parts} | {srcs} |")
+                   f"{err:+.1%} | {x.mfu:.1%} | {parts} | {srcs} | {pub} / {x.peak_gib:.1f} |")
     return out
 
 

@@ -264,7 +264,8 @@ def _named_parts(t: dict) -> dict:
     """An inline [cluster] table with the catalog's names resolved where a table or list goes:
     ``network = "superpod-hdr-su20"`` (a catalog network's tiers), ``node = "dgx-a100-40gb"`` (a catalog
     node) and ``node.busbw = { nvlink = "a100-nvlink3-ring" }`` (a catalog ``nccl.toml`` curve). A
-    value of another type is a ConfigError naming the field and both forms.
+    value of another type (``network``, ``node``, ``node.busbw`` or one of its curves) is a ConfigError
+    naming the field and both forms.
 
     >>> t = _named_parts({"network": "superpod-hdr-su20", "node": {"busbw": {"nvlink": "a100-nvlink3-ring"}}})
     >>> [tier["name"] for tier in t["network"]], t["node"]["busbw"]["nvlink"]["ranks"]
@@ -286,8 +287,16 @@ def _named_parts(t: dict) -> dict:
     if isinstance(node, str):
         with _as_field("cluster.node"):
             t["node"] = catalog.node(node).model_dump()
-    elif isinstance(node, dict) and isinstance(node.get("busbw"), dict):
-        t["node"] = {**node, "busbw": {k: _curve(k, v) for k, v in node["busbw"].items()}}
+    elif node is not None and not isinstance(node, dict):
+        raise ConfigError("cluster.node", f"give a catalog node name (meshplan catalog node) or a [cluster.node] "
+                                          f"table (docs/input.md) (got {type(node).__name__} {node!r:.40})")
+    elif isinstance(node, dict) and "busbw" in node:
+        busbw = node["busbw"]
+        if not isinstance(busbw, dict):
+            raise ConfigError("cluster.node.busbw", f"give a table of link class -> catalog curve name or measured "
+                                                    f"curve, busbw = {{ nvlink = \"a100-nvlink3-ring\" }} (got "
+                                                    f"{type(busbw).__name__} {busbw!r:.40})")
+        t["node"] = {**node, "busbw": {k: _curve(k, v) for k, v in busbw.items()}}
     return t
 
 

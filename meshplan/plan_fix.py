@@ -13,7 +13,7 @@ every data rank, DDP's ``dp_replicate`` folded into ``dp_shard``) or, already sh
 whose runtime would then get the gradients wrong, rule ``v-reshard``:
 :func:`meshplan.pipeline.vshape.reshard_defect`), twice the tp degree and
 twice the pp degree (each taken from the data axis; tp only inside a node), then context
-parallelism taken from the data axis, or from pp where the data axis has one rank (:func:`_cp_variant`:
+parallelism taken from the data axis, or from pp where the data axis has one rank (:func:`meshplan.plan_fix_cp.cp_variant`:
 the smallest cp, 2, 4 or 8 times the configured, that fits; activations per rank scale with 1 / cp while FSDP still shards the state
 over dp_shard x cp; where none fits, the largest the rules take when its peak is the lowest of
 the line's, and, where nothing fits and activations dominate the peak, why no cp is offered:
@@ -62,18 +62,16 @@ from meshplan.errors import ConfigError
 from meshplan.keymap import OWN, KeyMap
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Plan
+from meshplan.plan_fix_cp import cp_variant
 from meshplan.plan_fix_nodes import fewest_nodes, nodes_words
 from meshplan.memory.headroom import headroom_words
-from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, tried, variant_mesh
+from meshplan.plan_variant import DATA_AXES, folded, mesh_words, planned, resplit, variant_mesh
 from meshplan.schedule.steptime import step_time
 from meshplan.units import GiB
 
 #: Variants planned at most (each a whole build_plan: about 0.1-1 s): grad_accumulation, recompute,
 #: micro_batch, zero1 and zero3 (Megatron-LM under DDP), tp and pp.
 MAX_VARIANTS = 7
-#: Factors of the configured cp tried in turn (each taken from the data axis where it divides
-#: it), the first that fits offered: at most 3 more plans.
-CP_FACTORS = (2, 4, 8)
 
 
 def _moved(plan: Plan, axis: str) -> Optional[dict[str, int]]:
@@ -103,7 +101,6 @@ def _defect_resharded(plan: Plan) -> bool:
     return bool(get_schedule(plan.spec.pp_schedule).warnings(t.framework, plan.pp, data, True))
 
 
-
 def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
     """(words, config) of each single-knob variant, in the module docstring's order, its words in
     ``keys``' names (:mod:`meshplan.keymap`)."""
@@ -129,7 +126,6 @@ def _variants(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
             out.append((f"{keys.axis(axis)} x2 ({mesh_words(moved, keys)})",
                         replace(cfg, mesh=variant_mesh(plan, moved))))
     return out[:MAX_VARIANTS]
-
 
 
 def _sharded(plan: Plan, keys: KeyMap = OWN) -> list[tuple[str, Config]]:
@@ -171,82 +167,6 @@ def _together(plan: Plan, variants: list[tuple[str, Config]]) -> tuple[str, Conf
         update |= {k: val for k, val in v.training.model_dump().items() if val != cfg.training.model_dump()[k]}
         mesh = v.mesh if v.mesh != cfg.mesh else mesh
     return " + ".join(words), replace(cfg, mesh=mesh, training=cfg.training.model_copy(update=update))
-
-
-
-def _with_cp(deg: dict[str, int], data: str, k: int) -> dict[str, int]:
-    """``deg`` with cp ``k`` times larger and ``data`` ``k`` times smaller (a new cp axis inside
-    the data axes, before tp and the expert axes: torchtitan's ``dp_shard, cp, tp``).
-
-    >>> _with_cp({"dp_shard": 8, "tp": 8}, "dp_shard", 4)
-    {'dp_shard': 2, 'cp': 4, 'tp': 8}
-    """
-    names = list(deg)
-    if "cp" not in names:
-        names.insert(next((i for i, n in enumerate(names) if n in ("tp", "ep", "etp")), len(names)), "cp")
-    out = {n: deg.get(n, 1) for n in names}
-    out[data] //= k
-    out["cp"] *= k
-    return out
-
-
-def _cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan]], str]:
-    """((words, plan), why) of context parallelism taken from the data axis (from pp where the data
-    axis does not split in 2, :func:`_pp_source`): the smallest cp,
-    :data:`CP_FACTORS` times the configured, whose plan fits; where none fits, the largest the
-    rules take, whose peak the line prints where it is lower than the plan's (as tp x2's; the
-    sequence's activations scale with 1 / cp). ``why``: where no cp is offered, why, for a
-    line whose peak activations dominate (:func:`_cp_why`; "" otherwise): no data axis that
-    splits, the user's ``rank_to_gpu``, or the rule that refuses the first cp (a sequence that
-    does not split into 2 x cp chunks, an engine without cp)."""
-    deg = plan.axis_degrees()
-    data = next((n for n in DATA_AXES if deg.get(n, 1) > 1), next((n for n in DATA_AXES if n in deg), None))
-    source = data if data is not None and deg[data] % CP_FACTORS[0] == 0 else _pp_source(plan, deg)
-    if source is None or plan.spec.rank_to_gpu is not None:
-        return None, _cp_why(plan, deg, data, None)
-    best: Optional[tuple[str, Plan]] = None
-    refused: Optional[str] = None
-    for k in CP_FACTORS:
-        if deg[source] % k:
-            break
-        moved = _with_cp(deg, source, k)
-        p = tried(replace(plan.config, mesh=variant_mesh(plan, moved)))
-        if isinstance(p, str):
-            refused = refused or f"cp {moved['cp']}: {p}"
-            continue
-        words = f"{keys.axis('cp')} {moved['cp']} ({mesh_words(moved, keys)})"
-        if p.feasible:
-            return (words, p), ""
-        best = (words, p)
-    if best is not None and best[1].timeline.peak.total_bytes < plan.timeline.peak.total_bytes:
-        return best, ""
-    return None, _cp_why(plan, deg, data, refused)
-
-
-def _pp_source(plan: Plan, deg: dict[str, int]) -> Optional[str]:
-    """``"pp"`` where cp may be taken from the pipeline axis instead of a data axis of one rank (or
-    one that does not split in 2): pp even and its layers split evenly (no ``pp_layer_split``);
-    None otherwise. Newcomer trial 31 #1: Llama-3-70B at seq 131072, pp 8 x dp 1 x cp 4 x tp 8 on
-    32 dgx-h100 (peak 100.5 GiB) fits at pp 4 x cp 8 x tp 8 (the constraint table's "cp >= 8"),
-    where the line offered only recompute full, the slower step."""
-    return "pp" if deg.get("pp", 1) % CP_FACTORS[0] == 0 and plan.spec.pp_layer_split is None else None
-
-
-def _cp_why(plan: Plan, deg: dict[str, int], data: Optional[str], refused: Optional[str]) -> str:
-    """Why no cp is offered, for a plan whose peak activations dominate ("" otherwise, or
-    where cp was planned and lowers nothing): the user's ``rank_to_gpu``, a data axis that
-    does not split in 2, or ``refused``, the first cp's refusal by the planner's rules."""
-    groups = plan.timeline.by_group()
-    if max(groups, key=lambda g: groups[g]) != "activations":
-        return ""
-    if plan.spec.rank_to_gpu is not None:
-        return "cp not tried: mesh.rank_to_gpu fixes the placement"
-    if data is None:
-        return "cp not tried: it is taken from the data axis, and the mesh has no dp_shard or dp"
-    if deg[data] % CP_FACTORS[0]:
-        return f"cp not tried: it is taken from the data axis, and {data} {deg[data]} does not split in 2"
-    return f"cp not offered ({refused})" if refused else ""
-
 
 
 def _layer_fits(plan: Plan, k: int) -> Optional[Plan]:
@@ -372,7 +292,7 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
     layer = _layer_variant(plan, keys)
     if layer is not None:
         found.append(layer)
-    cp, cp_why = _cp_variant(plan, keys)
+    cp, cp_why = cp_variant(plan, keys)
     if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
                                                   for _, p in found)):
         found.append(cp)  # a cp that does not fit: where it lowers the peak the most (long sequences)

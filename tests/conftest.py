@@ -84,39 +84,52 @@ def staged_tp2_fsdp(tmp_path_factory):
 MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
 
 
-@pytest.fixture(scope="session")
-def moe_ep2_fsdp(tmp_path_factory):
-    """One ``validate`` of :data:`MOE_EP2` at world 4 (2 layers, seq 64, vocab 512: validate's
-    defaults; one timed step, no in-run probe), run once for every test that reads its evidence
-    (tests/test_validate_moe.py's collectives, losses and router load,
-    tests/test_validate_memory_kinds.py's memory rows by kind). Returns (evidence folder, exit
-    code, the worlds' results)."""
-    from meshplan.config import load_config
-    from meshplan.runtime.validation.validate import Options, validate
-
-    out = tmp_path_factory.mktemp("moe_ep2_fsdp") / "ev"
-    code, res = validate(load_config(MOE_EP2), Options(worlds=(4,), layers=2, seq_len=64, vocab=512, steps=1,
-                                                       timeout_s=200, probe=False), out, echo=lambda *_: None)
-    return out, code, res
-
-
 #: Llama-3-8B shapes scaled down, DDP (sharding "none") over dp 4.
 DDP4 = Path(__file__).parent / "data" / "validate_llama8b_ddp4.toml"
+#: tests/test_validate_moe.py's two exact-match configs: 2 experts sharded on dim 1, and tp 2 + SP x ep 2.
+MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
+MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
+
+#: Time limit of a test that may be the first to ask for :func:`world4_runs` (its launch of four configs).
+WORLD4_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="session")
-def ddp4_world4(tmp_path_factory):
-    """One ``validate`` of :data:`DDP4` at world 4 (2 layers, seq 32, vocab 512, 2 micro-batches,
-    one timed step, no probe; checkpoint bandwidth 1 GB/s per rank for the DCP rows' predicted
-    times), run once for tests/test_validate_ddp.py (collectives, losses) and
-    tests/test_checkpoint_writes.py (DCP bytes per rank): the worker saves and loads a DCP
-    checkpoint after the steps of every pp-1 run. Returns (evidence folder, exit code, results)."""
+def world4_runs(tmp_path_factory):
+    """The 4-rank ``validate`` runs several test files read, in one torchrun launch
+    (tests/validate_runs.py: one torch start-up and rendezvous instead of four), each into its
+    own evidence folder: ``moe_ep2`` (:data:`MOE_EP2`, 2 layers, seq 64, vocab 512: validate's
+    defaults), ``ddp4`` (:data:`DDP4`, seq 32, 2 micro-batches; checkpoint bandwidth 1 GB/s per
+    rank for the DCP rows' predicted times), ``moe_dim1`` and ``moe_tp2_ep2`` (seq 32); every
+    one with one timed step and no in-run probe. ``name ->`` (code, results, out, folder)."""
     pytest.importorskip("torch")
-    from meshplan.config import load_config
-    from meshplan.runtime.validation.validate import Options, validate
+    from meshplan.runtime.validation.validate import Options
+    from tests.validate_runs import launch
 
-    out = tmp_path_factory.mktemp("ddp4_world4") / "ev"
-    code, res = validate(load_config(DDP4), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, micro_batches=2,
-                                                    steps=1, timeout_s=200, probe=False, checkpoint_bytes_per_s=1e9),
-                         out, echo=lambda *_: None)
-    return out, code, res
+    def opt(**kw):
+        return Options(**{"worlds": (4,), "layers": 2, "seq_len": 32, "vocab": 512, "steps": 1, "timeout_s": 200,
+                          "probe": False, **kw})
+
+    return launch(tmp_path_factory.mktemp("world4"), {
+        "moe_ep2": (MOE_EP2, opt(seq_len=64)), "ddp4": (DDP4, opt(micro_batches=2, checkpoint_bytes_per_s=1e9)),
+        "moe_dim1": (MOE_DIM1, opt()), "moe_tp2_ep2": (MOE_TP2_EP2, opt())})
+
+
+@pytest.fixture(scope="session")
+def moe_ep2_fsdp(world4_runs):
+    """``validate`` of :data:`MOE_EP2` at world 4 (:func:`world4_runs`), for every test that reads
+    its evidence (tests/test_validate_moe.py's collectives, losses and router load,
+    tests/test_validate_memory_kinds.py's memory rows by kind). Returns (evidence folder, exit
+    code, the worlds' results)."""
+    run = world4_runs["moe_ep2"]
+    return run.out, run.code, run.results
+
+
+@pytest.fixture(scope="session")
+def ddp4_world4(world4_runs):
+    """``validate`` of :data:`DDP4` at world 4 (:func:`world4_runs`), for tests/test_validate_ddp.py
+    (collectives, losses) and tests/test_checkpoint_writes.py (DCP bytes per rank): the worker
+    saves and loads a DCP checkpoint after the steps of every pp-1 run. Returns (evidence
+    folder, exit code, results)."""
+    run = world4_runs["ddp4"]
+    return run.out, run.code, run.results

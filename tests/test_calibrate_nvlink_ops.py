@@ -8,6 +8,8 @@ own_alpha)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from meshplan.catalog import system
@@ -44,7 +46,10 @@ def test_two_nvlink_ops_two_calibrated_rates(tmp_path, capsys):
     assert not any("dropped" in line for line in text.splitlines())  # another op's run is no rival
     assert ("nvlink: this file sets, on nvlink, all-reduce, reduce-scatter, all-to-all and send/recv from the "
             "all-reduce fit over 8 ranks (no run of their own); all-gather from its own run (its logged curve at its "
-            "fitted alpha: nccl-tests 2.17.6 all-gather over 8 ranks on 1 host(s), file ag.txt)") in text.splitlines()
+            "fitted alpha: nccl-tests 2.17.6 all-gather over 8 ranks on 1 host(s), file ag.txt); except on a node "
+            "whose all-reduce runs on NVLS (fabric nvls: dgx-h100, h200): there all-gather and reduce-scatter keep "
+            "the catalog's ring curve (NCCL runs them on the ring; an all_gather_perf or reduce_scatter_perf log sets "
+            "them)") in text.splitlines()  # reduce-scatter: dgx-a100 has no NVLS, the fit sets it there
     calib = load_calibration(out)
     cluster = apply_calibration(system("dgx-a100", nodes=1), calib)
     path, gib = _nvlink(cluster), 2 ** 30
@@ -90,3 +95,31 @@ def test_an_alltoall_curve_is_read_at_its_own_alpha(tmp_path, capsys):
     assert round(hand * 1e6, 1) == 44.2
     algo, t = path_time("all-to-all", 16, size, path, cluster)
     assert algo == "pairwise" and t == pytest.approx(hand, rel=1e-9)
+
+
+NC33 = Path(__file__).parent / "data" / "nc33" / "all_reduce_1node.txt"  # a newcomer's 8 x H100 all_reduce_perf
+
+
+def test_nvls_all_reduce_log_leaves_ring_ops_on_the_catalog(tmp_path, capsys):
+    """An 8 x H100 all_reduce_perf log (NCCL ran it on NVLS: 460.66 GB/s busbw at 8 GiB, above the
+    ring's 368.0 of h100-nvlink4-ring) fits 468.84 GB/s. On dgx-h100 (fabric nvls) NCCL runs
+    all-gather and reduce-scatter on the ring, so they stay on the catalog's ring curve: over 4
+    ranks at 1 GiB the catalog plan's busbw is 0.75 x 2^30 / 2204.2 us = 365.3 GB/s and the
+    calibrated one's within 1% of it (the fit's alpha in place of NCCL's latency: 2196.8 us);
+    before, the fit's 468 GB/s line gave them 434.7 GB/s busbw at 64 MiB (115.8 us against the
+    catalog's 154.6). The all-reduce itself stays on the fit (above 440 GB/s)."""
+    out = tmp_path / "c.toml"
+    rc, text, err = run_cli(["calibrate", NC33, "--out", out], capsys)
+    assert rc == 0, err
+    line = next(x for x in text.splitlines() if x.startswith("nvlink:"))
+    assert "all-reduce, all-gather, reduce-scatter, all-to-all and send/recv from the all-reduce fit" in line
+    assert "NVLS (fabric nvls: dgx-h100, h200): there all-gather and reduce-scatter keep the catalog's ring" in line
+    base = system("dgx-h100", nodes=1)
+    cluster = apply_calibration(base, load_calibration(out))
+    gib = 2 ** 30
+    for op in ("all-gather", "reduce-scatter"):
+        t_cat = path_time(op, 4, gib, _nvlink(base), base)[1]
+        t_cal = path_time(op, 4, gib, _nvlink(cluster), cluster)[1]
+        assert round(0.75 * gib / t_cat / 1e9, 1) == 365.3
+        assert t_cal == pytest.approx(t_cat, rel=0.01)
+    assert 1.5 * gib / path_time("all-reduce", 4, gib, _nvlink(cluster), cluster)[1] / 1e9 > 440

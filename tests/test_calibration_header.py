@@ -6,6 +6,7 @@ HTML pages carry the line in their header."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -191,3 +192,56 @@ def test_plan_says_where_the_fit_came_from(tmp_path, capsys):
                             "file ar.txt; sets all-reduce, all-gather and reduce-scatter across nodes; all-to-all "
                             "stays on the catalog curve; send/recv on the catalog curve scaled by this run's busbw "
                             "per NIC over the catalog's")
+
+
+def test_two_calibration_files_of_two_link_classes(tmp_path, capsys):
+    """A newcomer's 1-node file (nvlink, 468.8 GB/s) and 2-node file (nic, 46.22 GB/s per NIC) given
+    as two --calibration options: the last alone was applied, silently (header 'links calibrated from
+    calib_nvl.toml ...: nvlink 468.8 GB/s'). Both now apply, the header names both; a class in two
+    files is refused in one line naming both files."""
+    import shutil
+
+    from meshplan.cli import main
+
+    data = Path(__file__).parent / "data" / "nc33"
+    cfg = data / "dsv2lite_ep8.toml"
+    nic, nvl = data / "calib_nic.toml", data / "calib_nvl.toml"
+    with pytest.raises(SystemExit) as done:
+        main(["step", str(cfg), "--calibration", str(nic), "--calibration", str(nvl)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert f"links calibrated from {nic} + {nvl} on NVIDIA H100 80GB HBM3: nic 46.22 GB/s, nvlink 468.8 GB/s" in out
+    again = tmp_path / "again.toml"
+    shutil.copyfile(nic, again)
+    with pytest.raises(SystemExit) as done:
+        main(["step", str(cfg), "--calibration", str(nic), "--calibration", str(again)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "error: --calibration: link.nic: set by both calib_nic.toml and again.toml" in err and err.count("\n") == 1
+
+
+def test_report_and_place_take_calibration(tmp_path, capsys):
+    """README calls report the same as plan --html, but report had no --calibration or --topology
+    ('No such option'; newcomer nc33: report 2561.47 ms against plan --html --calibration 2579.75 ms),
+    and place --choose scored its candidates on the catalog links. Both now take the file: report's
+    page equals plan --html's with the same file, and place prints the calibrated header."""
+    import re
+
+    from meshplan.cli import main
+
+    data = Path(__file__).parent / "data" / "nc33"
+    cfg, nvl = data / "dsv2lite_ep8.toml", data / "calib_nvl.toml"
+    steps = []
+    for argv in (["report", str(cfg), "--calibration", str(nvl), "--out", str(tmp_path / "r.html")],
+                 ["plan", str(cfg), "--calibration", str(nvl), "--html", str(tmp_path / "p.html")]):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        assert done.value.code == 0
+        html = Path(argv[-1]).read_text()
+        assert "links calibrated from" in html
+        steps.append(re.search(r"step ([0-9.]+) ms", html).group(1))
+    assert steps[0] == steps[1]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["place", str(cfg), "--calibration", str(nvl)])
+    assert "links calibrated from" in capsys.readouterr().out

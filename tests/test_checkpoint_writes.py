@@ -91,7 +91,7 @@ def test_reliability_labels_held_and_written_bytes_checked_by_hand(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # may be the first to wait for tests/conftest.py world4_runs
 def test_validate_measures_dcp_bytes_per_rank(ddp4_world4):
     """DDP over dp 4 (gloo, 4 ranks; tests/conftest.py's run, which tests/test_validate_ddp.py
     reads too, at 1 GB/s per rank): each rank holds the whole model (1,967,360 fp32 parameters
@@ -140,7 +140,7 @@ def _moe_model(names, shape, seed):
     return mesh, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 
 
-def _ep_save_worker(rank, world, tmp, tag):
+def _ep_save_worker(rank, world, tmp, tag, shape=(4, 2)):
     import torch.distributed as dist
 
     from meshplan.runtime.execution import checkpoint as C
@@ -148,7 +148,7 @@ def _ep_save_worker(rank, world, tmp, tag):
 
     _init(rank, world, tmp, tag)
     try:
-        mesh, model, opt = _moe_model(("dp_shard", "ep"), (4, 2), seed=0)
+        mesh, model, opt = _moe_model(("dp_shard", "ep"), shape, seed=0)
         C.save_checkpoint(tmp / "ckpt", model, opt, mesh, step=0)
     finally:
         dist.destroy_process_group()
@@ -191,3 +191,42 @@ def test_experts_saved_under_ep2_load_whole_at_ep1(tmp_path):
 
     _spawn(_ep_save_worker, 4, tmp_path, "store0")
     _spawn(_ep1_load_worker, 2, tmp_path, "store1")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_experts_saved_at_efsdp1_load_whole_at_ep1(tmp_path):
+    """Saved on 2 ranks at dp_shard 2 x ep 2 (efsdp = 2 / 2 = 1: each rank holds 2 of the 4
+    experts whole, left out of FSDP2 as plain tensors), loaded on 2 ranks at ep 1: all 4
+    experts equal the single-process model's. Before the efsdp-1 branch of
+    ``checkpoint.ep_global`` both ranks saved key ``...moe.experts.w_gate`` as a plain
+    [2, 16, 32] tensor at offset 0, DCP kept one copy, and the load gave experts 0-1 twice
+    (the newcomer's world-8 validate: one rank's 8 of 64 experts on disk)."""
+    pytest.importorskip("torch")
+    from tests.test_checkpoint import _spawn
+
+    _spawn(_ep_save_worker, 2, tmp_path, "store0", (2, 2))
+    _spawn(_ep1_load_worker, 2, tmp_path, "store1")
+
+
+def test_validate_gates_checkpoint_bytes():
+    """The newcomer's world-8 run (dp_shard 8 x ep 8, efsdp 1) PASSED with the busiest rank
+    writing 6,046,554 B against 16,022,592 B predicted (6,046,554 / 16,022,592 - 1 = -62.3%):
+    checkpoint bytes were reported, never gated. Now more than 20% under fails the world; its
+    world-16 run (+2%) passes, and so does an excess: validate-slice's mini tp 4 x dp 2 (2 x 4
+    testbed) wrote 295,000 B on its busiest rank against 185,300 B (+59%), DCP giving each whole
+    replicated tensor of the small scaled model to one replica where the plan splits them evenly."""
+    from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE, checkpoint_gate
+
+    def row(pred, meas):
+        return dict(quantity="checkpoint bytes written per rank", unit="B", predicted=pred, measured=meas,
+                    error=meas / pred - 1)
+
+    assert CHECKPOINT_BYTES_TOLERANCE == 0.20
+    bad = checkpoint_gate([row(16_022_592, 6_046_554)])
+    assert len(bad) == 1 and "(-62%, tolerance 20%)" in bad[0]
+    assert checkpoint_gate([row(16_022_592, 16_022_592 * 1.02)]) == []
+    assert checkpoint_gate([row(185_300, 295_000)]) == []   # an excess is reported, not gated
+    assert len(checkpoint_gate([row(185_300, 185_300 * 0.79)])) == 1
+    assert checkpoint_gate([dict(quantity="checkpoint save time", unit="s", predicted=1.0, measured=9.0,
+                                 error=8.0)]) == []

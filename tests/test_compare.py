@@ -505,7 +505,20 @@ def test_framework_kernel_choices_itemise_compute():
     50 GB/s over its 4.3058 ms); one issued beside it runs at its fair half of the NIC: Megatron-LM's 8 MiB
     sends (0.8952) at 0.5 / 0.8952 = 0.559 of their speed, 0.336 ms, still inside the attention step beside
     them: no exposed cp; torch's ring K/V all-gathers (0.9395, 10 ms) at 0.532, beside steps they already
-    outlasted: exposed cp 31.7 -> 40.2 s, 153.9 -> 162.3 s; compute unchanged.)"""
+    outlasted: exposed cp 31.7 -> 40.2 s, 153.9 -> 162.3 s; compute unchanged.)
+    (te_ring: TE's ring step by step with its correction kernels, meshplan.compute.te_ring. Rank 7 is
+    now Megatron-LM's block: by its calls 7 x 3.5 us a layer shorter than rank 0 (forward twice 2 pair
+    (1/646 - 1/648) = 5.25 us more a rank, backward 2.5 pair (1/561 - 1/559) = 8.77 us less), but its
+    corrections 51 us a rank longer (the whole output and dQ corrected where rank 0 corrects halves:
+    2 x (3 n_o + 4 rows) + 3 n_dq over 2.97 TB/s, n_o = n_dq = 8 x 16,384 x 128). Its calls are torch's
+    rank 7's under FA3, fa3_rank7 below: 33.299 ms a layer, 42.62 s of attention (42.65 before). Its
+    kernels a layer (rows = 131,072; n_k = n_v = 16,384 x 1 KV head x 128; each at least the 4.7 us
+    issue floor): forward 8 floored lse kernels (37.6 us), the output's init (4 n_o + 8 rows, 22.95 us)
+    and 7 whole corrections (6 n_o + 8 rows, 34.25 us): 300.3 us, again in the full-AC replay; backward
+    dQ 4 n_dq (22.60 us) + 7 x 6 n_dq (33.89 us) and 16 floored dK/dV kernels: 335.0 us; three K/V
+    buffer copies of 4 (n_k + n_v) = 16.8 MB (5.65 us): 952.5 us, x 80 x 16 = 1.219 s; with the calls'
+    -0.031 s the step 81.2 -> 82.4 s, the compute difference -40.4 -> -39.2 s. torch's ring's line
+    (TE's ring moves nothing while torch's is on) -3.0 -> -1.8 s: its merges off, TE's kernels on.)"""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
     from meshplan.schedule.workload import chunk_costs, workload_of
@@ -517,12 +530,12 @@ def test_framework_kernel_choices_itemise_compute():
     b = build_plan(config_from_dict({**base, "training": {**base["training"], "framework": "megatron"}, "mesh": mesh}))
     c = compare(a, b, names=("torch", "megatron"))
     pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
-    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (162.3, 81.2)  # 153.9 before NIC sharing
+    assert (round(c.a.step_s, 1), round(c.b.step_s, 1)) == (162.3, 82.4)  # 153.9 before NIC sharing; 81.2 before te_ring
     assert "exposed cp" not in pb and 16384 * 1 * 256 * 2 == 8 * 2 ** 20
     assert round(pa["exposed cp"], 1) == 40.2  # 3.3 s under all-gather CP's rows, 31.7 before NIC sharing
     assert round(1 - 200_570_880 / 50e9 / 4.3058e-3, 4) == 0.0684 < 0.5  # the NIC leaves a send less than its half
     assert round(0.1874 / (0.5 / (8 * 2 ** 20 / 50e9 / 0.1874e-3)), 3) == 0.336
-    assert round(pb["compute"] - pa["compute"], 1) == -40.4
+    assert round(pb["compute"] - pa["compute"], 1) == -39.2
     pair = 8 * 16384 ** 2 * 256   # one ring call's FLOP (docstring)
     rank0 = 2 * pair * (1 / 335e12 + 7 / 370e12) + 2.5 * pair * (1 / 322e12 + 7 / 318e12)
     assert round(80 * 16 * rank0, 2) == 75.02
@@ -542,7 +555,9 @@ def test_framework_kernel_choices_itemise_compute():
     te_rank0 = 2 * pair * (1 / 616e12 + 7 / 648e12) + 2.5 * pair * (1 / 561e12 + 7 / 559e12)
     assert round(80 * 16 * te_rank0, 2) == 42.65
     assert round(80 * 16 * (2 * pair * 8 / 616e12 + 2.5 * pair * 8 / 561e12), 2) == 43.36
-    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (74.53, 42.65)
+    fa3_rank7 = 2 * pair * (1 / 616e12 + 7 / 646e12) + 2.5 * pair * 8 / 561e12
+    assert round(80 * 16 * fa3_rank7, 2) == 42.62   # te_ring: Megatron-LM's block is TE's rank 7 (docstring)
+    assert (round(attention_s(c.a), 2), round(attention_s(c.b), 2)) == (74.53, 42.62)
     i = c.reasons.index(f"compute: torch {pa['compute'] * 1e3:.1f} ms, megatron {pb['compute'] * 1e3:.1f} ms "
                         f"({(pb['compute'] - pa['compute']) * 1e3:+.1f} ms)")
     kernel_s = dict(choice_seconds(c.a, c.b))["attention_kernels"]
@@ -555,10 +570,16 @@ def test_framework_kernel_choices_itemise_compute():
     assert round(80 * 16 * (2 * 7 * pair * (1 / 648e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 559e12 - 1 / 561e12)), 3) == -0.711
     fa3_ring = 2 * 7 * pair * (1 / 646e12 - 1 / 616e12) + 2.5 * 7 * pair * (1 / 561e12 - 1 / 561e12)
     assert round(80 * 16 * fa3_ring, 3) == -0.743
-    # the kernel's line ends at torch's ring's rank 7 under FA3; Megatron-LM's attention is TE's rank 0
-    fa3_rank7 = 2 * pair * (1 / 616e12 + 7 / 646e12) + 2.5 * pair * 8 / 561e12
-    assert att == pytest.approx(kernel_s + 80 * 16 * (te_rank0 - fa3_rank7), abs=2e-3)
+    # the kernel's line ends at torch's ring's rank 7 under FA3; Megatron-LM's attention is TE's rank 7's
+    # calls, the same (rank 0's 0.031 s more before te_ring)
+    assert att == pytest.approx(kernel_s, abs=2e-3)
     assert round(80 * 16 * (te_rank0 - fa3_rank7), 3) == 0.031
+    rows, n, nk = 131_072, 8 * 16384 * 128, 16384 * 128
+    k = lambda b: max(b / 2.97e12, 4.7e-6)
+    te = (2 * (8 * k(12 * rows) + k(4 * n + 8 * rows) + 7 * k(6 * n + 8 * rows))
+          + k(4 * n) + 7 * k(6 * n) + 16 * k(6 * nk) + 3 * k(4 * 2 * nk))
+    assert round(te * 1e6, 1) == 952.5 and round(80 * 16 * te, 3) == 1.219
+    assert round(80 * 16 * (te + fa3_rank7 - te_rank0) + 81.2, 1) == 82.4
     assert [r.split(":")[0] for r in c.reasons[i + 2:i + 6]] == [
         "elementwise ops one kernel each (torch without torch_compile)",
         "torch's context-parallel ring attention (fp32 merges and gradient sums)",

@@ -50,6 +50,14 @@ def _cli(*args: str, cwd=None):
         return run_captured(*args, cwd=cwd)
 
 
+def _same_loss(again, cfg):
+    """``again`` (a re-imported export) with ``cfg``'s ``[memory] cross_entropy``: a torchtitan
+    import states torch's loss (``"torch"``, or ``"compiled"``: what torchtitan runs), which the
+    export cannot carry from a config that keeps Megatron's default (roundtrip.differences skips
+    it likewise); the rest of the plan must be the same."""
+    return replace(again, memory=again.memory.model_copy(update={"cross_entropy": cfg.memory.cross_entropy}))
+
+
 def _outcome(cfg):
     """(mesh key, peak bytes of the most loaded stage, step seconds) of a config's plan."""
     p = build_plan(cfg)
@@ -325,7 +333,7 @@ def test_round_trip_plans_the_same(tmp_path, path, opts, to):
     out.write_text(text)
     again = load_any(out, to, reimport_options(cfg, to) if to != "meshplan" else ImportOptions())
     assert differences(cfg, again) == []
-    a, b = _outcome(cfg), _outcome(again)
+    a, b = _outcome(cfg), _outcome(_same_loss(again, cfg))
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
 
 
@@ -397,7 +405,7 @@ def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
     out.write_text(text)
     again = load_any(out, to, reimport_options(cfg, to))
     assert differences(cfg, again) == []
-    a, b = _outcome(cfg), _outcome(again)
+    a, b = _outcome(cfg), _outcome(_same_loss(again, cfg))
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
 
 
@@ -475,7 +483,7 @@ def test_search_rows_export_and_replan(tmp_path):
             out = tmp_path / f"r{rank}-{to}"
             out.write_text(text)
             again = load_any(out, to, reimport_options(cc, to) if to != "meshplan" else ImportOptions())
-            _, peak, step = _outcome(again)
+            _, peak, step = _outcome(_same_loss(again, cc))
             assert step == pytest.approx(row.step_s, rel=1e-9) and peak == pytest.approx(row.peak_bytes, rel=1e-12)
             planned += 1
     assert planned >= 4  # at least every row as meshplan TOML

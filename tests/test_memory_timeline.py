@@ -32,7 +32,9 @@ from tests.conftest import EXAMPLES
 from tests.configs import TP4_MB2
 
 TINY = dict(layers=2, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=128)
-MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_bytes=500)
+# cross_entropy stated (the default): the by-hand numbers below take Megatron's in-place loss (fp32
+# logits kept, no other logits-sized tensor); torch's eager and compiled losses: tests/test_loss_memory.py
+MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_bytes=500, cross_entropy="megatron")
 
 # Activations of T per micro-batch (Korthikanti Table 2 terms, s 8, b 1, h 16, a 4, f 64):
 # attention: norm input 2sbh 256, qkv input 256, q 256, k 256, v 256, flash softmax

@@ -54,3 +54,22 @@ def test_padded_vocabulary_is_named():
     # rows: 6 x 8192 x 4096 x 872 per micro-batch and rank, x 16 x 8
     pad = 6 * 8192 * 4096 * (130000 - 128256) / 2 * 16 * 8
     assert dict(st.flop_gap)["padded vocabulary"] == pytest.approx(pad, rel=1e-12)
+
+
+def test_hfu_parts_add_up_under_a_hottest_expert_share():
+    """Mixtral-8x7B at dp_shard 256 x ep 8 with training.moe_hottest_expert_share 0.2 (a newcomer's
+    config): the step times every rank as the busiest ep rank, whose hottest expert takes 0.2 of the
+    routed rows, while the model FLOP count balanced routing. HFU printed 46.7% = MFU 24.5% +
+    recompute 11.4 + flash 1.0 pp: 9.8 pp unnamed. The parts now hold that extra work, so
+    MFU + the parts = HFU (to the 0.1 pp each is printed at, four roundings)."""
+    from pathlib import Path
+
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import HOT_EXPERT_GAP, step_time
+
+    st = step_time(build_plan(load_config(Path(__file__).parent / "data" / "nc33" / "mixtral_256_ep8.toml")))
+    den = st.step_s * st.world * st.peak_flops
+    parts = dict(st.flop_gap)
+    assert HOT_EXPERT_GAP in parts and parts[HOT_EXPERT_GAP] / den > 0.05
+    assert st.mfu + sum(parts.values()) / den == pytest.approx(st.hfu, rel=1e-9)

@@ -294,10 +294,13 @@ def test_validate_runs_mla_with_cp2_tp2_and_matches_the_reference(tmp_path):
     (``tests/test_validate_cp.py``'s reference): checks the K/V buffer of two head dims,
     the global rotary positions of the shared RoPE key and the causal mask across chunks.
     The K/V all-gather: 32 tokens x 4 local heads x (24 + 16) x 4 B = 20,480 B per layer."""
-    from tests.test_validate_cp import _check, _run
-
     pytest.importorskip("torch")
-    out, res = _run(MLA_CP2, tmp_path)
+    from meshplan.runtime.validation.validate import Options
+    from tests.test_validate_cp import _check, _run
+    from tests.validate_runs import launch
+
+    opt = Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=200, probe=False)
+    out, res = _run(launch(tmp_path, {"mla": (MLA_CP2, opt)}), "mla")
     # activations' maximum within 2% as the non-MLA cp runs (tests/test_validate_cp.py): the plan 525,648 B
     # against FSDPMemTracker's 526,508 (+0.16%). Per layer 238,080 B (tests/test_mla.py derives each term):
     # the 207,616 the plan counted before (464,720 B, 13.3% under) less v (32 x 4 x 16 x 4 = 8,192) and the

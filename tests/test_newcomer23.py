@@ -262,16 +262,19 @@ def test_real_megatron_flags_stay_unused_and_others_are_named():
 def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
     """The shipped list: 877 flags (Megatron-LM d98e8a64dd's parser, as tools/megatron_flag_list.py
     builds it); every flag meshplan reads is in it except torchrun's --nnodes, --use-custom-fsdp
-    (its name before af28b5a) and Megatron-DeepSpeed's --deepspeed and --zero-stage
-    (meshplan/interop/megatron_deepspeed.py; --checkpoint-activations is still in Megatron-LM's parser)."""
+    (its name before af28b5a) and Megatron-DeepSpeed's --deepspeed, --zero-stage and the switch
+    --no-pipeline-parallel (meshplan/interop/megatron_deepspeed.py; --checkpoint-activations is still in
+    Megatron-LM's parser)."""
     import tomllib
     from meshplan.interop.megatron import SWITCHES, USED
     from meshplan.interop.megatron_known import megatron_flags
     doc = tomllib.loads((EXAMPLES.parent / "meshplan" / "interop" / "megatron_flag_list.toml").read_text())
     assert "d98e8a64dd" in doc["source"] and len(doc["flags"]) == 877 == len(megatron_flags())
     assert set(doc["switches"]) <= set(doc["flags"])
-    assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp", "--deepspeed", "--zero-stage"}
-    assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp", "--deepspeed"}
+    assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp", "--deepspeed", "--zero-stage",
+                                       "--no-pipeline-parallel"}
+    assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp", "--deepspeed",
+                                               "--no-pipeline-parallel"}
 
 
 # --------------------------------------------------------------------------- #5 wording

@@ -120,6 +120,8 @@ def test_inline_node_names_catalog_network_and_curve():
     ('busbw = { nvlink = "a100-nvlink3-ring" }', "busbw = { nvlink = 3 }", "cluster.node.busbw.nvlink",
      "give a catalog curve name"),
     ('"a100-nvlink3-ring"', '"a100-nvlink3"', "cluster.node.busbw.nvlink", "unknown busbw curve 'a100-nvlink3'"),
+    ('busbw = { nvlink = "a100-nvlink3-ring" }', 'busbw = "a100-nvlink3-ring"', "cluster.node.busbw",
+     "give a table of link class -> catalog curve name"),  # was pydantic's "Input should be a valid dictionary"
 ])
 def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
     text = _four_nic_cluster()
@@ -127,6 +129,16 @@ def test_inline_cluster_wrong_forms_are_one_line_errors(old, new, field, start):
     with pytest.raises(ConfigError) as e:
         config_from_dict(_job(text.replace(old, new)))
     assert (e.value.field, e.value.message[:len(start)]) == (field, start)
+    assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
+
+
+def test_inline_node_of_another_type_is_a_one_line_error():
+    """``node = 3`` was pydantic's "Input should be a valid dictionary or instance of NodeSpec"; now
+    both forms are named, as for ``network``."""
+    bad = _job('[cluster]\nnodes = 2\ngpu = "a100-sxm-40gb"\nnode = 3\nnetwork = "superpod-hdr-su20"\n')
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(bad)
+    assert (e.value.field, e.value.message[:28]) == ("cluster.node", "give a catalog node name (me")
     assert "\n" not in str(e.value) and "Input should be" not in str(e.value)
 
 
@@ -181,6 +193,12 @@ def test_checkpoint_activations_alone_is_full_recompute(tmp_path):
     (megatron_deepspeed_script(extra="--use-distributed-optimizer"),
      "error: --deepspeed: given with --use-distributed-optimizer"),
     (megatron_deepspeed_script().replace("--zero-stage 1", ""), "error: --zero-stage: not given with --deepspeed"),
+    (megatron_deepspeed_script().replace("--zero-stage 1", "--zero-stage"),
+     "error: --zero-stage: given without a value; give --zero-stage N"),
+    (megatron_deepspeed_script(zero_stage=3, pp=1), "error: --zero-stage: 3 without --no-pipeline-parallel: "
+                                                    "Megatron-DeepSpeed builds its model as a PipelineModule even at pp 1"),
+    (megatron_deepspeed_script(pp=2, extra="--no-pipeline-parallel"),
+     "error: --no-pipeline-parallel: given at --pipeline-model-parallel-size 2: Megatron-DeepSpeed asserts pp 1"),
 ])
 def test_megatron_deepspeed_refusals_are_one_line(tmp_path, script, start):
     r = _import_mds(tmp_path, script)
@@ -188,7 +206,18 @@ def test_megatron_deepspeed_refusals_are_one_line(tmp_path, script, start):
 
 
 def test_megatron_deepspeed_zero3_at_pp1_is_deepspeed_zero3(tmp_path):
-    assert _import_mds(tmp_path, megatron_deepspeed_script(zero_stage=3, pp=1)).returncode == 0
+    """ZeRO-3 runs under Megatron-DeepSpeed only with --no-pipeline-parallel (GPTModel, not
+    GPTModelPipe, whose PipelineEngine asserts stage < 2 at any pp: Megatron-DeepSpeed 0782d75
+    pretrain_gpt.py model_provider, DeepSpeed 0050fda runtime/pipe/engine.py); without it the import
+    refuses (test above). The export writes the flag back beside --zero-stage 3, so the script it
+    writes runs; before, it wrote --deepspeed --zero-stage 3 alone, which the engine refuses."""
+    r = _import_mds(tmp_path, megatron_deepspeed_script(zero_stage=3, pp=1, extra="--no-pipeline-parallel"))
+    assert r.returncode == 0, r.stderr
     cfg = load_any(tmp_path / "mds.toml")
     assert (cfg.training.sharding, cfg.training.zero3_engine) == ("zero3", "deepspeed")
     assert cfg.mesh.names == ["dp_shard", "tp"]  # ZeRO-3 shards the parameters over the data axis
+    assert "--no-pipeline-parallel" not in (tmp_path / "mds.toml").read_text().split("unused")[-1]
+    r = run_captured("export", tmp_path / "mds.toml", "--to", "megatron", "-o", tmp_path / "out.sh", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    flags = (tmp_path / "out.sh").read_text().split()
+    assert "--no-pipeline-parallel" in flags and flags[flags.index("--zero-stage") + 1] == "3"

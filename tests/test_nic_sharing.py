@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 
 import jsonschema
 import pytest
 
 from meshplan.comm.row import CollectiveRow, Path
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_times import CommTimes, nic_share
 from meshplan.schedule.overlap_policy import config_overlap
 from meshplan.schedule.unit_sim import Overlap, StreamSim, settle
 from meshplan.spec.training import TrainingSpec
 from tests.cli_run import run_cli
-from tests.configs import NC31_TOP1_TOML
+from tests.configs import NC31_TOP1_TOML, mixtral_8x22b_etp_job
 
 #: 200 Gb/s NICs, one per GPU, 2 nodes of 8 GPUs: 25 GB/s each.
 NIC = Path("network", 200e9, "2 nodes", nodes=2, ranks_per_node=8, nic_bandwidth_bytes_per_s=25e9)
@@ -166,11 +169,12 @@ def test_nc31_step_charges_the_cp_sends(capsys, tmp_path):
     0.87415; the cp K/V send of 8,388,608 B, 187.4 us: the boundary member's NIC 0.16777 ms, share
     0.8953. The forward's first cp send is issued while the next layer's all-gather (prefetched) runs
     and ends before it: demands 0.87415 + 0.8953 > 1, the max-min level 1/2 under both, so the send
-    runs at 0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.223 ms
-    ring step beside it (its slack alone was 0.036 ms); the all-gather meanwhile at 0.5 / 0.87415 =
-    0.57199 of its speed, so it loses at least 0.3356 x (1 - 0.57199) = 0.1436 ms to each send beside it:
-    one a layer at least, 8 micro-batches x 79 layers with a next one, 632 x 0.1436 = 90.8 ms per step.
-    The step's concurrent line says what the sharing cost each; the parts line exposes cp."""
+    runs at 0.5 / 0.8953 = 0.55847 of its speed, 0.1874 / 0.55847 = 0.3356 ms, longer than the 0.2374 ms
+    ring step beside it (step 0, the causal 4,096 x 4,096 diagonal: 2 x 4096^2 x 32 x 128 FLOP at FA3's
+    579 TFLOP/s; its slack alone 0.050 ms); the all-gather meanwhile at 0.5 / 0.87415 = 0.57199 of its
+    speed, so it loses at least 0.3356 x (1 - 0.57199) = 0.1436 ms to each send beside it: one a layer
+    at least, 8 micro-batches x 79 layers with a next one, 632 x 0.1436 = 90.8 ms per step. The step's
+    concurrent line says what the sharing cost each; the parts line exposes cp."""
     cfg = tmp_path / "nc31.toml"
     cfg.write_text(NC31_TOP1_TOML)
     code, out, _ = run_cli(["step", cfg], capsys)
@@ -206,3 +210,26 @@ def test_step_json_carries_the_sharing_cost(capsys, tmp_path):
     ms = float(re.search(r"lengthens cp's collectives by ([\d.]+) ms", line).group(1))
     assert round(got[("cp", "fsdp")] * 1e3, 1) == ms
     assert got[("cp", "fsdp")] >= 8 * 79 * (0.3356 - 0.1874) * 1e-3
+
+
+def test_a_collective_on_nvlink_holds_no_nic_beside_a_network_one_of_its_kind():
+    """Megatron-LM's Mixtral-8x22B job (tests/configs.py mixtral_8x22b_etp_job: pp 8 x dp 32 x tp 2 x
+    ep 8 x etp 2 on 64 DGX H100, 400 Gb/s = 50 GB/s per GPU's NIC). Its etp all-gather and
+    reduce-scatter (kind ep, group etp) run over etp 2, two adjacent GPUs of a node: NVLink, share 0.
+    The ep all-to-all of 50,331,648 B over ep 8 (ranks 2 apart: 4 a node on 2 nodes) sends (n - g)/n =
+    4/8 of it, 25,165,824 B, through the rank's NIC: 0.5033 ms at 50 GB/s over the row's time (0.5598
+    ms: 0.899). Before, the etp key's 0 was read as no row and the lookup fell back to the kind's
+    largest, the all-to-all's 0.899, so the NVLink gathers were slowed beside the FSDP all-gathers
+    (at sharding zero3 the step was 17 ms longer, 3.9235 -> 3.9063 s)."""
+    plan = build_plan(config_from_dict(tomllib.loads(mixtral_8x22b_etp_job())))
+    rows = plan.stage(0).collectives
+    a2a = next(r for r in rows if r.axis == "ep" and r.op == "all-to-all" and r.phase == "forward")
+    assert (a2a.size_bytes, a2a.path.nodes, a2a.path.ranks_per_node) == (50_331_648, 2, 4)
+    comm = CommTimes.from_rows(rows)
+    assert comm.nic_share("ep", "forward", "all-to-all") == pytest.approx(25_165_824 / 50e9 / a2a.time_s)
+    assert round(comm.nic_share("ep", "forward", "all-to-all"), 3) == 0.899
+    for phase in ("forward", "backward"):
+        for op in ("all-gather", "reduce-scatter"):
+            assert comm.nic_share("ep", phase, op, "etp") == 0.0
+    # a key with no row of its own (the per-step reduction's pieces) still reads its kind's
+    assert comm.nic_share("ep", "forward", "no such op") == comm.nic_share("ep", "forward", "all-to-all")

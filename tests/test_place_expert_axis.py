@@ -5,6 +5,8 @@ them. ``place`` printed ``efsdp`` whatever the sharding, beside ``plan``'s ``edp
 
 from __future__ import annotations
 
+import pytest
+
 from tests.cli_run import run_cli
 from tests.configs import job_toml
 
@@ -52,3 +54,24 @@ def test_place_keeps_efsdp_under_fsdp(tmp_path, capsys):
     assert rc == 0, err
     assert _axis_row(place, "efsdp") == ["efsdp", "4", "8", "network", "4", "1", "same", "1"]
     assert "edp" not in place.replace("efsdp", "")
+
+
+def test_all_to_all_axis_scored_by_its_off_node_bytes():
+    """ep 16 on 2 dgx-h100 nodes (8 GPUs each, one NVLink domain a node): each rank has g = 8 of
+    its group in its node and sends (16 - 8)/(16 - 1) = 8/15 of its all-to-all bytes off it; 16 ranks
+    x 8/15 = 8.533 rank-buffers, x weight 1000 B = 8,533.3 B per step. As ring hops (2 domains: 2
+    hops) it was 2,000 B, 4.3x short (newcomer nc33: ep 16 on 256 H100 scored 3,768.8 GB, by this
+    rule 16,080.4 GB). ep 8 inside a node sends nothing off it."""
+    from meshplan.catalog import system
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.placement.assign import place
+    from meshplan.placement.score import weak_bytes
+    from meshplan.spec.mesh import MeshSpec
+
+    cluster = system("dgx-h100", nodes=2)
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[16, 16]), world=16)
+    cost = weak_bytes(mesh, place(cluster, 16), {"ep": 1000.0}).by_axis["ep"]
+    assert cost.kind == "all-to-all" and cost.network_hops == pytest.approx(16 * 8 / 15)
+    assert cost.network_bytes == pytest.approx(8533.33, abs=0.01)
+    mesh8 = resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[16, 8]), world=16)
+    assert weak_bytes(mesh8, place(cluster, 16), {"ep": 1000.0}).by_axis["ep"].network_bytes == 0

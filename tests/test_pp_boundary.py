@@ -172,13 +172,20 @@ def test_boundaries_apart_arrays_equal_the_reference(sch, p, m, v, kw):
     to the bit (every compute start, every send event) in both loops."""
     spec = PipelineSpec(sch, p, m, v, forward_s=1.0, backward_s=2.1, weight_s=0.7,
                         p2p_s=tuple(0.1 + 0.2 * b for b in range(p)), **kw)
+    ref = arrays_equal_reference(spec)
+    assert ref.step_s != simulate(replace(spec, p2p_s=0.1)).step_s  # the boundaries' times matter
+
+
+def arrays_equal_reference(spec: PipelineSpec):
+    """Assert the array simulation of ``spec`` equals the reference to the bit (the step, every
+    compute start, every send event); returns the reference's result."""
     ref, arr = simulate(spec), simulate_arrays(spec)
     assert arr.step_s == ref.step_s
-    assert arr.start.tolist() == [e.start_s for s in range(p) for e in ref.events if e.stage == s
+    assert arr.start.tolist() == [e.start_s for s in range(spec.p) for e in ref.events if e.stage == s
                                   and e.stream == "compute"]
     key = lambda e: (e.stage, e.stream, e.name, e.start_s, e.end_s)  # noqa: E731
     assert sorted(map(key, arr.events)) == sorted(map(key, ref.events))
-    assert ref.step_s != simulate(replace(spec, p2p_s=0.1)).step_s  # the boundaries' times matter
+    return ref
 
 
 def test_per_boundary_needs_one_time_per_stage():

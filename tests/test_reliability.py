@@ -594,21 +594,23 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     gain = new.tokens_per_s / doc["old_tokens_per_s"] - 1
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
-    assert f"{gain:.1%} more throughput (the 2048-GPU plan" in lines[head + 1]
+    # the proposal on 2040 GPUs (cp 2 under Transformer Engine's p2p ring, its correction kernels counted
+    # since tering2) runs 1.2% below the 2048-GPU plan: said as throughput lost, not a negative gain
+    assert round(gain, 3) == -0.012
+    assert f"{-gain:.1%} of the throughput lost (the 2048-GPU plan" in lines[head + 1]
     # zero1: the data axis printed dp (mesh_words.mesh_text), as plan prints it
     assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
                                   f"-> pp 31 x dp 32 x cp 2 x ep 64 (shrunk: dp 128 -> 32; grown: pp 16 -> 31, "
                                   f"cp 1 -> 2; kept: ep 64)")
-    assert 0 < gain <= 0.05 and lines[head + 2] == (  # uxsmall: 1.5% is within the model's 5%, not a verdict
-        f"- pp 31 (2 layers per stage, 1 on the last) x dp 32 x cp 2 x ep 64 on {top['gpus']} GPUs plans {gain:.1%} "
-        "more tokens/s than the 2048-GPU "
-        "plan, within the 5% restart margin (a judgement, not the model's measured error): the "
-        "original mesh is not shown to be the problem")
-    assert lines[head + 4].startswith("- runner-up: pp ")
+    # slower than the 2048-GPU plan: no "plans more tokens/s" line (restart_text.faster_text, its doctests);
+    # the idle GPUs' line follows (uxsmall's 1.5% faster came before TE's correction kernels)
+    assert not any("more tokens/s than the 2048-GPU plan" in line for line in lines)
+    assert lines[head + 2].startswith("- 56 of the 2040 GPUs left sit idle")
+    assert lines[head + 3].startswith("- runner-up: pp ")
     # pp 31, 62 GPUs a replica, fills 1984 of 2040, with its one balanced split (2 x 30, 1): the ends-short split
     # (1, 3, 2 x 28, 1), which planned 0.03% faster, is 0.68 balanced and Megatron-LM's flags cannot set its uneven
     # middle stages (PipelineRule.runs); the rsmore branch's dense-first-only split lost 12.0% at pp 10 x dp 192
-    assert top["pp_layer_split"] == [2] * 30 + [1] and top["gpus"] == 1984 and gain > 0
+    assert top["pp_layer_split"] == [2] * 30 + [1] and top["gpus"] == 1984 and gain < 0
     note = next(line for line in lines if line.startswith("- pipeline: "))
     assert note == "- pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 2 x 30, 1 (the schedule kept)"
 

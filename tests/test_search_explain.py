@@ -559,7 +559,7 @@ def test_other_part_names_the_kernel_kinds_that_differ():
             "43.4 ms, cp ring gradient accumulation 0 ms vs 33 ms, cp ring merge 0 ms vs 13.1 ms)") in line
 
 
-def test_the_fastest_tight_mesh_not_shown_is_named_by_the_tiers(monkeypatch):
+def test_the_fastest_tight_mesh_not_shown_is_named_by_the_tiers():
     """Newcomer 32 (Megatron-DeepSpeed 34B on 128 A100 40GB): the fastest, pp 2 x dp 16 x tp 4 at
     36,965,230,592 B, tight (under 15% of the usable memory free), is 0.024% faster than the top at
     28,726,110,208 B; its mesh is no row. The ranking plans the fastest's memory (it had none:
@@ -569,13 +569,11 @@ def test_the_fastest_tight_mesh_not_shown_is_named_by_the_tiers(monkeypatch):
 
     import meshplan.search.driver as drv
     usable = 35.5 * 2 ** 30
-    monkeypatch.setattr(drv, "usable_bytes", lambda cluster, training: usable)
-    cfg = SimpleNamespace(memory=SimpleNamespace(fragmentation_fraction=0.0), search=SimpleNamespace(headroom_tier=True),
-                          cluster=None, training=None)
+    cfg = SimpleNamespace(memory=SimpleNamespace(fragmentation_fraction=0.0), search=SimpleNamespace(headroom_tier=True))
     top = SimpleNamespace(index=1044, peak_bytes=28_726_110_208)
     fast = SimpleNamespace(index=564, peak_bytes=36_965_230_592)
     assert drv._tight_only(cfg, top, fast, usable) and not drv._tight_only(cfg, fast, top, usable)
     # 1 - 28,726,110,208 / 38,117,834,752 = 24.6% free; 1 - 36,965,230,592 / 38,117,834,752 = 3.0% (< 15%)
-    assert drv._safer_words(cfg, top, fast, (), [top]) == (
+    assert drv._safer_words(cfg, top, fast, (), [top], usable) == (
         "it keeps 24.6% of the usable memory free, the fastest 3.0%, under 15% (its mesh is not a row: its settings "
         "that keep it are slower than the rows shown)")

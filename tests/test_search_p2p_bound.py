@@ -99,7 +99,7 @@ def test_torch_pp4_bound_tighter_by_the_last_stages_calls(monkeypatch):
     st = stage_layout(cfg, g, 4)
     p2p = float(unit_bounds(cfg, tt, g, st, state(cfg, tt.tables, g, st))["p2p"][0, 0])
     monkeypatch.setattr("meshplan.search.timing.call_holds",
-                        lambda cfg, c, m: (np.zeros((len(c), 4)), np.zeros((len(c), 4))))
+                        lambda cfg, c, m, apart=False: (np.zeros((len(c), 4)), np.zeros((len(c), 4))))
     before = estimate(cfg, c, r.code).step_lo[i]
     new = r.est.step_lo[i]
     assert new - before == pytest.approx(31 * p2p, rel=1e-9)

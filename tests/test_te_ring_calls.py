@@ -54,22 +54,47 @@ def _attention_ms(w: Workload) -> tuple[float, float]:
     return ops["forward"].seconds * 1e3, ops["backward_input"].seconds * 1e3
 
 
+def _between_points(cp: int, k: int):
+    """The docstring's derivation for a cp whose ``L = S / cp`` is 1.5 x the table's k-th length (512
+    x 2^k, so ``L / 2`` is 1.5 x the (k - 1)-th): rates (TFLOP/s) F of the way up from those points,
+    causal at L, unmasked at L and L/2, backward at L and L/2; the pair's forward FLOP ``2 L^2 H d``
+    (H 8, d 128); and rank r's (forward, backward) ms: ``pair (1/causal + r/unmasked(L/2) + (cp - 1 -
+    r)/unmasked(L))``, ``2.5 pair ((1 + r)/bwd(L) + (cp - 1 - r)/bwd(L/2))``."""
+    L = S // cp
+    assert L == 1.5 * 512 * 2 ** k
+    up = lambda row, i: row[i] + F * (row[i + 1] - row[i])
+    causal, whole, half, bwd, bwd_half = up(CAUSAL, k), up(NONE, k), up(NONE, k - 1), up(BWD, k), up(BWD, k - 1)
+    pair = 2 * L ** 2 * 8 * 128
+    rank = lambda r: (pair * (1 / causal + r / half + (cp - 1 - r) / whole) / 1e9,
+                      2.5 * pair * ((1 + r) / bwd + (cp - 1 - r) / bwd_half) / 1e9)
+    return (causal, whole, half, bwd, bwd_half), pair, rank
+
+
 def test_te_ring_calls_rated_at_their_shapes_by_hand():
     """Llama-3-70B at tp 8 (64 / 8 = 8 q heads of d 128 on a rank), b 1, s 98,304.
 
     cp 2: L 49,152, L/2 24,576, both past 16,384: every rate held at the last point. Rank 0: the
     causal L x L (616 forward, 561 backward) and one upper-triangle L/2 x L (forward over L keys
     648, backward over L/2 queries 561); rank 1's lower-triangle L x L/2 reads 648 and 561 too: a
-    tie, rank 0. pair = 2 x 49152^2 x 8 x 128 = 4.948e12 FLOP: forward pair (1/616 + 1/648) =
-    15.668 ms (16.064 ms as one causal call at 616), backward 2.5 pair x 2 / 561 = 44.098 ms (the same).
+    tie of the calls, which TE's correction kernels break (compute.te_ring; test_te_ring_steps.py):
+    rank 1 corrects its whole output and dQ, rank 0 half of them; the same calls. pair = 2 x 49152^2
+    x 8 x 128 = 4.948e12 FLOP: forward pair (1/616 + 1/648) = 15.668 ms (16.064 ms as one causal
+    call at 616), backward 2.5 pair x 2 / 561 = 44.098 ms (the same).
 
     cp 8: L 12,288 = 1.5 x 8,192, L/2 6,144 = 1.5 x 4,096, both F = log2 1.5 = 0.585 of the way
     up: causal 602 + F (616 - 602) = 610.19, unmasked at L 646 + 2 F = 647.17, at L/2 638 + 8 F =
     642.68; backward at L 559 + 2 F = 560.17, at L/2 542 + 17 F = 551.94. Rank r: forward pair
     (1/610.19 + r/642.68 + (7 - r)/647.17), backward 2.5 pair ((1 + r)/560.17 + (7 - r)/551.94);
     each step of r adds pair (1/642.68 - 1/647.17) forward and takes 2.5 pair (1/551.94 - 1/560.17)
-    backward, more: rank 0 is the slowest. pair = 2 x 12288^2 x 8 x 128 = 3.092e11: forward
-    3.852 ms (4.016 ms before), backward 11.185 ms (11.025 ms).
+    backward, more: by its calls rank 0 is the slowest, rank 7's 120.6 us shorter. pair = 2 x
+    12288^2 x 8 x 128 = 3.092e11. TE's corrections take rank 7 longer by more (H100 Triad 2.97
+    TB/s, each kernel at least the 4.7 us issue floor; rows = 8 x 12,288 = 98,304, n_o = n_dq = 128
+    rows, n_kv = 12,288 x 1 KV head x 256 = 3,145,728): its 7 output corrections read and write the
+    whole output, 7 x (3 n_o + 4 rows) = 267.0 MB more than rank 0's halves, 89.9 us; its dQ
+    accumulation 46 n_dq against 25, 264.2 MB, 89.0 us; its dK/dV adds are half-size (floored) where
+    rank 0's 12 whole ones take 6.355 us each: -25.95 us; +152.9 us in all: rank 7 is the slowest
+    rank, forward pair (1/610.19 + 7/642.68) = 3.875 ms (4.016 ms before the calls were rated by
+    shape), backward 2.5 pair x 8 / 560.17 = 11.041 ms (11.025 ms).
 
     cp 32: L 3,072 = 1.5 x 2,048, L/2 1,536 = 1.5 x 1,024: causal 521 + 58 F = 554.93, unmasked
     at L 625 + 13 F = 632.60, at L/2 565 + 60 F = 600.10; backward at L 501 + 41 F = 524.98, at L/2
@@ -83,22 +108,24 @@ def test_te_ring_calls_rated_at_their_shapes_by_hand():
     assert (round(fwd2, 3), round(bwd2, 3)) == (15.668, 44.098)
     assert _attention_ms(_megatron(2)) == pytest.approx((fwd2, bwd2), rel=1e-9)
 
-    c8, n8, b8 = CAUSAL[4] + F * (CAUSAL[5] - CAUSAL[4]), NONE[4] + F * (NONE[5] - NONE[4]), BWD[4] + F * (BWD[5] - BWD[4])
-    n8h, b8h = NONE[3] + F * (NONE[4] - NONE[3]), BWD[3] + F * (BWD[4] - BWD[3])
-    assert [round(x, 2) for x in (c8, n8, n8h, b8, b8h)] == [610.19, 647.17, 642.68, 560.17, 551.94]
-    pair8 = 2 * 12288 ** 2 * 8 * 128
-    rank8 = lambda r: (pair8 * (1 / c8 + r / n8h + (7 - r) / n8) / 1e9,
-                       2.5 * pair8 * ((1 + r) / b8 + (7 - r) / b8h) / 1e9)
-    assert max(range(8), key=lambda r: sum(rank8(r))) == 0
-    assert [round(x, 3) for x in rank8(0)] == [3.852, 11.185]
-    assert _attention_ms(_megatron(8)) == pytest.approx(rank8(0), rel=1e-9)
+    rates8, pair8, rank8 = _between_points(8, 4)
+    assert [round(x, 2) for x in rates8] == [610.19, 647.17, 642.68, 560.17, 551.94]
+    assert max(range(8), key=lambda r: sum(rank8(r))) == 0   # by the calls alone
+    assert round((sum(rank8(7)) - sum(rank8(0))) * 1e3, 1) == -120.6
+    rows, t, floor = 98_304, 2.97e12, 4.7e-6
+    n_o, n_kv = 128 * rows, 12_288 * 256
+    k = lambda b: max(b / t, floor)
+    out = 7 * (k(6 * n_o + 8 * rows) - k(3 * n_o + 4 * rows))
+    dq = k(4 * n_o) + 7 * k(6 * n_o) - (2 * k(2 * n_o) + 7 * k(3 * n_o))
+    dkv = (2 * k(2 * n_kv) + 12 * k(3 * n_kv) + 2 * k(6 * n_kv)) - (2 * k(4 * n_kv) + 12 * k(6 * n_kv) + 2 * k(3 * n_kv)
+                                                                  + 2 * k(2 * n_kv))
+    assert [round(x * 1e6, 2) for x in (out, dq, dkv)] == [89.9, 88.97, -25.95]
+    assert out + dq + dkv > (sum(rank8(0)) - sum(rank8(7))) / 1e3
+    assert [round(x, 3) for x in rank8(7)] == [3.875, 11.041]
+    assert _attention_ms(_megatron(8)) == pytest.approx(rank8(7), rel=1e-9)
 
-    c32, n32, b32 = CAUSAL[2] + F * (CAUSAL[3] - CAUSAL[2]), NONE[2] + F * (NONE[3] - NONE[2]), BWD[2] + F * (BWD[3] - BWD[2])
-    n32h, b32h = NONE[1] + F * (NONE[2] - NONE[1]), BWD[1] + F * (BWD[2] - BWD[1])
-    assert [round(x, 2) for x in (c32, n32, n32h, b32, b32h)] == [554.93, 632.60, 600.10, 524.98, 469.04]
-    pair32 = 2 * 3072 ** 2 * 8 * 128
-    rank32 = lambda r: (pair32 * (1 / c32 + r / n32h + (31 - r) / n32) / 1e9,
-                        2.5 * pair32 * ((1 + r) / b32 + (31 - r) / b32h) / 1e9)
+    rates32, pair32, rank32 = _between_points(32, 2)
+    assert [round(x, 2) for x in rates32] == [554.93, 632.60, 600.10, 524.98, 469.04]
     assert max(range(32), key=lambda r: sum(rank32(r))) == 0
     assert [round(x, 3) for x in rank32(0)] == [0.982, 3.286]
     assert _attention_ms(_megatron(32)) == pytest.approx(rank32(0), rel=1e-9)
@@ -121,14 +148,29 @@ def test_te_ring_runs_no_torch_ring_kernels():
 def test_newcomer31_ranking_turns_to_the_longer_calls():
     """Newcomer trial 31: ``meshplan search`` of Llama-3-70B at 128k on 256 H100 (Megatron-LM, TE's p2p
     ring) put dp_shard 4 x cp 32 x tp 2 first at 28.829 s, dp_shard 4 x cp 16 x tp 4 (tp overlap) second at
-    29.056 s: every cp's attention at the held 616 / 561. Now, per layer and micro-batch (cp rank 0 both):
-    cp 32 (L 4,096, 64 / 2 = 32 q heads, pair = 2 x 4096^2 x 32 x 128) forward pair (1/579 + 31/638) =
-    6.915 ms (7.140 before), backward 2.5 pair (1/542 + 31/501) = 21.894 ms (19.599: its 31 upper-triangle
-    backward calls loop over 2,048 queries, 501 TFLOP/s); cp 16 (L 8,192, 16 q heads, pair' = 2 x 8192^2 x
-    16 x 128) forward pair' (1/602 + 15/646) = 6.839 ms, backward 2.5 pair' (1/559 + 15/542) = 20.248 ms
-    (7.140 and 19.599 before, the same as cp 32's: cp x pair is the rank's whole causal call). x 80 layers x
-    8 micro-batches (32 / dp_shard 4): +1.325 s and +0.223 s, all of each step's change (no send is
-    exposed either way): cp 32 30.154 s, cp 16 29.279 s, which now ranks first (search row 1)."""
+    29.056 s: every cp's attention at the held 616 / 561. With the calls rated at their shapes, per layer
+    and micro-batch (cp rank 0 both): cp 32 (L 4,096, 64 / 2 = 32 q heads, pair = 2 x 4096^2 x 32 x 128)
+    forward pair (1/579 + 31/638) = 6.915 ms (7.140 before), backward 2.5 pair (1/542 + 31/501) = 21.894 ms
+    (19.599: its 31 upper-triangle backward calls loop over 2,048 queries, 501 TFLOP/s); cp 16 (L 8,192, 16
+    q heads, pair' = 2 x 8192^2 x 16 x 128) forward pair' (1/602 + 15/646) = 6.839 ms, backward 2.5 pair'
+    (1/559 + 15/542) = 20.248 ms (7.140 and 19.599 before, the same as cp 32's: cp x pair is the rank's
+    whole causal call). x 80 layers x 8 micro-batches (32 / dp_shard 4): +1.325 s and +0.223 s, all of
+    each step's change (no send is exposed either way): cp 32 30.154 s, cp 16 29.279 s.
+
+    Now TE's correction kernels too (compute.te_ring: H100 Triad 2.97 TB/s, each kernel at least the
+    4.7 us issue floor). Both meshes have rows = 131,072 lse rows (32 x 4,096; 16 x 8,192), n_o = n_dq =
+    128 rows = 16,777,216 and n_k = n_v = 2,097,152 (4 KV heads x 4,096 x 128; 2 x 8,192 x 128), and a
+    K/V buffer copy of 4 (n_k + n_v) = 16.8 MB (5.649 us) each pass. cp 32, rank 0: forward 32 lse
+    kernels (at most 12 rows = 1.6 MB: floored, 150.4 us), the output's init (4 n_o + 8 rows, 22.95 us)
+    and 31 half corrections (3 n_o + 4 rows = 50.9 MB, 17.125 us): 704.2 us; backward dQ 2 x 2 n_dq
+    (11.297 us) + 31 x 3 n_dq (16.946 us) = 547.9 us, 66 dK/dV kernels of at most 6 n_k = 12.6 MB
+    (floored, 310.2 us): 858.1 us; 1.5736 ms a layer with the copies: +1.007 s, 31.162 s. cp 16: by its
+    calls rank 15 (forward pair' (1/602 + 15/638) = 6.919 ms, backward 2.5 pair' 16 / 559 = 19.669 ms:
+    0.4983 ms shorter than rank 0) is the slowest with its kernels, 0.502 ms more than rank 0's: forward
+    16 floored lse kernels (75.2 us), the init and 15 whole corrections (6 n_o + 8 rows = 101.7 MB, 34.25
+    us): 611.9 us; backward dQ 4 n_dq (22.60 us) + 15 x 6 n_dq (33.89 us), 32 floored dK/dV kernels
+    (150.4 us): 681.4 us; +1.3045 ms of kernels - 0.4983 ms of calls = +0.806 ms a layer: +0.516 s,
+    29.795 s, still ahead of cp 32."""
     p32, p16 = 2 * 4096 ** 2 * 32 * 128, 2 * 8192 ** 2 * 16 * 128
     d32 = p32 * (1 / 579 + 31 / 638 - 32 / 616) + 2.5 * p32 * (1 / 542 + 31 / 501 - 32 / 561)
     d16 = p16 * (1 / 602 + 15 / 646 - 16 / 616) + 2.5 * p16 * (1 / 559 + 15 / 542 - 16 / 561)
@@ -136,11 +178,23 @@ def test_newcomer31_ranking_turns_to_the_longer_calls():
                                         p16 * (1 / 602 + 15 / 646), 2.5 * p16 * (1 / 559 + 15 / 542))] == [
         6.915, 21.894, 6.839, 20.248]
     assert (round(640 * d32 / 1e12, 3), round(640 * d16 / 1e12, 3)) == (1.325, 0.223)
+    rows, n, nk = 131_072, 16_777_216, 2_097_152
+    k = lambda b: max(b / 2.97e12, 4.7e-6)
+    copies = 2 * k(4 * 2 * nk)
+    te32 = (32 * k(12 * rows) + k(4 * n + 8 * rows) + 31 * k(3 * n + 4 * rows)
+            + 2 * k(2 * n) + 31 * k(3 * n) + 66 * k(6 * nk) + copies)
+    te16 = (16 * k(12 * rows) + k(4 * n + 8 * rows) + 15 * k(6 * n + 8 * rows)
+            + k(4 * n) + 15 * k(6 * n) + 32 * k(6 * nk) + copies)
+    calls16 = (p16 * (1 / 602 + 15 / 638) + 2.5 * p16 * 16 / 559 - p16 * (1 / 602 + 15 / 646)
+               - 2.5 * p16 * (1 / 559 + 15 / 542)) / 1e12
+    assert [round(x * 1e3, 4) for x in (te32, te16, calls16)] == [1.5736, 1.3045, -0.4983]
     plans = [build_plan(config_from_dict(tomllib.loads(t))) for t in (NC31_TOP1_TOML, nc31_cp16_toml())]
-    # the attention's change alone: NIC sharing off (it came in beside this change, nicshare)
+    # the attention's change alone: NIC sharing off (it came in beside the calls' rating, nicshare)
     steps = [step_time(p, Overlap(nic_sharing=False)).step_s for p in plans]
-    assert [round(x, 3) for x in steps] == [round(28.829 + 1.325, 3), round(29.056 + 0.223, 3)] == [30.154, 29.279]
+    want = [28.829 + 640 * d32 / 1e12 + 640 * te32, 29.056 + 640 * d16 / 1e12 + 640 * (te16 + calls16)]
+    assert [round(x, 3) for x in want] == [31.162, 29.795]
+    assert steps == pytest.approx(want, abs=6e-4)   # the 28.829 and 29.056 printed to 1 ms
     # with NIC sharing (the default) cp 32's forward sends beside its FSDP all-gathers are exposed too
     # (tests/test_nic_sharing.py): cp 16 stays first
     shared = [step_time(p).step_s for p in plans]
-    assert shared[1] < shared[0] and shared[0] > steps[0] and round(shared[1], 3) == 29.279
+    assert shared[1] < shared[0] and shared[0] > steps[0] and shared[1] == pytest.approx(steps[1], rel=1e-12)

@@ -23,9 +23,9 @@ torch = pytest.importorskip("torch")
 
 from tests.reference import per_token_losses  # noqa: E402
 
+from tests.conftest import WORLD4_TIMEOUT_S  # noqa: E402
+
 # dp_shard 4 x ep 2 (validate_mixtral_ep2_fsdp.toml): tests/conftest.py moe_ep2_fsdp, one run shared
-MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
-MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
 
 
 def test_runner_refuses_etp_by_name_and_builds_moe_with_tp():
@@ -76,7 +76,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(WORLD4_TIMEOUT_S)  # may be the first to wait for the shared 4-rank launch
 def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(moe_ep2_fsdp):
     """Dropless (the config sets no routing: a torch plan's default) over gloo: each MoE layer
     exchanges the per-expert counts (8 experts x 8 B int64), then dispatches and combines
@@ -148,13 +148,13 @@ def _check_router_load(out: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_4_ranks_experts_on_dim1_match_the_plan_exactly(tmp_path):
+@pytest.mark.timeout(WORLD4_TIMEOUT_S)
+def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
     """2 experts over ep 2 and efsdp 2: 2 x 2 > 2, so FSDP2 shards each rank's one expert on
     dim 1 (torchtitan's shard_placement_fn), unpadded: one MoE layer's gather is 1 expert x 3
     weights x 896 x 256 x 4 B (dim 0 would pad 1 expert to 2 rows, twice that); the losses
     equal the single-process model's."""
-    out, rows = _validated_exactly(MOE_DIM1, tmp_path)
+    out, rows = _validated_exactly(world4_runs["moe_dim1"])
     assert {row["size_bytes"] for row in rows if row["axis"] == "efsdp"} == {1 * 3 * 896 * 256 * 4}
     start = json.loads((out / "world4" / "rank1" / "startup.json").read_text())
     assert start["local_shapes"]["layers.0.moe.experts.w_gate"] == {
@@ -168,12 +168,12 @@ def test_4_ranks_experts_on_dim1_match_the_plan_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
+@pytest.mark.timeout(WORLD4_TIMEOUT_S)
+def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(world4_runs):
     """tp 2 + SP x dp_shard 2 with ep 2 (the ep group is the tp group, efsdp the dp_shard
     group): each tp rank routes its own sequence shard, so the MoE layers issue no tp
     activation collective; the router's gradient is all-reduced over tp."""
-    out, rows = _validated_exactly(MOE_TP2_EP2, tmp_path)
+    out, rows = _validated_exactly(world4_runs["moe_tp2_ep2"])
     assert {row["axis"] for row in rows} == {"dp_shard", "tp", "ep"}
     # 16 tokens per rank x top_k 2 over 8 experts: capacity 4, 8 x 4 rows x 256 x 4 B
     a2a = {row["phase"]: row for row in rows if row["op"] == "all-to-all"}
@@ -192,18 +192,12 @@ def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
 
 
-def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
-    """Run validate on 4 ranks (2 layers, seq 32, vocab 512, one timed step; no in-run collective
-    probe: nothing here reads its files, it runs in tests/test_validate.py); assert it passed
-    with no collective or group difference and every rank's count equal to the plan's.
-    Returns (evidence folder, the collective rows)."""
-    from meshplan.runtime.validation.validate import Options, validate
-    from meshplan.config import load_config
-
-    out = tmp_path / "ev"
-    code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                      timeout_s=200, probe=False), out, echo=lambda *_: None)
-    return out, _exactly(code, res)
+def _validated_exactly(run) -> tuple[Path, list[dict]]:
+    """A validate run on 4 ranks (tests/conftest.py world4_runs: 2 layers, seq 32, vocab 512, one
+    timed step; no in-run collective probe: nothing here reads its files, it runs in
+    tests/test_validate.py); assert it passed with no collective or group difference and every
+    rank's count equal to the plan's. Returns (evidence folder, the collective rows)."""
+    return run.out, _exactly(run.code, run.results)
 
 
 def _exactly(code: int, res: list) -> list[dict]:

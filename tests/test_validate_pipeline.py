@@ -1,8 +1,8 @@
 """Pipeline parallelism on the real engine (meshplan.runtime.execution.pipelined).
 
 Fast (one process, no process group): a model split into the plan's stages computes the full
-model's logits with the full model's initial weights. Multi-process (``slow``, ~25-35 s on 2
-cores): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
+model's logits with the full model's initial weights. Multi-process (``slow``; the 4-rank
+configs share one torchrun launch, the ``four`` fixture): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
 4 gloo ranks: the loss is finite on the last stage, the DeviceMesh groups equal the plan's,
 every rank's pipeline send/recv equals the plan's pp rows exactly (count, bytes, dtype,
 phase), and every other difference is the known, explained one listed in ``KNOWN``; peak
@@ -29,6 +29,55 @@ from meshplan.spec.model import ModelSpec  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"
+PP_TP = DATA / "validate_llama8b_pp2_tp2_sp.toml"
+
+
+def _four_rank_runs() -> dict:
+    """Every 4-rank ``validate`` of this file, ``name -> (config, Options)``: 4 layers, seq 32,
+    vocab 512, 1 timed step, 4 micro-batches unless named, no probe."""
+    fsdp, tp = load_config(PP_FSDP), load_config(PP_TP)
+
+    def cfg(base, training=None, **mesh):
+        return dataclasses.replace(base, mesh=base.mesh.model_copy(update=mesh),
+                                   training=base.training.model_copy(update=training or {}))
+
+    def opt(timeout_s, **kw):
+        return Options(**{"worlds": (4,), "layers": 4, "seq_len": 32, "vocab": 512, "steps": 1, "micro_batches": 4,
+                          "probe": False, "timeout_s": timeout_s, **kw})
+
+    runs = {"pp2_dp_shard2": (fsdp, opt(90))}
+    for m in (4, 3):
+        runs[f"interleaved_m{m}"] = (cfg(fsdp, pp_schedule="interleaved_1f1b", virtual_stages=2), opt(90, micro_batches=m))
+    for reshard in (False, True):
+        runs[f"vpp4_reshard_{reshard}"] = (cfg(fsdp, {"reshard_after_forward": reshard}, pp_schedule="interleaved_1f1b",
+                                               virtual_stages=4), opt(200, layers=8))
+    runs["tp_interleaved"] = (cfg(tp, pp_schedule="interleaved_1f1b", virtual_stages=2), opt(150))
+    for schedule in ("zbv", "dualpipev"):
+        runs[f"tp_{schedule}"] = (cfg(tp, pp_schedule=schedule, virtual_stages=2), opt(170))
+    for schedule, n in (("zbv", 1), ("dualpipev", 1), ("zbv", 2)):
+        runs[f"kept_{schedule}_{n}"] = (cfg(fsdp, {"reshard_after_forward": False, "pp_schedule_runs": n},
+                                            pp_schedule=schedule, virtual_stages=2), opt(170))
+    runs["end_chunks"] = (cfg(fsdp, pp_schedule="interleaved_1f1b", virtual_stages=2, pp_layer_split=[0, 1, 1, 0]),
+                          opt(120, layers=2))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory):
+    """The 4-rank runs of :func:`_four_rank_runs` in one torchrun launch (tests/validate_runs.py:
+    one torch start-up and rendezvous instead of 12, each config into its own evidence folder)."""
+    from tests.validate_runs import launch
+
+    return launch(tmp_path_factory.mktemp("pp4"), _four_rank_runs())
+
+
+def _take(runs, name: str):
+    """(exit code, per-world results, evidence folder) of the run ``name``."""
+    return runs[name].code, runs[name].results, runs[name].out
+
+
+# the first test to ask for ``four`` also waits for its launch (12 configs, ~4-6 min on 2 shared cores)
+BATCH_TIMEOUT_S = 900
 
 
 def test_stage_split_computes_the_full_models_logits():
@@ -71,12 +120,9 @@ def test_stage_split_computes_the_full_models_logits():
 # static-mode warm-up vote of the first step is set-up traffic, left out of the comparison.
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
-    out = tmp_path / "ev"
-    code, res = validate(load_config(PP_FSDP), Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1,
-                                                       micro_batches=4, timeout_s=90, probe=False), out,
-                         echo=lambda *_: None)
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
+def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(four):
+    code, res, out = _take(four, "pp2_dp_shard2")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp = r["comparison"]
@@ -102,20 +148,15 @@ def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("m", [4, 3])
-def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path, m):
+def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(four, m):
     """pp 2 x vpp 2 (4 virtual stages over 2 ranks) x dp_shard 2, m micro-batches: each rank
     touches 3 chunk boundaries (virtual stages 0|1, 1|2, 2|3), so it issues 3 sends/recvs per
     micro-batch each way: 3 m per step, the table's 2 * vpp - first - last per micro-batch.
     m 3 is not a multiple of pp: torch 2.13 runs it as one round of 3 (its rounds
     max(1, 3 // 2) = 1), in the order the plan has."""
-    cfg = load_config(PP_FSDP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
-                                                                     "virtual_stages": 2}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=m,
-                                      timeout_s=90, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, f"interleaved_m{m}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())
@@ -132,20 +173,14 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path, m)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("reshard", [False, True])
-def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(tmp_path, reshard):
+def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(four, reshard):
     """pp 2 x vpp 4 (8 virtual stages, one layer each) x dp_shard 2, m 4: torch 2.13's window of
     3 local stages evicts chunks and unshards them again (meshplan.pipeline.unshard_window); the
     plan counts those all-gathers on the pass each UNSHARD prefetches for and the recorder names
     them so (pipelined_recorder.label_unshard): every FSDP row matches, none left in phase schedule."""
-    cfg = load_config(PP_FSDP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
-                                                                     "virtual_stages": 4}),
-                              training=cfg.training.model_copy(update={"reshard_after_forward": reshard}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=8, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=200, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, f"vpp4_reshard_{reshard}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     gathers = [row for row in r["comparison"]["collectives"] if row["op"] == "all-gather" and row["axis"] != "pp"]
@@ -158,7 +193,6 @@ def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(tmp_path, reshard
 # FSDP2, then PipelineStage). Between stages runs the residual stream as the TP plan leaves it,
 # a plain tensor (row-parallel outputs are local): under SP each tp rank sends its own sequence
 # shard, 1 x 32/2 x 256 fp32 = 16384 B, to its peer of the other stage.
-PP_TP = DATA / "validate_llama8b_pp2_tp2_sp.toml"
 SHARD_BYTES = 1 * (32 // 2) * 256 * 4
 
 
@@ -232,19 +266,14 @@ def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(tmp_path):
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
+def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(four):
     """4 ranks: pp 2 x vpp 2 x tp 2 + SP, interleaved 1F1B, no data axis (no FSDP): each rank
     sends its sequence shard across 3 chunk boundaries per micro-batch each way (12 per step);
     the SP norm gradients stay Partial and the fused AdamW (the default optimizer_impl) all-reduces
     each once: 2 layers x 2 norms on the first stage's ranks, + the final norm on the last's
     (3 each with the foreach AdamW: 12, 12, 15, 15)."""
-    cfg = load_config(PP_TP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
-                                                                     "virtual_stages": 2}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=150, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, "tp_interleaved")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -264,9 +293,9 @@ def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
-def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(tmp_path, schedule):
+def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(four, schedule):
     """4 ranks: pp 2 x tp 2 + SP, no data axis, ZB-V (ScheduleZBVZeroBubble) and DualPipeV
     (ScheduleDualPipeV), 4 micro-batches (DualPipeV's minimum, 2 pp). V-shaped: pp rank 0 holds
     virtual stages 0 and 3 (layers 0 and 3, the embedding, the output layer and the loss), pp
@@ -274,11 +303,7 @@ def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(tmp_path, schedule
     boundaries per micro-batch each way (8 per step, against 12 looped), every collective
     equal to the plan's table. The loss is on pp rank 0 and equals the single-process model's.
     Memory by resident set (MemTracker's hooks break the split backward, see pipelined)."""
-    cfg = load_config(PP_TP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": schedule, "virtual_stages": 2}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=170, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, f"tp_{schedule}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -352,9 +377,9 @@ def test_a_schedules_unshard_prefetch_is_named_forward():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("schedule,runs", [("zbv", 1), ("dualpipev", 1), ("zbv", 2)])
-def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(tmp_path, schedule, runs):
+def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(four, schedule, runs):
     """pp 2 x dp_shard 2, ZB-V and DualPipeV with reshard_after_forward false (rule v-reshard's fix,
     torchtitan's default under pp), 4 layers, 4 micro-batches (ZB-V also as 2 schedule runs of 2):
     every collective of every rank equals the plan's table (with it true ZB-V runs one
@@ -363,13 +388,7 @@ def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(tmp_path, s
     forward (PipelineRecorder names it forward, as the plan: pipelined_recorder.label_unshard): 2 layer
     units per rank, 1 each of the embedding (524,288 B) and [norm, output] (525,312 B) on pp rank
     0, which holds virtual stages 0 and 3; pp send/recv as planned."""
-    cfg = load_config(PP_FSDP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": schedule, "virtual_stages": 2}),
-                              training=cfg.training.model_copy(update={"reshard_after_forward": False,
-                                                                       "pp_schedule_runs": runs}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=170, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, f"kept_{schedule}_{runs}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     assert r["comparison"]["differences"] == []
@@ -385,18 +404,13 @@ def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(tmp_path, s
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(tmp_path):
+@pytest.mark.timeout(BATCH_TIMEOUT_S)
+def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(four):
     """pp 2 x vpp 2 x dp_shard 2 with 2 layers split [0, 1, 1, 0] ((2 + 2) / (2 x 2) = 1 slot per
     virtual stage, Megatron-Core's account-for-embedding/loss split): virtual stage 0 holds the
     embedding alone, 3 the head alone. torch runs it; each rank touches 3 chunk boundaries, 3 m
     sends/recvs per step each way, as the plan says, and the FSDP rows match the plan's."""
-    cfg = load_config(PP_FSDP)
-    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={
-        "pp_schedule": "interleaved_1f1b", "virtual_stages": 2, "pp_layer_split": [0, 1, 1, 0]}))
-    out = tmp_path / "ev"
-    code, res = validate(cfg, Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=120, probe=False), out, echo=lambda *_: None)
+    code, res, out = _take(four, "end_chunks")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())

@@ -45,11 +45,13 @@ TOML_ONLY_HELP = "meshplan TOML config (a torchtitan, Megatron-LM or DeepSpeed f
 
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
                     "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
-                    "a line per class the catalog figure it replaced, and a warning line a GPU that is not the cluster's")
+                    "a line per class the catalog figure it replaced, and a warning line a GPU that is not the cluster's. "
+                    "Repeat it for files of other link classes (a 1-node nvlink file and a 2-node nic file); a class "
+                    "in two files is refused")
 
 
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.
-CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
+CalibrationOpt = Annotated[Optional[list[Path]], typer.Option("--calibration", metavar="<path>", help=CALIBRATION_HELP)]
 
 
 TOPOLOGY_HELP = ("nvidia-smi topo -m text or NCCL topology XML of the nodes: replaces their sockets, NUMA cores "

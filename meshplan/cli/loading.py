@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence, Union
 
 import typer
 
 from meshplan.cli.common import _echo
 from meshplan.cli.schedule_opt import renamed, scheduled
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import apply_calibration, load_calibrations
 from meshplan.comm.calibration_notes import calibration_doc
 from meshplan.compute.kernel_fragment import kernels_line, with_kernel_files
 from meshplan.errors import ConfigError
@@ -29,8 +29,11 @@ from meshplan.placement.topology_node import check_identity_nic_map, node_from_t
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.plan_fix_rules import mesh_checker
 
+#: ``--calibration``: one file, or several (:func:`~meshplan.comm.calibration.load_calibrations`).
+Calibrations = Union[Path, Sequence[Path]]
 
-def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
+
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Calibrations] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
           unresolved: bool = False, kernels: Optional[list[Path]] = None,
           schedule: Optional[str] = None, quiet: bool = False) -> Plan | Infeasible:
@@ -66,7 +69,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     return plan
 
 
-def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None,
+def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Calibrations] = None,
                       kernels: Optional[list[Path]] = None, quiet: bool = False):
     """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
     NCCL topology XML), its links by ``calibration`` (:func:`apply_calibration`) and its GPU's
@@ -85,7 +88,7 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
     if topology:
         cluster = cluster.model_copy(update={"node": topology_node(topology, cluster.node, cluster.gpu, quiet)})
     if calibration:
-        cluster = apply_calibration(cluster, load_calibration(calibration))
+        cluster = apply_calibration(cluster, load_calibrations(calibration))
     return replace(cfg, cluster=cluster)
 
 
@@ -108,7 +111,7 @@ def topology_node(topology: Path, base, gpu=None, quiet: bool = False):
     return node
 
 
-def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
+def _calibration(calibration: Optional[Calibrations], cluster) -> Optional[dict]:
     """``--calibration``'s entry of the --json documents, its ``line`` the header plan, step,
     search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml on
     NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line, where each fit came
@@ -120,7 +123,8 @@ def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     :func:`~meshplan.comm.calibration_notes.replaced_lines`); None without a calibration."""
     if not calibration:
         return None
-    doc = calibration_doc(calibration, load_calibration(calibration), cluster)
+    shown = calibration if isinstance(calibration, (str, Path)) else " + ".join(str(p) for p in calibration)
+    doc = calibration_doc(shown, load_calibrations(calibration), cluster)
     _echo(doc["line"])
     for o in doc["origin"]:
         _echo(o)

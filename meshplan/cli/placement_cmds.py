@@ -10,6 +10,7 @@ import typer
 
 from meshplan.cli.common import (
     TOML_ONLY_HELP,
+    CalibrationOpt,
     TopologyOpt,
     _check_rank,
     _echo,
@@ -21,7 +22,7 @@ from meshplan.cli.common import (
     _written,
     _wrote,
 )
-from meshplan.cli.loading import _load
+from meshplan.cli.loading import _calibration, _load
 from meshplan.comm.nccl_check import check_log
 from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.errors import ConfigError
@@ -107,9 +108,11 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
               nic_scope: str = typer.Option(NIC_SCOPE, "--nic-scope", help=NIC_SCOPE_HELP),
               topology: TopologyOpt = None,
+              calibration: CalibrationOpt = None,
               json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
-    A mesh that does not fit is still placed, then exits 1 with its reasons."""
+    --calibration times --choose's candidates on the measured links, as step does. A mesh that does not fit is
+    still placed, then exits 1 with its reasons."""
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
@@ -119,7 +122,8 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if bindings_path:
         check_destination(bindings_path, "--bindings", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, topology)
+    p = _load(config, topology, calibration)
+    _calibration(calibration, p.config.cluster)
     if p.mesh is None:
         _write_doc(json_path, envelope("place", p), force)
         _exit_infeasible(p)

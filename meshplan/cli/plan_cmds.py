@@ -124,17 +124,21 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                                                   "unless --force or meshplan's own under out/)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
+           topology: TopologyOpt = None,
+           calibration: CalibrationOpt = None,
            kernels: KernelsOpt = None,
            foreign: Foreign = Foreign()):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
-    table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
-    then exits 1 with its reasons."""
+    table, step time with the pipeline Gantt chart and link-load bars; the page plan --html writes, with the same
+    --topology, --calibration and --kernels. A mesh that does not fit is still reported, then exits 1 with its
+    reasons."""
 
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (docs/commands.md "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = checked(_load(config, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels))
-    _write_plan_html(p, path, config.name, force, "--out", note=_kernels_note(p.config.cluster))
+    p = checked(_load(config, topology, calibration, fmt=foreign.fmt, opts=foreign.options(), kernels=kernels))
+    cal = _calibration(calibration, p.config.cluster)
+    _write_plan_html(p, path, config.name, force, "--out", note=_cal_note(cal, _kernels_note(p.config.cluster)))
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 

@@ -1,6 +1,6 @@
 """search and compare: every mesh of a workload rejected with reasons or ranked by predicted
 step (``--export`` writes a row, or row 1's mesh at a labelled other setting, through
-:func:`meshplan.cli.interop_cmds._write_export`), or two meshes side by side with the rejected one's evidence."""
+:func:`meshplan.cli.interop_cmds._write_export`; the row: :mod:`meshplan.cli.search_rows`), or two meshes side by side with the rejected one's evidence."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ from meshplan.cli.common import (
     _wrote,
 )
 from meshplan.cli.interop_cmds import _flavor_file, _write_export
+from meshplan.cli.search_frameworks_cmd import CrossExport, search_frameworks
+from meshplan.cli.search_rows import export_choice
 from meshplan.cli.foreign_opts import Foreign, foreign_options
 from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _kernels_note, _load, _measured_cluster, _notes
-from meshplan.config import Config
 from meshplan.compare import (compare, compare_html, compare_to_dict, evidence_folder, gemm_basis, table_rows,
                               write_evidence)
 from meshplan.errors import ConfigError, check_number, printable
@@ -40,11 +41,10 @@ from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS
 from meshplan.interop.foreign import load_any
 from meshplan.interop.source_file import carried_source, with_source_model
-from meshplan.interop.search_export import (export_pick, missing_variant, search_export_refusal, search_row_refusal,
-                                             search_variant_refusal)
+from meshplan.interop.search_export import export_pick, search_export_refusal
 from meshplan.interop.torchtitan_write import custom_flavor
 from meshplan.plan_capacity import checked
-from meshplan.plan_runtime import config_warnings, export_refusals
+from meshplan.plan_runtime import config_warnings
 from meshplan.compute.routing import balance_note
 from meshplan.schedule.ep_routing import routing_note
 from meshplan.report import shown
@@ -53,10 +53,10 @@ from meshplan.report.progress import ProgressBar
 from meshplan.report.search import print_search, search_to_dict, timing_line
 from meshplan.report.search_fix import infeasible_line
 from meshplan.report.search_clear import export_warnings
-from meshplan.search.candidate import as_written, candidate_config
-from meshplan.search.driver import SearchResult, search
-from meshplan.search.rank import variant_label
+from meshplan.search.driver import search
 from meshplan.search.widen import widen
+from meshplan.search.frameworks import (FRAMEWORKS, ORIGIN_NOTE, configured_names, dropped_note, framework_config,
+                                        framework_names)
 
 
 def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
@@ -156,6 +156,14 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row (or variant) is "
                                                   "written to "
                                                   "(-: stdout, the rest of the output then on stderr)"),
+               framework: Optional[str] = typer.Option(None, "--framework", metavar="NAME[,NAME...]",
+                                                       help="plan the candidates under this framework's runtime "
+                                                       "(" + ", ".join(FRAMEWORKS) + ") in place of the config's "
+                                                       "training.framework and engines; several, comma-separated, "
+                                                       "are searched each with its own rules and ranked in one "
+                                                       "table, each row naming its framework (then --export N "
+                                                       "writes row N under its framework; no --html); default: "
+                                                       "[search] frameworks, else the config's own"),
                calibration: CalibrationOpt = None,
                kernels: KernelsOpt = None,
                topology: TopologyOpt = None,
@@ -242,7 +250,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
     FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
+    names = framework_names(framework) if framework is not None else ()
     pick = export_pick(export_rank) if export_rank is not None else None  # (row, variant letter or "")
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):  # before loading
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({framework}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
     if pick is not None:
         if out is None:
             raise ConfigError("-o", "--export needs -o FILE")
@@ -257,11 +270,24 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if rank_tight:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"headroom_tier": False}))
+    names = names or configured_names(cfg)  # --framework, else [search] frameworks
+    if len(names) > 1 and (html_path is not None or (pick is not None and pick[1])):
+        raise ConfigError("--html" if html_path is not None else "--export",
+                          f"not with several frameworks ({', '.join(names)}): search the row's framework alone, "
+                          f"--framework NAME, to write its page or export its other settings")
+    if len(names) == 1:
+        for note in [dropped_note(cfg, names[0])] + ([ORIGIN_NOTE] if cfg.origin == "deepspeed" else []):
+            if note:
+                _echo(f"note: {note}")
+        cfg = framework_config(cfg, names[0])  # one framework: the whole search, under its runtime
     if pick is not None and pick[0] > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{pick[0]} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {pick[0]} or export a lower rank")
     user, carried = carried_source(config, foreign.fmt, cfg) if pick is not None else (None, [])
     cfg = with_source_model(cfg, user)  # a [source] torchtitan file's model names, written back
+    if len(names) > 1:
+        search_frameworks(cfg, names, json_path, force, calibration,
+                           None if pick is None or out is None else CrossExport(pick[0], to, out, config, user, carried))
     if pick is not None and (refusal := search_export_refusal(cfg, to)) is not None:
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     if pick is not None and out is not None and to == "torchtitan" and custom_flavor(cfg) is not None:
@@ -280,7 +306,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if (moe := balance_note(cfg.model, cfg.training)) is not None:  # once: every row is planned with it
         _echo(f"note: {moe}")
     if pick is not None and out is not None:  # its refusals (exit 2) come before any --json document
-        row, what = _export_choice(result, pick, to)
+        row, what = export_choice(result, pick, to)
         _write_export(row, to, out, f"search {config} {what}", force, user, [*carried, *export_warnings(result, pick)])
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
@@ -291,51 +317,3 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
         _echo(f"infeasible: {infeasible_line(result)}", err=True)
     raise typer.Exit(0 if result.top else 1)
-
-
-def _export_choice(result: SearchResult, pick: tuple[int, str], to: str) -> tuple[Config, str]:
-    """The config ``search --export`` writes and its words for the header (``row 2``, ``variant
-    1b``): row ``pick[0]`` of the top table, or, with a letter, row
-    1's variant of that label (:func:`meshplan.search.rank.variant_label`), each candidate as
-    :func:`~meshplan.search.candidate.candidate_config` gives it, with the user's [training] keys
-    (:func:`~meshplan.search.candidate.as_written`); a row or label the search did not list, or one
-    ``to`` cannot write, a one-line error naming --export."""
-    n, letter = pick
-    if n > len(result.top):
-        raise ConfigError("--export", _missing_row(n, len(result.top)))
-
-    def config_of(e) -> Config:
-        return as_written(candidate_config(result.config, result.candidates, e.index), result.config)
-
-    if letter:
-        labels = [variant_label(k) for k in range(len(result.variants))]
-        label = f"{n}{letter}"
-        if label not in labels:
-            raise ConfigError("--export", missing_variant(label, labels, len(result.top)))
-        row = config_of(result.variants[labels.index(label)])
-        if (refusal := search_variant_refusal(label, row, to, _refused_of)) is not None:
-            raise ConfigError("--export", refusal)
-        return row, f"variant {label}"
-    rows = [config_of(e) for e in result.top]
-    if (refusal := search_row_refusal(n, rows, to, _refused_of)) is not None:  # naming the first row it takes
-        raise ConfigError("--export", refusal)
-    return rows[n - 1], f"row {n}"
-
-
-def _refused_of(cfg) -> dict[str, tuple[str, ...]]:
-    """Every format's export refusals of ``cfg`` (:func:`meshplan.plan_runtime.export_refusals`)."""
-    return {t: export_refusals(cfg, t) for t in FORMATS}
-
-
-def _missing_row(k: int, rows: int) -> str:
-    """Why ``--export k`` has no row after the search (``k`` <= --top was checked before it): the
-    search listed only ``rows``, every distinct mesh it found to fit (rows are distinct meshes), so
-    a higher --top lists no more.
-
-    >>> _missing_row(7, 1).split("; ")[0]
-    '7: the search lists 1 row(s), every distinct mesh it found to fit, so --top lists no more'
-    """
-    return (f"{k}: the search lists {rows} row(s), every distinct mesh it found to fit, so --top lists no more; a "
-            f"mesh's other settings are on the line under the table (--json top_variants), row 1's labelled 1a, 1b, "
-            f"1c: export a rank up to {rows} or such a label, or narrow [search] (e.g. sharding) so that the "
-            f"setting you want is a row's")

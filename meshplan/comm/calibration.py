@@ -72,7 +72,7 @@ from typing import Any, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from meshplan.comm.alphabeta import OPS, step_latency
-from meshplan.comm.calibration_kinds import (NIC_PATTERNS, RING_OPS, nic_curves, own_runs, pattern_of, read_rate,
+from meshplan.comm.calibration_kinds import (NIC_PATTERNS, RING_OPS, nic_curves, nvls_kept, own_runs, pattern_of, read_rate,
                                              scaled_curve)
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config_toml import parse_toml
@@ -244,6 +244,25 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     return out
 
 
+def load_calibrations(paths) -> dict[str, CalibratedLink]:
+    """Several ``--calibration`` files as one (a path alone: :func:`load_calibration`): each
+    link class from the file that has it, the common case a 1-node file (``nvlink``) beside a
+    2-node one (``nic``); a class in two files is a ConfigError naming both (which of two fits
+    of one link stands is the user's to choose: ``meshplan calibrate`` keeps one per class)."""
+    if isinstance(paths, (str, Path)):
+        return load_calibration(paths)
+    out: dict[str, CalibratedLink] = {}
+    came: dict[str, str] = {}
+    for p in paths:
+        for name, c in load_calibration(p).items():
+            if name in out:
+                raise ConfigError(f"--calibration: link.{name}", f"set by both {came[name]} and {Path(p).name}; give "
+                                  "each link class in one file only (drop the table from one, or calibrate its logs "
+                                  "together)")
+            out[name], came[name] = c, Path(p).name
+    return out
+
+
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
     """A new cluster whose link figures come from ``calib``: ``nvlink`` -> the node's fabric,
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
@@ -286,6 +305,7 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
             line = read_rate(c.bandwidth_gb_per_s, c.split_nics(curve), curve.op, curve.ranks, curve.nodes, name)
             upd["busbw"][name] = curve.read_at(line, calibrated=True)
         upd["busbw"].update(_own_op_curves(name, c, node))
+        upd["busbw"].update(_nvls_ring_curves(name, c, node))
     if "nic" in calib and node.nics:  # the NIC patterns the fit did not measure (calibration_kinds)
         upd["busbw"].update(_other_nic_curves(calib["nic"], upd["busbw"].get("nic"), node))
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
@@ -338,6 +358,25 @@ def _own_op_curves(name: str, c: CalibratedLink, node) -> dict[str, BusbwCurve]:
         return {}
     return {f"{name} {op}": x.read_at(read_rate(c.bandwidth_gb_per_s, 1, x.op, x.ranks, x.nodes, name), calibrated=True)
             for op, x in own_runs(name, c.op, c.curve).items()}
+
+
+def _nvls_ring_curves(name: str, c: CalibratedLink, node) -> dict[str, BusbwCurve]:
+    """``"nvlink all-gather"`` and ``"nvlink reduce-scatter"`` on a node whose all-reduce runs on
+    NVLS (``fabric.nvls``) when ``c`` is an ``nvlink`` all-reduce fit without runs of those ops
+    (:func:`~meshplan.comm.calibration_kinds.nvls_kept`): the catalog's ring curve ("nvlink"),
+    scaled so that at the calibrated rate it reads the catalog's busbw (``scaled_curve`` at r 1:
+    line x fit / catalog rate). Newcomer nc33: an 8 x H100 all_reduce_perf fit (468.84 GB/s, on
+    NVLS) timed tp's 64 MiB all-gather at 434.7 GB/s busbw instead of the ring's 325.7. A fit at or below
+    the catalog ring's busbw at its largest size holds no NVLS gain and still sets them, so a measured
+    fabric slower than the catalog's never reads the catalog's ring."""
+    kept = nvls_kept(name, c.op, c.curve)
+    if not kept or not getattr(node.fabric, "nvls", False) or "nvlink" not in node.busbw:
+        return {}
+    if node.busbw["nvlink"].busbw_gb_per_s[-1] >= c.bandwidth_gb_per_s:  # a fit no faster than the ring is no
+        return {}  # NVLS gain: it stands for the ring ops (a measured fabric slower than the catalog's stays slower)
+    ring = scaled_curve(node.busbw["nvlink"], 1.0, c.bandwidth_gb_per_s, node.fabric.bandwidth_gb_per_s,
+                        "an all-reduce fit on NVLS does not time the ring's all-gather and reduce-scatter")
+    return {f"nvlink {op}": ring for op in kept}
 
 
 def _other_nic_curves(c: CalibratedLink, own: Optional[BusbwCurve], node) -> dict[str, BusbwCurve]:

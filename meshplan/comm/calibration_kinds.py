@@ -240,6 +240,31 @@ def own_runs(link: str, op: Optional[str], curves: Sequence[Any]) -> dict[str, A
     return out
 
 
+#: The ops an ``nvlink`` all-reduce fit does not set on a node whose all-reduce runs on NVLS
+#: (``fabric.nvls``): NCCL runs them on the ring there, which the all-reduce log did not time
+#: (catalog h100-nvlink4-nvls 478.87 GB/s busbw at 8 GiB against h100-nvlink4-ring 368.0, [S3] and
+#: [S17]); they stay on the catalog's ring curve unless the file has a run of their own.
+NVLS_KEPT = ("all-gather", "reduce-scatter")
+
+#: What :func:`kinds_set` and the plan's header say of :data:`NVLS_KEPT`.
+NVLS_KEPT_WORDS = ("except on a node whose all-reduce runs on NVLS (fabric nvls: dgx-h100, h200): there all-gather "
+                   "and reduce-scatter keep the catalog's ring curve (NCCL runs them on the ring; an all_gather_perf "
+                   "or reduce_scatter_perf log sets them)")
+
+
+def nvls_kept(link: str, op: Optional[str], curves: Sequence[Any]) -> tuple[str, ...]:
+    """The ops of :data:`NVLS_KEPT` a ``link`` table of fit ``op`` leaves on the catalog's ring
+    curve on an NVLS node: an ``nvlink`` all-reduce fit's, those without a run of their own.
+
+    >>> nvls_kept("nvlink", "all-reduce", []), nvls_kept("nvlink", "all-gather", []), nvls_kept("pcie", "all-reduce", [])
+    (('all-gather', 'reduce-scatter'), (), ())
+    """
+    if link != "nvlink" or op != "all-reduce":
+        return ()
+    own = own_runs(link, op, curves)
+    return tuple(o for o in NVLS_KEPT if o not in own)
+
+
 #: How to set the ops a file leaves at the catalog's curves.
 SET_BY = {"ring": "an all_reduce_perf, all_gather_perf or reduce_scatter_perf log sets the three",
           "all-to-all": "an alltoall_perf log over several ranks per host sets it",
@@ -261,12 +286,13 @@ def kinds_set(link: str, op: Optional[str], ranks: Optional[int], curves: Sequen
     >>> kinds_set("nic", "all-to-all", 16, [a2a]).split("; ")[0]
     'nic: this file sets, across nodes, all-to-all (its own logged curve: nccl-tests all-to-all over 16 ranks on 2 host(s), file a.log)'
     """
-    own = own_runs(link, op, curves)
-    if own:
+    own, nvls = own_runs(link, op, curves), nvls_kept(link, op, curves)
+    if own or nvls:
         return f"{link}: this file sets, on {link}, " + "; ".join(
             [f"{ops_words([o for o in (*RING_OPS, 'all-to-all', 'send/recv') if o not in own])} from the {op} fit "
              f"over {ranks} ranks (no run of their own)"]
-            + [f"{o} from its own run (its logged curve at its fitted alpha: {c.source})" for o, c in own.items()])
+            + [f"{o} from its own run (its logged curve at its fitted alpha: {c.source})" for o, c in own.items()]
+            + ([NVLS_KEPT_WORDS] if nvls else []))
     if link != "nic" or not curves:
         return (f"{link}: this file sets all-reduce, all-gather, reduce-scatter and all-to-all "
                 f"{'across nodes' if link == 'nic' else 'on ' + link} (from the {op} fit over {ranks} ranks; one "

@@ -25,7 +25,8 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.comm.calibration import CalibratedLink
-from meshplan.comm.calibration_kinds import RING_OPS, host_share, ops_words, own_runs, per_nic, sets_ops
+from meshplan.comm.calibration_kinds import (NVLS_KEPT_WORDS, RING_OPS, host_share, nvls_kept, ops_words, own_runs, per_nic,
+                                             sets_ops)
 from meshplan.spec.cluster import BusbwCurve, ClusterSpec
 from meshplan.units import human_bytes
 
@@ -95,8 +96,9 @@ def sets_line(name: str, c: CalibratedLink) -> str:
     """
     ops = sets_ops(name, c.op, c.curve)
     if name != "nic":
-        own = list(own_runs(name, c.op, c.curve))
-        return f"sets {ops_words(ops[:4])} on {name}" + (f"; {ops_words(own)} each from its own run" if own else "")
+        own, kept = list(own_runs(name, c.op, c.curve)), nvls_kept(name, c.op, c.curve)
+        return (f"sets {ops_words(ops[:4])} on {name}" + (f"; {ops_words(own)} each from its own run" if own else "")
+                + (f"; {NVLS_KEPT_WORDS}" if kept else ""))
     if not c.curve:
         return ("sets every op across nodes: no logged curve in the file (written before per-op calibration), so its "
                 f"{c.op or 'unrecorded'} fit stands for all; run meshplan calibrate on the logs again to set each op "

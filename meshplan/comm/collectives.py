@@ -88,7 +88,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                        micro=micro_batches, chunk_of=chunk_of, loss_parallel=loss_parallel,
                        bucket_elements=grad_bucket_elements,
                        deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training),
-                       deepspeed_reuse=deepspeed_reuse, domain=placement.domain)
+                       deepspeed_reuse=deepspeed_reuse, domain=placement.domain, placement=placement,
+                       cluster=cluster)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:

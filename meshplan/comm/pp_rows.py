@@ -11,8 +11,10 @@ embedding's gradient all-reduce between the first and last stage.
   scatter/gather across tp): measured with ``torch.distributed.pipelining`` 2.13.
   With cp the activation is this rank's b * s/cp * h (its two chunks; /tp under SP).
   Each transfer moves between one pair, the stage's rank and its peer stage's at the same position
-  on the other axes: the stage's rows are timed on its slowest boundary's pairs (NVLink where both
-  stages share a node, the sender's NIC where not; :func:`stage_pairs`), the pipeline simulator
+  on the other axes: the stage's rows are timed on the pairs of its first boundary that crosses
+  nodes, else of its first (NVLink where both stages share a node, the sender's NIC where not;
+  :func:`stage_pairs`; their cadence names it and the NVLink boundaries' time where the stage has
+  both, :func:`timed_boundary`), the pipeline simulator
   times every boundary on its own (:func:`boundary_seconds`).
 - Tied embeddings with pp > 1 (embedding on the first stage, its copy as the output layer on
   the last): once per step, after the schedule, the two copies' gradients are all-reduced
@@ -52,11 +54,11 @@ def pp_rows(add, c: StageContext) -> None:
     # one send per chunk whose next virtual stage is on another rank, one receive per chunk whose
     # previous one is (the schedule's chunk map: looped 2 vpp - first - last; a V turns locally on pp - 1)
     n = get_schedule(c.schedule).p2p_per_microbatch(pp, c.vpp, c.stage)
-    pairs = stage_pairs(c)  # its boundaries' slowest pairs' path (None: the pp axis's)
+    pairs, which = stage_pairs(c), timed_boundary(c, sent)  # its first boundary across nodes' pairs (None: the axis's)
     on = {} if pairs is None else {"ranks": tuple(mesh.group_of(0, "pp")), "groups": pairs}
-    add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward", **on)
-    add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
-        "previous stage's backward", **on)
+    cadence = "every micro-batch per chunk boundary" + which
+    add("pp", "forward", "send/recv", sent, dt, n, cadence, "next stage's forward", **on)
+    add("pp", "backward", "send/recv", sent, dt, n, cadence, "previous stage's backward", **on)
     if sg:  # each receive is the 1/tp slice a tp peer also received: all-gathered over tp
         add("tp", "forward", "all-gather", c.act_bytes, dt, n, f"every {SCATTER_GATHER_CADENCE}",
             "the received chunk's forward")
@@ -92,23 +94,65 @@ def peers(schedule, pp: int, vpp: int, stage: int) -> dict[int, int]:
     return out
 
 
+def _crossed(c: StageContext) -> list[int]:
+    """The boundaries the stage's transfers cross (:func:`peers`), sorted; a middle stage's (the middle
+    table, shared by stages 1 .. pp - 2): 0 .. pp - 2, its chunks handing on to its neighbours only."""
+    pp = c.mesh.degree("pp")
+    if 0 < c.stage < pp - 1:
+        return list(range(pp - 1))
+    return sorted({int(boundary_of(c.stage, t, pp)) for t in peers(get_schedule(c.schedule), pp, c.vpp, c.stage)})
+
+
+def timed_boundary(c: StageContext, size_bytes: float) -> str:
+    """Words after the pp rows' cadence where the stage's boundaries take different links: which
+    boundary times the rows (:func:`stage_pairs`: the first across nodes) and what those on NVLink
+    take for a ``size_bytes`` send (:func:`boundary_seconds`, as the simulated step times them;
+    below about 617 KiB on dgx-h100 an NVLink pair is the slower: a NIC pair's 9.3 us + S at 47.10
+    GB/s under the NVLink pair's flat 22.72 us), where ``c`` has the placement;
+    "" where they all take one link. Stage 0 of pp 4, two stages a node, interleaved (boundary 0
+    inside, the wrap 3 across), 32 MiB: ``; timed on boundary 3 (stage 3 -> 0, across nodes);
+    its boundary 0 on NVLink takes 111.0 us``."""
+    pp = c.mesh.degree("pp")
+    if c.domain is None or pp <= 1:
+        return ""
+    crossed = _crossed(c)
+    pairs = boundary_pairs(c.mesh)
+    apart = [b for b in crossed if (c.domain[pairs[b][:, 0]] != c.domain[pairs[b][:, 1]]).any()]
+    inside = [b for b in crossed if b not in apart]
+    if not apart or not inside:
+        return ""
+    b, whose = apart[0], "their" if 0 < c.stage < pp - 1 else "its"
+    head = f"; timed on boundary {b} (stage {b} -> {(b + 1) % pp}, across nodes); {whose} "
+    if c.placement is None or c.cluster is None:
+        return head + f"{_listed(inside, len(crossed))} on NVLink"
+    secs = boundary_seconds(c.mesh, c.placement, c.cluster, size_bytes)
+    by: dict = {}
+    for x in inside:
+        by.setdefault(round(float(secs[x]) * 1e6, 1), []).append(x)
+    return head + ", ".join(f"{_listed(xs, len(crossed))} on NVLink {'take' if len(xs) > 1 else 'takes'} {t:.1f} us"
+                            for t, xs in by.items())
+
+
+def _listed(bs: list[int], of: int) -> str:
+    """``boundary 0``, ``boundaries 0, 2``, ``boundaries 0, 2, 4, 6 .. (32 of 127)``."""
+    shown = ", ".join(map(str, bs[:4])) + (f" .. ({len(bs)} of {of})" if len(bs) > 4 else "")
+    return f"boundar{'y' if len(bs) == 1 else 'ies'} {shown}"
+
+
 def stage_pairs(c: StageContext):
     """The pairs (n_groups, 2) whose path times the stage's pp send/recv rows: of the boundaries its
     transfers cross (:func:`peers`; the middle table, shared by stages 1 .. pp - 2
     (:func:`meshplan.plan.table_stage`), every middle stage's), the first whose pairs do not all
-    share an NVLink domain (``c.domain``), else the first: the stage's slowest link, NVLink only
-    where every transfer stays on it, so the table's link loads (the network rows,
+    share an NVLink domain (``c.domain``), else the first: the network where any transfer crosses
+    nodes (the slower link from about 617 KiB a send on dgx-h100; :func:`timed_boundary` gives the
+    NVLink ones' time), NVLink only where every transfer stays on it, so the table's link loads (the network rows,
     :mod:`meshplan.schedule.netload`) count what they did on the pp axis. The pipeline simulator
     times each boundary on its own pairs (:func:`boundary_seconds`). None without ``c.domain``
     (the pp axis's path) or a peer. pp 4 with 2 stages a node (0-1 and 2-3 on NVLink): stage 0 its
     NVLink pair, the middle table (stage 1's across to 2, stage 2's) and stage 3 theirs."""
-    pp = c.mesh.degree("pp")
     if c.domain is None:
         return None
-    if 0 < c.stage < pp - 1:  # a middle stage's chunks hand on to its neighbours only (no wrap): 0 .. pp - 2
-        crossed = list(range(pp - 1))
-    else:
-        crossed = sorted({int(boundary_of(c.stage, t, pp)) for t in peers(get_schedule(c.schedule), pp, c.vpp, c.stage)})
+    crossed = _crossed(c)
     if not crossed:
         return None
     pairs = boundary_pairs(c.mesh)
@@ -131,6 +175,23 @@ def boundary_pairs(mesh: Mesh) -> np.ndarray:
     return np.stack([groups, np.roll(groups, -1, axis=1)], axis=-1).transpose(1, 0, 2)
 
 
+def boundary_links(mesh: Mesh, placement) -> np.ndarray:
+    """Each stage boundary's link on its ranks, shape (pp,) (:func:`boundary_pairs`' order, the wrap
+    last): 0, NVLink, where every pair shares an NVLink domain; 1, the network, else: the rank's own
+    NIC whichever boundary it crosses (the sender's NIC, as :func:`boundary_seconds` times a pair
+    across nodes); :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> from types import SimpleNamespace
+    >>> mesh = resolve_mesh(MeshSpec(names=["pp", "tp"], shape=[4, 2]), 8)  # stages 0-1 on node 0, 2-3 on node 1
+    >>> boundary_links(mesh, SimpleNamespace(domain=np.arange(8) // 4)).tolist()
+    [0, 1, 0, 1]
+    """
+    dom = placement.domain[boundary_pairs(mesh)]
+    return np.where((dom[..., 0] == dom[..., 1]).all(axis=1), 0, 1)
+
+
 def boundary_seconds(mesh: Mesh, placement, cluster, size_bytes: float) -> np.ndarray:
     """Seconds of one pp send/recv of ``size_bytes`` across each stage boundary, shape (pp,)
     (:func:`boundary_pairs`' order, the wrap last): each boundary on its own pairs' path
@@ -140,8 +201,7 @@ def boundary_seconds(mesh: Mesh, placement, cluster, size_bytes: float) -> np.nd
     2k and 2k + 1 share a node (NVLink pair), 2k + 1 -> 2k + 2 cross (a NIC pair). Each distinct
     path is found and timed once."""
     pairs = boundary_pairs(mesh)
-    dom = placement.domain[pairs]
-    inside = (dom[..., 0] == dom[..., 1]).all(axis=1)
+    inside = boundary_links(mesh, placement) == 0
     times: dict = {}
     out = np.empty(len(pairs))
     # a path is a function of its pairs' nodes (relative to the first), NICs and rails: boundaries

@@ -35,7 +35,9 @@ class StageContext:
     DDP's bucket cap; None: torch's), ``deepspeed_prefetch`` (DeepSpeed ZeRO-3's
     (prefetch, max live) bytes), ``deepspeed_reuse`` (its ``stage3_max_reuse_distance``) and
     ``domain`` (each rank's NVLink domain, shape (world,): which pp boundaries stay on NVLink,
-    :func:`meshplan.comm.pp_rows.pp_rows`)."""
+    :func:`meshplan.comm.pp_rows.pp_rows`), ``placement`` and ``cluster`` (where the pp rows
+    time the stage's other boundaries, :func:`meshplan.comm.pp_rows.timed_boundary`; None: not
+    timed)."""
 
     model: ModelSpec
     training: TrainingSpec
@@ -54,6 +56,8 @@ class StageContext:
     deepspeed_prefetch: Optional[tuple[int, int]] = None  # DeepSpeed ZeRO-3's (prefetch, max live) bytes
     deepspeed_reuse: Optional[int] = None  # its stage3_max_reuse_distance, elements (None: DeepSpeed's 1e9)
     domain: Optional[np.ndarray] = None  # rank -> NVLink domain (placement.domain; None: pp rows on the pp axis's path)
+    placement: Optional[object] = None  # the plan's placement (the pp rows' other boundaries timed on it)
+    cluster: Optional[object] = None  # its ClusterSpec
 
     @property
     def runs(self) -> int:

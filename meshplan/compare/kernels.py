@@ -44,7 +44,7 @@ CHOICES: dict[str, str] = {
     "eager_loss": "the loss eager (not compiled)",
     "decomposed_head_norm": "the final norm kernel by kernel (torch_norm decomposed)",
     "sp_layout_copies": "torch's sequence-parallel layout copies",
-    "te_ring_attention": "Transformer Engine's p2p ring attention (one call per ring step, each rated at its shape)",
+    "te_ring_attention": "Transformer Engine's p2p ring attention (one call per ring step, each rated at its shape, and its correction kernels)",
     "torch_ring_attention": "torch's context-parallel ring attention (fp32 merges and gradient sums)",
     "async_tp": "TP GEMMs decomposed to overlap their collectives (tp_comm_overlap)",
 }

@@ -1,7 +1,7 @@
 """The attention core's ops on one rank (:mod:`meshplan.compute.ops`' causal convention): a
 fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published FlashAttention
 rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) rated at its own shape
-(:func:`meshplan.compute.ring_attention.slowest_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
+(:func:`meshplan.compute.ring_attention.slowest_rank`, :func:`meshplan.compute.te_ring.te_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
-from meshplan.compute import ring_attention
+from meshplan.compute import ring_attention, te_ring
+from meshplan.compute.attention_points import FLASH_BLOCK, flash_waves
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.measured import attention_seconds
@@ -26,13 +27,19 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
     ``recompute``): a measured call (``table``), the catalog's published rates, or the GEMM
     ceiling (module docstring); on a ring (torch's or Transformer Engine's p2p ring,
     :func:`~meshplan.compute.ring_attention.rated_per_call`) the calls of the slowest cp rank
-    (:func:`~meshplan.compute.ring_attention.slowest_rank`, each call rated at its own shape from
-    the published rates, else its kernels alone decide), on torch's then the ring's two kernels."""
+    (:func:`~meshplan.compute.ring_attention.slowest_rank`, :func:`~meshplan.compute.te_ring.te_rank`:
+    each call rated at its own shape from the published rates, else its kernels alone decide), on
+    torch's then the ring's two kernels; on TE's the calls' seconds by step and TE's correction
+    kernels by step (:func:`~meshplan.compute.te_ring.kernel_ops`)."""
     key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
     measured = getattr(table, "attention", {}).get(key) if table is not None else None
     data = kernel_data(gpu)
     rated = data if measured is None and data is not None and data.attention else None
-    ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.rated_per_call(w) else None
+    ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
+    # TE's ring where torch's is off (a comparison's counterfactual may switch both on: torch's then)
+    te = te_ring.te_rank(gpu, att, w, rated) if ring_attention.te_ring(w) and ring is None else None
+    if te is not None and te.calls is not None:  # TE's calls by step, each rated at its shape
+        ring = ring_attention.RingRank(te.rank, (sum(te.calls[0]), sum(te.calls[1]), te.how), 0, 0)
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
         timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
@@ -51,16 +58,19 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [mk("backward_input", f_s, 0.0, fwd, True)] if recompute else []
     else:
         out = _ceiling_ops(gpu, att, w, recompute, key)
-    return out + (ring_attention.ring_ops(gpu, ring) if ring is not None and ring_attention.applies(w) else [])
+    if te is not None:  # its calls' seconds by step, its correction kernels (compute.te_ring)
+        return te_ring.with_steps(out, te) + te_ring.kernel_ops(gpu, te)
+    return out + (ring_attention.ring_ops(gpu, ring) if ring is not None else [])
 
 
 def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key: tuple) -> list[Op]:
     """Flash attention on a GPU without published rates: the GEMM ceiling with wave quantization
-    over one block per 128 queries, never below streaming its inputs and output twice."""
+    over one block per 128 queries (:func:`meshplan.compute.attention_points.flash_waves`), never
+    below streaming its inputs and output twice."""
     peak = gpu.peak_flops(w.dtype)
-    tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
+    tiles = att.batch * att.q_heads * ceil(att.seq_q / FLASH_BLOCK)
     waves = ceil(tiles / gpu.sms)
-    rate = peak * gpu.max_gemm_fraction * tiles / (waves * gpu.sms)
+    rate = peak * gpu.max_gemm_fraction * flash_waves(gpu.sms, att.batch * att.q_heads, att.seq_q)
     # q and the output (seq_q rows), k and v (seq_kv rows): q, k of head_dim, v and the output of d_v
     io = dtype_bytes(w.dtype) * att.batch * (att.seq_q * att.q_heads + att.seq_kv * att.kv_heads) * (
         att.head_dim + att.d_v)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention
+from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention, te_ring
 from meshplan.compute.attention import flash_ops, score_ops
 from meshplan.compute.elementwise import bias_ops, elementwise_ops
 from meshplan.compute.gemm import GemmTable
@@ -30,6 +30,10 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     forward, backward (B and W) and recompute, per the module conventions
     (:func:`layer_costs` under ``w.recompute``)."""
     return layer_costs(model, gpu, w, (w.recompute,), layer, table)[w.recompute]
+
+
+#: Forward kernels of a ring that a selective recompute's replayed core attention runs again.
+REPLAYED_WITH_CORE = (ring_attention.MERGE, te_ring.CORRECTION, te_ring.KV_BUFFER)
 
 
 def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[str, ...], layer: int = -1,
@@ -73,7 +77,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
     attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
     attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
-    attn_sel = attn_sel + [replay(o) for o in attn_sel if o.name == ring_attention.MERGE]  # the core's replay merges again
+    # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
+    attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]
     rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
     rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(

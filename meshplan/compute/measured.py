@@ -45,6 +45,7 @@ from math import log2
 from typing import Optional
 
 from meshplan import catalog
+from meshplan.compute.attention_points import below_rows
 from meshplan.compute.shapes import Attention
 from meshplan.units import TFLOPS
 
@@ -210,8 +211,10 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
     ``prefer``: kernels tried before the GPU's ``prefer`` list (the framework's, e.g. torch's
     SDPA runs FA2); ``dtype``: rows of that dtype first, else the bf16 rows; ``lengths``: the
     (forward, backward) sequence lengths the rows are read at, ``(seq_kv, seq_kv)`` unless given
-    (a rectangular call's: :func:`meshplan.compute.ring_attention.rate_lengths`). Raises KeyError
-    when ``data`` has no attention rows for the mask.
+    (a rectangular call's: :func:`meshplan.compute.ring_attention.rate_lengths`). A call shorter
+    than a row's first length (the forward's queries, the backward's keys, or the loop length)
+    reads the row's edge x the shape model's ratio (:func:`meshplan.compute.attention_points.below_rows`),
+    not the first length's rate. Raises KeyError when ``data`` has no attention rows for the mask.
 
     >>> from meshplan.compute.shapes import Attention
     >>> d = kernel_data("h100-sxm5-80gb")
@@ -220,6 +223,9 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
     ['fwd FA3 fwd causal d128 602 TFLOP/s at S 8192', 'bwd FA3 bwd any d128 559 TFLOP/s at S 8192']
     >>> [h.split(" [")[0] for h in attention_seconds(d, a, prefer=("FA2",))[2].split("; ")]
     ['fwd FA2 fwd causal d128 333 TFLOP/s at S 8192', 'bwd FA2 bwd any d128 318 TFLOP/s at S 8192']
+    >>> short = Attention(batch=1, q_heads=8, kv_heads=8, seq_q=256, seq_kv=256, head_dim=128)
+    >>> attention_seconds(d, short)[2].split(" [")[0]   # 16 blocks in one wave against the 512 edge's 32
+    'fwd FA3 fwd causal d128 146 TFLOP/s: 256 x 256 rows (parallel x loop) is below the shortest measured S 512; x0.500 (shape model: 16 blocks of 128 over 256-row loops, capped at 1) of the 512x512 edge (292)'
     """
     mask = "causal" if causal else "none"
     fwd_flops = att.flops(causal_half=causal)
@@ -231,11 +237,23 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
         if row is None:
             raise KeyError(f"{data.gpu}: no attention rows for a {mask} mask")
         rate = _interp_log(row.seq, row.tflops, length)
-        out.append(factor * fwd_flops / (rate * TFLOPS))
+        # below the row's shortest length: its edge x the shape model (attention_points.below_rows)
+        par = att.seq_q if pass_ == "fwd" else att.seq_kv
+        ratio, below = below_rows(_sms(data.gpu), att.batch * att.q_heads, par, length, row.seq[0])
+        out.append(factor * fwd_flops / (rate * ratio * TFLOPS))
         dt = "" if row.dtype == "bf16" else f" {row.dtype}"
-        how.append(f"{pass_} {row.kernel}{dt} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {length} "
-                   f"[{row.source}]")
+        at = f"{rate:.0f} TFLOP/s at S {length}" if not below else (
+            f"{rate * ratio:.0f} TFLOP/s: {par} x {length} rows (parallel x loop) is below the shortest measured S "
+            f"{row.seq[0]}; {below} "
+            f"({rate:.0f})")
+        how.append(f"{pass_} {row.kernel}{dt} {row.pass_} {row.mask} d{row.head_dim} {at} [{row.source}]")
     return out[0], out[1], "; ".join(how)
+
+
+@lru_cache(maxsize=None)
+def _sms(gpu_name: str) -> int:
+    """The SMs of catalog GPU ``gpu_name`` (the shape model's waves, :func:`attention_seconds`)."""
+    return catalog.gpu(gpu_name).sms
 
 
 def bandwidth(data: KernelData, kind: str = "elementwise") -> float:

@@ -103,7 +103,7 @@ class Workload:
     accumulates its calls' results (:mod:`meshplan.compute.ring_attention`); ``te_ring_attention``:
     at cp > 1 Transformer Engine's p2p ring (Megatron-LM's default ``--cp-comm-type``) runs the
     rank's attention as ``cp`` calls, one per ring step, each rated at its own shape as torch's are
-    (:func:`meshplan.compute.ring_attention.slowest_rank`; no merge kernels counted); ``moe_tp_ops``:
+    (:func:`meshplan.compute.te_ring.te_rank`: each step's call and TE's correction kernels by step); ``moe_tp_ops``:
     the forward collectives over tp of an MoE layer's MLP block, in issue order (their mirrors
     in backward; :func:`meshplan.spec.axes.ep.moe_mlp_tp_ops`, set by
     :func:`meshplan.schedule.workload.workload_of`): none where the routed experts issue nothing
@@ -179,7 +179,9 @@ class Op:
     ``size_bytes`` read + written in HBM (memory ops); ``recompute`` marks re-run forward
     ops; ``note`` says how the time was obtained; ``table_key``: the key a measured table
     (``--gemm-table``, :class:`meshplan.compute.gemm.GemmTable`) is looked up by, ``(M, N, K,
-    dtype)`` for a GEMM, the ``GemmTable.attention`` key for fused attention, () for others."""
+    dtype)`` for a GEMM, the ``GemmTable.attention`` key for fused attention, () for others;
+    ``steps``: on Transformer Engine's p2p ring, the op's seconds at each of the ring's cp steps
+    as (beside the step's send, after its wait) (:mod:`meshplan.compute.te_ring`), () for others."""
 
     name: str
     block: str
@@ -192,6 +194,7 @@ class Op:
     recompute: bool = False
     note: str = ""
     table_key: tuple = ()
+    steps: tuple = ()
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ def replay(o: Op) -> Op:
     phase="backward_input", model_flops=0.0, recompute=True)``, built directly (a layer has
     dozens, the search asks thousands of layers)."""
     return Op(name=o.name + " (recompute)", block=o.block, phase="backward_input", kind=o.kind, seconds=o.seconds,
-              model_flops=0.0, hardware_flops=o.hardware_flops, size_bytes=o.size_bytes, recompute=True, note=o.note)
+              model_flops=0.0, hardware_flops=o.hardware_flops, size_bytes=o.size_bytes, recompute=True, note=o.note,
+              steps=o.steps)
 
 
 #: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the

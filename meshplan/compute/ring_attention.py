@@ -44,8 +44,9 @@ same calls (``AttnFuncWithCPAndKVP2P.forward``, NVIDIA/TransformerEngine d0067d0
 load-balanced chunks and a causal mask, step ``i == 0`` the "diagonal" section, ``i <= rank`` the
 "lower-triangle" (``cp_p2p_fwd_prepare_qkv``: the whole Q against ``k_part[:, 0]``, the first half
 of the received K/V), ``i > rank`` the "upper-triangle" (``q_part[:, 1]`` against the whole K/V);
-the backward the same sections, ``cp_p2p_bwd_*``), rated the same way; TE's own output and
-log-sum-exp corrections around them are not counted (no kernel of :func:`ring_bytes`).
+the backward the same sections, ``cp_p2p_bwd_*``, in reverse order), rated the same way; TE's own
+output, log-sum-exp and gradient corrections around them (not :func:`ring_bytes`' kernels), the
+rank chosen with them and the steps timed one by one: :mod:`meshplan.compute.te_ring`.
 
 Sizes: ``n_q`` elements of the output (``d_v``), ``n_dq`` of Q and of dQ (``d``, the same but
 for MLA's ``d_qk``) and ``n_kv`` of K and V together on the rank, torchtitan's K and V after ``repeat_kv`` (q heads; 9dec370 ``models/llama/model.py``);
@@ -147,8 +148,9 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     rated from ``data``'s published rates, or rank-independent where ``data`` is None) plus, on
     torch's ring (:func:`applies`), its two ring kernels
     (:func:`~meshplan.compute.kernel_time.memory_op_seconds` of :func:`ring_bytes`; none on
-    Transformer Engine's, :func:`te_ring`); the lowest such rank on a tie. ``att``: the rank's
-    causal ``(s / cp, s)`` shape.
+    Transformer Engine's, :func:`te_ring`, whose attention ops take their rank from
+    :func:`meshplan.compute.te_ring.te_rank`, calls and TE's kernels together); the lowest such
+    rank on a tie. ``att``: the rank's causal ``(s / cp, s)`` shape.
 
     >>> from meshplan import catalog
     >>> from meshplan.compute.measured import kernel_data
@@ -165,7 +167,7 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
     (0, 0, 0)
     """
     n_q, n_kv, n_dq = _elements(att)
-    rated = _rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
+    rated = rated_calls(data, att, w.cp, w.attention_kernels) if data is not None else None
     # torch's merge and accumulation kernels; Transformer Engine's ring: none counted
     kernel_bytes = lambda r: ring_bytes(n_q, n_kv, w.cp, w.torch_eager, r, n_dq) if applies(w) else (0, 0)
     best: Optional[tuple[float, int]] = None
@@ -179,7 +181,7 @@ def slowest_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[Kerne
             best = (t, rank)
     rank = 0 if best is None else best[1]
     fwd, bwd = kernel_bytes(rank)
-    return RingRank(rank, _rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
+    return RingRank(rank, rank_seconds(rated, w.cp, att.seq_q, rank) if rated is not None else None, fwd, bwd)
 
 
 def _elements(att: Attention) -> tuple[int, int, int]:
@@ -202,7 +204,8 @@ def te_ring(w: Workload) -> bool:
     """Whether ``w`` runs Transformer Engine's p2p ring (cp > 1, the fused attention,
     ``w.te_ring_attention``: Megatron-LM's ``--cp-comm-type p2p``,
     :attr:`~meshplan.spec.training.TrainingSpec.cp_p2p`, the rule of
-    :func:`meshplan.spec.axes.cp.p2p_rows`): its calls are :func:`ring_calls`, no ring kernels."""
+    :func:`meshplan.spec.axes.cp.p2p_rows`): its calls are :func:`ring_calls`, TE's own kernels
+    :mod:`meshplan.compute.te_ring`'s."""
     return w.cp > 1 and w.flash and w.te_ring_attention
 
 
@@ -262,10 +265,10 @@ def ring_seconds(data: KernelData, att: Attention, cp: int, rank: int,
     >>> round(f * 1e3, 3), round(b * 1e3, 3)   # FA2 fwd 333 causal + 3 x 370; bwd 318 + 3 x 310 (S 4096)
     (6.108, 17.623)
     """
-    return _rank_seconds(_rated_calls(data, att, cp, prefer), cp, att.seq_q, rank)
+    return rank_seconds(rated_calls(data, att, cp, prefer), cp, att.seq_q, rank)
 
 
-def _rated_calls(data: KernelData, att: Attention, cp: int, prefer: tuple[str, ...]) -> dict:
+def rated_calls(data: KernelData, att: Attention, cp: int, prefer: tuple[str, ...]) -> dict:
     """(forward s, backward s, how) of each distinct call any cp rank issues (:func:`ring_calls`
     of ranks 0 and cp - 1 hold all three), by (seq_q, seq_kv, causal): rated once, the search
     rates every cp candidate's ring on every rank."""
@@ -275,7 +278,7 @@ def _rated_calls(data: KernelData, att: Attention, cp: int, prefer: tuple[str, .
 
 
 def _rank_sums(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, float]:
-    """(forward s, backward s) of cp rank ``rank``'s calls from ``rated`` (:func:`_rated_calls`):
+    """(forward s, backward s) of cp rank ``rank``'s calls from ``rated`` (:func:`rated_calls`):
     the causal call, ``rank`` of ``L x L/2``, ``cp - 1 - rank`` of ``L/2 x L``, as :func:`ring_calls`."""
     half = seq_local // 2
     f = b = 0.0
@@ -286,8 +289,8 @@ def _rank_sums(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, 
     return f, b
 
 
-def _rank_seconds(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, float, str]:
-    """(forward s, backward s, how) of cp rank ``rank``'s calls from ``rated`` (:func:`_rated_calls`)."""
+def rank_seconds(rated: dict, cp: int, seq_local: int, rank: int) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of cp rank ``rank``'s calls from ``rated`` (:func:`rated_calls`)."""
     f = b = 0.0
     hows = []
     calls = ring_calls(cp, seq_local, rank)

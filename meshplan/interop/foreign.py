@@ -69,7 +69,7 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
             raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
                               f"meshplan import deepspeed {path}, or --format deepspeed")
-        return megatron.read(text, opts)
+        return megatron.read(text, opts, path.parent)
     if fmt == "deepspeed":
         data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
         if not isinstance(data, dict):

@@ -44,7 +44,8 @@ Megatron-LM                              meshplan
                                            written with --use-distributed-optimizer (its optimizer:
                                            :data:`~meshplan.interop.megatron_flags.FSDP_OPTIMIZER`)
 --deepspeed --zero-stage N               Megatron-DeepSpeed: sharding none/zero1/zero2/zero3 under
-                                           DeepSpeed's engine (:mod:`~meshplan.interop.megatron_deepspeed`)
+                                           DeepSpeed's engine (:mod:`~meshplan.interop.megatron_deepspeed`;
+--no-pipeline-parallel                     stage 2 and 3 need --no-pipeline-parallel, pp 1)
 --recompute-activations,                 recompute selective / full (--recompute-method and
 --recompute-granularity,                   --recompute-num-layers: partial full recompute is
 --checkpoint-activations                   planned as full, with a note); --checkpoint-activations full
@@ -123,6 +124,7 @@ CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's h
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from meshplan import catalog
@@ -131,7 +133,8 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
-from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine
+from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
+    ds_tables
 from meshplan.interop.megatron_env import import_note
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -156,7 +159,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling", "--no-gradient-accumulation-fusion",
-            "--deepspeed", "--checkpoint-activations", *flags.P2P_FLAGS}
+            "--deepspeed", "--checkpoint-activations", "--no-pipeline-parallel", *flags.P2P_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
@@ -185,8 +188,9 @@ def parse_args(text: str) -> dict[str, Any]:
     return parse_launch(text, SWITCHES)[0]
 
 
-def read(text: str, opts: ImportOptions) -> Imported:
-    """meshplan tables of Megatron-LM arguments (module docstring)."""
+def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Imported:
+    """meshplan tables of Megatron-LM arguments (module docstring); ``base``: the script's folder,
+    where a Megatron-DeepSpeed ds config's path resolves (:mod:`~meshplan.interop.megatron_deepspeed`)."""
     repeated: dict[str, list[Any]] = {}
     exported: dict[str, str] = {}
     args, launcher = parse_launch(text, SWITCHES, repeated, exported)
@@ -212,7 +216,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
     # (config._megatron_etp, Megatron-LM's default), so the flag's 1 would come back as tp
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)
              or (a == "etp" and deg["ep"] > 1 and deg["tp"] > 1)]
-    deepspeed = deepspeed_engine(args, deg["pp"], notes)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
+    deepspeed = deepspeed_engine(args, deg["pp"], notes, base)  # Megatron-DeepSpeed's --deepspeed --zero-stage N
+    ds_file = ds_path(args, base)[1] if deepspeed else None  # its ds config, where the path resolves
     sharding = deepspeed.get("sharding", flags.sharding(args))
     data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
     mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],
@@ -228,6 +233,9 @@ def read(text: str, opts: ImportOptions) -> Imported:
     flags.check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
+    ds_keys = _ds_keys(ds_file, str(deepspeed.get("sharding")), dtype, micro if "--micro-batch-size" in args else None,
+                       notes)
+    micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
                 "sharding": sharding, "recompute": flags.recompute(args, layers // deg["pp"], notes),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
@@ -237,7 +245,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128),
                 **flags.grad_clip(args)}
     if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
-        training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed
+        training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_keys[0]
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
@@ -251,9 +259,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
-    unused = tuple(k for k in args if k not in USED) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
+    used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
+    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
-    memory |= flags.bucket(args, training, notes)
+    memory |= flags.bucket(args, training, notes) | ds_keys[1]
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
         memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
@@ -265,6 +274,23 @@ def read(text: str, opts: ImportOptions) -> Imported:
         notes.append(f"--save-interval {printable(save)[:40]!r} is not a whole number >= 1 (a shell variable?): the "
                      f"job's checkpoint interval is not set beside the optimal one")
     return Imported("megatron", tables, unused, tuple(notes))
+
+
+def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[int],
+             notes: list[str]) -> tuple[dict, dict, Optional[int]]:
+    """What a Megatron-DeepSpeed script's ds config at ``path`` sets
+    (:func:`~meshplan.interop.megatron_deepspeed.ds_tables`); nothing where it did not resolve. A
+    micro-batch from the JSON alone gets a note: Megatron-DeepSpeed asserts ``--micro-batch-size``
+    is given (``megatron/arguments.py:164`` at f4157be), its data loader's size."""
+    if path is None:
+        return {}, {}, None
+    stage = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}[sharding]
+    out = ds_tables(ds_config(path, stage), stage, dtype, micro)
+    if micro is None and out[2] is not None:
+        notes.append(f"micro-batch {out[2]} from {path.name}'s train_micro_batch_size_per_gpu: give the script "
+                     f"--micro-batch-size {out[2]} too (Megatron-DeepSpeed asserts it is given; its data loader "
+                     f"reads it)")
+    return out
 
 
 def _gpu_name(cluster: dict) -> str:

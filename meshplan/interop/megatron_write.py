@@ -121,7 +121,9 @@ def fsdp_env_note(cfg: Config) -> list[str]:
     """The header line of a Megatron FSDP export (sharding zero2 or zero3, or
     ``training.megatron_fsdp``: what :func:`sharding_flags` writes ``--use-megatron-fsdp`` for)
     on :data:`FSDP_ENV`, which Megatron-LM asserts is not 1 there; with tp or cp > 1 the clause
-    that Megatron-LM warns before Blackwell (arguments.py:1453-1465 at d98e8a6). Nothing otherwise.
+    that Megatron-LM warns before Blackwell (arguments.py:1453-1465 at d98e8a6). Nothing otherwise,
+    nor under DeepSpeed's engine (:func:`~meshplan.interop.megatron_deepspeed.deepspeed_flags`: no
+    ``--use-megatron-fsdp`` is written).
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = lambda sharding: config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100",
@@ -131,8 +133,8 @@ def fsdp_env_note(cfg: Config) -> list[str]:
     ('environment: unset CUDA_DEVICE_MAX_CONNECTIONS (or set it above 1) before launching:', True, [])
     """
     t = cfg.training
-    if t.sharding in ("none", "zero1") and not t.megatron_fsdp:
-        return []
+    if (t.sharding in ("none", "zero1") and not t.megatron_fsdp) or deepspeed_flags(t) is not None:
+        return []  # DeepSpeed's engine (Megatron-DeepSpeed's --deepspeed) shards instead: no --use-megatron-fsdp
     mesh = resolved(cfg)
     tp_cp = {a: mesh.layout.degree(a) for a in ("tp", "cp") if a in mesh.layout.names and mesh.layout.degree(a) > 1}
     return [f"environment: unset {FSDP_ENV} (or set it above 1) before launching: Megatron-LM asserts it is not 1 "
@@ -163,7 +165,7 @@ def fsdp_pp_note(cfg: Config) -> list[str]:
     """
     t, mesh = cfg.training, resolved(cfg)
     pp = mesh.layout.degree("pp") if "pp" in mesh.layout.names else 1
-    if pp == 1 or (t.sharding in ("none", "zero1") and not t.megatron_fsdp):
+    if pp == 1 or (t.sharding in ("none", "zero1") and not t.megatron_fsdp) or deepspeed_flags(t) is not None:
         return []
     vpp = mesh_spec(cfg).virtual_stages
     at = f"pp {pp}" + (f" x vpp {vpp}" if vpp > 1 else "")

@@ -20,7 +20,8 @@ from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 def differences(a: Config, b: Config) -> list[str]:
     """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
     ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
-    by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
+    by its degrees, options and layer split, the [memory] table when ``a`` sets it (but
+    ``cross_entropy``, the loss of whichever runtime runs the export)."""
     out = []
     ma, mb = a.model.architecture(), b.model.architecture()
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
@@ -32,7 +33,10 @@ def differences(a: Config, b: Config) -> list[str]:
                    f"{b.training.gradient_reduce_dtype!r}")
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
-    moved = _memory_moved(_memory(a), _memory(b))
+    # the loss's working set is the runtime's (a torchtitan import states torch's, a Megatron-LM one
+    # keeps Megatron's): what runs the exported job decides it, no field the export could carry
+    ma_, mb_ = _memory(a), _memory(b)
+    moved = _memory_moved(ma_, mb_.model_copy(update={"cross_entropy": ma_.cross_entropy}))
     out += [f"memory: {', '.join(moved)}"] if moved else []
     if a.checkpoint_interval_steps != b.checkpoint_interval_steps:  # DeepSpeed's JSON has no save interval
         out.append(f"reliability.checkpoint_interval_steps: {a.checkpoint_interval_steps!r} -> "

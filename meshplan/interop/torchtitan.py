@@ -55,7 +55,9 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
-                                                 components ["model"]: torch_compile_loss false
+                                                 components ["model"]: torch_compile_loss false;
+                                                 memory.cross_entropy "torch" (the eager loss's
+                                                 fp32 logits) or, loss compiled, "compiled"
 optimizer.name AdamW / Adam                    training.optimizer adamw / adam
 optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "fused", torchtitan's
   (before 2025: optimizer.fused true / false)    default since 2025; 9dec370's unset fused: foreach)
@@ -323,6 +325,11 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     tables["model"] = flavor_context(model, used, tables["training"]["seq_len"], notes)  # RoPE at the job's length
+    # torchtitan's loss, F.cross_entropy(pred.flatten(0, 1).float(), ...): eager unless [compile]
+    # compiles it (MemoryOptions.cross_entropy; tests/test_loss_memory.py measures both)
+    t = tables["training"]
+    compiled = t["torch_compile"] and t.get("torch_compile_loss", True)
+    tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch"}
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
@@ -367,8 +374,9 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      f"b5bcd76, where {TORCH_ETP}: the plan is infeasible (rule torch_etp); "
                      "expert_tensor_parallel_degree = 1 plans what both run")
         return
-    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan removed the key "
-                 "with expert tensor parallelism in c4b409a (#3167, 2026-04-30): delete it for a torchtitan since")
+    notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
+                 "reads the key (meshplan export writes it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                 "tensor parallelism, so delete it for a torchtitan after that commit")
 
 
 def _moved(keys) -> None:

@@ -14,7 +14,9 @@ Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) 
 layer runs; allocate the layer's saved activations (``activations``); reshard l after its
 forward when ``reshard_after_forward``. The last stage's head keeps its saved terms and the
 logits of the loss; the compute-dtype logits are a transient (``temporaries``) when the
-loss keeps another dtype.
+loss keeps another dtype, and so, beside them, are the eager torch loss's own fp32 tensors
+(the ``.float()`` copy; with tp > 1 also ``x - max`` and ``exp(x - max)``:
+``memory.cross_entropy``, :class:`~meshplan.spec.memory.MemoryOptions`).
 
 Backward of the head: the loss's backward (its logits-sized temporaries, then the kept
 logits freed), which is when the root's pre-backward hook fires (prefetch); dY, the head's
@@ -118,7 +120,7 @@ class PassBuilder(UnitEvents):
 
     def _head_forward(self) -> None:
         sz = self.sz
-        self._add(None, "temporaries", sz.logits_temp, "head: logits in compute dtype (+ the loss's x - max)")
+        self._add(None, "temporaries", sz.logits_temp, "head: logits in compute dtype (+ the loss's fp32 copy and x - max)")
         if sz.head_reshards:  # its post-forward, as the output layer returns the logits
             self._release("head" if "head" in self.keys else "root", "after forward")
         self._free_outputs()  # the model's forward returns the logits before the loss runs

@@ -47,8 +47,8 @@ def _call_table(pairs, width: int, pad: int) -> tuple:
     padding, in no particular order; how many of its transfers share its link, the larger of
     its sends and its receives (:func:`meshplan.pipeline.rendezvous.call_loads`; 0 for a call
     without transfers); whether it has a peer; with a time per boundary (``pairs.xfer_s``) the
-    seconds of its transfers, the larger of its sends' times added and its receives'
-    (:func:`meshplan.pipeline.rendezvous.call_seconds`), else None: ``k x p2p_s``). One row per send delay and one per receive
+    seconds of its transfers, its longest link's sends' or receives' times added
+    (:func:`_call_seconds`), else None: ``k x p2p_s``). One row per send delay and one per receive
     lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
     sends at most one output per delay (its producer ``delay`` units before the call) and posts
     at most one receive per lead (its consumer ``lead`` units after)."""
@@ -64,10 +64,29 @@ def _call_table(pairs, width: int, pad: int) -> tuple:
     flat[send_row * cols + after_send] = recv[ws]
     flat[recv_row * cols + after_recv] = send[wr]
     loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
+    return table, loads.astype(float), loads > 0, _call_seconds(pairs, after_send, after_recv, cols)
+
+
+def _call_seconds(pairs, after_send: np.ndarray, after_recv: np.ndarray, cols: int) -> "np.ndarray | None":
+    """Per slot after a call (``after_send``/``after_recv``: of each waited send and receive), the
+    seconds of the call's transfers with a time per boundary (``pairs.xfer_s``; None without): the
+    longest of its links' loads, its sends' times added per link (``pairs.link``) and its
+    receives' (:func:`meshplan.pipeline.rendezvous.call_seconds`, whose NCCL source says why), the
+    same additions in the same (flat) order."""
     xs = getattr(pairs, "xfer_s", None)
-    secs = None if xs is None else np.maximum(np.bincount(after_send, xs[ws], minlength=cols),
-                                              np.bincount(after_recv, xs[wr], minlength=cols))
-    return table, loads.astype(float), loads > 0, secs
+    if xs is None:
+        return None
+    ws, wr = pairs.sides()
+    link = getattr(pairs, "link", None)
+    if link is None:
+        link = np.zeros(len(xs), dtype=np.int64)
+    secs = np.zeros(cols)
+    for at, side in ((after_send, ws), (after_recv, wr)):
+        on, t = link[side], xs[side]
+        for k in np.unique(on).tolist():
+            mine = on == k
+            np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
+    return secs
 
 
 def call_table(pairs, p: int, length: int) -> tuple:
@@ -108,7 +127,9 @@ class Transfers(NamedTuple):
     (None: every side waited); ``calls``: :func:`~meshplan.pipeline.calls.call_table` of these
     transfers, kept once :func:`simulate_arrays` has built it (None: not yet); ``xfer_s``: with a
     time per boundary (``PipelineSpec.p2p_s`` a tuple), each entry's seconds, its boundary's
-    (None: every transfer takes the one ``p2p_s``)."""
+    (None: every transfer takes the one ``p2p_s``); ``link``: with ``xfer_s`` and
+    ``PipelineSpec.p2p_link``, each entry's link (:meth:`~meshplan.pipeline.sim_types.PipelineSpec.link_of`;
+    None: one link)."""
 
     send: np.ndarray
     recv: np.ndarray
@@ -119,6 +140,7 @@ class Transfers(NamedTuple):
     recv_async: Optional[np.ndarray] = None
     calls: Optional[tuple] = None
     xfer_s: Optional[np.ndarray] = None
+    link: Optional[np.ndarray] = None
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """(the entries whose send is waited in its call, those whose receive is): a call's peers
@@ -150,7 +172,9 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
     out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
     if spec.per_boundary:  # each transfer on its own boundary's pair
-        out = out._replace(xfer_s=np.asarray(spec.transfer_s(prod // length, cons // length), dtype=float))
+        a, c = prod // length, cons // length
+        out = out._replace(xfer_s=np.asarray(spec.transfer_s(a, c), dtype=float),
+                           link=np.asarray(spec.link_of(a, c), dtype=np.int64) if spec.p2p_link else None)
     some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
     return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 

@@ -19,7 +19,9 @@ max over the call's peers of their post time) + k p2p_s`` (``end`` alone for an 
 share its link (its one NIC across nodes: Megatron's interleaved steady-state call sends the
 forward output to the next stage and the input gradient to the previous one through the same
 NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve); with a time
-per boundary the call spends its sends' times added, or its receives' (:func:`call_seconds`). A send
+per boundary the call spends its longest link's: its sends' times added per link, or its
+receives' (:func:`call_seconds`: an NVLink transfer beside a NIC one runs at once, NCCL's group of
+p2p ops to different peers on their own channels). A send
 therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
 the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
@@ -107,29 +109,48 @@ def call_loads(xfer: dict) -> dict:
 
 def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
     """(stage, position) of a call -> seconds it spends on its own transfers: ``k x p2p_s``
-    (:func:`call_loads`) with one ``p2p_s``; per boundary, the larger of its waited sends' times
-    added and its waited receives' (each its boundary's, :meth:`~.sim_types.PipelineSpec.transfer_s`;
-    in flat order, as the array path's weighted counts add them).
+    (:func:`call_loads`) with one ``p2p_s``; per boundary, the longest of its links' loads: its
+    waited sends' times added per link the rank sends them through, and its waited receives' per
+    link it receives them through (each its boundary's time, :meth:`~.sim_types.PipelineSpec.transfer_s`,
+    and link, :meth:`~.sim_types.PipelineSpec.link_of`; in flat order, as the array path's
+    weighted counts add them). One ``batch_isend_irecv`` is one NCCL group (torch 2.13
+    ``distributed_c10d.batch_isend_irecv``: the ops inside ``_coalescing_manager``, NCCL-style
+    coalescing), and NCCL runs a group's sends and receives to different peers at once:
+    NVIDIA/nccl 5067397 ``src/enqueue.cc`` ``scheduleP2pTasksToPlan`` (lines 1130-1213) puts every
+    (send peer, receive peer) round of the group in one kernel plan, each round on its own channels
+    (``addP2pToPlan``, lines 880-886 and 1051-1064: the channel base of its round,
+    ``ncclP2pChannelBaseForRound`` in ``src/include/channel.h`` lines 21-33), and its user guide
+    (``docs/userguide/source/usage/p2p.rst`` lines 21-25): calls within a group "progress
+    independently", in order only to the same peer. So a send over NVLink and one through the NIC
+    take the longer of the two, while two through the rank's one NIC (or over its NVLink) share it
+    and add, as do the sends and receives of one direction; sends and receives, on full-duplex
+    links, run beside each other.
 
     Interleaved 1F1B's steady-state call on the middle stage of 3 sends a forward output to stage
-    2 and an input gradient to stage 0: 0.1 + 0.7 s where boundary 0 takes 0.1 s and 1 0.7 s.
+    2 and an input gradient to stage 0: 0.1 + 0.7 s through one link (boundary 0 0.1 s, 1 0.7 s),
+    0.7 s where boundary 0 is NVLink and 1 the NIC:
 
     >>> spec = PipelineSpec("interleaved_1f1b", 3, 6, v=2, p2p_s=(0.1, 0.7, 0.7), blocking_p2p=True)
     >>> o = [spec.sched.order(3, 6, 2, s) for s in range(3)]
     >>> max(t for (s, _), t in call_seconds(spec, calls(spec, o)[1]).items() if s == 1)
     0.7999999999999999
+    >>> spec = PipelineSpec("interleaved_1f1b", 3, 6, v=2, p2p_s=(0.1, 0.7, 0.7), p2p_link=(0, 1, 1), blocking_p2p=True)
+    >>> max(t for (s, _), t in call_seconds(spec, calls(spec, o)[1]).items() if s == 1)
+    0.7
     """
     if not spec.per_boundary:
         return {k: spec.p2p_s * n for k, n in call_loads(xfer).items()}
-    out: dict = {}
-    inc: dict = {}
+    load: dict = {}  # (call, 0 sends / 1 receives, link) -> seconds
     for (s, _), ((a, _), send, recv, send_async, recv_async) in sorted(xfer.items()):
-        t = spec.transfer_s(a, s)
+        t, link = spec.transfer_s(a, s), spec.link_of(a, s)
         if not send_async:
-            out[send] = out.get(send, 0.0) + t
+            load[(send, 0, link)] = load.get((send, 0, link), 0.0) + t
         if not recv_async:
-            inc[recv] = inc.get(recv, 0.0) + t
-    return {k: max(out.get(k, 0.0), inc.get(k, 0.0)) for k in out.keys() | inc.keys()}
+            load[(recv, 1, link)] = load.get((recv, 1, link), 0.0) + t
+    out: dict = {}
+    for (call, _, _), t in load.items():
+        out[call] = max(out.get(call, 0.0), t)
+    return out
 
 
 def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:

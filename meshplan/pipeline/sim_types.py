@@ -42,7 +42,11 @@ class PipelineSpec:
     gradient) and ``weight_s`` (W); ``p2p_s``: seconds of one stage-to-stage send, one value for
     every boundary, or one per boundary (a tuple of ``p``: entry b the pair of stages (b, b + 1)
     either way, entry p - 1 the looped schedules' wrap (p - 1, 0), :func:`boundary_of`; each
-    boundary on its own pair's link); ``blocking_p2p``: sends
+    boundary on its own pair's link); ``p2p_link`` (with ``p2p_s`` per boundary; empty: one link
+    for all): per boundary, which of a rank's links its transfers take (0: NVLink, where both
+    stages share an NVLink domain; 1: the rank's NIC), so that a blocking call's transfers on the
+    same link share it and those on different links run at once
+    (:func:`~meshplan.pipeline.rendezvous.call_seconds`); ``blocking_p2p``: sends
     block their stage (:mod:`~meshplan.pipeline.rendezvous`); ``overlap_p2p`` (with
     ``blocking_p2p``): Megatron-LM's ``overlap_p2p_comm``, the steady state's transfers
     asynchronous (:mod:`~meshplan.pipeline.rendezvous`); ``torch_p2p`` (with ``blocking_p2p``):
@@ -61,6 +65,7 @@ class PipelineSpec:
     blocking_p2p: bool = False
     overlap_p2p: bool = False
     torch_p2p: bool = False
+    p2p_link: tuple = ()
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -70,6 +75,10 @@ class PipelineSpec:
             if len(self.p2p_s) != self.p:
                 raise ConfigError("pipeline", f"p2p_s has {len(self.p2p_s)} boundary times; give one per "
                                   f"boundary, p = {self.p} (the last: the wrap from stage p - 1 to 0)")
+        object.__setattr__(self, "p2p_link", tuple(int(x) for x in self.p2p_link))
+        if self.p2p_link and (not self.per_boundary or len(self.p2p_link) != self.p):
+            raise ConfigError("pipeline", f"p2p_link has {len(self.p2p_link)} links; give one per boundary, "
+                              f"p = {self.p}, with a p2p_s per boundary (or none: one link for all)")
         if self.p < 1 or self.m < 1 or self.v < 1:
             raise ConfigError("pipeline", f"p {self.p}, m {self.m}, v {self.v} must all be >= 1")
         check_chunks(self.schedule, self.v)
@@ -109,6 +118,19 @@ class PipelineSpec:
             return self.p2p_s
         b = boundary_of(a, c, self.p)
         return np.asarray(self.p2p_s)[b] if np.ndim(b) else self.p2p_s[int(b)]
+
+    def link_of(self, a, c):
+        """The link (``p2p_link``) a transfer from stage ``a`` to stage ``c`` takes (ints or arrays:
+        its boundary's); 0 for all without ``p2p_link``.
+
+        >>> spec = PipelineSpec("1f1b", p=3, m=3, p2p_s=(0.1, 0.7, 0.7), p2p_link=(0, 1, 1))
+        >>> spec.link_of(np.array([1, 1]), np.array([0, 2])).tolist()
+        [0, 1]
+        """
+        if not self.p2p_link:
+            return np.zeros(np.shape(a), dtype=np.int64) if np.ndim(a) else 0
+        b = boundary_of(a, c, self.p)
+        return np.asarray(self.p2p_link)[b] if np.ndim(b) else self.p2p_link[int(b)]
 
     def p2p_calls(self, s: int, length: int):
         """Stage ``s``'s blocking calls per unit of its order (``length`` units), for

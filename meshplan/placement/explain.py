@@ -137,7 +137,7 @@ def _per_layer(c, axis: str, loc: GroupLocality) -> str:
     b = c.weights_source != "default"
     cost = c.after.by_axis.get(axis)
     tail = "" if cost is None or c.after.total <= 0 else (
-        f": {cost.network_hops} ring hops x {_fmt(cost.weight, b)} = {_fmt(cost.network_bytes, b)} per step "
+        f": {_hops(cost)} x {_fmt(cost.weight, b)} = {_fmt(cost.network_bytes, b)} per step "
         f"({100 * cost.network_bytes / c.after.total:.1f}% of the weak-path bytes)")
     spans = (f"each {axis} group spans {loc.max_domains} {'nodes' if dom == 'node' else 'NVLink domains'} (up to "
              f"{loc.max_per_node} member{'s' if loc.max_per_node > 1 else ''} per node) and every layer's {axis} "
@@ -280,3 +280,12 @@ def choose_hint(command: str = "place") -> str:
     ('meshplan place --choose', 'meshplan launch --choose')
     """
     return f"meshplan {command} --choose"
+
+
+def _hops(cost) -> str:
+    """What an axis's network hops count (:class:`~meshplan.placement.score.AxisCost`): ring hops,
+    or an all-to-all's rank-buffers off the domain ((n - g)/(n - 1) of each rank's bytes)."""
+    if cost.kind == "all-to-all":
+        return (f"{cost.network_hops:.1f} ranks' all-to-all bytes off their NVLink domain (each rank sends "
+                f"(n - g)/(n - 1) of them to peers of other domains)")
+    return f"{cost.network_hops} ring hops"

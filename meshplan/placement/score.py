@@ -31,6 +31,9 @@ from meshplan.spec.axes.registry import AXES, placement_weights
 #: dp_shard > dp_replicate > pp, each ten times the next; sp sits with cp, etp with tp, efsdp
 #: with dp_shard, a plain dp axis with dp_replicate.
 DEFAULT_WEIGHTS = placement_weights()
+#: Axes whose collectives are all-to-alls (the routed experts' dispatch and combine), scored by
+#: their off-domain bytes, not ring hops (:class:`AxisCost`).
+ALL_TO_ALL_AXES = ("ep",)
 #: The expert mesh's axes: the expert axes' own and the derived ones they bring (efsdp).
 _EXPERT = tuple(k for a in AXES.values() if a.expert for k in a.weights)
 
@@ -65,13 +68,21 @@ class AxisCost:
     (:func:`meshplan.placement.spine.spine_hops`: to another leaf's scalable unit, or between
     domains on different rails). ``socket_hops``: hops across the CPU link: between socket blocks of one node
     when the GPU fabric is no faster than PCIe, plus each member's share (k/n) of its
-    group's network hops when its NIC sits on the other socket."""
+    group's network hops when its NIC sits on the other socket.
+
+    An all-to-all axis (:data:`ALL_TO_ALL_AXES`) runs no ring: each rank sends S/n to every
+    peer (nccl-tests doc/PERFORMANCE.md; :func:`meshplan.comm.nccl_algorithms.all_to_all_time`),
+    so a member with g members in its own NVLink domain sends (n - g)/(n - 1) of its bytes
+    (the weight, (n-1)/n S) off the domain. Its ``network_hops`` (``kind`` "all-to-all") is
+    that fraction summed over every member of every group: ep 16 over 2 nodes on 256 ranks,
+    256 x 8/15 = 136.5 (the ring count, 2 hops x 16 groups = 32, was 4.3x short)."""
 
     axis: str
     weight: float
-    network_hops: int
+    network_hops: float
     spine_hops: int
     socket_hops: float
+    kind: str = "ring"
 
     @property
     def network_bytes(self) -> float:
@@ -113,7 +124,11 @@ class Score:
 def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> AxisCost:
     loc = group_locality(p, groups)
     k, n = loc.domains, groups.shape[1]
-    net = np.where(k > 1, k, 0)
+    net = np.where(k > 1, k, 0).astype(float)
+    if axis in ALL_TO_ALL_AXES and n > 1:  # per member: its bytes to the peers of other domains
+        dom = p.domain[groups]
+        same = (dom[:, :, None] == dom[:, None, :]).sum(axis=2)  # g of each member, itself included
+        net = ((n - same) / (n - 1)).sum(axis=1)
     spine = spine_hops(p, groups)
     node = p.cluster.node
     socket = 0.0
@@ -124,7 +139,9 @@ def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> Ax
         nic_socket = np.array([x.socket for x in node.nics] + [-1])[p.nic]
         far = ((p.nic >= 0) & (nic_socket != p.socket))[groups].sum(axis=1)
         socket += float((net * far / n).sum())
-    return AxisCost(axis, float(weight), int(net.sum()), int(spine.sum()), socket)
+    hops = float(net.sum()) if axis in ALL_TO_ALL_AXES and n > 1 else int(net.sum())
+    return AxisCost(axis, float(weight), hops, int(spine.sum()), socket,
+                    "all-to-all" if axis in ALL_TO_ALL_AXES and n > 1 else "ring")
 
 
 def scored_axes(mesh: Mesh, weights: Mapping[str, float]) -> dict[str, float]:

@@ -18,7 +18,8 @@ def axis_rows(c: Choice) -> list[str]:
     """One line per axis of degree > 1: size, groups, link class, nodes spanned, rails
     (most per group; "same" when every node of a group uses the same rails), sockets (1, or
     "cross" when a group holds members on both sockets of a node), weak-path traffic: the bytes
-    per step all the axis's groups send over weak links (ring hops x bytes each rank sends), GB;
+    per step all the axis's groups send over weak links (ring hops x bytes each rank sends; an all-to-all
+    axis its off-domain share, :class:`~meshplan.placement.score.AxisCost`), GB;
     each axis named as the plan names it (``c.labels``: ``edp`` for the experts' data axis under
     DDP or ZeRO-1/2)."""
     b = c.weights_source != "default"

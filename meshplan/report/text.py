@@ -299,15 +299,25 @@ def _per_columns(row) -> tuple[str, str]:
     return f"{row.per_layer:.2f}", str(row.per_microbatch)
 
 
-def _per_layer_words(row) -> str:
+#: Axes whose collectives run in the MoE layers alone: their calls are counted per MoE layer.
+EXPERT_ROW_AXES = ("ep", "etp")
+
+
+def _per_layer_words(row, moe_layers: int = 0) -> str:
     """Why a "per layer" cell is not whole: `` (per layer 2.14 = 15 calls / 7 layers: 2 per layer
     + 1 outside them)``, the calls per micro-batch over the stage's layers (``per_microbatch / per_layer``) and
     those left over, issued outside the layer loop (e.g. by the embedding or the head); for a row
     under one per layer, issued outside the layers, the calls per micro-batch alone:
     `` (1 call per micro-batch, outside the layers)``; "" for a whole figure or a row not issued
-    per micro-batch."""
+    per micro-batch. An expert axis's row (:data:`EXPERT_ROW_AXES`) on a stage of ``moe_layers`` MoE
+    layers whose calls they divide: `` (52 calls per micro-batch: 2 per MoE layer x 26 MoE layers)``
+    (DeepSeek-V2-Lite's ep dispatch and combine; counted over all 27 layers it read 1 per layer + 25
+    outside them)."""
     if not row.per_microbatch or not row.per_layer or float(row.per_layer).is_integer():
         return ""
+    if getattr(row, "axis", None) in EXPERT_ROW_AXES and moe_layers and row.per_microbatch % moe_layers == 0:
+        return (f" ({row.per_microbatch} calls per micro-batch: {row.per_microbatch // moe_layers} per MoE layer x "
+                f"{moe_layers} MoE layers)")
     layers = round(row.per_microbatch / row.per_layer)
     each, left = divmod(row.per_microbatch, layers)
     calls = f"{row.per_microbatch} call{'s' if row.per_microbatch > 1 else ''}"
@@ -316,7 +326,7 @@ def _per_layer_words(row) -> str:
     return f" (per layer {row.per_layer:.2f} = {calls} / {layers} layers: {each} per layer + {left} outside them)"
 
 
-def _cadence_lines(rows, shown: dict, window=lambda r: "") -> list[str]:
+def _cadence_lines(rows, shown: dict, window=lambda r: "", moe_layers: int = 0) -> list[str]:
     """Lines under a collective table: each cadence (the JSON's ``cadence``) and the rows issued
     at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``; ``window``: a
     row's count explained by torch's unshard window re-gathers
@@ -324,7 +334,7 @@ def _cadence_lines(rows, shown: dict, window=lambda r: "") -> list[str]:
     by: dict[str, list[str]] = {}
     for r in rows:
         by.setdefault(r.cadence, []).append(f"{shown.get(r.axis, r.axis)} {r.phase} {r.op} {r.size_bytes:,.0f} B"
-                                            f"{_per_layer_words(r)}{window(r)}")
+                                            f"{_per_layer_words(r, moe_layers)}{window(r)}")
     return [f"  {c}: {', '.join(items)}" for c, items in by.items()]
 
 
@@ -353,7 +363,8 @@ def _collectives(plan: Plan, con: Console) -> None:
             con.print(DEEPEP_COLUMNS, markup=False, highlight=False)
         con.print("when each row is issued:", highlight=False)
         k = int(stage.split()[-1])  # "stage 3" (plan.table_key)
-        for line in _cadence_lines(rows, shown, lambda r, k=k: cadence_words(plan, k, r)):
+        moe = sum(plan.config.model.is_moe_layer(i) for ch in plan.stages[k] for i in ch)
+        for line in _cadence_lines(rows, shown, lambda r, k=k: cadence_words(plan, k, r), moe):
             con.print(line, markup=False, highlight=False)
 
 

@@ -263,9 +263,15 @@ class CommTimes:
 
     def nic_share(self, kind: str, phase: str, op: str, group: str = "", stream: str = "") -> float:
         """Share of its NICs a collective of this key holds while it runs (:func:`nic_share`; 0
-        off the network): the key's row's, else the per-step reduction's rows on ``stream`` (its
-        pieces, kind "dp"), else its kind's largest."""
-        return self.nic.get((kind, group, phase, op)) or self.nic.get((kind, stream)) or self.nic.get((kind,), 0.0)
+        off the network): the key's row's (0 where that row stays on NVLink), else, for a key with
+        no row, the per-step reduction's rows on ``stream`` (its pieces, kind "dp"), else its kind's
+        largest. A key with a row of its own never takes another row's share: Megatron-LM's etp
+        all-gather (NVLink, etp 2 in a node) took the ep all-to-all's 0.899 (ep 8 over 2 nodes) when
+        its 0 was read as no row (tests/test_nic_sharing.py)."""
+        key = (kind, group, phase, op)
+        if key in self.nic:
+            return self.nic[key]
+        return self.nic.get((kind, stream)) or self.nic.get((kind,), 0.0)
 
     def sm_share(self, kind: str, phase: str, op: str, group: str = "") -> float:
         """Fraction of the SMs a collective of this key holds (its kind's largest when the key
@@ -313,12 +319,15 @@ def nic_share(row) -> float:
 
 def _keep_nic(nic: dict, kind: str, r) -> None:
     """Keep row ``r``'s :func:`nic_share` in ``nic`` under its key (the one
-    :meth:`CommTimes.from_rows` times it under), its kind and, for a per-step reduction row, ("dp",
-    its stream) (:meth:`CommTimes.nic_share`)."""
-    if (f := nic_share(r)) <= 0:
-        return
+    :meth:`CommTimes.from_rows` times it under; 0 kept too, so the key reads as having a row, unless
+    another row of the key holds a share), its kind and, for a per-step reduction row, ("dp", its
+    stream) (:meth:`CommTimes.nic_share`)."""
     op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
-    nic[(kind, _row_group(kind, r), r.phase, op)] = f
+    key = (kind, _row_group(kind, r), r.phase, op)
+    if (f := nic_share(r)) <= 0:
+        nic.setdefault(key, 0.0)
+        return
+    nic[key] = f
     nic[(kind,)] = max(f, nic.get((kind,), 0.0))
     if kind == "step" and r.op != "all-gather":
         nic[("dp", step_stream(r))] = max(f, nic.get(("dp", step_stream(r)), 0.0))

@@ -309,7 +309,7 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "forward")
-    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"], p["sdpa"]) if p else None,
+    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"], p["sdpa"], p["steps"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), tp_ops=(True, int(scatter), 0))
     _qkv_gather(s, "forward" if phase == "forward" else "backward", "all-gather")
     _slots(s, own, At.AFTER, Block.ATTN)
@@ -354,7 +354,7 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _amax_wait(s, c, "attn", "backward")
-    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"]) if p else None,
+    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"], p["sdpa"], p["replay"], p["steps"], p["replay_steps"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _qkv_gather(s, "backward", "reduce-scatter")
     _slots(s, "backward", At.AFTER, Block.ATTN)

@@ -120,14 +120,20 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     each runs between the compute kernels and blocks them, a prefetch included. FSDP2 (framework torch,
     ``zero3_engine = "fsdp2"``) issues its reduce-scatters on their own stream (``fsdp_rs_queue``:
     torch 2.13 ``_fsdp_param_group.py`` lines 89-92, ``_fsdp_collectives.py`` lines 362-363 and 607-611);
-    Megatron FSDP's and DeepSpeed's ZeRO-3 keep one queue in the model."""
+    Megatron FSDP's and DeepSpeed's ZeRO-3 keep one queue in the model. Megatron-DeepSpeed
+    (``framework = "megatron"`` with ``zero3_engine = "deepspeed"`` at zero3) hands the backward and
+    the gradient reductions to DeepSpeed's engine, not Megatron-LM's post-backward ``reduce_model_grads``
+    (microsoft/Megatron-DeepSpeed f4157be ``megatron/core/pipeline_parallel/schedules.py:265-266``
+    ``model.backward``, ``megatron/training.py:728-729`` ``if not args.deepspeed:
+    optimizer.reduce_model_grads``): ``grad_reduce`` there follows DeepSpeed's ``overlap_comm``, as
+    under torch (:func:`_deepspeed_zero3`)."""
     if training.framework == "torch" and training.zero3_engine == "fsdp2":
         overlap = replace(overlap, fsdp_rs_queue=True)
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron":
         overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and (
-            megatron_fsdp(training) or training.overlap_grad_reduce),
+            megatron_fsdp(training) or training.overlap_grad_reduce or _deepspeed_zero3(training)),
             param_gather=overlap.param_gather or (training.overlap_param_gather and training.sharding == "zero1"))
     if training.zero3_engine == "deepspeed" and training.sharding == "zero3" and not training.overlaps_comm:
         overlap = replace(overlap, fsdp_prefetch=False, grad_reduce=False)  # all on the default stream
@@ -225,6 +231,12 @@ def deepspeed_prefetch_line(config, rows) -> str:
             f"elements): {ahead:.2f} layers gathered past the one computed at its start, up to max live, the "
             f"window sliding module by module (the next layer's gather issued during this one; "
             f"meshplan.spec.deepspeed_memory.deepspeed_prefetch_ahead)")
+
+
+def _deepspeed_zero3(training) -> bool:
+    """Whether DeepSpeed's ZeRO-3 engine (``zero3_engine = "deepspeed"``) runs ``training``'s zero3:
+    its reductions are the engine's, whatever framework runs the model (:func:`config_overlap`)."""
+    return training.zero3_engine == "deepspeed" and training.sharding == "zero3"
 
 
 def megatron_fsdp(training) -> bool:

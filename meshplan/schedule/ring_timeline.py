@@ -1,8 +1,9 @@
 """The context-parallel rings on the rank timeline, torch's ring attention (``training.cp_attention
 = "ring"``, the rows of :func:`meshplan.spec.axes.cp.ring_rows`) and Transformer Engine's p2p ring
 (``"p2p"``, Megatron-LM's default, :func:`meshplan.spec.axes.cp.p2p_rows`): the attention block's
-core as the ring's ``cp`` steps, each ``1/cp`` of its attention calls (and torch's ring kernels,
-:data:`RING_OPS`), torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
+core as the ring's ``cp`` steps, torch's each ``1/cp`` of its attention calls (and its ring kernels,
+:data:`RING_OPS`), TE's each its own call and correction kernels (:mod:`meshplan.compute.te_ring`),
+torch's K/V all-gather beside the first and its fp32 dK/dV shifts beside the
 next, TE's sends each beside its own step (:func:`ring_forward`, :func:`ring_backward`), called by
 :mod:`meshplan.schedule.layer_timeline`.
 
@@ -18,12 +19,16 @@ from typing import Optional
 
 from meshplan.compute.ops import Cost
 from meshplan.compute.ring_attention import GRAD_ACCUMULATION, MERGE
+from meshplan.compute.te_ring import CORRECTION, GRAD_CORRECTION
 from meshplan.schedule.comm_times import CP_PACKED
 from meshplan.schedule.unit_sim import StreamSim
 
 #: The ops of the cp rings that run as their ``cp`` steps (:mod:`meshplan.compute.ring_attention`):
-#: the attention calls and torch's ring merge and gradient accumulation kernels.
-RING_OPS = ("attention", MERGE, GRAD_ACCUMULATION)
+#: the attention calls, torch's ring merge and gradient accumulation kernels, Transformer
+#: Engine's corrections (:mod:`meshplan.compute.te_ring`).
+RING_OPS = ("attention", MERGE, GRAD_ACCUMULATION, CORRECTION, GRAD_CORRECTION)
+#: Name suffix of the compute event after a TE ring step's wait (:func:`p2p_steps`).
+RING_AFTER = " ring step after its wait"
 
 #: Name suffixes of the compute events of a ring's steps (:func:`ring_cp`) that a cp
 #: collective runs beside: a forward attention call, a backward one (each ``1/cp`` of the calls' seconds).
@@ -45,14 +50,14 @@ def p2p_cp(s: StreamSim) -> bool:
     return s.c.get("cp", "forward", "send/recv") > 0
 
 
-def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float) -> None:
+def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float, steps: tuple = ()) -> None:
     """The forward (``phase`` "forward", or "backward": a checkpointed layer's replay) core of
     block ``name`` (``core`` seconds, ``sdpa`` of them the ring's steps), after the Q, K and V
     projections. torch: ``_templated_ring_attention`` issues the K/V all-gather before its first
-    SDPA call and waits for it before the second. TE's p2p ring (:func:`p2p_steps`): ``cp - 1``
-    K/V sends, one beside each step but the last, then the rest of the core."""
+    SDPA call and waits for it before the second. TE's p2p ring (:func:`p2p_steps`, ``steps``: its
+    seconds by step): ``cp - 1`` K/V sends, one beside each step but the last, then the rest of the core."""
     if p2p_cp(s):
-        p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"))
+        p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"), steps)
         s.compute(name + " core", core - sdpa)
         return
     ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather", after=[s.last])
@@ -78,20 +83,32 @@ def p2p_sends(cp: int, phase: str) -> list[Optional[tuple[str, str]]]:
     return [kv] + [packed] * (cp - 2) + [("", "cp dK/dV send/recv")]
 
 
-def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Optional[tuple[str, str]]]) -> None:
+def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Optional[tuple[str, str]]],
+              steps: tuple = ()) -> None:
     """Transformer Engine's p2p ring steps (``AttnFuncWithCPAndKVP2P``, :func:`meshplan.spec.axes.cp.p2p_rows`):
     at step ``i`` the send/recv ``sends[i]`` (:func:`p2p_sends`; row ``phase``) issued on the cp
-    stream before the step's attention call (``call``, ``sdpa / cp`` seconds: an equal share of the
-    slowest cp rank's calls, each rated at its shape, :func:`meshplan.compute.ring_attention.slowest_rank`) and waited for after
-    it, before the next step: each exposes ``max(send - call, 0)``."""
-    for x in sends:
+    stream before the step's own work beside it (``call``: ``steps[i]``' first part, the step's
+    attention call at its shape and TE's kernels before the wait,
+    :func:`meshplan.compute.te_ring.te_rank`) and waited for after it, then the step's work
+    after the wait (``steps[i]``' second part: the backward's dK/dV accumulation into the received
+    buffer, the forward's output corrections after its last step): each exposes ``max(send -
+    beside, 0)``. ``sdpa``: the steps' seconds; any of them ``steps`` does not place (a call not
+    rated by step) is spread equally over the ``cp`` steps beside their sends."""
+    cp = s.w.cp
+    steps = steps or ((0.0, 0.0),) * cp
+    extra = (sdpa - sum(a + b for a, b in steps)) / cp
+    after_name = call.split(RING_CALL)[0] + RING_AFTER
+    for x, (beside, after) in zip(sends, steps):
         send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=[s.last])
-        s.compute(call, sdpa / s.w.cp)
+        s.compute(call, beside + extra)
         if send is not None:
             s.compute("K/V wait", 0.0, [send])
+        if after > 0:
+            s.compute(after_name, after)
 
 
-def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: float, wait: list) -> None:
+def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: float, wait: list,
+                  steps: tuple = (), replay_steps: tuple = ()) -> None:
     """A ring's attention core backward (:func:`ring_cp`): ``rest`` seconds of the core's backward
     off the steps (wo's input gradient, RoPE, a recomputed core's forward) first, after ``wait``,
     then the steps (``sdpa``: their seconds).
@@ -102,14 +119,14 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
     fp32 dK/dV shift to the next rank, waited for after the next call; the last one after the
     loop, exposed. TE's p2p ring (:func:`p2p_steps`): ``replay`` of ``rest``, the forward a
     selective recompute replays (Megatron-LM's checkpointed core attention), runs as its
-    forward's steps with their sends, then the backward's ``cp`` steps, each beside its send: K/V,
-    ``cp - 2`` K/V with dK/dV, dK/dV."""
+    forward's steps with their sends (``replay_steps``), then the backward's ``cp`` steps
+    (``steps``), each beside its send: K/V, ``cp - 2`` K/V with dK/dV, dK/dV."""
     cp, step = s.w.cp, sdpa / s.w.cp
     if p2p_cp(s):
         s.compute(name + " core B", rest - replay, wait)
         if replay > 0:
-            p2p_steps(s, name + RING_CALL, "backward", replay, p2p_sends(cp, "forward"))
-        p2p_steps(s, name + RING_CALL_B, "backward", sdpa, p2p_sends(cp, "backward"))
+            p2p_steps(s, name + RING_CALL, "backward", replay, p2p_sends(cp, "forward"), replay_steps)
+        p2p_steps(s, name + RING_CALL_B, "backward", sdpa, p2p_sends(cp, "backward"), steps)
         return
     s.compute(name + " core B", rest, wait)
     ring = s.comm("cp", "backward", "all-gather", "cp K/V all-gather", after=[s.last])
@@ -131,9 +148,12 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV), ``sdpa``, the
     part of ``core`` a cp ring runs as its steps (:data:`RING_OPS`), and ``replay``, the part a
     selective recompute replays in backward (``recompute`` None), which Transformer Engine's p2p
-    ring runs as its forward's steps. Op names from :mod:`meshplan.compute.ops`."""
+    ring runs as its forward's steps; ``steps`` and ``replay_steps``: the (beside, after) seconds
+    by step of those ring ops that carry them (:attr:`~meshplan.compute.ops.Op.steps`, TE's ring),
+    () where none does. Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
-    out = dict.fromkeys(("kv", "q", "core", "out", "sdpa", "replay"), 0.0)
+    out: dict = dict.fromkeys(("kv", "q", "core", "out", "sdpa", "replay"), 0.0)
+    out["steps"] = out["replay_steps"] = ()
     for o in c.ops:
         if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
             continue
@@ -146,7 +166,35 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
         out["sdpa"] += o.seconds if ring else 0.0  # not a recomputed core's forward before the backward's steps
         replayed = recompute is None and o.recompute and o.name.removesuffix(" (recompute)") in RING_OPS
         out["replay"] += o.seconds if replayed else 0.0
+        for key, on in (("steps", ring), ("replay_steps", replayed)):
+            if on and o.steps:
+                out[key] = _add_steps(out[key], o.steps)
     return out
+
+
+def step_seconds(parts: dict, which: str, cp: int) -> float:
+    """The seconds of one ring step a search bound may set beside each send (``which``: "sdpa"
+    or "replay" of :func:`cp_parts`' ``parts``): ``1/cp`` of them on torch's ring (equal steps);
+    on TE's (``parts`` has its steps) the longest step's part beside its send (:func:`p2p_steps`),
+    so that ``k max(send - step, 0)`` never exceeds the timeline's sum over the steps.
+
+    >>> step_seconds({"sdpa": 6.0, "steps": ()}, "sdpa", 3)
+    2.0
+    >>> step_seconds({"sdpa": 6.0, "steps": ((3.0, 0.5), (1.0, 0.0), (1.5, 0.0))}, "sdpa", 3)
+    3.0
+    """
+    steps = parts["steps" if which == "sdpa" else "replay_steps"]
+    if not steps:
+        return parts[which] / cp
+    extra = (parts[which] - sum(a + b for a, b in steps)) / cp
+    return max(a for a, _ in steps) + extra
+
+
+def _add_steps(a: tuple, b: tuple) -> tuple:
+    """Two ops' (beside, after) seconds by step (:attr:`~meshplan.compute.ops.Op.steps`) added."""
+    if not a:
+        return tuple(b)
+    return tuple((x[0] + y[0], x[1] + y[1]) for x, y in zip(a, b))
 
 
 def cp_attention_forward(s: StreamSim, name: str, cp: tuple, cp_phase: str, waits: list, tp_ov: list) -> None:
@@ -161,7 +209,7 @@ def cp_attention_forward(s: StreamSim, name: str, cp: tuple, cp_phase: str, wait
     :func:`meshplan.compute.kernel_time.qkv_fused_ops`) no Q projection runs apart: Transformer
     Engine's all-gather (``gather_along_first_dim`` in ``AttnFuncWithCPAndKVAllGather.forward``,
     blocking) follows the one GEMM and the core waits for it, nothing beside it."""
-    kv, q, core, out, sdpa = cp
+    kv, q, core, out, sdpa, steps = cp
     if s.w.fused_qkv and not ring_cp(s):  # Megatron-LM: one linear_qkv GEMM, then TE's blocking gather
         s.compute(name + " QKV proj", kv + q, waits)
         ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
@@ -171,7 +219,7 @@ def cp_attention_forward(s: StreamSim, name: str, cp: tuple, cp_phase: str, wait
     s.compute(name + " K/V proj", kv, waits)
     if ring_cp(s):
         s.compute(name + " Q proj", q)
-        ring_forward(s, name, cp_phase, core, sdpa)
+        ring_forward(s, name, cp_phase, core, sdpa, steps)
     else:
         ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
         s.compute(name + " Q proj", q)
@@ -193,10 +241,10 @@ def cp_attention_backward(s: StreamSim, name: str, cp: tuple, t_w_row: float, pr
     all-gather CP, :func:`meshplan.spec.axes.cp.cp_rows`) after wo's and the core's other
     gradients: a selective recompute's replayed attention (``replay`` seconds) after its own
     gather, then the attention backward (``sdpa``) after the gather TE's backward issues."""
-    core, q, kv, sdpa, replay = cp
+    core, q, kv, sdpa, replay, steps, replay_steps = cp
     ag = None
     if ring_cp(s):
-        ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre])
+        ring_backward(s, name, core - sdpa + t_w_row, sdpa, replay, [pre], steps, replay_steps)
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
         s.compute(name + " Q proj B", q)

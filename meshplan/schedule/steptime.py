@@ -41,7 +41,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.deepspeed_zero12 import check_schedule
-from meshplan.comm.pp_rows import boundary_seconds
+from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import flop_gap, sequence_model_flops, torchtitan_flops_per_token, torchtitan_peak_flops
 from meshplan.errors import ConfigError
@@ -90,12 +90,13 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=boundary_p2p_s(plan, comms),
+    p2p_s, p2p_link = boundary_p2p_s(plan, comms)
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
                         **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, **mode._asdict(),
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -123,10 +124,15 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
     hw, gap = _executed_flops(chunks, m, plan.world, p)
     t = cfg.training
+    model_total = _sequence_flops(cfg.model, t.seq_len) * t.global_batch
+    if t.moe_hottest_expert_share and hw - model_total - sum(gap.values()) > 0:
+        # every rank's expert GEMMs are the busiest ep rank's (compute.shapes: the hottest expert's
+        # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
+        gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = _step_notes(plan, comms, schedule, runs, mr, run_s)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
-                    _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
+                    model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
                     recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
@@ -135,19 +141,24 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     *_torchtitan_terms(cfg))
 
 
-def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "float | tuple[float, ...]":
-    """Seconds of one pp send across each stage boundary (:attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`):
-    each boundary's pairs on their own path at the size of the tables' send/recv rows
+def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
+    """(seconds of one pp send across each stage boundary, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`;
+    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`): each
+    boundary's pairs on their own path at the size of the tables' send/recv rows
     (:func:`meshplan.comm.pp_rows.boundary_seconds`: NVLink where the two stages share a node, the
-    sender's NIC where not), plus the tp all-gather rebuilding a receive under Megatron-LM's
-    scatter/gather (``p2p_gather_s``, the same at every boundary); one value when every boundary
-    takes the same (then the simulation's one-value path), 0 at pp 1."""
+    sender's NIC where not; :func:`meshplan.comm.pp_rows.boundary_links`), plus the tp all-gather
+    rebuilding a receive under Megatron-LM's scatter/gather (``p2p_gather_s``, the same at every
+    boundary); one value and no links when every boundary takes the same time on the same link
+    (then the simulation's one-value path), 0 at pp 1."""
     sizes = [r.size_bytes for r in plan.collectives[table_key(0)] if comm_kind(r) == "pp"]
     if len(comms) < 2 or not sizes:
-        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0)
+        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), ()
     gather = max(c.p2p_gather_s for c in comms)
     times = [t + gather for t in boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, max(sizes)).tolist()]
-    return times[0] if len(set(times)) == 1 else tuple(times)
+    links = tuple(boundary_links(plan.mesh, plan.placement).tolist())
+    if len(set(times)) == 1 and len(set(links)) == 1:
+        return times[0], ()
+    return tuple(times), links
 
 
 def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
@@ -180,6 +191,12 @@ def _check_schedule(training, schedule: str, p: int, m: int, v: int, runs: int) 
     bad = run_reasons(schedule, p, m, v, runs, training.framework)
     if bad:
         raise ConfigError("mesh.pp_schedule", bad[0])
+
+
+#: HFU above MFU's cause under ``training.moe_hottest_expert_share``: the step times every rank as
+#: the busiest ep rank (its hottest expert's rows, :func:`meshplan.compute.shapes.layer_gemms`), the
+#: model FLOP count balanced routing.
+HOT_EXPERT_GAP = "the busiest ep rank's extra expert rows (moe_hottest_expert_share, every rank timed as it)"
 
 
 def _executed_flops(chunks: list[list[ChunkCosts]], m: int, world: int, p: int) -> tuple[float, dict[str, float]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.comm import deepep, fsdp2
+from meshplan.comm.pp_rows import boundary_seconds
 from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
@@ -17,6 +18,7 @@ from meshplan.compute.ops import float8_gemms
 from meshplan.compute.routing import RoutingOptions, a2a_rows, routed_tokens
 from meshplan.config import Config
 from meshplan.mesh.tpsplit import expert_shard_dim, experts_apart_degrees, local_heads, padded_numel
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.search.memory import Tables, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.search.time_tables import TimeTables, coll_times
@@ -24,6 +26,7 @@ from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
+from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
 
 
@@ -31,13 +34,42 @@ def p2p_bound(tt: TimeTables, c: Candidates, size: np.ndarray) -> np.ndarray:
     """Seconds of one pp send/recv of ``size`` bytes per candidate, at most every boundary's
     simulated transfer (each on its own pairs' path, :func:`meshplan.comm.pp_rows.boundary_seconds`):
     where the pp stride (dp x cp x tp ranks) is below the NVLink domain, stages 0 and 1 of rank 0's
-    group share it, so the bound takes a pair on NVLink (2 ranks 1 apart), the fastest boundary's;
-    else every boundary crosses nodes and the pp axis's path (each rank its own NIC share) is the
+    group share it and the boundaries differ: the fastest of them, timed as the step times them
+    (:func:`_fastest_boundary`; not the NVLink pair's alone: below about 1 MiB the measured NVLink
+    p2p curve is slower than a NIC pair, 22.7 us against 20.4 us at 512 KiB on dgx-h100); else
+    every boundary crosses nodes and the pp axis's path (each rank its own NIC share) is the
     pairs'."""
     stride = c.dpr * c.dps * c.cp * c.tp
     near = (c.pp > 1) & (stride < tt.domain_gpus) & (tt.world % 2 == 0)
-    return np.where(near, coll_times(tt, "send/recv", np.where(near, 2, 1), size, np.ones_like(stride)),
-                    coll_times(tt, "send/recv", np.where(near, 1, c.pp), size, stride))
+    far = coll_times(tt, "send/recv", np.where(near, 1, c.pp), size, stride)
+    if not near.any():
+        return far
+    pp, size, stride = (np.broadcast_to(np.asarray(x, dtype=np.int64), near.shape) for x in (c.pp, size, stride))
+    keys = [np.where(near, pp, 1), np.where(near, size, 0), np.where(near, stride, 1)]
+    fast = lookup(keys, lambda p, b, st: {"t": _fastest_boundary(tt, p, b, st) if p > 1 else 0.0}, ("t",),
+                  dtype=np.float64)["t"]
+    return np.where(near, fast, far)
+
+
+def _fastest_boundary(tt: TimeTables, pp: int, size: int, stride: int) -> float:
+    """The fastest stage boundary's send/recv of ``size`` bytes, seconds, with pp outermost (stage
+    s on ranks s x stride ..): :func:`meshplan.comm.pp_rows.boundary_seconds` on the search's
+    placement, every boundary (the looped schedules' wrap too)."""
+    outer = tt.world // (pp * stride)
+    mesh = resolved_mesh(MeshSpec(names=["outer", "pp", "inner"], shape=[outer, pp, stride]), tt.world)
+    return float(boundary_seconds(mesh, tt.placement, tt.cfg.cluster, size).min())
+
+
+def p2p_links_apart(tt: TimeTables, c: Candidates) -> np.ndarray:
+    """Per candidate, whether its pp boundaries may take different links (some on NVLink, some
+    through the NIC): the pp stride below the NVLink domain (stages 0 and 1 of rank 0's group share
+    a node) while the world spans more than one domain (pp outermost: a later boundary crosses).
+    There a blocking call's transfers through different links run at once
+    (:func:`meshplan.pipeline.rendezvous.call_seconds`): one that sends (or receives) ``k``
+    transfers takes at least ``ceil(k / 2)`` of the fastest boundary's (its busier link carries at
+    least half of them), not ``k`` (:func:`meshplan.search.pipeline.hold_loads`)."""
+    stride = c.dpr * c.dps * c.cp * c.tp
+    return (c.pp > 1) & (stride < tt.domain_gpus) & (tt.world > tt.domain_gpus)
 
 
 def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:

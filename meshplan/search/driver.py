@@ -227,7 +227,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     finally:
         pool.close()
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, ranking.tiered_past, ranking.safer),
+                        wall_s, notes, clock.laps, _explanation(cfg, c, est, top, fastest, usable, ranking.tiered_past,
+                                                                 ranking.safer),
                         mine, ranking.placed, ranking.variants, tiered_past=ranking.tiered_past,
                         safer=ranking.safer)
 
@@ -259,13 +260,14 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
 
 
 def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
-                 fastest: Optional[Exact], tiered_past: list[Exact],
+                 fastest: Optional[Exact], usable: float, tiered_past: list[Exact],
                  safer: Sequence[tuple[Exact, Exact]] = ()) -> Optional[Explanation]:
     """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
     simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
     listed the top before it, or the headroom tiers did (``tiered_past``, the tight rows the rule
     put first: :func:`_tier_words`; ``safer``, the meshes they show at a setting that keeps the
-    headroom, whose tight first setting may be the fastest: :func:`_safer_words`)."""
+    headroom, whose tight first setting may be the fastest: :func:`_safer_words`); ``usable``: the
+    bytes a GPU may hold (:func:`~meshplan.memory.constraints.usable_bytes`, computed once by the search)."""
     if len(top) < 2:
         return None
     a, b = top[0], top[1]
@@ -273,7 +275,7 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
         return None
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
-    criterion = _tier_words(cfg, c, a, tiered_past, top) or _safer_words(cfg, a, f, safer, top)
+    criterion = _tier_words(c, a, tiered_past, top, usable) or _safer_words(cfg, a, f, safer, top, usable)
     if not criterion and f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
         first, criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
                                   [a.peak_bytes, f.peak_bytes])
@@ -281,10 +283,10 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
                    fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion,
                    tiers=bool(tiered_past) or any(t.index == f.index for _, t in safer)
-                   or _tight_only(cfg, a, f, usable_bytes(cfg.cluster, cfg.training)))
+                   or _tight_only(cfg, a, f, usable))
 
 
-def _tier_words(cfg: Config, c: Candidates, a: Exact, past: list[Exact], top: list[Exact]) -> str:
+def _tier_words(c: Candidates, a: Exact, past: list[Exact], top: list[Exact], usable: float) -> str:
     """What placed the top ``a`` before the meshes the rule put first (``past``, tight), where the
     headroom tiers did: its free share against theirs, ``it keeps 57.7% of the usable memory free,
     row 2 (first by the order rule) 6.4%, under 15%``; where one is not a row shown (the tiers rank
@@ -293,7 +295,6 @@ def _tier_words(cfg: Config, c: Candidates, a: Exact, past: list[Exact], top: li
     moved none."""
     if not past:
         return ""
-    usable = usable_bytes(cfg.cluster, cfg.training)
     at = {e.index: k for k, e in enumerate(top, 1)}
     keeps, under = f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free", \
         f"under {ALLOCATOR_FRAGMENTATION:.0%}"
@@ -306,12 +307,11 @@ def _tier_words(cfg: Config, c: Candidates, a: Exact, past: list[Exact], top: li
     return f"{keeps}, row{'s' if len(past) > 1 else ''} {rows} (first by the order rule) {free}, {under}"
 
 
-def _safer_words(cfg: Config, a: Exact, fastest: Exact, safer, top: list[Exact]) -> str:
+def _safer_words(cfg: Config, a: Exact, fastest: Exact, safer, top: list[Exact], usable: float) -> str:
     """Where the fastest candidate is a mesh's tight first setting that the headroom tiers show at
     a setting keeping the headroom (``safer``: (shown, tight) pairs): ``it keeps 57.7% of the usable
     memory free, the fastest 6.4%, under 15% (its mesh is row 2, at its fastest setting that keeps
-    it)``; "" otherwise."""
-    usable = usable_bytes(cfg.cluster, cfg.training)
+    it)``; "" otherwise. ``usable``: bytes, as :func:`_explanation`'s."""
     keeps = (f"it keeps {1 - a.peak_bytes / usable:.1%} of the usable memory free, the fastest "
              f"{1 - fastest.peak_bytes / usable:.1%}, under {ALLOCATOR_FRAGMENTATION:.0%}")
     shown = next((s for s, t in safer if t.index == fastest.index), None)

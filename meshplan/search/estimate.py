@@ -17,6 +17,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.bounds import bounds
+from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.columns import Candidates, candidate_schedule
 from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
 from meshplan.search.memory import Tables, stage_layout, state
@@ -63,7 +64,7 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
             loads = schedule_call_loads(candidate_schedule(v), int(p), m, v, mode) if mode else None
             est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf,
                                                                        pipeline_window(cfg.training.framework, int(p)),
-                                                                       loads))
+                                                                       loads, p2p_links_apart(tt, g.take(sel))))
 
 
 def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:

@@ -134,7 +134,7 @@ class Explanation:
         is the fastest; else ``top's step 12.337 s is 0.089% longer than the fastest's (#4,
         12.326 s), within 1%: ...; against #2 (12.348 s, 0.089% longer than the top's): ...``
         (:func:`relative`: never a "0.00%")."""
-        parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
+        parts = self.parts_text(most)
         if not self.tie_listed_first:
             return f"{_shorter_words(self.shorter, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
@@ -150,6 +150,10 @@ class Explanation:
             return f"{head}; parts against #2: {parts}"
         runner = f"{self.runner_step_s:.3f} s, " + relative(self.faster, "the top's")
         return f"{head}; against #2 ({runner}): {parts}"
+
+    def parts_text(self, most: int = 3) -> str:
+        """The ``most`` parts that differ most, as :meth:`line` prints them (``no part differs``)."""
+        return ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
 
     def to_dict(self) -> dict:
         return {"top_step_s": self.top_step_s, "runner_up_step_s": self.runner_step_s,

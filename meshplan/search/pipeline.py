@@ -183,11 +183,24 @@ def schedule_call_loads(schedule: Schedule | str, p: int, m: int, v: int, mode: 
     return out
 
 
-def call_holds(cfg, c: Candidates, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def hold_loads(loads: np.ndarray, apart) -> np.ndarray:
+    """The multiples of the fastest boundary's transfer that calls of ``k`` = ``loads`` hold at least:
+    ``k`` through one link, ``ceil(k / 2)`` where the boundaries may take two
+    (``apart``, :func:`meshplan.search.comm_bounds.p2p_links_apart`; broadcast against ``loads``):
+    an NVLink transfer beside a NIC one takes the longer, not both.
+
+    >>> hold_loads(np.array([0.0, 1.0, 2.0]), False).tolist(), hold_loads(np.array([0.0, 1.0, 2.0]), True).tolist()
+    ([0.0, 1.0, 2.0], [0.0, 1.0, 1.0])
+    """
+    return np.where(apart, np.ceil(loads / 2), loads)
+
+
+def call_holds(cfg, c: Candidates, m: np.ndarray, apart=False) -> tuple[np.ndarray, np.ndarray]:
     """(the ``k`` of the calls between each stage's units summed, its trailing call's ``k``), per
     candidate and stage (candidates, pp), of candidates ``c`` of one pp degree with ``m``
     micro-batches each (:func:`schedule_call_loads`; zeros where no call blocks,
-    :func:`blocking_mode`). Times ``p2p_s`` they are seconds each stage's compute stream cannot
+    :func:`blocking_mode`); ``apart`` (per candidate): its boundaries may take two links, each
+    ``k`` then :func:`hold_loads`' ``ceil(k / 2)``. Times ``p2p_s`` they are seconds each stage's compute stream cannot
     run: before its last unit ends, and after it (the stage's run ends at its last unit plus the
     larger of its tail and that call's hold, :func:`meshplan.schedule.step_end.stage_run_end`)."""
     p = int(c.pp[0]) if len(c) else 1
@@ -201,7 +214,9 @@ def call_holds(cfg, c: Candidates, m: np.ndarray) -> tuple[np.ndarray, np.ndarra
             continue
         loads = schedule_call_loads(candidate_schedule(v, ps), p, mm, v, mode)
         rows = np.all(keys == (v, ps, mm), axis=1)
-        inner[rows], last[rows] = loads[:, 1:-1].sum(axis=1), loads[:, -1]
+        two = np.broadcast_to(np.asarray(apart), (len(c),))[rows][:, None]
+        inner[rows] = np.where(two, hold_loads(loads[:, 1:-1], True).sum(axis=1), loads[:, 1:-1].sum(axis=1))
+        last[rows] = np.where(two, hold_loads(loads[:, -1], True), loads[:, -1])
     return inner, last
 
 
@@ -253,14 +268,15 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
 
 
 def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, window: int = 0,
-                   loads: np.ndarray | None = None) -> np.ndarray:
+                   loads: np.ndarray | None = None, apart=False) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
     :func:`meshplan.search.layer_bounds.unit_bounds` ``u`` (module docstring); ``reshard``
     (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
     unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded); each
     chunk's last gradient unit gets ``b_red``. ``loads``: their blocking calls
     (:func:`schedule_call_loads`; None: asynchronous sends), each unit's call holding its stage
-    ``k x p2p`` after it (:func:`_walk`), the last one's beside the tail."""
+    ``k x p2p`` after it (:func:`_walk`), the last one's beside the tail; ``apart`` (per
+    candidate): its boundaries may take two links, ``k`` as :func:`hold_loads` takes it."""
     n, p = u["f_core"].shape
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
@@ -310,8 +326,11 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None, windo
     if loads is None:
         return (_walk(dag, dur, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
     p2p = np.asarray(u["p2p"], dtype=float).reshape(1, -1)  # (1, candidates)
-    hold = loads[:, 1:].reshape(-1)[dag.order][:, None] * p2p  # the call after each unit, by row
-    tail = np.maximum(u["tail"], loads[:, -1][None, :] * p2p.T)  # the last unit's tail or its call's hold
+    two = np.broadcast_to(np.asarray(apart), (n,))
+    k = loads[:, 1:].reshape(-1)[dag.order][:, None]
+    hold = hold_loads(k, two[None, :]) * p2p  # the call after each unit, by row
+    # the last unit's tail or its call's hold
+    tail = np.maximum(u["tail"], hold_loads(loads[:, -1][None, :], two[:, None]) * p2p.T)
     return (_walk(dag, dur, u["p2p"], hold) + tail + u["end"]).max(axis=1)
 
 

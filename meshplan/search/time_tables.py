@@ -20,7 +20,7 @@ from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
-from meshplan.schedule.ring_timeline import cp_parts
+from meshplan.schedule.ring_timeline import cp_parts, step_seconds
 from meshplan.search.memory import Tables, lookup
 from meshplan.search.space import RECOMPUTE
 from meshplan.spec.mesh import MeshSpec
@@ -85,7 +85,8 @@ class TimeTables:
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
         # per phase (not the weight gradients'), the timeline's split of the attention (ring_timeline.cp_parts),
         # taken once: "cpq" the Q projection (input gradient in backward), all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap; "cps" one of a ring's cp steps (SDPA call and ring kernels),
+        # (dK/dV reduce-scatter) may overlap; "cps" one of a ring's cp steps (SDPA call and ring kernels;
+        # TE's ring: its longest step beside a send, ring_timeline.step_seconds),
         # which torch's K/V all-gather and each dK/dV shift run beside; "cpr" one step of a selective
         # recompute's replayed core forward, which Transformer Engine's p2p ring runs as its forward's
         # steps, each beside a K/V send (ring_timeline.ring_backward). With the sequence unsplit (cp 1)
@@ -93,8 +94,9 @@ class TimeTables:
         for p, (ph, rec) in PHASES.items():
             if p == "bw":
                 continue
-            parts = cp_parts(cost, ph, rec) if cp > 1 else {"q": 0.0, "sdpa": 0.0, "replay": 0.0}
-            out.update({f"{p}_cpq": parts["q"], f"{p}_cps": parts["sdpa"] / cp, f"{p}_cpr": parts["replay"] / cp})
+            parts = cp_parts(cost, ph, rec) if cp > 1 else {"q": 0.0, "sdpa": 0.0, "replay": 0.0, "steps": (), "replay_steps": ()}
+            out.update({f"{p}_cpq": parts["q"], f"{p}_cps": step_seconds(parts, "sdpa", cp),
+                        f"{p}_cpr": step_seconds(parts, "replay", cp)})
         out.update(shared)
         return out
 

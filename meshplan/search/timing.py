@@ -67,7 +67,9 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   interleaved 1F1B: :func:`~meshplan.schedule.overlap_policy.p2p_mode`, one schedule run per step):
   a call a stage waits on holds it at least ``k x p2p`` after the unit before it, ``k`` its
   waited transfers sharing the link (the simulator's own calls,
-  :func:`meshplan.search.pipeline.call_holds`): the calls between a stage's units join
+  :func:`meshplan.search.pipeline.call_holds`; ``ceil(k / 2)`` where the boundaries may take
+  NVLink and the NIC, which run at once: :func:`~meshplan.search.comm_bounds.p2p_links_apart`):
+  the calls between a stage's units join
   ``busy_k``, the one after its last unit is at least beside its tail (the stage's run ends at
   the larger of the two, as ``step_time``'s).
 
@@ -100,6 +102,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.pipeline.unshard_window import pipeline_window
+from meshplan.search.comm_bounds import p2p_links_apart
 from meshplan.search.gather_passes import end_chunk_passes
 from meshplan.search.layer_bounds import unit_bounds
 from meshplan.search.memory import Stages
@@ -138,7 +141,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
     # blocking pipeline calls (torch's 1F1B, Megatron-LM's): each call between a stage's units holds
     # it k x p2p past the unit before (busy), the one after its last unit at least beside the tail
-    inner, after = call_holds(cfg, c, st.m[:, 0])
+    inner, after = call_holds(cfg, c, st.m[:, 0], p2p_links_apart(tt, c))
     busy = busy + inner * p2p
     tail = np.maximum(tail, after * p2p)
     first = f0 + ~empty0 * u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers

@@ -1,5 +1,5 @@
 """What a narrowed ``[search] cp`` hides when no candidate fits (newcomer trial 16: ``plan``'s
-``fix:`` line tries context parallelism, :func:`meshplan.plan_fix._cp_variant`, while the search's
+``fix:`` line tries context parallelism, :func:`meshplan.plan_fix_cp.cp_variant`, while the search's
 no-feasible-mesh fix never named it).
 
 Context parallelism splits the sequence over cp ranks, so each rank holds 1 / cp of a layer's

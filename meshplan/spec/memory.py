@@ -125,15 +125,27 @@ class MemoryOptions(BaseModel):
     - ``cross_entropy``: the loss's working set. ``megatron``: Megatron-Core's
       ``vocab_parallel_cross_entropy`` works in place on the logits (a compute-dtype copy
       only when ``logits_dtype`` differs) and its backward writes one logits gradient.
-      ``torch``: ``F.cross_entropy`` (``log_softmax`` + ``nll_loss``), out of place: in
-      forward the GEMM's logits live beside the kept log-softmax, and with tp > 1
-      (``loss_parallel()``, the decomposition in torch/distributed/tensor/parallel/loss.py)
-      also ``x - max`` and ``exp(x - max)``; in backward the nll gradient and the
-      log-softmax gradient live at once beside the kept log-softmax (tp > 1: the fused
-      ``(zeros_like(x) + exp(x)) * grad_output``, three logits-sized tensors), then one is
-      left for the upcast's backward to cast (:mod:`meshplan.memory.passes`); measured on an
-      H200 (benchmarks/gpu_h200 run 3): the head's peaks within 6 MB once the harness's own
-      held bytes are set aside.
+      ``torch``: eager ``F.cross_entropy(pred.float(), labels)`` (torchtitan 9dec370
+      ``train.py``; ``log_softmax`` + ``nll_loss``), out of place: in forward the GEMM's
+      compute-dtype logits, their fp32 ``.float()`` copy and the kept log-softmax live at
+      once, and with tp > 1 (``loss_parallel()``, the decomposition in
+      torch/distributed/tensor/parallel/loss.py) also ``x - max`` and ``exp(x - max)``; in
+      backward the nll gradient and the log-softmax gradient live at once beside the kept
+      log-softmax (tp > 1: the fused ``(zeros_like(x) + exp(x)) * grad_output``, three
+      logits-sized tensors), then one is left for the upcast's backward to cast
+      (:mod:`meshplan.memory.passes`). Measured with torch 2.13's profiler on CPU
+      (tests/test_loss_memory.py, every logits-sized allocation of forward and backward) and,
+      the backward, on an H200 (benchmarks/gpu_h200 run 3: the head's peaks within 6 MB once
+      the harness's own held bytes are set aside). ``compiled``: the same loss under
+      torch.compile (torchtitan's ``[compile] components`` with "loss"): AOTAutograd's
+      partition saves the compute-dtype logits themselves (and two fp32 values a token)
+      and its backward writes the compute-dtype logits gradient alone: no fp32 logits-sized
+      tensor either way (measured on CPU inductor, tests/test_loss_memory.py), so the loss
+      keeps ``training.compute_dtype`` logits whatever ``logits_dtype`` says. Default
+      ``megatron``; a torchtitan job TOML states ``torch`` or ``compiled`` (its ``[compile]``:
+      :mod:`meshplan.interop.torchtitan`). A native config under ``training.framework =
+      "torch"`` keeps the default unless it states the loss (not yet the framework's by default:
+      that moves the by-hand numbers of many tests, left for a later change).
     - ``sp_gathered_input``, ``unfused_norm``, ``kv_expanded``: activation variants of
       an implementation, all False for Megatron-Core (Korthikanti Table 2); True for what
       torch keeps for a DTensor SP Llama (all-gathered GEMM inputs), for ``rms_norm`` on CPU
@@ -186,7 +198,7 @@ class MemoryOptions(BaseModel):
     optimizer_temp_states: Optional[float] = Field(default=None, ge=0, le=BOUNDS["optimizer_temp_states"].value)
     logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     dropout: bool = False
-    cross_entropy: Literal["megatron", "torch"] = "megatron"
+    cross_entropy: Literal["megatron", "torch", "compiled"] = "megatron"
     sp_gathered_input: bool = False
     unfused_norm: bool = False
     kv_expanded: bool = False
@@ -232,6 +244,16 @@ class MemoryOptions(BaseModel):
         False
         """
         return self.fused_glu if self.fused_glu is not None else training.framework == "megatron"
+
+    def loss_logits_dtype(self, training: TrainingSpec) -> str:
+        """The dtype of the logits the loss keeps for backward: ``logits_dtype``, or the compute
+        dtype under a compiled loss (class docstring, ``cross_entropy``).
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16)
+        >>> MemoryOptions().loss_logits_dtype(t), MemoryOptions(cross_entropy="compiled").loss_logits_dtype(t)
+        ('fp32', 'bf16')
+        """
+        return training.compute_dtype if self.cross_entropy == "compiled" else self.logits_dtype
 
     @property
     def variants(self) -> dict[str, bool]:

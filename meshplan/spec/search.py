@@ -25,6 +25,8 @@ Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
 #: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
 SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
+#: The frameworks a search plans under (:data:`meshplan.search.frameworks.FRAMEWORKS`, ``[search] frameworks``).
+SearchedFramework = Literal["torch", "megatron", "deepspeed", "megatron_deepspeed"]
 
 
 def _all_recompute() -> list[Recompute]:
@@ -131,6 +133,10 @@ class SearchOptions(BaseModel):
       :func:`meshplan.pipeline.registry.check_searched`, at the search's start).
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
+    - ``frameworks``: search under these frameworks' runtimes in place of ``training.framework`` and
+      its engines (``torch``, ``megatron``, ``deepspeed``, ``megatron_deepspeed``:
+      :mod:`meshplan.search.frameworks`), several ranked in one table (``search --framework``, which
+      replaces it; default unset: the config's own).
     - ``headroom_tier``: rank the meshes that keep under 15% of the usable memory free at every
       setting (while ``[memory] fragmentation_fraction`` is below it) after the meshes that keep it,
       each at its first such setting, each tier by the order rule applied to its own settings, the
@@ -201,6 +207,7 @@ class SearchOptions(BaseModel):
     pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: list[SearchedSchedule](["1f1b"]))
     max_tp: Optional[int] = Field(default=None, gt=0, le=BOUNDS["world"].value)
     top: int = Field(default=10, gt=0, le=BOUNDS["top"].value)
+    frameworks: Optional[list[SearchedFramework]] = Field(default=None, min_length=1)
     headroom_tier: bool = True
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
     exact_min: int = Field(default=1, gt=0, le=BOUNDS["exact_min"].value)

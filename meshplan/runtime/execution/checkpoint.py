@@ -273,7 +273,14 @@ def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]
     becomes a DTensor on the (other dims, ep, efsdp) mesh placed ``Shard(0)`` over ep, then
     its own placement over efsdp (``Shard(0)``: rows ``ep_index x E/ep + efsdp_index x
     E/ep/efsdp`` of the ``E``-row tensor; ``Shard(1)`` past efsdp x ep > experts: this ep
-    rank's ``E/ep`` rows, its efsdp slice of dim 1). The local tensors are shared (no copy), so a ``dcp.load`` into the
+    rank's ``E/ep`` rows, its efsdp slice of dim 1). At efsdp 1 FSDP2 leaves the experts out
+    (plain tensors, ``ignored_params``): every ep rank then saved the same key at offset 0 and
+    DCP kept one rank's experts (``meshplan validate`` at dp_shard 8 x ep 8, world 8: 3.2-6.0 MB
+    written per rank against 16.0 MB). Each becomes a DTensor ``Shard(0)`` on the 1-D ep mesh,
+    the experts as torchtitan holds them at efsdp 1 (``torchtitan/distributed/expert_parallel.py``
+    ``ExpertParallel._partition_fn``: ``distribute_tensor(param, ep_mesh, [Shard(0)])``, FSDP2
+    adding efsdp only when it is > 1); 0-dim states (AdamW's ``step``) stay as they are. The
+    local tensors are shared (no copy), so a ``dcp.load`` into the
     returned dicts loads the model's and the optimizer's own tensors. Without ep > 1: the
     dicts unchanged."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -286,6 +293,10 @@ def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]
     meshes: dict = {}
 
     def convert(v):
+        if isinstance(v, torch.Tensor) and not isinstance(v, DTensor) and v.dim() > 0:  # efsdp 1: ep alone
+            shape = torch.Size((v.shape[0] * ep,) + tuple(v.shape[1:]))
+            stride = torch.empty(shape, device="meta").stride()
+            return DTensor.from_local(v, edm["ep"], [Shard(0)], run_check=False, shape=shape, stride=stride)
         if not isinstance(v, DTensor) or "efsdp" not in (v.device_mesh.mesh_dim_names or ()):
             return v
         key = tuple(v.device_mesh.mesh_dim_names)

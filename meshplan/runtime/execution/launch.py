@@ -254,10 +254,11 @@ def diagnose(outcome: RunOutcome, folder: Path, timeout_s: float, pg_timeout_s: 
         failed = [r for r in behind if keys[r] < ahead] or behind
         how = (f"the wall-clock limit of {timeout_s:g} s" if outcome.timed_out
                else f"the process-group timeout ({pg_timeout_s:g} s) in ranks {timeouts}")
-        parts.append(f"the run stalled and was ended by {how}; " + (
+        parts.append(f"the run was ended by {how}; " + (
             f"rank(s) {failed} hung: last at {_where(st[failed[0]])} while others reached "
             f"{max((_where(s) for s in st.values() if s and _key(s) == ahead), default='?')}"
-            if failed and keys[failed[0]] < ahead else "no rank is behind the others (all at the same point)"))
+            if failed and keys[failed[0]] < ahead else "no rank is behind the others (all at the same point: still "
+            "progressing, or all waiting on one collective); if the ranks were progressing, give a larger --timeout-s"))
     elif errors:
         first = root[0] if root and root[0] in errors else min(errors)
         failed = [first]

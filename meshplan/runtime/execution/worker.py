@@ -1,6 +1,7 @@
 """The per-rank program of ``meshplan validate``: torchrun starts one per rank.
 
-``python -m meshplan.runtime.execution.worker --plan-json PLAN --out DIR [--steps 3]``
+``python -m meshplan.runtime.execution.worker --plan-json PLAN --out DIR [--steps 3]``, or
+``--jobs FILE``: several such argument lists (same world) run in turn in one launch (:func:`parse_jobs`).
 
 1. ``init_process_group`` (gloo on CPU, NCCL when CUDA is present) with ``--pg-timeout-s``
    on every group (DeviceMesh's sub-groups do not inherit the world group's timeout, so the
@@ -101,15 +102,21 @@ class Status:
 
 
 def _init(timeout_s: float) -> str:
-    """Process group with ``timeout_s`` on every group; returns the device type."""
+    """Process group with ``timeout_s`` on every group; returns the device type. In a later job of
+    a ``--jobs`` launch the process group exists: only the timeout of the groups still to be made
+    (this job's DeviceMesh) is set."""
     import torch.distributed.distributed_c10d as c10d
 
     # new_group() (used by DeviceMesh for every sub-group) takes _get_default_timeout(backend),
     # not the world group's timeout: set that default so a hung peer ends every group's wait.
     c10d.default_pg_timeout = timedelta(seconds=timeout_s)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = torch.cuda.is_available()
+    if cuda:
         c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
+    if dist.is_initialized():
+        return "cuda" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s))
         return "cuda"
     dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
@@ -294,10 +301,21 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    die_with_parent()  # a torchrun killed from outside takes this rank with it
-    args = parse_args(argv)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+def parse_jobs(argv=None) -> list[argparse.Namespace]:
+    """The jobs of one launch: ``--jobs FILE``, a JSON list of argument lists (each one job's
+    :func:`parse_args` arguments: several planned configs of the same world run in turn on one
+    process group, one torch import and rendezvous for all), or one job's arguments."""
+    ap = argparse.ArgumentParser(add_help=False)
+    ap.add_argument("--jobs", default="")
+    known, rest = ap.parse_known_args(argv)
+    if not known.jobs:
+        return [parse_args(rest)]
+    return [parse_args([str(a) for a in job]) for job in json.loads(Path(known.jobs).read_text())]
+
+
+def run_job(args) -> int:
+    """:func:`run` of one job; an exception is written to this rank's ``status.json`` (state
+    ``error``, where it happened) and printed; returns the exit code (0 or 1)."""
     rank = int(os.environ.get("RANK", "0"))
     status = Status(Path(args.out) / f"rank{rank}", rank)
     try:
@@ -313,6 +331,19 @@ def main(argv=None) -> int:
         status.set(status.step, status.phase, state="error", error=first)
         traceback.print_exc()
         return 1
+
+
+def main(argv=None) -> int:
+    """Run the jobs (:func:`parse_jobs`) in order; the first that fails ends the launch (its
+    peers may be waiting in a collective): the later jobs write no status, "did not start"."""
+    die_with_parent()  # a torchrun killed from outside takes this rank with it
+    jobs = parse_jobs(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    try:
+        for job in jobs:
+            if run_job(job):
+                return 1
+        return 0
     finally:
         if dist.is_initialized():
             with contextlib.suppress(Exception):

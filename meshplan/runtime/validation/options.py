@@ -5,6 +5,7 @@ limits, faults to inject, multi-host rendezvous) and the check of a multi-host r
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -28,7 +29,7 @@ class Options:
     vocab: int = 512
     micro_batches: Optional[int] = None  # None: the fewest the schedule runs (micro_batches_for)
     steps: int = 3
-    timeout_s: float = 120.0
+    timeout_s: Optional[float] = None  # None: world_timeout_s's default, scaled with ranks per core
     pg_timeout_s: Optional[float] = None  # None: timeout_s / 2
     fail_rank: int = -1
     hang_rank: int = -1
@@ -74,3 +75,28 @@ def check_hosts(opt: Options) -> None:
         if w % opt.nnodes:
             raise ConfigError(opt.world_option, f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
                               "processes per host)")
+
+
+#: validate's wall-clock limit per world up to :data:`RANKS_PER_CORE` ranks per core, s.
+BASE_TIMEOUT_S = 120.0
+#: Ranks per core up to which :data:`BASE_TIMEOUT_S` holds (validate's own time-sharing note).
+RANKS_PER_CORE = 4
+
+
+def world_timeout_s(opt: "Options", world: int, cores: Optional[int] = None) -> tuple[float, str]:
+    """(seconds, how) of one world's wall-clock limit: ``opt.timeout_s`` when given, else
+    120 s x max(1, world / (4 x cores)): ranks time-share the cores, so a run's time grows with
+    the ranks per core. Measured on 2 cores (newcomer nc33, deepseek-v2-lite scaled to 2
+    layers): world 8 (4 per core) ran 80.3 s, world 16 (8 per core) 137.5 s, past the old fixed
+    120 s, which ended it as a stall; the rule gives 120 and 240 s.
+
+    >>> world_timeout_s(Options(), 16, cores=2)[0], world_timeout_s(Options(), 8, cores=2)[0]
+    (240.0, 120.0)
+    """
+    if opt.timeout_s is not None:
+        return opt.timeout_s, "--timeout-s"
+    cores = cores or len(os.sched_getaffinity(0))
+    scale = max(1.0, world / (RANKS_PER_CORE * cores))
+    how = (f"default {BASE_TIMEOUT_S:g} s x {world} ranks / ({RANKS_PER_CORE} x {cores} cores); --timeout-s sets it"
+           if scale > 1 else f"default for up to {RANKS_PER_CORE} ranks per core; --timeout-s sets it")
+    return BASE_TIMEOUT_S * scale, how

@@ -59,7 +59,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -75,7 +75,7 @@ from meshplan.runtime.testbed.run import run_on_testbed
 from meshplan.runtime.validation import host
 from meshplan.runtime.validation.coverage import everywhere, not_exercised
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
-from meshplan.runtime.validation.options import Options, check_hosts
+from meshplan.runtime.validation.options import Options, check_hosts, world_timeout_s
 from meshplan.runtime.validation.probe import curve_spec, probe_spec
 from meshplan.runtime.validation.refusals import refusals, runtime_refusals
 from meshplan.runtime.validation.scaling import scale_config
@@ -121,8 +121,50 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
     """:func:`run_world` with this host's plan, GEMM table, probe spec and torchrun log in
     ``work`` (``folder`` on node 0, a local folder on the others: node 0 may still be
     clearing ``OUT``); the workers write their ``rank<r>/`` into ``folder``."""
+    prep = prepare_world(config, world, opt, folder, work, echo)
+    if isinstance(prep, dict):  # infeasible or not runnable: nothing to launch
+        return prep
+    before = host.state()
+    nic_bytes = None
+    if opt.testbed:
+        outcome, nic_bytes = run_on_testbed(opt.testbed, world, prep.argv, folder, prep.limit_s,
+                                            env={"PYTHONPATH": _pythonpath()})
+    else:
+        outcome = run_torchrun(world, prep.argv, work / "torchrun.log", prep.limit_s,
+                               env={"PYTHONPATH": _pythonpath()}, rdzv=opt.rendezvous)
+    if work != folder:  # another host: its log beside node 0's evidence; node 0 compares
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work / "torchrun.log", folder / f"torchrun-node{opt.node_rank}.log")
+        return {"world": world, "notes": prep.notes, "ok": outcome.ok, "stage": "run",
+                "returncode": outcome.returncode, "timed_out": outcome.timed_out,
+                "message": f"node {opt.node_rank}: torchrun exited "
+                f"{'at the time limit' if outcome.timed_out else outcome.returncode}; node 0 compares the run with "
+                f"the plan in {folder}"}
+    return finish_world(prep, opt, outcome, before, nic_bytes)
+
+
+@dataclass
+class Prepared:
+    """One world ready to launch: the scaled ``plan``, its measured GEMM ``table``, the worker's
+    ``argv`` (module first), the scaling ``notes``, the process-group timeout (s), the evidence
+    ``folder`` the ranks write into, the wall-clock ``limit_s`` (s,
+    :func:`~meshplan.runtime.validation.options.world_timeout_s`)."""
+
+    world: int
+    plan: object
+    table: object
+    argv: list[str]
+    notes: list[str]
+    pg_timeout_s: float
+    folder: Path
+    limit_s: float
+
+
+def prepare_world(config: Config, world: int, opt: Options, folder: Path, work: Path, echo) -> "Prepared | dict":
+    """Steps 1-3 of the module docstring for one world: scale, plan (``work/plan.json``), time the
+    plan's GEMMs (``work/gemm_table.json``) and the probe specs; a result dict instead when the
+    scaled plan is infeasible or the runtime cannot build it."""
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
-    from meshplan.runtime.validation.evidence import compare_world, write_world_evidence
 
     cfg, notes = scale_config(config, world, opt)
     if opt.rendezvous is not None:
@@ -141,13 +183,13 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
     if why:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
     share = min(1.0, len(os.sched_getaffinity(0)) / world)
-
     table, rows = measure_gemms(plan, share)
     if cfg.training.flash_attention:
         att, att_rows = measure_attention(plan, share)
         table, rows = replace(table, attention=att), rows + att_rows
     write_json_atomic(work / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
-    pg_timeout = opt.pg_timeout_s or max(5.0, opt.timeout_s / 2)
+    limit, how = world_timeout_s(opt, world)
+    pg_timeout = opt.pg_timeout_s or max(5.0, limit / 2)
     argv = ["meshplan.runtime.execution.worker", "--plan-json", str(work / "plan.json"), "--out", str(folder),
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
@@ -158,24 +200,20 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
             write_json_atomic(work / "curve_spec.json", curve_spec(plan))
             argv += ["--curve-spec", str(work / "curve_spec.json")]
     here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
-    echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
-    before = host.state()
-    nic_bytes = None
-    if opt.testbed:
-        outcome, nic_bytes = run_on_testbed(opt.testbed, world, argv, folder, opt.timeout_s,
-                                            env={"PYTHONPATH": _pythonpath()})
-    else:
-        outcome = run_torchrun(world, argv, work / "torchrun.log", opt.timeout_s,
-                               env={"PYTHONPATH": _pythonpath()}, rdzv=opt.rendezvous)
-    if work != folder:  # another host: its log beside node 0's evidence; node 0 compares
-        folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(work / "torchrun.log", folder / f"torchrun-node{opt.node_rank}.log")
-        return {"world": world, "notes": notes, "ok": outcome.ok, "stage": "run", "returncode": outcome.returncode,
-                "timed_out": outcome.timed_out, "message": f"node {opt.node_rank}: torchrun exited "
-                f"{'at the time limit' if outcome.timed_out else outcome.returncode}; node 0 compares the run with "
-                f"the plan in {folder}"}
+    echo(f"  torchrun: {world} ranks{here}, limit {limit:g} s ({how}; process-group timeout {pg_timeout:g} s)")
+    return Prepared(world, plan, table, argv, notes, pg_timeout, folder, limit)
+
+
+def finish_world(prep: Prepared, opt: Options, outcome, before: dict, nic_bytes=None) -> dict:
+    """Steps 5-6 for one world after its launch (``outcome``, :class:`~meshplan.runtime.execution.launch.RunOutcome`;
+    ``before``: :func:`meshplan.runtime.validation.host.state` before it): the fault report when a
+    rank did not finish, else the comparison, written into ``prep.folder``; returns the world's result."""
+    from meshplan.runtime.execution.worker import write_json as write_json_atomic
+    from meshplan.runtime.validation.evidence import compare_world, write_world_evidence
+
+    world, folder = prep.world, prep.folder
     host_record = host.verdict(world, before, host.state())
-    result = {"world": world, "notes": notes, "host": host_record,
+    result = {"world": world, "notes": prep.notes, "host": host_record,
               "elapsed_s": round(outcome.elapsed_s, 2),
               "returncode": outcome.returncode, "timed_out": outcome.timed_out, "leftover_pids": outcome.leftover_pids}
     if nic_bytes is not None:
@@ -184,7 +222,7 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
                json.loads((folder / f"rank{r}" / "status.json").read_text()).get("state") == "done"
                for r in range(world))
     if not (outcome.ok and done):
-        fault = diagnose(outcome, folder, opt.timeout_s, pg_timeout)
+        fault = diagnose(outcome, folder, prep.limit_s, prep.pg_timeout_s)
         missing = [r for r in range(world) if not (folder / f"rank{r}").exists()]
         if opt.rendezvous is not None and missing:
             fault["message"] += (f" No rank<r>/ folders for ranks {missing} in {folder}: --out must be a folder "
@@ -192,10 +230,9 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
         result.update(ok=False, stage="run", message=fault["message"], fault=fault)
         write_json_atomic(folder / "comparison.json", result)
         return result
-    comp = compare_world(plan, folder, table, opt.tolerance, opt.checkpoint_bytes_per_s)
+    comp = compare_world(prep.plan, folder, prep.table, opt.tolerance, opt.checkpoint_bytes_per_s)
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
-
-        comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
+        comp["predicted_vs_measured"] += nic_rows(prep.plan, folder, nic_bytes)
     host.mark(comp["predicted_vs_measured"], host_record)
     result.update(ok=comp["ok"], stage="compare", message=comp["message"], comparison=comp)
     write_world_evidence(folder, result)
@@ -220,7 +257,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     to ``out`` at the end: an interrupted run (Ctrl-C, SIGTERM) leaves no partial folder."""
     if not opt.worlds or any(w < 1 for w in opt.worlds):
         raise ConfigError(opt.world_option, f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
-    if opt.timeout_s <= 0:
+    if opt.timeout_s is not None and opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
     check_hosts(opt)
     errors = refusals(config, opt)  # every stage must scale, and the runtime must build it, before anything runs
@@ -235,9 +272,11 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
     return code, results
 
 
-def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, list[dict]]:
+def _run_worlds(config: Config, opt: Options, out: Path, echo, run_one=None) -> tuple[int, list[dict]]:
     """The worlds of :func:`validate` into the evidence folder ``out`` (a temporary one
-    renamed at the end on one host; across hosts the shared ``OUT``)."""
+    renamed at the end on one host; across hosts the shared ``OUT``); each world's result from
+    ``run_one(config, world, opt, out, echo)`` (default :func:`run_world`; a batch of configs
+    sharing one launch passes its results: :mod:`meshplan.runtime.validation.batch`)."""
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
     from meshplan.runtime.validation.summary import write_summary
 
@@ -248,7 +287,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
         if w > 4 * cores and not opt.testbed:
             echo(f"  note: {w} ranks on {cores} cores ({w / cores:g} per core): every rank time-shares a core; "
                  "start-up alone takes tens of seconds and step times are dominated by scheduling")
-        results.append(run_world(config, w, opt, out, echo))
+        results.append((run_one or run_world)(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
         for gap in results[-1]["not_exercised"]:
             echo(f"  {gap['line']}")

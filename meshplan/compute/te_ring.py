@@ -1,0 +1,191 @@
+"""Transformer Engine's p2p ring attention (Megatron-LM's ``--cp-comm-type p2p``,
+:func:`meshplan.compute.ring_attention.te_ring`) on one cp rank, step by step: each step's
+attention call at its own shape and the correction kernels TE runs around it, as (beside, after)
+seconds per step (:class:`TeRank`), which the rank timeline runs beside the step's send and after
+its wait (:func:`meshplan.schedule.ring_timeline.p2p_steps`).
+
+Source: NVIDIA/TransformerEngine d0067d0,
+``transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py``,
+``AttnFuncWithCPAndKVP2P``, bf16 (fp8 off), causal, ``bshd``/``sbhd``, load-balanced halves.
+Sizes on the rank (``L = s / cp`` tokens): ``rows = b x q heads x L`` (the fp32 ``softmax_lse``
+rows), ``n_o = rows x d_v`` (the output), ``n_dq = rows x d_qk`` (dQ), ``n_k``, ``n_v``: K and V at
+the KV heads (TE takes them as they are, no GQA repeat).
+
+Forward (lines 1698-2030): step ``i`` issues the K/V send, then its call: ``i == 0`` the causal
+``L x L`` diagonal, ``i <= rank`` ``L x L/2``, else ``L/2 x L``
+(:func:`meshplan.compute.ring_attention.ring_calls`). At iteration ``i >= 1`` the softmax_lse
+correction of step ``i - 1`` runs on the other flash stream (lines 1913-1968): ``i = 1`` a clone
+(8 B a row), later ``flash_attn_fwd_softmax_lse_correction`` (read both, write one: 12 B a row) at
+``i - 1 <= rank``, its second-half form on half the rows (6 B a row) above; the last one (step
+``cp - 1``) after the loop's last call. After the loop (lines 1980-2025), the output corrections:
+``flash_attn_fwd_out_correction_init`` (read step 0's bf16 output, write ``out``, read two lse rows:
+``4 n_o + 8 rows``), ``flash_attn_fwd_out_correction`` at ``i <= rank`` (read ``out`` and the step's
+output, write ``out``: ``6 n_o + 8 rows``), the second-half form above (``3 n_o + 4 rows``);
+``out`` is bf16 (``.to(out_init_step.dtype)``), so ``out.to(fwd_nominal_dtype)`` copies nothing.
+Each function is ``@jit_fuser`` (``transformer_engine/pytorch/jit.py`` lines 40-42: ``torch.compile``
+on torch 2): one kernel. Before step 0 ``torch.cat((k.view(-1), v.view(-1)))`` (line 1690): ``4 (n_k + n_v)``.
+
+Backward (lines 2460-2811): the steps reversed, ``j = cp - 1 - rank``: step ``i < j`` the ``L/2 x
+L`` call, ``j <= i < cp - 1`` ``L x L/2``, ``i = cp - 1`` the diagonal; at each the send is issued
+before the call, dQ accumulated after it, then the receive waited for and the received dK/dV
+(bf16, ``kv.dtype``) accumulated with the step's (eager ``copy_``/``add_``, one kernel each; an
+add reads two and writes one: 6 B an element, a copy 4 B). dQ (lines 2643-2690): ``i > j`` the
+whole added (``6 n_dq``); ``i == j`` copied whole at rank ``cp - 1`` (``4 n_dq``), else half
+copied and half added (``2 n_dq`` + ``3 n_dq``, two kernels); ``0 < i < j`` the second half added
+(``3 n_dq``), ``i = 0`` copied (``2 n_dq``). dK and dV each (lines 2721-2811): ``i = cp - 1`` added
+(``6 n``), at rank 0 half added and half copied (``3 n`` + ``2 n``); ``j <= i < cp - 1`` the first
+half added (``3 n``), copied at ``i = 0`` (rank ``cp - 1``: ``2 n``); ``0 < i < j`` added
+(``6 n``); ``i = 0`` copied (``4 n``). Before the loop ``p2p_comm_buffers[0][0].copy_(kv)`` (line
+2401): ``4 (n_k + n_v)``.
+
+The lse corrections run on the flash stream the next call does not use, so they may overlap that
+call; they are counted in the step beside its send (each at the issue floor: a pessimistic few
+microseconds a step). Each kernel is timed by :func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's
+Triad bandwidth, never below the issue floor), each call floored by
+:func:`~meshplan.compute.kernel_time.issue_floor`. The rank counted is the one whose calls and
+kernels take longest (every layer's ring holds the ranks together), the lowest on a tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from meshplan.compute.kernel_time import issue_floor, memory_op_seconds
+from meshplan.compute.measured import KernelData
+from meshplan.compute.ops import Op, Workload
+from meshplan.compute.ring_attention import rank_seconds, rated_calls, ring_calls
+from meshplan.compute.shapes import Attention
+from meshplan.spec.cluster import GPUSpec
+
+#: TE's forward softmax_lse and output corrections (one op, its kernels by step).
+CORRECTION = "cp p2p out correction"
+#: TE's backward dQ, dK and dV accumulation (one op, its kernels by step).
+GRAD_CORRECTION = "cp p2p gradient correction"
+#: The K/V buffer TE fills before its ring (forward ``torch.cat``, backward ``copy_``).
+KV_BUFFER = "cp p2p K/V buffer copy"
+
+Steps = tuple[tuple[float, float], ...]
+
+
+def backward_calls(cp: int, seq_local: int, rank: int) -> list[tuple[int, int, bool]]:
+    """(seq_q, seq_kv, causal) of each backward step's call on cp rank ``rank`` (module docstring).
+
+    >>> backward_calls(4, 8, 1)   # j = 2: steps 0, 1 upper, step 2 lower, step 3 the diagonal
+    [(4, 8, False), (4, 8, False), (8, 4, False), (8, 8, True)]
+    """
+    half = seq_local // 2
+    return [(half, seq_local, False)] * (cp - 1 - rank) + [(seq_local, half, False)] * rank + [
+        (seq_local, seq_local, True)]
+
+
+def forward_kernels(n_o: int, rows: int, cp: int, rank: int) -> list[tuple[list[int], list[int]]]:
+    """Bytes of each forward correction kernel, per step as (beside the step, after it) (module docstring).
+
+    >>> forward_kernels(10, 1, 2, 0)   # step 1: the clone; after: the half lse, init, the half output
+    [([], []), ([8], [6, 48, 34])]
+    """
+    lse = lambda k: 8 * rows if k == 0 else (12 * rows if k <= rank else 6 * rows)
+    outs = [4 * n_o + 8 * rows] + [6 * n_o + 8 * rows if k <= rank else 3 * n_o + 4 * rows for k in range(1, cp)]
+    steps: list[tuple[list[int], list[int]]] = [([], [])] + [([lse(i - 1)], []) for i in range(1, cp)]
+    steps[-1] = (steps[-1][0], [lse(cp - 1)] + outs)
+    return steps
+
+
+def backward_kernels(n_dq: int, n_k: int, n_v: int, cp: int, rank: int) -> list[tuple[list[int], list[int]]]:
+    """Bytes of each backward accumulation kernel, per step as (dQ's, before the wait; dK's and
+    dV's, after it) (module docstring).
+
+    >>> backward_kernels(10, 1, 1, 2, 0)   # j = 1: step 0 dQ half copied, dK/dV copied; step 1 (diagonal, rank 0)
+    [([20], [4, 4]), ([20, 30], [3, 2, 3, 2])]
+    """
+    j = cp - 1 - rank
+    out = []
+    for i in range(cp):
+        if i > j:
+            dq = [6 * n_dq]
+        elif i == j:
+            dq = [4 * n_dq] if rank == cp - 1 else [2 * n_dq, 3 * n_dq]
+        else:
+            dq = [3 * n_dq] if i > 0 else [2 * n_dq]
+        if i == cp - 1:
+            each = lambda n: [3 * n, 2 * n] if rank == 0 else [6 * n]
+        elif i >= j:
+            each = lambda n: [2 * n] if i == 0 and rank == cp - 1 else [3 * n]
+        else:
+            each = lambda n: [6 * n] if i > 0 else [4 * n]
+        out.append((dq, each(n_k) + each(n_v)))
+    return out
+
+
+@dataclass(frozen=True)
+class TeRank:
+    """One cp rank's TE ring on one layer: ``rank``; ``calls``: (forward, backward) seconds of
+    each step's call (each floored), None where the calls are not rated per step (no published
+    rates: the whole attention op is spread over the steps); ``how``; ``forward``, ``backward``:
+    each step's correction kernels as (beside, after) seconds; ``bytes``: their (forward,
+    backward) bytes; ``kv_buffer``: the K/V buffer copy's bytes (each pass)."""
+
+    rank: int
+    calls: Optional[tuple[tuple[float, ...], tuple[float, ...]]]
+    how: str
+    forward: Steps
+    backward: Steps
+    bytes: tuple[int, int]
+    kv_buffer: int
+
+
+def _timed(gpu: GPUSpec, kernels: list[tuple[list[int], list[int]]]) -> Steps:
+    t = lambda ks: sum(memory_op_seconds(gpu, b) for b in ks)
+    return tuple((t(a), t(b)) for a, b in kernels)
+
+
+def te_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData] = None) -> TeRank:
+    """The slowest cp rank of ``w.cp`` (module docstring): its calls rated from ``data``'s
+    published rates (:func:`meshplan.compute.ring_attention.rated_calls`), or none without them,
+    and its correction kernels. ``att``: the rank's causal ``(s / cp, s)`` shape."""
+    cp, L = w.cp, att.seq_q
+    rows = att.batch * att.q_heads * L
+    kv_rows = att.batch * att.kv_heads * L
+    n_o, n_dq, n_k, n_v = rows * att.d_v, rows * att.head_dim, kv_rows * att.head_dim, kv_rows * att.d_v
+    rated = rated_calls(data, att, cp, w.attention_kernels) if data is not None else None
+    best: Optional[tuple[float, TeRank]] = None
+    for r in range(cp):
+        fk, bk = forward_kernels(n_o, rows, cp, r), backward_kernels(n_dq, n_k, n_v, cp, r)
+        calls, how = None, ""
+        if rated is not None:
+            fwd = tuple(issue_floor(gpu, rated[c][0]) for c in ring_calls(cp, L, r))
+            bwd = tuple(issue_floor(gpu, rated[c][1]) for c in backward_calls(cp, L, r))
+            calls, how = (fwd, bwd), rank_seconds(rated, cp, L, r)[2]
+        one = TeRank(r, calls, how, _timed(gpu, fk), _timed(gpu, bk),
+                     (sum(sum(a) + sum(b) for a, b in fk), sum(sum(a) + sum(b) for a, b in bk)), 4 * (n_k + n_v))
+        t = sum(map(sum, one.calls or ())) + sum(a + b for a, b in one.forward + one.backward)
+        if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
+            best = (t, one)
+    assert best is not None
+    return best[1]
+
+
+def with_steps(ops: list[Op], te: TeRank) -> list[Op]:
+    """``ops`` (the attention's, :func:`meshplan.compute.attention.flash_ops`) with the attention
+    calls' per-step seconds attached (the forward's to its replay too), where ``te`` rates them."""
+    if te.calls is None:
+        return ops
+    fwd, bwd = (tuple((c, 0.0) for c in calls) for calls in te.calls)
+    return [replace(o, steps=bwd if o.phase == "backward_input" and not o.recompute else fwd)
+            if o.kind == "attention" else o for o in ops]
+
+
+def kernel_ops(gpu: GPUSpec, te: TeRank) -> list[Op]:
+    """TE's correction kernels (forward, backward; by step) and its K/V buffer copies as
+    memory-bound ops of the attention block, ``te``'s rank named."""
+    out = []
+    for name, phase, steps, nbytes in ((CORRECTION, "forward", te.forward, te.bytes[0]),
+                                       (GRAD_CORRECTION, "backward_input", te.backward, te.bytes[1])):
+        out.append(Op(name, "attn", phase, "memory", sum(a + b for a, b in steps), size_bytes=nbytes, steps=steps,
+                      note=f"cp rank {te.rank}: {nbytes / 1e6:.1f} MB over {len(steps)} ring steps (TE's corrections, "
+                           f"each kernel at Triad, floored)"))
+    for phase in ("forward", "backward_input"):
+        out.append(Op(KV_BUFFER, "attn", phase, "memory", memory_op_seconds(gpu, te.kv_buffer),
+                      size_bytes=te.kv_buffer, note=f"{te.kv_buffer / 1e6:.1f} MB (TE's K/V ring buffer)"))
+    return out
