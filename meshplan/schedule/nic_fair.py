@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left
+from typing import Optional
 
-#: Two passes of a unit whose network collectives' intervals differ by at most this much (seconds) agree.
+#: A pass of a unit whose network collectives' intervals differ from its forecast's by at most this
+#: much (seconds) is settled (:func:`~meshplan.schedule.unit_sim.settle`).
 SETTLED_S = 1e-9
 
 
@@ -105,11 +107,37 @@ def done_by(segs, t: float) -> float:
     return sum(r * (min(b, t) - a) for a, b, r in segs if a < t)
 
 
-def agree(a: list, b: list) -> bool:
-    """Whether two passes' network collectives ((start, end, ...) each, in issue order) have the
-    same intervals within :data:`SETTLED_S`."""
-    return len(a) == len(b) and all(abs(x[0] - y[0]) <= SETTLED_S and abs(x[1] - y[1]) <= SETTLED_S
-                                    for x, y in zip(a, b))
+def residual(got: list, forecast: list) -> float:
+    """How far a pass's network collectives ((start, end, ..., queue) each, in issue order) are
+    from the ``forecast`` it was run with: the largest difference of a start or an end (seconds);
+    inf where the pass issued other collectives (another count, or another queue at some place).
+    Two starts both infinite (issued infinitely early) agree.
+
+    >>> residual([(0.0, 2.0, 1.0, "fsdp", "fsdp")], [(0.0, 2.5, 1.0, "fsdp", "fsdp")])
+    0.5
+    """
+    if len(got) != len(forecast) or any(x[4] != y[4] for x, y in zip(got, forecast)):
+        return math.inf
+    return max((abs(x[i] - y[i]) for x, y in zip(got, forecast) for i in (0, 1) if x[i] != y[i]), default=0.0)
+
+
+def relax(forecast: Optional[list], got: list) -> list:
+    """The next forecast of :func:`~meshplan.schedule.unit_sim.settle`: each collective's start and end
+    the mean of the last ``forecast``'s and the last pass's (``got``), where both issued the same
+    collectives (:func:`residual` finite); else ``got``. The mean of two schedules a pass apart stops
+    a map that jumps between them (under-relaxation, as in Gauss-Seidel/SOR with factor 1/2).
+
+    >>> relax([(0.0, 2.0, 1.0, "fsdp", "fsdp")], [(0.0, 3.0, 1.0, "fsdp", "fsdp")])
+    [(0.0, 2.5, 1.0, 'fsdp', 'fsdp')]
+    """
+    if forecast is None or not math.isfinite(residual(got, forecast)):
+        return got
+    return [(_mid(x[0], y[0]), _mid(x[1], y[1]), *x[2:]) for x, y in zip(got, forecast)]
+
+
+def _mid(a: float, b: float) -> float:
+    """The mean of ``a`` and ``b``; ``a`` where they are equal (both infinite included)."""
+    return a if a == b else (a + b) / 2
 
 
 #: Two times closer than this (seconds) are the same time.
