@@ -295,7 +295,8 @@ def settle(build, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:
     (:func:`~meshplan.schedule.nic_fair.relax`: a map that jumps between two schedules, a
     consumer binding on one collective in one pass and on another in the next, is halved each
     pass, not repeated). At most :data:`MAX_PASSES`; where none settles, the pass nearest its
-    forecast (the least residual, the first of equals) is taken: deterministic. Mixtral-8x7B under HSDP (test_nic_settle) has backward units that jump
+    forecast (the least residual, the first of equals) is taken: deterministic. Mixtral-8x7B under
+    HSDP (test_nic_settle) has backward units that jump
     589/591/675/591/717/590/591/591 ms over 8 unrelaxed passes and 601/727/602/747/602/660/603/693 ms
     (the last, 693 ms, was taken); relaxed, the passes' distance to their forecast halves, 89 -> 4 ms,
     and 603.4 ms is taken. Llama-3-70B under Megatron-LM's --tp-comm-overlap (test_step_tp_hint) settles
