@@ -171,16 +171,21 @@ def test_torch_pp2_reshard_true_is_the_setting_off_the_default(tmp_path, capsys)
     GiB; true 1.687 s (0.88% longer: its backward all-gathers), 36.7 GiB. Within 1%, so the tie key
     decides before the peak: 1 setting (full) against 2 (full, resharded), the unset plan first.
     Before, true counted as the default and kept gathered as the setting off it: the resharded plan
-    won, "fewer settings off their default (1 vs 2: full vs full, kept gathered)"."""
+    won, "fewer settings off their default (1 vs 2: full vs full, kept gathered)". (nicshare: 1.673 ->
+    1.680 s and 1.687 -> 1.695 s, 0.87% apart: after stage 0's last backward its 17 FSDP units' reduce-
+    scatters (the root's, then 16 layers') ran back to back behind copy-ins issued together; under FSDP2's
+    one reduce-scatter in flight (grad_reduce.rs_buffer_wait, torch 2.13 _fsdp_param_group.py 639-658)
+    each layer's copy-in (0.4406 ms) waits for the reduce-scatter before: the tail 16 x 0.4406 = 7.05 ms
+    longer in both, 1672.81 -> 1679.86 ms and 1687.49 -> 1694.54 ms.)"""
     base = job_toml(training={"global_batch": 8, "seq_len": 8192, "recompute": "full"},
                     mesh={"names": ["pp", "dp_shard"], "shape": [2, 4]})
     resharded = base.replace('recompute = "full"', 'recompute = "full"\nreshard_after_forward = true')
     why = "fewer settings off their default (1 vs 2: full vs full, resharded)"
     c = _compare(tmp_path, capsys, resharded, base)
     assert (c["winner"], c["rejected"], c["decided_by"]) == ("top", "a", why)
-    assert (round(c["a"]["step_s"], 3), round(c["b"]["step_s"], 3)) == (1.687, 1.673)
+    assert (round(c["a"]["step_s"], 3), round(c["b"]["step_s"], 3)) == (1.695, 1.680)
     assert (round(c["a"]["peak_bytes"] / GiB, 1), round(c["b"]["peak_bytes"] / GiB, 1)) == (36.7, 40.9)
-    assert c["reasons"][0] == ("step times within 1% (top 1.673 s, a 1.687 s): top is listed first by the search's "
+    assert c["reasons"][0] == ("step times within 1% (top 1.680 s, a 1.695 s): top is listed first by the search's "
                                f"tie rule: {why}")
     c = _compare(tmp_path, capsys, base, resharded, "2")  # either order of the files
     assert (c["winner"], c["decided_by"]) == ("a", why)
