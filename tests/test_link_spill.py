@@ -56,15 +56,18 @@ def _events(st, stream):
 
 
 def test_window_is_the_stage_compute_without_the_optimizer(trial):
-    """The NIC lines' 1.098 s: the parts line's compute (1105.12 ms) less the optimizer step,
-    which runs after the units; 65.9 GB per NIC at 50 GB/s (400 Gb/s ConnectX-7) is 1.318 s."""
+    """The NIC lines' 1.098 s: the parts line's compute (1105.09 ms) less the optimizer step,
+    which runs after the units; 65.9 GB per NIC at 50 GB/s (400 Gb/s ConnectX-7) is 1.318 s. (nicshare:
+    1105.12 -> 1105.09 ms, the window 1097.69 -> 1097.67 ms: under FSDP2's reduce-scatter stream the
+    backward unit is 14.805 ms shorter, 14.784 ms of it exposed fsdp (test_step_tp_hint's
+    test_eager_config_gets_torch_compile_with_async_tp), the other 0.021 ms its kernels' SM contention.)"""
     plan, st = trial
     opt = sum(e.dur_s for e in st.post_events if e.stage == 0 and e.stream == "compute")
     loads = edge_loads(plan, st)
     nics = [e for e in loads if "NIC" in e.edge]
     assert len(nics) == 8 and not any(e.fits for e in nics)
     assert nics[0].interval_s == pytest.approx(st.parts_s()["compute"] - opt, rel=1e-9)
-    assert round(nics[0].interval_s * 1e3, 2) == 1097.69 and round(opt * 1e3, 3) == 7.425
+    assert round(nics[0].interval_s * 1e3, 2) == 1097.67 and round(opt * 1e3, 3) == 7.425
     assert round(nics[0].busy_s, 3) == 1.318 and nics[0].capacity_bytes_per_s == 50e9
 
 
