@@ -142,10 +142,13 @@ def sources(gpu: str) -> list[str]:
             "(compute/megatron.py: layer norm backward as apex's persistent FastLayerNormFN at h 6144 / 12288 (3 passes, partial weight/bias gradients and their finalize kernel), causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
             "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
             "mask/transpose/split/dropout, the empty(1) + 1 delay kernel after each async tp collective launch in "
-            "a column-parallel backward, the loss's 22 + 10 tiny kernels per micro-batch); grad buffer /= dp in place before the optimizer (distributed.py "
+            "a column-parallel backward, the loss's 22 + 12 tiny kernels per micro-batch); grad buffer /= dp in place before the optimizer (distributed.py "
             "allreduce_gradients): 58 B per parameter; per step (optimizer.py): the bf16 master -> model copy one "
             "copy_ per parameter (no multi-tensor copy for bf16), under SP the sequence_parallel gradients "
-            "flattened and copied back one kernel each, the 11 step timers' syncs and the grad norm's .item()",
+            "flattened and copied back one kernel each, the 11 step timers' syncs and the grad norm's .item(); "
+            "per pipeline p2p call (schedules.py: one per warm-up forward and steady pair, one per cool-down "
+            "backward) its timer's 2 syncs and _communicate's own, one issue floor each (compute/megatron_cost.py "
+            "p2p_calls)",
             "GEMM interpolation nodes: measurements of their own shape; the MAMF maximum (S1) is the ceiling only"]
 
 

@@ -26,7 +26,8 @@ at the ring's bandwidth"):
   measurement, so the protocol behind it cancels: every dev-set collective (tp over 8 GPUs on
   the 8-GPU curve, pp send/recv and the embedding all-reduce on the 2-rank curves) is the
   measured curve itself, inside the S15 / S3 spread (96 MiB 171.6 vs 184.8 GB/s, 48 MiB 153.3
-  vs 157.4, 7.1 MB 100.5 vs 88.2, 3.5 MB 60.8 vs 67.4). NCCL's tuner model is 17-36% faster
+  vs 157.4, 7.1 MB 100.5 vs 88.2, 3.5 MB 60.8 vs 67.4; since 2026-12-06 the curve holds all 20 of
+  S15's rows, and its 64M row reads 96 MiB at 175.1 and 48 MiB at 158.9). NCCL's tuner model is 17-36% faster
   than both at 3.5-100 MB (a selection model, not a time model): no reason to take its
   bandwidths.
 - Small messages: NCCL runs LL there and its LL latency is the right one (1 KB all-reduce over

@@ -48,6 +48,9 @@ Beside those, not counted in :data:`MAX_VARIANTS`, torchtitan's per-layer AC
 fewer layers replayed than ``full``, so a shorter step where it fits (newcomer: Mixtral-8x22B
 under torchtitan, whose line offered full, tp 2 or cp 2, never the setting a torchtitan user
 tries first).
+Under ``[memory] reserved_verdict = true`` what decides the fit is the caching allocator's reserved
+peak plus the communication buffers (:attr:`meshplan.memory.timeline.Timeline.verdict_bytes`), so
+the line compares, orders and prints those (``-> reserved peak 47.3 GiB``), not the peaks incl. communication buffers.
 The search's own fix for its no-feasible-mesh verdict names the same knobs
 (:data:`meshplan.report.search_fix._FIXES` ``memory``).
 """
@@ -264,13 +267,13 @@ def _parts(found: list[tuple[str, Plan]]) -> tuple[list[str], list[str]]:
     for words, p in fit:
         s, tight = steps[words], f"; {heads[words]}" if heads[words] else ""
         tail = f" (fits{tight})" if s is None else f" (fits; step {s:.1f} s{tight})"
-        fits.append(f"{words} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB{tail}")
-    return fits, [f"{w} -> peak {p.timeline.peak.total_bytes / GiB:.1f} GiB" for w, p in found if not p.feasible]
+        fits.append(f"{words} -> {p.timeline.verdict_words()}{tail}")
+    return fits, [f"{w} -> {p.timeline.verdict_words()}" for w, p in found if not p.feasible]
 
 
 def _headroom(p: Plan) -> str:
     """A fitting variant's headroom words where it is tight (:func:`meshplan.memory.headroom.headroom_words`)."""
-    return headroom_words(p.timeline.peak.total_bytes, p.timeline.usable_bytes, p.config.memory.fragmentation_fraction)
+    return headroom_words(p.timeline.verdict_bytes, p.timeline.usable_bytes, p.config.memory.fragmentation_fraction)
 
 
 def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
@@ -282,18 +285,18 @@ def memory_fix(plan: Plan, keys: KeyMap = OWN) -> Optional[str]:
         return None
     usable = plan.timeline.usable_bytes
     variants = _variants(plan, keys)
-    now = plan.timeline.peak.total_bytes
+    now = plan.timeline.verdict_bytes
     found: list[tuple[str, Plan]] = []
     for words, cfg in variants:
         p = planned(cfg)
-        if p is None or p.timeline.peak.total_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
+        if p is None or p.timeline.verdict_bytes >= now:  # no fix: it does not lower the peak (pp x2 may raise it)
             continue
         found.append((words, p))
     layer = _layer_variant(plan, keys)
     if layer is not None:
         found.append(layer)
     cp, cp_why = cp_variant(plan, keys)
-    if cp is not None and (cp[1].feasible or all(cp[1].timeline.peak.total_bytes < p.timeline.peak.total_bytes
+    if cp is not None and (cp[1].feasible or all(cp[1].timeline.verdict_bytes < p.timeline.verdict_bytes
                                                   for _, p in found)):
         found.append(cp)  # a cp that does not fit: where it lowers the peak the most (long sequences)
     data = _resplit_variant(plan, keys)

@@ -65,7 +65,7 @@ def cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan
         if p.feasible:
             return (words, p), ""
         best = (words, p)
-    if best is not None and best[1].timeline.peak.total_bytes < plan.timeline.peak.total_bytes:
+    if best is not None and best[1].timeline.verdict_bytes < plan.timeline.verdict_bytes:
         return best, ""
     return None, _cp_why(plan, deg, data, refused)
 

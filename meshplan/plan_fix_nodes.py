@@ -18,7 +18,7 @@ from meshplan.errors import ConfigError
 from meshplan.keymap import OWN, KeyMap
 from meshplan.plan import Plan
 from meshplan.plan_variant import DATA_AXES, mesh_words, planned, variant_mesh
-from meshplan.units import GiB, counted
+from meshplan.units import counted
 
 #: Node counts tried at most when nothing fits on the configured nodes, with the configured
 #: global batch; then at most :data:`MAX_GROWN_PLANS` more, doubled and bisected, the global
@@ -132,4 +132,4 @@ def nodes_words(plan: Plan, g: Grown, words: str, keys: KeyMap = OWN) -> str:
     nodes = counted(plan.config.cluster.nodes, "node")
     where, batch = (f", and {cap}", f" with {gb_key} {gb}") if gb != t.global_batch else ("", "")
     return (f"does not fit even {saving} on {nodes}{where}: {p.config.cluster.nodes} nodes would{batch} "
-            f"({words + ', ' if words else ''}{mesh}: peak {p.timeline.peak.total_bytes / GiB:.1f} GiB)")
+            f"({words + ', ' if words else ''}{mesh}: {p.timeline.verdict_words()})")

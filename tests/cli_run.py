@@ -25,6 +25,18 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def step_json(tmp_path, capsys, text: str, name: str) -> tuple[dict, str]:
+    """``meshplan step`` of the config ``text`` (written to ``tmp_path/NAME.toml``) with ``--json``:
+    ``(the JSON document, stdout)``; the run must exit 0."""
+    import json
+
+    cfg = tmp_path / f"{name}.toml"
+    cfg.write_text(text, encoding="utf-8")
+    code, out, err = run_cli(["step", cfg, "--json", tmp_path / f"{name}.json"], capsys)
+    assert code == 0, err
+    return json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8")), out
+
+
 def run_captured(*argv, cwd=None) -> SimpleNamespace:
     """``meshplan ARGV...`` in-process (:func:`run_main`), its output captured, read as the console
     script's ``subprocess.CompletedProcess`` would be: ``returncode``, ``stdout``, ``stderr``; run in

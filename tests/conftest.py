@@ -33,11 +33,22 @@ HEAVY = (
 )
 
 
+#: The session fixtures of the shared validate launches (tests/validate_runs.py).
+SHARED_LAUNCHES = ("world2_runs", "world4_runs", "world8_runs")
+
+
 def pytest_collection_modifyitems(config, items):
+    """Marks ``heavy`` the tests of :data:`HEAVY`; gives every test that reads a shared validate
+    launch (:data:`SHARED_LAUNCHES`, directly or through another fixture) the time limit
+    ``SHARED_TIMEOUT_S``, closest of its ``timeout`` marks: the first to ask waits for the launch."""
+    from tests.validate_runs import SHARED_TIMEOUT_S
+
     for item in items:
         name = Path(str(item.fspath)).name
         if name in HEAVY or f"{name}::{getattr(item, 'originalname', '')}" in HEAVY:
             item.add_marker(pytest.mark.heavy)
+        if any(f in getattr(item, "fixturenames", ()) for f in SHARED_LAUNCHES):
+            item.add_marker(pytest.mark.timeout(SHARED_TIMEOUT_S), append=False)
 
 
 def spawn_ranks(fn, world: int, *args, timeout_s: float = 90.0) -> None:
@@ -90,29 +101,49 @@ DDP4 = Path(__file__).parent / "data" / "validate_llama8b_ddp4.toml"
 MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
 MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
 
-#: Time limit of a test that may be the first to ask for :func:`world4_runs` (its launch of four configs).
-WORLD4_TIMEOUT_S = 600
+def _runs(request, tmp_path_factory, world: int, always=None) -> dict:
+    """The shared launch of ``world`` (tests/validate_runs.py :func:`~tests.validate_runs.shared`)."""
+    pytest.importorskip("torch")
+    from tests.validate_runs import shared
+
+    return shared(request, tmp_path_factory.mktemp(f"world{world}"), world, always)
 
 
 @pytest.fixture(scope="session")
-def world4_runs(tmp_path_factory):
-    """The 4-rank ``validate`` runs several test files read, in one torchrun launch
-    (tests/validate_runs.py: one torch start-up and rendezvous instead of four), each into its
-    own evidence folder: ``moe_ep2`` (:data:`MOE_EP2`, 2 layers, seq 64, vocab 512: validate's
-    defaults), ``ddp4`` (:data:`DDP4`, seq 32, 2 micro-batches; checkpoint bandwidth 1 GB/s per
-    rank for the DCP rows' predicted times), ``moe_dim1`` and ``moe_tp2_ep2`` (seq 32); every
-    one with one timed step and no in-run probe. ``name ->`` (code, results, out, folder)."""
+def world2_runs(request, tmp_path_factory):
+    """The 2-rank ``validate`` runs of every collected module's ``shared_validate_runs()`` that a
+    test asks for, in one torchrun launch (tests/validate_runs.py). ``name ->`` (code, results,
+    out, folder, stdout)."""
+    return _runs(request, tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def world4_runs(request, tmp_path_factory):
+    """The 4-rank ``validate`` runs, in one torchrun launch (tests/validate_runs.py: one torch
+    start-up and rendezvous for all), each into its own evidence folder: the test modules' own
+    (``shared_validate_runs()``) and the ones several files read: ``moe_ep2`` (:data:`MOE_EP2`, 2
+    layers, seq 64, vocab 512: validate's defaults), ``ddp4`` (:data:`DDP4`, seq 32, 2
+    micro-batches; checkpoint bandwidth 1 GB/s per rank for the DCP rows' predicted times),
+    ``moe_dim1`` and ``moe_tp2_ep2`` (seq 32); every one with one timed step and no in-run probe.
+    ``name ->`` (code, results, out, folder, stdout)."""
     pytest.importorskip("torch")
     from meshplan.runtime.validation.validate import Options
-    from tests.validate_runs import launch
 
     def opt(**kw):
         return Options(**{"worlds": (4,), "layers": 2, "seq_len": 32, "vocab": 512, "steps": 1, "timeout_s": 200,
                           "probe": False, **kw})
 
-    return launch(tmp_path_factory.mktemp("world4"), {
+    return _runs(request, tmp_path_factory, 4, {
         "moe_ep2": (MOE_EP2, opt(seq_len=64)), "ddp4": (DDP4, opt(micro_batches=2, checkpoint_bytes_per_s=1e9)),
         "moe_dim1": (MOE_DIM1, opt()), "moe_tp2_ep2": (MOE_TP2_EP2, opt())})
+
+
+@pytest.fixture(scope="session")
+def world8_runs(request, tmp_path_factory):
+    """The 8-rank ``validate`` runs of every collected module's ``shared_validate_runs()`` that a
+    test asks for, in one torchrun launch (tests/validate_runs.py). ``name ->`` (code, results,
+    out, folder, stdout)."""
+    return _runs(request, tmp_path_factory, 8)
 
 
 @pytest.fixture(scope="session")

@@ -50,7 +50,9 @@ def test_bubble_line_names_the_heavy_last_stage(megatron):
         f"lighter last stage evens the pipeline: mesh.pp_layer_split (Megatron-LM: --decoder-last-pipeline-num-layers, "
         f"or --account-for-embedding-in-pipeline-split with --account-for-loss-in-pipeline-split), which `meshplan "
         f"search` tries at pp >= 3 (Llama 3's split: first and last stage one layer lighter)")
-    assert f"{t1 * 1e3:.2f}" == "206.97"
+    # 206.966 ms before the loss scale's multiply and its backward were counted on the last stage (2 kernels
+    # at the H100's 4.7 us issue floor: 206.9756 ms, compute/megatron.LOSS_KERNELS)
+    assert f"{t1 * 1e3:.2f}" == "206.98"
 
 
 def test_the_knob_shortens_the_step_and_the_clause_goes(megatron, tmp_path):
@@ -62,7 +64,7 @@ def test_the_knob_shortens_the_step_and_the_clause_goes(megatron, tmp_path):
     lighter = build_plan(load_any(args, None, ImportOptions(cluster="dgx-h100", nodes=2)))
     st2 = step_time(lighter)
     assert [len(c.layers) for s in st2.units.chunks for c in s] == [17, 15]
-    assert st2.step_s < 0.96 * st.step_s  # 6518.00 ms against 6861.49 ms
+    assert st2.step_s < 0.96 * st.step_s  # 6518.77 ms against 6862.25 ms
     assert stage_balance.measured_idle(st2) <= stage_balance.IMBALANCE_FACTOR * stage_balance.closed_form(
         st2.pipeline.spec)
     assert "takes the longest" not in next(line for line in st2.lines() if line.startswith("bubble "))

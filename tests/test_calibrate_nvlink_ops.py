@@ -48,7 +48,7 @@ def test_two_nvlink_ops_two_calibrated_rates(tmp_path, capsys):
             "all-reduce fit over 8 ranks (no run of their own); all-gather from its own run (its logged curve at its "
             "fitted alpha: nccl-tests 2.17.6 all-gather over 8 ranks on 1 host(s), file ag.txt); except on a node "
             "whose all-reduce runs on NVLS (fabric nvls: dgx-h100, h200): there all-gather and reduce-scatter keep "
-            "the catalog's ring curve (NCCL runs them on the ring; an all_gather_perf or reduce_scatter_perf log sets "
+            "the catalog's ring curve (the all-reduce log timed NVLS's all-reduce, not them; an all_gather_perf or reduce_scatter_perf log sets "
             "them)") in text.splitlines()  # reduce-scatter: dgx-a100 has no NVLS, the fit sets it there
     calib = load_calibration(out)
     cluster = apply_calibration(system("dgx-a100", nodes=1), calib)

@@ -120,9 +120,10 @@ def test_a_log_without_its_banner_takes_the_test_as_op(tmp_path, capsys):
     base = ["calibrate", old, "--link", "nic", "--system", "dgx-h100", "--out", tmp_path / "c.toml"]
     rc, _, err = run_cli(base, capsys)
     assert rc == 2 and err.strip().endswith("its rows (redop none, root -1, busbw/algbw 0.938 over 16 ranks) fit "
-                                            "all_gather_perf and alltoall_perf alike; name the test that wrote it "
-                                            "with --op (e.g. --op alltoall), which reads the log of every "
-                                            "nccl-tests version")
+                                            "all_gather_perf and alltoall_perf alike; name the test that wrote it: "
+                                            "old.log:all_gather or old.log:alltoall for this file alone, or --op "
+                                            "(e.g. --op alltoall) for every such log; each reads the log of every "
+                                            "nccl-tests version")  # FILE:op since nc34 #6
     rc, text, err = run_cli([*base, "--op", "alltoall"], capsys)
     assert rc == 0, err
     assert load_calibration(tmp_path / "c.toml")["nic"].curve[0].busbw_gb_per_s[-1] == 64.59

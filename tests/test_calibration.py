@@ -274,8 +274,9 @@ def test_no_banner_the_rows_tell_the_collective_or_say_what_is_missing():
     assert str(err.value) == ("ag.txt: no '# Collective test starting' line (e.g. '# Collective test starting: "
                               "all_reduce_perf'; nccl-tests prints it since 2025-06, NVIDIA/nccl-tests dafb704); its "
                               "rows (redop none, root -1, busbw/algbw 0.875 over 8 ranks) fit all_gather_perf and "
-                              "alltoall_perf alike; name the test that wrote it with --op (e.g. --op alltoall), "
-                              "which reads the log of every nccl-tests version")
+                              "alltoall_perf alike; name the test that wrote it: ag.txt:all_gather or ag.txt:alltoall for "
+                              "this file alone, or --op (e.g. --op alltoall) for every such log; each reads the log "
+                              "of every nccl-tests version")  # FILE:op since nc34 #6
     ar = nccl_tests_text("all_reduce_perf", hosts, sizes, 20e-6, 40e9)
     rows = parse_nccl_tests_text(ar.replace("# Collective test starting: all_reduce_perf\n", ""))
     assert rows == parse_nccl_tests_text(ar) and {r.op for r in rows} == {"all-reduce"}

@@ -218,6 +218,12 @@ def test_two_calibration_files_of_two_link_classes(tmp_path, capsys):
     err = capsys.readouterr().err
     assert done.value.code == 2
     assert "error: --calibration: link.nic: set by both calib_nic.toml and again.toml" in err and err.count("\n") == 1
+    # the same file twice: named as given twice (was 'set by both calib_nic.toml and calib_nic.toml')
+    with pytest.raises(SystemExit) as done:
+        main(["step", str(cfg), "--calibration", str(nic), "--calibration", str(nic)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert err == f"error: --calibration: {nic} given twice; give each file once\n"
 
 
 def test_report_and_place_take_calibration(tmp_path, capsys):

@@ -91,7 +91,6 @@ def test_reliability_labels_held_and_written_bytes_checked_by_hand(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # may be the first to wait for tests/conftest.py world4_runs
 def test_validate_measures_dcp_bytes_per_rank(ddp4_world4):
     """DDP over dp 4 (gloo, 4 ranks; tests/conftest.py's run, which tests/test_validate_ddp.py
     reads too, at 1 GB/s per rank): each rank holds the whole model (1,967,360 fp32 parameters

@@ -34,13 +34,16 @@ def _two_nodes(op, size):
 # (size B, hand busbw GB/s, S3 busbw GB/s at that size). Hand values, S15 times t = 1.75 S / busbw
 # joined linearly in S, each raised to the largest before it (S15's 4 MiB 101.52 us < 1 MiB's
 # 101.94 us, so 101.94):
-#  96 MiB (22B tp, s 2048 x b 4 x h 6144 x 2 B): t(32M) 423.98, t(128M) 1327.77 us, 2/3 of the way:
-#     1026.50 us, busbw 171.61; S3: t(64M) 704.80, t(256M) 2196.52 us, 1/6: 953.42 us, 184.77.
-#  48 MiB (175B tp, h 12288, b 1): 1/6 of 32M..128M: 574.61 us, 153.29; S3 1/3 of 16M..64M: 157.43.
+#  96 MiB (22B tp, s 2048 x b 4 x h 6144 x 2 B): t(64M) = 1.75 x 2^26 / 171.54e9 = 684.62, t(128M)
+#     1327.77 us, half way: 1006.19 us, busbw 175.08 (the catalog held only S15's 32M and 128M rows
+#     here until fid22: 2/3 of 423.98..1327.77, 1026.50 us, 171.61); S3: t(64M) 704.80, t(256M)
+#     2196.52 us, 1/6: 953.42 us, 184.77.
+#  48 MiB (175B tp, h 12288, b 1): half of t(32M) 423.97 .. t(64M) 684.62: 554.30 us, 158.90 (was
+#     1/6 of 32M..128M: 574.61 us, 153.29); S3 1/3 of 16M..64M: 157.43.
 #  7,127,040 B (22B SP grads): t(4M) raised to 101.94, t(8M) 133.58 us, 0.6992 of the way:
 #     124.06 us, 100.53; S3 (4M 102.75, 16M 268.82 us) 88.17.
 #  3,538,944 B (175B SP grads): 1M..4M flat at 101.94 us: 60.75; S3 (1M 50.66, 4M 102.75 us) 67.39.
-A100_ALL_REDUCE = [(96 * MiB, 171.61, 184.77), (48 * MiB, 153.29, 157.43), (7127040, 100.53, 88.17),
+A100_ALL_REDUCE = [(96 * MiB, 175.08, 184.77), (48 * MiB, 158.90, 157.43), (7127040, 100.53, 88.17),
                    (3538944, 60.75, 67.39)]
 
 
@@ -56,12 +59,13 @@ def test_tp_all_reduce_reads_the_measured_curve_within_its_spread(size, hand, s3
 
 def test_tp_reduce_scatter_and_all_gather_on_the_all_reduce_curve():
     # 96 MiB: NCCL's LL latency over 7 steps, 6.6 + 7 x 0.6 = 10.8 us, plus half the all-reduce's
-    # bandwidth term (7/8 S sent against 7/4 S): 10.8 + (1026.50 - 15.0) / 2 = 516.55 us.
+    # bandwidth term (7/8 S sent against 7/4 S): 10.8 + (1006.19 - 15.0) / 2 = 506.40 us,
+    # busbw 7/8 x 96 MiB / 506.40 us = 173.94 GB/s.
     for op in ("reduce-scatter", "all-gather"):
         algo, t = _node(op, 96 * MiB)
         assert algo == "ring"
-        assert t * 1e6 == pytest.approx(516.55, abs=0.02)
-        assert busbw(op, 8, 96 * MiB, t) / 1e9 == pytest.approx(170.52, abs=0.01)
+        assert t * 1e6 == pytest.approx(506.40, abs=0.02)
+        assert busbw(op, 8, 96 * MiB, t) / 1e9 == pytest.approx(173.94, abs=0.01)
 
 
 def test_small_messages_take_nccls_ll_latency():

@@ -242,8 +242,9 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     position ids: at the floor; micro-batch 1: the labels' and tokens' slices are contiguous, no
     copies), and its timers' syncs, one floor each:
     4 in forward, 2 in backward (``batch_f``, ``batch_b``), and broadcast_data's sizes copied to
-    the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 10 in
-    backward (20 in forward at micro-batch 1: the two transposes are views), one floor each
+    the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 12 in
+    backward (the loss graph's 10 and backward_step's scale_loss multiply with its backward; 20 in
+    forward at micro-batch 1: the two transposes are views), one floor each
     (compute/megatron.loss_kernels). With tp > 1 the output layer's
     backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
     floor in ``head_w``)."""
@@ -266,7 +267,7 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
         if tp > 1:  # the zeroed rows' gradient: index_put_'s derivative clones it and zeroes the rows again
             emb_w += kernel((2 * B * S * H + B * S * H * (tp - 1) // tp) / TRIAD)
         head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
-    loss_f, loss_b = (20 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.loss_kernels(1)
+    loss_f, loss_b = (20 * ISSUE, 12 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.loss_kernels(1)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
             "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + ce_f
             + loss_f,

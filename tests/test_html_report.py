@@ -216,3 +216,35 @@ def test_the_verdict_holds_step_mfu_tokens_and_peak(tmp_path):
     assert f"if it fit: step {st.step_s:.3f} s, MFU {st.mfu:.1%}" in verdict
     assert f"peak {plan.timeline.peak.total_bytes / 2**30:.2f} GiB of {plan.timeline.usable_bytes / 2**30:.2f} GiB usable" \
            in verdict
+
+
+def test_the_memory_section_shows_the_reserved_peak_beside_the_allocated_one(tmp_path):
+    """The Memory table holds, per stage, the allocated peak and beside it the caching allocator's
+    simulated reserved peak (GiB, 2 decimals, Timeline.reserved_memory), and the section the
+    allocator's line as ``meshplan memory`` prints it (report.memory.reserved_line). Under
+    [memory] reserved_verdict the verdict line names the reserved peak + buffers the fit is decided on
+    and the headroom column is to it (usable - verdict_bytes). One name per quantity: the table's
+    first column is the timeline's peak over every kind, communication buffers included (``peak
+    incl. comm. buffers``, Timeline.peak.total_bytes), the allocator line's ``allocated peak`` is the
+    allocator's live blocks without them (torch.cuda.max_memory_allocated); the column was headed
+    "allocated peak" before, the name the line gives the other quantity."""
+    plan = build_plan(load_config(MINI))
+    tl = plan.timeline
+    memory = plan_page(plan, None, "mini")
+    memory = memory[memory.index("<h2>Memory</h2>"):]
+    head = "<th>peak incl. comm. buffers (GiB)</th><th>reserved peak (GiB)</th>"
+    row = f"<td>{tl.peak.total_bytes / 2**30:.2f}</td><td>{tl.reserved_memory().reserved_bytes / 2**30:.2f}</td>"
+    assert head in memory and row in memory and "headroom to the peak incl. communication buffers" in memory
+    assert tl.peak.by_kind["comm_buffers"] > 0  # the two peaks differ: the buffers are in one only
+    allocated = f"allocated peak {tl.reserved_memory().stats.allocated_peak_bytes / 2**30:.2f} GiB"
+    assert memory.count("allocated peak") == 1 and f"{allocated} (torch.cuda.max_memory_allocated)" in memory
+    assert "reserved peak" not in _verdict_section(plan_page(plan, None, "mini"))
+    cfg = tmp_path / "held.toml"
+    cfg.write_text(MINI.read_text() + "\n[memory]\nreserved_verdict = true\n")
+    plan = build_plan(load_config(cfg))
+    tl = plan.timeline
+    doc = plan_page(plan, step_time(plan), "held")
+    assert f"(reserved peak + buffers {tl.verdict_bytes / 2**30:.2f} GiB) of" in _verdict_section(doc)
+    memory = doc[doc.index("<h2>Memory</h2>"):]
+    assert f"<td>{tl.headroom_bytes / 2**30:.2f}</td>" in memory
+    assert f"{tl.reserved.reserved_bytes / 2**30:.2f}" in memory and "the verdict holds it" in memory

@@ -30,7 +30,7 @@ LAYERS = [
     ["meshplan.compute"],
     ["meshplan.memory"],
     ["meshplan.comm"],
-    ["meshplan.plan", "meshplan.plan_checks", "meshplan.plan_moe", "meshplan.plan_runtime"],
+    ["meshplan.plan", "meshplan.plan_checks", "meshplan.plan_fidelity", "meshplan.plan_moe", "meshplan.plan_runtime"],
     ["meshplan.schedule"],
     ["meshplan.reliability", "meshplan.checkpoint_bytes", "meshplan.restart", "meshplan.restart_degrees",
      "meshplan.restart_meshes", "meshplan.restart_rank", "meshplan.restart_text", "meshplan.plan_fix",

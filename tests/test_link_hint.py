@@ -4,7 +4,10 @@ dgx-a100-40gb (micro_batch 1, full recompute, global batch 512: 8 micro-batches)
 1. Under ``--overlap-tp`` the hints are the config as written (TP blocking), so each hint's step is
    what ``step`` prints for the config with that hint set; before, they were stepped under the ideal
    overlap (reshard_after_forward false 26.3 s, micro_batch 2 25.6 s) while the configs so changed
-   step 27.95 s and 28.20 s.
+   step 27.95 s and 28.42 s (28.20 s until the A100 NVLink curve carried all of S15's rows: at micro_batch 2
+   the SP tp all-gathers and reduce-scatters are 8192 x 2 x 8192 x 2 B = 256 MiB, S15's own 256M row,
+   194.07 GB/s all-reduce busbw, 1213.6 us each, where the line from its 128M to its 512M row gave 205.0
+   GB/s, 1149.0 us).
 2. Plain ``step`` exposes fsdp 7.6% and tp 15.7% of its 30.05 s step, under both hints' rules,
    yet each node's NICs are busy 22.15 s of the 23.05 s window with FSDP traffic: one line says so
    with the FSDP knobs re-planned (:mod:`meshplan.schedule.link_hint`), and one says why the TP
@@ -70,7 +73,7 @@ KNOBS = {"training.reshard_after_forward = false": "reshard_after_forward = fals
 def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
     """``step --overlap-tp`` prints the same ``hint:`` lines as ``step``, after a note naming the
     written config's step, and each hinted step is the step of the config edited so, as ``step``
-    prints it (27.95 s and 28.20 s, not the 26.3 s and 25.6 s of the ideal overlap)."""
+    prints it (27.95 s and 28.42 s, not the 26.3 s and 25.6 s of the ideal overlap)."""
     cfg = _config(tmp_path)
     plain = _step(capsys, cfg)
     ideal = _step(capsys, cfg, "--overlap-tp")
@@ -86,7 +89,7 @@ def test_overlap_tp_hints_are_the_config_as_written(tmp_path, capsys):
         edited = _config(tmp_path, setting.split()[0], setting + "\n")
         ms = _step_ms(_step(capsys, edited))
         assert hinted[words] == f"{ms / 1e3:.2f}"
-    assert hinted == {"training.reshard_after_forward = false": "27.95", "training.micro_batch = 2": "28.20"}
+    assert hinted == {"training.reshard_after_forward = false": "27.95", "training.micro_batch = 2": "28.42"}
     assert "26.3 s" not in hint and "25.6 s" not in hint
 
 
@@ -114,7 +117,7 @@ def test_link_bound_line_from_the_nics_bytes(tmp_path, capsys):
         f"{busy:.2f} s of the 23.05 s window ({busy / float(window):.0%}; stage 0's compute time, the edge-load "
         f"table's; the step is 30.05 s) with fsdp backward reduce-scatter 277.9 GB, fsdp forward all-gather 138.9 GB, "
         f"fsdp backward all-gather 136.9 GB: shorter with training.reshard_after_forward = false (step 27.95 s, "
-        f"-7.0%, peak 21.0 GiB fits); training.micro_batch = 2 (step 28.20 s, -6.2%, peak 6.9 GiB fits)")
+        f"-7.0%, peak 21.0 GiB fits); training.micro_batch = 2 (step 28.42 s, -5.4%, peak 6.9 GiB fits)")
     assert f"{busy / float(window):.0%}" == "96%"
     # the two rules that stay silent: exposed fsdp 7.6% < 15%, and no FSDP hint line
     assert "exposed fsdp 2282.59" in lines[2] and 2282.59 / 30052.45 < 0.15

@@ -217,28 +217,41 @@ def test_table_matches_torch_for_mla(name):
 
 
 MLA_TP2 = __import__("pathlib").Path(__file__).parent / "data" / "validate_deepseek_v2_lite_tp2sp.toml"
+MLA_PP2 = MLA_TP2.parent / "validate_deepseek_v2_lite_pp2_tp2sp.toml"
+MLA_CP2 = MLA_TP2.parent / "validate_dense_mla_cp2_tp2sp.toml"
+
+
+def shared_validate_runs() -> dict:
+    """This file's ``validate`` runs (2 layers, seq 32, vocab 512, 1 timed step, no probe), each in
+    the shared launch of its world (tests/conftest.py ``world2_runs``/``world4_runs``/``world8_runs``,
+    tests/validate_runs.py): DeepSeek-V2-Lite at tp 2 (world 2), at pp 2 x dp_shard 2 x tp 2
+    with 2 micro-batches (world 8), the dense MLA model at cp 2 x tp 2 (world 4)."""
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation.validate import Options
+
+    def opt(world: int, timeout_s: float, **kw):
+        return Options(worlds=(world,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=timeout_s, probe=False,
+                       **kw)
+
+    return {"mla_tp2": (MLA_TP2, opt(2, 200)), "mla_pp2": (MLA_PP2, opt(8, 280, micro_batches=2)),
+            "mla_cp2": (MLA_CP2, opt(4, 200))}
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
+def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(world2_runs):
     """`meshplan validate` of DeepSeek-V2-Lite (scaled: hidden 2048 / 8 = 256, kv_lora_rank
     512 / 8 = 64, qk_rope_head_dim 64 / 8 = 8, 2 layers: one dense, one MoE) at tp 2 + SP on
-    2 gloo ranks (~35 s on 2 cores): every rank's collectives equal the plan's table, with the
+    2 gloo ranks (the shared 2-rank launch): every rank's collectives equal the plan's table, with the
     MLA rows: dp 1, so no FSDP2 reduces the Partial gradients of wkv_a (256 x (64 + 8) x 4 B =
     73,728 B) and kv_a_norm (64 x 4 B = 256 B) and the fused AdamW (the default optimizer_impl)
     all-reduces each once per step, 2 layers x 1 = 2 (6 with the foreach AdamW's 3 reads). The losses of both steps equal the unsplit model's (each tp rank
     routes its own half of the sequence through the experts)."""
     import json
 
-    from meshplan.config import load_config
-    from meshplan.runtime.validation.validate import Options, validate
     from tests.test_validate_moe import _reference_losses
 
-    pytest.importorskip("torch")
-    out = tmp_path / "ev"
-    code, res = validate(load_config(MLA_TP2), Options(worlds=(2,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                       timeout_s=200, probe=False), out, echo=lambda *_: None)
+    run = world2_runs["mla_tp2"]
+    code, res, out = run.code, run.results, run.out
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}
@@ -254,24 +267,14 @@ def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
 
 
-MLA_PP2 = MLA_TP2.parent / "validate_deepseek_v2_lite_pp2_tp2sp.toml"
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_validate_runs_mla_on_two_pipeline_stages(tmp_path):
-    """pp 2 x dp_shard 2 x tp 2 + SP, 2 micro-batches (8 gloo ranks, ~70 s on 2 cores): the
+def test_validate_runs_mla_on_two_pipeline_stages(world8_runs):
+    """pp 2 x dp_shard 2 x tp 2 + SP, 2 micro-batches (8 gloo ranks, the shared 8-rank launch): the
     collectives of every rank equal the plan's table. Under pp the MLA weight gradients are
     reduced by FSDP2 once per step (PipelineStage turns gradient sync off for every backward
     but the last), one per layer of the stage: wkv_a 256 x 72 x 4 B = 73,728 B, once on
     each stage (one layer each)."""
-    from meshplan.config import load_config
-    from meshplan.runtime.validation.validate import Options, validate
-
-    pytest.importorskip("torch")
-    code, res = validate(load_config(MLA_PP2), Options(worlds=(8,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                       micro_batches=2, timeout_s=280, probe=False),
-                         tmp_path / "ev", echo=lambda *_: None)
+    code, res = world8_runs["mla_pp2"].code, world8_runs["mla_pp2"].results
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == [] and comp["group_differences"] == {}
@@ -282,25 +285,17 @@ def test_validate_runs_mla_on_two_pipeline_stages(tmp_path):
         ("backward", "all-reduce", [1] * 8)]
 
 
-MLA_CP2 = MLA_TP2.parent / "validate_dense_mla_cp2_tp2sp.toml"
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_validate_runs_mla_with_cp2_tp2_and_matches_the_reference(tmp_path):
+def test_validate_runs_mla_with_cp2_tp2_and_matches_the_reference(world4_runs):
     """A dense MLA model (scaled: hidden 1024 / 4 = 256, q_lora_rank 96, kv_lora_rank 64,
-    d_qk 16 + 8, d_v 16), cp 2 x tp 2 + SP on 4 gloo ranks (~40 s): collectives equal the
+    d_qk 16 + 8, d_v 16), cp 2 x tp 2 + SP on 4 gloo ranks (the shared launch): collectives equal the
     table, and each rank's losses of two steps equal the unsplit model's on its own chunks
     (``tests/test_validate_cp.py``'s reference): checks the K/V buffer of two head dims,
     the global rotary positions of the shared RoPE key and the causal mask across chunks.
     The K/V all-gather: 32 tokens x 4 local heads x (24 + 16) x 4 B = 20,480 B per layer."""
-    pytest.importorskip("torch")
-    from meshplan.runtime.validation.validate import Options
     from tests.test_validate_cp import _check, _run
-    from tests.validate_runs import launch
 
-    opt = Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=200, probe=False)
-    out, res = _run(launch(tmp_path, {"mla": (MLA_CP2, opt)}), "mla")
+    out, res = _run(world4_runs, "mla_cp2")
     # activations' maximum within 2% as the non-MLA cp runs (tests/test_validate_cp.py): the plan 525,648 B
     # against FSDPMemTracker's 526,508 (+0.16%). Per layer 238,080 B (tests/test_mla.py derives each term):
     # the 207,616 the plan counted before (464,720 B, 13.3% under) less v (32 x 4 x 16 x 4 = 8,192) and the

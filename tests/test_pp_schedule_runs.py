@@ -131,22 +131,28 @@ def test_torchtitan_export_round_trip():
     assert (back["global_batch"], back["micro_batch"], back["pp_schedule_runs"]) == (32, 1, 4)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_validate_two_schedule_runs_match_the_plan(tmp_path):
-    """pp 2 x dp_shard 2 on 4 gloo ranks, 4 micro-batches in 2 runs of Schedule1F1B: every
-    collective of every rank (FSDP gathers and reduce-scatters twice, sends and receives per
-    micro-batch) equals the plan's, and each step reports the 4 micro-batches."""
+def shared_validate_runs() -> dict:
+    """pp 2 x dp_shard 2 in 2 schedule runs at world 4, in the shared 4-rank launch (tests/conftest.py
+    ``world4_runs``, tests/validate_runs.py); no in-run probe: nothing here reads it (it runs in
+    tests/test_validate.py)."""
     from pathlib import Path
 
     from meshplan.config import load_config
-    from meshplan.runtime.validation.validate import Options, validate
+    from meshplan.runtime.validation.validate import Options
 
     base = load_config(Path(__file__).parent / "data" / "validate_llama8b_pp2_fsdp.toml")
     cfg = dataclasses.replace(base, training=base.training.model_copy(update={"pp_schedule_runs": 2}))
-    out = tmp_path / "ev"  # no in-run probe: nothing here reads it (it runs in tests/test_validate.py)
-    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
-                                      timeout_s=150, probe=False), out, echo=lambda *_: None)
+    return {"pp_schedule_runs2": (cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                               timeout_s=150, probe=False))}
+
+
+@pytest.mark.slow
+def test_validate_two_schedule_runs_match_the_plan(world4_runs):
+    """pp 2 x dp_shard 2 on 4 gloo ranks, 4 micro-batches in 2 runs of Schedule1F1B: every
+    collective of every rank (FSDP gathers and reduce-scatters twice, sends and receives per
+    micro-batch) equals the plan's, and each step reports the 4 micro-batches."""
+    run = world4_runs["pp_schedule_runs2"]
+    code, res, out = run.code, run.results, run.out
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp = r["comparison"]

@@ -99,10 +99,12 @@ def test_no_schedule_named_for_a_pipeline_added_to_a_pp1_job():
 @pytest.mark.heavy
 def test_megatron_example_keeps_the_kind(capsys):
     """The Megatron example (Llama-3-8B pp 2 x dp 4 x tp 2 on 2 dgx-h100, global batch 128) loses a
-    node: 8 GPUs. The kind, pp 2 x dp 2 x tp 2 (128 = 1 x 2 x 64 micro-batches), plans 77,848 tokens/s;
-    pp 1 x dp 4 x tp 2 plans 84,260, 84,260 / 77,848 - 1 = 8.2% more: over the old 5% rule, which
+    node: 8 GPUs. The kind, pp 2 x dp 2 x tp 2 (128 = 1 x 2 x 64 micro-batches), plans 77,839 tokens/s;
+    pp 1 x dp 4 x tp 2 plans 84,258, 84,258 / 77,839 - 1 = 8.2% more: over the old 5% rule, which
     proposed it, but within REMESH_MARGIN (29.4%): the kind is proposed and a why line names pp 1 (planned
-    by this planner, the newcomer trial's numbers)."""
+    by this planner, the newcomer trial's numbers). (77,848 and 84,260 before Megatron's loss-scale
+    multiply and its backward on the last stage, 2 x 4.7 us per micro-batch, and, at pp 2, each
+    blocking p2p call's 3 timer/sync issue floors: both steps a few ms longer.)"""
     from pathlib import Path
     ex = Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
     rc, out, err = run_cli(["reliability", ex, "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "100",
@@ -112,7 +114,7 @@ def test_megatron_example_keeps_the_kind(capsys):
     assert "restart: world 16 -> 8; mesh pp 2 x dp 4 x tp 2 -> pp 2 x dp 2 x tp 2 (shrunk: dp 4 -> 2; kept: pp 2, tp 2)" in lines
     assert "- global batch 128 = micro_batch 1 x dp 2 x 64 micro-batches" in lines
     assert ("- why: the job's kind, the least-disruptive mesh (pp 2, tp 2 and cp 1 kept, only the data axes shrunk); "
-            "the fastest mesh changing pp, tp or cp, pp 1 x dp 4 x tp 2 on 8 GPUs, plans 84,260 tokens/s, 8.2% more, "
+            "the fastest mesh changing pp, tp or cp, pp 1 x dp 4 x tp 2 on 8 GPUs, plans 84,258 tokens/s, 8.2% more, "
             "within the 29.4% remesh margin (the step model's largest mean error when it was set, docs/fidelity.md)") in lines
 
 

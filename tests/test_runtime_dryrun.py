@@ -15,6 +15,7 @@ Conventions of the hand derivations (torch 2.13, see meshplan/runtime/execution/
   fp32 values on tp (max, sum of exp, target logit).
 """
 
+import contextlib
 from collections import Counter
 
 import pytest
@@ -290,18 +291,14 @@ def test_tied_embeddings_gathered_once():
     assert t[("backward", "reduce-scatter", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
 
 
-def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
-    # [final_norm, output] is one FSDP unit of two modules. torch 2.13's FSDPMemTracker
-    # instruments module by module, keeps one hook handle per unit, leaves its hook on
-    # final_norm after exit and the next forward raises ("multiple iterative calls");
-    # meshplan's UnitMemTracker instruments the unit once. The forward hooks on each module
-    # (FSDP's, and TP's on the embedding, final_norm and output) are the same after two
-    # tracked steps, the unit's backward methods are FSDP's own, and the steps after run.
+@contextlib.contextmanager
+def _tiny_fsdp_tp_runner():
+    """TINY at dp_shard 2 x tp 2 with SP, rank 3 of a fake process group, fp32, loss parallel: yields
+    ``(model, Runner, hooks)``, ``hooks()`` the forward pre-hook and hook counts of the root, the
+    embedding, layer 0, the final norm and the output (the memory-step tests' before/after check)."""
     import torch
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
-    from meshplan.runtime.execution.memtracker import fsdp_units
-    from meshplan.runtime.execution.trainstep import Runner, memory_step
+    from meshplan.runtime.execution.trainstep import Runner
 
     class Status:
         def set(self, *a, **k):
@@ -317,12 +314,27 @@ def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
         model.to_empty(device="cpu")
         model.init_weights(seed=0)
         named = dict(model.named_modules())
-        hooks = lambda: {n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
-                         for n in ("", "embedding", "layers.0", "final_norm", "output")}
+        yield model, Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu"), lambda: {
+            n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
+            for n in ("", "embedding", "layers.0", "final_norm", "output")}
+
+
+def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
+    # [final_norm, output] is one FSDP unit of two modules. torch 2.13's FSDPMemTracker
+    # instruments module by module, keeps one hook handle per unit, leaves its hook on
+    # final_norm after exit and the next forward raises ("multiple iterative calls");
+    # meshplan's UnitMemTracker instruments the unit once. The forward hooks on each module
+    # (FSDP's, and TP's on the embedding, final_norm and output) are the same after two
+    # tracked steps, the unit's backward methods are FSDP's own, and the steps after run.
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from meshplan.runtime.execution.memtracker import fsdp_units
+    from meshplan.runtime.execution.trainstep import memory_step
+
+    with _tiny_fsdp_tp_runner() as (model, runner, hooks):
         before = hooks()
         assert before == {"": (1, 1), "embedding": (2, 2), "layers.0": (1, 1), "final_norm": (2, 2), "output": (2, 2)}
         assert [len(s._modules) for _, s in fsdp_units(model)] == [1, 1, 1, 2]  # embedding, 2 layers, head
-        runner = Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu")
         runner.step(0)
         for index in (1, 3):
             _, mem = memory_step(runner, index)
@@ -331,3 +343,35 @@ def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
             runner.step(index + 1)
         for _, state in fsdp_units(model):
             assert state._fsdp_param_group.pre_backward.__func__ is FSDPParamGroup.pre_backward
+
+
+@pytest.mark.parametrize("failing", ["_instrument_optimizer", "_track_resize"])
+def test_a_tracker_failing_on_entry_leaves_the_model_to_the_resident_set_fallback(monkeypatch, failing):
+    # torch 2.13's FSDPMemTracker.__enter__ (fsdp2_mem_tracker.py 503-518) installs the units'
+    # hooks (_instrument_fsdp_module), then the optimizer's (_instrument_optimizer), then patches
+    # UntypedStorage.resize_ (_track_resize); a raise in either of the last two leaves what came
+    # before installed, and no __exit__ runs to remove it. The memory step falls back to the
+    # resident set: its method names the error, and the model's forward hooks, the units' backward
+    # methods and resize_ are as before the step (the same counts as the test above), so the
+    # fallback's step and the steps after run.
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from meshplan.runtime.execution.memtracker import UnitMemTracker, fsdp_units
+    from meshplan.runtime.execution.trainstep import memory_step
+
+    def boom(self):
+        raise RuntimeError("boom")
+
+    resize = torch.UntypedStorage.resize_
+    with _tiny_fsdp_tp_runner() as (model, runner, hooks):
+        before = hooks()
+        runner.step(0)
+        monkeypatch.setattr(UnitMemTracker, failing, boom)
+        _, mem = memory_step(runner, 1)
+        assert mem["method"].startswith("resident-set growth") and mem["method"].endswith("RuntimeError: boom")
+        assert hooks() == before and torch.UntypedStorage.resize_ is resize
+        assert not runner.opt._optimizer_step_pre_hooks and not runner.opt._optimizer_step_post_hooks
+        for _, state in fsdp_units(model):
+            assert state._fsdp_param_group.pre_backward.__func__ is FSDPParamGroup.pre_backward
+        runner.step(2)

@@ -192,3 +192,23 @@ def test_a_deepspeed_json_searched_by_framework_drops_its_importer_narrowing(tmp
     assert torch.training.overlap_comm is None and torch.training.framework == "torch"
     assert dropped_note(cfg, "torch").startswith("--framework torch runs without training.overlap_comm")
     assert dropped_note(cfg, "deepspeed") == ""
+
+
+@pytest.mark.parametrize("value", ["abc", None, True])
+def test_zero_optimization_not_an_object_is_a_one_line_error_naming_it(tmp_path, value):
+    """A ds config whose zero_optimization is no object: DeepSpeed's own reader fails on a string or
+    null and reads a bare true as its deprecated form (stage 1). Before: a DeepSpeed JSON imported
+    directly raised AttributeError ('str' object has no attribute 'get': a traceback), and
+    Megatron-DeepSpeed's ds config read it as stage 0 and blamed zero_optimization.stage ("0 in
+    ds_zero1.json but --zero-stage 1"); now both name zero_optimization and ask for the object."""
+    d = json.loads((DATA / "ds_zero1.json").read_text()) | {"zero_optimization": value}
+    (tmp_path / "ds_zero1.json").write_text(json.dumps(d))
+    shutil.copy(DATA / "train_mds.sh", tmp_path / "train_mds.sh")
+    with pytest.raises(ConfigError) as e:
+        load_any(tmp_path / "train_mds.sh", "megatron", ImportOptions(model="llama3-8b", cluster="dgx-h100"),
+                 require_mesh=False)
+    assert e.value.field == "zero_optimization" and "give a JSON object of ZeRO keys" in e.value.message
+    r = run_captured("import", "deepspeed", tmp_path / "ds_zero1.json", "--cluster", "dgx-h100", "--nodes", 2,
+                     "--model", "llama3-8b", "--seq-len", 4096, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: zero_optimization: {value!r}: give a JSON object of ZeRO keys")

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from meshplan.config import load_config
 from meshplan.plan import build_plan
-from meshplan.report.text import _per_layer_words, print_plan
+from meshplan.report.layer_counts import per_layer_words as _per_layer_words
+from meshplan.report.text import print_plan
 from meshplan.schedule.verdict import _sent_items
 from meshplan.units import GB
 from tests.conftest import EXAMPLES

@@ -4,12 +4,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from configs import NC29_FP8_TOML, job_toml, nc29_bf16_toml
-from cli_run import run_cli
+from cli_run import run_cli, step_json as _step
 from meshplan.compute.flops import torchtitan_flops_per_token, torchtitan_peak_flops
 from meshplan.spec.model import ModelSpec
 
@@ -28,14 +26,6 @@ SMALL_FLOP_PER_TOKEN = 5_970_714_624
 #: output 2 x 128,256 x 8,192 + final norm 8,192: N = 70,553,706,496 (torchtitan logs 70.55B); not the
 #: embedding 69,503,033,344. 6 x that = 417,018,200,064; 12 x 80 x 64 x 128 x 131,072 = 1,030,792,151,040.
 NC29_FLOP_PER_TOKEN = 1_447_810_351_104
-
-
-def _step(tmp_path, capsys, text: str, name: str) -> tuple[dict, str]:
-    cfg = tmp_path / f"{name}.toml"
-    cfg.write_text(text, encoding="utf-8")
-    code, out, err = run_cli(["step", cfg, "--json", tmp_path / f"{name}.json"], capsys)
-    assert code == 0, err
-    return json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8")), out
 
 
 def _line(out: str) -> str:

@@ -269,19 +269,22 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(staged_tp2_fsdp):
     assert _our_processes(str(out)) == []
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(tmp_path):
-    from meshplan.runtime.validation.validate import validate
-    from meshplan.config import load_config
+def shared_validate_runs() -> dict:
+    """HSDP x tp 2 + SP at world 8 without the probe, in the shared 8-rank launch (tests/conftest.py
+    ``world8_runs``, tests/validate_runs.py); the faults, the testbed and the staged worlds run
+    their own launches (validate_batch refuses faults and testbeds; the staged run is the CLI's)."""
+    return {"hsdp_tp2_sp": (HSDP, Options(worlds=(8,), timeout_s=100, probe=False, **FAST))}
 
-    code, res = validate(load_config(HSDP), Options(worlds=(8,), timeout_s=100, probe=False, **FAST), tmp_path / "ev",
-                         echo=lambda *_: None)
+
+@pytest.mark.slow
+def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(world8_runs):
+    run = world8_runs["hsdp_tp2_sp"]
+    code, res = run.code, run.results
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == []
     # without the probe (--no-probe): no probe files, no calibrated rows
-    assert not list((tmp_path / "ev").rglob("probe*.json"))
+    assert not list(run.out.rglob("probe*.json"))
     assert not [r for r in comp["predicted_vs_measured"] if "calibrated" in r["quantity"]]
     axes = {row["axis"] for row in comp["collectives"]}
     assert axes == {"tp", "dp_shard", "dp_replicate"}

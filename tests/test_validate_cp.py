@@ -1,8 +1,8 @@
 """`meshplan validate` of context parallelism (meshplan.runtime.execution.cp: Llama 3's all-gather CP).
 
-Slow (4 gloo ranks, both configs in one launch, ~70 s on 2 cores): Llama-3-8B shapes scaled down, cp 2 x
-dp_shard 2 (FSDP2 over fsdp = dp_shard x cp) and cp 2 x tp 2 + SP. Every rank's collectives
-must equal the plan's table exactly (the K/V all-gather and dK/dV reduce-scatter over cp
+Slow (4 gloo ranks, both configs in the shared 4-rank launch, tests/conftest.py ``world4_runs``):
+Llama-3-8B shapes scaled down, cp 2 x dp_shard 2 (FSDP2 over fsdp = dp_shard x cp) and cp 2 x
+tp 2 + SP. Every rank's collectives must equal the plan's table exactly (the K/V all-gather and dK/dV reduce-scatter over cp
 included), and each rank's losses of the first two steps must equal a single-process
 reference: the unsplit model on each rank's whole sequence, the per-token losses averaged
 over that rank's own load-balanced chunks, and one AdamW step on the mean over ranks (which
@@ -114,17 +114,15 @@ def _check(out: Path, res, world: int, axes: set[str], act_within: float = 0.02)
     return rows
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Both configs' ``validate`` in one 4-rank launch (tests/validate_runs.py: one torch start-up
-    and rendezvous instead of two); no in-run probe: nothing here reads it (it runs in
+def shared_validate_runs() -> dict:
+    """Both configs' ``validate`` at world 4, in the shared 4-rank launch (tests/conftest.py
+    ``world4_runs``, tests/validate_runs.py); no in-run probe: nothing here reads it (it runs in
     tests/test_validate.py)."""
     from meshplan.runtime.validation.validate import Options
-    from tests.validate_runs import launch
 
     opt = Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=200, probe=False)
-    return launch(tmp_path_factory.mktemp("cp"), {"fsdp": (DATA / "validate_llama8b_cp2_fsdp.toml", opt),
-                                                  "tp2sp": (DATA / "validate_llama8b_cp2_tp2sp.toml", opt)})
+    return {"cp2_fsdp": (DATA / "validate_llama8b_cp2_fsdp.toml", opt),
+            "cp2_tp2sp": (DATA / "validate_llama8b_cp2_tp2sp.toml", opt)}
 
 
 def _run(runs, name: str):
@@ -134,9 +132,8 @@ def _run(runs, name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)  # the first test also waits for the module's launch of both configs
-def test_4_ranks_cp2_dp_shard2_match_the_plan_and_the_reference(runs):
-    out, res = _run(runs, "fsdp")
+def test_4_ranks_cp2_dp_shard2_match_the_plan_and_the_reference(world4_runs):
+    out, res = _run(world4_runs, "cp2_fsdp")
     rows = _check(out, res, 4, {"cp", "fsdp"})
     # hidden 4096 / 16 = 256, head_dim 8, 8 KV heads: K and V of 32 tokens = 2 x 32 x 8 x 8 x 4 B
     cp = sorted((row["phase"], row["op"], row["size_bytes"], row["meshplan"]) for row in rows if row["axis"] == "cp")
@@ -147,9 +144,8 @@ def test_4_ranks_cp2_dp_shard2_match_the_plan_and_the_reference(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_4_ranks_cp2_tp2_sp_match_the_plan_and_the_reference(runs):
-    out, res = _run(runs, "tp2sp")
+def test_4_ranks_cp2_tp2_sp_match_the_plan_and_the_reference(world4_runs):
+    out, res = _run(world4_runs, "cp2_tp2sp")
     rows = _check(out, res, 4, {"cp", "tp"})
     # tp 2 splits the 8 KV heads: each rank gathers 4 heads of the 32 tokens. dp_shard is 1 at
     # 4 ranks, so fsdp = cp and FSDP2's rows are named cp too (the unit sizes, larger): the

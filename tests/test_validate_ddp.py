@@ -73,7 +73,6 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # may be the first to wait for tests/conftest.py world4_runs
 def test_4_ranks_ddp_dp4_match_the_plan_and_the_reference(ddp4_world4):
     # tests/conftest.py's run (no in-run probe: nothing here reads it, it runs in tests/test_validate.py),
     # which tests/test_checkpoint_writes.py reads too: one launch for both

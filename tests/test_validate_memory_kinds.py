@@ -28,7 +28,6 @@ import pytest
 pytest.importorskip("torch")
 
 from meshplan.runtime.execution.memtracker import RS_COPY_KIND, relabelled_kinds  # noqa: E402
-from tests.cli_run import run_captured  # noqa: E402
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "mini_2x4_tp2-dp4.toml"
 
@@ -61,15 +60,31 @@ def _assert_temporaries(tmp: dict, want: Optional[int] = None) -> None:
     assert abs(tmp["measured"] / want - 1) <= 0.20, (tmp, want)
 
 
-def _validate_world4(config: Path, out: Path) -> tuple[dict, dict]:
-    """validate ``config`` at world 4 for one step into ``out``: (its rows by quantity, the
-    ``memory max: KIND`` rows by kind). The CLI runs in this process (tests/cli_run.py: a
-    subprocess re-imported torch and meshplan, about 5 CPU-s a run); torchrun's ranks are
-    processes of their own either way."""
-    cp = run_captured("validate", config, "--worlds", "4", "--steps", "1", "--no-probe", "--out", out,
-                      "--timeout-s", "80")
-    assert cp.returncode == 0, cp.stdout + cp.stderr
-    return _memory_rows(out)
+def shared_validate_runs() -> dict:
+    """``meshplan validate CONFIG --worlds 4 --steps 1 --no-probe --timeout-s 80`` (validate's
+    seq 64) of :data:`EXAMPLE` with ``optimizer_impl = "foreach"`` and of :data:`MOE` under full
+    recompute, as the Options the CLI builds, in the shared 4-rank launch (tests/conftest.py
+    ``world4_runs``, tests/validate_runs.py)."""
+    import dataclasses
+
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options
+
+    def changed(path: Path, **training):
+        base = load_config(path)
+        assert all(getattr(base.training, k) != v for k, v in training.items())  # a real change
+        return dataclasses.replace(base, training=base.training.model_copy(update=training))
+
+    opt = Options(worlds=(4,), steps=1, probe=False, timeout_s=80)
+    return {"foreach_adamw": (changed(EXAMPLE, optimizer_impl="foreach"), opt),
+            "moe_full_recompute": (changed(MOE, recompute="full"), opt)}
+
+
+def _validated_world4(run) -> tuple[dict, dict]:
+    """A shared world-4 run (:func:`shared_validate_runs`) that passed: (its rows by quantity, the
+    ``memory max: KIND`` rows by kind)."""
+    assert run.code == 0, run.stdout
+    return _memory_rows(run.out)
 
 
 def _memory_rows(out: Path) -> tuple[dict, dict]:
@@ -124,17 +139,13 @@ def test_the_worker_runs_the_adamw_of_optimizer_impl():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_validate_world4_foreach_adamw_temporary_is_one_state(tmp_path):
+def test_validate_world4_foreach_adamw_temporary_is_one_state(world4_runs):
     """``optimizer_impl = "foreach"``: the worker runs torch's ``_multi_tensor_adam``, whose
     ``exp_avg_sq_sqrt`` (one state-sized tensor per parameter, torch/optim/adam.py) is the
     step's temporary, and the plan counts one optimizer state
     (``MemoryOptions.optimizer_temp_states_for``): an fp32 state is the fp32 parameter shard,
     half the 2-state optimizer row. Measured the same (1,968,640 B on rank 0), in the step."""
-    config = tmp_path / "foreach.toml"
-    config.write_text(EXAMPLE.read_text().replace("[training]\n", '[training]\noptimizer_impl = "foreach"\n', 1))
-    assert 'optimizer_impl = "foreach"' in config.read_text()
-    _, kind = _validate_world4(config, tmp_path / "ev")
+    _, kind = _validated_world4(world4_runs["foreach_adamw"])
     tmp = kind["temporaries"]
     assert tmp["predicted"] == kind["params"]["predicted"] == kind["optimizer"]["predicted"] // 2
     _assert_temporaries(tmp)
@@ -167,7 +178,6 @@ def _received_rows(out: Path, rank: int, replayed: bool) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # may be the first to wait for tests/conftest.py world4_runs
 def test_validate_world4_moe_memory_rows_compare_like_with_like(moe_ep2_fsdp):
     # Mixtral's shapes scaled down, dp_shard 4 x ep 2 at world 4: the experts Shard(0) over efsdp 2
     # (efsdp x ep = 4 <= 8 experts), a second parameter group of their block's unit. Before: gathered
@@ -205,8 +215,7 @@ def test_validate_world4_moe_memory_rows_compare_like_with_like(moe_ep2_fsdp):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
-def test_validate_world4_moe_full_recompute_memory_rows(tmp_path):
+def test_validate_world4_moe_full_recompute_memory_rows(world4_runs):
     # The same config under full recompute. valmoe2: the replayed forward of a layer's experts unit
     # once prefetched the units ahead (3 collective differences, gathered params +1.5%); torchtitan's
     # block never does (tests/test_forward_prefetch_recompute.py). valmoe3, measured before on rank 1:
@@ -215,11 +224,9 @@ def test_validate_world4_moe_full_recompute_memory_rows(tmp_path):
     # 1,048,576 B (+425%: the single-tensor AdamW's 3 temporaries of the largest shard, still the
     # maximum, and the checkpointed forward's routed working set, 2,146,944 B on rank 0 with a fused
     # AdamW, which the plan did not count: 1,900,544 B now at 128 rows).
-    config = tmp_path / "moe_full.toml"
-    config.write_text(MOE.read_text().replace('recompute = "none"', 'recompute = "full"'))
-    assert 'recompute = "full"' in config.read_text()
-    out = tmp_path / "ev"
-    _, kind = _validate_world4(config, out)
+    run = world4_runs["moe_full_recompute"]
+    out = run.out
+    _, kind = _validated_world4(run)
     for k in ("params", "grads", "gathered_params", "grad_buffers"):
         assert kind[k]["measured"] == kind[k]["predicted"] > 0, (k, kind[k])
     act, tmp = kind["activations"], kind["temporaries"]

@@ -23,7 +23,6 @@ torch = pytest.importorskip("torch")
 
 from tests.reference import per_token_losses  # noqa: E402
 
-from tests.conftest import WORLD4_TIMEOUT_S  # noqa: E402
 
 # dp_shard 4 x ep 2 (validate_mixtral_ep2_fsdp.toml): tests/conftest.py moe_ep2_fsdp, one run shared
 
@@ -76,7 +75,6 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)  # may be the first to wait for the shared 4-rank launch
 def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(moe_ep2_fsdp):
     """Dropless (the config sets no routing: a torch plan's default) over gloo: each MoE layer
     exchanges the per-expert counts (8 experts x 8 B int64), then dispatches and combines
@@ -147,8 +145,39 @@ def _check_router_load(out: Path) -> None:
     assert f"| router: tokens per expert, max/mean | 1.000 | {expert:.3f} |" in summary
 
 
+def shared_validate_runs() -> dict:
+    """The Mixtral config of tests/conftest.py's ``moe_ep2`` at world 2 (dp_shard 2 x ep 2: efsdp
+    1), 2 layers, seq 32, one step, no probe, in the shared 2-rank launch (tests/conftest.py
+    ``world2_runs``, tests/validate_runs.py)."""
+    from meshplan.runtime.validation.validate import Options
+
+    return {"moe_efsdp1": (Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml", Options(worlds=(2,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=200,
+                                            probe=False))}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)
+def test_efsdp1_experts_are_parameters_and_their_gradients_gradients(world2_runs):
+    """dp_shard 2 x ep 2 at world 2: efsdp = 2 / 2 = 1, so each rank holds its 8 / 2 = 4 experts
+    whole, outside FSDP2 (torchtitan's ``ignored_params``). By hand, fp32 (4 B), hidden d 256,
+    expert ffn 896 (Mixtral's 4096 and 14336 / 16), 2 MoE layers: the experts per rank are
+    experts/ep x 3 x d x d_ff x 4 B x 2 = 4 x 3 x 256 x 896 x 4 x 2 = 22,020,096 B; the FSDP2
+    shards half of the dense weights: embedding and output 2 x 512 x 256, per layer 2 norms x
+    256 + wq and wo 2 x 256 x 256 + wk and wv 2 x 64 x 256 (8 KV heads of 8) + router 8 x 256 =
+    166,400, x 2 layers, + final norm 256: 595,200 values / 2 x 4 B = 1,190,400 B. The plan
+    counts both (23,210,496 B); the run measured 1,190,400 B before
+    ``memtracker.outside_fsdp`` (-95%, and the run PASSED): now the params and grads rows are
+    exact, and the params row is gated (memcheck.params_gate)."""
+    run = world2_runs["moe_efsdp1"]
+    assert run.code == 0, run.stdout
+    rows = {r["quantity"]: r for r in json.loads((run.folder / "predicted_vs_measured.json").read_text())}
+    experts, dense = 4 * 3 * 256 * 896 * 4 * 2, (2 * 512 * 256 + 2 * 166_400 + 256) // 2 * 4
+    assert (experts, dense) == (22_020_096, 1_190_400)
+    for k in ("params", "grads"):
+        assert rows[f"memory max: {k}"]["measured"] == rows[f"memory max: {k}"]["predicted"] == experts + dense
+    assert "not exercised: efsdp" in run.stdout  # efsdp 1 indeed
+
+
+@pytest.mark.slow
 def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
     """2 experts over ep 2 and efsdp 2: 2 x 2 > 2, so FSDP2 shards each rank's one expert on
     dim 1 (torchtitan's shard_placement_fn), unpadded: one MoE layer's gather is 1 expert x 3
@@ -168,7 +197,6 @@ def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(WORLD4_TIMEOUT_S)
 def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(world4_runs):
     """tp 2 + SP x dp_shard 2 with ep 2 (the ep group is the tp group, efsdp the dp_shard
     group): each tp rank routes its own sequence shard, so the MoE layers issue no tp

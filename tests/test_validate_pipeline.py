@@ -1,8 +1,8 @@
 """Pipeline parallelism on the real engine (meshplan.runtime.execution.pipelined).
 
 Fast (one process, no process group): a model split into the plan's stages computes the full
-model's logits with the full model's initial weights. Multi-process (``slow``; the 4-rank
-configs share one torchrun launch, the ``four`` fixture): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
+model's logits with the full model's initial weights. Multi-process (``slow``; the runs share
+one torchrun launch per world, tests/conftest.py ``world4_runs``/``world8_runs``): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
 4 gloo ranks: the loss is finite on the last stage, the DeviceMesh groups equal the plan's,
 every rank's pipeline send/recv equals the plan's pp rows exactly (count, bytes, dtype,
 phase), and every other difference is the known, explained one listed in ``KNOWN``; peak
@@ -23,7 +23,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.runtime.validation.validate import Options, validate  # noqa: E402
+from meshplan.runtime.validation.validate import Options  # noqa: E402
 from meshplan.config import load_config  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 
@@ -32,17 +32,19 @@ PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"
 PP_TP = DATA / "validate_llama8b_pp2_tp2_sp.toml"
 
 
-def _four_rank_runs() -> dict:
-    """Every 4-rank ``validate`` of this file, ``name -> (config, Options)``: 4 layers, seq 32,
-    vocab 512, 1 timed step, 4 micro-batches unless named, no probe."""
+def shared_validate_runs() -> dict:
+    """Every ``validate`` of this file, ``name -> (config, Options)``, run in the shared launches of
+    tests/conftest.py (``world4_runs``, ``world8_runs``; tests/validate_runs.py: one torch start-up
+    and rendezvous per world instead of one per config, each config into its own evidence folder):
+    4 layers, seq 32, vocab 512, 1 timed step, 4 micro-batches unless named, no probe."""
     fsdp, tp = load_config(PP_FSDP), load_config(PP_TP)
 
     def cfg(base, training=None, **mesh):
         return dataclasses.replace(base, mesh=base.mesh.model_copy(update=mesh),
                                    training=base.training.model_copy(update=training or {}))
 
-    def opt(timeout_s, **kw):
-        return Options(**{"worlds": (4,), "layers": 4, "seq_len": 32, "vocab": 512, "steps": 1, "micro_batches": 4,
+    def opt(timeout_s, world=4, **kw):
+        return Options(**{"worlds": (world,), "layers": 4, "seq_len": 32, "vocab": 512, "steps": 1, "micro_batches": 4,
                           "probe": False, "timeout_s": timeout_s, **kw})
 
     runs = {"pp2_dp_shard2": (fsdp, opt(90))}
@@ -59,25 +61,13 @@ def _four_rank_runs() -> dict:
                                             pp_schedule=schedule, virtual_stages=2), opt(170))
     runs["end_chunks"] = (cfg(fsdp, pp_schedule="interleaved_1f1b", virtual_stages=2, pp_layer_split=[0, 1, 1, 0]),
                           opt(120, layers=2))
+    runs["pp2_dp_shard2_tp2_sp"] = (tp, opt(200, world=8))
     return runs
-
-
-@pytest.fixture(scope="module")
-def four(tmp_path_factory):
-    """The 4-rank runs of :func:`_four_rank_runs` in one torchrun launch (tests/validate_runs.py:
-    one torch start-up and rendezvous instead of 12, each config into its own evidence folder)."""
-    from tests.validate_runs import launch
-
-    return launch(tmp_path_factory.mktemp("pp4"), _four_rank_runs())
 
 
 def _take(runs, name: str):
     """(exit code, per-world results, evidence folder) of the run ``name``."""
     return runs[name].code, runs[name].results, runs[name].out
-
-
-# the first test to ask for ``four`` also waits for its launch (12 configs, ~4-6 min on 2 shared cores)
-BATCH_TIMEOUT_S = 900
 
 
 def test_stage_split_computes_the_full_models_logits():
@@ -120,9 +110,8 @@ def test_stage_split_computes_the_full_models_logits():
 # static-mode warm-up vote of the first step is set-up traffic, left out of the comparison.
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(four):
-    code, res, out = _take(four, "pp2_dp_shard2")
+def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(world4_runs):
+    code, res, out = _take(world4_runs, "pp2_dp_shard2")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp = r["comparison"]
@@ -148,15 +137,14 @@ def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(four):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("m", [4, 3])
-def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(four, m):
+def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(world4_runs, m):
     """pp 2 x vpp 2 (4 virtual stages over 2 ranks) x dp_shard 2, m micro-batches: each rank
     touches 3 chunk boundaries (virtual stages 0|1, 1|2, 2|3), so it issues 3 sends/recvs per
     micro-batch each way: 3 m per step, the table's 2 * vpp - first - last per micro-batch.
     m 3 is not a multiple of pp: torch 2.13 runs it as one round of 3 (its rounds
     max(1, 3 // 2) = 1), in the order the plan has."""
-    code, res, out = _take(four, f"interleaved_m{m}")
+    code, res, out = _take(world4_runs, f"interleaved_m{m}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())
@@ -173,14 +161,13 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(four, m):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("reshard", [False, True])
-def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(four, reshard):
+def test_interleaved_1f1b_vpp4_window_regathers_match_the_plan(world4_runs, reshard):
     """pp 2 x vpp 4 (8 virtual stages, one layer each) x dp_shard 2, m 4: torch 2.13's window of
     3 local stages evicts chunks and unshards them again (meshplan.pipeline.unshard_window); the
     plan counts those all-gathers on the pass each UNSHARD prefetches for and the recorder names
     them so (pipelined_recorder.label_unshard): every FSDP row matches, none left in phase schedule."""
-    code, res, out = _take(four, f"vpp4_reshard_{reshard}")
+    code, res, out = _take(world4_runs, f"vpp4_reshard_{reshard}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     gathers = [row for row in r["comparison"]["collectives"] if row["op"] == "all-gather" and row["axis"] != "pp"]
@@ -226,13 +213,9 @@ def _rows(comp: dict, axis: str) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(tmp_path):
+def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(world8_runs):
     """8 ranks: pp 2 x dp_shard 2 x tp 2 + SP, 1F1B, 4 micro-batches, loss parallel."""
-    out = tmp_path / "ev"
-    code, res = validate(load_config(PP_TP), Options(worlds=(8,), layers=4, seq_len=32, vocab=512, steps=1,
-                                                     micro_batches=4, timeout_s=200, probe=False), out,
-                         echo=lambda *_: None)
+    code, res, out = _take(world8_runs, "pp2_dp_shard2_tp2_sp")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world8"
@@ -266,14 +249,13 @@ def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(four):
+def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(world4_runs):
     """4 ranks: pp 2 x vpp 2 x tp 2 + SP, interleaved 1F1B, no data axis (no FSDP): each rank
     sends its sequence shard across 3 chunk boundaries per micro-batch each way (12 per step);
     the SP norm gradients stay Partial and the fused AdamW (the default optimizer_impl) all-reduces
     each once: 2 layers x 2 norms on the first stage's ranks, + the final norm on the last's
     (3 each with the foreach AdamW: 12, 12, 15, 15)."""
-    code, res, out = _take(four, "tp_interleaved")
+    code, res, out = _take(world4_runs, "tp_interleaved")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -293,9 +275,8 @@ def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(four):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
-def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(four, schedule):
+def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(world4_runs, schedule):
     """4 ranks: pp 2 x tp 2 + SP, no data axis, ZB-V (ScheduleZBVZeroBubble) and DualPipeV
     (ScheduleDualPipeV), 4 micro-batches (DualPipeV's minimum, 2 pp). V-shaped: pp rank 0 holds
     virtual stages 0 and 3 (layers 0 and 3, the embedding, the output layer and the loss), pp
@@ -303,7 +284,7 @@ def test_pp2_tp2_sp_v_shaped_schedules_match_the_plan_exactly(four, schedule):
     boundaries per micro-batch each way (8 per step, against 12 looped), every collective
     equal to the plan's table. The loss is on pp rank 0 and equals the single-process model's.
     Memory by resident set (MemTracker's hooks break the split backward, see pipelined)."""
-    code, res, out = _take(four, f"tp_{schedule}")
+    code, res, out = _take(world4_runs, f"tp_{schedule}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     comp, folder = r["comparison"], out / "world4"
@@ -377,9 +358,8 @@ def test_a_schedules_unshard_prefetch_is_named_forward():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
 @pytest.mark.parametrize("schedule,runs", [("zbv", 1), ("dualpipev", 1), ("zbv", 2)])
-def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(four, schedule, runs):
+def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(world4_runs, schedule, runs):
     """pp 2 x dp_shard 2, ZB-V and DualPipeV with reshard_after_forward false (rule v-reshard's fix,
     torchtitan's default under pp), 4 layers, 4 micro-batches (ZB-V also as 2 schedule runs of 2):
     every collective of every rank equals the plan's table (with it true ZB-V runs one
@@ -388,7 +368,7 @@ def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(four, sched
     forward (PipelineRecorder names it forward, as the plan: pipelined_recorder.label_unshard): 2 layer
     units per rank, 1 each of the embedding (524,288 B) and [norm, output] (525,312 B) on pp rank
     0, which holds virtual stages 0 and 3; pp send/recv as planned."""
-    code, res, out = _take(four, f"kept_{schedule}_{runs}")
+    code, res, out = _take(world4_runs, f"kept_{schedule}_{runs}")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     assert r["comparison"]["differences"] == []
@@ -404,13 +384,12 @@ def test_pp2_dp_shard2_v_shaped_kept_gathered_match_the_plan_exactly(four, sched
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(four):
+def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(world4_runs):
     """pp 2 x vpp 2 x dp_shard 2 with 2 layers split [0, 1, 1, 0] ((2 + 2) / (2 x 2) = 1 slot per
     virtual stage, Megatron-Core's account-for-embedding/loss split): virtual stage 0 holds the
     embedding alone, 3 the head alone. torch runs it; each rank touches 3 chunk boundaries, 3 m
     sends/recvs per step each way, as the plan says, and the FSDP rows match the plan's."""
-    code, res, out = _take(four, "end_chunks")
+    code, res, out = _take(world4_runs, "end_chunks")
     r = res[0]
     assert r.get("stage") == "compare", r["message"]
     plan = json.loads((out / "world4" / "plan.json").read_text())

@@ -1,8 +1,8 @@
 """Pipeline parallelism combined with context parallelism, tied embeddings and experts
 (meshplan.runtime.execution.pipelined, meshplan.runtime.execution.pipelined_stage), on the real engine.
 
-Each multi-process test (``slow``, gloo, 4-8 ranks, tiny fp32 model; the five 8-rank configs
-share one torchrun launch, the ``eight`` fixture) runs ``meshplan validate`` and checks that every rank's recorded collectives equal the
+Each multi-process test (``slow``, gloo, 4-8 ranks, tiny fp32 model; the runs share one torchrun
+launch per world, tests/conftest.py ``world4_runs``/``world8_runs``) runs ``meshplan validate`` and checks that every rank's recorded collectives equal the
 plan's table exactly (count, group, bytes, dtype, phase) and that the last stage's losses
 equal a single-process reference on the same micro-batches: the first step's (the weights
 as initialised) and the second step's (after one AdamW step on the gradient of the mean
@@ -24,7 +24,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.runtime.validation.validate import Options, validate  # noqa: E402
+from meshplan.runtime.validation.validate import Options  # noqa: E402
 from meshplan.config import load_config  # noqa: E402
 from tests.reference import per_token_losses  # noqa: E402
 
@@ -100,45 +100,32 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
     return out
 
 
-def _run(config: Path, world: int, tmp_path: Path, **kw):
-    out = tmp_path / "ev"
-    code, res = validate(load_config(config), _options(world, **kw), out, echo=lambda *_: None)
-    assert res[0].get("stage") == "compare", res[0]["message"]
-    return code, res[0]["comparison"], out / f"world{world}"
-
-
 def _options(world: int, **kw) -> Options:
     opt = dict(worlds=(world,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4, timeout_s=200, probe=False)
     return Options(**{**opt, **kw})
 
 
-@pytest.fixture(scope="module")
-def eight(tmp_path_factory):
-    """The five 8-rank configs of this file in one torchrun launch (tests/validate_runs.py: one torch
-    start-up and rendezvous of 8 workers instead of five, each config into its own evidence folder)."""
+def shared_validate_runs() -> dict:
+    """Every ``validate`` of this file, in the shared launches of tests/conftest.py
+    (tests/validate_runs.py: one torch start-up and rendezvous per world, each config into its
+    own evidence folder): the five 8-rank configs and the 4-rank pp 2 x cp 2."""
     import dataclasses
-
-    from tests.validate_runs import launch
 
     tied = load_config(DATA / "validate_llama8b_pp2_tp2_sp.toml")
     tied = dataclasses.replace(tied, model=tied.model.model_copy(update={"tied_embeddings": True}))
-    return launch(tmp_path_factory.mktemp("pp8"), {
-        "pp2_cp2_tp2sp": (DATA / "validate_llama8b_pp2_cp2_tp2sp.toml", _options(8)),
-        "tied": (tied, _options(8)),
-        "moe_ep2": (DATA / "validate_mixtral_pp2_ep2_fsdp.toml", _options(8)),
-        "moe_tp2sp_ep2": (DATA / "validate_mixtral_pp2_tp2sp_ep2_fsdp.toml", _options(8)),
-        "moe_etp2": (DATA / "validate_mixtral_pp2_tp2sp_etp2_fsdp.toml", _options(8))})
+    return {"pp2_cp2": (DATA / "validate_llama8b_pp2_cp2.toml", _options(4)),
+            "pp2_cp2_tp2sp": (DATA / "validate_llama8b_pp2_cp2_tp2sp.toml", _options(8)),
+            "tied": (tied, _options(8)),
+            "moe_ep2": (DATA / "validate_mixtral_pp2_ep2_fsdp.toml", _options(8)),
+            "moe_tp2sp_ep2": (DATA / "validate_mixtral_pp2_tp2sp_ep2_fsdp.toml", _options(8)),
+            "moe_etp2": (DATA / "validate_mixtral_pp2_tp2sp_etp2_fsdp.toml", _options(8))}
 
 
 def _take(runs, name: str):
-    """:func:`_run`'s (exit code, comparison, world folder) of the launched run ``name``."""
+    """(exit code, comparison, world folder) of the launched run ``name``, which must have been compared."""
     run = runs[name]
     assert run.results[0].get("stage") == "compare", run.results[0]["message"]
     return run.code, run.results[0]["comparison"], run.folder
-
-
-# the first test to ask for ``eight`` also waits for its launch (5 configs of 8 ranks, ~5 min on 2 cores)
-BATCH_TIMEOUT_S = 900
 
 
 def _check_exact(comp: dict, folder: Path, world: int) -> dict:
@@ -167,9 +154,8 @@ def _check_losses(folder: Path, token_split: int = 1) -> None:
 # layers, hidden 256, 8 KV heads of 8, seq 32, micro-batch 1, 4 micro-batches.
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_4_ranks_pp2_cp2_1f1b_match_the_plan_and_the_reference(tmp_path):
-    code, comp, folder = _run(DATA / "validate_llama8b_pp2_cp2.toml", 4, tmp_path)
+def test_4_ranks_pp2_cp2_1f1b_match_the_plan_and_the_reference(world4_runs):
+    code, comp, folder = _take(world4_runs, "pp2_cp2")
     rows = _check_exact(comp, folder, 4)
     act = 1 * (32 // 2) * 256 * 4  # (b, s/cp, h) fp32
     assert [rows["pp", phase, "send/recv", act]["rank0"] for phase in ("forward", "backward")] == [4, 4]
@@ -181,9 +167,8 @@ def test_4_ranks_pp2_cp2_1f1b_match_the_plan_and_the_reference(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_8_ranks_pp2_cp2_tp2_sp_1f1b_match_the_plan_and_the_reference(eight):
-    code, comp, folder = _take(eight, "pp2_cp2_tp2sp")
+def test_8_ranks_pp2_cp2_tp2_sp_1f1b_match_the_plan_and_the_reference(world8_runs):
+    code, comp, folder = _take(world8_runs, "pp2_cp2_tp2sp")
     rows = _check_exact(comp, folder, 8)
     shard = 1 * (32 // 2 // 2) * 256 * 4  # (b, s/cp/tp, h) fp32
     assert {k[:3] for k in rows if k[0] == "pp"} == {("pp", "forward", "send/recv"), ("pp", "backward", "send/recv")}
@@ -200,9 +185,8 @@ def test_8_ranks_pp2_cp2_tp2_sp_1f1b_match_the_plan_and_the_reference(eight):
 # second step's loss equals the tied reference's only if both copies took the summed gradient.
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_8_ranks_pp2_dp_shard2_tp2_sp_tied_embeddings_match_the_plan_and_the_reference(eight):
-    code, comp, folder = _take(eight, "tied")  # the pp 2 x tp 2 + SP config, tied_embeddings true
+def test_8_ranks_pp2_dp_shard2_tp2_sp_tied_embeddings_match_the_plan_and_the_reference(world8_runs):
+    code, comp, folder = _take(world8_runs, "tied")  # the pp 2 x tp 2 + SP config, tied_embeddings true
     rows = _check_exact(comp, folder, 8)
     # one all-reduce per step of the local shard: 512 rows / tp 2 / dp_shard 2 x 256 fp32, pairs (k, k + 4)
     tied = rows["pp", "step", "all-reduce", 512 // 2 // 2 * 256 * 4]
@@ -219,9 +203,8 @@ def test_8_ranks_pp2_dp_shard2_tp2_sp_tied_embeddings_match_the_plan_and_the_ref
 # DeviceMesh (dp_shard 4 / ep 2 = 2), as parallelize() gives the unsplit model.
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_8_ranks_pp2_dp_shard4_ep2_moe_match_the_plan_and_the_reference(eight):
-    code, comp, folder = _take(eight, "moe_ep2")
+def test_8_ranks_pp2_dp_shard4_ep2_moe_match_the_plan_and_the_reference(world8_runs):
+    code, comp, folder = _take(world8_runs, "moe_ep2")
     rows = _check_exact(comp, folder, 8)
     # dropless (the toml sets no routing): 2 MoE layers per stage x 4 micro-batches x (dispatch,
     # combine), compared by count (their bytes are the router's); before each dispatch the
@@ -244,9 +227,8 @@ def test_8_ranks_pp2_dp_shard4_ep2_moe_match_the_plan_and_the_reference(eight):
 # dp_shard x tp / ep = 2; the router's gradient is all-reduced over tp.
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_8_ranks_pp2_dp_shard2_tp2_sp_ep2_moe_match_the_plan_and_the_reference(eight):
-    code, comp, folder = _take(eight, "moe_tp2sp_ep2")
+def test_8_ranks_pp2_dp_shard2_tp2_sp_ep2_moe_match_the_plan_and_the_reference(world8_runs):
+    code, comp, folder = _take(world8_runs, "moe_tp2sp_ep2")
     rows = _check_exact(comp, folder, 8)
     # 16 tokens per tp rank x top_k 2 over 8 experts: capacity 4, 8 x 4 rows x 256 x 4 B; 2 MoE
     # layers per stage x 4 micro-batches x (dispatch, combine)
@@ -273,9 +255,8 @@ def test_8_ranks_pp2_dp_shard2_tp2_sp_ep2_moe_match_the_plan_and_the_reference(e
 # experts stay in their layer's FSDP2 unit over dp_shard (no efsdp rows).
 
 @pytest.mark.slow
-@pytest.mark.timeout(BATCH_TIMEOUT_S)
-def test_8_ranks_pp2_dp_shard2_tp2_sp_etp2_moe_match_the_plan_and_the_reference(eight):
-    code, comp, folder = _take(eight, "moe_etp2")
+def test_8_ranks_pp2_dp_shard2_tp2_sp_etp2_moe_match_the_plan_and_the_reference(world8_runs):
+    code, comp, folder = _take(world8_runs, "moe_etp2")
     rows = _check_exact(comp, folder, 8)
     assert not any(k[0] in ("efsdp", "ep") for k in rows)
     start = json.loads((folder / "rank5" / "startup.json").read_text())

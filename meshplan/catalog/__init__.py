@@ -181,8 +181,8 @@ def busbw_curve(name: str) -> BusbwCurve:
     """A measured nccl-tests curve of ``nccl.toml``.
 
     >>> c = busbw_curve("a100-nvlink3-ring")
-    >>> (c.op, c.ranks, c.sizes_bytes[-2], c.busbw_gb_per_s[-2])
-    ('all-reduce', 8, 1073741824, 229.0)
+    >>> (c.op, c.ranks, c.sizes_bytes[-1], c.busbw_gb_per_s[-1])
+    ('all-reduce', 8, 17179869184, 234.9)
     """
     if name not in _curves():
         raise ConfigError("busbw", f"unknown busbw curve '{name}'; known: {', '.join(sorted(_curves()))}")

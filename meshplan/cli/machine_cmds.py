@@ -72,7 +72,9 @@ def _catalog_values(entry: dict) -> str:
 
 
 def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
-                                                    help="nccl-tests outputs (stdout text or -J JSON), one run each"),
+                                                    help="nccl-tests outputs (stdout text or -J JSON), one run each; FILE:TEST "
+                                                         "names the test of a log without nccl-tests' '# Collective test "
+                                                         "starting' line for that file alone (old_ag.log:all_gather)"),
                   out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
@@ -91,8 +93,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   op: Optional[str] = typer.Option(None, "--op", help="the test that wrote the text logs without "
                                                    "nccl-tests' '# Collective test starting' line (before 2025-06): "
                                                    "alltoall, all_reduce, all_gather, reduce_scatter, sendrecv or "
-                                                   "broadcast (with or without _perf); a log with that line is read "
-                                                   "by it"),
+                                                   "broadcast (with or without _perf), for every such log without "
+                                                   "its own FILE:TEST; a log with that line is read by it"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the

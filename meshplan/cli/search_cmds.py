@@ -84,7 +84,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     per step on NVLink and on the network: under a pipeline each on the stage whose ranks send the most, named
     ('ep16 1.1 GB (stage 1)': a MoE model's dense stage 0 sends no ep traffic). A side that fits with under 15% of its
     usable memory free gets a 'warning (NAME): tight: ...' line, search's headroom rule (--json: each side's headroom and
-    headroom_warnings). Exit 0 when a plan that fits wins or the two are identical or equal on
+    headroom_warnings); a side in a setting whose step error was measured larger than the development set's
+    (ZeRO-3 sharded across nodes, torch FSDP on A100, torch on H100) a 'warning: NAME lies where ...' line
+    naming it with its measured error (--json: setting_warnings). Exit 0 when a plan that fits wins or the two are identical or equal on
     every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
@@ -117,6 +119,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
     for line in c.headroom_lines():  # a side under 15% free: the search's headroom rule
+        con.print(shown(line), highlight=False)
+    for line in c.setting_lines():  # a side where the model's measured error is larger (spec/accuracy.py)
         con.print(shown(line), highlight=False)
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
@@ -193,7 +197,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     other than none) they are kept and ranked, as torchtitan and torch run them, one note counts them with what
     torchtitan issue #773
     and pytorch issue #136766 report (far slower than interleaved 1F1B, out of memory), a warning under the
-    table names row 1 when it is one, and --export writes the plan's warning in its header. Rows are distinct meshes (axis degrees), each at its first setting by
+    table names row 1 when it is one, and --export writes the plan's warning in its header. Where row 1 lies in a
+    setting whose step error was measured larger than the development set's (ZeRO-3 sharded across nodes, torch
+    FSDP on A100, torch on H100; docs/fidelity.md), a warning under the table names it with its figures. Rows are distinct meshes (axis degrees), each at its first setting by
     the order; a MoE row names its experts' mesh after ep where efsdp (dp_shard x cp x tp / (ep x etp)) is > 1,
     'ep 16 (efsdp 4, etp 1)' (--json: expert_mesh); a line names row 1's mesh at its other settings within 1%, labelled 1a, 1b, 1c (--json: placed,
     top_variants, each with its label).

@@ -96,7 +96,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
     bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch, for
     a dense model without MLA, also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per
-    token and bf16 peak; --json torchtitan_mfu, null otherwise); how much of the
+    token and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
+    --log-throughput formula: X TFLOP/s/GPU', what its log's throughput per GPU would read; --json
+    megatron_throughput_flops_per_s, null otherwise); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
     first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
     verdict naming the communication and its cause; under that, where FSDP's re-gathers expose 15% of the step or

@@ -144,15 +144,15 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     ``t_meas`` runs linearly from the latency at S = 0 to ``t_1``. Either way the time is
     continuous at ``S_1`` and never falls as S grows.
 
-    8-GPU A100 all-reduce of 256 MiB, between the S15 rows 128M (176.9 GB/s) and 512M (222.7):
-    t(128M) = 1.75 * 2^27 / 176.9e9 = 1327.8 us, t(512M) = 4218.7 us, a third of the way:
-    2291.4 us, busbw 1.75 * 2^28 / 2291.4 us = 205.0 GB/s.
+    8-GPU A100 all-reduce of 192 MiB, between the S15 rows 128M (176.9 GB/s) and 256M (194.07):
+    t(128M) = 1.75 * 2^27 / 176.9e9 = 1327.8 us, t(256M) = 2420.6 us, half way: 1874.2 us,
+    busbw 1.75 * 192 MiB / 1874.2 us = 188.0 GB/s.
 
     >>> from meshplan.catalog import busbw_curve
     >>> c = busbw_curve("a100-nvlink3-ring")
-    >>> t = measured_time(c, 2**28, 1.75 * 2**28, 15e-6, 15e-6, 300e9)
-    >>> round(t * 1e6, 1), round(1.75 * 2**28 / t / 1e9, 1)
-    (2291.4, 205.0)
+    >>> t = measured_time(c, 3 * 2**26, 1.75 * 3 * 2**26, 15e-6, 15e-6, 300e9)
+    >>> round(t * 1e6, 1), round(1.75 * 3 * 2**26 / t / 1e9, 1)
+    (1874.2, 188.0)
     """
     f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
     read = size_bytes if read_bytes is None else read_bytes

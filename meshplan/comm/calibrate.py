@@ -100,8 +100,8 @@ from meshplan.comm.calibrate_nics import (asked_nics, fit_gbs, nic_split, nic_wa
                                           system_gpu_warning)
 from meshplan.comm.calibration_kinds import RING_OPS, host_share, kinds_set, read_rate
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta, latency_bound_reason
-from meshplan.comm.nccl_tests import (BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text, op_of_test,
-                                      trailer_warning)
+from meshplan.comm.nccl_tests import (TEST_OPS, BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text,
+                                      op_of_test, row_fits, trailer_warning)
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB, US, human_bytes
@@ -278,8 +278,11 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     models: dict[str, str] = {}  # GPU model -> the first file that named it
     files: list[tuple[str, list[BenchRow]]] = []  # file name, rows: column_note
     latency_bound: dict[str, tuple[str, str]] = {}  # link class -> (file, why) of its first run setting no beta
-    for path in map(Path, paths):
-        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, (link, op), asked, system, models, notes)
+    used_op = False
+    for path, own in map(_file_op, paths):
+        cls, fit, rows, hosts, per_node, nics, source, why = _read_run(path, (link, own or op), asked, system, models,
+                                                                       notes)
+        used_op |= own is None and op is not None and fit.op == op
         if why is not None:  # cut off below the bandwidth-bound sizes: no beta from it (linkfit.latency_bound_reason)
             notes.append(f"{path.name}: not used: {why}")
             latency_bound.setdefault(cls, (path.name, why))
@@ -290,6 +293,8 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     for cls, (name, why) in latency_bound.items():
         if cls not in by_link:  # no other file of the class sets its beta
             raise ConfigError(name, f"{why}; pass the whole output, or rerun nccl-tests up to 1 GiB or more (-e 1G)")
+    if op is not None and not used_op:
+        notes.append(f"--op {op}: read no log (each names its test, or has its own FILE:op)")
     notes += [w for w in [system_gpu_warning(system, models)] if w]
     notes.append(column_note(files))
     if nics_per_host is not None and "nic" not in by_link:
@@ -315,6 +320,35 @@ def calibrate_curves(paths: Sequence[Path], link: Optional[str] = None, nics_per
     return fits, notes, sources, curves, split
 
 
+def _file_op(spec) -> tuple[Path, Optional[str]]:
+    """(file, its own test) of a ``NCCL_TESTS_OUTPUT`` argument: ``FILE:TEST`` (``old_ag.log:all_gather``)
+    names the test of a log without nccl-tests' banner for that file alone (newcomer trial 34 finding 6:
+    ``--op`` applies to every such log), where ``FILE:TEST`` itself is not a file and TEST is a test
+    meshplan models; else the path as given, None.
+
+    >>> _file_op("logs/old_ag.log:all_gather_perf"), _file_op("logs/ar.log")
+    ((PosixPath('logs/old_ag.log'), 'all-gather'), (PosixPath('logs/ar.log'), None))
+    """
+    path = Path(spec)
+    name, colon, test = str(spec).rpartition(":")
+    if path.exists() or not colon or not name or "/" in test:
+        return path, None
+    return Path(name), op_of_test(test, str(spec))
+
+
+def _op_fits(text: str, name: str, op: str) -> None:
+    """ConfigError naming the log ``name`` (without nccl-tests' banner) whose rows do not fit the test
+    ``op`` it is read as (:func:`~meshplan.comm.nccl_tests.row_fits`): an all_reduce log read as
+    all_gather by an ``--op`` meant for another log."""
+    found = row_fits(text, len(hosts_of(text)) or None)
+    if found is None or not found[0] or any(TEST_OPS[f] == op for f in found[0]):
+        return
+    fits, said = found
+    tests = " or ".join(f"{f}_perf" for f in fits)
+    raise ConfigError(name, f"read as {op} (--op), but its rows ({said}) fit {tests}; --op applies to every log "
+                            f"without the banner: give each its own test, {name}:{fits[0]}")
+
+
 def _read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: Optional[tuple[int, str]], system: Optional[str],
               models: dict[str, str], notes: list[str]
               ) -> tuple[str, LinkFit, list[BenchRow], list[str], int, int, str, Optional[str]]:
@@ -326,6 +360,8 @@ def _read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: O
     link, op = link_op
     text = read_nccl_tests_text(path)
     banner = text.lstrip().startswith("{") or re.search(r"^# Collective test starting:", text, flags=re.M)
+    if op is not None and not banner:
+        _op_fits(text, path.name, op)
     rows = parse_nccl_tests(text, path.name, None if banner else op)
     hosts = hosts_of(text)
     cls = link_class(hosts, path.name, link, asked, system)

@@ -248,12 +248,17 @@ def load_calibrations(paths) -> dict[str, CalibratedLink]:
     """Several ``--calibration`` files as one (a path alone: :func:`load_calibration`): each
     link class from the file that has it, the common case a 1-node file (``nvlink``) beside a
     2-node one (``nic``); a class in two files is a ConfigError naming both (which of two fits
-    of one link stands is the user's to choose: ``meshplan calibrate`` keeps one per class)."""
+    of one link stands is the user's to choose: ``meshplan calibrate`` keeps one per class), a file
+    given twice one naming it."""
     if isinstance(paths, (str, Path)):
         return load_calibration(paths)
     out: dict[str, CalibratedLink] = {}
     came: dict[str, str] = {}
+    seen: set = set()
     for p in paths:
+        if Path(p).resolve() in seen:  # (its classes would read as set by both of it and itself)
+            raise ConfigError("--calibration", f"{p} given twice; give each file once")
+        seen.add(Path(p).resolve())
         for name, c in load_calibration(p).items():
             if name in out:
                 raise ConfigError(f"--calibration: link.{name}", f"set by both {came[name]} and {Path(p).name}; give "

@@ -241,15 +241,17 @@ def own_runs(link: str, op: Optional[str], curves: Sequence[Any]) -> dict[str, A
 
 
 #: The ops an ``nvlink`` all-reduce fit does not set on a node whose all-reduce runs on NVLS
-#: (``fabric.nvls``): NCCL runs them on the ring there, which the all-reduce log did not time
-#: (catalog h100-nvlink4-nvls 478.87 GB/s busbw at 8 GiB against h100-nvlink4-ring 368.0, [S3] and
-#: [S17]); they stay on the catalog's ring curve unless the file has a run of their own.
+#: (``fabric.nvls``): the all-reduce log timed NVLS's all-reduce (catalog h100-nvlink4-nvls 478.87
+#: GB/s busbw at 8 GiB against h100-nvlink4-ring 368.0, [S3] and [S17]), not them. NCCL's tuner may
+#: pick NVLS for them too (NVIDIA/nccl 5067397 ``src/graph/tuning.cc`` lines 295-296 keep NVLS among
+#: the all-gather and reduce-scatter algorithms), at a rate no log here measured; they stay on the
+#: catalog's measured ring curve unless the file has a run of their own.
 NVLS_KEPT = ("all-gather", "reduce-scatter")
 
 #: What :func:`kinds_set` and the plan's header say of :data:`NVLS_KEPT`.
 NVLS_KEPT_WORDS = ("except on a node whose all-reduce runs on NVLS (fabric nvls: dgx-h100, h200): there all-gather "
-                   "and reduce-scatter keep the catalog's ring curve (NCCL runs them on the ring; an all_gather_perf "
-                   "or reduce_scatter_perf log sets them)")
+                   "and reduce-scatter keep the catalog's ring curve (the all-reduce log timed NVLS's all-reduce, "
+                   "not them; an all_gather_perf or reduce_scatter_perf log sets them)")
 
 
 def nvls_kept(link: str, op: Optional[str], curves: Sequence[Any]) -> tuple[str, ...]:

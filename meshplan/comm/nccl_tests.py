@@ -152,16 +152,10 @@ _NO_BANNER = ("no '# Collective test starting' line (e.g. '# Collective test sta
               "nccl-tests prints it since 2025-06, NVIDIA/nccl-tests dafb704)")
 
 
-def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
-    """The program of an nccl-tests text output without its ``# Collective test starting``
-    banner (nccl-tests before dafb704, 2025-06-03, never printed it), from what every version
-    prints: the column header (``size count type redop root time algbw busbw ...``, the same for
-    every program: src/util.cu at a0b82b2, src/common.cu before), so not the header alone,
-    but each row's redop and root (:data:`ROW_SIGNATURE`) and busbw / algbw against
-    ``busbw_factor(op, n)`` on its row of largest algbw. all_reduce (a reduction, 2(n-1)/n) and
-    reduce_scatter ((n-1)/n) are told apart; all_gather and alltoall print the same (none, -1,
-    (n-1)/n) and are refused naming ``meshplan calibrate --op``, which says the test for a log of any
-    version; a text without rows or ranks is refused naming the banner."""
+def row_fits(text: str, n: Optional[int]) -> Optional[tuple[list[str], str]]:
+    """(the modelled nccl-tests programs whose rows look like ``text``'s, the evidence in words) over
+    ``n`` ranks, or None without result rows: each row's redop and root (:data:`ROW_SIGNATURE`) and
+    busbw / algbw against ``busbw_factor(op, n)`` on its row of largest algbw (:func:`_op_from_rows`)."""
     cols, best = [], None
     for line in text.splitlines():
         tokens = line.split()
@@ -175,19 +169,36 @@ def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
             if best is None or algbw > best[0]:
                 best = (algbw, busbw, tokens[cols.index("redop")], tokens[cols.index("root")])
     if best is None or not n or best[0] <= 0:
-        raise ConfigError(source, f"{_NO_BANNER}, and no result rows under the column header with the '#  Rank' "
-                                  "lines to tell the collective from; give the whole output of one nccl-tests run, "
-                                  "or put that line back at its top")
+        return None
     algbw, busbw, redop, root = best
     fits = [stem for stem, (reduces, no_root) in ROW_SIGNATURE.items()
             if reduces == (redop != "none") and no_root == (root == "-1")
             and abs(busbw / algbw - busbw_factor(TEST_OPS[stem], n)) <= 0.02 * busbw_factor(TEST_OPS[stem], n) + 0.005]
+    return fits, f"redop {redop}, root {root}, busbw/algbw {busbw / algbw:.3f} over {n} ranks"
+
+
+def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
+    """The program of an nccl-tests text output without its ``# Collective test starting``
+    banner (nccl-tests before dafb704, 2025-06-03, never printed it), from what every version
+    prints: the column header (``size count type redop root time algbw busbw ...``, the same for
+    every program: src/util.cu at a0b82b2, src/common.cu before), so not the header alone,
+    but each row's redop and root (:data:`ROW_SIGNATURE`) and busbw / algbw against
+    ``busbw_factor(op, n)`` on its row of largest algbw (:func:`row_fits`). all_reduce (a reduction,
+    2(n-1)/n) and reduce_scatter ((n-1)/n) are told apart; all_gather and alltoall print the same (none,
+    -1, (n-1)/n) and are refused naming ``meshplan calibrate --op`` and ``FILE:op``, which say the test
+    for a log of any version; a text without rows or ranks is refused naming the banner."""
+    found = row_fits(text, n)
+    if found is None:
+        raise ConfigError(source, f"{_NO_BANNER}, and no result rows under the column header with the '#  Rank' "
+                                  "lines to tell the collective from; give the whole output of one nccl-tests run, "
+                                  "or put that line back at its top")
+    fits, said = found
     if len(fits) != 1:
         which = " and ".join(f"{f}_perf" for f in fits) + " alike" if fits else "no modelled test"
-        raise ConfigError(source, f"{_NO_BANNER}; its rows (redop {redop}, root {root}, busbw/algbw "
-                                  f"{busbw / algbw:.3f} over {n} ranks) fit {which}; name the test that wrote "
-                                  "it with --op (e.g. --op alltoall), which reads the log of every nccl-tests "
-                                  "version")
+        each = " or ".join(f"{source}:{f}" for f in fits) if fits else f"{source}:TEST"
+        raise ConfigError(source, f"{_NO_BANNER}; its rows ({said}) fit {which}; name the test that wrote "
+                                  f"it: {each} for this file alone, or --op (e.g. --op alltoall) for every such log; "
+                                  "each reads the log of every nccl-tests version")
     return f"{fits[0]}_perf"
 
 

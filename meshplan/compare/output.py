@@ -35,12 +35,13 @@ def compare_to_dict(c: Comparison) -> dict:
     verdict and the rule, the table as values (:func:`table_values`), and the headroom rule's
     result as the text prints it (:mod:`meshplan.memory.headroom`, one home): each side's
     ``headroom`` (``tight: ...`` or null) and ``headroom_warnings``, the ``warning (NAME): tight:
-    ...`` lines (:meth:`~meshplan.compare.verdict.Comparison.headroom_lines`)."""
+    ...`` lines (:meth:`~meshplan.compare.verdict.Comparison.headroom_lines`), and ``setting_warnings``, the
+    ``warning: NAME lies where ...`` lines (:meth:`~meshplan.compare.verdict.Comparison.setting_lines`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
             "equal": c.equal, "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule, "decided_by": c.decided_by,
             "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c),
-            "headroom_warnings": c.headroom_lines()}
+            "headroom_warnings": c.headroom_lines(), "setting_warnings": c.setting_lines()}
 
 
 def compare_html(c: Comparison, note: str = "") -> str:
@@ -52,7 +53,7 @@ def compare_html(c: Comparison, note: str = "") -> str:
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
                    + lines([gemm_basis(c)] if gemm_basis(c) else [])
                    + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons]
-                                                                       + c.headroom_lines())
+                                                                       + c.headroom_lines() + c.setting_lines())
                    + lines([f"rule: {c.rule}"]))
     cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
                    + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
@@ -107,7 +108,7 @@ def _write_evidence_files(c: Comparison, folder: Path, calibration: Optional[dic
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
     summary += ["", gemm_basis(c)] if gemm_basis(c) else []
-    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons] + [f"- {w}" for w in c.headroom_lines()]
+    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons] + [f"- {w}" for w in c.headroom_lines() + c.setting_lines()]
     paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(
         {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons), "table": table_values(c),

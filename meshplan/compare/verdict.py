@@ -49,6 +49,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.rank import PAIR_RULE, decide
 from meshplan.search.tie_key import knob_words
+from meshplan.plan_fidelity import plan_setting_line
 from meshplan.spec.accuracy import within_error
 from meshplan.spec.memory import ALLOCATOR_FRAGMENTATION
 from meshplan.spec.search import TIE, shorter_by
@@ -101,6 +102,15 @@ class Comparison:
                 f"about {frac} to fragmentation in LLM training (GMLake, ASPLOS 2024), and search lists such a mesh "
                 f"after those that keep {frac} free" for s in ((self.a,) if self.a.name == self.b.name else (self.a, self.b))
                 if s.headroom]
+
+    def setting_lines(self) -> list[str]:
+        """One ``warning:`` line per side (one for both where they are the same mesh) that lies in a
+        setting whose step error was measured larger than the development set's
+        (:func:`meshplan.plan_fidelity.plan_setting_line`, figures from
+        :data:`~meshplan.spec.accuracy.FIDELITY`): the verdict's step difference may be within that
+        error (newcomer trial 34)."""
+        sides = (self.a,) if self.a.name == self.b.name else (self.a, self.b)
+        return [line for s in sides if (line := plan_setting_line(s.name, s.plan))]
 
     @property
     def caveat(self) -> str:

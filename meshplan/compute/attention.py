@@ -3,6 +3,14 @@ fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published 
 rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) rated at its own shape
 (:func:`meshplan.compute.ring_attention.slowest_rank`, :func:`meshplan.compute.te_ring.te_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
+
+All-gather CP's one causal call of the rank's ``L = s / cp`` queries against the gathered ``s``
+keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
+forward (a block per 128 queries) at its loop over the keys, ``s`` (causal: ``s / 2`` on average
+over the rank's two load-balanced chunks, as a causal square row at ``s``), the backward (a block
+per 128 keys) at its loop over the queries, ``L`` (``L s / 2`` pairs over ``s`` keys: ``L / 2`` on
+average, as a causal square row at ``L``); before, both passes were read at ``s``, held at the
+rows' 16,384 end above it.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
     rated = data if measured is None and data is not None and data.attention else None
     ring = ring_attention.slowest_rank(gpu, att, w, rated) if ring_attention.applies(w) else None
     # TE's ring where torch's is off (a comparison's counterfactual may switch both on: torch's then)
-    te = te_ring.te_rank(gpu, att, w, rated) if ring_attention.te_ring(w) and ring is None else None
+    te_on = ring_attention.te_ring(w) and ring is None
+    te = te_ring.te_rank(gpu, att, w, rated) if te_on and rated is not None else None
     if te is not None and te.calls is not None:  # TE's calls by step, each rated at its shape
         ring = ring_attention.RingRank(te.rank, (sum(te.calls[0]), sum(te.calls[1]), te.how), 0, 0)
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
@@ -48,8 +57,10 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         out += [timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else []
     elif rated is not None:  # published FlashAttention rates (catalog)
+        # one call (all-gather CP's (s / cp, s), or cp 1's square): each pass read at its loop length
         f_s, b_s, how = (ring.sdpa if ring is not None and ring.sdpa is not None
-                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels))
+                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
+                                                lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv)))
         fwd = att.flops(causal_half=True)
         mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                        phase, "attention", issue_floor(gpu, t), model, hw,
@@ -58,7 +69,8 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [mk("backward_input", f_s, 0.0, fwd, True)] if recompute else []
     else:
         out = _ceiling_ops(gpu, att, w, recompute, key)
-    if te is not None:  # its calls' seconds by step, its correction kernels (compute.te_ring)
+    if te_on:  # its calls' seconds by step (else the forward call's spread over them), its correction kernels
+        te = te or te_ring.te_rank(gpu, att, w, None, next(o.seconds for o in out if o.phase == "forward"))
         return te_ring.with_steps(out, te) + te_ring.kernel_ops(gpu, te)
     return out + (ring_attention.ring_ops(gpu, ring) if ring is not None else [])
 

@@ -11,7 +11,11 @@ Dao-AILab/flash-attention 000786d) and loops over the other in blocks of 128. It
 the fraction of the SMs its blocks' waves keep busy, ``tiles / (waves x SMs)`` (``tiles = b x h x
 ceil(par / 128)``, ``waves = ceil(tiles / SMs)``), times the fraction of its loop's last block
 that is real work, ``loop / (128 ceil(loop / 128))``. The model leaves out each block's fixed
-prologue and epilogue (loading Q, writing O), which the measured rows hold.
+prologue and epilogue (loading Q, writing O), which the measured rows hold: below the rows a
+short call, latency-bound, may take longer than the model says. No public A100 or H100 measurement
+below 512 tokens was found to time that fixed cost from (searched Dec 2026: flash-attention issue
+#591 asks for 64-256 token numbers and the maintainer has none; issue #477's 128-256 token runs
+are on an RTX 4090, not a catalog GPU), so none is modelled.
 
 Below the rows (:func:`below_rows`): the catalog's rows (flash-attention's
 ``benchmarks/benchmark_flash_attention.py`` and FA3's hopper benchmark: ``bs_seqlen_vals``

@@ -3,7 +3,9 @@ appendix A): one sequence's model FLOP (:func:`sequence_model_flops`), that pape
 and its published 22B measurements (:func:`korthikanti_model_flops`,
 :data:`KORTHIKANTI_22B_MEASURED`), utilization (:func:`utilization`) and why hardware FLOP exceed
 model FLOP (:func:`flop_gap`); torchtitan's logged MFU, its FLOP per token and peak
-(:func:`torchtitan_flops_per_token`, :func:`torchtitan_peak_flops`, :func:`torchtitan_mfu`).
+(:func:`torchtitan_flops_per_token`, :func:`torchtitan_peak_flops`, :func:`torchtitan_mfu`); Megatron-LM's
+logged throughput per GPU, its FLOP per iteration and their terms (:func:`megatron_flops_per_iteration`,
+:func:`megatron_attention_terms`, :func:`megatron_mlp_flops_per_token`, :func:`megatron_throughput`).
 """
 
 from __future__ import annotations
@@ -168,3 +170,99 @@ def torchtitan_mfu(flops_per_token: float, tokens_per_step: int, step_s: float, 
     0.4797
     """
     return flops_per_token * tokens_per_step / (step_s * world) / peak_flops
+
+
+#: Where Megatron-LM's logged throughput comes from: NVIDIA/Megatron-LM d98e8a64dd,
+#: ``megatron/training/training.py``: ``num_floating_point_operations`` (lines 802-1388; its
+#: ``transformer_flops``, 1009-1311) and the ``throughput per GPU (TFLOP/s/GPU)`` it logs with
+#: ``--log-throughput`` (3550-3555, 3577-3578).
+MEGATRON_FLOPS_SOURCE = "NVIDIA/Megatron-LM d98e8a64dd megatron/training/training.py:802-1388, 3550-3578"
+
+
+def megatron_attention_terms(model: ModelSpec) -> tuple[float, float]:
+    """Megatron-LM's ``transformer_flops`` attention terms for one layer (d98e8a64dd
+    ``training.py``:1079-1170, 1305-1309), forward + backward: (FLOP per token of the projections,
+    ``standard_self_attn_term``; FLOP per sequence per seq_len^2 of ``QK^T`` and ``PV``,
+    ``standard_self_attn_core_term``). Both carry its ``3 x 2`` (fwd + wgrad + dgrad, FMA).
+
+    MHA/GQA (1141-1170): q = kv_channels x heads, k = v = kv_channels x query groups (kv_channels
+    is :attr:`~meshplan.spec.model.ModelSpec.d_head`, Megatron's default hidden / heads);
+    projections ``6 (h (q + k + v) + q h)``, core ``6 q / 2 x 2`` (causal half, two products) = 6 q.
+    MLA (1079-1137; qk_head_dim is qk_nope, qk_pos_emb_head_dim qk_rope): q ``h n (qk + rope)``,
+    or with q_lora_rank r ``r (h + n (qk + rope) + 1)``; kv ``kv_lora (h + n (qk + v) + 1) + h rope``;
+    out ``n v h``; core ``6 (n (qk + rope) / 2 + n v / 2)``. Megatron's ``--attention-output-gate``
+    (a gate projection of q's size) has no meshplan field: not counted.
+
+    Llama-3-70B (h 8192, 64 heads of 128, 8 groups): ``6 (8192 x (8192 + 2048) + 8192^2)`` =
+    905,969,664 per token and ``6 x 8192`` = 49,152 per s^2.
+
+    >>> from meshplan import catalog
+    >>> megatron_attention_terms(catalog.model("llama3-70b"))
+    (905969664.0, 49152.0)
+    """
+    h, n = model.hidden, model.q_heads
+    if model.is_mla:
+        qk, rope, v = model.qk_nope_head_dim or 0, model.qk_rope_head_dim or 0, model.d_v
+        r = model.q_lora_rank
+        q_term = h * n * (qk + rope) if r is None else r * (h + n * (qk + rope) + 1)
+        kv_term = (model.kv_lora_rank or 0) * (h + n * (qk + v) + 1) + h * rope
+        return 6.0 * (q_term + kv_term + n * v * h), 6.0 * (n * (qk + rope) / 2 + n * v / 2)
+    q, kv = model.d_head * n, model.d_head * model.n_kv_heads
+    return 6.0 * (h * (q + 2 * kv) + q * h), 6.0 * q
+
+
+def megatron_mlp_flops_per_token(model: ModelSpec) -> float:
+    """Megatron-LM's MLP FLOP per token over all layers, forward + backward (d98e8a64dd
+    ``training.py``:1065-1070, 1255-1285): ``6 h (ffn x e x dense layers + (moe_ffn x top_k x e
+    + shared width x e) x MoE layers)``, e = 3 with ``--swiglu`` (gated MLP), else 2; the MoE layers
+    those ``--moe-layer-freq`` marks (meshplan: all but the first ``dense_layers``, as its
+    Megatron export writes ``[0]*K+[1]*(L-K)``), the shared width ``--moe-shared-expert-intermediate-size``
+    (shared experts x their width). The router's GEMM is not counted.
+
+    Llama-3-70B: ``6 x 8192 x 28672 x 3 x 80`` = 338,228,674,560.
+
+    >>> from meshplan import catalog
+    >>> megatron_mlp_flops_per_token(catalog.model("llama3-70b"))
+    338228674560.0
+    """
+    e = 3 if model.gated_mlp else 2
+    if not model.is_moe:
+        return 6.0 * model.hidden * model.ffn * e * model.layers
+    moe_layers = model.layers - model.dense_layers
+    shared = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
+    width = model.ffn * e * model.dense_layers + (model.moe_ffn * model.top_k * e + shared * e) * moe_layers
+    return 6.0 * model.hidden * width
+
+
+def megatron_flops_per_iteration(model: ModelSpec, global_batch: int, seq_len: int, padded_vocab: int) -> float:
+    """``num_floating_point_operations(args, batch_size)`` of Megatron-LM (d98e8a64dd
+    ``training.py``:802-1388) for unpacked (BSHD) sequences, FLOP per iteration: tokens ``B s``
+    x (:func:`megatron_mlp_flops_per_token` + layers x the attention projections + logits
+    ``6 h V_padded``) + ``B s^2`` x layers x the core attention (:func:`megatron_attention_terms`).
+    V_padded is ``args.padded_vocab_size`` (the vocabulary padded to ``--make-vocab-size-divisible-by``
+    x tp, ``megatron/core/tokenizers/utils/build_tokenizer.py``:138). Every term is x3 for forward +
+    backward whatever ``--recompute-granularity``: the formula has no recompute term, so it counts
+    model FLOP (causal-half attention) and stays the same when recomputation lengthens the step.
+    Multi-token prediction, hybrid (Mamba) and linear-attention layers: no meshplan fields, not counted.
+
+    Llama-3-70B at B 1, s 8192, tp 1 (V_padded 128,256: 1,002 x 128): 8192 x (338,228,674,560 + 80 x 905,969,664
+    + 6 x 8192 x 128,256) + 8192^2 x 80 x 49,152 = 3,680,031,058,427,904.
+
+    >>> from meshplan import catalog
+    >>> megatron_flops_per_iteration(catalog.model("llama3-70b"), 1, 8192, 128256)
+    3680031058427904.0
+    """
+    proj, core = megatron_attention_terms(model)
+    per_token = megatron_mlp_flops_per_token(model) + model.layers * proj + 6.0 * model.hidden * padded_vocab
+    return global_batch * seq_len * per_token + global_batch * seq_len * seq_len * model.layers * core
+
+
+def megatron_throughput(flops_per_iteration: float, step_s: float, world: int) -> float:
+    """What Megatron-LM's ``--log-throughput`` logs as ``throughput per GPU (TFLOP/s/GPU)``, in
+    FLOP/s per GPU (d98e8a64dd ``training.py``:3550-3555: ``num_floating_point_operations / (elapsed
+    time per iteration x 10**12 x world_size)``; it prints that /1e12 value to one decimal, 3578).
+
+    >>> megatron_throughput(3680031058427904.0 * 32, 0.4, 256) / 1e12
+    1150.00970575872
+    """
+    return flops_per_iteration / (step_s * world)

@@ -83,12 +83,14 @@ BATCH_SYNCS = 2
 #: .contiguous()`` (2); ``pretrain_gpt.py`` ``loss_func`` ``losses * loss_mask``, ``sum``,
 #: ``loss_mask.sum()``, ``/`` (4) and ``utils.py`` ``average_losses_across_data_parallel_group``
 #: ``clone``, ``cat``, ``/`` (3); ``schedules.py`` ``forward_step`` ``loss / num_microbatches``
-#: (1): 22. Backward: ``torch.autograd.backward``'s ones gradient, the backward of
+#: (1): 22. Backward: ``schedules.py`` ``backward_step``'s ``optimizer.scale_loss(output_tensor)``
+#: (``optimizer.py``: ``self.get_loss_scale() * loss``, a one-element CUDA tensor, 1.0 without a
+#: grad scaler) and its backward (2), ``custom_backward``'s ones gradient, the backward of
 #: ``/ num_microbatches``, of ``/ loss_mask.sum()`` and of ``* loss_mask`` (4; the transposes,
 #: views and ``sum``'s expand copy nothing), in ``_VocabParallelCrossEntropy.backward``
 #: ``arange``, ``.float()``, ``1.0 - ...`` and ``grad_2d[arange, target] -= ...`` (gather,
-#: subtract, put: 3) (6): 10. The logit-sized passes are :func:`cross_entropy_bytes`'.
-LOSS_KERNELS = {"forward": 22, "backward_input": 10}
+#: subtract, put: 3) (6): 12. The logit-sized passes are :func:`cross_entropy_bytes`'.
+LOSS_KERNELS = {"forward": 22, "backward_input": 12}
 
 
 def loss_kernels(micro_batch: int) -> dict[str, int]:
@@ -97,7 +99,7 @@ def loss_kernels(micro_batch: int) -> dict[str, int]:
     contiguous; ``model/transformer.py`` ``ParallelTransformer.forward`` says so of the embedding's).
 
     >>> loss_kernels(4), loss_kernels(1)
-    ({'forward': 22, 'backward_input': 10}, {'forward': 20, 'backward_input': 10})
+    ({'forward': 22, 'backward_input': 12}, {'forward': 20, 'backward_input': 12})
     """
     return dict(LOSS_KERNELS) if micro_batch > 1 else {**LOSS_KERNELS, "forward": LOSS_KERNELS["forward"] - 2}
 

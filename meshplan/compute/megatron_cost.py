@@ -98,7 +98,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = No
 
 
 def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
-                       clip: bool, loss_micro_batches: int = 0) -> Cost:
+                       clip: bool, loss_micro_batches: int = 0, grad_scaler: bool = False) -> Cost:
     """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
     (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`), on one rank holding ``tensors``
     (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
@@ -117,6 +117,13 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
       ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
       ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
       :func:`megatron_batch_cost`);
+    - ``grad_scaler`` (fp16: ``optimizer/__init__.py`` gives ``--fp16`` a ``DynamicGradScaler``; bf16 none
+      without ``--loss-scale``): ``optimizer.py`` ``_unscale_main_grads_and_check_for_nan`` (lines
+      392-412) zeroes ``found_inf`` (``fill_``: one kernel) and reads ``found_inf.item()`` after its
+      all-reduce, between the ``optimizer-unscale-and-check-inf`` timer's start and stop: 4 issue
+      floors (its unscale pass over the main gradients is a bulk pass, 8 B per parameter,
+      :func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`; the 4-byte all-reduce over the
+      model-parallel group, like the grad norm's, is not timed: tens of microseconds);
     - on the last stage (``loss_micro_batches``: the micro-batches whose losses it holds) the
       loss averaged over them (``training.py`` ``train_step``: ``sum(losses) / len(losses)``,
       Python's ``sum`` from 0: one add per micro-batch and the division) and ``training_log``'s
@@ -153,7 +160,7 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
             ops.append(Op("SP gradients copy back", "head", "step", "memory",
                           sum(issue_floor(gpu, 8 * n / bw) for n in shared), size_bytes=8 * sum(shared),
                           note=f"{len(shared)} copy_ kernels"))
-    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0)
+    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0) + (4 if grad_scaler else 0)
     ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
                   note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
     if loss_micro_batches:
@@ -168,11 +175,81 @@ def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, traini
     """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
     ``training``: the :class:`~meshplan.spec.training.TrainingSpec`; ``micro_batches`` per step);
     empty unless ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with
-    master weights."""
+    master weights, the grad scaler's syncs to fp16 parameters."""
     if not w.megatron_ops:
         return Cost(())
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
     tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
     per_param = training.param_dtype == "bf16" and training.keeps_master
     return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip,
-                              micro_batches if last else 0)
+                              micro_batches if last else 0, grad_scaler=training.param_dtype == "fp16")
+
+
+#: ``torch.cuda.synchronize`` calls per pipeline p2p call of Megatron-LM 2022 (NVIDIA/Megatron-LM 2755bcb):
+#: the call's timer start and stop (``p2p_communication.py`` ``timers('forward-send-forward-recv')``
+#: and its kin, lines 168-311, every call made with ``timers=timers`` by ``schedules.py``; ``global_vars.py``
+#: ``_Timer.start``/``stop`` synchronize, lines 217-229) and ``_communicate``'s own after the requests'
+#: waits ("To protect against race condition when using batch_isend_irecv()", line 139).
+P2P_CALL_SYNCS = 3
+
+
+def p2p_calls(schedule: str, p: int, m: int, v: int, s: int) -> int:
+    """Pipeline p2p calls stage ``s`` of ``p`` makes per step in Megatron-LM 2022 (2755bcb ``megatron/schedules.py``,
+    ``p2p_communication.py``; ``m`` micro-batches, ``v`` model chunks), each with :data:`P2P_CALL_SYNCS` syncs; 0
+    at p 1 (``forward_backward_no_pipelining``) and for a schedule Megatron-LM 2022 does not have.
+
+    - ``interleaved_1f1b`` (``forward_backward_pipelining_with_interleaving``): warm-up ``w = min(m v, 2 (p - s
+      - 1) + (v - 1) p)`` (all ``m v`` when m == p); one call after each warm-up forward and one per steady-state
+      forward/backward pair (``m v`` in all), one after each cool-down backward (``w``), all made on every
+      stage (``send_forward_recv_forward``, ``send_forward_backward_recv_forward_backward``,
+      ``send_backward_recv_backward`` check no stage); the leading ``recv_forward`` on every stage but the first
+      (which returns None before its timers), and with m == p the ``recv_backward`` before the cool-down on
+      every stage but the last: ``m v + w + [s > 0] + [m == p and s < p - 1]``;
+    - ``1f1b`` (``forward_backward_pipelining_without_interleaving``): warm-up ``w = min(p - s - 1, m)``,
+      ``r = m - w``: per warm-up forward a ``recv_forward`` and a ``send_forward``, one ``recv_forward`` before
+      the steady state (r > 0), per steady pair a ``send_forward_recv_backward`` and a
+      ``send_backward(_recv_forward)``, per cool-down backward a ``recv_backward`` and a ``send_backward``;
+      the first stage skips every receive from and send to its previous stage, the last every send to and
+      receive from its next (``is_pipeline_first_stage`` / ``is_pipeline_last_stage`` return before the
+      timers).
+
+    GPT-3 175B at p 8, m 64, v 3 (D3/D4): stage 0 warms up 30 units, 192 + 30 calls; stage 7 16, 192 + 16 + 1.
+    1F1B at p 4, m 8: the first stage 3 + 5 + 3, a middle one (w 2) 4 + 1 + 12 + 4, the last 1 + 8:
+
+    >>> [p2p_calls("interleaved_1f1b", 8, 64, 3, s) for s in (0, 7)], p2p_calls("interleaved_1f1b", 2, 2, 2, 0)
+    ([222, 209], 9)
+    >>> [p2p_calls("1f1b", 4, 8, 1, s) for s in (0, 1, 3)], p2p_calls("1f1b", 1, 8, 1, 0), p2p_calls("zb_h1", 4, 8, 1, 0)
+    ([11, 21, 9], 0, 0)
+    """
+    if p <= 1:
+        return 0
+    first, last = s == 0, s == p - 1
+    if schedule == "interleaved_1f1b":
+        warm = m * v if m == p else min(m * v, 2 * (p - s - 1) + (v - 1) * p)
+        return m * v + warm + int(not first) + int(m == p and not last)
+    if schedule != "1f1b":
+        return 0
+    warm = min(p - s - 1, m)
+    rest = m - warm
+    prev, nxt = int(not first), int(not last)  # calls with the previous / the next stage
+    return warm * (prev + nxt) + prev * int(rest > 0) + rest * (nxt + prev) + warm * (nxt + prev)
+
+
+def p2p_sync_cost(gpu: GPUSpec, calls: int) -> Cost:
+    """The host syncs of ``calls`` Megatron-LM 2022 pipeline p2p calls (:func:`p2p_calls`), one issue floor per
+    ``torch.cuda.synchronize`` (as :func:`megatron_batch_cost`'s timers): ``calls x 3`` floors. Their transfers
+    and waits are the pipeline simulation's (:mod:`meshplan.pipeline.rendezvous`). Empty for a GPU without
+    catalog data or no calls.
+
+    GPT-3 175B stage 0 (222 calls) on A100: 666 syncs x 4.7 us = 3.1302 ms per step:
+
+    >>> from meshplan import catalog
+    >>> round(p2p_sync_cost(catalog.gpu("a100-sxm-80gb"), 222).seconds() * 1e3, 4)
+    3.1302
+    """
+    data = kernel_data(gpu)
+    if data is None or calls <= 0:
+        return Cost(())
+    n = P2P_CALL_SYNCS * calls
+    return Cost((Op("pipeline p2p calls' syncs", "head", "step", "overhead", n * data.kernel_issue_s,
+                    note=f"{calls} p2p calls x {P2P_CALL_SYNCS} torch.cuda.synchronize, one issue floor each"),))

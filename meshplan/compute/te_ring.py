@@ -38,19 +38,38 @@ half added (``3 n``), copied at ``i = 0`` (rank ``cp - 1``: ``2 n``); ``0 < i < 
 (``6 n``); ``i = 0`` copied (``4 n``). Before the loop ``p2p_comm_buffers[0][0].copy_(kv)`` (line
 2401): ``4 (n_k + n_v)``.
 
-The lse corrections run on the flash stream the next call does not use, so they may overlap that
-call; they are counted in the step beside its send (each at the issue floor: a pessimistic few
-microseconds a step). Each kernel is timed by :func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's
-Triad bandwidth, never below the issue floor), each call floored by
-:func:`~meshplan.compute.kernel_time.issue_floor`. The rank counted is the one whose calls and
-kernels take longest (every layer's ring holds the ranks together), the lowest on a tie.
+Streams (forward only; the backward, lines 2460-2811, runs on the current stream alone). TE's
+forward alternates two flash streams, ``flash_attn_streams = [torch.cuda.current_stream(),
+cp_stream]`` (line 1678; ``cp_stream`` Megatron-LM's ``TEDotProductAttention.cp_stream``, one
+``torch.cuda.Stream()``, NVIDIA/Megatron-LM d98e8a6 ``megatron/core/extensions/transformer_engine.py``
+lines 2133-2139): iteration ``i`` enters ``flash_attn_streams[i % 2]`` (line 1700), makes it wait
+for the previous K/V receive (``req.wait()``, lines 1702-1703), issues the next send/recv from it
+(lines 1705-1715) and runs call ``i`` on it; then the softmax_lse correction of step ``i - 1`` runs
+on ``flash_attn_streams[(i - 1) % 2]`` (line 1919), the stream of call ``i - 1``, after the
+previous correction (``wait_event(fwd_results_correction_done)``, lines 1916-1917, recorded at
+1968): beside call ``i``, on the other stream (:func:`side_stream`). The last one (``i = cp``)
+follows the last call on its own stream and the current stream waits for ``cp_stream`` (line
+1970) before the output corrections: those run in series after the loop. A send issued at
+iteration ``i`` waits, by stream order (pytorch/pytorch
+``torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp``, commit not pinned: ``collective`` and
+``pointToPoint`` make the NCCL stream wait for the issuing stream, ``syncStream``;
+``WorkNCCL::wait`` blocks the calling stream on the work's end event, ``synchronizeStream``), for the
+previous send's receive and for call ``i - 2`` and its correction, not for call ``i - 1``
+(:func:`meshplan.schedule.ring_timeline.p2p_steps`). Each correction kernel is timed by
+:func:`meshplan.compute.kernel_time.memory_op_seconds` (the catalog's Triad bandwidth, never below
+the issue floor), each call floored by :func:`~meshplan.compute.kernel_time.issue_floor`; a
+forward step's corrections count only what they add to its call (:func:`side_stream`). The rank
+counted is the one whose calls and kernels take longest (every layer's ring holds the ranks
+together), the lowest on a tie.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional
 
+from meshplan.compute.kernel_fragment import kernel_data
 from meshplan.compute.kernel_time import issue_floor, memory_op_seconds
 from meshplan.compute.measured import KernelData
 from meshplan.compute.ops import Op, Workload
@@ -123,7 +142,8 @@ class TeRank:
     """One cp rank's TE ring on one layer: ``rank``; ``calls``: (forward, backward) seconds of
     each step's call (each floored), None where the calls are not rated per step (no published
     rates: the whole attention op is spread over the steps); ``how``; ``forward``, ``backward``:
-    each step's correction kernels as (beside, after) seconds; ``bytes``: their (forward,
+    each step's correction kernels as (beside, after) seconds, the forward's beside part what
+    they add to the step's call on the other flash stream (:func:`side_stream`); ``bytes``: their (forward,
     backward) bytes; ``kv_buffer``: the K/V buffer copy's bytes (each pass)."""
 
     rank: int
@@ -135,35 +155,110 @@ class TeRank:
     kv_buffer: int
 
 
-def _timed(gpu: GPUSpec, kernels: list[tuple[list[int], list[int]]]) -> Steps:
-    t = lambda ks: sum(memory_op_seconds(gpu, b) for b in ks)
+def _timed(seconds, kernels: list[tuple[list[int], list[int]]]) -> Steps:
+    """Each step's (beside, after) seconds of ``kernels``' bytes, ``seconds(bytes)`` a kernel."""
+    t = lambda ks: sum(seconds(b) for b in ks)
     return tuple((t(a), t(b)) for a, b in kernels)
 
 
-def te_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData] = None) -> TeRank:
+def side_stream(gpu: GPUSpec, beside: list[int], call: float) -> float:
+    """Seconds the softmax_lse corrections ``beside`` (bytes of each kernel) add to a forward step
+    whose call takes ``call`` seconds (issue-floored): TE runs them on the other flash stream, beside
+    the call (module docstring), so the step takes the longest of the call, the corrections' own
+    seconds (their bytes at the catalog's Triad; the datasheet bandwidth without catalog data) and
+    the host's issue of the step's kernels (the call and each correction at the issue floor,
+    :func:`~meshplan.compute.kernel_time.issue_floor`), less the call.
+
+    >>> from meshplan import catalog
+    >>> h100 = catalog.gpu("h100-sxm5-80gb")
+    >>> side_stream(h100, [786432], 54.976e-6)     # 0.79 MB beside a 55 us call: hidden
+    0.0
+    >>> round(side_stream(h100, [786432], 4.7e-6) * 1e6, 2)   # beside a floored call: the host issues two kernels
+    4.7
+    >>> side_stream(h100, [], 4.7e-6)
+    0.0
+    """
+    if not beside:
+        return 0.0
+    data = kernel_data(gpu)
+    bw = gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s
+    host = issue_floor(gpu, 0.0) * (1 + len(beside))  # 0 without catalog data
+    return max(call, sum(beside) / bw, host) - call
+
+
+def te_rank(gpu: GPUSpec, att: Attention, w: Workload, data: Optional[KernelData] = None,
+            spread: float = 0.0) -> TeRank:
     """The slowest cp rank of ``w.cp`` (module docstring): its calls rated from ``data``'s
-    published rates (:func:`meshplan.compute.ring_attention.rated_calls`), or none without them,
-    and its correction kernels. ``att``: the rank's causal ``(s / cp, s)`` shape."""
-    cp, L = w.cp, att.seq_q
+    published rates (:func:`meshplan.compute.ring_attention.rated_calls`), or none without them
+    (``spread``: the forward call's seconds then, an equal ``1/cp`` a step beside which the lse
+    corrections run, :func:`side_stream`), and its correction kernels. ``att``: the rank's causal
+    ``(s / cp, s)`` shape.
+
+    Memoised per shape (:func:`_slowest`) where ``data`` is None or ``gpu``'s own kernel data
+    (:func:`meshplan.compute.kernel_fragment.kernel_data`, as :func:`meshplan.compute.attention.flash_ops`
+    passes it): the result is a pure function of ``gpu``'s name, laid-over kernel files and HBM
+    bandwidth (all that :func:`~meshplan.compute.kernel_time.memory_op_seconds`,
+    :func:`~meshplan.compute.kernel_time.issue_floor` and :func:`side_stream` read), ``att``,
+    ``w.cp``, ``w.attention_kernels`` and ``spread``; the search rates the same shapes for every
+    candidate that shares them. Other ``data`` is rated uncached."""
+    if data is not None and data is not kernel_data(gpu):
+        return _slowest_rank(gpu, att, w.cp, w.attention_kernels, data, spread)
+    return _slowest(_Gpu(gpu), att, w.cp, w.attention_kernels, data is not None, spread)
+
+
+class _Gpu:
+    """``gpu`` keyed by what :func:`_slowest_rank` reads of it (name, laid-over kernel files, HBM
+    bandwidth): :class:`~meshplan.spec.cluster.GPUSpec` holds dicts and is not hashable."""
+
+    __slots__ = ("gpu", "key")
+
+    def __init__(self, gpu: GPUSpec) -> None:
+        self.gpu, self.key = gpu, (gpu.name, gpu.kernels, gpu.hbm_bandwidth_tb_per_s)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Gpu) and other.key == self.key
+
+
+@lru_cache(maxsize=4096)
+def _slowest(g: _Gpu, att: Attention, cp: int, prefer: tuple[str, ...], rated: bool,
+             spread: float) -> TeRank:
+    """:func:`_slowest_rank` with ``g``'s kernel data (``rated``) or none; memoised (a pure
+    function of its arguments: a cache, not state)."""
+    return _slowest_rank(g.gpu, att, cp, prefer, kernel_data(g.gpu) if rated else None, spread)
+
+
+def _slowest_rank(gpu: GPUSpec, att: Attention, cp: int, prefer: tuple[str, ...],
+                  data: Optional[KernelData], spread: float = 0.0) -> TeRank:
+    """:func:`te_rank` uncached: every rank of ``cp`` rated, the longest kept, the lowest on a tie."""
+    L = att.seq_q
     rows = att.batch * att.q_heads * L
     kv_rows = att.batch * att.kv_heads * L
     n_o, n_dq, n_k, n_v = rows * att.d_v, rows * att.head_dim, kv_rows * att.head_dim, kv_rows * att.d_v
-    rated = rated_calls(data, att, cp, w.attention_kernels) if data is not None else None
+    rated = rated_calls(data, att, cp, prefer) if data is not None else None
+    # the ranks' kernels come in a few sizes (forward_kernels, backward_kernels), their calls in
+    # three shapes (rated_calls): each timed and floored once
+    seconds = lru_cache(maxsize=None)(lambda nbytes: memory_op_seconds(gpu, nbytes))
+    floored = {c: (issue_floor(gpu, f), issue_floor(gpu, b)) for c, (f, b, _) in (rated or {}).items()}
     best: Optional[tuple[float, TeRank]] = None
     for r in range(cp):
         fk, bk = forward_kernels(n_o, rows, cp, r), backward_kernels(n_dq, n_k, n_v, cp, r)
-        calls, how = None, ""
+        calls = None
         if rated is not None:
-            fwd = tuple(issue_floor(gpu, rated[c][0]) for c in ring_calls(cp, L, r))
-            bwd = tuple(issue_floor(gpu, rated[c][1]) for c in backward_calls(cp, L, r))
-            calls, how = (fwd, bwd), rank_seconds(rated, cp, L, r)[2]
-        one = TeRank(r, calls, how, _timed(gpu, fk), _timed(gpu, bk),
+            calls = (tuple(floored[c][0] for c in ring_calls(cp, L, r)),
+                     tuple(floored[c][1] for c in backward_calls(cp, L, r)))
+        fwd_calls = calls[0] if calls is not None else (spread / cp,) * cp
+        forward = tuple((side_stream(gpu, a, c), sum(seconds(x) for x in b)) for (a, b), c in zip(fk, fwd_calls))
+        one = TeRank(r, calls, "", forward, _timed(seconds, bk),
                      (sum(sum(a) + sum(b) for a, b in fk), sum(sum(a) + sum(b) for a, b in bk)), 4 * (n_k + n_v))
         t = sum(map(sum, one.calls or ())) + sum(a + b for a, b in one.forward + one.backward)
         if best is None or t > best[0] * (1 + 1e-9):  # a tie within rounding keeps the lower rank
             best = (t, one)
     assert best is not None
-    return best[1]
+    # the chosen rank's words (rank_seconds) alone
+    return replace(best[1], how=rank_seconds(rated, cp, L, best[1].rank)[2]) if rated is not None else best[1]
 
 
 def with_steps(ops: list[Op], te: TeRank) -> list[Op]:
@@ -184,7 +279,9 @@ def kernel_ops(gpu: GPUSpec, te: TeRank) -> list[Op]:
                                        (GRAD_CORRECTION, "backward_input", te.backward, te.bytes[1])):
         out.append(Op(name, "attn", phase, "memory", sum(a + b for a, b in steps), size_bytes=nbytes, steps=steps,
                       note=f"cp rank {te.rank}: {nbytes / 1e6:.1f} MB over {len(steps)} ring steps (TE's corrections, "
-                           f"each kernel at Triad, floored)"))
+                           f"each kernel at Triad, floored" + (
+                               "; the lse corrections beside the next call, on the other flash stream: what they "
+                               "add to it)" if phase == "forward" else ")")))
     for phase in ("forward", "backward_input"):
         out.append(Op(KV_BUFFER, "attn", phase, "memory", memory_op_seconds(gpu, te.kv_buffer),
                       size_bytes=te.kv_buffer, note=f"{te.kv_buffer / 1e6:.1f} MB (TE's K/V ring buffer)"))

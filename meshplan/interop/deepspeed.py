@@ -69,6 +69,8 @@ from meshplan.interop.deepspeed_zero import (
     refuse_offload,
     zero3_training,
     zero12_training,
+    zero_section,
+    zero_stage,
 )
 from meshplan.spec.mesh_words import data_axis
 
@@ -219,14 +221,12 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     field_typo = misspelt_field(d)
     if field_typo is not None:
         raise field_typo
-    refuse_offload(d.get("zero_optimization", {}))
+    refuse_offload(zero_section(d))
     refuse_hpz(d.get("zero_optimization", {}))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")
-    stage = d.get("zero_optimization", {}).get("stage", 0)
-    if stage not in STAGES:
-        raise ConfigError("zero_optimization.stage", f"{stage!r}; use 0, 1, 2 or 3")
+    stage = zero_stage(d)
     global_batch, micro = batch(d, world)
     dtype = model_dtype(d)
     recompute, notes = _recompute(d)

@@ -87,6 +87,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
+from meshplan.limits import BOUNDS
 from meshplan.spec.deepspeed_memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
@@ -110,7 +111,7 @@ def prefetch_memory(zero: dict) -> dict[str, int]:
     """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``
     and ``stage3_max_reuse_distance`` (or their names without ``stage3_``) when given (absent or
     "auto": DeepSpeed's 5e7, 1e9 and 1e9); ConfigError naming the key for a value that is not a
-    whole number >= 0.
+    whole number >= 0 within bounds (:func:`whole_elements`).
 
     >>> prefetch_memory({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), prefetch_memory({})
     ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})
@@ -118,13 +119,9 @@ def prefetch_memory(zero: dict) -> dict[str, int]:
     out = {}
     for key, field in PREFETCH_KEYS.items():
         name = next((k for k in (f"stage3_{key}", key) if k in zero), None)
-        v = zero.get(name) if name else None
-        if v is None or v == "auto":
+        if name is None or zero[name] is None or zero[name] == "auto":
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
-            raise ConfigError(f"zero_optimization.{name}", f"must be a whole number of elements >= 0 or \"auto\"; "
-                              f"got {v!r}")
-        out[field] = int(v)
+        out[field] = whole_elements(zero, name, 0)
     return out
 
 
@@ -235,16 +232,75 @@ def _accum_dtype(d: dict) -> Optional[str]:
     return ACCUM_DTYPES[v.lower()]
 
 
+def whole_elements(zero: dict, key: str, low: int) -> int:
+    """``zero[key]``, a count of elements, as an int: a whole number from ``low`` to
+    :data:`~meshplan.limits.BOUNDS` ``["bytes"]`` (1 TiB; the ``[memory]`` fields it fills share
+    that bound); a ConfigError naming ``zero_optimization.<key>``, the user's key, otherwise.
+
+    >>> whole_elements({"reduce_bucket_size": 2e8}, "reduce_bucket_size", 1)
+    200000000
+    >>> whole_elements({"reduce_bucket_size": 1e30}, "reduce_bucket_size", 1)
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.reduce_bucket_size: must be a whole number of elements from 1 to 1099511627776 (1 TiB: 7x the HBM of an H200) or "auto"; got 1e+30
+    """
+    v, top = zero[key], BOUNDS["bytes"]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= top.value or v != int(v):
+        raise ConfigError(f"zero_optimization.{key}", f"must be a whole number of elements from {low} to "
+                          f"{top.value} ({top.reason}) or \"auto\"; got {v!r}")
+    return int(v)
+
+
 def bucket_elements(zero: dict) -> int:
-    """ZeRO-1/2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
-    "auto": DeepSpeed's default 5e8)."""
+    """ZeRO-1/2's gradient bucket, elements: ``reduce_bucket_size`` (:func:`whole_elements` >= 1;
+    absent or "auto": DeepSpeed's default 5e8)."""
     v = zero.get("reduce_bucket_size")
     if v is None or v == "auto":
         return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
-        raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
-                          f"\"auto\"; got {v!r}")
-    return int(v)
+    return whole_elements(zero, "reduce_bucket_size", 1)
+
+
+def zero_stage(d: dict) -> int:
+    """``zero_optimization.stage`` of DeepSpeed config ``d`` (absent: 0); a ConfigError naming it
+    for anything but 0, 1, 2 or 3. A JSON boolean is refused: DeepSpeed's
+    ``DeepSpeedZeroConfig.stage`` is a ``ZeroStageEnum(int, Enum)`` field of a pydantic model in lax
+    mode (deepspeedai/DeepSpeed at edaa722, ``runtime/zero/config.py``, ``runtime/config_utils.py``
+    ``DeepSpeedConfigModel``, no ``strict``), which coerces ``true`` to stage 1 and ``false`` to 0
+    (checked with pydantic 2.14); meshplan asks for the number rather than guess that ``true``
+    meant ZeRO-1.
+
+    >>> zero_stage({"zero_optimization": {"stage": 3}}), zero_stage({})
+    (3, 0)
+    >>> zero_stage({"zero_optimization": {"stage": True}})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.stage: true is not a stage (DeepSpeed coerces it to 1); write 0, 1, 2 or 3
+    """
+    stage = zero_section(d).get("stage", 0)
+    if isinstance(stage, bool):
+        raise ConfigError("zero_optimization.stage", f"{str(stage).lower()} is not a stage (DeepSpeed coerces it to "
+                          f"{int(stage)}); write 0, 1, 2 or 3")
+    if stage not in (0, 1, 2, 3):
+        raise ConfigError("zero_optimization.stage", f"{stage!r}; use 0, 1, 2 or 3")
+    return int(stage)
+
+
+def zero_section(d: dict) -> dict:
+    """The ``zero_optimization`` object of DeepSpeed config ``d`` (``{}`` absent); a ConfigError
+    naming it where it is not an object (a string or null: DeepSpeed's own reader fails on it;
+    DeepSpeed's deprecated boolean form too, which microsoft/DeepSpeed's
+    ``deepspeed/runtime/zero/config.py`` ``get_zero_config`` reads through
+    ``read_zero_config_deprecated``, ``true`` as stage 1: meshplan asks for the object).
+
+    >>> zero_section({"zero_optimization": {"stage": 2}}), zero_section({})
+    ({'stage': 2}, {})
+    >>> zero_section({"zero_optimization": "2"})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization: '2': give a JSON object of ZeRO keys, {"stage": N, ...}
+    """
+    zero = d.get("zero_optimization", {})
+    if not isinstance(zero, dict):
+        old = " (DeepSpeed's deprecated boolean form: write {\"stage\": 1} for true)" if isinstance(zero, bool) else ""
+        raise ConfigError("zero_optimization", f"{zero!r}: give a JSON object of ZeRO keys, {{\"stage\": N, ...}}{old}")
+    return zero
 
 
 def refuse_offload(zero: Any) -> None:

@@ -1,7 +1,8 @@
-"""Shell launch scripts and arguments files as flags: the words of the text (lines joined at
-``\\``, comments dropped, a quoted string spanning lines read whole, as
-``GPT_ARGS="`` of Megatron-LM's ``examples/pretrain_gpt.sh``), ``NAME=value`` variables
-substituted, then ``--flag [value]`` pairs, split into the training script's and those of
+"""Shell launch scripts and arguments files as flags: the words bash hands the commands
+(:func:`meshplan.interop.shell_words.run`: lines joined at ``\\``, comments dropped, a quoted
+string spanning lines read whole, as ``GPT_ARGS="`` of Megatron-LM's ``examples/pretrain_gpt.sh``,
+``NAME=value`` variables and ``NAME=(...)`` arrays expanded where they are used, ``$(...)`` kept
+whole), then ``--flag [value]`` pairs, split into the training script's and those of
 its launcher (the options between ``torchrun``, ``python -m torch.distributed.run`` or
 ``.launch`` and the script).
 """
@@ -9,16 +10,20 @@ its launcher (the options between ``torchrun``, ``python -m torch.distributed.ru
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any, Collection, Optional
 
-from meshplan.errors import ConfigError
+from meshplan.interop.shell_words import run
 
 #: Launchers whose options precede the training script (torch.distributed.run's torchrun).
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 #: torchrun's options that take no value (torch/distributed/run.py, action=check_env).
 SWITCHES = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
             "--virtual-local-rank", "--virtual_local_rank")
+
+#: Flags that take one or more values (argparse ``nargs="+"``), kept as one space-joined string:
+#: Megatron-LM's ``--recompute-modules`` (TransformerConfig.recompute_modules, a ``List[str]``, which
+#: megatron/training/argument_utils.py ``_extract_type`` turns into ``nargs="+"`` at d98e8a6).
+LISTS = ("--recompute-modules",)
 
 
 def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[dict[str, list[Any]]] = None,
@@ -34,16 +39,10 @@ def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[d
     ...              'torchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4', exported=seen), seen
     (({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'}), {'CUDA_DEVICE_MAX_CONNECTIONS': '1', 'N': '2'})
     """
-    env: dict[str, str] = {}
-    tokens: list[str] = []
-    for tok in words(text):
-        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", tok, re.S)
-        if m and not tok.startswith("-"):
-            env[m.group(1)] = subst(m.group(2), env)
-            continue
-        tokens.extend(shlex.split(subst(tok, env)) if "$" in tok else [tok])
+    seen: dict[str, str] = {}
+    tokens = run(text, seen)  # bash's words: arrays expanded where used, $(...) kept whole (shell_words)
     if exported is not None:
-        exported.update(exports(text, env))
+        exported.update(seen)
     launcher: list[str] = []
     for i, tok in enumerate(tokens):
         if tok.rsplit("/", 1)[-1] in LAUNCHERS:
@@ -51,53 +50,6 @@ def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[d
             launcher, tokens = tokens[i + 1:end], tokens[:i] + tokens[end:]
             break
     return pairs(tokens, switches, repeated), pairs(launcher, SWITCHES)
-
-
-def exports(text: str, env: dict[str, str]) -> dict[str, str]:
-    """``NAME: value`` of each ``export NAME=value ...`` line of ``text`` (lines joined at ``\\``),
-    values substituted from ``env``; an ``export`` that does not split into words is skipped (the
-    flags' reading, :func:`words`, names it).
-
-    >>> exports("export A=1 B=$A  # both\\nC=3\\nexport D", {"A": "1"})
-    {'A': '1', 'B': '1'}
-    """
-    out: dict[str, str] = {}
-    for line in re.sub(r"\\\n", " ", text).splitlines():
-        m = re.match(r"\s*export\s+(.*)", line)
-        try:
-            parts = shlex.split(m.group(1), comments=True) if m else []
-        except ValueError:
-            continue
-        for part in parts:
-            a = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", part, re.S)
-            if a:
-                out[a.group(1)] = subst(a.group(2), env)
-    return out
-
-
-def words(text: str) -> list[str]:
-    """Shell words of ``text``: lines joined at ``\\``, comments dropped, a quoted string
-    spanning lines kept whole (read on until it closes, as the shell does)."""
-    lines = text.splitlines()
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        start, chunk = i, lines[i]
-        while True:
-            while chunk.endswith("\\") and i + 1 < len(lines):
-                i += 1
-                chunk = chunk[:-1] + " " + lines[i]
-            try:
-                out.extend(shlex.split(chunk, comments=True))
-                break
-            except ValueError as e:
-                i += 1
-                if i == len(lines):
-                    raise ConfigError("megatron", f"cannot split {lines[start].strip()[:60]!r} (line {start + 1}) "
-                                      f"into words ({e}); close the quote or give the flags without it") from None
-                chunk += "\n" + lines[i]
-        i += 1
-    return out
 
 
 _NEGATIVE = re.compile(r"-[0-9.][0-9.eE+-]*")
@@ -109,6 +61,11 @@ def _is_option(token: str) -> bool:
     return token.startswith("-") and len(token) > 1 and not _NEGATIVE.fullmatch(token)
 
 
+def _bare(token: str) -> str:
+    """``token`` without the parentheses of an array written around it, ``$(...)`` kept whole."""
+    return token if "$(" in token or "`" in token else token.strip("()")
+
+
 def pairs(tokens: list[str], switches: Collection[str],
           repeated: Optional[dict[str, list[Any]]] = None) -> dict[str, Any]:
     """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is
@@ -118,12 +75,14 @@ def pairs(tokens: list[str], switches: Collection[str],
     >>> seen = {}
     >>> pairs(["--seq-length", "2048", "--bf16", "--seq-length=4096"], ["--bf16"], seen), seen
     ({'--seq-length': '4096', '--bf16': True}, {'--seq-length': ['2048', '4096']})
+    >>> pairs(["--recompute-modules", "core_attn", "mlp", "--bf16"], ["--bf16"])
+    {'--recompute-modules': 'core_attn mlp', '--bf16': True}
     """
     out: dict[str, Any] = {}
     every: dict[str, list[Any]] = {}
     i = 0
     while i < len(tokens):
-        tok = tokens[i].strip("()")
+        tok = _bare(tokens[i])
         i += 1
         if not tok.startswith("--"):
             continue
@@ -133,15 +92,13 @@ def pairs(tokens: list[str], switches: Collection[str],
         elif tok in switches or i >= len(tokens) or _is_option(tokens[i]) or tokens[i] in ("(", ")"):
             out[tok] = True
         else:
-            out[tok] = tokens[i].strip("()")
-            i += 1
+            j = i + 1
+            while tok in LISTS and j < len(tokens) and not _is_option(tokens[j]) and tokens[j] not in ("(", ")"):
+                j += 1
+            out[tok] = " ".join(_bare(t) for t in tokens[i:j])
+            i = j
         key = tok.split("=", 1)[0]
         every.setdefault(key, []).append(out[key])
     if repeated is not None:
         repeated.update({k: v for k, v in every.items() if len(v) > 1})
     return out
-
-
-def subst(s: str, env: dict[str, str]) -> str:
-    """``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` replaced by known variables (others kept)."""
-    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)

@@ -6,8 +6,10 @@ turned into ``--dashed-names`` by its ``ArgumentGroupFactory``) and the rank ord
 ``megatron/core/parallel_state.py`` (``order="tp-cp-ep-dp-pp"``, tp fastest). Read from an
 arguments file (one or more flags a line) or a launch script: lines joined at ``\\``, a
 quoted string spanning lines read whole (``GPT_ARGS="`` of Megatron-LM's
-``examples/pretrain_gpt.sh``), comments dropped, ``NAME=value`` shell variables substituted,
-then every ``--flag [value]`` token pair collected. The options between a launcher
+``examples/pretrain_gpt.sh``), comments dropped, ``NAME=value`` shell variables and ``NAME=(...)``
+arrays expanded where they are used, as bash does (:mod:`~meshplan.interop.shell_words`: ``$(...)`` kept
+whole, an ``if`` read where its test compares known strings), then every ``--flag [value]`` token pair
+collected (``--recompute-modules`` takes one or more values). The options between a launcher
 (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``) and its script are the
 launcher's, not Megatron-LM's: its ``--nnodes`` gives the node count when ``--nodes`` is not
 given (a note says which one is used when both are), the others are neither read nor listed.
@@ -135,7 +137,7 @@ from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attentio
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
 from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
     ds_tables
-from meshplan.interop.megatron_env import import_note
+from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
 from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers,
@@ -164,7 +166,8 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--use-custom-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
-    "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--recompute-modules", "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
@@ -194,6 +197,12 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     repeated: dict[str, list[Any]] = {}
     exported: dict[str, str] = {}
     args, launcher = parse_launch(text, SWITCHES, repeated, exported)
+    for flag in args:  # a "--flag value" word: argparse's positional (shell_words), Megatron-LM exits
+        if any(c.isspace() for c in flag):
+            raise ConfigError(flag.split()[0], f"{flag!r} reaches pretrain_gpt.py as one word (a quoted \"${{ARR[@]}}\" "
+                              f"keeps each array element whole); Megatron-LM's argparse takes a word holding a space "
+                              f"for a positional argument and exits (unrecognized arguments: {flag}); fix: write "
+                              f"it as two words, or expand the array unquoted, ${{ARR[@]}}, as Megatron-LM's examples do")
     for flag in args:  # near misses of a flag meshplan reads, or of any of Megatron-LM's (megatron_known)
         typo = misspelt_flag(flag, USED, SWITCHES | NEAR_FLAGS)
         if typo is not None:
@@ -203,6 +212,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
     model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
+    cluster = _with_nvls(cluster, exported, notes)
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:  # Megatron-LM: expert tp defaults to tp at any ep
         # (arguments.py:587-588 at d98e8a6); a dense model has no experts to split
@@ -260,7 +270,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))
     used = USED | ({"--deepspeed_config", "--deepspeed-config"} if ds_file is not None else set())
-    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k != flags.FSDP_ENV)
+    honoured = (flags.FSDP_ENV,) + ((NVLS_ENV,) if cluster.get("fabric") or not _nvls(cluster) else ())
+    unused = tuple(k for k in args if k not in used) + tuple(f"export {k}" for k in exported if k not in honoured)
     memory: dict[str, Any] = {"dropout": True} if flags.dropout(args, notes) else {}
     memory |= flags.bucket(args, training, notes) | ds_keys[1]
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
@@ -291,6 +302,24 @@ def _ds_keys(path: Optional[Path], sharding: str, dtype: str, micro: Optional[in
                      f"--micro-batch-size {out[2]} too (Megatron-DeepSpeed asserts it is given; its data loader "
                      f"reads it)")
     return out
+
+
+def _nvls(cluster: dict) -> bool:
+    """Whether the NVLink fabric of a [cluster] table reduces in the switch (NVLS)."""
+    if "node" in cluster:
+        return bool(cluster["node"]["fabric"].get("nvls"))
+    return bool(catalog.node(str(cluster["system"])).fabric.nvls)
+
+
+def _with_nvls(cluster: dict, exported: dict[str, str], notes: list[str]) -> dict:
+    """``cluster`` without NVLS where the script exports ``NCCL_NVLS_ENABLE=0``
+    (:func:`~meshplan.interop.megatron_env.nvls_off`): a resolved cluster's fabric changed in place
+    of the ``fabric`` keys beside a catalog ``system``."""
+    off = nvls_off(exported, _nvls(cluster), notes)
+    if not off or "node" not in cluster:
+        return cluster | off
+    node = cluster["node"] | {"fabric": cluster["node"]["fabric"] | off["fabric"]}
+    return cluster | {"node": node}
 
 
 def _gpu_name(cluster: dict) -> str:

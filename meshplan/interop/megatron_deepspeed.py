@@ -51,7 +51,7 @@ from typing import Any, Optional
 
 from meshplan.errors import ConfigError
 from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_hpz, refuse_offload,
-                                             zero3_training, zero12_training)
+                                             zero3_training, zero12_training, zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
 FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel")
@@ -101,7 +101,7 @@ def ds_config(path: Path, stage: int) -> dict:
             from None
     if not isinstance(d, dict):
         raise ConfigError("--deepspeed_config", f"{path}: a DeepSpeed config is a JSON object")
-    given = d.get("zero_optimization", {}).get("stage", 0) if isinstance(d.get("zero_optimization"), dict) else 0
+    given = zero_stage(d)
     if given != stage:
         raise ConfigError("zero_optimization.stage", f"{given!r} in {path.name} but --zero-stage {stage}: DeepSpeed's "
                           f"engine runs the JSON's stage while Megatron-DeepSpeed's model code follows --zero-stage; "

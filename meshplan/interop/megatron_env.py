@@ -23,11 +23,13 @@ Sequence parallelism needs tp > 1 (Megatron-LM), so it is covered by the tp cond
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Optional
 
 from meshplan.config import Config
 from meshplan.interop.megatron_flags import FSDP_ENV
+from meshplan.interop.shell_words import unquote
 from meshplan.interop.tomlout import resolved
 
 #: The compute capability major of each catalog GPU, what Megatron-LM's ``get_device_arch_version``
@@ -142,17 +144,29 @@ def import_note(exported: dict[str, str], gpu: str, tp: int, cp: int, fsdp: bool
     >>> import_note({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, "h100-sxm5-80gb", 1, 1, True, True)[0][:100]
     'export CUDA_DEVICE_MAX_CONNECTIONS=1 in the script: Megatron-LM asserts it is not 1 under --use-mega'
     """
-    value = exported.get(FSDP_ENV)
+    value = run_value(FSDP_ENV, exported.get(FSDP_ENV))
     need, why = max_connections(gpu, tp, cp, fsdp)
     if value is None:
         return [f"{FSDP_ENV} not exported by the script: {why}; export it as 1 (export --to megatron's header and "
                 f"meshplan launch's torchrun.sh do)"] if need == "1" and script else []
-    given = f"export {FSDP_ENV}={value} in the script"
+    given = f"export {FSDP_ENV}={exported[FSDP_ENV]} in the script"
     if (need == "1" and value != "1") or (need == "unset" and value == "1"):
         fix = "set it to 1" if need == "1" else "unset it (or set it above 1)"
         return [f"{given}: {why} ({SOURCE}); {fix} (export --to megatron's header and meshplan launch's "
                 f"torchrun.sh do)"]
     return [f"{given}: read ({why}); export --to megatron and meshplan launch write it by that rule"]
+
+
+def run_value(name: str, raw: Optional[str]) -> Optional[str]:
+    """The value an ``export name=raw`` of a script gives where the environment does not set it
+    already: ``raw``'s default for ``${name:-d}`` (or ``${name-d}``; Bash Reference Manual 3.5.3), else
+    ``raw`` (:func:`meshplan.interop.shell_words.run` keeps what only the run knows as written).
+
+    >>> run_value("CUDA_DEVICE_MAX_CONNECTIONS", "${CUDA_DEVICE_MAX_CONNECTIONS:-1}"), run_value("A", "2")
+    ('1', '2')
+    """
+    m = re.fullmatch(r"\$\{" + re.escape(name) + r":?-([^}$`]*)\}", raw or "")
+    return unquote(m.group(1)) if m else raw
 
 
 def carried_env(exported: tuple[tuple[str, str], ...], source: str) -> list[str]:
@@ -162,6 +176,47 @@ def carried_env(exported: tuple[tuple[str, str], ...], source: str) -> list[str]
 
     >>> carried_env((("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("NCCL_IB_TIMEOUT", "19"), ("X", "a b")), "job.sh")
     ["environment carried unchanged from job.sh: export NCCL_IB_TIMEOUT=19 X='a b'"]
+    >>> carried_env((("NCCL_IB_TIMEOUT", "${NCCL_IB_TIMEOUT:-19}"),), "job.sh")
+    ['environment carried unchanged from job.sh: export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}']
     """
-    kept = [f"{k}={shlex.quote(v)}" for k, v in exported if k != FSDP_ENV]
+    kept = [f"{k}={v if '$' in v or '`' in v else shlex.quote(v)}" for k, v in exported if k != FSDP_ENV]
     return [f"environment carried unchanged from {source}: export {' '.join(kept)}"] if kept else []
+
+
+#: The script's exports ``launch`` carries into ``torchrun.sh`` (newcomer trial 34 finding 5): NCCL's
+#: (NCCL's environment variables, docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html) and
+#: Transformer Engine's (``NVTE_*``), which change what the ranks run.
+CARRIED_PREFIXES = ("NCCL_", "NVTE_")
+#: NCCL's switch for NVLink SHARP: ``NCCL_PARAM(NvlsEnable, "NVLS_ENABLE", 2)`` and ``if
+#: (!ncclParamNvlsEnable() ...) return ncclSuccess;`` before NVLS is set up (NVIDIA/nccl 5067397c,
+#: src/transport/nvls.cc:159 and 262): 0 leaves the communicator without NVLS, so the all-reduce
+#: runs on the NVLink ring (or tree).
+NVLS_ENV = "NCCL_NVLS_ENABLE"
+
+
+def script_env(exported: tuple[tuple[str, str], ...], source: str) -> tuple[tuple[str, Optional[str], str], ...]:
+    """``launch``'s ``torchrun.sh`` lines (as :func:`launch_env`'s) for the script's exports of
+    :data:`CARRIED_PREFIXES`, values as the script gives them (``${NAME:-d}`` kept so:
+    :func:`meshplan.placement.rendezvous.env_lines` writes it); one holding what only the run knows
+    otherwise (``$(...)``, another variable) is left out.
+
+    >>> script_env((("NCCL_IB_TIMEOUT", "19"), ("NVTE_X", "${NVTE_X:-16}"), ("NCCL_Y", "$(id)"), ("A", "1")), "j.sh")
+    (('NCCL_IB_TIMEOUT', '19', 'exported by j.sh'), ('NVTE_X', '${NVTE_X:-16}', 'exported by j.sh'))
+    """
+    out = []
+    for name, raw in exported:
+        value = run_value(name, raw)
+        if name.startswith(CARRIED_PREFIXES) and value is not None and "$" not in value and "`" not in value:
+            out.append((name, raw, f"exported by {source}"))
+    return tuple(out)
+
+
+def nvls_off(exported: dict[str, str], nvls: bool, notes: list[str]) -> dict:
+    """The [cluster] ``fabric`` keys of a script exporting :data:`NVLS_ENV` ``0`` on a node whose
+    fabric reduces in the switch (``nvls``): ``nvls = false``, so the plan times the all-reduce on the
+    NVLink ring as NCCL then runs it, with a note; nothing otherwise."""
+    if run_value(NVLS_ENV, exported.get(NVLS_ENV)) != "0" or not nvls:
+        return {}
+    notes.append(f"export {NVLS_ENV}=0 in the script: NCCL sets up no NVLS (NVLink SHARP; nccl src/transport/"
+                 f"nvls.cc), so the plan times the all-reduce on the NVLink ring ([cluster] fabric nvls = false)")
+    return {"fabric": {"nvls": False, "source": f"{NVLS_ENV}=0 exported by the launch script: no NVLS"}}

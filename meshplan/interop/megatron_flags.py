@@ -352,9 +352,34 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
                      "export writes --recompute-granularity full --recompute-method uniform --recompute-num-layers 1")
     if gran not in ("full", "selective"):
         raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
+    if gran == "selective":
+        _modules(args)
     n = _int(args, "--recompute-num-layers")
     method = args.get("--recompute-method")
     if gran == "full" and method == "block" and n is not None and n < layers_per_stage:
         notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of {layers_per_stage} "
                      f"layers per stage; planned as full recompute of every layer")
     return gran
+
+
+#: What meshplan's selective recompute models of Megatron-LM's ``--recompute-modules``: the attention
+#: core (TransformerConfig.recompute_modules, default ``["core_attn"]``: transformer_config.py 560 and
+#: 1940-1941 at d98e8a6; the other modules its __post_init__ allows, 1944-1962, are not modelled).
+MODELLED_MODULES = ("core_attn",)
+
+
+def _modules(args: dict) -> None:
+    """ConfigError naming ``--recompute-modules`` where it names a module meshplan's selective recompute
+    does not model (:data:`MODELLED_MODULES`): its memory and its replay would be planned as the
+    attention core's alone (newcomer trial 34 finding 4: ``core_attn mlp`` was planned as core_attn)."""
+    given = args.get("--recompute-modules")
+    if given is None:
+        return
+    names = str(given).split() if given is not True else []
+    other = [m for m in names if m not in MODELLED_MODULES]
+    if other or not names:
+        what = f"{', '.join(other)} {'is' if len(other) == 1 else 'are'} not modelled" if other else \
+            "given without a module (Megatron-LM's argparse wants one or more)"
+        raise ConfigError("--recompute-modules", f"{' '.join(names) or '(none)'}: {what}; meshplan's selective "
+                          f"recompute models the attention core only (core_attn, Megatron-LM's default); fix: "
+                          f"--recompute-modules core_attn (or drop it), or --recompute-granularity full")

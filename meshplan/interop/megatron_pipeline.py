@@ -43,10 +43,11 @@ def read_pipeline(args: dict, pp: int, layers: int) -> dict:
         split = [first if first is not None else even] + [even] * (pp - 2) + [last if last is not None else even]
         out["pp_layer_split"] = split
     vpp = vstages or 1
-    if per_chunk:
-        stage = layers // pp
-        if split is not None or layers % pp or stage % per_chunk:
-            raise chunk_error(per_chunk, layers, pp, split)
+    if per_chunk:  # arguments.py 960-964: each --account-for-* flag adds one layer before the checks
+        counted = sum(bool(args.get(f)) for f in ACCOUNT)
+        stage = (layers + counted) // pp
+        if split is not None or (layers + counted) % pp or stage % per_chunk:
+            raise chunk_error(per_chunk, layers, pp, split, counted)
         vpp = stage // per_chunk
     if split is not None and vpp > 1 and any(n % vpp for n in split):
         # Megatron-Core's TransformerConfig: each stage's layers a multiple of the virtual stages
@@ -67,9 +68,11 @@ def read_pipeline(args: dict, pp: int, layers: int) -> dict:
     return out
 
 
-def chunk_error(per_chunk: int, layers: int, pp: int, split) -> ConfigError:
+def chunk_error(per_chunk: int, layers: int, pp: int, split, counted: int = 0) -> ConfigError:
     """The one-line error of a ``--num-layers-per-virtual-pipeline-stage`` Megatron-LM refuses, with
-    its fix: ``arguments.py`` ``validate_args`` (d98e8a6, lines 953-975) asserts that the layers
+    its fix: ``arguments.py`` ``validate_args`` (d98e8a6, lines 953-975) adds one layer for each of
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``
+    (``counted`` of them given, lines 960-964), asserts that those layers
     divide over pp and the flag divides the layers per stage, and wants
     ``--num-virtual-stages-per-pipeline-rank`` with ``--decoder-first/last-pipeline-num-layers``
     (``split``, the layers per stage those give). The fix lists the values that divide a stage,
@@ -82,19 +85,22 @@ asserts it does); fix: --num-layers-per-virtual-pipeline-stage 1, 2, 4 or 8 (16,
 rank), or drop it for no interleaving (16, the whole stage)
     """
     flag = "--num-layers-per-virtual-pipeline-stage"
+    what = f"{layers} layers" if not counted else \
+        f"{layers} layers + {' + '.join(('embedding', 'loss')[:counted])} = {layers + counted}"
+    layers += counted
     if split is not None:
         return ConfigError(flag, f"is not read with --decoder-first/last-pipeline-num-layers (Megatron-LM asserts "
                            f"--num-virtual-stages-per-pipeline-rank there); fix: give --num-virtual-stages-per-"
                            f"pipeline-rank N instead, N dividing each stage's layers {split}")
     if layers % pp:
-        return ConfigError(flag, f"{per_chunk}: the {layers} layers do not divide over pp {pp} (Megatron-LM asserts "
+        return ConfigError(flag, f"{per_chunk}: the {what} do not divide over pp {pp} (Megatron-LM asserts "
                            f"they do with this flag); fix: a pp that divides {layers}, or --num-virtual-stages-per-"
                            f"pipeline-rank with --decoder-first/last-pipeline-num-layers")
     stage = layers // pp
     ok = [d for d in range(1, stage) if stage % d == 0]
     fix = (f"{flag} {_either(ok)} ({_either([stage // d for d in ok])} virtual stages per rank), or drop it"
            if ok else "drop it") + f" for no interleaving ({stage}, the whole stage)"
-    return ConfigError(flag, f"{per_chunk} does not divide the {layers} layers / pp {pp} = {stage} per stage "
+    return ConfigError(flag, f"{per_chunk} does not divide the {what} / pp {pp} = {stage} per stage "
                        f"(Megatron-LM asserts it does); fix: {fix}")
 
 

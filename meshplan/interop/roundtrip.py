@@ -21,7 +21,8 @@ def differences(a: Config, b: Config) -> list[str]:
     """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
     ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
     by its degrees, options and layer split, the [memory] table when ``a`` sets it (but
-    ``cross_entropy``, the loss of whichever runtime runs the export)."""
+    ``cross_entropy``, the loss of whichever runtime runs the export, and ``expandable_segments``,
+    the allocator option of its launch script)."""
     out = []
     ma, mb = a.model.architecture(), b.model.architecture()
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
@@ -34,9 +35,11 @@ def differences(a: Config, b: Config) -> list[str]:
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     # the loss's working set is the runtime's (a torchtitan import states torch's, a Megatron-LM one
-    # keeps Megatron's): what runs the exported job decides it, no field the export could carry
+    # keeps Megatron's): what runs the exported job decides it, no field the export could carry; so
+    # does the allocator's PYTORCH_CUDA_ALLOC_CONF, set by the launch script (torchtitan's run_train.sh)
     ma_, mb_ = _memory(a), _memory(b)
-    moved = _memory_moved(ma_, mb_.model_copy(update={"cross_entropy": ma_.cross_entropy}))
+    moved = _memory_moved(ma_, mb_.model_copy(update={"cross_entropy": ma_.cross_entropy,
+                                                      "expandable_segments": ma_.expandable_segments}))
     out += [f"memory: {', '.join(moved)}"] if moved else []
     if a.checkpoint_interval_steps != b.checkpoint_interval_steps:  # DeepSpeed's JSON has no save interval
         out.append(f"reliability.checkpoint_interval_steps: {a.checkpoint_interval_steps!r} -> "

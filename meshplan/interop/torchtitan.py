@@ -58,6 +58,7 @@ compile.enable (+ components model, loss)      training.torch_compile (default o
                                                  components ["model"]: torch_compile_loss false;
                                                  memory.cross_entropy "torch" (the eager loss's
                                                  fp32 logits) or, loss compiled, "compiled"
+(run_train.sh's PYTORCH_CUDA_ALLOC_CONF)       memory.expandable_segments true
 optimizer.name AdamW / Adam                    training.optimizer adamw / adam
 optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "fused", torchtitan's
   (before 2025: optimizer.fused true / false)    default since 2025; 9dec370's unset fused: foreach)
@@ -329,7 +330,9 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     # compiles it (MemoryOptions.cross_entropy; tests/test_loss_memory.py measures both)
     t = tables["training"]
     compiled = t["torch_compile"] and t.get("torch_compile_loss", True)
-    tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch"}
+    # torchtitan launches with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (9dec370 run_llama_train.sh
+    # line 22, b5bcd76 run_train.sh line 43): the simulated allocator's option (MemoryOptions)
+    tables["memory"] = {"cross_entropy": "compiled" if compiled else "torch", "expandable_segments": True}
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)

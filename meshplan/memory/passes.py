@@ -56,6 +56,8 @@ from meshplan.memory.unit_events import Entry, UnitEvents
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
 KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
          "gathered_params", "grad_buffers", "activations", "temporaries")
+#: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
+UNTRACKED_KINDS = ("comm_buffers", "fragmentation")
 
 
 class PassBuilder(UnitEvents):

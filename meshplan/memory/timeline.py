@@ -32,7 +32,7 @@ Compare with PyTorch's trackers via :func:`tracker_to_kinds` and :data:`COMPARIS
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Optional
 
 import numpy as np
@@ -40,7 +40,9 @@ import numpy as np
 from meshplan.units import GiB, counted
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
-from meshplan.memory.passes import KINDS
+from meshplan.memory.allocator import AllocatorConfig
+from meshplan.memory.passes import KINDS, UNTRACKED_KINDS
+from meshplan.memory.reserved import Reserved, reserved_of
 from meshplan.memory import peakscan as fast
 from meshplan.memory.passtable import Pass, PassTable, pass_table
 from meshplan.memory.peakscan import template_stats
@@ -52,8 +54,7 @@ from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
 from meshplan.spec.mesh_words import mesh_text, schedule_words
 
 _K = {k: i for i, k in enumerate(KINDS)}
-#: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
-UNTRACKED_KINDS = ("comm_buffers", "fragmentation")
+__all__ = ["UNTRACKED_KINDS"]  # re-exported: kinds PyTorch's caching allocator never sees (meshplan.memory.passes)
 #: Coarse groups for comparing with a tracker: params, grads, optimizer, activations, temporaries.
 COMPARISON_GROUPS = {"params": ("params", "master", "gathered_params"), "grads": ("grads", "grad_buffers"),
                      "optimizer": ("optimizer",), "activations": ("activations",),
@@ -145,16 +146,41 @@ class Timeline:
     #: ``schedule`` as the output prints it: ``no pipeline`` at pp 1
     #: (:func:`meshplan.spec.mesh_words.schedule_words`)
     pipeline: str = ""
+    #: the caching allocator's options (``[memory] expandable_segments``)
+    allocator: AllocatorConfig = AllocatorConfig()
+    #: its reserved bytes where ``[memory] reserved_verdict`` holds them against usable memory, else None
+    reserved: Optional[Reserved] = None
 
     @property
     def usable_bytes(self) -> float:
         """HBM x (1 - reserve) (:func:`meshplan.memory.constraints.usable_hbm_bytes`)."""
         return usable_hbm_bytes(self.hbm_bytes, self.reserve)
 
+    def reserved_memory(self) -> Reserved:
+        """PyTorch's caching allocator on this timeline (:func:`meshplan.memory.reserved.reserved_of`):
+        the verdict's where ``[memory] reserved_verdict`` is set, else simulated when asked."""
+        return self.reserved if self.reserved is not None else reserved_of(self, self.allocator)
+
+    @property
+    def verdict_bytes(self) -> int:
+        """The bytes held against usable memory: the peak incl. communication buffers (all kinds;
+        :mod:`meshplan.memory.reserved`'s terms), or under
+        ``[memory] reserved_verdict`` the allocator's reserved peak plus the communication buffers
+        (:attr:`meshplan.memory.reserved.Reserved.device_bytes`)."""
+        return self.peak.total_bytes if self.reserved is None else self.reserved.device_bytes
+
+    def verdict_words(self) -> str:
+        """:attr:`verdict_bytes` as the ``fix:`` lines print it (GiB, 1 decimal): ``peak 45.1 GiB``,
+        or under ``[memory] reserved_verdict`` ``reserved peak 47.3 GiB`` (the allocator's reserved
+        peak plus the communication buffers, what decides the fit, not the peak incl. communication
+        buffers)."""
+        return f"{'peak' if self.reserved is None else 'reserved peak'} {self.verdict_bytes / GiB:.1f} GiB"
+
     @property
     def headroom_bytes(self) -> float:
-        """Usable bytes left at the peak (negative: does not fit)."""
-        return self.usable_bytes - self.peak.total_bytes
+        """Usable bytes left at the peak (negative: does not fit); under ``[memory]
+        reserved_verdict`` at the reserved peak (:attr:`verdict_bytes`)."""
+        return self.usable_bytes - self.verdict_bytes
 
     @property
     def fits(self) -> bool:
@@ -164,15 +190,22 @@ class Timeline:
         """Why the stage does not fit, or None."""
         if self.fits:
             return None
-        return (f"peak {self.peak.total_bytes / GiB:.1f} GiB at {self.peak.where()} on stage {self.stage} > "
-                f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB - {self.reserve:.0%} reserve)")
+        usable = f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB - {self.reserve:.0%} reserve)"
+        if self.reserved is not None:
+            r = self.reserved
+            return (f"caching allocator reserves {r.reserved_bytes / GiB:.1f} GiB on stage {self.stage} (allocated peak "
+                    f"{r.stats.allocated_peak_bytes / GiB:.1f} GiB) + {r.untracked_bytes / GiB:.1f} GiB communication "
+                    f"buffers > {usable} (memory.reserved_verdict)")
+        return f"peak {self.peak.total_bytes / GiB:.1f} GiB at {self.peak.where()} on stage {self.stage} > {usable}"
 
     def summary(self) -> str:
-        """One line: peak, when, what dominates it, headroom."""
+        """One line: peak, when, what dominates it, headroom (under ``[memory] reserved_verdict``
+        to the allocator's reserved peak and the communication buffers, :attr:`verdict_bytes`)."""
         p = self.peak
         dom = ", ".join(f"{k} {v / GiB:.2f}" for k, v in p.dominant())
+        held = "" if self.reserved is None else f" (reserved {self.verdict_bytes / GiB:.2f} GiB)"
         return (f"stage {self.stage}: peak {p.total_bytes / GiB:.2f} GiB at {p.where()}, event {p.t_index} of "
-                f"{self.n_events}; dominated by {dom} GiB; headroom {self.headroom_bytes / GiB:.2f} GiB to "
+                f"{self.n_events}; dominated by {dom} GiB; headroom{held} {self.headroom_bytes / GiB:.2f} GiB to "
                 f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB HBM - {self.reserve:.0%})")
 
     def by_group(self, by_kind: Optional[dict] = None) -> dict[str, int]:
@@ -249,11 +282,13 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     n_events = passes[-1].first_event + len(templates[-1])
     m = plan.mesh
     title = f"{c.model.name}, {mesh_text(m.layout.names, m.layout.shape, t.sharding, m.ep, m.etp)}"
-    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
-                    templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
-                    peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
-                    notes=_notes(plan, stage, sizes.fsdp),
-                    pipeline=schedule_words(c.mesh.pp_schedule, len(plan.stages)))
+    tl = Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
+                  templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
+                  peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
+                  notes=_notes(plan, stage, sizes.fsdp),
+                  pipeline=schedule_words(c.mesh.pp_schedule, len(plan.stages)),
+                  allocator=AllocatorConfig(expandable_segments=opts.expandable_segments))
+    return replace(tl, reserved=reserved_of(tl, tl.allocator)) if opts.reserved_verdict else tl
 
 
 def _allowance(fraction: float, at_peak: np.ndarray) -> tuple:

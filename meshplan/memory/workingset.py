@@ -342,6 +342,7 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
     logits = a * tok * ceil(pv / lo["tp"])
     kept = opts.loss_logits_dtype(training)
     lf = dtype_bytes(kept) * tok * ceil(pv / lo["tp"])  # one logits-sized tensor of the loss
+    f32 = dtype_bytes("fp32") * tok * ceil(pv / lo["tp"])  # torch's pred.float(): always fp32
     torch_ce, parallel = opts.cross_entropy == "torch", lo["tp"] > 1
     head = {t.name: t.size_bytes for t in head_terms(dims, pv, logits_dtype=kept, **kw,
                                                       sp_gathered_input=opts.sp_gathered_input,
@@ -350,9 +351,10 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
             "head_saved": sum(head.values()),
             "head_loss_saved": sum(v for n, v in head.items() if n.startswith(("logits", "loss"))),
             "head_output_saved": sum(v for n, v in head.items() if n.startswith("output layer input")),
-            # torch's: the GEMM's logits and their .float() copy (tp > 1: + x - max) beside the kept log-softmax;
-            # no copy where the logits are fp32 already (Tensor.float() returns self when self is float32)
-            "logits_temp": (logits + (lf if training.compute_dtype != "fp32" else 0) + (lf if parallel else 0) if torch_ce
+            # torch's: the GEMM's logits and their .float() copy, fp32 (4 B) whatever logits_dtype says,
+            # (tp > 1: + x - max) beside the kept log-softmax; no copy where the logits are fp32 already
+            # (Tensor.float() returns self when self is float32)
+            "logits_temp": (logits + (f32 if training.compute_dtype != "fp32" else 0) + (lf if parallel else 0) if torch_ce
                             else logits if kept != training.compute_dtype else 0),
             "logits_extra": lf if torch_ce and parallel else 0,
             # torch's backward (module docstring): nll gradient + log-softmax gradient; loss_parallel's

@@ -23,6 +23,7 @@ numbers the allocation's nodes (``SLURM_NODEID``) in its own sorted order, not `
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Optional
 
@@ -123,8 +124,16 @@ def env_lines(env: tuple[tuple[str, Optional[str], str], ...]) -> list[str]:
 
     >>> env_lines((("CUDA_DEVICE_MAX_CONNECTIONS", "1", "Megatron-LM asserts it"),))
     ['# CUDA_DEVICE_MAX_CONNECTIONS: Megatron-LM asserts it', 'export CUDA_DEVICE_MAX_CONNECTIONS=1']
+
+    A launch script's ``${NAME:-default}`` (:func:`meshplan.interop.megatron_env.script_env`) keeps
+    its form, the default quoted: the environment's value still wins, as in the script.
+
+    >>> env_lines((("NCCL_IB_TIMEOUT", "${NCCL_IB_TIMEOUT:-19}", "exported by job.sh"),))[1]
+    'export NCCL_IB_TIMEOUT=${NCCL_IB_TIMEOUT:-19}'
     """
     out = []
     for name, value, why in env:
-        out += [f"# {name}: {why}", f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}"]
+        default = re.fullmatch(r"\$\{" + re.escape(name) + r":-(.*)\}", value or "", re.S)
+        given = f"${{{name}:-{shlex.quote(default.group(1).strip(chr(34)))}}}" if default else shlex.quote(value or "")
+        out += [f"# {name}: {why}", f"unset {name}" if value is None else f"export {name}={given}"]
     return out

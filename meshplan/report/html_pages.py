@@ -31,7 +31,7 @@ from meshplan.report.html import (
     verdict_html,
 )
 from meshplan.memory.timeline import KINDS
-from meshplan.report.memory import kind_notes
+from meshplan.report.memory import kind_notes, reserved_line
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import count_lines, header_lines, outcome_rows, rejected_lines, table_lines, top_table
 from meshplan.report.search_fix import infeasible_verdict
@@ -100,11 +100,24 @@ def _shapes(plan: Plan) -> str:
 
 
 def _memory(plan: Plan, name: str) -> str:
-    rows = [(tl.stage, f"{tl.peak.total_bytes / GiB:.2f}", tl.peak.where(),
-             ", ".join(f"{k} {v / GiB:.2f}" for k, v in tl.peak.dominant()), f"{tl.headroom_bytes / GiB:.2f}",
-             f"{tl.usable_bytes / GiB:.2f}", "yes" if tl.fits else "NO") for tl in plan.timelines]
-    body = table(["stage", "peak (GiB)", "when", "dominated by (GiB)", "headroom (GiB)", "usable (GiB)", "fits"], rows,
-                 caption="memory timeline per rank, one training step")
+    """The Memory section: per stage the peak incl. communication buffers (the timeline's, all
+    kinds; not the allocator's allocated peak, :mod:`meshplan.memory.reserved`'s terms) beside the
+    caching allocator's simulated reserved peak (``torch.cuda.max_memory_reserved``,
+    :meth:`~meshplan.memory.timeline.Timeline.reserved_memory`), the headroom to what the verdict
+    holds (:attr:`~meshplan.memory.timeline.Timeline.verdict_bytes`), then the most loaded stage's
+    kinds, allocator line (:func:`meshplan.report.memory.reserved_line`, as ``meshplan memory``) and plot."""
+    rows = [(tl.stage, f"{tl.peak.total_bytes / GiB:.2f}", f"{tl.reserved_memory().reserved_bytes / GiB:.2f}",
+             tl.peak.where(), ", ".join(f"{k} {v / GiB:.2f}" for k, v in tl.peak.dominant()),
+             f"{tl.headroom_bytes / GiB:.2f}", f"{tl.usable_bytes / GiB:.2f}", "yes" if tl.fits else "NO")
+            for tl in plan.timelines]
+    held = ("the reserved peak + communication buffers ([memory] reserved_verdict)"
+            if plan.timeline.reserved is not None else "the peak incl. communication buffers")
+    body = table(["stage", "peak incl. comm. buffers (GiB)", "reserved peak (GiB)", "when", "dominated by (GiB)",
+                  "headroom (GiB)", "usable (GiB)", "fits"], rows,
+                 caption=f"memory timeline per rank, one training step; peak incl. comm. buffers: every kind, "
+                         f"communication buffers included; reserved: PyTorch's caching allocator, simulated, "
+                         f"without them; "
+                         f"headroom to {held}")
     body += table(["stage", "persistent state per rank (GiB)"],
                   [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])
     tl, notes = plan.timeline, kind_notes(plan)
@@ -112,6 +125,7 @@ def _memory(plan: Plan, name: str) -> str:
                   [(k, f"{tl.peak.by_kind[k] / GiB:.2f}", f"{tl.max_by_kind[k] / GiB:.2f}", notes[k]) for k in KINDS
                    if tl.peak.by_kind[k] or tl.max_by_kind[k]],
                   caption=f"stage {tl.stage}: bytes per kind at the peak and their maxima")
+    body += lines([reserved_line(tl)])
     body += f"<h3>Memory timeline of stage {tl.stage} (the most loaded)</h3>"
     body += png_img(png_bytes(tl, name=name), f"memory timeline of stage {tl.stage}")
     return section("Memory", body)
@@ -168,13 +182,15 @@ def verdict_numbers(plan: Plan | Infeasible, st: Optional[StepTime]) -> list[str
     """The verdict's one line of numbers (newcomer trial 26 #3: they came only further down),
     from the values the Step time and Memory sections print: the step (s, :attr:`StepTime.step_s`),
     MFU, tokens/s, and the most loaded stage's timeline peak against its usable bytes (GiB);
-    ``if it fit:`` first for a mesh that does not fit. [] without a plan or step.
+    ``if it fit:`` first for a mesh that does not fit; under ``[memory] reserved_verdict`` the
+    reserved peak plus communication buffers the fit is decided on follows the peak. [] without a plan or step.
 
     e.g. ``step 23.638 s, MFU 31.5%, tokens/s 177,436; peak 30.98 GiB of 74.50 GiB usable (stage 0)``"""
     if not isinstance(plan, Plan):
         return []
     tl = plan.timeline
-    peak = f"peak {tl.peak.total_bytes / GiB:.2f} GiB of {tl.usable_bytes / GiB:.2f} GiB usable (stage {tl.stage})"
+    held = "" if tl.reserved is None else f" (reserved peak + buffers {tl.verdict_bytes / GiB:.2f} GiB)"
+    peak = f"peak {tl.peak.total_bytes / GiB:.2f} GiB{held} of {tl.usable_bytes / GiB:.2f} GiB usable (stage {tl.stage})"
     step = "" if st is None else f"step {st.step_s:.3f} s, MFU {st.mfu:.1%}, tokens/s {st.tokens_per_s:,.0f}; "
     return [("" if plan.feasible else "if it fit: ") + step + peak]
 

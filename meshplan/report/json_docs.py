@@ -92,8 +92,18 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
     """The memory timeline summary of each stage shown (most loaded, or all), with the
     persistent state per stage and the PNG files written."""
     shown = plan.timelines if all_stages else (plan.timeline,)
-    return envelope("memory", plan, stages=[timeline_summary(tl) for tl in shown],
+    return envelope("memory", plan, stages=[timeline_summary(tl) | {"allocator": _allocator(tl)} for tl in shown],
                     persistent_bytes={str(s.stage): s.total_bytes for s in plan.state}, pngs=list(pngs))
+
+
+def _allocator(tl) -> dict[str, Any]:
+    """The caching allocator's simulated bytes of one stage (:func:`meshplan.report.memory.reserved_line`)."""
+    r = tl.reserved_memory()
+    s = r.stats
+    return {"reserved_peak_bytes": s.reserved_peak_bytes, "allocated_peak_bytes": s.allocated_peak_bytes,
+            "reserved_unallocated_bytes": s.cached_at_peak_bytes, "fragmentation": r.fragmentation,
+            "segments": s.segments, "communication_buffer_bytes": r.untracked_bytes, "device_bytes": r.device_bytes,
+            "expandable_segments": r.config.expandable_segments, "in_verdict": tl.reserved is not None}
 
 
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
@@ -101,7 +111,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
     MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch and for an MoE or MLA
-    model), critical path, readiness of
+    model; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
+    StepTime.megatron_throughput, null off framework megatron), critical path, readiness of
     each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on
     the stage whose ranks send the most (``sent_bytes_stage``,
@@ -116,6 +127,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     step_parts_s={"step": st.step_s, **st.parts_s()}, host_wait_s=st.host_wait_s(),
                     sm_contention_s=st.contention_s(),
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu, torchtitan_mfu=st.torchtitan_mfu,
+                    megatron_throughput_flops_per_s=st.megatron_throughput,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[_timing(t) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],

@@ -209,6 +209,25 @@ def peak_window_table(tl: Timeline, before: int = 10, after: int = 3) -> Table:
     return tab
 
 
+def reserved_line(tl: Timeline) -> str:
+    """The caching allocator's simulated reserved peak beside its allocated peak
+    (:meth:`~meshplan.memory.timeline.Timeline.reserved_memory`), what torchtitan and Megatron log
+    as reserved and allocated, and which the verdict holds against usable memory: the reserved
+    peak plus the communication buffers, or the timeline's peak incl. communication buffers (terms:
+    :mod:`meshplan.memory.reserved`)."""
+    r = tl.reserved_memory()
+    s = r.stats
+    held = ("the verdict holds it ([memory] reserved_verdict)" if tl.reserved is not None else
+            "the verdict holds the peak incl. communication buffers; [memory] reserved_verdict = true holds this")
+    return (f"caching allocator (stage {tl.stage}, simulated, expandable_segments "
+            f"{'on' if r.config.expandable_segments else 'off'}): reserved peak {_gib(s.reserved_peak_bytes)} GiB "
+            f"(torch.cuda.max_memory_reserved) beside the allocated peak {_gib(s.allocated_peak_bytes)} GiB "
+            f"(torch.cuda.max_memory_allocated): "
+            f"{_gib(s.cached_at_peak_bytes)} GiB ({r.fragmentation:.1%}) reserved and not allocated, cached or "
+            f"fragmented, in {s.segments} segments; + {_gib(r.untracked_bytes)} GiB communication buffers = "
+            f"{_gib(r.device_bytes)} of {_gib(tl.usable_bytes)} GiB usable; {held}")
+
+
 def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = False) -> None:
     """``meshplan memory``: stage peaks, then kinds, passes and the peak's events of the
     most loaded stage (every stage with ``all_stages``)."""
@@ -220,6 +239,7 @@ def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = 
               f"{c.training.seq_len}, sharding {c.training.sharding}, recompute {c.training.recompute}")
     con.print(timeline_table(plan, all_stages))
     for tl in (plan.timelines if all_stages else [plan.timeline]):
+        con.print(escape(reserved_line(tl)))
         con.print(kinds_table(tl, kind_notes(plan)))
         con.print(runs_table(tl))
         con.print(peak_window_table(tl))

@@ -37,8 +37,8 @@ from meshplan.plan_runtime import export_refusals
 from meshplan.report.search_clear import clear_lines, clear_to_dict
 from meshplan.report.search_fix import infeasible_line, infeasible_verdict, rule_counts
 from meshplan.report.search_lines import (configured_lines, goodput_cell, goodput_line, goodput_shared, headroom_lines,
-                                         peak_cell, recompute_lines, safer_lines, split_ac_lines, table_heading,
-                                         tier_lines, tight, variants_line)
+                                         peak_cell, recompute_lines, safer_lines, setting_lines, split_ac_lines,
+                                         table_heading, tier_lines, tight, variants_line)
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.explain import relative
@@ -260,6 +260,7 @@ def table_lines(r: SearchResult) -> list[str]:
     headroom (:func:`~meshplan.report.search_lines.safer_lines`), the top's other settings
     (:func:`variants_line`), the top against #2, goodput, exactness, the headroom warning, the
     warning on a row 1 that splits the backward under activation checkpointing (:func:`split_ac_lines`),
+    the warning on a row 1 in a setting measured less well than the development set (:func:`setting_lines`),
     the one pointer to the first row shown clear of every row warning
     (:func:`~meshplan.report.search_clear.clear_lines`) and what ``--export`` does not express; one
     source for the text and the HTML page."""
@@ -270,7 +271,7 @@ def table_lines(r: SearchResult) -> list[str]:
     if r.proven:
         out.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                    "one shown")
-    return out + headroom_lines(r) + split_ac_lines(r) + clear_lines(r) + export_lines(r)
+    return out + headroom_lines(r) + split_ac_lines(r) + setting_lines(r) + clear_lines(r) + export_lines(r)
 
 
 #: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file

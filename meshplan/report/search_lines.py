@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.memory.constraints import usable_bytes
+from meshplan.plan import build_plan
+from meshplan.plan_fidelity import plan_setting_line
 from meshplan.plan_runtime import split_backward_ac_head
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE
@@ -122,6 +124,20 @@ def split_ac_lines(r: SearchResult) -> list[str]:
     return [f"warning: row 1 ({c.label(e.index)}) runs {head}, reported far slower than interleaved 1F1B and to run "
             "out of memory (torchtitan issue #773, pytorch issue #136766: see the note); its step is the schedule's "
             "without that slowdown"]
+
+
+def setting_lines(r: SearchResult) -> list[str]:
+    """Where row 1 lies in a setting whose step error was measured larger than the development set's
+    (:func:`meshplan.plan_fidelity.plan_setting_line`: ZeRO-3 sharded across nodes, torch FSDP on A100,
+    torch on H100, as :data:`~meshplan.spec.accuracy.FIDELITY` lists them), one ``warning:`` line naming
+    it with its figures (newcomer trial 34: a Megatron FSDP mesh at dp_shard 512 across nodes ranked
+    first with only the development set's error printed). Not a rank: the order stays the step's."""
+    if not r.top:
+        return []
+    e = r.top[0]
+    plan = build_plan(candidate_config(r.config, r.candidates, e.index), memory=False, reports=False)
+    line = plan_setting_line(f"row 1 ({r.candidates.label(e.index)})", plan)
+    return [line] if line else []
 
 
 def export_headroom(r: SearchResult, pick: tuple[int, str]) -> tuple[str, ...]:

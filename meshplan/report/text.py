@@ -12,10 +12,11 @@ from meshplan.compute.shapes import fused_qkv_words
 from meshplan.memory.state_estimates import megatron_estimate, megatron_withheld, zero_textbook_bytes
 from meshplan.mesh.axes import order_words
 from meshplan.mesh.resolve import Mesh
-from meshplan.mesh.tpsplit import model_groups
+from meshplan.mesh.tpsplit import experts_apart, model_groups
 from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
+from meshplan.report.layer_counts import per_layer_words
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
@@ -299,42 +300,17 @@ def _per_columns(row) -> tuple[str, str]:
     return f"{row.per_layer:.2f}", str(row.per_microbatch)
 
 
-#: Axes whose collectives run in the MoE layers alone: their calls are counted per MoE layer.
-EXPERT_ROW_AXES = ("ep", "etp")
-
-
-def _per_layer_words(row, moe_layers: int = 0) -> str:
-    """Why a "per layer" cell is not whole: `` (per layer 2.14 = 15 calls / 7 layers: 2 per layer
-    + 1 outside them)``, the calls per micro-batch over the stage's layers (``per_microbatch / per_layer``) and
-    those left over, issued outside the layer loop (e.g. by the embedding or the head); for a row
-    under one per layer, issued outside the layers, the calls per micro-batch alone:
-    `` (1 call per micro-batch, outside the layers)``; "" for a whole figure or a row not issued
-    per micro-batch. An expert axis's row (:data:`EXPERT_ROW_AXES`) on a stage of ``moe_layers`` MoE
-    layers whose calls they divide: `` (52 calls per micro-batch: 2 per MoE layer x 26 MoE layers)``
-    (DeepSeek-V2-Lite's ep dispatch and combine; counted over all 27 layers it read 1 per layer + 25
-    outside them)."""
-    if not row.per_microbatch or not row.per_layer or float(row.per_layer).is_integer():
-        return ""
-    if getattr(row, "axis", None) in EXPERT_ROW_AXES and moe_layers and row.per_microbatch % moe_layers == 0:
-        return (f" ({row.per_microbatch} calls per micro-batch: {row.per_microbatch // moe_layers} per MoE layer x "
-                f"{moe_layers} MoE layers)")
-    layers = round(row.per_microbatch / row.per_layer)
-    each, left = divmod(row.per_microbatch, layers)
-    calls = f"{row.per_microbatch} call{'s' if row.per_microbatch > 1 else ''}"
-    if not each:
-        return f" ({calls} per micro-batch, outside the layers)"
-    return f" (per layer {row.per_layer:.2f} = {calls} / {layers} layers: {each} per layer + {left} outside them)"
-
-
-def _cadence_lines(rows, shown: dict, window=lambda r: "", moe_layers: int = 0) -> list[str]:
+def _cadence_lines(rows, shown: dict, window=lambda r: "", moe_layers: int = 0, apart: bool = False) -> list[str]:
     """Lines under a collective table: each cadence (the JSON's ``cadence``) and the rows issued
-    at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``; ``window``: a
-    row's count explained by torch's unshard window re-gathers
+    at it, ``  every norm (SP weight gradients): tp backward all-reduce 16,384 B``, each count
+    that is not whole per layer said (:func:`meshplan.report.layer_counts.per_layer_words` of the
+    stage's ``moe_layers``, the routed experts ``apart`` or not); ``window``: a row's count
+    explained by torch's unshard window re-gathers
     (:func:`meshplan.schedule.window_regathers.cadence_words`)."""
     by: dict[str, list[str]] = {}
     for r in rows:
         by.setdefault(r.cadence, []).append(f"{shown.get(r.axis, r.axis)} {r.phase} {r.op} {r.size_bytes:,.0f} B"
-                                            f"{_per_layer_words(r, moe_layers)}{window(r)}")
+                                            f"{per_layer_words(r, moe_layers, apart)}{window(r)}")
     return [f"  {c}: {', '.join(items)}" for c, items in by.items()]
 
 
@@ -364,7 +340,8 @@ def _collectives(plan: Plan, con: Console) -> None:
         con.print("when each row is issued:", highlight=False)
         k = int(stage.split()[-1])  # "stage 3" (plan.table_key)
         moe = sum(plan.config.model.is_moe_layer(i) for ch in plan.stages[k] for i in ch)
-        for line in _cadence_lines(rows, shown, lambda r, k=k: cadence_words(plan, k, r), moe):
+        words = lambda r, k=k: cadence_words(plan, k, r)  # noqa: E731
+        for line in _cadence_lines(rows, shown, words, moe, experts_apart(plan.mesh)):
             con.print(line, markup=False, highlight=False)
 
 

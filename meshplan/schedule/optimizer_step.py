@@ -42,13 +42,20 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
       get_data_parallel_world_size()``; ``optimizer/distrib_optimizer.py`` ``reduce_model_grads``:
       ``gbuf.data /= data_parallel_world_size``).
 
+    - unscale (``training.framework = "megatron"`` with fp16 parameters: Megatron-LM gives ``--fp16``
+      a grad scaler, bf16 none): one read and one write of the gradients
+      (NVIDIA/Megatron-LM 2755bcb ``megatron/optimizer/optimizer.py`` ``_unscale_main_grads_and_check_for_nan``:
+      ``torch._amp_foreach_non_finite_check_and_unscale_`` over the fp32 main gradients, in place).
+
     Megatron's bf16 mixed precision (2 B params, 4 B main grads, 4 B master, 8 B Adam states):
-    4 + 8 + 28 + 6 + 4 + 8 = 58 B per parameter; torch's with the same state, 50 B.
+    4 + 8 + 28 + 6 + 4 + 8 = 58 B per parameter, fp16 8 B more (66 B); torch's with the same state, 50 B.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16")
     >>> optimizer_step_bytes(2, 4, 4, 8, t), optimizer_step_bytes(2, 4, 4, 8, t.model_copy(update={"framework": "megatron"}))
     (50, 58)
+    >>> optimizer_step_bytes(2, 4, 4, 8, t.model_copy(update={"framework": "megatron", "param_dtype": "fp16"}))
+    66
     >>> optimizer_step_bytes(4, 4, 0, 8, t.model_copy(update={"sharding": "zero3", "grad_clip": False, "param_dtype": "fp32"}))
     28
     """
@@ -62,7 +69,8 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     if zero_grads is None:
         zero_grads = training.sharding in ZEROED_GRAD_BUFFER
     passes = 3 if training.framework == "megatron" else 1  # zero; Megatron also scales by 1/dp (read, write)
-    return norm_clip + update + copy + passes * grads * zero_grads
+    unscale = 2 * grads if training.framework == "megatron" and training.param_dtype == "fp16" else 0
+    return norm_clip + update + copy + passes * grads * zero_grads + unscale
 
 
 def foreach_adam_bytes(updated, grads, states, decoupled: bool):

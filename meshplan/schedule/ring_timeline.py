@@ -57,7 +57,7 @@ def ring_forward(s: StreamSim, name: str, phase: str, core: float, sdpa: float, 
     SDPA call and waits for it before the second. TE's p2p ring (:func:`p2p_steps`, ``steps``: its
     seconds by step): ``cp - 1`` K/V sends, one beside each step but the last, then the rest of the core."""
     if p2p_cp(s):
-        p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"), steps)
+        p2p_steps(s, name + RING_CALL, phase, sdpa, p2p_sends(s.w.cp, "forward"), steps, two_streams=True)
         s.compute(name + " core", core - sdpa)
         return
     ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather", after=[s.last])
@@ -84,7 +84,7 @@ def p2p_sends(cp: int, phase: str) -> list[Optional[tuple[str, str]]]:
 
 
 def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Optional[tuple[str, str]]],
-              steps: tuple = ()) -> None:
+              steps: tuple = (), two_streams: bool = False) -> None:
     """Transformer Engine's p2p ring steps (``AttnFuncWithCPAndKVP2P``, :func:`meshplan.spec.axes.cp.p2p_rows`):
     at step ``i`` the send/recv ``sends[i]`` (:func:`p2p_sends`; row ``phase``) issued on the cp
     stream before the step's own work beside it (``call``: ``steps[i]``' first part, the step's
@@ -93,14 +93,24 @@ def p2p_steps(s: StreamSim, call: str, phase: str, sdpa: float, sends: list[Opti
     after the wait (``steps[i]``' second part: the backward's dK/dV accumulation into the received
     buffer, the forward's output corrections after its last step): each exposes ``max(send -
     beside, 0)``. ``sdpa``: the steps' seconds; any of them ``steps`` does not place (a call not
-    rated by step) is spread equally over the ``cp`` steps beside their sends."""
+    rated by step) is spread equally over the ``cp`` steps beside their sends.
+
+    Each send waits for the one before it (the cp stream's order: it sends what that one
+    received) and, on the backward's one stream, for all the work before it; with
+    ``two_streams`` (the forward and its replay: TE alternates two flash streams,
+    :mod:`meshplan.compute.te_ring`) the send of step ``i`` is issued from call ``i``'s stream,
+    whose last work is call ``i - 2`` (with its lse correction), so it waits for that call, not
+    for call ``i - 1``; the calls stay in series on the compute stream (they share the SMs)."""
     cp = s.w.cp
     steps = steps or ((0.0, 0.0),) * cp
     extra = (sdpa - sum(a + b for a, b in steps)) / cp
     after_name = call.split(RING_CALL)[0] + RING_AFTER
-    for x, (beside, after) in zip(sends, steps):
-        send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=[s.last])
-        s.compute(call, beside + extra)
+    entry = s.last
+    calls: list = []  # each step's call event
+    for i, (x, (beside, after)) in enumerate(zip(sends, steps)):
+        dep = ([calls[i - 2]] if i >= 2 else [entry]) if two_streams else [s.last]
+        send = None if x is None else s.comm("cp", phase, "send/recv", x[1], x[0], after=dep)
+        calls.append(s.compute(call, beside + extra))
         if send is not None:
             s.compute("K/V wait", 0.0, [send])
         if after > 0:
@@ -125,7 +135,7 @@ def ring_backward(s: StreamSim, name: str, rest: float, sdpa: float, replay: flo
     if p2p_cp(s):
         s.compute(name + " core B", rest - replay, wait)
         if replay > 0:
-            p2p_steps(s, name + RING_CALL, "backward", replay, p2p_sends(cp, "forward"), replay_steps)
+            p2p_steps(s, name + RING_CALL, "backward", replay, p2p_sends(cp, "forward"), replay_steps, two_streams=True)
         p2p_steps(s, name + RING_CALL_B, "backward", sdpa, p2p_sends(cp, "backward"), steps)
         return
     s.compute(name + " core B", rest, wait)

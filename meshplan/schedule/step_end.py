@@ -1,5 +1,6 @@
 """What each stage does after its last pipeline unit (:func:`stage_end`): the later schedule
-runs, the per-step gradient reduction when not overlapped, the replicated KV heads'
+runs, Megatron-LM 2022's p2p calls' host syncs (:func:`megatron_p2p_syncs_s`), the per-step
+gradient reduction when not overlapped, the replicated KV heads'
 all-reduces, the optimizer step (:func:`_optimizer_s`), torchao's float8 amax precompute and
 its all-reduces (:func:`float8_precompute_s`), and the ZeRO-1/2 parameter all-gather
 (:func:`param_gather_exposed_s`), each a step-end event with its exposure.
@@ -14,7 +15,7 @@ import numpy as np
 from meshplan.comm.megatron_buckets import CHUNK0_MARK
 from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
-from meshplan.compute.megatron_cost import megatron_stage_step_cost
+from meshplan.compute.megatron_cost import megatron_stage_step_cost, p2p_calls, p2p_sync_cost
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import KV_REPLICA, local_numel
 from meshplan.pipeline.simulate import Event
@@ -48,6 +49,21 @@ def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
         extra = memo[key]
     return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
                                     st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
+
+
+def megatron_p2p_syncs_s(plan, s: int, spec) -> float:
+    """Seconds of the host syncs around stage ``s``'s pipeline p2p calls in Megatron-LM 2022
+    (:func:`meshplan.compute.megatron_cost.p2p_calls`, :func:`~meshplan.compute.megatron_cost.p2p_sync_cost`:
+    each call's two timer syncs and ``_communicate``'s own, one issue floor each) under
+    ``training.framework = "megatron"`` with its blocking calls (``spec.blocking_p2p`` without
+    ``overlap_p2p``: ``pp_p2p_overlap = false``, as Megatron-LM ran before 2023); 0 otherwise.
+    Counted once per step after the stage's last unit: on a stage that never waits for a partner
+    each sync delays its next unit by the same, where it waits anyway the sync would hide in the
+    wait (so at most this much later)."""
+    if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p:
+        return 0.0
+    calls = p2p_calls(str(spec.schedule), spec.p, spec.m, spec.v, s)
+    return p2p_sync_cost(plan.config.cluster.gpu, calls).seconds()
 
 
 def float8_precompute_s(plan, s: int) -> float:
@@ -99,10 +115,11 @@ def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0
         post.append(Event(s, "compute", f"schedule {later_runs_label(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
                           f"ms, each as run 1)", t, t + shift, {"later_runs": runs - 1, "run_s": run_s}))
         t += shift
+    steps = [("pipeline p2p calls' syncs", megatron_p2p_syncs_s(plan, s, spec), "compute")]
     # the per-step reduction by the group each part runs on ("dp": the data axes; the SP norms'
     # all-reduce over tp, the tied embedding's over pp: CommTimes.reduce_parts), one after another
-    steps = [(f"grad reduce: {op} (per step)" if op and stream != "dp" else "grad reduce (per step)", dur, stream)
-             for stream, dur, op in comm.reduce_parts(step_end_reduce_s(comm, ov.grad_reduce), per_step=True)]
+    steps += [(f"grad reduce: {op} (per step)" if op and stream != "dp" else "grad reduce (per step)", dur, stream)
+              for stream, dur, op in comm.reduce_parts(step_end_reduce_s(comm, ov.grad_reduce), per_step=True)]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, KV_REPLICA) for i in range(comm.kv_calls)]
     steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))

@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from meshplan.compute.flops import torchtitan_mfu
+from meshplan.compute.flops import megatron_throughput, torchtitan_mfu
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event
 from meshplan.pipeline.trace import write_trace
@@ -55,6 +55,7 @@ class StepTime:
     mesh_text: str = ""  # the mesh as every output prints it (mesh_words.mesh_text), on the first line
     tt_flops_per_token: float = 0.0  # torchtitan's MFU FLOP per token (flops.torchtitan_flops_per_token); 0: no line
     tt_peak_flops: float = 0.0  # the peak torchtitan divides by (flops.torchtitan_peak_flops), FLOP/s
+    mg_flops: float = 0.0  # Megatron-LM's --log-throughput FLOP per iteration (flops.megatron_flops_per_iteration); 0: no line
 
     def named(self, stream: str) -> str:
         """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
@@ -105,6 +106,24 @@ class StepTime:
                 f"{self.tt_flops_per_token:,.0f} FLOP/token (6 x non-embedding params + 12 x layers x heads x head dim "
                 f"x seq, attention not halved) x {tps:,.0f} tokens/s per GPU / its {self.tt_peak_flops / 1e12:,.0f} "
                 f"TFLOP/s bf16 peak, whatever the dtype)"]
+
+    @property
+    def megatron_throughput(self) -> Optional[float]:
+        """The throughput per GPU Megatron-LM's ``--log-throughput`` would log for this predicted step,
+        FLOP/s (:func:`~meshplan.compute.flops.megatron_throughput`; its log prints /1e12, TFLOP/s/GPU);
+        None where the config is not framework megatron."""
+        return megatron_throughput(self.mg_flops, self.step_s, self.world) if self.mg_flops else None
+
+    def megatron_line(self) -> list[str]:
+        """``Megatron-LM's --log-throughput formula: 412.3 TFLOP/s/GPU (...)``: :attr:`megatron_throughput`
+        with its inputs, one decimal as Megatron logs it; none where it is None."""
+        tput = self.megatron_throughput
+        if tput is None:
+            return []
+        return [f"Megatron-LM's --log-throughput formula: {tput / 1e12:.1f} TFLOP/s/GPU (what its log's throughput "
+                f"per GPU would read: {self.mg_flops:.4e} FLOP per iteration (num_floating_point_operations: 3 x "
+                f"GEMMs, causal-half attention and logits over the padded vocabulary, recompute not counted) / "
+                f"(step {self.step_s:.4f} s x {self.world:,} GPUs))"]
 
     def critical_path(self) -> list[str]:
         """Pipeline units on the critical path, then the critical stage's step-end ops (built
@@ -313,7 +332,7 @@ class StepTime:
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
                 f"of the "
                 f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
-            self.torchtitan_line() + [f"note: {n}" for n in self.notes] + contention_line(self)
+            self.torchtitan_line() + self.megatron_line() + [f"note: {n}" for n in self.notes] + contention_line(self)
 
     def _gap_text(self) -> str:
         """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of

@@ -21,7 +21,9 @@ MFU uses model FLOP (:func:`meshplan.compute.flops.sequence_model_flops` x globa
 half attention, no recompute); HFU the FLOP each rank executes (recompute, full non-flash
 attention, replicated KV heads, padded vocabulary), both over ``step x world x peak``. Under
 framework torch, also the MFU torchtitan would log for the predicted step, by its own formula
-(:func:`meshplan.compute.flops.torchtitan_mfu`).
+(:func:`meshplan.compute.flops.torchtitan_mfu`); under framework megatron, the throughput per GPU
+Megatron-LM's ``--log-throughput`` would log, by its own formula
+(:func:`meshplan.compute.flops.megatron_flops_per_iteration`).
 
 This module runs the whole step (:func:`step_time`); its parts live beside it, in flow order:
 :mod:`~meshplan.schedule.workload` (the per-rank workload and chunk costs),
@@ -43,8 +45,10 @@ import numpy as np
 from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
-from meshplan.compute.flops import flop_gap, sequence_model_flops, torchtitan_flops_per_token, torchtitan_peak_flops
+from meshplan.compute.flops import (flop_gap, megatron_flops_per_iteration, sequence_model_flops,
+                                    torchtitan_flops_per_token, torchtitan_peak_flops)
 from meshplan.errors import ConfigError
+from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
@@ -138,7 +142,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
-                    *_torchtitan_terms(cfg))
+                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan))
 
 
 def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
@@ -181,6 +185,17 @@ def _torchtitan_terms(cfg) -> tuple[float, float]:
     :func:`~meshplan.compute.flops.torchtitan_peak_flops`); (0, 0) otherwise: no line."""
     fpt = torchtitan_flops_per_token(cfg.model, cfg.training.seq_len) if cfg.training.framework == "torch" else None
     return (0.0, 0.0) if fpt is None else (fpt, torchtitan_peak_flops(cfg.cluster.gpu.name))
+
+
+def _megatron_flops(cfg, plan: Plan) -> float:
+    """FLOP per iteration of Megatron-LM's ``--log-throughput`` under framework megatron
+    (:func:`~meshplan.compute.flops.megatron_flops_per_iteration`, over the vocabulary padded as
+    Megatron pads it at the plan's tp); 0 otherwise: no line."""
+    t = cfg.training
+    if t.framework != "megatron":
+        return 0.0
+    vocab = padded_vocab(cfg.model.vocab, t.vocab_pad_divisor, plan.mesh.degree("tp"))
+    return megatron_flops_per_iteration(cfg.model, t.global_batch, t.seq_len, vocab)
 
 
 def _check_schedule(training, schedule: str, p: int, m: int, v: int, runs: int) -> None:

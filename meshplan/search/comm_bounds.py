@@ -35,7 +35,7 @@ def p2p_bound(tt: TimeTables, c: Candidates, size: np.ndarray) -> np.ndarray:
     simulated transfer (each on its own pairs' path, :func:`meshplan.comm.pp_rows.boundary_seconds`):
     where the pp stride (dp x cp x tp ranks) is below the NVLink domain, stages 0 and 1 of rank 0's
     group share it and the boundaries differ: the fastest of them, timed as the step times them
-    (:func:`_fastest_boundary`; not the NVLink pair's alone: below about 1 MiB the measured NVLink
+    (:func:`_fastest_boundary`; not the NVLink pair's alone: below about 617 KiB the measured NVLink
     p2p curve is slower than a NIC pair, 22.7 us against 20.4 us at 512 KiB on dgx-h100); else
     every boundary crosses nodes and the pp axis's path (each rank its own NIC share) is the
     pairs'."""

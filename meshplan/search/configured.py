@@ -32,6 +32,7 @@ import numpy as np
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import Infeasible as Unresolved, Mesh, resolve_mesh
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.steptime import step_time
@@ -243,7 +244,8 @@ def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
     if mine != theirs:  # the data axis by either name (dp under ZeRO-1/2); degree-1 axes left out
         return (f"axis order ({', '.join(mine)}): the search orders (pp, dp_replicate, dp_shard, cp, tp), "
                 "tp innermost")
-    if (a.pp_layer_split or None) != (b.pp_layer_split or None) and len(set(a.pp_layer_split or [0])) > 1:
+    split_a = _per_virtual(cfg, a)  # per virtual stage both: a Megatron import's [1, 2, .., 2, 1] is the
+    if split_a != _per_virtual(cfg, b) and len(set(split_a or [0])) > 1:  # search's per-stage Llama 3 split
         return f"mesh.pp_layer_split {a.pp_layer_split}: the search splits evenly or as Llama 3 (lighter ends)"
     if a.pp_schedule != b.pp_schedule:
         return f"mesh.pp_schedule {a.pp_schedule}: the search runs this mesh with {b.pp_schedule}"
@@ -254,6 +256,23 @@ def _differs(cfg: Config, a: MeshSpec, row: Config) -> Optional[str]:
     if diff:
         return f"training.{diff[0]} {ta[diff[0]]!r}: the search plans this mesh with {tb.get(diff[0])!r}"
     return None
+
+
+def _per_virtual(cfg: Config, spec: MeshSpec) -> Optional[list[int]]:
+    """Layers per virtual stage (``chunk * pp + stage``) of ``spec``'s ``pp_layer_split``, given per
+    stage or per virtual stage (:func:`~meshplan.mesh.layers.stage_layers` spreads the former as the
+    plan does), so that the same layout compares equal (newcomer trial 34 finding 7); the split as
+    given where the mesh does not resolve or assign, None without one."""
+    if not spec.pp_layer_split:
+        return None
+    mesh = resolve_mesh(spec, cfg.cluster.world)
+    if isinstance(mesh, Unresolved):
+        return list(spec.pp_layer_split)
+    pp, vpp = mesh.degree("pp"), spec.virtual_stages or 1
+    layers = stage_layers(cfg.model.layers, pp, vpp, list(spec.pp_layer_split))
+    if isinstance(layers, str):
+        return list(spec.pp_layer_split)
+    return [len(layers[k][c]) for c in range(vpp) for k in range(pp)]
 
 
 def _order(spec: MeshSpec, world: int) -> tuple[str, ...]:

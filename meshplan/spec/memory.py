@@ -105,6 +105,17 @@ class MemoryOptions(BaseModel):
     - ``fragmentation_fraction``: allocator allowance as a fraction of the peak of all the
       other kinds. Default 0: not modelled, ``training.memory_reserve`` is the headroom that
       covers it; set e.g. 0.05 to add 5%.
+    - ``expandable_segments``: PyTorch's caching allocator runs with
+      ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (torch's default False; torchtitan's
+      launch script sets it: 9dec370 ``run_llama_train.sh`` line 22, b5bcd76 ``run_train.sh`` line 43,
+      so the torchtitan importer states it). Read by the simulated allocator whose reserved bytes
+      ``meshplan memory`` prints beside the allocated peak (:mod:`meshplan.memory.allocator`).
+    - ``reserved_verdict``: hold the allocator's simulated reserved peak plus the communication
+      buffers, instead of the peak incl. communication buffers, against usable memory (``plan``'s verdict, ``memory``,
+      ``step``, ``compare``). Default False: an allocator over the device's memory first frees its
+      cached segments and retries (``malloc``'s ``release_cached_blocks``), so a reserved peak over
+      it is a slower step (``num_alloc_retries``), an OOM only if the retry fails too, which the
+      simulation (kind-level events, no device limit) does not decide: docs/conventions.md.
     - ``optimizer_temp_states``: temporaries of the optimizer step, in units of one
       optimizer-state shard (optimizer dtype). Unset (default): what
       ``training.optimizer_impl`` runs (:meth:`optimizer_temp_states_for`), read in torch
@@ -195,6 +206,8 @@ class MemoryOptions(BaseModel):
     nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
     workspace_bytes: int = Field(default=32 * MiB, ge=0, le=BOUNDS["bytes"].value)
     fragmentation_fraction: float = Field(default=0.0, ge=0, lt=1)
+    expandable_segments: bool = False
+    reserved_verdict: bool = False
     optimizer_temp_states: Optional[float] = Field(default=None, ge=0, le=BOUNDS["optimizer_temp_states"].value)
     logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     dropout: bool = False

@@ -57,6 +57,23 @@ def fsdp_units(root) -> list:
     return list(seen.values())
 
 
+def outside_fsdp(root) -> list:
+    """The parameters under ``root`` that no FSDP2 unit manages: the routed experts of an MoE
+    layer at efsdp 1 (``fully_shard(..., ignored_params=...)``: each ep rank holds its
+    ``E / ep`` experts whole, :mod:`meshplan.runtime.execution.parallelize`). torch 2.13's
+    ``FSDPMemTracker`` labels only its units' sharded parameters and gradients
+    (``fsdp2_mem_tracker.py`` 176-190, ``_instrument_fsdp_sharded_params_grads``) and its
+    ``track_external`` is a no-op (498-501), so these were never labelled as parameters: the
+    first view an op made of one (an expert's weight sliced in forward) took its whole storage
+    as ``Activation`` and its gradient stayed ``Temp``. Measured at world 2 of
+    ``tests/data/validate_mixtral_ep2_fsdp.toml`` (dp_shard 2 x ep 2, efsdp 1; 4 experts of
+    3 x 256 x 896 fp32 per rank and MoE layer, 2 layers: 22,020,096 B): params 1,190,400 B measured
+    against 23,210,496 B predicted (-95%), grads the same, activations +753%."""
+    managed = {id(fp.sharded_param) for _, state in fsdp_units(root) for group in state._fsdp_param_groups
+               for fp in group.fsdp_params}
+    return [p for p in root.parameters() if id(p) not in managed]
+
+
 def _hook_forward(state, pre, post, always_call: bool) -> None:
     """Install ``pre``/``post`` as ``state``'s forward hooks, as ``FSDPState.init`` does
     (one module: plain hooks; several: FSDP's group hooks)."""
@@ -87,10 +104,10 @@ class UnitMemTracker(FSDPMemTracker):
             state._pre_forward_hook_handle.remove()
             if state._post_forward_hook_handle is not state._pre_forward_hook_handle:
                 state._post_forward_hook_handle.remove()
+            self._units.append(mod)  # before the wrappers: a failed entry re-hooks FSDP's own (trainstep._enter)
             pre = self._fsdp_state_pre_forward if len(groups) == 1 else self._groups_pre_forward
             _hook_forward(state, pre(mod, state._pre_forward),
                           self._fsdp_state_post_forward(mod, state._post_forward), always_call=True)
-            self._units.append(mod)
             for group in groups:
                 self._instrument_fsdp_sharded_params_grads(group)
                 self._saved_groups.append((group, group.pre_backward, group.post_backward))
@@ -98,6 +115,12 @@ class UnitMemTracker(FSDPMemTracker):
                         else self._group_post_backward(mod, group, group.post_backward))
                 group.pre_backward = self._fsdp_param_group_pre_backward(mod, group.pre_backward)
                 group.post_backward = post
+        # torch's tracker labels FSDP's own parameters alone; its snapshot has _FSDPRefType's keys only
+        # (MemTracker's "Parameter" raises KeyError there): an ep rank's experts are its ep shard
+        for param in outside_fsdp(self._root_mod):
+            self._update_and_maybe_create_winfos(param, _FSDPRefType.SHARDED_PARAM)
+            if param.grad is not None:
+                self._update_and_maybe_create_winfos(param.grad, _FSDPRefType.SHARDED_GRAD)
         for buffer in self._root_mod.buffers():
             self._update_and_maybe_create_winfos(buffer, _FSDPRefType.BUFFER)
 
@@ -184,13 +207,20 @@ class LabelledMemTracker(UnitMemTracker):
         phase = f"recompute {self._recomputes}" if self._in_ac else self.phase
         self.log.append((winfo, delta, category_label(winfo.reftype), phase))
 
-    def label_unsharded_grads(self, model: torch.nn.Module) -> list:
-        """Post-accumulate-grad hooks on every FSDP unsharded parameter; returns handles."""
+    def label_grads(self, model: torch.nn.Module) -> list:
+        """Post-accumulate-grad hooks labelling each gradient as it is accumulated: on every FSDP
+        unsharded parameter ``Unsharded Grad``, on every parameter outside FSDP (:func:`outside_fsdp`)
+        ``Sharded Grad`` (its gradient is the one the optimizer reads, as a sharded gradient is for
+        FSDP's: meshplan's ``grads``); returns the handles."""
         def hook(p):
             self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.UNSHARDED_GRAD)
 
-        return [fp.unsharded_param.register_post_accumulate_grad_hook(hook) for _, state in fsdp_units(model)
-                for group in state._fsdp_param_groups for fp in group.fsdp_params]
+        def outside(p):
+            self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD)
+
+        return ([fp.unsharded_param.register_post_accumulate_grad_hook(hook) for _, state in fsdp_units(model)
+                 for group in state._fsdp_param_groups for fp in group.fsdp_params]
+                + [p.register_post_accumulate_grad_hook(outside) for p in outside_fsdp(model)])
 
 
 #: The kind of a temporary the size of a reduce-scatter's input, allocated in backward while

@@ -219,12 +219,34 @@ def _tracking(runner: Runner, tracker, handles=()):
     and remove ``handles`` (hooks the tracker installed), also when the step raises."""
     runner.tracker = tracker
     try:
-        with tracker:
+        with contextlib.ExitStack() as stack:
+            _enter(stack, tracker)
             yield tracker
     finally:
         runner.tracker = None
         for h in handles:
             h.remove()
+
+
+def _enter(stack: contextlib.ExitStack, tracker) -> None:
+    """Enter ``tracker`` on ``stack``; where its ``__enter__`` raises, undo what it installed before
+    raising, since no ``__exit__`` runs then. torch 2.13's ``FSDPMemTracker.__enter__``
+    (``torch/distributed/_tools/fsdp2_mem_tracker.py`` 503-518) wraps the FSDP units' hooks and
+    backward methods, then the optimizer's hooks, patches ``UntypedStorage.resize_`` and enters its
+    ``ModTracker``; left installed, the wrappers run in the resident-set fallback's step and raise.
+    The undo is its ``__exit__``'s (520-526) without the dispatch mode, which was never pushed: each
+    step may find nothing to undo (``_restore_resize`` puts back the ``resize_`` saved in ``__init__``;
+    a removed hook handle removes nothing)."""
+    try:
+        stack.enter_context(tracker)
+    except Exception:
+        for undo in ("_deregister_module_and_optimizer_hooks", "_restore_resize"):
+            with contextlib.suppress(Exception):
+                getattr(tracker, undo, lambda: None)()
+        mods = getattr(tracker, "_mod_tracker", None)
+        if mods is not None and hasattr(mods, "_fw_pre_handle"):  # ModTracker.__enter__ ran (mod_tracker.py 250-259)
+            mods.__exit__(None, None, None)
+        raise
 
 
 def _peak_record(tracker, name: str) -> dict:
@@ -258,7 +280,7 @@ def _labelled_memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
 
     try:
         tracker = LabelledMemTracker(runner.model, runner.opt)
-        with _tracking(runner, tracker, tracker.label_unsharded_grads(runner.model)):
+        with _tracking(runner, tracker, tracker.label_grads(runner.model)):
             t = runner.step(index)
         phases: dict = {}
         kmax, top, at_top = relabelled_kinds(tracker.log, phases)

@@ -60,8 +60,11 @@ def check_batch(jobs: Sequence[Job]) -> int:
 def validate_batch(jobs: Sequence[Job], force: bool = False, echo=print) -> list[tuple[int, list[dict]]]:
     """Per job, ``validate(config, opt, out, force)``'s (exit code, per-world results), the
     jobs' workers sharing one torchrun launch (module docstring); limit: the jobs' wall-clock
-    limits (``Prepared.limit_s``: ``timeout_s``, or its default scaled with the ranks per core) summed."""
+    limits (``Prepared.limit_s``: ``timeout_s``, or its default scaled with the ranks per core) summed.
+    ``echo``: where the console lines go, one callable for all jobs or a list of one per job
+    (each job's lines as its own ``validate`` prints them)."""
     world = check_batch(jobs)
+    echoes = list(echo) if isinstance(echo, (list, tuple)) else [echo] * len(jobs)
     for config, opt, out in jobs:
         errors = refusals(config, opt)
         if errors:
@@ -71,13 +74,13 @@ def validate_batch(jobs: Sequence[Job], force: bool = False, echo=print) -> list
         tmps = [stack.enter_context(staged_folder(out, "--out", force, create_folders=True)) for _, _, out in jobs]
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="meshplan-batch-")))
         preps = []
-        for (config, opt, _), tmp in zip(jobs, tmps):
+        for (config, opt, _), tmp, say in zip(jobs, tmps, echoes):
             folder = tmp / f"world{world}"
             folder.mkdir(parents=True, exist_ok=True)
-            preps.append(prepare_world(config, world, opt, folder, folder, echo))
+            preps.append(prepare_world(config, world, opt, folder, folder, say))
         results = _launch(preps, [opt for _, opt, _ in jobs], world, work)
-        return [_run_worlds(config, opt, tmp, echo, run_one=_given(result))
-                for (config, opt, _), tmp, result in zip(jobs, tmps, results)]
+        return [_run_worlds(config, opt, tmp, say, run_one=_given(result))
+                for (config, opt, _), tmp, result, say in zip(jobs, tmps, results, echoes)]
 
 
 def _launch(preps: list, opts: list[Options], world: int, work: Path) -> list[dict]:

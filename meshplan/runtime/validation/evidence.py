@@ -22,7 +22,8 @@ measurement (method named in each row) against the most loaded stage's timeline 
 Times and memory gate the result only with a tolerance (``tolerance``); collectives and
 groups always do, and so do the checkpoint bytes the busiest rank wrote, within
 :data:`CHECKPOINT_BYTES_TOLERANCE` (state, not timing: a rank's experts missing from the DCP
-files is lost state, not noise).
+files is lost state, not noise), and the ``memory max: params`` row of an FSDP2 run, within
+:data:`~meshplan.runtime.validation.memcheck.KIND_TOLERANCE` (:func:`~meshplan.runtime.validation.memcheck.params_gate`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from meshplan.plan import Plan
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
-from meshplan.runtime.validation.memcheck import memory_kind_rows
+from meshplan.runtime.validation.memcheck import memory_kind_rows, params_gate
 from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, size_key,
                                                  tally_records, tally_table)
 from meshplan.runtime.validation.probe import calibrated_plan
@@ -355,7 +356,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
             if row["error"] is not None and abs(row["error"]) > tolerance:
                 gated.append(f"{row['quantity']}: measured {row['measured']:.4g} {row['unit']} vs predicted "
                              f"{row['predicted']:.4g} ({row['error']:+.0%}, tolerance {tolerance:.0%})")
-    gated += checkpoint_gate(rows)
+    gated += checkpoint_gate(rows) + params_gate(rows)
     n = len(_load(folder, 0, "collectives.json")["records"])
     ok = not diffs and not gated
     msg = (f"collectives match the plan exactly on all {plan.world} ranks ({n} per step on rank 0); groups match"

@@ -15,6 +15,7 @@ from typing import Optional
 from meshplan.runtime.execution.worker import write_atomic
 from meshplan.runtime.validation.coverage import everywhere
 from meshplan.runtime.validation.evidence import CHECKPOINT_BYTES_TOLERANCE
+from meshplan.runtime.validation.memcheck import KIND_TOLERANCE
 from meshplan.runtime.validation.options import world_timeout_s
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.units import MiB
@@ -56,7 +57,8 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
     gate = ("collectives, groups, and step time and peak memory within the tolerance "
             f"{opt.tolerance:.0%}" if opt.tolerance is not None else
             "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
-    gate += f"; checkpoint bytes per rank not more than {CHECKPOINT_BYTES_TOLERANCE:.0%} under the plan"
+    gate += (f"; checkpoint bytes per rank not more than {CHECKPOINT_BYTES_TOLERANCE:.0%} under the plan; "
+             f"an FSDP2 run's parameters (memory max: params) within {KIND_TOLERANCE:.0%} of the plan")
     lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
              f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
              f"wall-clock limit {', '.join(f'{world_timeout_s(opt, w)[0]:g}' for w in opt.worlds)} s per world. Checked: {gate}.", "", *gap_lines(results)]

@@ -1,0 +1,35 @@
+"""Which measured-error settings a plan lies in (:func:`meshplan.spec.accuracy.settings_of`, the
+pure rule on the plan's fields, beside :data:`~meshplan.spec.accuracy.FIDELITY`), read off a
+:class:`~meshplan.plan.Plan`: its sharding, framework, GPU and how many nodes one group of its
+sharded data axis spans under its placement (``fsdp``: ``dp_shard`` (or ``dp``) x ``cp``,
+:mod:`meshplan.mesh.resolve`; :func:`meshplan.placement.assign.axis_locality`). ``search`` warns
+on its row 1 and ``compare`` on each side with :func:`meshplan.spec.accuracy.setting_line`."""
+
+from __future__ import annotations
+
+from meshplan.placement.assign import axis_locality
+from meshplan.plan import Infeasible, Plan
+from meshplan.spec.accuracy import Fidelity, setting_line, settings_of
+
+
+def shard_nodes(plan: Plan) -> int:
+    """The most nodes one ``fsdp`` group (the ranks ZeRO-3/FSDP shards parameters over) spans
+    under the plan's placement (the derived ``fsdp`` axis where the mesh has two of dp, dp_shard and
+    cp, else ``dp_shard`` or ``dp`` itself, :meth:`meshplan.mesh.resolve.Mesh.all_axes`); 1 where the
+    mesh has none."""
+    loc = axis_locality(plan.mesh, plan.placement)
+    axis = next((a for a in ("fsdp", "dp_shard", "dp") if a in loc), None)
+    return loc[axis].max_nodes if axis is not None else 1
+
+
+def plan_settings(plan: Plan | Infeasible) -> tuple[Fidelity, ...]:
+    """:func:`~meshplan.spec.accuracy.settings_of` of ``plan``; () for an infeasible mesh (no step)."""
+    if not isinstance(plan, Plan):
+        return ()
+    t = plan.config.training
+    return settings_of(t.sharding, t.framework, plan.config.cluster.gpu.name, shard_nodes(plan))
+
+
+def plan_setting_line(who: str, plan: Plan | Infeasible) -> str:
+    """:func:`~meshplan.spec.accuracy.setting_line` of ``plan`` as ``who``; "" where it lies in none."""
+    return setting_line(who, plan_settings(plan))
