@@ -18,7 +18,7 @@ and while the demands running exceed the NIC it is full.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from typing import Optional
 
 #: A pass of a unit whose network collectives' intervals differ from its forecast's by at most this
@@ -71,29 +71,37 @@ def fluid(parts, t0: float, background=()) -> list[tuple[float, list]]:
     >>> [round(e * 1e3, 3) for e, _ in fluid([(0.0, 0.009, 0.75), (0.001, 0.005, 0.8)], 0.001)]
     [12.667, 9.0]
     """
-    left = [p[1] for p in parts]
+    start, left, demand = [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts]
     ends: list = [None] * len(parts)
     segs: list[list] = [[] for _ in parts]
-    t = t0
-    while any(e is None for e in ends):
-        active = [i for i, p in enumerate(parts) if ends[i] is None and p[0] <= t]
-        bg = [b[2] for b in background if b[0] <= t < b[1]]
-        nxt = min([p[0] for i, p in enumerate(parts) if ends[i] is None and p[0] > t]
-                  + [x for b in background for x in b[:2] if x > t] + [math.inf])
+    bg = [b for b in background if b[1] > t0 or b[0] > t0]  # the others never run at or after t0
+    # the event times after t0 (a start, a background edge), in order: the next one after t is the
+    # first past ``k``, as the least of those after t over all parts and backgrounds would be
+    times = sorted({a for a in start if a > t0}.union([x for b in bg for x in b[:2] if x > t0]))
+    k, t, waiting, seen, running = 0, t0, list(range(len(parts))), -1, []
+    while waiting:
+        while k < len(times) and times[k] <= t:
+            k += 1
+        nxt = times[k] if k < len(times) else math.inf
+        active = [i for i in waiting if start[i] <= t]
         if not active:
             t = nxt
             continue
-        shares = max_min_shares([parts[i][2] for i in active] + bg)
-        rates = [min(1.0, f / parts[i][2]) for f, i in zip(shares, active)]
+        if k != seen:  # the backgrounds running change only at their edges, each one of ``times``
+            seen, running = k, [b[2] for b in bg if b[0] <= t < b[1]]
+        d = [demand[i] for i in active] + running
+        shares = d if sum(d) <= 1.0 - 1e-12 else max_min_shares(d)  # room for all: each its demand
+        rates = [min(1.0, f / x) for _, f, x in zip(active, shares, d)]
         done = [left[i] / r for i, r in zip(active, rates)]
         step = min(min(done), nxt - t)
-        for i, r, d in zip(active, rates, done):
-            if d <= step * (1 + 1e-12):
-                ends[i] = t + d
-                segs[i].append((t, t + d, r))
+        for i, r, x in zip(active, rates, done):
+            if x <= step * (1 + 1e-12):
+                ends[i] = t + x
+                segs[i].append((t, t + x, r))
             else:
                 left[i] -= r * step
                 segs[i].append((t, t + step, r))
+        waiting = [i for i in waiting if ends[i] is None]
         t += step
     return list(zip(ends, segs))
 
@@ -162,10 +170,12 @@ class NicBook:
         self.starts: dict[str, list[float]] = {}  # queue -> its collectives' starts (sorted: one after another)
         self.of: dict[int, int] = {}  # id(event) -> index
         self.moved = False
-        self.ahead: dict[str, tuple[list, list]] = {}  # queue -> (starts, (start, end, demand, index) each)
+        # queue -> (starts, indices, (start, end, demand, index) each), in issue order
+        self.ahead: dict[str, tuple[list, list, list]] = {}
         for k, (a, b, f, _, q) in enumerate(forecast or ()):
-            starts, held = self.ahead.setdefault(q, ([], []))
+            starts, idx, held = self.ahead.setdefault(q, ([], [], []))
             starts.append(a)
+            idx.append(k)
             held.append((a, b, f, k))
         self.queues = [x[4] for x in forecast or ()]
         self.forecast_start = [x[0] for x in forecast or ()]
@@ -187,9 +197,10 @@ class NicBook:
         if self.ahead and (j >= len(self.queues) or self.queues[j] != self.nets[j][5]):
             self.ahead = {}  # this pass issues other collectives than the last: no forecast past here
         out = []
-        for q, (starts, held) in self.ahead.items():
+        for q, (starts, idx, held) in self.ahead.items():
             if q != self.nets[j][5]:  # a later one on j's own queue starts after j ends: never beside it
-                out += [h[:3] for h in held[:bisect_left(starts, horizon)] if h[3] > j and h[1] > start]
+                later = held[bisect_right(idx, j):bisect_left(starts, horizon)]  # issued after j, starting before
+                out += [h[:3] for h in later if h[1] > start]
         return out
 
     def place(self, queue: str, shown: str, start: float, work: float, demand: float) -> tuple[int, float]:
