@@ -302,24 +302,39 @@ def _seed_with(**training):
 
 def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
     """The seed mesh with selective and with full recompute: not identical; the step is the same
-    (the seed's step is bound by exposed FSDP traffic, 331.380 s both), so the search's tie rule
+    (the seed's step is bound by exposed FSDP traffic, 324.728 s both), so the search's tie rule
     decides: one setting off its default each, then the cheaper recompute, selective, as the
     search lists them (searchknobs: one rule through the search's key; full won before for its
     lower peak, 19.5 against 43.3 GiB, a criterion the settings now come before). The reason
-    names the knob, not the mesh."""
+    names the knob, not the mesh.
+    (nicshare4: 331.380 s before FSDP2's reduce-scatters ran on their own stream, sharing the NIC
+    max-min (Overlap.fsdp_rs_queue, nic_fair.NicBook). A backward layer's reduce-scatter (31.824 ms
+    alone, demand 0.9412 of the NIC) and the next layer's prefetched all-gather (15.925 ms, 0.9404)
+    ran one after the other on one queue, 47.749 ms a layer; now the all-gather, issued 0.144 ms
+    (the layer's copy-out) after the reduce-scatter, runs beside it, both over half the NIC so each
+    at 0.5: the all-gather 15.925 x 0.9404 / 0.5 = 29.952 ms, the reduce-scatter 0.144 ms alone,
+    29.952 ms at 0.5 / 0.9412 (15.912 ms of its work), its 15.768 ms left alone: 45.864 ms; the next
+    layer's copy-in waits for it (one in flight), 0.216 ms: 46.080 ms a layer. Each micro-batch's
+    backward unit 3847.321 -> 3743.881 ms (80 layers and the head's and embedding's units), the
+    last one's tail 70.269 -> 39.066 ms: 331.3798 - 64 x 0.103440 - 0.031203 = 324.7284 s.)"""
     full = _seed_with(recompute="full")
     c = compare(seed_pair[0], full, names=("selective", "full"))
     assert not c.identical and (c.winner, c.rejected) == ("selective", "full")
     assert c.knobs == (("training.recompute", "selective", "full"),)
     assert c.decided_by == "cheaper recompute (selective vs full)"
     assert c.reasons[:2] == (
-        "step times within 1% (selective 331.380 s, full 331.380 s): selective is listed first by the "
+        "step times within 1% (selective 324.728 s, full 324.728 s): selective is listed first by the "
         "search's tie rule: cheaper recompute (selective vs full)",
         "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
         "against full): the difference comes from these knobs, not from the mesh")
     # recompute costs no time here: with torchtitan's FSDP2 units (the embedding re-gathered in
     # every backward) the FSDP stream alone bounds the seed's step, whatever the compute
     assert c.a.step_s <= c.b.step_s < 1.01 * c.a.step_s
+    ag, rs = 15.925 * 0.9404 / 0.5, 0.144 + 29.952 + (31.824 - 0.144 - 29.952 * 0.5 / 0.9412)
+    assert (round(ag, 2), round(rs, 2), round(rs + 0.216, 2)) == (29.95, 45.86, 46.08) and 15.925 + 31.824 == 47.749
+    bw = c.a.step.units.get(0, 0, "B", 3)
+    assert (round(bw.duration_s * 1e3, 3), round(bw.tail_s * 1e3, 3)) == (3743.881, 39.066)
+    assert 331.3798 - 64 * (3847.321 - 3743.881) / 1e3 - (70.269 - 39.066) / 1e3 == pytest.approx(c.a.step_s, abs=1e-4)
 
 
 def test_framework_and_its_vocabulary_padding_are_knobs(seed_pair):
