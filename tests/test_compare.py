@@ -687,7 +687,14 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     each layer's last fp32 dK/dV shift is exposed: row4 (cp 2 on NVLink, 67,108,864 B, 202.1 us) adds
     256 x 20 x 202.1 us = 1.035 s exposed cp and 0.012 s bubble, 61.782 s; top1 (cp 4: 3 of its 4 shifts
     also outlast the SDPA step they run beside) 1.844 s and 0.025 s, 63.821 s; row4 3.2% shorter
-    (tests/test_search_explain.py test_no_row_is_faster_than_the_line_says_llama3_70b, the same meshes)."""
+    (tests/test_search_explain.py test_no_row_is_faster_than_the_line_says_llama3_70b, the same meshes).
+
+    Under FSDP2's one reduce-scatter in flight (Overlap.fsdp_rs_queue, torch 2.13
+    _fsdp_param_group.py 639-658; FSDP over dp_shard x cp, torchtitan's, so top1's cp 4 too) stage 0's
+    deferred reduction after its last backward runs each layer's copy-in between the reduce-scatters,
+    no longer all ahead of them: top1's 10 layers x 0.8643 ms (tp 2), row4's 20 x 0.4322 ms (tp 4),
+    the same bytes a stage: 8.64 ms more of exposed fsdp each, the tail 40.383 -> 49.026 and 411.362
+    -> 420.005 ms: top1 63.830 s, row4 61.790 s, still 3.2% shorter."""
     import tomllib
 
     from meshplan.compute.kernel_fragment import kernel_data
@@ -701,11 +708,12 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
     assert (doc["winner"], doc["rejected"], doc["decided_by"]) == (
-        "row4", "top1", "shorter step by more than 1% (61.782 s vs 63.821 s, 3.2% shorter)")
-    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.821, 61.782)
-    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.782 s vs 63.821 s)"
+        "row4", "top1", "shorter step by more than 1% (61.790 s vs 63.830 s, 3.2% shorter)")
+    assert (round(doc["a"]["step_s"], 3), round(doc["b"]["step_s"], 3)) == (63.830, 61.790)
+    assert doc["reasons"][0] == "row4 predicts a 3.2% shorter step (61.790 s vs 63.830 s)"
     assert 8192 // 2 * 16 * 256 * 4 == 67_108_864  # row4's shift: 8,192 / cp 2 tokens x 16 heads x (128 + 128) x 4 B
-    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782
+    assert round(60.735 + 256 * 20 * 202.1e-6 + 0.012, 3) == 61.782  # before FSDP2's one reduce-scatter in flight
+    assert (round(61.7817 + 20 * 0.4322e-3, 3), round(63.8210 + 10 * 0.8643e-3, 3)) == (61.790, 63.830)  # unrounded steps before
     assert [round(62.040 - 6 * 8_388_608 * 10 * 512 / 2.97e12, 3), round(60.764 - 2 * 8_388_608 * 20 * 256 / 2.97e12, 3)
             ] == [61.953, 60.735]   # 61.952 unrounded: 62.0395
     # the attention of one layer on stage 0, cp rank 0's calls (docstring), and what it adds a step
