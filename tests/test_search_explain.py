@@ -360,7 +360,10 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     61.782 s; #2 (cp 4: 3 of its 4 shifts outlast the SDPA step they run beside) 1.844 s exposed
     cp and 0.025 s bubble: 61.952 -> 63.821 s, 3.2% apart; the variant (+0.94%) stays within 1%.
     pp 4 x cp 4 x tp 4 (cp across two nodes: the shifts and gathers go through the NICs, 33.5 MB
-    send/recv 1.43 ms, 67 MB all-gather 1.54 ms) is 146.7 s, 81.1 s of it exposed cp (67.4 s before)."""
+    send/recv 1.43 ms, 67 MB all-gather 1.54 ms) is 146.7 s, 81.1 s of it exposed cp (67.4 s before).
+    Under FSDP2's one reduce-scatter in flight stage 0's deferred copy-ins run between the
+    reduce-scatters, +8.64 ms on each of the two: 61.790 and 63.830 s (tests/test_compare.py
+    test_compare_decides_as_the_search_orders derives both)."""
     import dataclasses as dc
 
     from meshplan.config import load_config
@@ -383,7 +386,7 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     assert variant.index == r.placed[1].index and steps[0] < variant.step_s <= steps[0] * (1 + TIE)
     # 60.764 and 62.040 s before the block was one cp rank's: rank 0's compiled bytes, -2 n_q and -6 n_q a
     # layer (test_compare::test_compare_decides_as_the_search_orders)
-    assert round(steps[0], 3) == 61.782 and round(steps[1], 3) == 63.821 and steps[1] > steps[0] * (1 + TIE)
+    assert round(steps[0], 3) == 61.790 and round(steps[1], 3) == 63.830 and steps[1] > steps[0] * (1 + TIE)
     x = r.explanation
     assert x is not None and not x.by_tie_rule and x.fastest_row == 1
     line = x.line()
