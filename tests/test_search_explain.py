@@ -88,7 +88,12 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     16 layers x 32 micro-batches x X = 0.1967 s exposed cp; the compute slowed while NCCL holds
     24 of the 132 SMs (schedule.comm_times.nccl_sm_share) over the overlapped 2 A + X instead of
     all-gather CP's 2 x 59.1 us: 16 x 32 x (775.7 - 118.2) us x 24 / 132 = 0.0612 s; 0.001 s more
-    bubble: 7.687 + 0.197 + 0.061 + 0.001."""
+    bubble: 7.687 + 0.197 + 0.061 + 0.001. (nicshare4, FSDP2's reduce-scatters on their own stream, one
+    in flight: the rows 7.410 -> 7.417 s, pp 2 x dp_shard 4's stage 0 running its deferred
+    reduction's 16 copy-ins (0.4406 ms) between the reduce-scatters, +7.05 ms; and 7.614 -> 7.624 s,
+    dp_replicate 2 x dp_shard 4 kept gathered, its copy-ins waiting for the reduce-scatter before, a
+    backward unit 663.5622 -> 664.7445 ms (exposed fsdp 0 -> 1.3068 ms, SM contention -0.1244 ms) x 8
+    micro-batches, its dp_replicate tail 0.0096 ms shorter: +9.449 ms.)"""
     import re
 
     from meshplan import cli
@@ -107,7 +112,9 @@ def test_search_title_where_the_window_regathers_keep_vpp8_out(tmp_path, capsys)
     rows = [float(x) for x in re.findall(r"│ \d │ [^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│[^│]+│ +([\d.]+) │", text)]
     meshes = re.findall(r"│ \d │ ((?:pp|dp_replicate|dp_shard|cp|tp) \d[^│]*?) +│", text)
     assert meshes == ["pp 2 x dp_shard 4", "dp_replicate 2 x dp_shard 4"]
-    assert rows == [7.410, 7.614] and "longer than the fastest's" not in text
+    assert rows == [7.417, 7.624] and "longer than the fastest's" not in text
+    assert (round(7.40973 + 16 * 0.4406e-3, 3), round(7.61410 + (8 * (664.7445 - 663.5622) - 0.0096) / 1e3, 3)) \
+        == (7.417, 7.624)   # the unrounded steps before
     cfg = load_config(path)
     mesh = {"names": ["pp", "dp_shard", "cp"], "shape": [2, 2, 2], "virtual_stages": 8,
             "pp_schedule": "interleaved_1f1b"}
