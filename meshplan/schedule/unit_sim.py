@@ -302,7 +302,11 @@ def settle(build, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:
     589/591/675/591/717/590/591/591 ms over 8 unrelaxed passes and 601/727/602/747/602/660/603/693 ms
     (the last, 693 ms, was taken when the limit was 8 unrelaxed passes); relaxed, the passes' distance
     to their forecast halves, 147 -> 10 ms and less. Llama-3-70B under Megatron-LM's --tp-comm-overlap (test_step_tp_hint) settles
-    at its 3rd pass (7 before main's compute changes)."""
+    at its 3rd pass (7 before main's compute changes). A long unit whose every layer shares the NIC with the
+    next settles about one layer a pass: the 405B search's dp_replicate 128 x dp_shard 8 x cp 2 x tp 8
+    backward unit (126 layers, 887 network collectives) has its first collective unlike the last pass's 7
+    further on each pass (one layer's), residual 81 -> 4 ms, and takes all :data:`MAX_PASSES`; such
+    units held most of that search's CPU (step_time 18.0 of 23.0 s, nicshare4)."""
     s = StreamSim(comm, w, ov)
     build(s)
     best, best_gap, forecast, damp = s, math.inf, None, False
