@@ -183,10 +183,12 @@ allocator's peak *reserved* bytes (9dec370 ``train.py`` line 393, ``metrics.py``
 so stage 0), which holds the allocator's cached and fragmented segments too. The column gives
 it, then meshplan's simulated reserved peak of stage 0 (:mod:`meshplan.memory.allocator` on the
 timeline, :mod:`meshplan.memory.reserved`; ``expandable_segments:True`` as the launch script sets,
-``run_llama_train.sh`` line 22, which the importer states), then the allocated peak of the most
-loaded stage. The eager fp32 loss of 9dec370 (``train.py`` lines 131-134, ``del pred`` at 307) is
-planned as torch runs it (the importer states ``memory.cross_entropy = "torch"``;
-measured on CPU by tests/test_loss_memory.py): the logits' fp32 ``.float()`` copy beside the kept
+``run_llama_train.sh`` line 22, which the importer states; ``meshplan memory``'s reserved peak), then
+the peak incl. communication buffers of the most loaded stage (the memory timeline's peak over every
+kind, :attr:`~meshplan.memory.timeline.Timeline.peak`; not the allocator's allocated peak, which leaves
+the buffers out: the names of :mod:`meshplan.memory.reserved`). The eager fp32 loss of 9dec370
+(``train.py`` lines 131-134, ``del pred`` at 307) is planned as torch runs it (the importer states
+``memory.cross_entropy = "torch"``; measured on CPU by tests/test_loss_memory.py): the logits' fp32 ``.float()`` copy beside the kept
 log-softmax in forward, and in backward the nll and log-softmax gradients beside it, 3 fp32 logits
 at once; before, Megatron's in-place loss was taken (fp32 logits kept, one bf16 gradient).
 T2's 32,768 tokens a rank x 128,256 fp32 logits are 15.66 GiB each: its peak moves from the
@@ -196,7 +198,7 @@ head's forward to the loss's backward, 44.3 / 44.5 / 44.5 / 44.3 -> 67.8 / 68.0 
 logit shards at once); T5's peak is in a layer's backward (58.2 / 47.5 GiB, published 82.5 /
 72.7), unchanged. The async TP runs (820504e) compile the loss (stated ``compiled``: the bf16 logits
 kept, one bf16 gradient, no fp32 logits; measured on CPU inductor): A70 35.9 -> 32.9-35.0 GiB,
-A8 61.1 -> 58.2 GiB (not published). The allocated peaks were 18.5% under the published reserved
+A8 61.1 -> 58.2 GiB (not published). The peaks incl. communication buffers were 18.5% under the published reserved
 bytes on average (34.7% at worst). The simulated allocator, whose rules are read in torch's source
 and nothing of which is fitted to these rows, predicts the reserved bytes: T1 76.7 / 76.7 / 76.3,
 T2 82.1 / 82.1 / 82.2 / 84.6, T3 62.7 / 62.7 / 62.3, T4 64.5 / 64.5, T5 65.7 / 61.0 GiB: mean
@@ -417,8 +419,8 @@ def sources_lines(node: str) -> list[str]:
 def table(results: list[Result]) -> list[str]:
     """Markdown rows: published vs predicted TPS/GPU, error, MFU, parts (ms)."""
     out = ["| row | published TPS/GPU | predicted | error | MFU (pred, bf16 or fp8 peak) | step parts (ms) | "
-           "kernels (ms, stage 0; sources above) | memory GiB: published reserved / predicted reserved (stage 0) / "
-           "predicted allocated peak |",
+           "kernels (ms, stage 0; sources above) | memory GiB: published reserved peak / predicted reserved peak "
+           "(stage 0) / predicted peak incl. communication buffers (most loaded stage) |",
            "|---|---:|---:|---:|---:|---|---|---:|"]
     for x in results:
         if x.error:

@@ -40,6 +40,7 @@ from meshplan.config_toml import parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileread import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, over
+from meshplan.spec import recompute_modules
 from meshplan.spec.axes import canonical_names
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.memory import MemoryOptions
@@ -47,7 +48,7 @@ from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
-from meshplan.spec.training_checks import megatron_dispatcher
+from meshplan.spec.training_checks import megatron_dispatcher, torch_deepep_reason
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search", "kernels", "reliability", "source")
@@ -176,8 +177,9 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     elif mesh is not None and model.is_moe:
         mesh, notes = _torch_etp(mesh, notes)
     _check_routing(model, training)
+    notes = (*notes, *recompute_modules.config_notes(model, training))
     if mesh is not None and training.moe_dispatcher == "deepep":
-        _check_deepep_group(mesh)
+        _check_deepep_group(mesh, training.framework)
     cluster = read_cluster(data["cluster"])
     if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
         raise ConfigError("training.linear_dtype", f"{cluster.gpu.name} has no {training.linear_dtype} peak "
@@ -337,14 +339,18 @@ def _torch_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[
     return spec, (*notes, note)
 
 
-def _check_deepep_group(spec: MeshSpec) -> None:
+def _check_deepep_group(spec: MeshSpec, framework: str) -> None:
     """``moe_dispatcher = "deepep"`` on a given mesh: Megatron-LM's flex dispatcher builds its DeepEP
     buffer over the ep x etp ranks (``fused_a2a.get_buffer``, NVIDIA/Megatron-LM d98e8a6), and DeepEP
     has kernel configs for some group sizes only (``Buffer.get_dispatch_config`` asserts ``num_ranks
     in config_map``, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines 245-259; catalog
     ``deepep.toml`` ``[buffer] group_sizes``): another size fails at its first dispatch; and one rank has
-    no group (``MoEFlexTokenDispatcher`` asserts ``TPxEP > 1``, token_dispatcher.py line 1836)."""
+    no group (``MoEFlexTokenDispatcher`` asserts ``TPxEP > 1``, token_dispatcher.py line 1836).
+    Framework torch (torchtitan's ``expert_parallel_comm_backend = "deepep"``) dispatches over ep alone and
+    refuses ep 1 and etp > 1 (:func:`meshplan.spec.training_checks.torch_deepep_reason`)."""
     deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
+    if framework == "torch" and (why := torch_deepep_reason(deg.get("ep", 1), deg.get("etp", 1))):
+        raise ConfigError("training.moe_dispatcher", why.removeprefix("deepep: "))
     group = deg.get("ep", 1) * deg.get("etp", 1)
     sizes = catalog.deepep_buffer()["group_sizes"]
     if group == 1:
@@ -378,14 +384,12 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
 
 
 def _check_dispatcher(model: ModelSpec, training: TrainingSpec) -> None:
-    """``moe_dispatcher = "deepep"``: Megatron-LM's flex dispatcher (framework megatron), for an MoE
-    model. A capacity factor is planned without the padded buffer (Megatron-LM's TransformerConfig
+    """``moe_dispatcher = "deepep"``: Megatron-LM's flex dispatcher (framework megatron) or torchtitan's
+    ``expert_parallel_comm_backend = "deepep"`` (framework torch; the same DeepEP kernels,
+    :mod:`meshplan.comm.deepep`), for an MoE model. A capacity factor is planned without the padded buffer (Megatron-LM's TransformerConfig
     refuses ``moe_pad_expert_input_to_capacity`` with the deepep backend, transformer_config.py:1754-1761
     at NVIDIA/Megatron-LM d98e8a6, and passes the router's dropped copies to DeepEP masked:
     :mod:`meshplan.compute.routing`, capacity without padding)."""
     field = "training.moe_dispatcher"
-    if training.framework != "megatron":
-        raise ConfigError(field, f"\"deepep\" is Megatron-LM's flex token dispatcher with the DeepEP backend; "
-                          f"framework {training.framework!r} has none: set framework = \"megatron\" or remove it")
     if not model.is_moe:
         raise ConfigError(field, f"{model.name} has no experts; remove moe_dispatcher")

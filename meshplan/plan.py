@@ -254,7 +254,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     if t.moe_dispatcher == "deepep" and m.is_moe:  # DeepEP asserts on a group size it has no config for (rule deepep)
-        partition += [why for why in [deepep_group_reason(mesh.ep, mesh.etp)] if why]
+        partition += [why for why in [deepep_group_reason(mesh.ep, mesh.etp, t.framework)] if why]
     failed = bool(v.reasons or partition or v.stages is None)
     flags = tuple(placement_flags(mesh, placement, training=t)) if failed or reports else ()
     if failed or v.stages is None:  # (the second for mypy: failed covers it)

@@ -43,6 +43,23 @@ def check_deepspeed_zero3(mesh, engine: str) -> None:
                               f"use {axis} 1 or zero3_engine = \"fsdp2\"")
 
 
+def check_zeropp(mesh, t) -> None:
+    """ConfigError where DeepSpeed ZeRO++'s groups do not fit ``mesh`` (:mod:`meshplan.comm.zeropp`):
+    hpZ and qgZ build their groups from world ranks (deepspeedai/DeepSpeed edaa722 ``utils/groups.py``
+    ``_create_zero_param_parallel_group``, 859-883, and ``_get_local_all_to_all_group``, 672-697), so
+    the data axis must be the whole world (every other axis 1), and hpZ's g must divide it
+    (``_ensure_divisibility``)."""
+    g, world, dp = t.zero_hpz_partition_size, mesh.world, mesh.degree("fsdp")
+    key = "zero_hpz_partition_size" if g > 1 else "zero_quantized_gradients" if t.zero_quantized_gradients else ""
+    if key and dp != world:
+        raise ConfigError(f"training.{key}", f"DeepSpeed builds ZeRO++'s groups from consecutive world ranks "
+                          f"(utils/groups.py), so the data axis must span the world; here fsdp {dp} of {world} ranks: "
+                          f"set every other axis to 1 or remove {key}")
+    if g > 1 and world % g:
+        raise ConfigError("training.zero_hpz_partition_size", f"{g} does not divide the world {world} (DeepSpeed's "
+                          f"_ensure_divisibility): use a divisor, e.g. the GPUs of a node")
+
+
 #: Why ``recompute = "op"`` has no runtime where :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`
 #: is false, and the fix: the same rule ``[search] recompute`` (:mod:`meshplan.config`) and
 #: ``export --to megatron`` (:mod:`meshplan.interop.megatron`) apply.
@@ -76,7 +93,7 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
     modes under pp, an explicit ``[memory] fsdp_reduce``, DeepSpeed's ZeRO-3
     (:func:`check_deepspeed_zero3`) and ZeRO-1/2 (:func:`meshplan.comm.deepspeed_zero12.check_mesh`)
     beside other axes, and the recompute policies a framework or engine does not have."""
-    m, t = config.model, config.training
+    t = config.training
     if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
@@ -85,6 +102,7 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
         config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine != "fsdp2" and not isinstance(mesh, resolve.Infeasible):
         check_deepspeed_zero3(mesh, t.zero3_engine)
+        check_zeropp(mesh, t)
         if not t.reshard_after_forward:  # a search candidate's (TrainingSpec refuses it in a config)
             raise ConfigError("training.reshard_after_forward", f"false is FSDP2's; zero3_engine "
                               f"{t.zero3_engine!r} gathers every parameter again in backward: remove it")
@@ -94,18 +112,14 @@ def check_runnable(config: Config, spec: MeshSpec, mesh: Mesh | resolve.Infeasib
         raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
     if t.recompute == "op" and not t.has_op_recompute:
         raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker].format(engine=t.zero3_engine))
-    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
-                          "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("cp") > 1:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = 1 "
+                          "only: which CP collectives its recompute replays is not modelled yet; use 'layer', "
                           "'selective' or 'full'")
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("tp") > 1 and \
             not mesh.sequence_parallel:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) with tp > 1 is planned with "
                           "sequence parallelism, as torchtitan applies TP: set mesh.sequence_parallel = true")
-    if t.recompute == "op" and m.is_mla:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
-                          "multi-head latent attention (which of its mms the policy saves); use 'layer', "
-                          "'selective' or 'full'")
 
 
 def without_pipeline(config: Config, spec: MeshSpec, mesh: Mesh) -> tuple[Config, MeshSpec, tuple[str, ...]]:

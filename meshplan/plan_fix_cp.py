@@ -47,6 +47,9 @@ def cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan
     splits, the user's ``rank_to_gpu``, or the rule that refuses the first cp (a sequence that
     does not split into 2 x cp chunks, an engine without cp)."""
     deg = plan.axis_degrees()
+    if moe_cp_refused(plan):
+        groups = plan.timeline.by_group()
+        return None, MOE_CP if max(groups, key=lambda g: groups[g]) == "activations" else ""
     data = next((n for n in DATA_AXES if deg.get(n, 1) > 1), next((n for n in DATA_AXES if n in deg), None))
     source = data if data is not None and deg[data] % CP_FACTORS[0] == 0 else _pp_source(plan, deg)
     if source is None or plan.spec.rank_to_gpu is not None:
@@ -68,6 +71,27 @@ def cp_variant(plan: Plan, keys: KeyMap = OWN) -> tuple[Optional[tuple[str, Plan
     if best is not None and best[1].timeline.verdict_bytes < plan.timeline.verdict_bytes:
         return best, ""
     return None, _cp_why(plan, deg, data, refused)
+
+
+#: Why no cp is offered for an MoE model under ``training.framework = "torch"`` (newcomer trial 48:
+#: the line offered context_parallel_degree 4 for torchtitan's DeepSeek-V3 16B).
+MOE_CP = ("cp not offered for an MoE model under framework torch: meshplan validate builds context "
+          "parallelism for dense models only, and torchtitan's DeepSeek-V3 and Llama 4 flavours run flex "
+          "attention, which its CP refuses (NotImplementedError; Qwen3's MoE flavours run SDPA, which it takes)")
+
+
+def moe_cp_refused(plan: Plan) -> bool:
+    """Whether cp is not offered for ``plan``: an MoE model under ``training.framework = "torch"``,
+    where meshplan's runtime refuses cp with MoE layers
+    (:func:`meshplan.runtime.execution.buildable.unsupported_reasons`) and torchtitan refuses CP for
+    the flavours that run flex attention: pytorch/torchtitan 238fa99 (the last commit that reads
+    TOML job configs) ``models/deepseek_v3/infra/parallelize.py`` lines 67-73 and
+    ``models/llama4/model/args.py`` lines 79-88 raise NotImplementedError at
+    ``context_parallel_degree > 1`` unless ``attn_type == "sdpa"``, and ``models/deepseek_v3/__init__.py``
+    gives the 16B, 236B and 671B flavours ``attn_type="flex"`` (Qwen3's MoE flavours keep the
+    default "sdpa", ``models/qwen3/model/args.py`` line 39: torchtitan takes CP there, meshplan's
+    runtime does not)."""
+    return plan.config.model.is_moe and plan.config.training.framework == "torch"
 
 
 def _pp_source(plan: Plan, deg: dict[str, int]) -> Optional[str]:

@@ -616,7 +616,11 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     The comparison was refused (training.grad_reduce_dtype unset against the "fp32" Megatron-LM's
     arguments spell, the same reduction) and then called the meshes different (dp_shard 4 x tp 2
     against Megatron-LM's dp 4 x tp 2). Now: the same mesh, the framework and param_dtype knobs,
-    and the compute line itemised, the attention kernel first (FA2 against FA3)."""
+    and the compute line itemised, the attention kernel first (FA2 against FA3). Since mcore48 the
+    import plans today's Megatron-LM (training.megatron_runtime "core", unset on the torch side), which
+    was a third knob printed "None" against "core"; since review rv48 a knob counts only where it
+    acts on both sides (TrainingKnobs.knob_acts): Megatron-LM's generation does not act on a torch
+    plan, and the framework knob already says the runtimes differ."""
     from meshplan.interop.foreign import export, load_any, reimport_options
     from tests.conftest import EXAMPLES
     cfg = load_config(EXAMPLES / "mini_2x4_tp2-dp4.toml")
@@ -788,12 +792,17 @@ def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
 def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     """Issue 11 (newcomer trial 5) item 2: a Megatron-LM plan against its own export imported back
     (the mesh spelled dp_shard 4 x tp 2 against dp 4 x tp 2, no knob differs) is equal on every
-    number: 6.172 s, keys (2, 2, 2), 38.1 GiB. It printed ``verdict: r1 (rejected: r1_mg_back)``,
+    number: keys (2, 2, 2), 38.1 GiB, 6.185 s (r1 plans Megatron Core since mcore48, the generation its
+    export runs on and the import plans; under 2022 6.172 s: compute 5789.27 -> 5799.72 ms, 16 micro-batches
+    x (1097.36 - 437.87) us, get_batch's five copies over PCIe 5.0 with the loader's 64 MiB mask against
+    2022's copy, mask kernels and syncs, less the 22 step-timer syncs x 4.7 us; exposed tp 329.40 -> 331.96
+    ms, the three broadcasts (288.15 us a micro-batch against 30.16) less the embedding's reduce-scatter in
+    place of its all-reduce). It printed ``verdict: r1 (rejected: r1_mg_back)``,
     ``decided by: listed first (equal on every key)`` and wrote rejected evidence."""
     from tests.conftest import EXAMPLES
     r1 = tmp_path / "r1.toml"
     r1.write_text((EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text().replace(
-        "[training]\n", '[training]\nframework = "megatron"\nparam_dtype = "bf16"\n'))
+        "[training]\n", '[training]\nframework = "megatron"\nmegatron_runtime = "core"\nparam_dtype = "bf16"\n'))
     rc, _, err = run_cli(["export", r1, "--to", "megatron", "-o", tmp_path / "r1.args"], capsys)
     assert rc == 0, err
     rc, _, err = run_cli(["import", "megatron", tmp_path / "r1.args", "--cluster", "dgx-h100", "--nodes", "1", "-o",
@@ -811,7 +820,8 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     assert (doc["a"]["mesh"], doc["b"]["mesh"], doc["knobs"]) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2", [])
     assert (doc["equal"], doc["winner"], doc["rejected"], doc["decided_by"]) == (True, "", "", "")
     assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
-    assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "
+    assert round(5789.27 + (16 * (1097.36 - 437.87) - 22 * 4.7) / 1e3, 2) == 5799.72
+    assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.185 s, "
                                  "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, settings none, peak memory 38.1 GiB): "
                                  "nothing to choose")
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
@@ -914,3 +924,38 @@ def test_compute_line_names_the_recompute_difference():
     assert round((1 / 620.73e12 - 1 / 555.19e12) * 8 * 16384 ** 2 * 256 * 80 * 1e3, 3) == -8.364
     assert round(619.772 - 628.136, 3) == round(171.415 - 179.779, 3) == -8.364
     # the same policy on both sides gets no such line: the cp8/cp16 pair's reasons[2:4] above
+
+
+def test_megatron_generation_and_recompute_modules_are_knobs_as_they_act():
+    """Review rv48: the keys the session added are design choices, weighed as knobs as they act.
+    ``megatron_runtime`` unset plans Megatron-LM 2022 (TrainingFields.megatron_core), so unset and
+    ``"2022"`` are the same plan (before: a knob row 'unset' against '2022'); ``"core"`` is a knob
+    (2022 against core). ``recompute_modules`` refines Megatron-LM's ``selective`` as the float8
+    knobs refine linear_dtype (before: refused as a workload difference, "give both the same
+    training.recompute_modules"); under ``recompute = "full"`` Megatron-LM does not read it, so it
+    is no difference there. ``pp_engine`` (who runs the pipeline) is a knob as zero3_engine is
+    (before: a workload difference)."""
+    from meshplan.compare.differences import config_differences
+    from meshplan.config import config_from_dict
+
+    base = {"model": {"catalog": "megatron-22b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
+            "mesh": {"names": ["tp"], "shape": [8]}}
+    tr = {"global_batch": 4, "seq_len": 2048, "micro_batch": 4, "framework": "megatron", "sharding": "none"}
+
+    def cfg(**kw):
+        return config_from_dict({**base, "training": {**tr, **kw}})
+
+    def diff(a, b):
+        d = config_differences(a, b)
+        return d.workload, d.knobs
+
+    assert diff(cfg(), cfg(megatron_runtime="2022")) == ((), ())
+    assert diff(cfg(), cfg(megatron_runtime="core")) == ((), (("training.megatron_runtime", "2022", "core"),))
+    # the data loader's mask only under core, unset on
+    assert diff(cfg(megatron_runtime="core"), cfg(megatron_runtime="core", dataloader_attention_mask=True)) == ((), ())
+    assert diff(cfg(), cfg(recompute_modules=["core_attn", "mlp"])) == (
+        (), (("training.recompute_modules", ("core_attn",), ("core_attn", "mlp")),))
+    assert diff(cfg(recompute="full"), cfg(recompute="full", recompute_modules=["core_attn", "mlp"])) == ((), ())
+    ds = {"sharding": "zero1", "zero12_engine": "deepspeed"}
+    assert diff(cfg(**ds), cfg(**ds, pp_engine="deepspeed")) == (
+        (), (("training.pp_engine", "framework", "deepspeed"),))

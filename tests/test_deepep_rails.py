@@ -27,11 +27,12 @@ NODE = {"name": "two-rail", "gpus": 2, "source": "a test node",
                  {"name": "nic1", "rate_gbit_per_s": 400.0, "gpus": [1], "rail": 1}]}
 
 
-def _plan(dispatcher: str, perm=None):
+def _plan(dispatcher: str, perm=None, fabric: str = "nvlink4"):
     mesh = {"names": ["dp_shard", "ep"], "shape": [8, 8], **({"rank_to_gpu": perm} if perm else {})}
+    node = NODE | {"fabric": NODE["fabric"] | {"name": fabric}}
     return build_plan(config_from_dict({
         "model": {"catalog": "deepseek-v2-lite"},
-        "cluster": {"gpu": "h100-sxm5-80gb", "nodes": 4, "node": NODE,
+        "cluster": {"gpu": "h100-sxm5-80gb", "nodes": 4, "node": node,
                     "network": [{"name": "leaf", "latency_us": 5.0}]},
         "training": {"global_batch": 16, "seq_len": 2048, "framework": "megatron", "moe_dispatcher": dispatcher},
         "mesh": mesh}))
@@ -48,12 +49,19 @@ def _uplinks(plan) -> dict[int, float]:
     return {rail: v[0] for rail, v in network_loads(plan, rows, 1, 0)[1].items()}
 
 
-def test_deepep_rdma_stays_on_its_rail_where_an_all_to_all_goes_up_for_half_the_pairs():
+def test_deepep_rdma_stays_on_its_rail_where_an_all_to_all_goes_up_for_half_the_pairs_without_pxn():
+    """Newcomer 48 (finding 7): on an NVLink node NCCL's PXN (default on; NVIDIA/nccl 5067397
+    src/graph/search.cc:1398-1470) sends each all-to-all message through the NIC on the peer's rail, relayed
+    over NVLink, so there the all-to-all stays under the leaf as DeepEP does. Without NVLink between the
+    node's GPUs (this node's fabric renamed pcie: PXN's relay needs an NVLink path) it goes up for half
+    the pairs, as this test asserted for every node before."""
     deepep, a2a = _plan("deepep"), _plan("alltoall")
     assert _ep_nic_bytes(deepep) > 0
     assert _uplinks(deepep) == {}  # rank 2j -> 2j' on rail 0, 2j+1 -> 2j'+1 on rail 1: all under the leaf
-    # all-to-all: from node j's rank on rail 0, 3 of its 6 peers on other nodes sit on rail 1 -> 1/2 up,
+    assert _ep_nic_bytes(a2a) > 0 and _uplinks(a2a) == {}  # PXN: every send on the peer's rail
+    # no PXN: from node j's rank on rail 0, 3 of its 6 peers on other nodes sit on rail 1 -> 1/2 up,
     # every node's NIC bytes b_a2a on each rail: 4 nodes x b / 2
+    a2a = _plan("alltoall", fabric="pcie-only")
     b = _ep_nic_bytes(a2a)
     assert _uplinks(a2a) == {0: pytest.approx(4 * b / 2, rel=1e-12), 1: pytest.approx(4 * b / 2, rel=1e-12)}
 

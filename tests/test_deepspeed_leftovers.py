@@ -71,13 +71,24 @@ def test_zero3_gradients_in_the_ipg_buffer_are_not_counted_again(tmp_path, bucke
     assert _grads(p_off, None, "unsharded gradient") == (2 * 525_336_576 + 4096) * 2
 
 
+def _load16(tmp_path, stage: int, name: str):
+    """:func:`_load`'s config in fp16 (DeepSpeed's FP16_Optimizer at stage 0, no BF16_Optimizer)."""
+    from meshplan.interop.foreign import load_any
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": stage}, "fp16": {"enabled": True}}))
+    return load_any(path, opts=OPTS)
+
+
 def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path):
     """A stage 0 JSON (DeepSpeed's engine without ZeRO: training.zero0_engine "deepspeed") searched
     ZeRO-3 only, under FSDP2. Now it searches zero1, zero2 and zero3 as a stage 1, 2 or 3 JSON does
     (the stage 2 search's 48 rows: dp 16 only, 4 micro-batches x 3 recompute policies, none of them
     torchtitan's op, for zero1, zero2, and zero3 resharded or kept gathered), every row under the
     engine DeepSpeed runs at that stage, the same plan as the stage 2 config's row; a note says stage
-    0 itself is no search row. The field belongs to sharding none only."""
+    0 itself is no search row. The field belongs to sharding none only. Both configs in fp16: bf16 at
+    stage 0 is DeepSpeed's BF16_Optimizer (sharding zero1, test_bf16_optimizer.py), not its engine
+    without ZeRO, and zero0_engine with bf16 is refused."""
     from meshplan.spec.training import TrainingSpec
 
     with pytest.raises(ValueError, match="zero0_engine 'deepspeed' is DeepSpeed's engine without ZeRO"):
@@ -86,7 +97,7 @@ def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path
     from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
     from meshplan.schedule.steptime import step_time
 
-    z0, z2 = _load(tmp_path, 0, "z0"), _load(tmp_path, 2, "z2")
+    z0, z2 = _load16(tmp_path, 0, "z0"), _load16(tmp_path, 2, "z2")
     assert (z0.training.sharding, z0.training.zero0_engine) == ("none", "deepspeed")
     assert z0.search.sharding == z2.search.sharding == ["zero1", "zero2", "zero3"]
     c0, c2 = enumerate_candidates(z0), enumerate_candidates(z2)

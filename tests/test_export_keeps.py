@@ -59,8 +59,8 @@ def _export_tt(tmp_path: Path, cp: int, training: dict | None = None) -> tuple[d
 
 
 def test_torchtitan_export_keeps_op_sac_at_cp4(tmp_path):
-    """cp 4: the import plans op-level SAC as Megatron-LM's selective (op is planned at cp = ep = 1
-    only); the export wrote that as mode "none" and listed mode and selective_ac_option as
+    """cp 4: the import plans op-level SAC as Megatron-LM's selective (op is planned at cp = 1
+    only; ep and MLA since newcomer trial 48); the export wrote that as mode "none" and listed mode and selective_ac_option as
     rewritten. Now the file keeps the user's two keys, one note says what the plan assumed, no key
     is listed as rewritten and nothing as not expressed, and the file reads back as the same plan."""
     tables, header, cfg, back = _export_tt(tmp_path, cp=4)
@@ -71,7 +71,7 @@ def test_torchtitan_export_keeps_op_sac_at_cp4(tmp_path):
     assert notes == [
         "note: activation_checkpoint kept as written (mode \"selective\", selective_ac_option \"op\": op-level SAC); "
         "the plan assumed Megatron-LM's selective recompute (attention core recomputed, the other activations kept), "
-        "as op-level SAC is planned with cp = ep = 1 and no MLA only and this mesh has cp 4"]
+        "as op-level SAC is planned with cp = 1 only and this mesh has cp 4"]
     assert back.training.recompute == "selective" and differences(cfg, back) == []
 
 

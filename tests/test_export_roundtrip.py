@@ -40,12 +40,13 @@ def _again(cfg, to: str, tmp_path: Path) -> tuple:
 
 
 def _mixtral(**training):
-    """The Mixtral example as Megatron-LM runs it (bf16 parameters with fp32 main copies), with
-    ``training`` routing keys."""
+    """The Mixtral example as today's Megatron-LM runs it (bf16 parameters with fp32 main copies,
+    Megatron Core: ``megatron_runtime = "core"``, the generation an export's flags run on and its
+    import plans, so that the round trip plans the same step), with ``training`` routing keys."""
     import tomllib
     d = tomllib.loads(MIXTRAL.read_text())
     return config_from_dict({**d, "training": {**d["training"], "framework": "megatron", "param_dtype": "bf16",
-                                               **training}})
+                                               "megatron_runtime": "core", **training}})
 
 
 @pytest.mark.parametrize("routing,flags", [

@@ -171,3 +171,22 @@ def test_the_benchmark_prints_its_sources(capsys):
     out = capsys.readouterr().out
     assert f"planned on catalog {NODE} ({PART})" in out and "memory-bound at 2.117 TB/s" in out
     assert "S12 pytorch/pytorch PR #119842" in out and "| T1 FSDP+compile+fp8 | 8,532.0 | 9,334.1 | +9.4%" in out
+
+
+def test_the_memory_column_names_its_peaks_as_meshplan_memory_does(tmp_path):
+    """The benchmark's memory cell is published reserved / predicted reserved (stage 0) / the plan's
+    ``timeline.peak.total_bytes``: torchtitan logs ``reserved_bytes.all.peak`` (9dec370 ``metrics.py`` line
+    62), compared with the simulated reserved peak (``meshplan memory``'s "reserved peak"); the third value
+    is the timeline's peak over every kind, which :mod:`meshplan.memory.reserved` names the "peak incl.
+    communication buffers" (the "allocated peak" is the allocator's, without the buffers). The header said
+    "predicted allocated peak" for it. T2 cp1 on the grand-teton node: the row's third value is the plan's
+    timeline peak in GiB."""
+    b = _bench()
+    header = b.table([])[0]
+    assert "predicted reserved peak (stage 0) / predicted peak incl. communication buffers (most loaded stage)" \
+        in header and "allocated" not in header
+    r = next(x for x in b.ROWS if x.id == "T2 cp1 32k")
+    res = b.predict(r, tmp_path)
+    plan = _plan("T2 cp1 32k", NODE, tmp_path)
+    assert res.peak_gib == plan.timeline.peak.total_bytes / 2**30
+    assert b.table([res])[2].endswith(f"/ {res.peak_gib:.1f} |")

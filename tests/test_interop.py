@@ -54,7 +54,14 @@ def _same_loss(again, cfg):
     """``again`` (a re-imported export) with ``cfg``'s ``[memory] cross_entropy``: a torchtitan
     import states torch's loss (``"torch"``, or ``"compiled"``: what torchtitan runs), which the
     export cannot carry from a config that keeps Megatron's default (roundtrip.differences skips
-    it likewise); the rest of the plan must be the same."""
+    it likewise); and, under framework megatron on both sides, with ``cfg``'s Megatron-LM generation
+    (``training.megatron_runtime``): a Megatron-LM import states today's (core) whatever generation
+    the exported plan followed, which the export's header says and roundtrip.differences skips
+    likewise; the rest of the plan must be the same."""
+    if cfg.training.framework == again.training.framework == "megatron":
+        again = replace(again, training=again.training.model_copy(update={
+            "megatron_runtime": cfg.training.megatron_runtime,
+            "dataloader_attention_mask": cfg.training.dataloader_attention_mask}))
     return replace(again, memory=again.memory.model_copy(update={"cross_entropy": cfg.memory.cross_entropy}))
 
 
@@ -273,7 +280,7 @@ def test_torchtitan_activation_checkpointing_options(tmp_path):
     t = _tt_ac(tmp_path, "3").training
     assert (t.recompute, t.ac_freq) == ("layer", 3)
     assert _tt_ac(tmp_path, "3", mode="full").training.recompute == "full"
-    # op-level SAC is modelled with cp = ep = 1 only (tp > 1 under SP, as torchtitan applies TP):
+    # op-level SAC is modelled with cp = 1 only (tp > 1 under SP, as torchtitan applies TP):
     # cp 2 is planned as selective, and says so
     assert _tt_ac(tmp_path, "op", tp=2).training.recompute == "op"
     cfg = _tt_ac(tmp_path, "op", cp=2)

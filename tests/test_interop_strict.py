@@ -70,9 +70,11 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
         "pipeline_parallel_schedule_csv = \"\"\nexpert_parallel_comm_backend = \"standard\"") + extra
     cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
     unused = cfg.notes[-1]
-    for key in ("training.steps", "optimizer.lr", "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
+    for key in ("training.steps", "optimizer.lr", "parallelism.pipeline_parallel_schedule_csv",
                 "lr_scheduler.warmup_steps", "compile.backend", "quantize.linear.mx.recipe_name"):
         assert key in unused, key
+    # read since newcomer 48 (finding 2: "deepep" is training.moe_dispatcher); "standard" is the all-to-all
+    assert "parallelism.expert_parallel_comm_backend" not in unused and cfg.training.moe_dispatcher == "alltoall"
     assert "compile.enable" not in unused and cfg.training.torch_compile   # read: torch.compile on
     assert "training.max_norm" not in unused and cfg.training.grad_clip  # read: torchtitan clips every step
     # read (refused as "alltoall" at cp > 1): no longer listed as unused, its note says what it did at cp 1

@@ -62,17 +62,21 @@ def test_stage_0s_nics_carry_no_ep_and_stage_1_is_named(stepped):
 def test_the_leaf_uplinks_carry_each_node_under_its_own_stage_bounded_by_the_nics(stepped):
     """Newcomer trial 24 #2: the leaf of nodes 0-31 holds stage 0 (nodes 0-15) and stage 1 (16-31);
     its rail-0 uplinks counted stage 1's ep all-to-alls on all 32 nodes (33,597.4 GB), more than the
-    leaf's rail-0 NICs send at all. Now each node under its own stage's table, the same edge in both
+    leaf's rail-0 NICs send at all. Then each node under its own stage's table, the same edge in both
     tables: stage 1's 16 nodes x 1,183.8 GB of ep x 7/8 (of a member's 56 off-node peers 49 sit on
-    other rails) = 16,573.2 GB, plus the non-ep rows' hops that leave the leaf (pp sends to stage 2),
-    and no more than 16 x 1,214.8 + 16 x 16.1 GB, what the leaf's rail-0 NICs carry."""
+    other rails) = 16,573.2 GB, plus the non-ep rows' hops that leave the leaf (pp sends to stage 2).
+    Newcomer 48 (finding 7): NCCL's PXN (default on an NVLink node; NVIDIA/nccl 5067397
+    src/graph/search.cc:1398-1470) sends each all-to-all message through the NIC on the peer's rail, and
+    every ep group of 8 nodes lies inside the leaf, so that ep share no longer goes up: the uplinks carry
+    the non-ep rows' hops alone, under 3% of those 16,573.2 GB (the old test's bound on them), and no
+    more than 16 x 1,214.8 + 16 x 16.1 GB, what the leaf's rail-0 NICs carry."""
     plan, st = stepped
     one = {e.edge: e for e in edge_loads(plan, st, 1)}
     zero = {e.edge: e for e in edge_loads(plan, st, 0)}
     up = one["rail 0 uplinks to spine (nodes 0-31)"].bytes_per_step
     assert zero["rail 0 uplinks to spine (nodes 0-31)"].bytes_per_step == pytest.approx(up, rel=1e-12)
     ep = 16 * (120 * 4 * 6 * (4096 * 8 * 7168 * 2) * 56 / 64) * 7 / 8
-    assert round(ep / 1e9, 1) == 16573.2 and 0 < up - ep < 0.03 * up
+    assert round(ep / 1e9, 1) == 16573.2 and 0 < up < 0.03 * ep
     nics = 16 * one["node 16 NIC mlx5_0 (rail 0)"].bytes_per_step + 16 * zero["node 0 NIC mlx5_0 (rail 0)"].bytes_per_step
     assert up <= nics and round(nics / 1e9) == 19694
 

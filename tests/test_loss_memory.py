@@ -200,3 +200,28 @@ def test_stated_megatron_loss_unchanged():
     assert MEM["cross_entropy"] == "megatron"
     planned = _plan_totals(plan_of())
     assert _summary(planned, planned.index(LF) + 1, LF) == (1.5, 1.0, 1.5, 0.5)
+
+
+def test_eager_loss_is_fp32_whatever_logits_dtype_says(tmp_path):
+    """torch's eager loss runs on ``pred.float()``: ``log_softmax(self, class_dim, self.scalar_type())``
+    (aten ``cross_entropy_loss_symint``) keeps an fp32 output, and ``nll_loss_backward`` and
+    ``_log_softmax_backward_data(grad, result, dim, self.scalar_type())`` (derivatives.yaml) write fp32
+    gradients: torch allocates :data:`EAGER_TP1` (tp 1) whatever ``memory.logits_dtype`` says, as it knows
+    nothing of it. The plan with ``logits_dtype = "bf16"`` (a Megatron-only option) must give the same four
+    in lf = 8 x 128 x 4 B: (2.5, 1.0, 3.0, 0.5). Before it gave (2.0, 0.5, 1.5, 0.5), the log-softmax
+    and both gradients sized at 2 B (0.5 lf each): forward 0.5 bf16 logits + 1 copy + 0.5, 0.5 kept;
+    backward 0.5 kept + 0.5 + 0.5. tp 2 (loss_parallel, lf = 8 x 64 x 4 B): :data:`EAGER_TP2`'s
+    (3.5, 1.0, 4.0, 0.5) as measured by :func:`test_loss_parallel_tp2_against_torch` (x - max, exp,
+    zeros_like and the product are fp32 too; before (2.5, 0.5, 2.0, 0.5))."""
+    torch.manual_seed(0)
+    measured = _torch_totals(_eager_loss(V, False), tmp_path)
+    want = _summary(measured[:11], 5, LF)
+    assert want == (2.5, 1.0, 3.0, 0.5)
+    bf16 = {**EAGER, "logits_dtype": "bf16"}
+    planned = _plan_totals(plan_of(memory=bf16))
+    assert _summary(planned, planned.index(LF) + 1, LF) == want
+    lf = LF // 2
+    want2 = _summary([round(x * lf) for x in EAGER_TP2[:19]], 9, lf)
+    assert want2 == (3.5, 1.0, 4.0, 0.5)
+    planned = _plan_totals(plan_of(mesh=dict(names=["dp_shard", "tp"], shape=[2, 2], world=4), memory=bf16))
+    assert _summary(planned, planned.index(lf) + 1, lf) == want2

@@ -88,7 +88,8 @@ def test_the_etp_notes_fix_followed_literally_gives_etp_1(tmp_path, mesh):
 
 def test_megatron_zero1_groups_name_the_dp_cp_group(tmp_path, capsys):
     """cp 2 x tp 2 x dp 4 on 16 GPUs: the derived dp x cp group (8 ranks, 0,2,...,14) is where
-    the distributed optimizer shards; torchtitan's name for it, fsdp, stays under torch."""
+    the distributed optimizer shards; torchtitan's name for it, fsdp, stays under torch (the import's
+    Megatron-LM-only keys removed with the framework: overlap_grad_reduce, megatron_runtime)."""
     args = tmp_path / "z1.args"
     args.write_text((EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text().replace(
         "--pipeline-model-parallel-size 2", "--context-parallel-size 2 --cp-comm-type all_gather"))
@@ -99,7 +100,7 @@ def test_megatron_zero1_groups_name_the_dp_cp_group(tmp_path, capsys):
     assert _main("import", "megatron", args, "--cluster", "dgx-h100", "--nodes", 2, "-o", toml) == 0
     torch = tmp_path / "torch.toml"
     torch.write_text(toml.read_text().replace('framework = "megatron"', 'framework = "torch"').replace(
-        "overlap_grad_reduce = true\n", ""))
+        "overlap_grad_reduce = true\n", "").replace('megatron_runtime = "core"\n', ""))  # Megatron-LM's keys
     capsys.readouterr()
     assert _main("groups", torch) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if "0,2,4,6,8,10,12,14 " in line]

@@ -363,9 +363,12 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     # off: 144.76 ms while the norms' tp all-reduce was counted as dp; on: 47.33 ms with the first-bucket
     # order's 37.58 ms of gather, 47.33 - 37.58 + 14.32 (48.76 x 0.2936) = 24.07 ms with chunk 0's share of
     # 57 equal buckets; with chunks 1-3 one bucket each (G_b 48.76 -> 48.42 ms, the larger calls nearer the
-    # bus bandwidth) chunk 0's 17 buckets' own 14.32 ms + the reduce-scatters' tail 9.67 ms (9.75 before)
-    assert (round(gather * 1e3, 2), round(tail * 1e3, 2)) == (14.32, 9.67)
-    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 23.99)
+    # bus bandwidth) chunk 0's 17 buckets' own 14.32 ms + the reduce-scatters' tail 9.67 ms (9.75 before);
+    # the import plans Megatron Core since 2026-12 (megatron_runtime "core"): the last backward unit no
+    # longer carries 2022's two backward-compute timer syncs (2 x 4.7 us issue floors,
+    # compute/megatron_core.py item 3), so it ends 9.4 us earlier and the tail is 9.67 + 0.0094 = 9.68 ms
+    assert (round(gather * 1e3, 2), round(tail * 1e3, 2)) == (14.32, 9.68)
+    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.71, 24.00)
 
 
 @pytest.mark.parametrize("training, words", [

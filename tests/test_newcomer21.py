@@ -7,6 +7,8 @@ import pytest
 from cli_run import run_main as _main
 from tests.configs import job_toml
 
+from meshplan.plan_fix_cp import MOE_CP
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 HF = ROOT / "tests" / "data" / "hf"
@@ -120,28 +122,43 @@ NODES_TAIL = ("does not fit as configured on up to 4096 nodes either (data axis 
               "raised to a multiple of micro_batch x dp)")
 
 
-@pytest.mark.parametrize("seq, cp_words, short", [
+@pytest.mark.parametrize("seq, framework, cp_words, short", [
     # cp 8 from dp_shard 32 lowers the activation-bound peak 7.8x, the lowest of the line's (was left out: it
     # does not fit); an odd sequence does not split into 2 x cp chunks, and the line says so (was silent).
-    # valmoe3: 3362.3 and 839.6 GiB before, the MoE backward step now 3 gradients of the received rows
+    # Newcomer trial 48: under framework torch no cp is offered for an MoE model (meshplan validate builds cp
+    # for dense models only; torchtitan's MoE flavours but Qwen3's run flex attention, which its CP refuses:
+    # plan_fix_cp.moe_cp_refused), and the line says so; the cp variants are checked under framework megatron
+    # (Megatron-LM's CP runs MoE layers: test_long_sequence_fix_offers_cp_under_megatron).
+    # valmoe3: 3362.3 GiB before, the MoE backward step now 3 gradients of the received rows
     # (the activation step, as torch measured), not dX + 2. Newcomer trial 27 #B: the variants over usable
     # memory close the line, after its fix, as no fix alone (they opened it)
     # (usable: the H100's runtime total 79.11 GiB x 0.9 = 71.2 GiB)
-    # cpmem: cp 8's peak, layer 31's backward, 896.8 -> 1063.7 GiB: its one backward step is now the ring's attention
-    # core (memory.cp_buffers), L = 1.25M local tokens: d(context) + dq 2 B x L x 32 x 256 + local dK/dV 2 x L x 8 x 256
-    # + gathered K/V 2 x 10M x 32 x 256 + its 1/8 concatenated + fp32 dQ 4 x L x 32 x 128 + four fp32 dK/dV
-    # 4 x 4 x 10M x 32 x 256 / 8 = 394,240,000,000 B, over the routed experts' 215,040,000,000: +166.9 GiB
-    (10_000_000, "", "; over the usable 71.2 GiB, no fix alone: tp x2 (dp_shard 16 x ep 8 x tp 2) -> peak 3591.2 GiB; "
-                     "cp 8 (dp_shard 4 x cp 8 x ep 8) -> peak 1063.7 GiB"),
-    (10_000_001, "cp not offered (cp 2: seq_len 10000001 is not divisible by 2 * cp (4) for load-balanced causal "
-                 "CP); ", ""),
+    (10_000_000, "torch", MOE_CP + "; ", "; over the usable 71.2 GiB, no fix alone: tp x2 (dp_shard 16 x ep 8 x tp 2) "
+                                         "-> peak 3591.2 GiB"),
+    (10_000_001, "megatron", "cp not offered (cp 2: seq_len 10000001 is not divisible by 2 * cp (4) for load-balanced "
+                             "causal CP); ", ""),
 ])
-def test_long_sequence_fix_tries_cp_or_says_why_not(tmp_path, capsys, seq, cp_words, short):
+def test_long_sequence_fix_tries_cp_or_says_why_not(tmp_path, capsys, seq, framework, cp_words, short):
     toml = (EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml").read_text().replace("seq_len = 4096", f"seq_len = {seq}")
     job = tmp_path / "long.toml"
-    job.write_text(toml)
+    job.write_text(toml.replace('sharding = "zero3"', f'sharding = "zero3"\nframework = "{framework}"'))
     assert _main("plan", job) == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"fix: {cp_words}{NODES_TAIL}{short}"
+
+
+def test_long_sequence_fix_offers_cp_under_megatron(tmp_path, capsys):
+    """Trial 21's cp variant, where a runtime runs cp with MoE layers (Megatron-LM): cp 8 from dp_shard 32
+    is printed though it does not fit, after tp x2, with the lower peak of the two (the sequence's activations
+    scale with 1 / cp, tp x2's with 1 / 2)."""
+    import re
+    toml = (EXAMPLES / "mixtral-8x7b_32xh100_ep8-dp32.toml").read_text().replace("seq_len = 4096", "seq_len = 10000000")
+    job = tmp_path / "long.toml"
+    job.write_text(toml.replace('sharding = "zero3"', 'sharding = "zero3"\nframework = "megatron"'))
+    assert _main("plan", job) == 1
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    m = re.search(r"no fix alone: tp x2 \(dp_shard 16 x ep 8 x tp 2\) -> peak ([\d.]+) GiB; cp 8 \(dp_shard 4 x cp 8 "
+                  r"x ep 8\) -> peak ([\d.]+) GiB$", line)
+    assert m and float(m.group(2)) < float(m.group(1)) / 2
 
 
 def test_long_sequence_fix_says_cp_has_no_data_axis_to_come_from(tmp_path, capsys):

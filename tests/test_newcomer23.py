@@ -264,7 +264,8 @@ def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
     builds it); every flag meshplan reads is in it except torchrun's --nnodes, --use-custom-fsdp
     (its name before af28b5a) and Megatron-DeepSpeed's --deepspeed, --zero-stage and the switch
     --no-pipeline-parallel (meshplan/interop/megatron_deepspeed.py; --checkpoint-activations is still in
-    Megatron-LM's parser)."""
+    Megatron-LM's parser), and BigScience's fork's --pp-partition-method (bigscience-workshop/Megatron-DeepSpeed
+    megatron/arguments.py:578: DeepSpeed's partition method of GPTModelPipe, read since the BLOOM audit)."""
     import tomllib
     from meshplan.interop.megatron import SWITCHES, USED
     from meshplan.interop.megatron_known import megatron_flags
@@ -272,7 +273,7 @@ def test_the_flag_list_is_megatrons_and_holds_what_meshplan_reads():
     assert "d98e8a64dd" in doc["source"] and len(doc["flags"]) == 877 == len(megatron_flags())
     assert set(doc["switches"]) <= set(doc["flags"])
     assert USED - megatron_flags() == {"--nnodes", "--use-custom-fsdp", "--deepspeed", "--zero-stage",
-                                       "--no-pipeline-parallel"}
+                                       "--no-pipeline-parallel", "--pp-partition-method"}
     assert SWITCHES - set(doc["switches"]) == {"--standalone", "--use-custom-fsdp", "--deepspeed",
                                                "--no-pipeline-parallel"}
 

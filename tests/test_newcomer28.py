@@ -169,10 +169,11 @@ def test_validate_prints_every_refusal_once_with_fixes_the_other_checks_accept(t
         "error: --worlds: world 16 makes dp(1) * tp(2) = 2, which ep 8 x etp 1 = 8 does not divide (rule: (dp_shard "
         "* cp * tp) % (ep * etp) == 0); validate keeps ep and etp at the config's degrees and re-sizes only the data "
         "axis dp: the smallest world that holds ep 8 is --worlds 64 (dp 4), or a multiple of it",
-        "error: mesh: worlds 8, 16: the runtime cannot build this mesh: training.framework is 'megatron': validate "
+        # each refusal names its own field since newcomer trial 48 #5 (was "mesh" for all)
+        "error: training.framework: worlds 8, 16: the runtime cannot build this mesh: training.framework is 'megatron': validate "
         "runs torch.distributed, which issues torch's collectives; set framework = \"torch\" and remove "
         "overlap_grad_reduce, overlap_param_gather (Megatron-LM's only) to validate this mesh" + tail,
-        "error: mesh: worlds 8, 16: the runtime cannot build this mesh: sharding 'zero1': ZeRO-1/2 (a sharded "
+        "error: training.sharding: worlds 8, 16: the runtime cannot build this mesh: sharding 'zero1': ZeRO-1/2 (a sharded "
         "optimizer) is not built; use zero3 (FSDP2 over the data axes, as torchtitan)" + tail]
     assert not (tmp_path / "v").exists()  # nothing written before the refusals
     fixed = tmp_path / "fixed"

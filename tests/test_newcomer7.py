@@ -104,7 +104,9 @@ def test_stage0_search_note_names_only_searched_shardings(tmp_path):
     from meshplan.search.settings_notes import settings_notes
     from meshplan.search.space import enumerate_candidates
     js = tmp_path / "ds0.json"
-    js.write_text((EXAMPLES / "deepspeed_zero2_16xh100.json").read_text().replace('"stage": 2', '"stage": 0'))
+    # fp16: bf16 at stage 0 is BF16_Optimizer (sharding zero1), not DeepSpeed without ZeRO
+    js.write_text((EXAMPLES / "deepspeed_zero2_16xh100.json").read_text().replace('"stage": 2', '"stage": 0')
+                  .replace('"bf16": {"enabled": true}', '"fp16": {"enabled": true}'))
     out = tmp_path / "z0.toml"
     assert _main("import", "deepspeed", js, "--cluster", "dgx-h100", "--nodes", 2, "--model", "llama3-8b",
                  "--seq-len", 8192, "-o", out) == 0

@@ -22,7 +22,7 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.step_end import _optimizer_s
-from meshplan.search.bounds import _bucket
+from meshplan.search.buffer_bounds import bucket_bytes as _bucket
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import candidate_config

@@ -87,7 +87,7 @@ def test_search_note_gives_the_true_reason_for_tp_1():
     assert note == ["recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep "
                     "= 1 only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
                     "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, tp "
-                    "reduce-scatters included, which the policy saves, so it could discard such a candidate wrongly; "
-                    "with cp or ep > 1 plan refuses it "
-                    "(which CP and EP collectives its replay runs is not modelled)"]
+                    "reduce-scatters and ep all-to-alls included, which the policy saves, so it could discard such a "
+                    "candidate wrongly (plan models ep > 1 too: the all-to-alls' outputs saved); with cp > 1 plan "
+                    "refuses it (which CP collectives its replay runs is not modelled)"]
     assert "not modelled yet" not in note[0]

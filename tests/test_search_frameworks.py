@@ -194,6 +194,35 @@ def test_a_deepspeed_json_searched_by_framework_drops_its_importer_narrowing(tmp
     assert dropped_note(cfg, "deepspeed") == ""
 
 
+@pytest.mark.parametrize("training, dropped", [
+    ({"framework": "megatron", "megatron_runtime": "core", "dataloader_attention_mask": False},
+     {"torch": ["megatron_runtime", "dataloader_attention_mask"], "deepspeed": ["megatron_runtime",
+      "dataloader_attention_mask"], "megatron_deepspeed": ["megatron_runtime", "dataloader_attention_mask"],
+      "megatron": []}),
+    ({"framework": "megatron", "sharding": "zero1", "zero12_engine": "deepspeed", "pp_engine": "deepspeed"},
+     {"torch": ["pp_engine"], "megatron": ["pp_engine"], "deepspeed": ["pp_engine"], "megatron_deepspeed": []}),
+    ({"sharding": "zero3", "zero3_engine": "deepspeed", "zero_hpz_partition_size": 8, "zero_quantized_weights": True},
+     {"torch": ["zero_hpz_partition_size", "zero_quantized_weights"],
+      "megatron": ["zero_hpz_partition_size", "zero_quantized_weights"], "deepspeed": [], "megatron_deepspeed": []}),
+])
+def test_the_session_s_runtime_keys_are_dropped_where_another_runtime_is_searched(training, dropped):
+    """Review rv48: a config with Megatron Core's generation (mcore48), DeepSpeed's PipelineEngine
+    (bloom48) or ZeRO++ (zeropp48) searched under --framework across runtimes stopped at the first
+    framework that does not run the key ("error: training: megatron_runtime is the Megatron-LM
+    generation ...; framework 'torch'" under torch; pp_engine's error under megatron; the ZeRO++
+    error under torch's FSDP2). Each is now another runtime's knob, left out of that framework's
+    search with a note, as overlap_comm is: megatron_runtime and its mask outside Megatron-LM
+    (Megatron-DeepSpeed runs 2022's get_batch, the unset default), pp_engine outside
+    Megatron-DeepSpeed, ZeRO++ outside DeepSpeed; each framework's config then loads."""
+    from meshplan.search.frameworks import dropped_keys
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 64, "seq_len": 4096, **training},
+                            "mesh": {"names": ["dp"], "shape": [16]}})
+    assert {n: dropped_keys(cfg.training, n) for n in dropped} == dropped
+    for name in dropped:
+        framework_config(cfg, name, keep_mesh=False)  # no ConfigError
+
+
 @pytest.mark.parametrize("value", ["abc", None, True])
 def test_zero_optimization_not_an_object_is_a_one_line_error_naming_it(tmp_path, value):
     """A ds config whose zero_optimization is no object: DeepSpeed's own reader fails on a string or

@@ -181,7 +181,7 @@ def test_export_note_gives_the_real_reason_op_is_not_planned():
     assert ("training.recompute is \"selective\"; torchtitan's op-level SAC plans at this mesh: set "
             "training.recompute = \"op\" to plan what torchtitan runs") in here
     cp = " ".join(write_notes(cfg(["dp_shard", "cp", "tp"], [8, 2, 8])))
-    assert "op-level SAC \"op\" is planned with cp = ep = 1 only, and this mesh has cp 2" in cp
+    assert "op-level SAC \"op\" is planned with cp = 1 only, and this mesh has cp 2" in cp
 
 
 def test_mesh_of_is_every_searched_degree():

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from meshplan.cli import main
-from meshplan.schedule.pipeline_exposure import call_loads, pp_hold_split
+from meshplan.schedule.pipeline_exposure import call_loads, call_seconds, pp_hold_split
 from meshplan.schedule.steptime import step_time
 
 from tests.test_pp_schedule_runs import plan_of as runs_plan
@@ -93,14 +93,23 @@ def test_d4_parts_by_hand(d4):
     (192 + 30 warm-up) pays its timer's 2 syncs and _communicate's own, 666 x 4.7 us = 3.13 ms of
     compute at the stage's end, and stage 7's last-chunk backwards the loss scale's multiply and its
     backward (2 x 4.7 us x 64 = 0.60 ms), which stage 0 waits for in its calls: held 816.22 -> 816.82
-    ms, bubble 674.91 -> 675.51 ms, compute 11,158.91 -> 11,162.04 ms, step 13,343.57 -> 13,347.30 ms."""
+    ms, bubble 674.91 -> 675.51 ms, compute 11,158.91 -> 11,162.04 ms, step 13,343.57 -> 13,347.30 ms.
+    Then the two transfers of one call through the one NIC pay their fixed part once (one NCCL
+    group: pipeline/rendezvous.link_load; the pair time p2p_pair_s is one transfer of 2 x 6 MiB
+    on the pair curve, 9.3 us + 12,582,912 B at its rate: 2 p2p - 9.30 us): the 119 calls of k = 2
+    take 9.30 us less each, exposed pp 141.31 -> 140.20 ms (340 x 415.616 - 119 x 9.30 us), 158.19
+    -> 157.08 ms with the tied all-reduce, held 816.82 -> 815.71 ms, bubble unchanged (675.51 ms),
+    step 13,347.30 -> 13,346.19 ms."""
     plan, st = d4
     res, s = st.pipeline, st.critical_stage
     send = [r for r in plan.stage(0).collectives if r.op == "send/recv"][0]
     t1 = 0.5 * 2**30 / 15.48e9
     p2p = 9.3e-6 + (t1 - 9.3e-6) * 6291456 / (0.5 * 2**30)
     assert send.size_bytes == 6291456 and res.spec.p2p_s == pytest.approx(p2p, rel=1e-9) == send.time_s
-    assert s == 0 and round(st.step_s * 1e5) == 1334730  # 13,347.30 ms (13,343.57 before the p2p syncs)
+    assert s == 0 and round(st.step_s * 1e5) == 1334619  # 13,346.19 ms (13,347.30 with the NIC latency twice)
+    fixed = 2 * p2p - res.spec.p2p_pair_s  # the pair's fixed part: the pair curve's 9.3 us latency
+    assert round(fixed * 1e8) == 930
+    sent = 340 * p2p - 119 * fixed  # the 119 calls of k = 2 pay it once
     loads = call_loads(res)[0]  # the leading call (none on stage 0), then one after each unit
     assert loads[0] == 0 and loads.sum() == 340
     assert np.bincount(loads[1:].astype(int)).tolist() == [162 + 1, 30 + 43 + 29, 119]  # + 1: after B191
@@ -108,16 +117,16 @@ def test_d4_parts_by_hand(d4):
                    for a in ("pp", "tp"))
     assert (tied.op, tied.size_bytes, norms.op, norms.size_bytes) == ("all-reduce", 314572800, "all-reduce", 3538944)
     parts = st.parts_s()
-    assert parts["exposed pp"] == pytest.approx(340 * p2p + tied.time_s, rel=1e-9) == st.exposed_s["pp"]
-    assert [round(x * 1e5) for x in (340 * p2p, tied.time_s, parts["exposed pp"])] == [14131, 1688, 15819]
+    assert parts["exposed pp"] == pytest.approx(sent + tied.time_s, rel=1e-9) == st.exposed_s["pp"]
+    assert [round(x * 1e5) for x in (340 * p2p, sent, tied.time_s, parts["exposed pp"])] == [14131, 14020, 1688, 15708]
     bcast = [o.seconds for o in st.units.chunks[0][0].batch.ops if o.name == "get_batch broadcasts"]
     assert len(bcast) == 1 and round(bcast[0] * 1e8) == 2985 and round(192 * bcast[0] * 1e5) == 573
     assert round((parts["exposed tp"] - norms.time_s - 192 * bcast[0]) * 1e5) == 134573
     assert round(norms.time_s * 1e5) == 10
     sl = res.stage_slice(0)
     held = float(res.hold[sl].sum())
-    assert round(held * 1e5) == 81682 and not res.wait[sl].any()
-    assert parts["bubble"] == pytest.approx(held - 340 * p2p, rel=1e-12)
+    assert round(held * 1e5) == 81571 and not res.wait[sl].any()
+    assert parts["bubble"] == pytest.approx(held - sent, rel=1e-12)
     opt = [e.dur_s for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
     syncs = [e.dur_s for e in st.post_events if e.stage == 0 and e.name == "pipeline p2p calls' syncs"][0]
     assert syncs == pytest.approx(3 * 222 * 4.7e-6, rel=1e-9)
@@ -140,11 +149,12 @@ def test_d4_prints_parts_adding_to_the_step(capsys):
     _main(["step", str(ROOT / "benchmarks" / "fidelity" / D4)])
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("step on stage"))
-    # test_d4_parts_by_hand's parts (since the p2p calls' syncs and the loss scale: +3.13 ms compute, +0.60 ms bubble)
-    assert line == ("step on stage 0 = compute 11162.04 + bubble 675.51 + exposed pp 158.18 + exposed tp 1351.57 = "
-                    "13347.30 ms")
-    assert "exposed communication on stage 0: pp 158.18 ms, tp 1351.57 ms" in out  # largest-remainder rounding, as the line
-    assert out.splitlines()[0].startswith("step 13347.30 ms")
+    # test_d4_parts_by_hand's parts (since the two-transfer calls pay the NIC latency once: exposed pp
+    # 158.19 -> 157.08 ms; compute 11,162.04 printed 11,162.03 by the largest-remainder rounding to the step)
+    assert line == ("step on stage 0 = compute 11162.03 + bubble 675.51 + exposed pp 157.08 + exposed tp 1351.57 = "
+                    "13346.19 ms")
+    assert "exposed communication on stage 0: pp 157.08 ms, tp 1351.57 ms" in out  # largest-remainder rounding, as the line
+    assert out.splitlines()[0].startswith("step 13346.19 ms")
 
 
 def test_printed_parts_add_up_to_the_printed_step():
@@ -189,7 +199,8 @@ def test_step_json_holds_the_parts(tmp_path, capsys):
 def test_parts_add_up_on_every_schedule(schedule, vpp, framework):
     """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100 (tests/test_fast_pipeline.py's mesh):
     every part >= 0 and compute + bubble + exposed = the step, under torch's asynchronous sends
-    and Megatron-LM's blocking ones (whose exposed pp is then exactly the calls' transfers:
+    and Megatron-LM's blocking ones (whose exposed pp is then exactly the calls' transfers,
+    pipeline_exposure.call_seconds: k p2p, or with two on one link the pair's fixed part once,
     ``pp_p2p_overlap = false``); with its overlap_p2p_comm (the default) the waited warm-up and
     cool-down calls' transfers plus, for each unit that waited for an asynchronous receive, that
     wait up to one transfer."""
@@ -208,7 +219,7 @@ def test_parts_add_up_on_every_schedule(schedule, vpp, framework):
     if framework.startswith("megatron"):
         res, s = st.pipeline, st.critical_stage
         assert res.spec.overlap_p2p == (framework == "megatron-overlap")
-        xfer = call_loads(res)[s] * res.spec.p2p_s
+        xfer = call_seconds(res)[s]
         last = 0.0 if not res.hold[res.stage_slice(s)][-1] else float(xfer[-1])
         sl = res.stage_slice(s)
         via = res.via_at(np.arange(sl.start, sl.stop))

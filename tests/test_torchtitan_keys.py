@@ -151,7 +151,7 @@ def test_torchtitan_file_with_etp_1_or_ep_1_reads_with_a_note():
         mesh = got.tables["mesh"]
         assert dict(zip(mesh["names"], mesh["shape"])).get("etp", 1) == etp
         assert (f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
-                "reads the key (meshplan export writes it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "
                 "tensor parallelism, so delete it for a torchtitan after that commit") in got.notes  # was cut mid-sentence
     with pytest.raises(ConfigError, match=r"^parallelism\.expert_tensor_parallel_degree: 3 with expert_parallel"):
         read(tomllib.loads(TT_ETP.format(hf=HF / "mixtral-8x7b-v0.1", ep=4, etp=3)), Path("."),

@@ -97,16 +97,21 @@ def test_flops_per_token_reads_a_head_dim_of_its_own():
     assert torchtitan_flops_per_token(model, 16) == 679_296
 
 
-def test_moe_has_no_line_as_help_says(tmp_path, capsys):
-    """torchtitan counts an MoE model's FLOP with another formula (models/utils.py's dense one is
-    what the line derives), so a framework torch MoE plan (Mixtral-8x7B's shape at 2 layers, dp_shard
-    8) prints no line and --json torchtitan_mfu is null; step --help said the line comes "under
-    framework torch", with no word of the model, and now says so."""
+def test_moe_counts_active_experts_as_help_says(tmp_path, capsys):
+    """torchtitan counts an MoE model's FLOP with ``get_moe_model_nparams_and_flops`` (e347b1e
+    ``models/utils.py``:434-498: routed experts x top_k // E, router and attention whole, the embedding
+    off, ``head_dims`` 2 x head dim as qwen3's and llama4's); this test once asserted no line for an MoE
+    (newcomer 48's finding 4 asked for it). Mixtral-8x7B's shape at 2 layers, t 2048: per layer attention
+    4096 x (4096 + 2 x 1024 + 4096) = 41,943,040, router 4096 x 8 = 32,768, experts 3 x 8 x 4096 x 14336 =
+    1,409,286,144, norms 8,192; N = 2 x 1,451,270,144 + 2 x 32000 x 4096 + 4096 = 3,164,688,384; active
+    non-embedding 3,164,688,384 - 131,072,000 - 2,818,572,288 + 2,818,572,288 x 2 // 8 = 919,687,168;
+    FLOP/token 6 x 919,687,168 + 6 x 2 x 32 x 256 x 2048 = 5,719,449,600. step --help names the formula."""
     moe = job_toml({"catalog": "mixtral-8x7b", "layers": 2}, training={"global_batch": 8, "seq_len": 2048},
                    mesh={"names": ["dp_shard"], "shape": [8]})
     doc, out = _step(tmp_path, capsys, moe, "moe")
-    assert doc["torchtitan_mfu"] is None
-    assert "torchtitan's MFU formula" not in out
+    want = 5_719_449_600 * (8 * 2048 / (doc["step_s"] * 8)) / 989e12
+    assert doc["torchtitan_mfu"] == pytest.approx(want, rel=1e-12)
+    assert "5,719,449,600 FLOP/token (get_moe_model_nparams_and_flops" in _line(out)
     code, help_text, _ = run_cli(["step", "--help"], capsys)
     assert code == 0
-    assert "under framework torch, for a dense model without MLA, also" in " ".join(help_text.split())
+    assert "get_moe_model_nparams_and_flops for an MoE or MLA model" in " ".join(help_text.split())

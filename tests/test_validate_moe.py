@@ -178,6 +178,31 @@ def test_efsdp1_experts_are_parameters_and_their_gradients_gradients(world2_runs
 
 
 @pytest.mark.slow
+def test_efsdp1_temporaries_are_the_plan_at_the_run_s_routing(world2_runs):
+    """The same run's temporaries row read +21% (720,896 B predicted, 871,680 B measured on rank 0,
+    in backward). Not a tensor the plan misses, but the routing: the plan takes balanced routing, 32
+    tokens x top 2 = 64 received rows per ep rank, while the run's untrained router (its ``memory.json``
+    ``expert_counts``) sent rank 0's experts 0-3 (ep 2: 4 each) 22 + 29 = 51 rows in layer 0 and 49 + 29 = 78
+    in layer 1. The MoE backward's activation step holds 3 gradients of width 896 fp32 per received row
+    (10,752 B, routed_sizes.mlp_step_work), so 14 rows more are 150,528 B. The 256 B left was a real tensor
+    the plan lacked: the routing scores' gradient (32 tokens x 2 x 4 B, fp32), written by the combine's
+    backward and held in the router's node until the experts' backward is done (routed_sizes.scores_grad).
+    Now the plan's 721,152 B + the rows' 150,528 B = 871,680 B, the measured bytes exactly."""
+    run = world2_runs["moe_efsdp1"]
+    assert run.code == 0, run.stdout
+    rows = {r["quantity"]: r for r in json.loads((run.folder / "predicted_vs_measured.json").read_text())}
+    tmp = rows["memory max: temporaries"]
+    plan = json.loads((run.folder / "plan.json").read_text())
+    group = next(g for g in plan["groups"]["ep"] if tmp["rank"] in g)
+    counts = [json.loads((run.folder / f"rank{r}" / "memory.json").read_text())["expert_counts"] for r in group]
+    local = len(counts[0]["layers.0.moe"]) // len(group)
+    i = group.index(tmp["rank"])
+    received = max(sum(sum(c[layer][i * local:(i + 1) * local]) for c in counts) for layer in counts[0])
+    assert tmp["predicted"] == 720_896 + 32 * 2 * 4
+    assert tmp["measured"] == tmp["predicted"] + 3 * 896 * 4 * (received - 32 * 2)
+
+
+@pytest.mark.slow
 def test_4_ranks_experts_on_dim1_match_the_plan_exactly(world4_runs):
     """2 experts over ep 2 and efsdp 2: 2 x 2 > 2, so FSDP2 shards each rank's one expert on
     dim 1 (torchtitan's shard_placement_fn), unpadded: one MoE layer's gather is 1 expert x 3

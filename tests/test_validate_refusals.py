@@ -132,12 +132,13 @@ def test_engine_fix_names_the_deepspeed_keys_the_config_refuses_without_it():
 
 def test_framework_fix_names_the_deepep_dispatcher_which_torch_refuses():
     """A Megatron-LM MoE plan with --moe-token-dispatcher-type flex and the DeepEP backend
-    (moe_dispatcher "deepep"): the config check refuses it under framework "torch" ("deepep" is
-    Megatron-LM's flex dispatcher, config._check_dispatcher), so validate's fix "set framework = torch
-    and remove ..." must name it too. Before, it named only overlap_grad_reduce, and the config then
-    failed to load: ``training.moe_dispatcher: "deepep" ...: set framework = "megatron" or remove it``,
-    the opposite of validate's fix. By hand: overlap_grad_reduce (MEGATRON_ONLY), then moe_dispatcher;
-    with both removed, framework torch and sharding zero3 the config loads and nothing is refused."""
+    (moe_dispatcher "deepep"): validate's fix "set framework = torch and remove ..." must name it too.
+    Before, it named only overlap_grad_reduce, and the config then failed to load. Since newcomer 48
+    (finding 2) framework torch plans "deepep" as torchtitan's expert_parallel_comm_backend, but the
+    runtime model dispatches with torch's all-to-all (buildable.unsupported_reasons refuses deepep), so
+    the fix names it apart, with that reason. By hand: overlap_grad_reduce (MEGATRON_ONLY), then
+    moe_dispatcher; with both removed, framework torch and sharding zero3 the config loads and nothing
+    is refused; with deepep kept under torch, the runtime's refusal is the one line."""
     from meshplan.mesh.resolve import resolve_mesh
     from meshplan.runtime.validation.refusals import config_mesh, runtime_refusals
 
@@ -145,7 +146,37 @@ def test_framework_fix_names_the_deepep_dispatcher_which_torch_refuses():
     cfg = _cfg(meg, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
     assert framework_refusal(cfg) == [
         "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
-        "framework = \"torch\" and remove overlap_grad_reduce, moe_dispatcher (Megatron-LM's only) to validate this "
-        "mesh"]
+        "framework = \"torch\" and remove overlap_grad_reduce (Megatron-LM's only) and moe_dispatcher (torchtitan's "
+        "DeepEP under torch, but the runtime dispatches with torch's all-to-all) to validate this mesh"]
     fixed = _cfg({"sharding": "zero3", "framework": "torch"}, ["dp", "ep"], [8, 8], model="mixtral-8x7b")
     assert runtime_refusals(fixed, resolve_mesh(config_mesh(fixed), 8)) == []
+    kept = _cfg({"sharding": "zero3", "framework": "torch", "moe_dispatcher": "deepep"}, ["dp", "ep"], [8, 8],
+                model="mixtral-8x7b")
+    assert runtime_refusals(kept, resolve_mesh(config_mesh(kept), 8)) == [
+        "moe_dispatcher deepep: the runtime model dispatches with torch's all-to-all (DeepEP's kernels need deep_ep "
+        "on NVLink/RDMA GPUs); set moe_dispatcher = \"alltoall\" to validate the mesh"]
+
+
+def test_fixes_name_the_session_s_keys_and_alibi_names_its_field():
+    """Review rv48. Each fix must leave a config that loads: (1) a DeepSpeed ZeRO-3 plan with ZeRO++
+    (zero_hpz_partition_size 8, zero_quantized_weights) was told "set zero3_engine = fsdp2", and the
+    ZeRO++ keys are then refused (DeepSpeed's ZeRO-3 alone reads them): the fix names them; (2) a
+    Megatron-DeepSpeed plan with DeepSpeed's PipelineEngine and Megatron-LM's recompute modules was
+    told "set framework = torch" without pp_engine and recompute_modules, each refused under torch;
+    (3) the ALiBi refusal (bloom48) was raised naming the field "mesh" (refused_field's default):
+    it names model.position_embedding. By hand, from the rules' words: ZeRO++'s keys in ZEROPP_KEYS'
+    order; the framework's keys as torch_refused_keys lists them, pp_engine apart (DeepSpeed's)."""
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.refusals import config_mesh, refused_field, runtime_refusals
+
+    zpp = _cfg({"sharding": "zero3", "zero3_engine": "deepspeed", "zero_hpz_partition_size": 8,
+                "zero_quantized_weights": True}, ["dp"], [8])
+    assert ("set zero3_engine = \"fsdp2\" and remove zero_hpz_partition_size, zero_quantized_weights (DeepSpeed's "
+            "only)") in runtime_refusals(zpp, resolve_mesh(config_mesh(zpp), 8))[0]
+    mds = _cfg({"sharding": "zero1", "framework": "megatron", "zero12_engine": "deepspeed", "pp_engine": "deepspeed",
+                "recompute_modules": ["core_attn", "mlp"]}, ["pp", "dp"], [2, 4])
+    assert framework_refusal(mds) == [
+        "training.framework is 'megatron': validate runs torch.distributed, which issues torch's collectives; set "
+        "framework = \"torch\" and remove recompute_modules (Megatron-LM's only) and pp_engine (DeepSpeed's "
+        "PipelineEngine under Megatron-DeepSpeed) to validate this mesh"]
+    assert refused_field("model.position_embedding is 'alibi': validate's model runs RoPE") == "model.position_embedding"

@@ -110,15 +110,41 @@ def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle()
     Megatron-LM 2022's p2p calls' syncs, stage 0's 120 + 15 calls x 3 x 4.7 us = 1.90 ms of compute
     13013.91 -> 13015.81 ms, and the last stage's loss scale multiply and its backward, 120 x 9.4 us
     there, of which 0.01 ms reaches stage 0's bubble: the step 46270.96 -> 46272.87 ms; the tie among
-    stages 1-14 now falls on 4, was 10.)"""
+    stages 1-14 now falls on 4, was 10. recomp48: the shared expert's activation counted at its own
+    width, 2,048, not its fused gate/up GEMM's 4,096 columns (compute.elementwise.activation_elements):
+    per MoE layer and micro-batch its forward, full recompute's replay and backward move 8,388,608 x
+    2 B x (3 + 3 + 5) = 184.5 MB less, 62 us at H100's Triad 2.97 TB/s, so stages 1-14 (4 MoE layers
+    each) take 343.24 -> 342.99 ms per micro-batch; stage 0's bubble carries that about 133 times (120
+    micro-batches and the 13 stages between): 33044.49 -> 33011.37 ms, step 46272.87 -> 46239.76 ms,
+    stage 0 idle 33011.37 / 46239.76 = 0.7139, 33011.37 / 13228.39 = 2.4955 as idle/ideal; the tie
+    among stages 1-14 now falls on 12.) mcore48: the example plans Megatron Core (megatron_runtime
+    "core"): stage 0's get_batch per micro-batch (b 1, s 4096, tp 1: no broadcast) copies tokens,
+    labels and position ids (32,768 B each, 3 x (0.5201 + 5.7) us over PCIe 5.0), the loss mask
+    (16,384 B, 0.2601 + 5.7) and the loader's boolean mask (16,777,216 B, 266.3050 + 5.7): 296.6254 us,
+    where 2022 copied 32,776 B (6.2203 us), built the mask on the GPU (ones, tril, < 0.5: 67, 134 and
+    84 MB at Triad 2.97 TB/s, 22.5956 + 45.1912 + 28.2445 us), the loss mask and position ids at the
+    4.7 us floor, and synchronised 6 times in forward and 2 in backward: 149.2516 us; 120 x 147.3738 us
+    = +17.6849 ms; the 11 step timers' 22 syncs (-0.1034 ms) and 2 of the 3 syncs of each of stage 0's
+    135 p2p calls (-1.2690 ms) go: compute 13015.81 + 17.6849 - 1.3724 = 13032.12 (13032.13 printed,
+    from unrounded parts); the middle stages run no get_batch at all, so stage 0 waits less: bubble
+    33044.49 -> 33007.38 ms; the step 46272.87 -> 46252.08 ms; stages 1-14 now tie exactly, the first
+    (1) listed. Merged (int, both): the two effects add, the bubble 33044.49 - 33.12 (recomp48) - 37.11 (mcore48)
+    = 32974.26 (32974.27 printed, from unrounded parts); stages 1-14 342.99 ms less their get_batch
+    (0.15 ms) = 342.84 ms a micro-batch; the step 13032.13 + 32974.27 + 43.00 + 169.57 = 46218.97 ms;
+    stage 0 idle 32974.27 / 46218.97 = 0.7134 of the step, 32974.27 / 13244.70 = 2.4896 as idle/ideal."""
     r = _cli("step", EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     head = next(x for x in r.output.splitlines() if x.startswith("bubble "))
     assert head.startswith("bubble 0.1217 as idle/ideal, 0.1085 as idle/total (the schedule's bubble fraction, on the "
-                           "busiest stage 4, pipeline only; the step's parts below are on stage 0, where the step "
-                           "ends: bubble 33044.49 ms is its idle, 0.7141 of the step (2.4980 as idle/ideal))")
-    assert "step on stage 0 = compute 13015.81 + bubble 33044.49 + exposed dp 43.00 + exposed pp 169.57 = 46272.87 ms" \
+                           "busiest stage 1, pipeline only; the step's parts below are on stage 0, where the step "
+                           "ends: bubble 32974.27 ms is its idle, 0.7134 of the step (2.4896 as idle/ideal))")
+    assert "step on stage 0 = compute 13032.13 + bubble 32974.27 + exposed dp 43.00 + exposed pp 169.57 = 46218.97 ms" \
         in r.output
-    assert round(33044.49 / 46272.87, 4) == 0.7141 and round(33044.49 / (46272.87 - 33044.49), 4) == 2.4980
+    per_core = 3 * (0.5201 + 5.7) + 0.2601 + 5.7 + 266.3050 + 5.7
+    per_2022 = 6.2203 + 22.5956 + 45.1912 + 28.2445 + 2 * 4.7 + 6 * 4.7 + 2 * 4.7
+    assert (round(per_core, 4), round(per_2022, 4)) == (296.6254, 149.2516)
+    assert round(13015.81 + (120 * (per_core - per_2022) - 22 * 4.7 - 135 * 2 * 4.7) / 1e3, 2) == 13032.12
+    assert round(33044.49 - 33.12 - 37.11, 2) == 32974.26
+    assert round(32974.27 / 46218.97, 4) == 0.7134 and round(32974.27 / (46218.97 - 32974.27), 4) == 2.4896
 
 
 def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path):

@@ -79,7 +79,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts; nic with k ranks per host: busbw / k per NIC, "
                                                      "or / --nics-per-host; all-to-all: busbw x (n - k) / (n - 1), "
-                                                     "the share leaving the host)"),
+                                                     "the share leaving the host; nic leaves a run on one named host nvlink, so 1-node and multi-node logs "
+                                                     "go in one call)"),
                   nics_per_host: Optional[int] = typer.Option(None, "--nics-per-host", help="NICs each host's ranks "
                                                               "drive in the log, a divisor of its ranks per host (they "
                                                               "share NICs evenly); default: one per rank; wins over "
@@ -87,7 +88,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   system: Optional[str] = typer.Option(None, "--system", help="catalog node the runs ran on (e.g. "
                                                        "dgx-h100): without --nics-per-host its NIC count (at most "
                                                        "one per rank) splits a nic run's busbw, and the line-rate "
-                                                       "warning compares its NICs; a warning when its GPU is not "
+                                                       "warnings compare its NICs (above the line rate; below half "
+                                                       "of it, only with --system); a warning when its GPU is not "
                                                        "the log's; a run of several ranks per host needs --link "
                                                        "nic with it"),
                   op: Optional[str] = typer.Option(None, "--op", help="the test that wrote the text logs without "

@@ -42,6 +42,7 @@ from meshplan.schedule.host_hint import host_hint
 from meshplan.schedule.link_hint import link_bound_hint
 from meshplan.schedule.link_spill import network_spill, other_stage_loads, spill_line, stage_fits
 from meshplan.schedule.linkload import edge_loads, p2p_calls, timings
+from meshplan.schedule.netload import pxn_line
 from meshplan.schedule.nic_sharing import concurrent_lines
 from meshplan.schedule.overlap_policy import deepspeed_prefetch_line, megatron_reduce_line
 from meshplan.schedule.stage_traffic import traffic_words
@@ -94,9 +95,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp; a line under it gives the
     schedule alone simulated on uniform stages, idle/ideal and idle/total, up to 4,096 units; --json
-    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch, for
-    a dense model without MLA, also 'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per
-    token and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
+    bubble_uniform_stages, and the closed form beside the bubble line, bubble_closed_form), MFU (under framework torch also
+    'torchtitan's MFU formula: X%', what torchtitan's log would read: its FLOP per token (its dense formula, or
+    get_moe_model_nparams_and_flops for an MoE or MLA model), tps and bf16 peak; --json torchtitan_mfu, null otherwise; under framework megatron, 'Megatron-LM's
     --log-throughput formula: X TFLOP/s/GPU', what its log's throughput per GPU would read; --json
     megatron_throughput_flops_per_s, null otherwise); how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
@@ -329,4 +330,6 @@ def _print_edge_table(p, st, stage: int, loads: list, more: str) -> list:
         _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
+    for line in pxn_line(p, p.stage(stage).collectives) if loads else []:
+        _echo(line)
     return loads

@@ -113,7 +113,8 @@ CURVE_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send/r
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
                asked: Optional[tuple[int, str]] = None, system: Optional[str] = None) -> str:
     """``link`` when given (checked: nvlink and pcie are links inside one node, so a run whose
-    ``#  Rank`` lines name several hosts is refused for them), else ``nvlink`` for one host,
+    ``#  Rank`` lines name several hosts is refused for them; ``nic`` on a run whose lines name one
+    host is read as ``nvlink``, which it crossed, so one call takes 1-node and 8-node logs), else ``nvlink`` for one host,
     ``nic`` for one rank per host; a ConfigError otherwise (see the module docstring), naming
     ``where``, or ``--link`` where the NICs per host are given (``asked``, :func:`~meshplan.comm.
     calibrate_nics.asked_nics`; ``system``, ``--system``'s node): --link nic is then the one fix.
@@ -132,6 +133,8 @@ def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None,
     if link is not None:
         if link not in LINK_CLASSES:
             raise ConfigError("--link", f"unknown link class '{link}'; use one of {', '.join(LINK_CLASSES)}")
+        if link == "nic" and len(per_host) == 1 and "" not in per_host:  # one named host: no NIC hop
+            return "nvlink"
         if link != "nic" and len(per_host) > 1:
             raise ConfigError("--link", f"{link} is a link inside one node, but {where} ran {len(hosts)} ranks on "
                                         f"{len(per_host)} hosts (its busbw crosses the network); pass --link nic, or "
@@ -365,6 +368,9 @@ def _read_run(path: Path, link_op: tuple[Optional[str], Optional[str]], asked: O
     rows = parse_nccl_tests(text, path.name, None if banner else op)
     hosts = hosts_of(text)
     cls = link_class(hosts, path.name, link, asked, system)
+    if link == "nic" and cls != "nic":
+        notes.append(f"{path.name}: ran on one host ({hosts[0]}): --link nic is for the runs over several hosts; "
+                     f"read as {cls}, the link it crossed")
     per_node = ranks_per_node(hosts, path.name) if cls == "nic" else 1
     nics = nic_split(per_node, path.name, asked) if cls == "nic" else 1
     try:
@@ -427,5 +433,8 @@ def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list
         why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op
                and kept[0].op == "all-reduce" else "faster than the kept one; a collective over every link waits "
                "for the slowest")
+        if cls == "nic" and fit.op != kept[0].op:  # its curve is written, but the kept fit times the ring ops
+            why += (f"; its curve is written to the file but times nothing: {kept[1]}'s fit and curve time "
+                    f"all-reduce, all-gather and reduce-scatter across nodes")
         dropped.append(f"{name} ({fit_gbs(fit)}: {why})")
     return f"{cls}: kept {kept[1]} ({fit_gbs(kept[0])}); dropped " + ", ".join(dropped)

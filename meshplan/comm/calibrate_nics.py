@@ -33,16 +33,32 @@ def catalog_nic_gb_per_s(gpu: Optional[str], node: Optional[str] = None) -> tupl
                key=lambda x: x[0], default=(float("inf"), ""))
 
 
+#: The share of a NIC's line rate below which a per-NIC fit is warned as too low (:func:`nic_warning`):
+#: a plain ratio, not a measured bound: NCCL's ring over NDR 400 Gb/s reaches 46-48 of 50 GB/s per NIC
+#: (92-96%, catalog ``nccl.toml`` ``ib-ndr-400-8nic``, [S19] NVIDIA/nccl-tests issue #290), and an
+#: all-to-all per NIC ~70% (trial 28's 34.66 GB/s), so below half is a transport fault more likely than
+#: a pattern: NCCL on sockets (NET/Socket over a TCP interface) or on HCAs other than the GPUs' rail NICs.
+LOW_SHARE = 0.5
+
+
 def nic_warning(fit: LinkFit, name: str, system: Optional[str] = None,
                 split: Optional[tuple[int, int]] = None) -> Optional[str]:
     """A ``warning:`` line when ``nic`` fit ``fit`` of file ``name`` (per NIC) is above the
     fastest catalog NIC of its GPU model, or of catalog node ``system`` when given
-    (:func:`catalog_nic_gb_per_s`), else None. ``split``: (ranks per host k, NICs per host N)
-    when the NICs were given (``--nics-per-host`` or ``--system``, :func:`nic_split`)."""
+    (:func:`catalog_nic_gb_per_s`), or below :data:`LOW_SHARE` of the line rate of ``system``'s NICs
+    (only with ``--system``: without it the fastest catalog NIC need not be the measured nodes'; newcomer
+    48: a 5.72 GB/s all-gather per NIC on 400 Gb/s NICs, planned without a word), else None. ``split``: (ranks per
+    host k, NICs per host N) when the NICs were given (``--nics-per-host`` or ``--system``, :func:`nic_split`)."""
     line, node = catalog_nic_gb_per_s(fit.gpu, system)
     beta = fit.bandwidth_bytes_per_s / GB
-    if fit.link != "nic" or fit.backend == "gloo" or beta <= line:
+    if fit.link != "nic" or fit.backend == "gloo" or (beta <= line and (system is None or beta >= LOW_SHARE * line)):
         return None
+    if beta < LOW_SHARE * line:
+        return (f"warning: {name}: nic {beta:.2f} GB/s per NIC is {beta / line:.0%} of the {line:g} GB/s line rate "
+                f"of {node}'s NICs ({line * 8:g} Gb/s), below half of it, where a ring over InfiniBand reaches 92-96% "
+                f"(catalog nccl.toml ib-ndr-400-8nic, nccl-tests issue #290): NCCL may have fallen back to sockets "
+                f"(NET/Socket) or used the wrong HCAs; check NCCL_DEBUG=INFO's NET/IB lines and NCCL_IB_HCA before "
+                f"planning with it")
     which = "the node --system names" if system else f"the fastest catalog NIC{' for ' + fit.gpu if fit.gpu else ''}"
     why, check = "each rank drove several NICs", "the hosts of its '#  Rank' lines"
     if split is not None:

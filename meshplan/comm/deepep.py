@@ -4,6 +4,18 @@ copies per token, bytes per link class and time, which the collective table
 (:func:`meshplan.comm.ep_rows.ep_rows`), hence the timeline, and the search
 (:func:`meshplan.search.comm_bounds.comm_times`) read.
 
+**torchtitan** (framework torch; its job TOML's ``parallelism.expert_parallel_comm_backend = "deepep"``,
+pytorch/torchtitan 36a4b69 (#2107) to 238fa99, e347b1e = v0.2.2 included) calls the same V1 normal kernels:
+``torchtitan/distributed/deepep/deepep.py`` at e347b1e ``buffer.dispatch`` / ``buffer.combine`` (lines 100-111,
+152-158, 189-194, 219-230) on a ``deep_ep.Buffer`` sized as Megatron-LM's is (``get_buffer``, lines 288-317: the
+NVL and RDMA size hints of ``Buffer.get_dispatch_config`` / ``get_combine_config`` at hidden x max(element
+bytes, 2), Buffer's default 20 SMs), over the ep group (no etp:
+:func:`~meshplan.spec.training_checks.torch_deepep_reason`). So one home times both.
+Its ``models/moe/moe_deepep.py`` runs the shared experts while the combine is in flight (lines 39-77); the timeline
+does not overlap them (the combine is charged as under Megatron-LM). Later torchtitan (9810191 on, Python
+configs) moved to ``moe_comm_backend`` and, from 756213e (2026-06-28), DeepEP v2's ElasticBuffer, and added
+"hybridep" (HybridEP's TMA kernels for GB200 NVL72, 156db2e): neither is modelled.
+
 **What DeepEP sends** (deepseek-ai/DeepEP README, V1 "normal kernels with NVLink and RDMA
 forwarding", the kernels Megatron-LM's ``fused_a2a.py`` calls): a token goes ONCE over RDMA to
 each node holding one of its experts (to the GPU of the same local index there), which forwards
@@ -93,6 +105,7 @@ from typing import Optional
 
 from meshplan import catalog
 from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.spec.training_checks import torch_deepep_reason
 
 GB = 1e9
 
@@ -275,12 +288,13 @@ def call_on(path, cluster, model, tokens: int, token_bytes: float, ep: int, keep
     return call(model, tokens, token_bytes, ep, path.nodes, nic, fabric, keep, etp)
 
 
-def group_reason(ep: int, etp: int) -> Optional[str]:
+def group_reason(ep: int, etp: int, framework: str = "megatron") -> Optional[str]:
     """The reason a plan under the deepep dispatcher is infeasible where its ep x etp group is 1 rank
     (``MoEFlexTokenDispatcher`` asserts "DeepEP dispatcher requires TPxEP > 1", NVIDIA/Megatron-LM
     d98e8a6 token_dispatcher.py line 1836) or a size DeepEP has no kernel config for
     (``Buffer.get_dispatch_config`` asserts, deepseek-ai/DeepEP 92fe2de ``deep_ep/buffer.py`` lines
     245-259; catalog ``deepep.toml`` ``[buffer] group_sizes``), else None; the search's rule ``deepep``.
+    Under framework torch first torchtitan's (:func:`~meshplan.spec.training_checks.torch_deepep_reason`).
 
     >>> group_reason(32, 2) is None, group_reason(12, 1).split(";")[0]
     (True, 'deepep: ep 12 x etp 1 = 12 ranks, a group size DeepEP has no dispatch config for (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)')
@@ -288,6 +302,8 @@ def group_reason(ep: int, etp: int) -> Optional[str]:
     "deepep: ep 1 x etp 1: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch over)"
     """
     sizes = catalog.deepep_buffer()["group_sizes"]
+    if framework == "torch" and (why := torch_deepep_reason(ep, etp)):
+        return why
     if ep * etp < 2:
         return (f"deepep: ep {ep} x etp {etp}: Megatron-LM's flex dispatcher asserts TPxEP > 1 (no group to dispatch "
                 f"over); set ep (or etp) > 1 or training.moe_dispatcher = \"alltoall\"")

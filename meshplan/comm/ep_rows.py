@@ -4,7 +4,9 @@ before each dispatch.
 
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
-  saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
+  saved by the gate multiply), so backward has 4 per MoE layer, and so does Megatron-LM's
+  selective ``moe`` module (:func:`meshplan.spec.recompute_modules.moe_replayed`: its checkpoint
+  re-runs the whole MoE layer, the count exchange and etp calls included). Each rank dispatches a
   fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for the
   ``T`` distinct tokens it routes (:func:`meshplan.compute.routing.routed_tokens`: its own
   ``b*s/cp / tp`` under Megatron-LM, ``b*s/cp * etp/tp`` under torch; capacity
@@ -33,6 +35,7 @@ from meshplan.comm import deepep
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.mesh.layout import grid_groups
+from meshplan.spec.recompute_modules import moe_replayed
 from meshplan.units import dtype_bytes
 
 #: Cadence of Megatron-LM's etp all-gather and reduce-scatter of the dispatched tokens (:func:`_etp_rows`).
@@ -55,7 +58,8 @@ def ep_rows(add, c: StageContext) -> None:
     moe = sum(m.is_moe_layer(i) for i in c.layers)
     if not moe:
         return
-    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
+    replayed = sum(m.is_moe_layer(i) and (t.layer_recomputed(k) or moe_replayed(t, True))  # full, or Megatron's moe
+                   for k, i in enumerate(c.layers))
     tokens, gathered = routed_tokens(t.micro_batch * c.seq_local, mesh.degree("tp"), mesh.etp, t.framework)
     ro = RoutingOptions.of(t)
     rows = routing(ro, tokens, m.top_k, m.experts, mesh.ep).recv_rows

@@ -35,7 +35,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Callable, Optional
 
-from meshplan.comm import fsdp2
+from meshplan.comm import fsdp2, zeropp_rows
 from meshplan.comm.stage_context import StageContext
 from meshplan.compute import float8_fsdp
 from meshplan.compute.kernel_fragment import kernel_data
@@ -123,6 +123,11 @@ def _unit_rows(add, c: StageContext, units: list, key: tuple, n: int,
     data, hbm = kernel_data(c.gpu), c.gpu.hbm_bandwidth_bytes_per_s
     ds_out = [fsdp2.copy_out_seconds(b, data, hbm) for b in _deepspeed_copied(c, units, label, gbytes)] \
         if ds else [0.0, 0.0]  # (forward, backward)
+    if ds and zeropp_rows.applies(c):  # DeepSpeed ZeRO++: hpZ, qwZ, qgZ in place of the rows below
+        u = zeropp_rows.Unit(label, numel, gbytes, gdt, cadence, n, tuple(ds_out), cast_s, in_s)
+        reuse = _deepspeed_reuse(c) if label == "layer" and n == len(c.layers) else None
+        zeropp_rows.unit_rows(add, c, u, fwd, back, red, reuse, REUSE_PART)
+        return
     add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
         per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=ds_out[0] + cast_s)
     reuse = _deepspeed_reuse(c) if ds and label == "layer" and n == len(c.layers) else None

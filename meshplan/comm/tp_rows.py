@@ -34,7 +34,8 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   after combine) in forward and one of the input gradient in backward; no MLP collectives
   without shared experts. Measured with torch 2.13 (fake process group and gloo,
   ``tests/test_validate_moe.py``).
-- Framework megatron: ``get_batch``'s two tp broadcasts per chunk and micro-batch (:func:`get_batch_rows`).
+- Framework megatron: ``get_batch``'s two tp broadcasts per chunk and micro-batch (2022), or under
+  Megatron Core one per batch tensor on the first and last stages (:func:`get_batch_rows`).
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
@@ -42,6 +43,10 @@ replicated over tp are :mod:`meshplan.comm.tp_grads`'.
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
   (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
   under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
+- Megatron-LM's selective recompute modules: ``mlp`` replays a dense MLP's forward collectives
+  (SP: its input's all-gather and output's reduce-scatter; else its all-reduce), ``moe`` an MoE
+  layer's MLP block's (the shared experts'), ``shared_experts`` the shared experts' (again inside
+  a ``moe`` replay): :func:`meshplan.spec.recompute_modules.replayed_tp_ops`.
 """
 
 from __future__ import annotations
@@ -51,12 +56,15 @@ from collections import Counter
 from meshplan.comm.stage_context import StageContext
 from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
 from meshplan.compute import float8
-from meshplan.compute.batch_input import BROADCAST_GROUPS, GET_BATCH_CADENCES, megatron_broadcast_bytes
+from meshplan.compute.batch_input import (BROADCAST_GROUPS, CORE_CADENCES, CORE_KEY_BYTES, GET_BATCH_CADENCES,
+                                          core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes)
 from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.ops import Workload, float8_gemms
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.spec.axes.ep import experts_over_tp, moe_mlp_tp_ops
+from meshplan.spec.recompute_modules import layer_parts, replayed_tp_ops
 from meshplan.spec.axes.tp_kv import QKV_GATHER_CADENCE, qkv_gather_numel, qkv_gathered
 from meshplan.units import dtype_bytes
 
@@ -95,7 +103,10 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
     op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
     the all-gathers' (``_save_list`` of torchtitan's llama3 ``parallelize``), so its recompute
     replays the forward's all-gathers (the inputs of the recomputed wk and w3 and of every
-    column-parallel weight gradient)."""
+    column-parallel weight gradient). Megatron-LM's selective ``--recompute-modules`` ``mlp``,
+    ``moe`` and ``shared_experts`` replay their modules' forward collectives
+    (:func:`meshplan.spec.recompute_modules.replayed_tp_ops`; the timeline's
+    :func:`meshplan.schedule.layer_timeline.module_replay`)."""
     sp, m = c.mesh.sequence_parallel, c.model
     part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
     moe, fw, etp, tp = m.is_moe_layer(layer), c.training.framework, c.mesh.etp, c.mesh.degree("tp")
@@ -119,6 +130,9 @@ def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
         bwd += fwd if (moe and sp and not m.shared_experts) or fw == "megatron" else fwd[:-1]
     elif c.training.recompute == "op" and sp:
         bwd += [o for o in fwd if o == "all-gather"]
+    elif c.training.recompute == "selective":  # Megatron-LM's mlp, moe, shared_experts modules
+        shared = (["all-gather", "reduce-scatter"] if sp else ["all-reduce"]) if m.shared_experts else []
+        bwd += replayed_tp_ops(layer_parts(tuple(c.training.recompute_modules), moe, m.is_mla), mlp, shared)
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
 
@@ -211,7 +225,10 @@ def _sp_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
     # reduce_from_tensor_model_parallel_region, then language_model.py Embedding.forward:
     # scatter_to_sequence_parallel_region, a split) all-reduces the embedding's output and
     # keeps its shard; torch's SequenceParallel embedding reduce-scatters it
-    embed_ar = first if c.training.framework == "megatron" else 0
+    # Megatron Core reduce-scatters it where no learned position embedding is added
+    # (compute.megatron_core.embedding_reduce_scatter, d98e8a6 language_model_embedding.py:51-56)
+    core_rs = embedding_reduce_scatter(c.training.megatron_core, True, c.model.position_embedding == "learned")
+    embed_ar = first if c.training.framework == "megatron" and not core_rs else 0
     add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather", ""] + last, "every layer (SP)",
         "next column-parallel GEMM")
     add("tp", "forward", "all-gather", act8, "fp8", counts["forward", "all-gather", "fp8"], FLOAT8_TP_CADENCE,
@@ -278,8 +295,32 @@ def get_batch_rows(add, c: StageContext) -> None:
     t = c.training
     if t.framework != "megatron":
         return
+    if t.megatron_core:
+        _core_batch_rows(add, c)
+        return
     for group, size in zip(BROADCAST_GROUPS, megatron_broadcast_bytes(t.micro_batch, t.seq_len)):
         add("tp", "forward", "broadcast", size, "int64", c.vpp, GET_BATCH_CADENCES[group], "the embedding (get_batch)")
+
+
+#: dtype of each of Megatron Core's batch tensors (:data:`~meshplan.compute.batch_input.CORE_KEY_BYTES`).
+_CORE_DTYPES = {"tokens": "int64", "labels": "int64", "loss_mask": "fp32", "position_ids": "int64",
+                "attention_mask": "bool"}
+
+
+def _core_batch_rows(add, c: StageContext) -> None:
+    """Megatron Core's ``get_batch`` broadcasts (:mod:`meshplan.compute.batch_input`): per micro-batch
+    one broadcast over tp of each tensor the stage's ``get_batch`` uses
+    (:func:`~meshplan.compute.batch_input.core_broadcast_keys`: at pp 1 tokens, labels, loss mask,
+    position ids; the first stage tokens and position ids, the last labels and loss mask; with the
+    data loader's mask, it too), none on a middle stage. b 1, s 64 at pp 1 with the mask: 512, 512,
+    256, 512 and 4,096 B."""
+    t, pp = c.training, c.mesh.degree("pp")
+    ends = [(True, True)] if pp == 1 else [(True, False)] * c.first + [(False, True)] * c.last
+    counts = Counter(k for f, la in ends for k in core_broadcast_keys(pp, f, la, t.core_attention_mask))
+    for key in (k for k in CORE_KEY_BYTES if counts[k]):
+        add("tp", "forward", "broadcast", core_key_bytes(key, t.micro_batch, t.seq_len), _CORE_DTYPES[key],
+            counts[key], CORE_CADENCES[key], "the embedding (get_batch)" if key in ("tokens", "position_ids")
+            else "the loss (get_batch)" if key in ("labels", "loss_mask") else "the attention (get_batch)")
 
 
 def _loss_rows(add, c: StageContext) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from meshplan.config import Config
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.spec.memory import MEMORY_KNOBS
-from meshplan.spec.training_engines import PLAN_KNOBS
+from meshplan.spec.training_knobs import PLAN_KNOBS
 
 
 # [mesh] fields that spell the layout (compared as the resolved layout, :func:`meshplan.compare.same_mesh`)
@@ -25,7 +25,7 @@ _MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
 #: virtual stages, layer split and schedule runs per step (plan.py: one schedule run at pp 1) at pp 1;
 #: sequence parallelism, loss parallelism (the logits sharded over tp) and tp's communication overlap
 #: at tp 1. Such a knob is no difference where the axis is 1 on either side, as a training knob that
-#: does not apply to a side's sharding (:meth:`~meshplan.spec.training_engines.TrainingEngines.knob_acts`).
+#: does not apply to a side's sharding (:meth:`~meshplan.spec.training_knobs.TrainingKnobs.knob_acts`).
 AXIS_KNOBS = {"mesh.pp_schedule": "pp", "mesh.virtual_stages": "pp", "mesh.layers_per_virtual_stage": "pp",
               "mesh.pp_layer_split": "pp", "training.pp_schedule_runs": "pp", "mesh.sequence_parallel": "tp",
               "mesh.loss_parallel": "tp", "training.tp_comm_overlap": "tp", "training.cp_attention": "cp"}
@@ -38,7 +38,7 @@ class Differences:
     architecture, :meth:`~meshplan.spec.model.ModelSpec.architecture`, not its name: a catalog
     model and the same layers, widths and heads imported as ``megatron-args`` agree; the cluster
     but its free-text name and sources, the [training] fields outside
-    :data:`~meshplan.spec.training_engines.PLAN_KNOBS`, the [memory] assumptions outside
+    :data:`~meshplan.spec.training_knobs.PLAN_KNOBS`, the [memory] assumptions outside
     :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
     choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
 
@@ -126,11 +126,16 @@ def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
 
 
 def knob(v: Any) -> str:
-    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
+    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None; a tuple, as
+    ``recompute_modules`` holds its TOML list, as that list).
+
+    >>> knob(None), knob(True), knob(("core_attn", "mlp"))
+    ('unset', 'true', '[core_attn, mlp]')
+    """
     if v is None:
         return "unset"
     if isinstance(v, bool):
         return "true" if v else "false"
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
     return str(v)

@@ -10,7 +10,7 @@ The workload is the model, the cluster, the [training] fields that say what the 
 computes (global batch, sequence length, dtypes, optimizer ...) and the [memory] assumptions
 (NCCL buffers, fragmentation ...); both sides must share it
 (:func:`~meshplan.compare.sides.check_workload`: a one-line error names the first field that differs). A plan is the
-mesh and its knobs (:data:`~meshplan.spec.training_engines.PLAN_KNOBS`: micro_batch, recompute,
+mesh and its knobs (:data:`~meshplan.spec.training_knobs.PLAN_KNOBS`: micro_batch, recompute,
 sharding ..., the [mesh] schedule, virtual stages, layer split, and
 :data:`~meshplan.spec.memory.MEMORY_KNOBS`: prefetch depth, when FSDP reduces): each
 knob that differs is a row of the table, and the verdict says when the difference is not the

@@ -4,8 +4,11 @@ rates, each call of a context-parallel ring (torch's, Transformer Engine's p2p) 
 (:func:`meshplan.compute.ring_attention.slowest_rank`, :func:`meshplan.compute.te_ring.te_rank`), or the GEMM ceiling with wave quantization), or the non-flash batched products with the
 softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
 
-All-gather CP's one causal call of the rank's ``L = s / cp`` queries against the gathered ``s``
-keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
+Transformer Engine's all-gather CP (Megatron-LM's ``--cp-comm-type all_gather``) runs two calls
+a layer, one per load-balanced chunk, each rated at its own shape and run in series (FA3) or on
+two streams at once (:mod:`meshplan.compute.te_allgather`). Otherwise (meshplan's runtime,
+torchtitan) all-gather CP's one causal call of the rank's ``L = s / cp`` queries against the
+gathered ``s`` keys is rated as a ring's calls are (:func:`meshplan.compute.ring_attention.rate_lengths`): the
 forward (a block per 128 queries) at its loop over the keys, ``s`` (causal: ``s / 2`` on average
 over the rank's two load-balanced chunks, as a causal square row at ``s``), the backward (a block
 per 128 keys) at its loop over the queries, ``L`` (``L s / 2`` pairs over ``s`` keys: ``L / 2`` on
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
-from meshplan.compute import ring_attention, te_ring
+from meshplan.compute import ring_attention, te_allgather, te_ring
 from meshplan.compute.attention_points import FLASH_BLOCK, flash_waves
 from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
@@ -58,9 +61,14 @@ def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=
         out += [timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else []
     elif rated is not None:  # published FlashAttention rates (catalog)
         # one call (all-gather CP's (s / cp, s), or cp 1's square): each pass read at its loop length
-        f_s, b_s, how = (ring.sdpa if ring is not None and ring.sdpa is not None
-                         else attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
-                                                lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv)))
+        if ring is not None and ring.sdpa is not None:
+            f_s, b_s, how = ring.sdpa
+        elif te_allgather.applies(w):  # TE's all-gather CP: two calls, each at its shape, in series or at once
+            ag = te_allgather.te_allgather_rank(gpu, att, w, rated)
+            (f_s, b_s), how = ag.seconds, ag.how
+        else:
+            f_s, b_s, how = attention_seconds(rated, att, causal=True, prefer=w.attention_kernels,
+                                              lengths=ring_attention.rate_lengths(att.seq_q, att.seq_kv))
         fwd = att.flops(causal_half=True)
         mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                        phase, "attention", issue_floor(gpu, t), model, hw,
@@ -98,9 +106,18 @@ def _ceiling_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, key
     return out
 
 
-def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
+def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool, alibi: bool = False) -> list[Op]:
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
     with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`).
+    ``alibi`` (``model.position_embedding``): BigScience's Megatron-DeepSpeed (3d5d151
+    ``megatron/model/transformer.py:283-326``) passes its ALiBi tensor, ``[b x heads, 1, s_kv]``, as
+    ``baddbmm``'s input with beta 1 (``apply_query_key_layer_scaling`` off; 1 / layer_number on:
+    non-zero either way), and torch expands it to the scores' shape and copies it into the result
+    before the batched GEMM, which then reads it as C (pytorch/pytorch 002253ce
+    ``aten/src/ATen/native/cuda/Blas.cpp`` ``baddbmm_out_cuda``: ``expand_size``; ``baddbmm_out_cuda_impl``:
+    ``result.copy_(self)`` when beta != 0, then ``bgemm`` with beta): a copy writing the scores (its
+    broadcast source read once) and the scores read again in the GEMM, both memory-bound passes in
+    forward (and its recompute); the bias takes no gradient.
 
     The six batched products per head, (M, N, K), a batch of ``n = batch x heads`` looked up as
     ``(n M, N, K)`` (:mod:`meshplan.compute.measured`): QK^T (s_q, s_kv, d) and its gradients dQ
@@ -120,6 +137,9 @@ def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[
     b = dtype_bytes(w.dtype)
     sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
     fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    if alibi:  # baddbmm's input expanded and copied into the scores, then read as the GEMM's C (docstring)
+        fwd_mem += [("alibi bias copy (baddbmm beta 1)", b * (scores + n * att.seq_kv)),
+                    ("alibi bias read as C (baddbmm beta 1)", b * scores)]
     bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
     out = []
     if w.megatron_ops:  # context permute copy; alpha on dQ and dK; the QKV split's backward (compute.megatron)

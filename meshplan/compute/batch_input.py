@@ -10,16 +10,23 @@ batch with blocking transfers the GPU waits on, so each is on the step's critica
   from pageable memory (the data loader sets no ``pin_memory``): ``copy_`` without
   ``non_blocking`` synchronises the stream, so the GPU drains, waits for each copy and then for
   the host to issue its next kernel (one issue floor). :func:`torch_batch_copy`.
-- **Megatron-LM 2022** (NVIDIA/Megatron-LM 2755bcb ``pretrain_gpt.py`` ``get_batch`` ->
-  ``mpu/data.py`` ``broadcast_data(['text'], data, torch.int64)``; today's
-  ``megatron/training/utils.py`` ``get_batch_on_this_tp_rank``, d086a2e, broadcasts each of
-  tokens, labels, loss mask, attention mask and position ids after ``cuda(non_blocking=True)``
-  copies instead: not modelled): the tp group's rank 0 copies the flattened batch to the GPU
+- **Megatron-LM 2022** (``training.megatron_runtime`` "2022", unset; NVIDIA/Megatron-LM 2755bcb
+  ``pretrain_gpt.py`` ``get_batch`` -> ``mpu/data.py`` ``broadcast_data(['text'], data, torch.int64)``),
+  in every chunk's forward on every stage: the tp group's rank 0 copies the flattened batch to the GPU
   (``torch.cat(...).cuda()``, ``micro_batch x (seq_len + 1)`` int64, pageable), and two
   broadcasts over the tp group carry the key sizes (``_MAX_DATA_DIM`` = 5 int64 for the one
   key) and then the data. At tp 1 the group is the rank alone: no broadcast is charged.
   :func:`megatron_batch_transfers` (the broadcasts' seconds come from the tp group's link,
   :func:`meshplan.schedule.workload.chunk_costs`).
+- **Megatron Core** (``megatron_runtime = "core"``; NVIDIA/Megatron-LM d98e8a64dd ``pretrain_gpt.py:110-160``
+  ``get_batch``, ``megatron/core/utils.py:2167-2330`` ``get_batch_on_this_tp_rank``; since d086a2e):
+  only the first chunk of the first stage and the last chunk of the last stage
+  (:func:`core_batch_chunk`); tp rank 0 copies each tensor of the batch to the GPU
+  (``.cuda(non_blocking=True)`` from the pinned data loader: queued on the compute stream, which
+  waits for it), the int64 tokens, labels and position ids, the fp32 loss mask and, unless
+  ``--no-create-attention-mask-in-dataloader``, the boolean ``[b, 1, s, s]`` attention mask the data
+  loader built (:data:`CORE_KEY_BYTES`), and broadcasts over tp those its stage uses, one
+  broadcast each, in the order :func:`core_broadcast_keys` gives. :func:`core_batch_transfers`.
 
 A copy takes the host link's latency plus its bytes at the link's bandwidth
 (:func:`host_copy_seconds`; the node's catalog ``pcie`` entry, PCIe line rate: pageable copies
@@ -94,6 +101,83 @@ GET_BATCH_CADENCES = {g: f"every micro-batch and chunk (Megatron {g})" for g in 
 #: the tp stream, blocking, so that its time is exposed tp, not compute
 #: (:func:`meshplan.schedule.rank_timeline.forward_unit`).
 BATCH_BROADCASTS = "get_batch broadcasts"
+
+
+#: Bytes per token of Megatron Core's batch tensors (d98e8a64dd ``core/datasets/gpt_dataset.py``
+#: ``__getitem__`` and ``_get_ltor_masks_and_position_ids``: ``text.long()``, ``loss_mask`` float,
+#: ``position_ids`` long; the mask, ``< 0.5`` of an ``(s, s)`` tril, is bool: 1 B x s per token).
+CORE_KEY_BYTES = {"tokens": 8, "labels": 8, "loss_mask": 4, "position_ids": 8, "attention_mask": 1}
+
+
+def core_broadcast_keys(pp: int, first: bool, last: bool, mask: bool) -> tuple[str, ...]:
+    """The tensors Megatron Core's ``get_batch_on_this_tp_rank`` broadcasts over tp, in its order
+    (``megatron/core/utils.py:2257-2300`` at d98e8a64dd): at pp 1 tokens, labels, loss mask,
+    position ids; on the first stage tokens and position ids; on the last labels and loss mask;
+    then the attention mask where the data loader built it (``mask``). None on a middle stage.
+
+    >>> core_broadcast_keys(1, True, True, True)
+    ('tokens', 'labels', 'loss_mask', 'position_ids', 'attention_mask')
+    >>> core_broadcast_keys(4, True, False, False), core_broadcast_keys(4, False, True, True), core_broadcast_keys(4, False, False, True)
+    (('tokens', 'position_ids'), ('labels', 'loss_mask', 'attention_mask'), ())
+    """
+    if pp == 1:
+        keys: tuple[str, ...] = ("tokens", "labels", "loss_mask", "position_ids")
+    elif first or last:
+        keys = ("tokens", "position_ids") if first else ("labels", "loss_mask")
+    else:
+        return ()
+    return keys + (("attention_mask",) if mask else ())
+
+
+def core_key_bytes(key: str, micro_batch: int, seq_len: int) -> int:
+    """Bytes of one batch tensor (:data:`CORE_KEY_BYTES`): ``bytes x b x s``, the mask ``b x s x s``.
+
+    >>> core_key_bytes("loss_mask", 2, 8), core_key_bytes("attention_mask", 1, 8192)
+    (64, 67108864)
+    """
+    per_token = CORE_KEY_BYTES[key] * (seq_len if key == "attention_mask" else 1)
+    return per_token * micro_batch * seq_len
+
+
+def core_batch_chunk(stage: int, chunk: int, first: int, last: int, chunks: int) -> bool:
+    """Whether Megatron Core runs ``get_batch`` in chunk ``chunk`` of stage ``stage``
+    (``is_first_or_last_pipeline_stage(vp_stage)``, ``training/utils/common_utils.py:515-525`` at
+    d98e8a64dd): the first chunk of the ``first`` stage, the last of the ``last`` stage.
+
+    >>> [core_batch_chunk(s, c, 0, 3, 2) for s, c in ((0, 0), (0, 1), (1, 0), (3, 0), (3, 1))]
+    [True, False, False, False, True]
+    """
+    return (stage, chunk) in ((first, 0), (last, chunks - 1))
+
+
+#: Cadence of each of Megatron Core's broadcast rows (:func:`meshplan.comm.tp_rows.get_batch_rows`), by key: also
+#: the group of its row and event.
+CORE_CADENCES = {k: f"every micro-batch, first and last stage (Megatron Core get_batch {k})" for k in CORE_KEY_BYTES}
+
+
+def core_batch_transfers(w: Workload, host: LinkSpec, keys: tuple[str, ...], broadcast_s: float) -> list[Op]:
+    """Megatron Core's ``get_batch`` transfers (module docstring) on a chunk that broadcasts ``keys``
+    (:func:`core_broadcast_keys`): tp rank 0's copy of every tensor of the batch, each
+    :func:`host_copy_seconds`, and the broadcasts taking ``broadcast_s`` seconds together (none at
+    tp 1). Llama 3 8B, b 1, s 8192, mask on, PCIe 5.0 x16 (63 GB/s, 5.7 us): tokens, labels and position
+    ids 65,536 B each (1.040 + 5.7 us), the loss mask 32,768 B (0.520 + 5.7), the mask 67,108,864 B
+    (1065.220 + 5.7): 3 x 6.740 + 6.220 + 1070.920 = 1097.36 us.
+
+    >>> from meshplan.spec.cluster import LinkSpec
+    >>> pcie5 = LinkSpec(name="pcie", bandwidth_gb_per_s=63.0, latency_us=5.7)
+    >>> ops = core_batch_transfers(Workload(seq_len=8192, tp=2, core_attention_mask=True), pcie5, ("tokens",), 1e-5)
+    >>> round(ops[0].seconds * 1e6, 2), ops[1].name
+    (1097.36, 'get_batch broadcasts')
+    """
+    mask = w.core_attention_mask
+    sizes = [core_key_bytes(k, w.micro_batch, w.seq_len) for k in CORE_KEY_BYTES if mask or k != "attention_mask"]
+    ops = [Op("get_batch copies to device", "embed", "forward", "overhead",
+              sum(host_copy_seconds(n, host) for n in sizes), size_bytes=sum(sizes),
+              note=f"tp rank 0 .cuda(non_blocking=True) of {len(sizes)} tensors over {host.name}")]
+    if w.tp > 1 and keys:
+        ops.append(Op(BATCH_BROADCASTS, "embed", "forward", "overhead", broadcast_s,
+                      note=f"{', '.join(keys)} broadcast over the tp group of {w.tp}"))
+    return ops
 
 
 def megatron_batch_transfers(w: Workload, host: LinkSpec, broadcast_s: float) -> list[Op]:

@@ -24,12 +24,7 @@ def elementwise_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gem
     """Norms, residual adds (+ dropout), RoPE, activation, MoE permutation: forward and backward."""
     b, h, r, t = dtype_bytes(w.dtype), model.hidden, w.row_tokens, w.tokens
     q_l, kv_l, _ = local_heads(model, w.tp)
-    act = 0.0
-    for g in gemms:
-        if g.name.endswith("w_up"):
-            act += g.m * g.n * g.count
-        elif g.name == "shared_w_up":
-            act += g.m * g.n / (2 if model.gated_mlp else 1)
+    act = sum(activation_elements(model, gemms).values())
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
     spec: list[tuple[str, str, float, float]] = [*norm_spec(model, gpu, w, "attn norm", "attn_pre", r),
@@ -72,6 +67,32 @@ def elementwise_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gem
         out += [memory_op(gpu, name, block, phase, nb, kind=kind)
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     return out + norm_finalize_ops(model, gpu, w, (("attn norm", "attn_pre"), ("mlp norm", "mlp_pre")))
+
+
+def activation_elements(model: ModelSpec, gemms: list[Gemm]) -> dict[str, float]:
+    """Elements the MLP activation writes, by the GEMM that feeds it (``w_up``, ``expert_w_up``,
+    ``shared_w_up``): its output columns x rows x count, as :func:`elementwise_ops` times the
+    activation (the routed and shared experts' shares of it: :func:`meshplan.compute.recompute.module_replays`).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.shapes import layer_gemms
+    >>> activation_elements(catalog.model("mixtral-8x7b"), layer_gemms(catalog.model("mixtral-8x7b"), 1, 4096))
+    {'expert_w_up': 117440512}
+
+    DeepSeek-V3's shared expert (one of width 2,048) runs gate and up as one GEMM of 4,096 columns,
+    whose activation writes 4,096 tokens x 2,048 (before, the ``w_up`` suffix matched it first and
+    counted all 4,096 columns, twice its activation's bytes):
+
+    >>> activation_elements(catalog.model("deepseek-v3"), layer_gemms(catalog.model("deepseek-v3"), 1, 4096))
+    {'expert_w_up': 67108864, 'shared_w_up': 8388608.0}
+    """
+    out: dict[str, float] = {}
+    for g in gemms:
+        if g.name == "shared_w_up":  # gate and up in one GEMM when gated (shapes.layer_gemms)
+            out[g.name] = g.m * g.n / (2 if model.gated_mlp else 1)
+        elif g.name.endswith("w_up"):
+            out[g.name] = g.m * g.n * g.count
+    return out
 
 
 def norm_spec(model: ModelSpec, gpu: GPUSpec, w: Workload, name: str, block: str,

@@ -135,15 +135,15 @@ def torchtitan_peak_flops(gpu_name: str) -> float:
     return next((peak for key, peak in TORCHTITAN_PEAKS if key in name), TORCHTITAN_FALLBACK_PEAK)
 
 
-def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> Optional[float]:
-    """torchtitan's FLOP per token for MFU (v0.2.2, e347b1e ``torchtitan/models/utils.py``:388-431,
-    ``get_dense_model_nparams_and_flops``, with llama3's ``head_dims = 2 * (dim // n_heads)``,
-    ``models/llama3/model/args.py``:67-73; qwen3's ``2 * head_dim``, ``models/qwen3/model/args.py``:62-63,
-    the same count for a dense model): ``6 (N - N_emb) + 6 l h (2 q) t`` with N every
-    parameter (a tied output once), N_emb the nn.Embedding tables, l layers, h query heads,
-    q the head dim (``head_dim``, else hidden // h: :attr:`~meshplan.spec.model.ModelSpec.d_head`),
-    t = training.seq_len; attention not halved for causal, recompute not counted. None for a MoE or
-    MLA model (torchtitan counts those with other formulas).
+def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """torchtitan's FLOP per token for MFU (v0.2.2, e347b1e), FLOP. A dense model without MLA:
+    ``get_dense_model_nparams_and_flops`` (``torchtitan/models/utils.py``:388-431) with llama3's
+    ``head_dims = 2 * (dim // n_heads)`` (``models/llama3/model/args.py``:67-73; qwen3's ``2 * head_dim``,
+    ``models/qwen3/model/args.py``:62-63, the same count): ``6 (N - N_emb) + 6 l h (2 q) t`` with N every
+    parameter (a tied output once), N_emb the nn.Embedding tables, l layers, h query heads, q the head dim
+    (``head_dim``, else hidden // h: :attr:`~meshplan.spec.model.ModelSpec.d_head`), t = training.seq_len;
+    attention not halved for causal, recompute not counted. An MoE or MLA model:
+    :func:`torchtitan_moe_flops_per_token`.
 
     Llama-3-8B at t 8192: 6 x (8,030,261,248 - 128,256 x 4,096) + 12 x 32 x 32 x 128 x 8192
     = 6 x 7,504,924,672 + 12,884,901,888 = 57,914,449,920.
@@ -153,10 +153,50 @@ def torchtitan_flops_per_token(model: ModelSpec, seq_len: int) -> Optional[float
     57914449920.0
     """
     if model.is_moe or model.is_mla:
-        return None
+        return torchtitan_moe_flops_per_token(model, seq_len)
     n_emb = sum(t.numel for t in model.embedding_tensors(model.vocab))
     q = model.d_head
     return 6.0 * (model.param_count() - n_emb) + 6.0 * model.layers * model.q_heads * (2 * q) * seq_len
+
+
+def torchtitan_head_dims(model: ModelSpec) -> int:
+    """The ``head_dims`` torchtitan's FLOP count multiplies attention by: MLA (its deepseek_v3,
+    e347b1e ``models/deepseek_v3/model/args.py``:118-124) ``qk_nope + qk_rope + v_head_dim``; else
+    ``2 x head_dim`` (qwen3's and llama3's). DeepSeek-V2-Lite's shape: 128 + 64 + 128 = 320."""
+    if model.is_mla:
+        return (model.qk_nope_head_dim or 0) + (model.qk_rope_head_dim or 0) + model.d_v
+    return 2 * model.d_head
+
+
+def torchtitan_moe_flops_per_token(model: ModelSpec, seq_len: int) -> float:
+    """torchtitan's ``get_moe_model_nparams_and_flops`` (v0.2.2, e347b1e ``torchtitan/models/utils.py``:434-498,
+    which deepseek_v3's and qwen3's ``get_nparams_and_flops`` call): ``6 (N_dense - N_emb + N_router +
+    N_shared + N_experts x top_k // E) + 6 l h head_dims t``, FLOP per token. Its parameters by name
+    (lines 461-472): "embedding" (the token table, in N_dense and taken off), "moe.shared_experts",
+    "moe.router" (the gate, hidden x E), "moe.experts" (every routed expert of every MoE layer, summed,
+    then x top_k // E in integers, line 480) and the rest dense (attention, norms, dense layers' MLPs,
+    the output layer); ``head_dims`` :func:`torchtitan_head_dims`, h query heads, l layers, t seq_len;
+    attention not halved for causal. meshplan's tensors (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`)
+    are torchtitan's modules, so N_experts is the ``expert`` tensors and the rest follows from the total.
+
+    DeepSeek-V2-Lite's shape (torchtitan's deepseek_v3 16B) at 1 layer dense + 1 MoE, t 4096: see
+    ``tests/test_newcomer48b.py`` for the count by hand.
+    """
+    tensors = [t for i in range(model.layers) for t in model.layer_tensors(i)]
+    n_experts = sum(t.numel for t in tensors if t.expert)
+    n_emb = sum(t.numel for t in model.embedding_tensors(model.vocab))
+    active = model.param_count() - n_emb - n_experts + (n_experts * model.top_k // model.experts if n_experts else 0)
+    return 6.0 * active + 6.0 * model.layers * model.q_heads * torchtitan_head_dims(model) * seq_len
+
+
+def torchtitan_flops_words(model: ModelSpec) -> str:
+    """How :func:`torchtitan_flops_per_token` counted ``model``, for the step line."""
+    if not (model.is_moe or model.is_mla):
+        return "6 x non-embedding params + 12 x layers x heads x head dim x seq, attention not halved"
+    experts = f"routed experts x top_k {model.top_k} / {model.experts}, " if model.is_moe else ""
+    dims = "(qk_nope + qk_rope + v head dims)" if model.is_mla else "2 x head dim"
+    return (f"get_moe_model_nparams_and_flops: 6 x active non-embedding params ({experts}router and shared "
+            f"experts whole) + 6 x layers x heads x {dims} x seq, attention not halved")
 
 
 def torchtitan_mfu(flops_per_token: float, tokens_per_step: int, step_s: float, world: int,

@@ -6,6 +6,7 @@ policy's replay (:func:`layer_costs`, :func:`layer_cost`).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 from meshplan.compute import asynctp, dtensor_sp, float8, ring_attention, te_ring
@@ -15,12 +16,14 @@ from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
 from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
 from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
-from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, op_sac_kept, replay
+from meshplan.compute.recompute import (OP_SAC_NOT_REPLAYED, full_ac_not_replayed, module_replays, op_sac_replayed,
+                                        replay)
 from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, fused_qkv_parts, layer_gemms
 from meshplan.mesh.tpsplit import local_heads
 from meshplan.spec.axes.tp_kv import qkv_gathered
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.recompute_modules import layer_parts
 from meshplan.units import dtype_bytes
 
 
@@ -42,7 +45,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     is not read), by policy. The ops no policy changes (GEMMs, the attention's own ops,
     memory-bound ops, Megatron-LM's kernels) are built once; each policy adds its recompute
     ops where :func:`layer_cost` has them (``selective``: the attention's replay after the
-    attention ops; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
+    attention ops where ``w.recompute_modules`` has core_attn, then the other modules' replays,
+    :func:`~meshplan.compute.recompute.module_replays`; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
     same ops in the same order (the search asks every policy of each shape).
 
     >>> from dataclasses import replace
@@ -75,27 +79,48 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
-    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
+    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else \
+        score_ops(gpu, att, w, table, True, model.position_embedding == "alibi")
     attn_plain = [o for o in attn_sel if not o.recompute]  # with torch CP's merges and fp32 gradient sums
     # the core's replay merges again (torch's ring), corrects and fills TE's K/V buffer again (TE's p2p ring)
     attn_sel = attn_sel + [replay(o) for o in attn_sel if o.phase == "forward" and o.name in REPLAYED_WITH_CORE]
     rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
-    rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)  # layer -1: the last layer's kind
+    rest += bias_ops(model, gpu, w, moe)
     rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
         model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
     if w.megatron_ops:
         rest += main_grad_hooks(model, gpu, w, layer)
-        moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
         rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
     order = {b: i for i, b in enumerate(BLOCKS)}
+    parts = layer_parts(w.recompute_modules, moe, model.is_mla)
     out = {}
     for rc in recomputes:
-        every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
-        if rc in ("full", "op"):
-            kept = op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
-            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (rc == "op" and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
+        every = ops + (attn_sel if rc == "selective" and "core_attn" in parts else attn_plain) + rest
+        if rc == "selective" and parts - {"core_attn"}:  # Megatron-LM's other recompute modules
+            every += module_replays(gpu, model, gemms, every, parts)
+        if rc == "full":
+            kept = full_ac_not_replayed(w)
+            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept]
+        elif rc == "op":
+            every += op_replays(every, op_sac_replayed(model, moe))
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    return out
+
+
+def op_replays(ops: list[Op], shares: dict[str, float]) -> list[Op]:
+    """The replay of ``ops``' forward under torchtitan's op-level selective AC: every forward op
+    but the attention kernel (its output saved), the kernels of :data:`OP_SAC_NOT_REPLAYED` and
+    the saved share of each GEMM (``shares``: :func:`meshplan.compute.recompute.op_sac_replayed`;
+    a GEMM half replayed, the fused shared-expert gate and up, at half its time and FLOP)."""
+    out = []
+    for o in ops:
+        share = shares.get(o.name, 1.0)
+        if o.phase != "forward" or o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED) or not share:
+            continue
+        r = replay(o)
+        out.append(r if share == 1.0 else replace(r, seconds=r.seconds * share, hardware_flops=r.hardware_flops * share,
+                                                  size_bytes=r.size_bytes * share))
     return out
 
 

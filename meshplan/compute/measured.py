@@ -204,6 +204,19 @@ def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int,
     return None
 
 
+def attention_kernel(data: KernelData, head_dim: int, prefer: tuple[str, ...] = ()) -> str:
+    """The kernel whose causal forward row :func:`attention_seconds` reads for ``head_dim`` under
+    ``prefer`` ("" without such rows).
+
+    >>> d = kernel_data("h100-sxm5-80gb")
+    >>> attention_kernel(d, 128), attention_kernel(d, 128, ("FA2",)), attention_kernel(kernel_data("a100-sxm-80gb"), 128)
+    ('FA3', 'FA2', 'FA2')
+    """
+    row = _attention_row(data, "fwd", "causal", head_dim, prefer) or _attention_row(
+        data, "fwd+bwd", "causal", head_dim, prefer)
+    return row.kernel if row is not None else ""
+
+
 def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
                       prefer: tuple[str, ...] = (), dtype: str = "bf16",
                       lengths: Optional[tuple[int, int]] = None) -> tuple[float, float, str]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute.batch_input import megatron_batch_transfers
+from meshplan.compute.batch_input import core_batch_transfers, megatron_batch_transfers
 from meshplan.compute.kernel_time import issue_floor, memory_op
 from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.megatron_core import CORE_P2P_CALL_SYNCS
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, batch_bytes,
                                        comm_delay_kernels, hook_params, stage_param_tensors)
 from meshplan.compute.ops import Cost, Op, Workload
@@ -60,7 +61,8 @@ def comm_delay_ops(gpu: GPUSpec, w: Workload, blocks: tuple[str, ...]) -> list[O
             for block in blocks for phase, n in comm_delay_kernels(w.tp, w.sp).items() for _ in range(n)]
 
 
-def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = None, broadcast_s: float = 0.0) -> Cost:
+def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = None, broadcast_s: float = 0.0,
+                        keys: tuple[str, ...] = ()) -> Cost:
     """Megatron-LM 2022's per-chunk batch and timer costs (:func:`meshplan.compute.megatron.batch_bytes`,
     :data:`~meshplan.compute.megatron.TIMER_SYNCS`), in every chunk's forward (and the timers'
     syncs in its backward) on every stage: with the node's ``host`` link the batch's copy to the
@@ -84,10 +86,25 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = No
     >>> c = megatron_batch_cost(a100, w, LinkSpec(name="pcie", bandwidth_gb_per_s=31.5, latency_us=5.7), 20e-6)
     >>> round(c.seconds("forward") * 1e6, 2), round(c.seconds("backward_input") * 1e6, 1)
     (116.72, 9.4)
+
+    Under Megatron Core (``w.megatron_core``; :mod:`meshplan.compute.megatron_core`) only the
+    transfers of :func:`meshplan.compute.batch_input.core_batch_transfers` broadcasting ``keys``, on
+    the chunks that load a batch: the data loader built the masks on the CPU and the timers do not
+    synchronise. The same micro-batch without the mask: tokens, labels and position ids
+    8 x 4 x 2048 = 65,536 B each (2.080 + 5.7 us) and the loss mask 32,768 B (1.040 + 5.7):
+    3 x 7.780 + 6.740 = 30.08 us, and the broadcasts' 20 us; nothing in backward:
+
+    >>> core = Workload(seq_len=2048, micro_batch=4, tp=8, megatron_ops=True, megatron_core=True)
+    >>> c = megatron_batch_cost(a100, core, LinkSpec(name="pcie", bandwidth_gb_per_s=31.5, latency_us=5.7), 20e-6,
+    ...                         ("tokens", "position_ids"))
+    >>> round(c.seconds("forward") * 1e6, 2), c.seconds("backward_input")
+    (50.08, 0)
     """
     data = kernel_data(gpu)
     if data is None:
         return Cost(())
+    if w.megatron_core:
+        return Cost(tuple(core_batch_transfers(w, host, keys, broadcast_s))) if host is not None else Cost(())
     ops = megatron_batch_transfers(w, host, broadcast_s) if host is not None else []
     ops += [memory_op(gpu, name, "embed", "forward", nb) for name, nb in batch_bytes(w.micro_batch, w.seq_len)]
     ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
@@ -98,7 +115,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload, host: Optional[LinkSpec] = No
 
 
 def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
-                       clip: bool, loss_micro_batches: int = 0, grad_scaler: bool = False) -> Cost:
+                       clip: bool, loss_micro_batches: int = 0, grad_scaler: bool = False, timers: bool = True) -> Cost:
     """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
     (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`), on one rank holding ``tensors``
     (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
@@ -113,8 +130,10 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
       ``sequence_parallel`` tensors into one buffer (``_flatten_dense_tensors``: one ``cat`` kernel,
       read + write 8 B per element) and copies each back after the all-reduce (``buf.copy_(synced)``:
       one kernel per tensor, 8 B per element, never below the floor);
-    - the step's timers (:data:`~meshplan.compute.megatron.STEP_TIMERS`, a
-      ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
+    - with ``timers`` (2022; Megatron Core's are dummies at the default timing level:
+      :mod:`meshplan.compute.megatron_core` item 3) the step's timers
+      (:data:`~meshplan.compute.megatron.STEP_TIMERS`, a ``torch.cuda.synchronize`` at each start
+      and stop) and with ``clip`` the gradient norm's
       ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
       :func:`megatron_batch_cost`);
     - ``grad_scaler`` (fp16: ``optimizer/__init__.py`` gives ``--fp16`` a ``DynamicGradScaler``; bf16 none
@@ -160,7 +179,7 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
             ops.append(Op("SP gradients copy back", "head", "step", "memory",
                           sum(issue_floor(gpu, 8 * n / bw) for n in shared), size_bytes=8 * sum(shared),
                           note=f"{len(shared)} copy_ kernels"))
-    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0) + (4 if grad_scaler else 0)
+    syncs = (2 * len(STEP_TIMERS) if timers else 0) + (1 if clip else 0) + (4 if grad_scaler else 0)
     ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
                   note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
     if loss_micro_batches:
@@ -175,14 +194,16 @@ def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, traini
     """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
     ``training``: the :class:`~meshplan.spec.training.TrainingSpec`; ``micro_batches`` per step);
     empty unless ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with
-    master weights, the grad scaler's syncs to fp16 parameters."""
+    master weights, the grad scaler's syncs to fp16 parameters, the step timers' syncs to 2022 only
+    (not ``w.megatron_core``)."""
     if not w.megatron_ops:
         return Cost(())
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
     tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
     per_param = training.param_dtype == "bf16" and training.keeps_master
     return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip,
-                              micro_batches if last else 0, grad_scaler=training.param_dtype == "fp16")
+                              micro_batches if last else 0, grad_scaler=training.param_dtype == "fp16",
+                              timers=not w.megatron_core)
 
 
 #: ``torch.cuda.synchronize`` calls per pipeline p2p call of Megatron-LM 2022 (NVIDIA/Megatron-LM 2755bcb):
@@ -235,9 +256,10 @@ def p2p_calls(schedule: str, p: int, m: int, v: int, s: int) -> int:
     return warm * (prev + nxt) + prev * int(rest > 0) + rest * (nxt + prev) + warm * (nxt + prev)
 
 
-def p2p_sync_cost(gpu: GPUSpec, calls: int) -> Cost:
-    """The host syncs of ``calls`` Megatron-LM 2022 pipeline p2p calls (:func:`p2p_calls`), one issue floor per
-    ``torch.cuda.synchronize`` (as :func:`megatron_batch_cost`'s timers): ``calls x 3`` floors. Their transfers
+def p2p_sync_cost(gpu: GPUSpec, calls: int, core: bool = False) -> Cost:
+    """The host syncs of ``calls`` Megatron-LM pipeline p2p calls (:func:`p2p_calls`), one issue floor per
+    ``torch.cuda.synchronize`` (as :func:`megatron_batch_cost`'s timers): ``calls x 3`` floors in 2022,
+    ``calls x 1`` under Megatron Core (``core``: :data:`~meshplan.compute.megatron_core.CORE_P2P_CALL_SYNCS`). Their transfers
     and waits are the pipeline simulation's (:mod:`meshplan.pipeline.rendezvous`). Empty for a GPU without
     catalog data or no calls.
 
@@ -246,10 +268,15 @@ def p2p_sync_cost(gpu: GPUSpec, calls: int) -> Cost:
     >>> from meshplan import catalog
     >>> round(p2p_sync_cost(catalog.gpu("a100-sxm-80gb"), 222).seconds() * 1e3, 4)
     3.1302
+
+    The same calls under Megatron Core, one sync each: 222 x 4.7 us = 1.0434 ms:
+
+    >>> round(p2p_sync_cost(catalog.gpu("a100-sxm-80gb"), 222, core=True).seconds() * 1e3, 4)
+    1.0434
     """
     data = kernel_data(gpu)
     if data is None or calls <= 0:
         return Cost(())
-    n = P2P_CALL_SYNCS * calls
-    return Cost((Op("pipeline p2p calls' syncs", "head", "step", "overhead", n * data.kernel_issue_s,
-                    note=f"{calls} p2p calls x {P2P_CALL_SYNCS} torch.cuda.synchronize, one issue floor each"),))
+    per = CORE_P2P_CALL_SYNCS if core else P2P_CALL_SYNCS
+    return Cost((Op("pipeline p2p calls' syncs", "head", "step", "overhead", per * calls * data.kernel_issue_s,
+                    note=f"{calls} p2p calls x {per} torch.cuda.synchronize, one issue floor each"),))

@@ -38,7 +38,10 @@ Conventions (named so a number lines up with another tool's):
   (:func:`~meshplan.compute.kernel_time.issue_floor`); the batch's transfers to the GPU per micro-batch (:mod:`~meshplan.compute.batch_input`); the optimizer step
   streams its bytes at Triad (:func:`~meshplan.compute.kernel_time.optimizer_bandwidth`).
 - **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
-  et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in
+  et al. 2022, section 5), and the forward kernels of the other modules of
+  ``Workload.recompute_modules`` (Megatron-LM's ``--recompute-modules``:
+  :func:`meshplan.compute.recompute.module_replays`; without ``core_attn`` the core is not
+  re-run); ``full`` re-runs the whole layer forward. Recomputed ops count in
   hardware FLOP and time, never in model FLOP.
 - **MFU / HFU**: model FLOP per step / (step time x ranks x dense peak), hardware FLOP
   likewise (Korthikanti et al. 2022, appendix A: model FLOP exclude recompute, hardware
@@ -110,7 +113,14 @@ class Workload:
     over tp and the layer has no shared expert; torchtitan's two reduce-scatters at ep 1, etp = tp,
     SP with shared experts; ``framework``: the training
     contract's (``torch`` or ``megatron``), whose Q, K and V widths the GEMMs take
-    (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads)."""
+    (:func:`meshplan.compute.shapes.qkv_local_features`: Megatron-LM's QKV sub-sharding past the KV heads);
+    ``megatron_core``: with ``megatron_ops``, the step follows Megatron Core where it differs from
+    2022 (``training.megatron_runtime = "core"``, :mod:`meshplan.compute.megatron_core`), and
+    ``core_attention_mask``: its data loader's attention mask travels with the batch
+    (``training.dataloader_attention_mask``); ``embed_reduce_scatter``: Megatron-LM reduce-scatters
+    the embedding's output over tp instead of all-reducing it
+    (:func:`meshplan.compute.megatron_core.embedding_reduce_scatter`, set by
+    :func:`meshplan.schedule.workload.workload_of`, which knows the model)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -121,6 +131,7 @@ class Workload:
     etp: int = 1
     dtype: str = "bf16"
     recompute: str = "selective"
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     flash: bool = True
     dropout: bool = False
     vocab_pad_divisor: int = 128
@@ -145,6 +156,9 @@ class Workload:
     te_ring_attention: bool = False
     moe_tp_ops: tuple[str, ...] = ()
     framework: str = "torch"
+    megatron_core: bool = False
+    core_attention_mask: bool = False
+    embed_reduce_scatter: bool = False
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -295,21 +309,27 @@ def framework_kernels(training) -> dict:
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
 'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
-'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron'}
+'sp_layout_copies': False, 'torch_ring_attention': False, 'te_ring_attention': True, 'framework': 'megatron', \
+'megatron_core': False, 'core_attention_mask': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
     ('SDPA', 'FA2')
     """
     megatron = training.framework == "megatron"
-    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
+    # under DeepSpeed's PipelineEngine (Megatron-DeepSpeed's GPTModelPipe) no Megatron DDP keeps a main_grad:
+    # the weight-gradient GEMMs write the bf16 .grad, which BF16_Optimizer accumulates in fp32 after the
+    # backward (compute.deepspeed_pipe)
+    fp32_wgrad = megatron and training.grad_dtype == "fp32" and training.pp_engine != "deepspeed"
+    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": fp32_wgrad,
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
             "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
             "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron, "torch_ring_attention": training.cp_ring,
-            "te_ring_attention": training.cp_p2p, "framework": training.framework}
+            "te_ring_attention": training.cp_p2p, "framework": training.framework,
+            "megatron_core": training.megatron_core, "core_attention_mask": training.core_attention_mask}
 
 
 @lru_cache(maxsize=64)

@@ -1,7 +1,8 @@
 """What a recompute policy replays in a layer's backward (:mod:`meshplan.compute.ops`'
 conventions): a forward op re-run (:func:`replay`), the GEMMs torchtitan's op-level selective AC
-saves (:func:`op_sac_kept`), the ops full AC leaves out (:func:`full_ac_not_replayed`), and
-torchtitan's per-layer AC as a per-layer policy (:func:`layer_workload`).
+saves (:func:`op_sac_kept`), the ops full AC leaves out (:func:`full_ac_not_replayed`),
+torchtitan's per-layer AC as a per-layer policy (:func:`layer_workload`), and the forward kernels
+Megatron-LM's selective recompute modules replay beyond the attention core (:func:`module_replays`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshplan.compute import float8, ring_attention
-from meshplan.compute.ops import Op, Workload
+from meshplan.compute.elementwise import activation_elements
+from meshplan.compute.kernel_time import memory_op
+from meshplan.compute.ops import Cost, Op, Workload
+from meshplan.compute.shapes import Gemm
+from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 
 
@@ -22,9 +27,10 @@ def replay(o: Op) -> Op:
               steps=o.steps)
 
 
-#: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the
+#: Forward GEMMs of a Llama layer whose outputs torchtitan's op-level selective AC saves (the
 #: odd-numbered mms of a Llama block: wq, wk, wv, wo, w1 gate, w3 up, w2 down; GeLU MLP: w_up,
-#: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
+#: w_down): :func:`op_sac_saved_mms` of :func:`op_sac_mms`, kept by
+#: :func:`meshplan.memory.activations.op_sac_terms`.
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
@@ -60,14 +66,148 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
+def op_sac_mms(*, mla: bool, q_lora: bool, gated: bool, mlp: bool) -> tuple[str, ...]:
+    """The ``aten.mm`` calls of one layer's forward in the order torchtitan's op-level SAC policy
+    counts them (meshplan's GEMM names): the attention's (MLA: ``wq`` or ``wq_a, wq_b``, then
+    ``wkv_a, wkv_b, wo``; else ``wq, wk, wv, wo``), then the MLP's (``mlp``: a dense MLP or an MoE
+    layer's shared experts; gated ``w_gate`` (w1), ``w_up`` (w3), ``w_down`` (w2), GeLU ``w_up,
+    w_down``). Not counted: the MoE router's gate, which the policy force-recomputes by shape
+    before counting (``per_op_sac_force_recompute_mm_shapes_by_fqns``, default
+    ``["moe.router.gate"]``), and the routed experts, whose ``torch._grouped_mm`` is not an
+    ``aten.mm`` (and not in the save list: recomputed). The shared experts run after the routed
+    ones (``MoE.forward``), so their mms follow the attention's.
+
+    Source: pytorch/torchtitan 238fa99 (the parent of 9810191, the last commit that reads TOML
+    job configs): ``distributed/activation_checkpoint.py`` ``_apply_op_sac`` lines 99-122 (the mm
+    counter restarts per checkpointed block; ``to_save = func in op_sac_save_list and not (func ==
+    aten.mm and count % 2 == 0)``); ``models/deepseek_v3/model/model.py`` ``Attention.forward``
+    lines 270-322 (wq or wq_a/wq_b, wkv_a, wkv_b, attention, wo); ``models/moe/moe.py``
+    ``FeedForward.forward`` line 68 (``w2(silu(w1(x)) * w3(x))``) and ``MoE.forward`` lines 473-529.
+
+    >>> op_sac_mms(mla=True, q_lora=False, gated=True, mlp=True)
+    ('wq', 'wkv_a', 'wkv_b', 'wo', 'w_gate', 'w_up', 'w_down')
+    >>> op_sac_mms(mla=False, q_lora=False, gated=True, mlp=False)  # Qwen3 MoE: no shared expert
+    ('wq', 'wk', 'wv', 'wo')
+    """
+    attn = ((("wq_a", "wq_b") if q_lora else ("wq",)) + ("wkv_a", "wkv_b", "wo")) if mla else ("wq", "wk", "wv", "wo")
+    return attn + (((("w_gate",) if gated else ()) + ("w_up", "w_down")) if mlp else ())
+
+
+def op_sac_saved_mms(mms: tuple[str, ...]) -> tuple[str, ...]:
+    """The mms of ``mms`` (:func:`op_sac_mms`) whose outputs the policy saves: the odd-numbered
+    (1st, 3rd, ...); every second one is recomputed.
+
+    >>> op_sac_saved_mms(op_sac_mms(mla=False, q_lora=False, gated=True, mlp=True)) == OP_SAC_SAVED_GEMMS
+    True
+    >>> op_sac_saved_mms(op_sac_mms(mla=True, q_lora=True, gated=True, mlp=True))
+    ('wq_a', 'wkv_a', 'wo', 'w_up')
+    """
+    return mms[0::2]
+
+
+def layer_mms(model: ModelSpec, moe: bool) -> tuple[str, ...]:
+    """:func:`op_sac_mms` of a dense (``moe`` False) or MoE layer of ``model``."""
+    return op_sac_mms(mla=model.is_mla, q_lora=model.q_lora_rank is not None, gated=model.gated_mlp,
+                      mlp=not moe or bool(model.shared_experts))
+
+
+def op_sac_replayed(model: ModelSpec, moe: bool) -> dict[str, float]:
+    """The share of each forward GEMM (meshplan's names, :func:`meshplan.compute.shapes.layer_gemms`)
+    that torchtitan's op-level selective AC replays in backward: 0 for a saved mm, 1 for a
+    recomputed one; an MoE layer's shared experts run as one fused gate-and-up GEMM here
+    (``shared_w_up``, twice the width), half of which replays where one of w1 and w3 is saved.
+    GEMMs not listed (the router, the routed experts) replay whole.
+
+    DeepSeek-V2-Lite (MLA without a query latent, 2 shared experts): wq, wkv_b, w1 and w2 saved:
+
+    >>> from meshplan import catalog
+    >>> op_sac_replayed(catalog.model("deepseek-v2-lite"), True)
+    {'wq': 0.0, 'wkv_a': 1.0, 'wkv_b': 0.0, 'wo': 1.0, 'shared_w_up': 0.5, 'shared_w_down': 0.0}
+    """
+    mms = layer_mms(model, moe)
+    saved = set(op_sac_saved_mms(mms))
+    out = {n: 0.0 if n in saved else 1.0 for n in mms}
+    if moe and "w_up" in out:
+        out["shared_w_up"] = sum(out.pop(n) for n in ("w_gate", "w_up") if n in out) / (2 if model.gated_mlp else 1)
+        out["shared_w_down"] = out.pop("w_down")
+    return out
+
+
 def op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
-    """Forward GEMMs whose outputs torchtitan's op-level selective AC saves, so its recompute
-    skips them (:func:`meshplan.memory.activations.op_sac_terms`); the attention kernel is
-    saved too. Everything else of the forward is recomputed in backward."""
-    return OP_SAC_SAVED_GEMMS if model.gated_mlp else OP_SAC_SAVED_GEMMS_GELU
+    """Forward GEMMs of a dense layer whose outputs torchtitan's op-level selective AC saves, so
+    its recompute skips them (:func:`op_sac_replayed`); the attention kernel is saved too."""
+    return op_sac_saved_mms(layer_mms(model, False))
 
 
 def layer_workload(w: Workload, checkpointed: bool) -> Workload:
     """The workload of one layer under torchtitan's per-layer AC (``recompute = "layer"``):
     ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged."""
     return replace(w, recompute="full" if checkpointed else "none") if w.recompute == "layer" else w
+
+
+#: Forward ops of ``mla_up_proj``'s function (multi_latent_attention.py 850-980 at NVIDIA/Megatron-LM
+#: d98e8a6, ``qkv_up_proj_and_rope_apply``): the q up-projection (``linear_q_up_proj``, or
+#: ``linear_q_proj`` without a query latent: ``wq``), the kv up-projection, each with its fused
+#: latent norm (``TELayerNormColumnParallelLinear`` under ``--qk-layernorm``), and RoPE.
+MLA_UP_PROJ = ("wq_b", "wq", "wkv_b", "q_a norm", "kv_a norm", "rope")
+#: The forward activation kernels of an MLP (:func:`meshplan.compute.elementwise.elementwise_ops`).
+ACTIVATIONS = ("silu x up", "silu", "gelu")
+
+
+def module_replays(gpu: GPUSpec, model: ModelSpec, gemms: list[Gemm], ops: list[Op], parts: frozenset) -> list[Op]:
+    """The forward ops of one layer (``ops``, its forward and backward; ``gemms`` its forward
+    GEMMs) that Megatron-LM's selective recompute ``parts`` (:func:`meshplan.spec.recompute_modules.layer_parts`)
+    replay in backward, as :func:`replay` ops, beyond the attention core's (``core_attn``,
+    :func:`meshplan.compute.layer.layer_costs`): ``attn_norm``, ``mlp_norm`` the norm;
+    ``mla_up_proj`` :data:`MLA_UP_PROJ`; ``mlp`` the dense MLP's forward with its fused norm
+    (Transformer Engine's ``linear_fc1``); ``moe`` the MoE block's whole forward (router,
+    permutations, routed and shared experts); ``shared_experts`` the shared experts' GEMMs and
+    their share of the activation; ``moe_act`` the routed experts' share of the activation (shares
+    by :func:`~meshplan.compute.elementwise.activation_elements`). Inside ``moe``, ``shared_experts``
+    and ``moe_act`` replay once more (their checkpoints run again in ``moe``'s replay:
+    :mod:`meshplan.spec.recompute_modules`). The replayed modules' tensor-parallel and expert
+    collectives (the MLP's all-gather and reduce-scatter, ``moe``'s dispatch and combine) are the
+    collective table's (:func:`meshplan.spec.recompute_modules.replayed_tp_ops`), issued around
+    these ops by the timeline (:func:`meshplan.schedule.layer_timeline.module_replay`, with
+    :func:`shared_replay_seconds`).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.layer import layer_cost
+    >>> w = Workload(seq_len=4096, recompute_modules=("core_attn", "mlp"), framework="megatron", megatron_ops=True)
+    >>> c = layer_cost(catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb"), w)
+    >>> [o.name for o in c.ops if o.recompute and o.block != "attn"]
+    ['mlp norm (recompute)', 'w_gate (recompute)', 'w_up (recompute)', 'w_down (recompute)', 'silu x up (recompute)']
+    """
+    fwd = [o for o in ops if o.phase == "forward" and not o.recompute]
+    out = [o for o in fwd if (o.name == "attn norm" and "attn_norm" in parts) or (
+        o.name == "mlp norm" and ("mlp_norm" in parts or "mlp" in parts)) or (
+        o.name in MLA_UP_PROJ and "mla_up_proj" in parts) or (o.block == "mlp" and parts & {"mlp", "moe"})]
+    act = activation_elements(model, gemms)
+    total = sum(act.values())
+    for part, share in (("shared_experts", "shared_w_up"), ("moe_act", "expert_w_up")):
+        if part not in parts or not total:
+            continue
+        out += [o for o in fwd if part == "shared_experts" and o.name.startswith("shared_") and o.kind == "gemm"]
+        out += [memory_op(gpu, f"{o.name} ({part})", o.block, "forward", o.size_bytes * act.get(share, 0.0) / total)
+                for o in fwd if o.name in ACTIVATIONS and act.get(share)]
+    return [replay(o) for o in out]
+
+
+def shared_replay_seconds(c: Cost) -> float:
+    """Seconds of one replay of the shared experts under ``shared_experts`` (:func:`module_replays`'
+    ops, among the layer cost ``c``'s): their GEMMs once each (a ``moe`` replay runs them once more, counted
+    with the MoE block's) and their share of the activation (``(shared_experts)``); 0 without
+    shared experts. DeepSeek-V2-Lite's (2 shared experts, s 4096, tp 2 + SP, H100 catalog kernels):
+    shared_w_up 68.96 + shared_w_down 36.96 + its activation share 11.65 = 117.57 us, once though ``moe`` lists
+    the GEMMs twice:
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.layer import layer_cost
+    >>> w = Workload(seq_len=4096, tp=2, sp=True, recompute="selective", framework="megatron",
+    ...              megatron_ops=True, recompute_modules=("core_attn", "moe", "shared_experts"))
+    >>> c = layer_cost(catalog.model("deepseek-v2-lite"), catalog.gpu("h100-sxm5-80gb"), w, layer=5)
+    >>> round(shared_replay_seconds(c) * 1e6, 1)
+    117.6
+    """
+    gemms = {o.name: o.seconds for o in c.ops if o.recompute and o.kind == "gemm" and o.name.startswith("shared_")}
+    return sum(gemms.values()) + sum(o.seconds for o in c.ops if o.recompute and "(shared_experts)" in o.name)

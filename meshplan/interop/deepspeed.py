@@ -13,7 +13,10 @@ come from ``--model``, ``--seq-len``, ``--cluster``/``--nodes``.
 
 ZeRO stage 0, 1, 2, 3 -> sharding none, zero1, zero2, zero3 over one data axis ``dp`` (every
 rank); bf16/fp16 keep fp32 master weights (DeepSpeed's mixed precision), so the parameters
-are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
+are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``). bf16 at stage 0 (or at
+stage 1 with ``data_types.grad_accum_dtype`` fp32) runs DeepSpeed's ``BF16_Optimizer``, which
+partitions the master weights and Adam states as ZeRO-1 does: sharding zero1 with fp32 gradients
+(:func:`~meshplan.interop.deepspeed_zero.bf16_optimizer_training`, a note says so).
 ``gradient_clipping`` > 0 clips the gradient norm (meshplan's ``training.grad_clip``), 0
 does not; absent, DeepSpeed's default applies: 1.0 since v0.19.3 (PR #8068, June 2026), 0
 before (a note says so). The value given is ``training.grad_clip_norm``; export writes it
@@ -63,10 +66,11 @@ from meshplan.interop.deepspeed_auto import fill_batch, fill_hidden, hidden_auto
 from meshplan.interop.deepspeed_zero import (
     ZERO3_USED,
     ZERO12_USED,
+    bf16_optimizer_training,
     bucket_elements,
     prefetch_memory,
-    refuse_hpz,
     refuse_offload,
+    runs_bf16_optimizer,
     zero3_training,
     zero12_training,
     zero_section,
@@ -222,7 +226,6 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if field_typo is not None:
         raise field_typo
     refuse_offload(zero_section(d))
-    refuse_hpz(d.get("zero_optimization", {}))
     d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
     d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")
@@ -234,9 +237,16 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 **_clip(d, notes), "recompute": recompute}
-    if stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
+    bf16_opt = runs_bf16_optimizer(d, stage, dtype)
+    if bf16_opt:  # BF16_Optimizer: ZeRO-1's sharding, fp32 gradients (deepspeed_zero)
+        training |= bf16_optimizer_training(d, dtype)
+        notes.append("bf16 at ZeRO stage 0 (or stage 1 with grad_accum_dtype fp32) runs DeepSpeed's BF16_Optimizer: "
+                     "fp32 master weights and Adam states partitioned over dp as ZeRO-1, fp32 gradients of every "
+                     "parameter beside the bf16 ones (planned as sharding \"zero1\", zero12_engine \"deepspeed\", "
+                     "grad_dtype \"fp32\")")
+    elif stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
         training["zero0_engine"] = "deepspeed"
-    if stage in (1, 2):
+    elif stage in (1, 2):
         training |= zero12_training(d, dtype)
     if stage == 3:
         training |= zero3_training(d, dtype) | {"zero3_engine": "deepspeed"}
@@ -247,11 +257,12 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
                      "gradient)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
-              "mesh": {"names": [data_axis(STAGES[stage])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
-    used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (
+              "mesh": {"names": [data_axis(training["sharding"])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
+    used = USED | (ZERO12_USED if stage in (1, 2) and not bf16_opt else set()) | (
+        {"communication_data_type", "data_types.grad_accum_dtype"} if bf16_opt else set()) | (
         {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
-    if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
+    if (stage in (1, 2) and not bf16_opt) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
         tables["memory"] = {"grad_bucket_elements": bucket_elements(d["zero_optimization"])}
     if stage == 3 and prefetch_memory(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.unit_events)
         tables["memory"] = tables.get("memory", {}) | prefetch_memory(d["zero_optimization"])

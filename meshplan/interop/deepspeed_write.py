@@ -1,7 +1,9 @@
 """meshplan config -> DeepSpeed JSON config (``export --to deepspeed``): the inverse of
 :func:`meshplan.interop.deepspeed.read`, for ZeRO over one data axis
 (:data:`~meshplan.interop.deepspeed.DS_SCOPE`). The ZeRO knobs are written back as
-:mod:`meshplan.interop.deepspeed_zero` reads them.
+:mod:`meshplan.interop.deepspeed_zero` reads them; DeepSpeed's ``BF16_Optimizer``
+(:attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`) as ZeRO stage 0 with bf16, with
+``communication_data_type`` when the reduce dtype is not bf16.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.deepspeed import DS_SCOPE, STAGES
 from meshplan.interop.deepspeed_zero import PREFETCH_KEYS
+from meshplan.spec.training_checks import zeropp_keys_set
 from meshplan.interop.tomlout import resolved
 
 
@@ -34,10 +37,13 @@ def write(cfg: Config) -> dict[str, Any]:
                           f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")
     dp = mesh.degree("dp")
     accumulate = t.global_batch // (t.micro_batch * dp)
-    stage = {v: k for k, v in STAGES.items()}[t.sharding]
+    stage = 0 if t.bf16_optimizer else {v: k for k, v in STAGES.items()}[t.sharding]
     zero: dict[str, Any] = {"stage": stage}
     comm: dict[str, Any] = {}
-    if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
+    if t.bf16_optimizer:  # BF16_Optimizer: ZeRO stage 0 with bf16 (deepspeed_zero.bf16_optimizer_training)
+        if t.gradient_reduce_dtype != t.param_dtype:
+            comm["communication_data_type"] = t.gradient_reduce_dtype  # unset: bf16
+    elif t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {}) | (  # unset: the stage's default
             {"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {})
@@ -53,11 +59,11 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})
+        zero |= {k: getattr(t, k) for k in zeropp_keys_set(t)}  # ZeRO++, as read (deepspeed_zero.zeropp_training)
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
                                                                and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype
-    if (stage == 1 and t.grad_dtype != t.param_dtype and not (t.param_dtype == "bf16" and t.grad_dtype == "fp32")) \
-            or (stage == 3 and t.grad_dtype != t.param_dtype):
+    if (stage == 1 and t.grad_dtype != t.param_dtype) or (stage == 3 and t.grad_dtype != t.param_dtype):
         # ZeRO-1's param.grad_accum, ZeRO-3's gradient partition (deepspeed_zero's docstring)
         comm["data_types"] = {"grad_accum_dtype": t.grad_dtype}
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,

@@ -10,9 +10,9 @@ default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
 DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
 ``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
-path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
-engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
-are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
+path before PR #4695) is refused by name; ``data_types.grad_accum_dtype = "fp32"`` with bf16 at
+stage 1 makes the engine run ``BF16_Optimizer``, not ZeRO's (``engine.py``
+``_do_optimizer_sanity_check``), read as such (below). Export writes them back: the plan's bucket, ``overlap_comm``, and
 ``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
 model's (``overlap_comm`` when set). Other stages list these keys as unused.
 
@@ -28,6 +28,13 @@ at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training
 which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
 so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
 when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
+
+DeepSpeed's ``BF16_Optimizer`` (:func:`runs_bf16_optimizer`: bf16 at stage 0, BLOOM-176B's setting, or
+at stage 1 with ``grad_accum_dtype`` fp32) keeps the fp32 master weights and Adam states in ``1/dp``
+partitions, as ZeRO-1, and fp32 gradients of every parameter: read as sharding ``zero1`` under
+``zero12_engine = "deepspeed"`` with ``grad_dtype = "fp32"`` (:func:`bf16_optimizer_training`;
+:attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer` says what it holds and runs), and
+written back as ZeRO stage 0 with bf16 (:mod:`meshplan.interop.deepspeed_write`).
 
 ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
 model's dtype, and reduce-scatters in ``communication_data_type``, unset the model's dtype
@@ -74,12 +81,14 @@ them to device ``cpu``). meshplan models neither the CPU optimizer step nor the 
 and planning the state as GPU-resident would report a fitting config infeasible: the error names
 the key; removing it plans the GPU-resident equivalent.
 
-ZeRO++ hpZ is refused too (:func:`refuse_hpz`): ``zero_optimization.zero_hpz_partition_size`` above 1
-at stage 3 keeps a secondary bf16 copy of the parameters sharded within each group of that many
-ranks (a node) and runs the backward all-gathers inside it (DeepSpeed's ZeRO++ tutorial;
-``runtime/zero/partition_parameters.py``; arXiv 2306.10209): 2 B x parameters / hpz more per rank and
-node-local backward gathers, neither of which meshplan's ZeRO-3 rows or memory timeline hold. Planning
-plain ZeRO-3 in its place would make export write the key back and run a job other than the plan.
+ZeRO++ (:func:`zeropp_training`, :mod:`meshplan.comm.zeropp`) is read at stage 3:
+``zero_optimization.zero_hpz_partition_size`` (above 1: hpZ's secondary partition over that many
+consecutive ranks, its backward and later gathers inside them), ``zero_quantized_weights`` (qwZ:
+int8 parameter all-gathers) and ``zero_quantized_gradients`` (qgZ: the gradient reduce-scatter
+replaced by the hierarchical int4 all-to-all across nodes) into the ``[training]`` keys of the same
+names, and written back by ``export --to deepspeed``. ``zeropp_loco_param`` (LoCo's error-feedback
+variant of qgZ, ``all_to_all_loco_quant_reduce``) is refused by name beside qgZ: its error buffers
+and kernels are not modelled.
 """
 
 from __future__ import annotations
@@ -100,7 +109,8 @@ ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
     f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
                                        "stage3_max_live_parameters", "max_live_parameters",
-                                       "stage3_max_reuse_distance", "max_reuse_distance")}
+                                       "stage3_max_reuse_distance", "max_reuse_distance", "zero_hpz_partition_size",
+                                       "zero_quantized_weights", "zero_quantized_gradients")}
 #: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
 #: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
 PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements",
@@ -145,18 +155,65 @@ def zero12_training(d: dict, dtype: str) -> dict[str, Any]:
                           "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
                           "remove it (default true: one all-reduce per bucket)")
     accum = _accum_dtype(d)
-    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
-        raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
-                          "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
+    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":  # the engine runs BF16_Optimizer
+        return bf16_optimizer_training(d, dtype)
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
                                                                                             dtype, accum)}
     out |= _overlap(zero) | _contiguous(zero)
+    return out | comm_dtype(d)
+
+
+def comm_dtype(d: dict) -> dict[str, Any]:
+    """``{"grad_reduce_dtype": ...}`` from DeepSpeed's top-level ``communication_data_type`` (the
+    dtype its engine reduces gradients in), empty where unset; a one-line ConfigError naming the key
+    for a value outside :data:`COMM_DTYPES`.
+
+    >>> comm_dtype({"communication_data_type": "FP32"}), comm_dtype({})
+    ({'grad_reduce_dtype': 'fp32'}, {})
+    """
     comm = d.get("communication_data_type")
-    if comm is not None:
-        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
-            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-        out["grad_reduce_dtype"] = comm.lower()
-    return out
+    if comm is None:
+        return {}
+    if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
+        raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+    return {"grad_reduce_dtype": comm.lower()}
+
+
+def runs_bf16_optimizer(d: dict, stage: int, dtype: str) -> bool:
+    """Whether DeepSpeed's engine runs ``BF16_Optimizer`` for config ``d`` at ZeRO ``stage`` with
+    the model in ``dtype``: bf16 at stage 0, or at stage 1 with ``data_types.grad_accum_dtype``
+    fp32 (microsoft/DeepSpeed 38327e0 ``runtime/engine.py:1316-1348`` ``_do_optimizer_sanity_check``;
+    v0.6.5 8164ea9 ``engine.py:1111-1146``: bf16 without ZeRO).
+
+    >>> runs_bf16_optimizer({}, 0, "bf16"), runs_bf16_optimizer({}, 1, "bf16"), runs_bf16_optimizer({}, 0, "fp16")
+    (True, False, False)
+    """
+    return dtype == "bf16" and (stage == 0 or stage == 1 and _accum_dtype(d) == "fp32")
+
+
+def bf16_optimizer_training(d: dict, dtype: str) -> dict[str, Any]:
+    """The ``[training]`` keys of DeepSpeed's ``BF16_Optimizer`` (:func:`runs_bf16_optimizer`;
+    :attr:`meshplan.spec.training.TrainingSpec.bf16_optimizer`): ZeRO-1's sharding of the fp32
+    master weights and Adam states under DeepSpeed's engine, fp32 gradients, reduced in
+    ``communication_data_type`` when given (unset: bf16, the engine's default for bf16,
+    ``engine.py:733-742`` at v0.6.5, 939-950 at 38327e0). ``data_types.grad_accum_dtype`` bf16
+    at stage 0 (``BF16_Optimizer`` accumulating in bf16 under the pipeline engine, refused
+    without it: "Bfloat16 wrapper must use a gradient accumulation type of fp32") is refused
+    by name: meshplan plans the fp32 accumulation only.
+
+    >>> bf16_optimizer_training({"zero_optimization": {"stage": 0}}, "bf16")
+    {'sharding': 'zero1', 'zero12_engine': 'deepspeed', 'grad_dtype': 'fp32'}
+    >>> bf16_optimizer_training({"data_types": {"grad_accum_dtype": "bf16"}}, "bf16")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: data_types.grad_accum_dtype: bf16 with bf16.enabled at ZeRO stage 0 is BF16_Optimizer accumulating in bf16 (DeepSpeed refuses it without its PipelineEngine; meshplan models the fp32 accumulation only); remove it (fp32, the default without ZeRO)
+    """
+    if _accum_dtype(d) not in (None, "fp32"):
+        raise ConfigError("data_types.grad_accum_dtype", f"{_accum_dtype(d)} with bf16.enabled at ZeRO stage 0 is "
+                          f"BF16_Optimizer accumulating in {_accum_dtype(d)} (DeepSpeed refuses it without its "
+                          f"PipelineEngine; meshplan models the fp32 accumulation only); remove it (fp32, the default "
+                          f"without ZeRO)")
+    out: dict[str, Any] = {"sharding": "zero1", "zero12_engine": "deepspeed", "grad_dtype": "fp32"}
+    return out | comm_dtype(d)
 
 
 def zero3_training(d: dict, dtype: str) -> dict[str, Any]:
@@ -175,7 +232,8 @@ def zero3_training(d: dict, dtype: str) -> dict[str, Any]:
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
     out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
                            "grad_reduce_dtype": comm.lower() if comm else dtype}
-    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
+    zero = d.get("zero_optimization", {})
+    return out | _contiguous(zero) | _overlap(zero) | zeropp_training(zero)
 
 
 def _contiguous(zero: dict) -> dict[str, Any]:
@@ -326,23 +384,39 @@ def refuse_offload(zero: Any) -> None:
             raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
 
 
-def refuse_hpz(zero: Any) -> None:
-    """ConfigError naming ``zero_optimization.zero_hpz_partition_size`` when ``zero`` (the
-    ``zero_optimization`` table) asks for ZeRO++ hpZ at stage 3 (a size above 1; DeepSpeed's
-    default 1 is no secondary partition; module docstring).
+#: ZeRO++'s ``zero_optimization`` keys meshplan reads at stage 3 (:func:`zeropp_training`).
+ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
 
-    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 1}); refuse_hpz({"stage": 2, "zero_hpz_partition_size": 8})
-    >>> refuse_hpz({"stage": 3, "zero_hpz_partition_size": 8})
+
+def zeropp_training(zero: Any) -> dict[str, Any]:
+    """The ``[training]`` keys of ZeRO++ in ``zero`` (the ``zero_optimization`` table; module
+    docstring): ``zero_hpz_partition_size`` above 1 (DeepSpeed's 0 and 1 are no secondary
+    partition: ``stage3.py`` tests ``> 1``), the two quantization switches when true. A
+    ConfigError names a key of the wrong type, and ``zeropp_loco_param`` beside qgZ.
+
+    >>> zeropp_training({"zero_hpz_partition_size": 8, "zero_quantized_weights": True}), zeropp_training({"zero_hpz_partition_size": 1})
+    ({'zero_hpz_partition_size': 8, 'zero_quantized_weights': True}, {})
+    >>> zeropp_training({"zero_quantized_gradients": True, "zeropp_loco_param": {"err_beta": 0.8, "reset_T": 1024}})
     Traceback (most recent call last):
-    meshplan.errors.ConfigError: zero_optimization.zero_hpz_partition_size: 8: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over 8 ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML (sharding = "hsdp" on a mesh with dp_shard 8)
+    meshplan.errors.ConfigError: zero_optimization.zeropp_loco_param: LoCo's error-feedback qgZ (all_to_all_loco_quant_reduce: error buffers and their int8 kernels) is not modelled; remove it to plan qgZ (all_to_all_quant_reduce)
     """
-    if not isinstance(zero, dict) or zero.get("stage") != 3:
-        return
-    size = zero.get("zero_hpz_partition_size", 1)
-    if size == 1:
-        return
-    raise ConfigError("zero_optimization.zero_hpz_partition_size",
-                      f"{size!r}: meshplan does not model ZeRO++ hpZ (a secondary bf16 parameter copy sharded over "
-                      f"{size} ranks, backward all-gathers inside them); remove the key (or set 1) to plan plain "
-                      f"ZeRO-3 (every gather over all ranks), or plan FSDP2's node-local sharding in a meshplan TOML "
-                      f"(sharding = \"hsdp\" on a mesh with dp_shard {size})")
+    if not isinstance(zero, dict):
+        return {}
+    out: dict[str, Any] = {}
+    g = zero.get("zero_hpz_partition_size", 1)
+    if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g <= BOUNDS["world"].value:
+        raise ConfigError("zero_optimization.zero_hpz_partition_size", f"{g!r}: a whole number of ranks >= 0 "
+                          f"(0 and 1: no secondary partition)")
+    if g > 1:
+        out["zero_hpz_partition_size"] = g
+    for key in ZEROPP_KEYS[1:]:
+        v = zero.get(key, False)
+        if not isinstance(v, bool):
+            raise ConfigError(f"zero_optimization.{key}", f"{v!r}: true or false")
+        if v:
+            out[key] = True
+    if out.get("zero_quantized_gradients") and zero.get("zeropp_loco_param") is not None:
+        raise ConfigError("zero_optimization.zeropp_loco_param", "LoCo's error-feedback qgZ "
+                          "(all_to_all_loco_quant_reduce: error buffers and their int8 kernels) is not modelled; "
+                          "remove it to plan qgZ (all_to_all_quant_reduce)")
+    return out

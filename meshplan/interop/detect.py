@@ -34,8 +34,39 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
                            r"hidden-size|global-batch-size)\b")
 
 
+#: What marks a torchtitan Python job config (:func:`python_job_refusal`).
+PYTHON_JOB = re.compile(r"^\s*(from|import)\s+torchtitan\b|\b(JobConfig|Trainer\.Config)\(", re.M)
+
+
+def python_job_refusal(path: Path, text: str) -> ConfigError | None:
+    """The one-line error for a torchtitan Python job config (a ``.py`` file, or text not named
+    ``.toml`` or ``.json`` importing torchtitan or building ``JobConfig(...)`` /
+    ``Trainer.Config(...)``), None for other files.
+    torchtitan 9810191 (#2386, 2026-02-23, "Config System Refactor: TOML to Python Dataclass
+    Registry") replaced the TOML job files with a ``config_registry.py`` per model, run with
+    ``--module``/``--config``; v0.2.2 is the last release that reads TOML. meshplan does not run
+    Python, so it reads the TOML ones only.
+
+    >>> print(python_job_refusal(Path("job.py"), "x = 1"))  # doctest: +ELLIPSIS
+    config: job.py: a torchtitan Python job config (its config registry, 9810191 on) is not read: ...
+    >>> python_job_refusal(Path("job.toml"), "[job]") is None
+    True
+    """
+    if path.suffix in (".toml", ".json") or (path.suffix != ".py" and not PYTHON_JOB.search(text)):
+        return None
+    return ConfigError("config", f"{path}: a torchtitan Python job config (its config registry, 9810191 on) is "
+                       f"not read: meshplan reads torchtitan TOML job files (v0.2.2 and before); write the job's "
+                       f"[model] name/flavor, [training] local_batch_size/seq_len, [parallelism] degrees and "
+                       f"[activation_checkpoint] as such a TOML and import that, or write a meshplan TOML "
+                       f"(docs/input.md)")
+
+
 def detect(path: Path, text: str) -> str:
-    """The format of a config file (module docstring); ConfigError asking for --format."""
+    """The format of a config file (module docstring); ConfigError asking for --format, or
+    :func:`python_job_refusal`'s for a torchtitan Python job config."""
+    python = python_job_refusal(path, text)
+    if python is not None:
+        raise python
     if path.suffix == ".json":
         d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True, hjson=True)
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",

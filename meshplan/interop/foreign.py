@@ -35,7 +35,7 @@ from meshplan.interop import (
     torchtitan_write,
 )
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
-from meshplan.interop.detect import config_text, detect
+from meshplan.interop.detect import config_text, detect, python_job_refusal
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_env import carried_env
 from meshplan.interop.roundtrip import differences
@@ -64,6 +64,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
                           f"own: set {BATCH_FIELDS[fmt]} in {path.name}")
     text = config_text(path)
     if fmt == "torchtitan":
+        python = python_job_refusal(path, text)
+        if python is not None:
+            raise python
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts, sibling_flavors(path))
     if fmt == "megatron":
         if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace

@@ -1,5 +1,5 @@
 """Shell launch scripts and arguments files as flags: the words bash hands the commands
-(:func:`meshplan.interop.shell_words.run`: lines joined at ``\\``, comments dropped, a quoted
+(:func:`meshplan.interop.shell_run.run`: lines joined at ``\\``, comments dropped, a quoted
 string spanning lines read whole, as ``GPT_ARGS="`` of Megatron-LM's ``examples/pretrain_gpt.sh``,
 ``NAME=value`` variables and ``NAME=(...)`` arrays expanded where they are used, ``$(...)`` kept
 whole), then ``--flag [value]`` pairs, split into the training script's and those of
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Collection, Optional
 
-from meshplan.interop.shell_words import run
+from meshplan.interop.shell_run import run
 
 #: Launchers whose options precede the training script (torch.distributed.run's torchrun).
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
@@ -40,7 +40,7 @@ def parse_launch(text: str, switches: Collection[str] = (), repeated: Optional[d
     (({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'}), {'CUDA_DEVICE_MAX_CONNECTIONS': '1', 'N': '2'})
     """
     seen: dict[str, str] = {}
-    tokens = run(text, seen)  # bash's words: arrays expanded where used, $(...) kept whole (shell_words)
+    tokens = run(text, seen)  # bash's words: arrays expanded where used, $(...) kept whole (shell_run)
     if exported is not None:
         exported.update(seen)
     launcher: list[str] = []

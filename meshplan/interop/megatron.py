@@ -114,7 +114,10 @@ CUDA_DEVICE_MAX_CONNECTIONS (environment) not a flag: a Megatron FSDP export's h
                                            as not used (:mod:`~meshplan.interop.megatron_env`)
 --no-gradient-accumulation-fusion        not planned (the plan times the fused accumulation, Megatron-LM's
                                            default): a note; not written, carried from the user's arguments
-(Megatron-LM's own linears)              training.framework megatron (its backward order)
+(Megatron-LM's own linears)              training.framework megatron (its backward order), megatron_runtime core
+                                           (today's get_batch, timers, p2p syncs; 2022 under --deepspeed)
+--no-create-attention-mask-in-dataloader training.dataloader_attention_mask false (unset: the mask travels with
+                                           every batch, Megatron-LM's default); written back under core
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
                                            are model.rope_theta and norm_eps, --use-rope-scaling (factor
                                            --rope-scaling-factor) model.rope_scaling (unset: a catalog model still
@@ -135,8 +138,8 @@ from meshplan.interop import megatron_flags as flags
 from meshplan.interop.megatron_dispatch import FLAGS as DISPATCH_FLAGS
 from meshplan.interop.megatron_attention import FLAG as ATTENTION, read_attention
 from meshplan.interop.megatron_ckpt import async_save, ckpt_format
-from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, deepspeed_engine, ds_config, ds_path, \
-    ds_tables
+from meshplan.interop.megatron_deepspeed import FLAGS as DEEPSPEED_FLAGS, bf16_optimizer_keys, deepspeed_engine, \
+    ds_config, ds_path, ds_tables, pipe_layer_split
 from meshplan.interop.megatron_env import NVLS_ENV, import_note, nvls_off
 from meshplan.interop.megatron_flags import PARALLEL
 from meshplan.interop.megatron_known import foreign_flags_note, misspelt_flag
@@ -174,7 +177,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", ATTENTION, "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", *DISPATCH_FLAGS,
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
+    flags.NO_MASK, "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size", "--ckpt-format",
     "--save-interval", *flags.P2P_FLAGS, *DEEPSPEED_FLAGS}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
@@ -247,7 +250,7 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                        notes)
     micro = ds_keys[2] or micro
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": sharding, "recompute": flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, **flags.recompute(args, layers // deg["pp"], notes),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
@@ -256,6 +259,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
                 **flags.grad_clip(args)}
     if deepspeed:  # DeepSpeed's engine reduces in its config's communication_data_type: unset, the model's dtype
         training = {k: v for k, v in training.items() if k != "grad_reduce_dtype"} | deepspeed | ds_keys[0]
+        training = bf16_optimizer_keys(training, notes)  # --zero-stage 0 with --bf16: BF16_Optimizer
+        mesh |= pipe_layer_split(args, deepspeed, deg["pp"], layers, mesh, notes)  # DeepSpeed's partition
     if model_is_moe(model):
         training |= flags.routing(args, notes)
     training |= flags.comm_types(args, deg, model_is_moe(model), notes)
@@ -265,7 +270,8 @@ def read(text: str, opts: ImportOptions, base: Optional[Path] = None) -> Importe
     training |= flags.overlap_flags(args, str(training["sharding"]))
     training |= flags.megatron_fsdp(args, sharding)
     training |= flags.p2p_overlap(args, mesh.get("pp_schedule") == "interleaved_1f1b")
-    training |= read_attention(args, dtype != "fp32", notes)
+    training |= flags.runtime(args, bool(deepspeed))
+    training |= read_attention(args, dtype != "fp32", notes, bool(deepspeed))
     fsdp = (sharding not in ("none", "zero1") and not deepspeed) or any(
         args.get(f) for f in (*flags.FSDP_FLAGS, "--use-torch-fsdp2"))
     notes += import_note(exported, _gpu_name(cluster), deg["tp"], deg["cp"], fsdp, bool(launcher))

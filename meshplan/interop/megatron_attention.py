@@ -27,20 +27,35 @@ BACKENDS = {"flash": True, "fused": True, "unfused": False, "local": False, "aut
 #: Megatron-DeepSpeed's FlashAttention-2 switch (its arguments.py: ``--use-flash-attn`` is an alias of
 #: ``--use-flash-attn-v1`` there); not a Megatron-LM flag, carried on export as the user's.
 FLASH_V2 = "--use-flash-attn-v2"
+#: Megatron-DeepSpeed's flash-attention switches (f4157be ``megatron/arguments.py:927-935``: ``--use-flash-attn``
+#: is ``--use-flash-attn-v1``).
+MDS_FLASH = ("--use-flash-attn", "--use-flash-attn-v1", FLASH_V2, "--use-flash-attn-triton", "--use-flash-attn-builder")
 #: What the writer puts for ``flash_attention`` true / false (megatron_write).
 WRITTEN = {True: "--use-flash-attn", False: f"{FLAG} unfused"}
 
 
-def read_attention(args: dict, low_precision: bool, notes: list[str]) -> dict[str, bool]:
+def read_attention(args: dict, low_precision: bool, notes: list[str], deepspeed: bool = False) -> dict[str, bool]:
     """``{"flash_attention": ...}`` of ``args`` (parsed Megatron-LM arguments) by
     ``--attention-backend``; without it Megatron-LM's auto (a fused kernel, true), with a note
     where neither it nor ``--use-flash-attn`` is given in a bf16 or fp16 run (``low_precision``).
-    A value outside AttnBackend is a ConfigError naming the flag.
+    A value outside AttnBackend is a ConfigError naming the flag. Megatron-DeepSpeed's arguments
+    (``deepspeed``: ``--deepspeed`` given) without ``--attention-backend``: flash attention only with
+    one of :data:`MDS_FLASH` (microsoft/Megatron-DeepSpeed f4157be ``megatron/model/transformer.py:528-531``:
+    ``use_flash_attn`` is those switches; without them its ``CoreAttention`` materialises the scores,
+    baddbmm and the fused softmax), with a note.
 
     >>> read_attention({"--attention-backend": "flash"}, True, []), read_attention({FLAG: "local"}, True, [])
     ({'flash_attention': True}, {'flash_attention': False})
+    >>> read_attention({}, True, [], deepspeed=True), read_attention({FLASH_V2: True}, True, [], deepspeed=True)
+    ({'flash_attention': False}, {'flash_attention': True})
     """
     value = args.get(FLAG)
+    if value is None and deepspeed:
+        flash = any(args.get(f) for f in MDS_FLASH)
+        if not flash:
+            notes.append(f"Megatron-DeepSpeed without {' / '.join(MDS_FLASH)}: its CoreAttention (the scores "
+                         f"materialised, baddbmm and the fused softmax): training.flash_attention = false")
+        return {"flash_attention": flash}
     if value is None:
         if low_precision and not args.get("--use-flash-attn") and not args.get(FLASH_V2):
             notes.append(f"{FLAG} not given: planned with a fused attention kernel (Megatron-Core's default auto: "

@@ -13,7 +13,9 @@ args.deepspeed and not args.no_pipeline_parallel``), and ``deepspeed.initialize`
 ``PipelineModule`` in DeepSpeed's ``PipelineEngine``, whose ``__init__`` asserts ZeRO stage < 2
 (microsoft/DeepSpeed 0050fda ``deepspeed/runtime/pipe/engine.py``: "ZeRO-2 and ZeRO-3 are
 incompatible with pipeline parallelism"); ``--no-pipeline-parallel`` in turn asserts pp 1
-(Megatron-DeepSpeed 060fb40 ``megatron/arguments.py`` ``parse_args``). So ZeRO-2 and ZeRO-3 need
+(Megatron-DeepSpeed 060fb40 ``megatron/arguments.py`` ``parse_args``). Without ``--no-pipeline-parallel``
+the import sets ``training.pp_engine = "deepspeed"`` (:mod:`meshplan.compute.deepspeed_pipe`: what that
+engine and its ``BF16_Optimizer`` run around each micro-batch). So ZeRO-2 and ZeRO-3 need
 ``--no-pipeline-parallel`` and pp 1: refused by name without it, as is ``--no-pipeline-parallel`` at
 pp > 1 and ``--deepspeed`` beside Megatron-LM's own sharding flags; the export writes it beside
 ``--zero-stage 2`` or ``3``. ``--zero-stage`` has a parser default, 1 (``_add_zero_args``), but
@@ -50,11 +52,13 @@ from pathlib import Path
 from typing import Any, Optional
 
 from meshplan.errors import ConfigError
-from meshplan.interop.deepspeed_zero import (bucket_elements, prefetch_memory, refuse_hpz, refuse_offload,
-                                             zero3_training, zero12_training, zero_stage)
+from meshplan.interop.deepspeed_partition import pipe_split
+from meshplan.interop.deepspeed_zero import (bf16_optimizer_training, bucket_elements, prefetch_memory,
+                                             refuse_offload, runs_bf16_optimizer, zero3_training, zero12_training,
+                                             zero_stage)
 
 #: The flags of this module that :mod:`meshplan.interop.megatron` reads.
-FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel")
+FLAGS = ("--deepspeed", "--zero-stage", "--checkpoint-activations", "--no-pipeline-parallel", "--pp-partition-method")
 #: Megatron-DeepSpeed's switch that builds ``GPTModel`` in place of ``GPTModelPipe`` (no
 #: ``PipelineEngine``; pp 1 only): module docstring.
 NO_PIPE = "--no-pipeline-parallel"
@@ -121,9 +125,10 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     """
     zero = d.get("zero_optimization", {})
     refuse_offload(zero)
-    refuse_hpz(zero)
     training, memory = {}, {}
-    if stage in (1, 2):
+    if runs_bf16_optimizer(d, stage, dtype):  # BF16_Optimizer (bf16_optimizer_keys)
+        training = bf16_optimizer_training(d, dtype)
+    elif stage in (1, 2):
         training, memory = zero12_training(d, dtype), {"grad_bucket_elements": bucket_elements(zero)}
     elif stage == 3:
         training = zero3_training(d, dtype)
@@ -138,6 +143,27 @@ def ds_tables(d: dict, stage: int, dtype: str, micro: Optional[int]) -> tuple[di
     return training, memory, micro if micro is not None else m
 
 
+def bf16_optimizer_keys(training: dict, notes: list[str]) -> dict:
+    """The ``[training]`` keys ``training`` of a Megatron-DeepSpeed script under DeepSpeed's engine,
+    with ``BF16_Optimizer`` where the engine runs it: ``--deepspeed --zero-stage 0`` with ``--bf16``
+    (BigScience's BLOOM-176B, tr11-176B-ml.slurm: "bf16 must use z0! it implements its own zero stage
+    1 equivalent") is sharding zero1 under ``zero12_engine = "deepspeed"`` with fp32 gradients
+    (:func:`~meshplan.interop.deepspeed_zero.bf16_optimizer_training`; a resolved ds config's
+    ``communication_data_type`` read by :func:`ds_tables`), in place of ``zero0_engine``; a note says so.
+
+    >>> bf16_optimizer_keys({"sharding": "none", "zero0_engine": "deepspeed", "param_dtype": "bf16"}, [])
+    {'sharding': 'zero1', 'param_dtype': 'bf16', 'zero12_engine': 'deepspeed', 'grad_dtype': 'fp32'}
+    """
+    if training.get("zero0_engine") != "deepspeed" or training.get("param_dtype") != "bf16":
+        return training
+    notes.append("--deepspeed --zero-stage 0 with --bf16 runs DeepSpeed's BF16_Optimizer: fp32 master weights and Adam "
+                 "states partitioned over dp as ZeRO-1, fp32 gradients of every parameter beside the bf16 ones "
+                 "(planned as sharding \"zero1\", zero12_engine \"deepspeed\", grad_dtype \"fp32\"; exported back "
+                 "as --zero-stage 0)")
+    return {k: v for k, v in training.items() if k != "zero0_engine"} | {
+        "sharding": "zero1", "zero12_engine": "deepspeed", "grad_dtype": "fp32"}
+
+
 def deepspeed_engine(args: dict, pp: int, notes: list[str], base: Optional[Path] = None) -> dict[str, Any]:
     """``[training]`` keys of Megatron-DeepSpeed's ``--deepspeed --zero-stage N`` (module docstring):
     ``{}`` without ``--deepspeed``; a ConfigError naming the flag for a stage outside 0-3, none
@@ -145,7 +171,7 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str], base: Optional[Path]
     at any pp), ``--no-pipeline-parallel`` at pp > 1, or Megatron-LM's own sharding flag beside it.
 
     >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "1"}, 4, [])
-    {'sharding': 'zero1', 'zero12_engine': 'deepspeed'}
+    {'sharding': 'zero1', 'zero12_engine': 'deepspeed', 'pp_engine': 'deepspeed'}
     >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "3", "--no-pipeline-parallel": True}, 1, [])["sharding"]
     'zero3'
     >>> deepspeed_engine({"--deepspeed": True, "--zero-stage": "2"}, 4, [])
@@ -187,16 +213,46 @@ def deepspeed_engine(args: dict, pp: int, notes: list[str], base: Optional[Path]
     read = (f"; its ZeRO keys, reduce dtype, buckets and micro-batch read from {path}" if path else
             f"; {ds} is not read: its zero_optimization.stage must be {stage}, and its reduce dtype and bucket are "
             f"planned at DeepSpeed's defaults ({why}; meshplan import deepspeed {ds} reads them)" if ds else "")
+    pipe = not args.get(NO_PIPE)  # GPTModelPipe under DeepSpeed's PipelineEngine (module docstring)
     notes.append(f"--deepspeed --zero-stage {stage}: planned as DeepSpeed's engine at ZeRO stage {stage} (sharding "
-                 f"{sharding}, {engine} = \"deepspeed\")" + read)
-    return {"sharding": sharding, engine: "deepspeed"}
+                 f"{sharding}, {engine} = \"deepspeed\"" + (", its PipelineEngine: pp_engine = \"deepspeed\")"
+                                                            if pipe else ")") + read)
+    return {"sharding": sharding, engine: "deepspeed"} | ({"pp_engine": "deepspeed"} if pipe else {})
+
+
+def pipe_layer_split(args: dict, training: dict, pp: int, layers: int, mesh: dict, notes: list[str]) -> dict:
+    """``{"pp_layer_split": [...]}`` of DeepSpeed's partition of ``GPTModelPipe`` under its
+    PipelineEngine (``training`` holds ``pp_engine = "deepspeed"``, pp > 1, no split or virtual
+    stages already in ``mesh``) where it is not Megatron-LM's even split
+    (:func:`meshplan.interop.deepspeed_partition.pipe_split`, by ``--pp-partition-method`` or
+    GPTModelPipe's ``type:transformer``), with a note; ``{}`` otherwise.
+
+    >>> notes = []
+    >>> pipe_layer_split({}, {"pp_engine": "deepspeed"}, 12, 70, {}, notes)
+    {'pp_layer_split': [6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 4]}
+    >>> pipe_layer_split({}, {"pp_engine": "deepspeed"}, 8, 96, {}, notes)
+    {}
+    """
+    method = args.get("--pp-partition-method")
+    if training.get("pp_engine") != "deepspeed" or pp <= 1 or "pp_layer_split" in mesh or "virtual_stages" in mesh:
+        return {}
+    given = str(method).strip("'\"") if isinstance(method, str) else "type:transformer"
+    split = pipe_split(layers, pp, given)
+    if split == [layers // pp] * pp:
+        return {}
+    notes.append(f"pipeline split {split}: DeepSpeed's PipelineModule partitions GPTModelPipe by "
+                 f"partition_method {given!r} (runtime/pipe/module.py, partition_balanced), not evenly")
+    return {"pp_layer_split": split}
 
 
 def deepspeed_flags(training) -> Optional[list[str]]:
     """``--deepspeed --zero-stage N`` for a ``training`` (TrainingSpec) whose sharding runs under
     DeepSpeed's engine (``zero0_engine``, ``zero12_engine`` or ``zero3_engine = "deepspeed"``), in
     place of Megatron-LM's sharding flags, with ``--no-pipeline-parallel`` at stage 2 or 3 (module
-    docstring); None otherwise."""
+    docstring), ``--zero-stage 0`` for DeepSpeed's ``BF16_Optimizer`` (sharding zero1 with bf16 parameters
+    and fp32 gradients: :attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`); None otherwise."""
+    if training.bf16_optimizer:  # bf16 at stage 0 (bf16_optimizer_keys)
+        return ["--deepspeed", "--zero-stage 0"]
     stage = next((s for s, (sharding, engine) in STAGES.items() if training.sharding == sharding), None)
     if stage is None or getattr(training, STAGES[stage][1]) != "deepspeed":
         return None

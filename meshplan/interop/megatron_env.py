@@ -160,7 +160,7 @@ def import_note(exported: dict[str, str], gpu: str, tp: int, cp: int, fsdp: bool
 def run_value(name: str, raw: Optional[str]) -> Optional[str]:
     """The value an ``export name=raw`` of a script gives where the environment does not set it
     already: ``raw``'s default for ``${name:-d}`` (or ``${name-d}``; Bash Reference Manual 3.5.3), else
-    ``raw`` (:func:`meshplan.interop.shell_words.run` keeps what only the run knows as written).
+    ``raw`` (:func:`meshplan.interop.shell_run.run` keeps what only the run knows as written).
 
     >>> run_value("CUDA_DEVICE_MAX_CONNECTIONS", "${CUDA_DEVICE_MAX_CONNECTIONS:-1}"), run_value("A", "2")
     ('1', '2')

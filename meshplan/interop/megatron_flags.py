@@ -15,6 +15,7 @@ from meshplan.errors import ConfigError, printable
 from meshplan.interop.megatron_deepspeed import recompute_granularity
 from meshplan.interop.megatron_dispatch import dispatcher, is_deepep
 from meshplan.interop.megatron_model import int_flag as _int
+from meshplan.spec import recompute_modules as rm
 
 #: Megatron-LM's parallel-size flags -> meshplan's axes (arguments.py at d98e8a6); dp has none: Megatron-LM
 #: infers it as world / (tp x cp x pp).
@@ -342,10 +343,20 @@ def megatron_fsdp(args: dict, sharding_: str) -> dict[str, bool]:
     return {"megatron_fsdp": True} if on else {}
 
 
-def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
+def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> dict:
+    """``training.recompute`` (none, selective or full) of ``--recompute-granularity`` (or
+    ``--recompute-activations``, ``--checkpoint-activations``), and under selective
+    ``training.recompute_modules`` of ``--recompute-modules`` where it is not Megatron-LM's default
+    (:func:`modules`).
+
+    >>> recompute({"--recompute-granularity": "selective", "--recompute-modules": "core_attn mlp"}, 4, [])
+    {'recompute': 'selective', 'recompute_modules': ['core_attn', 'mlp']}
+    >>> recompute({"--recompute-activations": True}, 4, [])
+    {'recompute': 'selective'}
+    """
     gran = recompute_granularity(args)  # --checkpoint-activations too (megatron_deepspeed)
     if gran is None:
-        return "none"
+        return {"recompute": "none"}
     if args.get("--checkpoint-activations") and not args.get("--deepspeed") and "--recompute-granularity" not in args:
         notes.append("--checkpoint-activations: planned as full recompute of every layer, its meaning before 2022 "
                      "and in Megatron-DeepSpeed; Megatron-LM d98e8a6 refuses it (validate_args: \"no longer valid\"): "
@@ -353,33 +364,51 @@ def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
     if gran not in ("full", "selective"):
         raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
     if gran == "selective":
-        _modules(args)
+        mods = modules(args)
+        return {"recompute": gran} | ({"recompute_modules": list(mods)} if mods != rm.DEFAULT else {})
     n = _int(args, "--recompute-num-layers")
     method = args.get("--recompute-method")
-    if gran == "full" and method == "block" and n is not None and n < layers_per_stage:
+    if method == "block" and n is not None and n < layers_per_stage:
         notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of {layers_per_stage} "
                      f"layers per stage; planned as full recompute of every layer")
-    return gran
+    return {"recompute": gran}
 
 
-#: What meshplan's selective recompute models of Megatron-LM's ``--recompute-modules``: the attention
-#: core (TransformerConfig.recompute_modules, default ``["core_attn"]``: transformer_config.py 560 and
-#: 1940-1941 at d98e8a6; the other modules its __post_init__ allows, 1944-1962, are not modelled).
-MODELLED_MODULES = ("core_attn",)
+def modules(args: dict) -> tuple[str, ...]:
+    """``--recompute-modules`` (one or more names; unset: Megatron-LM's default, core_attn alone,
+    :data:`meshplan.spec.recompute_modules.DEFAULT`), each a module meshplan models
+    (:func:`meshplan.spec.recompute_modules.check_names`): a one-line ConfigError naming the flag
+    otherwise. Whether Megatron-LM accepts them for the model is the config's check
+    (:func:`meshplan.spec.recompute_modules.config_notes`).
 
-
-def _modules(args: dict) -> None:
-    """ConfigError naming ``--recompute-modules`` where it names a module meshplan's selective recompute
-    does not model (:data:`MODELLED_MODULES`): its memory and its replay would be planned as the
-    attention core's alone (newcomer trial 34 finding 4: ``core_attn mlp`` was planned as core_attn)."""
+    >>> modules({"--recompute-modules": "mlp moe_act"}), modules({})
+    (('mlp', 'moe_act'), ('core_attn',))
+    """
     given = args.get("--recompute-modules")
     if given is None:
-        return
-    names = str(given).split() if given is not True else []
-    other = [m for m in names if m not in MODELLED_MODULES]
-    if other or not names:
-        what = f"{', '.join(other)} {'is' if len(other) == 1 else 'are'} not modelled" if other else \
-            "given without a module (Megatron-LM's argparse wants one or more)"
-        raise ConfigError("--recompute-modules", f"{' '.join(names) or '(none)'}: {what}; meshplan's selective "
-                          f"recompute models the attention core only (core_attn, Megatron-LM's default); fix: "
-                          f"--recompute-modules core_attn (or drop it), or --recompute-granularity full")
+        return rm.DEFAULT
+    names = tuple(str(given).split()) if given is not True else ()
+    why = rm.check_names(names)
+    if why is not None:
+        raise ConfigError("--recompute-modules", f"{' '.join(names) or '(none)'}: {why}")
+    return names
+
+
+#: Megatron Core's flag that keeps the attention mask out of the batch (``training.dataloader_attention_mask``).
+NO_MASK = "--no-create-attention-mask-in-dataloader"
+
+
+def runtime(args: dict, deepspeed: bool) -> dict:
+    """``training.megatron_runtime`` of an imported script: ``core``, the generation of the flags
+    read here (NVIDIA/Megatron-LM d98e8a6: its ``pretrain_gpt.py`` runs Megatron Core's
+    ``get_batch``, :mod:`meshplan.compute.megatron_core`), with ``dataloader_attention_mask``
+    false for :data:`NO_MASK` (``arguments.py:3332-3334``); ``2022`` under ``--deepspeed``
+    (Megatron-DeepSpeed's ``pretrain_gpt.py`` keeps 2022's ``get_batch`` with ``broadcast_data``),
+    where the mask flag does not exist.
+
+    >>> runtime({}, False), runtime({NO_MASK: True}, False), runtime({}, True)
+    ({'megatron_runtime': 'core'}, {'megatron_runtime': 'core', 'dataloader_attention_mask': False}, {'megatron_runtime': '2022'})
+    """
+    if deepspeed:
+        return {"megatron_runtime": "2022"}
+    return {"megatron_runtime": "core", **({"dataloader_attention_mask": False} if args.get(NO_MASK) else {})}

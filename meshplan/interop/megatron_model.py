@@ -137,9 +137,10 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
              "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
              "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
              "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
-             "position_embedding": "learned" if pos == "learned_absolute" else "rope",
+             "position_embedding": "learned" if pos == "learned_absolute" else "alibi" if pos == "alibi" else "rope",
              "max_position": num_flag(args, "--max-position-embeddings", 0),
-             "rope_theta": float(int_flag(args, "--rotary-base") or 0) or None if pos != "learned_absolute" else None,
+             "rope_theta": float(int_flag(args, "--rotary-base") or 0) or None if pos not in ("learned_absolute", "alibi")
+             else None,
              "norm_eps": _eps(args), "rope_scaling": _scaling(args)}
     if pos == "learned_absolute" and not model["max_position"]:
         model["max_position"] = int_flag(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
@@ -294,6 +295,12 @@ def _rotary_base(theta: float) -> int:
     return int(theta)
 
 
+#: ``--position-embedding-type`` of each ``model.position_embedding``: Megatron-LM's ``rope`` and
+#: ``learned_absolute``; ``alibi`` is BigScience's Megatron-DeepSpeed's (its ``PositionEmbeddingType``),
+#: which Megatron-LM's parser refuses.
+POSITION_FLAG = {"rope": "rope", "learned": "learned_absolute", "alibi": "alibi"}
+
+
 def model_flags(m: ModelSpec, seq_len: int) -> list[str]:
     """Megatron-LM's flags of model ``m`` (the inverse of :func:`model_table`);
     ``--max-position-embeddings`` at least ``seq_len`` (Megatron-LM asserts it)."""
@@ -302,7 +309,7 @@ def model_flags(m: ModelSpec, seq_len: int) -> list[str]:
     out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
            f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
-           f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
+           f"--position-embedding-type {POSITION_FLAG[m.position_embedding]}"]
     out += [f"--rotary-base {_rotary_base(m.rope_theta)}"] if m.rope_theta is not None else []
     out += [f"--norm-epsilon {m.norm_eps:g}"] if m.norm_eps is not None else []
     out += _scaling_flags(m)

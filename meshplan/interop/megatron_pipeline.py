@@ -13,6 +13,7 @@ from typing import Any
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.interop.deepspeed_partition import EMBEDDING_METHOD, pipe_split
 from meshplan.interop.megatron_model import int_flag as _int
 from meshplan.interop.tomlout import mesh_spec, virtual_split
 from meshplan.mesh.layers import first_last_sets
@@ -148,6 +149,8 @@ def write_pipeline(cfg: Config, mesh) -> list[str]:
     if str(mesh_spec(cfg).pp_schedule) not in ("1f1b", "interleaved_1f1b"):
         raise ConfigError("--to", f"Megatron-LM runs 1F1B (interleaved with virtual stages); schedule "
                           f"{mesh_spec(cfg).pp_schedule} has no flag")
+    if cfg.training.pp_engine == "deepspeed":  # Megatron-DeepSpeed: DeepSpeed's partition, not these flags
+        return pipe_partition_flags(split, cfg.model.layers, pp)
     if vpp > 1:
         if len(set(split)) == 1:
             return [f"--num-layers-per-virtual-pipeline-stage {split[0]}"]
@@ -163,6 +166,25 @@ def write_pipeline(cfg: Config, mesh) -> list[str]:
         split = [sum(ch) for ch in stages]
         return [f"--num-virtual-stages-per-pipeline-rank {vpp}"] + first_last_flags(split)
     return first_last_flags(split)
+
+
+def pipe_partition_flags(split: list[int], layers: int, pp: int) -> list[str]:
+    """Megatron-DeepSpeed's flags of layers per stage ``split`` under DeepSpeed's PipelineEngine
+    (``training.pp_engine = "deepspeed"``; its parser has no ``--decoder-first/last-pipeline-num-layers``):
+    none where DeepSpeed's default ``type:transformer`` partition gives it, BigScience's
+    ``--pp-partition-method 'type:transformer|embedding'`` where that one does
+    (:func:`meshplan.interop.deepspeed_partition.pipe_split`), else ConfigError.
+
+    >>> pipe_partition_flags([5] + [6] * 10 + [5], 70, 12), pipe_partition_flags([6] * 11 + [4], 70, 12)
+    (["--pp-partition-method 'type:transformer|embedding'"], [])
+    """
+    if split == pipe_split(layers, pp):
+        return []
+    if split == pipe_split(layers, pp, EMBEDDING_METHOD):
+        return [f"--pp-partition-method '{EMBEDDING_METHOD}'"]
+    raise ConfigError("--to", f"layer split {split}: DeepSpeed's PipelineModule partitions GPTModelPipe by "
+                      f"partition_method (type:transformer gives {pipe_split(layers, pp)}, "
+                      f"{EMBEDDING_METHOD} {pipe_split(layers, pp, EMBEDDING_METHOD)}); use one of those")
 
 
 def first_last_flags(split: list[int]) -> list[str]:

@@ -11,9 +11,10 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.megatron_attention import WRITTEN
 from meshplan.interop.megatron_deepspeed import deepspeed_flags, deepspeed_note, recompute_flags
+from meshplan.spec.recompute_modules import flags as recompute_module_flags
 from meshplan.interop.megatron_dispatch import dispatcher_flags
 from meshplan.interop.megatron_env import env_note
-from meshplan.interop.megatron_flags import (DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
+from meshplan.interop.megatron_flags import (NO_MASK, DROPOUT, FSDP_CKPT, FSDP_ENV, FSDP_OPTIMIZER, FSDP_OVERLAP,
                                              SHARDING)
 from meshplan.interop.megatron_model import model_flags
 from meshplan.interop.megatron_pipeline import write_pipeline
@@ -55,6 +56,7 @@ def write(cfg: Config) -> list[str]:
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     out += ["--no-overlap-p2p-communication"] * (t.pp_p2p_overlap is False)
     out += ["--overlap-p2p-communication-warmup-flush"] * t.pp_p2p_overlap_warmup_flush
+    out += [NO_MASK] * (t.megatron_core and not t.core_attention_mask)
     bucket = cfg.memory.grad_bucket_elements
     out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
     if t.recompute in ("layer", "op"):
@@ -63,6 +65,7 @@ def write(cfg: Config) -> list[str]:
                           f"--recompute-method block recomputes the first n layers of each stage): set "
                           f"training.recompute to full or selective")
     out += recompute_flags(t.recompute, bool(deepspeed))
+    out += recompute_module_flags(t.recompute_modules) * (t.recompute == "selective")
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])
@@ -70,7 +73,9 @@ def write(cfg: Config) -> list[str]:
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise; DeepSpeed's engine as its config says
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32" and not deepspeed)
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out and not deepspeed)
-    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]]
+    # Megatron-DeepSpeed has no --attention-backend: without a flash switch it runs its CoreAttention
+    # (microsoft/Megatron-DeepSpeed f4157be megatron/model/transformer.py:528-531)
+    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + [WRITTEN[t.flash_attention]] * (t.flash_attention or not deepspeed)
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     out += [f"--clip-grad {t.grad_clip_norm!r}"] * (t.grad_clip_norm is not None)
     out += [f"--save-interval {cfg.checkpoint_interval_steps}"] * bool(cfg.checkpoint_interval_steps)
@@ -114,7 +119,27 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg) + deepspeed_note(cfg.training)
+    return out + fsdp_env_note(cfg) + fsdp_pp_note(cfg) + env_note(cfg) + deepspeed_note(cfg.training) \
+        + runtime_note(cfg.training)
+
+
+def runtime_note(t) -> list[str]:
+    """The header line of a Megatron-LM export of a plan that follows Megatron-LM 2022
+    (``training.megatron_runtime`` unset or "2022", :mod:`meshplan.compute.megatron_core`): the flags
+    are today's, which Megatron Core runs; nothing for a core plan or under DeepSpeed's engine
+    (Megatron-DeepSpeed runs 2022's code).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> runtime_note(TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))[0][:61]
+    'training.megatron_runtime: this plan follows Megatron-LM 2022'
+    >>> runtime_note(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", megatron_runtime="core"))
+    []
+    """
+    if t.framework != "megatron" or t.megatron_core or deepspeed_flags(t) is not None:
+        return []
+    return ["training.megatron_runtime: this plan follows Megatron-LM 2022 (2755bcb); these flags run on today's "
+            "Megatron-LM (Megatron Core), whose get_batch, timers, pipeline syncs and SP embedding differ: plan "
+            "the file's import (megatron_runtime = \"core\") to see its step"]
 
 
 def fsdp_env_note(cfg: Config) -> list[str]:

@@ -32,6 +32,10 @@ def differences(a: Config, b: Config) -> list[str]:
     if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
         out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "
                    f"{b.training.gradient_reduce_dtype!r}")
+    if a.training.megatron_core and b.training.megatron_core and \
+            a.training.core_attention_mask != b.training.core_attention_mask:
+        out.append(f"training.dataloader_attention_mask: {a.training.core_attention_mask!r} -> "
+                   f"{b.training.core_attention_mask!r}")
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     # the loss's working set is the runtime's (a torchtitan import states torch's, a Megatron-LM one
@@ -68,8 +72,13 @@ def _routed(training, moe: bool) -> dict[str, Any]:
     clipping norm as it resolves (:attr:`~meshplan.spec.training.TrainingSpec.clip_norm`: unset
     is the 1.0 a DeepSpeed export writes); ``cp_attention`` unset where it names the framework's own
     (:attr:`~meshplan.spec.training.TrainingSpec.cp_kind`: Megatron-LM's ``p2p``, which an import of
-    ``--cp-comm-type p2p`` states)."""
-    out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
+    ``--cp-comm-type p2p`` states). Without ``megatron_runtime`` (as the loss's ``cross_entropy``:
+    the Megatron-LM that runs the export decides the generation, today's Megatron Core or
+    Megatron-DeepSpeed's 2022 code; the export's header says so,
+    :func:`meshplan.interop.megatron_write.runtime_note`) and ``dataloader_attention_mask``
+    (compared by :func:`differences` between two core plans only)."""
+    out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless", "megatron_runtime",
+                                       "dataloader_attention_mask"})
     out["grad_clip_norm"] = training.clip_norm
     if training.cp_attention == training.model_copy(update={"cp_attention": None}).cp_kind:
         out["cp_attention"] = None

@@ -54,6 +54,8 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+parallelism.expert_parallel_comm_backend       training.moe_dispatcher "deepep" (standard: alltoall;
+                                                 :mod:`~meshplan.interop.torchtitan_ep`)
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
                                                  components ["model"]: torch_compile_loss false;
                                                  memory.cross_entropy "torch" (the eager loss's
@@ -68,7 +70,7 @@ training.max_norm                              training.grad_clip = true whateve
                                                  skipped: torch clip_grads_with_norm_); the value
                                                  as training.grad_clip_norm (unset: 1.0)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
-  + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
+  + selective_ac_option                          option "op" -> op (cp 1; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 checkpoint.interval (with enable true;         [reliability] checkpoint_interval_steps (500 unset);
   enable_checkpoint before cd337db)              export writes it back, in the file's spelling
@@ -117,6 +119,7 @@ from meshplan.interop.common import (
     table_model,
 )
 from meshplan.interop.torchtitan_checkpoint import read_checkpoint
+from meshplan.interop.torchtitan_ep import read_backend
 from meshplan.interop.torchtitan_flavors import flavor_context, read_model
 from meshplan.interop.torchtitan_float8 import FLOAT8, float8_used, read_float8
 from meshplan.interop.torchtitan_legacy import old_float8
@@ -154,7 +157,7 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
         "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused",
-        "parallelism.context_parallel_rotate_method"} | \
+        "parallelism.context_parallel_rotate_method", "parallelism.expert_parallel_comm_backend"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -336,6 +339,7 @@ def read(d: dict, base: Path, opts: ImportOptions, custom: Mapping[tuple[str, st
     if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
         tables["training"]["moe_dropless"] = True
         notes.append(DROPLESS)
+    tables["training"] |= read_backend(par, model_is_moe(model), notes)
     checkpoint, saved = read_checkpoint(d)
     tables |= {"reliability": checkpoint} if checkpoint else {}
     unused = tuple(k for k in flatten(d) if k not in USED | used | saved)
@@ -366,7 +370,7 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
         raise ConfigError("parallelism.expert_tensor_parallel_degree", f"{etp} with expert_parallel_degree {ep} and "
                           f"tensor_parallel_degree {tp}: torchtitan v0.2.2 runs 1 or the tp degree there (\"Currently "
                           f"we only support ETP=TP or ETP=1\", parallel_dims.py:58-59 at e347b1e); fix: "
-                          f"expert_tensor_parallel_degree = 1 or {tp}")
+                          f"expert_tensor_parallel_degree = {'1' if tp == 1 else f'1 or {tp}'}")
     if ep == 1 and etp != tp:  # ep 1: the experts over tp whatever the key (torch_etp)
         notes.append(f"parallelism.expert_tensor_parallel_degree = {etp} at expert_parallel_degree 1: read as etp "
                      f"{tp}, the tp degree: {TORCH_ETP_EP1}")
@@ -378,7 +382,7 @@ def _etp_key(par: dict, deg: dict[str, int], notes: list[str]) -> None:
                      "expert_tensor_parallel_degree = 1 plans what both run")
         return
     notes.append(f"parallelism.expert_tensor_parallel_degree = {etp}: read as etp {etp}; torchtitan up to v0.2.2 "
-                 "reads the key (meshplan export writes it); c4b409a (#3167, 2026-04-30) removed it with expert "
+                 "reads the key (meshplan export keeps it); c4b409a (#3167, 2026-04-30) removed it with expert "
                  "tensor parallelism, so delete it for a torchtitan after that commit")
 
 

@@ -56,7 +56,7 @@ from typing import Any, Mapping, Optional
 
 from meshplan import catalog
 from meshplan.config_tables import build
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, did_you_mean
 from meshplan.interop.common import ImportOptions, model_option
 from meshplan.limits import BOUNDS
 from meshplan.spec.model import ModelSpec
@@ -244,10 +244,11 @@ def read_model(d: dict, base: Path, opts: ImportOptions, notes: list[str],
                           f"{', '.join(names)}) and model.hf_assets_path has no config.json; give one of those "
                           f"names with its flavor, model.hf_assets_path with the model's config.json, --model "
                           f"CATALOG_NAME or --model path/config.json")
-    known = ", ".join(f for n, f in shipped() if n == name)
+    flavors = [f for n, f in shipped() if n == name]
     raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not one meshplan maps "
-                      f"({name} {known}) and model.hf_assets_path has no config.json; give --model "
-                      f"CATALOG_NAME or --model path/config.json")
+                      f"({name} {', '.join(flavors)}) and model.hf_assets_path has no config.json; "
+                      f"{did_you_mean(flavor, flavors) and did_you_mean(flavor, flavors) + 'else '}give --model CATALOG_NAME or "
+                      f"--model path/config.json")
 
 
 def custom_table(flavor: str, table: dict) -> dict:

@@ -33,6 +33,17 @@ FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather
 AUTO_FILTER = "auto_filter_small_kn"
 
 
+def filters_output(fqns: list) -> bool:
+    """Whether a ``filter_fqns`` list keeps the output layer out of float8: torchtitan's
+    ``module_filter_fn`` skips a Linear when an entry is part of its fqn, so an entry that is part
+    of ``output`` (:data:`AUTO_FILTER` aside, a size filter, not a name).
+
+    >>> filters_output(["output", "router.gate"]), filters_output(["router.gate"]), filters_output([])
+    (True, False, False)
+    """
+    return any(str(f) in "output" for f in fqns if str(f) != AUTO_FILTER)
+
+
 def float8_used(d: dict) -> set[str]:
     """The float8 keys the reader uses: [quantize.linear.float8] with a Linear converter."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
@@ -74,7 +85,7 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
                      f"dims are multiples of 16 converted (meshplan filters the output layer only)")
     if f8.get("recipe_name") == "rowwise_with_gw_hp":
         notes.append("recipe rowwise_with_gw_hp keeps the weight-gradient GEMMs in high precision; planned in fp8")
-    out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not any(f in "output" for f in names)}
+    out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not filters_output(names)}
     if f8.get("recipe_name") in ROWWISE_RECIPES:
         out["fp8_recipe"] = "rowwise"
     if not f8.get("enable_fsdp_float8_all_gather", False):

@@ -83,10 +83,11 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
     """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
     full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
     an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
-    option "2"). ``op`` is planned with cp = ep = 1 and no MLA only (build_plan says why; with tp
-    > 1 as torchtitan applies TP, with sequence parallelism), so a mesh outside that
-    (:func:`op_limits` of ``deg``, the cp and ep degrees, and ``mla``, whether the model has
-    multi-head latent attention) is planned with Megatron-LM's selective recompute, with a note."""
+    option "2"). ``op`` is planned with cp = 1 only (build_plan says why; with tp > 1 as
+    torchtitan applies TP, with sequence parallelism; MLA and MoE layers at any ep as
+    :func:`meshplan.compute.recompute.op_sac_mms` says), so a mesh outside that (:func:`op_limits`
+    of ``deg``, the cp degree) is planned with Megatron-LM's selective recompute, with a note;
+    ``mla`` is not read (kept for the callers)."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
     if mode not in AC_MODES:  # a near miss first (selectiv), as the catalog names and mesh axes
@@ -97,11 +98,11 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
         return {"recompute": mode}
     opt = str(ac.get("selective_ac_option", "2"))
     if opt == "op":
-        why = op_limits(deg, mla)
+        why = op_limits(deg)
         if not why:
             return {"recompute": "op"}
         notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with cp = "
-                     f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
+                     f"1 only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
                      f"(attention core recomputed, the other activations kept): more activation memory, less "
                      f"recompute time than op-level SAC")
         return {"recompute": "selective"}
@@ -111,14 +112,14 @@ def read_recompute(d: dict, deg: dict[str, int], mla: bool, notes: list[str]) ->
     return {"recompute": "layer", "ac_freq": int(opt)}
 
 
-def op_limits(deg: dict[str, int], mla: bool) -> list[str]:
-    """What keeps op-level SAC (``recompute = "op"``) from being planned at a mesh of cp and ep
-    degrees ``deg`` (:func:`meshplan.plan_checks` plans it with cp = ep = 1 and no MLA only).
+def op_limits(deg: dict[str, int]) -> list[str]:
+    """What keeps op-level SAC (``recompute = "op"``) from being planned at a mesh of cp degree
+    ``deg["cp"]`` (:func:`meshplan.plan_checks` plans it with cp = 1 only; ep and MLA are planned).
 
-    >>> op_limits({"cp": 4, "ep": 1}, False), op_limits({"cp": 1, "ep": 8}, True), op_limits({"cp": 1, "ep": 1}, False)
-    (['cp 4'], ['ep 8', 'MLA'], [])
+    >>> op_limits({"cp": 4, "ep": 1}), op_limits({"cp": 1, "ep": 8})
+    (['cp 4'], [])
     """
-    return [f"{a} {deg[a]}" for a in ("cp", "ep") if deg[a] > 1] + ["MLA"] * mla
+    return [f"cp {deg['cp']}"] if deg.get("cp", 1) > 1 else []
 
 
 def write_recompute(t) -> dict[str, str]:

@@ -16,6 +16,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan import DEGREES
 from meshplan.interop.torchtitan_custom import Flavor, llama3_flavor, not_llama3, written_flavors
+from meshplan.interop.torchtitan_ep import write_backend
 from meshplan.interop.torchtitan_flavors import flavor_of, flavor_refusal
 from meshplan.interop.torchtitan_float8 import write_float8
 from meshplan.interop.torchtitan_hf import hf_flavor, hf_note, hf_refusal
@@ -89,7 +90,7 @@ def write(cfg: Config) -> dict[str, dict]:
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items() if a != "etp" or etp_on}
     par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
-            "enable_async_tensor_parallel": t.tp_comm_overlap}
+            "enable_async_tensor_parallel": t.tp_comm_overlap} | write_backend(t.moe_dispatcher)
     if pp > 1:
         par |= {"pipeline_parallel_schedule": WRITTEN_SCHEDULES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
@@ -271,15 +272,12 @@ def unset_notes(tables: dict) -> list[str]:
 
 def _op_words(cfg: Config) -> str:
     """Why the plan is not torchtitan's op-level SAC, as :func:`write_notes` says it: where
-    :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp or ep > 1, MLA) that rule;
+    :func:`meshplan.plan_checks` refuses ``recompute = "op"`` (cp > 1) that rule;
     elsewhere that the config chose ``selective`` and ``op`` plans at this mesh."""
     m = cfg.mesh
     deg = dict(zip(m.names, m.shape)) if m is not None and m.names and m.shape else {}
-    if cfg.model.is_mla:
-        return "op-level SAC \"op\" is not modelled with multi-head latent attention"
-    big = [f"{a} {deg[a]}" for a in ("cp", "ep") if deg.get(a, 1) > 1]
-    if big:
-        return f"op-level SAC \"op\" is planned with cp = ep = 1 only, and this mesh has {' and '.join(big)}"
+    if deg.get("cp", 1) > 1:
+        return f"op-level SAC \"op\" is planned with cp = 1 only, and this mesh has cp {deg['cp']}"
     return ("training.recompute is \"selective\"; torchtitan's op-level SAC plans at this mesh: set "
             "training.recompute = \"op\" to plan what torchtitan runs")
 

@@ -109,11 +109,12 @@ from __future__ import annotations
 from fractions import Fraction
 from math import ceil
 
+from meshplan.compute.recompute import op_sac_mms, op_sac_saved_mms
 from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.memory.cp_buffers import saves_gathered_kv
 from meshplan.memory.layer_dims import LayerDims, LocalSizes, Term
-from meshplan.memory.mla_terms import mla_kv_terms, mla_latent_terms
+from meshplan.memory.mla_terms import MLA_KV_TERMS, MLA_LATENT_TERMS, mla_kv_terms, mla_latent_terms
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.tp_kv import qkv_gathered
@@ -151,7 +152,7 @@ def _norm_and_gemm_input(dims: LayerDims, lc: LocalSizes, norm: str, gemm: str, 
     return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
 
 
-def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: bool, v: dict,
+def _attention_terms(dims: LayerDims, lc: LocalSizes, core: bool, flash: bool, v: dict,
                      gathered: bool = False, cp_kv: bool = False, mla_views: bool = False) -> list[Term]:
     """The attention block's kept tensors; ``gathered``: Megatron-LM's QKV sub-sharding at tp >
     kv_heads (:mod:`meshplan.spec.axes.tp_kv`): v is a view of the all-gathered fused QKV output
@@ -161,7 +162,8 @@ def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: boo
     sequence's K and V, ``s`` tokens (:func:`meshplan.memory.cp_buffers.saves_gathered_kv`), in
     place of the local ones (and of the fused QKV output, which then is not what it reads).
     ``mla_views``: MLA under torch, whose v is a view of a wider tensor
-    (:func:`~meshplan.memory.mla_terms.mla_kv_terms`)."""
+    (:func:`~meshplan.memory.mla_terms.mla_kv_terms`). ``core``: the attention core is
+    recomputed (selective recompute with core_attn), so its scores or flash statistics are not kept."""
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
     kv_rows, KS = (dims.s * b, "s") if cp_kv else (rows, S)
@@ -174,13 +176,13 @@ def _attention_terms(dims: LayerDims, lc: LocalSizes, recompute: str, flash: boo
     kv_terms = mla_kv_terms(dims, lc, k, kv, flash, cp_kv) if mla_views else [k, value]
     out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + mla_latent_terms(dims, lc, bool(v.get("unfused_norm"))) + [
         Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")] + kv_terms
-    if recompute != "selective" and not flash:
+    if not core and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
         if dims.dropout:
             out.append(Term("softmax dropout mask", n, f"a*{S}*s*b/t"))
             out.append(Term("softmax dropout output", e * n, f"{e}*a*{S}*s*b/t"))
-    elif recompute != "selective":
+    elif not core:
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
     out.append(Term("context (out-proj input)", e * rows * lc.aq * dv, f"{e}*{S}*b*a*{dvs}/t"))
     if dims.dropout:
@@ -212,12 +214,15 @@ VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
 
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
                 recompute: str = "none", flash: bool = False, fused_glu: bool = False, framework: str = "torch",
-                cp_kv: bool = False, **variants: bool) -> list[Term]:
+                cp_kv: bool = False, parts: frozenset = frozenset({"core_attn"}), **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
     derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
     ``framework``: megatron at tp > kv_heads keeps the all-gathered fused QKV output
     (:func:`_attention_terms`); ``cp_kv``: K and V kept for the whole sequence (all-gather CP,
-    :func:`_attention_terms`); ``variants``: :data:`VARIANTS` (module docstring).
+    :func:`_attention_terms`); ``parts``: under ``selective``, what Megatron-LM's recompute modules
+    recompute in this layer (:func:`meshplan.spec.recompute_modules.layer_parts`; default: the
+    attention core), whose terms are not kept (:data:`DISCARDED`); ``variants``: :data:`VARIANTS`
+    (module docstring).
 
     4 q / 2 KV heads of 16 (h 64), s 64, b 1, tp 4, bf16: v (64 x 1 x 16 x 2 = 2,048 B) becomes the
     gathered 64 x (4 + 4) x 16 x 2 = 16,384 B under Megatron:
@@ -238,20 +243,45 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
         return op_sac_terms(dims, lc, flash)
     gathered = qkv_gathered(framework, tp, dims.g) and not dims.kv_lora
     views = bool(dims.kv_lora) and framework == "torch"
-    return (_attention_terms(dims, lc, recompute, flash, variants, gathered, cp_kv and cp > 1, views)
-            + _mlp_terms(dims, lc, fused_glu, variants))
+    parts = parts if recompute == "selective" else frozenset()
+    terms = (_attention_terms(dims, lc, "core_attn" in parts, flash, variants, gathered, cp_kv and cp > 1, views)
+             + _mlp_terms(dims, lc, fused_glu, variants))
+    dropped = {n for p in parts for n in DISCARDED.get(p, ())}
+    return [t for t in terms if t.name not in dropped]
+
+
+_MLP_INSIDE = ("activation input", "fc1 output (gate, up)", "gate", "silu output", "up", "w_out input")
+#: Terms a selective recompute part (:func:`meshplan.spec.recompute_modules.layer_parts`) does not
+#: keep, beyond the attention core's scores (``core_attn``): the outputs an output-discarding
+#: checkpoint frees (``attn_norm``, ``mlp_norm``: the norm's output, its GEMMs' saved input;
+#: ``mla_up_proj``: Q, K, V and the normalised latents inside the fused up-projections), and what a
+#: normal checkpoint's module saves inside it (``mlp``: all but its input, the norm's input;
+#: ``moe`` and ``shared_experts``: the shared experts' own tensors, their input kept; the routed
+#: experts' in :func:`meshplan.memory.workingset.layer_act_sizes`). Megatron-LM d98e8a6, cited in
+#: :mod:`meshplan.spec.recompute_modules`.
+DISCARDED = {"attn_norm": ("qkv input", "qkv input (all-gathered)"),
+             "mlp_norm": ("w_in input", "w_in input (all-gathered)"),
+             "mla_up_proj": ("q", "k", "v", *MLA_KV_TERMS, *(MLA_LATENT_TERMS[i] for i in (1, 3, 4, 5))),
+             "mlp": ("w_in input", "w_in input (all-gathered)", *_MLP_INSIDE),
+             "moe": _MLP_INSIDE, "shared_experts": _MLP_INSIDE}
 
 
 def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
     """Kept by torchtitan's op-level selective AC (``selective_ac_option = "op"``): the
     checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
     ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is
-    recomputed), the SDPA kernel (output and, for flash, its fp32 log-sum-exp) and the
-    reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
-    ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
-    then w1 (gate), w3 (up), w2 (down), so wq, wv, w1 and w2 are saved; a GeLU MLP (w_up,
-    w_down): w_up (:data:`meshplan.compute.recompute.OP_SAC_SAVED_GEMMS`, whose recompute skips
-    them). Norms, RoPE, SiLU and the residual adds are recomputed.
+    recomputed; :func:`meshplan.compute.recompute.op_sac_mms` gives the order: a Llama block's
+    wq, wk, wv, wo, w1 (gate), w3 (up), w2 (down) saves wq, wv, w1 and w2; MLA without a query
+    latent wq, wkv_a, wkv_b, wo then the MLP's saves wq, wkv_b, w1, w2; with one wq_a, wkv_a, wo,
+    w3), the SDPA kernel (output, ``d_v`` wide per head, and for flash its fp32 log-sum-exp) and
+    the reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
+    ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward).
+    ``dims.f`` 0: no MLP mms (an MoE layer without shared experts; the routed experts' grouped
+    GEMMs are recomputed, their all-to-alls' outputs saved: :mod:`meshplan.memory.workingset`).
+    Each mm's output at the rank's tokens: wq and wq_b ``a d / t``, wq_a ``c_q`` and wkv_a ``c_kv +
+    r`` (replicated down projections), wkv_b ``a (d - r + d_v) / t``, wk ``g d / t``, wv ``g d_v /
+    t``, wo and w_down ``h`` (the partial sums before a reduce-scatter), w_gate and w_up ``f / t``.
+    Norms, RoPE, SiLU and the residual adds are recomputed.
 
     >>> lc = _local(LayerDims(s=8, b=1, h=16, a=4, g=2, d=4, f=64, gated=True, dropout=False), 1, False, 1)
     >>> [(t.name, t.size_bytes) for t in op_sac_terms(LayerDims(8, 1, 16, 4, 2, 4, 64, True, False), lc, True)]
@@ -260,21 +290,24 @@ def op_sac_terms(dims: LayerDims, lc: LocalSizes, flash: bool) -> list[Term]:
      ('attention output (saved SDPA)', 256), ('flash softmax statistics (fp32)', 128),
      ('w_gate output (saved mm)', 1024), ('w_down output (saved mm)', 256)]
     """
-    e, b, d, S, r = dims.act_bytes, dims.b, dims.d, lc.seq, lc.r
+    e, b, S, r = dims.act_bytes, dims.b, lc.seq, lc.r
     rows = lc.tok * b
-    out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}"),
-           Term("wq output (saved mm)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
-           Term("wv output (saved mm)", e * rows * lc.akv * d, f"{e}*{S}*b*g*d/t"),
-           Term("attention output (saved SDPA)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")]
+    width = {"wq": (lc.aq * dims.d, "a*d/t"), "wq_b": (lc.aq * dims.d, "a*d/t"), "wq_a": (dims.q_lora, "c_q"),
+             "wkv_a": (dims.kv_lora + dims.rope, "(c_kv+r)"), "wk": (lc.akv * dims.d, "g*d/t"),
+             "wkv_b": (lc.aq * (dims.d - dims.rope + dims.d_v), "a*(d-r+d_v)/t"), "wv": (lc.akv * dims.d_v, "g*d_v/t"),
+             "wo": (dims.h, "h"), "w_gate": (lc.f, "f/t"), "w_up": (lc.f, "f/t"), "w_down": (dims.h, "h")}
+    mms = op_sac_saved_mms(op_sac_mms(mla=bool(dims.kv_lora), q_lora=bool(dims.q_lora), gated=dims.gated,
+                                      mlp=bool(dims.f)))
+    saved = [Term(f"{n} output (saved mm)", e * rows * width[n][0], f"{e}*{S}*b*{width[n][1]}") for n in mms]
+    n_attn = sum(n.startswith("wq") or n.startswith("wk") or n in ("wv", "wo") for n in mms)
+    out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")] + saved[:n_attn] + [
+        Term("attention output (saved SDPA)", e * rows * lc.aq * dims.d_v, f"{e}*{S}*b*a*d_v/t")]
     if flash:
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
     # with tp > 1 (sequence parallel): the reduce-scatters after wo and w_down, each tokens/tp x h
     scattered = [Term(f"{g} reduce-scatter output (saved)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")
                  for g in ("wo", "w_down")] if r else []
-    if dims.gated:
-        return out + [Term("w_gate output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t"),
-                      Term("w_down output (saved mm)", e * rows * dims.h, f"{e}*{S}*b*h")] + scattered
-    return out + [Term("w_up output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t")] + scattered
+    return out + saved[n_attn:] + scattered
 
 
 def layer_bytes(dims: LayerDims, **options) -> int:

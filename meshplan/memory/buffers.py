@@ -1,8 +1,10 @@
 """DeepSpeed ZeRO-3's gradient buffers on one rank: the 2021 engine's ipg buffers or flattened
 bucket during each backward (:func:`deepspeed3_bucket_bytes`), current DeepSpeed's ipg buffer
 kept from init (:func:`deepspeed3_ipg_bytes`), and their label in the memory timeline
-(:func:`bucket_what`). FSDP2's and ZeRO-1/2's buckets are
-:meth:`~meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`.
+(:func:`bucket_what`); and ZeRO++ hpZ's secondary parameter partition (:func:`hpz_secondary_bytes`). FSDP2's and ZeRO-1/2's buckets are
+:meth:`~meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`. DeepSpeed's ``BF16_Optimizer``: its bf16
+gradients beside the fp32 ones (:func:`bf16_lp_grad_bytes`) and its step's flattened bucket
+(:func:`bf16_step_bucket_bytes`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.deepspeed_memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -89,6 +92,27 @@ def deepspeed3_ipg_bytes(training: TrainingSpec, opts: MemoryOptions) -> int:
     return opts.deepspeed_bucket_elements() * dtype_bytes(training.gradient_reduce_dtype)
 
 
+def hpz_secondary_bytes(training: TrainingSpec, params: int) -> int:
+    """Bytes of DeepSpeed ZeRO++ hpZ's secondary partition on one rank holding ``params`` parameters
+    (``training.zero_hpz_partition_size`` g > 1 under ``zero3_engine = "deepspeed"``, else 0):
+    ``_partition_param_sec`` (deepspeedai/DeepSpeed edaa722 ``runtime/zero/partition_parameters.py``
+    1872-1925) keeps ``aligned numel / g`` elements of every parameter in its dtype
+    (``torch.empty(secondary_partition_size, dtype=param.dtype)``) from the first forward of a step
+    to ``_post_step``'s ``invalidate_secondary_tensor`` (``stage3.py:2566-2577``): ``params / g x``
+    the parameter bytes (the alignment to the world, under ``world`` elements a tensor, left out).
+
+    Llama 3 8B (8,030,261,248 parameters, bf16) with g = 8: 2.01 GB a rank:
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", zero_hpz_partition_size=8)
+    >>> hpz_secondary_bytes(t, 8_030_261_248), hpz_secondary_bytes(t.model_copy(update={"zero_hpz_partition_size": 1}), 8)
+    (2007565312, 0)
+    """
+    g = training.zero_hpz_partition_size
+    if g <= 1 or training.sharding != "zero3" or training.zero3_engine != "deepspeed":
+        return 0
+    return -(-params // g) * dtype_bytes(training.param_dtype)
+
+
 def ipg_elements(training: TrainingSpec, opts: MemoryOptions) -> int:
     """Elements of DeepSpeed ZeRO-3's ipg buffer when its backward hooks move the gradients into
     it (:func:`deepspeed3_ipg_bytes` > 0), else 0. ``__add_grad_to_ipg_bucket`` (deepspeedai/DeepSpeed
@@ -116,3 +140,52 @@ def bucket_what(training: TrainingSpec) -> str:
         return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced" if training.contiguous_grads
                 else "DeepSpeed bucket being reduced, flattened (contiguous_gradients false: no ipg buffer)")
     return "gradient bucket (reduce dtype)"
+
+
+def bf16_lp_grad_bytes(training: TrainingSpec, params_numel: int) -> int:
+    """Bytes of the bf16 gradients (``param.grad``) DeepSpeed's ``BF16_Optimizer`` leaves allocated
+    beside its fp32 gradients (:attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`; 0 under
+    any other training): ``params_numel`` (the rank's parameter elements, whole: not sharded) x 2 B.
+
+    Autograd writes each ``param.grad`` in the parameter's dtype (bf16) during a backward; after it
+    the engine calls ``update_hp_grads(clear_lp_grads=False)``, which adds each into its fp32
+    gradient and keeps it, and only the next backward's ``clear_lp_grads`` sets them to None
+    (microsoft/DeepSpeed v0.6.5 8164ea9 ``runtime/pipe/engine.py:766-780``,
+    ``runtime/bf16_optimizer.py:374-407, 445-448``; at 38327e0 ``pipe/engine.py:852-866`` and
+    ``bf16_optimizer.py:316-365``, where ``clear_lp_grads=True`` zeroes them in place but frees none).
+    So from the first backward on the rank holds them to the step and through the next forwards:
+    planned as persistent state from init. A step of two or more micro-batches reaches the same peak
+    in a later micro-batch (whose forward or backward holds them all), though the peak's place may
+    then name micro-batch 0; with one micro-batch a step this overstates the first forward only.
+
+    A rank of 1,000 parameters: 1,000 x 2 B = 2,000 B; none under ZeRO-1's own optimizer:
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
+    >>> bf16_lp_grad_bytes(t, 1000), bf16_lp_grad_bytes(t.model_copy(update={"grad_dtype": "bf16"}), 1000)
+    (2000, 0)
+    """
+    return params_numel * dtype_bytes(training.param_dtype) if training.bf16_optimizer else 0
+
+
+def bf16_step_bucket_bytes(training: TrainingSpec, params_numel: int) -> int:
+    """Bytes of the flattened bucket ``BF16_Optimizer``'s step all-reduces, once a step after the
+    last backward (0 under any other training). The pipeline engine's ``_bf16_reduce_grads``
+    (v0.6.5 ``runtime/pipe/engine.py:270-274``) calls ``buffered_allreduce_fallback`` on the whole
+    fp32 gradients with ``elements_per_buffer = MEMORY_OPT_ALLREDUCE_SIZE`` (5e8, ``engine.py:73``,
+    whatever ``reduce_bucket_size`` says); each bucket's ``allreduce_bucket`` (``engine.py:2107-2131``)
+    flattens it into a new fp32 tensor and casts that to ``communication_data_type`` when it differs
+    (bf16 unset), one bucket at a time: ``k x (4 + reduce bytes)`` with ``k = min(5e8,
+    params_numel)`` (reduce bytes 0 when the reduce dtype is fp32).
+
+    BLOOM-176B's stage of 6 layers at tp 4 (3,700,042,752 elements): 5e8 x (4 + 2) B = 3 GB; a rank of
+    1,000 parameters reducing in fp32: 1,000 x 4 B:
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
+    >>> bf16_step_bucket_bytes(t, 3_700_042_752), bf16_step_bucket_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32"}), 1000)
+    (3000000000, 4000)
+    """
+    if not training.bf16_optimizer:
+        return 0
+    reduce = training.gradient_reduce_dtype
+    cast = dtype_bytes(reduce) if reduce != training.grad_dtype else 0
+    return min(DEEPSPEED_REDUCE_BUCKET_ELEMENTS, params_numel) * (dtype_bytes(training.grad_dtype) + cast)

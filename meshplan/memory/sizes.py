@@ -17,7 +17,8 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import shard_words, state_how
 from meshplan.units import dtype_bytes, human_bytes
-from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
+from meshplan.memory.buffers import bf16_lp_grad_bytes, bf16_step_bucket_bytes, bucket_what, deepspeed3_bucket_bytes, \
+    deepspeed3_ipg_bytes, hpz_secondary_bytes, ipg_elements
 from meshplan.memory.deepep_buffers import BufferBytes, entry as deepep_entry, rank_buffer
 from meshplan.memory.deepspeed_fetch import deepspeed_reuse, layer_param_bytes
 from meshplan.memory.pass_sizes import ActSizes, StageSizes
@@ -47,6 +48,13 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
                     f"{opts.nccl_channels} channels x {opts.nccl_peers} peers"))
     out.extend(deepep_entry(deepep))
     out.append((None, "workspace", opts.workspace_bytes, f"cuBLAS workspace {human_bytes(opts.workspace_bytes)}"))
+    sec = hpz_secondary_bytes(training, state.params.total)
+    out.append((None, "params", sec, f"DeepSpeed ZeRO++ hpZ secondary partition: {state.params.total:,} / "
+                f"zero_hpz_partition_size {training.zero_hpz_partition_size} x {dtype_bytes(training.param_dtype)} B, "
+                "held from the step's first forward to the optimizer step"))
+    out.append((None, "grads", bf16_lp_grad_bytes(training, state.params.total), f"BF16_Optimizer's bf16 gradients "
+                f"(param.grad, kept beside the fp32 ones from each backward to the next): {state.params.total:,} x "
+                f"{dtype_bytes(training.param_dtype)} B, whole on every rank"))
     ipg = deepspeed3_ipg_bytes(training, opts)
     out.append((None, "grad_buffers", ipg, f"DeepSpeed ZeRO-3 ipg buffer: reduce_bucket_size "
                 f"{opts.deepspeed_bucket_elements():,} x {dtype_bytes(training.gradient_reduce_dtype)} B "
@@ -55,12 +63,16 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
 
 
 def step_entries(state: StateBytes, training: TrainingSpec, opts: MemoryOptions, fsdp_grads: int) -> tuple:
-    """Optimizer step: its temporaries (:meth:`MemoryOptions.optimizer_temp_states_for`: one
-    state-sized ``sqrt`` under torch's foreach Adam, none under the fused step), then FSDP's
-    sharded grads freed (zero_grad)."""
+    """Optimizer step: ``BF16_Optimizer``'s gradient all-reduce bucket, allocated and freed
+    (:func:`~meshplan.memory.buffers.bf16_step_bucket_bytes`), its temporaries
+    (:meth:`MemoryOptions.optimizer_temp_states_for`: one state-sized ``sqrt`` under torch's foreach
+    Adam, none under the fused step), then FSDP's sharded grads freed (zero_grad)."""
     temp = opts.optimizer_temp_bytes(training, state.bytes_of("optimizer"))
     n = opts.optimizer_temp_states_for(training)
-    out = [(None, "temporaries", temp, f"optimizer step: {n:g} state-sized temporaries"),
+    bucket = bf16_step_bucket_bytes(training, state.params.total)
+    out = [(None, "grad_buffers", bucket, f"BF16_Optimizer's all-reduce: one flattened bucket of fp32 gradients, "
+            f"cast to {training.gradient_reduce_dtype}"), (None, "grad_buffers", -bucket, "all-reduce bucket freed"),
+           (None, "temporaries", temp, f"optimizer step: {n:g} state-sized temporaries"),
            (None, "temporaries", -temp, "optimizer step: temporaries freed"),
            (None, "grads", -fsdp_grads, "zero_grad(set_to_none): sharded gradients freed")]
     return tuple(e for e in out if e[2])

@@ -40,7 +40,8 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   experts' received rows or the shared experts' tokens, + SP's re-gathered input (measured at
   world 4 of ``tests/data/validate_mixtral_ep2_fsdp.toml``: the activation step's 3 gradients of
   161 received rows x 896 fp32 beside dY, 1,797,120 B; the plan 1,441,792 B at the balanced 128
-  rows; before, dX + 2 such gradients, 1,048,576 B);
+  rows; before, dX + 2 such gradients, 1,048,576 B), + under torch the routing scores' gradient
+  (:func:`meshplan.memory.routed_sizes.scores_grad`: the 512 B left there, 256 B at world 2);
 - recompute: the layer's activations without recompute minus those kept, at the start of
   its backward (full recompute: the whole layer's working set; selective without flash:
   the attention scores; otherwise 0), freed by the steps with the rest;
@@ -50,14 +51,9 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 - the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
   ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
 
-MoE layers (an estimate): attention and shared experts as a dense layer
-of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row the busiest
-rank's local experts compute (:func:`meshplan.compute.routing.routing` of the tokens each rank
-routes, :func:`~meshplan.compute.routing.routed_tokens`: ``experts x C`` padded rows with a
-capacity, the hottest expert's rank's share when dropless; under Megatron-LM at etp > 1 times etp,
-the rows its etp all-gather collects), the expert MLP terms at width
-``expert_ffn / etp`` (gated: 4 columns, 3 with ``fused_glu``; GeLU: 2) plus the dispatched input and the expert output (``2 a h`` each) and
-the fp32 router logits ``4 experts`` per token.
+MoE layers (an estimate): attention and shared experts as a dense layer of width ``shared_experts x
+shared_expert_ffn``; the routed experts' kept activations and working sets:
+:mod:`meshplan.memory.routed_sizes`.
 """
 
 from __future__ import annotations
@@ -71,12 +67,12 @@ from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
 from meshplan.compute.shapes import layer_gemms
-from meshplan.compute.routing import RoutingOptions, routed_tokens, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.recompute_modules import layer_parts
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes
@@ -88,6 +84,7 @@ from meshplan.memory.mla_terms import MLA_KV_TERMS, MLA_LATENT_TERMS
 from meshplan.memory.pass_sizes import ActSizes, BackStep
 from meshplan.memory.buffers import ipg_elements
 from meshplan.memory.units import fsdp_active
+from meshplan.memory.routed_sizes import mlp_step_work, routed_kept, routed_sizes
 
 
 def _total(terms) -> int:
@@ -118,13 +115,17 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if training.recompute == "layer":
         training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
     fused = opts.fused_glu_for(training) and model.gated_mlp
-    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused}
+    parts = layer_parts(training.recompute_modules, moe, model.is_mla)
+    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused, "parts": parts}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
     h = model.hidden
     dims = dense_dims(model, training, opts.dropout)
-    routed_full, widest, routed_fwd = _routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0, 0, 0)
-    routed = routed_full if training.recompute != "full" else 0
+    routed_full, widest, routed_fwd, exchanged = routed_sizes(model, training, mesh, tok, tp, fused) if moe else (0,) * 4
+    routed = {"full": 0, "op": exchanged}.get(training.recompute, routed_full)
+    if moe and training.recompute == "selective":
+        routed = routed_kept(model, training, mesh, tok, tp, fused, lo["parts"]) if lo["parts"] & {"moe", "moe_act"} \
+            else routed
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
     f8 = {} if moe else float8_copies(model, training, mesh)
@@ -143,7 +144,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if moe:
         if dims.f:  # the shared experts' MLP
             widest = max(widest, *mlp_step_work(a * tok * ceil(dims.f / tp), a * tok * h, model.gated_mlp))
-        fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute == "full" else gathered
+        fwd = max(gathered, residual + routed_fwd, mlp_fwd) if training.recompute in ("full", "op") else gathered
         core = attention_core_work(dims, lo, tok, opts.kv_expanded) + cpb.backward if cpb.backward else 0
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=max(fwd, cpb.forward),
                         bwd_temp=max(widest + gathered, core), fwd_what=_fwd_what(fwd, gathered, cpb))
@@ -204,37 +205,6 @@ def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[
     w = Workload(seq_len=training.seq_len, micro_batch=training.micro_batch, tp=tp, sp=mesh.sequence_parallel,
                  dtype=training.compute_dtype, **framework_kernels(training), **float8_gemms(model, training))
     return float8.saved_copies(model, w, layer_gemms(model, tp, tok, framework=training.framework))
-
-
-def _routed_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, tok: int, tp: int,
-                  fused: bool) -> tuple[int, int, int]:
-    """(kept activations, backward working set, checkpointed forward's working set), bytes of
-    the routed experts of one MoE layer on the busiest rank (module docstring), at the
-    received rows of :func:`meshplan.compute.routing.routing`."""
-    a, h = dtype_bytes(training.compute_dtype), model.hidden
-    # the tokens a rank routes, and the etp ranks whose received rows its experts take (Megatron-LM's
-    # etp all-gather; torch: the tp ranks split the tokens, runtime.moe): compute.routing.routed_tokens
-    routed_tok, g = routed_tokens(tok, tp, mesh.etp, training.framework)
-    r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
-    copies, width = g * r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
-    kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
-    full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
-    widest = max(mlp_step_work(a * copies * width, a * copies * h, model.gated_mlp))
-    fwd = a * h * (r.send_rows + 2 * copies) + (3 if model.gated_mlp else 2) * a * copies * width
-    return full, widest, fwd
-
-
-def mlp_step_work(F: int, H: int, gated: bool) -> tuple[int, int]:
-    """Working sets (bytes) of an MLP's activation and w_in backward steps over the same rows,
-    ``F`` bytes of one f-wide tensor, ``H`` of one h-wide (module docstring): gated 3F (d of
-    the w_out input, of silu's output, of up) and max(2F + H, 3H) (the two GEMMs' dX and their
-    sum); GeLU 2F and F + H. A dense layer's MLP and, per received row, an MoE layer's routed
-    experts.
-
-    >>> mlp_step_work(10, 4, True), mlp_step_work(10, 4, False)
-    ((30, 24), (20, 14))
-    """
-    return (3 * F, max(2 * F + H, 3 * H)) if gated else (2 * F, F + H)
 
 
 def attention_core_work(dims, lo: dict, tok: int, kv_expanded: bool) -> int:

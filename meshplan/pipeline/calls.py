@@ -63,7 +63,8 @@ def _call_table(pairs, width: int, pad: int) -> tuple:
     flat = table.reshape(-1)
     flat[send_row * cols + after_send] = recv[ws]
     flat[recv_row * cols + after_recv] = send[wr]
-    loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
+    n_out, n_in = np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols)
+    loads = n_out + n_in if pairs.serial else np.maximum(n_out, n_in)
     return table, loads.astype(float), loads > 0, _call_seconds(pairs, after_send, after_recv, cols)
 
 
@@ -72,21 +73,50 @@ def _call_seconds(pairs, after_send: np.ndarray, after_recv: np.ndarray, cols: i
     seconds of the call's transfers with a time per boundary (``pairs.xfer_s``; None without): the
     longest of its links' loads, its sends' times added per link (``pairs.link``) and its
     receives' (:func:`meshplan.pipeline.rendezvous.call_seconds`, whose NCCL source says why), the
-    same additions in the same (flat) order."""
+    same additions in the same (flat) order; with ``pairs.xfer_pair`` each link's load as
+    :func:`meshplan.pipeline.rendezvous.link_load` takes it."""
     xs = getattr(pairs, "xfer_s", None)
     if xs is None:
         return None
     ws, wr = pairs.sides()
     link = getattr(pairs, "link", None)
-    if link is None:
-        link = np.zeros(len(xs), dtype=np.int64)
+    pair = getattr(pairs, "xfer_pair", None)
     secs = np.zeros(cols)
     for at, side in ((after_send, ws), (after_recv, wr)):
-        on, t = link[side], xs[side]
-        for k in np.unique(on).tolist():
-            mine = on == k
-            np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
+        t, two = xs[side], None if pair is None else pair[side]
+        on = None if link is None else link[side]
+        for k in ([None] if on is None else np.unique(on).tolist()):
+            mine = slice(None) if on is None else on == k
+            if pairs.serial:  # one blocking call per transfer: they add (rendezvous.call_seconds)
+                secs += np.bincount(at[mine], t[mine], minlength=cols)
+            elif two is None:
+                np.maximum(secs, np.bincount(at[mine], t[mine], minlength=cols), out=secs)
+            else:  # rendezvous.link_load: the largest fixed part (2 t - pair) once, each share (pair - t) added
+                slot, tk, pk = at[mine], t[mine], two[mine]
+                np.maximum(secs, _largest(slot, 2 * tk - pk, cols) + np.bincount(slot, pk - tk, minlength=cols),
+                           out=secs)
     return secs
+
+
+def _largest(slot: np.ndarray, value: np.ndarray, cols: int) -> np.ndarray:
+    """Per slot the largest of ``value`` over its entries, at least 0 (0 for a slot without one):
+    one value for all (one boundary path: a single write), else by distinct value, largest last
+    (a few: one per boundary path), not ``np.maximum.at``.
+
+    >>> _largest(np.array([0, 0, 2]), np.array([1.0, 3.0, 2.0]), 4).tolist()
+    [3.0, 0.0, 2.0, 0.0]
+    """
+    out = np.zeros(cols)
+    if not len(value):
+        return out
+    lo, hi = float(value.min()), float(value.max())
+    if lo == hi:
+        out[slot] = max(hi, 0.0)
+        return out
+    for v in np.unique(value).tolist():  # ascending: a later (larger) value overwrites
+        if v > 0:
+            out[slot[value == v]] = v
+    return out
 
 
 def call_table(pairs, p: int, length: int) -> tuple:
@@ -129,7 +159,9 @@ class Transfers(NamedTuple):
     time per boundary (``PipelineSpec.p2p_s`` a tuple), each entry's seconds, its boundary's
     (None: every transfer takes the one ``p2p_s``); ``link``: with ``xfer_s`` and
     ``PipelineSpec.p2p_link``, each entry's link (:meth:`~meshplan.pipeline.sim_types.PipelineSpec.link_of`;
-    None: one link)."""
+    None: one link); ``xfer_pair``: with ``PipelineSpec.p2p_pair_s``, each entry's seconds of two
+    such transfers at once (:meth:`~meshplan.pipeline.sim_types.PipelineSpec.pair_s`; None: twice
+    ``xfer_s``), which also sets ``xfer_s`` under one ``p2p_s``."""
 
     send: np.ndarray
     recv: np.ndarray
@@ -141,6 +173,8 @@ class Transfers(NamedTuple):
     calls: Optional[tuple] = None
     xfer_s: Optional[np.ndarray] = None
     link: Optional[np.ndarray] = None
+    serial: bool = False  # PipelineSpec.serial_p2p: a call's transfers add (rendezvous.call_loads)
+    xfer_pair: Optional[np.ndarray] = None
 
     def sides(self) -> tuple[np.ndarray, np.ndarray]:
         """(the entries whose send is waited in its call, those whose receive is): a call's peers
@@ -170,11 +204,13 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     prod = f.dep[cons]
     delay, lead = delay[prod], lead[cons]
     slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
-    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
-    if spec.per_boundary:  # each transfer on its own boundary's pair
+    out = Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead, serial=spec.serial_p2p)
+    if spec.per_boundary or spec.p2p_pair_s is not None:  # each transfer on its own boundary's pair
         a, c = prod // length, cons // length
-        out = out._replace(xfer_s=np.asarray(spec.transfer_s(a, c), dtype=float),
-                           link=np.asarray(spec.link_of(a, c), dtype=np.int64) if spec.p2p_link else None)
+        out = out._replace(xfer_s=np.broadcast_to(np.asarray(spec.transfer_s(a, c), dtype=float), a.shape),
+                           link=np.asarray(spec.link_of(a, c), dtype=np.int64) if spec.p2p_link else None,
+                           xfer_pair=None if spec.p2p_pair_s is None else np.broadcast_to(
+                               np.asarray(spec.pair_s(a, c), dtype=float), a.shape))
     some = spec.overlap_p2p or spec.torch_p2p  # (torch 1F1B and GPipe: sends without a wait)
     return out._replace(send_async=send_async[prod], recv_async=recv_async[cons]) if some else out
 

@@ -266,9 +266,10 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     (33.0, 0.375, ['F0', 'F0', 'F0', 'F0', 'B0'])
     """
     same = like is not None and (like.spec.schedule, like.spec.p, like.spec.m, like.spec.v, like.spec.blocking_p2p,
-                                 like.spec.overlap_p2p, like.spec.torch_p2p, like.spec.p2p_s, like.spec.p2p_link) == \
+                                 like.spec.overlap_p2p, like.spec.torch_p2p, like.spec.p2p_s, like.spec.p2p_link,
+                                 like.spec.serial_p2p, like.spec.p2p_pair_s) == \
         (spec.schedule, spec.p, spec.m, spec.v, spec.blocking_p2p, spec.overlap_p2p, spec.torch_p2p, spec.p2p_s,
-         spec.p2p_link)
+         spec.p2p_link, spec.serial_p2p, spec.p2p_pair_s)
     p, f = spec.p, like.flat if like is not None and same else flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)

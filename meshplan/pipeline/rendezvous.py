@@ -21,7 +21,8 @@ forward output to the next stage and the input gradient to the previous one thro
 NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve); with a time
 per boundary the call spends its longest link's: its sends' times added per link, or its
 receives' (:func:`call_seconds`: an NVLink transfer beside a NIC one runs at once, NCCL's group of
-p2p ops to different peers on their own channels). A send
+p2p ops to different peers on their own channels); with a pair time (``p2p_pair_s``) the
+transfers sharing a link pay their fixed part once (:func:`link_load`). A send
 therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
 the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
@@ -48,7 +49,7 @@ from typing import Optional
 from meshplan.pipeline.base import Unit
 from meshplan.pipeline.sim_types import Event, PipelineResult, PipelineSpec, busy_times, critical_path_of, dependency
 
-__all__ = ["calls", "call_loads", "call_seconds", "simulate_rendezvous"]
+__all__ = ["calls", "call_loads", "call_seconds", "link_load", "simulate_rendezvous"]
 
 
 def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
@@ -86,9 +87,12 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
     return {k: sorted(x) for k, x in peers.items()}, xfer
 
 
-def call_loads(xfer: dict) -> dict:
+def call_loads(xfer: dict, serial: bool = False) -> dict:
     """(stage, position) of a call -> ``k``, the larger of its waited sends and receives (at
-    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
+    least 1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link;
+    with ``serial`` (``PipelineSpec.serial_p2p``, DeepSpeed's one blocking call per transfer) their
+    sum: a 1F1B middle stage's steady-state call, a send and a receive, counts 2 (p 3, m 4: 12 of the
+    20 calls; stage 0's two steady calls, stage 1's seven after its first unit, stage 2's three).
 
     1F1B's calls carry at most one send and one receive; interleaved 1F1B's steady state (p 2,
     m 4, v 2) sends a forward output and an input gradient in one call, 6 such calls of 22:
@@ -101,10 +105,13 @@ def call_loads(xfer: dict) -> dict:
     [(1, 6)]
     >>> loads(PipelineSpec("interleaved_1f1b", 2, 4, v=2, blocking_p2p=True))
     [(1, 16), (2, 6)]
+    >>> o = [PipelineSpec("1f1b", 3, 4).sched.order(3, 4, 1, s) for s in range(3)]
+    >>> sorted(Counter(call_loads(calls(PipelineSpec("1f1b", 3, 4, blocking_p2p=True), o)[1], serial=True).values()).items())
+    [(1, 8), (2, 12)]
     """
     out = Counter(x[1] for x in xfer.values() if not x[3])
     inc = Counter(x[2] for x in xfer.values() if not x[4])
-    return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
+    return {k: out[k] + inc[k] if serial else max(out[k], inc[k]) for k in out.keys() | inc.keys()}
 
 
 def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
@@ -126,6 +133,27 @@ def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
     and add, as do the sends and receives of one direction; sends and receives, on full-duplex
     links, run beside each other.
 
+    Why two NVLink sends to different peers add while a send and a receive do not (checked Dec
+    2026; 1F1B's calls hold one send and one receive, so they never add; interleaved 1F1B's steady
+    call sends to both neighbours and receives from both): NCCL gives one NVLink peer channels for
+    the GPU's whole NVLink path (nccl 5067397 ``src/graph/paths.cc`` ``ncclTopoGetNchannels``,
+    lines 920-940: ``2 x path->bw / nvlBw`` channels, the path through NVSwitch being all 18 of an
+    H100's links at ``SM90_NVLINK_BW`` 20.6 GB/s, ``src/graph/topo.h`` line 22: 370.8 GB/s), and
+    one pair measures at that ceiling: 371-377 GB/s one way between any two H100s of an HGX
+    (p2pBandwidthLatencyTest, NVIDIA/nccl issue #1264), the per-GPU rate of the 8-GPU ring (~370,
+    nccl-tests issue #212). A second peer finds no egress left: the GPU's 18 links carry both
+    sends. The two directions are separate: the same test's bidirectional matrix gives ~783 GB/s
+    per pair (issue #1264's title), twice one way, and nccl-tests' ring busbw is reached with every
+    rank sending and receiving at once ("The tests are usually bidirectional, but we don't double
+    the BW figure", NCCL maintainer, nccl-tests PR #189). What two transfers on one link share is
+    their bytes, not their fixed part: one group is one kernel with each peer on its own channels,
+    so with a pair time (:attr:`~.sim_types.PipelineSpec.p2p_pair_s`: the two as one transfer of
+    both sizes on the same path, :func:`meshplan.schedule.steptime.boundary_p2p_s`) a link's
+    transfers take :func:`link_load`, the fixed part once: two 4 KiB NVLink sends 14.3 us, not
+    27.4; two 6 MiB sends through an A100's NIC 9.3 us less than twice one. No catalog node has
+    more than one NIC per GPU (dgx-a100: two NICs per two GPUs, every GPU sending at once in a pp
+    step), so a NIC's transfers share it as the NVLink's do.
+
     Interleaved 1F1B's steady-state call on the middle stage of 3 sends a forward output to stage
     2 and an input gradient to stage 0: 0.1 + 0.7 s through one link (boundary 0 0.1 s, 1 0.7 s),
     0.7 s where boundary 0 is NVLink and 1 the NIC:
@@ -138,19 +166,35 @@ def call_seconds(spec: PipelineSpec, xfer: dict) -> dict:
     >>> max(t for (s, _), t in call_seconds(spec, calls(spec, o)[1]).items() if s == 1)
     0.7
     """
-    if not spec.per_boundary:
-        return {k: spec.p2p_s * n for k, n in call_loads(xfer).items()}
-    load: dict = {}  # (call, 0 sends / 1 receives, link) -> seconds
+    if not spec.per_boundary and spec.p2p_pair_s is None:
+        return {k: spec.p2p_s * n for k, n in call_loads(xfer, spec.serial_p2p).items()}
+    load: dict = {}  # (call, 0 sends / 1 receives, link) -> [(seconds, pair seconds)] of its transfers
     for (s, _), ((a, _), send, recv, send_async, recv_async) in sorted(xfer.items()):
-        t, link = spec.transfer_s(a, s), spec.link_of(a, s)
+        t, link = (float(spec.transfer_s(a, s)), float(spec.pair_s(a, s))), spec.link_of(a, s)
         if not send_async:
-            load[(send, 0, link)] = load.get((send, 0, link), 0.0) + t
+            load.setdefault((send, 0, link), []).append(t)
         if not recv_async:
-            load[(recv, 1, link)] = load.get((recv, 1, link), 0.0) + t
+            load.setdefault((recv, 1, link), []).append(t)
     out: dict = {}
-    for (call, _, _), t in load.items():
-        out[call] = max(out.get(call, 0.0), t)
+    for (call, _, _), ts in load.items():  # serial_p2p: one blocking call per transfer, so they add
+        out[call] = out.get(call, 0.0) + sum(t for t, _ in ts) if spec.serial_p2p else max(out.get(call, 0.0),
+                                                                                          link_load(ts))
     return out
+
+
+def link_load(transfers: list[tuple[float, float]]) -> float:
+    """Seconds of a call's transfers that share one link in one direction, each as (seconds
+    alone, seconds of two such at once: :attr:`~.sim_types.PipelineSpec.p2p_pair_s`): the largest
+    fixed part ``2 t - pair`` once, each transfer's share of the link ``pair - t`` added (one NCCL
+    group, :func:`call_seconds`: one kernel, each peer on its own channels, their bytes through the
+    one link). Without a pair time (``pair = 2 t``) the transfers' times add.
+
+    >>> link_load([(0.3, 0.6), (0.3, 0.6)]), link_load([(0.3, 0.4)]), link_load([(0.3, 0.4), (0.3, 0.4)])
+    (0.6, 0.3, 0.4)
+    >>> round(link_load([(0.3, 0.4), (0.5, 0.9)]), 9)   # fixed parts 0.2 and 0.1: 0.2 + 0.1 + 0.4
+    0.7
+    """
+    return max([0.0] + [2 * t - pair for t, pair in transfers]) + sum(pair - t for t, pair in transfers)
 
 
 def simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:

@@ -46,12 +46,19 @@ class PipelineSpec:
     for all): per boundary, which of a rank's links its transfers take (0: NVLink, where both
     stages share an NVLink domain; 1: the rank's NIC), so that a blocking call's transfers on the
     same link share it and those on different links run at once
-    (:func:`~meshplan.pipeline.rendezvous.call_seconds`); ``blocking_p2p``: sends
+    (:func:`~meshplan.pipeline.rendezvous.call_seconds`); ``p2p_pair_s`` (optional, shaped as
+    ``p2p_s``): seconds of two transfers of a boundary's size through its link at once, one NCCL
+    group (their fixed part once, their bytes shared), which a blocking call's transfers sharing a
+    link take (:func:`~meshplan.pipeline.rendezvous.link_load`); None: twice ``p2p_s``; ``blocking_p2p``: sends
     block their stage (:mod:`~meshplan.pipeline.rendezvous`); ``overlap_p2p`` (with
     ``blocking_p2p``): Megatron-LM's ``overlap_p2p_comm``, the steady state's transfers
     asynchronous (:mod:`~meshplan.pipeline.rendezvous`); ``torch_p2p`` (with ``blocking_p2p``):
     the calls are torch 2.13's single-stage ``_step_microbatches``' instead of Megatron-LM's
-    (:meth:`p2p_calls`). ``duration`` (optional) overrides: ``duration(stage, unit) -> seconds``
+    (:meth:`p2p_calls`); ``serial_p2p`` (with ``blocking_p2p``): every send and receive is a blocking
+    call of its own, one after the other (DeepSpeed's PipelineEngine, ``runtime/pipe/p2p.py``
+    ``send``/``recv``: one ``dist.send``/``dist.recv`` per tensor, its TrainSchedule issuing a step's
+    receive and send, or send and receive, in turn), so a call's transfers add whatever their
+    direction or link (:func:`~meshplan.pipeline.rendezvous.call_loads`). ``duration`` (optional) overrides: ``duration(stage, unit) -> seconds``
     for the whole unit."""
 
     schedule: Schedule
@@ -66,6 +73,8 @@ class PipelineSpec:
     overlap_p2p: bool = False
     torch_p2p: bool = False
     p2p_link: tuple = ()
+    serial_p2p: bool = False
+    p2p_pair_s: Union[None, float, tuple] = None
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -75,6 +84,10 @@ class PipelineSpec:
             if len(self.p2p_s) != self.p:
                 raise ConfigError("pipeline", f"p2p_s has {len(self.p2p_s)} boundary times; give one per "
                                   f"boundary, p = {self.p} (the last: the wrap from stage p - 1 to 0)")
+        if isinstance(self.p2p_pair_s, (list, tuple)):
+            object.__setattr__(self, "p2p_pair_s", tuple(float(x) for x in self.p2p_pair_s))
+        if self.p2p_pair_s is not None and isinstance(self.p2p_pair_s, tuple) != self.per_boundary:
+            raise ConfigError("pipeline", "p2p_pair_s must be shaped as p2p_s: one value, or one per boundary")
         object.__setattr__(self, "p2p_link", tuple(int(x) for x in self.p2p_link))
         if self.p2p_link and (not self.per_boundary or len(self.p2p_link) != self.p):
             raise ConfigError("pipeline", f"p2p_link has {len(self.p2p_link)} links; give one per boundary, "
@@ -118,6 +131,21 @@ class PipelineSpec:
             return self.p2p_s
         b = boundary_of(a, c, self.p)
         return np.asarray(self.p2p_s)[b] if np.ndim(b) else self.p2p_s[int(b)]
+
+    def pair_s(self, a, c):
+        """Seconds of two transfers at once across the boundary of a transfer from stage ``a`` to
+        ``c`` (``p2p_pair_s``; twice :meth:`transfer_s` without it), ints or arrays.
+
+        >>> spec = PipelineSpec("1f1b", p=3, m=3, p2p_s=(0.1, 0.7, 0.0), p2p_pair_s=(0.15, 1.3, 0.0))
+        >>> spec.pair_s(1, 0), PipelineSpec("1f1b", p=3, m=3, p2p_s=0.5).pair_s(0, 1)
+        (0.15, 1.0)
+        """
+        if self.p2p_pair_s is None:
+            return 2 * self.transfer_s(a, c)
+        if not isinstance(self.p2p_pair_s, tuple):
+            return self.p2p_pair_s
+        b = boundary_of(a, c, self.p)
+        return np.asarray(self.p2p_pair_s)[b] if np.ndim(b) else self.p2p_pair_s[int(b)]
 
     def link_of(self, a, c):
         """The link (``p2p_link``) a transfer from stage ``a`` to stage ``c`` takes (ints or arrays:

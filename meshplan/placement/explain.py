@@ -17,6 +17,8 @@ import numpy as np
 from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.pipeline.registry import get
 from meshplan.placement.topology_node import check_identity_nic_map
+from meshplan.placement.score import ALL_TO_ALL_AXES
+from meshplan.placement.spine import PXN_SOURCE, pxn
 from meshplan.spec.search import TIE
 from meshplan.units import traffic_gb
 
@@ -54,9 +56,21 @@ def explain(c) -> tuple[list[str], list[str]]:
             line, ok = _data(c, axis, loc)
             (dec if ok else warn).append(line)
     dec += _nic_lines(c, warn)
+    dec += _pxn_line(c, locs)
     warn += _hierarchy(c)
     dec.append(_result(c))
     return dec, warn
+
+
+def _pxn_line(c, locs: dict[str, GroupLocality]) -> list[str]:
+    """A decision on NCCL's PXN (:func:`~meshplan.placement.spine.pxn`) where an all-to-all axis's groups
+    span nodes: its sends go on the peer's rail, so its spine bytes count leaf crossings only."""
+    axes = [a for a in ALL_TO_ALL_AXES if a in locs and locs[a].max_nodes > 1]
+    if not axes or not pxn(c.placement.cluster):
+        return []
+    return [f"{', '.join(axes)}'s all-to-all across nodes: NCCL's PXN (NCCL_PXN_DISABLE=0, its default; "
+            f"{PXN_SOURCE.split(', ')[0]}) relays each send over NVLink to the GPU by the NIC on the peer's rail, so it crosses the spine only "
+            "between scalable units (so counted in the spine bytes)"]
 
 
 def _pp_line(c, loc: GroupLocality, locs: dict[str, GroupLocality]) -> str:
@@ -286,6 +300,6 @@ def _hops(cost) -> str:
     """What an axis's network hops count (:class:`~meshplan.placement.score.AxisCost`): ring hops,
     or an all-to-all's rank-buffers off the domain ((n - g)/(n - 1) of each rank's bytes)."""
     if cost.kind == "all-to-all":
-        return (f"{cost.network_hops:.1f} ranks' all-to-all bytes off their NVLink domain (each rank sends "
-                f"(n - g)/(n - 1) of them to peers of other domains)")
+        return (f"{cost.network_hops:.1f} (the sum over the ranks of (n - g)/(n - 1), the share of its all-to-all "
+                f"bytes a rank sends outside its NVLink domain of g members)")
     return f"{cost.network_hops} ring hops"

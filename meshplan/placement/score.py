@@ -23,7 +23,7 @@ import numpy as np
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import Placement, distinct, group_locality
-from meshplan.placement.spine import spine_hops
+from meshplan.placement.spine import pxn, spine_hops
 from meshplan.spec.axes.registry import AXES, placement_weights
 
 #: Relative weights (not bytes) when no collective table is given, each axis's own
@@ -66,7 +66,8 @@ class AxisCost:
     ((n-1)/n S for all-gather and reduce-scatter, 2(n-1)/n S for all-reduce; S is counted).
     ``spine_hops``: those hops that cross the spine, hop by hop in NCCL's rank-order ring
     (:func:`meshplan.placement.spine.spine_hops`: to another leaf's scalable unit, or between
-    domains on different rails). ``socket_hops``: hops across the CPU link: between socket blocks of one node
+    domains on different rails; an all-to-all axis's on an NVLink node to another leaf only, NCCL's PXN
+    sending each message on the peer's rail, :func:`meshplan.placement.spine.pxn`). ``socket_hops``: hops across the CPU link: between socket blocks of one node
     when the GPU fabric is no faster than PCIe, plus each member's share (k/n) of its
     group's network hops when its NIC sits on the other socket.
 
@@ -129,7 +130,7 @@ def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> Ax
         dom = p.domain[groups]
         same = (dom[:, :, None] == dom[:, None, :]).sum(axis=2)  # g of each member, itself included
         net = ((n - same) / (n - 1)).sum(axis=1)
-    spine = spine_hops(p, groups)
+    spine = spine_hops(p, groups, rails=not (axis in ALL_TO_ALL_AXES and pxn(p.cluster)))  # PXN: the peer's rail
     node = p.cluster.node
     socket = 0.0
     if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:

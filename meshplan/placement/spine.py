@@ -29,6 +29,25 @@ from __future__ import annotations
 import numpy as np
 
 
+#: NCCL's PXN for point-to-point sends (an all-to-all is one send/recv per peer): NVIDIA/nccl 5067397
+#: ``src/graph/search.cc``:1398-1470 (``ncclTopoGetNetDev``): with ``NCCL_PXN_DISABLE`` 0 (its default,
+#: ``src/graph/paths.cc``:668) and ``NCCL_P2P_PXN_LEVEL`` 2 (its default, "use PXN as much as possible"),
+#: a send to a peer leaves through the NIC local to the GPU of the peer's local index on the sender's node,
+#: relayed to that GPU over NVLink (the proxy rank), when that GPU reaches the NIC over PCIe with GPUDirect
+#: RDMA and the sender over NVLink. On a rail-optimized fabric the NIC of the peer's local index is on
+#: the peer's rail, so every cross-node send stays on one rail: it crosses the spine only between scalable
+#: units. Applied where the node's GPUs share an NVLink fabric (``fabric.name`` nvlink...). The relay's
+#: NVLink copy (a send to another rail's peer crosses NVLink once more) is not added to the NVLink edge.
+PXN_SOURCE = "NVIDIA/nccl 5067397 src/graph/search.cc:1398-1470, src/graph/paths.cc:668 (NCCL_PXN_DISABLE=0)"
+
+
+def pxn(cluster) -> bool:
+    """Whether NCCL's PXN routes ``cluster``'s cross-node sends (:data:`PXN_SOURCE`): its node's GPUs on
+    an NVLink fabric with NICs."""
+    node = cluster.node
+    return bool(node.nics) and node.fabric.name.startswith("nvlink")
+
+
 def leaf_of(cluster, node: np.ndarray) -> np.ndarray:
     """Scalable unit (leaf) of each node index: ``node // nodes_per_domain`` of the innermost
     network tier, 0 for every node when the leaf holds all (0) or there is no network."""
@@ -36,11 +55,11 @@ def leaf_of(cluster, node: np.ndarray) -> np.ndarray:
     return np.asarray(node) // per if per else np.zeros_like(np.asarray(node))
 
 
-def exit_crosses(p, group: np.ndarray) -> np.ndarray:
+def exit_crosses(p, group: np.ndarray, rails: bool = True) -> np.ndarray:
     """Per NVLink domain of ``group`` (ranks, in rank order), in ring order (first appearance):
     whether the ring hop leaving it for the next domain crosses the spine (another leaf, or
-    another set of rails: members without a NIC count as rail -1). Shape (domains,); all False
-    for a group inside one domain."""
+    another set of rails: members without a NIC count as rail -1; ``rails`` False: another leaf
+    only, an all-to-all under :func:`pxn`). Shape (domains,); all False for a group inside one domain."""
     _, first, inv = np.unique(p.domain[group], return_index=True, return_inverse=True)
     n = len(first)
     if n < 2:
@@ -52,18 +71,18 @@ def exit_crosses(p, group: np.ndarray) -> np.ndarray:
     np.bitwise_or.at(mask, pos[inv.reshape(-1)], np.left_shift(1, p.rail[group].astype(np.int64) + 1))
     leaf = leaf_of(p.cluster, p.node[group][first[ring]])
     nxt = np.append(np.arange(1, n), 0)
-    return (leaf != leaf[nxt]) | (mask != mask[nxt])
+    return (leaf != leaf[nxt]) | (rails & (mask != mask[nxt]))
 
 
-def spine_hops(p, groups: np.ndarray) -> np.ndarray:
+def spine_hops(p, groups: np.ndarray, rails: bool = True) -> np.ndarray:
     """Ring hops that cross the spine per group of ``groups`` (n_groups, size): shape (n_groups,).
-    Groups inside one NVLink domain have none."""
+    Groups inside one NVLink domain have none. ``rails``: as :func:`exit_crosses`."""
     g = np.asarray(groups)
     dom = np.sort(p.domain[g], axis=1)
     multi = (dom[:, 1:] != dom[:, :-1]).any(axis=1) if g.shape[1] > 1 else np.zeros(len(g), bool)
     out = np.zeros(len(g), dtype=np.int64)
     for i in np.flatnonzero(multi):
-        out[i] = int(exit_crosses(p, g[i]).sum())
+        out[i] = int(exit_crosses(p, g[i], rails).sum())
     return out
 
 

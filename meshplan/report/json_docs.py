@@ -110,8 +110,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
              bw: Optional[BubbleWait]) -> dict[str, Any]:
     """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU (and ``torchtitan_mfu``, the
-    MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, null off framework torch and for an MoE or MLA
-    model; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
+    MFU torchtitan's own formula logs: StepTime.torchtitan_mfu, its dense or MoE formula, null off framework
+    torch; ``megatron_throughput_flops_per_s``, what Megatron-LM's --log-throughput logs per GPU, FLOP/s:
     StepTime.megatron_throughput, null off framework megatron), critical path, readiness of
     each collective, concurrency and what sharing NICs cost each stream (``nic_sharing_s``:
     :func:`meshplan.schedule.nic_sharing.nic_waits`, stage 0), load per physical link, bytes each rank sends per step by axis on

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.memory.constraints import usable_bytes
+from meshplan.memory.constraints import Constraints, usable_bytes
 from meshplan.plan import build_plan
 from meshplan.plan_fidelity import plan_setting_line
 from meshplan.plan_runtime import split_backward_ac_head
@@ -131,11 +131,18 @@ def setting_lines(r: SearchResult) -> list[str]:
     (:func:`meshplan.plan_fidelity.plan_setting_line`: ZeRO-3 sharded across nodes, torch FSDP on A100,
     torch on H100, as :data:`~meshplan.spec.accuracy.FIDELITY` lists them), one ``warning:`` line naming
     it with its figures (newcomer trial 34: a Megatron FSDP mesh at dp_shard 512 across nodes ranked
-    first with only the development set's error printed). Not a rank: the order stays the step's."""
+    first with only the development set's error printed). Not a rank: the order stays the step's.
+    Row 1's plan is built as the search's step-only evaluation built it (:class:`meshplan.search.exact.Planner`:
+    no constraint rows, which do not depend on the mesh and which the line does not read; no memory
+    timelines): 5 ms of CPU on the 405B example, not the 23 ms of a plan with its constraint rows. The
+    search keeps no plan (an :class:`~meshplan.search.exact.Exact` crosses processes); carrying the
+    settings on every Exact would cost each memory plan the sharded axis's locality (0.55 ms there, 52
+    such plans: more than this one rebuild)."""
     if not r.top:
         return []
     e = r.top[0]
-    plan = build_plan(candidate_config(r.config, r.candidates, e.index), memory=False, reports=False)
+    plan = build_plan(candidate_config(r.config, r.candidates, e.index), Constraints((), r.usable_bytes),
+                      memory=False, reports=False)
     line = plan_setting_line(f"row 1 ({r.candidates.label(e.index)})", plan)
     return [line] if line else []
 

@@ -245,6 +245,11 @@ def _memory(plan: Plan, con: Console) -> None:
                         state_cell(t, shard_words(i.axis, plan.mesh.layout.names, t.sharding), i.divisor, origin))
         tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
+    if t.bf16_optimizer:  # held beside this state, outside the optimizer step's (memory.buffers.bf16_lp_grad_bytes)
+        big = max(states, key=lambda s: s.total_bytes)
+        con.print(f"[dim]DeepSpeed BF16_Optimizer also keeps the bf16 gradients (param.grad) beside the fp32 ones, "
+                  f"whole, from each backward to the next: stage {big.stage} {big.params.total:,} x 2 B = "
+                  f"{human_bytes(2 * big.params.total)} (in the memory timeline; its step reads the fp32 ones)[/]")
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
         con.print(f"[dim]{line}[/]")
     e = plan.constraints.estimate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from meshplan.comm import zeropp
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
@@ -105,6 +106,8 @@ def comm_kind(row) -> str:
         return "pp"
     if SCATTER_GATHER_CADENCE in c:
         return "pp_gather"
+    if zeropp.MARK in c and row.phase in ("forward", "backward"):  # DeepSpeed ZeRO++: a unit's gathers, qgZ's all-to-alls
+        return "shard"
     if row.op == "all-to-all" or c in (DROPLESS_COUNTS, ETP_GATHER):  # Megatron-LM's counts: an all-gather
         return "ep"
     if row.axis == Axis.DP_REPLICATE or c.endswith("(HSDP replicas)"):

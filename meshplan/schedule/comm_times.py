@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshplan.comm import deepspeed
+from meshplan.comm import deepspeed, zeropp
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.fsdp_rows import REUSE_PART
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.comm.dp_rows import ZERO2_CADENCE
 from meshplan.comm.ep_rows import DROPLESS_COUNTS, ETP_GATHER
 from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE, FLOAT8_TOKEN_SCALES_CADENCE, FLOAT8_WEIGHT_SCALES_CADENCE
-from meshplan.compute.batch_input import GET_BATCH_CADENCES
+from meshplan.compute.batch_input import CORE_CADENCES, GET_BATCH_CADENCES
 from meshplan.schedule.comm_streams import BUILT_IN_STREAMS, comm_kind, split_by_stream, step_stream, timeline_axes
 from meshplan.spec.axes.base import Slot
 from meshplan.spec.axes.cp import P2P_PACKED
@@ -52,6 +52,15 @@ CP_PACKED = "kv+dkv"
 QKV = "qkv"
 
 
+def _slot_op(kind: str, row) -> str:
+    """The op a row's seconds are kept under: a shard unit's gradient reduction's is
+    "reduce-scatter" whatever runs it (DeepSpeed ZeRO-3 of 2021's bucket all-reduces, ZeRO++ qgZ's
+    all-to-alls), else the row's own."""
+    if kind == "shard" and (row.op == "all-reduce" or (row.op == "all-to-all" and zeropp.MARK in row.cadence)):
+        return "reduce-scatter"
+    return row.op
+
+
 def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind == "tp" and row.cadence == QKV_GATHER_CADENCE:
@@ -59,7 +68,7 @@ def _row_group(kind: str, row) -> str:
     if kind == "cp" and P2P_PACKED in row.cadence:
         return CP_PACKED
     if kind == "tp" and row.op == "broadcast":  # Megatron-LM's get_batch: each broadcast its own group
-        return next(g for g, text in GET_BATCH_CADENCES.items() if text == row.cadence)
+        return next(g for g, text in {**GET_BATCH_CADENCES, **CORE_CADENCES}.items() if text == row.cadence)
     if kind in ("shard", "replica"):
         return shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
@@ -186,12 +195,12 @@ class CommTimes:
         ``sm_share``: row -> fraction of the GPU's SMs its NCCL kernel holds while it runs
         (:func:`nccl_sm_share`), kept per key in ``share`` and per kind under (kind,)."""
         c, other = cls(layers=layers), []
+        zp: dict = {}  # ZeRO++'s gathers: key -> (seconds x calls, calls) per step
         for r in rows:
             kind = comm_kind(r)
             _keep_nic(c.nic, kind, r)
             if sm_share is not None and (f := sm_share(r)) > 0:
-                op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
-                key = (kind, _row_group(kind, r), r.phase, op)
+                key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
@@ -246,11 +255,15 @@ class CommTimes:
                     c.ds_flush[at] = (sec + r.time_s * per, n + per * bucket)
             elif kind == "shard" and REUSE_PART in r.cadence:
                 pass  # its seconds are a share of the unit's (rank_timeline._layer_gather, Overlap.fsdp_backward)
+            elif kind == "shard" and zeropp.MARK in r.cadence:
+                _zeropp_row(c, zp, r, layers)
             else:
                 group = _row_group(kind, r)
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
                 if kind == "shard" and r.copy_s:
                     c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
+        for key, (num, calls) in zp.items():  # ZeRO++'s gathers: a unit's call, the mean over the step's
+            c.t[key] = num / calls
         c.other = tuple(other)
         placed = {k[0] for k in c.t} - BUILT_IN_STREAMS
         if placed:
@@ -277,6 +290,20 @@ class CommTimes:
         """Fraction of the SMs a collective of this key holds (its kind's largest when the key
         has no row: the loss and norm-gradient collectives, the per-step reduction pieces)."""
         return self.share.get((kind, group, phase, op), self.share.get((kind,), 0.0))
+
+
+def _zeropp_row(c: CommTimes, zp: dict, r, layers: int) -> None:
+    """One DeepSpeed ZeRO++ row into ``c`` (:mod:`meshplan.comm.zeropp_rows`): an all-gather into
+    ``zp``, whose mean over the step's calls (hpZ: micro-batch 0's over every rank, the others'
+    over the secondary group) is the unit's gather; a reduction row (qgZ's all-to-alls, the
+    gradients reduce-scattered alone) summed into the unit's reduction, its calls per unit."""
+    group = shard_group(r.cadence)
+    if r.op == "all-gather":
+        num, calls = zp.get(("shard", group, r.phase, r.op), (0.0, 0))
+        zp[("shard", group, r.phase, r.op)] = (num + r.time_s * r.per_step, calls + r.per_step)
+        return
+    key, per = ("shard", group, r.phase, "reduce-scatter"), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
+    c.t[key] = c.t.get(key, 0.0) + r.time_s * per
 
 
 def _add_to(by: dict, key: str, seconds: float) -> None:
@@ -322,8 +349,7 @@ def _keep_nic(nic: dict, kind: str, r) -> None:
     :meth:`CommTimes.from_rows` times it under; 0 kept too, so the key reads as having a row, unless
     another row of the key holds a share), its kind and, for a per-step reduction row, ("dp", its
     stream) (:meth:`CommTimes.nic_share`)."""
-    op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
-    key = (kind, _row_group(kind, r), r.phase, op)
+    key = (kind, _row_group(kind, r), r.phase, _slot_op(kind, r))
     if (f := nic_share(r)) <= 0:
         nic.setdefault(key, 0.0)
         return

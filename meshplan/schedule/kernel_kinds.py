@@ -37,7 +37,7 @@ def kernel_kinds_s(st: StepTime) -> dict[str, float]:
     # (schedule.workload.chunk_costs); added op by op in the same order, so the same sums
     items: dict[int, list] = {}
     for ch in st.units.chunks[st.critical_stage]:
-        for cost in (*ch.layers, ch.embed, ch.head, ch.batch):
+        for cost in (*ch.layers, ch.embed, ch.head, ch.batch, ch.engine):
             if cost is None:
                 continue
             if id(cost) not in items:

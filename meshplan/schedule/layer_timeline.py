@@ -12,10 +12,12 @@ from typing import Optional
 from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
+from meshplan.compute.recompute import shared_replay_seconds
 from meshplan.schedule.ring_timeline import cp_attention_backward, cp_attention_forward, cp_parts
 from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TOKEN_SCALES, FLOAT8_TP, FLOAT8_WEIGHT_SCALES, QKV
 from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
+from meshplan.spec.recompute_modules import layer_parts
 
 
 #: The blocks of a layer, in forward order (op blocks of :mod:`meshplan.compute.ops`).
@@ -316,10 +318,36 @@ def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", reco
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "forward")
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp))
+    # op-level AC's replay issues no ep all-to-all: the policy saved their outputs (routed_sizes.routed_sizes)
+    _block(s, "mlp", t["mlp"], "forward", ep=moe and (phase == "forward" or s.w.recompute != "op"), fused=f.get("mlp"),
+           tp_ops=_mlp_tp(s.w, moe, phase, scatter_mlp))
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
+
+
+def module_replay(s: StreamSim, c: Cost, moe: bool) -> float:
+    """Megatron-LM's selective recompute modules that replay collectives
+    (:func:`meshplan.spec.recompute_modules.replayed_tp_ops`), issued before the MLP's backward as
+    forward blocks (:func:`_block`, the rows of phase "forward" timing them, as a full replay's):
+    ``mlp`` or ``moe`` the MLP block's replay with its tp collectives (and ``moe``'s ep calls), then
+    ``shared_experts`` the shared experts' tp pair around their replayed ops
+    (:func:`meshplan.compute.recompute.shared_replay_seconds`). Returns the seconds of the MLP
+    block's replayed ops run here, which the backward's MLP block leaves out; 0 where no such
+    module acts (other recompute policies replay with :func:`forward_layer`)."""
+    if s.w.recompute != "selective" or not (parts := layer_parts(s.w.recompute_modules, moe, False)) & REPLAYING:
+        return 0.0
+    total = c.seconds("backward_input", "mlp", True)
+    shared = s.of(shared_replay_seconds, c) if "shared_experts" in parts else 0.0
+    if parts & {"mlp", "moe"}:
+        _block(s, "mlp (recompute)", total - shared, "forward", ep="moe" in parts, tp_ops=_mlp_tp(s.w, moe, "forward"))
+    if shared > 0:  # a dense tp MLP: all-gather and reduce-scatter with SP, all-reduce without
+        _block(s, "shared experts (recompute)", shared, "forward")
+    return total if parts & {"mlp", "moe"} else shared
+
+
+#: The selective recompute modules whose replay issues collectives (:func:`module_replay`).
+REPLAYING = frozenset({"mlp", "moe", "shared_experts"})
 
 
 def any_recompute(c: Cost) -> bool:
@@ -344,10 +372,11 @@ def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
     f = s.of(fused_gemms, c, "backward_input", False if full else None, s.w.async_tp, s.w.tp,
              _rowwise(s.w)) if s.w.async_tp else {}
     s.compute("add grad", b["mlp_post"])
+    replayed = 0.0 if full else module_replay(s, c, moe)  # Megatron-LM's mlp, moe, shared_experts
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)
     _amax_wait(s, c, "mlp", "backward")
-    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
+    _block_backward(s, "mlp", b["mlp"] - replayed, w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
                     fused=f.get("mlp"), tp_ops=_mlp_tp(s.w, moe, "forward"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])

@@ -9,8 +9,19 @@ import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.comm.row import link_bytes
-from meshplan.placement.spine import aligned_share, exit_crosses, leaf_of, pair_crosses
+from meshplan.placement.spine import PXN_SOURCE, aligned_share, exit_crosses, leaf_of, pair_crosses, pxn
 from meshplan.spec.axes.cp import send_step
+
+
+def pxn_line(plan, rows) -> list[str]:
+    """The edge-load table's line on PXN (:func:`pxn`) where ``rows`` (a stage's collective table) hold an
+    all-to-all over the network other than DeepEP's: how its sends were routed; none otherwise."""
+    if not pxn(plan.config.cluster) or not any(r.op == "all-to-all" and r.path.kind == "network"
+                                               and r.algorithm != "deepep" for r in rows):
+        return []
+    return ["  all-to-all across nodes routed as NCCL's PXN does (NCCL_PXN_DISABLE=0 and NCCL_P2P_PXN_LEVEL=2, its "
+            f"defaults: {PXN_SOURCE.split(', ')[0]}): each send relayed over NVLink to the GPU by the NIC on the "
+            "peer's rail and sent on that rail, so it reaches the spine only between scalable units"]
 
 
 def layer_pass_calls(row, passes: int) -> float:
@@ -48,7 +59,8 @@ def network_loads(plan, rows, passes, node: int = 0, stage: int | None = None, o
     node's ring bytes; NCCL's double binary tree is counted as the ring (its tree edges
     between nodes also cross a scalable unit's border about once per unit, NCCL
     ``graph/trees.cc``); of an all-to-all each member's sends to peers on other nodes that sit
-    on another rail or leaf (:func:`_spine_share`); of DeepEP's dispatch (algorithm ``deepep``) each
+    on another rail or leaf (:func:`_spine_share`), or under NCCL's PXN (:func:`pxn`, the default on an
+    NVLink node) on another leaf only, each sent through the NIC on the peer's rail; of DeepEP's dispatch (algorithm ``deepep``) each
     member's RDMA sends to the same-index member of the other nodes, rail-aligned
     (:func:`~meshplan.placement.spine.aligned_share`)."""
     mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
@@ -111,12 +123,22 @@ def _geometry(p, r, group, mine, counted=None) -> tuple[int, list]:
     for nd in np.unique(gn[mask]):
         idx = np.flatnonzero((gn == nd) & (True if counted is None else counted))
         members = group[idx]
+        relay = ring is None and r.algorithm != "deepep" and pxn(p.cluster)  # PXN: the peer's rail (PXN_SOURCE)
+        rails = np.zeros_like(group) if relay else p.rail[group]
         up = (aligned_share(p, group, int(nd)) if r.algorithm == "deepep"  # RDMA to the same-index GPU
-              else _spine_share(r.op, gn, p.rail[group], int(nd), leaf) if ring is None
+              else _spine_share(r.op, gn, rails, int(nd), leaf) if ring is None
               else float(ring.get(int(p.domain[members[0]]), False)))
         cross = _p2p_cross(gn, idx, r.axis == "pp", send_step(r)).tolist() if r.op == "send/recv" else None
-        out.append((int(nd), p.nic[members].tolist(), cross, int((gn == nd).sum()), up))
+        via = _relay_nics(p, group[gn != nd]) if relay else None
+        out.append((int(nd), p.nic[members].tolist(), cross, int((gn == nd).sum()), up, via))
     return n_nodes, out
+
+
+def _relay_nics(p, peers) -> list[int]:
+    """The NICs of a node that PXN sends an all-to-all through to ``peers`` (ranks on other nodes): those
+    on the peers' rails (:data:`PXN_SOURCE`), the node's bytes split evenly over them."""
+    rails = {int(x) for x in p.rail[peers] if x >= 0}
+    return [i for i, n in enumerate(p.cluster.node.nics) if n.rail in rails]
 
 
 def _group_loads(p, r, geometry, passes, node, nics, uplink) -> None:
@@ -126,8 +148,8 @@ def _group_loads(p, r, geometry, passes, node, nics, uplink) -> None:
     member's off-node share for all-to-all), split over the NICs its members use; a send/recv's
     each member's own crossing messages on its own NIC (:func:`_p2p_cross`)."""
     n_nodes, at = geometry
-    for nd, nic, cross, here, up in at:
-        for i, per_call in _nic_bytes(r, nic, cross, here, n_nodes).items():
+    for nd, nic, cross, here, up, via in at:
+        for i, per_call in _nic_bytes(r, nic, cross, here, n_nodes, via).items():
             share = [per_call * r.per_step, per_call * layer_pass_calls(r, passes)]
             if nd == node:
                 _acc(nics, i, share)
@@ -135,12 +157,13 @@ def _group_loads(p, r, geometry, passes, node, nics, uplink) -> None:
                 _acc(uplink, p.cluster.node.nics[i].rail, [up * x for x in share])
 
 
-def _nic_bytes(r, nic: list, cross, here: int, n_nodes: int) -> dict[int, float]:
+def _nic_bytes(r, nic: list, cross, here: int, n_nodes: int, via=None) -> dict[int, float]:
     """{NIC: bytes per call of row ``r``} that the members of one node running it (their NICs
     ``nic``; ``here`` of the group's members on the node) send out: a send/recv's crossing
     messages (``cross``, :func:`_p2p_cross`) each through its member's own NIC (NCCL's
     point-to-point goes through the GPU's nearest NIC), any other row's node bytes
-    (:func:`~meshplan.comm.row.link_bytes`) split evenly over the NICs the members use."""
+    (:func:`~meshplan.comm.row.link_bytes`) split evenly over the NICs the members use, or over
+    ``via`` where given (an all-to-all under PXN: the NICs on the peers' rails, :func:`_relay_nics`)."""
     if r.op == "send/recv" and r.split is None:
         out: dict[int, float] = {}
         for i, c in zip(nic, cross):
@@ -149,7 +172,7 @@ def _nic_bytes(r, nic: list, cross, here: int, n_nodes: int) -> dict[int, float]
         return out
     off = r.split[1] if r.split is not None else (  # a row's own split: DeepEP's dispatch
         link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes, n_nodes, here)[1])
-    used = sorted({int(x) for x in nic if x >= 0})
+    used = sorted({int(x) for x in (nic if via is None else via) if x >= 0})
     return {i: len(nic) * off / len(used) for i in used}
 
 

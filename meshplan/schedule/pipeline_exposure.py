@@ -129,7 +129,7 @@ def call_seconds(res: ArrayResult) -> np.ndarray:
     """
     if res.transfers is None:
         return call_loads(res)  # zeros: no blocking call
-    if not res.spec.per_boundary:
+    if not res.spec.per_boundary and res.spec.p2p_pair_s is None:
         return call_loads(res) * res.spec.p2p_s
     return stage_calls(call_table(res.transfers, res.flat.p, res.flat.length)[3], res.flat.p, res.flat.length)
 

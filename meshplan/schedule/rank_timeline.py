@@ -133,7 +133,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS
+from meshplan.compute.batch_input import BATCH_BROADCASTS, BROADCAST_GROUPS, CORE_KEY_BYTES
 from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import CommTimes, root_groups
 from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
@@ -153,7 +153,9 @@ def _layer_gather(s: StreamSim, phase: str, i: int, part: float):
     stream: it ends after the others)."""
     shares = s.ov.fsdp_backward[i] if phase == "backward" and s.ov.fsdp_backward else None
     if shares is not None:
-        whole_s, ev = s.c.get("shard", "forward", "all-gather", "layer"), None
+        # the backward's whole call where the table has one (ZeRO++ hpZ: the secondary group's), else the forward's
+        whole_s = s.c.get("shard", "backward", "all-gather", "layer") or s.c.get("shard", "forward", "all-gather", "layer")
+        ev = None
         for x in shares:
             ev = s.comm("shard", phase, "all-gather", f"fsdp AG L{i} ({part * x:.0%}, stage3_max_reuse_distance)",
                         "layer", seconds=whole_s * part * x)
@@ -202,13 +204,17 @@ def _forward(s: StreamSim, chunk: ChunkCosts, gather_layers: bool, gather_root: 
     if chunk.batch is not None:  # get_batch's tp broadcasts are NCCL collectives: on tp, exposed there (calib37),
         # one event per row of the table (comm.tp_rows.get_batch_rows), the compute less their op's seconds
         bcast = sum(o.seconds for o in chunk.batch.ops if o.name == BATCH_BROADCASTS and o.phase == "forward")
-        evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g) for g in BROADCAST_GROUPS]
+        evs = [s.comm("tp", "forward", "broadcast", f"{BATCH_BROADCASTS} ({g})", g)
+               for g in (CORE_KEY_BYTES if w.megatron_core else BROADCAST_GROUPS)]  # core: one per tensor
         s.compute("get_batch and timers", chunk.batch.seconds("forward") - bcast, after=tuple(e for e in evs if e))
+    if chunk.engine is not None and chunk.engine.seconds("forward"):
+        s.compute("DeepSpeed pipe: input rebuilt, output partitioned", chunk.engine.seconds("forward"))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
                                                                  + comm.copies.get((emb_g, "all-gather"), 0.0)
                                                                  if gather_emb else 0.0), [root_ag(emb_g, gather_emb)])
-        op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
+        # Megatron 2022 all-reduces it under SP too, Megatron Core reduce-scatters it without learned positions
+        op = "all-reduce" if w.megatron_ops and not w.embed_reduce_scatter else tp_collectives(w)[1]
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i, part: _layer_gather(s, "forward", i, part) if gather_layers else None
     pf = LayerPrefetch(gather, list(range(n)), ov.fsdp_ahead if ov.fsdp_prefetch else 0.0,
@@ -386,6 +392,8 @@ def _backward(s: StreamSim, kind: str, chunk: ChunkCosts, last_grad_unit: bool, 
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.batch is not None and with_b:
         s.compute("timers", chunk.batch.seconds("backward_input"))
+    if chunk.engine is not None and with_b and chunk.engine.seconds("backward_input"):
+        s.compute("DeepSpeed pipe: output and grad rebuilt, fp32 grad accumulation", chunk.engine.seconds("backward_input"))
     if embed_ag is not None and not with_w:  # Bx (ZB): the embedding's pre-backward gathers it
         ag_e = emb_ev if emb_ev is not None else embed_ag()
         s.compute("embedding unshard", comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0,

@@ -52,18 +52,20 @@ def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
 
 
 def megatron_p2p_syncs_s(plan, s: int, spec) -> float:
-    """Seconds of the host syncs around stage ``s``'s pipeline p2p calls in Megatron-LM 2022
+    """Seconds of the host syncs around stage ``s``'s pipeline p2p calls in Megatron-LM
     (:func:`meshplan.compute.megatron_cost.p2p_calls`, :func:`~meshplan.compute.megatron_cost.p2p_sync_cost`:
-    each call's two timer syncs and ``_communicate``'s own, one issue floor each) under
+    in 2022 each call's two timer syncs and ``_communicate``'s own, under Megatron Core
+    ``_communicate``'s alone, one issue floor each) under
     ``training.framework = "megatron"`` with its blocking calls (``spec.blocking_p2p`` without
     ``overlap_p2p``: ``pp_p2p_overlap = false``, as Megatron-LM ran before 2023); 0 otherwise.
     Counted once per step after the stage's last unit: on a stage that never waits for a partner
     each sync delays its next unit by the same, where it waits anyway the sync would hide in the
     wait (so at most this much later)."""
-    if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p:
+    if plan.config.training.framework != "megatron" or not spec.blocking_p2p or spec.overlap_p2p or spec.torch_p2p \
+            or plan.config.training.pp_engine == "deepspeed":  # DeepSpeed's p2p.send/recv: no timers
         return 0.0
     calls = p2p_calls(str(spec.schedule), spec.p, spec.m, spec.v, s)
-    return p2p_sync_cost(plan.config.cluster.gpu, calls).seconds()
+    return p2p_sync_cost(plan.config.cluster.gpu, calls, plan.config.training.megatron_core).seconds()
 
 
 def float8_precompute_s(plan, s: int) -> float:

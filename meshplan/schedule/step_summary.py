@@ -56,6 +56,7 @@ class StepTime:
     tt_flops_per_token: float = 0.0  # torchtitan's MFU FLOP per token (flops.torchtitan_flops_per_token); 0: no line
     tt_peak_flops: float = 0.0  # the peak torchtitan divides by (flops.torchtitan_peak_flops), FLOP/s
     mg_flops: float = 0.0  # Megatron-LM's --log-throughput FLOP per iteration (flops.megatron_flops_per_iteration); 0: no line
+    tt_words: str = ""  # how torchtitan counted tt_flops_per_token (flops.torchtitan_flops_words)
 
     def named(self, stream: str) -> str:
         """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
@@ -90,21 +91,21 @@ class StepTime:
     def torchtitan_mfu(self) -> Optional[float]:
         """The MFU torchtitan would log for this predicted step (:func:`~meshplan.compute.flops.torchtitan_mfu`:
         its FLOP per token, tokens per second per GPU and bf16 peak), a fraction; None where the
-        config is not framework torch or the model is not one torchtitan's dense formula counts."""
+        config is not framework torch."""
         if not self.tt_flops_per_token:
             return None
         return torchtitan_mfu(self.tt_flops_per_token, self.tokens, self.step_s, self.world, self.tt_peak_flops)
 
     def torchtitan_line(self) -> list[str]:
         """``torchtitan's MFU formula: 36.52% (...)``: :attr:`torchtitan_mfu` with its inputs, two decimals as
-        torchtitan logs ``mfu(%)``; none where it is None."""
+        torchtitan logs ``mfu(%)``, and the tokens/s per GPU its log's ``tps`` would read; none where it is None."""
         mfu = self.torchtitan_mfu
         if mfu is None:
             return []
         tps = self.tokens / (self.step_s * self.world)
         return [f"torchtitan's MFU formula: {mfu * 100:.2f}% (what its log's mfu would read: "
-                f"{self.tt_flops_per_token:,.0f} FLOP/token (6 x non-embedding params + 12 x layers x heads x head dim "
-                f"x seq, attention not halved) x {tps:,.0f} tokens/s per GPU / its {self.tt_peak_flops / 1e12:,.0f} "
+                f"{self.tt_flops_per_token:,.0f} FLOP/token ({self.tt_words}) x {tps:,.0f} tokens/s per GPU "
+                f"(its log's tps) / its {self.tt_peak_flops / 1e12:,.0f} "
                 f"TFLOP/s bf16 peak, whatever the dtype)"]
 
     @property

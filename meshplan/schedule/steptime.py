@@ -46,8 +46,10 @@ from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.comm.pp_rows import boundary_links, boundary_seconds
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.flops import (flop_gap, megatron_flops_per_iteration, sequence_model_flops,
-                                    torchtitan_flops_per_token, torchtitan_peak_flops)
+                                    torchtitan_flops_per_token, torchtitan_flops_words,
+                                    torchtitan_peak_flops)
 from meshplan.errors import ConfigError
+from meshplan.schedule.ep_sync import ep_sync_note
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.pipeline.fast import Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework
@@ -94,13 +96,16 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = _stage_comms(plan, p, share)
     chunks = chunk_costs(plan, w, table)
     mode = p2p_mode(cfg.training, Schedule(schedule or plan.spec.pp_schedule))
-    p2p_s, p2p_link = boundary_p2p_s(plan, comms)
+    # DeepSpeed's PipelineEngine: one blocking dist.send / dist.recv per transfer (compute.deepspeed_pipe)
+    serial = mode.blocking_p2p and cfg.training.pp_engine == "deepspeed"
+    p2p_s, p2p_link, p2p_pair_s = boundary_p2p_s(plan, comms)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v, p2p_s=p2p_s, p2p_link=p2p_link,
-                        **mode._asdict())
+                        p2p_pair_s=p2p_pair_s, serial_p2p=serial, **mode._asdict())
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
                       cfg.training.reshard_head_after_forward, pipeline_window(cfg.training.framework, p))
-    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link, **mode._asdict(),
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, p2p_link=base.p2p_link,
+                        p2p_pair_s=base.p2p_pair_s, serial_p2p=serial, **mode._asdict(),
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -134,7 +139,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         # rows), the model FLOP the balanced count: the rest of HFU over MFU is that extra work
         gap[HOT_EXPERT_GAP] = hw - model_total - sum(gap.values())
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
-    notes = _step_notes(plan, comms, schedule, runs, mr, run_s)
+    notes = _step_notes(plan, comms, schedule, runs, mr, run_s) + ep_sync_note(plan, crit)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     model_total, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
@@ -142,27 +147,33 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
                     tuple(stream_words(t, cfg.origin).items()),
                     mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp),
-                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan))
+                    *_torchtitan_terms(cfg), _megatron_flops(cfg, plan), tt_words=torchtitan_flops_words(cfg.model))
 
 
-def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> "tuple[float | tuple[float, ...], tuple[int, ...]]":
+def boundary_p2p_s(plan: Plan, comms: list[CommTimes]) -> tuple:
     """(seconds of one pp send across each stage boundary, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_s`;
-    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`): each
+    each boundary's link, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_link`; seconds of
+    two such sends at once, :attr:`~meshplan.pipeline.sim_types.PipelineSpec.p2p_pair_s`): each
     boundary's pairs on their own path at the size of the tables' send/recv rows
     (:func:`meshplan.comm.pp_rows.boundary_seconds`: NVLink where the two stages share a node, the
     sender's NIC where not; :func:`meshplan.comm.pp_rows.boundary_links`), plus the tp all-gather
     rebuilding a receive under Megatron-LM's scatter/gather (``p2p_gather_s``, the same at every
-    boundary); one value and no links when every boundary takes the same time on the same link
-    (then the simulation's one-value path), 0 at pp 1."""
+    boundary); two at once (a blocking call's two sends, or two receives, on one link: interleaved
+    1F1B's steady call) as one transfer of both sizes on the same path, their two gathers, never
+    more than two apart (:func:`meshplan.pipeline.rendezvous.link_load`); one value and no links
+    when every boundary takes the same time on the same link (then the simulation's one-value
+    path), 0 and no pair time at pp 1."""
     sizes = [r.size_bytes for r in plan.collectives[table_key(0)] if comm_kind(r) == "pp"]
     if len(comms) < 2 or not sizes:
-        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), ()
+        return max((c.p2p_s + c.p2p_gather_s for c in comms), default=0.0), (), None
     gather = max(c.p2p_gather_s for c in comms)
-    times = [t + gather for t in boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, max(sizes)).tolist()]
+    one, two = (boundary_seconds(plan.mesh, plan.placement, plan.config.cluster, k * max(sizes)) for k in (1, 2))
+    times = [t + gather for t in one.tolist()]
+    pairs = [min(t2 + 2 * gather, 2 * t) for t2, t in zip(two.tolist(), times)]
     links = tuple(boundary_links(plan.mesh, plan.placement).tolist())
-    if len(set(times)) == 1 and len(set(links)) == 1:
-        return times[0], ()
-    return tuple(times), links
+    if len(set(times)) == 1 and len(set(links)) == 1 and len(set(pairs)) == 1:
+        return times[0], (), pairs[0]
+    return tuple(times), links, tuple(pairs)
 
 
 def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
@@ -180,11 +191,12 @@ def _stage_comms(plan: Plan, p: int, share) -> list[CommTimes]:
 
 
 def _torchtitan_terms(cfg) -> tuple[float, float]:
-    """(FLOP per token, peak FLOP/s) of torchtitan's logged MFU under framework torch for a model
-    its dense formula counts (:func:`~meshplan.compute.flops.torchtitan_flops_per_token`,
+    """(FLOP per token, peak FLOP/s) of torchtitan's logged MFU under framework torch, its dense or MoE
+    formula by the model (:func:`~meshplan.compute.flops.torchtitan_flops_per_token`,
     :func:`~meshplan.compute.flops.torchtitan_peak_flops`); (0, 0) otherwise: no line."""
-    fpt = torchtitan_flops_per_token(cfg.model, cfg.training.seq_len) if cfg.training.framework == "torch" else None
-    return (0.0, 0.0) if fpt is None else (fpt, torchtitan_peak_flops(cfg.cluster.gpu.name))
+    if cfg.training.framework != "torch":
+        return (0.0, 0.0)
+    return torchtitan_flops_per_token(cfg.model, cfg.training.seq_len), torchtitan_peak_flops(cfg.cluster.gpu.name)
 
 
 def _megatron_flops(cfg, plan: Plan) -> float:
@@ -250,6 +262,7 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"micro-batch (stage {host.index(max(host))}): each per-parameter gather's partition views and list "
                   f"copies issued and its zero fill waited for, each gradient bucket's calls issued "
                   f"(meshplan.comm.deepspeed)",)
+    notes += expert_dtype_note(t, cfg.model)
     copies = [sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))])
               for s in range(p)]
     if any(copies):
@@ -257,6 +270,21 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
                   f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return notes
+
+
+def expert_dtype_note(t, model) -> tuple[str, ...]:
+    """Under ``linear_dtype = "fp8"`` with routed experts: the experts' grouped GEMMs are timed in the
+    compute dtype (:meth:`~meshplan.spec.training.TrainingSpec.float8_linear` converts ``nn.Linear``
+    weights only), as torchtitan's ``quantize.linear.float8`` runs them; its ``quantize.grouped_mm.float8``
+    (torchao's fp8 grouped GEMMs of the routed experts) and Megatron-LM's fp8 grouped linear are not
+    modelled: the catalog (``kernels.toml``) has no measured fp8 grouped-GEMM rate (newcomer 48)."""
+    if t.linear_dtype != "fp8" or not model.is_moe:
+        return ()
+    conv = ("torchtitan's quantize.grouped_mm.float8 converter" if t.framework == "torch" else
+            "Megatron-LM's fp8 grouped linear under --fp8-format")
+    return (f"float8: the routed experts' grouped GEMMs are timed in {t.compute_dtype} (the float8 converter "
+            f"converts nn.Linear layers only); {conv}, which runs them in fp8, is not modelled: the catalog has "
+            f"no measured fp8 grouped-GEMM rate",)
 
 
 @lru_cache(maxsize=16)

@@ -89,13 +89,17 @@ class ChunkCosts:
     """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
     embedding (first virtual stage) and head (last virtual stage) Costs or None; ``batch``:
     what the framework runs around every chunk's passes (Megatron-LM 2022's ``get_batch`` and
-    timer syncs, :func:`meshplan.compute.megatron_cost.megatron_batch_cost`) or None."""
+    timer syncs, :func:`meshplan.compute.megatron_cost.megatron_batch_cost`) or None; ``engine``: what
+    DeepSpeed's PipelineEngine and BF16_Optimizer run around the chunk's passes
+    (:func:`meshplan.compute.deepspeed_pipe.engine_cost`: its forward ops before the layers, its
+    backward ones after them) or None."""
 
     layers: tuple[Cost, ...]
     moe: tuple[bool, ...]
     embed: Optional[Cost] = None
     head: Optional[Cost] = None
     batch: Optional[Cost] = None
+    engine: Optional[Cost] = None
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,8 @@ def _sent_items(sent: dict[str, float]) -> str:
     replay)`` from bytes per step by "phase op"; items printing as 0 GB left out (DeepSeek-V3's
     int64 dropless counts, 63 MB). A backward all-to-all's excess over the forward one is the
     replayed dispatch and combine of recomputed MoE layers (:mod:`meshplan.comm.ep_rows`:
-    forward 2 per MoE layer, backward 2 per MoE layer + 2 per replayed one)."""
+    forward 2 per MoE layer, backward 2 per MoE layer + 2 per replayed one: full recompute, or
+    Megatron-LM's ``moe`` recompute module)."""
     items = []
     for k, b in sent.items():
         if round(b / GB) == 0:

@@ -9,20 +9,25 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.comm.collectives import axis_path, path_time
-from meshplan.compute.batch_input import megatron_broadcast_bytes
+from meshplan.compute.batch_input import core_batch_chunk, core_broadcast_keys, core_key_bytes, megatron_broadcast_bytes
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_cost
 from meshplan.compute.kernel_fragment import kernel_data
+from meshplan.compute.deepspeed_pipe import engine_cost
+from meshplan.compute.megatron import stage_param_tensors
+from meshplan.compute.megatron_core import embedding_reduce_scatter
 from meshplan.compute.megatron_cost import megatron_batch_cost
 from meshplan.compute.ops import Cost, Op, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import layer_workload
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import Gemm, local_split, step_gemms
 from meshplan.mesh.layers import last_stage
+from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.ep import moe_mlp_tp_ops
+from meshplan.units import dtype_bytes
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -31,18 +36,24 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     Megatron-LM (``training.framework``) projects Q, K and V with one GEMM and, with fp32
     gradients, accumulates the weight gradients into them inside the GEMM (its
     ``gradient_accumulation_fusion``, on by default). ``training.tp_comm_overlap`` with sequence
-    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`)."""
+    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`).
+    Megatron Core's embedding reduce-scatter under SP (``embed_reduce_scatter``):
+    :func:`meshplan.compute.megatron_core.embedding_reduce_scatter` of the model's positions."""
     t, mesh = plan.config.training, plan.mesh
     dropout = dropout or plan.config.memory.dropout
     split = local_split(mesh)  # the dims each registered axis divides, as the plan's shapes
     async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
-                    recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
+                    recompute=t.recompute, recompute_modules=tuple(t.recompute_modules), flash=t.flash_attention,
+                    dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                     **float8_gemms(plan.config.model, t), async_tp=async_tp,
                     dtensor_host_s=dtensor_host_s(plan.config, split[Dim.HEADS]),
-                    dtensor_host_source=dtensor_host_source(plan.config), moe_tp_ops=moe_tp_ops(plan))
+                    dtensor_host_source=dtensor_host_source(plan.config), moe_tp_ops=moe_tp_ops(plan),
+                    embed_reduce_scatter=embedding_reduce_scatter(
+                        t.megatron_core, mesh.sequence_parallel and split[Dim.HEADS] > 1,
+                        plan.config.model.position_embedding == "learned"))
 
 
 def plan_step_gemms(plan) -> list[Gemm]:
@@ -103,13 +114,39 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
     position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
     v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
     host = plan.config.cluster.node.pcie
-    # Megatron-LM's get_batch in every chunk's forward on every stage (2755bcb)
-    batch = megatron_batch_cost(gpu, w, host, get_batch_broadcast_s(plan, w)) if w.megatron_ops else None
+    batch = _batch_costs(plan, w, last)
+    engine = deepspeed_pipe_costs(plan, w)
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w, host) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
-                        batch=batch)
+                        batch=batch(s, c), engine=engine[s])
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
+
+
+def _batch_costs(plan, w: Workload, last: int):
+    """``(stage, chunk) -> Cost or None``: Megatron-LM's ``get_batch`` per micro-batch in that chunk
+    (:func:`meshplan.compute.megatron_cost.megatron_batch_cost`): in 2022 in every chunk's forward on
+    every stage (2755bcb); under Megatron Core (``w.megatron_core``) only in the first chunk of the
+    first stage and the last chunk of the ``last`` stage
+    (:func:`meshplan.compute.batch_input.core_batch_chunk`), broadcasting that stage's tensors
+    (:func:`~meshplan.compute.batch_input.core_broadcast_keys`); None for another framework."""
+    gpu, host = plan.config.cluster.gpu, plan.config.cluster.node.pcie
+    if not w.megatron_ops:
+        return lambda s, c: None
+    if not w.megatron_core:
+        cost = megatron_batch_cost(gpu, w, host, get_batch_broadcast_s(plan, w))
+        return lambda s, c: cost
+    v, pp = plan.vpp, plan.pp
+    memo: dict[tuple[str, ...], Cost] = {}
+
+    def at(s: int, c: int) -> Optional[Cost]:
+        if not core_batch_chunk(s, c, 0, last, v):
+            return None
+        keys = core_broadcast_keys(pp, (s, c) == (0, 0), (s, c) == (last, v - 1), w.core_attention_mask)
+        if keys not in memo:
+            memo[keys] = megatron_batch_cost(gpu, w, host, get_batch_broadcast_s(plan, w, keys), keys)
+        return memo[keys]
+    return at
 
 
 def plan_ops(plan, table: Optional[GemmTable] = None) -> list[Op]:
@@ -117,18 +154,45 @@ def plan_ops(plan, table: Optional[GemmTable] = None) -> list[Op]:
     embedding, the head and the framework's per-chunk batch ops), as :func:`step_time` times
     them with ``table``: what :func:`meshplan.compute.table_use.table_use` counts."""
     costs = [c for stage in chunk_costs(plan, workload_of(plan), table) for chunk in stage
-             for c in (*chunk.layers, chunk.embed, chunk.head, chunk.batch) if c is not None]
+             for c in (*chunk.layers, chunk.embed, chunk.head, chunk.batch, chunk.engine) if c is not None]
     return [o for c in costs for o in c.ops]
 
 
-def get_batch_broadcast_s(plan, w: Workload) -> float:
-    """Seconds of Megatron-LM 2022's two ``get_batch`` broadcasts over the tp group
-    (:func:`meshplan.compute.batch_input.megatron_broadcast_bytes`: the sizes, then the data),
-    each timed as a collective-table row on the tp axis's path
-    (:func:`meshplan.comm.collectives.path_time`); 0 at tp 1 (no broadcast: the group is the rank alone)."""
+def get_batch_broadcast_s(plan, w: Workload, keys: tuple[str, ...] = ()) -> float:
+    """Seconds of Megatron-LM's ``get_batch`` broadcasts over the tp group, each timed as a
+    collective-table row on the tp axis's path (:func:`meshplan.comm.collectives.path_time`): 2022's
+    two (:func:`meshplan.compute.batch_input.megatron_broadcast_bytes`: the sizes, then the data), or
+    under Megatron Core one per tensor of ``keys`` (:func:`~meshplan.compute.batch_input.core_key_bytes`);
+    0 at tp 1 (no broadcast: the group is the rank alone)."""
     if w.tp <= 1:
         return 0.0
     cluster = plan.config.cluster
     path = axis_path(plan.mesh, plan.placement, cluster, "tp")
-    return sum(path_time("broadcast", w.tp, nb, path, cluster)[1]
-               for nb in megatron_broadcast_bytes(w.micro_batch, w.seq_len))
+    sizes = [core_key_bytes(k, w.micro_batch, w.seq_len) for k in keys] if w.megatron_core \
+        else megatron_broadcast_bytes(w.micro_batch, w.seq_len)
+    return sum(path_time("broadcast", w.tp, nb, path, cluster)[1] for nb in sizes)
+
+
+def deepspeed_pipe_costs(plan, w: Workload) -> list[Optional[Cost]]:
+    """Per stage, :func:`meshplan.compute.deepspeed_pipe.engine_cost` of one micro-batch under
+    ``training.pp_engine = "deepspeed"`` (None per stage otherwise; at pp 1 the one stage is first and
+    last: ``BF16_Optimizer``'s accumulation alone, as ``_exec_backward_pass`` runs it there): the stage's
+    parameters as Megatron-LM's GPT holds them (:func:`~meshplan.compute.megatron.stage_param_tensors`),
+    the activation a stage sends (micro-batch x sequence / cp x hidden in the compute dtype), its
+    re-gather timed as the tp axis's all-gather row (:func:`~meshplan.comm.collectives.path_time`), and
+    ``BF16_Optimizer``'s accumulation where the training runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`)."""
+    t, model, p = plan.config.training, plan.config.model, len(plan.stages)
+    if t.pp_engine != "deepspeed":
+        return [None] * p
+    act = w.micro_batch * (t.seq_len // max(w.cp, 1)) * model.hidden * dtype_bytes(t.compute_dtype)
+    regather = 0.0
+    if w.tp > 1:
+        path = axis_path(plan.mesh, plan.placement, plan.config.cluster, "tp")
+        regather = path_time("all-gather", w.tp, act, path, plan.config.cluster)[1]
+    rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
+    hp = t.bf16_optimizer  # BF16_Optimizer's per-micro-batch fp32 accumulation (its one home: TrainingSpec)
+    last = p - 1
+    return [engine_cost(plan.config.cluster.gpu,
+                        stage_param_tensors(model, w.tp, rows, [i for ch in chunks for i in ch], s == 0, s == last, p),
+                        act, w.tp, s == 0, s == last, regather, hp) for s, chunks in enumerate(plan.stages)]

@@ -57,15 +57,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.spec.deepspeed_reuse import DEEPSPEED_MAX_REUSE_ELEMENTS
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.unshard_window import pipeline_window
 from meshplan.search.gather_passes import chunks_held
 from meshplan.search.layer_replays import kept_in_flight
+from meshplan.search.buffer_bounds import bucket_bytes, hpz_bytes, ipg_bytes
 from meshplan.search.memory import Stages, Tables, comm_axes, deepep_bytes, lookup, split
-from meshplan.search.candidate import accumulates, sharding_training
+from meshplan.search.candidate import accumulates
 from meshplan.search.columns import LAYER_AC_FREQ, SHARDING, Candidates, bound_recompute
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
@@ -100,7 +100,8 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     kept = pick(col(a["d_saved"]), col(a["m_saved"]), np.minimum)
     lo["kept"] = np.maximum(kept - lo["saved"], 0)
     hi = {f: pick(*by["hi"][f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
-    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c)) + deepep_bytes(cfg, c, st)
+    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(ipg_bytes(cfg, c)) + deepep_bytes(cfg, c, st) \
+        + hpz_bytes(cfg, c, s)
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
@@ -298,7 +299,7 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     phase = np.maximum(np.maximum(layer, np.where(F, unit_reduce, 0)), np.maximum(np.where(F, loss, 0), emb))
     phase = np.maximum(phase, fwd)
     phase = np.maximum(phase, hs["dy"] + hi["rework"] + hi["bwd"])
-    fsdp_terms = np.where(F, 2 * u["roots"] + held + accum, _bucket(cfg, c, s))
+    fsdp_terms = np.where(F, 2 * u["roots"] + held + accum, bucket_bytes(cfg, c, s))
     return s["total"] + fixed + acts + fsdp_terms + phase
 
 
@@ -356,36 +357,6 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
             "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
-            "per_mb": per_mb, "ipg": col(_ipg(cfg, c) > 0),
+            "per_mb": per_mb, "ipg": col(ipg_bytes(cfg, c) > 0),
             "ds3": col((c.sh == SHARDING.index("zero3")) & (t.searched_zero3_engine == "deepspeed")),
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
-
-
-def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
-    """DeepSpeed ZeRO-3's ipg buffer, bytes per candidate, held from init
-    (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
-    plans with ``zero3_engine = "deepspeed"`` (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
-    0 elsewhere."""
-    t = cfg.training
-    zero3 = t.model_copy(update={"sharding": "zero3", "zero3_engine": t.searched_zero3_engine, "zero12_engine": "megatron"})
-    return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
-
-
-def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
-    """Gradient bucket of the non-FSDP stages, bytes (candidates, pp):
-    :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
-    :func:`meshplan.memory.sizes.stage_sizes` sizes it, under each row's own training
-    (:func:`meshplan.search.candidate.sharding_training`: its sharding and engine). A DeepSpeed
-    ZeRO-3 config's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults: the ipg
-    buffer of ``reduce_bucket_size`` elements (``contiguous_gradients`` true, one buffer with
-    ``overlap_comm`` false: deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py`` 102, 138,
-    382-386, ``runtime/zero/stage_1_and_2.py`` ``setup_buckets`` 2493-2515) and the flattened
-    bucket (``allreduce_bucket`` 1833-1841), 2 GB at 5e8 bf16, not the config's stage 3 bucket (none
-    without FSDP: the config's own training gives 0)."""
-    out = np.zeros(s["params_numel"].shape, dtype=np.int64)
-    for k, name in enumerate(SHARDING):
-        row = (c.sh == k)[:, None]
-        if row.any():
-            b = cfg.memory.grad_bucket_bytes(sharding_training(cfg.training, name), c.fsdp[:, None], s["params_numel"])
-            out = np.where(row, b, out)
-    return out

@@ -16,6 +16,7 @@ from meshplan.search.columns import FSDP_SHARDINGS, LAYER_AC_FREQ, RECOMPUTE, SH
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_checks import zeropp_keys_set
 from meshplan.spec.training_fields import deepspeed_grad_dtype
 
 def stage_split(layers: int, pp: int, vpp: int, short: bool = False, first_last: bool = False):
@@ -96,7 +97,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
     ``zero0_engine`` back to ``ddp`` (DeepSpeed without ZeRO, a stage 0 config: its zero1/zero2 and
     zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
-    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags). The plan's (:func:`candidate_config`) and the memory bound's
+    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags), and ``pp_engine``
+    back to ``framework`` there (DeepSpeed's PipelineEngine runs ZeRO-0/1 only: a Megatron-DeepSpeed
+    ZeRO-2/3 row is ``--no-pipeline-parallel``). The plan's (:func:`candidate_config`) and the memory bound's
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -114,6 +117,7 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
         out["contiguous_gradients"] = False  # DeepSpeed's key: no other engine reads it
     if t.zero3_engine != "fsdp2" and sharding != "zero3":
         out["zero3_engine"] = "fsdp2"
+        out |= {k: type(t).model_fields[k].default for k in zeropp_keys_set(t)}  # ZeRO++: stage 3's
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
         if deepspeed12:  # DeepSpeed's own ZeRO-1/2, the config's contiguous_gradients (one key for every stage)
@@ -136,6 +140,8 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
                     "grad_dtype": deepspeed_grad_dtype(stage, t.param_dtype)}
     if sharding != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
+        if t.pp_engine == "deepspeed":  # DeepSpeed's PipelineEngine refuses ZeRO-2/3: such a row runs
+            out["pp_engine"] = "framework"  # Megatron-DeepSpeed's --no-pipeline-parallel, pp 1
     return out
 
 

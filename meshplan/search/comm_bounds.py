@@ -27,6 +27,7 @@ from meshplan.spec.axes.cp import kv_elements, ring_shift_bytes
 from meshplan.spec.axes.ep import moe_mlp_blocks_tp
 from meshplan.spec.axes.tp_kv import qkv_gather_numel, qkv_gathered
 from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.training_checks import zeropp_keys_set
 from meshplan.units import dtype_bytes
 
 
@@ -139,6 +140,12 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
     out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
+    if zeropp_keys_set(t) and t.searched_zero3_engine == "deepspeed":
+        # ZeRO++ (comm.zeropp_rows) moves the zero3 rows' gathers and reductions onto other groups and
+        # dtypes: their seconds here are no lower bound of its, so none is counted (a looser bound)
+        z3 = c.sh == SHARDING.index("zero3")
+        for k in ("fsdp_ag", "fsdp_rs", "head_rs", "head_ag"):
+            out[k] = np.where(z3, 0.0, out[k])
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
     # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):

@@ -50,7 +50,7 @@ from meshplan.search.rank import decide, tie_order
 from meshplan.search.tie_key import simplicity
 from meshplan.spec.search import SearchOptions
 from meshplan.spec.training import TrainingSpec
-from meshplan.spec.training_checks import MEGATRON_ONLY
+from meshplan.spec.training_checks import MEGATRON_ONLY, ZEROPP_KEYS
 
 #: The ``[training]`` keys that name the runtime: each framework sets all of them.
 ENGINE_KEYS = ("framework", "zero3_engine", "zero12_engine", "zero0_engine")
@@ -66,6 +66,14 @@ DERIVED = ("vocab_pad_divisor", "param_dtype", "grad_dtype")
 #: flags (:data:`meshplan.spec.training_checks.MEGATRON_ONLY`: its DDP, FSDP and p2p knobs), which
 #: DeepSpeed's engine replaces under Megatron-DeepSpeed and torch has not.
 DEEPSPEED_KEYS = ("overlap_comm", "contiguous_gradients")
+#: Megatron-LM's own keys beside :data:`MEGATRON_ONLY`, which neither torch nor Megatron-DeepSpeed has:
+#: ``--recompute-modules`` (:mod:`meshplan.spec.recompute_modules`) and the generation with its data
+#: loader's mask (``megatron_runtime``, ``dataloader_attention_mask``: Megatron-DeepSpeed runs 2022's,
+#: the unset default), dropped there like the :data:`MEGATRON_ONLY` keys.
+RECOMPUTE_MODULES = ("recompute_modules", "megatron_runtime", "dataloader_attention_mask")
+#: DeepSpeed's own keys that Megatron-DeepSpeed alone runs (DeepSpeed's ``PipelineEngine`` running
+#: ``GPTModelPipe``: ``pp_engine``), dropped under every other framework.
+MEGATRON_DEEPSPEED_KEYS = ("pp_engine",)
 
 
 @dataclass(frozen=True)
@@ -127,18 +135,25 @@ def framework_names(text: str) -> tuple[str, ...]:
 
 def dropped_keys(training: TrainingSpec, name: str) -> list[str]:
     """The ``[training]`` keys ``training`` gives that framework ``name`` does not run
-    (:data:`DEEPSPEED_KEYS`, :data:`~meshplan.spec.training_checks.MEGATRON_ONLY`), each left out of
+    (:data:`DEEPSPEED_KEYS` and DeepSpeed ZeRO++'s :data:`~meshplan.spec.training_checks.ZEROPP_KEYS`
+    outside DeepSpeed, :data:`~meshplan.spec.training_checks.MEGATRON_ONLY` and :data:`RECOMPUTE_MODULES`
+    outside Megatron-LM, :data:`MEGATRON_DEEPSPEED_KEYS` outside Megatron-DeepSpeed), each left out of
     its search.
 
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", overlap_comm=True)
     >>> dropped_keys(t, "torch"), dropped_keys(t, "megatron_deepspeed")
     (['overlap_comm'], [])
+    >>> core = TrainingSpec(global_batch=8, seq_len=16, framework="megatron", megatron_runtime="core")
+    >>> dropped_keys(core, "torch"), dropped_keys(core, "megatron_deepspeed"), dropped_keys(core, "megatron")
+    (['megatron_runtime'], ['megatron_runtime'], [])
     """
     f = FRAMEWORKS[name].training
     deepspeed = f.get("zero3_engine") == "deepspeed"
     megatron = f["framework"] == "megatron" and not deepspeed
+    mds = f["framework"] == "megatron" and deepspeed
     given = training.model_dump(exclude_unset=True)
-    return [k for k in given if (k in DEEPSPEED_KEYS and not deepspeed) or (k in MEGATRON_ONLY and not megatron)]
+    return [k for k in given if ((k in DEEPSPEED_KEYS or k in ZEROPP_KEYS) and not deepspeed) or (
+        (k in MEGATRON_ONLY or k in RECOMPUTE_MODULES) and not megatron) or (k in MEGATRON_DEEPSPEED_KEYS and not mds)]
 
 
 def _given_keys(training: TrainingSpec) -> dict[str, Any]:

@@ -283,8 +283,8 @@ def _kind_bytes(t) -> dict[str, int]:
 
 
 def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:
-    """Exact persistent state per stage (bytes, (candidates, pp)): ``total``, ``params``,
-    ``grads``, ``master``, ``optimizer``, ``params_numel``, the two groups' element counts and
+    """Exact persistent state per stage (bytes, (candidates, pp)): ``total`` (with ``BF16_Optimizer``'s
+    bf16 gradients where a row runs it), ``params``, ``grads``, ``master``, ``optimizer``, ``params_numel``, the two groups' element counts and
     ``chunk0_dense_numel_min``, the fewest dense elements the stage's first chunk can hold."""
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
@@ -319,6 +319,9 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
             out[kind] = out[kind] + size
             if kind == "grads":
                 out[f"grads_{group}"] = size
+    # DeepSpeed's BF16_Optimizer rows: the bf16 gradients beside the fp32 ones, whole (memory.buffers.bf16_lp_grad_bytes)
+    lp = col(np.array([sharding_training(t, s).bf16_optimizer for s in SHARDING])[c.sh])
+    out["total"] = out["total"] + lp * (dense + expert) * dtype_bytes(t.param_dtype)
     return out
 
 

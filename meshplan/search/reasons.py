@@ -63,7 +63,8 @@ V_RESHARD_REFUSED = ("zbv or dualpipev with FSDP2 over a data axis (zero3 or hsd
 #: The ``deepep`` rule under ``training.moe_dispatcher = "deepep"``: an ep x etp group of 1 rank or of a
 #: size DeepEP has no kernel config for (:func:`meshplan.comm.deepep.group_reason`, the plan's reason).
 DEEPEP_REFUSED = ("deepep: ep x etp 1 (Megatron-LM's flex dispatcher asserts TPxEP > 1) or a group size DeepEP has no "
-                  "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks)")
+                  "dispatch config for (Buffer.get_dispatch_config: 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160 ranks); "
+                  "under framework torch also ep 1 or etp > 1 (torchtitan raises on both)")
 _V_SHAPED = np.array([isinstance(get(name), VShaped) for name in PIPELINE])
 
 _SCHEDULE_REASONS = (
@@ -132,7 +133,11 @@ def engine_texts(training) -> dict[str, str]:
     """The ``engine`` rule's words per sharding family (``zero12``, ``zero3``) of the engines
     ``training`` plans, so a count can name the rule that rejected its rows alone."""
     planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
-    return {k[0]: _ENGINE_TEXT[k] for k in _ENGINE_TEXT if k in planned}
+    out = {k[0]: _ENGINE_TEXT[k] for k in _ENGINE_TEXT if k in planned}
+    if "zero3" in out and _zeropp_groups(training):
+        out["zero3"] += (f", or ZeRO++ groups (hpZ {training.zero_hpz_partition_size}, qgZ) on a data axis that is not "
+                         "the whole world or that hpZ's group does not divide")
+    return out
 
 
 #: :func:`reason_table` of the registered axes.
@@ -179,6 +184,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
+         # ZeRO++ hpZ / qgZ: groups of world ranks, the data axis the whole world, g dividing it (plan_checks.check_zeropp)
+         | (_zeropp_groups(t) & (c.sh == SHARDING.index("zero3"))
+            & ((c.tp > 1) | (c.ep > 1) | (c.dpr > 1) | ((c.dps * c.cp) % t.zero_hpz_partition_size != 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
          # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
          # (overlap_comm as given, else stages 1 and 2's default false: TrainingSpec.overlaps_comm)
@@ -192,13 +200,20 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # torch 2.13's V-shaped schedules drop weight gradients of units resharded after forward (vshape.RESHARD_DEFECT)
         ("v-reshard", _V_SHAPED[c.ps] & reshard_defect(t.framework, c.pp, c.fsdp2_over_data, c.rf)),
         ("deepep", (t.moe_dispatcher == "deepep") & m.is_moe
-         & ~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])),
+         & (~np.isin(c.ep * c.etp, catalog.deepep_buffer()["group_sizes"])
+            | ((t.framework == "torch") & ((c.ep < 2) | (c.etp > 1))))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
     for key, bad in reversed(checks):
         out[np.broadcast_to(bad, out.shape)] = code[key]
     return out
+
+
+def _zeropp_groups(t) -> bool:
+    """Whether ``t`` runs a ZeRO++ switch that builds groups of world ranks (hpZ, qgZ;
+    :func:`meshplan.plan_checks.check_zeropp`), which every zero3 row then needs whole."""
+    return t.zero_hpz_partition_size > 1 or t.zero_quantized_gradients
 
 
 def _no_first_last(layers: int, pp: np.ndarray) -> np.ndarray:

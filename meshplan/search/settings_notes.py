@@ -70,15 +70,16 @@ def settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "\"full\" without flash attention); for torchtitan's own options list none, op, layer, full")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
-                   "attention: which of its mms the policy saves is not modelled"
+                   "attention: plan models it (its mms wq or wq_a/wq_b, wkv_a, wkv_b, wo, every second saved), the "
+                   "search leaves it out: its step-time pruning (search.timing) is checked for op on GQA layers only"
                    + ("; 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg) else ""))
     elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
         out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
                    "only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
                    "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, "
-                   "tp reduce-scatters included, which the policy saves, so it could discard such a candidate "
-                   "wrongly; with cp or ep > 1 plan "
-                   "refuses it (which CP and EP collectives its replay runs is not modelled)"
+                   "tp reduce-scatters and ep all-to-alls included, which the policy saves, so it could discard "
+                   "such a candidate wrongly (plan models ep > 1 too: the all-to-alls' outputs saved); with cp > 1 "
+                   "plan refuses it (which CP collectives its replay runs is not modelled)"
                    + ("; with ep > 1 'layer' (every 2nd layer in full) is searched in its stead" if layer_for_op(cfg)
                       and (c.ep > 1).any() else ""))
     if t.pp_schedule_runs > 1:

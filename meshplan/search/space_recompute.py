@@ -14,12 +14,13 @@ from meshplan.config import Config
 
 def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
     """Where ``recompute = "op"`` is searched: tp = cp = ep = 1 and no multi-head latent attention.
-    :func:`meshplan.plan.build_plan` refuses cp or ep > 1 (which CP and EP collectives its replay
-    runs is not modelled) and MLA (which of its mms the policy saves is not modelled); it plans
-    tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the reduce-scatters'
-    outputs are saved), which the search leaves out: its step-time bound
-    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters
-    included, which the policy saves: no lower bound of such a plan's step.
+    :func:`meshplan.plan.build_plan` refuses cp > 1 (which CP collectives its replay runs is not
+    modelled); it plans tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the
+    reduce-scatters' outputs are saved), ep > 1 (the all-to-alls' outputs saved) and MLA (every
+    second mm saved), which the search leaves out: its step-time bound
+    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters and
+    ep all-to-alls included, which the policy saves: no lower bound of such a plan's step (MLA:
+    the bound is checked for op on GQA layers only).
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},

@@ -61,7 +61,8 @@ class TimeTables:
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
-                     dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
+                     dtype=t.compute_dtype, recompute="none", recompute_modules=tuple(t.recompute_modules),
+                     flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
                      **float8_gemms(m, t))
         costs = layer_costs(m, gpu, w, UNIFORM, layer=layer)

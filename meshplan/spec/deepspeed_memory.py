@@ -182,11 +182,17 @@ def deepspeed_bucket_bytes(bucket_elements: int, training: TrainingSpec, params_
     ...     "overlap_comm": False}), 10**8) == 5 * 10**8 * 2 + 10**8 * (2 + 4)
     True
 
+    ``BF16_Optimizer`` (:attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`) has no ipg
+    buffer and reduces nothing in the backward: 0 here, its step's bucket is
+    :func:`meshplan.memory.buffers.bf16_step_bucket_bytes`.
+
     ``contiguous_gradients`` false: the flattened bucket alone, 5e8 x 2 B = 1 GB:
 
     >>> deepspeed_bucket_bytes(B, t.model_copy(update={"contiguous_gradients": False}), 8 * 10**9)
     1000000000
     """
+    if training.bf16_optimizer:  # no ipg buffer, no bucket in the backward: the step's, memory.buffers.bf16_step_bucket_bytes
+        return 0 * params_numel
     big_b, p = bucket_elements, dtype_bytes(training.param_dtype)
     cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
         else 0

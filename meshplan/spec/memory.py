@@ -131,7 +131,9 @@ class MemoryOptions(BaseModel):
       makes for Adam with ``weight_decay != 0``, ``torch._foreach_add(device_grads, ...)``, is
       deleted before it). Set: the stated number.
     - ``logits_dtype``: logits the loss keeps for backward (Megatron's vocab-parallel cross
-      entropy keeps the fp32 softmax); ``dropout``: attention and residual dropout (False
+      entropy keeps the fp32 softmax; read under ``cross_entropy = "megatron"`` only: torch's eager
+      loss sizes every logits-sized tensor in fp32, a compiled one in the compute dtype,
+      :meth:`loss_logits_dtype`); ``dropout``: attention and residual dropout (False
       for Llama-style pretraining, True for GPT as in Korthikanti Table 2).
     - ``cross_entropy``: the loss's working set. ``megatron``: Megatron-Core's
       ``vocab_parallel_cross_entropy`` works in place on the logits (a compute-dtype copy
@@ -259,14 +261,31 @@ class MemoryOptions(BaseModel):
         return self.fused_glu if self.fused_glu is not None else training.framework == "megatron"
 
     def loss_logits_dtype(self, training: TrainingSpec) -> str:
-        """The dtype of the logits the loss keeps for backward: ``logits_dtype``, or the compute
-        dtype under a compiled loss (class docstring, ``cross_entropy``).
+        """The dtype of the logits-sized tensors the loss keeps and makes: ``logits_dtype`` under
+        Megatron's loss; the compute dtype under a compiled loss; fp32 under torch's eager loss,
+        whatever ``logits_dtype`` says (class docstring, ``cross_entropy``): it runs on
+        ``pred.float()``, and torch sizes each tensor after it in that copy's dtype. Its forward,
+        ``cross_entropy_loss_symint`` (pytorch/pytorch 0321fa77, aten/src/ATen/native/LossNLL.cpp),
+        is ``nll_loss_nd(log_softmax(self, class_dim, self.scalar_type()), ...)``: the log-softmax
+        in the input's dtype; in backward (torch 2.13's derivatives.yaml, git cf30153c, as installed)
+        ``nll_loss_forward``'s gradient is ``nll_loss_backward(grad, self, ...)``, shaped and typed as
+        its input, the log-softmax, and ``_log_softmax``'s is ``_log_softmax_backward_data(grad, result,
+        dim, self.scalar_type())``, in its input's dtype; under ``loss_parallel`` (tp > 1,
+        torch/distributed/tensor/parallel/loss.py lines 197-221 and 470, torch 2.13) ``_log_softmax`` on an fp32 input casts nothing
+        and the fused backward's ``zeros_like(x)``, ``exp`` and product are fp32 as well.
+        tests/test_loss_memory.py measures the same allocations with either ``logits_dtype``.
 
         >>> t = TrainingSpec(global_batch=8, seq_len=16)
         >>> MemoryOptions().loss_logits_dtype(t), MemoryOptions(cross_entropy="compiled").loss_logits_dtype(t)
         ('fp32', 'bf16')
+        >>> MemoryOptions(logits_dtype="bf16").loss_logits_dtype(t)
+        'bf16'
+        >>> MemoryOptions(cross_entropy="torch", logits_dtype="bf16").loss_logits_dtype(t)
+        'fp32'
         """
-        return training.compute_dtype if self.cross_entropy == "compiled" else self.logits_dtype
+        if self.cross_entropy == "compiled":
+            return training.compute_dtype
+        return "fp32" if self.cross_entropy == "torch" else self.logits_dtype
 
     @property
     def variants(self) -> dict[str, bool]:

@@ -46,6 +46,10 @@ class ModelSpec(BaseModel):
     cost; they are carried so that an export writes the model it names (None: not stated, the
     framework's default then: Megatron-LM's ``--rotary-base`` 10000 and ``--norm-epsilon`` 1e-5);
     so is ``rope_scaling`` (:class:`RopeScaling`, Llama 3.1's; None: unscaled RoPE).
+    ``position_embedding = "alibi"``: ALiBi (Press et al., arXiv 2108.12409; BLOOM), no position
+    parameters and no RoPE kernel; its bias is added to the attention scores, which without flash
+    attention costs Megatron-DeepSpeed's ``baddbmm`` with beta 1
+    (:func:`meshplan.compute.attention.score_ops`).
 
     Multi-head latent attention (DeepSeek-V2/V3) when ``kv_lora_rank`` is set: queries from
     ``q_a`` (hidden -> ``q_lora_rank``), a latent RMSNorm and ``q_b`` (latent -> heads x
@@ -73,7 +77,7 @@ class ModelSpec(BaseModel):
     linear_bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
-    position_embedding: Literal["rope", "learned"] = "rope"
+    position_embedding: Literal["rope", "learned", "alibi"] = "rope"
     max_position: int = Field(default=0, ge=0, le=_le("max_position"))
     rope_theta: Optional[float] = Field(default=None, gt=0, le=_le("rope_theta"))
     norm_eps: Optional[float] = Field(default=None, gt=0, le=_le("norm_eps"))
@@ -111,7 +115,8 @@ class ModelSpec(BaseModel):
             raise ValueError("position_embedding 'learned' needs max_position > 0")
         for rope in ("rope_theta", "rope_scaling"):
             if self.position_embedding != "rope" and getattr(self, rope) is not None:
-                raise ValueError(f"{rope} is set on a model without RoPE (position_embedding 'learned'); leave it out")
+                raise ValueError(f"{rope} is set on a model without RoPE (position_embedding "
+                                 f"{self.position_embedding!r}); leave it out")
         return self
 
     def _check_groups(self) -> None:

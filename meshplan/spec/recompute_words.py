@@ -12,7 +12,14 @@ on the blocks it chooses (an ``activation_checkpointing`` section configures it)
 
 from __future__ import annotations
 
+from meshplan.spec.recompute_modules import DEFAULT
 from meshplan.spec.wording import DEEPSPEED
+
+#: What each of Megatron-LM's recompute modules replays (:mod:`meshplan.spec.recompute_modules`).
+MODULE_WORDS = {"core_attn": "attention core", "moe_act": "routed experts' activation (output discarded)",
+                "layernorm": "separate norms (MLA's input norm, MoE layers' pre-MLP norm; output discarded)",
+                "mla_up_proj": "MLA up-projections and RoPE (output discarded)", "mlp": "dense MLP",
+                "moe": "MoE layer", "shared_experts": "shared experts"}
 
 
 def recompute_words(training, rt: str, short: bool = False) -> str:
@@ -37,6 +44,9 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
     'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
     >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "megatron")
     'Megatron-LM selective recompute (--recompute-activations: attention core)'
+    >>> recompute_words(t.model_copy(update={"recompute": "selective", "recompute_modules": ("core_attn", "mlp")}),
+    ...                 "megatron")
+    'Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules core_attn mlp: attention core, dense MLP)'
 
     Under torch ``selective`` is the same model, Megatron-LM's core-attention recompute, which
     torchtitan has no option for (its selective AC, ``activation_checkpoint.mode = "selective"``,
@@ -54,14 +64,19 @@ def recompute_words(training, rt: str, short: bool = False) -> str:
                                                                             _TORCH_NEAREST[training.flash_attention])
     core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
             "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
+    modules = tuple(training.recompute_modules)
+    selective = f"Megatron-LM selective recompute (--recompute-activations: {core})" if modules == DEFAULT else (
+        f"Megatron-LM selective recompute (--recompute-granularity selective --recompute-modules {' '.join(modules)}: "
+        + ", ".join(MODULE_WORDS[m] for m in modules) + ")")
     return {"none": "no activation checkpointing",
-            "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
+            "selective": selective,
             "full": _FULL[rt] if rt in _FULL else _FULL["torch"],
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
-                  "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
-                  "recomputed, tp all-gathers included)",
+                  "matmul outputs saved but every second mm (the MoE router's gate always recomputed), SDPA, tp "
+                  "reduce-scatter and ep all-to-all outputs saved, the rest recomputed, tp all-gathers and the "
+                  "routed experts' grouped GEMMs included)",
             }[training.recompute]
 
 

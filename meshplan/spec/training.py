@@ -75,6 +75,20 @@ class TrainingSpec(TrainingChecks):
     the gradients reduced after the backward, except Megatron FSDP's overlapped reduce-scatters
     under zero2, zero3 and hsdp: :func:`meshplan.schedule.overlap_policy.config_overlap`).
     ``validate`` runs torch: it takes ``torch`` only.
+    ``megatron_runtime`` (framework ``megatron``): the Megatron-LM generation the step model
+    follows where they differ, ``"2022"`` (NVIDIA/Megatron-LM 2755bcb, June 2022: ``get_batch``
+    with its mask kernels and timer syncs in every chunk on every stage, the SP embedding
+    all-reduced, the step timers' and three syncs per pipeline p2p call) or ``"core"`` (Megatron
+    Core at d98e8a6: ``get_batch`` on the first and last stages only, each tensor copied and
+    broadcast on its own, the embedding reduce-scattered under SP, no timer syncs, one sync per
+    blocking p2p call; :mod:`meshplan.compute.megatron_core` lists each difference with its source
+    lines, and what stays 2022's). Unset: ``"2022"``, the generation the development set's runs
+    measured (Korthikanti et al. 2022, Narayanan et al. 2021), so that the accuracy meshplan reports
+    is the accuracy of what it runs; ``meshplan import megatron`` of a current script sets ``"core"``.
+    ``dataloader_attention_mask`` (``megatron_runtime = "core"``): the data loader builds the
+    ``[b, 1, s, s]`` boolean attention mask that ``get_batch`` copies and broadcasts (Megatron-LM's
+    ``--create-attention-mask-in-dataloader``; unset: true, its default; false:
+    ``--no-create-attention-mask-in-dataloader``).
     ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each
@@ -132,13 +146,20 @@ class TrainingSpec(TrainingChecks):
     its ipg buffers (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`: none when
     false); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
+    ``zero_hpz_partition_size``, ``zero_quantized_weights``, ``zero_quantized_gradients``
+    (``zero3_engine = "deepspeed"`` only): DeepSpeed ZeRO++'s hpZ (a secondary parameter partition
+    over that many consecutive ranks; default 1, none), qwZ (int8 parameter all-gathers) and qgZ
+    (across nodes, int4 all-to-alls in place of the gradient reduce-scatter), as DeepSpeed runs them
+    (:mod:`meshplan.comm.zeropp`; docs/input.md "DeepSpeed ZeRO++").
     ``zero0_engine`` (sharding none): ``ddp`` or ``deepspeed``, DeepSpeed's engine without ZeRO
     (what a DeepSpeed stage 0 config imports to). It changes nothing in the plan of sharding none
     (one data-parallel all-reduce of the gradients either way); it tells a search which runtime the
     config runs, so that its zero1 and zero2 rows run DeepSpeed's ZeRO-1/2 and its zero3 rows its
     ZeRO-3 (:attr:`searched_zero12_engine`, :attr:`searched_zero3_engine`), as the search of a
     stage 1, 2 or 3 DeepSpeed config plans them: the stages a DeepSpeed user switches to by
-    changing ``zero_optimization.stage``.
+    changing ``zero_optimization.stage``. Not with bf16 parameters (a config error): DeepSpeed then
+    runs ``BF16_Optimizer``, written sharding ``zero1`` under ``zero12_engine = "deepspeed"`` with
+    ``grad_dtype = "fp32"`` (:attr:`bf16_optimizer`).
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.dp_rows._zero2_rows`) or ``deepspeed`` (DeepSpeed's
@@ -227,6 +248,15 @@ class TrainingSpec(TrainingChecks):
     cool-down calls too are issued without waiting, every transfer asynchronous. Under framework
     torch, ``torch.distributed.pipelining`` waits where its schedule class does, with no such flag
     (:func:`meshplan.schedule.overlap_policy.p2p_mode`): ``pp_p2p_overlap = false`` is refused there.
+    ``pp_engine``: who runs the pipeline: ``framework`` (default: Megatron-LM's or torch's own
+    schedule) or ``deepspeed``, DeepSpeed's ``PipelineEngine`` running Megatron-DeepSpeed's
+    ``GPTModelPipe`` (framework ``megatron`` under ``zero0_engine`` or ``zero12_engine = "deepspeed"``):
+    its ``TrainSchedule`` (1F1B, one chunk a stage, each send and receive a blocking call of its
+    own, :attr:`meshplan.pipeline.sim_types.PipelineSpec.serial_p2p`), the
+    tp-partitioned activations rebuilt on every use, with one more all-gather of each stage's own
+    output in backward, and, with bf16 and fp32 gradients, ``BF16_Optimizer``'s fp32 accumulation
+    after every micro-batch (:mod:`meshplan.compute.deepspeed_pipe`); Megatron-LM's p2p timer syncs
+    are not run under it.
     ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
     (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
     layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC
@@ -237,6 +267,9 @@ class TrainingSpec(TrainingChecks):
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
     (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the runtime's words
     (:mod:`meshplan.spec.recompute_words`).
+    ``recompute_modules`` (``selective`` under ``framework = "megatron"``): Megatron-LM's
+    ``--recompute-modules``, default ``("core_attn",)``; which activations each module does not keep
+    and which forward kernels it replays: :mod:`meshplan.spec.recompute_modules` (docs/input.md).
     ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
     and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
     ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao

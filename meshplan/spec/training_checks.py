@@ -7,8 +7,11 @@ on :class:`meshplan.spec.training.TrainingSpec`, the class every caller uses.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pydantic import model_validator
 
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3
 from meshplan.spec.training_precision import TrainingPrecision
 
 #: The keys of [training] that only framework "megatron" takes (Megatron-LM's flags), each with the
@@ -33,6 +36,21 @@ MEGATRON_ONLY: dict[str, tuple[bool, str]] = {
 }
 
 
+#: DeepSpeed ZeRO++'s [training] keys (:mod:`meshplan.comm.zeropp`), DeepSpeed's own names.
+ZEROPP_KEYS = ("zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients")
+
+
+def zeropp_keys_set(training) -> list[str]:
+    """The :data:`ZEROPP_KEYS` ``training`` turns on (hpZ's size above 1, the switches true), in that order.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> zeropp_keys_set(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", zero_quantized_weights=True))
+    ['zero_quantized_weights']
+    """
+    return [k for k in ZEROPP_KEYS if (training.zero_hpz_partition_size > 1 if k == "zero_hpz_partition_size"
+                                        else getattr(training, k) is True)]
+
+
 def zero3_engine_sharding_error(engine: str, sharding: str) -> str:
     """The error for a DeepSpeed ``zero3_engine`` under a ``sharding`` other than zero3: what
     that sharding is (HSDP does gather parameters, within dp_shard), and the two fixes.
@@ -41,7 +59,7 @@ def zero3_engine_sharding_error(engine: str, sharding: str) -> str:
     sharding 'zero1' runs no ZeRO-3 parameter gathers: remove the key, or set sharding = "zero3"
     """
     what = ("is FSDP2's hybrid sharding (gathers within dp_shard, replicas over dp_replicate), which DeepSpeed's "
-            "ZeRO-3 does not run (its node-local variant, ZeRO++ hpZ, is not modelled)"
+            "ZeRO-3 does not run (its node-local variant is ZeRO++ hpZ: zero_hpz_partition_size under sharding zero3)"
             if sharding == "hsdp" else "runs no ZeRO-3 parameter gathers")
     fsdp2 = " to plan FSDP2" if sharding == "hsdp" else ""
     return (f"zero3_engine {engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); sharding {sharding!r} {what}: "
@@ -66,31 +84,60 @@ def async_tp_uncompiled(training) -> bool:
 
 
 def megatron_dispatcher(training) -> bool:
-    """``moe_dispatcher`` other than the default "alltoall": "deepep", Megatron-LM's flex token
-    dispatcher, which only framework "megatron" runs (:func:`meshplan.config._check_dispatcher`
-    refuses it under another framework)."""
+    """``moe_dispatcher`` other than the default "alltoall": "deepep", DeepEP's dispatch and combine
+    (Megatron-LM's flex token dispatcher, or torchtitan's ``expert_parallel_comm_backend = "deepep"``
+    under framework torch: :func:`meshplan.config._check_dispatcher`)."""
     return training.moe_dispatcher != "alltoall"
+
+
+#: torchtitan's DeepEP path (``parallelism.expert_parallel_comm_backend = "deepep"``, pytorch/torchtitan
+#: 36a4b69 to 238fa99, e347b1e (v0.2.2) included): ``models/deepseek_v3/infra/parallelize.py``:100-121 at e347b1e
+#: (llama4's the same, lines 114-135) raises on ep 1 and on etp > 1.
+TORCH_DEEPEP_SOURCE = "pytorch/torchtitan e347b1e torchtitan/models/deepseek_v3/infra/parallelize.py:100-111"
+
+
+def torch_deepep_reason(ep: int, etp: int) -> Optional[str]:
+    """Why torchtitan refuses its DeepEP backend on ep x etp (:data:`TORCH_DEEPEP_SOURCE`), else None.
+
+    >>> torch_deepep_reason(8, 1) is None, torch_deepep_reason(1, 1).split(";")[0]
+    (True, 'deepep: ep 1: torchtitan raises "DeepEP requires expert parallelism (ep_degree > 1)"')
+    """
+    if ep < 2:
+        return (f"deepep: ep {ep}: torchtitan raises \"DeepEP requires expert parallelism (ep_degree > 1)\"; set "
+                f"mesh ep > 1 or training.moe_dispatcher = \"alltoall\"")
+    if etp > 1:
+        return (f"deepep: etp {etp}: torchtitan raises \"DeepEP with Expert Tensor Parallelism (ETP) is not supported "
+                f"yet\"; set etp 1 or training.moe_dispatcher = \"alltoall\"")
+    return None
 
 
 def torch_refused_keys(training) -> list[str]:
     """The keys of ``training`` that framework "torch" would refuse: its :func:`megatron_only_keys`,
-    then ``moe_dispatcher`` where :func:`megatron_dispatcher` (the config's check), then
+    then ``megatron_runtime`` and ``dataloader_attention_mask`` where set (:meth:`TrainingChecks._check_megatron_runtime`),
+    ``recompute_modules`` other than Megatron-LM's default (:func:`meshplan.spec.recompute_modules.config_notes`)
+    and ``pp_engine`` other than the framework's (:meth:`TrainingChecks._check_pp_engine`), then
     ``tp_comm_overlap`` where :func:`async_tp_uncompiled` (a Megatron-LM plan has no
-    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's.
+    ``torch_compile``, which framework "megatron" refuses). Removed, the training loads as torch's
+    (``moe_dispatcher = "deepep"`` is torchtitan's DeepEP backend there, since newcomer trial 48).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> torch_refused_keys(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", sharding="zero1",
-    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep"))
-    ['overlap_grad_reduce', 'moe_dispatcher', 'tp_comm_overlap']
+    ...                                 overlap_grad_reduce=True, tp_comm_overlap=True, moe_dispatcher="deepep",
+    ...                                 megatron_runtime="core", recompute_modules=("core_attn", "mlp")))
+    ['overlap_grad_reduce', 'megatron_runtime', 'recompute_modules', 'tp_comm_overlap']
     """
-    return (megatron_only_keys(training) + (["moe_dispatcher"] if megatron_dispatcher(training) else [])
+    return (megatron_only_keys(training)
+            + [k for k in ("megatron_runtime", "dataloader_attention_mask") if getattr(training, k) is not None]
+            + (["recompute_modules"] if tuple(training.recompute_modules) != ("core_attn",) else [])
+            + (["pp_engine"] if training.pp_engine != "framework" else [])
             + (["tp_comm_overlap"] if async_tp_uncompiled(training) else []))
 
 
 def deepspeed_refused_keys(training) -> list[str]:
     """The keys of ``training`` refused once it runs no DeepSpeed engine (``zero3_engine = "fsdp2"``,
     ``zero12_engine = "megatron"``, the engines validate runs): ``overlap_comm`` (DeepSpeed's alone),
-    and ``contiguous_gradients`` outside sharding zero3, by :class:`TrainingChecks`' rules.
+    ``contiguous_gradients`` outside sharding zero3, and ZeRO++'s keys set (:func:`zeropp_keys_set`:
+    DeepSpeed's ZeRO-3 alone), by :class:`TrainingChecks`' rules.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> deepspeed_refused_keys(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed",
@@ -98,7 +145,8 @@ def deepspeed_refused_keys(training) -> list[str]:
     ['overlap_comm', 'contiguous_gradients']
     """
     return ((["overlap_comm"] if training.overlap_comm else [])
-            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else []))
+            + (["contiguous_gradients"] if training.contiguous_gradients and training.sharding != "zero3" else [])
+            + zeropp_keys_set(training))
 
 
 class TrainingChecks(TrainingPrecision):
@@ -146,6 +194,12 @@ class TrainingChecks(TrainingPrecision):
         if self.zero0_engine != "ddp" and self.sharding != "none":
             raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
                              f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
+        if self.zero0_engine == "deepspeed" and self.param_dtype == "bf16":
+            raise ValueError("zero0_engine \"deepspeed\" with bf16 parameters is DeepSpeed's BF16_Optimizer, which "
+                             "partitions the fp32 master weights and Adam states over dp as ZeRO-1 (runtime/"
+                             "bf16_optimizer.py): write sharding = \"zero1\", zero12_engine = \"deepspeed\", "
+                             "grad_dtype = \"fp32\" in place of zero0_engine")
+        self._check_pp_engine()
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -155,6 +209,7 @@ class TrainingChecks(TrainingPrecision):
                              "engine or remove it")
         self._check_megatron_only()
         self._check_megatron_overlap()
+        self._check_megatron_runtime()
         if self.framework == "torch" and async_tp_uncompiled(self):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -187,6 +242,7 @@ class TrainingChecks(TrainingPrecision):
                              f"\"megatron\"); framework {self.framework!r} runs its own CP: remove the key or use "
                              "\"allgather\"")
         self._check_pp_p2p()
+        self._check_zeropp()
         if self.pp_schedule_runs > 1 and self.framework != "torch":
             raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
                              f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
@@ -200,12 +256,56 @@ class TrainingChecks(TrainingPrecision):
         if self.pp_p2p_overlap_warmup_flush and self.pp_p2p_overlap is False:
             raise ValueError(MEGATRON_ONLY["pp_p2p_overlap_warmup_flush"][1])
 
+    def _check_pp_engine(self) -> None:
+        """``pp_engine = "deepspeed"`` only where DeepSpeed's PipelineEngine runs: framework "megatron"
+        (Megatron-DeepSpeed's GPTModelPipe) under DeepSpeed's engine without ZeRO or with ZeRO-1."""
+        if self.pp_engine == "deepspeed" and (self.framework != "megatron" or self.sharding == "zero2" or "deepspeed"
+                                              not in (self.zero0_engine, self.zero12_engine)):
+            raise ValueError("pp_engine \"deepspeed\" is DeepSpeed's PipelineEngine running Megatron-DeepSpeed's "
+                             "GPTModelPipe (framework \"megatron\" under DeepSpeed's engine without ZeRO or with "
+                             "ZeRO-1: zero0_engine or zero12_engine \"deepspeed\"; the engine refuses ZeRO-2 and "
+                             "ZeRO-3, runtime/pipe/engine.py): set them or remove pp_engine")
+
+    def _check_zeropp(self) -> None:
+        """DeepSpeed ZeRO++'s keys (``zero_hpz_partition_size`` above 1, ``zero_quantized_weights``,
+        ``zero_quantized_gradients``) only under DeepSpeed's ZeRO-3 of today (sharding zero3,
+        ``zero3_engine = "deepspeed"``; :mod:`meshplan.comm.zeropp`): stage3.py alone reads them
+        (deepspeedai/DeepSpeed edaa722 ``runtime/engine.py:2441-2457`` passes them to stage 3 only)."""
+        key = next(iter(zeropp_keys_set(self)), None)
+        if key and (self.sharding != "zero3" or self.zero3_engine != "deepspeed"):
+            raise ValueError(f"{key} is DeepSpeed ZeRO++ (zero_optimization.{key}), which DeepSpeed's ZeRO-3 runs "
+                             f"(sharding \"zero3\", zero3_engine \"deepspeed\"); here sharding {self.sharding!r}, "
+                             f"zero3_engine {self.zero3_engine!r}: set them or remove {key}")
+
     def _check_megatron_only(self) -> None:
         """Under a framework other than "megatron", the first of :data:`MEGATRON_ONLY`'s keys set to
         Megatron-LM's value, refused in its line."""
         keys = megatron_only_keys(self) if self.framework != "megatron" else []
         if keys:
             raise ValueError(MEGATRON_ONLY[keys[0]][1].format(framework=self.framework))
+
+    def _check_megatron_runtime(self) -> None:
+        """``megatron_runtime`` only under framework "megatron", ``dataloader_attention_mask`` only
+        under its "core" generation (Megatron-LM 2022 builds the mask on the GPU in every
+        ``get_batch``, whatever the data loader does), and "core" not under a DeepSpeed engine:
+        framework "megatron" there is Megatron-DeepSpeed, whose ``get_batch`` and ``get_batch_pipe``
+        (microsoft/Megatron-DeepSpeed f4157be ``pretrain_gpt.py``) broadcast ``['text']`` with
+        ``broadcast_data`` and build the masks on the GPU as Megatron-LM 2022 did (its import plans
+        "2022": :func:`meshplan.interop.megatron_flags.runtime`)."""
+        if self.megatron_runtime is not None and self.framework != "megatron":
+            raise ValueError(f"megatron_runtime is the Megatron-LM generation the step model follows (framework "
+                             f"\"megatron\"); framework {self.framework!r}: remove it or set framework = \"megatron\"")
+        deepspeed = self.pp_engine == "deepspeed" or "deepspeed" in (self.zero0_engine, self.zero12_engine) or (
+            self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3)
+        if self.megatron_core and deepspeed:
+            raise ValueError("megatron_runtime \"core\" is Megatron Core's get_batch, timers and p2p; a DeepSpeed engine "
+                             "under framework \"megatron\" is Megatron-DeepSpeed, whose pretrain_gpt.py get_batch and "
+                             "get_batch_pipe run 2022's broadcast_data and GPU masks: set megatron_runtime = \"2022\" "
+                             "or remove it")
+        if self.dataloader_attention_mask is not None and not self.megatron_core:
+            raise ValueError("dataloader_attention_mask is Megatron Core's --create-attention-mask-in-dataloader "
+                             "(framework \"megatron\", megatron_runtime = \"core\"): set megatron_runtime = \"core\" "
+                             "or remove it")
 
     def _check_megatron_overlap(self) -> None:
         """Under framework "megatron" (:meth:`_check_megatron_only` refuses them elsewhere):

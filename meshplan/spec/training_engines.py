@@ -1,41 +1,16 @@
 """Which runtime runs what under a training: the engine a sharding runs on (FSDP2, DeepSpeed's
 ZeRO-1/2 and ZeRO-3, Megatron-LM's distributed optimizer), the DeepSpeed defaults in effect,
 the engine a search's candidates run under, recompute and routing as the runtime resolves them,
-and which plan knobs act (:data:`PLAN_KNOBS`). :class:`TrainingEngines` adds them to the fields
+(which plan knobs act: :mod:`meshplan.spec.training_knobs`). :class:`TrainingEngines` adds them to the fields
 (:class:`meshplan.spec.training_fields.TrainingFields`) as properties; every caller reaches them
 through :class:`meshplan.spec.training.TrainingSpec`.
 """
 
 from __future__ import annotations
 
-from meshplan.spec.training_fields import DEEPSPEED_ZERO3, TrainingFields
+from meshplan.spec.training_fields import TrainingFields
 from meshplan.spec.recompute_words import recompute_words
 from meshplan.spec.wording import runtime
-
-
-# The [training] fields that are design choices of the plan (how the step runs), which
-# ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
-# the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
-# MoE routing, the HBM kept free) and must be equal on both sides. ``vocab_pad_divisor`` is
-# the framework's layout of the same vocabulary (the loss is over V either way; unset it
-# follows ``framework``), so a knob with it.
-# The float8 settings are knobs: ``linear_dtype`` (which GEMMs run in float8), ``fp8_recipe``
-# and ``fp8_output_layer`` (how scaled, whether the head is converted), ``fp8_all_gather``
-# (the bytes FSDP gathers): a float8 step and a bf16 step of one model, batch and sequence are
-# both timed and sized in full (the GEMMs at the fp8 peak, :meth:`float8_linear`), so compare
-# weighs float8 against bf16 as it weighs recompute (newcomer trial 29 was refused it).
-# ``param_dtype`` is how the runtime stores the weights that its optimizer updates (unset it
-# follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
-# Megatron-LM's bf16 with fp32 main copies), so a knob with them. ``cp_attention`` is how the
-# runtime runs CP's attention (Megatron-LM's ``--cp-comm-type``), not what it computes: a knob
-# (newcomer trial 31 was refused p2p against all_gather).
-PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
-              "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "pp_p2p_overlap", "pp_p2p_overlap_warmup_flush", "vocab_pad_divisor",
-              "param_dtype", "moe_dispatcher", "linear_dtype", "fp8_recipe", "fp8_output_layer", "cp_attention")
-
-#: The float8 knobs that refine ``linear_dtype = "fp8"``: they act only on a side that runs it.
-_FP8_REFINEMENTS = ("fp8_recipe", "fp8_output_layer", "fp8_all_gather")
 
 
 class TrainingEngines(TrainingFields):
@@ -163,47 +138,6 @@ class TrainingEngines(TrainingFields):
         """
         return "deepspeed" if self.zero3_engine == "deepspeed" or self.zero0_engine == "deepspeed" else self.zero12_engine
 
-    def knob_acts(self, knob: str) -> tuple[bool, object]:
-        """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
-        sharding and engine, its value as it acts): ``zero3_engine`` at sharding zero3 only,
-        ``zero12_engine`` at zero1 and zero2 only, ``overlap_comm`` under a DeepSpeed engine that
-        reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
-        (:attr:`contiguous_grads`), ``linear_dtype`` as the dtype the Linear GEMMs run in (unset:
-        the compute dtype), ``fp8_recipe``, ``fp8_output_layer`` and ``fp8_all_gather`` under
-        ``linear_dtype = "fp8"`` only, ``cp_attention`` as :attr:`cp_kind` (unset: the framework's
-        default); every other knob applies, as given. ``meshplan compare`` lists
-        a knob only where it applies to both sides, by the value it acts with
-        (:func:`meshplan.compare.differences.config_differences`).
-
-        >>> from meshplan.spec.training import TrainingSpec
-        >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
-        >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
-        ((False, 'fsdp2'), (True, False), (True, True))
-        >>> bf16 = TrainingSpec(global_batch=8, seq_len=16, compute_dtype="bf16")
-        >>> bf16.knob_acts("linear_dtype"), bf16.knob_acts("fp8_recipe")
-        ((True, 'bf16'), (False, 'tensorwise'))
-        """
-        value = getattr(self, knob)
-        if knob == "linear_dtype":
-            return True, self.linear_dtype or self.compute_dtype
-        if knob == "cp_attention":  # how CP runs attention, as it acts (unset: the framework's own)
-            return True, self.cp_kind
-        if knob in _FP8_REFINEMENTS:
-            return self.linear_dtype == "fp8", value
-        deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
-        if knob == "zero3_engine":
-            return self.sharding == "zero3", value
-        if knob == "zero12_engine":
-            return self.sharding in ("zero1", "zero2"), value
-        if knob == "overlap_comm":
-            return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
-        if knob in ("pp_p2p_overlap", "pp_p2p_overlap_warmup_flush"):  # Megatron-LM's flags; unset overlap: on
-            return self.framework == "megatron", value if knob != "pp_p2p_overlap" else value is not False
-        if knob == "contiguous_gradients":
-            acts = deepspeed3 or self.deepspeed_zero12
-            return acts, self.contiguous_grads if acts else value
-        return True, value
-
     @property
     def overlaps_comm(self) -> bool:
         """DeepSpeed's ``zero_optimization.overlap_comm`` in effect: ``overlap_comm`` when given,
@@ -280,6 +214,28 @@ class TrainingEngines(TrainingFields):
         """Whether DeepSpeed's ZeRO-1/2 engine runs this training: sharding zero1 or zero2 under
         ``zero12_engine = "deepspeed"``."""
         return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
+
+    @property
+    def bf16_optimizer(self) -> bool:
+        """Whether DeepSpeed's ``BF16_Optimizer`` runs this training: sharding ``zero1`` under
+        ``zero12_engine = "deepspeed"`` with bf16 parameters and fp32 gradients, what a DeepSpeed JSON
+        of ZeRO stage 0 with bf16 imports to (:func:`meshplan.interop.deepspeed_zero.bf16_optimizer_training`).
+        DeepSpeed picks it for bf16 without ZeRO (microsoft/DeepSpeed v0.6.5 8164ea9 ``runtime/engine.py:1111-1146``;
+        38327e0 ``engine.py:1300-1348``, also at stage 1 with fp32 ``grad_accum_dtype``). Per rank
+        (``runtime/bf16_optimizer.py``, v0.6.5 130-220) it holds the bf16 parameters, the fp32 master
+        and Adam states of its ``1/dp`` partition, fp32 gradients of every parameter, and the bf16
+        ``param.grad`` (:func:`meshplan.memory.buffers.bf16_lp_grad_bytes`); once a step it all-reduces
+        the fp32 gradients in ``communication_data_type`` (bf16 unset, v0.6.5 ``engine.py:733-742``;
+        its bucket: :func:`meshplan.memory.buffers.bf16_step_bucket_bytes`), updates its partition and
+        all-gathers the bf16 parameters: DeepSpeed's ZeRO-1 rows (:mod:`meshplan.comm.deepspeed_zero12`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", grad_dtype="fp32")
+        >>> t.bf16_optimizer, t.model_copy(update={"grad_dtype": "bf16"}).bf16_optimizer
+        (True, False)
+        """
+        return (self.sharding == "zero1" and self.zero12_engine == "deepspeed" and self.param_dtype == "bf16"
+                and self.grad_dtype == "fp32")
 
     @property
     def has_op_recompute(self) -> bool:

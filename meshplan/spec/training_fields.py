@@ -1,7 +1,9 @@
 """The ``[training]`` fields as data, and the defaults that follow the framework and engine.
 
 :class:`TrainingFields` holds the fields, their bounds and the defaults of the fields left
-unset (``vocab_pad_divisor``, ``param_dtype``, ``grad_dtype``: each the runtime's own); what
+unset (``vocab_pad_divisor``, ``param_dtype``, ``grad_dtype``: each the runtime's own; the Megatron-LM
+generation and its data loader's mask, :attr:`TrainingFields.megatron_core`,
+:attr:`~TrainingFields.core_attention_mask`); what
 each field means is documented on :class:`meshplan.spec.training.TrainingSpec`, the class the
 rest of meshplan uses. :func:`deepspeed_grad_dtype` is the one rule of DeepSpeed's gradient
 dtype (also read by :mod:`meshplan.interop.deepspeed`).
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from meshplan.limits import BOUNDS
+from meshplan.spec.recompute_modules import check_names
 
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -30,7 +33,7 @@ def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) ->
     - ``runtime/engine.py:1485-1496`` ``get_data_types``: ``grad_accum_dtype`` unset is the model's
       dtype; ``_do_optimizer_sanity_check`` (1978-2021) runs ZeRO's own optimizer for every stage,
       except bf16 with fp32 ``grad_accum_dtype`` at stage 1 (``BF16_Optimizer``, which the reader
-      refuses).
+      plans as such: :attr:`~meshplan.spec.training.TrainingSpec.bf16_optimizer`).
     - stage 2 (``runtime/zero/stage_1_and_2.py:1678-1680``): ``grads_in_partition`` is allocated in
       ``self.dtype``, the parameters' dtype, whatever ``grad_accum_dtype`` says: the model's dtype.
     - stage 1 (``stage_1_and_2.py:354-360``, ``_fill_param_grad_accum_attribute``): ``param.grad``
@@ -96,6 +99,7 @@ class TrainingFields(BaseModel):
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
+    recompute_modules: tuple[str, ...] = ("core_attn",)  # recompute "selective": meshplan.spec.recompute_modules
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
@@ -105,6 +109,8 @@ class TrainingFields(BaseModel):
     grad_clip: bool = True
     grad_clip_norm: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)
     framework: Literal["torch", "megatron"] = "torch"
+    megatron_runtime: Optional[Literal["2022", "core"]] = None  # unset: "2022" (TrainingSpec.megatron_core)
+    dataloader_attention_mask: Optional[bool] = None  # unset: true under megatron_runtime "core"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
     torch_compile_loss: bool = True
@@ -120,6 +126,7 @@ class TrainingFields(BaseModel):
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     pp_p2p_overlap: Optional[bool] = None
+    pp_engine: Literal["framework", "deepspeed"] = "framework"
     pp_p2p_overlap_warmup_flush: bool = False
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
@@ -130,6 +137,57 @@ class TrainingFields(BaseModel):
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
     moe_dispatcher: Literal["alltoall", "deepep"] = "alltoall"
     cp_attention: Optional[Literal["ring", "p2p", "allgather"]] = None  # unset: the framework's (TrainingEngines.cp_kind)
+    # DeepSpeed ZeRO++ (zero3_engine "deepspeed"; meshplan.comm.zeropp): hpZ's secondary group, qwZ, qgZ
+    zero_hpz_partition_size: int = Field(default=1, ge=1, le=BOUNDS["world"].value)
+    zero_quantized_weights: bool = False
+    zero_quantized_gradients: bool = False
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _modules(cls, v):
+        """``recompute_modules`` as a TOML list (a tuple inside), each a module meshplan models
+        (:func:`meshplan.spec.recompute_modules.check_names`: one line otherwise).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, recompute_modules=["core_attn", "mlp"]).recompute_modules
+        ('core_attn', 'mlp')
+        """
+        if isinstance(v, list):
+            v = tuple(v)
+        if isinstance(v, tuple) and all(isinstance(m, str) for m in v):
+            why = check_names(v)
+            if why is not None:
+                raise ValueError(why)
+        return v
+
+    @property
+    def megatron_core(self) -> bool:
+        """Whether the step model follows Megatron Core (``megatron_runtime = "core"``, framework
+        "megatron") where it differs from Megatron-LM 2022 (unset: 2022; the differences:
+        :mod:`meshplan.compute.megatron_core`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, framework="megatron", **kw).megatron_core
+        ...  for kw in ({}, {"megatron_runtime": "2022"}, {"megatron_runtime": "core"})]
+        [False, False, True]
+        """
+        return self.framework == "megatron" and self.megatron_runtime == "core"
+
+    @property
+    def core_attention_mask(self) -> bool:
+        """Whether Megatron Core's data loader builds the ``[b, 1, s, s]`` boolean attention mask that
+        its ``get_batch`` copies to the GPU and broadcasts over tp (``dataloader_attention_mask``;
+        unset: on, ``--create-attention-mask-in-dataloader``'s default, ``arguments.py:3332-3334``
+        at NVIDIA/Megatron-LM d98e8a6, ``store_false`` of ``--no-create-attention-mask-in-dataloader``);
+        False outside the core generation.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> core = {"framework": "megatron", "megatron_runtime": "core"}
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).core_attention_mask
+        ...  for kw in (core, {**core, "dataloader_attention_mask": False}, {"framework": "megatron"})]
+        [True, False, False]
+        """
+        return self.megatron_core and self.dataloader_attention_mask is not False
 
     @model_validator(mode="before")
     @classmethod

@@ -7,7 +7,7 @@ engine); every caller reaches them through :class:`meshplan.spec.training.Traini
 
 from __future__ import annotations
 
-from meshplan.spec.training_engines import TrainingEngines
+from meshplan.spec.training_knobs import TrainingKnobs
 from meshplan.spec.training_fields import Dtype
 
 
@@ -19,7 +19,7 @@ LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wk
                             "shared_w_gate", "shared_w_up", "shared_w_down", "router", "output"})
 
 
-class TrainingPrecision(TrainingEngines):
+class TrainingPrecision(TrainingKnobs):
     """The dtype rules of a training (module docstring), as properties and methods."""
 
     def float8_linear(self, tensor) -> bool:

@@ -74,6 +74,9 @@ def sharding_words(training, origin: str = "", replicated: bool = False) -> str:
         return f"{training.sharding} (Megatron FSDP, --data-parallel-sharding-strategy {strategy})"
     if zero_runtime(training, origin) != DEEPSPEED or stage is None:
         return training.sharding
+    if training.bf16_optimizer:  # ZeRO stage 0 with bf16 (TrainingSpec.bf16_optimizer)
+        return (f"{training.sharding} (DeepSpeed BF16_Optimizer, ZeRO stage 0 with bf16: partitions the fp32 master "
+                f"weights and optimizer states over the data-parallel group; fp32 gradients all-reduced)")
     if stage == 0:
         return f"{training.sharding} (DeepSpeed ZeRO stage 0: nothing partitioned, gradients all-reduced)"
     return (f"{training.sharding} (DeepSpeed ZeRO stage {stage}: partitions {ZERO_PARTS[stage]} over the "
@@ -92,6 +95,8 @@ def state_title(training, origin: str = "") -> str:
     'ZeRO stage 2 partitions over the data-parallel group'
     """
     stage = ZERO_STAGE.get(training.sharding)
+    if zero_runtime(training, origin) == DEEPSPEED and training.bf16_optimizer:
+        return "DeepSpeed BF16_Optimizer partitions over the data-parallel group"
     if zero_runtime(training, origin) == DEEPSPEED and stage is not None:
         return f"ZeRO stage {stage} partitions over the data-parallel group"
     return "sharded over the axis named"

@@ -49,6 +49,9 @@ def unsupported_reasons(mesh: Mesh, training: TrainingSpec, pipeline: bool = Fal
     elif training.recompute == "op":
         out.append("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
                    "only; use 'layer', 'full' or 'none'")
+    if moe and training.moe_dispatcher == "deepep":
+        out.append("moe_dispatcher deepep: the runtime model dispatches with torch's all-to-all (DeepEP's kernels "
+                   "need deep_ep on NVLink/RDMA GPUs); set moe_dispatcher = \"alltoall\" to validate the mesh")
     if mesh.etp > 1 and not (mesh.ep == 1 and experts_over_tp("torch", mesh.etp, mesh.degree("tp"))):
         out.append("etp > 1: expert tensor parallelism is built only as torchtitan's at ep 1 (etp = tp); with ep > 1 "
                    "the experts are whole on each ep rank (etp 1)")

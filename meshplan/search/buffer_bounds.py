@@ -1,0 +1,59 @@
+"""The buffers a rank holds whatever the step does, per search candidate (bytes, numpy arrays over
+the candidates of :class:`meshplan.search.columns.Candidates`, and over their stages where a stage's
+parameters set them): DeepSpeed ZeRO-3's ipg buffer (:func:`ipg_bytes`), ZeRO++ hpZ's secondary
+parameter partition (:func:`hpz_bytes`) and the gradient bucket of the stages without FSDP
+(:func:`bucket_bytes`), each as :mod:`meshplan.memory.buffers` sizes it for a plan. Read by the
+search's memory bounds (:func:`meshplan.search.bounds.bounds`); split from that module (review rv48:
+past the project's 400 lines).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.memory.buffers import deepspeed3_ipg_bytes
+from meshplan.search.candidate import sharding_training
+from meshplan.search.columns import SHARDING, Candidates
+from meshplan.units import dtype_bytes
+
+
+def ipg_bytes(cfg: Config, c: Candidates) -> np.ndarray:
+    """DeepSpeed ZeRO-3's ipg buffer, bytes per candidate, held from init
+    (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
+    plans with ``zero3_engine = "deepspeed"`` (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
+    0 elsewhere."""
+    t = cfg.training
+    zero3 = t.model_copy(update={"sharding": "zero3", "zero3_engine": t.searched_zero3_engine, "zero12_engine": "megatron"})
+    return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
+
+
+def hpz_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
+    """ZeRO++ hpZ's secondary partition, bytes (candidates, stages), held from init
+    (:func:`meshplan.memory.buffers.hpz_secondary_bytes` of each stage's parameters on a rank): on the
+    zero3 candidates of a config with ``zero_hpz_partition_size`` above 1, 0 elsewhere."""
+    t = cfg.training
+    if t.zero_hpz_partition_size <= 1 or t.searched_zero3_engine != "deepspeed":
+        return np.zeros_like(s["params_numel"])
+    per = -(-s["params_numel"] // t.zero_hpz_partition_size) * dtype_bytes(t.param_dtype)
+    return np.where((c.sh == SHARDING.index("zero3"))[:, None], per, 0)
+
+
+def bucket_bytes(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
+    """Gradient bucket of the non-FSDP stages, bytes (candidates, pp):
+    :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
+    :func:`meshplan.memory.sizes.stage_sizes` sizes it, under each row's own training
+    (:func:`meshplan.search.candidate.sharding_training`: its sharding and engine). A DeepSpeed
+    ZeRO-3 config's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults: the ipg
+    buffer of ``reduce_bucket_size`` elements (``contiguous_gradients`` true, one buffer with
+    ``overlap_comm`` false: deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py`` 102, 138,
+    382-386, ``runtime/zero/stage_1_and_2.py`` ``setup_buckets`` 2493-2515) and the flattened
+    bucket (``allreduce_bucket`` 1833-1841), 2 GB at 5e8 bf16, not the config's stage 3 bucket (none
+    without FSDP: the config's own training gives 0)."""
+    out = np.zeros(s["params_numel"].shape, dtype=np.int64)
+    for k, name in enumerate(SHARDING):
+        row = (c.sh == k)[:, None]
+        if row.any():
+            b = cfg.memory.grad_bucket_bytes(sharding_training(cfg.training, name), c.fsdp[:, None], s["params_numel"])
+            out = np.where(row, b, out)
+    return out
