@@ -1,6 +1,7 @@
 """Concurrent network collectives share their NICs in the rank timeline (issue 11, open item 1a;
 newcomer trial 31, finding #2: the cp ring's sends and the FSDP all-gathers each ran at the full NIC
-rate): :func:`meshplan.schedule.comm_times.nic_share` and :class:`meshplan.schedule.nic_fair.NicBook`."""
+rate): :func:`meshplan.schedule.comm_times.nic_share`, :func:`meshplan.schedule.nic_fair.max_min_shares` applied
+at every event of the unit's run (:mod:`meshplan.schedule.unit_events`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
 from meshplan.schedule.comm_times import CommTimes, nic_share
 from meshplan.schedule.overlap_policy import config_overlap
-from meshplan.schedule.unit_sim import Overlap, StreamSim, settle
+from meshplan.schedule.unit_sim import Overlap, simulate
 from meshplan.spec.training import TrainingSpec
 from tests.cli_run import run_cli
 from tests.configs import NC31_TOP1_TOML, mixtral_8x22b_etp_job
@@ -46,7 +47,7 @@ def test_nic_share_by_hand():
 
 def _unit(ag_share: float, send_share: float, then=None, ov: Overlap = Overlap()):
     """The all-gather (10 ms alone) issued at 0, 1 ms of compute, then the cp send (5 ms alone) at
-    1 ms; ``then(s, ag)`` issues more. Placed as the rank timeline places a unit (:func:`settle`)."""
+    1 ms; ``then(s, ag)`` issues more. Played as the rank timeline plays a unit (:func:`simulate`)."""
     comm = CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: ag_share, SEND: send_share})
     out = {}
 
@@ -56,7 +57,7 @@ def _unit(ag_share: float, send_share: float, then=None, ov: Overlap = Overlap()
         out["send"] = s.comm("cp", "forward", "send/recv", "cp send")
         if then is not None:
             then(s, out["ag"])
-    return settle(build, comm, None, ov), out
+    return simulate(build, comm, None, ov), out
 
 
 def test_two_collectives_on_one_nic_by_hand():
@@ -79,36 +80,37 @@ def test_two_collectives_on_one_nic_by_hand():
 def test_an_earlier_collective_slowed_moves_what_waits_on_it():
     """As :func:`test_two_collectives_on_one_nic_by_hand`, then layer 1's compute waiting for the
     all-gather: it starts when the all-gather ends, 12.667 ms (10 ms if the send had not slowed it),
-    and the compute stream, free at 1 ms, waited 11.667 ms for fsdp (exposed): placing the send moved
-    the all-gather's event, which layer 1, issued after, waits for. Alone (the send not issued yet) the
-    all-gather ends at 10 ms."""
+    and the compute stream, free at 1 ms, waited 11.667 ms for fsdp (exposed): the send, running
+    from 1 ms, slows the all-gather that layer 1 waits for. Alone (no send issued) the all-gather ends
+    at 10 ms."""
     unit, ev = _unit(0.75, 0.8, then=lambda s, ag: s.compute("L1", 0.002, [ag]))
     l1 = next(e for e in unit.events if e.name == "L1")
     assert l1.start_s == pytest.approx(0.0126667, abs=1e-7)
     assert unit.exposed_s["fsdp"] == pytest.approx(0.0116667, abs=1e-7)
-    one = StreamSim(CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 0.75, SEND: 0.8}), None, Overlap())
-    one.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
-    assert one.book.nets[0][1] == pytest.approx(0.010)  # alone: the send not issued yet
+    alone = simulate(lambda s: s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[]),
+                     CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 0.75, SEND: 0.8}), None, Overlap())
+    assert alone.events[0].end_s == pytest.approx(0.010)
 
 
-def test_a_wait_placed_before_the_later_collective_is_placed_again():
+def test_a_wait_issued_before_the_later_collective_waits_for_its_slowed_end():
     """The all-gather (demand 0.75, 10 ms alone) issued at 0 and layer 0's compute (2 ms) waiting
-    for it are placed before the cp send (demand 0.8, 5 ms alone) is issued at 1 ms (``after=[]``: it
-    waits for nothing). Placing the send slows the all-gather to 12.667 ms (as in
-    :func:`test_two_collectives_on_one_nic_by_hand`), but the compute had read its end, 10 ms: the
-    first pass is moved, and the unit is issued again with its intervals as the forecast: the
-    all-gather is placed beside the send's forecast [1, 9] ms from the start, 12.667 ms, and the
-    compute starts there and ends at 14.667 ms; the second pass moves nothing."""
+    for it are issued before the cp send (demand 0.8, 5 ms alone, ``after=[]``: it waits for nothing,
+    its queue free from 0). In time order the send starts at 0 beside the all-gather: demands 1.55,
+    each gets half, the send at 0.5 / 0.8 = 0.625 of its speed, its 5 ms take 8 ms; the all-gather at
+    2/3 does 8 x 2/3 = 5.333 ms of its 10 by then and its 4.667 ms left alone after: it ends at 12.667 ms
+    (the same end as when the send starts at 1 ms, as the NIC's work says: 0.75 x 10 + 0.8 x 5 = 11.5 ms
+    of NIC time, the NIC full for 8 ms and the all-gather's 0.75 for the rest). The compute, issued
+    before the send, waits for that end (not the 10 ms the all-gather has alone): 12.667 to 14.667 ms,
+    all of it exposed on fsdp; one ordered run, nothing placed twice."""
     comm = CommTimes(t={AG: 0.010, SEND: 0.005}, nic={AG: 0.75, SEND: 0.8})
-    passes = []
+    ev = {}
 
     def build(s):
-        ag = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
-        s.compute("L0", 0.002, [ag])
-        s.comm("cp", "forward", "send/recv", "cp send", after=[])
-        passes.append(s)
-    unit = settle(build, comm, None, Overlap())
-    assert len(passes) == 2 and passes[0].book.moved and not passes[1].book.moved
+        ev["ag"] = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
+        s.compute("L0", 0.002, [ev["ag"]])
+        ev["send"] = s.comm("cp", "forward", "send/recv", "cp send", after=[])
+    unit = simulate(build, comm, None, Overlap())
+    assert (ev["send"].start_s, ev["send"].end_s) == (0.0, pytest.approx(0.008))
     l0 = next(e for e in unit.events if e.name == "L0")
     assert (l0.start_s, l0.end_s) == (pytest.approx(0.0126667, abs=1e-7), pytest.approx(0.0146667, abs=1e-7))
     assert unit.exposed_s["fsdp"] == pytest.approx(0.0126667, abs=1e-7)
@@ -130,7 +132,7 @@ def test_room_on_the_nic_costs_nothing():
     def build(s):
         ev["ag"] = s.comm("shard", "forward", "all-gather", "fsdp AG L0", "layer", after=[])
         ev["send"] = s.comm("cp", "forward", "send/recv", "cp send", after=[])
-    settle(build, comm, None, Overlap())
+    simulate(build, comm, None, Overlap())
     assert (ev["send"].end_s, ev["ag"].end_s) == (pytest.approx(0.010), pytest.approx(0.015))
 
 
@@ -152,8 +154,10 @@ def test_fsdp2_reduce_scatter_beside_the_next_all_gather():
         def build(s):
             rs = s.comm("shard", "backward", "reduce-scatter", "fsdp RS L1", "layer", after=[])
             ag = s.comm("shard", "backward", "all-gather", "fsdp AG L0", "layer", after=[])
-            ends[two] = (rs.end_s, ag.start_s, ag.end_s)
-        settle(build, comm, None, Overlap(fsdp_rs_queue=two))
+            ends[two] = (rs, ag)
+        simulate(build, comm, None, Overlap(fsdp_rs_queue=two))
+        rs, ag = ends[two]
+        ends[two] = (rs.end_s, ag.start_s, ag.end_s)  # set by the run, not while the unit is issued
     assert ends[False] == (pytest.approx(0.008), pytest.approx(0.008), pytest.approx(0.012))
     assert ends[True] == (pytest.approx(0.0088), 0.0, pytest.approx(0.0048))
     t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")

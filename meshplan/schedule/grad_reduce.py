@@ -37,15 +37,16 @@ def rs_buffer_wait(s: StreamSim, tail: bool = False) -> None:
     input buffer (torch 2.13 ``_fsdp_param_group.py`` lines 639-658, ``reduce_scatter_max_input_buffers``
     1 by default, ``_fully_shard.py`` ``set_reduce_scatter_max_input_buffers``; the memory timeline's
     :mod:`meshplan.memory.passes` frees it so). ``tail``: after the unit's compute (the compute stream's
-    clock moved, not its last event). Nothing where none was issued in the unit."""
+    clock moved, not its last event). Nothing where none was issued in the unit, nor shown where the
+    reduce-scatter ends before the compute stream is free (the run decides:
+    :class:`~meshplan.schedule.unit_sim.StreamSim`)."""
     prev = s.rs_prev
-    if not s.ov.fsdp_rs_queue or prev is None or prev.end_s <= s.free["compute"]:
+    if not s.ov.fsdp_rs_queue or prev is None:
         return
-    if tail:
-        s.book.read(prev, prev.end_s)
-        s._add("compute", "fsdp RS buffer wait", s.free["compute"], prev.end_s)
-    else:
-        s.compute("fsdp RS buffer wait", 0.0, [prev])
+    if tail:  # from the stream's free time to the reduce-scatter's end, shown where it ends later
+        s.fixed("fsdp RS buffer wait", 0.0, hold=[prev], cond=True)
+    else:  # exposed on the reduce-scatter's stream where it ends after the stream is free
+        s.compute("fsdp RS buffer wait", 0.0, [prev], cond=True)
 
 
 def shard_name(word: str, name: str, group: str) -> str:
@@ -142,8 +143,7 @@ def perform_reduce_grad(s: StreamSim, chunk: ChunkCosts, tail: bool) -> None:
         rs_buffer_wait(s, tail)
         if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):
             if tail:  # on the compute stream after the unit, not moving its end
-                t0 = max(s.free["compute"], prev.end_s if prev is not None else 0.0)
-                prev = s._add("compute", shard_name("RS copy-in", name, group), t0, t0 + copy_in)
+                prev = s.fixed(shard_name("RS copy-in", name, group), copy_in, after=[prev])
             else:
                 prev = s.compute(shard_name("RS copy-in", name, group), copy_in)
         done.append(_reduce_scatter(s, name, group, prev))

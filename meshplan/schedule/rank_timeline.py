@@ -140,7 +140,7 @@ from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
 from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
 from meshplan.schedule.layer_prefetch import LayerPrefetch
 from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, any_recompute, backward_layer, forward_layer, tp_collectives
-from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim, settle
+from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim, simulate
 from meshplan.schedule.window_unshard import unshard_chunk
 
 
@@ -187,7 +187,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded;
     ``lead_s``: they were all-gathered by torch's window UNSHARD, issued that many seconds before
     the pass (:mod:`~meshplan.schedule.window_unshard`; None: gathered in the pass)."""
-    return settle(lambda s: _forward(s, chunk, gather_layers, gather_root, lead_s), comm, w, ov)
+    return simulate(lambda s: _forward(s, chunk, gather_layers, gather_root, lead_s), comm, w, ov)
 
 
 def _forward(s: StreamSim, chunk: ChunkCosts, gather_layers: bool, gather_root: bool, lead_s: Optional[float]) -> None:
@@ -302,7 +302,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     pass it holds the stream in the unit (the send then waits with it: a little early).
     ``lead_s``: as :func:`forward_unit`'s (B and Bx only)."""
     args = (kind, chunk, last_grad_unit, gather, reduce, deferred, stage_last, gather_root, lead_s)
-    return settle(lambda s: _backward(s, *args), comm, w, ov)
+    return simulate(lambda s: _backward(s, *args), comm, w, ov)
 
 
 def _backward(s: StreamSim, kind: str, chunk: ChunkCosts, last_grad_unit: bool, gather: bool, reduce: bool,
