@@ -192,8 +192,13 @@ def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
     # 28.8 s of 51.7 s, stage 0 waiting 28.6 s, before NIC sharing (each expert stage's last backward longer);
     # 28.9 of 51.8 s, waiting 28.7 s, before the earlier collective was slowed too: the 14 expert stages'
     # last backwards drain one after another, 14 x 6.0091 = 84.1 ms more of step and of stage 0's wait
-    # (51.820 -> 51.904 s, 28.742 -> 28.826 s)
-    assert lines[1].startswith("verdict: network-bound: 29.0 s of the 51.9 s step is exposed communication or "
+    # (51.820 -> 51.904 s, 28.742 -> 28.826 s). 51.904 -> 51.847 s in the event-ordered run (unit_events): the
+    # MoE stages' forward unit (4 layers) is main's again to the bit (113.908 ms, no two network collectives at
+    # once in it); nicshare4's pass iteration had each layer's mlp 0.0283 ms longer (5.5592 ms against 5.5309),
+    # slowed by the ep dispatch's SM share over an interval the dispatch no longer had (its end moved by a
+    # forecast pass, the SM list kept the old one), 4 x 0.0283 = 0.113 ms a forward unit and its backward's
+    # replay likewise (270.248 -> 269.932 ms); stage 0's wait (28.826 s) and stages 1-14's 25827.11 ms unchanged
+    assert lines[1].startswith("verdict: network-bound: 29.0 s of the 51.8 s step is exposed communication or "
                                "waiting for it, most on ep (stage 0 waits 28.8 s for it in its bubble; stages 1-14 "
                                "expose 25.8 s of it per step each): each rank of stage 1 sends 1,332 GB per step on "
                                "it (forward all-to-all 444 GB, backward all-to-all 888 GB (444 GB of it the "

@@ -1,6 +1,6 @@
 """What sharing NICs costs the collectives that run at once (``meshplan step``'s ``concurrent:``
 lines): the seconds per step a stream's network collectives ran longer because another stream's,
-running at the same time (earlier or later issued), held a share of the same NICs (:class:`~meshplan.schedule.nic_fair.NicBook`,
+running at the same time (earlier or later issued), held a share of the same NICs (:mod:`~meshplan.schedule.unit_events`,
 the shares from :func:`~meshplan.schedule.comm_times.nic_share`). The lengthening is in the
 timeline: the parts line's exposure holds what of it the compute stream waited for.
 """
@@ -55,7 +55,7 @@ TWO_QUEUES = ("its own and the gradient reduction's pieces over its group, or FS
               "reduce-scatters on their two streams")
 
 
-#: How the lengthening is charged (:class:`~meshplan.schedule.nic_fair.NicBook`).
+#: How the lengthening is charged (:func:`~meshplan.schedule.nic_fair.nic_waits`).
 LATER = ("each runs at its max-min fair share of the NIC while they run together, the earlier slowed by the later "
          "too; the parts line's exposure holds what compute waited for")
 

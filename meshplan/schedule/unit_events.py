@@ -7,7 +7,7 @@ earliest end of a running task at the current rates. At each event the rates of 
 are recomputed: every network collective's from the max-min fair shares of the NIC among those
 running (:func:`~meshplan.schedule.nic_fair.max_min_shares`; each at ``min(1, share / demand)`` of
 its speed alone), and the running kernel's from the SMs the collectives issued before it hold
-(``1 - min(MAX_SM_SHARE, sum of their shares)``, the rule of main's ``unit_sim.progress``: a
+(``1 - min(MAX_SM_SHARE, sum of their shares)``, the rule of the issue-order ``unit_sim.progress`` it replaces: a
 kernel is slowed by the collectives issued before it only, as the issue-order simulation that the
 unit timelines were built on took it). Nothing placed is moved afterwards: a later collective
 slows an earlier one from its own start on, through the rates, so no fixed point is sought.
@@ -52,8 +52,16 @@ class Task:
 
     def __init__(self, i: int, kind: int, queue: str, ev, work: float = 0.0, demand: float = 0.0, sm: float = 0.0):
         self.i, self.kind, self.queue, self.ev, self.work, self.demand, self.sm = i, kind, queue, ev, work, demand, sm
-        self.overlap = self.hold = self.after = ()
-        self.owner = self.last = self.pred = self.succ = self.start_succ = self.hold_succ = None
+        self.deps: list[Task] = []
+        self.overlap: tuple[Task, ...] = ()
+        self.hold: tuple[Task, ...] = ()
+        self.after: tuple[Task, ...] = ()
+        self.owner: Optional[Task] = None
+        self.last: Optional[Task] = None
+        self.pred: Optional[Task] = None
+        self.succ: Optional[list[Task]] = None
+        self.start_succ: Optional[list[Task]] = None
+        self.hold_succ: Optional[list[Task]] = None
         self.offset = self.floor = self.ready = self.left = self.anchor = self.extra = 0.0
         self.end_floor = -math.inf
         self.cond = self.host = False
@@ -198,7 +206,7 @@ class _Run:
         if t.overlap:
             first = min((o for o in t.overlap if not math.isnan(o.start)), key=lambda o: o.start)
             ready.append((first.start, first))
-        latest, binding = None, None
+        latest, binding = -math.inf, None
         for x, a in ready:
             if binding is None or x > latest:
                 latest, binding = x, a

@@ -49,7 +49,7 @@ class Overlap:
     fsdp_backward: tuple = ()
     grad_reduce: bool = True
     param_gather: bool = False
-    #: concurrent network collectives share their NICs (:class:`~meshplan.schedule.nic_fair.NicBook`); False: each at its
+    #: concurrent network collectives share their NICs (:mod:`~meshplan.schedule.unit_events`); False: each at its
     #: table time, as the search's step-time bounds take them (a bound's tightness is checked without it)
     nic_sharing: bool = True
     #: FSDP2's reduce-scatters on their own queue beside its all-gathers' (torch 2.13
@@ -93,7 +93,7 @@ class UnitSim:
     host_wait_s: float = 0.0  # the compute stream's waits for the host's issue (StreamSim.host_pace)
     contention_s: float = 0.0  # compute slowed by collectives' SMs, where the compute stream holds it (StreamSim.compute)
     #: {(stream, other stream): seconds} the stream's collectives ran longer sharing their NICs with the
-    #: other's running beside them (:meth:`~meshplan.schedule.nic_fair.NicBook.waits`)
+    #: other's running beside them (:func:`~meshplan.schedule.nic_fair.nic_waits`)
     nic_wait: dict = field(default_factory=dict)
 
 
