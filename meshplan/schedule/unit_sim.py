@@ -141,8 +141,9 @@ class StreamSim:
         self.task_of[id(ev)] = t
         t.deps = own = [self.task_of[id(a)] for a in deps if a is not None]
         pred = t.pred = self.queue_last.get(queue)
-        if pred is not None:
+        if pred is not None:  # its queue is free when the task before it ends (before 0: a window UNSHARD's)
             own.append(pred)
+            t.floor = -math.inf
         elif self.floor:
             t.floor = self.floor.get(queue, 0.0)
         if self.pinned and queue in self.pinned:
