@@ -14,7 +14,10 @@ slows an earlier one from its own start on, through the rates, so no fixed point
 Where no two network collectives run at once every task starts and ends where the issue-order
 simulation placed it (its start the latest of its queue's and dependencies' ends; its end its start
 plus its seconds, stretched by the SM rule only). Each event costs O(running tasks): the whole run
-O(events x running tasks), events at most three a task (start, work done, end).
+O(events x running tasks), events at most three a task (start, work done, end). Measured
+(benchmarks/bench_search.py, 2 workers, this 2-core machine, two runs each back to back): the 405B
+search 9.22 / 9.22 CPU s against main's issue-order simulation's 7.37 / 7.84 (1.21x; nicshare4's
+pass iteration 2.5x), the seed's 13.13 / 13.05 against 9.85 / 9.17 (1.38x).
 """
 
 from __future__ import annotations
